@@ -1,0 +1,347 @@
+#include "tests/harness/harness.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "lowbit/dtype.h"
+#include "lowbit/runtime.h"
+
+namespace lowbit {
+namespace harness {
+
+// ---- HostTensor -------------------------------------------------------------------------------
+
+HostTensor::HostTensor(DType dt, std::vector<int64_t> shape_) : dtype(dt), shape(std::move(shape_)) {
+  bytes.assign(static_cast<size_t>(dtype_storage_bytes(dt, numel())), 0);
+}
+
+int64_t HostTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+TensorView HostTensor::view() {
+  return make_view(bytes.data(), dtype, static_cast<int>(shape.size()), shape.data());
+}
+
+float HostTensor::get(int64_t i) const {
+  const uint8_t* p = bytes.data();
+  switch (dtype) {
+    case DType::f32: return reinterpret_cast<const float*>(p)[i];
+    case DType::f16: return dt::f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+    case DType::bf16: return dt::bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+    case DType::e4m3: return dt::e4m3_to_f32(p[i]);
+    case DType::e5m2: return dt::e5m2_to_f32(p[i]);
+    case DType::i8: return static_cast<float>(reinterpret_cast<const int8_t*>(p)[i]);
+    case DType::u8: return static_cast<float>(p[i]);
+    case DType::i32: return static_cast<float>(reinterpret_cast<const int32_t*>(p)[i]);
+    case DType::e2m1x2: return dt::e2m1_to_f32(dt::get_nibble(p, i));
+    case DType::i4x2: return static_cast<float>(dt::i4_code_to_int(dt::get_nibble(p, i)));
+  }
+  return 0.f;
+}
+
+void HostTensor::set(int64_t i, float v) {
+  uint8_t* p = bytes.data();
+  switch (dtype) {
+    case DType::f32: reinterpret_cast<float*>(p)[i] = v; break;
+    case DType::f16: reinterpret_cast<uint16_t*>(p)[i] = dt::f32_to_f16(v); break;
+    case DType::bf16: reinterpret_cast<uint16_t*>(p)[i] = dt::f32_to_bf16(v); break;
+    case DType::e4m3: p[i] = dt::f32_to_e4m3(v); break;
+    case DType::e5m2: p[i] = dt::f32_to_e5m2(v); break;
+    case DType::i8: reinterpret_cast<int8_t*>(p)[i] = dt::f32_to_i8(v); break;
+    case DType::u8: p[i] = static_cast<uint8_t>(dt::f32_to_int_clamped(v, 0, 255)); break;
+    case DType::i32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case DType::e2m1x2:
+    case DType::i4x2: {
+      uint8_t code = dtype == DType::e2m1x2 ? dt::f32_to_e2m1(v) : dt::f32_to_i4_code(v);
+      uint8_t& b = p[i >> 1];
+      b = (i & 1) ? static_cast<uint8_t>((b & 0x0f) | (code << 4))
+                  : static_cast<uint8_t>((b & 0xf0) | code);
+      break;
+    }
+  }
+}
+
+void HostTensor::fill_normal(std::mt19937_64& rng, float mean, float stddev) {
+  std::normal_distribution<float> d(mean, stddev);
+  for (int64_t i = 0; i < numel(); ++i) set(i, d(rng));
+}
+
+void HostTensor::fill_uniform(std::mt19937_64& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  for (int64_t i = 0; i < numel(); ++i) set(i, d(rng));
+}
+
+void HostTensor::fill_random_bytes(std::mt19937_64& rng) {
+  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+}
+
+// ---- registry -----------------------------------------------------------------------------------
+
+std::vector<std::unique_ptr<Case>>& registry() {
+  static std::vector<std::unique_ptr<Case>> cases;
+  return cases;
+}
+
+Registrar::Registrar(void (*fn)(std::vector<std::unique_ptr<Case>>&)) { fn(registry()); }
+
+namespace {
+
+uint64_t run_seed() {
+  static const uint64_t seed = [] {
+    if (const char* s = std::getenv("LOWBIT_TEST_SEED"))
+      return static_cast<uint64_t>(std::strtoull(s, nullptr, 0));
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }();
+  return seed;
+}
+
+constexpr size_t kGuard = 256;           // bytes of guard before and after each output
+constexpr uint8_t kGuardByte = 0xCD;
+constexpr uint8_t kPoison[2] = {0xA5, 0x5A};
+
+bool is_float_dtype(DType d) {
+  return d == DType::f32 || d == DType::f16 || d == DType::bf16 || d == DType::e4m3 ||
+         d == DType::e5m2 || d == DType::e2m1x2;
+}
+
+// Bits of element i (packed types: the nibble).
+uint32_t element_bits(const HostTensor& t, int64_t i) {
+  const uint8_t* p = t.bytes.data();
+  switch (dtype_bits(t.dtype)) {
+    case 32: { uint32_t v; std::memcpy(&v, p + 4 * i, 4); return v; }
+    case 16: { uint16_t v; std::memcpy(&v, p + 2 * i, 2); return v; }
+    case 8: return p[i];
+    default: return dt::get_nibble(p, i);
+  }
+}
+
+std::string fmt_index(const std::vector<int64_t>& shape, int64_t linear) {
+  std::vector<int64_t> idx(shape.size());
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    idx[d] = shape[d] ? linear % shape[d] : 0;
+    linear = shape[d] ? linear / shape[d] : 0;
+  }
+  std::ostringstream s;
+  s << "[";
+  for (size_t d = 0; d < idx.size(); ++d) s << (d ? "," : "") << idx[d];
+  s << "]";
+  return s.str();
+}
+
+struct Outputs {
+  std::vector<HostTensor> tensors;
+  std::string error;  // "" = ok
+};
+
+// Runs the case once per poison pattern on `device`; checks guards, full writes, determinism and
+// non-finite values.
+Outputs run_on(const Case& c, std::vector<HostTensor>& inputs, const std::vector<OutputSpec>& specs,
+               Device device) {
+  Outputs result;
+  std::vector<HostTensor> first;
+  Context ctx;
+  try {
+    // Inputs on the device.
+    std::vector<Buffer> in_bufs;
+    std::vector<TensorView> in_views;
+    for (auto& t : inputs) {
+      TensorView v = t.view();
+      if (device == Device::cuda) {
+        in_bufs.emplace_back(Device::cuda, t.bytes.size());
+        copy_to_device(in_bufs.back().data(), t.bytes.data(), t.bytes.size(), ctx);
+        v.data = in_bufs.back().data();
+        v.device = Device::cuda;
+      }
+      in_views.push_back(v);
+    }
+    for (int pass = 0; pass < 2; ++pass) {
+      std::vector<std::vector<uint8_t>> host(specs.size());
+      std::vector<Buffer> bufs;
+      std::vector<TensorView> out_views;
+      for (size_t k = 0; k < specs.size(); ++k) {
+        int64_t n = 1;
+        for (int64_t s : specs[k].shape) n *= s;
+        size_t body = static_cast<size_t>(dtype_storage_bytes(specs[k].dtype, n));
+        host[k].assign(body + 2 * kGuard, kGuardByte);
+        std::memset(host[k].data() + kGuard, kPoison[pass], body);
+        bufs.emplace_back(device, host[k].size());
+        if (device == Device::cuda)
+          copy_to_device(bufs.back().data(), host[k].data(), host[k].size(), ctx);
+        else
+          std::memcpy(bufs.back().data(), host[k].data(), host[k].size());
+        out_views.push_back(make_view(static_cast<uint8_t*>(bufs.back().data()) + kGuard,
+                                      specs[k].dtype, static_cast<int>(specs[k].shape.size()),
+                                      specs[k].shape.data(), device));
+      }
+      c.run(in_views, out_views, ctx);
+      synchronize(ctx);
+      std::vector<HostTensor> outs;
+      for (size_t k = 0; k < specs.size(); ++k) {
+        if (device == Device::cuda)
+          copy_to_host(host[k].data(), bufs[k].data(), host[k].size(), ctx);
+        else
+          std::memcpy(host[k].data(), bufs[k].data(), host[k].size());
+        size_t body = host[k].size() - 2 * kGuard;
+        for (size_t g = 0; g < kGuard; ++g) {
+          if (host[k][g] != kGuardByte || host[k][kGuard + body + g] != kGuardByte) {
+            result.error = "output '" + specs[k].name + "': out-of-bounds write detected in the " +
+                           (host[k][g] != kGuardByte ? "leading" : "trailing") + " guard bytes";
+            return result;
+          }
+        }
+        HostTensor t(specs[k].dtype, specs[k].shape);
+        std::memcpy(t.bytes.data(), host[k].data() + kGuard, body);
+        outs.push_back(std::move(t));
+      }
+      if (pass == 0) {
+        first = std::move(outs);
+        continue;
+      }
+      for (size_t k = 0; k < specs.size(); ++k) {
+        const HostTensor& a = first[k];
+        const HostTensor& b = outs[k];
+        for (int64_t i = 0; i < a.numel(); ++i) {
+          if (specs[k].ignore && specs[k].ignore(i)) continue;
+          if (element_bits(a, i) != element_bits(b, i)) {
+            result.error = "output '" + specs[k].name + "' element " + fmt_index(specs[k].shape, i) +
+                           " differs between two runs with different poison: not written, or "
+                           "not deterministic";
+            return result;
+          }
+          if (!specs[k].tol.allow_nonfinite && is_float_dtype(specs[k].dtype) &&
+              !std::isfinite(a.get(i))) {
+            result.error = "output '" + specs[k].name + "' element " + fmt_index(specs[k].shape, i) +
+                           " is not finite (" + std::to_string(a.get(i)) + ")";
+            return result;
+          }
+        }
+      }
+      result.tensors = std::move(first);
+    }
+  } catch (const std::exception& e) {
+    result.error = std::string("threw: ") + e.what();
+  }
+  return result;
+}
+
+}  // namespace
+
+uint64_t case_seed(const std::string& name) {
+  return std::hash<std::string>{}(name) ^ run_seed();
+}
+
+std::string compare(const OutputSpec& spec, const HostTensor& ref, const HostTensor& got) {
+  const Tolerance& tol = spec.tol;
+  int64_t n = ref.numel(), bad = 0, worst_i = -1, code_diffs = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (spec.ignore && spec.ignore(i)) continue;
+    if (tol.kind == Tolerance::exact) {
+      if (element_bits(ref, i) != element_bits(got, i)) {
+        if (bad++ == 0) worst_i = i;
+      }
+      continue;
+    }
+    double r = ref.get(i), g = got.get(i);
+    if (std::isnan(r) || std::isnan(g) || std::isinf(r) || std::isinf(g)) {
+      bool same = (std::isnan(r) && std::isnan(g)) || r == g;
+      if (!same && bad++ == 0) worst_i = i;
+      continue;
+    }
+    double d = std::fabs(g - r);
+    if (tol.kind == Tolerance::close) {
+      double excess = d - (tol.atol + tol.rtol * std::fabs(r));
+      if (excess > 0) {
+        ++bad;
+        if (excess > worst || worst_i < 0) worst = excess, worst_i = i;
+      }
+    } else {  // codes
+      if (d > 0) ++code_diffs;
+      if (d > tol.max_code_diff) {
+        if (bad++ == 0) worst_i = i;
+      }
+    }
+  }
+  std::ostringstream s;
+  if (bad > 0) {
+    s << "output '" << spec.name << "': " << bad << " of " << n << " elements differ";
+    s << "; first/worst at " << fmt_index(spec.shape, worst_i) << ": expected " << ref.get(worst_i)
+      << " (bits 0x" << std::hex << element_bits(ref, worst_i) << "), got " << std::dec
+      << got.get(worst_i) << " (bits 0x" << std::hex << element_bits(got, worst_i) << ")";
+    return s.str();
+  }
+  if (tol.kind == Tolerance::codes) {
+    int64_t allowed = std::max<int64_t>(1, static_cast<int64_t>(tol.max_diff_fraction * n));
+    if (tol.max_diff_fraction == 0) allowed = 0;
+    if (code_diffs > allowed) {
+      s << "output '" << spec.name << "': " << code_diffs << " of " << n
+        << " codes differ (allowed " << allowed << ")";
+      return s.str();
+    }
+  }
+  return "";
+}
+
+Result run_case(const Case& c, Device backend) {
+  Result r;
+  if (backend == Device::cuda && cuda_device_count() == 0) {
+    r.status = Status::skip;
+    r.message = "SKIPPED (no GPU): " + cuda_unavailable_reason();
+    return r;
+  }
+  std::string why = c.unsupported(backend);
+  if (!why.empty()) {
+    r.status = Status::skip;
+    r.message = std::string("SKIPPED (unsupported on ") + device_name(backend) + "): " + why;
+    return r;
+  }
+  const uint64_t seed = case_seed(c.name());
+  std::mt19937_64 rng(seed);
+  std::string seed_note = " [LOWBIT_TEST_SEED=" + std::to_string(run_seed()) + "]";
+  std::vector<HostTensor> inputs;
+  std::vector<OutputSpec> specs;
+  try {
+    inputs = c.make_inputs(rng);
+    specs = c.outputs();
+  } catch (const std::exception& e) {
+    r.status = Status::fail;
+    r.message = std::string("building inputs threw: ") + e.what();
+    return r;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  Outputs ref = run_on(c, inputs, specs, Device::cpu);
+  r.cpu_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!ref.error.empty()) {
+    r.status = Status::fail;
+    r.message = "cpu: " + ref.error + seed_note;
+    return r;
+  }
+  if (backend == Device::cpu) return r;
+  t0 = std::chrono::steady_clock::now();
+  Outputs got = run_on(c, inputs, specs, backend);
+  r.backend_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!got.error.empty()) {
+    r.status = Status::fail;
+    r.message = std::string(device_name(backend)) + ": " + got.error + seed_note;
+    return r;
+  }
+  for (size_t k = 0; k < specs.size(); ++k) {
+    std::string diff = compare(specs[k], ref.tensors[k], got.tensors[k]);
+    if (!diff.empty()) {
+      r.status = Status::fail;
+      r.message = std::string(device_name(backend)) + " vs cpu: " + diff + seed_note;
+      return r;
+    }
+  }
+  return r;
+}
+
+}  // namespace harness
+}  // namespace lowbit

@@ -1,0 +1,127 @@
+// The cross-backend harness (STYLE habit 1): every op is a registered Case with an input builder,
+// its outputs and their tolerances. The harness runs a case on the CPU (the oracle) and on CUDA
+// when present, with guard bytes around each output, poisoned outputs run twice (proving every
+// element is written and the op is deterministic), NaN/Inf checks, and a comparison of the CUDA
+// outputs against the CPU's. GoogleTest (tests/unit/harness_gtest.cpp) and `lowbit check` both
+// run the same registry.
+//
+// Adding cases: in any file of tests/cases/, write
+//   LOWBIT_HARNESS_CASES(my_family_cases) { cases.push_back(std::make_unique<MyCase>(...)); }
+// Case names start with their family: core., prologue., attention., linear., decode.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lowbit/tensor.h"
+
+namespace lowbit {
+namespace harness {
+
+// An owning, contiguous host tensor.
+struct HostTensor {
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+
+  HostTensor() = default;
+  HostTensor(DType dt, std::vector<int64_t> shape_);
+  int64_t numel() const;
+  TensorView view();
+  template <typename T>
+  T* as() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
+  template <typename T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
+  // Fill helpers (f32/f16/bf16 stored in the tensor's dtype, rounded as dtype.h does).
+  void fill_normal(std::mt19937_64& rng, float mean = 0.f, float stddev = 1.f);
+  void fill_uniform(std::mt19937_64& rng, float lo, float hi);
+  void fill_random_bytes(std::mt19937_64& rng);
+  // Element i as float (f32, f16, bf16, e4m3, e5m2, i8, u8, i32, packed types).
+  float get(int64_t i) const;
+  void set(int64_t i, float v);
+};
+
+struct Tolerance {
+  enum Kind { exact, close, codes } kind = exact;
+  double atol = 0, rtol = 0;        // close: |got - ref| <= atol + rtol * |ref|
+  int max_code_diff = 0;            // codes: integer codes may differ by at most this ...
+  double max_diff_fraction = 0;     // ... on at most this fraction of the elements
+  bool allow_nonfinite = false;     // outputs may hold NaN/Inf (e.g. LSE -inf)
+
+  static Tolerance bit_exact() { return Tolerance{}; }
+  static Tolerance allclose(double atol, double rtol) {
+    Tolerance t;
+    t.kind = close;
+    t.atol = atol;
+    t.rtol = rtol;
+    return t;
+  }
+  static Tolerance codes_within(int diff, double fraction) {
+    Tolerance t;
+    t.kind = codes;
+    t.max_code_diff = diff;
+    t.max_diff_fraction = fraction;
+    return t;
+  }
+};
+
+struct OutputSpec {
+  std::string name;
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  Tolerance tol;
+  // Elements the op is not expected to write (a strided output view inside a larger buffer);
+  // null = every element must be written.
+  std::function<bool(int64_t)> ignore;
+};
+
+class Case {
+ public:
+  virtual ~Case() = default;
+  virtual std::string name() const = 0;
+  // Why this case cannot run on `device` ("" = it can).
+  virtual std::string unsupported(Device) const { return ""; }
+  virtual std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const = 0;
+  virtual std::vector<OutputSpec> outputs() const = 0;
+  // Runs the op: views of the inputs and outputs on the backend's device.
+  virtual void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+                   Context& ctx) const = 0;
+};
+
+// Registry.
+std::vector<std::unique_ptr<Case>>& registry();
+struct Registrar {
+  explicit Registrar(void (*fn)(std::vector<std::unique_ptr<Case>>&));
+};
+#define LOWBIT_HARNESS_CASES(fn)                                                 \
+  static void fn(std::vector<std::unique_ptr<::lowbit::harness::Case>>& cases);  \
+  static ::lowbit::harness::Registrar fn##_registrar_(&fn);                       \
+  static void fn(std::vector<std::unique_ptr<::lowbit::harness::Case>>& cases)
+
+enum class Status { pass, fail, skip };
+struct Result {
+  Status status = Status::pass;
+  std::string message;  // why it failed or was skipped; worst mismatch when it passed
+  double cpu_ms = 0, backend_ms = 0;
+};
+
+// Runs `c` on `backend` (cpu: the oracle's own checks; cuda: those plus the comparison).
+Result run_case(const Case& c, Device backend);
+
+// The seed a case's inputs are drawn from: the case name hashed with a run seed that is fresh
+// each process, or LOWBIT_TEST_SEED when set (failure messages print it, so a failure replays).
+uint64_t case_seed(const std::string& name);
+
+// Compare two host tensors under a tolerance; "" when they agree.
+std::string compare(const OutputSpec& spec, const HostTensor& ref, const HostTensor& got);
+
+}  // namespace harness
+}  // namespace lowbit
