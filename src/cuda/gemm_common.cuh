@@ -76,14 +76,14 @@ __device__ __forceinline__ float load_scalar(const void* p, DType dt, int64_t i)
   }
 }
 
-// out = acc * a_scale[row] * w_scale[col] (* w_scale_scalar) (+ bias[col]): fp32, no FMA
+// out = acc * a_scale[row] * w_scale[col] (* w_tensor_scale[0]) (+ bias[col]): fp32, no FMA
 // contraction (explicit _rn intrinsics), in that order: the CPU oracle's bits.
 __device__ __forceinline__ float apply_epilogue(const Epilogue& ep, float acc, int64_t row,
                                                 int64_t col) {
   float v = acc;
   if (ep.a_scale) v = __fmul_rn(v, ep.a_scale[row]);
   if (ep.w_scale) v = __fmul_rn(v, ep.w_scale[col]);
-  if (ep.w_scale_scalar != 1.f) v = __fmul_rn(v, ep.w_scale_scalar);
+  if (ep.w_tensor_scale) v = __fmul_rn(v, *ep.w_tensor_scale);
   if (ep.bias) v = __fadd_rn(v, load_scalar(ep.bias, ep.bias_dtype, col));
   return v;
 }

@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(GemmParams p) {
   cp_async_wait<0>();
 
   // Epilogue straight from the accumulator fragments.
-  const Epilogue ep{p.a_scale, p.w_scale, p.w_scale_scalar, p.bias, p.bias_dtype};
+  const Epilogue ep{p.a_scale, p.w_scale, p.w_tensor_scale, p.bias, p.bias_dtype};
   const int gid = lane >> 2, tid4 = lane & 3;
   const bool out_even = (p.ldo % 2) == 0 && (reinterpret_cast<uintptr_t>(p.out) % 4) == 0;
 #pragma unroll

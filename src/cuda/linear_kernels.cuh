@@ -69,7 +69,8 @@ struct GemmParams {
   // Epilogue: out = float(acc) * a_scale[row] * w_scale[col] (+ bias[col]), fp32, that order.
   const float* a_scale = nullptr;  // (M) fp32, or null = 1 (multiplication skipped)
   const float* w_scale = nullptr;  // (N) fp32, or null = 1
-  float w_scale_scalar = 1.f;      // multiplied after w_scale when != 1 (NVFP4 weight pts)
+  const float* w_tensor_scale = nullptr;  // (1) fp32 on the device, multiplied after w_scale
+                                          // (NVFP4 weight pts), or null = 1
   const void* bias = nullptr;      // (N) bias_dtype, or null
   DType bias_dtype = DType::bf16;
   void* out = nullptr;             // (M, N) out_dtype, row stride ldo elements
@@ -78,13 +79,23 @@ struct GemmParams {
   int32_t* acc_out = nullptr;      // s8 only: when set, the raw int32 sums (M, N) row stride ldo
 };
 void gemm(const GemmParams& p, cudaStream_t stream);
+// kind e4m3 through cuBLASLt (sm_90 wgmma kernels; outer-vector scales, BIAS epilogue). Returns
+// false, having launched nothing, when cuBLASLt offers no algorithm for these arguments: the
+// caller then runs gemm(). workspace: gemm_fp8_cublaslt_workspace_bytes() device bytes.
+bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
+                       cudaStream_t stream);
+size_t gemm_fp8_cublaslt_workspace_bytes();
+// kind s8 on sm_90a through wgmma (gemm_wgmma.cu). wgmma_s8_available() says whether the current
+// device runs it (sm_90 and a one-time self-check against the mma.sync kernel passed).
+bool wgmma_s8_available(cudaStream_t stream);
+void gemm_wgmma_s8(const GemmParams& p, cudaStream_t stream);
 
 // The epilogue on one accumulator (the same function everywhere, so every path gives the same
 // bits: the prefill GEMM, the decode kernel, and the CPU's fp32 order).
 struct Epilogue {
   const float* a_scale;
   const float* w_scale;
-  float w_scale_scalar;
+  const float* w_tensor_scale;
   const void* bias;
   DType bias_dtype;
 };
@@ -134,10 +145,10 @@ void dequant_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, int64_t R, i
 // codes (N, K) int8 (already unpacked), row_scale (N) fp32; out (N, K) fp32.
 void dequant_int8_f32(const int8_t* codes, const float* row_scale, int64_t N, int64_t K,
                       float* out, cudaStream_t stream);
-// e4m3 codes (N, K) * row_scale -> fp32; NVFP4 codes+scales * pts -> fp32.
+// e4m3 codes (N, K) * row_scale -> fp32; NVFP4: e2m1 * (block scale * pts[0]) -> fp32.
 void dequant_e4m3_f32(const uint8_t* codes, const float* row_scale, int64_t N, int64_t K,
                       float* out, cudaStream_t stream);
-void dequant_nvfp4_f32(const uint8_t* codes, const uint8_t* scales, float pts, int64_t N,
+void dequant_nvfp4_f32(const uint8_t* codes, const uint8_t* scales, const float* pts, int64_t N,
                        int64_t K, float* out, cudaStream_t stream);
 
 // Re-quantization on stored scales (QAT, SPEC §3.5): z = w / scale, code = round-half-even(z)

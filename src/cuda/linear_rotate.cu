@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
       float base = m / 6.f;
       base = base > 448.f ? 448.f : base;  // NaN stays NaN
       const uint8_t s8 = dt::f32_to_e4m3(base);
-      float denom = dt::e4m3_to_f32(s8);
-      if (denom == 0.f) denom = 1.f;
+      float denom = dt::e4m3_to_f32(s8);  // * pts (= 1)
+      if (!(denom > 0.f)) denom = 1.f;
       if (in) {
         float z[4] = {q.x / denom, q.y / denom, q.z / denom, q.w / denom};
         uint8_t c[4];
@@ -196,7 +196,8 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
 #pragma unroll
   for (int w = 1; w < kThreads / 32; ++w) amax = nan_max(amax, warp_amax[w]);
   const float qmax = p.fmt == ActFormat::int8 ? 127.f : (p.fmt == ActFormat::int4 ? 7.f : 448.f);
-  const float scale = amax == 0.f ? 1.f : amax / qmax;
+  float scale = amax / qmax;
+  if (scale == 0.f) scale = 1.f;  // NaN stays NaN
   if (threadIdx.x == 0) p.scales[row] = scale;
 
   uint8_t* codes = static_cast<uint8_t*>(p.codes) + row * p.codes_row_stride;

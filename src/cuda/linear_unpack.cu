@@ -70,12 +70,12 @@ __global__ void dequant_e4m3_f32_kernel(const uint8_t* codes, const float* row_s
     out[i] = __fmul_rn(dt::e4m3_to_f32(codes[i]), row_scale[i / K]);
 }
 
-__global__ void dequant_nvfp4_f32_kernel(const uint8_t* codes, const uint8_t* scales, float pts,
+__global__ void dequant_nvfp4_f32_kernel(const uint8_t* codes, const uint8_t* scales, const float* pts,
                                          int64_t N, int64_t K, float* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N * K;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t n = i / K, k = i % K;
-    const float s = __fmul_rn(dt::e4m3_to_f32(scales[n * (K / 16) + k / 16]), pts);
+    const float s = __fmul_rn(dt::e4m3_to_f32(scales[n * (K / 16) + k / 16]), *pts);
     out[i] = __fmul_rn(dt::e2m1_to_f32(dt::get_nibble(codes + n * (K / 2), k)), s);
   }
 }
@@ -93,7 +93,9 @@ __global__ void requantize_int_kernel(const float* w, const float* row_scale, in
                                       int qmax, bool stochastic, uint64_t seed, int8_t* codes) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N * K;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float z = w[i] / row_scale[i / K];
+    float S = row_scale[i / K];
+    if (!(S > 0.f)) S = 1.f;
+    const float z = w[i] / S;
     float r;
     if (stochastic) {
       r = floorf(__fadd_rn(z, uniform01(seed, static_cast<uint64_t>(i))));
@@ -150,7 +152,7 @@ void dequant_e4m3_f32(const uint8_t* codes, const float* row_scale, int64_t N, i
   check_launch("dequant_e4m3_f32");
 }
 
-void dequant_nvfp4_f32(const uint8_t* codes, const uint8_t* scales, float pts, int64_t N,
+void dequant_nvfp4_f32(const uint8_t* codes, const uint8_t* scales, const float* pts, int64_t N,
                        int64_t K, float* out, cudaStream_t stream) {
   if (N * K == 0) return;
   dequant_nvfp4_f32_kernel<<<grid_for(N * K), kThreads, 0, stream>>>(codes, scales, pts, N, K,
