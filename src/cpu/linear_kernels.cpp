@@ -1,0 +1,527 @@
+// Row kernels of the CPU ConvRot backend: rotation, quantizers, packing (docs/linear.md).
+// Hot loops are written so GCC vectorizes them; LOWBIT_CLONES builds an AVX2 copy next to the
+// baseline one (picked at load time). Vectorization never changes the bits: every reduction
+// follows the fixed lane order of docs/linear.md and no FMA is formed (ISO C++ mode, and the
+// avx2 clone target does not include FMA).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "lowbit/dtype.h"
+#include "src/core/convert_elem.h"
+#include "src/cpu/linear_kernels.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define LOWBIT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define LOWBIT_CLONES
+#endif
+
+namespace lowbit {
+namespace cpu {
+namespace convrot {
+
+// ---- rotation ------------------------------------------------------------------------------------
+namespace {
+
+struct RotTables {
+  float sign[256];  // d[i] = (-1)^(number of base-4 digits equal to 3)
+  int16_t perm[256];  // p(j): the two bits of every base-4 digit swapped
+  float scale;        // 2^-k
+};
+
+RotTables make_tables(int n) {
+  RotTables t{};
+  int k = 0;
+  for (int m = n; m > 1; m /= 4) ++k;
+  for (int i = 0; i < n; ++i) {
+    int threes = 0, p = 0;
+    for (int d = 0; d < k; ++d) {
+      int digit = (i >> (2 * d)) & 3;
+      threes += digit == 3;
+      int swapped = ((digit & 1) << 1) | (digit >> 1);
+      p |= swapped << (2 * d);
+    }
+    t.sign[i] = (threes & 1) ? -1.f : 1.f;
+    t.perm[i] = static_cast<int16_t>(p);
+  }
+  t.scale = std::ldexp(1.f, -k);
+  return t;
+}
+
+const RotTables& tables(int n) {
+  static const RotTables t16 = make_tables(16), t64 = make_tables(64), t256 = make_tables(256);
+  return n == 16 ? t16 : n == 64 ? t64 : t256;
+}
+
+}  // namespace
+
+LOWBIT_CLONES void rotate_row(const float* x, float* y, int64_t K, int rot) {
+  const RotTables& tb = tables(rot);
+  float t[256];
+  for (int64_t b = 0; b < K; b += rot) {
+    const float* xb = x + b;
+    for (int i = 0; i < rot; ++i) t[i] = xb[i] * tb.sign[i];
+    // Butterfly stages h = 1, 2, 4, ...: (a, b) -> (a + b, a - b).
+    for (int i = 0; i < rot; i += 2) {
+      float a = t[i], c = t[i + 1];
+      t[i] = a + c;
+      t[i + 1] = a - c;
+    }
+    for (int i = 0; i < rot; i += 4)
+      for (int j = i; j < i + 2; ++j) {
+        float a = t[j], c = t[j + 2];
+        t[j] = a + c;
+        t[j + 2] = a - c;
+      }
+    for (int h = 4; h < rot; h *= 2)
+      for (int i = 0; i < rot; i += 2 * h)
+        for (int j = i; j < i + h; ++j) {
+          float a = t[j], c = t[j + h];
+          t[j] = a + c;
+          t[j + h] = a - c;
+        }
+    float* yb = y + b;
+    for (int j = 0; j < rot; ++j) yb[j] = tb.sign[j] * t[tb.perm[j]] * tb.scale;
+  }
+}
+
+void load_row(const void* src, DType dt, int64_t K, float* dst) {
+  if (dt == DType::f32) {
+    std::memcpy(dst, src, static_cast<size_t>(K) * 4);
+  } else if (dt == DType::bf16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < K; ++i) dst[i] = dt::bits_f32(static_cast<uint32_t>(s[i]) << 16);
+  } else {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < K; ++i) dst[i] = dt::f16_to_f32(s[i]);
+  }
+}
+
+void store_row(const float* src, DType dt, int64_t K, void* dst) {
+  if (dt == DType::f32) {
+    if (dst != src) std::memmove(dst, src, static_cast<size_t>(K) * 4);
+  } else {
+    for (int64_t i = 0; i < K; ++i) store_f32(dst, i, dt, src[i]);
+  }
+}
+
+// ---- quantizers -------------------------------------------------------------------------------
+namespace {
+
+// max |x| with NaN sticky (a NaN anywhere gives NaN).
+inline float amax_of(const float* x, int64_t n) {
+  float m = 0.f;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    float a = std::fabs(x[i]);
+    m = a > m ? a : m;
+    nan |= a != a;
+  }
+  return nan ? NAN : m;
+}
+
+// Σ (w - round_clamp(w / s)·s)² in the 16-lane order.
+inline float group_error(const float* w, int64_t g, float s, float qmax) {
+  float lane[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int64_t i = 0; i < g; i += 16)
+    for (int l = 0; l < 16; ++l) {
+      float q = round_clamp(w[i + l] / s, qmax);
+      float d = w[i + l] - q * s;
+      lane[l] += d * d;
+    }
+  return tree16(lane);
+}
+
+}  // namespace
+
+LOWBIT_CLONES float quantize_row_int(const float* w, int64_t K, int qmax, int8_t* codes) {
+  float scale = amax_of(w, K) / static_cast<float>(qmax);
+  if (scale == 0.f) scale = 1.f;
+  const float q = static_cast<float>(qmax);
+  for (int64_t i = 0; i < K; ++i) codes[i] = static_cast<int8_t>(round_clamp(w[i] / scale, q));
+  return scale;
+}
+
+LOWBIT_CLONES float quantize_row_fp8(const float* w, int64_t K, uint8_t* codes) {
+  float scale = amax_of(w, K) / 448.f;
+  if (scale == 0.f) scale = 1.f;
+  for (int64_t i = 0; i < K; ++i) codes[i] = dt::f32_to_e4m3(w[i] / scale);
+  return scale;
+}
+
+LOWBIT_CLONES float mse_group_quantize(const float* w, int64_t g, int qmax, int8_t* codes) {
+  // Candidate multipliers c_i = float(f_i / qmax), f_i = 0.2 + i * (0.8 / 15) in fp64.
+  float c[16];
+  for (int i = 0; i < 16; ++i) c[i] = static_cast<float>((0.2 + i * (0.8 / 15)) / qmax);
+  const float q = static_cast<float>(qmax);
+  float amax = amax_of(w, g);
+  if (amax == 0.f) amax = 1.f;
+  float best_s = amax * c[0];
+  float best_e = group_error(w, g, best_s, q);
+  for (int i = 1; i < 16; ++i) {
+    float s = amax * c[i];
+    float e = group_error(w, g, s, q);
+    if (e < best_e) {
+      best_e = e;
+      best_s = s;
+    }
+  }
+  float s = best_s;
+  for (int it = 0; it < 2; ++it) {
+    float ln[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    float ld[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int64_t i = 0; i < g; i += 16)
+      for (int l = 0; l < 16; ++l) {
+        float cq = round_clamp(w[i + l] / s, q);
+        ln[l] += w[i + l] * cq;
+        ld[l] += cq * cq;
+      }
+    float num = tree16(ln), den = tree16(ld);
+    if (den > 0.f && num > 0.f) s = num / den;
+  }
+  for (int64_t i = 0; i < g; ++i) codes[i] = static_cast<int8_t>(round_clamp(w[i] / s, q));
+  return s;
+}
+
+float fold_group_scales(const float* gscales, int64_t n_groups, int qmax, float* ratios) {
+  float m = gscales[0];
+  for (int64_t g = 1; g < n_groups; ++g) m = gscales[g] > m ? gscales[g] : m;
+  float rscale = m * static_cast<float>(qmax / 127.0);
+  if (rscale == 0.f) rscale = 1.f;
+  for (int64_t g = 0; g < n_groups; ++g) ratios[g] = gscales[g] / rscale;
+  return rscale;
+}
+
+namespace {
+
+inline float nvfp4_den(uint8_t s8, float pts) {
+  float den = dt::e4m3_to_f32(s8) * pts;
+  return den > 0.f ? den : 1.f;
+}
+inline float clamp6(float z) {
+  z = z > 6.f ? 6.f : z;
+  return z < -6.f ? -6.f : z;
+}
+
+// Σ (w - e2m1(clamp(w/den))·den)² over a block of 16 in the lane-tree order.
+inline float nvfp4_block_error(const float* w, float den) {
+  float lane[16];
+  for (int l = 0; l < 16; ++l) {
+    float z = clamp6(w[l] / den);
+    float d = w[l] - dt::e2m1_to_f32(dt::f32_to_e2m1(z)) * den;
+    lane[l] = d * d;
+  }
+  return tree16(lane);
+}
+
+inline void nvfp4_block_codes(const float* w, float den, uint8_t* packed8) {
+  for (int l = 0; l < 16; l += 2) {
+    uint8_t lo = dt::f32_to_e2m1(clamp6(w[l] / den));
+    uint8_t hi = dt::f32_to_e2m1(clamp6(w[l + 1] / den));
+    packed8[l / 2] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+}  // namespace
+
+LOWBIT_CLONES void quantize_row_nvfp4_weight(const float* w, int64_t K, float pts,
+                                             uint8_t* scales_out, uint8_t* packed_out) {
+  static const float kFrac[9] = {
+      static_cast<float>(0.70), static_cast<float>(0.75), static_cast<float>(0.80),
+      static_cast<float>(0.85), static_cast<float>(0.90), static_cast<float>(0.95),
+      static_cast<float>(1.00), static_cast<float>(1.05), static_cast<float>(1.10)};
+  const float six_pts = 6.f * pts;
+  for (int64_t b = 0; b < K / 16; ++b) {
+    const float* wb = w + b * 16;
+    float base = amax_of(wb, 16) / six_pts;
+    bool have = false;
+    uint8_t best_s = 0;
+    float best_e = 0.f;
+    for (int i = 0; i < 9; ++i) {
+      float c = base * kFrac[i];
+      if (c > 448.f) continue;
+      uint8_t s8 = dt::f32_to_e4m3(c);
+      float e = nvfp4_block_error(wb, nvfp4_den(s8, pts));
+      if (!have || e < best_e) {
+        have = true;
+        best_e = e;
+        best_s = s8;
+      }
+    }
+    if (!have) best_s = dt::f32_to_e4m3(base);
+    scales_out[b] = best_s;
+    nvfp4_block_codes(wb, nvfp4_den(best_s, pts), packed_out + b * 8);
+  }
+}
+
+LOWBIT_CLONES void quantize_row_nvfp4_act(const float* x, int64_t K, uint8_t* scales_out,
+                                          uint8_t* packed_out) {
+  for (int64_t b = 0; b < K / 16; ++b) {
+    const float* xb = x + b * 16;
+    float base = amax_of(xb, 16) / 6.f;
+    base = base > 448.f ? 448.f : base;
+    uint8_t s8 = dt::f32_to_e4m3(base);
+    scales_out[b] = s8;
+    nvfp4_block_codes(xb, nvfp4_den(s8, 1.f), packed_out + b * 8);
+  }
+}
+
+// ---- packing ------------------------------------------------------------------------------------
+void pack_bits(const int8_t* codes, int64_t K, int bits, uint8_t* out) {
+  const int qmax = (1 << (bits - 1)) - 1;
+  for (int64_t i = 0; i < K; i += 8) {
+    uint64_t word = 0;
+    for (int j = 0; j < 8; ++j)
+      word |= static_cast<uint64_t>(codes[i + j] + qmax) << (j * bits);
+    for (int b = 0; b < bits; ++b) out[i / 8 * bits + b] = static_cast<uint8_t>(word >> (8 * b));
+  }
+}
+
+void unpack_bits(const uint8_t* in, int64_t K, int bits, int8_t* codes) {
+  const int qmax = (1 << (bits - 1)) - 1;
+  const uint64_t mask = (1u << bits) - 1u;
+  for (int64_t i = 0; i < K; i += 8) {
+    uint64_t word = 0;
+    for (int b = 0; b < bits; ++b) word |= static_cast<uint64_t>(in[i / 8 * bits + b]) << (8 * b);
+    for (int j = 0; j < 8; ++j)
+      codes[i + j] = static_cast<int8_t>(static_cast<int>((word >> (j * bits)) & mask) - qmax);
+  }
+}
+
+void pack_ternary(const int8_t* codes, int64_t K, uint8_t* out) {
+  for (int64_t i = 0; i < K; i += 5) {
+    int v = 0, w = 1;
+    for (int j = 0; j < 5; ++j, w *= 3) v += (i + j < K ? codes[i + j] + 1 : 0) * w;
+    out[i / 5] = static_cast<uint8_t>(v);
+  }
+}
+
+void unpack_ternary(const uint8_t* in, int64_t K, int8_t* codes) {
+  for (int64_t i = 0; i < K; i += 5) {
+    int v = in[i / 5];
+    for (int j = 0; j < 5 && i + j < K; ++j, v /= 3) codes[i + j] = static_cast<int8_t>(v % 3 - 1);
+  }
+}
+
+void pack_nibbles(const uint8_t* nibbles, int64_t K, uint8_t* out) {
+  for (int64_t i = 0; i < K; i += 2)
+    out[i / 2] = static_cast<uint8_t>((nibbles[i] & 15u) | ((nibbles[i + 1] & 15u) << 4));
+}
+
+// ---- packed rows ----------------------------------------------------------------------------------
+namespace {
+
+bool grouped(QType q) {
+  return (q >= QType::convrot_int2 && q <= QType::convrot_int7) || q == QType::convrot_bitnet;
+}
+int qmax_of(const PackedWeightView& w) {
+  if (w.qtype == QType::convrot8) return 127;
+  return (1 << (w.bits - 1)) - 1;
+}
+template <typename T>
+T* row_ptr(const TensorView& t, int64_t o) {
+  return static_cast<T*>(t.data) + o * t.shape[t.ndim - 1];
+}
+
+// The stored n-bit / ternary / int4 codes of row o (before the int8 fold).
+void stored_codes(const PackedWeightView& w, int64_t o, int8_t* codes) {
+  const int64_t K = w.in_features;
+  switch (w.qtype) {
+    case QType::convrot8:
+      std::memcpy(codes, row_ptr<int8_t>(w.codes, o), static_cast<size_t>(K));
+      break;
+    case QType::convrot_bitnet:
+      unpack_ternary(row_ptr<uint8_t>(w.codes, o), K, codes);
+      break;
+    case QType::convrot_comfy_w4a4: {
+      const uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+      for (int64_t i = 0; i < K; ++i)
+        codes[i] = signed_nibble(static_cast<uint8_t>((i & 1) ? p[i / 2] >> 4 : p[i / 2] & 15u));
+      break;
+    }
+    default:
+      unpack_bits(row_ptr<uint8_t>(w.codes, o), K, w.bits, codes);
+      break;
+  }
+}
+
+void store_codes(const PackedWeightView& w, int64_t o, const int8_t* codes) {
+  const int64_t K = w.in_features;
+  switch (w.qtype) {
+    case QType::convrot8:
+      std::memcpy(row_ptr<int8_t>(w.codes, o), codes, static_cast<size_t>(K));
+      break;
+    case QType::convrot_bitnet:
+      pack_ternary(codes, K, row_ptr<uint8_t>(w.codes, o));
+      break;
+    case QType::convrot_comfy_w4a4: {
+      uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+      for (int64_t i = 0; i < K; i += 2)
+        p[i / 2] = static_cast<uint8_t>((codes[i] & 15) | ((codes[i + 1] & 15) << 4));
+      break;
+    }
+    default:
+      pack_bits(codes, K, w.bits, row_ptr<uint8_t>(w.codes, o));
+      break;
+  }
+}
+
+}  // namespace
+
+void quantize_weight_row(const float* w_rot, int64_t o, PackedWeight& pw) {
+  PackedWeightView w = pw.view();
+  const int64_t K = w.in_features;
+  const QType q = w.qtype;
+  float* scales = static_cast<float*>(w.scales.data);
+  if (q == QType::convrot_fp8) {
+    scales[o] = quantize_row_fp8(w_rot, K, row_ptr<uint8_t>(w.codes, o));
+    return;
+  }
+  int8_t codes[65536 / 4];
+  int8_t* c = codes;
+  std::unique_ptr<int8_t[]> big;
+  if (K > static_cast<int64_t>(sizeof(codes))) {
+    big.reset(new int8_t[K]);
+    c = big.get();
+  }
+  const int qmax = qmax_of(w);
+  if (grouped(q)) {
+    const int64_t g = w.group, ng = K / g;
+    float gs_stack[1024];
+    std::unique_ptr<float[]> gs_big;
+    float* gs = gs_stack;
+    if (ng > 1024) {
+      gs_big.reset(new float[ng]);
+      gs = gs_big.get();
+    }
+    for (int64_t j = 0; j < ng; ++j) gs[j] = mse_group_quantize(w_rot + j * g, g, qmax, c + j * g);
+    scales[o] = fold_group_scales(gs, ng, qmax, row_ptr<float>(w.ratios, o));
+  } else if (q == QType::convrot_comfy_w4a4) {
+    scales[o] = mse_group_quantize(w_rot, K, qmax, c);
+  } else {
+    scales[o] = quantize_row_int(w_rot, K, qmax, c);
+  }
+  store_codes(w, o, c);
+}
+
+void weight_row_gemm_codes(const PackedWeightView& w, int64_t o, int8_t* codes) {
+  stored_codes(w, o, codes);
+  if (!grouped(w.qtype)) return;
+  const float* ratios = row_ptr<float>(w.ratios, o);
+  for (int64_t i = 0; i < w.in_features; ++i) codes[i] = fold_code(codes[i], ratios[i / w.group]);
+}
+
+void dequantize_weight_row(const PackedWeightView& w, int64_t o, float* out) {
+  const int64_t K = w.in_features;
+  if (w.qtype == QType::convrot4) {
+    const float pts = *static_cast<const float*>(w.tensor_scale.data);
+    const uint8_t* s = row_ptr<uint8_t>(w.block_scales, o);
+    const uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+    for (int64_t i = 0; i < K; ++i) {
+      float scale = dt::e4m3_to_f32(s[i / 16]) * pts;
+      out[i] = dt::e2m1_to_f32(dt::get_nibble(p, i)) * scale;
+    }
+    return;
+  }
+  const float scale = static_cast<const float*>(w.scales.data)[o];
+  if (w.qtype == QType::convrot_fp8) {
+    const uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+    for (int64_t i = 0; i < K; ++i) out[i] = dt::e4m3_to_f32(p[i]) * scale;
+    return;
+  }
+  std::unique_ptr<int8_t[]> codes(new int8_t[K]);
+  weight_row_gemm_codes(w, o, codes.get());
+  for (int64_t i = 0; i < K; ++i) out[i] = static_cast<float>(codes[i]) * scale;
+}
+
+namespace {
+
+// Stochastic rounding of |z| between two neighbours of a sorted grid of magnitudes.
+inline float stochastic_between(float lo, float hi, float a, float u) {
+  float p = (a - lo) / (hi - lo);
+  return u < p ? hi : lo;
+}
+
+uint8_t stochastic_e4m3(float z, float u) {
+  if (z != z) return dt::f32_to_e4m3(z);
+  float a = std::fabs(z);
+  uint8_t sign = z < 0.f ? 0x80u : 0u;
+  if (a >= 448.f) return static_cast<uint8_t>(sign | 0x7eu);
+  uint8_t c = dt::f32_to_e4m3(a);
+  if (dt::e4m3_to_f32(c) > a) --c;  // magnitude codes are monotonic: c is now the value below
+  float lo = dt::e4m3_to_f32(c), hi = dt::e4m3_to_f32(static_cast<uint8_t>(c + 1));
+  if (lo == a) return static_cast<uint8_t>(sign | c);
+  float v = stochastic_between(lo, hi, a, u);
+  return static_cast<uint8_t>(sign | (v == hi ? c + 1 : c));
+}
+
+uint8_t stochastic_e2m1(float z, float u) {
+  static const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  if (z != z) return 0;
+  float a = std::fabs(clamp6(z));
+  int lo = 0;
+  while (lo < 7 && mag[lo + 1] <= a) ++lo;
+  int idx = lo;
+  if (lo < 7 && mag[lo] != a && stochastic_between(mag[lo], mag[lo + 1], a, u) == mag[lo + 1])
+    idx = lo + 1;
+  return static_cast<uint8_t>(idx | (z < 0.f ? 8 : 0));
+}
+
+inline float safe_scale(float s) { return s > 0.f ? s : 1.f; }
+
+}  // namespace
+
+void requantize_weight_row(const PackedWeightView& w, int64_t o, const float* w_rot,
+                           bool stochastic, uint64_t seed) {
+  const int64_t K = w.in_features;
+  const uint64_t base = static_cast<uint64_t>(o) * static_cast<uint64_t>(K);
+  if (w.qtype == QType::convrot4) {
+    const float pts = *static_cast<const float*>(w.tensor_scale.data);
+    const uint8_t* s = row_ptr<uint8_t>(w.block_scales, o);
+    uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+    for (int64_t i = 0; i < K; i += 2) {
+      uint8_t c[2];
+      for (int j = 0; j < 2; ++j) {
+        float den = nvfp4_den(s[(i + j) / 16], pts);
+        float z = clamp6(w_rot[i + j] / den);
+        c[j] = stochastic ? stochastic_e2m1(z, uniform01(seed, base + i + j)) : dt::f32_to_e2m1(z);
+      }
+      p[i / 2] = static_cast<uint8_t>(c[0] | (c[1] << 4));
+    }
+    return;
+  }
+  const float rscale = static_cast<const float*>(w.scales.data)[o];
+  if (w.qtype == QType::convrot_fp8) {
+    uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+    const float sc = safe_scale(rscale);
+    for (int64_t i = 0; i < K; ++i) {
+      float z = w_rot[i] / sc;
+      p[i] = stochastic ? stochastic_e4m3(z, uniform01(seed, base + i)) : dt::f32_to_e4m3(z);
+    }
+    return;
+  }
+  const float qmax = static_cast<float>(qmax_of(w));
+  std::unique_ptr<int8_t[]> codes(new int8_t[K]);
+  const float* ratios = grouped(w.qtype) ? row_ptr<float>(w.ratios, o) : nullptr;
+  for (int64_t i = 0; i < K; ++i) {
+    float sc = safe_scale(ratios ? ratios[i / w.group] * rscale : rscale);
+    float z = w_rot[i] / sc;
+    float r;
+    if (stochastic) {
+      r = std::floor(z + uniform01(seed, base + i));
+      r = r > qmax ? qmax : r;
+      r = r < -qmax ? -qmax : r;
+      r = r == r ? r : 0.f;
+    } else {
+      r = round_clamp(z, qmax);
+    }
+    codes[i] = static_cast<int8_t>(r);
+  }
+  store_codes(w, o, codes.get());
+}
+
+}  // namespace convrot
+}  // namespace cpu
+}  // namespace lowbit
