@@ -5,6 +5,9 @@
 // avx2 clone target does not include FMA).
 #include <algorithm>
 #include <cmath>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <cstring>
 #include <memory>
 
@@ -108,10 +111,13 @@ void store_row(const float* src, DType dt, int64_t K, void* dst) {
 }
 
 // ---- quantizers -------------------------------------------------------------------------------
+// The hot primitives come in two builds with the same bits: plain scalar loops, and AVX2 (8 lanes;
+// the 16-lane sum order of docs/linear.md is two registers: lanes 0-7 and 8-15). The AVX2 build
+// uses only IEEE add/sub/mul/div, compares and the RNE round instruction, never FMA.
 namespace {
 
 // max |x| with NaN sticky (a NaN anywhere gives NaN).
-inline float amax_of(const float* x, int64_t n) {
+inline float amax_scalar(const float* x, int64_t n) {
   float m = 0.f;
   bool nan = false;
   for (int64_t i = 0; i < n; ++i) {
@@ -122,8 +128,12 @@ inline float amax_of(const float* x, int64_t n) {
   return nan ? NAN : m;
 }
 
+void codes_scalar(const float* w, int64_t n, float s, float qmax, int8_t* codes) {
+  for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<int8_t>(round_clamp(w[i] / s, qmax));
+}
+
 // Σ (w - round_clamp(w / s)·s)² in the 16-lane order.
-inline float group_error(const float* w, int64_t g, float s, float qmax) {
+float group_error_scalar(const float* w, int64_t g, float s, float qmax) {
   float lane[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   for (int64_t i = 0; i < g; i += 16)
     for (int l = 0; l < 16; ++l) {
@@ -134,13 +144,191 @@ inline float group_error(const float* w, int64_t g, float s, float qmax) {
   return tree16(lane);
 }
 
+// num = Σ w·q, den = Σ q·q with q = round_clamp(w / s), 16-lane order.
+void refit_scalar(const float* w, int64_t g, float s, float qmax, float* num, float* den) {
+  float ln[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  float ld[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int64_t i = 0; i < g; i += 16)
+    for (int l = 0; l < 16; ++l) {
+      float cq = round_clamp(w[i + l] / s, qmax);
+      ln[l] += w[i + l] * cq;
+      ld[l] += cq * cq;
+    }
+  *num = tree16(ln);
+  *den = tree16(ld);
+}
+
+inline float clamp6(float z) {
+  z = z > 6.f ? 6.f : z;
+  return z < -6.f ? -6.f : z;
+}
+
+// Σ (w - e2m1(clamp(w/den))·den)² over a block of 16 in the lane-tree order.
+float nvfp4_error_scalar(const float* w, float den) {
+  float lane[16];
+  for (int l = 0; l < 16; ++l) {
+    float z = clamp6(w[l] / den);
+    float d = w[l] - dt::e2m1_to_f32(dt::f32_to_e2m1(z)) * den;
+    lane[l] = d * d;
+  }
+  return tree16(lane);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LOWBIT_HAVE_AVX2_PATH 1
+#define LOWBIT_AVX2 __attribute__((target("avx2")))
+
+LOWBIT_AVX2 inline __m256 abs8(__m256 x) {
+  return _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
+}
+// round_clamp on 8 lanes: RNE, clamp to ±qmax, NaN -> +0.
+LOWBIT_AVX2 inline __m256 round_clamp8(__m256 x, __m256 qmax, __m256 nqmax) {
+  __m256 r = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  r = _mm256_and_ps(r, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
+  r = _mm256_min_ps(r, qmax);
+  return _mm256_max_ps(r, nqmax);
+}
+// The docs/linear.md tree over lanes a[0..7] (0-7) and b[0..7] (8-15).
+LOWBIT_AVX2 inline float tree16_8x2(__m256 a, __m256 b) {
+  __m256 t = _mm256_add_ps(a, b);                                                    // h = 8
+  __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));      // h = 4
+  __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));                                      // h = 2
+  __m128 w = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));                                  // h = 1
+  return _mm_cvtss_f32(w);
+}
+
+LOWBIT_AVX2 float amax_avx2(const float* x, int64_t n) {
+  __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    m = _mm256_max_ps(m, abs8(v));  // NaN in v: max returns v's lane (2nd operand)... tracked below
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float r = 0.f;
+  for (int l = 0; l < 8; ++l) r = lanes[l] > r ? lanes[l] : r;
+  bool any_nan = _mm256_movemask_ps(nan) != 0;
+  for (; i < n; ++i) {
+    float a = std::fabs(x[i]);
+    r = a > r ? a : r;
+    any_nan |= a != a;
+  }
+  return any_nan ? NAN : r;
+}
+
+LOWBIT_AVX2 void codes_avx2(const float* w, int64_t n, float s, float qmax, int8_t* codes) {
+  const __m256 vs = _mm256_set1_ps(s), vq = _mm256_set1_ps(qmax), vnq = _mm256_set1_ps(-qmax);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 r = round_clamp8(_mm256_div_ps(_mm256_loadu_ps(w + i), vs), vq, vnq);
+    __m256i i32 = _mm256_cvtps_epi32(r);
+    __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packs_epi16(p16, p16));
+  }
+  codes_scalar(w + i, n - i, s, qmax, codes + i);
+}
+
+LOWBIT_AVX2 float group_error_avx2(const float* w, int64_t g, float s, float qmax) {
+  const __m256 vs = _mm256_set1_ps(s), vq = _mm256_set1_ps(qmax), vnq = _mm256_set1_ps(-qmax);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < g; i += 16) {
+    __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+    __m256 q0 = round_clamp8(_mm256_div_ps(w0, vs), vq, vnq);
+    __m256 q1 = round_clamp8(_mm256_div_ps(w1, vs), vq, vnq);
+    __m256 d0 = _mm256_sub_ps(w0, _mm256_mul_ps(q0, vs));
+    __m256 d1 = _mm256_sub_ps(w1, _mm256_mul_ps(q1, vs));
+    a0 = _mm256_add_ps(a0, _mm256_mul_ps(d0, d0));
+    a1 = _mm256_add_ps(a1, _mm256_mul_ps(d1, d1));
+  }
+  return tree16_8x2(a0, a1);
+}
+
+LOWBIT_AVX2 void refit_avx2(const float* w, int64_t g, float s, float qmax, float* num,
+                            float* den) {
+  const __m256 vs = _mm256_set1_ps(s), vq = _mm256_set1_ps(qmax), vnq = _mm256_set1_ps(-qmax);
+  __m256 n0 = _mm256_setzero_ps(), n1 = _mm256_setzero_ps();
+  __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < g; i += 16) {
+    __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+    __m256 q0 = round_clamp8(_mm256_div_ps(w0, vs), vq, vnq);
+    __m256 q1 = round_clamp8(_mm256_div_ps(w1, vs), vq, vnq);
+    n0 = _mm256_add_ps(n0, _mm256_mul_ps(w0, q0));
+    n1 = _mm256_add_ps(n1, _mm256_mul_ps(w1, q1));
+    d0 = _mm256_add_ps(d0, _mm256_mul_ps(q0, q0));
+    d1 = _mm256_add_ps(d1, _mm256_mul_ps(q1, q1));
+  }
+  *num = tree16_8x2(n0, n1);
+  *den = tree16_8x2(d0, d1);
+}
+
+// e2m1 value of clamp(w / den) (the SPEC §3.4 boundary count), 8 lanes.
+LOWBIT_AVX2 inline __m256 e2m1_value8(__m256 w, __m256 den) {
+  const __m256 six = _mm256_set1_ps(6.f), nsix = _mm256_set1_ps(-6.f);
+  __m256 z = _mm256_div_ps(w, den);
+  z = _mm256_max_ps(nsix, z);  // NaN z stays NaN (max/min return the 2nd operand on NaN)
+  z = _mm256_min_ps(six, z);
+  __m256 a = abs8(z);
+  __m256i idx = _mm256_setzero_si256();
+  const float bounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  for (float b : bounds)
+    idx = _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(b), _CMP_GT_OQ)));
+  const __m256 mags = _mm256_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+  __m256 v = _mm256_permutevar8x32_ps(mags, idx);
+  __m256 neg = _mm256_and_ps(_mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ), _mm256_set1_ps(-0.f));
+  return _mm256_xor_ps(v, neg);
+}
+
+LOWBIT_AVX2 float nvfp4_error_avx2(const float* w, float den) {
+  const __m256 vd = _mm256_set1_ps(den);
+  __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+  __m256 d0 = _mm256_sub_ps(w0, _mm256_mul_ps(e2m1_value8(w0, vd), vd));
+  __m256 d1 = _mm256_sub_ps(w1, _mm256_mul_ps(e2m1_value8(w1, vd), vd));
+  return tree16_8x2(_mm256_mul_ps(d0, d0), _mm256_mul_ps(d1, d1));
+}
+#endif
+
+struct Primitives {
+  float (*amax)(const float*, int64_t);
+  void (*codes)(const float*, int64_t, float, float, int8_t*);
+  float (*group_error)(const float*, int64_t, float, float);
+  void (*refit)(const float*, int64_t, float, float, float*, float*);
+  float (*nvfp4_error)(const float*, float);
+};
+
+bool g_force_scalar = false;
+
+const Primitives& prims() {
+  static const Primitives scalar = {amax_scalar, codes_scalar, group_error_scalar, refit_scalar,
+                                    nvfp4_error_scalar};
+#ifdef LOWBIT_HAVE_AVX2_PATH
+  static const Primitives avx2 = {amax_avx2, codes_avx2, group_error_avx2, refit_avx2,
+                                  nvfp4_error_avx2};
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  if (has_avx2 && !g_force_scalar) return avx2;
+#endif
+  return scalar;
+}
+
+inline float amax_of(const float* x, int64_t n) { return prims().amax(x, n); }
+
 }  // namespace
 
-LOWBIT_CLONES float quantize_row_int(const float* w, int64_t K, int qmax, int8_t* codes) {
-  float scale = amax_of(w, K) / static_cast<float>(qmax);
+bool simd_kernels_available() {
+#ifdef LOWBIT_HAVE_AVX2_PATH
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+void force_scalar_kernels(bool on) { g_force_scalar = on; }
+
+float quantize_row_int(const float* w, int64_t K, int qmax, int8_t* codes) {
+  const Primitives& p = prims();
+  float scale = p.amax(w, K) / static_cast<float>(qmax);
   if (scale == 0.f) scale = 1.f;
-  const float q = static_cast<float>(qmax);
-  for (int64_t i = 0; i < K; ++i) codes[i] = static_cast<int8_t>(round_clamp(w[i] / scale, q));
+  p.codes(w, K, scale, static_cast<float>(qmax), codes);
   return scale;
 }
 
@@ -151,18 +339,19 @@ LOWBIT_CLONES float quantize_row_fp8(const float* w, int64_t K, uint8_t* codes) 
   return scale;
 }
 
-LOWBIT_CLONES float mse_group_quantize(const float* w, int64_t g, int qmax, int8_t* codes) {
+float mse_group_quantize(const float* w, int64_t g, int qmax, int8_t* codes) {
+  const Primitives& p = prims();
   // Candidate multipliers c_i = float(f_i / qmax), f_i = 0.2 + i * (0.8 / 15) in fp64.
   float c[16];
   for (int i = 0; i < 16; ++i) c[i] = static_cast<float>((0.2 + i * (0.8 / 15)) / qmax);
   const float q = static_cast<float>(qmax);
-  float amax = amax_of(w, g);
+  float amax = p.amax(w, g);
   if (amax == 0.f) amax = 1.f;
   float best_s = amax * c[0];
-  float best_e = group_error(w, g, best_s, q);
+  float best_e = p.group_error(w, g, best_s, q);
   for (int i = 1; i < 16; ++i) {
     float s = amax * c[i];
-    float e = group_error(w, g, s, q);
+    float e = p.group_error(w, g, s, q);
     if (e < best_e) {
       best_e = e;
       best_s = s;
@@ -170,18 +359,11 @@ LOWBIT_CLONES float mse_group_quantize(const float* w, int64_t g, int qmax, int8
   }
   float s = best_s;
   for (int it = 0; it < 2; ++it) {
-    float ln[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    float ld[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    for (int64_t i = 0; i < g; i += 16)
-      for (int l = 0; l < 16; ++l) {
-        float cq = round_clamp(w[i + l] / s, q);
-        ln[l] += w[i + l] * cq;
-        ld[l] += cq * cq;
-      }
-    float num = tree16(ln), den = tree16(ld);
+    float num, den;
+    p.refit(w, g, s, q, &num, &den);
     if (den > 0.f && num > 0.f) s = num / den;
   }
-  for (int64_t i = 0; i < g; ++i) codes[i] = static_cast<int8_t>(round_clamp(w[i] / s, q));
+  p.codes(w, g, s, q, codes);
   return s;
 }
 
@@ -200,22 +382,6 @@ inline float nvfp4_den(uint8_t s8, float pts) {
   float den = dt::e4m3_to_f32(s8) * pts;
   return den > 0.f ? den : 1.f;
 }
-inline float clamp6(float z) {
-  z = z > 6.f ? 6.f : z;
-  return z < -6.f ? -6.f : z;
-}
-
-// Σ (w - e2m1(clamp(w/den))·den)² over a block of 16 in the lane-tree order.
-inline float nvfp4_block_error(const float* w, float den) {
-  float lane[16];
-  for (int l = 0; l < 16; ++l) {
-    float z = clamp6(w[l] / den);
-    float d = w[l] - dt::e2m1_to_f32(dt::f32_to_e2m1(z)) * den;
-    lane[l] = d * d;
-  }
-  return tree16(lane);
-}
-
 inline void nvfp4_block_codes(const float* w, float den, uint8_t* packed8) {
   for (int l = 0; l < 16; l += 2) {
     uint8_t lo = dt::f32_to_e2m1(clamp6(w[l] / den));
@@ -226,12 +392,13 @@ inline void nvfp4_block_codes(const float* w, float den, uint8_t* packed8) {
 
 }  // namespace
 
-LOWBIT_CLONES void quantize_row_nvfp4_weight(const float* w, int64_t K, float pts,
+void quantize_row_nvfp4_weight(const float* w, int64_t K, float pts,
                                              uint8_t* scales_out, uint8_t* packed_out) {
   static const float kFrac[9] = {
       static_cast<float>(0.70), static_cast<float>(0.75), static_cast<float>(0.80),
       static_cast<float>(0.85), static_cast<float>(0.90), static_cast<float>(0.95),
       static_cast<float>(1.00), static_cast<float>(1.05), static_cast<float>(1.10)};
+  const Primitives& p = prims();
   const float six_pts = 6.f * pts;
   for (int64_t b = 0; b < K / 16; ++b) {
     const float* wb = w + b * 16;
@@ -243,7 +410,7 @@ LOWBIT_CLONES void quantize_row_nvfp4_weight(const float* w, int64_t K, float pt
       float c = base * kFrac[i];
       if (c > 448.f) continue;
       uint8_t s8 = dt::f32_to_e4m3(c);
-      float e = nvfp4_block_error(wb, nvfp4_den(s8, pts));
+      float e = p.nvfp4_error(wb, nvfp4_den(s8, pts));
       if (!have || e < best_e) {
         have = true;
         best_e = e;

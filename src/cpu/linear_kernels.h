@@ -48,6 +48,11 @@ inline int64_t swizzle_index(int64_t r, int64_t c, int64_t C) {
   return ((t * 32 + r % 32) * 4 + (r % 128) / 32) * 4 + c % 4;
 }
 
+// The quantizers run AVX2 primitives when the CPU has them (same bits as the scalar loops);
+// tests force the scalar build to prove the two agree.
+bool simd_kernels_available();
+void force_scalar_kernels(bool on);
+
 // ---- rotation --------------------------------------------------------------------------------
 // y = x · R_rot on each block of `rot` elements of a K-row (y may equal x). rot in {16, 64, 256}.
 void rotate_row(const float* x, float* y, int64_t K, int rot);

@@ -821,3 +821,46 @@ TEST(LinearErrors, BadArgumentsThrowAndWriteNothing) {
 
 }  // namespace
 }  // namespace lowbit
+
+namespace lowbit {
+namespace {
+
+// The AVX2 primitives give the scalar loops' bits (ties, zeros, outliers, NaN, every qmax).
+TEST(LinearSimd, VectorKernelsMatchScalar) {
+  if (!cpu::convrot::simd_kernels_available()) GTEST_SKIP() << "no AVX2 on this CPU";
+  using namespace cpu::convrot;
+  std::mt19937_64 rng(123);
+  std::normal_distribution<float> n(0.f, 1.f);
+  const int64_t K = 1024 + 16 * 3;
+  std::vector<float> w(K);
+  for (int64_t i = 0; i < K; ++i) {
+    int kind = static_cast<int>(rng() % 8);
+    w[i] = kind == 0 ? 0.f : kind == 1 ? std::nearbyint(n(rng) * 20.f) + 0.5f : n(rng);
+  }
+  w[17] = 40.f;  // an outlier
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) w[300] = NAN;
+    for (int qmax : {1, 3, 7, 15, 31, 63, 127}) {
+      std::vector<int8_t> a(K), b(K);
+      force_scalar_kernels(true);
+      float sa = quantize_row_int(w.data(), K, qmax, a.data());
+      float ga = mse_group_quantize(w.data(), 128, qmax, a.data());
+      force_scalar_kernels(false);
+      float sb = quantize_row_int(w.data(), K, qmax, b.data());
+      float gb = mse_group_quantize(w.data(), 128, qmax, b.data());
+      EXPECT_EQ(dt::f32_bits(sa), dt::f32_bits(sb)) << qmax;
+      EXPECT_EQ(dt::f32_bits(ga), dt::f32_bits(gb)) << qmax;
+      EXPECT_EQ(a, b) << qmax;
+    }
+    std::vector<uint8_t> s1(K / 16), s2(K / 16), p1(K / 2), p2(K / 2);
+    force_scalar_kernels(true);
+    quantize_row_nvfp4_weight(w.data(), K, 0.0071f, s1.data(), p1.data());
+    force_scalar_kernels(false);
+    quantize_row_nvfp4_weight(w.data(), K, 0.0071f, s2.data(), p2.data());
+    EXPECT_EQ(s1, s2);
+    EXPECT_EQ(p1, p2);
+  }
+}
+
+}  // namespace
+}  // namespace lowbit
