@@ -173,6 +173,30 @@ int32_t e4m3_int(uint8_t c) {
   return (c & 0x80) ? -mag : mag;
 }
 
+int8_t twice_e2m1(uint8_t code) {
+  static const int8_t twice[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+  return static_cast<int8_t>((code & 8u) ? -twice[code & 7u] : twice[code & 7u]);
+}
+
+// Σ a·b of integer-valued doubles with |a·b| < 2^36, exactly: within a chunk of 2^17 products
+// every partial sum is an integer below 2^53 (so the lane order does not matter); chunks add in
+// int64.
+LOWBIT_CLONES int64_t dot_chunk(const double* a, const double* b, int64_t K) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8)
+    for (int l = 0; l < 8; ++l) lane[l] += a[k + l] * b[k + l];
+  double s = 0;
+  for (; k < K; ++k) s += a[k] * b[k];
+  for (int l = 0; l < 8; ++l) s += lane[l];
+  return static_cast<int64_t>(s);
+}
+int64_t dot_exact(const double* a, const double* b, int64_t K) {
+  int64_t acc = 0;
+  for (int64_t k = 0; k < K; k += 131072) acc += dot_chunk(a + k, b + k, std::min<int64_t>(131072, K - k));
+  return acc;
+}
+
 float bias_at(const TensorView* bias, int64_t o) {
   return bias ? load_f32(bias->data, o * bias->stride[0], bias->dtype) : 0.f;
 }
@@ -203,6 +227,14 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                             : static_cast<void*>(a_scales.data()),
                       nvfp4 ? K / 16 : 1);
   });
+  // Decoded activations for the float GEMMs: e4m3 as exact integers (units of 2^-9), e2m1 as
+  // 2·value (integers in [-12, 12]) with the block scales as integers.
+  std::vector<double> a_fp8(q == QType::convrot_fp8 ? static_cast<size_t>(M * K) : 0);
+  std::vector<int8_t> a_fp4(nvfp4 ? static_cast<size_t>(M * K) : 0);
+  std::vector<int32_t> a_fp4_scales(nvfp4 ? static_cast<size_t>(M * (K / 16)) : 0);
+  for (size_t i = 0; i < a_fp8.size(); ++i) a_fp8[i] = e4m3_int(a_codes[i]);
+  for (size_t i = 0; i < a_fp4.size(); ++i) a_fp4[i] = twice_e2m1(dt::get_nibble(a_codes.data(), i));
+  for (size_t i = 0; i < a_fp4_scales.size(); ++i) a_fp4_scales[i] = e4m3_int(a_block_scales[i]);
   const float* w_scales = nvfp4 ? nullptr : static_cast<const float*>(w.scales.data);
   const float pts = nvfp4 ? *static_cast<const float*>(w.tensor_scale.data) : 1.f;
 
@@ -219,38 +251,32 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
         }
       }
     } else if (q == QType::convrot_fp8) {
-      std::vector<int32_t> wi(static_cast<size_t>(K)), ai(static_cast<size_t>(K));
+      std::vector<double> wd(static_cast<size_t>(K));
       for (int64_t o = b; o < e; ++o) {
         const uint8_t* wr = static_cast<const uint8_t*>(w.codes.data) + o * K;
-        for (int64_t k = 0; k < K; ++k) wi[k] = e4m3_int(wr[k]);
+        for (int64_t k = 0; k < K; ++k) wd[k] = e4m3_int(wr[k]);
         for (int64_t m = 0; m < M; ++m) {
-          const uint8_t* ar = a_codes.data() + m * K;
-          int64_t acc = 0;
-          for (int64_t k = 0; k < K; ++k)
-            acc += static_cast<int64_t>(e4m3_int(ar[k])) * wi[k];
           // Exact sum of the products in units of 2^-18, rounded once to fp32.
-          float accf = std::ldexp(static_cast<float>(acc), -18);
+          float accf = std::ldexp(static_cast<float>(dot_exact(a_fp8.data() + m * K, wd.data(), K)), -18);
           epilogue_store(out, m, o, accf, a_scales[m], w_scales[o], bias);
         }
       }
     } else {  // convrot4: block-scaled e2m1 x e2m1
       const int64_t nb = K / 16;
+      std::vector<int8_t> wv(static_cast<size_t>(K));
+      std::vector<int32_t> wsi(static_cast<size_t>(nb));
       for (int64_t o = b; o < e; ++o) {
         const uint8_t* wp = static_cast<const uint8_t*>(w.codes.data) + o * (K / 2);
         const uint8_t* ws = static_cast<const uint8_t*>(w.block_scales.data) + o * nb;
+        for (int64_t k = 0; k < K; ++k) wv[k] = twice_e2m1(dt::get_nibble(wp, k));
+        for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = e4m3_int(ws[bl]);
         for (int64_t m = 0; m < M; ++m) {
-          const uint8_t* ap = a_codes.data() + m * (K / 2);
-          const uint8_t* as = a_block_scales.data() + m * nb;
+          const int8_t* av = a_fp4.data() + m * K;
+          const int32_t* as = a_fp4_scales.data() + m * nb;
           int64_t acc = 0;  // units of 2^-20: (2·e2m1)·(2·e2m1)·(2^9·s_a)·(2^9·s_w)
           for (int64_t bl = 0; bl < nb; ++bl) {
-            int32_t dot = 0;
-            for (int i = 0; i < 16; ++i) {
-              int64_t k = bl * 16 + i;
-              int32_t av = static_cast<int32_t>(2.f * dt::e2m1_to_f32(dt::get_nibble(ap, k)));
-              int32_t wv = static_cast<int32_t>(2.f * dt::e2m1_to_f32(dt::get_nibble(wp, k)));
-              dot += av * wv;
-            }
-            acc += static_cast<int64_t>(dot) * e4m3_int(as[bl]) * e4m3_int(ws[bl]);
+            int32_t dot = dot_i8(av + bl * 16, wv.data() + bl * 16, 16);
+            acc += static_cast<int64_t>(dot) * as[bl] * wsi[bl];
           }
           float accf = std::ldexp(static_cast<float>(acc), -20);
           epilogue_store(out, m, o, accf, 1.f, pts, bias);

@@ -623,20 +623,32 @@ TEST(LinearForward, FloatQTypesAgainstFp64OfDequantizedOperands) {
     std::vector<float> wd(O * K);
     dequantize_weight(lin.weights(), make_view(wd.data(), DType::f32, {O, K}), true, ctx);
     // Dequantized activations from the public quantizer's codes.
-    std::vector<double> xd(M * K);
+    std::vector<double> xd(M * K), xraw(M * K), wraw(O * K);
+    std::vector<float> xs(M, 1.f);
+    PackedWeight p = lin.to_packed(ctx);
+    for (int64_t i = 0; i < O * K; ++i)
+      wraw[i] = q == QType::convrot_fp8
+                    ? double(dt::e4m3_to_f32(p.codes[i]))
+                    : double(dt::e2m1_to_f32(dt::get_nibble(p.codes.data(), i))) *
+                          dt::e4m3_to_f32(p.block_scales[i / 16]);
     if (q == QType::convrot_fp8) {
       std::vector<uint8_t> c(M * K);
       std::vector<float> s(M);
       rotate_quantize_activations(make_view(x.data(), DType::f32, {M, K}), q, 64,
                                   make_view(c.data(), DType::e4m3, {M, K}), make_view(s.data(), DType::f32, {M}), ctx);
       for (int64_t i = 0; i < M * K; ++i) xd[i] = double(dt::e4m3_to_f32(c[i])) * s[i / K];
+      for (int64_t i = 0; i < M * K; ++i) xraw[i] = dt::e4m3_to_f32(c[i]);
+      xs = s;
     } else {
       std::vector<uint8_t> c(M * K / 2), s(M * K / 16);
       rotate_quantize_activations(make_view(x.data(), DType::f32, {M, K}), q, 64,
                                   make_view(c.data(), DType::e2m1x2, {M, K}), make_view(s.data(), DType::e4m3, {M, K / 16}), ctx);
       for (int64_t i = 0; i < M * K; ++i)
         xd[i] = double(dt::e2m1_to_f32(dt::get_nibble(c.data(), i))) * dt::e4m3_to_f32(s[i / 16]);
+      xraw = xd;
     }
+    float ws_pts = 0;
+    if (q == QType::convrot4) std::memcpy(&ws_pts, p.tensor_scale.data(), 4);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t o = 0; o < O; ++o) {
         double ref = 0, mag = 0;
@@ -646,6 +658,19 @@ TEST(LinearForward, FloatQTypesAgainstFp64OfDequantizedOperands) {
         }
         // acc is exact then rounded; the epilogue and the dequantized weight add a few fp32 ulps.
         EXPECT_NEAR(out[m * O + o], ref, 4e-7 * mag + 1e-30) << qtype_name(q) << " " << m << "," << o;
+        // Bit-exact: the products of the raw operands sum exactly in fp64 here (K = 64), are
+        // rounded once to fp32, then the epilogue applies the two scales in order.
+        double exact = 0;
+        for (int64_t k = 0; k < K; ++k) exact += xraw[m * K + k] * wraw[o * K + k];
+        float want = static_cast<float>(exact);
+        if (q == QType::convrot_fp8) {
+          want = want * xs[m];
+          want = want * reinterpret_cast<const float*>(p.scales.data())[o];
+        } else {
+          want = want * 1.f;
+          want = want * ws_pts;
+        }
+        EXPECT_EQ(dt::f32_bits(out[m * O + o]), dt::f32_bits(want)) << qtype_name(q) << " " << m << "," << o;
       }
   }
 }
