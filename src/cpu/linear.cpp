@@ -104,12 +104,13 @@ void quantize_weight(const TensorView& w, PackedWeight& out, Context& ctx) {
         out.block_scales_swizzled[swizzle_index(o, c, nb)] = out.block_scales[o * nb + c];
     return;
   }
+  const PackedWeightView ov = out.view();
   parallel_for(O, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
     std::vector<float> row(static_cast<size_t>(K));
     for (int64_t o = b; o < e; ++o) {
       load_row(row_bytes(w, o), w.dtype, K, row.data());
       rotate_row(row.data(), row.data(), K, rot);
-      quantize_weight_row(row.data(), o, out);
+      quantize_weight_row(row.data(), o, ov);
     }
   });
 }

@@ -60,34 +60,69 @@ const RotTables& tables(int n) {
 
 }  // namespace
 
-LOWBIT_CLONES void rotate_row(const float* x, float* y, int64_t K, int rot) {
-  const RotTables& tb = tables(rot);
+namespace {
+
+void rotate_block_scalar(const float* xb, float* yb, int rot, const RotTables& tb) {
   float t[256];
-  for (int64_t b = 0; b < K; b += rot) {
-    const float* xb = x + b;
-    for (int i = 0; i < rot; ++i) t[i] = xb[i] * tb.sign[i];
-    // Butterfly stages h = 1, 2, 4, ...: (a, b) -> (a + b, a - b).
-    for (int i = 0; i < rot; i += 2) {
-      float a = t[i], c = t[i + 1];
-      t[i] = a + c;
-      t[i + 1] = a - c;
-    }
-    for (int i = 0; i < rot; i += 4)
-      for (int j = i; j < i + 2; ++j) {
-        float a = t[j], c = t[j + 2];
+  for (int i = 0; i < rot; ++i) t[i] = xb[i] * tb.sign[i];
+  // Butterfly stages h = 1, 2, 4, ...: (a, b) -> (a + b, a - b).
+  for (int h = 1; h < rot; h *= 2)
+    for (int i = 0; i < rot; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        float a = t[j], c = t[j + h];
         t[j] = a + c;
-        t[j + 2] = a - c;
+        t[j + h] = a - c;
       }
-    for (int h = 4; h < rot; h *= 2)
-      for (int i = 0; i < rot; i += 2 * h)
-        for (int j = i; j < i + h; ++j) {
-          float a = t[j], c = t[j + h];
-          t[j] = a + c;
-          t[j + h] = a - c;
-        }
-    float* yb = y + b;
-    for (int j = 0; j < rot; ++j) yb[j] = tb.sign[j] * t[tb.perm[j]] * tb.scale;
+  for (int j = 0; j < rot; ++j) yb[j] = tb.sign[j] * t[tb.perm[j]] * tb.scale;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The same butterflies on 8-lane registers: stages 1, 2, 4 inside a register (partner lane by a
+// permute; the lower element of each pair takes a + b, the upper a - b, as in the scalar loop),
+// stages 8.. between registers. Same operations on the same operands: the same bits.
+__attribute__((target("avx2"))) void rotate_block_avx2(const float* xb, float* yb, int rot,
+                                                       const RotTables& tb) {
+  alignas(32) float t[256];
+  for (int i = 0; i < rot; i += 8) {
+    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xb + i), _mm256_loadu_ps(tb.sign + i));
+    __m256 sw = _mm256_permute_ps(v, 0xB1);  // h = 1: lanes [1, 0, 3, 2, ...]
+    v = _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), 0xAA);
+    sw = _mm256_permute_ps(v, 0x4E);  // h = 2: lanes [2, 3, 0, 1, ...]
+    v = _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), 0xCC);
+    sw = _mm256_permute2f128_ps(v, v, 1);  // h = 4: swap the 128-bit halves
+    v = _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), 0xF0);
+    _mm256_store_ps(t + i, v);
   }
+  for (int h = 8; h < rot; h *= 2)
+    for (int i = 0; i < rot; i += 2 * h)
+      for (int j = i; j < i + h; j += 8) {
+        __m256 a = _mm256_load_ps(t + j), c = _mm256_load_ps(t + j + h);
+        _mm256_store_ps(t + j, _mm256_add_ps(a, c));
+        _mm256_store_ps(t + j + h, _mm256_sub_ps(a, c));
+      }
+  const __m256 scale = _mm256_set1_ps(tb.scale);
+  for (int j = 0; j < rot; j += 8) {
+    __m256i idx = _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.perm + j)));
+    __m256 g = _mm256_i32gather_ps(t, idx, 4);
+    _mm256_storeu_ps(yb + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(tb.sign + j), g), scale));
+  }
+}
+#endif
+
+bool g_force_scalar_rotation = false;
+
+}  // namespace
+
+void rotate_row(const float* x, float* y, int64_t K, int rot) {
+  const RotTables& tb = tables(rot);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  if (has_avx2 && !g_force_scalar_rotation) {
+    for (int64_t b = 0; b < K; b += rot) rotate_block_avx2(x + b, y + b, rot, tb);
+    return;
+  }
+#endif
+  for (int64_t b = 0; b < K; b += rot) rotate_block_scalar(x + b, y + b, rot, tb);
 }
 
 void load_row(const void* src, DType dt, int64_t K, float* dst) {
@@ -322,7 +357,10 @@ bool simd_kernels_available() {
   return false;
 #endif
 }
-void force_scalar_kernels(bool on) { g_force_scalar = on; }
+void force_scalar_kernels(bool on) {
+  g_force_scalar = on;
+  g_force_scalar_rotation = on;
+}
 
 float quantize_row_int(const float* w, int64_t K, int qmax, int8_t* codes) {
   const Primitives& p = prims();
@@ -537,8 +575,7 @@ void store_codes(const PackedWeightView& w, int64_t o, const int8_t* codes) {
 
 }  // namespace
 
-void quantize_weight_row(const float* w_rot, int64_t o, PackedWeight& pw) {
-  PackedWeightView w = pw.view();
+void quantize_weight_row(const float* w_rot, int64_t o, const PackedWeightView& w) {
   const int64_t K = w.in_features;
   const QType q = w.qtype;
   float* scales = static_cast<float*>(w.scales.data);

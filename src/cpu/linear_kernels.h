@@ -97,7 +97,8 @@ inline int8_t signed_nibble(uint8_t v) {
 // ---- packed rows --------------------------------------------------------------------------------
 // Quantizes rotated row o of the weight into every part of `w` (all qtypes but convrot4, which
 // needs the per-tensor scale first and uses quantize_row_nvfp4_weight).
-void quantize_weight_row(const float* w_rot, int64_t o, PackedWeight& w);
+//   w: a view of a PackedWeight being filled (its parts are written through the view).
+void quantize_weight_row(const float* w_rot, int64_t o, const PackedWeightView& w);
 // The integer codes the GEMM multiplies for row o (int8 family: code8; comfy: int4 codes).
 void weight_row_gemm_codes(const PackedWeightView& w, int64_t o, int8_t* codes);
 // Row o of dequant(W') in fp32 (rotated basis).
