@@ -10,9 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
-
-#include "lowbit/runtime.h"
 
 #include "lowbit/attention.h"
 #include "lowbit/dtype.h"
@@ -619,11 +618,16 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                     const AttentionOptions& options, Context& ctx) {
   const bool fp8 = options.pv == AttentionOptions::fp8;
   if (fp8) {
-    const DeviceInfo info = cuda_device_info(out.device_index);
-    if (info.sm_major * 10 + info.sm_minor < 89)
+    int dev = 0, major = 0, minor = 0;
+    check_cuda(cudaGetDevice(&dev), "attention_int8", "device");
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+               "attention_int8", "device");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev),
+               "attention_int8", "device");
+    if (major * 10 + minor < 89)
       throw Error("attention_int8", "options.pv",
-                  "fp8 PV: expected an sm_89+ GPU, got sm_" + std::to_string(info.sm_major) +
-                      std::to_string(info.sm_minor));
+                  "fp8 PV: expected an sm_89+ GPU, got sm_" + std::to_string(major) +
+                      std::to_string(minor));
   }
   AttnParams p{};
   p.q = q.data.ptr<const int8_t>();
