@@ -38,28 +38,40 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeParams p) {
     for (int r = 0; r < 4; ++r) acc[t][r] = 0;
 
   const bool row_lo = gid < p.M, row_hi = gid + 8 < p.M;
-  for (int64_t c = warp; c < chunks; c += kWarps) {
-    const int64_t k = c * kChunk + tid4 * 16;
-    const bool kin = k < K;  // K % 16 == 0: a lane's 16 columns are all in or all out
-    uint4 alo = make_uint4(0, 0, 0, 0), ahi = make_uint4(0, 0, 0, 0);
-    if (kin && row_lo) alo = __ldg(reinterpret_cast<const uint4*>(p.a + gid * p.lda + k));
-    if (kin && row_hi) ahi = __ldg(reinterpret_cast<const uint4*>(p.a + (gid + 8) * p.lda + k));
-    uint32_t b[kTiles][4];
+  // Two chunks per step (c and c + kWarps): their loads are issued before either is unpacked, so
+  // each lane keeps twice the bytes in flight.
+  constexpr int kDepth = 2;
+  for (int64_t c0 = warp; c0 < chunks; c0 += kDepth * kWarps) {
+    uint4 alo[kDepth], ahi[kDepth];
+    uint32_t b[kDepth][kTiles][4];
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const int64_t n = n0 + t * 8 + gid;
-      if (kin && n < p.w.N) {
-        unpack16(p.w, n, k, b[t]);
-      } else {
-        b[t][0] = b[t][1] = b[t][2] = b[t][3] = 0;
+    for (int u = 0; u < kDepth; ++u) {
+      const int64_t k = (c0 + u * kWarps) * kChunk + tid4 * 16;
+      const bool kin = k < K;  // K % 16 == 0: a lane's 16 columns are all in or all out
+      alo[u] = make_uint4(0, 0, 0, 0);
+      ahi[u] = make_uint4(0, 0, 0, 0);
+      if (kin && row_lo) alo[u] = __ldg(reinterpret_cast<const uint4*>(p.a + gid * p.lda + k));
+      if (kin && row_hi)
+        ahi[u] = __ldg(reinterpret_cast<const uint4*>(p.a + (gid + 8) * p.lda + k));
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        const int64_t n = n0 + t * 8 + gid;
+        if (kin && n < p.w.N) {
+          unpack16(p.w, n, k, b[u][t]);
+        } else {
+          b[u][t][0] = b[u][t][1] = b[u][t][2] = b[u][t][3] = 0;
+        }
       }
     }
-    const uint32_t a0[4] = {alo.x, ahi.x, alo.y, ahi.y};
-    const uint32_t a1[4] = {alo.z, ahi.z, alo.w, ahi.w};
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      mma_s8(acc[t], a0, b[t][0], b[t][1]);
-      mma_s8(acc[t], a1, b[t][2], b[t][3]);
+    for (int u = 0; u < kDepth; ++u) {
+      const uint32_t a0[4] = {alo[u].x, ahi[u].x, alo[u].y, ahi[u].y};
+      const uint32_t a1[4] = {alo[u].z, ahi[u].z, alo[u].w, ahi[u].w};
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        mma_s8(acc[t], a0, b[u][t][0], b[u][t][1]);
+        mma_s8(acc[t], a1, b[u][t][2], b[u][t][3]);
+      }
     }
   }
 #pragma unroll
