@@ -1,0 +1,71 @@
+// Shared helpers of the nanobind module: array-likes (anything nanobind imports through DLPack or
+// the buffer protocol) to lowbit::TensorView, zero-copy, strides kept, plus the dtype table.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lowbit/tensor.h"
+
+namespace lowbit {
+namespace py {
+
+namespace nb = nanobind;
+
+// An array-like whose storage is reinterpreted as a lowbit dtype: bf16 in a uint16 numpy array,
+// e4m3/e5m2 in uint8, e2m1x2/i4x2 in uint8/int8 arrays whose innermost size is half the element
+// count. Built by lowbit.typed(array, dtype).
+struct Typed {
+  nb::object array;
+  DType dtype;
+};
+
+// "bf16" -> DType::bf16 (also accepts the numpy / torch spellings "bfloat16", "float8_e4m3fn", ...).
+DType parse_dtype(const std::string& name);
+
+// Collects the arguments of one call: converts each array-like to a TensorView and keeps the
+// imported handles alive until the call returns.
+class Args {
+ public:
+  explicit Args(const char* op) : op_(op) {}
+  // An input: read-only arrays accepted.
+  TensorView in(nb::handle obj, const char* arg);
+  // An output: the array must be writable.
+  TensorView out(nb::handle obj, const char* arg);
+  // None -> nullopt.
+  std::optional<TensorView> in_opt(nb::handle obj, const char* arg);
+  std::optional<TensorView> out_opt(nb::handle obj, const char* arg);
+  const char* op() const { return op_; }
+
+ private:
+  TensorView convert(nb::handle obj, const char* arg, bool writable);
+  const char* op_;
+  std::vector<nb::ndarray<nb::ro>> keep_ro_;
+  std::vector<nb::ndarray<>> keep_rw_;
+};
+
+// The Context of a call: `stream` is a cudaStream_t as an integer (0 = legacy default stream),
+// `threads` the CPU thread count (0 = all).
+inline Context make_context(uintptr_t stream, int threads) {
+  Context ctx;
+  ctx.cuda_stream = reinterpret_cast<void*>(stream);
+  ctx.cpu_threads = threads;
+  return ctx;
+}
+
+// Registration functions, one per bound header (each file compiles to nothing when its header
+// is absent, and reports so through the module attribute `has_<name>`).
+void bind_core(nb::module_& m);
+void bind_prologue(nb::module_& m);
+void bind_attention(nb::module_& m);
+void bind_linear(nb::module_& m);
+void bind_decode(nb::module_& m);
+void bind_checkpoint(nb::module_& m);
+
+}  // namespace py
+}  // namespace lowbit
