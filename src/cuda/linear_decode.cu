@@ -4,7 +4,7 @@
 // zero) and applies the shared epilogue. Integer sums are exact, so the output is bit-identical to
 // unpack + prefill GEMM.
 //
-// CTA: 8 warps, 32 output columns (4 n8 tiles); the warps split K in 64-column chunks and reduce
+// CTA: 8 warps, 16 output columns (2 n8 tiles); the warps split K in 64-column chunks and reduce
 // their int32 partials through shared memory. Within a chunk lane (gid, tid4) owns columns
 // [16 tid4, 16 tid4 + 16): both operands use the same K permutation inside the chunk (k-step s of
 // the mma takes words 2s and 2s + 1 of the lane's 16 codes), which a sum does not see.
@@ -19,7 +19,7 @@ namespace linear {
 namespace {
 
 constexpr int kWarps = 8, kThreads = kWarps * 32;
-constexpr int kTiles = 4;  // n8 tiles per CTA
+constexpr int kTiles = 2;  // n8 tiles per CTA (864 CTAs at N = 13824: ~3 waves, a short tail)
 constexpr int kCols = kTiles * 8;
 constexpr int kChunk = 64;
 
@@ -38,9 +38,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeParams p) {
     for (int r = 0; r < 4; ++r) acc[t][r] = 0;
 
   const bool row_lo = gid < p.M, row_hi = gid + 8 < p.M;
-  // Two chunks per step (c and c + kWarps): their loads are issued before either is unpacked, so
-  // each lane keeps twice the bytes in flight.
-  constexpr int kDepth = 2;
+  // kDepth chunks per step (c, c + kWarps, ...): their loads are issued before any is unpacked, so
+  // each lane keeps kDepth times the bytes in flight.
+  constexpr int kDepth = 4;
   for (int64_t c0 = warp; c0 < chunks; c0 += kDepth * kWarps) {
     uint4 alo[kDepth], ahi[kDepth];
     uint32_t b[kDepth][kTiles][4];
