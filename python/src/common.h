@@ -49,6 +49,11 @@ class Args {
   std::vector<nb::ndarray<>> keep_rw_;
 };
 
+// A Python array over a TensorView's memory (no copy), kept valid by `owner`: a numpy array for
+// CPU views, a DLPack-capable nanobind array for CUDA views. Types numpy lacks come back as their
+// storage (bf16 -> uint16, e4m3/e5m2 -> uint8, packed 4-bit -> uint8 with the last dim halved).
+nb::object to_array(const TensorView& v, nb::handle owner);
+
 // The Context of a call: `stream` is a cudaStream_t as an integer (0 = legacy default stream),
 // `threads` the CPU thread count (0 = all).
 inline Context make_context(uintptr_t stream, int threads) {

@@ -326,3 +326,13 @@ def test_empty_storage_shapes():
     assert lowbit.empty((3, 8), "bf16").dtype == np.uint16
     with pytest.raises(lowbit.Error, match="even innermost"):
         lowbit.empty((3, 7), "i4x2")
+
+
+def test_missing_family_raises_clear_error():
+    for name, family in lowbit._FAMILY_OF.items():
+        if lowbit.has(family):
+            assert getattr(lowbit, name) is getattr(_lowbit, name)
+        else:
+            with pytest.raises(NotImplementedError, match=f"no {family} module"):
+                getattr(lowbit, name)
+            assert not hasattr(lowbit, name)
