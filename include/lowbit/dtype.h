@@ -2,11 +2,13 @@
 // Usable from host and device code (CUDA kernels include this header and give the same bits).
 //
 // Rounding and special values (docs/formats.md restates these):
-//   bf16, f16:   round to nearest even; overflow -> inf; NaN -> quiet NaN with the sign kept.
+//   bf16, f16:   round to nearest even; overflow -> inf; any NaN -> the canonical NaN 0x7FFF.
 //   e4m3 (fn):   round to nearest even, saturating ("satfinite"): |x| beyond 448, and +-inf,
-//                become +-448; NaN -> 0x7F with the sign kept (S.1111.111).
+//                become +-448; any NaN -> 0x7F.
 //   e5m2:        round to nearest even, saturating: beyond 57344 and +-inf become +-57344;
-//                NaN -> 0x7F with the sign kept.
+//                any NaN -> 0x7F.
+//   The NaN rule is the one of the GPU's conversion instructions (cvt.rn[.satfinite]), measured
+//   on the H200, so kernels that use them give the same bits as this header.
 //   e2m1 (fp4):  SPEC §3.4: magnitude index = number of the boundaries
 //                {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5} strictly below |x| (exact midpoints go
 //                to the lower magnitude); values beyond 6 clamp to 6; NaN -> +0 (a quantizer
@@ -51,7 +53,7 @@ LOWBIT_HD uint32_t shift_right_rne(uint32_t v, int shift) {
 // ---- bf16 ----------------------------------------------------------------------------------
 LOWBIT_HD uint16_t f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
@@ -62,7 +64,7 @@ LOWBIT_HD uint16_t f32_to_f16(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t ax = u & 0x7fffffffu;
-  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+  if (ax > 0x7f800000u) return 0x7fffu;
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 -> inf
   if (ax >= 0x38800000u) {                                             // normal f16
     uint32_t r = shift_right_rne(ax - 0x38000000u, 13);  // rebias 127 -> 15, round mantissa
@@ -108,7 +110,7 @@ LOWBIT_HD uint8_t f32_to_e4m3(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 24) & 0x80u;
   uint32_t ax = u & 0x7fffffffu;
-  if (ax > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);
+  if (ax > 0x7f800000u) return 0x7fu;
   if (ax >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448 (and inf)
   uint32_t c = minifloat_magnitude_code<3, 7>(ax);
   if (c > 0x7eu) c = 0x7eu;
@@ -130,7 +132,7 @@ LOWBIT_HD uint8_t f32_to_e5m2(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 24) & 0x80u;
   uint32_t ax = u & 0x7fffffffu;
-  if (ax > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);
+  if (ax > 0x7f800000u) return 0x7fu;
   if (ax >= 0x47600000u) return static_cast<uint8_t>(sign | 0x7bu);  // >= 57344 (and inf)
   uint32_t c = minifloat_magnitude_code<2, 15>(ax);
   if (c > 0x7bu) c = 0x7bu;

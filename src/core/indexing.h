@@ -15,8 +15,15 @@ struct StridedIndex {
   int64_t stride[kMaxDims];
 };
 
+// A contiguous tensor collapses to one dimension, so element_offset is the identity.
 inline StridedIndex strided_index_of(const TensorView& t) {
   StridedIndex s{};
+  if (t.is_contiguous()) {
+    s.ndim = 1;
+    s.shape[0] = t.numel();
+    s.stride[0] = 1;
+    return s;
+  }
   s.ndim = t.ndim;
   for (int i = 0; i < t.ndim; ++i) {
     s.shape[i] = t.shape[i];
@@ -27,6 +34,7 @@ inline StridedIndex strided_index_of(const TensorView& t) {
 
 // Element offset of the `linear`-th element in row-major order.
 LOWBIT_HD int64_t element_offset(const StridedIndex& s, int64_t linear) {
+  if (s.ndim == 1) return linear * s.stride[0];
   int64_t off = 0;
   for (int d = s.ndim - 1; d >= 0; --d) {
     int64_t i = linear % s.shape[d];

@@ -1,0 +1,110 @@
+// INT8 prefill attention (SPEC §2): SageAttention 2's arithmetic. INT8 q and k with fp32 scales in
+// the layouts of SPEC §1, an online softmax in base 2, and P·V either on fp8 e4m3 (per-channel V
+// scales, P scaled into [0, 448]) or in 16 bits.
+//
+// Layouts: every (B, N, H, D) tensor below is a strided view. NHD storage is the natural
+// contiguous view; HND storage (B, H, N, D) is passed as the same logical shape with its strides
+// permuted (stride[1] = D, stride[2] = N * D). Only the channel dimension must be contiguous.
+#pragma once
+
+#include <cstdint>
+
+#include "lowbit/tensor.h"
+
+namespace lowbit {
+
+#ifndef LOWBIT_SCALE_LAYOUT_DEFINED
+#define LOWBIT_SCALE_LAYOUT_DEFINED
+// Row groups sharing one quantization scale within a block of `block` rows of one (batch, head)
+// (SPEC §1 table). Scale index of row n: (n / block) * groups + group(n % block).
+enum class ScaleLayout : uint8_t { per_block, thread_q, thread_k, warp_q };
+#endif
+
+// Groups per block of the layout (1, 8, 4, 4).
+int scale_groups(ScaleLayout layout);
+// Scale index of row `row` (within one (batch, head)) for a layout and block.
+int64_t scale_index(ScaleLayout layout, int block, int64_t row);
+// Scales per (batch, head) for `rows` rows: n_blocks * groups with SPEC §1's padding.
+int64_t scale_count(ScaleLayout layout, int block, int64_t rows);
+
+// INT8 rows with their scales, as the prologue writes them.
+struct QuantizedRows {
+  TensorView data;    // (B, N, H, D) int8, channels contiguous
+  TensorView scale;   // (B, H, >= scale_count(layout, block, N)) f32, last dim contiguous or not
+  ScaleLayout layout = ScaleLayout::per_block;
+  int block = 64;     // rows per block, a multiple of 8
+};
+
+struct AttentionOptions {
+  // Natural-log softmax scale applied to the dequantized q·k. In attention() (bf16/f16 inputs),
+  // 0 means 1/sqrt(D). In attention_int8() it multiplies whatever q_scale * k_scale give: pass 1
+  // when the prologue already folded sm_scale into q (and 0 still means 1/sqrt(D)).
+  float sm_scale = 0.f;
+  enum Causal : uint8_t {
+    none,
+    bottom_right,  // query i sees keys j <= i + N_kv - N_q (the default causal alignment)
+    top_left       // query i sees keys j <= i
+  } causal = none;
+  enum PV : uint8_t {
+    fp8,  // V per-channel e4m3, P e4m3 in [0, 448], two-level fp32 accumulation
+    f16   // V and P in the v dtype (bf16 or f16), fp32 accumulation
+  } pv = fp8;
+  bool smooth_k = true;   // attention(): subtract the per-head K mean before quantizing K
+  bool smooth_v = false;  // fp8 PV: subtract the per-channel V mean, added back in the epilogue
+};
+
+// ---- building blocks ----------------------------------------------------------------------------
+
+// Per-channel fp8 V for the fp8 PV mode.
+//   v         (B, N, Hkv, D) bf16/f16/f32, strided, channels contiguous
+//   v_fp8     (B, Hkv, D, round_up(N, 64)) e4m3, contiguous. Keys are stored in the order the
+//             tensor-core fragments read them: within each group of 32 keys, position
+//             p = 16*h + 4*t + i holds key 16*h + 8*(i/2) + 2*t + (i%2) (h < 2, t < 4, i < 4).
+//             Padding keys hold code 0.
+//   v_scale   (B, Hkv, D) f32: max over tokens of |v - mean| / 448 (0 for an all-zero channel,
+//             whose codes are then 0)
+//   v_mean    (B, Hkv, D) f32 or null: when given, the per-channel mean is computed, written,
+//             and subtracted before quantization (fp32 sum over tokens, divided by N)
+// code = e4m3(x / scale) with IEEE fp32 division, round to nearest even, saturating.
+void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale,
+                    TensorView* v_mean, Context& ctx);
+
+// Kernel-level attention on quantized operands.
+//   q        INT8 q (B, Nq, Hq, D) with its scales; D in {64, 128} on CUDA, multiple of 16 on CPU
+//   k        INT8 k (B, Nkv, Hkv, D) with its scales; Hq % Hkv == 0
+//   v        fp8 mode: v_fp8 (B, Hkv, D, round_up(Nkv, 64)) e4m3 from quantize_v_fp8;
+//            f16 mode: (B, Nkv, Hkv, D) bf16/f16 strided, the dtype of `out`
+//   v_scale  fp8 mode: (B, Hkv, D) f32; f16 mode: null
+//   v_mean   fp8 mode with V smoothing: (B, Hkv, D) f32, added to the output; else null
+//   k_mean   (B, Hkv, D) f32 or null: the mean subtracted from k before quantization, used only
+//            to correct the LSE (lse += q_dequant · k_mean · sm_scale)
+//   out      (B, Nq, Hq, D) bf16/f16, strided, channels contiguous
+//   lse_out  (B, Hq, Nq) f32 or null: natural-log LSE of the logits; -inf for a row that sees no
+//            key (its output row is 0)
+// options.sm_scale: see AttentionOptions; options.smooth_k / smooth_v are not read here.
+void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
+                    const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
+                    TensorView out, TensorView* lse_out, const AttentionOptions& options,
+                    Context& ctx);
+
+// ---- one call -----------------------------------------------------------------------------------
+
+// Quantizes q (sm_scale * log2(e) folded in, per-block 128-row scales on CPU / THREAD_Q on CUDA),
+// k (optionally minus its per-head mean), V (fp8 mode), then runs attention_int8.
+//   q    (B, Nq, Hq, D) bf16/f16 (f32 on the CPU), strided, channels contiguous
+//   k, v (B, Nkv, Hkv, D), same dtype as q
+//   out  (B, Nq, Hq, D) same dtype as q (strided)
+//   lse_out (B, Hq, Nq) f32 or null
+// Scratch memory is allocated per call (device memory on CUDA).
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
+               TensorView* lse_out, const AttentionOptions& options, Context& ctx);
+
+// ---- references (CPU only; tests and accuracy columns) -----------------------------------------
+
+// softmax(q k^T * sm_scale) v in fp64 from the inputs as given (any float dtype, CPU views),
+// causal/GQA as in options. out_ref (B, Nq, Hq, D) and lse_ref (B, Hq, Nq) as contiguous doubles
+// (lse_ref may be null). Masked rows give 0 and -inf.
+void attention_reference_f64(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const AttentionOptions& options, double* out_ref, double* lse_ref);
+
+}  // namespace lowbit

@@ -1,0 +1,191 @@
+// Checkpoints (SPEC §3.6): a memory-mapped safetensors reader, a streaming safetensors writer,
+// and the model quantizer behind `lowbit quantize`.
+//
+// safetensors layout: an 8-byte little-endian header length N, N bytes of JSON (an object of
+// tensor name -> {"dtype", "shape", "data_offsets": [begin, end]} plus an optional
+// "__metadata__" object of string -> string), then the data section; offsets are relative to
+// the start of the data section. The reader validates every byte it will hand out before it
+// hands anything out: a malformed file is a lowbit::Error naming the file and the tensor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lowbit/tensor.h"
+
+namespace lowbit {
+
+// ---- safetensors dtypes -------------------------------------------------------------------
+// Every dtype of the safetensors format with a whole number of bytes per element. (The sub-byte
+// F4/F6 types of newer writers are rejected with an error naming them.)
+enum class FileDType : uint8_t {
+  boolean,  // "BOOL"
+  u8,       // "U8"
+  i8,       // "I8"
+  e4m3,     // "F8_E4M3"
+  e5m2,     // "F8_E5M2"
+  e8m0,     // "F8_E8M0" (exponent-only scale type)
+  i16,      // "I16"
+  u16,      // "U16"
+  f16,      // "F16"
+  bf16,     // "BF16"
+  i32,      // "I32"
+  u32,      // "U32"
+  f32,      // "F32"
+  i64,      // "I64"
+  u64,      // "U64"
+  f64,      // "F64"
+};
+
+// "F32", "BF16", ... (the spelling of the file format).
+const char* file_dtype_name(FileDType);
+// Bytes per element.
+int file_dtype_size(FileDType);
+// Parses a file dtype name; returns false when `name` is not one lowbit reads.
+bool parse_file_dtype(const std::string& name, FileDType* out);
+// The lowbit DType with the same bits, if there is one (f32, f16, bf16, i8, u8, i32, e4m3,
+// e5m2); returns false otherwise.
+bool file_dtype_to_dtype(FileDType, DType* out);
+// The file dtype that stores `dt` element by element (packed 4-bit types are stored as U8).
+FileDType dtype_to_file_dtype(DType dt);
+
+// One tensor of a safetensors file.
+struct TensorInfo {
+  std::string name;
+  FileDType dtype = FileDType::f32;
+  std::vector<int64_t> shape;  // any rank, [] for a scalar
+  uint64_t begin = 0;          // byte offsets [begin, end) in the data section
+  uint64_t end = 0;
+  int64_t numel() const;
+  uint64_t nbytes() const { return end - begin; }
+};
+
+struct ReaderOptions {
+  // Headers above this many bytes are rejected (the safetensors reference library uses 100 MB).
+  uint64_t max_header_bytes = 100000000;
+};
+
+// A validated, read-only, memory-mapped safetensors file. Opening it checks the whole header:
+// the header length against the file size and max_header_bytes; the JSON (an object whose
+// entries are tensors, with no duplicate names, plus an optional "__metadata__" of strings);
+// each tensor's dtype, shape (non-negative, no overflow) and data_offsets (begin <= end,
+// end - begin == numel * element size); and that the tensors tile the data section exactly
+// (sorted by offset: no gap, no overlap, nothing after the last one). Any violation throws
+// lowbit::Error("safetensors", path, "tensor 'name': ..."). After that every pointer the reader
+// hands out is in bounds.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path, const ReaderOptions& options = {});
+  // Parses and validates a file image already in memory (not copied: `bytes` must outlive the
+  // reader). `label` names it in errors. Used by the fuzz target and by tests.
+  static SafetensorsReader from_memory(const void* bytes, size_t size, const std::string& label,
+                                       const ReaderOptions& options = {});
+  SafetensorsReader(SafetensorsReader&&) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&&) noexcept;
+  ~SafetensorsReader();
+
+  const std::string& path() const;
+  // Tensors in data-section order.
+  const std::vector<TensorInfo>& tensors() const;
+  // nullptr when there is no tensor of that name.
+  const TensorInfo* find(const std::string& name) const;
+  // Throws lowbit::Error naming the file when there is no tensor of that name.
+  const TensorInfo& at(const std::string& name) const;
+  // The "__metadata__" entries (empty when the file has none).
+  const std::map<std::string, std::string>& metadata() const;
+  uint64_t file_bytes() const;
+  uint64_t header_bytes() const;  // N, the JSON length
+  uint64_t data_offset() const;   // 8 + N
+
+  // The tensor's bytes inside the mapping (nbytes() of them; not necessarily aligned).
+  const uint8_t* data(const TensorInfo&) const;
+  // A contiguous view of the tensor (throws when its dtype has no lowbit DType or its rank is
+  // above kMaxDims). The data pointer may be unaligned for the element type.
+  TensorView view(const TensorInfo&) const;
+  // Tells the OS the tensor's pages are no longer needed, so a streaming pass over a large file
+  // keeps its resident memory at about one tensor. The data stays readable (it is paged back in).
+  void release(const TensorInfo&) const;
+
+ private:
+  SafetensorsReader();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One tensor of a file to be written.
+struct TensorSpec {
+  std::string name;
+  FileDType dtype = FileDType::f32;
+  std::vector<int64_t> shape;
+  uint64_t nbytes() const;
+};
+
+struct WriterOptions {
+  bool fsync = true;  // flush the temporary file to disk before the rename
+};
+
+// Streams a safetensors file: the constructor validates the plan (unique non-empty names, not
+// "__metadata__", sizes without overflow), computes every offset and writes the header (padded
+// with spaces to a multiple of 8 bytes, so the data section starts 8-byte aligned) to a
+// temporary file in the destination's directory. write() then takes the tensors one at a time,
+// in the planned order, each in one or more chunks; finish() checks that everything was
+// written, flushes and renames the temporary file onto `path` (atomic on POSIX). A writer
+// destroyed before finish() (an error, an exception, a cancelled run) removes its temporary
+// file, so `path` never holds a partial file.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, std::vector<TensorSpec> tensors,
+                    const std::map<std::string, std::string>& metadata,
+                    const WriterOptions& options = {});
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  ~SafetensorsWriter();
+
+  // Appends `nbytes` bytes of tensor `name`, which must be the tensor being written (the next in
+  // the plan, or the one whose earlier chunks were written); a tensor's chunks must add up to
+  // exactly its size. Throws lowbit::Error otherwise (and the output is abandoned).
+  void write(const std::string& name, const void* bytes, size_t nbytes);
+  void finish();
+  // Removes the temporary file now (the destructor does it too).
+  void abandon();
+
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_path_; }
+  const std::vector<TensorSpec>& tensors() const { return specs_; }
+
+ private:
+  void fail(const std::string& what);
+  std::string path_, temp_path_;
+  std::vector<TensorSpec> specs_;
+  WriterOptions options_;
+  int fd_ = -1;
+  size_t current_ = 0;       // index of the tensor being written
+  uint64_t written_ = 0;     // bytes of it written so far
+  bool finished_ = false;
+};
+
+// A quantized layer found in a file: the per-layer marker tensor `{prefix}lowbit_quant` (lowbit
+// format, docs/checkpoint-format.md) or `{prefix}comfy_quant` (ComfyUI), a 1-D U8 tensor holding
+// the bytes of a JSON object.
+struct LayerMarker {
+  std::string prefix;  // "blocks.0.attn.qkv." (the marker name minus "lowbit_quant"/"comfy_quant")
+  std::string format;  // "lowbit" or "comfy"
+  std::string qtype;   // "convrot8", ...; comfy "convrot_w4a4" reads as "convrotcomfyw4a4"
+  int rot = 0;         // rotation block (0 when the marker does not say)
+  int bits = 0;        // weight bits (0 when the marker does not say)
+  int group = 0;       // scale group along K (0 = one scale per row)
+  std::string json;    // the marker's JSON text
+};
+// Every marker of the file, in data order. A marker that is not a 1-D U8 tensor holding a JSON
+// object with a string "format" (comfy) or "qtype" (lowbit) is a lowbit::Error naming it.
+std::vector<LayerMarker> find_layer_markers(const SafetensorsReader& file);
+
+// True when both paths name the same existing file (same device and inode).
+bool same_file(const std::string& a, const std::string& b);
+
+}  // namespace lowbit

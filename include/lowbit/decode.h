@@ -1,0 +1,191 @@
+// Decode attention over a quantized, paged KV cache (SPEC §4): KV formats (fp16, bf16, int4 in
+// xformers' layout, fp8 e4m3 with scale/shift), quantize-and-append, split-K decode attention with
+// a host-side plan and a caller-owned workspace, and the LSE merge of partial results (+ its
+// backward).
+//
+// Formats (docs/decode.md restates them with worked examples):
+//   int4: each row of a head is int32 words [coef_0 .. coef_{n_groups-1} | D/8 code words];
+//         coef_g = fp16 scale (low 16 bits) | fp16 shift (high 16 bits); element 8i+j of the row
+//         is bits [4j, 4j+4) of code word i; group g covers elements [g*D/n_groups, (g+1)*D/n_g).
+//         value = code * scale + shift.
+//   fp8:  D/4 int32 words, element 4i+j at bits [8j, 8j+8) of word i (e4m3fn), plus one int32 per
+//         (row, head) in a separate tensor: fp16 scale (low) | fp16 shift (high).
+//         value = e4m3 * scale + shift.
+// The products code*scale and e4m3*scale are exact in fp32 (4 x 11 significant bits), so the
+// dequantized value has one rounding on every backend.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "lowbit/dtype.h"
+#include "lowbit/tensor.h"
+
+namespace lowbit {
+
+enum class KvFormat : uint8_t { f16, bf16, int4, fp8 };
+const char* kv_format_name(KvFormat);
+
+// A KV cache: non-owning views. Two layouts:
+//   contiguous: k, v (B, L, Hkv, Dp); fp8 scale/shift (B, L, Hkv) int32; block_tables unset
+//               (ndim 0).
+//   paged:      k, v (P * page_size, Hkv, Dp) pools; fp8 scale/shift (P * page_size, Hkv) int32;
+//               block_tables (B, max_pages) int32 of page indices in [0, P); page_size a multiple
+//               of 16. Logical key j of sequence b is row block_tables[b][j / page_size] *
+//               page_size + j % page_size of the pool.
+// Dp = D (f16, bf16; dtype f16 / bf16), n_groups + D/8 (int4; dtype i32), D/4 (fp8; dtype i32).
+// Only the innermost dimension must be contiguous. Entries of block_tables past a sequence's
+// pages are never read (may hold -1).
+struct KvCache {
+  KvFormat format = KvFormat::f16;
+  int n_groups = 1;                      // int4: 1, 2, 4 or 8 (fp8, f16, bf16: 1)
+  TensorView k, v;                       // see above
+  TensorView k_scale_shift, v_scale_shift;  // fp8 only: (B, L, Hkv) or (P*page, Hkv) int32
+  TensorView block_tables;               // (B, max_pages) int32; ndim 0 = contiguous layout
+  int page_size = 0;                     // paged only
+  TensorView seq_len;                    // (B) int32: keys [0, seq_len[b]) are valid
+
+  bool paged() const { return block_tables.ndim != 0; }
+  int64_t batch() const;       // B
+  int64_t kv_heads() const;    // Hkv
+  int64_t capacity() const;    // keys a sequence can hold: L, or max_pages * page_size
+  int head_dim() const;        // D, from the packed last dimension and the format
+};
+
+// Quantizes k_new, v_new (B, Mnew, Hkv, D) f32/f16/bf16 and writes token t of sequence b at
+// logical position positions[b] + t (positions (B) int32). seq_len is not changed: the caller
+// advances it. f16/bf16 caches store the values rounded to their dtype. Validation on the CPU
+// backend reads positions and block tables (nothing is written on error); the CUDA kernel skips
+// tokens whose position or page index falls outside the cache, and never writes out of bounds.
+void kv_append(KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+               const TensorView& positions, Context& ctx);
+
+// Split-K plan: a value type. Splits come from the batch, heads, the cache capacity (or
+// max_seq_len when given) and the device's multiprocessor count (queried, never hard-coded) or
+// the CPU thread count. Fields are public so a caller (or a test) can pick its own split; the
+// run checks them.
+struct DecodePlan {
+  Device device = Device::cpu;
+  int64_t batch = 0, kv_heads = 0, capacity = 0;
+  int mq = 1, group = 1, head_dim = 0;  // Mq, G = Hq / Hkv, D
+  KvFormat format = KvFormat::f16;
+  int n_splits = 1;                     // key chunks per (batch, kv head)
+  int64_t split_size = 0;               // keys per chunk, a multiple of 16
+  int multiprocessors = 0;              // what the plan was made for (0 on the CPU)
+};
+DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
+                       int64_t max_seq_len = 0);
+// Bytes of the workspace decode_attention needs (partial outputs and LSEs), on plan.device.
+size_t workspace_bytes(const DecodePlan& plan);
+
+// out = softmax(q k^T * sm_scale + bias, masked) v per (batch, kv head), split-K with LSE merge.
+//   q       (B, Mq, Hkv, G, D) f16/bf16 (f32 too on the CPU), innermost contiguous
+//   out     (B, Mq, Hkv, G, D) same dtype as q, innermost contiguous
+//   lse_out (B, Mq, Hkv, G) f32 natural-log LSE of the scaled, biased scores, or nullptr
+//   bias    (B, Hkv, G, Mq, Mkv) f32/f16/bf16 additive, Mkv = cache.capacity(), or nullptr
+//   sm_scale 0 = 1/sqrt(D). causal (Mq > 1): query i sees keys j <= seq_len - Mq + i.
+// Rows with no visible key give out 0 and lse -inf. No allocation and no host synchronization on
+// CUDA: capturable in a CUDA graph. workspace: workspace_bytes(plan) bytes on the device.
+void decode_attention(const TensorView& q, const KvCache& cache, const DecodePlan& plan,
+                      void* workspace, TensorView out, TensorView* lse_out,
+                      const TensorView* bias, float sm_scale, bool causal, Context& ctx);
+
+// Merge of partial attention results over disjoint key sets (cascade / context parallel):
+//   LSE = log sum_i exp(lse_i),  out = sum_i exp(lse_i - LSE) * out_i; all parts -inf -> 0, -inf.
+//   outs[i] (..., D) f32/f16/bf16 with their own strides (innermost contiguous), lses[i] (...) f32,
+//   out (..., D) f32/f16/bf16, lse_out (...) f32 or nullptr. Leading shapes agree (rank <= 5).
+void merge_attention(const TensorView* outs, const TensorView* lses, int n_parts, TensorView out,
+                     TensorView* lse_out, Context& ctx);
+// Stacked form: outs (n, ..., D), lses (n, ...).
+void merge_attention(const TensorView& outs, const TensorView& lses, TensorView out,
+                     TensorView* lse_out, Context& ctx);
+// Backward: given the forward's inputs and outputs (out, lse) and the gradients grad_out (..., D)
+// and grad_lse (...) (nullptr = 0), writes grad_outs[i] = w_i grad_out and
+// grad_lses[i] = w_i (grad_lse + sum_d (out_i - out) grad_out), w_i = exp(lse_i - lse)
+// (0 where lse = -inf). Gradients f32 (grad_outs may be f16/bf16 too).
+void merge_attention_backward(const TensorView* outs, const TensorView* lses, int n_parts,
+                              const TensorView& out, const TensorView& lse,
+                              const TensorView& grad_out, const TensorView* grad_lse,
+                              TensorView* grad_outs, TensorView* grad_lses, Context& ctx);
+
+// ---- the row codec (host and device; the CPU and CUDA backends share it bit for bit) ----------
+namespace kv {
+
+// Dequantized int4 value: code * scale + shift (the product is exact in fp32).
+LOWBIT_HD float int4_value(uint32_t code, uint32_t coef) {
+  return static_cast<float>(code) * dt::f16_to_f32(static_cast<uint16_t>(coef & 0xffffu)) +
+         dt::f16_to_f32(static_cast<uint16_t>(coef >> 16));
+}
+LOWBIT_HD float fp8_value(uint32_t byte, uint32_t scale_shift) {
+  return dt::e4m3_to_f32(static_cast<uint8_t>(byte)) *
+             dt::f16_to_f32(static_cast<uint16_t>(scale_shift & 0xffffu)) +
+         dt::f16_to_f32(static_cast<uint16_t>(scale_shift >> 16));
+}
+LOWBIT_HD uint32_t pack_coef(uint16_t scale_f16, uint16_t shift_f16) {
+  return static_cast<uint32_t>(scale_f16) | (static_cast<uint32_t>(shift_f16) << 16);
+}
+
+// int4 code of x for a group: clamp(floor((x - shift) / scale + 0.5), 0, 15), all fp32; a zero
+// scale (constant group) and NaN give 0.
+LOWBIT_HD uint32_t int4_code(float x, float scale, float shift) {
+  if (!(scale != 0.f)) return 0;
+  float t = floorf((x - shift) / scale + 0.5f);
+  if (!(t > 0.f)) return 0;  // also NaN
+  return t >= 15.f ? 15u : static_cast<uint32_t>(t);
+}
+
+// Quantizes one row x (D) into words (n_groups + D/8): per group scale = fp16((max - min) / 15),
+// shift = fp16(min).
+LOWBIT_HD void quantize_int4_row(const float* x, int D, int n_groups, uint32_t* words) {
+  const int per = D / n_groups;
+  for (int g = 0; g < n_groups; ++g) {
+    float mx = x[g * per], mn = x[g * per];
+    for (int e = 1; e < per; ++e) {
+      float v = x[g * per + e];
+      mx = v > mx ? v : mx;
+      mn = v < mn ? v : mn;
+    }
+    const uint16_t s16 = dt::f32_to_f16((mx - mn) / 15.f);
+    const uint16_t h16 = dt::f32_to_f16(mn);
+    words[g] = pack_coef(s16, h16);
+    const float scale = dt::f16_to_f32(s16), shift = dt::f16_to_f32(h16);
+    for (int e = 0; e < per; e += 8) {
+      uint32_t w = 0;
+      for (int j = 0; j < 8; ++j) w |= int4_code(x[g * per + e + j], scale, shift) << (4 * j);
+      words[n_groups + (g * per + e) / 8] = w;
+    }
+  }
+}
+
+// Quantizes one row x (D) into words (D/4) and its scale/shift word: shift = fp16((max+min)/2),
+// scale = fp16(max|x - shift| / 448), codes e4m3((x - shift) / scale) (round to nearest even,
+// saturating); a zero scale gives codes 0.
+LOWBIT_HD void quantize_fp8_row(const float* x, int D, uint32_t* words, uint32_t* scale_shift) {
+  float mx = x[0], mn = x[0];
+  for (int e = 1; e < D; ++e) {
+    mx = x[e] > mx ? x[e] : mx;
+    mn = x[e] < mn ? x[e] : mn;
+  }
+  const uint16_t h16 = dt::f32_to_f16(0.5f * mx + 0.5f * mn);
+  const float shift = dt::f16_to_f32(h16);
+  float amax = 0.f;
+  for (int e = 0; e < D; ++e) {
+    float a = fabsf(x[e] - shift);
+    amax = a > amax ? a : amax;
+  }
+  const uint16_t s16 = dt::f32_to_f16(amax / 448.f);
+  const float scale = dt::f16_to_f32(s16);
+  *scale_shift = pack_coef(s16, h16);
+  for (int i = 0; i < D / 4; ++i) {
+    uint32_t w = 0;
+    for (int j = 0; j < 4; ++j) {
+      uint32_t c = scale != 0.f ? dt::f32_to_e4m3((x[4 * i + j] - shift) / scale) : 0u;
+      w |= c << (8 * j);
+    }
+    words[i] = w;
+  }
+}
+
+}  // namespace kv
+}  // namespace lowbit

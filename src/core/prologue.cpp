@@ -1,0 +1,268 @@
+// Front of the attention prologue: validates every argument (nothing is read or written before
+// all checks pass), resolves views into PrologueArgs, dispatches on the device.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "lowbit/runtime.h"
+#include "src/core/backends.h"
+#include "src/core/check.h"
+#include "src/core/prologue_internal.h"
+
+namespace lowbit {
+
+const char* scale_layout_name(ScaleLayout l) {
+  switch (l) {
+    case ScaleLayout::per_block: return "per_block";
+    case ScaleLayout::thread_q: return "thread_q";
+    case ScaleLayout::thread_k: return "thread_k";
+    case ScaleLayout::warp_q: return "warp_q";
+  }
+  return "?";
+}
+
+int scale_groups(ScaleLayout l) {
+  switch (l) {
+    case ScaleLayout::per_block: return 1;
+    case ScaleLayout::thread_q: return 8;
+    case ScaleLayout::thread_k: return 4;
+    case ScaleLayout::warp_q: return 4;
+  }
+  return 1;
+}
+
+namespace {
+
+void check_layout(const char* op, ScaleLayout layout, int block) {
+  check::that(static_cast<int>(layout) <= 3, op, "layout",
+              "expected per_block, thread_q, thread_k or warp_q, got " +
+                  std::to_string(static_cast<int>(layout)));
+  check::that(block > 0 && block % 8 == 0, op, "block",
+              "expected a positive multiple of 8, got " + std::to_string(block));
+  if (layout == ScaleLayout::thread_q)
+    check::that(128 % block == 0, op, "block",
+                "thread_q pads to 128 rows: expected a divisor of 128 (8, 16, 32, 64, 128), got " +
+                    std::to_string(block));
+  if (layout == ScaleLayout::warp_q)
+    check::that(block <= 128, op, "block",
+                "warp_q has 4 groups of 32 rows: expected at most 128, got " +
+                    std::to_string(block));
+}
+
+}  // namespace
+
+int64_t prologue_scale_count(int64_t n_tokens, ScaleLayout layout, int block) {
+  check_layout("prologue_scale_count", layout, block);
+  check::that(n_tokens >= 0, "prologue_scale_count", "n_tokens",
+              "expected >= 0, got " + std::to_string(n_tokens));
+  const int64_t pad = layout == ScaleLayout::thread_q ? 128 : block;
+  return (n_tokens + pad - 1) / pad * (pad / block) * scale_groups(layout);
+}
+
+namespace {
+
+bool strides_multiple_of(const TensorView& t, int ndim_outer, int64_t m) {
+  for (int d = 0; d < ndim_outer; ++d)
+    if (t.shape[d] > 1 && t.stride[d] % m != 0) return false;
+  return true;
+}
+
+// Validates x and the Prologue's optional parts; fills the input side of `a`.
+PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue& p, bool use_mean) {
+  PrologueArgs a;
+  check::ndim(op, "x", x, 4);
+  check::not_null(op, "x", x);
+  const bool cuda = x.device == Device::cuda;
+  if (cuda)
+    check::dtype(op, "x", x, {DType::bf16, DType::f16});
+  else
+    check::dtype(op, "x", x, {DType::bf16, DType::f16, DType::f32});
+  for (int d = 0; d < 4; ++d)
+    check::that(x.shape[d] >= 1, op, "x",
+                "expected every dim >= 1, got shape " + x.describe());
+  const int64_t B = x.shape[0], N = x.shape[1], H = x.shape[2], D = x.shape[3];
+  check::that(D % 16 == 0, op, "x", "head dim: expected a multiple of 16, got " + std::to_string(D));
+  check::that(x.stride[3] == 1, op, "x",
+              "channel stride: expected 1 (channels contiguous), got " + std::to_string(x.stride[3]));
+  if (cuda) {
+    check::that(D == 64 || D == 128, op, "x",
+                "head dim on cuda: expected 64 or 128, got " + std::to_string(D));
+    check::aligned(op, "x", x.data, 16);
+    check::that(strides_multiple_of(x, 3, 8), op, "x",
+                "strides on cuda: expected batch/token/head strides that are multiples of 8 "
+                "elements (16-byte rows), got " + x.describe());
+  }
+  a.x = x.data;
+  a.x_dtype = x.dtype;
+  a.batch = B, a.tokens = N, a.heads = H, a.dim = D;
+  a.x_sb = x.stride[0], a.x_sn = x.stride[1], a.x_sh = x.stride[2];
+  a.eps = p.eps;
+
+  // Norm.
+  if (p.norm_weight) {
+    const TensorView& w = *p.norm_weight;
+    check::not_null(op, "norm_weight", w);
+    check::same_device(op, "norm_weight", w, "x", x);
+    check::dtype(op, "norm_weight", w, {DType::f32, DType::bf16, DType::f16});
+    check::that(w.ndim == 1 || w.ndim == 2, op, "norm_weight",
+                "rank: expected 1 (D) or 2 (R, D), got " + std::to_string(w.ndim) + " (" +
+                    w.describe() + ")");
+    check::dim(op, "norm_weight", w, -1, D);
+    check::inner_contiguous(op, "norm_weight", w);
+    a.norm = true;
+    a.w = w.data;
+    a.w_dtype = w.dtype;
+    if (w.ndim == 2) {
+      check::that(p.weight_rows != nullptr, op, "weight_rows",
+                  "expected (N) int32 row indices with a (R, D) norm_weight, got none");
+      check::that(w.shape[0] >= 1, op, "norm_weight", "expected R >= 1, got " + w.describe());
+      a.w_sr = w.stride[0];
+      const TensorView& r = *p.weight_rows;
+      check::ndim(op, "weight_rows", r, 1);
+      check::dim(op, "weight_rows", r, 0, N);
+      check::dtype(op, "weight_rows", r, {DType::i32});
+      check::not_null(op, "weight_rows", r);
+      check::same_device(op, "weight_rows", r, "x", x);
+      // Index range: every row must name a row of the weight.
+      std::vector<int32_t> rows(static_cast<size_t>(N));
+      const int64_t rs = r.stride[0];
+      if (r.device == Device::cuda) {
+        check::that(rs == 1 || N == 1, op, "weight_rows",
+                    "stride on cuda: expected 1, got " + std::to_string(rs));
+        Context c;
+        copy_to_host(rows.data(), r.data, rows.size() * sizeof(int32_t), c);
+      } else {
+        for (int64_t i = 0; i < N; ++i) rows[i] = static_cast<const int32_t*>(r.data)[i * rs];
+      }
+      for (int64_t i = 0; i < N; ++i)
+        if (rows[i] < 0 || rows[i] >= w.shape[0])
+          check::fail(op, "weight_rows",
+                      "token " + std::to_string(i) + ": expected a row in [0, " +
+                          std::to_string(w.shape[0]) + "), got " + std::to_string(rows[i]));
+      a.w_rows = static_cast<const int32_t*>(r.data);
+      a.w_rows_s = rs;
+    } else {
+      check::that(p.weight_rows == nullptr, op, "weight_rows",
+                  "expected none with a (D) norm_weight (segmented weights are (R, D)), got one");
+    }
+  } else {
+    check::that(p.weight_rows == nullptr, op, "weight_rows",
+                "expected none without a norm_weight, got one");
+  }
+
+  // RoPE.
+  if (p.rope) {
+    const TensorView& t = p.rope->table;
+    check::not_null(op, "rope.table", t);
+    check::same_device(op, "rope.table", t, "x", x);
+    check::dtype(op, "rope.table", t, {DType::f32, DType::bf16, DType::f16});
+    check::that(t.ndim == 5 || t.ndim == 6, op, "rope.table",
+                "rank: expected 5 (1|B, N, 1, pairs, 2) or 6 (1|B, N, 1, pairs, 2, 2), got " +
+                    t.describe());
+    check::that(t.shape[0] == 1 || t.shape[0] == B, op, "rope.table",
+                "dim 0: expected 1 or B = " + std::to_string(B) + ", got " + t.describe());
+    check::dim(op, "rope.table", t, 1, N);
+    check::dim(op, "rope.table", t, 2, 1);
+    check::dim(op, "rope.table", t, 4, 2);
+    if (t.ndim == 6) check::dim(op, "rope.table", t, 5, 2);
+    const int64_t pairs = t.shape[3];
+    check::that(pairs >= 1 && 2 * pairs <= D, op, "rope.table",
+                "pairs (dim 3): expected 1 .. D/2 = " + std::to_string(D / 2) + ", got " +
+                    std::to_string(pairs));
+    a.rotate = true;
+    a.interleaved = p.rope->interleaved;
+    a.rope = t.data;
+    a.r_dtype = t.dtype;
+    a.pairs = pairs;
+    a.r_sb = t.shape[0] == 1 ? 0 : t.stride[0];
+    a.r_sn = t.stride[1];
+    a.r_sp = t.stride[3];
+    a.r_sc = t.stride[4];
+  }
+
+  // Mean.
+  if (use_mean && p.mean) {
+    const TensorView& m = *p.mean;
+    check::not_null(op, "mean", m);
+    check::same_device(op, "mean", m, "x", x);
+    check::dtype(op, "mean", m, {DType::f32});
+    check::ndim(op, "mean", m, 3);
+    check::dim(op, "mean", m, 0, B);
+    check::dim(op, "mean", m, 1, H);
+    check::dim(op, "mean", m, 2, D);
+    check::inner_contiguous(op, "mean", m);
+    a.mean = static_cast<const float*>(m.data);
+    a.m_sb = m.stride[0];
+    a.m_sh = m.stride[1];
+  }
+  return a;
+}
+
+}  // namespace
+
+void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out, Context& ctx) {
+  const char* op = "norm_rope_mean";
+  PrologueArgs a = resolve_inputs(op, x, p, false);
+  check::not_null(op, "mean_out", mean_out);
+  check::same_device(op, "mean_out", mean_out, "x", x);
+  check::dtype(op, "mean_out", mean_out, {DType::f32});
+  check::ndim(op, "mean_out", mean_out, 3);
+  check::dim(op, "mean_out", mean_out, 0, a.batch);
+  check::dim(op, "mean_out", mean_out, 1, a.heads);
+  check::dim(op, "mean_out", mean_out, 2, a.dim);
+  check::inner_contiguous(op, "mean_out", mean_out);
+  a.mean_out = static_cast<float*>(mean_out.data);
+  a.mo_sb = mean_out.stride[0];
+  a.mo_sh = mean_out.stride[1];
+  if (x.device == Device::cuda)
+    LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean(a, ctx));
+  else
+    cpu::norm_rope_mean(a, ctx);
+}
+
+void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out,
+                        TensorView scale_out, Context& ctx) {
+  const char* op = "norm_rope_quantize";
+  check_layout(op, p.layout, p.block);
+  check::that(p.scale_eps >= 0.f, op, "scale_eps",
+              "expected >= 0, got " + std::to_string(p.scale_eps));
+  PrologueArgs a = resolve_inputs(op, x, p, true);
+  check::not_null(op, "q_out", q_out);
+  check::same_device(op, "q_out", q_out, "x", x);
+  check::dtype(op, "q_out", q_out, {DType::i8});
+  check::same_shape(op, "q_out", q_out, "x", x);
+  check::that(q_out.stride[3] == 1, op, "q_out",
+              "channel stride: expected 1 (channels contiguous), got " +
+                  std::to_string(q_out.stride[3]));
+  if (x.device == Device::cuda) {
+    check::aligned(op, "q_out", q_out.data, 8);
+    check::that(strides_multiple_of(q_out, 3, 8), op, "q_out",
+                "strides on cuda: expected batch/token/head strides that are multiples of 8, got " +
+                    q_out.describe());
+  }
+  const int64_t count = prologue_scale_count(a.tokens, p.layout, p.block);
+  check::not_null(op, "scale_out", scale_out);
+  check::same_device(op, "scale_out", scale_out, "x", x);
+  check::dtype(op, "scale_out", scale_out, {DType::f32});
+  check::ndim(op, "scale_out", scale_out, 3);
+  check::dim(op, "scale_out", scale_out, 0, a.batch);
+  check::dim(op, "scale_out", scale_out, 1, a.heads);
+  check::dim(op, "scale_out", scale_out, 2, count);
+  check::inner_contiguous(op, "scale_out", scale_out);
+  a.sm_scale = p.sm_scale;
+  a.scale_eps = p.scale_eps;
+  a.layout = p.layout;
+  a.block = p.block;
+  a.groups = scale_groups(p.layout);
+  a.n_blocks = count / a.groups;
+  a.q = static_cast<int8_t*>(q_out.data);
+  a.q_sb = q_out.stride[0], a.q_sn = q_out.stride[1], a.q_sh = q_out.stride[2];
+  a.scale = static_cast<float*>(scale_out.data);
+  a.s_sb = scale_out.stride[0], a.s_sh = scale_out.stride[1];
+  if (x.device == Device::cuda)
+    LOWBIT_CUDA_CALL(op, cuda::norm_rope_quantize(a, ctx));
+  else
+    cpu::norm_rope_quantize(a, ctx);
+}
+
+}  // namespace lowbit

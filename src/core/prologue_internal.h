@@ -1,0 +1,71 @@
+// The attention prologue's resolved arguments (validated by src/core/prologue.cpp) and its
+// backend entry points. Shared by src/cpu/prologue.cpp and src/cuda/prologue.cu.
+#pragma once
+
+#include <cstdint>
+
+#include "lowbit/prologue.h"
+#include "lowbit/tensor.h"
+
+namespace lowbit {
+
+// Every pointer and stride a prologue kernel reads; strides in elements. Plain data, passed to
+// CUDA kernels by value.
+struct PrologueArgs {
+  // x (B, N, H, D), channels contiguous.
+  const void* x = nullptr;
+  DType x_dtype = DType::bf16;
+  int64_t batch = 0, tokens = 0, heads = 0, dim = 0;
+  int64_t x_sb = 0, x_sn = 0, x_sh = 0;
+  // Norm: weight (R, D) with row stride w_sr (0 for a (D) weight); rows (N) int32 or null.
+  bool norm = false;
+  const void* w = nullptr;
+  DType w_dtype = DType::f32;
+  int64_t w_sr = 0;
+  const int32_t* w_rows = nullptr;
+  int64_t w_rows_s = 1;
+  float eps = 1e-6f;
+  // RoPE: cos of (batch b, token n, pair p) at rope + b*r_sb + n*r_sn + p*r_sp, its sin r_sc
+  // further. r_sb = 0 for a shared table.
+  bool rotate = false;
+  bool interleaved = false;
+  const void* rope = nullptr;
+  DType r_dtype = DType::f32;
+  int64_t pairs = 0;
+  int64_t r_sb = 0, r_sn = 0, r_sp = 0, r_sc = 0;
+  // Mean (B, H, D) f32 to subtract, or null.
+  const float* mean = nullptr;
+  int64_t m_sb = 0, m_sh = 0;
+  float sm_scale = 1.f, scale_eps = 1e-7f;
+  ScaleLayout layout = ScaleLayout::per_block;
+  int block = 64, groups = 1;
+  int64_t n_blocks = 0;  // per (batch, head); scale_out's last dim is n_blocks * groups
+  // Quantize outputs: q (B, N, H, D) int8, scale (B, H, n_blocks * groups) f32.
+  int8_t* q = nullptr;
+  int64_t q_sb = 0, q_sn = 0, q_sh = 0;
+  float* scale = nullptr;
+  int64_t s_sb = 0, s_sh = 0;
+  // Mean output (B, H, D) f32.
+  float* mean_out = nullptr;
+  int64_t mo_sb = 0, mo_sh = 0;
+};
+
+// Tokens per partial sum of the mean pass (SPEC §1.3).
+constexpr int kMeanBlockRows = 64;
+
+// Channels per chunk of the sum of squares: each chunk sums its squares in channel order
+// (x0 * x0, then fma), the chunks are then added as a pairwise tree (chunk k with k + 1, then
+// pairs of pairs, ...); the CUDA kernels hold one chunk per thread and reduce with xor shuffles,
+// which adds in exactly this order.
+constexpr int kNormChunk = 8;
+
+namespace cpu {
+void norm_rope_mean(const PrologueArgs& a, Context& ctx);
+void norm_rope_quantize(const PrologueArgs& a, Context& ctx);
+}  // namespace cpu
+namespace cuda {
+void norm_rope_mean(const PrologueArgs& a, Context& ctx);
+void norm_rope_quantize(const PrologueArgs& a, Context& ctx);
+}  // namespace cuda
+
+}  // namespace lowbit

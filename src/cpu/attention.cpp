@@ -1,0 +1,331 @@
+// Attention family front (SPEC §2): scale-layout helpers, argument validation, dispatch to the CPU
+// or CUDA backend, and the one-call attention() that quantizes bf16/f16 q, k, v first.
+#include "lowbit/attention.h"
+
+#include <cmath>
+#include <string>
+
+#include "lowbit/runtime.h"
+#include "src/core/backends.h"
+#include "src/core/check.h"
+#include "src/cpu/attention_backend.h"
+
+namespace lowbit {
+
+int scale_groups(ScaleLayout layout) {
+  switch (layout) {
+    case ScaleLayout::per_block: return 1;
+    case ScaleLayout::thread_q: return 8;
+    case ScaleLayout::thread_k: return 4;
+    case ScaleLayout::warp_q: return 4;
+  }
+  return 1;
+}
+
+int64_t scale_index(ScaleLayout layout, int block, int64_t row) {
+  const int64_t r = row % block;
+  int64_t group = 0;
+  switch (layout) {
+    case ScaleLayout::per_block: group = 0; break;
+    case ScaleLayout::thread_q: group = r % 8; break;
+    case ScaleLayout::thread_k: group = (r % 8) / 2; break;
+    case ScaleLayout::warp_q: group = r / 32; break;
+  }
+  return (row / block) * scale_groups(layout) + group;
+}
+
+int64_t scale_count(ScaleLayout layout, int block, int64_t rows) {
+  const int64_t pad = layout == ScaleLayout::thread_q ? 128 : block;
+  return (rows + pad - 1) / pad * (pad / block) * scale_groups(layout);
+}
+
+namespace {
+
+const char* layout_name(ScaleLayout l) {
+  switch (l) {
+    case ScaleLayout::per_block: return "per_block";
+    case ScaleLayout::thread_q: return "thread_q";
+    case ScaleLayout::thread_k: return "thread_k";
+    case ScaleLayout::warp_q: return "warp_q";
+  }
+  return "?";
+}
+
+int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+void check_shape(const char* op, const char* arg, const TensorView& t,
+                 std::initializer_list<int64_t> shape) {
+  check::ndim(op, arg, t, static_cast<int>(shape.size()));
+  int d = 0;
+  for (int64_t s : shape) check::dim(op, arg, t, d++, s);
+}
+
+void check_layout(const char* op, const char* arg, ScaleLayout layout, int block) {
+  check::that(block > 0 && block % 8 == 0, op, arg,
+              "block: expected a positive multiple of 8, got " + std::to_string(block));
+  if (layout == ScaleLayout::thread_q)
+    check::that(128 % block == 0, op, arg,
+                "thread_q block: expected a divisor of 128, got " + std::to_string(block));
+  if (layout == ScaleLayout::warp_q)
+    check::that(block == 128, op, arg,
+                std::string("warp_q block: ") + check::expected_got(128, block));
+}
+
+// Every stride but the innermost a multiple of `elems`, and the data 16-byte aligned.
+void check_vector_aligned(const char* op, const char* arg, const TensorView& t, int elems) {
+  check::aligned(op, arg, t.data, 16);
+  for (int d = 0; d + 1 < t.ndim; ++d)
+    check::that(t.shape[d] <= 1 || t.stride[d] % elems == 0, op, arg,
+                "stride " + std::to_string(d) + ": expected a multiple of " +
+                    std::to_string(elems) + " elements on CUDA, got " +
+                    std::to_string(t.stride[d]));
+}
+
+void check_quantized(const char* op, const char* arg, const char* scale_arg,
+                     const QuantizedRows& r) {
+  check::not_null(op, arg, r.data);
+  check::not_null(op, scale_arg, r.scale);
+  check::dtype(op, arg, r.data, {DType::i8});
+  check::ndim(op, arg, r.data, 4);
+  check::inner_contiguous(op, arg, r.data);
+  check_layout(op, arg, r.layout, r.block);
+  check::dtype(op, scale_arg, r.scale, {DType::f32});
+  check::ndim(op, scale_arg, r.scale, 3);
+  check::dim(op, scale_arg, r.scale, 0, r.data.shape[0]);
+  check::dim(op, scale_arg, r.scale, 1, r.data.shape[2]);
+  const int64_t need = scale_count(r.layout, r.block, r.data.shape[1]);
+  check::that(r.scale.shape[2] >= need, op, scale_arg,
+              std::string("scales per head (") + layout_name(r.layout) + ", block " +
+                  std::to_string(r.block) + "): expected >= " + std::to_string(need) +
+                  ", got " + std::to_string(r.scale.shape[2]));
+  check::same_device(op, scale_arg, r.scale, arg, r.data);
+}
+
+void check_head_vector(const char* op, const char* arg, const TensorView* t, int64_t b, int64_t h,
+                       int64_t d, const TensorView& ref) {
+  if (!t) return;
+  check::not_null(op, arg, *t);
+  check::dtype(op, arg, *t, {DType::f32});
+  check_shape(op, arg, *t, {b, h, d});
+  check::contiguous(op, arg, *t);
+  check::same_device(op, arg, *t, "q", ref);
+}
+
+float resolve_sm_scale(float s, int64_t d) {
+  return s != 0.f ? s : 1.f / std::sqrt(static_cast<float>(d));
+}
+
+}  // namespace
+
+void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale,
+                    TensorView* v_mean, Context& ctx) {
+  const char* op = "quantize_v_fp8";
+  check::not_null(op, "v", v);
+  check::ndim(op, "v", v, 4);
+  check::dtype(op, "v", v, {DType::bf16, DType::f16, DType::f32});
+  check::inner_contiguous(op, "v", v);
+  const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], D = v.shape[3];
+  check::not_null(op, "v_fp8", v_fp8);
+  check::dtype(op, "v_fp8", v_fp8, {DType::e4m3});
+  check_shape(op, "v_fp8", v_fp8, {B, H, D, round_up(N, 64)});
+  check::contiguous(op, "v_fp8", v_fp8);
+  check::same_device(op, "v_fp8", v_fp8, "v", v);
+  check_head_vector(op, "v_scale", &v_scale, B, H, D, v);
+  check_head_vector(op, "v_mean", v_mean, B, H, D, v);
+  if (v.device == Device::cuda) {
+    check::that(D == 64 || D == 128, op, "v",
+                "head dim on CUDA: expected 64 or 128, got " + std::to_string(D));
+    check::that(v.dtype != DType::f32, op, "v", "dtype on CUDA: expected bf16 or f16, got f32");
+  }
+  if (v.numel() == 0 && v_fp8.numel() == 0 && v_scale.numel() == 0) return;
+  if (v.device == Device::cpu) {
+    cpu::quantize_v_fp8(v, v_fp8, v_scale, v_mean, ctx);
+  } else {
+    LOWBIT_CUDA_CALL(op, cuda::quantize_v_fp8(v, v_fp8, v_scale, v_mean, ctx));
+  }
+}
+
+void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
+                    const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
+                    TensorView out, TensorView* lse_out, const AttentionOptions& options,
+                    Context& ctx) {
+  const char* op = "attention_int8";
+  check_quantized(op, "q", "q_scale", q);
+  check_quantized(op, "k", "k_scale", k);
+  const int64_t B = q.data.shape[0], Nq = q.data.shape[1], Hq = q.data.shape[2],
+                D = q.data.shape[3];
+  const int64_t Nkv = k.data.shape[1], Hkv = k.data.shape[2];
+  check::dim(op, "k", k.data, 0, B);
+  check::dim(op, "k", k.data, 3, D);
+  check::same_device(op, "k", k.data, "q", q.data);
+  check::that(Hkv > 0 && Hq % Hkv == 0, op, "k",
+              "heads: expected a divisor of q's " + std::to_string(Hq) + " heads, got " +
+                  std::to_string(Hkv));
+  check::that(D > 0 && D % 16 == 0, op, "q",
+              "head dim: expected a multiple of 16, got " + std::to_string(D));
+  const bool on_cuda = q.data.device == Device::cuda;
+  if (on_cuda) {
+    check::that(D == 64 || D == 128, op, "q",
+                "head dim on CUDA: expected 64 or 128, got " + std::to_string(D));
+  }
+  check::that(options.causal <= AttentionOptions::top_left, op, "options.causal",
+              "expected none, bottom_right or top_left");
+  check::that(options.pv <= AttentionOptions::f16, op, "options.pv", "expected fp8 or f16");
+  check::not_null(op, "out", out);
+  check::dtype(op, "out", out,
+               on_cuda ? std::initializer_list<DType>{DType::bf16, DType::f16}
+                       : std::initializer_list<DType>{DType::bf16, DType::f16, DType::f32});
+  check_shape(op, "out", out, {B, Nq, Hq, D});
+  check::inner_contiguous(op, "out", out);
+  check::same_device(op, "out", out, "q", q.data);
+  check::not_null(op, "v", v);
+  if (options.pv == AttentionOptions::fp8) {
+    check::dtype(op, "v", v, {DType::e4m3});
+    check_shape(op, "v", v, {B, Hkv, D, round_up(Nkv, 64)});
+    check::contiguous(op, "v", v);
+    check::that(v_scale != nullptr, op, "v_scale", "expected (B, Hkv, D) f32 in fp8 PV mode, got null");
+    check_head_vector(op, "v_scale", v_scale, B, Hkv, D, q.data);
+    check_head_vector(op, "v_mean", v_mean, B, Hkv, D, q.data);
+  } else {
+    check::dtype(op, "v", v, {out.dtype});
+    check_shape(op, "v", v, {B, Nkv, Hkv, D});
+    check::inner_contiguous(op, "v", v);
+    check::that(v_scale == nullptr, op, "v_scale", "expected null in 16-bit PV mode, got a tensor");
+    check::that(v_mean == nullptr, op, "v_mean", "expected null in 16-bit PV mode, got a tensor");
+  }
+  check::same_device(op, "v", v, "q", q.data);
+  check_head_vector(op, "k_mean", k_mean, B, Hkv, D, q.data);
+  if (lse_out) {
+    check::not_null(op, "lse_out", *lse_out);
+    check::dtype(op, "lse_out", *lse_out, {DType::f32});
+    check_shape(op, "lse_out", *lse_out, {B, Hq, Nq});
+    check::same_device(op, "lse_out", *lse_out, "q", q.data);
+  }
+  if (on_cuda) {
+    check_vector_aligned(op, "q", q.data, 16);
+    check_vector_aligned(op, "k", k.data, 16);
+    if (options.pv == AttentionOptions::f16) check_vector_aligned(op, "v", v, 8);
+    check::aligned(op, "out", out.data, 4);
+    for (int d = 0; d < 3; ++d)
+      check::that(out.stride[d] % 2 == 0, op, "out",
+                  "strides on CUDA: expected even strides, got " + out.describe());
+  }
+  if (B == 0 || Nq == 0 || Hq == 0) return;
+  const float sm = resolve_sm_scale(options.sm_scale, D);
+  if (!on_cuda) {
+    cpu::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm, options, ctx);
+  } else {
+    LOWBIT_CUDA_CALL(op, cuda::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm,
+                                              options, ctx));
+  }
+}
+
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
+               TensorView* lse_out, const AttentionOptions& options, Context& ctx) {
+  const char* op = "attention";
+  check::not_null(op, "q", q);
+  check::not_null(op, "k", k);
+  check::not_null(op, "v", v);
+  check::ndim(op, "q", q, 4);
+  const bool on_cuda = q.device == Device::cuda;
+  check::dtype(op, "q", q,
+               on_cuda ? std::initializer_list<DType>{DType::bf16, DType::f16}
+                       : std::initializer_list<DType>{DType::bf16, DType::f16, DType::f32});
+  check::inner_contiguous(op, "q", q);
+  const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
+  check::ndim(op, "k", k, 4);
+  check::dtype(op, "k", k, {q.dtype});
+  check::inner_contiguous(op, "k", k);
+  check::same_device(op, "k", k, "q", q);
+  check::dim(op, "k", k, 0, B);
+  check::dim(op, "k", k, 3, D);
+  const int64_t Nkv = k.shape[1], Hkv = k.shape[2];
+  check::that(Hkv > 0 && Hq % Hkv == 0, op, "k",
+              "heads: expected a divisor of q's " + std::to_string(Hq) + " heads, got " +
+                  std::to_string(Hkv));
+  check::dtype(op, "v", v, {q.dtype});
+  check::same_shape(op, "v", v, "k", k);
+  check::inner_contiguous(op, "v", v);
+  check::same_device(op, "v", v, "q", q);
+  check::not_null(op, "out", out);
+  check::dtype(op, "out", out, {q.dtype});
+  check::same_shape(op, "out", out, "q", q);
+  check::inner_contiguous(op, "out", out);
+  check::same_device(op, "out", out, "q", q);
+  check::that(D > 0 && D % 16 == 0, op, "q",
+              "head dim: expected a multiple of 16, got " + std::to_string(D));
+  if (on_cuda)
+    check::that(D == 64 || D == 128, op, "q",
+                "head dim on CUDA: expected 64 or 128, got " + std::to_string(D));
+  if (lse_out) {
+    check::not_null(op, "lse_out", *lse_out);
+    check::dtype(op, "lse_out", *lse_out, {DType::f32});
+    check_shape(op, "lse_out", *lse_out, {B, Hq, Nq});
+    check::same_device(op, "lse_out", *lse_out, "q", q);
+  }
+  if (on_cuda) {
+    check_vector_aligned(op, "v", v, 8);
+    check::aligned(op, "out", out.data, 4);
+    for (int d = 0; d < 3; ++d)
+      check::that(out.stride[d] % 2 == 0, op, "out",
+                  "strides on CUDA: expected even strides, got " + out.describe());
+  }
+  if (B == 0 || Nq == 0 || Hq == 0) return;
+  const float sm = resolve_sm_scale(options.sm_scale, D);
+  const Device dev = q.device;
+  const int di = q.device_index;
+
+  // Scratch: INT8 q/k (contiguous NHD, 16-byte rows), scales, K mean, fp8 V.
+  QuantizedRows qr, kr;
+  qr.layout = ScaleLayout::thread_q;
+  qr.block = 32;
+  kr.layout = ScaleLayout::thread_k;
+  kr.block = 64;
+  const int64_t nqs = scale_count(qr.layout, qr.block, Nq);
+  const int64_t nks = scale_count(kr.layout, kr.block, Nkv);
+  const int64_t vpad = round_up(Nkv, 64);
+  const bool fp8 = options.pv == AttentionOptions::fp8;
+  Buffer q8(dev, static_cast<size_t>(B * Nq * Hq * D)), k8(dev, static_cast<size_t>(B * Nkv * Hkv * D));
+  Buffer qs(dev, static_cast<size_t>(B * Hq * nqs) * 4), ks(dev, static_cast<size_t>(B * Hkv * nks) * 4);
+  Buffer km(dev, options.smooth_k ? static_cast<size_t>(B * Hkv * D) * 4 : 0);
+  Buffer v8(dev, fp8 ? static_cast<size_t>(B * Hkv * D * vpad) : 0);
+  Buffer vs(dev, fp8 ? static_cast<size_t>(B * Hkv * D) * 4 : 0);
+  Buffer vm(dev, fp8 && options.smooth_v ? static_cast<size_t>(B * Hkv * D) * 4 : 0);
+  qr.data = make_view(q8.data(), DType::i8, {B, Nq, Hq, D}, dev, di);
+  qr.scale = make_view(qs.data(), DType::f32, {B, Hq, nqs}, dev, di);
+  kr.data = make_view(k8.data(), DType::i8, {B, Nkv, Hkv, D}, dev, di);
+  kr.scale = make_view(ks.data(), DType::f32, {B, Hkv, nks}, dev, di);
+  TensorView kmean = make_view(km.data(), DType::f32, {B, Hkv, D}, dev, di);
+  TensorView vfp8 = make_view(v8.data(), DType::e4m3, {B, Hkv, D, vpad}, dev, di);
+  TensorView vscale = make_view(vs.data(), DType::f32, {B, Hkv, D}, dev, di);
+  TensorView vmean = make_view(vm.data(), DType::f32, {B, Hkv, D}, dev, di);
+  const bool smooth_k = options.smooth_k && Nkv > 0;
+
+  // q carries sm_scale; the kernel then scales the logits by 1 (LSE correction included).
+  AttentionOptions inner = options;
+  inner.sm_scale = 1.f;
+  if (!on_cuda) {
+    if (smooth_k) cpu::token_mean(k, kmean, ctx);
+    cpu::quantize_rows_int8(q, nullptr, sm, qr, ctx);
+    cpu::quantize_rows_int8(k, smooth_k ? &kmean : nullptr, 1.f, kr, ctx);
+    if (fp8) cpu::quantize_v_fp8(v, vfp8, vscale, options.smooth_v ? &vmean : nullptr, ctx);
+    cpu::attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr,
+                        fp8 && options.smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr,
+                        out, lse_out, 1.f, inner, ctx);
+  } else {
+#ifdef LOWBIT_WITH_CUDA
+    if (smooth_k) cuda::token_mean(k, kmean, ctx);
+    cuda::quantize_rows_int8(q, nullptr, sm, qr, ctx);
+    cuda::quantize_rows_int8(k, smooth_k ? &kmean : nullptr, 1.f, kr, ctx);
+    if (fp8) cuda::quantize_v_fp8(v, vfp8, vscale, options.smooth_v ? &vmean : nullptr, ctx);
+    cuda::attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr,
+                         fp8 && options.smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr,
+                         out, lse_out, 1.f, inner, ctx);
+    synchronize(ctx);  // the scratch buffers are freed on return
+#else
+    LOWBIT_CUDA_CALL(op, (void)0);
+#endif
+  }
+}
+
+}  // namespace lowbit

@@ -1,0 +1,268 @@
+// CPU backend of the attention family: the oracle. Plain loops following SageAttention 2's
+// arithmetic step by step (SPEC §2), one (batch, head, query row) at a time, threaded over rows.
+// Also the fp64 softmax(q k^T) v reference used for accuracy figures.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "lowbit/attention.h"
+#include "lowbit/dtype.h"
+#include "src/core/convert_elem.h"
+#include "src/core/parallel.h"
+#include "src/cpu/attention_backend.h"
+
+namespace lowbit {
+namespace cpu {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2_448 = 8.807354922057604f;  // P is scaled into [0, 448] in fp8 mode
+constexpr int kKvTile = 64;                      // keys per online-softmax step
+
+inline int64_t off4(const TensorView& t, int64_t a, int64_t b, int64_t c, int64_t d) {
+  return a * t.stride[0] + b * t.stride[1] + c * t.stride[2] + d * t.stride[3];
+}
+inline int64_t off3(const TensorView& t, int64_t a, int64_t b, int64_t c) {
+  return a * t.stride[0] + b * t.stride[1] + c * t.stride[2];
+}
+
+// First key query row i may not see (keys [0, end) are visible).
+inline int64_t visible_end(AttentionOptions::Causal causal, int64_t i, int64_t nq, int64_t nkv) {
+  if (causal == AttentionOptions::none) return nkv;
+  const int64_t shift = causal == AttentionOptions::bottom_right ? nkv - nq : 0;
+  return std::max<int64_t>(0, std::min<int64_t>(nkv, i + shift + 1));
+}
+
+// Rounds p to the 16-bit dtype of V (identity for f32).
+inline float round_to(DType dt, float p) {
+  if (dt == DType::bf16) return dt::bf16_to_f32(dt::f32_to_bf16(p));
+  if (dt == DType::f16) return dt::f16_to_f32(dt::f32_to_f16(p));
+  return p;
+}
+
+// Position of key `key` inside its 32-key group of the fp8 V layout (attention.h).
+inline int64_t fp8_v_position(int64_t key) {
+  const int64_t base = key & ~int64_t{31}, r = key & 31;
+  const int64_t h = r / 16, w = r % 16;        // w = 8 * (i / 2) + 2 * t + (i % 2)
+  const int64_t i = (w / 8) * 2 + (w % 2), t = (w % 8) / 2;
+  return base + 16 * h + 4 * t + i;
+}
+
+}  // namespace
+
+void token_mean(const TensorView& x, TensorView mean, Context& ctx) {
+  const int64_t B = x.shape[0], N = x.shape[1], H = x.shape[2], D = x.shape[3];
+  parallel_for(B * H, 1, ctx, [&](int64_t b0, int64_t b1) {
+    std::vector<float> sum(static_cast<size_t>(D));
+    for (int64_t bh = b0; bh < b1; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      std::fill(sum.begin(), sum.end(), 0.f);
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t d = 0; d < D; ++d) sum[d] += load_f32(x.data, off4(x, b, n, h, d), x.dtype);
+      for (int64_t d = 0; d < D; ++d)
+        mean.ptr<float>()[off3(mean, b, h, d)] = N > 0 ? sum[d] / static_cast<float>(N) : 0.f;
+    }
+  });
+}
+
+void quantize_rows_int8(const TensorView& x, const TensorView* mean, float scale,
+                        const QuantizedRows& rows, Context& ctx) {
+  const int64_t B = x.shape[0], N = x.shape[1], H = x.shape[2], D = x.shape[3];
+  const int64_t n_scales = scale_count(rows.layout, rows.block, N);
+  const TensorView& out = rows.data;
+  const TensorView& sc = rows.scale;
+  parallel_for(B * H, 1, ctx, [&](int64_t b0, int64_t b1) {
+    std::vector<float> amax(static_cast<size_t>(n_scales));
+    std::vector<float> row(static_cast<size_t>(D));
+    auto value = [&](int64_t b, int64_t n, int64_t h, int64_t d) {
+      float v = load_f32(x.data, off4(x, b, n, h, d), x.dtype);
+      if (mean) v -= mean->ptr<const float>()[off3(*mean, b, h, d)];
+      return v * scale;
+    };
+    for (int64_t bh = b0; bh < b1; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      std::fill(amax.begin(), amax.end(), 0.f);
+      for (int64_t n = 0; n < N; ++n) {
+        float& a = amax[scale_index(rows.layout, rows.block, n)];
+        for (int64_t d = 0; d < D; ++d) a = std::max(a, std::fabs(value(b, n, h, d)));
+      }
+      for (int64_t s = 0; s < n_scales; ++s)
+        sc.ptr<float>()[off3(sc, b, h, s)] = amax[s] / 127.f + 1e-7f;
+      for (int64_t n = 0; n < N; ++n) {
+        const float s = sc.ptr<const float>()[off3(sc, b, h, scale_index(rows.layout, rows.block, n))];
+        for (int64_t d = 0; d < D; ++d) {
+          float qv = value(b, n, h, d) / s;
+          qv = qv + (qv >= 0.f ? 0.5f : -0.5f);
+          qv = std::max(-127.f, std::min(127.f, std::trunc(qv)));
+          out.ptr<int8_t>()[off4(out, b, n, h, d)] = static_cast<int8_t>(qv);
+        }
+      }
+    }
+  });
+}
+
+void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
+                    Context& ctx) {
+  const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], D = v.shape[3];
+  const int64_t npad = v_fp8.shape[3];
+  parallel_for(B * H, 1, ctx, [&](int64_t b0, int64_t b1) {
+    std::vector<float> mean(static_cast<size_t>(D)), amax(static_cast<size_t>(D));
+    for (int64_t bh = b0; bh < b1; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      std::fill(mean.begin(), mean.end(), 0.f);
+      std::fill(amax.begin(), amax.end(), 0.f);
+      if (v_mean) {
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t d = 0; d < D; ++d) mean[d] += load_f32(v.data, off4(v, b, n, h, d), v.dtype);
+        for (int64_t d = 0; d < D; ++d) {
+          mean[d] = N > 0 ? mean[d] / static_cast<float>(N) : 0.f;
+          v_mean->ptr<float>()[off3(*v_mean, b, h, d)] = mean[d];
+        }
+      }
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t d = 0; d < D; ++d)
+          amax[d] = std::max(amax[d],
+                             std::fabs(load_f32(v.data, off4(v, b, n, h, d), v.dtype) - mean[d]));
+      uint8_t* codes = v_fp8.ptr<uint8_t>() + (b * H + h) * D * npad;
+      for (int64_t d = 0; d < D; ++d) {
+        const float s = amax[d] / 448.f;
+        v_scale.ptr<float>()[off3(v_scale, b, h, d)] = s;
+        for (int64_t n = 0; n < npad; ++n) codes[d * npad + n] = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          const float x = load_f32(v.data, off4(v, b, n, h, d), v.dtype) - mean[d];
+          codes[d * npad + fp8_v_position(n)] = s > 0.f ? dt::f32_to_e4m3(x / s) : 0;
+        }
+      }
+    }
+  });
+}
+
+void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
+                    const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
+                    TensorView out, TensorView* lse_out, float sm_scale,
+                    const AttentionOptions& options, Context& ctx) {
+  const int64_t B = q.data.shape[0], Nq = q.data.shape[1], Hq = q.data.shape[2],
+                D = q.data.shape[3];
+  const int64_t Nkv = k.data.shape[1], Hkv = k.data.shape[2], G = Hq / Hkv;
+  const bool fp8 = options.pv == AttentionOptions::fp8;
+  const int64_t npad = fp8 ? v.shape[3] : 0;
+  const float scale_log2 = sm_scale * kLog2e;
+  const float p_offset = fp8 ? kLog2_448 : 0.f;
+  const float inf = std::numeric_limits<float>::infinity();
+
+  parallel_for(B * Hq * Nq, 16, ctx, [&](int64_t r0, int64_t r1) {
+    std::vector<float> s(kKvTile), acc(static_cast<size_t>(D)), tile(static_cast<size_t>(D));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t i = r % Nq, hq = (r / Nq) % Hq, b = r / (Nq * Hq), hk = hq / G;
+      const int64_t end = visible_end(options.causal, i, Nq, Nkv);
+      const int8_t* qrow = q.data.ptr<const int8_t>() + off4(q.data, b, i, hq, 0);
+      const float qs =
+          q.scale.ptr<const float>()[off3(q.scale, b, hq, scale_index(q.layout, q.block, i))];
+      float m = -inf, l = 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t0 = 0; t0 < end; t0 += kKvTile) {
+        const int64_t t1 = std::min<int64_t>(end, t0 + kKvTile);
+        float tile_max = -inf;
+        for (int64_t j = t0; j < t1; ++j) {
+          const int8_t* krow = k.data.ptr<const int8_t>() + off4(k.data, b, j, hk, 0);
+          int32_t dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += int32_t{qrow[d]} * int32_t{krow[d]};
+          const float ks =
+              k.scale.ptr<const float>()[off3(k.scale, b, hk, scale_index(k.layout, k.block, j))];
+          const float sv = static_cast<float>(dot) * (qs * ks) * scale_log2;
+          s[j - t0] = sv;
+          tile_max = std::max(tile_max, sv);
+        }
+        const float m_new = std::max(m, tile_max);
+        const float rescale = m == -inf ? 0.f : std::exp2(m - m_new);
+        const float m_off = m_new - p_offset;
+        float tile_sum = 0.f;
+        std::fill(tile.begin(), tile.end(), 0.f);
+        for (int64_t j = t0; j < t1; ++j) {
+          const float p = std::exp2(s[j - t0] - m_off);
+          tile_sum += p;
+          if (fp8) {
+            const float p8 = dt::e4m3_to_f32(dt::f32_to_e4m3(p));
+            const uint8_t* col = v.ptr<const uint8_t>() + (b * Hkv + hk) * D * npad;
+            const int64_t pos = fp8_v_position(j);
+            for (int64_t d = 0; d < D; ++d) tile[d] += p8 * dt::e4m3_to_f32(col[d * npad + pos]);
+          } else {
+            const float p16 = round_to(v.dtype, p);
+            for (int64_t d = 0; d < D; ++d)
+              tile[d] += p16 * load_f32(v.data, off4(v, b, j, hk, d), v.dtype);
+          }
+        }
+        // Two-level accumulation: the tile's P·V (fresh buffer) joins the rescaled accumulator.
+        for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] * rescale + tile[d];
+        l = l * rescale + tile_sum;
+        m = m_new;
+      }
+      for (int64_t d = 0; d < D; ++d) {
+        float o = 0.f;
+        if (l > 0.f) {
+          o = acc[d] / l;
+          if (fp8) {
+            o *= v_scale->ptr<const float>()[off3(*v_scale, b, hk, d)];
+            if (v_mean) o += v_mean->ptr<const float>()[off3(*v_mean, b, hk, d)];
+          }
+        }
+        store_f32(out.data, off4(out, b, i, hq, d), out.dtype, o);
+      }
+      if (lse_out) {
+        float lse = -inf;
+        if (l > 0.f) {
+          lse = (m + std::log2(l) - p_offset) * kLn2;
+          if (k_mean) {
+            const float* km = k_mean->ptr<const float>() + off3(*k_mean, b, hk, 0);
+            float dot = 0.f;
+            for (int64_t d = 0; d < D; ++d) dot += static_cast<float>(qrow[d]) * qs * km[d];
+            lse += dot * sm_scale;
+          }
+        }
+        lse_out->ptr<float>()[off3(*lse_out, b, hq, i)] = lse;
+      }
+    }
+  });
+}
+
+}  // namespace cpu
+
+void attention_reference_f64(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const AttentionOptions& options, double* out_ref, double* lse_ref) {
+  const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
+  const int64_t Nkv = k.shape[1], Hkv = k.shape[2], G = Hq / Hkv;
+  const double sm = options.sm_scale != 0.f ? static_cast<double>(options.sm_scale)
+                                            : 1.0 / std::sqrt(static_cast<double>(D));
+  std::vector<double> s(static_cast<size_t>(std::max<int64_t>(Nkv, 1)));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hq = 0; hq < Hq; ++hq)
+      for (int64_t i = 0; i < Nq; ++i) {
+        const int64_t hk = hq / G;
+        const int64_t end = cpu::visible_end(options.causal, i, Nq, Nkv);
+        double m = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < end; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d)
+            dot += static_cast<double>(load_f32(q.data, cpu::off4(q, b, i, hq, d), q.dtype)) *
+                   load_f32(k.data, cpu::off4(k, b, j, hk, d), k.dtype);
+          s[j] = dot * sm;
+          m = std::max(m, s[j]);
+        }
+        double l = 0;
+        for (int64_t j = 0; j < end; ++j) l += std::exp(s[j] - m);
+        double* o = out_ref + ((b * Nq + i) * Hq + hq) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          double a = 0;
+          for (int64_t j = 0; j < end; ++j)
+            a += std::exp(s[j] - m) * load_f32(v.data, cpu::off4(v, b, j, hk, d), v.dtype);
+          o[d] = end > 0 ? a / l : 0.0;
+        }
+        if (lse_ref)
+          lse_ref[(b * Hq + hq) * Nq + i] =
+              end > 0 ? m + std::log(l) : -std::numeric_limits<double>::infinity();
+      }
+}
+
+}  // namespace lowbit

@@ -1,0 +1,477 @@
+// The decode family's front: validate every argument (nothing is written on error), then run on
+// the tensors' device.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "lowbit/decode.h"
+#include "src/core/backends.h"
+#include "src/core/check.h"
+#include "src/core/decode_backend.h"
+#include "src/core/parallel.h"
+
+namespace lowbit {
+
+const char* kv_format_name(KvFormat f) {
+  switch (f) {
+    case KvFormat::f16: return "f16";
+    case KvFormat::bf16: return "bf16";
+    case KvFormat::int4: return "int4";
+    case KvFormat::fp8: return "fp8";
+  }
+  return "?";
+}
+
+int64_t KvCache::batch() const { return seq_len.ndim == 1 ? seq_len.shape[0] : 0; }
+int64_t KvCache::kv_heads() const { return k.ndim >= 3 ? k.shape[k.ndim - 2] : 0; }
+int64_t KvCache::capacity() const {
+  if (paged()) return block_tables.ndim == 2 ? block_tables.shape[1] * page_size : 0;
+  return k.ndim == 4 ? k.shape[1] : 0;
+}
+int KvCache::head_dim() const {
+  if (k.ndim < 1) return 0;
+  const int64_t dp = k.shape[k.ndim - 1];
+  switch (format) {
+    case KvFormat::f16:
+    case KvFormat::bf16: return static_cast<int>(dp);
+    case KvFormat::int4: return static_cast<int>((dp - n_groups) * 8);
+    case KvFormat::fp8: return static_cast<int>(dp * 4);
+  }
+  return 0;
+}
+
+namespace {
+
+std::string shape_str(const TensorView& t) { return t.describe(); }
+
+// Structure of the cache (dtypes, ranks, shapes, devices); `D` = 0 accepts any head dim the
+// format allows.
+void check_cache(const char* op, const KvCache& c) {
+  const bool paged = c.paged();
+  const int rank = paged ? 3 : 4;
+  check::not_null(op, "cache.k", c.k);
+  check::not_null(op, "cache.v", c.v);
+  check::ndim(op, "cache.k", c.k, rank);
+  check::same_shape(op, "cache.v", c.v, "cache.k", c.k);
+  check::inner_contiguous(op, "cache.k", c.k);
+  check::inner_contiguous(op, "cache.v", c.v);
+  check::same_device(op, "cache.v", c.v, "cache.k", c.k);
+  switch (c.format) {
+    case KvFormat::f16: check::dtype(op, "cache.k", c.k, {DType::f16}); break;
+    case KvFormat::bf16: check::dtype(op, "cache.k", c.k, {DType::bf16}); break;
+    case KvFormat::int4:
+    case KvFormat::fp8: check::dtype(op, "cache.k", c.k, {DType::i32}); break;
+  }
+  check::that(c.v.dtype == c.k.dtype, op, "cache.v",
+              check::expected_got(dtype_name(c.k.dtype), dtype_name(c.v.dtype)));
+  if (c.format == KvFormat::int4) {
+    check::that(c.n_groups == 1 || c.n_groups == 2 || c.n_groups == 4 || c.n_groups == 8, op,
+                "cache.n_groups", "expected 1, 2, 4 or 8, got " + std::to_string(c.n_groups));
+  } else {
+    check::that(c.n_groups == 1, op, "cache.n_groups",
+                std::string("expected 1 for format ") + kv_format_name(c.format) + ", got " +
+                    std::to_string(c.n_groups));
+  }
+  const int D = c.head_dim();
+  check::that(D == 64 || D == 128 || D == 256, op, "cache.k",
+              std::string("head dim: expected 64, 128 or 256 (last dim ") +
+                  (c.format == KvFormat::int4 ? "n_groups + D/8"
+                   : c.format == KvFormat::fp8 ? "D/4" : "D") +
+                  "), got last dim " + std::to_string(c.k.shape[c.k.ndim - 1]) + " -> D " +
+                  std::to_string(D));
+  check::not_null(op, "cache.seq_len", c.seq_len);
+  check::ndim(op, "cache.seq_len", c.seq_len, 1);
+  check::dtype(op, "cache.seq_len", c.seq_len, {DType::i32});
+  check::same_device(op, "cache.seq_len", c.seq_len, "cache.k", c.k);
+  const int64_t B = c.seq_len.shape[0];
+  const int64_t H = c.k.shape[rank - 2];
+  if (paged) {
+    check::ndim(op, "cache.block_tables", c.block_tables, 2);
+    check::dtype(op, "cache.block_tables", c.block_tables, {DType::i32});
+    check::dim(op, "cache.block_tables", c.block_tables, 0, B);
+    check::not_null(op, "cache.block_tables", c.block_tables);
+    check::same_device(op, "cache.block_tables", c.block_tables, "cache.k", c.k);
+    check::that(c.page_size > 0 && c.page_size % 16 == 0, op, "cache.page_size",
+                "expected a positive multiple of 16, got " + std::to_string(c.page_size));
+    check::that(c.k.shape[0] % c.page_size == 0, op, "cache.k",
+                "pool rows: expected a multiple of page_size " + std::to_string(c.page_size) +
+                    ", got " + std::to_string(c.k.shape[0]));
+  } else {
+    check::dim(op, "cache.k", c.k, 0, B);
+  }
+  if (c.format == KvFormat::fp8) {
+    for (const TensorView* s : {&c.k_scale_shift, &c.v_scale_shift}) {
+      const char* name = s == &c.k_scale_shift ? "cache.k_scale_shift" : "cache.v_scale_shift";
+      check::that(s->ndim == rank - 1, op, name,
+                  "rank: " + check::expected_got(rank - 1, s->ndim) + " (fp8 needs one int32 of "
+                  "fp16 scale|shift per row and head)");
+      check::dtype(op, name, *s, {DType::i32});
+      check::not_null(op, name, *s);
+      check::same_device(op, name, *s, "cache.k", c.k);
+      for (int d = 0; d < rank - 1; ++d) check::dim(op, name, *s, d, c.k.shape[d]);
+    }
+  }
+  (void)H;
+}
+
+// Values of seq_len and block tables (CPU caches only: a CUDA run never syncs).
+void check_cache_values(const char* op, const KvCache& c) {
+  if (c.k.device != Device::cpu) return;
+  const int64_t cap = c.capacity();
+  const int32_t* sl = c.seq_len.ptr<int32_t>();
+  for (int64_t b = 0; b < c.batch(); ++b) {
+    const int64_t len = sl[b * c.seq_len.stride[0]];
+    check::that(len >= 0 && len <= cap, op, "cache.seq_len",
+                "seq_len[" + std::to_string(b) + "]: expected a value in [0, " +
+                    std::to_string(cap) + "] (capacity), got " + std::to_string(len));
+    if (!c.paged()) continue;
+    const int64_t pages = c.k.shape[0] / c.page_size;
+    const int32_t* bt = c.block_tables.ptr<int32_t>();
+    for (int64_t p = 0; p < (len + c.page_size - 1) / c.page_size; ++p) {
+      const int64_t idx = bt[b * c.block_tables.stride[0] + p * c.block_tables.stride[1]];
+      check::that(idx >= 0 && idx < pages, op, "cache.block_tables",
+                  "block_tables[" + std::to_string(b) + "][" + std::to_string(p) +
+                      "]: expected a page index in [0, " + std::to_string(pages - 1) +
+                      "], got " + std::to_string(idx));
+    }
+  }
+}
+
+int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+void kv_append(KvCache& cache, const TensorView& k_new, const TensorView& v_new,
+               const TensorView& positions, Context& ctx) {
+  const char* op = "kv_append";
+  check_cache(op, cache);
+  check_cache_values(op, cache);
+  const int64_t B = cache.batch(), H = cache.kv_heads();
+  const int D = cache.head_dim();
+  check::not_null(op, "k_new", k_new);
+  check::not_null(op, "v_new", v_new);
+  check::ndim(op, "k_new", k_new, 4);
+  check::dim(op, "k_new", k_new, 0, B);
+  check::dim(op, "k_new", k_new, 2, H);
+  check::dim(op, "k_new", k_new, 3, D);
+  check::same_shape(op, "v_new", v_new, "k_new", k_new);
+  for (const TensorView* t : {&k_new, &v_new}) {
+    const char* name = t == &k_new ? "k_new" : "v_new";
+    check::dtype(op, name, *t, {DType::f32, DType::f16, DType::bf16});
+    check::inner_contiguous(op, name, *t);
+    check::same_device(op, name, *t, "cache.k", cache.k);
+  }
+  check::not_null(op, "positions", positions);
+  check::ndim(op, "positions", positions, 1);
+  check::dim(op, "positions", positions, 0, B);
+  check::dtype(op, "positions", positions, {DType::i32});
+  check::same_device(op, "positions", positions, "cache.k", cache.k);
+  const int64_t n_new = k_new.shape[1];
+  if (positions.device == Device::cpu) {
+    const int64_t cap = cache.capacity();
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t pos = positions.ptr<int32_t>()[b * positions.stride[0]];
+      check::that(pos >= 0 && pos + n_new <= cap, op, "positions",
+                  "positions[" + std::to_string(b) + "] + " + std::to_string(n_new) +
+                      " new tokens: expected within the capacity " + std::to_string(cap) +
+                      ", got position " + std::to_string(pos));
+      if (!cache.paged() || n_new == 0) continue;
+      const int64_t pages = cache.k.shape[0] / cache.page_size;
+      for (int64_t p = pos / cache.page_size; p <= (pos + n_new - 1) / cache.page_size; ++p) {
+        const int64_t idx = cache.block_tables.ptr<int32_t>()[b * cache.block_tables.stride[0] +
+                                                            p * cache.block_tables.stride[1]];
+        check::that(idx >= 0 && idx < pages, op, "cache.block_tables",
+                    "block_tables[" + std::to_string(b) + "][" + std::to_string(p) +
+                        "]: expected a page index in [0, " + std::to_string(pages - 1) +
+                        "], got " + std::to_string(idx));
+      }
+    }
+  }
+  if (n_new == 0 || B == 0) return;
+  if (cache.k.device == Device::cpu) {
+    cpu::kv_append(cache, k_new, v_new, positions, ctx);
+  } else {
+    LOWBIT_CUDA_CALL(op, cuda::kv_append(cache, k_new, v_new, positions, ctx));
+  }
+}
+
+DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
+                       int64_t max_seq_len) {
+  const char* op = "plan_decode";
+  check_cache(op, cache);
+  const int64_t H = cache.kv_heads();
+  check::that(D == cache.head_dim(), op, "D", check::expected_got(cache.head_dim(), D) +
+                                                  " (the cache's head dim)");
+  check::in_range(op, "Mq", Mq, 1, 16);
+  check::that(Hq > 0 && Hq % H == 0, op, "Hq",
+              "expected a positive multiple of the cache's " + std::to_string(H) +
+                  " kv heads, got " + std::to_string(Hq));
+  check::in_range(op, "Hq / Hkv (G)", Hq / H, 1, 16);
+  DecodePlan p;
+  p.device = cache.k.device;
+  p.batch = cache.batch();
+  p.kv_heads = H;
+  p.capacity = cache.capacity();
+  p.mq = Mq;
+  p.group = static_cast<int>(Hq / H);
+  p.head_dim = D;
+  p.format = cache.format;
+  const int64_t len = std::max<int64_t>(
+      1, max_seq_len > 0 ? std::min(max_seq_len, p.capacity) : p.capacity);
+  // Enough chunks to fill the machine several times over, none shorter than min_split keys
+  // (shorter chunks cost more in the merge than they win in parallelism).
+  int64_t target, min_split;
+  if (p.device == Device::cuda) {
+    p.multiprocessors = 0;
+    LOWBIT_CUDA_CALL(op, (p.multiprocessors = cuda::decode_multiprocessors()));
+    target = 4 * static_cast<int64_t>(p.multiprocessors);
+    min_split = 256;
+  } else {
+    target = 2 * static_cast<int64_t>(cpu::thread_count(ctx));
+    min_split = 64;
+  }
+  const int64_t heads = std::max<int64_t>(1, p.batch * H);
+  int64_t splits = std::max<int64_t>(1, ceil_div64(target, heads));
+  splits = std::max<int64_t>(1, std::min(splits, ceil_div64(len, min_split)));
+  p.split_size = ceil_div64(ceil_div64(len, splits), 16) * 16;
+  p.n_splits = static_cast<int>(ceil_div64(len, p.split_size));
+  return p;
+}
+
+size_t workspace_bytes(const DecodePlan& plan) {
+  return static_cast<size_t>(decode_partial_out_elems(plan) + decode_partial_lse_elems(plan)) *
+         sizeof(float);
+}
+
+void decode_attention(const TensorView& q, const KvCache& cache, const DecodePlan& plan,
+                      void* workspace, TensorView out, TensorView* lse_out,
+                      const TensorView* bias, float sm_scale, bool causal, Context& ctx) {
+  const char* op = "decode_attention";
+  check_cache(op, cache);
+  const int64_t B = cache.batch(), H = cache.kv_heads();
+  const int D = cache.head_dim();
+  // The plan must describe this cache and these queries.
+  check::that(plan.device == cache.k.device && plan.batch == B && plan.kv_heads == H &&
+                  plan.capacity == cache.capacity() && plan.head_dim == D &&
+                  plan.format == cache.format,
+              op, "plan",
+              "expected a plan made for this cache (batch " + std::to_string(B) + ", kv heads " +
+                  std::to_string(H) + ", capacity " + std::to_string(cache.capacity()) +
+                  ", D " + std::to_string(D) + "), got one for batch " +
+                  std::to_string(plan.batch) + ", kv heads " + std::to_string(plan.kv_heads) +
+                  ", capacity " + std::to_string(plan.capacity) + ", D " +
+                  std::to_string(plan.head_dim));
+  check::that(plan.n_splits >= 1 && plan.split_size >= 16 && plan.split_size % 16 == 0, op,
+              "plan", "expected n_splits >= 1 and split_size a positive multiple of 16, got " +
+                          std::to_string(plan.n_splits) + " x " + std::to_string(plan.split_size));
+  check::not_null(op, "q", q);
+  check::ndim(op, "q", q, 5);
+  check::dim(op, "q", q, 0, B);
+  check::dim(op, "q", q, 1, plan.mq);
+  check::dim(op, "q", q, 2, H);
+  check::dim(op, "q", q, 3, plan.group);
+  check::dim(op, "q", q, 4, D);
+  check::inner_contiguous(op, "q", q);
+  check::same_device(op, "q", q, "cache.k", cache.k);
+  if (q.device == Device::cpu)
+    check::dtype(op, "q", q, {DType::f16, DType::bf16, DType::f32});
+  else
+    check::dtype(op, "q", q, {DType::f16, DType::bf16});
+  check::not_null(op, "out", out);
+  check::same_shape(op, "out", out, "q", q);
+  check::dtype(op, "out", out, {q.dtype});
+  check::inner_contiguous(op, "out", out);
+  check::same_device(op, "out", out, "q", q);
+  if (lse_out) {
+    check::not_null(op, "lse_out", *lse_out);
+    check::ndim(op, "lse_out", *lse_out, 4);
+    for (int d = 0; d < 4; ++d) check::dim(op, "lse_out", *lse_out, d, q.shape[d]);
+    check::dtype(op, "lse_out", *lse_out, {DType::f32});
+    check::same_device(op, "lse_out", *lse_out, "q", q);
+  }
+  if (bias) {
+    check::not_null(op, "bias", *bias);
+    check::ndim(op, "bias", *bias, 5);
+    const int64_t want[5] = {B, H, plan.group, plan.mq, cache.capacity()};
+    for (int d = 0; d < 5; ++d) check::dim(op, "bias", *bias, d, want[d]);
+    check::dtype(op, "bias", *bias, {DType::f32, DType::f16, DType::bf16});
+    check::inner_contiguous(op, "bias", *bias);
+    check::same_device(op, "bias", *bias, "q", q);
+  }
+  check::that(std::isfinite(sm_scale), op, "sm_scale",
+              "expected a finite value (0 = 1/sqrt(D)), got " + std::to_string(sm_scale));
+  check::that(workspace != nullptr || workspace_bytes(plan) == 0, op, "workspace",
+              "expected " + std::to_string(workspace_bytes(plan)) + " bytes, got null");
+  check_cache_values(op, cache);
+  if (q.numel() == 0) return;
+  const float scale = sm_scale != 0.f ? sm_scale : 1.f / std::sqrt(static_cast<float>(D));
+  if (q.device == Device::cpu) {
+    cpu::decode_attention(q, cache, plan, workspace, out, lse_out, bias, scale, causal, ctx);
+  } else {
+    LOWBIT_CUDA_CALL(op, cuda::decode_attention(q, cache, plan, workspace, out, lse_out, bias,
+                                                scale, causal, ctx));
+  }
+}
+
+// ---- merge ------------------------------------------------------------------------------------
+
+namespace {
+
+void check_part_pair(const char* op, const TensorView& o, const TensorView& l, const TensorView& ref,
+                     const std::string& name) {
+  check::not_null(op, (name + " out").c_str(), o);
+  check::not_null(op, (name + " lse").c_str(), l);
+  check::that(o.ndim == ref.ndim, op, name.c_str(),
+              "rank: " + check::expected_got(ref.ndim, o.ndim));
+  for (int d = 0; d < ref.ndim; ++d)
+    check::that(o.shape[d] == ref.shape[d], op, name.c_str(),
+                "shape: expected " + shape_str(ref) + ", got " + shape_str(o));
+  check::dtype(op, name.c_str(), o, {DType::f32, DType::f16, DType::bf16});
+  check::inner_contiguous(op, name.c_str(), o);
+  check::same_device(op, name.c_str(), o, "out", ref);
+  check::that(l.ndim == ref.ndim - 1, op, (name + " lse").c_str(),
+              "rank: " + check::expected_got(ref.ndim - 1, l.ndim));
+  for (int d = 0; d < ref.ndim - 1; ++d)
+    check::that(l.shape[d] == ref.shape[d], op, (name + " lse").c_str(),
+                "shape: expected the leading dims of " + shape_str(ref) + ", got " + shape_str(l));
+  check::dtype(op, (name + " lse").c_str(), l, {DType::f32});
+  check::same_device(op, (name + " lse").c_str(), l, "out", ref);
+}
+
+MergeArgs make_merge_args(const char* op, const TensorView* outs, const TensorView* lses,
+                          int n_parts, const TensorView& out, const TensorView* lse_out) {
+  check::that(n_parts >= 1, op, "n_parts", "expected at least 1 part, got " +
+                                               std::to_string(n_parts));
+  check::not_null(op, "out", out);
+  check::that(out.ndim >= 1 && out.ndim <= 5, op, "out",
+              "rank: expected 1 to 5, got " + std::to_string(out.ndim));
+  check::dtype(op, "out", out, {DType::f32, DType::f16, DType::bf16});
+  check::inner_contiguous(op, "out", out);
+  MergeArgs a;
+  a.out = out;
+  a.head_dim = static_cast<int>(out.shape[out.ndim - 1]);
+  a.rows = a.head_dim > 0 ? out.numel() / a.head_dim : 0;
+  for (int i = 0; i < n_parts; ++i) {
+    check_part_pair(op, outs[i], lses[i], out, "part " + std::to_string(i));
+    check::that(outs[i].dtype == outs[0].dtype, op, "outs",
+                "dtype: expected every part in " + std::string(dtype_name(outs[0].dtype)) +
+                    ", got " + dtype_name(outs[i].dtype) + " for part " + std::to_string(i));
+    a.outs.push_back(outs[i]);
+    a.lses.push_back(lses[i]);
+  }
+  if (lse_out) {
+    check::not_null(op, "lse_out", *lse_out);
+    check::that(lse_out->ndim == out.ndim - 1, op, "lse_out",
+                "rank: " + check::expected_got(out.ndim - 1, lse_out->ndim));
+    for (int d = 0; d < out.ndim - 1; ++d) check::dim(op, "lse_out", *lse_out, d, out.shape[d]);
+    check::dtype(op, "lse_out", *lse_out, {DType::f32});
+    check::same_device(op, "lse_out", *lse_out, "out", out);
+    a.lse = *lse_out;
+  }
+  if (out.device == Device::cuda)
+    check::in_range(op, "n_parts (CUDA list form)", n_parts, 1, 16);
+  return a;
+}
+
+// Part i of a stacked (n, ...) tensor.
+TensorView slice0(const TensorView& t, int64_t i) {
+  TensorView s;
+  s.dtype = t.dtype;
+  s.device = t.device;
+  s.device_index = t.device_index;
+  s.ndim = t.ndim - 1;
+  for (int d = 1; d < t.ndim; ++d) {
+    s.shape[d - 1] = t.shape[d];
+    s.stride[d - 1] = t.stride[d];
+  }
+  s.data = static_cast<char*>(t.data) + i * t.stride[0] * (dtype_bits(t.dtype) / 8);
+  return s;
+}
+
+}  // namespace
+
+void merge_attention(const TensorView* outs, const TensorView* lses, int n_parts, TensorView out,
+                     TensorView* lse_out, Context& ctx) {
+  const char* op = "merge_attention";
+  check::that(outs != nullptr && lses != nullptr, op, "outs", "expected arrays, got null");
+  MergeArgs a = make_merge_args(op, outs, lses, n_parts, out, lse_out);
+  if (a.rows == 0) return;
+  if (out.device == Device::cpu) cpu::merge_attention(a, ctx);
+  else LOWBIT_CUDA_CALL(op, cuda::merge_attention(a, ctx));
+}
+
+void merge_attention(const TensorView& outs, const TensorView& lses, TensorView out,
+                     TensorView* lse_out, Context& ctx) {
+  const char* op = "merge_attention";
+  check::not_null(op, "outs", outs);
+  check::not_null(op, "lses", lses);
+  check::that(outs.ndim >= 2 && outs.ndim <= 6, op, "outs",
+              "rank: expected 2 to 6 (n, ..., D), got " + std::to_string(outs.ndim));
+  check::that(lses.ndim == outs.ndim - 1, op, "lses",
+              "rank: " + check::expected_got(outs.ndim - 1, lses.ndim));
+  check::dim(op, "lses", lses, 0, outs.shape[0]);
+  const int64_t n = outs.shape[0];
+  check::that(n >= 1 && n <= (1 << 20), op, "outs", "parts: expected 1 to 2^20, got " +
+                                                         std::to_string(n));
+  std::vector<TensorView> o(n), l(n);
+  for (int64_t i = 0; i < n; ++i) {
+    o[i] = slice0(outs, i);
+    l[i] = slice0(lses, i);
+  }
+  // The stacked form has no part-count limit on CUDA: the backend sees a uniform stride.
+  MergeArgs a;
+  {
+    TensorView first_o = o[0];
+    check_part_pair(op, first_o, l[0], out, "outs[0]");
+    a = make_merge_args(op, o.data(), l.data(), 1, out, lse_out);
+    a.outs = o;
+    a.lses = l;
+  }
+  if (a.rows == 0) return;
+  if (out.device == Device::cpu) cpu::merge_attention(a, ctx);
+  else LOWBIT_CUDA_CALL(op, cuda::merge_attention(a, ctx));
+}
+
+void merge_attention_backward(const TensorView* outs, const TensorView* lses, int n_parts,
+                              const TensorView& out, const TensorView& lse,
+                              const TensorView& grad_out, const TensorView* grad_lse,
+                              TensorView* grad_outs, TensorView* grad_lses, Context& ctx) {
+  const char* op = "merge_attention_backward";
+  check::that(outs && lses && grad_outs && grad_lses, op, "outs",
+              "expected arrays for outs, lses, grad_outs and grad_lses, got null");
+  MergeBackwardArgs a;
+  a.fwd = make_merge_args(op, outs, lses, n_parts, out, &lse);
+  check::same_shape(op, "grad_out", grad_out, "out", out);
+  check::dtype(op, "grad_out", grad_out, {DType::f32, DType::f16, DType::bf16});
+  check::inner_contiguous(op, "grad_out", grad_out);
+  check::same_device(op, "grad_out", grad_out, "out", out);
+  check::not_null(op, "grad_out", grad_out);
+  a.grad_out = grad_out;
+  if (grad_lse) {
+    check::same_shape(op, "grad_lse", *grad_lse, "lse", lse);
+    check::dtype(op, "grad_lse", *grad_lse, {DType::f32});
+    check::same_device(op, "grad_lse", *grad_lse, "out", out);
+    check::not_null(op, "grad_lse", *grad_lse);
+    a.grad_lse = *grad_lse;
+  }
+  for (int i = 0; i < n_parts; ++i) {
+    const std::string name = "grad_outs[" + std::to_string(i) + "]";
+    check::not_null(op, name.c_str(), grad_outs[i]);
+    check::same_shape(op, name.c_str(), grad_outs[i], "out", out);
+    check::dtype(op, name.c_str(), grad_outs[i], {DType::f32, DType::f16, DType::bf16});
+    check::inner_contiguous(op, name.c_str(), grad_outs[i]);
+    check::same_device(op, name.c_str(), grad_outs[i], "out", out);
+    const std::string lname = "grad_lses[" + std::to_string(i) + "]";
+    check::not_null(op, lname.c_str(), grad_lses[i]);
+    check::same_shape(op, lname.c_str(), grad_lses[i], "lse", lse);
+    check::dtype(op, lname.c_str(), grad_lses[i], {DType::f32});
+    check::same_device(op, lname.c_str(), grad_lses[i], "out", out);
+    a.grad_outs.push_back(grad_outs[i]);
+    a.grad_lses.push_back(grad_lses[i]);
+  }
+  if (a.fwd.rows == 0) return;
+  if (out.device == Device::cpu) cpu::merge_attention_backward(a, ctx);
+  else LOWBIT_CUDA_CALL(op, cuda::merge_attention_backward(a, ctx));
+}
+
+}  // namespace lowbit

@@ -1,0 +1,142 @@
+// e4m3 x e4m3 GEMM through cuBLASLt's sm_90 kernels (wgmma), with the per-token activation scales
+// and per-row weight scales applied by cuBLASLt's outer-vector scaling and the bias by its BIAS
+// epilogue. The fp32 accumulation order (and the epilogue's operation order) are cuBLASLt's, so
+// this path meets the fp8 tolerance, not bit-exactness (fp8 layer outputs are compared with a
+// tolerance in any case: the CPU accumulates in another order). When cuBLASLt offers no algorithm
+// (older library, other GPU, bias in another dtype) the caller falls back to the mma.sync kernel.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "src/cuda/common.cuh"
+#include "src/cuda/linear_kernels.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+struct LtState {
+  std::mutex mu;
+  cublasLtHandle_t handle = nullptr;
+  bool init_failed = false;
+  // (device, M, N, K, out dtype, bias dtype or -1) -> algorithm (found = false: none offered).
+  struct Entry {
+    bool found = false;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int>, Entry> algos;
+};
+LtState& state() {
+  static LtState s;
+  return s;
+}
+
+cudaDataType_t cuda_type(DType d) { return d == DType::f16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+struct Desc {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  ~Desc() {
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+bool ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
+
+// Column-major view: out^T (N, M) = W (N, K) · A^T (K, M): cuBLAS "A" = W stored (K, N) with
+// TRANSA = T, "B" = activation codes stored (K, M), TRANSB = N (the TN layout fp8 requires).
+bool build(const GemmParams& p, Desc& d) {
+  if (!ok(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) return false;
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  cublasLtMatmulMatrixScale_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  const void* sa = p.w_scale;
+  const void* sb = p.a_scale;
+  if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta))) ||
+      !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb))) ||
+      !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec,
+                                         sizeof(vec))) ||
+      !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec,
+                                         sizeof(vec))) ||
+      !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa,
+                                         sizeof(sa))) ||
+      !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb,
+                                         sizeof(sb))))
+    return false;
+  if (p.bias) {
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cudaDataType_t bt = cuda_type(p.bias_dtype);
+    if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                           sizeof(epi))) ||
+        !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias,
+                                           sizeof(p.bias))) ||
+        !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                           sizeof(bt))))
+      return false;
+  }
+  const cudaDataType_t ot = cuda_type(p.out_dtype);
+  return ok(cublasLtMatrixLayoutCreate(&d.la, CUDA_R_8F_E4M3, p.K, p.N, p.ldb)) &&
+         ok(cublasLtMatrixLayoutCreate(&d.lb, CUDA_R_8F_E4M3, p.K, p.M, p.lda)) &&
+         ok(cublasLtMatrixLayoutCreate(&d.lc, ot, p.N, p.M, p.ldo));
+}
+
+}  // namespace
+
+bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
+                       cudaStream_t stream) {
+  if (p.kind != GemmKind::e4m3 || p.acc_out || p.w_tensor_scale || !p.a_scale || !p.w_scale)
+    return false;
+  if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) return false;
+  if (p.bias && p.bias_dtype != p.out_dtype) return false;
+  // cuBLASLt fp8: 16-byte aligned pointers and leading dimensions.
+  if (p.K % 16 || p.lda % 16 || p.ldb % 16 || p.ldo % 8) return false;
+  LtState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.init_failed) return false;
+  if (!s.handle && !ok(cublasLtCreate(&s.handle))) {
+    s.init_failed = true;
+    return false;
+  }
+  Desc d;
+  if (!build(p, d)) return false;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  auto key = std::make_tuple(dev, p.M, p.N, p.K, static_cast<int>(p.out_dtype),
+                             p.bias ? static_cast<int>(p.bias_dtype) : -1);
+  auto it = s.algos.find(key);
+  if (it == s.algos.end()) {
+    LtState::Entry e;
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (ok(cublasLtMatmulPreferenceCreate(&pref))) {
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof(workspace_bytes));
+      cublasLtMatmulHeuristicResult_t res{};
+      int n = 0;
+      if (ok(cublasLtMatmulAlgoGetHeuristic(s.handle, d.op, d.la, d.lb, d.lc, d.lc, pref, 1, &res,
+                                            &n)) &&
+          n > 0) {
+        e.found = true;
+        e.algo = res.algo;
+      }
+      cublasLtMatmulPreferenceDestroy(pref);
+    }
+    it = s.algos.emplace(key, e).first;
+  }
+  if (!it->second.found) return false;
+  const float one = 1.f, zero = 0.f;
+  return ok(cublasLtMatmul(s.handle, d.op, &one, p.b, d.la, p.a, d.lb, &zero, p.out, d.lc, p.out,
+                           d.lc, &it->second.algo, workspace, workspace_bytes, stream));
+}
+
+size_t gemm_fp8_cublaslt_workspace_bytes() { return kWorkspaceBytes; }
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit

@@ -1,0 +1,111 @@
+// Fused decode GEMM for M <= 16 (SPEC §3.5): reads the packed weight codes directly, unpacks them
+// onto the int8 grid in registers (the same unpack16 as the prefill unpack kernel), accumulates
+// int32 with mma.sync m16n8k32 (the M <= 16 activation rows are the mma's M = 16, rows >= M are
+// zero) and applies the shared epilogue. Integer sums are exact, so the output is bit-identical to
+// unpack + prefill GEMM.
+//
+// CTA: 8 warps, 32 output columns (4 n8 tiles); the warps split K in 64-column chunks and reduce
+// their int32 partials through shared memory. Within a chunk lane (gid, tid4) owns columns
+// [16 tid4, 16 tid4 + 16): both operands use the same K permutation inside the chunk (k-step s of
+// the mma takes words 2s and 2s + 1 of the lane's 16 codes), which a sum does not see.
+#include "src/cuda/common.cuh"
+#include "src/cuda/gemm_common.cuh"
+#include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_unpack.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+namespace {
+
+constexpr int kWarps = 8, kThreads = kWarps * 32;
+constexpr int kTiles = 4;  // n8 tiles per CTA
+constexpr int kCols = kTiles * 8;
+constexpr int kChunk = 64;
+
+__global__ void __launch_bounds__(kThreads) decode_kernel(DecodeParams p) {
+  __shared__ int32_t red[kWarps][kTiles][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tid4 = lane & 3;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kCols;
+  const int64_t K = p.w.K;
+  const int64_t chunks = K / kChunk + (K % kChunk ? 1 : 0);
+
+  int32_t acc[kTiles][4];
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[t][r] = 0;
+
+  const bool row_lo = gid < p.M, row_hi = gid + 8 < p.M;
+  for (int64_t c = warp; c < chunks; c += kWarps) {
+    const int64_t k = c * kChunk + tid4 * 16;
+    const bool kin = k < K;  // K % 16 == 0: a lane's 16 columns are all in or all out
+    uint4 alo = make_uint4(0, 0, 0, 0), ahi = make_uint4(0, 0, 0, 0);
+    if (kin && row_lo) alo = __ldg(reinterpret_cast<const uint4*>(p.a + gid * p.lda + k));
+    if (kin && row_hi) ahi = __ldg(reinterpret_cast<const uint4*>(p.a + (gid + 8) * p.lda + k));
+    uint32_t b[kTiles][4];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      const int64_t n = n0 + t * 8 + gid;
+      if (kin && n < p.w.N) {
+        unpack16(p.w, n, k, b[t]);
+      } else {
+        b[t][0] = b[t][1] = b[t][2] = b[t][3] = 0;
+      }
+    }
+    const uint32_t a0[4] = {alo.x, ahi.x, alo.y, ahi.y};
+    const uint32_t a1[4] = {alo.z, ahi.z, alo.w, ahi.w};
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t) {
+      mma_s8(acc[t], a0, b[t][0], b[t][1]);
+      mma_s8(acc[t], a1, b[t][2], b[t][3]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) red[warp][t][r][lane] = acc[t][r];
+  __syncthreads();
+
+  // Thread (t, lane) of the first 4 warps finishes tile t.
+  if (warp >= kTiles) return;
+  const int t = warp;
+  int32_t sum[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    int32_t s = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[w][t][r][lane];
+    sum[r] = s;
+  }
+  const bool out_even = (p.ldo % 2) == 0 && (reinterpret_cast<uintptr_t>(p.out) % 4) == 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = gid + h * 8;
+    const int64_t col = n0 + t * 8 + tid4 * 2;
+    if (row >= p.M || col >= p.w.N) continue;
+    const bool has1 = col + 1 < p.w.N;
+    if (p.acc_out) {
+      p.acc_out[row * p.ldo + col] = sum[2 * h];
+      if (has1) p.acc_out[row * p.ldo + col + 1] = sum[2 * h + 1];
+      continue;
+    }
+    const float v0 = apply_epilogue(p.ep, static_cast<float>(sum[2 * h]), row, col);
+    const float v1 = has1 ? apply_epilogue(p.ep, static_cast<float>(sum[2 * h + 1]), row, col + 1)
+                          : 0.f;
+    store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
+  }
+}
+
+}  // namespace
+
+void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
+  if (p.M == 0 || p.w.N == 0) return;
+  decode_kernel<<<ceil_div(p.w.N, kCols), kThreads, 0, stream>>>(p);
+  check_launch("decode_gemv");
+}
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit

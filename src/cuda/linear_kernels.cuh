@@ -1,0 +1,162 @@
+// Internal interface of the ConvRot CUDA kernels (SPEC §3.5): raw pointers, one params struct per
+// kernel, launchers that assume validated arguments (the front in src/core validates). Included by
+// the linear_*.cu / gemm_*.cu files and by the CUDA entry points (linear_entry.cu) only.
+//
+// Layouts (all row-major, innermost contiguous):
+//   activations x        (M, K) bf16/f16/f32, row stride x_row_stride elements
+//   activation codes     int8 / int4 / e4m3: (M, K) one byte per element (int4 kept as int8 values
+//                        in [-7, 7] so the int8 GEMM consumes them), row stride K bytes;
+//                        nvfp4: (M, K/2) bytes, two e2m1 codes per byte, even element low nibble
+//   activation scales    int8 / int4 / e4m3: (M) fp32 per token;
+//                        nvfp4: (M, K/16) e4m3 bytes, linear layout (pts = 1)
+//   weight codes         int8 / e4m3: (N, K) bytes; n-bit packed: (N, K/8*bits) bytes (SPEC §3.3);
+//                        ternary: (N, ceil(K/5)) bytes; comfy int4: (N, K/2) signed nibbles;
+//                        nvfp4: (N, K/2) e2m1 pairs + (N, K/16) e4m3 block scales + fp32 pts
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lowbit/tensor.h"
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+
+// What the fused rotate+quantize kernel writes.
+enum class ActFormat : int {
+  rotate_only = 0,  // the rotated values in `rotated_dtype` (hadamard_rotate, backward)
+  int8 = 1,         // qmax 127, scale amax/127
+  int4 = 2,         // qmax 7, scale amax/7 (comfy W4A4), stored as int8 values
+  e4m3 = 3,         // scale amax/448, e4m3 codes
+  nvfp4 = 4,        // per-16 e4m3 block scales (base clamped to 448, pts = 1), e2m1 codes
+};
+
+struct RotateQuantParams {
+  const void* x = nullptr;   // (M, K) x_dtype, row stride x_row_stride elements
+  DType x_dtype = DType::bf16;
+  int64_t x_row_stride = 0;
+  int64_t M = 0, K = 0;
+  int rot = 256;             // 16, 64 or 256; K % rot == 0
+  ActFormat fmt = ActFormat::int8;
+  void* codes = nullptr;     // see the header comment; row stride codes_row_stride bytes
+  int64_t codes_row_stride = 0;
+  float* scales = nullptr;   // (M) fp32 (int8 / int4 / e4m3)
+  uint8_t* block_scales = nullptr;  // (M, K/16) e4m3 (nvfp4), row stride K/16
+  void* rotated = nullptr;   // rotate_only: (M, K) rotated_dtype, row stride rotated_row_stride
+  DType rotated_dtype = DType::bf16;
+  int64_t rotated_row_stride = 0;
+};
+// Bytes of shared memory one row needs (the rotated row is staged in fp32): K * 4.
+int64_t rotate_quantize_smem_bytes(int64_t K);
+// Largest K the fused kernel takes on the current device.
+int64_t rotate_quantize_max_k();
+void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream);
+
+// Quantized GEMM out(M, N) = epilogue(A(M, K) · B(N, K)ᵀ), both operands K-contiguous.
+enum class GemmKind : int {
+  s8 = 0,    // int8 x int8 -> int32 (mma.sync m16n8k32 s8)
+  e4m3 = 1,  // e4m3 x e4m3 -> fp32 (mma.sync m16n8k32 e4m3)
+  f16 = 2,   // f16 x f16 -> fp32 (mma.sync m16n8k16), the sm_90 NVFP4 path after dequantization
+};
+struct GemmParams {
+  GemmKind kind = GemmKind::s8;
+  const void* a = nullptr;   // (M, K) row stride lda elements
+  const void* b = nullptr;   // (N, K) row stride ldb elements
+  int64_t lda = 0, ldb = 0;
+  int64_t M = 0, N = 0, K = 0;
+  // Epilogue: out = float(acc) * a_scale[row] * w_scale[col] (+ bias[col]), fp32, that order.
+  const float* a_scale = nullptr;  // (M) fp32, or null = 1 (multiplication skipped)
+  const float* w_scale = nullptr;  // (N) fp32, or null = 1
+  const float* w_tensor_scale = nullptr;  // (1) fp32 on the device, multiplied after w_scale
+                                          // (NVFP4 weight pts), or null = 1
+  const void* bias = nullptr;      // (N) bias_dtype, or null
+  DType bias_dtype = DType::bf16;
+  void* out = nullptr;             // (M, N) out_dtype, row stride ldo elements
+  DType out_dtype = DType::bf16;
+  int64_t ldo = 0;
+  int32_t* acc_out = nullptr;      // s8 only: when set, the raw int32 sums (M, N) row stride ldo
+};
+void gemm(const GemmParams& p, cudaStream_t stream);
+// kind e4m3 through cuBLASLt (sm_90 wgmma kernels; outer-vector scales, BIAS epilogue). Returns
+// false, having launched nothing, when cuBLASLt offers no algorithm for these arguments: the
+// caller then runs gemm(). workspace: gemm_fp8_cublaslt_workspace_bytes() device bytes.
+bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
+                       cudaStream_t stream);
+size_t gemm_fp8_cublaslt_workspace_bytes();
+// kind s8 on sm_90a through wgmma (gemm_wgmma.cu). wgmma_s8_available() says whether the current
+// device runs it (sm_90 and a one-time self-check against the mma.sync kernel passed).
+bool wgmma_s8_available(cudaStream_t stream);
+void gemm_wgmma_s8(const GemmParams& p, cudaStream_t stream);
+
+// The epilogue on one accumulator (the same function everywhere, so every path gives the same
+// bits: the prefill GEMM, the decode kernel, and the CPU's fp32 order).
+struct Epilogue {
+  const float* a_scale;
+  const float* w_scale;
+  const float* w_tensor_scale;
+  const void* bias;
+  DType bias_dtype;
+};
+
+// Weight storage formats the unpack / decode kernels read.
+enum class WeightFormat : int {
+  int8 = 0,        // (N, K) int8 codes
+  packed = 1,      // bit-packed n-bit, offset codes (SPEC §3.3), + group ratios when bits <= 7
+  ternary = 2,     // base-3, 5 codes per byte, rows padded to a multiple of 5 codes, + ratios
+  comfy_int4 = 3,  // (N, K/2) signed nibbles, even column in the low nibble
+};
+struct PackedWeightRef {
+  WeightFormat format = WeightFormat::int8;
+  const uint8_t* codes = nullptr;  // see WeightFormat; row stride row_bytes
+  int64_t row_bytes = 0;
+  int64_t N = 0, K = 0;
+  int bits = 8;                    // packed: 2..8; ternary: 2; comfy: 4
+  const float* ratios = nullptr;   // (N, K/group) fp32 group ratio s_g / rscale, or null (none)
+  int group = 0;                   // K-group of `ratios`
+};
+// Bytes of one stored row for a format.
+int64_t packed_row_bytes(WeightFormat f, int64_t K, int bits);
+// Unpack to the row's int8 grid: out (N, K) int8 row stride K (SPEC §3.3 fold).
+void unpack_weight_int8(const PackedWeightRef& w, int8_t* out, cudaStream_t stream);
+
+// Decode (M <= 16): out = epilogue(int32 sum of quantized activations x unpacked weights) reading
+// the packed weight codes directly; bit-identical to unpack_weight_int8 + gemm(s8).
+struct DecodeParams {
+  const int8_t* a = nullptr;  // (M, K) int8 activation codes, row stride lda bytes
+  int64_t lda = 0;
+  int64_t M = 0;              // 1..16
+  PackedWeightRef w;
+  Epilogue ep{};
+  void* out = nullptr;        // (M, N) out_dtype, row stride ldo
+  DType out_dtype = DType::bf16;
+  int64_t ldo = 0;
+  int32_t* acc_out = nullptr; // when set: raw int32 sums (M, N), row stride ldo
+};
+void decode_gemv(const DecodeParams& p, cudaStream_t stream);
+
+// NVFP4 -> f16 (exact: every e2m1 x e4m3 product is an f16 value). codes (R, C/2), scales (R, C/16)
+// e4m3 linear; out (R, C) f16 row stride C. The per-tensor scale is not applied.
+void dequant_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, int64_t R, int64_t C,
+                       uint16_t* out, cudaStream_t stream);
+
+// Dequantize int8-grid weights to fp32: out[n, k] = code8[n, k] * row_scale[n] (backward).
+// codes (N, K) int8 (already unpacked), row_scale (N) fp32; out (N, K) fp32.
+void dequant_int8_f32(const int8_t* codes, const float* row_scale, int64_t N, int64_t K,
+                      float* out, cudaStream_t stream);
+// e4m3 codes (N, K) * row_scale -> fp32; NVFP4: e2m1 * (block scale * pts[0]) -> fp32.
+void dequant_e4m3_f32(const uint8_t* codes, const float* row_scale, int64_t N, int64_t K,
+                      float* out, cudaStream_t stream);
+void dequant_nvfp4_f32(const uint8_t* codes, const uint8_t* scales, const float* pts, int64_t N,
+                       int64_t K, float* out, cudaStream_t stream);
+
+// Re-quantization on stored scales (QAT, SPEC §3.5): z = w / scale, code = round-half-even(z)
+// or floor(z + u) with u = uniform_from_counter(seed, n * K + k), clamped to [-qmax, qmax].
+// w (N, K) fp32 (already rotated), scale (N) fp32 per row; codes (N, K) int8.
+void requantize_int(const float* w, const float* row_scale, int64_t N, int64_t K, int qmax,
+                    bool stochastic, uint64_t seed, int8_t* codes, cudaStream_t stream);
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit

@@ -1,0 +1,94 @@
+// Register-level unpacking of stored weight codes onto the row's int8 grid (SPEC §3.3), shared by
+// the unpack kernel (prefill) and the fused decode kernel, so both feed the same int8 codes to the
+// int32 accumulation.
+#pragma once
+
+#include <cstdint>
+
+#include "lowbit/dtype.h"
+#include "src/cuda/linear_kernels.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+
+// Fold of a group-scaled n-bit code onto the int8 grid: clamp(rint(code * ratio), -127, 127),
+// fp32 product without contraction.
+__device__ __forceinline__ int32_t fold_code(int32_t code, float ratio) {
+  return dt::f32_to_int_clamped(__fmul_rn(static_cast<float>(code), ratio), -127, 127);
+}
+
+__device__ __forceinline__ uint32_t pack4(int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+  return (static_cast<uint32_t>(c0) & 0xffu) | ((static_cast<uint32_t>(c1) & 0xffu) << 8) |
+         ((static_cast<uint32_t>(c2) & 0xffu) << 16) | ((static_cast<uint32_t>(c3) & 0xffu) << 24);
+}
+
+// The 16 int8-grid codes of weight row n, columns [k, k + 16) (k % 16 == 0), as 4 words (code
+// k + 4j + b in byte b of word j).
+__device__ __forceinline__ void unpack16(const PackedWeightRef& w, int64_t n, int64_t k,
+                                         uint32_t out[4]) {
+  const uint8_t* row = w.codes + n * w.row_bytes;
+  int32_t c[16];
+  switch (w.format) {
+    case WeightFormat::int8: {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row + k));
+      out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+      return;
+    }
+    case WeightFormat::comfy_int4: {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + k / 2));
+      const uint32_t words[2] = {v.x, v.y};
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const uint32_t nib = (words[j >> 3] >> (4 * (j & 7))) & 0xfu;
+        c[j] = (nib & 8u) ? static_cast<int32_t>(nib) - 16 : static_cast<int32_t>(nib);
+      }
+      break;
+    }
+    case WeightFormat::packed: {
+      const int bits = w.bits;
+      const int32_t qmax = (1 << (bits - 1)) - 1;
+      const uint32_t mask = (1u << bits) - 1u;
+      const uint8_t* p = row + (k / 8) * bits;
+      uint64_t word[2];
+      if (bits == 4) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+        word[0] = v.x, word[1] = v.y;
+      } else if (bits == 2) {
+        const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(p));
+        word[0] = v & 0xffffu, word[1] = v >> 16;
+      } else {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          uint64_t acc = 0;
+          for (int b = 0; b < bits; ++b) acc |= static_cast<uint64_t>(__ldg(p + g * bits + b)) << (8 * b);
+          word[g] = acc;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        c[j] = static_cast<int32_t>((word[j >> 3] >> ((j & 7) * bits)) & mask) - qmax;
+      break;
+    }
+    default: {  // ternary: code k at byte k / 5, base-3 digit k % 5, u = c + 1
+      constexpr int kPow3[5] = {1, 3, 9, 27, 81};
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int64_t kk = k + j;
+        const int b = __ldg(row + kk / 5);
+        c[j] = (b / kPow3[kk % 5]) % 3 - 1;
+      }
+    }
+  }
+  if (w.ratios) {
+    const float ratio = __ldg(w.ratios + n * (w.K / w.group) + k / w.group);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) c[j] = fold_code(c[j], ratio);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) out[j] = pack4(c[4 * j], c[4 * j + 1], c[4 * j + 2], c[4 * j + 3]);
+}
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit

@@ -1,0 +1,391 @@
+// Harness cases of the decode family: decode attention over every KV format and layout, the
+// quantize-and-append, and the merge (+ backward). CUDA runs are compared with the CPU oracle.
+// Cache rows that no sequence may read (past seq_len, spare pages) hold random bytes, so a kernel
+// that reads them shows NaN or wrong values.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "lowbit/decode.h"
+#include "lowbit/runtime.h"
+#include "tests/harness/harness.h"
+
+namespace lowbit {
+namespace harness {
+namespace {
+
+int packed_dim(KvFormat f, int D, int ng) {
+  return f == KvFormat::int4 ? ng + D / 8 : f == KvFormat::fp8 ? D / 4 : D;
+}
+DType cache_dtype(KvFormat f) {
+  return f == KvFormat::f16 ? DType::f16 : f == KvFormat::bf16 ? DType::bf16 : DType::i32;
+}
+
+struct CacheShape {
+  KvFormat format = KvFormat::f16;
+  int n_groups = 1;
+  int B = 1, L = 16, H = 1, D = 64;
+  int page = 0;  // 0 = contiguous
+  int pages_per_seq() const { return (L + page - 1) / page; }
+  int pool_pages() const { return B * pages_per_seq() + 2; }  // two spare pages
+  std::vector<int64_t> kv_shape() const {
+    const int dp = packed_dim(format, D, n_groups);
+    if (page) return {int64_t{pool_pages()} * page, H, dp};
+    return {B, L, H, dp};
+  }
+  std::vector<int64_t> ss_shape() const {
+    if (format != KvFormat::fp8) return {1};
+    if (page) return {int64_t{pool_pages()} * page, H};
+    return {B, L, H};
+  }
+  std::string str() const {
+    std::string s = kv_format_name(format);
+    if (format == KvFormat::int4) s += "g" + std::to_string(n_groups);
+    s += ".b" + std::to_string(B) + ".l" + std::to_string(L) + ".hkv" + std::to_string(H) + ".d" +
+         std::to_string(D);
+    s += page ? ".paged" + std::to_string(page) : ".contig";
+    return s;
+  }
+};
+
+// Input slots shared by the cache-reading cases.
+enum Slot { kK = 0, kV, kKss, kVss, kTables, kSeqLen, kFirstExtra };
+
+// Random cache bytes, a shuffled block table, and rows [0, len_b) of each sequence quantized from
+// N(0, 1) values with the row codec.
+void build_cache(const CacheShape& cs, const std::vector<int32_t>& lens, std::mt19937_64& rng,
+                 std::vector<HostTensor>& in) {
+  HostTensor k(cache_dtype(cs.format), cs.kv_shape()), v(cache_dtype(cs.format), cs.kv_shape());
+  HostTensor kss(DType::i32, cs.ss_shape()), vss(DType::i32, cs.ss_shape());
+  k.fill_random_bytes(rng);
+  v.fill_random_bytes(rng);
+  kss.fill_random_bytes(rng);
+  vss.fill_random_bytes(rng);
+  HostTensor bt(DType::i32, cs.page ? std::vector<int64_t>{cs.B, cs.pages_per_seq()}
+                                    : std::vector<int64_t>{1});
+  if (cs.page) {
+    std::vector<int32_t> perm(cs.pool_pages());
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int i = 0; i < cs.B * cs.pages_per_seq(); ++i) bt.as<int32_t>()[i] = perm[i];
+  }
+  HostTensor seq(DType::i32, {cs.B});
+  const int dp = packed_dim(cs.format, cs.D, cs.n_groups);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(cs.D);
+  for (int b = 0; b < cs.B; ++b) {
+    seq.as<int32_t>()[b] = lens[b];
+    for (int j = 0; j < lens[b]; ++j) {
+      const int64_t row =
+          cs.page ? int64_t{bt.as<int32_t>()[b * cs.pages_per_seq() + j / cs.page]} * cs.page + j % cs.page
+                  : int64_t{b} * cs.L + j;
+      for (int h = 0; h < cs.H; ++h) {
+        for (int which = 0; which < 2; ++which) {
+          HostTensor& t = which ? v : k;
+          HostTensor& ss = which ? vss : kss;
+          for (float& e : x) e = nd(rng);
+          const int64_t off = (row * cs.H + h) * dp;
+          switch (cs.format) {
+            case KvFormat::f16:
+            case KvFormat::bf16:
+              for (int d = 0; d < cs.D; ++d) t.set(off + d, x[d]);
+              break;
+            case KvFormat::int4:
+              kv::quantize_int4_row(x.data(), cs.D, cs.n_groups, t.as<uint32_t>() + off);
+              break;
+            case KvFormat::fp8:
+              kv::quantize_fp8_row(x.data(), cs.D, t.as<uint32_t>() + off,
+                                   ss.as<uint32_t>() + row * cs.H + h);
+              break;
+          }
+        }
+      }
+    }
+  }
+  in.push_back(std::move(k));
+  in.push_back(std::move(v));
+  in.push_back(std::move(kss));
+  in.push_back(std::move(vss));
+  in.push_back(std::move(bt));
+  in.push_back(std::move(seq));
+}
+
+KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
+  KvCache c;
+  c.format = cs.format;
+  c.n_groups = cs.n_groups;
+  c.k = in[kK];
+  c.v = in[kV];
+  if (cs.format == KvFormat::fp8) {
+    c.k_scale_shift = in[kKss];
+    c.v_scale_shift = in[kVss];
+  }
+  if (cs.page) {
+    c.block_tables = in[kTables];
+    c.page_size = cs.page;
+  }
+  c.seq_len = in[kSeqLen];
+  return c;
+}
+
+// ---- decode attention -------------------------------------------------------------------------
+
+class DecodeCase : public Case {
+ public:
+  DecodeCase(CacheShape cs, std::vector<int32_t> lens, int G, int Mq, bool causal, bool bias,
+             DType qdt)
+      : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt) {}
+
+  std::string name() const override {
+    std::string s = "decode.attention." + cs_.str() + ".g" + std::to_string(G_) + ".mq" +
+                    std::to_string(Mq_) + "." + dtype_name(qdt_);
+    if (causal_) s += ".causal";
+    if (bias_) s += ".bias";
+    return s;
+  }
+
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::vector<HostTensor> in;
+    build_cache(cs_, lens_, rng, in);
+    HostTensor q(qdt_, {cs_.B, Mq_, cs_.H, G_, cs_.D});
+    q.fill_normal(rng);
+    in.push_back(std::move(q));
+    const int64_t cap = cs_.page ? int64_t{cs_.pages_per_seq()} * cs_.page : cs_.L;
+    HostTensor bias(DType::f32, bias_ ? std::vector<int64_t>{cs_.B, cs_.H, G_, Mq_, cap}
+                                      : std::vector<int64_t>{1});
+    if (bias_) {
+      bias.fill_normal(rng);
+      // A few -inf entries, and one row masked entirely.
+      for (int64_t i = 0; i < bias.numel(); i += 7) bias.set(i, -INFINITY);
+      for (int64_t j = 0; j < cap; ++j) bias.set(j, -INFINITY);
+    }
+    in.push_back(std::move(bias));
+    return in;
+  }
+
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec o;
+    o.name = "out";
+    o.dtype = qdt_;
+    o.shape = {cs_.B, Mq_, cs_.H, G_, cs_.D};
+    o.tol = qdt_ == DType::bf16 ? Tolerance::allclose(4e-3, 1.6e-2) : Tolerance::allclose(1e-3, 4e-3);
+    OutputSpec l;
+    l.name = "lse";
+    l.dtype = DType::f32;
+    l.shape = {cs_.B, Mq_, cs_.H, G_};
+    l.tol = Tolerance::allclose(1e-4, 1e-4);
+    l.tol.allow_nonfinite = true;  // rows without keys: -inf
+    return {o, l};
+  }
+
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    KvCache c = cache_view(cs_, in);
+    const TensorView& q = in[kFirstExtra];
+    DecodePlan plan = plan_decode(c, Mq_, cs_.H * G_, cs_.D, ctx);
+    Buffer ws(q.device, workspace_bytes(plan));
+    TensorView lse = out[1];
+    decode_attention(q, c, plan, ws.data(), out[0], &lse, bias_ ? &in[kFirstExtra + 1] : nullptr,
+                     0.f, causal_, ctx);
+  }
+
+ private:
+  CacheShape cs_;
+  std::vector<int32_t> lens_;
+  int G_, Mq_;
+  bool causal_, bias_;
+  DType qdt_;
+};
+
+// ---- kv_append --------------------------------------------------------------------------------
+
+class AppendCase : public Case {
+ public:
+  AppendCase(CacheShape cs, int n_new, DType xdt) : cs_(cs), n_(n_new), xdt_(xdt) {}
+  std::string name() const override {
+    return "decode.append." + cs_.str() + ".n" + std::to_string(n_) + "." + dtype_name(xdt_);
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::vector<HostTensor> in;
+    build_cache(cs_, std::vector<int32_t>(cs_.B, 0), rng, in);
+    HostTensor kn(xdt_, {cs_.B, n_, cs_.H, cs_.D}), vn(xdt_, {cs_.B, n_, cs_.H, cs_.D});
+    kn.fill_normal(rng);
+    vn.fill_normal(rng);
+    // A constant row (scale 0) in the first token of every head.
+    for (int64_t i = 0; i < cs_.H * cs_.D; ++i) kn.set(i, 0.5f);
+    HostTensor pos(DType::i32, {cs_.B});
+    const int cap = cs_.page ? cs_.pages_per_seq() * cs_.page : cs_.L;
+    for (int b = 0; b < cs_.B; ++b) pos.as<int32_t>()[b] = static_cast<int32_t>(rng() % (cap - n_ + 1));
+    in.push_back(std::move(kn));
+    in.push_back(std::move(vn));
+    in.push_back(std::move(pos));
+    return in;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    std::vector<OutputSpec> o(cs_.format == KvFormat::fp8 ? 4 : 2);
+    const char* names[4] = {"k", "v", "k_scale_shift", "v_scale_shift"};
+    for (size_t i = 0; i < o.size(); ++i) {
+      o[i].name = names[i];
+      o[i].dtype = i < 2 ? cache_dtype(cs_.format) : DType::i32;
+      o[i].shape = i < 2 ? cs_.kv_shape() : cs_.ss_shape();
+      o[i].tol = Tolerance::bit_exact();
+      o[i].tol.allow_nonfinite = true;  // untouched rows keep their random bytes
+    }
+    return o;
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    // The cache starts as the input's random bytes; the append overwrites its rows.
+    for (size_t i = 0; i < out.size(); ++i) {
+      const size_t bytes = static_cast<size_t>(dtype_storage_bytes(out[i].dtype, out[i].numel()));
+      if (out[i].device == Device::cuda)
+        copy_device_to_device(out[i].data, in[i].data, bytes, ctx);
+      else
+        std::memcpy(out[i].data, in[i].data, bytes);
+    }
+    std::vector<TensorView> cache_in(in.begin(), in.end());
+    cache_in[kK] = out[0];
+    cache_in[kV] = out[1];
+    if (cs_.format == KvFormat::fp8) {
+      cache_in[kKss] = out[2];
+      cache_in[kVss] = out[3];
+    }
+    KvCache c = cache_view(cs_, cache_in);
+    kv_append(c, in[kFirstExtra], in[kFirstExtra + 1], in[kFirstExtra + 2], ctx);
+  }
+
+ private:
+  CacheShape cs_;
+  int n_;
+  DType xdt_;
+};
+
+// ---- merge ------------------------------------------------------------------------------------
+
+class MergeCase : public Case {
+ public:
+  // rows x D per part; list form with one part read through a strided view; or stacked.
+  MergeCase(int n, int rows, int D, bool stacked, DType out_dt, bool backward)
+      : n_(n), rows_(rows), D_(D), stacked_(stacked), out_dt_(out_dt), backward_(backward) {}
+  std::string name() const override {
+    return std::string("decode.merge") + (backward_ ? "_backward" : "") + ".n" +
+           std::to_string(n_) + ".rows" + std::to_string(rows_) + ".d" + std::to_string(D_) +
+           (stacked_ ? ".stacked" : ".list") + "." + dtype_name(out_dt_);
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::vector<HostTensor> in;
+    HostTensor o(DType::f32, {n_, rows_, 2 * D_});  // each part's rows are 2D apart (strided)
+    HostTensor l(DType::f32, {n_, rows_});
+    o.fill_normal(rng);
+    l.fill_normal(rng, 0.f, 3.f);
+    for (int i = 0; i < n_; ++i) l.set(i * rows_ + 0, -INFINITY);          // row 0: all empty
+    if (rows_ > 1) l.set(1, -INFINITY);                                   // row 1: part 0 empty
+    in.push_back(std::move(o));
+    in.push_back(std::move(l));
+    HostTensor g(DType::f32, {rows_, D_}), gl(DType::f32, {rows_});
+    g.fill_normal(rng);
+    gl.fill_normal(rng);
+    in.push_back(std::move(g));
+    in.push_back(std::move(gl));
+    return in;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    std::vector<OutputSpec> o;
+    OutputSpec out{"out", out_dt_, {rows_, D_}, Tolerance::allclose(1e-5, 1e-5), nullptr};
+    if (out_dt_ != DType::f32) out.tol = Tolerance::allclose(4e-3, 1e-2);
+    OutputSpec lse{"lse", DType::f32, {rows_}, Tolerance::allclose(1e-5, 1e-5), nullptr};
+    lse.tol.allow_nonfinite = true;
+    o.push_back(out);
+    o.push_back(lse);
+    if (backward_) {
+      o.push_back({"grad_outs", DType::f32, {n_, rows_, D_}, Tolerance::allclose(1e-5, 1e-4), nullptr});
+      o.push_back({"grad_lses", DType::f32, {n_, rows_}, Tolerance::allclose(1e-4, 1e-4), nullptr});
+    }
+    return o;
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    // Part i: rows of D values, 2D apart (the first half of each 2D-wide row).
+    TensorView all = in[0];
+    all.shape[2] = D_;
+    TensorView lse = out[1];
+    std::vector<TensorView> parts, lses;
+    for (int i = 0; i < n_; ++i) {
+      TensorView p = make_view(static_cast<float*>(all.data) + int64_t{i} * rows_ * 2 * D_,
+                               DType::f32, {rows_, D_}, all.device);
+      p.stride[0] = 2 * D_;
+      parts.push_back(p);
+      lses.push_back(make_view(static_cast<float*>(in[1].data) + int64_t{i} * rows_, DType::f32,
+                               {rows_}, all.device));
+    }
+    if (stacked_) merge_attention(all, in[1], out[0], &lse, ctx);
+    else merge_attention(parts.data(), lses.data(), n_, out[0], &lse, ctx);
+    if (!backward_) return;
+    std::vector<TensorView> go, gl;
+    for (int i = 0; i < n_; ++i) {
+      go.push_back(make_view(static_cast<float*>(out[2].data) + int64_t{i} * rows_ * D_, DType::f32,
+                             {rows_, D_}, all.device));
+      gl.push_back(make_view(static_cast<float*>(out[3].data) + int64_t{i} * rows_, DType::f32,
+                             {rows_}, all.device));
+    }
+    merge_attention_backward(parts.data(), lses.data(), n_, out[0], lse, in[2], &in[3], go.data(),
+                             gl.data(), ctx);
+  }
+
+ private:
+  int n_, rows_, D_;
+  bool stacked_;
+  DType out_dt_;
+  bool backward_;
+};
+
+CacheShape shape(KvFormat f, int ng, int B, int L, int H, int D, int page) {
+  CacheShape c;
+  c.format = f;
+  c.n_groups = ng;
+  c.B = B;
+  c.L = L;
+  c.H = H;
+  c.D = D;
+  c.page = page;
+  return c;
+}
+
+LOWBIT_HARNESS_CASES(decode_cases) {
+  using F = KvFormat;
+  auto add = [&](CacheShape cs, std::vector<int32_t> lens, int G, int Mq, bool causal, bool bias,
+                 DType qdt) {
+    cases.push_back(std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt));
+  };
+  // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
+  add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
+  add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
+  add(shape(F::int4, 1, 2, 300, 2, 64, 256), {300, 1}, 8, 1, false, false, DType::f16);
+  add(shape(F::int4, 2, 2, 129, 1, 128, 16), {129, 40}, 2, 4, true, false, DType::f16);
+  add(shape(F::int4, 8, 2, 200, 1, 256, 0), {200, 17}, 16, 1, false, true, DType::bf16);
+  add(shape(F::fp8, 1, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
+  add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16);
+  add(shape(F::fp8, 1, 2, 520, 1, 256, 256), {520, 1}, 8, 1, false, false, DType::f16);
+  add(shape(F::f16, 1, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, true, DType::f16);
+  add(shape(F::f16, 1, 2, 300, 1, 64, 256), {300, 5}, 16, 16, true, false, DType::f16);
+  add(shape(F::bf16, 1, 2, 257, 2, 128, 16), {257, 16}, 1, 2, true, false, DType::bf16);
+  add(shape(F::bf16, 1, 1, 33, 1, 256, 0), {33}, 16, 16, true, true, DType::bf16);
+  // Appends: contiguous and paged, every format, a constant row.
+  for (F f : {F::int4, F::fp8, F::f16, F::bf16}) {
+    const int ng = f == F::int4 ? 4 : 1;
+    cases.push_back(std::make_unique<AppendCase>(shape(f, ng, 3, 100, 2, 128, 0), 17, DType::bf16));
+    cases.push_back(std::make_unique<AppendCase>(shape(f, ng, 2, 100, 2, 64, 16), 1, DType::f16));
+  }
+  cases.push_back(std::make_unique<AppendCase>(shape(F::int4, 1, 2, 300, 1, 256, 256), 5, DType::f32));
+  cases.push_back(std::make_unique<AppendCase>(shape(F::int4, 8, 1, 64, 3, 128, 16), 33, DType::f16));
+  // Merges.
+  cases.push_back(std::make_unique<MergeCase>(3, 17, 128, false, DType::f32, false));
+  cases.push_back(std::make_unique<MergeCase>(20, 5, 64, true, DType::bf16, false));
+  cases.push_back(std::make_unique<MergeCase>(2, 1000, 128, true, DType::f16, false));
+  cases.push_back(std::make_unique<MergeCase>(4, 33, 64, false, DType::f32, true));
+}
+
+}  // namespace
+}  // namespace harness
+}  // namespace lowbit

@@ -1,0 +1,227 @@
+// Harness cases of the attention prologue (SPEC §1): every backend against the CPU oracle, with
+// guard bytes, poison and determinism checks. Token counts 1, 17, 127, 1000 and 4099; q and k
+// read in place from a fused QKV buffer; strided int8 output; every layout and option.
+//
+// Tolerances (SPEC §1 "bit-exactness"): the CUDA backend divides with div.full.f32 (as Triton
+// does) where the CPU divides exactly, so a scale may differ by 2 ulp and a code by one on at
+// most 1 element in 10^4. The norm (same sum-of-squares order, correctly rounded rsqrt), the
+// rotation (same fma) and the subtraction of a given mean are bit-identical. The mean pass adds
+// in a different order on the GPU: fp32 tolerance.
+#include <cmath>
+#include <string>
+
+#include "lowbit/prologue.h"
+#include "tests/harness/harness.h"
+
+namespace lowbit {
+namespace harness {
+namespace {
+
+enum class Norm { none, per_head, segmented };
+enum class RopeKind { none, split, interleaved };
+
+struct Cfg {
+  bool mean_pass = false;  // norm_rope_mean instead of norm_rope_quantize
+  DType dtype = DType::bf16;
+  int64_t B = 1, N = 17, H = 3, D = 128;
+  ScaleLayout layout = ScaleLayout::thread_q;
+  int block = 32;
+  Norm norm = Norm::per_head;
+  DType w_dtype = DType::bf16;
+  RopeKind rope = RopeKind::split;
+  int64_t pairs = 0;          // 0 = D / 2
+  bool matrix_table = false;  // (..., pairs, 2, 2)
+  bool batch_table = false;   // (B, N, 1, ...) instead of (1, N, 1, ...)
+  bool mean = false;          // subtract a given mean
+  float sm_scale = 1.f, scale_eps = 1e-7f;
+  bool qkv = false;     // x is the k slice of a (B, N, 3, H, D) buffer
+  bool q_pad = false;   // q_out is a view into (B, N, H, D + 32)
+  std::string tag;
+};
+
+class PrologueCase : public Case {
+ public:
+  explicit PrologueCase(Cfg c) : c_(std::move(c)) {
+    if (c_.pairs == 0) c_.pairs = c_.D / 2;
+  }
+
+  std::string name() const override {
+    std::string s = std::string("prologue.") + (c_.mean_pass ? "mean" : "quantize") + "." +
+                    (c_.tag.empty() ? "" : c_.tag + ".") + dtype_name(c_.dtype) + ".B" +
+                    std::to_string(c_.B) + "N" + std::to_string(c_.N) + "H" + std::to_string(c_.H) +
+                    "D" + std::to_string(c_.D);
+    if (!c_.mean_pass)
+      s += std::string(".") + scale_layout_name(c_.layout) + std::to_string(c_.block);
+    return s;
+  }
+
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::vector<HostTensor> in;
+    HostTensor x(c_.dtype, c_.qkv ? std::vector<int64_t>{c_.B, c_.N, 3, c_.H, c_.D}
+                                  : std::vector<int64_t>{c_.B, c_.N, c_.H, c_.D});
+    x.fill_normal(rng, 0.3f, 2.f);
+    in.push_back(std::move(x));
+    const int64_t R = 3;
+    HostTensor w(c_.w_dtype, c_.norm == Norm::segmented ? std::vector<int64_t>{R, c_.D}
+                                                        : std::vector<int64_t>{c_.D});
+    w.fill_uniform(rng, 0.25f, 2.f);
+    in.push_back(std::move(w));
+    HostTensor rows(DType::i32, {c_.N});
+    for (int64_t n = 0; n < c_.N; ++n) rows.as<int32_t>()[n] = static_cast<int32_t>((n * 7 / 5) % R);
+    in.push_back(std::move(rows));
+    const int64_t tb = c_.batch_table ? c_.B : 1;
+    std::vector<int64_t> ts = {tb, c_.N, 1, c_.pairs, 2};
+    if (c_.matrix_table) ts.push_back(2);
+    HostTensor table(DType::f32, ts);
+    std::uniform_real_distribution<float> ang(-3.14159f, 3.14159f);
+    for (int64_t i = 0; i < tb * c_.N * c_.pairs; ++i) {
+      const float t = ang(rng), co = std::cos(t), si = std::sin(t);
+      float* e = table.as<float>() + i * (c_.matrix_table ? 4 : 2);
+      if (c_.matrix_table)
+        e[0] = co, e[1] = -si, e[2] = si, e[3] = co;
+      else
+        e[0] = co, e[1] = si;
+    }
+    in.push_back(std::move(table));
+    HostTensor mean(DType::f32, {c_.B, c_.H, c_.D});
+    mean.fill_normal(rng, 0.2f, 0.3f);
+    in.push_back(std::move(mean));
+    return in;
+  }
+
+  std::vector<OutputSpec> outputs() const override {
+    if (c_.mean_pass) {
+      OutputSpec m;
+      m.name = "mean";
+      m.shape = {c_.B, c_.H, c_.D};
+      m.tol = Tolerance::allclose(2e-6, 2e-5);
+      return {m};
+    }
+    OutputSpec q;
+    q.name = "q";
+    q.dtype = DType::i8;
+    const int64_t dq = c_.q_pad ? c_.D + 32 : c_.D;
+    q.shape = {c_.B, c_.N, c_.H, dq};
+    q.tol = Tolerance::codes_within(1, 1e-4);
+    if (c_.q_pad) {
+      const int64_t D = c_.D;
+      q.ignore = [D, dq](int64_t i) { return i % dq >= D; };
+    }
+    OutputSpec s;
+    s.name = "scale";
+    s.shape = {c_.B, c_.H, prologue_scale_count(c_.N, c_.layout, c_.block)};
+    s.tol = Tolerance::allclose(0, 1e-6);
+    return {q, s};
+  }
+
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    TensorView x = in[0];
+    if (c_.qkv) {  // the k slice: channels H*D into each token's (3, H, D) row
+      const int64_t e = dtype_bits(x.dtype) / 8;
+      x = make_view(static_cast<char*>(in[0].data) + c_.H * c_.D * e, c_.dtype,
+                    {c_.B, c_.N, c_.H, c_.D}, in[0].device);
+      x.stride[0] = c_.N * 3 * c_.H * c_.D;
+      x.stride[1] = 3 * c_.H * c_.D;
+    }
+    Rope rope;
+    rope.table = in[3];
+    rope.interleaved = c_.rope == RopeKind::interleaved;
+    Prologue p;
+    if (c_.norm != Norm::none) p.norm_weight = &in[1];
+    if (c_.norm == Norm::segmented) p.weight_rows = &in[2];
+    if (c_.rope != RopeKind::none) p.rope = &rope;
+    if (c_.mean) p.mean = &in[4];
+    p.sm_scale = c_.sm_scale;
+    p.scale_eps = c_.scale_eps;
+    p.layout = c_.layout;
+    p.block = c_.block;
+    if (c_.mean_pass) {
+      norm_rope_mean(x, p, out[0], ctx);
+      return;
+    }
+    TensorView q = out[0];
+    if (c_.q_pad) {
+      q.shape[3] = c_.D;  // strides stay those of (B, N, H, D + 32)
+    }
+    norm_rope_quantize(x, p, q, out[1], ctx);
+  }
+
+ private:
+  Cfg c_;
+};
+
+LOWBIT_HARNESS_CASES(prologue_cases) {
+  auto add = [&](const Cfg& c) { cases.push_back(std::make_unique<PrologueCase>(c)); };
+  const float q_scale = 0.08838835f * 1.44269504f;  // 1/sqrt(128) * log2(e)
+  for (int64_t N : {1, 17, 127, 1000}) {
+    for (int64_t D : {64, 128}) {
+      // q path: norm + split-half rope + sm_scale, THREAD_Q, read from a fused QKV buffer.
+      Cfg q;
+      q.tag = "q";
+      q.N = N, q.D = D, q.qkv = true, q.sm_scale = q_scale;
+      add(q);
+      // k path: the mean pass, then quantization with that mean, THREAD_K.
+      Cfg km;
+      km.tag = "k";
+      km.mean_pass = true, km.N = N, km.D = D, km.qkv = true, km.dtype = DType::f16;
+      km.w_dtype = DType::f32;
+      km.rope = RopeKind::interleaved, km.matrix_table = true;
+      add(km);
+      Cfg k = km;
+      k.mean_pass = false, k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      k.q_pad = true;
+      add(k);
+    }
+    // SageAttention modes (norm, rope, mean off): per_block_int8 with scale_eps 0 and
+    // per_thread_int8's q/k layouts with 1e-7.
+    Cfg sq;
+    sq.tag = "sage";
+    sq.N = N, sq.norm = Norm::none, sq.rope = RopeKind::none, sq.layout = ScaleLayout::per_block;
+    sq.block = 128, sq.scale_eps = 0.f, sq.sm_scale = q_scale;
+    add(sq);
+    sq.block = 64, sq.sm_scale = 1.f, sq.dtype = DType::f16;
+    add(sq);
+    sq.layout = ScaleLayout::thread_q, sq.block = 32, sq.scale_eps = 1e-7f;
+    add(sq);
+    sq.layout = ScaleLayout::thread_k, sq.block = 64, sq.dtype = DType::bf16;
+    add(sq);
+    // WARP_Q, segmented weights, per-batch table, B = 2.
+    Cfg w;
+    w.tag = "segmented";
+    w.B = 2, w.N = N, w.H = 2, w.norm = Norm::segmented, w.batch_table = true;
+    w.layout = ScaleLayout::warp_q, w.block = 128, w.q_pad = true;
+    add(w);
+  }
+  // Partial rotary: pairs a multiple of 8, and pairs that split a 16-byte chunk.
+  for (int64_t pairs : {16, 20}) {
+    for (RopeKind r : {RopeKind::split, RopeKind::interleaved}) {
+      Cfg c;
+      c.tag = std::string("partial") + std::to_string(pairs) +
+              (r == RopeKind::split ? "split" : "interleaved");
+      c.N = 127, c.pairs = pairs, c.rope = r, c.block = 16, c.dtype = DType::f16;
+      add(c);
+      c.mean_pass = true;
+      add(c);
+    }
+  }
+  // One bigger, small-H case per pass; small blocks of 8; per_block of 256 rows.
+  Cfg big;
+  big.tag = "big";
+  big.N = 4099, big.H = 2, big.block = 16, big.qkv = true;
+  add(big);
+  big.mean_pass = true;
+  add(big);
+  big.mean_pass = false, big.mean = true, big.layout = ScaleLayout::thread_k, big.block = 128;
+  add(big);
+  Cfg small;
+  small.tag = "block8";
+  small.N = 127, small.layout = ScaleLayout::thread_k, small.block = 8, small.D = 64;
+  add(small);
+  small.layout = ScaleLayout::per_block, small.block = 256, small.N = 1000;
+  add(small);
+}
+
+}  // namespace
+}  // namespace harness
+}  // namespace lowbit

@@ -1,0 +1,222 @@
+// Bit-exact dtype conversions: hand-computed vectors, exhaustive round trips, and independent
+// oracles (the compiler's _Float16, a brute-force nearest-value search over every fp8 code).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "lowbit/core.h"
+#include "lowbit/dtype.h"
+
+using namespace lowbit;
+using namespace lowbit::dt;
+
+namespace {
+float pow2(int e) { return std::ldexp(1.f, e); }
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const float kInf = std::numeric_limits<float>::infinity();
+}  // namespace
+
+TEST(Dtype, Bf16HandVectors) {
+  EXPECT_EQ(f32_to_bf16(1.f), 0x3F80);
+  EXPECT_EQ(f32_to_bf16(1.f + pow2(-8)), 0x3F80);      // tie -> even
+  EXPECT_EQ(f32_to_bf16(1.f + 3 * pow2(-8)), 0x3F82);  // tie -> even (up)
+  EXPECT_EQ(f32_to_bf16(1.f + pow2(-8) + pow2(-20)), 0x3F81);  // just above the tie
+  EXPECT_EQ(f32_to_bf16(-0.f), 0x8000);
+  EXPECT_EQ(f32_to_bf16(kInf), 0x7F80);
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // rounds up to inf
+  EXPECT_EQ(f32_to_bf16(kNaN), 0x7FFF);                         // canonical NaN
+  EXPECT_EQ(f32_to_bf16(bits_f32(0x7F800001u)), 0x7FFF);
+  EXPECT_EQ(f32_to_bf16(bits_f32(0xFF800001u)), 0x7FFF);
+  EXPECT_EQ(bf16_to_f32(0x4049), 3.140625f);
+}
+
+TEST(Dtype, F16HandVectors) {
+  EXPECT_EQ(f32_to_f16(1.f), 0x3C00);
+  EXPECT_EQ(f32_to_f16(-2.f), 0xC000);
+  EXPECT_EQ(f32_to_f16(65504.f), 0x7BFF);
+  EXPECT_EQ(f32_to_f16(65519.99f), 0x7BFF);
+  EXPECT_EQ(f32_to_f16(65520.f), 0x7C00);  // the tie above the max rounds to inf
+  EXPECT_EQ(f32_to_f16(pow2(-14)), 0x0400);
+  EXPECT_EQ(f32_to_f16(pow2(-24)), 0x0001);
+  EXPECT_EQ(f32_to_f16(pow2(-25)), 0x0000);           // tie between 0 and 2^-24 -> 0
+  EXPECT_EQ(f32_to_f16(1.5f * pow2(-25)), 0x0001);
+  EXPECT_EQ(f32_to_f16(3.f * pow2(-25)), 0x0002);     // 1.5 units: tie -> 2
+  EXPECT_EQ(f32_to_f16(1.f + pow2(-11)), 0x3C00);     // tie -> even
+  EXPECT_EQ(f32_to_f16(1.f + 3 * pow2(-11)), 0x3C02);
+  EXPECT_EQ(f32_to_f16(-kInf), 0xFC00);
+  EXPECT_EQ(f32_to_f16(kNaN), 0x7FFF);
+  EXPECT_EQ(f32_to_f16(-kNaN), 0x7FFF);
+  EXPECT_EQ(f16_to_f32(0x0001), pow2(-24));
+  EXPECT_EQ(f16_to_f32(0x7BFF), 65504.f);
+  EXPECT_TRUE(std::isinf(f16_to_f32(0xFC00)) && f16_to_f32(0xFC00) < 0);
+}
+
+TEST(Dtype, E4m3HandVectors) {
+  EXPECT_EQ(f32_to_e4m3(1.f), 0x38);
+  EXPECT_EQ(f32_to_e4m3(448.f), 0x7E);
+  EXPECT_EQ(f32_to_e4m3(464.f), 0x7E);  // would round to 480 (not representable): saturates
+  EXPECT_EQ(f32_to_e4m3(1e9f), 0x7E);
+  EXPECT_EQ(f32_to_e4m3(-kInf), 0xFE);
+  EXPECT_EQ(f32_to_e4m3(kNaN), 0x7F);
+  EXPECT_EQ(f32_to_e4m3(-kNaN), 0x7F);
+  EXPECT_EQ(f32_to_e4m3(pow2(-6)), 0x08);       // smallest normal
+  EXPECT_EQ(f32_to_e4m3(pow2(-9)), 0x01);       // smallest subnormal
+  EXPECT_EQ(f32_to_e4m3(pow2(-10)), 0x00);      // tie with 0 -> 0
+  EXPECT_EQ(f32_to_e4m3(3 * pow2(-10)), 0x02);  // tie between 1 and 2 -> 2
+  EXPECT_EQ(f32_to_e4m3(1.0625f), 0x38);        // tie between m=0 and m=1 -> 0
+  EXPECT_EQ(f32_to_e4m3(1.1875f), 0x3A);        // tie between m=1 and m=2 -> 2
+  EXPECT_EQ(f32_to_e4m3(240.f), 0x77);
+  EXPECT_EQ(f32_to_e4m3(-0.f), 0x80);
+  EXPECT_EQ(e4m3_to_f32(0x7E), 448.f);
+  EXPECT_EQ(e4m3_to_f32(0x01), pow2(-9));
+  EXPECT_EQ(e4m3_to_f32(0xB8), -1.f);
+  EXPECT_TRUE(std::isnan(e4m3_to_f32(0x7F)) && std::isnan(e4m3_to_f32(0xFF)));
+}
+
+TEST(Dtype, E5m2HandVectors) {
+  EXPECT_EQ(f32_to_e5m2(1.f), 0x3C);
+  EXPECT_EQ(f32_to_e5m2(57344.f), 0x7B);
+  EXPECT_EQ(f32_to_e5m2(kInf), 0x7B);  // satfinite
+  EXPECT_EQ(f32_to_e5m2(1.125f), 0x3C);  // tie between 1 and 1.25 -> even (1)
+  EXPECT_EQ(f32_to_e5m2(1.375f), 0x3E);  // tie between 1.25 and 1.5 -> 1.5
+  EXPECT_EQ(f32_to_e5m2(pow2(-16)), 0x01);
+  EXPECT_EQ(e5m2_to_f32(0x7B), 57344.f);
+}
+
+TEST(Dtype, E2m1BoundaryRule) {
+  // SPEC §3.4: index = number of boundaries strictly below |x|; midpoints go to the lower code.
+  EXPECT_EQ(f32_to_e2m1(0.25f), 0);
+  EXPECT_EQ(f32_to_e2m1(0.2501f), 1);
+  EXPECT_EQ(f32_to_e2m1(0.75f), 1);
+  EXPECT_EQ(f32_to_e2m1(0.76f), 2);
+  EXPECT_EQ(f32_to_e2m1(1.25f), 2);
+  EXPECT_EQ(f32_to_e2m1(1.75f), 3);
+  EXPECT_EQ(f32_to_e2m1(2.5f), 4);
+  EXPECT_EQ(f32_to_e2m1(3.5f), 5);
+  EXPECT_EQ(f32_to_e2m1(5.f), 6);
+  EXPECT_EQ(f32_to_e2m1(5.01f), 7);
+  EXPECT_EQ(f32_to_e2m1(100.f), 7);
+  EXPECT_EQ(f32_to_e2m1(-1.5f), 0xB);
+  EXPECT_EQ(f32_to_e2m1(-6.f), 0xF);
+  const float mags[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  for (int c = 0; c < 16; ++c) EXPECT_EQ(e2m1_to_f32(static_cast<uint8_t>(c)), (c & 8 ? -1 : 1) * mags[c & 7]);
+}
+
+TEST(Dtype, IntegersRoundHalfEvenAndClamp) {
+  EXPECT_EQ(f32_to_i8(2.5f), 2);
+  EXPECT_EQ(f32_to_i8(3.5f), 4);
+  EXPECT_EQ(f32_to_i8(-2.5f), -2);
+  EXPECT_EQ(f32_to_i8(-0.5f), 0);
+  EXPECT_EQ(f32_to_i8(200.f), 127);
+  EXPECT_EQ(f32_to_i8(-200.f), -128);
+  EXPECT_EQ(f32_to_i8(kNaN), 0);
+  EXPECT_EQ(f32_to_i8(kInf), 127);
+  EXPECT_EQ(i4_code_to_int(f32_to_i4_code(-7.5f)), -8);
+  EXPECT_EQ(i4_code_to_int(f32_to_i4_code(6.5f)), 6);
+  EXPECT_EQ(i4_code_to_int(f32_to_i4_code(9.f)), 7);
+  EXPECT_EQ(f32_to_i4_code(-1.f), 0xF);
+}
+
+TEST(Dtype, ExhaustiveRoundTrips) {
+  for (int c = 0; c < 256; ++c) {
+    float v = e4m3_to_f32(static_cast<uint8_t>(c));
+    if (std::isnan(v)) continue;
+    EXPECT_EQ(f32_to_e4m3(v), c) << "e4m3 code " << c;
+    float w = e5m2_to_f32(static_cast<uint8_t>(c));
+    if (std::isnan(w) || std::isinf(w)) continue;
+    EXPECT_EQ(f32_to_e5m2(w), c) << "e5m2 code " << c;
+  }
+  for (uint32_t c = 0; c < 65536; ++c) {
+    uint16_t h = static_cast<uint16_t>(c);
+    float v = f16_to_f32(h);
+    if (!std::isnan(v)) ASSERT_EQ(f32_to_f16(v), h) << "f16 code " << c;
+    float b = bf16_to_f32(h);
+    if (!std::isnan(b)) ASSERT_EQ(f32_to_bf16(b), h) << "bf16 code " << c;
+  }
+}
+
+TEST(Dtype, F16MatchesCompilerFloat16) {
+#if defined(__FLT16_MAX__)
+  std::mt19937 rng(1234);
+  for (int i = 0; i < 2000000; ++i) {
+    float f = bits_f32(rng());
+    if (std::isnan(f)) {
+      ASSERT_EQ(f32_to_f16(f), 0x7FFF);
+      continue;
+    }
+    _Float16 h = static_cast<_Float16>(f);
+    uint16_t hb;
+    std::memcpy(&hb, &h, 2);
+    ASSERT_EQ(f32_to_f16(f), hb) << "f = " << f << " bits 0x" << std::hex << f32_bits(f);
+  }
+#else
+  GTEST_SKIP() << "compiler has no _Float16";
+#endif
+}
+
+// Nearest e4m3 / e5m2 value by brute force over every finite code, ties to the even code.
+static uint8_t nearest_fp8(float x, bool e4m3) {
+  uint8_t best = 0;
+  double best_d = INFINITY;
+  for (int c = 0; c < 128; ++c) {
+    float v = e4m3 ? e4m3_to_f32(static_cast<uint8_t>(c)) : e5m2_to_f32(static_cast<uint8_t>(c));
+    if (!std::isfinite(v)) continue;
+    double d = std::fabs(std::fabs(static_cast<double>(x)) - v);
+    if (d < best_d || (d == best_d && (c & 1) == 0)) best_d = d, best = static_cast<uint8_t>(c);
+  }
+  return static_cast<uint8_t>(best | (x < 0 ? 0x80 : 0));
+}
+
+TEST(Dtype, Fp8MatchesBruteForceNearest) {
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int> e(-22, 17);
+  std::uniform_real_distribution<float> m(-2.f, 2.f);
+  for (int i = 0; i < 100000; ++i) {
+    float x = m(rng) * pow2(e(rng));
+    if (std::fabs(x) <= 448.f) ASSERT_EQ(f32_to_e4m3(x), nearest_fp8(x, true)) << x;
+    ASSERT_EQ(f32_to_e5m2(x), nearest_fp8(x, false)) << x;
+  }
+}
+
+TEST(Convert, ErrorsNameTheArgumentAndWriteNothing) {
+  float src[6] = {1, 2, 3, 4, 5, 6};
+  uint16_t dst[6] = {7, 7, 7, 7, 7, 7};
+  Context ctx;
+  TensorView s = make_view(src, DType::f32, {2, 3});
+  TensorView d = make_view(dst, DType::bf16, {3, 2});
+  try {
+    convert(s, d, ctx);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.op(), "convert");
+    EXPECT_STREQ(e.argument(), "dst");
+    EXPECT_NE(std::string(e.what()).find("(2, 3)"), std::string::npos) << e.what();
+  }
+  for (uint16_t v : dst) EXPECT_EQ(v, 7);
+  TensorView bad = make_view(dst, DType::i32, {2, 3});
+  EXPECT_THROW(convert(s, bad, ctx), Error);
+  TensorView odd = make_view(dst, DType::i4x2, {1, 3});
+  EXPECT_THROW(convert(make_view(src, DType::f32, {1, 3}), odd, ctx), Error);
+  for (uint16_t v : dst) EXPECT_EQ(v, 7);
+  int64_t shape7[7] = {1, 1, 1, 1, 1, 1, 1};
+  EXPECT_THROW(make_view(src, DType::f32, 7, shape7), Error);
+}
+
+TEST(Convert, StridedAndPackedMatchScalarRules) {
+  float src[8] = {0.3f, -1.2f, 2.5f, -3.5f, 5.5f, -0.1f, 7.9f, -9.f};
+  uint8_t packed[4];
+  Context ctx;
+  convert(make_view(src, DType::f32, {8}), make_view(packed, DType::e2m1x2, {8}), ctx);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(get_nibble(packed, i), f32_to_e2m1(src[i])) << i;
+  // Transposed view (2, 4) -> column-major read.
+  uint16_t out[8];
+  TensorView t = make_view(src, DType::f32, {4, 2});
+  std::swap(t.shape[0], t.shape[1]);
+  std::swap(t.stride[0], t.stride[1]);
+  convert(t, make_view(out, DType::bf16, {2, 4}), ctx);
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(out[r * 4 + c], f32_to_bf16(src[c * 2 + r]));
+}
