@@ -1,7 +1,6 @@
 // Bindings of include/lowbit/attention.h: attention (one call), quantize_v_fp8, attention_int8.
 #include "python/src/common.h"
 
-#if __has_include("lowbit/attention.h")
 #include <nanobind/stl/string.h>
 
 #include "lowbit/attention.h"
@@ -123,10 +122,3 @@ void bind_attention(nb::module_& m) {
 
 }  // namespace py
 }  // namespace lowbit
-#else
-namespace lowbit {
-namespace py {
-void bind_attention(nb::module_& m) { m.attr("has_attention") = false; }
-}  // namespace py
-}  // namespace lowbit
-#endif

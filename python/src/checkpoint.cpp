@@ -2,7 +2,6 @@
 // back as numpy views of the mapping, no copy) and the quantized-layer markers.
 #include "python/src/common.h"
 
-#if __has_include("lowbit/checkpoint.h")
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -112,10 +111,3 @@ void bind_checkpoint(nb::module_& m) {
 
 }  // namespace py
 }  // namespace lowbit
-#else
-namespace lowbit {
-namespace py {
-void bind_checkpoint(nb::module_& m) { m.attr("has_checkpoint") = false; }
-}  // namespace py
-}  // namespace lowbit
-#endif

@@ -63,8 +63,8 @@ inline Context make_context(uintptr_t stream, int threads) {
   return ctx;
 }
 
-// Registration functions, one per bound header (each file compiles to nothing when its header
-// is absent, and reports so through the module attribute `has_<name>`).
+// Registration functions, one per bound header; each sets the module attribute has_<family>
+// (lowbit.has() reads it, so a build without a family reports it instead of failing on import).
 void bind_core(nb::module_& m);
 void bind_prologue(nb::module_& m);
 void bind_attention(nb::module_& m);

@@ -2,7 +2,6 @@
 // contiguous), kv_append, plan_decode / decode_attention, merge_attention (+ backward).
 #include "python/src/common.h"
 
-#if __has_include("lowbit/decode.h")
 #include <nanobind/stl/string.h>
 
 #include "lowbit/decode.h"
@@ -262,10 +261,3 @@ void bind_decode(nb::module_& m) {
 
 }  // namespace py
 }  // namespace lowbit
-#else
-namespace lowbit {
-namespace py {
-void bind_decode(nb::module_& m) { m.attr("has_decode") = false; }
-}  // namespace py
-}  // namespace lowbit
-#endif

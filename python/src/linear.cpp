@@ -2,7 +2,6 @@
 // weights (PackedWeight) and the layer (QuantizedLinear).
 #include "python/src/common.h"
 
-#if __has_include("lowbit/linear.h")
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -277,10 +276,3 @@ void bind_linear(nb::module_& m) {
 
 }  // namespace py
 }  // namespace lowbit
-#else
-namespace lowbit {
-namespace py {
-void bind_linear(nb::module_& m) { m.attr("has_linear") = false; }
-}  // namespace py
-}  // namespace lowbit
-#endif

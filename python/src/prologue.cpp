@@ -1,7 +1,6 @@
 // Bindings of include/lowbit/prologue.h: norm_rope_mean, norm_rope_quantize.
 #include "python/src/common.h"
 
-#if __has_include("lowbit/prologue.h")
 #include <nanobind/stl/string.h>
 
 #include "lowbit/prologue.h"
@@ -110,10 +109,3 @@ void bind_prologue(nb::module_& m) {
 
 }  // namespace py
 }  // namespace lowbit
-#else
-namespace lowbit {
-namespace py {
-void bind_prologue(nb::module_& m) { m.attr("has_prologue") = false; }
-}  // namespace py
-}  // namespace lowbit
-#endif
