@@ -136,7 +136,13 @@ def convert(x: Tensor, dtype: str, src_dtype: Optional[str] = None) -> Tensor:
     torch.float8_*, packed 4-bit as uint8 with the last dim halved. `src_dtype` reads x's storage
     as another lowbit dtype (e.g. "e2m1x2" for a packed uint8 tensor)."""
     dtype = lowbit._dtype_name(dtype)
-    src = lowbit._dtype_name(src_dtype) if src_dtype else _LOWBIT_OF_TORCH.get(x.dtype, "?")
+    if src_dtype:
+        src = lowbit._dtype_name(src_dtype)
+    elif x.dtype in _LOWBIT_OF_TORCH:
+        src = _LOWBIT_OF_TORCH[x.dtype]
+    else:
+        raise lowbit._error("convert", "src", f"expected a float32/float16/bfloat16/int8/uint8/"
+                            f"int32/float8 tensor (or src_dtype=), got {x.dtype}")
     return torch.ops.lowbit.convert(x, src, dtype)
 
 
@@ -578,12 +584,13 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
                     include=None, exclude=None) -> Dict[str, str]:
     """Loads the quantized layers of a lowbit or ComfyUI checkpoint into the model, in place.
 
-    For every marker tensor ``{prefix}lowbit_quant`` (lowbit format: the layer's packed parts are
-    ``{prefix}<part>`` for the part names of lowbit.PackedWeight.tensors(), plus ``{prefix}bias``)
-    or ``{prefix}comfy_quant`` (ComfyUI convrot_w4a4: ``{prefix}weight`` int8 (O, K/2),
-    ``{prefix}weight_scale`` fp32 (O), ``{prefix}bias``), the nn.Linear named by the prefix is
-    replaced by a LowbitLinear on that layer's device, without re-quantizing. Other tensors are
-    not touched (load them with model.load_state_dict(..., strict=False)).
+    For every marker tensor ``{prefix}lowbit_quant`` (lowbit format: the packed parts as
+    ``{prefix}weight`` (codes), ``{prefix}weight_scale`` (row scales) and
+    ``{prefix}weight_<part>`` for the other parts of lowbit.PackedWeight.tensors(), plus
+    ``{prefix}bias``) or ``{prefix}comfy_quant`` (ComfyUI convrot_w4a4: ``{prefix}weight`` int8
+    (O, K/2), ``{prefix}weight_scale`` fp32 (O), ``{prefix}bias``), the nn.Linear named by the
+    prefix is replaced by a LowbitLinear on that layer's device, without re-quantizing. Other
+    tensors are not touched (load them with model.load_state_dict(..., strict=False)).
 
     Returns {module name: qtype} for the layers loaded.
     """
@@ -609,16 +616,15 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
                 if qtype is None:
                     raise lowbit._error("load_quantized_", key, f"expected a ComfyUI format of "
                                         f"{sorted(_COMFY_FORMATS)}, got {info.get('format')!r}")
-                parts = {"codes": tensors[prefix + "weight"],
-                         "scales": tensors[prefix + "weight_scale"]}
-                rot = int(info.get("convrot_groupsize", 0))
+                rot, group = int(info.get("convrot_groupsize", 0)), 0
             else:
                 qtype = m.parse_qtype(info["qtype"])
-                names = m.make_packed_weight(qtype, out_features, in_features).tensors()
-                parts = {p: tensors[prefix + p] for p in names if prefix + p in tensors}
-                rot = int(info.get("rot", 0))
+                rot, group = int(info.get("rot", 0)), int(info.get("group", 0))
+            names = m.make_packed_weight(qtype, out_features, in_features).tensors()
+            parts = {p: tensors[_part_tensor(prefix, p)] for p in names}
             arrays = {p: _host_array(t) for p, t in parts.items()}
-            packed = m.PackedWeight(qtype, out_features, in_features, arrays, rot=rot)
+            packed = m.PackedWeight(qtype, out_features, in_features, arrays, rot=rot,
+                                    group=group)
             device = mod.bias.device if mod.bias is not None else (
                 mod.weight.device if isinstance(mod, nn.Linear) else mod.device)
             bias = tensors.get(prefix + "bias")
@@ -627,6 +633,17 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
             _replace(model, name, LowbitLinear.from_packed(packed, bias, device))
             report[name] = qtype
     return report
+
+
+def _part_tensor(prefix: str, part: str) -> str:
+    """The file name of a packed part (docs/checkpoint-format.md): codes -> {p}weight,
+    scales -> {p}weight_scale, any other part -> {p}weight_<part> (ComfyUI's names for the
+    first two)."""
+    if part == "codes":
+        return prefix + "weight"
+    if part == "scales":
+        return prefix + "weight_scale"
+    return prefix + "weight_" + part
 
 
 def _host_array(t: Tensor):
@@ -724,8 +741,8 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_len: Tenso
                             f"expected the page size of the paged cache, got {page_size}")
     k = _cache_rows(k_cache, paged)
     v = _cache_rows(v_cache, paged)
-    k_ss = None if k_scale_shift is None else _cache_rows(k_scale_shift.unsqueeze(-1), paged)[..., 0]
-    v_ss = None if v_scale_shift is None else _cache_rows(v_scale_shift.unsqueeze(-1), paged)[..., 0]
+    k_ss, v_ss = (None if t is None else _cache_rows(t.unsqueeze(-1), paged)[..., 0]
+                  for t in (k_scale_shift, v_scale_shift))
     hkv = k.shape[-2]
     four_d = q.dim() == 4
     q5 = q.reshape(q.shape[0], q.shape[1], hkv, q.shape[2] // hkv, q.shape[3]) if four_d else q

@@ -25,7 +25,7 @@ struct Typed {
   DType dtype;
 };
 
-// "bf16" -> DType::bf16 (also accepts the numpy / torch spellings "bfloat16", "float8_e4m3fn", ...).
+// "bf16" -> DType::bf16 (also the numpy / torch spellings "bfloat16", "float8_e4m3fn", ...).
 DType parse_dtype(const std::string& name);
 
 // Collects the arguments of one call: converts each array-like to a TensorView and keeps the
