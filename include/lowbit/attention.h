@@ -9,19 +9,12 @@
 
 #include <cstdint>
 
+#include "lowbit/prologue.h"
 #include "lowbit/tensor.h"
 
 namespace lowbit {
 
-#ifndef LOWBIT_SCALE_LAYOUT_DEFINED
-#define LOWBIT_SCALE_LAYOUT_DEFINED
-// Row groups sharing one quantization scale within a block of `block` rows of one (batch, head)
-// (SPEC §1 table). Scale index of row n: (n / block) * groups + group(n % block).
-enum class ScaleLayout : uint8_t { per_block, thread_q, thread_k, warp_q };
-#endif
-
-// Groups per block of the layout (1, 8, 4, 4).
-int scale_groups(ScaleLayout layout);
+// ScaleLayout and scale_groups() come from the prologue (lowbit/prologue.h).
 // Scale index of row `row` (within one (batch, head)) for a layout and block.
 int64_t scale_index(ScaleLayout layout, int block, int64_t row);
 // Scales per (batch, head) for `rows` rows: n_blocks * groups with SPEC §1's padding.

@@ -12,16 +12,6 @@
 
 namespace lowbit {
 
-int scale_groups(ScaleLayout layout) {
-  switch (layout) {
-    case ScaleLayout::per_block: return 1;
-    case ScaleLayout::thread_q: return 8;
-    case ScaleLayout::thread_k: return 4;
-    case ScaleLayout::warp_q: return 4;
-  }
-  return 1;
-}
-
 int64_t scale_index(ScaleLayout layout, int block, int64_t row) {
   const int64_t r = row % block;
   int64_t group = 0;
