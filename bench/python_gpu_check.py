@@ -14,13 +14,15 @@ Sections (each reports pass/fail and never stops the others):
   compile    torch.compile(fullgraph=True) (inductor) of a block using sageattn + LowbitLinear:
              no graph break, same result as eager.
   graphs     CUDA-graph capture of sageattn / LowbitLinear / decode_attention (torch.cuda.graph).
-Exit status 0 when every check passed.
+Exit status 0 when every check passed. `--device cpu --quick` is a dry run of the script itself on
+a machine without a GPU (stream and graphs skipped, torch.compile with the aot_eager backend).
 """
 import argparse
 import json
 import math
 import statistics
 import sys
+import time
 import traceback
 
 import torch
@@ -53,6 +55,13 @@ def section(fn):
 
 
 def median_ms(fn, iters, warmup=5):
+    if not torch.cuda.is_available():  # --device cpu dry run: wall clock
+        times = []
+        for _ in range(max(1, iters // 10)):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -77,9 +86,11 @@ def accuracy(out, ref):
 @section
 def attention(args):
     shapes = [(1, 24, 4096, 128), (2, 16, 2048, 64)] if not args.quick else [(1, 8, 1024, 128)]
+    if args.device == "cpu":
+        shapes = [(1, 2, 128, 64)]
     for (b, h, n, d) in shapes:
         for causal in (False, True):
-            q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16)
+            q, k, v = (torch.randn(b, h, n, d, device=args.device, dtype=torch.bfloat16)
                        for _ in range(3))
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
                                                  is_causal=causal)
@@ -103,8 +114,8 @@ def attention(args):
             cos, l1 = accuracy(out.transpose(1, 2), ref)
             s = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(d)
             if causal:
-                s = s.masked_fill(torch.ones(n, n, device="cuda", dtype=torch.bool).triu(1),
-                                  float("-inf"))
+                s = s.masked_fill(torch.ones(n, n, device=args.device,
+                                             dtype=torch.bool).triu(1), float("-inf"))
             lse_err = (lse - torch.logsumexp(s, -1)).abs().max().item()
             record("attention", f"NHD+lse B{b} H{h} N{n} D{d} causal={causal}",
                    cos >= 0.9995 and lse_err < 0.05, cos=cos, lse_max_err=lse_err)
@@ -115,9 +126,11 @@ def linear(args):
     shapes = [(4096, 3072, 3072), (16, 4096, 4096), (1, 5120, 13824)]
     if args.quick:
         shapes = [(512, 1024, 1024), (4, 1024, 1024)]
+    if args.device == "cpu":
+        shapes = [(32, 256, 64)]
     for (m, k, o) in shapes:
-        lin = nn.Linear(k, o, device="cuda", dtype=torch.bfloat16)
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        lin = nn.Linear(k, o, device=args.device, dtype=torch.bfloat16)
+        x = torch.randn(m, k, device=args.device, dtype=torch.bfloat16)
         ref = F.linear(x.float(), lin.weight.float(), lin.bias.float())
         t_ref = median_ms(lambda: F.linear(x, lin.weight, lin.bias), args.iters)
         for qtype, cos_min in (("convrot8", 0.999), ("convrotint4", 0.99),
@@ -137,12 +150,14 @@ def linear(args):
 @section
 def decode(args):
     b, length, hkv, g, d = (8, 8192, 8, 4, 128) if not args.quick else (2, 1024, 2, 4, 128)
-    kf = torch.randn(b, length, hkv, d, device="cuda")
-    vf = torch.randn(b, length, hkv, d, device="cuda")
+    if args.device == "cpu":
+        b, length, hkv, g, d = 1, 200, 2, 2, 128
+    kf = torch.randn(b, length, hkv, d, device=args.device)
+    vf = torch.randn(b, length, hkv, d, device=args.device)
     for n_groups in (1, 4):
         k4, v4 = lt.quantize_kv(kf, "int4", n_groups), lt.quantize_kv(vf, "int4", n_groups)
-        seq_len = torch.full((b,), length, dtype=torch.int32, device="cuda")
-        q = torch.randn(b, 1, hkv, g, d, device="cuda", dtype=torch.float16)
+        seq_len = torch.full((b,), length, dtype=torch.int32, device=args.device)
+        q = torch.randn(b, 1, hkv, g, d, device=args.device, dtype=torch.float16)
         out = lt.decode_attention(q, k4, v4, seq_len)
         qr = q.float().reshape(b, 1, hkv * g, d).transpose(1, 2)
         kr = kf.transpose(1, 2).repeat_interleave(g, 1)
@@ -158,7 +173,7 @@ def decode(args):
 
 @section
 def stream(args):
-    q, k, v = (torch.randn(1, 8, 512, 128, device="cuda", dtype=torch.float16)
+    q, k, v = (torch.randn(1, 8, 512, 128, device=args.device, dtype=torch.float16)
                for _ in range(3))
     want = lt.sageattn(q, k, v)
     side = torch.cuda.Stream()
@@ -174,12 +189,13 @@ def stream(args):
 @section
 def compile(args):
     torch._dynamo.reset()
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32  # lowbit linear: f32 on CPU
 
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.qkv = nn.Linear(1024, 3072, device="cuda", dtype=torch.bfloat16)
-            self.proj = nn.Linear(1024, 1024, device="cuda", dtype=torch.bfloat16)
+            self.qkv = nn.Linear(1024, 3072, device=args.device, dtype=dtype)
+            self.proj = nn.Linear(1024, 1024, device=args.device, dtype=dtype)
 
         def forward(self, x):
             b, n, _ = x.shape
@@ -189,9 +205,10 @@ def compile(args):
 
     block = Block()
     lt.quantize_linear_(block, "convrot8")
-    x = torch.randn(2, 256, 1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, 256, 1024, device=args.device, dtype=dtype)
     eager = block(x)
-    compiled = torch.compile(block, fullgraph=True)
+    compiled = torch.compile(block, fullgraph=True,
+                             backend="inductor" if args.device == "cuda" else "aot_eager")
     got = compiled(x)
     err = (got.float() - eager.float()).abs().max().item()
     record("compile", "fullgraph=True inductor: sageattn + LowbitLinear", err < 1e-2,
@@ -200,15 +217,15 @@ def compile(args):
 
 @section
 def graphs(args):
-    q, k, v = (torch.randn(1, 8, 512, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (torch.randn(1, 8, 512, 128, device=args.device, dtype=torch.bfloat16)
                for _ in range(3))
-    lin = lt.LowbitLinear.from_linear(nn.Linear(1024, 1024, device="cuda",
+    lin = lt.LowbitLinear.from_linear(nn.Linear(1024, 1024, device=args.device,
                                                 dtype=torch.bfloat16), "convrot8")
-    x = torch.randn(16, 1024, device="cuda", dtype=torch.bfloat16)
-    kf = torch.randn(2, 1024, 2, 128, device="cuda")
+    x = torch.randn(16, 1024, device=args.device, dtype=torch.bfloat16)
+    kf = torch.randn(2, 1024, 2, 128, device=args.device)
     k4 = lt.quantize_kv(kf, "int4", 4)
-    seq_len = torch.full((2,), 1000, dtype=torch.int32, device="cuda")
-    qd = torch.randn(2, 1, 2, 4, 128, device="cuda", dtype=torch.float16)
+    seq_len = torch.full((2,), 1000, dtype=torch.int32, device=args.device)
+    qd = torch.randn(2, 1, 2, 4, 128, device=args.device, dtype=torch.float16)
     for name, fn in (("sageattn", lambda: lt.sageattn(q, k, v)),
                      ("LowbitLinear", lambda: lin(x)),
                      ("decode_attention", lambda: lt.decode_attention(qd, k4, k4, seq_len))):
@@ -236,7 +253,16 @@ def main():
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--only", nargs="*", help="sections to run")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = parser.parse_args()
+    if args.device == "cpu":
+        sections = [attention, linear, decode, compile]
+        for s in sections:
+            if not args.only or s.__name__ in args.only:
+                s(args)
+        failed = [r for r in RESULTS if not r["ok"]]
+        print(f"{len(RESULTS) - len(failed)} passed, {len(failed)} failed (cpu dry run)")
+        return 1 if failed else 0
     if not torch.cuda.is_available() or lowbit.cuda_device_count() == 0:
         print(f"no CUDA: torch {torch.cuda.is_available()}, lowbit: "
               f"{lowbit.cuda_unavailable_reason() or lowbit.build_info()}")

@@ -697,14 +697,15 @@ def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_len: Tensor,
     m = _module("decode", "lowbit.torch.decode_attention")
     q = _inner_contiguous(q)
     b, mq, hkv, g, d = q.shape
-    cache = _make_cache(m, k_cache, v_cache, seq_len, block_tables, page_size, k_scale_shift,
-                        v_scale_shift, fmt, n_groups)
+    # A DLPack capsule is consumed by its first import: each call gets a fresh cache view.
+    cache = lambda: _make_cache(m, k_cache, v_cache, seq_len, block_tables, page_size,  # noqa
+                                k_scale_shift, v_scale_shift, fmt, n_groups)
     dev = q.device
-    plan = _run(m.plan_decode, dev, cache, mq, hkv * g, d)
+    plan = _run(m.plan_decode, dev, cache(), mq, hkv * g, d)
     workspace = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device=dev)
     out = torch.empty(q.shape, dtype=q.dtype, device=dev)
     lse = torch.empty((b, mq, hkv, g) if return_lse else (0,), dtype=torch.float32, device=dev)
-    _run(m.decode_attention, dev, to_lowbit(q), cache, plan, to_lowbit(workspace),
+    _run(m.decode_attention, dev, to_lowbit(q), cache(), plan, to_lowbit(workspace),
          to_lowbit(out), lse=to_lowbit(lse) if return_lse else None, bias=_opt(bias),
          sm_scale=sm_scale, causal=causal)
     return out, lse

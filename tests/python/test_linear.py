@@ -5,9 +5,14 @@ import numpy as np
 import pytest
 
 import lowbit
+from conftest import linear_cpu_backend_missing
+
+RNG = np.random.default_rng(3)
+
 
 pytestmark = pytest.mark.skipif(not lowbit.has("linear"), reason="no linear module in build")
-RNG = np.random.default_rng(3)
+needs_cpu_backend = pytest.mark.skipif(bool(linear_cpu_backend_missing()),
+                                       reason=linear_cpu_backend_missing())
 
 R4 = 0.5 * np.array([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], np.float64)
 
@@ -43,6 +48,7 @@ def test_qtype_names_and_rules():
                                                                               384) == 128
 
 
+@needs_cpu_backend
 def test_rotation_is_the_fast_kronecker_transform():
     r16 = dense_rotation(16)
     np.testing.assert_allclose(r16 @ r16, np.eye(16), atol=1e-12)  # symmetric, own inverse
@@ -59,6 +65,7 @@ def test_rotation_is_the_fast_kronecker_transform():
     np.testing.assert_array_equal(inplace, ref)
 
 
+@needs_cpu_backend
 @pytest.mark.parametrize("qtype,cos_min", [("convrot8", 0.999), ("convrotint8", 0.999),
                                            ("convrotint4", 0.98), ("convrotfp8", 0.995)])
 def test_layer_forward_backward_vs_float(qtype, cos_min):
@@ -81,6 +88,7 @@ def test_layer_forward_backward_vs_float(qtype, cos_min):
     np.testing.assert_allclose(gx, g.astype(np.float64) @ deq, rtol=1e-4, atol=1e-4)
 
 
+@needs_cpu_backend
 def test_packed_weight_round_trip_and_views():
     w = RNG.standard_normal((16, 256)).astype(np.float32)
     packed = lowbit.quantize_weight(w, "convrotint4")
@@ -104,6 +112,7 @@ def test_packed_weight_round_trip_and_views():
     assert "scales" in str(info.value)
 
 
+@needs_cpu_backend
 def test_layer_errors_write_nothing():
     layer = lowbit.QuantizedLinear.quantize(RNG.standard_normal((16, 64)).astype(np.float32),
                                             "convrot8")

@@ -14,9 +14,12 @@ import torch.nn.functional as F  # noqa: E402
 
 import lowbit  # noqa: E402
 import lowbit.torch as lt  # noqa: E402
+from conftest import linear_cpu_backend_missing  # noqa: E402
 
 needs = lambda family: pytest.mark.skipif(not lowbit.has(family),  # noqa: E731
                                           reason=f"no {family} module in this build")
+needs_linear_cpu = pytest.mark.skipif(bool(linear_cpu_backend_missing()),
+                                      reason=linear_cpu_backend_missing())
 GEN = torch.Generator().manual_seed(5)
 
 
@@ -167,7 +170,7 @@ def test_prologue_ops_vs_numpy_path():
 
 # ---- linear -------------------------------------------------------------------------------------
 
-@needs("linear")
+@needs_linear_cpu
 def test_quantize_linear_forward_backward_and_report():
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(),
                           nn.Linear(16, 12))
@@ -192,7 +195,7 @@ def test_quantize_linear_forward_backward_and_report():
     torch.testing.assert_close(layer.dequantize(), ref["0"][0], atol=0.05, rtol=0.05)
 
 
-@needs("linear")
+@needs_linear_cpu
 def test_lowbit_linear_compiles_fullgraph_and_opchecks():
     torch._dynamo.reset()
     lin = nn.Linear(64, 32)
@@ -205,7 +208,7 @@ def test_lowbit_linear_compiles_fullgraph_and_opchecks():
                            layer._handle, layer.bias, 32))
 
 
-@needs("linear")
+@needs_linear_cpu
 def test_load_comfy_checkpoint_matches_quantized_weights():
     lin = nn.Linear(256, 16)
     packed = lowbit.quantize_weight(lin.weight.detach().numpy(), "convrotcomfyw4a4")
