@@ -2,9 +2,9 @@
 // its time on, issue 5 targets: convrot8 >= 100 M weights/s, convrotint4 >= 20 M weights/s) and
 // the per-qtype relative weight error on a generated DiT-like layer with outlier channels.
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <ctime>
-#include <cmath>
 #include <random>
 #include <string>
 #include <thread>

@@ -17,8 +17,8 @@ namespace lowbit {
 
 // ---- qtypes (SPEC §3.2) -------------------------------------------------------------------------
 enum class QType : uint8_t {
-  convrot8,            // int8 per row (amax/127), W8A8
-  convrot_int2,        // n-bit symmetric, bit-packed (SPEC §3.3), A8
+  convrot8,      // int8 per row (amax/127), W8A8
+  convrot_int2,  // n-bit symmetric, bit-packed (SPEC §3.3), A8
   convrot_int3,
   convrot_int4,
   convrot_int5,
@@ -91,7 +91,8 @@ struct PackedWeightView {
   // (O, K/group) f32 group ratios s_g / rscale (convrot_int2..7, bitnet only).
   TensorView ratios;
   // convrot4 only: (O, K/16) e4m3 block scales, the same scales in the cuBLAS 128x4 swizzled
-  // layout ((ceil(O/128)*128) * (ceil(K/64)*4) e4m3, flat; padding 0), and (1) f32 per-tensor scale.
+  // layout ((ceil(O/128)*128) * (ceil(K/64)*4) e4m3, flat; padding 0), and (1) f32 per-tensor
+  // scale.
   TensorView block_scales;
   TensorView block_scales_swizzled;
   TensorView tensor_scale;
@@ -145,8 +146,7 @@ PackedWeight quantize_weight(const TensorView& w, QType q, Context& ctx);
 // group ratios folded onto the row's int8 grid), code * scale (comfy, fp8), e2m1 * block scale *
 // tensor scale (convrot4). rotated_basis = false rotates back to the original basis.
 //   out: (O, K) f32, innermost contiguous, on the weight's device
-void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_basis,
-                       Context& ctx);
+void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_basis, Context& ctx);
 void dequantize_weight(const PackedWeight& w, TensorView out, bool rotated_basis, Context& ctx);
 
 // Re-quantization of the codes only, on the stored scales (QAT, SPEC §3.5): the weight is rotated,

@@ -17,8 +17,8 @@ namespace lowbit {
 namespace {
 
 const char* const kQTypeNames[kNumQTypes] = {
-    "convrot8",     "convrotint2", "convrotint3", "convrotint4",      "convrotint5", "convrotint6",
-    "convrotint7",  "convrotint8", "convrotbitnet", "convrotcomfyw4a4", "convrot4",  "convrotfp8"};
+    "convrot8",    "convrotint2", "convrotint3",   "convrotint4",      "convrotint5", "convrotint6",
+    "convrotint7", "convrotint8", "convrotbitnet", "convrotcomfyw4a4", "convrot4",    "convrotfp8"};
 
 bool has_ratios(QType q) {
   return (q >= QType::convrot_int2 && q <= QType::convrot_int7) || q == QType::convrot_bitnet;
@@ -42,12 +42,18 @@ const char* qtype_name(QType q) {
 
 int qtype_bits(QType q) {
   switch (q) {
-    case QType::convrot8: return 8;
-    case QType::convrot_bitnet: return 2;
-    case QType::convrot_comfy_w4a4: return 4;
-    case QType::convrot4: return 4;
-    case QType::convrot_fp8: return 8;
-    default: return 2 + (static_cast<int>(q) - static_cast<int>(QType::convrot_int2));
+    case QType::convrot8:
+      return 8;
+    case QType::convrot_bitnet:
+      return 2;
+    case QType::convrot_comfy_w4a4:
+      return 4;
+    case QType::convrot4:
+      return 4;
+    case QType::convrot_fp8:
+      return 8;
+    default:
+      return 2 + (static_cast<int>(q) - static_cast<int>(QType::convrot_int2));
   }
 }
 
@@ -74,9 +80,8 @@ bool can_quantize(QType q, int64_t out_features, int64_t in_features, std::strin
     return false;
   };
   if (static_cast<unsigned>(q) >= kNumQTypes) return no("invalid qtype");
-  const std::string shape =
-      " (out_features " + std::to_string(out_features) + ", in_features " +
-      std::to_string(in_features) + ")";
+  const std::string shape = " (out_features " + std::to_string(out_features) + ", in_features " +
+                            std::to_string(in_features) + ")";
   if (out_features <= 0 || in_features <= 0) return no("empty layer" + shape);
   if (in_features % 16 != 0) return no("in_features must be a multiple of 16" + shape);
   if (q == QType::convrot4) {
@@ -110,12 +115,24 @@ std::vector<Part> packed_parts(QType q, int64_t O, int64_t K) {
   std::vector<Part> parts;
   const int bits = qtype_bits(q);
   switch (q) {
-    case QType::convrot8: parts.push_back({"codes", DType::i8, {O, K}}); break;
-    case QType::convrot_bitnet: parts.push_back({"codes", DType::u8, {O, ceil_div(K, 5)}}); break;
-    case QType::convrot_comfy_w4a4: parts.push_back({"codes", DType::i8, {O, K / 2}}); break;
-    case QType::convrot4: parts.push_back({"codes", DType::u8, {O, K / 2}}); break;
-    case QType::convrot_fp8: parts.push_back({"codes", DType::e4m3, {O, K}}); break;
-    default: parts.push_back({"codes", DType::u8, {O, K / 8 * bits}}); break;
+    case QType::convrot8:
+      parts.push_back({"codes", DType::i8, {O, K}});
+      break;
+    case QType::convrot_bitnet:
+      parts.push_back({"codes", DType::u8, {O, ceil_div(K, 5)}});
+      break;
+    case QType::convrot_comfy_w4a4:
+      parts.push_back({"codes", DType::i8, {O, K / 2}});
+      break;
+    case QType::convrot4:
+      parts.push_back({"codes", DType::u8, {O, K / 2}});
+      break;
+    case QType::convrot_fp8:
+      parts.push_back({"codes", DType::e4m3, {O, K}});
+      break;
+    default:
+      parts.push_back({"codes", DType::u8, {O, K / 8 * bits}});
+      break;
   }
   if (q == QType::convrot4) {
     parts.push_back({"block_scales", DType::e4m3, {O, K / 16}});
@@ -229,9 +246,9 @@ PackedWeight::PackedWeight(QType q, int64_t out_features, int64_t in_features,
     int64_t n = 1, want = 1;
     for (int64_t s : p.shape) want *= s;
     n = t->numel();
-    check::that(n == want, op, p.name,
-                "element count: " + check::expected_got(want, n) + " (shape " + t->describe() +
-                    ")");
+    check::that(
+        n == want, op, p.name,
+        "element count: " + check::expected_got(want, n) + " (shape " + t->describe() + ")");
     check::contiguous(op, p.name, *t);
   }
   *this = make_packed_weight(q, out_features, in_features);
@@ -324,8 +341,7 @@ void hadamard_rotate(const TensorView& x, int block, TensorView out, Context& ct
   check_rot(op, block, xr.shape[1]);
   if (out.data == x.data) {
     bool same = out.dtype == x.dtype && xr.stride[0] == orr.stride[0];
-    check::that(same, op, "out",
-                "in place: expected x's dtype and strides, got " + out.describe());
+    check::that(same, op, "out", "in place: expected x's dtype and strides, got " + out.describe());
   }
   if (xr.shape[0] == 0) return;
   if (x.device == Device::cpu) {
@@ -341,8 +357,7 @@ void rotate_quantize_activations(const TensorView& x, QType q, int rot, TensorVi
   check_float_input(op, "x", x);
   check::ndim(op, "x", x, 2);
   const int64_t M = x.shape[0], K = x.shape[1];
-  check::that(static_cast<unsigned>(q) < kNumQTypes, op, "qtype",
-              "expected a valid qtype");
+  check::that(static_cast<unsigned>(q) < kNumQTypes, op, "qtype", "expected a valid qtype");
   check_rot(op, rot, K);
   if (q == QType::convrot4)
     check::that(K % 16 == 0, op, "x", "NVFP4: expected K a multiple of 16, got " + x.describe());
@@ -409,7 +424,8 @@ void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_b
 }
 
 void dequantize_weight(const PackedWeight& w, TensorView out, bool rotated_basis, Context& ctx) {
-  check::that(!w.codes.empty(), "dequantize_weight", "w", "expected a packed weight, got an empty one");
+  check::that(!w.codes.empty(), "dequantize_weight", "w",
+              "expected a packed weight, got an empty one");
   dequantize_weight(w.view(), out, rotated_basis, ctx);
 }
 
@@ -458,7 +474,8 @@ QuantizedLinear QuantizedLinear::quantize(const TensorView& weight, QType q, Con
   check_float_input(op, "weight", weight);
   check::ndim(op, "weight", weight, 2);
   check_quantizable(op, q, weight.shape[0], weight.shape[1]);
-  if (weight.device == Device::cpu) return from_packed(quantize_weight(weight, q, ctx), Device::cpu, ctx);
+  if (weight.device == Device::cpu)
+    return from_packed(quantize_weight(weight, q, ctx), Device::cpu, ctx);
   // A CUDA weight: quantized on the host (the oracle's bits), then uploaded.
   const int64_t O = weight.shape[0], K = weight.shape[1];
   const int esz = dtype_bits(weight.dtype) / 8;
@@ -473,7 +490,8 @@ QuantizedLinear QuantizedLinear::quantize(const TensorView& weight, QType q, Con
 }
 
 PackedWeight QuantizedLinear::to_packed(Context& ctx) const {
-  check::that(!empty(), "QuantizedLinear::to_packed", "this", "expected a quantized layer, got an empty one");
+  check::that(!empty(), "QuantizedLinear::to_packed", "this",
+              "expected a quantized layer, got an empty one");
   PackedWeight w = make_packed_weight(view_.qtype, view_.out_features, view_.in_features);
   PackedWeightView v = view_;
   for (const Part& p : packed_parts(view_.qtype, view_.out_features, view_.in_features)) {
@@ -497,8 +515,7 @@ void QuantizedLinear::forward(const TensorView& x, const TensorView* bias, Tenso
   check::ndim(op, "x", x, 2);
   check::dim(op, "x", x, 1, view_.in_features);
   check::device(op, "x", x, device_);
-  if (device_ != Device::cpu)
-    check::dtype(op, "x", x, {DType::bf16, DType::f16});
+  if (device_ != Device::cpu) check::dtype(op, "x", x, {DType::bf16, DType::f16});
   check::not_null(op, "out", out);
   check::dtype(op, "out", out, {x.dtype});
   check::ndim(op, "out", out, 2);

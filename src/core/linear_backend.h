@@ -41,8 +41,7 @@ void quantized_linear_backward_input(const PackedWeightView& w, const TensorView
                                      TensorView grad_x, Context& ctx);
 // out = dequant(W') (rotated_basis) or dequant(W') · R.
 //   out: (O, K) f32, innermost contiguous
-void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_basis,
-                       Context& ctx);
+void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_basis, Context& ctx);
 // Rewrites w.codes (only) from `weight` on the stored scales; nearest or stochastic.
 //   weight: (O, K) f32/bf16/f16 in the original basis, innermost contiguous
 void requantize_weight(const PackedWeightView& w, const TensorView& weight, bool stochastic,
@@ -75,8 +74,7 @@ void quantized_linear_backward_input(const PackedWeightView& w, const TensorView
                                      TensorView grad_x, Context& ctx);
 // out = dequant(W') (rotated_basis) or dequant(W') · R.
 //   out: (O, K) f32, innermost contiguous
-void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_basis,
-                       Context& ctx);
+void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_basis, Context& ctx);
 // Rewrites w.codes (only) from `weight` on the stored scales; nearest or stochastic.
 //   weight: (O, K) f32/bf16/f16 in the original basis, innermost contiguous
 void requantize_weight(const PackedWeightView& w, const TensorView& weight, bool stochastic,

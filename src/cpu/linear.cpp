@@ -151,12 +151,13 @@ void rotate_quantize_activations(const TensorView& x, QType q, int rot, TensorVi
   const int64_t code_stride = q == QType::convrot4 ? codes.stride[0] / 2 : codes.stride[0];
   const int64_t scale_stride = q == QType::convrot4 ? scales.stride[0] : scales.stride[0];
   parallel_for(M, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
-    quantize_act_rows(x, q, rot, b, e, static_cast<uint8_t*>(codes.data), code_stride,
-                      scales.data, scale_stride);
+    quantize_act_rows(x, q, rot, b, e, static_cast<uint8_t*>(codes.data), code_stride, scales.data,
+                      scale_stride);
   });
 }
 
-// ---- GEMMs ----------------------------------------------------------------------------------------
+// ---- GEMMs
+// ----------------------------------------------------------------------------------------
 namespace {
 
 LOWBIT_CLONES int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t K) {
@@ -194,7 +195,8 @@ LOWBIT_CLONES int64_t dot_chunk(const double* a, const double* b, int64_t K) {
 }
 int64_t dot_exact(const double* a, const double* b, int64_t K) {
   int64_t acc = 0;
-  for (int64_t k = 0; k < K; k += 131072) acc += dot_chunk(a + k, b + k, std::min<int64_t>(131072, K - k));
+  for (int64_t k = 0; k < K; k += 131072)
+    acc += dot_chunk(a + k, b + k, std::min<int64_t>(131072, K - k));
   return acc;
 }
 
@@ -223,10 +225,10 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   std::vector<uint8_t> a_block_scales(nvfp4 ? static_cast<size_t>(M * (K / 16)) : 0);
   std::vector<float> a_scales(static_cast<size_t>(M), 1.f);
   parallel_for(M, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
-    quantize_act_rows(x, q, w.rot, b, e, a_codes.data(), code_stride,
-                      nvfp4 ? static_cast<void*>(a_block_scales.data())
-                            : static_cast<void*>(a_scales.data()),
-                      nvfp4 ? K / 16 : 1);
+    quantize_act_rows(
+        x, q, w.rot, b, e, a_codes.data(), code_stride,
+        nvfp4 ? static_cast<void*>(a_block_scales.data()) : static_cast<void*>(a_scales.data()),
+        nvfp4 ? K / 16 : 1);
   });
   // Decoded activations for the float GEMMs: e4m3 as exact integers (units of 2^-9), e2m1 as
   // 2·value (integers in [-12, 12]) with the block scales as integers.
@@ -234,20 +236,23 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   std::vector<int8_t> a_fp4(nvfp4 ? static_cast<size_t>(M * K) : 0);
   std::vector<int32_t> a_fp4_scales(nvfp4 ? static_cast<size_t>(M * (K / 16)) : 0);
   for (size_t i = 0; i < a_fp8.size(); ++i) a_fp8[i] = e4m3_int(a_codes[i]);
-  for (size_t i = 0; i < a_fp4.size(); ++i) a_fp4[i] = twice_e2m1(dt::get_nibble(a_codes.data(), i));
+  for (size_t i = 0; i < a_fp4.size(); ++i)
+    a_fp4[i] = twice_e2m1(dt::get_nibble(a_codes.data(), i));
   for (size_t i = 0; i < a_fp4_scales.size(); ++i) a_fp4_scales[i] = e4m3_int(a_block_scales[i]);
   const float* w_scales = nvfp4 ? nullptr : static_cast<const float*>(w.scales.data);
   const float pts = nvfp4 ? *static_cast<const float*>(w.tensor_scale.data) : 1.f;
 
   // 2. GEMM + epilogue, parallel over output columns (each thread unpacks its weight rows once).
-  const int64_t col_grain = std::max<int64_t>(1, 262144 / std::max<int64_t>(K * std::max<int64_t>(M, 1), 1));
+  const int64_t col_grain =
+      std::max<int64_t>(1, 262144 / std::max<int64_t>(K * std::max<int64_t>(M, 1), 1));
   parallel_for(O, col_grain, ctx, [&](int64_t b, int64_t e) {
     if (int8_family(q) || q == QType::convrot_comfy_w4a4) {
       std::vector<int8_t> wc(static_cast<size_t>(K));
       for (int64_t o = b; o < e; ++o) {
         weight_row_gemm_codes(w, o, wc.data());
         for (int64_t m = 0; m < M; ++m) {
-          int32_t acc = dot_i8(reinterpret_cast<const int8_t*>(a_codes.data()) + m * K, wc.data(), K);
+          int32_t acc =
+              dot_i8(reinterpret_cast<const int8_t*>(a_codes.data()) + m * K, wc.data(), K);
           epilogue_store(out, m, o, static_cast<float>(acc), a_scales[m], w_scales[o], bias);
         }
       }
@@ -258,7 +263,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
         for (int64_t k = 0; k < K; ++k) wd[k] = e4m3_int(wr[k]);
         for (int64_t m = 0; m < M; ++m) {
           // Exact sum of the products in units of 2^-18, rounded once to fp32.
-          float accf = std::ldexp(static_cast<float>(dot_exact(a_fp8.data() + m * K, wd.data(), K)), -18);
+          float accf =
+              std::ldexp(static_cast<float>(dot_exact(a_fp8.data() + m * K, wd.data(), K)), -18);
           epilogue_store(out, m, o, accf, a_scales[m], w_scales[o], bias);
         }
       }
@@ -287,7 +293,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   });
 }
 
-// ---- backward, dequantize, requantize ------------------------------------------------------------
+// ---- backward, dequantize, requantize
+// ------------------------------------------------------------
 
 void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_basis,
                        Context& ctx) {

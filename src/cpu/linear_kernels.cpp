@@ -25,11 +25,12 @@ namespace lowbit {
 namespace cpu {
 namespace convrot {
 
-// ---- rotation ------------------------------------------------------------------------------------
+// ---- rotation
+// ------------------------------------------------------------------------------------
 namespace {
 
 struct RotTables {
-  float sign[256];  // d[i] = (-1)^(number of base-4 digits equal to 3)
+  float sign[256];    // d[i] = (-1)^(number of base-4 digits equal to 3)
   int16_t perm[256];  // p(j): the two bits of every base-4 digit swapped
   float scale;        // 2^-k
 };
@@ -102,7 +103,8 @@ __attribute__((target("avx2"))) void rotate_block_avx2(const float* xb, float* y
       }
   const __m256 scale = _mm256_set1_ps(tb.scale);
   for (int j = 0; j < rot; j += 8) {
-    __m256i idx = _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.perm + j)));
+    __m256i idx =
+        _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.perm + j)));
     __m256 g = _mm256_i32gather_ps(t, idx, 4);
     _mm256_storeu_ps(yb + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(tb.sign + j), g), scale));
   }
@@ -213,9 +215,7 @@ float nvfp4_error_scalar(const float* w, float den) {
 #define LOWBIT_HAVE_AVX2_PATH 1
 #define LOWBIT_AVX2 __attribute__((target("avx2")))
 
-LOWBIT_AVX2 inline __m256 abs8(__m256 x) {
-  return _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
-}
+LOWBIT_AVX2 inline __m256 abs8(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), x); }
 // round_clamp on 8 lanes: RNE, clamp to ±qmax, NaN -> +0.
 LOWBIT_AVX2 inline __m256 round_clamp8(__m256 x, __m256 qmax, __m256 nqmax) {
   __m256 r = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -225,10 +225,10 @@ LOWBIT_AVX2 inline __m256 round_clamp8(__m256 x, __m256 qmax, __m256 nqmax) {
 }
 // The docs/linear.md tree over lanes a[0..7] (0-7) and b[0..7] (8-15).
 LOWBIT_AVX2 inline float tree16_8x2(__m256 a, __m256 b) {
-  __m256 t = _mm256_add_ps(a, b);                                                    // h = 8
-  __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));      // h = 4
-  __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));                                      // h = 2
-  __m128 w = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));                                  // h = 1
+  __m256 t = _mm256_add_ps(a, b);                                                 // h = 8
+  __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));  // h = 4
+  __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));                                  // h = 2
+  __m128 w = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));                              // h = 1
   return _mm_cvtss_f32(w);
 }
 
@@ -308,10 +308,12 @@ LOWBIT_AVX2 inline __m256 e2m1_value8(__m256 w, __m256 den) {
   __m256i idx = _mm256_setzero_si256();
   const float bounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
   for (float b : bounds)
-    idx = _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(b), _CMP_GT_OQ)));
+    idx =
+        _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(b), _CMP_GT_OQ)));
   const __m256 mags = _mm256_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
   __m256 v = _mm256_permutevar8x32_ps(mags, idx);
-  __m256 neg = _mm256_and_ps(_mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ), _mm256_set1_ps(-0.f));
+  __m256 neg =
+      _mm256_and_ps(_mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ), _mm256_set1_ps(-0.f));
   return _mm256_xor_ps(v, neg);
 }
 
@@ -430,8 +432,8 @@ inline void nvfp4_block_codes(const float* w, float den, uint8_t* packed8) {
 
 }  // namespace
 
-void quantize_row_nvfp4_weight(const float* w, int64_t K, float pts,
-                                             uint8_t* scales_out, uint8_t* packed_out) {
+void quantize_row_nvfp4_weight(const float* w, int64_t K, float pts, uint8_t* scales_out,
+                               uint8_t* packed_out) {
   static const float kFrac[9] = {
       static_cast<float>(0.70), static_cast<float>(0.75), static_cast<float>(0.80),
       static_cast<float>(0.85), static_cast<float>(0.90), static_cast<float>(0.95),
@@ -478,8 +480,7 @@ void pack_bits(const int8_t* codes, int64_t K, int bits, uint8_t* out) {
   const int qmax = (1 << (bits - 1)) - 1;
   for (int64_t i = 0; i < K; i += 8) {
     uint64_t word = 0;
-    for (int j = 0; j < 8; ++j)
-      word |= static_cast<uint64_t>(codes[i + j] + qmax) << (j * bits);
+    for (int j = 0; j < 8; ++j) word |= static_cast<uint64_t>(codes[i + j] + qmax) << (j * bits);
     for (int b = 0; b < bits; ++b) out[i / 8 * bits + b] = static_cast<uint8_t>(word >> (8 * b));
   }
 }
@@ -515,7 +516,8 @@ void pack_nibbles(const uint8_t* nibbles, int64_t K, uint8_t* out) {
     out[i / 2] = static_cast<uint8_t>((nibbles[i] & 15u) | ((nibbles[i + 1] & 15u) << 4));
 }
 
-// ---- packed rows ----------------------------------------------------------------------------------
+// ---- packed rows
+// ----------------------------------------------------------------------------------
 namespace {
 
 bool grouped(QType q) {

@@ -11,8 +11,9 @@ namespace lowbit {
 namespace cpu {
 namespace convrot {
 
-// ---- scalar rules shared by every kernel ---------------------------------------------------------
-// Round half to even in fp32, branch-free (exact for every finite float; NaN stays NaN).
+// ---- scalar rules shared by every kernel
+// --------------------------------------------------------- Round half to even in fp32, branch-free
+// (exact for every finite float; NaN stays NaN).
 inline float rne(float x) {
   float a = x < 0.f ? -x : x;
   float r = (a + 8388608.f) - 8388608.f;

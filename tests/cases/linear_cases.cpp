@@ -154,8 +154,8 @@ class BackwardCase : public Case {
   BackwardCase(QType q, int64_t M, int64_t O, int64_t K, DType dt)
       : q_(q), M_(M), O_(O), K_(K), dt_(dt) {}
   std::string name() const override {
-    return std::string("linear.backward_input.") + qtype_name(q_) + "." +
-           shape_str({M_, O_, K_}) + "." + dtype_name(dt_);
+    return std::string("linear.backward_input.") + qtype_name(q_) + "." + shape_str({M_, O_, K_}) +
+           "." + dtype_name(dt_);
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
     HostTensor g(dt_, {M_, O_}), w(DType::f32, {O_, K_});

@@ -1,5 +1,7 @@
 // Unit tests of the ConvRot family (SPEC §3): hand-computed vectors for every format rule,
 // the rotation identity against the dense Kronecker product, fp64 references, error paths.
+#include "lowbit/linear.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "lowbit/dtype.h"
-#include "lowbit/linear.h"
 #include "src/cpu/linear_kernels.h"
 
 namespace lowbit {
@@ -17,8 +18,9 @@ namespace {
 
 using namespace cpu::convrot;
 
-// ---- helpers -------------------------------------------------------------------------------------
-// Dense R_n = R4^{⊗k} in fp64 (SPEC §3.1).
+// ---- helpers
+// ------------------------------------------------------------------------------------- Dense R_n =
+// R4^{⊗k} in fp64 (SPEC §3.1).
 std::vector<double> dense_r(int n) {
   const double r4[4][4] = {{1, 1, 1, -1}, {1, 1, -1, 1}, {1, -1, 1, 1}, {-1, 1, 1, 1}};
   std::vector<double> r{1.0};
@@ -57,7 +59,8 @@ std::vector<double> rotate_ref(const std::vector<float>& x, int64_t R, int64_t K
   return y;
 }
 
-// ---- rotation -------------------------------------------------------------------------------------
+// ---- rotation
+// -------------------------------------------------------------------------------------
 TEST(LinearRotation, FactorizationEqualsKroneckerProduct) {
   for (int n : {4, 16, 64, 256}) {
     int k = 0;
@@ -128,8 +131,8 @@ TEST(LinearRotation, Bf16InputAndOutputRoundOnce) {
     xb[i] = dt::f32_to_bf16(xf[i]);
     xf[i] = dt::bf16_to_f32(xb[i]);
   }
-  hadamard_rotate(make_view(xb.data(), DType::bf16, {K}), 64, make_view(yb.data(), DType::bf16, {K}),
-                  ctx);
+  hadamard_rotate(make_view(xb.data(), DType::bf16, {K}), 64,
+                  make_view(yb.data(), DType::bf16, {K}), ctx);
   std::vector<double> ref = rotate_ref(xf, 1, K, 64);
   for (int64_t i = 0; i < K; ++i) {
     float got = dt::bf16_to_f32(yb[i]);
@@ -146,11 +149,12 @@ TEST(LinearRotation, Blocks) {
   EXPECT_EQ(rotation_block(2), 1);
 }
 
-// ---- qtypes and can_quantize ---------------------------------------------------------------------
+// ---- qtypes and can_quantize
+// ---------------------------------------------------------------------
 TEST(LinearQType, NamesRoundTrip) {
-  const char* names[] = {"convrot8",    "convrotint2", "convrotint3",   "convrotint4",
-                         "convrotint5", "convrotint6", "convrotint7",   "convrotint8",
-                         "convrotbitnet", "convrotcomfyw4a4", "convrot4", "convrotfp8"};
+  const char* names[] = {"convrot8",      "convrotint2",      "convrotint3", "convrotint4",
+                         "convrotint5",   "convrotint6",      "convrotint7", "convrotint8",
+                         "convrotbitnet", "convrotcomfyw4a4", "convrot4",    "convrotfp8"};
   for (int i = 0; i < kNumQTypes; ++i) {
     EXPECT_EQ(static_cast<int>(parse_qtype(names[i])), i);
     EXPECT_STREQ(qtype_name(static_cast<QType>(i)), names[i]);
@@ -178,7 +182,8 @@ TEST(LinearQType, CanQuantizeRules) {
   EXPECT_FALSE(can_quantize(QType::convrot8, 0, 64, nullptr));
 }
 
-// ---- packing rules (hand-computed bytes) ---------------------------------------------------------
+// ---- packing rules (hand-computed bytes)
+// ---------------------------------------------------------
 TEST(LinearPacking, BitPackHandVectors) {
   struct V {
     int bits;
@@ -255,10 +260,12 @@ TEST(LinearPacking, SwizzleIndexMatchesReshapeDescription) {
   EXPECT_EQ(swizzle_index(0, 4, 8), 512);
 }
 
-// ---- rounding rules ------------------------------------------------------------------------------
+// ---- rounding rules
+// ------------------------------------------------------------------------------
 TEST(LinearRounding, Int8RowTiesToEvenAndZeroRow) {
   // amax 127 -> scale exactly 1: the quotients are the values themselves.
-  float w[16] = {127, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 3.5f, -127, 0.49f, 126.5f, -3.5f, 0, 0, 0, 0};
+  float w[16] = {127,  0.5f,  1.5f,   2.5f,  -0.5f, -1.5f, -2.5f, 3.5f,
+                 -127, 0.49f, 126.5f, -3.5f, 0,     0,     0,     0};
   int8_t c[16];
   EXPECT_EQ(quantize_row_int(w, 16, 127, c), 1.f);
   const int8_t want[16] = {127, 0, 2, 2, 0, -2, -2, 4, -127, 0, 126, -4, 0, 0, 0, 0};
@@ -292,7 +299,7 @@ TEST(LinearRounding, Fp8RowScale) {
 TEST(LinearRounding, MseGroupScaleHandVectors) {
   // Expected scales and codes from an independent numpy float32 evaluation of SPEC §3.3 with the
   // docs/linear.md lane order.
-  const float w[16] = {1.0f, 0.9f, 0.2f, -0.1f, 0.05f, -0.6f, 0.3f, 0.45f,
+  const float w[16] = {1.0f,   0.9f, 0.2f, -0.1f, 0.05f, -0.6f,  0.3f, 0.45f,
                        -0.35f, 0.0f, 0.7f, -0.8f, 0.15f, -0.25f, 0.5f, -0.55f};
   struct V {
     int qmax;
@@ -335,8 +342,8 @@ TEST(LinearRounding, GroupFoldOntoRowGrid) {
 
 TEST(LinearRounding, Nvfp4ActivationBlockHandVector) {
   // amax 6 -> base 1 -> scale e4m3(1) = 0x38; midpoints go to the lower code.
-  const float x[16] = {6, 3, 2.9f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f,
-                       3.5f, 5.0f, -6, -0.1f, 0.26f, 4, 1, 0};
+  const float x[16] = {6,    3,    2.9f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f,
+                       3.5f, 5.0f, -6,   -0.1f, 0.26f, 4,     1,     0};
   uint8_t s[1], p[8];
   quantize_row_nvfp4_act(x, 16, s, p);
   EXPECT_EQ(s[0], 0x38);
@@ -408,15 +415,17 @@ TEST(LinearRounding, Nvfp4WeightSweepMatchesStatement) {
   EXPECT_GT(not_amax, 0);  // the sweep does change scales on real data
 }
 
-// ---- whole weights through the public API ---------------------------------------------------------
-const QType kAll[] = {QType::convrot8,    QType::convrot_int2,   QType::convrot_int3,
-                      QType::convrot_int4, QType::convrot_int5,  QType::convrot_int6,
-                      QType::convrot_int7, QType::convrot_int8,  QType::convrot_bitnet,
-                      QType::convrot_comfy_w4a4, QType::convrot4, QType::convrot_fp8};
+// ---- whole weights through the public API
+// ---------------------------------------------------------
+const QType kAll[] = {QType::convrot8,           QType::convrot_int2, QType::convrot_int3,
+                      QType::convrot_int4,       QType::convrot_int5, QType::convrot_int6,
+                      QType::convrot_int7,       QType::convrot_int8, QType::convrot_bitnet,
+                      QType::convrot_comfy_w4a4, QType::convrot4,     QType::convrot_fp8};
 
 double rel_weight_error(QType q, const std::vector<float>& w, int64_t O, int64_t K) {
   Context ctx;
-  PackedWeight p = quantize_weight(make_view(const_cast<float*>(w.data()), DType::f32, {O, K}), q, ctx);
+  PackedWeight p =
+      quantize_weight(make_view(const_cast<float*>(w.data()), DType::f32, {O, K}), q, ctx);
   std::vector<float> d(w.size());
   dequantize_weight(p, make_view(d.data(), DType::f32, {O, K}), false, ctx);
   double num = 0, den = 0;
@@ -431,7 +440,8 @@ TEST(LinearWeights, RelativeErrorBoundsPerQType) {
   const int64_t O = 32, K = 512;
   std::vector<float> w = normal_vec(static_cast<size_t>(O * K), 21, 0.02f);
   // Bounds for Gaussian rows (a rotation keeps them Gaussian): roughly the step of each grid.
-  const double bound[] = {0.012, 0.75, 0.35, 0.16, 0.08, 0.04, 0.025, 0.012, 0.75, 0.16, 0.12, 0.04};
+  const double bound[] = {0.012, 0.75,  0.35, 0.16, 0.08, 0.04,
+                          0.025, 0.012, 0.75, 0.16, 0.12, 0.04};
   double prev = 1.0;
   for (int i = 0; i < kNumQTypes; ++i) {
     double e = rel_weight_error(kAll[i], w, O, K);
@@ -458,7 +468,8 @@ TEST(LinearWeights, ZeroWeightQuantizesToZero) {
     if (q != QType::convrot4) {
       const float* s = reinterpret_cast<const float*>(p.scales.data());
       for (int64_t o = 0; o < O; ++o) {
-        // amax 0 -> 1 (per-row rules); MSE qtypes: the fold gives rscale 1 when every s_g is 0.2/qmax.
+        // amax 0 -> 1 (per-row rules); MSE qtypes: the fold gives rscale 1 when every s_g is
+        // 0.2/qmax.
         EXPECT_GT(s[o], 0.f) << qtype_name(q);
       }
     } else {
@@ -533,9 +544,10 @@ TEST(LinearWeights, SizesPerQType) {
   EXPECT_EQ(bytes(QType::convrot4), size_t(O * K / 2));
 }
 
-// ---- forward / backward ---------------------------------------------------------------------------
-// Decodes the GEMM's weight values for row o independently of the library's unpackers: reads the
-// packed bits one by one (integer families) and applies the fold in fp32.
+// ---- forward / backward
+// --------------------------------------------------------------------------- Decodes the GEMM's
+// weight values for row o independently of the library's unpackers: reads the packed bits one by
+// one (integer families) and applies the fold in fp32.
 std::vector<int> decode_int_codes(const PackedWeight& p, int64_t o) {
   const int64_t K = p.in_features();
   std::vector<int> c(K);
@@ -580,19 +592,23 @@ std::vector<int> decode_int_codes(const PackedWeight& p, int64_t o) {
 TEST(LinearForward, IntegerQTypesBitExactAgainstIndependentDecode) {
   Context ctx;
   const int64_t M = 5, O = 24, K = 256;
-  std::vector<float> w = normal_vec(O * K, 31, 0.05f), x = normal_vec(M * K, 32), bias = normal_vec(O, 33);
+  std::vector<float> w = normal_vec(O * K, 31, 0.05f), x = normal_vec(M * K, 32),
+                     bias = normal_vec(O, 33);
   for (QType q : kAll) {
     if (q == QType::convrot4 || q == QType::convrot_fp8) continue;
-    QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    QuantizedLinear lin =
+        QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
     PackedWeight p = lin.to_packed(ctx);
     std::vector<float> out(M * O);
     TensorView bv = make_view(bias.data(), DType::f32, {O});
-    lin.forward(make_view(x.data(), DType::f32, {M, K}), &bv, make_view(out.data(), DType::f32, {M, O}), ctx);
+    lin.forward(make_view(x.data(), DType::f32, {M, K}), &bv,
+                make_view(out.data(), DType::f32, {M, O}), ctx);
     // Activations through the public quantizer (tested by hand vectors above).
     std::vector<int8_t> ac(M * K);
     std::vector<float> as(M);
     rotate_quantize_activations(make_view(x.data(), DType::f32, {M, K}), q, lin.rotation_block(),
-                                make_view(ac.data(), DType::i8, {M, K}), make_view(as.data(), DType::f32, {M}), ctx);
+                                make_view(ac.data(), DType::i8, {M, K}),
+                                make_view(as.data(), DType::f32, {M}), ctx);
     const int amax_code = q == QType::convrot_comfy_w4a4 ? 7 : 127;
     const float* ws = reinterpret_cast<const float*>(p.scales.data());
     for (int64_t o = 0; o < O; ++o) {
@@ -606,7 +622,8 @@ TEST(LinearForward, IntegerQTypesBitExactAgainstIndependentDecode) {
         float want = static_cast<float>(acc) * as[m];
         want = want * ws[o];
         want = want + bias[o];
-        ASSERT_EQ(dt::f32_bits(out[m * O + o]), dt::f32_bits(want)) << qtype_name(q) << " " << m << "," << o;
+        ASSERT_EQ(dt::f32_bits(out[m * O + o]), dt::f32_bits(want))
+            << qtype_name(q) << " " << m << "," << o;
       }
     }
   }
@@ -617,9 +634,11 @@ TEST(LinearForward, FloatQTypesAgainstFp64OfDequantizedOperands) {
   const int64_t M = 3, O = 32, K = 64;
   std::vector<float> w = normal_vec(O * K, 41, 0.05f), x = normal_vec(M * K, 42);
   for (QType q : {QType::convrot_fp8, QType::convrot4}) {
-    QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    QuantizedLinear lin =
+        QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
     std::vector<float> out(M * O);
-    lin.forward(make_view(x.data(), DType::f32, {M, K}), nullptr, make_view(out.data(), DType::f32, {M, O}), ctx);
+    lin.forward(make_view(x.data(), DType::f32, {M, K}), nullptr,
+                make_view(out.data(), DType::f32, {M, O}), ctx);
     std::vector<float> wd(O * K);
     dequantize_weight(lin.weights(), make_view(wd.data(), DType::f32, {O, K}), true, ctx);
     // Dequantized activations from the public quantizer's codes.
@@ -635,14 +654,16 @@ TEST(LinearForward, FloatQTypesAgainstFp64OfDequantizedOperands) {
       std::vector<uint8_t> c(M * K);
       std::vector<float> s(M);
       rotate_quantize_activations(make_view(x.data(), DType::f32, {M, K}), q, 64,
-                                  make_view(c.data(), DType::e4m3, {M, K}), make_view(s.data(), DType::f32, {M}), ctx);
+                                  make_view(c.data(), DType::e4m3, {M, K}),
+                                  make_view(s.data(), DType::f32, {M}), ctx);
       for (int64_t i = 0; i < M * K; ++i) xd[i] = double(dt::e4m3_to_f32(c[i])) * s[i / K];
       for (int64_t i = 0; i < M * K; ++i) xraw[i] = dt::e4m3_to_f32(c[i]);
       xs = s;
     } else {
       std::vector<uint8_t> c(M * K / 2), s(M * K / 16);
       rotate_quantize_activations(make_view(x.data(), DType::f32, {M, K}), q, 64,
-                                  make_view(c.data(), DType::e2m1x2, {M, K}), make_view(s.data(), DType::e4m3, {M, K / 16}), ctx);
+                                  make_view(c.data(), DType::e2m1x2, {M, K}),
+                                  make_view(s.data(), DType::e4m3, {M, K / 16}), ctx);
       for (int64_t i = 0; i < M * K; ++i)
         xd[i] = double(dt::e2m1_to_f32(dt::get_nibble(c.data(), i))) * dt::e4m3_to_f32(s[i / 16]);
       xraw = xd;
@@ -657,7 +678,8 @@ TEST(LinearForward, FloatQTypesAgainstFp64OfDequantizedOperands) {
           mag += std::fabs(xd[m * K + k] * wd[o * K + k]);
         }
         // acc is exact then rounded; the epilogue and the dequantized weight add a few fp32 ulps.
-        EXPECT_NEAR(out[m * O + o], ref, 4e-7 * mag + 1e-30) << qtype_name(q) << " " << m << "," << o;
+        EXPECT_NEAR(out[m * O + o], ref, 4e-7 * mag + 1e-30)
+            << qtype_name(q) << " " << m << "," << o;
         // Bit-exact: the products of the raw operands sum exactly in fp64 here (K = 64), are
         // rounded once to fp32, then the epilogue applies the two scales in order.
         double exact = 0;
@@ -670,7 +692,8 @@ TEST(LinearForward, FloatQTypesAgainstFp64OfDequantizedOperands) {
           want = want * 1.f;
           want = want * ws_pts;
         }
-        EXPECT_EQ(dt::f32_bits(out[m * O + o]), dt::f32_bits(want)) << qtype_name(q) << " " << m << "," << o;
+        EXPECT_EQ(dt::f32_bits(out[m * O + o]), dt::f32_bits(want))
+            << qtype_name(q) << " " << m << "," << o;
       }
   }
 }
@@ -682,9 +705,11 @@ TEST(LinearForward, Bf16ActivationsAndBias) {
   std::vector<uint16_t> x(M * K), out(M * O), bias(O);
   for (int64_t i = 0; i < M * K; ++i) x[i] = dt::f32_to_bf16(xf[i]);
   for (int64_t o = 0; o < O; ++o) bias[o] = dt::f32_to_bf16(0.25f * o);
-  QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), QType::convrot8, ctx);
+  QuantizedLinear lin =
+      QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), QType::convrot8, ctx);
   TensorView bv = make_view(bias.data(), DType::bf16, {O});
-  lin.forward(make_view(x.data(), DType::bf16, {M, K}), &bv, make_view(out.data(), DType::bf16, {M, O}), ctx);
+  lin.forward(make_view(x.data(), DType::bf16, {M, K}), &bv,
+              make_view(out.data(), DType::bf16, {M, O}), ctx);
   // Against the full-precision layer: the W8A8 error is about 1 % of the output's scale.
   double num = 0, den = 0;
   for (int64_t m = 0; m < M; ++m)
@@ -703,10 +728,12 @@ TEST(LinearBackward, InputGradientAgainstFp64) {
   const int64_t M = 4, O = 16, K = 320;
   std::vector<float> w = normal_vec(O * K, 61, 0.05f), g = normal_vec(M * O, 62), gx(M * K);
   for (QType q : {QType::convrot8, QType::convrot_int3, QType::convrot4}) {
-    QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    QuantizedLinear lin =
+        QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
     std::vector<float> wd(O * K);
     dequantize_weight(lin.weights(), make_view(wd.data(), DType::f32, {O, K}), true, ctx);
-    lin.backward_input(make_view(g.data(), DType::f32, {M, O}), make_view(gx.data(), DType::f32, {M, K}), ctx);
+    lin.backward_input(make_view(g.data(), DType::f32, {M, O}),
+                       make_view(gx.data(), DType::f32, {M, K}), ctx);
     std::vector<float> t(M * K);
     std::vector<double> rot_in(M * K);
     for (int64_t m = 0; m < M; ++m)
@@ -725,13 +752,15 @@ TEST(LinearBackward, InputGradientAgainstFp64) {
   }
 }
 
-// ---- re-quantization -------------------------------------------------------------------------------
+// ---- re-quantization
+// -------------------------------------------------------------------------------
 TEST(LinearRequantize, NearestReproducesQuantizedCodes) {
   Context ctx;
   const int64_t O = 16, K = 256;
   std::vector<float> w = normal_vec(O * K, 71, 0.05f);
   for (QType q : kAll) {
-    QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    QuantizedLinear lin =
+        QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
     PackedWeight before = lin.to_packed(ctx);
     lin.requantize(make_view(w.data(), DType::f32, {O, K}), false, 0, ctx);
     PackedWeight after = lin.to_packed(ctx);
@@ -750,10 +779,12 @@ TEST(LinearRequantize, StochasticIsUnbiasedAndSeeded) {
   Context ctx;
   const int64_t O = 8, K = 64;
   std::vector<float> w = normal_vec(O * K, 81, 0.05f);
-  QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), QType::convrot8, ctx);
+  QuantizedLinear lin =
+      QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), QType::convrot8, ctx);
   // Expected z in the rotated basis: the nearest codes' pre-rounding values.
   std::vector<float> wr(O * K);
-  hadamard_rotate(make_view(w.data(), DType::f32, {O, K}), 64, make_view(wr.data(), DType::f32, {O, K}), ctx);
+  hadamard_rotate(make_view(w.data(), DType::f32, {O, K}), 64,
+                  make_view(wr.data(), DType::f32, {O, K}), ctx);
   const float* s = static_cast<const float*>(lin.weights().scales.data);
   std::vector<double> mean(O * K, 0.0);
   const int trials = 400;
@@ -767,7 +798,8 @@ TEST(LinearRequantize, StochasticIsUnbiasedAndSeeded) {
     }
   }
   double worst = 0;
-  for (int64_t i = 0; i < O * K; ++i) worst = std::max(worst, std::fabs(mean[i] - wr[i] / s[i / K]));
+  for (int64_t i = 0; i < O * K; ++i)
+    worst = std::max(worst, std::fabs(mean[i] - wr[i] / s[i / K]));
   EXPECT_LT(worst, 0.1);  // 400 draws: sd <= 0.025
   // Same seed, same codes.
   lin.requantize(make_view(w.data(), DType::f32, {O, K}), true, 7, ctx);
@@ -785,7 +817,8 @@ TEST(LinearRequantize, StochasticFloatGrids) {
   const int64_t O = 16, K = 64;
   std::vector<float> w = normal_vec(O * K, 91, 0.05f);
   for (QType q : {QType::convrot_fp8, QType::convrot4}) {
-    QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    QuantizedLinear lin =
+        QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
     std::vector<float> nearest(O * K), sto(O * K), sum(O * K, 0.f);
     lin.dequantize(make_view(nearest.data(), DType::f32, {O, K}), ctx);
     for (int t = 0; t < 200; ++t) {
@@ -803,12 +836,14 @@ TEST(LinearRequantize, StochasticFloatGrids) {
   }
 }
 
-// ---- error paths: named argument, nothing written --------------------------------------------------
+// ---- error paths: named argument, nothing written
+// --------------------------------------------------
 TEST(LinearErrors, BadArgumentsThrowAndWriteNothing) {
   Context ctx;
   const int64_t O = 16, K = 64;
   std::vector<float> w = normal_vec(O * K, 1);
-  QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), QType::convrot8, ctx);
+  QuantizedLinear lin =
+      QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), QType::convrot8, ctx);
   std::vector<float> x(4 * K, 1.f), out(4 * O, 7.f);
   auto expect_arg = [&](const std::function<void()>& f, const char* arg) {
     try {
@@ -819,28 +854,91 @@ TEST(LinearErrors, BadArgumentsThrowAndWriteNothing) {
     }
     for (float v : out) ASSERT_EQ(v, 7.f);
   };
-  expect_arg([&] { lin.forward(make_view(x.data(), DType::f32, {4, K - 16}), nullptr, make_view(out.data(), DType::f32, {4, O}), ctx); }, "x");
-  expect_arg([&] { lin.forward(make_view(x.data(), DType::f32, {4, K}), nullptr, make_view(out.data(), DType::f32, {4, O - 1}), ctx); }, "out");
-  expect_arg([&] { lin.forward(make_view(x.data(), DType::f32, {4, K}), nullptr, make_view(out.data(), DType::bf16, {4, O}), ctx); }, "out");
-  expect_arg([&] { lin.forward(make_view(x.data(), DType::i8, {4, K}), nullptr, make_view(out.data(), DType::f32, {4, O}), ctx); }, "x");
+  expect_arg(
+      [&] {
+        lin.forward(make_view(x.data(), DType::f32, {4, K - 16}), nullptr,
+                    make_view(out.data(), DType::f32, {4, O}), ctx);
+      },
+      "x");
+  expect_arg(
+      [&] {
+        lin.forward(make_view(x.data(), DType::f32, {4, K}), nullptr,
+                    make_view(out.data(), DType::f32, {4, O - 1}), ctx);
+      },
+      "out");
+  expect_arg(
+      [&] {
+        lin.forward(make_view(x.data(), DType::f32, {4, K}), nullptr,
+                    make_view(out.data(), DType::bf16, {4, O}), ctx);
+      },
+      "out");
+  expect_arg(
+      [&] {
+        lin.forward(make_view(x.data(), DType::i8, {4, K}), nullptr,
+                    make_view(out.data(), DType::f32, {4, O}), ctx);
+      },
+      "x");
   TensorView bad_bias = make_view(w.data(), DType::f32, {O + 1});
-  expect_arg([&] { lin.forward(make_view(x.data(), DType::f32, {4, K}), &bad_bias, make_view(out.data(), DType::f32, {4, O}), ctx); }, "bias");
-  expect_arg([&] { hadamard_rotate(make_view(x.data(), DType::f32, {4, K}), 32, make_view(out.data(), DType::f32, {4, K}), ctx); }, "block");
-  expect_arg([&] { hadamard_rotate(make_view(x.data(), DType::f32, {4, 48}), 64, make_view(out.data(), DType::f32, {4, 48}), ctx); }, "block");
-  expect_arg([&] { quantize_weight(make_view(w.data(), DType::f32, {O, 40}), QType::convrot8, ctx); }, "qtype");
-  expect_arg([&] { quantize_weight(make_view(w.data(), DType::f32, {8, 64}), QType::convrot4, ctx); }, "qtype");
+  expect_arg(
+      [&] {
+        lin.forward(make_view(x.data(), DType::f32, {4, K}), &bad_bias,
+                    make_view(out.data(), DType::f32, {4, O}), ctx);
+      },
+      "bias");
+  expect_arg(
+      [&] {
+        hadamard_rotate(make_view(x.data(), DType::f32, {4, K}), 32,
+                        make_view(out.data(), DType::f32, {4, K}), ctx);
+      },
+      "block");
+  expect_arg(
+      [&] {
+        hadamard_rotate(make_view(x.data(), DType::f32, {4, 48}), 64,
+                        make_view(out.data(), DType::f32, {4, 48}), ctx);
+      },
+      "block");
+  expect_arg(
+      [&] {
+        quantize_weight(make_view(w.data(), DType::f32, {O, 40}), QType::convrot8, ctx);
+      },
+      "qtype");
+  expect_arg(
+      [&] {
+        quantize_weight(make_view(w.data(), DType::f32, {8, 64}), QType::convrot4, ctx);
+      },
+      "qtype");
   expect_arg([&] { lin.dequantize(make_view(out.data(), DType::f32, {4, O}), ctx); }, "out");
-  expect_arg([&] { lin.backward_input(make_view(x.data(), DType::f32, {4, O + 8}), make_view(out.data(), DType::f32, {4, K}), ctx); }, "grad_out");
+  expect_arg(
+      [&] {
+        lin.backward_input(make_view(x.data(), DType::f32, {4, O + 8}),
+                           make_view(out.data(), DType::f32, {4, K}), ctx);
+      },
+      "grad_out");
   std::vector<float> codes_f(4 * K);
-  expect_arg([&] { rotate_quantize_activations(make_view(x.data(), DType::f32, {4, K}), QType::convrot8, 64, make_view(codes_f.data(), DType::f32, {4, K}), make_view(out.data(), DType::f32, {4}), ctx); }, "codes");
+  expect_arg(
+      [&] {
+        rotate_quantize_activations(make_view(x.data(), DType::f32, {4, K}), QType::convrot8, 64,
+                                    make_view(codes_f.data(), DType::f32, {4, K}),
+                                    make_view(out.data(), DType::f32, {4}), ctx);
+      },
+      "codes");
   QuantizedLinear empty;
-  expect_arg([&] { empty.forward(make_view(x.data(), DType::f32, {4, K}), nullptr, make_view(out.data(), DType::f32, {4, O}), ctx); }, "this");
+  expect_arg(
+      [&] {
+        empty.forward(make_view(x.data(), DType::f32, {4, K}), nullptr,
+                      make_view(out.data(), DType::f32, {4, O}), ctx);
+      },
+      "this");
   // A view whose parts disagree with its qtype.
   PackedWeightView v = lin.weights();
   v.qtype = QType::convrot_int4;
   v.bits = 4;
   std::vector<float> big(O * K, 7.f);
-  expect_arg([&] { dequantize_weight(v, make_view(big.data(), DType::f32, {O, K}), true, ctx); }, "w.codes");
+  expect_arg(
+      [&] {
+        dequantize_weight(v, make_view(big.data(), DType::f32, {O, K}), true, ctx);
+      },
+      "w.codes");
   for (float b : big) ASSERT_EQ(b, 7.f);
 }
 
@@ -892,7 +990,8 @@ TEST(LinearSimd, VectorKernelsMatchScalar) {
     rotate_row(x.data(), y1.data(), rot * 4, rot);
     force_scalar_kernels(false);
     rotate_row(x.data(), y2.data(), rot * 4, rot);
-    for (int i = 0; i < rot * 4; ++i) ASSERT_EQ(dt::f32_bits(y1[i]), dt::f32_bits(y2[i])) << rot << " " << i;
+    for (int i = 0; i < rot * 4; ++i)
+      ASSERT_EQ(dt::f32_bits(y1[i]), dt::f32_bits(y2[i])) << rot << " " << i;
   }
 }
 
