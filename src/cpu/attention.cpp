@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
 #include "src/core/backends.h"
 #include "src/core/check.h"
@@ -257,6 +258,8 @@ void validate_attention_call(const TensorView& q, const TensorView& k, const Ten
     check::same_device(op, "lse_out", *lse_out, "q", q);
   }
   if (on_cuda) {
+    check_vector_aligned(op, "q", q, 8);  // the prologue's loads
+    check_vector_aligned(op, "k", k, 8);
     check_vector_aligned(op, "v", v, 8);
     check::aligned(op, "out", out.data, 4);
     for (int d = 0; d < 3; ++d)
@@ -318,7 +321,6 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
   const int64_t Nkv = k.shape[1], Hkv = k.shape[2];
   if (B == 0 || Nq == 0 || Hq == 0) return;
-  const bool on_cuda = q.device == Device::cuda;
   const float sm = resolve_sm_scale(options.sm_scale, D);
   const Device dev = q.device;
   const int di = q.device_index;
@@ -340,30 +342,28 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   const bool smooth_k = options.smooth_k && Nkv > 0;
   const bool smooth_v = fp8 && options.smooth_v;
 
-  // q carries sm_scale; the kernel then scales the logits by 1 (LSE correction included).
+  // The prologue (SPEC §1) quantizes q with sm_scale folded in, and k minus its mean; the kernel
+  // then scales the logits by 1 (the LSE correction included).
+  Prologue qp;
+  qp.sm_scale = sm;
+  qp.layout = qr.layout;
+  qp.block = qr.block;
+  norm_rope_quantize(q, qp, qr.data, qr.scale, ctx);
+  if (Nkv > 0) {
+    Prologue kp;
+    kp.layout = kr.layout;
+    kp.block = kr.block;
+    if (smooth_k) {
+      norm_rope_mean(k, kp, kmean, ctx);
+      kp.mean = &kmean;
+    }
+    norm_rope_quantize(k, kp, kr.data, kr.scale, ctx);
+  }
+  if (fp8) quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, ctx);
   AttentionOptions inner = options;
   inner.sm_scale = 1.f;
-  if (!on_cuda) {
-    if (smooth_k) cpu::token_mean(k, kmean, ctx);
-    cpu::quantize_rows_int8(q, nullptr, sm, qr, ctx);
-    cpu::quantize_rows_int8(k, smooth_k ? &kmean : nullptr, 1.f, kr, ctx);
-    if (fp8) cpu::quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, ctx);
-    cpu::attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr,
-                        smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr, out, lse_out,
-                        1.f, inner, ctx);
-  } else {
-#ifdef LOWBIT_WITH_CUDA
-    if (smooth_k) cuda::token_mean(k, kmean, ctx);
-    cuda::quantize_rows_int8(q, nullptr, sm, qr, ctx);
-    cuda::quantize_rows_int8(k, smooth_k ? &kmean : nullptr, 1.f, kr, ctx);
-    if (fp8) cuda::quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, ctx);
-    cuda::attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr,
-                         smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr, out, lse_out,
-                         1.f, inner, ctx);
-#else
-    LOWBIT_CUDA_CALL(op, (void)0);
-#endif
-  }
+  attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr, smooth_v ? &vmean : nullptr,
+                 smooth_k ? &kmean : nullptr, out, lse_out, inner, ctx);
 }
 
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,

@@ -15,12 +15,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                     const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
                     TensorView out, TensorView* lse_out, float sm_scale,
                     const AttentionOptions& options, Context& ctx);
-// Per-(batch, head) mean over tokens of x (B, N, H, D): mean (B, H, D) f32.
-void token_mean(const TensorView& x, TensorView mean, Context& ctx);
-// SPEC §1 quantization of (x - mean) * scale (mean (B, H, D) f32 or null) into rows.data and
-// rows.scale (scale_eps 1e-7).
-void quantize_rows_int8(const TensorView& x, const TensorView* mean, float scale,
-                        const QuantizedRows& rows, Context& ctx);
 }  // namespace cpu
 namespace cuda {
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale,
@@ -29,8 +23,5 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                     const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
                     TensorView out, TensorView* lse_out, float sm_scale,
                     const AttentionOptions& options, Context& ctx);
-void token_mean(const TensorView& x, TensorView mean, Context& ctx);
-void quantize_rows_int8(const TensorView& x, const TensorView* mean, float scale,
-                        const QuantizedRows& rows, Context& ctx);
 }  // namespace cuda
 }  // namespace lowbit

@@ -1,6 +1,6 @@
 // CUDA backend of the attention family (SPEC §2): the mma.sync kernel (sm_89/sm_90; INT8
-// m16n8k32 for q k^T, e4m3 m16n8k32 or bf16/f16 m16n8k16 for P V), V quantization to fp8, and the
-// helpers of the one-call path (K mean, INT8 row quantization in SPEC §1's layouts).
+// m16n8k32 for q k^T, e4m3 m16n8k32 or bf16/f16 m16n8k16 for P V) and V quantization to fp8.
+// q and k come quantized from the prologue (SPEC §1).
 //
 // Attention kernel: one CTA = 8 warps = 128 query rows of one (batch, head); 64 keys per step,
 // K/V tiles double-buffered in shared memory with cp.async; each warp owns 16 rows and keeps
@@ -532,78 +532,6 @@ __global__ void v_quant_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, i
   }
 }
 
-// ---- one-call helpers: K mean and INT8 rows --------------------------------------------------
-
-template <typename T>
-__global__ void token_mean_kernel(const T* x, int64_t sb, int64_t sn, int64_t sh, int N, int H,
-                                  int D, float* mean) {
-  __shared__ float red[8][33];
-  const int bh = blockIdx.x, b = bh / H, h = bh % H;
-  const int d = blockIdx.y * 32 + threadIdx.x;
-  const T* base = x + b * sb + h * sh + d;
-  float sum = 0.f;
-  for (int n = threadIdx.y; n < N; n += 8) sum += to_f32(base[n * sn]);
-  red[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0) {
-    float total = 0.f;
-    for (int y = 0; y < 8; ++y) total += red[y][threadIdx.x];
-    mean[static_cast<int64_t>(bh) * D + d] = N > 0 ? total / static_cast<float>(N) : 0.f;
-  }
-}
-
-__device__ __forceinline__ float div_full(float a, float b) {
-  float r;
-  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
-// One block (128 threads) per `block` rows of one (batch, head): group maxima, scales, codes.
-template <typename T>
-__global__ void quantize_rows_kernel(const T* x, int64_t sb, int64_t sn, int64_t sh, int N, int H,
-                                     int D, const float* mean, float mul, int layout, int block,
-                                     int groups, int8_t* q, int64_t qb, int64_t qn, int64_t qh,
-                                     float* scale, int64_t ssb, int64_t ssh, int64_t sss) {
-  __shared__ unsigned amax_bits[8];
-  const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x < 8) amax_bits[threadIdx.x] = 0u;
-  __syncthreads();
-  const T* xb = x + b * sb + h * sh;
-  const float* mu = mean ? mean + (static_cast<int64_t>(b) * H + h) * D : nullptr;
-  const int64_t r0 = static_cast<int64_t>(blk) * block;
-  for (int r = warp; r < block; r += 4) {
-    const int64_t n = r0 + r;
-    if (n >= N) break;
-    float a = 0.f;
-    for (int d = lane; d < D; d += 32) {
-      const float v = (to_f32(xb[n * sn + d]) - (mu ? mu[d] : 0.f)) * mul;
-      a = fmaxf(a, fabsf(v));
-    }
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if (lane == 0)
-      atomicMax(&amax_bits[scale_index_dev(layout, block, r) % groups], __float_as_uint(a));
-  }
-  __syncthreads();
-  float* sg = scale + b * ssb + h * ssh;
-  if (threadIdx.x < groups)
-    sg[(static_cast<int64_t>(blk) * groups + threadIdx.x) * sss] =
-        __uint_as_float(amax_bits[threadIdx.x]) / 127.f + 1e-7f;
-  for (int r = warp; r < block; r += 4) {
-    const int64_t n = r0 + r;
-    if (n >= N) break;
-    const float s = __uint_as_float(amax_bits[scale_index_dev(layout, block, r) % groups]) / 127.f +
-                    1e-7f;
-    for (int d = lane; d < D; d += 32) {
-      const float v = (to_f32(xb[n * sn + d]) - (mu ? mu[d] : 0.f)) * mul;
-      float c = div_full(v, s);
-      c = c + (c >= 0.f ? 0.5f : -0.5f);
-      c = fminf(127.f, fmaxf(-127.f, truncf(c)));
-      q[b * qb + n * qn + h * qh + d] = static_cast<int8_t>(c);
-    }
-  }
-}
-
 template <typename F>
 void with_16bit(DType dt, F&& f) {
   if (dt == DType::bf16) f(__nv_bfloat16{});
@@ -698,37 +626,6 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
                                                 v_fp8.ptr<uint8_t>());
       check_launch(op);
     });
-  });
-}
-
-void token_mean(const TensorView& x, TensorView mean, Context& ctx) {
-  const int B = static_cast<int>(x.shape[0]), N = static_cast<int>(x.shape[1]);
-  const int H = static_cast<int>(x.shape[2]), D = static_cast<int>(x.shape[3]);
-  with_16bit(x.dtype, [&](auto t16) {
-    using T = decltype(t16);
-    token_mean_kernel<T><<<dim3(B * H, D / 32), dim3(32, 8), 0, stream_of(ctx)>>>(
-        x.ptr<const T>(), x.stride[0], x.stride[1], x.stride[2], N, H, D, mean.ptr<float>());
-    check_launch("attention");
-  });
-}
-
-void quantize_rows_int8(const TensorView& x, const TensorView* mean, float scale,
-                        const QuantizedRows& rows, Context& ctx) {
-  const int B = static_cast<int>(x.shape[0]), N = static_cast<int>(x.shape[1]);
-  const int H = static_cast<int>(x.shape[2]), D = static_cast<int>(x.shape[3]);
-  const int groups = scale_groups(rows.layout);
-  const int64_t n_blocks = scale_count(rows.layout, rows.block, N) / groups;
-  if (n_blocks == 0) return;
-  with_16bit(x.dtype, [&](auto t16) {
-    using T = decltype(t16);
-    quantize_rows_kernel<T><<<dim3(static_cast<unsigned>(n_blocks), H, B), 128, 0,
-                              stream_of(ctx)>>>(
-        x.ptr<const T>(), x.stride[0], x.stride[1], x.stride[2], N, H, D,
-        mean ? mean->ptr<const float>() : nullptr, scale, static_cast<int>(rows.layout),
-        rows.block, groups, rows.data.ptr<int8_t>(), rows.data.stride[0], rows.data.stride[1],
-        rows.data.stride[2], rows.scale.ptr<float>(), rows.scale.stride[0], rows.scale.stride[1],
-        rows.scale.stride[2]);
-    check_launch("attention");
   });
 }
 
