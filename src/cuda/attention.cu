@@ -38,6 +38,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
 }
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -240,10 +245,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
                    ok ? static_cast<const void*>(vg + (kv0 + r) * p.v_sn + col * 8) : p.v, ok);
       }
     }
-    if (tid < kKvTile) {
+    if (tid < kKvTile) {  // k scales ride in the same cp.async group (keys past N: 0)
       const int64_t key = kv0 + tid;
-      reinterpret_cast<float*>(smem + S::kSOff)[buf * kKvTile + tid] =
-          key < p.Nkv ? ksg[scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss] : 0.f;
+      const bool ok = key < p.Nkv;
+      cp_async4(reinterpret_cast<float*>(smem + S::kSOff) + buf * kKvTile + tid,
+                ok ? ksg + scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss : ksg, ok);
     }
   };
   if (n_tiles > 0) load_tile(0, 0);
@@ -470,32 +476,36 @@ void launch_attention(const AttnParams& p, int B, Context& ctx) {
 
 // ---- V to fp8 ----------------------------------------------------------------------------------
 
-// Per (batch, head): channel means (optional) and max |v - mean| / 448. Block (32, 8): x a
-// channel of a 32-channel slice, y strides the tokens; fixed-order reductions (deterministic).
+// Per (batch, head): channel means (optional) and max |v - mean| / 448. Block (32, kStatRows): x
+// a channel of a 32-channel slice, y strides the tokens; fixed-order reductions (deterministic).
+constexpr int kStatRows = 16;
 template <typename T>
 __global__ void v_stats_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int D,
                                float* scale, float* mean) {
-  __shared__ float red[8][33];
+  __shared__ float red[kStatRows][33];
   const int bh = blockIdx.x, b = bh / H, h = bh % H;
   const int d = blockIdx.y * 32 + threadIdx.x;
   const T* base = v + b * sb + h * sh + d;
   float mu = 0.f;
   if (mean) {
     float sum = 0.f;
-    for (int n = threadIdx.y; n < N; n += 8) sum += to_f32(base[n * sn]);
+#pragma unroll 4
+    for (int n = threadIdx.y; n < N; n += kStatRows) sum += to_f32(base[n * sn]);
     red[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     float total = 0.f;
-    for (int y = 0; y < 8; ++y) total += red[y][threadIdx.x];
+    for (int y = 0; y < kStatRows; ++y) total += red[y][threadIdx.x];
     mu = N > 0 ? total / static_cast<float>(N) : 0.f;
     __syncthreads();
   }
   float amax = 0.f;
-  for (int n = threadIdx.y; n < N; n += 8) amax = fmaxf(amax, fabsf(to_f32(base[n * sn]) - mu));
+#pragma unroll 4
+  for (int n = threadIdx.y; n < N; n += kStatRows)
+    amax = fmaxf(amax, fabsf(to_f32(base[n * sn]) - mu));
   red[threadIdx.y][threadIdx.x] = amax;
   __syncthreads();
   if (threadIdx.y == 0) {
-    for (int y = 1; y < 8; ++y) amax = fmaxf(amax, red[y][threadIdx.x]);
+    for (int y = 1; y < kStatRows; ++y) amax = fmaxf(amax, red[y][threadIdx.x]);
     scale[static_cast<int64_t>(bh) * D + d] = amax / 448.f;
     if (mean) mean[static_cast<int64_t>(bh) * D + d] = mu;
   }
@@ -614,7 +624,7 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   with_16bit(v.dtype, [&](auto t16) {
     using T = decltype(t16);
     const T* vp = v.ptr<const T>();
-    v_stats_kernel<T><<<dim3(B * H, D / 32), dim3(32, 8), 0, stream_of(ctx)>>>(
+    v_stats_kernel<T><<<dim3(B * H, D / 32), dim3(32, kStatRows), 0, stream_of(ctx)>>>(
         vp, v.stride[0], v.stride[1], v.stride[2], N, H, D, v_scale.ptr<float>(), mean);
     check_launch(op);
     if (npad == 0) return;
