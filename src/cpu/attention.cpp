@@ -18,10 +18,18 @@ int64_t scale_index(ScaleLayout layout, int block, int64_t row) {
   const int64_t r = row % block;
   int64_t group = 0;
   switch (layout) {
-    case ScaleLayout::per_block: group = 0; break;
-    case ScaleLayout::thread_q: group = r % 8; break;
-    case ScaleLayout::thread_k: group = (r % 8) / 2; break;
-    case ScaleLayout::warp_q: group = r / 32; break;
+    case ScaleLayout::per_block:
+      group = 0;
+      break;
+    case ScaleLayout::thread_q:
+      group = r % 8;
+      break;
+    case ScaleLayout::thread_k:
+      group = (r % 8) / 2;
+      break;
+    case ScaleLayout::warp_q:
+      group = r / 32;
+      break;
   }
   return (row / block) * scale_groups(layout) + group;
 }
@@ -35,10 +43,14 @@ namespace {
 
 const char* layout_name(ScaleLayout l) {
   switch (l) {
-    case ScaleLayout::per_block: return "per_block";
-    case ScaleLayout::thread_q: return "thread_q";
-    case ScaleLayout::thread_k: return "thread_k";
-    case ScaleLayout::warp_q: return "warp_q";
+    case ScaleLayout::per_block:
+      return "per_block";
+    case ScaleLayout::thread_q:
+      return "thread_q";
+    case ScaleLayout::thread_k:
+      return "thread_k";
+    case ScaleLayout::warp_q:
+      return "warp_q";
   }
   return "?";
 }
@@ -88,8 +100,8 @@ void check_quantized(const char* op, const char* arg, const char* scale_arg,
   const int64_t need = scale_count(r.layout, r.block, r.data.shape[1]);
   check::that(r.scale.shape[2] >= need, op, scale_arg,
               std::string("scales per head (") + layout_name(r.layout) + ", block " +
-                  std::to_string(r.block) + "): expected >= " + std::to_string(need) +
-                  ", got " + std::to_string(r.scale.shape[2]));
+                  std::to_string(r.block) + "): expected >= " + std::to_string(need) + ", got " +
+                  std::to_string(r.scale.shape[2]));
   check::same_device(op, scale_arg, r.scale, arg, r.data);
 }
 
@@ -109,8 +121,8 @@ float resolve_sm_scale(float s, int64_t d) {
 
 }  // namespace
 
-void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale,
-                    TensorView* v_mean, Context& ctx) {
+void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
+                    Context& ctx) {
   const char* op = "quantize_v_fp8";
   check::not_null(op, "v", v);
   check::ndim(op, "v", v, 4);
@@ -175,7 +187,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     check::dtype(op, "v", v, {DType::e4m3});
     check_shape(op, "v", v, {B, Hkv, D, round_up(Nkv, 64)});
     check::contiguous(op, "v", v);
-    check::that(v_scale != nullptr, op, "v_scale", "expected (B, Hkv, D) f32 in fp8 PV mode, got null");
+    check::that(v_scale != nullptr, op, "v_scale",
+                "expected (B, Hkv, D) f32 in fp8 PV mode, got null");
     check_head_vector(op, "v_scale", v_scale, B, Hkv, D, q.data);
     check_head_vector(op, "v_mean", v_mean, B, Hkv, D, q.data);
   } else {
@@ -207,8 +220,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   if (!on_cuda) {
     cpu::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm, options, ctx);
   } else {
-    LOWBIT_CUDA_CALL(op, cuda::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm,
-                                              options, ctx));
+    LOWBIT_CUDA_CALL(
+        op, cuda::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm, options, ctx));
   }
 }
 
@@ -315,8 +328,9 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   validate_attention_call(q, k, v, out, lse_out);
   const Workspace ws(q, k, options);
   check::that(workspace_bytes >= ws.total && (ws.total == 0 || workspace != nullptr), op,
-              "workspace", check::expected_got(">= " + std::to_string(ws.total) + " bytes",
-                                               std::to_string(workspace_bytes) + " bytes"));
+              "workspace",
+              check::expected_got(">= " + std::to_string(ws.total) + " bytes",
+                                  std::to_string(workspace_bytes) + " bytes"));
   check::aligned(op, "workspace", workspace, 256);
   const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
   const int64_t Nkv = k.shape[1], Hkv = k.shape[2];

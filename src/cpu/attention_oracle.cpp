@@ -45,7 +45,7 @@ inline float round_to(DType dt, float p) {
 // Position of key `key` inside its 32-key group of the fp8 V layout (attention.h).
 inline int64_t fp8_v_position(int64_t key) {
   const int64_t base = key & ~int64_t{31}, r = key & 31;
-  const int64_t h = r / 16, w = r % 16;        // w = 8 * (i / 2) + 2 * t + (i % 2)
+  const int64_t h = r / 16, w = r % 16;  // w = 8 * (i / 2) + 2 * t + (i % 2)
   const int64_t i = (w / 8) * 2 + (w % 2), t = (w % 8) / 2;
   return base + 16 * h + 4 * t + i;
 }

@@ -26,9 +26,9 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2_448 = 8.807354922057604f;
-constexpr int kWarps = 8;            // warps per CTA
+constexpr int kWarps = 8;  // warps per CTA
 constexpr int kRowsPerCta = 16 * kWarps;
-constexpr int kKvTile = 64;          // keys per step (the oracle's tile)
+constexpr int kKvTile = 64;  // keys per step (the oracle's tile)
 constexpr int kThreads = 32 * kWarps;
 
 // ---- small PTX wrappers ----------------------------------------------------------------------
@@ -128,51 +128,60 @@ __device__ __forceinline__ uint32_t pack_16x2(float lo, float hi) {
 
 template <typename T16>
 __device__ __forceinline__ float to_f32(T16 x) {
-  if constexpr (std::is_same<T16, __nv_bfloat16>::value) return __bfloat162float(x);
-  else return __half2float(x);
+  if constexpr (std::is_same<T16, __nv_bfloat16>::value)
+    return __bfloat162float(x);
+  else
+    return __half2float(x);
 }
 
 __device__ __forceinline__ int64_t scale_index_dev(int layout, int block, int64_t row) {
   const int64_t r = row % block;
   int64_t group = 0, groups = 1;
-  if (layout == 1) { group = r % 8; groups = 8; }
-  else if (layout == 2) { group = (r % 8) / 2; groups = 4; }
-  else if (layout == 3) { group = r / 32; groups = 4; }
+  if (layout == 1) {
+    group = r % 8;
+    groups = 8;
+  } else if (layout == 2) {
+    group = (r % 8) / 2;
+    groups = 4;
+  } else if (layout == 3) {
+    group = r / 32;
+    groups = 4;
+  }
   return (row / block) * groups + group;
 }
 
 // ---- attention kernel --------------------------------------------------------------------------
 
 struct AttnParams {
-  const int8_t* q;          // (B, Nq, Hq, D) int8
+  const int8_t* q;  // (B, Nq, Hq, D) int8
   int64_t q_sb, q_sn, q_sh;
-  const float* q_scale;     // (B, Hq, S)
+  const float* q_scale;  // (B, Hq, S)
   int64_t qs_sb, qs_sh, qs_ss;
   int q_layout, q_block;
-  const int8_t* k;          // (B, Nkv, Hkv, D) int8
+  const int8_t* k;  // (B, Nkv, Hkv, D) int8
   int64_t k_sb, k_sn, k_sh;
-  const float* k_scale;     // (B, Hkv, S)
+  const float* k_scale;  // (B, Hkv, S)
   int64_t ks_sb, ks_sh, ks_ss;
   int k_layout, k_block;
-  const void* v;            // fp8: (B, Hkv, D, npad) e4m3; 16-bit: (B, Nkv, Hkv, D)
+  const void* v;             // fp8: (B, Hkv, D, npad) e4m3; 16-bit: (B, Nkv, Hkv, D)
   int64_t v_sb, v_sn, v_sh;  // 16-bit mode strides (elements)
   int64_t npad;
-  const float* v_scale;     // (B, Hkv, D) or null (16-bit)
-  const float* v_mean;      // (B, Hkv, D) or null
-  const float* k_mean;      // (B, Hkv, D) or null
-  void* out;                // (B, Nq, Hq, D) 16-bit
+  const float* v_scale;  // (B, Hkv, D) or null (16-bit)
+  const float* v_mean;   // (B, Hkv, D) or null
+  const float* k_mean;   // (B, Hkv, D) or null
+  void* out;             // (B, Nq, Hq, D) 16-bit
   int64_t o_sb, o_sn, o_sh;
-  float* lse;               // (B, Hq, Nq) or null
+  float* lse;  // (B, Hq, Nq) or null
   int64_t l_sb, l_sh, l_sn;
   int Nq, Nkv, Hq, Hkv, G;
-  int causal;               // 0 none; else keys j < i + shift + 1 are visible
+  int causal;  // 0 none; else keys j < i + shift + 1 are visible
   int64_t shift;
   float scale_log2, sm_scale;
 };
 
 template <int D, bool FP8>
 struct Smem {
-  static constexpr int kQStride = D + 16;                        // bytes per q/k row
+  static constexpr int kQStride = D + 16;                            // bytes per q/k row
   static constexpr int kVStride = FP8 ? kKvTile + 16 : (D + 8) * 2;  // bytes per V row
   static constexpr int kVRows = FP8 ? D : kKvTile;
   static constexpr int kQBytes = kRowsPerCta * kQStride;
@@ -317,8 +326,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
         const int col = j * 8 + 2 * t + e;
         const int64_t key = kv0 + col;
         const float ks = sKs[col];
-        float v0 = __fmul_rn(__fmul_rn(static_cast<float>(acc[j][e]), __fmul_rn(qs0, ks)), p.scale_log2);
-        float v1 = __fmul_rn(__fmul_rn(static_cast<float>(acc[j][2 + e]), __fmul_rn(qs1, ks)), p.scale_log2);
+        float v0 =
+            __fmul_rn(__fmul_rn(static_cast<float>(acc[j][e]), __fmul_rn(qs0, ks)), p.scale_log2);
+        float v1 = __fmul_rn(__fmul_rn(static_cast<float>(acc[j][2 + e]), __fmul_rn(qs1, ks)),
+                             p.scale_log2);
         v0 = key < end0 ? v0 : -INFINITY;
         v1 = key < end1 ? v1 : -INFINITY;
         s[j][e] = v0;
@@ -515,8 +526,7 @@ __global__ void v_stats_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, i
 // order within each 32-key group.
 template <typename T, int D>
 __global__ void v_quant_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H,
-                               int64_t npad, const float* scale, const float* mean,
-                               uint8_t* out) {
+                               int64_t npad, const float* scale, const float* mean, uint8_t* out) {
   __shared__ uint8_t codes[D][kKvTile + 4];
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t bh = static_cast<int64_t>(b) * H + h;
@@ -544,8 +554,10 @@ __global__ void v_quant_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, i
 
 template <typename F>
 void with_16bit(DType dt, F&& f) {
-  if (dt == DType::bf16) f(__nv_bfloat16{});
-  else f(__half{});
+  if (dt == DType::bf16)
+    f(__nv_bfloat16{});
+  else
+    f(__half{});
 }
 
 }  // namespace
@@ -569,29 +581,45 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   }
   AttnParams p{};
   p.q = q.data.ptr<const int8_t>();
-  p.q_sb = q.data.stride[0]; p.q_sn = q.data.stride[1]; p.q_sh = q.data.stride[2];
+  p.q_sb = q.data.stride[0];
+  p.q_sn = q.data.stride[1];
+  p.q_sh = q.data.stride[2];
   p.q_scale = q.scale.ptr<const float>();
-  p.qs_sb = q.scale.stride[0]; p.qs_sh = q.scale.stride[1]; p.qs_ss = q.scale.stride[2];
-  p.q_layout = static_cast<int>(q.layout); p.q_block = q.block;
+  p.qs_sb = q.scale.stride[0];
+  p.qs_sh = q.scale.stride[1];
+  p.qs_ss = q.scale.stride[2];
+  p.q_layout = static_cast<int>(q.layout);
+  p.q_block = q.block;
   p.k = k.data.ptr<const int8_t>();
-  p.k_sb = k.data.stride[0]; p.k_sn = k.data.stride[1]; p.k_sh = k.data.stride[2];
+  p.k_sb = k.data.stride[0];
+  p.k_sn = k.data.stride[1];
+  p.k_sh = k.data.stride[2];
   p.k_scale = k.scale.ptr<const float>();
-  p.ks_sb = k.scale.stride[0]; p.ks_sh = k.scale.stride[1]; p.ks_ss = k.scale.stride[2];
-  p.k_layout = static_cast<int>(k.layout); p.k_block = k.block;
+  p.ks_sb = k.scale.stride[0];
+  p.ks_sh = k.scale.stride[1];
+  p.ks_ss = k.scale.stride[2];
+  p.k_layout = static_cast<int>(k.layout);
+  p.k_block = k.block;
   p.v = v.data;
   if (fp8) {
     p.npad = v.shape[3];
   } else {
-    p.v_sb = v.stride[0]; p.v_sn = v.stride[1]; p.v_sh = v.stride[2];
+    p.v_sb = v.stride[0];
+    p.v_sn = v.stride[1];
+    p.v_sh = v.stride[2];
   }
   p.v_scale = v_scale ? v_scale->ptr<const float>() : nullptr;
   p.v_mean = v_mean ? v_mean->ptr<const float>() : nullptr;
   p.k_mean = k_mean ? k_mean->ptr<const float>() : nullptr;
   p.out = out.data;
-  p.o_sb = out.stride[0]; p.o_sn = out.stride[1]; p.o_sh = out.stride[2];
+  p.o_sb = out.stride[0];
+  p.o_sn = out.stride[1];
+  p.o_sh = out.stride[2];
   p.lse = lse_out ? lse_out->ptr<float>() : nullptr;
   if (lse_out) {
-    p.l_sb = lse_out->stride[0]; p.l_sh = lse_out->stride[1]; p.l_sn = lse_out->stride[2];
+    p.l_sb = lse_out->stride[0];
+    p.l_sh = lse_out->stride[1];
+    p.l_sn = lse_out->stride[2];
   }
   p.Nq = static_cast<int>(q.data.shape[1]);
   p.Nkv = static_cast<int>(k.data.shape[1]);
@@ -605,13 +633,15 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   const int B = static_cast<int>(q.data.shape[0]);
   dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
                         [&](auto Dc) {
-    constexpr int D = decltype(Dc)::value;
-    with_16bit(out.dtype, [&](auto t16) {
-      using T16 = decltype(t16);
-      if (fp8) launch_attention<D, true, T16>(p, B, ctx);
-      else launch_attention<D, false, T16>(p, B, ctx);
-    });
-  });
+                          constexpr int D = decltype(Dc)::value;
+                          with_16bit(out.dtype, [&](auto t16) {
+                            using T16 = decltype(t16);
+                            if (fp8)
+                              launch_attention<D, true, T16>(p, B, ctx);
+                            else
+                              launch_attention<D, false, T16>(p, B, ctx);
+                          });
+                        });
 }
 
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
@@ -630,10 +660,10 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
     if (npad == 0) return;
     dispatch_int<64, 128>(D, op, "v (head dim)", [&](auto Dc) {
       constexpr int Dv = decltype(Dc)::value;
-      v_quant_kernel<T, Dv><<<dim3(static_cast<unsigned>(npad / kKvTile), H, B), 256, 0,
-                              stream_of(ctx)>>>(vp, v.stride[0], v.stride[1], v.stride[2], N, H,
-                                                npad, v_scale.ptr<const float>(), mean,
-                                                v_fp8.ptr<uint8_t>());
+      v_quant_kernel<T, Dv>
+          <<<dim3(static_cast<unsigned>(npad / kKvTile), H, B), 256, 0, stream_of(ctx)>>>(
+              vp, v.stride[0], v.stride[1], v.stride[2], N, H, npad, v_scale.ptr<const float>(),
+              mean, v_fp8.ptr<uint8_t>());
       check_launch(op);
     });
   });

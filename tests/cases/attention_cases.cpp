@@ -24,8 +24,9 @@ std::string shape_name(const Shape& s) {
          ".hq" + std::to_string(s.Hq) + ".hkv" + std::to_string(s.Hkv) + ".d" + std::to_string(s.D);
 }
 const char* causal_name(AttentionOptions::Causal c) {
-  return c == AttentionOptions::none ? "full" : c == AttentionOptions::bottom_right ? "causal_br"
-                                                                                     : "causal_tl";
+  return c == AttentionOptions::none           ? "full"
+         : c == AttentionOptions::bottom_right ? "causal_br"
+                                               : "causal_tl";
 }
 
 // A contiguous (B, H, N, D) tensor seen as (B, N, H, D).
@@ -41,12 +42,20 @@ class Int8AttentionCase : public Case {
  public:
   Int8AttentionCase(Shape s, AttentionOptions opt, DType out_dtype, ScaleLayout q_layout,
                     int q_block, ScaleLayout k_layout, int k_block, bool hnd, bool k_mean)
-      : s_(s), opt_(opt), dt_(out_dtype), ql_(q_layout), qb_(q_block), kl_(k_layout), kb_(k_block),
-        hnd_(hnd), k_mean_(k_mean) {}
+      : s_(s),
+        opt_(opt),
+        dt_(out_dtype),
+        ql_(q_layout),
+        qb_(q_block),
+        kl_(k_layout),
+        kb_(k_block),
+        hnd_(hnd),
+        k_mean_(k_mean) {}
 
   std::string name() const override {
-    std::string n = "attention.int8." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") +
-                    "." + causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_);
+    std::string n = "attention.int8." +
+                    std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." +
+                    causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_);
     if (hnd_) n += ".hnd";
     if (opt_.smooth_v) n += ".vmean";
     if (k_mean_) n += ".kmean";
@@ -138,7 +147,8 @@ class Int8AttentionCase : public Case {
   bool hnd_, k_mean_;
 };
 
-// ---- V to fp8 ------------------------------------------------------------------------------------
+// ---- V to fp8
+// ------------------------------------------------------------------------------------
 
 // Codes (in the fragment order of keys) and scales: bit-exact without the mean; with the mean the
 // GPU sums the tokens in another order, so a code may move by one.
@@ -197,8 +207,8 @@ class AttentionCallCase : public Case {
  public:
   AttentionCallCase(Shape s, AttentionOptions opt, DType dt) : s_(s), opt_(opt), dt_(dt) {}
   std::string name() const override {
-    return "attention.call." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") +
-           "." + causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_) +
+    return "attention.call." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." +
+           causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_) +
            (opt_.smooth_k ? ".smooth_k" : "");
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
@@ -248,8 +258,8 @@ AttentionOptions make_opt(AttentionOptions::PV pv, AttentionOptions::Causal c) {
 LOWBIT_HARNESS_CASES(attention_cases) {
   using O = AttentionOptions;
   const Shape shapes[] = {
-      {1, 1, 1, 1, 1, 64},     {1, 17, 17, 2, 1, 64},    {2, 127, 127, 4, 2, 128},
-      {1, 200, 77, 2, 2, 64},  {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
+      {1, 1, 1, 1, 1, 64},    {1, 17, 17, 2, 1, 64},   {2, 127, 127, 4, 2, 128},
+      {1, 200, 77, 2, 2, 64}, {1, 65, 300, 3, 1, 128}, {1, 300, 300, 2, 2, 128},
   };
   for (const Shape& s : shapes)
     for (auto pv : {O::fp8, O::f16})
@@ -263,13 +273,13 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         Shape{1, 129, 129, 2, 2, 128}, make_opt(pv, O::bottom_right), DType::f16,
         ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
     cases.push_back(std::make_unique<Int8AttentionCase>(
-        Shape{2, 70, 130, 4, 1, 64}, make_opt(pv, O::none), DType::bf16, ScaleLayout::warp_q,
-        128, ScaleLayout::thread_k, 128, false, true));
+        Shape{2, 70, 130, 4, 1, 64}, make_opt(pv, O::none), DType::bf16, ScaleLayout::warp_q, 128,
+        ScaleLayout::thread_k, 128, false, true));
   }
   O vm = make_opt(O::fp8, O::none);
   vm.smooth_v = true;
-  cases.push_back(std::make_unique<Int8AttentionCase>(Shape{1, 100, 100, 2, 2, 64}, vm,
-                                                      DType::bf16, ScaleLayout::per_block, 128,
+  cases.push_back(std::make_unique<Int8AttentionCase>(Shape{1, 100, 100, 2, 2, 64}, vm, DType::bf16,
+                                                      ScaleLayout::per_block, 128,
                                                       ScaleLayout::per_block, 64, false, false));
   cases.push_back(std::make_unique<QuantizeVCase>(1, 1, 1, 64, DType::bf16, false));
   cases.push_back(std::make_unique<QuantizeVCase>(2, 127, 3, 128, DType::bf16, false));
