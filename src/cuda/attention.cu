@@ -522,6 +522,35 @@ __global__ void v_stats_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, i
   }
 }
 
+// Without the mean (the default), the channel maxima split the tokens into chunks over many
+// CTAs: max is order-free, so atomicMax on the (non-negative) fp32 bits stays deterministic and
+// equal to the CPU's. amax_bits (B*H*D) is zeroed first; v_scale_from_amax then divides by 448.
+constexpr int kAmaxChunk = 1024;  // tokens per CTA
+template <typename T>
+__global__ void v_amax_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int D,
+                              unsigned* amax_bits) {
+  __shared__ float red[kStatRows][33];
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int d = blockIdx.y * 32 + threadIdx.x;
+  const int n0 = blockIdx.z * kAmaxChunk, n1 = min(N, n0 + kAmaxChunk);
+  const T* base = v + b * sb + h * sh + d;
+  float amax = 0.f;
+#pragma unroll 4
+  for (int n = n0 + threadIdx.y; n < n1; n += kStatRows)
+    amax = fmaxf(amax, fabsf(to_f32(base[n * sn])));
+  red[threadIdx.y][threadIdx.x] = amax;
+  __syncthreads();
+  if (threadIdx.y == 0) {
+    for (int y = 1; y < kStatRows; ++y) amax = fmaxf(amax, red[y][threadIdx.x]);
+    atomicMax(amax_bits + static_cast<int64_t>(bh) * D + d, __float_as_uint(amax));
+  }
+}
+
+__global__ void v_scale_from_amax(float* scale, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) scale[i] = __uint_as_float(reinterpret_cast<const unsigned*>(scale)[i]) / 448.f;
+}
+
 // One block per 64 keys of one (batch, head): codes transposed to (D, npad), keys in fragment
 // order within each 32-key group.
 template <typename T, int D>
@@ -654,9 +683,23 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   with_16bit(v.dtype, [&](auto t16) {
     using T = decltype(t16);
     const T* vp = v.ptr<const T>();
-    v_stats_kernel<T><<<dim3(B * H, D / 32), dim3(32, kStatRows), 0, stream_of(ctx)>>>(
-        vp, v.stride[0], v.stride[1], v.stride[2], N, H, D, v_scale.ptr<float>(), mean);
-    check_launch(op);
+    if (mean) {  // the mean needs every token first: one CTA per (batch, head, 32 channels)
+      v_stats_kernel<T><<<dim3(B * H, D / 32), dim3(32, kStatRows), 0, stream_of(ctx)>>>(
+          vp, v.stride[0], v.stride[1], v.stride[2], N, H, D, v_scale.ptr<float>(), mean);
+      check_launch(op);
+    } else {
+      const int64_t n = static_cast<int64_t>(B) * H * D;
+      check_cuda(cudaMemsetAsync(v_scale.data, 0, static_cast<size_t>(n) * 4, stream_of(ctx)), op,
+                 "v_scale");
+      const unsigned chunks = static_cast<unsigned>((N + kAmaxChunk - 1) / kAmaxChunk);
+      if (chunks > 0) {
+        v_amax_kernel<T><<<dim3(B * H, D / 32, chunks), dim3(32, kStatRows), 0, stream_of(ctx)>>>(
+            vp, v.stride[0], v.stride[1], v.stride[2], N, H, D, v_scale.ptr<unsigned>());
+        check_launch(op);
+      }
+      v_scale_from_amax<<<ceil_div(n, 256), 256, 0, stream_of(ctx)>>>(v_scale.ptr<float>(), n);
+      check_launch(op);
+    }
     if (npad == 0) return;
     dispatch_int<64, 128>(D, op, "v (head dim)", [&](auto Dc) {
       constexpr int Dv = decltype(Dc)::value;
