@@ -95,6 +95,15 @@ __device__ __forceinline__ void mma_16(float (&c)[4], const uint32_t (&a)[4], ui
   }
 }
 
+// Four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m, and lane l receives
+// row l/4, b16 columns 2(l%4), 2(l%4)+1 of each (for 8-bit data: bytes 4(l%4)..4(l%4)+3).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -308,12 +317,14 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
 #pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk) {
+    for (int kk = 0; kk < D / 32; kk += 2) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const uint8_t* kr = sK + (j * 8 + g) * S::kQStride + kk * 32 + 4 * t;
-        mma_s8(acc[j], qf[kk], *reinterpret_cast<const uint32_t*>(kr),
-               *reinterpret_cast<const uint32_t*>(kr + 16));
+        // Matrix m: keys 8j..8j+7, channel bytes 32kk + 16m..+15 -> b0, b1 of step kk, kk+1.
+        uint32_t kb[4];
+        ldmatrix_x4(kb, sK + (j * 8 + (lane & 7)) * S::kQStride + kk * 32 + (lane >> 3) * 16);
+        mma_s8(acc[j], qf[kk], kb[0], kb[1]);
+        mma_s8(acc[j], qf[kk + 1], kb[2], kb[3]);
       }
     }
     // Dequantize to base-2 logits, mask, row maxima.
@@ -377,11 +388,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         float c[4] = {0.f, 0.f, 0.f, 0.f};  // two-level accumulation: this tile's P V
-        const uint8_t* vr = sV + (n * 8 + g) * S::kVStride + 4 * t;
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks)
-          mma_e4m3(c, pa[ks], *reinterpret_cast<const uint32_t*>(vr + ks * 32),
-                   *reinterpret_cast<const uint32_t*>(vr + ks * 32 + 16));
+        // Matrix m: channels 8n..8n+7, key positions 16m..16m+15 -> b0, b1 of steps 0 and 1.
+        uint32_t vb[4];
+        ldmatrix_x4(vb, sV + (n * 8 + (lane & 7)) * S::kVStride + (lane >> 3) * 16);
+        mma_e4m3(c, pa[0], vb[0], vb[1]);
+        mma_e4m3(c, pa[1], vb[2], vb[3]);
         o[n][0] = o[n][0] * r0 + c[0];
         o[n][1] = o[n][1] * r0 + c[1];
         o[n][2] = o[n][2] * r1 + c[2];
