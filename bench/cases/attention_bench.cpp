@@ -58,7 +58,8 @@ std::string sampled_accuracy(const Shape& s, bool causal, const HostQkv& in,
       for (int64_t j = 0; j < end; ++j) l += std::exp(sc[static_cast<size_t>(j)] - m);
       for (int64_t d = 0; d < D; ++d) {
         double a = 0;
-        for (int64_t j = 0; j < end; ++j) a += std::exp(sc[static_cast<size_t>(j)] - m) * at(hv, j, h, d);
+        for (int64_t j = 0; j < end; ++j)
+          a += std::exp(sc[static_cast<size_t>(j)] - m) * at(hv, j, h, d);
         ref.push_back(a / l);
         got.push_back(static_cast<float>(at(ho, i, h, d)));
       }
@@ -153,14 +154,13 @@ class AttentionBench : public BenchCase {
         for (const AttentionOptions& o : {fp8, f16}) {
           const size_t wb = attention_workspace_bytes(q.view, k.view, o);
           DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb) + 256});
-          void* wp = reinterpret_cast<void*>(
-              (reinterpret_cast<uintptr_t>(ws.view.data) + 255) & ~uintptr_t{255});
+          void* wp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.view.data) + 255) &
+                                             ~uintptr_t{255});
           Row r = kr8;
           r.op = std::string("attention() ") + (o.pv == AttentionOptions::fp8 ? "fp8" : "16-bit") +
                  " PV, incl. quantization" + tag;
-          r.ms = env.time_ms([&] {
-            attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx);
-          });
+          r.ms = env.time_ms(
+              [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
           r.bytes = static_cast<double>(B * N * H * D) * 2 * 4;
           r.accuracy = sampled_accuracy(s, is_causal, host, out.view);
           char note[96];

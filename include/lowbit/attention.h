@@ -23,10 +23,10 @@ int64_t scale_count(ScaleLayout layout, int block, int64_t rows);
 
 // INT8 rows with their scales, as the prologue writes them.
 struct QuantizedRows {
-  TensorView data;    // (B, N, H, D) int8, channels contiguous
-  TensorView scale;   // (B, H, >= scale_count(layout, block, N)) f32, last dim contiguous or not
+  TensorView data;   // (B, N, H, D) int8, channels contiguous
+  TensorView scale;  // (B, H, >= scale_count(layout, block, N)) f32, last dim contiguous or not
   ScaleLayout layout = ScaleLayout::per_block;
-  int block = 64;     // rows per block, a multiple of 8
+  int block = 64;  // rows per block, a multiple of 8
 };
 
 struct AttentionOptions {
@@ -60,8 +60,8 @@ struct AttentionOptions {
 //   v_mean    (B, Hkv, D) f32 or null: when given, the per-channel mean is computed, written,
 //             and subtracted before quantization (fp32 sum over tokens, divided by N)
 // code = e4m3(x / scale) with IEEE fp32 division, round to nearest even, saturating.
-void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale,
-                    TensorView* v_mean, Context& ctx);
+void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
+                    Context& ctx);
 
 // Kernel-level attention on quantized operands.
 //   q        INT8 q (B, Nq, Hq, D) with its scales; D in {64, 128} on CUDA, multiple of 16 on CPU

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
 #include "src/core/backends.h"
 #include "src/core/check.h"
@@ -17,10 +18,18 @@ int64_t scale_index(ScaleLayout layout, int block, int64_t row) {
   const int64_t r = row % block;
   int64_t group = 0;
   switch (layout) {
-    case ScaleLayout::per_block: group = 0; break;
-    case ScaleLayout::thread_q: group = r % 8; break;
-    case ScaleLayout::thread_k: group = (r % 8) / 2; break;
-    case ScaleLayout::warp_q: group = r / 32; break;
+    case ScaleLayout::per_block:
+      group = 0;
+      break;
+    case ScaleLayout::thread_q:
+      group = r % 8;
+      break;
+    case ScaleLayout::thread_k:
+      group = (r % 8) / 2;
+      break;
+    case ScaleLayout::warp_q:
+      group = r / 32;
+      break;
   }
   return (row / block) * scale_groups(layout) + group;
 }
@@ -34,10 +43,14 @@ namespace {
 
 const char* layout_name(ScaleLayout l) {
   switch (l) {
-    case ScaleLayout::per_block: return "per_block";
-    case ScaleLayout::thread_q: return "thread_q";
-    case ScaleLayout::thread_k: return "thread_k";
-    case ScaleLayout::warp_q: return "warp_q";
+    case ScaleLayout::per_block:
+      return "per_block";
+    case ScaleLayout::thread_q:
+      return "thread_q";
+    case ScaleLayout::thread_k:
+      return "thread_k";
+    case ScaleLayout::warp_q:
+      return "warp_q";
   }
   return "?";
 }
@@ -87,8 +100,8 @@ void check_quantized(const char* op, const char* arg, const char* scale_arg,
   const int64_t need = scale_count(r.layout, r.block, r.data.shape[1]);
   check::that(r.scale.shape[2] >= need, op, scale_arg,
               std::string("scales per head (") + layout_name(r.layout) + ", block " +
-                  std::to_string(r.block) + "): expected >= " + std::to_string(need) +
-                  ", got " + std::to_string(r.scale.shape[2]));
+                  std::to_string(r.block) + "): expected >= " + std::to_string(need) + ", got " +
+                  std::to_string(r.scale.shape[2]));
   check::same_device(op, scale_arg, r.scale, arg, r.data);
 }
 
@@ -108,8 +121,8 @@ float resolve_sm_scale(float s, int64_t d) {
 
 }  // namespace
 
-void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale,
-                    TensorView* v_mean, Context& ctx) {
+void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
+                    Context& ctx) {
   const char* op = "quantize_v_fp8";
   check::not_null(op, "v", v);
   check::ndim(op, "v", v, 4);
@@ -174,7 +187,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     check::dtype(op, "v", v, {DType::e4m3});
     check_shape(op, "v", v, {B, Hkv, D, round_up(Nkv, 64)});
     check::contiguous(op, "v", v);
-    check::that(v_scale != nullptr, op, "v_scale", "expected (B, Hkv, D) f32 in fp8 PV mode, got null");
+    check::that(v_scale != nullptr, op, "v_scale",
+                "expected (B, Hkv, D) f32 in fp8 PV mode, got null");
     check_head_vector(op, "v_scale", v_scale, B, Hkv, D, q.data);
     check_head_vector(op, "v_mean", v_mean, B, Hkv, D, q.data);
   } else {
@@ -206,8 +220,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   if (!on_cuda) {
     cpu::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm, options, ctx);
   } else {
-    LOWBIT_CUDA_CALL(op, cuda::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm,
-                                              options, ctx));
+    LOWBIT_CUDA_CALL(
+        op, cuda::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm, options, ctx));
   }
 }
 
@@ -257,6 +271,8 @@ void validate_attention_call(const TensorView& q, const TensorView& k, const Ten
     check::same_device(op, "lse_out", *lse_out, "q", q);
   }
   if (on_cuda) {
+    check_vector_aligned(op, "q", q, 8);  // the prologue's loads
+    check_vector_aligned(op, "k", k, 8);
     check_vector_aligned(op, "v", v, 8);
     check::aligned(op, "out", out.data, 4);
     for (int d = 0; d < 3; ++d)
@@ -312,13 +328,13 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   validate_attention_call(q, k, v, out, lse_out);
   const Workspace ws(q, k, options);
   check::that(workspace_bytes >= ws.total && (ws.total == 0 || workspace != nullptr), op,
-              "workspace", check::expected_got(">= " + std::to_string(ws.total) + " bytes",
-                                               std::to_string(workspace_bytes) + " bytes"));
+              "workspace",
+              check::expected_got(">= " + std::to_string(ws.total) + " bytes",
+                                  std::to_string(workspace_bytes) + " bytes"));
   check::aligned(op, "workspace", workspace, 256);
   const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
   const int64_t Nkv = k.shape[1], Hkv = k.shape[2];
   if (B == 0 || Nq == 0 || Hq == 0) return;
-  const bool on_cuda = q.device == Device::cuda;
   const float sm = resolve_sm_scale(options.sm_scale, D);
   const Device dev = q.device;
   const int di = q.device_index;
@@ -340,30 +356,28 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   const bool smooth_k = options.smooth_k && Nkv > 0;
   const bool smooth_v = fp8 && options.smooth_v;
 
-  // q carries sm_scale; the kernel then scales the logits by 1 (LSE correction included).
+  // The prologue (SPEC §1) quantizes q with sm_scale folded in, and k minus its mean; the kernel
+  // then scales the logits by 1 (the LSE correction included).
+  Prologue qp;
+  qp.sm_scale = sm;
+  qp.layout = qr.layout;
+  qp.block = qr.block;
+  norm_rope_quantize(q, qp, qr.data, qr.scale, ctx);
+  if (Nkv > 0) {
+    Prologue kp;
+    kp.layout = kr.layout;
+    kp.block = kr.block;
+    if (smooth_k) {
+      norm_rope_mean(k, kp, kmean, ctx);
+      kp.mean = &kmean;
+    }
+    norm_rope_quantize(k, kp, kr.data, kr.scale, ctx);
+  }
+  if (fp8) quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, ctx);
   AttentionOptions inner = options;
   inner.sm_scale = 1.f;
-  if (!on_cuda) {
-    if (smooth_k) cpu::token_mean(k, kmean, ctx);
-    cpu::quantize_rows_int8(q, nullptr, sm, qr, ctx);
-    cpu::quantize_rows_int8(k, smooth_k ? &kmean : nullptr, 1.f, kr, ctx);
-    if (fp8) cpu::quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, ctx);
-    cpu::attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr,
-                        smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr, out, lse_out,
-                        1.f, inner, ctx);
-  } else {
-#ifdef LOWBIT_WITH_CUDA
-    if (smooth_k) cuda::token_mean(k, kmean, ctx);
-    cuda::quantize_rows_int8(q, nullptr, sm, qr, ctx);
-    cuda::quantize_rows_int8(k, smooth_k ? &kmean : nullptr, 1.f, kr, ctx);
-    if (fp8) cuda::quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, ctx);
-    cuda::attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr,
-                         smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr, out, lse_out,
-                         1.f, inner, ctx);
-#else
-    LOWBIT_CUDA_CALL(op, (void)0);
-#endif
-  }
+  attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr, smooth_v ? &vmean : nullptr,
+                 smooth_k ? &kmean : nullptr, out, lse_out, inner, ctx);
 }
 
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,

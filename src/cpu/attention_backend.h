@@ -8,29 +8,20 @@
 
 namespace lowbit {
 namespace cpu {
-void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale,
-                    TensorView* v_mean, Context& ctx);
+void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
+                    Context& ctx);
 // sm_scale resolved (never 0 here).
 void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
                     const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
                     TensorView out, TensorView* lse_out, float sm_scale,
                     const AttentionOptions& options, Context& ctx);
-// Per-(batch, head) mean over tokens of x (B, N, H, D): mean (B, H, D) f32.
-void token_mean(const TensorView& x, TensorView mean, Context& ctx);
-// SPEC §1 quantization of (x - mean) * scale (mean (B, H, D) f32 or null) into rows.data and
-// rows.scale (scale_eps 1e-7).
-void quantize_rows_int8(const TensorView& x, const TensorView* mean, float scale,
-                        const QuantizedRows& rows, Context& ctx);
 }  // namespace cpu
 namespace cuda {
-void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale,
-                    TensorView* v_mean, Context& ctx);
+void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
+                    Context& ctx);
 void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
                     const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
                     TensorView out, TensorView* lse_out, float sm_scale,
                     const AttentionOptions& options, Context& ctx);
-void token_mean(const TensorView& x, TensorView mean, Context& ctx);
-void quantize_rows_int8(const TensorView& x, const TensorView* mean, float scale,
-                        const QuantizedRows& rows, Context& ctx);
 }  // namespace cuda
 }  // namespace lowbit

@@ -45,63 +45,12 @@ inline float round_to(DType dt, float p) {
 // Position of key `key` inside its 32-key group of the fp8 V layout (attention.h).
 inline int64_t fp8_v_position(int64_t key) {
   const int64_t base = key & ~int64_t{31}, r = key & 31;
-  const int64_t h = r / 16, w = r % 16;        // w = 8 * (i / 2) + 2 * t + (i % 2)
+  const int64_t h = r / 16, w = r % 16;  // w = 8 * (i / 2) + 2 * t + (i % 2)
   const int64_t i = (w / 8) * 2 + (w % 2), t = (w % 8) / 2;
   return base + 16 * h + 4 * t + i;
 }
 
 }  // namespace
-
-void token_mean(const TensorView& x, TensorView mean, Context& ctx) {
-  const int64_t B = x.shape[0], N = x.shape[1], H = x.shape[2], D = x.shape[3];
-  parallel_for(B * H, 1, ctx, [&](int64_t b0, int64_t b1) {
-    std::vector<float> sum(static_cast<size_t>(D));
-    for (int64_t bh = b0; bh < b1; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      std::fill(sum.begin(), sum.end(), 0.f);
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t d = 0; d < D; ++d) sum[d] += load_f32(x.data, off4(x, b, n, h, d), x.dtype);
-      for (int64_t d = 0; d < D; ++d)
-        mean.ptr<float>()[off3(mean, b, h, d)] = N > 0 ? sum[d] / static_cast<float>(N) : 0.f;
-    }
-  });
-}
-
-void quantize_rows_int8(const TensorView& x, const TensorView* mean, float scale,
-                        const QuantizedRows& rows, Context& ctx) {
-  const int64_t B = x.shape[0], N = x.shape[1], H = x.shape[2], D = x.shape[3];
-  const int64_t n_scales = scale_count(rows.layout, rows.block, N);
-  const TensorView& out = rows.data;
-  const TensorView& sc = rows.scale;
-  parallel_for(B * H, 1, ctx, [&](int64_t b0, int64_t b1) {
-    std::vector<float> amax(static_cast<size_t>(n_scales));
-    std::vector<float> row(static_cast<size_t>(D));
-    auto value = [&](int64_t b, int64_t n, int64_t h, int64_t d) {
-      float v = load_f32(x.data, off4(x, b, n, h, d), x.dtype);
-      if (mean) v -= mean->ptr<const float>()[off3(*mean, b, h, d)];
-      return v * scale;
-    };
-    for (int64_t bh = b0; bh < b1; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      std::fill(amax.begin(), amax.end(), 0.f);
-      for (int64_t n = 0; n < N; ++n) {
-        float& a = amax[scale_index(rows.layout, rows.block, n)];
-        for (int64_t d = 0; d < D; ++d) a = std::max(a, std::fabs(value(b, n, h, d)));
-      }
-      for (int64_t s = 0; s < n_scales; ++s)
-        sc.ptr<float>()[off3(sc, b, h, s)] = amax[s] / 127.f + 1e-7f;
-      for (int64_t n = 0; n < N; ++n) {
-        const float s = sc.ptr<const float>()[off3(sc, b, h, scale_index(rows.layout, rows.block, n))];
-        for (int64_t d = 0; d < D; ++d) {
-          float qv = value(b, n, h, d) / s;
-          qv = qv + (qv >= 0.f ? 0.5f : -0.5f);
-          qv = std::max(-127.f, std::min(127.f, std::trunc(qv)));
-          out.ptr<int8_t>()[off4(out, b, n, h, d)] = static_cast<int8_t>(qv);
-        }
-      }
-    }
-  });
-}
 
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
                     Context& ctx) {

@@ -1,6 +1,6 @@
 // CUDA backend of the attention family (SPEC §2): the mma.sync kernel (sm_89/sm_90; INT8
-// m16n8k32 for q k^T, e4m3 m16n8k32 or bf16/f16 m16n8k16 for P V), V quantization to fp8, and the
-// helpers of the one-call path (K mean, INT8 row quantization in SPEC §1's layouts).
+// m16n8k32 for q k^T, e4m3 m16n8k32 or bf16/f16 m16n8k16 for P V) and V quantization to fp8.
+// q and k come quantized from the prologue (SPEC §1).
 //
 // Attention kernel: one CTA = 8 warps = 128 query rows of one (batch, head); 64 keys per step,
 // K/V tiles double-buffered in shared memory with cp.async; each warp owns 16 rows and keeps
@@ -26,9 +26,9 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2_448 = 8.807354922057604f;
-constexpr int kWarps = 8;            // warps per CTA
+constexpr int kWarps = 8;  // warps per CTA
 constexpr int kRowsPerCta = 16 * kWarps;
-constexpr int kKvTile = 64;          // keys per step (the oracle's tile)
+constexpr int kKvTile = 64;  // keys per step (the oracle's tile)
 constexpr int kThreads = 32 * kWarps;
 
 // ---- small PTX wrappers ----------------------------------------------------------------------
@@ -37,6 +37,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -90,6 +95,15 @@ __device__ __forceinline__ void mma_16(float (&c)[4], const uint32_t (&a)[4], ui
   }
 }
 
+// Four 8x8 b16 matrices; lanes 8m..8m+7 give the row addresses of matrix m, and lane l receives
+// row l/4, b16 columns 2(l%4), 2(l%4)+1 of each (for 8-bit data: bytes 4(l%4)..4(l%4)+3).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -123,51 +137,60 @@ __device__ __forceinline__ uint32_t pack_16x2(float lo, float hi) {
 
 template <typename T16>
 __device__ __forceinline__ float to_f32(T16 x) {
-  if constexpr (std::is_same<T16, __nv_bfloat16>::value) return __bfloat162float(x);
-  else return __half2float(x);
+  if constexpr (std::is_same<T16, __nv_bfloat16>::value)
+    return __bfloat162float(x);
+  else
+    return __half2float(x);
 }
 
 __device__ __forceinline__ int64_t scale_index_dev(int layout, int block, int64_t row) {
   const int64_t r = row % block;
   int64_t group = 0, groups = 1;
-  if (layout == 1) { group = r % 8; groups = 8; }
-  else if (layout == 2) { group = (r % 8) / 2; groups = 4; }
-  else if (layout == 3) { group = r / 32; groups = 4; }
+  if (layout == 1) {
+    group = r % 8;
+    groups = 8;
+  } else if (layout == 2) {
+    group = (r % 8) / 2;
+    groups = 4;
+  } else if (layout == 3) {
+    group = r / 32;
+    groups = 4;
+  }
   return (row / block) * groups + group;
 }
 
 // ---- attention kernel --------------------------------------------------------------------------
 
 struct AttnParams {
-  const int8_t* q;          // (B, Nq, Hq, D) int8
+  const int8_t* q;  // (B, Nq, Hq, D) int8
   int64_t q_sb, q_sn, q_sh;
-  const float* q_scale;     // (B, Hq, S)
+  const float* q_scale;  // (B, Hq, S)
   int64_t qs_sb, qs_sh, qs_ss;
   int q_layout, q_block;
-  const int8_t* k;          // (B, Nkv, Hkv, D) int8
+  const int8_t* k;  // (B, Nkv, Hkv, D) int8
   int64_t k_sb, k_sn, k_sh;
-  const float* k_scale;     // (B, Hkv, S)
+  const float* k_scale;  // (B, Hkv, S)
   int64_t ks_sb, ks_sh, ks_ss;
   int k_layout, k_block;
-  const void* v;            // fp8: (B, Hkv, D, npad) e4m3; 16-bit: (B, Nkv, Hkv, D)
+  const void* v;             // fp8: (B, Hkv, D, npad) e4m3; 16-bit: (B, Nkv, Hkv, D)
   int64_t v_sb, v_sn, v_sh;  // 16-bit mode strides (elements)
   int64_t npad;
-  const float* v_scale;     // (B, Hkv, D) or null (16-bit)
-  const float* v_mean;      // (B, Hkv, D) or null
-  const float* k_mean;      // (B, Hkv, D) or null
-  void* out;                // (B, Nq, Hq, D) 16-bit
+  const float* v_scale;  // (B, Hkv, D) or null (16-bit)
+  const float* v_mean;   // (B, Hkv, D) or null
+  const float* k_mean;   // (B, Hkv, D) or null
+  void* out;             // (B, Nq, Hq, D) 16-bit
   int64_t o_sb, o_sn, o_sh;
-  float* lse;               // (B, Hq, Nq) or null
+  float* lse;  // (B, Hq, Nq) or null
   int64_t l_sb, l_sh, l_sn;
   int Nq, Nkv, Hq, Hkv, G;
-  int causal;               // 0 none; else keys j < i + shift + 1 are visible
+  int causal;  // 0 none; else keys j < i + shift + 1 are visible
   int64_t shift;
   float scale_log2, sm_scale;
 };
 
 template <int D, bool FP8>
 struct Smem {
-  static constexpr int kQStride = D + 16;                        // bytes per q/k row
+  static constexpr int kQStride = D + 16;                            // bytes per q/k row
   static constexpr int kVStride = FP8 ? kKvTile + 16 : (D + 8) * 2;  // bytes per V row
   static constexpr int kVRows = FP8 ? D : kKvTile;
   static constexpr int kQBytes = kRowsPerCta * kQStride;
@@ -240,10 +263,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
                    ok ? static_cast<const void*>(vg + (kv0 + r) * p.v_sn + col * 8) : p.v, ok);
       }
     }
-    if (tid < kKvTile) {
+    if (tid < kKvTile) {  // k scales ride in the same cp.async group (keys past N: 0)
       const int64_t key = kv0 + tid;
-      reinterpret_cast<float*>(smem + S::kSOff)[buf * kKvTile + tid] =
-          key < p.Nkv ? ksg[scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss] : 0.f;
+      const bool ok = key < p.Nkv;
+      cp_async4(reinterpret_cast<float*>(smem + S::kSOff) + buf * kKvTile + tid,
+                ok ? ksg + scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss : ksg, ok);
     }
   };
   if (n_tiles > 0) load_tile(0, 0);
@@ -293,12 +317,14 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
 #pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk) {
+    for (int kk = 0; kk < D / 32; kk += 2) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const uint8_t* kr = sK + (j * 8 + g) * S::kQStride + kk * 32 + 4 * t;
-        mma_s8(acc[j], qf[kk], *reinterpret_cast<const uint32_t*>(kr),
-               *reinterpret_cast<const uint32_t*>(kr + 16));
+        // Matrix m: keys 8j..8j+7, channel bytes 32kk + 16m..+15 -> b0, b1 of step kk, kk+1.
+        uint32_t kb[4];
+        ldmatrix_x4(kb, sK + (j * 8 + (lane & 7)) * S::kQStride + kk * 32 + (lane >> 3) * 16);
+        mma_s8(acc[j], qf[kk], kb[0], kb[1]);
+        mma_s8(acc[j], qf[kk + 1], kb[2], kb[3]);
       }
     }
     // Dequantize to base-2 logits, mask, row maxima.
@@ -311,8 +337,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
         const int col = j * 8 + 2 * t + e;
         const int64_t key = kv0 + col;
         const float ks = sKs[col];
-        float v0 = __fmul_rn(__fmul_rn(static_cast<float>(acc[j][e]), __fmul_rn(qs0, ks)), p.scale_log2);
-        float v1 = __fmul_rn(__fmul_rn(static_cast<float>(acc[j][2 + e]), __fmul_rn(qs1, ks)), p.scale_log2);
+        float v0 =
+            __fmul_rn(__fmul_rn(static_cast<float>(acc[j][e]), __fmul_rn(qs0, ks)), p.scale_log2);
+        float v1 = __fmul_rn(__fmul_rn(static_cast<float>(acc[j][2 + e]), __fmul_rn(qs1, ks)),
+                             p.scale_log2);
         v0 = key < end0 ? v0 : -INFINITY;
         v1 = key < end1 ? v1 : -INFINITY;
         s[j][e] = v0;
@@ -360,11 +388,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
         float c[4] = {0.f, 0.f, 0.f, 0.f};  // two-level accumulation: this tile's P V
-        const uint8_t* vr = sV + (n * 8 + g) * S::kVStride + 4 * t;
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks)
-          mma_e4m3(c, pa[ks], *reinterpret_cast<const uint32_t*>(vr + ks * 32),
-                   *reinterpret_cast<const uint32_t*>(vr + ks * 32 + 16));
+        // Matrix m: channels 8n..8n+7, key positions 16m..16m+15 -> b0, b1 of steps 0 and 1.
+        uint32_t vb[4];
+        ldmatrix_x4(vb, sV + (n * 8 + (lane & 7)) * S::kVStride + (lane >> 3) * 16);
+        mma_e4m3(c, pa[0], vb[0], vb[1]);
+        mma_e4m3(c, pa[1], vb[2], vb[3]);
         o[n][0] = o[n][0] * r0 + c[0];
         o[n][1] = o[n][1] * r0 + c[1];
         o[n][2] = o[n][2] * r1 + c[2];
@@ -470,43 +498,75 @@ void launch_attention(const AttnParams& p, int B, Context& ctx) {
 
 // ---- V to fp8 ----------------------------------------------------------------------------------
 
-// Per (batch, head): channel means (optional) and max |v - mean| / 448. Block (32, 8): x a
-// channel of a 32-channel slice, y strides the tokens; fixed-order reductions (deterministic).
+// Per (batch, head): channel means (optional) and max |v - mean| / 448. Block (32, kStatRows): x
+// a channel of a 32-channel slice, y strides the tokens; fixed-order reductions (deterministic).
+constexpr int kStatRows = 16;
 template <typename T>
 __global__ void v_stats_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int D,
                                float* scale, float* mean) {
-  __shared__ float red[8][33];
+  __shared__ float red[kStatRows][33];
   const int bh = blockIdx.x, b = bh / H, h = bh % H;
   const int d = blockIdx.y * 32 + threadIdx.x;
   const T* base = v + b * sb + h * sh + d;
   float mu = 0.f;
   if (mean) {
     float sum = 0.f;
-    for (int n = threadIdx.y; n < N; n += 8) sum += to_f32(base[n * sn]);
+#pragma unroll 4
+    for (int n = threadIdx.y; n < N; n += kStatRows) sum += to_f32(base[n * sn]);
     red[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     float total = 0.f;
-    for (int y = 0; y < 8; ++y) total += red[y][threadIdx.x];
+    for (int y = 0; y < kStatRows; ++y) total += red[y][threadIdx.x];
     mu = N > 0 ? total / static_cast<float>(N) : 0.f;
     __syncthreads();
   }
   float amax = 0.f;
-  for (int n = threadIdx.y; n < N; n += 8) amax = fmaxf(amax, fabsf(to_f32(base[n * sn]) - mu));
+#pragma unroll 4
+  for (int n = threadIdx.y; n < N; n += kStatRows)
+    amax = fmaxf(amax, fabsf(to_f32(base[n * sn]) - mu));
   red[threadIdx.y][threadIdx.x] = amax;
   __syncthreads();
   if (threadIdx.y == 0) {
-    for (int y = 1; y < 8; ++y) amax = fmaxf(amax, red[y][threadIdx.x]);
+    for (int y = 1; y < kStatRows; ++y) amax = fmaxf(amax, red[y][threadIdx.x]);
     scale[static_cast<int64_t>(bh) * D + d] = amax / 448.f;
     if (mean) mean[static_cast<int64_t>(bh) * D + d] = mu;
   }
+}
+
+// Without the mean (the default), the channel maxima split the tokens into chunks over many
+// CTAs: max is order-free, so atomicMax on the (non-negative) fp32 bits stays deterministic and
+// equal to the CPU's. amax_bits (B*H*D) is zeroed first; v_scale_from_amax then divides by 448.
+constexpr int kAmaxChunk = 1024;  // tokens per CTA
+template <typename T>
+__global__ void v_amax_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int D,
+                              unsigned* amax_bits) {
+  __shared__ float red[kStatRows][33];
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int d = blockIdx.y * 32 + threadIdx.x;
+  const int n0 = blockIdx.z * kAmaxChunk, n1 = min(N, n0 + kAmaxChunk);
+  const T* base = v + b * sb + h * sh + d;
+  float amax = 0.f;
+#pragma unroll 4
+  for (int n = n0 + threadIdx.y; n < n1; n += kStatRows)
+    amax = fmaxf(amax, fabsf(to_f32(base[n * sn])));
+  red[threadIdx.y][threadIdx.x] = amax;
+  __syncthreads();
+  if (threadIdx.y == 0) {
+    for (int y = 1; y < kStatRows; ++y) amax = fmaxf(amax, red[y][threadIdx.x]);
+    atomicMax(amax_bits + static_cast<int64_t>(bh) * D + d, __float_as_uint(amax));
+  }
+}
+
+__global__ void v_scale_from_amax(float* scale, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) scale[i] = __uint_as_float(reinterpret_cast<const unsigned*>(scale)[i]) / 448.f;
 }
 
 // One block per 64 keys of one (batch, head): codes transposed to (D, npad), keys in fragment
 // order within each 32-key group.
 template <typename T, int D>
 __global__ void v_quant_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H,
-                               int64_t npad, const float* scale, const float* mean,
-                               uint8_t* out) {
+                               int64_t npad, const float* scale, const float* mean, uint8_t* out) {
   __shared__ uint8_t codes[D][kKvTile + 4];
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t bh = static_cast<int64_t>(b) * H + h;
@@ -532,82 +592,12 @@ __global__ void v_quant_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, i
   }
 }
 
-// ---- one-call helpers: K mean and INT8 rows --------------------------------------------------
-
-template <typename T>
-__global__ void token_mean_kernel(const T* x, int64_t sb, int64_t sn, int64_t sh, int N, int H,
-                                  int D, float* mean) {
-  __shared__ float red[8][33];
-  const int bh = blockIdx.x, b = bh / H, h = bh % H;
-  const int d = blockIdx.y * 32 + threadIdx.x;
-  const T* base = x + b * sb + h * sh + d;
-  float sum = 0.f;
-  for (int n = threadIdx.y; n < N; n += 8) sum += to_f32(base[n * sn]);
-  red[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0) {
-    float total = 0.f;
-    for (int y = 0; y < 8; ++y) total += red[y][threadIdx.x];
-    mean[static_cast<int64_t>(bh) * D + d] = N > 0 ? total / static_cast<float>(N) : 0.f;
-  }
-}
-
-__device__ __forceinline__ float div_full(float a, float b) {
-  float r;
-  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
-// One block (128 threads) per `block` rows of one (batch, head): group maxima, scales, codes.
-template <typename T>
-__global__ void quantize_rows_kernel(const T* x, int64_t sb, int64_t sn, int64_t sh, int N, int H,
-                                     int D, const float* mean, float mul, int layout, int block,
-                                     int groups, int8_t* q, int64_t qb, int64_t qn, int64_t qh,
-                                     float* scale, int64_t ssb, int64_t ssh, int64_t sss) {
-  __shared__ unsigned amax_bits[8];
-  const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x < 8) amax_bits[threadIdx.x] = 0u;
-  __syncthreads();
-  const T* xb = x + b * sb + h * sh;
-  const float* mu = mean ? mean + (static_cast<int64_t>(b) * H + h) * D : nullptr;
-  const int64_t r0 = static_cast<int64_t>(blk) * block;
-  for (int r = warp; r < block; r += 4) {
-    const int64_t n = r0 + r;
-    if (n >= N) break;
-    float a = 0.f;
-    for (int d = lane; d < D; d += 32) {
-      const float v = (to_f32(xb[n * sn + d]) - (mu ? mu[d] : 0.f)) * mul;
-      a = fmaxf(a, fabsf(v));
-    }
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if (lane == 0)
-      atomicMax(&amax_bits[scale_index_dev(layout, block, r) % groups], __float_as_uint(a));
-  }
-  __syncthreads();
-  float* sg = scale + b * ssb + h * ssh;
-  if (threadIdx.x < groups)
-    sg[(static_cast<int64_t>(blk) * groups + threadIdx.x) * sss] =
-        __uint_as_float(amax_bits[threadIdx.x]) / 127.f + 1e-7f;
-  for (int r = warp; r < block; r += 4) {
-    const int64_t n = r0 + r;
-    if (n >= N) break;
-    const float s = __uint_as_float(amax_bits[scale_index_dev(layout, block, r) % groups]) / 127.f +
-                    1e-7f;
-    for (int d = lane; d < D; d += 32) {
-      const float v = (to_f32(xb[n * sn + d]) - (mu ? mu[d] : 0.f)) * mul;
-      float c = div_full(v, s);
-      c = c + (c >= 0.f ? 0.5f : -0.5f);
-      c = fminf(127.f, fmaxf(-127.f, truncf(c)));
-      q[b * qb + n * qn + h * qh + d] = static_cast<int8_t>(c);
-    }
-  }
-}
-
 template <typename F>
 void with_16bit(DType dt, F&& f) {
-  if (dt == DType::bf16) f(__nv_bfloat16{});
-  else f(__half{});
+  if (dt == DType::bf16)
+    f(__nv_bfloat16{});
+  else
+    f(__half{});
 }
 
 }  // namespace
@@ -631,29 +621,45 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   }
   AttnParams p{};
   p.q = q.data.ptr<const int8_t>();
-  p.q_sb = q.data.stride[0]; p.q_sn = q.data.stride[1]; p.q_sh = q.data.stride[2];
+  p.q_sb = q.data.stride[0];
+  p.q_sn = q.data.stride[1];
+  p.q_sh = q.data.stride[2];
   p.q_scale = q.scale.ptr<const float>();
-  p.qs_sb = q.scale.stride[0]; p.qs_sh = q.scale.stride[1]; p.qs_ss = q.scale.stride[2];
-  p.q_layout = static_cast<int>(q.layout); p.q_block = q.block;
+  p.qs_sb = q.scale.stride[0];
+  p.qs_sh = q.scale.stride[1];
+  p.qs_ss = q.scale.stride[2];
+  p.q_layout = static_cast<int>(q.layout);
+  p.q_block = q.block;
   p.k = k.data.ptr<const int8_t>();
-  p.k_sb = k.data.stride[0]; p.k_sn = k.data.stride[1]; p.k_sh = k.data.stride[2];
+  p.k_sb = k.data.stride[0];
+  p.k_sn = k.data.stride[1];
+  p.k_sh = k.data.stride[2];
   p.k_scale = k.scale.ptr<const float>();
-  p.ks_sb = k.scale.stride[0]; p.ks_sh = k.scale.stride[1]; p.ks_ss = k.scale.stride[2];
-  p.k_layout = static_cast<int>(k.layout); p.k_block = k.block;
+  p.ks_sb = k.scale.stride[0];
+  p.ks_sh = k.scale.stride[1];
+  p.ks_ss = k.scale.stride[2];
+  p.k_layout = static_cast<int>(k.layout);
+  p.k_block = k.block;
   p.v = v.data;
   if (fp8) {
     p.npad = v.shape[3];
   } else {
-    p.v_sb = v.stride[0]; p.v_sn = v.stride[1]; p.v_sh = v.stride[2];
+    p.v_sb = v.stride[0];
+    p.v_sn = v.stride[1];
+    p.v_sh = v.stride[2];
   }
   p.v_scale = v_scale ? v_scale->ptr<const float>() : nullptr;
   p.v_mean = v_mean ? v_mean->ptr<const float>() : nullptr;
   p.k_mean = k_mean ? k_mean->ptr<const float>() : nullptr;
   p.out = out.data;
-  p.o_sb = out.stride[0]; p.o_sn = out.stride[1]; p.o_sh = out.stride[2];
+  p.o_sb = out.stride[0];
+  p.o_sn = out.stride[1];
+  p.o_sh = out.stride[2];
   p.lse = lse_out ? lse_out->ptr<float>() : nullptr;
   if (lse_out) {
-    p.l_sb = lse_out->stride[0]; p.l_sh = lse_out->stride[1]; p.l_sn = lse_out->stride[2];
+    p.l_sb = lse_out->stride[0];
+    p.l_sh = lse_out->stride[1];
+    p.l_sn = lse_out->stride[2];
   }
   p.Nq = static_cast<int>(q.data.shape[1]);
   p.Nkv = static_cast<int>(k.data.shape[1]);
@@ -667,13 +673,15 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   const int B = static_cast<int>(q.data.shape[0]);
   dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
                         [&](auto Dc) {
-    constexpr int D = decltype(Dc)::value;
-    with_16bit(out.dtype, [&](auto t16) {
-      using T16 = decltype(t16);
-      if (fp8) launch_attention<D, true, T16>(p, B, ctx);
-      else launch_attention<D, false, T16>(p, B, ctx);
-    });
-  });
+                          constexpr int D = decltype(Dc)::value;
+                          with_16bit(out.dtype, [&](auto t16) {
+                            using T16 = decltype(t16);
+                            if (fp8)
+                              launch_attention<D, true, T16>(p, B, ctx);
+                            else
+                              launch_attention<D, false, T16>(p, B, ctx);
+                          });
+                        });
 }
 
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
@@ -686,49 +694,32 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   with_16bit(v.dtype, [&](auto t16) {
     using T = decltype(t16);
     const T* vp = v.ptr<const T>();
-    v_stats_kernel<T><<<dim3(B * H, D / 32), dim3(32, 8), 0, stream_of(ctx)>>>(
-        vp, v.stride[0], v.stride[1], v.stride[2], N, H, D, v_scale.ptr<float>(), mean);
-    check_launch(op);
+    if (mean) {  // the mean needs every token first: one CTA per (batch, head, 32 channels)
+      v_stats_kernel<T><<<dim3(B * H, D / 32), dim3(32, kStatRows), 0, stream_of(ctx)>>>(
+          vp, v.stride[0], v.stride[1], v.stride[2], N, H, D, v_scale.ptr<float>(), mean);
+      check_launch(op);
+    } else {
+      const int64_t n = static_cast<int64_t>(B) * H * D;
+      check_cuda(cudaMemsetAsync(v_scale.data, 0, static_cast<size_t>(n) * 4, stream_of(ctx)), op,
+                 "v_scale");
+      const unsigned chunks = static_cast<unsigned>((N + kAmaxChunk - 1) / kAmaxChunk);
+      if (chunks > 0) {
+        v_amax_kernel<T><<<dim3(B * H, D / 32, chunks), dim3(32, kStatRows), 0, stream_of(ctx)>>>(
+            vp, v.stride[0], v.stride[1], v.stride[2], N, H, D, v_scale.ptr<unsigned>());
+        check_launch(op);
+      }
+      v_scale_from_amax<<<ceil_div(n, 256), 256, 0, stream_of(ctx)>>>(v_scale.ptr<float>(), n);
+      check_launch(op);
+    }
     if (npad == 0) return;
     dispatch_int<64, 128>(D, op, "v (head dim)", [&](auto Dc) {
       constexpr int Dv = decltype(Dc)::value;
-      v_quant_kernel<T, Dv><<<dim3(static_cast<unsigned>(npad / kKvTile), H, B), 256, 0,
-                              stream_of(ctx)>>>(vp, v.stride[0], v.stride[1], v.stride[2], N, H,
-                                                npad, v_scale.ptr<const float>(), mean,
-                                                v_fp8.ptr<uint8_t>());
+      v_quant_kernel<T, Dv>
+          <<<dim3(static_cast<unsigned>(npad / kKvTile), H, B), 256, 0, stream_of(ctx)>>>(
+              vp, v.stride[0], v.stride[1], v.stride[2], N, H, npad, v_scale.ptr<const float>(),
+              mean, v_fp8.ptr<uint8_t>());
       check_launch(op);
     });
-  });
-}
-
-void token_mean(const TensorView& x, TensorView mean, Context& ctx) {
-  const int B = static_cast<int>(x.shape[0]), N = static_cast<int>(x.shape[1]);
-  const int H = static_cast<int>(x.shape[2]), D = static_cast<int>(x.shape[3]);
-  with_16bit(x.dtype, [&](auto t16) {
-    using T = decltype(t16);
-    token_mean_kernel<T><<<dim3(B * H, D / 32), dim3(32, 8), 0, stream_of(ctx)>>>(
-        x.ptr<const T>(), x.stride[0], x.stride[1], x.stride[2], N, H, D, mean.ptr<float>());
-    check_launch("attention");
-  });
-}
-
-void quantize_rows_int8(const TensorView& x, const TensorView* mean, float scale,
-                        const QuantizedRows& rows, Context& ctx) {
-  const int B = static_cast<int>(x.shape[0]), N = static_cast<int>(x.shape[1]);
-  const int H = static_cast<int>(x.shape[2]), D = static_cast<int>(x.shape[3]);
-  const int groups = scale_groups(rows.layout);
-  const int64_t n_blocks = scale_count(rows.layout, rows.block, N) / groups;
-  if (n_blocks == 0) return;
-  with_16bit(x.dtype, [&](auto t16) {
-    using T = decltype(t16);
-    quantize_rows_kernel<T><<<dim3(static_cast<unsigned>(n_blocks), H, B), 128, 0,
-                              stream_of(ctx)>>>(
-        x.ptr<const T>(), x.stride[0], x.stride[1], x.stride[2], N, H, D,
-        mean ? mean->ptr<const float>() : nullptr, scale, static_cast<int>(rows.layout),
-        rows.block, groups, rows.data.ptr<int8_t>(), rows.data.stride[0], rows.data.stride[1],
-        rows.data.stride[2], rows.scale.ptr<float>(), rows.scale.stride[0], rows.scale.stride[1],
-        rows.scale.stride[2]);
-    check_launch("attention");
   });
 }
 

@@ -24,8 +24,9 @@ std::string shape_name(const Shape& s) {
          ".hq" + std::to_string(s.Hq) + ".hkv" + std::to_string(s.Hkv) + ".d" + std::to_string(s.D);
 }
 const char* causal_name(AttentionOptions::Causal c) {
-  return c == AttentionOptions::none ? "full" : c == AttentionOptions::bottom_right ? "causal_br"
-                                                                                     : "causal_tl";
+  return c == AttentionOptions::none           ? "full"
+         : c == AttentionOptions::bottom_right ? "causal_br"
+                                               : "causal_tl";
 }
 
 // A contiguous (B, H, N, D) tensor seen as (B, N, H, D).
@@ -41,12 +42,20 @@ class Int8AttentionCase : public Case {
  public:
   Int8AttentionCase(Shape s, AttentionOptions opt, DType out_dtype, ScaleLayout q_layout,
                     int q_block, ScaleLayout k_layout, int k_block, bool hnd, bool k_mean)
-      : s_(s), opt_(opt), dt_(out_dtype), ql_(q_layout), qb_(q_block), kl_(k_layout), kb_(k_block),
-        hnd_(hnd), k_mean_(k_mean) {}
+      : s_(s),
+        opt_(opt),
+        dt_(out_dtype),
+        ql_(q_layout),
+        qb_(q_block),
+        kl_(k_layout),
+        kb_(k_block),
+        hnd_(hnd),
+        k_mean_(k_mean) {}
 
   std::string name() const override {
-    std::string n = "attention.int8." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") +
-                    "." + causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_);
+    std::string n = "attention.int8." +
+                    std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." +
+                    causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_);
     if (hnd_) n += ".hnd";
     if (opt_.smooth_v) n += ".vmean";
     if (k_mean_) n += ".kmean";
@@ -138,14 +147,68 @@ class Int8AttentionCase : public Case {
   bool hnd_, k_mean_;
 };
 
+// ---- V to fp8
+// ------------------------------------------------------------------------------------
+
+// Codes (in the fragment order of keys) and scales: bit-exact without the mean; with the mean the
+// GPU sums the tokens in another order, so a code may move by one.
+class QuantizeVCase : public Case {
+ public:
+  QuantizeVCase(int64_t B, int64_t N, int64_t H, int64_t D, DType dt, bool mean)
+      : B_(B), N_(N), H_(H), D_(D), dt_(dt), mean_(mean) {}
+  std::string name() const override {
+    return "attention.quantize_v_fp8.b" + std::to_string(B_) + ".n" + std::to_string(N_) + ".h" +
+           std::to_string(H_) + ".d" + std::to_string(D_) + "." + dtype_name(dt_) +
+           (mean_ ? ".mean" : "");
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::vector<HostTensor> in;
+    in.emplace_back(dt_, std::vector<int64_t>{B_, N_, H_, D_});
+    in[0].fill_normal(rng, mean_ ? 2.f : 0.f, 1.5f);
+    return in;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    const int64_t npad = (N_ + 63) / 64 * 64;
+    OutputSpec c;
+    c.name = "v_fp8";
+    c.dtype = DType::e4m3;
+    c.shape = {B_, H_, D_, npad};
+    // one e4m3 step is at most 1/8 of the value (2^-9 below the normal range)
+    c.tol = mean_ ? Tolerance::allclose(2e-3, 0.13) : Tolerance::bit_exact();
+    OutputSpec sc;
+    sc.name = "v_scale";
+    sc.dtype = DType::f32;
+    sc.shape = {B_, H_, D_};
+    sc.tol = mean_ ? Tolerance::allclose(0, 1e-5) : Tolerance::bit_exact();
+    std::vector<OutputSpec> o = {c, sc};
+    if (mean_) {
+      OutputSpec m = sc;
+      m.name = "v_mean";
+      m.tol = Tolerance::allclose(1e-5, 1e-5);
+      o.push_back(m);
+    }
+    return o;
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    TensorView m = mean_ ? out[2] : TensorView{};
+    quantize_v_fp8(in[0], out[0], out[1], mean_ ? &m : nullptr, ctx);
+  }
+
+ private:
+  int64_t B_, N_, H_, D_;
+  DType dt_;
+  bool mean_;
+};
+
 // ---- one call -----------------------------------------------------------------------------------
 
 class AttentionCallCase : public Case {
  public:
   AttentionCallCase(Shape s, AttentionOptions opt, DType dt) : s_(s), opt_(opt), dt_(dt) {}
   std::string name() const override {
-    return "attention.call." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") +
-           "." + causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_) +
+    return "attention.call." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." +
+           causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_) +
            (opt_.smooth_k ? ".smooth_k" : "");
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
@@ -195,8 +258,8 @@ AttentionOptions make_opt(AttentionOptions::PV pv, AttentionOptions::Causal c) {
 LOWBIT_HARNESS_CASES(attention_cases) {
   using O = AttentionOptions;
   const Shape shapes[] = {
-      {1, 1, 1, 1, 1, 64},     {1, 17, 17, 2, 1, 64},    {2, 127, 127, 4, 2, 128},
-      {1, 200, 77, 2, 2, 64},  {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
+      {1, 1, 1, 1, 1, 64},    {1, 17, 17, 2, 1, 64},   {2, 127, 127, 4, 2, 128},
+      {1, 200, 77, 2, 2, 64}, {1, 65, 300, 3, 1, 128}, {1, 300, 300, 2, 2, 128},
   };
   for (const Shape& s : shapes)
     for (auto pv : {O::fp8, O::f16})
@@ -210,14 +273,18 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         Shape{1, 129, 129, 2, 2, 128}, make_opt(pv, O::bottom_right), DType::f16,
         ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
     cases.push_back(std::make_unique<Int8AttentionCase>(
-        Shape{2, 70, 130, 4, 1, 64}, make_opt(pv, O::none), DType::bf16, ScaleLayout::warp_q,
-        128, ScaleLayout::thread_k, 128, false, true));
+        Shape{2, 70, 130, 4, 1, 64}, make_opt(pv, O::none), DType::bf16, ScaleLayout::warp_q, 128,
+        ScaleLayout::thread_k, 128, false, true));
   }
   O vm = make_opt(O::fp8, O::none);
   vm.smooth_v = true;
-  cases.push_back(std::make_unique<Int8AttentionCase>(Shape{1, 100, 100, 2, 2, 64}, vm,
-                                                      DType::bf16, ScaleLayout::per_block, 128,
+  cases.push_back(std::make_unique<Int8AttentionCase>(Shape{1, 100, 100, 2, 2, 64}, vm, DType::bf16,
+                                                      ScaleLayout::per_block, 128,
                                                       ScaleLayout::per_block, 64, false, false));
+  cases.push_back(std::make_unique<QuantizeVCase>(1, 1, 1, 64, DType::bf16, false));
+  cases.push_back(std::make_unique<QuantizeVCase>(2, 127, 3, 128, DType::bf16, false));
+  cases.push_back(std::make_unique<QuantizeVCase>(1, 1000, 2, 64, DType::f16, false));
+  cases.push_back(std::make_unique<QuantizeVCase>(1, 300, 2, 128, DType::bf16, true));
   // One call.
   for (auto pv : {O::fp8, O::f16})
     for (auto c : {O::none, O::bottom_right}) {

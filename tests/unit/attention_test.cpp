@@ -3,6 +3,8 @@
 // fp64 softmax(q k^T) v reference on fresh N(0, 1) inputs (odd sizes, GQA, causal alignments,
 // N_kv != N_q), masked rows, LSE with the K-mean correction, strided HND inputs, and argument
 // errors that leave the output untouched.
+#include "lowbit/attention.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 #include <random>
 #include <vector>
 
-#include "lowbit/attention.h"
 #include "lowbit/dtype.h"
 #include "tests/harness/harness.h"
 
@@ -51,7 +52,7 @@ struct Outcome {
 };
 
 Outcome run_one_call(const Problem& p, std::mt19937_64& rng, DType dt = DType::bf16,
-                 float k_mean_offset = 0.f, float v_mean_offset = 0.f) {
+                     float k_mean_offset = 0.f, float v_mean_offset = 0.f) {
   Outcome r;
   r.q = HostTensor(dt, {p.B, p.Nq, p.Hq, p.D});
   r.k = HostTensor(dt, {p.B, p.Nkv, p.Hkv, p.D});
@@ -77,9 +78,9 @@ TEST(Attention, ScaleIndexFollowsTheLayoutTable) {
   EXPECT_EQ(scale_index(ScaleLayout::per_block, 64, 130), 2);
   EXPECT_EQ(scale_index(ScaleLayout::thread_q, 32, 0), 0);
   EXPECT_EQ(scale_index(ScaleLayout::thread_q, 32, 9), 1);
-  EXPECT_EQ(scale_index(ScaleLayout::thread_q, 32, 25), 1);   // rows r, r+8, r+16, r+24
+  EXPECT_EQ(scale_index(ScaleLayout::thread_q, 32, 25), 1);  // rows r, r+8, r+16, r+24
   EXPECT_EQ(scale_index(ScaleLayout::thread_q, 32, 33), 9);
-  EXPECT_EQ(scale_index(ScaleLayout::thread_k, 64, 2), 1);    // row pairs
+  EXPECT_EQ(scale_index(ScaleLayout::thread_k, 64, 2), 1);  // row pairs
   EXPECT_EQ(scale_index(ScaleLayout::thread_k, 64, 7), 3);
   EXPECT_EQ(scale_index(ScaleLayout::thread_k, 64, 64 + 9), 4 + 0);
   EXPECT_EQ(scale_index(ScaleLayout::warp_q, 128, 40), 1);
@@ -110,8 +111,8 @@ TEST(Attention, QuantizeVFp8ScalesCodesAndKeyOrder) {
   EXPECT_FLOAT_EQ(scale.get(2), 3.5f / 448.f);
   const uint8_t* c = codes.as<uint8_t>();
   // key -> position within a 32-key group: 16*h + 4*t + i for key 16*h + 8*(i/2) + 2*t + i%2.
-  const int key_pos[][2] = {{0, 0}, {1, 1}, {8, 2}, {9, 3}, {2, 4}, {3, 5}, {10, 6},
-                            {16, 16}, {25, 19}, {31, 31}, {33, 33}, {39, 32 + 4 * 3 + 1}};
+  const int key_pos[][2] = {{0, 0},  {1, 1},   {8, 2},   {9, 3},   {2, 4},   {3, 5},
+                            {10, 6}, {16, 16}, {25, 19}, {31, 31}, {33, 33}, {39, 32 + 4 * 3 + 1}};
   for (auto& kp : key_pos) {
     const float x = static_cast<float>(kp[0]) / 8.f;
     EXPECT_EQ(c[kp[1]], dt::f32_to_e4m3(x / (4.875f / 448.f))) << "key " << kp[0];
@@ -119,7 +120,7 @@ TEST(Attention, QuantizeVFp8ScalesCodesAndKeyOrder) {
   EXPECT_EQ(c[45], 0x7e);  // key 39, the channel maximum, maps to 448
   for (int64_t n = 0; n < 64; ++n) EXPECT_EQ(c[1 * 64 + n], 0) << "zero channel, pos " << n;
   EXPECT_EQ(c[2 * 64 + 9], 0x80 | 0x7e);  // key 5 = 2*2 + 1 -> position 4*2 + 1, -448
-  for (int64_t n = N; n < 64; ++n) {  // padding keys, at their fragment positions
+  for (int64_t n = N; n < 64; ++n) {      // padding keys, at their fragment positions
     const int64_t r = n % 32, w = r % 16;
     const int64_t pos = n - r + 16 * (r / 16) + 4 * ((w % 8) / 2) + (w / 8) * 2 + w % 2;
     EXPECT_EQ(c[pos], 0) << "padding key " << n;
@@ -212,8 +213,8 @@ TEST(Attention, F16PvMeetsSpecAccuracy) {
 TEST(Attention, OddShapesAndKvLongerThanQ) {
   const int64_t shapes[][2] = {{1, 1}, {17, 17}, {1, 127}, {17, 127}, {127, 65}};
   for (auto& s : shapes)
-    for (auto causal : {AttentionOptions::none, AttentionOptions::bottom_right,
-                        AttentionOptions::top_left})
+    for (auto causal :
+         {AttentionOptions::none, AttentionOptions::bottom_right, AttentionOptions::top_left})
       for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
         Problem p{1, s[0], s[1], 2, 1, 64, {}};
         p.opt.causal = causal;
@@ -289,7 +290,8 @@ TEST(Attention, VMeanSmoothingHelpsOffsetV) {
 TEST(Attention, StridedHndGivesTheSameBitsAsNhd) {
   const int64_t N = 33, H = 2, D = 64;
   auto rng = rng_for("attention.unit.hnd");
-  HostTensor q(DType::bf16, {1, N, H, D}), k(DType::bf16, {1, N, H, D}), v(DType::bf16, {1, N, H, D});
+  HostTensor q(DType::bf16, {1, N, H, D}), k(DType::bf16, {1, N, H, D}),
+      v(DType::bf16, {1, N, H, D});
   q.fill_normal(rng);
   k.fill_normal(rng);
   v.fill_normal(rng);
@@ -378,7 +380,8 @@ TEST(Attention, ArgumentErrorsNameTheArgumentAndWriteNothing) {
   expect_error("v", qr, kr, v.view(), out.view(), fp8);
 
   // One-call: mismatched v shape.
-  HostTensor qf(DType::bf16, {1, N, 4, D}), kf(DType::bf16, {1, N, 2, D}), vf(DType::bf16, {1, N + 1, 2, D});
+  HostTensor qf(DType::bf16, {1, N, 4, D}), kf(DType::bf16, {1, N, 2, D}),
+      vf(DType::bf16, {1, N + 1, 2, D});
   try {
     attention(qf.view(), kf.view(), vf.view(), out.view(), nullptr, opt, ctx);
     ADD_FAILURE() << "no error for v shape";
