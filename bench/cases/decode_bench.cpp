@@ -33,6 +33,7 @@ struct Fmt {
   KvFormat format;
   int n_groups;
   const char* name;
+  bool tensor_cores;
 };
 
 int64_t packed_dim(const Fmt& f, int64_t D) {
@@ -54,7 +55,7 @@ void fill_tiled(Device dev, void* dst, size_t bytes, const std::vector<uint8_t>&
     else std::memcpy(static_cast<char*>(dst) + n, dst, m);
     n += m;
   }
-  synchronize(ctx);
+  if (dev == Device::cuda) synchronize(ctx);
 }
 
 // A cache of B sequences of L keys, every key valid. Rows are a tiled pattern of 4096 quantized
@@ -138,9 +139,10 @@ double problem_bytes(const Shape& s, const Fmt& f) {
 }
 
 double time_decode(const Env& env, const BenchCache& bc, const Shape& s, const DeviceTensor& q,
-                   const DeviceTensor& out) {
+                   const DeviceTensor& out, bool tensor_cores) {
   Context ctx = env.ctx;
   DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(s.Hq), static_cast<int>(s.D), ctx);
+  plan.tensor_cores = tensor_cores;
   Buffer ws(env.device, workspace_bytes(plan));
   return env.time_ms([&] {
     decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
@@ -177,9 +179,10 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
   put(q.view.data, qh.data(), qh.size() * 2);
   kv_append(bc.c, kn.view, vn.view, pos.view, ctx);
   DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(Hq), static_cast<int>(D), ctx);
+  plan.tensor_cores = f.tensor_cores;
   Buffer ws(dev, workspace_bytes(plan));
   decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
-  synchronize(ctx);
+  if (dev == Device::cuda) synchronize(ctx);
   std::vector<float> got = to_host_f32(out.view);
   std::vector<double> ref(got.size());
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -217,7 +220,14 @@ class DecodeBench : public BenchCase {
     } else {
       shapes = {{2, env.quick ? 256 : 1024, 8, 2, 128}};
     }
-    const Fmt formats[] = {{KvFormat::f16, 1, "fp16"}, {KvFormat::int4, 4, "int4 g4"}, {KvFormat::fp8, 1, "fp8"}};
+    // fp16 first: its time is the baseline of the rows after it. "tc": DecodePlan::tensor_cores.
+    std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", false}, {KvFormat::int4, 4, "int4 g4", false},
+                                {KvFormat::fp8, 1, "fp8", false}};
+    if (env.device == Device::cuda) {
+      formats.push_back({KvFormat::f16, 1, "fp16 tc", true});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 tc", true});
+      formats.push_back({KvFormat::fp8, 1, "fp8 tc", true});
+    }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
     for (const Shape& s : shapes) {
@@ -234,10 +244,10 @@ class DecodeBench : public BenchCase {
           r.backend = device_name(env.device);
           {
             BenchCache bc = build_cache(env.device, s, f, page, 77);
-            r.ms = time_decode(env, bc, s, q, out);
+            r.ms = time_decode(env, bc, s, q, out, f.tensor_cores);
           }
           r.bytes = problem_bytes(s, f);
-          if (f.format == KvFormat::f16) {
+          if (f.format == KvFormat::f16 && !f.tensor_cores) {
             f16_ms = r.ms;
           } else {
             r.baseline = "lowbit fp16 decode";

@@ -14,6 +14,7 @@
 // key gives O = 0 and LSE = -inf, never NaN.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 
@@ -35,23 +36,6 @@ constexpr int kMaxRows = 16;  // query rows per CTA
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-struct DecodeParams {
-  CacheArgs c;
-  const void* q = nullptr;
-  DType q_dtype = DType::f16;
-  int64_t q_st[4] = {0, 0, 0, 0};  // (b, m, h, g), elements
-  const void* bias = nullptr;
-  DType bias_dtype = DType::f32;
-  int64_t bias_st[5] = {0, 0, 0, 0, 0};
-  float* part_o = nullptr;    // (B, H, S, R, D)
-  float* part_lse = nullptr;  // (B, H, S, R)
-  int H = 0, G = 1, Mq = 1, R = 1, S = 1;
-  int64_t split_size = 0;
-  float qk_scale = 1.f;  // sm_scale * log2(e)
-  bool causal = false;
-  int vec = 4;           // cp.async width for K/V rows
-};
-
 __device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 // Bytes of one smem row (row_bytes rounded up to 16).
@@ -63,7 +47,7 @@ struct Smem {
     return sizeof(float) * ROWS * D                                   // q (then the O reduction)
            + static_cast<size_t>(kStages) * 2 * kTileKeys * padded_row(row_bytes)  // K, V ring
            + sizeof(uint32_t) * kStages * 2 * kTileKeys                 // fp8 scale/shift ring
-           + sizeof(float) * ROWS * kTileKeys                           // scores -> p
+           + sizeof(float) * 2 * ROWS * kTileKeys                       // scores, p^T
            + sizeof(float) * 3 * ROWS;                                  // m, l, alpha
   }
 };
@@ -102,16 +86,24 @@ __device__ __forceinline__ void dequant_word(uint32_t w, const uint32_t* row, ui
     const uint32_t coef = row[elem0 / group_size];
     const float scale = __half2float(__ushort_as_half(static_cast<unsigned short>(coef & 0xffffu)));
     const float shift = __half2float(__ushort_as_half(static_cast<unsigned short>(coef >> 16)));
+    // code as float via the 2^23 magic (exact); code * scale is exact in fp32, so the fma rounds
+    // once, like the CPU's multiply-then-add.
 #pragma unroll
-    for (int e = 0; e < n; ++e)
-      out[e] = __fadd_rn(__fmul_rn(static_cast<float>((w >> (4 * (first + e))) & 0xfu), scale), shift);
+    for (int e = 0; e < n; ++e) {
+      const float code =
+          __uint_as_float(((w >> (4 * (first + e))) & 0xfu) | 0x4B000000u) - 8388608.f;
+      out[e] = fmaf(code, scale, shift);
+    }
   } else if constexpr (F == KvFormat::fp8) {
     const float scale = __half2float(__ushort_as_half(static_cast<unsigned short>(ss & 0xffffu)));
     const float shift = __half2float(__ushort_as_half(static_cast<unsigned short>(ss >> 16)));
+    // Hardware e4m3 -> f16 (exact, NaN kept); e4m3 * scale is exact in fp32.
 #pragma unroll
-    for (int e = 0; e < n; ++e)
-      out[e] = __fadd_rn(__fmul_rn(dt::e4m3_to_f32(static_cast<uint8_t>(w >> (8 * (first + e)))), scale),
-                         shift);
+    for (int e = 0; e < n; ++e) {
+      const __half_raw hr = __nv_cvt_fp8_to_halfraw(
+          static_cast<__nv_fp8_storage_t>((w >> (8 * (first + e))) & 0xffu), __NV_E4M3);
+      out[e] = fmaf(__half2float(__half(hr)), scale, shift);
+    }
   } else if constexpr (F == KvFormat::f16) {
 #pragma unroll
     for (int e = 0; e < n; ++e)
@@ -145,7 +137,8 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
   unsigned char* kv_s = smem + sizeof(float) * ROWS * D;
   uint32_t* ss_s = reinterpret_cast<uint32_t*>(kv_s + static_cast<size_t>(kStages) * 2 * kTileKeys * RBP);
   float* s_s = reinterpret_cast<float*>(ss_s + kStages * 2 * kTileKeys);
-  float* m_s = s_s + ROWS * kTileKeys;
+  float* pt_s = s_s + ROWS * kTileKeys;  // (key, row): p transposed for the PV phase
+  float* m_s = pt_s + ROWS * kTileKeys;
   float* l_s = m_s + ROWS;
   float* a_s = l_s + ROWS;
 
@@ -252,9 +245,23 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
           dequant_word<F>(w, row, F == KvFormat::fp8 ? kss_t[key] : 0u, elem0, group_size, 0,
                           kPerWord, kv);
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r)
+          for (int r = 0; r < ROWS; ++r) {
+            const float* qr = q_s + r * D + elem0;  // 8- or 16-byte aligned: vector loads
+            if constexpr (kPerWord % 4 == 0) {
 #pragma unroll
-            for (int e = 0; e < kPerWord; ++e) acc[r] = fmaf(q_s[r * D + elem0 + e], kv[e], acc[r]);
+              for (int e = 0; e < kPerWord; e += 4) {
+                const float4 qv = *reinterpret_cast<const float4*>(qr + e);
+                acc[r] = fmaf(qv.x, kv[e], acc[r]);
+                acc[r] = fmaf(qv.y, kv[e + 1], acc[r]);
+                acc[r] = fmaf(qv.z, kv[e + 2], acc[r]);
+                acc[r] = fmaf(qv.w, kv[e + 3], acc[r]);
+              }
+            } else {
+              const float2 qv = *reinterpret_cast<const float2*>(qr);
+              acc[r] = fmaf(qv.x, kv[0], acc[r]);
+              acc[r] = fmaf(qv.y, kv[1], acc[r]);
+            }
+          }
         }
       }
 #pragma unroll
@@ -299,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
       float sum = pr;
 #pragma unroll
       for (int off = 16; off >= 1; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      s_s[r * kTileKeys + lane] = pr;
+      pt_s[lane * ROWS + r] = pr;
       __syncwarp();
       if (lane == 0) {
         l_s[r] = l_s[r] * alpha + sum;
@@ -326,15 +333,28 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
         float vv[DV];
         dequant_word<F>(row[code0 + word_elem0 / kPerWord], row,
                         F == KvFormat::fp8 ? vss_t[key] : 0u, word_elem0, group_size, first, DV, vv);
+        float pr[ROWS];
+        const float* pk = pt_s + key * ROWS;  // 16-byte aligned for ROWS >= 4
+        if constexpr (ROWS % 4 == 0) {
 #pragma unroll
-        for (int r = 0; r < ROWS; ++r) {
-          const float pr = s_s[r * kTileKeys + key];
+          for (int r = 0; r < ROWS; r += 4) {
+            const float4 pv = *reinterpret_cast<const float4*>(pk + r);
+            pr[r] = pv.x;
+            pr[r + 1] = pv.y;
+            pr[r + 2] = pv.z;
+            pr[r + 3] = pv.w;
+          }
+        } else {
 #pragma unroll
-          for (int e = 0; e < DV; ++e) o[r][e] = fmaf(pr, vv[e], o[r][e]);
+          for (int r = 0; r < ROWS; ++r) pr[r] = pk[r];
         }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+          for (int e = 0; e < DV; ++e) o[r][e] = fmaf(pr[r], vv[e], o[r][e]);
       }
     }
-    __syncthreads();  // the stage and s_s are reused
+    __syncthreads();  // the stage, s_s and pt_s are reused
   }
   cp_async_wait<0>();
 
@@ -461,11 +481,17 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   p.causal = causal;
   p.vec = row_vector_bytes(cache);
   cudaStream_t stream = stream_of(ctx);
-  switch (cache.format) {
-    case KvFormat::int4: launch_format<KvFormat::int4>(p, plan.head_dim, plan.batch, stream); break;
-    case KvFormat::fp8: launch_format<KvFormat::fp8>(p, plan.head_dim, plan.batch, stream); break;
-    case KvFormat::f16: launch_format<KvFormat::f16>(p, plan.head_dim, plan.batch, stream); break;
-    case KvFormat::bf16: launch_format<KvFormat::bf16>(p, plan.head_dim, plan.batch, stream); break;
+  if (plan.tensor_cores && decode_mma_supported(cache.format, plan.head_dim)) {
+    launch_decode_mma(p, cache.format, plan.head_dim, plan.batch, stream);
+  } else {
+    const int D = plan.head_dim;
+    const int64_t B = plan.batch;
+    switch (cache.format) {
+      case KvFormat::int4: launch_format<KvFormat::int4>(p, D, B, stream); break;
+      case KvFormat::fp8: launch_format<KvFormat::fp8>(p, D, B, stream); break;
+      case KvFormat::f16: launch_format<KvFormat::f16>(p, D, B, stream); break;
+      case KvFormat::bf16: launch_format<KvFormat::bf16>(p, D, B, stream); break;
+    }
   }
   check_launch("decode_attention");
   const int64_t rows = plan.batch * plan.kv_heads * plan.mq * plan.group;

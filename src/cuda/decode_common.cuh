@@ -113,6 +113,28 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Arguments of the split kernels (CUDA-core and tensor-core variants).
+struct DecodeParams {
+  CacheArgs c;
+  const void* q = nullptr;
+  DType q_dtype = DType::f16;
+  int64_t q_st[4] = {0, 0, 0, 0};  // (b, m, h, g), elements
+  const void* bias = nullptr;
+  DType bias_dtype = DType::f32;
+  int64_t bias_st[5] = {0, 0, 0, 0, 0};
+  float* part_o = nullptr;    // (B, H, S, R, D)
+  float* part_lse = nullptr;  // (B, H, S, R)
+  int H = 0, G = 1, Mq = 1, R = 1, S = 1;
+  int64_t split_size = 0;
+  float qk_scale = 1.f;  // sm_scale * log2(e)
+  bool causal = false;
+  int vec = 4;           // cp.async width for K/V rows
+};
+
+// Tensor-core (mma.sync) split kernel: int4 / fp8 / f16 caches, D 64 or 128 (decode_mma.cu).
+bool decode_mma_supported(KvFormat format, int D);
+void launch_decode_mma(const DecodeParams& p, KvFormat format, int D, int64_t B, cudaStream_t stream);
+
 // Widest access (16, 8 or 4 bytes) that every row start of both caches allows.
 inline int row_vector_bytes(const KvCache& c) {
   const CacheArgs a = make_cache_args(c);

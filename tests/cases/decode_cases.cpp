@@ -133,15 +133,18 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 
 class DecodeCase : public Case {
  public:
+  // tc: the tensor-core kernel (DecodePlan::tensor_cores; K/V, q and P rounded to f16).
   DecodeCase(CacheShape cs, std::vector<int32_t> lens, int G, int Mq, bool causal, bool bias,
-             DType qdt)
-      : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt) {}
+             DType qdt, bool tc = false)
+      : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt),
+        tc_(tc) {}
 
   std::string name() const override {
     std::string s = "decode.attention." + cs_.str() + ".g" + std::to_string(G_) + ".mq" +
                     std::to_string(Mq_) + "." + dtype_name(qdt_);
     if (causal_) s += ".causal";
     if (bias_) s += ".bias";
+    if (tc_) s += ".tensor_cores";
     return s;
   }
 
@@ -170,11 +173,12 @@ class DecodeCase : public Case {
     o.dtype = qdt_;
     o.shape = {cs_.B, Mq_, cs_.H, G_, cs_.D};
     o.tol = qdt_ == DType::bf16 ? Tolerance::allclose(4e-3, 1.6e-2) : Tolerance::allclose(1e-3, 4e-3);
+    if (tc_) o.tol = Tolerance::allclose(6e-3, 2e-2);
     OutputSpec l;
     l.name = "lse";
     l.dtype = DType::f32;
     l.shape = {cs_.B, Mq_, cs_.H, G_};
-    l.tol = Tolerance::allclose(1e-4, 1e-4);
+    l.tol = tc_ ? Tolerance::allclose(5e-3, 1e-3) : Tolerance::allclose(1e-4, 1e-4);
     l.tol.allow_nonfinite = true;  // rows without keys: -inf
     return {o, l};
   }
@@ -184,6 +188,7 @@ class DecodeCase : public Case {
     KvCache c = cache_view(cs_, in);
     const TensorView& q = in[kFirstExtra];
     DecodePlan plan = plan_decode(c, Mq_, cs_.H * G_, cs_.D, ctx);
+    plan.tensor_cores = tc_;
     Buffer ws(q.device, workspace_bytes(plan));
     TensorView lse = out[1];
     decode_attention(q, c, plan, ws.data(), out[0], &lse, bias_ ? &in[kFirstExtra + 1] : nullptr,
@@ -196,6 +201,7 @@ class DecodeCase : public Case {
   int G_, Mq_;
   bool causal_, bias_;
   DType qdt_;
+  bool tc_;
 };
 
 // ---- kv_append --------------------------------------------------------------------------------
@@ -355,8 +361,8 @@ CacheShape shape(KvFormat f, int ng, int B, int L, int H, int D, int page) {
 LOWBIT_HARNESS_CASES(decode_cases) {
   using F = KvFormat;
   auto add = [&](CacheShape cs, std::vector<int32_t> lens, int G, int Mq, bool causal, bool bias,
-                 DType qdt) {
-    cases.push_back(std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt));
+                 DType qdt, bool tc = false) {
+    cases.push_back(std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt, tc));
   };
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
@@ -371,6 +377,13 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::f16, 1, 2, 300, 1, 64, 256), {300, 5}, 16, 16, true, false, DType::f16);
   add(shape(F::bf16, 1, 2, 257, 2, 128, 16), {257, 16}, 1, 2, true, false, DType::bf16);
   add(shape(F::bf16, 1, 1, 33, 1, 256, 0), {33}, 16, 16, true, true, DType::bf16);
+  // The tensor-core kernel (int4, fp8, f16; D 64, 128); the CPU runs its usual oracle.
+  add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16, true);
+  add(shape(F::int4, 1, 2, 300, 2, 64, 16), {300, 5}, 2, 4, true, false, DType::f16, true);
+  add(shape(F::int4, 2, 2, 129, 1, 128, 16), {129, 40}, 2, 3, true, true, DType::bf16, true);
+  add(shape(F::fp8, 1, 2, 520, 1, 128, 256), {520, 1}, 8, 1, false, true, DType::f16, true);
+  add(shape(F::f16, 1, 2, 300, 1, 64, 256), {300, 5}, 16, 16, true, false, DType::f16, true);
+  add(shape(F::f16, 1, 2, 257, 2, 128, 0), {257, 0}, 4, 1, false, false, DType::bf16, true);
   // Appends: contiguous and paged, every format, a constant row.
   for (F f : {F::int4, F::fp8, F::f16, F::bf16}) {
     const int ng = f == F::int4 ? 4 : 1;
