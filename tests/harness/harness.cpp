@@ -181,7 +181,7 @@ Outputs run_on(const Case& c, std::vector<HostTensor>& inputs, const std::vector
                                       specs[k].shape.data(), device));
       }
       c.run(in_views, out_views, ctx);
-      synchronize(ctx);
+      if (device == Device::cuda) synchronize(ctx);
       std::vector<HostTensor> outs;
       for (size_t k = 0; k < specs.size(); ++k) {
         if (device == Device::cuda)
