@@ -15,20 +15,25 @@ struct StridedIndex {
   int64_t stride[kMaxDims];
 };
 
-// A contiguous tensor collapses to one dimension, so element_offset is the identity.
+// Shape and strides of `t`, dimension by dimension.
 inline StridedIndex strided_index_of(const TensorView& t) {
   StridedIndex s{};
-  if (t.is_contiguous()) {
-    s.ndim = 1;
-    s.shape[0] = t.numel();
-    s.stride[0] = 1;
-    return s;
-  }
   s.ndim = t.ndim;
   for (int i = 0; i < t.ndim; ++i) {
     s.shape[i] = t.shape[i];
     s.stride[i] = t.stride[i];
   }
+  return s;
+}
+
+// For element-wise loops only: like strided_index_of, but a contiguous tensor collapses to one
+// dimension so element_offset() is the identity (no per-element divisions).
+inline StridedIndex flat_index_of(const TensorView& t) {
+  if (!t.is_contiguous()) return strided_index_of(t);
+  StridedIndex s{};
+  s.ndim = 1;
+  s.shape[0] = t.numel();
+  s.stride[0] = 1;
   return s;
 }
 

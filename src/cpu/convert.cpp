@@ -8,7 +8,7 @@ namespace lowbit {
 namespace cpu {
 
 void convert(const TensorView& src, TensorView dst, Context& ctx) {
-  const StridedIndex si = strided_index_of(src), di = strided_index_of(dst);
+  const StridedIndex si = flat_index_of(src), di = flat_index_of(dst);
   const int64_t n = src.numel();
   if (dtype_is_packed(dst.dtype)) {  // contiguous, even: one output byte per pair
     auto* out = static_cast<uint8_t*>(dst.data);

@@ -68,10 +68,10 @@ void convert(const TensorView& src, TensorView dst, Context& ctx) {
                                                         static_cast<int64_t>(multiprocessor_count()) * 16));
   if (dtype_is_packed(dst.dtype)) {
     convert_packed_kernel<<<blocks, threads, 0, stream_of(ctx)>>>(
-        src.data, src.dtype, strided_index_of(src), static_cast<uint8_t*>(dst.data), dst.dtype, n / 2);
+        src.data, src.dtype, flat_index_of(src), static_cast<uint8_t*>(dst.data), dst.dtype, n / 2);
   } else {
-    convert_kernel<<<blocks, threads, 0, stream_of(ctx)>>>(src.data, src.dtype, strided_index_of(src),
-                                                           dst.data, dst.dtype, strided_index_of(dst), n);
+    convert_kernel<<<blocks, threads, 0, stream_of(ctx)>>>(src.data, src.dtype, flat_index_of(src),
+                                                           dst.data, dst.dtype, flat_index_of(dst), n);
   }
   check_launch("convert");
 }
