@@ -112,6 +112,8 @@ class SafetensorsReader {
   // Tells the OS the tensor's pages are no longer needed, so a streaming pass over a large file
   // keeps its resident memory at about one tensor. The data stays readable (it is paged back in).
   void release(const TensorInfo&) const;
+  // The same for bytes [offset, offset + nbytes) of the tensor (clamped to it).
+  void release(const TensorInfo&, uint64_t offset, uint64_t nbytes) const;
 
  private:
   SafetensorsReader();

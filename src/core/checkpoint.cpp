@@ -20,7 +20,7 @@ namespace lowbit {
 namespace {
 
 constexpr const char* kOp = "quantize_checkpoint";
-constexpr uint64_t kCopyChunk = 64ull << 20;
+constexpr uint64_t kCopyChunk = 16ull << 20;  // copied tensors stream in 16 MiB pieces
 
 // The ComfyUI marker bytes, exactly as SPEC §3.6 writes them.
 constexpr const char* kComfyMarker = R"({"format":"convrot_w4a4","convrot_groupsize":256})";
@@ -293,8 +293,11 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
     }
     const TensorInfo& t = *p.in;
     if (p.kind == Plan::copy) {
-      for (uint64_t off = 0; off < t.nbytes(); off += kCopyChunk)
-        writer.write(t.name, reader.data(t) + off, std::min(kCopyChunk, t.nbytes() - off));
+      for (uint64_t off = 0; off < t.nbytes(); off += kCopyChunk) {
+        const uint64_t n = std::min(kCopyChunk, t.nbytes() - off);
+        writer.write(t.name, reader.data(t) + off, n);
+        reader.release(t, off, n);
+      }
     } else {
       std::vector<float> w = to_f32(reader, t, ctx);
       reader.release(t);

@@ -362,11 +362,15 @@ TensorView SafetensorsReader::view(const TensorInfo& t) const {
                    t.shape.data());
 }
 
-void SafetensorsReader::release(const TensorInfo& t) const {
-  if (!impl_->mapping || t.nbytes() == 0) return;
+void SafetensorsReader::release(const TensorInfo& t) const { release(t, 0, t.nbytes()); }
+
+void SafetensorsReader::release(const TensorInfo& t, uint64_t offset, uint64_t nbytes) const {
+  if (!impl_->mapping || offset >= t.nbytes() || nbytes == 0) return;
+  nbytes = std::min(nbytes, t.nbytes() - offset);
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  uint64_t lo = (data_offset() + t.begin) / page * page;
-  uint64_t hi = std::min(impl_->size, (data_offset() + t.end + page - 1) / page * page);
+  uint64_t lo = (data_offset() + t.begin + offset) / page * page;
+  uint64_t hi =
+      std::min(impl_->size, (data_offset() + t.begin + offset + nbytes + page - 1) / page * page);
   if (hi > lo) madvise(static_cast<uint8_t*>(impl_->mapping) + lo, hi - lo, MADV_DONTNEED);
 }
 

@@ -141,20 +141,6 @@ double rel_err(const std::vector<float>& w, const std::vector<double>& d) {
   return std::sqrt(num / den);
 }
 
-// TEMPORARY: main carries the linear CPU backend as stubs until convrot-cpu is merged; the tests
-// that quantize skip (loudly) until then.
-#define SKIP_WITHOUT_LINEAR_BACKEND()                                               \
-  do {                                                                              \
-    std::vector<float> z(8 * 16, 0.f);                                              \
-    Context c;                                                                      \
-    try {                                                                           \
-      quantize_weight(make_view(z.data(), DType::f32, {8, 16}), QType::convrot8, c); \
-    } catch (const Error& e) {                                                      \
-      if (std::string(e.what()).find("not implemented") != std::string::npos)       \
-        GTEST_SKIP() << "linear CPU backend not merged yet: " << e.what();          \
-    }                                                                               \
-  } while (0)
-
 const LayerReport* find_layer(const QuantizeReport& r, const std::string& name) {
   for (const auto& l : r.layers)
     if (l.name == name) return &l;
@@ -175,7 +161,6 @@ std::vector<Src> model_tensors() {
 }
 
 TEST(QuantizeCheckpoint, Convrot8LowbitFormat) {
-  SKIP_WITHOUT_LINEAR_BACKEND();
   std::string dir = tmp_dir("c8");
   std::string in = dir + "/in.safetensors", out = dir + "/out.safetensors";
   auto src = model_tensors();
@@ -259,7 +244,6 @@ TEST(QuantizeCheckpoint, Convrot8LowbitFormat) {
 }
 
 TEST(QuantizeCheckpoint, ComfyFormatExactKeys) {
-  SKIP_WITHOUT_LINEAR_BACKEND();
   std::string dir = tmp_dir("comfy");
   std::string in = dir + "/in.safetensors", out = dir + "/out.safetensors";
   Src w = f32_tensor("net.lin.weight", {24, 512}, 11);
@@ -347,7 +331,6 @@ TEST(QuantizeCheckpoint, NeverOverwritesInputAndCancelsCleanly) {
 }
 
 TEST(QuantizeCheckpoint, SkipsLayersAlreadyQuantized) {
-  SKIP_WITHOUT_LINEAR_BACKEND();
   std::string dir = tmp_dir("twice");
   std::string in = dir + "/in.safetensors", mid = dir + "/mid.safetensors",
               out = dir + "/out.safetensors";
@@ -375,7 +358,6 @@ TEST(QuantizeCheckpoint, SkipsLayersAlreadyQuantized) {
 // Real weights (tests/data/minilm_slice.safetensors, see its README): every qtype quantizes the
 // three linear slices; the weight error shrinks as bits grow, and convrot8 stays near 1 %.
 TEST(QuantizeCheckpoint, MiniLMWeightErrorPerQType) {
-  SKIP_WITHOUT_LINEAR_BACKEND();
   // The repository root from this file's path (CMake compiles it by absolute path), else the cwd.
   std::string here = __FILE__, in = "tests/data/minilm_slice.safetensors";
   size_t at = here.rfind("tests/unit/");

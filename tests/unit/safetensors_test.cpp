@@ -290,6 +290,8 @@ TEST(SafetensorsWriter, RoundTripAndExactBytes) {
   EXPECT_EQ(r.metadata().at("m"), "x");
   EXPECT_EQ(static_cast<int8_t>(r.data(r.at("b"))[0]), -1);
   r.release(r.at("w"));  // pages dropped, data still readable
+  r.release(r.at("w"), 4, 1000);  // a range, clamped to the tensor
+  r.release(r.at("w"), 99, 1);    // past the end: nothing
   float w1;
   std::memcpy(&w1, r.data(r.at("w")) + 4, 4);
   EXPECT_EQ(w1, 2.f);
