@@ -212,13 +212,23 @@ struct SafetensorsReader::Impl {
       fail_file(f, "header is not a JSON object (it must start with '{')");
     const char* hb = reinterpret_cast<const char*>(bytes + 8);
 
-    // Parse, rejecting duplicate names at the top level (nlohmann would keep the last one).
-    std::unordered_set<std::string> seen;
+    // Parse, rejecting a key repeated within one object at any depth (nlohmann would silently
+    // keep the last one; the reference library refuses such headers).
+    std::vector<std::unordered_set<std::string>> keys;  // one set per open object
     std::string duplicate;
-    auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-      if (ev == nlohmann::json::parse_event_t::key && depth == 1) {
+    int duplicate_depth = 0;
+    using ev_t = nlohmann::json::parse_event_t;
+    auto cb = [&](int depth, ev_t ev, nlohmann::json& parsed) {
+      if (ev == ev_t::object_start) {
+        keys.emplace_back();
+      } else if (ev == ev_t::object_end) {
+        if (!keys.empty()) keys.pop_back();
+      } else if (ev == ev_t::key && !keys.empty() && duplicate.empty()) {
         std::string k = parsed.get<std::string>();
-        if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
+        if (!keys.back().insert(k).second) {
+          duplicate = k;
+          duplicate_depth = depth;
+        }
       }
       return true;
     };
@@ -228,7 +238,10 @@ struct SafetensorsReader::Impl {
     } catch (const nlohmann::json::exception& e) {
       fail_file(f, std::string("header is not valid JSON: ") + e.what());
     }
-    if (!duplicate.empty()) fail_tensor(f, duplicate, "appears twice in the header");
+    if (!duplicate.empty()) {
+      if (duplicate_depth == 1) fail_tensor(f, duplicate, "appears twice in the header");
+      fail_file(f, "key '" + duplicate + "' appears twice in one object of the header");
+    }
     if (!h.is_object()) fail_file(f, "header is not a JSON object");
 
     for (auto it = h.begin(); it != h.end(); ++it) {

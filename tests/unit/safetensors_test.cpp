@@ -244,6 +244,15 @@ TEST(Safetensors, RejectsDuplicatesAndBadMetadata) {
                        R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
                        bytes_n(2)),
              {"tensor 'a'", "appears twice"});
+  expect_bad(make_file(R"({"a":{"dtype":"U8","dtype":"I8","shape":[1],"data_offsets":[0,1]}})",
+                       bytes_n(1)),
+             {"key 'dtype' appears twice"});
+  expect_bad(make_file(R"({"__metadata__":{"k":"1","k":"2"}})", {}), {"key 'k' appears twice"});
+  // The same key in two different objects is fine.
+  auto ok = make_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                      R"("b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+                      bytes_n(2));
+  EXPECT_EQ(SafetensorsReader::from_memory(ok.data(), ok.size(), "x").tensors().size(), 2u);
   expect_bad(make_file(R"({"__metadata__":{"n":1}})", {}), {"'__metadata__' entry 'n'", "string"});
   expect_bad(make_file(R"({"__metadata__":[1]})", {}), {"'__metadata__' must be an object"});
 }
