@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <functional>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,8 +29,8 @@ std::string write_checkpoint(const std::string& path, int blocks, int64_t d, uin
   struct Lin {
     const char* name;
     int64_t o, k;
-  } lins[] = {{"attn.qkv", 3 * d, d}, {"attn.proj", d, d}, {"mlp.fc1", 4 * d, d},
-              {"mlp.fc2", d, 4 * d}};
+  } lins[] = {
+      {"attn.qkv", 3 * d, d}, {"attn.proj", d, d}, {"mlp.fc1", 4 * d, d}, {"mlp.fc2", d, 4 * d}};
   *weights = 0;
   for (int b = 0; b < blocks; ++b)
     for (const Lin& l : lins) {
@@ -68,8 +68,8 @@ double median_ms(int reps, const std::function<void()>& fn) {
   for (int i = 0; i < reps; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count());
+    t.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
@@ -96,9 +96,8 @@ class QuantizeCheckpointBench : public BenchCase {
     copy_opt.writer.fsync = false;
     copy_opt.compute_error = false;
     const int reps = env.quick ? 1 : 3;
-    double copy_ms = median_ms(reps, [&] {
-      quantize_checkpoint(in, out, QType::convrot8, copy_opt, ctx);
-    });
+    double copy_ms =
+        median_ms(reps, [&] { quantize_checkpoint(in, out, QType::convrot8, copy_opt, ctx); });
     for (QType q : {QType::convrot8, QType::convrot_int4, QType::convrot4}) {
       QuantizeOptions opt;
       opt.writer.fsync = false;

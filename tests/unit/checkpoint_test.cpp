@@ -1,6 +1,8 @@
 // quantize_checkpoint: what is quantized / copied / skipped, exact output keys for both formats,
 // independent decoding of the stored codes (a dense Kronecker rotation built here), never
 // overwriting the input, cancellation, and the weight error on real MiniLM weights.
+#include "lowbit/checkpoint.h"
+
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "lowbit/checkpoint.h"
 #include "lowbit/dtype.h"
 
 namespace lowbit {
@@ -154,8 +155,8 @@ std::vector<Src> model_tensors() {
       f32_tensor("blocks.0.attn.qkv.bias", {48}, 3),
       f32_tensor("blocks.0.norm.weight", {64}, 4),
       bf16_tensor("blocks.0.mlp.fc1.weight", {32, 256}, 5),
-      f32_tensor("blocks.0.mlp.fc2.weight", {16, 24}, 6),  // K = 24: rot 4 < 16
-      f32_tensor("blocks.0.conv.weight", {8, 4, 3, 3}, 7), // 4-D: not a linear
+      f32_tensor("blocks.0.mlp.fc2.weight", {16, 24}, 6),   // K = 24: rot 4 < 16
+      f32_tensor("blocks.0.conv.weight", {8, 4, 3, 3}, 7),  // 4-D: not a linear
       f32_tensor("head.weight", {16, 64}, 8),
   };
 }
@@ -260,9 +261,9 @@ TEST(QuantizeCheckpoint, ComfyFormatExactKeys) {
   SafetensorsReader r(out);
   std::vector<std::string> names;
   for (const auto& t : r.tensors()) names.push_back(t.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"net.lin.weight", "net.lin.weight_scale",
-                                             "net.lin.comfy_quant", "net.lin.bias",
-                                             "net.small.weight"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"net.lin.weight", "net.lin.weight_scale",
+                                      "net.lin.comfy_quant", "net.lin.bias", "net.small.weight"}));
   const TensorInfo& q = r.at("net.lin.weight");
   EXPECT_EQ(q.dtype, FileDType::i8);
   EXPECT_EQ(q.shape, (std::vector<int64_t>{24, 256}));
@@ -413,8 +414,9 @@ TEST(QuantizeCheckpoint, MiniLMWeightErrorPerQType) {
   EXPECT_GT(e8, 0.001);
   EXPECT_LT(e8, 0.02);
   double prev = 0;
-  for (QType q : {QType::convrot_int8, QType::convrot_int7, QType::convrot_int6, QType::convrot_int5,
-                  QType::convrot_int4, QType::convrot_int3, QType::convrot_int2}) {
+  for (QType q :
+       {QType::convrot_int8, QType::convrot_int7, QType::convrot_int6, QType::convrot_int5,
+        QType::convrot_int4, QType::convrot_int3, QType::convrot_int2}) {
     double e = mean_err(q, &n);
     EXPECT_EQ(n, 3u) << qtype_name(q);
     EXPECT_GT(e, prev) << qtype_name(q) << " should lose more than one bit more";
