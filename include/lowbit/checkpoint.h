@@ -112,6 +112,8 @@ class SafetensorsReader {
   // Tells the OS the tensor's pages are no longer needed, so a streaming pass over a large file
   // keeps its resident memory at about one tensor. The data stays readable (it is paged back in).
   void release(const TensorInfo&) const;
+  // The same for bytes [offset, offset + nbytes) of the tensor (clamped to it).
+  void release(const TensorInfo&, uint64_t offset, uint64_t nbytes) const;
 
  private:
   SafetensorsReader();
@@ -166,8 +168,8 @@ class SafetensorsWriter {
   std::vector<TensorSpec> specs_;
   WriterOptions options_;
   int fd_ = -1;
-  size_t current_ = 0;       // index of the tensor being written
-  uint64_t written_ = 0;     // bytes of it written so far
+  size_t current_ = 0;    // index of the tensor being written
+  uint64_t written_ = 0;  // bytes of it written so far
   bool finished_ = false;
 };
 
@@ -209,9 +211,9 @@ struct QuantizeFilter {
 };
 
 struct QuantizeProgress {
-  size_t index = 0;  // tensors done so far (0 .. count)
-  size_t count = 0;  // tensors of the input
-  std::string name;  // the tensor just done ("" for the first call)
+  size_t index = 0;                          // tensors done so far (0 .. count)
+  size_t count = 0;                          // tensors of the input
+  std::string name;                          // the tensor just done ("" for the first call)
   uint64_t bytes_done = 0, bytes_total = 0;  // input data bytes
 };
 using ProgressFn = std::function<void(const QuantizeProgress&)>;
@@ -229,16 +231,16 @@ struct QuantizeOptions {
 
 // One linear-weight candidate (a 2-D tensor named "weight" or "*.weight").
 struct LayerReport {
-  std::string name;              // the weight tensor's name
-  std::vector<int64_t> shape;    // (O, K)
-  std::string source_dtype;      // "BF16", ...
+  std::string name;            // the weight tensor's name
+  std::vector<int64_t> shape;  // (O, K)
+  std::string source_dtype;    // "BF16", ...
   bool quantized = false;
-  std::string qtype;             // when quantized
-  std::string skip_reason;       // when not
+  std::string qtype;        // when quantized
+  std::string skip_reason;  // when not
   int rot = 0;
-  uint64_t bytes_before = 0;     // the weight tensor
-  uint64_t bytes_after = 0;      // every tensor written for it (marker included); = before if skipped
-  double rel_error = -1;         // ||W - deq(Q(W))||_F / ||W||_F in fp64; -1 when not computed
+  uint64_t bytes_before = 0;  // the weight tensor
+  uint64_t bytes_after = 0;   // every tensor written for it (marker included); = before if skipped
+  double rel_error = -1;      // ||W - deq(Q(W))||_F / ||W||_F in fp64; -1 when not computed
 };
 
 struct QuantizeReport {

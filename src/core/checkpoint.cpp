@@ -1,5 +1,7 @@
 // The model quantizer: streams a safetensors checkpoint, quantizing its linear weights
 // (SPEC §3.6). Also the loader of quantized layers. docs/checkpoint-format.md gives the formats.
+#include "lowbit/checkpoint.h"
+
 #include <fnmatch.h>
 
 #include <algorithm>
@@ -11,7 +13,6 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "lowbit/checkpoint.h"
 #include "lowbit/core.h"
 #include "src/core/check.h"
 
@@ -20,7 +21,7 @@ namespace lowbit {
 namespace {
 
 constexpr const char* kOp = "quantize_checkpoint";
-constexpr uint64_t kCopyChunk = 64ull << 20;
+constexpr uint64_t kCopyChunk = 16ull << 20;  // copied tensors stream in 16 MiB pieces
 
 // The ComfyUI marker bytes, exactly as SPEC §3.6 writes them.
 constexpr const char* kComfyMarker = R"({"format":"convrot_w4a4","convrot_groupsize":256})";
@@ -78,9 +79,9 @@ std::string lowbit_marker_json(const PackedWeight& pw, FileDType source) {
 struct Plan {
   enum Kind { copy, quantize } kind = copy;
   const TensorInfo* in = nullptr;
-  std::string prefix;                 // quantize: the layer prefix
-  std::vector<TensorSpec> outputs;    // what this input becomes, in order
-  size_t report = SIZE_MAX;           // index into report.layers
+  std::string prefix;               // quantize: the layer prefix
+  std::vector<TensorSpec> outputs;  // what this input becomes, in order
+  size_t report = SIZE_MAX;         // index into report.layers
 };
 
 // Aligned fp32 copy of a 2-D tensor of the file (any of f32/bf16/f16), via lowbit::convert.
@@ -108,8 +109,8 @@ std::vector<float> to_f32(const SafetensorsReader& r, const TensorInfo& t, Conte
 }  // namespace
 
 size_t QuantizeReport::quantized() const {
-  return static_cast<size_t>(
-      std::count_if(layers.begin(), layers.end(), [](const LayerReport& l) { return l.quantized; }));
+  return static_cast<size_t>(std::count_if(layers.begin(), layers.end(),
+                                           [](const LayerReport& l) { return l.quantized; }));
 }
 size_t QuantizeReport::skipped() const { return layers.size() - quantized(); }
 
@@ -162,13 +163,13 @@ PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMark
     // Stored packed parts are U8 bytes; hand them back in the part's own dtype and shape.
     TensorView& v = parts.back().second;
     if (dtype_is_packed(p.second.dtype) || v.dtype != p.second.dtype) {
-      check::that(static_cast<int64_t>(t.nbytes()) ==
-                      dtype_storage_bytes(p.second.dtype, p.second.numel()),
-                  op, file.path().c_str(),
-                  "tensor '" + t.name + "': " +
-                      check::expected_got(dtype_storage_bytes(p.second.dtype, p.second.numel()),
-                                          static_cast<int64_t>(t.nbytes())) +
-                      " bytes");
+      check::that(
+          static_cast<int64_t>(t.nbytes()) == dtype_storage_bytes(p.second.dtype, p.second.numel()),
+          op, file.path().c_str(),
+          "tensor '" + t.name + "': " +
+              check::expected_got(dtype_storage_bytes(p.second.dtype, p.second.numel()),
+                                  static_cast<int64_t>(t.nbytes())) +
+              " bytes");
       v = make_view(v.data, p.second.dtype, p.second.ndim, p.second.shape);
     }
   }
@@ -181,9 +182,9 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
   check::that(!same_file(in, out) && in != out, kOp, "out",
               "'" + out + "' is the input file; lowbit never overwrites its input");
   const bool comfy = opt.format == CheckpointFormat::comfy;
-  check::that(!comfy || qtype == QType::convrot_comfy_w4a4, kOp, "format",
-              std::string("--format comfy stores convrotcomfyw4a4 only, got qtype ") +
-                  qtype_name(qtype));
+  check::that(
+      !comfy || qtype == QType::convrot_comfy_w4a4, kOp, "format",
+      std::string("--format comfy stores convrotcomfyw4a4 only, got qtype ") + qtype_name(qtype));
 
   SafetensorsReader reader(in);
   QuantizeReport report;
@@ -235,11 +236,13 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
       std::vector<TensorSpec> outs;
       if (comfy) {
         for (const auto& part : shape_of.tensors()) {
-          if (part.first == "codes") outs.push_back(part_spec(prefix + "weight", part.second, true));
+          if (part.first == "codes")
+            outs.push_back(part_spec(prefix + "weight", part.second, true));
           if (part.first == "scales")
             outs.push_back(part_spec(prefix + "weight_scale", part.second, true));
         }
-        outs.push_back({prefix + "comfy_quant", FileDType::u8,
+        outs.push_back({prefix + "comfy_quant",
+                        FileDType::u8,
                         {static_cast<int64_t>(std::strlen(kComfyMarker))}});
       } else {
         for (const auto& part : shape_of.tensors())
@@ -293,8 +296,11 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
     }
     const TensorInfo& t = *p.in;
     if (p.kind == Plan::copy) {
-      for (uint64_t off = 0; off < t.nbytes(); off += kCopyChunk)
-        writer.write(t.name, reader.data(t) + off, std::min(kCopyChunk, t.nbytes() - off));
+      for (uint64_t off = 0; off < t.nbytes(); off += kCopyChunk) {
+        const uint64_t n = std::min(kCopyChunk, t.nbytes() - off);
+        writer.write(t.name, reader.data(t) + off, n);
+        reader.release(t, off, n);
+      }
     } else {
       std::vector<float> w = to_f32(reader, t, ctx);
       reader.release(t);
@@ -331,9 +337,11 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
           if (part_name(p.prefix, part.first) == s.name) v = &part.second;
         check::that(v != nullptr, kOp, s.name.c_str(), "packed part missing");
         const uint64_t n = static_cast<uint64_t>(dtype_storage_bytes(v->dtype, v->numel()));
-        check::that(n == s.nbytes(), kOp, s.name.c_str(),
-                    "packed part: " + check::expected_got(static_cast<int64_t>(s.nbytes()),
-                                                          static_cast<int64_t>(n)) + " bytes");
+        check::that(
+            n == s.nbytes(), kOp, s.name.c_str(),
+            "packed part: " +
+                check::expected_got(static_cast<int64_t>(s.nbytes()), static_cast<int64_t>(n)) +
+                " bytes");
         writer.write(s.name, v->data, n);
       }
     }

@@ -9,7 +9,8 @@ namespace lowbit {
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 int json_int(const nlohmann::json& j, const char* key) {
@@ -41,7 +42,8 @@ std::vector<LayerMarker> find_layer_markers(const SafetensorsReader& file) {
     if (!j.is_object()) bad("marker bytes are not a JSON object");
     const char* key = lowbit ? "qtype" : "format";
     auto q = j.find(key);
-    if (q == j.end() || !q->is_string()) bad(std::string("marker JSON has no string \"") + key + "\"");
+    if (q == j.end() || !q->is_string())
+      bad(std::string("marker JSON has no string \"") + key + "\"");
     m.qtype = q->get<std::string>();
     if (lowbit) {
       m.rot = json_int(j, "rot");

@@ -28,12 +28,14 @@ struct DTypeEntry {
   int size;
 };
 constexpr DTypeEntry kDTypes[] = {
-    {FileDType::boolean, "BOOL", 1}, {FileDType::u8, "U8", 1},       {FileDType::i8, "I8", 1},
-    {FileDType::e4m3, "F8_E4M3", 1}, {FileDType::e5m2, "F8_E5M2", 1}, {FileDType::e8m0, "F8_E8M0", 1},
-    {FileDType::i16, "I16", 2},      {FileDType::u16, "U16", 2},     {FileDType::f16, "F16", 2},
-    {FileDType::bf16, "BF16", 2},    {FileDType::i32, "I32", 4},     {FileDType::u32, "U32", 4},
-    {FileDType::f32, "F32", 4},      {FileDType::i64, "I64", 8},     {FileDType::u64, "U64", 8},
-    {FileDType::f64, "F64", 8},
+    {FileDType::boolean, "BOOL", 1}, {FileDType::u8, "U8", 1},
+    {FileDType::i8, "I8", 1},        {FileDType::e4m3, "F8_E4M3", 1},
+    {FileDType::e5m2, "F8_E5M2", 1}, {FileDType::e8m0, "F8_E8M0", 1},
+    {FileDType::i16, "I16", 2},      {FileDType::u16, "U16", 2},
+    {FileDType::f16, "F16", 2},      {FileDType::bf16, "BF16", 2},
+    {FileDType::i32, "I32", 4},      {FileDType::u32, "U32", 4},
+    {FileDType::f32, "F32", 4},      {FileDType::i64, "I64", 8},
+    {FileDType::u64, "U64", 8},      {FileDType::f64, "F64", 8},
 };
 
 [[noreturn]] void fail_file(const std::string& file, const std::string& message) {
@@ -70,7 +72,8 @@ bool json_u64(const nlohmann::json& j, uint64_t* out) {
 // Reads one tensor entry of the header into `t` (t.name already set).
 void parse_tensor_entry(const std::string& file, const nlohmann::json& e, TensorInfo& t) {
   const std::string& name = t.name;
-  if (!e.is_object()) fail_tensor(file, name, "expected a JSON object, got " + std::string(e.type_name()));
+  if (!e.is_object())
+    fail_tensor(file, name, "expected a JSON object, got " + std::string(e.type_name()));
   for (auto it = e.begin(); it != e.end(); ++it) {
     if (it.key() != "dtype" && it.key() != "shape" && it.key() != "data_offsets")
       fail_tensor(file, name, "unexpected key '" + it.key() + "'");
@@ -80,9 +83,10 @@ void parse_tensor_entry(const std::string& file, const nlohmann::json& e, Tensor
   const std::string dname = dt->get<std::string>();
   if (!parse_file_dtype(dname, &t.dtype)) {
     bool sub_byte = dname == "F4" || dname.rfind("F6_", 0) == 0;
-    fail_tensor(file, name, "dtype '" + dname + "' is " +
-                                (sub_byte ? "a sub-byte type lowbit does not read"
-                                          : "not a safetensors dtype lowbit knows"));
+    fail_tensor(file, name,
+                "dtype '" + dname + "' is " +
+                    (sub_byte ? "a sub-byte type lowbit does not read"
+                              : "not a safetensors dtype lowbit knows"));
   }
   auto sh = e.find("shape");
   if (sh == e.end() || !sh->is_array()) fail_tensor(file, name, "missing array 'shape'");
@@ -104,8 +108,9 @@ void parse_tensor_entry(const std::string& file, const nlohmann::json& e, Tensor
       !json_u64((*off)[1], &t.end))
     fail_tensor(file, name, "'data_offsets' must be two non-negative integers");
   if (t.end < t.begin)
-    fail_tensor(file, name, "data_offsets [" + std::to_string(t.begin) + ", " +
-                                std::to_string(t.end) + "] end before begin");
+    fail_tensor(file, name,
+                "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                    "] end before begin");
   if (t.end - t.begin != nbytes)
     fail_tensor(file, name,
                 "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
@@ -141,29 +146,56 @@ bool parse_file_dtype(const std::string& name, FileDType* out) {
 
 bool file_dtype_to_dtype(FileDType d, DType* out) {
   switch (d) {
-    case FileDType::f32: *out = DType::f32; return true;
-    case FileDType::f16: *out = DType::f16; return true;
-    case FileDType::bf16: *out = DType::bf16; return true;
-    case FileDType::i8: *out = DType::i8; return true;
-    case FileDType::u8: *out = DType::u8; return true;
-    case FileDType::i32: *out = DType::i32; return true;
-    case FileDType::e4m3: *out = DType::e4m3; return true;
-    case FileDType::e5m2: *out = DType::e5m2; return true;
-    default: return false;
+    case FileDType::f32:
+      *out = DType::f32;
+      return true;
+    case FileDType::f16:
+      *out = DType::f16;
+      return true;
+    case FileDType::bf16:
+      *out = DType::bf16;
+      return true;
+    case FileDType::i8:
+      *out = DType::i8;
+      return true;
+    case FileDType::u8:
+      *out = DType::u8;
+      return true;
+    case FileDType::i32:
+      *out = DType::i32;
+      return true;
+    case FileDType::e4m3:
+      *out = DType::e4m3;
+      return true;
+    case FileDType::e5m2:
+      *out = DType::e5m2;
+      return true;
+    default:
+      return false;
   }
 }
 
 FileDType dtype_to_file_dtype(DType dt) {
   switch (dt) {
-    case DType::f32: return FileDType::f32;
-    case DType::f16: return FileDType::f16;
-    case DType::bf16: return FileDType::bf16;
-    case DType::i8: return FileDType::i8;
-    case DType::u8: return FileDType::u8;
-    case DType::i32: return FileDType::i32;
-    case DType::e4m3: return FileDType::e4m3;
-    case DType::e5m2: return FileDType::e5m2;
-    case DType::e2m1x2: case DType::i4x2: return FileDType::u8;
+    case DType::f32:
+      return FileDType::f32;
+    case DType::f16:
+      return FileDType::f16;
+    case DType::bf16:
+      return FileDType::bf16;
+    case DType::i8:
+      return FileDType::i8;
+    case DType::u8:
+      return FileDType::u8;
+    case DType::i32:
+      return FileDType::i32;
+    case DType::e4m3:
+      return FileDType::e4m3;
+    case DType::e5m2:
+      return FileDType::e5m2;
+    case DType::e2m1x2:
+    case DType::i4x2:
+      return FileDType::u8;
   }
   return FileDType::u8;
 }
@@ -199,8 +231,8 @@ struct SafetensorsReader::Impl {
   void parse(const ReaderOptions& options) {
     const std::string& f = path;
     if (size < 8)
-      fail_file(f, "file of " + std::to_string(size) +
-                       " bytes is shorter than the 8-byte header length");
+      fail_file(
+          f, "file of " + std::to_string(size) + " bytes is shorter than the 8-byte header length");
     header_bytes = read_u64_le(bytes);
     if (header_bytes > options.max_header_bytes)
       fail_file(f, "header length " + std::to_string(header_bytes) + " exceeds the limit of " +
@@ -212,13 +244,23 @@ struct SafetensorsReader::Impl {
       fail_file(f, "header is not a JSON object (it must start with '{')");
     const char* hb = reinterpret_cast<const char*>(bytes + 8);
 
-    // Parse, rejecting duplicate names at the top level (nlohmann would keep the last one).
-    std::unordered_set<std::string> seen;
+    // Parse, rejecting a key repeated within one object at any depth (nlohmann would silently
+    // keep the last one; the reference library refuses such headers).
+    std::vector<std::unordered_set<std::string>> keys;  // one set per open object
     std::string duplicate;
-    auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-      if (ev == nlohmann::json::parse_event_t::key && depth == 1) {
+    int duplicate_depth = 0;
+    using ev_t = nlohmann::json::parse_event_t;
+    auto cb = [&](int depth, ev_t ev, nlohmann::json& parsed) {
+      if (ev == ev_t::object_start) {
+        keys.emplace_back();
+      } else if (ev == ev_t::object_end) {
+        if (!keys.empty()) keys.pop_back();
+      } else if (ev == ev_t::key && !keys.empty() && duplicate.empty()) {
         std::string k = parsed.get<std::string>();
-        if (!seen.insert(k).second && duplicate.empty()) duplicate = k;
+        if (!keys.back().insert(k).second) {
+          duplicate = k;
+          duplicate_depth = depth;
+        }
       }
       return true;
     };
@@ -228,7 +270,10 @@ struct SafetensorsReader::Impl {
     } catch (const nlohmann::json::exception& e) {
       fail_file(f, std::string("header is not valid JSON: ") + e.what());
     }
-    if (!duplicate.empty()) fail_tensor(f, duplicate, "appears twice in the header");
+    if (!duplicate.empty()) {
+      if (duplicate_depth == 1) fail_tensor(f, duplicate, "appears twice in the header");
+      fail_file(f, "key '" + duplicate + "' appears twice in one object of the header");
+    }
     if (!h.is_object()) fail_file(f, "header is not a JSON object");
 
     for (auto it = h.begin(); it != h.end(); ++it) {
@@ -260,16 +305,18 @@ struct SafetensorsReader::Impl {
         return "[" + std::to_string(x.begin) + ", " + std::to_string(x.end) + ")";
       };
       if (t.begin < pos)
-        fail_tensor(f, t.name, "data_offsets " + range(t) + " overlap tensor '" +
-                                   tensors[i - 1].name + "' " + range(tensors[i - 1]));
+        fail_tensor(f, t.name,
+                    "data_offsets " + range(t) + " overlap tensor '" + tensors[i - 1].name + "' " +
+                        range(tensors[i - 1]));
       if (t.begin > pos)
-        fail_tensor(f, t.name, "data_offsets " + range(t) + " leave a gap of " +
-                                   std::to_string(t.begin - pos) + " bytes after offset " +
-                                   std::to_string(pos));
+        fail_tensor(f, t.name,
+                    "data_offsets " + range(t) + " leave a gap of " +
+                        std::to_string(t.begin - pos) + " bytes after offset " +
+                        std::to_string(pos));
       if (t.end > data_bytes)
-        fail_tensor(f, t.name, "data_offsets " + range(t) + " run past the " +
-                                   std::to_string(data_bytes) +
-                                   "-byte data section (file truncated?)");
+        fail_tensor(f, t.name,
+                    "data_offsets " + range(t) + " run past the " + std::to_string(data_bytes) +
+                        "-byte data section (file truncated?)");
       pos = t.end;
     }
     if (pos != data_bytes)
@@ -362,11 +409,15 @@ TensorView SafetensorsReader::view(const TensorInfo& t) const {
                    t.shape.data());
 }
 
-void SafetensorsReader::release(const TensorInfo& t) const {
-  if (!impl_->mapping || t.nbytes() == 0) return;
+void SafetensorsReader::release(const TensorInfo& t) const { release(t, 0, t.nbytes()); }
+
+void SafetensorsReader::release(const TensorInfo& t, uint64_t offset, uint64_t nbytes) const {
+  if (!impl_->mapping || offset >= t.nbytes() || nbytes == 0) return;
+  nbytes = std::min(nbytes, t.nbytes() - offset);
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  uint64_t lo = (data_offset() + t.begin) / page * page;
-  uint64_t hi = std::min(impl_->size, (data_offset() + t.end + page - 1) / page * page);
+  uint64_t lo = (data_offset() + t.begin + offset) / page * page;
+  uint64_t hi =
+      std::min(impl_->size, (data_offset() + t.begin + offset + nbytes + page - 1) / page * page);
   if (hi > lo) madvise(static_cast<uint8_t*>(impl_->mapping) + lo, hi - lo, MADV_DONTNEED);
 }
 
@@ -446,7 +497,8 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Tensor
                std::to_string(g_temp_counter.fetch_add(1));
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd_ < 0)
-    check::fail(op, path.c_str(), "cannot create temporary file " + temp_path_ + ": " + sys_error());
+    check::fail(op, path.c_str(),
+                "cannot create temporary file " + temp_path_ + ": " + sys_error());
   uint8_t len[8];
   put_u64_le(header.size(), len);
   if (!write_all(fd_, len, 8) || !write_all(fd_, header.data(), header.size()))

@@ -5,12 +5,13 @@
 Per block: qkv (3d, d), proj (d, d), fc1 (4d, d), fc2 (d, 4d) linears with biases, two norms;
 plus a token embedding (32000, d). Weights are Gaussian with a few outlier input channels
 (x20 on 0.5 % of the columns), like the activation-outlier channels of DiT/LLM weights.
-Tensors are generated one at a time and written through safetensors' numpy API.
+Tensors are generated and written one at a time (bf16 rounded to nearest even).
 """
 import argparse
+import json
+import struct
 
 import numpy as np
-from safetensors.numpy import save_file
 
 
 def main():
@@ -38,28 +39,34 @@ def main():
         u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16  # round to nearest even
         return u.astype(np.uint16)  # stored as BF16 below
 
-    tensors = {"embed.weight": weight(32000, d)}
+    shapes = {"embed.weight": (32000, d)}
     for b in range(a.blocks):
         p = f"blocks.{b}."
         for name, (o, k) in {"attn.qkv": (3 * d, d), "attn.proj": (d, d),
                              "mlp.fc1": (4 * d, d), "mlp.fc2": (d, 4 * d)}.items():
-            tensors[p + name + ".weight"] = weight(o, k)
-            tensors[p + name + ".bias"] = rng.standard_normal(o).astype(np.float32) * 0.02
-        tensors[p + "norm1.weight"] = np.ones(d, np.float32)
-        tensors[p + "norm2.weight"] = np.ones(d, np.float32)
-    out = {k: cast(v) for k, v in tensors.items()}
-    save_file(out, a.out, metadata={"generator": "lowbit tests/python/gen_checkpoint.py"})
-    if a.dtype == "bf16":  # safetensors.numpy has no bfloat16: patch the header's U16 to BF16
-        import json
-        import struct
-        with open(a.out, "r+b") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            h = f.read(n).decode()
-            h2 = h.replace('"dtype":"U16"', '"dtype":"BF16"')
-            assert len(h2) == len(h)
-            f.seek(8)
-            f.write(h2.encode())
-        json.loads(h2)
+            shapes[p + name + ".weight"] = (o, k)
+            shapes[p + name + ".bias"] = (o,)
+        shapes[p + "norm1.weight"] = (d,)
+        shapes[p + "norm2.weight"] = (d,)
+    # Weights in the chosen dtype, biases and norms f32; header first, then one tensor at a time.
+    wdt = {"bf16": ("BF16", 2), "f16": ("F16", 2), "f32": ("F32", 4)}[a.dtype]
+    header, off = {"__metadata__": {"generator": "lowbit tests/python/gen_checkpoint.py"}}, 0
+    for name, shp in shapes.items():
+        dt = wdt if len(shp) == 2 else ("F32", 4)
+        n = int(np.prod(shp)) * dt[1]
+        header[name] = {"dtype": dt[0], "shape": list(shp), "data_offsets": [off, off + n]}
+        off += n
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(a.out, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for name, shp in shapes.items():
+            if len(shp) == 2:
+                f.write(cast(weight(*shp)).tobytes())
+            elif name.endswith("bias"):
+                f.write((rng.standard_normal(shp[0]) * 0.02).astype(np.float32).tobytes())
+            else:
+                f.write(np.ones(shp, np.float32).tobytes())
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 // quantize_checkpoint: what is quantized / copied / skipped, exact output keys for both formats,
 // independent decoding of the stored codes (a dense Kronecker rotation built here), never
 // overwriting the input, cancellation, and the weight error on real MiniLM weights.
+#include "lowbit/checkpoint.h"
+
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -14,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "lowbit/checkpoint.h"
 #include "lowbit/dtype.h"
 
 namespace lowbit {
@@ -141,20 +142,6 @@ double rel_err(const std::vector<float>& w, const std::vector<double>& d) {
   return std::sqrt(num / den);
 }
 
-// TEMPORARY: main carries the linear CPU backend as stubs until convrot-cpu is merged; the tests
-// that quantize skip (loudly) until then.
-#define SKIP_WITHOUT_LINEAR_BACKEND()                                               \
-  do {                                                                              \
-    std::vector<float> z(8 * 16, 0.f);                                              \
-    Context c;                                                                      \
-    try {                                                                           \
-      quantize_weight(make_view(z.data(), DType::f32, {8, 16}), QType::convrot8, c); \
-    } catch (const Error& e) {                                                      \
-      if (std::string(e.what()).find("not implemented") != std::string::npos)       \
-        GTEST_SKIP() << "linear CPU backend not merged yet: " << e.what();          \
-    }                                                                               \
-  } while (0)
-
 const LayerReport* find_layer(const QuantizeReport& r, const std::string& name) {
   for (const auto& l : r.layers)
     if (l.name == name) return &l;
@@ -168,14 +155,13 @@ std::vector<Src> model_tensors() {
       f32_tensor("blocks.0.attn.qkv.bias", {48}, 3),
       f32_tensor("blocks.0.norm.weight", {64}, 4),
       bf16_tensor("blocks.0.mlp.fc1.weight", {32, 256}, 5),
-      f32_tensor("blocks.0.mlp.fc2.weight", {16, 24}, 6),  // K = 24: rot 4 < 16
-      f32_tensor("blocks.0.conv.weight", {8, 4, 3, 3}, 7), // 4-D: not a linear
+      f32_tensor("blocks.0.mlp.fc2.weight", {16, 24}, 6),   // K = 24: rot 4 < 16
+      f32_tensor("blocks.0.conv.weight", {8, 4, 3, 3}, 7),  // 4-D: not a linear
       f32_tensor("head.weight", {16, 64}, 8),
   };
 }
 
 TEST(QuantizeCheckpoint, Convrot8LowbitFormat) {
-  SKIP_WITHOUT_LINEAR_BACKEND();
   std::string dir = tmp_dir("c8");
   std::string in = dir + "/in.safetensors", out = dir + "/out.safetensors";
   auto src = model_tensors();
@@ -259,7 +245,6 @@ TEST(QuantizeCheckpoint, Convrot8LowbitFormat) {
 }
 
 TEST(QuantizeCheckpoint, ComfyFormatExactKeys) {
-  SKIP_WITHOUT_LINEAR_BACKEND();
   std::string dir = tmp_dir("comfy");
   std::string in = dir + "/in.safetensors", out = dir + "/out.safetensors";
   Src w = f32_tensor("net.lin.weight", {24, 512}, 11);
@@ -276,9 +261,9 @@ TEST(QuantizeCheckpoint, ComfyFormatExactKeys) {
   SafetensorsReader r(out);
   std::vector<std::string> names;
   for (const auto& t : r.tensors()) names.push_back(t.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"net.lin.weight", "net.lin.weight_scale",
-                                             "net.lin.comfy_quant", "net.lin.bias",
-                                             "net.small.weight"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"net.lin.weight", "net.lin.weight_scale",
+                                      "net.lin.comfy_quant", "net.lin.bias", "net.small.weight"}));
   const TensorInfo& q = r.at("net.lin.weight");
   EXPECT_EQ(q.dtype, FileDType::i8);
   EXPECT_EQ(q.shape, (std::vector<int64_t>{24, 256}));
@@ -347,7 +332,6 @@ TEST(QuantizeCheckpoint, NeverOverwritesInputAndCancelsCleanly) {
 }
 
 TEST(QuantizeCheckpoint, SkipsLayersAlreadyQuantized) {
-  SKIP_WITHOUT_LINEAR_BACKEND();
   std::string dir = tmp_dir("twice");
   std::string in = dir + "/in.safetensors", mid = dir + "/mid.safetensors",
               out = dir + "/out.safetensors";
@@ -375,7 +359,6 @@ TEST(QuantizeCheckpoint, SkipsLayersAlreadyQuantized) {
 // Real weights (tests/data/minilm_slice.safetensors, see its README): every qtype quantizes the
 // three linear slices; the weight error shrinks as bits grow, and convrot8 stays near 1 %.
 TEST(QuantizeCheckpoint, MiniLMWeightErrorPerQType) {
-  SKIP_WITHOUT_LINEAR_BACKEND();
   // The repository root from this file's path (CMake compiles it by absolute path), else the cwd.
   std::string here = __FILE__, in = "tests/data/minilm_slice.safetensors";
   size_t at = here.rfind("tests/unit/");
@@ -431,8 +414,9 @@ TEST(QuantizeCheckpoint, MiniLMWeightErrorPerQType) {
   EXPECT_GT(e8, 0.001);
   EXPECT_LT(e8, 0.02);
   double prev = 0;
-  for (QType q : {QType::convrot_int8, QType::convrot_int7, QType::convrot_int6, QType::convrot_int5,
-                  QType::convrot_int4, QType::convrot_int3, QType::convrot_int2}) {
+  for (QType q :
+       {QType::convrot_int8, QType::convrot_int7, QType::convrot_int6, QType::convrot_int5,
+        QType::convrot_int4, QType::convrot_int3, QType::convrot_int2}) {
     double e = mean_err(q, &n);
     EXPECT_EQ(n, 3u) << qtype_name(q);
     EXPECT_GT(e, prev) << qtype_name(q) << " should lose more than one bit more";

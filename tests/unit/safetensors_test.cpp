@@ -42,7 +42,8 @@ void expect_bad(const std::vector<uint8_t>& file, std::initializer_list<const ch
   } catch (const Error& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("bad.safetensors"), std::string::npos) << msg;
-    for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "want '" << p << "' in: " << msg;
+    for (const char* p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "want '" << p << "' in: " << msg;
   }
 }
 
@@ -66,17 +67,17 @@ std::vector<std::string> list_dir(const std::string& d) {
 
 std::vector<uint8_t> read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)),
+                              std::istreambuf_iterator<char>());
 }
 
 TEST(Safetensors, ReadsHandBuiltFile) {
   // Listed out of offset order in the JSON on purpose: the reader orders by offset.
-  std::string h =
-      R"({"b":{"dtype":"BF16","shape":[3],"data_offsets":[24,30]},)"
-      R"("__metadata__":{"format":"pt","k":"v"},)"
-      R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
-      R"("s":{"dtype":"I64","shape":[],"data_offsets":[30,38]},)"
-      R"("z":{"dtype":"U8","shape":[0,5],"data_offsets":[38,38]}}  )";
+  std::string h = R"({"b":{"dtype":"BF16","shape":[3],"data_offsets":[24,30]},)"
+                  R"("__metadata__":{"format":"pt","k":"v"},)"
+                  R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+                  R"("s":{"dtype":"I64","shape":[],"data_offsets":[30,38]},)"
+                  R"("z":{"dtype":"U8","shape":[0,5],"data_offsets":[38,38]}}  )";
   std::vector<uint8_t> data;
   float a[6] = {1.f, -2.f, 3.5f, 0.f, 1e-3f, -7.25f};
   data.insert(data.end(), reinterpret_cast<uint8_t*>(a), reinterpret_cast<uint8_t*>(a) + 24);
@@ -126,9 +127,9 @@ TEST(Safetensors, EveryDTypeName) {
   struct {
     const char* name;
     int size;
-  } cases[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},   {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1},
-               {"I16", 2},  {"U16", 2}, {"F16", 2},  {"BF16", 2},    {"I32", 4},     {"U32", 4},
-               {"F32", 4},  {"I64", 8}, {"U64", 8},  {"F64", 8}};
+  } cases[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1},
+               {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+               {"F32", 4},  {"I64", 8}, {"U64", 8}, {"F64", 8}};
   for (const auto& c : cases) {
     std::string h = std::string(R"({"t":{"dtype":")") + c.name +
                     R"(","shape":[3],"data_offsets":[0,)" + std::to_string(3 * c.size) + "]}}";
@@ -170,9 +171,9 @@ TEST(Safetensors, RejectsMalformedJson) {
              {"tensor 'a'", "missing array 'shape'"});
   expect_bad(make_file(R"({"a":{"dtype":"U8","shape":[1]}})", bytes_n(1)),
              {"tensor 'a'", "data_offsets"});
-  expect_bad(make_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1}})",
-                       bytes_n(1)),
-             {"tensor 'a'", "unexpected key 'x'"});
+  expect_bad(
+      make_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":1}})", bytes_n(1)),
+      {"tensor 'a'", "unexpected key 'x'"});
 }
 
 TEST(Safetensors, RejectsBadDTypesAndShapes) {
@@ -244,6 +245,15 @@ TEST(Safetensors, RejectsDuplicatesAndBadMetadata) {
                        R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
                        bytes_n(2)),
              {"tensor 'a'", "appears twice"});
+  expect_bad(make_file(R"({"a":{"dtype":"U8","dtype":"I8","shape":[1],"data_offsets":[0,1]}})",
+                       bytes_n(1)),
+             {"key 'dtype' appears twice"});
+  expect_bad(make_file(R"({"__metadata__":{"k":"1","k":"2"}})", {}), {"key 'k' appears twice"});
+  // The same key in two different objects is fine.
+  auto ok = make_file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                      R"("b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+                      bytes_n(2));
+  EXPECT_EQ(SafetensorsReader::from_memory(ok.data(), ok.size(), "x").tensors().size(), 2u);
   expect_bad(make_file(R"({"__metadata__":{"n":1}})", {}), {"'__metadata__' entry 'n'", "string"});
   expect_bad(make_file(R"({"__metadata__":[1]})", {}), {"'__metadata__' must be an object"});
 }
@@ -258,9 +268,8 @@ TEST(Safetensors, EmptyFileWithOnlyMetadata) {
 TEST(SafetensorsWriter, RoundTripAndExactBytes) {
   std::string dir = tmp_dir("RoundTripAndExactBytes");
   std::string path = dir + "/rt.safetensors";
-  std::vector<TensorSpec> plan = {{"w", FileDType::f32, {2, 2}},
-                                  {"empty", FileDType::bf16, {0}},
-                                  {"b", FileDType::i8, {3}}};
+  std::vector<TensorSpec> plan = {
+      {"w", FileDType::f32, {2, 2}}, {"empty", FileDType::bf16, {0}}, {"b", FileDType::i8, {3}}};
   {
     SafetensorsWriter w(path, plan, {{"m", "x"}});
     float wv[4] = {1.f, 2.f, 3.f, 4.f};
@@ -289,7 +298,9 @@ TEST(SafetensorsWriter, RoundTripAndExactBytes) {
   EXPECT_EQ(r.data_offset() % 8, 0u);
   EXPECT_EQ(r.metadata().at("m"), "x");
   EXPECT_EQ(static_cast<int8_t>(r.data(r.at("b"))[0]), -1);
-  r.release(r.at("w"));  // pages dropped, data still readable
+  r.release(r.at("w"));           // pages dropped, data still readable
+  r.release(r.at("w"), 4, 1000);  // a range, clamped to the tensor
+  r.release(r.at("w"), 99, 1);    // past the end: nothing
   float w1;
   std::memcpy(&w1, r.data(r.at("w")) + 4, 4);
   EXPECT_EQ(w1, 2.f);

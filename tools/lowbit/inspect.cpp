@@ -72,14 +72,19 @@ void run_inspect(const std::string& path, bool as_json) {
       e["bytes"] = t.nbytes();
       e["data_offsets"] = {t.begin, t.end};
       auto q = qtypes.find(t.name);
-      e["qtype"] = q == qtypes.end() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(q->second);
+      e["qtype"] =
+          q == qtypes.end() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(q->second);
       ts.push_back(std::move(e));
     }
     j["tensors"] = std::move(ts);
     nlohmann::ordered_json ls = nlohmann::ordered_json::array();
     for (const auto& m : markers) {
-      ls.push_back({{"prefix", m.prefix}, {"format", m.format}, {"qtype", m.qtype},
-                    {"rot", m.rot}, {"bits", m.bits}, {"group", m.group}});
+      ls.push_back({{"prefix", m.prefix},
+                    {"format", m.format},
+                    {"qtype", m.qtype},
+                    {"rot", m.rot},
+                    {"bits", m.bits},
+                    {"group", m.group}});
     }
     j["layers"] = std::move(ls);
     nlohmann::ordered_json bd = nlohmann::ordered_json::object();

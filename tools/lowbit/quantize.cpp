@@ -124,12 +124,12 @@ void run_quantize(const Args& a) {
                g.err_n ? fmt::format("{:.5f}", g.err_max) : "-");
   }
   for (const auto& kv : reasons) fmt::print("  skipped {:>4}: {}\n", kv.second, kv.first);
-  fmt::print("{} layers quantized, {} skipped, {} other tensors copied; file {} -> {} ({:.3f}x) "
-             "in {:.1f}s\n-> {}\n",
-             r.quantized(), r.skipped(), r.tensors_copied - r.skipped(), mib(r.file_bytes_in),
-             mib(r.file_bytes_out),
-             r.file_bytes_in ? static_cast<double>(r.file_bytes_out) / r.file_bytes_in : 0.0, secs,
-             a.out);
+  fmt::print(
+      "{} layers quantized, {} skipped, {} other tensors copied; file {} -> {} ({:.3f}x) "
+      "in {:.1f}s\n-> {}\n",
+      r.quantized(), r.skipped(), r.tensors_copied - r.skipped(), mib(r.file_bytes_in),
+      mib(r.file_bytes_out),
+      r.file_bytes_in ? static_cast<double>(r.file_bytes_out) / r.file_bytes_in : 0.0, secs, a.out);
 }
 
 }  // namespace
