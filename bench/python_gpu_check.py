@@ -107,6 +107,16 @@ def attention(args):
                 record("attention", f"B{b} H{h} N{n} D{d} causal={causal} pv={pv}",
                        cos >= cos_min and l1 <= l1_max, cos=cos, rel_l1=l1, ms=t,
                        sdpa_ms=t_sdpa, speedup=t_sdpa / t, tflops=flops / t / 1e9)
+            # The building-block path (default) against the one-call lowbit::attention.
+            for pv in ("fp8", "f16"):
+                a = lt.attention(q, k, v, layout="HND", causal="top_left" if causal else "none",
+                                 pv=pv, impl="parts")
+                lib = lambda: lt.attention(q, k, v, layout="HND", pv=pv, impl="library",  # noqa
+                                           causal="top_left" if causal else "none")
+                diff = (a.float() - lib().float()).abs().max().item()
+                record("attention", f"parts vs library B{b} H{h} N{n} D{d} causal={causal} "
+                       f"pv={pv}", diff <= 2e-2, max_abs_diff=diff,
+                       library_ms=median_ms(lib, args.iters))
             # NHD layout and LSE on the fp8 path.
             qn, kn, vn = (t.transpose(1, 2).contiguous() for t in (q, k, v))
             out, lse = lt.sageattn(qn, kn, vn, tensor_layout="NHD", is_causal=causal,

@@ -136,8 +136,29 @@ def test_sageattn_refuses_what_it_cannot_honour():
 @needs("attention")
 def test_opcheck_attention():
     q, k, v = randn(1, 2, 16, 64), randn(1, 2, 20, 64), randn(1, 2, 20, 64)
-    torch.library.opcheck(torch.ops.lowbit.attention.default,
-                          (q, k, v, "HND", 0.125, "top_left", "f16", True, False, True))
+    for impl in ("parts", "library"):
+        torch.library.opcheck(torch.ops.lowbit.attention.default,
+                              (q, k, v, "HND", 0.125, "top_left", "f16", True, False, True,
+                               impl))
+
+
+@needs("attention")
+@needs("prologue")
+@pytest.mark.parametrize("pv,smooth_v", [("fp8", False), ("fp8", True), ("f16", False)])
+def test_attention_parts_match_one_call(pv, smooth_v):
+    # The building-block path (torch-allocated buffers) against lowbit::attention's own scratch:
+    # the same sequence; only the K mean's fp32 summation order may differ.
+    q, k, v = randn(2, 40, 4, 64), randn(2, 56, 2, 64), randn(2, 56, 2, 64)
+    kw = dict(causal="bottom_right", pv=pv, smooth_v=smooth_v, return_lse=True)
+    out_p, lse_p = lt.attention(q, k, v, impl="parts", **kw)
+    out_l, lse_l = lt.attention(q, k, v, impl="library", **kw)
+    torch.testing.assert_close(out_p, out_l, atol=2e-3, rtol=0)
+    torch.testing.assert_close(lse_p, lse_l, atol=1e-4, rtol=0)
+    # Without the K mean both paths run the same arithmetic: the same bits.
+    kw["smooth_k"] = False
+    out_p, lse_p = lt.attention(q, k, v, impl="parts", **kw)
+    out_l, lse_l = lt.attention(q, k, v, impl="library", **kw)
+    assert torch.equal(out_p, out_l) and torch.equal(lse_p, lse_l)
 
 
 @needs("attention")
