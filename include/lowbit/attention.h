@@ -7,6 +7,7 @@
 // permuted (stride[1] = D, stride[2] = N * D). Only the channel dimension must be contiguous.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "lowbit/prologue.h"
@@ -88,9 +89,19 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
 //   k, v (B, Nkv, Hkv, D), same dtype as q
 //   out  (B, Nq, Hq, D) same dtype as q (strided)
 //   lse_out (B, Hq, Nq) f32 or null
-// Scratch memory is allocated per call (device memory on CUDA).
+// This overload allocates its workspace per call (and synchronizes the stream on CUDA before
+// freeing it); hot paths pass a workspace instead.
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
                TensorView* lse_out, const AttentionOptions& options, Context& ctx);
+
+// Bytes of workspace attention() needs for q (B, Nq, Hq, D), k (B, Nkv, Hkv, D) and options.
+size_t attention_workspace_bytes(const TensorView& q, const TensorView& k,
+                                 const AttentionOptions& options);
+// attention() on a caller-owned workspace (>= attention_workspace_bytes, 256-byte aligned, on
+// q's device): no allocation, no synchronization, capturable in a CUDA graph.
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
+               TensorView* lse_out, const AttentionOptions& options, void* workspace,
+               size_t workspace_bytes, Context& ctx);
 
 // ---- references (CPU only; tests and accuracy columns) -----------------------------------------
 

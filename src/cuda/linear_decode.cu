@@ -4,7 +4,7 @@
 // zero) and applies the shared epilogue. Integer sums are exact, so the output is bit-identical to
 // unpack + prefill GEMM.
 //
-// CTA: 8 warps, 32 output columns (4 n8 tiles); the warps split K in 64-column chunks and reduce
+// CTA: 8 warps, 16 output columns (2 n8 tiles); the warps split K in 64-column chunks and reduce
 // their int32 partials through shared memory. Within a chunk lane (gid, tid4) owns columns
 // [16 tid4, 16 tid4 + 16): both operands use the same K permutation inside the chunk (k-step s of
 // the mma takes words 2s and 2s + 1 of the lane's 16 codes), which a sum does not see.
@@ -19,7 +19,7 @@ namespace linear {
 namespace {
 
 constexpr int kWarps = 8, kThreads = kWarps * 32;
-constexpr int kTiles = 4;  // n8 tiles per CTA
+constexpr int kTiles = 2;  // n8 tiles per CTA (864 CTAs at N = 13824: ~3 waves, a short tail)
 constexpr int kCols = kTiles * 8;
 constexpr int kChunk = 64;
 
@@ -38,28 +38,40 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeParams p) {
     for (int r = 0; r < 4; ++r) acc[t][r] = 0;
 
   const bool row_lo = gid < p.M, row_hi = gid + 8 < p.M;
-  for (int64_t c = warp; c < chunks; c += kWarps) {
-    const int64_t k = c * kChunk + tid4 * 16;
-    const bool kin = k < K;  // K % 16 == 0: a lane's 16 columns are all in or all out
-    uint4 alo = make_uint4(0, 0, 0, 0), ahi = make_uint4(0, 0, 0, 0);
-    if (kin && row_lo) alo = __ldg(reinterpret_cast<const uint4*>(p.a + gid * p.lda + k));
-    if (kin && row_hi) ahi = __ldg(reinterpret_cast<const uint4*>(p.a + (gid + 8) * p.lda + k));
-    uint32_t b[kTiles][4];
+  // kDepth chunks per step (c, c + kWarps, ...): their loads are issued before any is unpacked, so
+  // each lane keeps kDepth times the bytes in flight.
+  constexpr int kDepth = 4;
+  for (int64_t c0 = warp; c0 < chunks; c0 += kDepth * kWarps) {
+    uint4 alo[kDepth], ahi[kDepth];
+    uint32_t b[kDepth][kTiles][4];
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const int64_t n = n0 + t * 8 + gid;
-      if (kin && n < p.w.N) {
-        unpack16(p.w, n, k, b[t]);
-      } else {
-        b[t][0] = b[t][1] = b[t][2] = b[t][3] = 0;
+    for (int u = 0; u < kDepth; ++u) {
+      const int64_t k = (c0 + u * kWarps) * kChunk + tid4 * 16;
+      const bool kin = k < K;  // K % 16 == 0: a lane's 16 columns are all in or all out
+      alo[u] = make_uint4(0, 0, 0, 0);
+      ahi[u] = make_uint4(0, 0, 0, 0);
+      if (kin && row_lo) alo[u] = __ldg(reinterpret_cast<const uint4*>(p.a + gid * p.lda + k));
+      if (kin && row_hi)
+        ahi[u] = __ldg(reinterpret_cast<const uint4*>(p.a + (gid + 8) * p.lda + k));
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        const int64_t n = n0 + t * 8 + gid;
+        if (kin && n < p.w.N) {
+          unpack16(p.w, n, k, b[u][t]);
+        } else {
+          b[u][t][0] = b[u][t][1] = b[u][t][2] = b[u][t][3] = 0;
+        }
       }
     }
-    const uint32_t a0[4] = {alo.x, ahi.x, alo.y, ahi.y};
-    const uint32_t a1[4] = {alo.z, ahi.z, alo.w, ahi.w};
 #pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      mma_s8(acc[t], a0, b[t][0], b[t][1]);
-      mma_s8(acc[t], a1, b[t][2], b[t][3]);
+    for (int u = 0; u < kDepth; ++u) {
+      const uint32_t a0[4] = {alo[u].x, ahi[u].x, alo[u].y, ahi[u].y};
+      const uint32_t a1[4] = {alo[u].z, ahi[u].z, alo[u].w, ahi[u].w};
+#pragma unroll
+      for (int t = 0; t < kTiles; ++t) {
+        mma_s8(acc[t], a0, b[u][t][0], b[u][t][1]);
+        mma_s8(acc[t], a1, b[u][t][2], b[u][t][3]);
+      }
     }
   }
 #pragma unroll

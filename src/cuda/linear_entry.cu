@@ -1,36 +1,446 @@
-// CUDA entry points of the rotated quantized linear family: STUBS. The convrot-gpu branch
-// replaces this file with the kernels; until then every entry point reports that the op is not
-// implemented on CUDA (src/core/linear_backend.h documents the shapes and the contract).
+// CUDA entry points of the rotated quantized linear family (src/core/linear_backend.h; SPEC §3.5).
+// src/core/linear.cpp has validated every argument; these choose the kernels and launch them:
+//   prefill (M > 16): rotate+quantize -> [unpack] -> mma.sync GEMM with the fused epilogue
+//   decode  (M <= 16, int8-grid qtypes): rotate+quantize -> fused decode GEMM on the packed codes
+//   convrot4 on sm_90: NVFP4 dequantized to f16 (exact) -> f16 mma GEMM, pts in the epilogue
+// Temporary buffers come from the stream-ordered allocator (cudaMallocAsync on the caller's stream).
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "lowbit/linear.h"
+#include "src/core/backends.h"
 #include "src/core/check.h"
 #include "src/core/linear_backend.h"
+#include "src/cuda/common.cuh"
+#include "src/cuda/linear_kernels.cuh"
 
 namespace lowbit {
 namespace cuda {
 
 namespace {
-[[noreturn]] void not_yet(const char* op) {
-  check::fail(op, "device", "not implemented on CUDA yet");
+
+using linear::ActFormat;
+using linear::WeightFormat;
+
+// lowbit's own stream-ordered pool per device: its release threshold is "never", so temporaries
+// are reused across calls (the default pool would return memory at every synchronization and
+// re-map it on the next call, which costs more than a decode layer).
+cudaMemPool_t scratch_pool(const char* op) {
+  static std::mutex mu;
+  static std::map<int, cudaMemPool_t> pools;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), op, "device");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = pools.find(dev);
+  if (it != pools.end()) return it->second;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = dev;
+  cudaMemPool_t pool = nullptr;
+  check_cuda(cudaMemPoolCreate(&pool, &props), op, "memory pool");
+  uint64_t keep = UINT64_MAX;
+  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), op,
+             "memory pool");
+  pools.emplace(dev, pool);
+  return pool;
 }
+
+// A stream-ordered temporary buffer, freed on the stream when it goes out of scope.
+class Scratch {
+ public:
+  Scratch(size_t bytes, cudaStream_t s, const char* op) : stream_(s) {
+    if (bytes) check_cuda(cudaMallocFromPoolAsync(&p_, bytes, scratch_pool(op), s), op,
+                          "temporary buffer");
+  }
+  ~Scratch() {
+    if (p_) cudaFreeAsync(p_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
+};
+
+ActFormat act_format(QType q) {
+  switch (q) {
+    case QType::convrot_fp8:
+      return ActFormat::e4m3;
+    case QType::convrot4:
+      return ActFormat::nvfp4;
+    case QType::convrot_comfy_w4a4:
+      return ActFormat::int4;
+    default:
+      return ActFormat::int8;
+  }
+}
+
+// True for the qtypes whose GEMM runs on the int8 grid (int32 accumulation).
+bool int8_grid(QType q) { return q != QType::convrot_fp8 && q != QType::convrot4; }
+
+linear::PackedWeightRef weight_ref(const PackedWeightView& w) {
+  linear::PackedWeightRef r;
+  r.codes = static_cast<const uint8_t*>(w.codes.data);
+  r.N = w.out_features;
+  r.K = w.in_features;
+  r.bits = w.bits;
+  switch (w.qtype) {
+    case QType::convrot8:
+      r.format = WeightFormat::int8;
+      r.bits = 8;
+      break;
+    case QType::convrot_bitnet:
+      r.format = WeightFormat::ternary;
+      break;
+    case QType::convrot_comfy_w4a4:
+      r.format = WeightFormat::comfy_int4;
+      break;
+    default:
+      r.format = WeightFormat::packed;
+  }
+  r.row_bytes = linear::packed_row_bytes(r.format, r.K, r.bits);
+  if (w.ratios.data) {
+    r.ratios = static_cast<const float*>(w.ratios.data);
+    r.group = static_cast<int>(w.group);
+  }
+  return r;
+}
+
+void check_k_fits(const char* op, int64_t K) {
+  const int64_t max_k = linear::rotate_quantize_max_k();
+  check::that(K <= max_k, op, "x",
+              "expected in_features <= " + std::to_string(max_k) +
+                  " (the fused CUDA rotation stages one row in shared memory), got " +
+                  std::to_string(K));
+}
+
+// Rotates + quantizes x (M, K) into codes / scales (raw pointers, contiguous rows).
+void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* codes,
+                            int64_t codes_row_bytes, void* scales, cudaStream_t s) {
+  linear::RotateQuantParams p;
+  p.x = x.data;
+  p.x_dtype = x.dtype;
+  p.x_row_stride = x.ndim > 1 ? x.stride[0] : x.shape[0];
+  p.M = x.ndim > 1 ? x.shape[0] : 1;
+  p.K = x.shape[x.ndim - 1];
+  p.rot = rot;
+  p.fmt = fmt;
+  p.codes = codes;
+  p.codes_row_stride = codes_row_bytes;
+  if (fmt == ActFormat::nvfp4) {
+    p.block_scales = static_cast<uint8_t*>(scales);
+  } else {
+    p.scales = static_cast<float*>(scales);
+  }
+  linear::rotate_quantize(p, s);
+}
+
+// Row stride in bytes of a contiguous-row tensor of codes (packed dtypes count elements / 2).
+int64_t row_bytes_of(const TensorView& t) {
+  const int64_t stride = t.ndim > 1 ? t.stride[0] : t.shape[0];
+  return dtype_is_packed(t.dtype) ? stride / 2 : stride * (dtype_bits(t.dtype) / 8);
+}
+
+// cuBLASLt handle for the fp32 backward GEMM (created once per process).
+cublasLtHandle_t lt_handle(const char* op) {
+  static std::once_flag once;
+  static cublasLtHandle_t handle = nullptr;
+  static cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  std::call_once(once, [] { status = cublasLtCreate(&handle); });
+  check::that(status == CUBLAS_STATUS_SUCCESS, op, "cuBLASLt",
+              "expected a cuBLASLt handle, got status " + std::to_string(static_cast<int>(status)));
+  return handle;
+}
+
+void lt_ok(cublasStatus_t st, const char* op, const char* what) {
+  check::that(st == CUBLAS_STATUS_SUCCESS, op, what,
+              "expected CUBLAS_STATUS_SUCCESS, got status " + std::to_string(static_cast<int>(st)));
+}
+
+// Row-major fp32 C(M, N) = A(M, Kd) · B(Kd, N), fp32 compute (no TF32).
+void sgemm_nn(const float* A, const float* B, float* C, int64_t M, int64_t N, int64_t Kd,
+              cudaStream_t s, const char* op) {
+  cublasLtHandle_t h = lt_handle(op);
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  lt_ok(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), op, "matmul desc");
+  // Column-major view: C^T (N, M) = B^T (N, Kd) · A^T (Kd, M).
+  lt_ok(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, N, Kd, N), op, "layout");
+  lt_ok(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, Kd, M, Kd), op, "layout");
+  lt_ok(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N), op, "layout");
+  const float one = 1.f, zero = 0.f;
+  cublasStatus_t st = cublasLtMatmul(h, desc, &one, B, la, A, lb, &zero, C, lc, C, lc, nullptr,
+                                     nullptr, 0, s);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(desc);
+  lt_ok(st, op, "cublasLtMatmul");
+}
+
+// fp32 dequantized weight in the rotated basis, (O, K) contiguous.
+void dequantize_rotated(const PackedWeightView& w, float* out, cudaStream_t s, const char* op) {
+  const int64_t O = w.out_features, K = w.in_features;
+  const float* scales = static_cast<const float*>(w.scales.data);
+  switch (w.qtype) {
+    case QType::convrot_fp8:
+      linear::dequant_e4m3_f32(static_cast<const uint8_t*>(w.codes.data), scales, O, K, out, s);
+      return;
+    case QType::convrot4:
+      linear::dequant_nvfp4_f32(static_cast<const uint8_t*>(w.codes.data),
+                                static_cast<const uint8_t*>(w.block_scales.data),
+                                static_cast<const float*>(w.tensor_scale.data), O, K, out, s);
+      return;
+    default: {
+      Scratch codes8(static_cast<size_t>(O * K), s, op);
+      const linear::PackedWeightRef ref = weight_ref(w);
+      const int8_t* c8 = static_cast<const int8_t*>(w.codes.data);
+      if (ref.format != WeightFormat::int8) {
+        linear::unpack_weight_int8(ref, codes8.as<int8_t>(), s);
+        c8 = codes8.as<int8_t>();
+      }
+      linear::dequant_int8_f32(c8, scales, O, K, out, s);
+    }
+  }
+}
+
+// int8 GEMM: wgmma on sm_90a when its self-check passed, mma.sync elsewhere (same bits).
+void gemm_s8(const linear::GemmParams& g, cudaStream_t s) {
+  if (linear::wgmma_s8_available(s)) {
+    linear::gemm_wgmma_s8(g, s);
+  } else {
+    linear::gemm(g, s);
+  }
+}
+
+void rotate_rows(const void* x, DType xdt, int64_t x_stride, int64_t R, int64_t K, int block,
+                 void* out, DType odt, int64_t o_stride, cudaStream_t s) {
+  linear::RotateQuantParams p;
+  p.x = x;
+  p.x_dtype = xdt;
+  p.x_row_stride = x_stride;
+  p.M = R;
+  p.K = K;
+  p.rot = block;
+  p.fmt = ActFormat::rotate_only;
+  p.rotated = out;
+  p.rotated_dtype = odt;
+  p.rotated_row_stride = o_stride;
+  linear::rotate_quantize(p, s);
+}
+
 }  // namespace
 
-void hadamard_rotate(const TensorView&, int, TensorView, Context&) { not_yet("hadamard_rotate"); }
-void rotate_quantize_activations(const TensorView&, QType, int, TensorView, TensorView,
-                                 Context&) {
-  not_yet("rotate_quantize_activations");
+void hadamard_rotate(const TensorView& x, int block, TensorView out, Context& ctx) {
+  const char* op = "hadamard_rotate";
+  const int64_t K = x.shape[x.ndim - 1];
+  const int64_t R = x.ndim > 1 ? x.shape[0] : 1;
+  check_k_fits(op, K);
+  rotate_rows(x.data, x.dtype, x.ndim > 1 ? x.stride[0] : K, R, K, block, out.data, out.dtype,
+              out.ndim > 1 ? out.stride[0] : K, stream_of(ctx));
 }
-void quantized_linear_forward(const PackedWeightView&, const TensorView&, const TensorView*,
-                              TensorView, Context&) {
-  not_yet("QuantizedLinear::forward");
+
+void rotate_quantize_activations(const TensorView& x, QType q, int rot, TensorView codes,
+                                 TensorView scales, Context& ctx) {
+  check_k_fits("rotate_quantize_activations", x.shape[x.ndim - 1]);
+  launch_rotate_quantize(x, rot, act_format(q), codes.data, row_bytes_of(codes), scales.data,
+                         stream_of(ctx));
 }
-void quantized_linear_backward_input(const PackedWeightView&, const TensorView&, TensorView,
-                                     Context&) {
-  not_yet("QuantizedLinear::backward_input");
+
+void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
+                              const TensorView* bias, TensorView out, Context& ctx) {
+  const char* op = "QuantizedLinear::forward";
+  cudaStream_t s = stream_of(ctx);
+  const int64_t M = x.shape[0], K = w.in_features, O = w.out_features;
+  if (M == 0) return;
+  check_k_fits(op, K);
+  const ActFormat fmt = act_format(w.qtype);
+
+  linear::Epilogue ep{};
+  ep.a_scale = nullptr;
+  ep.w_scale = nullptr;
+  ep.w_tensor_scale = nullptr;
+  ep.bias = bias ? bias->data : nullptr;
+  ep.bias_dtype = bias ? bias->dtype : DType::f32;
+
+  linear::GemmParams g;
+  g.M = M;
+  g.N = O;
+  g.K = K;
+  g.bias = ep.bias;
+  g.bias_dtype = ep.bias_dtype;
+  g.out = out.data;
+  g.out_dtype = out.dtype;
+  g.ldo = out.stride[0];
+
+  if (fmt == ActFormat::nvfp4) {
+    // sm_90 has no fp4 MMA: both operands dequantized to f16 (exact), f16 mma, pts in the epilogue.
+    Scratch a_codes(static_cast<size_t>(M * K / 2), s, op);
+    Scratch a_bs(static_cast<size_t>(M * K / 16), s, op);
+    launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
+    Scratch a16(static_cast<size_t>(M * K * 2), s, op);
+    Scratch w16(static_cast<size_t>(O * K * 2), s, op);
+    linear::dequant_nvfp4_f16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
+                              a16.as<uint16_t>(), s);
+    linear::dequant_nvfp4_f16(static_cast<const uint8_t*>(w.codes.data),
+                              static_cast<const uint8_t*>(w.block_scales.data), O, K,
+                              w16.as<uint16_t>(), s);
+    g.kind = linear::GemmKind::f16;
+    g.a = a16.as<void>();
+    g.b = w16.as<void>();
+    g.lda = K;
+    g.ldb = K;
+    g.w_tensor_scale = static_cast<const float*>(w.tensor_scale.data);
+    linear::gemm(g, s);
+    return;
+  }
+
+  Scratch a_codes(static_cast<size_t>(M * K), s, op);
+  Scratch a_scale(static_cast<size_t>(M * 4), s, op);
+  launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K, a_scale.as<void>(), s);
+  g.a_scale = a_scale.as<float>();
+  g.w_scale = static_cast<const float*>(w.scales.data);
+  g.a = a_codes.as<void>();
+  g.lda = K;
+  g.ldb = K;
+
+  if (fmt == ActFormat::e4m3) {
+    g.kind = linear::GemmKind::e4m3;
+    g.b = w.codes.data;
+    Scratch ws(linear::gemm_fp8_cublaslt_workspace_bytes(), s, op);
+    if (!linear::gemm_fp8_cublaslt(g, ws.as<void>(), linear::gemm_fp8_cublaslt_workspace_bytes(),
+                                   s))
+      linear::gemm(g, s);
+    return;
+  }
+
+  const linear::PackedWeightRef ref = weight_ref(w);
+  if (M <= 16) {
+    linear::DecodeParams d;
+    d.a = a_codes.as<int8_t>();
+    d.lda = K;
+    d.M = M;
+    d.w = ref;
+    d.ep = ep;
+    d.ep.a_scale = g.a_scale;
+    d.ep.w_scale = g.w_scale;
+    d.out = out.data;
+    d.out_dtype = out.dtype;
+    d.ldo = out.stride[0];
+    linear::decode_gemv(d, s);
+    return;
+  }
+  g.kind = linear::GemmKind::s8;
+  if (ref.format == WeightFormat::int8) {
+    g.b = w.codes.data;
+    gemm_s8(g, s);
+    return;
+  }
+  Scratch w8(static_cast<size_t>(O * K), s, op);
+  linear::unpack_weight_int8(ref, w8.as<int8_t>(), s);
+  g.b = w8.as<void>();
+  gemm_s8(g, s);
 }
-void dequantize_weight(const PackedWeightView&, TensorView, bool, Context&) {
-  not_yet("dequantize_weight");
+
+void quantized_linear_backward_input(const PackedWeightView& w, const TensorView& grad_out,
+                                     TensorView grad_x, Context& ctx) {
+  const char* op = "QuantizedLinear::backward_input";
+  cudaStream_t s = stream_of(ctx);
+  const int64_t M = grad_out.shape[0], K = w.in_features, O = w.out_features;
+  if (M == 0) return;
+  check_k_fits(op, K);
+  Scratch wf(static_cast<size_t>(O * K * 4), s, op);
+  dequantize_rotated(w, wf.as<float>(), s, op);
+  // grad_out in fp32 (a copy through the rotation kernel's loader would rotate; convert plainly).
+  Scratch g32(static_cast<size_t>(M * O * 4), s, op);
+  {
+    TensorView src = grad_out;
+    TensorView dst = make_view(g32.as<void>(), DType::f32, {M, O}, Device::cuda,
+                               grad_out.device_index);
+    convert(src, dst, ctx);
+  }
+  Scratch gx(static_cast<size_t>(M * K * 4), s, op);
+  sgemm_nn(g32.as<float>(), wf.as<float>(), gx.as<float>(), M, K, O, s, op);
+  rotate_rows(gx.as<void>(), DType::f32, K, M, K, w.rot, grad_x.data, grad_x.dtype,
+              grad_x.stride[0], s);
 }
-void requantize_weight(const PackedWeightView&, const TensorView&, bool, uint64_t, Context&) {
-  not_yet("requantize_weight");
+
+void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_basis,
+                       Context& ctx) {
+  const char* op = "dequantize_weight";
+  cudaStream_t s = stream_of(ctx);
+  const int64_t O = w.out_features, K = w.in_features;
+  if (O == 0 || K == 0) return;
+  const bool contiguous = out.stride[0] == K;
+  Scratch tmp(contiguous ? 0 : static_cast<size_t>(O * K * 4), s, op);
+  float* dst = contiguous ? static_cast<float*>(out.data) : tmp.as<float>();
+  dequantize_rotated(w, dst, s, op);
+  if (!rotated_basis) {
+    check_k_fits(op, K);
+    rotate_rows(dst, DType::f32, K, O, K, w.rot, out.data, DType::f32, out.stride[0], s);
+  } else if (!contiguous) {
+    check_cuda(cudaMemcpy2DAsync(out.data, out.stride[0] * 4, dst, K * 4, K * 4, O,
+                                 cudaMemcpyDeviceToDevice, s),
+               op, "copy");
+  }
+}
+
+void requantize_weight(const PackedWeightView& w, const TensorView& weight, bool stochastic,
+                       uint64_t seed, Context& ctx) {
+  const char* op = "requantize_weight";
+  cudaStream_t s = stream_of(ctx);
+  const int64_t O = w.out_features, K = w.in_features;
+  if (O == 0 || K == 0) return;
+  check_k_fits(op, K);
+  Scratch rot(static_cast<size_t>(O * K * 4), s, op);
+  rotate_rows(weight.data, weight.dtype, weight.stride[0], O, K, w.rot, rot.as<void>(), DType::f32,
+              K, s);
+  linear::RequantParams p;
+  p.w_rot = rot.as<float>();
+  p.N = O;
+  p.K = K;
+  p.bits = w.bits;
+  p.qmax = w.qtype == QType::convrot8 ? 127 : (1 << (w.bits - 1)) - 1;
+  p.scales = static_cast<const float*>(w.scales.data);
+  p.ratios = static_cast<const float*>(w.ratios.data);
+  p.group = w.group;
+  p.block_scales = static_cast<const uint8_t*>(w.block_scales.data);
+  p.tensor_scale = static_cast<const float*>(w.tensor_scale.data);
+  p.stochastic = stochastic;
+  p.seed = seed;
+  p.codes = static_cast<uint8_t*>(w.codes.data);
+  switch (w.qtype) {
+    case QType::convrot8:
+      p.format = linear::RequantFormat::int8;
+      break;
+    case QType::convrot_bitnet:
+      p.format = linear::RequantFormat::ternary;
+      break;
+    case QType::convrot_comfy_w4a4:
+      p.format = linear::RequantFormat::comfy_int4;
+      break;
+    case QType::convrot_fp8:
+      p.format = linear::RequantFormat::e4m3;
+      break;
+    case QType::convrot4:
+      p.format = linear::RequantFormat::nvfp4;
+      break;
+    default:
+      p.format = linear::RequantFormat::packed;
+  }
+  p.row_bytes = w.codes.shape[w.codes.ndim - 1];  // byte-typed (i8 / u8 / e4m3) storage rows
+  linear::requantize_codes(p, s);
 }
 
 }  // namespace cuda

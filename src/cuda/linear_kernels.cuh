@@ -151,11 +151,29 @@ void dequant_e4m3_f32(const uint8_t* codes, const float* row_scale, int64_t N, i
 void dequant_nvfp4_f32(const uint8_t* codes, const uint8_t* scales, const float* pts, int64_t N,
                        int64_t K, float* out, cudaStream_t stream);
 
-// Re-quantization on stored scales (QAT, SPEC §3.5): z = w / scale, code = round-half-even(z)
-// or floor(z + u) with u = uniform_from_counter(seed, n * K + k), clamped to [-qmax, qmax].
-// w (N, K) fp32 (already rotated), scale (N) fp32 per row; codes (N, K) int8.
-void requantize_int(const float* w, const float* row_scale, int64_t N, int64_t K, int qmax,
-                    bool stochastic, uint64_t seed, int8_t* codes, cudaStream_t stream);
+// Re-quantization on stored scales (QAT, SPEC §3.5; docs/linear.md): z = w_rot / S with S the
+// stored scale of the element (S = 1 when !(S > 0)); nearest: the qtype's rounding; stochastic:
+// floor(z + u) for integer codes, the upper grid neighbour with probability (|z| - lo) / (hi - lo)
+// for e4m3 / e2m1; u = uniform01(seed, n * K + k) (splitmix64). Rewrites the stored codes only.
+enum class RequantFormat : int { int8 = 0, packed = 1, ternary = 2, comfy_int4 = 3, e4m3 = 4,
+                                 nvfp4 = 5 };
+struct RequantParams {
+  const float* w_rot = nullptr;  // (N, K) fp32, rotated, contiguous
+  int64_t N = 0, K = 0;
+  RequantFormat format = RequantFormat::int8;
+  int bits = 8;                  // packed / ternary (2) / comfy (4)
+  int qmax = 127;
+  const float* scales = nullptr; // (N) fp32 row scales (not nvfp4)
+  const float* ratios = nullptr; // (N, K/group) fp32 or null
+  int64_t group = 0;
+  const uint8_t* block_scales = nullptr;  // nvfp4: (N, K/16) e4m3
+  const float* tensor_scale = nullptr;    // nvfp4: (1) fp32
+  bool stochastic = false;
+  uint64_t seed = 0;
+  uint8_t* codes = nullptr;      // the stored codes, row stride row_bytes
+  int64_t row_bytes = 0;
+};
+void requantize_codes(const RequantParams& p, cudaStream_t stream);
 
 }  // namespace linear
 }  // namespace cuda

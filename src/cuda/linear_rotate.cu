@@ -130,20 +130,30 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
   const T* x = static_cast<const T*>(p.x) + row * p.x_row_stride;
   constexpr float kNorm = ROT == 16 ? 0.25f : (ROT == 64 ? 0.125f : 0.0625f);
 
+  // A warp loads up to kBatch of its 256-element chunks before rotating any (bytes in flight).
+  constexpr int kBatch = 4, kWarps = kThreads / 32;
   float amax = 0.f;
-  for (int c0 = warp * 256; c0 < K; c0 += (kThreads / 32) * 256) {
-    const int e0 = c0 + lane * 8;
-    float v[8];
-    load8<T>(x + e0, K - e0, v);
-    hadamard_chunk<ROT>(v, lane);
-    if (e0 < K) {
-      const int blk = e0 & ~(ROT - 1);
+  for (int c0 = warp * 256; c0 < K; c0 += kWarps * 256 * kBatch) {
+    float v[kBatch][8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int i = (e0 + j) & (ROT - 1);
-        const float y = v[j] * d_sign(i) * kNorm;
-        srow[blk + p_perm(i)] = y;
-        amax = nan_max(amax, fabsf(y));
+    for (int b = 0; b < kBatch; ++b) {
+      const int e0 = c0 + b * kWarps * 256 + lane * 8;
+      load8<T>(x + e0, K - e0, v[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e0 = c0 + b * kWarps * 256 + lane * 8;
+      if (c0 + b * kWarps * 256 >= K) break;  // warp-uniform
+      hadamard_chunk<ROT>(v[b], lane);
+      if (e0 < K) {
+        const int blk = e0 & ~(ROT - 1);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int i = (e0 + j) & (ROT - 1);
+          const float y = v[b][j] * d_sign(i) * kNorm;
+          srow[blk + p_perm(i)] = y;
+          amax = nan_max(amax, fabsf(y));
+        }
       }
     }
   }
@@ -225,9 +235,10 @@ void launch_typed(const RotateQuantParams& p, cudaStream_t stream) {
   const size_t smem = static_cast<size_t>(rotate_quantize_smem_bytes(p.K));
   const dim3 grid(static_cast<unsigned>(p.M));
   auto go = [&](auto kernel) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)),
-               "rotate_quantize", "shared memory");
+    if (smem > 48 * 1024)  // the opt-in is needed (and paid for) only past the default 48 KB
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)),
+                 "rotate_quantize", "shared memory");
     kernel<<<grid, kThreads, smem, stream>>>(p);
   };
   switch (p.rot) {

@@ -80,32 +80,124 @@ __global__ void dequant_nvfp4_f32_kernel(const uint8_t* codes, const uint8_t* sc
   }
 }
 
-// Counter-based uniform in [0, 1): splitmix64 of (seed, index), top 24 bits (exact in fp32).
-__device__ __forceinline__ float uniform01(uint64_t seed, uint64_t index) {
-  uint64_t z = seed + 0x9e3779b97f4a7c15ull * (index + 1);
+// splitmix64's i-th (0-based) output from `seed` as u in [0, 1) (docs/linear.md; the CPU's rule).
+__device__ __forceinline__ float uniform01(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
   return static_cast<float>(z >> 40) * 5.9604644775390625e-08f;  // 2^-24
 }
 
-__global__ void requantize_int_kernel(const float* w, const float* row_scale, int64_t N, int64_t K,
-                                      int qmax, bool stochastic, uint64_t seed, int8_t* codes) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < N * K;
+__device__ __forceinline__ float safe_scale(float s) { return s > 0.f ? s : 1.f; }
+__device__ __forceinline__ float clamp6(float z) {
+  z = z > 6.f ? 6.f : z;
+  return z < -6.f ? -6.f : z;
+}
+// Upper neighbour with probability (a - lo) / (hi - lo).
+__device__ __forceinline__ bool take_upper(float lo, float hi, float a, float u) {
+  return u < (a - lo) / (hi - lo);
+}
+
+__device__ uint8_t stochastic_e4m3(float z, float u) {
+  if (z != z) return dt::f32_to_e4m3(z);
+  const float a = fabsf(z);
+  const uint8_t sign = z < 0.f ? 0x80u : 0u;
+  if (a >= 448.f) return static_cast<uint8_t>(sign | 0x7eu);
+  uint8_t c = dt::f32_to_e4m3(a);
+  if (dt::e4m3_to_f32(c) > a) --c;
+  const float lo = dt::e4m3_to_f32(c), hi = dt::e4m3_to_f32(static_cast<uint8_t>(c + 1));
+  if (lo == a) return static_cast<uint8_t>(sign | c);
+  return static_cast<uint8_t>(sign | (take_upper(lo, hi, a, u) ? c + 1 : c));
+}
+
+__device__ uint8_t stochastic_e2m1(float z, float u) {
+  if (z != z) return 0;
+  const float a = fabsf(clamp6(z));
+  int lo = 0;
+  while (lo < 7 && dt::e2m1_to_f32(static_cast<uint8_t>(lo + 1)) <= a) ++lo;
+  int idx = lo;
+  if (lo < 7) {
+    const float ml = dt::e2m1_to_f32(static_cast<uint8_t>(lo));
+    const float mh = dt::e2m1_to_f32(static_cast<uint8_t>(lo + 1));
+    if (ml != a && take_upper(ml, mh, a, u)) idx = lo + 1;
+  }
+  return static_cast<uint8_t>(idx | (z < 0.f ? 8 : 0));
+}
+
+// Integer code of element (n, k) of an int-family weight.
+__device__ __forceinline__ int32_t requant_int_code(const RequantParams& p, int64_t n, int64_t k) {
+  const float rs = p.scales[n];
+  const float sc = safe_scale(p.ratios ? __fmul_rn(p.ratios[n * (p.K / p.group) + k / p.group], rs)
+                                       : rs);
+  const float z = p.w_rot[n * p.K + k] / sc;
+  const float q = static_cast<float>(p.qmax);
+  if (!p.stochastic) return dt::f32_to_int_clamped(z, -p.qmax, p.qmax);
+  float r = floorf(__fadd_rn(z, uniform01(p.seed, static_cast<uint64_t>(n * p.K + k))));
+  r = r > q ? q : r;
+  r = r < -q ? -q : r;
+  return r == r ? static_cast<int32_t>(r) : 0;
+}
+
+__global__ void requantize_kernel(RequantParams p) {
+  // Units per row: the smallest run of codes that fills whole stored bytes.
+  int64_t units;
+  switch (p.format) {
+    case RequantFormat::packed: units = p.K / 8; break;
+    case RequantFormat::ternary: units = (p.K + 4) / 5; break;
+    case RequantFormat::comfy_int4:
+    case RequantFormat::nvfp4: units = p.K / 2; break;
+    default: units = p.K;
+  }
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < p.N * units;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float S = row_scale[i / K];
-    if (!(S > 0.f)) S = 1.f;
-    const float z = w[i] / S;
-    float r;
-    if (stochastic) {
-      r = floorf(__fadd_rn(z, uniform01(seed, static_cast<uint64_t>(i))));
-      r = r != r ? 0.f : r;
-    } else {
-      r = dt::rint_even(z);
-      r = r != r ? 0.f : r;
+    const int64_t n = i / units, u = i % units;
+    uint8_t* row = p.codes + n * p.row_bytes;
+    switch (p.format) {
+      case RequantFormat::int8:
+        row[u] = static_cast<uint8_t>(static_cast<int8_t>(requant_int_code(p, n, u)));
+        break;
+      case RequantFormat::packed: {
+        uint64_t word = 0;
+        for (int j = 0; j < 8; ++j)
+          word |= static_cast<uint64_t>(requant_int_code(p, n, u * 8 + j) + p.qmax) << (j * p.bits);
+        for (int b = 0; b < p.bits; ++b) row[u * p.bits + b] = static_cast<uint8_t>(word >> (8 * b));
+        break;
+      }
+      case RequantFormat::ternary: {
+        int v = 0, w = 1;
+        for (int j = 0; j < 5; ++j, w *= 3) {
+          const int64_t k = u * 5 + j;
+          v += (k < p.K ? requant_int_code(p, n, k) + 1 : 0) * w;
+        }
+        row[u] = static_cast<uint8_t>(v);
+        break;
+      }
+      case RequantFormat::comfy_int4: {
+        const int32_t c0 = requant_int_code(p, n, 2 * u), c1 = requant_int_code(p, n, 2 * u + 1);
+        row[u] = static_cast<uint8_t>((c0 & 15) | ((c1 & 15) << 4));
+        break;
+      }
+      case RequantFormat::e4m3: {
+        const float z = p.w_rot[n * p.K + u] / safe_scale(p.scales[n]);
+        row[u] = p.stochastic ? stochastic_e4m3(z, uniform01(p.seed, static_cast<uint64_t>(n * p.K + u)))
+                              : dt::f32_to_e4m3(z);
+        break;
+      }
+      default: {  // nvfp4
+        const float pts = *p.tensor_scale;
+        uint8_t c[2];
+        for (int j = 0; j < 2; ++j) {
+          const int64_t k = 2 * u + j;
+          const float den =
+              safe_scale(__fmul_rn(dt::e4m3_to_f32(p.block_scales[n * (p.K / 16) + k / 16]), pts));
+          const float z = clamp6(p.w_rot[n * p.K + k] / den);
+          c[j] = p.stochastic ? stochastic_e2m1(z, uniform01(p.seed, static_cast<uint64_t>(n * p.K + k)))
+                              : dt::f32_to_e2m1(z);
+        }
+        row[u] = static_cast<uint8_t>(c[0] | (c[1] << 4));
+      }
     }
-    r = r < -qmax ? -qmax : (r > qmax ? qmax : r);
-    codes[i] = static_cast<int8_t>(r);
   }
 }
 
@@ -160,12 +252,10 @@ void dequant_nvfp4_f32(const uint8_t* codes, const uint8_t* scales, const float*
   check_launch("dequant_nvfp4_f32");
 }
 
-void requantize_int(const float* w, const float* row_scale, int64_t N, int64_t K, int qmax,
-                    bool stochastic, uint64_t seed, int8_t* codes, cudaStream_t stream) {
-  if (N * K == 0) return;
-  requantize_int_kernel<<<grid_for(N * K), kThreads, 0, stream>>>(w, row_scale, N, K, qmax,
-                                                                  stochastic, seed, codes);
-  check_launch("requantize_int");
+void requantize_codes(const RequantParams& p, cudaStream_t stream) {
+  if (p.N == 0 || p.K == 0) return;
+  requantize_kernel<<<grid_for(p.N * p.K / 2 + 1), kThreads, 0, stream>>>(p);
+  check_launch("requantize_codes");
 }
 
 }  // namespace linear

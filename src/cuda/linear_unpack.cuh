@@ -71,12 +71,13 @@ __device__ __forceinline__ void unpack16(const PackedWeightRef& w, int64_t n, in
       break;
     }
     default: {  // ternary: code k at byte k / 5, base-3 digit k % 5, u = c + 1
-      constexpr int kPow3[5] = {1, 3, 9, 27, 81};
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const int64_t kk = k + j;
         const int b = __ldg(row + kk / 5);
-        c[j] = (b / kPow3[kk % 5]) % 3 - 1;
+        const int d = static_cast<int>(kk % 5);
+        const int div = d == 0 ? 1 : (d == 1 ? 3 : (d == 2 ? 9 : (d == 3 ? 27 : 81)));
+        c[j] = (b / div) % 3 - 1;
       }
     }
   }
