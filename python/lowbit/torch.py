@@ -88,6 +88,14 @@ def _run(fn: Callable, device: torch.device, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
+def _aligned_bytes(nbytes: int, device: torch.device, align: int = 256) -> Tensor:
+    """A uint8 workspace of nbytes from torch's allocator, its data `align`-byte aligned (CUDA
+    blocks are; CPU ones need the offset)."""
+    raw = torch.empty(nbytes + align - 1, dtype=torch.uint8, device=device)
+    off = (-raw.data_ptr()) % align
+    return raw[off:off + nbytes]
+
+
 def _inner_contiguous(t: Tensor) -> Tensor:
     return t if t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
@@ -211,13 +219,18 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
     b, n, h = qn.shape[0], qn.shape[1], qn.shape[2]
     lse = torch.empty((b, h, n) if return_lse else (0,), dtype=torch.float32, device=q.device)
     kn, vn, on = _as_nhd(k, layout), _as_nhd(v, layout), _as_nhd(out, layout)
-    if impl == "parts" and lowbit.has("prologue"):
+    if impl == "parts" and lowbit.has("prologue"):  # without the prologue: the one-call path
         _attention_parts(qn, kn, vn, on, lse if return_lse else None, sm_scale, causal, pv,
                          smooth_k, smooth_v)
     elif impl in ("parts", "library"):
+        opts = dict(sm_scale=sm_scale, causal=causal, pv=pv, smooth_k=smooth_k,
+                    smooth_v=smooth_v)
+        ws = None
+        if hasattr(m, "attention_workspace_bytes"):
+            nbytes = max(1, m.attention_workspace_bytes(to_lowbit(qn), to_lowbit(kn), **opts))
+            ws = _aligned_bytes(nbytes, q.device)
         _run(m.attention, q.device, to_lowbit(qn), to_lowbit(kn), to_lowbit(vn), to_lowbit(on),
-             lse=to_lowbit(lse) if return_lse else None, sm_scale=sm_scale, causal=causal, pv=pv,
-             smooth_k=smooth_k, smooth_v=smooth_v)
+             lse=to_lowbit(lse) if return_lse else None, workspace=_opt(ws), **opts)
     else:
         raise lowbit._error("lowbit.torch.attention", "impl",
                             f"expected 'parts' or 'library', got {impl!r}")
@@ -233,15 +246,15 @@ def _(q, k, v, layout, sm_scale, causal, pv, smooth_k, smooth_v, return_lse, imp
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale: float = 0.0,
               causal: str = "none", pv: str = "fp8", smooth_k: bool = True,
-              smooth_v: bool = False, return_lse: bool = False, impl: str = "parts"):
+              smooth_v: bool = False, return_lse: bool = False, impl: str = "library"):
     """lowbit's INT8 attention (SPEC section 2) with its own options.
 
     q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D) for layout "NHD", (B, H, N, D) for "HND"; bf16/fp16
     (fp32 on the CPU). causal: "none", "bottom_right" or "top_left"; pv: "fp8" or "f16";
     sm_scale 0 means 1/sqrt(D). Returns out (like q) and, with return_lse, lse (B, Hq, Nq) fp32
-    (natural log). impl "parts" (default) runs the building blocks on torch-allocated buffers
-    (asynchronous, CUDA-graph capturable); "library" the one-call lowbit::attention (its own
-    scratch, synchronises the stream on CUDA).
+    (natural log). impl "library" (default): the one-call lowbit::attention on a workspace from
+    torch's allocator (asynchronous, CUDA-graph capturable); "parts": the same sequence from the
+    public building blocks (prologue quantizers, quantize_v_fp8, attention_int8).
     """
     if layout not in ("HND", "NHD"):
         raise ValueError(f"lowbit.torch.attention: layout: expected 'HND' or 'NHD', got "
@@ -313,7 +326,7 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
         q, k, v = (F.pad(t, (0, padded - head_dim)) for t in (q, k, v))
     out, lse = torch.ops.lowbit.attention(q, k, v, tensor_layout, float(sm_scale),
                                           "top_left" if is_causal else "none", pv, smooth_k,
-                                          smooth_v, bool(return_lse), "parts")
+                                          smooth_v, bool(return_lse), "library")
     if padded != head_dim:
         out = out[..., :head_dim]
     return (out, lse) if return_lse else out
@@ -651,22 +664,54 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
     Returns {module name: qtype} for the layers loaded.
     """
     m = _module("linear", "lowbit.torch.load_quantized_")
-    tensors = checkpoint if isinstance(checkpoint, dict) else _read_safetensors(checkpoint)[0]
     inc = _matcher(include) if include is not None else (lambda name: True)
     exc = _matcher(exclude)
     modules = dict(model.named_modules())
     report = {}
+
+    def install(name, packed, bias):
+        mod = modules[name]
+        if mod.bias is not None:
+            device = mod.bias.device
+        else:
+            device = mod.weight.device if isinstance(mod, nn.Linear) else mod.device
+        if bias is None and mod.bias is not None:
+            bias = mod.bias
+        _replace(model, name, LowbitLinear.from_packed(packed, bias, device))
+        report[name] = packed.qtype
+
+    def wanted(name):
+        return (isinstance(modules.get(name), (nn.Linear, LowbitLinear)) and inc(name)
+                and not exc(name))
+
+    if not isinstance(checkpoint, dict) and lowbit.has("checkpoint"):
+        # The library reads and validates the layers itself (lowbit or ComfyUI format).
+        reader = _lowbit.SafetensorsReader(str(checkpoint))
+        for marker in _lowbit.find_layer_markers(reader):
+            prefix = marker["prefix"]
+            name = prefix[:-1] if prefix.endswith(".") else prefix
+            if not wanted(name):
+                continue
+            packed = _lowbit.load_quantized_layer(reader, marker)
+            bias = None
+            if prefix + "bias" in reader:
+                arr, dtype = reader.get(prefix + "bias")
+                bias = torch.from_numpy(arr.copy())
+                bias = bias.view(torch.bfloat16) if dtype == "BF16" else bias
+            install(name, packed, bias)
+        return report
+
+    tensors = checkpoint if isinstance(checkpoint, dict) else _read_safetensors(checkpoint)[0]
     for key in list(tensors):
         for marker, fmt in (("lowbit_quant", "lowbit"), ("comfy_quant", "comfy")):
             if not key.endswith(marker):
                 continue
             prefix = key[: -len(marker)]
             name = prefix[:-1] if prefix.endswith(".") else prefix
-            info = _marker_json(tensors[key])
-            mod = modules.get(name)
-            if not isinstance(mod, (nn.Linear, LowbitLinear)) or not inc(name) or exc(name):
+            if not wanted(name):
                 continue
-            out_features, in_features = mod.out_features, mod.in_features
+            mod = modules[name]
+            info = _marker_json(tensors[key])
             if fmt == "comfy":
                 qtype = _COMFY_FORMATS.get(info.get("format"))
                 if qtype is None:
@@ -676,18 +721,11 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
             else:
                 qtype = m.parse_qtype(info["qtype"])
                 rot, group = int(info.get("rot", 0)), int(info.get("group", 0))
-            names = m.make_packed_weight(qtype, out_features, in_features).tensors()
-            parts = {p: tensors[_part_tensor(prefix, p)] for p in names}
-            arrays = {p: _host_array(t) for p, t in parts.items()}
-            packed = m.PackedWeight(qtype, out_features, in_features, arrays, rot=rot,
+            names = m.make_packed_weight(qtype, mod.out_features, mod.in_features).tensors()
+            arrays = {p: _host_array(tensors[_part_tensor(prefix, p)]) for p in names}
+            packed = m.PackedWeight(qtype, mod.out_features, mod.in_features, arrays, rot=rot,
                                     group=group)
-            device = mod.bias.device if mod.bias is not None else (
-                mod.weight.device if isinstance(mod, nn.Linear) else mod.device)
-            bias = tensors.get(prefix + "bias")
-            if bias is None and mod.bias is not None:
-                bias = mod.bias
-            _replace(model, name, LowbitLinear.from_packed(packed, bias, device))
-            report[name] = qtype
+            install(name, packed, tensors.get(prefix + "bias"))
     return report
 
 
@@ -758,7 +796,7 @@ def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_len: Tensor,
                                 k_scale_shift, v_scale_shift, fmt, n_groups)
     dev = q.device
     plan = _run(m.plan_decode, dev, cache(), mq, hkv * g, d)
-    workspace = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device=dev)
+    workspace = _aligned_bytes(max(1, plan.workspace_bytes), dev)
     out = torch.empty(q.shape, dtype=q.dtype, device=dev)
     lse = torch.empty((b, mq, hkv, g) if return_lse else (0,), dtype=torch.float32, device=dev)
     _run(m.decode_attention, dev, to_lowbit(q), cache(), plan, to_lowbit(workspace),

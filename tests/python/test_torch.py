@@ -348,3 +348,25 @@ def test_merge_attentions_forward_and_backward():
     want = torch.autograd.grad((ref_out * go).sum() + (ref_lse * gl).sum(), outs + lses)
     for a, b in zip(grads, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_linear_cpu
+@needs("checkpoint")
+@pytest.mark.parametrize("qtype,fmt", [("convrotint4", "lowbit"), ("convrotcomfyw4a4", "comfy")])
+def test_load_quantized_checkpoint_file(tmp_path, qtype, fmt):
+    from test_checkpoint import write_safetensors
+    lin = nn.Linear(256, 16)
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, {"proj.weight": lin.weight.detach().numpy(),
+                            "proj.bias": lin.bias.detach().numpy()})
+    out = tmp_path / "out.safetensors"
+    lowbit.quantize_checkpoint(str(src), str(out), qtype, format=fmt)
+    model = nn.Module()
+    model.proj = nn.Linear(256, 16)
+    model.head = nn.Linear(16, 16)
+    report = lt.quantize_linear_(model, qtype, checkpoint=str(out), exclude="head")
+    assert report == {"proj": qtype}
+    direct = lt.LowbitLinear.from_linear(lin, qtype)
+    x = randn(3, 256)
+    torch.testing.assert_close(model.proj(x), direct(x), rtol=0, atol=0)
+    assert isinstance(model.head, nn.Linear)
