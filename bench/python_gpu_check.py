@@ -18,6 +18,7 @@ Exit status 0 when every check passed. `--device cpu --quick` is a dry run of th
 a machine without a GPU (stream and graphs skipped, torch.compile with the aot_eager backend).
 """
 import argparse
+import faulthandler
 import json
 import math
 import statistics
@@ -32,7 +33,13 @@ import torch.nn.functional as F
 import lowbit
 import lowbit.torch as lt
 
+faulthandler.enable()  # a crash in native code prints the Python stack of the op that crashed
 RESULTS = []
+
+
+def step(what):
+    """Names the op about to run (so a native crash is attributable in the log)."""
+    print(f"  .. {what}", flush=True)
 
 
 def record(section, name, ok, **fields):
@@ -100,6 +107,7 @@ def attention(args):
             flops = 4 * b * h * n * n * d / (2 if causal else 1)
             for accum, pv, cos_min, l1_max in (("fp32+fp32", "fp8", 0.9995, 0.02),
                                                ("fp32", "f16", 0.9999, 0.012)):
+                step(f"sageattn {tuple(q.shape)} causal={causal} pv={pv}")
                 out = lt.sageattn(q, k, v, is_causal=causal, pv_accum_dtype=accum)
                 cos, l1 = accuracy(out, ref)
                 t = median_ms(lambda: lt.sageattn(q, k, v, is_causal=causal,
@@ -149,6 +157,7 @@ def linear(args):
             if not ok:
                 record("linear", f"{qtype} M{m} K{k} O{o}", True, skipped=why)
                 continue
+            step(f"LowbitLinear {qtype} M{m} K{k} O{o}")
             layer = lt.LowbitLinear.from_linear(lin, qtype)
             out = layer(x)
             cos, l1 = accuracy(out, ref)
@@ -165,6 +174,7 @@ def decode(args):
     kf = torch.randn(b, length, hkv, d, device=args.device)
     vf = torch.randn(b, length, hkv, d, device=args.device)
     for n_groups in (1, 4):
+        step(f"quantize_kv + decode_attention int4 groups={n_groups}")
         k4, v4 = lt.quantize_kv(kf, "int4", n_groups), lt.quantize_kv(vf, "int4", n_groups)
         seq_len = torch.full((b,), length, dtype=torch.int32, device=args.device)
         q = torch.randn(b, 1, hkv, g, d, device=args.device, dtype=torch.float16)
