@@ -88,6 +88,14 @@ def _run(fn: Callable, device: torch.device, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
+def _aligned_bytes(nbytes: int, device: torch.device, align: int = 256) -> Tensor:
+    """A uint8 workspace of nbytes from torch's allocator, its data `align`-byte aligned (CUDA
+    blocks are; CPU ones need the offset)."""
+    raw = torch.empty(nbytes + align - 1, dtype=torch.uint8, device=device)
+    off = (-raw.data_ptr()) % align
+    return raw[off:off + nbytes]
+
+
 def _inner_contiguous(t: Tensor) -> Tensor:
     return t if t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
@@ -153,9 +161,56 @@ def _as_nhd(t: Tensor, layout: str) -> Tensor:
     return t.transpose(1, 2) if layout == "HND" else t
 
 
+def _round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def _attention_parts(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
+                     sm_scale: float, causal: str, pv: str, smooth_k: bool, smooth_v: bool):
+    """attention() as its building blocks, every buffer from torch's allocator: the K mean
+    (norm_rope_mean), INT8 q (THREAD_Q, 32-row blocks, sm_scale folded in) and k (THREAD_K,
+    64-row blocks, mean subtracted) from the prologue, per-channel fp8 V, then attention_int8 --
+    the sequence lowbit::attention runs on its own scratch. Nothing is allocated inside lowbit
+    and nothing synchronises the host, so the op is asynchronous and CUDA-graph capturable.
+    q, k, v, out are (B, N, H, D) views."""
+    mp = _module("prologue", "lowbit.torch.attention")
+    ma = _module("attention", "lowbit.torch.attention")
+    dev = q.device
+    b, nq, hq, d = q.shape
+    nkv, hkv = k.shape[1], k.shape[2]
+    sm = sm_scale if sm_scale != 0.0 else 1.0 / math.sqrt(d)
+    f32 = dict(dtype=torch.float32, device=dev)
+    kmean = None
+    if smooth_k and nkv > 0:
+        kmean = torch.empty((b, hkv, d), **f32)
+        _run(mp.norm_rope_mean, dev, to_lowbit(k), to_lowbit(kmean))
+    q8 = torch.empty((b, nq, hq, d), dtype=torch.int8, device=dev)
+    qs = torch.empty((b, hq, mp.prologue_scale_count(nq, "thread_q", 32)), **f32)
+    _run(mp.norm_rope_quantize, dev, to_lowbit(q), to_lowbit(q8), to_lowbit(qs), sm_scale=sm,
+         layout="thread_q", block=32)
+    k8 = torch.empty((b, nkv, hkv, d), dtype=torch.int8, device=dev)
+    ks = torch.empty((b, hkv, mp.prologue_scale_count(nkv, "thread_k", 64)), **f32)
+    _run(mp.norm_rope_quantize, dev, to_lowbit(k), to_lowbit(k8), to_lowbit(ks),
+         mean=_opt(kmean), sm_scale=1.0, layout="thread_k", block=64)
+    v_in, vs, vm = v, None, None
+    if pv == "fp8":
+        v_in = torch.empty((b, hkv, d, _round_up(nkv, 64)), dtype=torch.uint8, device=dev)
+        vs = torch.empty((b, hkv, d), **f32)
+        vm = torch.empty((b, hkv, d), **f32) if smooth_v else None
+        _run(ma.quantize_v_fp8, dev, to_lowbit(v), to_lowbit(v_in, "e4m3"), to_lowbit(vs),
+             v_mean=_opt(vm))
+        v_arg = to_lowbit(v_in, "e4m3")
+    else:
+        v_arg = to_lowbit(v)
+    _run(ma.attention_int8, dev, to_lowbit(q8), to_lowbit(qs), "thread_q", 32, to_lowbit(k8),
+         to_lowbit(ks), "thread_k", 64, v_arg, v_scale=_opt(vs), v_mean=_opt(vm),
+         k_mean=_opt(kmean), out=to_lowbit(out), lse=_opt(lse), sm_scale=1.0, causal=causal,
+         pv=pv)
+
+
 @_op("attention")
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float, causal: str,
-                  pv: str, smooth_k: bool, smooth_v: bool, return_lse: bool
+                  pv: str, smooth_k: bool, smooth_v: bool, return_lse: bool, impl: str
                   ) -> Tuple[Tensor, Tensor]:
     m = _module("attention", "lowbit.torch.attention")
     q, k, v = (_inner_contiguous(t) for t in (q, k, v))
@@ -163,15 +218,27 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
     qn = _as_nhd(q, layout)
     b, n, h = qn.shape[0], qn.shape[1], qn.shape[2]
     lse = torch.empty((b, h, n) if return_lse else (0,), dtype=torch.float32, device=q.device)
-    _run(m.attention, q.device, to_lowbit(qn), to_lowbit(_as_nhd(k, layout)),
-         to_lowbit(_as_nhd(v, layout)), to_lowbit(_as_nhd(out, layout)),
-         lse=to_lowbit(lse) if return_lse else None, sm_scale=sm_scale, causal=causal, pv=pv,
-         smooth_k=smooth_k, smooth_v=smooth_v)
+    kn, vn, on = _as_nhd(k, layout), _as_nhd(v, layout), _as_nhd(out, layout)
+    if impl == "parts" and lowbit.has("prologue"):  # without the prologue: the one-call path
+        _attention_parts(qn, kn, vn, on, lse if return_lse else None, sm_scale, causal, pv,
+                         smooth_k, smooth_v)
+    elif impl in ("parts", "library"):
+        opts = dict(sm_scale=sm_scale, causal=causal, pv=pv, smooth_k=smooth_k,
+                    smooth_v=smooth_v)
+        ws = None
+        if hasattr(m, "attention_workspace_bytes"):
+            nbytes = max(1, m.attention_workspace_bytes(to_lowbit(qn), to_lowbit(kn), **opts))
+            ws = _aligned_bytes(nbytes, q.device)
+        _run(m.attention, q.device, to_lowbit(qn), to_lowbit(kn), to_lowbit(vn), to_lowbit(on),
+             lse=to_lowbit(lse) if return_lse else None, workspace=_opt(ws), **opts)
+    else:
+        raise lowbit._error("lowbit.torch.attention", "impl",
+                            f"expected 'parts' or 'library', got {impl!r}")
     return out, lse
 
 
 @_attention_op.register_fake
-def _(q, k, v, layout, sm_scale, causal, pv, smooth_k, smooth_v, return_lse):
+def _(q, k, v, layout, sm_scale, causal, pv, smooth_k, smooth_v, return_lse, impl):
     qn = _as_nhd(q, layout)
     shape = (qn.shape[0], qn.shape[2], qn.shape[1]) if return_lse else (0,)
     return q.new_empty(q.shape), q.new_empty(shape, dtype=torch.float32)
@@ -179,19 +246,21 @@ def _(q, k, v, layout, sm_scale, causal, pv, smooth_k, smooth_v, return_lse):
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale: float = 0.0,
               causal: str = "none", pv: str = "fp8", smooth_k: bool = True,
-              smooth_v: bool = False, return_lse: bool = False):
+              smooth_v: bool = False, return_lse: bool = False, impl: str = "library"):
     """lowbit's INT8 attention (SPEC section 2) with its own options.
 
     q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D) for layout "NHD", (B, H, N, D) for "HND"; bf16/fp16
     (fp32 on the CPU). causal: "none", "bottom_right" or "top_left"; pv: "fp8" or "f16";
     sm_scale 0 means 1/sqrt(D). Returns out (like q) and, with return_lse, lse (B, Hq, Nq) fp32
-    (natural log).
+    (natural log). impl "library" (default): the one-call lowbit::attention on a workspace from
+    torch's allocator (asynchronous, CUDA-graph capturable); "parts": the same sequence from the
+    public building blocks (prologue quantizers, quantize_v_fp8, attention_int8).
     """
     if layout not in ("HND", "NHD"):
         raise ValueError(f"lowbit.torch.attention: layout: expected 'HND' or 'NHD', got "
                          f"{layout!r}")
     out, lse = torch.ops.lowbit.attention(q, k, v, layout, float(sm_scale), causal, pv,
-                                          bool(smooth_k), bool(smooth_v), bool(return_lse))
+                                          bool(smooth_k), bool(smooth_v), bool(return_lse), impl)
     return (out, lse) if return_lse else out
 
 
@@ -257,7 +326,7 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
         q, k, v = (F.pad(t, (0, padded - head_dim)) for t in (q, k, v))
     out, lse = torch.ops.lowbit.attention(q, k, v, tensor_layout, float(sm_scale),
                                           "top_left" if is_causal else "none", pv, smooth_k,
-                                          smooth_v, bool(return_lse))
+                                          smooth_v, bool(return_lse), "library")
     if padded != head_dim:
         out = out[..., :head_dim]
     return (out, lse) if return_lse else out
@@ -595,22 +664,54 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
     Returns {module name: qtype} for the layers loaded.
     """
     m = _module("linear", "lowbit.torch.load_quantized_")
-    tensors = checkpoint if isinstance(checkpoint, dict) else _read_safetensors(checkpoint)[0]
     inc = _matcher(include) if include is not None else (lambda name: True)
     exc = _matcher(exclude)
     modules = dict(model.named_modules())
     report = {}
+
+    def install(name, packed, bias):
+        mod = modules[name]
+        if mod.bias is not None:
+            device = mod.bias.device
+        else:
+            device = mod.weight.device if isinstance(mod, nn.Linear) else mod.device
+        if bias is None and mod.bias is not None:
+            bias = mod.bias
+        _replace(model, name, LowbitLinear.from_packed(packed, bias, device))
+        report[name] = packed.qtype
+
+    def wanted(name):
+        return (isinstance(modules.get(name), (nn.Linear, LowbitLinear)) and inc(name)
+                and not exc(name))
+
+    if not isinstance(checkpoint, dict) and lowbit.has("checkpoint"):
+        # The library reads and validates the layers itself (lowbit or ComfyUI format).
+        reader = _lowbit.SafetensorsReader(str(checkpoint))
+        for marker in _lowbit.find_layer_markers(reader):
+            prefix = marker["prefix"]
+            name = prefix[:-1] if prefix.endswith(".") else prefix
+            if not wanted(name):
+                continue
+            packed = _lowbit.load_quantized_layer(reader, marker)
+            bias = None
+            if prefix + "bias" in reader:
+                arr, dtype = reader.get(prefix + "bias")
+                bias = torch.from_numpy(arr.copy())
+                bias = bias.view(torch.bfloat16) if dtype == "BF16" else bias
+            install(name, packed, bias)
+        return report
+
+    tensors = checkpoint if isinstance(checkpoint, dict) else _read_safetensors(checkpoint)[0]
     for key in list(tensors):
         for marker, fmt in (("lowbit_quant", "lowbit"), ("comfy_quant", "comfy")):
             if not key.endswith(marker):
                 continue
             prefix = key[: -len(marker)]
             name = prefix[:-1] if prefix.endswith(".") else prefix
-            info = _marker_json(tensors[key])
-            mod = modules.get(name)
-            if not isinstance(mod, (nn.Linear, LowbitLinear)) or not inc(name) or exc(name):
+            if not wanted(name):
                 continue
-            out_features, in_features = mod.out_features, mod.in_features
+            mod = modules[name]
+            info = _marker_json(tensors[key])
             if fmt == "comfy":
                 qtype = _COMFY_FORMATS.get(info.get("format"))
                 if qtype is None:
@@ -620,18 +721,11 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
             else:
                 qtype = m.parse_qtype(info["qtype"])
                 rot, group = int(info.get("rot", 0)), int(info.get("group", 0))
-            names = m.make_packed_weight(qtype, out_features, in_features).tensors()
-            parts = {p: tensors[_part_tensor(prefix, p)] for p in names}
-            arrays = {p: _host_array(t) for p, t in parts.items()}
-            packed = m.PackedWeight(qtype, out_features, in_features, arrays, rot=rot,
+            names = m.make_packed_weight(qtype, mod.out_features, mod.in_features).tensors()
+            arrays = {p: _host_array(tensors[_part_tensor(prefix, p)]) for p in names}
+            packed = m.PackedWeight(qtype, mod.out_features, mod.in_features, arrays, rot=rot,
                                     group=group)
-            device = mod.bias.device if mod.bias is not None else (
-                mod.weight.device if isinstance(mod, nn.Linear) else mod.device)
-            bias = tensors.get(prefix + "bias")
-            if bias is None and mod.bias is not None:
-                bias = mod.bias
-            _replace(model, name, LowbitLinear.from_packed(packed, bias, device))
-            report[name] = qtype
+            install(name, packed, tensors.get(prefix + "bias"))
     return report
 
 
@@ -702,7 +796,7 @@ def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_len: Tensor,
                                 k_scale_shift, v_scale_shift, fmt, n_groups)
     dev = q.device
     plan = _run(m.plan_decode, dev, cache(), mq, hkv * g, d)
-    workspace = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device=dev)
+    workspace = _aligned_bytes(max(1, plan.workspace_bytes), dev)
     out = torch.empty(q.shape, dtype=q.dtype, device=dev)
     lse = torch.empty((b, mq, hkv, g) if return_lse else (0,), dtype=torch.float32, device=dev)
     _run(m.decode_attention, dev, to_lowbit(q), cache(), plan, to_lowbit(workspace),

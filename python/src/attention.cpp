@@ -43,26 +43,53 @@ AttentionOptions make_options(const char* op, float sm_scale, const std::string&
 void bind_attention(nb::module_& m) {
   m.attr("has_attention") = true;
   m.def(
+      "attention_workspace_bytes",
+      [](nb::handle q, nb::handle k, float sm_scale, const std::string& causal,
+         const std::string& pv, bool smooth_k, bool smooth_v) {
+        const char* op = "attention_workspace_bytes";
+        Args args(op);
+        TensorView qv = args.in(q, "q"), kv = args.in(k, "k");
+        return attention_workspace_bytes(qv, kv,
+                                         make_options(op, sm_scale, causal, pv, smooth_k,
+                                                      smooth_v));
+      },
+      nb::arg("q"), nb::arg("k"), nb::kw_only(), nb::arg("sm_scale") = 0.f,
+      nb::arg("causal") = "none", nb::arg("pv") = "fp8", nb::arg("smooth_k") = true,
+      nb::arg("smooth_v") = false,
+      "Bytes of the workspace attention(..., workspace=) needs for these q, k and options.");
+  m.def(
       "attention",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, float sm_scale,
          const std::string& causal, const std::string& pv, bool smooth_k, bool smooth_v,
-         uintptr_t stream, int threads) {
+         nb::handle workspace, uintptr_t stream, int threads) {
         Args args("attention");
         TensorView qv = args.in(q, "q"), kv = args.in(k, "k"), vv = args.in(v, "v");
         TensorView ov = args.out(out, "out");
         std::optional<TensorView> lv = args.out_opt(lse, "lse");
+        std::optional<TensorView> wv = args.out_opt(workspace, "workspace");
         AttentionOptions o = make_options("attention", sm_scale, causal, pv, smooth_k, smooth_v);
         Context ctx = make_context(stream, threads);
+        if (wv && !wv->is_contiguous()) {
+          throw Error("attention", "workspace", "expected a contiguous array, got " +
+                                                    wv->describe());
+        }
         nb::gil_scoped_release release;
-        attention(qv, kv, vv, ov, lv ? &*lv : nullptr, o, ctx);
+        if (wv) {
+          size_t bytes = static_cast<size_t>(dtype_storage_bytes(wv->dtype, wv->numel()));
+          attention(qv, kv, vv, ov, lv ? &*lv : nullptr, o, wv->data, bytes, ctx);
+        } else {
+          attention(qv, kv, vv, ov, lv ? &*lv : nullptr, o, ctx);
+        }
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::kw_only(),
       nb::arg("lse") = nb::none(), nb::arg("sm_scale") = 0.f, nb::arg("causal") = "none",
       nb::arg("pv") = "fp8", nb::arg("smooth_k") = true, nb::arg("smooth_v") = false,
-      nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("workspace") = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0,
       "INT8 attention (SPEC section 2). q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D), out like q, all "
       "strided views (pass an HND tensor permuted); lse (B, Hq, Nq) f32 or None. sm_scale 0 = "
-      "1/sqrt(D); causal none/bottom_right/top_left; pv fp8/f16.");
+      "1/sqrt(D); causal none/bottom_right/top_left; pv fp8/f16. workspace: a contiguous array "
+      "of >= attention_workspace_bytes bytes (256-byte aligned, q's device): no allocation and no "
+      "stream synchronization; None: lowbit allocates (and synchronizes on CUDA).");
   m.def(
       "quantize_v_fp8",
       [](nb::handle v, nb::handle v_fp8, nb::handle v_scale, nb::handle v_mean,

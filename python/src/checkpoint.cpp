@@ -7,6 +7,8 @@
 #include <nanobind/stl/vector.h>
 
 #include "lowbit/checkpoint.h"
+#include "lowbit/linear.h"
+#include "python/src/common_enums.h"
 
 namespace lowbit {
 namespace py {
@@ -46,6 +48,35 @@ nb::object tensor_array(const SafetensorsReader& r, const TensorInfo& info, nb::
                                         shape.data(), owner, nullptr, storage_dtype(info.dtype))
       .cast(nb::rv_policy::reference);
 }
+
+nb::dict marker_dict(const LayerMarker& mk) {
+  nb::dict d;
+  d["prefix"] = mk.prefix;
+  d["format"] = mk.format;
+  d["qtype"] = mk.qtype;
+  d["rot"] = mk.rot;
+  d["bits"] = mk.bits;
+  d["group"] = mk.group;
+  d["json"] = mk.json;
+  return d;
+}
+
+LayerMarker marker_of(nb::handle d) {
+  LayerMarker mk;
+  mk.prefix = nb::cast<std::string>(d["prefix"]);
+  mk.format = nb::cast<std::string>(d["format"]);
+  mk.qtype = nb::cast<std::string>(d["qtype"]);
+  mk.rot = nb::cast<int>(d["rot"]);
+  mk.bits = nb::cast<int>(d["bits"]);
+  mk.group = nb::cast<int>(d["group"]);
+  mk.json = nb::cast<std::string>(d["json"]);
+  return mk;
+}
+
+const std::pair<const char*, CheckpointFormat> kFormats[] = {
+    {"lowbit", CheckpointFormat::lowbit},
+    {"comfy", CheckpointFormat::comfy},
+};
 
 }  // namespace
 
@@ -91,22 +122,74 @@ void bind_checkpoint(nb::module_& m) {
       "find_layer_markers",
       [](const SafetensorsReader& r) {
         nb::list out;
-        for (const LayerMarker& mk : find_layer_markers(r)) {
-          nb::dict d;
-          d["prefix"] = mk.prefix;
-          d["format"] = mk.format;
-          d["qtype"] = mk.qtype;
-          d["rot"] = mk.rot;
-          d["bits"] = mk.bits;
-          d["group"] = mk.group;
-          d["json"] = mk.json;
-          out.append(d);
-        }
+        for (const LayerMarker& mk : find_layer_markers(r)) out.append(marker_dict(mk));
         return out;
       },
       nb::arg("reader"),
       "The quantized layers of a file: dicts of prefix, format (lowbit / comfy), qtype, rot, "
       "bits, group, json.");
+  m.def(
+      "load_quantized_layer",
+      [](const SafetensorsReader& r, nb::handle marker) {
+        return load_quantized_layer(r, marker_of(marker));
+      },
+      nb::arg("reader"), nb::arg("marker"),
+      "The PackedWeight of one quantized layer (a marker from find_layer_markers), validated "
+      "against the marker's qtype and the layer's shape.");
+  m.def(
+      "quantize_checkpoint",
+      [](const std::string& in, const std::string& out, const std::string& qtype,
+         std::vector<std::string> include, std::vector<std::string> exclude,
+         const std::string& format, bool compute_error, nb::object progress, int threads) {
+        QuantizeOptions o;
+        o.filter.include = std::move(include);
+        o.filter.exclude = std::move(exclude);
+        o.format = parse_enum("quantize_checkpoint", "format", format, kFormats);
+        o.compute_error = compute_error;
+        if (!progress.is_none()) {
+          o.progress = [progress](const QuantizeProgress& p) {
+            nb::gil_scoped_acquire acquire;
+            progress(p.index, p.count, p.name, p.bytes_done, p.bytes_total);
+          };
+        }
+        QType q = parse_qtype(qtype);
+        Context ctx = make_context(0, threads);
+        QuantizeReport rep;
+        {
+          nb::gil_scoped_release release;
+          rep = quantize_checkpoint(in, out, q, o, ctx);
+        }
+        nb::list layers;
+        for (const LayerReport& l : rep.layers) {
+          nb::dict d;
+          d["name"] = l.name;
+          d["shape"] = nb::tuple(nb::cast(l.shape));
+          d["source_dtype"] = l.source_dtype;
+          d["quantized"] = l.quantized;
+          d["qtype"] = l.qtype;
+          d["skip_reason"] = l.skip_reason;
+          d["rot"] = l.rot;
+          d["bytes_before"] = l.bytes_before;
+          d["bytes_after"] = l.bytes_after;
+          d["rel_error"] = l.rel_error;
+          layers.append(d);
+        }
+        nb::dict d;
+        d["layers"] = layers;
+        d["tensors_in"] = rep.tensors_in;
+        d["tensors_out"] = rep.tensors_out;
+        d["tensors_copied"] = rep.tensors_copied;
+        d["file_bytes_in"] = rep.file_bytes_in;
+        d["file_bytes_out"] = rep.file_bytes_out;
+        return d;
+      },
+      nb::arg("input"), nb::arg("output"), nb::arg("qtype"), nb::kw_only(),
+      nb::arg("include") = std::vector<std::string>(),
+      nb::arg("exclude") = std::vector<std::string>(), nb::arg("format") = "lowbit",
+      nb::arg("compute_error") = true, nb::arg("progress") = nb::none(), nb::arg("threads") = 0,
+      "Streams a safetensors checkpoint, quantizing its 2-D *.weight tensors (globs include / "
+      "exclude) to `qtype` in lowbit or ComfyUI format; returns the per-layer report. "
+      "progress(index, count, name, bytes_done, bytes_total) is called as it goes.");
 }
 
 }  // namespace py

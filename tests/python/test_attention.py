@@ -98,3 +98,31 @@ def test_attention_errors():
         lowbit.attention(q, q, q, out, causal="causal")
     with pytest.raises(lowbit.Error, match="fp8/f16"):
         lowbit.attention(q, q, q, out, pv="int8")
+
+
+def aligned_bytes(n, align=256):
+    raw = np.zeros(n + align, np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + n]
+
+
+@pytest.mark.skipif(not hasattr(lowbit._lowbit, "attention_workspace_bytes"),
+                    reason="no caller-workspace attention in this build")
+def test_caller_workspace_gives_the_same_bits():
+    q = RNG.standard_normal((1, 33, 4, 64)).astype(np.float32)
+    k = RNG.standard_normal((1, 47, 2, 64)).astype(np.float32)
+    v = RNG.standard_normal((1, 47, 2, 64)).astype(np.float32)
+    opts = dict(causal="bottom_right", pv="fp8", smooth_v=True)
+    nbytes = lowbit.attention_workspace_bytes(q, k, **opts)
+    assert nbytes > 0
+    out_a, out_b = np.zeros_like(q), np.zeros_like(q)
+    lse_a, lse_b = np.zeros((1, 4, 33), np.float32), np.zeros((1, 4, 33), np.float32)
+    lowbit.attention(q, k, v, out_a, lse=lse_a, **opts)
+    lowbit.attention(q, k, v, out_b, lse=lse_b, workspace=aligned_bytes(nbytes), **opts)
+    np.testing.assert_array_equal(out_a, out_b)
+    np.testing.assert_array_equal(lse_a, lse_b)
+    out_c = np.full_like(q, 9)
+    with pytest.raises(lowbit.Error) as info:
+        lowbit.attention(q, k, v, out_c, workspace=aligned_bytes(nbytes // 2), **opts)
+    assert "workspace" in str(info.value)
+    assert np.all(out_c == 9)

@@ -136,8 +136,29 @@ def test_sageattn_refuses_what_it_cannot_honour():
 @needs("attention")
 def test_opcheck_attention():
     q, k, v = randn(1, 2, 16, 64), randn(1, 2, 20, 64), randn(1, 2, 20, 64)
-    torch.library.opcheck(torch.ops.lowbit.attention.default,
-                          (q, k, v, "HND", 0.125, "top_left", "f16", True, False, True))
+    for impl in ("parts", "library"):
+        torch.library.opcheck(torch.ops.lowbit.attention.default,
+                              (q, k, v, "HND", 0.125, "top_left", "f16", True, False, True,
+                               impl))
+
+
+@needs("attention")
+@needs("prologue")
+@pytest.mark.parametrize("pv,smooth_v", [("fp8", False), ("fp8", True), ("f16", False)])
+def test_attention_parts_match_one_call(pv, smooth_v):
+    # The building-block path (torch-allocated buffers) against lowbit::attention's own scratch:
+    # the same sequence; only the K mean's fp32 summation order may differ.
+    q, k, v = randn(2, 40, 4, 64), randn(2, 56, 2, 64), randn(2, 56, 2, 64)
+    kw = dict(causal="bottom_right", pv=pv, smooth_v=smooth_v, return_lse=True)
+    out_p, lse_p = lt.attention(q, k, v, impl="parts", **kw)
+    out_l, lse_l = lt.attention(q, k, v, impl="library", **kw)
+    torch.testing.assert_close(out_p, out_l, atol=2e-3, rtol=0)
+    torch.testing.assert_close(lse_p, lse_l, atol=1e-4, rtol=0)
+    # Without the K mean both paths run the same arithmetic: the same bits.
+    kw["smooth_k"] = False
+    out_p, lse_p = lt.attention(q, k, v, impl="parts", **kw)
+    out_l, lse_l = lt.attention(q, k, v, impl="library", **kw)
+    assert torch.equal(out_p, out_l) and torch.equal(lse_p, lse_l)
 
 
 @needs("attention")
@@ -327,3 +348,25 @@ def test_merge_attentions_forward_and_backward():
     want = torch.autograd.grad((ref_out * go).sum() + (ref_lse * gl).sum(), outs + lses)
     for a, b in zip(grads, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@needs_linear_cpu
+@needs("checkpoint")
+@pytest.mark.parametrize("qtype,fmt", [("convrotint4", "lowbit"), ("convrotcomfyw4a4", "comfy")])
+def test_load_quantized_checkpoint_file(tmp_path, qtype, fmt):
+    from test_checkpoint import write_safetensors
+    lin = nn.Linear(256, 16)
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, {"proj.weight": lin.weight.detach().numpy(),
+                            "proj.bias": lin.bias.detach().numpy()})
+    out = tmp_path / "out.safetensors"
+    lowbit.quantize_checkpoint(str(src), str(out), qtype, format=fmt)
+    model = nn.Module()
+    model.proj = nn.Linear(256, 16)
+    model.head = nn.Linear(16, 16)
+    report = lt.quantize_linear_(model, qtype, checkpoint=str(out), exclude="head")
+    assert report == {"proj": qtype}
+    direct = lt.LowbitLinear.from_linear(lin, qtype)
+    x = randn(3, 256)
+    torch.testing.assert_close(model.proj(x), direct(x), rtol=0, atol=0)
+    assert isinstance(model.head, nn.Linear)

@@ -1,0 +1,85 @@
+"""lowbit's checkpoint module through Python: the memory-mapped safetensors reader (numpy views,
+no copy), quantize_checkpoint in lowbit and ComfyUI formats, and loading the layers back as
+PackedWeight equal to quantizing the weight directly."""
+import json
+import struct
+
+import numpy as np
+import pytest
+
+import lowbit
+from conftest import linear_cpu_backend_missing
+
+pytestmark = [
+    pytest.mark.skipif(not lowbit.has("checkpoint"), reason="no checkpoint module in build"),
+]
+RNG = np.random.default_rng(9)
+FILE_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+               np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8", np.dtype(np.int64): "I64"}
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """A minimal safetensors writer (8-byte header length, JSON header, data)."""
+    header, blobs, offset = {}, [], 0
+    for name, arr in tensors.items():
+        data = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": FILE_DTYPES[arr.dtype], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def test_reader_views_and_errors(tmp_path):
+    w = RNG.standard_normal((4, 6)).astype(np.float32)
+    ids = np.arange(5, dtype=np.int64)
+    path = tmp_path / "a.safetensors"
+    write_safetensors(path, {"w": w, "ids": ids}, {"who": "test"})
+    r = lowbit.SafetensorsReader(str(path))
+    assert sorted(r.names()) == ["ids", "w"] and len(r) == 2 and "w" in r
+    arr, dtype = r.get("w")
+    assert dtype == "F32" and not arr.flags.writeable
+    np.testing.assert_array_equal(arr, w)
+    np.testing.assert_array_equal(r.get("ids")[0], ids)
+    assert r.metadata() == {"who": "test"}
+    assert r.info("w") == {"dtype": "F32", "shape": (4, 6), "nbytes": 96}
+    with pytest.raises(lowbit.Error):
+        r.get("nope")
+    with pytest.raises(lowbit.Error):
+        lowbit.SafetensorsReader(str(tmp_path / "missing.safetensors"))
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", 10**6) + b"{}")
+    with pytest.raises(lowbit.Error):
+        lowbit.SafetensorsReader(str(bad))
+
+
+@pytest.mark.skipif(bool(linear_cpu_backend_missing()), reason=linear_cpu_backend_missing())
+@pytest.mark.parametrize("qtype,fmt", [("convrot8", "lowbit"), ("convrotint4", "lowbit"),
+                                       ("convrotcomfyw4a4", "comfy")])
+def test_quantize_checkpoint_round_trip(tmp_path, qtype, fmt):
+    w = RNG.standard_normal((16, 256)).astype(np.float32)
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, {"blk.proj.weight": w, "blk.proj.bias": np.ones(16, np.float32),
+                            "blk.norm.weight": np.ones(7, np.float16)})
+    out = tmp_path / "out.safetensors"
+    calls = []
+    report = lowbit.quantize_checkpoint(str(src), str(out), qtype, format=fmt,
+                                        progress=lambda *a: calls.append(a))
+    assert calls and calls[-1][0] == calls[-1][1]
+    layers = {l["name"]: l for l in report["layers"]}
+    assert layers["blk.proj.weight"]["quantized"] and layers["blk.proj.weight"]["qtype"] == qtype
+    assert 0 <= layers["blk.proj.weight"]["rel_error"] < 0.2
+    r = lowbit.SafetensorsReader(str(out))
+    markers = lowbit.find_layer_markers(r)
+    assert [(m["prefix"], m["format"]) for m in markers] == [("blk.proj.", fmt)]
+    packed = lowbit.load_quantized_layer(r, markers[0])
+    want = lowbit.quantize_weight(w, qtype)
+    assert packed.qtype == qtype
+    for name, arr in want.tensors().items():
+        np.testing.assert_array_equal(packed.tensors()[name], arr)
+    np.testing.assert_array_equal(r.get("blk.norm.weight")[0], np.ones(7, np.float16))
