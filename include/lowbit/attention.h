@@ -7,21 +7,15 @@
 // permuted (stride[1] = D, stride[2] = N * D). Only the channel dimension must be contiguous.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "lowbit/prologue.h"
 #include "lowbit/tensor.h"
 
 namespace lowbit {
 
-#ifndef LOWBIT_SCALE_LAYOUT_DEFINED
-#define LOWBIT_SCALE_LAYOUT_DEFINED
-// Row groups sharing one quantization scale within a block of `block` rows of one (batch, head)
-// (SPEC §1 table). Scale index of row n: (n / block) * groups + group(n % block).
-enum class ScaleLayout : uint8_t { per_block, thread_q, thread_k, warp_q };
-#endif
-
-// Groups per block of the layout (1, 8, 4, 4).
-int scale_groups(ScaleLayout layout);
+// ScaleLayout and scale_groups() come from the prologue (lowbit/prologue.h).
 // Scale index of row `row` (within one (batch, head)) for a layout and block.
 int64_t scale_index(ScaleLayout layout, int block, int64_t row);
 // Scales per (batch, head) for `rows` rows: n_blocks * groups with SPEC §1's padding.
@@ -95,9 +89,19 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
 //   k, v (B, Nkv, Hkv, D), same dtype as q
 //   out  (B, Nq, Hq, D) same dtype as q (strided)
 //   lse_out (B, Hq, Nq) f32 or null
-// Scratch memory is allocated per call (device memory on CUDA).
+// This overload allocates its workspace per call (and synchronizes the stream on CUDA before
+// freeing it); hot paths pass a workspace instead.
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
                TensorView* lse_out, const AttentionOptions& options, Context& ctx);
+
+// Bytes of workspace attention() needs for q (B, Nq, Hq, D), k (B, Nkv, Hkv, D) and options.
+size_t attention_workspace_bytes(const TensorView& q, const TensorView& k,
+                                 const AttentionOptions& options);
+// attention() on a caller-owned workspace (>= attention_workspace_bytes, 256-byte aligned, on
+// q's device): no allocation, no synchronization, capturable in a CUDA graph.
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
+               TensorView* lse_out, const AttentionOptions& options, void* workspace,
+               size_t workspace_bytes, Context& ctx);
 
 // ---- references (CPU only; tests and accuracy columns) -----------------------------------------
 

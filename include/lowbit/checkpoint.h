@@ -8,6 +8,7 @@
 // hands anything out: a malformed file is a lowbit::Error naming the file and the tensor.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "lowbit/linear.h"
 #include "lowbit/tensor.h"
 
 namespace lowbit {
@@ -187,5 +189,74 @@ std::vector<LayerMarker> find_layer_markers(const SafetensorsReader& file);
 
 // True when both paths name the same existing file (same device and inode).
 bool same_file(const std::string& a, const std::string& b);
+
+// Loads the packed weight of one quantized layer of `file` (lowbit or comfy format), validating
+// every part against the marker's qtype and the layer's shape. Host memory.
+PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMarker& marker);
+
+// ---- the model quantizer (`lowbit quantize`) ------------------------------------------------
+
+enum class CheckpointFormat : uint8_t {
+  lowbit,  // every qtype; parts and a {p}lowbit_quant marker (docs/checkpoint-format.md)
+  comfy,   // ComfyUI convrot_w4a4 (SPEC §3.6); convrotcomfyw4a4 only
+};
+
+// Which 2-D "*.weight" tensors to quantize, by glob (fnmatch(3), '*' also matches '.') on the
+// tensor name. An empty include list means all.
+struct QuantizeFilter {
+  std::vector<std::string> include;
+  std::vector<std::string> exclude;
+};
+
+struct QuantizeProgress {
+  size_t index = 0;  // tensors done so far (0 .. count)
+  size_t count = 0;  // tensors of the input
+  std::string name;  // the tensor just done ("" for the first call)
+  uint64_t bytes_done = 0, bytes_total = 0;  // input data bytes
+};
+using ProgressFn = std::function<void(const QuantizeProgress&)>;
+
+struct QuantizeOptions {
+  QuantizeFilter filter;
+  CheckpointFormat format = CheckpointFormat::lowbit;
+  bool compute_error = true;  // ||W - deq(Q(W))|| / ||W|| per layer (costs one dequantization)
+  ProgressFn progress;        // called once before the first tensor and after each tensor
+  // Checked before each tensor: when set, the run stops with a lowbit::Error and leaves no
+  // output file (a CLI sets it from SIGINT).
+  const std::atomic<bool>* cancel = nullptr;
+  WriterOptions writer;
+};
+
+// One linear-weight candidate (a 2-D tensor named "weight" or "*.weight").
+struct LayerReport {
+  std::string name;              // the weight tensor's name
+  std::vector<int64_t> shape;    // (O, K)
+  std::string source_dtype;      // "BF16", ...
+  bool quantized = false;
+  std::string qtype;             // when quantized
+  std::string skip_reason;       // when not
+  int rot = 0;
+  uint64_t bytes_before = 0;     // the weight tensor
+  uint64_t bytes_after = 0;      // every tensor written for it (marker included); = before if skipped
+  double rel_error = -1;         // ||W - deq(Q(W))||_F / ||W||_F in fp64; -1 when not computed
+};
+
+struct QuantizeReport {
+  std::vector<LayerReport> layers;  // in file order
+  size_t tensors_in = 0, tensors_out = 0, tensors_copied = 0;
+  uint64_t data_bytes_in = 0, data_bytes_out = 0;
+  uint64_t file_bytes_in = 0, file_bytes_out = 0;
+  size_t quantized() const;
+  size_t skipped() const;
+};
+
+// Streams `in` to `out`, quantizing every 2-D "*.weight" tensor (f32/bf16/f16) that passes the
+// filter, is not an embedding (a name containing "embed") nor part of an already-quantized
+// layer, and that can_quantize(qtype, O, K) allows; every other tensor, the "__metadata__" and the
+// order of the file are kept, and each tensor is copied byte for byte. One tensor is in memory at
+// a time (peak: the largest quantized tensor in fp32, twice, plus its packed form). `out` is
+// written through a temporary file and a rename; it may not be `in` itself.
+QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, QType qtype,
+                                   const QuantizeOptions& options, Context& ctx);
 
 }  // namespace lowbit

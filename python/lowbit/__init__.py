@@ -30,6 +30,7 @@ __all__ = [
     "DType", "Error", "Typed", "typed", "inspect", "convert", "empty", "storage_shape",
     "numpy_storage_dtype", "version", "build_info", "built_with_cuda", "cuda_device_count",
     "cuda_unavailable_reason", "cuda_device_info", "synchronize", "has", "FAMILIES",
+    "ModuleNotBuilt",
 ]
 
 __version__ = _lowbit.version()
@@ -62,10 +63,15 @@ def has(family: str) -> bool:
     return bool(getattr(_lowbit, "has_" + family, False))
 
 
+class ModuleNotBuilt(NotImplementedError, AttributeError):
+    """An op family this build of lowbit does not contain (also an AttributeError, so hasattr()
+    on a missing op says False)."""
+
+
 def _require(family: str, what: str):
-    """The bound module of `family`, or NotImplementedError naming what is missing."""
+    """The bound module of `family`, or ModuleNotBuilt naming what is missing."""
     if not has(family):
-        raise NotImplementedError(
+        raise ModuleNotBuilt(
             f"{what}: this build of lowbit has no {family} module (include/lowbit/{family}.h was "
             f"not compiled into lowbit._lowbit); rebuild lowbit from a tree that contains it")
     return _lowbit
@@ -163,3 +169,32 @@ def convert(src, dst=None, *, dtype=None, src_dtype=None, stream: int = 0, threa
         dst = Typed(_unwrap(dst), dtype)
     _lowbit.convert(src, dst, stream=stream, threads=threads)
     return _unwrap(dst)
+
+
+# ---- the op families: the bound functions and classes, under lowbit.<name> --------------------
+# They take array-likes (or lowbit.typed views) and write into caller-given outputs; see each
+# docstring (help(lowbit.attention)). A family missing from the build raises ModuleNotBuilt.
+_FAMILY_OF = {}
+for _family, _names in {
+    "prologue": ("norm_rope_mean", "norm_rope_quantize", "prologue_scale_count"),
+    "attention": ("attention", "attention_int8", "quantize_v_fp8"),
+    "linear": ("QTYPES", "parse_qtype", "qtype_bits", "qtype_group", "rotation_block",
+               "can_quantize", "hadamard_rotate", "rotate_quantize_activations", "PackedWeight",
+               "make_packed_weight", "quantize_weight", "dequantize_weight", "QuantizedLinear"),
+    "decode": ("KvCache", "DecodePlan", "kv_append", "plan_decode", "workspace_bytes",
+               "decode_attention", "merge_attention", "merge_attention_backward"),
+    "checkpoint": ("SafetensorsReader", "find_layer_markers"),
+}.items():
+    for _n in _names:
+        _FAMILY_OF[_n] = _family
+        if hasattr(_lowbit, _n):
+            globals()[_n] = getattr(_lowbit, _n)
+            __all__.append(_n)
+
+
+def __getattr__(name):
+    family = _FAMILY_OF.get(name)
+    if family is None:
+        raise AttributeError(f"module 'lowbit' has no attribute {name!r}")
+    _require(family, f"lowbit.{name}")
+    return getattr(_lowbit, name)

@@ -1,12 +1,124 @@
-// Bindings of include/lowbit/attention.h (compiled to a "not built" marker while the header is absent).
+// Bindings of include/lowbit/attention.h: attention (one call), quantize_v_fp8, attention_int8.
 #include "python/src/common.h"
 
-#if __has_include("lowbit/attention.h")
-#error "lowbit/attention.h landed: write its bindings"
-#else
+#include <nanobind/stl/string.h>
+
+#include "lowbit/attention.h"
+#include "python/src/common_enums.h"
+
 namespace lowbit {
 namespace py {
-void bind_attention(nb::module_& m) { m.attr("has_attention") = false; }
+
+namespace {
+
+const std::pair<const char*, AttentionOptions::Causal> kCausal[] = {
+    {"none", AttentionOptions::none},
+    {"bottom_right", AttentionOptions::bottom_right},
+    {"top_left", AttentionOptions::top_left},
+};
+const std::pair<const char*, AttentionOptions::PV> kPV[] = {
+    {"fp8", AttentionOptions::fp8},
+    {"f16", AttentionOptions::f16},
+};
+const std::pair<const char*, ScaleLayout> kLayouts[] = {
+    {"per_block", ScaleLayout::per_block},
+    {"thread_q", ScaleLayout::thread_q},
+    {"thread_k", ScaleLayout::thread_k},
+    {"warp_q", ScaleLayout::warp_q},
+};
+
+AttentionOptions make_options(const char* op, float sm_scale, const std::string& causal,
+                              const std::string& pv, bool smooth_k, bool smooth_v) {
+  AttentionOptions o;
+  o.sm_scale = sm_scale;
+  o.causal = parse_enum(op, "causal", causal, kCausal);
+  o.pv = parse_enum(op, "pv", pv, kPV);
+  o.smooth_k = smooth_k;
+  o.smooth_v = smooth_v;
+  return o;
+}
+
+}  // namespace
+
+void bind_attention(nb::module_& m) {
+  m.attr("has_attention") = true;
+  m.def(
+      "attention",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, float sm_scale,
+         const std::string& causal, const std::string& pv, bool smooth_k, bool smooth_v,
+         uintptr_t stream, int threads) {
+        Args args("attention");
+        TensorView qv = args.in(q, "q"), kv = args.in(k, "k"), vv = args.in(v, "v");
+        TensorView ov = args.out(out, "out");
+        std::optional<TensorView> lv = args.out_opt(lse, "lse");
+        AttentionOptions o = make_options("attention", sm_scale, causal, pv, smooth_k, smooth_v);
+        Context ctx = make_context(stream, threads);
+        nb::gil_scoped_release release;
+        attention(qv, kv, vv, ov, lv ? &*lv : nullptr, o, ctx);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::kw_only(),
+      nb::arg("lse") = nb::none(), nb::arg("sm_scale") = 0.f, nb::arg("causal") = "none",
+      nb::arg("pv") = "fp8", nb::arg("smooth_k") = true, nb::arg("smooth_v") = false,
+      nb::arg("stream") = 0, nb::arg("threads") = 0,
+      "INT8 attention (SPEC section 2). q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D), out like q, all "
+      "strided views (pass an HND tensor permuted); lse (B, Hq, Nq) f32 or None. sm_scale 0 = "
+      "1/sqrt(D); causal none/bottom_right/top_left; pv fp8/f16.");
+  m.def(
+      "quantize_v_fp8",
+      [](nb::handle v, nb::handle v_fp8, nb::handle v_scale, nb::handle v_mean,
+         uintptr_t stream, int threads) {
+        Args args("quantize_v_fp8");
+        TensorView vv = args.in(v, "v");
+        TensorView fv = args.out(v_fp8, "v_fp8");
+        TensorView sv = args.out(v_scale, "v_scale");
+        std::optional<TensorView> mv = args.out_opt(v_mean, "v_mean");
+        Context ctx = make_context(stream, threads);
+        nb::gil_scoped_release release;
+        quantize_v_fp8(vv, fv, sv, mv ? &*mv : nullptr, ctx);
+      },
+      nb::arg("v"), nb::arg("v_fp8"), nb::arg("v_scale"), nb::kw_only(),
+      nb::arg("v_mean") = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+      "Per-channel e4m3 V: v (B, N, Hkv, D) -> v_fp8 (B, Hkv, D, round_up(N, 64)) e4m3, "
+      "v_scale (B, Hkv, D) f32, v_mean (B, Hkv, D) f32 or None.");
+  m.def(
+      "attention_int8",
+      [](nb::handle q, nb::handle q_scale, const std::string& q_layout, int q_block, nb::handle k,
+         nb::handle k_scale, const std::string& k_layout, int k_block, nb::handle v,
+         nb::handle v_scale, nb::handle v_mean, nb::handle k_mean, nb::handle out, nb::handle lse,
+         float sm_scale, const std::string& causal, const std::string& pv, uintptr_t stream,
+         int threads) {
+        const char* op = "attention_int8";
+        Args args(op);
+        QuantizedRows qr, kr;
+        qr.data = args.in(q, "q");
+        qr.scale = args.in(q_scale, "q_scale");
+        qr.layout = parse_enum(op, "q_layout", q_layout, kLayouts);
+        qr.block = q_block;
+        kr.data = args.in(k, "k");
+        kr.scale = args.in(k_scale, "k_scale");
+        kr.layout = parse_enum(op, "k_layout", k_layout, kLayouts);
+        kr.block = k_block;
+        TensorView vv = args.in(v, "v");
+        std::optional<TensorView> vs = args.in_opt(v_scale, "v_scale");
+        std::optional<TensorView> vm = args.in_opt(v_mean, "v_mean");
+        std::optional<TensorView> km = args.in_opt(k_mean, "k_mean");
+        TensorView ov = args.out(out, "out");
+        std::optional<TensorView> lv = args.out_opt(lse, "lse");
+        AttentionOptions o = make_options(op, sm_scale, causal, pv, true, false);
+        Context ctx = make_context(stream, threads);
+        nb::gil_scoped_release release;
+        attention_int8(qr, kr, vv, vs ? &*vs : nullptr, vm ? &*vm : nullptr,
+                       km ? &*km : nullptr, ov, lv ? &*lv : nullptr, o, ctx);
+      },
+      nb::arg("q"), nb::arg("q_scale"), nb::arg("q_layout"), nb::arg("q_block"), nb::arg("k"),
+      nb::arg("k_scale"), nb::arg("k_layout"), nb::arg("k_block"), nb::arg("v"), nb::kw_only(),
+      nb::arg("v_scale") = nb::none(), nb::arg("v_mean") = nb::none(),
+      nb::arg("k_mean") = nb::none(), nb::arg("out"), nb::arg("lse") = nb::none(),
+      nb::arg("sm_scale") = 0.f, nb::arg("causal") = "none", nb::arg("pv") = "fp8",
+      nb::arg("stream") = 0, nb::arg("threads") = 0,
+      "Attention on quantized operands (the prologue's int8 q/k with their scales; v from "
+      "quantize_v_fp8 in fp8 mode or bf16/f16 in f16 mode).");
+}
+
 }  // namespace py
 }  // namespace lowbit
-#endif

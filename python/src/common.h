@@ -25,7 +25,7 @@ struct Typed {
   DType dtype;
 };
 
-// "bf16" -> DType::bf16 (also accepts the numpy / torch spellings "bfloat16", "float8_e4m3fn", ...).
+// "bf16" -> DType::bf16 (also the numpy / torch spellings "bfloat16", "float8_e4m3fn", ...).
 DType parse_dtype(const std::string& name);
 
 // Collects the arguments of one call: converts each array-like to a TensorView and keeps the
@@ -49,6 +49,11 @@ class Args {
   std::vector<nb::ndarray<>> keep_rw_;
 };
 
+// A Python array over a TensorView's memory (no copy), kept valid by `owner`: a numpy array for
+// CPU views, a DLPack-capable nanobind array for CUDA views. Types numpy lacks come back as their
+// storage (bf16 -> uint16, e4m3/e5m2 -> uint8, packed 4-bit -> uint8 with the last dim halved).
+nb::object to_array(const TensorView& v, nb::handle owner);
+
 // The Context of a call: `stream` is a cudaStream_t as an integer (0 = legacy default stream),
 // `threads` the CPU thread count (0 = all).
 inline Context make_context(uintptr_t stream, int threads) {
@@ -58,8 +63,8 @@ inline Context make_context(uintptr_t stream, int threads) {
   return ctx;
 }
 
-// Registration functions, one per bound header (each file compiles to nothing when its header
-// is absent, and reports so through the module attribute `has_<name>`).
+// Registration functions, one per bound header; each sets the module attribute has_<family>
+// (lowbit.has() reads it, so a build without a family reports it instead of failing on import).
 void bind_core(nb::module_& m);
 void bind_prologue(nb::module_& m);
 void bind_attention(nb::module_& m);

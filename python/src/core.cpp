@@ -207,6 +207,40 @@ TensorView Args::convert(nb::handle obj, const char* arg, bool writable) {
   return view_of(a, want, op_, arg);
 }
 
+nb::object to_array(const TensorView& v, nb::handle owner) {
+  using C = nb::dlpack::dtype_code;
+  nb::dlpack::dtype dt;
+  dt.lanes = 1;
+  switch (v.dtype) {
+    case DType::f32: dt.code = static_cast<uint8_t>(C::Float); dt.bits = 32; break;
+    case DType::f16: dt.code = static_cast<uint8_t>(C::Float); dt.bits = 16; break;
+    case DType::bf16: dt.code = static_cast<uint8_t>(C::UInt); dt.bits = 16; break;
+    case DType::i8: dt.code = static_cast<uint8_t>(C::Int); dt.bits = 8; break;
+    case DType::i32: dt.code = static_cast<uint8_t>(C::Int); dt.bits = 32; break;
+    default: dt.code = static_cast<uint8_t>(C::UInt); dt.bits = 8; break;  // u8, fp8, packed
+  }
+  size_t shape[kMaxDims];
+  int64_t stride[kMaxDims];
+  int ndim = v.ndim;
+  for (int i = 0; i < ndim; ++i) {
+    shape[i] = static_cast<size_t>(v.shape[i]);
+    stride[i] = v.stride[i];
+  }
+  if (dtype_is_packed(v.dtype) && ndim > 0) {
+    shape[ndim - 1] = static_cast<size_t>((v.shape[ndim - 1] + 1) / 2);
+    for (int i = 0; i + 1 < ndim; ++i) stride[i] /= 2;
+  }
+  int dev = v.device == Device::cuda ? nb::device::cuda::value : nb::device::cpu::value;
+  if (v.device == Device::cpu) {
+    return nb::ndarray<nb::numpy>(v.data, static_cast<size_t>(ndim), shape, owner, stride, dt,
+                                  dev, v.device_index)
+        .cast(nb::rv_policy::reference);
+  }
+  return nb::ndarray<>(v.data, static_cast<size_t>(ndim), shape, owner, stride, dt, dev,
+                       v.device_index)
+      .cast(nb::rv_policy::reference);
+}
+
 TensorView Args::in(nb::handle obj, const char* arg) { return convert(obj, arg, false); }
 TensorView Args::out(nb::handle obj, const char* arg) { return convert(obj, arg, true); }
 std::optional<TensorView> Args::in_opt(nb::handle obj, const char* arg) {

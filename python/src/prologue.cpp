@@ -1,12 +1,111 @@
-// Bindings of include/lowbit/prologue.h (compiled to a "not built" marker while the header is absent).
+// Bindings of include/lowbit/prologue.h: norm_rope_mean, norm_rope_quantize.
 #include "python/src/common.h"
 
-#if __has_include("lowbit/prologue.h")
-#error "lowbit/prologue.h landed: write its bindings"
-#else
+#include <nanobind/stl/string.h>
+
+#include "lowbit/prologue.h"
+#include "python/src/common_enums.h"
+
 namespace lowbit {
 namespace py {
-void bind_prologue(nb::module_& m) { m.attr("has_prologue") = false; }
+
+namespace {
+
+const std::pair<const char*, ScaleLayout> kLayouts[] = {
+    {"per_block", ScaleLayout::per_block},
+    {"thread_q", ScaleLayout::thread_q},
+    {"thread_k", ScaleLayout::thread_k},
+    {"warp_q", ScaleLayout::warp_q},
+};
+
+// The optional parts of a Prologue, with the views they point to kept alive here.
+struct PrologueArgs {
+  Prologue p;
+  TensorView norm_weight, weight_rows, mean;
+  Rope rope;
+};
+
+void fill_prologue(Args& args, PrologueArgs& pa, nb::handle norm_weight, nb::handle weight_rows,
+                   float eps, nb::handle rope, bool rope_interleaved, nb::handle mean) {
+  if (auto w = args.in_opt(norm_weight, "norm_weight")) {
+    pa.norm_weight = *w;
+    pa.p.norm_weight = &pa.norm_weight;
+  }
+  if (auto r = args.in_opt(weight_rows, "weight_rows")) {
+    pa.weight_rows = *r;
+    pa.p.weight_rows = &pa.weight_rows;
+  }
+  pa.p.eps = eps;
+  if (auto t = args.in_opt(rope, "rope")) {
+    pa.rope.table = *t;
+    pa.rope.interleaved = rope_interleaved;
+    pa.p.rope = &pa.rope;
+  }
+  if (auto m = args.in_opt(mean, "mean")) {
+    pa.mean = *m;
+    pa.p.mean = &pa.mean;
+  }
+}
+
+}  // namespace
+
+void bind_prologue(nb::module_& m) {
+  m.attr("has_prologue") = true;
+  m.def(
+      "prologue_scale_count",
+      [](int64_t n_tokens, const std::string& layout, int block) {
+        return prologue_scale_count(
+            n_tokens, parse_enum("prologue_scale_count", "layout", layout, kLayouts), block);
+      },
+      nb::arg("n_tokens"), nb::arg("layout"), nb::arg("block"),
+      "Scales per (batch, head): the last dim of norm_rope_quantize's scale_out.");
+  m.def(
+      "norm_rope_mean",
+      [](nb::handle x, nb::handle mean_out, nb::handle norm_weight, nb::handle weight_rows,
+         float eps, nb::handle rope, bool rope_interleaved, uintptr_t stream, int threads) {
+        Args args("norm_rope_mean");
+        TensorView xv = args.in(x, "x");
+        TensorView mv = args.out(mean_out, "mean_out");
+        PrologueArgs pa;
+        fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved,
+                      nb::none());
+        Context ctx = make_context(stream, threads);
+        nb::gil_scoped_release release;
+        norm_rope_mean(xv, pa.p, mv, ctx);
+      },
+      nb::arg("x"), nb::arg("mean_out"), nb::kw_only(), nb::arg("norm_weight") = nb::none(),
+      nb::arg("weight_rows") = nb::none(), nb::arg("eps") = 1e-6f, nb::arg("rope") = nb::none(),
+      nb::arg("rope_interleaved") = false, nb::arg("stream") = 0, nb::arg("threads") = 0,
+      "mean_out (B, H, D) f32 = mean over tokens of rope(norm(x)); x (B, N, H, D).");
+  m.def(
+      "norm_rope_quantize",
+      [](nb::handle x, nb::handle q_out, nb::handle scale_out, nb::handle norm_weight,
+         nb::handle weight_rows, float eps, nb::handle rope, bool rope_interleaved,
+         nb::handle mean, float sm_scale, float scale_eps, const std::string& layout, int block,
+         uintptr_t stream, int threads) {
+        Args args("norm_rope_quantize");
+        TensorView xv = args.in(x, "x");
+        TensorView qv = args.out(q_out, "q_out");
+        TensorView sv = args.out(scale_out, "scale_out");
+        PrologueArgs pa;
+        fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved, mean);
+        pa.p.sm_scale = sm_scale;
+        pa.p.scale_eps = scale_eps;
+        pa.p.layout = parse_enum("norm_rope_quantize", "layout", layout, kLayouts);
+        pa.p.block = block;
+        Context ctx = make_context(stream, threads);
+        nb::gil_scoped_release release;
+        norm_rope_quantize(xv, pa.p, qv, sv, ctx);
+      },
+      nb::arg("x"), nb::arg("q_out"), nb::arg("scale_out"), nb::kw_only(),
+      nb::arg("norm_weight") = nb::none(), nb::arg("weight_rows") = nb::none(),
+      nb::arg("eps") = 1e-6f, nb::arg("rope") = nb::none(), nb::arg("rope_interleaved") = false,
+      nb::arg("mean") = nb::none(), nb::arg("sm_scale") = 1.f, nb::arg("scale_eps") = 1e-7f,
+      nb::arg("layout") = "per_block", nb::arg("block") = 64, nb::arg("stream") = 0,
+      nb::arg("threads") = 0,
+      "INT8 codes q_out (B, N, H, D) and f32 scales scale_out (B, H, prologue_scale_count) of "
+      "(rope(norm(x)) - mean) * sm_scale (SPEC section 1).");
+}
+
 }  // namespace py
 }  // namespace lowbit
-#endif

@@ -265,4 +265,26 @@ void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out
     cpu::norm_rope_quantize(a, ctx);
 }
 
+namespace detail {
+
+void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Context& ctx) {
+  const char* op = "norm_rope_store";
+  PrologueArgs a = resolve_inputs(op, x, p, false);
+  check::not_null(op, "y", y);
+  check::same_device(op, "y", y, "x", x);
+  check::that(y.dtype == x.dtype, op, "y",
+              std::string("dtype: expected ") + dtype_name(x.dtype) + ", got " + dtype_name(y.dtype));
+  check::same_shape(op, "y", y, "x", x);
+  check::inner_contiguous(op, "y", y);
+  if (x.device == Device::cuda) {
+    check::aligned(op, "y", y.data, 16);
+    check::that(strides_multiple_of(y, 3, 8), op, "y",
+                "strides on cuda: expected multiples of 8, got " + y.describe());
+    LOWBIT_CUDA_CALL(op, cuda::norm_rope_store(a, y.data, y.stride[0], y.stride[1], y.stride[2], ctx));
+  } else {
+    cpu::norm_rope_store(a, y.data, y.stride[0], y.stride[1], y.stride[2], ctx);
+  }
+}
+
+}  // namespace detail
 }  // namespace lowbit

@@ -62,10 +62,23 @@ constexpr int kNormChunk = 8;
 namespace cpu {
 void norm_rope_mean(const PrologueArgs& a, Context& ctx);
 void norm_rope_quantize(const PrologueArgs& a, Context& ctx);
+// out (B, N, H, D) in x's dtype, strides o_s*: the rows rope(norm(x)) - mean rounded to x's dtype.
+void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
+                     Context& ctx);
 }  // namespace cpu
 namespace cuda {
 void norm_rope_mean(const PrologueArgs& a, Context& ctx);
 void norm_rope_quantize(const PrologueArgs& a, Context& ctx);
+void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
+                     Context& ctx);
 }  // namespace cuda
+
+namespace detail {
+// The unfused steps a pipeline without the prologue runs (used by the bench's unfused baseline):
+// y = round_to_x_dtype(rope(norm(x))), each part on when the Prologue has it; p.mean, sm_scale
+// and the layout are ignored.
+//   x  (B, N, H, D) bf16 / f16 (f32 on the CPU);  y  (B, N, H, D) same dtype, channels contiguous
+void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Context& ctx);
+}  // namespace detail
 
 }  // namespace lowbit

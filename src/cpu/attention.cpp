@@ -3,6 +3,7 @@
 #include "lowbit/attention.h"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "lowbit/runtime.h"
@@ -11,16 +12,6 @@
 #include "src/cpu/attention_backend.h"
 
 namespace lowbit {
-
-int scale_groups(ScaleLayout layout) {
-  switch (layout) {
-    case ScaleLayout::per_block: return 1;
-    case ScaleLayout::thread_q: return 8;
-    case ScaleLayout::thread_k: return 4;
-    case ScaleLayout::warp_q: return 4;
-  }
-  return 1;
-}
 
 int64_t scale_index(ScaleLayout layout, int block, int64_t row) {
   const int64_t r = row % block;
@@ -220,8 +211,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   }
 }
 
-void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
-               TensorView* lse_out, const AttentionOptions& options, Context& ctx) {
+namespace {
+
+void validate_attention_call(const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& out, const TensorView* lse_out) {
   const char* op = "attention";
   check::not_null(op, "q", q);
   check::not_null(op, "k", k);
@@ -239,7 +232,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   check::same_device(op, "k", k, "q", q);
   check::dim(op, "k", k, 0, B);
   check::dim(op, "k", k, 3, D);
-  const int64_t Nkv = k.shape[1], Hkv = k.shape[2];
+  const int64_t Hkv = k.shape[2];
   check::that(Hkv > 0 && Hq % Hkv == 0, op, "k",
               "heads: expected a divisor of q's " + std::to_string(Hq) + " heads, got " +
                   std::to_string(Hkv));
@@ -270,36 +263,82 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
       check::that(out.stride[d] % 2 == 0, op, "out",
                   "strides on CUDA: expected even strides, got " + out.describe());
   }
+}
+
+// The workspace of attention(): INT8 q/k (contiguous NHD), their scales, the K mean and fp8 V,
+// each 256-byte aligned.
+struct Workspace {
+  static constexpr ScaleLayout kQLayout = ScaleLayout::thread_q, kKLayout = ScaleLayout::thread_k;
+  static constexpr int kQBlock = 32, kKBlock = 64;
+  size_t q8 = 0, qs = 0, k8 = 0, ks = 0, km = 0, v8 = 0, vs = 0, vm = 0, total = 0;
+  int64_t nqs = 0, nks = 0, vpad = 0;
+
+  Workspace(const TensorView& q, const TensorView& k, const AttentionOptions& o) {
+    const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
+    const int64_t Nkv = k.shape[1], Hkv = k.shape[2];
+    const bool fp8 = o.pv == AttentionOptions::fp8;
+    nqs = scale_count(kQLayout, kQBlock, Nq);
+    nks = scale_count(kKLayout, kKBlock, Nkv);
+    vpad = round_up(Nkv, 64);
+    auto take = [&](int64_t bytes) {
+      const size_t at = total;
+      total += static_cast<size_t>(round_up(bytes, 256));
+      return at;
+    };
+    q8 = take(B * Nq * Hq * D);
+    qs = take(B * Hq * nqs * 4);
+    k8 = take(B * Nkv * Hkv * D);
+    ks = take(B * Hkv * nks * 4);
+    km = take(o.smooth_k ? B * Hkv * D * 4 : 0);
+    v8 = take(fp8 ? B * Hkv * D * vpad : 0);
+    vs = take(fp8 ? B * Hkv * D * 4 : 0);
+    vm = take(fp8 && o.smooth_v ? B * Hkv * D * 4 : 0);
+  }
+};
+
+}  // namespace
+
+size_t attention_workspace_bytes(const TensorView& q, const TensorView& k,
+                                 const AttentionOptions& options) {
+  check::ndim("attention_workspace_bytes", "q", q, 4);
+  check::ndim("attention_workspace_bytes", "k", k, 4);
+  return Workspace(q, k, options).total;
+}
+
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
+               TensorView* lse_out, const AttentionOptions& options, void* workspace,
+               size_t workspace_bytes, Context& ctx) {
+  const char* op = "attention";
+  validate_attention_call(q, k, v, out, lse_out);
+  const Workspace ws(q, k, options);
+  check::that(workspace_bytes >= ws.total && (ws.total == 0 || workspace != nullptr), op,
+              "workspace", check::expected_got(">= " + std::to_string(ws.total) + " bytes",
+                                               std::to_string(workspace_bytes) + " bytes"));
+  check::aligned(op, "workspace", workspace, 256);
+  const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
+  const int64_t Nkv = k.shape[1], Hkv = k.shape[2];
   if (B == 0 || Nq == 0 || Hq == 0) return;
+  const bool on_cuda = q.device == Device::cuda;
   const float sm = resolve_sm_scale(options.sm_scale, D);
   const Device dev = q.device;
   const int di = q.device_index;
-
-  // Scratch: INT8 q/k (contiguous NHD, 16-byte rows), scales, K mean, fp8 V.
-  QuantizedRows qr, kr;
-  qr.layout = ScaleLayout::thread_q;
-  qr.block = 32;
-  kr.layout = ScaleLayout::thread_k;
-  kr.block = 64;
-  const int64_t nqs = scale_count(qr.layout, qr.block, Nq);
-  const int64_t nks = scale_count(kr.layout, kr.block, Nkv);
-  const int64_t vpad = round_up(Nkv, 64);
+  uint8_t* base = static_cast<uint8_t*>(workspace);
   const bool fp8 = options.pv == AttentionOptions::fp8;
-  Buffer q8(dev, static_cast<size_t>(B * Nq * Hq * D)), k8(dev, static_cast<size_t>(B * Nkv * Hkv * D));
-  Buffer qs(dev, static_cast<size_t>(B * Hq * nqs) * 4), ks(dev, static_cast<size_t>(B * Hkv * nks) * 4);
-  Buffer km(dev, options.smooth_k ? static_cast<size_t>(B * Hkv * D) * 4 : 0);
-  Buffer v8(dev, fp8 ? static_cast<size_t>(B * Hkv * D * vpad) : 0);
-  Buffer vs(dev, fp8 ? static_cast<size_t>(B * Hkv * D) * 4 : 0);
-  Buffer vm(dev, fp8 && options.smooth_v ? static_cast<size_t>(B * Hkv * D) * 4 : 0);
-  qr.data = make_view(q8.data(), DType::i8, {B, Nq, Hq, D}, dev, di);
-  qr.scale = make_view(qs.data(), DType::f32, {B, Hq, nqs}, dev, di);
-  kr.data = make_view(k8.data(), DType::i8, {B, Nkv, Hkv, D}, dev, di);
-  kr.scale = make_view(ks.data(), DType::f32, {B, Hkv, nks}, dev, di);
-  TensorView kmean = make_view(km.data(), DType::f32, {B, Hkv, D}, dev, di);
-  TensorView vfp8 = make_view(v8.data(), DType::e4m3, {B, Hkv, D, vpad}, dev, di);
-  TensorView vscale = make_view(vs.data(), DType::f32, {B, Hkv, D}, dev, di);
-  TensorView vmean = make_view(vm.data(), DType::f32, {B, Hkv, D}, dev, di);
+  QuantizedRows qr, kr;
+  qr.layout = Workspace::kQLayout;
+  qr.block = Workspace::kQBlock;
+  kr.layout = Workspace::kKLayout;
+  kr.block = Workspace::kKBlock;
+  qr.data = make_view(base + ws.q8, DType::i8, {B, Nq, Hq, D}, dev, di);
+  qr.scale = make_view(base + ws.qs, DType::f32, {B, Hq, ws.nqs}, dev, di);
+  kr.data = make_view(base + ws.k8, DType::i8, {B, Nkv, Hkv, D}, dev, di);
+  kr.scale = make_view(base + ws.ks, DType::f32, {B, Hkv, ws.nks}, dev, di);
+  TensorView kmean = make_view(base + ws.km, DType::f32, {B, Hkv, D}, dev, di);
+  TensorView vfp8 = make_view(base + ws.v8, DType::e4m3, {B, Hkv, D, ws.vpad}, dev, di);
+  TensorView vscale = make_view(base + ws.vs, DType::f32, {B, Hkv, D}, dev, di);
+  TensorView vmean = make_view(base + ws.vm, DType::f32, {B, Hkv, D}, dev, di);
   const bool smooth_k = options.smooth_k && Nkv > 0;
+  const bool smooth_v = fp8 && options.smooth_v;
 
   // q carries sm_scale; the kernel then scales the logits by 1 (LSE correction included).
   AttentionOptions inner = options;
@@ -308,24 +347,33 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
     if (smooth_k) cpu::token_mean(k, kmean, ctx);
     cpu::quantize_rows_int8(q, nullptr, sm, qr, ctx);
     cpu::quantize_rows_int8(k, smooth_k ? &kmean : nullptr, 1.f, kr, ctx);
-    if (fp8) cpu::quantize_v_fp8(v, vfp8, vscale, options.smooth_v ? &vmean : nullptr, ctx);
+    if (fp8) cpu::quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, ctx);
     cpu::attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr,
-                        fp8 && options.smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr,
-                        out, lse_out, 1.f, inner, ctx);
+                        smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr, out, lse_out,
+                        1.f, inner, ctx);
   } else {
 #ifdef LOWBIT_WITH_CUDA
     if (smooth_k) cuda::token_mean(k, kmean, ctx);
     cuda::quantize_rows_int8(q, nullptr, sm, qr, ctx);
     cuda::quantize_rows_int8(k, smooth_k ? &kmean : nullptr, 1.f, kr, ctx);
-    if (fp8) cuda::quantize_v_fp8(v, vfp8, vscale, options.smooth_v ? &vmean : nullptr, ctx);
+    if (fp8) cuda::quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, ctx);
     cuda::attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr,
-                         fp8 && options.smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr,
-                         out, lse_out, 1.f, inner, ctx);
-    synchronize(ctx);  // the scratch buffers are freed on return
+                         smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr, out, lse_out,
+                         1.f, inner, ctx);
 #else
     LOWBIT_CUDA_CALL(op, (void)0);
 #endif
   }
+}
+
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
+               TensorView* lse_out, const AttentionOptions& options, Context& ctx) {
+  validate_attention_call(q, k, v, out, lse_out);
+  const size_t bytes = attention_workspace_bytes(q, k, options);
+  Buffer ws(q.device, bytes + 256);  // host allocations are only 16-byte aligned
+  const uintptr_t at = (reinterpret_cast<uintptr_t>(ws.data()) + 255) & ~uintptr_t{255};
+  attention(q, k, v, out, lse_out, options, reinterpret_cast<void*>(at), bytes, ctx);
+  if (q.device == Device::cuda) synchronize(ctx);  // the workspace is freed on return
 }
 
 }  // namespace lowbit

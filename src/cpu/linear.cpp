@@ -1,30 +1,342 @@
-// CPU backend of the rotated quantized linear family (step 0: entry points only).
-#include "src/core/check.h"
+// CPU backend of the rotated quantized linear family (SPEC §3): the oracle the CUDA backend is
+// compared against, and a usable backend. Row kernels live in linear_kernels.cpp; this file
+// threads them over rows and runs the emulated GEMMs with the fp32 epilogue.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "lowbit/dtype.h"
+#include "src/core/convert_elem.h"
 #include "src/core/linear_backend.h"
+#include "src/core/parallel.h"
+#include "src/cpu/linear_kernels.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define LOWBIT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define LOWBIT_CLONES
+#endif
 
 namespace lowbit {
 namespace cpu {
+
+using namespace convrot;
+
 namespace {
-[[noreturn]] void not_yet(const char* op) { check::fail(op, "device", "not implemented on the CPU yet"); }
+
+const uint8_t* row_bytes(const TensorView& t, int64_t r) {
+  return static_cast<const uint8_t*>(t.data) + r * t.stride[0] * (dtype_bits(t.dtype) / 8);
+}
+uint8_t* row_bytes_mut(const TensorView& t, int64_t r) {
+  return static_cast<uint8_t*>(t.data) + r * t.stride[0] * (dtype_bits(t.dtype) / 8);
+}
+// Rows per parallel chunk so that a chunk holds about 64 K elements.
+int64_t grain_rows(int64_t K) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(K, 1)); }
+
+bool int8_family(QType q) {
+  return q == QType::convrot8 || (q >= QType::convrot_int2 && q <= QType::convrot_int8) ||
+         q == QType::convrot_bitnet;
+}
+
 }  // namespace
-void quantize_weight(const TensorView&, PackedWeight&, Context&) { not_yet("quantize_weight"); }
-void hadamard_rotate(const TensorView&, int, TensorView, Context&) { not_yet("hadamard_rotate"); }
-void rotate_quantize_activations(const TensorView&, QType, int, TensorView, TensorView, Context&) {
-  not_yet("rotate_quantize_activations");
+
+// ---- rotation and weight quantization ---------------------------------------------------------
+
+void hadamard_rotate(const TensorView& x, int block, TensorView out, Context& ctx) {
+  const int64_t R = x.shape[0], K = x.shape[1];
+  parallel_for(R, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t r = b; r < e; ++r) {
+      load_row(row_bytes(x, r), x.dtype, K, row.data());
+      rotate_row(row.data(), row.data(), K, block);
+      store_row(row.data(), out.dtype, K, row_bytes_mut(out, r));
+    }
+  });
 }
-void quantized_linear_forward(const PackedWeightView&, const TensorView&, const TensorView*,
-                              TensorView, Context&) {
-  not_yet("QuantizedLinear::forward");
+
+void quantize_weight(const TensorView& w, PackedWeight& out, Context& ctx) {
+  const int64_t O = w.shape[0], K = w.shape[1];
+  const int rot = out.rot();
+  if (out.qtype() == QType::convrot4) {
+    // Pass 1: the per-tensor amax of the rotated weight (rows re-rotated in pass 2, so no
+    // full-size fp32 copy is kept).
+    std::vector<float> part_amax(static_cast<size_t>(O), 0.f);
+    parallel_for(O, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
+      std::vector<float> row(static_cast<size_t>(K));
+      for (int64_t o = b; o < e; ++o) {
+        load_row(row_bytes(w, o), w.dtype, K, row.data());
+        rotate_row(row.data(), row.data(), K, rot);
+        float m = 0.f;
+        bool nan = false;
+        for (int64_t i = 0; i < K; ++i) {
+          float a = std::fabs(row[i]);
+          m = a > m ? a : m;
+          nan |= a != a;
+        }
+        part_amax[o] = nan ? NAN : m;
+      }
+    });
+    float amax = 0.f;
+    bool nan = false;
+    for (float a : part_amax) {
+      amax = a > amax ? a : amax;
+      nan |= a != a;
+    }
+    if (nan) amax = NAN;
+    float pts = amax / 2688.f;
+    if (pts == 0.f) pts = 1.f;
+    std::memcpy(out.tensor_scale.data(), &pts, 4);
+    const int64_t nb = K / 16;
+    parallel_for(O, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
+      std::vector<float> row(static_cast<size_t>(K));
+      for (int64_t o = b; o < e; ++o) {
+        load_row(row_bytes(w, o), w.dtype, K, row.data());
+        rotate_row(row.data(), row.data(), K, rot);
+        quantize_row_nvfp4_weight(row.data(), K, pts, out.block_scales.data() + o * nb,
+                                  out.codes.data() + o * (K / 2));
+      }
+    });
+    std::fill(out.block_scales_swizzled.begin(), out.block_scales_swizzled.end(), 0);
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t c = 0; c < nb; ++c)
+        out.block_scales_swizzled[swizzle_index(o, c, nb)] = out.block_scales[o * nb + c];
+    return;
+  }
+  const PackedWeightView ov = out.view();
+  parallel_for(O, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t o = b; o < e; ++o) {
+      load_row(row_bytes(w, o), w.dtype, K, row.data());
+      rotate_row(row.data(), row.data(), K, rot);
+      quantize_weight_row(row.data(), o, ov);
+    }
+  });
 }
-void quantized_linear_backward_input(const PackedWeightView&, const TensorView&, TensorView,
-                                     Context&) {
-  not_yet("QuantizedLinear::backward_input");
+
+// ---- activations ------------------------------------------------------------------------------
+namespace {
+
+// Quantizes rows [b, e) of x into a_codes (row stride K bytes; K/2 for convrot4) and the scales.
+//   a_codes: i8 codes (int8 family, comfy), e4m3 bytes (fp8), e2m1 pairs (convrot4)
+//   a_scales: f32 per row, or e4m3 (K/16) per row for convrot4
+void quantize_act_rows(const TensorView& x, QType q, int rot, int64_t b, int64_t e,
+                       uint8_t* a_codes, int64_t code_stride, void* a_scales,
+                       int64_t scale_stride) {
+  const int64_t K = x.shape[1];
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t m = b; m < e; ++m) {
+    load_row(row_bytes(x, m), x.dtype, K, row.data());
+    rotate_row(row.data(), row.data(), K, rot);
+    uint8_t* codes = a_codes + m * code_stride;
+    if (q == QType::convrot4) {
+      quantize_row_nvfp4_act(row.data(), K, static_cast<uint8_t*>(a_scales) + m * scale_stride,
+                             codes);
+    } else if (q == QType::convrot_fp8) {
+      static_cast<float*>(a_scales)[m * scale_stride] = quantize_row_fp8(row.data(), K, codes);
+    } else {
+      const int qmax = q == QType::convrot_comfy_w4a4 ? 7 : 127;
+      static_cast<float*>(a_scales)[m * scale_stride] =
+          quantize_row_int(row.data(), K, qmax, reinterpret_cast<int8_t*>(codes));
+    }
+  }
 }
-void dequantize_weight(const PackedWeightView&, TensorView, bool, Context&) {
-  not_yet("dequantize_weight");
+
+}  // namespace
+
+void rotate_quantize_activations(const TensorView& x, QType q, int rot, TensorView codes,
+                                 TensorView scales, Context& ctx) {
+  const int64_t M = x.shape[0], K = x.shape[1];
+  const int64_t code_stride = q == QType::convrot4 ? codes.stride[0] / 2 : codes.stride[0];
+  const int64_t scale_stride = q == QType::convrot4 ? scales.stride[0] : scales.stride[0];
+  parallel_for(M, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
+    quantize_act_rows(x, q, rot, b, e, static_cast<uint8_t*>(codes.data), code_stride,
+                      scales.data, scale_stride);
+  });
 }
-void requantize_weight(const PackedWeightView&, const TensorView&, bool, uint64_t, Context&) {
-  not_yet("requantize_weight");
+
+// ---- GEMMs ----------------------------------------------------------------------------------------
+namespace {
+
+LOWBIT_CLONES int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t K) {
+  int32_t acc = 0;
+  for (int64_t k = 0; k < K; ++k)
+    acc += static_cast<int32_t>(static_cast<int16_t>(a[k]) * static_cast<int16_t>(b[k]));
+  return acc;
 }
+
+// e4m3 value times 2^9 as an exact integer (|v| <= 229376); NaN codes read as 0.
+int32_t e4m3_int(uint8_t c) {
+  int32_t e = (c >> 3) & 15, m = c & 7;
+  if (e == 15 && m == 7) return 0;
+  int32_t mag = e == 0 ? m : (8 + m) << (e - 1);
+  return (c & 0x80) ? -mag : mag;
+}
+
+int8_t twice_e2m1(uint8_t code) {
+  static const int8_t twice[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+  return static_cast<int8_t>((code & 8u) ? -twice[code & 7u] : twice[code & 7u]);
+}
+
+// Σ a·b of integer-valued doubles with |a·b| < 2^36, exactly: within a chunk of 2^17 products
+// every partial sum is an integer below 2^53 (so the lane order does not matter); chunks add in
+// int64.
+LOWBIT_CLONES int64_t dot_chunk(const double* a, const double* b, int64_t K) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8)
+    for (int l = 0; l < 8; ++l) lane[l] += a[k + l] * b[k + l];
+  double s = 0;
+  for (; k < K; ++k) s += a[k] * b[k];
+  for (int l = 0; l < 8; ++l) s += lane[l];
+  return static_cast<int64_t>(s);
+}
+int64_t dot_exact(const double* a, const double* b, int64_t K) {
+  int64_t acc = 0;
+  for (int64_t k = 0; k < K; k += 131072) acc += dot_chunk(a + k, b + k, std::min<int64_t>(131072, K - k));
+  return acc;
+}
+
+float bias_at(const TensorView* bias, int64_t o) {
+  return bias ? load_f32(bias->data, o * bias->stride[0], bias->dtype) : 0.f;
+}
+
+void epilogue_store(const TensorView& out, int64_t m, int64_t o, float acc, float a_scale,
+                    float w_scale, const TensorView* bias) {
+  float v = acc * a_scale;
+  v = v * w_scale;
+  if (bias) v = v + bias_at(bias, o);
+  store_f32(out.data, m * out.stride[0] + o, out.dtype, v);
+}
+
+}  // namespace
+
+void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
+                              const TensorView* bias, TensorView out, Context& ctx) {
+  const int64_t M = x.shape[0], K = w.in_features, O = w.out_features;
+  const QType q = w.qtype;
+  // 1. Activations: rotate + per-token quantize into host scratch.
+  const bool nvfp4 = q == QType::convrot4;
+  const int64_t code_stride = nvfp4 ? K / 2 : K;
+  std::vector<uint8_t> a_codes(static_cast<size_t>(M * code_stride));
+  std::vector<uint8_t> a_block_scales(nvfp4 ? static_cast<size_t>(M * (K / 16)) : 0);
+  std::vector<float> a_scales(static_cast<size_t>(M), 1.f);
+  parallel_for(M, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
+    quantize_act_rows(x, q, w.rot, b, e, a_codes.data(), code_stride,
+                      nvfp4 ? static_cast<void*>(a_block_scales.data())
+                            : static_cast<void*>(a_scales.data()),
+                      nvfp4 ? K / 16 : 1);
+  });
+  // Decoded activations for the float GEMMs: e4m3 as exact integers (units of 2^-9), e2m1 as
+  // 2·value (integers in [-12, 12]) with the block scales as integers.
+  std::vector<double> a_fp8(q == QType::convrot_fp8 ? static_cast<size_t>(M * K) : 0);
+  std::vector<int8_t> a_fp4(nvfp4 ? static_cast<size_t>(M * K) : 0);
+  std::vector<int32_t> a_fp4_scales(nvfp4 ? static_cast<size_t>(M * (K / 16)) : 0);
+  for (size_t i = 0; i < a_fp8.size(); ++i) a_fp8[i] = e4m3_int(a_codes[i]);
+  for (size_t i = 0; i < a_fp4.size(); ++i) a_fp4[i] = twice_e2m1(dt::get_nibble(a_codes.data(), i));
+  for (size_t i = 0; i < a_fp4_scales.size(); ++i) a_fp4_scales[i] = e4m3_int(a_block_scales[i]);
+  const float* w_scales = nvfp4 ? nullptr : static_cast<const float*>(w.scales.data);
+  const float pts = nvfp4 ? *static_cast<const float*>(w.tensor_scale.data) : 1.f;
+
+  // 2. GEMM + epilogue, parallel over output columns (each thread unpacks its weight rows once).
+  const int64_t col_grain = std::max<int64_t>(1, 262144 / std::max<int64_t>(K * std::max<int64_t>(M, 1), 1));
+  parallel_for(O, col_grain, ctx, [&](int64_t b, int64_t e) {
+    if (int8_family(q) || q == QType::convrot_comfy_w4a4) {
+      std::vector<int8_t> wc(static_cast<size_t>(K));
+      for (int64_t o = b; o < e; ++o) {
+        weight_row_gemm_codes(w, o, wc.data());
+        for (int64_t m = 0; m < M; ++m) {
+          int32_t acc = dot_i8(reinterpret_cast<const int8_t*>(a_codes.data()) + m * K, wc.data(), K);
+          epilogue_store(out, m, o, static_cast<float>(acc), a_scales[m], w_scales[o], bias);
+        }
+      }
+    } else if (q == QType::convrot_fp8) {
+      std::vector<double> wd(static_cast<size_t>(K));
+      for (int64_t o = b; o < e; ++o) {
+        const uint8_t* wr = static_cast<const uint8_t*>(w.codes.data) + o * K;
+        for (int64_t k = 0; k < K; ++k) wd[k] = e4m3_int(wr[k]);
+        for (int64_t m = 0; m < M; ++m) {
+          // Exact sum of the products in units of 2^-18, rounded once to fp32.
+          float accf = std::ldexp(static_cast<float>(dot_exact(a_fp8.data() + m * K, wd.data(), K)), -18);
+          epilogue_store(out, m, o, accf, a_scales[m], w_scales[o], bias);
+        }
+      }
+    } else {  // convrot4: block-scaled e2m1 x e2m1
+      const int64_t nb = K / 16;
+      std::vector<int8_t> wv(static_cast<size_t>(K));
+      std::vector<int32_t> wsi(static_cast<size_t>(nb));
+      for (int64_t o = b; o < e; ++o) {
+        const uint8_t* wp = static_cast<const uint8_t*>(w.codes.data) + o * (K / 2);
+        const uint8_t* ws = static_cast<const uint8_t*>(w.block_scales.data) + o * nb;
+        for (int64_t k = 0; k < K; ++k) wv[k] = twice_e2m1(dt::get_nibble(wp, k));
+        for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = e4m3_int(ws[bl]);
+        for (int64_t m = 0; m < M; ++m) {
+          const int8_t* av = a_fp4.data() + m * K;
+          const int32_t* as = a_fp4_scales.data() + m * nb;
+          int64_t acc = 0;  // units of 2^-20: (2·e2m1)·(2·e2m1)·(2^9·s_a)·(2^9·s_w)
+          for (int64_t bl = 0; bl < nb; ++bl) {
+            int32_t dot = dot_i8(av + bl * 16, wv.data() + bl * 16, 16);
+            acc += static_cast<int64_t>(dot) * as[bl] * wsi[bl];
+          }
+          float accf = std::ldexp(static_cast<float>(acc), -20);
+          epilogue_store(out, m, o, accf, 1.f, pts, bias);
+        }
+      }
+    }
+  });
+}
+
+// ---- backward, dequantize, requantize ------------------------------------------------------------
+
+void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_basis,
+                       Context& ctx) {
+  const int64_t O = w.out_features, K = w.in_features;
+  parallel_for(O, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o) {
+      float* row = static_cast<float*>(out.data) + o * out.stride[0];
+      dequantize_weight_row(w, o, row);
+      if (!rotated_basis) rotate_row(row, row, K, w.rot);
+    }
+  });
+}
+
+void quantized_linear_backward_input(const PackedWeightView& w, const TensorView& grad_out,
+                                     TensorView grad_x, Context& ctx) {
+  const int64_t M = grad_out.shape[0], K = w.in_features, O = w.out_features;
+  std::vector<float> deq(static_cast<size_t>(O * K));
+  TensorView dv = make_view(deq.data(), DType::f32, {O, K});
+  cpu::dequantize_weight(w, dv, true, ctx);
+  parallel_for(M, 1, ctx, [&](int64_t b, int64_t e) {
+    std::vector<float> g(static_cast<size_t>(O)), row(static_cast<size_t>(K));
+    std::vector<double> acc(static_cast<size_t>(K));
+    for (int64_t m = b; m < e; ++m) {
+      load_row(row_bytes(grad_out, m), grad_out.dtype, O, g.data());
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t o = 0; o < O; ++o) {
+        const double go = g[o];
+        const float* dr = deq.data() + o * K;
+        for (int64_t k = 0; k < K; ++k) acc[k] += go * static_cast<double>(dr[k]);
+      }
+      for (int64_t k = 0; k < K; ++k) row[k] = static_cast<float>(acc[k]);
+      rotate_row(row.data(), row.data(), K, w.rot);
+      store_row(row.data(), grad_x.dtype, K, row_bytes_mut(grad_x, m));
+    }
+  });
+}
+
+void requantize_weight(const PackedWeightView& w, const TensorView& weight, bool stochastic,
+                       uint64_t seed, Context& ctx) {
+  const int64_t O = w.out_features, K = w.in_features;
+  parallel_for(O, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t o = b; o < e; ++o) {
+      load_row(row_bytes(weight, o), weight.dtype, K, row.data());
+      rotate_row(row.data(), row.data(), K, w.rot);
+      requantize_weight_row(w, o, row.data(), stochastic, seed);
+    }
+  });
+}
+
 }  // namespace cpu
 }  // namespace lowbit

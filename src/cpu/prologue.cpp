@@ -182,5 +182,19 @@ void norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     }
 }
 
+void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
+                     Context& ctx) {
+  const int64_t D = a.dim, rows = a.batch * a.tokens * a.heads;
+  parallel_for(rows, 16, ctx, [&](int64_t begin, int64_t end) {
+    std::vector<float> xs(D), ys(D), v(D);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t h = i % a.heads, n = (i / a.heads) % a.tokens, b = i / (a.heads * a.tokens);
+      row_values(a, b, n, h, xs.data(), ys.data(), v.data());
+      const int64_t o = b * o_sb + n * o_sn + h * o_sh;
+      for (int64_t c = 0; c < D; ++c) store_f32(out, o + c, a.x_dtype, v[c]);
+    }
+  });
+}
+
 }  // namespace cpu
 }  // namespace lowbit

@@ -28,6 +28,8 @@ def lowbit_cli():
 
 def run(*args, ok=True):
     p = subprocess.run([lowbit_cli(), *args], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0 and "not implemented on the CPU yet" in p.stderr:
+        pytest.skip(f"lowbit built without the linear CPU backend: {p.stderr.strip()}")
     if ok:
         assert p.returncode == 0, p.stderr
     return p
@@ -109,13 +111,7 @@ def test_lowbit_rejects_corrupted_files(tmp_path):
     assert p.returncode != 0 and "8-byte header length" in p.stderr
 
 
-def needs_quantize():  # TEMP until `lowbit quantize` lands on this branch
-    if "\n  quantize " not in run("--help", ok=False).stdout:
-        pytest.skip("lowbit quantize not built yet")
-
-
 def test_safetensors_reads_lowbit_copies(tmp_path):
-    needs_quantize()
     rng = np.random.default_rng(2)
     tensors = sample_tensors(rng)
     src = tmp_path / "in.safetensors"
@@ -137,7 +133,6 @@ def test_safetensors_reads_lowbit_copies(tmp_path):
 
 
 def test_safetensors_reads_lowbit_quantized_files(tmp_path):
-    needs_quantize()
     rng = np.random.default_rng(3)
     w = rng.standard_normal((32, 256)).astype(np.float32)
     b = rng.standard_normal((32,)).astype(np.float32)

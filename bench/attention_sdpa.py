@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Times torch.nn.functional.scaled_dot_product_attention (cuDNN and flash backends, bf16) at the
+shapes of lowbit's attention bench rows, so the vendor baselines come from the same machine and
+run as `lowbit bench --op attention`.
+
+TOPS = 4 * B * H * N^2 * D / time (causal counts half), median of CUDA-event timings with an L2
+flush before each timed call. Shapes are (B, H, N, D); tensors are (B, H, N, D) bf16 N(0, 1).
+
+    python3 bench/attention_sdpa.py [--iters 30] [--warmup 5] [--json out.json]
+"""
+import argparse
+import json
+import statistics
+import sys
+
+SHAPES = [(1, 40, 32760, 128), (2, 24, 16384, 128), (1, 24, 4096, 64)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--json", help="also write the rows as JSON to this file")
+    args = ap.parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as e:  # the script reports, the lead installs torch on the GPU machine
+        print(f"attention_sdpa.py: torch with torch.nn.attention is required ({e})", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("attention_sdpa.py: no CUDA device", file=sys.stderr)
+        return 2
+
+    dev = torch.device("cuda")
+    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.float32, device=dev)  # > L2 (H200: 60 MB)
+
+    def time_ms(fn):
+        for _ in range(args.warmup):
+            fn()
+        times = []
+        for _ in range(args.iters):
+            flush.zero_()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    backends = [("cuDNN", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
+    rows = []
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
+    print(f"{'backend':8} {'shape (B, H, N, D)':24} {'causal':7} {'ms':>9} {'TFLOPS':>8}")
+    for (b, h, n, d) in SHAPES:
+        g = torch.Generator(device=dev).manual_seed(0)
+        q, k, v = (torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16, generator=g)
+                   for _ in range(3))
+        for causal in (False, True):
+            flops = 4.0 * b * h * n * n * d / (2 if causal else 1)
+            for name, backend in backends:
+                try:
+                    with sdpa_kernel([backend]):
+                        ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                except RuntimeError as e:
+                    print(f"{name:8} {str((b, h, n, d)):24} {str(causal):7} unavailable: {e}".splitlines()[0])
+                    continue
+                tflops = flops / (ms * 1e-3) / 1e12
+                rows.append({"backend": name, "shape": [b, h, n, d], "causal": causal, "ms": ms,
+                             "tflops": tflops})
+                print(f"{name:8} {str((b, h, n, d)):24} {str(causal):7} {ms:9.3f} {tflops:8.1f}")
+        del q, k, v
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

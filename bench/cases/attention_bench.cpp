@@ -1,0 +1,182 @@
+// Rows of `lowbit bench` for INT8 prefill attention (SPEC §2) at the shapes (B, H, N, D):
+// (1, 40, 32760, 128), (2, 24, 16384, 128), (1, 24, 4096, 64), non-causal and causal.
+// TOPS = 4·B·H·N²·D / time (causal counts half). Baseline in the same run: the same kernel with
+// 16-bit P·V (bf16 tensor cores). Torch SDPA (cuDNN / flash) is timed by bench/attention_sdpa.py.
+// Accuracy: against fp64 softmax(q k^T) v on 64 sampled query rows of batch 0, heads 0 and H-1.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "lowbit/attention.h"
+#include "lowbit/runtime.h"
+
+namespace lowbit {
+namespace bench {
+namespace {
+
+struct Shape {
+  int64_t B, H, N, D;
+};
+
+std::string shape_str(const Shape& s) {
+  return "(" + std::to_string(s.B) + ", " + std::to_string(s.H) + ", " + std::to_string(s.N) +
+         ", " + std::to_string(s.D) + ") bf16";
+}
+
+// fp64 reference rows and lowbit's rows on a sample: batch 0, heads {0, H-1}, 32 rows each.
+struct HostQkv {
+  std::vector<float> q, k, v;
+};
+std::string sampled_accuracy(const Shape& s, bool causal, const HostQkv& in,
+                             const TensorView& out) {
+  const std::vector<float>&hq = in.q, &hk = in.k, &hv = in.v;
+  const std::vector<float> ho = to_host_f32(out);
+  const int64_t N = s.N, H = s.H, D = s.D;
+  auto at = [&](const std::vector<float>& t, int64_t n, int64_t h, int64_t d) {
+    return static_cast<double>(t[static_cast<size_t>((n * H + h) * D + d)]);
+  };
+  std::vector<float> got;
+  std::vector<double> ref, sc(static_cast<size_t>(N));
+  const double sm = 1.0 / std::sqrt(static_cast<double>(D));
+  for (int64_t h : {int64_t{0}, H - 1})
+    for (int r = 0; r < 32; ++r) {
+      const int64_t i = (N - 1) * r / 31;
+      const int64_t end = causal ? i + 1 : N;
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < end; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += at(hq, i, h, d) * at(hk, j, h, d);
+        sc[static_cast<size_t>(j)] = dot * sm;
+        m = std::max(m, dot * sm);
+      }
+      double l = 0;
+      for (int64_t j = 0; j < end; ++j) l += std::exp(sc[static_cast<size_t>(j)] - m);
+      for (int64_t d = 0; d < D; ++d) {
+        double a = 0;
+        for (int64_t j = 0; j < end; ++j) a += std::exp(sc[static_cast<size_t>(j)] - m) * at(hv, j, h, d);
+        ref.push_back(a / l);
+        got.push_back(static_cast<float>(at(ho, i, h, d)));
+      }
+    }
+  return accuracy(got, ref).str() + " (64 rows)";
+}
+
+class AttentionBench : public BenchCase {
+ public:
+  std::string name() const override { return "attention.prefill"; }
+
+  std::vector<Row> run(const Env& env) override {
+    std::vector<Shape> shapes;
+    if (env.device == Device::cuda) {
+      shapes = {{1, 40, 32760, 128}, {2, 24, 16384, 128}, {1, 24, 4096, 64}};
+      if (env.quick) shapes = {{1, 24, 4096, 64}};
+    } else {
+      shapes = {{1, 2, env.quick ? 64 : 128, 64}};  // the CPU oracle: a tiny shape
+    }
+    std::vector<Row> rows;
+    for (const Shape& s : shapes) {
+      const int64_t B = s.B, H = s.H, N = s.N, D = s.D;
+      const Device dev = env.device;
+      DeviceTensor q = make_tensor(dev, DType::bf16, {B, N, H, D}, 11);
+      DeviceTensor k = make_tensor(dev, DType::bf16, {B, N, H, D}, 12);
+      DeviceTensor v = make_tensor(dev, DType::bf16, {B, N, H, D}, 13);
+      DeviceTensor out = make_empty(dev, DType::bf16, {B, N, H, D});
+      // Kernel-level operands: random INT8 codes (uniform bytes, std ~74) with scale 1/74, so
+      // the dequantized q, k have unit variance; per-block scales (q 128 rows, k 64 rows).
+      DeviceTensor q8 = make_tensor(dev, DType::i8, {B, N, H, D}, 14);
+      DeviceTensor k8 = make_tensor(dev, DType::i8, {B, N, H, D}, 15);
+      const int64_t nqs = scale_count(ScaleLayout::per_block, 128, N);
+      const int64_t nks = scale_count(ScaleLayout::per_block, 64, N);
+      DeviceTensor qs = make_empty(dev, DType::f32, {B, H, nqs});
+      DeviceTensor ks = make_empty(dev, DType::f32, {B, H, nks});
+      {
+        std::vector<float> a(static_cast<size_t>(B * H * std::max(nqs, nks)), 1.f / 74.f);
+        Context c;
+        if (dev == Device::cuda) {
+          copy_to_device(qs.view.data, a.data(), static_cast<size_t>(B * H * nqs) * 4, c);
+          copy_to_device(ks.view.data, a.data(), static_cast<size_t>(B * H * nks) * 4, c);
+          synchronize(c);
+        } else {
+          std::copy(a.begin(), a.begin() + B * H * nqs, qs.view.ptr<float>());
+          std::copy(a.begin(), a.begin() + B * H * nks, ks.view.ptr<float>());
+        }
+      }
+      const int64_t npad = (N + 63) / 64 * 64;
+      DeviceTensor v8 = make_empty(dev, DType::e4m3, {B, H, D, npad});
+      DeviceTensor vs = make_empty(dev, DType::f32, {B, H, D});
+      Context ctx = env.ctx;
+      quantize_v_fp8(v.view, v8.view, vs.view, nullptr, ctx);
+      QuantizedRows qr{q8.view, qs.view, ScaleLayout::per_block, 128};
+      QuantizedRows kr{k8.view, ks.view, ScaleLayout::per_block, 64};
+      const HostQkv host{to_host_f32(q.view), to_host_f32(k.view), to_host_f32(v.view)};
+
+      for (auto causal : {AttentionOptions::none, AttentionOptions::bottom_right}) {
+        const bool is_causal = causal != AttentionOptions::none;
+        AttentionOptions fp8;
+        fp8.causal = causal;
+        AttentionOptions f16 = fp8;
+        f16.pv = AttentionOptions::f16;
+        const double flops = 4.0 * B * H * static_cast<double>(N) * N * D / (is_causal ? 2 : 1);
+        const std::string tag = is_causal ? ", causal" : "";
+
+        // 16-bit P·V kernel: the bf16 tensor-core baseline of every row below.
+        const double base_ms = env.time_ms([&] {
+          attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16, ctx);
+        });
+        Row kr8;
+        kr8.family = "attention";
+        kr8.op = "attention_int8 fp8 PV (kernel only)" + tag;
+        kr8.shape = shape_str(s);
+        kr8.backend = device_name(dev);
+        const TensorView vsv = vs.view;
+        kr8.ms = env.time_ms([&] {
+          attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
+        });
+        kr8.baseline = "lowbit attention_int8 16-bit PV (same kernel, bf16 PV)";
+        kr8.baseline_ms = base_ms;
+        kr8.flops = flops;
+        kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
+        rows.push_back(kr8);
+
+        Row b16 = kr8;
+        b16.op = "attention_int8 16-bit PV (kernel only)" + tag;
+        b16.ms = base_ms;
+        b16.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 2 + 2);
+        rows.push_back(b16);
+
+        // One call from bf16 q, k, v: K mean, q/k INT8, V fp8 (or not), attention.
+        for (const AttentionOptions& o : {fp8, f16}) {
+          const size_t wb = attention_workspace_bytes(q.view, k.view, o);
+          DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb) + 256});
+          void* wp = reinterpret_cast<void*>(
+              (reinterpret_cast<uintptr_t>(ws.view.data) + 255) & ~uintptr_t{255});
+          Row r = kr8;
+          r.op = std::string("attention() ") + (o.pv == AttentionOptions::fp8 ? "fp8" : "16-bit") +
+                 " PV, incl. quantization" + tag;
+          r.ms = env.time_ms([&] {
+            attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx);
+          });
+          r.bytes = static_cast<double>(B * N * H * D) * 2 * 4;
+          r.accuracy = sampled_accuracy(s, is_causal, host, out.view);
+          char note[96];
+          std::snprintf(note, sizeof note, "quantization adds %.3f ms over the kernel",
+                        r.ms - (o.pv == AttentionOptions::fp8 ? kr8.ms : base_ms));
+          r.note = note;
+          rows.push_back(r);
+        }
+      }
+    }
+    return rows;
+  }
+};
+
+LOWBIT_BENCH_CASES(attention_bench_cases) { cases.push_back(std::make_unique<AttentionBench>()); }
+
+}  // namespace
+}  // namespace bench
+}  // namespace lowbit

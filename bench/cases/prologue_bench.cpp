@@ -1,0 +1,196 @@
+// Rows of `lowbit bench` for the attention prologue (SPEC §1): the fused q path (norm + rope +
+// quantize, THREAD_Q) and k path (norm + rope + mean pass + quantize, THREAD_K) at the Wan 14B
+// 720p and Flux shapes, against a copy of the same minimal bytes and against lowbit's own unfused
+// steps (norm, rope, mean, quantize as separate passes, the normed and rotated rows stored in
+// bf16 in between). Accuracy: the dequantized codes against the fp64 normed, rotated rows.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "lowbit/dtype.h"
+#include "lowbit/prologue.h"
+#include "lowbit/runtime.h"
+#include "src/core/prologue_internal.h"
+
+namespace lowbit {
+namespace bench {
+namespace {
+
+struct Shape {
+  const char* model;
+  int64_t B, N, H, D;
+};
+
+void upload(DeviceTensor& t, const void* host, size_t bytes) {
+  Context ctx;
+  if (t.view.device == Device::cuda)
+    copy_to_device(t.view.data, host, bytes, ctx);
+  else
+    std::memcpy(t.view.data, host, bytes);
+}
+
+std::string shape_str(const Shape& s) {
+  return "(" + std::to_string(s.B) + ", " + std::to_string(s.N) + ", " + std::to_string(s.H) +
+         ", " + std::to_string(s.D) + ") bf16 " + s.model;
+}
+
+class PrologueBench : public BenchCase {
+ public:
+  std::string name() const override { return "prologue.qk"; }
+
+  std::vector<Row> run(const Env& env) override {
+    std::vector<Shape> shapes;
+    if (env.device == Device::cuda)
+      shapes = {{"[Wan 14B 720p]", 1, 32760, 40, 128}, {"[Flux]", 1, 4608, 24, 128}};
+    else
+      shapes = {{"[small, CPU]", 1, 1024, 8, 128}};
+    std::vector<Row> rows;
+    for (const Shape& s : shapes) run_shape(env, s, rows);
+    return rows;
+  }
+
+ private:
+  void run_shape(const Env& env, const Shape& s, std::vector<Row>& rows) {
+    const int64_t B = s.B, N = s.N, H = s.H, D = s.D, P = D / 2;
+    Context ctx = env.ctx;
+    DeviceTensor x = make_tensor(env.device, DType::bf16, {B, N, H, D}, 11, 1.f);
+    // Norm weight around 1 and a real rotary table (cos, sin) of angles n * theta_p.
+    std::vector<uint16_t> w_host(D);
+    std::mt19937_64 rng(3);
+    std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+    std::vector<float> w_f(D);
+    for (int64_t c = 0; c < D; ++c) w_host[c] = dt::f32_to_bf16(w_f[c] = dt::bf16_to_f32(dt::f32_to_bf16(wd(rng))));
+    DeviceTensor w = make_empty(env.device, DType::bf16, {D});
+    upload(w, w_host.data(), w_host.size() * 2);
+    std::vector<float> table(static_cast<size_t>(N * P * 2));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t p = 0; p < P; ++p) {
+        const double th = static_cast<double>(n) * std::pow(10000.0, -2.0 * p / D);
+        table[(n * P + p) * 2] = static_cast<float>(std::cos(th));
+        table[(n * P + p) * 2 + 1] = static_cast<float>(std::sin(th));
+      }
+    DeviceTensor tab = make_empty(env.device, DType::f32, {1, N, 1, P, 2});
+    upload(tab, table.data(), table.size() * 4);
+    Rope rope;
+    rope.table = tab.view;
+    DeviceTensor mean = make_empty(env.device, DType::f32, {B, H, D});
+    DeviceTensor q8 = make_empty(env.device, DType::i8, {B, N, H, D});
+    DeviceTensor y = make_empty(env.device, DType::bf16, {B, N, H, D});   // unfused: normed
+    DeviceTensor r = make_empty(env.device, DType::bf16, {B, N, H, D});   // unfused: rotated
+
+    const double x_bytes = static_cast<double>(B * N * H * D) * 2, q_bytes = x_bytes / 2;
+    const float q_sm_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)) * 1.4426950408889634);
+    for (int path = 0; path < 2; ++path) {  // 0: q, 1: k
+      const bool is_k = path == 1;
+      Prologue p;
+      p.norm_weight = &w.view;
+      p.rope = &rope;
+      p.layout = is_k ? ScaleLayout::thread_k : ScaleLayout::thread_q;
+      p.block = is_k ? 64 : 32;
+      p.sm_scale = is_k ? 1.f : q_sm_scale;
+      const int64_t count = prologue_scale_count(N, p.layout, p.block);
+      DeviceTensor sc = make_empty(env.device, DType::f32, {B, H, count});
+      Prologue pq = p;
+      if (is_k) pq.mean = &mean.view;
+      auto fused = [&] {
+        if (is_k) norm_rope_mean(x.view, p, mean.view, ctx);
+        norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx);
+      };
+      // Unfused: norm -> y (bf16), rope -> r (bf16), [mean of r], quantize r.
+      Prologue pn, pr, pm;
+      pn.norm_weight = &w.view;
+      pr.rope = &rope;
+      pm = p;
+      pm.norm_weight = nullptr, pm.rope = nullptr;
+      if (is_k) pm.mean = &mean.view;
+      auto unfused = [&] {
+        detail::norm_rope_store(x.view, pn, y.view, ctx);
+        detail::norm_rope_store(y.view, pr, r.view, ctx);
+        if (is_k) norm_rope_mean(r.view, pm, mean.view, ctx);
+        norm_rope_quantize(r.view, pm, q8.view, sc.view, ctx);
+      };
+      const double bytes = (is_k ? 2 : 1) * x_bytes + q_bytes + static_cast<double>(B * H * count) * 4;
+      const double fused_ms = env.time_ms(fused);
+      fused();
+      synchronize(ctx);
+      const std::string acc_fused = accuracy_str(s, x, w_f, table, q8, sc, mean, p.sm_scale, is_k, p);
+      const double unfused_ms = env.time_ms(unfused);
+      unfused();
+      synchronize(ctx);
+      const std::string acc_unfused = accuracy_str(s, x, w_f, table, q8, sc, mean, p.sm_scale, is_k, p);
+
+      Row row;
+      row.family = "prologue";
+      row.op = is_k ? "k: norm+rope+mean+quantize (THREAD_K 64), fused"
+                    : "q: norm+rope+quantize (THREAD_Q 32), fused";
+      row.shape = shape_str(s);
+      row.backend = device_name(env.device);
+      row.ms = fused_ms;
+      row.bytes = bytes;
+      row.baseline = "copy of the same bytes";
+      row.baseline_ms = env.copy_ms(bytes / 2);
+      row.accuracy = acc_fused;
+      row.note = "minimal bytes: " + std::string(is_k ? "2 reads" : "1 read") +
+                 " of x + int8 + scales; unfused lowbit steps " + fmt_ms(unfused_ms) + " ms";
+      rows.push_back(row);
+      Row u = row;
+      u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"
+                  : "q: same, vs unfused lowbit steps (norm, rope, quantize)";
+      u.baseline = "unfused lowbit steps";
+      u.baseline_ms = unfused_ms;
+      u.accuracy = "fused " + acc_fused + " | unfused " + acc_unfused;
+      u.note = "unfused moves " + fmt_ms((bytes + 4 * x_bytes) / 1e9) + " GB";
+      rows.push_back(u);
+    }
+  }
+
+  static std::string fmt_ms(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", v);
+    return buf;
+  }
+
+  // Dequantized codes (q * scale / sm_scale, + mean for k) of the first tokens against the fp64
+  // normed (unrounded), rotated rows.
+  static std::string accuracy_str(const Shape& s, const DeviceTensor& x, const std::vector<float>& w,
+                                  const std::vector<float>& table, const DeviceTensor& q8,
+                                  const DeviceTensor& sc, const DeviceTensor& mean, float sm_scale,
+                                  bool is_k, const Prologue& p) {
+    const int64_t H = s.H, D = s.D, P = D / 2, N = s.N, rows = std::min<int64_t>(N, 512);
+    std::vector<float> xf = to_host_f32(x.view), qf = to_host_f32(q8.view), sf = to_host_f32(sc.view);
+    std::vector<float> mf = is_k ? to_host_f32(mean.view) : std::vector<float>(H * D, 0.f);
+    const int groups = scale_groups(p.layout);
+    std::vector<double> ref;
+    std::vector<float> got;
+    for (int64_t n = 0; n < rows; ++n)
+      for (int64_t h = 0; h < H; ++h) {
+        const float* xr = xf.data() + (n * H + h) * D;
+        double ss = 0;
+        for (int64_t c = 0; c < D; ++c) ss += static_cast<double>(xr[c]) * xr[c];
+        const double inv = 1.0 / std::sqrt(ss / D + p.eps);
+        std::vector<double> yv(D);
+        for (int64_t c = 0; c < D; ++c) yv[c] = xr[c] * inv * w[c];
+        const int r = static_cast<int>(n % p.block);
+        const int g = p.layout == ScaleLayout::thread_q ? r % 8 : (r % 8) / 2;
+        const int64_t count = static_cast<int64_t>(sf.size()) / H;
+        const double scale = sf[h * count + (n / p.block) * groups + g];
+        for (int64_t c = 0; c < D; ++c) {
+          const int64_t pi = c < P ? c : c - P;
+          const double co = table[(n * P + pi) * 2], si = table[(n * P + pi) * 2 + 1];
+          const double o = c < P ? co * yv[c] - si * yv[c + P] : si * yv[c - P] + co * yv[c];
+          ref.push_back(o);
+          got.push_back(static_cast<float>(qf[(n * H + h) * D + c] * scale / sm_scale + mf[h * D + c]));
+        }
+      }
+    return accuracy(got, ref).str();
+  }
+};
+
+LOWBIT_BENCH_CASES(prologue_bench_cases) { cases.push_back(std::make_unique<PrologueBench>()); }
+
+}  // namespace
+}  // namespace bench
+}  // namespace lowbit

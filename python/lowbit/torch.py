@@ -1,0 +1,888 @@
+"""PyTorch integration of lowbit.
+
+Every op is a torch custom op (``torch.ops.lowbit.*``, torch.library.custom_op) with a fake
+(meta) implementation, so ``torch.compile(fullgraph=True)`` traces through it without a graph
+break. Tensors reach the C++ library through DLPack without a copy and without a stream
+synchronisation; the work is enqueued on torch's current CUDA stream of the tensors' device.
+
+Drop-ins:
+
+* :func:`sageattn` -- SageAttention's ``sageattn(q, k, v, tensor_layout, is_causal, sm_scale,
+  return_lse, **kwargs)``.
+* :func:`quantize_linear_` -- replaces ``nn.Linear`` layers by :class:`LowbitLinear` (ConvRot
+  qtypes by their ai-toolkit names), quantizing their weights or loading them from a lowbit or
+  ComfyUI checkpoint.
+* :func:`decode_attention` / :func:`kv_append_` -- decode over xformers-layout int4 / fp8 KV caches
+  (contiguous or paged with block tables); :func:`merge_attentions` with its backward.
+
+Op families missing from the build raise NotImplementedError naming the C++ module.
+"""
+import itertools
+import json
+import math
+import warnings
+import weakref
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lowbit
+from lowbit import _lowbit
+
+Tensor = torch.Tensor
+
+if not (hasattr(torch, "library") and hasattr(torch.library, "custom_op")):
+    raise ImportError(f"lowbit.torch needs torch >= 2.4 (torch.library.custom_op); found "
+                      f"torch {torch.__version__}")
+
+__all__ = [
+    "to_lowbit", "convert", "sageattn", "attention", "norm_rope_quantize", "norm_rope_mean",
+    "LowbitLinear", "quantize_linear_", "load_quantized_", "hadamard_rotate",
+    "decode_attention", "kv_append_", "merge_attentions", "quantize_kv",
+]
+
+# ---- tensors to the C++ module -------------------------------------------------------------------
+
+_LOWBIT_OF_TORCH = {
+    torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int8: "i8",
+    torch.uint8: "u8", torch.int32: "i32",
+}
+_FP8 = {}
+for _name, _lb in (("float8_e4m3fn", "e4m3"), ("float8_e5m2", "e5m2")):
+    if hasattr(torch, _name):
+        _FP8[getattr(torch, _name)] = _lb
+_LOWBIT_OF_TORCH.update(_FP8)
+_TORCH_OF_LOWBIT = {v: k for k, v in _LOWBIT_OF_TORCH.items()}
+_TORCH_OF_LOWBIT.update({"e2m1x2": torch.uint8, "i4x2": torch.uint8})
+
+
+def to_lowbit(t: Tensor, dtype: Optional[str] = None) -> "lowbit.Typed":
+    """`t` as lowbit._lowbit takes it: a DLPack capsule of the same memory (no copy, no stream
+    synchronisation), typed as `dtype` (default: t's own dtype; fp8 travels as a uint8 view,
+    packed 4-bit types as uint8 storage with the last dim halved)."""
+    t = t.detach()
+    name = dtype or _LOWBIT_OF_TORCH.get(t.dtype)
+    if name is None:
+        raise lowbit._error("lowbit.torch", "tensor",
+                            f"expected a float32/float16/bfloat16/int8/uint8/int32/float8 tensor, "
+                            f"got {t.dtype}")
+    if t.dtype in _FP8:
+        t = t.view(torch.uint8)
+    return _lowbit.Typed(torch.utils.dlpack.to_dlpack(t), name)
+
+
+def _opt(t: Optional[Tensor], dtype: Optional[str] = None):
+    return None if t is None else to_lowbit(t, dtype)
+
+
+def _run(fn: Callable, device: torch.device, *args, **kwargs):
+    """Calls a lowbit._lowbit function on torch's current stream of `device`."""
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            return fn(*args, stream=torch.cuda.current_stream(device).cuda_stream, **kwargs)
+    if device.type != "cpu":
+        raise lowbit._error("lowbit.torch", "device",
+                            f"expected a CPU or CUDA tensor, got {device}")
+    return fn(*args, **kwargs)
+
+
+def _inner_contiguous(t: Tensor) -> Tensor:
+    return t if t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def _module(family: str, what: str):
+    return lowbit._require(family, what)
+
+
+def _op(name: str, mutates_args=()):
+    return torch.library.custom_op(f"lowbit::{name}", mutates_args=mutates_args)
+
+
+# ---- convert ------------------------------------------------------------------------------------
+
+def _storage_shape(shape, dtype: str):
+    shape = list(shape)
+    if dtype in ("e2m1x2", "i4x2"):
+        if not shape or shape[-1] % 2:
+            raise lowbit._error("convert", "dst", f"expected an even innermost size for packed "
+                                f"{dtype}, got {tuple(shape)}")
+        shape[-1] //= 2
+    return shape
+
+
+@_op("convert")
+def _convert_op(x: Tensor, src_dtype: str, dtype: str) -> Tensor:
+    if src_dtype in ("e2m1x2", "i4x2"):
+        shape = list(x.shape[:-1]) + [x.shape[-1] * 2]
+    else:
+        shape = list(x.shape)
+    out = torch.empty(_storage_shape(shape, dtype), dtype=_TORCH_OF_LOWBIT[dtype],
+                      device=x.device)
+    _run(_lowbit.convert, x.device, to_lowbit(x, src_dtype), to_lowbit(out, dtype))
+    return out
+
+
+@_convert_op.register_fake
+def _(x, src_dtype, dtype):
+    shape = list(x.shape[:-1]) + [x.shape[-1] * 2] if src_dtype in ("e2m1x2", "i4x2") \
+        else list(x.shape)
+    return x.new_empty(_storage_shape(shape, dtype), dtype=_TORCH_OF_LOWBIT[dtype])
+
+
+def convert(x: Tensor, dtype: str, src_dtype: Optional[str] = None) -> Tensor:
+    """x converted to lowbit `dtype` ("bf16", "e4m3", "e2m1x2", ...) as a new tensor: fp8 as
+    torch.float8_*, packed 4-bit as uint8 with the last dim halved. `src_dtype` reads x's storage
+    as another lowbit dtype (e.g. "e2m1x2" for a packed uint8 tensor)."""
+    dtype = lowbit._dtype_name(dtype)
+    if src_dtype:
+        src = lowbit._dtype_name(src_dtype)
+    elif x.dtype in _LOWBIT_OF_TORCH:
+        src = _LOWBIT_OF_TORCH[x.dtype]
+    else:
+        raise lowbit._error("convert", "src", f"expected a float32/float16/bfloat16/int8/uint8/"
+                            f"int32/float8 tensor (or src_dtype=), got {x.dtype}")
+    return torch.ops.lowbit.convert(x, src, dtype)
+
+
+# ---- attention ----------------------------------------------------------------------------------
+
+def _as_nhd(t: Tensor, layout: str) -> Tensor:
+    """A (B, N, H, D) view of a tensor in `layout` ("HND": (B, H, N, D); "NHD": as is)."""
+    return t.transpose(1, 2) if layout == "HND" else t
+
+
+@_op("attention")
+def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float, causal: str,
+                  pv: str, smooth_k: bool, smooth_v: bool, return_lse: bool
+                  ) -> Tuple[Tensor, Tensor]:
+    m = _module("attention", "lowbit.torch.attention")
+    q, k, v = (_inner_contiguous(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    qn = _as_nhd(q, layout)
+    b, n, h = qn.shape[0], qn.shape[1], qn.shape[2]
+    lse = torch.empty((b, h, n) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    _run(m.attention, q.device, to_lowbit(qn), to_lowbit(_as_nhd(k, layout)),
+         to_lowbit(_as_nhd(v, layout)), to_lowbit(_as_nhd(out, layout)),
+         lse=to_lowbit(lse) if return_lse else None, sm_scale=sm_scale, causal=causal, pv=pv,
+         smooth_k=smooth_k, smooth_v=smooth_v)
+    return out, lse
+
+
+@_attention_op.register_fake
+def _(q, k, v, layout, sm_scale, causal, pv, smooth_k, smooth_v, return_lse):
+    qn = _as_nhd(q, layout)
+    shape = (qn.shape[0], qn.shape[2], qn.shape[1]) if return_lse else (0,)
+    return q.new_empty(q.shape), q.new_empty(shape, dtype=torch.float32)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale: float = 0.0,
+              causal: str = "none", pv: str = "fp8", smooth_k: bool = True,
+              smooth_v: bool = False, return_lse: bool = False):
+    """lowbit's INT8 attention (SPEC section 2) with its own options.
+
+    q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D) for layout "NHD", (B, H, N, D) for "HND"; bf16/fp16
+    (fp32 on the CPU). causal: "none", "bottom_right" or "top_left"; pv: "fp8" or "f16";
+    sm_scale 0 means 1/sqrt(D). Returns out (like q) and, with return_lse, lse (B, Hq, Nq) fp32
+    (natural log).
+    """
+    if layout not in ("HND", "NHD"):
+        raise ValueError(f"lowbit.torch.attention: layout: expected 'HND' or 'NHD', got "
+                         f"{layout!r}")
+    out, lse = torch.ops.lowbit.attention(q, k, v, layout, float(sm_scale), causal, pv,
+                                          bool(smooth_k), bool(smooth_v), bool(return_lse))
+    return (out, lse) if return_lse else out
+
+
+# SageAttention's keyword arguments (beyond the named ones) and what lowbit makes of them.
+_SAGE_PV_ACCUM = {
+    "fp32+fp32": "fp8",  # fp8 PV, fp32 accumulation added to an fp32 buffer per tile (sm90 default)
+    "fp32": "f16",       # 16-bit PV with fp32 accumulation (the fp16-PV kernels' "fp32")
+}
+
+
+def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
+             is_causal: bool = False, sm_scale: Optional[float] = None,
+             return_lse: bool = False, **kwargs):
+    """Drop-in for SageAttention's ``sageattn`` on lowbit's INT8 attention.
+
+    Arguments as SageAttention's: q (B, Hq, Nq, D) for tensor_layout "HND" or (B, Nq, Hq, D) for
+    "NHD", k/v likewise with Hkv heads (Hq % Hkv == 0), fp16/bf16; is_causal masks key j > query
+    i (top-left aligned, as F.scaled_dot_product_attention; identical to SageAttention's mask
+    when qo_len == kv_len, the case it documents); sm_scale defaults to 1/sqrt(D); return_lse
+    adds the natural-log LSE (B, Hq, Nq) fp32 (K-mean corrected, as SageAttention returns it).
+
+    Keyword arguments of SageAttention's kernel-specific entry points are honoured, never
+    dropped: smooth_k (default True), smooth_v (fp8 PV only), pv_accum_dtype ("fp32+fp32" = fp8
+    PV with two-level fp32 accumulation, the default; "fp32" = 16-bit PV with fp32
+    accumulation), qk_quant_gran ("per_thread"), quantization_backend ("triton": lowbit's
+    quantizer is bit-exact with SageAttention's Triton one). A value lowbit cannot honour, or an
+    unknown argument, raises NotImplementedError naming it. Head dims below 64 / between 64 and
+    128 are zero-padded to 64 / 128 (as SageAttention does); the output is sliced back.
+    """
+    if tensor_layout not in ("HND", "NHD"):
+        raise ValueError(f"lowbit.torch.sageattn: tensor_layout: expected 'HND' or 'NHD', got "
+                         f"{tensor_layout!r}")
+    smooth_k = bool(kwargs.pop("smooth_k", True))
+    smooth_v = bool(kwargs.pop("smooth_v", False))
+    accum = kwargs.pop("pv_accum_dtype", "fp32+fp32")
+    if accum not in _SAGE_PV_ACCUM:
+        raise NotImplementedError(
+            f"lowbit.torch.sageattn: pv_accum_dtype={accum!r} is not supported (lowbit "
+            f"accumulates P.V in fp32: use 'fp32+fp32' for fp8 PV or 'fp32' for 16-bit PV)")
+    pv = _SAGE_PV_ACCUM[accum]
+    if smooth_v and pv != "fp8":
+        raise NotImplementedError("lowbit.torch.sageattn: smooth_v=True needs fp8 PV "
+                                  "(pv_accum_dtype='fp32+fp32'); lowbit's 16-bit PV has no V "
+                                  "smoothing")
+    gran = kwargs.pop("qk_quant_gran", "per_thread")
+    if gran != "per_thread":
+        raise NotImplementedError(f"lowbit.torch.sageattn: qk_quant_gran={gran!r} is not "
+                                  f"supported (lowbit quantizes q and k per thread group)")
+    backend = kwargs.pop("quantization_backend", "triton")
+    if backend != "triton":
+        raise NotImplementedError(
+            f"lowbit.torch.sageattn: quantization_backend={backend!r} is not supported (lowbit "
+            f"reproduces the Triton quantizers' rounding; the CUDA ones round half to even)")
+    if kwargs:
+        name = next(iter(kwargs))
+        raise NotImplementedError(f"lowbit.torch.sageattn: argument {name!r} is not supported")
+
+    head_dim = q.shape[-1]
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(head_dim)
+    padded = 64 if head_dim < 64 else 128 if 64 < head_dim < 128 else head_dim
+    if padded != head_dim:
+        q, k, v = (F.pad(t, (0, padded - head_dim)) for t in (q, k, v))
+    out, lse = torch.ops.lowbit.attention(q, k, v, tensor_layout, float(sm_scale),
+                                          "top_left" if is_causal else "none", pv, smooth_k,
+                                          smooth_v, bool(return_lse))
+    if padded != head_dim:
+        out = out[..., :head_dim]
+    return (out, lse) if return_lse else out
+
+
+# ---- attention prologue ------------------------------------------------------------------------
+
+@_op("norm_rope_quantize")
+def _norm_rope_quantize_op(x: Tensor, norm_weight: Optional[Tensor],
+                           weight_rows: Optional[Tensor], eps: float, rope: Optional[Tensor],
+                           rope_interleaved: bool, mean: Optional[Tensor], sm_scale: float,
+                           scale_eps: float, layout: str, block: int) -> Tuple[Tensor, Tensor]:
+    m = _module("prologue", "lowbit.torch.norm_rope_quantize")
+    x = _inner_contiguous(x)
+    b, n, h, _ = x.shape
+    q8 = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    scale = torch.empty((b, h, m.prologue_scale_count(n, layout, block)), dtype=torch.float32,
+                        device=x.device)
+    _run(m.norm_rope_quantize, x.device, to_lowbit(x), to_lowbit(q8), to_lowbit(scale),
+         norm_weight=_opt(norm_weight), weight_rows=_opt(weight_rows), eps=eps, rope=_opt(rope),
+         rope_interleaved=rope_interleaved, mean=_opt(mean), sm_scale=sm_scale,
+         scale_eps=scale_eps, layout=layout, block=block)
+    return q8, scale
+
+
+@_norm_rope_quantize_op.register_fake
+def _(x, norm_weight, weight_rows, eps, rope, rope_interleaved, mean, sm_scale, scale_eps,
+      layout, block):
+    b, n, h, _ = x.shape
+    count = _lowbit.prologue_scale_count(n, layout, block)
+    return (x.new_empty(x.shape, dtype=torch.int8),
+            x.new_empty((b, h, count), dtype=torch.float32))
+
+
+@_op("norm_rope_mean")
+def _norm_rope_mean_op(x: Tensor, norm_weight: Optional[Tensor], weight_rows: Optional[Tensor],
+                       eps: float, rope: Optional[Tensor], rope_interleaved: bool) -> Tensor:
+    m = _module("prologue", "lowbit.torch.norm_rope_mean")
+    x = _inner_contiguous(x)
+    b, _, h, d = x.shape
+    mean = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
+    _run(m.norm_rope_mean, x.device, to_lowbit(x), to_lowbit(mean),
+         norm_weight=_opt(norm_weight), weight_rows=_opt(weight_rows), eps=eps, rope=_opt(rope),
+         rope_interleaved=rope_interleaved)
+    return mean
+
+
+@_norm_rope_mean_op.register_fake
+def _(x, norm_weight, weight_rows, eps, rope, rope_interleaved):
+    b, _, h, d = x.shape
+    return x.new_empty((b, h, d), dtype=torch.float32)
+
+
+def norm_rope_quantize(x: Tensor, *, norm_weight: Optional[Tensor] = None,
+                       weight_rows: Optional[Tensor] = None, eps: float = 1e-6,
+                       rope: Optional[Tensor] = None, rope_interleaved: bool = False,
+                       mean: Optional[Tensor] = None, sm_scale: float = 1.0,
+                       scale_eps: float = 1e-7, layout: str = "per_block", block: int = 64):
+    """INT8 codes (B, N, H, D) and fp32 scales (B, H, n_scales) of
+    (rope(norm(x)) - mean) * sm_scale for x (B, N, H, D) (SPEC section 1)."""
+    return torch.ops.lowbit.norm_rope_quantize(x, norm_weight, weight_rows, float(eps), rope,
+                                               bool(rope_interleaved), mean, float(sm_scale),
+                                               float(scale_eps), layout, int(block))
+
+
+def norm_rope_mean(x: Tensor, *, norm_weight: Optional[Tensor] = None,
+                   weight_rows: Optional[Tensor] = None, eps: float = 1e-6,
+                   rope: Optional[Tensor] = None, rope_interleaved: bool = False) -> Tensor:
+    """The (B, H, D) fp32 mean over tokens of rope(norm(x)), x (B, N, H, D)."""
+    return torch.ops.lowbit.norm_rope_mean(x, norm_weight, weight_rows, float(eps), rope,
+                                           bool(rope_interleaved))
+
+
+# ---- quantized linear layers --------------------------------------------------------------------
+
+# QuantizedLinear objects by handle: custom ops take ints, not C++ objects. A LowbitLinear owns
+# its entry and drops it when it is collected.
+_LAYERS: Dict[int, object] = {}
+_HANDLES = itertools.count(1)
+
+
+def _layer(handle: int):
+    try:
+        return _LAYERS[handle]
+    except KeyError:
+        raise lowbit._error("lowbit.torch.linear", "handle",
+                            f"expected a live LowbitLinear, got handle {handle}") from None
+
+
+@_op("hadamard_rotate")
+def _hadamard_rotate_op(x: Tensor, block: int) -> Tensor:
+    m = _module("linear", "lowbit.torch.hadamard_rotate")
+    x = _inner_contiguous(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _run(m.hadamard_rotate, x.device, to_lowbit(x), block, to_lowbit(out))
+    return out
+
+
+@_hadamard_rotate_op.register_fake
+def _(x, block):
+    return x.new_empty(x.shape)
+
+
+def hadamard_rotate(x: Tensor, block: int) -> Tensor:
+    """x . R_block on each block of `block` (16, 64, 256) elements of the last dim."""
+    return torch.ops.lowbit.hadamard_rotate(x, int(block))
+
+
+@_op("linear")
+def _linear_op(x: Tensor, handle: int, bias: Optional[Tensor], out_features: int) -> Tensor:
+    layer = _layer(handle)
+    x2 = _inner_contiguous(x.reshape(-1, x.shape[-1]))
+    out = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)
+    if bias is not None and bias.dtype not in (torch.float32, x.dtype):
+        bias = bias.to(x.dtype)
+    _run(layer.forward, x.device, to_lowbit(x2), to_lowbit(out), bias=_opt(bias))
+    return out.reshape(tuple(x.shape[:-1]) + (out_features,))
+
+
+@_linear_op.register_fake
+def _(x, handle, bias, out_features):
+    return x.new_empty(tuple(x.shape[:-1]) + (out_features,))
+
+
+@_op("linear_backward")
+def _linear_backward_op(grad_out: Tensor, handle: int, in_features: int) -> Tensor:
+    layer = _layer(handle)
+    g2 = _inner_contiguous(grad_out.reshape(-1, grad_out.shape[-1]))
+    grad_x = torch.empty((g2.shape[0], in_features), dtype=grad_out.dtype,
+                         device=grad_out.device)
+    _run(layer.backward_input, grad_out.device, to_lowbit(g2), to_lowbit(grad_x))
+    return grad_x.reshape(tuple(grad_out.shape[:-1]) + (in_features,))
+
+
+@_linear_backward_op.register_fake
+def _(grad_out, handle, in_features):
+    return grad_out.new_empty(tuple(grad_out.shape[:-1]) + (in_features,))
+
+
+def _linear_setup(ctx, inputs, output):
+    x, handle, bias, out_features = inputs
+    ctx.handle = handle
+    ctx.in_features = x.shape[-1]
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _linear_backward(ctx, grad):
+    grad_x = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        # Straight-through: the gradient of the quantized layer is taken as that of x . W^T with
+        # the dequantized weight (the rotation cancels).
+        grad_x = torch.ops.lowbit.linear_backward(grad, ctx.handle, ctx.in_features)
+    if ctx.needs_input_grad[2]:
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype)
+    return grad_x, None, grad_bias, None
+
+
+_linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+class LowbitLinear(nn.Module):
+    """A linear layer whose weight lives packed in lowbit's format (one device).
+
+    forward runs lowbit's quantized path (rotated, quantized activations x quantized weights);
+    backward passes a straight-through gradient to the input (grad_out . dequantized W) and the
+    bias gradient; the packed weight itself gets none. Build one with :meth:`from_linear`,
+    :meth:`from_packed`, or :func:`quantize_linear_` on a whole model.
+    """
+
+    def __init__(self, layer, bias: Optional[Tensor] = None):
+        super().__init__()
+        self.in_features = layer.in_features
+        self.out_features = layer.out_features
+        self.qtype = layer.qtype
+        self._layer = layer
+        self._handle = next(_HANDLES)
+        _LAYERS[self._handle] = layer
+        weakref.finalize(self, _LAYERS.pop, self._handle, None)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
+                                                           requires_grad=bias.requires_grad)
+
+    @property
+    def device(self) -> torch.device:
+        if self._layer.device == "cuda":
+            return torch.device("cuda", torch.cuda.current_device()) if self.bias is None \
+                else self.bias.device
+        return torch.device("cpu")
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, qtype: str) -> "LowbitLinear":
+        """Quantizes linear.weight (rotated, packed) on linear's device."""
+        m = _module("linear", "lowbit.torch.LowbitLinear")
+        w = linear.weight.detach()
+        layer = _run(m.QuantizedLinear.quantize, w.device, to_lowbit(w), qtype)
+        return cls(layer, linear.bias)
+
+    @classmethod
+    def from_packed(cls, packed, bias: Optional[Tensor] = None,
+                    device: Union[str, torch.device] = "cpu") -> "LowbitLinear":
+        """Uploads a lowbit.PackedWeight (e.g. read from a checkpoint) to `device`."""
+        m = _module("linear", "lowbit.torch.LowbitLinear")
+        device = torch.device(device)
+        layer = _run(m.QuantizedLinear.from_packed, device, packed, device.type)
+        if bias is not None:
+            bias = bias.to(device)
+        return cls(layer, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.lowbit.linear(x, self._handle, self.bias, self.out_features)
+
+    def dequantize(self) -> Tensor:
+        """The dequantized weight (out_features, in_features) fp32 in the original basis."""
+        dev = torch.device("cuda", torch.cuda.current_device()) if self._layer.device == "cuda" \
+            else torch.device("cpu")
+        out = torch.empty((self.out_features, self.in_features), dtype=torch.float32, device=dev)
+        _run(self._layer.dequantize, dev, to_lowbit(out))
+        return out
+
+    def packed(self):
+        """A host copy of the packed weight (lowbit.PackedWeight)."""
+        return self._layer.to_packed()
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"qtype={self.qtype}, bias={self.bias is not None}")
+
+
+def _matcher(patterns) -> Callable[[str], bool]:
+    """include / exclude: None, a glob string ("blocks.*.attn.*"), a list of globs, or a
+    callable name -> bool."""
+    import fnmatch
+    if patterns is None:
+        return lambda name: False
+    if callable(patterns):
+        return patterns
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    patterns = list(patterns)
+    return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module):
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def quantize_linear_(model: nn.Module, qtype: str, include=None, exclude=None, *,
+                     checkpoint: Optional[str] = None, verbose: bool = False) -> Dict[str, str]:
+    """Replaces the model's nn.Linear layers by LowbitLinear, in place.
+
+    qtype: an ai-toolkit name ("convrot8", "convrotint4", "convrotcomfyw4a4", "convrotfp8", ...).
+    include / exclude: globs on the qualified module name (or callables); by default every
+    nn.Linear is included. checkpoint: a lowbit or ComfyUI safetensors file whose quantized
+    layers are loaded as they are (see load_quantized_) before the remaining layers are
+    quantized from their weights. Layers that cannot be quantized (SPEC 3.2 shape rules) stay in
+    full precision and are reported once in a warning.
+
+    Returns {module name: qtype, or "skipped: <reason>"}.
+    """
+    m = _module("linear", "lowbit.torch.quantize_linear_")
+    qtype = m.parse_qtype(qtype)
+    inc = _matcher(include) if include is not None else (lambda name: True)
+    exc = _matcher(exclude)
+    report: Dict[str, str] = {}
+    if checkpoint is not None:
+        report.update(load_quantized_(model, checkpoint, include=include, exclude=exclude))
+    skipped = []
+    for name, mod in list(model.named_modules()):
+        if not isinstance(mod, nn.Linear) or not inc(name) or exc(name):
+            continue
+        ok, why = m.can_quantize(qtype, mod.out_features, mod.in_features)
+        if not ok:
+            report[name] = f"skipped: {why}"
+            skipped.append(f"{name} ({mod.out_features}x{mod.in_features}: {why})")
+            continue
+        _replace(model, name, LowbitLinear.from_linear(mod, qtype))
+        report[name] = qtype
+    if skipped:
+        warnings.warn(f"lowbit: {len(skipped)} linear layer(s) left in full precision for "
+                      f"{qtype}: " + "; ".join(skipped[:8]) + (" ..." if len(skipped) > 8 else ""),
+                      stacklevel=2)
+    if verbose:
+        for name, what in report.items():
+            print(f"lowbit: {name}: {what}")
+    return report
+
+
+def _read_safetensors(path: str) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
+    """All tensors of a safetensors file as CPU torch tensors (+ its metadata)."""
+    if lowbit.has("checkpoint"):
+        reader = _lowbit.SafetensorsReader(path)
+        tensors = {}
+        for name in reader.names():
+            arr, dtype = reader.get(name)
+            t = torch.from_numpy(arr.copy())
+            if dtype == "BF16":
+                t = t.view(torch.bfloat16)
+            elif dtype in ("F8_E4M3", "F8_E5M2"):
+                t = t.view(torch.float8_e4m3fn if dtype == "F8_E4M3" else torch.float8_e5m2)
+            tensors[name] = t
+        return tensors, dict(reader.metadata())
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise NotImplementedError("lowbit.torch.load_quantized_: this build of lowbit has no "
+                                  "checkpoint module and the safetensors package is missing")
+    tensors = {}
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata() or {}
+        for name in f.keys():
+            tensors[name] = f.get_tensor(name)
+    return tensors, meta
+
+
+def _marker_json(t: Tensor) -> dict:
+    return json.loads(bytes(t.to(torch.uint8).cpu().numpy().tobytes()).decode("utf-8"))
+
+
+_COMFY_FORMATS = {"convrot_w4a4": "convrotcomfyw4a4"}
+
+
+def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]], *,
+                    include=None, exclude=None) -> Dict[str, str]:
+    """Loads the quantized layers of a lowbit or ComfyUI checkpoint into the model, in place.
+
+    For every marker tensor ``{prefix}lowbit_quant`` (lowbit format: the packed parts as
+    ``{prefix}weight`` (codes), ``{prefix}weight_scale`` (row scales) and
+    ``{prefix}weight_<part>`` for the other parts of lowbit.PackedWeight.tensors(), plus
+    ``{prefix}bias``) or ``{prefix}comfy_quant`` (ComfyUI convrot_w4a4: ``{prefix}weight`` int8
+    (O, K/2), ``{prefix}weight_scale`` fp32 (O), ``{prefix}bias``), the nn.Linear named by the
+    prefix is replaced by a LowbitLinear on that layer's device, without re-quantizing. Other
+    tensors are not touched (load them with model.load_state_dict(..., strict=False)).
+
+    Returns {module name: qtype} for the layers loaded.
+    """
+    m = _module("linear", "lowbit.torch.load_quantized_")
+    tensors = checkpoint if isinstance(checkpoint, dict) else _read_safetensors(checkpoint)[0]
+    inc = _matcher(include) if include is not None else (lambda name: True)
+    exc = _matcher(exclude)
+    modules = dict(model.named_modules())
+    report = {}
+    for key in list(tensors):
+        for marker, fmt in (("lowbit_quant", "lowbit"), ("comfy_quant", "comfy")):
+            if not key.endswith(marker):
+                continue
+            prefix = key[: -len(marker)]
+            name = prefix[:-1] if prefix.endswith(".") else prefix
+            info = _marker_json(tensors[key])
+            mod = modules.get(name)
+            if not isinstance(mod, (nn.Linear, LowbitLinear)) or not inc(name) or exc(name):
+                continue
+            out_features, in_features = mod.out_features, mod.in_features
+            if fmt == "comfy":
+                qtype = _COMFY_FORMATS.get(info.get("format"))
+                if qtype is None:
+                    raise lowbit._error("load_quantized_", key, f"expected a ComfyUI format of "
+                                        f"{sorted(_COMFY_FORMATS)}, got {info.get('format')!r}")
+                rot, group = int(info.get("convrot_groupsize", 0)), 0
+            else:
+                qtype = m.parse_qtype(info["qtype"])
+                rot, group = int(info.get("rot", 0)), int(info.get("group", 0))
+            names = m.make_packed_weight(qtype, out_features, in_features).tensors()
+            parts = {p: tensors[_part_tensor(prefix, p)] for p in names}
+            arrays = {p: _host_array(t) for p, t in parts.items()}
+            packed = m.PackedWeight(qtype, out_features, in_features, arrays, rot=rot,
+                                    group=group)
+            device = mod.bias.device if mod.bias is not None else (
+                mod.weight.device if isinstance(mod, nn.Linear) else mod.device)
+            bias = tensors.get(prefix + "bias")
+            if bias is None and mod.bias is not None:
+                bias = mod.bias
+            _replace(model, name, LowbitLinear.from_packed(packed, bias, device))
+            report[name] = qtype
+    return report
+
+
+def _part_tensor(prefix: str, part: str) -> str:
+    """The file name of a packed part (docs/checkpoint-format.md): codes -> {p}weight,
+    scales -> {p}weight_scale, any other part -> {p}weight_<part> (ComfyUI's names for the
+    first two)."""
+    if part == "codes":
+        return prefix + "weight"
+    if part == "scales":
+        return prefix + "weight_scale"
+    return prefix + "weight_" + part
+
+
+def _host_array(t: Tensor):
+    """A CPU tensor as a numpy-compatible DLPack object lowbit reads (fp8 as typed uint8)."""
+    t = t.detach().cpu().contiguous()
+    return to_lowbit(t)
+
+
+# ---- decode over quantized, paged KV caches ------------------------------------------------------
+
+def _cache_rows(t: Tensor, paged: bool) -> Tensor:
+    """xformers cache shapes to lowbit's: (B, L, G, H, Dp) -> (B, L, G, Dp) (H is the query-head
+    broadcast, stride 0); paged pools (1, P*page, G, [H,] Dp) -> (P*page, G, Dp)."""
+    if t.dim() == 5:
+        t = t[:, :, :, 0]
+    if paged and t.dim() == 4:
+        if t.shape[0] != 1:
+            raise lowbit._error("decode_attention", "k_cache",
+                                f"expected a paged pool (1, P * page_size, Hkv, Dp), got "
+                                f"{tuple(t.shape)}")
+        t = t[0]
+    return _inner_contiguous(t)
+
+
+def _kv_format(cache: Tensor, scale_shift: Optional[Tensor]) -> str:
+    if cache.dtype == torch.float16:
+        return "f16"
+    if cache.dtype == torch.bfloat16:
+        return "bf16"
+    if cache.dtype == torch.int32:
+        return "fp8" if scale_shift is not None else "int4"
+    raise lowbit._error("decode_attention", "k_cache",
+                        f"expected f16/bf16 rows or int32 words (int4 / fp8), got {cache.dtype}")
+
+
+def _n_groups(fmt: str, packed_dim: int, head_dim: int) -> int:
+    return packed_dim - head_dim // 8 if fmt == "int4" else 1
+
+
+def _make_cache(m, k, v, seq_len, block_tables, page_size, k_ss, v_ss, fmt, n_groups):
+    return m.KvCache(to_lowbit(k), to_lowbit(v), to_lowbit(seq_len), format=fmt,
+                     n_groups=n_groups, k_scale_shift=_opt(k_ss), v_scale_shift=_opt(v_ss),
+                     block_tables=_opt(block_tables), page_size=page_size)
+
+
+@_op("decode_attention")
+def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_len: Tensor,
+               block_tables: Optional[Tensor], page_size: int, k_scale_shift: Optional[Tensor],
+               v_scale_shift: Optional[Tensor], fmt: str, n_groups: int, bias: Optional[Tensor],
+               sm_scale: float, causal: bool, return_lse: bool) -> Tuple[Tensor, Tensor]:
+    m = _module("decode", "lowbit.torch.decode_attention")
+    q = _inner_contiguous(q)
+    b, mq, hkv, g, d = q.shape
+    # A DLPack capsule is consumed by its first import: each call gets a fresh cache view.
+    cache = lambda: _make_cache(m, k_cache, v_cache, seq_len, block_tables, page_size,  # noqa
+                                k_scale_shift, v_scale_shift, fmt, n_groups)
+    dev = q.device
+    plan = _run(m.plan_decode, dev, cache(), mq, hkv * g, d)
+    workspace = torch.empty(max(1, plan.workspace_bytes), dtype=torch.uint8, device=dev)
+    out = torch.empty(q.shape, dtype=q.dtype, device=dev)
+    lse = torch.empty((b, mq, hkv, g) if return_lse else (0,), dtype=torch.float32, device=dev)
+    _run(m.decode_attention, dev, to_lowbit(q), cache(), plan, to_lowbit(workspace),
+         to_lowbit(out), lse=to_lowbit(lse) if return_lse else None, bias=_opt(bias),
+         sm_scale=sm_scale, causal=causal)
+    return out, lse
+
+
+@_decode_op.register_fake
+def _(q, k_cache, v_cache, seq_len, block_tables, page_size, k_scale_shift, v_scale_shift, fmt,
+      n_groups, bias, sm_scale, causal, return_lse):
+    b, mq, hkv, g, _ = q.shape
+    return (q.new_empty(q.shape),
+            q.new_empty((b, mq, hkv, g) if return_lse else (0,), dtype=torch.float32))
+
+
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_len: Tensor, *,
+                     block_tables: Optional[Tensor] = None, page_size: int = 0,
+                     k_scale_shift: Optional[Tensor] = None,
+                     v_scale_shift: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                     sm_scale: Optional[float] = None, causal: bool = False,
+                     return_lse: bool = False):
+    """Decode attention over a KV cache in xformers' layouts (SPEC section 4).
+
+    q: (B, Mq, Hkv, G, D) (xformers BMGHK: G query heads per KV head) or (B, Mq, Hq, D).
+    k_cache / v_cache: f16/bf16 rows (B, L, Hkv, D); int4 rows as int32 words
+    (B, L, Hkv, n_groups + D/8) (n_groups read from the width); fp8 rows (B, L, Hkv, D/4) int32
+    with k_scale_shift / v_scale_shift (B, L, Hkv) int32. xformers' 5-D (B, L, Hkv, G, Dp)
+    caches (G broadcast) are accepted. Paged: pools (P * page_size, Hkv, Dp) (or xformers'
+    (1, P * page_size, Hkv, [G,] Dp)) with block_tables (B, max_pages) int32 and page_size.
+    seq_len (B) int32. bias (B, Hkv, G, Mq, capacity) additive. Returns out like q (and lse
+    (B, Mq, Hkv, G) / (B, Mq, Hq) fp32 with return_lse).
+    """
+    paged = block_tables is not None
+    if paged and page_size <= 0:
+        raise lowbit._error("decode_attention", "page_size",
+                            f"expected the page size of the paged cache, got {page_size}")
+    k = _cache_rows(k_cache, paged)
+    v = _cache_rows(v_cache, paged)
+    k_ss, v_ss = (None if t is None else _cache_rows(t.unsqueeze(-1), paged)[..., 0]
+                  for t in (k_scale_shift, v_scale_shift))
+    hkv = k.shape[-2]
+    four_d = q.dim() == 4
+    q5 = q.reshape(q.shape[0], q.shape[1], hkv, q.shape[2] // hkv, q.shape[3]) if four_d else q
+    fmt = _kv_format(k, k_ss)
+    n_groups = _n_groups(fmt, k.shape[-1], q5.shape[-1])
+    out, lse = torch.ops.lowbit.decode_attention(
+        q5, k, v, seq_len, block_tables, int(page_size), k_ss, v_ss, fmt, n_groups, bias,
+        0.0 if sm_scale is None else float(sm_scale), bool(causal), bool(return_lse))
+    if four_d:
+        out = out.reshape(q.shape)
+        lse = lse.reshape(q.shape[0], q.shape[1], q.shape[2]) if return_lse else lse
+    return (out, lse) if return_lse else out
+
+
+@_op("kv_append", mutates_args=("k_cache", "v_cache", "k_scale_shift", "v_scale_shift"))
+def _kv_append_op(k_cache: Tensor, v_cache: Tensor, k_scale_shift: Optional[Tensor],
+                  v_scale_shift: Optional[Tensor], seq_len: Tensor,
+                  block_tables: Optional[Tensor], page_size: int, fmt: str, n_groups: int,
+                  k_new: Tensor, v_new: Tensor, positions: Tensor) -> None:
+    m = _module("decode", "lowbit.torch.kv_append_")
+    cache = _make_cache(m, k_cache, v_cache, seq_len, block_tables, page_size, k_scale_shift,
+                        v_scale_shift, fmt, n_groups)
+    _run(m.kv_append, k_new.device, cache, to_lowbit(_inner_contiguous(k_new)),
+         to_lowbit(_inner_contiguous(v_new)), to_lowbit(positions))
+
+
+@_kv_append_op.register_fake
+def _(k_cache, v_cache, k_scale_shift, v_scale_shift, seq_len, block_tables, page_size, fmt,
+      n_groups, k_new, v_new, positions):
+    return None
+
+
+def kv_append_(k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor,
+               positions: Tensor, *, seq_len: Optional[Tensor] = None,
+               block_tables: Optional[Tensor] = None, page_size: int = 0,
+               k_scale_shift: Optional[Tensor] = None, v_scale_shift: Optional[Tensor] = None,
+               n_groups: Optional[int] = None) -> None:
+    """Quantizes k_new / v_new (B, Mnew, Hkv, D) and writes them into the cache (layouts as in
+    decode_attention; must be lowbit's own 4-D / pool shapes, not xformers' broadcast 5-D ones)
+    at positions (B) int32 + t. seq_len (B) int32 is not advanced (defaults to positions)."""
+    paged = block_tables is not None
+    fmt = _kv_format(k_cache, k_scale_shift)
+    d = k_new.shape[-1]
+    if n_groups is None:
+        n_groups = _n_groups(fmt, k_cache.shape[-1], d)
+    if seq_len is None:
+        seq_len = positions
+    torch.ops.lowbit.kv_append(k_cache, v_cache, k_scale_shift, v_scale_shift, seq_len,
+                               block_tables, int(page_size), fmt, int(n_groups), k_new, v_new,
+                               positions)
+
+
+def quantize_kv(x: Tensor, fmt: str = "int4", n_groups: int = 1):
+    """Quantizes rows x (B, L, Hkv, D) into a new contiguous cache of `fmt` ("int4", "fp8",
+    "f16", "bf16"): returns the rows (int32 words for int4 / fp8) and, for fp8, the scale/shift
+    words (B, L, Hkv) int32."""
+    b, length, hkv, d = x.shape
+    if fmt == "int4":
+        rows = torch.zeros((b, length, hkv, n_groups + d // 8), dtype=torch.int32, device=x.device)
+    elif fmt == "fp8":
+        rows = torch.zeros((b, length, hkv, d // 4), dtype=torch.int32, device=x.device)
+    else:
+        rows = torch.zeros(x.shape, dtype=_TORCH_OF_LOWBIT[fmt], device=x.device)
+    other = torch.zeros_like(rows)
+    ss = torch.zeros((b, length, hkv), dtype=torch.int32, device=x.device) if fmt == "fp8" \
+        else None
+    ss_other = torch.zeros_like(ss) if ss is not None else None
+    positions = torch.zeros((b,), dtype=torch.int32, device=x.device)
+    seq_len = torch.full((b,), length, dtype=torch.int32, device=x.device)
+    torch.ops.lowbit.kv_append(rows, other, ss, ss_other, seq_len, None, 0, fmt, int(n_groups),
+                               x, x, positions)
+    return (rows, ss) if fmt == "fp8" else rows
+
+
+@_op("merge_attentions")
+def _merge_op(outs: List[Tensor], lses: List[Tensor], out_dtype: torch.dtype
+              ) -> Tuple[Tensor, Tensor]:
+    m = _module("decode", "lowbit.torch.merge_attentions")
+    dev = outs[0].device
+    out = torch.empty(outs[0].shape, dtype=out_dtype, device=dev)
+    lse = torch.empty(lses[0].shape, dtype=torch.float32, device=dev)
+    _run(m.merge_attention, dev, [to_lowbit(_inner_contiguous(o)) for o in outs],
+         [to_lowbit(lv) for lv in lses], to_lowbit(out), lse=to_lowbit(lse))
+    return out, lse
+
+
+@_merge_op.register_fake
+def _(outs, lses, out_dtype):
+    return (outs[0].new_empty(outs[0].shape, dtype=out_dtype),
+            lses[0].new_empty(lses[0].shape, dtype=torch.float32))
+
+
+@_op("merge_attentions_backward")
+def _merge_backward_op(outs: List[Tensor], lses: List[Tensor], out: Tensor, lse: Tensor,
+                       grad_out: Tensor, grad_lse: Optional[Tensor]) -> List[Tensor]:
+    m = _module("decode", "lowbit.torch.merge_attentions")
+    dev = out.device
+    grad_outs = [torch.empty(o.shape, dtype=torch.float32, device=dev) for o in outs]
+    grad_lses = [torch.empty(lv.shape, dtype=torch.float32, device=dev) for lv in lses]
+    _run(m.merge_attention_backward, dev, [to_lowbit(_inner_contiguous(o)) for o in outs],
+         [to_lowbit(lv) for lv in lses], to_lowbit(out), to_lowbit(lse),
+         to_lowbit(_inner_contiguous(grad_out)),
+         None if grad_lse is None else to_lowbit(grad_lse),
+         [to_lowbit(g) for g in grad_outs], [to_lowbit(g) for g in grad_lses])
+    return grad_outs + grad_lses
+
+
+@_merge_backward_op.register_fake
+def _(outs, lses, out, lse, grad_out, grad_lse):
+    return ([o.new_empty(o.shape, dtype=torch.float32) for o in outs] +
+            [lv.new_empty(lv.shape, dtype=torch.float32) for lv in lses])
+
+
+def _merge_setup(ctx, inputs, output):
+    outs, lses, _ = inputs
+    out, lse = output
+    ctx.n = len(outs)
+    ctx.dtypes = [o.dtype for o in outs]
+    ctx.save_for_backward(*outs, *lses, out, lse)
+
+
+def _merge_backward(ctx, grad_out, grad_lse):
+    saved = ctx.saved_tensors
+    n = ctx.n
+    outs, lses, out, lse = list(saved[:n]), list(saved[n:2 * n]), saved[2 * n], saved[2 * n + 1]
+    if grad_out is None:
+        grad_out = torch.zeros_like(out, dtype=torch.float32)
+    grads = torch.ops.lowbit.merge_attentions_backward(outs, lses, out, lse, grad_out, grad_lse)
+    grad_outs = [g.to(dt) for g, dt in zip(grads[:n], ctx.dtypes)]
+    return grad_outs, grads[n:], None
+
+
+_merge_op.register_autograd(_merge_backward, setup_context=_merge_setup)
+
+
+def merge_attentions(outs: Sequence[Tensor], lses: Sequence[Tensor],
+                     out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+    """Merges partial attention results over disjoint key sets: outs[i] (..., D) with lses[i]
+    (...) fp32 natural-log LSEs -> (out (..., D), lse (...)). Differentiable w.r.t. outs and
+    lses."""
+    outs, lses = list(outs), list(lses)
+    return torch.ops.lowbit.merge_attentions(outs, lses, out_dtype or outs[0].dtype)

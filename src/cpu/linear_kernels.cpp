@@ -1,0 +1,731 @@
+// Row kernels of the CPU ConvRot backend: rotation, quantizers, packing (docs/linear.md).
+// Hot loops are written so GCC vectorizes them; LOWBIT_CLONES builds an AVX2 copy next to the
+// baseline one (picked at load time). Vectorization never changes the bits: every reduction
+// follows the fixed lane order of docs/linear.md and no FMA is formed (ISO C++ mode, and the
+// avx2 clone target does not include FMA).
+#include <algorithm>
+#include <cmath>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <cstring>
+#include <memory>
+
+#include "lowbit/dtype.h"
+#include "src/core/convert_elem.h"
+#include "src/cpu/linear_kernels.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define LOWBIT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define LOWBIT_CLONES
+#endif
+
+namespace lowbit {
+namespace cpu {
+namespace convrot {
+
+// ---- rotation ------------------------------------------------------------------------------------
+namespace {
+
+struct RotTables {
+  float sign[256];  // d[i] = (-1)^(number of base-4 digits equal to 3)
+  int16_t perm[256];  // p(j): the two bits of every base-4 digit swapped
+  float scale;        // 2^-k
+};
+
+RotTables make_tables(int n) {
+  RotTables t{};
+  int k = 0;
+  for (int m = n; m > 1; m /= 4) ++k;
+  for (int i = 0; i < n; ++i) {
+    int threes = 0, p = 0;
+    for (int d = 0; d < k; ++d) {
+      int digit = (i >> (2 * d)) & 3;
+      threes += digit == 3;
+      int swapped = ((digit & 1) << 1) | (digit >> 1);
+      p |= swapped << (2 * d);
+    }
+    t.sign[i] = (threes & 1) ? -1.f : 1.f;
+    t.perm[i] = static_cast<int16_t>(p);
+  }
+  t.scale = std::ldexp(1.f, -k);
+  return t;
+}
+
+const RotTables& tables(int n) {
+  static const RotTables t16 = make_tables(16), t64 = make_tables(64), t256 = make_tables(256);
+  return n == 16 ? t16 : n == 64 ? t64 : t256;
+}
+
+}  // namespace
+
+namespace {
+
+void rotate_block_scalar(const float* xb, float* yb, int rot, const RotTables& tb) {
+  float t[256];
+  for (int i = 0; i < rot; ++i) t[i] = xb[i] * tb.sign[i];
+  // Butterfly stages h = 1, 2, 4, ...: (a, b) -> (a + b, a - b).
+  for (int h = 1; h < rot; h *= 2)
+    for (int i = 0; i < rot; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        float a = t[j], c = t[j + h];
+        t[j] = a + c;
+        t[j + h] = a - c;
+      }
+  for (int j = 0; j < rot; ++j) yb[j] = tb.sign[j] * t[tb.perm[j]] * tb.scale;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// The same butterflies on 8-lane registers: stages 1, 2, 4 inside a register (partner lane by a
+// permute; the lower element of each pair takes a + b, the upper a - b, as in the scalar loop),
+// stages 8.. between registers. Same operations on the same operands: the same bits.
+__attribute__((target("avx2"))) void rotate_block_avx2(const float* xb, float* yb, int rot,
+                                                       const RotTables& tb) {
+  alignas(32) float t[256];
+  for (int i = 0; i < rot; i += 8) {
+    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xb + i), _mm256_loadu_ps(tb.sign + i));
+    __m256 sw = _mm256_permute_ps(v, 0xB1);  // h = 1: lanes [1, 0, 3, 2, ...]
+    v = _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), 0xAA);
+    sw = _mm256_permute_ps(v, 0x4E);  // h = 2: lanes [2, 3, 0, 1, ...]
+    v = _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), 0xCC);
+    sw = _mm256_permute2f128_ps(v, v, 1);  // h = 4: swap the 128-bit halves
+    v = _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), 0xF0);
+    _mm256_store_ps(t + i, v);
+  }
+  for (int h = 8; h < rot; h *= 2)
+    for (int i = 0; i < rot; i += 2 * h)
+      for (int j = i; j < i + h; j += 8) {
+        __m256 a = _mm256_load_ps(t + j), c = _mm256_load_ps(t + j + h);
+        _mm256_store_ps(t + j, _mm256_add_ps(a, c));
+        _mm256_store_ps(t + j + h, _mm256_sub_ps(a, c));
+      }
+  const __m256 scale = _mm256_set1_ps(tb.scale);
+  for (int j = 0; j < rot; j += 8) {
+    __m256i idx = _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tb.perm + j)));
+    __m256 g = _mm256_i32gather_ps(t, idx, 4);
+    _mm256_storeu_ps(yb + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(tb.sign + j), g), scale));
+  }
+}
+#endif
+
+bool g_force_scalar_rotation = false;
+
+}  // namespace
+
+void rotate_row(const float* x, float* y, int64_t K, int rot) {
+  const RotTables& tb = tables(rot);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  if (has_avx2 && !g_force_scalar_rotation) {
+    for (int64_t b = 0; b < K; b += rot) rotate_block_avx2(x + b, y + b, rot, tb);
+    return;
+  }
+#endif
+  for (int64_t b = 0; b < K; b += rot) rotate_block_scalar(x + b, y + b, rot, tb);
+}
+
+void load_row(const void* src, DType dt, int64_t K, float* dst) {
+  if (dt == DType::f32) {
+    std::memcpy(dst, src, static_cast<size_t>(K) * 4);
+  } else if (dt == DType::bf16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < K; ++i) dst[i] = dt::bits_f32(static_cast<uint32_t>(s[i]) << 16);
+  } else {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t i = 0; i < K; ++i) dst[i] = dt::f16_to_f32(s[i]);
+  }
+}
+
+void store_row(const float* src, DType dt, int64_t K, void* dst) {
+  if (dt == DType::f32) {
+    if (dst != src) std::memmove(dst, src, static_cast<size_t>(K) * 4);
+  } else {
+    for (int64_t i = 0; i < K; ++i) store_f32(dst, i, dt, src[i]);
+  }
+}
+
+// ---- quantizers -------------------------------------------------------------------------------
+// The hot primitives come in two builds with the same bits: plain scalar loops, and AVX2 (8 lanes;
+// the 16-lane sum order of docs/linear.md is two registers: lanes 0-7 and 8-15). The AVX2 build
+// uses only IEEE add/sub/mul/div, compares and the RNE round instruction, never FMA.
+namespace {
+
+// max |x| with NaN sticky (a NaN anywhere gives NaN).
+inline float amax_scalar(const float* x, int64_t n) {
+  float m = 0.f;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    float a = std::fabs(x[i]);
+    m = a > m ? a : m;
+    nan |= a != a;
+  }
+  return nan ? NAN : m;
+}
+
+void codes_scalar(const float* w, int64_t n, float s, float qmax, int8_t* codes) {
+  for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<int8_t>(round_clamp(w[i] / s, qmax));
+}
+
+// Σ (w - round_clamp(w / s)·s)² in the 16-lane order.
+float group_error_scalar(const float* w, int64_t g, float s, float qmax) {
+  float lane[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int64_t i = 0; i < g; i += 16)
+    for (int l = 0; l < 16; ++l) {
+      float q = round_clamp(w[i + l] / s, qmax);
+      float d = w[i + l] - q * s;
+      lane[l] += d * d;
+    }
+  return tree16(lane);
+}
+
+// num = Σ w·q, den = Σ q·q with q = round_clamp(w / s), 16-lane order.
+void refit_scalar(const float* w, int64_t g, float s, float qmax, float* num, float* den) {
+  float ln[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  float ld[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int64_t i = 0; i < g; i += 16)
+    for (int l = 0; l < 16; ++l) {
+      float cq = round_clamp(w[i + l] / s, qmax);
+      ln[l] += w[i + l] * cq;
+      ld[l] += cq * cq;
+    }
+  *num = tree16(ln);
+  *den = tree16(ld);
+}
+
+inline float clamp6(float z) {
+  z = z > 6.f ? 6.f : z;
+  return z < -6.f ? -6.f : z;
+}
+
+// Σ (w - e2m1(clamp(w/den))·den)² over a block of 16 in the lane-tree order.
+float nvfp4_error_scalar(const float* w, float den) {
+  float lane[16];
+  for (int l = 0; l < 16; ++l) {
+    float z = clamp6(w[l] / den);
+    float d = w[l] - dt::e2m1_to_f32(dt::f32_to_e2m1(z)) * den;
+    lane[l] = d * d;
+  }
+  return tree16(lane);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LOWBIT_HAVE_AVX2_PATH 1
+#define LOWBIT_AVX2 __attribute__((target("avx2")))
+
+LOWBIT_AVX2 inline __m256 abs8(__m256 x) {
+  return _mm256_andnot_ps(_mm256_set1_ps(-0.f), x);
+}
+// round_clamp on 8 lanes: RNE, clamp to ±qmax, NaN -> +0.
+LOWBIT_AVX2 inline __m256 round_clamp8(__m256 x, __m256 qmax, __m256 nqmax) {
+  __m256 r = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  r = _mm256_and_ps(r, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
+  r = _mm256_min_ps(r, qmax);
+  return _mm256_max_ps(r, nqmax);
+}
+// The docs/linear.md tree over lanes a[0..7] (0-7) and b[0..7] (8-15).
+LOWBIT_AVX2 inline float tree16_8x2(__m256 a, __m256 b) {
+  __m256 t = _mm256_add_ps(a, b);                                                    // h = 8
+  __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));      // h = 4
+  __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));                                      // h = 2
+  __m128 w = _mm_add_ss(v, _mm_shuffle_ps(v, v, 1));                                  // h = 1
+  return _mm_cvtss_f32(w);
+}
+
+LOWBIT_AVX2 float amax_avx2(const float* x, int64_t n) {
+  __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    m = _mm256_max_ps(m, abs8(v));  // NaN in v: max returns v's lane (2nd operand)... tracked below
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float r = 0.f;
+  for (int l = 0; l < 8; ++l) r = lanes[l] > r ? lanes[l] : r;
+  bool any_nan = _mm256_movemask_ps(nan) != 0;
+  for (; i < n; ++i) {
+    float a = std::fabs(x[i]);
+    r = a > r ? a : r;
+    any_nan |= a != a;
+  }
+  return any_nan ? NAN : r;
+}
+
+LOWBIT_AVX2 void codes_avx2(const float* w, int64_t n, float s, float qmax, int8_t* codes) {
+  const __m256 vs = _mm256_set1_ps(s), vq = _mm256_set1_ps(qmax), vnq = _mm256_set1_ps(-qmax);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 r = round_clamp8(_mm256_div_ps(_mm256_loadu_ps(w + i), vs), vq, vnq);
+    __m256i i32 = _mm256_cvtps_epi32(r);
+    __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packs_epi16(p16, p16));
+  }
+  codes_scalar(w + i, n - i, s, qmax, codes + i);
+}
+
+LOWBIT_AVX2 float group_error_avx2(const float* w, int64_t g, float s, float qmax) {
+  const __m256 vs = _mm256_set1_ps(s), vq = _mm256_set1_ps(qmax), vnq = _mm256_set1_ps(-qmax);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < g; i += 16) {
+    __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+    __m256 q0 = round_clamp8(_mm256_div_ps(w0, vs), vq, vnq);
+    __m256 q1 = round_clamp8(_mm256_div_ps(w1, vs), vq, vnq);
+    __m256 d0 = _mm256_sub_ps(w0, _mm256_mul_ps(q0, vs));
+    __m256 d1 = _mm256_sub_ps(w1, _mm256_mul_ps(q1, vs));
+    a0 = _mm256_add_ps(a0, _mm256_mul_ps(d0, d0));
+    a1 = _mm256_add_ps(a1, _mm256_mul_ps(d1, d1));
+  }
+  return tree16_8x2(a0, a1);
+}
+
+LOWBIT_AVX2 void refit_avx2(const float* w, int64_t g, float s, float qmax, float* num,
+                            float* den) {
+  const __m256 vs = _mm256_set1_ps(s), vq = _mm256_set1_ps(qmax), vnq = _mm256_set1_ps(-qmax);
+  __m256 n0 = _mm256_setzero_ps(), n1 = _mm256_setzero_ps();
+  __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < g; i += 16) {
+    __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+    __m256 q0 = round_clamp8(_mm256_div_ps(w0, vs), vq, vnq);
+    __m256 q1 = round_clamp8(_mm256_div_ps(w1, vs), vq, vnq);
+    n0 = _mm256_add_ps(n0, _mm256_mul_ps(w0, q0));
+    n1 = _mm256_add_ps(n1, _mm256_mul_ps(w1, q1));
+    d0 = _mm256_add_ps(d0, _mm256_mul_ps(q0, q0));
+    d1 = _mm256_add_ps(d1, _mm256_mul_ps(q1, q1));
+  }
+  *num = tree16_8x2(n0, n1);
+  *den = tree16_8x2(d0, d1);
+}
+
+// e2m1 value of clamp(w / den) (the SPEC §3.4 boundary count), 8 lanes.
+LOWBIT_AVX2 inline __m256 e2m1_value8(__m256 w, __m256 den) {
+  const __m256 six = _mm256_set1_ps(6.f), nsix = _mm256_set1_ps(-6.f);
+  __m256 z = _mm256_div_ps(w, den);
+  z = _mm256_max_ps(nsix, z);  // NaN z stays NaN (max/min return the 2nd operand on NaN)
+  z = _mm256_min_ps(six, z);
+  __m256 a = abs8(z);
+  __m256i idx = _mm256_setzero_si256();
+  const float bounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  for (float b : bounds)
+    idx = _mm256_sub_epi32(idx, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(b), _CMP_GT_OQ)));
+  const __m256 mags = _mm256_setr_ps(0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f);
+  __m256 v = _mm256_permutevar8x32_ps(mags, idx);
+  __m256 neg = _mm256_and_ps(_mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ), _mm256_set1_ps(-0.f));
+  return _mm256_xor_ps(v, neg);
+}
+
+LOWBIT_AVX2 float nvfp4_error_avx2(const float* w, float den) {
+  const __m256 vd = _mm256_set1_ps(den);
+  __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+  __m256 d0 = _mm256_sub_ps(w0, _mm256_mul_ps(e2m1_value8(w0, vd), vd));
+  __m256 d1 = _mm256_sub_ps(w1, _mm256_mul_ps(e2m1_value8(w1, vd), vd));
+  return tree16_8x2(_mm256_mul_ps(d0, d0), _mm256_mul_ps(d1, d1));
+}
+#endif
+
+struct Primitives {
+  float (*amax)(const float*, int64_t);
+  void (*codes)(const float*, int64_t, float, float, int8_t*);
+  float (*group_error)(const float*, int64_t, float, float);
+  void (*refit)(const float*, int64_t, float, float, float*, float*);
+  float (*nvfp4_error)(const float*, float);
+};
+
+bool g_force_scalar = false;
+
+const Primitives& prims() {
+  static const Primitives scalar = {amax_scalar, codes_scalar, group_error_scalar, refit_scalar,
+                                    nvfp4_error_scalar};
+#ifdef LOWBIT_HAVE_AVX2_PATH
+  static const Primitives avx2 = {amax_avx2, codes_avx2, group_error_avx2, refit_avx2,
+                                  nvfp4_error_avx2};
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  if (has_avx2 && !g_force_scalar) return avx2;
+#endif
+  return scalar;
+}
+
+inline float amax_of(const float* x, int64_t n) { return prims().amax(x, n); }
+
+}  // namespace
+
+bool simd_kernels_available() {
+#ifdef LOWBIT_HAVE_AVX2_PATH
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+void force_scalar_kernels(bool on) {
+  g_force_scalar = on;
+  g_force_scalar_rotation = on;
+}
+
+float quantize_row_int(const float* w, int64_t K, int qmax, int8_t* codes) {
+  const Primitives& p = prims();
+  float scale = p.amax(w, K) / static_cast<float>(qmax);
+  if (scale == 0.f) scale = 1.f;
+  p.codes(w, K, scale, static_cast<float>(qmax), codes);
+  return scale;
+}
+
+LOWBIT_CLONES float quantize_row_fp8(const float* w, int64_t K, uint8_t* codes) {
+  float scale = amax_of(w, K) / 448.f;
+  if (scale == 0.f) scale = 1.f;
+  for (int64_t i = 0; i < K; ++i) codes[i] = dt::f32_to_e4m3(w[i] / scale);
+  return scale;
+}
+
+float mse_group_quantize(const float* w, int64_t g, int qmax, int8_t* codes) {
+  const Primitives& p = prims();
+  // Candidate multipliers c_i = float(f_i / qmax), f_i = 0.2 + i * (0.8 / 15) in fp64.
+  float c[16];
+  for (int i = 0; i < 16; ++i) c[i] = static_cast<float>((0.2 + i * (0.8 / 15)) / qmax);
+  const float q = static_cast<float>(qmax);
+  float amax = p.amax(w, g);
+  if (amax == 0.f) amax = 1.f;
+  float best_s = amax * c[0];
+  float best_e = p.group_error(w, g, best_s, q);
+  for (int i = 1; i < 16; ++i) {
+    float s = amax * c[i];
+    float e = p.group_error(w, g, s, q);
+    if (e < best_e) {
+      best_e = e;
+      best_s = s;
+    }
+  }
+  float s = best_s;
+  for (int it = 0; it < 2; ++it) {
+    float num, den;
+    p.refit(w, g, s, q, &num, &den);
+    if (den > 0.f && num > 0.f) s = num / den;
+  }
+  p.codes(w, g, s, q, codes);
+  return s;
+}
+
+float fold_group_scales(const float* gscales, int64_t n_groups, int qmax, float* ratios) {
+  float m = gscales[0];
+  for (int64_t g = 1; g < n_groups; ++g) m = gscales[g] > m ? gscales[g] : m;
+  float rscale = m * static_cast<float>(qmax / 127.0);
+  if (rscale == 0.f) rscale = 1.f;
+  for (int64_t g = 0; g < n_groups; ++g) ratios[g] = gscales[g] / rscale;
+  return rscale;
+}
+
+namespace {
+
+inline float nvfp4_den(uint8_t s8, float pts) {
+  float den = dt::e4m3_to_f32(s8) * pts;
+  return den > 0.f ? den : 1.f;
+}
+inline void nvfp4_block_codes(const float* w, float den, uint8_t* packed8) {
+  for (int l = 0; l < 16; l += 2) {
+    uint8_t lo = dt::f32_to_e2m1(clamp6(w[l] / den));
+    uint8_t hi = dt::f32_to_e2m1(clamp6(w[l + 1] / den));
+    packed8[l / 2] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
+}  // namespace
+
+void quantize_row_nvfp4_weight(const float* w, int64_t K, float pts,
+                                             uint8_t* scales_out, uint8_t* packed_out) {
+  static const float kFrac[9] = {
+      static_cast<float>(0.70), static_cast<float>(0.75), static_cast<float>(0.80),
+      static_cast<float>(0.85), static_cast<float>(0.90), static_cast<float>(0.95),
+      static_cast<float>(1.00), static_cast<float>(1.05), static_cast<float>(1.10)};
+  const Primitives& p = prims();
+  const float six_pts = 6.f * pts;
+  for (int64_t b = 0; b < K / 16; ++b) {
+    const float* wb = w + b * 16;
+    float base = amax_of(wb, 16) / six_pts;
+    bool have = false;
+    uint8_t best_s = 0;
+    float best_e = 0.f;
+    for (int i = 0; i < 9; ++i) {
+      float c = base * kFrac[i];
+      if (c > 448.f) continue;
+      uint8_t s8 = dt::f32_to_e4m3(c);
+      float e = p.nvfp4_error(wb, nvfp4_den(s8, pts));
+      if (!have || e < best_e) {
+        have = true;
+        best_e = e;
+        best_s = s8;
+      }
+    }
+    if (!have) best_s = dt::f32_to_e4m3(base);
+    scales_out[b] = best_s;
+    nvfp4_block_codes(wb, nvfp4_den(best_s, pts), packed_out + b * 8);
+  }
+}
+
+LOWBIT_CLONES void quantize_row_nvfp4_act(const float* x, int64_t K, uint8_t* scales_out,
+                                          uint8_t* packed_out) {
+  for (int64_t b = 0; b < K / 16; ++b) {
+    const float* xb = x + b * 16;
+    float base = amax_of(xb, 16) / 6.f;
+    base = base > 448.f ? 448.f : base;
+    uint8_t s8 = dt::f32_to_e4m3(base);
+    scales_out[b] = s8;
+    nvfp4_block_codes(xb, nvfp4_den(s8, 1.f), packed_out + b * 8);
+  }
+}
+
+// ---- packing ------------------------------------------------------------------------------------
+void pack_bits(const int8_t* codes, int64_t K, int bits, uint8_t* out) {
+  const int qmax = (1 << (bits - 1)) - 1;
+  for (int64_t i = 0; i < K; i += 8) {
+    uint64_t word = 0;
+    for (int j = 0; j < 8; ++j)
+      word |= static_cast<uint64_t>(codes[i + j] + qmax) << (j * bits);
+    for (int b = 0; b < bits; ++b) out[i / 8 * bits + b] = static_cast<uint8_t>(word >> (8 * b));
+  }
+}
+
+void unpack_bits(const uint8_t* in, int64_t K, int bits, int8_t* codes) {
+  const int qmax = (1 << (bits - 1)) - 1;
+  const uint64_t mask = (1u << bits) - 1u;
+  for (int64_t i = 0; i < K; i += 8) {
+    uint64_t word = 0;
+    for (int b = 0; b < bits; ++b) word |= static_cast<uint64_t>(in[i / 8 * bits + b]) << (8 * b);
+    for (int j = 0; j < 8; ++j)
+      codes[i + j] = static_cast<int8_t>(static_cast<int>((word >> (j * bits)) & mask) - qmax);
+  }
+}
+
+void pack_ternary(const int8_t* codes, int64_t K, uint8_t* out) {
+  for (int64_t i = 0; i < K; i += 5) {
+    int v = 0, w = 1;
+    for (int j = 0; j < 5; ++j, w *= 3) v += (i + j < K ? codes[i + j] + 1 : 0) * w;
+    out[i / 5] = static_cast<uint8_t>(v);
+  }
+}
+
+void unpack_ternary(const uint8_t* in, int64_t K, int8_t* codes) {
+  for (int64_t i = 0; i < K; i += 5) {
+    int v = in[i / 5];
+    for (int j = 0; j < 5 && i + j < K; ++j, v /= 3) codes[i + j] = static_cast<int8_t>(v % 3 - 1);
+  }
+}
+
+void pack_nibbles(const uint8_t* nibbles, int64_t K, uint8_t* out) {
+  for (int64_t i = 0; i < K; i += 2)
+    out[i / 2] = static_cast<uint8_t>((nibbles[i] & 15u) | ((nibbles[i + 1] & 15u) << 4));
+}
+
+// ---- packed rows ----------------------------------------------------------------------------------
+namespace {
+
+bool grouped(QType q) {
+  return (q >= QType::convrot_int2 && q <= QType::convrot_int7) || q == QType::convrot_bitnet;
+}
+int qmax_of(const PackedWeightView& w) {
+  if (w.qtype == QType::convrot8) return 127;
+  return (1 << (w.bits - 1)) - 1;
+}
+template <typename T>
+T* row_ptr(const TensorView& t, int64_t o) {
+  return static_cast<T*>(t.data) + o * t.shape[t.ndim - 1];
+}
+
+// The stored n-bit / ternary / int4 codes of row o (before the int8 fold).
+void stored_codes(const PackedWeightView& w, int64_t o, int8_t* codes) {
+  const int64_t K = w.in_features;
+  switch (w.qtype) {
+    case QType::convrot8:
+      std::memcpy(codes, row_ptr<int8_t>(w.codes, o), static_cast<size_t>(K));
+      break;
+    case QType::convrot_bitnet:
+      unpack_ternary(row_ptr<uint8_t>(w.codes, o), K, codes);
+      break;
+    case QType::convrot_comfy_w4a4: {
+      const uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+      for (int64_t i = 0; i < K; ++i)
+        codes[i] = signed_nibble(static_cast<uint8_t>((i & 1) ? p[i / 2] >> 4 : p[i / 2] & 15u));
+      break;
+    }
+    default:
+      unpack_bits(row_ptr<uint8_t>(w.codes, o), K, w.bits, codes);
+      break;
+  }
+}
+
+void store_codes(const PackedWeightView& w, int64_t o, const int8_t* codes) {
+  const int64_t K = w.in_features;
+  switch (w.qtype) {
+    case QType::convrot8:
+      std::memcpy(row_ptr<int8_t>(w.codes, o), codes, static_cast<size_t>(K));
+      break;
+    case QType::convrot_bitnet:
+      pack_ternary(codes, K, row_ptr<uint8_t>(w.codes, o));
+      break;
+    case QType::convrot_comfy_w4a4: {
+      uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+      for (int64_t i = 0; i < K; i += 2)
+        p[i / 2] = static_cast<uint8_t>((codes[i] & 15) | ((codes[i + 1] & 15) << 4));
+      break;
+    }
+    default:
+      pack_bits(codes, K, w.bits, row_ptr<uint8_t>(w.codes, o));
+      break;
+  }
+}
+
+}  // namespace
+
+void quantize_weight_row(const float* w_rot, int64_t o, const PackedWeightView& w) {
+  const int64_t K = w.in_features;
+  const QType q = w.qtype;
+  float* scales = static_cast<float*>(w.scales.data);
+  if (q == QType::convrot_fp8) {
+    scales[o] = quantize_row_fp8(w_rot, K, row_ptr<uint8_t>(w.codes, o));
+    return;
+  }
+  int8_t codes[65536 / 4];
+  int8_t* c = codes;
+  std::unique_ptr<int8_t[]> big;
+  if (K > static_cast<int64_t>(sizeof(codes))) {
+    big.reset(new int8_t[K]);
+    c = big.get();
+  }
+  const int qmax = qmax_of(w);
+  if (grouped(q)) {
+    const int64_t g = w.group, ng = K / g;
+    float gs_stack[1024];
+    std::unique_ptr<float[]> gs_big;
+    float* gs = gs_stack;
+    if (ng > 1024) {
+      gs_big.reset(new float[ng]);
+      gs = gs_big.get();
+    }
+    for (int64_t j = 0; j < ng; ++j) gs[j] = mse_group_quantize(w_rot + j * g, g, qmax, c + j * g);
+    scales[o] = fold_group_scales(gs, ng, qmax, row_ptr<float>(w.ratios, o));
+  } else if (q == QType::convrot_comfy_w4a4) {
+    scales[o] = mse_group_quantize(w_rot, K, qmax, c);
+  } else {
+    scales[o] = quantize_row_int(w_rot, K, qmax, c);
+  }
+  store_codes(w, o, c);
+}
+
+void weight_row_gemm_codes(const PackedWeightView& w, int64_t o, int8_t* codes) {
+  stored_codes(w, o, codes);
+  if (!grouped(w.qtype)) return;
+  const float* ratios = row_ptr<float>(w.ratios, o);
+  for (int64_t i = 0; i < w.in_features; ++i) codes[i] = fold_code(codes[i], ratios[i / w.group]);
+}
+
+void dequantize_weight_row(const PackedWeightView& w, int64_t o, float* out) {
+  const int64_t K = w.in_features;
+  if (w.qtype == QType::convrot4) {
+    const float pts = *static_cast<const float*>(w.tensor_scale.data);
+    const uint8_t* s = row_ptr<uint8_t>(w.block_scales, o);
+    const uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+    for (int64_t i = 0; i < K; ++i) {
+      float scale = dt::e4m3_to_f32(s[i / 16]) * pts;
+      out[i] = dt::e2m1_to_f32(dt::get_nibble(p, i)) * scale;
+    }
+    return;
+  }
+  const float scale = static_cast<const float*>(w.scales.data)[o];
+  if (w.qtype == QType::convrot_fp8) {
+    const uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+    for (int64_t i = 0; i < K; ++i) out[i] = dt::e4m3_to_f32(p[i]) * scale;
+    return;
+  }
+  std::unique_ptr<int8_t[]> codes(new int8_t[K]);
+  weight_row_gemm_codes(w, o, codes.get());
+  for (int64_t i = 0; i < K; ++i) out[i] = static_cast<float>(codes[i]) * scale;
+}
+
+namespace {
+
+// Stochastic rounding of |z| between two neighbours of a sorted grid of magnitudes.
+inline float stochastic_between(float lo, float hi, float a, float u) {
+  float p = (a - lo) / (hi - lo);
+  return u < p ? hi : lo;
+}
+
+uint8_t stochastic_e4m3(float z, float u) {
+  if (z != z) return dt::f32_to_e4m3(z);
+  float a = std::fabs(z);
+  uint8_t sign = z < 0.f ? 0x80u : 0u;
+  if (a >= 448.f) return static_cast<uint8_t>(sign | 0x7eu);
+  uint8_t c = dt::f32_to_e4m3(a);
+  if (dt::e4m3_to_f32(c) > a) --c;  // magnitude codes are monotonic: c is now the value below
+  float lo = dt::e4m3_to_f32(c), hi = dt::e4m3_to_f32(static_cast<uint8_t>(c + 1));
+  if (lo == a) return static_cast<uint8_t>(sign | c);
+  float v = stochastic_between(lo, hi, a, u);
+  return static_cast<uint8_t>(sign | (v == hi ? c + 1 : c));
+}
+
+uint8_t stochastic_e2m1(float z, float u) {
+  static const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  if (z != z) return 0;
+  float a = std::fabs(clamp6(z));
+  int lo = 0;
+  while (lo < 7 && mag[lo + 1] <= a) ++lo;
+  int idx = lo;
+  if (lo < 7 && mag[lo] != a && stochastic_between(mag[lo], mag[lo + 1], a, u) == mag[lo + 1])
+    idx = lo + 1;
+  return static_cast<uint8_t>(idx | (z < 0.f ? 8 : 0));
+}
+
+inline float safe_scale(float s) { return s > 0.f ? s : 1.f; }
+
+}  // namespace
+
+void requantize_weight_row(const PackedWeightView& w, int64_t o, const float* w_rot,
+                           bool stochastic, uint64_t seed) {
+  const int64_t K = w.in_features;
+  const uint64_t base = static_cast<uint64_t>(o) * static_cast<uint64_t>(K);
+  if (w.qtype == QType::convrot4) {
+    const float pts = *static_cast<const float*>(w.tensor_scale.data);
+    const uint8_t* s = row_ptr<uint8_t>(w.block_scales, o);
+    uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+    for (int64_t i = 0; i < K; i += 2) {
+      uint8_t c[2];
+      for (int j = 0; j < 2; ++j) {
+        float den = nvfp4_den(s[(i + j) / 16], pts);
+        float z = clamp6(w_rot[i + j] / den);
+        c[j] = stochastic ? stochastic_e2m1(z, uniform01(seed, base + i + j)) : dt::f32_to_e2m1(z);
+      }
+      p[i / 2] = static_cast<uint8_t>(c[0] | (c[1] << 4));
+    }
+    return;
+  }
+  const float rscale = static_cast<const float*>(w.scales.data)[o];
+  if (w.qtype == QType::convrot_fp8) {
+    uint8_t* p = row_ptr<uint8_t>(w.codes, o);
+    const float sc = safe_scale(rscale);
+    for (int64_t i = 0; i < K; ++i) {
+      float z = w_rot[i] / sc;
+      p[i] = stochastic ? stochastic_e4m3(z, uniform01(seed, base + i)) : dt::f32_to_e4m3(z);
+    }
+    return;
+  }
+  const float qmax = static_cast<float>(qmax_of(w));
+  std::unique_ptr<int8_t[]> codes(new int8_t[K]);
+  const float* ratios = grouped(w.qtype) ? row_ptr<float>(w.ratios, o) : nullptr;
+  for (int64_t i = 0; i < K; ++i) {
+    float sc = safe_scale(ratios ? ratios[i / w.group] * rscale : rscale);
+    float z = w_rot[i] / sc;
+    float r;
+    if (stochastic) {
+      r = std::floor(z + uniform01(seed, base + i));
+      r = r > qmax ? qmax : r;
+      r = r < -qmax ? -qmax : r;
+      r = r == r ? r : 0.f;
+    } else {
+      r = round_clamp(z, qmax);
+    }
+    codes[i] = static_cast<int8_t>(r);
+  }
+  store_codes(w, o, codes.get());
+}
+
+}  // namespace convrot
+}  // namespace cpu
+}  // namespace lowbit

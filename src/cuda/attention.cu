@@ -1,0 +1,736 @@
+// CUDA backend of the attention family (SPEC §2): the mma.sync kernel (sm_89/sm_90; INT8
+// m16n8k32 for q k^T, e4m3 m16n8k32 or bf16/f16 m16n8k16 for P V), V quantization to fp8, and the
+// helpers of the one-call path (K mean, INT8 row quantization in SPEC §1's layouts).
+//
+// Attention kernel: one CTA = 8 warps = 128 query rows of one (batch, head); 64 keys per step,
+// K/V tiles double-buffered in shared memory with cp.async; each warp owns 16 rows and keeps
+// their logits, online-softmax state and output accumulator in registers.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "lowbit/attention.h"
+#include "lowbit/dtype.h"
+#include "src/core/dispatch.h"
+#include "src/cpu/attention_backend.h"
+#include "src/cuda/common.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2_448 = 8.807354922057604f;
+constexpr int kWarps = 8;            // warps per CTA
+constexpr int kRowsPerCta = 16 * kWarps;
+constexpr int kKvTile = 64;          // keys per step (the oracle's tile)
+constexpr int kThreads = 32 * kWarps;
+
+// ---- small PTX wrappers ----------------------------------------------------------------------
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // the fp8 path is only launched on sm_89+
+#endif
+}
+
+template <typename T16>
+__device__ __forceinline__ void mma_16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1) {
+  if constexpr (std::is_same<T16, __nv_bfloat16>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// Four e4m3 codes (round to nearest even, saturating) of x0..x3, x0 in the low byte.
+__device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+#else
+  return static_cast<uint32_t>(dt::f32_to_e4m3(x0)) | (uint32_t{dt::f32_to_e4m3(x1)} << 8) |
+         (uint32_t{dt::f32_to_e4m3(x2)} << 16) | (uint32_t{dt::f32_to_e4m3(x3)} << 24);
+#endif
+}
+
+template <typename T16>
+__device__ __forceinline__ uint32_t pack_16x2(float lo, float hi) {
+  if constexpr (std::is_same<T16, __nv_bfloat16>::value) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+template <typename T16>
+__device__ __forceinline__ float to_f32(T16 x) {
+  if constexpr (std::is_same<T16, __nv_bfloat16>::value) return __bfloat162float(x);
+  else return __half2float(x);
+}
+
+__device__ __forceinline__ int64_t scale_index_dev(int layout, int block, int64_t row) {
+  const int64_t r = row % block;
+  int64_t group = 0, groups = 1;
+  if (layout == 1) { group = r % 8; groups = 8; }
+  else if (layout == 2) { group = (r % 8) / 2; groups = 4; }
+  else if (layout == 3) { group = r / 32; groups = 4; }
+  return (row / block) * groups + group;
+}
+
+// ---- attention kernel --------------------------------------------------------------------------
+
+struct AttnParams {
+  const int8_t* q;          // (B, Nq, Hq, D) int8
+  int64_t q_sb, q_sn, q_sh;
+  const float* q_scale;     // (B, Hq, S)
+  int64_t qs_sb, qs_sh, qs_ss;
+  int q_layout, q_block;
+  const int8_t* k;          // (B, Nkv, Hkv, D) int8
+  int64_t k_sb, k_sn, k_sh;
+  const float* k_scale;     // (B, Hkv, S)
+  int64_t ks_sb, ks_sh, ks_ss;
+  int k_layout, k_block;
+  const void* v;            // fp8: (B, Hkv, D, npad) e4m3; 16-bit: (B, Nkv, Hkv, D)
+  int64_t v_sb, v_sn, v_sh;  // 16-bit mode strides (elements)
+  int64_t npad;
+  const float* v_scale;     // (B, Hkv, D) or null (16-bit)
+  const float* v_mean;      // (B, Hkv, D) or null
+  const float* k_mean;      // (B, Hkv, D) or null
+  void* out;                // (B, Nq, Hq, D) 16-bit
+  int64_t o_sb, o_sn, o_sh;
+  float* lse;               // (B, Hq, Nq) or null
+  int64_t l_sb, l_sh, l_sn;
+  int Nq, Nkv, Hq, Hkv, G;
+  int causal;               // 0 none; else keys j < i + shift + 1 are visible
+  int64_t shift;
+  float scale_log2, sm_scale;
+};
+
+template <int D, bool FP8>
+struct Smem {
+  static constexpr int kQStride = D + 16;                        // bytes per q/k row
+  static constexpr int kVStride = FP8 ? kKvTile + 16 : (D + 8) * 2;  // bytes per V row
+  static constexpr int kVRows = FP8 ? D : kKvTile;
+  static constexpr int kQBytes = kRowsPerCta * kQStride;
+  static constexpr int kKBytes = kKvTile * kQStride;
+  static constexpr int kVBytes = kVRows * kVStride;
+  static constexpr int kKOff = kQBytes;
+  static constexpr int kVOff = kKOff + 2 * kKBytes;
+  static constexpr int kSOff = kVOff + 2 * kVBytes;
+  static constexpr int kBytes = kSOff + 2 * kKvTile * 4;
+};
+
+inline __device__ int64_t visible_end(const AttnParams& p, int64_t row) {
+  if (!p.causal) return p.Nkv;
+  int64_t e = row + p.shift + 1;
+  return e < 0 ? 0 : (e > p.Nkv ? p.Nkv : e);
+}
+
+template <int D, bool FP8, typename T16>
+__global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p) {
+  using S = Smem<D, FP8>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* sQ = smem;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int q_blocks = gridDim.x;
+  const int qb = p.causal ? q_blocks - 1 - blockIdx.x : blockIdx.x;  // long rows first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const int64_t q0 = static_cast<int64_t>(qb) * kRowsPerCta;
+
+  const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
+  const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
+  const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
+
+  // Keys this CTA needs: up to the visible end of its last row.
+  const int64_t last_row = min(q0 + kRowsPerCta, static_cast<int64_t>(p.Nq)) - 1;
+  const int64_t kv_end = visible_end(p, last_row);
+  const int n_tiles = static_cast<int>((kv_end + kKvTile - 1) / kKvTile);
+
+  // Q tile.
+  constexpr int kChunks = D / 16;
+  for (int c = tid; c < kRowsPerCta * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = c % kChunks;
+    const bool ok = q0 + r < p.Nq;
+    cp_async16(sQ + r * S::kQStride + col * 16, ok ? qg + (q0 + r) * p.q_sn + col * 16 : p.q, ok);
+  }
+  auto load_tile = [&](int tile, int buf) {
+    const int64_t kv0 = static_cast<int64_t>(tile) * kKvTile;
+    uint8_t* sK = smem + S::kKOff + buf * S::kKBytes;
+    for (int c = tid; c < kKvTile * kChunks; c += kThreads) {
+      const int r = c / kChunks, col = c % kChunks;
+      const bool ok = kv0 + r < p.Nkv;
+      cp_async16(sK + r * S::kQStride + col * 16, ok ? kg + (kv0 + r) * p.k_sn + col * 16 : p.k,
+                 ok);
+    }
+    uint8_t* sV = smem + S::kVOff + buf * S::kVBytes;
+    if constexpr (FP8) {
+      const uint8_t* vg = static_cast<const uint8_t*>(p.v) +
+                          (static_cast<int64_t>(b) * p.Hkv + hk) * D * p.npad + kv0;
+      for (int c = tid; c < D * (kKvTile / 16); c += kThreads) {
+        const int d = c / (kKvTile / 16), col = c % (kKvTile / 16);
+        cp_async16(sV + d * S::kVStride + col * 16, vg + d * p.npad + col * 16, true);
+      }
+    } else {
+      const T16* vg = static_cast<const T16*>(p.v) + b * p.v_sb + hk * p.v_sh;
+      constexpr int kVChunks = D / 8;
+      for (int c = tid; c < kKvTile * kVChunks; c += kThreads) {
+        const int r = c / kVChunks, col = c % kVChunks;
+        const bool ok = kv0 + r < p.Nkv;
+        cp_async16(sV + r * S::kVStride + col * 16,
+                   ok ? static_cast<const void*>(vg + (kv0 + r) * p.v_sn + col * 8) : p.v, ok);
+      }
+    }
+    if (tid < kKvTile) {
+      const int64_t key = kv0 + tid;
+      reinterpret_cast<float*>(smem + S::kSOff)[buf * kKvTile + tid] =
+          key < p.Nkv ? ksg[scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss] : 0.f;
+    }
+  };
+  if (n_tiles > 0) load_tile(0, 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // This thread's two rows, their scales and visible ends.
+  const int64_t row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+  const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
+  const float qs0 = row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
+  const float qs1 = row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
+  const int64_t end0 = row0 < p.Nq ? visible_end(p, row0) : 0;
+  const int64_t end1 = row1 < p.Nq ? visible_end(p, row1) : 0;
+
+  // Q fragments (A of m16n8k32): rows g / g+8, bytes 4t.. and 16+4t.. of each 32-channel step.
+  uint32_t qf[D / 32][4];
+  {
+    const uint8_t* base = sQ + (warp * 16 + g) * S::kQStride;
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk) {
+      qf[kk][0] = *reinterpret_cast<const uint32_t*>(base + kk * 32 + 4 * t);
+      qf[kk][1] = *reinterpret_cast<const uint32_t*>(base + 8 * S::kQStride + kk * 32 + 4 * t);
+      qf[kk][2] = *reinterpret_cast<const uint32_t*>(base + kk * 32 + 16 + 4 * t);
+      qf[kk][3] = *reinterpret_cast<const uint32_t*>(base + 8 * S::kQStride + kk * 32 + 16 + 4 * t);
+    }
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const float p_offset = FP8 ? kLog2_448 : 0.f;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int buf = tile & 1;
+    if (tile + 1 < n_tiles) load_tile(tile + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int64_t kv0 = static_cast<int64_t>(tile) * kKvTile;
+    const uint8_t* sK = smem + S::kKOff + buf * S::kKBytes;
+    const float* sKs = reinterpret_cast<const float*>(smem + S::kSOff) + buf * kKvTile;
+
+    // S = q k^T in int32 (8 key groups of 8).
+    int acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint8_t* kr = sK + (j * 8 + g) * S::kQStride + kk * 32 + 4 * t;
+        mma_s8(acc[j], qf[kk], *reinterpret_cast<const uint32_t*>(kr),
+               *reinterpret_cast<const uint32_t*>(kr + 16));
+      }
+    }
+    // Dequantize to base-2 logits, mask, row maxima.
+    float s[8][4];
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = j * 8 + 2 * t + e;
+        const int64_t key = kv0 + col;
+        const float ks = sKs[col];
+        float v0 = __fmul_rn(__fmul_rn(static_cast<float>(acc[j][e]), __fmul_rn(qs0, ks)), p.scale_log2);
+        float v1 = __fmul_rn(__fmul_rn(static_cast<float>(acc[j][2 + e]), __fmul_rn(qs1, ks)), p.scale_log2);
+        v0 = key < end0 ? v0 : -INFINITY;
+        v1 = key < end1 ? v1 : -INFINITY;
+        s[j][e] = v0;
+        s[j][2 + e] = v1;
+        mx0 = fmaxf(mx0, v0);
+        mx1 = fmaxf(mx1, v1);
+      }
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float r0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - mn0);
+    const float r1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - mn1);
+    const float off0 = mn0 == -INFINITY ? 0.f : mn0 - p_offset;
+    const float off1 = mn1 == -INFINITY ? 0.f : mn1 - p_offset;
+    m0 = mn0;
+    m1 = mn1;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[j][0] = fast_exp2(s[j][0] - off0);
+      s[j][1] = fast_exp2(s[j][1] - off0);
+      s[j][2] = fast_exp2(s[j][2] - off1);
+      s[j][3] = fast_exp2(s[j][3] - off1);
+      sum0 += s[j][0] + s[j][1];
+      sum1 += s[j][2] + s[j][3];
+    }
+    l0 = l0 * r0 + sum0;
+    l1 = l1 * r1 + sum1;
+
+    const uint8_t* sV = smem + S::kVOff + buf * S::kVBytes;
+    if constexpr (FP8) {
+      // P as e4m3 A fragments; keys in the order of the fp8 V layout (attention.h).
+      uint32_t pa[2][4];
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const int j = 4 * ks;
+        pa[ks][0] = pack_e4m3x4(s[j][0], s[j][1], s[j + 1][0], s[j + 1][1]);
+        pa[ks][1] = pack_e4m3x4(s[j][2], s[j][3], s[j + 1][2], s[j + 1][3]);
+        pa[ks][2] = pack_e4m3x4(s[j + 2][0], s[j + 2][1], s[j + 3][0], s[j + 3][1]);
+        pa[ks][3] = pack_e4m3x4(s[j + 2][2], s[j + 2][3], s[j + 3][2], s[j + 3][3]);
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        float c[4] = {0.f, 0.f, 0.f, 0.f};  // two-level accumulation: this tile's P V
+        const uint8_t* vr = sV + (n * 8 + g) * S::kVStride + 4 * t;
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks)
+          mma_e4m3(c, pa[ks], *reinterpret_cast<const uint32_t*>(vr + ks * 32),
+                   *reinterpret_cast<const uint32_t*>(vr + ks * 32 + 16));
+        o[n][0] = o[n][0] * r0 + c[0];
+        o[n][1] = o[n][1] * r0 + c[1];
+        o[n][2] = o[n][2] * r1 + c[2];
+        o[n][3] = o[n][3] * r1 + c[3];
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[n][0] *= r0;
+        o[n][1] *= r0;
+        o[n][2] *= r1;
+        o[n][3] *= r1;
+      }
+#pragma unroll
+      for (int kk = 0; kk < kKvTile / 16; ++kk) {
+        uint32_t pa[4];
+        pa[0] = pack_16x2<T16>(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = pack_16x2<T16>(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = pack_16x2<T16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = pack_16x2<T16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          uint32_t vb[4];
+          const int row = kk * 16 + (lane & 15), col = n * 8 + (lane >> 4) * 8;
+          ldmatrix_x4_trans(vb, sV + row * S::kVStride + col * 2);
+          mma_16<T16>(o[n], pa, vb[0], vb[1]);
+          mma_16<T16>(o[n + 1], pa, vb[2], vb[3]);
+        }
+      }
+    }
+    __syncthreads();  // the buffer is refilled next step
+  }
+
+  // Epilogue: full row sums, normalization, V scale and mean, 16-bit stores, LSE.
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int col = n * 8 + 2 * t;
+    float sc0 = 1.f, sc1 = 1.f, mv0 = 0.f, mv1 = 0.f;
+    if (FP8) {
+      sc0 = p.v_scale[hv * D + col];
+      sc1 = p.v_scale[hv * D + col + 1];
+      if (p.v_mean) {
+        mv0 = p.v_mean[hv * D + col];
+        mv1 = p.v_mean[hv * D + col + 1];
+      }
+    }
+    if (row0 < p.Nq) {
+      const float a = l0 > 0.f ? o[n][0] * inv0 * sc0 + mv0 : 0.f;
+      const float c = l0 > 0.f ? o[n][1] * inv0 * sc1 + mv1 : 0.f;
+      *reinterpret_cast<uint32_t*>(og + row0 * p.o_sn + col) = pack_16x2<T16>(a, c);
+    }
+    if (row1 < p.Nq) {
+      const float a = l1 > 0.f ? o[n][2] * inv1 * sc0 + mv0 : 0.f;
+      const float c = l1 > 0.f ? o[n][3] * inv1 * sc1 + mv1 : 0.f;
+      *reinterpret_cast<uint32_t*>(og + row1 * p.o_sn + col) = pack_16x2<T16>(a, c);
+    }
+  }
+  if (p.lse) {
+    float corr0 = 0.f, corr1 = 0.f;
+    if (p.k_mean) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
+      const int8_t* qr0 = reinterpret_cast<const int8_t*>(sQ + (warp * 16 + g) * S::kQStride);
+      const int8_t* qr1 = qr0 + 8 * S::kQStride;
+      const float* km = p.k_mean + hv * D;
+      for (int d = t; d < D; d += 4) {
+        corr0 += static_cast<float>(qr0[d]) * qs0 * km[d];
+        corr1 += static_cast<float>(qr1[d]) * qs1 * km[d];
+      }
+      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 1);
+      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 2);
+      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 1);
+      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 2);
+    }
+    if (t == 0) {
+      float* lg = p.lse + b * p.l_sb + h * p.l_sh;
+      if (row0 < p.Nq)
+        lg[row0 * p.l_sn] =
+            l0 > 0.f ? (m0 + log2f(l0) - p_offset) * kLn2 + corr0 * p.sm_scale : -INFINITY;
+      if (row1 < p.Nq)
+        lg[row1 * p.l_sn] =
+            l1 > 0.f ? (m1 + log2f(l1) - p_offset) * kLn2 + corr1 * p.sm_scale : -INFINITY;
+    }
+  }
+}
+
+template <int D, bool FP8, typename T16>
+void launch_attention(const AttnParams& p, int B, Context& ctx) {
+  const char* op = "attention_int8";
+  auto kernel = attention_kernel<D, FP8, T16>;
+  const int bytes = Smem<D, FP8>::kBytes;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
+             "shared memory");
+  dim3 grid(ceil_div(p.Nq, kRowsPerCta), p.Hq, B);
+  kernel<<<grid, kThreads, bytes, stream_of(ctx)>>>(p);
+  check_launch(op);
+}
+
+// ---- V to fp8 ----------------------------------------------------------------------------------
+
+// Per (batch, head): channel means (optional) and max |v - mean| / 448. Block (32, 8): x a
+// channel of a 32-channel slice, y strides the tokens; fixed-order reductions (deterministic).
+template <typename T>
+__global__ void v_stats_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int D,
+                               float* scale, float* mean) {
+  __shared__ float red[8][33];
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int d = blockIdx.y * 32 + threadIdx.x;
+  const T* base = v + b * sb + h * sh + d;
+  float mu = 0.f;
+  if (mean) {
+    float sum = 0.f;
+    for (int n = threadIdx.y; n < N; n += 8) sum += to_f32(base[n * sn]);
+    red[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    float total = 0.f;
+    for (int y = 0; y < 8; ++y) total += red[y][threadIdx.x];
+    mu = N > 0 ? total / static_cast<float>(N) : 0.f;
+    __syncthreads();
+  }
+  float amax = 0.f;
+  for (int n = threadIdx.y; n < N; n += 8) amax = fmaxf(amax, fabsf(to_f32(base[n * sn]) - mu));
+  red[threadIdx.y][threadIdx.x] = amax;
+  __syncthreads();
+  if (threadIdx.y == 0) {
+    for (int y = 1; y < 8; ++y) amax = fmaxf(amax, red[y][threadIdx.x]);
+    scale[static_cast<int64_t>(bh) * D + d] = amax / 448.f;
+    if (mean) mean[static_cast<int64_t>(bh) * D + d] = mu;
+  }
+}
+
+// One block per 64 keys of one (batch, head): codes transposed to (D, npad), keys in fragment
+// order within each 32-key group.
+template <typename T, int D>
+__global__ void v_quant_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H,
+                               int64_t npad, const float* scale, const float* mean,
+                               uint8_t* out) {
+  __shared__ uint8_t codes[D][kKvTile + 4];
+  const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t bh = static_cast<int64_t>(b) * H + h;
+  for (int i = threadIdx.x; i < kKvTile * D; i += blockDim.x) {
+    const int key = i / D, d = i % D;
+    const int64_t n = static_cast<int64_t>(tile) * kKvTile + key;
+    uint8_t c = 0;
+    if (n < N) {
+      const float s = scale[bh * D + d];
+      const float x = to_f32(v[b * sb + n * sn + h * sh + d]) - (mean ? mean[bh * D + d] : 0.f);
+      c = s > 0.f ? dt::f32_to_e4m3(__fdiv_rn(x, s)) : 0;
+    }
+    // key r of a 32-key group -> position 16*(r/16) + 4*t + i, r%16 = 8*(i/2) + 2*t + i%2
+    const int r = key % 32, w = r % 16;
+    const int pos = key - r + 16 * (r / 16) + 4 * ((w % 8) / 2) + (w / 8) * 2 + (w % 2);
+    codes[d][pos] = c;
+  }
+  __syncthreads();
+  uint8_t* o = out + bh * D * npad + static_cast<int64_t>(tile) * kKvTile;
+  for (int i = threadIdx.x; i < kKvTile * D; i += blockDim.x) {
+    const int d = i / kKvTile, pos = i % kKvTile;
+    o[d * npad + pos] = codes[d][pos];
+  }
+}
+
+// ---- one-call helpers: K mean and INT8 rows --------------------------------------------------
+
+template <typename T>
+__global__ void token_mean_kernel(const T* x, int64_t sb, int64_t sn, int64_t sh, int N, int H,
+                                  int D, float* mean) {
+  __shared__ float red[8][33];
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int d = blockIdx.y * 32 + threadIdx.x;
+  const T* base = x + b * sb + h * sh + d;
+  float sum = 0.f;
+  for (int n = threadIdx.y; n < N; n += 8) sum += to_f32(base[n * sn]);
+  red[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0) {
+    float total = 0.f;
+    for (int y = 0; y < 8; ++y) total += red[y][threadIdx.x];
+    mean[static_cast<int64_t>(bh) * D + d] = N > 0 ? total / static_cast<float>(N) : 0.f;
+  }
+}
+
+__device__ __forceinline__ float div_full(float a, float b) {
+  float r;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// One block (128 threads) per `block` rows of one (batch, head): group maxima, scales, codes.
+template <typename T>
+__global__ void quantize_rows_kernel(const T* x, int64_t sb, int64_t sn, int64_t sh, int N, int H,
+                                     int D, const float* mean, float mul, int layout, int block,
+                                     int groups, int8_t* q, int64_t qb, int64_t qn, int64_t qh,
+                                     float* scale, int64_t ssb, int64_t ssh, int64_t sss) {
+  __shared__ unsigned amax_bits[8];
+  const int blk = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x < 8) amax_bits[threadIdx.x] = 0u;
+  __syncthreads();
+  const T* xb = x + b * sb + h * sh;
+  const float* mu = mean ? mean + (static_cast<int64_t>(b) * H + h) * D : nullptr;
+  const int64_t r0 = static_cast<int64_t>(blk) * block;
+  for (int r = warp; r < block; r += 4) {
+    const int64_t n = r0 + r;
+    if (n >= N) break;
+    float a = 0.f;
+    for (int d = lane; d < D; d += 32) {
+      const float v = (to_f32(xb[n * sn + d]) - (mu ? mu[d] : 0.f)) * mul;
+      a = fmaxf(a, fabsf(v));
+    }
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if (lane == 0)
+      atomicMax(&amax_bits[scale_index_dev(layout, block, r) % groups], __float_as_uint(a));
+  }
+  __syncthreads();
+  float* sg = scale + b * ssb + h * ssh;
+  if (threadIdx.x < groups)
+    sg[(static_cast<int64_t>(blk) * groups + threadIdx.x) * sss] =
+        __uint_as_float(amax_bits[threadIdx.x]) / 127.f + 1e-7f;
+  for (int r = warp; r < block; r += 4) {
+    const int64_t n = r0 + r;
+    if (n >= N) break;
+    const float s = __uint_as_float(amax_bits[scale_index_dev(layout, block, r) % groups]) / 127.f +
+                    1e-7f;
+    for (int d = lane; d < D; d += 32) {
+      const float v = (to_f32(xb[n * sn + d]) - (mu ? mu[d] : 0.f)) * mul;
+      float c = div_full(v, s);
+      c = c + (c >= 0.f ? 0.5f : -0.5f);
+      c = fminf(127.f, fmaxf(-127.f, truncf(c)));
+      q[b * qb + n * qn + h * qh + d] = static_cast<int8_t>(c);
+    }
+  }
+}
+
+template <typename F>
+void with_16bit(DType dt, F&& f) {
+  if (dt == DType::bf16) f(__nv_bfloat16{});
+  else f(__half{});
+}
+
+}  // namespace
+
+void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
+                    const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
+                    TensorView out, TensorView* lse_out, float sm_scale,
+                    const AttentionOptions& options, Context& ctx) {
+  const bool fp8 = options.pv == AttentionOptions::fp8;
+  if (fp8) {
+    int dev = 0, major = 0, minor = 0;
+    check_cuda(cudaGetDevice(&dev), "attention_int8", "device");
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+               "attention_int8", "device");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev),
+               "attention_int8", "device");
+    if (major * 10 + minor < 89)
+      throw Error("attention_int8", "options.pv",
+                  "fp8 PV: expected an sm_89+ GPU, got sm_" + std::to_string(major) +
+                      std::to_string(minor));
+  }
+  AttnParams p{};
+  p.q = q.data.ptr<const int8_t>();
+  p.q_sb = q.data.stride[0]; p.q_sn = q.data.stride[1]; p.q_sh = q.data.stride[2];
+  p.q_scale = q.scale.ptr<const float>();
+  p.qs_sb = q.scale.stride[0]; p.qs_sh = q.scale.stride[1]; p.qs_ss = q.scale.stride[2];
+  p.q_layout = static_cast<int>(q.layout); p.q_block = q.block;
+  p.k = k.data.ptr<const int8_t>();
+  p.k_sb = k.data.stride[0]; p.k_sn = k.data.stride[1]; p.k_sh = k.data.stride[2];
+  p.k_scale = k.scale.ptr<const float>();
+  p.ks_sb = k.scale.stride[0]; p.ks_sh = k.scale.stride[1]; p.ks_ss = k.scale.stride[2];
+  p.k_layout = static_cast<int>(k.layout); p.k_block = k.block;
+  p.v = v.data;
+  if (fp8) {
+    p.npad = v.shape[3];
+  } else {
+    p.v_sb = v.stride[0]; p.v_sn = v.stride[1]; p.v_sh = v.stride[2];
+  }
+  p.v_scale = v_scale ? v_scale->ptr<const float>() : nullptr;
+  p.v_mean = v_mean ? v_mean->ptr<const float>() : nullptr;
+  p.k_mean = k_mean ? k_mean->ptr<const float>() : nullptr;
+  p.out = out.data;
+  p.o_sb = out.stride[0]; p.o_sn = out.stride[1]; p.o_sh = out.stride[2];
+  p.lse = lse_out ? lse_out->ptr<float>() : nullptr;
+  if (lse_out) {
+    p.l_sb = lse_out->stride[0]; p.l_sh = lse_out->stride[1]; p.l_sn = lse_out->stride[2];
+  }
+  p.Nq = static_cast<int>(q.data.shape[1]);
+  p.Nkv = static_cast<int>(k.data.shape[1]);
+  p.Hq = static_cast<int>(q.data.shape[2]);
+  p.Hkv = static_cast<int>(k.data.shape[2]);
+  p.G = p.Hq / p.Hkv;
+  p.causal = options.causal != AttentionOptions::none;
+  p.shift = options.causal == AttentionOptions::bottom_right ? int64_t{p.Nkv} - p.Nq : 0;
+  p.sm_scale = sm_scale;
+  p.scale_log2 = sm_scale * kLog2e;
+  const int B = static_cast<int>(q.data.shape[0]);
+  dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
+                        [&](auto Dc) {
+    constexpr int D = decltype(Dc)::value;
+    with_16bit(out.dtype, [&](auto t16) {
+      using T16 = decltype(t16);
+      if (fp8) launch_attention<D, true, T16>(p, B, ctx);
+      else launch_attention<D, false, T16>(p, B, ctx);
+    });
+  });
+}
+
+void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
+                    Context& ctx) {
+  const char* op = "quantize_v_fp8";
+  const int B = static_cast<int>(v.shape[0]), N = static_cast<int>(v.shape[1]);
+  const int H = static_cast<int>(v.shape[2]), D = static_cast<int>(v.shape[3]);
+  const int64_t npad = v_fp8.shape[3];
+  float* mean = v_mean ? v_mean->ptr<float>() : nullptr;
+  with_16bit(v.dtype, [&](auto t16) {
+    using T = decltype(t16);
+    const T* vp = v.ptr<const T>();
+    v_stats_kernel<T><<<dim3(B * H, D / 32), dim3(32, 8), 0, stream_of(ctx)>>>(
+        vp, v.stride[0], v.stride[1], v.stride[2], N, H, D, v_scale.ptr<float>(), mean);
+    check_launch(op);
+    if (npad == 0) return;
+    dispatch_int<64, 128>(D, op, "v (head dim)", [&](auto Dc) {
+      constexpr int Dv = decltype(Dc)::value;
+      v_quant_kernel<T, Dv><<<dim3(static_cast<unsigned>(npad / kKvTile), H, B), 256, 0,
+                              stream_of(ctx)>>>(vp, v.stride[0], v.stride[1], v.stride[2], N, H,
+                                                npad, v_scale.ptr<const float>(), mean,
+                                                v_fp8.ptr<uint8_t>());
+      check_launch(op);
+    });
+  });
+}
+
+void token_mean(const TensorView& x, TensorView mean, Context& ctx) {
+  const int B = static_cast<int>(x.shape[0]), N = static_cast<int>(x.shape[1]);
+  const int H = static_cast<int>(x.shape[2]), D = static_cast<int>(x.shape[3]);
+  with_16bit(x.dtype, [&](auto t16) {
+    using T = decltype(t16);
+    token_mean_kernel<T><<<dim3(B * H, D / 32), dim3(32, 8), 0, stream_of(ctx)>>>(
+        x.ptr<const T>(), x.stride[0], x.stride[1], x.stride[2], N, H, D, mean.ptr<float>());
+    check_launch("attention");
+  });
+}
+
+void quantize_rows_int8(const TensorView& x, const TensorView* mean, float scale,
+                        const QuantizedRows& rows, Context& ctx) {
+  const int B = static_cast<int>(x.shape[0]), N = static_cast<int>(x.shape[1]);
+  const int H = static_cast<int>(x.shape[2]), D = static_cast<int>(x.shape[3]);
+  const int groups = scale_groups(rows.layout);
+  const int64_t n_blocks = scale_count(rows.layout, rows.block, N) / groups;
+  if (n_blocks == 0) return;
+  with_16bit(x.dtype, [&](auto t16) {
+    using T = decltype(t16);
+    quantize_rows_kernel<T><<<dim3(static_cast<unsigned>(n_blocks), H, B), 128, 0,
+                              stream_of(ctx)>>>(
+        x.ptr<const T>(), x.stride[0], x.stride[1], x.stride[2], N, H, D,
+        mean ? mean->ptr<const float>() : nullptr, scale, static_cast<int>(rows.layout),
+        rows.block, groups, rows.data.ptr<int8_t>(), rows.data.stride[0], rows.data.stride[1],
+        rows.data.stride[2], rows.scale.ptr<float>(), rows.scale.stride[0], rows.scale.stride[1],
+        rows.scale.stride[2]);
+    check_launch("attention");
+  });
+}
+
+}  // namespace cuda
+}  // namespace lowbit

@@ -1,0 +1,481 @@
+// CUDA split-K decode attention over an fp16 / bf16 / int4 / fp8 KV cache.
+//
+// Grid (split, kv head x row chunk, batch); 128 threads. One CTA reads its chunk of K and V of one
+// KV head exactly once, for all G*Mq query rows of that head (up to 16 rows per CTA; more rows run
+// as further row chunks). Per tile of 32 keys:
+//   load   cp.async (16/8/4-byte, by alignment) of the raw K/V rows into a 3-stage smem ring;
+//   scores teams of T lanes per key; each lane dequantizes 16 bytes of the K row in registers and
+//          dots them with the query rows (fp32, q pre-scaled by sm_scale*log2 e), shuffles sum;
+//   softmax one warp per row: running max / sum in base 2 (online softmax, fp32);
+//   PV     each thread owns DV output columns of every row and a stride of the tile's keys; V is
+//          dequantized from smem in registers; fp32 accumulation.
+// The CTA writes its partial (O, LSE) into the workspace; decode_merge_kernel reduces the splits.
+// Keys with no visible query (past seq_len, causal, bias -inf) give p = 0; a split or row with no
+// key gives O = 0 and LSE = -inf, never NaN.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "src/core/convert_elem.h"
+#include "src/core/dispatch.h"
+#include "src/core/indexing.h"
+#include "src/cuda/decode_common.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace {
+
+using namespace decode_detail;
+
+constexpr int kThreads = 128;
+constexpr int kTileKeys = 32;
+constexpr int kStages = 3;
+constexpr int kMaxRows = 16;  // query rows per CTA
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct DecodeParams {
+  CacheArgs c;
+  const void* q = nullptr;
+  DType q_dtype = DType::f16;
+  int64_t q_st[4] = {0, 0, 0, 0};  // (b, m, h, g), elements
+  const void* bias = nullptr;
+  DType bias_dtype = DType::f32;
+  int64_t bias_st[5] = {0, 0, 0, 0, 0};
+  float* part_o = nullptr;    // (B, H, S, R, D)
+  float* part_lse = nullptr;  // (B, H, S, R)
+  int H = 0, G = 1, Mq = 1, R = 1, S = 1;
+  int64_t split_size = 0;
+  float qk_scale = 1.f;  // sm_scale * log2(e)
+  bool causal = false;
+  int vec = 4;           // cp.async width for K/V rows
+};
+
+__device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// Bytes of one smem row (row_bytes rounded up to 16).
+__host__ __device__ __forceinline__ int padded_row(int row_bytes) { return (row_bytes + 15) & ~15; }
+
+template <int D, int ROWS>
+struct Smem {
+  static size_t bytes(int row_bytes) {
+    return sizeof(float) * ROWS * D                                   // q (then the O reduction)
+           + static_cast<size_t>(kStages) * 2 * kTileKeys * padded_row(row_bytes)  // K, V ring
+           + sizeof(uint32_t) * kStages * 2 * kTileKeys                 // fp8 scale/shift ring
+           + sizeof(float) * ROWS * kTileKeys                           // scores -> p
+           + sizeof(float) * 3 * ROWS;                                  // m, l, alpha
+  }
+};
+
+// Elements one lane of a score team dequantizes per key: 16 bytes of codes.
+template <KvFormat F>
+struct Fmt;
+template <>
+struct Fmt<KvFormat::int4> {
+  static constexpr int kPerLane = 32;  // 4 words x 8 nibbles
+  static constexpr int kPerWord = 8;
+};
+template <>
+struct Fmt<KvFormat::fp8> {
+  static constexpr int kPerLane = 16;
+  static constexpr int kPerWord = 4;
+};
+template <>
+struct Fmt<KvFormat::f16> {
+  static constexpr int kPerLane = 8;
+  static constexpr int kPerWord = 2;
+};
+template <>
+struct Fmt<KvFormat::bf16> {
+  static constexpr int kPerLane = 8;
+  static constexpr int kPerWord = 2;
+};
+
+// Dequantizes the `n` elements of code word `w` starting at element `first` (within the word)
+// of a row whose element index of the word's element 0 is `elem0`.
+template <KvFormat F>
+__device__ __forceinline__ void dequant_word(uint32_t w, const uint32_t* row, uint32_t ss,
+                                             int elem0, int group_size, int first, int n,
+                                             float* out) {
+  if constexpr (F == KvFormat::int4) {
+    const uint32_t coef = row[elem0 / group_size];
+    const float scale = __half2float(__ushort_as_half(static_cast<unsigned short>(coef & 0xffffu)));
+    const float shift = __half2float(__ushort_as_half(static_cast<unsigned short>(coef >> 16)));
+#pragma unroll
+    for (int e = 0; e < n; ++e)
+      out[e] = __fadd_rn(__fmul_rn(static_cast<float>((w >> (4 * (first + e))) & 0xfu), scale), shift);
+  } else if constexpr (F == KvFormat::fp8) {
+    const float scale = __half2float(__ushort_as_half(static_cast<unsigned short>(ss & 0xffffu)));
+    const float shift = __half2float(__ushort_as_half(static_cast<unsigned short>(ss >> 16)));
+#pragma unroll
+    for (int e = 0; e < n; ++e)
+      out[e] = __fadd_rn(__fmul_rn(dt::e4m3_to_f32(static_cast<uint8_t>(w >> (8 * (first + e)))), scale),
+                         shift);
+  } else if constexpr (F == KvFormat::f16) {
+#pragma unroll
+    for (int e = 0; e < n; ++e)
+      out[e] = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> (16 * (first + e)))));
+  } else {
+#pragma unroll
+    for (int e = 0; e < n; ++e)
+      out[e] = __uint_as_float((w >> (16 * (first + e))) << 16);
+  }
+}
+
+template <KvFormat F, int D, int ROWS>
+__global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodeParams p) {
+  constexpr int kPerLane = Fmt<F>::kPerLane;
+  constexpr int kPerWord = Fmt<F>::kPerWord;
+  constexpr int T = D / kPerLane;                       // lanes per key in the score phase
+  constexpr int kTeams = kThreads / T;
+  constexpr int kWordsPerLane = kPerLane / kPerWord;    // 4
+  // PV phase: DV columns per thread (one code word or part of it), KP key strides.
+  constexpr int kDvMax = 64 / ROWS < 1 ? 1 : 64 / ROWS;
+  constexpr int DV = kPerWord < kDvMax ? kPerWord : kDvMax;
+  constexpr int TPR = D / DV;
+  constexpr int KP = kThreads / TPR;
+  static_assert(T >= 1 && T <= 32 && kThreads % T == 0, "score team");
+  static_assert(TPR <= kThreads && kThreads % TPR == 0, "PV mapping");
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int RB = p.c.row_bytes;
+  const int RBP = padded_row(RB);
+  float* q_s = reinterpret_cast<float*>(smem);
+  unsigned char* kv_s = smem + sizeof(float) * ROWS * D;
+  uint32_t* ss_s = reinterpret_cast<uint32_t*>(kv_s + static_cast<size_t>(kStages) * 2 * kTileKeys * RBP);
+  float* s_s = reinterpret_cast<float*>(ss_s + kStages * 2 * kTileKeys);
+  float* m_s = s_s + ROWS * kTileKeys;
+  float* l_s = m_s + ROWS;
+  float* a_s = l_s + ROWS;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int split = blockIdx.x;
+  const int row_chunks = (p.R + ROWS - 1) / ROWS;
+  const int h = blockIdx.y / row_chunks, chunk = blockIdx.y % row_chunks;
+  const int64_t b = blockIdx.z;
+  const int r0 = chunk * ROWS;
+  const int rows = min(ROWS, p.R - r0);
+  const int group_size = D / p.c.n_groups;
+
+  const int64_t len = seq_length(p.c, b);
+  const int64_t lo = imin64(static_cast<int64_t>(split) * p.split_size, len);
+  const int64_t hi = split == p.S - 1 ? len : imin64(lo + p.split_size, len);
+
+  // q rows (pre-scaled, fp32) into smem; rows past the chunk are 0.
+  for (int i = tid; i < ROWS * D; i += kThreads) {
+    const int r = i / D, d = i % D;
+    float v = 0.f;
+    if (r < rows) {
+      const int rr = r0 + r, m = rr / p.G, g = rr % p.G;
+      const int64_t off = b * p.q_st[0] + m * p.q_st[1] + h * p.q_st[2] + g * p.q_st[3] + d;
+      v = load_f32(p.q, off, p.q_dtype) * p.qk_scale;
+    }
+    q_s[i] = v;
+  }
+  if (tid < ROWS) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.f;
+  }
+
+  const int64_t n_keys = hi - lo;
+  const int n_tiles = static_cast<int>((n_keys + kTileKeys - 1) / kTileKeys);
+  const int chunks_per_row = RB / p.vec;
+
+  auto issue = [&](int tile) {
+    if (tile < n_tiles) {
+      const int stage = tile % kStages;
+      const int64_t k0 = lo + static_cast<int64_t>(tile) * kTileKeys;
+      const int nk = static_cast<int>(imin64(kTileKeys, hi - k0));
+      unsigned char* dst = kv_s + static_cast<size_t>(stage) * 2 * kTileKeys * RBP;
+      const int total = 2 * kTileKeys * chunks_per_row;
+      for (int i = tid; i < total; i += kThreads) {
+        const int which = i / (kTileKeys * chunks_per_row);
+        const int rem = i % (kTileKeys * chunks_per_row);
+        const int key = rem / chunks_per_row, c = rem % chunks_per_row;
+        const char* base = which ? p.c.v : p.c.k;
+        int64_t row = key < nk ? physical_row(p.c, b, k0 + key) : -1;
+        const char* src = row >= 0 ? base + row_offset(p.c, which, b, row, h) + c * p.vec : base;
+        cp_async(dst + (which * kTileKeys + key) * RBP + c * p.vec, src, p.vec, row >= 0 ? p.vec : 0);
+      }
+      if constexpr (F == KvFormat::fp8) {
+        if (tid < 2 * kTileKeys) {
+          const int which = tid / kTileKeys, key = tid % kTileKeys;
+          const int64_t row = key < nk ? physical_row(p.c, b, k0 + key) : -1;
+          const uint32_t* base = which ? p.c.vss : p.c.kss;
+          const uint32_t* src = row >= 0 ? base + ss_offset(p.c, which, b, row, h) : base;
+          cp_async(ss_s + (stage * 2 + which) * kTileKeys + key, src, 4, row >= 0 ? 4 : 0);
+        }
+      }
+    }
+    cp_async_commit();  // an empty group keeps the wait count uniform
+  };
+
+  for (int t = 0; t < kStages - 1; ++t) issue(t);
+
+  // PV accumulators.
+  const int dgrp = tid % TPR, kp = tid / TPR;
+  float o[ROWS][DV];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+    for (int e = 0; e < DV; ++e) o[r][e] = 0.f;
+
+  const int64_t causal_last0 = len - p.Mq;  // + m: last visible key of query m (causal)
+
+  for (int t = 0; t < n_tiles; ++t) {
+    issue(t + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    const int stage = t % kStages;
+    const unsigned char* k_tile = kv_s + static_cast<size_t>(stage) * 2 * kTileKeys * RBP;
+    const unsigned char* v_tile = k_tile + kTileKeys * RBP;
+    const uint32_t* kss_t = ss_s + (stage * 2) * kTileKeys;
+    const uint32_t* vss_t = kss_t + kTileKeys;
+    const int64_t k0 = lo + static_cast<int64_t>(t) * kTileKeys;
+    const int nk = static_cast<int>(imin64(kTileKeys, hi - k0));
+
+    // ---- scores ----
+    const int team = tid / T, tl = tid % T;
+    for (int key = team; key < kTileKeys; key += kTeams) {
+      float acc[ROWS];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
+      if (key < nk) {  // uniform within a team
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(k_tile + key * RBP);
+        const int code0 = F == KvFormat::int4 ? p.c.n_groups : 0;
+#pragma unroll
+        for (int wi = 0; wi < kWordsPerLane; ++wi) {
+          const int elem0 = tl * kPerLane + wi * kPerWord;
+          const uint32_t w = row[code0 + elem0 / kPerWord];
+          float kv[kPerWord];
+          dequant_word<F>(w, row, F == KvFormat::fp8 ? kss_t[key] : 0u, elem0, group_size, 0,
+                          kPerWord, kv);
+#pragma unroll
+          for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int e = 0; e < kPerWord; ++e) acc[r] = fmaf(q_s[r * D + elem0 + e], kv[e], acc[r]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int off = T / 2; off >= 1; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+      if (tl == 0) {
+        const int64_t j = k0 + key;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          float s = -INFINITY;
+          if (key < nk && r < rows) {
+            const int rr = r0 + r, m = rr / p.G, g = rr % p.G;
+            if (!p.causal || j <= causal_last0 + m) {
+              s = acc[r];
+              if (p.bias) {
+                const int64_t off = b * p.bias_st[0] + h * p.bias_st[1] + g * p.bias_st[2] +
+                                    m * p.bias_st[3] + j * p.bias_st[4];
+                s += load_f32(p.bias, off, p.bias_dtype) * kLog2e;
+              }
+            }
+          }
+          s_s[r * kTileKeys + key] = s;
+        }
+      }
+    }
+    __syncthreads();
+
+    // ---- online softmax (base 2), one warp per row ----
+    for (int r = warp; r < ROWS; r += kThreads / 32) {
+      const float s = s_s[r * kTileKeys + lane];
+      float mx = s;
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_old = m_s[r];
+      const float m_new = fmaxf(m_old, mx);
+      float pr = 0.f, alpha = 1.f;
+      if (m_new != -INFINITY) {
+        pr = exp2f(s - m_new);
+        alpha = exp2f(m_old - m_new);
+      }
+      float sum = pr;
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      s_s[r * kTileKeys + lane] = pr;
+      __syncwarp();
+      if (lane == 0) {
+        l_s[r] = l_s[r] * alpha + sum;
+        m_s[r] = m_new;
+        a_s[r] = alpha;
+      }
+    }
+    __syncthreads();
+
+    // ---- PV ----
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float alpha = a_s[r];
+#pragma unroll
+      for (int e = 0; e < DV; ++e) o[r][e] *= alpha;
+    }
+    {
+      const int elem0 = dgrp * DV;
+      const int word_elem0 = elem0 - elem0 % kPerWord;
+      const int first = elem0 % kPerWord;
+      const int code0 = F == KvFormat::int4 ? p.c.n_groups : 0;
+      for (int key = kp; key < nk; key += KP) {
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(v_tile + key * RBP);
+        float vv[DV];
+        dequant_word<F>(row[code0 + word_elem0 / kPerWord], row,
+                        F == KvFormat::fp8 ? vss_t[key] : 0u, word_elem0, group_size, first, DV, vv);
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          const float pr = s_s[r * kTileKeys + key];
+#pragma unroll
+          for (int e = 0; e < DV; ++e) o[r][e] = fmaf(pr, vv[e], o[r][e]);
+        }
+      }
+    }
+    __syncthreads();  // the stage and s_s are reused
+  }
+  cp_async_wait<0>();
+
+  // Reduce the KP key strides (fixed order: deterministic) through the q buffer, then write.
+  float* red = q_s;
+  __syncthreads();
+  for (int g = KP - 1; g >= 1; --g) {
+    if (kp == g) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int e = 0; e < DV; ++e) red[r * D + dgrp * DV + e] = o[r][e];
+    }
+    __syncthreads();
+    if (kp == 0) {
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int e = 0; e < DV; ++e) o[r][e] += red[r * D + dgrp * DV + e];
+    }
+    __syncthreads();
+  }
+  const int64_t base_row = ((b * p.H + h) * p.S + split) * static_cast<int64_t>(p.R) + r0;
+  if (kp == 0) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      if (r >= rows) break;
+      const float l = l_s[r];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+      for (int e = 0; e < DV; ++e) p.part_o[(base_row + r) * D + dgrp * DV + e] = o[r][e] * inv;
+    }
+  }
+  if (tid < rows) {
+    const float m = m_s[tid], l = l_s[tid];
+    p.part_lse[base_row + tid] = (m == -INFINITY || !(l > 0.f)) ? -INFINITY : (m + log2f(l)) * kLn2;
+  }
+}
+
+// Reduce over splits: one CTA per (b, h, row); writes out (q dtype) and the LSE.
+__global__ void decode_merge_kernel(const float* part_o, const float* part_lse, int H, int G,
+                                    int Mq, int S, int D, void* out, DType out_dtype,
+                                    StridedIndex out_idx, float* lse_out, StridedIndex lse_idx) {
+  const int R = Mq * G;
+  const int64_t i = blockIdx.x;
+  const int r = static_cast<int>(i % R);
+  const int64_t h = (i / R) % H, b = i / (static_cast<int64_t>(R) * H);
+  const int m = r / G, g = r % G;
+  const float* lse = part_lse + (b * H + h) * S * static_cast<int64_t>(R) + r;
+  float mx = -INFINITY;
+  for (int s = 0; s < S; ++s) mx = fmaxf(mx, lse[static_cast<int64_t>(s) * R]);
+  float total = 0.f;
+  if (mx != -INFINITY)
+    for (int s = 0; s < S; ++s) total += exp2f((lse[static_cast<int64_t>(s) * R] - mx) * kLog2e);
+  const int64_t ooff = b * out_idx.stride[0] + m * out_idx.stride[1] + h * out_idx.stride[2] +
+                       g * out_idx.stride[3];
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.f;
+    if (mx != -INFINITY) {
+      for (int s = 0; s < S; ++s) {
+        const float w = exp2f((lse[static_cast<int64_t>(s) * R] - mx) * kLog2e);
+        acc = fmaf(w, part_o[(((b * H + h) * S + s) * R + r) * static_cast<int64_t>(D) + d], acc);
+      }
+      acc /= total;
+    }
+    store_f32(out, ooff + d, out_dtype, acc);
+  }
+  if (lse_out && threadIdx.x == 0) {
+    const int64_t loff = b * lse_idx.stride[0] + m * lse_idx.stride[1] + h * lse_idx.stride[2] +
+                         g * lse_idx.stride[3];
+    lse_out[loff] = mx == -INFINITY ? -INFINITY : mx + logf(total);
+  }
+}
+
+template <KvFormat F, int D, int ROWS>
+void launch_split(const DecodeParams& p, int row_chunks, int64_t B, cudaStream_t stream) {
+  const size_t smem = Smem<D, ROWS>::bytes(p.c.row_bytes);
+  auto kernel = decode_split_kernel<F, D, ROWS>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)),
+             "decode_attention", "shared memory");
+  dim3 grid(p.S, p.H * row_chunks, static_cast<unsigned>(B));
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+}
+
+template <KvFormat F>
+void launch_format(const DecodeParams& p, int D, int64_t B, cudaStream_t stream) {
+  const int rows_per_cta = p.R >= kMaxRows ? kMaxRows : p.R;
+  dispatch_int<64, 128, 256>(D, "decode_attention", "D", [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    const int rows = rows_per_cta <= 1 ? 1 : rows_per_cta <= 2 ? 2 : rows_per_cta <= 4 ? 4
+                     : rows_per_cta <= 8 ? 8 : 16;
+    dispatch_int<1, 2, 4, 8, 16>(rows, "decode_attention", "rows per CTA", [&](auto r) {
+      constexpr int kRows = decltype(r)::value;
+      launch_split<F, kD, kRows>(p, (p.R + kRows - 1) / kRows, B, stream);
+    });
+  });
+}
+
+}  // namespace
+
+void decode_attention(const TensorView& q, const KvCache& cache, const DecodePlan& plan,
+                      void* workspace, TensorView out, const TensorView* lse_out,
+                      const TensorView* bias, float sm_scale, bool causal, Context& ctx) {
+  DecodeParams p;
+  p.c = make_cache_args(cache);
+  p.q = q.data;
+  p.q_dtype = q.dtype;
+  for (int d = 0; d < 4; ++d) p.q_st[d] = q.stride[d];
+  if (bias) {
+    p.bias = bias->data;
+    p.bias_dtype = bias->dtype;
+    for (int d = 0; d < 5; ++d) p.bias_st[d] = bias->stride[d];
+  }
+  p.part_o = static_cast<float*>(workspace);
+  p.part_lse = p.part_o + decode_partial_out_elems(plan);
+  p.H = static_cast<int>(plan.kv_heads);
+  p.G = plan.group;
+  p.Mq = plan.mq;
+  p.R = plan.mq * plan.group;
+  p.S = plan.n_splits;
+  p.split_size = plan.split_size;
+  p.qk_scale = sm_scale * kLog2e;
+  p.causal = causal;
+  p.vec = row_vector_bytes(cache);
+  cudaStream_t stream = stream_of(ctx);
+  switch (cache.format) {
+    case KvFormat::int4: launch_format<KvFormat::int4>(p, plan.head_dim, plan.batch, stream); break;
+    case KvFormat::fp8: launch_format<KvFormat::fp8>(p, plan.head_dim, plan.batch, stream); break;
+    case KvFormat::f16: launch_format<KvFormat::f16>(p, plan.head_dim, plan.batch, stream); break;
+    case KvFormat::bf16: launch_format<KvFormat::bf16>(p, plan.head_dim, plan.batch, stream); break;
+  }
+  check_launch("decode_attention");
+  const int64_t rows = plan.batch * plan.kv_heads * plan.mq * plan.group;
+  StridedIndex oi = strided_index_of(out), li{};
+  if (lse_out) li = strided_index_of(*lse_out);
+  decode_merge_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(
+      p.part_o, p.part_lse, p.H, p.G, p.Mq, p.S, plan.head_dim, out.data, out.dtype, oi,
+      lse_out ? lse_out->ptr<float>() : nullptr, li);
+  check_launch("decode_attention (merge)");
+}
+
+}  // namespace cuda
+}  // namespace lowbit

@@ -1,0 +1,131 @@
+// Shared pieces of the CUDA decode kernels: cache addressing and cp.async wrappers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "lowbit/decode.h"
+#include "src/core/decode_backend.h"
+#include "src/cuda/common.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace decode_detail {
+
+// Where the rows of one cache live, in bytes (k, v) and elements (scale/shift, tables).
+struct CacheArgs {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  // contiguous: strides of (b, j, h); paged: (pool row, h, unused). Bytes.
+  int64_t k_st[3] = {0, 0, 0}, v_st[3] = {0, 0, 0};
+  const uint32_t* kss = nullptr;  // fp8: scale/shift words
+  const uint32_t* vss = nullptr;
+  int64_t kss_st[3] = {0, 0, 0}, vss_st[3] = {0, 0, 0};  // elements, same index order
+  const int32_t* block_tables = nullptr;                 // null = contiguous
+  int64_t bt_st0 = 0, bt_st1 = 0;
+  int page_size = 0;
+  int64_t pool_rows = 0;
+  const int32_t* seq_len = nullptr;
+  int64_t seq_st = 0;
+  int64_t capacity = 0;
+  int row_bytes = 0;  // Dp * element bytes
+  int n_groups = 1;
+};
+
+inline CacheArgs make_cache_args(const KvCache& c) {
+  CacheArgs a;
+  const int eb = dtype_bits(c.k.dtype) / 8;
+  a.k = static_cast<const char*>(c.k.data);
+  a.v = static_cast<const char*>(c.v.data);
+  const int rank = c.paged() ? 3 : 4;
+  for (int d = 0; d < rank - 1; ++d) {
+    a.k_st[d] = c.k.stride[d] * eb;
+    a.v_st[d] = c.v.stride[d] * eb;
+  }
+  if (c.format == KvFormat::fp8) {
+    a.kss = static_cast<const uint32_t*>(c.k_scale_shift.data);
+    a.vss = static_cast<const uint32_t*>(c.v_scale_shift.data);
+    for (int d = 0; d < rank - 1; ++d) {
+      a.kss_st[d] = c.k_scale_shift.stride[d];
+      a.vss_st[d] = c.v_scale_shift.stride[d];
+    }
+  }
+  if (c.paged()) {
+    a.block_tables = static_cast<const int32_t*>(c.block_tables.data);
+    a.bt_st0 = c.block_tables.stride[0];
+    a.bt_st1 = c.block_tables.stride[1];
+    a.page_size = c.page_size;
+    a.pool_rows = c.k.shape[0];
+  }
+  a.seq_len = static_cast<const int32_t*>(c.seq_len.data);
+  a.seq_st = c.seq_len.stride[0];
+  a.capacity = c.capacity();
+  a.row_bytes = static_cast<int>(c.k.shape[c.k.ndim - 1] * eb);
+  a.n_groups = c.n_groups;
+  return a;
+}
+
+// Length of sequence b, clamped to the capacity (a CUDA run cannot report a bad value).
+__device__ __forceinline__ int64_t seq_length(const CacheArgs& c, int64_t b) {
+  int64_t len = c.seq_len[b * c.seq_st];
+  return len < 0 ? 0 : (len > c.capacity ? c.capacity : len);
+}
+
+// Pool row of logical key j (paged) or j itself (contiguous); -1 when the page index is out of
+// range (the key is then treated as absent).
+__device__ __forceinline__ int64_t physical_row(const CacheArgs& c, int64_t b, int64_t j) {
+  if (!c.block_tables) return j;
+  const int64_t page = c.block_tables[b * c.bt_st0 + (j / c.page_size) * c.bt_st1];
+  const int64_t row = page * c.page_size + j % c.page_size;
+  return (page < 0 || row >= c.pool_rows) ? -1 : row;
+}
+
+// Byte offset of (b, row-or-j, h) in k (which = 0) or v (which = 1).
+__device__ __forceinline__ int64_t row_offset(const CacheArgs& c, int which, int64_t b,
+                                              int64_t row, int64_t h) {
+  const int64_t* st = which ? c.v_st : c.k_st;
+  return c.block_tables ? row * st[0] + h * st[1] : b * st[0] + row * st[1] + h * st[2];
+}
+__device__ __forceinline__ int64_t ss_offset(const CacheArgs& c, int which, int64_t b, int64_t row,
+                                             int64_t h) {
+  const int64_t* st = which ? c.vss_st : c.kss_st;
+  return c.block_tables ? row * st[0] + h * st[1] : b * st[0] + row * st[1] + h * st[2];
+}
+
+// cp.async of `bytes` (4, 8 or 16); src_bytes 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, int bytes, int src_bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if (bytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                 "r"(src_bytes));
+  } else if (bytes == 8) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem),
+                 "r"(src_bytes));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
+                 "r"(src_bytes));
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Widest access (16, 8 or 4 bytes) that every row start of both caches allows.
+inline int row_vector_bytes(const KvCache& c) {
+  const CacheArgs a = make_cache_args(c);
+  const int rank = c.paged() ? 3 : 4;
+  for (int vec : {16, 8, 4}) {
+    bool ok = a.row_bytes % vec == 0 && reinterpret_cast<uintptr_t>(a.k) % vec == 0 &&
+              reinterpret_cast<uintptr_t>(a.v) % vec == 0;
+    for (int d = 0; d < rank - 1; ++d) ok = ok && a.k_st[d] % vec == 0 && a.v_st[d] % vec == 0;
+    if (ok) return vec;
+  }
+  return 4;
+}
+
+}  // namespace decode_detail
+}  // namespace cuda
+}  // namespace lowbit

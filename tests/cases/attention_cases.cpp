@@ -1,0 +1,233 @@
+// Harness cases of the attention family (SPEC §2): the kernel-level INT8 attention (q/k codes and
+// scales built here, V quantized by quantize_v_fp8 on the backend) and the one-call attention()
+// from bf16/f16 q, k, v. The CUDA backend is compared with the CPU oracle: outputs allclose
+// (the GPU's ex2.approx and its summation order differ from the CPU's), LSE allclose, masked rows
+// exactly 0 / -inf.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "lowbit/attention.h"
+#include "lowbit/runtime.h"
+#include "tests/harness/harness.h"
+
+namespace lowbit {
+namespace harness {
+namespace {
+
+struct Shape {
+  int64_t B, Nq, Nkv, Hq, Hkv, D;
+};
+
+std::string shape_name(const Shape& s) {
+  return "b" + std::to_string(s.B) + ".nq" + std::to_string(s.Nq) + ".nkv" + std::to_string(s.Nkv) +
+         ".hq" + std::to_string(s.Hq) + ".hkv" + std::to_string(s.Hkv) + ".d" + std::to_string(s.D);
+}
+const char* causal_name(AttentionOptions::Causal c) {
+  return c == AttentionOptions::none ? "full" : c == AttentionOptions::bottom_right ? "causal_br"
+                                                                                     : "causal_tl";
+}
+
+// A contiguous (B, H, N, D) tensor seen as (B, N, H, D).
+TensorView hnd_as_nhd(TensorView t) {
+  std::swap(t.shape[1], t.shape[2]);
+  std::swap(t.stride[1], t.stride[2]);
+  return t;
+}
+
+// ---- kernel level -----------------------------------------------------------------------------
+
+class Int8AttentionCase : public Case {
+ public:
+  Int8AttentionCase(Shape s, AttentionOptions opt, DType out_dtype, ScaleLayout q_layout,
+                    int q_block, ScaleLayout k_layout, int k_block, bool hnd, bool k_mean)
+      : s_(s), opt_(opt), dt_(out_dtype), ql_(q_layout), qb_(q_block), kl_(k_layout), kb_(k_block),
+        hnd_(hnd), k_mean_(k_mean) {}
+
+  std::string name() const override {
+    std::string n = "attention.int8." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") +
+                    "." + causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_);
+    if (hnd_) n += ".hnd";
+    if (opt_.smooth_v) n += ".vmean";
+    if (k_mean_) n += ".kmean";
+    if (ql_ != ScaleLayout::per_block) n += ".thread_qk";
+    return n;
+  }
+
+  // Inputs: q, q_scale, k, k_scale, v, k_mean.
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::uniform_real_distribution<float> spread(0.8f, 1.2f);
+    auto codes = [&](int64_t B, int64_t N, int64_t H) {
+      HostTensor t(DType::i8, hnd_ ? std::vector<int64_t>{B, H, N, s_.D}
+                                   : std::vector<int64_t>{B, N, H, s_.D});
+      for (int64_t i = 0; i < t.numel(); ++i)
+        t.set(i, std::max(-127.f, std::min(127.f, std::nearbyint(normal(rng) * 32.f))));
+      return t;
+    };
+    auto scales = [&](int64_t B, int64_t H, int64_t N, ScaleLayout l, int blk) {
+      HostTensor t(DType::f32, {B, H, scale_count(l, blk, N)});
+      for (int64_t i = 0; i < t.numel(); ++i) t.set(i, spread(rng) / 32.f);
+      return t;
+    };
+    std::vector<HostTensor> in;
+    in.push_back(codes(s_.B, s_.Nq, s_.Hq));
+    in.push_back(scales(s_.B, s_.Hq, s_.Nq, ql_, qb_));
+    in.push_back(codes(s_.B, s_.Nkv, s_.Hkv));
+    in.push_back(scales(s_.B, s_.Hkv, s_.Nkv, kl_, kb_));
+    HostTensor v(dt_, hnd_ ? std::vector<int64_t>{s_.B, s_.Hkv, s_.Nkv, s_.D}
+                           : std::vector<int64_t>{s_.B, s_.Nkv, s_.Hkv, s_.D});
+    v.fill_normal(rng, opt_.smooth_v ? 3.f : 0.f);
+    in.push_back(std::move(v));
+    HostTensor km(DType::f32, {s_.B, s_.Hkv, s_.D});
+    km.fill_normal(rng);
+    in.push_back(std::move(km));
+    return in;
+  }
+
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec o;
+    o.name = "out";
+    o.dtype = dt_;
+    o.shape = hnd_ ? std::vector<int64_t>{s_.B, s_.Hq, s_.Nq, s_.D}
+                   : std::vector<int64_t>{s_.B, s_.Nq, s_.Hq, s_.D};
+    o.tol = Tolerance::allclose(2e-2, 2e-2);
+    OutputSpec l;
+    l.name = "lse";
+    l.dtype = DType::f32;
+    l.shape = {s_.B, s_.Hq, s_.Nq};
+    l.tol = Tolerance::allclose(2e-3, 1e-3);
+    l.tol.allow_nonfinite = true;  // -inf for rows that see no key
+    return {o, l};
+  }
+
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    auto view = [&](TensorView t) { return hnd_ ? hnd_as_nhd(t) : t; };
+    QuantizedRows q{view(in[0]), in[1], ql_, qb_};
+    QuantizedRows k{view(in[2]), in[3], kl_, kb_};
+    TensorView v = view(in[4]);
+    TensorView o = view(out[0]);
+    TensorView lse = out[1];
+    const TensorView* km = k_mean_ ? &in[5] : nullptr;
+    const Device dev = v.device;
+    if (opt_.pv == AttentionOptions::f16) {
+      attention_int8(q, k, v, nullptr, nullptr, km, o, &lse, opt_, ctx);
+      return;
+    }
+    const int64_t npad = (s_.Nkv + 63) / 64 * 64;
+    Buffer v8(dev, static_cast<size_t>(s_.B * s_.Hkv * s_.D * npad));
+    Buffer vs(dev, static_cast<size_t>(s_.B * s_.Hkv * s_.D) * 4);
+    Buffer vm(dev, static_cast<size_t>(s_.B * s_.Hkv * s_.D) * 4);
+    TensorView v8v = make_view(v8.data(), DType::e4m3, {s_.B, s_.Hkv, s_.D, npad}, dev);
+    TensorView vsv = make_view(vs.data(), DType::f32, {s_.B, s_.Hkv, s_.D}, dev);
+    TensorView vmv = make_view(vm.data(), DType::f32, {s_.B, s_.Hkv, s_.D}, dev);
+    quantize_v_fp8(v, v8v, vsv, opt_.smooth_v ? &vmv : nullptr, ctx);
+    attention_int8(q, k, v8v, &vsv, opt_.smooth_v ? &vmv : nullptr, km, o, &lse, opt_, ctx);
+    synchronize(ctx);  // the scratch buffers are freed on return
+  }
+
+ private:
+  Shape s_;
+  AttentionOptions opt_;
+  DType dt_;
+  ScaleLayout ql_;
+  int qb_;
+  ScaleLayout kl_;
+  int kb_;
+  bool hnd_, k_mean_;
+};
+
+// ---- one call -----------------------------------------------------------------------------------
+
+class AttentionCallCase : public Case {
+ public:
+  AttentionCallCase(Shape s, AttentionOptions opt, DType dt) : s_(s), opt_(opt), dt_(dt) {}
+  std::string name() const override {
+    return "attention.call." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") +
+           "." + causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_) +
+           (opt_.smooth_k ? ".smooth_k" : "");
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::vector<HostTensor> in;
+    in.emplace_back(dt_, std::vector<int64_t>{s_.B, s_.Nq, s_.Hq, s_.D});
+    in.emplace_back(dt_, std::vector<int64_t>{s_.B, s_.Nkv, s_.Hkv, s_.D});
+    in.emplace_back(dt_, std::vector<int64_t>{s_.B, s_.Nkv, s_.Hkv, s_.D});
+    in[0].fill_normal(rng);
+    in[1].fill_normal(rng, 0.5f);  // a K mean for the smoothing to remove
+    in[2].fill_normal(rng);
+    return in;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec o;
+    o.name = "out";
+    o.dtype = dt_;
+    o.shape = {s_.B, s_.Nq, s_.Hq, s_.D};
+    // CPU (IEEE division) and CUDA (div.full.f32) INT8 codes may differ by one, rarely.
+    o.tol = Tolerance::allclose(3e-2, 3e-2);
+    OutputSpec l;
+    l.name = "lse";
+    l.dtype = DType::f32;
+    l.shape = {s_.B, s_.Hq, s_.Nq};
+    l.tol = Tolerance::allclose(1e-2, 1e-3);
+    l.tol.allow_nonfinite = true;
+    return {o, l};
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    TensorView lse = out[1];
+    attention(in[0], in[1], in[2], out[0], &lse, opt_, ctx);
+  }
+
+ private:
+  Shape s_;
+  AttentionOptions opt_;
+  DType dt_;
+};
+
+AttentionOptions make_opt(AttentionOptions::PV pv, AttentionOptions::Causal c) {
+  AttentionOptions o;
+  o.pv = pv;
+  o.causal = c;
+  return o;
+}
+
+LOWBIT_HARNESS_CASES(attention_cases) {
+  using O = AttentionOptions;
+  const Shape shapes[] = {
+      {1, 1, 1, 1, 1, 64},     {1, 17, 17, 2, 1, 64},    {2, 127, 127, 4, 2, 128},
+      {1, 200, 77, 2, 2, 64},  {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
+  };
+  for (const Shape& s : shapes)
+    for (auto pv : {O::fp8, O::f16})
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            s, make_opt(pv, c), DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block,
+            64, false, false));
+  // fp16 output, HND strides, SageAttention's per-thread layouts, LSE K-mean correction, V mean.
+  for (auto pv : {O::fp8, O::f16}) {
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{1, 129, 129, 2, 2, 128}, make_opt(pv, O::bottom_right), DType::f16,
+        ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{2, 70, 130, 4, 1, 64}, make_opt(pv, O::none), DType::bf16, ScaleLayout::warp_q,
+        128, ScaleLayout::thread_k, 128, false, true));
+  }
+  O vm = make_opt(O::fp8, O::none);
+  vm.smooth_v = true;
+  cases.push_back(std::make_unique<Int8AttentionCase>(Shape{1, 100, 100, 2, 2, 64}, vm,
+                                                      DType::bf16, ScaleLayout::per_block, 128,
+                                                      ScaleLayout::per_block, 64, false, false));
+  // One call.
+  for (auto pv : {O::fp8, O::f16})
+    for (auto c : {O::none, O::bottom_right}) {
+      cases.push_back(std::make_unique<AttentionCallCase>(Shape{1, 150, 150, 2, 1, 128},
+                                                          make_opt(pv, c), DType::bf16));
+      cases.push_back(std::make_unique<AttentionCallCase>(Shape{2, 33, 90, 2, 2, 64},
+                                                          make_opt(pv, c), DType::f16));
+    }
+}
+
+}  // namespace
+}  // namespace harness
+}  // namespace lowbit

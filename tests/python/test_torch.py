@@ -1,0 +1,329 @@
+"""lowbit.torch on the CPU (skipped without torch): zero-copy DLPack hand-off, custom ops checked
+with torch.library.opcheck (schema, fake/meta implementations, autograd registration),
+torch.compile(fullgraph=True) without graph breaks, the SageAttention drop-in against
+F.scaled_dot_product_attention, quantize_linear_ / load_quantized_, decode over int4 caches."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import lowbit  # noqa: E402
+import lowbit.torch as lt  # noqa: E402
+from conftest import linear_cpu_backend_missing  # noqa: E402
+
+needs = lambda family: pytest.mark.skipif(not lowbit.has(family),  # noqa: E731
+                                          reason=f"no {family} module in this build")
+needs_linear_cpu = pytest.mark.skipif(bool(linear_cpu_backend_missing()),
+                                      reason=linear_cpu_backend_missing())
+GEN = torch.Generator().manual_seed(5)
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=GEN).to(dtype)
+
+
+def cos_l1(out, ref):
+    a, b = out.double().flatten(), ref.double().flatten()
+    return (a @ b / (a.norm() * b.norm())).item(), ((a - b).abs().sum() / b.abs().sum()).item()
+
+
+# ---- plumbing -----------------------------------------------------------------------------------
+
+def test_to_lowbit_is_zero_copy_with_strides():
+    t = randn(4, 6, 8)
+    v = t[1:, ::2].transpose(0, 1)
+    info = lowbit.inspect(lt.to_lowbit(v))
+    assert info["data"] == v.data_ptr()
+    assert info["shape"] == tuple(v.shape) and info["strides"] == tuple(v.stride())
+    b = randn(3, 4, dtype=torch.bfloat16)
+    assert lowbit.inspect(lt.to_lowbit(b))["dtype"] == "bf16"
+    f8 = torch.zeros(3, 4, dtype=torch.float8_e4m3fn)
+    assert lowbit.inspect(lt.to_lowbit(f8))["dtype"] == "e4m3"
+
+
+def test_convert_op_matches_numpy_path_and_writes_nothing_on_error():
+    x = randn(5, 8) * 100
+    for dtype in ("bf16", "f16", "e4m3", "e5m2", "e2m1x2", "i4x2", "i8"):
+        got = lt.convert(x, dtype)
+        want = lowbit.convert(x.numpy(), dtype=dtype)
+        np.testing.assert_array_equal(got.view(torch.uint8).numpy().view(want.dtype)
+                                      if got.dtype != torch.int8 else got.numpy(), want)
+    assert lt.convert(x, "e4m3").dtype == torch.float8_e4m3fn
+    back = lt.convert(lt.convert(x, "e2m1x2"), "f32", src_dtype="e2m1x2")
+    assert back.shape == x.shape
+    with pytest.raises(lowbit.Error):
+        lt.convert(randn(3, 7), "e2m1x2")
+
+
+def test_opcheck_convert():
+    torch.library.opcheck(torch.ops.lowbit.convert.default, (randn(4, 8), "f32", "bf16"))
+
+
+def test_library_error_is_python_exception():
+    with pytest.raises(lowbit.Error) as info:
+        lt.convert(torch.zeros(3, dtype=torch.int64), "f32")
+    assert isinstance(info.value, ValueError)
+
+
+# ---- attention ----------------------------------------------------------------------------------
+
+def sdpa(q, k, v, layout, causal=False, scale=None):
+    """F.scaled_dot_product_attention in fp64 with GQA expanded, in `layout`."""
+    if layout == "NHD":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(g, dim=1) for t in (k, v))
+    o = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
+                                       scale=scale)
+    return o.transpose(1, 2) if layout == "NHD" else o
+
+
+@needs("attention")
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sageattn_vs_sdpa(layout, causal):
+    b, hq, hkv, n, d = 1, 4, 2, 48, 64
+    shape = (lambda h: (b, h, n, d)) if layout == "HND" else (lambda h: (b, n, h, d))
+    q, k, v = randn(*shape(hq)), randn(*shape(hkv)), randn(*shape(hkv))
+    out = lt.sageattn(q, k, v, tensor_layout=layout, is_causal=causal, pv_accum_dtype="fp32")
+    assert out.shape == q.shape and out.dtype == q.dtype
+    cos, l1 = cos_l1(out, sdpa(q, k, v, layout, causal))
+    assert cos >= 0.9999 and l1 <= 0.012, (cos, l1)
+    out8 = lt.sageattn(q, k, v, tensor_layout=layout, is_causal=causal)
+    cos, l1 = cos_l1(out8, sdpa(q, k, v, layout, causal))
+    assert cos >= 0.999 and l1 <= 0.05, (cos, l1)
+
+
+@needs("attention")
+def test_sageattn_lse_scale_and_head_dim_padding():
+    b, h, nq, nkv, d = 1, 2, 24, 40, 40   # d = 40 is zero-padded to 64, as SageAttention does
+    q, k, v = randn(b, h, nq, d), randn(b, h, nkv, d), randn(b, h, nkv, d)
+    out, lse = lt.sageattn(q, k, v, sm_scale=0.2, return_lse=True, pv_accum_dtype="fp32")
+    assert out.shape == (b, h, nq, d) and lse.shape == (b, h, nq) and lse.dtype == torch.float32
+    cos, l1 = cos_l1(out, sdpa(q, k, v, "HND", scale=0.2))
+    assert cos >= 0.9999 and l1 <= 0.012, (cos, l1)
+    ref_lse = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) * 0.2, dim=-1)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=0.05, rtol=0)
+
+
+@needs("attention")
+def test_sageattn_refuses_what_it_cannot_honour():
+    q = randn(1, 2, 16, 64)
+    with pytest.raises(NotImplementedError, match="pv_accum_dtype"):
+        lt.sageattn(q, q, q, pv_accum_dtype="fp32+fp16")
+    with pytest.raises(NotImplementedError, match="qk_quant_gran"):
+        lt.sageattn(q, q, q, qk_quant_gran="per_warp")
+    with pytest.raises(NotImplementedError, match="quantization_backend"):
+        lt.sageattn(q, q, q, quantization_backend="cuda")
+    with pytest.raises(NotImplementedError, match="smooth_v"):
+        lt.sageattn(q, q, q, smooth_v=True, pv_accum_dtype="fp32")
+    with pytest.raises(NotImplementedError, match="'attn_mask'"):
+        lt.sageattn(q, q, q, attn_mask=None)
+    with pytest.raises(ValueError, match="tensor_layout"):
+        lt.sageattn(q, q, q, tensor_layout="BHND")
+    # smooth_k / smooth_v change the computation and still give attention.
+    ref = sdpa(q, q, q, "HND")
+    for kw in ({"smooth_k": False}, {"smooth_v": True}):
+        cos, _ = cos_l1(lt.sageattn(q, q, q, **kw), ref)
+        assert cos >= 0.999, (kw, cos)
+
+
+@needs("attention")
+def test_opcheck_attention():
+    q, k, v = randn(1, 2, 16, 64), randn(1, 2, 20, 64), randn(1, 2, 20, 64)
+    torch.library.opcheck(torch.ops.lowbit.attention.default,
+                          (q, k, v, "HND", 0.125, "top_left", "f16", True, False, True))
+
+
+@needs("attention")
+def test_compile_fullgraph_attention():
+    torch._dynamo.reset()
+    q, k, v = randn(1, 2, 32, 64), randn(1, 2, 32, 64), randn(1, 2, 32, 64)
+
+    def fn(q, k, v):
+        return lt.sageattn(q * 2, k, v, is_causal=True).sum(-1)
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), fn(q, k, v))
+
+
+@needs("prologue")
+def test_prologue_ops_vs_numpy_path():
+    x = randn(1, 40, 2, 32)
+    q8, scale = lt.norm_rope_quantize(x, sm_scale=0.5, layout="thread_k", block=64)
+    want_q = np.zeros((1, 40, 2, 32), np.int8)
+    want_s = np.zeros(tuple(scale.shape), np.float32)
+    lowbit.norm_rope_quantize(x.numpy(), want_q, want_s, sm_scale=0.5, layout="thread_k",
+                              block=64)
+    np.testing.assert_array_equal(q8.numpy(), want_q)
+    np.testing.assert_array_equal(scale.numpy(), want_s)
+    mean = lt.norm_rope_mean(x, norm_weight=torch.ones(32))
+    assert mean.shape == (1, 2, 32)
+    torch.library.opcheck(torch.ops.lowbit.norm_rope_quantize.default,
+                          (x, None, None, 1e-6, None, False, None, 1.0, 1e-7, "per_block", 64))
+
+
+# ---- linear -------------------------------------------------------------------------------------
+
+@needs_linear_cpu
+def test_quantize_linear_forward_backward_and_report():
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(),
+                          nn.Linear(16, 12))
+    ref = {n: (m.weight.detach().clone(), m.bias.detach().clone())
+           for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    with pytest.warns(UserWarning, match="left in full precision"):
+        report = lt.quantize_linear_(model, "convrot8", exclude="2")
+    assert report["0"] == "convrot8" and "2" not in report
+    assert report["4"].startswith("skipped:")  # out_features 12 is not a multiple of 8
+    assert isinstance(model[0], lt.LowbitLinear) and isinstance(model[2], nn.Linear)
+    x = randn(7, 64, dtype=torch.float32).requires_grad_(True)
+    layer = model[0]
+    y = layer(x)
+    y_ref = F.linear(x, *ref["0"])
+    cos, l1 = cos_l1(y, y_ref)
+    assert cos > 0.999 and l1 < 0.05, (cos, l1)
+    g = randn(7, 32)
+    y.backward(g)
+    # Straight-through: grad_x = g . dequant(W); grad_bias = sum over rows.
+    torch.testing.assert_close(x.grad, g @ layer.dequantize(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(layer.bias.grad, g.sum(0))
+    torch.testing.assert_close(layer.dequantize(), ref["0"][0], atol=0.05, rtol=0.05)
+
+
+@needs_linear_cpu
+def test_lowbit_linear_compiles_fullgraph_and_opchecks():
+    torch._dynamo.reset()
+    lin = nn.Linear(64, 32)
+    layer = lt.LowbitLinear.from_linear(lin, "convrotint4")
+    x = randn(3, 5, 64)
+    compiled = torch.compile(lambda t: layer(t).relu(), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), layer(x).relu())
+    torch.library.opcheck(torch.ops.lowbit.linear.default,
+                          (randn(4, 64, dtype=torch.float32).requires_grad_(True),
+                           layer._handle, layer.bias, 32))
+
+
+@needs_linear_cpu
+def test_load_comfy_checkpoint_matches_quantized_weights():
+    lin = nn.Linear(256, 16)
+    packed = lowbit.quantize_weight(lin.weight.detach().numpy(), "convrotcomfyw4a4")
+    parts = packed.tensors()
+    state = {
+        "blk.proj.weight": torch.from_numpy(parts["codes"].copy()),
+        "blk.proj.weight_scale": torch.from_numpy(parts["scales"].copy()),
+        "blk.proj.bias": lin.bias.detach().clone(),
+        "blk.proj.comfy_quant": torch.tensor(list(json.dumps(
+            {"format": "convrot_w4a4", "convrot_groupsize": 256}).encode()), dtype=torch.uint8),
+    }
+    model = nn.Module()
+    model.blk = nn.Module()
+    model.blk.proj = nn.Linear(256, 16)
+    report = lt.load_quantized_(model, state)
+    assert report == {"blk.proj": "convrotcomfyw4a4"}
+    loaded = model.blk.proj
+    assert isinstance(loaded, lt.LowbitLinear)
+    direct = lt.LowbitLinear.from_linear(lin, "convrotcomfyw4a4")
+    x = randn(3, 256)
+    torch.testing.assert_close(loaded(x), direct(x), rtol=0, atol=0)
+    want = np.zeros((16, 256), np.float32)
+    lowbit.dequantize_weight(packed, want)
+    np.testing.assert_array_equal(loaded.dequantize().numpy(), want)
+
+
+# ---- decode -------------------------------------------------------------------------------------
+
+def dequant_int4(words, n_groups):
+    """SPEC section 4 int4 rows (int32 words [coef_0..coef_{g-1} | codes]) -> float64 values."""
+    w = words.numpy().view(np.uint32)
+    coef, codes = w[..., :n_groups], w[..., n_groups:]
+    d = codes.shape[-1] * 8
+    vals = ((codes[..., :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF).reshape(
+        *codes.shape[:-1], d).astype(np.float64)
+    scale = (coef & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
+    shift = (coef >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
+    per = d // n_groups
+    return vals * np.repeat(scale, per, -1) + np.repeat(shift, per, -1)
+
+
+@needs("decode")
+@pytest.mark.parametrize("n_groups", [1, 4])
+def test_decode_int4_contiguous_and_paged(n_groups):
+    b, length, hkv, g, d, mq = 2, 45, 2, 3, 64, 1
+    kf, vf = randn(b, length, hkv, d), randn(b, length, hkv, d)
+    k4 = lt.quantize_kv(kf, "int4", n_groups)
+    v4 = lt.quantize_kv(vf, "int4", n_groups)
+    assert k4.shape == (b, length, hkv, n_groups + d // 8) and k4.dtype == torch.int32
+    kd, vd = dequant_int4(k4, n_groups), dequant_int4(v4, n_groups)
+    assert np.abs(kd - kf.numpy()).max() <= (kf.max() - kf.min()).item() / 15
+    seq_len = torch.tensor([45, 30], dtype=torch.int32)
+    q = randn(b, mq, hkv, g, d)
+    out, lse = lt.decode_attention(q, k4, v4, seq_len, return_lse=True)
+    for bi in range(b):
+        n = int(seq_len[bi])
+        s = np.einsum("mhgd,nhd->mhgn", q[bi].double().numpy(), kd[bi, :n]) / math.sqrt(d)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        ref = np.einsum("mhgn,nhd->mhgd", p / p.sum(-1, keepdims=True), vd[bi, :n])
+        np.testing.assert_allclose(out[bi].double().numpy(), ref, atol=2e-5, rtol=1e-4)
+        ref_lse = np.log(np.exp(s - s.max(-1, keepdims=True)).sum(-1)) + s.max(-1)
+        np.testing.assert_allclose(lse[bi].double().numpy(), ref_lse, atol=1e-4)
+    # The same cache paged: pages of 16 rows scattered through a pool by a block table.
+    page = 16
+    pages = -(-length // page)
+    perm = torch.randperm(b * pages, generator=GEN)
+    block_tables = perm.reshape(b, pages).to(torch.int32)
+    pool_k = torch.zeros(b * pages * page, hkv, k4.shape[-1], dtype=torch.int32)
+    pool_v = torch.zeros_like(pool_k)
+    padded = torch.zeros(b, pages * page, hkv, k4.shape[-1], dtype=torch.int32)
+    for src, pool in ((k4, pool_k), (v4, pool_v)):
+        padded.zero_()
+        padded[:, :length] = src
+        for bi in range(b):
+            for p in range(pages):
+                r = int(block_tables[bi, p]) * page
+                pool[r:r + page] = padded[bi, p * page:(p + 1) * page]
+    out_paged = lt.decode_attention(q, pool_k, pool_v, seq_len, block_tables=block_tables,
+                                    page_size=page)
+    torch.testing.assert_close(out_paged, out, atol=1e-5, rtol=1e-5)
+    # BMHK queries (Hq = Hkv * G) give the same result.
+    out4 = lt.decode_attention(q.reshape(b, mq, hkv * g, d), k4, v4, seq_len)
+    torch.testing.assert_close(out4, out.reshape(b, mq, hkv * g, d))
+
+
+@needs("decode")
+def test_kv_append_then_decode_and_opcheck():
+    b, length, hkv, d = 1, 32, 1, 64
+    k = torch.zeros(b, length, hkv, 1 + d // 8, dtype=torch.int32)
+    v = torch.zeros_like(k)
+    new = randn(b, 4, hkv, d)
+    lt.kv_append_(k, v, new, new, torch.tensor([3], dtype=torch.int32))
+    assert torch.all(k[:, :3] == 0) and torch.any(k[:, 3:7] != 0) and torch.all(k[:, 7:] == 0)
+    np.testing.assert_allclose(dequant_int4(k[:, 3:7], 1), new.numpy(),
+                               atol=(new.max() - new.min()).item() / 15)
+    q = randn(b, 1, hkv, 2, d)
+    seq_len = torch.tensor([7], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.lowbit.decode_attention.default,
+                          (q, k, v, seq_len, None, 0, None, None, "int4", 1, None, 0.0, False,
+                           True))
+
+
+@needs("decode")
+def test_merge_attentions_forward_and_backward():
+    d = 16
+    outs = [randn(3, 2, d).requires_grad_(True) for _ in range(3)]
+    lses = [randn(3, 2).requires_grad_(True) for _ in range(3)]
+    out, lse = lt.merge_attentions(outs, lses)
+    stacked_l = torch.stack(lses)
+    ref_lse = torch.logsumexp(stacked_l, 0)
+    ref_out = (torch.exp(stacked_l - ref_lse)[..., None] * torch.stack(outs)).sum(0)
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-6)
+    go, gl = randn(3, 2, d), randn(3, 2)
+    grads = torch.autograd.grad((out * go).sum() + (lse * gl).sum(), outs + lses)
+    want = torch.autograd.grad((ref_out * go).sum() + (ref_lse * gl).sum(), outs + lses)
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,900 @@
+// Unit tests of the ConvRot family (SPEC §3): hand-computed vectors for every format rule,
+// the rotation identity against the dense Kronecker product, fp64 references, error paths.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "lowbit/dtype.h"
+#include "lowbit/linear.h"
+#include "src/cpu/linear_kernels.h"
+
+namespace lowbit {
+namespace {
+
+using namespace cpu::convrot;
+
+// ---- helpers -------------------------------------------------------------------------------------
+// Dense R_n = R4^{⊗k} in fp64 (SPEC §3.1).
+std::vector<double> dense_r(int n) {
+  const double r4[4][4] = {{1, 1, 1, -1}, {1, 1, -1, 1}, {1, -1, 1, 1}, {-1, 1, 1, 1}};
+  std::vector<double> r{1.0};
+  int m = 1;
+  while (m < n) {
+    std::vector<double> next(static_cast<size_t>(m * 4 * m * 4));
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < m; ++j)
+        for (int a = 0; a < 4; ++a)
+          for (int b = 0; b < 4; ++b)
+            next[(i * 4 + a) * (m * 4) + (j * 4 + b)] = r[i * m + j] * r4[a][b] * 0.5;
+    r.swap(next);
+    m *= 4;
+  }
+  return r;
+}
+
+std::vector<float> normal_vec(size_t n, uint64_t seed, float sd = 1.f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// x (R, K) · R_rot per block, fp64.
+std::vector<double> rotate_ref(const std::vector<float>& x, int64_t R, int64_t K, int rot) {
+  std::vector<double> r = dense_r(rot), y(x.size());
+  for (int64_t row = 0; row < R; ++row)
+    for (int64_t b = 0; b < K; b += rot)
+      for (int j = 0; j < rot; ++j) {
+        double s = 0;
+        for (int i = 0; i < rot; ++i) s += static_cast<double>(x[row * K + b + i]) * r[i * rot + j];
+        y[row * K + b + j] = s;
+      }
+  return y;
+}
+
+// ---- rotation -------------------------------------------------------------------------------------
+TEST(LinearRotation, FactorizationEqualsKroneckerProduct) {
+  for (int n : {4, 16, 64, 256}) {
+    int k = 0;
+    for (int m = n; m > 1; m /= 4) ++k;
+    // D, Sylvester H, P built from their definitions, multiplied densely: D·H·P·D / sqrt(n).
+    auto d = [&](int i) {
+      int threes = 0;
+      for (int t = 0; t < k; ++t) threes += ((i >> (2 * t)) & 3) == 3;
+      return (threes % 2) ? -1.0 : 1.0;
+    };
+    auto h = [&](int i, int j) { return (__builtin_popcount(i & j) % 2) ? -1.0 : 1.0; };
+    const int perm4[4] = {0, 2, 1, 3};
+    auto p = [&](int i) {
+      int r = 0;
+      for (int t = 0; t < k; ++t) r += perm4[(i >> (2 * t)) & 3] << (2 * t);
+      return r;
+    };
+    std::vector<double> r = dense_r(n);
+    double max_diff = 0;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        // (D H P D)_ij = d_i · H_{i, p^-1(j)} · d_j (P permutation matrix with P[p(j)][j] = 1).
+        double v = d(i) * h(i, p(j)) * d(j) / std::sqrt(static_cast<double>(n));
+        max_diff = std::max(max_diff, std::fabs(v - r[i * n + j]));
+      }
+    EXPECT_EQ(max_diff, 0.0) << "n=" << n;
+    // R_n symmetric and its own inverse.
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) {
+        EXPECT_EQ(r[i * n + j], r[j * n + i]);
+        double s = 0;
+        for (int t = 0; t < n; ++t) s += r[i * n + t] * r[t * n + j];
+        EXPECT_NEAR(s, i == j ? 1.0 : 0.0, 1e-12);
+      }
+  }
+}
+
+TEST(LinearRotation, FastTransformMatchesFp64) {
+  Context ctx;
+  for (int rot : {16, 64, 256}) {
+    const int64_t R = 7, K = rot * 3;
+    std::vector<float> x = normal_vec(static_cast<size_t>(R * K), 11 + rot, 3.f), y(x.size());
+    hadamard_rotate(make_view(x.data(), DType::f32, {R, K}), rot,
+                    make_view(y.data(), DType::f32, {R, K}), ctx);
+    std::vector<double> ref = rotate_ref(x, R, K, rot);
+    double num = 0, den = 0, worst = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      num += (y[i] - ref[i]) * (y[i] - ref[i]);
+      den += ref[i] * ref[i];
+      worst = std::max(worst, std::fabs(y[i] - ref[i]));
+    }
+    EXPECT_LE(std::sqrt(num / den), 1e-6) << "rot " << rot;
+    // Every element within a few fp32 ulps of the block's scale.
+    EXPECT_LE(worst, 1e-5) << "rot " << rot;
+    // Self-inverse: rotating twice gives x back (to fp32 rounding), in place.
+    hadamard_rotate(make_view(y.data(), DType::f32, {R, K}), rot,
+                    make_view(y.data(), DType::f32, {R, K}), ctx);
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], x[i], 1e-5 * 3) << i;
+  }
+}
+
+TEST(LinearRotation, Bf16InputAndOutputRoundOnce) {
+  Context ctx;
+  const int64_t K = 64;
+  std::vector<float> xf = normal_vec(K, 5);
+  std::vector<uint16_t> xb(K), yb(K);
+  for (int64_t i = 0; i < K; ++i) {
+    xb[i] = dt::f32_to_bf16(xf[i]);
+    xf[i] = dt::bf16_to_f32(xb[i]);
+  }
+  hadamard_rotate(make_view(xb.data(), DType::bf16, {K}), 64, make_view(yb.data(), DType::bf16, {K}),
+                  ctx);
+  std::vector<double> ref = rotate_ref(xf, 1, K, 64);
+  for (int64_t i = 0; i < K; ++i) {
+    float got = dt::bf16_to_f32(yb[i]);
+    EXPECT_LE(std::fabs(got - ref[i]), std::fabs(ref[i]) * (1.0 / 256) + 1e-6) << i;
+  }
+}
+
+TEST(LinearRotation, Blocks) {
+  EXPECT_EQ(rotation_block(4096), 256);
+  EXPECT_EQ(rotation_block(3072), 256);  // 3072 = 3 * 1024
+  EXPECT_EQ(rotation_block(320), 64);
+  EXPECT_EQ(rotation_block(48), 16);
+  EXPECT_EQ(rotation_block(40), 4);
+  EXPECT_EQ(rotation_block(2), 1);
+}
+
+// ---- qtypes and can_quantize ---------------------------------------------------------------------
+TEST(LinearQType, NamesRoundTrip) {
+  const char* names[] = {"convrot8",    "convrotint2", "convrotint3",   "convrotint4",
+                         "convrotint5", "convrotint6", "convrotint7",   "convrotint8",
+                         "convrotbitnet", "convrotcomfyw4a4", "convrot4", "convrotfp8"};
+  for (int i = 0; i < kNumQTypes; ++i) {
+    EXPECT_EQ(static_cast<int>(parse_qtype(names[i])), i);
+    EXPECT_STREQ(qtype_name(static_cast<QType>(i)), names[i]);
+  }
+  EXPECT_THROW(parse_qtype("convrot3"), Error);
+  EXPECT_THROW(parse_qtype("ConvRot8"), Error);
+  EXPECT_EQ(qtype_bits(QType::convrot_int5), 5);
+  EXPECT_EQ(qtype_group(QType::convrot_int4, 4096), 128);
+  EXPECT_EQ(qtype_group(QType::convrot_int4, 320), 64);
+  EXPECT_EQ(qtype_group(QType::convrot_int4, 48), 16);
+}
+
+TEST(LinearQType, CanQuantizeRules) {
+  std::string why;
+  EXPECT_TRUE(can_quantize(QType::convrot8, 8, 16, &why));
+  EXPECT_FALSE(can_quantize(QType::convrot8, 8, 40, &why));  // K % 16
+  EXPECT_NE(why.find("multiple of 16"), std::string::npos);
+  EXPECT_FALSE(can_quantize(QType::convrot8, 12, 64, &why));  // O % 8
+  EXPECT_FALSE(can_quantize(QType::convrot4, 8, 64, &why));   // NVFP4 O % 16
+  EXPECT_TRUE(can_quantize(QType::convrot4, 16, 64, &why));
+  EXPECT_TRUE(can_quantize(QType::convrot8, 8, 32, &why));  // K % 16 == 0 implies rot >= 16
+  EXPECT_EQ(rotation_block(32), 16);
+  EXPECT_FALSE(can_quantize(QType::convrot_comfy_w4a4, 8, 64, &why));
+  EXPECT_TRUE(can_quantize(QType::convrot_comfy_w4a4, 8, 512, &why));
+  EXPECT_FALSE(can_quantize(QType::convrot8, 0, 64, nullptr));
+}
+
+// ---- packing rules (hand-computed bytes) ---------------------------------------------------------
+TEST(LinearPacking, BitPackHandVectors) {
+  struct V {
+    int bits;
+    int8_t codes[8];
+    std::vector<uint8_t> bytes;
+  } vs[] = {
+      {2, {-1, 0, 1, 1, 0, -1, -1, 1}, {0xa4, 0x81}},
+      {3, {3, -3, 0, 1, 2, -1, -2, 3}, {0xc6, 0x58, 0xc5}},
+      {4, {-7, 7, 0, 1, -1, 3, -4, 5}, {0xe0, 0x87, 0xa6, 0xc3}},
+      {7, {63, -63, 0, 1, -1, 31, -32, 5}, {0x7e, 0xc0, 0x0f, 0xe8, 0xf3, 0x7e, 0x88}},
+  };
+  for (const V& v : vs) {
+    std::vector<uint8_t> out(v.bits);
+    pack_bits(v.codes, 8, v.bits, out.data());
+    EXPECT_EQ(out, v.bytes) << "bits " << v.bits;
+    int8_t back[8];
+    unpack_bits(out.data(), 8, v.bits, back);
+    for (int j = 0; j < 8; ++j) EXPECT_EQ(back[j], v.codes[j]);
+  }
+}
+
+TEST(LinearPacking, BitPackRoundTripEveryWidth) {
+  std::mt19937_64 rng(3);
+  for (int bits = 2; bits <= 8; ++bits) {
+    const int qmax = (1 << (bits - 1)) - 1;
+    std::uniform_int_distribution<int> d(-qmax, qmax);
+    std::vector<int8_t> c(64), back(64);
+    for (auto& x : c) x = static_cast<int8_t>(d(rng));
+    std::vector<uint8_t> p(64 / 8 * bits);
+    pack_bits(c.data(), 64, bits, p.data());
+    unpack_bits(p.data(), 64, bits, back.data());
+    EXPECT_EQ(c, back) << bits;
+  }
+}
+
+TEST(LinearPacking, TernaryHandVectors) {
+  // u = c + 1: [2, 0, 1, 2, 2] -> 2 + 0 + 9 + 54 + 162 = 227; tail [0, -1] -> u [1, 0], pad 0 -> 1.
+  const int8_t codes[7] = {1, -1, 0, 1, 1, 0, -1};
+  uint8_t out[2];
+  pack_ternary(codes, 7, out);
+  EXPECT_EQ(out[0], 227);
+  EXPECT_EQ(out[1], 1);
+  int8_t back[7];
+  unpack_ternary(out, 7, back);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(back[i], codes[i]);
+  const int8_t all_one[5] = {1, 1, 1, 1, 1};
+  pack_ternary(all_one, 5, out);
+  EXPECT_EQ(out[0], 242);  // 3^5 - 1
+}
+
+TEST(LinearPacking, SwizzleIndexMatchesReshapeDescription) {
+  // SPEC §3.4: pad (R, C) to (rb*128, cb*4), view (rb, 128, cb, 4), permute (0, 2, 1, 3), reshape
+  // (-1, 4, 32, 4), swap axes 1 and 2, flatten. Emulated with explicit index arithmetic.
+  for (auto rc : {std::pair<int64_t, int64_t>{128, 4}, {200, 7}, {16, 2}, {300, 12}}) {
+    const int64_t R = rc.first, C = rc.second, rb = (R + 127) / 128, cb = (C + 3) / 4;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        // After view+permute: coordinates (r/128, c/4, r%128, c%4) in shape (rb, cb, 128, 4).
+        int64_t i0 = r / 128, i1 = c / 4, i2 = r % 128, i3 = c % 4;
+        // Reshape to (rb*cb, 4, 32, 4): flat position in the permuted tensor, re-split.
+        int64_t flat = ((i0 * cb + i1) * 128 + i2) * 4 + i3;
+        int64_t a = flat / (4 * 32 * 4), b = flat / (32 * 4) % 4, cc = flat / 4 % 32, d = flat % 4;
+        // Swap axes 1 and 2: shape (n, 32, 4, 4), position (a, cc, b, d).
+        int64_t want = ((a * 32 + cc) * 4 + b) * 4 + d;
+        ASSERT_EQ(swizzle_index(r, c, C), want) << r << "," << c;
+        ASSERT_LT(want, rb * 128 * cb * 4);
+      }
+  }
+  // Hand values: (0,0) -> 0, (0,1) -> 1, (1,0) -> 16, (32,0) -> 4, (0,4) -> 512 (second tile).
+  EXPECT_EQ(swizzle_index(0, 0, 8), 0);
+  EXPECT_EQ(swizzle_index(0, 1, 8), 1);
+  EXPECT_EQ(swizzle_index(1, 0, 8), 16);
+  EXPECT_EQ(swizzle_index(32, 0, 8), 4);
+  EXPECT_EQ(swizzle_index(0, 4, 8), 512);
+}
+
+// ---- rounding rules ------------------------------------------------------------------------------
+TEST(LinearRounding, Int8RowTiesToEvenAndZeroRow) {
+  // amax 127 -> scale exactly 1: the quotients are the values themselves.
+  float w[16] = {127, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 3.5f, -127, 0.49f, 126.5f, -3.5f, 0, 0, 0, 0};
+  int8_t c[16];
+  EXPECT_EQ(quantize_row_int(w, 16, 127, c), 1.f);
+  const int8_t want[16] = {127, 0, 2, 2, 0, -2, -2, 4, -127, 0, 126, -4, 0, 0, 0, 0};
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(c[i], want[i]) << i;
+  float z[16] = {};
+  EXPECT_EQ(quantize_row_int(z, 16, 127, c), 1.f);  // amax 0 -> scale 1
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(c[i], 0);
+  // comfy activations: qmax 7, amax 14 -> scale 2; 5 -> 2.5 -> 2; 3 -> 1.5 -> 2; -1 -> -0.5 -> 0.
+  float a[16] = {14, 5, 3, -1, -14, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(quantize_row_int(a, 16, 7, c), 2.f);
+  const int8_t want7[6] = {7, 2, 2, 0, -7, 4};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(c[i], want7[i]) << i;
+  // A NaN gives a NaN scale and code 0 for every element, never a crash.
+  float n[16] = {1, NAN, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  EXPECT_TRUE(std::isnan(quantize_row_int(n, 16, 127, c)));
+  EXPECT_EQ(c[0], 0);
+}
+
+TEST(LinearRounding, Fp8RowScale) {
+  float w[16] = {448, 1, -2, 0.3f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  uint8_t c[16];
+  EXPECT_EQ(quantize_row_fp8(w, 16, c), 1.f);
+  EXPECT_EQ(c[0], 0x7e);
+  EXPECT_EQ(c[1], 0x38);
+  EXPECT_EQ(c[2], 0xc0);
+  EXPECT_EQ(c[3], 0x2a);  // 0.3 -> 0.3125 = 2^-2 * 1.25: e = 5, m = 2
+  float z[16] = {};
+  EXPECT_EQ(quantize_row_fp8(z, 16, c), 1.f);
+}
+
+TEST(LinearRounding, MseGroupScaleHandVectors) {
+  // Expected scales and codes from an independent numpy float32 evaluation of SPEC §3.3 with the
+  // docs/linear.md lane order.
+  const float w[16] = {1.0f, 0.9f, 0.2f, -0.1f, 0.05f, -0.6f, 0.3f, 0.45f,
+                       -0.35f, 0.0f, 0.7f, -0.8f, 0.15f, -0.25f, 0.5f, -0.55f};
+  struct V {
+    int qmax;
+    uint32_t scale_bits;
+    int8_t codes[16];
+  } vs[] = {
+      {1, 0x3f266667u, {1, 1, 0, 0, 0, -1, 0, 1, -1, 0, 1, -1, 0, 0, 1, -1}},
+      {3, 0x3e933332u, {3, 3, 1, 0, 0, -2, 1, 2, -1, 0, 2, -3, 1, -1, 2, -2}},
+      {7, 0x3e13889du, {7, 6, 1, -1, 0, -4, 2, 3, -2, 0, 5, -6, 1, -2, 3, -4}},
+  };
+  for (const V& v : vs) {
+    int8_t c[16];
+    float s = mse_group_quantize(w, 16, v.qmax, c);
+    EXPECT_EQ(dt::f32_bits(s), v.scale_bits) << "qmax " << v.qmax << " got " << s;
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(c[i], v.codes[i]) << "qmax " << v.qmax << " i " << i;
+  }
+  // A zero group: amax 0 -> 1; every code 0; refits skipped (num = den = 0).
+  float z[16] = {};
+  int8_t c[16];
+  float s = mse_group_quantize(z, 16, 7, c);
+  EXPECT_EQ(s, static_cast<float>(0.2 / 7));
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(c[i], 0);
+}
+
+TEST(LinearRounding, GroupFoldOntoRowGrid) {
+  // s = {0.1, 0.4}, qmax 7: rscale = 0.4 * float(7/127); ratios = s / rscale.
+  const float gs[2] = {0.1f, 0.4f};
+  float ratios[2];
+  float rs = fold_group_scales(gs, 2, 7, ratios);
+  EXPECT_EQ(rs, 0.4f * static_cast<float>(7 / 127.0));
+  EXPECT_EQ(ratios[1], 0.4f / rs);
+  // The largest group maps qmax to 127 (to fp32 rounding), code 7 -> 127; code -3 -> -54.4 -> -54.
+  EXPECT_EQ(fold_code(7, ratios[1]), 127);
+  EXPECT_EQ(fold_code(-3, ratios[1]), static_cast<int8_t>(std::nearbyint(-3 * ratios[1])));
+  EXPECT_EQ(fold_code(-3, ratios[1]), -54);
+  float zr[1];
+  const float zero[1] = {0.f};
+  EXPECT_EQ(fold_group_scales(zero, 1, 7, zr), 1.f);  // all-zero row: rscale 1
+}
+
+TEST(LinearRounding, Nvfp4ActivationBlockHandVector) {
+  // amax 6 -> base 1 -> scale e4m3(1) = 0x38; midpoints go to the lower code.
+  const float x[16] = {6, 3, 2.9f, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f,
+                       3.5f, 5.0f, -6, -0.1f, 0.26f, 4, 1, 0};
+  uint8_t s[1], p[8];
+  quantize_row_nvfp4_act(x, 16, s, p);
+  EXPECT_EQ(s[0], 0x38);
+  const uint8_t want[8] = {0x57, 0x05, 0x21, 0x43, 0x65, 0x8f, 0x61, 0x02};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(p[i], want[i]) << i;
+  // A huge block clamps the base to 448 first; codes saturate at 6.
+  float big[16] = {6000};
+  quantize_row_nvfp4_act(big, 16, s, p);
+  EXPECT_EQ(s[0], 0x7e);
+  EXPECT_EQ(p[0] & 15, 7);
+  // A zero block: scale 0, divide by 1, codes 0.
+  float zero[16] = {};
+  quantize_row_nvfp4_act(zero, 16, s, p);
+  EXPECT_EQ(s[0], 0);
+  EXPECT_EQ(p[0], 0);
+}
+
+// Straightforward re-statement of the SPEC §3.4 weight sweep (scalar, from the text).
+void nvfp4_weight_block_ref(const float* w, float pts, uint8_t* scale, uint8_t* codes16) {
+  float amax = 0;
+  for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(w[i]));
+  float base = amax / (6.f * pts);
+  int best = -1;
+  float best_e = 0;
+  uint8_t best_s = 0;
+  for (int i = 0; i < 9; ++i) {
+    float c = base * static_cast<float>(0.70 + i * 0.05);
+    if (c > 448.f) continue;
+    uint8_t s8 = dt::f32_to_e4m3(c);
+    float den = dt::e4m3_to_f32(s8) * pts;
+    if (!(den > 0)) den = 1;
+    float lane[16];
+    for (int l = 0; l < 16; ++l) {
+      float z = std::min(6.f, std::max(-6.f, w[l] / den));
+      float d = w[l] - dt::e2m1_to_f32(dt::f32_to_e2m1(z)) * den;
+      lane[l] = d * d;
+    }
+    for (int h = 8; h >= 1; h /= 2)
+      for (int l = 0; l < h; ++l) lane[l] += lane[l + h];
+    if (best < 0 || lane[0] < best_e) {
+      best = i;
+      best_e = lane[0];
+      best_s = s8;
+    }
+  }
+  *scale = best_s;
+  float den = dt::e4m3_to_f32(best_s) * pts;
+  if (!(den > 0)) den = 1;
+  for (int l = 0; l < 16; ++l)
+    codes16[l] = dt::f32_to_e2m1(std::min(6.f, std::max(-6.f, w[l] / den)));
+}
+
+TEST(LinearRounding, Nvfp4WeightSweepMatchesStatement) {
+  std::vector<float> w = normal_vec(64 * 16, 9);
+  for (int i = 0; i < 64; ++i) w[i * 16 + (i % 16)] *= 8.f;  // an outlier per block
+  const float pts = 0.0123f;
+  std::vector<uint8_t> s(64), p(64 * 8);
+  quantize_row_nvfp4_weight(w.data(), 64 * 16, pts, s.data(), p.data());
+  int not_amax = 0;
+  for (int b = 0; b < 64; ++b) {
+    uint8_t rs, rc[16];
+    nvfp4_weight_block_ref(w.data() + b * 16, pts, &rs, rc);
+    ASSERT_EQ(s[b], rs) << b;
+    for (int l = 0; l < 16; ++l) ASSERT_EQ(dt::get_nibble(p.data() + b * 8, l), rc[l]) << b;
+    float amax = 0;
+    for (int l = 0; l < 16; ++l) amax = std::max(amax, std::fabs(w[b * 16 + l]));
+    not_amax += rs != dt::f32_to_e4m3(amax / (6.f * pts));
+  }
+  EXPECT_GT(not_amax, 0);  // the sweep does change scales on real data
+}
+
+// ---- whole weights through the public API ---------------------------------------------------------
+const QType kAll[] = {QType::convrot8,    QType::convrot_int2,   QType::convrot_int3,
+                      QType::convrot_int4, QType::convrot_int5,  QType::convrot_int6,
+                      QType::convrot_int7, QType::convrot_int8,  QType::convrot_bitnet,
+                      QType::convrot_comfy_w4a4, QType::convrot4, QType::convrot_fp8};
+
+double rel_weight_error(QType q, const std::vector<float>& w, int64_t O, int64_t K) {
+  Context ctx;
+  PackedWeight p = quantize_weight(make_view(const_cast<float*>(w.data()), DType::f32, {O, K}), q, ctx);
+  std::vector<float> d(w.size());
+  dequantize_weight(p, make_view(d.data(), DType::f32, {O, K}), false, ctx);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    num += (double(w[i]) - d[i]) * (double(w[i]) - d[i]);
+    den += double(w[i]) * w[i];
+  }
+  return std::sqrt(num / den);
+}
+
+TEST(LinearWeights, RelativeErrorBoundsPerQType) {
+  const int64_t O = 32, K = 512;
+  std::vector<float> w = normal_vec(static_cast<size_t>(O * K), 21, 0.02f);
+  // Bounds for Gaussian rows (a rotation keeps them Gaussian): roughly the step of each grid.
+  const double bound[] = {0.012, 0.75, 0.35, 0.16, 0.08, 0.04, 0.025, 0.012, 0.75, 0.16, 0.12, 0.04};
+  double prev = 1.0;
+  for (int i = 0; i < kNumQTypes; ++i) {
+    double e = rel_weight_error(kAll[i], w, O, K);
+    EXPECT_LT(e, bound[i]) << qtype_name(kAll[i]);
+    EXPECT_GT(e, 0.0) << qtype_name(kAll[i]);
+    if (i >= 1 && i <= 7) {
+      EXPECT_LT(e, prev) << "more bits, less error: " << qtype_name(kAll[i]);
+      prev = e;
+    }
+  }
+  // bitnet stores convrotint2's exact codes: same error.
+  EXPECT_EQ(rel_weight_error(QType::convrot_bitnet, w, O, K),
+            rel_weight_error(QType::convrot_int2, w, O, K));
+}
+
+TEST(LinearWeights, ZeroWeightQuantizesToZero) {
+  Context ctx;
+  const int64_t O = 16, K = 256;
+  std::vector<float> w(O * K, 0.f), d(O * K, 1.f);
+  for (QType q : kAll) {
+    PackedWeight p = quantize_weight(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    dequantize_weight(p, make_view(d.data(), DType::f32, {O, K}), false, ctx);
+    for (float v : d) ASSERT_EQ(v, 0.f) << qtype_name(q);
+    if (q != QType::convrot4) {
+      const float* s = reinterpret_cast<const float*>(p.scales.data());
+      for (int64_t o = 0; o < O; ++o) {
+        // amax 0 -> 1 (per-row rules); MSE qtypes: the fold gives rscale 1 when every s_g is 0.2/qmax.
+        EXPECT_GT(s[o], 0.f) << qtype_name(q);
+      }
+    } else {
+      float pts;
+      std::memcpy(&pts, p.tensor_scale.data(), 4);
+      EXPECT_EQ(pts, 1.f);
+    }
+  }
+}
+
+TEST(LinearWeights, Convrot8MatchesPlainStatement) {
+  // Rotate in fp64 (dense), quantize with the SPEC rule, compare codes: the fast rotation may move
+  // a quotient by an ulp, so at most a tie flips (one code, rarely).
+  Context ctx;
+  const int64_t O = 8, K = 256;
+  std::vector<float> w = normal_vec(O * K, 4);
+  PackedWeight p = quantize_weight(make_view(w.data(), DType::f32, {O, K}), QType::convrot8, ctx);
+  std::vector<double> r = rotate_ref(w, O, K, 256);
+  int diff = 0;
+  for (int64_t o = 0; o < O; ++o) {
+    double amax = 0;
+    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(r[o * K + k]));
+    float s = reinterpret_cast<const float*>(p.scales.data())[o];
+    EXPECT_NEAR(s, amax / 127, amax / 127 * 1e-6);
+    for (int64_t k = 0; k < K; ++k) {
+      int want = static_cast<int>(std::nearbyint(r[o * K + k] / (amax / 127)));
+      int got = static_cast<int8_t>(p.codes[o * K + k]);
+      EXPECT_LE(std::abs(want - got), 1);
+      diff += want != got;
+    }
+  }
+  EXPECT_LE(diff, 2);
+}
+
+TEST(LinearWeights, PackedWeightTensorsRoundTrip) {
+  Context ctx;
+  const int64_t O = 32, K = 320;  // rot 64, group 64
+  std::vector<float> w = normal_vec(O * K, 8);
+  for (QType q : kAll) {
+    if (!can_quantize(q, O, K, nullptr)) continue;
+    PackedWeight p = quantize_weight(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    EXPECT_EQ(p.rot(), 64);
+    auto parts = p.tensors();
+    ASSERT_FALSE(parts.empty());
+    EXPECT_EQ(parts[0].first, "codes");
+    PackedWeight back(q, O, K, parts, p.rot(), p.group());
+    EXPECT_EQ(back.codes, p.codes);
+    EXPECT_EQ(back.scales, p.scales);
+    EXPECT_EQ(back.ratios, p.ratios);
+    EXPECT_EQ(back.block_scales_swizzled, p.block_scales_swizzled);
+    EXPECT_EQ(back.storage_bytes(), p.storage_bytes());
+    // Wrong group, missing part, wrong shape: rejected.
+    EXPECT_THROW(PackedWeight(q, O, K, parts, p.rot(), p.group() * 2), Error);
+    auto missing = parts;
+    missing.pop_back();
+    EXPECT_THROW(PackedWeight(q, O, K, missing), Error);
+    EXPECT_THROW(PackedWeight(q, O + 8, K, parts), Error);
+  }
+}
+
+TEST(LinearWeights, SizesPerQType) {
+  Context ctx;
+  const int64_t O = 16, K = 256;
+  std::vector<float> w = normal_vec(O * K, 1);
+  auto bytes = [&](QType q) {
+    return quantize_weight(make_view(w.data(), DType::f32, {O, K}), q, ctx).codes.size();
+  };
+  EXPECT_EQ(bytes(QType::convrot8), size_t(O * K));
+  EXPECT_EQ(bytes(QType::convrot_int3), size_t(O * K * 3 / 8));
+  EXPECT_EQ(bytes(QType::convrot_bitnet), size_t(O * 52));  // ceil(256 / 5)
+  EXPECT_EQ(bytes(QType::convrot_comfy_w4a4), size_t(O * K / 2));
+  EXPECT_EQ(bytes(QType::convrot4), size_t(O * K / 2));
+}
+
+// ---- forward / backward ---------------------------------------------------------------------------
+// Decodes the GEMM's weight values for row o independently of the library's unpackers: reads the
+// packed bits one by one (integer families) and applies the fold in fp32.
+std::vector<int> decode_int_codes(const PackedWeight& p, int64_t o) {
+  const int64_t K = p.in_features();
+  std::vector<int> c(K);
+  const QType q = p.qtype();
+  if (q == QType::convrot8) {
+    for (int64_t k = 0; k < K; ++k) c[k] = static_cast<int8_t>(p.codes[o * K + k]);
+  } else if (q == QType::convrot_bitnet) {
+    const int64_t bpr = (K + 4) / 5;
+    for (int64_t k = 0; k < K; ++k) {
+      int v = p.codes[o * bpr + k / 5];
+      for (int j = 0; j < k % 5; ++j) v /= 3;
+      c[k] = v % 3 - 1;
+    }
+  } else if (q == QType::convrot_comfy_w4a4) {
+    for (int64_t k = 0; k < K; ++k) {
+      int nib = (p.codes[o * K / 2 + k / 2] >> (4 * (k % 2))) & 15;
+      c[k] = nib >= 8 ? nib - 16 : nib;
+    }
+  } else {
+    const int bits = p.bits(), qmax = (1 << (bits - 1)) - 1;
+    const int64_t row = K / 8 * bits;
+    for (int64_t k = 0; k < K; ++k) {
+      int u = 0;
+      for (int b = 0; b < bits; ++b) {
+        int64_t bit = (k % 8) * bits + b;  // within the 8-code word
+        u |= ((p.codes[o * row + (k / 8) * bits + bit / 8] >> (bit % 8)) & 1) << b;
+      }
+      c[k] = u - qmax;
+    }
+  }
+  if (!p.ratios.empty()) {
+    const float* ratios = reinterpret_cast<const float*>(p.ratios.data());
+    const int64_t ng = K / p.group();
+    for (int64_t k = 0; k < K; ++k) {
+      float v = static_cast<float>(c[k]) * ratios[o * ng + k / p.group()];
+      c[k] = static_cast<int>(std::max(-127.f, std::min(127.f, std::nearbyint(v))));
+    }
+  }
+  return c;
+}
+
+TEST(LinearForward, IntegerQTypesBitExactAgainstIndependentDecode) {
+  Context ctx;
+  const int64_t M = 5, O = 24, K = 256;
+  std::vector<float> w = normal_vec(O * K, 31, 0.05f), x = normal_vec(M * K, 32), bias = normal_vec(O, 33);
+  for (QType q : kAll) {
+    if (q == QType::convrot4 || q == QType::convrot_fp8) continue;
+    QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    PackedWeight p = lin.to_packed(ctx);
+    std::vector<float> out(M * O);
+    TensorView bv = make_view(bias.data(), DType::f32, {O});
+    lin.forward(make_view(x.data(), DType::f32, {M, K}), &bv, make_view(out.data(), DType::f32, {M, O}), ctx);
+    // Activations through the public quantizer (tested by hand vectors above).
+    std::vector<int8_t> ac(M * K);
+    std::vector<float> as(M);
+    rotate_quantize_activations(make_view(x.data(), DType::f32, {M, K}), q, lin.rotation_block(),
+                                make_view(ac.data(), DType::i8, {M, K}), make_view(as.data(), DType::f32, {M}), ctx);
+    const int amax_code = q == QType::convrot_comfy_w4a4 ? 7 : 127;
+    const float* ws = reinterpret_cast<const float*>(p.scales.data());
+    for (int64_t o = 0; o < O; ++o) {
+      std::vector<int> wc = decode_int_codes(p, o);
+      for (int64_t m = 0; m < M; ++m) {
+        int64_t acc = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          ASSERT_LE(std::abs(ac[m * K + k]), amax_code);
+          acc += static_cast<int64_t>(ac[m * K + k]) * wc[k];
+        }
+        float want = static_cast<float>(acc) * as[m];
+        want = want * ws[o];
+        want = want + bias[o];
+        ASSERT_EQ(dt::f32_bits(out[m * O + o]), dt::f32_bits(want)) << qtype_name(q) << " " << m << "," << o;
+      }
+    }
+  }
+}
+
+TEST(LinearForward, FloatQTypesAgainstFp64OfDequantizedOperands) {
+  Context ctx;
+  const int64_t M = 3, O = 32, K = 64;
+  std::vector<float> w = normal_vec(O * K, 41, 0.05f), x = normal_vec(M * K, 42);
+  for (QType q : {QType::convrot_fp8, QType::convrot4}) {
+    QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    std::vector<float> out(M * O);
+    lin.forward(make_view(x.data(), DType::f32, {M, K}), nullptr, make_view(out.data(), DType::f32, {M, O}), ctx);
+    std::vector<float> wd(O * K);
+    dequantize_weight(lin.weights(), make_view(wd.data(), DType::f32, {O, K}), true, ctx);
+    // Dequantized activations from the public quantizer's codes.
+    std::vector<double> xd(M * K), xraw(M * K), wraw(O * K);
+    std::vector<float> xs(M, 1.f);
+    PackedWeight p = lin.to_packed(ctx);
+    for (int64_t i = 0; i < O * K; ++i)
+      wraw[i] = q == QType::convrot_fp8
+                    ? double(dt::e4m3_to_f32(p.codes[i]))
+                    : double(dt::e2m1_to_f32(dt::get_nibble(p.codes.data(), i))) *
+                          dt::e4m3_to_f32(p.block_scales[i / 16]);
+    if (q == QType::convrot_fp8) {
+      std::vector<uint8_t> c(M * K);
+      std::vector<float> s(M);
+      rotate_quantize_activations(make_view(x.data(), DType::f32, {M, K}), q, 64,
+                                  make_view(c.data(), DType::e4m3, {M, K}), make_view(s.data(), DType::f32, {M}), ctx);
+      for (int64_t i = 0; i < M * K; ++i) xd[i] = double(dt::e4m3_to_f32(c[i])) * s[i / K];
+      for (int64_t i = 0; i < M * K; ++i) xraw[i] = dt::e4m3_to_f32(c[i]);
+      xs = s;
+    } else {
+      std::vector<uint8_t> c(M * K / 2), s(M * K / 16);
+      rotate_quantize_activations(make_view(x.data(), DType::f32, {M, K}), q, 64,
+                                  make_view(c.data(), DType::e2m1x2, {M, K}), make_view(s.data(), DType::e4m3, {M, K / 16}), ctx);
+      for (int64_t i = 0; i < M * K; ++i)
+        xd[i] = double(dt::e2m1_to_f32(dt::get_nibble(c.data(), i))) * dt::e4m3_to_f32(s[i / 16]);
+      xraw = xd;
+    }
+    float ws_pts = 0;
+    if (q == QType::convrot4) std::memcpy(&ws_pts, p.tensor_scale.data(), 4);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t o = 0; o < O; ++o) {
+        double ref = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          ref += xd[m * K + k] * wd[o * K + k];
+          mag += std::fabs(xd[m * K + k] * wd[o * K + k]);
+        }
+        // acc is exact then rounded; the epilogue and the dequantized weight add a few fp32 ulps.
+        EXPECT_NEAR(out[m * O + o], ref, 4e-7 * mag + 1e-30) << qtype_name(q) << " " << m << "," << o;
+        // Bit-exact: the products of the raw operands sum exactly in fp64 here (K = 64), are
+        // rounded once to fp32, then the epilogue applies the two scales in order.
+        double exact = 0;
+        for (int64_t k = 0; k < K; ++k) exact += xraw[m * K + k] * wraw[o * K + k];
+        float want = static_cast<float>(exact);
+        if (q == QType::convrot_fp8) {
+          want = want * xs[m];
+          want = want * reinterpret_cast<const float*>(p.scales.data())[o];
+        } else {
+          want = want * 1.f;
+          want = want * ws_pts;
+        }
+        EXPECT_EQ(dt::f32_bits(out[m * O + o]), dt::f32_bits(want)) << qtype_name(q) << " " << m << "," << o;
+      }
+  }
+}
+
+TEST(LinearForward, Bf16ActivationsAndBias) {
+  Context ctx;
+  const int64_t M = 17, O = 16, K = 128;
+  std::vector<float> w = normal_vec(O * K, 51, 0.05f), xf = normal_vec(M * K, 52);
+  std::vector<uint16_t> x(M * K), out(M * O), bias(O);
+  for (int64_t i = 0; i < M * K; ++i) x[i] = dt::f32_to_bf16(xf[i]);
+  for (int64_t o = 0; o < O; ++o) bias[o] = dt::f32_to_bf16(0.25f * o);
+  QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), QType::convrot8, ctx);
+  TensorView bv = make_view(bias.data(), DType::bf16, {O});
+  lin.forward(make_view(x.data(), DType::bf16, {M, K}), &bv, make_view(out.data(), DType::bf16, {M, O}), ctx);
+  // Against the full-precision layer: the W8A8 error is about 1 % of the output's scale.
+  double num = 0, den = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t o = 0; o < O; ++o) {
+      double ref = 0.25 * o;
+      for (int64_t k = 0; k < K; ++k) ref += double(dt::bf16_to_f32(x[m * K + k])) * w[o * K + k];
+      double got = dt::bf16_to_f32(out[m * O + o]);
+      num += (got - ref) * (got - ref);
+      den += ref * ref;
+    }
+  EXPECT_LT(std::sqrt(num / den), 0.02);
+}
+
+TEST(LinearBackward, InputGradientAgainstFp64) {
+  Context ctx;
+  const int64_t M = 4, O = 16, K = 320;
+  std::vector<float> w = normal_vec(O * K, 61, 0.05f), g = normal_vec(M * O, 62), gx(M * K);
+  for (QType q : {QType::convrot8, QType::convrot_int3, QType::convrot4}) {
+    QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    std::vector<float> wd(O * K);
+    dequantize_weight(lin.weights(), make_view(wd.data(), DType::f32, {O, K}), true, ctx);
+    lin.backward_input(make_view(g.data(), DType::f32, {M, O}), make_view(gx.data(), DType::f32, {M, K}), ctx);
+    std::vector<float> t(M * K);
+    std::vector<double> rot_in(M * K);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        double s = 0;
+        for (int64_t o = 0; o < O; ++o) s += double(g[m * O + o]) * wd[o * K + k];
+        t[m * K + k] = static_cast<float>(s);
+      }
+    std::vector<double> ref = rotate_ref(t, M, K, lin.rotation_block());
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < M * K; ++i) {
+      num += (gx[i] - ref[i]) * (gx[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 1e-6) << qtype_name(q);
+  }
+}
+
+// ---- re-quantization -------------------------------------------------------------------------------
+TEST(LinearRequantize, NearestReproducesQuantizedCodes) {
+  Context ctx;
+  const int64_t O = 16, K = 256;
+  std::vector<float> w = normal_vec(O * K, 71, 0.05f);
+  for (QType q : kAll) {
+    QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    PackedWeight before = lin.to_packed(ctx);
+    lin.requantize(make_view(w.data(), DType::f32, {O, K}), false, 0, ctx);
+    PackedWeight after = lin.to_packed(ctx);
+    EXPECT_EQ(after.scales, before.scales);
+    size_t same = 0;
+    for (size_t i = 0; i < before.codes.size(); ++i) same += before.codes[i] == after.codes[i];
+    // Grouped qtypes divide by ratio * rscale (not the exact s): a rare tie may move.
+    EXPECT_GE(double(same), 0.99 * before.codes.size()) << qtype_name(q);
+    if (q == QType::convrot8 || q == QType::convrot_fp8 || q == QType::convrot4 ||
+        q == QType::convrot_comfy_w4a4 || q == QType::convrot_int8)
+      EXPECT_EQ(after.codes, before.codes) << qtype_name(q);
+  }
+}
+
+TEST(LinearRequantize, StochasticIsUnbiasedAndSeeded) {
+  Context ctx;
+  const int64_t O = 8, K = 64;
+  std::vector<float> w = normal_vec(O * K, 81, 0.05f);
+  QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), QType::convrot8, ctx);
+  // Expected z in the rotated basis: the nearest codes' pre-rounding values.
+  std::vector<float> wr(O * K);
+  hadamard_rotate(make_view(w.data(), DType::f32, {O, K}), 64, make_view(wr.data(), DType::f32, {O, K}), ctx);
+  const float* s = static_cast<const float*>(lin.weights().scales.data);
+  std::vector<double> mean(O * K, 0.0);
+  const int trials = 400;
+  for (int t = 0; t < trials; ++t) {
+    lin.requantize(make_view(w.data(), DType::f32, {O, K}), true, 1000 + t, ctx);
+    const int8_t* c = static_cast<const int8_t*>(lin.weights().codes.data);
+    for (int64_t i = 0; i < O * K; ++i) {
+      double z = wr[i] / s[i / K];
+      ASSERT_TRUE(c[i] == std::floor(z) || c[i] == std::floor(z) + 1) << i;
+      mean[i] += c[i] / double(trials);
+    }
+  }
+  double worst = 0;
+  for (int64_t i = 0; i < O * K; ++i) worst = std::max(worst, std::fabs(mean[i] - wr[i] / s[i / K]));
+  EXPECT_LT(worst, 0.1);  // 400 draws: sd <= 0.025
+  // Same seed, same codes.
+  lin.requantize(make_view(w.data(), DType::f32, {O, K}), true, 7, ctx);
+  PackedWeight a = lin.to_packed(ctx);
+  lin.requantize(make_view(w.data(), DType::f32, {O, K}), true, 7, ctx);
+  EXPECT_EQ(lin.to_packed(ctx).codes, a.codes);
+  EXPECT_EQ(uniform01(7, 0), uniform01(7, 0));
+  EXPECT_NE(uniform01(7, 0), uniform01(7, 1));
+  // splitmix64 first output for seed 0 is 0xE220A8397B1DCDAF: u = 0xE220A8 / 2^24.
+  EXPECT_EQ(uniform01(0, 0), static_cast<float>(0xE220A8) / 16777216.f);
+}
+
+TEST(LinearRequantize, StochasticFloatGrids) {
+  Context ctx;
+  const int64_t O = 16, K = 64;
+  std::vector<float> w = normal_vec(O * K, 91, 0.05f);
+  for (QType q : {QType::convrot_fp8, QType::convrot4}) {
+    QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    std::vector<float> nearest(O * K), sto(O * K), sum(O * K, 0.f);
+    lin.dequantize(make_view(nearest.data(), DType::f32, {O, K}), ctx);
+    for (int t = 0; t < 200; ++t) {
+      lin.requantize(make_view(w.data(), DType::f32, {O, K}), true, t, ctx);
+      lin.dequantize(make_view(sto.data(), DType::f32, {O, K}), ctx);
+      for (int64_t i = 0; i < O * K; ++i) sum[i] += sto[i] / 200;
+    }
+    // The stochastic mean is closer to the true weight than the nearest rounding, on average.
+    double e_near = 0, e_mean = 0;
+    for (int64_t i = 0; i < O * K; ++i) {
+      e_near += (nearest[i] - w[i]) * (nearest[i] - w[i]);
+      e_mean += (sum[i] - w[i]) * (sum[i] - w[i]);
+    }
+    EXPECT_LT(e_mean, e_near) << qtype_name(q);
+  }
+}
+
+// ---- error paths: named argument, nothing written --------------------------------------------------
+TEST(LinearErrors, BadArgumentsThrowAndWriteNothing) {
+  Context ctx;
+  const int64_t O = 16, K = 64;
+  std::vector<float> w = normal_vec(O * K, 1);
+  QuantizedLinear lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), QType::convrot8, ctx);
+  std::vector<float> x(4 * K, 1.f), out(4 * O, 7.f);
+  auto expect_arg = [&](const std::function<void()>& f, const char* arg) {
+    try {
+      f();
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.argument(), arg) << e.what();
+    }
+    for (float v : out) ASSERT_EQ(v, 7.f);
+  };
+  expect_arg([&] { lin.forward(make_view(x.data(), DType::f32, {4, K - 16}), nullptr, make_view(out.data(), DType::f32, {4, O}), ctx); }, "x");
+  expect_arg([&] { lin.forward(make_view(x.data(), DType::f32, {4, K}), nullptr, make_view(out.data(), DType::f32, {4, O - 1}), ctx); }, "out");
+  expect_arg([&] { lin.forward(make_view(x.data(), DType::f32, {4, K}), nullptr, make_view(out.data(), DType::bf16, {4, O}), ctx); }, "out");
+  expect_arg([&] { lin.forward(make_view(x.data(), DType::i8, {4, K}), nullptr, make_view(out.data(), DType::f32, {4, O}), ctx); }, "x");
+  TensorView bad_bias = make_view(w.data(), DType::f32, {O + 1});
+  expect_arg([&] { lin.forward(make_view(x.data(), DType::f32, {4, K}), &bad_bias, make_view(out.data(), DType::f32, {4, O}), ctx); }, "bias");
+  expect_arg([&] { hadamard_rotate(make_view(x.data(), DType::f32, {4, K}), 32, make_view(out.data(), DType::f32, {4, K}), ctx); }, "block");
+  expect_arg([&] { hadamard_rotate(make_view(x.data(), DType::f32, {4, 48}), 64, make_view(out.data(), DType::f32, {4, 48}), ctx); }, "block");
+  expect_arg([&] { quantize_weight(make_view(w.data(), DType::f32, {O, 40}), QType::convrot8, ctx); }, "qtype");
+  expect_arg([&] { quantize_weight(make_view(w.data(), DType::f32, {8, 64}), QType::convrot4, ctx); }, "qtype");
+  expect_arg([&] { lin.dequantize(make_view(out.data(), DType::f32, {4, O}), ctx); }, "out");
+  expect_arg([&] { lin.backward_input(make_view(x.data(), DType::f32, {4, O + 8}), make_view(out.data(), DType::f32, {4, K}), ctx); }, "grad_out");
+  std::vector<float> codes_f(4 * K);
+  expect_arg([&] { rotate_quantize_activations(make_view(x.data(), DType::f32, {4, K}), QType::convrot8, 64, make_view(codes_f.data(), DType::f32, {4, K}), make_view(out.data(), DType::f32, {4}), ctx); }, "codes");
+  QuantizedLinear empty;
+  expect_arg([&] { empty.forward(make_view(x.data(), DType::f32, {4, K}), nullptr, make_view(out.data(), DType::f32, {4, O}), ctx); }, "this");
+  // A view whose parts disagree with its qtype.
+  PackedWeightView v = lin.weights();
+  v.qtype = QType::convrot_int4;
+  v.bits = 4;
+  std::vector<float> big(O * K, 7.f);
+  expect_arg([&] { dequantize_weight(v, make_view(big.data(), DType::f32, {O, K}), true, ctx); }, "w.codes");
+  for (float b : big) ASSERT_EQ(b, 7.f);
+}
+
+}  // namespace
+}  // namespace lowbit
+
+namespace lowbit {
+namespace {
+
+// The AVX2 primitives give the scalar loops' bits (ties, zeros, outliers, NaN, every qmax).
+TEST(LinearSimd, VectorKernelsMatchScalar) {
+  if (!cpu::convrot::simd_kernels_available()) GTEST_SKIP() << "no AVX2 on this CPU";
+  using namespace cpu::convrot;
+  std::mt19937_64 rng(123);
+  std::normal_distribution<float> n(0.f, 1.f);
+  const int64_t K = 1024 + 16 * 3;
+  std::vector<float> w(K);
+  for (int64_t i = 0; i < K; ++i) {
+    int kind = static_cast<int>(rng() % 8);
+    w[i] = kind == 0 ? 0.f : kind == 1 ? std::nearbyint(n(rng) * 20.f) + 0.5f : n(rng);
+  }
+  w[17] = 40.f;  // an outlier
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) w[300] = NAN;
+    for (int qmax : {1, 3, 7, 15, 31, 63, 127}) {
+      std::vector<int8_t> a(K), b(K);
+      force_scalar_kernels(true);
+      float sa = quantize_row_int(w.data(), K, qmax, a.data());
+      float ga = mse_group_quantize(w.data(), 128, qmax, a.data());
+      force_scalar_kernels(false);
+      float sb = quantize_row_int(w.data(), K, qmax, b.data());
+      float gb = mse_group_quantize(w.data(), 128, qmax, b.data());
+      EXPECT_EQ(dt::f32_bits(sa), dt::f32_bits(sb)) << qmax;
+      EXPECT_EQ(dt::f32_bits(ga), dt::f32_bits(gb)) << qmax;
+      EXPECT_EQ(a, b) << qmax;
+    }
+    std::vector<uint8_t> s1(K / 16), s2(K / 16), p1(K / 2), p2(K / 2);
+    force_scalar_kernels(true);
+    quantize_row_nvfp4_weight(w.data(), K, 0.0071f, s1.data(), p1.data());
+    force_scalar_kernels(false);
+    quantize_row_nvfp4_weight(w.data(), K, 0.0071f, s2.data(), p2.data());
+    EXPECT_EQ(s1, s2);
+    EXPECT_EQ(p1, p2);
+  }
+  for (int rot : {16, 64, 256}) {
+    std::vector<float> x(rot * 4), y1(rot * 4), y2(rot * 4);
+    for (auto& v : x) v = n(rng) * 100.f;
+    force_scalar_kernels(true);
+    rotate_row(x.data(), y1.data(), rot * 4, rot);
+    force_scalar_kernels(false);
+    rotate_row(x.data(), y2.data(), rot * 4, rot);
+    for (int i = 0; i < rot * 4; ++i) ASSERT_EQ(dt::f32_bits(y1[i]), dt::f32_bits(y2[i])) << rot << " " << i;
+  }
+}
+
+}  // namespace
+}  // namespace lowbit
