@@ -41,8 +41,31 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
   __syncthreads();
 
   if (p.fmt == ActFormat::rotate_only) {
-    for (int e = threadIdx.x; e < K; e += kThreads)
-      store_out(p.rotated, row * p.rotated_row_stride + e, p.rotated_dtype, srow[e]);
+    // 4 consecutive outputs per thread: one 8-byte store for 16-bit outputs when aligned.
+    const int64_t off = row * p.rotated_row_stride;
+    const bool half = p.rotated_dtype == DType::bf16 || p.rotated_dtype == DType::f16;
+    const bool vec =
+        half && (reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(p.rotated) + off) % 8) == 0;
+    for (int e0 = threadIdx.x * 4; e0 < K; e0 += kThreads * 4) {
+      const float4 q = *reinterpret_cast<const float4*>(srow + e0);
+      if (vec) {
+        uint2 w;
+        if (p.rotated_dtype == DType::bf16) {
+          __nv_bfloat162 a = __floats2bfloat162_rn(q.x, q.y), b = __floats2bfloat162_rn(q.z, q.w);
+          w.x = *reinterpret_cast<uint32_t*>(&a);
+          w.y = *reinterpret_cast<uint32_t*>(&b);
+        } else {
+          __half2 a = __floats2half2_rn(q.x, q.y), b = __floats2half2_rn(q.z, q.w);
+          w.x = *reinterpret_cast<uint32_t*>(&a);
+          w.y = *reinterpret_cast<uint32_t*>(&b);
+        }
+        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.rotated) + off + e0) = w;
+      } else {
+        const float v[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) store_out(p.rotated, off + e0 + j, p.rotated_dtype, v[j]);
+      }
+    }
     return;
   }
 
