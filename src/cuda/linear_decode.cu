@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeParams p) {
       if (scale == 0.f) scale = 1.f;  // NaN stays NaN
       if (threadIdx.x == 0) s_scale[m] = scale;
       for (int e0 = threadIdx.x * 4; e0 < K; e0 += kThreads * 4) {
-        const float4 q = *reinterpret_cast<const float4*>(srow + e0);
+        const float4 q = load4_rotated<ROT>(srow, e0);
         const float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
         uint32_t word = 0;
 #pragma unroll

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
     const bool vec =
         half && (reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(p.rotated) + off) % 8) == 0;
     for (int e0 = threadIdx.x * 4; e0 < K; e0 += kThreads * 4) {
-      const float4 q = *reinterpret_cast<const float4*>(srow + e0);
+      const float4 q = load4_rotated<ROT>(srow, e0);
       if (vec) {
         uint2 w;
         if (p.rotated_dtype == DType::bf16) {
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
     uint8_t* bs = p.block_scales + row * (p.K / 16);
     for (int e0 = threadIdx.x * 4; e0 < ((K + 127) & ~127); e0 += kThreads * 4) {
       const bool in = e0 < K;
-      float4 q = in ? *reinterpret_cast<const float4*>(srow + e0) : make_float4(0, 0, 0, 0);
+      float4 q = in ? load4_rotated<ROT>(srow, e0) : make_float4(0, 0, 0, 0);
       float m = nan_max(nan_max(fabsf(q.x), fabsf(q.y)), nan_max(fabsf(q.z), fabsf(q.w)));
       m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, 2));
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
 
   uint8_t* codes = static_cast<uint8_t*>(p.codes) + row * p.codes_row_stride;
   for (int e0 = threadIdx.x * 4; e0 < K; e0 += kThreads * 4) {
-    float4 q = *reinterpret_cast<const float4*>(srow + e0);
+    float4 q = load4_rotated<ROT>(srow, e0);
     float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
     uint32_t word = 0;
 #pragma unroll

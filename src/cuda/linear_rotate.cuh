@@ -106,9 +106,10 @@ __device__ __forceinline__ void hadamard_chunk(float v[8], int lane) {
   }
 }
 
-// Rotates row x (K elements, K % ROT == 0) into srow (fp32, K entries, each value at its permuted
-// position) with all kThreads threads of the CTA; returns this thread's part of the row's |y| max
-// (NaN-sticky). The caller synchronizes before reading srow.
+// Rotates row x (K elements, K % ROT == 0) into srow (fp32, K entries: t = (x·D·H)·2^-k in the
+// butterflies' order, before P and the second D) with all kThreads threads of the CTA; returns
+// this thread's part of the row's |y| max (NaN-sticky). The caller synchronizes, then reads the
+// rotated values y through load4_rotated.
 template <typename T, int ROT, int kThreads>
 __device__ __forceinline__ float rotate_row_to_smem(const T* x, int K, float* srow) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -129,18 +130,32 @@ __device__ __forceinline__ float rotate_row_to_smem(const T* x, int K, float* sr
       if (c0 + b * kWarps * 256 >= K) break;  // warp-uniform
       hadamard_chunk<ROT>(v[b], lane);
       if (e0 < K) {
-        const int blk = e0 & ~(ROT - 1);
+        // Stored unpermuted and unsigned (two conflict-free float4 stores); load4_rotated applies
+        // P and the second D on the way out. |y| is the same either way.
+        float t[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const int i = (e0 + j) & (ROT - 1);
-          const float y = v[b][j] * d_sign(i) * kNorm;
-          srow[blk + p_perm(i)] = y;
-          amax = nan_max(amax, fabsf(y));
+          t[j] = v[b][j] * kNorm;
+          amax = nan_max(amax, fabsf(t[j]));
         }
+        reinterpret_cast<float4*>(srow + e0)[0] = make_float4(t[0], t[1], t[2], t[3]);
+        reinterpret_cast<float4*>(srow + e0)[1] = make_float4(t[4], t[5], t[6], t[7]);
       }
     }
   }
   return amax;
+}
+
+// y[j .. j + 3] of the rotated row (j % 4 == 0): y[j] = d(j) · t[p(j)]. Within an aligned group
+// of 4, p maps j, j+1, j+2, j+3 to p(j), p(j)+2, p(j)+1, p(j)+3 (it swaps bits 0 and 1), so one
+// float4 load serves the four outputs. d(j) · (t · 2^-k) equals the CPU's (d · t) · 2^-k: the
+// sign and the power of two are exact.
+template <int ROT>
+__device__ __forceinline__ float4 load4_rotated(const float* srow, int j) {
+  const int i = j & (ROT - 1);
+  const float4 q = *reinterpret_cast<const float4*>(srow + (j - i) + p_perm(i));
+  return make_float4(d_sign(i) * q.x, d_sign(i + 1) * q.z, d_sign(i + 2) * q.y,
+                     d_sign(i + 3) * q.w);
 }
 
 // The CTA-wide NaN-sticky max of v (every thread gets it). buf: kThreads / 32 floats of shared
