@@ -113,6 +113,8 @@ linear::PackedWeightRef weight_ref(const PackedWeightView& w) {
   if (w.ratios.data) {
     r.ratios = static_cast<const float*>(w.ratios.data);
     r.group = static_cast<int>(w.group);
+    r.groups_per_row = w.in_features / w.group;
+    while ((1 << r.group_shift) < r.group) ++r.group_shift;
   }
   return r;
 }

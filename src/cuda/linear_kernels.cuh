@@ -114,7 +114,9 @@ struct PackedWeightRef {
   int64_t N = 0, K = 0;
   int bits = 8;                    // packed: 2..8; ternary: 2; comfy: 4
   const float* ratios = nullptr;   // (N, K/group) fp32 group ratio s_g / rscale, or null (none)
-  int group = 0;                   // K-group of `ratios`
+  int group = 0;                   // K-group of `ratios` (a power of two, 16..128)
+  int group_shift = 0;             // log2(group)
+  int64_t groups_per_row = 0;      // K / group
 };
 // Bytes of one stored row for a format.
 int64_t packed_row_bytes(WeightFormat f, int64_t K, int bits);
