@@ -39,14 +39,18 @@ __device__ __forceinline__ void unpack16(const PackedWeightRef& w, int64_t n, in
       return;
     }
     case WeightFormat::comfy_int4: {
+      // Four bytes per step: sign-extend the low and high nibbles bytewise ((u ^ 8) - 8), then
+      // interleave them back into column order (byte b holds columns 2b and 2b + 1).
       const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + k / 2));
       const uint32_t words[2] = {v.x, v.y};
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const uint32_t nib = (words[j >> 3] >> (4 * (j & 7))) & 0xfu;
-        c[j] = (nib & 8u) ? static_cast<int32_t>(nib) - 16 : static_cast<int32_t>(nib);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t lo = __vsub4((words[h] & 0x0f0f0f0fu) ^ 0x08080808u, 0x08080808u);
+        const uint32_t hi = __vsub4(((words[h] >> 4) & 0x0f0f0f0fu) ^ 0x08080808u, 0x08080808u);
+        out[2 * h] = __byte_perm(lo, hi, 0x5140);
+        out[2 * h + 1] = __byte_perm(lo, hi, 0x7362);
       }
-      break;
+      return;  // comfy weights carry one row scale: no fold
     }
     case WeightFormat::packed: {
       const int bits = w.bits;
