@@ -11,6 +11,7 @@
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
 #include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_rotate.cuh"
 #include "src/cuda/linear_unpack.cuh"
 
 namespace lowbit {
@@ -22,13 +23,58 @@ constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kTiles = 2;  // n8 tiles per CTA (864 CTAs at N = 13824: ~3 waves, a short tail)
 constexpr int kCols = kTiles * 8;
 constexpr int kChunk = 64;
+// Fusing the activation rotation into every CTA pays while the M rows are few: each CTA re-reads
+// and re-rotates them (L2 traffic M * K * 2 bytes per CTA). Past these limits: two kernels.
+constexpr int kFuseMaxM = 4;
+constexpr int64_t kFuseMaxSmem = 96 * 1024;
 
+// Bytes of dynamic shared memory of the fused kernel: the fp32 rotated row + M rows of codes.
+int64_t fused_smem_bytes(int64_t M, int64_t K) { return ((K + 127) / 128) * 128 * 4 + M * K; }
+
+// FUSED: the CTA rotates and quantizes the M activation rows itself (the rotate_quantize
+// kernel's arithmetic, shared through linear_rotate.cuh) into shared memory, instead of reading
+// codes a separate kernel wrote; T and ROT are the input dtype and the block size then.
+template <bool FUSED, typename T, int ROT>
 __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeParams p) {
   __shared__ int32_t red[kWarps][kTiles][4][32];
+  __shared__ float s_scale[16], s_amax[kWarps];
+  extern __shared__ __align__(16) uint8_t dsm[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kCols;
   const int64_t K = p.w.K;
+  const int8_t* a_codes = p.a;
+  int64_t lda = p.lda;
+  Epilogue ep = p.ep;
+  if constexpr (FUSED) {
+    float* srow = reinterpret_cast<float*>(dsm);
+    int8_t* codes = reinterpret_cast<int8_t*>(dsm + ((K + 127) / 128) * 128 * 4);
+    const float qmax = static_cast<float>(p.act_qmax);
+    for (int m = 0; m < p.M; ++m) {
+      const T* x = static_cast<const T*>(p.x) + m * p.x_row_stride;
+      float amax = rotate_row_to_smem<T, ROT, kThreads>(x, static_cast<int>(K), srow);
+      __syncthreads();
+      amax = block_amax<kThreads>(amax, s_amax);
+      float scale = amax / qmax;
+      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
+      if (threadIdx.x == 0) s_scale[m] = scale;
+      for (int e0 = threadIdx.x * 4; e0 < K; e0 += kThreads * 4) {
+        const float4 q = load4_rotated<ROT>(srow, e0);
+        const float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          word |= (static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -p.act_qmax, p.act_qmax)) &
+                   0xffu)
+                  << (8 * j);
+        *reinterpret_cast<uint32_t*>(codes + m * K + e0) = word;
+      }
+      __syncthreads();  // srow is reused by the next row; codes are complete after the last
+    }
+    a_codes = codes;
+    lda = K;
+    ep.a_scale = s_scale;  // a generic pointer into shared memory
+  }
   const int64_t chunks = K / kChunk + (K % kChunk ? 1 : 0);
 
   int32_t acc[kTiles][4];
@@ -50,9 +96,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeParams p) {
       const bool kin = k < K;  // K % 16 == 0: a lane's 16 columns are all in or all out
       alo[u] = make_uint4(0, 0, 0, 0);
       ahi[u] = make_uint4(0, 0, 0, 0);
-      if (kin && row_lo) alo[u] = __ldg(reinterpret_cast<const uint4*>(p.a + gid * p.lda + k));
+      if (kin && row_lo) alo[u] = *reinterpret_cast<const uint4*>(a_codes + gid * lda + k);
       if (kin && row_hi)
-        ahi[u] = __ldg(reinterpret_cast<const uint4*>(p.a + (gid + 8) * p.lda + k));
+        ahi[u] = *reinterpret_cast<const uint4*>(a_codes + (gid + 8) * lda + k);
 #pragma unroll
       for (int t = 0; t < kTiles; ++t) {
         const int64_t n = n0 + t * 8 + gid;
@@ -103,18 +149,56 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeParams p) {
       if (has1) p.acc_out[row * p.ldo + col + 1] = sum[2 * h + 1];
       continue;
     }
-    const float v0 = apply_epilogue(p.ep, static_cast<float>(sum[2 * h]), row, col);
-    const float v1 = has1 ? apply_epilogue(p.ep, static_cast<float>(sum[2 * h + 1]), row, col + 1)
+    const float v0 = apply_epilogue(ep, static_cast<float>(sum[2 * h]), row, col);
+    const float v1 = has1 ? apply_epilogue(ep, static_cast<float>(sum[2 * h + 1]), row, col + 1)
                           : 0.f;
     store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
   }
 }
 
+template <typename T>
+void launch_fused(const DecodeParams& p, cudaStream_t stream) {
+  const int smem = static_cast<int>(fused_smem_bytes(p.M, p.w.K));
+  auto go = [&](auto kernel) {
+    if (smem > 48 * 1024)
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                 "decode_gemv", "shared memory");
+    kernel<<<ceil_div(p.w.N, kCols), kThreads, smem, stream>>>(p);
+  };
+  switch (p.rot) {
+    case 16:
+      go(decode_kernel<true, T, 16>);
+      break;
+    case 64:
+      go(decode_kernel<true, T, 64>);
+      break;
+    default:
+      go(decode_kernel<true, T, 256>);
+  }
+}
+
 }  // namespace
+
+bool decode_can_fuse(int64_t M, int64_t K) {
+  return M >= 1 && M <= kFuseMaxM && fused_smem_bytes(M, K) <= kFuseMaxSmem;
+}
 
 void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.w.N == 0) return;
-  decode_kernel<<<ceil_div(p.w.N, kCols), kThreads, 0, stream>>>(p);
+  if (p.x) {
+    switch (p.x_dtype) {
+      case DType::f16:
+        launch_fused<__half>(p, stream);
+        break;
+      case DType::bf16:
+        launch_fused<__nv_bfloat16>(p, stream);
+        break;
+      default:
+        launch_fused<float>(p, stream);
+    }
+  } else {
+    decode_kernel<false, int8_t, 16><<<ceil_div(p.w.N, kCols), kThreads, 0, stream>>>(p);
+  }
   check_launch("decode_gemv");
 }
 

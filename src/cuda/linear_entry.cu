@@ -113,6 +113,8 @@ linear::PackedWeightRef weight_ref(const PackedWeightView& w) {
   if (w.ratios.data) {
     r.ratios = static_cast<const float*>(w.ratios.data);
     r.group = static_cast<int>(w.group);
+    r.groups_per_row = w.in_features / w.group;
+    while ((1 << r.group_shift) < r.group) ++r.group_shift;
   }
   return r;
 }
@@ -306,6 +308,26 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     return;
   }
 
+  const linear::PackedWeightRef ref = weight_ref(w);
+  if (fmt != ActFormat::e4m3 && linear::decode_can_fuse(M, K)) {
+    // Few decode rows: one kernel rotates, quantizes and multiplies (bit-identical to the rest).
+    linear::DecodeParams d;
+    d.x = x.data;
+    d.x_dtype = x.dtype;
+    d.x_row_stride = x.stride[0];
+    d.rot = w.rot;
+    d.act_qmax = fmt == ActFormat::int4 ? 7 : 127;
+    d.M = M;
+    d.w = ref;
+    d.ep = ep;
+    d.ep.w_scale = static_cast<const float*>(w.scales.data);
+    d.out = out.data;
+    d.out_dtype = out.dtype;
+    d.ldo = out.stride[0];
+    linear::decode_gemv(d, s);
+    return;
+  }
+
   Scratch a_codes(static_cast<size_t>(M * K), s, op);
   Scratch a_scale(static_cast<size_t>(M * 4), s, op);
   launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K, a_scale.as<void>(), s);
@@ -325,7 +347,6 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     return;
   }
 
-  const linear::PackedWeightRef ref = weight_ref(w);
   if (M <= 16) {
     linear::DecodeParams d;
     d.a = a_codes.as<int8_t>();

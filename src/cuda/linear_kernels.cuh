@@ -114,7 +114,9 @@ struct PackedWeightRef {
   int64_t N = 0, K = 0;
   int bits = 8;                    // packed: 2..8; ternary: 2; comfy: 4
   const float* ratios = nullptr;   // (N, K/group) fp32 group ratio s_g / rscale, or null (none)
-  int group = 0;                   // K-group of `ratios`
+  int group = 0;                   // K-group of `ratios` (a power of two, 16..128)
+  int group_shift = 0;             // log2(group)
+  int64_t groups_per_row = 0;      // K / group
 };
 // Bytes of one stored row for a format.
 int64_t packed_row_bytes(WeightFormat f, int64_t K, int bits);
@@ -126,6 +128,12 @@ void unpack_weight_int8(const PackedWeightRef& w, int8_t* out, cudaStream_t stre
 struct DecodeParams {
   const int8_t* a = nullptr;  // (M, K) int8 activation codes, row stride lda bytes
   int64_t lda = 0;
+  // Fused mode (x != null, decode_can_fuse): the kernel rotates + quantizes x itself (a unused).
+  const void* x = nullptr;    // (M, K) x_dtype, row stride x_row_stride elements
+  DType x_dtype = DType::bf16;
+  int64_t x_row_stride = 0;
+  int rot = 256;
+  int act_qmax = 127;         // 127 (int8 activations) or 7 (comfy int4)
   int64_t M = 0;              // 1..16
   PackedWeightRef w;
   Epilogue ep{};
@@ -135,6 +143,8 @@ struct DecodeParams {
   int32_t* acc_out = nullptr; // when set: raw int32 sums (M, N), row stride ldo
 };
 void decode_gemv(const DecodeParams& p, cudaStream_t stream);
+// Whether decode_gemv may run fused (rotation in the kernel) for M rows of K.
+bool decode_can_fuse(int64_t M, int64_t K);
 
 // NVFP4 -> f16 (exact: every e2m1 x e4m3 product is an f16 value). codes (R, C/2), scales (R, C/16)
 // e4m3 linear; out (R, C) f16 row stride C. The per-tensor scale is not applied.

@@ -19,6 +19,7 @@
 #include "lowbit/dtype.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_rotate.cuh"
 
 namespace lowbit {
 namespace cuda {
@@ -27,141 +28,44 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float nan_max(float m, float v) {
-  // Propagates NaN (fmaxf would drop it): a NaN anywhere makes the amax NaN.
-  return (v > m || v != v) ? v : m;
-}
-
-// Sign of D at in-block index i: -1 when an odd number of base-4 digits equal 3.
-__device__ __forceinline__ float d_sign(int i) {
-  return (__popc(i & (i >> 1) & 0x55555555) & 1) ? -1.f : 1.f;
-}
-// P: swap the two bits of every base-4 digit.
-__device__ __forceinline__ int p_perm(int i) {
-  return ((i & 0x55555555) << 1) | ((i >> 1) & 0x55555555);
-}
-
-template <typename T>
-__device__ __forceinline__ float to_f32(T v);
-template <>
-__device__ __forceinline__ float to_f32<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-// Loads 8 consecutive elements (zeros beyond `valid`).
-template <typename T>
-__device__ __forceinline__ void load8(const T* p, int valid, float v[8]) {
-  if (valid >= 8 && (reinterpret_cast<uintptr_t>(p) % (8 * sizeof(T))) == 0) {
-    if constexpr (sizeof(T) == 2) {
-      uint4 u = *reinterpret_cast<const uint4*>(p);
-      const T* e = reinterpret_cast<const T*>(&u);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = to_f32<T>(e[j]);
-    } else {
-      float4 a = reinterpret_cast<const float4*>(p)[0];
-      float4 b = reinterpret_cast<const float4*>(p)[1];
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-      v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = j < valid ? to_f32<T>(p[j]) : 0.f;
-  }
-}
-
-__device__ __forceinline__ void store_out(void* base, int64_t off, DType dt, float v) {
-  switch (dt) {
-    case DType::f16:
-      static_cast<__half*>(base)[off] = __float2half_rn(v);
-      break;
-    case DType::bf16:
-      static_cast<__nv_bfloat16*>(base)[off] = __float2bfloat16_rn(v);
-      break;
-    default:
-      static_cast<float*>(base)[off] = v;
-  }
-}
-
-// Rotates the 256-element chunk a warp holds (8 values per lane) for block size ROT.
-template <int ROT>
-__device__ __forceinline__ void hadamard_chunk(float v[8], int lane) {
-  const int base = lane * 8;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] *= d_sign((base + j) & (ROT - 1));
-#pragma unroll
-  for (int h = 1; h < 8 && h < ROT; h <<= 1) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      if ((j & h) == 0) {
-        float a = v[j], b = v[j + h];
-        v[j] = a + b;
-        v[j + h] = a - b;
-      }
-    }
-  }
-#pragma unroll
-  for (int h = 8; h < ROT; h <<= 1) {
-    const int lx = h / 8;
-    const bool upper = (lane & lx) != 0;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float other = __shfl_xor_sync(0xffffffffu, v[j], lx);
-      // lower element of the pair: a + b (a own); upper: a - b (a is the partner's).
-      v[j] = upper ? other - v[j] : v[j] + other;
-    }
-  }
-}
-
 template <typename T, int ROT>
 __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantParams p) {
   extern __shared__ float srow[];  // (K) the rotated row
   __shared__ float warp_amax[kThreads / 32];
   const int64_t row = blockIdx.x;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
   const int K = static_cast<int>(p.K);
   const T* x = static_cast<const T*>(p.x) + row * p.x_row_stride;
-  constexpr float kNorm = ROT == 16 ? 0.25f : (ROT == 64 ? 0.125f : 0.0625f);
 
-  // A warp loads up to kBatch of its 256-element chunks before rotating any (bytes in flight).
-  constexpr int kBatch = 4, kWarps = kThreads / 32;
-  float amax = 0.f;
-  for (int c0 = warp * 256; c0 < K; c0 += kWarps * 256 * kBatch) {
-    float v[kBatch][8];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int e0 = c0 + b * kWarps * 256 + lane * 8;
-      load8<T>(x + e0, K - e0, v[b]);
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int e0 = c0 + b * kWarps * 256 + lane * 8;
-      if (c0 + b * kWarps * 256 >= K) break;  // warp-uniform
-      hadamard_chunk<ROT>(v[b], lane);
-      if (e0 < K) {
-        const int blk = e0 & ~(ROT - 1);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int i = (e0 + j) & (ROT - 1);
-          const float y = v[b][j] * d_sign(i) * kNorm;
-          srow[blk + p_perm(i)] = y;
-          amax = nan_max(amax, fabsf(y));
-        }
-      }
-    }
-  }
+  float amax = rotate_row_to_smem<T, ROT, kThreads>(x, K, srow);
   __syncthreads();
 
   if (p.fmt == ActFormat::rotate_only) {
-    for (int e = threadIdx.x; e < K; e += kThreads)
-      store_out(p.rotated, row * p.rotated_row_stride + e, p.rotated_dtype, srow[e]);
+    // 4 consecutive outputs per thread: one 8-byte store for 16-bit outputs when aligned.
+    const int64_t off = row * p.rotated_row_stride;
+    const bool half = p.rotated_dtype == DType::bf16 || p.rotated_dtype == DType::f16;
+    const bool vec =
+        half && (reinterpret_cast<uintptr_t>(static_cast<uint16_t*>(p.rotated) + off) % 8) == 0;
+    for (int e0 = threadIdx.x * 4; e0 < K; e0 += kThreads * 4) {
+      const float4 q = load4_rotated<ROT>(srow, e0);
+      if (vec) {
+        uint2 w;
+        if (p.rotated_dtype == DType::bf16) {
+          __nv_bfloat162 a = __floats2bfloat162_rn(q.x, q.y), b = __floats2bfloat162_rn(q.z, q.w);
+          w.x = *reinterpret_cast<uint32_t*>(&a);
+          w.y = *reinterpret_cast<uint32_t*>(&b);
+        } else {
+          __half2 a = __floats2half2_rn(q.x, q.y), b = __floats2half2_rn(q.z, q.w);
+          w.x = *reinterpret_cast<uint32_t*>(&a);
+          w.y = *reinterpret_cast<uint32_t*>(&b);
+        }
+        *reinterpret_cast<uint2*>(static_cast<uint16_t*>(p.rotated) + off + e0) = w;
+      } else {
+        const float v[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) store_out(p.rotated, off + e0 + j, p.rotated_dtype, v[j]);
+      }
+    }
     return;
   }
 
@@ -171,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
     uint8_t* bs = p.block_scales + row * (p.K / 16);
     for (int e0 = threadIdx.x * 4; e0 < ((K + 127) & ~127); e0 += kThreads * 4) {
       const bool in = e0 < K;
-      float4 q = in ? *reinterpret_cast<const float4*>(srow + e0) : make_float4(0, 0, 0, 0);
+      float4 q = in ? load4_rotated<ROT>(srow, e0) : make_float4(0, 0, 0, 0);
       float m = nan_max(nan_max(fabsf(q.x), fabsf(q.y)), nan_max(fabsf(q.z), fabsf(q.w)));
       m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = nan_max(m, __shfl_xor_sync(0xffffffffu, m, 2));
@@ -198,13 +102,7 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
   }
 
   // Per-token scale: row amax over the CTA.
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = nan_max(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if (lane == 0) warp_amax[warp] = amax;
-  __syncthreads();
-  amax = warp_amax[0];
-#pragma unroll
-  for (int w = 1; w < kThreads / 32; ++w) amax = nan_max(amax, warp_amax[w]);
+  amax = block_amax<kThreads>(amax, warp_amax);
   const float qmax = p.fmt == ActFormat::int8 ? 127.f : (p.fmt == ActFormat::int4 ? 7.f : 448.f);
   float scale = amax / qmax;
   if (scale == 0.f) scale = 1.f;  // NaN stays NaN
@@ -212,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
 
   uint8_t* codes = static_cast<uint8_t*>(p.codes) + row * p.codes_row_stride;
   for (int e0 = threadIdx.x * 4; e0 < K; e0 += kThreads * 4) {
-    float4 q = *reinterpret_cast<const float4*>(srow + e0);
+    float4 q = load4_rotated<ROT>(srow, e0);
     float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
     uint32_t word = 0;
 #pragma unroll

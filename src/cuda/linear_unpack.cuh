@@ -14,8 +14,11 @@ namespace linear {
 
 // Fold of a group-scaled n-bit code onto the int8 grid: clamp(rint(code * ratio), -127, 127),
 // fp32 product without contraction.
+// cvt.rni rounds half to even and maps NaN to 0 like dt::f32_to_int_clamped, whose integer clamp
+// follows: the same codes in five instructions instead of a software rint.
 __device__ __forceinline__ int32_t fold_code(int32_t code, float ratio) {
-  return dt::f32_to_int_clamped(__fmul_rn(static_cast<float>(code), ratio), -127, 127);
+  const int32_t r = __float2int_rn(__fmul_rn(static_cast<float>(code), ratio));
+  return max(-127, min(127, r));
 }
 
 __device__ __forceinline__ uint32_t pack4(int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
@@ -36,38 +39,50 @@ __device__ __forceinline__ void unpack16(const PackedWeightRef& w, int64_t n, in
       return;
     }
     case WeightFormat::comfy_int4: {
+      // Four bytes per step: sign-extend the low and high nibbles bytewise ((u ^ 8) - 8), then
+      // interleave them back into column order (byte b holds columns 2b and 2b + 1).
       const uint2 v = __ldg(reinterpret_cast<const uint2*>(row + k / 2));
       const uint32_t words[2] = {v.x, v.y};
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const uint32_t nib = (words[j >> 3] >> (4 * (j & 7))) & 0xfu;
-        c[j] = (nib & 8u) ? static_cast<int32_t>(nib) - 16 : static_cast<int32_t>(nib);
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t lo = __vsub4((words[h] & 0x0f0f0f0fu) ^ 0x08080808u, 0x08080808u);
+        const uint32_t hi = __vsub4(((words[h] >> 4) & 0x0f0f0f0fu) ^ 0x08080808u, 0x08080808u);
+        out[2 * h] = __byte_perm(lo, hi, 0x5140);
+        out[2 * h + 1] = __byte_perm(lo, hi, 0x7362);
       }
-      break;
+      return;  // comfy weights carry one row scale: no fold
     }
     case WeightFormat::packed: {
       const int bits = w.bits;
       const int32_t qmax = (1 << (bits - 1)) - 1;
-      const uint32_t mask = (1u << bits) - 1u;
       const uint8_t* p = row + (k / 8) * bits;
-      uint64_t word[2];
-      if (bits == 4) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
-        word[0] = v.x, word[1] = v.y;
-      } else if (bits == 2) {
-        const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(p));
-        word[0] = v & 0xffffu, word[1] = v >> 16;
+      if (bits == 4 || bits == 2) {  // 32-bit words hold whole runs of codes
+        uint32_t word[2];
+        if (bits == 4) {
+          const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+          word[0] = v.x, word[1] = v.y;
+        } else {
+          const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(p));
+          word[0] = v, word[1] = v >> 16;
+        }
+        const uint32_t mask = (1u << bits) - 1u;
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+          c[j] = static_cast<int32_t>((word[j >> 3] >> ((j & 7) * bits)) & mask) - qmax;
       } else {
+        const uint64_t mask = (uint64_t{1} << bits) - 1u;
+        uint64_t word[2];
 #pragma unroll
         for (int g = 0; g < 2; ++g) {
           uint64_t acc = 0;
-          for (int b = 0; b < bits; ++b) acc |= static_cast<uint64_t>(__ldg(p + g * bits + b)) << (8 * b);
+          for (int b = 0; b < bits; ++b)
+            acc |= static_cast<uint64_t>(__ldg(p + g * bits + b)) << (8 * b);
           word[g] = acc;
         }
-      }
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
-        c[j] = static_cast<int32_t>((word[j >> 3] >> ((j & 7) * bits)) & mask) - qmax;
+        for (int j = 0; j < 16; ++j)
+          c[j] = static_cast<int32_t>((word[j >> 3] >> ((j & 7) * bits)) & mask) - qmax;
+      }
       break;
     }
     default: {  // ternary: code k at byte k / 5, base-3 digit k % 5, u = c + 1
@@ -82,7 +97,7 @@ __device__ __forceinline__ void unpack16(const PackedWeightRef& w, int64_t n, in
     }
   }
   if (w.ratios) {
-    const float ratio = __ldg(w.ratios + n * (w.K / w.group) + k / w.group);
+    const float ratio = __ldg(w.ratios + n * w.groups_per_row + (k >> w.group_shift));
 #pragma unroll
     for (int j = 0; j < 16; ++j) c[j] = fold_code(c[j], ratio);
   }

@@ -1,0 +1,178 @@
+// Device pieces of the fast rotation (SPEC §3.1, docs/linear.md), shared by the fused
+// rotate+quantize kernel and the fused decode kernel so both produce the same fp32 values.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "lowbit/tensor.h"
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+
+__device__ __forceinline__ float nan_max(float m, float v) {
+  // Propagates NaN (fmaxf would drop it): a NaN anywhere makes the amax NaN.
+  return (v > m || v != v) ? v : m;
+}
+
+// Sign of D at in-block index i: -1 when an odd number of base-4 digits equal 3.
+__device__ __forceinline__ float d_sign(int i) {
+  return (__popc(i & (i >> 1) & 0x55555555) & 1) ? -1.f : 1.f;
+}
+// P: swap the two bits of every base-4 digit.
+__device__ __forceinline__ int p_perm(int i) {
+  return ((i & 0x55555555) << 1) | ((i >> 1) & 0x55555555);
+}
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+// Loads 8 consecutive elements (zeros beyond `valid`).
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, int valid, float v[8]) {
+  if (valid >= 8 && (reinterpret_cast<uintptr_t>(p) % (8 * sizeof(T))) == 0) {
+    if constexpr (sizeof(T) == 2) {
+      uint4 u = *reinterpret_cast<const uint4*>(p);
+      const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = to_f32<T>(e[j]);
+    } else {
+      float4 a = reinterpret_cast<const float4*>(p)[0];
+      float4 b = reinterpret_cast<const float4*>(p)[1];
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+      v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = j < valid ? to_f32<T>(p[j]) : 0.f;
+  }
+}
+
+__device__ __forceinline__ void store_out(void* base, int64_t off, DType dt, float v) {
+  switch (dt) {
+    case DType::f16:
+      static_cast<__half*>(base)[off] = __float2half_rn(v);
+      break;
+    case DType::bf16:
+      static_cast<__nv_bfloat16*>(base)[off] = __float2bfloat16_rn(v);
+      break;
+    default:
+      static_cast<float*>(base)[off] = v;
+  }
+}
+
+// Rotates the 256-element chunk a warp holds (8 values per lane) for block size ROT.
+template <int ROT>
+__device__ __forceinline__ void hadamard_chunk(float v[8], int lane) {
+  const int base = lane * 8;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] *= d_sign((base + j) & (ROT - 1));
+#pragma unroll
+  for (int h = 1; h < 8 && h < ROT; h <<= 1) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if ((j & h) == 0) {
+        float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 8; h < ROT; h <<= 1) {
+    const int lx = h / 8;
+    const bool upper = (lane & lx) != 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float other = __shfl_xor_sync(0xffffffffu, v[j], lx);
+      // lower element of the pair: a + b (a own); upper: a - b (a is the partner's).
+      v[j] = upper ? other - v[j] : v[j] + other;
+    }
+  }
+}
+
+// Rotates row x (K elements, K % ROT == 0) into srow (fp32, K entries: t = (x·D·H)·2^-k in the
+// butterflies' order, before P and the second D) with all kThreads threads of the CTA; returns
+// this thread's part of the row's |y| max (NaN-sticky). The caller synchronizes, then reads the
+// rotated values y through load4_rotated.
+template <typename T, int ROT, int kThreads>
+__device__ __forceinline__ float rotate_row_to_smem(const T* x, int K, float* srow) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr float kNorm = ROT == 16 ? 0.25f : (ROT == 64 ? 0.125f : 0.0625f);
+  // A warp loads up to kBatch of its 256-element chunks before rotating any (bytes in flight).
+  constexpr int kBatch = 4, kWarps = kThreads / 32;
+  float amax = 0.f;
+  for (int c0 = warp * 256; c0 < K; c0 += kWarps * 256 * kBatch) {
+    float v[kBatch][8];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e0 = c0 + b * kWarps * 256 + lane * 8;
+      load8<T>(x + e0, K - e0, v[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int e0 = c0 + b * kWarps * 256 + lane * 8;
+      if (c0 + b * kWarps * 256 >= K) break;  // warp-uniform
+      hadamard_chunk<ROT>(v[b], lane);
+      if (e0 < K) {
+        // Stored unpermuted and unsigned (two conflict-free float4 stores); load4_rotated applies
+        // P and the second D on the way out. |y| is the same either way.
+        float t[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          t[j] = v[b][j] * kNorm;
+          amax = nan_max(amax, fabsf(t[j]));
+        }
+        reinterpret_cast<float4*>(srow + e0)[0] = make_float4(t[0], t[1], t[2], t[3]);
+        reinterpret_cast<float4*>(srow + e0)[1] = make_float4(t[4], t[5], t[6], t[7]);
+      }
+    }
+  }
+  return amax;
+}
+
+// y[j .. j + 3] of the rotated row (j % 4 == 0): y[j] = d(j) · t[p(j)]. Within an aligned group
+// of 4, p maps j, j+1, j+2, j+3 to p(j), p(j)+2, p(j)+1, p(j)+3 (it swaps bits 0 and 1), so one
+// float4 load serves the four outputs. d(j) · (t · 2^-k) equals the CPU's (d · t) · 2^-k: the
+// sign and the power of two are exact.
+template <int ROT>
+__device__ __forceinline__ float4 load4_rotated(const float* srow, int j) {
+  const int i = j & (ROT - 1);
+  const float4 q = *reinterpret_cast<const float4*>(srow + (j - i) + p_perm(i));
+  return make_float4(d_sign(i) * q.x, d_sign(i + 1) * q.z, d_sign(i + 2) * q.y,
+                     d_sign(i + 3) * q.w);
+}
+
+// The CTA-wide NaN-sticky max of v (every thread gets it). buf: kThreads / 32 floats of shared
+// memory; contains two barriers.
+template <int kThreads>
+__device__ __forceinline__ float block_amax(float v, float* buf) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float m = buf[0];
+#pragma unroll
+  for (int w = 1; w < kThreads / 32; ++w) m = nan_max(m, buf[w]);
+  __syncthreads();
+  return m;
+}
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit

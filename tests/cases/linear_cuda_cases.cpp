@@ -1,0 +1,332 @@
+// Harness cases of the ConvRot GPU paths (SPEC §3.5): every CUDA kernel against the CPU oracle.
+// Bit-exact where the arithmetic is fixed (the rotation's butterfly order, codes and scales, int32
+// accumulation with the fp32 epilogue in a fixed order, the decode kernel on packed codes); fp8 and
+// NVFP4 layer outputs accumulate in fp32 in the tensor core's order and get a tolerance. Sizes are
+// small (the CPU runs these too) and odd: M in {1, 16, 17, 127}, K covering rot 16, 64 and 256.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "lowbit/linear.h"
+#include "tests/harness/harness.h"
+
+namespace lowbit {
+namespace harness {
+namespace {
+
+std::string dt_tag(DType d) { return dtype_name(d); }
+
+// A (rows, cols) view of the first `cols` columns of a (rows, cols + pad) tensor.
+TensorView narrow_cols(TensorView v, int64_t cols) {
+  v.shape[1] = cols;
+  return v;
+}
+
+// hadamard_rotate: (M, K) with a padded row stride, f32/bf16/f16 in and out.
+class RotateCase : public Case {
+ public:
+  RotateCase(int64_t m, int64_t k, int block, DType in, DType out, int64_t pad)
+      : m_(m), k_(k), block_(block), in_(in), out_(out), pad_(pad) {}
+  std::string name() const override {
+    return "linear.gpu.rotate." + dt_tag(in_) + "_to_" + dt_tag(out_) + ".M" + std::to_string(m_) +
+           ".K" + std::to_string(k_) + ".rot" + std::to_string(block_) +
+           (pad_ ? ".strided" : "");
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    HostTensor x(in_, {m_, k_ + pad_});
+    x.fill_normal(rng, 0.f, 3.f);
+    std::vector<HostTensor> v;
+    v.push_back(std::move(x));
+    return v;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec o;
+    o.name = "out";
+    o.dtype = out_;
+    o.shape = {m_, k_};
+    o.tol = Tolerance::bit_exact();
+    return {o};
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    hadamard_rotate(narrow_cols(in[0], k_), block_, out[0], ctx);
+  }
+
+ private:
+  int64_t m_, k_;
+  int block_;
+  DType in_, out_;
+  int64_t pad_;
+};
+
+// rotate_quantize_activations: codes and scales bit-exact for every activation format.
+class RotateQuantizeCase : public Case {
+ public:
+  RotateQuantizeCase(QType q, int64_t m, int64_t k, DType in, int64_t pad)
+      : q_(q), m_(m), k_(k), in_(in), pad_(pad) {}
+  std::string name() const override {
+    return std::string("linear.gpu.rotate_quantize.") + qtype_name(q_) + "." + dt_tag(in_) + ".M" +
+           std::to_string(m_) + ".K" + std::to_string(k_) + (pad_ ? ".strided" : "");
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    HostTensor x(in_, {m_, k_ + pad_});
+    x.fill_normal(rng, 0.f, 2.f);
+    // An all-zero row (scale 1 rule) and one outlier row (a wide amax).
+    if (m_ > 2) {
+      for (int64_t c = 0; c < k_ + pad_; ++c) x.set(1 * (k_ + pad_) + c, 0.f);
+      x.set(2 * (k_ + pad_) + 3, 900.f);
+    }
+    std::vector<HostTensor> v;
+    v.push_back(std::move(x));
+    return v;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec codes, scales;
+    codes.name = "codes";
+    scales.name = "scales";
+    codes.shape = {m_, k_};
+    codes.tol = Tolerance::bit_exact();
+    scales.tol = Tolerance::bit_exact();
+    if (q_ == QType::convrot4) {
+      codes.dtype = DType::e2m1x2;
+      scales.dtype = DType::e4m3;
+      scales.shape = {m_, k_ / 16};
+    } else {
+      codes.dtype = q_ == QType::convrot_fp8 ? DType::e4m3 : DType::i8;
+      scales.dtype = DType::f32;
+      scales.shape = {m_};
+    }
+    return {codes, scales};
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    rotate_quantize_activations(narrow_cols(in[0], k_), q_, rotation_block(k_), out[0], out[1],
+                                ctx);
+  }
+
+ private:
+  QType q_;
+  int64_t m_, k_;
+  DType in_;
+  int64_t pad_;
+};
+
+// The full layer: quantize W (O, K) on the host, forward x (M, K) [+ bias] on the backend.
+// M <= 16 runs the fused decode kernel on CUDA, M > 16 the prefill GEMM: both against the CPU.
+class ForwardCase : public Case {
+ public:
+  ForwardCase(QType q, int64_t m, int64_t o, int64_t k, DType act, bool bias)
+      : q_(q), m_(m), o_(o), k_(k), act_(act), bias_(bias) {}
+  std::string name() const override {
+    return std::string("linear.gpu.forward.") + qtype_name(q_) + "." + dt_tag(act_) + ".M" +
+           std::to_string(m_) + ".O" + std::to_string(o_) + ".K" + std::to_string(k_) +
+           (bias_ ? ".bias" : "");
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    HostTensor x(act_, {m_, k_}), w(DType::f32, {o_, k_}), b(act_, {o_});
+    x.fill_normal(rng, 0.f, 1.f);
+    w.fill_normal(rng, 0.f, 1.f / std::sqrt(static_cast<float>(k_)));
+    b.fill_normal(rng, 0.f, 0.5f);
+    std::vector<HostTensor> v;
+    v.push_back(std::move(x));
+    v.push_back(std::move(w));
+    v.push_back(std::move(b));
+    return v;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec o;
+    o.name = "out";
+    o.dtype = act_;
+    o.shape = {m_, o_};
+    if (q_ == QType::convrot_fp8 || q_ == QType::convrot4) {
+      // fp32 accumulation in the tensor core's order vs the CPU's: a few fp32 ulps of the sum,
+      // then one rounding to the output dtype (2^-8 relative for bf16).
+      o.tol = Tolerance::allclose(1e-2, 1e-2);
+    } else {
+      o.tol = Tolerance::bit_exact();
+    }
+    return {o};
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    QuantizedLinear layer = QuantizedLinear::quantize(in[1], q_, ctx);
+    layer.forward(in[0], bias_ ? &in[2] : nullptr, out[0], ctx);
+  }
+
+ private:
+  QType q_;
+  int64_t m_, o_, k_;
+  DType act_;
+  bool bias_;
+};
+
+// backward_input: fp32 accumulation on both sides (cuBLASLt fp32 vs the CPU's loop).
+class BackwardCase : public Case {
+ public:
+  BackwardCase(QType q, int64_t m, int64_t o, int64_t k) : q_(q), m_(m), o_(o), k_(k) {}
+  std::string name() const override {
+    return std::string("linear.gpu.backward_input.") + qtype_name(q_) + ".M" + std::to_string(m_) +
+           ".O" + std::to_string(o_) + ".K" + std::to_string(k_);
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    HostTensor g(DType::bf16, {m_, o_}), w(DType::f32, {o_, k_});
+    g.fill_normal(rng, 0.f, 1.f);
+    w.fill_normal(rng, 0.f, 1.f / std::sqrt(static_cast<float>(o_)));
+    std::vector<HostTensor> v;
+    v.push_back(std::move(g));
+    v.push_back(std::move(w));
+    return v;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec o;
+    o.name = "grad_x";
+    o.dtype = DType::f32;
+    o.shape = {m_, k_};
+    o.tol = Tolerance::allclose(1e-4, 1e-4);
+    return {o};
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    QuantizedLinear layer = QuantizedLinear::quantize(in[1], q_, ctx);
+    layer.backward_input(in[0], out[0], ctx);
+  }
+
+ private:
+  QType q_;
+  int64_t m_, o_, k_;
+};
+
+// dequantize_weight in the rotated basis (unpack + scale: bit-exact) and in the original basis
+// (plus the rotation: bit-exact with the same butterfly order).
+class DequantizeCase : public Case {
+ public:
+  DequantizeCase(QType q, int64_t o, int64_t k, bool rotated) : q_(q), o_(o), k_(k), rot_(rotated) {}
+  std::string name() const override {
+    return std::string("linear.gpu.dequantize.") + qtype_name(q_) + ".O" + std::to_string(o_) +
+           ".K" + std::to_string(k_) + (rot_ ? ".rotated" : ".original");
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    HostTensor w(DType::f32, {o_, k_});
+    w.fill_normal(rng, 0.f, 0.05f);
+    std::vector<HostTensor> v;
+    v.push_back(std::move(w));
+    return v;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec o;
+    o.name = "w";
+    o.dtype = DType::f32;
+    o.shape = {o_, k_};
+    o.tol = Tolerance::bit_exact();
+    return {o};
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    QuantizedLinear layer = QuantizedLinear::quantize(in[0], q_, ctx);
+    dequantize_weight(layer.weights(), out[0], rot_, ctx);
+  }
+
+ private:
+  QType q_;
+  int64_t o_, k_;
+  bool rot_;
+};
+
+// Re-quantization on stored scales: the int8 codes after requantize (nearest or stochastic).
+class RequantizeCase : public Case {
+ public:
+  RequantizeCase(int64_t o, int64_t k, bool stochastic) : o_(o), k_(k), stochastic_(stochastic) {}
+  std::string name() const override {
+    return "linear.gpu.requantize.convrot8.O" + std::to_string(o_) + ".K" + std::to_string(k_) +
+           (stochastic_ ? ".stochastic" : ".nearest");
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    HostTensor w(DType::f32, {o_, k_}), w2(DType::f32, {o_, k_});
+    w.fill_normal(rng, 0.f, 0.05f);
+    w2.fill_normal(rng, 0.f, 0.05f);
+    std::vector<HostTensor> v;
+    v.push_back(std::move(w));
+    v.push_back(std::move(w2));
+    return v;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec o;
+    o.name = "codes";
+    o.dtype = DType::i8;
+    o.shape = {o_, k_};
+    o.tol = Tolerance::bit_exact();
+    return {o};
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    QuantizedLinear layer = QuantizedLinear::quantize(in[0], QType::convrot8, ctx);
+    layer.requantize(in[1], stochastic_, 0x5eedull, ctx);
+    const TensorView& c = layer.weights().codes;
+    if (c.device == Device::cuda) {
+      copy_device_to_device(out[0].data, c.data, static_cast<size_t>(o_ * k_), ctx);
+    } else {
+      const auto* src = static_cast<const int8_t*>(c.data);
+      auto* dst = static_cast<int8_t*>(out[0].data);
+      for (int64_t i = 0; i < o_ * k_; ++i) dst[i] = src[i];
+    }
+  }
+
+ private:
+  int64_t o_, k_;
+  bool stochastic_;
+};
+
+const QType kAllQTypes[] = {QType::convrot8,      QType::convrot_int2,   QType::convrot_int3,
+                            QType::convrot_int4,  QType::convrot_int5,   QType::convrot_int6,
+                            QType::convrot_int7,  QType::convrot_int8,   QType::convrot_bitnet,
+                            QType::convrot_comfy_w4a4, QType::convrot4, QType::convrot_fp8};
+
+LOWBIT_HARNESS_CASES(linear_cuda_cases) {
+  // Rotation: every block size, odd row counts, a strided input, every in/out dtype pair.
+  for (int64_t k : {48, 192, 512, 1280}) {
+    const int rot = rotation_block(k);
+    for (int64_t m : {1, 17})
+      cases.push_back(std::make_unique<RotateCase>(m, k, rot, DType::f32, DType::f32, 0));
+    cases.push_back(std::make_unique<RotateCase>(127, k, rot, DType::bf16, DType::f32, 8));
+  }
+  cases.push_back(std::make_unique<RotateCase>(33, 768, 256, DType::bf16, DType::bf16, 0));
+  cases.push_back(std::make_unique<RotateCase>(33, 768, 64, DType::f16, DType::f16, 16));
+  cases.push_back(std::make_unique<RotateCase>(5, 256, 16, DType::f32, DType::bf16, 0));
+
+  // Rotate + quantize: each activation format, each block size.
+  for (QType q : {QType::convrot8, QType::convrot_comfy_w4a4, QType::convrot_fp8, QType::convrot4})
+    for (int64_t k : {48, 192, 512}) {
+      if (q == QType::convrot_comfy_w4a4 && k % 256) continue;
+      cases.push_back(std::make_unique<RotateQuantizeCase>(q, 17, k, DType::bf16, 0));
+      cases.push_back(std::make_unique<RotateQuantizeCase>(q, 1, k, DType::f16, 8));
+    }
+  cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 127, 1280, DType::f32, 0));
+
+  // The layer: every qtype; decode (M = 1, 16) and prefill (M = 17, 127).
+  for (QType q : kAllQTypes) {
+    const int64_t k = q == QType::convrot_comfy_w4a4 ? 512 : 192;
+    for (int64_t m : {1, 16, 17, 127})
+      cases.push_back(std::make_unique<ForwardCase>(q, m, 48, k, DType::bf16, m != 16));
+    // rot 16 and an O that is not a multiple of the CTA tiles.
+    if (q != QType::convrot_comfy_w4a4) {
+      cases.push_back(std::make_unique<ForwardCase>(q, 3, 144, 80, DType::f16, true));
+      cases.push_back(std::make_unique<ForwardCase>(q, 130, 144, 80, DType::f16, false));
+    }
+  }
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 129, 264, 1280, DType::bf16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 5, 264, 1280, DType::bf16, true));
+
+  for (QType q : {QType::convrot8, QType::convrot_int3, QType::convrot_fp8, QType::convrot4}) {
+    cases.push_back(std::make_unique<BackwardCase>(q, 17, 48, 192));
+    cases.push_back(std::make_unique<DequantizeCase>(q, 48, 192, true));
+    cases.push_back(std::make_unique<DequantizeCase>(q, 48, 192, false));
+  }
+  cases.push_back(std::make_unique<DequantizeCase>(QType::convrot_bitnet, 40, 80, true));
+  cases.push_back(std::make_unique<DequantizeCase>(QType::convrot_comfy_w4a4, 40, 256, true));
+  cases.push_back(std::make_unique<RequantizeCase>(40, 192, false));
+  cases.push_back(std::make_unique<RequantizeCase>(40, 192, true));
+}
+
+}  // namespace
+}  // namespace harness
+}  // namespace lowbit
