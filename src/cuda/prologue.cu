@@ -198,7 +198,9 @@ __device__ __forceinline__ void row_values(const PrologueArgs& a, int table_mode
       total = __fadd_rn(lane_tree_sum<LANES>(p0), lane_tree_sum<LANES>(p1));
     else
       total = lane_tree_sum<LANES>(__fadd_rn(p0, p1));
-    inv = __frsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(D)), a.eps));
+    // D is a power of two here, so total * (1/D) is the exact quotient total / D.
+    static_assert((D & (D - 1)) == 0, "D must be a power of two");
+    inv = __frsqrt_rn(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), a.eps));
     if (a.w_rows) {
       wo = ok ? static_cast<int64_t>(__ldg(a.w_rows + n * a.w_rows_s)) * a.w_sr : 0;
 #pragma unroll
