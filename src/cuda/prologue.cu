@@ -87,17 +87,21 @@ __device__ __forceinline__ float div_full(float a, float b) {
   return r;
 }
 
+// max that propagates NaN (one FMNMX.NAN; |a| folds into the operand).
 __device__ __forceinline__ float max_nan(float m, float a) {
-  return (a > m || isnan(a)) ? a : m;
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(a));
+  return r;
 }
 
-// SPEC §1 rounding of one value: zero scale -> 0; q = v / scale (div.full); q += 0.5*sign(q);
-// truncate (cvt.rzi saturates, NaN -> 0); clamp to int8.
+// SPEC §1 rounding of one value with a nonzero scale: q = v / scale (div.full); q += 0.5*sign(q);
+// truncate (cvt.rzi: NaN -> 0); clamp to int8 (a safety net: |q| <= 127 for any finite scale).
+// copysign(0.5, q) differs from Triton's where(q >= 0, 0.5, -0.5) only at q = -0 and NaN, where
+// both give code 0.
 __device__ __forceinline__ int quantize_code(float v, float scale) {
-  if (scale == 0.f) return 0;
   float q = div_full(v, scale);
-  q = __fadd_rn(q, q >= 0.f ? 0.5f : -0.5f);
-  int i = __float2int_rz(q);
+  q = __fadd_rn(q, copysignf(0.5f, q));
+  const int i = __float2int_rz(q);
   return min(127, max(-128, i));
 }
 
@@ -194,7 +198,9 @@ __device__ __forceinline__ void row_values(const PrologueArgs& a, int table_mode
       total = __fadd_rn(lane_tree_sum<LANES>(p0), lane_tree_sum<LANES>(p1));
     else
       total = lane_tree_sum<LANES>(__fadd_rn(p0, p1));
-    inv = __frsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(D)), a.eps));
+    // D is a power of two here, so total * (1/D) is the exact quotient total / D.
+    static_assert((D & (D - 1)) == 0, "D must be a power of two");
+    inv = __frsqrt_rn(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), a.eps));
     if (a.w_rows) {
       wo = ok ? static_cast<int64_t>(__ldg(a.w_rows + n * a.w_rows_s)) * a.w_sr : 0;
 #pragma unroll
@@ -371,8 +377,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         const bool ok = r < L.tile_rows && n < a.tokens;
         row_values<D, BF16, PAIRED>(a, L.table_mode, sh, b, n, h, ok, ch0, ch1, raw[s][0],
                                     raw[s][1], v[s]);
+        if (a.sm_scale != 1.f) {  // x * 1 is exact: skipping it changes no bit
 #pragma unroll
-        for (int j = 0; j < 16; ++j) v[s][j] = __fmul_rn(v[s][j], a.sm_scale);
+          for (int j = 0; j < 16; ++j) v[s][j] = __fmul_rn(v[s][j], a.sm_scale);
+        }
       }
     };
 
@@ -415,14 +423,16 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int64_t n = row0 + r;
         if (r >= L.tile_rows || n >= a.tokens) continue;
         const float scale = scales[(r / a.block) * a.groups + group_of_row(a.layout, r % a.block)];
-        uint32_t packed[4];
+        uint32_t packed[4] = {0, 0, 0, 0};  // a zero scale (all-zero group): codes 0, no 0/0
+        if (scale != 0.f) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          uint32_t word = 0;
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            word |= (static_cast<uint32_t>(quantize_code(v[s][4 * k + e], scale)) & 0xffu) << (8 * e);
-          packed[k] = word;
+          for (int k = 0; k < 4; ++k) {
+            const uint32_t c0 = static_cast<uint32_t>(quantize_code(v[s][4 * k], scale));
+            const uint32_t c1 = static_cast<uint32_t>(quantize_code(v[s][4 * k + 1], scale));
+            const uint32_t c2 = static_cast<uint32_t>(quantize_code(v[s][4 * k + 2], scale));
+            const uint32_t c3 = static_cast<uint32_t>(quantize_code(v[s][4 * k + 3], scale));
+            packed[k] = __byte_perm(__byte_perm(c0, c1, 0x0040), __byte_perm(c2, c3, 0x0040), 0x5410);
+          }
         }
         int8_t* q = a.q + b * a.q_sb + n * a.q_sn + h * a.q_sh;
         *reinterpret_cast<uint2*>(q + ch0) = make_uint2(packed[0], packed[1]);

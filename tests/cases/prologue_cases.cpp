@@ -11,6 +11,7 @@
 #include <string>
 
 #include "lowbit/prologue.h"
+#include "src/core/prologue_internal.h"
 #include "tests/harness/harness.h"
 
 namespace lowbit {
@@ -22,6 +23,7 @@ enum class RopeKind { none, split, interleaved };
 
 struct Cfg {
   bool mean_pass = false;  // norm_rope_mean instead of norm_rope_quantize
+  bool store = false;      // detail::norm_rope_store (the bench's unfused steps); bit-exact
   DType dtype = DType::bf16;
   int64_t B = 1, N = 17, H = 3, D = 128;
   ScaleLayout layout = ScaleLayout::thread_q;
@@ -46,11 +48,12 @@ class PrologueCase : public Case {
   }
 
   std::string name() const override {
-    std::string s = std::string("prologue.") + (c_.mean_pass ? "mean" : "quantize") + "." +
+    std::string s = std::string("prologue.") +
+                    (c_.store ? "store" : c_.mean_pass ? "mean" : "quantize") + "." +
                     (c_.tag.empty() ? "" : c_.tag + ".") + dtype_name(c_.dtype) + ".B" +
                     std::to_string(c_.B) + "N" + std::to_string(c_.N) + "H" + std::to_string(c_.H) +
                     "D" + std::to_string(c_.D);
-    if (!c_.mean_pass)
+    if (!c_.mean_pass && !c_.store)
       s += std::string(".") + scale_layout_name(c_.layout) + std::to_string(c_.block);
     return s;
   }
@@ -90,6 +93,14 @@ class PrologueCase : public Case {
   }
 
   std::vector<OutputSpec> outputs() const override {
+    if (c_.store) {
+      OutputSpec y;
+      y.name = "y";
+      y.dtype = c_.dtype;
+      y.shape = {c_.B, c_.N, c_.H, c_.D};
+      y.tol = Tolerance::bit_exact();
+      return {y};
+    }
     if (c_.mean_pass) {
       OutputSpec m;
       m.name = "mean";
@@ -136,6 +147,10 @@ class PrologueCase : public Case {
     p.scale_eps = c_.scale_eps;
     p.layout = c_.layout;
     p.block = c_.block;
+    if (c_.store) {
+      detail::norm_rope_store(x, p, out[0], ctx);
+      return;
+    }
     if (c_.mean_pass) {
       norm_rope_mean(x, p, out[0], ctx);
       return;
@@ -214,6 +229,18 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   add(big);
   big.mean_pass = false, big.mean = true, big.layout = ScaleLayout::thread_k, big.block = 128;
   add(big);
+  // The unfused steps of the bench (norm only, rope only, both), bit-exact across backends.
+  for (int64_t N : {17, 1000}) {
+    Cfg st;
+    st.store = true, st.N = N, st.tag = "normrope";
+    add(st);
+    st.tag = "norm", st.rope = RopeKind::none, st.dtype = DType::f16, st.D = 64;
+    add(st);
+    st.tag = "rope", st.norm = Norm::none, st.rope = RopeKind::interleaved, st.qkv = true;
+    add(st);
+    st.tag = "partial20", st.norm = Norm::segmented, st.rope = RopeKind::split, st.pairs = 20;
+    add(st);
+  }
   Cfg small;
   small.tag = "block8";
   small.N = 127, small.layout = ScaleLayout::thread_k, small.block = 8, small.D = 64;

@@ -12,6 +12,7 @@
 
 #include "lowbit/dtype.h"
 #include "lowbit/prologue.h"
+#include "src/core/prologue_internal.h"
 
 namespace lowbit {
 namespace {
@@ -429,6 +430,34 @@ TEST(prologue, strided_input_and_output) {
       else
         ASSERT_EQ(got, 77) << "padding byte written";
     }
+}
+
+// The unfused step the bench runs: rope(norm(x)) stored in x's dtype.
+TEST(prologue, unfused_store_step_rounds_to_activation_dtype) {
+  const int D = 16;
+  std::vector<uint16_t> xb(D);
+  for (int c = 0; c < D; ++c) xb[c] = dt::f32_to_bf16(static_cast<float>(c + 1));
+  TensorView x = make_view(xb.data(), DType::bf16, {1, 1, 1, D});
+  std::vector<float> table(16);
+  for (int pi = 0; pi < 8; ++pi) table[2 * pi] = 0.f, table[2 * pi + 1] = 1.f;
+  Rope rope;
+  rope.table = make_view(table.data(), DType::f32, {1, 1, 1, 8, 2});
+  std::vector<float> w(D, 1.f / 3.f);
+  TensorView wv = make_view(w.data(), DType::f32, {D});
+  Prologue p;
+  p.rope = &rope;
+  p.norm_weight = &wv;
+  p.eps = 0.f;
+  std::vector<uint16_t> y(D, 0xffff);
+  Context ctx;
+  detail::norm_rope_store(x, p, make_view(y.data(), DType::bf16, {1, 1, 1, D}), ctx);
+  const std::vector<float> ref = single_row(x, p);  // fp32 rows of the mean pass (N = 1)
+  for (int c = 0; c < D; ++c) {
+    EXPECT_EQ(y[c], dt::f32_to_bf16(ref[c])) << c;
+    EXPECT_NE(y[c], 0xffff);
+  }
+  // A quarter turn of the normed rows: channel 0 gets -y[8] < 0.
+  EXPECT_LT(dt::bf16_to_f32(y[0]), 0.f);
 }
 
 // ---- fp64 reference on random inputs: every option on, odd sizes, D = 48 (3 x 16) ------------
