@@ -74,8 +74,8 @@ struct DecodePlan {
   int64_t split_size = 0;               // keys per chunk, a multiple of 16
   int multiprocessors = 0;              // what the plan was made for (0 on the CPU)
   // CUDA: run the tensor-core (mma.sync, f16 operands, fp32 accumulation) kernel where it exists
-  // (int4, fp8, f16 caches; D 64, 128); elsewhere, and on the CPU, ignored. Off by default until
-  // it has been verified and measured on the GPU (docs/decode.md).
+  // (int4, fp8, f16 caches; D 64, 128); elsewhere, and on the CPU, ignored. plan_decode turns it
+  // on for int4 and fp8 caches (measured faster on the H200, docs/decode.md); f16 is opt-in.
   bool tensor_cores = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
