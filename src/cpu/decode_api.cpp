@@ -235,11 +235,6 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   splits = std::max<int64_t>(1, std::min(splits, ceil_div64(len, min_split)));
   p.split_size = ceil_div64(ceil_div64(len, splits), 16) * 16;
   p.n_splits = static_cast<int>(ceil_div64(len, p.split_size));
-  // The tensor-core kernel is the default where it was verified (harness, H200 2026-11-29) and
-  // measured faster than the CUDA-core one at every bench shape: int4 and fp8 caches, D 64/128
-  // (fp8 1.2-2.5x, int4 1.0-2.6x; f16 is slower on paged caches, so it stays opt-in there).
-  p.tensor_cores = p.device == Device::cuda &&
-                   (p.format == KvFormat::int4 || p.format == KvFormat::fp8) && (D == 64 || D == 128);
   return p;
 }
 
