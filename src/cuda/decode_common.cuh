@@ -8,10 +8,14 @@
 #include "lowbit/decode.h"
 #include "src/core/decode_backend.h"
 #include "src/cuda/common.cuh"
+#include "src/cuda/ptx.cuh"
 
 namespace lowbit {
 namespace cuda {
 namespace decode_detail {
+
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
 
 // Where the rows of one cache live, in bytes (k, v) and elements (scale/shift, tables).
 struct CacheArgs {
@@ -106,11 +110,6 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem, int bytes
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
                  "r"(src_bytes));
   }
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // Arguments of the split kernels (CUDA-core and tensor-core variants).

@@ -37,13 +37,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int pad16(int bytes) { return (bytes + 15) & ~15; }
 
-__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
@@ -218,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
         load_run<F, QRUN>(row, t * QRUN, p.c.n_groups, group_size,
                           F == KvFormat::fp8 ? kss_t[key] : 0u, kb);
 #pragma unroll
-        for (int ks = 0; ks < KS; ++ks) mma_16816(sacc[nt], qa[ks], kb[2 * ks], kb[2 * ks + 1]);
+        for (int ks = 0; ks < KS; ++ks) ptx::mma_f16(sacc[nt], qa[ks], kb[2 * ks], kb[2 * ks + 1]);
       }
       // ---- scale, mask, bias (base 2) ----
 #pragma unroll
@@ -296,7 +289,7 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(const DecodeParams
           b0 = h2_bits(__highs2half2(bits_h2(vk[0][i]), bits_h2(vk[1][i])));
           b1 = h2_bits(__highs2half2(bits_h2(vk[2][i]), bits_h2(vk[3][i])));
         }
-        mma_16816(o[nt], pa, b0, b1);
+        ptx::mma_f16(o[nt], pa, b0, b1);
       }
     }
     __syncthreads();  // the stage is refilled next iteration
