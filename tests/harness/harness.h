@@ -94,6 +94,13 @@ class Case {
   // Runs the op: views of the inputs and outputs on the backend's device.
   virtual void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
                    Context& ctx) const = 0;
+  // Compares output k of a backend (got) with the CPU oracle's (ref); "" when they agree. The
+  // default applies the spec's tolerance; a case overrides it when agreement depends on the
+  // inputs (e.g. codes that may differ only at exact rounding ties).
+  virtual std::string compare_output(size_t k, const std::vector<OutputSpec>& specs,
+                                     const std::vector<HostTensor>& inputs,
+                                     const std::vector<HostTensor>& ref,
+                                     const std::vector<HostTensor>& got) const;
 };
 
 // Registry.
