@@ -1,6 +1,7 @@
 // quantize_checkpoint: what is quantized / copied / skipped, exact output keys for both formats,
 // independent decoding of the stored codes (a dense Kronecker rotation built here), never
 // overwriting the input, cancellation, and the weight error on real MiniLM weights.
+#include "tests/unit/temp_files.h"
 #include "lowbit/checkpoint.h"
 
 #include <dirent.h>
@@ -21,23 +22,8 @@
 namespace lowbit {
 namespace {
 
-std::string tmp_dir(const std::string& name) {
-  std::string d = testing::TempDir() + "lowbit_ck_" + std::to_string(getpid()) + "_" + name;
-  mkdir(d.c_str(), 0755);
-  return d;
-}
-
-std::vector<std::string> list_dir(const std::string& d) {
-  std::vector<std::string> out;
-  DIR* dir = opendir(d.c_str());
-  if (!dir) return out;
-  while (dirent* e = readdir(dir)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") out.push_back(n);
-  }
-  closedir(dir);
-  return out;
-}
+std::string tmp_dir(const std::string& name) { return testing_files::tmp_dir("lowbit_ck_", name); }
+using testing_files::list_dir;
 
 std::vector<float> gaussian(size_t n, uint64_t seed, float stddev = 1.f) {
   std::mt19937_64 g(seed);

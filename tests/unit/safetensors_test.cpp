@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/temp_files.h"
 #include "lowbit/checkpoint.h"
 
 namespace lowbit {
@@ -47,23 +48,8 @@ void expect_bad(const std::vector<uint8_t>& file, std::initializer_list<const ch
   }
 }
 
-std::string tmp_dir(const std::string& name) {
-  std::string d = testing::TempDir() + "lowbit_st_" + std::to_string(getpid()) + "_" + name;
-  mkdir(d.c_str(), 0755);
-  return d;
-}
-
-std::vector<std::string> list_dir(const std::string& d) {
-  std::vector<std::string> out;
-  DIR* dir = opendir(d.c_str());
-  if (!dir) return out;
-  while (dirent* e = readdir(dir)) {
-    std::string n = e->d_name;
-    if (n != "." && n != "..") out.push_back(n);
-  }
-  closedir(dir);
-  return out;
-}
+std::string tmp_dir(const std::string& name) { return testing_files::tmp_dir("lowbit_st_", name); }
+using testing_files::list_dir;
 
 std::vector<uint8_t> read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
