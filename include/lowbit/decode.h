@@ -74,9 +74,9 @@ struct DecodePlan {
   int64_t split_size = 0;               // keys per chunk, a multiple of 16
   int multiprocessors = 0;              // what the plan was made for (0 on the CPU)
   // CUDA: run the tensor-core (mma.sync, f16 operands, fp32 accumulation) kernel where it exists
-  // (int4, fp8, f16 caches; D 64, 128); elsewhere, and on the CPU, ignored. Opt-in: on the H200
-  // it passed the harness and was faster at the three bench shapes (fp8 up to 4.6x lowbit's fp16
-  // path), but slower at B=8, L=8192 in bench/python_gpu_check.py; docs/decode.md.
+  // (int4, fp8, f16 caches; D 64, 128); elsewhere, and on the CPU, ignored. plan_decode sets it
+  // for fp8 caches (faster at every measured H200 shape); for int4 and f16 it is opt-in (faster
+  // at the bench shapes but slower at B=8, L=8192 in bench/python_gpu_check.py); docs/decode.md.
   bool tensor_cores = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,

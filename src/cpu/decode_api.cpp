@@ -235,6 +235,10 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   splits = std::max<int64_t>(1, std::min(splits, ceil_div64(len, min_split)));
   p.split_size = ceil_div64(ceil_div64(len, splits), 16) * 16;
   p.n_splits = static_cast<int>(ceil_div64(len, p.split_size));
+  // fp8 caches take the tensor-core kernel by default: on the H200 (2026-11-29) it passed the
+  // harness and was faster than the CUDA-core kernel at all nine bench configurations (1.0-2.5x;
+  // docs/decode.md). int4 and f16 stay opt-in (slower at B=8, L=8192 / on paged f16 caches).
+  p.tensor_cores = p.device == Device::cuda && p.format == KvFormat::fp8 && (D == 64 || D == 128);
   return p;
 }
 

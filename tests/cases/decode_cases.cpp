@@ -382,6 +382,8 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 1, 2, 300, 2, 64, 16), {300, 5}, 2, 4, true, false, DType::f16, true);
   add(shape(F::int4, 2, 2, 129, 1, 128, 16), {129, 40}, 2, 3, true, true, DType::bf16, true);
   add(shape(F::fp8, 1, 2, 520, 1, 128, 256), {520, 1}, 8, 1, false, true, DType::f16, true);
+  add(shape(F::fp8, 1, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16, true);
+  add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, true);
   add(shape(F::f16, 1, 2, 300, 1, 64, 256), {300, 5}, 16, 16, true, false, DType::f16, true);
   add(shape(F::f16, 1, 2, 257, 2, 128, 0), {257, 0}, 4, 1, false, false, DType::bf16, true);
   // Appends: contiguous and paged, every format, a constant row.
