@@ -146,24 +146,36 @@ std::vector<Part> packed_parts(QType q, int64_t O, int64_t K) {
   return parts;
 }
 
-std::vector<uint8_t>* part_storage(PackedWeight& w, const std::string& name) {
-  if (name == "codes") return &w.codes;
-  if (name == "scales") return &w.scales;
-  if (name == "ratios") return &w.ratios;
-  if (name == "block_scales") return &w.block_scales;
-  if (name == "block_scales_swizzled") return &w.block_scales_swizzled;
-  if (name == "tensor_scale") return &w.tensor_scale;
+// Each stored part once: its name, its bytes in PackedWeight and its view in PackedWeightView.
+struct PartMember {
+  const char* name;
+  std::vector<uint8_t> PackedWeight::*storage;
+  TensorView PackedWeightView::*view;
+};
+constexpr PartMember kPartMembers[] = {
+    {"codes", &PackedWeight::codes, &PackedWeightView::codes},
+    {"scales", &PackedWeight::scales, &PackedWeightView::scales},
+    {"ratios", &PackedWeight::ratios, &PackedWeightView::ratios},
+    {"block_scales", &PackedWeight::block_scales, &PackedWeightView::block_scales},
+    {"block_scales_swizzled", &PackedWeight::block_scales_swizzled,
+     &PackedWeightView::block_scales_swizzled},
+    {"tensor_scale", &PackedWeight::tensor_scale, &PackedWeightView::tensor_scale},
+};
+
+const PartMember* part_member(const std::string& name) {
+  for (const PartMember& m : kPartMembers)
+    if (name == m.name) return &m;
   return nullptr;
 }
 
+std::vector<uint8_t>* part_storage(PackedWeight& w, const std::string& name) {
+  const PartMember* m = part_member(name);
+  return m ? &(w.*(m->storage)) : nullptr;
+}
+
 TensorView* part_view(PackedWeightView& v, const std::string& name) {
-  if (name == "codes") return &v.codes;
-  if (name == "scales") return &v.scales;
-  if (name == "ratios") return &v.ratios;
-  if (name == "block_scales") return &v.block_scales;
-  if (name == "block_scales_swizzled") return &v.block_scales_swizzled;
-  if (name == "tensor_scale") return &v.tensor_scale;
-  return nullptr;
+  const PartMember* m = part_member(name);
+  return m ? &(v.*(m->view)) : nullptr;
 }
 
 TensorView view_of(void* data, const Part& p, Device dev, int device_index) {
