@@ -1,7 +1,8 @@
 // Rows of `lowbit bench` for INT8 prefill attention (SPEC §2) at the shapes (B, H, N, D):
 // (1, 40, 32760, 128), (2, 24, 16384, 128), (1, 24, 4096, 64), non-causal and causal.
-// TOPS = 4·B·H·N²·D / time (causal counts half). Baseline in the same run: the same kernel with
-// 16-bit P·V (bf16 tensor cores). Torch SDPA (cuDNN / flash) is timed by bench/attention_sdpa.py.
+// TOPS = 4·B·H·N²·D / time (causal counts half). Baselines in the same run: the mma.sync kernel
+// with 16-bit P·V (bf16 tensor cores); for the sm_90a wgmma kernel, the mma.sync kernel's fp8
+// row. Torch SDPA (cuDNN / flash) is timed by bench/attention_sdpa.py.
 // Accuracy: against fp64 softmax(q k^T) v on 64 sampled query rows of batch 0, heads 0 and H-1.
 #include <algorithm>
 #include <cmath>
@@ -129,24 +130,55 @@ class AttentionBench : public BenchCase {
         const double base_ms = env.time_ms([&] {
           attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16, ctx);
         });
+        // fp8 P·V on each CUDA kernel by name (the CPU ignores the choice: one row there).
+        AttentionOptions fp8_mma = fp8;
+        fp8_mma.kernel = AttentionOptions::mma_sync;
+        const TensorView vsv = vs.view;
         Row kr8;
         kr8.family = "attention";
-        kr8.op = "attention_int8 fp8 PV (kernel only)" + tag;
+        kr8.op = "attention_int8 fp8 PV mma.sync (kernel only)" + tag;
         kr8.shape = shape_str(s);
         kr8.backend = device_name(dev);
-        const TensorView vsv = vs.view;
         kr8.ms = env.time_ms([&] {
-          attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
+          attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8_mma,
+                         ctx);
         });
-        kr8.baseline = "lowbit attention_int8 16-bit PV (same kernel, bf16 PV)";
+        kr8.baseline = "lowbit attention_int8 16-bit PV (mma.sync, bf16 PV)";
         kr8.baseline_ms = base_ms;
         kr8.flops = flops;
         kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
         rows.push_back(kr8);
+        if (dev == Device::cuda) {
+          AttentionOptions fp8_wg = fp8;
+          fp8_wg.kernel = AttentionOptions::wgmma;
+          Row w = kr8;
+          w.op = "attention_int8 fp8 PV wgmma (kernel only)" + tag;
+          const std::vector<float> mma_out = to_host_f32(out.view);  // the mma.sync result
+          w.ms = env.time_ms([&] {
+            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8_wg,
+                           ctx);
+          });
+          // Agreement with the mma.sync kernel on every 61st element (same arithmetic: expect
+          // cos ~1, rel L1 ~1e-3 from ex2.approx and summation order).
+          const std::vector<float> wg_out = to_host_f32(out.view);
+          std::vector<float> got;
+          std::vector<double> ref;
+          for (size_t i = 0; i < wg_out.size(); i += 61) {
+            got.push_back(wg_out[i]);
+            ref.push_back(mma_out[i]);
+          }
+          w.accuracy = accuracy(got, ref).str() + " vs mma.sync";
+          w.baseline = "lowbit attention_int8 fp8 PV mma.sync";
+          w.baseline_ms = kr8.ms;
+          rows.push_back(w);
+          kr8 = w;  // the one-call rows below compare against the default (wgmma) kernel
+        }
 
         Row b16 = kr8;
         b16.op = "attention_int8 16-bit PV (kernel only)" + tag;
         b16.ms = base_ms;
+        b16.baseline = "lowbit attention_int8 16-bit PV (mma.sync, bf16 PV)";
+        b16.baseline_ms = base_ms;
         b16.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 2 + 2);
         rows.push_back(b16);
 
@@ -157,6 +189,8 @@ class AttentionBench : public BenchCase {
           void* wp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.view.data) + 255) &
                                              ~uintptr_t{255});
           Row r = kr8;
+          r.baseline = b16.baseline;
+          r.baseline_ms = base_ms;
           r.op = std::string("attention() ") + (o.pv == AttentionOptions::fp8 ? "fp8" : "16-bit") +
                  " PV, incl. quantization" + tag;
           r.ms = env.time_ms(

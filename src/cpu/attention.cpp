@@ -175,6 +175,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   check::that(options.causal <= AttentionOptions::top_left, op, "options.causal",
               "expected none, bottom_right or top_left");
   check::that(options.pv <= AttentionOptions::f16, op, "options.pv", "expected fp8 or f16");
+  check::that(options.kernel <= AttentionOptions::wgmma, op, "options.kernel",
+              "expected auto_kernel, mma_sync or wgmma");
   check::not_null(op, "out", out);
   check::dtype(op, "out", out,
                on_cuda ? std::initializer_list<DType>{DType::bf16, DType::f16}
@@ -209,7 +211,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   if (on_cuda) {
     check_vector_aligned(op, "q", q.data, 16);
     check_vector_aligned(op, "k", k.data, 16);
-    if (options.pv == AttentionOptions::f16) check_vector_aligned(op, "v", v, 8);
+    if (options.pv == AttentionOptions::f16)
+      check_vector_aligned(op, "v", v, 8);
+    else
+      check::aligned(op, "v", v.data, 16);
     check::aligned(op, "out", out.data, 4);
     for (int d = 0; d < 3; ++d)
       check::that(out.stride[d] % 2 == 0, op, "out",

@@ -9,14 +9,19 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "lowbit/attention.h"
 #include "lowbit/dtype.h"
 #include "src/core/dispatch.h"
 #include "src/cpu/attention_backend.h"
+#include "src/cuda/attention_common.cuh"
 #include "src/cuda/common.cuh"
 #include "src/cuda/ptx.cuh"
 
@@ -24,14 +29,21 @@ namespace lowbit {
 namespace cuda {
 namespace {
 
+using attn::AttnParams;
+using attn::fast_exp2;
+using attn::kLn2;
+using attn::kLog2_448;
+using attn::kLog2e;
+using attn::pack_16x2;
+using attn::pack_e4m3x4;
+using attn::scale_index_dev;
+using attn::to_f32;
+using attn::visible_end;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::mma_e4m3;
 using ptx::mma_s8;
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kLog2_448 = 8.807354922057604f;
 constexpr int kWarps = 8;  // warps per CTA
 constexpr int kRowsPerCta = 16 * kWarps;
 constexpr int kKvTile = 64;  // keys per step (the oracle's tile)
@@ -48,12 +60,6 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool val
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int bytes = valid ? 4 : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 template <typename T16>
@@ -90,82 +96,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(s));
 }
 
-// Four e4m3 codes (round to nearest even, saturating) of x0..x3, x0 in the low byte.
-__device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint16_t lo, hi;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x1), "f"(x0));
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x3), "f"(x2));
-  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
-#else
-  return static_cast<uint32_t>(dt::f32_to_e4m3(x0)) | (uint32_t{dt::f32_to_e4m3(x1)} << 8) |
-         (uint32_t{dt::f32_to_e4m3(x2)} << 16) | (uint32_t{dt::f32_to_e4m3(x3)} << 24);
-#endif
-}
-
-template <typename T16>
-__device__ __forceinline__ uint32_t pack_16x2(float lo, float hi) {
-  if constexpr (std::is_same<T16, __nv_bfloat16>::value) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-template <typename T16>
-__device__ __forceinline__ float to_f32(T16 x) {
-  if constexpr (std::is_same<T16, __nv_bfloat16>::value)
-    return __bfloat162float(x);
-  else
-    return __half2float(x);
-}
-
-__device__ __forceinline__ int64_t scale_index_dev(int layout, int block, int64_t row) {
-  const int64_t r = row % block;
-  int64_t group = 0, groups = 1;
-  if (layout == 1) {
-    group = r % 8;
-    groups = 8;
-  } else if (layout == 2) {
-    group = (r % 8) / 2;
-    groups = 4;
-  } else if (layout == 3) {
-    group = r / 32;
-    groups = 4;
-  }
-  return (row / block) * groups + group;
-}
-
 // ---- attention kernel --------------------------------------------------------------------------
-
-struct AttnParams {
-  const int8_t* q;  // (B, Nq, Hq, D) int8
-  int64_t q_sb, q_sn, q_sh;
-  const float* q_scale;  // (B, Hq, S)
-  int64_t qs_sb, qs_sh, qs_ss;
-  int q_layout, q_block;
-  const int8_t* k;  // (B, Nkv, Hkv, D) int8
-  int64_t k_sb, k_sn, k_sh;
-  const float* k_scale;  // (B, Hkv, S)
-  int64_t ks_sb, ks_sh, ks_ss;
-  int k_layout, k_block;
-  const void* v;             // fp8: (B, Hkv, D, npad) e4m3; 16-bit: (B, Nkv, Hkv, D)
-  int64_t v_sb, v_sn, v_sh;  // 16-bit mode strides (elements)
-  int64_t npad;
-  const float* v_scale;  // (B, Hkv, D) or null (16-bit)
-  const float* v_mean;   // (B, Hkv, D) or null
-  const float* k_mean;   // (B, Hkv, D) or null
-  void* out;             // (B, Nq, Hq, D) 16-bit
-  int64_t o_sb, o_sn, o_sh;
-  float* lse;  // (B, Hq, Nq) or null
-  int64_t l_sb, l_sh, l_sn;
-  int Nq, Nkv, Hq, Hkv, G;
-  int causal;  // 0 none; else keys j < i + shift + 1 are visible
-  int64_t shift;
-  float scale_log2, sm_scale;
-};
 
 template <int D, bool FP8>
 struct Smem {
@@ -180,12 +111,6 @@ struct Smem {
   static constexpr int kSOff = kVOff + 2 * kVBytes;
   static constexpr int kBytes = kSOff + 2 * kKvTile * 4;
 };
-
-inline __device__ int64_t visible_end(const AttnParams& p, int64_t row) {
-  if (!p.causal) return p.Nkv;
-  int64_t e = row + p.shift + 1;
-  return e < 0 ? 0 : (e > p.Nkv ? p.Nkv : e);
-}
 
 template <int D, bool FP8, typename T16>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p) {
@@ -579,6 +504,134 @@ void with_16bit(DType dt, F&& f) {
     f(__half{});
 }
 
+// ---- wgmma self-check ------------------------------------------------------------------------
+
+// The first fp8 call on each sm_90 device runs the wgmma and the mma.sync kernel on two small
+// random problems (D 128 and 64; 200 query rows, 333 keys, GQA 2:1, bottom-right causal, so
+// partial tiles, several row blocks and the diagonal mask are covered) and compares outputs
+// (allclose 2e-2 / 2e-2, the harness tolerance: same arithmetic, but ex2.approx and the tensor
+// cores' summation order) and LSE (5e-3 absolute). On any difference or error, `auto_kernel`
+// keeps mma.sync on that device for the rest of the process; `kernel = wgmma` still runs the
+// wgmma kernel. The check synchronizes the stream once.
+bool wgmma_self_check(Context& ctx) {
+  const cudaStream_t stream = stream_of(ctx);
+  const int Nq = 200, Nkv = 333, Hq = 2, Hkv = 1;
+  const int64_t npad = 384, nqs = 2, nks = 6;  // per-block scales: q 128 rows, k 64 rows
+  bool ok = true;
+  uint32_t state = 12345u;
+  auto next = [&]() {
+    state = state * 1664525u + 1013904223u;
+    return state >> 8;
+  };
+  for (int D : {128, 64}) {
+    std::vector<int8_t> hq(static_cast<size_t>(Nq) * Hq * D);
+    std::vector<int8_t> hk(static_cast<size_t>(Nkv) * Hkv * D);
+    for (auto& x : hq) x = static_cast<int8_t>(static_cast<int>(next() % 129) - 64);
+    for (auto& x : hk) x = static_cast<int8_t>(static_cast<int>(next() % 129) - 64);
+    std::vector<uint8_t> hv(static_cast<size_t>(Hkv) * D * npad);
+    for (auto& x : hv) x = static_cast<uint8_t>(next() & 0xbf);  // exponent <= 7: never NaN
+    std::vector<float> hqs(Hq * nqs, 1.f / 40.f), hks(Hkv * nks, 1.f / 40.f), hvs(Hkv * D, 1.f);
+    const size_t out_bytes = static_cast<size_t>(Nq) * Hq * D * 2, lse_bytes = Nq * Hq * 4;
+    const size_t sizes[] = {hq.size(), hk.size(), hv.size(), hqs.size() * 4, hks.size() * 4,
+                            hvs.size() * 4, out_bytes, out_bytes, lse_bytes, lse_bytes};
+    void* d[10] = {};
+    for (int i = 0; i < 10 && ok; ++i) ok = cudaMalloc(&d[i], sizes[i]) == cudaSuccess;
+    std::vector<uint16_t> o0(out_bytes / 2), o1(out_bytes / 2);
+    std::vector<float> l0(Nq * Hq), l1(Nq * Hq);
+    if (ok) {
+      const void* src[6] = {hq.data(), hk.data(), hv.data(), hqs.data(), hks.data(), hvs.data()};
+      for (int i = 0; i < 6 && ok; ++i)
+        ok = cudaMemcpyAsync(d[i], src[i], sizes[i], cudaMemcpyHostToDevice, stream) ==
+             cudaSuccess;
+    }
+    if (ok) {
+      AttnParams p{};
+      p.q = static_cast<const int8_t*>(d[0]);
+      p.q_sb = int64_t{Nq} * Hq * D;
+      p.q_sn = int64_t{Hq} * D;
+      p.q_sh = D;
+      p.q_scale = static_cast<const float*>(d[3]);
+      p.qs_sb = Hq * nqs;
+      p.qs_sh = nqs;
+      p.qs_ss = 1;
+      p.q_block = 128;
+      p.k = static_cast<const int8_t*>(d[1]);
+      p.k_sb = int64_t{Nkv} * Hkv * D;
+      p.k_sn = int64_t{Hkv} * D;
+      p.k_sh = D;
+      p.k_scale = static_cast<const float*>(d[4]);
+      p.ks_sb = Hkv * nks;
+      p.ks_sh = nks;
+      p.ks_ss = 1;
+      p.k_block = 64;
+      p.v = d[2];
+      p.npad = npad;
+      p.v_scale = static_cast<const float*>(d[5]);
+      p.o_sb = int64_t{Nq} * Hq * D;
+      p.o_sn = int64_t{Hq} * D;
+      p.o_sh = D;
+      p.l_sb = int64_t{Hq} * Nq;
+      p.l_sh = Nq;
+      p.l_sn = 1;
+      p.Nq = Nq;
+      p.Nkv = Nkv;
+      p.Hq = Hq;
+      p.Hkv = Hkv;
+      p.G = Hq / Hkv;
+      p.causal = 1;
+      p.shift = Nkv - Nq;
+      p.sm_scale = 1.f / std::sqrt(static_cast<float>(D));
+      p.scale_log2 = p.sm_scale * kLog2e;
+      try {
+        p.out = d[6];
+        p.lse = static_cast<float*>(d[8]);
+        if (D == 128)
+          launch_attention<128, true, __nv_bfloat16>(p, 1, ctx);
+        else
+          launch_attention<64, true, __nv_bfloat16>(p, 1, ctx);
+        p.out = d[7];
+        p.lse = static_cast<float*>(d[9]);
+        attn::launch_attention_wgmma(p, 1, D, DType::bf16, stream);
+      } catch (const Error&) {
+        ok = false;
+      }
+    }
+    if (ok)
+      ok = cudaMemcpyAsync(o0.data(), d[6], out_bytes, cudaMemcpyDeviceToHost, stream) ==
+               cudaSuccess &&
+           cudaMemcpyAsync(o1.data(), d[7], out_bytes, cudaMemcpyDeviceToHost, stream) ==
+               cudaSuccess &&
+           cudaMemcpyAsync(l0.data(), d[8], lse_bytes, cudaMemcpyDeviceToHost, stream) ==
+               cudaSuccess &&
+           cudaMemcpyAsync(l1.data(), d[9], lse_bytes, cudaMemcpyDeviceToHost, stream) ==
+               cudaSuccess &&
+           cudaStreamSynchronize(stream) == cudaSuccess;
+    for (size_t i = 0; ok && i < o0.size(); ++i) {
+      const float a = dt::bf16_to_f32(o0[i]), b = dt::bf16_to_f32(o1[i]);
+      ok = std::isfinite(b) && std::fabs(a - b) <= 2e-2f + 2e-2f * std::fabs(a);
+    }
+    for (size_t i = 0; ok && i < l0.size(); ++i)
+      ok = l0[i] == l1[i] || std::fabs(l0[i] - l1[i]) <= 5e-3f;  // -inf rows compare equal
+    for (void* x : d) cudaFree(x);
+    if (!ok) break;
+  }
+  cudaGetLastError();  // a failed check leaves no sticky launch error behind
+  return ok;
+}
+
+bool wgmma_by_default(Context& ctx) {
+  static std::mutex mu;
+  static std::map<int, bool> verdict;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = verdict.find(dev);
+  if (it != verdict.end()) return it->second;
+  const bool ok = attn::wgmma_attention_available() && wgmma_self_check(ctx);
+  verdict[dev] = ok;
+  return ok;
+}
+
 }  // namespace
 
 void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
@@ -650,6 +703,24 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   p.sm_scale = sm_scale;
   p.scale_log2 = sm_scale * kLog2e;
   const int B = static_cast<int>(q.data.shape[0]);
+  const int D = static_cast<int>(q.data.shape[3]);
+  // Kernel choice (AttentionOptions::kernel): wgmma on sm_90a where it applies, else mma.sync.
+  if (options.kernel != AttentionOptions::mma_sync) {
+    const bool applies = attn::wgmma_attention_applies(fp8, D);
+    const bool available =
+        applies && (options.kernel == AttentionOptions::wgmma ? attn::wgmma_attention_available()
+                                                               : wgmma_by_default(ctx));
+    if (available) {
+      attn::launch_attention_wgmma(p, B, D, out.dtype, stream_of(ctx));
+      return;
+    }
+    if (options.kernel == AttentionOptions::wgmma)
+      throw Error("attention_int8", "options.kernel",
+                  std::string("wgmma: expected fp8 PV, head dim 64 or 128 and an sm_90 GPU with "
+                              "the sm_90a build, got ") +
+                      (fp8 ? "fp8" : "16-bit") + " PV, head dim " + std::to_string(D) +
+                      (applies ? " on a GPU without the sm_90a kernel" : ""));
+  }
   dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
                         [&](auto Dc) {
                           constexpr int D = decltype(Dc)::value;

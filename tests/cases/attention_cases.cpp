@@ -60,6 +60,8 @@ class Int8AttentionCase : public Case {
     if (opt_.smooth_v) n += ".vmean";
     if (k_mean_) n += ".kmean";
     if (ql_ != ScaleLayout::per_block) n += ".thread_qk";
+    if (opt_.kernel == AttentionOptions::mma_sync) n += ".mma_sync";
+    if (opt_.kernel == AttentionOptions::wgmma) n += ".wgmma";
     return n;
   }
 
@@ -248,10 +250,12 @@ class AttentionCallCase : public Case {
   DType dt_;
 };
 
-AttentionOptions make_opt(AttentionOptions::PV pv, AttentionOptions::Causal c) {
+AttentionOptions make_opt(AttentionOptions::PV pv, AttentionOptions::Causal c,
+                          AttentionOptions::Kernel kernel = AttentionOptions::auto_kernel) {
   AttentionOptions o;
   o.pv = pv;
   o.causal = c;
+  o.kernel = kernel;
   return o;
 }
 
@@ -267,6 +271,38 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         cases.push_back(std::make_unique<Int8AttentionCase>(
             s, make_opt(pv, c), DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block,
             64, false, false));
+  // Each CUDA kernel by name (the cases above take the default: wgmma on sm_90a for fp8 P·V).
+  // The wgmma kernel (128 rows x 128 keys per step): single rows, fewer keys than queries (rows
+  // that see no key under bottom-right causal), several key tiles with a partial last one, one
+  // and several row blocks, GQA, D 64 and 128. The mma.sync kernel keeps its fp8 coverage here.
+  const Shape wgmma_shapes[] = {
+      {1, 1, 1, 1, 1, 64},      {1, 17, 17, 2, 1, 64},    {2, 127, 127, 4, 2, 128},
+      {1, 200, 77, 2, 2, 64},   {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
+      {1, 257, 390, 2, 1, 128}, {1, 256, 256, 1, 1, 128}, {1, 333, 129, 2, 1, 64},
+  };
+  for (const Shape& s : wgmma_shapes)
+    for (auto c : {O::none, O::bottom_right, O::top_left})
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          s, make_opt(O::fp8, c, O::wgmma), DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false));
+  for (const Shape& s : shapes)
+    for (auto c : {O::none, O::bottom_right, O::top_left})
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          s, make_opt(O::fp8, c, O::mma_sync), DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false));
+  for (auto kernel : {O::mma_sync, O::wgmma}) {
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, kernel), DType::f16,
+        ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{2, 70, 130, 4, 1, 64}, make_opt(O::fp8, O::none, kernel), DType::bf16,
+        ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
+    O vmk = make_opt(O::fp8, O::top_left, kernel);
+    vmk.smooth_v = true;
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{1, 150, 150, 2, 2, 128}, vmk, DType::bf16, ScaleLayout::per_block, 128,
+        ScaleLayout::per_block, 64, false, false));
+  }
   // fp16 output, HND strides, SageAttention's per-thread layouts, LSE K-mean correction, V mean.
   for (auto pv : {O::fp8, O::f16}) {
     cases.push_back(std::make_unique<Int8AttentionCase>(

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -378,6 +379,29 @@ TEST(Attention, ArgumentErrorsNameTheArgumentAndWriteNothing) {
   AttentionOptions fp8 = opt;
   fp8.pv = AttentionOptions::fp8;  // a bf16 V is not an fp8 V
   expect_error("v", qr, kr, v.view(), out.view(), fp8);
+  AttentionOptions bad_kernel = opt;
+  bad_kernel.kernel = static_cast<AttentionOptions::Kernel>(3);
+  expect_error("options.kernel", qr, kr, v.view(), out.view(), bad_kernel);
+  {  // the CPU backend ignores the CUDA kernel choice: same bits for every valid choice
+    std::mt19937_64 rng(5);
+    std::normal_distribution<float> normal(0.f, 20.f);
+    for (HostTensor* t : {&q, &k})
+      for (int64_t i = 0; i < t->numel(); ++i)
+        t->set(i, std::max(-127.f, std::min(127.f, std::nearbyint(normal(rng)))));
+    for (HostTensor* t : {&qs, &ks})
+      for (int64_t i = 0; i < t->numel(); ++i) t->set(i, 0.05f);
+    v.fill_normal(rng);
+    HostTensor ref(DType::bf16, {1, N, 4, D});
+    attention_int8(qr, kr, v.view(), nullptr, nullptr, nullptr, ref.view(), nullptr, opt, ctx);
+    for (auto kc : {AttentionOptions::mma_sync, AttentionOptions::wgmma}) {
+      AttentionOptions o = opt;
+      o.kernel = kc;
+      HostTensor got(DType::bf16, {1, N, 4, D});
+      attention_int8(qr, kr, v.view(), nullptr, nullptr, nullptr, got.view(), nullptr, o, ctx);
+      EXPECT_EQ(got.bytes, ref.bytes);
+    }
+    EXPECT_NE(ref.bytes, std::vector<uint8_t>(ref.bytes.size(), 0));  // a real output
+  }
 
   // One-call: mismatched v shape.
   HostTensor qf(DType::bf16, {1, N, 4, D}), kf(DType::bf16, {1, N, 2, D}),

@@ -1,0 +1,523 @@
+// sm_90a INT8 attention (SPEC §2), fp8 P·V, on warpgroup MMAs (wgmma). Same arithmetic as the
+// mma.sync kernel in attention.cu (and the CPU oracle): int32 q k^T, fp32 scaling in the same
+// order, base-2 online softmax, P and V in e4m3, two-level fp32 accumulation.
+//
+// Round 1 design (no warp specialization yet; see docs/attention.md for the plan):
+//  - One CTA = 2 warpgroups (256 threads) = 128 query rows of one (batch, head); warpgroup w owns
+//    rows 64w..64w+63, warp i of it rows 16i..16i+15 (the wgmma accumulator layout).
+//  - 128 keys per step. Q (128 x D int8) is loaded once; the K tile (128 keys x D int8), the V
+//    tile (D channels x 128 key positions e4m3, from quantize_v_fp8's transposed, key-permuted
+//    layout) and the tile's k scales are double-buffered by cp.async. Q, K and V sit in shared
+//    memory in the 128-byte-swizzle K-major layout of gemm_wgmma.cu: 16-byte chunk c of row r at
+//    chunk c ^ (r & 7) of a 128-byte row, atoms of 8 rows 1024 bytes apart (D = 64 uses the
+//    first 64 bytes of each row: the same layout, half the k-steps).
+//  - S = Q K^T: wgmma m64n128k32 s32.s8.s8, A (Q) and B (K) from shared memory, D/32 k-steps.
+//    Accumulator fragment (PTX / CUTLASS CLayout_64xN): register 4j + 2h + e of thread (warp i,
+//    lane 4g + t) is row 16i + g + 8h, key 8j + 2t + e.
+//  - Softmax on those registers (quad shuffles for the row maxima), P rounded to e4m3 straight
+//    into the A-register fragment of the P·V wgmma (8-bit A fragment, CUTLASS ALayout_64x32:
+//    register 2v + h, byte i is row 16i' + g + 8h, k = 16v + 4t + i). Position k = 16v + 4t + i
+//    of a 32-key step then holds key 16v + 8(i/2) + 2t + i%2, which is exactly the key order
+//    quantize_v_fp8 stores V in (attention.h), so no shuffles are needed.
+//  - P V: wgmma m64nDk32 f32.e4m3.e4m3, A from registers, B = the V tile (D rows of 128 key
+//    positions, K-major). The softmax runs the oracle's 64-key schedule: per half tile, maximum
+//    update, P, row sums, 2 k-steps into a fresh fp32 buffer, O = O·r + buffer.
+//  - Causal: the CTA stops at its last visible key tile (CTAs launched longest-first); the
+//    per-element mask runs only on tiles that cross the warpgroup's first row's visible end (the
+//    diagonal) or the end of the keys.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+#include "src/cuda/attention_common.cuh"
+#include "src/cuda/common.cuh"
+#include "src/cuda/ptx.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace attn {
+namespace {
+
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::smem_u32;
+
+constexpr int kBM = 128;        // query rows per CTA
+constexpr int kBN = 128;        // keys per step
+constexpr int kThreads = 256;   // two warpgroups
+constexpr int kRowBytes = 128;  // one swizzled shared-memory row
+
+// Shared memory (bytes from a 1024-aligned base): Q, K[2], V[2], k scales[2].
+template <int D>
+struct WgSmem {
+  static constexpr int kKTile = kBN * kRowBytes;  // K tile: kBN key rows
+  static constexpr int kVTile = D * kRowBytes;    // V tile: D channel rows of kBN positions
+  static constexpr int kQ = 0;
+  static constexpr int kK = kBM * kRowBytes;
+  static constexpr int kV = kK + 2 * kKTile;
+  static constexpr int kS = kV + 2 * kVTile;
+  static constexpr int kBytes = kS + 2 * kBN * 4 + 1024;  // + alignment slack
+};
+
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (gemm_wgmma.cu's descriptor).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  uint64_t d = (addr & 0x3ffffu) >> 4;
+  d |= uint64_t{1} << 16;          // leading byte offset (unused for swizzled K-major)
+  d |= uint64_t{1024 >> 4} << 32;  // stride byte offset: next 8-row atom
+  d |= uint64_t{1} << 62;          // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// cp.async writes shared memory through the generic proxy; wgmma reads it through the async one.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// d (64 x 128 s32) (+)= A (64 x 32 s8, shared, K-major) · B (128 x 32 s8, shared, K-major)^T;
+// accumulate != 0: d += A·B, else d = A·B.
+__device__ __forceinline__ void wgmma_s8_n128(int32_t (&d)[64], uint64_t desc_a, uint64_t desc_b,
+                                              int accumulate) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]),
+        "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]),
+        "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]),
+        "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]),
+        "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]),
+        "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
+        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]),
+        "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]),
+        "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#endif
+}
+
+// d (64 x 128 f32) (+)= A (64 x 32 e4m3, registers) · B (128 x 32 e4m3, shared, K-major)^T.
+__device__ __forceinline__ void wgmma_e4m3_n128(float (&d)[64], const uint32_t (&a)[4],
+                                              uint64_t desc_b, int accumulate) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#endif
+}
+
+// d (64 x 64 f32) (+)= A (64 x 32 e4m3, registers) · B (64 x 32 e4m3, shared, K-major)^T.
+__device__ __forceinline__ void wgmma_e4m3_n64(float (&d)[32], const uint32_t (&a)[4],
+                                              uint64_t desc_b, int accumulate) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#endif
+}
+
+// Pins accumulator registers after wgmma.wait_group: the compiler sees a wgmma's outputs as
+// defined at its issue, so without this it could move their reads above the wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(int32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int D>
+__device__ __forceinline__ void wgmma_pv(float (&c)[D / 2], const uint32_t (&a)[4], uint64_t desc,
+                                         int accumulate) {
+  if constexpr (D == 128)
+    wgmma_e4m3_n128(c, a, desc, accumulate);
+  else
+    wgmma_e4m3_n64(c, a, desc, accumulate);
+}
+
+// 1 in the sm_90a image (wgmma compiled in), 0 in any other image of this file.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ int kWgmmaCompiled = 1;  // read once by the host (never written)
+#else
+__device__ int kWgmmaCompiled = 0;  // read once by the host (never written)
+#endif
+
+template <int D, typename T16>
+__global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const AttnParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = WgSmem<D>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  const int g = lane / 4, t = lane % 4;
+  const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                          : static_cast<int>(blockIdx.x);  // causal: long rows first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const int64_t q0 = static_cast<int64_t>(qb) * kBM;
+
+  const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
+  const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
+  const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
+  const uint8_t* vg = static_cast<const uint8_t*>(p.v) +
+                      (static_cast<int64_t>(b) * p.Hkv + hk) * D * p.npad;  // (D, npad)
+
+  // Keys this CTA needs: up to the visible end of its last row.
+  const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
+  const int64_t kv_end = visible_end(p, last_row);
+  const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
+
+  // Q tile (rows past Nq zero-filled).
+  constexpr int kChunks = D / 16;  // 16-byte chunks per q/k row
+  for (int c = tid; c < kBM * kChunks; c += kThreads) {
+    const int r = c / kChunks, ch = c % kChunks;
+    const bool ok = q0 + r < p.Nq;
+    cp_async_16(base + L::kQ + swz(r, ch), ok ? qg + (q0 + r) * p.q_sn + ch * 16 : p.q,
+                ok ? 16 : 0);
+  }
+  auto load_tile = [&](int tile, int buf) {
+    const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
+    const uint32_t sk = base + L::kK + buf * L::kKTile;
+    for (int c = tid; c < kBN * kChunks; c += kThreads) {
+      const int r = c / kChunks, ch = c % kChunks;
+      const bool ok = kv0 + r < p.Nkv;  // keys past Nkv: zero (masked below)
+      cp_async_16(sk + swz(r, ch), ok ? kg + (kv0 + r) * p.k_sn + ch * 16 : p.k, ok ? 16 : 0);
+    }
+    const uint32_t sv = base + L::kV + buf * L::kVTile;
+    for (int c = tid; c < D * (kBN / 16); c += kThreads) {
+      const int d = c / (kBN / 16), ch = c % (kBN / 16);
+      const int64_t pos = kv0 + ch * 16;
+      const bool ok = pos < p.npad;  // npad is a multiple of 64: chunks are all in or all out
+      cp_async_16(sv + swz(d, ch), ok ? vg + d * p.npad + pos : vg, ok ? 16 : 0);
+    }
+    if (tid < kBN) {  // k scales (keys past Nkv: 0)
+      const int64_t key = kv0 + tid;
+      const bool ok = key < p.Nkv;
+      cp_async_4(base + L::kS + (buf * kBN + tid) * 4,
+                 ok ? ksg + scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss : ksg,
+                 ok ? 4 : 0);
+    }
+  };
+  if (n_tiles > 0) load_tile(0, 0);
+  cp_async_commit();
+
+  // This thread's two rows (local rl0 and rl0 + 8), their scales and visible ends. Rows past Nq
+  // compute on zero q (never written).
+  const int rl0 = wg * 64 + (warp % 4) * 16 + g;
+  const int64_t row0 = q0 + rl0, row1 = row0 + 8;
+  const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
+  const float qs0 = row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
+  const float qs1 = row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
+  const int64_t end0 = visible_end(p, row0), end1 = visible_end(p, row1);
+  // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask.
+  const int64_t wg_end = visible_end(p, q0 + wg * 64);
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const uint32_t sq = base + L::kQ + wg * 64 * kRowBytes;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int buf = tile & 1;
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // tile `tile` landed; buffer buf ^ 1 is free (read by the previous step)
+    const uint32_t sk = base + L::kK + buf * L::kKTile;
+    const uint32_t sv = base + L::kV + buf * L::kVTile;
+
+    // S = q k^T (int32), issued before the next tile's loads so they overlap.
+    int32_t acc[64];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk)
+      wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
+    wgmma_commit();
+    if (tile + 1 < n_tiles) load_tile(tile + 1, buf ^ 1);
+    cp_async_commit();
+    wgmma_wait<0>();
+    fence_regs(acc);
+
+    // Dequantize to base-2 logits (the oracle's order) and mask.
+    const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
+    const float* sks = reinterpret_cast<const float*>(sbase + L::kS) + buf * kBN;
+    const bool need_mask = kv0 + kBN > wg_end;
+    float s[64];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = j * 8 + 2 * t + e;
+        const float ks = sks[col];
+        float v0 = __fmul_rn(__fmul_rn(static_cast<float>(acc[4 * j + e]), __fmul_rn(qs0, ks)),
+                             p.scale_log2);
+        float v1 = __fmul_rn(
+            __fmul_rn(static_cast<float>(acc[4 * j + 2 + e]), __fmul_rn(qs1, ks)), p.scale_log2);
+        if (need_mask) {
+          const int64_t key = kv0 + col;
+          v0 = key < end0 ? v0 : -INFINITY;
+          v1 = key < end1 ? v1 : -INFINITY;
+        }
+        s[4 * j + e] = v0;
+        s[4 * j + 2 + e] = v1;
+      }
+    }
+
+    // The oracle's schedule, one 64-key half at a time: maximum update, P, row sums, this
+    // half's P V into a fresh fp32 buffer (two-level accumulation), O = O r + P V. (One 128-key
+    // softmax step would round P against other maxima than the oracle's.)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int j0 = 8 * half;  // accumulator column blocks j0..j0+7 = keys 64 half + 0..63
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int j = j0; j < j0 + 8; ++j) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * j + 0], s[4 * j + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float r0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - mn0);
+      const float r1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - mn1);
+      const float off0 = mn0 == -INFINITY ? 0.f : mn0 - kLog2_448;  // P in [0, 448]
+      const float off1 = mn1 == -INFINITY ? 0.f : mn1 - kLog2_448;
+      m0 = mn0;
+      m1 = mn1;
+      float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+      for (int j = j0; j < j0 + 8; ++j) {
+        s[4 * j + 0] = fast_exp2(s[4 * j + 0] - off0);
+        s[4 * j + 1] = fast_exp2(s[4 * j + 1] - off0);
+        s[4 * j + 2] = fast_exp2(s[4 * j + 2] - off1);
+        s[4 * j + 3] = fast_exp2(s[4 * j + 3] - off1);
+        sum0 += s[4 * j + 0] + s[4 * j + 1];
+        sum1 += s[4 * j + 2] + s[4 * j + 3];
+      }
+      l0 = l0 * r0 + sum0;
+      l1 = l1 * r1 + sum1;
+
+      // P as e4m3 A fragments, one per 32-key step ks (column blocks j = 4ks..4ks+3):
+      // register 0 row g, keys {2t, 2t+1, 8+2t, 9+2t}; 1 the same keys of row g+8; 2 and 3 the
+      // keys 16 higher.
+      uint32_t pa[2][4];
+#pragma unroll
+      for (int kh = 0; kh < 2; ++kh) {
+        const int j = j0 + 4 * kh;
+        pa[kh][0] = pack_e4m3x4(s[4 * j + 0], s[4 * j + 1], s[4 * j + 4], s[4 * j + 5]);
+        pa[kh][1] = pack_e4m3x4(s[4 * j + 2], s[4 * j + 3], s[4 * j + 6], s[4 * j + 7]);
+        pa[kh][2] = pack_e4m3x4(s[4 * j + 8], s[4 * j + 9], s[4 * j + 12], s[4 * j + 13]);
+        pa[kh][3] = pack_e4m3x4(s[4 * j + 10], s[4 * j + 11], s[4 * j + 14], s[4 * j + 15]);
+      }
+      float c[D / 2];
+      wgmma_fence();
+#pragma unroll
+      for (int kh = 0; kh < 2; ++kh)
+        wgmma_pv<D>(c, pa[kh], smem_desc(sv + (2 * half + kh) * 32), kh);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(c);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[4 * n + 0] = o[4 * n + 0] * r0 + c[4 * n + 0];
+        o[4 * n + 1] = o[4 * n + 1] * r0 + c[4 * n + 1];
+        o[4 * n + 2] = o[4 * n + 2] * r1 + c[4 * n + 2];
+        o[4 * n + 3] = o[4 * n + 3] * r1 + c[4 * n + 3];
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // with no key tile, Q has not been waited for by every thread yet
+
+  // Epilogue: full row sums, normalization, V scale and mean, 16-bit stores, LSE.
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int col = n * 8 + 2 * t;
+    const float sc0 = p.v_scale[hv * D + col], sc1 = p.v_scale[hv * D + col + 1];
+    float mv0 = 0.f, mv1 = 0.f;
+    if (p.v_mean) {
+      mv0 = p.v_mean[hv * D + col];
+      mv1 = p.v_mean[hv * D + col + 1];
+    }
+    if (row0 < p.Nq) {
+      const float a = l0 > 0.f ? o[4 * n + 0] * inv0 * sc0 + mv0 : 0.f;
+      const float c = l0 > 0.f ? o[4 * n + 1] * inv0 * sc1 + mv1 : 0.f;
+      *reinterpret_cast<uint32_t*>(og + row0 * p.o_sn + col) = pack_16x2<T16>(a, c);
+    }
+    if (row1 < p.Nq) {
+      const float a = l1 > 0.f ? o[4 * n + 2] * inv1 * sc0 + mv0 : 0.f;
+      const float c = l1 > 0.f ? o[4 * n + 3] * inv1 * sc1 + mv1 : 0.f;
+      *reinterpret_cast<uint32_t*>(og + row1 * p.o_sn + col) = pack_16x2<T16>(a, c);
+    }
+  }
+  if (p.lse) {
+    float corr0 = 0.f, corr1 = 0.f;
+    if (p.k_mean) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
+      // Q rows rl0 and rl0 + 8 share (row & 7), so they share the swizzle pattern.
+      const int8_t* qr0 = reinterpret_cast<const int8_t*>(sbase + L::kQ + rl0 * kRowBytes);
+      const int8_t* qr1 = qr0 + 8 * kRowBytes;
+      const float* km = p.k_mean + hv * D;
+      for (int d = t; d < D; d += 4) {
+        const int byte = (((d >> 4) ^ (rl0 & 7)) << 4) | (d & 15);
+        corr0 += static_cast<float>(qr0[byte]) * qs0 * km[d];
+        corr1 += static_cast<float>(qr1[byte]) * qs1 * km[d];
+      }
+      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 1);
+      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 2);
+      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 1);
+      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 2);
+    }
+    if (t == 0) {
+      float* lg = p.lse + b * p.l_sb + h * p.l_sh;
+      if (row0 < p.Nq)
+        lg[row0 * p.l_sn] =
+            l0 > 0.f ? (m0 + log2f(l0) - kLog2_448) * kLn2 + corr0 * p.sm_scale : -INFINITY;
+      if (row1 < p.Nq)
+        lg[row1 * p.l_sn] =
+            l1 > 0.f ? (m1 + log2f(l1) - kLog2_448) * kLn2 + corr1 * p.sm_scale : -INFINITY;
+    }
+  }
+#endif
+}
+
+template <int D, typename T16>
+void launch(const AttnParams& p, int B, cudaStream_t stream) {
+  const char* op = "attention_int8 (wgmma)";
+  auto kernel = attention_wgmma_kernel<D, T16>;
+  constexpr int bytes = WgSmem<D>::kBytes;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
+             "shared memory");
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
+                  static_cast<unsigned>(B));
+  kernel<<<grid, kThreads, bytes, stream>>>(p);
+  check_launch(op);
+}
+
+}  // namespace
+
+bool wgmma_attention_available() {
+  static std::mutex mu;
+  static std::map<int, bool> verdict;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = verdict.find(dev);
+  if (it != verdict.end()) return it->second;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  // The device must load this file's sm_90a image (a plain sm_90 image has no wgmma and its
+  // kernel body is empty): the image's kWgmmaCompiled says which one was loaded.
+  cudaFuncAttributes attr{};
+  bool ok = major == 9 && minor == 0 &&
+            cudaFuncGetAttributes(&attr, attention_wgmma_kernel<128, __nv_bfloat16>) ==
+                cudaSuccess &&
+            attr.binaryVersion == 90;
+  if (ok) {
+    int compiled = 0;
+    ok = cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof compiled) == cudaSuccess &&
+         compiled == 1;
+  }
+  cudaGetLastError();
+  verdict[dev] = ok;
+  return ok;
+}
+
+void launch_attention_wgmma(const AttnParams& p, int B, int D, DType out_dtype,
+                            cudaStream_t stream) {
+  const bool bf16 = out_dtype == DType::bf16;
+  if (D == 128) {
+    if (bf16)
+      launch<128, __nv_bfloat16>(p, B, stream);
+    else
+      launch<128, __half>(p, B, stream);
+  } else {
+    if (bf16)
+      launch<64, __nv_bfloat16>(p, B, stream);
+    else
+      launch<64, __half>(p, B, stream);
+  }
+}
+
+}  // namespace attn
+}  // namespace cuda
+}  // namespace lowbit
