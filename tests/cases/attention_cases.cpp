@@ -38,11 +38,20 @@ TensorView hnd_as_nhd(TensorView t) {
 
 // ---- kernel level -----------------------------------------------------------------------------
 
+// Input patterns that isolate parts of a kernel (diagnostics for a new kernel):
+//   zero_q:  q codes 0, so every visible key gets the same P; out = mean of V over the visible
+//            keys (checks P V, V's key order and the masking, independently of q k^T);
+//   const_v: V constant over the tokens, so out = that V row whatever P is (checks the
+//            accumulator layout and normalization); the LSE still checks q k^T and the masking.
+enum class Pattern { random, zero_q, const_v };
+
 class Int8AttentionCase : public Case {
  public:
   Int8AttentionCase(Shape s, AttentionOptions opt, DType out_dtype, ScaleLayout q_layout,
-                    int q_block, ScaleLayout k_layout, int k_block, bool hnd, bool k_mean)
-      : s_(s),
+                    int q_block, ScaleLayout k_layout, int k_block, bool hnd, bool k_mean,
+                    Pattern pattern = Pattern::random)
+      : pattern_(pattern),
+        s_(s),
         opt_(opt),
         dt_(out_dtype),
         ql_(q_layout),
@@ -60,6 +69,8 @@ class Int8AttentionCase : public Case {
     if (opt_.smooth_v) n += ".vmean";
     if (k_mean_) n += ".kmean";
     if (ql_ != ScaleLayout::per_block) n += ".thread_qk";
+    if (pattern_ == Pattern::zero_q) n += ".zero_q";
+    if (pattern_ == Pattern::const_v) n += ".const_v";
     if (opt_.kernel == AttentionOptions::mma_sync) n += ".mma_sync";
     if (opt_.kernel == AttentionOptions::wgmma) n += ".wgmma";
     return n;
@@ -83,12 +94,21 @@ class Int8AttentionCase : public Case {
     };
     std::vector<HostTensor> in;
     in.push_back(codes(s_.B, s_.Nq, s_.Hq));
+    if (pattern_ == Pattern::zero_q)
+      for (int64_t i = 0; i < in[0].numel(); ++i) in[0].set(i, 0.f);
     in.push_back(scales(s_.B, s_.Hq, s_.Nq, ql_, qb_));
     in.push_back(codes(s_.B, s_.Nkv, s_.Hkv));
     in.push_back(scales(s_.B, s_.Hkv, s_.Nkv, kl_, kb_));
     HostTensor v(dt_, hnd_ ? std::vector<int64_t>{s_.B, s_.Hkv, s_.Nkv, s_.D}
                            : std::vector<int64_t>{s_.B, s_.Nkv, s_.Hkv, s_.D});
     v.fill_normal(rng, opt_.smooth_v ? 3.f : 0.f);
+    if (pattern_ == Pattern::const_v) {  // every token takes token 0's values (NHD only)
+      const int64_t row = s_.Hkv * s_.D;
+      for (int64_t b = 0; b < s_.B; ++b)
+        for (int64_t n = 1; n < s_.Nkv; ++n)
+          for (int64_t i = 0; i < row; ++i)
+            v.set((b * s_.Nkv + n) * row + i, v.get(b * s_.Nkv * row + i));
+    }
     in.push_back(std::move(v));
     HostTensor km(DType::f32, {s_.B, s_.Hkv, s_.D});
     km.fill_normal(rng);
@@ -139,6 +159,7 @@ class Int8AttentionCase : public Case {
   }
 
  private:
+  Pattern pattern_;
   Shape s_;
   AttentionOptions opt_;
   DType dt_;
@@ -285,6 +306,13 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       cases.push_back(std::make_unique<Int8AttentionCase>(
           s, make_opt(O::fp8, c, O::wgmma), DType::bf16, ScaleLayout::per_block, 128,
           ScaleLayout::per_block, 64, false, false));
+  // Diagnostics (see Pattern), on both kernels: 390 keys = 3 full tiles + a partial one.
+  for (auto kernel : {O::mma_sync, O::wgmma})
+    for (auto pat : {Pattern::zero_q, Pattern::const_v})
+      for (auto c : {O::none, O::bottom_right})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, c, kernel), DType::bf16,
+            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat));
   for (const Shape& s : shapes)
     for (auto c : {O::none, O::bottom_right, O::top_left})
       cases.push_back(std::make_unique<Int8AttentionCase>(
