@@ -205,6 +205,73 @@ __device__ __forceinline__ void wgmma_pv(float (&c)[D / 2], const uint32_t (&a)[
     wgmma_e4m3_n64(c, a, desc, accumulate);
 }
 
+// false: wait for the first half's P V before the second half's softmax (a fallback should
+// ptxas ever mishandle the registers of an in-flight register-A wgmma).
+constexpr bool kOverlapPv = true;
+
+// Online softmax over the 64 keys of half kHalf of a 128-key tile (accumulator column blocks
+// j = 8 kHalf .. 8 kHalf + 7 of s, base-2 logits, masked keys -inf) for this thread's rows
+// (m0/l0 row g, m1/l1 row g + 8): updates the maxima and the row sums (unrounded P, thread
+// partials), returns the rescale factors r0, r1 of the accumulator and P as e4m3 A fragments,
+// one per 32-key step kh (column blocks j = 8 kHalf + 4 kh ..): register 0 row g, keys
+// {2t, 2t+1, 8+2t, 9+2t}; 1 the same keys of row g+8; 2 and 3 the keys 16 higher.
+template <int kHalf>
+__device__ __forceinline__ void softmax_half(float (&s)[64], float& m0, float& m1, float& l0,
+                                             float& l1, float& r0, float& r1,
+                                             uint32_t (&pa)[2][4]) {
+  constexpr int j0 = 8 * kHalf;
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int j = j0; j < j0 + 8; ++j) {
+    mx0 = fmaxf(mx0, fmaxf(s[4 * j + 0], s[4 * j + 1]));
+    mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+  r0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - mn0);
+  r1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - mn1);
+  const float off0 = mn0 == -INFINITY ? 0.f : mn0 - kLog2_448;  // P in [0, 448]
+  const float off1 = mn1 == -INFINITY ? 0.f : mn1 - kLog2_448;
+  m0 = mn0;
+  m1 = mn1;
+  float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+  for (int j = j0; j < j0 + 8; ++j) {
+    s[4 * j + 0] = fast_exp2(s[4 * j + 0] - off0);
+    s[4 * j + 1] = fast_exp2(s[4 * j + 1] - off0);
+    s[4 * j + 2] = fast_exp2(s[4 * j + 2] - off1);
+    s[4 * j + 3] = fast_exp2(s[4 * j + 3] - off1);
+    sum0 += s[4 * j + 0] + s[4 * j + 1];
+    sum1 += s[4 * j + 2] + s[4 * j + 3];
+  }
+  l0 = l0 * r0 + sum0;
+  l1 = l1 * r1 + sum1;
+#pragma unroll
+  for (int kh = 0; kh < 2; ++kh) {
+    const int j = j0 + 4 * kh;
+    pa[kh][0] = pack_e4m3x4(s[4 * j + 0], s[4 * j + 1], s[4 * j + 4], s[4 * j + 5]);
+    pa[kh][1] = pack_e4m3x4(s[4 * j + 2], s[4 * j + 3], s[4 * j + 6], s[4 * j + 7]);
+    pa[kh][2] = pack_e4m3x4(s[4 * j + 8], s[4 * j + 9], s[4 * j + 12], s[4 * j + 13]);
+    pa[kh][3] = pack_e4m3x4(s[4 * j + 10], s[4 * j + 11], s[4 * j + 14], s[4 * j + 15]);
+  }
+}
+
+// O = O r + C (two-level accumulation): registers 4n, 4n+1 are row g, 4n+2, 4n+3 row g + 8.
+template <int D>
+__device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (&c)[D / 2],
+                                                float r0, float r1) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    o[4 * n + 0] = o[4 * n + 0] * r0 + c[4 * n + 0];
+    o[4 * n + 1] = o[4 * n + 1] * r0 + c[4 * n + 1];
+    o[4 * n + 2] = o[4 * n + 2] * r1 + c[4 * n + 2];
+    o[4 * n + 3] = o[4 * n + 3] * r1 + c[4 * n + 3];
+  }
+}
+
 // 1 in the sm_90a image (wgmma compiled in), 0 in any other image of this file.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ int kWgmmaCompiled = 1;  // read once by the host (never written)
@@ -334,70 +401,30 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
       }
     }
 
-    // The oracle's schedule, one 64-key half at a time: maximum update, P, row sums, this
+    // The oracle's schedule, one 64-key half at a time: maximum update, P, row sums, that
     // half's P V into a fresh fp32 buffer (two-level accumulation), O = O r + P V. (One 128-key
-    // softmax step would round P against other maxima than the oracle's.)
+    // softmax step would round P against other maxima than the oracle's.) The first half's P V
+    // runs on the tensor cores while the second half's softmax runs (kOverlapPv).
+    float ra0, ra1, rb0, rb1;
+    uint32_t pa[2][4], pb[2][4];
+    softmax_half<0>(s, m0, m1, l0, l1, ra0, ra1, pa);
+    float c[D / 2];
+    wgmma_fence();
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int j0 = 8 * half;  // accumulator column blocks j0..j0+7 = keys 64 half + 0..63
-      float mx0 = -INFINITY, mx1 = -INFINITY;
+    for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pa[kh], smem_desc(sv + kh * 32), kh);
+    wgmma_commit();
+    if constexpr (!kOverlapPv) wgmma_wait<0>();
+    softmax_half<1>(s, m0, m1, l0, l1, rb0, rb1, pb);
+    wgmma_wait<0>();
+    fence_regs(c);
+    accumulate_tile<D>(o, c, ra0, ra1);
+    wgmma_fence();
 #pragma unroll
-      for (int j = j0; j < j0 + 8; ++j) {
-        mx0 = fmaxf(mx0, fmaxf(s[4 * j + 0], s[4 * j + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const float r0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - mn0);
-      const float r1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - mn1);
-      const float off0 = mn0 == -INFINITY ? 0.f : mn0 - kLog2_448;  // P in [0, 448]
-      const float off1 = mn1 == -INFINITY ? 0.f : mn1 - kLog2_448;
-      m0 = mn0;
-      m1 = mn1;
-      float sum0 = 0.f, sum1 = 0.f;
-#pragma unroll
-      for (int j = j0; j < j0 + 8; ++j) {
-        s[4 * j + 0] = fast_exp2(s[4 * j + 0] - off0);
-        s[4 * j + 1] = fast_exp2(s[4 * j + 1] - off0);
-        s[4 * j + 2] = fast_exp2(s[4 * j + 2] - off1);
-        s[4 * j + 3] = fast_exp2(s[4 * j + 3] - off1);
-        sum0 += s[4 * j + 0] + s[4 * j + 1];
-        sum1 += s[4 * j + 2] + s[4 * j + 3];
-      }
-      l0 = l0 * r0 + sum0;
-      l1 = l1 * r1 + sum1;
-
-      // P as e4m3 A fragments, one per 32-key step ks (column blocks j = 4ks..4ks+3):
-      // register 0 row g, keys {2t, 2t+1, 8+2t, 9+2t}; 1 the same keys of row g+8; 2 and 3 the
-      // keys 16 higher.
-      uint32_t pa[2][4];
-#pragma unroll
-      for (int kh = 0; kh < 2; ++kh) {
-        const int j = j0 + 4 * kh;
-        pa[kh][0] = pack_e4m3x4(s[4 * j + 0], s[4 * j + 1], s[4 * j + 4], s[4 * j + 5]);
-        pa[kh][1] = pack_e4m3x4(s[4 * j + 2], s[4 * j + 3], s[4 * j + 6], s[4 * j + 7]);
-        pa[kh][2] = pack_e4m3x4(s[4 * j + 8], s[4 * j + 9], s[4 * j + 12], s[4 * j + 13]);
-        pa[kh][3] = pack_e4m3x4(s[4 * j + 10], s[4 * j + 11], s[4 * j + 14], s[4 * j + 15]);
-      }
-      float c[D / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int kh = 0; kh < 2; ++kh)
-        wgmma_pv<D>(c, pa[kh], smem_desc(sv + (2 * half + kh) * 32), kh);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(c);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        o[4 * n + 0] = o[4 * n + 0] * r0 + c[4 * n + 0];
-        o[4 * n + 1] = o[4 * n + 1] * r0 + c[4 * n + 1];
-        o[4 * n + 2] = o[4 * n + 2] * r1 + c[4 * n + 2];
-        o[4 * n + 3] = o[4 * n + 3] * r1 + c[4 * n + 3];
-      }
-    }
+    for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pb[kh], smem_desc(sv + (2 + kh) * 32), kh);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(c);
+    accumulate_tile<D>(o, c, rb0, rb1);
   }
   cp_async_wait<0>();
   __syncthreads();  // with no key tile, Q has not been waited for by every thread yet
