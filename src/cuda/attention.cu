@@ -591,7 +591,7 @@ bool wgmma_self_check(Context& ctx) {
           launch_attention<64, true, __nv_bfloat16>(p, 1, ctx);
         p.out = d[7];
         p.lse = static_cast<float*>(d[9]);
-        attn::launch_attention_wgmma(p, 1, D, DType::bf16, stream);
+        attn::launch_attention_wgmma(p, 1, D, true, DType::bf16, stream);
       } catch (const Error&) {
         ok = false;
       }
@@ -704,22 +704,24 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   p.scale_log2 = sm_scale * kLog2e;
   const int B = static_cast<int>(q.data.shape[0]);
   const int D = static_cast<int>(q.data.shape[3]);
-  // Kernel choice (AttentionOptions::kernel): wgmma on sm_90a where it applies, else mma.sync.
-  if (options.kernel != AttentionOptions::mma_sync) {
-    const bool applies = attn::wgmma_attention_applies(fp8, D);
-    const bool available =
-        applies && (options.kernel == AttentionOptions::wgmma ? attn::wgmma_attention_available()
-                                                               : wgmma_by_default(ctx));
-    if (available) {
-      attn::launch_attention_wgmma(p, B, D, out.dtype, stream_of(ctx));
-      return;
-    }
-    if (options.kernel == AttentionOptions::wgmma)
+  // Kernel choice (AttentionOptions::kernel). auto_kernel: wgmma on sm_90a for fp8 P·V once
+  // the self-check passed, else mma.sync; 16-bit P·V stays on mma.sync by default until its
+  // wgmma path has run on a GPU (kernel = wgmma selects it).
+  if (options.kernel == AttentionOptions::wgmma) {
+    if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
-                  std::string("wgmma: expected fp8 PV, head dim 64 or 128 and an sm_90 GPU with "
-                              "the sm_90a build, got ") +
-                      (fp8 ? "fp8" : "16-bit") + " PV, head dim " + std::to_string(D) +
-                      (applies ? " on a GPU without the sm_90a kernel" : ""));
+                  "wgmma: expected head dim 64 or 128 on an sm_90 GPU with the sm_90a build, "
+                  "got head dim " +
+                      std::to_string(D) +
+                      (attn::wgmma_attention_applies(D) ? " on a GPU without the sm_90a kernel"
+                                                        : ""));
+    attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, stream_of(ctx));
+    return;
+  }
+  if (options.kernel == AttentionOptions::auto_kernel && fp8 && attn::wgmma_attention_applies(D) &&
+      wgmma_by_default(ctx)) {
+    attn::launch_attention_wgmma(p, B, D, true, out.dtype, stream_of(ctx));
+    return;
   }
   dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
                         [&](auto Dc) {

@@ -115,10 +115,11 @@ __device__ __forceinline__ float to_f32(T16 x) {
 
 // True when the current device runs the wgmma kernel: sm_90 with the sm_90a image present.
 bool wgmma_attention_available();
-// Whether the wgmma kernel covers these parameters (fp8 PV, D 64 or 128).
-inline bool wgmma_attention_applies(bool fp8, int D) { return fp8 && (D == 64 || D == 128); }
-// Launches the wgmma kernel (fp8 P·V). B batches; D 64 or 128; out bf16 or f16.
-void launch_attention_wgmma(const AttnParams& p, int B, int D, DType out_dtype,
+// Whether the wgmma kernel covers head dim D (64 or 128; both P·V modes).
+inline bool wgmma_attention_applies(int D) { return D == 64 || D == 128; }
+// Launches the wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
+// 16-bit V has out's dtype).
+void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,
                             cudaStream_t stream);
 
 }  // namespace attn

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <type_traits>
 
 #include "src/cuda/attention_common.cuh"
 #include "src/cuda/common.cuh"
@@ -51,11 +52,14 @@ constexpr int kBN = 128;        // keys per step
 constexpr int kThreads = 256;   // two warpgroups
 constexpr int kRowBytes = 128;  // one swizzled shared-memory row
 
-// Shared memory (bytes from a 1024-aligned base): Q, K[2], V[2], k scales[2].
-template <int D>
+// Shared memory (bytes from a 1024-aligned base): Q, K[2], V[2], k scales[2]. The fp8 V tile is
+// D channel rows of kBN key positions (K-major); the 16-bit V tile is D/64 column chunks, each
+// kBN key rows of 64 channels (128 bytes, MN-major), kBN * 128 bytes apart.
+template <int D, bool FP8>
 struct WgSmem {
   static constexpr int kKTile = kBN * kRowBytes;  // K tile: kBN key rows
-  static constexpr int kVTile = D * kRowBytes;    // V tile: D channel rows of kBN positions
+  static constexpr int kVChunk = kBN * kRowBytes;  // 16-bit V: one 64-channel column chunk
+  static constexpr int kVTile = FP8 ? D * kRowBytes : (D / 64) * kVChunk;
   static constexpr int kQ = 0;
   static constexpr int kK = kBM * kRowBytes;
   static constexpr int kV = kK + 2 * kKTile;
@@ -68,11 +72,22 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
 }
 
 // K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (gemm_wgmma.cu's descriptor).
+// For the MN-major 16-bit V tile the same bits describe 8-key groups 1024 bytes apart; each
+// wgmma there spans one 64-channel atom column, so the leading byte offset (the other stride)
+// never matters: it is set to 1024 too, which is right under either reading of the two fields.
 __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
   uint64_t d = (addr & 0x3ffffu) >> 4;
   d |= uint64_t{1} << 16;          // leading byte offset (unused for swizzled K-major)
   d |= uint64_t{1024 >> 4} << 32;  // stride byte offset: next 8-row atom
   d |= uint64_t{1} << 62;          // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ uint64_t smem_desc_mn(uint32_t addr) {
+  uint64_t d = (addr & 0x3ffffu) >> 4;
+  d |= uint64_t{1024 >> 4} << 16;
+  d |= uint64_t{1024 >> 4} << 32;
+  d |= uint64_t{1} << 62;
   return d;
 }
 
@@ -196,6 +211,60 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// d[kOff .. kOff + 31] (64 x 64 f32) += A (64 x 16 bf16, registers) · B (16 x 64 bf16, shared,
+// MN-major: imm-trans-b = 1).
+template <int kOff, int kN>
+__device__ __forceinline__ void wgmma_bf16_n64(float (&d)[kN], const uint32_t (&a)[4],
+                                              uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+      : "+f"(d[kOff + 0]), "+f"(d[kOff + 1]), "+f"(d[kOff + 2]), "+f"(d[kOff + 3]),
+        "+f"(d[kOff + 4]), "+f"(d[kOff + 5]), "+f"(d[kOff + 6]), "+f"(d[kOff + 7]),
+        "+f"(d[kOff + 8]), "+f"(d[kOff + 9]), "+f"(d[kOff + 10]), "+f"(d[kOff + 11]),
+        "+f"(d[kOff + 12]), "+f"(d[kOff + 13]), "+f"(d[kOff + 14]), "+f"(d[kOff + 15]),
+        "+f"(d[kOff + 16]), "+f"(d[kOff + 17]), "+f"(d[kOff + 18]), "+f"(d[kOff + 19]),
+        "+f"(d[kOff + 20]), "+f"(d[kOff + 21]), "+f"(d[kOff + 22]), "+f"(d[kOff + 23]),
+        "+f"(d[kOff + 24]), "+f"(d[kOff + 25]), "+f"(d[kOff + 26]), "+f"(d[kOff + 27]),
+        "+f"(d[kOff + 28]), "+f"(d[kOff + 29]), "+f"(d[kOff + 30]), "+f"(d[kOff + 31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+#endif
+}
+
+// d[kOff .. kOff + 31] (64 x 64 f32) += A (64 x 16 f16, registers) · B (16 x 64 f16, shared,
+// MN-major: imm-trans-b = 1).
+template <int kOff, int kN>
+__device__ __forceinline__ void wgmma_f16_n64(float (&d)[kN], const uint32_t (&a)[4],
+                                              uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+      : "+f"(d[kOff + 0]), "+f"(d[kOff + 1]), "+f"(d[kOff + 2]), "+f"(d[kOff + 3]),
+        "+f"(d[kOff + 4]), "+f"(d[kOff + 5]), "+f"(d[kOff + 6]), "+f"(d[kOff + 7]),
+        "+f"(d[kOff + 8]), "+f"(d[kOff + 9]), "+f"(d[kOff + 10]), "+f"(d[kOff + 11]),
+        "+f"(d[kOff + 12]), "+f"(d[kOff + 13]), "+f"(d[kOff + 14]), "+f"(d[kOff + 15]),
+        "+f"(d[kOff + 16]), "+f"(d[kOff + 17]), "+f"(d[kOff + 18]), "+f"(d[kOff + 19]),
+        "+f"(d[kOff + 20]), "+f"(d[kOff + 21]), "+f"(d[kOff + 22]), "+f"(d[kOff + 23]),
+        "+f"(d[kOff + 24]), "+f"(d[kOff + 25]), "+f"(d[kOff + 26]), "+f"(d[kOff + 27]),
+        "+f"(d[kOff + 28]), "+f"(d[kOff + 29]), "+f"(d[kOff + 30]), "+f"(d[kOff + 31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+#endif
+}
+
+template <typename T16, int kOff, int kN>
+__device__ __forceinline__ void wgmma_16(float (&d)[kN], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (std::is_same<T16, __nv_bfloat16>::value)
+    wgmma_bf16_n64<kOff>(d, a, desc);
+  else
+    wgmma_f16_n64<kOff>(d, a, desc);
+}
+
 template <int D>
 __device__ __forceinline__ void wgmma_pv(float (&c)[D / 2], const uint32_t (&a)[4], uint64_t desc,
                                          int accumulate) {
@@ -212,13 +281,13 @@ constexpr bool kOverlapPv = true;
 // Online softmax over the 64 keys of half kHalf of a 128-key tile (accumulator column blocks
 // j = 8 kHalf .. 8 kHalf + 7 of s, base-2 logits, masked keys -inf) for this thread's rows
 // (m0/l0 row g, m1/l1 row g + 8): updates the maxima and the row sums (unrounded P, thread
-// partials), returns the rescale factors r0, r1 of the accumulator and P as e4m3 A fragments,
-// one per 32-key step kh (column blocks j = 8 kHalf + 4 kh ..): register 0 row g, keys
+// partials), replaces the logits by P = exp2(s - m + p_offset) and returns the rescale factors
+// r0, r1 of the accumulator. softmax_half (fp8) then packs P as e4m3 A fragments, one per
+// 32-key step kh (column blocks j = 8 kHalf + 4 kh ..): register 0 row g, keys
 // {2t, 2t+1, 8+2t, 9+2t}; 1 the same keys of row g+8; 2 and 3 the keys 16 higher.
 template <int kHalf>
-__device__ __forceinline__ void softmax_half(float (&s)[64], float& m0, float& m1, float& l0,
-                                             float& l1, float& r0, float& r1,
-                                             uint32_t (&pa)[2][4]) {
+__device__ __forceinline__ void softmax_exp(float (&s)[64], float p_offset, float& m0, float& m1,
+                                            float& l0, float& l1, float& r0, float& r1) {
   constexpr int j0 = 8 * kHalf;
   float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -233,8 +302,8 @@ __device__ __forceinline__ void softmax_half(float (&s)[64], float& m0, float& m
   const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
   r0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - mn0);
   r1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - mn1);
-  const float off0 = mn0 == -INFINITY ? 0.f : mn0 - kLog2_448;  // P in [0, 448]
-  const float off1 = mn1 == -INFINITY ? 0.f : mn1 - kLog2_448;
+  const float off0 = mn0 == -INFINITY ? 0.f : mn0 - p_offset;
+  const float off1 = mn1 == -INFINITY ? 0.f : mn1 - p_offset;
   m0 = mn0;
   m1 = mn1;
   float sum0 = 0.f, sum1 = 0.f;
@@ -249,6 +318,15 @@ __device__ __forceinline__ void softmax_half(float (&s)[64], float& m0, float& m
   }
   l0 = l0 * r0 + sum0;
   l1 = l1 * r1 + sum1;
+}
+
+// fp8 mode: softmax_exp with P in [0, 448] (offset log2 448), then P as e4m3 A fragments.
+template <int kHalf>
+__device__ __forceinline__ void softmax_half(float (&s)[64], float& m0, float& m1, float& l0,
+                                             float& l1, float& r0, float& r1,
+                                             uint32_t (&pa)[2][4]) {
+  softmax_exp<kHalf>(s, kLog2_448, m0, m1, l0, l1, r0, r1);
+  constexpr int j0 = 8 * kHalf;
 #pragma unroll
   for (int kh = 0; kh < 2; ++kh) {
     const int j = j0 + 4 * kh;
@@ -279,10 +357,10 @@ __device__ int kWgmmaCompiled = 1;  // read once by the host (never written)
 __device__ int kWgmmaCompiled = 0;  // read once by the host (never written)
 #endif
 
-template <int D, typename T16>
+template <int D, bool FP8, typename T16>
 __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = WgSmem<D>;
+  using L = WgSmem<D, FP8>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -298,7 +376,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
   const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
   const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
   const uint8_t* vg = static_cast<const uint8_t*>(p.v) +
-                      (static_cast<int64_t>(b) * p.Hkv + hk) * D * p.npad;  // (D, npad)
+                      (FP8 ? (static_cast<int64_t>(b) * p.Hkv + hk) * D * p.npad : 0);  // (D, npad)
+  const T16* vg16 = static_cast<const T16*>(p.v) + (FP8 ? 0 : b * p.v_sb + hk * p.v_sh);
 
   // Keys this CTA needs: up to the visible end of its last row.
   const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
@@ -322,11 +401,23 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
       cp_async_16(sk + swz(r, ch), ok ? kg + (kv0 + r) * p.k_sn + ch * 16 : p.k, ok ? 16 : 0);
     }
     const uint32_t sv = base + L::kV + buf * L::kVTile;
-    for (int c = tid; c < D * (kBN / 16); c += kThreads) {
-      const int d = c / (kBN / 16), ch = c % (kBN / 16);
-      const int64_t pos = kv0 + ch * 16;
-      const bool ok = pos < p.npad;  // npad is a multiple of 64: chunks are all in or all out
-      cp_async_16(sv + swz(d, ch), ok ? vg + d * p.npad + pos : vg, ok ? 16 : 0);
+    if constexpr (FP8) {
+      for (int c = tid; c < D * (kBN / 16); c += kThreads) {
+        const int d = c / (kBN / 16), ch = c % (kBN / 16);
+        const int64_t pos = kv0 + ch * 16;
+        const bool ok = pos < p.npad;  // npad is a multiple of 64: chunks all in or all out
+        cp_async_16(sv + swz(d, ch), ok ? vg + d * p.npad + pos : vg, ok ? 16 : 0);
+      }
+    } else {  // key row r, 16-byte chunk ch (8 channels) -> column chunk ch / 8, row r
+      constexpr int kVChunks = D / 8;
+#pragma unroll 1  // unrolled, the hoisted per-chunk addresses cost ~16 registers (spills at D 128)
+      for (int c = tid; c < kBN * kVChunks; c += kThreads) {
+        const int r = c / kVChunks, ch = c % kVChunks;
+        const bool ok = kv0 + r < p.Nkv;  // keys past Nkv: zero
+        cp_async_16(sv + (ch / 8) * L::kVChunk + swz(r, ch % 8),
+                    ok ? static_cast<const void*>(vg16 + (kv0 + r) * p.v_sn + ch * 8) : p.v,
+                    ok ? 16 : 0);
+      }
     }
     if (tid < kBN) {  // k scales (keys past Nkv: 0)
       const int64_t key = kv0 + tid;
@@ -401,35 +492,77 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
       }
     }
 
-    // The oracle's schedule, one 64-key half at a time: maximum update, P, row sums, that
-    // half's P V into a fresh fp32 buffer (two-level accumulation), O = O r + P V. (One 128-key
-    // softmax step would round P against other maxima than the oracle's.) The first half's P V
-    // runs on the tensor cores while the second half's softmax runs (kOverlapPv).
-    float ra0, ra1, rb0, rb1;
-    uint32_t pa[2][4], pb[2][4];
-    softmax_half<0>(s, m0, m1, l0, l1, ra0, ra1, pa);
-    float c[D / 2];
-    wgmma_fence();
+    if constexpr (FP8) {
+      // The oracle's schedule, one 64-key half at a time: maximum update, P, row sums, that
+      // half's P V into a fresh fp32 buffer (two-level accumulation), O = O r + P V. (One 128-key
+      // softmax step would round P against other maxima than the oracle's.) The first half's P V
+      // runs on the tensor cores while the second half's softmax runs (kOverlapPv).
+      float ra0, ra1, rb0, rb1;
+      uint32_t pa[2][4], pb[2][4];
+      softmax_half<0>(s, m0, m1, l0, l1, ra0, ra1, pa);
+      float c[D / 2];
+      wgmma_fence();
+  #pragma unroll
+      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pa[kh], smem_desc(sv + kh * 32), kh);
+      wgmma_commit();
+      if constexpr (!kOverlapPv) wgmma_wait<0>();
+      softmax_half<1>(s, m0, m1, l0, l1, rb0, rb1, pb);
+      wgmma_wait<0>();
+      fence_regs(c);
+      accumulate_tile<D>(o, c, ra0, ra1);
+      wgmma_fence();
+  #pragma unroll
+      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pb[kh], smem_desc(sv + (2 + kh) * 32), kh);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(c);
+      accumulate_tile<D>(o, c, rb0, rb1);
+    } else {
+      // 16-bit P V (the oracle: P = exp2(s - m) rounded to V's dtype, O = O r + P V accumulated
+      // in fp32 directly), per 64-key half: 4 k-steps of 16 keys x D/64 column chunks of
+      // m64n64k16 with P from registers (16-bit A fragment = the accumulator layout: register
+      // 0 row g keys 2t, 2t+1; 1 row g+8; 2, 3 the keys 8 higher) and V MN-major.
 #pragma unroll
-    for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pa[kh], smem_desc(sv + kh * 32), kh);
-    wgmma_commit();
-    if constexpr (!kOverlapPv) wgmma_wait<0>();
-    softmax_half<1>(s, m0, m1, l0, l1, rb0, rb1, pb);
-    wgmma_wait<0>();
-    fence_regs(c);
-    accumulate_tile<D>(o, c, ra0, ra1);
-    wgmma_fence();
+      for (int half = 0; half < 2; ++half) {
+        float r0, r1;
+        if (half == 0)
+          softmax_exp<0>(s, 0.f, m0, m1, l0, l1, r0, r1);
+        else
+          softmax_exp<1>(s, 0.f, m0, m1, l0, l1, r0, r1);
+        uint32_t pa[4][4];
 #pragma unroll
-    for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pb[kh], smem_desc(sv + (2 + kh) * 32), kh);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(c);
-    accumulate_tile<D>(o, c, rb0, rb1);
+        for (int kk = 0; kk < 4; ++kk) {
+          const int j = 8 * half + 2 * kk;
+          pa[kk][0] = pack_16x2<T16>(s[4 * j + 0], s[4 * j + 1]);
+          pa[kk][1] = pack_16x2<T16>(s[4 * j + 2], s[4 * j + 3]);
+          pa[kk][2] = pack_16x2<T16>(s[4 * j + 4], s[4 * j + 5]);
+          pa[kk][3] = pack_16x2<T16>(s[4 * j + 6], s[4 * j + 7]);
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[4 * n + 0] *= r0;
+          o[4 * n + 1] *= r0;
+          o[4 * n + 2] *= r1;
+          o[4 * n + 3] *= r1;
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint32_t sk16 = sv + (4 * half + kk) * 16 * kRowBytes;  // 16 key rows
+          wgmma_16<T16, 0>(o, pa[kk], smem_desc_mn(sk16));
+          if constexpr (D == 128) wgmma_16<T16, 32>(o, pa[kk], smem_desc_mn(sk16 + L::kVChunk));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(o);
+      }
+    }
   }
   cp_async_wait<0>();
   __syncthreads();  // with no key tile, Q has not been waited for by every thread yet
 
   // Epilogue: full row sums, normalization, V scale and mean, 16-bit stores, LSE.
+  const float p_offset = FP8 ? kLog2_448 : 0.f;
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -440,9 +573,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
     const int col = n * 8 + 2 * t;
-    const float sc0 = p.v_scale[hv * D + col], sc1 = p.v_scale[hv * D + col + 1];
-    float mv0 = 0.f, mv1 = 0.f;
-    if (p.v_mean) {
+    float sc0 = 1.f, sc1 = 1.f, mv0 = 0.f, mv1 = 0.f;
+    if (FP8) {
+      sc0 = p.v_scale[hv * D + col];
+      sc1 = p.v_scale[hv * D + col + 1];
+    }
+    if (FP8 && p.v_mean) {
       mv0 = p.v_mean[hv * D + col];
       mv1 = p.v_mean[hv * D + col + 1];
     }
@@ -478,20 +614,20 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
       float* lg = p.lse + b * p.l_sb + h * p.l_sh;
       if (row0 < p.Nq)
         lg[row0 * p.l_sn] =
-            l0 > 0.f ? (m0 + log2f(l0) - kLog2_448) * kLn2 + corr0 * p.sm_scale : -INFINITY;
+            l0 > 0.f ? (m0 + log2f(l0) - p_offset) * kLn2 + corr0 * p.sm_scale : -INFINITY;
       if (row1 < p.Nq)
         lg[row1 * p.l_sn] =
-            l1 > 0.f ? (m1 + log2f(l1) - kLog2_448) * kLn2 + corr1 * p.sm_scale : -INFINITY;
+            l1 > 0.f ? (m1 + log2f(l1) - p_offset) * kLn2 + corr1 * p.sm_scale : -INFINITY;
     }
   }
 #endif
 }
 
-template <int D, typename T16>
+template <int D, bool FP8, typename T16>
 void launch(const AttnParams& p, int B, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma)";
-  auto kernel = attention_wgmma_kernel<D, T16>;
-  constexpr int bytes = WgSmem<D>::kBytes;
+  auto kernel = attention_wgmma_kernel<D, FP8, T16>;
+  constexpr int bytes = WgSmem<D, FP8>::kBytes;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
@@ -516,7 +652,7 @@ bool wgmma_attention_available() {
   // kernel body is empty): the image's kWgmmaCompiled says which one was loaded.
   cudaFuncAttributes attr{};
   bool ok = major == 9 && minor == 0 &&
-            cudaFuncGetAttributes(&attr, attention_wgmma_kernel<128, __nv_bfloat16>) ==
+            cudaFuncGetAttributes(&attr, attention_wgmma_kernel<128, true, __nv_bfloat16>) ==
                 cudaSuccess &&
             attr.binaryVersion == 90;
   if (ok) {
@@ -529,19 +665,28 @@ bool wgmma_attention_available() {
   return ok;
 }
 
-void launch_attention_wgmma(const AttnParams& p, int B, int D, DType out_dtype,
+void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,
                             cudaStream_t stream) {
-  const bool bf16 = out_dtype == DType::bf16;
+  auto by_type = [&](auto dc, auto fc) {
+    constexpr int Dv = decltype(dc)::value;
+    constexpr bool F = decltype(fc)::value;
+    if (out_dtype == DType::bf16)
+      launch<Dv, F, __nv_bfloat16>(p, B, stream);
+    else
+      launch<Dv, F, __half>(p, B, stream);
+  };
+  using T = std::true_type;
+  using F = std::false_type;
   if (D == 128) {
-    if (bf16)
-      launch<128, __nv_bfloat16>(p, B, stream);
+    if (fp8)
+      by_type(std::integral_constant<int, 128>{}, T{});
     else
-      launch<128, __half>(p, B, stream);
+      by_type(std::integral_constant<int, 128>{}, F{});
   } else {
-    if (bf16)
-      launch<64, __nv_bfloat16>(p, B, stream);
+    if (fp8)
+      by_type(std::integral_constant<int, 64>{}, T{});
     else
-      launch<64, __half>(p, B, stream);
+      by_type(std::integral_constant<int, 64>{}, F{});
   }
 }
 

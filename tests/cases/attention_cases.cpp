@@ -292,7 +292,8 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         cases.push_back(std::make_unique<Int8AttentionCase>(
             s, make_opt(pv, c), DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block,
             64, false, false));
-  // Each CUDA kernel by name (the cases above take the default: wgmma on sm_90a for fp8 P·V).
+  // Each CUDA kernel by name (the cases above take the default: wgmma on sm_90a for fp8 P·V,
+  // mma.sync for 16-bit P·V; `.wgmma` cases of both modes force the wgmma kernel).
   // The wgmma kernel (128 rows x 128 keys per step): single rows, fewer keys than queries (rows
   // that see no key under bottom-right causal), several key tiles with a partial last one, one
   // and several row blocks, GQA, D 64 and 128. The mma.sync kernel keeps its fp8 coverage here.
@@ -302,17 +303,19 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       {1, 257, 390, 2, 1, 128}, {1, 256, 256, 1, 1, 128}, {1, 333, 129, 2, 1, 64},
   };
   for (const Shape& s : wgmma_shapes)
-    for (auto c : {O::none, O::bottom_right, O::top_left})
-      cases.push_back(std::make_unique<Int8AttentionCase>(
-          s, make_opt(O::fp8, c, O::wgmma), DType::bf16, ScaleLayout::per_block, 128,
-          ScaleLayout::per_block, 64, false, false));
+    for (auto pv : {O::fp8, O::f16})
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            s, make_opt(pv, c, O::wgmma), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false));
   // Diagnostics (see Pattern), on both kernels: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma})
-    for (auto pat : {Pattern::zero_q, Pattern::const_v})
-      for (auto c : {O::none, O::bottom_right})
-        cases.push_back(std::make_unique<Int8AttentionCase>(
-            Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, c, kernel), DType::bf16,
-            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat));
+    for (auto pv : {O::fp8, O::f16})
+      for (auto pat : {Pattern::zero_q, Pattern::const_v})
+        for (auto c : {O::none, O::bottom_right})
+          cases.push_back(std::make_unique<Int8AttentionCase>(
+              Shape{1, 257, 390, 2, 1, 128}, make_opt(pv, c, kernel), DType::bf16,
+              ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat));
   for (const Shape& s : shapes)
     for (auto c : {O::none, O::bottom_right, O::top_left})
       cases.push_back(std::make_unique<Int8AttentionCase>(
@@ -324,6 +327,13 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
     cases.push_back(std::make_unique<Int8AttentionCase>(
         Shape{2, 70, 130, 4, 1, 64}, make_opt(O::fp8, O::none, kernel), DType::bf16,
+        ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
+    // 16-bit P·V: f16 output and V, HND, per-thread layouts, K-mean LSE.
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{1, 129, 129, 2, 2, 128}, make_opt(O::f16, O::bottom_right, kernel), DType::f16,
+        ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{2, 70, 130, 4, 1, 64}, make_opt(O::f16, O::none, kernel), DType::f16,
         ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
     O vmk = make_opt(O::fp8, O::top_left, kernel);
     vmk.smooth_v = true;
