@@ -46,10 +46,12 @@ struct AttentionOptions {
   bool smooth_k = true;   // attention(): subtract the per-head K mean before quantizing K
   bool smooth_v = false;  // fp8 PV: subtract the per-channel V mean, added back in the epilogue
   // CUDA kernel choice (the CPU backend ignores it): auto_kernel takes the sm_90a wgmma kernel
-  // where it applies (an sm_90 GPU, fp8 PV) and the mma.sync kernel otherwise; mma_sync forces
-  // the portable kernel (sm_89+ for fp8 PV); wgmma forces the wgmma kernel and is an error where
-  // it does not apply. Same arithmetic either way (outputs agree within the harness tolerances).
-  enum Kernel : uint8_t { auto_kernel, mma_sync, wgmma } kernel = auto_kernel;
+  // where it applies (an sm_90 GPU, head dim 64 or 128, either PV) and the mma.sync kernel
+  // otherwise; mma_sync forces the portable kernel (sm_89+ for fp8 PV); wgmma forces the wgmma
+  // kernel (round 1: no warp specialization) and wgmma_ws the warp-specialized one (a producer
+  // warpgroup, K/V ring on mbarriers, ping-pong consumers); both are an error where they do not
+  // apply. Same arithmetic in every kernel (outputs agree within the harness tolerances).
+  enum Kernel : uint8_t { auto_kernel, mma_sync, wgmma, wgmma_ws } kernel = auto_kernel;
 };
 
 // ---- building blocks ----------------------------------------------------------------------------

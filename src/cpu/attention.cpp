@@ -175,8 +175,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   check::that(options.causal <= AttentionOptions::top_left, op, "options.causal",
               "expected none, bottom_right or top_left");
   check::that(options.pv <= AttentionOptions::f16, op, "options.pv", "expected fp8 or f16");
-  check::that(options.kernel <= AttentionOptions::wgmma, op, "options.kernel",
-              "expected auto_kernel, mma_sync or wgmma");
+  check::that(options.kernel <= AttentionOptions::wgmma_ws, op, "options.kernel",
+              "expected auto_kernel, mma_sync, wgmma or wgmma_ws");
   check::not_null(op, "out", out);
   check::dtype(op, "out", out,
                on_cuda ? std::initializer_list<DType>{DType::bf16, DType::f16}

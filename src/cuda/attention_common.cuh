@@ -118,9 +118,10 @@ bool wgmma_attention_available();
 // Whether the wgmma kernel covers head dim D (64 or 128; both P·V modes).
 inline bool wgmma_attention_applies(int D) { return D == 64 || D == 128; }
 // Launches the wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
-// 16-bit V has out's dtype).
+// 16-bit V has out's dtype). warp_specialized: the round-2 kernel (a producer warpgroup loading
+// a 3-stage K/V ring guarded by mbarriers, two ping-pong consumer warpgroups), else round 1.
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,
-                            cudaStream_t stream);
+                            bool warp_specialized, cudaStream_t stream);
 
 }  // namespace attn
 }  // namespace cuda

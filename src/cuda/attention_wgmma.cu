@@ -350,6 +350,180 @@ __device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (
   }
 }
 
+// One 128-key tile of the online softmax and P·V for this thread's two rows, from the int32
+// logits acc (the q k^T accumulator): dequantize in the oracle's order (kv0 = the tile's first
+// key, sks its 128 k scales in shared memory; need_mask: the tile crosses a visible end), then
+// the fp8 two-level or 16-bit P·V against the V tile at shared address sv. Both kernels call it.
+template <int D, bool FP8, typename T16>
+__device__ __forceinline__ void tile_softmax_pv(const int32_t (&acc)[64], const float* sks,
+                                                int64_t kv0, bool need_mask, int64_t end0,
+                                                int64_t end1, float qs0, float qs1,
+                                                float scale_log2, int t, uint32_t sv,
+                                                float (&o)[D / 2], float& m0, float& m1,
+                                                float& l0, float& l1) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = WgSmem<D, FP8>;
+  // Dequantize to base-2 logits (the oracle's order) and mask.
+  float s[64];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = j * 8 + 2 * t + e;
+      const float ks = sks[col];
+      float v0 = __fmul_rn(__fmul_rn(static_cast<float>(acc[4 * j + e]), __fmul_rn(qs0, ks)),
+                           scale_log2);
+      float v1 = __fmul_rn(
+          __fmul_rn(static_cast<float>(acc[4 * j + 2 + e]), __fmul_rn(qs1, ks)), scale_log2);
+      if (need_mask) {
+        const int64_t key = kv0 + col;
+        v0 = key < end0 ? v0 : -INFINITY;
+        v1 = key < end1 ? v1 : -INFINITY;
+      }
+      s[4 * j + e] = v0;
+      s[4 * j + 2 + e] = v1;
+    }
+  }
+
+  if constexpr (FP8) {
+    // The oracle's schedule, one 64-key half at a time: maximum update, P, row sums, that
+    // half's P V into a fresh fp32 buffer (two-level accumulation), O = O r + P V. (One 128-key
+    // softmax step would round P against other maxima than the oracle's.) The first half's P V
+    // runs on the tensor cores while the second half's softmax runs (kOverlapPv).
+    float ra0, ra1, rb0, rb1;
+    uint32_t pa[2][4], pb[2][4];
+    softmax_half<0>(s, m0, m1, l0, l1, ra0, ra1, pa);
+    float c[D / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pa[kh], smem_desc(sv + kh * 32), kh);
+    wgmma_commit();
+    if constexpr (!kOverlapPv) wgmma_wait<0>();
+    softmax_half<1>(s, m0, m1, l0, l1, rb0, rb1, pb);
+    wgmma_wait<0>();
+    fence_regs(c);
+    accumulate_tile<D>(o, c, ra0, ra1);
+    wgmma_fence();
+#pragma unroll
+    for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pb[kh], smem_desc(sv + (2 + kh) * 32), kh);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(c);
+    accumulate_tile<D>(o, c, rb0, rb1);
+  } else {
+    // 16-bit P V (the oracle: P = exp2(s - m) rounded to V's dtype, O = O r + P V accumulated
+    // in fp32 directly), per 64-key half: 4 k-steps of 16 keys x D/64 column chunks of
+    // m64n64k16 with P from registers (16-bit A fragment = the accumulator layout: register
+    // 0 row g keys 2t, 2t+1; 1 row g+8; 2, 3 the keys 8 higher) and V MN-major.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float r0, r1;
+      if (half == 0)
+        softmax_exp<0>(s, 0.f, m0, m1, l0, l1, r0, r1);
+      else
+        softmax_exp<1>(s, 0.f, m0, m1, l0, l1, r0, r1);
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const int j = 8 * half + 2 * kk;
+        pa[kk][0] = pack_16x2<T16>(s[4 * j + 0], s[4 * j + 1]);
+        pa[kk][1] = pack_16x2<T16>(s[4 * j + 2], s[4 * j + 3]);
+        pa[kk][2] = pack_16x2<T16>(s[4 * j + 4], s[4 * j + 5]);
+        pa[kk][3] = pack_16x2<T16>(s[4 * j + 6], s[4 * j + 7]);
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[4 * n + 0] *= r0;
+        o[4 * n + 1] *= r0;
+        o[4 * n + 2] *= r1;
+        o[4 * n + 3] *= r1;
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint32_t sk16 = sv + (4 * half + kk) * 16 * kRowBytes;  // 16 key rows
+        wgmma_16<T16, 0>(o, pa[kk], smem_desc_mn(sk16));
+        if constexpr (D == 128) wgmma_16<T16, 32>(o, pa[kk], smem_desc_mn(sk16 + L::kVChunk));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(o);
+    }
+  }
+#endif
+}
+
+// Epilogue of both kernels for this thread's rows row0 = q0 + rl0 and row1 = row0 + 8: full row
+// sums, normalization, V scale and mean, 16-bit stores, LSE (with the K-mean correction read
+// from the swizzled Q tile at sq when q_loaded).
+template <int D, bool FP8, typename T16>
+__device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int hk, int rl0,
+                                         int64_t row0, int64_t row1, float qs0, float qs1, int t,
+                                         const uint8_t* sq, bool q_loaded, float (&o)[D / 2],
+                                         float m0, float m1, float l0, float l1) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Epilogue: full row sums, normalization, V scale and mean, 16-bit stores, LSE.
+  const float p_offset = FP8 ? kLog2_448 : 0.f;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const int col = n * 8 + 2 * t;
+    float sc0 = 1.f, sc1 = 1.f, mv0 = 0.f, mv1 = 0.f;
+    if (FP8) {
+      sc0 = p.v_scale[hv * D + col];
+      sc1 = p.v_scale[hv * D + col + 1];
+    }
+    if (FP8 && p.v_mean) {
+      mv0 = p.v_mean[hv * D + col];
+      mv1 = p.v_mean[hv * D + col + 1];
+    }
+    if (row0 < p.Nq) {
+      const float a = l0 > 0.f ? o[4 * n + 0] * inv0 * sc0 + mv0 : 0.f;
+      const float c = l0 > 0.f ? o[4 * n + 1] * inv0 * sc1 + mv1 : 0.f;
+      *reinterpret_cast<uint32_t*>(og + row0 * p.o_sn + col) = pack_16x2<T16>(a, c);
+    }
+    if (row1 < p.Nq) {
+      const float a = l1 > 0.f ? o[4 * n + 2] * inv1 * sc0 + mv0 : 0.f;
+      const float c = l1 > 0.f ? o[4 * n + 3] * inv1 * sc1 + mv1 : 0.f;
+      *reinterpret_cast<uint32_t*>(og + row1 * p.o_sn + col) = pack_16x2<T16>(a, c);
+    }
+  }
+  if (p.lse) {
+    float corr0 = 0.f, corr1 = 0.f;
+    if (p.k_mean && q_loaded) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
+      // Q rows rl0 and rl0 + 8 share (row & 7), so they share the swizzle pattern.
+      const int8_t* qr0 = reinterpret_cast<const int8_t*>(sq + rl0 * kRowBytes);
+      const int8_t* qr1 = qr0 + 8 * kRowBytes;
+      const float* km = p.k_mean + hv * D;
+      for (int d = t; d < D; d += 4) {
+        const int byte = (((d >> 4) ^ (rl0 & 7)) << 4) | (d & 15);
+        corr0 += static_cast<float>(qr0[byte]) * qs0 * km[d];
+        corr1 += static_cast<float>(qr1[byte]) * qs1 * km[d];
+      }
+      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 1);
+      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 2);
+      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 1);
+      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 2);
+    }
+    if (t == 0) {
+      float* lg = p.lse + b * p.l_sb + h * p.l_sh;
+      if (row0 < p.Nq)
+        lg[row0 * p.l_sn] =
+            l0 > 0.f ? (m0 + log2f(l0) - p_offset) * kLn2 + corr0 * p.sm_scale : -INFINITY;
+      if (row1 < p.Nq)
+        lg[row1 * p.l_sn] =
+            l1 > 0.f ? (m1 + log2f(l1) - p_offset) * kLn2 + corr1 * p.sm_scale : -INFINITY;
+    }
+  }
+#endif
+}
+
 // 1 in the sm_90a image (wgmma compiled in), 0 in any other image of this file.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ int kWgmmaCompiled = 1;  // read once by the host (never written)
@@ -467,159 +641,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
     wgmma_wait<0>();
     fence_regs(acc);
 
-    // Dequantize to base-2 logits (the oracle's order) and mask.
     const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
-    const float* sks = reinterpret_cast<const float*>(sbase + L::kS) + buf * kBN;
-    const bool need_mask = kv0 + kBN > wg_end;
-    float s[64];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = j * 8 + 2 * t + e;
-        const float ks = sks[col];
-        float v0 = __fmul_rn(__fmul_rn(static_cast<float>(acc[4 * j + e]), __fmul_rn(qs0, ks)),
-                             p.scale_log2);
-        float v1 = __fmul_rn(
-            __fmul_rn(static_cast<float>(acc[4 * j + 2 + e]), __fmul_rn(qs1, ks)), p.scale_log2);
-        if (need_mask) {
-          const int64_t key = kv0 + col;
-          v0 = key < end0 ? v0 : -INFINITY;
-          v1 = key < end1 ? v1 : -INFINITY;
-        }
-        s[4 * j + e] = v0;
-        s[4 * j + 2 + e] = v1;
-      }
-    }
-
-    if constexpr (FP8) {
-      // The oracle's schedule, one 64-key half at a time: maximum update, P, row sums, that
-      // half's P V into a fresh fp32 buffer (two-level accumulation), O = O r + P V. (One 128-key
-      // softmax step would round P against other maxima than the oracle's.) The first half's P V
-      // runs on the tensor cores while the second half's softmax runs (kOverlapPv).
-      float ra0, ra1, rb0, rb1;
-      uint32_t pa[2][4], pb[2][4];
-      softmax_half<0>(s, m0, m1, l0, l1, ra0, ra1, pa);
-      float c[D / 2];
-      wgmma_fence();
-  #pragma unroll
-      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pa[kh], smem_desc(sv + kh * 32), kh);
-      wgmma_commit();
-      if constexpr (!kOverlapPv) wgmma_wait<0>();
-      softmax_half<1>(s, m0, m1, l0, l1, rb0, rb1, pb);
-      wgmma_wait<0>();
-      fence_regs(c);
-      accumulate_tile<D>(o, c, ra0, ra1);
-      wgmma_fence();
-  #pragma unroll
-      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pb[kh], smem_desc(sv + (2 + kh) * 32), kh);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(c);
-      accumulate_tile<D>(o, c, rb0, rb1);
-    } else {
-      // 16-bit P V (the oracle: P = exp2(s - m) rounded to V's dtype, O = O r + P V accumulated
-      // in fp32 directly), per 64-key half: 4 k-steps of 16 keys x D/64 column chunks of
-      // m64n64k16 with P from registers (16-bit A fragment = the accumulator layout: register
-      // 0 row g keys 2t, 2t+1; 1 row g+8; 2, 3 the keys 8 higher) and V MN-major.
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float r0, r1;
-        if (half == 0)
-          softmax_exp<0>(s, 0.f, m0, m1, l0, l1, r0, r1);
-        else
-          softmax_exp<1>(s, 0.f, m0, m1, l0, l1, r0, r1);
-        uint32_t pa[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const int j = 8 * half + 2 * kk;
-          pa[kk][0] = pack_16x2<T16>(s[4 * j + 0], s[4 * j + 1]);
-          pa[kk][1] = pack_16x2<T16>(s[4 * j + 2], s[4 * j + 3]);
-          pa[kk][2] = pack_16x2<T16>(s[4 * j + 4], s[4 * j + 5]);
-          pa[kk][3] = pack_16x2<T16>(s[4 * j + 6], s[4 * j + 7]);
-        }
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[4 * n + 0] *= r0;
-          o[4 * n + 1] *= r0;
-          o[4 * n + 2] *= r1;
-          o[4 * n + 3] *= r1;
-        }
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const uint32_t sk16 = sv + (4 * half + kk) * 16 * kRowBytes;  // 16 key rows
-          wgmma_16<T16, 0>(o, pa[kk], smem_desc_mn(sk16));
-          if constexpr (D == 128) wgmma_16<T16, 32>(o, pa[kk], smem_desc_mn(sk16 + L::kVChunk));
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(o);
-      }
-    }
+    tile_softmax_pv<D, FP8, T16>(acc, reinterpret_cast<const float*>(sbase + L::kS) + buf * kBN,
+                                 kv0, kv0 + kBN > wg_end, end0, end1, qs0, qs1, p.scale_log2, t,
+                                 sv, o, m0, m1, l0, l1);
   }
   cp_async_wait<0>();
   __syncthreads();  // with no key tile, Q has not been waited for by every thread yet
 
-  // Epilogue: full row sums, normalization, V scale and mean, 16-bit stores, LSE.
-  const float p_offset = FP8 ? kLog2_448 : 0.f;
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;
-  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-  T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    const int col = n * 8 + 2 * t;
-    float sc0 = 1.f, sc1 = 1.f, mv0 = 0.f, mv1 = 0.f;
-    if (FP8) {
-      sc0 = p.v_scale[hv * D + col];
-      sc1 = p.v_scale[hv * D + col + 1];
-    }
-    if (FP8 && p.v_mean) {
-      mv0 = p.v_mean[hv * D + col];
-      mv1 = p.v_mean[hv * D + col + 1];
-    }
-    if (row0 < p.Nq) {
-      const float a = l0 > 0.f ? o[4 * n + 0] * inv0 * sc0 + mv0 : 0.f;
-      const float c = l0 > 0.f ? o[4 * n + 1] * inv0 * sc1 + mv1 : 0.f;
-      *reinterpret_cast<uint32_t*>(og + row0 * p.o_sn + col) = pack_16x2<T16>(a, c);
-    }
-    if (row1 < p.Nq) {
-      const float a = l1 > 0.f ? o[4 * n + 2] * inv1 * sc0 + mv0 : 0.f;
-      const float c = l1 > 0.f ? o[4 * n + 3] * inv1 * sc1 + mv1 : 0.f;
-      *reinterpret_cast<uint32_t*>(og + row1 * p.o_sn + col) = pack_16x2<T16>(a, c);
-    }
-  }
-  if (p.lse) {
-    float corr0 = 0.f, corr1 = 0.f;
-    if (p.k_mean) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
-      // Q rows rl0 and rl0 + 8 share (row & 7), so they share the swizzle pattern.
-      const int8_t* qr0 = reinterpret_cast<const int8_t*>(sbase + L::kQ + rl0 * kRowBytes);
-      const int8_t* qr1 = qr0 + 8 * kRowBytes;
-      const float* km = p.k_mean + hv * D;
-      for (int d = t; d < D; d += 4) {
-        const int byte = (((d >> 4) ^ (rl0 & 7)) << 4) | (d & 15);
-        corr0 += static_cast<float>(qr0[byte]) * qs0 * km[d];
-        corr1 += static_cast<float>(qr1[byte]) * qs1 * km[d];
-      }
-      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 1);
-      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 2);
-      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 1);
-      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 2);
-    }
-    if (t == 0) {
-      float* lg = p.lse + b * p.l_sb + h * p.l_sh;
-      if (row0 < p.Nq)
-        lg[row0 * p.l_sn] =
-            l0 > 0.f ? (m0 + log2f(l0) - p_offset) * kLn2 + corr0 * p.sm_scale : -INFINITY;
-      if (row1 < p.Nq)
-        lg[row1 * p.l_sn] =
-            l1 > 0.f ? (m1 + log2f(l1) - p_offset) * kLn2 + corr1 * p.sm_scale : -INFINITY;
-    }
-  }
+  epilogue<D, FP8, T16>(p, b, h, hk, rl0, row0, row1, qs0, qs1, t, sbase + L::kQ, true, o, m0,
+                        m1, l0, l1);
 #endif
 }
 
@@ -633,6 +664,238 @@ void launch(const AttnParams& p, int B, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
   kernel<<<grid, kThreads, bytes, stream>>>(p);
+  check_launch(op);
+}
+
+// ---- round 2: warp-specialized kernel ----------------------------------------------------------
+//
+// CTA = 3 warpgroups (384 threads): warpgroup 0 is the producer, 1 and 2 the consumers (rows
+// 0..63 and 64..127 of the CTA's 128). The producer (setmaxnreg 24) loads the K tile, the V tile
+// and the k scales of key tile i into stage i % kStages of a ring by cp.async (the same swizzled
+// shared layouts and zero fills as round 1), Q together with tile 0; it signals "full" once its
+// copies of a tile have landed (cp.async.wait_group, then fence.proxy.async so the wgmma async
+// proxy sees them, then mbarrier.arrive, release) and waits on "empty" before reusing a stage.
+// Consumers (setmaxnreg 240) wait "full" (acquire), run round 1's per-tile math unchanged
+// (tile_softmax_pv: same arithmetic, same order), and each warp arrives on "empty" once its
+// wgmmas on the stage have completed. Ping-pong: a consumer issues its q k^T only in its turn
+// (named barrier 1 + consumer, 256 threads) and hands the turn to the other consumer once its
+// logits are in registers, so one warpgroup's softmax and P·V run while the other's q k^T does.
+// No __syncthreads after the barrier initialization.
+constexpr int kStages = 3;
+constexpr int kWsThreads = 384;
+
+template <int D, bool FP8>
+struct WsSmem {
+  using R = WgSmem<D, FP8>;
+  static constexpr int kKTile = R::kKTile;
+  static constexpr int kVChunk = R::kVChunk;
+  static constexpr int kVTile = R::kVTile;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kBM * kRowBytes;
+  static constexpr int kV = kK + kStages * kKTile;
+  static constexpr int kS = kV + kStages * kVTile;
+  static constexpr int kBar = kS + kStages * kBN * 4;  // full[kStages], empty[kStages] (8 B each)
+  static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
+};
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+                   bar)
+               : "memory");
+}
+// Blocks until the phase of parity `parity` of the barrier has completed (acquire).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+template <int D, bool FP8, typename T16>
+__global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const AttnParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = WsSmem<D, FP8>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                          : static_cast<int>(blockIdx.x);  // causal: long rows first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const int64_t q0 = static_cast<int64_t>(qb) * kBM;
+  const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
+  const int64_t kv_end = visible_end(p, last_row);
+  const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
+  const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(full0 + st * 8, 128);  // every producer thread, once its copies landed
+      mbar_init(empty0 + st * 8, 8);   // every consumer warp, once its wgmmas completed
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- producer ----
+    setmaxnreg_dec<40>();
+    const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
+    const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
+    constexpr int kChunks = D / 16;  // 16-byte chunks per q/k row
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % kStages;
+      if (tile >= kStages) mbar_wait(empty0 + st * 8, ((tile / kStages) - 1) & 1);
+      if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
+        const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
+        for (int c = tid; c < kBM * kChunks; c += 128) {
+          const int r = c / kChunks, ch = c % kChunks;
+          const bool ok = q0 + r < p.Nq;
+          cp_async_16(base + L::kQ + swz(r, ch), ok ? qg + (q0 + r) * p.q_sn + ch * 16 : p.q,
+                      ok ? 16 : 0);
+        }
+      }
+      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
+      const uint32_t sk = base + L::kK + st * L::kKTile;
+#pragma unroll 1
+      for (int c = tid; c < kBN * kChunks; c += 128) {
+        const int r = c / kChunks, ch = c % kChunks;
+        const bool ok = kv0 + r < p.Nkv;  // keys past Nkv: zero (masked by the consumers)
+        cp_async_16(sk + swz(r, ch), ok ? kg + (kv0 + r) * p.k_sn + ch * 16 : p.k, ok ? 16 : 0);
+      }
+      const uint32_t sv = base + L::kV + st * L::kVTile;
+      if constexpr (FP8) {
+        const uint8_t* vg =
+            static_cast<const uint8_t*>(p.v) + (static_cast<int64_t>(b) * p.Hkv + hk) * D * p.npad;
+#pragma unroll 1
+        for (int c = tid; c < D * (kBN / 16); c += 128) {
+          const int d = c / (kBN / 16), ch = c % (kBN / 16);
+          const int64_t pos = kv0 + ch * 16;
+          const bool ok = pos < p.npad;  // npad is a multiple of 64: chunks all in or all out
+          cp_async_16(sv + swz(d, ch), ok ? vg + d * p.npad + pos : vg, ok ? 16 : 0);
+        }
+      } else {
+        const T16* vg16 = static_cast<const T16*>(p.v) + b * p.v_sb + hk * p.v_sh;
+        constexpr int kVChunks = D / 8;
+#pragma unroll 1
+        for (int c = tid; c < kBN * kVChunks; c += 128) {
+          const int r = c / kVChunks, ch = c % kVChunks;
+          const bool ok = kv0 + r < p.Nkv;  // keys past Nkv: zero
+          cp_async_16(sv + (ch / 8) * L::kVChunk + swz(r, ch % 8),
+                      ok ? static_cast<const void*>(vg16 + (kv0 + r) * p.v_sn + ch * 8) : p.v,
+                      ok ? 16 : 0);
+        }
+      }
+      {  // k scales: one per producer thread (keys past Nkv: 0)
+        const int64_t key = kv0 + tid;
+        const bool ok = key < p.Nkv;
+        cp_async_4(base + L::kS + (st * kBN + tid) * 4,
+                   ok ? ksg + scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss : ksg,
+                   ok ? 4 : 0);
+      }
+      cp_async_commit();
+      if (tile > 0) {  // the previous tile has landed: publish it
+        cp_async_wait<1>();
+        fence_proxy_async();
+        mbar_arrive(full0 + ((tile - 1) % kStages) * 8);
+      }
+    }
+    if (n_tiles > 0) {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      mbar_arrive(full0 + ((n_tiles - 1) % kStages) * 8);
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<232>();
+  const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
+  const int g = lane / 4, t = lane % 4;
+  const int rl0 = cw * 64 + (warp % 4) * 16 + g;
+  const int64_t row0 = q0 + rl0, row1 = row0 + 8;
+  const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
+  const float qs0 = row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
+  const float qs1 = row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
+  const int64_t end0 = visible_end(p, row0), end1 = visible_end(p, row1);
+  const int64_t wg_end = visible_end(p, q0 + cw * 64);
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
+  // Turns: consumer 0 issues first; every q k^T issue is preceded by a wait for the turn and
+  // followed (once the logits are in registers) by handing the turn over. Consumer 1 hands it
+  // back only while consumer 0 has another tile, so every barrier is balanced at exit.
+  if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int st = tile % kStages;
+    mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+    const uint32_t sk = base + L::kK + st * L::kKTile;
+    const uint32_t sv = base + L::kV + st * L::kVTile;
+
+    named_bar_sync(1 + cw, 256);
+    int32_t acc[64];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk)
+      wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(acc);
+    if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+
+    const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
+    tile_softmax_pv<D, FP8, T16>(acc, reinterpret_cast<const float*>(sbase + L::kS) + st * kBN,
+                                 kv0, kv0 + kBN > wg_end, end0, end1, qs0, qs1, p.scale_log2, t,
+                                 sv, o, m0, m1, l0, l1);
+    // tile_softmax_pv waited for its last P·V: this warp is done with the stage.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + st * 8);
+  }
+  epilogue<D, FP8, T16>(p, b, h, hk, rl0, row0, row1, qs0, qs1, t, sbase + L::kQ, n_tiles > 0, o,
+                        m0, m1, l0, l1);
+#endif
+}
+
+template <int D, bool FP8, typename T16>
+void launch_ws(const AttnParams& p, int B, cudaStream_t stream) {
+  const char* op = "attention_int8 (wgmma_ws)";
+  auto kernel = attention_wgmma_ws_kernel<D, FP8, T16>;
+  constexpr int bytes = WsSmem<D, FP8>::kBytes;
+  static_assert(bytes <= 227 * 1024, "shared memory");
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
+             "shared memory");
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
+                  static_cast<unsigned>(B));
+  kernel<<<grid, kWsThreads, bytes, stream>>>(p);
   check_launch(op);
 }
 
@@ -666,14 +929,20 @@ bool wgmma_attention_available() {
 }
 
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,
-                            cudaStream_t stream) {
+                            bool warp_specialized, cudaStream_t stream) {
   auto by_type = [&](auto dc, auto fc) {
     constexpr int Dv = decltype(dc)::value;
     constexpr bool F = decltype(fc)::value;
-    if (out_dtype == DType::bf16)
+    if (warp_specialized) {
+      if (out_dtype == DType::bf16)
+        launch_ws<Dv, F, __nv_bfloat16>(p, B, stream);
+      else
+        launch_ws<Dv, F, __half>(p, B, stream);
+    } else if (out_dtype == DType::bf16) {
       launch<Dv, F, __nv_bfloat16>(p, B, stream);
-    else
+    } else {
       launch<Dv, F, __half>(p, B, stream);
+    }
   };
   using T = std::true_type;
   using F = std::false_type;

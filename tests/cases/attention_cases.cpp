@@ -73,6 +73,7 @@ class Int8AttentionCase : public Case {
     if (pattern_ == Pattern::const_v) n += ".const_v";
     if (opt_.kernel == AttentionOptions::mma_sync) n += ".mma_sync";
     if (opt_.kernel == AttentionOptions::wgmma) n += ".wgmma";
+    if (opt_.kernel == AttentionOptions::wgmma_ws) n += ".wgmma_ws";
     return n;
   }
 
@@ -292,8 +293,8 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         cases.push_back(std::make_unique<Int8AttentionCase>(
             s, make_opt(pv, c), DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block,
             64, false, false));
-  // Each CUDA kernel by name (the cases above take the default: wgmma on sm_90a for fp8 P·V,
-  // mma.sync for 16-bit P·V; `.wgmma` cases of both modes force the wgmma kernel).
+  // Each CUDA kernel by name (the cases above take the default: wgmma on sm_90a for both P·V
+  // modes; `.wgmma` cases force the wgmma kernel, `.mma_sync` ones the portable kernel).
   // The wgmma kernel (128 rows x 128 keys per step): single rows, fewer keys than queries (rows
   // that see no key under bottom-right causal), several key tiles with a partial last one, one
   // and several row blocks, GQA, D 64 and 128. The mma.sync kernel keeps its fp8 coverage here.
@@ -302,14 +303,27 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       {1, 200, 77, 2, 2, 64},   {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
       {1, 257, 390, 2, 1, 128}, {1, 256, 256, 1, 1, 128}, {1, 333, 129, 2, 1, 64},
   };
-  for (const Shape& s : wgmma_shapes)
-    for (auto pv : {O::fp8, O::f16})
-      for (auto c : {O::none, O::bottom_right, O::top_left})
-        cases.push_back(std::make_unique<Int8AttentionCase>(
-            s, make_opt(pv, c, O::wgmma), DType::bf16, ScaleLayout::per_block, 128,
-            ScaleLayout::per_block, 64, false, false));
-  // Diagnostics (see Pattern), on both kernels: 390 keys = 3 full tiles + a partial one.
-  for (auto kernel : {O::mma_sync, O::wgmma})
+  // `.wgmma_ws` (the warp-specialized kernel: 3-stage K/V ring) adds key counts that wrap the
+  // ring more than twice (1000 keys = 8 tiles, 1100 = 9), so both mbarrier parities of every
+  // stage are exercised, with causal row blocks of different lengths.
+  const Shape ws_extra[] = {{1, 130, 1000, 2, 1, 128}, {1, 300, 1100, 2, 2, 64}};
+  for (auto kernel : {O::wgmma, O::wgmma_ws}) {
+    for (const Shape& s : wgmma_shapes)
+      for (auto pv : {O::fp8, O::f16})
+        for (auto c : {O::none, O::bottom_right, O::top_left})
+          cases.push_back(std::make_unique<Int8AttentionCase>(
+              s, make_opt(pv, c, kernel), DType::bf16, ScaleLayout::per_block, 128,
+              ScaleLayout::per_block, 64, false, false));
+    if (kernel == O::wgmma_ws)
+      for (const Shape& s : ws_extra)
+        for (auto pv : {O::fp8, O::f16})
+          for (auto c : {O::none, O::bottom_right, O::top_left})
+            cases.push_back(std::make_unique<Int8AttentionCase>(
+                s, make_opt(pv, c, kernel), DType::bf16, ScaleLayout::per_block, 128,
+                ScaleLayout::per_block, 64, false, false));
+  }
+  // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
+  for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws})
     for (auto pv : {O::fp8, O::f16})
       for (auto pat : {Pattern::zero_q, Pattern::const_v})
         for (auto c : {O::none, O::bottom_right})
@@ -321,7 +335,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       cases.push_back(std::make_unique<Int8AttentionCase>(
           s, make_opt(O::fp8, c, O::mma_sync), DType::bf16, ScaleLayout::per_block, 128,
           ScaleLayout::per_block, 64, false, false));
-  for (auto kernel : {O::mma_sync, O::wgmma}) {
+  for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws}) {
     cases.push_back(std::make_unique<Int8AttentionCase>(
         Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, kernel), DType::f16,
         ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
