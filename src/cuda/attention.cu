@@ -399,68 +399,153 @@ void launch_attention(const AttnParams& p, int B, Context& ctx) {
 
 // ---- V to fp8 ----------------------------------------------------------------------------------
 
-// Per (batch, head): channel means (optional) and max |v - mean| / 448. Block (32, kStatRows): x
-// a channel of a 32-channel slice, y strides the tokens; fixed-order reductions (deterministic).
-constexpr int kStatRows = 16;
+// V quantization is memory-bound: each pass below reads V once with 16-byte loads (8 channels of
+// one token per thread) over many CTAs. Thread mapping of a 256-thread block: channel group
+// cg = (tid / 16) % (D / 8) (channels 8 cg .. 8 cg + 7), token tid % 16 + 16 (tid / (2 D)), so
+// the 16 lanes of a half-warp share channels (shuffle reductions) and a block covers
+// kKeysPerPass = 2048 / D tokens per pass.
 template <typename T>
-__global__ void v_stats_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int D,
-                               float* scale, float* mean) {
-  __shared__ float red[kStatRows][33];
-  const int bh = blockIdx.x, b = bh / H, h = bh % H;
-  const int d = blockIdx.y * 32 + threadIdx.x;
-  const T* base = v + b * sb + h * sh + d;
-  float mu = 0.f;
-  if (mean) {
-    float sum = 0.f;
-#pragma unroll 4
-    for (int n = threadIdx.y; n < N; n += kStatRows) sum += to_f32(base[n * sn]);
-    red[threadIdx.y][threadIdx.x] = sum;
-    __syncthreads();
-    float total = 0.f;
-    for (int y = 0; y < kStatRows; ++y) total += red[y][threadIdx.x];
-    mu = N > 0 ? total / static_cast<float>(N) : 0.f;
-    __syncthreads();
-  }
-  float amax = 0.f;
-#pragma unroll 4
-  for (int n = threadIdx.y; n < N; n += kStatRows)
-    amax = fmaxf(amax, fabsf(to_f32(base[n * sn]) - mu));
-  red[threadIdx.y][threadIdx.x] = amax;
-  __syncthreads();
-  if (threadIdx.y == 0) {
-    for (int y = 1; y < kStatRows; ++y) amax = fmaxf(amax, red[y][threadIdx.x]);
-    scale[static_cast<int64_t>(bh) * D + d] = amax / 448.f;
-    if (mean) mean[static_cast<int64_t>(bh) * D + d] = mu;
+__device__ __forceinline__ void load8(const T* p, bool vec, float (&x)[8]) {
+  if (vec) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = to_f32(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = to_f32(p[i]);
   }
 }
 
-// Without the mean (the default), the channel maxima split the tokens into chunks over many
-// CTAs: max is order-free, so atomicMax on the (non-negative) fp32 bits stays deterministic and
-// equal to the CPU's. amax_bits (B*H*D) is zeroed first; v_scale_from_amax then divides by 448.
-constexpr int kAmaxChunk = 1024;  // tokens per CTA
-template <typename T>
-__global__ void v_amax_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int D,
-                              unsigned* amax_bits) {
-  __shared__ float red[kStatRows][33];
-  const int bh = blockIdx.x, b = bh / H, h = bh % H;
-  const int d = blockIdx.y * 32 + threadIdx.x;
-  const int n0 = blockIdx.z * kAmaxChunk, n1 = min(N, n0 + kAmaxChunk);
-  const T* base = v + b * sb + h * sh + d;
-  float amax = 0.f;
-#pragma unroll 4
-  for (int n = n0 + threadIdx.y; n < n1; n += kStatRows)
-    amax = fmaxf(amax, fabsf(to_f32(base[n * sn])));
-  red[threadIdx.y][threadIdx.x] = amax;
-  __syncthreads();
-  if (threadIdx.y == 0) {
-    for (int y = 1; y < kStatRows; ++y) amax = fmaxf(amax, red[y][threadIdx.x]);
-    atomicMax(amax_bits + static_cast<int64_t>(bh) * D + d, __float_as_uint(amax));
+constexpr int kVChunk = 512;  // tokens per CTA of the reduction passes
+
+// One chunk of kVChunk tokens of one (batch, head) (grid x = B*H, y = chunk). kSum: per-channel
+// partial sums written to partial[(chunk * B*H + bh) * D + d] (fixed order: each thread in token
+// order, then the half-warp tree, then the token groups in order: deterministic); else the
+// per-channel max |v - mean| (mean may be null) merged by atomicMax on the non-negative fp32 bits
+// of amax_bits (order-free, so deterministic and equal to the CPU's maximum).
+template <typename T, int D, bool kSum>
+__global__ void __launch_bounds__(256) v_reduce_kernel(const T* v, int64_t sb, int64_t sn,
+                                                       int64_t sh, int N, int H, bool vec,
+                                                       const float* mean, unsigned* amax_bits,
+                                                       float* partial) {
+  constexpr int kGroups = D / 8, kKeysPerPass = 256 / kGroups;
+  __shared__ float red[16][8];
+  const int bh = blockIdx.x, b = bh / H, h = bh % H, chunk = blockIdx.y, tid = threadIdx.x;
+  const int cg = (tid / 16) % kGroups, kl = tid % 16 + 16 * (tid / (16 * kGroups));
+  const T* base = v + b * sb + h * sh + cg * 8;
+  float mu[8], acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    mu[i] = !kSum && mean ? mean[static_cast<int64_t>(bh) * D + cg * 8 + i] : 0.f;
+    acc[i] = 0.f;
   }
+  const int n0 = chunk * kVChunk, n1 = min(N, n0 + kVChunk);
+#pragma unroll 4
+  for (int n = n0 + kl; n < n1; n += kKeysPerPass) {
+    float x[8];
+    load8(base + n * sn, vec, x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = kSum ? acc[i] + x[i] : fmaxf(acc[i], fabsf(x[i] - mu[i]));
+  }
+#pragma unroll
+  for (int off = 1; off < 16; off *= 2)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float o = __shfl_xor_sync(0xffffffffu, acc[i], off);
+      acc[i] = kSum ? acc[i] + o : fmaxf(acc[i], o);
+    }
+  if (tid % 16 == 0)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) red[tid / 16][i] = acc[i];
+  __syncthreads();
+  if (tid < D) {
+    const int c = tid / 8, i = tid % 8;
+    float r = 0.f;
+    for (int kg = 0; kg < kKeysPerPass / 16; ++kg)
+      r = kSum ? r + red[kg * kGroups + c][i] : fmaxf(r, red[kg * kGroups + c][i]);
+    if (kSum)
+      partial[(static_cast<int64_t>(chunk) * gridDim.x + bh) * D + tid] = r;
+    else
+      atomicMax(amax_bits + static_cast<int64_t>(bh) * D + tid, __float_as_uint(r));
+  }
+}
+
+// mean[i] = (sum of the chunks' partial sums, in chunk order) / N, i over B*H*D.
+__global__ void v_mean_finish(const float* partial, int chunks, int64_t n, int N, float* mean) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float total = 0.f;
+  for (int c = 0; c < chunks; ++c) total += partial[c * n + i];
+  mean[i] = N > 0 ? total / static_cast<float>(N) : 0.f;
 }
 
 __global__ void v_scale_from_amax(float* scale, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) scale[i] = __uint_as_float(reinterpret_cast<const unsigned*>(scale)[i]) / 448.f;
+}
+
+// Position of key r (0..63) of a 64-key tile in quantize_v_fp8's layout: within each 32-key
+// group, key 16 (r/16) + 8 (i/2) + 2 t + i%2 sits at 16 (r/16) + 4 t + i.
+__device__ __forceinline__ int v_key_pos(int key) {
+  const int r = key % 32, w = r % 16;
+  return key - r + 16 * (r / 16) + 4 * ((w % 8) / 2) + (w / 8) * 2 + (w % 2);
+}
+
+// One block per 64 keys of one (batch, head), 256 threads, the reduction passes' thread mapping
+// (16-byte loads of 8 channels of one token; every load issued before any store): codes
+// transposed to (D, npad) through shared memory (rows 68 bytes apart: the byte stores of a
+// half-warp hit distinct banks), then 32-bit coalesced stores. Same arithmetic as
+// v_quant_kernel below (the fallback for an output not 4-byte aligned).
+template <typename T, int D>
+__global__ void __launch_bounds__(256) v_quant_vec_kernel(const T* v, int64_t sb, int64_t sn,
+                                                          int64_t sh, int N, int H, int64_t npad,
+                                                          bool vec, const float* scale,
+                                                          const float* mean, uint8_t* out) {
+  constexpr int kGroups = D / 8, kKeysPerPass = 256 / kGroups, kPasses = kKvTile / kKeysPerPass;
+  constexpr int kStride = kKvTile + 4;
+  __shared__ __align__(16) uint8_t codes[D * kStride];
+  const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int64_t bh = static_cast<int64_t>(b) * H + h;
+  const int cg = (tid / 16) % kGroups, kl = tid % 16 + 16 * (tid / (16 * kGroups));
+  float sc[8], mu[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    sc[i] = scale[bh * D + cg * 8 + i];
+    mu[i] = mean ? mean[bh * D + cg * 8 + i] : 0.f;
+  }
+  const T* base = v + b * sb + h * sh + cg * 8;
+  float x[kPasses][8];
+#pragma unroll
+  for (int ps = 0; ps < kPasses; ++ps) {
+    const int64_t n = static_cast<int64_t>(tile) * kKvTile + ps * kKeysPerPass + kl;
+    if (n < N) {
+      load8(base + n * sn, vec, x[ps]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[ps][i] = 0.f;
+    }
+  }
+#pragma unroll
+  for (int ps = 0; ps < kPasses; ++ps) {
+    const int key = ps * kKeysPerPass + kl;
+    const bool in = static_cast<int64_t>(tile) * kKvTile + key < N;
+    const int pos = v_key_pos(key);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float xi = x[ps][i] - mu[i];
+      codes[(cg * 8 + i) * kStride + pos] =
+          in && sc[i] > 0.f ? dt::f32_to_e4m3(__fdiv_rn(xi, sc[i])) : uint8_t{0};
+    }
+  }
+  __syncthreads();
+  uint8_t* o = out + bh * D * npad + static_cast<int64_t>(tile) * kKvTile;
+#pragma unroll
+  for (int w = tid; w < D * (kKvTile / 4); w += 256) {
+    const int d = w / (kKvTile / 4), word = w % (kKvTile / 4);
+    *reinterpret_cast<uint32_t*>(o + d * npad + word * 4) =
+        *reinterpret_cast<const uint32_t*>(codes + d * kStride + word * 4);
+  }
 }
 
 // One block per 64 keys of one (batch, head): codes transposed to (D, npad), keys in fragment
@@ -613,34 +698,55 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   const int B = static_cast<int>(v.shape[0]), N = static_cast<int>(v.shape[1]);
   const int H = static_cast<int>(v.shape[2]), D = static_cast<int>(v.shape[3]);
   const int64_t npad = v_fp8.shape[3];
+  const int64_t n = static_cast<int64_t>(B) * H * D;
   float* mean = v_mean ? v_mean->ptr<float>() : nullptr;
+  const cudaStream_t stream = stream_of(ctx);
+  // 16-byte loads need a 16-byte aligned base and strides that are multiples of 8 elements.
+  const bool vec = reinterpret_cast<uintptr_t>(v.data) % 16 == 0 && v.stride[0] % 8 == 0 &&
+                   v.stride[1] % 8 == 0 && v.stride[2] % 8 == 0;
+  const unsigned chunks = static_cast<unsigned>((N + kVChunk - 1) / kVChunk);
   with_16bit(v.dtype, [&](auto t16) {
     using T = decltype(t16);
     const T* vp = v.ptr<const T>();
-    if (mean) {  // the mean needs every token first: one CTA per (batch, head, 32 channels)
-      v_stats_kernel<T><<<dim3(B * H, D / 32), dim3(32, kStatRows), 0, stream_of(ctx)>>>(
-          vp, v.stride[0], v.stride[1], v.stride[2], N, H, D, v_scale.ptr<float>(), mean);
-      check_launch(op);
-    } else {
-      const int64_t n = static_cast<int64_t>(B) * H * D;
-      check_cuda(cudaMemsetAsync(v_scale.data, 0, static_cast<size_t>(n) * 4, stream_of(ctx)), op,
-                 "v_scale");
-      const unsigned chunks = static_cast<unsigned>((N + kAmaxChunk - 1) / kAmaxChunk);
-      if (chunks > 0) {
-        v_amax_kernel<T><<<dim3(B * H, D / 32, chunks), dim3(32, kStatRows), 0, stream_of(ctx)>>>(
-            vp, v.stride[0], v.stride[1], v.stride[2], N, H, D, v_scale.ptr<unsigned>());
-        check_launch(op);
-      }
-      v_scale_from_amax<<<ceil_div(n, 256), 256, 0, stream_of(ctx)>>>(v_scale.ptr<float>(), n);
-      check_launch(op);
-    }
-    if (npad == 0) return;
     dispatch_int<64, 128>(D, op, "v (head dim)", [&](auto Dc) {
       constexpr int Dv = decltype(Dc)::value;
-      v_quant_kernel<T, Dv>
-          <<<dim3(static_cast<unsigned>(npad / kKvTile), H, B), 256, 0, stream_of(ctx)>>>(
-              vp, v.stride[0], v.stride[1], v.stride[2], N, H, npad, v_scale.ptr<const float>(),
-              mean, v_fp8.ptr<uint8_t>());
+      if (mean) {
+        // Channel means, deterministic two-stage: per-chunk partial sums into v_fp8's memory
+        // (chunks * B*H*D floats <= B*H*D*npad bytes: 4 * ceil(N / 512) <= round_up(N, 64);
+        // overwritten by the codes below; the base rounded up to 4 bytes, which the margin
+        // covers), then a fixed-order sum over the chunks.
+        float* partial = reinterpret_cast<float*>(
+            (reinterpret_cast<uintptr_t>(v_fp8.data) + 3) & ~uintptr_t{3});
+        if (chunks > 0) {
+          v_reduce_kernel<T, Dv, true><<<dim3(B * H, chunks), 256, 0, stream>>>(
+              vp, v.stride[0], v.stride[1], v.stride[2], N, H, vec, nullptr, nullptr, partial);
+          check_launch(op);
+        }
+        v_mean_finish<<<ceil_div(n, 256), 256, 0, stream>>>(partial, static_cast<int>(chunks), n,
+                                                           N, mean);
+        check_launch(op);
+      }
+      check_cuda(cudaMemsetAsync(v_scale.data, 0, static_cast<size_t>(n) * 4, stream), op,
+                 "v_scale");
+      if (chunks > 0) {
+        v_reduce_kernel<T, Dv, false><<<dim3(B * H, chunks), 256, 0, stream>>>(
+            vp, v.stride[0], v.stride[1], v.stride[2], N, H, vec, mean, v_scale.ptr<unsigned>(),
+            nullptr);
+        check_launch(op);
+      }
+      v_scale_from_amax<<<ceil_div(n, 256), 256, 0, stream>>>(v_scale.ptr<float>(), n);
+      check_launch(op);
+      if (npad == 0) return;
+      const dim3 grid(static_cast<unsigned>(npad / kKvTile), H, B);
+      if (reinterpret_cast<uintptr_t>(v_fp8.data) % 4 == 0) {
+        v_quant_vec_kernel<T, Dv><<<grid, 256, 0, stream>>>(
+            vp, v.stride[0], v.stride[1], v.stride[2], N, H, npad, vec, v_scale.ptr<const float>(),
+            mean, v_fp8.ptr<uint8_t>());
+      } else {
+        v_quant_kernel<T, Dv><<<grid, 256, 0, stream>>>(
+            vp, v.stride[0], v.stride[1], v.stride[2], N, H, npad, v_scale.ptr<const float>(),
+            mean, v_fp8.ptr<uint8_t>());
+      }
       check_launch(op);
     });
   });

@@ -373,6 +373,10 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   cases.push_back(std::make_unique<QuantizeVCase>(2, 127, 3, 128, DType::bf16, false));
   cases.push_back(std::make_unique<QuantizeVCase>(1, 1000, 2, 64, DType::f16, false));
   cases.push_back(std::make_unique<QuantizeVCase>(1, 300, 2, 128, DType::bf16, true));
+  // Several 512-token chunks of the reduction passes (partial last chunk), both head dims.
+  cases.push_back(std::make_unique<QuantizeVCase>(2, 1300, 3, 128, DType::bf16, true));
+  cases.push_back(std::make_unique<QuantizeVCase>(1, 2000, 2, 64, DType::f16, true));
+  cases.push_back(std::make_unique<QuantizeVCase>(1, 1537, 3, 128, DType::f16, false));
   // One call.
   for (auto pv : {O::fp8, O::f16})
     for (auto c : {O::none, O::bottom_right}) {
