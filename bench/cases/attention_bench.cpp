@@ -125,6 +125,23 @@ class AttentionBench : public BenchCase {
       DeviceTensor vs = make_empty(dev, DType::f32, {B, H, D});
       Context ctx = env.ctx;
       quantize_v_fp8(v.view, v8.view, vs.view, nullptr, ctx);
+      {  // V quantization alone: bytes = the passes' V reads (2 B each) + the fp8 write
+        DeviceTensor vm = make_empty(dev, DType::f32, {B, H, D});
+        for (bool with_mean : {false, true}) {
+          TensorView vmv = vm.view;
+          Row r;
+          r.family = "attention";
+          r.op = with_mean ? "quantize_v_fp8 with mean (3 reads of V)"
+                           : "quantize_v_fp8 (2 reads of V)";
+          r.shape = shape_str(s);
+          r.backend = device_name(dev);
+          r.ms = env.time_ms(
+              [&] { quantize_v_fp8(v.view, v8.view, vs.view, with_mean ? &vmv : nullptr, ctx); });
+          r.bytes = static_cast<double>(B * N * H * D) * ((with_mean ? 3 : 2) * 2 + 1);
+          rows.push_back(r);
+        }
+        quantize_v_fp8(v.view, v8.view, vs.view, nullptr, ctx);  // the operands below: no mean
+      }
       QuantizedRows qr{q8.view, qs.view, ScaleLayout::per_block, 128};
       QuantizedRows kr{k8.view, ks.view, ScaleLayout::per_block, 64};
       const HostQkv host{to_host_f32(q.view), to_host_f32(k.view), to_host_f32(v.view)};
