@@ -350,21 +350,12 @@ __device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (
   }
 }
 
-// One 128-key tile of the online softmax and P·V for this thread's two rows, from the int32
-// logits acc (the q k^T accumulator): dequantize in the oracle's order (kv0 = the tile's first
-// key, sks its 128 k scales in shared memory; need_mask: the tile crosses a visible end), then
-// the fp8 two-level or 16-bit P·V against the V tile at shared address sv. Both kernels call it.
-template <int D, bool FP8, typename T16>
-__device__ __forceinline__ void tile_softmax_pv(const int32_t (&acc)[64], const float* sks,
-                                                int64_t kv0, bool need_mask, int64_t end0,
-                                                int64_t end1, float qs0, float qs1,
-                                                float scale_log2, int t, uint32_t sv,
-                                                float (&o)[D / 2], float& m0, float& m1,
-                                                float& l0, float& l1) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = WgSmem<D, FP8>;
-  // Dequantize to base-2 logits (the oracle's order) and mask.
-  float s[64];
+// Dequantize the int32 q k^T accumulator to base-2 logits in the oracle's order
+// (float(acc) * (qs * ks) * scale_log2) and mask keys at or past each row's visible end.
+__device__ __forceinline__ void tile_logits(const int32_t (&acc)[64], const float* sks,
+                                            int64_t kv0, bool need_mask, int64_t end0,
+                                            int64_t end1, float qs0, float qs1, float scale_log2,
+                                            int t, float (&s)[64]) {
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
@@ -384,6 +375,23 @@ __device__ __forceinline__ void tile_softmax_pv(const int32_t (&acc)[64], const 
       s[4 * j + 2 + e] = v1;
     }
   }
+}
+
+// One 128-key tile of the online softmax and P·V for this thread's two rows, from the int32
+// logits acc (the q k^T accumulator): dequantize in the oracle's order (kv0 = the tile's first
+// key, sks its 128 k scales in shared memory; need_mask: the tile crosses a visible end), then
+// the fp8 two-level or 16-bit P·V against the V tile at shared address sv. Both kernels call it.
+template <int D, bool FP8, typename T16>
+__device__ __forceinline__ void tile_softmax_pv(const int32_t (&acc)[64], const float* sks,
+                                                int64_t kv0, bool need_mask, int64_t end0,
+                                                int64_t end1, float qs0, float qs1,
+                                                float scale_log2, int t, uint32_t sv,
+                                                float (&o)[D / 2], float& m0, float& m1,
+                                                float& l0, float& l1) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = WgSmem<D, FP8>;
+  float s[64];
+  tile_logits(acc, sks, kv0, need_mask, end0, end1, qs0, qs1, scale_log2, t, s);
 
   if constexpr (FP8) {
     // The oracle's schedule, one 64-key half at a time: maximum update, P, row sums, that
@@ -683,6 +691,10 @@ void launch(const AttnParams& p, int B, cudaStream_t stream) {
 // No __syncthreads after the barrier initialization.
 constexpr int kStages = 3;
 constexpr int kWsThreads = 384;
+// fp8 P·V at D = 64: leave each tile's second-half P·V in flight and accumulate it while the
+// next tile's q k^T runs (the stage is released then). false: tile_softmax_pv exactly as round 1
+// (the fallback, should only the D = 64 fp8 `.wgmma_ws` cases fail).
+constexpr bool kWsDeferPv = true;
 
 template <int D, bool FP8>
 struct WsSmem {
@@ -855,30 +867,101 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
   // back only while consumer 0 has another tile, so every barrier is balanced at exit.
   if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const int st = tile % kStages;
-    mbar_wait(full0 + st * 8, (tile / kStages) & 1);
-    const uint32_t sk = base + L::kK + st * L::kKTile;
-    const uint32_t sv = base + L::kV + st * L::kVTile;
-
-    named_bar_sync(1 + cw, 256);
+  const float* const sks0 = reinterpret_cast<const float*>(sbase + L::kS);
+  // D = 128 keeps tile_softmax_pv: with c in flight next to acc, o, the logits and P it needs
+  // more than 232 (or 240) registers and ptxas spills ~500 bytes.
+  if constexpr (FP8 && kWsDeferPv && D == 64) {
+    // tile_softmax_pv's fp8 schedule (same operations, same order), except that each tile's
+    // second-half P·V is left in flight and accumulated while the next tile's q k^T runs (its
+    // stage is released then). The loop is rotated so that this P·V and the next q k^T are
+    // issued in the same iteration and nothing is in flight across the back edge (otherwise
+    // ptxas cannot tell which group wait_group 1 left pending and serializes every wgmma).
     int32_t acc[64];
-    wgmma_fence();
+    float c[D / 2];
+    float rp0 = 0.f, rp1 = 0.f;
+    uint32_t pb[2][4];
+    // Tile `tile` up to (not including) its second-half P·V; with kPrev, first the previous
+    // tile's second-half P·V (issued just before) is waited for and accumulated.
+    auto front = [&](int tile, auto prev) {
+      constexpr bool kPrev = decltype(prev)::value;
+      const int st = tile % kStages;
+      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      const uint32_t sk = base + L::kK + st * L::kKTile;
+      const uint32_t sv = base + L::kV + st * L::kVTile;
+      named_bar_sync(1 + cw, 256);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk)
-      wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(acc);
-    if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
-
-    const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
-    tile_softmax_pv<D, FP8, T16>(acc, reinterpret_cast<const float*>(sbase + L::kS) + st * kBN,
-                                 kv0, kv0 + kBN > wg_end, end0, end1, qs0, qs1, p.scale_log2, t,
-                                 sv, o, m0, m1, l0, l1);
-    // tile_softmax_pv waited for its last P·V: this warp is done with the stage.
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + st * 8);
+      for (int kk = 0; kk < D / 32; ++kk)
+        wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
+      wgmma_commit();
+      if constexpr (kPrev) {
+        wgmma_wait<1>();  // the older group: the previous tile's second-half P·V
+        fence_regs(c);
+        accumulate_tile<D>(o, c, rp0, rp1);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + ((tile - 1) % kStages) * 8);  // done with it
+      }
+      wgmma_wait<0>();
+      fence_regs(acc);
+      if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
+      float s[64];
+      tile_logits(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0, qs1,
+                  p.scale_log2, t, s);
+      float ra0, ra1;
+      uint32_t pa[2][4];
+      softmax_half<0>(s, m0, m1, l0, l1, ra0, ra1, pa);
+      wgmma_fence();
+#pragma unroll
+      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pa[kh], smem_desc(sv + kh * 32), kh);
+      wgmma_commit();
+      softmax_half<1>(s, m0, m1, l0, l1, rp0, rp1, pb);
+      wgmma_wait<0>();
+      fence_regs(c);
+      accumulate_tile<D>(o, c, ra0, ra1);
+    };
+    // The second-half P·V of tile `tile` (its V stage) into c.
+    auto back = [&](int tile) {
+      const uint32_t sv = base + L::kV + (tile % kStages) * L::kVTile;
+      wgmma_fence();
+#pragma unroll
+      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pb[kh], smem_desc(sv + (2 + kh) * 32), kh);
+      wgmma_commit();
+    };
+    if (n_tiles > 0) {
+      front(0, std::false_type{});
+      for (int tile = 1; tile < n_tiles; ++tile) {
+        back(tile - 1);
+        front(tile, std::true_type{});
+      }
+      back(n_tiles - 1);
+      wgmma_wait<0>();
+      fence_regs(c);
+      accumulate_tile<D>(o, c, rp0, rp1);  // the last stage is never reused: no release
+    }
+  } else {
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % kStages;
+      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      const uint32_t sk = base + L::kK + st * L::kKTile;
+      const uint32_t sv = base + L::kV + st * L::kVTile;
+      named_bar_sync(1 + cw, 256);
+      int32_t acc[64];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk)
+        wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(acc);
+      if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
+      tile_softmax_pv<D, FP8, T16>(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1,
+                                   qs0, qs1, p.scale_log2, t, sv, o, m0, m1, l0, l1);
+      // tile_softmax_pv waited for its last P·V: this warp is done with the stage.
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + st * 8);
+    }
   }
   epilogue<D, FP8, T16>(p, b, h, hk, rl0, row0, row1, qs0, qs1, t, sbase + L::kQ, n_tiles > 0, o,
                         m0, m1, l0, l1);
