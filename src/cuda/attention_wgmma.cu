@@ -377,6 +377,53 @@ __device__ __forceinline__ void tile_logits(const int32_t (&acc)[64], const floa
   }
 }
 
+// The 16-bit P·V half of a tile (logits s of the whole 128-key tile, base 2, masked) against
+// the V tile at shared address sv.
+template <int D, typename T16>
+__device__ __forceinline__ void pv16_tile(float (&s)[64], uint32_t sv, float (&o)[D / 2],
+                                          float& m0, float& m1, float& l0, float& l1) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // 16-bit P V (the oracle: P = exp2(s - m) rounded to V's dtype, O = O r + P V accumulated
+  // in fp32 directly), per 64-key half: 4 k-steps of 16 keys x D/64 column chunks of
+  // m64n64k16 with P from registers (16-bit A fragment = the accumulator layout: register
+  // 0 row g keys 2t, 2t+1; 1 row g+8; 2, 3 the keys 8 higher) and V MN-major.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float r0, r1;
+    if (half == 0)
+      softmax_exp<0>(s, 0.f, m0, m1, l0, l1, r0, r1);
+    else
+      softmax_exp<1>(s, 0.f, m0, m1, l0, l1, r0, r1);
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int j = 8 * half + 2 * kk;
+      pa[kk][0] = pack_16x2<T16>(s[4 * j + 0], s[4 * j + 1]);
+      pa[kk][1] = pack_16x2<T16>(s[4 * j + 2], s[4 * j + 3]);
+      pa[kk][2] = pack_16x2<T16>(s[4 * j + 4], s[4 * j + 5]);
+      pa[kk][3] = pack_16x2<T16>(s[4 * j + 6], s[4 * j + 7]);
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[4 * n + 0] *= r0;
+      o[4 * n + 1] *= r0;
+      o[4 * n + 2] *= r1;
+      o[4 * n + 3] *= r1;
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t sk16 = sv + (4 * half + kk) * 16 * kRowBytes;  // 16 key rows
+      wgmma_16<T16, 0>(o, pa[kk], smem_desc_mn(sk16));
+      if constexpr (D == 128) wgmma_16<T16, 32>(o, pa[kk], smem_desc_mn(sk16 + WgSmem<D, false>::kVChunk));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+  }
+#endif
+}
+
 // One 128-key tile of the online softmax and P·V for this thread's two rows, from the int32
 // logits acc (the q k^T accumulator): dequantize in the oracle's order (kv0 = the tile's first
 // key, sks its 128 k scales in shared memory; need_mask: the tile crosses a visible end), then
@@ -419,44 +466,7 @@ __device__ __forceinline__ void tile_softmax_pv(const int32_t (&acc)[64], const 
     fence_regs(c);
     accumulate_tile<D>(o, c, rb0, rb1);
   } else {
-    // 16-bit P V (the oracle: P = exp2(s - m) rounded to V's dtype, O = O r + P V accumulated
-    // in fp32 directly), per 64-key half: 4 k-steps of 16 keys x D/64 column chunks of
-    // m64n64k16 with P from registers (16-bit A fragment = the accumulator layout: register
-    // 0 row g keys 2t, 2t+1; 1 row g+8; 2, 3 the keys 8 higher) and V MN-major.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float r0, r1;
-      if (half == 0)
-        softmax_exp<0>(s, 0.f, m0, m1, l0, l1, r0, r1);
-      else
-        softmax_exp<1>(s, 0.f, m0, m1, l0, l1, r0, r1);
-      uint32_t pa[4][4];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const int j = 8 * half + 2 * kk;
-        pa[kk][0] = pack_16x2<T16>(s[4 * j + 0], s[4 * j + 1]);
-        pa[kk][1] = pack_16x2<T16>(s[4 * j + 2], s[4 * j + 3]);
-        pa[kk][2] = pack_16x2<T16>(s[4 * j + 4], s[4 * j + 5]);
-        pa[kk][3] = pack_16x2<T16>(s[4 * j + 6], s[4 * j + 7]);
-      }
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        o[4 * n + 0] *= r0;
-        o[4 * n + 1] *= r0;
-        o[4 * n + 2] *= r1;
-        o[4 * n + 3] *= r1;
-      }
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint32_t sk16 = sv + (4 * half + kk) * 16 * kRowBytes;  // 16 key rows
-        wgmma_16<T16, 0>(o, pa[kk], smem_desc_mn(sk16));
-        if constexpr (D == 128) wgmma_16<T16, 32>(o, pa[kk], smem_desc_mn(sk16 + L::kVChunk));
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(o);
-    }
+    pv16_tile<D, T16>(s, sv, o, m0, m1, l0, l1);
   }
 #endif
 }
@@ -695,6 +705,10 @@ constexpr int kWsThreads = 384;
 // next tile's q k^T runs (the stage is released then). false: tile_softmax_pv exactly as round 1
 // (the fallback, should only the D = 64 fp8 `.wgmma_ws` cases fail).
 constexpr bool kWsDeferPv = true;
+// 16-bit P·V with D <= this: issue tile j+1's q k^T before tile j's softmax (intra-warpgroup
+// overlap). 0: round 1's order (the fallback, should only the 16-bit `.wgmma_ws` cases fail).
+// 128 would cover D = 128 too, but ptxas spills 64 bytes there (232 registers): worth timing.
+constexpr int kWsOverlapQkMaxD = 64;
 
 template <int D, bool FP8>
 struct WsSmem {
@@ -938,6 +952,40 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
       wgmma_wait<0>();
       fence_regs(c);
       accumulate_tile<D>(o, c, rp0, rp1);  // the last stage is never reused: no release
+    }
+  } else if constexpr (!FP8 && D <= kWsOverlapQkMaxD) {
+    // 16-bit P·V: tile j+1's q k^T runs on the tensor cores during tile j's first-half softmax
+    // (its logits are taken out of acc first; the first P·V wait also covers it). Nothing is
+    // in flight across the loop back edge. Same per-tile arithmetic as pv16_tile.
+    int32_t acc[64];
+    auto issue_qk = [&](int tile) {  // wait for the stage and the turn, issue, hand the turn on
+      const int st = tile % kStages;
+      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      const uint32_t sk = base + L::kK + st * L::kKTile;
+      named_bar_sync(1 + cw, 256);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk)
+        wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
+      wgmma_commit();
+      if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+    };
+    if (n_tiles > 0) {
+      issue_qk(0);
+      wgmma_wait<0>();
+      fence_regs(acc);
+    }
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % kStages;
+      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
+      float s[64];
+      tile_logits(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0, qs1,
+                  p.scale_log2, t, s);
+      if (tile + 1 < n_tiles) issue_qk(tile + 1);  // acc is free: its logits are in s
+      pv16_tile<D, T16>(s, base + L::kV + st * L::kVTile, o, m0, m1, l0, l1);
+      fence_regs(acc);  // pv16_tile's waits (wait_group 0) covered the next q k^T
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
     }
   } else {
     for (int tile = 0; tile < n_tiles; ++tile) {
