@@ -377,51 +377,65 @@ __device__ __forceinline__ void tile_logits(const int32_t (&acc)[64], const floa
   }
 }
 
-// The 16-bit P·V half of a tile (logits s of the whole 128-key tile, base 2, masked) against
-// the V tile at shared address sv.
+// 16-bit P V (the oracle: P = exp2(s - m) rounded to V's dtype, O = O r + P V accumulated in
+// fp32 directly), per 64-key half `kHalf` of a 128-key tile: p16_half does the softmax step on
+// the logits s (base 2, masked) and packs P as A fragments (16-bit A fragment = the accumulator
+// layout: register 0 row g keys 2t, 2t+1; 1 row g+8; 2, 3 the keys 8 higher); pv16_half
+// rescales O and accumulates P V: 4 k-steps of 16 keys x D/64 column chunks of m64n64k16, V
+// MN-major at shared address sv, then waits for them (pv16_issue: without the wait).
+template <int kHalf, typename T16>
+__device__ __forceinline__ void p16_half(float (&s)[64], float& m0, float& m1, float& l0,
+                                         float& l1, float& r0, float& r1, uint32_t (&pa)[4][4]) {
+  softmax_exp<kHalf>(s, 0.f, m0, m1, l0, l1, r0, r1);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const int j = 8 * kHalf + 2 * kk;
+    pa[kk][0] = pack_16x2<T16>(s[4 * j + 0], s[4 * j + 1]);
+    pa[kk][1] = pack_16x2<T16>(s[4 * j + 2], s[4 * j + 3]);
+    pa[kk][2] = pack_16x2<T16>(s[4 * j + 4], s[4 * j + 5]);
+    pa[kk][3] = pack_16x2<T16>(s[4 * j + 6], s[4 * j + 7]);
+  }
+}
+
+template <int kHalf, int D, typename T16>
+__device__ __forceinline__ void pv16_issue(const uint32_t (&pa)[4][4], float r0, float r1,
+                                           uint32_t sv, float (&o)[D / 2]) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    o[4 * n + 0] *= r0;
+    o[4 * n + 1] *= r0;
+    o[4 * n + 2] *= r1;
+    o[4 * n + 3] *= r1;
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint32_t sk16 = sv + (4 * kHalf + kk) * 16 * kRowBytes;  // 16 key rows
+    wgmma_16<T16, 0>(o, pa[kk], smem_desc_mn(sk16));
+    if constexpr (D == 128)
+      wgmma_16<T16, 32>(o, pa[kk], smem_desc_mn(sk16 + WgSmem<D, false>::kVChunk));
+  }
+  wgmma_commit();
+}
+
+template <int kHalf, int D, typename T16>
+__device__ __forceinline__ void pv16_half(const uint32_t (&pa)[4][4], float r0, float r1,
+                                          uint32_t sv, float (&o)[D / 2]) {
+  pv16_issue<kHalf, D, T16>(pa, r0, r1, sv, o);
+  wgmma_wait<0>();
+  fence_regs(o);
+}
+
+// Both halves of a tile in order (round 1's 16-bit schedule).
 template <int D, typename T16>
 __device__ __forceinline__ void pv16_tile(float (&s)[64], uint32_t sv, float (&o)[D / 2],
                                           float& m0, float& m1, float& l0, float& l1) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  // 16-bit P V (the oracle: P = exp2(s - m) rounded to V's dtype, O = O r + P V accumulated
-  // in fp32 directly), per 64-key half: 4 k-steps of 16 keys x D/64 column chunks of
-  // m64n64k16 with P from registers (16-bit A fragment = the accumulator layout: register
-  // 0 row g keys 2t, 2t+1; 1 row g+8; 2, 3 the keys 8 higher) and V MN-major.
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float r0, r1;
-    if (half == 0)
-      softmax_exp<0>(s, 0.f, m0, m1, l0, l1, r0, r1);
-    else
-      softmax_exp<1>(s, 0.f, m0, m1, l0, l1, r0, r1);
-    uint32_t pa[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const int j = 8 * half + 2 * kk;
-      pa[kk][0] = pack_16x2<T16>(s[4 * j + 0], s[4 * j + 1]);
-      pa[kk][1] = pack_16x2<T16>(s[4 * j + 2], s[4 * j + 3]);
-      pa[kk][2] = pack_16x2<T16>(s[4 * j + 4], s[4 * j + 5]);
-      pa[kk][3] = pack_16x2<T16>(s[4 * j + 6], s[4 * j + 7]);
-    }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[4 * n + 0] *= r0;
-      o[4 * n + 1] *= r0;
-      o[4 * n + 2] *= r1;
-      o[4 * n + 3] *= r1;
-    }
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint32_t sk16 = sv + (4 * half + kk) * 16 * kRowBytes;  // 16 key rows
-      wgmma_16<T16, 0>(o, pa[kk], smem_desc_mn(sk16));
-      if constexpr (D == 128) wgmma_16<T16, 32>(o, pa[kk], smem_desc_mn(sk16 + WgSmem<D, false>::kVChunk));
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(o);
-  }
-#endif
+  float r0, r1;
+  uint32_t pa[4][4];
+  p16_half<0, T16>(s, m0, m1, l0, l1, r0, r1, pa);
+  pv16_half<0, D, T16>(pa, r0, r1, sv, o);
+  p16_half<1, T16>(s, m0, m1, l0, l1, r0, r1, pa);
+  pv16_half<1, D, T16>(pa, r0, r1, sv, o);
 }
 
 // One 128-key tile of the online softmax and P·V for this thread's two rows, from the int32
@@ -707,8 +721,7 @@ constexpr int kWsThreads = 384;
 constexpr bool kWsDeferPv = true;
 // 16-bit P·V with D <= this: issue tile j+1's q k^T before tile j's softmax (intra-warpgroup
 // overlap). 0: round 1's order (the fallback, should only the 16-bit `.wgmma_ws` cases fail).
-// 128 would cover D = 128 too, but ptxas spills 64 bytes there (232 registers): worth timing.
-constexpr int kWsOverlapQkMaxD = 64;
+constexpr int kWsOverlapQkMaxD = 128;
 
 template <int D, bool FP8>
 struct WsSmem {
@@ -954,9 +967,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
       accumulate_tile<D>(o, c, rp0, rp1);  // the last stage is never reused: no release
     }
   } else if constexpr (!FP8 && D <= kWsOverlapQkMaxD) {
-    // 16-bit P·V: tile j+1's q k^T runs on the tensor cores during tile j's first-half softmax
-    // (its logits are taken out of acc first; the first P·V wait also covers it). Nothing is
-    // in flight across the loop back edge. Same per-tile arithmetic as pv16_tile.
+    // 16-bit P·V: tile j+1's q k^T runs on the tensor cores during tile j's first-half P·V and
+    // second-half softmax (its logits are taken out of acc and the first half packed to P
+    // first; the first P·V wait also covers it). Nothing is in flight across the loop back
+    // edge. Same per-tile arithmetic as pv16_tile.
     int32_t acc[64];
     auto issue_qk = [&](int tile) {  // wait for the stage and the turn, issue, hand the turn on
       const int st = tile % kStages;
@@ -981,9 +995,22 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
       float s[64];
       tile_logits(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0, qs1,
                   p.scale_log2, t, s);
-      if (tile + 1 < n_tiles) issue_qk(tile + 1);  // acc is free: its logits are in s
-      pv16_tile<D, T16>(s, base + L::kV + st * L::kVTile, o, m0, m1, l0, l1);
-      fence_regs(acc);  // pv16_tile's waits (wait_group 0) covered the next q k^T
+      // The first half's softmax step, then (acc free, half the logits packed to P) the next
+      // q k^T, then the rest of pv16_tile's schedule.
+      // The second half's softmax step runs while the next q k^T and the first half's P·V
+      // are on the tensor cores; O is rescaled for the second half only after that P·V is
+      // waited for (the same order of operations on O as pv16_tile).
+      const uint32_t sv = base + L::kV + st * L::kVTile;
+      float ra0, ra1, rb0, rb1;
+      uint32_t pa[4][4], pb[4][4];
+      p16_half<0, T16>(s, m0, m1, l0, l1, ra0, ra1, pa);
+      if (tile + 1 < n_tiles) issue_qk(tile + 1);
+      pv16_issue<0, D, T16>(pa, ra0, ra1, sv, o);
+      p16_half<1, T16>(s, m0, m1, l0, l1, rb0, rb1, pb);
+      wgmma_wait<0>();
+      fence_regs(o);
+      pv16_half<1, D, T16>(pb, rb0, rb1, sv, o);
+      fence_regs(acc);  // the first wait_group 0 covered the next q k^T
       __syncwarp();
       if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
     }
