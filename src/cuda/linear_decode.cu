@@ -181,6 +181,14 @@ constexpr int kPieces = 4;
 // false selects the general kernel for the 4-bit formats too.
 constexpr bool kUseDecode4 = true;  // 128-column groups per lane and step (4 x 16 bytes in flight)
 
+// Programmatic dependent launch (sm_90): wait until the grids this one depends on completed and
+// their writes are visible; a no-op when the kernel was launched without the attribute.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Byte b (b = 0..3) of the result is table[nibble b of sel16] (sel16: 4 nibbles, 0..15).
 __device__ __forceinline__ uint32_t lut4(uint32_t sel16, const uint32_t lut[4]) {
   const uint32_t idx = sel16 & 0x7777u;
@@ -213,21 +221,30 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
   for (int e = 0; e < 4; ++e) cf[e] = static_cast<float>(4 * tid4 + e - 7);
 
   int32_t acc[4] = {0, 0, 0, 0};
-  for (int it = 0; it < steps_per_warp; ++it) {
-    const int64_t g0 = (static_cast<int64_t>(it) * nwarps + warp) * kPieces;
-    if (g0 >= groups) break;  // warp-uniform
-    uint4 wq[kPieces];
+  // One step's weights: kPieces 16-byte loads + the groups' ratios (zeros / 1 past the end).
+  auto load_step = [&](int64_t g0, uint4(&wq)[kPieces], float(&ratio)[kPieces]) {
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) {
       const int64_t g = g0 + i;
       wq[i] = make_uint4(0, 0, 0, 0);
       if (n_in && g < groups)
         wq[i] = __ldg(reinterpret_cast<const uint4*>(wrow + g * 64 + tid4 * 16));
+      ratio[i] = (ratios && g < groups) ? __ldg(ratios + g) : 1.f;
     }
-    float ratio[kPieces];
-#pragma unroll
-    for (int i = 0; i < kPieces; ++i)
-      ratio[i] = (ratios && g0 + i < groups) ? __ldg(ratios + g0 + i) : 1.f;
+  };
+  uint4 wq[kPieces];
+  float ratio[kPieces];
+  int64_t g0 = static_cast<int64_t>(warp) * kPieces;
+  const int64_t g_stride = static_cast<int64_t>(nwarps) * kPieces;
+  // The weights do not come from the previous kernel: the first step's loads are issued before
+  // waiting for it (programmatic dependent launch: the rotate kernel writes the activations).
+  load_step(g0, wq, ratio);
+  grid_dependency_wait();
+  for (int it = 0; it < steps_per_warp; ++it, g0 += g_stride) {
+    if (g0 >= groups) break;  // warp-uniform
+    uint4 wn[kPieces];
+    float rn[kPieces];
+    load_step(g0 + g_stride, wn, rn);  // in flight during this step
 #pragma unroll
     for (int i = 0; i < kPieces; ++i) {
       const int64_t g = g0 + i;
@@ -269,6 +286,11 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
         const uint32_t a[4] = {lo_w[2 * j], hi_w[2 * j], lo_w[2 * j + 1], hi_w[2 * j + 1]};
         mma_s8(acc, a, b0, b1);
       }
+    }
+#pragma unroll
+    for (int i = 0; i < kPieces; ++i) {
+      wq[i] = wn[i];
+      ratio[i] = rn[i];
     }
   }
 #pragma unroll
@@ -316,10 +338,23 @@ void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   const int64_t per_warp = ceil_div(steps, 8);
   const int warps = static_cast<int>(ceil_div(steps, per_warp));
   const unsigned grid = static_cast<unsigned>(ceil_div(p.w.N, 8));
+  // Programmatic dependent launch: the kernel may start while the rotate kernel before it runs
+  // (that kernel triggers at its start); it waits (griddepcontrol.wait) before reading p.a.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const int pw = static_cast<int>(per_warp);
   if (p.w.format == WeightFormat::comfy_int4) {
-    decode4_kernel<true><<<grid, warps * 32, 0, stream>>>(p, static_cast<int>(per_warp));
+    check_cuda(cudaLaunchKernelEx(&cfg, decode4_kernel<true>, p, pw), "decode_gemv", "launch");
   } else {
-    decode4_kernel<false><<<grid, warps * 32, 0, stream>>>(p, static_cast<int>(per_warp));
+    check_cuda(cudaLaunchKernelEx(&cfg, decode4_kernel<false>, p, pw), "decode_gemv", "launch");
   }
 }
 

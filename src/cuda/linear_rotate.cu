@@ -244,6 +244,11 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
                                                                            bool vec_in,
                                                                            bool vec_out) {
   __shared__ float warp_amax[kRegMaxThreads / 32];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // A kernel launched after this one with programmatic dependent launch (the 4-bit decode
+  // kernel) may start now: it streams its weights and waits (griddepcontrol.wait) for our writes.
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
   const int64_t row = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int K = static_cast<int>(p.K);
