@@ -165,7 +165,7 @@ __device__ __forceinline__ int32_t fold_code_f(float code, float ratio) {
   return max(-127, min(127, r));
 }
 
-// ---- 4-bit kernel (packed bits = 4 with group 128, comfy int4) -----------------------------
+// ---- Streaming kernel (packed bits = 4 with group 128, comfy int4, int8; K % 128 == 0) ----------------------------
 // The weight stream is the whole cost at M <= 16, so this kernel is built around it: each lane
 // issues 16-byte loads of packed codes (kPieces per step in flight), and the 4 lanes of a weight
 // row (tid4 = 0..3) read one 128-column group as 4 x 32 codes, 64 contiguous bytes: fully used
@@ -176,7 +176,8 @@ __device__ __forceinline__ int32_t fold_code_f(float code, float ratio) {
 // through mma.sync m16n8k32 (rows >= M are zero); lane (gid, tid4) feeds the mma the 32 columns
 // it loaded (k step j takes codes 8j .. 8j + 7), and the activation fragments use the same
 // columns, so the sums are the prefill path's integer sums. The warps of a CTA split K; their
-// partials meet in shared memory and the first warp applies the shared epilogue.
+// partials meet in shared memory and the first warp applies the shared epilogue. int8 weights
+// (convrot8) take the same kernel without the table: 32 bytes per lane and piece.
 constexpr int kPieces = 4;
 // false selects the general kernel for the 4-bit formats too.
 constexpr bool kUseDecode4 = true;  // 128-column groups per lane and step (4 x 16 bytes in flight)
@@ -200,8 +201,15 @@ __device__ __forceinline__ uint32_t lut4(uint32_t sel16, const uint32_t lut[4]) 
   return (hi & mask) | (lo & ~mask);
 }
 
-template <bool COMFY>
+// Weight kinds of decode4_kernel.
+constexpr int kWComfy = 0, kWPacked4 = 1, kWInt8 = 2;
+// 128-column pieces per step, and 16-byte loads per piece and lane (int8: 32 codes = 32 bytes).
+__host__ __device__ constexpr int pieces_of(int wf) { return wf == kWInt8 ? 2 : kPieces; }
+__host__ __device__ constexpr int units_of(int wf) { return wf == kWInt8 ? 2 : 1; }
+
+template <int WF>
 __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_per_warp) {
+  constexpr int P = pieces_of(WF), U = units_of(WF);
   __shared__ int32_t red[8][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
@@ -210,7 +218,7 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
   const bool n_in = n < p.w.N;
   const int64_t groups = p.w.K / 128;
   const uint8_t* wrow = p.w.codes + (n_in ? n : 0) * p.w.row_bytes;
-  const float* ratios = (!COMFY && p.w.ratios) ? p.w.ratios + (n_in ? n : 0) * p.w.groups_per_row
+  const float* ratios = (WF == kWPacked4 && p.w.ratios) ? p.w.ratios + (n_in ? n : 0) * p.w.groups_per_row
                                                : nullptr;
   const bool row_lo = gid < p.M, row_hi = gid + 8 < p.M;
   const int8_t* a_lo = p.a + (row_lo ? gid : 0) * p.lda;
@@ -221,38 +229,42 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
   for (int e = 0; e < 4; ++e) cf[e] = static_cast<float>(4 * tid4 + e - 7);
 
   int32_t acc[4] = {0, 0, 0, 0};
-  // One step's weights: kPieces 16-byte loads + the groups' ratios (zeros / 1 past the end).
-  auto load_step = [&](int64_t g0, uint4(&wq)[kPieces], float(&ratio)[kPieces]) {
+  // One step's weights: P x U 16-byte loads + the groups' ratios (zeros / 1 past the end).
+  auto load_step = [&](int64_t g0, uint4(&wq)[P * U], float(&ratio)[P]) {
 #pragma unroll
-    for (int i = 0; i < kPieces; ++i) {
+    for (int i = 0; i < P; ++i) {
       const int64_t g = g0 + i;
-      wq[i] = make_uint4(0, 0, 0, 0);
-      if (n_in && g < groups)
-        wq[i] = __ldg(reinterpret_cast<const uint4*>(wrow + g * 64 + tid4 * 16));
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        wq[i * U + u] = make_uint4(0, 0, 0, 0);
+        if (n_in && g < groups)
+          wq[i * U + u] = __ldg(
+              reinterpret_cast<const uint4*>(wrow + g * (64 * U) + tid4 * (16 * U)) + u);
+      }
       ratio[i] = (ratios && g < groups) ? __ldg(ratios + g) : 1.f;
     }
   };
-  uint4 wq[kPieces];
-  float ratio[kPieces];
-  int64_t g0 = static_cast<int64_t>(warp) * kPieces;
-  const int64_t g_stride = static_cast<int64_t>(nwarps) * kPieces;
+  uint4 wq[P * U];
+  float ratio[P];
+  int64_t g0 = static_cast<int64_t>(warp) * P;
+  const int64_t g_stride = static_cast<int64_t>(nwarps) * P;
   // The weights do not come from the previous kernel: the first step's loads are issued before
   // waiting for it (programmatic dependent launch: the rotate kernel writes the activations).
   load_step(g0, wq, ratio);
   grid_dependency_wait();
   for (int it = 0; it < steps_per_warp; ++it, g0 += g_stride) {
     if (g0 >= groups) break;  // warp-uniform
-    uint4 wn[kPieces];
-    float rn[kPieces];
+    uint4 wn[P * U];
+    float rn[P];
     load_step(g0 + g_stride, wn, rn);  // in flight during this step
 #pragma unroll
-    for (int i = 0; i < kPieces; ++i) {
+    for (int i = 0; i < P; ++i) {
       const int64_t g = g0 + i;
       if (g >= groups) break;  // warp-uniform
-      uint32_t lut[4];
-      if constexpr (COMFY) {
+      uint32_t lut[4] = {0u, 0u, 0u, 0u};
+      if constexpr (WF == kWComfy) {
         lut[0] = 0x03020100u, lut[1] = 0x07060504u, lut[2] = 0xfbfaf9f8u, lut[3] = 0xfffefdfcu;
-      } else {
+      } else if constexpr (WF == kWPacked4) {
         uint32_t own;
         if (ratios) {
           own = pack4(fold_code_f(cf[0], ratio[i]), fold_code_f(cf[1], ratio[i]),
@@ -275,23 +287,32 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
         ahi[0] = __ldg(reinterpret_cast<const uint4*>(a_hi + k));
         ahi[1] = __ldg(reinterpret_cast<const uint4*>(a_hi + k) + 1);
       }
-      const uint32_t wv[4] = {wq[i].x, wq[i].y, wq[i].z, wq[i].w};
+      uint32_t wv[4 * U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        wv[4 * u] = wq[i * U + u].x, wv[4 * u + 1] = wq[i * U + u].y;
+        wv[4 * u + 2] = wq[i * U + u].z, wv[4 * u + 3] = wq[i * U + u].w;
+      }
       const uint32_t lo_w[8] = {alo[0].x, alo[0].y, alo[0].z, alo[0].w,
                                 alo[1].x, alo[1].y, alo[1].z, alo[1].w};
       const uint32_t hi_w[8] = {ahi[0].x, ahi[0].y, ahi[0].z, ahi[0].w,
                                 ahi[1].x, ahi[1].y, ahi[1].z, ahi[1].w};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {  // codes 8j .. 8j + 7 of the piece: word j
-        const uint32_t b0 = lut4(wv[j], lut), b1 = lut4(wv[j] >> 16, lut);
+      for (int j = 0; j < 4; ++j) {  // codes 8j .. 8j + 7 of the lane's 32
+        uint32_t b0, b1;
+        if constexpr (WF == kWInt8) {
+          b0 = wv[2 * j], b1 = wv[2 * j + 1];
+        } else {  // 4-bit: word j holds the 8 codes
+          b0 = lut4(wv[j], lut), b1 = lut4(wv[j] >> 16, lut);
+        }
         const uint32_t a[4] = {lo_w[2 * j], hi_w[2 * j], lo_w[2 * j + 1], hi_w[2 * j + 1]};
         mma_s8(acc, a, b0, b1);
       }
     }
 #pragma unroll
-    for (int i = 0; i < kPieces; ++i) {
-      wq[i] = wn[i];
-      ratio[i] = rn[i];
-    }
+    for (int i = 0; i < P * U; ++i) wq[i] = wn[i];
+#pragma unroll
+    for (int i = 0; i < P; ++i) ratio[i] = rn[i];
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) red[warp][r][lane] = acc[r];
@@ -329,12 +350,15 @@ bool decode4_applies(const DecodeParams& p) {
   if (w.K % 128 != 0 || p.x || p.lda % 16 != 0 || w.row_bytes % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || reinterpret_cast<uintptr_t>(w.codes) % 16 != 0)
     return false;
-  if (w.format == WeightFormat::comfy_int4) return true;
+  if (w.format == WeightFormat::comfy_int4 || w.format == WeightFormat::int8) return true;
   return w.format == WeightFormat::packed && w.bits == 4 && (!w.ratios || w.group == 128);
 }
 
 void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
-  const int64_t steps = ceil_div(p.w.K / 128, kPieces);
+  const int wf = p.w.format == WeightFormat::comfy_int4
+                     ? kWComfy
+                     : (p.w.format == WeightFormat::int8 ? kWInt8 : kWPacked4);
+  const int64_t steps = ceil_div(p.w.K / 128, pieces_of(wf));
   const int64_t per_warp = ceil_div(steps, 8);
   const int warps = static_cast<int>(ceil_div(steps, per_warp));
   const unsigned grid = static_cast<unsigned>(ceil_div(p.w.N, 8));
@@ -351,11 +375,15 @@ void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   const int pw = static_cast<int>(per_warp);
-  if (p.w.format == WeightFormat::comfy_int4) {
-    check_cuda(cudaLaunchKernelEx(&cfg, decode4_kernel<true>, p, pw), "decode_gemv", "launch");
+  cudaError_t e;
+  if (wf == kWComfy) {
+    e = cudaLaunchKernelEx(&cfg, decode4_kernel<kWComfy>, p, pw);
+  } else if (wf == kWInt8) {
+    e = cudaLaunchKernelEx(&cfg, decode4_kernel<kWInt8>, p, pw);
   } else {
-    check_cuda(cudaLaunchKernelEx(&cfg, decode4_kernel<false>, p, pw), "decode_gemv", "launch");
+    e = cudaLaunchKernelEx(&cfg, decode4_kernel<kWPacked4>, p, pw);
   }
+  check_cuda(e, "decode_gemv", "launch");
 }
 
 template <typename T>

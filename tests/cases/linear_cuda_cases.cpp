@@ -323,7 +323,7 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   }
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 129, 264, 1280, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 5, 264, 1280, DType::bf16, true));
-  // The 4-bit decode kernel (K % 128 == 0, group 128): M = 1 and 16, a K that leaves a step's
+  // The streaming decode kernel (K % 128 == 0, group 128): M = 1 and 16, a K that leaves a step's
   // last pieces empty (640 = 5 groups), comfy int4, odd column tiles.
   for (int64_t m : {1, 16}) {
     cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, m, 264, 1280, DType::bf16,
@@ -334,6 +334,9 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
                                                   DType::bf16, true));
   }
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 7, 8, 2048, DType::bf16, true));
+  // The same kernel on int8 weights (convrot8).
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 1, 264, 1280, DType::bf16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 16, 40, 640, DType::f16, false));
 
   for (QType q : {QType::convrot8, QType::convrot_int3, QType::convrot_fp8, QType::convrot4}) {
     cases.push_back(std::make_unique<BackwardCase>(q, 17, 48, 192));
