@@ -180,7 +180,9 @@ __device__ __forceinline__ int32_t fold_code_f(float code, float ratio) {
 // (convrot8) take the same kernel without the table: 32 bytes per lane and piece.
 constexpr int kPieces = 4;
 // false selects the general kernel for the 4-bit formats too.
-constexpr bool kUseDecode4 = true;  // 128-column groups per lane and step (4 x 16 bytes in flight)
+constexpr bool kUseDecode4 = true;
+// false: plain launches (no overlap with the rotate kernel before it).
+constexpr bool kUsePdl = true;  // 128-column groups per lane and step (4 x 16 bytes in flight)
 
 // Programmatic dependent launch (sm_90): wait until the grids this one depends on completed and
 // their writes are visible; a no-op when the kernel was launched without the attribute.
@@ -375,15 +377,19 @@ void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   const int pw = static_cast<int>(per_warp);
-  cudaError_t e;
+  auto go = [&](auto kernel) {
+    // Where the attribute is refused (a configuration error, not sticky): a plain launch.
+    if (kUsePdl && cudaLaunchKernelEx(&cfg, kernel, p, pw) == cudaSuccess) return;
+    (void)cudaGetLastError();
+    kernel<<<cfg.gridDim, cfg.blockDim, 0, stream>>>(p, pw);
+  };
   if (wf == kWComfy) {
-    e = cudaLaunchKernelEx(&cfg, decode4_kernel<kWComfy>, p, pw);
+    go(decode4_kernel<kWComfy>);
   } else if (wf == kWInt8) {
-    e = cudaLaunchKernelEx(&cfg, decode4_kernel<kWInt8>, p, pw);
+    go(decode4_kernel<kWInt8>);
   } else {
-    e = cudaLaunchKernelEx(&cfg, decode4_kernel<kWPacked4>, p, pw);
+    go(decode4_kernel<kWPacked4>);
   }
-  check_cuda(e, "decode_gemv", "launch");
 }
 
 template <typename T>
