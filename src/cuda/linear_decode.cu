@@ -220,8 +220,9 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
   const bool n_in = n < p.w.N;
   const int64_t groups = p.w.K / 128;
   const uint8_t* wrow = p.w.codes + (n_in ? n : 0) * p.w.row_bytes;
-  const float* ratios = (WF == kWPacked4 && p.w.ratios) ? p.w.ratios + (n_in ? n : 0) * p.w.groups_per_row
-                                               : nullptr;
+  const float* ratios = (WF == kWPacked4 && p.w.ratios)
+                            ? p.w.ratios + (n_in ? n : 0) * p.w.groups_per_row
+                            : nullptr;
   const bool row_lo = gid < p.M, row_hi = gid + 8 < p.M;
   const int8_t* a_lo = p.a + (row_lo ? gid : 0) * p.lda;
   const int8_t* a_hi = p.a + (row_hi ? gid + 8 : 0) * p.lda;
@@ -281,13 +282,14 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
       const int64_t k = g * 128 + tid4 * 32;
       uint4 alo[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
       uint4 ahi[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+      // Coherent loads: the codes were written by the grid this one overlapped (PDL).
       if (row_lo) {
-        alo[0] = __ldg(reinterpret_cast<const uint4*>(a_lo + k));
-        alo[1] = __ldg(reinterpret_cast<const uint4*>(a_lo + k) + 1);
+        alo[0] = reinterpret_cast<const uint4*>(a_lo + k)[0];
+        alo[1] = reinterpret_cast<const uint4*>(a_lo + k)[1];
       }
       if (row_hi) {
-        ahi[0] = __ldg(reinterpret_cast<const uint4*>(a_hi + k));
-        ahi[1] = __ldg(reinterpret_cast<const uint4*>(a_hi + k) + 1);
+        ahi[0] = reinterpret_cast<const uint4*>(a_hi + k)[0];
+        ahi[1] = reinterpret_cast<const uint4*>(a_hi + k)[1];
       }
       uint32_t wv[4 * U];
 #pragma unroll
