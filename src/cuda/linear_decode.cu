@@ -165,7 +165,7 @@ __device__ __forceinline__ int32_t fold_code_f(float code, float ratio) {
   return max(-127, min(127, r));
 }
 
-// ---- Streaming kernel (packed bits = 4 with group 128, comfy int4, int8; K % 128 == 0) ----------------------------
+// ---- Streaming kernel (packed 4-bit with group 128, comfy int4, int8; K % 128 == 0) ----
 // The weight stream is the whole cost at M <= 16, so this kernel is built around it: each lane
 // issues 16-byte loads of packed codes (kPieces per step in flight), and the 4 lanes of a weight
 // row (tid4 = 0..3) read one 128-column group as 4 x 32 codes, 64 contiguous bytes: fully used

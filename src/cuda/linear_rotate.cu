@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "lowbit/dtype.h"
@@ -159,6 +160,32 @@ __device__ __forceinline__ float amax_nan(float m, float v) {
   return r;
 }
 
+// The 16 elements of raw 16-byte words (2 for 16-bit types, 4 for f32) as fp32.
+template <typename T>
+__device__ __forceinline__ void unpack_raw(const uint4* raw, float v[16]) {
+  if constexpr (sizeof(T) == 2) {
+    const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w,
+                           raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        v[2 * q] = __uint_as_float(w[q] << 16);
+        v[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[q]));
+        v[2 * q] = f.x;
+        v[2 * q + 1] = f.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      v[4 * q] = __uint_as_float(raw[q].x), v[4 * q + 1] = __uint_as_float(raw[q].y);
+      v[4 * q + 2] = __uint_as_float(raw[q].z), v[4 * q + 3] = __uint_as_float(raw[q].w);
+    }
+  }
+}
+
 // Loads the thread's 16 elements as fp32 (zeros when !in).
 template <typename T>
 __device__ __forceinline__ void load16(const T* p, bool in, bool vec, float v[16]) {
@@ -243,13 +270,12 @@ template <typename T, int ROT, ActFormat FMT>
 __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(RotateQuantParams p,
                                                                            bool vec_in,
                                                                            bool vec_out) {
-  __shared__ float warp_amax[kRegMaxThreads / 32];
+  __shared__ float warp_amax[2][kRegMaxThreads / 32];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // A kernel launched after this one with programmatic dependent launch (the 4-bit decode
   // kernel) may start now: it streams its weights and waits (griddepcontrol.wait) for our writes.
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
-  const int64_t row = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int K = static_cast<int>(p.K);
   const bool in = tid * 16 < K;
@@ -257,140 +283,162 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
   // The block's first element, plus p(g) groups of 16 (g < 16: at most two base-4 digits).
   const int out0 = (tid * 16 - g * 16) + p16(g) * 16;
   constexpr float kNorm = ROT == 16 ? 0.25f : (ROT == 64 ? 0.125f : 0.0625f);
-
-  float v[16];
-  load16<T>(static_cast<const T*>(p.x) + row * p.x_row_stride + tid * 16, in, vec_in, v);
-  hadamard16<ROT>(v, g);
-  // The output sign d(p(i)) = d(i) = d(g) d(j), folded into the normalization.
-  const float norm_g = d_sign(g) * kNorm;
-  // y in output order: y[p(j)] = d(j) d(g) t_j 2^-k.
-  float y[16];
+  // Rows blockIdx.x, + gridDim.x, ...: the next row's 32 (f32: 64) bytes are loaded while this
+  // one is computed, so a CTA keeps its loads in flight through the barrier and the stores.
+  constexpr int kRaw = sizeof(T) == 2 ? 2 : 4;
+  uint4 raw[kRaw];
+  auto fetch = [&](int64_t r) {
+    if (in && vec_in && r < p.M) {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) +
+                                                        r * p.x_row_stride + tid * 16);
 #pragma unroll
-  for (int j = 0; j < 16; ++j) y[p16(j)] = __fmul_rn(v[j], dneg16(j) ? -norm_g : norm_g);
-
-  if constexpr (FMT == ActFormat::rotate_only) {
-    if (!in) return;
-    const int64_t off = row * p.rotated_row_stride + out0;
-    if (vec_out && p.rotated_dtype == DType::bf16) {
-      uint32_t w[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(y[2 * q], y[2 * q + 1]);
-        w[q] = *reinterpret_cast<uint32_t*>(&h);
-      }
-      uint4* dst = reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.rotated) + off);
-      dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-      dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    } else if (vec_out && p.rotated_dtype == DType::f16) {
-      uint32_t w[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        __half2 h = __floats2half2_rn(y[2 * q], y[2 * q + 1]);
-        w[q] = *reinterpret_cast<uint32_t*>(&h);
-      }
-      uint4* dst = reinterpret_cast<uint4*>(static_cast<__half*>(p.rotated) + off);
-      dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-      dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    } else if (vec_out && p.rotated_dtype == DType::f32) {
-      float4* dst = reinterpret_cast<float4*>(static_cast<float*>(p.rotated) + off);
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        dst[q] = make_float4(y[4 * q], y[4 * q + 1], y[4 * q + 2], y[4 * q + 3]);
+      for (int q = 0; q < kRaw; ++q) raw[q] = __ldg(src + q);
+    }
+  };
+  fetch(blockIdx.x);
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x, parity ^= 1) {
+    float v[16];
+    if (in && vec_in) {
+      unpack_raw<T>(raw, v);
     } else {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) store_out(p.rotated, off + j, p.rotated_dtype, y[j]);
+      load16<T>(static_cast<const T*>(p.x) + row * p.x_row_stride + tid * 16, in, false, v);
     }
-    return;
-  } else if constexpr (FMT == ActFormat::nvfp4) {
-    if (!in) return;
-    float m = 0.f;
+    fetch(row + gridDim.x);
+    hadamard16<ROT>(v, g);
+    // The output sign d(p(i)) = d(i) = d(g) d(j), folded into the normalization.
+    const float norm_g = d_sign(g) * kNorm;
+    // y in output order: y[p(j)] = d(j) d(g) t_j 2^-k.
+    float y[16];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) m = amax_nan(m, y[j]);
-    float base = m / 6.f;
-    base = base > 448.f ? 448.f : base;  // NaN stays NaN
-    const uint8_t s8 = dt::f32_to_e4m3(base);
-    float denom = dt::e4m3_to_f32(s8);  // * pts (= 1)
-    if (!(denom > 0.f)) denom = 1.f;
-    uint32_t w[2] = {0u, 0u};
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float z = y[j] / denom;
-      const float c = z < -6.f ? -6.f : (z > 6.f ? 6.f : z);
-      w[j / 8] |= static_cast<uint32_t>(dt::f32_to_e2m1(c)) << (4 * (j % 8));
-    }
-    uint8_t* codes = static_cast<uint8_t*>(p.codes) + row * p.codes_row_stride + out0 / 2;
-    if (vec_out) {
-      *reinterpret_cast<uint2*>(codes) = make_uint2(w[0], w[1]);
-    } else {
-#pragma unroll
-      for (int b = 0; b < 8; ++b) codes[b] = static_cast<uint8_t>(w[b / 4] >> (8 * (b % 4)));
-    }
-    p.block_scales[row * (p.K / 16) + out0 / 16] = s8;
-    return;
-  } else {
-    // Per-token scale. amax of |y| = amax of |t| · 2^-k exactly (rounding is monotonic).
-    float m = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) m = amax_nan(m, y[j]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (lane == 0) warp_amax[warp] = m;
-    __syncthreads();
-    m = warp_amax[0];
-    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) m = amax_nan(m, warp_amax[w]);
-    constexpr float kQmax = FMT == ActFormat::int8 ? 127.f : (FMT == ActFormat::int4 ? 7.f : 448.f);
-    float scale = m / kQmax;
-    if (scale == 0.f) scale = 1.f;  // NaN stays NaN
-    if (tid == 0) p.scales[row] = scale;
-    if (!in) return;
+    for (int j = 0; j < 16; ++j) y[p16(j)] = __fmul_rn(v[j], dneg16(j) ? -norm_g : norm_g);
 
-    float z[16];
-    if (scale >= 0x1p-60f && scale <= 0x1p60f) {
-      const float r = __frcp_rn(scale);
+    if constexpr (FMT == ActFormat::rotate_only) {
+      if (!in) continue;
+      const int64_t off = row * p.rotated_row_stride + out0;
+      if (vec_out && p.rotated_dtype == DType::bf16) {
+        uint32_t w[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          __nv_bfloat162 h = __floats2bfloat162_rn(y[2 * q], y[2 * q + 1]);
+          w[q] = *reinterpret_cast<uint32_t*>(&h);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.rotated) + off);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      } else if (vec_out && p.rotated_dtype == DType::f16) {
+        uint32_t w[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          __half2 h = __floats2half2_rn(y[2 * q], y[2 * q + 1]);
+          w[q] = *reinterpret_cast<uint32_t*>(&h);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(static_cast<__half*>(p.rotated) + off);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      } else if (vec_out && p.rotated_dtype == DType::f32) {
+        float4* dst = reinterpret_cast<float4*>(static_cast<float*>(p.rotated) + off);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          dst[q] = make_float4(y[4 * q], y[4 * q + 1], y[4 * q + 2], y[4 * q + 3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) store_out(p.rotated, off + j, p.rotated_dtype, y[j]);
+      }
+    } else if constexpr (FMT == ActFormat::nvfp4) {
+      if (!in) continue;
+      float m = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m = amax_nan(m, y[j]);
+      float base = m / 6.f;
+      base = base > 448.f ? 448.f : base;  // NaN stays NaN
+      const uint8_t s8 = dt::f32_to_e4m3(base);
+      float denom = dt::e4m3_to_f32(s8);  // * pts (= 1)
+      if (!(denom > 0.f)) denom = 1.f;
+      uint32_t w[2] = {0u, 0u};
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        const float q0 = __fmul_rn(y[j], r);
-        const float q1 = __fmaf_rn(__fmaf_rn(-scale, q0, y[j]), r, q0);
-        z[j] = __fmaf_rn(__fmaf_rn(-scale, q1, y[j]), r, q1);
+        const float z = y[j] / denom;
+        const float c = z < -6.f ? -6.f : (z > 6.f ? 6.f : z);
+        w[j / 8] |= static_cast<uint32_t>(dt::f32_to_e2m1(c)) << (4 * (j % 8));
       }
-    } else {
+      uint8_t* codes = static_cast<uint8_t*>(p.codes) + row * p.codes_row_stride + out0 / 2;
+      if (vec_out) {
+        *reinterpret_cast<uint2*>(codes) = make_uint2(w[0], w[1]);
+      } else {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) z[j] = __fdiv_rn(y[j], scale);
-    }
-    uint32_t w[4];
-    if constexpr (FMT == ActFormat::e4m3) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint32_t word = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          word |= (static_cast<uint32_t>(__nv_cvt_float_to_fp8(z[4 * q + j], __NV_SATFINITE,
-                                                                __NV_E4M3)) & 0xffu)
-                  << (8 * j);
-        w[q] = word;
+        for (int b = 0; b < 8; ++b) codes[b] = static_cast<uint8_t>(w[b / 4] >> (8 * (b % 4)));
       }
+      p.block_scales[row * (p.K / 16) + out0 / 16] = s8;
     } else {
-      constexpr int kLim = FMT == ActFormat::int8 ? 127 : 7;
-      const bool fast = scale >= 0x1p-60f && scale <= 0x1p60f;
-      uint32_t b[16];
+      // Per-token scale. amax of |y| = amax of |t| · 2^-k exactly (rounding is monotonic).
+      float m = 0.f;
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
-        b[j] = fast ? __float_as_uint(__fadd_rn(z[j], 12582912.f))
-                    : static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -kLim, kLim));
+      for (int j = 0; j < 16; ++j) m = amax_nan(m, y[j]);
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        w[q] = __byte_perm(__byte_perm(b[4 * q], b[4 * q + 1], 0x0040),
-                           __byte_perm(b[4 * q + 2], b[4 * q + 3], 0x0040), 0x5410);
+      for (int o = 16; o > 0; o >>= 1) m = amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+      // Two buffers by row parity: a warp writing the next row's entry has passed this row's
+      // barrier, which every warp reaches only after reading the previous row's entries.
+      if (lane == 0) warp_amax[parity][warp] = m;
+      __syncthreads();
+      m = warp_amax[parity][0];
+      for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+        m = amax_nan(m, warp_amax[parity][w]);
+      constexpr float kQmax =
+          FMT == ActFormat::int8 ? 127.f : (FMT == ActFormat::int4 ? 7.f : 448.f);
+      float scale = m / kQmax;
+      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
+      if (tid == 0) p.scales[row] = scale;
+      if (!in) continue;
+
+      float z[16];
+      if (scale >= 0x1p-60f && scale <= 0x1p60f) {
+        const float r = __frcp_rn(scale);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float q0 = __fmul_rn(y[j], r);
+          const float q1 = __fmaf_rn(__fmaf_rn(-scale, q0, y[j]), r, q0);
+          z[j] = __fmaf_rn(__fmaf_rn(-scale, q1, y[j]), r, q1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) z[j] = __fdiv_rn(y[j], scale);
+      }
+      uint32_t w[4];
+      if constexpr (FMT == ActFormat::e4m3) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint32_t word = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            word |= (static_cast<uint32_t>(__nv_cvt_float_to_fp8(z[4 * q + j], __NV_SATFINITE,
+                                                                  __NV_E4M3)) & 0xffu)
+                    << (8 * j);
+          w[q] = word;
+        }
+      } else {
+        constexpr int kLim = FMT == ActFormat::int8 ? 127 : 7;
+        const bool fast = scale >= 0x1p-60f && scale <= 0x1p60f;
+        uint32_t b[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+          b[j] = fast ? __float_as_uint(__fadd_rn(z[j], 12582912.f))
+                      : static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -kLim, kLim));
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          w[q] = __byte_perm(__byte_perm(b[4 * q], b[4 * q + 1], 0x0040),
+                             __byte_perm(b[4 * q + 2], b[4 * q + 3], 0x0040), 0x5410);
+      }
+      uint8_t* codes = static_cast<uint8_t*>(p.codes) + row * p.codes_row_stride + out0;
+      if (vec_out) {
+        *reinterpret_cast<uint4*>(codes) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+#pragma unroll
+        for (int bb = 0; bb < 16; ++bb)
+          codes[bb] = static_cast<uint8_t>(w[bb / 4] >> (8 * (bb % 4)));
+      }
     }
-    uint8_t* codes = static_cast<uint8_t*>(p.codes) + row * p.codes_row_stride + out0;
-    if (vec_out) {
-      *reinterpret_cast<uint4*>(codes) = make_uint4(w[0], w[1], w[2], w[3]);
-    } else {
-#pragma unroll
-      for (int bb = 0; bb < 16; ++bb)
-        codes[bb] = static_cast<uint8_t>(w[bb / 4] >> (8 * (bb % 4)));
-    }
-  }
+  }  // rows
 }
 
 template <typename T, int ROT, ActFormat FMT>
@@ -407,8 +455,17 @@ void launch_reg(const RotateQuantParams& p, cudaStream_t stream) {
     const int64_t a = FMT == ActFormat::nvfp4 ? 8 : 16;
     vec_out = reinterpret_cast<uintptr_t>(p.codes) % a == 0 && p.codes_row_stride % a == 0;
   }
-  rotate_quantize_reg_kernel<T, ROT, FMT>
-      <<<static_cast<unsigned>(p.M), threads, 0, stream>>>(p, vec_in, vec_out);
+  // As many CTAs as are resident at once (each loops over rows), at most one per row.
+  auto kernel = rotate_quantize_reg_kernel<T, ROT, FMT>;
+  const int sms = multiprocessor_count();
+  int64_t grid = p.M;
+  if (p.M > sms) {
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0),
+               "rotate_quantize", "occupancy");
+    grid = std::min<int64_t>(p.M, static_cast<int64_t>(sms) * std::max(1, per_sm));
+  }
+  kernel<<<static_cast<unsigned>(grid), threads, 0, stream>>>(p, vec_in, vec_out);
 }
 
 template <typename T, ActFormat FMT>
