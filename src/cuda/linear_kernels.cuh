@@ -47,6 +47,9 @@ struct RotateQuantParams {
   void* rotated = nullptr;   // rotate_only: (M, K) rotated_dtype, row stride rotated_row_stride
   DType rotated_dtype = DType::bf16;
   int64_t rotated_row_stride = 0;
+  // The first kernel (one CTA of 256 threads per row, the row staged in shared memory) instead
+  // of the register kernel; the register kernel also needs K <= 16384 and falls back past it.
+  bool legacy_kernel = false;
 };
 // Bytes of shared memory one row needs (the rotated row is staged in fp32): K * 4.
 int64_t rotate_quantize_smem_bytes(int64_t K);
