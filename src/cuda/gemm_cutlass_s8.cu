@@ -84,7 +84,10 @@ struct Config {
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
-  using AScale = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float>;  // (M)
+  // (M) per-token scales, loaded one element at a time (alignment 1: no vector load may reach
+  // past a_scale[M - 1] when M is odd).
+  using AScale = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float,
+                                                             Stride<_1, _0, _0>, 1>;
   using WScale = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float>;  // (N)
   using Bias = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float>;    // (N)
   using Evt = cutlass::epilogue::fusion::Sm90EVT<
@@ -171,7 +174,8 @@ bool fits(const GemmParams& p) {
   if (p.M <= 0 || p.N <= 0 || p.K <= 0) return false;
   if (p.M > INT32_MAX || p.N > INT32_MAX || p.K > INT32_MAX) return false;
   if (p.K % 16 || p.lda % 16 || p.ldb % 16 || p.ldo % 8 || p.N % 8) return false;
-  return aligned16(p.a) && aligned16(p.b) && aligned16(p.out);
+  return aligned16(p.a) && aligned16(p.b) && aligned16(p.out) && aligned16(p.a_scale) &&
+         aligned16(p.w_scale);
 }
 
 template <class ElementOut>
