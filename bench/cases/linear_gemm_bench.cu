@@ -94,6 +94,26 @@ class GemmBench : public BenchCase {
         return r;
       };
 
+      // Output bits of each int8 kernel against the first one that ran (all must be identical).
+      const size_t out_elems = static_cast<size_t>(sh.m * sh.n);
+      std::vector<uint16_t> ref_bits;
+      auto compare = [&](Row& r) {
+        if (r.ms <= 0) return;
+        std::vector<uint16_t> bits(out_elems);
+        cudaMemcpyAsync(bits.data(), out.view.data, out_elems * 2, cudaMemcpyDeviceToHost, s);
+        cudaStreamSynchronize(s);
+        if (ref_bits.empty()) {
+          ref_bits = std::move(bits);
+          r.accuracy = "reference bits for the int8 rows";
+          return;
+        }
+        size_t diff = 0;
+        for (size_t i = 0; i < out_elems; ++i) diff += bits[i] != ref_bits[i];
+        r.accuracy = diff ? "DIFFERS from the first int8 row in " + std::to_string(diff) +
+                                " elements"
+                          : "bit-identical to the first int8 row";
+      };
+
       // int8 codes for the s8 kernels.
       auto fill = [&](bool e4m3) {
         fill_codes_kernel<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(a.view.data), sh.m * sh.k,
@@ -104,7 +124,7 @@ class GemmBench : public BenchCase {
       fill(false);
       g.kind = cuda::linear::GemmKind::s8;
       {
-        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS sm_90a");
+        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS 128x256 cluster 2x1 (default)");
         if (cuda::linear::cutlass_s8_fits(g) && cuda::linear::cutlass_s8_available(s)) {
           void* scratch = nullptr;
           cudaMalloc(&scratch, cuda::linear::cutlass_s8_scratch_bytes(g) + 256);
@@ -119,6 +139,26 @@ class GemmBench : public BenchCase {
         } else {
           r.note = "not available (built without CUTLASS headers, or the self-check failed)";
         }
+        compare(r);
+        rows.push_back(r);
+      }
+      {
+        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS 256x128 cluster 1x2 (alt)");
+        if (cuda::linear::cutlass_s8_fits(g) && cuda::linear::cutlass_s8_available(s)) {
+          void* scratch = nullptr;
+          cudaMalloc(&scratch, cuda::linear::cutlass_s8_alt_scratch_bytes(g) + 256);
+          bool ok = true;
+          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_cutlass_s8_alt(g, scratch, s) && ok; });
+          cudaStreamSynchronize(s);
+          cudaFree(scratch);
+          if (!ok) {
+            r.ms = 0;
+            r.note = "CUTLASS refused the arguments";
+          }
+        } else {
+          r.note = "not available (built without CUTLASS headers, or the self-check failed)";
+        }
+        compare(r);
         rows.push_back(r);
       }
       {
@@ -128,11 +168,13 @@ class GemmBench : public BenchCase {
         } else {
           r.note = "not available (not sm_90a, or the self-check failed)";
         }
+        compare(r);
         rows.push_back(r);
       }
       {
         Row r = row("int8 GEMM + scale/bias epilogue, mma.sync");
         r.ms = env.time_ms([&] { cuda::linear::gemm(g, s); });
+        compare(r);
         rows.push_back(r);
       }
 

@@ -99,6 +99,11 @@ bool cutlass_s8_available(cudaStream_t stream);
 bool cutlass_s8_fits(const GemmParams& p);
 size_t cutlass_s8_scratch_bytes(const GemmParams& p);
 bool gemm_cutlass_s8(const GemmParams& p, void* scratch, cudaStream_t stream);
+// The alternative tile configuration (256 x 128, cluster 1 x 2; bf16 output only), for the bench
+// rows that choose between the two: same contract as gemm_cutlass_s8, no self-check of its own
+// (call it only after cutlass_s8_available() returned true).
+size_t cutlass_s8_alt_scratch_bytes(const GemmParams& p);
+bool gemm_cutlass_s8_alt(const GemmParams& p, void* scratch, cudaStream_t stream);
 
 // The epilogue on one accumulator (the same function everywhere, so every path gives the same
 // bits: the prefill GEMM, the decode kernel, and the CPU's fp32 order).
