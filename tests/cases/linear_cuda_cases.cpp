@@ -338,6 +338,15 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 1, 264, 1280, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 16, 40, 640, DType::f16, false));
 
+  // The sm_90a CUTLASS int8 GEMM (128 x 256 x 128 tiles, 2 x 1 clusters): odd M over several
+  // CTA rows and an odd number of them, O over partial 256-column tiles, K with a partial 128-byte
+  // K tile (TMA zero fill), bf16 and f16 outputs, bf16/f16 bias (converted to fp32 first) and no
+  // bias (-0.0 added); packed weights (unpacked to int8 first) take the same GEMM.
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 257, 520, 272, DType::bf16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 333, 264, 1280, DType::f16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 401, 136, 64, DType::bf16, false));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 201, 392, 384, DType::bf16, true));
+
   for (QType q : {QType::convrot8, QType::convrot_int3, QType::convrot_fp8, QType::convrot4}) {
     cases.push_back(std::make_unique<BackwardCase>(q, 17, 48, 192));
     cases.push_back(std::make_unique<DequantizeCase>(q, 48, 192, true));
