@@ -148,11 +148,13 @@ class PrologueBench : public BenchCase {
       const double copy_ms = row.baseline_ms;
       row.note = "minimal bytes: " + std::string(is_k ? "2 reads" : "1 read") +
                  " of x + int8 + scales; " + fmt_pct(copy_ms / fused_ms) +
-                 " of copy bandwidth (goal 85%); unfused lowbit steps " + fmt_ms(unfused_ms) + " ms";
+                 " of copy bandwidth (goal 85%); unfused lowbit steps " + fmt_ms(unfused_ms) +
+                 " ms";
       rows.push_back(row);
       if (legacy_ms > 0) {
         Row l = row;
-        l.op = is_k ? "k: same, vs first-generation kernels" : "q: same, vs first-generation kernels";
+        l.op = is_k ? "k: same, vs first-generation kernels"
+                    : "q: same, vs first-generation kernels";
         l.baseline = "first-generation kernels";
         l.baseline_ms = legacy_ms;
         l.note = "first-generation kernels: " + fmt_pct(copy_ms / legacy_ms) + " of copy bandwidth";

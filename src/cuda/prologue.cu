@@ -748,7 +748,8 @@ __device__ __forceinline__ void quantize16(const float (&v)[16], float scale, ui
     for (int j = 0; j < 16; ++j) c[j] = round_code(div_full(v[j], scale));
   }
 #pragma unroll
-  for (int k = 0; k < 4; ++k) out[k] = pack_s8x4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
+  for (int k = 0; k < 4; ++k)
+    out[k] = pack_s8x4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
 }
 
 __device__ __forceinline__ void named_barrier(int id, int threads) {
@@ -779,7 +780,8 @@ __device__ __forceinline__ void pipeline(int count, Load&& load, Proc&& proc) {
 __device__ __forceinline__ void load_weights(const PrologueArgs& a, int ch0, int ch1,
                                              float (&w)[16]) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) w[j] = a.norm ? load_any(a.w, lane_channel(j, ch0, ch1), a.w_dtype) : 1.f;
+  for (int j = 0; j < 16; ++j)
+    w[j] = a.norm ? load_any(a.w, lane_channel(j, ch0, ch1), a.w_dtype) : 1.f;
 }
 
 // ---- fast norm_rope_quantize ------------------------------------------------------------------
@@ -828,7 +830,8 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
   float cs[8], sn[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) cs[i] = 1.f, sn[i] = 0.f;
-  if (ROPE != kRopeNone && ok) load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, cs, sn);
+  if (ROPE != kRopeNone && ok)
+    load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, cs, sn);
 
   // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
   const uint16_t* xrow =
@@ -861,7 +864,8 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
       if (L.mean_vec) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const float4 t = __ldg(reinterpret_cast<const float4*>(m + (k < 2 ? ch0 : ch1) + 4 * (k & 1)));
+          const float* mk = m + (k < 2 ? ch0 : ch1) + 4 * (k & 1);
+          const float4 t = __ldg(reinterpret_cast<const float4*>(mk));
           mv[4 * k] = t.x, mv[4 * k + 1] = t.y, mv[4 * k + 2] = t.z, mv[4 * k + 3] = t.w;
         }
       } else {
@@ -871,13 +875,11 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
 #pragma unroll
       for (int j = 0; j < 16; ++j) v[j] = __fsub_rn(v[j], mv[j]);
     }
-    if (!ok) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = 0.f;  // rows past N are zero, never -mean
-    }
+    // Rows past N are zero (never -mean): they add 0 to the maximum and store nothing.
     float m = 0.f;
 #pragma unroll
     for (int j = 0; j < 16; ++j) m = max_nan(m, fabsf(v[j]));
+    if (!ok) m = 0.f;
     for (int o = 1; o < L.red_lanes; o <<= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (L.wpg > 1) {
       const int par = u & 1;
@@ -936,9 +938,11 @@ __device__ __forceinline__ int tab_index(int row, int k, int lane_in_row) {
 __device__ __forceinline__ float4 table_pair2(const PrologueArgs& a, int mode, int64_t row_off,
                                               int p) {
   if (mode == kTablePairsF32)
-    return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off + 2 * static_cast<int64_t>(p)));
+    return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
+                                                 2 * static_cast<int64_t>(p)));
   if (mode == kTableMatrixF32) {
-    const float4* t = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off + 4 * static_cast<int64_t>(p));
+    const float4* t = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
+                                                      4 * static_cast<int64_t>(p));
     const float4 t0 = __ldg(t), t1 = __ldg(t + 1);
     return make_float4(t0.x, t0.z, t1.x, t1.z);
   }
@@ -1057,8 +1061,8 @@ __global__ void __cluster_dims__(1, kMeanCluster, 1) __launch_bounds__(kMeanWarp
 // mean_out[b, h, c] = (sum over groups, in order, of partials) / N. CTA per (batch, head):
 // thread (c, j) adds groups j, j + 8, ...; then the 8 sums are added in j order.
 template <int D>
-__global__ void __launch_bounds__(D * 8) mean_final_kernel(const PrologueArgs a, const float* partials,
-                                                         int64_t groups) {
+__global__ void __launch_bounds__(D * 8)
+    mean_final_kernel(const PrologueArgs a, const float* partials, int64_t groups) {
   __shared__ float sums[8][D];
   const int c = threadIdx.x % D, j = threadIdx.x / D;
   const int64_t bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;

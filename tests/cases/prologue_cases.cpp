@@ -284,12 +284,12 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     st.tag = "partial20", st.norm = Norm::segmented, st.rope = RopeKind::split, st.pairs = 20;
     add(st);
   }
-  // Fast-kernel coverage: head groups that wrap the prefetch ring (11 heads in groups of 4),
-  // B = 2, every rope kind, D 64 and 128, scale groups inside a warp and across warps.
+  // Fast-kernel coverage: head groups that wrap the 4-deep prefetch ring (11 heads in groups of
+  // 6 and 5), B = 2, every rope kind, D 64 and 128, scale groups inside a warp and across warps.
   for (int64_t D : {64, 128}) {
     Cfg f;
-    f.tag = "hg4";
-    f.B = 2, f.N = 1000, f.H = 11, f.D = D, f.heads_per_cta = 4, f.qkv = true;
+    f.tag = "hg6";
+    f.B = 2, f.N = 1000, f.H = 11, f.D = D, f.heads_per_cta = 6, f.qkv = true;
     f.sm_scale = q_scale;
     add(f);  // q: THREAD_Q 32, split-half rope
     Cfg fk = f;
@@ -299,7 +299,7 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     fk.mean_pass = false, fk.mean = true, fk.layout = ScaleLayout::thread_k, fk.block = 64;
     add(fk);  // k: THREAD_K 64 (groups of 16 rows across warps)
     Cfg fn = f;
-    fn.tag = "hg4norope";
+    fn.tag = "hg6norope";
     fn.rope = RopeKind::none, fn.layout = ScaleLayout::per_block, fn.block = 64, fn.N = 1001;
     add(fn);  // PER_BLOCK 64: one group over the whole CTA
     fn.layout = ScaleLayout::thread_q, fn.block = 16, fn.sm_scale = -0.5f;
