@@ -4,14 +4,15 @@
 // No shared-memory staging of K/V. Each of the 4 warps of a CTA streams its own 16-key groups of
 // the CTA's key range (groups warp, warp + 4, ...) straight from global memory into registers,
 // already in the mma fragment order, with vector loads (16 bytes per lane per key for int4 K at
-// D = 128); the raw words of the next group are loaded before the current group is computed (one
-// group in flight per warp while it computes). The arithmetic is the tensor-core kernel's
-// (decode_mma.cu, validated on the H200): QK and PV with mma.sync m16n8k16 (f16 operands, fp32
-// accumulation), permuted contraction order so that lane (g, t) needs key g's elements
-// [t*D/4, (t+1)*D/4) for QK and dims [g*D/8, (g+1)*D/8) of keys 2t, 2t+1, 2t+8, 2t+9 for PV;
-// int4 -> f16 by the 0x6400 exponent trick + one hfma2 (scale, shift); fp8 by cvt e4m3x2 -> f16x2
-// + hfma2. Each warp keeps its own online softmax; at the end the four warps are merged in a
-// small shared buffer (16 x D fp32, fixed warp order: deterministic).
+// D = 128). One register set per warp, staggered: the next group's K is loaded right after this
+// group's QK (in flight during softmax and PV), its V right after this group's PV. The
+// arithmetic is the tensor-core kernel's (decode_mma.cu, validated on the H200): QK and PV with
+// mma.sync m16n8k16 (f16 operands, fp32 accumulation), permuted contraction order so that lane
+// (g, t) needs key g's elements [t*D/4, (t+1)*D/4) for QK and dims [g*D/8, (g+1)*D/8) of keys
+// 2t, 2t+1, 2t+8, 2t+9 for PV; int4 -> f16 by the 0x6400 exponent trick + one hfma2 (scale,
+// shift); fp8 by cvt e4m3x2 -> f16x2 + hfma2; q's A fragments sit in shared memory (4 KB at
+// D 128). Each warp keeps its own online softmax; at the end the four warps are merged in a small
+// shared buffer (16 x D fp32, fixed warp order: deterministic).
 // Paged caches: a group of 16 keys starts at a multiple of 16 (split_size is one), and page sizes
 // are multiples of 16, so the group lies in one page: one block-table read per group.
 // Absent keys (past the split, or an out-of-range page) are not loaded: their words are 0, which
@@ -106,7 +107,7 @@ template <KvFormat F, int D>
 struct Raw {
   static constexpr int kPerWord = Fmt<F>::kPerWord;
   static constexpr int KW = (D / 4) / kPerWord;  // QK run: key g (+8), elements [t*D/4, +D/4)
-  static constexpr int VW = (D / 8) / kPerWord;  // PV run: keys 2t,2t+1,2t+8,2t+9, dims [g*D/8, +D/8)
+  static constexpr int VW = (D / 8) / kPerWord;  // PV run: keys 2t(+1, +8, +9), dims [g*D/8, +D/8)
   static_assert(KW >= 1 && VW >= 1, "run sizes");
   uint32_t k[2][KW];
   uint32_t kc[2][2];  // int4: the run's coefficient words (2nd = 1st unless 8 groups); fp8: ss
