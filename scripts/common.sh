@@ -11,6 +11,9 @@ DEBIAN_PACKAGES=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev libfmt-de
                  libgtest-dev python3 python3-pip)
 # PyPI packages for the Python module and its tests.
 PYPI_PACKAGES=(nanobind numpy pytest safetensors scikit-build-core)
+# Headers only: CUTLASS 3.x (cute/, cutlass/) for the sm_90a int8 GEMM, installed without its
+# Python dependencies (CMake reads cutlass_library/source/include; nothing is imported).
+HEADER_PYPI_PACKAGES=(nvidia-cutlass)
 
 ensure_debian_packages() {
   local missing=()
@@ -42,6 +45,13 @@ ensure_pypi_packages() {
   if ((${#missing[@]})); then
     log "installing PyPI packages: ${missing[*]}"
     python3 -m pip install -q "${missing[@]}" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  fi
+  # nvidia-cutlass -> cutlass_library, looked up without importing it (its deps are not installed).
+  if ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('cutlass_library') is None)" \
+       >/dev/null 2>&1; then
+    log "installing PyPI packages (headers, no deps): ${HEADER_PYPI_PACKAGES[*]}"
+    python3 -m pip install -q --no-deps "${HEADER_PYPI_PACKAGES[@]}" 2>&1 \
+      | grep -v "Running pip as the 'root' user" || true
   fi
 }
 

@@ -29,12 +29,20 @@ struct Shape {
   }
 };
 
+// Which CUDA kernel a row times: plan_decode's choice (the streaming kernel where it applies),
+// or the older smem-ring tensor-core kernel ("tc": streaming off, tensor_cores on).
 struct Fmt {
   KvFormat format;
   int n_groups;
   const char* name;
-  bool tensor_cores;
+  bool tensor_cores;  // the smem-ring tensor-core kernel instead of plan_decode's choice
 };
+
+void choose_kernel(DecodePlan& plan, bool tensor_cores) {
+  if (!tensor_cores) return;
+  plan.streaming = false;
+  plan.tensor_cores = true;
+}
 
 int64_t packed_dim(const Fmt& f, int64_t D) {
   return f.format == KvFormat::int4 ? f.n_groups + D / 8 : f.format == KvFormat::fp8 ? D / 4 : D;
@@ -142,7 +150,7 @@ double time_decode(const Env& env, const BenchCache& bc, const Shape& s, const D
                    const DeviceTensor& out, bool tensor_cores) {
   Context ctx = env.ctx;
   DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(s.Hq), static_cast<int>(s.D), ctx);
-  plan.tensor_cores = tensor_cores;
+  choose_kernel(plan, tensor_cores);
   Buffer ws(env.device, workspace_bytes(plan));
   return env.time_ms([&] {
     decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
@@ -179,7 +187,7 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
   put(q.view.data, qh.data(), qh.size() * 2);
   kv_append(bc.c, kn.view, vn.view, pos.view, ctx);
   DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(Hq), static_cast<int>(D), ctx);
-  plan.tensor_cores = f.tensor_cores;
+  choose_kernel(plan, f.tensor_cores);
   Buffer ws(dev, workspace_bytes(plan));
   decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
   if (dev == Device::cuda) synchronize(ctx);
@@ -220,7 +228,8 @@ class DecodeBench : public BenchCase {
     } else {
       shapes = {{2, env.quick ? 256 : 1024, 8, 2, 128}};
     }
-    // fp16 first: its time is the baseline of the rows after it. "tc": DecodePlan::tensor_cores.
+    // fp16 first: its time is the baseline of the rows after it. Plain rows: plan_decode's kernel
+    // (streaming); "tc": the smem-ring tensor-core kernel, for comparison.
     std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", false}, {KvFormat::int4, 4, "int4 g4", false},
                                 {KvFormat::fp8, 1, "fp8", false}};
     if (env.device == Device::cuda) {

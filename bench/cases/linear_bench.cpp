@@ -66,6 +66,13 @@ std::string layer_accuracy(QType q, int64_t k, const Env& env) {
   return accuracy(got, ref).str();
 }
 
+// "NN% of copy bandwidth": the row's bytes at its time against the copy of the same bytes.
+std::string copy_share(const Row& r) {
+  if (!(r.ms > 0) || !(r.baseline_ms > 0)) return "";
+  return std::to_string(static_cast<int>(std::lround(100.0 * r.baseline_ms / r.ms))) +
+         "% of copy bandwidth";
+}
+
 class LayerBench : public BenchCase {
  public:
   std::string name() const override { return "linear.layer"; }
@@ -134,7 +141,6 @@ class RotateBench : public BenchCase {
     for (int64_t k : {int64_t{5120}, int64_t{3072}}) {
       DeviceTensor x = make_tensor(env.device, DType::bf16, {m, k}, 41);
       DeviceTensor y = make_empty(env.device, DType::bf16, {m, k});
-      DeviceTensor codes = make_empty(env.device, DType::i8, {m, k});
       DeviceTensor scales = make_empty(env.device, DType::f32, {m});
       Context ctx = env.ctx;
       const int rot = rotation_block(k);
@@ -148,6 +154,7 @@ class RotateBench : public BenchCase {
       r.baseline_ms = env.copy_ms(2.0 * m * k);
       try {
         r.ms = env.time_ms([&] { hadamard_rotate(x.view, rot, y.view, ctx); });
+        r.note = copy_share(r);
       } catch (const std::exception& e) {
         r.note = std::string("failed: ") + e.what();
         rows.push_back(r);
@@ -165,20 +172,27 @@ class RotateBench : public BenchCase {
       }
       rows.push_back(r);
 
-      Row q = r;
-      q.op = "rotate_quantize_activations convrot8 (rot " + std::to_string(rot) + ")";
-      q.shape = "(" + std::to_string(m) + ", " + std::to_string(k) + ") bf16 -> int8";
-      q.bytes = 3.0 * m * k + 4.0 * m;
-      q.baseline_ms = env.copy_ms(1.5 * m * k);
-      q.accuracy = "";
-      try {
-        q.ms = env.time_ms([&] {
-          rotate_quantize_activations(x.view, QType::convrot8, rot, codes.view, scales.view, ctx);
-        });
-      } catch (const std::exception& e) {
-        q.note = std::string("failed: ") + e.what();
+      for (QType qt : {QType::convrot8, QType::convrot_fp8, QType::convrot_comfy_w4a4}) {
+        if (qt == QType::convrot_comfy_w4a4 && rot != 256) continue;
+        Row q = r;
+        q.op = std::string("rotate_quantize_activations ") + qtype_name(qt) + " (rot " +
+               std::to_string(rot) + ")";
+        q.shape = "(" + std::to_string(m) + ", " + std::to_string(k) + ") bf16 -> " +
+                  (qt == QType::convrot_fp8 ? "e4m3" : "int8");
+        q.bytes = 3.0 * m * k + 4.0 * m;
+        q.baseline_ms = env.copy_ms(1.5 * m * k);
+        q.accuracy = "";
+        DeviceTensor c = make_empty(env.device, qt == QType::convrot_fp8 ? DType::e4m3 : DType::i8,
+                                    {m, k});
+        try {
+          q.ms = env.time_ms(
+              [&] { rotate_quantize_activations(x.view, qt, rot, c.view, scales.view, ctx); });
+          q.note = copy_share(q);
+        } catch (const std::exception& e) {
+          q.note = std::string("failed: ") + e.what();
+        }
+        rows.push_back(q);
       }
-      rows.push_back(q);
     }
     return rows;
   }

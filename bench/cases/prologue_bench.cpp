@@ -117,6 +117,18 @@ class PrologueBench : public BenchCase {
       fused();
       synchronize(ctx);
       const std::string acc_fused = accuracy_str(s, x, w_f, table, q8, sc, mean, p.sm_scale, is_k, p);
+      // The first-generation kernels on the same problem (A/B for the fast kernels).
+      double legacy_ms = 0;
+      if (env.device == Device::cuda) {
+        detail::set_prologue_cuda_tuning(detail::PrologueCudaTuning{true, 0});
+        try {
+          legacy_ms = env.time_ms(fused);
+        } catch (...) {
+          detail::set_prologue_cuda_tuning({});
+          throw;
+        }
+        detail::set_prologue_cuda_tuning({});
+      }
       const double unfused_ms = env.time_ms(unfused);
       unfused();
       synchronize(ctx);
@@ -133,9 +145,21 @@ class PrologueBench : public BenchCase {
       row.baseline = "copy of the same bytes";
       row.baseline_ms = env.copy_ms(bytes / 2);
       row.accuracy = acc_fused;
+      const double copy_ms = row.baseline_ms;
       row.note = "minimal bytes: " + std::string(is_k ? "2 reads" : "1 read") +
-                 " of x + int8 + scales; unfused lowbit steps " + fmt_ms(unfused_ms) + " ms";
+                 " of x + int8 + scales; " + fmt_pct(copy_ms / fused_ms) +
+                 " of copy bandwidth (goal 85%); unfused lowbit steps " + fmt_ms(unfused_ms) +
+                 " ms";
       rows.push_back(row);
+      if (legacy_ms > 0) {
+        Row l = row;
+        l.op = is_k ? "k: same, vs first-generation kernels"
+                    : "q: same, vs first-generation kernels";
+        l.baseline = "first-generation kernels";
+        l.baseline_ms = legacy_ms;
+        l.note = "first-generation kernels: " + fmt_pct(copy_ms / legacy_ms) + " of copy bandwidth";
+        rows.push_back(l);
+      }
       Row u = row;
       u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"
                   : "q: same, vs unfused lowbit steps (norm, rope, quantize)";
@@ -145,6 +169,12 @@ class PrologueBench : public BenchCase {
       u.note = "unfused moves " + fmt_ms((bytes + 4 * x_bytes) / 1e9) + " GB";
       rows.push_back(u);
     }
+  }
+
+  static std::string fmt_pct(double f) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f%%", 100.0 * f);
+    return buf;
   }
 
   static std::string fmt_ms(double v) {

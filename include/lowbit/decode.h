@@ -78,6 +78,11 @@ struct DecodePlan {
   // for fp8 caches (faster at every measured H200 shape); for int4 and f16 it is opt-in (faster
   // at the bench shapes but slower at B=8, L=8192 in bench/python_gpu_check.py); docs/decode.md.
   bool tensor_cores = false;
+  // CUDA: run the bandwidth-first streaming kernel (no shared-memory staging of K/V, warps stream
+  // their own keys into mma fragments; int4, fp8, f16 caches; D 64, 128). plan_decode sets it
+  // where it applies, with more, shorter splits; it takes precedence over tensor_cores. False
+  // selects the older kernels (tensor_cores, else the CUDA-core kernel). docs/decode.md.
+  bool streaming = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

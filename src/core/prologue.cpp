@@ -1,5 +1,6 @@
 // Front of the attention prologue: validates every argument (nothing is read or written before
 // all checks pass), resolves views into PrologueArgs, dispatches on the device.
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -266,6 +267,23 @@ void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out
 }
 
 namespace detail {
+
+namespace {
+std::atomic<bool> g_legacy{false};
+std::atomic<int> g_heads_per_cta{0};
+}  // namespace
+
+void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
+  g_legacy.store(t.legacy);
+  g_heads_per_cta.store(t.heads_per_cta);
+}
+
+PrologueCudaTuning prologue_cuda_tuning() {
+  PrologueCudaTuning t;
+  t.legacy = g_legacy.load();
+  t.heads_per_cta = g_heads_per_cta.load();
+  return t;
+}
 
 void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Context& ctx) {
   const char* op = "norm_rope_store";

@@ -74,6 +74,17 @@ void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_s
 }  // namespace cuda
 
 namespace detail {
+// Internal knobs of the CUDA prologue kernels, for tests and the bench's A/B rows only (never set
+// by library code): `legacy` forces the first-generation kernels (kept as the fallback for
+// segmented weights, partial rotary, WARP_Q and blocks the fast kernels do not tile);
+// `heads_per_cta` > 0 overrides the head-group heuristic of the fast kernels.
+struct PrologueCudaTuning {
+  bool legacy = false;
+  int heads_per_cta = 0;
+};
+void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
+PrologueCudaTuning prologue_cuda_tuning();
+
 // The unfused steps a pipeline without the prologue runs (used by the bench's unfused baseline):
 // y = round_to_x_dtype(rope(norm(x))), each part on when the Prologue has it; p.mean, sm_scale
 // and the layout are ignored.

@@ -218,14 +218,22 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   p.format = cache.format;
   const int64_t len = std::max<int64_t>(
       1, max_seq_len > 0 ? std::min(max_seq_len, p.capacity) : p.capacity);
+  // The streaming kernel (CUDA; int4, fp8, f16; D 64, 128) is the default where it applies.
+  p.streaming = p.device == Device::cuda &&
+                (p.format == KvFormat::int4 || p.format == KvFormat::fp8 ||
+                 p.format == KvFormat::f16) &&
+                (D == 64 || D == 128);
   // Enough chunks to fill the machine several times over, none shorter than min_split keys
-  // (shorter chunks cost more in the merge than they win in parallelism).
+  // (shorter chunks cost more in the merge than they win in parallelism). The streaming kernel
+  // keeps 3 CTAs of 4 warps per multiprocessor: 16 CTAs per multiprocessor is 5+ waves, with
+  // chunks of at least 1024 keys (64 groups of 16, 16 per warp; fewer splits keep the partials
+  // and the merge small at B = 1).
   int64_t target, min_split;
   if (p.device == Device::cuda) {
     p.multiprocessors = 0;
     LOWBIT_CUDA_CALL(op, (p.multiprocessors = cuda::decode_multiprocessors()));
-    target = 4 * static_cast<int64_t>(p.multiprocessors);
-    min_split = 256;
+    target = (p.streaming ? 16 : 4) * static_cast<int64_t>(p.multiprocessors);
+    min_split = p.streaming ? 1024 : 256;
   } else {
     target = 2 * static_cast<int64_t>(cpu::thread_count(ctx));
     min_split = 64;
@@ -235,9 +243,9 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   splits = std::max<int64_t>(1, std::min(splits, ceil_div64(len, min_split)));
   p.split_size = ceil_div64(ceil_div64(len, splits), 16) * 16;
   p.n_splits = static_cast<int>(ceil_div64(len, p.split_size));
-  // fp8 caches take the tensor-core kernel by default: on the H200 (2026-11-29) it passed the
-  // harness and was faster than the CUDA-core kernel at all nine bench configurations (1.0-2.5x;
-  // docs/decode.md). int4 and f16 stay opt-in (slower at B=8, L=8192 / on paged f16 caches).
+  // Without streaming (an explicit choice), fp8 caches take the tensor-core kernel: on the H200
+  // (2026-11-29) it passed the harness and was faster than the CUDA-core kernel at all nine bench
+  // configurations (1.0-2.5x; docs/decode.md).
   p.tensor_cores = p.device == Device::cuda && p.format == KvFormat::fp8 && (D == 64 || D == 128);
   return p;
 }

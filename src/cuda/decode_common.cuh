@@ -134,6 +134,13 @@ struct DecodeParams {
 bool decode_mma_supported(KvFormat format, int D);
 void launch_decode_mma(const DecodeParams& p, KvFormat format, int D, int64_t B, cudaStream_t stream);
 
+// Bandwidth-first streaming split kernel: int4 / fp8 / f16 caches, D 64 or 128 (decode_stream.cu).
+bool decode_stream_supported(KvFormat format, int D);
+// Widest global load (16, 8 or 4 bytes) every row's code words allow.
+int stream_vector_bytes(const KvCache& c);
+void launch_decode_stream(const DecodeParams& p, KvFormat format, int D, int vec, int64_t B,
+                          cudaStream_t stream);
+
 // Widest access (16, 8 or 4 bytes) that every row start of both caches allows.
 inline int row_vector_bytes(const KvCache& c) {
   const CacheArgs a = make_cache_args(c);

@@ -25,7 +25,10 @@ constexpr int kCols = kTiles * 8;
 constexpr int kChunk = 64;
 // Fusing the activation rotation into every CTA pays while the M rows are few: each CTA re-reads
 // and re-rotates them (L2 traffic M * K * 2 bytes per CTA). Past these limits: two kernels.
-constexpr int kFuseMaxM = 4;
+// kFuseMaxM = 0: the fused mode is off since the register rotate kernel (linear_rotate.cu) makes
+// the separate rotate + quantize launch cheap, while every fused CTA re-rotates the rows; set it
+// back to 4 to select the fused kernel again.
+constexpr int kFuseMaxM = 0;
 constexpr int64_t kFuseMaxSmem = 96 * 1024;
 
 // Bytes of dynamic shared memory of the fused kernel: the fp32 rotated row + M rows of codes.
@@ -156,6 +159,241 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeParams p) {
   }
 }
 
+// fold_code with the code already in fp32 (exact: |code| <= 8).
+__device__ __forceinline__ int32_t fold_code_f(float code, float ratio) {
+  const int32_t r = __float2int_rn(__fmul_rn(code, ratio));
+  return max(-127, min(127, r));
+}
+
+// ---- Streaming kernel (packed 4-bit with group 128, comfy int4, int8; K % 128 == 0) ----
+// The weight stream is the whole cost at M <= 16, so this kernel is built around it: each lane
+// issues 16-byte loads of packed codes (kPieces per step in flight), and the 4 lanes of a weight
+// row (tid4 = 0..3) read one 128-column group as 4 x 32 codes, 64 contiguous bytes: fully used
+// sectors. The fold onto the int8 grid (SPEC §3.3: clamp(rint(code * ratio))) depends only on
+// the 4-bit code and the group's ratio, so the lanes of a row build the group's 16-entry int8
+// table together (4 entries each, 3 shuffles) and look codes up with byte permutes: no
+// conversion per weight. Comfy int4's table is the constant sign extension. The int32 sums go
+// through mma.sync m16n8k32 (rows >= M are zero); lane (gid, tid4) feeds the mma the 32 columns
+// it loaded (k step j takes codes 8j .. 8j + 7), and the activation fragments use the same
+// columns, so the sums are the prefill path's integer sums. The warps of a CTA split K; their
+// partials meet in shared memory and the first warp applies the shared epilogue. int8 weights
+// (convrot8) take the same kernel without the table: 32 bytes per lane and piece.
+constexpr int kPieces = 4;
+// false selects the general kernel for the 4-bit formats too.
+constexpr bool kUseDecode4 = true;
+// false: plain launches (no overlap with the rotate kernel before it).
+constexpr bool kUsePdl = true;  // 128-column groups per lane and step (4 x 16 bytes in flight)
+
+// Programmatic dependent launch (sm_90): wait until the grids this one depends on completed and
+// their writes are visible; a no-op when the kernel was launched without the attribute.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Byte b (b = 0..3) of the result is table[nibble b of sel16] (sel16: 4 nibbles, 0..15).
+__device__ __forceinline__ uint32_t lut4(uint32_t sel16, const uint32_t lut[4]) {
+  const uint32_t idx = sel16 & 0x7777u;
+  const uint32_t lo = __byte_perm(lut[0], lut[1], idx);
+  const uint32_t hi = __byte_perm(lut[2], lut[3], idx);
+  // 0xff in byte b when bit 3 of nibble b is set: selector 9 replicates the sign of 0x80.
+  const uint32_t msel = (sel16 & 0x8888u) | ((sel16 >> 3) & 0x1111u);
+  const uint32_t mask = __byte_perm(0x8000u, 0u, msel);
+  return (hi & mask) | (lo & ~mask);
+}
+
+// Weight kinds of decode4_kernel.
+constexpr int kWComfy = 0, kWPacked4 = 1, kWInt8 = 2;
+// 128-column pieces per step, and 16-byte loads per piece and lane (int8: 32 codes = 32 bytes).
+__host__ __device__ constexpr int pieces_of(int wf) { return wf == kWInt8 ? 2 : kPieces; }
+__host__ __device__ constexpr int units_of(int wf) { return wf == kWInt8 ? 2 : 1; }
+
+template <int WF>
+__global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_per_warp) {
+  constexpr int P = pieces_of(WF), U = units_of(WF);
+  __shared__ int32_t red[8][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const int gid = lane >> 2, tid4 = lane & 3;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 8;
+  const int64_t n = n0 + gid;
+  const bool n_in = n < p.w.N;
+  const int64_t groups = p.w.K / 128;
+  const uint8_t* wrow = p.w.codes + (n_in ? n : 0) * p.w.row_bytes;
+  const float* ratios = (WF == kWPacked4 && p.w.ratios)
+                            ? p.w.ratios + (n_in ? n : 0) * p.w.groups_per_row
+                            : nullptr;
+  const bool row_lo = gid < p.M, row_hi = gid + 8 < p.M;
+  const int8_t* a_lo = p.a + (row_lo ? gid : 0) * p.lda;
+  const int8_t* a_hi = p.a + (row_hi ? gid + 8 : 0) * p.lda;
+  // This lane's 4 table entries u = 4 tid4 + e hold the codes c = u - 7 (packed) as floats.
+  float cf[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) cf[e] = static_cast<float>(4 * tid4 + e - 7);
+
+  int32_t acc[4] = {0, 0, 0, 0};
+  // One step's weights: P x U 16-byte loads + the groups' ratios (zeros / 1 past the end).
+  auto load_step = [&](int64_t g0, uint4(&wq)[P * U], float(&ratio)[P]) {
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int64_t g = g0 + i;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        wq[i * U + u] = make_uint4(0, 0, 0, 0);
+        if (n_in && g < groups)
+          wq[i * U + u] = __ldg(
+              reinterpret_cast<const uint4*>(wrow + g * (64 * U) + tid4 * (16 * U)) + u);
+      }
+      ratio[i] = (ratios && g < groups) ? __ldg(ratios + g) : 1.f;
+    }
+  };
+  uint4 wq[P * U];
+  float ratio[P];
+  int64_t g0 = static_cast<int64_t>(warp) * P;
+  const int64_t g_stride = static_cast<int64_t>(nwarps) * P;
+  // The weights do not come from the previous kernel: the first step's loads are issued before
+  // waiting for it (programmatic dependent launch: the rotate kernel writes the activations).
+  load_step(g0, wq, ratio);
+  grid_dependency_wait();
+  for (int it = 0; it < steps_per_warp; ++it, g0 += g_stride) {
+    if (g0 >= groups) break;  // warp-uniform
+    uint4 wn[P * U];
+    float rn[P];
+    load_step(g0 + g_stride, wn, rn);  // in flight during this step
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int64_t g = g0 + i;
+      if (g >= groups) break;  // warp-uniform
+      uint32_t lut[4] = {0u, 0u, 0u, 0u};
+      if constexpr (WF == kWComfy) {
+        lut[0] = 0x03020100u, lut[1] = 0x07060504u, lut[2] = 0xfbfaf9f8u, lut[3] = 0xfffefdfcu;
+      } else if constexpr (WF == kWPacked4) {
+        uint32_t own;
+        if (ratios) {
+          own = pack4(fold_code_f(cf[0], ratio[i]), fold_code_f(cf[1], ratio[i]),
+                      fold_code_f(cf[2], ratio[i]), fold_code_f(cf[3], ratio[i]));
+        } else {
+          own = pack4(4 * tid4 - 7, 4 * tid4 - 6, 4 * tid4 - 5, 4 * tid4 - 4);
+        }
+#pragma unroll
+        for (int t = 0; t < 4; ++t) lut[t] = __shfl_sync(0xffffffffu, own, (lane & ~3) | t);
+      }
+      // Activation columns of this piece: [128 g + 32 tid4, + 32), rows gid and gid + 8.
+      const int64_t k = g * 128 + tid4 * 32;
+      uint4 alo[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+      uint4 ahi[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+      // Coherent loads: the codes were written by the grid this one overlapped (PDL).
+      if (row_lo) {
+        alo[0] = reinterpret_cast<const uint4*>(a_lo + k)[0];
+        alo[1] = reinterpret_cast<const uint4*>(a_lo + k)[1];
+      }
+      if (row_hi) {
+        ahi[0] = reinterpret_cast<const uint4*>(a_hi + k)[0];
+        ahi[1] = reinterpret_cast<const uint4*>(a_hi + k)[1];
+      }
+      uint32_t wv[4 * U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        wv[4 * u] = wq[i * U + u].x, wv[4 * u + 1] = wq[i * U + u].y;
+        wv[4 * u + 2] = wq[i * U + u].z, wv[4 * u + 3] = wq[i * U + u].w;
+      }
+      const uint32_t lo_w[8] = {alo[0].x, alo[0].y, alo[0].z, alo[0].w,
+                                alo[1].x, alo[1].y, alo[1].z, alo[1].w};
+      const uint32_t hi_w[8] = {ahi[0].x, ahi[0].y, ahi[0].z, ahi[0].w,
+                                ahi[1].x, ahi[1].y, ahi[1].z, ahi[1].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // codes 8j .. 8j + 7 of the lane's 32
+        uint32_t b0, b1;
+        if constexpr (WF == kWInt8) {
+          b0 = wv[2 * j], b1 = wv[2 * j + 1];
+        } else {  // 4-bit: word j holds the 8 codes
+          b0 = lut4(wv[j], lut), b1 = lut4(wv[j] >> 16, lut);
+        }
+        const uint32_t a[4] = {lo_w[2 * j], hi_w[2 * j], lo_w[2 * j + 1], hi_w[2 * j + 1]};
+        mma_s8(acc, a, b0, b1);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < P * U; ++i) wq[i] = wn[i];
+#pragma unroll
+    for (int i = 0; i < P; ++i) ratio[i] = rn[i];
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) red[warp][r][lane] = acc[r];
+  __syncthreads();
+  if (warp != 0) return;
+  int32_t sum[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    int32_t s = 0;
+    for (int w = 0; w < nwarps; ++w) s += red[w][r][lane];
+    sum[r] = s;
+  }
+  const bool out_even = (p.ldo % 2) == 0 && (reinterpret_cast<uintptr_t>(p.out) % 4) == 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = gid + h * 8;
+    const int64_t col = n0 + tid4 * 2;
+    if (row >= p.M || col >= p.w.N) continue;
+    const bool has1 = col + 1 < p.w.N;
+    if (p.acc_out) {
+      p.acc_out[row * p.ldo + col] = sum[2 * h];
+      if (has1) p.acc_out[row * p.ldo + col + 1] = sum[2 * h + 1];
+      continue;
+    }
+    const float v0 = apply_epilogue(p.ep, static_cast<float>(sum[2 * h]), row, col);
+    const float v1 =
+        has1 ? apply_epilogue(p.ep, static_cast<float>(sum[2 * h + 1]), row, col + 1) : 0.f;
+    store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
+  }
+}
+
+// Whether decode4_kernel takes these weights (else the general kernel runs).
+bool decode4_applies(const DecodeParams& p) {
+  const PackedWeightRef& w = p.w;
+  if (w.K % 128 != 0 || p.x || p.lda % 16 != 0 || w.row_bytes % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || reinterpret_cast<uintptr_t>(w.codes) % 16 != 0)
+    return false;
+  if (w.format == WeightFormat::comfy_int4 || w.format == WeightFormat::int8) return true;
+  return w.format == WeightFormat::packed && w.bits == 4 && (!w.ratios || w.group == 128);
+}
+
+void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
+  const int wf = p.w.format == WeightFormat::comfy_int4
+                     ? kWComfy
+                     : (p.w.format == WeightFormat::int8 ? kWInt8 : kWPacked4);
+  const int64_t steps = ceil_div(p.w.K / 128, pieces_of(wf));
+  const int64_t per_warp = ceil_div(steps, 8);
+  const int warps = static_cast<int>(ceil_div(steps, per_warp));
+  const unsigned grid = static_cast<unsigned>(ceil_div(p.w.N, 8));
+  // Programmatic dependent launch: the kernel may start while the rotate kernel before it runs
+  // (that kernel triggers at its start); it waits (griddepcontrol.wait) before reading p.a.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  const int pw = static_cast<int>(per_warp);
+  auto go = [&](auto kernel) {
+    // Where the attribute is refused (a configuration error, not sticky): a plain launch.
+    if (kUsePdl && cudaLaunchKernelEx(&cfg, kernel, p, pw) == cudaSuccess) return;
+    (void)cudaGetLastError();
+    kernel<<<cfg.gridDim, cfg.blockDim, 0, stream>>>(p, pw);
+  };
+  if (wf == kWComfy) {
+    go(decode4_kernel<kWComfy>);
+  } else if (wf == kWInt8) {
+    go(decode4_kernel<kWInt8>);
+  } else {
+    go(decode4_kernel<kWPacked4>);
+  }
+}
+
 template <typename T>
 void launch_fused(const DecodeParams& p, cudaStream_t stream) {
   const int smem = static_cast<int>(fused_smem_bytes(p.M, p.w.K));
@@ -196,6 +434,8 @@ void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
       default:
         launch_fused<float>(p, stream);
     }
+  } else if (kUseDecode4 && decode4_applies(p)) {
+    launch_decode4(p, stream);
   } else {
     decode_kernel<false, int8_t, 16><<<ceil_div(p.w.N, kCols), kThreads, 0, stream>>>(p);
   }

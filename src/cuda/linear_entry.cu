@@ -1,6 +1,7 @@
 // CUDA entry points of the rotated quantized linear family (src/core/linear_backend.h; SPEC §3.5).
 // src/core/linear.cpp has validated every argument; these choose the kernels and launch them:
-//   prefill (M > 16): rotate+quantize -> [unpack] -> mma.sync GEMM with the fused epilogue
+//   prefill (M > 16): rotate+quantize -> [unpack] -> int8 GEMM with the fused epilogue (CUTLASS
+//                     on sm_90a, else wgmma / mma.sync)
 //   decode  (M <= 16, int8-grid qtypes): rotate+quantize -> fused decode GEMM on the packed codes
 //   convrot4 on sm_90: NVFP4 dequantized to f16 (exact) -> f16 mma GEMM, pts in the epilogue
 // Temporary buffers come from the stream-ordered allocator (cudaMallocAsync on the caller's stream).
@@ -217,8 +218,17 @@ void dequantize_rotated(const PackedWeightView& w, float* out, cudaStream_t s, c
   }
 }
 
-// int8 GEMM: wgmma on sm_90a when its self-check passed, mma.sync elsewhere (same bits).
-void gemm_s8(const linear::GemmParams& g, cudaStream_t s) {
+// The CUTLASS int8 GEMM (gemm_cutlass_s8.cu) is the default on sm_90a when its headers were found
+// at configure time and the shapes fit TMA; false keeps the older kernels (same bits) everywhere.
+constexpr bool kCutlassInt8Gemm = true;
+
+// int8 GEMM with the fused epilogue, the first available of: CUTLASS (sm_90a, self-checked),
+// wgmma (sm_90a, self-checked), mma.sync. All give the same output bits.
+void gemm_s8(const linear::GemmParams& g, cudaStream_t s, const char* op) {
+  if (kCutlassInt8Gemm && linear::cutlass_s8_fits(g) && linear::cutlass_s8_available(s)) {
+    Scratch scratch(linear::cutlass_s8_scratch_bytes(g), s, op);
+    if (linear::gemm_cutlass_s8(g, scratch.as<void>(), s)) return;
+  }
   if (linear::wgmma_s8_available(s)) {
     linear::gemm_wgmma_s8(g, s);
   } else {
@@ -365,13 +375,13 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   g.kind = linear::GemmKind::s8;
   if (ref.format == WeightFormat::int8) {
     g.b = w.codes.data;
-    gemm_s8(g, s);
+    gemm_s8(g, s, op);
     return;
   }
   Scratch w8(static_cast<size_t>(O * K), s, op);
   linear::unpack_weight_int8(ref, w8.as<int8_t>(), s);
   g.b = w8.as<void>();
-  gemm_s8(g, s);
+  gemm_s8(g, s, op);
 }
 
 void quantized_linear_backward_input(const PackedWeightView& w, const TensorView& grad_out,

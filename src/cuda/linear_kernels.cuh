@@ -47,6 +47,9 @@ struct RotateQuantParams {
   void* rotated = nullptr;   // rotate_only: (M, K) rotated_dtype, row stride rotated_row_stride
   DType rotated_dtype = DType::bf16;
   int64_t rotated_row_stride = 0;
+  // The first kernel (one CTA of 256 threads per row, the row staged in shared memory) instead
+  // of the register kernel; the register kernel also needs K <= 16384 and falls back past it.
+  bool legacy_kernel = false;
 };
 // Bytes of shared memory one row needs (the rotated row is staged in fp32): K * 4.
 int64_t rotate_quantize_smem_bytes(int64_t K);
@@ -89,6 +92,21 @@ size_t gemm_fp8_cublaslt_workspace_bytes();
 // device runs it (sm_90 and a one-time self-check against the mma.sync kernel passed).
 bool wgmma_s8_available(cudaStream_t stream);
 void gemm_wgmma_s8(const GemmParams& p, cudaStream_t stream);
+// kind s8 on sm_90a through CUTLASS 3.x (gemm_cutlass_s8.cu; compiled in when the CUTLASS headers
+// were found, LOWBIT_HAVE_CUTLASS). cutlass_s8_available(): sm_90 and a one-time bitwise
+// self-check against the mma.sync kernel passed. cutlass_s8_fits(p): out bf16/f16, K, lda, ldb
+// multiples of 16, ldo and N multiples of 8, 16-byte aligned pointers, no acc_out / tensor scale.
+// gemm_cutlass_s8 needs cutlass_s8_scratch_bytes(p) device bytes of scratch (256-byte aligned) and
+// returns false, having launched nothing, when CUTLASS refuses the arguments.
+bool cutlass_s8_available(cudaStream_t stream);
+bool cutlass_s8_fits(const GemmParams& p);
+size_t cutlass_s8_scratch_bytes(const GemmParams& p);
+bool gemm_cutlass_s8(const GemmParams& p, void* scratch, cudaStream_t stream);
+// The alternative tile configuration (256 x 128, cluster 1 x 2; bf16 output only), for the bench
+// rows that choose between the two: same contract as gemm_cutlass_s8, no self-check of its own
+// (call it only after cutlass_s8_available() returned true).
+size_t cutlass_s8_alt_scratch_bytes(const GemmParams& p);
+bool gemm_cutlass_s8_alt(const GemmParams& p, void* scratch, cudaStream_t stream);
 
 // The epilogue on one accumulator (the same function everywhere, so every path gives the same
 // bits: the prefill GEMM, the decode kernel, and the CPU's fp32 order).

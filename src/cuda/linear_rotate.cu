@@ -16,6 +16,9 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <type_traits>
+
 #include "lowbit/dtype.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/linear_kernels.cuh"
@@ -128,8 +131,384 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
   }
 }
 
+// ---- Register kernel (the default) ---------------------------------------------------------
+// One CTA per row, K / 16 threads (rounded up to whole warps). Thread `tid` of the row owns the
+// 16 consecutive input elements [16 tid, 16 tid + 16): block b = tid / (ROT / 16) of the row, and
+// within it g = tid % (ROT / 16), so the thread holds block indices i = 16 g + j, j = 0..15.
+//   - D on the input: d(i) = d(g) · d(j) (digits of g and j are disjoint), a sign flip;
+//   - butterflies h = 1, 2, 4, 8 in registers, h = 16 .. ROT/2 with lane ^ (h / 16) through one
+//     warp shuffle per value and stage (the 16 threads of a block are 16 aligned lanes);
+//   - output: y at block position p(i) = 16 p(g) + p(j) (P acts digit-wise) is d(i) · t_i · 2^-k,
+//     so the thread's 16 outputs are the contiguous, 16-aligned run [16 p(g), 16 p(g) + 16) in
+//     the order j -> p(j): one 16-byte int8 store (or two for 16-bit outputs), and exactly one
+//     NVFP4 block of 16 (its block amax needs no other thread).
+// Per-token amax: warp max, then the CTA's warps through shared memory (one barrier pair).
+// Division by the row scale: z = y / s is correctly rounded through a per-row reciprocal
+// r = RN(1 / s) and two residual corrections (q1 = q0 + (y - s q0) r, then the same once more:
+// Markstein's theorem makes the second one RN(y / s) when q1 is faithful), valid while no
+// residual underflows; rows with s outside [2^-60, 2^60] (or NaN) take IEEE division instead.
+// int8/int4 rounding: z + 1.5 * 2^23 rounds to nearest even in one FADD, and the low byte of the
+// sum's bits is the two's-complement code (|z| <= qmax (1 + 2^-22) here, so no clamp is needed).
+constexpr int kRegMaxThreads = 1024;
+
+__device__ __forceinline__ float sign_if(bool neg, float v) { return neg ? -v : v; }
+
+// NaN-propagating max of |v| into m (max.NaN, sm_80+): one FMNMX.
+__device__ __forceinline__ float amax_nan(float m, float v) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
+  return r;
+}
+
+// The 16 elements of raw 16-byte words (2 for 16-bit types, 4 for f32) as fp32.
+template <typename T>
+__device__ __forceinline__ void unpack_raw(const uint4* raw, float v[16]) {
+  if constexpr (sizeof(T) == 2) {
+    const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w,
+                           raw[1].x, raw[1].y, raw[1].z, raw[1].w};
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        v[2 * q] = __uint_as_float(w[q] << 16);
+        v[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[q]));
+        v[2 * q] = f.x;
+        v[2 * q + 1] = f.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      v[4 * q] = __uint_as_float(raw[q].x), v[4 * q + 1] = __uint_as_float(raw[q].y);
+      v[4 * q + 2] = __uint_as_float(raw[q].z), v[4 * q + 3] = __uint_as_float(raw[q].w);
+    }
+  }
+}
+
+// Loads the thread's 16 elements as fp32 (zeros when !in).
+template <typename T>
+__device__ __forceinline__ void load16(const T* p, bool in, bool vec, float v[16]) {
+  if (!in) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) v[j] = 0.f;
+    return;
+  }
+  if (vec) {
+    if constexpr (sizeof(T) == 2) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
+      const uint4 b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+          v[2 * q] = __uint_as_float(w[q] << 16);
+          v[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
+        } else {
+          const __half2 h = *reinterpret_cast<const __half2*>(&w[q]);
+          const float2 f = __half22float2(h);
+          v[2 * q] = f.x;
+          v[2 * q + 1] = f.y;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(p) + q);
+        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 16; ++j) v[j] = to_f32<T>(p[j]);
+}
+
+// p(j) for j < 16 (swap the two bits of both base-4 digits), usable in constant expressions.
+__host__ __device__ constexpr int p16(int j) {
+  return ((j & 5) << 1) | ((j >> 1) & 5);
+}
+// d(j) < 0 for j < 16.
+__host__ __device__ constexpr bool dneg16(int j) {
+  return ((j & 3) == 3) != ((j >> 2) == 3);
+}
+
+// D, then H_ROT's butterflies (h = 1 .. ROT/2 in order) on the thread's 16 values; g: the
+// thread's 16-group within its block. Leaves t = (x·D·H) unnormalized, in register order j.
+template <int ROT>
+__device__ __forceinline__ void hadamard16(float v[16], int g) {
+  const bool neg_g = d_sign(g) < 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    v[j] = sign_if(neg_g != dneg16(j), v[j]);
+  }
+#pragma unroll
+  for (int h = 1; h < 16; h <<= 1) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      if ((j & h) == 0) {
+        const float a = v[j], b = v[j + h];
+        v[j] = __fadd_rn(a, b);
+        v[j + h] = __fsub_rn(a, b);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 16; h < ROT; h <<= 1) {
+    const int lx = h / 16;
+    // lower element of the pair (own a, partner b): a + b; upper (own b, partner a): a - b.
+    const float s = (g & lx) ? -1.f : 1.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float other = __shfl_xor_sync(0xffffffffu, v[j], lx);
+      v[j] = __fmaf_rn(s, v[j], other);  // s * v is exact: RN(other -/+ v)
+    }
+  }
+}
+
+template <typename T, int ROT, ActFormat FMT>
+__global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(RotateQuantParams p,
+                                                                           bool vec_in,
+                                                                           bool vec_out) {
+  __shared__ float warp_amax[2][kRegMaxThreads / 32];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // A kernel launched after this one with programmatic dependent launch (the 4-bit decode
+  // kernel) may start now: it streams its weights and waits (griddepcontrol.wait) for our writes.
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int K = static_cast<int>(p.K);
+  const bool in = tid * 16 < K;
+  const int g = tid & (ROT / 16 - 1);
+  // The block's first element, plus p(g) groups of 16 (g < 16: at most two base-4 digits).
+  const int out0 = (tid * 16 - g * 16) + p16(g) * 16;
+  constexpr float kNorm = ROT == 16 ? 0.25f : (ROT == 64 ? 0.125f : 0.0625f);
+  // Rows blockIdx.x, + gridDim.x, ...: the next row's 32 (f32: 64) bytes are loaded while this
+  // one is computed, so a CTA keeps its loads in flight through the barrier and the stores.
+  constexpr int kRaw = sizeof(T) == 2 ? 2 : 4;
+  uint4 raw[kRaw];
+  auto fetch = [&](int64_t r) {
+    if (in && vec_in && r < p.M) {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) +
+                                                        r * p.x_row_stride + tid * 16);
+#pragma unroll
+      for (int q = 0; q < kRaw; ++q) raw[q] = __ldg(src + q);
+    }
+  };
+  fetch(blockIdx.x);
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x, parity ^= 1) {
+    float v[16];
+    if (in && vec_in) {
+      unpack_raw<T>(raw, v);
+    } else {
+      load16<T>(static_cast<const T*>(p.x) + row * p.x_row_stride + tid * 16, in, false, v);
+    }
+    fetch(row + gridDim.x);
+    hadamard16<ROT>(v, g);
+    // The output sign d(p(i)) = d(i) = d(g) d(j), folded into the normalization.
+    const float norm_g = d_sign(g) * kNorm;
+    // y in output order: y[p(j)] = d(j) d(g) t_j 2^-k.
+    float y[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) y[p16(j)] = __fmul_rn(v[j], dneg16(j) ? -norm_g : norm_g);
+
+    if constexpr (FMT == ActFormat::rotate_only) {
+      if (!in) continue;
+      const int64_t off = row * p.rotated_row_stride + out0;
+      if (vec_out && p.rotated_dtype == DType::bf16) {
+        uint32_t w[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          __nv_bfloat162 h = __floats2bfloat162_rn(y[2 * q], y[2 * q + 1]);
+          w[q] = *reinterpret_cast<uint32_t*>(&h);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.rotated) + off);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      } else if (vec_out && p.rotated_dtype == DType::f16) {
+        uint32_t w[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          __half2 h = __floats2half2_rn(y[2 * q], y[2 * q + 1]);
+          w[q] = *reinterpret_cast<uint32_t*>(&h);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(static_cast<__half*>(p.rotated) + off);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      } else if (vec_out && p.rotated_dtype == DType::f32) {
+        float4* dst = reinterpret_cast<float4*>(static_cast<float*>(p.rotated) + off);
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          dst[q] = make_float4(y[4 * q], y[4 * q + 1], y[4 * q + 2], y[4 * q + 3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) store_out(p.rotated, off + j, p.rotated_dtype, y[j]);
+      }
+    } else if constexpr (FMT == ActFormat::nvfp4) {
+      if (!in) continue;
+      float m = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m = amax_nan(m, y[j]);
+      float base = m / 6.f;
+      base = base > 448.f ? 448.f : base;  // NaN stays NaN
+      const uint8_t s8 = dt::f32_to_e4m3(base);
+      float denom = dt::e4m3_to_f32(s8);  // * pts (= 1)
+      if (!(denom > 0.f)) denom = 1.f;
+      uint32_t w[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float z = y[j] / denom;
+        const float c = z < -6.f ? -6.f : (z > 6.f ? 6.f : z);
+        w[j / 8] |= static_cast<uint32_t>(dt::f32_to_e2m1(c)) << (4 * (j % 8));
+      }
+      uint8_t* codes = static_cast<uint8_t*>(p.codes) + row * p.codes_row_stride + out0 / 2;
+      if (vec_out) {
+        *reinterpret_cast<uint2*>(codes) = make_uint2(w[0], w[1]);
+      } else {
+#pragma unroll
+        for (int b = 0; b < 8; ++b) codes[b] = static_cast<uint8_t>(w[b / 4] >> (8 * (b % 4)));
+      }
+      p.block_scales[row * (p.K / 16) + out0 / 16] = s8;
+    } else {
+      // Per-token scale. amax of |y| = amax of |t| · 2^-k exactly (rounding is monotonic).
+      float m = 0.f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m = amax_nan(m, y[j]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+      // Two buffers by row parity: a warp writing the next row's entry has passed this row's
+      // barrier, which every warp reaches only after reading the previous row's entries.
+      if (lane == 0) warp_amax[parity][warp] = m;
+      __syncthreads();
+      m = warp_amax[parity][0];
+      for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
+        m = amax_nan(m, warp_amax[parity][w]);
+      constexpr float kQmax =
+          FMT == ActFormat::int8 ? 127.f : (FMT == ActFormat::int4 ? 7.f : 448.f);
+      float scale = m / kQmax;
+      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
+      if (tid == 0) p.scales[row] = scale;
+      if (!in) continue;
+
+      float z[16];
+      if (scale >= 0x1p-60f && scale <= 0x1p60f) {
+        const float r = __frcp_rn(scale);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float q0 = __fmul_rn(y[j], r);
+          const float q1 = __fmaf_rn(__fmaf_rn(-scale, q0, y[j]), r, q0);
+          z[j] = __fmaf_rn(__fmaf_rn(-scale, q1, y[j]), r, q1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) z[j] = __fdiv_rn(y[j], scale);
+      }
+      uint32_t w[4];
+      if constexpr (FMT == ActFormat::e4m3) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint32_t word = 0;
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            word |= (static_cast<uint32_t>(__nv_cvt_float_to_fp8(z[4 * q + j], __NV_SATFINITE,
+                                                                  __NV_E4M3)) & 0xffu)
+                    << (8 * j);
+          w[q] = word;
+        }
+      } else {
+        constexpr int kLim = FMT == ActFormat::int8 ? 127 : 7;
+        const bool fast = scale >= 0x1p-60f && scale <= 0x1p60f;
+        uint32_t b[16];
+#pragma unroll
+        for (int j = 0; j < 16; ++j)
+          b[j] = fast ? __float_as_uint(__fadd_rn(z[j], 12582912.f))
+                      : static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -kLim, kLim));
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          w[q] = __byte_perm(__byte_perm(b[4 * q], b[4 * q + 1], 0x0040),
+                             __byte_perm(b[4 * q + 2], b[4 * q + 3], 0x0040), 0x5410);
+      }
+      uint8_t* codes = static_cast<uint8_t*>(p.codes) + row * p.codes_row_stride + out0;
+      if (vec_out) {
+        *reinterpret_cast<uint4*>(codes) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+#pragma unroll
+        for (int bb = 0; bb < 16; ++bb)
+          codes[bb] = static_cast<uint8_t>(w[bb / 4] >> (8 * (bb % 4)));
+      }
+    }
+  }  // rows
+}
+
+template <typename T, int ROT, ActFormat FMT>
+void launch_reg(const RotateQuantParams& p, cudaStream_t stream) {
+  const int threads = static_cast<int>((p.K / 16 + 31) / 32 * 32);
+  const bool vec_in = reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+                      (p.x_row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  bool vec_out;
+  if constexpr (FMT == ActFormat::rotate_only) {
+    const int64_t es = dtype_bits(p.rotated_dtype) / 8;
+    vec_out = reinterpret_cast<uintptr_t>(p.rotated) % 16 == 0 &&
+              (p.rotated_row_stride * es) % 16 == 0;
+  } else {
+    const int64_t a = FMT == ActFormat::nvfp4 ? 8 : 16;
+    vec_out = reinterpret_cast<uintptr_t>(p.codes) % a == 0 && p.codes_row_stride % a == 0;
+  }
+  // As many CTAs as are resident at once (each loops over rows), at most one per row.
+  auto kernel = rotate_quantize_reg_kernel<T, ROT, FMT>;
+  const int sms = multiprocessor_count();
+  int64_t grid = p.M;
+  if (p.M > sms) {
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0),
+               "rotate_quantize", "occupancy");
+    grid = std::min<int64_t>(p.M, static_cast<int64_t>(sms) * std::max(1, per_sm));
+  }
+  kernel<<<static_cast<unsigned>(grid), threads, 0, stream>>>(p, vec_in, vec_out);
+}
+
+template <typename T, ActFormat FMT>
+void launch_reg_fmt(const RotateQuantParams& p, cudaStream_t stream) {
+  switch (p.rot) {
+    case 16:
+      launch_reg<T, 16, FMT>(p, stream);
+      break;
+    case 64:
+      launch_reg<T, 64, FMT>(p, stream);
+      break;
+    default:
+      launch_reg<T, 256, FMT>(p, stream);
+  }
+}
+
+template <typename T>
+void launch_reg_typed(const RotateQuantParams& p, cudaStream_t stream) {
+  switch (p.fmt) {
+    case ActFormat::rotate_only:
+      launch_reg_fmt<T, ActFormat::rotate_only>(p, stream);
+      break;
+    case ActFormat::int8:
+      launch_reg_fmt<T, ActFormat::int8>(p, stream);
+      break;
+    case ActFormat::int4:
+      launch_reg_fmt<T, ActFormat::int4>(p, stream);
+      break;
+    case ActFormat::e4m3:
+      launch_reg_fmt<T, ActFormat::e4m3>(p, stream);
+      break;
+    default:
+      launch_reg_fmt<T, ActFormat::nvfp4>(p, stream);
+  }
+  check_launch("rotate_quantize");
+}
+
 template <typename T>
 void launch_typed(const RotateQuantParams& p, cudaStream_t stream) {
+  if (!p.legacy_kernel && p.K / 16 <= kRegMaxThreads) {
+    launch_reg_typed<T>(p, stream);
+    return;
+  }
   const size_t smem = static_cast<size_t>(rotate_quantize_smem_bytes(p.K));
   const dim3 grid(static_cast<unsigned>(p.M));
   auto go = [&](auto kernel) {

@@ -19,6 +19,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 #include "src/core/check.h"
 #include "src/core/prologue_internal.h"
@@ -589,9 +591,7 @@ void dispatch_kernel(const PrologueArgs& a, const char* op, F&& f) {
     by_pair(std::false_type{});
 }
 
-}  // namespace
-
-void norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
+void legacy_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   QuantizeLaunch L;
   L.tile_rows = a.block >= kChunkRows ? a.block : a.block * (kChunkRows / a.block);
   const int64_t padded_rows = a.n_blocks * a.block;
@@ -620,7 +620,7 @@ void norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   check_launch("norm_rope_quantize");
 }
 
-void norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+void legacy_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
   check::that(a.heads <= 65535 && a.batch <= 65535, "norm_rope_mean", "x",
               "cuda grid: expected at most 65535 heads and batch items");
   dim3 grid(kMeanCluster, static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch));
@@ -630,6 +630,623 @@ void norm_rope_mean(const PrologueArgs& a, Context& ctx) {
         <<<grid, kThreads, 0, stream_of(ctx)>>>(a, mode);
   });
   check_launch("norm_rope_mean");
+}
+
+// ==== fast kernels (the default path) ==========================================================
+//
+// Both kernels give each thread one row of a (batch, tile) pair of rows at a time, D/16 lanes per
+// row (16 channels per lane, as above), and loop over a group of heads with the x loads of the
+// next kPrefetch heads (or steps) in flight while the current one is computed. Every value that
+// does not depend on the head is hoisted out of that loop: the norm weight, the rotary table of
+// the row (registers in the quantize kernel, a shared-memory tile in the mean kernel), pointers.
+
+enum RopeKind : int { kRopeNone = 0, kRopePaired = 1, kRopeInterleaved = 2 };
+
+constexpr int kFastMaxWarps = 16;  // quantize CTA: at most 16 warps (a 64-row block at D = 128)
+constexpr int kPrefetch = 3;       // units (heads or steps) whose loads are in flight ahead
+constexpr int kMeanWarps = 4;      // mean CTA: 4 warps ...
+constexpr int kMeanSteps = 4;      // ... each lane summing 4 rows per head before a reduction
+constexpr int kMeanMaxHeads = 8;   // heads per mean CTA (shared partial sums)
+
+template <int D, int ROPE>
+__device__ __forceinline__ void fast_lane_channels(int lane_in_row, int& ch0, int& ch1) {
+  if (ROPE == kRopePaired) {
+    ch0 = 8 * lane_in_row;
+    ch1 = ch0 + D / 2;
+  } else {
+    ch0 = 16 * lane_in_row;
+    ch1 = ch0 + 8;
+  }
+}
+
+__device__ __forceinline__ int lane_channel(int j, int ch0, int ch1) {
+  return (j < 8 ? ch0 : ch1) + (j & 7);
+}
+
+// Two values rounded to the activation dtype and read back (one packed conversion).
+template <bool BF16>
+__device__ __forceinline__ void round_pair(float& a, float& b) {
+  if constexpr (BF16) {  // one packed cvt; the halves read back with a shift and a mask
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const uint32_t bits = *reinterpret_cast<const uint32_t*>(&h);
+    a = __uint_as_float(bits << 16);
+    b = __uint_as_float(bits & 0xffff0000u);
+  } else {
+    const __half2 h = __floats2half2_rn(a, b);
+    a = __low2float(h);
+    b = __high2float(h);
+  }
+}
+
+// rope(norm(x)) of this lane's 16 channels of one row (SPEC §1 order, bit-identical to row_values
+// for full rotary). All lanes of the row call it together (shuffles).
+template <int D, bool BF16, int ROPE>
+__device__ __forceinline__ void fast_row(bool norm, float eps, const float (&w)[16],
+                                         const float (&cs)[8], const float (&sn)[8],
+                                         const uint4 (&raw)[2], float (&v)[16]) {
+  constexpr int LANES = D / 16;
+  float x[16];
+  unpack<BF16>(raw[0], x);
+  unpack<BF16>(raw[1], x + 8);
+  if (norm) {
+    const float p0 = chunk_squares(x), p1 = chunk_squares(x + 8);
+    const float total = ROPE == kRopePaired
+                            ? __fadd_rn(lane_tree_sum<LANES>(p0), lane_tree_sum<LANES>(p1))
+                            : lane_tree_sum<LANES>(__fadd_rn(p0, p1));
+    const float inv = __frsqrt_rn(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps));
+#pragma unroll
+    for (int j = 0; j < 16; ++j) x[j] = __fmul_rn(__fmul_rn(x[j], inv), w[j]);
+#pragma unroll
+    for (int j = 0; j < 16; j += 2) round_pair<BF16>(x[j], x[j + 1]);
+  }
+  if (ROPE == kRopePaired) {  // x[j] leads, x[8 + j] trails: pair ch0 + j
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[j] = __fmaf_rn(cs[j], x[j], -__fmul_rn(sn[j], x[8 + j]));
+      v[8 + j] = __fmaf_rn(sn[j], x[j], __fmul_rn(cs[j], x[8 + j]));
+    }
+  } else if (ROPE == kRopeInterleaved) {  // (x[2i], x[2i+1]): pair ch0 / 2 + i
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[2 * i] = __fmaf_rn(cs[i], x[2 * i], -__fmul_rn(sn[i], x[2 * i + 1]));
+      v[2 * i + 1] = __fmaf_rn(sn[i], x[2 * i], __fmul_rn(cs[i], x[2 * i + 1]));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) v[j] = x[j];
+  }
+}
+
+// Four int32 codes to four int8 (saturating), byte k = code k.
+__device__ __forceinline__ uint32_t pack_s8x4(int c0, int c1, int c2, int c3) {
+  uint32_t hi, out;
+  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, 0;" : "=r"(hi) : "r"(c3), "r"(c2));
+  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(c1), "r"(c0), "r"(hi));
+  return out;
+}
+
+__device__ __forceinline__ int round_code(float q) {
+  return __float2int_rz(__fadd_rn(q, copysignf(0.5f, q)));
+}
+
+// Codes of 16 values with one scale (SPEC §1 rounding). div.full.f32 a / b, for b in the normal
+// range [2^-126, 2^126], is a * rcp.approx(b) (ptxas scales both operands only outside that
+// range), so the reciprocal is taken once: div_full(1, b) is that rcp exactly. Outside the range
+// (subnormal, huge, inf or NaN scales) each value is divided as before; a zero scale gives 0.
+__device__ __forceinline__ void quantize16(const float (&v)[16], float scale, uint32_t (&out)[4]) {
+  const float as = fabsf(scale);
+  int c[16];
+  if (as >= 0x1p-126f && as <= 0x1p126f) {
+    const float r = div_full(1.f, scale);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) c[j] = round_code(__fmul_rn(v[j], r));
+  } else if (scale == 0.f) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) c[j] = 0;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) c[j] = round_code(div_full(v[j], scale));
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    out[k] = pack_s8x4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
+}
+
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Software pipeline over `count` units: the loads of units u+1 .. u+DEPTH are issued before unit
+// u is processed. The ring is fully unrolled, so the buffers stay in registers.
+template <int DEPTH, typename Load, typename Proc>
+__device__ __forceinline__ void pipeline(int count, Load&& load, Proc&& proc) {
+  uint4 buf[DEPTH + 1][2];
+#pragma unroll
+  for (int k = 0; k < DEPTH; ++k)
+    if (k < count) load(k, buf[k]);
+  for (int u0 = 0; u0 < count; u0 += DEPTH + 1) {
+#pragma unroll
+    for (int k = 0; k <= DEPTH; ++k) {
+      const int u = u0 + k;
+      if (u < count) {
+        if (u + DEPTH < count) load(u + DEPTH, buf[(k + DEPTH) % (DEPTH + 1)]);
+        proc(u, buf[k]);
+      }
+    }
+  }
+}
+
+// Loads this lane's 16 norm weights (f32 / bf16 / f16) as fp32.
+__device__ __forceinline__ void load_weights(const PrologueArgs& a, int ch0, int ch1,
+                                             float (&w)[16]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+    w[j] = a.norm ? load_any(a.w, lane_channel(j, ch0, ch1), a.w_dtype) : 1.f;
+}
+
+// ---- fast norm_rope_quantize ------------------------------------------------------------------
+//
+// CTA: `warps` warps own a tile of whole blocks (tile_rows = warps * 32 / LANES rows) of one
+// (batch, tile) for a group of heads. Rows are placed group-major: position p = warp * RW + slot
+// holds row `group_row(g, i)` of block p / block, with p % block = g * G + i, so a scale group's G
+// rows sit in consecutive positions: in one warp (xor shuffles over LANES * G lanes) when G <= RW,
+// else in wpg = G / RW consecutive warps (their maxima meet in shared memory behind a named
+// barrier of those warps only, double-buffered by head parity: one barrier per head).
+// The maximum is taken before sm_scale: max|fl(u * s)| = fl(max|u| * |s|) (rounding is monotone).
+
+struct FastQuantLaunch {
+  int tile_rows;   // rows of a CTA tile: whole blocks
+  int group_rows;  // G: rows per scale group
+  int wpg;         // warps per scale group (1: warp-local)
+  int red_lanes;   // lanes of the in-warp max reduction: min(32, LANES * G)
+  int head_group;  // heads per CTA
+  int table_mode;
+  bool mean_vec;   // mean rows 16-byte aligned: float4 loads
+};
+
+template <int D, bool BF16, int ROPE>
+__global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
+    fast_quantize_kernel(const PrologueArgs a, const FastQuantLaunch L) {
+  constexpr int LANES = D / 16, RW = 32 / LANES;
+  __shared__ float red[2][kFastMaxWarps];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int slot = lane / LANES, lane_in_row = lane % LANES;
+  int ch0, ch1;
+  fast_lane_channels<D, ROPE>(lane_in_row, ch0, ch1);
+  const int64_t b = blockIdx.z, tile = blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
+  const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
+  // This thread's row for the whole head loop.
+  const int p = warp * RW + slot;
+  const int bi = p / a.block, rem = p % a.block;
+  const int g = rem / L.group_rows, gi = rem % L.group_rows;
+  const int64_t blk = tile * (L.tile_rows / a.block) + bi;
+  const int64_t n = blk * a.block + group_row(a.layout, g, gi);
+  const bool ok = n < a.tokens;
+  const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
+
+  float w[16];
+  load_weights(a, ch0, ch1, w);
+  float cs[8], sn[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) cs[i] = 1.f, sn[i] = 0.f;
+  if (ROPE != kRopeNone && ok)
+    load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, cs, sn);
+
+  // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
+  const uint16_t* xrow =
+      static_cast<const uint16_t*>(a.x) + b * a.x_sb + (ok ? n : 0) * a.x_sn + h0 * a.x_sh;
+  int8_t* qrow = a.q + b * a.q_sb + (ok ? n : 0) * a.q_sn + h0 * a.q_sh;
+  float* srow = a.scale + b * a.s_sb + h0 * a.s_sh + blk * a.groups + g;
+  const float* mrow = a.mean ? a.mean + b * a.m_sb + h0 * a.m_sh : nullptr;
+  const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
+  const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
+  const int team_first = warp / L.wpg * L.wpg, team_barrier = 1 + warp / L.wpg;
+  const int team_threads = 32 * L.wpg;
+  const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
+  const float abs_sm = fabsf(a.sm_scale);
+
+  auto load = [&](int u, uint4(&r)[2]) {
+    if (ok) {
+      const uint16_t* px = xrow + u * x_sh;
+      r[0] = load_stream16(px + ch0);
+      r[1] = load_stream16(px + ch1);
+    } else {
+      r[0] = r[1] = make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto proc = [&](int u, const uint4(&r)[2]) {
+    float v[16];
+    fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
+    if (mrow) {
+      const float* m = mrow + u * m_sh;
+      float mv[16];
+      if (L.mean_vec) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float* mk = m + (k < 2 ? ch0 : ch1) + 4 * (k & 1);
+          const float4 t = __ldg(reinterpret_cast<const float4*>(mk));
+          mv[4 * k] = t.x, mv[4 * k + 1] = t.y, mv[4 * k + 2] = t.z, mv[4 * k + 3] = t.w;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) mv[j] = __ldg(m + lane_channel(j, ch0, ch1));
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) v[j] = __fsub_rn(v[j], mv[j]);
+    }
+    // Rows past N are zero (never -mean): they add 0 to the maximum and store nothing.
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) m = max_nan(m, fabsf(v[j]));
+    if (!ok) m = 0.f;
+    for (int o = 1; o < L.red_lanes; o <<= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (L.wpg > 1) {
+      const int par = u & 1;
+      if (lane == 0) red[par][warp] = m;
+      named_barrier(team_barrier, team_threads);
+      m = red[par][team_first];
+      for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
+    }
+    if (scaled) m = __fmul_rn(m, abs_sm);
+    const float scale = __fadd_rn(div_full(m, 127.f), a.scale_eps);
+    if (writer) srow[u * s_sh] = scale;
+    if (!ok) return;
+    if (scaled) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
+    }
+    uint32_t packed[4];
+    quantize16(v, scale, packed);
+    int8_t* q = qrow + u * q_sh;
+    *reinterpret_cast<uint2*>(q + ch0) = make_uint2(packed[0], packed[1]);
+    *reinterpret_cast<uint2*>(q + ch1) = make_uint2(packed[2], packed[3]);
+  };
+  pipeline<kPrefetch>(count, load, proc);
+}
+
+// ---- fast norm_rope_mean ----------------------------------------------------------------------
+//
+// CTA: 4 warps own a tile of TILE = 16 * RW tokens (64 at D = 128) of one batch item for up to 8
+// heads. The tile's rotary rows are staged once in shared memory (a lane's 8 pairs as 4 float4,
+// laid out so a row's lanes read consecutive 16-byte words), then for each head every lane sums
+// its rows of kMeanSteps steps in registers, the CTA adds its 16 (or 32) row slots per channel in
+// slot order, and the 8 CTAs of a cluster (8 consecutive tiles) add their sums in rank order
+// through distributed shared memory into one partial per (batch, head, 8 tiles). A second kernel
+// adds the partials in order and divides by N. Deterministic: no atomics, fixed orders.
+
+template <int D>
+struct MeanSmem {
+  static constexpr int LANES = D / 16, RW = 32 / LANES, RPS = kMeanWarps * RW;
+  static constexpr int TILE = RPS * kMeanSteps;
+  float4 tab[TILE * 4 * LANES];      // (cos, sin, cos, sin) of a lane's pairs 2k, 2k + 1
+  float red[2][RPS][D];              // per-slot sums of one head, double-buffered by head parity
+  float part[kMeanMaxHeads][D];      // the CTA's sum per head
+};
+
+// Index of the table word k (pairs 8 * lane + 2k, +1) of row `row` in MeanSmem::tab: consecutive
+// lanes of a row read consecutive words; at D = 64 two rows share a phase of 8 lanes, so odd rows
+// swap the word pairs to land on the other half of the banks.
+template <int D>
+__device__ __forceinline__ int tab_index(int row, int k, int lane_in_row) {
+  constexpr int LANES = D / 16;
+  const int kk = LANES == 4 ? (k ^ (row & 1)) : k;
+  return (row * 4 + kk) * LANES + lane_in_row;
+}
+
+// (cos, sin) of pairs p and p + 1 of a table row.
+__device__ __forceinline__ float4 table_pair2(const PrologueArgs& a, int mode, int64_t row_off,
+                                              int p) {
+  if (mode == kTablePairsF32)
+    return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
+                                                 2 * static_cast<int64_t>(p)));
+  if (mode == kTableMatrixF32) {
+    const float4* t = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
+                                                      4 * static_cast<int64_t>(p));
+    const float4 t0 = __ldg(t), t1 = __ldg(t + 1);
+    return make_float4(t0.x, t0.z, t1.x, t1.z);
+  }
+  const int64_t o0 = row_off + static_cast<int64_t>(p) * a.r_sp, o1 = o0 + a.r_sp;
+  return make_float4(load_any(a.rope, o0, a.r_dtype), load_any(a.rope, o0 + a.r_sc, a.r_dtype),
+                     load_any(a.rope, o1, a.r_dtype), load_any(a.rope, o1 + a.r_sc, a.r_dtype));
+}
+
+struct FastMeanLaunch {
+  int head_group;
+  int table_mode;
+  int64_t tiles;   // tiles holding tokens (grid.y is padded to a multiple of the cluster)
+  int64_t groups;  // partials per (batch, head): grid.y / kMeanCluster
+};
+
+template <int D, bool BF16, int ROPE>
+__global__ void __cluster_dims__(1, kMeanCluster, 1) __launch_bounds__(kMeanWarps * 32)
+    fast_mean_kernel(const PrologueArgs a, const FastMeanLaunch L, float* partials) {
+  using S = MeanSmem<D>;
+  constexpr int LANES = S::LANES, RW = S::RW, RPS = S::RPS, TILE = S::TILE;
+  constexpr int THREADS = kMeanWarps * 32;
+  extern __shared__ float4 mean_smem[];
+  S& sm = *reinterpret_cast<S*>(mean_smem);
+  cg::cluster_group cluster = cg::this_cluster();
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int slot = lane / LANES, lane_in_row = lane % LANES;
+  int ch0, ch1;
+  fast_lane_channels<D, ROPE>(lane_in_row, ch0, ch1);
+  const int64_t b = blockIdx.z, tile = blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
+  const int nh = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
+  const int64_t n0 = tile * TILE;
+  const bool active = tile < L.tiles;
+
+  if (ROPE != kRopeNone && active) {
+    for (int e = tid; e < TILE * 4 * LANES; e += THREADS) {
+      const int row = e / (4 * LANES), k = (e / LANES) % 4, l = e % LANES;
+      const int64_t n = n0 + row;
+      float4 t = make_float4(1.f, 0.f, 1.f, 0.f);
+      if (n < a.tokens) t = table_pair2(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * l + 2 * k);
+      sm.tab[tab_index<D>(row, k, l)] = t;
+    }
+  }
+  for (int e = tid; e < kMeanMaxHeads * D; e += THREADS) (&sm.part[0][0])[e] = 0.f;
+  float w[16];
+  load_weights(a, ch0, ch1, w);
+  __syncthreads();
+
+  float acc[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) acc[j] = 0.f;
+  const uint16_t* xb = static_cast<const uint16_t*>(a.x) + b * a.x_sb;
+  const int units = active ? nh * kMeanSteps : 0;
+  auto load = [&](int u, uint4(&r)[2]) {
+    const int s = u % kMeanSteps, hl = u / kMeanSteps;
+    const int64_t n = n0 + s * RPS + warp * RW + slot;
+    if (n < a.tokens) {
+      const uint16_t* px = xb + n * a.x_sn + (h0 + hl) * a.x_sh;
+      r[0] = load_stream16(px + ch0);
+      r[1] = load_stream16(px + ch1);
+    } else {
+      r[0] = r[1] = make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto proc = [&](int u, const uint4(&r)[2]) {
+    const int s = u % kMeanSteps, hl = u / kMeanSteps;
+    const int row = s * RPS + warp * RW + slot;
+    float cs[8], sn[8];
+    if (ROPE != kRopeNone) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 t = sm.tab[tab_index<D>(row, k, lane_in_row)];
+        cs[2 * k] = t.x, sn[2 * k] = t.y, cs[2 * k + 1] = t.z, sn[2 * k + 1] = t.w;
+      }
+    }
+    float v[16];
+    fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
+    if (n0 + row < a.tokens) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
+    }
+    if (s == kMeanSteps - 1) {
+      float* rb = sm.red[hl & 1][warp * RW + slot];
+      *reinterpret_cast<float4*>(rb + ch0) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      *reinterpret_cast<float4*>(rb + ch0 + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      *reinterpret_cast<float4*>(rb + ch1) = make_float4(acc[8], acc[9], acc[10], acc[11]);
+      *reinterpret_cast<float4*>(rb + ch1 + 4) = make_float4(acc[12], acc[13], acc[14], acc[15]);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) acc[j] = 0.f;
+      __syncthreads();
+      for (int c = tid; c < D; c += THREADS) {
+        float t = 0.f;
+#pragma unroll 8
+        for (int q = 0; q < RPS; ++q) t = __fadd_rn(t, sm.red[hl & 1][q][c]);
+        sm.part[hl][c] = t;
+      }
+    }
+  };
+  pipeline<kPrefetch>(units, load, proc);
+
+  cluster.sync();  // every CTA's part is final
+  if (cluster.block_rank() == 0) {
+    const int64_t grp = tile / kMeanCluster;
+    for (int e = tid; e < nh * D; e += THREADS) {
+      float t = 0.f;
+      for (int k = 0; k < kMeanCluster; ++k)
+        t = __fadd_rn(t, cluster.map_shared_rank(&sm.part[0][0], k)[e]);
+      const int hl = e / D, c = e % D;
+      partials[((b * a.heads + h0 + hl) * L.groups + grp) * D + c] = t;
+    }
+  }
+  cluster.sync();  // keep every rank's shared memory alive until rank 0 has read it
+}
+
+// mean_out[b, h, c] = (sum over groups, in order, of partials) / N. CTA per (batch, head):
+// thread (c, j) adds groups j, j + 8, ...; then the 8 sums are added in j order.
+template <int D>
+__global__ void __launch_bounds__(D * 8)
+    mean_final_kernel(const PrologueArgs a, const float* partials, int64_t groups) {
+  __shared__ float sums[8][D];
+  const int c = threadIdx.x % D, j = threadIdx.x / D;
+  const int64_t bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const float* p = partials + bh * groups * D + c;
+  float t = 0.f;
+  for (int64_t g = j; g < groups; g += 8) t = __fadd_rn(t, __ldg(p + g * D));
+  sums[j][c] = t;
+  __syncthreads();
+  if (j == 0) {
+    float s = sums[0][c];
+    for (int k = 1; k < 8; ++k) s = __fadd_rn(s, sums[k][c]);
+    a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(s, static_cast<float>(a.tokens));
+  }
+}
+
+// A stream-ordered temporary from lowbit's own never-trimmed pool (one per device), so repeated
+// calls reuse memory instead of mapping it anew.
+cudaMemPool_t prologue_pool(const char* op) {
+  static std::mutex mu;
+  static std::map<int, cudaMemPool_t> pools;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), op, "device");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = pools.find(dev);
+  if (it != pools.end()) return it->second;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = dev;
+  cudaMemPool_t pool = nullptr;
+  check_cuda(cudaMemPoolCreate(&pool, &props), op, "memory pool");
+  uint64_t keep = UINT64_MAX;
+  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), op,
+             "memory pool");
+  pools.emplace(dev, pool);
+  return pool;
+}
+
+class StreamScratch {
+ public:
+  StreamScratch(size_t bytes, cudaStream_t s, const char* op) : stream_(s) {
+    check_cuda(cudaMallocFromPoolAsync(&p_, bytes, prologue_pool(op), s), op, "temporary buffer");
+  }
+  ~StreamScratch() {
+    if (p_) cudaFreeAsync(p_, stream_);
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  float* floats() const { return static_cast<float*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
+};
+
+int rope_kind_of(const PrologueArgs& a) {
+  if (!a.rotate) return kRopeNone;
+  return a.interleaved ? kRopeInterleaved : kRopePaired;
+}
+
+// Options the fast kernels cover: per-head (or no) norm weight, full rotary (or none), and for
+// quantization the PER_BLOCK / THREAD_Q / THREAD_K layouts with a power-of-two block that fits a
+// CTA tile (<= 16 warps of rows).
+bool fast_supported(const PrologueArgs& a, bool quantize) {
+  if (detail::prologue_cuda_tuning().legacy) return false;
+  if (a.w_rows) return false;
+  if (a.rotate && 2 * a.pairs != a.dim) return false;
+  if (!quantize) return true;
+  if (a.layout == ScaleLayout::warp_q) return false;
+  // Head offsets in 32 bits inside the kernel.
+  const int64_t lim = int64_t{1} << 30;
+  for (int64_t st : {a.x_sh, a.q_sh, a.s_sh, a.m_sh})
+    if (st < 0 || st * a.heads >= lim) return false;
+  if (a.block <= 0 || (a.block & (a.block - 1)) != 0) return false;
+  const int rw = 32 / static_cast<int>(a.dim / 16);
+  return a.block <= kFastMaxWarps * rw;
+}
+
+// Heads per CTA: enough CTAs for several waves (~`per_sm` CTAs per SM), the rest looped.
+int heads_per_cta(const PrologueArgs& a, int64_t units_per_head, int64_t per_sm, int cap) {
+  const int forced = detail::prologue_cuda_tuning().heads_per_cta;
+  int64_t hg = forced > 0 ? forced
+                          : (units_per_head * a.heads + per_sm * multiprocessor_count() - 1) /
+                                (per_sm * multiprocessor_count());
+  hg = std::clamp<int64_t>(hg, 1, std::min<int64_t>(a.heads, cap));
+  const int64_t groups = (a.heads + hg - 1) / hg;
+  return static_cast<int>((a.heads + groups - 1) / groups);  // balanced groups
+}
+
+template <typename F>
+void dispatch_fast(const PrologueArgs& a, const char* op, F&& f) {
+  auto by_rope = [&](auto d, auto bf) {
+    switch (rope_kind_of(a)) {
+      case kRopePaired: f(d, bf, std::integral_constant<int, kRopePaired>{}); break;
+      case kRopeInterleaved: f(d, bf, std::integral_constant<int, kRopeInterleaved>{}); break;
+      default: f(d, bf, std::integral_constant<int, kRopeNone>{}); break;
+    }
+  };
+  auto by_dim = [&](auto bf) {
+    if (a.dim == 64)
+      by_rope(std::integral_constant<int, 64>{}, bf);
+    else if (a.dim == 128)
+      by_rope(std::integral_constant<int, 128>{}, bf);
+    else
+      check::fail(op, "x", "head dim on cuda: expected 64 or 128, got " + std::to_string(a.dim));
+  };
+  if (a.x_dtype == DType::bf16)
+    by_dim(std::true_type{});
+  else
+    by_dim(std::false_type{});
+}
+
+void fast_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
+  const int lanes = static_cast<int>(a.dim / 16), rw = 32 / lanes;
+  FastQuantLaunch L;
+  L.tile_rows = std::max(a.block, 4 * rw);  // >= 4 warps; both powers of two: whole blocks
+  L.group_rows = a.block / a.groups;
+  L.wpg = L.group_rows > rw ? L.group_rows / rw : 1;
+  L.red_lanes = std::min(32, lanes * L.group_rows);
+  L.table_mode = table_mode_of(a);
+  L.mean_vec = a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 &&
+               a.m_sh % 4 == 0;
+  const int64_t tiles = (a.n_blocks * a.block + L.tile_rows - 1) / L.tile_rows;
+  L.head_group = heads_per_cta(a, tiles * a.batch, 8, a.heads);
+  const int64_t head_groups = (a.heads + L.head_group - 1) / L.head_group;
+  check::that(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
+              "cuda grid: expected at most 65535 tiles and batch items, got " +
+                  std::to_string(tiles) + " and " + std::to_string(a.batch));
+  const int threads = L.tile_rows / rw * 32;
+  dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
+            static_cast<unsigned>(a.batch));
+  dispatch_fast(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
+    fast_quantize_kernel<decltype(d)::value, decltype(bf)::value, decltype(rope)::value>
+        <<<grid, threads, 0, stream_of(ctx)>>>(a, L);
+  });
+  check_launch("norm_rope_quantize");
+}
+
+void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+  const int lanes = static_cast<int>(a.dim / 16), rw = 32 / lanes;
+  const int tile_rows = kMeanWarps * rw * kMeanSteps;
+  FastMeanLaunch L;
+  L.table_mode = table_mode_of(a);
+  L.tiles = (a.tokens + tile_rows - 1) / tile_rows;
+  const int64_t padded = (L.tiles + kMeanCluster - 1) / kMeanCluster * kMeanCluster;
+  L.groups = padded / kMeanCluster;
+  L.head_group = heads_per_cta(a, L.tiles * a.batch, 16, kMeanMaxHeads);
+  const int64_t head_groups = (a.heads + L.head_group - 1) / L.head_group;
+  check::that(padded <= 65535 && a.batch <= 65535, "norm_rope_mean", "x",
+              "cuda grid: expected at most 65535 token tiles and batch items, got " +
+                  std::to_string(padded) + " and " + std::to_string(a.batch));
+  cudaStream_t stream = stream_of(ctx);
+  StreamScratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.groups * a.dim),
+                     stream, "norm_rope_mean");
+  dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(padded),
+            static_cast<unsigned>(a.batch));
+  dispatch_fast(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
+    constexpr int D = decltype(d)::value;
+    auto kernel = fast_mean_kernel<D, decltype(bf)::value, decltype(rope)::value>;
+    const int smem = static_cast<int>(sizeof(MeanSmem<D>));
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "norm_rope_mean", "shared memory");
+    kernel<<<grid, kMeanWarps * 32, smem, stream>>>(a, L, part.floats());
+    check_launch("norm_rope_mean");
+    mean_final_kernel<D><<<static_cast<unsigned>(a.batch * a.heads), D * 8, 0, stream>>>(
+        a, part.floats(), L.groups);
+  });
+  check_launch("norm_rope_mean");
+}
+
+}  // namespace
+
+void norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
+  if (fast_supported(a, true))
+    fast_norm_rope_quantize(a, ctx);
+  else
+    legacy_norm_rope_quantize(a, ctx);
+}
+
+void norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+  if (fast_supported(a, false))
+    fast_norm_rope_mean(a, ctx);
+  else
+    legacy_norm_rope_mean(a, ctx);
 }
 
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,

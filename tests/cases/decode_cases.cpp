@@ -131,20 +131,35 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 
 // ---- decode attention -------------------------------------------------------------------------
 
+// Which CUDA kernel a case runs (the CPU always runs its oracle).
+//   automatic: plan_decode's choice (streaming where it applies);
+//   stream: the streaming kernel (DecodePlan::streaming; K/V, q and P rounded to f16);
+//   tensor_cores: the smem-ring tensor-core kernel (same roundings);
+//   cuda_cores: the CUDA-core kernel (fp32 arithmetic on the exactly dequantized values).
+enum class Kernel { automatic, stream, tensor_cores, cuda_cores };
+
+// Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
+bool streams_by_default(KvFormat f, int D) {
+  return (f == KvFormat::int4 || f == KvFormat::fp8 || f == KvFormat::f16) && (D == 64 || D == 128);
+}
+
 class DecodeCase : public Case {
  public:
-  // tc: the tensor-core kernel (DecodePlan::tensor_cores; K/V, q and P rounded to f16).
   DecodeCase(CacheShape cs, std::vector<int32_t> lens, int G, int Mq, bool causal, bool bias,
-             DType qdt, bool tc = false)
+             DType qdt, Kernel kernel = Kernel::automatic)
       : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt),
-        tc_(tc) {}
+        kernel_(kernel),
+        f16_math_(kernel == Kernel::stream || kernel == Kernel::tensor_cores ||
+                  (kernel == Kernel::automatic && streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
     std::string s = "decode.attention." + cs_.str() + ".g" + std::to_string(G_) + ".mq" +
                     std::to_string(Mq_) + "." + dtype_name(qdt_);
     if (causal_) s += ".causal";
     if (bias_) s += ".bias";
-    if (tc_) s += ".tensor_cores";
+    if (kernel_ == Kernel::stream) s += ".stream";
+    if (kernel_ == Kernel::tensor_cores) s += ".tensor_cores";
+    if (kernel_ == Kernel::cuda_cores) s += ".cuda_cores";
     return s;
   }
 
@@ -173,12 +188,12 @@ class DecodeCase : public Case {
     o.dtype = qdt_;
     o.shape = {cs_.B, Mq_, cs_.H, G_, cs_.D};
     o.tol = qdt_ == DType::bf16 ? Tolerance::allclose(4e-3, 1.6e-2) : Tolerance::allclose(1e-3, 4e-3);
-    if (tc_) o.tol = Tolerance::allclose(6e-3, 2e-2);
+    if (f16_math_) o.tol = Tolerance::allclose(6e-3, 2e-2);
     OutputSpec l;
     l.name = "lse";
     l.dtype = DType::f32;
     l.shape = {cs_.B, Mq_, cs_.H, G_};
-    l.tol = tc_ ? Tolerance::allclose(5e-3, 1e-3) : Tolerance::allclose(1e-4, 1e-4);
+    l.tol = f16_math_ ? Tolerance::allclose(5e-3, 1e-3) : Tolerance::allclose(1e-4, 1e-4);
     l.tol.allow_nonfinite = true;  // rows without keys: -inf
     return {o, l};
   }
@@ -188,7 +203,10 @@ class DecodeCase : public Case {
     KvCache c = cache_view(cs_, in);
     const TensorView& q = in[kFirstExtra];
     DecodePlan plan = plan_decode(c, Mq_, cs_.H * G_, cs_.D, ctx);
-    plan.tensor_cores = tc_;
+    if (kernel_ != Kernel::automatic) {
+      plan.streaming = kernel_ == Kernel::stream;
+      plan.tensor_cores = kernel_ == Kernel::tensor_cores;
+    }
     Buffer ws(q.device, workspace_bytes(plan));
     TensorView lse = out[1];
     decode_attention(q, c, plan, ws.data(), out[0], &lse, bias_ ? &in[kFirstExtra + 1] : nullptr,
@@ -201,7 +219,8 @@ class DecodeCase : public Case {
   int G_, Mq_;
   bool causal_, bias_;
   DType qdt_;
-  bool tc_;
+  Kernel kernel_;
+  bool f16_math_;  // the CUDA kernel rounds K/V, q and P to f16: looser tolerance
 };
 
 // ---- kv_append --------------------------------------------------------------------------------
@@ -361,9 +380,11 @@ CacheShape shape(KvFormat f, int ng, int B, int L, int H, int D, int page) {
 LOWBIT_HARNESS_CASES(decode_cases) {
   using F = KvFormat;
   auto add = [&](CacheShape cs, std::vector<int32_t> lens, int G, int Mq, bool causal, bool bias,
-                 DType qdt, bool tc = false) {
-    cases.push_back(std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt, tc));
+                 DType qdt, Kernel kernel = Kernel::automatic) {
+    cases.push_back(
+        std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt, kernel));
   };
+  const Kernel tc = Kernel::tensor_cores, st = Kernel::stream, cc = Kernel::cuda_cores;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -377,15 +398,32 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::f16, 1, 2, 300, 1, 64, 256), {300, 5}, 16, 16, true, false, DType::f16);
   add(shape(F::bf16, 1, 2, 257, 2, 128, 16), {257, 16}, 1, 2, true, false, DType::bf16);
   add(shape(F::bf16, 1, 1, 33, 1, 256, 0), {33}, 16, 16, true, true, DType::bf16);
-  // The tensor-core kernel (int4, fp8, f16; D 64, 128); the CPU runs its usual oracle.
-  add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16, true);
-  add(shape(F::int4, 1, 2, 300, 2, 64, 16), {300, 5}, 2, 4, true, false, DType::f16, true);
-  add(shape(F::int4, 2, 2, 129, 1, 128, 16), {129, 40}, 2, 3, true, true, DType::bf16, true);
-  add(shape(F::fp8, 1, 2, 520, 1, 128, 256), {520, 1}, 8, 1, false, true, DType::f16, true);
-  add(shape(F::fp8, 1, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16, true);
-  add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, true);
-  add(shape(F::f16, 1, 2, 300, 1, 64, 256), {300, 5}, 16, 16, true, false, DType::f16, true);
-  add(shape(F::f16, 1, 2, 257, 2, 128, 0), {257, 0}, 4, 1, false, false, DType::bf16, true);
+  // The smem-ring tensor-core kernel (int4, fp8, f16; D 64, 128); the CPU runs its oracle.
+  add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16, tc);
+  add(shape(F::int4, 1, 2, 300, 2, 64, 16), {300, 5}, 2, 4, true, false, DType::f16, tc);
+  add(shape(F::int4, 2, 2, 129, 1, 128, 16), {129, 40}, 2, 3, true, true, DType::bf16, tc);
+  add(shape(F::fp8, 1, 2, 520, 1, 128, 256), {520, 1}, 8, 1, false, true, DType::f16, tc);
+  add(shape(F::fp8, 1, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16, tc);
+  add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, tc);
+  add(shape(F::f16, 1, 2, 300, 1, 64, 256), {300, 5}, 16, 16, true, false, DType::f16, tc);
+  add(shape(F::f16, 1, 2, 257, 2, 128, 0), {257, 0}, 4, 1, false, false, DType::bf16, tc);
+  // The streaming kernel (int4, fp8, f16; D 64, 128): odd lengths (1, 15, 17, 31, 33, 47, 523,
+  // 1001, empty), every int4 group count (1 and 2 take 4- and 8-byte loads), paged 16 / 256,
+  // G 1 / 4 / 16, Mq > 1 causal, bias, rows past 16 (G 16 x Mq 2: two row chunks).
+  add(shape(F::int4, 4, 4, 1001, 2, 128, 0), {1001, 17, 1, 0}, 4, 1, false, false, DType::f16, st);
+  add(shape(F::int4, 1, 3, 523, 2, 128, 16), {523, 31, 15}, 1, 1, false, false, DType::bf16, st);
+  add(shape(F::int4, 2, 2, 300, 1, 64, 256), {300, 33}, 16, 1, false, true, DType::f16, st);
+  add(shape(F::int4, 8, 2, 257, 2, 128, 16), {257, 47}, 4, 3, true, false, DType::f16, st);
+  add(shape(F::int4, 8, 2, 200, 1, 64, 0), {200, 5}, 16, 2, true, true, DType::bf16, st);
+  add(shape(F::int4, 4, 1, 40, 1, 128, 16), {40}, 2, 16, true, false, DType::f16, st);
+  add(shape(F::fp8, 1, 3, 1001, 2, 128, 256), {1001, 17, 1}, 8, 1, false, false, DType::f16, st);
+  add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 4, 4, true, true, DType::bf16, st);
+  add(shape(F::f16, 1, 3, 523, 2, 128, 16), {523, 0, 31}, 4, 1, false, false, DType::f16, st);
+  add(shape(F::f16, 1, 2, 129, 1, 64, 0), {129, 16}, 1, 8, true, true, DType::bf16, st);
+  // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
+  add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
+  add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
+  add(shape(F::f16, 1, 2, 300, 1, 64, 256), {300, 5}, 16, 16, true, false, DType::f16, cc);
   // Appends: contiguous and paged, every format, a constant row.
   for (F f : {F::int4, F::fp8, F::f16, F::bf16}) {
     const int ng = f == F::int4 ? 4 : 1;

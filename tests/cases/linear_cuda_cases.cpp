@@ -301,6 +301,14 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
       cases.push_back(std::make_unique<RotateQuantizeCase>(q, 1, k, DType::f16, 8));
     }
   cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 127, 1280, DType::f32, 0));
+  // The register kernel at a production K (320 threads per row), unaligned rows (its scalar load
+  // path), and a K past its 16384 limit (the shared-memory kernel's fallback).
+  for (QType q : {QType::convrot8, QType::convrot_fp8, QType::convrot4, QType::convrot_comfy_w4a4})
+    cases.push_back(std::make_unique<RotateQuantizeCase>(q, 3, 5120, DType::bf16, 0));
+  cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 5, 320, DType::f16, 3));
+  cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 3, 16640, DType::bf16, 0));
+  cases.push_back(std::make_unique<RotateCase>(3, 5120, 256, DType::bf16, DType::bf16, 0));
+  cases.push_back(std::make_unique<RotateCase>(4, 320, 64, DType::bf16, DType::f16, 5));
 
   // The layer: every qtype; decode (M = 1, 16) and prefill (M = 17, 127).
   for (QType q : kAllQTypes) {
@@ -315,6 +323,29 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   }
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 129, 264, 1280, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 5, 264, 1280, DType::bf16, true));
+  // The streaming decode kernel (K % 128 == 0, group 128): M = 1 and 16, a K that leaves a step's
+  // last pieces empty (640 = 5 groups), comfy int4, odd column tiles.
+  for (int64_t m : {1, 16}) {
+    cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, m, 264, 1280, DType::bf16,
+                                                  m == 1));
+    cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, m, 40, 640, DType::f16,
+                                                  true));
+    cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, m, 72, 768,
+                                                  DType::bf16, true));
+  }
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 7, 8, 2048, DType::bf16, true));
+  // The same kernel on int8 weights (convrot8).
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 1, 264, 1280, DType::bf16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 16, 40, 640, DType::f16, false));
+
+  // The sm_90a CUTLASS int8 GEMM (128 x 256 x 128 tiles, 2 x 1 clusters): odd M over several
+  // CTA rows and an odd number of them, O over partial 256-column tiles, K with a partial 128-byte
+  // K tile (TMA zero fill), bf16 and f16 outputs, bf16/f16 bias (converted to fp32 first) and no
+  // bias (-0.0 added); packed weights (unpacked to int8 first) take the same GEMM.
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 257, 520, 272, DType::bf16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 333, 264, 1280, DType::f16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 401, 136, 64, DType::bf16, false));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 201, 392, 384, DType::bf16, true));
 
   for (QType q : {QType::convrot8, QType::convrot_int3, QType::convrot_fp8, QType::convrot4}) {
     cases.push_back(std::make_unique<BackwardCase>(q, 17, 48, 192));

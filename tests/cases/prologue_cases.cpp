@@ -44,6 +44,8 @@ struct Cfg {
   float sm_scale = 1.f, scale_eps = 1e-7f;
   bool qkv = false;     // x is the k slice of a (B, N, 3, H, D) buffer
   bool q_pad = false;   // q_out is a view into (B, N, H, D + 32)
+  int heads_per_cta = 0;  // CUDA: force the fast kernels' head group (0: heuristic)
+  bool legacy = false;    // CUDA: force the first-generation kernels
   std::string tag;
 };
 
@@ -183,6 +185,11 @@ class PrologueCase : public Case {
     p.scale_eps = c_.scale_eps;
     p.layout = c_.layout;
     p.block = c_.block;
+    // The CUDA knobs only steer which kernel runs (the CPU ignores them); reset on every exit.
+    struct Tuning {
+      explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
+      ~Tuning() { detail::set_prologue_cuda_tuning({}); }
+    } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -277,6 +284,38 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     st.tag = "partial20", st.norm = Norm::segmented, st.rope = RopeKind::split, st.pairs = 20;
     add(st);
   }
+  // Fast-kernel coverage: head groups that wrap the 4-deep prefetch ring (11 heads in groups of
+  // 6 and 5), B = 2, every rope kind, D 64 and 128, scale groups inside a warp and across warps.
+  for (int64_t D : {64, 128}) {
+    Cfg f;
+    f.tag = "hg6";
+    f.B = 2, f.N = 1000, f.H = 11, f.D = D, f.heads_per_cta = 6, f.qkv = true;
+    f.sm_scale = q_scale;
+    add(f);  // q: THREAD_Q 32, split-half rope
+    Cfg fk = f;
+    fk.sm_scale = 1.f, fk.dtype = DType::f16, fk.rope = RopeKind::interleaved;
+    fk.mean_pass = true;
+    add(fk);  // mean pass, interleaved pairs
+    fk.mean_pass = false, fk.mean = true, fk.layout = ScaleLayout::thread_k, fk.block = 64;
+    add(fk);  // k: THREAD_K 64 (groups of 16 rows across warps)
+    Cfg fn = f;
+    fn.tag = "hg6norope";
+    fn.rope = RopeKind::none, fn.layout = ScaleLayout::per_block, fn.block = 64, fn.N = 1001;
+    add(fn);  // PER_BLOCK 64: one group over the whole CTA
+    fn.layout = ScaleLayout::thread_q, fn.block = 16, fn.sm_scale = -0.5f;
+    add(fn);  // THREAD_Q 16, negative sm_scale
+    fn.mean_pass = true, fn.norm = Norm::none, fn.rope = RopeKind::split, fn.matrix_table = true;
+    add(fn);
+  }
+  // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
+  Cfg leg;
+  leg.tag = "legacy";
+  leg.N = 1000, leg.H = 5, leg.legacy = true, leg.sm_scale = q_scale;
+  add(leg);
+  leg.mean_pass = true;
+  add(leg);
+  leg.mean_pass = false, leg.mean = true, leg.layout = ScaleLayout::thread_k, leg.block = 64;
+  add(leg);
   Cfg small;
   small.tag = "block8";
   small.N = 127, small.layout = ScaleLayout::thread_k, small.block = 8, small.D = 64;

@@ -1,0 +1,209 @@
+// GEMM-only rows of the ConvRot prefill (SPEC §3.5), CUDA only: the int8 GEMM with the fused
+// per-token x per-channel scale + bias epilogue, through each kernel lowbit has (CUTLASS sm_90a,
+// hand-written wgmma, mma.sync), and the e4m3 cuBLASLt GEMM of convrotfp8, against cuBLASLt's bf16
+// GEMM + bias at the same shape in the same run. Operands are random codes already on the device
+// (no rotation, no quantization, no weight unpack): the rows say what the GEMM alone costs inside
+// the `linear.layer` rows. TFLOPS column = tera-operations per second (2·M·N·K).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "src/cuda/common.cuh"
+#include "src/cuda/linear_kernels.cuh"
+
+namespace lowbit {
+namespace bench {
+namespace {
+
+__global__ void fill_codes_kernel(uint8_t* p, int64_t n, uint32_t seed, bool e4m3) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ (seed * 0x9e3779b9u);
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    uint8_t b = static_cast<uint8_t>(h);
+    if (e4m3 && (b & 0x7f) == 0x7f) b &= 0xfe;  // keep e4m3 codes finite
+    if (!e4m3 && b == 0x80) b = 0x81;            // int8 codes in [-127, 127]
+    p[i] = b;
+  }
+}
+__global__ void fill_f32_kernel(float* p, int64_t n, float v) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) p[i] = v * (1.f + static_cast<float>(i % 7) / 8.f);
+}
+
+std::string shape_str(int64_t m, int64_t k, int64_t n) {
+  return std::to_string(m) + "x" + std::to_string(k) + "->" + std::to_string(n) + " codes";
+}
+
+class GemmBench : public BenchCase {
+ public:
+  std::string name() const override { return "linear.gemm"; }
+  std::vector<Row> run(const Env& env) override {
+    std::vector<Row> rows;
+    if (env.device != Device::cuda) return rows;
+    struct Shape {
+      int64_t m, k, n;
+      const char* tag;
+    };
+    std::vector<Shape> shapes = {{32768, 5120, 5120, "Wan"}, {4096, 3072, 12288, "Flux MLP"}};
+    if (env.quick) shapes = {{1024, 1024, 1024, "quick"}};
+    cudaStream_t s = cuda::stream_of(env.ctx);
+    for (const Shape& sh : shapes) {
+      const double base = env.bf16_gemm_ms(sh.m, sh.n, sh.k, true);
+      DeviceTensor a = make_empty(Device::cuda, DType::u8, {sh.m, sh.k});
+      DeviceTensor b = make_empty(Device::cuda, DType::u8, {sh.n, sh.k});
+      DeviceTensor as = make_empty(Device::cuda, DType::f32, {sh.m});
+      DeviceTensor ws = make_empty(Device::cuda, DType::f32, {sh.n});
+      DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {sh.n}, 22);
+      DeviceTensor out = make_empty(Device::cuda, DType::bf16, {sh.m, sh.n});
+      fill_f32_kernel<<<static_cast<unsigned>((sh.m + 255) / 256), 256, 0, s>>>(
+          static_cast<float*>(as.view.data), sh.m, 1.f / 127.f);
+      fill_f32_kernel<<<static_cast<unsigned>((sh.n + 255) / 256), 256, 0, s>>>(
+          static_cast<float*>(ws.view.data), sh.n, 1e-3f);
+      cuda::linear::GemmParams g;
+      g.M = sh.m;
+      g.N = sh.n;
+      g.K = sh.k;
+      g.lda = sh.k;
+      g.ldb = sh.k;
+      g.a = a.view.data;
+      g.b = b.view.data;
+      g.a_scale = static_cast<const float*>(as.view.data);
+      g.w_scale = static_cast<const float*>(ws.view.data);
+      g.bias = bias.view.data;
+      g.bias_dtype = DType::bf16;
+      g.out = out.view.data;
+      g.out_dtype = DType::bf16;
+      g.ldo = sh.n;
+      auto row = [&](const std::string& what) {
+        Row r;
+        r.family = "linear";
+        r.op = what + " (" + sh.tag + ")";
+        r.shape = shape_str(sh.m, sh.k, sh.n);
+        r.backend = "cuda";
+        r.baseline = "cuBLASLt bf16 GEMM + bias";
+        r.baseline_ms = base;
+        r.flops = 2.0 * sh.m * sh.n * sh.k;
+        r.bytes = static_cast<double>(sh.m * sh.k + sh.n * sh.k) + 2.0 * sh.m * sh.n;
+        return r;
+      };
+
+      // Output bits of each int8 kernel against the first one that ran (all must be identical).
+      const size_t out_elems = static_cast<size_t>(sh.m * sh.n);
+      std::vector<uint16_t> ref_bits;
+      auto compare = [&](Row& r) {
+        if (r.ms <= 0) return;
+        std::vector<uint16_t> bits(out_elems);
+        cudaMemcpyAsync(bits.data(), out.view.data, out_elems * 2, cudaMemcpyDeviceToHost, s);
+        cudaStreamSynchronize(s);
+        if (ref_bits.empty()) {
+          ref_bits = std::move(bits);
+          r.accuracy = "reference bits for the int8 rows";
+          return;
+        }
+        size_t diff = 0;
+        for (size_t i = 0; i < out_elems; ++i) diff += bits[i] != ref_bits[i];
+        r.accuracy = diff ? "DIFFERS from the first int8 row in " + std::to_string(diff) +
+                                " elements"
+                          : "bit-identical to the first int8 row";
+      };
+
+      // int8 codes for the s8 kernels.
+      auto fill = [&](bool e4m3) {
+        fill_codes_kernel<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(a.view.data), sh.m * sh.k,
+                                                1u, e4m3);
+        fill_codes_kernel<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(b.view.data), sh.n * sh.k,
+                                                2u, e4m3);
+      };
+      fill(false);
+      g.kind = cuda::linear::GemmKind::s8;
+      {
+        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS 128x256 cluster 2x1 (default)");
+        if (cuda::linear::cutlass_s8_fits(g) && cuda::linear::cutlass_s8_available(s)) {
+          void* scratch = nullptr;
+          cudaMalloc(&scratch, cuda::linear::cutlass_s8_scratch_bytes(g) + 256);
+          bool ok = true;
+          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_cutlass_s8(g, scratch, s) && ok; });
+          cudaStreamSynchronize(s);
+          cudaFree(scratch);
+          if (!ok) {
+            r.ms = 0;
+            r.note = "CUTLASS refused the arguments";
+          }
+        } else {
+          r.note = "not available (built without CUTLASS headers, or the self-check failed)";
+        }
+        compare(r);
+        rows.push_back(r);
+      }
+      {
+        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS 256x128 cluster 1x2 (alt)");
+        if (cuda::linear::cutlass_s8_fits(g) && cuda::linear::cutlass_s8_available(s)) {
+          void* scratch = nullptr;
+          cudaMalloc(&scratch, cuda::linear::cutlass_s8_alt_scratch_bytes(g) + 256);
+          bool ok = true;
+          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_cutlass_s8_alt(g, scratch, s) && ok; });
+          cudaStreamSynchronize(s);
+          cudaFree(scratch);
+          if (!ok) {
+            r.ms = 0;
+            r.note = "CUTLASS refused the arguments";
+          }
+        } else {
+          r.note = "not available (built without CUTLASS headers, or the self-check failed)";
+        }
+        compare(r);
+        rows.push_back(r);
+      }
+      {
+        Row r = row("int8 GEMM + scale/bias epilogue, wgmma (hand-written)");
+        if (cuda::linear::wgmma_s8_available(s)) {
+          r.ms = env.time_ms([&] { cuda::linear::gemm_wgmma_s8(g, s); });
+        } else {
+          r.note = "not available (not sm_90a, or the self-check failed)";
+        }
+        compare(r);
+        rows.push_back(r);
+      }
+      {
+        Row r = row("int8 GEMM + scale/bias epilogue, mma.sync");
+        r.ms = env.time_ms([&] { cuda::linear::gemm(g, s); });
+        compare(r);
+        rows.push_back(r);
+      }
+
+      // e4m3 codes for convrotfp8's cuBLASLt GEMM (outer-vector scales + BIAS epilogue, fused).
+      fill(true);
+      g.kind = cuda::linear::GemmKind::e4m3;
+      {
+        Row r = row("e4m3 GEMM + scale/bias epilogue, cuBLASLt");
+        const size_t wsb = cuda::linear::gemm_fp8_cublaslt_workspace_bytes();
+        void* work = nullptr;
+        cudaMalloc(&work, wsb);
+        bool ok = true;
+        r.ms = env.time_ms(
+            [&] { ok = cuda::linear::gemm_fp8_cublaslt(g, work, wsb, s) && ok; });
+        cudaStreamSynchronize(s);
+        cudaFree(work);
+        if (!ok) {
+          r.ms = 0;
+          r.note = "cuBLASLt offered no algorithm";
+        }
+        rows.push_back(r);
+      }
+    }
+    return rows;
+  }
+};
+
+LOWBIT_BENCH_CASES(linear_gemm_bench) { cases.push_back(std::make_unique<GemmBench>()); }
+
+}  // namespace
+}  // namespace bench
+}  // namespace lowbit
