@@ -745,13 +745,21 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
                    bar)
                : "memory");
 }
-// Blocks until the phase of parity `parity` of the barrier has completed (acquire).
+// Blocks until the phase of parity `parity` of the barrier has completed (acquire). A wait that
+// never ends (a protocol bug: this kernel has not run on a GPU yet) traps after ~2^26 polls
+// (seconds) instead of hanging the process: the launch then fails with an error.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
-      "{\n.reg .pred done;\n"
+      "{\n.reg .pred p;\n.reg .u32 n;\n"
+      "mov.u32 n, 0;\n"
       "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra DONE_%=;\n"
+      "add.u32 n, n, 1;\n"
+      "setp.lt.u32 p, n, 67108864;\n"
+      "@p bra WAIT_%=;\n"
+      "trap;\n"
+      "DONE_%=:\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
 }
