@@ -350,22 +350,33 @@ __device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (
   }
 }
 
+// float(x) for |x| <= 2^22 without the conversion unit (I2F runs at a quarter of the FP32
+// rate on sm_90, on the pipe ex2 also needs): 0x4B400000 is 1.5 * 2^23, so its bits plus x are
+// the float 1.5 * 2^23 + x exactly, and subtracting 1.5 * 2^23 is exact. Bit-identical to
+// static_cast<float>(x) in that range; q k^T of int8 codes is within it for D <= 256
+// (|acc| <= D * 128 * 128).
+__device__ __forceinline__ float exact_i2f(int32_t x) {
+  return __fsub_rn(__int_as_float(x + 0x4B400000), 12582912.f);
+}
+
 // Dequantize the int32 q k^T accumulator to base-2 logits in the oracle's order
 // (float(acc) * (qs * ks) * scale_log2) and mask keys at or past each row's visible end.
+// kFastCvt: float(acc) by exact_i2f (same bits).
+template <bool kFastCvt = false>
 __device__ __forceinline__ void tile_logits(const int32_t (&acc)[64], const float* sks,
                                             int64_t kv0, bool need_mask, int64_t end0,
                                             int64_t end1, float qs0, float qs1, float scale_log2,
                                             int t, float (&s)[64]) {
+  auto to_float = [](int32_t x) { return kFastCvt ? exact_i2f(x) : static_cast<float>(x); };
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int col = j * 8 + 2 * t + e;
       const float ks = sks[col];
-      float v0 = __fmul_rn(__fmul_rn(static_cast<float>(acc[4 * j + e]), __fmul_rn(qs0, ks)),
+      float v0 = __fmul_rn(__fmul_rn(to_float(acc[4 * j + e]), __fmul_rn(qs0, ks)), scale_log2);
+      float v1 = __fmul_rn(__fmul_rn(to_float(acc[4 * j + 2 + e]), __fmul_rn(qs1, ks)),
                            scale_log2);
-      float v1 = __fmul_rn(
-          __fmul_rn(static_cast<float>(acc[4 * j + 2 + e]), __fmul_rn(qs1, ks)), scale_log2);
       if (need_mask) {
         const int64_t key = kv0 + col;
         v0 = key < end0 ? v0 : -INFINITY;
@@ -442,7 +453,7 @@ __device__ __forceinline__ void pv16_tile(float (&s)[64], uint32_t sv, float (&o
 // logits acc (the q k^T accumulator): dequantize in the oracle's order (kv0 = the tile's first
 // key, sks its 128 k scales in shared memory; need_mask: the tile crosses a visible end), then
 // the fp8 two-level or 16-bit P·V against the V tile at shared address sv. Both kernels call it.
-template <int D, bool FP8, typename T16>
+template <int D, bool FP8, typename T16, bool kFastCvt = false>
 __device__ __forceinline__ void tile_softmax_pv(const int32_t (&acc)[64], const float* sks,
                                                 int64_t kv0, bool need_mask, int64_t end0,
                                                 int64_t end1, float qs0, float qs1,
@@ -452,7 +463,7 @@ __device__ __forceinline__ void tile_softmax_pv(const int32_t (&acc)[64], const 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = WgSmem<D, FP8>;
   float s[64];
-  tile_logits(acc, sks, kv0, need_mask, end0, end1, qs0, qs1, scale_log2, t, s);
+  tile_logits<kFastCvt>(acc, sks, kv0, need_mask, end0, end1, qs0, qs1, scale_log2, t, s);
 
   if constexpr (FP8) {
     // The oracle's schedule, one 64-key half at a time: maximum update, P, row sums, that
@@ -722,6 +733,8 @@ constexpr bool kWsDeferPv = true;
 // 16-bit P·V with D <= this: issue tile j+1's q k^T before tile j's softmax (intra-warpgroup
 // overlap). 0: round 1's order (the fallback, should only the 16-bit `.wgmma_ws` cases fail).
 constexpr int kWsOverlapQkMaxD = 128;
+// The logits' int32 -> float by exact_i2f (bit-identical) instead of I2F. false: I2F as round 1.
+constexpr bool kWsFastCvt = true;
 
 template <int D, bool FP8>
 struct WsSmem {
@@ -941,8 +954,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
       if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
       const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
       float s[64];
-      tile_logits(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0, qs1,
-                  p.scale_log2, t, s);
+      tile_logits<kWsFastCvt>(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0,
+                              qs1, p.scale_log2, t, s);
       float ra0, ra1;
       uint32_t pa[2][4];
       softmax_half<0>(s, m0, m1, l0, l1, ra0, ra1, pa);
@@ -1001,8 +1014,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
       const int st = tile % kStages;
       const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
       float s[64];
-      tile_logits(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0, qs1,
-                  p.scale_log2, t, s);
+      tile_logits<kWsFastCvt>(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0,
+                              qs1, p.scale_log2, t, s);
       // The first half's softmax step, then (acc free, half the logits packed to P) the next
       // q k^T, then the rest of pv16_tile's schedule.
       // The second half's softmax step runs while the next q k^T and the first half's P·V
@@ -1039,8 +1052,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
       fence_regs(acc);
       if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
       const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
-      tile_softmax_pv<D, FP8, T16>(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1,
-                                   qs0, qs1, p.scale_log2, t, sv, o, m0, m1, l0, l1);
+      tile_softmax_pv<D, FP8, T16, kWsFastCvt>(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end,
+                                               end0, end1, qs0, qs1, p.scale_log2, t, sv, o, m0,
+                                               m1, l0, l1);
       // tile_softmax_pv waited for its last P·V: this warp is done with the stage.
       __syncwarp();
       if (lane == 0) mbar_arrive(empty0 + st * 8);
