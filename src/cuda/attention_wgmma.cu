@@ -733,6 +733,12 @@ constexpr bool kWsDeferPv = true;
 // 16-bit P·V with D <= this: issue tile j+1's q k^T before tile j's softmax (intra-warpgroup
 // overlap). 0: round 1's order (the fallback, should only the 16-bit `.wgmma_ws` cases fail).
 constexpr int kWsOverlapQkMaxD = 128;
+// fp8 P·V at D = 128: issue tile j+1's q k^T before tile j's second-half softmax, then tile j's
+// P·V without overlap. false: tile_softmax_pv (round 1's order: the first half's P·V overlaps
+// the second half's softmax, no q k^T overlap). Off: with the next S live through both P·V
+// halves (o 64 + two-level buffer 64 + next S 64 + P) ptxas spills 40 B at 232 registers (at
+// setmaxnreg 32 / 240: ~12 B, partly the producer's). Worth timing on the GPU (true).
+constexpr bool kWsOverlapQkFp8 = false;
 // The logits' int32 -> float by exact_i2f (bit-identical) instead of I2F. false: I2F as round 1.
 constexpr bool kWsFastCvt = true;
 
@@ -986,6 +992,67 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
       wgmma_wait<0>();
       fence_regs(c);
       accumulate_tile<D>(o, c, rp0, rp1);  // the last stage is never reused: no release
+    }
+  } else if constexpr (FP8 && D == 128 && kWsOverlapQkFp8) {
+    // fp8 P·V at D = 128: tile j+1's q k^T runs on the tensor cores during tile j's second-half
+    // softmax (maximum update, P, row sums, e4m3 packing), then tile j's two P·V halves run as
+    // in tile_softmax_pv without overlap (o = o ra + C0, o = o rb + C1: the same operations in
+    // the same order; the second half's softmax touches neither o nor the first half's P).
+    // Peak: o, the next S, half the logits and P (~210 registers) instead of o, S, next S and
+    // the two-level buffer (> 240). Issued before the first half it spilled 44 B at 232.
+    int32_t acc[64];
+    auto issue_qk = [&](int tile) {  // wait for the stage and the turn, issue, hand the turn on
+      const int st = tile % kStages;
+      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      const uint32_t sk = base + L::kK + st * L::kKTile;
+      named_bar_sync(1 + cw, 256);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk)
+        wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
+      wgmma_commit();
+      if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+    };
+    if (n_tiles > 0) {
+      issue_qk(0);
+      wgmma_wait<0>();
+      fence_regs(acc);
+    }
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % kStages;
+      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
+      const uint32_t sv = base + L::kV + st * L::kVTile;
+      float ra0, ra1, rb0, rb1;
+      uint32_t pa[2][4], pb[2][4];
+      {
+        float s[64];
+        tile_logits<kWsFastCvt>(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0,
+                                qs1, p.scale_log2, t, s);
+        softmax_half<0>(s, m0, m1, l0, l1, ra0, ra1, pa);
+        // acc is free (its logits are in s) and half of s is packed into pa: issuing here
+        // rather than before the first half keeps the peak under 232 registers.
+        if (tile + 1 < n_tiles) issue_qk(tile + 1);
+        softmax_half<1>(s, m0, m1, l0, l1, rb0, rb1, pb);
+      }
+      wgmma_wait<0>();  // the next q k^T
+      fence_regs(acc);
+      float c[D / 2];
+      wgmma_fence();
+#pragma unroll
+      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pa[kh], smem_desc(sv + kh * 32), kh);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(c);
+      accumulate_tile<D>(o, c, ra0, ra1);
+      wgmma_fence();
+#pragma unroll
+      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pb[kh], smem_desc(sv + (2 + kh) * 32), kh);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(c);
+      accumulate_tile<D>(o, c, rb0, rb1);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
     }
   } else if constexpr (!FP8 && D <= kWsOverlapQkMaxD) {
     // 16-bit P·V: tile j+1's q k^T runs on the tensor cores during tile j's first-half P·V and
