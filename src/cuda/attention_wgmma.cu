@@ -567,13 +567,6 @@ __device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int 
 #endif
 }
 
-// 1 in the sm_90a image (wgmma compiled in), 0 in any other image of this file.
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ int kWgmmaCompiled = 1;  // read once by the host (never written)
-#else
-__device__ int kWgmmaCompiled = 0;  // read once by the host (never written)
-#endif
-
 template <int D, bool FP8, typename T16>
 __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1158,18 +1151,15 @@ bool wgmma_attention_available() {
   if (it != verdict.end()) return it->second;
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  // The device must load this file's sm_90a image (a plain sm_90 image has no wgmma and its
-  // kernel body is empty): the image's kWgmmaCompiled says which one was loaded.
+  // The device must load this file's sm_90a image: a plain sm_90 image has no wgmma and its
+  // kernel bodies are empty. The loaded image's register count tells them apart without a
+  // device read (no synchronization, safe during graph capture): the sm_90a round-1 kernel
+  // uses ~250 registers, an empty body a handful.
   cudaFuncAttributes attr{};
-  bool ok = major == 9 && minor == 0 &&
-            cudaFuncGetAttributes(&attr, attention_wgmma_kernel<128, true, __nv_bfloat16>) ==
-                cudaSuccess &&
-            attr.binaryVersion == 90;
-  if (ok) {
-    int compiled = 0;
-    ok = cudaMemcpyFromSymbol(&compiled, kWgmmaCompiled, sizeof compiled) == cudaSuccess &&
-         compiled == 1;
-  }
+  const bool ok = major == 9 && minor == 0 &&
+                  cudaFuncGetAttributes(&attr, attention_wgmma_kernel<128, true, __nv_bfloat16>) ==
+                      cudaSuccess &&
+                  attr.binaryVersion == 90 && attr.numRegs >= 128;
   cudaGetLastError();
   verdict[dev] = ok;
   return ok;
