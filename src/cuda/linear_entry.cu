@@ -222,8 +222,8 @@ void dequantize_rotated(const PackedWeightView& w, float* out, cudaStream_t s, c
 // at configure time and the shapes fit TMA; false keeps the older kernels (same bits) everywhere.
 constexpr bool kCutlassInt8Gemm = true;
 
-// int8 GEMM with the fused epilogue, the first available of: CUTLASS (sm_90a, self-checked),
-// wgmma (sm_90a, self-checked), mma.sync. All give the same output bits.
+// int8 GEMM with the fused epilogue, the first available of: CUTLASS (sm_90a; 256 x 128 tiles
+// for M >= 512, else 128 x 256), wgmma (sm_90a), mma.sync. All give the same output bits.
 void gemm_s8(const linear::GemmParams& g, cudaStream_t s, const char* op) {
   if (kCutlassInt8Gemm && linear::cutlass_s8_fits(g) && linear::cutlass_s8_available(s)) {
     Scratch scratch(linear::cutlass_s8_scratch_bytes(g), s, op);

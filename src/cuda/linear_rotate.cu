@@ -406,14 +406,22 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
       }
       uint32_t w[4];
       if constexpr (FMT == ActFormat::e4m3) {
+        // The residual corrections turn z = -0 into +0 ((-s)(-0) + (-0) = +0); the CPU's y / s
+        // keeps it, and e4m3 has a -0 (0x80). Away from NaN (which takes the division above), the
+        // correctly rounded quotient, and so its code, has the sign of y: the code's sign bit is
+        // y's (a no-op for every code but a zero).
+        const bool fast = scale >= 0x1p-60f && scale <= 0x1p60f;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           uint32_t word = 0;
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
-            word |= (static_cast<uint32_t>(__nv_cvt_float_to_fp8(z[4 * q + j], __NV_SATFINITE,
-                                                                  __NV_E4M3)) & 0xffu)
-                    << (8 * j);
+          for (int j = 0; j < 4; ++j) {
+            uint32_t c = static_cast<uint32_t>(
+                             __nv_cvt_float_to_fp8(z[4 * q + j], __NV_SATFINITE, __NV_E4M3)) &
+                         0xffu;
+            if (fast) c |= (__float_as_uint(y[4 * q + j]) >> 24) & 0x80u;
+            word |= c << (8 * j);
+          }
           w[q] = word;
         }
       } else {
