@@ -228,7 +228,8 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
   const int tiles = static_cast<int>((p.w.N + 7) / 8);
   // This CTA's tiles (blockIdx.x < tiles) and the warp's items: item f is step f % steps_per_warp
   // of the CTA's tile f / steps_per_warp (the same count for every warp: barriers line up).
-  const int my_tiles = (tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
+  const int my_tiles =
+      (tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
   const int items = my_tiles * steps_per_warp;
   const bool row_lo = gid < p.M, row_hi = gid + 8 < p.M;
   const int8_t* a_lo = p.a + (row_lo ? gid : 0) * p.lda;
