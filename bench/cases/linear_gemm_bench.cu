@@ -301,6 +301,15 @@ class DecodePiecesBench : public BenchCase {
           rows.push_back(r);
         }
         {
+          Row r = row(std::string("decode piece: decode GEMV alone, one CTA per tile, ") + f.name,
+                      wbytes);
+          d.one_tile_per_cta = true;
+          r.ms = env.time_ms([&] { cuda::linear::decode_gemv(d, s); });
+          d.one_tile_per_cta = false;
+          r.note = "the round-1 grid; baseline: copy of the weight bytes (read + write)";
+          rows.push_back(r);
+        }
+        {
           Row r = row(std::string("decode piece: rotate_quantize + decode GEMV, ") + f.name,
                       wbytes);
           r.ms = env.time_ms([&] {

@@ -419,7 +419,7 @@ void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   const int warps = static_cast<int>(ceil_div(steps, per_warp));
   const int64_t tiles = ceil_div(p.w.N, 8);
   int64_t grid = tiles;
-  if (kResidentGrid) {
+  if (kResidentGrid && !p.one_tile_per_cta) {
     const int per_sm = resident_ctas(wf, warps);
     grid = std::min<int64_t>(tiles, static_cast<int64_t>(multiprocessor_count()) * per_sm);
   }

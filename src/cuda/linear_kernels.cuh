@@ -161,6 +161,9 @@ struct DecodeParams {
   DType out_dtype = DType::bf16;
   int64_t ldo = 0;
   int32_t* acc_out = nullptr; // when set: raw int32 sums (M, N), row stride ldo
+  // Streaming kernel: one CTA per 8 output columns (the round-1 grid) instead of the resident
+  // grid; for A/B bench rows, same bits.
+  bool one_tile_per_cta = false;
 };
 void decode_gemv(const DecodeParams& p, cudaStream_t stream);
 // Whether decode_gemv may run fused (rotation in the kernel) for M rows of K.

@@ -338,6 +338,16 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 2, 24, 128, DType::f16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 9, 16, 256, DType::f16,
                                                 false));
+  // Enough column tiles that the resident grid gives CTAs several tiles (the cross-tile pipeline
+  // and the double-buffered partials): 1 warp per CTA at K <= 256, 3 at K = 1280.
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 24000, 128, DType::bf16,
+                                                true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 3, 8000, 1280, DType::f16,
+                                                false));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 2, 24008, 256,
+                                                DType::bf16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 16, 28000, 256, DType::bf16,
+                                                true));
   // The same kernel on int8 weights (convrot8).
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 1, 264, 1280, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 16, 40, 640, DType::f16, false));
