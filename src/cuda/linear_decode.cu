@@ -216,7 +216,9 @@ __host__ __device__ constexpr int units_of(int wf) { return wf == kWInt8 ? 2 : 1
 // warp at N = 13824: ~3.3 waves, each CTA's loads ramping up and draining). false: that grid.
 constexpr bool kResidentGrid = true;
 
-template <int WF>
+// HI: rows 8..15 exist (M > 8); without it the mma's upper A rows are constant zeros and the
+// kernel holds no registers for them.
+template <int WF, bool HI>
 __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_per_warp) {
   constexpr int P = pieces_of(WF), U = units_of(WF);
   // Partials by tile parity: a warp writing tile k + 2's entries has passed tile k + 1's barrier,
@@ -231,7 +233,7 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
   const int my_tiles =
       (tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
   const int items = my_tiles * steps_per_warp;
-  const bool row_lo = gid < p.M, row_hi = gid + 8 < p.M;
+  const bool row_lo = gid < p.M, row_hi = HI && gid + 8 < p.M;
   const int8_t* a_lo = p.a + (row_lo ? gid : 0) * p.lda;
   const int8_t* a_hi = p.a + (row_hi ? gid + 8 : 0) * p.lda;
   // This lane's 4 table entries u = 4 tid4 + e hold the codes c = u - 7 (packed) as floats.
@@ -303,7 +305,7 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
         alo[0] = reinterpret_cast<const uint4*>(a_lo + k)[0];
         alo[1] = reinterpret_cast<const uint4*>(a_lo + k)[1];
       }
-      if (row_hi) {
+      if (HI && row_hi) {
         ahi[0] = reinterpret_cast<const uint4*>(a_hi + k)[0];
         ahi[1] = reinterpret_cast<const uint4*>(a_hi + k)[1];
       }
@@ -384,30 +386,24 @@ bool decode4_applies(const DecodeParams& p) {
   return w.format == WeightFormat::packed && w.bits == 4 && (!w.ratios || w.group == 128);
 }
 
-template <int WF>
-int occupancy_of(int threads) {
-  int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode4_kernel<WF>, threads, 0),
-             "decode_gemv", "occupancy");
-  return std::max(1, per_sm);
-}
-
-// CTAs of decode4_kernel<wf> with `warps` warps resident per SM (cached per device).
-int resident_ctas(int wf, int warps) {
+// CTAs of `kernel` (an instance of decode4_kernel) with `warps` warps resident per SM, cached
+// per device, instance and warp count.
+template <typename Kernel>
+int resident_ctas(Kernel kernel, int warps) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int>, int> cache;
+  static std::map<std::tuple<int, const void*, int>, int> cache;
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "decode_gemv", "device");
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(dev, wf, warps);
+  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), warps);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const int threads = warps * 32;
-  const int n = wf == kWComfy ? occupancy_of<kWComfy>(threads)
-                              : (wf == kWInt8 ? occupancy_of<kWInt8>(threads)
-                                              : occupancy_of<kWPacked4>(threads));
-  cache.emplace(key, n);
-  return n;
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, 0),
+             "decode_gemv", "occupancy");
+  per_sm = std::max(1, per_sm);
+  cache.emplace(key, per_sm);
+  return per_sm;
 }
 
 void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
@@ -418,15 +414,9 @@ void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   const int64_t per_warp = ceil_div(steps, 8);
   const int warps = static_cast<int>(ceil_div(steps, per_warp));
   const int64_t tiles = ceil_div(p.w.N, 8);
-  int64_t grid = tiles;
-  if (kResidentGrid && !p.one_tile_per_cta) {
-    const int per_sm = resident_ctas(wf, warps);
-    grid = std::min<int64_t>(tiles, static_cast<int64_t>(multiprocessor_count()) * per_sm);
-  }
   // Programmatic dependent launch: the kernel may start while the rotate kernel before it runs
   // (that kernel triggers at its start); it waits (griddepcontrol.wait) before reading p.a.
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
@@ -437,17 +427,23 @@ void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   cfg.numAttrs = 1;
   const int pw = static_cast<int>(per_warp);
   auto go = [&](auto kernel) {
+    int64_t grid = tiles;
+    if (kResidentGrid && !p.one_tile_per_cta)
+      grid = std::min<int64_t>(
+          tiles, static_cast<int64_t>(multiprocessor_count()) * resident_ctas(kernel, warps));
+    cfg.gridDim = dim3(static_cast<unsigned>(grid));
     // Where the attribute is refused (a configuration error, not sticky): a plain launch.
     if (kUsePdl && cudaLaunchKernelEx(&cfg, kernel, p, pw) == cudaSuccess) return;
     (void)cudaGetLastError();
     kernel<<<cfg.gridDim, cfg.blockDim, 0, stream>>>(p, pw);
   };
+  const bool hi = p.M > 8;
   if (wf == kWComfy) {
-    go(decode4_kernel<kWComfy>);
+    hi ? go(decode4_kernel<kWComfy, true>) : go(decode4_kernel<kWComfy, false>);
   } else if (wf == kWInt8) {
-    go(decode4_kernel<kWInt8>);
+    hi ? go(decode4_kernel<kWInt8, true>) : go(decode4_kernel<kWInt8, false>);
   } else {
-    go(decode4_kernel<kWPacked4>);
+    hi ? go(decode4_kernel<kWPacked4, true>) : go(decode4_kernel<kWPacked4, false>);
   }
 }
 
