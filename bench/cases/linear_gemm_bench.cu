@@ -124,12 +124,13 @@ class GemmBench : public BenchCase {
       fill(false);
       g.kind = cuda::linear::GemmKind::s8;
       {
-        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS 128x256 cluster 2x1 (default)");
+        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS 128x256 cluster 2x1 (M < 512)");
         if (cuda::linear::cutlass_s8_fits(g) && cuda::linear::cutlass_s8_available(s)) {
           void* scratch = nullptr;
-          cudaMalloc(&scratch, cuda::linear::cutlass_s8_scratch_bytes(g) + 256);
+          cudaMalloc(&scratch, cuda::linear::cutlass_s8_wide_scratch_bytes(g) + 256);
           bool ok = true;
-          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_cutlass_s8(g, scratch, s) && ok; });
+          r.ms = env.time_ms(
+              [&] { ok = cuda::linear::gemm_cutlass_s8_wide(g, scratch, s) && ok; });
           cudaStreamSynchronize(s);
           cudaFree(scratch);
           if (!ok) {
@@ -137,13 +138,13 @@ class GemmBench : public BenchCase {
             r.note = "CUTLASS refused the arguments";
           }
         } else {
-          r.note = "not available (built without CUTLASS headers, or the self-check failed)";
+          r.note = "not available (built without CUTLASS headers, or not sm_90a)";
         }
         compare(r);
         rows.push_back(r);
       }
       {
-        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS 256x128 cluster 1x2 (alt)");
+        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS 256x128 cluster 1x2 (M >= 512)");
         if (cuda::linear::cutlass_s8_fits(g) && cuda::linear::cutlass_s8_available(s)) {
           void* scratch = nullptr;
           cudaMalloc(&scratch, cuda::linear::cutlass_s8_alt_scratch_bytes(g) + 256);
@@ -156,7 +157,7 @@ class GemmBench : public BenchCase {
             r.note = "CUTLASS refused the arguments";
           }
         } else {
-          r.note = "not available (built without CUTLASS headers, or the self-check failed)";
+          r.note = "not available (built without CUTLASS headers, or not sm_90a)";
         }
         compare(r);
         rows.push_back(r);
@@ -166,7 +167,7 @@ class GemmBench : public BenchCase {
         if (cuda::linear::wgmma_s8_available(s)) {
           r.ms = env.time_ms([&] { cuda::linear::gemm_wgmma_s8(g, s); });
         } else {
-          r.note = "not available (not sm_90a, or the self-check failed)";
+          r.note = "not available (not sm_90a)";
         }
         compare(r);
         rows.push_back(r);
@@ -202,7 +203,133 @@ class GemmBench : public BenchCase {
   }
 };
 
-LOWBIT_BENCH_CASES(linear_gemm_bench) { cases.push_back(std::make_unique<GemmBench>()); }
+// The decode forward (M <= 16) in pieces, CUDA only: the activation rotate+quantize kernel alone,
+// the streaming decode kernel alone on codes already on the device, both back to back (the
+// layer's two launches, PDL-overlapped), and a device copy of the weight bytes: the floor for a
+// kernel that streams the weights once under this harness (the L2 flush before each timed call
+// leaves the L2 full of dirty lines, so every timed call also pays their write-back).
+class DecodePiecesBench : public BenchCase {
+ public:
+  std::string name() const override { return "linear.decode_pieces"; }
+  std::vector<Row> run(const Env& env) override {
+    std::vector<Row> rows;
+    if (env.device != Device::cuda) return rows;
+    const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
+    cudaStream_t s = cuda::stream_of(env.ctx);
+    for (int64_t M : {int64_t{1}, int64_t{16}}) {
+      DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
+      DeviceTensor codes = make_empty(Device::cuda, DType::u8, {M, K});
+      DeviceTensor scales = make_empty(Device::cuda, DType::f32, {M});
+      DeviceTensor w = make_empty(Device::cuda, DType::u8, {N, K});  // int8: the largest
+      DeviceTensor ratios = make_empty(Device::cuda, DType::f32, {N, K / 128});
+      DeviceTensor ws = make_empty(Device::cuda, DType::f32, {N});
+      DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
+      DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
+      fill_codes_kernel<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(w.view.data), N * K, 3u,
+                                              false);
+      fill_f32_kernel<<<static_cast<unsigned>((N * K / 128 + 255) / 256), 256, 0, s>>>(
+          static_cast<float*>(ratios.view.data), N * K / 128, 0.9f);
+      fill_f32_kernel<<<static_cast<unsigned>((N + 255) / 256), 256, 0, s>>>(
+          static_cast<float*>(ws.view.data), N, 1e-3f);
+      cuda::linear::RotateQuantParams rq;
+      rq.x = x.view.data;
+      rq.x_dtype = DType::bf16;
+      rq.x_row_stride = K;
+      rq.M = M;
+      rq.K = K;
+      rq.rot = 256;
+      rq.fmt = cuda::linear::ActFormat::int8;
+      rq.codes = codes.view.data;
+      rq.codes_row_stride = K;
+      rq.scales = static_cast<float*>(scales.view.data);
+      cuda::linear::rotate_quantize(rq, s);  // valid codes for the decode rows
+      const std::string shape =
+          std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N);
+      auto row = [&](const std::string& what, double bytes) {
+        Row r;
+        r.family = "linear";
+        r.op = what;
+        r.shape = shape;
+        r.backend = "cuda";
+        r.bytes = bytes;
+        r.baseline = "copy";
+        r.baseline_ms = env.copy_ms(bytes);
+        return r;
+      };
+      {
+        Row r = row("decode piece: rotate_quantize int8 (rot 256)", 2.0 * M * K + M * K);
+        r.ms = env.time_ms([&] { cuda::linear::rotate_quantize(rq, s); });
+        rows.push_back(r);
+      }
+      struct Fmt {
+        const char* name;
+        cuda::linear::WeightFormat f;
+        int bits;
+      };
+      for (const Fmt& f : {Fmt{"convrotint4", cuda::linear::WeightFormat::packed, 4},
+                           Fmt{"convrotcomfyw4a4", cuda::linear::WeightFormat::comfy_int4, 4},
+                           Fmt{"convrot8", cuda::linear::WeightFormat::int8, 8}}) {
+        cuda::linear::DecodeParams d;
+        d.a = static_cast<const int8_t*>(codes.view.data);
+        d.lda = K;
+        d.M = M;
+        d.w.format = f.f;
+        d.w.codes = static_cast<const uint8_t*>(w.view.data);
+        d.w.N = N;
+        d.w.K = K;
+        d.w.bits = f.bits;
+        d.w.row_bytes = cuda::linear::packed_row_bytes(f.f, K, f.bits);
+        if (f.f == cuda::linear::WeightFormat::packed) {
+          d.w.ratios = static_cast<const float*>(ratios.view.data);
+          d.w.group = 128;
+          d.w.group_shift = 7;
+          d.w.groups_per_row = K / 128;
+        }
+        d.ep.a_scale = static_cast<const float*>(scales.view.data);
+        d.ep.w_scale = static_cast<const float*>(ws.view.data);
+        d.ep.w_tensor_scale = nullptr;
+        d.ep.bias = bias.view.data;
+        d.ep.bias_dtype = DType::bf16;
+        d.out = out.view.data;
+        d.out_dtype = DType::bf16;
+        d.ldo = N;
+        const double wbytes = static_cast<double>(N * d.w.row_bytes);
+        {
+          Row r = row(std::string("decode piece: decode GEMV alone, ") + f.name, wbytes);
+          r.ms = env.time_ms([&] { cuda::linear::decode_gemv(d, s); });
+          r.note = "baseline: copy of the weight bytes (read + write: 2x a GEMV's traffic)";
+          rows.push_back(r);
+        }
+        {
+          Row r = row(std::string("decode piece: decode GEMV alone, one CTA per tile, ") + f.name,
+                      wbytes);
+          d.one_tile_per_cta = true;
+          r.ms = env.time_ms([&] { cuda::linear::decode_gemv(d, s); });
+          d.one_tile_per_cta = false;
+          r.note = "the round-1 grid; baseline: copy of the weight bytes (read + write)";
+          rows.push_back(r);
+        }
+        {
+          Row r = row(std::string("decode piece: rotate_quantize + decode GEMV, ") + f.name,
+                      wbytes);
+          r.ms = env.time_ms([&] {
+            cuda::linear::rotate_quantize(rq, s);
+            cuda::linear::decode_gemv(d, s);
+          });
+          r.note = "baseline: copy of the weight bytes (read + write: 2x a GEMV's traffic)";
+          rows.push_back(r);
+        }
+      }
+    }
+    cudaStreamSynchronize(s);
+    return rows;
+  }
+};
+
+LOWBIT_BENCH_CASES(linear_gemm_bench) {
+  cases.push_back(std::make_unique<GemmBench>());
+  cases.push_back(std::make_unique<DecodePiecesBench>());
+}
 
 }  // namespace
 }  // namespace bench

@@ -1,7 +1,8 @@
-// The second CUTLASS int8 GEMM configuration, for tuning on the H200: CTA tile 256 x 128 x 128
-// bytes, cluster 1 x 2 (the A tile multicast), cooperative, bf16 output only. Same epilogue and
-// same output bits as gemm_cutlass_s8.cu (gemm_cutlass_s8.cuh); not used by the layer yet: the
-// `linear.gemm` bench rows time both so the faster one can become the default per shape.
+// The second CUTLASS int8 GEMM configuration: CTA tile 256 x 128 x 128 bytes, cluster 1 x 2 (the
+// A tile multicast), cooperative, bf16 and f16 output. Same epilogue and same output bits as
+// gemm_cutlass_s8.cu (gemm_cutlass_s8.cuh); gemm_cutlass_s8 runs it for M >= 512 (1562 vs 1284
+// int8 TOPS at Wan 32768x5120->5120 on the H200, round 1). Its own translation unit so the two
+// configurations compile in parallel.
 #ifndef NDEBUG  // before any header: see gemm_cutlass_s8.cuh
 #define NDEBUG
 #endif
@@ -20,18 +21,20 @@ namespace linear {
 #if defined(LOWBIT_HAVE_CUTLASS)
 
 namespace {
-using Alt = cutlass_s8::Config<cutlass::bfloat16_t, cute::Shape<cute::_256, cute::_128, cute::_128>,
-                               cute::Shape<cute::_1, cute::_2, cute::_1>>;
+using TallTile = cute::Shape<cute::_256, cute::_128, cute::_128>;
+using TallCluster = cute::Shape<cute::_1, cute::_2, cute::_1>;
+using AltBf16 = cutlass_s8::Config<cutlass::bfloat16_t, TallTile, TallCluster>;
+using AltF16 = cutlass_s8::Config<cutlass::half_t, TallTile, TallCluster>;
 }  // namespace
 
 size_t cutlass_s8_alt_scratch_bytes(const GemmParams& p) {
   return (static_cast<size_t>(p.N) * 4 + 255) / 256 * 256 +
-         cutlass_s8::workspace_for<Alt, void>(p);
+         cutlass_s8::workspace_for<AltBf16, AltF16>(p);
 }
 
 bool gemm_cutlass_s8_alt(const GemmParams& p, void* scratch, cudaStream_t stream) {
-  if (!cutlass_s8::fits(p) || p.out_dtype != DType::bf16) return false;
-  return cutlass_s8::launch<Alt, void>(p, scratch, stream);
+  if (!cutlass_s8::fits(p)) return false;
+  return cutlass_s8::launch<AltBf16, AltF16>(p, scratch, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

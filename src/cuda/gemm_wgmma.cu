@@ -8,9 +8,9 @@
 // sums are exact and the epilogue is the shared apply_epilogue: the output bits equal the mma.sync
 // kernel's and the CPU's.
 //
-// Self-check: the first call on each device runs this kernel and the mma.sync kernel on a small
-// odd-sized random problem and compares the int32 sums; on any difference (or a launch error) the
-// device falls back to mma.sync for the rest of the process. The check synchronizes the stream once.
+// Availability is static (sm_90 with an sm_90a image); the first-use self-check against mma.sync
+// is gone (it synchronized the caller's stream): the harness and the linear.gemm bench rows
+// compare the bits on the GPU.
 #include <map>
 #include <mutex>
 #include <vector>
@@ -176,17 +176,6 @@ __global__ void __launch_bounds__(kThreads) gemm_wgmma_s8_kernel(GemmParams p) {
   }
 }
 
-__global__ void fill_hash_kernel(uint8_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    uint32_t x = static_cast<uint32_t>(i) * 0x9e3779b1u + seed;
-    x ^= x >> 15;
-    x *= 0x2c1b3c6du;
-    x ^= x >> 12;
-    p[i] = static_cast<uint8_t>(x);
-  }
-}
-
 void launch_wgmma(const GemmParams& p, cudaStream_t stream) {
   check_cuda(cudaFuncSetAttribute(gemm_wgmma_s8_kernel,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
@@ -197,48 +186,9 @@ void launch_wgmma(const GemmParams& p, cudaStream_t stream) {
   check_launch("gemm (wgmma)");
 }
 
-// Runs both kernels on a (203, 264, 1040) problem; true when the int32 sums agree everywhere.
-bool self_check(cudaStream_t stream) {
-  const int64_t M = 203, N = 264, K = 1040;
-  uint8_t *a = nullptr, *b = nullptr;
-  int32_t *c0 = nullptr, *c1 = nullptr;
-  bool ok = cudaMalloc(&a, M * K) == cudaSuccess && cudaMalloc(&b, N * K) == cudaSuccess &&
-            cudaMalloc(&c0, M * N * 4) == cudaSuccess && cudaMalloc(&c1, M * N * 4) == cudaSuccess;
-  if (ok) {
-    fill_hash_kernel<<<64, 256, 0, stream>>>(a, M * K, 1u);
-    fill_hash_kernel<<<64, 256, 0, stream>>>(b, N * K, 2u);
-    GemmParams g;
-    g.kind = GemmKind::s8;
-    g.a = a;
-    g.b = b;
-    g.lda = K;
-    g.ldb = K;
-    g.M = M;
-    g.N = N;
-    g.K = K;
-    g.ldo = N;
-    g.acc_out = c0;
-    gemm(g, stream);
-    g.acc_out = c1;
-    launch_wgmma(g, stream);
-    std::vector<int32_t> h0(M * N), h1(M * N);
-    ok = cudaMemcpyAsync(h0.data(), c0, M * N * 4, cudaMemcpyDeviceToHost, stream) ==
-             cudaSuccess &&
-         cudaMemcpyAsync(h1.data(), c1, M * N * 4, cudaMemcpyDeviceToHost, stream) ==
-             cudaSuccess &&
-         cudaStreamSynchronize(stream) == cudaSuccess && h0 == h1;
-  }
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(c0);
-  cudaFree(c1);
-  cudaGetLastError();  // a failed check leaves no sticky launch error behind
-  return ok;
-}
-
 }  // namespace
 
-bool wgmma_s8_available(cudaStream_t stream) {
+bool wgmma_s8_available(cudaStream_t) {
   static std::mutex mu;
   static std::map<int, bool> verdict;
   int dev = 0, major = 0, minor = 0;
@@ -253,7 +203,8 @@ bool wgmma_s8_available(cudaStream_t stream) {
   bool ok = major == 9 && minor == 0 &&
             cudaFuncGetAttributes(&attr, gemm_wgmma_s8_kernel) == cudaSuccess &&
             attr.binaryVersion == 90;
-  if (ok) ok = self_check(stream);
+  // No run-time self-check (it synchronized the caller's stream on first use): the harness cases
+  // and the linear.gemm bench rows compare this kernel's bits with the others' on the GPU.
   cudaGetLastError();
   verdict[dev] = ok;
   return ok;

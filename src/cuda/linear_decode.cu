@@ -8,9 +8,15 @@
 // their int32 partials through shared memory. Within a chunk lane (gid, tid4) owns columns
 // [16 tid4, 16 tid4 + 16): both operands use the same K permutation inside the chunk (k-step s of
 // the mma takes words 2s and 2s + 1 of the lane's 16 codes), which a sum does not see.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
 #include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_lut.h"
 #include "src/cuda/linear_rotate.cuh"
 #include "src/cuda/linear_unpack.cuh"
 
@@ -192,16 +198,10 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
-// Byte b (b = 0..3) of the result is table[nibble b of sel16] (sel16: 4 nibbles, 0..15).
-__device__ __forceinline__ uint32_t lut4(uint32_t sel16, const uint32_t lut[4]) {
-  const uint32_t idx = sel16 & 0x7777u;
-  const uint32_t lo = __byte_perm(lut[0], lut[1], idx);
-  const uint32_t hi = __byte_perm(lut[2], lut[3], idx);
-  // 0xff in byte b when bit 3 of nibble b is set: selector 9 replicates the sign of 0x80.
-  const uint32_t msel = (sel16 & 0x8888u) | ((sel16 >> 3) & 0x1111u);
-  const uint32_t mask = __byte_perm(0x8000u, 0u, msel);
-  return (hi & mask) | (lo & ~mask);
-}
+// The 4-bit table lookup (lut4, lut_word) lives in linear_lut.h, shared with a CPU unit test.
+// Every prmt selector nibble there is <= 7: nvcc models __byte_perm as reading only the low 3
+// bits of each selector nibble (CUDA math API) and drops arithmetic that feeds bit 3, so a mask
+// built on prmt's sign-replicate mode came out as 0x80 instead of 0xff on the H200 (round 1).
 
 // Weight kinds of decode4_kernel.
 constexpr int kWComfy = 0, kWPacked4 = 1, kWInt8 = 2;
@@ -209,21 +209,31 @@ constexpr int kWComfy = 0, kWPacked4 = 1, kWInt8 = 2;
 __host__ __device__ constexpr int pieces_of(int wf) { return wf == kWInt8 ? 2 : kPieces; }
 __host__ __device__ constexpr int units_of(int wf) { return wf == kWInt8 ? 2 : 1; }
 
-template <int WF>
+// Resident grid: a CTA takes column tiles blockIdx.x, + gridDim.x, ... (8 weight rows each), and
+// each warp runs its (tile, step) items as one software pipeline, so the next tile's first loads
+// are in flight while the current tile is reduced and stored; the grid is what fits on the GPU
+// at once (no partial last wave). Round 1 launched one CTA per tile (1728 CTAs of 2 steps per
+// warp at N = 13824: ~3.3 waves, each CTA's loads ramping up and draining). false: that grid.
+constexpr bool kResidentGrid = true;
+
+// HI: rows 8..15 exist (M > 8); without it the mma's upper A rows are constant zeros and the
+// kernel holds no registers for them.
+template <int WF, bool HI>
 __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_per_warp) {
   constexpr int P = pieces_of(WF), U = units_of(WF);
-  __shared__ int32_t red[8][4][32];
+  // Partials by tile parity: a warp writing tile k + 2's entries has passed tile k + 1's barrier,
+  // which warp 0 reaches only after it has read tile k's.
+  __shared__ int32_t red[2][8][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 8;
-  const int64_t n = n0 + gid;
-  const bool n_in = n < p.w.N;
   const int64_t groups = p.w.K / 128;
-  const uint8_t* wrow = p.w.codes + (n_in ? n : 0) * p.w.row_bytes;
-  const float* ratios = (WF == kWPacked4 && p.w.ratios)
-                            ? p.w.ratios + (n_in ? n : 0) * p.w.groups_per_row
-                            : nullptr;
-  const bool row_lo = gid < p.M, row_hi = gid + 8 < p.M;
+  const int tiles = static_cast<int>((p.w.N + 7) / 8);
+  // This CTA's tiles (blockIdx.x < tiles) and the warp's items: item f is step f % steps_per_warp
+  // of the CTA's tile f / steps_per_warp (the same count for every warp: barriers line up).
+  const int my_tiles =
+      (tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
+  const int items = my_tiles * steps_per_warp;
+  const bool row_lo = gid < p.M, row_hi = HI && gid + 8 < p.M;
   const int8_t* a_lo = p.a + (row_lo ? gid : 0) * p.lda;
   const int8_t* a_hi = p.a + (row_hi ? gid + 8 : 0) * p.lda;
   // This lane's 4 table entries u = 4 tid4 + e hold the codes c = u - 7 (packed) as floats.
@@ -232,8 +242,17 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
   for (int e = 0; e < 4; ++e) cf[e] = static_cast<float>(4 * tid4 + e - 7);
 
   int32_t acc[4] = {0, 0, 0, 0};
-  // One step's weights: P x U 16-byte loads + the groups' ratios (zeros / 1 past the end).
-  auto load_step = [&](int64_t g0, uint4(&wq)[P * U], float(&ratio)[P]) {
+  // Item f's weights: P x U 16-byte loads + the groups' ratios (zeros / 1 past the end).
+  auto load_item = [&](int f, uint4(&wq)[P * U], float(&ratio)[P]) {
+    const int64_t t = static_cast<int64_t>(blockIdx.x) +
+                      static_cast<int64_t>(f / steps_per_warp) * gridDim.x;
+    const int64_t n = t * 8 + gid;
+    const bool n_in = f < items && n < p.w.N;
+    const int64_t g0 = static_cast<int64_t>(warp + (f % steps_per_warp) * nwarps) * P;
+    const uint8_t* wrow = p.w.codes + (n_in ? n : 0) * p.w.row_bytes;
+    const float* ratios = (WF == kWPacked4 && p.w.ratios)
+                              ? p.w.ratios + (n_in ? n : 0) * p.w.groups_per_row
+                              : nullptr;
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       const int64_t g = g0 + i;
@@ -244,32 +263,31 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
           wq[i * U + u] = __ldg(
               reinterpret_cast<const uint4*>(wrow + g * (64 * U) + tid4 * (16 * U)) + u);
       }
-      ratio[i] = (ratios && g < groups) ? __ldg(ratios + g) : 1.f;
+      ratio[i] = (ratios && n_in && g < groups) ? __ldg(ratios + g) : 1.f;
     }
   };
   uint4 wq[P * U];
   float ratio[P];
-  int64_t g0 = static_cast<int64_t>(warp) * P;
-  const int64_t g_stride = static_cast<int64_t>(nwarps) * P;
-  // The weights do not come from the previous kernel: the first step's loads are issued before
+  // The weights do not come from the previous kernel: the first item's loads are issued before
   // waiting for it (programmatic dependent launch: the rotate kernel writes the activations).
-  load_step(g0, wq, ratio);
+  load_item(0, wq, ratio);
   grid_dependency_wait();
-  for (int it = 0; it < steps_per_warp; ++it, g0 += g_stride) {
-    if (g0 >= groups) break;  // warp-uniform
+  for (int f = 0; f < items; ++f) {
     uint4 wn[P * U];
     float rn[P];
-    load_step(g0 + g_stride, wn, rn);  // in flight during this step
+    load_item(f + 1, wn, rn);  // in flight during this item (the next tile's, at a tile's end)
+    const int step = f % steps_per_warp;
+    const int64_t g0 = static_cast<int64_t>(warp + step * nwarps) * P;
 #pragma unroll
     for (int i = 0; i < P; ++i) {
       const int64_t g = g0 + i;
       if (g >= groups) break;  // warp-uniform
       uint32_t lut[4] = {0u, 0u, 0u, 0u};
       if constexpr (WF == kWComfy) {
-        lut[0] = 0x03020100u, lut[1] = 0x07060504u, lut[2] = 0xfbfaf9f8u, lut[3] = 0xfffefdfcu;
+        comfy_lut(lut);
       } else if constexpr (WF == kWPacked4) {
         uint32_t own;
-        if (ratios) {
+        if (p.w.ratios) {
           own = pack4(fold_code_f(cf[0], ratio[i]), fold_code_f(cf[1], ratio[i]),
                       fold_code_f(cf[2], ratio[i]), fold_code_f(cf[3], ratio[i]));
         } else {
@@ -287,7 +305,7 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
         alo[0] = reinterpret_cast<const uint4*>(a_lo + k)[0];
         alo[1] = reinterpret_cast<const uint4*>(a_lo + k)[1];
       }
-      if (row_hi) {
+      if (HI && row_hi) {
         ahi[0] = reinterpret_cast<const uint4*>(a_hi + k)[0];
         ahi[1] = reinterpret_cast<const uint4*>(a_hi + k)[1];
       }
@@ -307,7 +325,7 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
         if constexpr (WF == kWInt8) {
           b0 = wv[2 * j], b1 = wv[2 * j + 1];
         } else {  // 4-bit: word j holds the 8 codes
-          b0 = lut4(wv[j], lut), b1 = lut4(wv[j] >> 16, lut);
+          lut_word(wv[j], lut, &b0, &b1);
         }
         const uint32_t a[4] = {lo_w[2 * j], hi_w[2 * j], lo_w[2 * j + 1], hi_w[2 * j + 1]};
         mma_s8(acc, a, b0, b1);
@@ -317,34 +335,44 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
     for (int i = 0; i < P * U; ++i) wq[i] = wn[i];
 #pragma unroll
     for (int i = 0; i < P; ++i) ratio[i] = rn[i];
-  }
+    if (step != steps_per_warp - 1) continue;  // block-uniform
+
+    // The tile's last step: the warps' partials meet in shared memory, warp 0 stores the tile.
+    const int tl = f / steps_per_warp;
+    const int buf = tl & 1;
 #pragma unroll
-  for (int r = 0; r < 4; ++r) red[warp][r][lane] = acc[r];
-  __syncthreads();
-  if (warp != 0) return;
-  int32_t sum[4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    int32_t s = 0;
-    for (int w = 0; w < nwarps; ++w) s += red[w][r][lane];
-    sum[r] = s;
-  }
-  const bool out_even = (p.ldo % 2) == 0 && (reinterpret_cast<uintptr_t>(p.out) % 4) == 0;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = gid + h * 8;
-    const int64_t col = n0 + tid4 * 2;
-    if (row >= p.M || col >= p.w.N) continue;
-    const bool has1 = col + 1 < p.w.N;
-    if (p.acc_out) {
-      p.acc_out[row * p.ldo + col] = sum[2 * h];
-      if (has1) p.acc_out[row * p.ldo + col + 1] = sum[2 * h + 1];
-      continue;
+    for (int r = 0; r < 4; ++r) {
+      red[buf][warp][r][lane] = acc[r];
+      acc[r] = 0;
     }
-    const float v0 = apply_epilogue(p.ep, static_cast<float>(sum[2 * h]), row, col);
-    const float v1 =
-        has1 ? apply_epilogue(p.ep, static_cast<float>(sum[2 * h + 1]), row, col + 1) : 0.f;
-    store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
+    __syncthreads();
+    if (warp != 0) continue;
+    const int64_t n0 =
+        (static_cast<int64_t>(blockIdx.x) + static_cast<int64_t>(tl) * gridDim.x) * 8;
+    int32_t sum[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      int32_t s = 0;
+      for (int w = 0; w < nwarps; ++w) s += red[buf][w][r][lane];
+      sum[r] = s;
+    }
+    const bool out_even = (p.ldo % 2) == 0 && (reinterpret_cast<uintptr_t>(p.out) % 4) == 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = gid + h * 8;
+      const int64_t col = n0 + tid4 * 2;
+      if (row >= p.M || col >= p.w.N) continue;
+      const bool has1 = col + 1 < p.w.N;
+      if (p.acc_out) {
+        p.acc_out[row * p.ldo + col] = sum[2 * h];
+        if (has1) p.acc_out[row * p.ldo + col + 1] = sum[2 * h + 1];
+        continue;
+      }
+      const float v0 = apply_epilogue(p.ep, static_cast<float>(sum[2 * h]), row, col);
+      const float v1 =
+          has1 ? apply_epilogue(p.ep, static_cast<float>(sum[2 * h + 1]), row, col + 1) : 0.f;
+      store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
+    }
   }
 }
 
@@ -358,6 +386,26 @@ bool decode4_applies(const DecodeParams& p) {
   return w.format == WeightFormat::packed && w.bits == 4 && (!w.ratios || w.group == 128);
 }
 
+// CTAs of `kernel` (an instance of decode4_kernel) with `warps` warps resident per SM, cached
+// per device, instance and warp count.
+template <typename Kernel>
+int resident_ctas(Kernel kernel, int warps) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int>, int> cache;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_gemv", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), warps);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, 0),
+             "decode_gemv", "occupancy");
+  per_sm = std::max(1, per_sm);
+  cache.emplace(key, per_sm);
+  return per_sm;
+}
+
 void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   const int wf = p.w.format == WeightFormat::comfy_int4
                      ? kWComfy
@@ -365,11 +413,10 @@ void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   const int64_t steps = ceil_div(p.w.K / 128, pieces_of(wf));
   const int64_t per_warp = ceil_div(steps, 8);
   const int warps = static_cast<int>(ceil_div(steps, per_warp));
-  const unsigned grid = static_cast<unsigned>(ceil_div(p.w.N, 8));
+  const int64_t tiles = ceil_div(p.w.N, 8);
   // Programmatic dependent launch: the kernel may start while the rotate kernel before it runs
   // (that kernel triggers at its start); it waits (griddepcontrol.wait) before reading p.a.
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
@@ -380,17 +427,23 @@ void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   cfg.numAttrs = 1;
   const int pw = static_cast<int>(per_warp);
   auto go = [&](auto kernel) {
+    int64_t grid = tiles;
+    if (kResidentGrid && !p.one_tile_per_cta)
+      grid = std::min<int64_t>(
+          tiles, static_cast<int64_t>(multiprocessor_count()) * resident_ctas(kernel, warps));
+    cfg.gridDim = dim3(static_cast<unsigned>(grid));
     // Where the attribute is refused (a configuration error, not sticky): a plain launch.
     if (kUsePdl && cudaLaunchKernelEx(&cfg, kernel, p, pw) == cudaSuccess) return;
     (void)cudaGetLastError();
     kernel<<<cfg.gridDim, cfg.blockDim, 0, stream>>>(p, pw);
   };
+  const bool hi = p.M > 8;
   if (wf == kWComfy) {
-    go(decode4_kernel<kWComfy>);
+    hi ? go(decode4_kernel<kWComfy, true>) : go(decode4_kernel<kWComfy, false>);
   } else if (wf == kWInt8) {
-    go(decode4_kernel<kWInt8>);
+    hi ? go(decode4_kernel<kWInt8, true>) : go(decode4_kernel<kWInt8, false>);
   } else {
-    go(decode4_kernel<kWPacked4>);
+    hi ? go(decode4_kernel<kWPacked4, true>) : go(decode4_kernel<kWPacked4, false>);
   }
 }
 

@@ -222,8 +222,8 @@ void dequantize_rotated(const PackedWeightView& w, float* out, cudaStream_t s, c
 // at configure time and the shapes fit TMA; false keeps the older kernels (same bits) everywhere.
 constexpr bool kCutlassInt8Gemm = true;
 
-// int8 GEMM with the fused epilogue, the first available of: CUTLASS (sm_90a, self-checked),
-// wgmma (sm_90a, self-checked), mma.sync. All give the same output bits.
+// int8 GEMM with the fused epilogue, the first available of: CUTLASS (sm_90a; 256 x 128 tiles
+// for M >= 512, else 128 x 256), wgmma (sm_90a), mma.sync. All give the same output bits.
 void gemm_s8(const linear::GemmParams& g, cudaStream_t s, const char* op) {
   if (kCutlassInt8Gemm && linear::cutlass_s8_fits(g) && linear::cutlass_s8_available(s)) {
     Scratch scratch(linear::cutlass_s8_scratch_bytes(g), s, op);
@@ -338,12 +338,15 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     return;
   }
 
-  Scratch a_codes(static_cast<size_t>(M * K), s, op);
-  Scratch a_scale(static_cast<size_t>(M * 4), s, op);
-  launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K, a_scale.as<void>(), s);
-  g.a_scale = a_scale.as<float>();
+  // One temporary for the codes (M, K) and, 256-byte aligned after them, the scales (M).
+  const size_t scale_off = (static_cast<size_t>(M * K) + 255) / 256 * 256;
+  Scratch act(scale_off + static_cast<size_t>(M * 4), s, op);
+  int8_t* a_codes = act.as<int8_t>();
+  float* a_scale = reinterpret_cast<float*>(act.as<char>() + scale_off);
+  launch_rotate_quantize(x, w.rot, fmt, a_codes, K, a_scale, s);
+  g.a_scale = a_scale;
   g.w_scale = static_cast<const float*>(w.scales.data);
-  g.a = a_codes.as<void>();
+  g.a = a_codes;
   g.lda = K;
   g.ldb = K;
 
@@ -359,7 +362,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
 
   if (M <= 16) {
     linear::DecodeParams d;
-    d.a = a_codes.as<int8_t>();
+    d.a = a_codes;
     d.lda = K;
     d.M = M;
     d.w = ref;

@@ -89,22 +89,24 @@ bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_by
                        cudaStream_t stream);
 size_t gemm_fp8_cublaslt_workspace_bytes();
 // kind s8 on sm_90a through wgmma (gemm_wgmma.cu). wgmma_s8_available() says whether the current
-// device runs it (sm_90 and a one-time self-check against the mma.sync kernel passed).
+// device runs it (sm_90 with an sm_90a kernel image; a static check, nothing runs).
 bool wgmma_s8_available(cudaStream_t stream);
 void gemm_wgmma_s8(const GemmParams& p, cudaStream_t stream);
-// kind s8 on sm_90a through CUTLASS 3.x (gemm_cutlass_s8.cu; compiled in when the CUTLASS headers
-// were found, LOWBIT_HAVE_CUTLASS). cutlass_s8_available(): sm_90 and a one-time bitwise
-// self-check against the mma.sync kernel passed. cutlass_s8_fits(p): out bf16/f16, K, lda, ldb
-// multiples of 16, ldo and N multiples of 8, 16-byte aligned pointers, no acc_out / tensor scale.
-// gemm_cutlass_s8 needs cutlass_s8_scratch_bytes(p) device bytes of scratch (256-byte aligned) and
-// returns false, having launched nothing, when CUTLASS refuses the arguments.
+// kind s8 on sm_90a through CUTLASS 3.x (gemm_cutlass_s8*.cu; compiled in when the CUTLASS
+// headers were found, LOWBIT_HAVE_CUTLASS). cutlass_s8_available(): sm_90 with an sm_90a kernel
+// image (a static check: nothing runs, the stream is not synchronized). cutlass_s8_fits(p): out
+// bf16/f16, K, lda, ldb multiples of 16, ldo and N multiples of 8, 16-byte aligned pointers, no
+// acc_out / tensor scale. gemm_cutlass_s8 (the 256 x 128 cluster 1 x 2 tile for M >= 512, else
+// 128 x 256 cluster 2 x 1) needs cutlass_s8_scratch_bytes(p) device bytes of scratch (256-byte
+// aligned) and returns false, having launched nothing, when CUTLASS refuses the arguments.
 bool cutlass_s8_available(cudaStream_t stream);
 bool cutlass_s8_fits(const GemmParams& p);
 size_t cutlass_s8_scratch_bytes(const GemmParams& p);
 bool gemm_cutlass_s8(const GemmParams& p, void* scratch, cudaStream_t stream);
-// The alternative tile configuration (256 x 128, cluster 1 x 2; bf16 output only), for the bench
-// rows that choose between the two: same contract as gemm_cutlass_s8, no self-check of its own
-// (call it only after cutlass_s8_available() returned true).
+// Each configuration explicitly (bench rows, harness cases; same contract as gemm_cutlass_s8):
+// "wide" 128 x 256 cluster 2 x 1, "alt" 256 x 128 cluster 1 x 2.
+size_t cutlass_s8_wide_scratch_bytes(const GemmParams& p);
+bool gemm_cutlass_s8_wide(const GemmParams& p, void* scratch, cudaStream_t stream);
 size_t cutlass_s8_alt_scratch_bytes(const GemmParams& p);
 bool gemm_cutlass_s8_alt(const GemmParams& p, void* scratch, cudaStream_t stream);
 
@@ -159,6 +161,9 @@ struct DecodeParams {
   DType out_dtype = DType::bf16;
   int64_t ldo = 0;
   int32_t* acc_out = nullptr; // when set: raw int32 sums (M, N), row stride ldo
+  // Streaming kernel: one CTA per 8 output columns (the round-1 grid) instead of the resident
+  // grid; for A/B bench rows, same bits.
+  bool one_tile_per_cta = false;
 };
 void decode_gemv(const DecodeParams& p, cudaStream_t stream);
 // Whether decode_gemv may run fused (rotation in the kernel) for M rows of K.

@@ -334,6 +334,20 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
                                                   DType::bf16, true));
   }
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 7, 8, 2048, DType::bf16, true));
+  // More 4-bit table lookups (round 1 failed every 4-bit case here): a single group, f16, odd M.
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 2, 24, 128, DType::f16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 9, 16, 256, DType::f16,
+                                                false));
+  // Enough column tiles that the resident grid gives CTAs several tiles (the cross-tile pipeline
+  // and the double-buffered partials): 1 warp per CTA at K <= 256, 3 at K = 1280.
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 24000, 128, DType::bf16,
+                                                true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 3, 8000, 1280, DType::f16,
+                                                false));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 2, 24008, 256,
+                                                DType::bf16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 16, 28000, 256, DType::bf16,
+                                                true));
   // The same kernel on int8 weights (convrot8).
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 1, 264, 1280, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 16, 40, 640, DType::f16, false));
@@ -346,6 +360,12 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 333, 264, 1280, DType::f16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 401, 136, 64, DType::bf16, false));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 201, 392, 384, DType::bf16, true));
+  // M >= 512: the 256 x 128 cluster 1 x 2 configuration (odd M: 3 and 4 row tiles, the last
+  // partial; f16 out with bias, bf16 out without).
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot8, 521, 136, 272, DType::f16, true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot8, 777, 264, 128, DType::bf16, false));
 
   for (QType q : {QType::convrot8, QType::convrot_int3, QType::convrot_fp8, QType::convrot4}) {
     cases.push_back(std::make_unique<BackwardCase>(q, 17, 48, 192));

@@ -1,0 +1,61 @@
+// Index math of the streaming decode kernel's 4-bit table lookup (linear_decode.cu), host- and
+// device-compilable so a CPU unit test (tests/unit/linear_lut_test.cpp) replays it against the
+// CPU oracle's unpacking (SPEC §3.3). No CUDA headers: plain C++ on the host.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LOWBIT_LUT_HD __host__ __device__ __forceinline__
+#else
+#define LOWBIT_LUT_HD inline
+#endif
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+
+// prmt.b32 / __byte_perm with the semantics the CUDA math API documents (and nvcc optimizes
+// by): result byte b = byte (selector nibble b & 7) of {y, x} (x bytes 0..3, y bytes 4..7).
+// Callers keep every selector nibble <= 7, where the hardware's sign-replicate mode is off.
+LOWBIT_LUT_HD uint32_t lut_prmt(uint32_t x, uint32_t y, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t xy = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int b = 0; b < 4; ++b) {
+    const int sel = static_cast<int>((s >> (4 * b)) & 7u);
+    r |= static_cast<uint32_t>((xy >> (8 * sel)) & 0xffu) << (8 * b);
+  }
+  return r;
+#endif
+}
+
+// Byte b (b = 0..3) of the result is entry (nibble b of sel16) of a 16-byte table held in
+// lut[0..3] (entry e in byte e % 4 of lut[e / 4]); bits above 16 of sel16 are ignored.
+LOWBIT_LUT_HD uint32_t lut4(uint32_t sel16, const uint32_t lut[4]) {
+  const uint32_t idx = sel16 & 0x7777u;
+  const uint32_t lo = lut_prmt(lut[0], lut[1], idx);  // entries 0..7
+  const uint32_t hi = lut_prmt(lut[2], lut[3], idx);  // entries 8..15
+  // Byte b from lo (selector b) or, when bit 3 of nibble b is set, from hi (selector 4 + b).
+  const uint32_t pick = 0x3210u | ((sel16 >> 1) & 0x4444u);
+  return lut_prmt(lo, hi, pick);
+}
+
+// Comfy int4's table: the nibble read as a two's-complement int4 (entries 0..7 -> 0..7,
+// 8..15 -> -8..-1), as bytes.
+LOWBIT_LUT_HD void comfy_lut(uint32_t lut[4]) {
+  lut[0] = 0x03020100u, lut[1] = 0x07060504u, lut[2] = 0xfbfaf9f8u, lut[3] = 0xfffefdfcu;
+}
+
+// The 8 int8-grid codes of one 32-bit word of 4-bit codes (nibble j = column j, SPEC §3.3 and
+// comfy's low-nibble-first bytes): b0 = columns 0..3, b1 = columns 4..7, byte order = column order.
+LOWBIT_LUT_HD void lut_word(uint32_t word, const uint32_t lut[4], uint32_t* b0, uint32_t* b1) {
+  *b0 = lut4(word, lut);
+  *b1 = lut4(word >> 16, lut);
+}
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit
