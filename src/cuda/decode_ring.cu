@@ -63,12 +63,13 @@ constexpr int per_word() {
 }
 
 // Ring depth (stages per warp) and the CTAs per SM the register budget is sized for. Shared memory
-// per CTA at D 128: int4 g4 4 x 4 x 2.5 KB = 40 KB (4 CTAs / SM), fp8 4 x 3 x 4.1 KB = 50 KB
-// (4 CTAs), f16 4 x 3 x 8 KB = 96 KB (2 CTAs), plus 4.5 KB static.
+// per CTA at D 128 (4 warps x stages x stage): int4 g4 4 x 4 x 2.5 KB = 40 KB (4 CTAs / SM), fp8
+// 4 x 3 x 4.6 KB = 55.5 KB (3 CTAs), f16 4 x 3 x 8.5 KB = 102 KB (2 CTAs), plus 4.6 KB static.
 template <KvFormat F, int D>
 struct RingCfg {
   static constexpr int kStages = F == KvFormat::int4 ? 4 : 3;
-  static constexpr int kMinBlocks = (F == KvFormat::f16 && D == 128) ? 2 : 4;
+  static constexpr int kMinBlocks =
+      D == 128 && F == KvFormat::f16 ? 2 : D == 128 && F == KvFormat::fp8 ? 3 : 4;
 };
 
 // Elements 2j, 2j+1 of code word w as dequantized f16x2 (low half = element 2j). Same arithmetic
@@ -521,7 +522,10 @@ __global__ void __launch_bounds__(kThreads, RingCfg<F, D>::kMinBlocks)
 template <KvFormat F, int D, int VEC>
 void launch_vec(const DecodeParams& p, int64_t B, cudaStream_t stream) {
   constexpr int NST = RingCfg<F, D>::kStages;
-  const int srb = (p.c.row_bytes + 15) / 16 * 16;
+  // Row stride in the stage: row bytes rounded up to 16, plus 16 where that is a multiple of 64
+  // (fp8 and f16 rows): otherwise the fragment reads of rows g (K) and 2t (V) hit the same banks.
+  int srb = (p.c.row_bytes + 15) / 16 * 16;
+  if (srb % 64 == 0) srb += 16;
   const int stage_bytes = 32 * srb + (F == KvFormat::fp8 ? 128 : 0);
   const int ring_bytes = kWarps * NST * stage_bytes;
   const int smem = ring_bytes > 16 * D * 4 ? ring_bytes : 16 * D * 4;
