@@ -22,11 +22,15 @@
 //   - Paged caches: a group lies in one page (it starts at a multiple of 16; pages are multiples of
 //     16); the block-table entry of the next group to issue is loaded one group ahead, so the
 //     issue never waits on it.
-// The per-key arithmetic is round 1's, word for word: lane (g, t) reads from the stage exactly the
-// words it used to load from global memory (K: keys g, g + 8, elements [t*D/4, (t+1)*D/4); V:
-// keys 2t, 2t+1, 2t+8, 2t+9, dims [g*D/8, (g+1)*D/8)), dequantizes them to f16 the same way
-// (int4: 0x6400 exponent trick + hfma2(scale, shift); fp8: cvt e4m3x2 + hfma2) and runs the same
-// mma.sync m16n8k16 QK and PV, online softmax in base 2, and the same deterministic 4-warp merge.
+// The per-element arithmetic is round 1's: lane (g, t) reads from the stage exactly the words it
+// used to load from global memory (K: keys g, g + 8, elements [t*D/4, (t+1)*D/4); V: keys 2t,
+// 2t+1, 2t+8, 2t+9, dims [g*D/8, (g+1)*D/8)), dequantizes them to the same f16 values (int4:
+// 0x6400 exponent trick + hfma2(scale, shift); fp8: cvt e4m3x2 + hfma2) and runs mma.sync
+// m16n8k16 QK and PV, online softmax in base 2, and the same deterministic 4-warp merge. One
+// change: int4 pairs nibbles (j, j + 4) of a word into an f16x2 (one shift + one lop3 per pair
+// instead of ~4 ops); QK's contraction order follows (q's fragments are loaded in the same order),
+// and PV sends each half to the n-tile of its own dim, so every output element sums the same
+// products in the same key order as before.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -72,13 +76,14 @@ struct RingCfg {
       D == 128 && F == KvFormat::f16 ? 2 : D == 128 && F == KvFormat::fp8 ? 3 : 4;
 };
 
-// Elements 2j, 2j+1 of code word w as dequantized f16x2 (low half = element 2j). Same arithmetic
-// as decode_stream.cu.
+// A pair of elements of code word w as dequantized f16x2. int4: elements j and j + 4 (nibbles j
+// and j + 4: one shift and one lop3 per pair; the pairing differs from round 1's (2j, 2j+1), the
+// value of each element is the same: (1024 + code) - 1024 exactly, then one hfma2 (scale, shift)).
+// fp8: elements 2j, 2j+1. f16: the word. Same arithmetic per element as decode_stream.cu.
 template <KvFormat F>
 __device__ __forceinline__ __half2 dequant_pair(uint32_t w, int j, __half2 scale, __half2 shift) {
   if constexpr (F == KvFormat::int4) {
-    const uint32_t byte = (w >> (8 * j)) & 0xffu;
-    const uint32_t u = (byte & 0xfu) | ((byte & 0xf0u) << 12) | 0x64006400u;  // 1024 + code
+    const uint32_t u = ((w >> (4 * j)) & 0x000f000fu) | 0x64006400u;  // 1024 + code, twice
     const __half2 code = __hsub2(bits_h2(u), bits_h2(0x64006400u));
     return __hfma2(code, scale, shift);
   } else if constexpr (F == KvFormat::fp8) {
@@ -288,9 +293,16 @@ __global__ void __launch_bounds__(kThreads, RingCfg<F, D>::kMinBlocks)
         const int rr = r0 + r, m = ok ? rr / p.G : 0, gq = ok ? rr % p.G : 0;
         const int64_t off = b * p.q_st[0] + m * p.q_st[1] + h * p.q_st[2] + gq * p.q_st[3] +
                             t * QRUN + 4 * ks;
+        // Elements of this k-step in the order of the K pairs: round 1's 4ks + {0, 1, 2, 3};
+        // int4 (pairs of nibbles j, j + 4 of word ks / 2, j = 2 (ks % 2) + {0, 1}):
+        // 8 (ks / 2) + 2 (ks % 2) + {0, 4, 1, 5}.
         float v[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = ok ? load_f32(p.q, off + e, p.q_dtype) : 0.f;
+        for (int e = 0; e < 4; ++e) {
+          const int pos = F == KvFormat::int4 ? 8 * (ks / 2) + 2 * (ks % 2) + (e >> 1) + 4 * (e & 1)
+                                              : 4 * ks + e;
+          v[e] = ok ? load_f32(p.q, off - 4 * ks + pos, p.q_dtype) : 0.f;
+        }
         a[half] = pack_f32x2(v[0], v[1]);
         a[2 + half] = pack_f32x2(v[2], v[3]);
       }
@@ -457,10 +469,14 @@ __global__ void __launch_bounds__(kThreads, RingCfg<F, D>::kMinBlocks)
       for (int q = 0; q < 4; ++q)
         vk[q] = dequant_pair<F>(vbuf[q][(e0 / kPerWord) % VC], (e0 % kPerWord) / 2, vscale[q],
                                 vshift[q]);
-      // n-tile 2i holds dims g*NT + 2i (low halves), n-tile 2i+1 dims g*NT + 2i + 1 (high).
-      ptx::mma_f16(o[2 * i], pa, h2_bits(__lows2half2(vk[0], vk[1])),
+      // n-tile nt holds dim g*NT + nt: the low halves are dim 2i (int4: 8 (i / 4) + i % 4), the
+      // high halves dim 2i + 1 (int4: that + 4).
+      constexpr bool kI4 = F == KvFormat::int4;
+      const int nlo = kI4 ? 8 * (i / 4) + i % 4 : 2 * i;
+      const int nhi = kI4 ? nlo + 4 : 2 * i + 1;
+      ptx::mma_f16(o[nlo], pa, h2_bits(__lows2half2(vk[0], vk[1])),
                    h2_bits(__lows2half2(vk[2], vk[3])));
-      ptx::mma_f16(o[2 * i + 1], pa, h2_bits(__highs2half2(vk[0], vk[1])),
+      ptx::mma_f16(o[nhi], pa, h2_bits(__highs2half2(vk[0], vk[1])),
                    h2_bits(__highs2half2(vk[2], vk[3])));
     }
   }
