@@ -29,19 +29,24 @@ struct Shape {
   }
 };
 
-// Which CUDA kernel a row times: plan_decode's choice (the streaming kernel where it applies),
-// or the older smem-ring tensor-core kernel ("tc": streaming off, tensor_cores on).
+// Which CUDA kernel a row times: plan_decode's choice (the cp.async-ring streaming kernel where it
+// applies), the older smem-ring tensor-core kernel ("tc": streaming off, tensor_cores on), or
+// round 1's register-streaming kernel ("regs": streaming with stream_registers).
+enum class Pick { plan, tc, regs };
 struct Fmt {
   KvFormat format;
   int n_groups;
   const char* name;
-  bool tensor_cores;  // the smem-ring tensor-core kernel instead of plan_decode's choice
+  Pick pick;
 };
 
-void choose_kernel(DecodePlan& plan, bool tensor_cores) {
-  if (!tensor_cores) return;
-  plan.streaming = false;
-  plan.tensor_cores = true;
+void choose_kernel(DecodePlan& plan, Pick pick) {
+  if (pick == Pick::tc) {
+    plan.streaming = false;
+    plan.tensor_cores = true;
+  } else if (pick == Pick::regs) {
+    plan.stream_registers = true;
+  }
 }
 
 int64_t packed_dim(const Fmt& f, int64_t D) {
@@ -147,10 +152,10 @@ double problem_bytes(const Shape& s, const Fmt& f) {
 }
 
 double time_decode(const Env& env, const BenchCache& bc, const Shape& s, const DeviceTensor& q,
-                   const DeviceTensor& out, bool tensor_cores) {
+                   const DeviceTensor& out, Pick pick) {
   Context ctx = env.ctx;
   DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(s.Hq), static_cast<int>(s.D), ctx);
-  choose_kernel(plan, tensor_cores);
+  choose_kernel(plan, pick);
   Buffer ws(env.device, workspace_bytes(plan));
   return env.time_ms([&] {
     decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
@@ -187,7 +192,7 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
   put(q.view.data, qh.data(), qh.size() * 2);
   kv_append(bc.c, kn.view, vn.view, pos.view, ctx);
   DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(Hq), static_cast<int>(D), ctx);
-  choose_kernel(plan, f.tensor_cores);
+  choose_kernel(plan, f.pick);
   Buffer ws(dev, workspace_bytes(plan));
   decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
   if (dev == Device::cuda) synchronize(ctx);
@@ -230,12 +235,15 @@ class DecodeBench : public BenchCase {
     }
     // fp16 first: its time is the baseline of the rows after it. Plain rows: plan_decode's kernel
     // (streaming); "tc": the smem-ring tensor-core kernel, for comparison.
-    std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", false}, {KvFormat::int4, 4, "int4 g4", false},
-                                {KvFormat::fp8, 1, "fp8", false}};
+    std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", Pick::plan},
+                                {KvFormat::int4, 4, "int4 g4", Pick::plan},
+                                {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::f16, 1, "fp16 tc", true});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 tc", true});
-      formats.push_back({KvFormat::fp8, 1, "fp8 tc", true});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 regs", Pick::regs});
+      formats.push_back({KvFormat::fp8, 1, "fp8 regs", Pick::regs});
+      formats.push_back({KvFormat::f16, 1, "fp16 tc", Pick::tc});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 tc", Pick::tc});
+      formats.push_back({KvFormat::fp8, 1, "fp8 tc", Pick::tc});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -253,10 +261,10 @@ class DecodeBench : public BenchCase {
           r.backend = device_name(env.device);
           {
             BenchCache bc = build_cache(env.device, s, f, page, 77);
-            r.ms = time_decode(env, bc, s, q, out, f.tensor_cores);
+            r.ms = time_decode(env, bc, s, q, out, f.pick);
           }
           r.bytes = problem_bytes(s, f);
-          if (f.format == KvFormat::f16 && !f.tensor_cores) {
+          if (f.format == KvFormat::f16 && f.pick == Pick::plan) {
             f16_ms = r.ms;
           } else {
             r.baseline = "lowbit fp16 decode";

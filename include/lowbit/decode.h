@@ -83,6 +83,10 @@ struct DecodePlan {
   // where it applies, with more, shorter splits; it takes precedence over tensor_cores. False
   // selects the older kernels (tensor_cores, else the CUDA-core kernel). docs/decode.md.
   bool streaming = false;
+  // CUDA, with streaming: false (default) runs the cp.async-ring kernel (each warp streams its
+  // key groups through a private shared-memory ring, no CTA barriers); true runs session 2 round
+  // 1's register-streaming kernel (loads straight into mma fragments), kept as a fallback.
+  bool stream_registers = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

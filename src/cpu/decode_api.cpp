@@ -224,8 +224,9 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
                  p.format == KvFormat::f16) &&
                 (D == 64 || D == 128);
   // Enough chunks to fill the machine several times over, none shorter than min_split keys
-  // (shorter chunks cost more in the merge than they win in parallelism). The streaming kernel
-  // keeps 3 CTAs of 4 warps per multiprocessor: 16 CTAs per multiprocessor is 5+ waves, with
+  // (shorter chunks cost more in the merge than they win in parallelism). The streaming (ring)
+  // kernel keeps 4 CTAs of 4 warps per multiprocessor (2 for f16 at D 128): 16 CTAs per
+  // multiprocessor is ~4-8 waves at the shapes, with
   // chunks of at least 1024 keys (64 groups of 16, 16 per warp; fewer splits keep the partials
   // and the merge small at B = 1).
   int64_t target, min_split;

@@ -405,18 +405,18 @@ __global__ void decode_merge_kernel(const float* part_o, const float* part_lse, 
   const int m = r / G, g = r % G;
   const float* lse = part_lse + (b * H + h) * S * static_cast<int64_t>(R) + r;
   float mx = -INFINITY;
-#pragma unroll 8
+#pragma unroll 16
   for (int s = 0; s < S; ++s) mx = fmaxf(mx, lse[static_cast<int64_t>(s) * R]);
   float total = 0.f;
   if (mx != -INFINITY)
-#pragma unroll 8
+#pragma unroll 16
     for (int s = 0; s < S; ++s) total += exp2f((lse[static_cast<int64_t>(s) * R] - mx) * kLog2e);
   const int64_t ooff = b * out_idx.stride[0] + m * out_idx.stride[1] + h * out_idx.stride[2] +
                        g * out_idx.stride[3];
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.f;
     if (mx != -INFINITY) {
-#pragma unroll 8
+#pragma unroll 16
       for (int s = 0; s < S; ++s) {
         const float w = exp2f((lse[static_cast<int64_t>(s) * R] - mx) * kLog2e);
         acc = fmaf(w, part_o[(((b * H + h) * S + s) * R + r) * static_cast<int64_t>(D) + d], acc);
@@ -484,7 +484,11 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   p.causal = causal;
   p.vec = row_vector_bytes(cache);
   cudaStream_t stream = stream_of(ctx);
-  if (plan.streaming && decode_stream_supported(cache.format, plan.head_dim)) {
+  if (plan.streaming && !plan.stream_registers &&
+      decode_stream_supported(cache.format, plan.head_dim)) {
+    launch_decode_ring(p, cache.format, plan.head_dim, ring_vector_bytes(cache), plan.batch,
+                       stream);
+  } else if (plan.streaming && decode_stream_supported(cache.format, plan.head_dim)) {
     launch_decode_stream(p, cache.format, plan.head_dim, stream_vector_bytes(cache), plan.batch,
                          stream);
   } else if (plan.tensor_cores && decode_mma_supported(cache.format, plan.head_dim)) {

@@ -141,6 +141,12 @@ int stream_vector_bytes(const KvCache& c);
 void launch_decode_stream(const DecodeParams& p, KvFormat format, int D, int vec, int64_t B,
                           cudaStream_t stream);
 
+// Split kernel with a per-warp cp.async ring (decode_ring.cu): the streaming plan's default.
+// Copy width (16, 8 or 4 bytes): stream_vector_bytes, halved until it divides a row.
+int ring_vector_bytes(const KvCache& c);
+void launch_decode_ring(const DecodeParams& p, KvFormat format, int D, int vec, int64_t B,
+                        cudaStream_t stream);
+
 // Widest access (16, 8 or 4 bytes) that every row start of both caches allows.
 inline int row_vector_bytes(const KvCache& c) {
   const CacheArgs a = make_cache_args(c);

@@ -133,10 +133,12 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 
 // Which CUDA kernel a case runs (the CPU always runs its oracle).
 //   automatic: plan_decode's choice (streaming where it applies);
-//   stream: the streaming kernel (DecodePlan::streaming; K/V, q and P rounded to f16);
+//   stream: the streaming plan's kernel, the cp.async-ring kernel (DecodePlan::streaming; K/V, q
+//     and P rounded to f16);
+//   stream_regs: round 1's register-streaming kernel (streaming + stream_registers; same math);
 //   tensor_cores: the smem-ring tensor-core kernel (same roundings);
 //   cuda_cores: the CUDA-core kernel (fp32 arithmetic on the exactly dequantized values).
-enum class Kernel { automatic, stream, tensor_cores, cuda_cores };
+enum class Kernel { automatic, stream, stream_regs, tensor_cores, cuda_cores };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
 bool streams_by_default(KvFormat f, int D) {
@@ -149,7 +151,8 @@ class DecodeCase : public Case {
              DType qdt, Kernel kernel = Kernel::automatic)
       : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt),
         kernel_(kernel),
-        f16_math_(kernel == Kernel::stream || kernel == Kernel::tensor_cores ||
+        f16_math_(kernel == Kernel::stream || kernel == Kernel::stream_regs ||
+                  kernel == Kernel::tensor_cores ||
                   (kernel == Kernel::automatic && streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -158,6 +161,7 @@ class DecodeCase : public Case {
     if (causal_) s += ".causal";
     if (bias_) s += ".bias";
     if (kernel_ == Kernel::stream) s += ".stream";
+    if (kernel_ == Kernel::stream_regs) s += ".stream_regs";
     if (kernel_ == Kernel::tensor_cores) s += ".tensor_cores";
     if (kernel_ == Kernel::cuda_cores) s += ".cuda_cores";
     return s;
@@ -204,7 +208,8 @@ class DecodeCase : public Case {
     const TensorView& q = in[kFirstExtra];
     DecodePlan plan = plan_decode(c, Mq_, cs_.H * G_, cs_.D, ctx);
     if (kernel_ != Kernel::automatic) {
-      plan.streaming = kernel_ == Kernel::stream;
+      plan.streaming = kernel_ == Kernel::stream || kernel_ == Kernel::stream_regs;
+      plan.stream_registers = kernel_ == Kernel::stream_regs;
       plan.tensor_cores = kernel_ == Kernel::tensor_cores;
     }
     Buffer ws(q.device, workspace_bytes(plan));
@@ -385,6 +390,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
         std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt, kernel));
   };
   const Kernel tc = Kernel::tensor_cores, st = Kernel::stream, cc = Kernel::cuda_cores;
+  const Kernel sr = Kernel::stream_regs;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -420,6 +426,20 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 4, 4, true, true, DType::bf16, st);
   add(shape(F::f16, 1, 3, 523, 2, 128, 16), {523, 0, 31}, 4, 1, false, false, DType::f16, st);
   add(shape(F::f16, 1, 2, 129, 1, 64, 0), {129, 16}, 1, 8, true, true, DType::bf16, st);
+  // More ring-kernel cases (the plain .stream cases above run it too): int4 with 1 and 2 groups
+  // (4- and 8-byte copies, rows of 68 / 40 bytes), 8 groups at D 64, fp8 contiguous at D 64 and
+  // paged 16 at D 128, f16 paged 256 at D 128 (2 CTAs per SM configuration), one split of many
+  // groups per warp (L 2100: ring wrap-around several times), lengths not multiples of 16.
+  add(shape(F::int4, 1, 2, 2100, 2, 128, 0), {2100, 1}, 4, 1, false, false, DType::f16, st);
+  add(shape(F::int4, 2, 2, 700, 1, 64, 16), {700, 33}, 8, 2, true, false, DType::f16, st);
+  add(shape(F::int4, 8, 2, 333, 2, 64, 256), {333, 16}, 2, 1, false, true, DType::bf16, st);
+  add(shape(F::fp8, 1, 2, 1500, 2, 64, 0), {1500, 7}, 16, 1, false, false, DType::f16, st);
+  add(shape(F::fp8, 1, 2, 2100, 1, 128, 16), {2100, 49}, 4, 2, true, false, DType::f16, st);
+  add(shape(F::f16, 1, 2, 1100, 2, 128, 256), {1100, 255}, 8, 1, false, false, DType::f16, st);
+  // Round 1's register-streaming kernel, kept selectable (stream_registers).
+  add(shape(F::int4, 4, 4, 1001, 2, 128, 0), {1001, 17, 1, 0}, 4, 1, false, false, DType::f16, sr);
+  add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 4, 4, true, true, DType::bf16, sr);
+  add(shape(F::f16, 1, 3, 523, 2, 128, 16), {523, 0, 31}, 4, 1, false, false, DType::f16, sr);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
