@@ -4,7 +4,8 @@
 // (two 16-byte loads) per lane. For split-half RoPE over all channels a lane holds chunk k and
 // its rotation partner k + D/16 ("paired"), so the rotation needs no exchange; otherwise it holds
 // chunks 2k and 2k+1 ("contiguous": interleaved pairs never leave a chunk; split-half partial
-// rotary reads the few partners it lacks from memory). The sum of squares adds each chunk in
+// rotary reads the few partners it lacks from memory; the fast kernels use the paired placement
+// without rope too). The sum of squares adds each chunk in
 // channel order, then the chunks as a pairwise tree (xor shuffles), exactly the CPU's order.
 //
 // norm_rope_quantize: a CTA owns a tile of whole blocks (<= 128 rows when block <= 128) of one
@@ -637,14 +638,15 @@ void legacy_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
 //
 // Both kernels give each thread one row of a (batch, tile) pair of rows at a time, D/16 lanes per
 // row (16 channels per lane, as above), and loop over a group of heads with the x loads of the
-// next kPrefetch heads (or steps) in flight while the current one is computed. Every value that
-// does not depend on the head is hoisted out of that loop: the norm weight, the rotary table of
-// the row (registers in the quantize kernel, a shared-memory tile in the mean kernel), pointers.
+// next kQuantPrefetch heads (kMeanPrefetch (row, head) units) in flight while the current one is
+// computed. Every value that does not depend on the head is hoisted out of that loop: the norm
+// weight (shared memory), the row's rotary values (shared memory in the quantize kernel,
+// registers in the mean kernel), pointers.
 
 enum RopeKind : int { kRopeNone = 0, kRopePaired = 1, kRopeInterleaved = 2 };
 
 constexpr int kFastMaxWarps = 16;  // quantize CTA: at most 16 warps (a 64-row block at D = 128)
-constexpr int kPrefetch = 3;       // mean kernel: (row, head) units whose loads are in flight
+constexpr int kMeanPrefetch = 4;   // mean kernel: (row, head) units whose loads are in flight
 constexpr int kQuantPrefetch = 5;  // quantize kernel: heads whose loads are in flight ahead
 constexpr int kMeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kMeanMaxHeads = 6;   // heads per mean CTA (6 KB of accumulators per head)
@@ -794,12 +796,33 @@ __device__ __forceinline__ float4 lds16(const float4* p) {
   return v;
 }
 
-// Loads this lane's 16 norm weights (f32 / bf16 / f16) as fp32.
-__device__ __forceinline__ void load_weights(const PrologueArgs& a, int ch0, int ch1,
-                                             float (&w)[16]) {
+// The norm weight of every lane's 16 channels as fp32 quads, w_sh[k][l] = channels of quad k of
+// lane l (a row's lanes read consecutive 16-byte words). Threads 0 .. 4 * LANES - 1 write it;
+// the caller synchronizes before reading.
+template <int D, int ROPE>
+__device__ __forceinline__ void fill_weight_quads(const PrologueArgs& a, int tid,
+                                                  float4 (&w_sh)[4][D / 16]) {
+  constexpr int LANES = D / 16;
+  if (tid < 4 * LANES) {
+    const int k = tid / LANES, l = tid % LANES;
+    int c0, c1;
+    fast_lane_channels<D, ROPE>(l, c0, c1);
+    const int c = (k < 2 ? c0 : c1) + 4 * (k & 1);
+    float q[4];
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
-    w[j] = a.norm ? load_any(a.w, lane_channel(j, ch0, ch1), a.w_dtype) : 1.f;
+    for (int i = 0; i < 4; ++i) q[i] = a.norm ? load_any(a.w, c + i, a.w_dtype) : 1.f;
+    w_sh[k][l] = make_float4(q[0], q[1], q[2], q[3]);
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void read_weight_quads(const float4 (&w_sh)[4][D / 16], int lane_in_row,
+                                                  float (&w)[16]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 t = lds16(&w_sh[k][lane_in_row]);
+    w[4 * k] = t.x, w[4 * k + 1] = t.y, w[4 * k + 2] = t.z, w[4 * k + 3] = t.w;
+  }
 }
 
 // ---- fast norm_rope_quantize ------------------------------------------------------------------
@@ -849,16 +872,7 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
   const bool ok = n < a.tokens;
   const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
 
-  if (tid < 4 * LANES) {  // blockDim >= 128 >= 4 * LANES
-    const int k = tid / LANES, l = tid % LANES;
-    int c0, c1;
-    fast_lane_channels<D, ROPE>(l, c0, c1);
-    const int c = (k < 2 ? c0 : c1) + 4 * (k & 1);
-    float q[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) q[i] = a.norm ? load_any(a.w, c + i, a.w_dtype) : 1.f;
-    w_sh[k][l] = make_float4(q[0], q[1], q[2], q[3]);
-  }
+  fill_weight_quads<D, ROPE>(a, tid, w_sh);  // blockDim >= 128 >= 4 * LANES
   if (ROPE != kRopeNone) {
     float cs[8], sn[8];
 #pragma unroll
@@ -894,11 +908,7 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
   };
   auto proc = [&](int u, const uint4(&r)[2]) {
     float w[16], cs[8], sn[8];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 t = lds16(&w_sh[k][lane_in_row]);
-      w[4 * k] = t.x, w[4 * k + 1] = t.y, w[4 * k + 2] = t.z, w[4 * k + 3] = t.w;
-    }
+    read_weight_quads<D>(w_sh, lane_in_row, w);
     if (ROPE != kRopeNone) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -964,7 +974,7 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
 // (the next row's are loaded one row ahead, behind the heads of this one). Each lane adds
 // rope(norm(x)) of its 16 channels to a private accumulator in shared memory (nobody else touches
 // it: no barrier in the loop; layout [head][quad][thread] float4, conflict-free). x loads of the
-// next kPrefetch (row, head) units are in flight. At the end the CTA adds its RPS row slots per
+// next kMeanPrefetch (row, head) units are in flight. At the end the CTA adds its RPS row slots per
 // (head, channel) in slot order into one partial per (batch, head, chunk) in scratch, and
 // mean_final_kernel adds the chunks in a fixed order and divides by N. No clusters, no atomics:
 // deterministic for a given launch shape.
@@ -982,6 +992,7 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
   constexpr int LANES = D / 16, RW = 32 / LANES, RPS = kMeanWarps * RW;
   constexpr int THREADS = kMeanWarps * 32;
   extern __shared__ float4 mean_acc[];  // [head][quad k][THREADS]: this thread's channels
+  __shared__ float4 w_sh[4][LANES];      // norm weight quads (registers go to loads in flight)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = warp * RW + lane / LANES, lane_in_row = lane % LANES;
   int ch0, ch1;
@@ -993,8 +1004,8 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
 
 #pragma unroll 1
   for (int k = 0; k < 4 * nh; ++k) mean_acc[k * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
-  float w[16];
-  load_weights(a, ch0, ch1, w);
+  fill_weight_quads<D, ROPE>(a, tid, w_sh);
+  __syncthreads();
   float cs[8], sn[8], tc[8], ts[8];  // this row's rotary values, the next row's (in flight)
 #pragma unroll
   for (int i = 0; i < 8; ++i) cs[i] = tc[i] = 1.f, sn[i] = ts[i] = 0.f;
@@ -1025,7 +1036,8 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
       for (int i = 0; i < 8; ++i) cs[i] = tc[i], sn[i] = ts[i];
       table_row(ps + 1);
     }
-    float v[16];
+    float w[16], v[16];
+    read_weight_quads<D>(w_sh, lane_in_row, w);
     fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
     if (n_first + static_cast<int64_t>(ps) * RPS < a.tokens) {
       float4* acc = mean_acc + ph * 4 * THREADS + tid;
@@ -1041,7 +1053,7 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
     }
     if (++ph == nh) ph = 0, ++ps;
   };
-  pipeline<kPrefetch>(L.steps * nh, load, proc);
+  pipeline<kMeanPrefetch>(L.steps * nh, load, proc);
   __syncthreads();
 
   // Column sums over the RPS row slots, in slot order. Channel c of head hl lives in quad k of
