@@ -766,13 +766,17 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 }
 
 // Software pipeline over `count` units: the loads of units u+1 .. u+DEPTH are issued before unit
-// u is processed. The ring is fully unrolled, so the buffers stay in registers.
-template <int DEPTH, typename Load, typename Proc>
-__device__ __forceinline__ void pipeline(int count, Load&& load, Proc&& proc) {
+// u is processed. The ring is fully unrolled, so the buffers stay in registers. `start` runs
+// once, after the first DEPTH loads are issued and before the first unit is processed (all
+// threads call it: it may hold a barrier), so that the CTA's setup (shared-memory stores that
+// wait on their own loads, a barrier) overlaps the first x loads instead of delaying them.
+template <int DEPTH, typename Load, typename Proc, typename Start>
+__device__ __forceinline__ void pipeline(int count, Load&& load, Proc&& proc, Start&& start) {
   uint4 buf[DEPTH + 1][2];
 #pragma unroll
   for (int k = 0; k < DEPTH; ++k)
     if (k < count) load(k, buf[k]);
+  start();
   for (int u0 = 0; u0 < count; u0 += DEPTH + 1) {
 #pragma unroll
     for (int k = 0; k <= DEPTH; ++k) {
@@ -797,22 +801,28 @@ __device__ __forceinline__ float4 lds16(const float4* p) {
 }
 
 // The norm weight of every lane's 16 channels as fp32 quads, w_sh[k][l] = channels of quad k of
-// lane l (a row's lanes read consecutive 16-byte words). Threads 0 .. 4 * LANES - 1 write it;
-// the caller synchronizes before reading.
+// lane l (a row's lanes read consecutive 16-byte words). Thread tid < 4 * LANES loads quad
+// (tid / LANES, tid % LANES) with weight_quad and stores it with store_weight_quad; the caller
+// synchronizes before reading.
 template <int D, int ROPE>
-__device__ __forceinline__ void fill_weight_quads(const PrologueArgs& a, int tid,
-                                                  float4 (&w_sh)[4][D / 16]) {
+__device__ __forceinline__ float4 weight_quad(const PrologueArgs& a, int tid) {
   constexpr int LANES = D / 16;
-  if (tid < 4 * LANES) {
+  float q[4] = {1.f, 1.f, 1.f, 1.f};
+  if (tid < 4 * LANES && a.norm) {
     const int k = tid / LANES, l = tid % LANES;
     int c0, c1;
     fast_lane_channels<D, ROPE>(l, c0, c1);
     const int c = (k < 2 ? c0 : c1) + 4 * (k & 1);
-    float q[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) q[i] = a.norm ? load_any(a.w, c + i, a.w_dtype) : 1.f;
-    w_sh[k][l] = make_float4(q[0], q[1], q[2], q[3]);
+    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, c + i, a.w_dtype);
   }
+  return make_float4(q[0], q[1], q[2], q[3]);
+}
+
+template <int D>
+__device__ __forceinline__ void store_weight_quad(int tid, float4 q, float4 (&w_sh)[4][D / 16]) {
+  constexpr int LANES = D / 16;
+  if (tid < 4 * LANES) w_sh[tid / LANES][tid % LANES] = q;
 }
 
 template <int D>
@@ -872,17 +882,23 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
   const bool ok = n < a.tokens;
   const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
 
-  fill_weight_quads<D, ROPE>(a, tid, w_sh);  // blockDim >= 128 >= 4 * LANES
-  if (ROPE != kRopeNone) {
-    float cs[8], sn[8];
+  // Loads of the invariants now; their shared-memory stores and the barrier after the first x
+  // loads are issued (pipeline `start`).
+  const float4 wq = weight_quad<D, ROPE>(a, tid);  // blockDim >= 128 >= 4 * LANES
+  float tcs[8], tsn[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) cs[i] = 1.f, sn[i] = 0.f;
-    if (ok) load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, cs, sn);
+  for (int i = 0; i < 8; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
+  if (ROPE != kRopeNone && ok)
+    load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, tcs, tsn);
+  auto start = [&] {
+    store_weight_quad<D>(tid, wq, w_sh);
+    if (ROPE != kRopeNone) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      t_sh[k][tid] = make_float4(cs[2 * k], sn[2 * k], cs[2 * k + 1], sn[2 * k + 1]);
-  }
-  __syncthreads();
+      for (int k = 0; k < 4; ++k)
+        t_sh[k][tid] = make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
+    }
+    __syncthreads();
+  };
 
   // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
   const uint16_t* xrow =
@@ -962,7 +978,7 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
     *reinterpret_cast<uint2*>(q + ch0) = make_uint2(packed[0], packed[1]);
     *reinterpret_cast<uint2*>(q + ch1) = make_uint2(packed[2], packed[3]);
   };
-  pipeline<kQuantPrefetch>(count, load, proc);
+  pipeline<kQuantPrefetch>(count, load, proc, start);
 }
 
 // ---- fast norm_rope_mean ----------------------------------------------------------------------
@@ -1004,8 +1020,7 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
 
 #pragma unroll 1
   for (int k = 0; k < 4 * nh; ++k) mean_acc[k * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
-  fill_weight_quads<D, ROPE>(a, tid, w_sh);
-  __syncthreads();
+  const float4 wq = weight_quad<D, ROPE>(a, tid);  // stored after the first x loads (`start`)
   float cs[8], sn[8], tc[8], ts[8];  // this row's rotary values, the next row's (in flight)
 #pragma unroll
   for (int i = 0; i < 8; ++i) cs[i] = tc[i] = 1.f, sn[i] = ts[i] = 0.f;
@@ -1053,7 +1068,11 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
     }
     if (++ph == nh) ph = 0, ++ps;
   };
-  pipeline<kMeanPrefetch>(L.steps * nh, load, proc);
+  auto start = [&] {
+    store_weight_quad<D>(tid, wq, w_sh);
+    __syncthreads();
+  };
+  pipeline<kMeanPrefetch>(L.steps * nh, load, proc, start);
   __syncthreads();
 
   // Column sums over the RPS row slots, in slot order. Channel c of head hl lives in quad k of
@@ -1071,7 +1090,8 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
     const float* col = accf + 4 * ((hl * 4 + k) * THREADS + lir) + c % 4;
     float t = 0.f;
 #pragma unroll 8
-    for (int sl = 0; sl < RPS; ++sl) t = __fadd_rn(t, col[4 * ((sl / RW) * 32 + (sl % RW) * LANES)]);
+    for (int sl = 0; sl < RPS; ++sl)
+      t = __fadd_rn(t, col[4 * ((sl / RW) * 32 + (sl % RW) * LANES)]);
     partials[((b * a.heads + h0 + hl) * L.chunks + chunk) * D + c] = t;
   }
 }
