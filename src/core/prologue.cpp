@@ -271,17 +271,20 @@ namespace detail {
 namespace {
 std::atomic<bool> g_legacy{false};
 std::atomic<int> g_heads_per_cta{0};
+std::atomic<int> g_mean_steps{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_legacy.store(t.legacy);
   g_heads_per_cta.store(t.heads_per_cta);
+  g_mean_steps.store(t.mean_steps);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
   PrologueCudaTuning t;
   t.legacy = g_legacy.load();
   t.heads_per_cta = g_heads_per_cta.load();
+  t.mean_steps = g_mean_steps.load();
   return t;
 }
 

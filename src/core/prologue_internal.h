@@ -77,10 +77,12 @@ namespace detail {
 // Internal knobs of the CUDA prologue kernels, for tests and the bench's A/B rows only (never set
 // by library code): `legacy` forces the first-generation kernels (kept as the fallback for
 // segmented weights, partial rotary, WARP_Q and blocks the fast kernels do not tile);
-// `heads_per_cta` > 0 overrides the head-group heuristic of the fast kernels.
+// `heads_per_cta` > 0 overrides the head-group heuristic of the fast kernels; `mean_steps` > 0
+// overrides the row steps per CTA of the fast mean kernel (how many CTAs share the tokens).
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
+  int mean_steps = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

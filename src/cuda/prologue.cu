@@ -4,16 +4,18 @@
 // (two 16-byte loads) per lane. For split-half RoPE over all channels a lane holds chunk k and
 // its rotation partner k + D/16 ("paired"), so the rotation needs no exchange; otherwise it holds
 // chunks 2k and 2k+1 ("contiguous": interleaved pairs never leave a chunk; split-half partial
-// rotary reads the few partners it lacks from memory). The sum of squares adds each chunk in
+// rotary reads the few partners it lacks from memory; the fast kernels use the paired placement
+// without rope too). The sum of squares adds each chunk in
 // channel order, then the chunks as a pairwise tree (xor shuffles), exactly the CPU's order.
 //
 // norm_rope_quantize: a CTA owns a tile of whole blocks (<= 128 rows when block <= 128) of one
 // (batch, head group): it reads x once into registers as fp32 v, reduces row maxima into the
 // layout's group scales in shared memory, then writes the codes. Heads of a group run one after
 // the other so the rotary table (shared by heads) is served from L1.
-// norm_rope_mean: a cluster of 8 CTAs per (batch, head) sums the rows in registers, reduces in
-// shared memory, and rank 0 adds the 8 partial sums through distributed shared memory; no scratch
-// buffer and no atomics, so the result is deterministic.
+// norm_rope_mean (first generation): a cluster of 8 CTAs per (batch, head) sums the rows in
+// registers, reduces in shared memory, and rank 0 adds the 8 partial sums through distributed
+// shared memory; no scratch buffer and no atomics, so the result is deterministic.
+// The fast kernels (default where they apply) are described further down.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -636,21 +638,28 @@ void legacy_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
 //
 // Both kernels give each thread one row of a (batch, tile) pair of rows at a time, D/16 lanes per
 // row (16 channels per lane, as above), and loop over a group of heads with the x loads of the
-// next kPrefetch heads (or steps) in flight while the current one is computed. Every value that
-// does not depend on the head is hoisted out of that loop: the norm weight, the rotary table of
-// the row (registers in the quantize kernel, a shared-memory tile in the mean kernel), pointers.
+// next kQuantPrefetch heads (kMeanPrefetch (row, head) units) in flight while the current one is
+// computed. Every value that does not depend on the head is hoisted out of that loop: the norm
+// weight (shared memory), the row's rotary values (shared memory in the quantize kernel,
+// registers in the mean kernel), pointers.
 
 enum RopeKind : int { kRopeNone = 0, kRopePaired = 1, kRopeInterleaved = 2 };
 
 constexpr int kFastMaxWarps = 16;  // quantize CTA: at most 16 warps (a 64-row block at D = 128)
-constexpr int kPrefetch = 3;       // units (heads or steps) whose loads are in flight ahead
-constexpr int kMeanWarps = 4;      // mean CTA: 4 warps ...
-constexpr int kMeanSteps = 4;      // ... each lane summing 4 rows per head before a reduction
-constexpr int kMeanMaxHeads = 8;   // heads per mean CTA (shared partial sums)
+constexpr int kMeanPrefetch = 4;   // mean kernel: (row, head) units whose loads are in flight
+constexpr int kQuantPrefetch = 5;  // quantize kernel: heads whose loads are in flight ahead
+constexpr int kMeanWarps = 4;      // mean CTA: 4 warps
+constexpr int kMeanMaxHeads = 6;   // heads per mean CTA (6 KB of accumulators per head)
+constexpr int kMeanCtasPerSm = 4;  // mean CTAs resident per SM (registers: <= 128 per thread)
+constexpr int kMeanWaves = 4;      // mean grid: at least this many waves where tokens allow
 
+// Chunks of a lane: lane_in_row and lane_in_row + LANES ("paired": every 8 lanes of a row read
+// 128 contiguous bytes per load) unless pairs are interleaved (chunks 2 lane_in_row and +1, so a
+// lane's pairs never leave it). Without rope the paired placement is used too: it keeps the loads
+// coalesced, and the sum of squares (tree over chunks lane, lane + LANES) has the same order.
 template <int D, int ROPE>
 __device__ __forceinline__ void fast_lane_channels(int lane_in_row, int& ch0, int& ch1) {
-  if (ROPE == kRopePaired) {
+  if (ROPE != kRopeInterleaved) {
     ch0 = 8 * lane_in_row;
     ch1 = ch0 + D / 2;
   } else {
@@ -690,7 +699,7 @@ __device__ __forceinline__ void fast_row(bool norm, float eps, const float (&w)[
   unpack<BF16>(raw[1], x + 8);
   if (norm) {
     const float p0 = chunk_squares(x), p1 = chunk_squares(x + 8);
-    const float total = ROPE == kRopePaired
+    const float total = ROPE != kRopeInterleaved
                             ? __fadd_rn(lane_tree_sum<LANES>(p0), lane_tree_sum<LANES>(p1))
                             : lane_tree_sum<LANES>(__fadd_rn(p0, p1));
     const float inv = __frsqrt_rn(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps));
@@ -757,13 +766,17 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 }
 
 // Software pipeline over `count` units: the loads of units u+1 .. u+DEPTH are issued before unit
-// u is processed. The ring is fully unrolled, so the buffers stay in registers.
-template <int DEPTH, typename Load, typename Proc>
-__device__ __forceinline__ void pipeline(int count, Load&& load, Proc&& proc) {
+// u is processed. The ring is fully unrolled, so the buffers stay in registers. `start` runs
+// once, after the first DEPTH loads are issued and before the first unit is processed (all
+// threads call it: it may hold a barrier), so that the CTA's setup (shared-memory stores that
+// wait on their own loads, a barrier) overlaps the first x loads instead of delaying them.
+template <int DEPTH, typename Load, typename Proc, typename Start>
+__device__ __forceinline__ void pipeline(int count, Load&& load, Proc&& proc, Start&& start) {
   uint4 buf[DEPTH + 1][2];
 #pragma unroll
   for (int k = 0; k < DEPTH; ++k)
     if (k < count) load(k, buf[k]);
+  start();
   for (int u0 = 0; u0 < count; u0 += DEPTH + 1) {
 #pragma unroll
     for (int k = 0; k <= DEPTH; ++k) {
@@ -776,12 +789,50 @@ __device__ __forceinline__ void pipeline(int count, Load&& load, Proc&& proc) {
   }
 }
 
-// Loads this lane's 16 norm weights (f32 / bf16 / f16) as fp32.
-__device__ __forceinline__ void load_weights(const PrologueArgs& a, int ch0, int ch1,
-                                             float (&w)[16]) {
+// 16 bytes of shared memory, read where the code stands (volatile: never hoisted into registers
+// that would live across the head loop).
+__device__ __forceinline__ float4 lds16(const float4* p) {
+  float4 v;
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr));
+  return v;
+}
+
+// The norm weight of every lane's 16 channels as fp32 quads, w_sh[k][l] = channels of quad k of
+// lane l (a row's lanes read consecutive 16-byte words). Thread tid < 4 * LANES loads quad
+// (tid / LANES, tid % LANES) with weight_quad and stores it with store_weight_quad; the caller
+// synchronizes before reading.
+template <int D, int ROPE>
+__device__ __forceinline__ float4 weight_quad(const PrologueArgs& a, int tid) {
+  constexpr int LANES = D / 16;
+  float q[4] = {1.f, 1.f, 1.f, 1.f};
+  if (tid < 4 * LANES && a.norm) {
+    const int k = tid / LANES, l = tid % LANES;
+    int c0, c1;
+    fast_lane_channels<D, ROPE>(l, c0, c1);
+    const int c = (k < 2 ? c0 : c1) + 4 * (k & 1);
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
-    w[j] = a.norm ? load_any(a.w, lane_channel(j, ch0, ch1), a.w_dtype) : 1.f;
+    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, c + i, a.w_dtype);
+  }
+  return make_float4(q[0], q[1], q[2], q[3]);
+}
+
+template <int D>
+__device__ __forceinline__ void store_weight_quad(int tid, float4 q, float4 (&w_sh)[4][D / 16]) {
+  constexpr int LANES = D / 16;
+  if (tid < 4 * LANES) w_sh[tid / LANES][tid % LANES] = q;
+}
+
+template <int D>
+__device__ __forceinline__ void read_weight_quads(const float4 (&w_sh)[4][D / 16], int lane_in_row,
+                                                  float (&w)[16]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 t = lds16(&w_sh[k][lane_in_row]);
+    w[4 * k] = t.x, w[4 * k + 1] = t.y, w[4 * k + 2] = t.z, w[4 * k + 3] = t.w;
+  }
 }
 
 // ---- fast norm_rope_quantize ------------------------------------------------------------------
@@ -809,6 +860,12 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
     fast_quantize_kernel(const PrologueArgs a, const FastQuantLaunch L) {
   constexpr int LANES = D / 16, RW = 32 / LANES;
   __shared__ float red[2][kFastMaxWarps];
+  // Loop invariants kept in shared memory rather than registers, so that the registers go to
+  // loads in flight (kQuantPrefetch heads ahead): the norm weight of lane l's chunks as 4 quads
+  // ([quad][lane]: a row's lanes read consecutive words) and each thread's rotary values
+  // ([quad][thread]: (cos, sin) of 2 pairs per quad; private to the thread).
+  __shared__ float4 w_sh[4][LANES];
+  __shared__ float4 t_sh[ROPE != kRopeNone ? 4 : 1][ROPE != kRopeNone ? kFastMaxWarps * 32 : 1];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   int ch0, ch1;
@@ -825,13 +882,23 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
   const bool ok = n < a.tokens;
   const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
 
-  float w[16];
-  load_weights(a, ch0, ch1, w);
-  float cs[8], sn[8];
+  // Loads of the invariants now; their shared-memory stores and the barrier after the first x
+  // loads are issued (pipeline `start`).
+  const float4 wq = weight_quad<D, ROPE>(a, tid);  // blockDim >= 128 >= 4 * LANES
+  float tcs[8], tsn[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) cs[i] = 1.f, sn[i] = 0.f;
+  for (int i = 0; i < 8; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
   if (ROPE != kRopeNone && ok)
-    load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, cs, sn);
+    load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, tcs, tsn);
+  auto start = [&] {
+    store_weight_quad<D>(tid, wq, w_sh);
+    if (ROPE != kRopeNone) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        t_sh[k][tid] = make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
+    }
+    __syncthreads();
+  };
 
   // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
   const uint16_t* xrow =
@@ -856,6 +923,15 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
     }
   };
   auto proc = [&](int u, const uint4(&r)[2]) {
+    float w[16], cs[8], sn[8];
+    read_weight_quads<D>(w_sh, lane_in_row, w);
+    if (ROPE != kRopeNone) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 t = lds16(&t_sh[k][tid]);
+        cs[2 * k] = t.x, sn[2 * k] = t.y, cs[2 * k + 1] = t.z, sn[2 * k + 1] = t.w;
+      }
+    }
     float v[16];
     fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
     if (mrow) {
@@ -902,178 +978,142 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
     *reinterpret_cast<uint2*>(q + ch0) = make_uint2(packed[0], packed[1]);
     *reinterpret_cast<uint2*>(q + ch1) = make_uint2(packed[2], packed[3]);
   };
-  pipeline<kPrefetch>(count, load, proc);
+  pipeline<kQuantPrefetch>(count, load, proc, start);
 }
 
 // ---- fast norm_rope_mean ----------------------------------------------------------------------
 //
-// CTA: 4 warps own a tile of TILE = 16 * RW tokens (64 at D = 128) of one batch item for up to 8
-// heads. The tile's rotary rows are staged once in shared memory (a lane's 8 pairs as 4 float4,
-// laid out so a row's lanes read consecutive 16-byte words), then for each head every lane sums
-// its rows of kMeanSteps steps in registers, the CTA adds its 16 (or 32) row slots per channel in
-// slot order, and the 8 CTAs of a cluster (8 consecutive tiles) add their sums in rank order
-// through distributed shared memory into one partial per (batch, head, 8 tiles). A second kernel
-// adds the partials in order and divides by N. Deterministic: no atomics, fixed orders.
-
-template <int D>
-struct MeanSmem {
-  static constexpr int LANES = D / 16, RW = 32 / LANES, RPS = kMeanWarps * RW;
-  static constexpr int TILE = RPS * kMeanSteps;
-  float4 tab[TILE * 4 * LANES];      // (cos, sin, cos, sin) of a lane's pairs 2k, 2k + 1
-  float red[2][RPS][D];              // per-slot sums of one head, double-buffered by head parity
-  float part[kMeanMaxHeads][D];      // the CTA's sum per head
-};
-
-// Index of the table word k (pairs 8 * lane + 2k, +1) of row `row` in MeanSmem::tab: consecutive
-// lanes of a row read consecutive words; at D = 64 two rows share a phase of 8 lanes, so odd rows
-// swap the word pairs to land on the other half of the banks.
-template <int D>
-__device__ __forceinline__ int tab_index(int row, int k, int lane_in_row) {
-  constexpr int LANES = D / 16;
-  const int kk = LANES == 4 ? (k ^ (row & 1)) : k;
-  return (row * 4 + kk) * LANES + lane_in_row;
-}
-
-// (cos, sin) of pairs p and p + 1 of a table row.
-__device__ __forceinline__ float4 table_pair2(const PrologueArgs& a, int mode, int64_t row_off,
-                                              int p) {
-  if (mode == kTablePairsF32)
-    return __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
-                                                 2 * static_cast<int64_t>(p)));
-  if (mode == kTableMatrixF32) {
-    const float4* t = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
-                                                      4 * static_cast<int64_t>(p));
-    const float4 t0 = __ldg(t), t1 = __ldg(t + 1);
-    return make_float4(t0.x, t0.z, t1.x, t1.z);
-  }
-  const int64_t o0 = row_off + static_cast<int64_t>(p) * a.r_sp, o1 = o0 + a.r_sp;
-  return make_float4(load_any(a.rope, o0, a.r_dtype), load_any(a.rope, o0 + a.r_sc, a.r_dtype),
-                     load_any(a.rope, o1, a.r_dtype), load_any(a.rope, o1 + a.r_sc, a.r_dtype));
-}
+// A plain streaming reduction. CTA: kMeanWarps warps, thread = (row slot, lane of the row) as in
+// the quantize kernel (RPS = kMeanWarps * RW row slots). A CTA owns `steps` row steps of one
+// batch item (rows chunk * steps * RPS + s * RPS + slot, s < steps) for a group of <= 6 heads:
+// rows outer, heads inner, so the row's rotary values sit in registers for all heads of the row
+// (the next row's are loaded one row ahead, behind the heads of this one). Each lane adds
+// rope(norm(x)) of its 16 channels to a private accumulator in shared memory (nobody else touches
+// it: no barrier in the loop; layout [head][quad][thread] float4, conflict-free). x loads of the
+// next kMeanPrefetch (row, head) units are in flight. At the end the CTA adds its RPS row slots per
+// (head, channel) in slot order into one partial per (batch, head, chunk) in scratch, and
+// mean_final_kernel adds the chunks in a fixed order and divides by N. No clusters, no atomics:
+// deterministic for a given launch shape.
 
 struct FastMeanLaunch {
   int head_group;
   int table_mode;
-  int64_t tiles;   // tiles holding tokens (grid.y is padded to a multiple of the cluster)
-  int64_t groups;  // partials per (batch, head): grid.y / kMeanCluster
+  int steps;       // row steps per CTA
+  int64_t chunks;  // CTAs along the tokens = partials per (batch, head)
 };
 
 template <int D, bool BF16, int ROPE>
-__global__ void __cluster_dims__(1, kMeanCluster, 1) __launch_bounds__(kMeanWarps * 32)
+__global__ void __launch_bounds__(kMeanWarps * 32, 4)
     fast_mean_kernel(const PrologueArgs a, const FastMeanLaunch L, float* partials) {
-  using S = MeanSmem<D>;
-  constexpr int LANES = S::LANES, RW = S::RW, RPS = S::RPS, TILE = S::TILE;
+  constexpr int LANES = D / 16, RW = 32 / LANES, RPS = kMeanWarps * RW;
   constexpr int THREADS = kMeanWarps * 32;
-  extern __shared__ float4 mean_smem[];
-  S& sm = *reinterpret_cast<S*>(mean_smem);
-  cg::cluster_group cluster = cg::this_cluster();
-
+  extern __shared__ float4 mean_acc[];  // [head][quad k][THREADS]: this thread's channels
+  __shared__ float4 w_sh[4][LANES];      // norm weight quads (registers go to loads in flight)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int slot = lane / LANES, lane_in_row = lane % LANES;
+  const int slot = warp * RW + lane / LANES, lane_in_row = lane % LANES;
   int ch0, ch1;
   fast_lane_channels<D, ROPE>(lane_in_row, ch0, ch1);
-  const int64_t b = blockIdx.z, tile = blockIdx.y;
+  const int64_t b = blockIdx.z, chunk = blockIdx.y;
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
   const int nh = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
-  const int64_t n0 = tile * TILE;
-  const bool active = tile < L.tiles;
+  const int64_t n_first = chunk * L.steps * RPS + slot;  // this thread's row of step s: + s * RPS
 
-  if (ROPE != kRopeNone && active) {
-    for (int e = tid; e < TILE * 4 * LANES; e += THREADS) {
-      const int row = e / (4 * LANES), k = (e / LANES) % 4, l = e % LANES;
-      const int64_t n = n0 + row;
-      float4 t = make_float4(1.f, 0.f, 1.f, 0.f);
-      if (n < a.tokens) t = table_pair2(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * l + 2 * k);
-      sm.tab[tab_index<D>(row, k, l)] = t;
-    }
-  }
-  for (int e = tid; e < kMeanMaxHeads * D; e += THREADS) (&sm.part[0][0])[e] = 0.f;
-  float w[16];
-  load_weights(a, ch0, ch1, w);
-  __syncthreads();
-
-  float acc[16];
+#pragma unroll 1
+  for (int k = 0; k < 4 * nh; ++k) mean_acc[k * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4 wq = weight_quad<D, ROPE>(a, tid);  // stored after the first x loads (`start`)
+  float cs[8], sn[8], tc[8], ts[8];  // this row's rotary values, the next row's (in flight)
 #pragma unroll
-  for (int j = 0; j < 16; ++j) acc[j] = 0.f;
-  const uint16_t* xb = static_cast<const uint16_t*>(a.x) + b * a.x_sb;
-  const int units = active ? nh * kMeanSteps : 0;
-  auto load = [&](int u, uint4(&r)[2]) {
-    const int s = u % kMeanSteps, hl = u / kMeanSteps;
-    const int64_t n = n0 + s * RPS + warp * RW + slot;
+  for (int i = 0; i < 8; ++i) cs[i] = tc[i] = 1.f, sn[i] = ts[i] = 0.f;
+  auto table_row = [&](int s) {
+    const int64_t n = n_first + static_cast<int64_t>(s) * RPS;
+    if (ROPE != kRopeNone && s < L.steps && n < a.tokens)
+      load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, tc, ts);
+  };
+  table_row(0);
+
+  const uint16_t* xb = static_cast<const uint16_t*>(a.x) + b * a.x_sb + h0 * a.x_sh;
+  // (step, head) of the next unit to load / to process: units run in order, heads inner.
+  int ls = 0, lh = 0, ps = 0, ph = 0;
+  auto load = [&](int, uint4(&r)[2]) {
+    const int64_t n = n_first + static_cast<int64_t>(ls) * RPS;
     if (n < a.tokens) {
-      const uint16_t* px = xb + n * a.x_sn + (h0 + hl) * a.x_sh;
+      const uint16_t* px = xb + n * a.x_sn + lh * a.x_sh;
       r[0] = load_stream16(px + ch0);
       r[1] = load_stream16(px + ch1);
     } else {
       r[0] = r[1] = make_uint4(0, 0, 0, 0);
     }
+    if (++lh == nh) lh = 0, ++ls;
   };
-  auto proc = [&](int u, const uint4(&r)[2]) {
-    const int s = u % kMeanSteps, hl = u / kMeanSteps;
-    const int row = s * RPS + warp * RW + slot;
-    float cs[8], sn[8];
-    if (ROPE != kRopeNone) {
+  auto proc = [&](int, const uint4(&r)[2]) {
+    if (ROPE != kRopeNone && ph == 0) {  // a new row: take its table values, fetch the next's
+#pragma unroll
+      for (int i = 0; i < 8; ++i) cs[i] = tc[i], sn[i] = ts[i];
+      table_row(ps + 1);
+    }
+    float w[16], v[16];
+    read_weight_quads<D>(w_sh, lane_in_row, w);
+    fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
+    if (n_first + static_cast<int64_t>(ps) * RPS < a.tokens) {
+      float4* acc = mean_acc + ph * 4 * THREADS + tid;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const float4 t = sm.tab[tab_index<D>(row, k, lane_in_row)];
-        cs[2 * k] = t.x, sn[2 * k] = t.y, cs[2 * k + 1] = t.z, sn[2 * k + 1] = t.w;
+        float4 t = acc[k * THREADS];
+        t.x = __fadd_rn(t.x, v[4 * k]);
+        t.y = __fadd_rn(t.y, v[4 * k + 1]);
+        t.z = __fadd_rn(t.z, v[4 * k + 2]);
+        t.w = __fadd_rn(t.w, v[4 * k + 3]);
+        acc[k * THREADS] = t;
       }
     }
-    float v[16];
-    fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
-    if (n0 + row < a.tokens) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
-    }
-    if (s == kMeanSteps - 1) {
-      float* rb = sm.red[hl & 1][warp * RW + slot];
-      *reinterpret_cast<float4*>(rb + ch0) = make_float4(acc[0], acc[1], acc[2], acc[3]);
-      *reinterpret_cast<float4*>(rb + ch0 + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
-      *reinterpret_cast<float4*>(rb + ch1) = make_float4(acc[8], acc[9], acc[10], acc[11]);
-      *reinterpret_cast<float4*>(rb + ch1 + 4) = make_float4(acc[12], acc[13], acc[14], acc[15]);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) acc[j] = 0.f;
-      __syncthreads();
-      for (int c = tid; c < D; c += THREADS) {
-        float t = 0.f;
-#pragma unroll 8
-        for (int q = 0; q < RPS; ++q) t = __fadd_rn(t, sm.red[hl & 1][q][c]);
-        sm.part[hl][c] = t;
-      }
-    }
+    if (++ph == nh) ph = 0, ++ps;
   };
-  pipeline<kPrefetch>(units, load, proc);
+  auto start = [&] {
+    store_weight_quad<D>(tid, wq, w_sh);
+    __syncthreads();
+  };
+  pipeline<kMeanPrefetch>(L.steps * nh, load, proc, start);
+  __syncthreads();
 
-  cluster.sync();  // every CTA's part is final
-  if (cluster.block_rank() == 0) {
-    const int64_t grp = tile / kMeanCluster;
-    for (int e = tid; e < nh * D; e += THREADS) {
-      float t = 0.f;
-      for (int k = 0; k < kMeanCluster; ++k)
-        t = __fadd_rn(t, cluster.map_shared_rank(&sm.part[0][0], k)[e]);
-      const int hl = e / D, c = e % D;
-      partials[((b * a.heads + h0 + hl) * L.groups + grp) * D + c] = t;
+  // Column sums over the RPS row slots, in slot order. Channel c of head hl lives in quad k of
+  // the thread (slot, lane_in_row) that holds it, component c % 4.
+  const float* accf = reinterpret_cast<const float*>(mean_acc);
+  for (int e = tid; e < nh * D; e += THREADS) {
+    const int hl = e / D, c = e % D;
+    int lir, k;
+    if (ROPE != kRopeInterleaved) {  // chunks lir and lir + LANES: ch0 = 8 lir, ch1 = ch0 + D/2
+      const int hi = c >= D / 2 ? 1 : 0, cc = c - hi * (D / 2);
+      lir = cc / 8, k = 2 * hi + (cc % 8) / 4;
+    } else {  // chunks 2 lir, 2 lir + 1: ch0 = 16 lir
+      lir = c / 16, k = (c % 16) / 4;
     }
+    const float* col = accf + 4 * ((hl * 4 + k) * THREADS + lir) + c % 4;
+    float t = 0.f;
+#pragma unroll 8
+    for (int sl = 0; sl < RPS; ++sl)
+      t = __fadd_rn(t, col[4 * ((sl / RW) * 32 + (sl % RW) * LANES)]);
+    partials[((b * a.heads + h0 + hl) * L.chunks + chunk) * D + c] = t;
   }
-  cluster.sync();  // keep every rank's shared memory alive until rank 0 has read it
 }
 
-// mean_out[b, h, c] = (sum over groups, in order, of partials) / N. CTA per (batch, head):
-// thread (c, j) adds groups j, j + 8, ...; then the 8 sums are added in j order.
-template <int D>
-__global__ void __launch_bounds__(D * 8)
-    mean_final_kernel(const PrologueArgs a, const float* partials, int64_t groups) {
-  __shared__ float sums[8][D];
-  const int c = threadIdx.x % D, j = threadIdx.x / D;
+// mean_out[b, h, c] = (sum of the chunk partials in a fixed order) / N. CTA per (batch * head,
+// 32 channels): thread (c, j) adds chunks j, j + 32, ... in order, then thread j = 0 adds the 32
+// sums in j order.
+__global__ void __launch_bounds__(1024)
+    mean_final_kernel(const PrologueArgs a, const float* partials, int64_t chunks) {
+  __shared__ float sums[32][33];
+  const int cl = threadIdx.x & 31, j = threadIdx.x >> 5;
   const int64_t bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
-  const float* p = partials + bh * groups * D + c;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * 32 + cl;
+  const float* p = partials + bh * chunks * a.dim + c;
   float t = 0.f;
-  for (int64_t g = j; g < groups; g += 8) t = __fadd_rn(t, __ldg(p + g * D));
-  sums[j][c] = t;
+#pragma unroll 4
+  for (int64_t g = j; g < chunks; g += 32) t = __fadd_rn(t, __ldg(p + g * a.dim));
+  sums[j][cl] = t;
   __syncthreads();
   if (j == 0) {
-    float s = sums[0][c];
-    for (int k = 1; k < 8; ++k) s = __fadd_rn(s, sums[k][c]);
+    float s = sums[0][cl];
+    for (int k = 1; k < 32; ++k) s = __fadd_rn(s, sums[k][cl]);
     a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(s, static_cast<float>(a.tokens));
   }
 }
@@ -1202,34 +1242,45 @@ void fast_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
 }
 
 void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
-  const int lanes = static_cast<int>(a.dim / 16), rw = 32 / lanes;
-  const int tile_rows = kMeanWarps * rw * kMeanSteps;
+  const int lanes = static_cast<int>(a.dim / 16), rw = 32 / lanes, rps = kMeanWarps * rw;
   FastMeanLaunch L;
   L.table_mode = table_mode_of(a);
-  L.tiles = (a.tokens + tile_rows - 1) / tile_rows;
-  const int64_t padded = (L.tiles + kMeanCluster - 1) / kMeanCluster * kMeanCluster;
-  L.groups = padded / kMeanCluster;
-  L.head_group = heads_per_cta(a, L.tiles * a.batch, 16, kMeanMaxHeads);
-  const int64_t head_groups = (a.heads + L.head_group - 1) / L.head_group;
-  check::that(padded <= 65535 && a.batch <= 65535, "norm_rope_mean", "x",
-              "cuda grid: expected at most 65535 token tiles and batch items, got " +
-                  std::to_string(padded) + " and " + std::to_string(a.batch));
+  // Head groups as large as the accumulators allow (the rotary row is loaded once per group).
+  const int forced = detail::prologue_cuda_tuning().heads_per_cta;
+  int64_t hg = std::clamp<int64_t>(forced > 0 ? forced : kMeanMaxHeads, 1,
+                                   std::min<int64_t>(a.heads, kMeanMaxHeads));
+  const int64_t head_groups = (a.heads + hg - 1) / hg;
+  L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
+  // Token chunks: enough CTAs for kMeanWaves waves of kMeanCtasPerSm CTAs per SM.
+  const int64_t row_steps = std::max<int64_t>(1, (a.tokens + rps - 1) / rps);
+  const int64_t ctas = int64_t{kMeanWaves} * kMeanCtasPerSm * multiprocessor_count();
+  int64_t chunks = std::clamp<int64_t>((ctas + head_groups * a.batch - 1) / (head_groups * a.batch),
+                                       1, row_steps);
+  const int forced_steps = detail::prologue_cuda_tuning().mean_steps;
+  L.steps = static_cast<int>(forced_steps > 0 ? std::min<int64_t>(forced_steps, row_steps)
+                                              : (row_steps + chunks - 1) / chunks);
+  L.chunks = (row_steps + L.steps - 1) / L.steps;
+  check::that(L.chunks <= 65535 && a.batch <= 65535 && head_groups <= INT32_MAX, "norm_rope_mean",
+              "x",
+              "cuda grid: expected at most 65535 token chunks and batch items, got " +
+                  std::to_string(L.chunks) + " and " + std::to_string(a.batch));
   cudaStream_t stream = stream_of(ctx);
-  StreamScratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.groups * a.dim),
+  StreamScratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
                      stream, "norm_rope_mean");
-  dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(padded),
+  dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
             static_cast<unsigned>(a.batch));
+  const int smem = L.head_group * 4 * kMeanWarps * 32 * static_cast<int>(sizeof(float4));
   dispatch_fast(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value;
     auto kernel = fast_mean_kernel<D, decltype(bf)::value, decltype(rope)::value>;
-    const int smem = static_cast<int>(sizeof(MeanSmem<D>));
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
     kernel<<<grid, kMeanWarps * 32, smem, stream>>>(a, L, part.floats());
     check_launch("norm_rope_mean");
-    mean_final_kernel<D><<<static_cast<unsigned>(a.batch * a.heads), D * 8, 0, stream>>>(
-        a, part.floats(), L.groups);
   });
+  mean_final_kernel<<<dim3(static_cast<unsigned>(a.batch * a.heads),
+                           static_cast<unsigned>(a.dim / 32)),
+                      1024, 0, stream>>>(a, part.floats(), L.chunks);
   check_launch("norm_rope_mean");
 }
 

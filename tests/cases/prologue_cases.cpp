@@ -46,6 +46,7 @@ struct Cfg {
   bool q_pad = false;   // q_out is a view into (B, N, H, D + 32)
   int heads_per_cta = 0;  // CUDA: force the fast kernels' head group (0: heuristic)
   bool legacy = false;    // CUDA: force the first-generation kernels
+  int mean_steps = 0;     // CUDA: force the fast mean kernel's row steps per CTA (0: heuristic)
   std::string tag;
 };
 
@@ -189,7 +190,7 @@ class PrologueCase : public Case {
     struct Tuning {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
-    } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta});
+    } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -306,6 +307,18 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     add(fn);  // THREAD_Q 16, negative sm_scale
     fn.mean_pass = true, fn.norm = Norm::none, fn.rope = RopeKind::split, fn.matrix_table = true;
     add(fn);
+  }
+  // Fast mean kernel with several row steps per CTA (3: the last CTA's rows run past N) and
+  // several CTAs along the tokens (their partials added by the final kernel).
+  for (int64_t D : {64, 128}) {
+    Cfg ms;
+    ms.tag = "steps3";
+    ms.mean_pass = true, ms.B = 2, ms.N = 1000, ms.H = 11, ms.D = D, ms.heads_per_cta = 4;
+    ms.mean_steps = 3, ms.qkv = true;
+    add(ms);  // split-half rope, bf16
+    ms.tag = "steps3norope", ms.rope = RopeKind::none, ms.dtype = DType::f16, ms.N = 33;
+    ms.heads_per_cta = 0;
+    add(ms);  // one CTA along the tokens at D = 128 (33 rows < 3 steps of 16)
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
   Cfg leg;
