@@ -5,6 +5,7 @@
 #include <string>
 
 #include "lowbit/linear.h"
+#include "tests/cases/linear_case_types.h"
 #include "tests/harness/harness.h"
 
 namespace lowbit {
@@ -149,77 +150,6 @@ class ForwardCase : public Case {
   bool bias_;
 };
 
-class BackwardCase : public Case {
- public:
-  BackwardCase(QType q, int64_t M, int64_t O, int64_t K, DType dt)
-      : q_(q), M_(M), O_(O), K_(K), dt_(dt) {}
-  std::string name() const override {
-    return std::string("linear.backward_input.") + qtype_name(q_) + "." + shape_str({M_, O_, K_}) +
-           "." + dtype_name(dt_);
-  }
-  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
-    HostTensor g(dt_, {M_, O_}), w(DType::f32, {O_, K_});
-    g.fill_normal(rng);
-    w.fill_normal(rng, 0.f, 0.05f);
-    std::vector<HostTensor> v;
-    v.push_back(std::move(g));
-    v.push_back(std::move(w));
-    return v;
-  }
-  std::vector<OutputSpec> outputs() const override {
-    OutputSpec o;
-    o.name = "grad_x";
-    o.dtype = dt_;
-    o.shape = {M_, K_};
-    o.tol = Tolerance::allclose(1e-2, 1e-2);
-    return {o};
-  }
-  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
-           Context& ctx) const override {
-    QuantizedLinear lin = QuantizedLinear::quantize(in[1], q_, ctx);
-    lin.backward_input(in[0], out[0], ctx);
-  }
-
- private:
-  QType q_;
-  int64_t M_, O_, K_;
-  DType dt_;
-};
-
-class DequantizeCase : public Case {
- public:
-  DequantizeCase(QType q, int64_t O, int64_t K) : q_(q), O_(O), K_(K) {}
-  std::string name() const override {
-    return std::string("linear.dequantize.") + qtype_name(q_) + "." + shape_str({O_, K_});
-  }
-  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
-    HostTensor w(DType::f32, {O_, K_});
-    w.fill_normal(rng, 0.f, 0.05f);
-    std::vector<HostTensor> v;
-    v.push_back(std::move(w));
-    return v;
-  }
-  std::vector<OutputSpec> outputs() const override {
-    OutputSpec rot, orig;
-    rot.name = "rotated_basis";
-    rot.shape = {O_, K_};
-    orig.name = "original_basis";
-    orig.shape = {O_, K_};
-    orig.tol = Tolerance::allclose(1e-6, 1e-5);
-    return {rot, orig};
-  }
-  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
-           Context& ctx) const override {
-    QuantizedLinear lin = QuantizedLinear::quantize(in[0], q_, ctx);
-    dequantize_weight(lin.weights(), out[0], true, ctx);
-    lin.dequantize(out[1], ctx);
-  }
-
- private:
-  QType q_;
-  int64_t O_, K_;
-};
-
 LOWBIT_HARNESS_CASES(linear_cases) {
   for (int block : {16, 64, 256}) {
     cases.push_back(std::make_unique<RotateCase>(17, block * 3, block, DType::bf16, DType::f32));
@@ -240,12 +170,17 @@ LOWBIT_HARNESS_CASES(linear_cases) {
     // Decode (M <= 16) and prefill (M > 16) shapes, odd M.
     cases.push_back(std::make_unique<ForwardCase>(q, 1, 48, K, DType::bf16, true));
     cases.push_back(std::make_unique<ForwardCase>(q, 17, 48, K, DType::bf16, false));
-    cases.push_back(std::make_unique<DequantizeCase>(q, 48, K));
+    cases.push_back(std::make_unique<DequantizeCase>(DequantizeSpec{
+        std::string("linear.dequantize.") + qtype_name(q) + "." + shape_str({48, K}), q, 48, K,
+        true, true, Tolerance::allclose(1e-6, 1e-5)}));
   }
   for (QType q : {QType::convrot8, QType::convrot_int4, QType::convrot4, QType::convrot_fp8}) {
     cases.push_back(std::make_unique<ForwardCase>(q, 127, 256, 3072, DType::bf16, true));
     cases.push_back(std::make_unique<ForwardCase>(q, 5, 32, 256, DType::f16, true));
-    cases.push_back(std::make_unique<BackwardCase>(q, 17, 48, 320, DType::bf16));
+    cases.push_back(std::make_unique<BackwardInputCase>(BackwardInputSpec{
+        std::string("linear.backward_input.") + qtype_name(q) + "." + shape_str({17, 48, 320}) +
+            ".bf16",
+        q, 17, 48, 320, DType::bf16, DType::bf16, 0.05f, Tolerance::allclose(1e-2, 1e-2)}));
   }
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 3, 16, 64, DType::f32, true));
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lowbit/linear.h"
+#include "tests/cases/linear_case_types.h"
 #include "tests/harness/harness.h"
 
 namespace lowbit {
@@ -160,77 +161,12 @@ class ForwardCase : public Case {
   bool bias_;
 };
 
-// backward_input: fp32 accumulation on both sides (cuBLASLt fp32 vs the CPU's loop).
-class BackwardCase : public Case {
- public:
-  BackwardCase(QType q, int64_t m, int64_t o, int64_t k) : q_(q), m_(m), o_(o), k_(k) {}
-  std::string name() const override {
-    return std::string("linear.gpu.backward_input.") + qtype_name(q_) + ".M" + std::to_string(m_) +
-           ".O" + std::to_string(o_) + ".K" + std::to_string(k_);
-  }
-  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
-    HostTensor g(DType::bf16, {m_, o_}), w(DType::f32, {o_, k_});
-    g.fill_normal(rng, 0.f, 1.f);
-    w.fill_normal(rng, 0.f, 1.f / std::sqrt(static_cast<float>(o_)));
-    std::vector<HostTensor> v;
-    v.push_back(std::move(g));
-    v.push_back(std::move(w));
-    return v;
-  }
-  std::vector<OutputSpec> outputs() const override {
-    OutputSpec o;
-    o.name = "grad_x";
-    o.dtype = DType::f32;
-    o.shape = {m_, k_};
-    o.tol = Tolerance::allclose(1e-4, 1e-4);
-    return {o};
-  }
-  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
-           Context& ctx) const override {
-    QuantizedLinear layer = QuantizedLinear::quantize(in[1], q_, ctx);
-    layer.backward_input(in[0], out[0], ctx);
-  }
-
- private:
-  QType q_;
-  int64_t m_, o_, k_;
-};
-
-// dequantize_weight in the rotated basis (unpack + scale: bit-exact) and in the original basis
-// (plus the rotation: bit-exact with the same butterfly order).
-class DequantizeCase : public Case {
- public:
-  DequantizeCase(QType q, int64_t o, int64_t k, bool rotated) : q_(q), o_(o), k_(k), rot_(rotated) {}
-  std::string name() const override {
-    return std::string("linear.gpu.dequantize.") + qtype_name(q_) + ".O" + std::to_string(o_) +
-           ".K" + std::to_string(k_) + (rot_ ? ".rotated" : ".original");
-  }
-  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
-    HostTensor w(DType::f32, {o_, k_});
-    w.fill_normal(rng, 0.f, 0.05f);
-    std::vector<HostTensor> v;
-    v.push_back(std::move(w));
-    return v;
-  }
-  std::vector<OutputSpec> outputs() const override {
-    OutputSpec o;
-    o.name = "w";
-    o.dtype = DType::f32;
-    o.shape = {o_, k_};
-    o.tol = Tolerance::bit_exact();
-    return {o};
-  }
-  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
-           Context& ctx) const override {
-    QuantizedLinear layer = QuantizedLinear::quantize(in[0], q_, ctx);
-    dequantize_weight(layer.weights(), out[0], rot_, ctx);
-  }
-
- private:
-  QType q_;
-  int64_t o_, k_;
-  bool rot_;
-};
+std::unique_ptr<Case> gpu_dequantize_case(QType q, int64_t o, int64_t k, bool rotated) {
+  return std::make_unique<DequantizeCase>(DequantizeSpec{
+      std::string("linear.gpu.dequantize.") + qtype_name(q) + ".O" + std::to_string(o) + ".K" +
+          std::to_string(k) + (rotated ? ".rotated" : ".original"),
+      q, o, k, rotated, !rotated, Tolerance::bit_exact()});
+}
 
 // Re-quantization on stored scales: the int8 codes after requantize (nearest or stochastic).
 class RequantizeCase : public Case {
@@ -368,12 +304,17 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
       std::make_unique<ForwardCase>(QType::convrot8, 777, 264, 128, DType::bf16, false));
 
   for (QType q : {QType::convrot8, QType::convrot_int3, QType::convrot_fp8, QType::convrot4}) {
-    cases.push_back(std::make_unique<BackwardCase>(q, 17, 48, 192));
-    cases.push_back(std::make_unique<DequantizeCase>(q, 48, 192, true));
-    cases.push_back(std::make_unique<DequantizeCase>(q, 48, 192, false));
+    // backward_input: fp32 accumulation on both sides (cuBLASLt fp32 vs the CPU's loop).
+    cases.push_back(std::make_unique<BackwardInputCase>(BackwardInputSpec{
+        std::string("linear.gpu.backward_input.") + qtype_name(q) + ".M17.O48.K192", q, 17, 48,
+        192, DType::bf16, DType::f32, 0.f, Tolerance::allclose(1e-4, 1e-4)}));
+    // Rotated basis (unpack + scale) and original basis (plus the rotation, same butterfly
+    // order): both bit-exact.
+    cases.push_back(gpu_dequantize_case(q, 48, 192, true));
+    cases.push_back(gpu_dequantize_case(q, 48, 192, false));
   }
-  cases.push_back(std::make_unique<DequantizeCase>(QType::convrot_bitnet, 40, 80, true));
-  cases.push_back(std::make_unique<DequantizeCase>(QType::convrot_comfy_w4a4, 40, 256, true));
+  cases.push_back(gpu_dequantize_case(QType::convrot_bitnet, 40, 80, true));
+  cases.push_back(gpu_dequantize_case(QType::convrot_comfy_w4a4, 40, 256, true));
   cases.push_back(std::make_unique<RequantizeCase>(40, 192, false));
   cases.push_back(std::make_unique<RequantizeCase>(40, 192, true));
 }
