@@ -45,9 +45,9 @@ struct AttentionOptions {
   } pv = fp8;
   bool smooth_k = true;   // attention(): subtract the per-head K mean before quantizing K
   bool smooth_v = false;  // fp8 PV: subtract the per-channel V mean, added back in the epilogue
-  // CUDA kernel choice (the CPU backend ignores it): auto_kernel takes the sm_90a wgmma kernel
-  // where it applies (an sm_90 GPU, head dim 64 or 128, either PV) and the mma.sync kernel
-  // otherwise; mma_sync forces the portable kernel (sm_89+ for fp8 PV); wgmma forces the wgmma
+  // CUDA kernel choice (the CPU backend ignores it): auto_kernel takes an sm_90a wgmma kernel
+  // where one applies (an sm_90 GPU, head dim 64 or 128: wgmma_ws for fp8 PV, wgmma for 16-bit
+  // PV, the faster of the two for each on the H200) and the mma.sync kernel otherwise; mma_sync forces the portable kernel (sm_89+ for fp8 PV); wgmma forces the wgmma
   // kernel (round 1: no warp specialization) and wgmma_ws the warp-specialized one (a producer
   // warpgroup, K/V ring on mbarriers, ping-pong consumers); both are an error where they do not
   // apply. Same arithmetic in every kernel (outputs agree within the harness tolerances).

@@ -20,6 +20,12 @@ const std::pair<const char*, AttentionOptions::PV> kPV[] = {
     {"fp8", AttentionOptions::fp8},
     {"f16", AttentionOptions::f16},
 };
+const std::pair<const char*, AttentionOptions::Kernel> kKernels[] = {
+    {"auto", AttentionOptions::auto_kernel},
+    {"mma_sync", AttentionOptions::mma_sync},
+    {"wgmma", AttentionOptions::wgmma},
+    {"wgmma_ws", AttentionOptions::wgmma_ws},
+};
 const std::pair<const char*, ScaleLayout> kLayouts[] = {
     {"per_block", ScaleLayout::per_block},
     {"thread_q", ScaleLayout::thread_q},
@@ -28,8 +34,10 @@ const std::pair<const char*, ScaleLayout> kLayouts[] = {
 };
 
 AttentionOptions make_options(const char* op, float sm_scale, const std::string& causal,
-                              const std::string& pv, bool smooth_k, bool smooth_v) {
+                              const std::string& pv, bool smooth_k, bool smooth_v,
+                              const std::string& kernel = "auto") {
   AttentionOptions o;
+  o.kernel = parse_enum(op, "kernel", kernel, kKernels);
   o.sm_scale = sm_scale;
   o.causal = parse_enum(op, "causal", causal, kCausal);
   o.pv = parse_enum(op, "pv", pv, kPV);
@@ -61,13 +69,14 @@ void bind_attention(nb::module_& m) {
       "attention",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, float sm_scale,
          const std::string& causal, const std::string& pv, bool smooth_k, bool smooth_v,
-         nb::handle workspace, uintptr_t stream, int threads) {
+         const std::string& kernel, nb::handle workspace, uintptr_t stream, int threads) {
         Args args("attention");
         TensorView qv = args.in(q, "q"), kv = args.in(k, "k"), vv = args.in(v, "v");
         TensorView ov = args.out(out, "out");
         std::optional<TensorView> lv = args.out_opt(lse, "lse");
         std::optional<TensorView> wv = args.out_opt(workspace, "workspace");
-        AttentionOptions o = make_options("attention", sm_scale, causal, pv, smooth_k, smooth_v);
+        AttentionOptions o =
+            make_options("attention", sm_scale, causal, pv, smooth_k, smooth_v, kernel);
         Context ctx = make_context(stream, threads);
         if (wv && !wv->is_contiguous()) {
           throw Error("attention", "workspace", "expected a contiguous array, got " +
@@ -84,10 +93,12 @@ void bind_attention(nb::module_& m) {
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::kw_only(),
       nb::arg("lse") = nb::none(), nb::arg("sm_scale") = 0.f, nb::arg("causal") = "none",
       nb::arg("pv") = "fp8", nb::arg("smooth_k") = true, nb::arg("smooth_v") = false,
-      nb::arg("workspace") = nb::none(), nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("kernel") = "auto", nb::arg("workspace") = nb::none(), nb::arg("stream") = 0,
+      nb::arg("threads") = 0,
       "INT8 attention (SPEC section 2). q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D), out like q, all "
       "strided views (pass an HND tensor permuted); lse (B, Hq, Nq) f32 or None. sm_scale 0 = "
-      "1/sqrt(D); causal none/bottom_right/top_left; pv fp8/f16. workspace: a contiguous array "
+      "1/sqrt(D); causal none/bottom_right/top_left; pv fp8/f16; kernel auto/mma_sync/wgmma/"
+      "wgmma_ws (CUDA only; the CPU ignores it). workspace: a contiguous array "
       "of >= attention_workspace_bytes bytes (256-byte aligned, q's device): no allocation and no "
       "stream synchronization; None: lowbit allocates (and synchronizes on CUDA).");
   m.def(
@@ -112,8 +123,8 @@ void bind_attention(nb::module_& m) {
       [](nb::handle q, nb::handle q_scale, const std::string& q_layout, int q_block, nb::handle k,
          nb::handle k_scale, const std::string& k_layout, int k_block, nb::handle v,
          nb::handle v_scale, nb::handle v_mean, nb::handle k_mean, nb::handle out, nb::handle lse,
-         float sm_scale, const std::string& causal, const std::string& pv, uintptr_t stream,
-         int threads) {
+         float sm_scale, const std::string& causal, const std::string& pv,
+         const std::string& kernel, uintptr_t stream, int threads) {
         const char* op = "attention_int8";
         Args args(op);
         QuantizedRows qr, kr;
@@ -131,7 +142,7 @@ void bind_attention(nb::module_& m) {
         std::optional<TensorView> km = args.in_opt(k_mean, "k_mean");
         TensorView ov = args.out(out, "out");
         std::optional<TensorView> lv = args.out_opt(lse, "lse");
-        AttentionOptions o = make_options(op, sm_scale, causal, pv, true, false);
+        AttentionOptions o = make_options(op, sm_scale, causal, pv, true, false, kernel);
         Context ctx = make_context(stream, threads);
         nb::gil_scoped_release release;
         attention_int8(qr, kr, vv, vs ? &*vs : nullptr, vm ? &*vm : nullptr,
@@ -142,7 +153,7 @@ void bind_attention(nb::module_& m) {
       nb::arg("v_scale") = nb::none(), nb::arg("v_mean") = nb::none(),
       nb::arg("k_mean") = nb::none(), nb::arg("out"), nb::arg("lse") = nb::none(),
       nb::arg("sm_scale") = 0.f, nb::arg("causal") = "none", nb::arg("pv") = "fp8",
-      nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("kernel") = "auto", nb::arg("stream") = 0, nb::arg("threads") = 0,
       "Attention on quantized operands (the prologue's int8 q/k with their scales; v from "
       "quantize_v_fp8 in fp8 mode or bf16/f16 in f16 mode).");
 }

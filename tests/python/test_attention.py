@@ -126,3 +126,24 @@ def test_caller_workspace_gives_the_same_bits():
         lowbit.attention(q, k, v, out_c, workspace=aligned_bytes(nbytes // 2), **opts)
     assert "workspace" in str(info.value)
     assert np.all(out_c == 9)
+
+
+def test_kernel_choice():
+    """kernel= picks the CUDA kernel; the CPU ignores it (same bits for every choice) and an
+    unknown name is an error that names the argument and the choices."""
+    b, n, h, d = 1, 19, 2, 64
+    q = RNG.standard_normal((b, n, h, d)).astype(np.float32)
+    k = RNG.standard_normal((b, n, h, d)).astype(np.float32)
+    v = RNG.standard_normal((b, n, h, d)).astype(np.float32)
+    outs = []
+    for kernel in ["auto", "mma_sync", "wgmma", "wgmma_ws"]:
+        out = np.zeros_like(q)
+        lowbit.attention(q, k, v, out, kernel=kernel)
+        outs.append(out)
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    out = np.full_like(q, 7.0)
+    with pytest.raises(lowbit.Error, match="kernel") as e:
+        lowbit.attention(q, k, v, out, kernel="flash")
+    assert "wgmma_ws" in str(e.value)
+    assert (out == 7.0).all()
