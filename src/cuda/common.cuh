@@ -25,5 +25,33 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 // Multiprocessor count of the current device (queried, never hard-coded).
 int multiprocessor_count();
 
+// lowbit's own stream-ordered pool for the current device: its release threshold is "never", so
+// temporaries are reused across calls (the default pool would return memory at every
+// synchronization and re-map it on the next call, which costs more than a decode layer).
+cudaMemPool_t scratch_pool(const char* op);
+
+// A stream-ordered temporary buffer from scratch_pool, freed on the stream when it goes out of
+// scope (0 bytes: no allocation, null pointer).
+class Scratch {
+ public:
+  Scratch(size_t bytes, cudaStream_t s, const char* op) : stream_(s) {
+    if (bytes) check_cuda(cudaMallocFromPoolAsync(&p_, bytes, scratch_pool(op), s), op,
+                          "temporary buffer");
+  }
+  ~Scratch() {
+    if (p_) cudaFreeAsync(p_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t stream_;
+};
+
 }  // namespace cuda
 }  // namespace lowbit

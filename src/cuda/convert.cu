@@ -12,14 +12,6 @@
 namespace lowbit {
 namespace cuda {
 
-int multiprocessor_count() {
-  int dev = 0, n = 0;
-  check_cuda(cudaGetDevice(&dev), "multiprocessor_count", "device");
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev),
-             "multiprocessor_count", "attribute");
-  return n;
-}
-
 namespace {
 
 __device__ __forceinline__ void store_hw(void* base, int64_t off, DType dt, float v) {

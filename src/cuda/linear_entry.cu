@@ -28,52 +28,6 @@ namespace {
 using linear::ActFormat;
 using linear::WeightFormat;
 
-// lowbit's own stream-ordered pool per device: its release threshold is "never", so temporaries
-// are reused across calls (the default pool would return memory at every synchronization and
-// re-map it on the next call, which costs more than a decode layer).
-cudaMemPool_t scratch_pool(const char* op) {
-  static std::mutex mu;
-  static std::map<int, cudaMemPool_t> pools;
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), op, "device");
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = pools.find(dev);
-  if (it != pools.end()) return it->second;
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = dev;
-  cudaMemPool_t pool = nullptr;
-  check_cuda(cudaMemPoolCreate(&pool, &props), op, "memory pool");
-  uint64_t keep = UINT64_MAX;
-  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), op,
-             "memory pool");
-  pools.emplace(dev, pool);
-  return pool;
-}
-
-// A stream-ordered temporary buffer, freed on the stream when it goes out of scope.
-class Scratch {
- public:
-  Scratch(size_t bytes, cudaStream_t s, const char* op) : stream_(s) {
-    if (bytes) check_cuda(cudaMallocFromPoolAsync(&p_, bytes, scratch_pool(op), s), op,
-                          "temporary buffer");
-  }
-  ~Scratch() {
-    if (p_) cudaFreeAsync(p_, stream_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t stream_;
-};
-
 ActFormat act_format(QType q) {
   switch (q) {
     case QType::convrot_fp8:

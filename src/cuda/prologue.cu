@@ -21,8 +21,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 
 #include "src/core/check.h"
 #include "src/core/prologue_internal.h"
@@ -1118,46 +1116,6 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// A stream-ordered temporary from lowbit's own never-trimmed pool (one per device), so repeated
-// calls reuse memory instead of mapping it anew.
-cudaMemPool_t prologue_pool(const char* op) {
-  static std::mutex mu;
-  static std::map<int, cudaMemPool_t> pools;
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), op, "device");
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = pools.find(dev);
-  if (it != pools.end()) return it->second;
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = dev;
-  cudaMemPool_t pool = nullptr;
-  check_cuda(cudaMemPoolCreate(&pool, &props), op, "memory pool");
-  uint64_t keep = UINT64_MAX;
-  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), op,
-             "memory pool");
-  pools.emplace(dev, pool);
-  return pool;
-}
-
-class StreamScratch {
- public:
-  StreamScratch(size_t bytes, cudaStream_t s, const char* op) : stream_(s) {
-    check_cuda(cudaMallocFromPoolAsync(&p_, bytes, prologue_pool(op), s), op, "temporary buffer");
-  }
-  ~StreamScratch() {
-    if (p_) cudaFreeAsync(p_, stream_);
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  float* floats() const { return static_cast<float*>(p_); }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t stream_;
-};
-
 int rope_kind_of(const PrologueArgs& a) {
   if (!a.rotate) return kRopeNone;
   return a.interleaved ? kRopeInterleaved : kRopePaired;
@@ -1265,7 +1223,7 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
               "cuda grid: expected at most 65535 token chunks and batch items, got " +
                   std::to_string(L.chunks) + " and " + std::to_string(a.batch));
   cudaStream_t stream = stream_of(ctx);
-  StreamScratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
+  Scratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
                      stream, "norm_rope_mean");
   dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
             static_cast<unsigned>(a.batch));
@@ -1275,12 +1233,12 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     auto kernel = fast_mean_kernel<D, decltype(bf)::value, decltype(rope)::value>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
-    kernel<<<grid, kMeanWarps * 32, smem, stream>>>(a, L, part.floats());
+    kernel<<<grid, kMeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
     check_launch("norm_rope_mean");
   });
   mean_final_kernel<<<dim3(static_cast<unsigned>(a.batch * a.heads),
                            static_cast<unsigned>(a.dim / 32)),
-                      1024, 0, stream>>>(a, part.floats(), L.chunks);
+                      1024, 0, stream>>>(a, part.as<float>(), L.chunks);
   check_launch("norm_rope_mean");
 }
 
