@@ -100,28 +100,10 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int sr
                "r"(src_bytes));
 }
 
-__device__ __forceinline__ void wgmma_fence() {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-// cp.async writes shared memory through the generic proxy; wgmma reads it through the async one.
-__device__ __forceinline__ void fence_proxy_async() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
+using ptx::fence_proxy_async;
+using ptx::wgmma_commit;
+using ptx::wgmma_fence;
+using ptx::wgmma_wait;
 
 // d (64 x 128 s32) (+)= A (64 x 32 s8, shared, K-major) · B (128 x 32 s8, shared, K-major)^T;
 // accumulate != 0: d += A·B, else d = A·B.

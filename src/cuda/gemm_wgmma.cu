@@ -18,6 +18,7 @@
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
 #include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/ptx.cuh"
 
 namespace lowbit {
 namespace cuda {
@@ -44,27 +45,10 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
   return d;
 }
 
-__device__ __forceinline__ void wgmma_fence() {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-__device__ __forceinline__ void fence_proxy_async() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
+using ptx::fence_proxy_async;
+using ptx::wgmma_commit;
+using ptx::wgmma_fence;
+using ptx::wgmma_wait;
 
 // One m64n128k32 s8 x s8 -> s32 wgmma of a warpgroup, accumulating into d.
 __device__ __forceinline__ void wgmma_m64n128k32_s8(int32_t d[64], uint64_t desc_a,

@@ -1,4 +1,5 @@
-// PTX wrappers shared by lowbit's CUDA kernels: asynchronous copies and mma.sync tiles.
+// PTX wrappers shared by lowbit's CUDA kernels: asynchronous copies, mma.sync tiles and wgmma
+// group control.
 // Fragment layouts are PTX's (m16n8k32 / m16n8k16, row.col); accumulators are updated in place.
 #pragma once
 
@@ -51,6 +52,30 @@ __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], uint32_
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// wgmma group control (sm_90a only; empty elsewhere so portable builds still compile).
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// cp.async writes shared memory through the generic proxy; wgmma reads it through the async one.
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
 }
 
 }  // namespace ptx
