@@ -183,24 +183,6 @@ class GemmBench : public BenchCase {
       fill(true);
       g.kind = cuda::linear::GemmKind::e4m3;
       {
-        Row r = row("e4m3 GEMM + scale/bias epilogue, CUTLASS 256x128 cluster 1x2");
-        if (cuda::linear::cutlass_e4m3_fits(g) && cuda::linear::cutlass_s8_available(s)) {
-          void* scratch = nullptr;
-          cudaMalloc(&scratch, cuda::linear::cutlass_e4m3_scratch_bytes(g) + 256);
-          bool ok = true;
-          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_cutlass_e4m3(g, scratch, s) && ok; });
-          cudaStreamSynchronize(s);
-          cudaFree(scratch);
-          if (!ok) {
-            r.ms = 0;
-            r.note = "CUTLASS refused the arguments";
-          }
-        } else {
-          r.note = "not available (built without CUTLASS headers, or not sm_90a)";
-        }
-        rows.push_back(r);
-      }
-      {
         Row r = row("e4m3 GEMM + scale/bias epilogue, cuBLASLt");
         const size_t wsb = cuda::linear::gemm_fp8_cublaslt_workspace_bytes();
         void* work = nullptr;

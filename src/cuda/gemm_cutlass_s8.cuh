@@ -1,7 +1,6 @@
-// Internal to the CUTLASS GEMM files (gemm_cutlass_s8*.cu: int8 x int8 -> int32, and
-// gemm_cutlass_e4m3.cu: e4m3 x e4m3 -> fp32), compiled only with the CUTLASS headers
-// (LOWBIT_HAVE_CUTLASS): the epilogue functor, the kernel configuration templated on the operand
-// type, CTA tile and cluster shapes, argument building and the launch (see gemm_cutlass_s8.cu).
+// Internal to the CUTLASS int8 GEMM files (gemm_cutlass_s8*.cu), compiled only with the CUTLASS
+// headers (LOWBIT_HAVE_CUTLASS): the epilogue functor, the kernel configuration templated on the
+// CTA tile and cluster shapes, argument building and the launch (see gemm_cutlass_s8.cu).
 #pragma once
 
 // Device-side asserts compile to calls, and a call inside the mainloop serializes the wgmma
@@ -49,15 +48,8 @@ struct ScaleScaleBiasRn<cutlass::Array<float, N>> {
 
 using namespace cute;
 
-// ElementIn: int8_t (int32 accumulation, exact) or cutlass::float_e4m3_t (fp32 accumulation; the
-// default fp8 mainloop promotes the tensor cores' partial sums into fp32 registers every k-block,
-// CUTLASS's two-level accumulation, not the "fast accumulation" schedule).
-template <class ElementOut, class TileShape_, class ClusterShape_, class ElementIn = int8_t>
+template <class ElementOut, class TileShape_, class ClusterShape_>
 struct Config {
-  using In = ElementIn;
-  using Acc = std::conditional_t<std::is_same_v<ElementIn, int8_t>, int32_t, float>;
-  static constexpr GemmKind kKind =
-      std::is_same_v<ElementIn, int8_t> ? GemmKind::s8 : GemmKind::e4m3;
   using TileShape = TileShape_;
   using ClusterShape = ClusterShape_;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -78,13 +70,13 @@ struct Config {
   static constexpr int kAlignOut = 16 / sizeof(ElementOut);
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, Acc, float, void,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void,
       cutlass::layout::RowMajor, kAlignOut, ElementOut, cutlass::layout::RowMajor, kAlignOut,
       EpilogueSchedule, Evt>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, In, cutlass::layout::RowMajor, 16, In,
-      cutlass::layout::ColumnMajor, 16, Acc, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, cutlass::layout::RowMajor, 16,
+      int8_t, cutlass::layout::ColumnMajor, 16, int32_t, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
@@ -126,9 +118,9 @@ typename C::Gemm::Arguments make_args(const GemmParams& p, const float* bias) {
   typename C::Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = make_shape(M, N, K, 1);
-  args.mainloop.ptr_A = static_cast<const typename C::In*>(p.a);
+  args.mainloop.ptr_A = static_cast<const int8_t*>(p.a);
   args.mainloop.dA = sa;
-  args.mainloop.ptr_B = static_cast<const typename C::In*>(p.b);
+  args.mainloop.ptr_B = static_cast<const int8_t*>(p.b);
   args.mainloop.dB = sb;
   auto& t = args.epilogue.thread;
   // Children in order: accumulator, a_scale (M), w_scale (N), bias (N); then the compute node.
@@ -147,10 +139,9 @@ typename C::Gemm::Arguments make_args(const GemmParams& p, const float* bias) {
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
-// Shapes and pointers a kernel of operand kind `kind` addresses (TMA: 16-byte aligned bases and
-// row strides; one-byte operands, so 16 elements).
-bool fits(const GemmParams& p, GemmKind kind = GemmKind::s8) {
-  if (p.kind != kind || p.acc_out || p.w_tensor_scale) return false;
+// Shapes and pointers this kernel addresses (TMA: 16-byte aligned bases and row strides).
+bool fits(const GemmParams& p) {
+  if (p.kind != GemmKind::s8 || p.acc_out || p.w_tensor_scale) return false;
   if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) return false;
   if (p.M <= 0 || p.N <= 0 || p.K <= 0) return false;
   if (p.M > INT32_MAX || p.N > INT32_MAX || p.K > INT32_MAX) return false;

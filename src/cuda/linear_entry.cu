@@ -307,13 +307,6 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   if (fmt == ActFormat::e4m3) {
     g.kind = linear::GemmKind::e4m3;
     g.b = w.codes.data;
-    // CUTLASS (sm_90a) first: its scale/bias epilogue is fused like the int8 path's and it runs
-    // ahead of cuBLASLt's fp8 kernel at the Flux shapes (docs/linear-gpu.md); then cuBLASLt; then
-    // the mma.sync kernel.
-    if (kCutlassInt8Gemm && linear::cutlass_e4m3_fits(g) && linear::cutlass_s8_available(s)) {
-      Scratch scratch(linear::cutlass_e4m3_scratch_bytes(g), s, op);
-      if (linear::gemm_cutlass_e4m3(g, scratch.as<void>(), s)) return;
-    }
     Scratch ws(linear::gemm_fp8_cublaslt_workspace_bytes(), s, op);
     if (!linear::gemm_fp8_cublaslt(g, ws.as<void>(), linear::gemm_fp8_cublaslt_workspace_bytes(),
                                    s))

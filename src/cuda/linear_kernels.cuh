@@ -109,12 +109,6 @@ size_t cutlass_s8_wide_scratch_bytes(const GemmParams& p);
 bool gemm_cutlass_s8_wide(const GemmParams& p, void* scratch, cudaStream_t stream);
 size_t cutlass_s8_alt_scratch_bytes(const GemmParams& p);
 bool gemm_cutlass_s8_alt(const GemmParams& p, void* scratch, cudaStream_t stream);
-// kind e4m3 through CUTLASS (gemm_cutlass_e4m3.cu: 256 x 128 cluster 1 x 2, fp32 accumulation
-// with per-k-block promotion): same contract as gemm_cutlass_s8 (availability is
-// cutlass_s8_available: both are compiled together); fp8 tolerance, not bitwise, against the CPU.
-bool cutlass_e4m3_fits(const GemmParams& p);
-size_t cutlass_e4m3_scratch_bytes(const GemmParams& p);
-bool gemm_cutlass_e4m3(const GemmParams& p, void* scratch, cudaStream_t stream);
 
 // The epilogue on one accumulator (the same function everywhere, so every path gives the same
 // bits: the prefill GEMM, the decode kernel, and the CPU's fp32 order).
