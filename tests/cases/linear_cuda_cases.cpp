@@ -258,6 +258,9 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     }
   }
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 129, 264, 1280, DType::bf16, true));
+  // The fp8 GEMM over ten 128-deep k-blocks and a ragged M tile.
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_fp8, 300, 264, 1280, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 5, 264, 1280, DType::bf16, true));
   // The streaming decode kernel (K % 128 == 0, group 128): M = 1 and 16, a K that leaves a step's
   // last pieces empty (640 = 5 groups), comfy int4, odd column tiles.
