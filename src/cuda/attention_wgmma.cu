@@ -1121,6 +1121,448 @@ void launch_ws(const AttnParams& p, int B, cudaStream_t stream) {
   check_launch(op);
 }
 
+// ---- round 3: fewer instructions per logit, deferred P·V ----------------------------------------
+//
+// The round-2 kernel (wgmma_ws) at D = 128 fp8 ran ~1230 instructions per consumer warp per
+// 128-key tile (SASS, CUDA 13): the causal/Nkv mask was if-converted into predicated 64-bit key
+// compares on every tile (~300 instructions), each logit took 5 conversions/multiplies (IADD +
+// FADD for the int32 -> float, three FMULs for (acc * (qs * ks)) * scale), and both P·V halves
+// and the q k^T were waited for right after their issue. Round 3 (fp8 P·V, D 64 and 128):
+//  - The producer stores kc = k_scale * scale_log2 per key (fp32, 0 past Nkv) instead of the raw
+//    k scale; a logit is t = float(acc) * kc (I2FP + FMUL), the row maxima are taken over t and
+//    scaled by the row's q scale once (q scales are >= 0: max(t) * qs = max(t * qs)), and the
+//    exponent argument is one FFMA: x = t * qs - (m - log2 448). Same maxima, same 64-key
+//    halves, same two-level accumulation and P rounding as the oracle; the logits themselves are
+//    rounded differently (two products instead of three, then a fused subtract: ~1-2 ulp), which
+//    moves an e4m3 rounding of P about as rarely as ex2.approx already does.
+//  - The mask runs in a separate branch only on tiles that cross a visible end (32-bit compares
+//    against per-row limits).
+//  - Both halves' maxima are reduced together (one shuffle round trip per tile, not two).
+//  - Deferred P·V: tile j's second-half P·V is issued at the start of iteration j + 1 and runs
+//    under the next tile's conversion, maxima and first-half exponentials; the first half's P·V
+//    runs under the second half's exponentials. Per iteration: [issue PV_b(j-1)] S1(j) [wait,
+//    O += ...] [issue PV_a(j)] S2(j) [issue q k^T(j+1)] [wait PV_a(j), O += ...] [wait q k^T].
+//    Nothing is in flight across the loop back edge (ptxas would serialize the wgmmas).
+//  - The q k^T's first k-step and each P·V's first k-step write their accumulators without
+//    reading them ("=r"/"=f" asm outputs), so the previous tile's accumulator registers are dead
+//    once converted (round 2's overlap variants kept them alive and spilled).
+// Rows: as round 2 (producer warpgroup, 3-stage ring, ping-pong turns on named barriers 1/2;
+// the turn is handed over right after the q k^T is issued).
+
+// I2FP (true) or the magic-number add (false) for the int32 -> float of the logits.
+constexpr bool kR3I2fp = true;
+
+// d (64 x 128 s32) = A (64 x 32 s8, shared) · B (128 x 32 s8, shared)^T, d written only.
+__device__ __forceinline__ void wgmma_s8_n128_first(int32_t (&d)[64], uint64_t desc_a,
+                                                    uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p;\n}\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]),
+        "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]),
+        "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]),
+        "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]),
+        "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]),
+        "=r"(d[30]), "=r"(d[31]), "=r"(d[32]), "=r"(d[33]), "=r"(d[34]), "=r"(d[35]),
+        "=r"(d[36]), "=r"(d[37]), "=r"(d[38]), "=r"(d[39]), "=r"(d[40]), "=r"(d[41]),
+        "=r"(d[42]), "=r"(d[43]), "=r"(d[44]), "=r"(d[45]), "=r"(d[46]), "=r"(d[47]),
+        "=r"(d[48]), "=r"(d[49]), "=r"(d[50]), "=r"(d[51]), "=r"(d[52]), "=r"(d[53]),
+        "=r"(d[54]), "=r"(d[55]), "=r"(d[56]), "=r"(d[57]), "=r"(d[58]), "=r"(d[59]),
+        "=r"(d[60]), "=r"(d[61]), "=r"(d[62]), "=r"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(0));
+#endif
+}
+
+// d (64 x 128 f32) = A (64 x 32 e4m3, registers) · B (128 x 32 e4m3, shared)^T, d written only.
+__device__ __forceinline__ void wgmma_e4m3_n128_first(float (&d)[64], const uint32_t (&a)[4],
+                                                      uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
+        "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),
+        "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]),
+        "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]),
+        "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]),
+        "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
+        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]),
+        "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]),
+        "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]),
+        "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+#endif
+}
+
+// d (64 x 64 f32) = A (64 x 32 e4m3, registers) · B (64 x 32 e4m3, shared)^T, d written only.
+__device__ __forceinline__ void wgmma_e4m3_n64_first(float (&d)[32], const uint32_t (&a)[4],
+                                                     uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
+        "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),
+        "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]),
+        "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]),
+        "=f"(d[30]), "=f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+#endif
+}
+
+// One 64-key half's P·V into a fresh c: 2 k-steps of 32 keys at V key positions
+// 64 kHalf .. 64 kHalf + 63 of the V tile at shared address sv.
+template <int D>
+__device__ __forceinline__ void r3_pv_issue(float (&c)[D / 2], const uint32_t (&pa)[2][4],
+                                            uint32_t sv_half) {
+  wgmma_fence();
+  if constexpr (D == 128) {
+    wgmma_e4m3_n128_first(c, pa[0], smem_desc(sv_half));
+    wgmma_e4m3_n128(c, pa[1], smem_desc(sv_half + 32), 1);
+  } else {
+    wgmma_e4m3_n64_first(c, pa[0], smem_desc(sv_half));
+    wgmma_e4m3_n64(c, pa[1], smem_desc(sv_half + 32), 1);
+  }
+  wgmma_commit();
+}
+
+__device__ __forceinline__ float r3_i2f(int32_t x) {
+  if constexpr (kR3I2fp)
+    return static_cast<float>(x);
+  else
+    return exact_i2f(x);
+}
+
+// Maximum of 16 values s[4j + e] (j = j0 .. j0 + 7, e = e0, e0 + 1) as a balanced tree.
+template <int j0, int e0>
+__device__ __forceinline__ float r3_max16(const float (&s)[64]) {
+  float a[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a[i] = fmaxf(s[4 * (j0 + i) + e0], s[4 * (j0 + i) + e0 + 1]);
+#pragma unroll
+  for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; ++i) a[i] = fmaxf(a[i], a[i + w]);
+  return a[0];
+}
+
+// P of half kHalf (column blocks j = 8 kHalf .. 8 kHalf + 7): s <- exp2(s * qs - off) per row
+// (row g: e = 0, 1 with qs0/off0; row g + 8: e = 2, 3 with qs1/off1), the two row sums (tree
+// order) and the e4m3 A fragments of the two 32-key k-steps (softmax_half's packing).
+template <int kHalf>
+__device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1, float off0,
+                                            float off1, float& sum0, float& sum1,
+                                            uint32_t (&pa)[2][4]) {
+  constexpr int j0 = 8 * kHalf;
+  float a0[8], a1[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int j = j0 + i;
+    s[4 * j + 0] = fast_exp2(fmaf(s[4 * j + 0], qs0, -off0));
+    s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], qs0, -off0));
+    s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], qs1, -off1));
+    s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], qs1, -off1));
+    a0[i] = s[4 * j + 0] + s[4 * j + 1];
+    a1[i] = s[4 * j + 2] + s[4 * j + 3];
+  }
+#pragma unroll
+  for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; ++i) {
+      a0[i] += a0[i + w];
+      a1[i] += a1[i + w];
+    }
+  sum0 = a0[0];
+  sum1 = a1[0];
+#pragma unroll
+  for (int kh = 0; kh < 2; ++kh) {
+    const int j = j0 + 4 * kh;
+    pa[kh][0] = pack_e4m3x4(s[4 * j + 0], s[4 * j + 1], s[4 * j + 4], s[4 * j + 5]);
+    pa[kh][1] = pack_e4m3x4(s[4 * j + 2], s[4 * j + 3], s[4 * j + 6], s[4 * j + 7]);
+    pa[kh][2] = pack_e4m3x4(s[4 * j + 8], s[4 * j + 9], s[4 * j + 12], s[4 * j + 13]);
+    pa[kh][3] = pack_e4m3x4(s[4 * j + 10], s[4 * j + 11], s[4 * j + 14], s[4 * j + 15]);
+  }
+}
+
+template <int D, typename T16>
+__global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const AttnParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = WsSmem<D, true>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                          : static_cast<int>(blockIdx.x);  // causal: long rows first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const int64_t q0 = static_cast<int64_t>(qb) * kBM;
+  const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
+  const int64_t kv_end = visible_end(p, last_row);
+  const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
+  const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
+  float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kStages][kBN] kc
+
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(full0 + st * 8, 128);  // every producer thread, once its copies landed
+      mbar_init(empty0 + st * 8, 8);   // every consumer warp, once its wgmmas completed
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- producer: round 2's loads, kc = k_scale * scale_log2 instead of k_scale
+    setmaxnreg_dec<40>();
+    const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
+    const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
+    const uint8_t* vg =
+        static_cast<const uint8_t*>(p.v) + (static_cast<int64_t>(b) * p.Hkv + hk) * D * p.npad;
+    constexpr int kChunks = D / 16;  // 16-byte chunks per q/k row
+    constexpr int kRowStep = 128 / kChunks;  // K rows between one thread's copies (16 or 32)
+    const int kr0 = tid / kChunks, k_ch = tid % kChunks;
+    const uint32_t k_dst = swz(kr0, k_ch);
+    const int64_t k_src = kr0 * p.k_sn + k_ch * 16;
+    const int v_d0 = tid / 8, v_ch = tid % 8;  // V: 8 chunks of 16 key positions per channel
+    const uint32_t v_dst = swz(v_d0, v_ch);
+    const int64_t v_src = v_d0 * p.npad + v_ch * 16;
+    float ks_prev = 0.f;
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % kStages;
+      if (tile >= kStages) mbar_wait(empty0 + st * 8, ((tile / kStages) - 1) & 1);
+      if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
+        const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
+        for (int c = tid; c < kBM * kChunks; c += 128) {
+          const int r = c / kChunks, ch = c % kChunks;
+          const bool ok = q0 + r < p.Nq;
+          cp_async_16(base + L::kQ + swz(r, ch), ok ? qg + (q0 + r) * p.q_sn + ch * 16 : p.q,
+                      ok ? 16 : 0);
+        }
+      }
+      // K: this thread copies 16-byte chunk kc_ch of rows kr0 + i kRowStep (i < kChunks), V:
+      // chunk v_ch (16 key positions) of channels v_d0 + 16 i (i < D / 16). The row steps are
+      // multiples of 8, so each copy's swizzled destination is a constant offset from the
+      // first and its source a constant stride further: one add per copy (round 2 recomputed
+      // the whole address, ~15 % of the kernel's instructions).
+      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
+      {
+        const uint32_t sk = base + L::kK + st * L::kKTile + k_dst;
+        const int8_t* src = kg + kv0 * p.k_sn + k_src;
+        if (kv0 + kBN <= p.Nkv) {
+#pragma unroll
+          for (int i = 0; i < kChunks; ++i)
+            cp_async_16(sk + i * kRowStep * kRowBytes, src + i * kRowStep * p.k_sn, 16);
+        } else {  // keys past Nkv: zero (masked by the consumers)
+#pragma unroll
+          for (int i = 0; i < kChunks; ++i) {
+            const bool ok = kv0 + kr0 + i * kRowStep < p.Nkv;
+            cp_async_16(sk + i * kRowStep * kRowBytes, ok ? src + i * kRowStep * p.k_sn : p.k,
+                        ok ? 16 : 0);
+          }
+        }
+      }
+      {
+        const uint32_t sv = base + L::kV + st * L::kVTile + v_dst;
+        const bool ok = kv0 + v_ch * 16 < p.npad;  // npad: a multiple of 64, chunks all in/out
+        const uint8_t* src = ok ? vg + kv0 + v_src : vg;
+        const int64_t step = ok ? 16 * p.npad : 0;
+#pragma unroll
+        for (int i = 0; i < D / 16; ++i)
+          cp_async_16(sv + i * 16 * kRowBytes, src + i * step, ok ? 16 : 0);
+      }
+      cp_async_commit();
+      // This tile's k scale (one key per producer thread; 0 past Nkv): loaded now, stored as kc
+      // with the tile's publication one iteration later (the load's latency hides behind it).
+      const int64_t key = kv0 + tid;
+      const float ks =
+          key < p.Nkv ? ksg[scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss] : 0.f;
+      if (tile > 0) {  // the previous tile has landed: its kc, then publish it
+        cp_async_wait<1>();
+        fence_proxy_async();
+        const int sp = (tile - 1) % kStages;
+        skc[sp * kBN + tid] = ks_prev * p.scale_log2;
+        mbar_arrive(full0 + sp * 8);
+      }
+      ks_prev = ks;
+    }
+    if (n_tiles > 0) {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      const int sp = (n_tiles - 1) % kStages;
+      skc[sp * kBN + tid] = ks_prev * p.scale_log2;
+      mbar_arrive(full0 + sp * 8);
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<232>();
+  const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
+  const int g = lane / 4, t = lane % 4;
+  const int rl0 = cw * 64 + (warp % 4) * 16 + g;
+  const int64_t row0 = q0 + rl0, row1 = row0 + 8;
+  // The logits are t * qs with t = float(acc) * kc; a zero q scale (rows past Nq, an all-zero q
+  // row) becomes the smallest normal float so that masked keys (t = -inf) stay -inf, not NaN;
+  // every visible logit is then ~0, as the oracle's exact 0 (the K-mean LSE term too).
+  float qm0, qm1;
+  {
+    const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
+    const float qs0 =
+        row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
+    const float qs1 =
+        row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
+    qm0 = fmaxf(qs0, 1.17549435e-38f);
+    qm1 = fmaxf(qs1, 1.17549435e-38f);
+  }
+  // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask.
+  const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
+  if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
+
+  int32_t acc[64];
+  // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
+  auto issue_qk = [&](int tile) {
+    const int st = tile % kStages;
+    mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+    const uint32_t sk = base + L::kK + st * L::kKTile;
+    named_bar_sync(1 + cw, 256);
+    wgmma_fence();
+    wgmma_s8_n128_first(acc, smem_desc(sq), smem_desc(sk));
+#pragma unroll
+    for (int kk = 1; kk < D / 32; ++kk)
+      wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), 1);
+    wgmma_commit();
+    if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+  };
+
+  float c[D / 2];
+  if (n_tiles > 0) {
+    issue_qk(0);
+    wgmma_wait<0>();
+    fence_regs(acc);
+  }
+  // One tile; kMore: another tile follows (its q k^T is issued behind this tile's second-half
+  // P·V). The last tile is a separate instantiation so that every wgmma wait count is static.
+  auto step = [&](int tile, auto more_c) {
+    constexpr bool kMore = decltype(more_c)::value;
+    const int st = tile % kStages;
+    const int kv0 = tile * kBN;
+    const uint32_t sv = base + L::kV + st * L::kVTile;
+    // Logits t = float(acc) * kc, mask, maxima of both halves.
+    float s[64];
+    {
+      const float* kc = skc + st * kBN + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 k2 = *reinterpret_cast<const float2*>(kc + 8 * j);
+        s[4 * j + 0] = r3_i2f(acc[4 * j + 0]) * k2.x;
+        s[4 * j + 1] = r3_i2f(acc[4 * j + 1]) * k2.y;
+        s[4 * j + 2] = r3_i2f(acc[4 * j + 2]) * k2.x;
+        s[4 * j + 3] = r3_i2f(acc[4 * j + 3]) * k2.y;
+      }
+    }
+    if (kv0 + kBN > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
+      // Column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t (compile-time left
+      // sides: no per-column registers).
+      const int lim0 = static_cast<int>(visible_end(p, row0)) - kv0 - 2 * t;
+      const int lim1 = static_cast<int>(visible_end(p, row1)) - kv0 - 2 * t;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (8 * j + e >= lim0) s[4 * j + e] = -INFINITY;
+          if (8 * j + e >= lim1) s[4 * j + 2 + e] = -INFINITY;
+        }
+    }
+    float mxa0 = r3_max16<0, 0>(s), mxa1 = r3_max16<0, 2>(s);
+    float mxb0 = r3_max16<8, 0>(s), mxb1 = r3_max16<8, 2>(s);
+#pragma unroll
+    for (int x = 1; x <= 2; x *= 2) {
+      mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
+      mxa1 = fmaxf(mxa1, __shfl_xor_sync(0xffffffffu, mxa1, x));
+      mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
+      mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
+    }
+    // The oracle's per-half maxima in logit units (max(t) * qs = max(t * qs) for qs > 0).
+    const float ma0 = fmaxf(m0, mxa0 * qm0), ma1 = fmaxf(m1, mxa1 * qm1);
+    const float mb0 = fmaxf(ma0, mxb0 * qm0), mb1 = fmaxf(ma1, mxb1 * qm1);
+    const float ra0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - ma0);
+    const float ra1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - ma1);
+    const float rb0 = ma0 == -INFINITY ? 0.f : fast_exp2(ma0 - mb0);
+    const float rb1 = ma1 == -INFINITY ? 0.f : fast_exp2(ma1 - mb1);
+    m0 = mb0;
+    m1 = mb1;
+    float suma0, suma1, sumb0, sumb1;
+    uint32_t pa[2][4], pb[2][4];
+    r3_exp_half<0>(s, qm0, qm1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
+                   ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
+    r3_pv_issue<D>(c, pa, sv);  // the first half's P·V runs under the second half's P
+    r3_exp_half<1>(s, qm0, qm1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
+                   mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
+    l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
+    l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
+    wgmma_wait<0>();  // the first-half P·V
+    fence_regs(c);
+    accumulate_tile<D>(o, c, ra0, ra1);
+    r3_pv_issue<D>(c, pb, sv + 64);  // the second half's P·V, then the next q k^T behind it
+    if constexpr (kMore) {
+      issue_qk(tile + 1);
+      wgmma_wait<1>();  // the second-half P·V (the next q k^T stays in flight)
+    } else {
+      wgmma_wait<0>();
+    }
+    fence_regs(c);
+    accumulate_tile<D>(o, c, rb0, rb1);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
+    if constexpr (kMore) {
+      wgmma_wait<0>();  // the next q k^T: nothing is in flight across the loop back edge
+      fence_regs(acc);
+    }
+  };
+  for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
+  if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
+  epilogue<D, true, T16>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o,
+                         m0, m1, l0, l1);
+#endif
+}
+
+template <int D, typename T16>
+void launch_r3(const AttnParams& p, int B, cudaStream_t stream) {
+  const char* op = "attention_int8 (wgmma round 3)";
+  auto kernel = attention_wgmma_r3_kernel<D, T16>;
+  constexpr int bytes = WsSmem<D, true>::kBytes;
+  static_assert(bytes <= 227 * 1024, "shared memory");
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
+             "shared memory");
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
+                  static_cast<unsigned>(B));
+  kernel<<<grid, kWsThreads, bytes, stream>>>(p);
+  check_launch(op);
+}
+
 }  // namespace
 
 bool wgmma_attention_available() {
@@ -1148,11 +1590,16 @@ bool wgmma_attention_available() {
 }
 
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,
-                            bool warp_specialized, cudaStream_t stream) {
+                            WgmmaKernel which, cudaStream_t stream) {
   auto by_type = [&](auto dc, auto fc) {
     constexpr int Dv = decltype(dc)::value;
     constexpr bool F = decltype(fc)::value;
-    if (warp_specialized) {
+    if (which == WgmmaKernel::round3 && F) {
+      if (out_dtype == DType::bf16)
+        launch_r3<Dv, __nv_bfloat16>(p, B, stream);
+      else
+        launch_r3<Dv, __half>(p, B, stream);
+    } else if (which != WgmmaKernel::round1) {
       if (out_dtype == DType::bf16)
         launch_ws<Dv, F, __nv_bfloat16>(p, B, stream);
       else

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "lowbit/attention.h"
 #include "lowbit/runtime.h"
@@ -49,8 +50,9 @@ class Int8AttentionCase : public Case {
  public:
   Int8AttentionCase(Shape s, AttentionOptions opt, DType out_dtype, ScaleLayout q_layout,
                     int q_block, ScaleLayout k_layout, int k_block, bool hnd, bool k_mean,
-                    Pattern pattern = Pattern::random)
+                    Pattern pattern = Pattern::random, std::string tag = "")
       : pattern_(pattern),
+        tag_(std::move(tag)),
         s_(s),
         opt_(opt),
         dt_(out_dtype),
@@ -74,6 +76,7 @@ class Int8AttentionCase : public Case {
     if (opt_.kernel == AttentionOptions::mma_sync) n += ".mma_sync";
     if (opt_.kernel == AttentionOptions::wgmma) n += ".wgmma";
     if (opt_.kernel == AttentionOptions::wgmma_ws) n += ".wgmma_ws";
+    if (!tag_.empty()) n += "." + tag_;
     return n;
   }
 
@@ -161,6 +164,7 @@ class Int8AttentionCase : public Case {
 
  private:
   Pattern pattern_;
+  std::string tag_;  // name suffix (cases that differ from another only in what they exercise)
   Shape s_;
   AttentionOptions opt_;
   DType dt_;
@@ -322,6 +326,24 @@ LOWBIT_HARNESS_CASES(attention_cases) {
                 s, make_opt(pv, c, kernel), DType::bf16, ScaleLayout::per_block, 128,
                 ScaleLayout::per_block, 64, false, false));
   }
+  // `.auto`: the default kernel choice on the wgmma kernel's shapes plus the ring-wrapping ones
+  // (on sm_90a fp8 P·V takes the round-3 kernel: deferred P·V, per-key kc logits, branch-only
+  // masking), with its diagnostics.
+  for (const Shape& s : wgmma_shapes)
+    for (auto c : {O::none, O::bottom_right, O::top_left})
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false, Pattern::random, "auto"));
+  for (const Shape& s : ws_extra)
+    for (auto c : {O::none, O::bottom_right, O::top_left})
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false, Pattern::random, "auto"));
+  for (auto pat : {Pattern::zero_q, Pattern::const_v})
+    for (auto c : {O::none, O::bottom_right})
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, c), DType::bf16,
+          ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat, "auto"));
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws})
     for (auto pv : {O::fp8, O::f16})
