@@ -1228,18 +1228,32 @@ __device__ __forceinline__ void wgmma_e4m3_n64_first(float (&d)[32], const uint3
 
 // One 64-key half's P·V into a fresh c: 2 k-steps of 32 keys at V key positions
 // 64 kHalf .. 64 kHalf + 63 of the V tile at shared address sv.
-template <int D>
+template <int D, bool kAccumulate = false>
 __device__ __forceinline__ void r3_pv_issue(float (&c)[D / 2], const uint32_t (&pa)[2][4],
                                             uint32_t sv_half) {
   wgmma_fence();
-  if constexpr (D == 128) {
+  if constexpr (kAccumulate) {
+    wgmma_pv<D>(c, pa[0], smem_desc(sv_half), 1);
+  } else if constexpr (D == 128) {
     wgmma_e4m3_n128_first(c, pa[0], smem_desc(sv_half));
-    wgmma_e4m3_n128(c, pa[1], smem_desc(sv_half + 32), 1);
   } else {
     wgmma_e4m3_n64_first(c, pa[0], smem_desc(sv_half));
-    wgmma_e4m3_n64(c, pa[1], smem_desc(sv_half + 32), 1);
   }
+  wgmma_pv<D>(c, pa[1], smem_desc(sv_half + 32), 1);
   wgmma_commit();
+}
+
+// True in every thread of the `threads`-thread group synchronizing on named barrier `id` when
+// `pred` holds in all of them (bar.red.and: also a barrier for those threads).
+__device__ __forceinline__ bool wg_all(bool pred, int id) {
+  int r;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, 128, p;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<int>(pred)), "r"(id)
+      : "memory");
+  return r != 0;
 }
 
 __device__ __forceinline__ float r3_i2f(int32_t x) {
@@ -1300,7 +1314,7 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
   }
 }
 
-template <int D, typename T16>
+template <int D, typename T16, bool kKcHalf>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = WsSmem<D, true>;
@@ -1470,9 +1484,21 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
     const int st = tile % kStages;
     const int kv0 = tile * kBN;
     const uint32_t sv = base + L::kV + st * L::kVTile;
-    // Logits t = float(acc) * kc, mask, maxima of both halves.
+    // Logits in units of the per-half row scales qa, qb (logit = s * q): general layouts
+    // s = float(acc) * kc (per key), q = the q scale; kKcHalf (kc constant over each of this
+    // thread's 64-key halves) s = float(acc), q = kc(half) * q scale (no per-logit multiply).
     float s[64];
-    {
+    float qa0 = qm0, qa1 = qm1, qb0 = qm0, qb1 = qm1;
+    if constexpr (kKcHalf) {
+      const float kca = skc[st * kBN + 2 * t], kcb = skc[st * kBN + 64 + 2 * t];
+      // > 0 so that masked keys (-inf) stay -inf; a zero kc (an all-zero K block) gives ~0
+      qa0 = fmaxf(kca * qm0, 1.17549435e-38f);
+      qa1 = fmaxf(kca * qm1, 1.17549435e-38f);
+      qb0 = fmaxf(kcb * qm0, 1.17549435e-38f);
+      qb1 = fmaxf(kcb * qm1, 1.17549435e-38f);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) s[i] = r3_i2f(acc[i]);
+    } else {
       const float* kc = skc + st * kBN + 2 * t;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
@@ -1505,9 +1531,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
       mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
       mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
     }
-    // The oracle's per-half maxima in logit units (max(t) * qs = max(t * qs) for qs > 0).
-    const float ma0 = fmaxf(m0, mxa0 * qm0), ma1 = fmaxf(m1, mxa1 * qm1);
-    const float mb0 = fmaxf(ma0, mxb0 * qm0), mb1 = fmaxf(ma1, mxb1 * qm1);
+    // The oracle's per-half maxima in logit units (max(s) * q = max(s * q) for q > 0).
+    const float ma0 = fmaxf(m0, mxa0 * qa0), ma1 = fmaxf(m1, mxa1 * qa1);
+    const float mb0 = fmaxf(ma0, mxb0 * qb0), mb1 = fmaxf(ma1, mxb1 * qb1);
     const float ra0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - ma0);
     const float ra1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - ma1);
     const float rb0 = ma0 == -INFINITY ? 0.f : fast_exp2(ma0 - mb0);
@@ -1516,25 +1542,38 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
     m1 = mb1;
     float suma0, suma1, sumb0, sumb1;
     uint32_t pa[2][4], pb[2][4];
-    r3_exp_half<0>(s, qm0, qm1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
+    r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
                    ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
     r3_pv_issue<D>(c, pa, sv);  // the first half's P·V runs under the second half's P
-    r3_exp_half<1>(s, qm0, qm1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
+    r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
                    mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
     l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
     l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
-    wgmma_wait<0>();  // the first-half P·V
-    fence_regs(c);
-    accumulate_tile<D>(o, c, ra0, ra1);
-    r3_pv_issue<D>(c, pb, sv + 64);  // the second half's P·V, then the next q k^T behind it
+    // When no row of the warpgroup raised its maximum in the second half (rb = 1: the common
+    // case once a row has seen a few hundred keys), (O ra + Ca) rb + Cb = O ra + (Ca + Cb): the
+    // second half's P·V accumulates onto the first's on the tensor cores and O takes one
+    // update. The vote is a named-barrier reduction over the warpgroup (id 3 + consumer).
+    const bool fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
+    float r0 = ra0, r1 = ra1;
+    if (!fold) {
+      wgmma_wait<0>();  // the first-half P·V
+      fence_regs(c);
+      accumulate_tile<D>(o, c, ra0, ra1);
+      r0 = rb0;
+      r1 = rb1;
+    }
+    wgmma_fence();  // the second half's P·V (onto the first's when folded), the next q k^T
+    wgmma_pv<D>(c, pb[0], smem_desc(sv + 64), fold);
+    wgmma_pv<D>(c, pb[1], smem_desc(sv + 96), 1);
+    wgmma_commit();
     if constexpr (kMore) {
       issue_qk(tile + 1);
-      wgmma_wait<1>();  // the second-half P·V (the next q k^T stays in flight)
+      wgmma_wait<1>();  // the P·V (the next q k^T stays in flight)
     } else {
       wgmma_wait<0>();
     }
     fence_regs(c);
-    accumulate_tile<D>(o, c, rb0, rb1);
+    accumulate_tile<D>(o, c, r0, r1);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
     if constexpr (kMore) {
@@ -1552,7 +1591,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
 template <int D, typename T16>
 void launch_r3(const AttnParams& p, int B, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma round 3)";
-  auto kernel = attention_wgmma_r3_kernel<D, T16>;
+  // kc is constant over each 64-key half of a thread's columns (8 j + 2 t + e) when the k scale
+  // is per block of a multiple of 64 keys, or SPEC §1's THREAD_K with such blocks (group
+  // (key % 8) / 2 = t); the logits then need no per-key multiply. It also takes the row maxima
+  // before the (positive) scale: scale_log2 > 0.
+  const bool kc_half = (p.k_layout == 0 || p.k_layout == 2) && p.k_block % 64 == 0 &&
+                       p.scale_log2 > 0.f;
+  auto kernel = kc_half ? attention_wgmma_r3_kernel<D, T16, true>
+                        : attention_wgmma_r3_kernel<D, T16, false>;
   constexpr int bytes = WsSmem<D, true>::kBytes;
   static_assert(bytes <= 227 * 1024, "shared memory");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,

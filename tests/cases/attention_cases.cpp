@@ -44,7 +44,9 @@ TensorView hnd_as_nhd(TensorView t) {
 //            keys (checks P V, V's key order and the masking, independently of q k^T);
 //   const_v: V constant over the tokens, so out = that V row whatever P is (checks the
 //            accumulator layout and normalization); the LSE still checks q k^T and the masking.
-enum class Pattern { random, zero_q, const_v };
+//   early_max: the codes of keys 0..63 tripled (saturated): every row's maximum comes early and
+//            later key tiles rarely raise it (exercises the round-3 kernel's folded P·V halves).
+enum class Pattern { random, zero_q, const_v, early_max };
 
 class Int8AttentionCase : public Case {
  public:
@@ -73,6 +75,7 @@ class Int8AttentionCase : public Case {
     if (ql_ != ScaleLayout::per_block) n += ".thread_qk";
     if (pattern_ == Pattern::zero_q) n += ".zero_q";
     if (pattern_ == Pattern::const_v) n += ".const_v";
+    if (pattern_ == Pattern::early_max) n += ".early_max";
     if (opt_.kernel == AttentionOptions::mma_sync) n += ".mma_sync";
     if (opt_.kernel == AttentionOptions::wgmma) n += ".wgmma";
     if (opt_.kernel == AttentionOptions::wgmma_ws) n += ".wgmma_ws";
@@ -102,6 +105,13 @@ class Int8AttentionCase : public Case {
       for (int64_t i = 0; i < in[0].numel(); ++i) in[0].set(i, 0.f);
     in.push_back(scales(s_.B, s_.Hq, s_.Nq, ql_, qb_));
     in.push_back(codes(s_.B, s_.Nkv, s_.Hkv));
+    if (pattern_ == Pattern::early_max) {  // (B, N, H, D) or HND: key index per element
+      HostTensor& k = in.back();
+      for (int64_t i = 0; i < k.numel(); ++i) {
+        const int64_t key = hnd_ ? (i / s_.D) % s_.Nkv : (i / (s_.D * s_.Hkv)) % s_.Nkv;
+        if (key < 64) k.set(i, std::max(-127.f, std::min(127.f, 3.f * k.get(i))));
+      }
+    }
     in.push_back(scales(s_.B, s_.Hkv, s_.Nkv, kl_, kb_));
     HostTensor v(dt_, hnd_ ? std::vector<int64_t>{s_.B, s_.Hkv, s_.Nkv, s_.D}
                            : std::vector<int64_t>{s_.B, s_.Nkv, s_.Hkv, s_.D});
@@ -344,6 +354,20 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       cases.push_back(std::make_unique<Int8AttentionCase>(
           Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, c), DType::bf16,
           ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat, "auto"));
+  // Folded P·V halves on most tiles (early maxima), and the per-key kc path (k scales per 32
+  // keys: not constant over a thread's 64-key half) next to the per-half one (per 64 keys).
+  for (const Shape& s : ws_extra)
+    for (auto c : {O::none, O::bottom_right})
+      for (int kb : {32, 64})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, kb, false, false, Pattern::early_max,
+            kb == 32 ? "auto.kblock32" : "auto"));
+  for (const Shape& s : {Shape{1, 257, 390, 2, 1, 128}, Shape{1, 333, 129, 2, 1, 64}})
+    for (auto c : {O::none, O::bottom_right, O::top_left})
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 32, false, false, Pattern::random, "auto.kblock32"));
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws})
     for (auto pv : {O::fp8, O::f16})
