@@ -1151,6 +1151,26 @@ void launch_ws(const AttnParams& p, int B, cudaStream_t stream) {
 
 // I2FP (true) or the magic-number add (false) for the int32 -> float of the logits.
 constexpr bool kR3I2fp = true;
+// Ring depth. The producer publishes tile i - 1 after issuing tile i, which needs the release of
+// tile i - kR3Stages: consumers starting tile i - kR3Stages + 1 then have kR3Stages - 2 tiles of
+// slack before they need tile i - 1 (round 2's 3 stages left one: its consumers' full-barrier
+// wait retried 0.8 times per tile on average, 10 % of all stall samples in run 1's ncu).
+constexpr int kR3Stages = 5;
+
+// Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
+// kR3Stages stages. 178.5 KB at D = 128.
+template <int D>
+struct R3Smem {
+  using R = WgSmem<D, true>;
+  static constexpr int kKTile = R::kKTile;
+  static constexpr int kVTile = R::kVTile;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kBM * kRowBytes;
+  static constexpr int kV = kK + kR3Stages * kKTile;
+  static constexpr int kS = kV + kR3Stages * kVTile;
+  static constexpr int kBar = kS + kR3Stages * kBN * 4;  // full[], empty[] (8 B each)
+  static constexpr int kBytes = kBar + 2 * kR3Stages * 8 + 1024;  // + alignment slack
+};
 
 // d (64 x 128 s32) = A (64 x 32 s8, shared) · B (128 x 32 s8, shared)^T, d written only.
 __device__ __forceinline__ void wgmma_s8_n128_first(int32_t (&d)[64], uint64_t desc_a,
@@ -1317,7 +1337,7 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
 template <int D, typename T16, bool kKcHalf>
 __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = WsSmem<D, true>;
+  using L = R3Smem<D>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -1330,12 +1350,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
   const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
   const int64_t kv_end = visible_end(p, last_row);
   const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
-  const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
-  float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kStages][kBN] kc
+  const uint32_t full0 = base + L::kBar, empty0 = full0 + kR3Stages * 8;
+  float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kR3Stages][kBN] kc
 
   if (tid == 0) {
 #pragma unroll
-    for (int st = 0; st < kStages; ++st) {
+    for (int st = 0; st < kR3Stages; ++st) {
       mbar_init(full0 + st * 8, 128);  // every producer thread, once its copies landed
       mbar_init(empty0 + st * 8, 8);   // every consumer warp, once its wgmmas completed
     }
@@ -1359,8 +1379,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
     const int64_t v_src = v_d0 * p.npad + v_ch * 16;
     float ks_prev = 0.f;
     for (int tile = 0; tile < n_tiles; ++tile) {
-      const int st = tile % kStages;
-      if (tile >= kStages) mbar_wait(empty0 + st * 8, ((tile / kStages) - 1) & 1);
+      const int st = tile % kR3Stages;
+      if (tile >= kR3Stages) mbar_wait(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
       if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
         const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
         for (int c = tid; c < kBM * kChunks; c += 128) {
@@ -1410,7 +1430,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
       if (tile > 0) {  // the previous tile has landed: its kc, then publish it
         cp_async_wait<1>();
         fence_proxy_async();
-        const int sp = (tile - 1) % kStages;
+        const int sp = (tile - 1) % kR3Stages;
         skc[sp * kBN + tid] = ks_prev * p.scale_log2;
         mbar_arrive(full0 + sp * 8);
       }
@@ -1419,7 +1439,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
     if (n_tiles > 0) {
       cp_async_wait<0>();
       fence_proxy_async();
-      const int sp = (n_tiles - 1) % kStages;
+      const int sp = (n_tiles - 1) % kR3Stages;
       skc[sp * kBN + tid] = ks_prev * p.scale_log2;
       mbar_arrive(full0 + sp * 8);
     }
@@ -1431,7 +1451,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
   const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
-  const int64_t row0 = q0 + rl0, row1 = row0 + 8;
+  int64_t row0 = q0 + rl0, row1 = row0 + 8;
   // The logits are t * qs with t = float(acc) * kc; a zero q scale (rows past Nq, an all-zero q
   // row) becomes the smallest normal float so that masked keys (t = -inf) stay -inf, not NaN;
   // every visible logit is then ~0, as the oracle's exact 0 (the K-mean LSE term too).
@@ -1445,8 +1465,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
     qm0 = fmaxf(qs0, 1.17549435e-38f);
     qm1 = fmaxf(qs1, 1.17549435e-38f);
   }
-  // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask.
+  // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
+  // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop).
   const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
+  const int end0 = static_cast<int>(visible_end(p, row0));
+  const int end1 = static_cast<int>(visible_end(p, row1));
 
   float o[D / 2];
 #pragma unroll
@@ -1458,8 +1481,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
   int32_t acc[64];
   // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
   auto issue_qk = [&](int tile) {
-    const int st = tile % kStages;
-    mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+    const int st = tile % kR3Stages;
+    mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
     const uint32_t sk = base + L::kK + st * L::kKTile;
     named_bar_sync(1 + cw, 256);
     wgmma_fence();
@@ -1481,7 +1504,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
   // P·V). The last tile is a separate instantiation so that every wgmma wait count is static.
   auto step = [&](int tile, auto more_c) {
     constexpr bool kMore = decltype(more_c)::value;
-    const int st = tile % kStages;
+    const int st = tile % kR3Stages;
     const int kv0 = tile * kBN;
     const uint32_t sv = base + L::kV + st * L::kVTile;
     // Logits in units of the per-half row scales qa, qb (logit = s * q): general layouts
@@ -1512,8 +1535,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
     if (kv0 + kBN > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
       // Column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t (compile-time left
       // sides: no per-column registers).
-      const int lim0 = static_cast<int>(visible_end(p, row0)) - kv0 - 2 * t;
-      const int lim1 = static_cast<int>(visible_end(p, row1)) - kv0 - 2 * t;
+      const int lim0 = end0 - kv0 - 2 * t;
+      const int lim1 = end1 - kv0 - 2 * t;
 #pragma unroll
       for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -1583,6 +1606,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
   };
   for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
   if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
+  // The rows again from the block index (cheaper than keeping them live through the loop).
+  row0 = static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
+                                             static_cast<int>(blockIdx.x)
+                                       : static_cast<int>(blockIdx.x)) *
+             kBM +
+         rl0;
+  row1 = row0 + 8;
   epilogue<D, true, T16>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o,
                          m0, m1, l0, l1);
 #endif
@@ -1599,7 +1629,7 @@ void launch_r3(const AttnParams& p, int B, cudaStream_t stream) {
                        p.scale_log2 > 0.f;
   auto kernel = kc_half ? attention_wgmma_r3_kernel<D, T16, true>
                         : attention_wgmma_r3_kernel<D, T16, false>;
-  constexpr int bytes = WsSmem<D, true>::kBytes;
+  constexpr int bytes = R3Smem<D>::kBytes;
   static_assert(bytes <= 227 * 1024, "shared memory");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
