@@ -1156,6 +1156,10 @@ constexpr bool kR3I2fp = true;
 // slack before they need tile i - 1 (round 2's 3 stages left one: its consumers' full-barrier
 // wait retried 0.8 times per tile on average, 10 % of all stall samples in run 1's ncu).
 constexpr int kR3Stages = 5;
+// Head dims up to this issue the next tile's q k^T as soon as this tile's accumulator has been
+// converted, so it runs under the whole softmax (the logits then need their own 64 registers:
+// affordable at D = 64, where O and the P·V buffer are 32 each; at D = 128 it would spill).
+constexpr int kR3EarlyQkMaxD = 64;
 
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
 // kR3Stages stages. 178.5 KB at D = 128.
@@ -1504,6 +1508,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
   // P·V). The last tile is a separate instantiation so that every wgmma wait count is static.
   auto step = [&](int tile, auto more_c) {
     constexpr bool kMore = decltype(more_c)::value;
+    constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD;
     const int st = tile % kR3Stages;
     const int kv0 = tile * kBN;
     const uint32_t sv = base + L::kV + st * L::kVTile;
@@ -1532,6 +1537,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
         s[4 * j + 3] = r3_i2f(acc[4 * j + 3]) * k2.y;
       }
     }
+    if constexpr (kEarly) issue_qk(tile + 1);  // acc is free: runs under the whole softmax
     if (kv0 + kBN > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
       // Column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t (compile-time left
       // sides: no per-column registers).
@@ -1579,7 +1585,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
     const bool fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
     float r0 = ra0, r1 = ra1;
     if (!fold) {
-      wgmma_wait<0>();  // the first-half P·V
+      wgmma_wait<0>();  // the first-half P·V (and an early next q k^T, issued before it)
       fence_regs(c);
       accumulate_tile<D>(o, c, ra0, ra1);
       r0 = rb0;
@@ -1589,18 +1595,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
     wgmma_pv<D>(c, pb[0], smem_desc(sv + 64), fold);
     wgmma_pv<D>(c, pb[1], smem_desc(sv + 96), 1);
     wgmma_commit();
-    if constexpr (kMore) {
+    if constexpr (kMore && !kEarly) {
       issue_qk(tile + 1);
       wgmma_wait<1>();  // the P·V (the next q k^T stays in flight)
     } else {
-      wgmma_wait<0>();
+      wgmma_wait<0>();  // the P·V (and an early next q k^T, older)
     }
     fence_regs(c);
     accumulate_tile<D>(o, c, r0, r1);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
-    if constexpr (kMore) {
+    if constexpr (kMore && !kEarly) {
       wgmma_wait<0>();  // the next q k^T: nothing is in flight across the loop back edge
+      fence_regs(acc);
+    } else if constexpr (kEarly) {
       fence_regs(acc);
     }
   };
