@@ -27,6 +27,8 @@
 //    diagonal) or the end of the keys.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda.h>  // CUtensorMap (the encoder comes from the runtime's driver entry point)
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -1160,6 +1162,43 @@ constexpr int kR3Stages = 5;
 // converted, so it runs under the whole softmax (the logits then need their own 64 registers:
 // affordable at D = 64, where O and the P·V buffer are 32 each; at D = 128 it would spill).
 constexpr int kR3EarlyQkMaxD = 64;
+// D = 128: the producer loads Q, K and V by TMA (cp.async.bulk.tensor, SWIZZLE_128B boxes, which
+// land in exactly the swizzled layout above; rows past the tensor's end zero-filled) into
+// mbarrier transactions, instead of 128 threads issuing 16-byte cp.async with a
+// wait_group / proxy fence before each publication. false: the cp.async producer. (D = 64 rows
+// use half of a 128-byte swizzled row, which no TMA box produces: always cp.async.)
+constexpr bool kR3Tma = true;
+
+// The three TMA descriptors of a launch (unused by the cp.async producer).
+struct R3Maps {
+  CUtensorMap q, k, v;
+};
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.release.cta.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
+          bar),
+      "r"(bytes)
+      : "memory");
+}
+// Box of a 4-D (3-D) tensor map at coordinates c0.. (innermost first) into shared memory at dst,
+// completing `bytes` on the mbarrier bar.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
 // kR3Stages stages. 178.5 KB at D = 128.
@@ -1338,8 +1377,9 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
   }
 }
 
-template <int D, typename T16, bool kKcHalf>
-__global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const AttnParams p) {
+template <int D, typename T16, bool kKcHalf, bool kTma>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    attention_wgmma_r3_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = R3Smem<D>;
   extern __shared__ uint8_t smem_raw[];
@@ -1367,6 +1407,30 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
   }
   __syncthreads();
 
+  if (wg == 0 && kTma) {  // ---- producer, TMA: thread 0 issues the boxes; every thread a kc
+    setmaxnreg_dec<40>();
+    const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
+    constexpr uint32_t kTileBytes = (kBN + D) * kRowBytes;  // K box + V box
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % kR3Stages;
+      const int64_t key = static_cast<int64_t>(tile) * kBN + tid;
+      const float ks =
+          key < p.Nkv ? ksg[scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss] : 0.f;
+      if (tile >= kR3Stages) mbar_wait(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
+      skc[st * kBN + tid] = ks * p.scale_log2;
+      const uint32_t bar = full0 + st * 8;
+      if (tid == 0) {
+        mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kBM * kRowBytes : 0u));
+        if (tile == 0)  // Q (rows past Nq zero-filled) travels with tile 0
+          tma_load_4d(base + L::kQ, &maps.q, bar, 0, static_cast<int>(q0), h, b);
+        tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, tile * kBN, hk, b);
+        tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, bar, tile * kBN, 0, b * p.Hkv + hk);
+      } else {
+        mbar_arrive(bar);  // this thread's kc is stored
+      }
+    }
+    return;
+  }
   if (wg == 0) {  // ---- producer: round 2's loads, kc = k_scale * scale_log2 instead of k_scale
     setmaxnreg_dec<40>();
     const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
@@ -1626,6 +1690,40 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_r3_kernel(const
 #endif
 }
 
+// cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), once.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    cudaGetLastError();
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A uint8 tensor map of `rank` dims (innermost first; strides in bytes of dims 1..) with a box of
+// 128-byte inner rows in the 128-byte swizzle. False if the driver refuses it.
+bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
+                const uint64_t* strides, const uint32_t* box) {
+  auto enc = tensor_map_encoder();
+  if (!enc) return false;
+  cuuint64_t d[4], st[3];
+  cuuint32_t bx[4], es[4] = {1, 1, 1, 1};
+  for (int i = 0; i < rank; ++i) {
+    d[i] = dims[i];
+    bx[i] = box[i];
+    if (i + 1 < rank) st[i] = strides[i];
+  }
+  return enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, static_cast<cuuint32_t>(rank),
+             const_cast<void*>(base), d, st, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <int D, typename T16>
 void launch_r3(const AttnParams& p, int B, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma round 3)";
@@ -1635,15 +1733,44 @@ void launch_r3(const AttnParams& p, int B, cudaStream_t stream) {
   // before the (positive) scale: scale_log2 > 0.
   const bool kc_half = (p.k_layout == 0 || p.k_layout == 2) && p.k_block % 64 == 0 &&
                        p.scale_log2 > 0.f;
-  auto kernel = kc_half ? attention_wgmma_r3_kernel<D, T16, true>
-                        : attention_wgmma_r3_kernel<D, T16, false>;
+  // TMA at D = 128: Q (D, Nq, Hq, B), K (D, Nkv, Hkv, B) with their strides, fp8 V
+  // (npad, D, B * Hkv) contiguous; boxes of 128 rows (D rows for V) of 128 bytes. Falls back to
+  // the cp.async producer if a map cannot be made.
+  // For now only the per-half-kc launches take TMA, so that the harness exercises both
+  // producers at D = 128 (the `.kblock32` cases run the cp.async one).
+  R3Maps maps{};
+  bool tma = false;
+  if (D == 128 && kR3Tma && kc_half) {
+    const uint64_t qd[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(p.Nq),
+                            static_cast<uint64_t>(p.Hq), static_cast<uint64_t>(B)};
+    const uint64_t qs[3] = {static_cast<uint64_t>(p.q_sn), static_cast<uint64_t>(p.q_sh),
+                            static_cast<uint64_t>(p.q_sb)};
+    const uint64_t kd[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(p.Nkv),
+                            static_cast<uint64_t>(p.Hkv), static_cast<uint64_t>(B)};
+    const uint64_t ks[3] = {static_cast<uint64_t>(p.k_sn), static_cast<uint64_t>(p.k_sh),
+                            static_cast<uint64_t>(p.k_sb)};
+    const uint64_t vd[3] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(D),
+                            static_cast<uint64_t>(B) * p.Hkv};
+    const uint64_t vs[2] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(p.npad) * D};
+    const uint32_t qkbox[4] = {static_cast<uint32_t>(D), kBM, 1, 1};
+    const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
+    tma = encode_map(&maps.q, p.q, 4, qd, qs, qkbox) && encode_map(&maps.k, p.k, 4, kd, ks, qkbox) &&
+          encode_map(&maps.v, p.v, 3, vd, vs, vbox);
+  }
+  auto pick = [&](auto tma_c) {
+    constexpr bool kT = decltype(tma_c)::value;
+    return kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT>
+                   : attention_wgmma_r3_kernel<D, T16, false, kT>;
+  };
+  auto kernel = tma ? pick(std::integral_constant<bool, D == 128 && kR3Tma>{})
+                    : pick(std::false_type{});
   constexpr int bytes = R3Smem<D>::kBytes;
   static_assert(bytes <= 227 * 1024, "shared memory");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
-  kernel<<<grid, kWsThreads, bytes, stream>>>(p);
+  kernel<<<grid, kWsThreads, bytes, stream>>>(p, maps);
   check_launch(op);
 }
 
