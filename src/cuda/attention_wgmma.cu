@@ -1172,6 +1172,7 @@ constexpr bool kR3Tma = true;
 // The three TMA descriptors of a launch (unused by the cp.async producer).
 struct R3Maps {
   CUtensorMap q, k, v;
+  int q_rows_outer, k_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
 };
 
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
@@ -1421,9 +1422,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const uint32_t bar = full0 + st * 8;
       if (tid == 0) {
         mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kBM * kRowBytes : 0u));
-        if (tile == 0)  // Q (rows past Nq zero-filled) travels with tile 0
-          tma_load_4d(base + L::kQ, &maps.q, bar, 0, static_cast<int>(q0), h, b);
-        tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, tile * kBN, hk, b);
+        if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
+          const int r = static_cast<int>(q0);
+          tma_load_4d(base + L::kQ, &maps.q, bar, 0, maps.q_rows_outer ? h : r,
+                      maps.q_rows_outer ? r : h, b);
+        }
+        const int r = tile * kBN;
+        tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, maps.k_rows_outer ? hk : r,
+                    maps.k_rows_outer ? r : hk, b);
         tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, bar, tile * kBN, 0, b * p.Hkv + hk);
       } else {
         mbar_arrive(bar);  // this thread's kc is stored
@@ -1739,24 +1745,35 @@ void launch_r3(const AttnParams& p, int B, cudaStream_t stream) {
   // For now only the per-half-kc launches take TMA, so that the harness exercises both
   // producers at D = 128 (the `.kblock32` cases run the cp.async one).
   R3Maps maps{};
-  bool tma = false;
+  bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if (D == 128 && kR3Tma && kc_half) {
-    const uint64_t qd[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(p.Nq),
-                            static_cast<uint64_t>(p.Hq), static_cast<uint64_t>(B)};
-    const uint64_t qs[3] = {static_cast<uint64_t>(p.q_sn), static_cast<uint64_t>(p.q_sh),
-                            static_cast<uint64_t>(p.q_sb)};
-    const uint64_t kd[4] = {static_cast<uint64_t>(D), static_cast<uint64_t>(p.Nkv),
-                            static_cast<uint64_t>(p.Hkv), static_cast<uint64_t>(B)};
-    const uint64_t ks[3] = {static_cast<uint64_t>(p.k_sn), static_cast<uint64_t>(p.k_sh),
-                            static_cast<uint64_t>(p.k_sb)};
+    // Rows (N) and heads (H) in the order of their strides (NHD storage: heads inside rows, HND:
+    // rows inside heads), so that every map is a plain nested layout; the box takes 128 rows of
+    // one head either way (same shared-memory image).
+    auto qk_map = [&](CUtensorMap* map, const void* ptr, int64_t n, int64_t hcount, int64_t sn,
+                      int64_t sh, int64_t sb, bool* rows_outer) {
+      *rows_outer = sn >= sh;
+      const uint64_t dims[4] = {static_cast<uint64_t>(D),
+                                static_cast<uint64_t>(*rows_outer ? hcount : n),
+                                static_cast<uint64_t>(*rows_outer ? n : hcount),
+                                static_cast<uint64_t>(B)};
+      const uint64_t strides[3] = {static_cast<uint64_t>(*rows_outer ? sh : sn),
+                                   static_cast<uint64_t>(*rows_outer ? sn : sh),
+                                   static_cast<uint64_t>(sb)};
+      const uint32_t box[4] = {static_cast<uint32_t>(D), *rows_outer ? 1u : kBM,
+                               *rows_outer ? kBM : 1u, 1};
+      return encode_map(map, ptr, 4, dims, strides, box);
+    };
     const uint64_t vd[3] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(D),
                             static_cast<uint64_t>(B) * p.Hkv};
     const uint64_t vs[2] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(p.npad) * D};
-    const uint32_t qkbox[4] = {static_cast<uint32_t>(D), kBM, 1, 1};
     const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
-    tma = encode_map(&maps.q, p.q, 4, qd, qs, qkbox) && encode_map(&maps.k, p.k, 4, kd, ks, qkbox) &&
+    tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer) &&
+          qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer) &&
           encode_map(&maps.v, p.v, 3, vd, vs, vbox);
   }
+  maps.q_rows_outer = maps_q_rows_outer;
+  maps.k_rows_outer = maps_k_rows_outer;
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
     return kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT>
