@@ -1401,26 +1401,33 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (tid == 0) {
 #pragma unroll
     for (int st = 0; st < kR3Stages; ++st) {
-      mbar_init(full0 + st * 8, 128);  // every producer thread, once its copies landed
-      mbar_init(empty0 + st * 8, 8);   // every consumer warp, once its wgmmas completed
+      // every producer thread once its copies landed (TMA: the producer warp's lanes, one of
+      // them with the stage's transaction bytes)
+      mbar_init(full0 + st * 8, kTma ? 32 : 128);
+      mbar_init(empty0 + st * 8, 8);  // every consumer warp, once its wgmmas completed
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
 
-  if (wg == 0 && kTma) {  // ---- producer, TMA: thread 0 issues the boxes; every thread a kc
+  if (wg == 0 && kTma) {  // ---- producer, TMA: one warp; lane 0 issues the boxes, each lane 4 kc
     setmaxnreg_dec<40>();
+    if (warp != 0) return;  // the other producer warps have nothing to do
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
     constexpr uint32_t kTileBytes = (kBN + D) * kRowBytes;  // K box + V box
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kR3Stages;
-      const int64_t key = static_cast<int64_t>(tile) * kBN + tid;
-      const float ks =
-          key < p.Nkv ? ksg[scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss] : 0.f;
+      float ks[kBN / 32];
+#pragma unroll
+      for (int i = 0; i < kBN / 32; ++i) {
+        const int64_t key = static_cast<int64_t>(tile) * kBN + lane + 32 * i;
+        ks[i] = key < p.Nkv ? ksg[scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss] : 0.f;
+      }
       if (tile >= kR3Stages) mbar_wait(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
-      skc[st * kBN + tid] = ks * p.scale_log2;
+#pragma unroll
+      for (int i = 0; i < kBN / 32; ++i) skc[st * kBN + lane + 32 * i] = ks[i] * p.scale_log2;
       const uint32_t bar = full0 + st * 8;
-      if (tid == 0) {
+      if (lane == 0) {
         mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kBM * kRowBytes : 0u));
         if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
           const int r = static_cast<int>(q0);
@@ -1432,7 +1439,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
                     maps.k_rows_outer ? r : hk, b);
         tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, bar, tile * kBN, 0, b * p.Hkv + hk);
       } else {
-        mbar_arrive(bar);  // this thread's kc is stored
+        mbar_arrive(bar);  // this lane's kc are stored
       }
     }
     return;
