@@ -1628,8 +1628,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           if (8 * j + e >= lim1) s[4 * j + 2 + e] = -INFINITY;
         }
     }
-    float mxa0 = r3_max16<0, 0>(s), mxa1 = r3_max16<0, 2>(s);
-    float mxb0 = r3_max16<8, 0>(s), mxb1 = r3_max16<8, 2>(s);
+    // This thread's per-half maxima in logit units (max(s) * q = max(s * q) for q > 0), then
+    // over the row's quad. The scale is applied before the shuffles: the quad's threads may
+    // scale differently (THREAD_K: kc per group t; a thread whose columns are all past Nkv reads
+    // kc = 0), so only logits are comparable across them.
+    float mxa0 = r3_max16<0, 0>(s) * qa0, mxa1 = r3_max16<0, 2>(s) * qa1;
+    float mxb0 = r3_max16<8, 0>(s) * qb0, mxb1 = r3_max16<8, 2>(s) * qb1;
 #pragma unroll
     for (int x = 1; x <= 2; x *= 2) {
       mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
@@ -1637,9 +1641,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
       mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
     }
-    // The oracle's per-half maxima in logit units (max(s) * q = max(s * q) for q > 0).
-    const float ma0 = fmaxf(m0, mxa0 * qa0), ma1 = fmaxf(m1, mxa1 * qa1);
-    const float mb0 = fmaxf(ma0, mxb0 * qb0), mb1 = fmaxf(ma1, mxb1 * qb1);
+    // The oracle's per-half maxima (the same value in the four threads of a row).
+    const float ma0 = fmaxf(m0, mxa0), ma1 = fmaxf(m1, mxa1);
+    const float mb0 = fmaxf(ma0, mxb0), mb1 = fmaxf(ma1, mxb1);
     const float ra0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - ma0);
     const float ra1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - ma1);
     const float rb0 = ma0 == -INFINITY ? 0.f : fast_exp2(ma0 - mb0);
