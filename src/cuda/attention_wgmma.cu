@@ -1151,8 +1151,12 @@ void launch_ws(const AttnParams& p, int B, cudaStream_t stream) {
 // Rows: as round 2 (producer warpgroup, 3-stage ring, ping-pong turns on named barriers 1/2;
 // the turn is handed over right after the q k^T is issued).
 
-// I2FP (true) or the magic-number add (false) for the int32 -> float of the logits.
-constexpr bool kR3I2fp = true;
+// I2FP (true) or the magic-number add (false, exact_i2f: same bits for |acc| <= 2^22) for the
+// int32 -> float of the logits. I2FP is one instruction but a conversion, which Hopper runs on
+// the XU pipe at 16 lanes / clock / SM, the pipe MUFU.EX2 needs too: with it each logit cost two
+// XU slots (run 2: ~3500 clocks per 128 x 128 tile at D = 128 and ~2950 at D = 64, against an XU
+// floor of (64 + 68) x 2 warps x 8 = 2112 per scheduler); IADD + FADD run on the INT / FMA pipes.
+constexpr bool kR3I2fp = false;
 // Ring depth. The producer publishes tile i - 1 after issuing tile i, which needs the release of
 // tile i - kR3Stages: consumers starting tile i - kR3Stages + 1 then have kR3Stages - 2 tiles of
 // slack before they need tile i - 1 (round 2's 3 stages left one: its consumers' full-barrier
