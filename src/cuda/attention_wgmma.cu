@@ -1648,10 +1648,21 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // The oracle's per-half maxima (the same value in the four threads of a row).
     const float ma0 = fmaxf(m0, mxa0), ma1 = fmaxf(m1, mxa1);
     const float mb0 = fmaxf(ma0, mxb0), mb1 = fmaxf(ma1, mxb1);
-    const float ra0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - ma0);
-    const float ra1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - ma1);
-    const float rb0 = ma0 == -INFINITY ? 0.f : fast_exp2(ma0 - mb0);
-    const float rb1 = ma1 == -INFINITY ? 0.f : fast_exp2(ma1 - mb1);
+    float ra0, ra1, rb0, rb1;
+    if (__all_sync(0xffffffffu, m0 == ma0 && m1 == ma1 && ma0 == mb0 && ma1 == mb1)) {
+      // No row of the warp moved its maximum in this tile (the common case after a few hundred
+      // keys): the rescale factors are exp2(0) = 1 without four MUFU.EX2 (the XU pipe is the
+      // kernel's tightest), 0 for rows that have seen no key yet.
+      ra0 = m0 == -INFINITY ? 0.f : 1.f;
+      ra1 = m1 == -INFINITY ? 0.f : 1.f;
+      rb0 = ma0 == -INFINITY ? 0.f : 1.f;
+      rb1 = ma1 == -INFINITY ? 0.f : 1.f;
+    } else {
+      ra0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - ma0);
+      ra1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - ma1);
+      rb0 = ma0 == -INFINITY ? 0.f : fast_exp2(ma0 - mb0);
+      rb1 = ma1 == -INFINITY ? 0.f : fast_exp2(ma1 - mb1);
+    }
     m0 = mb0;
     m1 = mb1;
     float suma0, suma1, sumb0, sumb1;
