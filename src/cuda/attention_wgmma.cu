@@ -1123,7 +1123,7 @@ void launch_ws(const AttnParams& p, int B, cudaStream_t stream) {
   check_launch(op);
 }
 
-// ---- round 3: fewer instructions per logit, deferred P·V ----------------------------------------
+// ---- round 3: fewer instructions per logit ----------------------------------------------------
 //
 // The round-2 kernel (wgmma_ws) at D = 128 fp8 ran ~1230 instructions per consumer warp per
 // 128-key tile (SASS, CUDA 13): the causal/Nkv mask was if-converted into predicated 64-bit key
@@ -1131,25 +1131,25 @@ void launch_ws(const AttnParams& p, int B, cudaStream_t stream) {
 // FADD for the int32 -> float, three FMULs for (acc * (qs * ks)) * scale), and both P·V halves
 // and the q k^T were waited for right after their issue. Round 3 (fp8 P·V, D 64 and 128):
 //  - The producer stores kc = k_scale * scale_log2 per key (fp32, 0 past Nkv) instead of the raw
-//    k scale; a logit is t = float(acc) * kc (I2FP + FMUL), the row maxima are taken over t and
-//    scaled by the row's q scale once (q scales are >= 0: max(t) * qs = max(t * qs)), and the
-//    exponent argument is one FFMA: x = t * qs - (m - log2 448). Same maxima, same 64-key
-//    halves, same two-level accumulation and P rounding as the oracle; the logits themselves are
-//    rounded differently (two products instead of three, then a fused subtract: ~1-2 ulp), which
-//    moves an e4m3 rounding of P about as rarely as ex2.approx already does.
+//    k scale. A logit is s * q with s = float(acc) * kc and q = the row's q scale, or, when kc is
+//    constant over each of a thread's 64-key halves (kKcHalf), s = float(acc) and
+//    q = kc(half) * qs. Each thread takes its row maxima in logit units (max(s) * q: q > 0) before
+//    the quad shuffles, and the exponent argument is one FFMA: x = s * q - (m - log2 448). Same
+//    maxima, same 64-key halves, same two-level accumulation and P rounding as the oracle; the
+//    logits themselves are rounded differently (~1-2 ulp), which moves an e4m3 rounding of P
+//    about as rarely as ex2.approx already does.
 //  - The mask runs in a separate branch only on tiles that cross a visible end (32-bit compares
 //    against per-row limits).
 //  - Both halves' maxima are reduced together (one shuffle round trip per tile, not two).
-//  - Deferred P·V: tile j's second-half P·V is issued at the start of iteration j + 1 and runs
-//    under the next tile's conversion, maxima and first-half exponentials; the first half's P·V
-//    runs under the second half's exponentials. Per iteration: [issue PV_b(j-1)] S1(j) [wait,
-//    O += ...] [issue PV_a(j)] S2(j) [issue q k^T(j+1)] [wait PV_a(j), O += ...] [wait q k^T].
-//    Nothing is in flight across the loop back edge (ptxas would serialize the wgmmas).
+//  - Per tile: [S1: logits, maxima, first-half P] [issue PV_a] [S2: second-half P] [issue PV_b
+//    (folded onto PV_a when no maximum moved in the second half) and the next q k^T] [wait
+//    PV_b, O += ...] [wait q k^T]. Nothing is in flight across the loop back edge (ptxas would
+//    serialize the wgmmas); at D = 64 the next q k^T is issued right after S1's conversion.
 //  - The q k^T's first k-step and each P·V's first k-step write their accumulators without
 //    reading them ("=r"/"=f" asm outputs), so the previous tile's accumulator registers are dead
 //    once converted (round 2's overlap variants kept them alive and spilled).
-// Rows: as round 2 (producer warpgroup, 3-stage ring, ping-pong turns on named barriers 1/2;
-// the turn is handed over right after the q k^T is issued).
+// Rows: as round 2 (producer warpgroup, consumers of 64 rows with ping-pong turns on named
+// barriers 1/2, handed over right after the q k^T is issued); a kR3Stages ring; TMA at D = 128.
 
 // I2FP (true) or the magic-number add (false, exact_i2f: same bits for |acc| <= 2^22) for the
 // int32 -> float of the logits. I2FP is one instruction but a conversion, which Hopper runs on
