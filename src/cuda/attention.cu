@@ -672,13 +672,17 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                       (attn::wgmma_attention_applies(D) ? " on a GPU without the sm_90a kernel"
                                                         : ""));
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype,
-                                 options.kernel == AttentionOptions::wgmma_ws, stream_of(ctx));
+                                 options.kernel == AttentionOptions::wgmma_ws
+                                     ? attn::WgmmaKernel::ws
+                                     : attn::WgmmaKernel::round1,
+                                 stream_of(ctx));
     return;
   }
   if (options.kernel == AttentionOptions::auto_kernel && attn::wgmma_attention_applies(D) &&
       attn::wgmma_attention_available()) {
-    attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, /*warp_specialized=*/fp8,
-                                 stream_of(ctx));
+    attn::launch_attention_wgmma(
+        p, B, D, fp8, out.dtype, fp8 ? attn::WgmmaKernel::round3 : attn::WgmmaKernel::round1,
+        stream_of(ctx));
     return;
   }
   dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",

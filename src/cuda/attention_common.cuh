@@ -117,11 +117,15 @@ __device__ __forceinline__ float to_f32(T16 x) {
 bool wgmma_attention_available();
 // Whether the wgmma kernel covers head dim D (64 or 128; both P·V modes).
 inline bool wgmma_attention_applies(int D) { return D == 64 || D == 128; }
-// Launches the wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
-// 16-bit V has out's dtype). warp_specialized: the round-2 kernel (a producer warpgroup loading
-// a 3-stage K/V ring guarded by mbarriers, two ping-pong consumer warpgroups), else round 1.
+// The sm_90a kernels: round1 (two warpgroups, cp.async double buffer), ws (round 2: a producer
+// warpgroup loading a 3-stage K/V ring guarded by mbarriers, two ping-pong consumer warpgroups)
+// and round3 (round 2's structure with fewer instructions per logit and the P·V deferred; fp8
+// P·V only: 16-bit P·V asked of it runs ws).
+enum class WgmmaKernel { round1, ws, round3 };
+// Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
+// 16-bit V has out's dtype).
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,
-                            bool warp_specialized, cudaStream_t stream);
+                            WgmmaKernel which, cudaStream_t stream);
 
 }  // namespace attn
 }  // namespace cuda

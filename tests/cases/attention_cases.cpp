@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "lowbit/attention.h"
 #include "lowbit/runtime.h"
@@ -43,14 +44,17 @@ TensorView hnd_as_nhd(TensorView t) {
 //            keys (checks P V, V's key order and the masking, independently of q k^T);
 //   const_v: V constant over the tokens, so out = that V row whatever P is (checks the
 //            accumulator layout and normalization); the LSE still checks q k^T and the masking.
-enum class Pattern { random, zero_q, const_v };
+//   early_max: the codes of keys 0..63 tripled (saturated): every row's maximum comes early and
+//            later key tiles rarely raise it (exercises the round-3 kernel's folded P·V halves).
+enum class Pattern { random, zero_q, const_v, early_max };
 
 class Int8AttentionCase : public Case {
  public:
   Int8AttentionCase(Shape s, AttentionOptions opt, DType out_dtype, ScaleLayout q_layout,
                     int q_block, ScaleLayout k_layout, int k_block, bool hnd, bool k_mean,
-                    Pattern pattern = Pattern::random)
+                    Pattern pattern = Pattern::random, std::string tag = "")
       : pattern_(pattern),
+        tag_(std::move(tag)),
         s_(s),
         opt_(opt),
         dt_(out_dtype),
@@ -71,9 +75,11 @@ class Int8AttentionCase : public Case {
     if (ql_ != ScaleLayout::per_block) n += ".thread_qk";
     if (pattern_ == Pattern::zero_q) n += ".zero_q";
     if (pattern_ == Pattern::const_v) n += ".const_v";
+    if (pattern_ == Pattern::early_max) n += ".early_max";
     if (opt_.kernel == AttentionOptions::mma_sync) n += ".mma_sync";
     if (opt_.kernel == AttentionOptions::wgmma) n += ".wgmma";
     if (opt_.kernel == AttentionOptions::wgmma_ws) n += ".wgmma_ws";
+    if (!tag_.empty()) n += "." + tag_;
     return n;
   }
 
@@ -99,6 +105,13 @@ class Int8AttentionCase : public Case {
       for (int64_t i = 0; i < in[0].numel(); ++i) in[0].set(i, 0.f);
     in.push_back(scales(s_.B, s_.Hq, s_.Nq, ql_, qb_));
     in.push_back(codes(s_.B, s_.Nkv, s_.Hkv));
+    if (pattern_ == Pattern::early_max) {  // (B, N, H, D) or HND: key index per element
+      HostTensor& k = in.back();
+      for (int64_t i = 0; i < k.numel(); ++i) {
+        const int64_t key = hnd_ ? (i / s_.D) % s_.Nkv : (i / (s_.D * s_.Hkv)) % s_.Nkv;
+        if (key < 64) k.set(i, std::max(-127.f, std::min(127.f, 3.f * k.get(i))));
+      }
+    }
     in.push_back(scales(s_.B, s_.Hkv, s_.Nkv, kl_, kb_));
     HostTensor v(dt_, hnd_ ? std::vector<int64_t>{s_.B, s_.Hkv, s_.Nkv, s_.D}
                            : std::vector<int64_t>{s_.B, s_.Nkv, s_.Hkv, s_.D});
@@ -161,6 +174,7 @@ class Int8AttentionCase : public Case {
 
  private:
   Pattern pattern_;
+  std::string tag_;  // name suffix (cases that differ from another only in what they exercise)
   Shape s_;
   AttentionOptions opt_;
   DType dt_;
@@ -322,6 +336,38 @@ LOWBIT_HARNESS_CASES(attention_cases) {
                 s, make_opt(pv, c, kernel), DType::bf16, ScaleLayout::per_block, 128,
                 ScaleLayout::per_block, 64, false, false));
   }
+  // `.auto`: the default kernel choice on the wgmma kernel's shapes plus the ring-wrapping ones
+  // (on sm_90a fp8 P·V takes the round-3 kernel: deferred P·V, per-key kc logits, branch-only
+  // masking), with its diagnostics.
+  for (const Shape& s : wgmma_shapes)
+    for (auto c : {O::none, O::bottom_right, O::top_left})
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false, Pattern::random, "auto"));
+  for (const Shape& s : ws_extra)
+    for (auto c : {O::none, O::bottom_right, O::top_left})
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false, Pattern::random, "auto"));
+  for (auto pat : {Pattern::zero_q, Pattern::const_v})
+    for (auto c : {O::none, O::bottom_right})
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, c), DType::bf16,
+          ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat, "auto"));
+  // Folded P·V halves on most tiles (early maxima), and the per-key kc path (k scales per 32
+  // keys: not constant over a thread's 64-key half) next to the per-half one (per 64 keys).
+  for (const Shape& s : ws_extra)
+    for (auto c : {O::none, O::bottom_right})
+      for (int kb : {32, 64})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, kb, false, false, Pattern::early_max,
+            kb == 32 ? "auto.kblock32" : "auto"));
+  for (const Shape& s : {Shape{1, 257, 390, 2, 1, 128}, Shape{1, 333, 129, 2, 1, 64}})
+    for (auto c : {O::none, O::bottom_right, O::top_left})
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 32, false, false, Pattern::random, "auto.kblock32"));
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws})
     for (auto pv : {O::fp8, O::f16})
