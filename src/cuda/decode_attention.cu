@@ -484,8 +484,11 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   p.causal = causal;
   p.vec = row_vector_bytes(cache);
   cudaStream_t stream = stream_of(ctx);
-  if (plan.streaming && !plan.stream_registers &&
-      decode_stream_supported(cache.format, plan.head_dim)) {
+  if (plan.streaming && !plan.stream_registers && plan.bulk_copy &&
+      decode_bulk_supported(cache)) {
+    launch_decode_bulk(p, cache, plan.batch, stream);
+  } else if (plan.streaming && !plan.stream_registers &&
+             decode_stream_supported(cache.format, plan.head_dim)) {
     launch_decode_ring(p, cache.format, plan.head_dim, ring_vector_bytes(cache), plan.batch,
                        stream);
   } else if (plan.streaming && decode_stream_supported(cache.format, plan.head_dim)) {
