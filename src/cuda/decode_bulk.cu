@@ -65,15 +65,27 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
-// ---- mbarrier + bulk copy (sm_90) ----
+// ---- mbarrier + bulk copy (sm_90; the host launches this kernel only on sm_90 and later) ----
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LOWBIT_DECODE_BULK_SM90 1
+#endif
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#ifdef LOWBIT_DECODE_BULK_SM90
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#else
+  __trap();
+#endif
 }
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef LOWBIT_DECODE_BULK_SM90
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
+#else
+  __trap();
+#endif
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#ifdef LOWBIT_DECODE_BULK_SM90
   uint32_t done = 0;
   while (!done) {
     asm volatile(
@@ -86,17 +98,26 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   }
+#else
+  __trap();
+#endif
 }
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
                                           uint32_t bar) {
+#ifdef LOWBIT_DECODE_BULK_SM90
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
           "r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
+#else
+  __trap();
+#endif
 }
 __device__ __forceinline__ void fence_async_shared() {
+#ifdef LOWBIT_DECODE_BULK_SM90
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
 }
 
 // N consecutive 32-bit words of shared memory at p (aligned to A bytes), widest loads A allows.
@@ -552,8 +573,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           const int d = 2 * (g * MT + mt);
-          *reinterpret_cast<float2*>(out + d) =
-              make_float2(o[mt][nr][e] * inv, o[mt][nr][e + 2] * inv);
+          out[d] = o[mt][nr][e] * inv;  // (the workspace is only 4-byte aligned by contract)
+          out[d + 1] = o[mt][nr][e + 2] * inv;
         }
         if (g == 0) p.part_lse[base_row + r] = l > 0.f ? (m_run[nr][e] + log2f(l)) * kLn2 : -INFINITY;
       }
@@ -592,9 +613,21 @@ void launch_fd(const DecodeParams& p, const BulkArgs& a, int va, int64_t B, cuda
 }
 
 // Heads per CTA and the stage geometry for a cache; hb 0 = the bulk kernel does not apply.
+// Compute capability major of the current device (cp.async.bulk and mbarrier tx counts: >= 9).
+int device_major() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();  // clear; the ring kernel runs instead
+    return 0;
+  }
+  return major;
+}
+
 BulkArgs bulk_geometry(const KvCache& cache) {
   BulkArgs a;
   a.hb = 0;
+  if (device_major() < 9) return a;
   const CacheArgs c = make_cache_args(cache);
   const int D = cache.head_dim();
   const KvFormat f = cache.format;
