@@ -251,13 +251,18 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       vssst = c.vss_st[1];
     }
   }
-  auto page_of = [&](int n) -> int64_t {
-    if (!c.block_tables || n >= n_tiles) return 0;
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
-    return c.block_tables[b * c.bt_st0 + (k0 / c.page_size) * c.bt_st1];
-  };
-  int64_t next_page = 0;
-  next_page = page_of(0);
+  // Paged: page index and offset of the next tile to issue (tiles are issued in order 0, 1, ...;
+  // lo and page_size are multiples of 16, so a tile never crosses a page), advanced by 16 keys per
+  // issue instead of a 64-bit division per tile; next_page: its block-table entry, loaded one
+  // issue ahead.
+  int64_t pidx = 0;
+  int poff = 0;
+  if (c.block_tables) {
+    pidx = lo / c.page_size;
+    poff = static_cast<int>(lo % c.page_size);
+  }
+  int64_t next_page = c.block_tables && n_tiles > 0 ? c.block_tables[b * c.bt_st0 + pidx * c.bt_st1]
+                                                    : 0;
   // Every warp issues its share of the tile's copies (K / V pieces of 16 keys, fp8: + their
   // scale/shift pieces = kCopies): copy ci = warp + HB j goes to lane j (key ci % 16, kind ci / 16:
   // K, V, K scale/shift, V scale/shift), and the warp's lane 0 arms the stage's mbarrier (count =
@@ -266,18 +271,23 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // 32 the other warps waited at the tile barrier (39 % of stall samples in H200 run 2).
   constexpr int kCopies = F == KvFormat::fp8 ? 64 : 32;
   const int per_warp = kCopies / HB;
-  auto issue = [&](int n) {  // every warp, n < n_tiles
+  // Issues tile n (the next in order, n < n_tiles) into stage s (= n mod NST).
+  auto issue = [&](int n, int s) {  // every warp
     const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
-    const int64_t page = next_page;
-    next_page = page_of(n + 1);
     int64_t base = k0;
     int64_t nk = min(hi - k0, int64_t{16});
     if (c.block_tables) {
-      base = page * c.page_size + k0 % c.page_size;
+      const int64_t page = next_page;
+      base = page * c.page_size + poff;
       nk = page < 0 ? 0 : min(nk, c.pool_rows - base);
+      poff += 16;
+      if (poff == c.page_size) {
+        poff = 0;
+        ++pidx;
+      }
+      next_page = n + 1 < n_tiles ? c.block_tables[b * c.bt_st0 + pidx * c.bt_st1] : 0;
     }
     nk = nk < 0 ? 0 : nk;
-    const int s = n % NST;
     const uint32_t bar = full_s + 8 * s;
     const uint32_t st = ring_s + s * stage_bytes;
     const int ci = warp + HB * lane;
@@ -301,7 +311,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       }
     }
   };
-  for (int n = 0; n < NST && n < n_tiles; ++n) issue(n);
+  for (int n = 0; n < NST && n < n_tiles; ++n) issue(n, n);
 
   // ---- q as B fragments: (k-pos 2t, 2t+1 | 2t+8, 2t+9; query row 8 nr + g), f16 ----
   // The contraction order is the K A fragment's: lane t's run [t QRUN, (t+1) QRUN) of the dims;
@@ -363,10 +373,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     voff[q] = 16 * kstr + key_offset(2 * t + (q & 1) + 8 * (q >> 1), kstr) + warp * rb;
   const char* ring_c = ring;
 
+  int s = 0;          // stage of tile it (= it mod NST)
+  uint32_t phase = 0;  // parity of its use (= (it / NST) mod 2)
 #pragma unroll 1
   for (int it = 0; it < n_tiles; ++it) {
-    const int s = it % NST;
-    mbar_wait(full_s + 8 * s, static_cast<uint32_t>((it / NST) & 1));
+    mbar_wait(full_s + 8 * s, phase);
     const char* st = ring_c + s * stage_bytes;
     const int nk = cnt[s];
     const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
@@ -561,7 +572,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     __syncthreads();  // every warp is done with stage s
     if (it + NST < n_tiles) {
       fence_async_shared();
-      issue(it + NST);
+      issue(it + NST, s);
+    }
+    if (++s == NST) {
+      s = 0;
+      phase ^= 1u;
     }
   }
 
