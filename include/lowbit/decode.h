@@ -87,6 +87,12 @@ struct DecodePlan {
   // key groups through a private shared-memory ring, no CTA barriers); true runs session 2 round
   // 1's register-streaming kernel (loads straight into mma fragments), kept as a fallback.
   bool stream_registers = false;
+  // CUDA, with streaming and not stream_registers: true (default) runs the bulk-copy kernel where
+  // the cache layout allows it (int4 / fp8 / f16, D 64 / 128, heads adjacent, 16-byte aligned
+  // strides; fp8 needs 4 | Hkv): one CTA streams contiguous 16-key tiles of up to 8 KV heads with
+  // cp.async.bulk, one warp per head, keys on the mma's M side. false (or another layout) runs the
+  // per-warp cp.async-ring kernel. docs/decode.md "Bulk kernel".
+  bool bulk_copy = true;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

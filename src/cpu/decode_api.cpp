@@ -223,24 +223,26 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
                 (p.format == KvFormat::int4 || p.format == KvFormat::fp8 ||
                  p.format == KvFormat::f16) &&
                 (D == 64 || D == 128);
-  // Enough chunks to fill the machine several times over, none shorter than min_split keys
-  // (shorter chunks cost more in the merge than they win in parallelism). The streaming (ring)
-  // kernel keeps 4 CTAs of 4 warps per multiprocessor (2 for f16 at D 128): 16 CTAs per
-  // multiprocessor is ~4-8 waves at the shapes, with
-  // chunks of at least 1024 keys (64 groups of 16, 16 per warp; fewer splits keep the partials
-  // and the merge small at B = 1).
+  // Enough chunks to fill the machine, none shorter than min_split keys (shorter chunks cost more
+  // in the merge than they win in parallelism). Streaming on CUDA: 16 (head, split) pairs per
+  // multiprocessor (the bulk kernel: 2 CTAs of 8 head-warps; the ring kernel: 4 CTAs of 4 warps),
+  // chunks of at least 512 keys (B 1, L 131072, Hkv 8: 256 splits, one wave).
   int64_t target, min_split;
   if (p.device == Device::cuda) {
     p.multiprocessors = 0;
     LOWBIT_CUDA_CALL(op, (p.multiprocessors = cuda::decode_multiprocessors()));
     target = (p.streaming ? 16 : 4) * static_cast<int64_t>(p.multiprocessors);
-    min_split = p.streaming ? 1024 : 256;
+    min_split = p.streaming ? 512 : 256;
   } else {
     target = 2 * static_cast<int64_t>(cpu::thread_count(ctx));
     min_split = 64;
   }
   const int64_t heads = std::max<int64_t>(1, p.batch * H);
-  int64_t splits = std::max<int64_t>(1, ceil_div64(target, heads));
+  // Streaming: the bulk kernel runs one warp per (head, split) and 16 warps per multiprocessor,
+  // so at most `target` (head, split) pairs fill exactly one wave (rounding up would start a
+  // mostly empty second wave: B 64, Hkv 8 gave 5 splits = 1.2 waves).
+  int64_t splits = std::max<int64_t>(
+      1, p.streaming && p.device == Device::cuda ? target / heads : ceil_div64(target, heads));
   splits = std::max<int64_t>(1, std::min(splits, ceil_div64(len, min_split)));
   p.split_size = ceil_div64(ceil_div64(len, splits), 16) * 16;
   p.n_splits = static_cast<int>(ceil_div64(len, p.split_size));

@@ -394,38 +394,76 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
   }
 }
 
-// Reduce over splits: one CTA per (b, h, row); writes out (q dtype) and the LSE.
-__global__ void decode_merge_kernel(const float* part_o, const float* part_lse, int H, int G,
-                                    int Mq, int S, int D, void* out, DType out_dtype,
-                                    StridedIndex out_idx, float* lse_out, StridedIndex lse_idx) {
+// Reduce over splits: one CTA of kMergeThreads per (b, h, row); writes out (q dtype) and the LSE.
+// Thread (slice, c) owns VEC consecutive dims (c) and the splits s = slice, slice + NSL, ... (in
+// increasing order); the NSL slices are then added in slice order (deterministic). Max and total of
+// the split LSEs: every warp reduces all splits (lane-strided, xor shuffles, lane 0's total
+// broadcast), so the loops are S / 32 long, not S (B 1, L 131072 has 256 splits).
+constexpr int kMergeThreads = 256;
+template <int VEC>
+__global__ void __launch_bounds__(kMergeThreads)
+    decode_merge_kernel(const float* part_o, const float* part_lse, int H, int G, int Mq, int S,
+                        int D, void* out, DType out_dtype, StridedIndex out_idx, float* lse_out,
+                        StridedIndex lse_idx) {
+  __shared__ float red[kMergeThreads * VEC];
   const int R = Mq * G;
   const int64_t i = blockIdx.x;
   const int r = static_cast<int>(i % R);
   const int64_t h = (i / R) % H, b = i / (static_cast<int64_t>(R) * H);
   const int m = r / G, g = r % G;
+  const int tid = threadIdx.x, lane = tid & 31;
   const float* lse = part_lse + (b * H + h) * S * static_cast<int64_t>(R) + r;
   float mx = -INFINITY;
-#pragma unroll 16
-  for (int s = 0; s < S; ++s) mx = fmaxf(mx, lse[static_cast<int64_t>(s) * R]);
+  for (int s = lane; s < S; s += 32) mx = fmaxf(mx, lse[static_cast<int64_t>(s) * R]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   float total = 0.f;
-  if (mx != -INFINITY)
-#pragma unroll 16
-    for (int s = 0; s < S; ++s) total += exp2f((lse[static_cast<int64_t>(s) * R] - mx) * kLog2e);
+  if (mx != -INFINITY) {
+    for (int s = lane; s < S; s += 32)
+      total += exp2f((lse[static_cast<int64_t>(s) * R] - mx) * kLog2e);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    total = __shfl_sync(0xffffffffu, total, 0);
+  }
+  const int cols = D / VEC;                 // threads per slice
+  const int nsl = kMergeThreads / cols;     // slices
+  const int c = tid % cols, slice = tid / cols;
+  float acc[VEC];
+#pragma unroll
+  for (int v = 0; v < VEC; ++v) acc[v] = 0.f;
+  if (mx != -INFINITY && slice < nsl) {
+    const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D + c * VEC;
+    for (int s = slice; s < S; s += nsl) {
+      const float w = exp2f((lse[static_cast<int64_t>(s) * R] - mx) * kLog2e);
+      const float* src = po + static_cast<int64_t>(s) * R * D;
+      if constexpr (VEC == 4) {
+        const float4 x = *reinterpret_cast<const float4*>(src);
+        acc[0] = fmaf(w, x.x, acc[0]);
+        acc[1] = fmaf(w, x.y, acc[1]);
+        acc[2] = fmaf(w, x.z, acc[2]);
+        acc[3] = fmaf(w, x.w, acc[3]);
+      } else {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) acc[v] = fmaf(w, src[v], acc[v]);
+      }
+    }
+  }
+  if (slice < nsl)
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) red[(slice * cols + c) * VEC + v] = acc[v];
+  __syncthreads();
   const int64_t ooff = b * out_idx.stride[0] + m * out_idx.stride[1] + h * out_idx.stride[2] +
                        g * out_idx.stride[3];
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float acc = 0.f;
+  for (int d = tid; d < D; d += kMergeThreads) {
+    float sum = 0.f;
     if (mx != -INFINITY) {
-#pragma unroll 16
-      for (int s = 0; s < S; ++s) {
-        const float w = exp2f((lse[static_cast<int64_t>(s) * R] - mx) * kLog2e);
-        acc = fmaf(w, part_o[(((b * H + h) * S + s) * R + r) * static_cast<int64_t>(D) + d], acc);
-      }
-      acc /= total;
+      const int cc = d / VEC, v = d % VEC;
+      for (int k = 0; k < nsl; ++k) sum += red[(k * cols + cc) * VEC + v];
+      sum /= total;
     }
-    store_f32(out, ooff + d, out_dtype, acc);
+    store_f32(out, ooff + d, out_dtype, sum);
   }
-  if (lse_out && threadIdx.x == 0) {
+  if (lse_out && tid == 0) {
     const int64_t loff = b * lse_idx.stride[0] + m * lse_idx.stride[1] + h * lse_idx.stride[2] +
                          g * lse_idx.stride[3];
     lse_out[loff] = mx == -INFINITY ? -INFINITY : mx + logf(total);
@@ -484,8 +522,11 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   p.causal = causal;
   p.vec = row_vector_bytes(cache);
   cudaStream_t stream = stream_of(ctx);
-  if (plan.streaming && !plan.stream_registers &&
-      decode_stream_supported(cache.format, plan.head_dim)) {
+  if (plan.streaming && !plan.stream_registers && plan.bulk_copy &&
+      decode_bulk_supported(cache)) {
+    launch_decode_bulk(p, cache, plan.batch, stream);
+  } else if (plan.streaming && !plan.stream_registers &&
+             decode_stream_supported(cache.format, plan.head_dim)) {
     launch_decode_ring(p, cache.format, plan.head_dim, ring_vector_bytes(cache), plan.batch,
                        stream);
   } else if (plan.streaming && decode_stream_supported(cache.format, plan.head_dim)) {
@@ -507,9 +548,16 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   const int64_t rows = plan.batch * plan.kv_heads * plan.mq * plan.group;
   StridedIndex oi = strided_index_of(out), li{};
   if (lse_out) li = strided_index_of(*lse_out);
-  decode_merge_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(
-      p.part_o, p.part_lse, p.H, p.G, p.Mq, p.S, plan.head_dim, out.data, out.dtype, oi,
-      lse_out ? lse_out->ptr<float>() : nullptr, li);
+  // float4 reads of the partial rows when the workspace allows them (D is a multiple of 4).
+  if (reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 && plan.head_dim <= 4 * kMergeThreads) {
+    decode_merge_kernel<4><<<static_cast<unsigned>(rows), kMergeThreads, 0, stream>>>(
+        p.part_o, p.part_lse, p.H, p.G, p.Mq, p.S, plan.head_dim, out.data, out.dtype, oi,
+        lse_out ? lse_out->ptr<float>() : nullptr, li);
+  } else {
+    decode_merge_kernel<1><<<static_cast<unsigned>(rows), kMergeThreads, 0, stream>>>(
+        p.part_o, p.part_lse, p.H, p.G, p.Mq, p.S, plan.head_dim, out.data, out.dtype, oi,
+        lse_out ? lse_out->ptr<float>() : nullptr, li);
+  }
   check_launch("decode_attention (merge)");
 }
 

@@ -147,6 +147,14 @@ int ring_vector_bytes(const KvCache& c);
 void launch_decode_ring(const DecodeParams& p, KvFormat format, int D, int vec, int64_t B,
                         cudaStream_t stream);
 
+// Split kernel over contiguous multi-head key tiles (decode_bulk.cu): the streaming plan's default
+// where decode_bulk_supported(cache) (int4 / fp8 / f16, D 64 / 128, adjacent heads, 16-byte aligned
+// bases and strides; fp8 with 4 | Hkv). decode_bulk_heads: heads per CTA (0 = not supported).
+bool decode_bulk_supported(const KvCache& cache);
+int decode_bulk_heads(const KvCache& cache);
+void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B,
+                        cudaStream_t stream);
+
 // Widest access (16, 8 or 4 bytes) that every row start of both caches allows.
 inline int row_vector_bytes(const KvCache& c) {
   const CacheArgs a = make_cache_args(c);

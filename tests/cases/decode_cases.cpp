@@ -133,12 +133,13 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 
 // Which CUDA kernel a case runs (the CPU always runs its oracle).
 //   automatic: plan_decode's choice (streaming where it applies);
-//   stream: the streaming plan's kernel, the cp.async-ring kernel (DecodePlan::streaming; K/V, q
-//     and P rounded to f16);
+//   bulk: the bulk-copy kernel (streaming + bulk_copy, plan_decode's default where the layout
+//     allows it; K/V, q and P rounded to f16);
+//   stream: the per-warp cp.async-ring kernel (streaming without bulk_copy; same roundings);
 //   stream_regs: round 1's register-streaming kernel (streaming + stream_registers; same math);
 //   tensor_cores: the smem-ring tensor-core kernel (same roundings);
 //   cuda_cores: the CUDA-core kernel (fp32 arithmetic on the exactly dequantized values).
-enum class Kernel { automatic, stream, stream_regs, tensor_cores, cuda_cores };
+enum class Kernel { automatic, bulk, stream, stream_regs, tensor_cores, cuda_cores };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
 bool streams_by_default(KvFormat f, int D) {
@@ -151,7 +152,8 @@ class DecodeCase : public Case {
              DType qdt, Kernel kernel = Kernel::automatic)
       : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt),
         kernel_(kernel),
-        f16_math_(kernel == Kernel::stream || kernel == Kernel::stream_regs ||
+        f16_math_(kernel == Kernel::bulk || kernel == Kernel::stream ||
+                  kernel == Kernel::stream_regs ||
                   kernel == Kernel::tensor_cores ||
                   (kernel == Kernel::automatic && streams_by_default(cs.format, cs.D))) {}
 
@@ -160,6 +162,7 @@ class DecodeCase : public Case {
                     std::to_string(Mq_) + "." + dtype_name(qdt_);
     if (causal_) s += ".causal";
     if (bias_) s += ".bias";
+    if (kernel_ == Kernel::bulk) s += ".bulk";
     if (kernel_ == Kernel::stream) s += ".stream";
     if (kernel_ == Kernel::stream_regs) s += ".stream_regs";
     if (kernel_ == Kernel::tensor_cores) s += ".tensor_cores";
@@ -208,8 +211,10 @@ class DecodeCase : public Case {
     const TensorView& q = in[kFirstExtra];
     DecodePlan plan = plan_decode(c, Mq_, cs_.H * G_, cs_.D, ctx);
     if (kernel_ != Kernel::automatic) {
-      plan.streaming = kernel_ == Kernel::stream || kernel_ == Kernel::stream_regs;
+      plan.streaming =
+          kernel_ == Kernel::bulk || kernel_ == Kernel::stream || kernel_ == Kernel::stream_regs;
       plan.stream_registers = kernel_ == Kernel::stream_regs;
+      plan.bulk_copy = kernel_ == Kernel::bulk;
       plan.tensor_cores = kernel_ == Kernel::tensor_cores;
     }
     Buffer ws(q.device, workspace_bytes(plan));
@@ -390,7 +395,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
         std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt, kernel));
   };
   const Kernel tc = Kernel::tensor_cores, st = Kernel::stream, cc = Kernel::cuda_cores;
-  const Kernel sr = Kernel::stream_regs;
+  const Kernel sr = Kernel::stream_regs, bk = Kernel::bulk;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -436,6 +441,25 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 1500, 2, 64, 0), {1500, 7}, 16, 1, false, false, DType::f16, st);
   add(shape(F::fp8, 1, 2, 2100, 1, 128, 16), {2100, 49}, 4, 2, true, false, DType::f16, st);
   add(shape(F::f16, 1, 2, 1100, 2, 128, 256), {1100, 255}, 8, 1, false, false, DType::f16, st);
+  // The bulk-copy kernel (one CTA per block of up to 8 adjacent heads, one warp per head, tiles of
+  // 16 keys by cp.async.bulk): 8 heads per CTA (int4 g4 D 128: the bench layout, 4-stage ring),
+  // 1 / 2 / 4 heads, int4 with 1 group (68-byte rows: 4 heads per CTA, 4-byte aligned code words)
+  // and 2 groups (8-byte aligned), 8 groups at D 64 and 128, fp8 (4 | Hkv) and f16 (2 head blocks
+  // of 4 at D 128), contiguous and paged 16 / 256, rows 9-16 (two n-tiles) and 32 (two row
+  // chunks), Mq > 1 causal, bias, an empty sequence, many tiles per split (L 2100).
+  add(shape(F::int4, 4, 3, 1001, 8, 128, 0), {1001, 17, 0}, 4, 1, false, false, DType::f16, bk);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 33}, 2, 3, true, false, DType::bf16, bk);
+  add(shape(F::int4, 1, 2, 523, 4, 128, 256), {523, 1}, 4, 1, false, false, DType::f16, bk);
+  add(shape(F::int4, 2, 2, 300, 2, 64, 0), {300, 15}, 8, 2, true, true, DType::f16, bk);
+  add(shape(F::int4, 8, 2, 257, 4, 64, 16), {257, 47}, 16, 2, true, false, DType::f16, bk);
+  add(shape(F::int4, 8, 1, 2100, 8, 128, 0), {2100}, 1, 1, false, false, DType::bf16, bk);
+  add(shape(F::int4, 4, 2, 200, 1, 128, 16), {200, 31}, 16, 1, false, true, DType::f16, bk);
+  add(shape(F::fp8, 1, 2, 1001, 4, 128, 0), {1001, 31}, 4, 1, false, false, DType::f16, bk);
+  add(shape(F::fp8, 1, 2, 600, 8, 64, 16), {600, 2}, 2, 4, true, true, DType::bf16, bk);
+  add(shape(F::fp8, 1, 1, 300, 4, 128, 256), {300}, 16, 1, false, false, DType::f16, bk);
+  add(shape(F::f16, 1, 2, 523, 2, 128, 16), {523, 0}, 4, 1, false, false, DType::f16, bk);
+  add(shape(F::f16, 1, 2, 129, 8, 64, 0), {129, 16}, 1, 8, true, true, DType::bf16, bk);
+  add(shape(F::f16, 1, 1, 1100, 8, 128, 0), {1100}, 8, 1, false, false, DType::f16, bk);
   // Round 1's register-streaming kernel, kept selectable (stream_registers).
   add(shape(F::int4, 4, 4, 1001, 2, 128, 0), {1001, 17, 1, 0}, 4, 1, false, false, DType::f16, sr);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 4, 4, true, true, DType::bf16, sr);

@@ -1,0 +1,722 @@
+// Split-K decode kernel over contiguous key tiles of several KV heads (DecodePlan::bulk_copy, the
+// streaming plan's default where the cache layout allows it): int4 / fp8 / f16 caches, D 64 or
+// 128, up to 16 query rows of one KV head per warp. Issue 7, session 3; docs/decode.md "Bulk
+// kernel".
+//
+// Why: the H200 times of the ring kernel (decode_ring.cu) scale with the number of cache rows, not
+// their bytes (int4 80-byte rows 0.83 TB/s, fp8 128-byte rows 1.3 TB/s, f16 256-byte rows 1.8 TB/s
+// at B 64, L 8192): each warp reads its own head's rows, i.e. 80-256-byte pieces 640-2048 bytes
+// apart. Here one CTA reads a tile of 16 keys of HB (up to 8) adjacent heads, which in both cache
+// layouts ((B, L, Hkv, Dp) and the (rows, Hkv, Dp) page pool) is one contiguous HB * row-bytes
+// piece per key (640 bytes for 8 heads of int4 g4 D 128), with cp.async.bulk (TMA, one
+// instruction per piece, completion counted in bytes on an mbarrier).
+//   - CTA = (split, block of HB heads [x row chunk], batch); warp w computes head h0 + w over the
+//     whole split, 16 keys per tile; tiles stream through NST stages (a stage: 16 K pieces, 16 V
+//     pieces, for fp8 16 + 16 scale/shift pieces). After a CTA barrier every warp issues its
+//     share of tile it + NST's copies into the stage freed by tile it and arms the stage's
+//     mbarrier (HB arrivals) with their bytes; every thread waits on the stage's parity.
+//   - Keys on the mma's M side: S^T (16 keys x 8 rows) = K (16 x D) q^T, one m16n8k16 per k-step
+//     and 8 query rows (two n-tiles for 9-16 rows), K dequantized to f16 in the A fragment, q in
+//     the B fragment (registers). P^T goes back to the PV B fragment with movmatrix.trans;
+//     O^T (D x rows) += V^T P^T with V^T as A (dims on M): D/16 mma per tile and n-tile.
+//   - Dequantization (exact: every K/V value is code * scale + shift rounded once to f16, as in
+//     the ring kernel): int4 (x & 0x000f000f) | 0x64006400 = 1024 + code (hsub2) and
+//     (x & 0x00f000f0) | 0x64006400 = 1024 + 16 code (hfma2 by 1/16, -64), then hfma2(scale,
+//     shift); V pairs two keys per f16x2 (prmt of the two keys' code bytes first) so the scales
+//     are per-key pairs. fp8: cvt e4m3x2 -> f16x2 + hfma2. f16: the words (V: prmt).
+//   - Online softmax in base 2 per row; the O rescale is skipped when no row's max moved.
+//   - Absent keys (past the split, out-of-range page, past the pool) are not copied: their scores
+//     are -inf (select) and their V rows are stale values of an earlier tile or the zeros the ring
+//     starts with (finite), times P = 0.
+// The per-warp (m, l, O) is the head's split partial: no cross-warp merge.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "src/core/convert_elem.h"
+#include "src/core/dispatch.h"
+#include "src/cuda/decode_common.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace decode_detail {
+namespace {
+
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMaxHeads = 8;   // HB: heads (warps) per CTA
+constexpr int kMaxStages = 4;
+
+__device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return h2u(__floats2half2_rn(lo, hi));
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  return __byte_perm(a, b, sel);
+}
+// f16x2 of two e4m3 bytes (low byte -> low half).
+__device__ __forceinline__ uint32_t e4m3x2(uint32_t v16) {
+  const __half2_raw r =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
+  return h2u(__half2(r));
+}
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// ---- mbarrier + bulk copy (sm_90; the host launches this kernel only on sm_90 and later) ----
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LOWBIT_DECODE_BULK_SM90 1
+#endif
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#ifdef LOWBIT_DECODE_BULK_SM90
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef LOWBIT_DECODE_BULK_SM90
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#ifdef LOWBIT_DECODE_BULK_SM90
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n"
+        " .reg .pred p;\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+#ifdef LOWBIT_DECODE_BULK_SM90
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void fence_async_shared() {
+#ifdef LOWBIT_DECODE_BULK_SM90
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// N consecutive 32-bit words of shared memory at p (aligned to A bytes), widest loads A allows.
+template <int N, int A>
+__device__ __forceinline__ void lds_words(const char* p, uint32_t* out) {
+  constexpr int W = A < 4 * N ? (A < 16 ? A : 16) : (4 * N < 16 ? 4 * N : 16);
+#pragma unroll
+  for (int i = 0; i < N; i += W / 4) {
+    if constexpr (W == 16) {
+      const uint4 x = *reinterpret_cast<const uint4*>(p + 4 * i);
+      out[i] = x.x;
+      out[i + 1] = x.y;
+      out[i + 2] = x.z;
+      out[i + 3] = x.w;
+    } else if constexpr (W == 8) {
+      const uint2 x = *reinterpret_cast<const uint2*>(p + 4 * i);
+      out[i] = x.x;
+      out[i + 1] = x.y;
+    } else {
+      out[i] = *reinterpret_cast<const uint32_t*>(p + 4 * i);
+    }
+  }
+}
+__device__ __forceinline__ uint32_t lds32(const char* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+__device__ __forceinline__ float load_q(const void* q, int64_t off, DType dt) {
+  if (dt == DType::f16) return __half2float(static_cast<const __half*>(q)[off]);
+  if (dt == DType::bf16) {
+    const uint16_t u = static_cast<const uint16_t*>(q)[off];
+    return __uint_as_float(static_cast<uint32_t>(u) << 16);
+  }
+  return static_cast<const float*>(q)[off];
+}
+
+// Shared-memory offset of key i's piece inside a stage's K (or V) block: i * kstr plus 0-96
+// bytes so that (offset mod 128) / 32 = ((i >> 1) + 2 (i & 1)) mod 4. Then the QK reads (lanes
+// g = 0..7 read keys g; within a quarter warp keys g, g + 1, 64 bytes each) and the PV reads
+// (within a half warp keys 2t, t = 0..3, 32 bytes each) hit disjoint banks. kstr is a multiple of
+// 32 and >= piece bytes + 96, so pieces never overlap.
+__host__ __device__ __forceinline__ int key_offset(int i, int kstr) {
+  const int want = (((i >> 1) & 3) + 2 * (i & 1)) & 3;
+  const int pad = (want - i * (kstr / 32)) & 3;
+  return i * kstr + 32 * pad;
+}
+
+struct BulkArgs {
+  int hb = 1;            // heads per CTA (= warps)
+  int nst = 2;           // stages
+  int kstr = 0;          // stage stride of key pieces, bytes
+  int stage_bytes = 0;   // K block, V block (16 * kstr each), fp8: kss, vss blocks (16 * hb words)
+};
+
+template <KvFormat F, int D, int NR, int VA>
+__global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
+    decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
+  constexpr int KS = D / 16;              // k-steps of QK
+  constexpr int MT = D / 16;              // m-tiles of PV (16 dims each)
+  constexpr int QRUN = D / 4;             // K elements per lane and key (QK)
+  constexpr int kPerWord = F == KvFormat::int4 ? 8 : F == KvFormat::fp8 ? 4 : 2;
+  constexpr int KW = QRUN / kPerWord;     // K words per lane and key
+  constexpr int VWN = 2 * MT / kPerWord;  // V words per lane and key (2 dims per m-tile)
+  constexpr int KC = KW < 4 ? KW : 4;     // K words per shared-memory access
+  constexpr int VC = VWN < 4 ? VWN : 4;   // V words per shared-memory access
+  // Alignment of a lane's K / V run in the stage (VA: of every row's code words).
+  constexpr int KA = VA < 4 * KW ? VA : (4 * KW < 16 ? 4 * KW : 16);
+  constexpr int VAL = VA < 4 * VWN ? VA : (4 * VWN < 16 ? 4 * VWN : 16);
+  static_assert(KW >= 1 && VWN >= 1, "run sizes");
+  extern __shared__ __align__(128) char ring[];
+  __shared__ __align__(8) uint64_t full[kMaxStages];
+  __shared__ int cnt[kMaxStages];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int HB = a.hb, NST = a.nst, kstr = a.kstr, stage_bytes = a.stage_bytes;
+  const int split = blockIdx.x;
+  const int row_chunks = (p.R + 15) / 16;
+  const int h0 = (blockIdx.y / row_chunks) * HB, r0 = (blockIdx.y % row_chunks) * 16;
+  const int h = h0 + warp;
+  const int64_t b = blockIdx.z;
+  const int rows = min(16, p.R - r0);
+  const CacheArgs& c = p.c;
+  const int rb = c.row_bytes;
+
+  const int64_t len = seq_length(c, b);
+  const int64_t lo = min(static_cast<int64_t>(split) * p.split_size, len);
+  const int64_t hi = split == p.S - 1 ? len : min(lo + p.split_size, len);
+  const int n_tiles = static_cast<int>((hi - lo + 15) / 16);
+
+  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint32_t full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
+
+  // Zero the ring (absent keys' V rows must be finite), init the barriers.
+  for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
+    reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
+  if (tid == 0)
+    for (int s = 0; s < NST; ++s) mbar_init(full_s + 8 * s, HB);  // one arrival per warp
+  fence_async_shared();
+  __syncthreads();
+
+  // ---- producer (all warps): tile n -> stage n % NST ----
+  const int piece = HB * rb;                 // bytes of one key's K (or V) piece
+  const int ss_piece = 4 * HB;               // fp8: bytes of one key's scale/shift piece
+  const char* kbase;
+  const char* vbase;
+  const uint32_t* kssb = nullptr;
+  const uint32_t* vssb = nullptr;
+  int64_t kst, vst, kssst = 0, vssst = 0;    // key (contiguous) / pool-row (paged) strides
+  if (c.block_tables) {
+    kbase = c.k + h0 * c.k_st[1];
+    vbase = c.v + h0 * c.v_st[1];
+    kst = c.k_st[0];
+    vst = c.v_st[0];
+    if constexpr (F == KvFormat::fp8) {
+      kssb = c.kss + h0 * c.kss_st[1];
+      vssb = c.vss + h0 * c.vss_st[1];
+      kssst = c.kss_st[0];
+      vssst = c.vss_st[0];
+    }
+  } else {
+    kbase = c.k + b * c.k_st[0] + h0 * c.k_st[2];
+    vbase = c.v + b * c.v_st[0] + h0 * c.v_st[2];
+    kst = c.k_st[1];
+    vst = c.v_st[1];
+    if constexpr (F == KvFormat::fp8) {
+      kssb = c.kss + b * c.kss_st[0] + h0 * c.kss_st[2];
+      vssb = c.vss + b * c.vss_st[0] + h0 * c.vss_st[2];
+      kssst = c.kss_st[1];
+      vssst = c.vss_st[1];
+    }
+  }
+  // Paged: page index and offset of the next tile to issue (tiles are issued in order 0, 1, ...;
+  // lo and page_size are multiples of 16, so a tile never crosses a page), advanced by 16 keys per
+  // issue instead of a 64-bit division per tile; next_page: its block-table entry, loaded one
+  // issue ahead.
+  int64_t pidx = 0;
+  int poff = 0;
+  if (c.block_tables) {
+    pidx = lo / c.page_size;
+    poff = static_cast<int>(lo % c.page_size);
+  }
+  int64_t next_page = c.block_tables && n_tiles > 0 ? c.block_tables[b * c.bt_st0 + pidx * c.bt_st1]
+                                                    : 0;
+  // Every warp issues its share of the tile's copies (K / V pieces of 16 keys, fp8: + their
+  // scale/shift pieces = kCopies): copy ci = warp + HB j goes to lane j (key ci % 16, kind ci / 16:
+  // K, V, K scale/shift, V scale/shift), and the warp's lane 0 arms the stage's mbarrier (count =
+  // HB arrivals) with the bytes of the warp's own copies. Spreading them matters: the compiler
+  // issues a warp's bulk copies one lane at a time (uniform operands), and with warp 0 issuing all
+  // 32 the other warps waited at the tile barrier (39 % of stall samples in H200 run 2).
+  constexpr int kCopies = F == KvFormat::fp8 ? 64 : 32;
+  const int per_warp = kCopies / HB;
+  // Issues tile n (the next in order, n < n_tiles) into stage s (= n mod NST).
+  auto issue = [&](int n, int s) {  // every warp
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
+    int64_t base = k0;
+    int64_t nk = min(hi - k0, int64_t{16});
+    if (c.block_tables) {
+      const int64_t page = next_page;
+      base = page * c.page_size + poff;
+      nk = page < 0 ? 0 : min(nk, c.pool_rows - base);
+      poff += 16;
+      if (poff == c.page_size) {
+        poff = 0;
+        ++pidx;
+      }
+      next_page = n + 1 < n_tiles ? c.block_tables[b * c.bt_st0 + pidx * c.bt_st1] : 0;
+    }
+    nk = nk < 0 ? 0 : nk;
+    const uint32_t bar = full_s + 8 * s;
+    const uint32_t st = ring_s + s * stage_bytes;
+    const int ci = warp + HB * lane;
+    const int key = ci & 15, kind = ci >> 4;
+    const bool mine = lane < per_warp && key < nk;
+    const uint32_t size = kind < 2 ? static_cast<uint32_t>(piece) : static_cast<uint32_t>(ss_piece);
+    const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? size : 0u);
+    if (lane == 0) {
+      if (warp == 0) cnt[s] = static_cast<int>(nk);
+      mbar_arrive_expect_tx(bar, bytes);
+    }
+    __syncwarp();
+    if (mine) {
+      if (kind == 0) {
+        bulk_copy(st + key_offset(key, kstr), kbase + (base + key) * kst, size, bar);
+      } else if (kind == 1) {
+        bulk_copy(st + 16 * kstr + key_offset(key, kstr), vbase + (base + key) * vst, size, bar);
+      } else if constexpr (F == KvFormat::fp8) {
+        const uint32_t* ss = kind == 2 ? kssb + (base + key) * kssst : vssb + (base + key) * vssst;
+        bulk_copy(st + 32 * kstr + (kind == 3 ? 16 * ss_piece : 0) + key * ss_piece, ss, size, bar);
+      }
+    }
+  };
+  for (int n = 0; n < NST && n < n_tiles; ++n) issue(n, n);
+
+  // ---- q as B fragments: (k-pos 2t, 2t+1 | 2t+8, 2t+9; query row 8 nr + g), f16 ----
+  // The contraction order is the K A fragment's: lane t's run [t QRUN, (t+1) QRUN) of the dims;
+  // k-step ks holds run positions int4: 8 (ks / 2) + 2 (ks % 2) + {0, 4 | 1, 5}, else 4 ks +
+  // {0, 1 | 2, 3}.
+  uint32_t qf[NR][KS][2];
+  int mrow[NR][2], grow[NR][2];
+  bool rok[NR][2];
+#pragma unroll
+  for (int nr = 0; nr < NR; ++nr) {
+    const int r = 8 * nr + g;
+    const bool ok = r < rows;
+    const int rr = r0 + r, m = ok ? rr / p.G : 0, gq = ok ? rr % p.G : 0;
+    const int64_t off = b * p.q_st[0] + m * p.q_st[1] + h * p.q_st[2] + gq * p.q_st[3] + t * QRUN;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int pos = F == KvFormat::int4 ? 8 * (ks / 2) + 2 * (ks % 2) + (e >> 1) + 4 * (e & 1)
+                                            : 4 * ks + e;
+        v[e] = ok ? load_q(p.q, off + pos, p.q_dtype) : 0.f;
+      }
+      qf[nr][ks][0] = pack2(v[0], v[1]);
+      qf[nr][ks][1] = pack2(v[2], v[3]);
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {  // accumulator rows 8 nr + 2t + e
+      const int r2 = 8 * nr + 2 * t + e;
+      rok[nr][e] = r2 < rows;
+      mrow[nr][e] = rok[nr][e] ? (r0 + r2) / p.G : 0;
+      grow[nr][e] = rok[nr][e] ? (r0 + r2) % p.G : 0;
+    }
+  }
+
+  float o[MT][NR][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr) o[mt][nr][0] = o[mt][nr][1] = o[mt][nr][2] = o[mt][nr][3] = 0.f;
+  float m_run[NR][2], l_run[NR][2];  // rows 8 nr + 2t + e; l: this lane's keys only
+#pragma unroll
+  for (int nr = 0; nr < NR; ++nr) {
+    m_run[nr][0] = m_run[nr][1] = -INFINITY;
+    l_run[nr][0] = l_run[nr][1] = 0.f;
+  }
+  const int64_t causal_last0 = len - p.Mq;
+  const int ng = c.n_groups;
+  const int code_off = F == KvFormat::int4 ? 4 * ng : 0;
+  // int4 coefficient words: K run halves of lane t, V dims of lane g (one group: >= 8 dims).
+  const int kcoef0 = F == KvFormat::int4 ? (t * QRUN) / (D / ng) : 0;
+  const int kcoef1 = F == KvFormat::int4 ? (t * QRUN + QRUN / 2) / (D / ng) : 0;
+  const int vcoef = F == KvFormat::int4 ? (g * ng) / 8 : 0;
+  // Offsets of this lane's keys in a stage's K / V block (plus the warp's head).
+  const int koff[2] = {key_offset(g, kstr) + warp * rb, key_offset(g + 8, kstr) + warp * rb};
+  int voff[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    voff[q] = 16 * kstr + key_offset(2 * t + (q & 1) + 8 * (q >> 1), kstr) + warp * rb;
+  const char* ring_c = ring;
+
+  int s = 0;          // stage of tile it (= it mod NST)
+  uint32_t phase = 0;  // parity of its use (= (it / NST) mod 2)
+#pragma unroll 1
+  for (int it = 0; it < n_tiles; ++it) {
+    mbar_wait(full_s + 8 * s, phase);
+    const char* st = ring_c + s * stage_bytes;
+    const int nk = cnt[s];
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
+
+    // ---- S^T = K q^T (keys g, g + 8 x rows 8 nr + 2t + {0, 1}) ----
+    uint32_t kcw[2][2];  // int4: coefficient words of the run halves; fp8: scale/shift word
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      if constexpr (F == KvFormat::int4) {
+        kcw[kk][0] = lds32(st + koff[kk] + 4 * kcoef0);
+        kcw[kk][1] = kcoef1 != kcoef0 ? lds32(st + koff[kk] + 4 * kcoef1) : kcw[kk][0];
+      } else if constexpr (F == KvFormat::fp8) {
+        kcw[kk][0] = kcw[kk][1] = lds32(st + 32 * kstr + (g + 8 * kk) * 4 * HB + 4 * warp);
+      } else {
+        kcw[kk][0] = kcw[kk][1] = 0u;
+      }
+    }
+    float sacc[NR][2][4];
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) sacc[nr][j][0] = sacc[nr][j][1] = sacc[nr][j][2] = sacc[nr][j][3] = 0.f;
+    uint32_t kbuf[2][KC];
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      // word of the run holding k-step ks
+      const int wi = F == KvFormat::int4 ? ks / 2 : F == KvFormat::fp8 ? ks : 2 * ks;
+      const bool first_use = F == KvFormat::int4 ? (ks % 2 == 0) : true;
+      if (first_use && wi % KC == 0) {
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk)
+          lds_words<KC, KA>(st + koff[kk] + code_off + t * (4 * KW) + 4 * wi, kbuf[kk]);
+      }
+      uint32_t af[4];
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        const uint32_t cw = kcw[kk][ks >= KS / 2 ? 1 : 0];
+        const __half2 sc = u2h(prmt(cw, 0, 0x1010)), sh = u2h(prmt(cw, 0, 0x3232));
+        uint32_t p0, p1;
+        if constexpr (F == KvFormat::int4) {
+          const uint32_t w = kbuf[kk][wi % KC];
+          const uint32_t x = (ks & 1) ? (w >> 8) : w;
+          const __half2 lo2 = __hsub2(u2h((x & 0x000f000fu) | 0x64006400u), u2h(0x64006400u));
+          const __half2 hi2 = __hfma2(u2h((x & 0x00f000f0u) | 0x64006400u), u2h(0x2c002c00u),
+                                      u2h(0xd400d400u));  // * 1/16 - 64
+          p0 = h2u(__hfma2(lo2, sc, sh));
+          p1 = h2u(__hfma2(hi2, sc, sh));
+        } else if constexpr (F == KvFormat::fp8) {
+          const uint32_t w = kbuf[kk][wi % KC];
+          p0 = h2u(__hfma2(u2h(e4m3x2(w)), sc, sh));
+          p1 = h2u(__hfma2(u2h(e4m3x2(w >> 16)), sc, sh));
+        } else {
+          p0 = kbuf[kk][wi % KC];
+          p1 = kbuf[kk][(wi + 1) % KC];
+        }
+        af[kk] = p0;       // a0 (key g), a1 (key g + 8): k-pos 2t, 2t+1
+        af[2 + kk] = p1;   // a2, a3: k-pos 2t+8, 2t+9
+      }
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(sacc[nr][ks & 1], af, qf[nr][ks][0], qf[nr][ks][1]);
+    }
+    // ---- scale, mask, bias (base 2); c: key g + 8 (c >> 1), row 8 nr + 2t + (c & 1) ----
+    float sv[NR][4];
+    const bool plain = nk == 16 && !p.causal && !p.bias;
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        const int e = cc & 1;
+        const int key = g + 8 * (cc >> 1);
+        float x = (sacc[nr][0][cc] + sacc[nr][1][cc]) * p.qk_scale;
+        if (!plain) {
+          const int64_t j = k0 + key;
+          const bool ok =
+              key < nk && rok[nr][e] && (!p.causal || j <= causal_last0 + mrow[nr][e]);
+          if (ok && p.bias) {
+            const int64_t off = b * p.bias_st[0] + h * p.bias_st[1] + grow[nr][e] * p.bias_st[2] +
+                                mrow[nr][e] * p.bias_st[3] + j * p.bias_st[4];
+            x += load_f32(p.bias, off, p.bias_dtype) * kLog2e;
+          }
+          x = ok ? x : -INFINITY;
+        } else {
+          x = rok[nr][e] ? x : -INFINITY;
+        }
+        sv[nr][cc] = x;
+      }
+    // ---- online softmax per row: row 8 nr + 2t + e lives in lanes g = 0..7 (xor 4, 8, 16) ----
+    float alpha[NR][2];
+    bool moved = false;
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mx = fmaxf(sv[nr][e], sv[nr][e + 2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(m_run[nr][e], mx);
+        const bool none = m_new == -INFINITY;
+        alpha[nr][e] = none ? 1.f : exp2f(m_run[nr][e] - m_new);
+        moved |= alpha[nr][e] != 1.f;
+        const float p0 = none ? 0.f : exp2f(sv[nr][e] - m_new);
+        const float p1 = none ? 0.f : exp2f(sv[nr][e + 2] - m_new);
+        sv[nr][e] = p0;
+        sv[nr][e + 2] = p1;
+        l_run[nr][e] = l_run[nr][e] * alpha[nr][e] + (p0 + p1);
+        m_run[nr][e] = m_new;
+      }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+          o[mt][nr][0] *= alpha[nr][0];
+          o[mt][nr][1] *= alpha[nr][1];
+          o[mt][nr][2] *= alpha[nr][0];
+          o[mt][nr][3] *= alpha[nr][1];
+        }
+    }
+    // P^T as the PV B fragment: (keys 2t, 2t+1 | 2t+8, 2t+9; row 8 nr + g).
+    uint32_t pb[NR][2];
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr) {
+      pb[nr][0] = movmatrix_trans(pack2(sv[nr][0], sv[nr][1]));  // keys 0..7
+      pb[nr][1] = movmatrix_trans(pack2(sv[nr][2], sv[nr][3]));  // keys 8..15
+    }
+
+    // ---- O^T += V^T P^T: m-tile mt, dim-row g -> dim 2 (g MT + mt), dim-row g + 8 -> + 1 ----
+    // Key pairs q2 = 0: (2t, 2t+1), 1: (2t+8, 2t+9); per pair (scale_a, scale_b), (shift_a,
+    // shift_b).
+    __half2 vs[2], vz[2];
+#pragma unroll
+    for (int q2 = 0; q2 < 2; ++q2) {
+      if constexpr (F == KvFormat::int4) {
+        const uint32_t ca = lds32(st + voff[2 * q2] + 4 * vcoef);
+        const uint32_t cb = lds32(st + voff[2 * q2 + 1] + 4 * vcoef);
+        vs[q2] = u2h(prmt(ca, cb, 0x5410));
+        vz[q2] = u2h(prmt(ca, cb, 0x7632));
+      } else if constexpr (F == KvFormat::fp8) {
+        const char* ssv = st + 32 * kstr + 16 * 4 * HB + 4 * warp;
+        const int ka = 2 * t + 8 * q2;
+        const uint32_t ca = lds32(ssv + ka * 4 * HB);
+        const uint32_t cb = lds32(ssv + (ka + 1) * 4 * HB);
+        vs[q2] = u2h(prmt(ca, cb, 0x5410));
+        vz[q2] = u2h(prmt(ca, cb, 0x7632));
+      } else {
+        vs[q2] = vz[q2] = __float2half2_rn(0.f);
+      }
+    }
+    uint32_t vbuf[4][VC];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      // word of the lane's V run holding dims 2 (g MT + mt), + 1, and the byte inside it
+      const int wi = F == KvFormat::int4 ? mt / 4 : F == KvFormat::fp8 ? mt / 2 : mt;
+      const bool first_use = F == KvFormat::int4 ? (mt % 4 == 0)
+                             : F == KvFormat::fp8 ? (mt % 2 == 0)
+                                                  : true;
+      if (first_use && wi % VC == 0) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          lds_words<VC, VAL>(st + voff[q] + code_off + g * (4 * VWN) + 4 * wi, vbuf[q]);
+      }
+      uint32_t af[4];
+#pragma unroll
+      for (int q2 = 0; q2 < 2; ++q2) {
+        const uint32_t wa = vbuf[2 * q2][wi % VC], wb = vbuf[2 * q2 + 1][wi % VC];
+        uint32_t dlo, dhi;  // (key a, key b) of dim d and of dim d + 1
+        if constexpr (F == KvFormat::int4) {
+          constexpr uint32_t kSel[4] = {0x4400u, 0x5511u, 0x6622u, 0x7733u};
+          const uint32_t x = prmt(wa, wb, kSel[mt % 4]);  // bytes [a_j, a_j, b_j, b_j]
+          const __half2 lo2 = __hsub2(u2h((x & 0x000f000fu) | 0x64006400u), u2h(0x64006400u));
+          const __half2 hi2 = __hfma2(u2h((x & 0x00f000f0u) | 0x64006400u), u2h(0x2c002c00u),
+                                      u2h(0xd400d400u));
+          dlo = h2u(__hfma2(lo2, vs[q2], vz[q2]));
+          dhi = h2u(__hfma2(hi2, vs[q2], vz[q2]));
+        } else if constexpr (F == KvFormat::fp8) {
+          // bytes [a_j, b_j, a_j+1, b_j+1], j = 2 (mt % 2)
+          const uint32_t x = prmt(wa, wb, (mt % 2) ? 0x7362u : 0x5140u);
+          dlo = h2u(__hfma2(u2h(e4m3x2(x)), vs[q2], vz[q2]));
+          dhi = h2u(__hfma2(u2h(e4m3x2(x >> 16)), vs[q2], vz[q2]));
+        } else {
+          dlo = prmt(wa, wb, 0x5410u);
+          dhi = prmt(wa, wb, 0x7632u);
+        }
+        af[2 * q2] = dlo;      // a0 / a2: dim-row g
+        af[2 * q2 + 1] = dhi;  // a1 / a3: dim-row g + 8
+      }
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(o[mt][nr], af, pb[nr][0], pb[nr][1]);
+    }
+
+    __syncthreads();  // every warp is done with stage s
+    if (it + NST < n_tiles) {
+      fence_async_shared();
+      issue(it + NST, s);
+    }
+    if (++s == NST) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+
+  // ---- the warp's partial (O, LSE) of head h, rows r0 + 8 nr + 2t + e ----
+  const int64_t base_row = ((b * p.H + h) * p.S + split) * static_cast<int64_t>(p.R) + r0;
+#pragma unroll
+  for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float l = l_run[nr][e];
+      l += __shfl_xor_sync(0xffffffffu, l, 4);
+      l += __shfl_xor_sync(0xffffffffu, l, 8);
+      l += __shfl_xor_sync(0xffffffffu, l, 16);
+      const int r = 8 * nr + 2 * t + e;
+      if (r < rows) {
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float* out = p.part_o + (base_row + r) * D;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const int d = 2 * (g * MT + mt);
+          out[d] = o[mt][nr][e] * inv;  // (the workspace is only 4-byte aligned by contract)
+          out[d + 1] = o[mt][nr][e + 2] * inv;
+        }
+        if (g == 0) p.part_lse[base_row + r] = l > 0.f ? (m_run[nr][e] + log2f(l)) * kLn2 : -INFINITY;
+      }
+    }
+}
+
+template <KvFormat F, int D, int NR, int VA>
+void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
+  auto kernel = decode_bulk_kernel<F, D, NR, VA>;
+  const int smem = a.nst * a.stage_bytes;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "decode_attention", "shared memory of the bulk kernel");
+  // Two CTAs of ~110 KB per multiprocessor need the largest shared-memory carveout.
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared),
+             "decode_attention", "shared-memory carveout of the bulk kernel");
+  const int row_chunks = (p.R + 15) / 16;
+  const int head_blocks = p.H / a.hb;
+  dim3 grid(p.S, head_blocks * row_chunks, static_cast<unsigned>(B));
+  kernel<<<grid, 32 * a.hb, smem, stream>>>(p, a);
+}
+
+template <KvFormat F, int D>
+void launch_fd(const DecodeParams& p, const BulkArgs& a, int va, int64_t B, cudaStream_t stream) {
+  const int nr = p.R > 8 ? 2 : 1;
+  if constexpr (F == KvFormat::int4) {
+    dispatch_int<4, 8, 16>(va, "decode_attention", "alignment (bulk kernel)", [&](auto v) {
+      constexpr int kVa = decltype(v)::value;
+      if (nr == 1) launch_nr<F, D, 1, kVa>(p, a, B, stream);
+      else launch_nr<F, D, 2, kVa>(p, a, B, stream);
+    });
+  } else {
+    if (nr == 1) launch_nr<F, D, 1, 16>(p, a, B, stream);
+    else launch_nr<F, D, 2, 16>(p, a, B, stream);
+  }
+}
+
+// Heads per CTA and the stage geometry for a cache; hb 0 = the bulk kernel does not apply.
+// Compute capability major of the current device (cp.async.bulk and mbarrier tx counts: >= 9).
+int device_major() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();  // clear; the ring kernel runs instead
+    return 0;
+  }
+  return major;
+}
+
+BulkArgs bulk_geometry(const KvCache& cache) {
+  BulkArgs a;
+  a.hb = 0;
+  if (device_major() < 9) return a;
+  const CacheArgs c = make_cache_args(cache);
+  const int D = cache.head_dim();
+  const KvFormat f = cache.format;
+  if (!(f == KvFormat::int4 || f == KvFormat::fp8 || f == KvFormat::f16) || !(D == 64 || D == 128))
+    return a;
+  const int64_t H = cache.kv_heads();
+  const int rank = cache.paged() ? 3 : 4;
+  // Heads adjacent (head stride = row bytes), 16-byte aligned bases and key / batch strides.
+  const int head_dim_idx = rank - 2;  // (b, j, h) or (row, h): h is the last of the strided dims
+  if (c.k_st[head_dim_idx] != c.row_bytes || c.v_st[head_dim_idx] != c.row_bytes) return a;
+  if (reinterpret_cast<uintptr_t>(c.k) % 16 || reinterpret_cast<uintptr_t>(c.v) % 16) return a;
+  for (int d = 0; d < rank - 2; ++d)
+    if (c.k_st[d] % 16 || c.v_st[d] % 16) return a;
+  if (f == KvFormat::fp8) {
+    if (c.kss_st[head_dim_idx] != 1 || c.vss_st[head_dim_idx] != 1) return a;
+    if (reinterpret_cast<uintptr_t>(c.kss) % 16 || reinterpret_cast<uintptr_t>(c.vss) % 16)
+      return a;
+    for (int d = 0; d < rank - 2; ++d)
+      if ((c.kss_st[d] * 4) % 16 || (c.vss_st[d] * 4) % 16) return a;
+  }
+  int hb = 1;
+  while (hb * 2 <= kMaxHeads && H % (hb * 2) == 0 &&
+         (hb * 2 * c.row_bytes <= 1024 || (hb * c.row_bytes) % 16 != 0))
+    hb *= 2;
+  // Pieces must be 16-byte multiples (int4 rows of 68 / 72 bytes: 4 / 2 heads at least).
+  if ((hb * c.row_bytes) % 16 != 0) return a;
+  if (f == KvFormat::fp8 && (4 * hb) % 16 != 0) return a;  // scale/shift pieces: >= 4 heads
+  a.hb = hb;
+  a.kstr = (hb * c.row_bytes + 96 + 31) / 32 * 32;
+  a.stage_bytes = 32 * a.kstr + (f == KvFormat::fp8 ? 32 * 4 * hb : 0);
+  // Stages: as many as fit two CTAs per multiprocessor (~110 KB each), 2..4.
+  const int budget = 110 * 1024;
+  a.nst = budget / a.stage_bytes;
+  a.nst = a.nst > kMaxStages ? kMaxStages : a.nst;
+  if (a.nst < 2) a.hb = 0;
+  return a;
+}
+
+}  // namespace
+
+bool decode_bulk_supported(const KvCache& cache) { return bulk_geometry(cache).hb > 0; }
+
+int decode_bulk_heads(const KvCache& cache) { return bulk_geometry(cache).hb; }
+
+void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B,
+                        cudaStream_t stream) {
+  const BulkArgs a = bulk_geometry(cache);
+  check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
+  const CacheArgs c = make_cache_args(cache);
+  // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
+  // codes at byte 4 groups).
+  int va = 16;
+  while (va > 4 && (c.row_bytes % va != 0 || (4 * c.n_groups) % va != 0)) va /= 2;
+  if (cache.format != KvFormat::int4) va = 16;
+  dispatch_int<64, 128>(cache.head_dim(), "decode_attention", "D (bulk kernel)", [&](auto d) {
+    constexpr int kD = decltype(d)::value;
+    switch (cache.format) {
+      case KvFormat::int4: launch_fd<KvFormat::int4, kD>(p, a, va, B, stream); break;
+      case KvFormat::fp8: launch_fd<KvFormat::fp8, kD>(p, a, va, B, stream); break;
+      case KvFormat::f16: launch_fd<KvFormat::f16, kD>(p, a, va, B, stream); break;
+      default: check::fail("decode_attention", "cache.format", "no bulk kernel for bf16");
+    }
+  });
+}
+
+}  // namespace decode_detail
+}  // namespace cuda
+}  // namespace lowbit
