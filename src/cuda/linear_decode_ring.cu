@@ -245,7 +245,8 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
 
   const uint8_t* a_lo = act + gid * L.act_stride;
   const uint8_t* a_hi = act + (gid + 8) * L.act_stride;
-  const bool row_lo = gid < M, row_hi = gid + 8 < M;
+  // NT = 1 runs M <= 8 only: the mma's upper rows are constant zeros there (no loads, no regs).
+  const bool row_lo = gid < M, row_hi = NT == 2 && gid + 8 < M;
   const bool out_even = (p.ldo % 2) == 0 && (reinterpret_cast<uintptr_t>(p.out) % 4) == 0;
 
   int32_t acc[NT][4];
