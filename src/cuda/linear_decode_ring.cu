@@ -249,11 +249,15 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   const bool row_lo = gid < M, row_hi = NT == 2 && gid + 8 < M;
   const bool out_even = (p.ldo % 2) == 0 && (reinterpret_cast<uintptr_t>(p.out) % 4) == 0;
 
-  int32_t acc[NT][4];
+  // Two accumulator sets (even / odd chunks): two independent mma chains per n8 tile instead of
+  // one chain of 4 J mma per item. Integer sums: the same total in any order.
+  int32_t acc[2][NT][4];
 #pragma unroll
-  for (int t = 0; t < NT; ++t)
+  for (int u = 0; u < 2; ++u)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) acc[t][r] = 0;
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[u][t][r] = 0;
 
   // Consumer state: the slot and its phase parity, the slice within the tile, the tile's rows.
   int s = 0, sl = 0;
@@ -309,7 +313,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
             ring_lut_word(wv[q], lut, &b0, &b1);
           }
           const uint32_t a[4] = {lo_w[2 * q], hi_w[2 * q], lo_w[2 * q + 1], hi_w[2 * q + 1]};
-          mma_s8(acc[nt], a, b0, b1);
+          mma_s8(acc[j & 1][nt], a, b0, b1);
         }
       }
     }
@@ -330,22 +334,23 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
       for (int h = 0; h < 2; ++h) {
         const int row = gid + 8 * h;
         const int lc = nt * 8 + 2 * tid4;
+        const int32_t sum0 = acc[0][nt][2 * h] + acc[1][nt][2 * h];
+        const int32_t sum1 = acc[0][nt][2 * h + 1] + acc[1][nt][2 * h + 1];
         if (row < M && lc < rows) {
           const int64_t col = n0 + lc;
           const bool has1 = lc + 1 < rows;
           if (p.acc_out) {
-            p.acc_out[row * p.ldo + col] = acc[nt][2 * h];
-            if (has1) p.acc_out[row * p.ldo + col + 1] = acc[nt][2 * h + 1];
+            p.acc_out[row * p.ldo + col] = sum0;
+            if (has1) p.acc_out[row * p.ldo + col + 1] = sum1;
           } else {
-            const float v0 = apply_epilogue(ep, static_cast<float>(acc[nt][2 * h]), row, col);
+            const float v0 = apply_epilogue(ep, static_cast<float>(sum0), row, col);
             const float v1 =
-                has1 ? apply_epilogue(ep, static_cast<float>(acc[nt][2 * h + 1]), row, col + 1)
-                     : 0.f;
+                has1 ? apply_epilogue(ep, static_cast<float>(sum1), row, col + 1) : 0.f;
             store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
           }
         }
-        acc[nt][2 * h] = 0;
-        acc[nt][2 * h + 1] = 0;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) acc[u][nt][2 * h] = acc[u][nt][2 * h + 1] = 0;
       }
     }
     n0 += static_cast<int64_t>(W) * ROWS;
