@@ -59,6 +59,12 @@ __host__ __device__ constexpr int slot_row_stride(int wf) {
 // Warps per CTA: tiles of 8 rows (NT = 1) with 16 warps, tiles of 16 rows (NT = 2) with 8.
 __host__ __device__ constexpr int ring_warps(int nt) { return nt == 1 ? 16 : 8; }
 constexpr int kMaxDepth = 4;
+// Items arrive by cp.async.bulk (one instruction per 256-byte row slice, completing as mbarrier
+// transaction bytes); false: by 16-byte cp.async per lane with cp.async.mbarrier.arrive (the
+// sm_80 mechanism, for an A/B or if the bulk path misbehaves). Same slots, same bits.
+constexpr bool kRingBulk = true;
+// M == 1 takes the dp4a instances (false: mma.sync for every M).
+constexpr bool kRingDot = true;
 
 struct RingLayout {
   int depth = 0;         // slots per warp
@@ -105,6 +111,14 @@ __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 }
+// Fallback transport (kRingBulk = false): 16-byte cp.async per lane, and an mbarrier arrival
+// per lane once its copies landed (.noinc: the barrier counts 32 arrivals per phase).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void grid_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
@@ -121,17 +135,27 @@ __device__ __forceinline__ int32_t ring_fold(float code, float ratio) {
 
 // lut_word (linear_lut.h) with the selector arithmetic shared by the two halves of the word:
 // the same selectors (every nibble <= 7, prmt reads the low 16 bits), 11 instructions per 8 codes.
+// prmt.b32 through inline PTX: __byte_perm makes nvcc re-mask every selector with 0x7777 (its
+// model of the intrinsic), which cost a LOP3 per lookup in the ring kernel's SASS. Every selector
+// nibble here is <= 7, where PTX prmt and lut_prmt agree; prmt reads the low 16 selector bits.
+__device__ __forceinline__ uint32_t ring_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
 __device__ __forceinline__ void ring_lut_word(uint32_t word, const uint32_t lut[4], uint32_t* b0,
                                               uint32_t* b1) {
   const uint32_t idx = word & 0x77777777u;
   const uint32_t pick = ((word >> 1) & 0x44444444u) | 0x32103210u;
   const uint32_t idx1 = idx >> 16, pick1 = pick >> 16;
-  *b0 = lut_prmt(lut_prmt(lut[0], lut[1], idx), lut_prmt(lut[2], lut[3], idx), pick);
-  *b1 = lut_prmt(lut_prmt(lut[0], lut[1], idx1), lut_prmt(lut[2], lut[3], idx1), pick1);
+  *b0 = ring_prmt(ring_prmt(lut[0], lut[1], idx), ring_prmt(lut[2], lut[3], idx), pick);
+  *b1 = ring_prmt(ring_prmt(lut[0], lut[1], idx1), ring_prmt(lut[2], lut[3], idx1), pick1);
 }
 
 // T: the activation dtype when the CTA rotates + quantizes x itself (ROT = 256), else void.
-template <int WF, int NT, typename T>
+// DOT (M == 1, NT == 1): dp4a on the lane's own 32 columns instead of mma.sync (no operand
+// shuffling, no idle mma rows); the 4 lanes of a weight row add their sums at the tile's end.
+template <int WF, int NT, typename T, bool DOT>
 __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
     gemv_ring_kernel(DecodeParams p, RingLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -160,7 +184,8 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   uint8_t* ring = dsm + L.ring_off + static_cast<size_t>(warp) * D * L.slot_bytes;
   const uint32_t bar0 = ptx::smem_u32(&bars[warp * kMaxDepth]);
 
-  if (threadIdx.x < W * kMaxDepth) mbar_init(ptx::smem_u32(&bars[threadIdx.x]), 1);
+  if (threadIdx.x < W * kMaxDepth)
+    mbar_init(ptx::smem_u32(&bars[threadIdx.x]), kRingBulk ? 1u : 32u);
   mbar_fence_init();
   __syncthreads();
 
@@ -172,15 +197,27 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
     const int rows = static_cast<int>(min(static_cast<int64_t>(ROWS), r1 - it_n0));
     uint8_t* slot = ring + it_slot * L.slot_bytes;
     const uint32_t bar = bar0 + 8u * it_slot;
-    if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(rows) * item_row_bytes);
-    __syncwarp();
-    if (lane < rows)
-      bulk_g2s(ptx::smem_u32(slot + lane * RS),
-               p.w.codes + (it_n0 + lane) * p.w.row_bytes + int64_t{it_sl} * kSliceBytes,
-               kSliceBytes, bar);
-    if (has_ratios && lane >= 16 && lane - 16 < rows)
-      bulk_g2s(ptx::smem_u32(slot + ROWS * RS + (lane - 16) * 16),
-               p.w.ratios + (it_n0 + lane - 16) * p.w.groups_per_row + it_sl * J, 16u, bar);
+    if constexpr (kRingBulk) {
+      if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(rows) * item_row_bytes);
+      __syncwarp();
+      if (lane < rows)
+        bulk_g2s(ptx::smem_u32(slot + lane * RS),
+                 p.w.codes + (it_n0 + lane) * p.w.row_bytes + int64_t{it_sl} * kSliceBytes,
+                 kSliceBytes, bar);
+      if (has_ratios && lane >= 16 && lane - 16 < rows)
+        bulk_g2s(ptx::smem_u32(slot + ROWS * RS + (lane - 16) * 16),
+                 p.w.ratios + (it_n0 + lane - 16) * p.w.groups_per_row + it_sl * J, 16u, bar);
+    } else {
+      const uint8_t* src = p.w.codes + it_n0 * p.w.row_bytes + int64_t{it_sl} * kSliceBytes;
+      for (int c = lane; c < rows * (kSliceBytes / 16); c += 32) {
+        const int r = c / (kSliceBytes / 16), q = c % (kSliceBytes / 16);
+        cp_async16(ptx::smem_u32(slot + r * RS + q * 16), src + r * p.w.row_bytes + q * 16);
+      }
+      if (has_ratios && lane < rows)
+        cp_async16(ptx::smem_u32(slot + ROWS * RS + lane * 16),
+                   p.w.ratios + (it_n0 + lane) * p.w.groups_per_row + it_sl * J);
+      cp_async_arrive_noinc(bar);
+    }
     if (++it_slot == D) it_slot = 0;
     if (++it_sl == slices) {
       it_sl = 0;
@@ -243,10 +280,12 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
 #pragma unroll
   for (int e = 0; e < 4; ++e) cf[e] = static_cast<float>(4 * tid4 + e - 7);
 
-  const uint8_t* a_lo = act + gid * L.act_stride;
-  const uint8_t* a_hi = act + (gid + 8) * L.act_stride;
-  // NT = 1 runs M <= 8 only: the mma's upper rows are constant zeros there (no loads, no regs).
-  const bool row_lo = gid < M, row_hi = NT == 2 && gid + 8 < M;
+  // Activation rows of the mma's A rows gid / gid + 8. Rows >= M load row M - 1 instead of
+  // zeros: they only feed output rows >= M, which are never stored (no branch, no zeroing).
+  // NT = 1 runs M <= 8 only: the upper rows are constant zeros there (no loads, no registers).
+  // DOT (M == 1): every lane reads row 0.
+  const uint8_t* a_lo = act + (DOT ? 0 : min(gid, M - 1)) * L.act_stride;
+  const uint8_t* a_hi = act + min(gid + 8, M - 1) * L.act_stride;
   const bool out_even = (p.ldo % 2) == 0 && (reinterpret_cast<uintptr_t>(p.out) % 4) == 0;
 
   // Two accumulator sets (even / odd chunks): two independent mma chains per n8 tile instead of
@@ -272,12 +311,9 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
     for (int j = 0; j < J; ++j) {
       const int c = tid4 + 4 * j;  // 32-column chunk of the slice; group j of the slice
       const int kc = k0 + 32 * c;
-      uint4 lo0 = make_uint4(0, 0, 0, 0), lo1 = lo0, hi0 = lo0, hi1 = lo0;
-      if (row_lo) {
-        lo0 = lds128(a_lo + kc);
-        lo1 = lds128(a_lo + kc + 16);
-      }
-      if (row_hi) {
+      const uint4 lo0 = lds128(a_lo + kc), lo1 = lds128(a_lo + kc + 16);
+      uint4 hi0 = make_uint4(0, 0, 0, 0), hi1 = hi0;
+      if constexpr (NT == 2) {
         hi0 = lds128(a_hi + kc);
         hi1 = lds128(a_hi + kc + 16);
       }
@@ -312,8 +348,15 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
           } else {
             ring_lut_word(wv[q], lut, &b0, &b1);
           }
-          const uint32_t a[4] = {lo_w[2 * q], hi_w[2 * q], lo_w[2 * q + 1], hi_w[2 * q + 1]};
-          mma_s8(acc[j & 1][nt], a, b0, b1);
+          if constexpr (DOT) {
+            acc[j & 1][nt][0] = __dp4a(static_cast<int>(b0), static_cast<int>(lo_w[2 * q]),
+                                       acc[j & 1][nt][0]);
+            acc[j & 1][nt][0] = __dp4a(static_cast<int>(b1), static_cast<int>(lo_w[2 * q + 1]),
+                                       acc[j & 1][nt][0]);
+          } else {
+            const uint32_t a[4] = {lo_w[2 * q], hi_w[2 * q], lo_w[2 * q + 1], hi_w[2 * q + 1]};
+            mma_s8(acc[j & 1][nt], a, b0, b1);
+          }
         }
       }
     }
@@ -328,29 +371,46 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
 
     // The tile's last slice: its columns are complete.
     const int rows = static_cast<int>(min(static_cast<int64_t>(ROWS), r1 - n0));
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = gid + 8 * h;
-        const int lc = nt * 8 + 2 * tid4;
-        const int32_t sum0 = acc[0][nt][2 * h] + acc[1][nt][2 * h];
-        const int32_t sum1 = acc[0][nt][2 * h + 1] + acc[1][nt][2 * h + 1];
-        if (row < M && lc < rows) {
-          const int64_t col = n0 + lc;
-          const bool has1 = lc + 1 < rows;
-          if (p.acc_out) {
-            p.acc_out[row * p.ldo + col] = sum0;
-            if (has1) p.acc_out[row * p.ldo + col + 1] = sum1;
-          } else {
-            const float v0 = apply_epilogue(ep, static_cast<float>(sum0), row, col);
-            const float v1 =
-                has1 ? apply_epilogue(ep, static_cast<float>(sum1), row, col + 1) : 0.f;
-            store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
-          }
+    if constexpr (DOT) {
+      // Lane (gid, tid4) holds row gid's sum over its columns: add the 4 lanes of the row.
+      int32_t sum = acc[0][0][0] + acc[1][0][0];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      acc[0][0][0] = acc[1][0][0] = 0;
+      if (tid4 == 0 && gid < rows) {
+        const int64_t col = n0 + gid;
+        if (p.acc_out) {
+          p.acc_out[col] = sum;
+        } else {
+          const float v = apply_epilogue(ep, static_cast<float>(sum), 0, col);
+          store2(p.out, p.out_dtype, col, v, 0.f, false, false);
         }
+      }
+    } else {
 #pragma unroll
-        for (int u = 0; u < 2; ++u) acc[u][nt][2 * h] = acc[u][nt][2 * h + 1] = 0;
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = gid + 8 * h;
+          const int lc = nt * 8 + 2 * tid4;
+          const int32_t sum0 = acc[0][nt][2 * h] + acc[1][nt][2 * h];
+          const int32_t sum1 = acc[0][nt][2 * h + 1] + acc[1][nt][2 * h + 1];
+          if (row < M && lc < rows) {
+            const int64_t col = n0 + lc;
+            const bool has1 = lc + 1 < rows;
+            if (p.acc_out) {
+              p.acc_out[row * p.ldo + col] = sum0;
+              if (has1) p.acc_out[row * p.ldo + col + 1] = sum1;
+            } else {
+              const float v0 = apply_epilogue(ep, static_cast<float>(sum0), row, col);
+              const float v1 =
+                  has1 ? apply_epilogue(ep, static_cast<float>(sum1), row, col + 1) : 0.f;
+              store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 2; ++u) acc[u][nt][2 * h] = acc[u][nt][2 * h + 1] = 0;
+        }
       }
     }
     n0 += static_cast<int64_t>(W) * ROWS;
@@ -412,7 +472,7 @@ DeviceInfo device_info() {
              "decode_ring", "shared memory");
   cudaFuncAttributes attr{};
   // The image must hold sm_90 code (a PTX-only or older build traps in the kernel body).
-  const bool image = cudaFuncGetAttributes(&attr, gemv_ring_kernel<kRPacked4, 1, void>) ==
+  const bool image = cudaFuncGetAttributes(&attr, gemv_ring_kernel<kRPacked4, 1, void, false>) ==
                          cudaSuccess &&
                      attr.binaryVersion >= 90;
   (void)cudaGetLastError();
@@ -462,16 +522,26 @@ void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream
     kernel<<<cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes, stream>>>(d, L);
   };
   if constexpr (NT == 1) {  // fused instances exist for M <= kRingFuseMaxM (<= 8) only
+    if (d.M == 1 && kRingDot) {  // dp4a instances
+      if (!d.x) {
+        go(gemv_ring_kernel<WF, NT, void, true>);
+      } else if (d.x_dtype == DType::f16) {
+        go(gemv_ring_kernel<WF, NT, __half, true>);
+      } else {
+        go(gemv_ring_kernel<WF, NT, __nv_bfloat16, true>);
+      }
+      return;
+    }
     if (d.x) {
       if (d.x_dtype == DType::f16) {
-        go(gemv_ring_kernel<WF, NT, __half>);
+        go(gemv_ring_kernel<WF, NT, __half, false>);
       } else {
-        go(gemv_ring_kernel<WF, NT, __nv_bfloat16>);
+        go(gemv_ring_kernel<WF, NT, __nv_bfloat16, false>);
       }
       return;
     }
   }
-  go(gemv_ring_kernel<WF, NT, void>);
+  go(gemv_ring_kernel<WF, NT, void, false>);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
