@@ -299,6 +299,23 @@ class DecodeRingBench : public BenchCase {
             Row r = row("ring fused (one kernel)");
             r.ms = env.time_ms([&] { cl::decode_ring(fused, s); });
             rows.push_back(r);
+            if (M == 1) {
+              // The other weight transport (16-byte cp.async per lane): time, and its output
+              // bits against the default transport's at the full shape.
+              cl::decode_ring(fused, s);
+              cudaStreamSynchronize(s);
+              std::vector<float> ref = to_host_f32(out.view);
+              Row c = row("ring fused, cp.async transport");
+              c.ms = env.time_ms([&] { cl::decode_ring_transport(fused, false, s); });
+              cudaStreamSynchronize(s);
+              std::vector<float> got = to_host_f32(out.view);
+              size_t diff = 0;
+              for (size_t i = 0; i < ref.size(); ++i)
+                if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
+              c.accuracy = diff ? std::to_string(diff) + " outputs differ from the bulk transport"
+                                : "bit-identical to the bulk transport";
+              rows.push_back(c);
+            }
           }
           if (cl::decode_ring_applies(sep)) {
             Row r = row("rotate + ring");

@@ -61,7 +61,8 @@ __host__ __device__ constexpr int ring_warps(int nt) { return nt == 1 ? 16 : 8; 
 constexpr int kMaxDepth = 4;
 // Items arrive by cp.async.bulk (one instruction per 256-byte row slice, completing as mbarrier
 // transaction bytes); false: by 16-byte cp.async per lane with cp.async.mbarrier.arrive (the
-// sm_80 mechanism, for an A/B or if the bulk path misbehaves). Same slots, same bits.
+// sm_80 mechanism: 4 LDGSTS per lane and item instead of a uniform-register loop over 16 bulk
+// copies; decode_ring_transport runs it for the A/B bench row). Same slots, same bits.
 constexpr bool kRingBulk = true;
 // M == 1 takes the dp4a instances (false: mma.sync for every M).
 constexpr bool kRingDot = true;
@@ -73,6 +74,7 @@ struct RingLayout {
   int srow_off = 0;      // fused: the fp32 rotated row
   int ring_off = 0;      // the warps' rings
   int64_t smem = 0;      // dynamic shared memory bytes
+  int bulk = 1;          // transport: 1 cp.async.bulk, 0 cp.async (see kRingBulk)
 };
 
 // ---- PTX: mbarrier and bulk copies (sm_90) ----
@@ -87,19 +89,25 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
 }
-// Waits (acquire) until the phase with this parity completed. A copy that never lands (a bug)
-// traps after ~2^22 polls (tens of ms at least; a real wait is microseconds) instead of hanging.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0, polls = 0;
-  do {
-    if (++polls == (1u << 22)) __trap();
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
+// Whether (acquire) the phase with this parity completed.
+__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// Warp-uniform wait: true once every lane saw the phase complete (a completed phase stays
+// visible until the slot is re-armed, which only this warp does); false after ~2^22 polls (a
+// copy that never lands: the warp abandons its work instead of hanging or trapping, so the
+// output is wrong and the harness says so).
+__device__ __forceinline__ bool mbar_wait_warp(uint32_t bar, uint32_t parity) {
+  for (uint32_t polls = 0; polls < (1u << 22); ++polls)
+    if (__all_sync(0xffffffffu, mbar_try(bar, parity))) return true;
+  return false;
 }
 // bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared, completing as
 // transaction bytes on `bar`.
@@ -185,7 +193,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   const uint32_t bar0 = ptx::smem_u32(&bars[warp * kMaxDepth]);
 
   if (threadIdx.x < W * kMaxDepth)
-    mbar_init(ptx::smem_u32(&bars[threadIdx.x]), kRingBulk ? 1u : 32u);
+    mbar_init(ptx::smem_u32(&bars[threadIdx.x]), L.bulk ? 1u : 32u);
   mbar_fence_init();
   __syncthreads();
 
@@ -197,16 +205,21 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
     const int rows = static_cast<int>(min(static_cast<int64_t>(ROWS), r1 - it_n0));
     uint8_t* slot = ring + it_slot * L.slot_bytes;
     const uint32_t bar = bar0 + 8u * it_slot;
-    if constexpr (kRingBulk) {
+    if (L.bulk) {  // uniform
       if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(rows) * item_row_bytes);
       __syncwarp();
-      if (lane < rows)
-        bulk_g2s(ptx::smem_u32(slot + lane * RS),
-                 p.w.codes + (it_n0 + lane) * p.w.row_bytes + int64_t{it_sl} * kSliceBytes,
-                 kSliceBytes, bar);
-      if (has_ratios && lane >= 16 && lane - 16 < rows)
-        bulk_g2s(ptx::smem_u32(slot + ROWS * RS + (lane - 16) * 16),
-                 p.w.ratios + (it_n0 + lane - 16) * p.w.groups_per_row + it_sl * J, 16u, bar);
+      // One call site (one uniform-register loop in SASS): lane r < 16 copies row r's slice,
+      // lane 16 + r row r's ratios.
+      const int r = lane & 15;
+      const bool ratio_lane = lane >= 16;
+      if (r < rows && (!ratio_lane || has_ratios)) {
+        const float* rsrc = p.w.ratios + (it_n0 + r) * p.w.groups_per_row + it_sl * J;
+        const uint8_t* csrc =
+            p.w.codes + (it_n0 + r) * p.w.row_bytes + int64_t{it_sl} * kSliceBytes;
+        const void* src = ratio_lane ? static_cast<const void*>(rsrc) : csrc;
+        const uint32_t dst = ptx::smem_u32(ratio_lane ? slot + ROWS * RS + r * 16 : slot + r * RS);
+        bulk_g2s(dst, src, ratio_lane ? 16u : static_cast<uint32_t>(kSliceBytes), bar);
+      }
     } else {
       const uint8_t* src = p.w.codes + it_n0 * p.w.row_bytes + int64_t{it_sl} * kSliceBytes;
       for (int c = lane; c < rows * (kSliceBytes / 16); c += 32) {
@@ -303,7 +316,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   uint32_t parity = 0;
   int64_t n0 = r0 + static_cast<int64_t>(warp) * ROWS;
   for (int i = 0; i < items; ++i) {
-    mbar_wait(bar0 + 8u * s, parity);
+    if (!mbar_wait_warp(bar0 + 8u * s, parity)) return;
     const uint8_t* slot = ring + s * L.slot_bytes;
     const float* sratio = reinterpret_cast<const float*>(slot + ROWS * RS);
     const int k0 = sl * KS;
@@ -338,7 +351,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
           const uint32_t own = pack4(ring_fold(cf[0], ratio), ring_fold(cf[1], ratio),
                                      ring_fold(cf[2], ratio), ring_fold(cf[3], ratio));
 #pragma unroll
-          for (int t = 0; t < 4; ++t) lut[t] = __shfl_sync(0xffffffffu, own, (lane & ~3) | t);
+          for (int t = 0; t < 4; ++t) lut[t] = __shfl_sync(0xffffffffu, own, t, 4);  // row's lanes
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // codes 8q .. 8q + 7 of the lane's 32
@@ -575,7 +588,12 @@ bool decode_ring_applies(const DecodeParams& d) {
 }
 
 void decode_ring(const DecodeParams& d, cudaStream_t stream) {
-  const RingLayout L = ring_layout(d, device_info().max_smem);
+  decode_ring_transport(d, kRingBulk, stream);
+}
+
+void decode_ring_transport(const DecodeParams& d, bool bulk, cudaStream_t stream) {
+  RingLayout L = ring_layout(d, device_info().max_smem);
+  L.bulk = bulk ? 1 : 0;
   const bool nt2 = d.M > 8;
   switch (ring_kind(d.w)) {
     case kRComfy:

@@ -32,6 +32,9 @@ bool decode_ring_applies(const DecodeParams& d);
 // Launched with programmatic stream serialization: the weight loads start before the preceding
 // kernel finished; activations are read after griddepcontrol.wait.
 void decode_ring(const DecodeParams& d, cudaStream_t stream);
+// decode_ring with the weight transport chosen: cp.async.bulk (bulk, the default) or 16-byte
+// cp.async per lane; the same output bits (A/B bench rows).
+void decode_ring_transport(const DecodeParams& d, bool bulk, cudaStream_t stream);
 
 // The session-2 kernels only (decode4_kernel, else the general kernel), whatever the ring kernel
 // would take: A/B bench rows and the fallback.
