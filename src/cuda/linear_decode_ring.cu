@@ -105,6 +105,7 @@ __device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
 // copy that never lands: the warp abandons its work instead of hanging or trapping, so the
 // output is wrong and the harness says so).
 __device__ __forceinline__ bool mbar_wait_warp(uint32_t bar, uint32_t parity) {
+#pragma unroll 1
   for (uint32_t polls = 0; polls < (1u << 22); ++polls)
     if (__all_sync(0xffffffffu, mbar_try(bar, parity))) return true;
   return false;
