@@ -209,8 +209,9 @@ class RotateBench : public BenchCase {
 // QuantizedLinear::forward launches for one choice of kernels (x bf16 in, bf16 out with bias,
 // random codes on the device), against cuBLASLt bf16 GEMM + bias in the same run:
 //   "ring fused"            one kernel: rotation + quantization in the ring kernel's prologue
-//                           (the layer's path at M <= 2);
-//   "rotate + ring"         the rotate kernel, then the ring kernel (PDL) (the path at M > 2);
+//                           (kRingFuseMaxM: off in the layer since H200 run 2);
+//   "rotate + ring"         the rotate kernel, then the ring kernel (PDL): the layer's path;
+//   "..., cp.async transport"  the same with the other weight transport, bits compared;
 //   "rotate + stream (s2)"  the rotate kernel, then session 2's streaming kernel (PDL).
 class DecodeRingBench : public BenchCase {
  public:
@@ -299,23 +300,6 @@ class DecodeRingBench : public BenchCase {
             Row r = row("ring fused (one kernel)");
             r.ms = env.time_ms([&] { cl::decode_ring(fused, s); });
             rows.push_back(r);
-            if (M == 1) {
-              // The other weight transport (16-byte cp.async per lane): time, and its output
-              // bits against the default transport's at the full shape.
-              cl::decode_ring(fused, s);
-              cudaStreamSynchronize(s);
-              std::vector<float> ref = to_host_f32(out.view);
-              Row c = row("ring fused, cp.async transport");
-              c.ms = env.time_ms([&] { cl::decode_ring_transport(fused, false, s); });
-              cudaStreamSynchronize(s);
-              std::vector<float> got = to_host_f32(out.view);
-              size_t diff = 0;
-              for (size_t i = 0; i < ref.size(); ++i)
-                if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
-              c.accuracy = diff ? std::to_string(diff) + " outputs differ from the bulk transport"
-                                : "bit-identical to the bulk transport";
-              rows.push_back(c);
-            }
           }
           if (cl::decode_ring_applies(sep)) {
             Row r = row("rotate + ring");
@@ -328,6 +312,24 @@ class DecodeRingBench : public BenchCase {
             g.ms = env.time_ms([&] { cl::decode_ring(sep, s); });
             g.note = "GEMV only: not the layer";
             rows.push_back(g);
+            // The other weight transport (16-byte cp.async per lane, kRingBulk = false): time,
+            // and its output bits against the default transport's at the full shape.
+            cl::decode_ring(sep, s);
+            cudaStreamSynchronize(s);
+            const std::vector<float> ref = to_host_f32(out.view);
+            Row c = row("rotate + ring, cp.async transport");
+            c.ms = env.time_ms([&] {
+              cl::rotate_quantize(rq, s);
+              cl::decode_ring_transport(sep, false, s);
+            });
+            cudaStreamSynchronize(s);
+            const std::vector<float> got = to_host_f32(out.view);
+            size_t diff = 0;
+            for (size_t i = 0; i < ref.size(); ++i)
+              if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
+            c.accuracy = diff ? std::to_string(diff) + " outputs differ from the bulk transport"
+                              : "bit-identical to the bulk transport";
+            rows.push_back(c);
           }
           Row r = row("rotate + stream (s2)");
           r.ms = env.time_ms([&] {

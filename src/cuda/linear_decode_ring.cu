@@ -14,7 +14,7 @@
 //     slice and lane 16 + r its 4 group ratios, so one warp instruction requests a whole item.
 //     The first D items of every warp are requested before anything else happens (before
 //     griddepcontrol.wait and before the activation prologue);
-//   - the activations go to shared memory once per CTA: with M <= kRingFuseMaxM the CTA rotates
+//   - the activations go to shared memory once per CTA: in the fused mode the CTA rotates
 //     and quantizes x itself (the shared-memory rotation of linear_rotate.cuh, the per-token
 //     rule, IEEE division: the rotate kernels' bits), else it copies the codes a rotate kernel
 //     wrote;
@@ -535,7 +535,7 @@ void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream
     (void)cudaGetLastError();  // the attribute refused (not sticky): a plain launch
     kernel<<<cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes, stream>>>(d, L);
   };
-  if constexpr (NT == 1) {  // fused instances exist for M <= kRingFuseMaxM (<= 8) only
+  if constexpr (NT == 1) {  // fused instances exist for M <= kRingFuseLimit (<= 8) only
     if (d.M == 1 && kRingDot) {  // dp4a instances
       if (!d.x) {
         go(gemv_ring_kernel<WF, NT, void, true>);
@@ -578,7 +578,7 @@ bool decode_ring_applies(const DecodeParams& d) {
   }
   if (w.row_bytes % 16 != 0 || !aligned16(w.codes)) return false;
   if (d.x) {
-    if (d.M > kRingFuseMaxM || d.rot != 256) return false;
+    if (d.M > kRingFuseLimit || d.rot != 256) return false;
     if (d.x_dtype != DType::bf16 && d.x_dtype != DType::f16) return false;
   } else {
     if (!d.a || d.lda % 16 != 0 || !aligned16(d.a)) return false;

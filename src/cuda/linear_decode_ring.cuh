@@ -16,14 +16,19 @@ namespace lowbit {
 namespace cuda {
 namespace linear {
 
-// Largest M whose rotation + quantization the ring kernel does itself (every CTA rotates the rows:
-// cheap for one or two rows, hidden behind the first weight bytes in flight).
-constexpr int64_t kRingFuseMaxM = 2;
+// Largest M whose rotation + quantization the ring kernel can do itself (every CTA rotates the
+// rows in its prologue, while the first weight bytes are in flight).
+constexpr int64_t kRingFuseLimit = 2;
+// Largest M for which QuantizedLinear::forward takes that fused mode. 0: off. H200 run 2 measured
+// the fused prologue ~3 us slower than the register rotate kernel followed by the ring kernel
+// (programmatic dependent launch) at 1 x 5120 -> 13824 (convrotint4 37.4 vs 34.6 us; the ring is
+// instruction-bound, so the prologue's IEEE divisions and barriers add to its time).
+constexpr int64_t kRingFuseMaxM = 0;
 
 // Whether decode_ring takes these arguments on the current device: sm_90 with an sm_90 kernel
 // image; weights int8 (K % 256 == 0), packed 4-bit with group 128 or no ratios (K % 512 == 0), or
 // comfy int4 (K % 512 == 0); 16-byte aligned codes / ratios / activation codes; M <= 16; the
-// shared-memory layout fits. With d.x set (fused mode) also: M <= kRingFuseMaxM, rot 256,
+// shared-memory layout fits. With d.x set (fused mode) also: M <= kRingFuseLimit, rot 256,
 // x bf16 or f16.
 bool decode_ring_applies(const DecodeParams& d);
 
