@@ -211,7 +211,8 @@ class RotateBench : public BenchCase {
 //   "ring fused"            one kernel: rotation + quantization in the ring kernel's prologue
 //                           (kRingFuseMaxM: off in the layer since H200 run 2);
 //   "rotate + ring"         the rotate kernel, then the ring kernel (PDL): the layer's path;
-//   "..., cp.async transport"  the same with the other weight transport, bits compared;
+//   "rotate + ring, <variant>"  the ring with the other weight transport / 8-row tiles at
+//                           M > 8, output bits compared with the default ring's;
 //   "rotate + stream (s2)"  the rotate kernel, then session 2's streaming kernel (PDL).
 class DecodeRingBench : public BenchCase {
  public:
@@ -312,24 +313,34 @@ class DecodeRingBench : public BenchCase {
             g.ms = env.time_ms([&] { cl::decode_ring(sep, s); });
             g.note = "GEMV only: not the layer";
             rows.push_back(g);
-            // The other weight transport (16-byte cp.async per lane, kRingBulk = false): time,
-            // and its output bits against the default transport's at the full shape.
+            // Variants of the ring kernel, each timed and its output bits compared with the
+            // default's at the full shape: the other weight transport (16-byte cp.async per
+            // lane, kRingBulk = false) and, at M > 8, 8-row tiles with 16 warps.
             cl::decode_ring(sep, s);
             cudaStreamSynchronize(s);
             const std::vector<float> ref = to_host_f32(out.view);
-            Row c = row("rotate + ring, cp.async transport");
-            c.ms = env.time_ms([&] {
-              cl::rotate_quantize(rq, s);
-              cl::decode_ring_transport(sep, false, s);
-            });
-            cudaStreamSynchronize(s);
-            const std::vector<float> got = to_host_f32(out.view);
-            size_t diff = 0;
-            for (size_t i = 0; i < ref.size(); ++i)
-              if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
-            c.accuracy = diff ? std::to_string(diff) + " outputs differ from the bulk transport"
-                              : "bit-identical to the bulk transport";
-            rows.push_back(c);
+            struct Variant {
+              const char* name;
+              bool bulk;
+              int tile_rows;
+            };
+            std::vector<Variant> variants = {{"rotate + ring, cp.async transport", false, 0}};
+            if (M > 8) variants.push_back({"rotate + ring, 8-row tiles (16 warps)", true, 8});
+            for (const Variant& v : variants) {
+              Row c = row(v.name);
+              c.ms = env.time_ms([&] {
+                cl::rotate_quantize(rq, s);
+                cl::decode_ring_with(sep, v.bulk, v.tile_rows, s);
+              });
+              cudaStreamSynchronize(s);
+              const std::vector<float> got = to_host_f32(out.view);
+              size_t diff = 0;
+              for (size_t i = 0; i < ref.size(); ++i)
+                if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
+              c.accuracy = diff ? std::to_string(diff) + " outputs differ from the default ring"
+                                : "bit-identical to the default ring";
+              rows.push_back(c);
+            }
           }
           Row r = row("rotate + stream (s2)");
           r.ms = env.time_ms([&] {

@@ -164,7 +164,8 @@ __device__ __forceinline__ void ring_lut_word(uint32_t word, const uint32_t lut[
 // T: the activation dtype when the CTA rotates + quantizes x itself (ROT = 256), else void.
 // DOT (M == 1, NT == 1): dp4a on the lane's own 32 columns instead of mma.sync (no operand
 // shuffling, no idle mma rows); the 4 lanes of a weight row add their sums at the tile's end.
-template <int WF, int NT, typename T, bool DOT>
+// HI: the mma's A rows 8..15 are loaded (M > 8); always with NT = 2, optional with NT = 1.
+template <int WF, int NT, typename T, bool DOT, bool HI = (NT == 2)>
 __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
     gemv_ring_kernel(DecodeParams p, RingLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
 
   // Activation rows of the mma's A rows gid / gid + 8. Rows >= M load row M - 1 instead of
   // zeros: they only feed output rows >= M, which are never stored (no branch, no zeroing).
-  // NT = 1 runs M <= 8 only: the upper rows are constant zeros there (no loads, no registers).
+  // Without HI (M <= 8) the upper rows are constant zeros (no loads, no registers).
   // DOT (M == 1): every lane reads row 0.
   const uint8_t* a_lo = act + (DOT ? 0 : min(gid, M - 1)) * L.act_stride;
   const uint8_t* a_hi = act + min(gid + 8, M - 1) * L.act_stride;
@@ -327,7 +328,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
       const int kc = k0 + 32 * c;
       const uint4 lo0 = lds128(a_lo + kc), lo1 = lds128(a_lo + kc + 16);
       uint4 hi0 = make_uint4(0, 0, 0, 0), hi1 = hi0;
-      if constexpr (NT == 2) {
+      if constexpr (HI) {
         hi0 = lds128(a_hi + kc);
         hi1 = lds128(a_hi + kc + 16);
       }
@@ -440,11 +441,17 @@ int ring_kind(const PackedWeightRef& w) {
   return kRPacked4;
 }
 
+// Tile height in n8 mma tiles: tile_rows 8 or 16, else the default (16 for M > 8).
+int ring_nt(const DecodeParams& d, int tile_rows) {
+  if (tile_rows == 8 || tile_rows == 16) return tile_rows / 8;
+  return d.M > 8 ? 2 : 1;
+}
+
 // The layout for M rows, or depth 0 when nothing fits.
-RingLayout ring_layout(const DecodeParams& d, int max_smem) {
+RingLayout ring_layout(const DecodeParams& d, int max_smem, int tile_rows = 0) {
   RingLayout L;
   const int wf = ring_kind(d.w);
-  const int nt = d.M > 8 ? 2 : 1, W = ring_warps(nt), rows = 8 * nt;
+  const int nt = ring_nt(d, tile_rows), W = ring_warps(nt), rows = 8 * nt;
   const bool ratios = wf == kRPacked4 && d.w.ratios != nullptr;
   L.act_stride = static_cast<int>(d.w.K + 16);
   int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
@@ -515,7 +522,7 @@ void ensure_smem(Kernel kernel, int64_t bytes) {
   done[key] = limit;
 }
 
-template <int WF, int NT>
+template <int WF, int NT, bool HI = (NT == 2)>
 void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream) {
   auto go = [&](auto kernel) {
     ensure_smem(kernel, L.smem);
@@ -535,6 +542,10 @@ void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream
     (void)cudaGetLastError();  // the attribute refused (not sticky): a plain launch
     kernel<<<cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes, stream>>>(d, L);
   };
+  if constexpr (NT == 1 && HI) {  // 8-row tiles at M > 8 (A/B rows): non-fused, mma
+    go(gemv_ring_kernel<WF, 1, void, false, true>);
+    return;
+  }
   if constexpr (NT == 1) {  // fused instances exist for M <= kRingFuseLimit (<= 8) only
     if (d.M == 1 && kRingDot) {  // dp4a instances
       if (!d.x) {
@@ -593,18 +604,38 @@ void decode_ring(const DecodeParams& d, cudaStream_t stream) {
 }
 
 void decode_ring_transport(const DecodeParams& d, bool bulk, cudaStream_t stream) {
-  RingLayout L = ring_layout(d, device_info().max_smem);
+  decode_ring_with(d, bulk, 0, stream);
+}
+
+void decode_ring_with(const DecodeParams& d, bool bulk, int tile_rows, cudaStream_t stream) {
+  const int max_smem = device_info().max_smem;
+  RingLayout L = ring_layout(d, max_smem, tile_rows);
+  if (L.depth < 2) {  // the requested tiles do not fit: the default layout (applies() checked)
+    tile_rows = 0;
+    L = ring_layout(d, max_smem);
+  }
   L.bulk = bulk ? 1 : 0;
-  const bool nt2 = d.M > 8;
+  const int nt = ring_nt(d, tile_rows);
+  const bool hi1 = nt == 1 && d.M > 8;  // 8-row tiles with the upper mma rows
+  auto by_kind = [&](auto wf_tag) {
+    constexpr int WF = decltype(wf_tag)::value;
+    if (nt == 2) {
+      launch_ring<WF, 2>(d, L, stream);
+    } else if (hi1) {
+      launch_ring<WF, 1, true>(d, L, stream);
+    } else {
+      launch_ring<WF, 1>(d, L, stream);
+    }
+  };
   switch (ring_kind(d.w)) {
     case kRComfy:
-      nt2 ? launch_ring<kRComfy, 2>(d, L, stream) : launch_ring<kRComfy, 1>(d, L, stream);
+      by_kind(std::integral_constant<int, kRComfy>{});
       break;
     case kRInt8:
-      nt2 ? launch_ring<kRInt8, 2>(d, L, stream) : launch_ring<kRInt8, 1>(d, L, stream);
+      by_kind(std::integral_constant<int, kRInt8>{});
       break;
     default:
-      nt2 ? launch_ring<kRPacked4, 2>(d, L, stream) : launch_ring<kRPacked4, 1>(d, L, stream);
+      by_kind(std::integral_constant<int, kRPacked4>{});
   }
   check_launch("decode_ring");
 }

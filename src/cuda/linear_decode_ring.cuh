@@ -40,6 +40,9 @@ void decode_ring(const DecodeParams& d, cudaStream_t stream);
 // decode_ring with the weight transport chosen: cp.async.bulk (bulk, the default) or 16-byte
 // cp.async per lane; the same output bits (A/B bench rows).
 void decode_ring_transport(const DecodeParams& d, bool bulk, cudaStream_t stream);
+// ... and the tile height: tile_rows 8 (16 warps) or 16 (8 warps); 0 = the default (16 for
+// M > 8, else 8). Falls back to the default where the requested layout does not fit.
+void decode_ring_with(const DecodeParams& d, bool bulk, int tile_rows, cudaStream_t stream);
 
 // The session-2 kernels only (decode4_kernel, else the general kernel), whatever the ring kernel
 // would take: A/B bench rows and the fallback.
