@@ -15,6 +15,12 @@
 #include "bench/bench.h"
 #include "lowbit/linear.h"
 #include "lowbit/runtime.h"
+#ifdef LOWBIT_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "src/cuda/linear_decode_ring.cuh"
+#include "src/cuda/linear_kernels.cuh"
+#endif
 
 namespace lowbit {
 namespace bench {
@@ -198,9 +204,169 @@ class RotateBench : public BenchCase {
   }
 };
 
+#ifdef LOWBIT_WITH_CUDA
+// Decode (M <= 16) kernel A/B at the decode rows' shape, CUDA only: each row is what
+// QuantizedLinear::forward launches for one choice of kernels (x bf16 in, bf16 out with bias,
+// random codes on the device), against cuBLASLt bf16 GEMM + bias in the same run:
+//   "ring fused"            one kernel: rotation + quantization in the ring kernel's prologue
+//                           (kRingFuseMaxM: off in the layer since H200 run 2);
+//   "rotate + ring"         the rotate kernel, then the ring kernel (PDL): the layer's path;
+//   "rotate + ring, <variant>"  the ring with the other weight transport / 8-row tiles at
+//                           M > 8, output bits compared with the default ring's;
+//   "rotate + stream (s2)"  the rotate kernel, then session 2's streaming kernel (PDL).
+class DecodeRingBench : public BenchCase {
+ public:
+  std::string name() const override { return "linear.decode_ring"; }
+  std::vector<Row> run(const Env& env) override {
+    namespace cl = cuda::linear;
+    std::vector<Row> rows;
+    if (env.device != Device::cuda) return rows;
+    const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
+    cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
+    struct Fmt {
+      QType q;
+      cl::WeightFormat f;
+      int bits;
+    };
+    for (int64_t M : {int64_t{1}, int64_t{2}, int64_t{16}}) {
+      const double base = env.bf16_gemm_ms(M, N, K, true);
+      DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
+      DeviceTensor codes = make_empty(Device::cuda, DType::i8, {M, K});
+      DeviceTensor scales = make_empty(Device::cuda, DType::f32, {M});
+      DeviceTensor w = make_tensor(Device::cuda, DType::u8, {N, K}, 23);  // int8: the largest
+      DeviceTensor ratios = make_tensor(Device::cuda, DType::f32, {N, K / 128}, 24, 2.f);
+      DeviceTensor ws = make_tensor(Device::cuda, DType::f32, {N}, 25, 1e-3f);
+      DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
+      DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
+      cl::RotateQuantParams rq;
+      rq.x = x.view.data;
+      rq.x_dtype = DType::bf16;
+      rq.x_row_stride = K;
+      rq.M = M;
+      rq.K = K;
+      rq.rot = 256;
+      rq.fmt = cl::ActFormat::int8;
+      rq.codes = codes.view.data;
+      rq.codes_row_stride = K;
+      rq.scales = static_cast<float*>(scales.view.data);
+      for (const Fmt& f : {Fmt{QType::convrot_int4, cl::WeightFormat::packed, 4},
+                           Fmt{QType::convrot_comfy_w4a4, cl::WeightFormat::comfy_int4, 4},
+                           Fmt{QType::convrot8, cl::WeightFormat::int8, 8}}) {
+        cl::DecodeParams d;
+        d.M = M;
+        d.w.format = f.f;
+        d.w.codes = static_cast<const uint8_t*>(w.view.data);
+        d.w.N = N;
+        d.w.K = K;
+        d.w.bits = f.bits;
+        d.w.row_bytes = cl::packed_row_bytes(f.f, K, f.bits);
+        if (f.f == cl::WeightFormat::packed) {
+          d.w.ratios = static_cast<const float*>(ratios.view.data);
+          d.w.group = 128;
+          d.w.group_shift = 7;
+          d.w.groups_per_row = K / 128;
+        }
+        d.act_qmax = f.f == cl::WeightFormat::comfy_int4 ? 7 : 127;
+        rq.fmt = f.f == cl::WeightFormat::comfy_int4 ? cl::ActFormat::int4 : cl::ActFormat::int8;
+        d.ep.w_scale = static_cast<const float*>(ws.view.data);
+        d.ep.bias = bias.view.data;
+        d.ep.bias_dtype = DType::bf16;
+        d.out = out.view.data;
+        d.out_dtype = DType::bf16;
+        d.ldo = N;
+        cl::DecodeParams fused = d;  // x in, the kernel rotates
+        fused.x = x.view.data;
+        fused.x_dtype = DType::bf16;
+        fused.x_row_stride = K;
+        fused.rot = 256;
+        cl::DecodeParams sep = d;  // codes from the rotate kernel
+        sep.a = static_cast<const int8_t*>(codes.view.data);
+        sep.lda = K;
+        sep.ep.a_scale = static_cast<const float*>(scales.view.data);
+        auto row = [&](const std::string& what) {
+          Row r;
+          r.family = "linear";
+          r.op = std::string("decode ") + qtype_name(f.q) + ": " + what;
+          r.shape = shape_str(M, K, N);
+          r.backend = "cuda";
+          r.bytes = static_cast<double>(N * d.w.row_bytes) + 2.0 * M * K + 2.0 * M * N;
+          if (f.f == cl::WeightFormat::packed) r.bytes += 4.0 * N * (K / 128);
+          r.flops = 2.0 * M * N * K;
+          r.baseline = "cuBLASLt bf16 GEMM + bias";
+          r.baseline_ms = base;
+          return r;
+        };
+        try {
+          if (cl::decode_ring_applies(fused)) {
+            Row r = row("ring fused (one kernel)");
+            r.ms = env.time_ms([&] { cl::decode_ring(fused, s); });
+            rows.push_back(r);
+          }
+          if (cl::decode_ring_applies(sep)) {
+            Row r = row("rotate + ring");
+            r.ms = env.time_ms([&] {
+              cl::rotate_quantize(rq, s);
+              cl::decode_ring(sep, s);
+            });
+            rows.push_back(r);
+            Row g = row("ring alone (codes on the device)");
+            g.ms = env.time_ms([&] { cl::decode_ring(sep, s); });
+            g.note = "GEMV only: not the layer";
+            rows.push_back(g);
+            // Variants of the ring kernel, each timed and its output bits compared with the
+            // default's at the full shape: the other weight transport (16-byte cp.async per
+            // lane, kRingBulk = false) and, at M > 8, 8-row tiles with 16 warps.
+            cl::decode_ring(sep, s);
+            cudaStreamSynchronize(s);
+            const std::vector<float> ref = to_host_f32(out.view);
+            struct Variant {
+              const char* name;
+              bool bulk;
+              int tile_rows;
+            };
+            std::vector<Variant> variants = {{"rotate + ring, cp.async transport", false, 0}};
+            if (M > 8) variants.push_back({"rotate + ring, 8-row tiles (16 warps)", true, 8});
+            for (const Variant& v : variants) {
+              Row c = row(v.name);
+              c.ms = env.time_ms([&] {
+                cl::rotate_quantize(rq, s);
+                cl::decode_ring_with(sep, v.bulk, v.tile_rows, s);
+              });
+              cudaStreamSynchronize(s);
+              const std::vector<float> got = to_host_f32(out.view);
+              size_t diff = 0;
+              for (size_t i = 0; i < ref.size(); ++i)
+                if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
+              c.accuracy = diff ? std::to_string(diff) + " outputs differ from the default ring"
+                                : "bit-identical to the default ring";
+              rows.push_back(c);
+            }
+          }
+          Row r = row("rotate + stream (s2)");
+          r.ms = env.time_ms([&] {
+            cl::rotate_quantize(rq, s);
+            cl::decode_gemv_stream(sep, s);
+          });
+          rows.push_back(r);
+        } catch (const std::exception& e) {
+          Row r = row("failed");
+          r.note = std::string("failed: ") + e.what();
+          rows.push_back(r);
+        }
+      }
+    }
+    cudaStreamSynchronize(s);
+    return rows;
+  }
+};
+#endif
+
 LOWBIT_BENCH_CASES(linear_bench_cases) {
   cases.push_back(std::make_unique<LayerBench>());
   cases.push_back(std::make_unique<RotateBench>());
+#ifdef LOWBIT_WITH_CUDA
+  cases.push_back(std::make_unique<DecodeRingBench>());
+#endif
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
+#include "src/cuda/linear_decode_ring.cuh"
 #include "src/cuda/linear_kernels.cuh"
 #include "src/cuda/linear_lut.h"
 #include "src/cuda/linear_rotate.cuh"
@@ -474,7 +475,21 @@ bool decode_can_fuse(int64_t M, int64_t K) {
   return M >= 1 && M <= kFuseMaxM && fused_smem_bytes(M, K) <= kFuseMaxSmem;
 }
 
+// Session 3: the ring kernel (linear_decode_ring.cu) is the default wherever it applies; false
+// keeps the session-2 kernels below for every shape (they stay the fallback either way).
+constexpr bool kUseRing = true;
+
 void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
+  if (p.M == 0 || p.w.N == 0) return;
+  // one_tile_per_cta asks for the streaming kernel's round-1 grid (an A/B bench row).
+  if (kUseRing && !p.one_tile_per_cta && decode_ring_applies(p)) {
+    decode_ring(p, stream);
+    return;
+  }
+  decode_gemv_stream(p, stream);
+}
+
+void decode_gemv_stream(const DecodeParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.w.N == 0) return;
   if (p.x) {
     switch (p.x_dtype) {

@@ -3,6 +3,7 @@
 //   prefill (M > 16): rotate+quantize -> [unpack] -> int8 GEMM with the fused epilogue (CUTLASS
 //                     on sm_90a, else wgmma / mma.sync)
 //   decode  (M <= 16, int8-grid qtypes): rotate+quantize -> fused decode GEMM on the packed codes
+//           (M <= 2 where the ring kernel applies: one kernel, rotation in its prologue)
 //   convrot4 on sm_90: NVFP4 dequantized to f16 (exact) -> f16 mma GEMM, pts in the epilogue
 // Temporary buffers come from the stream-ordered allocator (cudaMallocAsync on the caller's stream).
 #include <cublasLt.h>
@@ -18,6 +19,7 @@
 #include "src/core/check.h"
 #include "src/core/linear_backend.h"
 #include "src/cuda/common.cuh"
+#include "src/cuda/linear_decode_ring.cuh"
 #include "src/cuda/linear_kernels.cuh"
 
 namespace lowbit {
@@ -273,6 +275,27 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
 
   const linear::PackedWeightRef ref = weight_ref(w);
+  if (fmt != ActFormat::e4m3 && M <= linear::kRingFuseMaxM) {
+    // One or two decode rows: the ring kernel rotates, quantizes and multiplies in one launch
+    // (bit-identical to rotate_quantize + decode / prefill) where it applies.
+    linear::DecodeParams d;
+    d.x = x.data;
+    d.x_dtype = x.dtype;
+    d.x_row_stride = x.stride[0];
+    d.rot = w.rot;
+    d.act_qmax = fmt == ActFormat::int4 ? 7 : 127;
+    d.M = M;
+    d.w = ref;
+    d.ep = ep;
+    d.ep.w_scale = static_cast<const float*>(w.scales.data);
+    d.out = out.data;
+    d.out_dtype = out.dtype;
+    d.ldo = out.stride[0];
+    if (linear::decode_ring_applies(d)) {
+      linear::decode_ring(d, s);
+      return;
+    }
+  }
   if (fmt != ActFormat::e4m3 && linear::decode_can_fuse(M, K)) {
     // Few decode rows: one kernel rotates, quantizes and multiplies (bit-identical to the rest).
     linear::DecodeParams d;

@@ -291,6 +291,29 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 1, 264, 1280, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 16, 40, 640, DType::f16, false));
 
+  // The ring decode kernel (session 3; 4-bit K % 512 == 0, int8 K % 256 == 0): M <= 2 fused
+  // (rotation + quantization in the kernel, bf16 and f16 x), M 3..8 (8-row tiles, codes from the
+  // rotate kernel), M 9..16 (16-row tiles, the mma's upper rows partly empty); K of one slice
+  // and of many (5120: the production K); O from one CTA with one tile to enough rows that every
+  // warp of a 132-CTA grid runs several tiles through its ring (O 20000).
+  for (int64_t m : {1, 2, 5, 9, 16}) {
+    cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, m, 264, 1536,
+                                                  m % 2 ? DType::bf16 : DType::f16, m != 5));
+    cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, m, 136, 1024,
+                                                  DType::bf16, m != 9));
+    cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, m, 72, 768,
+                                                  m == 2 ? DType::f16 : DType::bf16, true));
+  }
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 264, 5120, DType::bf16,
+                                                true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 8, 512, DType::f16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 20000, 512, DType::bf16,
+                                                true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 12, 20000, 512, DType::bf16,
+                                                false));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 2, 20008, 256, DType::bf16,
+                                                true));
+
   // The sm_90a CUTLASS int8 GEMM (128 x 256 x 128 tiles, 2 x 1 clusters): odd M over several
   // CTA rows and an odd number of them, O over partial 256-column tiles, K with a partial 128-byte
   // K tile (TMA zero fill), bf16 and f16 outputs, bf16/f16 bias (converted to fp32 first) and no

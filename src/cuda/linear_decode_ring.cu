@@ -1,0 +1,645 @@
+// Ring decode kernel for M <= 16 (SPEC §3.5; design and measurements in docs/linear-gpu.md,
+// "Session 3: the ring decode kernel").
+//
+// At M <= 16 the layer is the weight stream: 35 MB of packed int4 at 5120 -> 13824. The kernel is
+// built so that the memory system always has tens of KB per SM requested and nothing else sits on
+// the critical path:
+//   - one persistent CTA per SM owns a contiguous range of weight rows (output columns), split
+//     evenly (to 2 rows), so every CTA streams the same number of bytes;
+//   - inside the CTA each warp owns tiles of 8 (M <= 8) or 16 (M > 8) consecutive rows over the
+//     whole K, so it finishes its columns alone: no cross-warp reduction, no CTA barrier in the
+//     main loop;
+//   - a warp's items (tile, K slice of 256 bytes per row) arrive by cp.async.bulk into the warp's
+//     own ring of D slots (D = 2..4) completing on one mbarrier per slot; lane r copies row r's
+//     slice and lane 16 + r its 4 group ratios, so one warp instruction requests a whole item.
+//     The first D items of every warp are requested before anything else happens (before
+//     griddepcontrol.wait and before the activation prologue);
+//   - the activations go to shared memory once per CTA: in the fused mode the CTA rotates
+//     and quantizes x itself (the shared-memory rotation of linear_rotate.cuh, the per-token
+//     rule, IEEE division: the rotate kernels' bits), else it copies the codes a rotate kernel
+//     wrote;
+//   - per 32-column chunk a lane builds 4 entries of the group's 16-entry int8 table (SPEC §3.3
+//     fold, 3 shuffles to share them), looks its 32 codes up with byte permutes (linear_lut.h,
+//     the table the streaming kernel uses and tests/unit/linear_lut_test.cpp replays), and feeds
+//     mma.sync m16n8k32 with the same columns of the activation rows: exact int32 sums, the
+//     prefill path's epilogue, the same output bits.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+
+#include "lowbit/dtype.h"
+#include "src/cuda/common.cuh"
+#include "src/cuda/gemm_common.cuh"
+#include "src/cuda/linear_decode_ring.cuh"
+#include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_lut.h"
+#include "src/cuda/linear_rotate.cuh"
+#include "src/cuda/linear_unpack.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+namespace {
+
+// Weight kinds (template argument).
+constexpr int kRComfy = 0, kRPacked4 = 1, kRInt8 = 2;
+// Columns of one K slice (one item covers rows x slice): 256 bytes per row for every kind.
+__host__ __device__ constexpr int slice_cols(int wf) { return wf == kRInt8 ? 256 : 512; }
+constexpr int kSliceBytes = 256;
+// Row stride inside a slot: the slice plus a pad that makes the 8 lanes of an LDS.128 phase
+// (rows gid, gid + 1, 4 lanes each) hit distinct 16-byte bank groups.
+__host__ __device__ constexpr int slot_row_stride(int wf) {
+  return kSliceBytes + (wf == kRInt8 ? 16 : 64);
+}
+// Warps per CTA: tiles of 8 rows (NT = 1) with 16 warps, tiles of 16 rows (NT = 2) with 8.
+__host__ __device__ constexpr int ring_warps(int nt) { return nt == 1 ? 16 : 8; }
+constexpr int kMaxDepth = 4;
+// Items arrive by cp.async.bulk (one instruction per 256-byte row slice, completing as mbarrier
+// transaction bytes); false: by 16-byte cp.async per lane with cp.async.mbarrier.arrive (the
+// sm_80 mechanism: 4 LDGSTS per lane and item instead of a uniform-register loop over 16 bulk
+// copies; decode_ring_transport runs it for the A/B bench row). Same slots, same bits.
+constexpr bool kRingBulk = true;
+// M == 1 takes the dp4a instances (false: mma.sync for every M).
+constexpr bool kRingDot = true;
+
+struct RingLayout {
+  int depth = 0;         // slots per warp
+  int slot_bytes = 0;    // rows x stride codes, then rows x 16 bytes of ratios (packed 4-bit)
+  int act_stride = 0;    // bytes between activation rows in shared memory (K + 16)
+  int srow_off = 0;      // fused: the fp32 rotated row
+  int ring_off = 0;      // the warps' rings
+  int64_t smem = 0;      // dynamic shared memory bytes
+  int bulk = 1;          // transport: 1 cp.async.bulk, 0 cp.async (see kRingBulk)
+};
+
+// ---- PTX: mbarrier and bulk copies (sm_90) ----
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival (the slot's only expected one) that also raises the transaction count by `bytes`.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Whether (acquire) the phase with this parity completed.
+__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// Warp-uniform wait: true once every lane saw the phase complete (a completed phase stays
+// visible until the slot is re-armed, which only this warp does); false after ~2^22 polls (a
+// copy that never lands: the warp abandons its work instead of hanging or trapping, so the
+// output is wrong and the harness says so).
+__device__ __forceinline__ bool mbar_wait_warp(uint32_t bar, uint32_t parity) {
+#pragma unroll 1
+  for (uint32_t polls = 0; polls < (1u << 22); ++polls)
+    if (__all_sync(0xffffffffu, mbar_try(bar, parity))) return true;
+  return false;
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared, completing as
+// transaction bytes on `bar`.
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// Fallback transport (kRingBulk = false): 16-byte cp.async per lane, and an mbarrier arrival
+// per lane once its copies landed (.noinc: the barrier counts 32 arrivals per phase).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void grid_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+__device__ __forceinline__ uint4 lds128(const uint8_t* p) {
+  return *reinterpret_cast<const uint4*>(p);
+}
+
+// fold_code with the code already in fp32 (exact: |code| <= 8); the streaming kernel's rule.
+__device__ __forceinline__ int32_t ring_fold(float code, float ratio) {
+  const int32_t r = __float2int_rn(__fmul_rn(code, ratio));
+  return max(-127, min(127, r));
+}
+
+// lut_word (linear_lut.h) with the selector arithmetic shared by the two halves of the word:
+// the same selectors (every nibble <= 7, prmt reads the low 16 bits), 11 instructions per 8 codes.
+// prmt.b32 through inline PTX: __byte_perm makes nvcc re-mask every selector with 0x7777 (its
+// model of the intrinsic), which cost a LOP3 per lookup in the ring kernel's SASS. Every selector
+// nibble here is <= 7, where PTX prmt and lut_prmt agree; prmt reads the low 16 selector bits.
+__device__ __forceinline__ uint32_t ring_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+__device__ __forceinline__ void ring_lut_word(uint32_t word, const uint32_t lut[4], uint32_t* b0,
+                                              uint32_t* b1) {
+  const uint32_t idx = word & 0x77777777u;
+  const uint32_t pick = ((word >> 1) & 0x44444444u) | 0x32103210u;
+  const uint32_t idx1 = idx >> 16, pick1 = pick >> 16;
+  *b0 = ring_prmt(ring_prmt(lut[0], lut[1], idx), ring_prmt(lut[2], lut[3], idx), pick);
+  *b1 = ring_prmt(ring_prmt(lut[0], lut[1], idx1), ring_prmt(lut[2], lut[3], idx1), pick1);
+}
+
+// T: the activation dtype when the CTA rotates + quantizes x itself (ROT = 256), else void.
+// DOT (M == 1, NT == 1): dp4a on the lane's own 32 columns instead of mma.sync (no operand
+// shuffling, no idle mma rows); the 4 lanes of a weight row add their sums at the tile's end.
+// HI: the mma's A rows 8..15 are loaded (M > 8); always with NT = 2, optional with NT = 1.
+template <int WF, int NT, typename T, bool DOT, bool HI = (NT == 2)>
+__global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
+    gemv_ring_kernel(DecodeParams p, RingLayout L) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kFused = !std::is_void<T>::value;
+  constexpr int W = ring_warps(NT), kThreads = W * 32, ROWS = 8 * NT;
+  constexpr int KS = slice_cols(WF), J = KS / 128, RS = slot_row_stride(WF);
+  __shared__ __align__(8) uint64_t bars[W * kMaxDepth];
+  __shared__ float s_scale[16], s_amax[W];
+  extern __shared__ __align__(128) uint8_t dsm[];
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tid4 = lane & 3;
+  const int64_t N = p.w.N, K = p.w.K;
+  const int M = static_cast<int>(p.M);
+  const int D = L.depth;
+  // This CTA's rows [r0, r1): an even split, rounded to even starts (2-column output stores).
+  const int64_t G = gridDim.x, b = blockIdx.x;
+  const int64_t r0 = (b * N / G) & ~int64_t{1};
+  const int64_t r1 = b + 1 == G ? N : (((b + 1) * N / G) & ~int64_t{1});
+  const int tiles = static_cast<int>((r1 - r0 + ROWS - 1) / ROWS);
+  const int my_tiles = warp < tiles ? (tiles - 1 - warp) / W + 1 : 0;
+  const int slices = static_cast<int>(K / KS);
+  const int items = my_tiles * slices;
+  const bool has_ratios = WF == kRPacked4 && p.w.ratios != nullptr;
+  const uint32_t item_row_bytes = kSliceBytes + (has_ratios ? 16u : 0u);
+  uint8_t* ring = dsm + L.ring_off + static_cast<size_t>(warp) * D * L.slot_bytes;
+  const uint32_t bar0 = ptx::smem_u32(&bars[warp * kMaxDepth]);
+
+  if (threadIdx.x < W * kMaxDepth)
+    mbar_init(ptx::smem_u32(&bars[threadIdx.x]), L.bulk ? 1u : 32u);
+  mbar_fence_init();
+  __syncthreads();
+
+  // Requests the warp's next item (the tile at row it_n0, slice it_sl) into slot it_slot. Items
+  // are requested in order, so the counters advance by one item per call (no divisions).
+  int it_slot = 0, it_sl = 0;
+  int64_t it_n0 = r0 + static_cast<int64_t>(warp) * ROWS;
+  auto issue = [&]() {
+    const int rows = static_cast<int>(min(static_cast<int64_t>(ROWS), r1 - it_n0));
+    uint8_t* slot = ring + it_slot * L.slot_bytes;
+    const uint32_t bar = bar0 + 8u * it_slot;
+    if (L.bulk) {  // uniform
+      if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(rows) * item_row_bytes);
+      __syncwarp();
+      // One call site (one uniform-register loop in SASS): lane r < 16 copies row r's slice,
+      // lane 16 + r row r's ratios.
+      const int r = lane & 15;
+      const bool ratio_lane = lane >= 16;
+      if (r < rows && (!ratio_lane || has_ratios)) {
+        const float* rsrc = p.w.ratios + (it_n0 + r) * p.w.groups_per_row + it_sl * J;
+        const uint8_t* csrc =
+            p.w.codes + (it_n0 + r) * p.w.row_bytes + int64_t{it_sl} * kSliceBytes;
+        const void* src = ratio_lane ? static_cast<const void*>(rsrc) : csrc;
+        const uint32_t dst = ptx::smem_u32(ratio_lane ? slot + ROWS * RS + r * 16 : slot + r * RS);
+        bulk_g2s(dst, src, ratio_lane ? 16u : static_cast<uint32_t>(kSliceBytes), bar);
+      }
+    } else {
+      const uint8_t* src = p.w.codes + it_n0 * p.w.row_bytes + int64_t{it_sl} * kSliceBytes;
+      for (int c = lane; c < rows * (kSliceBytes / 16); c += 32) {
+        const int r = c / (kSliceBytes / 16), q = c % (kSliceBytes / 16);
+        cp_async16(ptx::smem_u32(slot + r * RS + q * 16), src + r * p.w.row_bytes + q * 16);
+      }
+      if (has_ratios && lane < rows)
+        cp_async16(ptx::smem_u32(slot + ROWS * RS + lane * 16),
+                   p.w.ratios + (it_n0 + lane) * p.w.groups_per_row + it_sl * J);
+      cp_async_arrive_noinc(bar);
+    }
+    if (++it_slot == D) it_slot = 0;
+    if (++it_sl == slices) {
+      it_sl = 0;
+      it_n0 += static_cast<int64_t>(W) * ROWS;
+    }
+  };
+  const int pre = min(D, items);
+  for (int i = 0; i < pre; ++i) issue();
+
+  // The activations may come from the preceding kernel (programmatic dependent launch).
+  grid_wait();
+  uint8_t* act = dsm;
+  Epilogue ep = p.ep;
+  if constexpr (kFused) {
+    float* srow = reinterpret_cast<float*>(dsm + L.srow_off);
+    const float qmax = static_cast<float>(p.act_qmax);
+    for (int m = 0; m < M; ++m) {
+      const T* x = static_cast<const T*>(p.x) + m * p.x_row_stride;
+      float amax = rotate_row_to_smem<T, 256, kThreads>(x, static_cast<int>(K), srow);
+      __syncthreads();
+      amax = block_amax<kThreads>(amax, s_amax);
+      float scale = amax / qmax;
+      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
+      if (threadIdx.x == 0) s_scale[m] = scale;
+      for (int e0 = threadIdx.x * 4; e0 < K; e0 += kThreads * 4) {
+        const float4 q = load4_rotated<256>(srow, e0);
+        const float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          word |= (static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -p.act_qmax, p.act_qmax)) &
+                   0xffu)
+                  << (8 * j);
+        *reinterpret_cast<uint32_t*>(act + m * L.act_stride + e0) = word;
+      }
+      __syncthreads();  // srow is reused by the next row; codes and s_scale complete
+    }
+    ep.a_scale = s_scale;  // a generic pointer into shared memory
+  } else {
+    const int per_row = static_cast<int>(K / 16);
+    for (int idx = threadIdx.x; idx < M * per_row; idx += kThreads) {
+      const int m = idx / per_row, c = idx - m * per_row;
+      // Coherent loads: written by the grid this one may have overlapped.
+      const uint4 v = *reinterpret_cast<const uint4*>(p.a + m * p.lda + c * 16);
+      *reinterpret_cast<uint4*>(act + m * L.act_stride + c * 16) = v;
+    }
+    __syncthreads();
+  }
+
+  // Constant tables: comfy's sign extension; packed 4-bit without ratios, c = u - 7.
+  uint32_t lut_c[4] = {0u, 0u, 0u, 0u};
+  if constexpr (WF == kRComfy) {
+    comfy_lut(lut_c);
+  } else if constexpr (WF == kRPacked4) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) lut_c[t] = pack4(4 * t - 7, 4 * t - 6, 4 * t - 5, 4 * t - 4);
+  }
+  // This lane's 4 entries u = 4 tid4 + e of a group table hold the codes c = u - 7.
+  float cf[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) cf[e] = static_cast<float>(4 * tid4 + e - 7);
+
+  // Activation rows of the mma's A rows gid / gid + 8. Rows >= M load row M - 1 instead of
+  // zeros: they only feed output rows >= M, which are never stored (no branch, no zeroing).
+  // Without HI (M <= 8) the upper rows are constant zeros (no loads, no registers).
+  // DOT (M == 1): every lane reads row 0.
+  const uint8_t* a_lo = act + (DOT ? 0 : min(gid, M - 1)) * L.act_stride;
+  const uint8_t* a_hi = act + min(gid + 8, M - 1) * L.act_stride;
+  const bool out_even = (p.ldo % 2) == 0 && (reinterpret_cast<uintptr_t>(p.out) % 4) == 0;
+
+  // Two accumulator sets (even / odd chunks): two independent mma chains per n8 tile instead of
+  // one chain of 4 J mma per item. Integer sums: the same total in any order.
+  int32_t acc[2][NT][4];
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[u][t][r] = 0;
+
+  // Consumer state: the slot and its phase parity, the slice within the tile, the tile's rows.
+  int s = 0, sl = 0;
+  uint32_t parity = 0;
+  int64_t n0 = r0 + static_cast<int64_t>(warp) * ROWS;
+  for (int i = 0; i < items; ++i) {
+    if (!mbar_wait_warp(bar0 + 8u * s, parity)) return;
+    const uint8_t* slot = ring + s * L.slot_bytes;
+    const float* sratio = reinterpret_cast<const float*>(slot + ROWS * RS);
+    const int k0 = sl * KS;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const int c = tid4 + 4 * j;  // 32-column chunk of the slice; group j of the slice
+      const int kc = k0 + 32 * c;
+      const uint4 lo0 = lds128(a_lo + kc), lo1 = lds128(a_lo + kc + 16);
+      uint4 hi0 = make_uint4(0, 0, 0, 0), hi1 = hi0;
+      if constexpr (HI) {
+        hi0 = lds128(a_hi + kc);
+        hi1 = lds128(a_hi + kc + 16);
+      }
+      const uint32_t lo_w[8] = {lo0.x, lo0.y, lo0.z, lo0.w, lo1.x, lo1.y, lo1.z, lo1.w};
+      const uint32_t hi_w[8] = {hi0.x, hi0.y, hi0.z, hi0.w, hi1.x, hi1.y, hi1.z, hi1.w};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int r = gid + 8 * nt;  // weight row of the tile this lane feeds (mma column gid)
+        const uint8_t* wrow = slot + r * RS;
+        uint32_t wv[8];
+        if constexpr (WF == kRInt8) {
+          const uint4 u0 = lds128(wrow + c * 32), u1 = lds128(wrow + c * 32 + 16);
+          wv[0] = u0.x, wv[1] = u0.y, wv[2] = u0.z, wv[3] = u0.w;
+          wv[4] = u1.x, wv[5] = u1.y, wv[6] = u1.z, wv[7] = u1.w;
+        } else {
+          const uint4 u0 = lds128(wrow + c * 16);
+          wv[0] = u0.x, wv[1] = u0.y, wv[2] = u0.z, wv[3] = u0.w;
+        }
+        uint32_t lut[4] = {lut_c[0], lut_c[1], lut_c[2], lut_c[3]};
+        if (WF == kRPacked4 && has_ratios) {  // warp-uniform
+          const float ratio = sratio[r * 4 + j];
+          const uint32_t own = pack4(ring_fold(cf[0], ratio), ring_fold(cf[1], ratio),
+                                     ring_fold(cf[2], ratio), ring_fold(cf[3], ratio));
+#pragma unroll
+          for (int t = 0; t < 4; ++t) lut[t] = __shfl_sync(0xffffffffu, own, t, 4);  // row's lanes
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // codes 8q .. 8q + 7 of the lane's 32
+          uint32_t b0, b1;
+          if constexpr (WF == kRInt8) {
+            b0 = wv[2 * q], b1 = wv[2 * q + 1];
+          } else {
+            ring_lut_word(wv[q], lut, &b0, &b1);
+          }
+          if constexpr (DOT) {
+            acc[j & 1][nt][0] = __dp4a(static_cast<int>(b0), static_cast<int>(lo_w[2 * q]),
+                                       acc[j & 1][nt][0]);
+            acc[j & 1][nt][0] = __dp4a(static_cast<int>(b1), static_cast<int>(lo_w[2 * q + 1]),
+                                       acc[j & 1][nt][0]);
+          } else {
+            const uint32_t a[4] = {lo_w[2 * q], hi_w[2 * q], lo_w[2 * q + 1], hi_w[2 * q + 1]};
+            mma_s8(acc[j & 1][nt], a, b0, b1);
+          }
+        }
+      }
+    }
+    __syncwarp();  // every lane has read slot s: refill it (issue() takes slot s next)
+    if (i + D < items) issue();
+    if (++s == D) {
+      s = 0;
+      parity ^= 1u;
+    }
+    if (++sl != slices) continue;
+    sl = 0;
+
+    // The tile's last slice: its columns are complete.
+    const int rows = static_cast<int>(min(static_cast<int64_t>(ROWS), r1 - n0));
+    if constexpr (DOT) {
+      // Lane (gid, tid4) holds row gid's sum over its columns: add the 4 lanes of the row.
+      int32_t sum = acc[0][0][0] + acc[1][0][0];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      acc[0][0][0] = acc[1][0][0] = 0;
+      if (tid4 == 0 && gid < rows) {
+        const int64_t col = n0 + gid;
+        if (p.acc_out) {
+          p.acc_out[col] = sum;
+        } else {
+          const float v = apply_epilogue(ep, static_cast<float>(sum), 0, col);
+          store2(p.out, p.out_dtype, col, v, 0.f, false, false);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = gid + 8 * h;
+          const int lc = nt * 8 + 2 * tid4;
+          const int32_t sum0 = acc[0][nt][2 * h] + acc[1][nt][2 * h];
+          const int32_t sum1 = acc[0][nt][2 * h + 1] + acc[1][nt][2 * h + 1];
+          if (row < M && lc < rows) {
+            const int64_t col = n0 + lc;
+            const bool has1 = lc + 1 < rows;
+            if (p.acc_out) {
+              p.acc_out[row * p.ldo + col] = sum0;
+              if (has1) p.acc_out[row * p.ldo + col + 1] = sum1;
+            } else {
+              const float v0 = apply_epilogue(ep, static_cast<float>(sum0), row, col);
+              const float v1 =
+                  has1 ? apply_epilogue(ep, static_cast<float>(sum1), row, col + 1) : 0.f;
+              store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 2; ++u) acc[u][nt][2 * h] = acc[u][nt][2 * h + 1] = 0;
+        }
+      }
+    }
+    n0 += static_cast<int64_t>(W) * ROWS;
+  }
+#else
+  __trap();  // launched on sm_90 only (decode_ring_applies)
+#endif
+}
+
+int ring_kind(const PackedWeightRef& w) {
+  if (w.format == WeightFormat::comfy_int4) return kRComfy;
+  if (w.format == WeightFormat::int8) return kRInt8;
+  return kRPacked4;
+}
+
+// Tile height in n8 mma tiles: tile_rows 8 or 16, else the default (16 for M > 8).
+int ring_nt(const DecodeParams& d, int tile_rows) {
+  if (tile_rows == 8 || tile_rows == 16) return tile_rows / 8;
+  return d.M > 8 ? 2 : 1;
+}
+
+// The layout for M rows, or depth 0 when nothing fits.
+RingLayout ring_layout(const DecodeParams& d, int max_smem, int tile_rows = 0) {
+  RingLayout L;
+  const int wf = ring_kind(d.w);
+  const int nt = ring_nt(d, tile_rows), W = ring_warps(nt), rows = 8 * nt;
+  const bool ratios = wf == kRPacked4 && d.w.ratios != nullptr;
+  L.act_stride = static_cast<int>(d.w.K + 16);
+  int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
+  if (d.x) {
+    L.srow_off = static_cast<int>(off);
+    off += (d.w.K * 4 + 127) / 128 * 128;
+  }
+  L.ring_off = static_cast<int>(off);
+  L.slot_bytes = rows * slot_row_stride(wf) + (ratios ? rows * 16 : 0);
+  for (int depth = kMaxDepth; depth >= 2; --depth) {
+    const int64_t total = off + static_cast<int64_t>(W) * depth * L.slot_bytes;
+    if (total <= max_smem) {
+      L.depth = depth;
+      L.smem = total;
+      return L;
+    }
+  }
+  L.depth = 0;
+  return L;
+}
+
+struct DeviceInfo {
+  bool sm90 = false;
+  int max_smem = 0;  // opt-in dynamic shared memory per block, less room for the static arrays
+};
+DeviceInfo device_info() {
+  static std::mutex mu;
+  static std::map<int, DeviceInfo> cache;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_ring", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  DeviceInfo info;
+  int major = 0, optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "decode_ring",
+             "compute capability");
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+             "decode_ring", "shared memory");
+  cudaFuncAttributes attr{};
+  // The image must hold sm_90 code (a PTX-only or older build traps in the kernel body).
+  const bool image = cudaFuncGetAttributes(&attr, gemv_ring_kernel<kRPacked4, 1, void, false>) ==
+                         cudaSuccess &&
+                     attr.binaryVersion >= 90;
+  (void)cudaGetLastError();
+  info.sm90 = major == 9 && image;
+  info.max_smem = optin - 1024;
+  cache.emplace(dev, info);
+  return info;
+}
+
+// Sets the kernel's dynamic shared memory limit once per device and instance.
+template <typename Kernel>
+void ensure_smem(Kernel kernel, int64_t bytes) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*>, int64_t> done;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_ring", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel));
+  auto it = done.find(key);
+  if (it != done.end() && it->second >= bytes) return;
+  int64_t limit = bytes;
+  if (it != done.end()) limit = std::max(limit, it->second);
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(limit)),
+             "decode_ring", "shared memory");
+  done[key] = limit;
+}
+
+template <int WF, int NT, bool HI = (NT == 2)>
+void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream) {
+  auto go = [&](auto kernel) {
+    ensure_smem(kernel, L.smem);
+    const int64_t tiles = (d.w.N + 8 * NT - 1) / (8 * NT);
+    const int grid = static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(grid));
+    cfg.blockDim = dim3(static_cast<unsigned>(ring_warps(NT) * 32));
+    cfg.dynamicSmemBytes = static_cast<size_t>(L.smem);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kernel, d, L) == cudaSuccess) return;
+    (void)cudaGetLastError();  // the attribute refused (not sticky): a plain launch
+    kernel<<<cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes, stream>>>(d, L);
+  };
+  if constexpr (NT == 1 && HI) {  // 8-row tiles at M > 8 (A/B rows): non-fused, mma
+    go(gemv_ring_kernel<WF, 1, void, false, true>);
+    return;
+  }
+  if constexpr (NT == 1) {  // fused instances exist for M <= kRingFuseLimit (<= 8) only
+    if (d.M == 1 && kRingDot) {  // dp4a instances
+      if (!d.x) {
+        go(gemv_ring_kernel<WF, NT, void, true>);
+      } else if (d.x_dtype == DType::f16) {
+        go(gemv_ring_kernel<WF, NT, __half, true>);
+      } else {
+        go(gemv_ring_kernel<WF, NT, __nv_bfloat16, true>);
+      }
+      return;
+    }
+    if (d.x) {
+      if (d.x_dtype == DType::f16) {
+        go(gemv_ring_kernel<WF, NT, __half, false>);
+      } else {
+        go(gemv_ring_kernel<WF, NT, __nv_bfloat16, false>);
+      }
+      return;
+    }
+  }
+  go(gemv_ring_kernel<WF, NT, void, false>);
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+bool decode_ring_applies(const DecodeParams& d) {
+  const PackedWeightRef& w = d.w;
+  if (d.M < 1 || d.M > 16 || w.N < 1) return false;
+  if (w.format == WeightFormat::int8) {
+    if (w.K % slice_cols(kRInt8) != 0) return false;
+  } else if (w.format == WeightFormat::comfy_int4) {
+    if (w.K % slice_cols(kRComfy) != 0) return false;
+  } else if (w.format == WeightFormat::packed && w.bits == 4) {
+    if (w.K % slice_cols(kRPacked4) != 0) return false;
+    if (w.ratios && (w.group != 128 || w.groups_per_row != w.K / 128 || !aligned16(w.ratios)))
+      return false;
+  } else {
+    return false;
+  }
+  if (w.row_bytes % 16 != 0 || !aligned16(w.codes)) return false;
+  if (d.x) {
+    if (d.M > kRingFuseLimit || d.rot != 256) return false;
+    if (d.x_dtype != DType::bf16 && d.x_dtype != DType::f16) return false;
+  } else {
+    if (!d.a || d.lda % 16 != 0 || !aligned16(d.a)) return false;
+  }
+  const DeviceInfo info = device_info();
+  if (!info.sm90) return false;
+  return ring_layout(d, info.max_smem).depth >= 2;
+}
+
+void decode_ring(const DecodeParams& d, cudaStream_t stream) {
+  decode_ring_transport(d, kRingBulk, stream);
+}
+
+void decode_ring_transport(const DecodeParams& d, bool bulk, cudaStream_t stream) {
+  decode_ring_with(d, bulk, 0, stream);
+}
+
+void decode_ring_with(const DecodeParams& d, bool bulk, int tile_rows, cudaStream_t stream) {
+  const int max_smem = device_info().max_smem;
+  RingLayout L = ring_layout(d, max_smem, tile_rows);
+  if (L.depth < 2) {  // the requested tiles do not fit: the default layout (applies() checked)
+    tile_rows = 0;
+    L = ring_layout(d, max_smem);
+  }
+  L.bulk = bulk ? 1 : 0;
+  const int nt = ring_nt(d, tile_rows);
+  const bool hi1 = nt == 1 && d.M > 8;  // 8-row tiles with the upper mma rows
+  auto by_kind = [&](auto wf_tag) {
+    constexpr int WF = decltype(wf_tag)::value;
+    if (nt == 2) {
+      launch_ring<WF, 2>(d, L, stream);
+    } else if (hi1) {
+      launch_ring<WF, 1, true>(d, L, stream);
+    } else {
+      launch_ring<WF, 1>(d, L, stream);
+    }
+  };
+  switch (ring_kind(d.w)) {
+    case kRComfy:
+      by_kind(std::integral_constant<int, kRComfy>{});
+      break;
+    case kRInt8:
+      by_kind(std::integral_constant<int, kRInt8>{});
+      break;
+    default:
+      by_kind(std::integral_constant<int, kRPacked4>{});
+  }
+  check_launch("decode_ring");
+}
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit
