@@ -129,6 +129,20 @@ class PrologueBench : public BenchCase {
         }
         detail::set_prologue_cuda_tuning({});
       }
+      // The round-2 fast kernels (16 channels per thread), the A/B for round 3.
+      double round2_ms = 0;
+      if (env.device == Device::cuda) {
+        detail::PrologueCudaTuning t;
+        t.round = 2;
+        detail::set_prologue_cuda_tuning(t);
+        try {
+          round2_ms = env.time_ms(fused);
+        } catch (...) {
+          detail::set_prologue_cuda_tuning({});
+          throw;
+        }
+        detail::set_prologue_cuda_tuning({});
+      }
       const double unfused_ms = env.time_ms(unfused);
       unfused();
       synchronize(ctx);
@@ -159,6 +173,14 @@ class PrologueBench : public BenchCase {
         l.baseline_ms = legacy_ms;
         l.note = "first-generation kernels: " + fmt_pct(copy_ms / legacy_ms) + " of copy bandwidth";
         rows.push_back(l);
+      }
+      if (round2_ms > 0) {
+        Row r2 = row;
+        r2.op = is_k ? "k: same, vs round-2 kernels" : "q: same, vs round-2 kernels";
+        r2.baseline = "round-2 kernels";
+        r2.baseline_ms = round2_ms;
+        r2.note = "round-2 kernels: " + fmt_pct(copy_ms / round2_ms) + " of copy bandwidth";
+        rows.push_back(r2);
       }
       Row u = row;
       u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"
