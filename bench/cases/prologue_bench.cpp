@@ -129,19 +129,29 @@ class PrologueBench : public BenchCase {
         }
         detail::set_prologue_cuda_tuning({});
       }
-      // The round-2 fast kernels (16 channels per thread), the A/B for round 3.
-      double round2_ms = 0;
-      if (env.device == Device::cuda) {
-        detail::PrologueCudaTuning t;
-        t.round = 2;
+      // The round-2 fast kernels (16 channels per thread), the A/B for round 3; for k also the
+      // round-3 quantization after the round-2 mean pass.
+      auto time_with = [&](const detail::PrologueCudaTuning& t) {
         detail::set_prologue_cuda_tuning(t);
         try {
-          round2_ms = env.time_ms(fused);
+          const double ms = env.time_ms(fused);
+          detail::set_prologue_cuda_tuning({});
+          return ms;
         } catch (...) {
           detail::set_prologue_cuda_tuning({});
           throw;
         }
-        detail::set_prologue_cuda_tuning({});
+      };
+      double round2_ms = 0, mean2_ms = 0;
+      if (env.device == Device::cuda) {
+        detail::PrologueCudaTuning t;
+        t.round = 2;
+        round2_ms = time_with(t);
+        if (is_k) {
+          detail::PrologueCudaTuning m;
+          m.mean_round = 2;
+          mean2_ms = time_with(m);
+        }
       }
       const double unfused_ms = env.time_ms(unfused);
       unfused();
@@ -181,6 +191,14 @@ class PrologueBench : public BenchCase {
         r2.baseline_ms = round2_ms;
         r2.note = "round-2 kernels: " + fmt_pct(copy_ms / round2_ms) + " of copy bandwidth";
         rows.push_back(r2);
+      }
+      if (mean2_ms > 0) {
+        Row m2 = row;
+        m2.op = "k: same, vs round-2 mean pass + round-3 quantization";
+        m2.baseline = "round-2 mean + round-3 quantize";
+        m2.baseline_ms = mean2_ms;
+        m2.note = "round-2 mean pass: " + fmt_pct(copy_ms / mean2_ms) + " of copy bandwidth";
+        rows.push_back(m2);
       }
       Row u = row;
       u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"

@@ -273,6 +273,7 @@ std::atomic<bool> g_legacy{false};
 std::atomic<int> g_heads_per_cta{0};
 std::atomic<int> g_mean_steps{0};
 std::atomic<int> g_round{0};
+std::atomic<int> g_mean_round{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -280,6 +281,7 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_heads_per_cta.store(t.heads_per_cta);
   g_mean_steps.store(t.mean_steps);
   g_round.store(t.round);
+  g_mean_round.store(t.mean_round);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -288,6 +290,7 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.heads_per_cta = g_heads_per_cta.load();
   t.mean_steps = g_mean_steps.load();
   t.round = g_round.load();
+  t.mean_round = g_mean_round.load();
   return t;
 }
 

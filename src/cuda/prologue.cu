@@ -903,7 +903,8 @@ int rope_kind_of(const PrologueArgs& a) {
 // CTA tile (<= 16 warps of rows).
 bool fast_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
-  if (t.legacy || t.round == 1) return false;
+  const int round = !quantize && t.mean_round > 0 ? t.mean_round : t.round;
+  if (t.legacy || round == 1) return false;
   if (a.w_rows) return false;
   if (a.rotate && 2 * a.pairs != a.dim) return false;
   if (!quantize) return true;

@@ -31,7 +31,7 @@ constexpr int kV3MaxWarps = 16;     // quantize CTA: at most 16 warps of rows
 constexpr int kV3QuantPrefetch = 1;
 constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
-constexpr int kV3MeanMaxHeads = 3;   // mean: heads per CTA (16 KB of accumulators per head)
+constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
 constexpr int kV3MeanWaves = 4;      // mean grid: at least this many waves where tokens allow
 
 // Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
@@ -342,8 +342,10 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
 // lane of the row), RPS = 4 * RW row slots. A CTA owns `steps` row steps of one batch item
 // (rows chunk * steps * RPS + s * RPS + slot) for a group of <= kV3MeanMaxHeads heads: rows outer,
 // heads inner; the row's 16 rotary pairs (a (…, pairs, 2) fp32 table: pairs 2k, 2k + 1 are one
-// float4) are read per unit from L1, where the next row's lines are prefetched when a row
-// starts (registers go to loads in flight instead). x loads of the next kV3MeanPrefetch units are in flight. Each lane adds rope(norm(x))
+// float4) are read per unit through L1 (registers go to loads in flight instead; the next row's
+// lines are prefetched into L2 when a row starts). Two heads per CTA (32 KB of accumulators), and
+// the shared-memory carve-out asked for no more than 4 CTAs need, so that L1 keeps the rows in
+// use (4 CTAs x 32 rows x 512 bytes). x loads of the next kV3MeanPrefetch units are in flight. Each lane adds rope(norm(x))
 // of its 32 values into a private accumulator in shared memory ([head][quad][thread] float4,
 // conflict-free, no barrier in the loop). End of CTA: one barrier, the RPS row slots added per
 // (head, channel) in slot order into one partial per (batch, head, chunk), which
@@ -356,11 +358,12 @@ struct V3MeanLaunch {
   int64_t chunks;  // CTAs along the tokens = partials per (batch, head)
 };
 
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Prefetch into L1 the table lines of this thread's 16 pairs of row `row_off`.
+// Prefetch into L2 the table lines of this thread's 16 pairs of row `row_off` (L1 is kept for
+// the rows in use: with 4 CTAs of accumulators per SM it holds about 92 KB).
 template <int D, int ROPE>
 __device__ __forceinline__ void v3_prefetch_table_row(const PrologueArgs& a, int mode,
                                                       int64_t row_off, int lane_in_row) {
@@ -371,7 +374,7 @@ __device__ __forceinline__ void v3_prefetch_table_row(const PrologueArgs& a, int
   for (int k = 0; k < 4; ++k) {
     const int pair = ROPE == kRopePaired ? 8 * v3_chunk<D>(lane_in_row, k / 2) + 4 * (k & 1)
                                          : 4 * v3_chunk<D>(lane_in_row, k);
-    prefetch_l1(t + per_pair * pair);  // 4 pairs: 32 or 64 bytes, inside one 128-byte line
+    prefetch_l2(t + per_pair * pair);  // 4 pairs: 32 or 64 bytes, inside one 128-byte line
   }
 }
 
@@ -514,7 +517,8 @@ int v3_head_group(const PrologueArgs& a, int64_t units_per_head, int warps_per_c
 
 bool v3_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
-  if (t.legacy || (t.round != 0 && t.round != 3)) return false;
+  const int round = !quantize && t.mean_round > 0 ? t.mean_round : t.round;
+  if (t.legacy || (round != 0 && round != 3)) return false;
   if (a.w_rows) return false;
   if (a.rotate && 2 * a.pairs != a.dim) return false;
   if (a.dim != 64 && a.dim != 128) return false;
@@ -572,6 +576,16 @@ void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
   // Token chunks: enough CTAs for kV3MeanWaves waves of the resident CTAs.
   const int smem = L.head_group * 8 * kV3MeanWarps * 32 * static_cast<int>(sizeof(float4));
   const int per_sm = std::max(1, std::min(4, (224 * 1024) / std::max(smem, 1)));
+  // Carve-out (percent of the SM's shared memory): what per_sm CTAs need (+ 1 KB reserved and the
+  // static weights each), the rest stays L1.
+  int sm_smem = 0, dev = 0;
+  check_cuda(cudaGetDevice(&dev), "norm_rope_mean", "device");
+  check_cuda(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+             "norm_rope_mean", "device attribute");
+  const int64_t need = int64_t{per_sm} * (smem + 2048);
+  const int carveout =
+      sm_smem > 0 ? static_cast<int>(std::min<int64_t>(100, (100 * need + sm_smem - 1) / sm_smem))
+                  : 100;
   const int64_t row_steps = std::max<int64_t>(1, (a.tokens + rps - 1) / rps);
   const int64_t ctas = int64_t{kV3MeanWaves} * per_sm * multiprocessor_count();
   const int64_t chunks = std::clamp<int64_t>(
@@ -592,6 +606,9 @@ void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     auto kernel = v3_mean_kernel<decltype(d)::value, decltype(bf)::value, decltype(rope)::value>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    carveout),
+               "norm_rope_mean", "shared memory carve-out");
     kernel<<<grid, kV3MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
     check_launch("norm_rope_mean");
   });
