@@ -15,6 +15,7 @@
 // each i an xor-shuffle tree over the LANES lanes (chunks LANES*i .. LANES*i + LANES-1 as a
 // pairwise tree), then ((S0 + S1) + (S2 + S3)): the pairwise tree over all D/8 chunks.
 #include <algorithm>
+#include <utility>
 
 #include "src/core/check.h"
 #include "src/core/prologue_internal.h"
@@ -32,7 +33,6 @@ constexpr int kV3QuantPrefetch = 1;
 constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
 constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
-constexpr int kV3MeanWaves = 4;      // mean grid: at least this many waves where tokens allow
 
 // Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
 template <int D>
@@ -501,16 +501,39 @@ void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
     by_dim(std::false_type{});
 }
 
-// Heads per CTA: ~`waves` waves of resident CTAs (16 warps per SM), the rest of the heads looped;
-// groups balanced. The tuning knob's heads_per_cta overrides it.
-int v3_head_group(const PrologueArgs& a, int64_t units_per_head, int warps_per_cta, int waves) {
-  const int forced = detail::prologue_cuda_tuning().heads_per_cta;
-  const int64_t resident = int64_t{multiprocessor_count()} * std::max(1, 16 / warps_per_cta);
-  const int64_t target = waves * resident;
-  int64_t hg = forced > 0 ? forced : (units_per_head * a.heads + target - 1) / target;
-  hg = std::clamp<int64_t>(hg, 1, a.heads);
-  const int64_t groups = (a.heads + hg - 1) / hg;
-  return static_cast<int>((a.heads + groups - 1) / groups);
+// Wave model for the grid shapes: a CTA of `work` units (heads of a tile, or row steps x heads)
+// costs `fixed + work` unit-times (fixed: its setup and, for the mean, its final column sums);
+// CTAs run in rounds of `resident` at once (the occupancy calculator's count); the grid takes
+// ceil(ctas / resident) rounds. Short grids (Flux) want fewer, longer CTAs, long ones a count that
+// fills the last round. Among the shapes within 5 % of the best, the one with the most CTAs wins
+// (more rounds balance uneven CTAs). `shape(k)` gives (ctas, work) of candidate k, or ctas 0 to
+// skip it.
+template <typename Shape>
+int64_t pick_by_waves(int64_t first, int64_t last, int64_t resident, double fixed, Shape&& shape) {
+  resident = std::max<int64_t>(1, resident);
+  auto cost = [&](int64_t ctas, double work) {
+    return static_cast<double>((ctas + resident - 1) / resident) * (fixed + work);
+  };
+  double best = -1;
+  for (int64_t k = first; k <= last; ++k) {
+    const auto [ctas, work] = shape(k);
+    if (ctas > 0 && (best < 0 || cost(ctas, work) < best)) best = cost(ctas, work);
+  }
+  int64_t pick = first, pick_ctas = 0;
+  for (int64_t k = first; k <= last; ++k) {
+    const auto [ctas, work] = shape(k);
+    if (ctas > 0 && cost(ctas, work) <= 1.05 * best && ctas > pick_ctas) pick = k, pick_ctas = ctas;
+  }
+  return pick;
+}
+
+// Resident CTAs of `kernel` on the device (registers, shared memory, threads).
+template <typename K>
+int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), op,
+             "occupancy");
+  return int64_t{std::max(per_sm, 1)} * multiprocessor_count();
 }
 
 }  // namespace
@@ -546,19 +569,32 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
                a.m_sh % 4 == 0;
   const int64_t tiles = (a.n_blocks * a.block + L.tile_rows - 1) / L.tile_rows;
   const int warps = L.tile_rows / rw, threads = warps * 32;
-  L.head_group = v3_head_group(a, tiles * a.batch, warps, 4);
-  const int64_t head_groups = (a.heads + L.head_group - 1) / L.head_group;
   check::that(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
               "cuda grid: expected at most 65535 tiles and batch items, got " +
                   std::to_string(tiles) + " and " + std::to_string(a.batch));
-  dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
-            static_cast<unsigned>(a.batch));
   const int smem = a.rotate ? 8 * threads * static_cast<int>(sizeof(float4)) : 0;
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     auto kernel = v3_quantize_kernel<decltype(d)::value, decltype(bf)::value, decltype(rope)::value>;
     if (smem > 48 * 1024)
       check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                  "norm_rope_quantize", "shared memory");
+    // Heads per CTA (balanced groups) by the wave model, fixed cost ~1.5 heads (setup); the
+    // tuning knob's heads_per_cta overrides it.
+    const int forced = detail::prologue_cuda_tuning().heads_per_cta;
+    int64_t hg = std::min<int64_t>(forced, a.heads);
+    if (forced <= 0) {
+      const int64_t resident = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
+      hg = pick_by_waves(1, a.heads, resident, 1.5, [&](int64_t k) {
+        const int64_t groups = (a.heads + k - 1) / k;
+        const bool balanced = (a.heads + groups - 1) / groups == k;
+        return std::pair<int64_t, double>(balanced ? tiles * a.batch * groups : 0,
+                                          static_cast<double>(k));
+      });
+    }
+    const int64_t head_groups = (a.heads + hg - 1) / hg;
+    L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
+    dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
+              static_cast<unsigned>(a.batch));
     kernel<<<grid, threads, smem, stream_of(ctx)>>>(a, L);
   });
   check_launch("norm_rope_quantize");
@@ -573,7 +609,6 @@ void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
                                          std::min<int64_t>(a.heads, kV3MeanMaxHeads));
   const int64_t head_groups = (a.heads + hg - 1) / hg;
   L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
-  // Token chunks: enough CTAs for kV3MeanWaves waves of the resident CTAs.
   const int smem = L.head_group * 8 * kV3MeanWarps * 32 * static_cast<int>(sizeof(float4));
   const int per_sm = std::max(1, std::min(4, (224 * 1024) / std::max(smem, 1)));
   // Carve-out (percent of the SM's shared memory): what per_sm CTAs need (+ 1 KB reserved and the
@@ -587,21 +622,9 @@ void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
       sm_smem > 0 ? static_cast<int>(std::min<int64_t>(100, (100 * need + sm_smem - 1) / sm_smem))
                   : 100;
   const int64_t row_steps = std::max<int64_t>(1, (a.tokens + rps - 1) / rps);
-  const int64_t ctas = int64_t{kV3MeanWaves} * per_sm * multiprocessor_count();
-  const int64_t chunks = std::clamp<int64_t>(
-      (ctas + head_groups * a.batch - 1) / (head_groups * a.batch), 1, row_steps);
-  const int forced_steps = detail::prologue_cuda_tuning().mean_steps;
-  L.steps = static_cast<int>(forced_steps > 0 ? std::min<int64_t>(forced_steps, row_steps)
-                                              : (row_steps + chunks - 1) / chunks);
-  L.chunks = (row_steps + L.steps - 1) / L.steps;
-  check::that(L.chunks <= 65535 && a.batch <= 65535, "norm_rope_mean", "x",
-              "cuda grid: expected at most 65535 token chunks and batch items, got " +
-                  std::to_string(L.chunks) + " and " + std::to_string(a.batch));
+  check::that(a.batch <= 65535, "norm_rope_mean", "x",
+              "cuda grid: expected at most 65535 batch items, got " + std::to_string(a.batch));
   cudaStream_t stream = stream_of(ctx);
-  Scratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim), stream,
-               "norm_rope_mean");
-  dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
-            static_cast<unsigned>(a.batch));
   v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
     auto kernel = v3_mean_kernel<decltype(d)::value, decltype(bf)::value, decltype(rope)::value>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -609,10 +632,35 @@ void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                     carveout),
                "norm_rope_mean", "shared memory carve-out");
+    // Row steps per CTA by the wave model (fixed cost ~2 units: setup and the final column
+    // sums); at most 65535 chunks; the tuning knob's mean_steps overrides it.
+    const int64_t resident =
+        std::min<int64_t>(int64_t{per_sm} * multiprocessor_count(),
+                          resident_ctas(kernel, kV3MeanWarps * 32, smem, "norm_rope_mean"));
+    const int64_t first = std::max<int64_t>(1, (row_steps + 65534) / 65535);
+    const int64_t steps =
+        pick_by_waves(first, std::max(first, std::min<int64_t>(row_steps, 512)), resident, 2.0,
+                      [&](int64_t k) {
+                        const int64_t chunks = (row_steps + k - 1) / k;
+                        const bool distinct = (row_steps + chunks - 1) / chunks == k;
+                        return std::pair<int64_t, double>(
+                            distinct ? chunks * head_groups * a.batch : 0,
+                            static_cast<double>(k * L.head_group));
+                      });
+    const int forced_steps = detail::prologue_cuda_tuning().mean_steps;
+    L.steps = static_cast<int>(forced_steps > 0 ? std::max<int64_t>(
+                                                      first, std::min<int64_t>(forced_steps,
+                                                                               row_steps))
+                                                : steps);
+    L.chunks = (row_steps + L.steps - 1) / L.steps;
+    Scratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
+                 stream, "norm_rope_mean");
+    dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
+              static_cast<unsigned>(a.batch));
     kernel<<<grid, kV3MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
     check_launch("norm_rope_mean");
+    launch_mean_final(a, part.as<float>(), L.chunks, stream);
   });
-  launch_mean_final(a, part.as<float>(), L.chunks, stream);
 }
 
 }  // namespace cuda
