@@ -274,6 +274,7 @@ std::atomic<int> g_heads_per_cta{0};
 std::atomic<int> g_mean_steps{0};
 std::atomic<int> g_round{0};
 std::atomic<int> g_mean_round{0};
+std::atomic<bool> g_register_ring{false};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -282,6 +283,7 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_mean_steps.store(t.mean_steps);
   g_round.store(t.round);
   g_mean_round.store(t.mean_round);
+  g_register_ring.store(t.register_ring);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -291,6 +293,7 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.mean_steps = g_mean_steps.load();
   t.round = g_round.load();
   t.mean_round = g_mean_round.load();
+  t.register_ring = g_register_ring.load();
   return t;
 }
 

@@ -30,6 +30,9 @@ constexpr int kV3MaxWarps = 16;     // quantize CTA: at most 16 warps of rows
 // Quantize: heads whose x loads are in flight ahead. One suffices (a head takes ~1 us to compute
 // at 16 warps per SM, about the loaded DRAM latency); two spill 40 bytes.
 constexpr int kV3QuantPrefetch = 1;
+// Quantize with the cp.async ring (the default): heads whose x loads are in flight ahead, slots.
+constexpr int kV3AsyncAhead = 3;
+constexpr int kV3AsyncSlots = kV3AsyncAhead + 1;
 constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
 constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
@@ -47,6 +50,31 @@ __device__ __forceinline__ float4 ldg16_l1(const float* p) {
   asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "l"(p));
+  return v;
+}
+
+// 16 bytes global -> shared, asynchronous, bypassing L1 (x is read once).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Wait until at most N of this thread's commit groups are pending (their copies then visible to
+// this thread).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// 16 bytes of shared memory, read where the code stands.
+__device__ __forceinline__ uint4 lds16u(const uint4* p) {
+  uint4 v;
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
   return v;
 }
 
@@ -214,11 +242,14 @@ struct V3QuantLaunch {
   bool mean_vec;   // mean rows 16-byte aligned: float4 loads
 };
 
-template <int D, bool BF16, int ROPE>
+template <int D, bool BF16, int ROPE, bool ASYNC>
 __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
     v3_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   constexpr int LANES = D / 32, RW = 32 / LANES;
-  extern __shared__ float4 t_sh[];  // [8][blockDim.x]: this thread's rotary pairs (rope only)
+  // Dynamic shared memory: ASYNC: the x ring [kV3AsyncSlots][4 chunks][blockDim.x] uint4 (each
+  // thread's own slots), then (rope) [8][blockDim.x] float4: this thread's rotary pairs.
+  extern __shared__ float4 dyn_sh[];
+  float4* t_sh = dyn_sh + (ASYNC ? kV3AsyncSlots * 4 * blockDim.x : 0);
   __shared__ float red[2][kV3MaxWarps];
   __shared__ float4 w_sh[8][LANES];
   const int threads = blockDim.x;
@@ -333,7 +364,38 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
     for (int i = 0; i < 4; ++i)
       *reinterpret_cast<uint2*>(q + 8 * LANES * i) = make_uint2(packed[2 * i], packed[2 * i + 1]);
   };
-  pipeline<kV3QuantPrefetch, 4>(count, load, proc, start);
+  if constexpr (ASYNC) {
+    // cp.async ring: the loads of heads u+1 .. u+kV3AsyncAhead go straight to this thread's
+    // shared-memory slots (no registers held), one commit group per head (empty past the end, so
+    // that wait_group kV3AsyncAhead always means "head u has landed"). A slot is refilled only
+    // after the previous head's values were read back into registers and used (in-order issue).
+    uint4* ring = reinterpret_cast<uint4*>(dyn_sh);
+    auto issue = [&](int u) {
+      const uint16_t* px = xrow + u * x_sh + c0;
+      uint4* dst = ring + (u % kV3AsyncSlots) * 4 * threads + tid;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
+    };
+#pragma unroll
+    for (int k = 0; k < kV3AsyncAhead; ++k) {
+      if (k < count) issue(k);
+      cp_async_commit();
+    }
+    start();
+#pragma unroll 1
+    for (int u = 0; u < count; ++u) {
+      if (u + kV3AsyncAhead < count) issue(u + kV3AsyncAhead);
+      cp_async_commit();
+      cp_async_wait<kV3AsyncAhead>();
+      const uint4* src = ring + (u % kV3AsyncSlots) * 4 * threads + tid;
+      uint4 r[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * threads);
+      proc(u, r);
+    }
+  } else {
+    pipeline<kV3QuantPrefetch, 4>(count, load, proc, start);
+  }
 }
 
 // ---- norm_rope_mean ---------------------------------------------------------------------------
@@ -542,6 +604,9 @@ bool v3_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
   const int round = !quantize && t.mean_round > 0 ? t.mean_round : t.round;
   if (t.legacy || (round != 0 && round != 3)) return false;
+  // The round-3 mean kernel only when asked for (mean_round or round = 3): GPU run 2 measured it
+  // slower than the round-2 one at Wan (0.202 vs 0.163 ms; L1-bound: its rotary-table reads).
+  if (!quantize && round != 3) return false;
   if (a.w_rows) return false;
   if (a.rotate && 2 * a.pairs != a.dim) return false;
   if (a.dim != 64 && a.dim != 128) return false;
@@ -572,9 +637,10 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   check::that(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
               "cuda grid: expected at most 65535 tiles and batch items, got " +
                   std::to_string(tiles) + " and " + std::to_string(a.batch));
-  const int smem = a.rotate ? 8 * threads * static_cast<int>(sizeof(float4)) : 0;
-  v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
-    auto kernel = v3_quantize_kernel<decltype(d)::value, decltype(bf)::value, decltype(rope)::value>;
+  const bool async = !detail::prologue_cuda_tuning().register_ring;
+  const int smem = static_cast<int>(sizeof(float4)) * threads *
+                   ((a.rotate ? 8 : 0) + (async ? 4 * kV3AsyncSlots : 0));
+  auto launch = [&](auto kernel) {
     if (smem > 48 * 1024)
       check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                  "norm_rope_quantize", "shared memory");
@@ -596,6 +662,14 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
     dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
               static_cast<unsigned>(a.batch));
     kernel<<<grid, threads, smem, stream_of(ctx)>>>(a, L);
+  };
+  v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
+    constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
+    constexpr bool BF16 = decltype(bf)::value;
+    if (async)
+      launch(v3_quantize_kernel<D, BF16, ROPE, true>);
+    else
+      launch(v3_quantize_kernel<D, BF16, ROPE, false>);
   });
   check_launch("norm_rope_quantize");
 }
