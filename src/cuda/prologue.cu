@@ -21,6 +21,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "src/core/check.h"
 #include "src/core/prologue_internal.h"
@@ -492,7 +493,6 @@ constexpr int kQuantPrefetch = 5;  // quantize kernel: heads whose loads are in 
 constexpr int kMeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kMeanMaxHeads = 6;   // heads per mean CTA (6 KB of accumulators per head)
 constexpr int kMeanCtasPerSm = 4;  // mean CTAs resident per SM (registers: <= 128 per thread)
-constexpr int kMeanWaves = 4;      // mean grid: at least this many waves where tokens allow
 
 // Chunks of a lane: lane_in_row and lane_in_row + LANES ("paired": every 8 lanes of a row read
 // 128 contiguous bytes per load) unless pairs are interleaved (chunks 2 lane_in_row and +1, so a
@@ -988,14 +988,21 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
                                    std::min<int64_t>(a.heads, kMeanMaxHeads));
   const int64_t head_groups = (a.heads + hg - 1) / hg;
   L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
-  // Token chunks: enough CTAs for kMeanWaves waves of kMeanCtasPerSm CTAs per SM.
+  // Row steps per CTA by the wave model of src/cuda/prologue_common.cuh (kMeanCtasPerSm CTAs per
+  // SM, fixed cost ~2 units: setup and the final column sums). Wan: 7 steps as before (2051
+  // CTAs); Flux: 3 steps instead of 1 (a 1-step CTA's column sums cost more than its rows).
   const int64_t row_steps = std::max<int64_t>(1, (a.tokens + rps - 1) / rps);
-  const int64_t ctas = int64_t{kMeanWaves} * kMeanCtasPerSm * multiprocessor_count();
-  int64_t chunks = std::clamp<int64_t>((ctas + head_groups * a.batch - 1) / (head_groups * a.batch),
-                                       1, row_steps);
+  const int64_t first = std::max<int64_t>(1, (row_steps + 65534) / 65535);
+  const int64_t steps = pick_by_waves(
+      first, std::max(first, std::min<int64_t>(row_steps, 512)),
+      int64_t{kMeanCtasPerSm} * multiprocessor_count(), 2.0, [&](int64_t k) {
+        const int64_t chunks = (row_steps + k - 1) / k;
+        const bool distinct = (row_steps + chunks - 1) / chunks == k;
+        return std::pair<int64_t, double>(distinct ? chunks * head_groups * a.batch : 0,
+                                          static_cast<double>(k * L.head_group));
+      });
   const int forced_steps = detail::prologue_cuda_tuning().mean_steps;
-  L.steps = static_cast<int>(forced_steps > 0 ? std::min<int64_t>(forced_steps, row_steps)
-                                              : (row_steps + chunks - 1) / chunks);
+  L.steps = static_cast<int>(forced_steps > 0 ? std::min<int64_t>(forced_steps, row_steps) : steps);
   L.chunks = (row_steps + L.steps - 1) / L.steps;
   check::that(L.chunks <= 65535 && a.batch <= 65535 && head_groups <= INT32_MAX, "norm_rope_mean",
               "x",

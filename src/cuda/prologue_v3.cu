@@ -563,32 +563,6 @@ void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
     by_dim(std::false_type{});
 }
 
-// Wave model for the grid shapes: a CTA of `work` units (heads of a tile, or row steps x heads)
-// costs `fixed + work` unit-times (fixed: its setup and, for the mean, its final column sums);
-// CTAs run in rounds of `resident` at once (the occupancy calculator's count); the grid takes
-// ceil(ctas / resident) rounds. Short grids (Flux) want fewer, longer CTAs, long ones a count that
-// fills the last round. Among the shapes within 5 % of the best, the one with the most CTAs wins
-// (more rounds balance uneven CTAs). `shape(k)` gives (ctas, work) of candidate k, or ctas 0 to
-// skip it.
-template <typename Shape>
-int64_t pick_by_waves(int64_t first, int64_t last, int64_t resident, double fixed, Shape&& shape) {
-  resident = std::max<int64_t>(1, resident);
-  auto cost = [&](int64_t ctas, double work) {
-    return static_cast<double>((ctas + resident - 1) / resident) * (fixed + work);
-  };
-  double best = -1;
-  for (int64_t k = first; k <= last; ++k) {
-    const auto [ctas, work] = shape(k);
-    if (ctas > 0 && (best < 0 || cost(ctas, work) < best)) best = cost(ctas, work);
-  }
-  int64_t pick = first, pick_ctas = 0;
-  for (int64_t k = first; k <= last; ++k) {
-    const auto [ctas, work] = shape(k);
-    if (ctas > 0 && cost(ctas, work) <= 1.05 * best && ctas > pick_ctas) pick = k, pick_ctas = ctas;
-  }
-  return pick;
-}
-
 // Resident CTAs of `kernel` on the device (registers, shared memory, threads).
 template <typename K>
 int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
