@@ -129,6 +129,33 @@ class PrologueBench : public BenchCase {
         }
         detail::set_prologue_cuda_tuning({});
       }
+      // The round-2 fast kernels (16 channels per thread), the A/B for round 3; for k also the
+      // round-3 quantization after the round-2 mean pass.
+      auto time_with = [&](const detail::PrologueCudaTuning& t) {
+        detail::set_prologue_cuda_tuning(t);
+        try {
+          const double ms = env.time_ms(fused);
+          detail::set_prologue_cuda_tuning({});
+          return ms;
+        } catch (...) {
+          detail::set_prologue_cuda_tuning({});
+          throw;
+        }
+      };
+      double round2_ms = 0, mean3_ms = 0, ring_ms = 0;
+      if (env.device == Device::cuda) {
+        detail::PrologueCudaTuning t;
+        t.round = 2;
+        round2_ms = time_with(t);
+        detail::PrologueCudaTuning rr;
+        rr.register_ring = true;
+        ring_ms = time_with(rr);
+        if (is_k) {
+          detail::PrologueCudaTuning m;
+          m.mean_round = 3;
+          mean3_ms = time_with(m);
+        }
+      }
       const double unfused_ms = env.time_ms(unfused);
       unfused();
       synchronize(ctx);
@@ -159,6 +186,31 @@ class PrologueBench : public BenchCase {
         l.baseline_ms = legacy_ms;
         l.note = "first-generation kernels: " + fmt_pct(copy_ms / legacy_ms) + " of copy bandwidth";
         rows.push_back(l);
+      }
+      if (round2_ms > 0) {
+        Row r2 = row;
+        r2.op = is_k ? "k: same, vs round-2 kernels" : "q: same, vs round-2 kernels";
+        r2.baseline = "round-2 kernels";
+        r2.baseline_ms = round2_ms;
+        r2.note = "round-2 kernels: " + fmt_pct(copy_ms / round2_ms) + " of copy bandwidth";
+        rows.push_back(r2);
+      }
+      if (ring_ms > 0) {
+        Row rr = row;
+        rr.op = is_k ? "k: same, vs round-3 quantize with its register ring"
+                     : "q: same, vs round-3 quantize with its register ring";
+        rr.baseline = "register ring (GPU run 2)";
+        rr.baseline_ms = ring_ms;
+        rr.note = "register ring: " + fmt_pct(copy_ms / ring_ms) + " of copy bandwidth";
+        rows.push_back(rr);
+      }
+      if (mean3_ms > 0) {
+        Row m3 = row;
+        m3.op = "k: same, vs round-3 mean pass";
+        m3.baseline = "round-3 mean pass";
+        m3.baseline_ms = mean3_ms;
+        m3.note = "round-3 mean pass: " + fmt_pct(copy_ms / mean3_ms) + " of copy bandwidth";
+        rows.push_back(m3);
       }
       Row u = row;
       u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"

@@ -272,12 +272,18 @@ namespace {
 std::atomic<bool> g_legacy{false};
 std::atomic<int> g_heads_per_cta{0};
 std::atomic<int> g_mean_steps{0};
+std::atomic<int> g_round{0};
+std::atomic<int> g_mean_round{0};
+std::atomic<bool> g_register_ring{false};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_legacy.store(t.legacy);
   g_heads_per_cta.store(t.heads_per_cta);
   g_mean_steps.store(t.mean_steps);
+  g_round.store(t.round);
+  g_mean_round.store(t.mean_round);
+  g_register_ring.store(t.register_ring);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -285,6 +291,9 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.legacy = g_legacy.load();
   t.heads_per_cta = g_heads_per_cta.load();
   t.mean_steps = g_mean_steps.load();
+  t.round = g_round.load();
+  t.mean_round = g_mean_round.load();
+  t.register_ring = g_register_ring.load();
   return t;
 }
 

@@ -78,11 +78,19 @@ namespace detail {
 // by library code): `legacy` forces the first-generation kernels (kept as the fallback for
 // segmented weights, partial rotary, WARP_Q and blocks the fast kernels do not tile);
 // `heads_per_cta` > 0 overrides the head-group heuristic of the fast kernels; `mean_steps` > 0
-// overrides the row steps per CTA of the fast mean kernel (how many CTAs share the tokens).
+// overrides the row steps per CTA of the fast mean kernel (how many CTAs share the tokens);
+// `round` > 0 forces one generation of the fast kernels where it applies (2: the round-2 kernels,
+// 16 channels per thread; 3: the round-3 kernels, 32 channels per thread; 0: the newest);
+// `mean_round` > 0 does the same for the mean pass alone (overrides `round` there);
+// `register_ring` makes the round-3 quantize kernel hold the loads in flight in registers (1 head
+// ahead, as measured in GPU run 2) instead of its cp.async shared-memory ring.
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
   int mean_steps = 0;
+  int round = 0;
+  int mean_round = 0;
+  bool register_ring = false;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

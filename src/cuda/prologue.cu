@@ -21,10 +21,12 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "src/core/check.h"
 #include "src/core/prologue_internal.h"
 #include "src/cuda/common.cuh"
+#include "src/cuda/prologue_common.cuh"
 
 namespace lowbit {
 namespace cuda {
@@ -35,142 +37,6 @@ namespace cg = cooperative_groups;
 constexpr int kThreads = 256;
 constexpr int kChunkRows = 128;  // rows held in registers per pass of a tile
 constexpr int kMeanCluster = 8;  // CTAs per (batch, head) in the mean pass (portable size)
-
-// ---- scalar helpers ---------------------------------------------------------------------------
-
-template <bool BF16>
-__device__ __forceinline__ float act_to_f32(uint32_t bits16) {
-  if constexpr (BF16)
-    return __uint_as_float(bits16 << 16);
-  else
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
-}
-
-template <bool BF16>
-__device__ __forceinline__ float round_act(float v) {
-  if constexpr (BF16)
-    return __bfloat162float(__float2bfloat16_rn(v));
-  else
-    return __half2float(__float2half_rn(v));
-}
-
-template <bool BF16>
-__device__ __forceinline__ uint32_t act_bits(float v) {
-  if constexpr (BF16)
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  else
-    return __half_as_ushort(__float2half_rn(v));
-}
-
-__device__ __forceinline__ float load_any(const void* p, int64_t off, DType dt) {
-  switch (dt) {
-    case DType::bf16:
-      return __uint_as_float(static_cast<uint32_t>(__ldg(static_cast<const unsigned short*>(p) + off)) << 16);
-    case DType::f16:
-      return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(p) + off)));
-    default:
-      return __ldg(static_cast<const float*>(p) + off);
-  }
-}
-
-// 16 bytes of x, streamed past L1 (x is read once per pass; L1 is kept for the table).
-__device__ __forceinline__ uint4 load_stream16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// The approximate fp32 division Triton emits for `/` (SageAttention's quantizers use it).
-__device__ __forceinline__ float div_full(float a, float b) {
-  float r;
-  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-
-// max that propagates NaN (one FMNMX.NAN; |a| folds into the operand).
-__device__ __forceinline__ float max_nan(float m, float a) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(a));
-  return r;
-}
-
-// SPEC §1 rounding of one value with a nonzero scale: q = v / scale (div.full); q += 0.5*sign(q);
-// truncate (cvt.rzi: NaN -> 0); clamp to int8 (a safety net: |q| <= 127 for any finite scale).
-// copysign(0.5, q) differs from Triton's where(q >= 0, 0.5, -0.5) only at q = -0 and NaN, where
-// both give code 0.
-__device__ __forceinline__ int quantize_code(float v, float scale) {
-  float q = div_full(v, scale);
-  q = __fadd_rn(q, copysignf(0.5f, q));
-  const int i = __float2int_rz(q);
-  return min(127, max(-128, i));
-}
-
-template <bool BF16>
-__device__ __forceinline__ void unpack(uint4 r, float* f) {
-  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = act_to_f32<BF16>(w[i] & 0xffffu);
-    f[2 * i + 1] = act_to_f32<BF16>(w[i] >> 16);
-  }
-}
-
-// Sum of squares of one 8-channel chunk in channel order.
-__device__ __forceinline__ float chunk_squares(const float* x) {
-  float s = __fmul_rn(x[0], x[0]);
-#pragma unroll
-  for (int j = 1; j < 8; ++j) s = __fmaf_rn(x[j], x[j], s);
-  return s;
-}
-
-template <int LANES>
-__device__ __forceinline__ float lane_tree_sum(float s) {
-#pragma unroll
-  for (int o = 1; o < LANES; o <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
-  return s;
-}
-
-template <int LANES>
-__device__ __forceinline__ float lane_max(float s) {
-#pragma unroll
-  for (int o = 1; o < LANES; o <<= 1) s = max_nan(s, __shfl_xor_sync(0xffffffffu, s, o));
-  return s;
-}
-
-// Table access modes, decided on the host.
-enum TableMode : int { kTableScalar = 0, kTablePairsF32 = 1, kTableMatrixF32 = 2 };
-
-// cos / sin of 8 consecutive pairs starting at `pair` (a multiple of 4).
-__device__ __forceinline__ void load_table8(const PrologueArgs& a, int mode, int64_t row_off,
-                                            int pair, float (&cs)[8], float (&sn)[8]) {
-  if (mode == kTablePairsF32) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
-                                                      2 * static_cast<int64_t>(pair));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4 t = __ldg(p + i);
-      cs[2 * i] = t.x, sn[2 * i] = t.y, cs[2 * i + 1] = t.z, sn[2 * i + 1] = t.w;
-    }
-  } else if (mode == kTableMatrixF32) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
-                                                      4 * static_cast<int64_t>(pair));
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float4 t = __ldg(p + i);
-      cs[i] = t.x, sn[i] = t.z;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int64_t o = row_off + static_cast<int64_t>(pair + i) * a.r_sp;
-      const bool in = pair + i < a.pairs;
-      cs[i] = in ? load_any(a.rope, o, a.r_dtype) : 1.f;
-      sn[i] = in ? load_any(a.rope, o + a.r_sc, a.r_dtype) : 0.f;
-    }
-  }
-}
 
 // Per-CTA constants in shared memory: the (D) norm weight and the head's (D) mean.
 template <int D>
@@ -296,21 +162,13 @@ __device__ __forceinline__ int group_of_row(ScaleLayout layout, int r) {
   }
 }
 
-// Rows of block-relative group g: i-th row, and how many there are.
+// Rows of block-relative group g: how many there are (the i-th: group_row).
 __device__ __forceinline__ int group_rows(ScaleLayout layout, int block, int g) {
   switch (layout) {
     case ScaleLayout::thread_q: return block / 8;
     case ScaleLayout::thread_k: return block / 4;
     case ScaleLayout::warp_q: return max(0, min(32, block - 32 * g));
     default: return block;
-  }
-}
-__device__ __forceinline__ int group_row(ScaleLayout layout, int g, int i) {
-  switch (layout) {
-    case ScaleLayout::thread_q: return g + 8 * i;
-    case ScaleLayout::thread_k: return 8 * (i / 2) + 2 * g + (i & 1);
-    case ScaleLayout::warp_q: return 32 * g + i;
-    default: return i;
   }
 }
 
@@ -551,19 +409,6 @@ __global__ void __launch_bounds__(kThreads) store_kernel(const PrologueArgs a, i
 
 // ---- host side --------------------------------------------------------------------------------
 
-int table_mode_of(const PrologueArgs& a) {
-  if (!a.rotate || a.r_dtype != DType::f32) return kTableScalar;
-  const bool aligned = reinterpret_cast<uintptr_t>(a.rope) % 16 == 0 && a.r_sn % 4 == 0 &&
-                       (a.r_sb % 4 == 0);
-  if (!aligned) return kTableScalar;
-  // Vector loads cover 8 pairs at a time: the table must hold them (pairs a multiple of 4 for
-  // interleaved lanes that start at pair 8k; split-half paired lanes cover all D/2 pairs).
-  if (a.pairs % 8 != 0) return kTableScalar;
-  if (a.r_sp == 2 && a.r_sc == 1) return kTablePairsF32;
-  if (a.r_sp == 4 && a.r_sc == 2) return kTableMatrixF32;
-  return kTableScalar;
-}
-
 bool paired_of(const PrologueArgs& a) {
   return a.rotate && !a.interleaved && 2 * a.pairs == a.dim;
 }
@@ -641,7 +486,6 @@ void legacy_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
 // weight (shared memory), the row's rotary values (shared memory in the quantize kernel,
 // registers in the mean kernel), pointers.
 
-enum RopeKind : int { kRopeNone = 0, kRopePaired = 1, kRopeInterleaved = 2 };
 
 constexpr int kFastMaxWarps = 16;  // quantize CTA: at most 16 warps (a 64-row block at D = 128)
 constexpr int kMeanPrefetch = 4;   // mean kernel: (row, head) units whose loads are in flight
@@ -649,7 +493,6 @@ constexpr int kQuantPrefetch = 5;  // quantize kernel: heads whose loads are in 
 constexpr int kMeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kMeanMaxHeads = 6;   // heads per mean CTA (6 KB of accumulators per head)
 constexpr int kMeanCtasPerSm = 4;  // mean CTAs resident per SM (registers: <= 128 per thread)
-constexpr int kMeanWaves = 4;      // mean grid: at least this many waves where tokens allow
 
 // Chunks of a lane: lane_in_row and lane_in_row + LANES ("paired": every 8 lanes of a row read
 // 128 contiguous bytes per load) unless pairs are interleaved (chunks 2 lane_in_row and +1, so a
@@ -668,21 +511,6 @@ __device__ __forceinline__ void fast_lane_channels(int lane_in_row, int& ch0, in
 
 __device__ __forceinline__ int lane_channel(int j, int ch0, int ch1) {
   return (j < 8 ? ch0 : ch1) + (j & 7);
-}
-
-// Two values rounded to the activation dtype and read back (one packed conversion).
-template <bool BF16>
-__device__ __forceinline__ void round_pair(float& a, float& b) {
-  if constexpr (BF16) {  // one packed cvt; the halves read back with a shift and a mask
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    const uint32_t bits = *reinterpret_cast<const uint32_t*>(&h);
-    a = __uint_as_float(bits << 16);
-    b = __uint_as_float(bits & 0xffff0000u);
-  } else {
-    const __half2 h = __floats2half2_rn(a, b);
-    a = __low2float(h);
-    b = __high2float(h);
-  }
 }
 
 // rope(norm(x)) of this lane's 16 channels of one row (SPEC §1 order, bit-identical to row_values
@@ -724,18 +552,6 @@ __device__ __forceinline__ void fast_row(bool norm, float eps, const float (&w)[
   }
 }
 
-// Four int32 codes to four int8 (saturating), byte k = code k.
-__device__ __forceinline__ uint32_t pack_s8x4(int c0, int c1, int c2, int c3) {
-  uint32_t hi, out;
-  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, 0;" : "=r"(hi) : "r"(c3), "r"(c2));
-  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(c1), "r"(c0), "r"(hi));
-  return out;
-}
-
-__device__ __forceinline__ int round_code(float q) {
-  return __float2int_rz(__fadd_rn(q, copysignf(0.5f, q)));
-}
-
 // Codes of 16 values with one scale (SPEC §1 rounding). div.full.f32 a / b, for b in the normal
 // range [2^-126, 2^126], is a * rcp.approx(b) (ptxas scales both operands only outside that
 // range), so the reciprocal is taken once: div_full(1, b) is that rcp exactly. Outside the range
@@ -757,45 +573,6 @@ __device__ __forceinline__ void quantize16(const float (&v)[16], float scale, ui
 #pragma unroll
   for (int k = 0; k < 4; ++k)
     out[k] = pack_s8x4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
-}
-
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-// Software pipeline over `count` units: the loads of units u+1 .. u+DEPTH are issued before unit
-// u is processed. The ring is fully unrolled, so the buffers stay in registers. `start` runs
-// once, after the first DEPTH loads are issued and before the first unit is processed (all
-// threads call it: it may hold a barrier), so that the CTA's setup (shared-memory stores that
-// wait on their own loads, a barrier) overlaps the first x loads instead of delaying them.
-template <int DEPTH, typename Load, typename Proc, typename Start>
-__device__ __forceinline__ void pipeline(int count, Load&& load, Proc&& proc, Start&& start) {
-  uint4 buf[DEPTH + 1][2];
-#pragma unroll
-  for (int k = 0; k < DEPTH; ++k)
-    if (k < count) load(k, buf[k]);
-  start();
-  for (int u0 = 0; u0 < count; u0 += DEPTH + 1) {
-#pragma unroll
-    for (int k = 0; k <= DEPTH; ++k) {
-      const int u = u0 + k;
-      if (u < count) {
-        if (u + DEPTH < count) load(u + DEPTH, buf[(k + DEPTH) % (DEPTH + 1)]);
-        proc(u, buf[k]);
-      }
-    }
-  }
-}
-
-// 16 bytes of shared memory, read where the code stands (volatile: never hoisted into registers
-// that would live across the head loop).
-__device__ __forceinline__ float4 lds16(const float4* p) {
-  float4 v;
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr));
-  return v;
 }
 
 // The norm weight of every lane's 16 channels as fp32 quads, w_sh[k][l] = channels of quad k of
@@ -1125,7 +902,9 @@ int rope_kind_of(const PrologueArgs& a) {
 // quantization the PER_BLOCK / THREAD_Q / THREAD_K layouts with a power-of-two block that fits a
 // CTA tile (<= 16 warps of rows).
 bool fast_supported(const PrologueArgs& a, bool quantize) {
-  if (detail::prologue_cuda_tuning().legacy) return false;
+  const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
+  const int round = !quantize && t.mean_round > 0 ? t.mean_round : t.round;
+  if (t.legacy || round == 1) return false;
   if (a.w_rows) return false;
   if (a.rotate && 2 * a.pairs != a.dim) return false;
   if (!quantize) return true;
@@ -1209,14 +988,21 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
                                    std::min<int64_t>(a.heads, kMeanMaxHeads));
   const int64_t head_groups = (a.heads + hg - 1) / hg;
   L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
-  // Token chunks: enough CTAs for kMeanWaves waves of kMeanCtasPerSm CTAs per SM.
+  // Row steps per CTA by the wave model of src/cuda/prologue_common.cuh (kMeanCtasPerSm CTAs per
+  // SM, fixed cost ~2 units: setup and the final column sums). Wan: 7 steps as before (2051
+  // CTAs); Flux: 3 steps instead of 1 (a 1-step CTA's column sums cost more than its rows).
   const int64_t row_steps = std::max<int64_t>(1, (a.tokens + rps - 1) / rps);
-  const int64_t ctas = int64_t{kMeanWaves} * kMeanCtasPerSm * multiprocessor_count();
-  int64_t chunks = std::clamp<int64_t>((ctas + head_groups * a.batch - 1) / (head_groups * a.batch),
-                                       1, row_steps);
+  const int64_t first = std::max<int64_t>(1, (row_steps + 65534) / 65535);
+  const int64_t steps = pick_by_waves(
+      first, std::max(first, std::min<int64_t>(row_steps, 512)),
+      int64_t{kMeanCtasPerSm} * multiprocessor_count(), 2.0, [&](int64_t k) {
+        const int64_t chunks = (row_steps + k - 1) / k;
+        const bool distinct = (row_steps + chunks - 1) / chunks == k;
+        return std::pair<int64_t, double>(distinct ? chunks * head_groups * a.batch : 0,
+                                          static_cast<double>(k * L.head_group));
+      });
   const int forced_steps = detail::prologue_cuda_tuning().mean_steps;
-  L.steps = static_cast<int>(forced_steps > 0 ? std::min<int64_t>(forced_steps, row_steps)
-                                              : (row_steps + chunks - 1) / chunks);
+  L.steps = static_cast<int>(forced_steps > 0 ? std::min<int64_t>(forced_steps, row_steps) : steps);
   L.chunks = (row_steps + L.steps - 1) / L.steps;
   check::that(L.chunks <= 65535 && a.batch <= 65535 && head_groups <= INT32_MAX, "norm_rope_mean",
               "x",
@@ -1236,23 +1022,32 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     kernel<<<grid, kMeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
     check_launch("norm_rope_mean");
   });
-  mean_final_kernel<<<dim3(static_cast<unsigned>(a.batch * a.heads),
-                           static_cast<unsigned>(a.dim / 32)),
-                      1024, 0, stream>>>(a, part.as<float>(), L.chunks);
-  check_launch("norm_rope_mean");
+  launch_mean_final(a, part.as<float>(), L.chunks, stream);
 }
 
 }  // namespace
 
+void launch_mean_final(const PrologueArgs& a, const float* partials, int64_t chunks,
+                       cudaStream_t stream) {
+  mean_final_kernel<<<dim3(static_cast<unsigned>(a.batch * a.heads),
+                           static_cast<unsigned>(a.dim / 32)),
+                      1024, 0, stream>>>(a, partials, chunks);
+  check_launch("norm_rope_mean");
+}
+
 void norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
-  if (fast_supported(a, true))
+  if (v3_supported(a, true))
+    v3_norm_rope_quantize(a, ctx);
+  else if (fast_supported(a, true))
     fast_norm_rope_quantize(a, ctx);
   else
     legacy_norm_rope_quantize(a, ctx);
 }
 
 void norm_rope_mean(const PrologueArgs& a, Context& ctx) {
-  if (fast_supported(a, false))
+  if (v3_supported(a, false))
+    v3_norm_rope_mean(a, ctx);
+  else if (fast_supported(a, false))
     fast_norm_rope_mean(a, ctx);
   else
     legacy_norm_rope_mean(a, ctx);

@@ -47,6 +47,9 @@ struct Cfg {
   int heads_per_cta = 0;  // CUDA: force the fast kernels' head group (0: heuristic)
   bool legacy = false;    // CUDA: force the first-generation kernels
   int mean_steps = 0;     // CUDA: force the fast mean kernel's row steps per CTA (0: heuristic)
+  int round = 0;          // CUDA: force a generation of the fast kernels (2, 3; 0: the newest)
+  int mean_round = 0;     // CUDA: the same for the mean pass alone
+  bool register_ring = false;  // CUDA: round-3 quantize with its register ring (not cp.async)
   std::string tag;
 };
 
@@ -190,7 +193,8 @@ class PrologueCase : public Case {
     struct Tuning {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
-    } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps});
+    } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps, c_.round,
+                                        c_.mean_round, c_.register_ring});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -285,11 +289,17 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     st.tag = "partial20", st.norm = Norm::segmented, st.rope = RopeKind::split, st.pairs = 20;
     add(st);
   }
-  // Fast-kernel coverage: head groups that wrap the 4-deep prefetch ring (11 heads in groups of
-  // 6 and 5), B = 2, every rope kind, D 64 and 128, scale groups inside a warp and across warps.
+  // Fast-kernel coverage: head groups that wrap the prefetch rings (11 heads in groups of 6 and
+  // 5), B = 2, every rope kind, D 64 and 128, scale groups inside a warp and across warps; once
+  // with the default kernels, once with the round-2 kernels forced ("r2"), once with the round-3
+  // kernels' other variants ("v3": the register-ring quantize and the round-3 mean pass).
+  for (int round : {0, 2, 3})
   for (int64_t D : {64, 128}) {
     Cfg f;
-    f.tag = "hg6";
+    f.round = round == 2 ? 2 : 0;
+    f.mean_round = round;
+    f.register_ring = round == 3;
+    f.tag = round == 2 ? "r2hg6" : round == 3 ? "v3hg6" : "hg6";
     f.B = 2, f.N = 1000, f.H = 11, f.D = D, f.heads_per_cta = 6, f.qkv = true;
     f.sm_scale = q_scale;
     add(f);  // q: THREAD_Q 32, split-half rope
@@ -300,7 +310,7 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     fk.mean_pass = false, fk.mean = true, fk.layout = ScaleLayout::thread_k, fk.block = 64;
     add(fk);  // k: THREAD_K 64 (groups of 16 rows across warps)
     Cfg fn = f;
-    fn.tag = "hg6norope";
+    fn.tag = round == 2 ? "r2hg6norope" : round == 3 ? "v3hg6norope" : "hg6norope";
     fn.rope = RopeKind::none, fn.layout = ScaleLayout::per_block, fn.block = 64, fn.N = 1001;
     add(fn);  // PER_BLOCK 64: one group over the whole CTA
     fn.layout = ScaleLayout::thread_q, fn.block = 16, fn.sm_scale = -0.5f;
@@ -308,15 +318,28 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     fn.mean_pass = true, fn.norm = Norm::none, fn.rope = RopeKind::split, fn.matrix_table = true;
     add(fn);
   }
+  // Round-3 tiles the round-2 kernels do not take (PER_BLOCK 128 at D = 128: 16 warps, one
+  // scale group over all of them) and groups of one and two rows (THREAD_Q 8, THREAD_K 8).
+  Cfg t3;
+  t3.tag = "pb128";
+  t3.N = 1000, t3.H = 3, t3.layout = ScaleLayout::per_block, t3.block = 128, t3.qkv = true;
+  add(t3);
+  t3.tag = "g1", t3.N = 127, t3.layout = ScaleLayout::thread_q, t3.block = 8;
+  add(t3);
+  t3.tag = "g2", t3.layout = ScaleLayout::thread_k, t3.rope = RopeKind::interleaved, t3.mean = true;
+  add(t3);
   // Fast mean kernel with several row steps per CTA (3: the last CTA's rows run past N) and
   // several CTAs along the tokens (their partials added by the final kernel).
+  for (int mean_round : {0, 3})
   for (int64_t D : {64, 128}) {
     Cfg ms;
-    ms.tag = "steps3";
+    ms.mean_round = mean_round;
+    ms.tag = mean_round == 3 ? "v3steps3" : "steps3";
     ms.mean_pass = true, ms.B = 2, ms.N = 1000, ms.H = 11, ms.D = D, ms.heads_per_cta = 4;
     ms.mean_steps = 3, ms.qkv = true;
     add(ms);  // split-half rope, bf16
-    ms.tag = "steps3norope", ms.rope = RopeKind::none, ms.dtype = DType::f16, ms.N = 33;
+    ms.tag = mean_round == 3 ? "v3steps3norope" : "steps3norope";
+    ms.rope = RopeKind::none, ms.dtype = DType::f16, ms.N = 33;
     ms.heads_per_cta = 0;
     add(ms);  // one CTA along the tokens at D = 128 (33 rows < 3 steps of 16)
   }

@@ -1,0 +1,294 @@
+// Device helpers shared by the CUDA prologue kernels (src/cuda/prologue.cu: first-generation and
+// round-2 kernels; src/cuda/prologue_v3.cu: round-3 kernels). Internal to those two files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "src/core/prologue_internal.h"
+
+namespace lowbit {
+namespace cuda {
+namespace {
+
+// ---- scalar helpers ---------------------------------------------------------------------------
+
+template <bool BF16>
+__device__ __forceinline__ float act_to_f32(uint32_t bits16) {
+  if constexpr (BF16)
+    return __uint_as_float(bits16 << 16);
+  else
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
+}
+
+template <bool BF16>
+__device__ __forceinline__ float round_act(float v) {
+  if constexpr (BF16)
+    return __bfloat162float(__float2bfloat16_rn(v));
+  else
+    return __half2float(__float2half_rn(v));
+}
+
+template <bool BF16>
+__device__ __forceinline__ uint32_t act_bits(float v) {
+  if constexpr (BF16)
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  else
+    return __half_as_ushort(__float2half_rn(v));
+}
+
+__device__ __forceinline__ float load_any(const void* p, int64_t off, DType dt) {
+  switch (dt) {
+    case DType::bf16:
+      return __uint_as_float(static_cast<uint32_t>(__ldg(static_cast<const unsigned short*>(p) + off)) << 16);
+    case DType::f16:
+      return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(p) + off)));
+    default:
+      return __ldg(static_cast<const float*>(p) + off);
+  }
+}
+
+// 16 bytes of x, streamed past L1 (x is read once per pass; L1 is kept for the table).
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// The approximate fp32 division Triton emits for `/` (SageAttention's quantizers use it).
+__device__ __forceinline__ float div_full(float a, float b) {
+  float r;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// max that propagates NaN (one FMNMX.NAN; |a| folds into the operand).
+__device__ __forceinline__ float max_nan(float m, float a) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(a));
+  return r;
+}
+
+// SPEC §1 rounding of one value with a nonzero scale: q = v / scale (div.full); q += 0.5*sign(q);
+// truncate (cvt.rzi: NaN -> 0); clamp to int8 (a safety net: |q| <= 127 for any finite scale).
+// copysign(0.5, q) differs from Triton's where(q >= 0, 0.5, -0.5) only at q = -0 and NaN, where
+// both give code 0.
+__device__ __forceinline__ int quantize_code(float v, float scale) {
+  float q = div_full(v, scale);
+  q = __fadd_rn(q, copysignf(0.5f, q));
+  const int i = __float2int_rz(q);
+  return min(127, max(-128, i));
+}
+
+template <bool BF16>
+__device__ __forceinline__ void unpack(uint4 r, float* f) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = act_to_f32<BF16>(w[i] & 0xffffu);
+    f[2 * i + 1] = act_to_f32<BF16>(w[i] >> 16);
+  }
+}
+
+// Sum of squares of one 8-channel chunk in channel order.
+__device__ __forceinline__ float chunk_squares(const float* x) {
+  float s = __fmul_rn(x[0], x[0]);
+#pragma unroll
+  for (int j = 1; j < 8; ++j) s = __fmaf_rn(x[j], x[j], s);
+  return s;
+}
+
+template <int LANES>
+__device__ __forceinline__ float lane_tree_sum(float s) {
+#pragma unroll
+  for (int o = 1; o < LANES; o <<= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+  return s;
+}
+
+template <int LANES>
+__device__ __forceinline__ float lane_max(float s) {
+#pragma unroll
+  for (int o = 1; o < LANES; o <<= 1) s = max_nan(s, __shfl_xor_sync(0xffffffffu, s, o));
+  return s;
+}
+
+// Table access modes, decided on the host.
+enum TableMode : int { kTableScalar = 0, kTablePairsF32 = 1, kTableMatrixF32 = 2 };
+
+// cos / sin of 8 consecutive pairs starting at `pair` (a multiple of 4).
+__device__ __forceinline__ void load_table8(const PrologueArgs& a, int mode, int64_t row_off,
+                                            int pair, float (&cs)[8], float (&sn)[8]) {
+  if (mode == kTablePairsF32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
+                                                      2 * static_cast<int64_t>(pair));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 t = __ldg(p + i);
+      cs[2 * i] = t.x, sn[2 * i] = t.y, cs[2 * i + 1] = t.z, sn[2 * i + 1] = t.w;
+    }
+  } else if (mode == kTableMatrixF32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
+                                                      4 * static_cast<int64_t>(pair));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 t = __ldg(p + i);
+      cs[i] = t.x, sn[i] = t.z;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t o = row_off + static_cast<int64_t>(pair + i) * a.r_sp;
+      const bool in = pair + i < a.pairs;
+      cs[i] = in ? load_any(a.rope, o, a.r_dtype) : 1.f;
+      sn[i] = in ? load_any(a.rope, o + a.r_sc, a.r_dtype) : 0.f;
+    }
+  }
+}
+
+
+enum RopeKind : int { kRopeNone = 0, kRopePaired = 1, kRopeInterleaved = 2 };
+
+// Two values rounded to the activation dtype and read back (one packed conversion).
+template <bool BF16>
+__device__ __forceinline__ void round_pair(float& a, float& b) {
+  if constexpr (BF16) {  // one packed cvt; the halves read back with a shift and a mask
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const uint32_t bits = *reinterpret_cast<const uint32_t*>(&h);
+    a = __uint_as_float(bits << 16);
+    b = __uint_as_float(bits & 0xffff0000u);
+  } else {
+    const __half2 h = __floats2half2_rn(a, b);
+    a = __low2float(h);
+    b = __high2float(h);
+  }
+}
+
+
+// Four int32 codes to four int8 (saturating), byte k = code k.
+__device__ __forceinline__ uint32_t pack_s8x4(int c0, int c1, int c2, int c3) {
+  uint32_t hi, out;
+  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, 0;" : "=r"(hi) : "r"(c3), "r"(c2));
+  asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(c1), "r"(c0), "r"(hi));
+  return out;
+}
+
+__device__ __forceinline__ int round_code(float q) {
+  return __float2int_rz(__fadd_rn(q, copysignf(0.5f, q)));
+}
+
+
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Software pipeline over `count` units: the loads of units u+1 .. u+DEPTH are issued before unit
+// u is processed. The ring is fully unrolled, so the buffers stay in registers. `start` runs
+// once, after the first DEPTH loads are issued and before the first unit is processed (all
+// threads call it: it may hold a barrier), so that the CTA's setup (shared-memory stores that
+// wait on their own loads, a barrier) overlaps the first x loads instead of delaying them.
+// A unit is NV 16-byte words.
+template <int DEPTH, int NV = 2, typename Load, typename Proc, typename Start>
+__device__ __forceinline__ void pipeline(int count, Load&& load, Proc&& proc, Start&& start) {
+  uint4 buf[DEPTH + 1][NV];
+#pragma unroll
+  for (int k = 0; k < DEPTH; ++k)
+    if (k < count) load(k, buf[k]);
+  start();
+  for (int u0 = 0; u0 < count; u0 += DEPTH + 1) {
+#pragma unroll
+    for (int k = 0; k <= DEPTH; ++k) {
+      const int u = u0 + k;
+      if (u < count) {
+        if (u + DEPTH < count) load(u + DEPTH, buf[(k + DEPTH) % (DEPTH + 1)]);
+        proc(u, buf[k]);
+      }
+    }
+  }
+}
+
+// 16 bytes of shared memory, read where the code stands (volatile: never hoisted into registers
+// that would live across the head loop).
+__device__ __forceinline__ float4 lds16(const float4* p) {
+  float4 v;
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr));
+  return v;
+}
+
+
+// Row i of block-relative scale group g (SPEC §1 layouts).
+__device__ __forceinline__ int group_row(ScaleLayout layout, int g, int i) {
+  switch (layout) {
+    case ScaleLayout::thread_q: return g + 8 * i;
+    case ScaleLayout::thread_k: return 8 * (i / 2) + 2 * g + (i & 1);
+    case ScaleLayout::warp_q: return 32 * g + i;
+    default: return i;
+  }
+}
+
+// ---- host side --------------------------------------------------------------------------------
+
+// Wave model for the grid shapes: a CTA of `work` units (heads of a tile, or row steps x heads)
+// costs `fixed + work` unit-times (fixed: its setup and, for the mean, its final column sums);
+// CTAs run in rounds of `resident` at once (the occupancy calculator's count); the grid takes
+// ceil(ctas / resident) rounds. Short grids (Flux) want fewer, longer CTAs, long ones a count that
+// fills the last round. Among the shapes within 5 % of the best, the one with the most CTAs wins
+// (more rounds balance uneven CTAs). `shape(k)` gives (ctas, work) of candidate k, or ctas 0 to
+// skip it.
+template <typename Shape>
+int64_t pick_by_waves(int64_t first, int64_t last, int64_t resident, double fixed, Shape&& shape) {
+  resident = std::max<int64_t>(1, resident);
+  auto cost = [&](int64_t ctas, double work) {
+    return static_cast<double>((ctas + resident - 1) / resident) * (fixed + work);
+  };
+  double best = -1;
+  for (int64_t k = first; k <= last; ++k) {
+    const auto [ctas, work] = shape(k);
+    if (ctas > 0 && (best < 0 || cost(ctas, work) < best)) best = cost(ctas, work);
+  }
+  int64_t pick = first, pick_ctas = 0;
+  for (int64_t k = first; k <= last; ++k) {
+    const auto [ctas, work] = shape(k);
+    if (ctas > 0 && cost(ctas, work) <= 1.05 * best && ctas > pick_ctas) pick = k, pick_ctas = ctas;
+  }
+  return pick;
+}
+
+
+inline int table_mode_of(const PrologueArgs& a) {
+  if (!a.rotate || a.r_dtype != DType::f32) return kTableScalar;
+  const bool aligned = reinterpret_cast<uintptr_t>(a.rope) % 16 == 0 && a.r_sn % 4 == 0 &&
+                       (a.r_sb % 4 == 0);
+  if (!aligned) return kTableScalar;
+  // Vector loads cover 8 pairs at a time: the table must hold them (pairs a multiple of 4 for
+  // interleaved lanes that start at pair 8k; split-half paired lanes cover all D/2 pairs).
+  if (a.pairs % 8 != 0) return kTableScalar;
+  if (a.r_sp == 2 && a.r_sc == 1) return kTablePairsF32;
+  if (a.r_sp == 4 && a.r_sc == 2) return kTableMatrixF32;
+  return kTableScalar;
+}
+
+}  // namespace
+
+// Round-3 kernels (src/cuda/prologue_v3.cu): whether they cover `a` (and the tuning knob allows
+// them), and their entry points.
+bool v3_supported(const PrologueArgs& a, bool quantize);
+void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx);
+void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx);
+
+// The mean pass's second stage (src/cuda/prologue.cu): mean_out[b, h, c] = (the `chunks` fp32
+// partials (B, H, chunks, D) of (b, h) added in a fixed order) / N.
+void launch_mean_final(const PrologueArgs& a, const float* partials, int64_t chunks,
+                       cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace lowbit

@@ -1,0 +1,715 @@
+// Round-3 CUDA prologue kernels (SPEC §1): 32 channels per thread.
+//
+// The round-2 kernels (src/cuda/prologue.cu) give a row of D channels to D/16 lanes, 16 channels
+// each. Every per-row step that does not scale with the channels (the correctly rounded rsqrt,
+// the shuffle tree of the sum of squares, the group maximum, the scale and its reciprocal, the
+// pipeline's address math) was paid once per 16 values: ncu measured ~23 SASS instructions per
+// element for the q path, issue-bound at 50-65 % of the issue slots. Here a row is held by
+// D/32 lanes (4 at D = 128, 2 at D = 64), four 16-byte chunks per lane, so those steps are paid
+// once per 32 values and the shuffle trees are one level shorter.
+//
+// Lane l of a row holds chunks l + LANES * i, i = 0..3 (channels 8 * chunk + j): every LANES
+// lanes of a row read 16 * LANES contiguous bytes per load (sector-aligned), the split-half RoPE
+// partner of chunk i < 2 is chunk i + 2 of the same lane (no exchange), and interleaved pairs
+// never leave a chunk. Sum of squares (the CPU's order): each chunk in channel order, then for
+// each i an xor-shuffle tree over the LANES lanes (chunks LANES*i .. LANES*i + LANES-1 as a
+// pairwise tree), then ((S0 + S1) + (S2 + S3)): the pairwise tree over all D/8 chunks.
+#include <algorithm>
+#include <utility>
+
+#include "src/core/check.h"
+#include "src/core/prologue_internal.h"
+#include "src/cuda/common.cuh"
+#include "src/cuda/prologue_common.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace {
+
+constexpr int kV3MaxWarps = 16;     // quantize CTA: at most 16 warps of rows
+// Quantize: heads whose x loads are in flight ahead. One suffices (a head takes ~1 us to compute
+// at 16 warps per SM, about the loaded DRAM latency); two spill 40 bytes.
+constexpr int kV3QuantPrefetch = 1;
+// Quantize with the cp.async ring (the default): heads whose x loads are in flight ahead, slots.
+constexpr int kV3AsyncAhead = 3;
+constexpr int kV3AsyncSlots = kV3AsyncAhead + 1;
+constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
+constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
+constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
+
+// Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
+template <int D>
+__device__ __forceinline__ int v3_chunk(int lane_in_row, int i) {
+  return lane_in_row + (D / 32) * i;
+}
+
+// 16 bytes through L1, read where the code stands (volatile: not hoisted into registers that
+// would live across the unit).
+__device__ __forceinline__ float4 ldg16_l1(const float* p) {
+  float4 v;
+  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// 16 bytes global -> shared, asynchronous, bypassing L1 (x is read once).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Wait until at most N of this thread's commit groups are pending (their copies then visible to
+// this thread).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// 16 bytes of shared memory, read where the code stands.
+__device__ __forceinline__ uint4 lds16u(const uint4* p) {
+  uint4 v;
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+// cos / sin of 4 consecutive pairs starting at `pair` (a multiple of 4).
+__device__ __forceinline__ void load_table4(const PrologueArgs& a, int mode, int64_t row_off,
+                                            int pair, float* cs, float* sn) {
+  if (mode == kTablePairsF32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
+                                                      2 * static_cast<int64_t>(pair));
+    const float4 t0 = __ldg(p), t1 = __ldg(p + 1);
+    cs[0] = t0.x, sn[0] = t0.y, cs[1] = t0.z, sn[1] = t0.w;
+    cs[2] = t1.x, sn[2] = t1.y, cs[3] = t1.z, sn[3] = t1.w;
+  } else if (mode == kTableMatrixF32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
+                                                      4 * static_cast<int64_t>(pair));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 t = __ldg(p + i);
+      cs[i] = t.x, sn[i] = t.z;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t o = row_off + static_cast<int64_t>(pair + i) * a.r_sp;
+      const bool in = pair + i < a.pairs;
+      cs[i] = in ? load_any(a.rope, o, a.r_dtype) : 1.f;
+      sn[i] = in ? load_any(a.rope, o + a.r_sc, a.r_dtype) : 0.f;
+    }
+  }
+}
+
+// The 16 (cos, sin) pairs of a thread's 32 values of row `row_off`: pair t of the thread is
+// ROPE paired: value 8 i + j (i < 2) with value 8 (i + 2) + j, table pair 8 chunk(i) + j, t = 8 i + j;
+// interleaved: values 8 i + 2 m and + 1, table pair 4 chunk(i) + m, t = 4 i + m.
+template <int D, int ROPE>
+__device__ __forceinline__ void v3_table_row(const PrologueArgs& a, int mode, int64_t row_off,
+                                             int lane_in_row, float (&cs)[16], float (&sn)[16]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int pair = ROPE == kRopePaired ? 8 * v3_chunk<D>(lane_in_row, k / 2) + 4 * (k & 1)
+                                         : 4 * v3_chunk<D>(lane_in_row, k);
+    load_table4(a, mode, row_off, pair, cs + 4 * k, sn + 4 * k);
+  }
+}
+
+// The norm weight as fp32 quads: w_sh[k][l] = channels 8 chunk(l, k / 2) + 4 (k & 1) + 0..3, the
+// weights of values 4k .. 4k + 3 of lane l. Thread tid < 8 * LANES loads quad (tid / LANES,
+// tid % LANES); its store and a barrier come later (the setup overlaps the first x loads).
+template <int D>
+__device__ __forceinline__ float4 v3_weight_quad(const PrologueArgs& a, int tid) {
+  constexpr int LANES = D / 32;
+  float q[4] = {1.f, 1.f, 1.f, 1.f};
+  if (tid < 8 * LANES && a.norm) {
+    const int k = tid / LANES, l = tid % LANES;
+    const int c = 8 * v3_chunk<D>(l, k / 2) + 4 * (k & 1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, c + i, a.w_dtype);
+  }
+  return make_float4(q[0], q[1], q[2], q[3]);
+}
+
+template <int D>
+__device__ __forceinline__ void v3_store_weight_quad(int tid, float4 q, float4 (&w_sh)[8][D / 32]) {
+  constexpr int LANES = D / 32;
+  if (tid < 8 * LANES) w_sh[tid / LANES][tid % LANES] = q;
+}
+
+// rope(norm(x)) of a thread's 32 values of one row (SPEC §1 order; the same bits as the CPU and
+// the round-2 kernels). All LANES lanes of the row call it together (shuffles). The weight quad k
+// (values 4k .. 4k+3) and the rotary quad k ((cos, sin) of pairs 2k, 2k+1) are read where they are
+// used (`wq(k)`, `tq(k)`: shared-memory reads), so they never all sit in registers at once.
+template <int D, bool BF16, int ROPE, typename WQ, typename TQ>
+__device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
+                                       const uint4 (&raw)[4], float (&v)[32]) {
+  constexpr int LANES = D / 32;
+  float* x = v;  // in place: each rotation reads its two values before writing them
+#pragma unroll
+  for (int i = 0; i < 4; ++i) unpack<BF16>(raw[i], x + 8 * i);
+  if (norm) {
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = chunk_squares(x + 8 * i);
+#pragma unroll
+    for (int o = 1; o < LANES; o <<= 1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
+    }
+    const float total = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
+    static_assert((D & (D - 1)) == 0, "D must be a power of two");  // total / D is exact
+    const float inv = __frsqrt_rn(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps));
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float4 w = wq(k);
+      x[4 * k] = __fmul_rn(__fmul_rn(x[4 * k], inv), w.x);
+      x[4 * k + 1] = __fmul_rn(__fmul_rn(x[4 * k + 1], inv), w.y);
+      x[4 * k + 2] = __fmul_rn(__fmul_rn(x[4 * k + 2], inv), w.z);
+      x[4 * k + 3] = __fmul_rn(__fmul_rn(x[4 * k + 3], inv), w.w);
+      round_pair<BF16>(x[4 * k], x[4 * k + 1]);
+      round_pair<BF16>(x[4 * k + 2], x[4 * k + 3]);
+    }
+  }
+  auto rotate = [&](float c, float s, int lead, int trail) {
+    const float y = x[lead], o = x[trail];
+    v[lead] = __fmaf_rn(c, y, -__fmul_rn(s, o));
+    v[trail] = __fmaf_rn(s, y, __fmul_rn(c, o));
+  };
+  if (ROPE == kRopePaired) {  // pair t = 8 i + j (i < 2): value t leads, value t + 16 trails
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float4 t = tq(k);  // pairs 2k, 2k + 1
+      rotate(t.x, t.y, 2 * k, 2 * k + 16);
+      rotate(t.z, t.w, 2 * k + 1, 2 * k + 17);
+    }
+  } else if (ROPE == kRopeInterleaved) {  // pair t = 4 i + m: values 8 i + 2 m and + 1 = 2t, 2t+1
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float4 t = tq(k);
+      rotate(t.x, t.y, 4 * k, 4 * k + 1);
+      rotate(t.z, t.w, 4 * k + 2, 4 * k + 3);
+    }
+  }
+}
+
+// Codes of 32 values with one scale (SPEC §1 rounding; see quantize16 in prologue.cu for the
+// reciprocal: div.full.f32 a / b is a * rcp(b) for b in [2^-126, 2^126]). out[k] = codes 4k..4k+3.
+__device__ __forceinline__ void quantize32(const float (&v)[32], float scale, uint32_t (&out)[8]) {
+  const float as = fabsf(scale);
+  int c[32];
+  if (as >= 0x1p-126f && as <= 0x1p126f) {
+    const float r = div_full(1.f, scale);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) c[j] = round_code(__fmul_rn(v[j], r));
+  } else if (scale == 0.f) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) c[j] = 0;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) c[j] = round_code(div_full(v[j], scale));
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    out[k] = pack_s8x4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
+}
+
+// ---- norm_rope_quantize -----------------------------------------------------------------------
+//
+// CTA: `warps` warps own a tile of whole blocks (tile_rows = warps * RW rows, RW = 32 / LANES) of
+// one (batch, tile) for a group of heads; each thread keeps one row for the whole head loop, with
+// the x loads of the next kV3QuantPrefetch heads in flight (a register ring). Rows are placed
+// group-major exactly as in the round-2 kernel (position p = warp * RW + slot holds row
+// group_row(g, i) of block p / block, p % block = g * G + i): a scale group's G rows are in
+// consecutive positions, in one warp (xor shuffles over LANES * G lanes) when G <= RW, else in
+// wpg = G / RW consecutive warps (their maxima meet in shared memory behind a named barrier of
+// those warps, double-buffered by head parity). The maximum is taken before sm_scale.
+// Loop invariants live in shared memory (registers go to loads in flight): the weight quads and
+// the thread's 16 rotary pairs (dynamic, [8 quads][threads] float4, private to the thread).
+
+struct V3QuantLaunch {
+  int tile_rows;   // rows of a CTA tile: whole blocks
+  int group_rows;  // G: rows per scale group
+  int wpg;         // warps per scale group (1: warp-local)
+  int red_lanes;   // lanes of the in-warp max reduction: min(32, LANES * G)
+  int head_group;  // heads per CTA
+  int table_mode;
+  bool mean_vec;   // mean rows 16-byte aligned: float4 loads
+};
+
+template <int D, bool BF16, int ROPE, bool ASYNC>
+__global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
+    v3_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
+  constexpr int LANES = D / 32, RW = 32 / LANES;
+  // Dynamic shared memory: ASYNC: the x ring [kV3AsyncSlots][4 chunks][blockDim.x] uint4 (each
+  // thread's own slots), then (rope) [8][blockDim.x] float4: this thread's rotary pairs.
+  extern __shared__ float4 dyn_sh[];
+  float4* t_sh = dyn_sh + (ASYNC ? kV3AsyncSlots * 4 * blockDim.x : 0);
+  __shared__ float red[2][kV3MaxWarps];
+  __shared__ float4 w_sh[8][LANES];
+  const int threads = blockDim.x;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int slot = lane / LANES, lane_in_row = lane % LANES;
+  const int64_t b = blockIdx.z, tile = blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
+  const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
+  // This thread's row for the whole head loop.
+  const int p = warp * RW + slot;
+  const int bi = p / a.block, rem = p % a.block;
+  const int g = rem / L.group_rows, gi = rem % L.group_rows;
+  const int64_t blk = tile * (L.tile_rows / a.block) + bi;
+  const int64_t n = blk * a.block + group_row(a.layout, g, gi);
+  const bool ok = n < a.tokens;
+  const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
+
+  const float4 wq = v3_weight_quad<D>(a, tid);  // blockDim >= 128 >= 8 * LANES
+  float tcs[16], tsn[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
+  if (ROPE != kRopeNone && ok)
+    v3_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + n * a.r_sn, lane_in_row, tcs, tsn);
+  auto start = [&] {
+    v3_store_weight_quad<D>(tid, wq, w_sh);
+    if (ROPE != kRopeNone) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        t_sh[k * threads + tid] =
+            make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
+    }
+    __syncthreads();
+  };
+
+  // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
+  const uint16_t* xrow =
+      static_cast<const uint16_t*>(a.x) + b * a.x_sb + (ok ? n : 0) * a.x_sn + h0 * a.x_sh;
+  int8_t* qrow = a.q + b * a.q_sb + (ok ? n : 0) * a.q_sn + h0 * a.q_sh;
+  float* srow = a.scale + b * a.s_sb + h0 * a.s_sh + blk * a.groups + g;
+  const float* mrow = a.mean ? a.mean + b * a.m_sb + h0 * a.m_sh : nullptr;
+  const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
+  const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
+  const int team_first = warp / L.wpg * L.wpg, team_barrier = 1 + warp / L.wpg;
+  const int team_threads = 32 * L.wpg;
+  const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
+  const float abs_sm = fabsf(a.sm_scale);
+  const int c0 = 8 * lane_in_row;  // channel of chunk i: c0 + 8 * LANES * i
+  const int red_mask = L.red_lanes - 1;  // red_lanes is a power of two
+
+  // Rows past N read token 0's row (in bounds; no branch, no zeroing): their values never reach
+  // a maximum (m = 0 below) or a store.
+  auto load = [&](int u, uint4(&r)[4]) {
+    const uint16_t* px = xrow + u * x_sh + c0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r[i] = load_stream16(px + 8 * LANES * i);
+  };
+  auto proc = [&](int u, const uint4(&r)[4]) {
+    float v[32];
+    v3_row<D, BF16, ROPE>(
+        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
+        [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
+    if (mrow) {
+      const float* m = mrow + u * m_sh + c0;
+      float mv[32];
+      if (L.mean_vec) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float4 t = ldg16_l1(m + 8 * LANES * (k / 2) + 4 * (k & 1));
+          mv[4 * k] = t.x, mv[4 * k + 1] = t.y, mv[4 * k + 2] = t.z, mv[4 * k + 3] = t.w;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) mv[j] = __ldg(m + 8 * LANES * (j / 8) + (j & 7));
+      }
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = __fsub_rn(v[j], mv[j]);
+    }
+    // Rows past N are zero (never -mean): they add 0 to the maximum and store nothing.
+    // Four independent chains (one per chunk), then a tree: max of |v| is exact in any order,
+    // and the dependent chain is 8 + 2 long instead of 32.
+    float t[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      t[i] = fabsf(v[8 * i]);
+#pragma unroll
+      for (int j = 1; j < 8; ++j) t[i] = max_nan(t[i], fabsf(v[8 * i + j]));
+    }
+    float m = ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
+    // Branch-free: the levels past red_lanes shuffle with lane mask 0 (the lane itself).
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1)
+      m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o & red_mask));
+    if (L.wpg > 1) {
+      const int par = u & 1;
+      if (lane == 0) red[par][warp] = m;
+      named_barrier(team_barrier, team_threads);
+      m = red[par][team_first];
+      for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
+    }
+    if (scaled) m = __fmul_rn(m, abs_sm);
+    const float scale = __fadd_rn(div_full(m, 127.f), a.scale_eps);
+    if (writer) srow[u * s_sh] = scale;
+    if (!ok) return;
+    if (scaled) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
+    }
+    uint32_t packed[8];
+    quantize32(v, scale, packed);
+    int8_t* q = qrow + u * q_sh + c0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<uint2*>(q + 8 * LANES * i) = make_uint2(packed[2 * i], packed[2 * i + 1]);
+  };
+  if constexpr (ASYNC) {
+    // cp.async ring: the loads of heads u+1 .. u+kV3AsyncAhead go straight to this thread's
+    // shared-memory slots (no registers held), one commit group per head (empty past the end, so
+    // that wait_group kV3AsyncAhead always means "head u has landed"). A slot is refilled only
+    // after the previous head's values were read back into registers and used (in-order issue).
+    uint4* ring = reinterpret_cast<uint4*>(dyn_sh);
+    auto issue = [&](int u) {
+      const uint16_t* px = xrow + u * x_sh + c0;
+      uint4* dst = ring + (u % kV3AsyncSlots) * 4 * threads + tid;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
+    };
+#pragma unroll
+    for (int k = 0; k < kV3AsyncAhead; ++k) {
+      if (k < count) issue(k);
+      cp_async_commit();
+    }
+    start();
+#pragma unroll 1
+    for (int u = 0; u < count; ++u) {
+      if (u + kV3AsyncAhead < count) issue(u + kV3AsyncAhead);
+      cp_async_commit();
+      cp_async_wait<kV3AsyncAhead>();
+      const uint4* src = ring + (u % kV3AsyncSlots) * 4 * threads + tid;
+      uint4 r[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * threads);
+      proc(u, r);
+    }
+  } else {
+    pipeline<kV3QuantPrefetch, 4>(count, load, proc, start);
+  }
+}
+
+// ---- norm_rope_mean ---------------------------------------------------------------------------
+//
+// The round-2 streaming reduction with 32 values per thread. CTA: 4 warps, thread = (row slot,
+// lane of the row), RPS = 4 * RW row slots. A CTA owns `steps` row steps of one batch item
+// (rows chunk * steps * RPS + s * RPS + slot) for a group of <= kV3MeanMaxHeads heads: rows outer,
+// heads inner; the row's 16 rotary pairs (a (…, pairs, 2) fp32 table: pairs 2k, 2k + 1 are one
+// float4) are read per unit through L1 (registers go to loads in flight instead; the next row's
+// lines are prefetched into L2 when a row starts). Two heads per CTA (32 KB of accumulators), and
+// the shared-memory carve-out asked for no more than 4 CTAs need, so that L1 keeps the rows in
+// use (4 CTAs x 32 rows x 512 bytes). x loads of the next kV3MeanPrefetch units are in flight. Each lane adds rope(norm(x))
+// of its 32 values into a private accumulator in shared memory ([head][quad][thread] float4,
+// conflict-free, no barrier in the loop). End of CTA: one barrier, the RPS row slots added per
+// (head, channel) in slot order into one partial per (batch, head, chunk), which
+// launch_mean_final adds in a fixed order: deterministic for a given launch shape.
+
+struct V3MeanLaunch {
+  int head_group;
+  int table_mode;
+  int steps;       // row steps per CTA
+  int64_t chunks;  // CTAs along the tokens = partials per (batch, head)
+};
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Prefetch into L2 the table lines of this thread's 16 pairs of row `row_off` (L1 is kept for
+// the rows in use: with 4 CTAs of accumulators per SM it holds about 92 KB).
+template <int D, int ROPE>
+__device__ __forceinline__ void v3_prefetch_table_row(const PrologueArgs& a, int mode,
+                                                      int64_t row_off, int lane_in_row) {
+  if (mode != kTablePairsF32 && mode != kTableMatrixF32) return;
+  const int per_pair = mode == kTablePairsF32 ? 2 : 4;  // floats
+  const float* t = static_cast<const float*>(a.rope) + row_off;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int pair = ROPE == kRopePaired ? 8 * v3_chunk<D>(lane_in_row, k / 2) + 4 * (k & 1)
+                                         : 4 * v3_chunk<D>(lane_in_row, k);
+    prefetch_l2(t + per_pair * pair);  // 4 pairs: 32 or 64 bytes, inside one 128-byte line
+  }
+}
+
+template <int D, bool BF16, int ROPE>
+__global__ void __launch_bounds__(kV3MeanWarps * 32, 4)
+    v3_mean_kernel(const PrologueArgs a, const V3MeanLaunch L, float* partials) {
+  constexpr int LANES = D / 32, RW = 32 / LANES, RPS = kV3MeanWarps * RW;
+  constexpr int THREADS = kV3MeanWarps * 32;
+  extern __shared__ float4 mean_acc[];  // [head][quad k (8)][THREADS]: this thread's values
+  __shared__ float4 w_sh[8][LANES];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int slot = warp * RW + lane / LANES, lane_in_row = lane % LANES;
+  const int64_t b = blockIdx.z, chunk = blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
+  const int nh = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
+  const int64_t n_first = chunk * L.steps * RPS + slot;  // this thread's row of step s: + s * RPS
+
+#pragma unroll 1
+  for (int k = 0; k < 8 * nh; ++k) mean_acc[k * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4 wq = v3_weight_quad<D>(a, tid);  // stored after the first x loads (`start`)
+  auto row_of = [&](int s) {  // token of step s, clamped into [0, N) (rows past N add nothing)
+    const int64_t n = n_first + static_cast<int64_t>(s) * RPS;
+    return n < a.tokens ? n : int64_t{0};
+  };
+  // The processing row's table (PairsF32: pairs p, p + 1 are one float4 (cos, sin, cos, sin) at
+  // 2 p), read per unit from L1 (the row's lines are prefetched one row ahead).
+  const float* table = static_cast<const float*>(a.rope) + b * a.r_sb;
+  const float* trow = table + row_of(0) * a.r_sn;
+  if (ROPE != kRopeNone && L.steps > 1)
+    v3_prefetch_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + row_of(1) * a.r_sn, lane_in_row);
+  int tq_off[8];  // float offset of rotary quad k (pairs 2k, 2k + 1 of the thread)
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    tq_off[k] = 2 * (ROPE == kRopePaired ? 8 * v3_chunk<D>(lane_in_row, k / 4) + 2 * (k % 4)
+                                         : 4 * v3_chunk<D>(lane_in_row, k / 2) + 2 * (k % 2));
+
+  const uint16_t* xb = static_cast<const uint16_t*>(a.x) + b * a.x_sb + h0 * a.x_sh +
+                       8 * lane_in_row;
+  const int x_sh = static_cast<int>(a.x_sh);
+  // (step, head) of the next unit to load / to process: units run in order, heads inner.
+  int ls = 0, lh = 0, ps = 0, ph = 0;
+  const uint16_t* lrow = xb + row_of(0) * a.x_sn;  // the loading step's row at head h0
+  auto load = [&](int, uint4(&r)[4]) {
+    const uint16_t* px = lrow + lh * x_sh;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r[i] = load_stream16(px + 8 * LANES * i);
+    if (++lh == nh) {
+      lh = 0, ++ls;
+      lrow = xb + row_of(ls) * a.x_sn;
+    }
+  };
+  bool valid = n_first < a.tokens;  // the processing step's row exists
+  auto proc = [&](int, const uint4(&r)[4]) {
+    if (ROPE != kRopeNone && ph == 0 && ps > 0) {  // a new row
+      trow = table + row_of(ps) * a.r_sn;
+      if (ps + 1 < L.steps)
+        v3_prefetch_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + row_of(ps + 1) * a.r_sn,
+                                       lane_in_row);
+    }
+    float v[32];
+    v3_row<D, BF16, ROPE>(
+        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
+        [&](int k) { return ldg16_l1(trow + tq_off[k]); }, r, v);
+    if (valid) {
+      float4* acc = mean_acc + ph * 8 * THREADS + tid;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        float4 t = acc[k * THREADS];
+        t.x = __fadd_rn(t.x, v[4 * k]);
+        t.y = __fadd_rn(t.y, v[4 * k + 1]);
+        t.z = __fadd_rn(t.z, v[4 * k + 2]);
+        t.w = __fadd_rn(t.w, v[4 * k + 3]);
+        acc[k * THREADS] = t;
+      }
+    }
+    if (++ph == nh) {
+      ph = 0, ++ps;
+      valid = n_first + static_cast<int64_t>(ps) * RPS < a.tokens;
+    }
+  };
+  auto start = [&] {
+    v3_store_weight_quad<D>(tid, wq, w_sh);
+    __syncthreads();
+  };
+  pipeline<kV3MeanPrefetch, 4>(L.steps * nh, load, proc, start);
+  __syncthreads();
+
+  // Column sums over the RPS row slots, in slot order. Channel c = 8 chunk + j of head hl lives in
+  // the thread (slot, lir = chunk % LANES), value 8 (chunk / LANES) + j = quad k, component j % 4.
+  const float* accf = reinterpret_cast<const float*>(mean_acc);
+  for (int e = tid; e < nh * D; e += THREADS) {
+    const int hl = e / D, c = e % D, ck = c / 8, j = c % 8;
+    const int lir = ck % LANES, k = 2 * (ck / LANES) + j / 4;
+    const float* col = accf + 4 * ((hl * 8 + k) * THREADS + lir) + j % 4;
+    float t = 0.f;
+#pragma unroll 8
+    for (int sl = 0; sl < RPS; ++sl)
+      t = __fadd_rn(t, col[4 * ((sl / RW) * 32 + (sl % RW) * LANES)]);
+    partials[((b * a.heads + h0 + hl) * L.chunks + chunk) * D + c] = t;
+  }
+}
+
+template <typename F>
+void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
+  auto by_rope = [&](auto d, auto bf) {
+    if (!a.rotate)
+      f(d, bf, std::integral_constant<int, kRopeNone>{});
+    else if (a.interleaved)
+      f(d, bf, std::integral_constant<int, kRopeInterleaved>{});
+    else
+      f(d, bf, std::integral_constant<int, kRopePaired>{});
+  };
+  auto by_dim = [&](auto bf) {
+    if (a.dim == 64)
+      by_rope(std::integral_constant<int, 64>{}, bf);
+    else if (a.dim == 128)
+      by_rope(std::integral_constant<int, 128>{}, bf);
+    else
+      check::fail(op, "x", "head dim on cuda: expected 64 or 128, got " + std::to_string(a.dim));
+  };
+  if (a.x_dtype == DType::bf16)
+    by_dim(std::true_type{});
+  else
+    by_dim(std::false_type{});
+}
+
+// Resident CTAs of `kernel` on the device (registers, shared memory, threads).
+template <typename K>
+int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), op,
+             "occupancy");
+  return int64_t{std::max(per_sm, 1)} * multiprocessor_count();
+}
+
+}  // namespace
+
+bool v3_supported(const PrologueArgs& a, bool quantize) {
+  const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
+  const int round = !quantize && t.mean_round > 0 ? t.mean_round : t.round;
+  if (t.legacy || (round != 0 && round != 3)) return false;
+  // The round-3 mean kernel only when asked for (mean_round or round = 3): GPU run 2 measured it
+  // slower than the round-2 one at Wan (0.202 vs 0.163 ms; L1-bound: its rotary-table reads).
+  if (!quantize && round != 3) return false;
+  if (a.w_rows) return false;
+  if (a.rotate && 2 * a.pairs != a.dim) return false;
+  if (a.dim != 64 && a.dim != 128) return false;
+  if (a.tokens == 0) return false;  // rows past N read token 0's row (in bounds, never used)
+  const int64_t lim = int64_t{1} << 30;  // head offsets in 32 bits inside the kernels
+  for (int64_t st : {a.x_sh, quantize ? a.q_sh : 0, quantize ? a.s_sh : 0, quantize ? a.m_sh : 0})
+    if (st < 0 || st * a.heads >= lim) return false;
+  // The mean kernel reads rotary quads as single float4s: a (…, pairs, 2) fp32 table.
+  if (!quantize) return !a.rotate || table_mode_of(a) == kTablePairsF32;
+  if (a.layout == ScaleLayout::warp_q) return false;
+  if (a.block <= 0 || (a.block & (a.block - 1)) != 0) return false;
+  const int rw = 32 / static_cast<int>(a.dim / 32);
+  return a.block <= kV3MaxWarps * rw;
+}
+
+void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
+  const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes;
+  V3QuantLaunch L;
+  L.tile_rows = std::max(a.block, 4 * rw);  // >= 4 warps; both powers of two: whole blocks
+  L.group_rows = a.block / a.groups;
+  L.wpg = L.group_rows > rw ? L.group_rows / rw : 1;
+  L.red_lanes = std::min(32, lanes * L.group_rows);
+  L.table_mode = table_mode_of(a);
+  L.mean_vec = a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 &&
+               a.m_sh % 4 == 0;
+  const int64_t tiles = (a.n_blocks * a.block + L.tile_rows - 1) / L.tile_rows;
+  const int warps = L.tile_rows / rw, threads = warps * 32;
+  check::that(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
+              "cuda grid: expected at most 65535 tiles and batch items, got " +
+                  std::to_string(tiles) + " and " + std::to_string(a.batch));
+  const bool async = !detail::prologue_cuda_tuning().register_ring;
+  const int smem = static_cast<int>(sizeof(float4)) * threads *
+                   ((a.rotate ? 8 : 0) + (async ? 4 * kV3AsyncSlots : 0));
+  auto launch = [&](auto kernel) {
+    if (smem > 48 * 1024)
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                 "norm_rope_quantize", "shared memory");
+    // Heads per CTA (balanced groups) by the wave model, fixed cost ~1.5 heads (setup); the
+    // tuning knob's heads_per_cta overrides it.
+    const int forced = detail::prologue_cuda_tuning().heads_per_cta;
+    int64_t hg = std::min<int64_t>(forced, a.heads);
+    if (forced <= 0) {
+      const int64_t resident = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
+      hg = pick_by_waves(1, a.heads, resident, 1.5, [&](int64_t k) {
+        const int64_t groups = (a.heads + k - 1) / k;
+        const bool balanced = (a.heads + groups - 1) / groups == k;
+        return std::pair<int64_t, double>(balanced ? tiles * a.batch * groups : 0,
+                                          static_cast<double>(k));
+      });
+    }
+    const int64_t head_groups = (a.heads + hg - 1) / hg;
+    L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
+    dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
+              static_cast<unsigned>(a.batch));
+    kernel<<<grid, threads, smem, stream_of(ctx)>>>(a, L);
+  };
+  v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
+    constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
+    constexpr bool BF16 = decltype(bf)::value;
+    if (async)
+      launch(v3_quantize_kernel<D, BF16, ROPE, true>);
+    else
+      launch(v3_quantize_kernel<D, BF16, ROPE, false>);
+  });
+  check_launch("norm_rope_quantize");
+}
+
+void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+  const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes, rps = kV3MeanWarps * rw;
+  V3MeanLaunch L;
+  L.table_mode = table_mode_of(a);
+  const int forced = detail::prologue_cuda_tuning().heads_per_cta;
+  const int64_t hg = std::clamp<int64_t>(forced > 0 ? forced : kV3MeanMaxHeads, 1,
+                                         std::min<int64_t>(a.heads, kV3MeanMaxHeads));
+  const int64_t head_groups = (a.heads + hg - 1) / hg;
+  L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
+  const int smem = L.head_group * 8 * kV3MeanWarps * 32 * static_cast<int>(sizeof(float4));
+  const int per_sm = std::max(1, std::min(4, (224 * 1024) / std::max(smem, 1)));
+  // Carve-out (percent of the SM's shared memory): what per_sm CTAs need (+ 1 KB reserved and the
+  // static weights each), the rest stays L1.
+  int sm_smem = 0, dev = 0;
+  check_cuda(cudaGetDevice(&dev), "norm_rope_mean", "device");
+  check_cuda(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+             "norm_rope_mean", "device attribute");
+  const int64_t need = int64_t{per_sm} * (smem + 2048);
+  const int carveout =
+      sm_smem > 0 ? static_cast<int>(std::min<int64_t>(100, (100 * need + sm_smem - 1) / sm_smem))
+                  : 100;
+  const int64_t row_steps = std::max<int64_t>(1, (a.tokens + rps - 1) / rps);
+  check::that(a.batch <= 65535, "norm_rope_mean", "x",
+              "cuda grid: expected at most 65535 batch items, got " + std::to_string(a.batch));
+  cudaStream_t stream = stream_of(ctx);
+  v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
+    auto kernel = v3_mean_kernel<decltype(d)::value, decltype(bf)::value, decltype(rope)::value>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "norm_rope_mean", "shared memory");
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    carveout),
+               "norm_rope_mean", "shared memory carve-out");
+    // Row steps per CTA by the wave model (fixed cost ~2 units: setup and the final column
+    // sums); at most 65535 chunks; the tuning knob's mean_steps overrides it.
+    const int64_t resident =
+        std::min<int64_t>(int64_t{per_sm} * multiprocessor_count(),
+                          resident_ctas(kernel, kV3MeanWarps * 32, smem, "norm_rope_mean"));
+    const int64_t first = std::max<int64_t>(1, (row_steps + 65534) / 65535);
+    const int64_t steps =
+        pick_by_waves(first, std::max(first, std::min<int64_t>(row_steps, 512)), resident, 2.0,
+                      [&](int64_t k) {
+                        const int64_t chunks = (row_steps + k - 1) / k;
+                        const bool distinct = (row_steps + chunks - 1) / chunks == k;
+                        return std::pair<int64_t, double>(
+                            distinct ? chunks * head_groups * a.batch : 0,
+                            static_cast<double>(k * L.head_group));
+                      });
+    const int forced_steps = detail::prologue_cuda_tuning().mean_steps;
+    L.steps = static_cast<int>(forced_steps > 0 ? std::max<int64_t>(
+                                                      first, std::min<int64_t>(forced_steps,
+                                                                               row_steps))
+                                                : steps);
+    L.chunks = (row_steps + L.steps - 1) / L.steps;
+    Scratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
+                 stream, "norm_rope_mean");
+    dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
+              static_cast<unsigned>(a.batch));
+    kernel<<<grid, kV3MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
+    check_launch("norm_rope_mean");
+    launch_mean_final(a, part.as<float>(), L.chunks, stream);
+  });
+}
+
+}  // namespace cuda
+}  // namespace lowbit
