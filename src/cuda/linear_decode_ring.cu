@@ -63,7 +63,10 @@ constexpr int kMaxDepth = 4;
 // transaction bytes); false: by 16-byte cp.async per lane with cp.async.mbarrier.arrive (the
 // sm_80 mechanism: 4 LDGSTS per lane and item instead of a uniform-register loop over 16 bulk
 // copies; decode_ring_transport runs it for the A/B bench row). Same slots, same bits.
-constexpr bool kRingBulk = true;
+// H200, 2026-11-29 (session 3, run 3): the cp.async transport was bit-identical to the bulk one
+// at 1, 2 and 16 x 5120 -> 13824 for all three weight formats and faster in every row (convrotint4
+// layer 26.4 vs 29.7 us at M = 1, 34.7 vs 41.4 us at M = 16), so it is the default.
+constexpr bool kRingBulk = false;
 // M == 1 takes the dp4a instances (false: mma.sync for every M).
 constexpr bool kRingDot = true;
 
