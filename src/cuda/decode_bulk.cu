@@ -46,11 +46,6 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxHeads = 8;   // HB: heads (warps) per CTA
 constexpr int kMaxStages = 4;
 
-__device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  return h2u(__floats2half2_rn(lo, hi));
-}
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return __byte_perm(a, b, sel);
 }
@@ -58,7 +53,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 __device__ __forceinline__ uint32_t e4m3x2(uint32_t v16) {
   const __half2_raw r =
       __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
-  return h2u(__half2(r));
+  return h2_bits(__half2(r));
 }
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
@@ -121,30 +116,6 @@ __device__ __forceinline__ void fence_async_shared() {
 #endif
 }
 
-// N consecutive 32-bit words of shared memory at p (aligned to A bytes), widest loads A allows.
-template <int N, int A>
-__device__ __forceinline__ void lds_words(const char* p, uint32_t* out) {
-  constexpr int W = A < 4 * N ? (A < 16 ? A : 16) : (4 * N < 16 ? 4 * N : 16);
-#pragma unroll
-  for (int i = 0; i < N; i += W / 4) {
-    if constexpr (W == 16) {
-      const uint4 x = *reinterpret_cast<const uint4*>(p + 4 * i);
-      out[i] = x.x;
-      out[i + 1] = x.y;
-      out[i + 2] = x.z;
-      out[i + 3] = x.w;
-    } else if constexpr (W == 8) {
-      const uint2 x = *reinterpret_cast<const uint2*>(p + 4 * i);
-      out[i] = x.x;
-      out[i + 1] = x.y;
-    } else {
-      out[i] = *reinterpret_cast<const uint32_t*>(p + 4 * i);
-    }
-  }
-}
-__device__ __forceinline__ uint32_t lds32(const char* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
 
 __device__ __forceinline__ float load_q(const void* q, int64_t off, DType dt) {
   if (dt == DType::f16) return __half2float(static_cast<const __half*>(q)[off]);
@@ -335,8 +306,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
                                             : 4 * ks + e;
         v[e] = ok ? load_q(p.q, off + pos, p.q_dtype) : 0.f;
       }
-      qf[nr][ks][0] = pack2(v[0], v[1]);
-      qf[nr][ks][1] = pack2(v[2], v[3]);
+      qf[nr][ks][0] = pack_f32x2(v[0], v[1]);
+      qf[nr][ks][1] = pack_f32x2(v[2], v[3]);
     }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {  // accumulator rows 8 nr + 2t + e
@@ -415,20 +386,20 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
         const uint32_t cw = kcw[kk][ks >= KS / 2 ? 1 : 0];
-        const __half2 sc = u2h(prmt(cw, 0, 0x1010)), sh = u2h(prmt(cw, 0, 0x3232));
+        const __half2 sc = bits_h2(prmt(cw, 0, 0x1010)), sh = bits_h2(prmt(cw, 0, 0x3232));
         uint32_t p0, p1;
         if constexpr (F == KvFormat::int4) {
           const uint32_t w = kbuf[kk][wi % KC];
           const uint32_t x = (ks & 1) ? (w >> 8) : w;
-          const __half2 lo2 = __hsub2(u2h((x & 0x000f000fu) | 0x64006400u), u2h(0x64006400u));
-          const __half2 hi2 = __hfma2(u2h((x & 0x00f000f0u) | 0x64006400u), u2h(0x2c002c00u),
-                                      u2h(0xd400d400u));  // * 1/16 - 64
-          p0 = h2u(__hfma2(lo2, sc, sh));
-          p1 = h2u(__hfma2(hi2, sc, sh));
+          const __half2 lo2 = __hsub2(bits_h2((x & 0x000f000fu) | 0x64006400u), bits_h2(0x64006400u));
+          const __half2 hi2 = __hfma2(bits_h2((x & 0x00f000f0u) | 0x64006400u), bits_h2(0x2c002c00u),
+                                      bits_h2(0xd400d400u));  // * 1/16 - 64
+          p0 = h2_bits(__hfma2(lo2, sc, sh));
+          p1 = h2_bits(__hfma2(hi2, sc, sh));
         } else if constexpr (F == KvFormat::fp8) {
           const uint32_t w = kbuf[kk][wi % KC];
-          p0 = h2u(__hfma2(u2h(e4m3x2(w)), sc, sh));
-          p1 = h2u(__hfma2(u2h(e4m3x2(w >> 16)), sc, sh));
+          p0 = h2_bits(__hfma2(bits_h2(e4m3x2(w)), sc, sh));
+          p1 = h2_bits(__hfma2(bits_h2(e4m3x2(w >> 16)), sc, sh));
         } else {
           p0 = kbuf[kk][wi % KC];
           p1 = kbuf[kk][(wi + 1) % KC];
@@ -501,8 +472,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     uint32_t pb[NR][2];
 #pragma unroll
     for (int nr = 0; nr < NR; ++nr) {
-      pb[nr][0] = movmatrix_trans(pack2(sv[nr][0], sv[nr][1]));  // keys 0..7
-      pb[nr][1] = movmatrix_trans(pack2(sv[nr][2], sv[nr][3]));  // keys 8..15
+      pb[nr][0] = movmatrix_trans(pack_f32x2(sv[nr][0], sv[nr][1]));  // keys 0..7
+      pb[nr][1] = movmatrix_trans(pack_f32x2(sv[nr][2], sv[nr][3]));  // keys 8..15
     }
 
     // ---- O^T += V^T P^T: m-tile mt, dim-row g -> dim 2 (g MT + mt), dim-row g + 8 -> + 1 ----
@@ -514,15 +485,15 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       if constexpr (F == KvFormat::int4) {
         const uint32_t ca = lds32(st + voff[2 * q2] + 4 * vcoef);
         const uint32_t cb = lds32(st + voff[2 * q2 + 1] + 4 * vcoef);
-        vs[q2] = u2h(prmt(ca, cb, 0x5410));
-        vz[q2] = u2h(prmt(ca, cb, 0x7632));
+        vs[q2] = bits_h2(prmt(ca, cb, 0x5410));
+        vz[q2] = bits_h2(prmt(ca, cb, 0x7632));
       } else if constexpr (F == KvFormat::fp8) {
         const char* ssv = st + 32 * kstr + 16 * 4 * HB + 4 * warp;
         const int ka = 2 * t + 8 * q2;
         const uint32_t ca = lds32(ssv + ka * 4 * HB);
         const uint32_t cb = lds32(ssv + (ka + 1) * 4 * HB);
-        vs[q2] = u2h(prmt(ca, cb, 0x5410));
-        vz[q2] = u2h(prmt(ca, cb, 0x7632));
+        vs[q2] = bits_h2(prmt(ca, cb, 0x5410));
+        vz[q2] = bits_h2(prmt(ca, cb, 0x7632));
       } else {
         vs[q2] = vz[q2] = __float2half2_rn(0.f);
       }
@@ -548,16 +519,16 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         if constexpr (F == KvFormat::int4) {
           constexpr uint32_t kSel[4] = {0x4400u, 0x5511u, 0x6622u, 0x7733u};
           const uint32_t x = prmt(wa, wb, kSel[mt % 4]);  // bytes [a_j, a_j, b_j, b_j]
-          const __half2 lo2 = __hsub2(u2h((x & 0x000f000fu) | 0x64006400u), u2h(0x64006400u));
-          const __half2 hi2 = __hfma2(u2h((x & 0x00f000f0u) | 0x64006400u), u2h(0x2c002c00u),
-                                      u2h(0xd400d400u));
-          dlo = h2u(__hfma2(lo2, vs[q2], vz[q2]));
-          dhi = h2u(__hfma2(hi2, vs[q2], vz[q2]));
+          const __half2 lo2 = __hsub2(bits_h2((x & 0x000f000fu) | 0x64006400u), bits_h2(0x64006400u));
+          const __half2 hi2 = __hfma2(bits_h2((x & 0x00f000f0u) | 0x64006400u), bits_h2(0x2c002c00u),
+                                      bits_h2(0xd400d400u));
+          dlo = h2_bits(__hfma2(lo2, vs[q2], vz[q2]));
+          dhi = h2_bits(__hfma2(hi2, vs[q2], vz[q2]));
         } else if constexpr (F == KvFormat::fp8) {
           // bytes [a_j, b_j, a_j+1, b_j+1], j = 2 (mt % 2)
           const uint32_t x = prmt(wa, wb, (mt % 2) ? 0x7362u : 0x5140u);
-          dlo = h2u(__hfma2(u2h(e4m3x2(x)), vs[q2], vz[q2]));
-          dhi = h2u(__hfma2(u2h(e4m3x2(x >> 16)), vs[q2], vz[q2]));
+          dlo = h2_bits(__hfma2(bits_h2(e4m3x2(x)), vs[q2], vz[q2]));
+          dhi = h2_bits(__hfma2(bits_h2(e4m3x2(x >> 16)), vs[q2], vz[q2]));
         } else {
           dlo = prmt(wa, wb, 0x5410u);
           dhi = prmt(wa, wb, 0x7632u);

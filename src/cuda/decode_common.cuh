@@ -1,6 +1,7 @@
 // Shared pieces of the CUDA decode kernels: cache addressing and cp.async wrappers.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -95,6 +96,45 @@ __device__ __forceinline__ int64_t ss_offset(const CacheArgs& c, int which, int6
                                              int64_t h) {
   const int64_t* st = which ? c.vss_st : c.kss_st;
   return c.block_tables ? row * st[0] + h * st[1] : b * st[0] + row * st[1] + h * st[2];
+}
+
+// f16x2 bit casts and packing shared by the streaming, ring and bulk decode kernels.
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+__device__ __forceinline__ uint32_t pack_f32x2(float lo, float hi) {
+  return h2_bits(__floats2half2_rn(lo, hi));
+}
+__device__ __forceinline__ __half2 lo_h2(uint32_t w) {  // (low half, low half)
+  return bits_h2(__byte_perm(w, 0, 0x1010));
+}
+__device__ __forceinline__ __half2 hi_h2(uint32_t w) {  // (high half, high half)
+  return bits_h2(__byte_perm(w, 0, 0x3232));
+}
+
+// N consecutive 32-bit words of shared memory at p (aligned to A bytes), widest loads A allows.
+template <int N, int A>
+__device__ __forceinline__ void lds_words(const char* p, uint32_t* out) {
+  constexpr int W = A < 4 * N ? (A < 16 ? A : 16) : (4 * N < 16 ? 4 * N : 16);
+#pragma unroll
+  for (int i = 0; i < N; i += W / 4) {
+    if constexpr (W == 16) {
+      const uint4 x = *reinterpret_cast<const uint4*>(p + 4 * i);
+      out[i] = x.x;
+      out[i + 1] = x.y;
+      out[i + 2] = x.z;
+      out[i + 3] = x.w;
+    } else if constexpr (W == 8) {
+      const uint2 x = *reinterpret_cast<const uint2*>(p + 4 * i);
+      out[i] = x.x;
+      out[i + 1] = x.y;
+    } else {
+      out[i] = *reinterpret_cast<const uint32_t*>(p + 4 * i);
+    }
+  }
+}
+__device__ __forceinline__ uint32_t lds32(const char* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
 }
 
 // cp.async of `bytes` (4, 8 or 16); src_bytes 0 zero-fills the destination.

@@ -34,15 +34,8 @@ constexpr int kStages = 3;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ __forceinline__ int pad16(int bytes) { return (bytes + 15) & ~15; }
 
-
-__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
-__device__ __forceinline__ uint32_t pack_f32x2(float lo, float hi) {
-  return h2_bits(__floats2half2_rn(lo, hi));
-}
 __device__ __forceinline__ __half2 coef_h2(uint16_t bits) {
   const __half h = __ushort_as_half(bits);
   return __halves2half2(h, h);

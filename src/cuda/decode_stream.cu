@@ -34,18 +34,6 @@ constexpr int kWarps = 4;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
-__device__ __forceinline__ uint32_t pack_f32x2(float lo, float hi) {
-  return h2_bits(__floats2half2_rn(lo, hi));
-}
-__device__ __forceinline__ __half2 lo_h2(uint32_t w) {  // (low half, low half)
-  return bits_h2(__byte_perm(w, 0, 0x1010));
-}
-__device__ __forceinline__ __half2 hi_h2(uint32_t w) {  // (high half, high half)
-  return bits_h2(__byte_perm(w, 0, 0x3232));
-}
 
 template <KvFormat F>
 struct Fmt;
