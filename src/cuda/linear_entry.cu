@@ -275,9 +275,11 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
 
   const linear::PackedWeightRef ref = weight_ref(w);
-  if (fmt != ActFormat::e4m3 && M <= linear::kRingFuseMaxM) {
-    // One or two decode rows: the ring kernel rotates, quantizes and multiplies in one launch
-    // (bit-identical to rotate_quantize + decode / prefill) where it applies.
+  if (fmt != ActFormat::e4m3 &&
+      (M <= linear::kRingFuseMaxM || linear::decode_can_fuse(M, K))) {
+    // Few decode rows: one kernel rotates, quantizes and multiplies (bit-identical to
+    // rotate_quantize + decode / prefill): the ring kernel for up to kRingFuseMaxM rows where it
+    // applies, else the streaming decode kernel.
     linear::DecodeParams d;
     d.x = x.data;
     d.x_dtype = x.dtype;
@@ -291,28 +293,14 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     d.out = out.data;
     d.out_dtype = out.dtype;
     d.ldo = out.stride[0];
-    if (linear::decode_ring_applies(d)) {
+    if (M <= linear::kRingFuseMaxM && linear::decode_ring_applies(d)) {
       linear::decode_ring(d, s);
       return;
     }
-  }
-  if (fmt != ActFormat::e4m3 && linear::decode_can_fuse(M, K)) {
-    // Few decode rows: one kernel rotates, quantizes and multiplies (bit-identical to the rest).
-    linear::DecodeParams d;
-    d.x = x.data;
-    d.x_dtype = x.dtype;
-    d.x_row_stride = x.stride[0];
-    d.rot = w.rot;
-    d.act_qmax = fmt == ActFormat::int4 ? 7 : 127;
-    d.M = M;
-    d.w = ref;
-    d.ep = ep;
-    d.ep.w_scale = static_cast<const float*>(w.scales.data);
-    d.out = out.data;
-    d.out_dtype = out.dtype;
-    d.ldo = out.stride[0];
-    linear::decode_gemv(d, s);
-    return;
+    if (linear::decode_can_fuse(M, K)) {
+      linear::decode_gemv(d, s);
+      return;
+    }
   }
 
   // One temporary for the codes (M, K) and, 256-byte aligned after them, the scales (M).
