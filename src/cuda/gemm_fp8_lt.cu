@@ -53,7 +53,6 @@ struct Desc {
 
 bool ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 
-
 // Column-major view: out^T (N, M) = W (N, K) · A^T (K, M): cuBLAS "A" = W stored (K, N) with
 // TRANSA = T, "B" = activation codes stored (K, M), TRANSB = N (the TN layout fp8 requires).
 bool build(const GemmParams& p, Desc& d) {
@@ -119,8 +118,8 @@ const LtState::Entry* candidates(const GemmParams& p, size_t workspace_bytes, De
                                            &workspace_bytes, sizeof(workspace_bytes));
       cublasLtMatmulHeuristicResult_t res[kMaxAlgos]{};
       int n = 0;
-      if (ok(cublasLtMatmulAlgoGetHeuristic(s.handle, d.op, d.la, d.lb, d.lc, d.lc, pref,
-                                            kMaxAlgos, res, &n))) {
+      if (ok(cublasLtMatmulAlgoGetHeuristic(s.handle, d.op, d.la, d.lb, d.lc, d.lc, pref, kMaxAlgos,
+                                            res, &n))) {
         for (int i = 0; i < n; ++i)
           if (res[i].state == CUBLAS_STATUS_SUCCESS) e.algo[e.count++] = res[i].algo;
       }
