@@ -15,6 +15,14 @@ int multiprocessor_count() {
   return n;
 }
 
+int compute_capability_major() {
+  int dev = 0, major = 0;
+  check_cuda(cudaGetDevice(&dev), "compute_capability_major", "device");
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+             "compute_capability_major", "attribute");
+  return major;
+}
+
 cudaMemPool_t scratch_pool(const char* op) {
   static std::mutex mu;
   static std::map<int, cudaMemPool_t> pools;

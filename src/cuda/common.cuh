@@ -24,6 +24,8 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 
 // Multiprocessor count of the current device (queried, never hard-coded).
 int multiprocessor_count();
+// Compute capability major version of the current device (9 on Hopper).
+int compute_capability_major();
 
 // lowbit's own stream-ordered pool for the current device: its release threshold is "never", so
 // temporaries are reused across calls (the default pool would return memory at every

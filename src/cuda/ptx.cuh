@@ -78,6 +78,71 @@ __device__ __forceinline__ void fence_proxy_async() {
 #endif
 }
 
+// ---- mbarrier and bulk copies (sm_90 and later; elsewhere they trap: hosts launch the kernels
+// that use them only on sm_90+) ----
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LOWBIT_PTX_SM90 1
+#endif
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#ifdef LOWBIT_PTX_SM90
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#else
+  __trap();
+#endif
+}
+// Makes the initialized barriers visible to the async proxy (the bulk copies) and other threads.
+__device__ __forceinline__ void mbar_fence_init() {
+#ifdef LOWBIT_PTX_SM90
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// One arrival that also raises the phase's expected transaction count by `bytes`.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef LOWBIT_PTX_SM90
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+// Whether (acquire) the phase with this parity completed.
+__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+#ifdef LOWBIT_PTX_SM90
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+#else
+  __trap();
+#endif
+  return done != 0;
+}
+// Waits for the phase; false after ~2^22 polls (a copy that never lands: the caller abandons its
+// work, so the output is wrong and the tests say so, instead of hanging).
+__device__ __forceinline__ bool mbar_wait(uint32_t bar, uint32_t parity) {
+#pragma unroll 1
+  for (uint32_t polls = 0; polls < (1u << 22); ++polls)
+    if (mbar_try(bar, parity)) return true;
+  return false;
+}
+// bytes (a multiple of 16; both addresses 16-byte aligned) global -> shared, completing as
+// transaction bytes on `bar`.
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar) {
+#ifdef LOWBIT_PTX_SM90
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+
 }  // namespace ptx
 }  // namespace cuda
 }  // namespace lowbit
