@@ -286,6 +286,52 @@ class AttentionCallCase : public Case {
   DType dt_;
 };
 
+// attention_varlen: packed sequences (odd lengths, an empty query range, an empty key range, GQA).
+class AttentionVarlenCase : public Case {
+ public:
+  AttentionVarlenCase(AttentionOptions opt, int64_t d) : opt_(opt), d_(d) {}
+  std::string name() const override {
+    return "attention.varlen." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") +
+           "." + causal_name(opt_.causal) + ".d" + std::to_string(d_);
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::vector<HostTensor> in;
+    in.emplace_back(DType::bf16, std::vector<int64_t>{cu_q_.back(), kHq, d_});
+    in.emplace_back(DType::bf16, std::vector<int64_t>{cu_k_.back(), kHkv, d_});
+    in.emplace_back(DType::bf16, std::vector<int64_t>{cu_k_.back(), kHkv, d_});
+    in[0].fill_normal(rng);
+    in[1].fill_normal(rng, 0.5f);
+    in[2].fill_normal(rng);
+    return in;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec o;  // tolerances as AttentionCallCase's (each sequence is one attention() call)
+    o.name = "out";
+    o.dtype = DType::bf16;
+    o.shape = {cu_q_.back(), kHq, d_};
+    o.tol = Tolerance::allclose(3e-2, 3e-2);
+    OutputSpec l;
+    l.name = "lse";
+    l.dtype = DType::f32;
+    l.shape = {kHq, cu_q_.back()};
+    l.tol = Tolerance::allclose(1e-2, 1e-3);
+    l.tol.allow_nonfinite = true;
+    return {o, l};
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    TensorView lse = out[1];
+    attention_varlen(in[0], in[1], in[2], cu_q_, cu_k_, out[0], &lse, opt_, ctx);
+  }
+
+ private:
+  static constexpr int64_t kHq = 4, kHkv = 2;
+  const std::vector<int64_t> cu_q_ = {0, 1, 130, 130, 200, 457};
+  const std::vector<int64_t> cu_k_ = {0, 70, 200, 260, 260, 390};
+  AttentionOptions opt_;
+  int64_t d_;
+};
+
 AttentionOptions make_opt(AttentionOptions::PV pv, AttentionOptions::Causal c,
                           AttentionOptions::Kernel kernel = AttentionOptions::auto_kernel) {
   AttentionOptions o;
@@ -431,6 +477,10 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       cases.push_back(std::make_unique<AttentionCallCase>(Shape{2, 33, 90, 2, 2, 64},
                                                           make_opt(pv, c), DType::f16));
     }
+  for (auto pv : {O::fp8, O::f16})
+    for (auto c : {O::none, O::bottom_right})
+      for (int64_t d : {64, 128})
+        cases.push_back(std::make_unique<AttentionVarlenCase>(make_opt(pv, c), d));
 }
 
 }  // namespace
