@@ -26,6 +26,11 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 int multiprocessor_count();
 // Compute capability major version of the current device (9 on Hopper).
 int compute_capability_major();
+// Whether the current device runs `kernel` from its sm_90a image: an sm_90 GPU whose loaded image
+// of the kernel is binary version 90 with at least min_regs registers (a plain sm_90 image of a
+// wgmma kernel has an empty body and a handful of registers). Cached per (device, kernel); no
+// device work, so it is safe during CUDA graph capture. Any CUDA error reads as false.
+bool sm90a_image_loaded(const void* kernel, int min_regs = 0);
 
 // lowbit's own stream-ordered pool for the current device: its release threshold is "never", so
 // temporaries are reused across calls (the default pool would return memory at every
