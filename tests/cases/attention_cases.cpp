@@ -203,6 +203,15 @@ class QuantizeVCase : public Case {
     std::vector<HostTensor> in;
     in.emplace_back(dt_, std::vector<int64_t>{B_, N_, H_, D_});
     in[0].fill_normal(rng, mean_ ? 2.f : 0.f, 1.5f);
+    if (!mean_ && N_ >= 3) {  // signed zeros (e4m3 keeps -0: code 0x80) and an all-zero channel
+      HostTensor& v = in[0];
+      for (int64_t b = 0; b < B_; ++b)
+        for (int64_t n = 0; n < N_; ++n)
+          for (int64_t h = 0; h < H_; ++h) v.set(((b * N_ + n) * H_ + h) * D_ + 0, 0.f);
+      v.set((1 * H_) * D_ + 1, -0.f);  // batch 0, token 1, head 0, channel 1
+      v.set((2 * H_) * D_ + 2, 0.f);
+      v.set((2 * H_) * D_ + 3, -0.f);
+    }
     return in;
   }
   std::vector<OutputSpec> outputs() const override {
