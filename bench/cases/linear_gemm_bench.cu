@@ -7,7 +7,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -201,6 +203,40 @@ class GemmBench : public BenchCase {
           if (!ok) {
             r.ms = 0;
             r.note = "cuBLASLt offered no algorithm";
+          }
+          rows.push_back(r);
+        }
+        // Fast accumulation (no periodic promotion of the partial sums): time and how far its
+        // output moves from the default's (relative L1 over the whole output).
+        {
+          std::vector<uint16_t> ref(static_cast<size_t>(sh.m * sh.n)), got(ref.size());
+          cuda::linear::gemm_fp8_cublaslt(g, work, wsb, s);
+          cudaMemcpyAsync(ref.data(), out.view.data, ref.size() * 2, cudaMemcpyDeviceToHost, s);
+          g.fp8_fast_accum = true;
+          Row r = row("e4m3 GEMM, cuBLASLt fast accumulation");
+          bool ok = true;
+          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_fp8_cublaslt(g, work, wsb, s) && ok; });
+          g.fp8_fast_accum = false;
+          cudaMemcpyAsync(got.data(), out.view.data, got.size() * 2, cudaMemcpyDeviceToHost, s);
+          cudaStreamSynchronize(s);
+          if (!ok) {
+            r.ms = 0;
+            r.note = "cuBLASLt offered no algorithm";
+          } else {
+            auto bf = [](uint16_t b) {
+              uint32_t u = static_cast<uint32_t>(b) << 16;
+              float f;
+              std::memcpy(&f, &u, 4);
+              return static_cast<double>(f);
+            };
+            double num = 0, den = 0;
+            for (size_t i = 0; i < ref.size(); ++i) {
+              num += std::fabs(bf(got[i]) - bf(ref[i]));
+              den += std::fabs(bf(ref[i]));
+            }
+            char buf[96];
+            std::snprintf(buf, sizeof buf, "rel L1 %.2e vs the default accumulation", num / den);
+            r.accuracy = buf;
           }
           rows.push_back(r);
         }

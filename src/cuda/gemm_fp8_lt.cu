@@ -25,13 +25,13 @@ struct LtState {
   std::mutex mu;
   cublasLtHandle_t handle = nullptr;
   bool init_failed = false;
-  // (device, M, N, K, out dtype, bias dtype or -1) -> cuBLASLt's candidates, best first by its
+  // (device, M, N, K, out dtype, bias dtype or -1, fast accumulation) -> cuBLASLt's candidates, best first by its
   // heuristic (count = 0: none offered).
   struct Entry {
     int count = 0;
     cublasLtMatmulAlgo_t algo[kMaxAlgos]{};
   };
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int>, Entry> algos;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int, bool>, Entry> algos;
 };
 LtState& state() {
   static LtState s;
@@ -72,6 +72,12 @@ bool build(const GemmParams& p, Desc& d) {
       !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb,
                                          sizeof(sb))))
     return false;
+  if (p.fp8_fast_accum) {
+    const int8_t fast = 1;
+    if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                           sizeof(fast))))
+      return false;
+  }
   if (p.bias) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     cudaDataType_t bt = cuda_type(p.bias_dtype);
@@ -108,7 +114,7 @@ const LtState::Entry* candidates(const GemmParams& p, size_t workspace_bytes, De
   int dev = 0;
   cudaGetDevice(&dev);
   auto key = std::make_tuple(dev, p.M, p.N, p.K, static_cast<int>(p.out_dtype),
-                             p.bias ? static_cast<int>(p.bias_dtype) : -1);
+                             p.bias ? static_cast<int>(p.bias_dtype) : -1, p.fp8_fast_accum);
   auto it = s.algos.find(key);
   if (it == s.algos.end()) {
     LtState::Entry e;
