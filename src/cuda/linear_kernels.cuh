@@ -86,7 +86,8 @@ struct GemmParams {
   int64_t ldo = 0;
   int32_t* acc_out = nullptr;      // s8 only: when set, the raw int32 sums (M, N) row stride ldo
   // e4m3 through cuBLASLt only: CUBLASLT_MATMUL_DESC_FAST_ACCUM (the tensor cores' partial sums
-  // are not promoted to full fp32 every few k-steps; faster, slightly less accurate). Bench only.
+  // are not promoted to full fp32 every few k-steps; faster, slightly less accurate). The layer
+  // passes PackedWeightView::fp8_fast_accum.
   bool fp8_fast_accum = false;
 };
 void gemm(const GemmParams& p, cudaStream_t stream);
