@@ -370,81 +370,9 @@ class DecodePiecesBench : public BenchCase {
   }
 };
 
-// The prefill rotate+quantize (the layer's first kernel) at the Wan and Flux K, 32768 rows: the
-// register kernel's two input transports (RotateQuantParams::ring), against a device copy of the
-// same bytes (read x, write the codes); the ring row's codes and scales are compared bit for bit
-// with the register row's.
-class RotateTransportBench : public BenchCase {
- public:
-  std::string name() const override { return "linear.rotate_transport"; }
-  std::vector<Row> run(const Env& env) override {
-    std::vector<Row> rows;
-    if (env.device != Device::cuda) return rows;
-    const int64_t M = env.quick ? 4096 : 32768;
-    cudaStream_t s = cuda::stream_of(env.ctx);
-    for (int64_t K : {int64_t{5120}, int64_t{3072}}) {
-      DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 31);
-      DeviceTensor codes = make_empty(Device::cuda, DType::u8, {M, K});
-      DeviceTensor scales = make_empty(Device::cuda, DType::f32, {M});
-      using cuda::linear::ActFormat;
-      for (ActFormat fmt : {ActFormat::int8, ActFormat::e4m3}) {
-        cuda::linear::RotateQuantParams rq;
-        rq.x = x.view.data;
-        rq.x_dtype = DType::bf16;
-        rq.x_row_stride = K;
-        rq.M = M;
-        rq.K = K;
-        rq.rot = 256;
-        rq.fmt = fmt;
-        rq.codes = codes.view.data;
-        rq.codes_row_stride = K;
-        rq.scales = static_cast<float*>(scales.view.data);
-        std::vector<uint8_t> ref_codes;
-        std::vector<float> ref_scales;
-        for (int ring : {0, 1}) {
-          rq.ring = ring;
-          Row r;
-          r.family = "linear";
-          r.op = std::string("rotate_quantize ") + (fmt == ActFormat::int8 ? "int8" : "e4m3") +
-                 (ring ? ", cp.async.bulk row ring" : ", register prefetch");
-          r.shape = "(" + std::to_string(M) + ", " + std::to_string(K) + ") bf16";
-          r.backend = "cuda";
-          r.bytes = 3.0 * M * K + 4.0 * M;
-          r.baseline = "copy";
-          r.baseline_ms = env.copy_ms(1.5 * M * K);
-          r.ms = env.time_ms([&] { cuda::linear::rotate_quantize(rq, s); });
-          cuda::linear::rotate_quantize(rq, s);
-          std::vector<uint8_t> c(static_cast<size_t>(M * K));
-          std::vector<float> sc(static_cast<size_t>(M));
-          cudaMemcpyAsync(c.data(), codes.view.data, c.size(), cudaMemcpyDeviceToHost, s);
-          cudaMemcpyAsync(sc.data(), scales.view.data, sc.size() * 4, cudaMemcpyDeviceToHost, s);
-          cudaStreamSynchronize(s);
-          r.note = std::to_string(static_cast<int>(100.0 * r.baseline_ms / r.ms + 0.5)) +
-                   "% of copy bandwidth";
-          if (!ring) {
-            ref_codes = std::move(c);
-            ref_scales = std::move(sc);
-          } else {
-            size_t diff = 0;
-            for (size_t i = 0; i < ref_codes.size(); ++i) diff += c[i] != ref_codes[i];
-            for (size_t i = 0; i < ref_scales.size(); ++i)
-              diff += std::memcmp(&sc[i], &ref_scales[i], 4) != 0;
-            r.accuracy = diff ? "DIFFERS from the register row in " + std::to_string(diff) +
-                                    " codes/scales"
-                              : "bit-identical to the register row";
-          }
-          rows.push_back(r);
-        }
-      }
-    }
-    return rows;
-  }
-};
-
 LOWBIT_BENCH_CASES(linear_gemm_bench) {
   cases.push_back(std::make_unique<GemmBench>());
   cases.push_back(std::make_unique<DecodePiecesBench>());
-  cases.push_back(std::make_unique<RotateTransportBench>());
 }
 
 }  // namespace

@@ -3,7 +3,6 @@
 // validation, and device dispatch. Nothing here touches tensor memory before validation passes.
 #include "lowbit/linear.h"
 
-#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -585,17 +584,5 @@ void QuantizedLinear::dequantize(TensorView out, Context& ctx) const {
               "expected a quantized layer, got an empty one");
   dequantize_weight(view_, out, false, ctx);
 }
-
-namespace detail {
-namespace {
-std::atomic<int> g_rotate_ring{-1};
-}  // namespace
-void set_linear_cuda_tuning(const LinearCudaTuning& t) { g_rotate_ring.store(t.rotate_ring); }
-LinearCudaTuning linear_cuda_tuning() {
-  LinearCudaTuning t;
-  t.rotate_ring = g_rotate_ring.load();
-  return t;
-}
-}  // namespace detail
 
 }  // namespace lowbit

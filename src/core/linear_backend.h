@@ -24,15 +24,4 @@ namespace cuda {
 #include "src/core/linear_backend_api.inc"  // NOLINT(build/include)
 }  // namespace cuda
 
-namespace detail {
-// Internal CUDA kernel choices for tests and benchmarks (process-wide; the defaults are what the
-// library runs). rotate_ring: the rotate+quantize register kernel's input transport for many rows
-// (-1 the default, 0 register prefetch, 1 the cp.async.bulk shared-memory ring).
-struct LinearCudaTuning {
-  int rotate_ring = -1;
-};
-void set_linear_cuda_tuning(const LinearCudaTuning& t);
-LinearCudaTuning linear_cuda_tuning();
-}  // namespace detail
-
 }  // namespace lowbit

@@ -16,14 +16,6 @@ int multiprocessor_count() {
   return n;
 }
 
-int compute_capability_major() {
-  int dev = 0, major = 0;
-  check_cuda(cudaGetDevice(&dev), "compute_capability_major", "device");
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-             "compute_capability_major", "attribute");
-  return major;
-}
-
 bool sm90a_image_loaded(const void* kernel, int min_regs) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, bool> verdict;

@@ -28,8 +28,6 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 
 // Multiprocessor count of the current device (queried, never hard-coded).
 int multiprocessor_count();
-// Compute capability major version of the current device (9 on Hopper).
-int compute_capability_major();
 // Whether the current device runs `kernel` from its sm_90a image: an sm_90 GPU whose loaded image
 // of the kernel is binary version 90 with at least min_regs registers (a plain sm_90 image of a
 // wgmma kernel has an empty body and a handful of registers). Cached per (device, kernel); no

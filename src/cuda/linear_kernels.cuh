@@ -50,11 +50,6 @@ struct RotateQuantParams {
   // The first kernel (one CTA of 256 threads per row, the row staged in shared memory) instead
   // of the register kernel; the register kernel also needs K <= 16384 and falls back past it.
   bool legacy_kernel = false;
-  // Register kernel's input transport for many rows (M > the resident CTAs, 16-bit x with
-  // 16-byte aligned rows, int8 / int4 / e4m3 codes): -1 = the default (kRotateRingDefault), 0 =
-  // each thread prefetches its next row's 32 bytes in registers, 1 = a ring of whole rows in
-  // shared memory filled by cp.async.bulk (sm_90). Same bits either way.
-  int ring = -1;
 };
 // Bytes of shared memory one row needs (the rotated row is staged in fp32): K * 4.
 int64_t rotate_quantize_smem_bytes(int64_t K);

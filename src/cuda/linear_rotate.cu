@@ -20,11 +20,9 @@
 #include <type_traits>
 
 #include "lowbit/dtype.h"
-#include "src/core/linear_backend.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/linear_kernels.cuh"
 #include "src/cuda/linear_rotate.cuh"
-#include "src/cuda/ptx.cuh"
 
 namespace lowbit {
 namespace cuda {
@@ -269,21 +267,11 @@ __device__ __forceinline__ void hadamard16(float v[16], int g) {
   }
 }
 
-// Default input transport of the register kernel for many rows (RotateQuantParams::ring = -1).
-constexpr bool kRotateRingDefault = false;
-
-// RING (16-bit x, quantizing formats, vec_in): the CTA's rows pass through `stages` shared-memory
-// row buffers, each filled by one cp.async.bulk (thread 0) completing on its mbarrier, issued
-// `stages` rows ahead; a buffer is refilled after the row's amax barrier, which every thread
-// reaches only after reading its 32 bytes. Otherwise each thread prefetches its next row's 32
-// bytes in registers.
-template <typename T, int ROT, ActFormat FMT, bool RING>
+template <typename T, int ROT, ActFormat FMT>
 __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(RotateQuantParams p,
                                                                            bool vec_in,
-                                                                           bool vec_out,
-                                                                           int stages) {
+                                                                           bool vec_out) {
   __shared__ float warp_amax[2][kRegMaxThreads / 32];
-  extern __shared__ __align__(128) uint8_t ring_smem[];  // RING: stages rows, then the barriers
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // A kernel launched after this one with programmatic dependent launch (the 4-bit decode
   // kernel) may start now: it streams its weights and waits (griddepcontrol.wait) for our writes.
@@ -301,51 +289,18 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
   constexpr int kRaw = sizeof(T) == 2 ? 2 : 4;
   uint4 raw[kRaw];
   auto fetch = [&](int64_t r) {
-    if (!RING && in && vec_in && r < p.M) {
+    if (in && vec_in && r < p.M) {
       const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) +
                                                         r * p.x_row_stride + tid * 16);
 #pragma unroll
       for (int q = 0; q < kRaw; ++q) raw[q] = __ldg(src + q);
     }
   };
-  // RING: buffer s holds the CTA's rows i with i % stages == s; barrier s completes once per fill.
-  const uint32_t row_bytes = static_cast<uint32_t>(K * sizeof(T));
-  const uint32_t ring0 = ptx::smem_u32(ring_smem);
-  const uint32_t bar0 = ring0 + static_cast<uint32_t>(stages) * row_bytes;
-  auto fill = [&](int slot, int64_t r) {  // thread 0 only
-    if (r < p.M) {
-      ptx::mbar_arrive_expect_tx(bar0 + 8 * slot, row_bytes);
-      ptx::bulk_g2s(ring0 + static_cast<uint32_t>(slot) * row_bytes,
-                    static_cast<const T*>(p.x) + r * p.x_row_stride, row_bytes, bar0 + 8 * slot);
-    }
-  };
-  if constexpr (RING) {
-    if (tid == 0) {
-      for (int s = 0; s < stages; ++s) ptx::mbar_init(bar0 + 8 * s, 1);
-      ptx::mbar_fence_init();
-    }
-    __syncthreads();
-    if (tid == 0)
-      for (int s = 0; s < stages; ++s) fill(s, blockIdx.x + static_cast<int64_t>(s) * gridDim.x);
-  } else {
-    fetch(blockIdx.x);
-  }
-  int parity = 0, slot = 0;
-  uint32_t fill_parity = 0;
+  fetch(blockIdx.x);
+  int parity = 0;
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x, parity ^= 1) {
     float v[16];
-    if constexpr (RING) {
-      // Every thread waits (the barrier's completion is what makes the bytes visible to it).
-      const bool landed = ptx::mbar_wait(bar0 + 8 * slot, fill_parity);
-      if (in && landed) {
-        const uint4* src = reinterpret_cast<const uint4*>(ring_smem + slot * row_bytes) + tid * 2;
-        raw[0] = src[0];
-        raw[1] = src[1];
-        unpack_raw<T>(raw, v);
-      } else {
-        load16<T>(nullptr, false, false, v);  // zeros
-      }
-    } else if (in && vec_in) {
+    if (in && vec_in) {
       unpack_raw<T>(raw, v);
     } else {
       load16<T>(static_cast<const T*>(p.x) + row * p.x_row_stride + tid * 16, in, false, v);
@@ -427,10 +382,6 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
       // barrier, which every warp reaches only after reading the previous row's entries.
       if (lane == 0) warp_amax[parity][warp] = m;
       __syncthreads();
-      if constexpr (RING) {  // every thread has read this row's buffer: refill it
-        if (tid == 0) fill(slot, row + static_cast<int64_t>(stages) * gridDim.x);
-        if (++slot == stages) slot = 0, fill_parity ^= 1u;
-      }
       m = warp_amax[parity][0];
       for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w)
         m = amax_nan(m, warp_amax[parity][w]);
@@ -503,41 +454,16 @@ void launch_reg(const RotateQuantParams& p, cudaStream_t stream) {
     vec_out = reinterpret_cast<uintptr_t>(p.codes) % a == 0 && p.codes_row_stride % a == 0;
   }
   // As many CTAs as are resident at once (each loops over rows), at most one per row.
+  auto kernel = rotate_quantize_reg_kernel<T, ROT, FMT>;
   const int sms = multiprocessor_count();
-  constexpr bool kQuant =
-      FMT == ActFormat::int8 || FMT == ActFormat::int4 || FMT == ActFormat::e4m3;
-  const int64_t row_bytes = p.K * static_cast<int64_t>(sizeof(T));
-  // The shared-memory ring: 16-bit x (its rows are multiples of 32 bytes), many rows, sm_90.
-  const int want = p.ring >= 0 ? p.ring : detail::linear_cuda_tuning().rotate_ring;
-  const bool ring = kQuant && sizeof(T) == 2 && vec_in && p.M > 2 * sms &&
-                    (want < 0 ? kRotateRingDefault : want > 0) && compute_capability_major() >= 9;
-  int stages = 0;
-  size_t smem = 0;
-  if (ring) {
-    stages = static_cast<int>(std::min<int64_t>(4, std::max<int64_t>(2, (64 << 10) / row_bytes)));
-    smem = static_cast<size_t>(stages * (row_bytes + 8));
+  int64_t grid = p.M;
+  if (p.M > sms) {
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0),
+               "rotate_quantize", "occupancy");
+    grid = std::min<int64_t>(p.M, static_cast<int64_t>(sms) * std::max(1, per_sm));
   }
-  auto go = [&](auto kernel) {
-    if (smem > 48 * 1024)
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem)),
-                 "rotate_quantize", "shared memory");
-    int64_t grid = p.M;
-    if (p.M > sms) {
-      int per_sm = 0;
-      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem),
-                 "rotate_quantize", "occupancy");
-      grid = std::min<int64_t>(p.M, static_cast<int64_t>(sms) * std::max(1, per_sm));
-    }
-    kernel<<<static_cast<unsigned>(grid), threads, smem, stream>>>(p, vec_in, vec_out, stages);
-  };
-  if constexpr (kQuant && sizeof(T) == 2) {
-    if (ring) {
-      go(rotate_quantize_reg_kernel<T, ROT, FMT, true>);
-      return;
-    }
-  }
-  go(rotate_quantize_reg_kernel<T, ROT, FMT, false>);
+  kernel<<<static_cast<unsigned>(grid), threads, 0, stream>>>(p, vec_in, vec_out);
 }
 
 template <typename T, ActFormat FMT>

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "lowbit/linear.h"
-#include "src/core/linear_backend.h"
 #include "tests/cases/linear_case_types.h"
 #include "tests/harness/harness.h"
 
@@ -64,14 +63,11 @@ class RotateCase : public Case {
 // rotate_quantize_activations: codes and scales bit-exact for every activation format.
 class RotateQuantizeCase : public Case {
  public:
-  // ring: the CUDA register kernel's input transport (-1 the default, 0 registers, 1 the
-  // cp.async.bulk ring, which needs more rows than 2 x the SM count); the CPU ignores it.
-  RotateQuantizeCase(QType q, int64_t m, int64_t k, DType in, int64_t pad, int ring = -1)
-      : q_(q), m_(m), k_(k), in_(in), pad_(pad), ring_(ring) {}
+  RotateQuantizeCase(QType q, int64_t m, int64_t k, DType in, int64_t pad)
+      : q_(q), m_(m), k_(k), in_(in), pad_(pad) {}
   std::string name() const override {
     return std::string("linear.gpu.rotate_quantize.") + qtype_name(q_) + "." + dt_tag(in_) + ".M" +
-           std::to_string(m_) + ".K" + std::to_string(k_) + (pad_ ? ".strided" : "") +
-           (ring_ < 0 ? "" : ring_ ? ".ring" : ".regs");
+           std::to_string(m_) + ".K" + std::to_string(k_) + (pad_ ? ".strided" : "");
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
     HostTensor x(in_, {m_, k_ + pad_});
@@ -105,15 +101,6 @@ class RotateQuantizeCase : public Case {
   }
   void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
            Context& ctx) const override {
-    struct Tuning {  // restored however run() leaves
-      explicit Tuning(int ring) : old(detail::linear_cuda_tuning()) {
-        detail::LinearCudaTuning t = old;
-        t.rotate_ring = ring;
-        detail::set_linear_cuda_tuning(t);
-      }
-      ~Tuning() { detail::set_linear_cuda_tuning(old); }
-      detail::LinearCudaTuning old;
-    } tuning(ring_);
     rotate_quantize_activations(narrow_cols(in[0], k_), q_, rotation_block(k_), out[0], out[1],
                                 ctx);
   }
@@ -123,7 +110,6 @@ class RotateQuantizeCase : public Case {
   int64_t m_, k_;
   DType in_;
   int64_t pad_;
-  int ring_;
 };
 
 // The full layer: quantize W (O, K) on the host, forward x (M, K) [+ bias] on the backend.
@@ -256,13 +242,12 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   for (QType q : {QType::convrot8, QType::convrot_fp8, QType::convrot4, QType::convrot_comfy_w4a4})
     cases.push_back(std::make_unique<RotateQuantizeCase>(q, 3, 5120, DType::bf16, 0));
   cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 5, 320, DType::f16, 3));
-  // Many rows (more than 2 x the SM count): both input transports of the register kernel, with
-  // rows per CTA that do not divide evenly, a strided (but 16-byte aligned) input and f16.
-  for (QType q : {QType::convrot8, QType::convrot_fp8, QType::convrot_comfy_w4a4})
-    for (int ring : {0, 1}) {
-      cases.push_back(std::make_unique<RotateQuantizeCase>(q, 1001, 5120, DType::bf16, 0, ring));
-      cases.push_back(std::make_unique<RotateQuantizeCase>(q, 333, 768, DType::f16, 8, ring));
-    }
+  // Many rows (more than the resident CTAs: each loops over rows, the count not dividing evenly),
+  // a strided 16-byte aligned input and f16.
+  for (QType q : {QType::convrot8, QType::convrot_fp8, QType::convrot_comfy_w4a4}) {
+    cases.push_back(std::make_unique<RotateQuantizeCase>(q, 1001, 5120, DType::bf16, 0));
+    cases.push_back(std::make_unique<RotateQuantizeCase>(q, 333, 768, DType::f16, 8));
+  }
   cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 3, 16640, DType::bf16, 0));
   cases.push_back(std::make_unique<RotateCase>(3, 5120, 256, DType::bf16, DType::bf16, 0));
   cases.push_back(std::make_unique<RotateCase>(4, 320, 64, DType::bf16, DType::f16, 5));
