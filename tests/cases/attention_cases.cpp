@@ -250,6 +250,24 @@ class QuantizeVCase : public Case {
 
 // ---- one call -----------------------------------------------------------------------------------
 
+// Outputs of attention() / attention_varlen against the CPU: out and the LSE (-inf allowed).
+std::vector<OutputSpec> one_call_outputs(DType dt, std::vector<int64_t> out_shape,
+                                         std::vector<int64_t> lse_shape) {
+  OutputSpec o;
+  o.name = "out";
+  o.dtype = dt;
+  o.shape = std::move(out_shape);
+  // CPU (IEEE division) and CUDA (div.full.f32) INT8 codes may differ by one, rarely.
+  o.tol = Tolerance::allclose(3e-2, 3e-2);
+  OutputSpec l;
+  l.name = "lse";
+  l.dtype = DType::f32;
+  l.shape = std::move(lse_shape);
+  l.tol = Tolerance::allclose(1e-2, 1e-3);
+  l.tol.allow_nonfinite = true;
+  return {o, l};
+}
+
 class AttentionCallCase : public Case {
  public:
   AttentionCallCase(Shape s, AttentionOptions opt, DType dt) : s_(s), opt_(opt), dt_(dt) {}
@@ -269,19 +287,7 @@ class AttentionCallCase : public Case {
     return in;
   }
   std::vector<OutputSpec> outputs() const override {
-    OutputSpec o;
-    o.name = "out";
-    o.dtype = dt_;
-    o.shape = {s_.B, s_.Nq, s_.Hq, s_.D};
-    // CPU (IEEE division) and CUDA (div.full.f32) INT8 codes may differ by one, rarely.
-    o.tol = Tolerance::allclose(3e-2, 3e-2);
-    OutputSpec l;
-    l.name = "lse";
-    l.dtype = DType::f32;
-    l.shape = {s_.B, s_.Hq, s_.Nq};
-    l.tol = Tolerance::allclose(1e-2, 1e-3);
-    l.tol.allow_nonfinite = true;
-    return {o, l};
+    return one_call_outputs(dt_, {s_.B, s_.Nq, s_.Hq, s_.D}, {s_.B, s_.Hq, s_.Nq});
   }
   void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
            Context& ctx) const override {
@@ -313,19 +319,8 @@ class AttentionVarlenCase : public Case {
     in[2].fill_normal(rng);
     return in;
   }
-  std::vector<OutputSpec> outputs() const override {
-    OutputSpec o;  // tolerances as AttentionCallCase's (each sequence is one attention() call)
-    o.name = "out";
-    o.dtype = DType::bf16;
-    o.shape = {cu_q_.back(), kHq, d_};
-    o.tol = Tolerance::allclose(3e-2, 3e-2);
-    OutputSpec l;
-    l.name = "lse";
-    l.dtype = DType::f32;
-    l.shape = {kHq, cu_q_.back()};
-    l.tol = Tolerance::allclose(1e-2, 1e-3);
-    l.tol.allow_nonfinite = true;
-    return {o, l};
+  std::vector<OutputSpec> outputs() const override {  // each sequence is one attention() call
+    return one_call_outputs(DType::bf16, {cu_q_.back(), kHq, d_}, {kHq, cu_q_.back()});
   }
   void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
            Context& ctx) const override {
