@@ -24,4 +24,14 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                     TensorView out, TensorView* lse_out, float sm_scale,
                     const AttentionOptions& options, Context& ctx);
 }  // namespace cuda
+namespace detail {
+// Bench-only A/B knobs of the CUDA attention kernels (not part of the public API; the default is
+// what ships). i2fp: the round-3/4 kernels convert the int32 logits by I2FP instead of the
+// magic-number add (bit-identical; an A/B of the XU pipe's load). Process-wide, atomic.
+struct AttentionCudaTuning {
+  bool i2fp = false;
+};
+void set_attention_cuda_tuning(const AttentionCudaTuning& t);
+AttentionCudaTuning attention_cuda_tuning();
+}  // namespace detail
 }  // namespace lowbit
