@@ -222,10 +222,10 @@ class AttentionBench : public BenchCase {
           // Round 4 (round 3 with tile j's P·V under tile j+1's softmax), baseline round 3 in the
           // same run; and the I2FP twins of both (bench-only knob; bits equal to the default's).
           auto variant = [&](AttentionOptions::Kernel kern, bool i2fp, const std::string& name,
-                             const std::string& base_name, double base_ms) {
+                             const std::string& base_name, double base_ms, bool fused = false) {
             AttentionOptions o = fp8;
             o.kernel = kern;
-            detail::set_attention_cuda_tuning(detail::AttentionCudaTuning{i2fp});
+            detail::set_attention_cuda_tuning(detail::AttentionCudaTuning{i2fp, fused});
             Row r = r3;
             r.op = "attention_int8 fp8 PV " + name + " (kernel only)" + tag;
             r.ms = env.time_ms([&] {
@@ -247,6 +247,8 @@ class AttentionBench : public BenchCase {
           variant(AttentionOptions::wgmma_r3, true, "round 3 + I2FP", "auto = round 3", r3.ms);
           variant(AttentionOptions::wgmma_r4, true, "round 4 + I2FP", "wgmma_r4 = round 4",
                   r4_ms);
+          variant(AttentionOptions::wgmma_r4, false, "round 4 + biased logits",
+                  "wgmma_r4 = round 4", r4_ms, true);
           kr8 = r3;  // the one-call rows below compare against the default kernel
         }
 

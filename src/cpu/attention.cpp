@@ -399,11 +399,16 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
 namespace detail {
 namespace {
 std::atomic<bool> g_attention_i2fp{false};
+std::atomic<bool> g_attention_fused{false};
 }  // namespace
-void set_attention_cuda_tuning(const AttentionCudaTuning& t) { g_attention_i2fp.store(t.i2fp); }
+void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
+  g_attention_i2fp.store(t.i2fp);
+  g_attention_fused.store(t.fused_dequant);
+}
 AttentionCudaTuning attention_cuda_tuning() {
   AttentionCudaTuning t;
   t.i2fp = g_attention_i2fp.load();
+  t.fused_dequant = g_attention_fused.load();
   return t;
 }
 }  // namespace detail

@@ -664,9 +664,13 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // H200 2026-11-29), 16-bit P·V the plain one (the warp-specialized 16-bit path measured 0.82x).
   // Else mma.sync. No self-check, no hidden synchronization.
   // The bench-only I2FP knob (detail::AttentionCudaTuning) picks the *_i2fp twins of round 3/4.
-  const bool i2fp = detail::attention_cuda_tuning().i2fp;
-  auto r3 = [&] { return i2fp ? attn::WgmmaKernel::round3_i2fp : attn::WgmmaKernel::round3; };
-  auto r4 = [&] { return i2fp ? attn::WgmmaKernel::round4_i2fp : attn::WgmmaKernel::round4; };
+  const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
+  auto r3 = [&] { return tune.i2fp ? attn::WgmmaKernel::round3_i2fp : attn::WgmmaKernel::round3; };
+  auto r4 = [&] {
+    return tune.fused_dequant ? attn::WgmmaKernel::round4_fused
+           : tune.i2fp        ? attn::WgmmaKernel::round4_i2fp
+                              : attn::WgmmaKernel::round4;
+  };
   if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_ws ||
       options.kernel == AttentionOptions::wgmma_r3 ||
       options.kernel == AttentionOptions::wgmma_r4) {

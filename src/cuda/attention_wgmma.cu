@@ -1475,7 +1475,12 @@ __device__ __forceinline__ float r4_i2f(int32_t x) {
 
 // The round-4 consumer warpgroup wg (1 or 2) of the round-3 kernel's CTA: rows 64 (wg - 1) ..
 // of the CTA's 128 from q0, n_tiles key tiles of the ring at `base` (layout R3Smem<D>).
-template <int D, typename T16, bool kKcHalf, bool kI2fp>
+// kFused (with kKcHalf, without I2FP): the logits stay biased, s' = 1.5 2^23 + acc (one integer
+// add: exact_i2f without its subtraction); the maxima subtract the bias exactly before scaling
+// (same values as round 3) and the exponent is one FFMA x = s' q - (1.5 2^23 q + off), whose
+// constant is rounded once per row and half: |error| <= ulp(1.5 2^23 q) / 2 in the exponent
+// (~1e-4 for typical q), not bit-equal to round 3; saves one FADD per logit.
+template <int D, typename T16, bool kKcHalf, bool kI2fp, bool kFused = false>
 __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, int hk, int64_t q0,
                                             int n_tiles, uint32_t base, const uint8_t* sbase,
                                             uint32_t full0, uint32_t empty0, const float* skc,
@@ -1545,7 +1550,8 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
       qb0 = fmaxf(kcb * qm0, 1.17549435e-38f);
       qb1 = fmaxf(kcb * qm1, 1.17549435e-38f);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) s[i] = r4_i2f<kI2fp>(acc[i]);
+      for (int i = 0; i < 64; ++i)
+        s[i] = kFused ? __int_as_float(acc[i] + 0x4B400000) : r4_i2f<kI2fp>(acc[i]);
     } else {
       const float* kc = skc + st * kBN + 2 * t;
 #pragma unroll
@@ -1568,8 +1574,10 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
           if (8 * j + e >= lim1) s[4 * j + 2 + e] = -INFINITY;
         }
     }
-    float mxa0 = r3_max16<0, 0>(s) * qa0, mxa1 = r3_max16<0, 2>(s) * qa1;
-    float mxb0 = r3_max16<8, 0>(s) * qb0, mxb1 = r3_max16<8, 2>(s) * qb1;
+    constexpr bool kBias = kFused && kKcHalf && !kI2fp;
+    constexpr float kB = kBias ? 12582912.f : 0.f;  // the bias of s' (exact to subtract)
+    float mxa0 = (r3_max16<0, 0>(s) - kB) * qa0, mxa1 = (r3_max16<0, 2>(s) - kB) * qa1;
+    float mxb0 = (r3_max16<8, 0>(s) - kB) * qb0, mxb1 = (r3_max16<8, 2>(s) - kB) * qb1;
 #pragma unroll
     for (int x = 1; x <= 2; x *= 2) {
       mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
@@ -1594,10 +1602,11 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
     m1 = mb1;
     fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
     float suma0, suma1, sumb0, sumb1;
-    r4_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
-                   ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1);
-    r4_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
-                   mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1);
+    // (kBias: the exponent's constant takes the bias times the row scale)
+    r4_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
+                   fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1);
+    r4_exp_half<1>(s, qb0, qb1, fmaf(kB, qb0, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448),
+                   fmaf(kB, qb1, mb1 == -INFINITY ? 0.f : mb1 - kLog2_448), sumb0, sumb1);
     l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
     l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
   };
@@ -1675,7 +1684,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     attention_wgmma_r3_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // kVar: bit 0 the round-4 consumer schedule, bit 1 I2FP for the logits' int32 -> float.
+  // bit 2: round 4 with the biased logits (r4_consumer's kFused).
   constexpr bool kR4 = (kVar & 1) != 0, kI2fp = kR3I2fp || (kVar & 2) != 0;
+  constexpr bool kFused = (kVar & 4) != 0;
   // Register split (setmaxnreg): 40 / 232 as rounds 2 and 3; round 4 at D = 128 keeps O, the P·V
   // buffer, the logits and P(j) live together and needs 240 (the producer then gets 24: TMA only,
   // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
@@ -1831,8 +1842,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // ---- consumers ----
   setmaxnreg_inc<kConsRegs>();
   if constexpr (kR4) {
-    r4_consumer<D, T16, kKcHalf, kI2fp>(p, b, h, hk, q0, n_tiles, base, sbase, full0, empty0, skc,
-                                        warp, lane, wg);
+    r4_consumer<D, T16, kKcHalf, kI2fp, kFused>(p, b, h, hk, q0, n_tiles, base, sbase, full0,
+                                                empty0, skc, warp, lane, wg);
     return;
   }
   const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
@@ -2105,6 +2116,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
   if (D == 128 && !tma) var = 0;  // round 4 at D = 128 needs the TMA producer: round 3
+  if (var == 4) var = 0;          // the biased logits are a round-4 variant
   if (!(std::is_same<T16, __nv_bfloat16>::value && kc_half && (D == 64 || tma))) var &= 1;
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
@@ -2120,6 +2132,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     if constexpr (kI2fpInst) {
       if (var == 2) k = attention_wgmma_r3_kernel<D, T16, true, kT, 2>;
       if (var == 3) k = attention_wgmma_r3_kernel<D, T16, true, kT, 3>;
+      if (var == 5) k = attention_wgmma_r3_kernel<D, T16, true, kT, 5>;
     }
     return k;
   };
@@ -2167,8 +2180,12 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
     constexpr int Dv = decltype(dc)::value;
     constexpr bool F = decltype(fc)::value;
     if (which >= WgmmaKernel::round3 && F) {
-      const int var = (which == WgmmaKernel::round4 || which == WgmmaKernel::round4_i2fp ? 1 : 0) |
-                      (which == WgmmaKernel::round3_i2fp || which == WgmmaKernel::round4_i2fp ? 2 : 0);
+      const int var =
+          which == WgmmaKernel::round4_fused
+              ? 5
+              : (which == WgmmaKernel::round4 || which == WgmmaKernel::round4_i2fp ? 1 : 0) |
+                    (which == WgmmaKernel::round3_i2fp || which == WgmmaKernel::round4_i2fp ? 2
+                                                                                            : 0);
       if (out_dtype == DType::bf16)
         launch_r3<Dv, __nv_bfloat16>(p, B, var, stream);
       else
