@@ -1511,6 +1511,12 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
   const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
   if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
+  // Shared-memory descriptors: desc(a + off) = desc(a) + off / 16 for 16-byte multiples while
+  // a + off < 2^18 (the 14-bit address field; shared addresses are < 228 KB), so the loop adds
+  // instead of rebuilding each descriptor (round 3: ~40 uniform-datapath instructions per tile).
+  const uint64_t dq0 = smem_desc(sq);
+  const uint64_t dk0 = smem_desc(base + L::kK);
+  const uint64_t dv0 = smem_desc(base + L::kV);
   int32_t acc[64];
   bool landed = false;  // the stage of the next q k^T to issue was already seen full
   // Wait for the stage (unless seen full) and the turn, issue tile `tile`'s q k^T into acc, hand
@@ -1518,13 +1524,12 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
   auto issue_qk = [&](int tile) {
     const int st = tile % kR3Stages;
     if (!landed) mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
-    const uint32_t sk = base + L::kK + st * L::kKTile;
+    const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
     named_bar_sync(1 + cw, 256);
     wgmma_fence();
-    wgmma_s8_n128_first(acc, smem_desc(sq), smem_desc(sk));
+    wgmma_s8_n128_first(acc, dq0, dk);
 #pragma unroll
-    for (int kk = 1; kk < D / 32; ++kk)
-      wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), 1);
+    for (int kk = 1; kk < D / 32; ++kk) wgmma_s8_n128(acc, dq0 + 2 * kk, dk + 2 * kk, 1);
     wgmma_commit();
     if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
   };
@@ -1625,8 +1630,14 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
   auto step = [&](int tile, auto more_c) {
     constexpr bool kMore = decltype(more_c)::value;
     const int st = tile % kR3Stages;
-    const uint32_t sv = base + L::kV + st * L::kVTile;
-    r3_pv_issue<D>(c, pa, sv);  // the first half's P·V into a fresh c
+    const uint64_t dv = dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
+    wgmma_fence();  // the first half's P·V into a fresh c
+    if constexpr (D == 128)
+      wgmma_e4m3_n128_first(c, pa[0], dv);
+    else
+      wgmma_e4m3_n64_first(c, pa[0], dv);
+    wgmma_pv<D>(c, pa[1], dv + 2, 1);
+    wgmma_commit();
     if constexpr (kMore) issue_qk(tile + 1);
     const bool f = fold;
     float r0 = ra0, r1 = ra1;
@@ -1640,8 +1651,8 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
       r1 = rb1;
     }
     wgmma_fence();  // the second half's P·V (onto the first's when folded)
-    wgmma_pv<D>(c, pb[0], smem_desc(sv + 64), f);
-    wgmma_pv<D>(c, pb[1], smem_desc(sv + 96), 1);
+    wgmma_pv<D>(c, pb[0], dv + 4, f);
+    wgmma_pv<D>(c, pb[1], dv + 6, 1);
     wgmma_commit();
     // O r now and O + C after the wait (not one FFMA then: the factors would stay live through
     // the softmax); skipped when no row of the warp rescales (r = 1, the common case).
