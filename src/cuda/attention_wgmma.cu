@@ -1311,6 +1311,19 @@ __device__ __forceinline__ void r3_pv_issue(float (&c)[D / 2], const uint32_t (&
   wgmma_commit();
 }
 
+// r3_pv_issue with the V tile's descriptor dv (half kHalf at dv + 4 kHalf: +64 bytes).
+template <int D>
+__device__ __forceinline__ void r3_pv_issue_desc(float (&c)[D / 2], const uint32_t (&pa)[2][4],
+                                                 uint64_t dv) {
+  wgmma_fence();
+  if constexpr (D == 128)
+    wgmma_e4m3_n128_first(c, pa[0], dv);
+  else
+    wgmma_e4m3_n64_first(c, pa[0], dv);
+  wgmma_pv<D>(c, pa[1], dv + 2, 1);
+  wgmma_commit();
+}
+
 // True in every thread of the `threads`-thread group synchronizing on named barrier `id` when
 // `pred` holds in all of them (bar.red.and: also a barrier for those threads).
 __device__ __forceinline__ bool wg_all(bool pred, int id) {
@@ -1901,18 +1914,22 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
   if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
+  // Descriptors by addition (see r4_consumer): desc(a + off) = desc(a) + off / 16.
+  const uint64_t dq0 = smem_desc(sq);
+  const uint64_t dk0 = smem_desc(base + L::kK);
+  const uint64_t dv0 = smem_desc(base + L::kV);
   int32_t acc[64];
   // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
   auto issue_qk = [&](int tile) {
     const int st = tile % kR3Stages;
     mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
-    const uint32_t sk = base + L::kK + st * L::kKTile;
+    const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
     named_bar_sync(1 + cw, 256);
     wgmma_fence();
-    wgmma_s8_n128_first(acc, smem_desc(sq), smem_desc(sk));
+    wgmma_s8_n128_first(acc, dq0, dk);
 #pragma unroll
     for (int kk = 1; kk < D / 32; ++kk)
-      wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), 1);
+      wgmma_s8_n128(acc, dq0 + 2 * kk, dk + 2 * kk, 1);
     wgmma_commit();
     if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
   };
@@ -1930,7 +1947,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD;
     const int st = tile % kR3Stages;
     const int kv0 = tile * kBN;
-    const uint32_t sv = base + L::kV + st * L::kVTile;
+    const uint64_t dv = dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
     // Logits in units of the per-half row scales qa, qb (logit = s * q): general layouts
     // s = float(acc) * kc (per key), q = the q scale; kKcHalf (kc constant over each of this
     // thread's 64-key halves) s = float(acc), q = kc(half) * q scale (no per-logit multiply).
@@ -2007,7 +2024,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     uint32_t pa[2][4], pb[2][4];
     r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
                    ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
-    r3_pv_issue<D>(c, pa, sv);  // the first half's P·V runs under the second half's P
+    r3_pv_issue_desc<D>(c, pa, dv);  // the first half's P·V runs under the second half's P
     r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
                    mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
     l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
@@ -2026,8 +2043,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       r1 = rb1;
     }
     wgmma_fence();  // the second half's P·V (onto the first's when folded), the next q k^T
-    wgmma_pv<D>(c, pb[0], smem_desc(sv + 64), fold);
-    wgmma_pv<D>(c, pb[1], smem_desc(sv + 96), 1);
+    wgmma_pv<D>(c, pb[0], dv + 4, fold);
+    wgmma_pv<D>(c, pb[1], dv + 6, 1);
     wgmma_commit();
     if constexpr (kMore && !kEarly) {
       issue_qk(tile + 1);
