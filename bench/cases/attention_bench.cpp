@@ -249,6 +249,8 @@ class AttentionBench : public BenchCase {
                   r4_ms);
           variant(AttentionOptions::wgmma_r4, false, "round 4 + biased logits",
                   "wgmma_r4 = round 4", r4_ms, true);
+          variant(AttentionOptions::wgmma_r3, false, "round 3 + biased logits", "auto = round 3",
+                  r3.ms, true);
           kr8 = r3;  // the one-call rows below compare against the default kernel
         }
 

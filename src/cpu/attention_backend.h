@@ -27,8 +27,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
 namespace detail {
 // Bench-only A/B knobs of the CUDA attention kernels (not part of the public API; the default is
 // what ships). i2fp: the round-3/4 kernels convert the int32 logits by I2FP instead of the
-// magic-number add (bit-identical; an A/B of the XU pipe's load); fused_dequant: wgmma_r4 keeps
-// the logits biased (one FADD less per logit; not bit-equal to round 3, see docs/attention.md).
+// magic-number add (bit-identical; an A/B of the XU pipe's load); fused_dequant: rounds 3 and 4
+// keep the logits biased (one FADD less per logit; not bit-equal to round 3, see docs/attention.md).
 // Process-wide, atomic.
 struct AttentionCudaTuning {
   bool i2fp = false;

@@ -665,7 +665,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // Else mma.sync. No self-check, no hidden synchronization.
   // The bench-only I2FP knob (detail::AttentionCudaTuning) picks the *_i2fp twins of round 3/4.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  auto r3 = [&] { return tune.i2fp ? attn::WgmmaKernel::round3_i2fp : attn::WgmmaKernel::round3; };
+  auto r3 = [&] {
+    return tune.fused_dequant ? attn::WgmmaKernel::round3_fused
+           : tune.i2fp        ? attn::WgmmaKernel::round3_i2fp
+                              : attn::WgmmaKernel::round3;
+  };
   auto r4 = [&] {
     return tune.fused_dequant ? attn::WgmmaKernel::round4_fused
            : tune.i2fp        ? attn::WgmmaKernel::round4_i2fp

@@ -1724,6 +1724,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // bit 2: round 4 with the biased logits (r4_consumer's kFused).
   constexpr bool kR4 = (kVar & 1) != 0, kI2fp = kR3I2fp || (kVar & 2) != 0;
   constexpr bool kFused = (kVar & 4) != 0;
+  // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
+  constexpr bool kBias = kFused && kKcHalf && !kI2fp;
+  constexpr float kB = kBias ? 12582912.f : 0.f;
   // Register split (setmaxnreg): 40 / 232 as rounds 2 and 3; round 4 at D = 128 keeps O, the P·V
   // buffer, the logits and P(j) live together and needs 240 (the producer then gets 24: TMA only,
   // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
@@ -1961,7 +1964,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       qb0 = fmaxf(kcb * qm0, 1.17549435e-38f);
       qb1 = fmaxf(kcb * qm1, 1.17549435e-38f);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) s[i] = r4_i2f<kI2fp>(acc[i]);
+      for (int i = 0; i < 64; ++i)
+        s[i] = kBias ? __int_as_float(acc[i] + 0x4B400000) : r4_i2f<kI2fp>(acc[i]);
     } else {
       const float* kc = skc + st * kBN + 2 * t;
 #pragma unroll
@@ -1991,8 +1995,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // over the row's quad. The scale is applied before the shuffles: the quad's threads may
     // scale differently (THREAD_K: kc per group t; a thread whose columns are all past Nkv reads
     // kc = 0), so only logits are comparable across them.
-    float mxa0 = r3_max16<0, 0>(s) * qa0, mxa1 = r3_max16<0, 2>(s) * qa1;
-    float mxb0 = r3_max16<8, 0>(s) * qb0, mxb1 = r3_max16<8, 2>(s) * qb1;
+    // (kBias: the biased logits' maxima less the bias, exact: round 3's values)
+    float mxa0 = (r3_max16<0, 0>(s) - kB) * qa0, mxa1 = (r3_max16<0, 2>(s) - kB) * qa1;
+    float mxb0 = (r3_max16<8, 0>(s) - kB) * qb0, mxb1 = (r3_max16<8, 2>(s) - kB) * qb1;
 #pragma unroll
     for (int x = 1; x <= 2; x *= 2) {
       mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
@@ -2022,11 +2027,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     m1 = mb1;
     float suma0, suma1, sumb0, sumb1;
     uint32_t pa[2][4], pb[2][4];
-    r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
-                   ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
+    r3_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
+                   fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1, pa);
     r3_pv_issue_desc<D>(c, pa, dv);  // the first half's P·V runs under the second half's P
-    r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
-                   mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
+    r3_exp_half<1>(s, qb0, qb1, fmaf(kB, qb0, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448),
+                   fmaf(kB, qb1, mb1 == -INFINITY ? 0.f : mb1 - kLog2_448), sumb0, sumb1, pb);
     l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
     l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
     // When no row of the warpgroup raised its maximum in the second half (rb = 1: the common
@@ -2158,8 +2163,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
   if (D == 128 && !tma) var = 0;  // round 4 at D = 128 needs the TMA producer: round 3
-  if (var == 4) var = 0;          // the biased logits are a round-4 variant
   if (!(std::is_same<T16, __nv_bfloat16>::value && kc_half && (D == 64 || tma))) var &= 1;
+  // (var 4: round 3 with the biased logits; 5: round 4 with them)
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
     constexpr bool kI2fpInst = std::is_same<T16, __nv_bfloat16>::value && (D == 64 || kT);
@@ -2175,6 +2180,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if (var == 2) k = attention_wgmma_r3_kernel<D, T16, true, kT, 2>;
       if (var == 3) k = attention_wgmma_r3_kernel<D, T16, true, kT, 3>;
       if (var == 5) k = attention_wgmma_r3_kernel<D, T16, true, kT, 5>;
+      if (var == 4) k = attention_wgmma_r3_kernel<D, T16, true, kT, 4>;
     }
     return k;
   };
@@ -2223,8 +2229,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
     constexpr bool F = decltype(fc)::value;
     if (which >= WgmmaKernel::round3 && F) {
       const int var =
-          which == WgmmaKernel::round4_fused
-              ? 5
+          which == WgmmaKernel::round4_fused   ? 5
+          : which == WgmmaKernel::round3_fused ? 4
               : (which == WgmmaKernel::round4 || which == WgmmaKernel::round4_i2fp ? 1 : 0) |
                     (which == WgmmaKernel::round3_i2fp || which == WgmmaKernel::round4_i2fp ? 2
                                                                                             : 0);
