@@ -16,6 +16,7 @@
 #include "lowbit/attention.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
+#include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (the I2FP A/B)
 
 namespace lowbit {
 namespace bench {
@@ -215,6 +216,39 @@ class AttentionBench : public BenchCase {
           r3.baseline = "lowbit attention_int8 fp8 PV wgmma_ws (round 2)";
           r3.baseline_ms = ws.ms;
           rows.push_back(r3);
+          const std::vector<float> r3_out = to_host_f32(out.view);
+          // Round 4 (round 3 with tile j's P·V under tile j+1's softmax), baseline round 3 in the
+          // same run; and the I2FP twins of both (bench-only knob; bits equal to the default's).
+          auto variant = [&](AttentionOptions::Kernel kern, bool i2fp, const std::string& name,
+                             const std::string& base_name, double base_ms, bool fused = false) {
+            AttentionOptions o = fp8;
+            o.kernel = kern;
+            detail::set_attention_cuda_tuning(detail::AttentionCudaTuning{i2fp, fused});
+            Row r = r3;
+            r.op = "attention_int8 fp8 PV " + name + " (kernel only)" + tag;
+            r.ms = env.time_ms([&] {
+              attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, o, ctx);
+            });
+            detail::set_attention_cuda_tuning({});
+            const std::vector<float> got = to_host_f32(out.view);
+            r.accuracy = agreement(got, mma_out) + " vs mma.sync; " +
+                         (got == r3_out ? "bits = round 3" : "bits != round 3 (" +
+                                                                 agreement(got, r3_out) + ")");
+            r.baseline = "lowbit attention_int8 fp8 PV " + base_name;
+            r.baseline_ms = base_ms;
+            rows.push_back(r);
+            return r.ms;
+          };
+          const double r4_ms =
+              variant(AttentionOptions::wgmma_r4, false, "wgmma_r4 = round 4", "auto = round 3",
+                      r3.ms);
+          variant(AttentionOptions::wgmma_r3, true, "round 3 + I2FP", "auto = round 3", r3.ms);
+          variant(AttentionOptions::wgmma_r4, true, "round 4 + I2FP", "wgmma_r4 = round 4",
+                  r4_ms);
+          variant(AttentionOptions::wgmma_r4, false, "round 4 + biased logits",
+                  "wgmma_r4 = round 4", r4_ms, true);
+          variant(AttentionOptions::wgmma_r3, false, "round 3 + biased logits", "auto = round 3",
+                  r3.ms, true);
           kr8 = r3;  // the one-call rows below compare against the default kernel
         }
 

@@ -49,11 +49,21 @@ struct AttentionOptions {
   // CUDA kernel choice (the CPU backend ignores it): auto_kernel takes an sm_90a wgmma kernel
   // where one applies (an sm_90 GPU, head dim 64 or 128: wgmma_ws for fp8 PV, wgmma for 16-bit
   // PV, the faster of the two for each on the H200) and the mma.sync kernel otherwise; mma_sync
-  // forces the portable kernel (sm_89+ for fp8 PV); wgmma forces the wgmma kernel (round 1: no warp
-  // specialization) and wgmma_ws the warp-specialized one (a producer warpgroup, K/V ring on
-  // mbarriers, ping-pong consumers); both are an error where they do not apply. Same arithmetic in
-  // every kernel (outputs agree within the harness tolerances).
-  enum Kernel : uint8_t { auto_kernel, mma_sync, wgmma, wgmma_ws } kernel = auto_kernel;
+  // forces the portable kernel (sm_89+ for fp8 PV); wgmma forces the wgmma kernel (round 1: no
+  // warp specialization) and wgmma_ws the warp-specialized one (a producer warpgroup, K/V ring on
+  // mbarriers, ping-pong consumers); wgmma_r3 the round-3 kernel (auto's
+  // choice for fp8 PV on sm_90a) and wgmma_r4 the round-4 one (round 3 with tile j's P·V under
+  // tile j+1's softmax); both run wgmma_ws for 16-bit PV. All but auto_kernel are an error where
+  // they do not apply. Same arithmetic in every kernel (outputs agree within the harness
+  // tolerances).
+  enum Kernel : uint8_t {
+    auto_kernel,
+    mma_sync,
+    wgmma,
+    wgmma_ws,
+    wgmma_r3,
+    wgmma_r4
+  } kernel = auto_kernel;
 };
 
 // ---- building blocks ----------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include "lowbit/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -177,8 +178,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   check::that(options.causal <= AttentionOptions::top_left, op, "options.causal",
               "expected none, bottom_right or top_left");
   check::that(options.pv <= AttentionOptions::f16, op, "options.pv", "expected fp8 or f16");
-  check::that(options.kernel <= AttentionOptions::wgmma_ws, op, "options.kernel",
-              "expected auto_kernel, mma_sync, wgmma or wgmma_ws");
+  check::that(options.kernel <= AttentionOptions::wgmma_r4, op, "options.kernel",
+              "expected auto_kernel, mma_sync, wgmma, wgmma_ws, wgmma_r3 or wgmma_r4");
   check::not_null(op, "out", out);
   check::dtype(op, "out", out,
                on_cuda ? std::initializer_list<DType>{DType::bf16, DType::f16}
@@ -501,5 +502,22 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   }
   if (q.device == Device::cuda) synchronize(ctx);  // the workspace is freed on return
 }
+
+namespace detail {
+namespace {
+std::atomic<bool> g_attention_i2fp{false};
+std::atomic<bool> g_attention_fused{false};
+}  // namespace
+void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
+  g_attention_i2fp.store(t.i2fp);
+  g_attention_fused.store(t.fused_dequant);
+}
+AttentionCudaTuning attention_cuda_tuning() {
+  AttentionCudaTuning t;
+  t.i2fp = g_attention_i2fp.load();
+  t.fused_dequant = g_attention_fused.load();
+  return t;
+}
+}  // namespace detail
 
 }  // namespace lowbit

@@ -13,4 +13,17 @@ namespace cpu {
 namespace cuda {
 #include "src/cpu/attention_backend_api.inc"  // NOLINT(build/include)
 }  // namespace cuda
+namespace detail {
+// Bench-only A/B knobs of the CUDA attention kernels (not part of the public API; the default is
+// what ships). i2fp: the round-3/4 kernels convert the int32 logits by I2FP instead of the
+// magic-number add (bit-identical; an A/B of the XU pipe's load); fused_dequant: rounds 3 and 4
+// keep the logits biased (one FADD less per logit; not bit-equal to round 3, see docs/attention.md).
+// Process-wide, atomic.
+struct AttentionCudaTuning {
+  bool i2fp = false;
+  bool fused_dequant = false;
+};
+void set_attention_cuda_tuning(const AttentionCudaTuning& t);
+AttentionCudaTuning attention_cuda_tuning();
+}  // namespace detail
 }  // namespace lowbit

@@ -677,26 +677,40 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // fp8 P·V takes the warp-specialized kernel (1.02x the plain one at D=128, 1.11-1.14x at D=64,
   // H200 2026-11-29), 16-bit P·V the plain one (the warp-specialized 16-bit path measured 0.82x).
   // Else mma.sync. No self-check, no hidden synchronization.
-  if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_ws) {
+  // The bench-only I2FP knob (detail::AttentionCudaTuning) picks the *_i2fp twins of round 3/4.
+  const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
+  auto r3 = [&] {
+    return tune.fused_dequant ? attn::WgmmaKernel::round3_fused
+           : tune.i2fp        ? attn::WgmmaKernel::round3_i2fp
+                              : attn::WgmmaKernel::round3;
+  };
+  auto r4 = [&] {
+    return tune.fused_dequant ? attn::WgmmaKernel::round4_fused
+           : tune.i2fp        ? attn::WgmmaKernel::round4_i2fp
+                              : attn::WgmmaKernel::round4;
+  };
+  if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_ws ||
+      options.kernel == AttentionOptions::wgmma_r3 ||
+      options.kernel == AttentionOptions::wgmma_r4) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
-                  "wgmma / wgmma_ws: expected head dim 64 or 128 on an sm_90 GPU with the sm_90a "
-                  "build, got head dim " +
+                  "wgmma / wgmma_ws / wgmma_r3 / wgmma_r4: expected head dim 64 or 128 on an "
+                  "sm_90 GPU with the sm_90a build, got head dim " +
                       std::to_string(D) +
                       (attn::wgmma_attention_applies(D) ? " on a GPU without the sm_90a kernel"
                                                         : ""));
-    attn::launch_attention_wgmma(p, B, D, fp8, out.dtype,
-                                 options.kernel == AttentionOptions::wgmma_ws
-                                     ? attn::WgmmaKernel::ws
-                                     : attn::WgmmaKernel::round1,
-                                 stream_of(ctx));
+    const attn::WgmmaKernel which =
+        options.kernel == AttentionOptions::wgmma_ws   ? attn::WgmmaKernel::ws
+        : options.kernel == AttentionOptions::wgmma_r3 ? r3()
+        : options.kernel == AttentionOptions::wgmma_r4 ? r4()
+                                                       : attn::WgmmaKernel::round1;
+    attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }
   if (options.kernel == AttentionOptions::auto_kernel && attn::wgmma_attention_applies(D) &&
       attn::wgmma_attention_available()) {
-    attn::launch_attention_wgmma(
-        p, B, D, fp8, out.dtype, fp8 ? attn::WgmmaKernel::round3 : attn::WgmmaKernel::round1,
-        stream_of(ctx));
+    attn::launch_attention_wgmma(p, B, D, fp8, out.dtype,
+                                 fp8 ? r3() : attn::WgmmaKernel::round1, stream_of(ctx));
     return;
   }
   dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",

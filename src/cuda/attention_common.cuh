@@ -121,7 +121,20 @@ inline bool wgmma_attention_applies(int D) { return D == 64 || D == 128; }
 // warpgroup loading a 3-stage K/V ring guarded by mbarriers, two ping-pong consumer warpgroups)
 // and round3 (round 2's structure with fewer instructions per logit and the P·V deferred; fp8
 // P·V only: 16-bit P·V asked of it runs ws).
-enum class WgmmaKernel { round1, ws, round3 };
+// round4: round 3's kernel with the FA3-style consumer schedule (tile j's P·V under tile j+1's
+// softmax; same arithmetic); *_i2fp: the logits' int32 -> float by I2FP (same bits; an A/B of the
+// XU pipe's load); round4_fused / round3_fused: round 4 / 3 with biased logits (one FADD less per logit; the exponent
+// differs from round 3's by ~1e-4). 16-bit P·V asked of round3/round4 runs ws.
+enum class WgmmaKernel {
+  round1,
+  ws,
+  round3,
+  round4,
+  round3_i2fp,
+  round4_i2fp,
+  round4_fused,
+  round3_fused
+};
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,

@@ -1311,6 +1311,19 @@ __device__ __forceinline__ void r3_pv_issue(float (&c)[D / 2], const uint32_t (&
   wgmma_commit();
 }
 
+// r3_pv_issue with the V tile's descriptor dv (half kHalf at dv + 4 kHalf: +64 bytes).
+template <int D>
+__device__ __forceinline__ void r3_pv_issue_desc(float (&c)[D / 2], const uint32_t (&pa)[2][4],
+                                                 uint64_t dv) {
+  wgmma_fence();
+  if constexpr (D == 128)
+    wgmma_e4m3_n128_first(c, pa[0], dv);
+  else
+    wgmma_e4m3_n64_first(c, pa[0], dv);
+  wgmma_pv<D>(c, pa[1], dv + 2, 1);
+  wgmma_commit();
+}
+
 // True in every thread of the `threads`-thread group synchronizing on named barrier `id` when
 // `pred` holds in all of them (bar.red.and: also a barrier for those threads).
 __device__ __forceinline__ bool wg_all(bool pred, int id) {
@@ -1324,12 +1337,36 @@ __device__ __forceinline__ bool wg_all(bool pred, int id) {
   return r != 0;
 }
 
-__device__ __forceinline__ float r3_i2f(int32_t x) {
-  if constexpr (kR3I2fp)
-    return static_cast<float>(x);
-  else
-    return exact_i2f(x);
-}
+
+// scale_index_dev for the producers (rows >= 0, < 2^31): set up once per CTA, then shifts and
+// masks when the block is a power of two (every SPEC §1 quantizer's), one 32-bit division
+// otherwise. Run 4 -> run 6: round 3 went from 548 to 679 TOPS at (1, 40, 32760, 128) when its TMA
+// producer warp's per-tile 64-bit div/mod (4 keys per lane) became 32-bit: the producer warp
+// shares a scheduler with two consumer warps and delayed every tile's publication.
+struct ScaleIdx {
+  int layout, block, shift, mask;
+  bool pow2;
+  __device__ __forceinline__ explicit ScaleIdx(int l, int blk)
+      : layout(l), block(blk), shift(0), mask(blk - 1), pow2((blk & (blk - 1)) == 0) {
+#if defined(__CUDA_ARCH__)
+    shift = __popc(blk - 1);  // log2(blk) when blk is a power of two
+#endif
+  }
+  __device__ __forceinline__ int operator()(int row) const {
+    int q, r;
+    if (pow2) {
+      q = row >> shift;
+      r = row & mask;
+    } else {
+      q = row / block;
+      r = row - q * block;
+    }
+    if (layout == 1) return q * 8 + (r & 7);
+    if (layout == 2) return q * 4 + ((r & 7) >> 1);
+    if (layout == 3) return q * 4 + (r >> 5);
+    return q;
+  }
+};
 
 // Maximum of 16 values s[4j + e] (j = j0 .. j0 + 7, e = e0, e0 + 1) as a balanced tree.
 template <int j0, int e0>
@@ -1382,10 +1419,321 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
   }
 }
 
-template <int D, typename T16, bool kKcHalf, bool kTma>
+// ---- round 4: the consumers' schedule, FA3-style (same arithmetic as round 3) -----------------
+//
+// Round 3 ran each tile as [q k^T wait] -> softmax -> [P·V wait] with only the first half's P·V
+// under the second half's P, so (ncu, run 5) its consumers waited on their own wgmmas and barriers
+// for ~40 % of the stall samples and issued on 41 % of the cycles. Round 4 keeps every value round
+// 3 computes (the same logits, 64-key half maxima, P rounding, row sums, folded halves and
+// two-level accumulation) and reorders the tile loop so that tile j's P·V runs under tile j+1's
+// softmax:
+//   prologue: q k^T(0), wait, softmax(0) (exps in place), pack P(0)
+//   tile j:   issue P·V_a(j) [fresh c] | issue q k^T(j+1) (its turn) | unfolded: wait P·V_a,
+//             O = O ra + c | issue P·V_b(j) onto c (folded: onto P·V_a) | wait q k^T(j+1) |
+//             softmax(j+1) while P·V(j) runs | wait P·V(j), O = O r + c, release stage j |
+//             pack P(j+1) (the A registers of P·V(j) are free only now).
+// Nothing is in flight across the loop back edge (static wait counts). Live through softmax(j+1):
+// O (D/2), c (D/2, in flight), the logits (64), P(j) (16, in flight). The fold vote runs right
+// after the maxima (the warps of a warpgroup are still in step there; round 3 voted after the
+// exponentials and waited ~5 % of its stall samples on the barrier result). The full barrier of
+// the stage after next is tested (non-blocking) right after each q k^T wait, so the blocking wait
+// before the next q k^T issue is skipped when the tile had already landed (run 5: 16 % of all
+// stall samples on that wait's branch although the producer was ~4 tiles ahead).
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(r)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return r != 0;
+}
+
+// exp2(s * qs - off) of half kHalf in place and the two row sums (r3_exp_half without packing).
+template <int kHalf>
+__device__ __forceinline__ void r4_exp_half(float (&s)[64], float qs0, float qs1, float off0,
+                                            float off1, float& sum0, float& sum1) {
+  constexpr int j0 = 8 * kHalf;
+  float a0[8], a1[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int j = j0 + i;
+    s[4 * j + 0] = fast_exp2(fmaf(s[4 * j + 0], qs0, -off0));
+    s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], qs0, -off0));
+    s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], qs1, -off1));
+    s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], qs1, -off1));
+    a0[i] = s[4 * j + 0] + s[4 * j + 1];
+    a1[i] = s[4 * j + 2] + s[4 * j + 3];
+  }
+#pragma unroll
+  for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; ++i) {
+      a0[i] += a0[i + w];
+      a1[i] += a1[i + w];
+    }
+  sum0 = a0[0];
+  sum1 = a1[0];
+}
+
+// P of half kHalf (exps in s) as the e4m3 A fragments of its two 32-key k-steps.
+template <int kHalf>
+__device__ __forceinline__ void r4_pack_half(const float (&s)[64], uint32_t (&pa)[2][4]) {
+#pragma unroll
+  for (int kh = 0; kh < 2; ++kh) {
+    const int j = 8 * kHalf + 4 * kh;
+    pa[kh][0] = pack_e4m3x4(s[4 * j + 0], s[4 * j + 1], s[4 * j + 4], s[4 * j + 5]);
+    pa[kh][1] = pack_e4m3x4(s[4 * j + 2], s[4 * j + 3], s[4 * j + 6], s[4 * j + 7]);
+    pa[kh][2] = pack_e4m3x4(s[4 * j + 8], s[4 * j + 9], s[4 * j + 12], s[4 * j + 13]);
+    pa[kh][3] = pack_e4m3x4(s[4 * j + 10], s[4 * j + 11], s[4 * j + 14], s[4 * j + 15]);
+  }
+}
+
+template <bool kI2fp>
+__device__ __forceinline__ float r4_i2f(int32_t x) {
+  if constexpr (kI2fp)
+    return static_cast<float>(x);
+  else
+    return exact_i2f(x);
+}
+
+// The round-4 consumer warpgroup wg (1 or 2) of the round-3 kernel's CTA: rows 64 (wg - 1) ..
+// of the CTA's 128 from q0, n_tiles key tiles of the ring at `base` (layout R3Smem<D>).
+// kFused (with kKcHalf, without I2FP): the logits stay biased, s' = 1.5 2^23 + acc (one integer
+// add: exact_i2f without its subtraction); the maxima subtract the bias exactly before scaling
+// (same values as round 3) and the exponent is one FFMA x = s' q - (1.5 2^23 q + off), whose
+// constant is rounded once per row and half: |error| <= ulp(1.5 2^23 q) / 2 in the exponent
+// (~1e-4 for typical q), not bit-equal to round 3; saves one FADD per logit.
+template <int D, typename T16, bool kKcHalf, bool kI2fp, bool kFused = false>
+__device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, int hk, int64_t q0,
+                                            int n_tiles, uint32_t base, const uint8_t* sbase,
+                                            uint32_t full0, uint32_t empty0, const float* skc,
+                                            int warp, int lane, int wg) {
+  using L = R3Smem<D>;
+  const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
+  const int g = lane / 4, t = lane % 4;
+  float qm0, qm1;  // as round 3: a zero q scale becomes the smallest normal float
+  int end0, end1;
+  {
+    const int64_t row0 = q0 + cw * 64 + (warp % 4) * 16 + g, row1 = row0 + 8;
+    end0 = static_cast<int>(visible_end(p, row0));
+    end1 = static_cast<int>(visible_end(p, row1));
+    const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
+    const float qs0 =
+        row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
+    const float qs1 =
+        row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
+    qm0 = fmaxf(qs0, 1.17549435e-38f);
+    qm1 = fmaxf(qs1, 1.17549435e-38f);
+  }
+  const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
+  if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
+
+  // Shared-memory descriptors: desc(a + off) = desc(a) + off / 16 for 16-byte multiples while
+  // a + off < 2^18 (the 14-bit address field; shared addresses are < 228 KB), so the loop adds
+  // instead of rebuilding each descriptor (round 3: ~40 uniform-datapath instructions per tile).
+  const uint64_t dq0 = smem_desc(sq);
+  const uint64_t dk0 = smem_desc(base + L::kK);
+  const uint64_t dv0 = smem_desc(base + L::kV);
+  int32_t acc[64];
+  bool landed = false;  // the stage of the next q k^T to issue was already seen full
+  // Wait for the stage (unless seen full) and the turn, issue tile `tile`'s q k^T into acc, hand
+  // the turn over (round 3's protocol: consumer 0 and 1 alternate on named barriers 1 and 2).
+  auto issue_qk = [&](int tile) {
+    const int st = tile % kR3Stages;
+    if (!landed) mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
+    const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
+    named_bar_sync(1 + cw, 256);
+    wgmma_fence();
+    wgmma_s8_n128_first(acc, dq0, dk);
+#pragma unroll
+    for (int kk = 1; kk < D / 32; ++kk) wgmma_s8_n128(acc, dq0 + 2 * kk, dk + 2 * kk, 1);
+    wgmma_commit();
+    if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+  };
+
+  float s[64];
+  uint32_t pa[2][4], pb[2][4];
+  float ra0 = 0.f, ra1 = 0.f, rb0 = 0.f, rb1 = 0.f;
+  bool fold = false;
+  // Tile `tile`'s q k^T (in acc, waited for) -> round 3's logits, maxima, rescale factors and
+  // fold vote; the exponentials in place in s and the row sums into l.
+  auto softmax = [&](int tile) {
+    const int st = tile % kR3Stages;
+    const int kv0 = tile * kBN;
+    if (tile + 1 < n_tiles) {  // has the stage of the next q k^T landed already?
+      const int nt = tile + 1;
+      landed = mbar_test(full0 + (nt % kR3Stages) * 8, (nt / kR3Stages) & 1);
+    }
+    float qa0 = qm0, qa1 = qm1, qb0 = qm0, qb1 = qm1;
+    if constexpr (kKcHalf) {
+      const float kca = skc[st * kBN + 2 * t], kcb = skc[st * kBN + 64 + 2 * t];
+      qa0 = fmaxf(kca * qm0, 1.17549435e-38f);
+      qa1 = fmaxf(kca * qm1, 1.17549435e-38f);
+      qb0 = fmaxf(kcb * qm0, 1.17549435e-38f);
+      qb1 = fmaxf(kcb * qm1, 1.17549435e-38f);
+#pragma unroll
+      for (int i = 0; i < 64; ++i)
+        s[i] = kFused ? __int_as_float(acc[i] + 0x4B400000) : r4_i2f<kI2fp>(acc[i]);
+    } else {
+      const float* kc = skc + st * kBN + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 k2 = *reinterpret_cast<const float2*>(kc + 8 * j);
+        s[4 * j + 0] = r4_i2f<kI2fp>(acc[4 * j + 0]) * k2.x;
+        s[4 * j + 1] = r4_i2f<kI2fp>(acc[4 * j + 1]) * k2.y;
+        s[4 * j + 2] = r4_i2f<kI2fp>(acc[4 * j + 2]) * k2.x;
+        s[4 * j + 3] = r4_i2f<kI2fp>(acc[4 * j + 3]) * k2.y;
+      }
+    }
+    if (kv0 + kBN > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
+      const int lim0 = end0 - kv0 - 2 * t;
+      const int lim1 = end1 - kv0 - 2 * t;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (8 * j + e >= lim0) s[4 * j + e] = -INFINITY;
+          if (8 * j + e >= lim1) s[4 * j + 2 + e] = -INFINITY;
+        }
+    }
+    constexpr bool kBias = kFused && kKcHalf && !kI2fp;
+    constexpr float kB = kBias ? 12582912.f : 0.f;  // the bias of s' (exact to subtract)
+    float mxa0 = (r3_max16<0, 0>(s) - kB) * qa0, mxa1 = (r3_max16<0, 2>(s) - kB) * qa1;
+    float mxb0 = (r3_max16<8, 0>(s) - kB) * qb0, mxb1 = (r3_max16<8, 2>(s) - kB) * qb1;
+#pragma unroll
+    for (int x = 1; x <= 2; x *= 2) {
+      mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
+      mxa1 = fmaxf(mxa1, __shfl_xor_sync(0xffffffffu, mxa1, x));
+      mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
+      mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
+    }
+    const float ma0 = fmaxf(m0, mxa0), ma1 = fmaxf(m1, mxa1);
+    const float mb0 = fmaxf(ma0, mxb0), mb1 = fmaxf(ma1, mxb1);
+    if (__all_sync(0xffffffffu, m0 == ma0 && m1 == ma1 && ma0 == mb0 && ma1 == mb1)) {
+      ra0 = m0 == -INFINITY ? 0.f : 1.f;
+      ra1 = m1 == -INFINITY ? 0.f : 1.f;
+      rb0 = ma0 == -INFINITY ? 0.f : 1.f;
+      rb1 = ma1 == -INFINITY ? 0.f : 1.f;
+    } else {
+      ra0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - ma0);
+      ra1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - ma1);
+      rb0 = ma0 == -INFINITY ? 0.f : fast_exp2(ma0 - mb0);
+      rb1 = ma1 == -INFINITY ? 0.f : fast_exp2(ma1 - mb1);
+    }
+    m0 = mb0;
+    m1 = mb1;
+    fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
+    float suma0, suma1, sumb0, sumb1;
+    // (kBias: the exponent's constant takes the bias times the row scale)
+    r4_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
+                   fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1);
+    r4_exp_half<1>(s, qb0, qb1, fmaf(kB, qb0, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448),
+                   fmaf(kB, qb1, mb1 == -INFINITY ? 0.f : mb1 - kLog2_448), sumb0, sumb1);
+    l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
+    l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
+  };
+
+  float c[D / 2];
+  if (n_tiles > 0) {
+    issue_qk(0);
+    wgmma_wait<0>();
+    fence_regs(acc);
+    softmax(0);
+    r4_pack_half<0>(s, pa);
+    r4_pack_half<1>(s, pb);
+  }
+  // Tile `tile`'s P·V (its P in pa/pb, factors ra/rb/fold); kMore: the next tile's q k^T and
+  // softmax run here too. The last tile is a separate instantiation (static wait counts).
+  auto step = [&](int tile, auto more_c) {
+    constexpr bool kMore = decltype(more_c)::value;
+    const int st = tile % kR3Stages;
+    const uint64_t dv = dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
+    wgmma_fence();  // the first half's P·V into a fresh c
+    if constexpr (D == 128)
+      wgmma_e4m3_n128_first(c, pa[0], dv);
+    else
+      wgmma_e4m3_n64_first(c, pa[0], dv);
+    wgmma_pv<D>(c, pa[1], dv + 2, 1);
+    wgmma_commit();
+    if constexpr (kMore) issue_qk(tile + 1);
+    const bool f = fold;
+    float r0 = ra0, r1 = ra1;
+    if (!f) {  // a row of the warpgroup raised its maximum in the second half: O = O ra + Ca first
+      // The first half's P·V and the next q k^T (rare: waiting for the P·V alone, wait_group 1
+      // inside this branch, made ptxas serialize every wgmma of the kernel: C7514).
+      wgmma_wait<0>();
+      fence_regs(c);
+      accumulate_tile<D>(o, c, ra0, ra1);
+      r0 = rb0;
+      r1 = rb1;
+    }
+    wgmma_fence();  // the second half's P·V (onto the first's when folded)
+    wgmma_pv<D>(c, pb[0], dv + 4, f);
+    wgmma_pv<D>(c, pb[1], dv + 6, 1);
+    wgmma_commit();
+    // O r now and O + C after the wait (not one FFMA then: the factors would stay live through
+    // the softmax); skipped when no row of the warp rescales (r = 1, the common case).
+    if (!__all_sync(0xffffffffu, r0 == 1.f && r1 == 1.f)) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        o[4 * n + 0] *= r0;
+        o[4 * n + 1] *= r0;
+        o[4 * n + 2] *= r1;
+        o[4 * n + 3] *= r1;
+      }
+    }
+    if constexpr (kMore) {
+      wgmma_wait<1>();  // the next q k^T (and the first half's P·V); P·V_b stays in flight
+      fence_regs(acc);
+      softmax(tile + 1);  // overwrites ra/rb/fold/m/l
+    }
+    wgmma_wait<0>();
+    fence_regs(c);
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] += c[i];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
+    if constexpr (kMore) {
+      r4_pack_half<0>(s, pa);
+      r4_pack_half<1>(s, pb);
+    }
+  };
+  for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
+  if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
+  // The rows again (not kept live through the loop).
+  const int rl0 = cw * 64 + (warp % 4) * 16 + g;
+  const int64_t row0 = q0 + rl0, row1 = row0 + 8;
+  epilogue<D, true, T16>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o,
+                         m0, m1, l0, l1);
+}
+
+template <int D, typename T16, bool kKcHalf, bool kTma, int kVar = 0>
 __global__ void __launch_bounds__(kWsThreads, 1)
     attention_wgmma_r3_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // kVar: bit 0 the round-4 consumer schedule, bit 1 I2FP for the logits' int32 -> float.
+  // bit 2: round 4 with the biased logits (r4_consumer's kFused).
+  constexpr bool kR4 = (kVar & 1) != 0, kI2fp = kR3I2fp || (kVar & 2) != 0;
+  constexpr bool kFused = (kVar & 4) != 0;
+  // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
+  constexpr bool kBias = kFused && kKcHalf && !kI2fp;
+  constexpr float kB = kBias ? 12582912.f : 0.f;
+  // Register split (setmaxnreg): 40 / 232 as rounds 2 and 3; round 4 at D = 128 keeps O, the P·V
+  // buffer, the logits and P(j) live together and needs 240 (the producer then gets 24: TMA only,
+  // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
+  constexpr int kProdRegs = kR4 && D == 128 ? 24 : 40;
+  constexpr int kConsRegs = kR4 && D == 128 ? 240 : 232;
+  static_assert(128 * kProdRegs + 256 * kConsRegs <= 168 * kWsThreads, "register split");
+  static_assert(!(kR4 && D == 128 && !kTma), "round 4 at D = 128 needs the TMA producer");
   using L = R3Smem<D>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -1415,17 +1763,18 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   __syncthreads();
 
   if (wg == 0 && kTma) {  // ---- producer, TMA: one warp; lane 0 issues the boxes, each lane 4 kc
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<kProdRegs>();
     if (warp != 0) return;  // the other producer warps have nothing to do
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
+    const ScaleIdx kidx(p.k_layout, p.k_block);
     constexpr uint32_t kTileBytes = (kBN + D) * kRowBytes;  // K box + V box
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kR3Stages;
       float ks[kBN / 32];
 #pragma unroll
       for (int i = 0; i < kBN / 32; ++i) {
-        const int64_t key = static_cast<int64_t>(tile) * kBN + lane + 32 * i;
-        ks[i] = key < p.Nkv ? ksg[scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss] : 0.f;
+        const int key = tile * kBN + lane + 32 * i;
+        ks[i] = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
       }
       if (tile >= kR3Stages) mbar_wait(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
 #pragma unroll
@@ -1449,7 +1798,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     return;
   }
   if (wg == 0) {  // ---- producer: round 2's loads, kc = k_scale * scale_log2 instead of k_scale
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<kProdRegs>();
     const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
     const uint8_t* vg =
@@ -1462,6 +1811,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int v_d0 = tid / 8, v_ch = tid % 8;  // V: 8 chunks of 16 key positions per channel
     const uint32_t v_dst = swz(v_d0, v_ch);
     const int64_t v_src = v_d0 * p.npad + v_ch * 16;
+    const ScaleIdx kidx(p.k_layout, p.k_block);
     float ks_prev = 0.f;
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kR3Stages;
@@ -1509,9 +1859,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       cp_async_commit();
       // This tile's k scale (one key per producer thread; 0 past Nkv): loaded now, stored as kc
       // with the tile's publication one iteration later (the load's latency hides behind it).
-      const int64_t key = kv0 + tid;
-      const float ks =
-          key < p.Nkv ? ksg[scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss] : 0.f;
+      const int key = tile * kBN + tid;
+      const float ks = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
       if (tile > 0) {  // the previous tile has landed: its kc, then publish it
         cp_async_wait<1>();
         fence_proxy_async();
@@ -1532,7 +1881,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 
   // ---- consumers ----
-  setmaxnreg_inc<232>();
+  setmaxnreg_inc<kConsRegs>();
+  if constexpr (kR4) {
+    r4_consumer<D, T16, kKcHalf, kI2fp, kFused>(p, b, h, hk, q0, n_tiles, base, sbase, full0,
+                                                empty0, skc, warp, lane, wg);
+    return;
+  }
   const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
@@ -1563,18 +1917,22 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
   if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
+  // Descriptors by addition (see r4_consumer): desc(a + off) = desc(a) + off / 16.
+  const uint64_t dq0 = smem_desc(sq);
+  const uint64_t dk0 = smem_desc(base + L::kK);
+  const uint64_t dv0 = smem_desc(base + L::kV);
   int32_t acc[64];
   // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
   auto issue_qk = [&](int tile) {
     const int st = tile % kR3Stages;
     mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
-    const uint32_t sk = base + L::kK + st * L::kKTile;
+    const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
     named_bar_sync(1 + cw, 256);
     wgmma_fence();
-    wgmma_s8_n128_first(acc, smem_desc(sq), smem_desc(sk));
+    wgmma_s8_n128_first(acc, dq0, dk);
 #pragma unroll
     for (int kk = 1; kk < D / 32; ++kk)
-      wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), 1);
+      wgmma_s8_n128(acc, dq0 + 2 * kk, dk + 2 * kk, 1);
     wgmma_commit();
     if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
   };
@@ -1592,7 +1950,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD;
     const int st = tile % kR3Stages;
     const int kv0 = tile * kBN;
-    const uint32_t sv = base + L::kV + st * L::kVTile;
+    const uint64_t dv = dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
     // Logits in units of the per-half row scales qa, qb (logit = s * q): general layouts
     // s = float(acc) * kc (per key), q = the q scale; kKcHalf (kc constant over each of this
     // thread's 64-key halves) s = float(acc), q = kc(half) * q scale (no per-logit multiply).
@@ -1606,16 +1964,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       qb0 = fmaxf(kcb * qm0, 1.17549435e-38f);
       qb1 = fmaxf(kcb * qm1, 1.17549435e-38f);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) s[i] = r3_i2f(acc[i]);
+      for (int i = 0; i < 64; ++i)
+        s[i] = kBias ? __int_as_float(acc[i] + 0x4B400000) : r4_i2f<kI2fp>(acc[i]);
     } else {
       const float* kc = skc + st * kBN + 2 * t;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const float2 k2 = *reinterpret_cast<const float2*>(kc + 8 * j);
-        s[4 * j + 0] = r3_i2f(acc[4 * j + 0]) * k2.x;
-        s[4 * j + 1] = r3_i2f(acc[4 * j + 1]) * k2.y;
-        s[4 * j + 2] = r3_i2f(acc[4 * j + 2]) * k2.x;
-        s[4 * j + 3] = r3_i2f(acc[4 * j + 3]) * k2.y;
+        s[4 * j + 0] = r4_i2f<kI2fp>(acc[4 * j + 0]) * k2.x;
+        s[4 * j + 1] = r4_i2f<kI2fp>(acc[4 * j + 1]) * k2.y;
+        s[4 * j + 2] = r4_i2f<kI2fp>(acc[4 * j + 2]) * k2.x;
+        s[4 * j + 3] = r4_i2f<kI2fp>(acc[4 * j + 3]) * k2.y;
       }
     }
     if constexpr (kEarly) issue_qk(tile + 1);  // acc is free: runs under the whole softmax
@@ -1636,8 +1995,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     // over the row's quad. The scale is applied before the shuffles: the quad's threads may
     // scale differently (THREAD_K: kc per group t; a thread whose columns are all past Nkv reads
     // kc = 0), so only logits are comparable across them.
-    float mxa0 = r3_max16<0, 0>(s) * qa0, mxa1 = r3_max16<0, 2>(s) * qa1;
-    float mxb0 = r3_max16<8, 0>(s) * qb0, mxb1 = r3_max16<8, 2>(s) * qb1;
+    // (kBias: the biased logits' maxima less the bias, exact: round 3's values)
+    float mxa0 = (r3_max16<0, 0>(s) - kB) * qa0, mxa1 = (r3_max16<0, 2>(s) - kB) * qa1;
+    float mxb0 = (r3_max16<8, 0>(s) - kB) * qb0, mxb1 = (r3_max16<8, 2>(s) - kB) * qb1;
 #pragma unroll
     for (int x = 1; x <= 2; x *= 2) {
       mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
@@ -1667,11 +2027,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     m1 = mb1;
     float suma0, suma1, sumb0, sumb1;
     uint32_t pa[2][4], pb[2][4];
-    r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
-                   ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
-    r3_pv_issue<D>(c, pa, sv);  // the first half's P·V runs under the second half's P
-    r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
-                   mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
+    r3_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
+                   fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1, pa);
+    r3_pv_issue_desc<D>(c, pa, dv);  // the first half's P·V runs under the second half's P
+    r3_exp_half<1>(s, qb0, qb1, fmaf(kB, qb0, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448),
+                   fmaf(kB, qb1, mb1 == -INFINITY ? 0.f : mb1 - kLog2_448), sumb0, sumb1, pb);
     l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
     l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
     // When no row of the warpgroup raised its maximum in the second half (rb = 1: the common
@@ -1688,8 +2048,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       r1 = rb1;
     }
     wgmma_fence();  // the second half's P·V (onto the first's when folded), the next q k^T
-    wgmma_pv<D>(c, pb[0], smem_desc(sv + 64), fold);
-    wgmma_pv<D>(c, pb[1], smem_desc(sv + 96), 1);
+    wgmma_pv<D>(c, pb[0], dv + 4, fold);
+    wgmma_pv<D>(c, pb[1], dv + 6, 1);
     wgmma_commit();
     if constexpr (kMore && !kEarly) {
       issue_qk(tile + 1);
@@ -1756,8 +2116,10 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// var: bit 0 the round-4 consumer schedule, bit 1 I2FP logits (instantiated for bf16 output with
+// per-half kc only, and at D = 128 with the TMA producer only; dropped elsewhere: same bits).
 template <int D, typename T16>
-void launch_r3(const AttnParams& p, int B, cudaStream_t stream) {
+void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma round 3)";
   // kc is constant over each 64-key half of a thread's columns (8 j + 2 t + e) when the k scale
   // is per block of a multiple of 64 keys, or SPEC §1's THREAD_K with such blocks (group
@@ -1800,10 +2162,27 @@ void launch_r3(const AttnParams& p, int B, cudaStream_t stream) {
   }
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
+  if (D == 128 && !tma) var = 0;  // round 4 at D = 128 needs the TMA producer: round 3
+  if (!(std::is_same<T16, __nv_bfloat16>::value && kc_half && (D == 64 || tma))) var &= 1;
+  // (var 4: round 3 with the biased logits; 5: round 4 with them)
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
-    return kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT>
-                   : attention_wgmma_r3_kernel<D, T16, false, kT>;
+    constexpr bool kI2fpInst = std::is_same<T16, __nv_bfloat16>::value && (D == 64 || kT);
+    using K = void (*)(const AttnParams, const R3Maps);
+    K k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 0>
+                  : attention_wgmma_r3_kernel<D, T16, false, kT, 0>;
+    if constexpr (D == 64 || kT) {
+      if (var == 1)
+        k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 1>
+                    : attention_wgmma_r3_kernel<D, T16, false, kT, 1>;
+    }
+    if constexpr (kI2fpInst) {
+      if (var == 2) k = attention_wgmma_r3_kernel<D, T16, true, kT, 2>;
+      if (var == 3) k = attention_wgmma_r3_kernel<D, T16, true, kT, 3>;
+      if (var == 5) k = attention_wgmma_r3_kernel<D, T16, true, kT, 5>;
+      if (var == 4) k = attention_wgmma_r3_kernel<D, T16, true, kT, 4>;
+    }
+    return k;
   };
   auto kernel = tma ? pick(std::integral_constant<bool, D == 128 && kR3Tma>{})
                     : pick(std::false_type{});
@@ -1848,11 +2227,17 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
   auto by_type = [&](auto dc, auto fc) {
     constexpr int Dv = decltype(dc)::value;
     constexpr bool F = decltype(fc)::value;
-    if (which == WgmmaKernel::round3 && F) {
+    if (which >= WgmmaKernel::round3 && F) {
+      const int var =
+          which == WgmmaKernel::round4_fused   ? 5
+          : which == WgmmaKernel::round3_fused ? 4
+              : (which == WgmmaKernel::round4 || which == WgmmaKernel::round4_i2fp ? 1 : 0) |
+                    (which == WgmmaKernel::round3_i2fp || which == WgmmaKernel::round4_i2fp ? 2
+                                                                                            : 0);
       if (out_dtype == DType::bf16)
-        launch_r3<Dv, __nv_bfloat16>(p, B, stream);
+        launch_r3<Dv, __nv_bfloat16>(p, B, var, stream);
       else
-        launch_r3<Dv, __half>(p, B, stream);
+        launch_r3<Dv, __half>(p, B, var, stream);
     } else if (which != WgmmaKernel::round1) {
       if (out_dtype == DType::bf16)
         launch_ws<Dv, F, __nv_bfloat16>(p, B, stream);

@@ -79,6 +79,8 @@ class Int8AttentionCase : public Case {
     if (opt_.kernel == AttentionOptions::mma_sync) n += ".mma_sync";
     if (opt_.kernel == AttentionOptions::wgmma) n += ".wgmma";
     if (opt_.kernel == AttentionOptions::wgmma_ws) n += ".wgmma_ws";
+    if (opt_.kernel == AttentionOptions::wgmma_r3) n += ".wgmma_r3";
+    if (opt_.kernel == AttentionOptions::wgmma_r4) n += ".wgmma_r4";
     if (!tag_.empty()) n += "." + tag_;
     return n;
   }
@@ -418,6 +420,48 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       cases.push_back(std::make_unique<Int8AttentionCase>(
           s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
           ScaleLayout::per_block, 32, false, false, Pattern::random, "auto.kblock32"));
+  // `.wgmma_r4`: the round-4 kernel (round 3 with tile j's P·V under tile j+1's softmax) on the
+  // `.auto` set: every shape of the wgmma set and the ring-wrapping ones x 3 causal modes, the
+  // diagnostics, folded halves (early maxima) and k scales per 32 keys (D = 128 then runs round
+  // 3: no TMA; D = 64 runs round 4 with the per-key kc), THREAD_Q/K + HND + f16 + K mean, WARP_Q +
+  // GQA, V mean, N = 1 / 129 / 257 x 390 / 1000 / 1100 keys.
+  {
+    const O::Kernel r4 = O::wgmma_r4;
+    for (const Shape& s : wgmma_shapes)
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            s, make_opt(O::fp8, c, r4), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false));
+    for (const Shape& s : ws_extra)
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            s, make_opt(O::fp8, c, r4), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false));
+    for (auto pat : {Pattern::zero_q, Pattern::const_v})
+      for (auto c : {O::none, O::bottom_right})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, c, r4), DType::bf16,
+            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat));
+    for (const Shape& s : ws_extra)
+      for (auto c : {O::none, O::bottom_right})
+        for (int kb : {32, 64})
+          cases.push_back(std::make_unique<Int8AttentionCase>(
+              s, make_opt(O::fp8, c, r4), DType::bf16, ScaleLayout::per_block, 128,
+              ScaleLayout::per_block, kb, false, false, Pattern::early_max,
+              kb == 32 ? "kblock32" : ""));
+    for (const Shape& s : {Shape{1, 257, 390, 2, 1, 128}, Shape{1, 333, 129, 2, 1, 64}})
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            s, make_opt(O::fp8, c, r4), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 32, false, false, Pattern::random, "kblock32"));
+    // Longer rows (3000 keys: 24 tiles, the ring wraps 4 times; maxima settle, most tiles fold),
+    // both head dims, causal bottom-right with 390 rows.
+    for (const Shape& s : {Shape{1, 130, 3000, 1, 1, 128}, Shape{1, 390, 3000, 2, 1, 64}})
+      for (auto c : {O::none, O::bottom_right})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            s, make_opt(O::fp8, c, r4), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false));
+  }
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws})
     for (auto pv : {O::fp8, O::f16})
@@ -431,6 +475,25 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       cases.push_back(std::make_unique<Int8AttentionCase>(
           s, make_opt(O::fp8, c, O::mma_sync), DType::bf16, ScaleLayout::per_block, 128,
           ScaleLayout::per_block, 64, false, false));
+  for (auto kernel : {O::wgmma_r4}) {  // fp8 P·V only (16-bit P·V runs wgmma_ws there)
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, kernel), DType::f16,
+        ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{2, 70, 130, 4, 1, 64}, make_opt(O::fp8, O::none, kernel), DType::bf16,
+        ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{2, 70, 130, 4, 1, 128}, make_opt(O::fp8, O::top_left, kernel), DType::bf16,
+        ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+    O vmk = make_opt(O::fp8, O::top_left, kernel);
+    vmk.smooth_v = true;
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{1, 150, 150, 2, 2, 128}, vmk, DType::bf16, ScaleLayout::per_block, 128,
+        ScaleLayout::per_block, 64, false, false));
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{1, 150, 150, 2, 2, 64}, vmk, DType::f16, ScaleLayout::per_block, 128,
+        ScaleLayout::per_block, 64, false, false));
+  }
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws}) {
     cases.push_back(std::make_unique<Int8AttentionCase>(
         Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, kernel), DType::f16,
