@@ -186,9 +186,9 @@ struct BulkArgs {
 // per-element arithmetic (docs/decode.md "Folded scales"). int4: K and V codes are read with
 // ldmatrix (16-byte rows of 8 keys: K plain, V transposed, so that one k-step of QK and one m-tile
 // of PV stay inside one 32-dim group) and go to the mma as f16 subnormals (x & 0x000f000f =
-// c 2^-24, x & 0x00f000f0 = 16 c 2^-24: one LOP3 per f16x2); S = 2^24 sum_g s_g acc_g + sum_g z_g Q_g (one
-// accumulator per group; the z term is one more mma of the raw (scale, shift) words against
-// (0, Q_g) split in two f16); O^T += C^T (P s_g) per group (P scaled per key and group in f16) with
+// c 2^-24, x & 0x00f000f0 = 16 c 2^-24: one LOP3 per f16x2); S = 2^24 sum_g s_g acc_g +
+// sum_g z_g Q_g (one accumulator per group; the z term is one more mma of the raw (scale, shift)
+// words against (0, Q_g) split in two f16); O^T += C^T (P s_g) per group (P scaled per key and group in f16) with
 // sum_k z_k,g p_k accumulated by one more mma per tile, added at the end. fp8: the same with one
 // scale / shift per key (e4m3 -> f16 is exact).
 template <KvFormat F, int D, int NR, int VA, bool FOLD>
@@ -704,14 +704,15 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       const uint32_t za[4] = {prmt(zw[0], zw[1], 0x7632), 0u, prmt(zw[2], zw[3], 0x7632), 0u};
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(zacc[nr], za, pb[nr][0], pb[nr][1]);
-      // P scaled per key pair and group: (s_a, s_b) of the coefficient words.
-      uint32_t vc[4][4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) lds_words<4, 16>(st + voff[q], vc[q]);
+      // P scaled per key pair and group: (s_a, s_b) of the coefficient words (loaded per group:
+      // four 4-word loads up front spilled).
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
-        const uint32_t s01 = prmt(vc[0][G], vc[1][G], 0x5410);
-        const uint32_t s23 = prmt(vc[2][G], vc[3][G], 0x5410);
+        uint32_t vc[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) vc[q] = lds32(st + voff[q] + 4 * G);
+        const uint32_t s01 = prmt(vc[0], vc[1], 0x5410);
+        const uint32_t s23 = prmt(vc[2], vc[3], 0x5410);
         uint32_t pbs[NR][2];
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) {
