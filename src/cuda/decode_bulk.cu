@@ -188,9 +188,9 @@ struct BulkArgs {
 // of PV stay inside one 32-dim group) and go to the mma as f16 subnormals (x & 0x000f000f =
 // c 2^-24, x & 0x00f000f0 = 16 c 2^-24: one LOP3 per f16x2); S = 2^24 sum_g s_g acc_g +
 // sum_g z_g Q_g (one accumulator per group; the z term is one more mma of the raw (scale, shift)
-// words against (0, Q_g) split in two f16); O^T += C^T (P s_g) per group (P scaled per key and group in f16) with
-// sum_k z_k,g p_k accumulated by one more mma per tile, added at the end. fp8: the same with one
-// scale / shift per key (e4m3 -> f16 is exact).
+// words against (0, Q_g) split in two f16); O^T += C^T (P s_g) per group (P scaled per key and
+// group in f16) with sum_k z_k,g p_k accumulated by one more mma per tile, added at the end. fp8:
+// the same with one scale / shift per key (e4m3 -> f16 is exact).
 template <KvFormat F, int D, int NR, int VA, bool FOLD>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
