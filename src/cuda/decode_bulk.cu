@@ -180,6 +180,9 @@ struct BulkArgs {
   int nst = 2;           // stages
   int kstr = 0;          // stage stride of key pieces, bytes
   int stage_bytes = 0;   // K block, V block (16 * kstr each), fp8: kss, vss blocks (16 * hb words)
+  // fp8: the scale/shift pieces of consecutive keys are adjacent (key stride = hb words, i.e. all
+  // Hkv heads in the CTA): one copy per tile for K's and one for V's instead of 16 each.
+  bool ss_block = false;
 };
 
 // FOLD (DecodePlan::fold_scales; int4 with 4 groups at D 128, fp8): the scale / shift leave the
@@ -295,11 +298,15 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // 32 the other warps waited at the tile barrier (39 % of stall samples in H200 run 2). One call
   // site (source, stride and destination chosen per lane) so the per-lane loop is not duplicated
   // per kind.
-  constexpr int kCopies = F == KvFormat::fp8 ? 64 : 32;
-  const int per_warp = kCopies / HB;
+  // fp8 with ss_block: copies 32 / 33 are the tile's whole K / V scale/shift blocks (nk pieces).
+  const bool ss_block = F == KvFormat::fp8 && a.ss_block;
+  const int n_copies = F == KvFormat::fp8 ? (ss_block ? 34 : 64) : 32;
+  const int per_warp = (n_copies + HB - 1) / HB;
   const int my_ci = warp + HB * lane;
-  const int my_key = my_ci & 15, my_kind = my_ci >> 4;
-  const bool my_lane = lane < per_warp;
+  const bool my_whole = ss_block && my_ci >= 32;  // a whole scale/shift block
+  const int my_key = my_whole ? 0 : my_ci & 15;
+  const int my_kind = my_whole ? 2 + (my_ci - 32) : my_ci >> 4;
+  const bool my_lane = lane < per_warp && my_ci < n_copies;
   const uint32_t my_size =
       my_kind < 2 ? static_cast<uint32_t>(piece) : static_cast<uint32_t>(ss_piece);
   const char* my_src;
@@ -342,13 +349,14 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
     const bool mine = my_lane && my_key < nk;
-    const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? my_size : 0u);
+    const uint32_t size = my_whole ? static_cast<uint32_t>(nk) * my_size : my_size;
+    const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? size : 0u);
     if (lane == 0) {
       if (warp == 0) cnt[s] = static_cast<int>(nk);
       mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
-    if (mine) bulk_copy(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, my_size, bar);
+    if (mine) bulk_copy(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
   };
   for (int n = 0; n < NST && n < n_tiles; ++n) issue(n, n);
 
@@ -961,6 +969,10 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold) {
   if ((hb * c.row_bytes) % 16 != 0) return a;
   if (f == KvFormat::fp8 && (4 * hb) % 16 != 0) return a;  // scale/shift pieces: >= 4 heads
   a.hb = hb;
+  if (f == KvFormat::fp8) {
+    const int key_dim = rank - 3;  // (b, j, h): j; (row, h): row
+    a.ss_block = c.kss_st[key_dim] == hb && c.vss_st[key_dim] == hb;
+  }
   // Folded int4 (ldmatrix): 16-byte key offsets (key_offset16); else 32-byte ones (key_offset).
   if (fold && f == KvFormat::int4) a.kstr = (hb * c.row_bytes + 112 + 15) / 16 * 16;
   else a.kstr = (hb * c.row_bytes + 96 + 31) / 32 * 32;

@@ -445,6 +445,10 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 1001, 4, 128, 0), {1001, 31}, 4, 1, false, false, DType::f16, bk);
   add(shape(F::fp8, 1, 2, 600, 8, 64, 16), {600, 2}, 2, 4, true, true, DType::bf16, bk);
   add(shape(F::fp8, 1, 1, 300, 4, 128, 256), {300}, 16, 1, false, false, DType::f16, bk);
+  // fp8 with 16 KV heads (2 head blocks of 8): the scale/shift pieces of one key are not adjacent
+  // to the next key's (one copy per key and kind; with Hkv = heads per CTA one copy per tile).
+  add(shape(F::fp8, 1, 1, 300, 16, 64, 0), {300}, 1, 1, false, false, DType::f16, bk);
+  add(shape(F::fp8, 1, 2, 200, 16, 128, 16), {200, 33}, 2, 1, false, false, DType::f16, bf);
   add(shape(F::f16, 1, 2, 523, 2, 128, 16), {523, 0}, 4, 1, false, false, DType::f16, bk);
   add(shape(F::f16, 1, 2, 129, 8, 64, 0), {129, 16}, 1, 8, true, true, DType::bf16, bk);
   add(shape(F::f16, 1, 1, 1100, 8, 128, 0), {1100}, 8, 1, false, false, DType::f16, bk);
