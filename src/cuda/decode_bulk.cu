@@ -648,42 +648,69 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         }
     }
     // ---- online softmax per row: row 8 nr + 2t + e lives in lanes g = 0..7 (xor 4, 8, 16) ----
-    float alpha[NR][2];
-    bool moved = false;
+    // Fold: lazy maximum. While no score of the tile exceeds its row's running maximum by more
+    // than 8 (base 2), p = 2^(s - m) with the old m (p <= 256: fine in f16 and fp32; l and O stay
+    // relative to m): no cross-lane reduction, no rescale. Otherwise the exact update below.
+    bool lazy = false;
+    if constexpr (FOLD) {
+      bool need = false;
 #pragma unroll
-    for (int nr = 0; nr < NR; ++nr)
+      for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float mx = fmaxf(sv[nr][e], sv[nr][e + 2]);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float m_new = fmaxf(m_run[nr][e], mx);
-        const bool none = m_new == -INFINITY;
-        alpha[nr][e] = none ? 1.f : ex2(m_run[nr][e] - m_new);
-        moved |= alpha[nr][e] != 1.f;
-        const float p0 = none ? 0.f : ex2(sv[nr][e] - m_new);
-        const float p1 = none ? 0.f : ex2(sv[nr][e + 2] - m_new);
-        sv[nr][e] = p0;
-        sv[nr][e + 2] = p1;
-        l_run[nr][e] = l_run[nr][e] * alpha[nr][e] + (p0 + p1);
-        m_run[nr][e] = m_new;
-      }
-    if (__any_sync(0xffffffffu, moved)) {
+        for (int e = 0; e < 2; ++e)
+          need |= fmaxf(sv[nr][e], sv[nr][e + 2]) > m_run[nr][e] + 8.f;
+      lazy = !__any_sync(0xffffffffu, need);
+    }
+    if (lazy) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
-        for (int nr = 0; nr < NR; ++nr) {
-          o[mt][nr][0] *= alpha[nr][0];
-          o[mt][nr][1] *= alpha[nr][1];
-          o[mt][nr][2] *= alpha[nr][0];
-          o[mt][nr][3] *= alpha[nr][1];
+        for (int e = 0; e < 2; ++e) {
+          const bool none = m_run[nr][e] == -INFINITY;  // (then every score is -inf)
+          const float p0 = none ? 0.f : ex2(sv[nr][e] - m_run[nr][e]);
+          const float p1 = none ? 0.f : ex2(sv[nr][e + 2] - m_run[nr][e]);
+          sv[nr][e] = p0;
+          sv[nr][e + 2] = p1;
+          l_run[nr][e] += p0 + p1;
         }
-      if constexpr (FOLD) {
+    } else {
+      float alpha[NR][2];
+      bool moved = false;
 #pragma unroll
-        for (int nr = 0; nr < NR; ++nr) {
-          zacc[nr][0] *= alpha[nr][0];
-          zacc[nr][1] *= alpha[nr][1];
+      for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float mx = fmaxf(sv[nr][e], sv[nr][e + 2]);
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+          const float m_new = fmaxf(m_run[nr][e], mx);
+          const bool none = m_new == -INFINITY;
+          alpha[nr][e] = none ? 1.f : ex2(m_run[nr][e] - m_new);
+          moved |= alpha[nr][e] != 1.f;
+          const float p0 = none ? 0.f : ex2(sv[nr][e] - m_new);
+          const float p1 = none ? 0.f : ex2(sv[nr][e + 2] - m_new);
+          sv[nr][e] = p0;
+          sv[nr][e + 2] = p1;
+          l_run[nr][e] = l_run[nr][e] * alpha[nr][e] + (p0 + p1);
+          m_run[nr][e] = m_new;
+        }
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nr = 0; nr < NR; ++nr) {
+            o[mt][nr][0] *= alpha[nr][0];
+            o[mt][nr][1] *= alpha[nr][1];
+            o[mt][nr][2] *= alpha[nr][0];
+            o[mt][nr][3] *= alpha[nr][1];
+          }
+        if constexpr (FOLD) {
+#pragma unroll
+          for (int nr = 0; nr < NR; ++nr) {
+            zacc[nr][0] *= alpha[nr][0];
+            zacc[nr][1] *= alpha[nr][1];
+          }
         }
       }
     }
