@@ -183,6 +183,11 @@ struct BulkArgs {
   // fp8: the scale/shift pieces of consecutive keys are adjacent (key stride = hb words, i.e. all
   // Hkv heads in the CTA): one copy per tile for K's and one for V's instead of 16 each.
   bool ss_block = false;
+  // Folded int4: keys 2i and 2i + 1 are adjacent in global memory (key stride = hb * row bytes) and
+  // copied together into pair i (stride 2 kstr): 16 copies per tile instead of 32. Stage row r
+  // (the mma's key row) holds key 2 (r % 8) + r / 8, so the 8 rows of an ldmatrix phase are 8
+  // different pairs (disjoint banks by key_offset16 over pairs).
+  bool pairs = false;
 };
 
 // FOLD (DecodePlan::fold_scales; int4 with 4 groups at D 128, fp8): the scale / shift leave the
@@ -237,7 +242,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
   // Offset of key i's piece in a stage's K (or V) block.
-  auto koffset = [&](int i) { return kFoldI4 ? key_offset16(i, kstr) : key_offset(i, kstr); };
+  const bool pairs = kFoldI4 && a.pairs;
+  auto koffset = [&](int i) {
+    if (pairs) return key_offset16(i & 7, 2 * kstr) + (i >> 3) * HB * rb;
+    return kFoldI4 ? key_offset16(i, kstr) : key_offset(i, kstr);
+  };
 
   // Zero the ring (absent keys' V rows must be finite), init the barriers.
   for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
@@ -299,13 +308,17 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // site (source, stride and destination chosen per lane) so the per-lane loop is not duplicated
   // per kind.
   // fp8 with ss_block: copies 32 / 33 are the tile's whole K / V scale/shift blocks (nk pieces).
+  // Folded int4 with pairs: copy ci = K (ci < 8) / V pair ci % 8 (keys 2 (ci % 8), + 1).
+  // A copy covers my_n keys from logical key my_key (those < nk).
   const bool ss_block = F == KvFormat::fp8 && a.ss_block;
-  const int n_copies = F == KvFormat::fp8 ? (ss_block ? 34 : 64) : 32;
+  const int n_copies = F == KvFormat::fp8 ? (ss_block ? 34 : 64) : pairs ? 16 : 32;
   const int per_warp = (n_copies + HB - 1) / HB;
   const int my_ci = warp + HB * lane;
   const bool my_whole = ss_block && my_ci >= 32;  // a whole scale/shift block
-  const int my_key = my_whole ? 0 : my_ci & 15;
-  const int my_kind = my_whole ? 2 + (my_ci - 32) : my_ci >> 4;
+  const int my_n = my_whole ? 16 : pairs ? 2 : 1;
+  const int my_key = my_whole ? 0 : pairs ? 2 * (my_ci & 7) : my_ci & 15;
+  const int my_row = pairs ? (my_ci & 7) : my_key;  // its stage row
+  const int my_kind = my_whole ? 2 + (my_ci - 32) : pairs ? my_ci >> 3 : my_ci >> 4;
   const bool my_lane = lane < per_warp && my_ci < n_copies;
   const uint32_t my_size =
       my_kind < 2 ? static_cast<uint32_t>(piece) : static_cast<uint32_t>(ss_piece);
@@ -315,11 +328,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   if (my_kind == 0) {
     my_src = kbase;
     my_st = kst;
-    my_dst = koffset(my_key);
+    my_dst = koffset(my_row);
   } else if (my_kind == 1) {
     my_src = vbase;
     my_st = vst;
-    my_dst = 16 * kstr + koffset(my_key);
+    my_dst = 16 * kstr + koffset(my_row);
   } else if (F == KvFormat::fp8) {
     my_src = reinterpret_cast<const char*>(my_kind == 2 ? kssb : vssb);
     my_st = 4 * (my_kind == 2 ? kssst : vssst);
@@ -349,7 +362,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
     const bool mine = my_lane && my_key < nk;
-    const uint32_t size = my_whole ? static_cast<uint32_t>(nk) * my_size : my_size;
+    const uint32_t size = static_cast<uint32_t>(min(nk - my_key, int64_t{my_n})) * my_size;
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? size : 0u);
     if (lane == 0) {
       if (warp == 0) cnt[s] = static_cast<int>(nk);
@@ -634,7 +647,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {
           const int e = cc & 1;
-          const int key = g + 8 * (cc >> 1);
+          // the row's key (pairs: row g + 8 (cc >> 1) holds key 2 g + (cc >> 1))
+          const int key = pairs ? 2 * g + (cc >> 1) : g + 8 * (cc >> 1);
           float x = sv[nr][cc];
           const int64_t j = k0 + key;
           const bool ok =
@@ -1000,9 +1014,16 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold) {
     const int key_dim = rank - 3;  // (b, j, h): j; (row, h): row
     a.ss_block = c.kss_st[key_dim] == hb && c.vss_st[key_dim] == hb;
   }
-  // Folded int4 (ldmatrix): 16-byte key offsets (key_offset16); else 32-byte ones (key_offset).
-  if (fold && f == KvFormat::int4) a.kstr = (hb * c.row_bytes + 112 + 15) / 16 * 16;
-  else a.kstr = (hb * c.row_bytes + 96 + 31) / 32 * 32;
+  // Folded int4 (ldmatrix): 16-byte key offsets (key_offset16), in pairs of keys where adjacent;
+  // else 32-byte ones (key_offset).
+  if (fold && f == KvFormat::int4) {
+    const int64_t pc = static_cast<int64_t>(hb) * c.row_bytes;
+    a.pairs = c.k_st[rank - 3] == pc && c.v_st[rank - 3] == pc;
+    if (a.pairs) a.kstr = (2 * hb * c.row_bytes + 112 + 31) / 32 * 16;
+    else a.kstr = (hb * c.row_bytes + 112 + 15) / 16 * 16;
+  } else {
+    a.kstr = (hb * c.row_bytes + 96 + 31) / 32 * 32;
+  }
   a.stage_bytes = 32 * a.kstr + (f == KvFormat::fp8 ? 32 * 4 * hb : 0);
   // Stages: as many as fit two CTAs per multiprocessor (~110 KB each), 2..4.
   const int budget = 110 * 1024;

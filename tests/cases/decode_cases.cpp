@@ -466,6 +466,9 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 15}, 8, 4, true, true, DType::f16, bf);
   add(shape(F::int4, 4, 2, 257, 4, 128, 256), {257, 47}, 16, 2, true, false, DType::f16, bf);
   add(shape(F::int4, 4, 2, 129, 2, 64, 16), {129, 40}, 4, 2, true, false, DType::f16, bf);
+  // 16 KV heads = 2 head blocks of 8: a key's piece is not next to the next key's (one copy per
+  // key); every other folded int4 case copies keys in pairs.
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, bf);
   add(shape(F::int4, 8, 2, 257, 4, 128, 0), {257, 47}, 4, 1, false, false, DType::f16, bf);
   add(shape(F::int4, 1, 2, 300, 4, 128, 16), {300, 5}, 4, 1, false, true, DType::bf16, bf);
   add(shape(F::fp8, 1, 2, 1001, 4, 128, 0), {1001, 31}, 4, 1, false, false, DType::f16, bf);
