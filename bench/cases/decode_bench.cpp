@@ -31,8 +31,9 @@ struct Shape {
 
 // Which CUDA kernel a row times: plan_decode's choice (the bulk-copy kernel where the layout
 // allows it), the per-warp cp.async-ring kernel ("ring": streaming without bulk_copy), or the bulk
-// kernel with folded scales ("fold": DecodePlan::fold_scales, int4 g4 D 128 and fp8).
-enum class Pick { plan, ring, fold };
+// kernel with folded scales ("fold": DecodePlan::fold_scales = 1, int4 g4 D 128 and fp8; "fold2":
+// fold_scales = 2, int4 codes as magic-number f16 instead of subnormals).
+enum class Pick { plan, ring, fold, fold2 };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -42,7 +43,8 @@ struct Fmt {
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::ring) plan.bulk_copy = false;
-  if (pick == Pick::fold) plan.fold_scales = true;
+  if (pick == Pick::fold) plan.fold_scales = 1;
+  if (pick == Pick::fold2) plan.fold_scales = 2;
 }
 
 int64_t packed_dim(const Fmt& f, int64_t D) {
@@ -255,6 +257,7 @@ class DecodeBench : public BenchCase {
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
       formats.push_back({KvFormat::int4, 4, "int4 g4 fold", Pick::fold});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 fold2", Pick::fold2});
       formats.push_back({KvFormat::fp8, 1, "fp8 fold", Pick::fold});
       formats.push_back({KvFormat::int4, 4, "int4 g4 ring", Pick::ring});
       formats.push_back({KvFormat::fp8, 1, "fp8 ring", Pick::ring});

@@ -95,8 +95,10 @@ struct DecodePlan {
   // c * 2^-24), the scores are sum_g s_g (q_g . c_g) + sum_g z_g sum(q_g); V codes likewise, with
   // P scaled per key (and group) and sum_k z_k p_k added per row. Different roundings from the
   // default (K/V values are not rounded to f16), same tolerance. Other caches ignore it.
-  // docs/decode.md "Folded scales".
-  bool fold_scales = false;
+  // 0: off; 1: int4 codes as f16 subnormals; 2: int4 codes as magic-number f16 (1024 + c, the
+  // offset removed per element on the V side; for tensor cores that flush subnormal inputs); fp8:
+  // any nonzero value. docs/decode.md "Folded scales".
+  int fold_scales = 0;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -199,7 +199,7 @@ struct BulkArgs {
 // words against (0, Q_g) split in two f16); O^T += C^T (P s_g) per group (P scaled per key and
 // group in f16) with sum_k z_k,g p_k accumulated by one more mma per tile, added at the end. fp8:
 // the same with one scale / shift per key (e4m3 -> f16 is exact).
-template <KvFormat F, int D, int NR, int VA, bool FOLD>
+template <KvFormat F, int D, int NR, int VA, int FOLD>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
   constexpr int KS = D / 16;              // k-steps of QK
@@ -213,10 +213,14 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // Alignment of a lane's K / V run in the stage (VA: of every row's code words).
   constexpr int KA = VA < 4 * KW ? VA : (4 * KW < 16 ? 4 * KW : 16);
   constexpr int VAL = VA < 4 * VWN ? VA : (4 * VWN < 16 ? 4 * VWN : 16);
-  constexpr bool kFoldI4 = FOLD && F == KvFormat::int4;  // ldmatrix layout, 4 groups, D 128
-  constexpr bool kFoldF8 = FOLD && F == KvFormat::fp8;
+  constexpr bool kFoldI4 = FOLD != 0 && F == KvFormat::int4;  // ldmatrix layout, 4 groups, D 128
+  constexpr bool kFoldF8 = FOLD != 0 && F == KvFormat::fp8;
+  // Folded int4 with FOLD 2: the codes go to the mma as normal f16 1024 + c / 1024 + 16 c (magic
+  // number, no subnormals): K's offset is removed by the shift-term mma (B = (-1024 Q'_g, Q_g)), V's
+  // by hsub2 / hfma2 per f16x2 (O accumulates over the whole split, so it must not carry it).
+  constexpr bool kMagic = kFoldI4 && FOLD == 2;
   constexpr int NG = 4;                   // groups of the folded int4 path (32 dims each)
-  static_assert(!FOLD || F == KvFormat::fp8 || (F == KvFormat::int4 && D == 128), "fold");
+  static_assert(FOLD == 0 || F == KvFormat::fp8 || (F == KvFormat::int4 && D == 128), "fold");
   static_assert(KW >= 1 && VWN >= 1, "run sizes");
   extern __shared__ __align__(128) char ring[];
   __shared__ __align__(8) uint64_t full[kMaxStages];
@@ -384,6 +388,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   bool rok[NR][2];
   float qsum[NR];   // fold: sum of the row's q as the mma sees it (fp8: row 8 nr + g)
   float qgs[NR][NG];  // fold int4: per group (block) sums of row 8 nr + g
+  float qps[NR][NG];  // fold int4, magic codes: per group sums of the B values (q, q / 16)
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr) {
     const int r = 8 * nr + g;
@@ -393,7 +398,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     const int64_t off = off0 + t * QRUN;
     qsum[nr] = 0.f;
 #pragma unroll
-    for (int G = 0; G < NG; ++G) qgs[nr][G] = 0.f;
+    for (int G = 0; G < NG; ++G) qgs[nr][G] = qps[nr][G] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       float v[4];
@@ -415,6 +420,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         const float2 lo2 = __half22float2(bits_h2(qf[nr][ks][0]));
         const float2 hi2 = __half22float2(bits_h2(qf[nr][ks][1]));
         qgs[nr][ks / 2] += (lo2.x + lo2.y) + 16.f * (hi2.x + hi2.y);
+        qps[nr][ks / 2] += (lo2.x + lo2.y) + (hi2.x + hi2.y);
       } else {
         qf[nr][ks][0] = pack_f32x2(v[0], v[1]);
         qf[nr][ks][1] = pack_f32x2(v[2], v[3]);
@@ -444,18 +450,25 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     qz[nr][0] = qz[nr][1] = 0u;
     qrow[nr][0] = qrow[nr][1] = 0.f;
     if constexpr (kFoldI4) {
-      float mine = 0.f;
+      float mine = 0.f, mine_b = 0.f;
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
-        float x = qgs[nr][G];
+        float x = qgs[nr][G], y = qps[nr][G];
         x += __shfl_xor_sync(0xffffffffu, x, 1);
         x += __shfl_xor_sync(0xffffffffu, x, 2);
+        y += __shfl_xor_sync(0xffffffffu, y, 1);
+        y += __shfl_xor_sync(0xffffffffu, y, 2);
         mine = G == t ? x : mine;
+        mine_b = G == t ? y : mine_b;
       }
       const __half qh = __float2half_rn(mine);
       const __half ql = __float2half_rn(mine - __half2float(qh));
-      qz[nr][0] = h2_bits(__halves2half2(__float2half_rn(0.f), qh));
-      qz[nr][1] = h2_bits(__halves2half2(__float2half_rn(0.f), ql));
+      // the scale half: 0 (subnormal codes) or -1024 Q' (magic codes), also split in two f16
+      const float cn = kMagic ? -1024.f * mine_b : 0.f;
+      const __half ch = __float2half_rn(cn);
+      const __half cl = __float2half_rn(cn - __half2float(ch));
+      qz[nr][0] = h2_bits(__halves2half2(ch, qh));
+      qz[nr][1] = h2_bits(__halves2half2(cl, ql));
     } else if constexpr (kFoldF8) {
       float x = qsum[nr];
       x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -535,8 +548,18 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           w0 >>= 8;
           w1 >>= 8;
         }
-        const uint32_t af[4] = {w0 & 0x000f000fu, w1 & 0x000f000fu, w0 & 0x00f000f0u,
-                                w1 & 0x00f000f0u};
+        uint32_t af[4];
+        if constexpr (kMagic) {
+          af[0] = and_or<0x000f000fu, 0x64006400u>(w0);
+          af[1] = and_or<0x000f000fu, 0x64006400u>(w1);
+          af[2] = and_or<0x00f000f0u, 0x64006400u>(w0);
+          af[3] = and_or<0x00f000f0u, 0x64006400u>(w1);
+        } else {
+          af[0] = w0 & 0x000f000fu;
+          af[1] = w1 & 0x000f000fu;
+          af[2] = w0 & 0x00f000f0u;
+          af[3] = w1 & 0x00f000f0u;
+        }
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(acc[nr][X], af, qf[nr][ks][0], qf[nr][ks][1]);
       }
@@ -552,10 +575,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {
-          float x = sv[nr][cc] * 5.9604644775390625e-8f;  // 2^-24
+          // subnormal codes: acc in units of 2^-24
+          constexpr float kUnit = kMagic ? 1.f : 5.9604644775390625e-8f;
+          float x = sv[nr][cc] * kUnit;
 #pragma unroll
           for (int G = 0; G < NG; ++G) x = fmaf(sc[cc >> 1][G], acc[nr][G][cc], x);
-          sv[nr][cc] = x * (16777216.f * p.qk_scale);
+          sv[nr][cc] = x * ((1.f / kUnit) * p.qk_scale);
         }
     } else {
       uint32_t kcw[2][2];  // int4: coefficient words of the run halves; fp8: scale/shift word
@@ -775,8 +800,20 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
             x0 >>= 8;
             x1 >>= 8;
           }
-          const uint32_t af[4] = {x0 & 0x000f000fu, x0 & 0x00f000f0u, x1 & 0x000f000fu,
-                                  x1 & 0x00f000f0u};
+          uint32_t af[4];
+          if constexpr (kMagic) {  // exact codes (1024 + c) - 1024, (1024 + 16 c) / 16 - 64
+            const __half2 k1024 = bits_h2(0x64006400u), k16th = bits_h2(0x2c002c00u),
+                          km64 = bits_h2(0xd400d400u);
+            af[0] = h2_bits(__hsub2(bits_h2(and_or<0x000f000fu, 0x64006400u>(x0)), k1024));
+            af[1] = h2_bits(__hfma2(bits_h2(and_or<0x00f000f0u, 0x64006400u>(x0)), k16th, km64));
+            af[2] = h2_bits(__hsub2(bits_h2(and_or<0x000f000fu, 0x64006400u>(x1)), k1024));
+            af[3] = h2_bits(__hfma2(bits_h2(and_or<0x00f000f0u, 0x64006400u>(x1)), k16th, km64));
+          } else {
+            af[0] = x0 & 0x000f000fu;
+            af[1] = x0 & 0x00f000f0u;
+            af[2] = x1 & 0x000f000fu;
+            af[3] = x1 & 0x00f000f0u;
+          }
 #pragma unroll
           for (int nr = 0; nr < NR; ++nr)
             ptx::mma_f16(o[2 * G + j][nr], af, pbs[nr][0], pbs[nr][1]);
@@ -898,10 +935,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         float* out = p.part_o + (base_row + r) * D;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          if constexpr (kFoldI4) {  // codes arrived as c 2^-24 (dim d) and 16 c 2^-24 (d + 1)
+          if constexpr (kFoldI4) {  // subnormal codes: c 2^-24 (dim d) and 16 c 2^-24 (d + 1)
             const int d = 32 * (mt / 2) + 4 * g + 2 * (mt % 2);
-            out[d] = fmaf(o[mt][nr][e], 16777216.f, zg[mt / 2]) * inv;
-            out[d + 1] = fmaf(o[mt][nr][e + 2], 1048576.f, zg[mt / 2]) * inv;
+            out[d] = fmaf(o[mt][nr][e], kMagic ? 1.f : 16777216.f, zg[mt / 2]) * inv;
+            out[d + 1] = fmaf(o[mt][nr][e + 2], kMagic ? 1.f : 1048576.f, zg[mt / 2]) * inv;
           } else if constexpr (kFoldF8) {
             const int d = 2 * (g * MT + mt);
             out[d] = (o[mt][nr][e] + zg[0]) * inv;
@@ -918,7 +955,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
 }
 
-template <KvFormat F, int D, int NR, int VA, bool FOLD>
+template <KvFormat F, int D, int NR, int VA, int FOLD>
 void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
   auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD>;
   const int smem = a.nst * a.stage_bytes;
@@ -934,29 +971,31 @@ void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t
   kernel<<<grid, 32 * a.hb, smem, stream>>>(p, a);
 }
 
-template <KvFormat F, int D, int VA, bool FOLD>
+template <KvFormat F, int D, int VA, int FOLD>
 void launch_rows(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
   if (p.R > 8) launch_nr<F, D, 2, VA, FOLD>(p, a, B, stream);
   else launch_nr<F, D, 1, VA, FOLD>(p, a, B, stream);
 }
 
-// fold: only where fold_applies (int4 with 4 groups at D 128, whose code words are 16-byte
+// fold (DecodePlan::fold_scales: 0 off, 1 subnormal codes, 2 magic-number codes; fp8: any
+// nonzero): only where fold_applies (int4 with 4 groups at D 128, whose code words are 16-byte
 // aligned; fp8).
 template <KvFormat F, int D>
-void launch_fd(const DecodeParams& p, const BulkArgs& a, int va, bool fold, int64_t B,
+void launch_fd(const DecodeParams& p, const BulkArgs& a, int va, int fold, int64_t B,
                cudaStream_t stream) {
   if constexpr (F == KvFormat::int4) {
     if constexpr (D == 128) {
-      if (fold) return launch_rows<F, D, 16, true>(p, a, B, stream);
+      if (fold == 2) return launch_rows<F, D, 16, 2>(p, a, B, stream);
+      if (fold) return launch_rows<F, D, 16, 1>(p, a, B, stream);
     }
     dispatch_int<4, 8, 16>(va, "decode_attention", "alignment (bulk kernel)", [&](auto v) {
-      launch_rows<F, D, decltype(v)::value, false>(p, a, B, stream);
+      launch_rows<F, D, decltype(v)::value, 0>(p, a, B, stream);
     });
   } else if constexpr (F == KvFormat::fp8) {
-    if (fold) launch_rows<F, D, 16, true>(p, a, B, stream);
-    else launch_rows<F, D, 16, false>(p, a, B, stream);
+    if (fold) launch_rows<F, D, 16, 1>(p, a, B, stream);
+    else launch_rows<F, D, 16, 0>(p, a, B, stream);
   } else {
-    launch_rows<F, D, 16, false>(p, a, B, stream);
+    launch_rows<F, D, 16, 0>(p, a, B, stream);
   }
 }
 
@@ -1043,10 +1082,10 @@ bool decode_bulk_folds(const KvCache& cache) {
   return fold_applies(cache) && bulk_geometry(cache, true).hb > 0;
 }
 
-void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, bool fold,
+void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
                         cudaStream_t stream) {
-  fold = fold && fold_applies(cache);
-  const BulkArgs a = bulk_geometry(cache, fold);
+  fold = fold_applies(cache) ? fold : 0;
+  const BulkArgs a = bulk_geometry(cache, fold != 0);
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
@@ -1059,7 +1098,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, 
     switch (cache.format) {
       case KvFormat::int4: launch_fd<KvFormat::int4, kD>(p, a, va, fold, B, stream); break;
       case KvFormat::fp8: launch_fd<KvFormat::fp8, kD>(p, a, va, fold, B, stream); break;
-      case KvFormat::f16: launch_fd<KvFormat::f16, kD>(p, a, va, false, B, stream); break;
+      case KvFormat::f16: launch_fd<KvFormat::f16, kD>(p, a, va, 0, B, stream); break;
       default: check::fail("decode_attention", "cache.format", "no bulk kernel for bf16");
     }
   });

@@ -184,9 +184,9 @@ void launch_decode_ring(const DecodeParams& p, KvFormat format, int D, int vec, 
 // bases and strides; fp8 with 4 | Hkv). decode_bulk_heads: heads per CTA (0 = not supported).
 bool decode_bulk_supported(const KvCache& cache);
 int decode_bulk_heads(const KvCache& cache);
-// fold: DecodePlan::fold_scales (where decode_bulk_folds(cache); elsewhere ignored).
+// fold: DecodePlan::fold_scales (0, 1, 2; where decode_bulk_folds(cache), elsewhere ignored).
 bool decode_bulk_folds(const KvCache& cache);
-void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, bool fold,
+void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
                         cudaStream_t stream);
 
 // Widest access (16, 8 or 4 bytes) that every row start of both caches allows.

@@ -138,8 +138,9 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   stream: the per-warp cp.async-ring kernel (streaming without bulk_copy; same roundings);
 //   cuda_cores: the CUDA-core kernel (fp32 arithmetic on the exactly dequantized values);
 //   bulk_fold: the bulk kernel with DecodePlan::fold_scales (int4 g4 D 128 and fp8: scale / shift
-//     folded out of the per-element arithmetic; q and P (times the scales) rounded to f16).
-enum class Kernel { automatic, bulk, stream, cuda_cores, bulk_fold };
+//     folded out of the per-element arithmetic; q and P (times the scales) rounded to f16);
+//   bulk_fold2: the same with fold_scales = 2 (int4 codes as magic-number f16, not subnormals).
+enum class Kernel { automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
 bool streams_by_default(KvFormat f, int D) {
@@ -153,6 +154,7 @@ class DecodeCase : public Case {
       : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt),
         kernel_(kernel),
         f16_math_(kernel == Kernel::bulk || kernel == Kernel::bulk_fold ||
+                  kernel == Kernel::bulk_fold2 ||
                   kernel == Kernel::stream ||
                   (kernel == Kernel::automatic && streams_by_default(cs.format, cs.D))) {}
 
@@ -165,6 +167,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::stream) s += ".stream";
     if (kernel_ == Kernel::cuda_cores) s += ".cuda_cores";
     if (kernel_ == Kernel::bulk_fold) s += ".bulk_fold";
+    if (kernel_ == Kernel::bulk_fold2) s += ".bulk_fold2";
     return s;
   }
 
@@ -209,10 +212,11 @@ class DecodeCase : public Case {
     const TensorView& q = in[kFirstExtra];
     DecodePlan plan = plan_decode(c, Mq_, cs_.H * G_, cs_.D, ctx);
     if (kernel_ != Kernel::automatic) {
-      const bool bulk = kernel_ == Kernel::bulk || kernel_ == Kernel::bulk_fold;
+      const bool bulk = kernel_ == Kernel::bulk || kernel_ == Kernel::bulk_fold ||
+                        kernel_ == Kernel::bulk_fold2;
       plan.streaming = bulk || kernel_ == Kernel::stream;
       plan.bulk_copy = bulk;
-      plan.fold_scales = kernel_ == Kernel::bulk_fold;
+      plan.fold_scales = kernel_ == Kernel::bulk_fold ? 1 : kernel_ == Kernel::bulk_fold2 ? 2 : 0;
     }
     Buffer ws(q.device, workspace_bytes(plan));
     TensorView lse = out[1];
@@ -392,7 +396,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
         std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt, kernel));
   };
   const Kernel st = Kernel::stream, cc = Kernel::cuda_cores;
-  const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold;
+  const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, bf2 = Kernel::bulk_fold2;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -469,6 +473,12 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // 16 KV heads = 2 head blocks of 8: a key's piece is not next to the next key's (one copy per
   // key); every other folded int4 case copies keys in pairs.
   add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, bf);
+  // fold_scales = 2 (magic-number int4 codes): the int4 cases above that differ in layout / rows.
+  add(shape(F::int4, 4, 3, 1001, 8, 128, 0), {1001, 17, 0}, 4, 1, false, false, DType::f16, bf2);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 33}, 2, 3, true, false, DType::bf16, bf2);
+  add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 15}, 8, 4, true, true, DType::f16, bf2);
+  add(shape(F::int4, 4, 2, 257, 4, 128, 256), {257, 47}, 16, 2, true, false, DType::f16, bf2);
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, bf2);
   add(shape(F::int4, 8, 2, 257, 4, 128, 0), {257, 47}, 4, 1, false, false, DType::f16, bf);
   add(shape(F::int4, 1, 2, 300, 4, 128, 16), {300, 5}, 4, 1, false, true, DType::bf16, bf);
   add(shape(F::fp8, 1, 2, 1001, 4, 128, 0), {1001, 31}, 4, 1, false, false, DType::f16, bf);
