@@ -32,8 +32,9 @@ struct Shape {
 // Which CUDA kernel a row times: plan_decode's choice (the bulk-copy kernel where the layout
 // allows it), the per-warp cp.async-ring kernel ("ring": streaming without bulk_copy), or the bulk
 // kernel with folded scales ("fold": DecodePlan::fold_scales = 1, int4 g4 D 128 and fp8; "fold2":
-// fold_scales = 2, int4 codes as magic-number f16 instead of subnormals).
-enum class Pick { plan, ring, fold, fold2 };
+// fold_scales = 2, int4 codes as magic-number f16 instead of subnormals; "exact": fold_scales = 0,
+// the per-element dequantization, plan_decode's int4 choice until session 4).
+enum class Pick { plan, ring, fold, fold2, exact };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -45,6 +46,7 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::ring) plan.bulk_copy = false;
   if (pick == Pick::fold) plan.fold_scales = 1;
   if (pick == Pick::fold2) plan.fold_scales = 2;
+  if (pick == Pick::exact) plan.fold_scales = 0;
 }
 
 int64_t packed_dim(const Fmt& f, int64_t D) {
@@ -250,13 +252,14 @@ class DecodeBench : public BenchCase {
       shapes = {{2, env.quick ? 256 : 1024, 8, 2, 128}};
     }
     // fp16 first: its time is the baseline of the rows after it. Plain rows: plan_decode's kernel
-    // (the bulk-copy kernel); "fold": the bulk kernel with DecodePlan::fold_scales; "ring":
+    // (the bulk-copy kernel; int4 with folded scales); "exact" / "fold2": the other int4
+    // arithmetic; "fp8 fold": fp8 with folded scales; "ring":
     // session 2's per-warp ring kernel, for comparison.
     std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", Pick::plan},
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::int4, 4, "int4 g4 fold", Pick::fold});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 exact", Pick::exact});
       formats.push_back({KvFormat::int4, 4, "int4 g4 fold2", Pick::fold2});
       formats.push_back({KvFormat::fp8, 1, "fp8 fold", Pick::fold});
       formats.push_back({KvFormat::int4, 4, "int4 g4 ring", Pick::ring});

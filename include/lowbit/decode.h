@@ -89,7 +89,7 @@ struct DecodePlan {
   // cp.async.bulk, one warp per head, keys on the mma's M side. false (or another layout) runs the
   // per-warp cp.async-ring kernel. docs/decode.md "Bulk kernel".
   bool bulk_copy = true;
-  // CUDA, bulk kernel only (internal tuning, default false until measured): fold the
+  // CUDA, bulk kernel only (plan_decode sets 1 for int4 caches, 0 otherwise): fold the
   // dequantization scale / shift out of the per-element arithmetic. int4 (4 groups, D 128) and fp8
   // caches: K codes go to the mma as exact f16 values (int4: the nibbles as f16 subnormals
   // c * 2^-24), the scores are sum_g s_g (q_g . c_g) + sum_g z_g sum(q_g); V codes likewise, with
