@@ -33,8 +33,9 @@ struct Shape {
 // allows it), the per-warp cp.async-ring kernel ("ring": streaming without bulk_copy), or the bulk
 // kernel with folded scales ("fold": DecodePlan::fold_scales = 1, int4 g4 D 128 and fp8; "fold2":
 // fold_scales = 2, int4 codes as magic-number f16 instead of subnormals; "exact": fold_scales = 0,
-// the per-element dequantization, plan_decode's int4 choice until session 4).
-enum class Pick { plan, ring, fold, fold2, exact };
+// the per-element dequantization, plan_decode's int4 choice until session 4; "stagger":
+// plan_decode's kernel with bulk_stagger, a rotated tile walk per CTA on contiguous caches).
+enum class Pick { plan, ring, fold, fold2, exact, stagger };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -47,6 +48,7 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::fold) plan.fold_scales = 1;
   if (pick == Pick::fold2) plan.fold_scales = 2;
   if (pick == Pick::exact) plan.fold_scales = 0;
+  if (pick == Pick::stagger) plan.bulk_stagger = true;
 }
 
 int64_t packed_dim(const Fmt& f, int64_t D) {
@@ -262,6 +264,9 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::int4, 4, "int4 g4 exact", Pick::exact});
       formats.push_back({KvFormat::int4, 4, "int4 g4 fold2", Pick::fold2});
       formats.push_back({KvFormat::fp8, 1, "fp8 fold", Pick::fold});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 stagger", Pick::stagger});
+      formats.push_back({KvFormat::fp8, 1, "fp8 stagger", Pick::stagger});
+      formats.push_back({KvFormat::f16, 1, "fp16 stagger", Pick::stagger});
       formats.push_back({KvFormat::int4, 4, "int4 g4 ring", Pick::ring});
       formats.push_back({KvFormat::fp8, 1, "fp8 ring", Pick::ring});
       formats.push_back({KvFormat::f16, 1, "fp16 ring", Pick::ring});
@@ -275,6 +280,7 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
+          if (f.pick == Pick::stagger && page) continue;  // (paged caches ignore bulk_stagger)
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -99,6 +99,10 @@ struct DecodePlan {
   // offset removed per element on the V side; for tensor cores that flush subnormal inputs); fp8:
   // any nonzero value. docs/decode.md "Folded scales".
   int fold_scales = 0;
+  // CUDA, bulk kernel, contiguous caches (internal tuning, default false until measured): each CTA
+  // walks its split's key tiles from a rotated start so a wave's CTAs do not read the same offsets
+  // of their regions at once. Changes the summation order (rounding) only.
+  bool bulk_stagger = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

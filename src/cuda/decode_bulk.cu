@@ -188,6 +188,11 @@ struct BulkArgs {
   // (the mma's key row) holds key 2 (r % 8) + r / 8, so the 8 rows of an ldmatrix phase are 8
   // different pairs (disjoint banks by key_offset16 over pairs).
   bool pairs = false;
+  // Contiguous caches (DecodePlan::bulk_stagger): each CTA walks its split's tiles from a rotated
+  // start (tile (it + rot) mod n_tiles), so the CTAs of one wave do not all read the same offset
+  // of their 2 MB regions at the same time (contiguous fp8 / fp16 ran 3-7 % slower than paged in
+  // H200 run 6). Changes the order of the online softmax, i.e. the rounding.
+  bool stagger = false;
 };
 
 // FOLD (DecodePlan::fold_scales; int4 with 4 groups at D 128, fp8): the scale / shift leave the
@@ -348,8 +353,17 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   }
   my_src += my_key * my_st;
   // Issues tile n (the next in order, n < n_tiles) into stage s (= n mod NST).
+  // Stagger (contiguous only): tile n of the walk is tile (n + rot) mod n_tiles of the split.
+  const int rot = a.stagger && !c.block_tables && n_tiles > 1
+                      ? static_cast<int>((static_cast<int64_t>(blockIdx.z) * p.S + split) * 37 %
+                                         n_tiles)
+                      : 0;
+  auto tile_of = [&](int n) {
+    const int tn = n + rot;
+    return tn >= n_tiles ? tn - n_tiles : tn;
+  };
   auto issue = [&](int n, int s) {  // every warp
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(n));
     int64_t base = k0;
     int64_t nk = min(hi - k0, int64_t{16});
     if (c.block_tables) {
@@ -520,7 +534,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = ring_s + s * stage_bytes;
     const int nk = cnt[s];
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(it));
 
     // ---- S^T = K q^T (keys g, g + 8 x rows 8 nr + 2t + {0, 1}) ----
     float sv[NR][4];
@@ -1083,9 +1097,10 @@ bool decode_bulk_folds(const KvCache& cache) {
 }
 
 void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
-                        cudaStream_t stream) {
+                        bool stagger, cudaStream_t stream) {
   fold = fold_applies(cache) ? fold : 0;
-  const BulkArgs a = bulk_geometry(cache, fold != 0);
+  BulkArgs a = bulk_geometry(cache, fold != 0);
+  a.stagger = stagger;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,

@@ -186,8 +186,9 @@ bool decode_bulk_supported(const KvCache& cache);
 int decode_bulk_heads(const KvCache& cache);
 // fold: DecodePlan::fold_scales (0, 1, 2; where decode_bulk_folds(cache), elsewhere ignored).
 bool decode_bulk_folds(const KvCache& cache);
+// stagger: DecodePlan::bulk_stagger.
 void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
-                        cudaStream_t stream);
+                        bool stagger, cudaStream_t stream);
 
 // Widest access (16, 8 or 4 bytes) that every row start of both caches allows.
 inline int row_vector_bytes(const KvCache& c) {

@@ -139,8 +139,10 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   cuda_cores: the CUDA-core kernel (fp32 arithmetic on the exactly dequantized values);
 //   bulk_fold: the bulk kernel with DecodePlan::fold_scales (int4 g4 D 128 and fp8: scale / shift
 //     folded out of the per-element arithmetic; q and P (times the scales) rounded to f16);
-//   bulk_fold2: the same with fold_scales = 2 (int4 codes as magic-number f16, not subnormals).
-enum class Kernel { automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2 };
+//   bulk_fold2: the same with fold_scales = 2 (int4 codes as magic-number f16, not subnormals);
+//   bulk_stagger: the bulk kernel with plan_decode's arithmetic and bulk_stagger (contiguous
+//     caches: each CTA starts its walk over the split's tiles at a rotated tile).
+enum class Kernel { automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
 bool streams_by_default(KvFormat f, int D) {
@@ -154,7 +156,7 @@ class DecodeCase : public Case {
       : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt),
         kernel_(kernel),
         f16_math_(kernel == Kernel::bulk || kernel == Kernel::bulk_fold ||
-                  kernel == Kernel::bulk_fold2 ||
+                  kernel == Kernel::bulk_fold2 || kernel == Kernel::bulk_stagger ||
                   kernel == Kernel::stream ||
                   (kernel == Kernel::automatic && streams_by_default(cs.format, cs.D))) {}
 
@@ -168,6 +170,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::cuda_cores) s += ".cuda_cores";
     if (kernel_ == Kernel::bulk_fold) s += ".bulk_fold";
     if (kernel_ == Kernel::bulk_fold2) s += ".bulk_fold2";
+    if (kernel_ == Kernel::bulk_stagger) s += ".bulk_stagger";
     return s;
   }
 
@@ -213,10 +216,14 @@ class DecodeCase : public Case {
     DecodePlan plan = plan_decode(c, Mq_, cs_.H * G_, cs_.D, ctx);
     if (kernel_ != Kernel::automatic) {
       const bool bulk = kernel_ == Kernel::bulk || kernel_ == Kernel::bulk_fold ||
-                        kernel_ == Kernel::bulk_fold2;
+                        kernel_ == Kernel::bulk_fold2 || kernel_ == Kernel::bulk_stagger;
       plan.streaming = bulk || kernel_ == Kernel::stream;
       plan.bulk_copy = bulk;
-      plan.fold_scales = kernel_ == Kernel::bulk_fold ? 1 : kernel_ == Kernel::bulk_fold2 ? 2 : 0;
+      plan.fold_scales = kernel_ == Kernel::bulk_fold    ? 1
+                         : kernel_ == Kernel::bulk_fold2   ? 2
+                         : kernel_ == Kernel::bulk_stagger ? plan.fold_scales
+                                                           : 0;
+      plan.bulk_stagger = kernel_ == Kernel::bulk_stagger;
     }
     Buffer ws(q.device, workspace_bytes(plan));
     TensorView lse = out[1];
@@ -397,6 +404,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   };
   const Kernel st = Kernel::stream, cc = Kernel::cuda_cores;
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, bf2 = Kernel::bulk_fold2;
+  const Kernel bs = Kernel::bulk_stagger;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -479,6 +487,16 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 15}, 8, 4, true, true, DType::f16, bf2);
   add(shape(F::int4, 4, 2, 257, 4, 128, 256), {257, 47}, 16, 2, true, false, DType::f16, bf2);
   add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, bf2);
+  // bulk_stagger (contiguous caches: rotated tile walk; paged: ignored): many tiles per split with
+  // a partial tile (L 2100 / 1001 / 523), empty and 1-key sequences, causal Mq > 1, bias, every
+  // bulk format; one paged case (the flag must be ignored there).
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1001, 0}, 4, 1, false, false, DType::f16, bs);
+  add(shape(F::int4, 4, 2, 1001, 2, 128, 0), {1001, 17}, 8, 2, true, true, DType::bf16, bs);
+  add(shape(F::int4, 2, 2, 523, 4, 64, 0), {523, 1}, 4, 1, false, false, DType::f16, bs);
+  add(shape(F::fp8, 1, 2, 2100, 8, 128, 0), {2100, 523}, 4, 3, true, false, DType::f16, bs);
+  add(shape(F::fp8, 1, 2, 1001, 4, 64, 0), {1001, 31}, 2, 1, false, true, DType::f16, bs);
+  add(shape(F::f16, 1, 2, 2100, 4, 128, 0), {2100, 47}, 4, 1, false, false, DType::f16, bs);
+  add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 33}, 4, 1, false, false, DType::f16, bs);
   add(shape(F::int4, 8, 2, 257, 4, 128, 0), {257, 47}, 4, 1, false, false, DType::f16, bf);
   add(shape(F::int4, 1, 2, 300, 4, 128, 16), {300, 5}, 4, 1, false, true, DType::bf16, bf);
   add(shape(F::fp8, 1, 2, 1001, 4, 128, 0), {1001, 31}, 4, 1, false, false, DType::f16, bf);
