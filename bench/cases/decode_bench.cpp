@@ -30,10 +30,12 @@ struct Shape {
 };
 
 // Which CUDA kernel a row times: plan_decode's choice (the bulk-copy kernel where the layout
-// allows it), the per-warp cp.async-ring kernel ("ring": streaming without bulk_copy), the older
-// smem-ring tensor-core kernel ("tc": streaming off, tensor_cores on), or round 1's
-// register-streaming kernel ("regs": streaming with stream_registers).
-enum class Pick { plan, ring, tc, regs };
+// allows it), the per-warp cp.async-ring kernel ("ring": streaming without bulk_copy), or the bulk
+// kernel with folded scales ("fold": DecodePlan::fold_scales = 1, int4 g4 D 128 and fp8; "fold2":
+// fold_scales = 2, int4 codes as magic-number f16 instead of subnormals; "exact": fold_scales = 0,
+// the per-element dequantization, plan_decode's int4 choice until session 4; "stagger":
+// plan_decode's kernel with bulk_stagger, a rotated tile walk per CTA on contiguous caches).
+enum class Pick { plan, ring, fold, fold2, exact, stagger };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -42,14 +44,11 @@ struct Fmt {
 };
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
-  if (pick == Pick::tc) {
-    plan.streaming = false;
-    plan.tensor_cores = true;
-  } else if (pick == Pick::regs) {
-    plan.stream_registers = true;
-  } else if (pick == Pick::ring) {
-    plan.bulk_copy = false;
-  }
+  if (pick == Pick::ring) plan.bulk_copy = false;
+  if (pick == Pick::fold) plan.fold_scales = 1;
+  if (pick == Pick::fold2) plan.fold_scales = 2;
+  if (pick == Pick::exact) plan.fold_scales = 0;
+  if (pick == Pick::stagger) plan.bulk_stagger = true;
 }
 
 int64_t packed_dim(const Fmt& f, int64_t D) {
@@ -194,12 +193,30 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
   put(pos.view.data, zeros.data(), B * 4);
   put(q.view.data, qh.data(), qh.size() * 2);
   kv_append(bc.c, kn.view, vn.view, pos.view, ctx);
-  DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(Hq), static_cast<int>(D), ctx);
-  choose_kernel(plan, f.pick);
-  Buffer ws(dev, workspace_bytes(plan));
-  decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
-  if (dev == Device::cuda) synchronize(ctx);
-  std::vector<float> got = to_host_f32(out.view);
+  // The variant's output and, for a non-default pick, plan_decode's kernel's output (bits compared).
+  auto run_pick = [&](Pick pick) {
+    DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(Hq), static_cast<int>(D), ctx);
+    choose_kernel(plan, pick);
+    Buffer ws(dev, workspace_bytes(plan));
+    decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
+    if (dev == Device::cuda) synchronize(ctx);
+    return to_host_f32(out.view);
+  };
+  std::vector<float> got = run_pick(f.pick);
+  std::string vs_default;
+  if (f.pick != Pick::plan) {
+    const std::vector<float> def = run_pick(Pick::plan);
+    double max_diff = 0;
+    size_t n_diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::memcmp(&got[i], &def[i], sizeof(float)) != 0) ++n_diff;
+      max_diff = std::max(max_diff, std::fabs(double(got[i]) - def[i]));
+    }
+    std::ostringstream d;
+    if (n_diff == 0) d << "; bits = default kernel's";
+    else d << "; differs from default kernel: " << n_diff << " values, max |d| " << max_diff;
+    vs_default = d.str();
+  }
   std::vector<double> ref(got.size());
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   std::vector<double> p(L);
@@ -222,7 +239,7 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
           for (int64_t d = 0; d < D; ++d) o[d] += p[j] / sum * vr[d];
         }
       }
-  return accuracy(got, ref).str() + " @(2, 2048)";
+  return accuracy(got, ref).str() + " @(2, 2048)" + vs_default;
 }
 
 class DecodeBench : public BenchCase {
@@ -237,13 +254,19 @@ class DecodeBench : public BenchCase {
       shapes = {{2, env.quick ? 256 : 1024, 8, 2, 128}};
     }
     // fp16 first: its time is the baseline of the rows after it. Plain rows: plan_decode's kernel
-    // (the bulk-copy kernel); "ring": session 2's per-warp ring kernel, for comparison (the "regs"
-    // and "tc" kernels were slower than the ring at every shape in session 2 and are left out to
-    // keep the run short; Pick::regs / Pick::tc still select them).
+    // (the bulk-copy kernel; int4 with folded scales); "exact" / "fold2": the other int4
+    // arithmetic; "fp8 fold": fp8 with folded scales; "ring":
+    // session 2's per-warp ring kernel, for comparison.
     std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", Pick::plan},
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
+      formats.push_back({KvFormat::int4, 4, "int4 g4 exact", Pick::exact});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 fold2", Pick::fold2});
+      formats.push_back({KvFormat::fp8, 1, "fp8 fold", Pick::fold});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 stagger", Pick::stagger});
+      formats.push_back({KvFormat::fp8, 1, "fp8 stagger", Pick::stagger});
+      formats.push_back({KvFormat::f16, 1, "fp16 stagger", Pick::stagger});
       formats.push_back({KvFormat::int4, 4, "int4 g4 ring", Pick::ring});
       formats.push_back({KvFormat::fp8, 1, "fp8 ring", Pick::ring});
       formats.push_back({KvFormat::f16, 1, "fp16 ring", Pick::ring});
@@ -257,6 +280,7 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
+          if (f.pick == Pick::stagger && page) continue;  // (paged caches ignore bulk_stagger)
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

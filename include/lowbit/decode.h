@@ -73,26 +73,36 @@ struct DecodePlan {
   int n_splits = 1;                     // key chunks per (batch, kv head)
   int64_t split_size = 0;               // keys per chunk, a multiple of 16
   int multiprocessors = 0;              // what the plan was made for (0 on the CPU)
-  // CUDA: run the tensor-core (mma.sync, f16 operands, fp32 accumulation) kernel where it exists
-  // (int4, fp8, f16 caches; D 64, 128); elsewhere, and on the CPU, ignored. plan_decode sets it
-  // for fp8 caches (faster at every measured H200 shape); for int4 and f16 it is opt-in (faster
-  // at the bench shapes but slower at B=8, L=8192 in bench/python_gpu_check.py); docs/decode.md.
+  // CUDA: no effect since session 4 (the smem-ring tensor-core kernel it selected, with
+  // streaming off, was retired: slower than the ring / bulk kernels at every measured shape).
+  // plan_decode still sets it for fp8 caches; kept for source compatibility.
   bool tensor_cores = false;
-  // CUDA: run the bandwidth-first streaming kernel (no shared-memory staging of K/V, warps stream
-  // their own keys into mma fragments; int4, fp8, f16 caches; D 64, 128). plan_decode sets it
-  // where it applies, with more, shorter splits; it takes precedence over tensor_cores. False
-  // selects the older kernels (tensor_cores, else the CUDA-core kernel). docs/decode.md.
+  // CUDA: run the streaming kernels (the bulk-copy kernel below, else the per-warp cp.async-ring
+  // kernel; int4, fp8, f16 caches; D 64, 128). plan_decode sets it where it applies, with more,
+  // shorter splits. False (and D 256, bf16) runs the CUDA-core kernel. docs/decode.md.
   bool streaming = false;
-  // CUDA, with streaming: false (default) runs the cp.async-ring kernel (each warp streams its
-  // key groups through a private shared-memory ring, no CTA barriers); true runs session 2 round
-  // 1's register-streaming kernel (loads straight into mma fragments), kept as a fallback.
+  // CUDA: no effect since session 4 (round 1's register-streaming kernel it selected was
+  // retired); kept for source compatibility.
   bool stream_registers = false;
-  // CUDA, with streaming and not stream_registers: true (default) runs the bulk-copy kernel where
-  // the cache layout allows it (int4 / fp8 / f16, D 64 / 128, heads adjacent, 16-byte aligned
+  // CUDA, with streaming: true (default) runs the bulk-copy kernel where the cache layout allows it (int4 / fp8 / f16, D 64 / 128, heads adjacent, 16-byte aligned
   // strides; fp8 needs 4 | Hkv): one CTA streams contiguous 16-key tiles of up to 8 KV heads with
   // cp.async.bulk, one warp per head, keys on the mma's M side. false (or another layout) runs the
   // per-warp cp.async-ring kernel. docs/decode.md "Bulk kernel".
   bool bulk_copy = true;
+  // CUDA, bulk kernel only (plan_decode sets 1 for int4 caches, 0 otherwise): fold the
+  // dequantization scale / shift out of the per-element arithmetic. int4 (4 groups, D 128) and fp8
+  // caches: K codes go to the mma as exact f16 values (int4: the nibbles as f16 subnormals
+  // c * 2^-24), the scores are sum_g s_g (q_g . c_g) + sum_g z_g sum(q_g); V codes likewise, with
+  // P scaled per key (and group) and sum_k z_k p_k added per row. Different roundings from the
+  // default (K/V values are not rounded to f16), same tolerance. Other caches ignore it.
+  // 0: off; 1: int4 codes as f16 subnormals; 2: int4 codes as magic-number f16 (1024 + c, the
+  // offset removed per element on the V side; for tensor cores that flush subnormal inputs); fp8:
+  // any nonzero value. docs/decode.md "Folded scales".
+  int fold_scales = 0;
+  // CUDA, bulk kernel, contiguous caches (internal tuning, default false until measured): each CTA
+  // walks its split's key tiles from a rotated start so a wave's CTAs do not read the same offsets
+  // of their regions at once. Changes the summation order (rounding) only.
+  bool bulk_stagger = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

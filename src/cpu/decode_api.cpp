@@ -246,10 +246,12 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   splits = std::max<int64_t>(1, std::min(splits, ceil_div64(len, min_split)));
   p.split_size = ceil_div64(ceil_div64(len, splits), 16) * 16;
   p.n_splits = static_cast<int>(ceil_div64(len, p.split_size));
-  // Without streaming (an explicit choice), fp8 caches take the tensor-core kernel: on the H200
-  // (2026-11-29) it passed the harness and was faster than the CUDA-core kernel at all nine bench
-  // configurations (1.0-2.5x; docs/decode.md).
+  // (No effect since session 4: the tensor-core kernel it selected was retired.)
   p.tensor_cores = p.device == Device::cuda && p.format == KvFormat::fp8 && (D == 64 || D == 128);
+  // Folded scales for int4 caches with 4 groups at D 128 (H200 run 6, 2026-11-30: every harness
+  // case passed; B 64, L 8192: 0.201 ms against 0.242 ms for the per-element dequantization, same
+  // accuracy). fp8 keeps the per-element arithmetic (folding was not faster there).
+  p.fold_scales = p.device == Device::cuda && p.format == KvFormat::int4 ? 1 : 0;
   return p;
 }
 

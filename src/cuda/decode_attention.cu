@@ -522,18 +522,15 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   p.causal = causal;
   p.vec = row_vector_bytes(cache);
   cudaStream_t stream = stream_of(ctx);
-  if (plan.streaming && !plan.stream_registers && plan.bulk_copy &&
-      decode_bulk_supported(cache)) {
-    launch_decode_bulk(p, cache, plan.batch, stream);
-  } else if (plan.streaming && !plan.stream_registers &&
-             decode_stream_supported(cache.format, plan.head_dim)) {
+  // Session 4: round 1's register-streaming kernel (DecodePlan::stream_registers) and the
+  // smem-ring tensor-core kernel (streaming off, tensor_cores on) were retired (slower than the
+  // ring kernel at every measured shape, and no plan_decode default reached them): those flags
+  // no longer change the kernel. docs/decode.md.
+  if (plan.streaming && plan.bulk_copy && decode_bulk_supported(cache)) {
+    launch_decode_bulk(p, cache, plan.batch, plan.fold_scales, plan.bulk_stagger, stream);
+  } else if (plan.streaming && decode_ring_supported(cache.format, plan.head_dim)) {
     launch_decode_ring(p, cache.format, plan.head_dim, ring_vector_bytes(cache), plan.batch,
                        stream);
-  } else if (plan.streaming && decode_stream_supported(cache.format, plan.head_dim)) {
-    launch_decode_stream(p, cache.format, plan.head_dim, stream_vector_bytes(cache), plan.batch,
-                         stream);
-  } else if (plan.tensor_cores && decode_mma_supported(cache.format, plan.head_dim)) {
-    launch_decode_mma(p, cache.format, plan.head_dim, plan.batch, stream);
   } else {
     const int D = plan.head_dim;
     const int64_t B = plan.batch;

@@ -55,6 +55,36 @@ __device__ __forceinline__ uint32_t e4m3x2(uint32_t v16) {
       __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
   return h2_bits(__half2(r));
 }
+// (x & M) | C in one LOP3 (written as C++ the compiler emits an AND and an OR: two ALU-pipe
+// instructions per f16x2 in H200 run 5's profile of the int4 instantiation).
+template <uint32_t M, uint32_t C>
+__device__ __forceinline__ uint32_t and_or(uint32_t x) {
+  uint32_t y;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;\n" : "=r"(y) : "r"(x), "n"(M), "n"(C));
+  return y;
+}
+// 2^x with subnormal results flushed to 0 (one MUFU; exp2f adds a range fix-up of 4 instructions).
+// Only p = 2^(s - max) < 2^-126 differ, which round to f16 0 in P anyway.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+// ldmatrix x4 (b16): lane l gives the address of row l % 8 of matrix l / 8 (16 bytes); register i
+// gets matrix i's (row g, 32-bit word t) (plain) or (rows 2t, 2t + 1; 16-bit column g) (trans).
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
+}
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -137,14 +167,44 @@ __host__ __device__ __forceinline__ int key_offset(int i, int kstr) {
   return i * kstr + 32 * pad;
 }
 
+// The folded int4 layout (ldmatrix reads 16-byte rows of 8 keys at once): (offset mod 128) / 16 =
+// i mod 8, so the 8 rows of one ldmatrix phase hit disjoint banks. kstr: a multiple of 16, >= piece
+// bytes + 112.
+__host__ __device__ __forceinline__ int key_offset16(int i, int kstr) {
+  const int pad = ((i & 7) - i * (kstr / 16)) & 7;
+  return i * kstr + 16 * pad;
+}
+
 struct BulkArgs {
   int hb = 1;            // heads per CTA (= warps)
   int nst = 2;           // stages
   int kstr = 0;          // stage stride of key pieces, bytes
   int stage_bytes = 0;   // K block, V block (16 * kstr each), fp8: kss, vss blocks (16 * hb words)
+  // fp8: the scale/shift pieces of consecutive keys are adjacent (key stride = hb words, i.e. all
+  // Hkv heads in the CTA): one copy per tile for K's and one for V's instead of 16 each.
+  bool ss_block = false;
+  // Folded int4: keys 2i and 2i + 1 are adjacent in global memory (key stride = hb * row bytes) and
+  // copied together into pair i (stride 2 kstr): 16 copies per tile instead of 32. Stage row r
+  // (the mma's key row) holds key 2 (r % 8) + r / 8, so the 8 rows of an ldmatrix phase are 8
+  // different pairs (disjoint banks by key_offset16 over pairs).
+  bool pairs = false;
+  // Contiguous caches (DecodePlan::bulk_stagger): each CTA walks its split's tiles from a rotated
+  // start (tile (it + rot) mod n_tiles), so the CTAs of one wave do not all read the same offset
+  // of their 2 MB regions at the same time (contiguous fp8 / fp16 ran 3-7 % slower than paged in
+  // H200 run 6). Changes the order of the online softmax, i.e. the rounding.
+  bool stagger = false;
 };
 
-template <KvFormat F, int D, int NR, int VA>
+// FOLD (DecodePlan::fold_scales; int4 with 4 groups at D 128, fp8): the scale / shift leave the
+// per-element arithmetic (docs/decode.md "Folded scales"). int4: K and V codes are read with
+// ldmatrix (16-byte rows of 8 keys: K plain, V transposed, so that one k-step of QK and one m-tile
+// of PV stay inside one 32-dim group) and go to the mma as f16 subnormals (x & 0x000f000f =
+// c 2^-24, x & 0x00f000f0 = 16 c 2^-24: one LOP3 per f16x2); S = 2^24 sum_g s_g acc_g +
+// sum_g z_g Q_g (one accumulator per group; the z term is one more mma of the raw (scale, shift)
+// words against (0, Q_g) split in two f16); O^T += C^T (P s_g) per group (P scaled per key and
+// group in f16) with sum_k z_k,g p_k accumulated by one more mma per tile, added at the end. fp8:
+// the same with one scale / shift per key (e4m3 -> f16 is exact).
+template <KvFormat F, int D, int NR, int VA, int FOLD>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
   constexpr int KS = D / 16;              // k-steps of QK
@@ -158,6 +218,14 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // Alignment of a lane's K / V run in the stage (VA: of every row's code words).
   constexpr int KA = VA < 4 * KW ? VA : (4 * KW < 16 ? 4 * KW : 16);
   constexpr int VAL = VA < 4 * VWN ? VA : (4 * VWN < 16 ? 4 * VWN : 16);
+  constexpr bool kFoldI4 = FOLD != 0 && F == KvFormat::int4;  // ldmatrix layout, 4 groups, D 128
+  constexpr bool kFoldF8 = FOLD != 0 && F == KvFormat::fp8;
+  // Folded int4 with FOLD 2: the codes go to the mma as normal f16 1024 + c / 1024 + 16 c (magic
+  // number, no subnormals): K's offset is removed by the shift-term mma (B = (-1024 Q'_g, Q_g)), V's
+  // by hsub2 / hfma2 per f16x2 (O accumulates over the whole split, so it must not carry it).
+  constexpr bool kMagic = kFoldI4 && FOLD == 2;
+  constexpr int NG = 4;                   // groups of the folded int4 path (32 dims each)
+  static_assert(FOLD == 0 || F == KvFormat::fp8 || (F == KvFormat::int4 && D == 128), "fold");
   static_assert(KW >= 1 && VWN >= 1, "run sizes");
   extern __shared__ __align__(128) char ring[];
   __shared__ __align__(8) uint64_t full[kMaxStages];
@@ -182,6 +250,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
+  // Offset of key i's piece in a stage's K (or V) block.
+  const bool pairs = kFoldI4 && a.pairs;
+  auto koffset = [&](int i) {
+    if (pairs) return key_offset16(i & 7, 2 * kstr) + (i >> 3) * HB * rb;
+    return kFoldI4 ? key_offset16(i, kstr) : key_offset(i, kstr);
+  };
 
   // Zero the ring (absent keys' V rows must be finite), init the barriers.
   for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
@@ -239,12 +313,57 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // K, V, K scale/shift, V scale/shift), and the warp's lane 0 arms the stage's mbarrier (count =
   // HB arrivals) with the bytes of the warp's own copies. Spreading them matters: the compiler
   // issues a warp's bulk copies one lane at a time (uniform operands), and with warp 0 issuing all
-  // 32 the other warps waited at the tile barrier (39 % of stall samples in H200 run 2).
-  constexpr int kCopies = F == KvFormat::fp8 ? 64 : 32;
-  const int per_warp = kCopies / HB;
+  // 32 the other warps waited at the tile barrier (39 % of stall samples in H200 run 2). One call
+  // site (source, stride and destination chosen per lane) so the per-lane loop is not duplicated
+  // per kind.
+  // fp8 with ss_block: copies 32 / 33 are the tile's whole K / V scale/shift blocks (nk pieces).
+  // Folded int4 with pairs: copy ci = K (ci < 8) / V pair ci % 8 (keys 2 (ci % 8), + 1).
+  // A copy covers my_n keys from logical key my_key (those < nk).
+  const bool ss_block = F == KvFormat::fp8 && a.ss_block;
+  const int n_copies = F == KvFormat::fp8 ? (ss_block ? 34 : 64) : pairs ? 16 : 32;
+  const int per_warp = (n_copies + HB - 1) / HB;
+  const int my_ci = warp + HB * lane;
+  const bool my_whole = ss_block && my_ci >= 32;  // a whole scale/shift block
+  const int my_n = my_whole ? 16 : pairs ? 2 : 1;
+  const int my_key = my_whole ? 0 : pairs ? 2 * (my_ci & 7) : my_ci & 15;
+  const int my_row = pairs ? (my_ci & 7) : my_key;  // its stage row
+  const int my_kind = my_whole ? 2 + (my_ci - 32) : pairs ? my_ci >> 3 : my_ci >> 4;
+  const bool my_lane = lane < per_warp && my_ci < n_copies;
+  const uint32_t my_size =
+      my_kind < 2 ? static_cast<uint32_t>(piece) : static_cast<uint32_t>(ss_piece);
+  const char* my_src;
+  int64_t my_st;
+  uint32_t my_dst;
+  if (my_kind == 0) {
+    my_src = kbase;
+    my_st = kst;
+    my_dst = koffset(my_row);
+  } else if (my_kind == 1) {
+    my_src = vbase;
+    my_st = vst;
+    my_dst = 16 * kstr + koffset(my_row);
+  } else if (F == KvFormat::fp8) {
+    my_src = reinterpret_cast<const char*>(my_kind == 2 ? kssb : vssb);
+    my_st = 4 * (my_kind == 2 ? kssst : vssst);
+    my_dst = 32 * kstr + (my_kind == 3 ? 16 * ss_piece : 0) + my_key * ss_piece;
+  } else {  // no such copies (lanes past per_warp)
+    my_src = kbase;
+    my_st = 0;
+    my_dst = 0;
+  }
+  my_src += my_key * my_st;
   // Issues tile n (the next in order, n < n_tiles) into stage s (= n mod NST).
+  // Stagger (contiguous only): tile n of the walk is tile (n + rot) mod n_tiles of the split.
+  const int rot = a.stagger && !c.block_tables && n_tiles > 1
+                      ? static_cast<int>((static_cast<int64_t>(blockIdx.z) * p.S + split) * 37 %
+                                         n_tiles)
+                      : 0;
+  auto tile_of = [&](int n) {
+    const int tn = n + rot;
+    return tn >= n_tiles ? tn - n_tiles : tn;
+  };
   auto issue = [&](int n, int s) {  // every warp
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(n));
     int64_t base = k0;
     int64_t nk = min(hi - k0, int64_t{16});
     if (c.block_tables) {
@@ -260,54 +379,71 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
-    const uint32_t st = ring_s + s * stage_bytes;
-    const int ci = warp + HB * lane;
-    const int key = ci & 15, kind = ci >> 4;
-    const bool mine = lane < per_warp && key < nk;
-    const uint32_t size = kind < 2 ? static_cast<uint32_t>(piece) : static_cast<uint32_t>(ss_piece);
+    const bool mine = my_lane && my_key < nk;
+    const uint32_t size = static_cast<uint32_t>(min(nk - my_key, int64_t{my_n})) * my_size;
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? size : 0u);
     if (lane == 0) {
       if (warp == 0) cnt[s] = static_cast<int>(nk);
       mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
-    if (mine) {
-      if (kind == 0) {
-        bulk_copy(st + key_offset(key, kstr), kbase + (base + key) * kst, size, bar);
-      } else if (kind == 1) {
-        bulk_copy(st + 16 * kstr + key_offset(key, kstr), vbase + (base + key) * vst, size, bar);
-      } else if constexpr (F == KvFormat::fp8) {
-        const uint32_t* ss = kind == 2 ? kssb + (base + key) * kssst : vssb + (base + key) * vssst;
-        bulk_copy(st + 32 * kstr + (kind == 3 ? 16 * ss_piece : 0) + key * ss_piece, ss, size, bar);
-      }
-    }
+    if (mine) bulk_copy(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
   };
   for (int n = 0; n < NST && n < n_tiles; ++n) issue(n, n);
 
   // ---- q as B fragments: (k-pos 2t, 2t+1 | 2t+8, 2t+9; query row 8 nr + g), f16 ----
   // The contraction order is the K A fragment's: lane t's run [t QRUN, (t+1) QRUN) of the dims;
   // k-step ks holds run positions int4: 8 (ks / 2) + 2 (ks % 2) + {0, 4 | 1, 5}, else 4 ks +
-  // {0, 1 | 2, 3}.
+  // {0, 1 | 2, 3}. Folded int4: k-step ks = 2 X + j reads word t of the 16-byte block X (dims
+  // 32 X + 8 t + [0, 8)): b0 = dims + 2j + {0, 4} (low nibbles), b1 = dims + 2j + {1, 5} / 16
+  // (high nibbles, which arrive as 16 c).
   uint32_t qf[NR][KS][2];
   int mrow[NR][2], grow[NR][2];
   bool rok[NR][2];
+  float qsum[NR];   // fold: sum of the row's q as the mma sees it (fp8: row 8 nr + g)
+  float qgs[NR][NG];  // fold int4: per group (block) sums of row 8 nr + g
+  float qps[NR][NG];  // fold int4, magic codes: per group sums of the B values (q, q / 16)
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr) {
     const int r = 8 * nr + g;
     const bool ok = r < rows;
     const int rr = r0 + r, m = ok ? rr / p.G : 0, gq = ok ? rr % p.G : 0;
-    const int64_t off = b * p.q_st[0] + m * p.q_st[1] + h * p.q_st[2] + gq * p.q_st[3] + t * QRUN;
+    const int64_t off0 = b * p.q_st[0] + m * p.q_st[1] + h * p.q_st[2] + gq * p.q_st[3];
+    const int64_t off = off0 + t * QRUN;
+    qsum[nr] = 0.f;
+#pragma unroll
+    for (int G = 0; G < NG; ++G) qgs[nr][G] = qps[nr][G] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       float v[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int pos = F == KvFormat::int4 ? 8 * (ks / 2) + 2 * (ks % 2) + (e >> 1) + 4 * (e & 1)
-                                            : 4 * ks + e;
-        v[e] = ok ? load_q(p.q, off + pos, p.q_dtype) : 0.f;
+        int64_t at;
+        if constexpr (kFoldI4) {
+          at = off0 + 32 * (ks / 2) + 8 * t + 2 * (ks % 2) + (e >> 1) + 4 * (e & 1);
+        } else {
+          const int pos = F == KvFormat::int4 ? 8 * (ks / 2) + 2 * (ks % 2) + (e >> 1) + 4 * (e & 1)
+                                              : 4 * ks + e;
+          at = off + pos;
+        }
+        v[e] = ok ? load_q(p.q, at, p.q_dtype) : 0.f;
       }
-      qf[nr][ks][0] = pack_f32x2(v[0], v[1]);
-      qf[nr][ks][1] = pack_f32x2(v[2], v[3]);
+      if constexpr (kFoldI4) {
+        qf[nr][ks][0] = pack_f32x2(v[0], v[1]);
+        qf[nr][ks][1] = pack_f32x2(v[2] * 0.0625f, v[3] * 0.0625f);
+        const float2 lo2 = __half22float2(bits_h2(qf[nr][ks][0]));
+        const float2 hi2 = __half22float2(bits_h2(qf[nr][ks][1]));
+        qgs[nr][ks / 2] += (lo2.x + lo2.y) + 16.f * (hi2.x + hi2.y);
+        qps[nr][ks / 2] += (lo2.x + lo2.y) + (hi2.x + hi2.y);
+      } else {
+        qf[nr][ks][0] = pack_f32x2(v[0], v[1]);
+        qf[nr][ks][1] = pack_f32x2(v[2], v[3]);
+        if constexpr (kFoldF8) {
+          const float2 lo2 = __half22float2(bits_h2(qf[nr][ks][0]));
+          const float2 hi2 = __half22float2(bits_h2(qf[nr][ks][1]));
+          qsum[nr] += (lo2.x + lo2.y) + (hi2.x + hi2.y);
+        }
+      }
     }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {  // accumulator rows 8 nr + 2t + e
@@ -317,12 +453,54 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       grow[nr][e] = rok[nr][e] ? (r0 + r2) % p.G : 0;
     }
   }
+  // Fold: the shift terms' B operands / factors.
+  //   int4: qz[nr] = (0, Q_t hi) | (0, Q_t lo), Q_t = the group-t sum of row 8 nr + g (the A
+  //   operand is the raw (scale, shift) word of group t, so the scale half meets 0);
+  //   fp8: qrow[nr][e] = the q sum of accumulator row 8 nr + 2t + e.
+  uint32_t qz[NR][2];
+  float qrow[NR][2];
+#pragma unroll
+  for (int nr = 0; nr < NR; ++nr) {
+    qz[nr][0] = qz[nr][1] = 0u;
+    qrow[nr][0] = qrow[nr][1] = 0.f;
+    if constexpr (kFoldI4) {
+      float mine = 0.f, mine_b = 0.f;
+#pragma unroll
+      for (int G = 0; G < NG; ++G) {
+        float x = qgs[nr][G], y = qps[nr][G];
+        x += __shfl_xor_sync(0xffffffffu, x, 1);
+        x += __shfl_xor_sync(0xffffffffu, x, 2);
+        y += __shfl_xor_sync(0xffffffffu, y, 1);
+        y += __shfl_xor_sync(0xffffffffu, y, 2);
+        mine = G == t ? x : mine;
+        mine_b = G == t ? y : mine_b;
+      }
+      const __half qh = __float2half_rn(mine);
+      const __half ql = __float2half_rn(mine - __half2float(qh));
+      // the scale half: 0 (subnormal codes) or -1024 Q' (magic codes), also split in two f16
+      const float cn = kMagic ? -1024.f * mine_b : 0.f;
+      const __half ch = __float2half_rn(cn);
+      const __half cl = __float2half_rn(cn - __half2float(ch));
+      qz[nr][0] = h2_bits(__halves2half2(ch, qh));
+      qz[nr][1] = h2_bits(__halves2half2(cl, ql));
+    } else if constexpr (kFoldF8) {
+      float x = qsum[nr];
+      x += __shfl_xor_sync(0xffffffffu, x, 1);
+      x += __shfl_xor_sync(0xffffffffu, x, 2);
+      qrow[nr][0] = __shfl_sync(0xffffffffu, x, 4 * (2 * t));
+      qrow[nr][1] = __shfl_sync(0xffffffffu, x, 4 * (2 * t + 1));
+    }
+  }
 
   float o[MT][NR][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nr = 0; nr < NR; ++nr) o[mt][nr][0] = o[mt][nr][1] = o[mt][nr][2] = o[mt][nr][3] = 0.f;
+  // Fold: sum_k z_k p_k per row (int4: row G of the group's mma = lanes g = G; fp8: every row).
+  float zacc[NR][4];
+#pragma unroll
+  for (int nr = 0; nr < NR; ++nr) zacc[nr][0] = zacc[nr][1] = zacc[nr][2] = zacc[nr][3] = 0.f;
   float m_run[NR][2], l_run[NR][2];  // rows 8 nr + 2t + e; l: this lane's keys only
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr) {
@@ -337,11 +515,15 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   const int kcoef1 = F == KvFormat::int4 ? (t * QRUN + QRUN / 2) / (D / ng) : 0;
   const int vcoef = F == KvFormat::int4 ? (g * ng) / 8 : 0;
   // Offsets of this lane's keys in a stage's K / V block (plus the warp's head).
-  const int koff[2] = {key_offset(g, kstr) + warp * rb, key_offset(g + 8, kstr) + warp * rb};
+  const int koff[2] = {koffset(g) + warp * rb, koffset(g + 8) + warp * rb};
   int voff[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q)
-    voff[q] = 16 * kstr + key_offset(2 * t + (q & 1) + 8 * (q >> 1), kstr) + warp * rb;
+    voff[q] = 16 * kstr + koffset(2 * t + (q & 1) + 8 * (q >> 1)) + warp * rb;
+  // Folded int4: this lane's ldmatrix row address (matrix lane / 8 = keys 0-7 | 8-15 of block
+  // (lane / 16)), relative to the stage.
+  const int ldm_off =
+      koffset((lane & 7) + 8 * ((lane >> 3) & 1)) + warp * rb + code_off + 16 * (lane >> 4);
   const char* ring_c = ring;
 
   int s = 0;          // stage of tile it (= it mod NST)
@@ -350,77 +532,163 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   for (int it = 0; it < n_tiles; ++it) {
     mbar_wait(full_s + 8 * s, phase);
     const char* st = ring_c + s * stage_bytes;
+    const uint32_t st_s = ring_s + s * stage_bytes;
     const int nk = cnt[s];
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(it));
 
     // ---- S^T = K q^T (keys g, g + 8 x rows 8 nr + 2t + {0, 1}) ----
-    uint32_t kcw[2][2];  // int4: coefficient words of the run halves; fp8: scale/shift word
+    float sv[NR][4];
+    if constexpr (kFoldI4) {
+      // K codes: block X, word t of keys g (r[0] / r[2] for X even / odd), g + 8 (r[1] / r[3]).
+      uint32_t kr[2][4];
+      ldsm_x4(st_s + ldm_off, kr[0]);
+      ldsm_x4(st_s + ldm_off + 32, kr[1]);
+      const uint32_t zk0 = lds32(st + koff[0] + 4 * t), zk1 = lds32(st + koff[1] + 4 * t);
+      const uint32_t za[4] = {zk0, zk1, zk0, zk1};
+      float acc[NR][NG][4];
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      if constexpr (F == KvFormat::int4) {
-        kcw[kk][0] = lds32(st + koff[kk] + 4 * kcoef0);
-        kcw[kk][1] = kcoef1 != kcoef0 ? lds32(st + koff[kk] + 4 * kcoef1) : kcw[kk][0];
-      } else if constexpr (F == KvFormat::fp8) {
-        kcw[kk][0] = kcw[kk][1] = lds32(st + 32 * kstr + (g + 8 * kk) * 4 * HB + 4 * warp);
-      } else {
-        kcw[kk][0] = kcw[kk][1] = 0u;
+      for (int nr = 0; nr < NR; ++nr) {
+        sv[nr][0] = sv[nr][1] = sv[nr][2] = sv[nr][3] = 0.f;
+        ptx::mma_f16(sv[nr], za, qz[nr][0], qz[nr][1]);  // sum_g z_g Q_g
+#pragma unroll
+        for (int G = 0; G < NG; ++G)
+          acc[nr][G][0] = acc[nr][G][1] = acc[nr][G][2] = acc[nr][G][3] = 0.f;
       }
-    }
-    float sacc[NR][2][4];
 #pragma unroll
-    for (int nr = 0; nr < NR; ++nr)
+      for (int ks = 0; ks < KS; ++ks) {
+        const int X = ks / 2;
+        uint32_t w0 = kr[X / 2][2 * (X & 1)], w1 = kr[X / 2][2 * (X & 1) + 1];
+        if (ks & 1) {
+          w0 >>= 8;
+          w1 >>= 8;
+        }
+        uint32_t af[4];
+        if constexpr (kMagic) {
+          af[0] = and_or<0x000f000fu, 0x64006400u>(w0);
+          af[1] = and_or<0x000f000fu, 0x64006400u>(w1);
+          af[2] = and_or<0x00f000f0u, 0x64006400u>(w0);
+          af[3] = and_or<0x00f000f0u, 0x64006400u>(w1);
+        } else {
+          af[0] = w0 & 0x000f000fu;
+          af[1] = w1 & 0x000f000fu;
+          af[2] = w0 & 0x00f000f0u;
+          af[3] = w1 & 0x00f000f0u;
+        }
 #pragma unroll
-      for (int j = 0; j < 2; ++j) sacc[nr][j][0] = sacc[nr][j][1] = sacc[nr][j][2] = sacc[nr][j][3] = 0.f;
-    uint32_t kbuf[2][KC];
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      // word of the run holding k-step ks
-      const int wi = F == KvFormat::int4 ? ks / 2 : F == KvFormat::fp8 ? ks : 2 * ks;
-      const bool first_use = F == KvFormat::int4 ? (ks % 2 == 0) : true;
-      if (first_use && wi % KC == 0) {
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk)
-          lds_words<KC, KA>(st + koff[kk] + code_off + t * (4 * KW) + 4 * wi, kbuf[kk]);
+        for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(acc[nr][X], af, qf[nr][ks][0], qf[nr][ks][1]);
       }
-      uint32_t af[4];
+      uint32_t kc[2][4];  // coefficient words (groups 0..3) of keys g, g + 8
+      lds_words<4, 16>(st + koff[0], kc[0]);
+      lds_words<4, 16>(st + koff[1], kc[1]);
+      float sc[2][NG];
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+        for (int G = 0; G < NG; ++G) sc[kk][G] = __low2float(bits_h2(kc[kk][G]));
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+          // subnormal codes: acc in units of 2^-24
+          constexpr float kUnit = kMagic ? 1.f : 5.9604644775390625e-8f;
+          float x = sv[nr][cc] * kUnit;
+#pragma unroll
+          for (int G = 0; G < NG; ++G) x = fmaf(sc[cc >> 1][G], acc[nr][G][cc], x);
+          sv[nr][cc] = x * ((1.f / kUnit) * p.qk_scale);
+        }
+    } else {
+      uint32_t kcw[2][2];  // int4: coefficient words of the run halves; fp8: scale/shift word
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) {
-        const uint32_t cw = kcw[kk][ks >= KS / 2 ? 1 : 0];
-        const __half2 sc = bits_h2(prmt(cw, 0, 0x1010)), sh = bits_h2(prmt(cw, 0, 0x3232));
-        uint32_t p0, p1;
         if constexpr (F == KvFormat::int4) {
-          const uint32_t w = kbuf[kk][wi % KC];
-          const uint32_t x = (ks & 1) ? (w >> 8) : w;
-          const __half2 lo2 = __hsub2(bits_h2((x & 0x000f000fu) | 0x64006400u), bits_h2(0x64006400u));
-          const __half2 hi2 = __hfma2(bits_h2((x & 0x00f000f0u) | 0x64006400u), bits_h2(0x2c002c00u),
-                                      bits_h2(0xd400d400u));  // * 1/16 - 64
-          p0 = h2_bits(__hfma2(lo2, sc, sh));
-          p1 = h2_bits(__hfma2(hi2, sc, sh));
+          kcw[kk][0] = lds32(st + koff[kk] + 4 * kcoef0);
+          kcw[kk][1] = kcoef1 != kcoef0 ? lds32(st + koff[kk] + 4 * kcoef1) : kcw[kk][0];
         } else if constexpr (F == KvFormat::fp8) {
-          const uint32_t w = kbuf[kk][wi % KC];
-          p0 = h2_bits(__hfma2(bits_h2(e4m3x2(w)), sc, sh));
-          p1 = h2_bits(__hfma2(bits_h2(e4m3x2(w >> 16)), sc, sh));
+          kcw[kk][0] = kcw[kk][1] = lds32(st + 32 * kstr + (g + 8 * kk) * 4 * HB + 4 * warp);
         } else {
-          p0 = kbuf[kk][wi % KC];
-          p1 = kbuf[kk][(wi + 1) % KC];
+          kcw[kk][0] = kcw[kk][1] = 0u;
         }
-        af[kk] = p0;       // a0 (key g), a1 (key g + 8): k-pos 2t, 2t+1
-        af[2 + kk] = p1;   // a2, a3: k-pos 2t+8, 2t+9
+      }
+      float sacc[NR][2][4];
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          sacc[nr][j][0] = sacc[nr][j][1] = sacc[nr][j][2] = sacc[nr][j][3] = 0.f;
+      uint32_t kbuf[2][KC];
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        // word of the run holding k-step ks
+        const int wi = F == KvFormat::int4 ? ks / 2 : F == KvFormat::fp8 ? ks : 2 * ks;
+        const bool first_use = F == KvFormat::int4 ? (ks % 2 == 0) : true;
+        if (first_use && wi % KC == 0) {
+#pragma unroll
+          for (int kk = 0; kk < 2; ++kk)
+            lds_words<KC, KA>(st + koff[kk] + code_off + t * (4 * KW) + 4 * wi, kbuf[kk]);
+        }
+        uint32_t af[4];
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          const uint32_t cw = kcw[kk][ks >= KS / 2 ? 1 : 0];
+          const __half2 sc = bits_h2(prmt(cw, 0, 0x1010)), sh = bits_h2(prmt(cw, 0, 0x3232));
+          uint32_t p0, p1;
+          if constexpr (F == KvFormat::int4) {
+            const uint32_t w = kbuf[kk][wi % KC];
+            const uint32_t x = (ks & 1) ? (w >> 8) : w;
+            const __half2 lo2 = __hsub2(bits_h2(and_or<0x000f000fu, 0x64006400u>(x)),
+                                        bits_h2(0x64006400u));
+            const __half2 hi2 = __hfma2(bits_h2(and_or<0x00f000f0u, 0x64006400u>(x)),
+                                        bits_h2(0x2c002c00u), bits_h2(0xd400d400u));  // * 1/16 - 64
+            p0 = h2_bits(__hfma2(lo2, sc, sh));
+            p1 = h2_bits(__hfma2(hi2, sc, sh));
+          } else if constexpr (F == KvFormat::fp8) {
+            const uint32_t w = kbuf[kk][wi % KC];
+            if constexpr (kFoldF8) {
+              p0 = e4m3x2(w);
+              p1 = e4m3x2(w >> 16);
+            } else {
+              p0 = h2_bits(__hfma2(bits_h2(e4m3x2(w)), sc, sh));
+              p1 = h2_bits(__hfma2(bits_h2(e4m3x2(w >> 16)), sc, sh));
+            }
+          } else {
+            p0 = kbuf[kk][wi % KC];
+            p1 = kbuf[kk][(wi + 1) % KC];
+          }
+          af[kk] = p0;       // a0 (key g), a1 (key g + 8): k-pos 2t, 2t+1
+          af[2 + kk] = p1;   // a2, a3: k-pos 2t+8, 2t+9
+        }
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr)
+          ptx::mma_f16(sacc[nr][ks & 1], af, qf[nr][ks][0], qf[nr][ks][1]);
       }
 #pragma unroll
-      for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(sacc[nr][ks & 1], af, qf[nr][ks][0], qf[nr][ks][1]);
+      for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+          float x = sacc[nr][0][cc] + sacc[nr][1][cc];
+          if constexpr (kFoldF8) {  // s_key (q . e) + z_key sum(q)
+            const uint32_t cw = kcw[cc >> 1][0];
+            x = fmaf(x, __low2float(bits_h2(cw)), __high2float(bits_h2(cw)) * qrow[nr][cc & 1]);
+          }
+          sv[nr][cc] = x * p.qk_scale;
+        }
     }
-    // ---- scale, mask, bias (base 2); c: key g + 8 (c >> 1), row 8 nr + 2t + (c & 1) ----
-    float sv[NR][4];
+    // ---- mask, bias (base 2); c: key g + 8 (c >> 1), row 8 nr + 2t + (c & 1) ----
     const bool plain = nk == 16 && !p.causal && !p.bias;
+    if (plain) {
 #pragma unroll
-    for (int nr = 0; nr < NR; ++nr)
+      for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
-      for (int cc = 0; cc < 4; ++cc) {
-        const int e = cc & 1;
-        const int key = g + 8 * (cc >> 1);
-        float x = (sacc[nr][0][cc] + sacc[nr][1][cc]) * p.qk_scale;
-        if (!plain) {
+        for (int cc = 0; cc < 4; ++cc) sv[nr][cc] = rok[nr][cc & 1] ? sv[nr][cc] : -INFINITY;
+    } else {
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+          const int e = cc & 1;
+          // the row's key (pairs: row g + 8 (cc >> 1) holds key 2 g + (cc >> 1))
+          const int key = pairs ? 2 * g + (cc >> 1) : g + 8 * (cc >> 1);
+          float x = sv[nr][cc];
           const int64_t j = k0 + key;
           const bool ok =
               key < nk && rok[nr][e] && (!p.causal || j <= causal_last0 + mrow[nr][e]);
@@ -429,44 +697,75 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
                                 mrow[nr][e] * p.bias_st[3] + j * p.bias_st[4];
             x += load_f32(p.bias, off, p.bias_dtype) * kLog2e;
           }
-          x = ok ? x : -INFINITY;
-        } else {
-          x = rok[nr][e] ? x : -INFINITY;
+          sv[nr][cc] = ok ? x : -INFINITY;
         }
-        sv[nr][cc] = x;
-      }
+    }
     // ---- online softmax per row: row 8 nr + 2t + e lives in lanes g = 0..7 (xor 4, 8, 16) ----
-    float alpha[NR][2];
-    bool moved = false;
+    // Fold: lazy maximum. While no score of the tile exceeds its row's running maximum by more
+    // than 8 (base 2), p = 2^(s - m) with the old m (p <= 256: fine in f16 and fp32; l and O stay
+    // relative to m): no cross-lane reduction, no rescale. Otherwise the exact update below.
+    bool lazy = false;
+    if constexpr (FOLD) {
+      bool need = false;
 #pragma unroll
-    for (int nr = 0; nr < NR; ++nr)
+      for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float mx = fmaxf(sv[nr][e], sv[nr][e + 2]);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float m_new = fmaxf(m_run[nr][e], mx);
-        const bool none = m_new == -INFINITY;
-        alpha[nr][e] = none ? 1.f : exp2f(m_run[nr][e] - m_new);
-        moved |= alpha[nr][e] != 1.f;
-        const float p0 = none ? 0.f : exp2f(sv[nr][e] - m_new);
-        const float p1 = none ? 0.f : exp2f(sv[nr][e + 2] - m_new);
-        sv[nr][e] = p0;
-        sv[nr][e + 2] = p1;
-        l_run[nr][e] = l_run[nr][e] * alpha[nr][e] + (p0 + p1);
-        m_run[nr][e] = m_new;
-      }
-    if (__any_sync(0xffffffffu, moved)) {
+        for (int e = 0; e < 2; ++e)
+          need |= fmaxf(sv[nr][e], sv[nr][e + 2]) > m_run[nr][e] + 8.f;
+      lazy = !__any_sync(0xffffffffu, need);
+    }
+    if (lazy) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
-        for (int nr = 0; nr < NR; ++nr) {
-          o[mt][nr][0] *= alpha[nr][0];
-          o[mt][nr][1] *= alpha[nr][1];
-          o[mt][nr][2] *= alpha[nr][0];
-          o[mt][nr][3] *= alpha[nr][1];
+        for (int e = 0; e < 2; ++e) {
+          const bool none = m_run[nr][e] == -INFINITY;  // (then every score is -inf)
+          const float p0 = none ? 0.f : ex2(sv[nr][e] - m_run[nr][e]);
+          const float p1 = none ? 0.f : ex2(sv[nr][e + 2] - m_run[nr][e]);
+          sv[nr][e] = p0;
+          sv[nr][e + 2] = p1;
+          l_run[nr][e] += p0 + p1;
         }
+    } else {
+      float alpha[NR][2];
+      bool moved = false;
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float mx = fmaxf(sv[nr][e], sv[nr][e + 2]);
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+          const float m_new = fmaxf(m_run[nr][e], mx);
+          const bool none = m_new == -INFINITY;
+          alpha[nr][e] = none ? 1.f : ex2(m_run[nr][e] - m_new);
+          moved |= alpha[nr][e] != 1.f;
+          const float p0 = none ? 0.f : ex2(sv[nr][e] - m_new);
+          const float p1 = none ? 0.f : ex2(sv[nr][e + 2] - m_new);
+          sv[nr][e] = p0;
+          sv[nr][e + 2] = p1;
+          l_run[nr][e] = l_run[nr][e] * alpha[nr][e] + (p0 + p1);
+          m_run[nr][e] = m_new;
+        }
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nr = 0; nr < NR; ++nr) {
+            o[mt][nr][0] *= alpha[nr][0];
+            o[mt][nr][1] *= alpha[nr][1];
+            o[mt][nr][2] *= alpha[nr][0];
+            o[mt][nr][3] *= alpha[nr][1];
+          }
+        if constexpr (FOLD) {
+#pragma unroll
+          for (int nr = 0; nr < NR; ++nr) {
+            zacc[nr][0] *= alpha[nr][0];
+            zacc[nr][1] *= alpha[nr][1];
+          }
+        }
+      }
     }
     // P^T as the PV B fragment: (keys 2t, 2t+1 | 2t+8, 2t+9; row 8 nr + g).
     uint32_t pb[NR][2];
@@ -477,67 +776,142 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
 
     // ---- O^T += V^T P^T: m-tile mt, dim-row g -> dim 2 (g MT + mt), dim-row g + 8 -> + 1 ----
+    // (folded int4: dim-row g -> dim 32 (mt / 2) + 4 g + 2 (mt % 2), g + 8 -> that + 1.)
     // Key pairs q2 = 0: (2t, 2t+1), 1: (2t+8, 2t+9); per pair (scale_a, scale_b), (shift_a,
     // shift_b).
-    __half2 vs[2], vz[2];
+    if constexpr (kFoldI4) {
+      uint32_t vr[2][4];  // V codes: (keys 2t, 2t+1 | 2t+8, 2t+9) x bytes 2g, 2g+1 of block G
+      ldsm_x4_trans(st_s + 16 * kstr + ldm_off, vr[0]);
+      ldsm_x4_trans(st_s + 16 * kstr + ldm_off + 32, vr[1]);
+      // sum_k z_k,G p_k: A row g = the shifts of group min(g, 3) of the key pairs (rows 8..15 and
+      // rows 4..7 unused).
+      const int gz = g < NG ? g : NG - 1;
+      uint32_t zw[4];
 #pragma unroll
-    for (int q2 = 0; q2 < 2; ++q2) {
-      if constexpr (F == KvFormat::int4) {
-        const uint32_t ca = lds32(st + voff[2 * q2] + 4 * vcoef);
-        const uint32_t cb = lds32(st + voff[2 * q2 + 1] + 4 * vcoef);
-        vs[q2] = bits_h2(prmt(ca, cb, 0x5410));
-        vz[q2] = bits_h2(prmt(ca, cb, 0x7632));
-      } else if constexpr (F == KvFormat::fp8) {
-        const char* ssv = st + 32 * kstr + 16 * 4 * HB + 4 * warp;
-        const int ka = 2 * t + 8 * q2;
-        const uint32_t ca = lds32(ssv + ka * 4 * HB);
-        const uint32_t cb = lds32(ssv + (ka + 1) * 4 * HB);
-        vs[q2] = bits_h2(prmt(ca, cb, 0x5410));
-        vz[q2] = bits_h2(prmt(ca, cb, 0x7632));
-      } else {
-        vs[q2] = vz[q2] = __float2half2_rn(0.f);
+      for (int q = 0; q < 4; ++q) zw[q] = lds32(st + voff[q] + 4 * gz);
+      const uint32_t za[4] = {prmt(zw[0], zw[1], 0x7632), 0u, prmt(zw[2], zw[3], 0x7632), 0u};
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(zacc[nr], za, pb[nr][0], pb[nr][1]);
+      // P scaled per key pair and group: (s_a, s_b) of the coefficient words (loaded per group:
+      // four 4-word loads up front spilled).
+#pragma unroll
+      for (int G = 0; G < NG; ++G) {
+        uint32_t vc[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) vc[q] = lds32(st + voff[q] + 4 * G);
+        const uint32_t s01 = prmt(vc[0], vc[1], 0x5410);
+        const uint32_t s23 = prmt(vc[2], vc[3], 0x5410);
+        uint32_t pbs[NR][2];
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+          pbs[nr][0] = hmul2_bits(pb[nr][0], s01);
+          pbs[nr][1] = hmul2_bits(pb[nr][1], s23);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          uint32_t x0 = vr[G / 2][2 * (G & 1)], x1 = vr[G / 2][2 * (G & 1) + 1];
+          if (j) {
+            x0 >>= 8;
+            x1 >>= 8;
+          }
+          uint32_t af[4];
+          if constexpr (kMagic) {  // exact codes (1024 + c) - 1024, (1024 + 16 c) / 16 - 64
+            const __half2 k1024 = bits_h2(0x64006400u), k16th = bits_h2(0x2c002c00u),
+                          km64 = bits_h2(0xd400d400u);
+            af[0] = h2_bits(__hsub2(bits_h2(and_or<0x000f000fu, 0x64006400u>(x0)), k1024));
+            af[1] = h2_bits(__hfma2(bits_h2(and_or<0x00f000f0u, 0x64006400u>(x0)), k16th, km64));
+            af[2] = h2_bits(__hsub2(bits_h2(and_or<0x000f000fu, 0x64006400u>(x1)), k1024));
+            af[3] = h2_bits(__hfma2(bits_h2(and_or<0x00f000f0u, 0x64006400u>(x1)), k16th, km64));
+          } else {
+            af[0] = x0 & 0x000f000fu;
+            af[1] = x0 & 0x00f000f0u;
+            af[2] = x1 & 0x000f000fu;
+            af[3] = x1 & 0x00f000f0u;
+          }
+#pragma unroll
+          for (int nr = 0; nr < NR; ++nr)
+            ptx::mma_f16(o[2 * G + j][nr], af, pbs[nr][0], pbs[nr][1]);
+        }
       }
-    }
-    uint32_t vbuf[4][VC];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      // word of the lane's V run holding dims 2 (g MT + mt), + 1, and the byte inside it
-      const int wi = F == KvFormat::int4 ? mt / 4 : F == KvFormat::fp8 ? mt / 2 : mt;
-      const bool first_use = F == KvFormat::int4 ? (mt % 4 == 0)
-                             : F == KvFormat::fp8 ? (mt % 2 == 0)
-                                                  : true;
-      if (first_use && wi % VC == 0) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          lds_words<VC, VAL>(st + voff[q] + code_off + g * (4 * VWN) + 4 * wi, vbuf[q]);
-      }
-      uint32_t af[4];
+    } else {
+      __half2 vs[2], vz[2];
 #pragma unroll
       for (int q2 = 0; q2 < 2; ++q2) {
-        const uint32_t wa = vbuf[2 * q2][wi % VC], wb = vbuf[2 * q2 + 1][wi % VC];
-        uint32_t dlo, dhi;  // (key a, key b) of dim d and of dim d + 1
         if constexpr (F == KvFormat::int4) {
-          constexpr uint32_t kSel[4] = {0x4400u, 0x5511u, 0x6622u, 0x7733u};
-          const uint32_t x = prmt(wa, wb, kSel[mt % 4]);  // bytes [a_j, a_j, b_j, b_j]
-          const __half2 lo2 = __hsub2(bits_h2((x & 0x000f000fu) | 0x64006400u), bits_h2(0x64006400u));
-          const __half2 hi2 = __hfma2(bits_h2((x & 0x00f000f0u) | 0x64006400u), bits_h2(0x2c002c00u),
-                                      bits_h2(0xd400d400u));
-          dlo = h2_bits(__hfma2(lo2, vs[q2], vz[q2]));
-          dhi = h2_bits(__hfma2(hi2, vs[q2], vz[q2]));
+          const uint32_t ca = lds32(st + voff[2 * q2] + 4 * vcoef);
+          const uint32_t cb = lds32(st + voff[2 * q2 + 1] + 4 * vcoef);
+          vs[q2] = bits_h2(prmt(ca, cb, 0x5410));
+          vz[q2] = bits_h2(prmt(ca, cb, 0x7632));
         } else if constexpr (F == KvFormat::fp8) {
-          // bytes [a_j, b_j, a_j+1, b_j+1], j = 2 (mt % 2)
-          const uint32_t x = prmt(wa, wb, (mt % 2) ? 0x7362u : 0x5140u);
-          dlo = h2_bits(__hfma2(bits_h2(e4m3x2(x)), vs[q2], vz[q2]));
-          dhi = h2_bits(__hfma2(bits_h2(e4m3x2(x >> 16)), vs[q2], vz[q2]));
+          const char* ssv = st + 32 * kstr + 16 * 4 * HB + 4 * warp;
+          const int ka = 2 * t + 8 * q2;
+          const uint32_t ca = lds32(ssv + ka * 4 * HB);
+          const uint32_t cb = lds32(ssv + (ka + 1) * 4 * HB);
+          vs[q2] = bits_h2(prmt(ca, cb, 0x5410));
+          vz[q2] = bits_h2(prmt(ca, cb, 0x7632));
         } else {
-          dlo = prmt(wa, wb, 0x5410u);
-          dhi = prmt(wa, wb, 0x7632u);
+          vs[q2] = vz[q2] = __float2half2_rn(0.f);
         }
-        af[2 * q2] = dlo;      // a0 / a2: dim-row g
-        af[2 * q2 + 1] = dhi;  // a1 / a3: dim-row g + 8
       }
+      uint32_t pbv[NR][2];  // the PV B fragments (fp8 fold: P times the key pairs' scales)
 #pragma unroll
-      for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(o[mt][nr], af, pb[nr][0], pb[nr][1]);
+      for (int nr = 0; nr < NR; ++nr) {
+        pbv[nr][0] = pb[nr][0];
+        pbv[nr][1] = pb[nr][1];
+        if constexpr (kFoldF8) {
+          pbv[nr][0] = hmul2_bits(pb[nr][0], h2_bits(vs[0]));
+          pbv[nr][1] = hmul2_bits(pb[nr][1], h2_bits(vs[1]));
+          const uint32_t za[4] = {h2_bits(vz[0]), h2_bits(vz[0]), h2_bits(vz[1]), h2_bits(vz[1])};
+          ptx::mma_f16(zacc[nr], za, pb[nr][0], pb[nr][1]);  // sum_k z_k p_k, every row
+        }
+      }
+      uint32_t vbuf[4][VC];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        // word of the lane's V run holding dims 2 (g MT + mt), + 1, and the byte inside it
+        const int wi = F == KvFormat::int4 ? mt / 4 : F == KvFormat::fp8 ? mt / 2 : mt;
+        const bool first_use = F == KvFormat::int4 ? (mt % 4 == 0)
+                               : F == KvFormat::fp8 ? (mt % 2 == 0)
+                                                    : true;
+        if (first_use && wi % VC == 0) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            lds_words<VC, VAL>(st + voff[q] + code_off + g * (4 * VWN) + 4 * wi, vbuf[q]);
+        }
+        uint32_t af[4];
+#pragma unroll
+        for (int q2 = 0; q2 < 2; ++q2) {
+          const uint32_t wa = vbuf[2 * q2][wi % VC], wb = vbuf[2 * q2 + 1][wi % VC];
+          uint32_t dlo, dhi;  // (key a, key b) of dim d and of dim d + 1
+          if constexpr (F == KvFormat::int4) {
+            constexpr uint32_t kSel[4] = {0x4400u, 0x5511u, 0x6622u, 0x7733u};
+            const uint32_t x = prmt(wa, wb, kSel[mt % 4]);  // bytes [a_j, a_j, b_j, b_j]
+            const __half2 lo2 = __hsub2(bits_h2(and_or<0x000f000fu, 0x64006400u>(x)),
+                                        bits_h2(0x64006400u));
+            const __half2 hi2 = __hfma2(bits_h2(and_or<0x00f000f0u, 0x64006400u>(x)),
+                                        bits_h2(0x2c002c00u), bits_h2(0xd400d400u));
+            dlo = h2_bits(__hfma2(lo2, vs[q2], vz[q2]));
+            dhi = h2_bits(__hfma2(hi2, vs[q2], vz[q2]));
+          } else if constexpr (F == KvFormat::fp8) {
+            // bytes [a_j, b_j, a_j+1, b_j+1], j = 2 (mt % 2)
+            const uint32_t x = prmt(wa, wb, (mt % 2) ? 0x7362u : 0x5140u);
+            if constexpr (kFoldF8) {
+              dlo = e4m3x2(x);
+              dhi = e4m3x2(x >> 16);
+            } else {
+              dlo = h2_bits(__hfma2(bits_h2(e4m3x2(x)), vs[q2], vz[q2]));
+              dhi = h2_bits(__hfma2(bits_h2(e4m3x2(x >> 16)), vs[q2], vz[q2]));
+            }
+          } else {
+            dlo = prmt(wa, wb, 0x5410u);
+            dhi = prmt(wa, wb, 0x7632u);
+          }
+          af[2 * q2] = dlo;      // a0 / a2: dim-row g
+          af[2 * q2 + 1] = dhi;  // a1 / a3: dim-row g + 8
+        }
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(o[mt][nr], af, pbv[nr][0], pbv[nr][1]);
+      }
     }
 
     __syncthreads();  // every warp is done with stage s
@@ -561,24 +935,43 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       l += __shfl_xor_sync(0xffffffffu, l, 4);
       l += __shfl_xor_sync(0xffffffffu, l, 8);
       l += __shfl_xor_sync(0xffffffffu, l, 16);
+      // Fold: the shift term of each group (int4: from lane 4 G + t; fp8: this lane's).
+      float zg[NG];
+#pragma unroll
+      for (int G = 0; G < NG; ++G) {
+        zg[G] = 0.f;
+        if constexpr (kFoldI4) zg[G] = __shfl_sync(0xffffffffu, zacc[nr][e], 4 * G + t);
+        if constexpr (kFoldF8) zg[G] = zacc[nr][e];
+      }
       const int r = 8 * nr + 2 * t + e;
       if (r < rows) {
         const float inv = l > 0.f ? 1.f / l : 0.f;
         float* out = p.part_o + (base_row + r) * D;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          const int d = 2 * (g * MT + mt);
-          out[d] = o[mt][nr][e] * inv;  // (the workspace is only 4-byte aligned by contract)
-          out[d + 1] = o[mt][nr][e + 2] * inv;
+          if constexpr (kFoldI4) {  // subnormal codes: c 2^-24 (dim d) and 16 c 2^-24 (d + 1)
+            const int d = 32 * (mt / 2) + 4 * g + 2 * (mt % 2);
+            out[d] = fmaf(o[mt][nr][e], kMagic ? 1.f : 16777216.f, zg[mt / 2]) * inv;
+            out[d + 1] = fmaf(o[mt][nr][e + 2], kMagic ? 1.f : 1048576.f, zg[mt / 2]) * inv;
+          } else if constexpr (kFoldF8) {
+            const int d = 2 * (g * MT + mt);
+            out[d] = (o[mt][nr][e] + zg[0]) * inv;
+            out[d + 1] = (o[mt][nr][e + 2] + zg[0]) * inv;
+          } else {
+            const int d = 2 * (g * MT + mt);
+            out[d] = o[mt][nr][e] * inv;  // (the workspace is only 4-byte aligned by contract)
+            out[d + 1] = o[mt][nr][e + 2] * inv;
+          }
         }
-        if (g == 0) p.part_lse[base_row + r] = l > 0.f ? (m_run[nr][e] + log2f(l)) * kLn2 : -INFINITY;
+        if (g == 0)
+          p.part_lse[base_row + r] = l > 0.f ? (m_run[nr][e] + log2f(l)) * kLn2 : -INFINITY;
       }
     }
 }
 
-template <KvFormat F, int D, int NR, int VA>
+template <KvFormat F, int D, int NR, int VA, int FOLD>
 void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
-  auto kernel = decode_bulk_kernel<F, D, NR, VA>;
+  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD>;
   const int smem = a.nst * a.stage_bytes;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
              "decode_attention", "shared memory of the bulk kernel");
@@ -592,18 +985,31 @@ void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t
   kernel<<<grid, 32 * a.hb, smem, stream>>>(p, a);
 }
 
+template <KvFormat F, int D, int VA, int FOLD>
+void launch_rows(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
+  if (p.R > 8) launch_nr<F, D, 2, VA, FOLD>(p, a, B, stream);
+  else launch_nr<F, D, 1, VA, FOLD>(p, a, B, stream);
+}
+
+// fold (DecodePlan::fold_scales: 0 off, 1 subnormal codes, 2 magic-number codes; fp8: any
+// nonzero): only where fold_applies (int4 with 4 groups at D 128, whose code words are 16-byte
+// aligned; fp8).
 template <KvFormat F, int D>
-void launch_fd(const DecodeParams& p, const BulkArgs& a, int va, int64_t B, cudaStream_t stream) {
-  const int nr = p.R > 8 ? 2 : 1;
+void launch_fd(const DecodeParams& p, const BulkArgs& a, int va, int fold, int64_t B,
+               cudaStream_t stream) {
   if constexpr (F == KvFormat::int4) {
+    if constexpr (D == 128) {
+      if (fold == 2) return launch_rows<F, D, 16, 2>(p, a, B, stream);
+      if (fold) return launch_rows<F, D, 16, 1>(p, a, B, stream);
+    }
     dispatch_int<4, 8, 16>(va, "decode_attention", "alignment (bulk kernel)", [&](auto v) {
-      constexpr int kVa = decltype(v)::value;
-      if (nr == 1) launch_nr<F, D, 1, kVa>(p, a, B, stream);
-      else launch_nr<F, D, 2, kVa>(p, a, B, stream);
+      launch_rows<F, D, decltype(v)::value, 0>(p, a, B, stream);
     });
+  } else if constexpr (F == KvFormat::fp8) {
+    if (fold) launch_rows<F, D, 16, 1>(p, a, B, stream);
+    else launch_rows<F, D, 16, 0>(p, a, B, stream);
   } else {
-    if (nr == 1) launch_nr<F, D, 1, 16>(p, a, B, stream);
-    else launch_nr<F, D, 2, 16>(p, a, B, stream);
+    launch_rows<F, D, 16, 0>(p, a, B, stream);
   }
 }
 
@@ -619,7 +1025,13 @@ int device_major() {
   return major;
 }
 
-BulkArgs bulk_geometry(const KvCache& cache) {
+// Whether DecodePlan::fold_scales changes the arithmetic for this cache.
+bool fold_applies(const KvCache& cache) {
+  return (cache.format == KvFormat::int4 && cache.n_groups == 4 && cache.head_dim() == 128) ||
+         cache.format == KvFormat::fp8;
+}
+
+BulkArgs bulk_geometry(const KvCache& cache, bool fold) {
   BulkArgs a;
   a.hb = 0;
   if (device_major() < 9) return a;
@@ -651,7 +1063,20 @@ BulkArgs bulk_geometry(const KvCache& cache) {
   if ((hb * c.row_bytes) % 16 != 0) return a;
   if (f == KvFormat::fp8 && (4 * hb) % 16 != 0) return a;  // scale/shift pieces: >= 4 heads
   a.hb = hb;
-  a.kstr = (hb * c.row_bytes + 96 + 31) / 32 * 32;
+  if (f == KvFormat::fp8) {
+    const int key_dim = rank - 3;  // (b, j, h): j; (row, h): row
+    a.ss_block = c.kss_st[key_dim] == hb && c.vss_st[key_dim] == hb;
+  }
+  // Folded int4 (ldmatrix): 16-byte key offsets (key_offset16), in pairs of keys where adjacent;
+  // else 32-byte ones (key_offset).
+  if (fold && f == KvFormat::int4) {
+    const int64_t pc = static_cast<int64_t>(hb) * c.row_bytes;
+    a.pairs = c.k_st[rank - 3] == pc && c.v_st[rank - 3] == pc;
+    if (a.pairs) a.kstr = (2 * hb * c.row_bytes + 112 + 31) / 32 * 16;
+    else a.kstr = (hb * c.row_bytes + 112 + 15) / 16 * 16;
+  } else {
+    a.kstr = (hb * c.row_bytes + 96 + 31) / 32 * 32;
+  }
   a.stage_bytes = 32 * a.kstr + (f == KvFormat::fp8 ? 32 * 4 * hb : 0);
   // Stages: as many as fit two CTAs per multiprocessor (~110 KB each), 2..4.
   const int budget = 110 * 1024;
@@ -663,13 +1088,19 @@ BulkArgs bulk_geometry(const KvCache& cache) {
 
 }  // namespace
 
-bool decode_bulk_supported(const KvCache& cache) { return bulk_geometry(cache).hb > 0; }
+bool decode_bulk_supported(const KvCache& cache) { return bulk_geometry(cache, false).hb > 0; }
 
-int decode_bulk_heads(const KvCache& cache) { return bulk_geometry(cache).hb; }
+int decode_bulk_heads(const KvCache& cache) { return bulk_geometry(cache, false).hb; }
 
-void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B,
-                        cudaStream_t stream) {
-  const BulkArgs a = bulk_geometry(cache);
+bool decode_bulk_folds(const KvCache& cache) {
+  return fold_applies(cache) && bulk_geometry(cache, true).hb > 0;
+}
+
+void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
+                        bool stagger, cudaStream_t stream) {
+  fold = fold_applies(cache) ? fold : 0;
+  BulkArgs a = bulk_geometry(cache, fold != 0);
+  a.stagger = stagger;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
@@ -680,9 +1111,9 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B,
   dispatch_int<64, 128>(cache.head_dim(), "decode_attention", "D (bulk kernel)", [&](auto d) {
     constexpr int kD = decltype(d)::value;
     switch (cache.format) {
-      case KvFormat::int4: launch_fd<KvFormat::int4, kD>(p, a, va, B, stream); break;
-      case KvFormat::fp8: launch_fd<KvFormat::fp8, kD>(p, a, va, B, stream); break;
-      case KvFormat::f16: launch_fd<KvFormat::f16, kD>(p, a, va, B, stream); break;
+      case KvFormat::int4: launch_fd<KvFormat::int4, kD>(p, a, va, fold, B, stream); break;
+      case KvFormat::fp8: launch_fd<KvFormat::fp8, kD>(p, a, va, fold, B, stream); break;
+      case KvFormat::f16: launch_fd<KvFormat::f16, kD>(p, a, va, 0, B, stream); break;
       default: check::fail("decode_attention", "cache.format", "no bulk kernel for bf16");
     }
   });

@@ -170,19 +170,11 @@ struct DecodeParams {
   int vec = 4;           // cp.async width for K/V rows
 };
 
-// Tensor-core (mma.sync) split kernel: int4 / fp8 / f16 caches, D 64 or 128 (decode_mma.cu).
-bool decode_mma_supported(KvFormat format, int D);
-void launch_decode_mma(const DecodeParams& p, KvFormat format, int D, int64_t B, cudaStream_t stream);
-
-// Bandwidth-first streaming split kernel: int4 / fp8 / f16 caches, D 64 or 128 (decode_stream.cu).
-bool decode_stream_supported(KvFormat format, int D);
-// Widest global load (16, 8 or 4 bytes) every row's code words allow.
-int stream_vector_bytes(const KvCache& c);
-void launch_decode_stream(const DecodeParams& p, KvFormat format, int D, int vec, int64_t B,
-                          cudaStream_t stream);
-
-// Split kernel with a per-warp cp.async ring (decode_ring.cu): the streaming plan's default.
-// Copy width (16, 8 or 4 bytes): stream_vector_bytes, halved until it divides a row.
+// Split kernel with a per-warp cp.async ring (decode_ring.cu): the streaming plan's kernel where
+// the bulk kernel does not apply (int4 / fp8 / f16, D 64 / 128).
+bool decode_ring_supported(KvFormat format, int D);
+// Copy width (16, 8 or 4 bytes): the widest every row's code words allow, halved until it divides
+// a row.
 int ring_vector_bytes(const KvCache& c);
 void launch_decode_ring(const DecodeParams& p, KvFormat format, int D, int vec, int64_t B,
                         cudaStream_t stream);
@@ -192,8 +184,11 @@ void launch_decode_ring(const DecodeParams& p, KvFormat format, int D, int vec, 
 // bases and strides; fp8 with 4 | Hkv). decode_bulk_heads: heads per CTA (0 = not supported).
 bool decode_bulk_supported(const KvCache& cache);
 int decode_bulk_heads(const KvCache& cache);
-void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B,
-                        cudaStream_t stream);
+// fold: DecodePlan::fold_scales (0, 1, 2; where decode_bulk_folds(cache), elsewhere ignored).
+bool decode_bulk_folds(const KvCache& cache);
+// stagger: DecodePlan::bulk_stagger.
+void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
+                        bool stagger, cudaStream_t stream);
 
 // Widest access (16, 8 or 4 bytes) that every row start of both caches allows.
 inline int row_vector_bytes(const KvCache& c) {

@@ -1,10 +1,10 @@
 // Split-K decode kernel with a per-warp cp.async ring (DecodePlan::streaming, the default where
 // it applies): int4 / fp8 / f16 caches, D 64 or 128, up to 16 query rows of one KV head per CTA.
 //
-// Round 1's streaming kernel (decode_stream.cu) loaded K/V straight into mma-fragment registers:
-// one group in flight per warp, 160-168 registers (3 CTAs per SM), 16-byte loads scattered over
-// rows (22 of 32 bytes used per sector) and a DRAM utilisation of 11-47 % on the H200. Here the
-// loads are decoupled from the math:
+// Round 1's streaming kernel (decode_stream.cu, retired in session 4) loaded K/V straight into
+// mma-fragment registers: one group in flight per warp, 160-168 registers (3 CTAs per SM),
+// 16-byte loads scattered over rows (22 of 32 bytes used per sector) and a DRAM utilisation of
+// 11-47 % on the H200. Here the loads are decoupled from the math:
 //   - Each of the 4 warps owns the 16-key groups warp, warp + 4, ... of the CTA's split (as in
 //     round 1) and a private ring of NST stages in shared memory; a stage holds the raw rows of one
 //     group: 16 K rows, then 16 V rows (stride: row bytes rounded up to 16), then for fp8 the 16 + 16
@@ -67,7 +67,7 @@ struct RingCfg {
 // A pair of elements of code word w as dequantized f16x2. int4: elements j and j + 4 (nibbles j
 // and j + 4: one shift and one lop3 per pair; the pairing differs from round 1's (2j, 2j+1), the
 // value of each element is the same: (1024 + code) - 1024 exactly, then one hfma2 (scale, shift)).
-// fp8: elements 2j, 2j+1. f16: the word. Same arithmetic per element as decode_stream.cu.
+// fp8: elements 2j, 2j+1. f16: the word. Same arithmetic per element as round 1's kernel.
 template <KvFormat F>
 __device__ __forceinline__ __half2 dequant_pair(uint32_t w, int j, __half2 scale, __half2 shift) {
   if constexpr (F == KvFormat::int4) {
@@ -526,9 +526,25 @@ void launch(const DecodeParams& p, int vec, int64_t B, cudaStream_t stream) {
 
 }  // namespace
 
+bool decode_ring_supported(KvFormat format, int D) {
+  return (format == KvFormat::int4 || format == KvFormat::fp8 || format == KvFormat::f16) &&
+         (D == 64 || D == 128);
+}
+
 int ring_vector_bytes(const KvCache& c) {
   const CacheArgs a = make_cache_args(c);
-  int vec = stream_vector_bytes(c);
+  const int rank = c.paged() ? 3 : 4;
+  const int code_off = c.format == KvFormat::int4 ? 4 * c.n_groups : 0;
+  int vec = 4;
+  for (int v : {16, 8, 4}) {
+    bool ok = code_off % v == 0 && reinterpret_cast<uintptr_t>(a.k) % v == 0 &&
+              reinterpret_cast<uintptr_t>(a.v) % v == 0;
+    for (int d = 0; d < rank - 1; ++d) ok = ok && a.k_st[d] % v == 0 && a.v_st[d] % v == 0;
+    if (ok) {
+      vec = v;
+      break;
+    }
+  }
   while (vec > 4 && a.row_bytes % vec != 0) vec /= 2;
   return vec;
 }

@@ -136,10 +136,13 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk: the bulk-copy kernel (streaming + bulk_copy, plan_decode's default where the layout
 //     allows it; K/V, q and P rounded to f16);
 //   stream: the per-warp cp.async-ring kernel (streaming without bulk_copy; same roundings);
-//   stream_regs: round 1's register-streaming kernel (streaming + stream_registers; same math);
-//   tensor_cores: the smem-ring tensor-core kernel (same roundings);
-//   cuda_cores: the CUDA-core kernel (fp32 arithmetic on the exactly dequantized values).
-enum class Kernel { automatic, bulk, stream, stream_regs, tensor_cores, cuda_cores };
+//   cuda_cores: the CUDA-core kernel (fp32 arithmetic on the exactly dequantized values);
+//   bulk_fold: the bulk kernel with DecodePlan::fold_scales (int4 g4 D 128 and fp8: scale / shift
+//     folded out of the per-element arithmetic; q and P (times the scales) rounded to f16);
+//   bulk_fold2: the same with fold_scales = 2 (int4 codes as magic-number f16, not subnormals);
+//   bulk_stagger: the bulk kernel with plan_decode's arithmetic and bulk_stagger (contiguous
+//     caches: each CTA starts its walk over the split's tiles at a rotated tile).
+enum class Kernel { automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
 bool streams_by_default(KvFormat f, int D) {
@@ -152,9 +155,9 @@ class DecodeCase : public Case {
              DType qdt, Kernel kernel = Kernel::automatic)
       : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt),
         kernel_(kernel),
-        f16_math_(kernel == Kernel::bulk || kernel == Kernel::stream ||
-                  kernel == Kernel::stream_regs ||
-                  kernel == Kernel::tensor_cores ||
+        f16_math_(kernel == Kernel::bulk || kernel == Kernel::bulk_fold ||
+                  kernel == Kernel::bulk_fold2 || kernel == Kernel::bulk_stagger ||
+                  kernel == Kernel::stream ||
                   (kernel == Kernel::automatic && streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -164,9 +167,10 @@ class DecodeCase : public Case {
     if (bias_) s += ".bias";
     if (kernel_ == Kernel::bulk) s += ".bulk";
     if (kernel_ == Kernel::stream) s += ".stream";
-    if (kernel_ == Kernel::stream_regs) s += ".stream_regs";
-    if (kernel_ == Kernel::tensor_cores) s += ".tensor_cores";
     if (kernel_ == Kernel::cuda_cores) s += ".cuda_cores";
+    if (kernel_ == Kernel::bulk_fold) s += ".bulk_fold";
+    if (kernel_ == Kernel::bulk_fold2) s += ".bulk_fold2";
+    if (kernel_ == Kernel::bulk_stagger) s += ".bulk_stagger";
     return s;
   }
 
@@ -211,11 +215,15 @@ class DecodeCase : public Case {
     const TensorView& q = in[kFirstExtra];
     DecodePlan plan = plan_decode(c, Mq_, cs_.H * G_, cs_.D, ctx);
     if (kernel_ != Kernel::automatic) {
-      plan.streaming =
-          kernel_ == Kernel::bulk || kernel_ == Kernel::stream || kernel_ == Kernel::stream_regs;
-      plan.stream_registers = kernel_ == Kernel::stream_regs;
-      plan.bulk_copy = kernel_ == Kernel::bulk;
-      plan.tensor_cores = kernel_ == Kernel::tensor_cores;
+      const bool bulk = kernel_ == Kernel::bulk || kernel_ == Kernel::bulk_fold ||
+                        kernel_ == Kernel::bulk_fold2 || kernel_ == Kernel::bulk_stagger;
+      plan.streaming = bulk || kernel_ == Kernel::stream;
+      plan.bulk_copy = bulk;
+      plan.fold_scales = kernel_ == Kernel::bulk_fold    ? 1
+                         : kernel_ == Kernel::bulk_fold2   ? 2
+                         : kernel_ == Kernel::bulk_stagger ? plan.fold_scales
+                                                           : 0;
+      plan.bulk_stagger = kernel_ == Kernel::bulk_stagger;
     }
     Buffer ws(q.device, workspace_bytes(plan));
     TensorView lse = out[1];
@@ -394,8 +402,9 @@ LOWBIT_HARNESS_CASES(decode_cases) {
     cases.push_back(
         std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt, kernel));
   };
-  const Kernel tc = Kernel::tensor_cores, st = Kernel::stream, cc = Kernel::cuda_cores;
-  const Kernel sr = Kernel::stream_regs, bk = Kernel::bulk;
+  const Kernel st = Kernel::stream, cc = Kernel::cuda_cores;
+  const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, bf2 = Kernel::bulk_fold2;
+  const Kernel bs = Kernel::bulk_stagger;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -409,15 +418,6 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::f16, 1, 2, 300, 1, 64, 256), {300, 5}, 16, 16, true, false, DType::f16);
   add(shape(F::bf16, 1, 2, 257, 2, 128, 16), {257, 16}, 1, 2, true, false, DType::bf16);
   add(shape(F::bf16, 1, 1, 33, 1, 256, 0), {33}, 16, 16, true, true, DType::bf16);
-  // The smem-ring tensor-core kernel (int4, fp8, f16; D 64, 128); the CPU runs its oracle.
-  add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16, tc);
-  add(shape(F::int4, 1, 2, 300, 2, 64, 16), {300, 5}, 2, 4, true, false, DType::f16, tc);
-  add(shape(F::int4, 2, 2, 129, 1, 128, 16), {129, 40}, 2, 3, true, true, DType::bf16, tc);
-  add(shape(F::fp8, 1, 2, 520, 1, 128, 256), {520, 1}, 8, 1, false, true, DType::f16, tc);
-  add(shape(F::fp8, 1, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16, tc);
-  add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, tc);
-  add(shape(F::f16, 1, 2, 300, 1, 64, 256), {300, 5}, 16, 16, true, false, DType::f16, tc);
-  add(shape(F::f16, 1, 2, 257, 2, 128, 0), {257, 0}, 4, 1, false, false, DType::bf16, tc);
   // The streaming kernel (int4, fp8, f16; D 64, 128): odd lengths (1, 15, 17, 31, 33, 47, 523,
   // 1001, empty), every int4 group count (1 and 2 take 4- and 8-byte loads), paged 16 / 256,
   // G 1 / 4 / 16, Mq > 1 causal, bias, rows past 16 (G 16 x Mq 2: two row chunks).
@@ -457,13 +457,53 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 1001, 4, 128, 0), {1001, 31}, 4, 1, false, false, DType::f16, bk);
   add(shape(F::fp8, 1, 2, 600, 8, 64, 16), {600, 2}, 2, 4, true, true, DType::bf16, bk);
   add(shape(F::fp8, 1, 1, 300, 4, 128, 256), {300}, 16, 1, false, false, DType::f16, bk);
+  // fp8 with 16 KV heads (2 head blocks of 8): the scale/shift pieces of one key are not adjacent
+  // to the next key's (one copy per key and kind; with Hkv = heads per CTA one copy per tile).
+  add(shape(F::fp8, 1, 1, 300, 16, 64, 0), {300}, 1, 1, false, false, DType::f16, bk);
+  add(shape(F::fp8, 1, 2, 200, 16, 128, 16), {200, 33}, 2, 1, false, false, DType::f16, bf);
   add(shape(F::f16, 1, 2, 523, 2, 128, 16), {523, 0}, 4, 1, false, false, DType::f16, bk);
   add(shape(F::f16, 1, 2, 129, 8, 64, 0), {129, 16}, 1, 8, true, true, DType::bf16, bk);
   add(shape(F::f16, 1, 1, 1100, 8, 128, 0), {1100}, 8, 1, false, false, DType::f16, bk);
-  // Round 1's register-streaming kernel, kept selectable (stream_registers).
-  add(shape(F::int4, 4, 4, 1001, 2, 128, 0), {1001, 17, 1, 0}, 4, 1, false, false, DType::f16, sr);
-  add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 4, 4, true, true, DType::bf16, sr);
-  add(shape(F::f16, 1, 3, 523, 2, 128, 16), {523, 0, 31}, 4, 1, false, false, DType::f16, sr);
+  // The bulk kernel with folded scales (fold_scales; int4 g4 D 128 and fp8, elsewhere the flag is
+  // ignored): 8 / 4 / 2 / 1 heads per CTA, contiguous and paged 16 / 256, odd lengths (1, 15, 17,
+  // 31, 47, 523, 1001, 2100 = many tiles per split), an empty sequence, GQA G 1..16 (9-16 rows:
+  // two n-tiles; 32 rows: two row chunks), Mq > 1 causal, bias with -inf entries and a masked
+  // row, f16 and bf16 q; fp8 at D 64 and 128; int4 at D 64 and g1 / g8 (fold ignored: the default
+  // arithmetic must still be right with the flag set).
+  add(shape(F::int4, 4, 3, 1001, 8, 128, 0), {1001, 17, 0}, 4, 1, false, false, DType::f16, bf);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 33}, 2, 3, true, false, DType::bf16, bf);
+  add(shape(F::int4, 4, 2, 523, 4, 128, 256), {523, 1}, 8, 1, false, false, DType::f16, bf);
+  add(shape(F::int4, 4, 1, 2100, 8, 128, 0), {2100}, 1, 1, false, false, DType::bf16, bf);
+  add(shape(F::int4, 4, 2, 200, 1, 128, 16), {200, 31}, 16, 1, false, true, DType::f16, bf);
+  add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 15}, 8, 4, true, true, DType::f16, bf);
+  add(shape(F::int4, 4, 2, 257, 4, 128, 256), {257, 47}, 16, 2, true, false, DType::f16, bf);
+  add(shape(F::int4, 4, 2, 129, 2, 64, 16), {129, 40}, 4, 2, true, false, DType::f16, bf);
+  // 16 KV heads = 2 head blocks of 8: a key's piece is not next to the next key's (one copy per
+  // key); every other folded int4 case copies keys in pairs.
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, bf);
+  // fold_scales = 2 (magic-number int4 codes): the int4 cases above that differ in layout / rows.
+  add(shape(F::int4, 4, 3, 1001, 8, 128, 0), {1001, 17, 0}, 4, 1, false, false, DType::f16, bf2);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 33}, 2, 3, true, false, DType::bf16, bf2);
+  add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 15}, 8, 4, true, true, DType::f16, bf2);
+  add(shape(F::int4, 4, 2, 257, 4, 128, 256), {257, 47}, 16, 2, true, false, DType::f16, bf2);
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, bf2);
+  // bulk_stagger (contiguous caches: rotated tile walk; paged: ignored): many tiles per split with
+  // a partial tile (L 2100 / 1001 / 523), empty and 1-key sequences, causal Mq > 1, bias, every
+  // bulk format; one paged case (the flag must be ignored there).
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1001, 0}, 4, 1, false, false, DType::f16, bs);
+  add(shape(F::int4, 4, 2, 1001, 2, 128, 0), {1001, 17}, 8, 2, true, true, DType::bf16, bs);
+  add(shape(F::int4, 2, 2, 523, 4, 64, 0), {523, 1}, 4, 1, false, false, DType::f16, bs);
+  add(shape(F::fp8, 1, 2, 2100, 8, 128, 0), {2100, 523}, 4, 3, true, false, DType::f16, bs);
+  add(shape(F::fp8, 1, 2, 1001, 4, 64, 0), {1001, 31}, 2, 1, false, true, DType::f16, bs);
+  add(shape(F::f16, 1, 2, 2100, 4, 128, 0), {2100, 47}, 4, 1, false, false, DType::f16, bs);
+  add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 33}, 4, 1, false, false, DType::f16, bs);
+  add(shape(F::int4, 8, 2, 257, 4, 128, 0), {257, 47}, 4, 1, false, false, DType::f16, bf);
+  add(shape(F::int4, 1, 2, 300, 4, 128, 16), {300, 5}, 4, 1, false, true, DType::bf16, bf);
+  add(shape(F::fp8, 1, 2, 1001, 4, 128, 0), {1001, 31}, 4, 1, false, false, DType::f16, bf);
+  add(shape(F::fp8, 1, 2, 600, 8, 64, 16), {600, 2}, 2, 4, true, true, DType::bf16, bf);
+  add(shape(F::fp8, 1, 1, 300, 4, 128, 256), {300}, 16, 1, false, false, DType::f16, bf);
+  add(shape(F::fp8, 1, 2, 2100, 8, 128, 16), {2100, 17}, 16, 2, true, false, DType::f16, bf);
+  add(shape(F::fp8, 1, 2, 523, 4, 64, 0), {523, 0}, 1, 1, false, true, DType::f16, bf);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
