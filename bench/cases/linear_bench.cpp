@@ -226,7 +226,8 @@ class DecodeRingBench : public BenchCase {
   // the ring kernel on the same bytes is the reference for the accuracy column.
   template <typename RowFn>
   void tile_rows(const cuda::linear::DecodeParams& d, const cuda::linear::DecodeParams& sep,
-                 const cuda::linear::RotateQuantParams& rq, RowFn row, std::vector<Row>& rows) {
+                 const cuda::linear::DecodeParams& fused, const cuda::linear::RotateQuantParams& rq,
+                 RowFn row, std::vector<Row>& rows) {
     namespace cl = cuda::linear;
     cudaStream_t s = static_cast<cudaStream_t>(env_->ctx.cuda_stream);
     const int64_t N = d.w.N, K = d.w.K;
@@ -296,6 +297,18 @@ class DecodeRingBench : public BenchCase {
         cl::decode_tiles_with(tv, t, s);
       });
       if (!v.rotate) c.note = "GEMV only: not the layer";
+      compare(c);
+      rows.push_back(c);
+    }
+    // Fused: every CTA rotates + quantizes x itself (M <= 2): the layer in one launch.
+    cl::DecodeParams tf = fused;
+    tf.w = tv.w;
+    tf.tiles = tv.tiles;
+    if (cl::decode_tiles_applies(tf)) {
+      Row c = row("tiles fused (one kernel)");
+      c.bytes += static_cast<double>(tb) - static_cast<double>(N * d.w.row_bytes);
+      if (d.w.format == cl::WeightFormat::packed) c.bytes -= 4.0 * N * (K / 128);
+      c.ms = env_->time_ms([&] { cl::decode_tiles(tf, s); });
       compare(c);
       rows.push_back(c);
     }
@@ -427,7 +440,7 @@ class DecodeRingBench : public BenchCase {
               rows.push_back(c);
             }
           }
-          if (f.f != cl::WeightFormat::int8) tile_rows(d, sep, rq, row, rows);
+          if (f.f != cl::WeightFormat::int8) tile_rows(d, sep, fused, rq, row, rows);
           Row r = row("rotate + stream (s2)");
           r.ms = env.time_ms([&] {
             cl::rotate_quantize(rq, s);

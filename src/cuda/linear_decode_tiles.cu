@@ -30,12 +30,14 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "lowbit/dtype.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
 #include "src/cuda/linear_decode_tiles.cuh"
 #include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_rotate.cuh"
 #include "src/cuda/linear_unpack.cuh"
 
 namespace lowbit {
@@ -60,6 +62,7 @@ struct TilesLayout {
   int ipt = 0;            // items per tile, K / 128
   int act_stride = 0;     // bytes between activation rows in shared memory (= 64 mod 128)
   int part_off = 0;       // int32 partial sums (tiles per CTA x 16 x M)
+  int srow_off = 0;       // fused: the fp32 rotated row (K floats)
   int ring_off = 0;       // the warps' rings
   int depth = 0;          // slots per warp
   int64_t smem = 0;
@@ -175,17 +178,21 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
 // ---- the GEMV ----
 
 // KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows (1: M <= 8, 2: M <= 16).
-// D: ring slots per warp.
+// D: ring slots per warp. XT: the activation dtype when the CTA rotates + quantizes x itself
+// (fused mode, M <= kTilesFuseLimit: the ring kernel's fused prologue, the rotate kernels' bits),
+// else void (codes from the rotate kernel).
 // At most 88 registers: 512 x 88 + the register rotate kernel's CTA (320 threads x 64) fit in
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
-template <int KIND, int NT, int D>
+template <int KIND, int NT, int D, typename XT = void>
 __global__ void __maxnreg__(kTilesMaxRegs)
     gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
+  constexpr bool kFused = !std::is_void<XT>::value;
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
+  __shared__ float s_scale[16], s_amax[W];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
@@ -236,7 +243,41 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   if (threadIdx.x < 16) s_asum[threadIdx.x] = 0;
   grid_wait();  // the activation codes come from the preceding kernel
   __syncthreads();
-  {
+  Epilogue ep = p.ep;
+  if constexpr (kFused) {
+    // Rotate + quantize the M rows of x here (every CTA; x is read from L2), while the first
+    // D - 1 items stream in.
+    float* srow = reinterpret_cast<float*>(dsm + L.srow_off);
+    const float qmax = static_cast<float>(p.act_qmax);
+    for (int m = 0; m < M; ++m) {
+      const XT* x = static_cast<const XT*>(p.x) + m * p.x_row_stride;
+      float amax = rotate_row_to_smem<XT, 256, kTilesThreads>(x, static_cast<int>(K), srow);
+      __syncthreads();
+      amax = block_amax<kTilesThreads>(amax, s_amax);
+      float scale = amax / qmax;
+      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
+      if (threadIdx.x == 0) s_scale[m] = scale;
+      int32_t sum = 0;
+      for (int e0 = threadIdx.x * 4; e0 < K; e0 += kTilesThreads * 4) {
+        const float4 q = load4_rotated<256>(srow, e0);
+        const float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          word |= (static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -p.act_qmax, p.act_qmax)) &
+                   0xffu)
+                  << (8 * j);
+        *reinterpret_cast<uint32_t*>(act + m * L.act_stride + e0) = word;
+        if (KIND == kTilesComfy) sum = __dp4a(static_cast<int>(word), 0x01010101, sum);
+      }
+      if (KIND == kTilesComfy) {
+        sum = __reduce_add_sync(0xffffffffu, sum);
+        if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
+      }
+      __syncthreads();  // srow is reused by the next row; codes, s_scale, s_asum complete
+    }
+    ep.a_scale = s_scale;  // a generic pointer into shared memory
+  } else {
     const int per_row = static_cast<int>(K / 16);
     for (int m = 0; m < M; ++m) {
       int32_t sum = 0;
@@ -353,7 +394,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     if (p.acc_out) {
       p.acc_out[tok * p.ldo + col] = sum;
     } else {
-      const float v = apply_epilogue(p.ep, static_cast<float>(sum), tok, col);
+      const float v = apply_epilogue(ep, static_cast<float>(sum), tok, col);
       store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
     }
   };
@@ -405,6 +446,10 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanc
   // each at 16 tid4) hit 8 distinct 16-byte bank groups.
   L.act_stride = static_cast<int>(d.w.K / 128 * 128 + 192);
   int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
+  if (d.x) {
+    L.srow_off = static_cast<int>(off);
+    off += (d.w.K * 4 + 127) / 128 * 128;
+  }
   L.part_off = static_cast<int>(off);
   // Balanced: a CTA's items may touch one more tile than the whole-tile split gives it.
   const int64_t tiles_per_cta = (L.tiles + grid - 1) / grid + (balanced ? 1 : 0);
@@ -493,9 +538,9 @@ int tiles_grid(const DecodeParams& d) {
   return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
 }
 
-template <int KIND, int NT, int D>
+template <int KIND, int NT, int D, typename T = void>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_tiles_kernel<KIND, NT, D>;
+  auto kernel = gemv_tiles_kernel<KIND, NT, D, T>;
   tiles_smem(kernel, L.smem);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
@@ -556,14 +601,18 @@ bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t str
 }
 
 bool decode_tiles_applies(const DecodeParams& d) {
-  if (!d.tiles || d.x || !d.a || d.M < 1 || d.M > 16) return false;
+  if (!d.tiles || d.M < 1 || d.M > 16) return false;
   if (decode_tiles_kind(d.w) == kTilesNone) return false;
-  if (d.lda % 16 != 0 || reinterpret_cast<uintptr_t>(d.a) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(d.tiles) % 16 != 0)
+  if (reinterpret_cast<uintptr_t>(d.tiles) % 16 != 0) return false;
+  if (d.x) {  // fused: the ring kernel's rule (rot 256, bf16 / f16 x, few rows), depth 8 only
+    if (d.M > kTilesFuseLimit || d.rot != 256) return false;
+    if (d.x_dtype != DType::bf16 && d.x_dtype != DType::f16) return false;
+  } else if (!d.a || d.lda % 16 != 0 || reinterpret_cast<uintptr_t>(d.a) % 16 != 0) {
     return false;
+  }
   const TilesDevice info = tiles_device();
   if (!info.sm90) return false;
-  return tiles_layout(d, tiles_grid(d), 4).smem <= info.max_smem;
+  return tiles_layout(d, tiles_grid(d), d.x ? 8 : 4).smem <= info.max_smem;
 }
 
 void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
@@ -573,10 +622,11 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
 void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream) {
   const int grid = tiles_grid(d);
   const int max_smem = tiles_device().max_smem;
-  // The deepest ring <= t.depth (0: the deepest) that fits: 8, 6 or 4 slots per warp.
-  int depth = t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 ? 6 : 4);
+  // The deepest ring <= t.depth (0: the deepest) that fits: 8, 6 or 4 slots per warp; the fused
+  // instances exist with 8 only (decode_tiles_applies checked that it fits).
+  int depth = d.x || t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 ? 6 : 4);
   TilesLayout L = tiles_layout(d, grid, depth);
-  while (L.smem > max_smem && depth > 4) {
+  while (!d.x && L.smem > max_smem && depth > 4) {
     depth -= 2;
     L = tiles_layout(d, grid, depth);
   }
@@ -591,6 +641,14 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   const bool two = d.M > 8;
   auto go = [&](auto kind_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
+    if (d.x) {  // fused instances: one n8 tile (M <= kTilesFuseLimit), depth 8
+      if (d.x_dtype == DType::f16) {
+        launch_tiles<KIND, 1, 8, __half>(d, L, grid, stream);
+      } else {
+        launch_tiles<KIND, 1, 8, __nv_bfloat16>(d, L, grid, stream);
+      }
+      return;
+    }
     auto by_nt = [&](auto depth_tag) {
       constexpr int DEPTH = decltype(depth_tag)::value;
       if (two) {

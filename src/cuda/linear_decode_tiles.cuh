@@ -32,8 +32,16 @@ int64_t decode_tiles_bytes(const PackedWeightRef& w);
 // then `out` must not be used.
 bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream);
 
-// Whether decode_tiles takes d: d.tiles set (decode_tiles_build of d.w succeeded), d.a codes
-// (not the fused x mode), sm_90 image, M <= 16, the shared-memory layout fits.
+// Largest M the tiled kernel rotates + quantizes itself (d.x set: every CTA rotates the rows in
+// its prologue while its first items stream in; one launch for the layer).
+constexpr int64_t kTilesFuseLimit = 2;
+// Largest M for which QuantizedLinear::forward takes that fused mode (0: off; the rotate kernel
+// + PDL, as for the ring kernel).
+constexpr int64_t kTilesFuseMaxM = 0;
+
+// Whether decode_tiles takes d: d.tiles set (decode_tiles_build of d.w succeeded), sm_90 image,
+// M <= 16, the shared-memory layout fits; codes in d.a, or (fused) x in d.x with
+// M <= kTilesFuseLimit, rot 256, bf16 / f16.
 bool decode_tiles_applies(const DecodeParams& d);
 
 // Tuning of the tiled kernel (A/B bench rows; the defaults are the layer's).

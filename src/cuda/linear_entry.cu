@@ -279,8 +279,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
 
   const linear::PackedWeightRef ref = weight_ref(w);
+  const bool tiles_fuse = kUseDecodeTiles && w.decode_tiles.data && M <= linear::kTilesFuseMaxM;
   if (fmt != ActFormat::e4m3 &&
-      (M <= linear::kRingFuseMaxM || linear::decode_can_fuse(M, K))) {
+      (tiles_fuse || M <= linear::kRingFuseMaxM || linear::decode_can_fuse(M, K))) {
     // Few decode rows: one kernel rotates, quantizes and multiplies (bit-identical to
     // rotate_quantize + decode / prefill): the ring kernel for up to kRingFuseMaxM rows where it
     // applies, else the streaming decode kernel.
@@ -297,6 +298,14 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     d.out = out.data;
     d.out_dtype = out.dtype;
     d.ldo = out.stride[0];
+    if (tiles_fuse) {  // the tiled kernel rotates + quantizes x in its prologue: one launch
+      d.tiles = static_cast<const uint8_t*>(w.decode_tiles.data);
+      if (linear::decode_tiles_applies(d)) {
+        linear::decode_tiles(d, s);
+        return;
+      }
+      d.tiles = nullptr;
+    }
     if (M <= linear::kRingFuseMaxM && linear::decode_ring_applies(d)) {
       linear::decode_ring(d, s);
       return;
