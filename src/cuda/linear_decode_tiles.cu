@@ -508,17 +508,19 @@ void tiles_smem(Kernel kernel, int64_t bytes) {
   done[key] = limit;
 }
 
-// The balanced split's boundary buffers of the current device: (SMs + 1) x 2 x 256 int32 and
-// (SMs + 1) counters, zeroed once (on `stream`, ordered before the first kernel that uses them).
-// Every launch adds 2 to the counter of each boundary it shares, so they stay even between
-// launches; launches on one device must not run concurrently in this mode (one stream).
+// The balanced split's boundary buffers of the current device and stream: (SMs + 1) x 2 x 256
+// int32 and (SMs + 1) counters, zeroed once (on `stream`, ordered before the first kernel that
+// uses them). Every launch adds 2 to the counter of each boundary it shares, so they are even
+// between launches; launches on one stream never overlap past griddepcontrol.wait, and each
+// stream has its own buffers (about 270 KB, kept for the process's lifetime).
 void boundary_buffers(cudaStream_t stream, int32_t** bnd, uint32_t** cnt) {
   static std::mutex mu;
-  static std::map<int, std::pair<int32_t*, uint32_t*>> bufs;
+  static std::map<std::pair<int, cudaStream_t>, std::pair<int32_t*, uint32_t*>> bufs;
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
   std::lock_guard<std::mutex> lock(mu);
-  auto it = bufs.find(dev);
+  const auto key = std::make_pair(dev, stream);
+  auto it = bufs.find(key);
   if (it == bufs.end()) {
     const size_t n = static_cast<size_t>(multiprocessor_count()) + 1;
     void* b = nullptr;
@@ -526,7 +528,7 @@ void boundary_buffers(cudaStream_t stream, int32_t** bnd, uint32_t** cnt) {
     check_cuda(cudaMalloc(&b, n * 2 * 256 * sizeof(int32_t)), "decode_tiles", "boundary sums");
     check_cuda(cudaMalloc(&c, n * sizeof(uint32_t)), "decode_tiles", "boundary counters");
     check_cuda(cudaMemsetAsync(c, 0, n * sizeof(uint32_t), stream), "decode_tiles", "memset");
-    it = bufs.emplace(dev, std::make_pair(static_cast<int32_t*>(b), static_cast<uint32_t*>(c)))
+    it = bufs.emplace(key, std::make_pair(static_cast<int32_t*>(b), static_cast<uint32_t*>(c)))
              .first;
   }
   *bnd = it->second.first;

@@ -51,7 +51,7 @@ struct DecodeTilesTuning {
   int depth = 0;
   // Split the grid's items evenly (CTAs share the tiles at their ends, finished by whichever
   // side arrives second) instead of whole 16-row tiles per CTA (864 tiles on 132 SMs: 7 vs
-  // 6.55). Assumes no other balanced launch runs on the device at the same time.
+  // 6.55). Boundary buffers per (device, stream).
   bool balanced = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
