@@ -279,19 +279,27 @@ class DecodeRingBench : public BenchCase {
       int depth;
       bool rotate;
       bool balanced;
+      bool table4 = false;
     };
     for (const V& v : {V{"rotate + tiles (decode layout)", 0, true, false},
                        V{"tiles alone (codes on the device)", 0, false, false},
                        V{"rotate + tiles, ring depth 6", 6, true, false},
                        V{"rotate + tiles, ring depth 4", 4, true, false},
                        V{"rotate + tiles, balanced split", 0, true, true},
-                       V{"tiles alone, balanced split", 0, false, true}}) {
+                       V{"tiles alone, balanced split", 0, false, true},
+                       V{"rotate + tiles, 4-byte tables", 0, true, false, true},
+                       V{"rotate + tiles, 4-byte tables, balanced", 0, true, true, true}}) {
+      if (v.table4 && d.w.format != cl::WeightFormat::packed) continue;
       Row c = row(v.name);
       cl::DecodeTilesTuning t;
       t.depth = v.depth;
       t.balanced = v.balanced;
-      c.bytes += static_cast<double>(tb) - static_cast<double>(N * d.w.row_bytes);
+      t.table4 = v.table4;
+      // Bytes read: codes + the tables in use (the layout holds both table forms).
+      c.bytes -= static_cast<double>(N * d.w.row_bytes);
       if (d.w.format == cl::WeightFormat::packed) c.bytes -= 4.0 * N * (K / 128);
+      c.bytes += (N + 15) / 16 * (K / 128) *
+                 (1024.0 + (d.w.format == cl::WeightFormat::packed ? (v.table4 ? 64 : 128) : 0));
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);
         cl::decode_tiles_with(tv, t, s);
@@ -306,8 +314,10 @@ class DecodeRingBench : public BenchCase {
     tf.tiles = tv.tiles;
     if (cl::decode_tiles_applies(tf)) {
       Row c = row("tiles fused (one kernel)");
-      c.bytes += static_cast<double>(tb) - static_cast<double>(N * d.w.row_bytes);
+      c.bytes -= static_cast<double>(N * d.w.row_bytes);
       if (d.w.format == cl::WeightFormat::packed) c.bytes -= 4.0 * N * (K / 128);
+      c.bytes += (N + 15) / 16 * (K / 128) *
+                 (1024.0 + (d.w.format == cl::WeightFormat::packed ? 128 : 0));
       c.ms = env_->time_ms([&] { cl::decode_tiles(tf, s); });
       compare(c);
       rows.push_back(c);

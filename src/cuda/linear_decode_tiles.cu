@@ -48,13 +48,28 @@ namespace {
 constexpr int kItemCols = 128;                  // columns of one item (one fold group)
 constexpr int kItemBytes = 1024;                // 16 rows x 128 columns of 4-bit codes
 constexpr int kTableBytes = 128;                // 16 rows x 8-byte fold tables (packed 4-bit)
+constexpr int kTable4Bytes = 64;                // 16 rows x the same tables in 4 bytes
+// Kernel-only kind: packed 4-bit reading the 4-byte tables (decoded in shared memory per item).
+constexpr int kTilesInt4C = 2;
 constexpr int kTilesWarps = 16;                 // warps per CTA
 constexpr int kTilesThreads = kTilesWarps * 32;
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
 constexpr int kTilesMaxRegs = 88;
 
 __host__ __device__ constexpr int slot_bytes(int kind) {
-  return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0);
+  return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0) +
+         (kind == kTilesInt4C ? kTableBytes + kTable4Bytes : 0);
+}
+// 4-byte table word e -> T[0..3], T[4..7]. Encoding (build_tile_tables_kernel): byte j of e
+// holds n_{4+j} = T[4+j] - (4+j)·T1 + 8 in its low nibble; the high nibbles hold T1 = T[1]
+// (bits 4..7 of byte 0, bit 4 of byte 1), n2 (byte 2) and n3 (byte 3). Every byte of
+// m·T1 + n_m - 8 is T[m] in [0, 127], so the 32-bit sums below carry nothing between bytes.
+__device__ __forceinline__ void decode_table4(uint32_t e, uint32_t* lo, uint32_t* hi) {
+  const uint32_t h = (e >> 4) & 0x0f0f0f0fu;
+  const uint32_t t1 = (h & 0xfu) | ((h >> 4) & 0x10u);
+  const uint32_t lo_n = (h & 0x0f0f0000u) | 0x00000808u;
+  *lo = t1 * 0x03020100u + lo_n - 0x08080808u;
+  *hi = t1 * 0x07060504u + (e & 0x0f0f0f0fu) - 0x08080808u;
 }
 
 struct TilesLayout {
@@ -151,7 +166,7 @@ __global__ void build_tile_codes_kernel(PackedWeightRef w, int kind, int ipt, in
 // One thread per (tile row, group): the 8-byte table T[m] = fold(m), m = 0..7, at
 // (t · ipt + g) · 128 + (r & 7) · 16 + (r >> 3) · 8 (r = row mod 16).
 __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t tiles, uint8_t* out,
-                                         int* flag) {
+                                         uint8_t* out4, int* flag) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= tiles * 16 * ipt) return;
   const int64_t row = idx / ipt, g = idx - row * ipt;
@@ -159,6 +174,7 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
   const int r = static_cast<int>(row & 15);
   uint8_t* dst = out + (t * ipt + g) * kTableBytes + (r & 7) * 16 + (r >> 3) * 8;
   int bad = 0;
+  int32_t tab[8];
   for (int m = 0; m < 8; ++m) {
     int32_t v = 0;
     if (row < w.N) {
@@ -171,6 +187,22 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
       }
     }
     dst[m] = static_cast<uint8_t>(v & 0xff);
+    tab[m] = v;
+  }
+  // The 4-byte form (decode_table4), row r of the item at (t · ipt + g) · 64 + r · 4.
+  const int32_t t1 = tab[1];
+  int32_t n[8];
+  for (int m = 2; m < 8; ++m) {
+    n[m] = tab[m] - m * t1 + 8;
+    if (n[m] < 0 || n[m] > 15) bad = 1;
+  }
+  if (tab[0] != 0 || t1 < 0 || t1 > 31) bad = 1;
+  if (!bad) {
+    uint8_t* d4 = out4 + (t * ipt + g) * kTable4Bytes + r * 4;
+    d4[0] = static_cast<uint8_t>(n[4] | (t1 & 15) << 4);
+    d4[1] = static_cast<uint8_t>(n[5] | ((t1 >> 4) & 1) << 4);
+    d4[2] = static_cast<uint8_t>(n[6] | n[2] << 4);
+    d4[3] = static_cast<uint8_t>(n[7] | n[3] << 4);
   }
   if (bad) atomicOr(flag, 1);
 }
@@ -216,6 +248,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   const int n_items = i1 - i0;
   const uint8_t* codes = p.tiles;
   const uint8_t* tables = p.tiles + T * ipt * kItemBytes;
+  const uint8_t* tables4 = tables + T * ipt * kTableBytes;
   const int64_t gi0 = s0 + i0;  // this warp's first item in the layout
   uint8_t* ring = dsm + L.ring_off + warp * D * SLOT;
   uint8_t* act = dsm;
@@ -231,6 +264,9 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
     if (KIND == kTilesInt4 && lane < 8)
       cp_async16(smem_u32(slot + kItemBytes + lane * 16), tables + gi * kTableBytes + lane * 16);
+    if (KIND == kTilesInt4C && lane < 4)
+      cp_async16(smem_u32(slot + kItemBytes + kTableBytes + lane * 16),
+                 tables4 + gi * kTable4Bytes + lane * 16);
   };
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
@@ -323,7 +359,17 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     cp_commit();
     const uint8_t* sl = ring + slot * SLOT;
     uint32_t tab[4] = {0u, 0u, 0u, 0u};
-    if constexpr (KIND == kTilesInt4) {
+    if constexpr (KIND == kTilesInt4C) {  // lanes 0..15 decode row lane's table into place
+      if (lane < 16) {
+        uint32_t lo, hi;
+        decode_table4(*reinterpret_cast<const uint32_t*>(sl + kItemBytes + kTableBytes + lane * 4),
+                      &lo, &hi);
+        *reinterpret_cast<uint2*>(const_cast<uint8_t*>(sl) + kItemBytes + (lane & 7) * 16 +
+                                  (lane >> 3) * 8) = make_uint2(lo, hi);
+      }
+      __syncwarp();
+    }
+    if constexpr (KIND != kTilesComfy) {
       const uint4 t = lds128(sl + kItemBytes + gid * 16);
       tab[0] = t.x, tab[1] = t.y, tab[2] = t.z, tab[3] = t.w;
     }
@@ -437,9 +483,11 @@ __global__ void __maxnreg__(kTilesMaxRegs)
 #endif
 }
 
-TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanced = false) {
+TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanced = false,
+                         bool table4 = false) {
   TilesLayout L;
-  const int kind = decode_tiles_kind(d.w);
+  const int kind = table4 && decode_tiles_kind(d.w) == kTilesInt4 ? kTilesInt4C
+                                                                 : decode_tiles_kind(d.w);
   L.tiles = (d.w.N + 15) / 16;
   L.ipt = static_cast<int>(d.w.K / kItemCols);
   // Row stride = 64 (mod 128): the 8 lanes of an LDS.128 phase (tokens gid, gid + 1, 4 lanes
@@ -574,7 +622,7 @@ int64_t decode_tiles_bytes(const PackedWeightRef& w) {
   const int kind = decode_tiles_kind(w);
   if (kind == kTilesNone) return 0;
   const int64_t items = (w.N + 15) / 16 * (w.K / kItemCols);
-  return items * (kind == kTilesInt4 ? kItemBytes + kTableBytes : kItemBytes);
+  return items * (kind == kTilesInt4 ? kItemBytes + kTableBytes + kTable4Bytes : kItemBytes);
 }
 
 bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream) {
@@ -592,7 +640,8 @@ bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t str
   if (kind == kTilesInt4) {
     const int64_t n = tiles * 16 * ipt;
     build_tile_tables_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-        w, ipt, tiles, out + tiles * ipt * kItemBytes, flag.as<int>());
+        w, ipt, tiles, out + tiles * ipt * kItemBytes,
+        out + tiles * ipt * (kItemBytes + kTableBytes), flag.as<int>());
     check_launch(op);
   }
   int bad = 0;
@@ -627,13 +676,14 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   // The deepest ring <= t.depth (0: the deepest) that fits: 8, 6 or 4 slots per warp; the fused
   // instances exist with 8 only (decode_tiles_applies checked that it fits).
   int depth = d.x || t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 ? 6 : 4);
-  TilesLayout L = tiles_layout(d, grid, depth);
+  const bool t4 = t.table4 && !d.x && decode_tiles_kind(d.w) == kTilesInt4;
+  TilesLayout L = tiles_layout(d, grid, depth, false, t4);
   while (!d.x && L.smem > max_smem && depth > 4) {
     depth -= 2;
-    L = tiles_layout(d, grid, depth);
+    L = tiles_layout(d, grid, depth, false, t4);
   }
   if (t.balanced) {  // the same depth with one more (shared) tile per CTA, if it fits
-    TilesLayout B = tiles_layout(d, grid, depth, true);
+    TilesLayout B = tiles_layout(d, grid, depth, true, t4);
     if (B.smem <= max_smem) {
       L = B;
       boundary_buffers(stream, &L.bnd, &L.cnt);
@@ -644,6 +694,7 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   auto go = [&](auto kind_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
     if (d.x) {  // fused instances: one n8 tile (M <= kTilesFuseLimit), depth 8
+      if constexpr (KIND == kTilesInt4C) return;  // never (t4 is off in the fused mode)
       if (d.x_dtype == DType::f16) {
         launch_tiles<KIND, 1, 8, __half>(d, L, grid, stream);
       } else {
@@ -669,6 +720,8 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   };
   if (kind == kTilesComfy) {
     go(std::integral_constant<int, kTilesComfy>{});
+  } else if (t4) {
+    go(std::integral_constant<int, kTilesInt4C>{});
   } else {
     go(std::integral_constant<int, kTilesInt4>{});
   }

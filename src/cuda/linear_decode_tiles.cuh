@@ -53,6 +53,10 @@ struct DecodeTilesTuning {
   // side arrives second) instead of whole 16-row tiles per CTA (864 tiles on 132 SMs: 7 vs
   // 6.55). Boundary buffers per (device, stream).
   bool balanced = false;
+  // Packed 4-bit: read the 4-byte form of the fold tables (decoded per item by 16 lanes into
+  // shared memory) instead of the 8-byte one: 64 instead of 128 bytes per 1 KB of codes, the same
+  // bytes as the checkpoint's fp32 ratios.
+  bool table4 = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).
