@@ -78,6 +78,8 @@ struct TilesLayout {
   int act_stride = 0;     // bytes between activation rows in shared memory (= 64 mod 128)
   int part_off = 0;       // int32 partial sums (tiles per CTA x 16 x M)
   int srow_off = 0;       // fused: the fp32 rotated row (K floats)
+  int epi_off = 0;        // fp32 w_scale and bias of the CTA's columns (2 x epi_n)
+  int epi_n = 0;          // tiles per CTA x 16
   int ring_off = 0;       // the warps' rings
   int depth = 0;          // slots per warp
   int64_t smem = 0;
@@ -274,9 +276,22 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     cp_commit();
   }
 
-  // Partial sums and activation sums start at zero.
+  // Partial sums and activation sums start at zero; the epilogue's per-column operands (layer
+  // parameters, not written by the preceding kernel) are fetched now, off the critical path.
   for (int i = threadIdx.x; i < ntl * 16 * M; i += kTilesThreads) part[i] = 0;
   if (threadIdx.x < 16) s_asum[threadIdx.x] = 0;
+  float* s_ws = reinterpret_cast<float*>(dsm + L.epi_off);
+  float* s_bias = s_ws + L.epi_n;
+  for (int i = threadIdx.x; i < ntl * 16; i += kTilesThreads) {
+    const int64_t col = 16 * t0 + i;
+    float ws = 1.f, bias = 0.f;
+    if (col < N) {
+      if (p.ep.w_scale) ws = p.ep.w_scale[col];
+      if (p.ep.bias) bias = load_scalar(p.ep.bias, p.ep.bias_dtype, col);
+    }
+    s_ws[i] = ws;
+    s_bias[i] = bias;
+  }
   grid_wait();  // the activation codes come from the preceding kernel
   __syncthreads();
   Epilogue ep = p.ep;
@@ -435,12 +450,19 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   cp_wait<0>();
   __syncthreads();
 
+  // apply_epilogue's arithmetic and order, w_scale and bias from shared memory (c: the column's
+  // index in this CTA's range).
   auto finish = [&](int32_t sum, int tok, int64_t col) {
     if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
     if (p.acc_out) {
       p.acc_out[tok * p.ldo + col] = sum;
     } else {
-      const float v = apply_epilogue(ep, static_cast<float>(sum), tok, col);
+      const int c = static_cast<int>(col - 16 * t0);
+      float v = static_cast<float>(sum);
+      if (ep.a_scale) v = __fmul_rn(v, ep.a_scale[tok]);
+      if (ep.w_scale) v = __fmul_rn(v, s_ws[c]);
+      if (ep.w_tensor_scale) v = __fmul_rn(v, *ep.w_tensor_scale);
+      if (ep.bias) v = __fadd_rn(v, s_bias[c]);
       store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
     }
   };
@@ -503,6 +525,9 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanc
   const int64_t tiles_per_cta = (L.tiles + grid - 1) / grid + (balanced ? 1 : 0);
   L.balanced = balanced ? 1 : 0;
   off += (tiles_per_cta * 16 * d.M * 4 + 127) / 128 * 128;
+  L.epi_off = static_cast<int>(off);
+  L.epi_n = static_cast<int>(tiles_per_cta * 16);
+  off += (2 * tiles_per_cta * 16 * 4 + 127) / 128 * 128;
   L.ring_off = static_cast<int>(off);
   L.depth = depth;
   L.smem = off + static_cast<int64_t>(kTilesWarps) * depth * slot_bytes(kind);
