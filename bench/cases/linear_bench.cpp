@@ -279,22 +279,39 @@ class DecodeRingBench : public BenchCase {
       int depth;
       bool rotate;
       bool balanced;
-      bool table4 = false;
+      bool table4;
+      bool bulk;
+      bool interleave = false;
     };
-    for (const V& v : {V{"rotate + tiles (decode layout)", 0, true, false},
-                       V{"tiles alone (codes on the device)", 0, false, false},
-                       V{"rotate + tiles, ring depth 6", 6, true, false},
-                       V{"rotate + tiles, ring depth 4", 4, true, false},
-                       V{"rotate + tiles, balanced split", 0, true, true},
-                       V{"tiles alone, balanced split", 0, false, true},
-                       V{"rotate + tiles, 4-byte tables", 0, true, false, true},
-                       V{"rotate + tiles, 4-byte tables, balanced", 0, true, true, true}}) {
+    // Run 6 (H200): depth 4 fastest (now the default), balanced split / 4-byte tables / fused
+    // slower; run 7 adds the bulk-copy (TMA) transport and interleaved warps.
+    for (const V& v : {V{"rotate + tiles (decode layout)", 4, true, false, false, false},
+                       V{"tiles alone (codes on the device)", 4, false, false, false, false},
+                       V{"rotate + tiles, ring depth 8", 8, true, false, false, false},
+                       V{"rotate + tiles, ring depth 6", 6, true, false, false, false},
+                       V{"rotate + tiles, bulk copies (TMA)", 4, true, false, false, true},
+                       V{"tiles alone, bulk copies (TMA)", 4, false, false, false, true},
+                       V{"rotate + tiles, bulk copies, depth 8", 8, true, false, false, true},
+                       V{"rotate + tiles, bulk copies, depth 6", 6, true, false, false, true},
+                       V{"rotate + tiles, balanced split", 4, true, true, false, false},
+                       V{"rotate + tiles, 4-byte tables", 4, true, false, true, false},
+                       V{"rotate + tiles, 4-byte tables, bulk copies", 4, true, false, true, true},
+                       V{"rotate + tiles, interleaved warps", 4, true, false, false, false, true},
+                       V{"tiles alone, interleaved warps", 4, false, false, false, false, true},
+                       V{"rotate + tiles, bulk copies, interleaved", 4, true, false, false, true,
+                         true},
+                       V{"tiles alone, bulk copies, interleaved", 4, false, false, false, true,
+                         true},
+                       V{"rotate + tiles, bulk copies, interleaved, depth 8", 8, true, false,
+                         false, true, true}}) {
       if (v.table4 && d.w.format != cl::WeightFormat::packed) continue;
       Row c = row(v.name);
       cl::DecodeTilesTuning t;
       t.depth = v.depth;
       t.balanced = v.balanced;
       t.table4 = v.table4;
+      t.bulk = v.bulk;
+      t.interleave = v.interleave;
       // Bytes read: codes + the tables in use (the layout holds both table forms).
       c.bytes -= static_cast<double>(N * d.w.row_bytes);
       if (d.w.format == cl::WeightFormat::packed) c.bytes -= 4.0 * N * (K / 128);

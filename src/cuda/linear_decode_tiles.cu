@@ -89,6 +89,10 @@ struct TilesLayout {
   // boundary's counter is odd before its atomicAdd: every launch adds exactly 2) finishes it.
   // Otherwise CTA b owns whole tiles [b·T/G, (b+1)·T/G).
   int balanced = 0;
+  // Transport: 0 = 16-byte cp.async per lane (cp.async.wait_group), 1 = one cp.async.bulk per
+  // item (lane 0; TMA, completing on the slot's mbarrier: the item is 1 KB contiguous).
+  int bulk = 0;
+  int interleave = 0;       // warps take every W-th item of the CTA instead of a contiguous run
   int32_t* bnd = nullptr;   // (G + 1) x 2 x 256 int32
   uint32_t* cnt = nullptr;  // (G + 1) counters, zero when allocated
 };
@@ -102,6 +106,36 @@ __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared through the TMA unit,
+// completing as transaction bytes on `bar`.
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) {
   return *reinterpret_cast<const uint4*>(p);
 }
@@ -227,6 +261,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
   __shared__ float s_scale[16], s_amax[W];
+  __shared__ __align__(8) uint64_t s_bar[W * D];  // bulk transport: one mbarrier per slot
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
@@ -246,21 +281,49 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   const int64_t t0 = s0 / ipt, t1 = (s1 + ipt - 1) / ipt;
   const int ntl = static_cast<int>(t1 - t0);  // this CTA's tiles (whole or shared)
   const int items = static_cast<int>(s1 - s0);  // split evenly over the warps
-  const int i0 = warp * items / W, i1 = (warp + 1) * items / W;
-  const int n_items = i1 - i0;
+  // The warp's items, local indices jb + step · k (k < n_items): a contiguous run of the CTA's
+  // items (step 1), or interleaved (step W: the CTA's warps read adjacent items at a time).
+  const int step = L.interleave ? W : 1;
+  const int jb = L.interleave ? warp : warp * items / W;
+  const int n_items = L.interleave ? (items > warp ? (items - warp + W - 1) / W : 0)
+                                   : (warp + 1) * items / W - jb;
   const uint8_t* codes = p.tiles;
   const uint8_t* tables = p.tiles + T * ipt * kItemBytes;
   const uint8_t* tables4 = tables + T * ipt * kTableBytes;
-  const int64_t gi0 = s0 + i0;  // this warp's first item in the layout
+  const int64_t gi0 = s0 + jb;  // this warp's first item in the layout
   uint8_t* ring = dsm + L.ring_off + warp * D * SLOT;
   uint8_t* act = dsm;
   int32_t* part = reinterpret_cast<int32_t*>(dsm + L.part_off);
 
+  const bool bulk = L.bulk != 0;
+  if (bulk) {
+    if (threadIdx.x < W * D) mbar_init(smem_u32(&s_bar[threadIdx.x]), 1u);
+    mbar_fence_init();
+    __syncthreads();
+  }
+  const uint32_t bar0 = smem_u32(&s_bar[warp * D]);
+
   // Item k of this warp into slot s: lane l copies its 16 bytes of both chunks, lanes 0..7 the
-  // tables of rows l and l + 8 (packed 4-bit).
+  // tables of rows l and l + 8 (packed 4-bit); bulk: lane 0 copies the item's 1 KB and its
+  // tables with two bulk copies.
   auto issue = [&](int k, int s) {
-    const int64_t gi = gi0 + k;
+    const int64_t gi = gi0 + static_cast<int64_t>(step) * k;
     uint8_t* slot = ring + s * SLOT;
+    if (bulk) {  // warp-uniform
+      if (lane == 0) {
+        const uint32_t bar = bar0 + 8u * s;
+        const uint32_t tb =
+            KIND == kTilesInt4 ? kTableBytes : (KIND == kTilesInt4C ? kTable4Bytes : 0);
+        mbar_expect_tx(bar, kItemBytes + tb);
+        bulk_g2s(smem_u32(slot), codes + gi * kItemBytes, kItemBytes, bar);
+        if (KIND == kTilesInt4)
+          bulk_g2s(smem_u32(slot + kItemBytes), tables + gi * kTableBytes, kTableBytes, bar);
+        if (KIND == kTilesInt4C)
+          bulk_g2s(smem_u32(slot + kItemBytes + kTableBytes), tables4 + gi * kTable4Bytes,
+                   kTable4Bytes, bar);
+      }
+      return;
+    }
     const uint8_t* src = codes + gi * kItemBytes + lane * 16;
     cp_async16(smem_u32(slot + lane * 16), src);
     cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
@@ -367,8 +430,16 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   int tl = static_cast<int>(gi0 / ipt - t0);  // local tile and group of the current item
   int g = static_cast<int>(gi0 % ipt);
   int slot = 0;
+  uint32_t parity = 0;  // bulk: the phase of the slots in this pass over the ring
   for (int k = 0; k < n_items; ++k) {
-    cp_wait<D - 2>();  // this lane's copies of item k landed
+    if (bulk) {
+      // Every lane waits for (acquires) the slot's phase. A copy that never lands gives up after
+      // ~2^24 polls: wrong output (the harness says so), not a hang.
+      for (uint32_t polls = 0; polls < (1u << 24); ++polls)
+        if (mbar_try(bar0 + 8u * slot, parity)) break;
+    } else {
+      cp_wait<D - 2>();  // this lane's copies of item k landed
+    }
     __syncwarp();      // ... and every lane's (tables); slot k - 1 is read by all lanes
     if (k + D - 1 < n_items) issue(k + D - 1, slot == 0 ? D - 1 : slot - 1);
     cp_commit();
@@ -428,8 +499,14 @@ __global__ void __maxnreg__(kTilesMaxRegs)
         }
       }
     }
-    if (++slot == D) slot = 0;
-    if (++g == ipt || k == n_items - 1) {
+    if (++slot == D) {
+      slot = 0;
+      parity ^= 1u;
+    }
+    // Next item's group; adv: tile boundaries crossed on the way (step < ipt: 0 or 1).
+    int adv = 0;
+    for (g += step; g >= ipt; g -= ipt) ++adv;
+    if (adv > 0 || k == n_items - 1) {
       // The tile's columns of this warp are complete: add them to the CTA's partial sums.
       // D fragment: c0, c1 = (row gid, tokens 2 tid4, 2 tid4 + 1), c2, c3 = row gid + 8.
 #pragma unroll
@@ -443,8 +520,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
           acc0[nt][r] = acc1[nt][r] = 0;
         }
       }
-      g = 0;
-      ++tl;
+      tl += adv;
     }
   }
   cp_wait<0>();
@@ -558,7 +634,7 @@ TilesDevice tiles_device() {
       attr.binaryVersion >= 90;
   (void)cudaGetLastError();
   info.sm90 = major == 9 && image;
-  info.max_smem = optin - 1024;  // room for the static arrays
+  info.max_smem = optin - 2048;  // room for the static arrays (mbarriers included)
   cache.emplace(dev, info);
   return info;
 }
@@ -699,7 +775,9 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   const int grid = tiles_grid(d);
   const int max_smem = tiles_device().max_smem;
   // The deepest ring <= t.depth (0: the deepest) that fits: 8, 6 or 4 slots per warp; the fused
-  // instances exist with 8 only (decode_tiles_applies checked that it fits).
+  // instances exist with 8 only (decode_tiles_applies checked that it fits). H200 run 6: depth 4
+  // was the fastest (convrotint4 1 x 5120 -> 13824 17.9 us vs 19.6 at depth 8, comfy 16.6 vs
+  // 17.0), so it is the default (DecodeTilesTuning).
   int depth = d.x || t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 ? 6 : 4);
   const bool t4 = t.table4 && !d.x && decode_tiles_kind(d.w) == kTilesInt4;
   TilesLayout L = tiles_layout(d, grid, depth, false, t4);
@@ -707,9 +785,13 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
     depth -= 2;
     L = tiles_layout(d, grid, depth, false, t4);
   }
+  L.bulk = t.bulk ? 1 : 0;
+  L.interleave = t.interleave ? 1 : 0;
   if (t.balanced) {  // the same depth with one more (shared) tile per CTA, if it fits
     TilesLayout B = tiles_layout(d, grid, depth, true, t4);
     if (B.smem <= max_smem) {
+      B.bulk = L.bulk;
+      B.interleave = L.interleave;
       L = B;
       boundary_buffers(stream, &L.bnd, &L.cnt);
     }

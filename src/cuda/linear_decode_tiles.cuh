@@ -47,8 +47,8 @@ bool decode_tiles_applies(const DecodeParams& d);
 // Tuning of the tiled kernel (A/B bench rows; the defaults are the layer's).
 struct DecodeTilesTuning {
   // Ring slots per warp: 8, 6 or 4 (0: the deepest that fits); a depth whose shared memory does
-  // not fit falls back to the next smaller one.
-  int depth = 0;
+  // not fit falls back to the next smaller one. H200 run 6: 4 the fastest.
+  int depth = 4;
   // Split the grid's items evenly (CTAs share the tiles at their ends, finished by whichever
   // side arrives second) instead of whole 16-row tiles per CTA (864 tiles on 132 SMs: 7 vs
   // 6.55). Boundary buffers per (device, stream).
@@ -57,6 +57,12 @@ struct DecodeTilesTuning {
   // shared memory) instead of the 8-byte one: 64 instead of 128 bytes per 1 KB of codes, the same
   // bytes as the checkpoint's fp32 ratios.
   bool table4 = false;
+  // Weight transport: one cp.async.bulk (TMA) of the item's 1 KB (+ tables) by lane 0, completing
+  // on the slot's mbarrier, instead of two 16-byte cp.async per lane. Same slots, same bits.
+  bool bulk = false;
+  // Warp w takes the CTA's items w, w + 16, w + 32, ... (the CTA's 16 warps read 16 adjacent KB
+  // at a time: one DRAM stream per SM) instead of a contiguous run (16 streams per SM).
+  bool interleave = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).
