@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "src/cuda/linear_decode_ring.cuh"
+#include "src/cuda/linear_decode_tiles.cuh"
 #include "src/cuda/linear_kernels.cuh"
 #endif
 
@@ -38,6 +39,8 @@ PackedWeight random_packed(QType q, int64_t o, int64_t k, uint64_t seed) {
   if (q == QType::convrot_fp8)  // keep e4m3 codes finite (0x7f / 0xff are NaN)
     for (auto& b : w.codes)
       if ((b & 0x7f) == 0x7f) b = static_cast<uint8_t>(b & 0xfe);
+  if (q == QType::convrot_int4)  // codes the quantizer can give: u = c + 7 <= 14, never 15
+    for (auto& b : w.codes) b = static_cast<uint8_t>((b & 15) % 15 | ((b >> 4) % 15) << 4);
   auto fill_f32 = [](std::vector<uint8_t>& bytes, float v) {
     for (size_t i = 0; i + 4 <= bytes.size(); i += 4) std::memcpy(&bytes[i], &v, 4);
   };
@@ -231,10 +234,132 @@ class RotateBench : public BenchCase {
 class DecodeRingBench : public BenchCase {
  public:
   std::string name() const override { return "linear.decode_ring"; }
+
+  // Session 4: the tiled kernel on the weight's decode layout (linear_decode_tiles.cu). Codes the
+  // quantizer can give (4-bit u <= 14) and positive group ratios, so the layout carries them;
+  // the ring kernel on the same bytes is the reference for the accuracy column.
+  template <typename RowFn>
+  void tile_rows(const cuda::linear::DecodeParams& d, const cuda::linear::DecodeParams& sep,
+                 const cuda::linear::DecodeParams& fused, const cuda::linear::RotateQuantParams& rq,
+                 RowFn row, std::vector<Row>& rows) {
+    namespace cl = cuda::linear;
+    cudaStream_t s = static_cast<cudaStream_t>(env_->ctx.cuda_stream);
+    const int64_t N = d.w.N, K = d.w.K;
+    std::mt19937_64 rng(77);
+    std::vector<uint8_t> hc(static_cast<size_t>(N * d.w.row_bytes));
+    for (auto& b : hc) {
+      const uint32_t v = static_cast<uint32_t>(rng());
+      b = static_cast<uint8_t>(d.w.format == cl::WeightFormat::packed
+                                   ? ((v & 15) % 15) | (((v >> 4) & 15) % 15) << 4
+                                   : v & 0xff);
+    }
+    std::vector<float> hr(static_cast<size_t>(N * (K / 128)));
+    std::uniform_real_distribution<float> ur(0.05f, 18.f);
+    for (auto& r : hr) r = ur(rng);
+    DeviceTensor tc = make_empty(Device::cuda, DType::u8, {N, d.w.row_bytes});
+    DeviceTensor tr = make_empty(Device::cuda, DType::f32, {N, K / 128});
+    cudaMemcpy(tc.view.data, hc.data(), hc.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(tr.view.data, hr.data(), hr.size() * 4, cudaMemcpyHostToDevice);
+    cl::DecodeParams tv = sep;
+    tv.w.codes = static_cast<const uint8_t*>(tc.view.data);
+    if (tv.w.ratios) tv.w.ratios = static_cast<const float*>(tr.view.data);
+    const int64_t tb = cl::decode_tiles_bytes(tv.w);
+    if (tb <= 0) return;
+    DeviceTensor tiles = make_empty(Device::cuda, DType::u8, {tb});
+    if (!cl::decode_tiles_build(tv.w, static_cast<uint8_t*>(tiles.view.data), s)) {
+      Row r = row("tiles: layout refused the codes");
+      r.note = "failed: decode_tiles_build returned false on valid codes";
+      rows.push_back(r);
+      return;
+    }
+    cl::decode_ring(tv, s);  // the reference bits (tv.tiles is still null here)
+    cudaStreamSynchronize(s);
+    const std::vector<float> ref = to_host_f32(make_view(d.out, DType::bf16, {d.M, N},
+                                                         Device::cuda, 0));
+    tv.tiles = static_cast<const uint8_t*>(tiles.view.data);
+    if (!cl::decode_tiles_applies(tv)) return;
+    auto compare = [&](Row& c) {
+      cudaStreamSynchronize(s);
+      const std::vector<float> got =
+          to_host_f32(make_view(d.out, DType::bf16, {d.M, N}, Device::cuda, 0));
+      size_t diff = 0;
+      for (size_t i = 0; i < ref.size(); ++i)
+        if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
+      c.accuracy = diff ? std::to_string(diff) + " outputs differ from the ring"
+                        : "bit-identical to the ring";
+    };
+    struct V {
+      const char* name;
+      int depth;
+      bool rotate;
+      bool balanced;
+      bool table4;
+      bool bulk;
+      bool interleave = false;
+    };
+    // Run 6 (H200): depth 4 fastest (now the default), balanced split / 4-byte tables / fused
+    // slower; run 7 adds the bulk-copy (TMA) transport and interleaved warps.
+    for (const V& v : {V{"rotate + tiles (decode layout)", 4, true, false, false, false},
+                       V{"tiles alone (codes on the device)", 4, false, false, false, false},
+                       V{"rotate + tiles, ring depth 8", 8, true, false, false, false},
+                       V{"rotate + tiles, ring depth 6", 6, true, false, false, false},
+                       V{"rotate + tiles, bulk copies (TMA)", 4, true, false, false, true},
+                       V{"tiles alone, bulk copies (TMA)", 4, false, false, false, true},
+                       V{"rotate + tiles, bulk copies, depth 8", 8, true, false, false, true},
+                       V{"rotate + tiles, bulk copies, depth 6", 6, true, false, false, true},
+                       V{"rotate + tiles, balanced split", 4, true, true, false, false},
+                       V{"rotate + tiles, 4-byte tables", 4, true, false, true, false},
+                       V{"rotate + tiles, 4-byte tables, bulk copies", 4, true, false, true, true},
+                       V{"rotate + tiles, interleaved warps", 4, true, false, false, false, true},
+                       V{"tiles alone, interleaved warps", 4, false, false, false, false, true},
+                       V{"rotate + tiles, bulk copies, interleaved", 4, true, false, false, true,
+                         true},
+                       V{"tiles alone, bulk copies, interleaved", 4, false, false, false, true,
+                         true},
+                       V{"rotate + tiles, bulk copies, interleaved, depth 8", 8, true, false,
+                         false, true, true}}) {
+      if (v.table4 && d.w.format != cl::WeightFormat::packed) continue;
+      Row c = row(v.name);
+      cl::DecodeTilesTuning t;
+      t.depth = v.depth;
+      t.balanced = v.balanced;
+      t.table4 = v.table4;
+      t.bulk = v.bulk;
+      t.interleave = v.interleave;
+      // Bytes read: codes + the tables in use (the layout holds both table forms).
+      c.bytes -= static_cast<double>(N * d.w.row_bytes);
+      if (d.w.format == cl::WeightFormat::packed) c.bytes -= 4.0 * N * (K / 128);
+      c.bytes += (N + 15) / 16 * (K / 128) *
+                 (1024.0 + (d.w.format == cl::WeightFormat::packed ? (v.table4 ? 64 : 128) : 0));
+      c.ms = env_->time_ms([&] {
+        if (v.rotate) cl::rotate_quantize(rq, s);
+        cl::decode_tiles_with(tv, t, s);
+      });
+      if (!v.rotate) c.note = "GEMV only: not the layer";
+      compare(c);
+      rows.push_back(c);
+    }
+    // Fused: every CTA rotates + quantizes x itself (M <= 2): the layer in one launch.
+    cl::DecodeParams tf = fused;
+    tf.w = tv.w;
+    tf.tiles = tv.tiles;
+    if (cl::decode_tiles_applies(tf)) {
+      Row c = row("tiles fused (one kernel)");
+      c.bytes -= static_cast<double>(N * d.w.row_bytes);
+      if (d.w.format == cl::WeightFormat::packed) c.bytes -= 4.0 * N * (K / 128);
+      c.bytes += (N + 15) / 16 * (K / 128) *
+                 (1024.0 + (d.w.format == cl::WeightFormat::packed ? 128 : 0));
+      c.ms = env_->time_ms([&] { cl::decode_tiles(tf, s); });
+      compare(c);
+      rows.push_back(c);
+    }
+  }
+
   std::vector<Row> run(const Env& env) override {
     namespace cl = cuda::linear;
     std::vector<Row> rows;
     if (env.device != Device::cuda) return rows;
+    env_ = &env;
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
     struct Fmt {
@@ -356,6 +481,7 @@ class DecodeRingBench : public BenchCase {
               rows.push_back(c);
             }
           }
+          if (f.f != cl::WeightFormat::int8) tile_rows(d, sep, fused, rq, row, rows);
           Row r = row("rotate + stream (s2)");
           r.ms = env.time_ms([&] {
             cl::rotate_quantize(rq, s);
@@ -372,6 +498,9 @@ class DecodeRingBench : public BenchCase {
     cudaStreamSynchronize(s);
     return rows;
   }
+
+ private:
+  const Env* env_ = nullptr;
 };
 #endif
 

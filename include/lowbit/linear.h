@@ -96,6 +96,11 @@ struct PackedWeightView {
   TensorView block_scales;
   TensorView block_scales_swizzled;
   TensorView tensor_scale;
+  // CUDA only, backend-private, derived: the decode kernel's own device layout of `codes` (and of
+  // the fold tables of `ratios`), built by QuantizedLinear on a CUDA device for the 4-bit qtypes
+  // (convrot_int4 with group 128, comfy W4A4); absent (data == nullptr) otherwise. Whoever
+  // rewrites `codes` rebuilds it (QuantizedLinear::requantize does). Not part of a checkpoint.
+  TensorView decode_tiles;
   // convrot_fp8 prefill on CUDA (cuBLASLt's e4m3 GEMM): fast accumulation, i.e. the tensor cores'
   // partial sums are not promoted to full fp32 every few k-steps. 1.15x faster on the H200 at
   // 32768x5120->5120 for a relative L1 change of ~1e-3 (the fp8 quantization itself: ~4e-2);
@@ -205,8 +210,12 @@ class QuantizedLinear {
   void dequantize(TensorView out, Context& ctx) const;
 
  private:
+  // CUDA: builds view_.decode_tiles (the decode kernel's layout) where the qtype has one.
+  void build_decode_tiles(Context& ctx);
+
   Device device_ = Device::cpu;
   std::vector<Buffer> storage_;  // one buffer per part, on device_
+  Buffer decode_tiles_;          // view_.decode_tiles' storage (CUDA, 4-bit qtypes)
   PackedWeightView view_;
 };
 

@@ -477,8 +477,29 @@ QuantizedLinear QuantizedLinear::from_packed(const PackedWeight& w, Device devic
     *part_view(l.view_, p.name) = view_of(b.data(), p, device, 0);
     l.storage_.push_back(std::move(b));
   }
-  if (device != Device::cpu) synchronize(ctx);  // the host bytes may go away after we return
+  if (device != Device::cpu) {
+    l.build_decode_tiles(ctx);
+    synchronize(ctx);  // the host bytes may go away after we return
+  }
   return l;
+}
+
+void QuantizedLinear::build_decode_tiles(Context& ctx) {
+  view_.decode_tiles = TensorView{};
+  decode_tiles_ = Buffer();
+  if (device_ == Device::cpu) return;
+#ifdef LOWBIT_WITH_CUDA
+  const int64_t bytes = cuda::decode_tiles_bytes(view_);
+  if (bytes <= 0) return;
+  Buffer b(device_, static_cast<size_t>(bytes));
+  // A weight whose values the layout cannot carry keeps the packed-code decode kernels.
+  if (!cuda::build_decode_tiles(view_, b.data(), ctx)) return;
+  const int64_t shape[1] = {bytes};
+  view_.decode_tiles = make_view(b.data(), DType::u8, 1, shape, device_, 0);
+  decode_tiles_ = std::move(b);
+#else
+  (void)ctx;
+#endif
 }
 
 QuantizedLinear QuantizedLinear::quantize(const TensorView& weight, QType q, Context& ctx) {
@@ -577,6 +598,7 @@ void QuantizedLinear::requantize(const TensorView& weight, bool stochastic, uint
   check::that(!empty(), "QuantizedLinear::requantize", "this",
               "expected a quantized layer, got an empty one");
   requantize_weight(view_, weight, stochastic, seed, ctx);
+  if (view_.decode_tiles.data) build_decode_tiles(ctx);  // derived from the rewritten codes
 }
 
 void QuantizedLinear::dequantize(TensorView out, Context& ctx) const {

@@ -22,6 +22,12 @@ void quantize_weight(const TensorView& w, PackedWeight& out, Context& ctx);
 
 namespace cuda {
 #include "src/core/linear_backend_api.inc"  // NOLINT(build/include)
+// The decode kernel's device layout of a packed weight (PackedWeightView::decode_tiles): its
+// bytes (0: none for this qtype / shape), and building it from w's codes and ratios into `out`
+// (that many device bytes; synchronizes the stream). Returns false when the weight holds values
+// the layout cannot carry: then it must not be used.
+int64_t decode_tiles_bytes(const PackedWeightView& w);
+bool build_decode_tiles(const PackedWeightView& w, void* out, Context& ctx);
 }  // namespace cuda
 
 }  // namespace lowbit

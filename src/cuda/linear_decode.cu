@@ -16,6 +16,7 @@
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
 #include "src/cuda/linear_decode_ring.cuh"
+#include "src/cuda/linear_decode_tiles.cuh"
 #include "src/cuda/linear_kernels.cuh"
 #include "src/cuda/linear_lut.h"
 #include "src/cuda/linear_rotate.cuh"
@@ -481,6 +482,12 @@ constexpr bool kUseRing = true;
 
 void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.w.N == 0) return;
+  // Session 4: the tiled kernel on the weight's device layout (p.tiles, 4-bit formats) first;
+  // p.tiles = null (DecodeParams) selects the ring kernel below.
+  if (!p.one_tile_per_cta && p.tiles && decode_tiles_applies(p)) {
+    decode_tiles(p, stream);
+    return;
+  }
   // one_tile_per_cta asks for the streaming kernel's round-1 grid (an A/B bench row).
   if (kUseRing && !p.one_tile_per_cta && decode_ring_applies(p)) {
     decode_ring(p, stream);

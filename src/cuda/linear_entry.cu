@@ -20,6 +20,7 @@
 #include "src/core/linear_backend.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/linear_decode_ring.cuh"
+#include "src/cuda/linear_decode_tiles.cuh"
 #include "src/cuda/linear_kernels.cuh"
 
 namespace lowbit {
@@ -177,6 +178,9 @@ void dequantize_rotated(const PackedWeightView& w, float* out, cudaStream_t s, c
 // The CUTLASS int8 GEMM (gemm_cutlass_s8.cu) is the default on sm_90a when its headers were found
 // at configure time and the shapes fit TMA; false keeps the older kernels (same bits) everywhere.
 constexpr bool kCutlassInt8Gemm = true;
+// Decode (M <= 16) of 4-bit weights on the layer's decode-tile layout (linear_decode_tiles.cu,
+// session 4) where it exists; false: the ring kernel on the packed codes (session 3).
+constexpr bool kUseDecodeTiles = true;
 
 // int8 GEMM with the fused epilogue, the first available of: CUTLASS (sm_90a; 256 x 128 tiles
 // for M >= 512, else 128 x 256), wgmma (sm_90a), mma.sync. All give the same output bits.
@@ -275,8 +279,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
 
   const linear::PackedWeightRef ref = weight_ref(w);
+  const bool tiles_fuse = kUseDecodeTiles && w.decode_tiles.data && M <= linear::kTilesFuseMaxM;
   if (fmt != ActFormat::e4m3 &&
-      (M <= linear::kRingFuseMaxM || linear::decode_can_fuse(M, K))) {
+      (tiles_fuse || M <= linear::kRingFuseMaxM || linear::decode_can_fuse(M, K))) {
     // Few decode rows: one kernel rotates, quantizes and multiplies (bit-identical to
     // rotate_quantize + decode / prefill): the ring kernel for up to kRingFuseMaxM rows where it
     // applies, else the streaming decode kernel.
@@ -293,6 +298,14 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     d.out = out.data;
     d.out_dtype = out.dtype;
     d.ldo = out.stride[0];
+    if (tiles_fuse) {  // the tiled kernel rotates + quantizes x in its prologue: one launch
+      d.tiles = static_cast<const uint8_t*>(w.decode_tiles.data);
+      if (linear::decode_tiles_applies(d)) {
+        linear::decode_tiles(d, s);
+        return;
+      }
+      d.tiles = nullptr;
+    }
     if (M <= linear::kRingFuseMaxM && linear::decode_ring_applies(d)) {
       linear::decode_ring(d, s);
       return;
@@ -338,6 +351,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     d.out = out.data;
     d.out_dtype = out.dtype;
     d.ldo = out.stride[0];
+    // The weight's own decode layout (4-bit qtypes on sm_90): the tiled kernel.
+    if (kUseDecodeTiles) d.tiles = static_cast<const uint8_t*>(w.decode_tiles.data);
     linear::decode_gemv(d, s);
     return;
   }
@@ -351,6 +366,14 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   linear::unpack_weight_int8(ref, w8.as<int8_t>(), s);
   g.b = w8.as<void>();
   gemm_s8(g, s, op);
+}
+
+int64_t decode_tiles_bytes(const PackedWeightView& w) {
+  return linear::decode_tiles_bytes(weight_ref(w));
+}
+
+bool build_decode_tiles(const PackedWeightView& w, void* out, Context& ctx) {
+  return linear::decode_tiles_build(weight_ref(w), static_cast<uint8_t*>(out), stream_of(ctx));
 }
 
 void quantized_linear_backward_input(const PackedWeightView& w, const TensorView& grad_out,

@@ -169,6 +169,9 @@ struct DecodeParams {
   DType out_dtype = DType::bf16;
   int64_t ldo = 0;
   int32_t* acc_out = nullptr; // when set: raw int32 sums (M, N), row stride ldo
+  // The weight's decode-tile layout (linear_decode_tiles.cuh, decode_tiles_build of w), or null:
+  // when set and decode_tiles_applies, decode_gemv runs the tiled kernel on it.
+  const uint8_t* tiles = nullptr;
   // Streaming kernel: one CTA per 8 output columns (the round-1 grid) instead of the resident
   // grid; for A/B bench rows, same bits.
   bool one_tile_per_cta = false;

@@ -320,6 +320,25 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 2, 20008, 256, DType::bf16,
                                                 true));
 
+  // The tiled decode kernel on the layer's decode layout (session 4; 4-bit, K % 128 == 0: every
+  // 4-bit case above with M <= 16 takes it too): K % 512 != 0 (where the ring kernel does not
+  // apply), a single partial 16-row tile (O 8), O % 16 == 8, items of one tile split over
+  // several warps and warps spanning tiles (K 1152 and 1408: 9 and 11 items per tile), many
+  // tiles per CTA (O 5000), M 1 / 3 / 8 / 9 / 16 (one and two n8 activation tiles).
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 136, 384, DType::bf16,
+                                                true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 9, 8, 1152, DType::f16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 16, 5000, 1408, DType::bf16,
+                                                false));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 1, 5000, 768,
+                                                DType::bf16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 16, 40, 768,
+                                                DType::f16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 3, 1032, 1280,
+                                                DType::bf16, false));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 8, 1032, 640, DType::f16,
+                                                true));
+
   // The sm_90a CUTLASS int8 GEMM (128 x 256 x 128 tiles, 2 x 1 clusters): odd M over several
   // CTA rows and an odd number of them, O over partial 256-column tiles, K with a partial 128-byte
   // K tile (TMA zero fill), bf16 and f16 outputs, bf16/f16 bias (converted to fp32 first) and no

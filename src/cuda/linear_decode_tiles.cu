@@ -1,0 +1,840 @@
+// Tiled decode GEMV for 4-bit weights, M <= 16 (SPEC §3.5; design and measurements in
+// docs/linear-gpu.md, "Session 4: decode tiles").
+//
+// The ring kernel (linear_decode_ring.cu) spends ~7 thread-instructions per weight unpacking the
+// checkpoint's nibble order (group tables built per chunk, 16-entry byte lookups, mma operand
+// shuffles). Here the GPU keeps its own layout of the weight, built once:
+//   - tiles of 16 weight rows; an item is (tile, 128 columns) = 1024 bytes of codes, two 512-byte
+//     chunks of 64 columns; lane l = (gid, tid4) owns 16 bytes of each chunk: 4 words that are,
+//     after unpacking, exactly the A fragments (rows gid / gid + 8) of mma.sync m16n8k32 for the
+//     chunk's columns [16 tid4, 16 tid4 + 16): the weights are the mma's A operand (16 output
+//     columns), the M <= 16 activation rows its B operand (one or two n8 tiles);
+//   - comfy int4: nibble u = c + 8. Word i of a lane: byte b holds u(row, p + b) in its low and
+//     u(row, p + 8 + b) in its high nibble (row = gid + 8 (i & 1), p = 16 tid4 + 4 (i >> 1)), so
+//     w & 0x0f0f0f0f is an A register (u) for columns p..p+3 and w & 0xf0f0f0f0 one (16 u) for
+//     p+8..p+11: one LOP3 per 4 weights, mma u8 x s8, and sum = lo + hi / 16 - 8 Σa (exact);
+//   - packed 4-bit: nibble = sign << 3 | |c| and per (row, group of 128) the 8-byte table
+//     T[m] = fold(m) (SPEC §3.3; T[-m] = -T[m], checked when building). prmt's selector nibble
+//     with bit 3 set replicates the selected byte's sign bit (0 here: T[m] <= 127), so
+//     prmt(T, w) gives T[m] for c >= 0 and 0 for c < 0, prmt(T, w ^ 0x8888) the converse: the
+//     int8-grid weight is X - Y, two accumulators, 4 mma per 32 weights per lane;
+//   - each warp streams a contiguous run of its CTA's items through a per-lane cp.async ring
+//     (D slots, no registers held by loads in flight, the first D - 1 requested before
+//     griddepcontrol.wait); the CTA's warps split its items evenly, whatever K, and add their
+//     partial sums of a tile into shared memory with integer atomics (exact in any order); one
+//     barrier, then the epilogue (apply_epilogue: the prefill path's fp32 order).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+
+#include "lowbit/dtype.h"
+#include "src/cuda/common.cuh"
+#include "src/cuda/gemm_common.cuh"
+#include "src/cuda/linear_decode_tiles.cuh"
+#include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_rotate.cuh"
+#include "src/cuda/linear_unpack.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+namespace {
+
+constexpr int kItemCols = 128;                  // columns of one item (one fold group)
+constexpr int kItemBytes = 1024;                // 16 rows x 128 columns of 4-bit codes
+constexpr int kTableBytes = 128;                // 16 rows x 8-byte fold tables (packed 4-bit)
+constexpr int kTable4Bytes = 64;                // 16 rows x the same tables in 4 bytes
+// Kernel-only kind: packed 4-bit reading the 4-byte tables (decoded in shared memory per item).
+constexpr int kTilesInt4C = 2;
+constexpr int kTilesWarps = 16;                 // warps per CTA
+constexpr int kTilesThreads = kTilesWarps * 32;
+constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
+constexpr int kTilesMaxRegs = 88;
+
+__host__ __device__ constexpr int slot_bytes(int kind) {
+  return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0) +
+         (kind == kTilesInt4C ? kTableBytes + kTable4Bytes : 0);
+}
+// 4-byte table word e -> T[0..3], T[4..7]. Encoding (build_tile_tables_kernel): byte j of e
+// holds n_{4+j} = T[4+j] - (4+j)·T1 + 8 in its low nibble; the high nibbles hold T1 = T[1]
+// (bits 4..7 of byte 0, bit 4 of byte 1), n2 (byte 2) and n3 (byte 3). Every byte of
+// m·T1 + n_m - 8 is T[m] in [0, 127], so the 32-bit sums below carry nothing between bytes.
+__device__ __forceinline__ void decode_table4(uint32_t e, uint32_t* lo, uint32_t* hi) {
+  const uint32_t h = (e >> 4) & 0x0f0f0f0fu;
+  const uint32_t t1 = (h & 0xfu) | ((h >> 4) & 0x10u);
+  const uint32_t lo_n = (h & 0x0f0f0000u) | 0x00000808u;
+  *lo = t1 * 0x03020100u + lo_n - 0x08080808u;
+  *hi = t1 * 0x07060504u + (e & 0x0f0f0f0fu) - 0x08080808u;
+}
+
+struct TilesLayout {
+  int64_t tiles = 0;      // ceil(N / 16)
+  int ipt = 0;            // items per tile, K / 128
+  int act_stride = 0;     // bytes between activation rows in shared memory (= 64 mod 128)
+  int part_off = 0;       // int32 partial sums (tiles per CTA x 16 x M)
+  int srow_off = 0;       // fused: the fp32 rotated row (K floats)
+  int epi_off = 0;        // fp32 w_scale and bias of the CTA's columns (2 x epi_n)
+  int epi_n = 0;          // tiles per CTA x 16
+  int ring_off = 0;       // the warps' rings
+  int depth = 0;          // slots per warp
+  int64_t smem = 0;
+  // Balanced split: CTA b owns the flat item range [b·I/G, (b+1)·I/G) of all T·ipt items, so
+  // the tiles at its two ends may be shared with its neighbours; each side writes its partial
+  // sums of such a tile to bnd[(boundary · 2 + side) · 256] and the second to arrive (the
+  // boundary's counter is odd before its atomicAdd: every launch adds exactly 2) finishes it.
+  // Otherwise CTA b owns whole tiles [b·T/G, (b+1)·T/G).
+  int balanced = 0;
+  // Transport: 0 = 16-byte cp.async per lane (cp.async.wait_group), 1 = one cp.async.bulk per
+  // item (lane 0; TMA, completing on the slot's mbarrier: the item is 1 KB contiguous).
+  int bulk = 0;
+  int interleave = 0;       // warps take every W-th item of the CTA instead of a contiguous run
+  int32_t* bnd = nullptr;   // (G + 1) x 2 x 256 int32
+  uint32_t* cnt = nullptr;  // (G + 1) counters, zero when allocated
+};
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared through the TMA unit,
+// completing as transaction bytes on `bar`.
+__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ uint4 lds128(const uint8_t* p) {
+  return *reinterpret_cast<const uint4*>(p);
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+// c (16x8 s32) += a (16x32 u8, row) · b (32x8 s8, col): fragment layouts of PTX's m16n8k32.
+__device__ __forceinline__ void mma_u8s8(int32_t c[4], const uint32_t a[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- layout builder ----
+
+// The 4-bit code c of weight (row, col), 0 past the last row; *bad set for u = 15 (packed).
+__device__ __forceinline__ int32_t src_code(const PackedWeightRef& w, int kind, int64_t row,
+                                            int64_t col, int* bad) {
+  if (row >= w.N) return 0;
+  const uint32_t byte = w.codes[row * w.row_bytes + (col >> 1)];
+  const uint32_t nib = (col & 1) ? (byte >> 4) & 15u : byte & 15u;
+  if (kind == kTilesComfy) return static_cast<int32_t>(nib ^ 8u) - 8;  // signed nibble
+  if (nib == 15u) *bad = 1;
+  return static_cast<int32_t>(nib) - 7;
+}
+__device__ __forceinline__ uint32_t tile_nibble(int kind, int32_t c) {
+  if (kind == kTilesComfy) return static_cast<uint32_t>(c + 8);
+  return (c < 0 ? 8u : 0u) | static_cast<uint32_t>(c < 0 ? -c : c);
+}
+
+// One thread per 32-bit word of the codes region: word `idx` = item idx / 256, chunk h, lane,
+// word i (see the file comment).
+__global__ void build_tile_codes_kernel(PackedWeightRef w, int kind, int ipt, int64_t words,
+                                        uint32_t* out, int* flag) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= words) return;
+  const int64_t item = idx >> 8;
+  const int within = static_cast<int>(idx & 255);
+  const int h = within >> 7, lane = (within >> 2) & 31, i = within & 3;
+  const int64_t t = item / ipt, g = item - t * ipt;
+  const int gid = lane >> 2, tid4 = lane & 3;
+  const int64_t row = 16 * t + gid + 8 * (i & 1);
+  const int64_t p = kItemCols * g + 64 * h + 16 * tid4 + 4 * (i >> 1);
+  int bad = 0;
+  uint32_t word = 0;
+  for (int b = 0; b < 4; ++b) {
+    const uint32_t lo = tile_nibble(kind, src_code(w, kind, row, p + b, &bad));
+    const uint32_t hi = tile_nibble(kind, src_code(w, kind, row, p + 8 + b, &bad));
+    if (kind == kTilesComfy) {
+      word |= (lo | hi << 4) << (8 * b);
+    } else {
+      word |= lo << (4 * b) | hi << (4 * b + 16);
+    }
+  }
+  out[idx] = word;
+  if (bad) atomicOr(flag, 1);
+}
+
+// One thread per (tile row, group): the 8-byte table T[m] = fold(m), m = 0..7, at
+// (t · ipt + g) · 128 + (r & 7) · 16 + (r >> 3) · 8 (r = row mod 16).
+__global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t tiles, uint8_t* out,
+                                         uint8_t* out4, int* flag) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= tiles * 16 * ipt) return;
+  const int64_t row = idx / ipt, g = idx - row * ipt;
+  const int64_t t = row >> 4;
+  const int r = static_cast<int>(row & 15);
+  uint8_t* dst = out + (t * ipt + g) * kTableBytes + (r & 7) * 16 + (r >> 3) * 8;
+  int bad = 0;
+  int32_t tab[8];
+  for (int m = 0; m < 8; ++m) {
+    int32_t v = 0;
+    if (row < w.N) {
+      if (w.ratios) {
+        const float ratio = w.ratios[row * w.groups_per_row + g];
+        v = fold_code(m, ratio);
+        if (v < 0 || v > 127 || fold_code(-m, ratio) != -v) bad = 1;
+      } else {
+        v = m;
+      }
+    }
+    dst[m] = static_cast<uint8_t>(v & 0xff);
+    tab[m] = v;
+  }
+  // The 4-byte form (decode_table4), row r of the item at (t · ipt + g) · 64 + r · 4.
+  const int32_t t1 = tab[1];
+  int32_t n[8];
+  for (int m = 2; m < 8; ++m) {
+    n[m] = tab[m] - m * t1 + 8;
+    if (n[m] < 0 || n[m] > 15) bad = 1;
+  }
+  if (tab[0] != 0 || t1 < 0 || t1 > 31) bad = 1;
+  if (!bad) {
+    uint8_t* d4 = out4 + (t * ipt + g) * kTable4Bytes + r * 4;
+    d4[0] = static_cast<uint8_t>(n[4] | (t1 & 15) << 4);
+    d4[1] = static_cast<uint8_t>(n[5] | ((t1 >> 4) & 1) << 4);
+    d4[2] = static_cast<uint8_t>(n[6] | n[2] << 4);
+    d4[3] = static_cast<uint8_t>(n[7] | n[3] << 4);
+  }
+  if (bad) atomicOr(flag, 1);
+}
+
+// ---- the GEMV ----
+
+// KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows (1: M <= 8, 2: M <= 16).
+// D: ring slots per warp. XT: the activation dtype when the CTA rotates + quantizes x itself
+// (fused mode, M <= kTilesFuseLimit: the ring kernel's fused prologue, the rotate kernels' bits),
+// else void (codes from the rotate kernel).
+// At most 88 registers: 512 x 88 + the register rotate kernel's CTA (320 threads x 64) fit in
+// one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
+// others instead of after it.
+template <int KIND, int NT, int D, typename XT = void>
+__global__ void __maxnreg__(kTilesMaxRegs)
+    gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
+  constexpr bool kFused = !std::is_void<XT>::value;
+  extern __shared__ __align__(128) uint8_t dsm[];
+  __shared__ int32_t s_asum[16];
+  __shared__ float s_scale[16], s_amax[W];
+  __shared__ __align__(8) uint64_t s_bar[W * D];  // bulk transport: one mbarrier per slot
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tid4 = lane & 3;
+  const int M = static_cast<int>(p.M);
+  const int64_t N = p.w.N, K = p.w.K;
+  const int64_t T = L.tiles, G = gridDim.x, b = blockIdx.x;
+  const int ipt = L.ipt;
+  // This CTA's items [s0, s1) of the T · ipt in the layout, touching tiles [t0, t1).
+  int64_t s0, s1;
+  if (L.balanced) {
+    s0 = b * (T * ipt) / G;
+    s1 = (b + 1) * (T * ipt) / G;
+  } else {
+    s0 = b * T / G * ipt;
+    s1 = (b + 1) * T / G * ipt;
+  }
+  const int64_t t0 = s0 / ipt, t1 = (s1 + ipt - 1) / ipt;
+  const int ntl = static_cast<int>(t1 - t0);  // this CTA's tiles (whole or shared)
+  const int items = static_cast<int>(s1 - s0);  // split evenly over the warps
+  // The warp's items, local indices jb + step · k (k < n_items): a contiguous run of the CTA's
+  // items (step 1), or interleaved (step W: the CTA's warps read adjacent items at a time).
+  const int step = L.interleave ? W : 1;
+  const int jb = L.interleave ? warp : warp * items / W;
+  const int n_items = L.interleave ? (items > warp ? (items - warp + W - 1) / W : 0)
+                                   : (warp + 1) * items / W - jb;
+  const uint8_t* codes = p.tiles;
+  const uint8_t* tables = p.tiles + T * ipt * kItemBytes;
+  const uint8_t* tables4 = tables + T * ipt * kTableBytes;
+  const int64_t gi0 = s0 + jb;  // this warp's first item in the layout
+  uint8_t* ring = dsm + L.ring_off + warp * D * SLOT;
+  uint8_t* act = dsm;
+  int32_t* part = reinterpret_cast<int32_t*>(dsm + L.part_off);
+
+  const bool bulk = L.bulk != 0;
+  if (bulk) {
+    if (threadIdx.x < W * D) mbar_init(smem_u32(&s_bar[threadIdx.x]), 1u);
+    mbar_fence_init();
+    __syncthreads();
+  }
+  const uint32_t bar0 = smem_u32(&s_bar[warp * D]);
+
+  // Item k of this warp into slot s: lane l copies its 16 bytes of both chunks, lanes 0..7 the
+  // tables of rows l and l + 8 (packed 4-bit); bulk: lane 0 copies the item's 1 KB and its
+  // tables with two bulk copies.
+  auto issue = [&](int k, int s) {
+    const int64_t gi = gi0 + static_cast<int64_t>(step) * k;
+    uint8_t* slot = ring + s * SLOT;
+    if (bulk) {  // warp-uniform
+      if (lane == 0) {
+        const uint32_t bar = bar0 + 8u * s;
+        const uint32_t tb =
+            KIND == kTilesInt4 ? kTableBytes : (KIND == kTilesInt4C ? kTable4Bytes : 0);
+        mbar_expect_tx(bar, kItemBytes + tb);
+        bulk_g2s(smem_u32(slot), codes + gi * kItemBytes, kItemBytes, bar);
+        if (KIND == kTilesInt4)
+          bulk_g2s(smem_u32(slot + kItemBytes), tables + gi * kTableBytes, kTableBytes, bar);
+        if (KIND == kTilesInt4C)
+          bulk_g2s(smem_u32(slot + kItemBytes + kTableBytes), tables4 + gi * kTable4Bytes,
+                   kTable4Bytes, bar);
+      }
+      return;
+    }
+    const uint8_t* src = codes + gi * kItemBytes + lane * 16;
+    cp_async16(smem_u32(slot + lane * 16), src);
+    cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
+    if (KIND == kTilesInt4 && lane < 8)
+      cp_async16(smem_u32(slot + kItemBytes + lane * 16), tables + gi * kTableBytes + lane * 16);
+    if (KIND == kTilesInt4C && lane < 4)
+      cp_async16(smem_u32(slot + kItemBytes + kTableBytes + lane * 16),
+                 tables4 + gi * kTable4Bytes + lane * 16);
+  };
+#pragma unroll
+  for (int k = 0; k < D - 1; ++k) {
+    if (k < n_items) issue(k, k);
+    cp_commit();
+  }
+
+  // Partial sums and activation sums start at zero; the epilogue's per-column operands (layer
+  // parameters, not written by the preceding kernel) are fetched now, off the critical path.
+  for (int i = threadIdx.x; i < ntl * 16 * M; i += kTilesThreads) part[i] = 0;
+  if (threadIdx.x < 16) s_asum[threadIdx.x] = 0;
+  float* s_ws = reinterpret_cast<float*>(dsm + L.epi_off);
+  float* s_bias = s_ws + L.epi_n;
+  for (int i = threadIdx.x; i < ntl * 16; i += kTilesThreads) {
+    const int64_t col = 16 * t0 + i;
+    float ws = 1.f, bias = 0.f;
+    if (col < N) {
+      if (p.ep.w_scale) ws = p.ep.w_scale[col];
+      if (p.ep.bias) bias = load_scalar(p.ep.bias, p.ep.bias_dtype, col);
+    }
+    s_ws[i] = ws;
+    s_bias[i] = bias;
+  }
+  grid_wait();  // the activation codes come from the preceding kernel
+  __syncthreads();
+  Epilogue ep = p.ep;
+  if constexpr (kFused) {
+    // Rotate + quantize the M rows of x here (every CTA; x is read from L2), while the first
+    // D - 1 items stream in.
+    float* srow = reinterpret_cast<float*>(dsm + L.srow_off);
+    const float qmax = static_cast<float>(p.act_qmax);
+    for (int m = 0; m < M; ++m) {
+      const XT* x = static_cast<const XT*>(p.x) + m * p.x_row_stride;
+      float amax = rotate_row_to_smem<XT, 256, kTilesThreads>(x, static_cast<int>(K), srow);
+      __syncthreads();
+      amax = block_amax<kTilesThreads>(amax, s_amax);
+      float scale = amax / qmax;
+      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
+      if (threadIdx.x == 0) s_scale[m] = scale;
+      int32_t sum = 0;
+      for (int e0 = threadIdx.x * 4; e0 < K; e0 += kTilesThreads * 4) {
+        const float4 q = load4_rotated<256>(srow, e0);
+        const float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          word |= (static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -p.act_qmax, p.act_qmax)) &
+                   0xffu)
+                  << (8 * j);
+        *reinterpret_cast<uint32_t*>(act + m * L.act_stride + e0) = word;
+        if (KIND == kTilesComfy) sum = __dp4a(static_cast<int>(word), 0x01010101, sum);
+      }
+      if (KIND == kTilesComfy) {
+        sum = __reduce_add_sync(0xffffffffu, sum);
+        if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
+      }
+      __syncthreads();  // srow is reused by the next row; codes, s_scale, s_asum complete
+    }
+    ep.a_scale = s_scale;  // a generic pointer into shared memory
+  } else {
+    const int per_row = static_cast<int>(K / 16);
+    for (int m = 0; m < M; ++m) {
+      int32_t sum = 0;
+      for (int c = threadIdx.x; c < per_row; c += kTilesThreads) {
+        // Coherent loads: written by the grid this one may have overlapped.
+        const uint4 v = *reinterpret_cast<const uint4*>(p.a + m * p.lda + c * 16);
+        *reinterpret_cast<uint4*>(act + m * L.act_stride + c * 16) = v;
+        if (KIND == kTilesComfy) {
+          sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
+          sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
+          sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
+          sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
+        }
+      }
+      if (KIND == kTilesComfy) {
+        sum = __reduce_add_sync(0xffffffffu, sum);
+        if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
+      }
+    }
+  }
+  __syncthreads();
+
+  // B operands: activation row (token) gid (+ 8) of the n8 tile; rows >= M read row M - 1 (they
+  // only feed output columns that are never stored).
+  const uint8_t* a_tok[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    a_tok[nt] = act + min(gid + 8 * nt, M - 1) * L.act_stride + 16 * tid4;
+
+  int32_t acc0[NT][4], acc1[NT][4];  // comfy: lo (u) / hi (16 u); packed: X / Y
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc0[nt][r] = acc1[nt][r] = 0;
+
+  int tl = static_cast<int>(gi0 / ipt - t0);  // local tile and group of the current item
+  int g = static_cast<int>(gi0 % ipt);
+  int slot = 0;
+  uint32_t parity = 0;  // bulk: the phase of the slots in this pass over the ring
+  for (int k = 0; k < n_items; ++k) {
+    if (bulk) {
+      // Every lane waits for (acquires) the slot's phase. A copy that never lands gives up after
+      // ~2^24 polls: wrong output (the harness says so), not a hang.
+      for (uint32_t polls = 0; polls < (1u << 24); ++polls)
+        if (mbar_try(bar0 + 8u * slot, parity)) break;
+    } else {
+      cp_wait<D - 2>();  // this lane's copies of item k landed
+    }
+    __syncwarp();      // ... and every lane's (tables); slot k - 1 is read by all lanes
+    if (k + D - 1 < n_items) issue(k + D - 1, slot == 0 ? D - 1 : slot - 1);
+    cp_commit();
+    const uint8_t* sl = ring + slot * SLOT;
+    uint32_t tab[4] = {0u, 0u, 0u, 0u};
+    if constexpr (KIND == kTilesInt4C) {  // lanes 0..15 decode row lane's table into place
+      if (lane < 16) {
+        uint32_t lo, hi;
+        decode_table4(*reinterpret_cast<const uint32_t*>(sl + kItemBytes + kTableBytes + lane * 4),
+                      &lo, &hi);
+        *reinterpret_cast<uint2*>(const_cast<uint8_t*>(sl) + kItemBytes + (lane & 7) * 16 +
+                                  (lane >> 3) * 8) = make_uint2(lo, hi);
+      }
+      __syncwarp();
+    }
+    if constexpr (KIND != kTilesComfy) {
+      const uint4 t = lds128(sl + kItemBytes + gid * 16);
+      tab[0] = t.x, tab[1] = t.y, tab[2] = t.z, tab[3] = t.w;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 wv = lds128(sl + h * 512 + lane * 16);
+      const uint32_t wd[4] = {wv.x, wv.y, wv.z, wv.w};
+      const int kc = g * kItemCols + 64 * h;
+      uint4 bv[NT];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) bv[nt] = lds128(a_tok[nt] + kc);
+      if constexpr (KIND == kTilesComfy) {
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          lo[i] = wd[i] & 0x0f0f0f0fu;
+          hi[i] = wd[i] & 0xf0f0f0f0u;
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          mma_u8s8(acc0[nt], lo, bv[nt].x, bv[nt].y);
+          mma_u8s8(acc1[nt], hi, bv[nt].z, bv[nt].w);
+        }
+      } else {
+        uint32_t x1[4], x2[4], y1[4], y2[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t ta = tab[2 * (i & 1)], tb = tab[2 * (i & 1) + 1];  // row gid / gid + 8
+          const uint32_t v = wd[i] ^ 0x88888888u;
+          x1[i] = prmt(ta, tb, wd[i]);
+          x2[i] = prmt(ta, tb, wd[i] >> 16);
+          y1[i] = prmt(ta, tb, v);
+          y2[i] = prmt(ta, tb, v >> 16);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          mma_u8s8(acc0[nt], x1, bv[nt].x, bv[nt].y);
+          mma_u8s8(acc0[nt], x2, bv[nt].z, bv[nt].w);
+          mma_u8s8(acc1[nt], y1, bv[nt].x, bv[nt].y);
+          mma_u8s8(acc1[nt], y2, bv[nt].z, bv[nt].w);
+        }
+      }
+    }
+    if (++slot == D) {
+      slot = 0;
+      parity ^= 1u;
+    }
+    // Next item's group; adv: tile boundaries crossed on the way (step < ipt: 0 or 1).
+    int adv = 0;
+    for (g += step; g >= ipt; g -= ipt) ++adv;
+    if (adv > 0 || k == n_items - 1) {
+      // The tile's columns of this warp are complete: add them to the CTA's partial sums.
+      // D fragment: c0, c1 = (row gid, tokens 2 tid4, 2 tid4 + 1), c2, c3 = row gid + 8.
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = gid + 8 * (r >> 1), tok = 8 * nt + 2 * tid4 + (r & 1);
+          const int32_t v = KIND == kTilesComfy ? acc0[nt][r] + (acc1[nt][r] >> 4)
+                                                : acc0[nt][r] - acc1[nt][r];
+          if (tok < M) atomicAdd(&part[(tl * 16 + row) * M + tok], v);
+          acc0[nt][r] = acc1[nt][r] = 0;
+        }
+      }
+      tl += adv;
+    }
+  }
+  cp_wait<0>();
+  __syncthreads();
+
+  // apply_epilogue's arithmetic and order, w_scale and bias from shared memory (c: the column's
+  // index in this CTA's range).
+  auto finish = [&](int32_t sum, int tok, int64_t col) {
+    if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
+    if (p.acc_out) {
+      p.acc_out[tok * p.ldo + col] = sum;
+    } else {
+      const int c = static_cast<int>(col - 16 * t0);
+      float v = static_cast<float>(sum);
+      if (ep.a_scale) v = __fmul_rn(v, ep.a_scale[tok]);
+      if (ep.w_scale) v = __fmul_rn(v, s_ws[c]);
+      if (ep.w_tensor_scale) v = __fmul_rn(v, *ep.w_tensor_scale);
+      if (ep.bias) v = __fadd_rn(v, s_bias[c]);
+      store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
+    }
+  };
+  // Tiles shared with a neighbour (balanced split only): the first if this CTA starts inside it,
+  // the last if it ends inside it.
+  const bool left_shared = t0 * ipt < s0, right_shared = t1 * ipt > s1;
+  // Epilogue of the whole tiles: columns [16 t0, 16 t1) less the shared ends, every row.
+  const int c_lo = left_shared ? 16 : 0, c_hi = (ntl - (right_shared ? 1 : 0)) * 16;
+  const int cols = c_hi - c_lo;
+  for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
+    const int tok = idx / cols, c = c_lo + (idx - tok * cols);
+    const int64_t col = 16 * t0 + c;
+    if (col < N) finish(part[c * M + tok], tok, col);
+  }
+  __shared__ uint32_t s_second;
+#pragma unroll 1
+  for (int e = 0; e < 2; ++e) {
+    if (!(e == 0 ? left_shared : right_shared)) continue;  // uniform
+    const int64_t boundary = e == 0 ? b : b + 1;            // between CTAs boundary - 1, boundary
+    const int side = e == 0 ? 1 : 0;                        // 0: the left CTA's part
+    const int ltl = e == 0 ? 0 : ntl - 1;
+    int32_t* mine = L.bnd + (boundary * 2 + side) * 256;
+    const int32_t* other = L.bnd + (boundary * 2 + (1 - side)) * 256;
+    for (int i = threadIdx.x; i < 16 * M; i += kTilesThreads) mine[i] = part[ltl * 16 * M + i];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) s_second = atomicAdd(&L.cnt[boundary], 1u) & 1u;
+    __syncthreads();
+    if (s_second) {  // the other side's sums are in place: finish the tile
+      __threadfence();
+      for (int i = threadIdx.x; i < 16 * M; i += kTilesThreads) {
+        const int c = i / M, tok = i - c * M;
+        const int64_t col = 16 * (t0 + ltl) + c;
+        if (col < N) finish(part[ltl * 16 * M + i] + __ldcg(other + i), tok, col);
+      }
+    }
+  }
+#else
+  __trap();  // launched on sm_90 only (decode_tiles_applies)
+#endif
+}
+
+TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanced = false,
+                         bool table4 = false) {
+  TilesLayout L;
+  const int kind = table4 && decode_tiles_kind(d.w) == kTilesInt4 ? kTilesInt4C
+                                                                 : decode_tiles_kind(d.w);
+  L.tiles = (d.w.N + 15) / 16;
+  L.ipt = static_cast<int>(d.w.K / kItemCols);
+  // Row stride = 64 (mod 128): the 8 lanes of an LDS.128 phase (tokens gid, gid + 1, 4 lanes
+  // each at 16 tid4) hit 8 distinct 16-byte bank groups.
+  L.act_stride = static_cast<int>(d.w.K / 128 * 128 + 192);
+  int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
+  if (d.x) {
+    L.srow_off = static_cast<int>(off);
+    off += (d.w.K * 4 + 127) / 128 * 128;
+  }
+  L.part_off = static_cast<int>(off);
+  // Balanced: a CTA's items may touch one more tile than the whole-tile split gives it.
+  const int64_t tiles_per_cta = (L.tiles + grid - 1) / grid + (balanced ? 1 : 0);
+  L.balanced = balanced ? 1 : 0;
+  off += (tiles_per_cta * 16 * d.M * 4 + 127) / 128 * 128;
+  L.epi_off = static_cast<int>(off);
+  L.epi_n = static_cast<int>(tiles_per_cta * 16);
+  off += (2 * tiles_per_cta * 16 * 4 + 127) / 128 * 128;
+  L.ring_off = static_cast<int>(off);
+  L.depth = depth;
+  L.smem = off + static_cast<int64_t>(kTilesWarps) * depth * slot_bytes(kind);
+  return L;
+}
+
+struct TilesDevice {
+  bool sm90 = false;
+  int max_smem = 0;
+};
+TilesDevice tiles_device() {
+  static std::mutex mu;
+  static std::map<int, TilesDevice> cache;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  TilesDevice info;
+  int major = 0, optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+             "decode_tiles", "compute capability");
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+             "decode_tiles", "shared memory");
+  cudaFuncAttributes attr{};
+  const bool image =
+      cudaFuncGetAttributes(&attr, gemv_tiles_kernel<kTilesComfy, 1, 6>) == cudaSuccess &&
+      attr.binaryVersion >= 90;
+  (void)cudaGetLastError();
+  info.sm90 = major == 9 && image;
+  info.max_smem = optin - 2048;  // room for the static arrays (mbarriers included)
+  cache.emplace(dev, info);
+  return info;
+}
+
+template <typename Kernel>
+void tiles_smem(Kernel kernel, int64_t bytes) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*>, int64_t> done;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel));
+  auto it = done.find(key);
+  if (it != done.end() && it->second >= bytes) return;
+  int64_t limit = bytes;
+  if (it != done.end()) limit = std::max(limit, it->second);
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(limit)),
+             "decode_tiles", "shared memory");
+  done[key] = limit;
+}
+
+// The balanced split's boundary buffers of the current device and stream: (SMs + 1) x 2 x 256
+// int32 and (SMs + 1) counters, zeroed once (on `stream`, ordered before the first kernel that
+// uses them). Every launch adds 2 to the counter of each boundary it shares, so they are even
+// between launches; launches on one stream never overlap past griddepcontrol.wait, and each
+// stream has its own buffers (about 270 KB, kept for the process's lifetime).
+void boundary_buffers(cudaStream_t stream, int32_t** bnd, uint32_t** cnt) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, std::pair<int32_t*, uint32_t*>> bufs;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, stream);
+  auto it = bufs.find(key);
+  if (it == bufs.end()) {
+    const size_t n = static_cast<size_t>(multiprocessor_count()) + 1;
+    void* b = nullptr;
+    void* c = nullptr;
+    check_cuda(cudaMalloc(&b, n * 2 * 256 * sizeof(int32_t)), "decode_tiles", "boundary sums");
+    check_cuda(cudaMalloc(&c, n * sizeof(uint32_t)), "decode_tiles", "boundary counters");
+    check_cuda(cudaMemsetAsync(c, 0, n * sizeof(uint32_t), stream), "decode_tiles", "memset");
+    it = bufs.emplace(key, std::make_pair(static_cast<int32_t*>(b), static_cast<uint32_t*>(c)))
+             .first;
+  }
+  *bnd = it->second.first;
+  *cnt = it->second.second;
+}
+
+int tiles_grid(const DecodeParams& d) {
+  const int64_t tiles = (d.w.N + 15) / 16;
+  return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
+}
+
+template <int KIND, int NT, int D, typename T = void>
+void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
+  auto kernel = gemv_tiles_kernel<KIND, NT, D, T>;
+  tiles_smem(kernel, L.smem);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kTilesThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(L.smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (cudaLaunchKernelEx(&cfg, kernel, d, L) == cudaSuccess) return;
+  (void)cudaGetLastError();  // the attribute refused (not sticky): a plain launch
+  kernel<<<cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes, stream>>>(d, L);
+}
+
+}  // namespace
+
+int decode_tiles_kind(const PackedWeightRef& w) {
+  if (w.K % kItemCols != 0 || w.K > kTilesMaxK || w.N < 1) return kTilesNone;
+  if (w.format == WeightFormat::comfy_int4) return kTilesComfy;
+  if (w.format == WeightFormat::packed && w.bits == 4 &&
+      (!w.ratios || (w.group == 128 && w.groups_per_row == w.K / 128)))
+    return kTilesInt4;
+  return kTilesNone;
+}
+
+int64_t decode_tiles_bytes(const PackedWeightRef& w) {
+  const int kind = decode_tiles_kind(w);
+  if (kind == kTilesNone) return 0;
+  const int64_t items = (w.N + 15) / 16 * (w.K / kItemCols);
+  return items * (kind == kTilesInt4 ? kItemBytes + kTableBytes + kTable4Bytes : kItemBytes);
+}
+
+bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream) {
+  const char* op = "decode_tiles_build";
+  const int kind = decode_tiles_kind(w);
+  if (kind == kTilesNone) return false;
+  const int ipt = static_cast<int>(w.K / kItemCols);
+  const int64_t tiles = (w.N + 15) / 16;
+  Scratch flag(sizeof(int), stream, op);
+  check_cuda(cudaMemsetAsync(flag.as<int>(), 0, sizeof(int), stream), op, "memset");
+  const int64_t words = tiles * ipt * (kItemBytes / 4);
+  build_tile_codes_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(
+      w, kind, ipt, words, reinterpret_cast<uint32_t*>(out), flag.as<int>());
+  check_launch(op);
+  if (kind == kTilesInt4) {
+    const int64_t n = tiles * 16 * ipt;
+    build_tile_tables_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+        w, ipt, tiles, out + tiles * ipt * kItemBytes,
+        out + tiles * ipt * (kItemBytes + kTableBytes), flag.as<int>());
+    check_launch(op);
+  }
+  int bad = 0;
+  check_cuda(cudaMemcpyAsync(&bad, flag.as<int>(), sizeof(int), cudaMemcpyDeviceToHost, stream),
+             op, "flag copy");
+  check_cuda(cudaStreamSynchronize(stream), op, "synchronize");
+  return bad == 0;
+}
+
+bool decode_tiles_applies(const DecodeParams& d) {
+  if (!d.tiles || d.M < 1 || d.M > 16) return false;
+  if (decode_tiles_kind(d.w) == kTilesNone) return false;
+  if (reinterpret_cast<uintptr_t>(d.tiles) % 16 != 0) return false;
+  if (d.x) {  // fused: the ring kernel's rule (rot 256, bf16 / f16 x, few rows), depth 8 only
+    if (d.M > kTilesFuseLimit || d.rot != 256) return false;
+    if (d.x_dtype != DType::bf16 && d.x_dtype != DType::f16) return false;
+  } else if (!d.a || d.lda % 16 != 0 || reinterpret_cast<uintptr_t>(d.a) % 16 != 0) {
+    return false;
+  }
+  const TilesDevice info = tiles_device();
+  if (!info.sm90) return false;
+  return tiles_layout(d, tiles_grid(d), d.x ? 8 : 4).smem <= info.max_smem;
+}
+
+void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
+  decode_tiles_with(d, DecodeTilesTuning{}, stream);
+}
+
+void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream) {
+  const int grid = tiles_grid(d);
+  const int max_smem = tiles_device().max_smem;
+  // The deepest ring <= t.depth (0: the deepest) that fits: 8, 6 or 4 slots per warp; the fused
+  // instances exist with 8 only (decode_tiles_applies checked that it fits). H200 run 6: depth 4
+  // was the fastest (convrotint4 1 x 5120 -> 13824 17.9 us vs 19.6 at depth 8, comfy 16.6 vs
+  // 17.0), so it is the default (DecodeTilesTuning).
+  int depth = d.x || t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 ? 6 : 4);
+  const bool t4 = t.table4 && !d.x && decode_tiles_kind(d.w) == kTilesInt4;
+  TilesLayout L = tiles_layout(d, grid, depth, false, t4);
+  while (!d.x && L.smem > max_smem && depth > 4) {
+    depth -= 2;
+    L = tiles_layout(d, grid, depth, false, t4);
+  }
+  L.bulk = t.bulk ? 1 : 0;
+  L.interleave = t.interleave ? 1 : 0;
+  if (t.balanced) {  // the same depth with one more (shared) tile per CTA, if it fits
+    TilesLayout B = tiles_layout(d, grid, depth, true, t4);
+    if (B.smem <= max_smem) {
+      B.bulk = L.bulk;
+      B.interleave = L.interleave;
+      L = B;
+      boundary_buffers(stream, &L.bnd, &L.cnt);
+    }
+  }
+  const int kind = decode_tiles_kind(d.w);
+  const bool two = d.M > 8;
+  auto go = [&](auto kind_tag) {
+    constexpr int KIND = decltype(kind_tag)::value;
+    if (d.x) {  // fused instances: one n8 tile (M <= kTilesFuseLimit), depth 8
+      if constexpr (KIND == kTilesInt4C) return;  // never (t4 is off in the fused mode)
+      if (d.x_dtype == DType::f16) {
+        launch_tiles<KIND, 1, 8, __half>(d, L, grid, stream);
+      } else {
+        launch_tiles<KIND, 1, 8, __nv_bfloat16>(d, L, grid, stream);
+      }
+      return;
+    }
+    auto by_nt = [&](auto depth_tag) {
+      constexpr int DEPTH = decltype(depth_tag)::value;
+      if (two) {
+        launch_tiles<KIND, 2, DEPTH>(d, L, grid, stream);
+      } else {
+        launch_tiles<KIND, 1, DEPTH>(d, L, grid, stream);
+      }
+    };
+    if (depth == 8) {
+      by_nt(std::integral_constant<int, 8>{});
+    } else if (depth == 6) {
+      by_nt(std::integral_constant<int, 6>{});
+    } else {
+      by_nt(std::integral_constant<int, 4>{});
+    }
+  };
+  if (kind == kTilesComfy) {
+    go(std::integral_constant<int, kTilesComfy>{});
+  } else if (t4) {
+    go(std::integral_constant<int, kTilesInt4C>{});
+  } else {
+    go(std::integral_constant<int, kTilesInt4>{});
+  }
+  check_launch("decode_tiles");
+}
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit
