@@ -30,11 +30,13 @@ constexpr int kV3MaxWarps = 16;     // quantize CTA: at most 16 warps of rows
 // Quantize: heads whose x loads are in flight ahead. One suffices (a head takes ~1 us to compute
 // at 16 warps per SM, about the loaded DRAM latency); two spill 40 bytes.
 constexpr int kV3QuantPrefetch = 1;
-// Quantize with the cp.async ring: heads whose x loads are in flight ahead, slots. OFF: on the
-// H200 (session 3, run 3) every launch of the cp.async-ring instantiation failed with "invalid
-// argument" while the register-ring variant (run 2: 0.174 ms at Wan q, all cases bit-exact)
-// passed; the register ring is the default until the ring launch is debugged on the GPU.
-constexpr bool kV3AsyncRing = false;
+// Quantize with the cp.async ring: heads whose x loads are in flight ahead, slots. Session 3's
+// launches of this variant failed on the H200 (run 3: "invalid argument") wherever its dynamic
+// shared memory was exactly 48 KB (4-warp CTAs with rope): the opt-in attribute was set only
+// above 48 KB, but the static shared memory (the group maxima, the weight quads) comes on top.
+// The attribute is now set for every launch. Default ring: kV3DefaultRing (tuning `ring`
+// overrides it).
+constexpr int kV3DefaultRing = detail::kQuantRingRegister;
 constexpr int kV3AsyncAhead = 3;
 constexpr int kV3AsyncSlots = kV3AsyncAhead + 1;
 constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
@@ -244,6 +246,7 @@ struct V3QuantLaunch {
   int head_group;  // heads per CTA
   int table_mode;
   bool mean_vec;   // mean rows 16-byte aligned: float4 loads
+  bool reverse;    // tiles in reverse token order (blockIdx.y = 0 takes the last tile)
 };
 
 template <int D, bool BF16, int ROPE, bool ASYNC>
@@ -259,7 +262,8 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
   const int threads = blockDim.x;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
-  const int64_t b = blockIdx.z, tile = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t tile = L.reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
   const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
   // This thread's row for the whole head loop.
@@ -457,6 +461,7 @@ __global__ void __launch_bounds__(kV3MeanWarps * 32, 4)
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
   const int nh = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
   const int64_t n_first = chunk * L.steps * RPS + slot;  // this thread's row of step s: + s * RPS
+  griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
 
 #pragma unroll 1
   for (int k = 0; k < 8 * nh; ++k) mean_acc[k * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -543,6 +548,115 @@ __global__ void __launch_bounds__(kV3MeanWarps * 32, 4)
   }
 }
 
+// ---- norm_rope_mean, round 4 ------------------------------------------------------------------
+//
+// Rounds 2 and 3 keep one token per row slot and loop over heads, so each thread adds into a
+// per-head accumulator in shared memory (round 3: L1/shared 90 % busy, DRAM 36 %). Here a warp's
+// row slots are the heads of ONE token: slot s of warp w holds head h0 + s (RW = 32 / LANES heads
+// per warp: 8 at D = 128, 16 at D = 64), lane_in_row its 32 channels (v3 placement), and the warp
+// walks tokens t0 + w, t0 + w + W, ... of the CTA's chunk. A thread's head and channels never
+// change, so its 32 sums stay in registers; the RW slots of a warp read the same rotary values
+// (same token, same lane_in_row), so a table line serves 8 (16) heads from L1 (prefetched into L1
+// when the token's x loads are issued). A warp's x loads of one token are RW whole head rows
+// (2 KB contiguous for a (B, N, H, D) tensor). End of CTA: the W warps' sums meet in shared
+// memory, added in warp order, one partial per (batch, head, chunk, channel); launch_mean_final
+// adds the chunks in order: deterministic for a given launch shape. The arithmetic per value is
+// round 3's (v3_row, then one fp32 add per token): the mean agrees with the other rounds to fp32
+// rounding of the sum order.
+
+constexpr int kV4MeanWarps = 4;     // warps per CTA (token interleave)
+constexpr int kV4MeanPrefetch = 1;  // tokens whose x loads are in flight ahead
+
+struct V4MeanLaunch {
+  int steps;       // tokens per warp (a CTA's chunk: steps * kV4MeanWarps tokens)
+  int64_t chunks;  // CTAs along the tokens = partials per (batch, head)
+};
+
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
+template <int D, bool BF16, int ROPE>
+__global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
+    v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
+  constexpr int LANES = D / 32, RW = 32 / LANES, W = kV4MeanWarps;
+  __shared__ float4 w_sh[8][LANES];
+  __shared__ float red[W][32][32];  // [warp][value j][lane]: conflict-free
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int slot = lane / LANES, lane_in_row = lane % LANES;
+  const int64_t b = blockIdx.z, chunk = blockIdx.y;
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * RW + slot;
+  const int64_t hx = h < a.heads ? h : a.heads - 1;  // slots past H read a real head, unused
+  const int64_t t_first = chunk * L.steps * W + warp;  // this warp's tokens: + k * W
+  const int64_t t_stop = (chunk + 1) * L.steps * W;
+  const int64_t t_end = a.tokens < t_stop ? a.tokens : t_stop;
+  const int count = t_first < t_end ? static_cast<int>((t_end - t_first + W - 1) / W) : 0;
+  griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
+
+  const float4 wq = v3_weight_quad<D>(a, tid);  // stored after the first x loads (`start`)
+  // A (…, pairs, 2) fp32 table. Rotary quad k of the thread (pairs p_k, p_k + 1 in v3_row's
+  // order) is one float4 at a compile-time offset from the thread's first pair: paired:
+  // p_k = 8 chunk(k / 4) + 2 (k % 4), floats 16 lane_in_row + 16 LANES (k / 4) + 4 (k % 4);
+  // interleaved: p_k = 4 chunk(k / 2) + 2 (k % 2), floats 8 lane_in_row + 8 LANES (k / 2) + 4 (k % 2).
+  constexpr int kLanePairs = ROPE == kRopePaired ? 8 : 4;  // pairs per chunk of a lane
+  const float* table = static_cast<const float*>(a.rope) + b * a.r_sb + 2 * kLanePairs * lane_in_row;
+  const int64_t t_step = static_cast<int64_t>(W) * a.r_sn, x_step = static_cast<int64_t>(W) * a.x_sn;
+
+  const uint16_t* lx = static_cast<const uint16_t*>(a.x) + b * a.x_sb + t_first * a.x_sn +
+                       hx * a.x_sh + 8 * lane_in_row;  // the loading token's row
+  const float* lt = table + t_first * a.r_sn;          // its table pieces
+  const float* pt = lt;                                // the processing token's
+  auto load = [&](int, uint4(&r)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r[i] = load_stream16(lx + 8 * LANES * i);
+    if (ROPE != kRopeNone && slot == 0) {  // one prefetch per piece (<= 64 bytes), by slot 0
+#pragma unroll
+      for (int i = 0; i < (ROPE == kRopePaired ? 2 : 4); ++i)
+        prefetch_l1(lt + 2 * kLanePairs * LANES * i);
+    }
+    lx += x_step;
+    lt += t_step;
+  };
+  float acc[32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) acc[j] = 0.f;
+  auto proc = [&](int, const uint4(&r)[4]) {
+    float v[32];
+    v3_row<D, BF16, ROPE>(
+        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
+        [&](int k) {
+          return ROPE == kRopePaired ? ldg16_l1(pt + 16 * LANES * (k / 4) + 4 * (k % 4))
+                                     : ldg16_l1(pt + 8 * LANES * (k / 2) + 4 * (k % 2));
+        },
+        r, v);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
+    pt += t_step;
+  };
+  auto start = [&] {
+    v3_store_weight_quad<D>(tid, wq, w_sh);
+    __syncthreads();
+  };
+  pipeline<kV4MeanPrefetch, 4>(count, load, proc, start);
+
+#pragma unroll
+  for (int j = 0; j < 32; ++j) red[warp][j][lane] = acc[j];
+  __syncthreads();
+  // Output e = (value j, lane) of the CTA: head h0 + lane / LANES, channel 8 chunk + j % 8 with
+  // chunk = lane % LANES + LANES * (j / 8); the W warps added in warp order.
+  for (int e = tid; e < 32 * 32; e += W * 32) {
+    const int j = e / 32, l = e % 32;
+    const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + l / LANES;
+    float t = red[0][j][l];
+#pragma unroll
+    for (int w = 1; w < W; ++w) t = __fadd_rn(t, red[w][j][l]);
+    if (hh < a.heads) {
+      const int c = 8 * v3_chunk<D>(l % LANES, j / 8) + j % 8;
+      partials[((b * a.heads + hh) * L.chunks + chunk) * D + c] = t;
+    }
+  }
+}
+
 template <typename F>
 void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
   auto by_rope = [&](auto d, auto bf) {
@@ -576,12 +690,65 @@ int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
   return int64_t{std::max(per_sm, 1)} * multiprocessor_count();
 }
 
+// The round-4 mean kernel's coverage: per-head (or no) norm weight, full rotary with an fp32
+// (…, pairs, 2) table, or none; D 64 / 128.
+bool v4_mean_supported(const PrologueArgs& a) {
+  if (a.w_rows || a.tokens == 0) return false;
+  if (a.dim != 64 && a.dim != 128) return false;
+  if (!a.rotate) return true;
+  if (2 * a.pairs != a.dim) return false;
+  return table_mode_of(a) == kTablePairsF32;
+}
+
+void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+  const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes;
+  V4MeanLaunch L;
+  const int64_t head_groups = (a.heads + rw - 1) / rw;
+  check::that(a.batch <= 65535 && head_groups <= 65535, "norm_rope_mean", "x",
+              "cuda grid: expected at most 65535 batch items, got " + std::to_string(a.batch));
+  cudaStream_t stream = stream_of(ctx);
+  v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
+    auto kernel = v4_mean_kernel<decltype(d)::value, decltype(bf)::value, decltype(rope)::value>;
+    // Little shared memory (17 KB per CTA): the rest of the SM's 256 KB stays L1 for the table.
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 50),
+               "norm_rope_mean", "shared memory carve-out");
+    // Tokens per warp by the wave model (fixed cost ~3 tokens: setup, the CTA's final sums and
+    // partials); at least one full round of CTAs where the tokens allow; at most 65535 chunks.
+    // The tuning knob's mean_steps overrides it.
+    const int64_t resident = resident_ctas(kernel, kV4MeanWarps * 32, 0, "norm_rope_mean");
+    const int64_t per_warp = (a.tokens + kV4MeanWarps - 1) / kV4MeanWarps;
+    const int64_t first = std::max<int64_t>(1, (per_warp + 65534) / 65535);
+    const int64_t min_chunks = (resident + head_groups * a.batch - 1) / (head_groups * a.batch);
+    const int64_t last = std::max(first, (per_warp + min_chunks - 1) / min_chunks);
+    const int64_t steps =
+        pick_by_waves(first, last, resident, 3.0, [&](int64_t k) {
+          const int64_t chunks = (per_warp + k - 1) / k;
+          const bool distinct = (per_warp + chunks - 1) / chunks == k;
+          return std::pair<int64_t, double>(distinct ? chunks * head_groups * a.batch : 0,
+                                            static_cast<double>(k));
+        });
+    const int forced = detail::prologue_cuda_tuning().mean_steps;
+    L.steps = static_cast<int>(
+        forced > 0 ? std::max<int64_t>(first, std::min<int64_t>(forced, per_warp)) : steps);
+    L.chunks = (per_warp + L.steps - 1) / L.steps;
+    Scratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
+                 stream, "norm_rope_mean");
+    dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
+              static_cast<unsigned>(a.batch));
+    kernel<<<grid, kV4MeanWarps * 32, 0, stream>>>(a, L, part.as<float>());
+    check_launch("norm_rope_mean");
+    launch_mean_final(a, part.as<float>(), L.chunks, stream);
+  });
+}
+
 }  // namespace
 
 bool v3_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
   const int round = !quantize && t.mean_round > 0 ? t.mean_round : t.round;
-  if (t.legacy || (round != 0 && round != 3)) return false;
+  if (t.legacy) return false;
+  if (!quantize && round == 4) return v4_mean_supported(a);
+  if (round != 0 && round != 3) return false;
   // The round-3 mean kernel only when asked for (mean_round or round = 3): GPU run 2 measured it
   // slower than the round-2 one at Wan (0.202 vs 0.163 ms; L1-bound: its rotary-table reads).
   if (!quantize && round != 3) return false;
@@ -615,16 +782,21 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   check::that(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
               "cuda grid: expected at most 65535 tiles and batch items, got " +
                   std::to_string(tiles) + " and " + std::to_string(a.batch));
-  const bool async = kV3AsyncRing && !detail::prologue_cuda_tuning().register_ring;
+  const detail::PrologueCudaTuning tuning = detail::prologue_cuda_tuning();
+  const bool async = (tuning.ring > 0 ? tuning.ring : kV3DefaultRing) == detail::kQuantRingAsync;
+  // Reverse token order when a mean is subtracted: the mean pass just read x in increasing token
+  // order, so its last rows are still in L2 (the whole of x at the Flux shape).
+  L.reverse = tuning.tile_order > 0 ? tuning.tile_order == detail::kTilesReverse
+                                    : a.mean != nullptr;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
                    ((a.rotate ? 8 : 0) + (async ? 4 * kV3AsyncSlots : 0));
   auto launch = [&](auto kernel) {
-    if (smem > 48 * 1024)
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                 "norm_rope_quantize", "shared memory");
+    // Always: dynamic + static shared memory above 48 KB needs the opt-in (run 3's failure).
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "norm_rope_quantize", "shared memory");
     // Heads per CTA (balanced groups) by the wave model, fixed cost ~1.5 heads (setup); the
     // tuning knob's heads_per_cta overrides it.
-    const int forced = detail::prologue_cuda_tuning().heads_per_cta;
+    const int forced = tuning.heads_per_cta;
     int64_t hg = std::min<int64_t>(forced, a.heads);
     if (forced <= 0) {
       const int64_t resident = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
@@ -653,6 +825,11 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
 }
 
 void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+  const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
+  if ((t.mean_round > 0 ? t.mean_round : t.round) == 4) {
+    v4_norm_rope_mean(a, ctx);
+    return;
+  }
   const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes, rps = kV3MeanWarps * rw;
   V3MeanLaunch L;
   L.table_mode = table_mode_of(a);
