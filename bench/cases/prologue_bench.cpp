@@ -154,6 +154,8 @@ class PrologueBench : public BenchCase {
         variant("round-3 quantize, register ring (1 head ahead)", t);
         t.ring = detail::kQuantRingAsync;
         variant("round-3 quantize, cp.async ring (3 heads ahead)", t);
+        t.ring = detail::kQuantRingAsync96;
+        variant("round-3 quantize, cp.async ring (2 heads ahead, 96 registers, 5 CTAs/SM)", t);
         if (is_k) {
           t = {};
           t.tile_order = detail::kTilesForward;

@@ -85,13 +85,14 @@ namespace detail {
 // round-4 mean kernel, register accumulators, a warp's row slots = heads of one token);
 // `ring` picks how the round-3 quantize kernel holds its loads in flight (0: the default,
 // kQuantRingRegister: a register ring 1 head ahead, as measured in GPU runs 2-4;
-// kQuantRingAsync: a cp.async ring in shared memory, 3 heads ahead);
+// kQuantRingAsync: a cp.async ring in shared memory, 3 heads ahead; kQuantRingAsync96: the same
+// 2 heads ahead held to 96 registers, 5 CTAs per SM instead of 4);
 // `tile_order` the order of its token tiles (0: the default, reversed when a mean is subtracted,
 // so that the k pass first reads the rows the mean pass read last, still in L2;
 // kTilesForward / kTilesReverse force one); `pdl` whether the mean pass's final kernel is
 // launched with programmatic dependent launch (0: the default, on; kPdlOff / kPdlOn).
 // None of them changes a bit of the output.
-constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2;
+constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kTilesForward = 1, kTilesReverse = 2;
 constexpr int kPdlOff = 1, kPdlOn = 2;
 struct PrologueCudaTuning {

@@ -38,7 +38,9 @@ constexpr int kV3QuantPrefetch = 1;
 // overrides it).
 constexpr int kV3DefaultRing = detail::kQuantRingRegister;
 constexpr int kV3AsyncAhead = 3;
-constexpr int kV3AsyncSlots = kV3AsyncAhead + 1;
+// The occupancy variant (ring kQuantRingAsync96): 2 heads ahead, at most 96 registers.
+constexpr int kV3Async96Ahead = 2;
+constexpr int kV3Async96Regs = 96;
 constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
 constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
@@ -249,14 +251,17 @@ struct V3QuantLaunch {
   bool reverse;    // tiles in reverse token order (blockIdx.y = 0 takes the last tile)
 };
 
-template <int D, bool BF16, int ROPE, bool ASYNC>
-__global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
-    v3_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
+// AHEAD = 0: the register ring (kV3QuantPrefetch heads ahead); AHEAD > 0: the cp.async ring,
+// AHEAD heads ahead in AHEAD + 1 shared-memory slots per thread.
+template <int D, bool BF16, int ROPE, int AHEAD>
+__device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
+  constexpr bool ASYNC = AHEAD > 0;
+  constexpr int SLOTS = AHEAD + 1;
   constexpr int LANES = D / 32, RW = 32 / LANES;
-  // Dynamic shared memory: ASYNC: the x ring [kV3AsyncSlots][4 chunks][blockDim.x] uint4 (each
+  // Dynamic shared memory: ASYNC: the x ring [SLOTS][4 chunks][blockDim.x] uint4 (each
   // thread's own slots), then (rope) [8][blockDim.x] float4: this thread's rotary pairs.
   extern __shared__ float4 dyn_sh[];
-  float4* t_sh = dyn_sh + (ASYNC ? kV3AsyncSlots * 4 * blockDim.x : 0);
+  float4* t_sh = dyn_sh + (ASYNC ? SLOTS * 4 * blockDim.x : 0);
   __shared__ float red[2][kV3MaxWarps];
   __shared__ float4 w_sh[8][LANES];
   const int threads = blockDim.x;
@@ -380,22 +385,22 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
     uint4* ring = reinterpret_cast<uint4*>(dyn_sh);
     auto issue = [&](int u) {
       const uint16_t* px = xrow + u * x_sh + c0;
-      uint4* dst = ring + (u % kV3AsyncSlots) * 4 * threads + tid;
+      uint4* dst = ring + (u % SLOTS) * 4 * threads + tid;
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
     };
 #pragma unroll
-    for (int k = 0; k < kV3AsyncAhead; ++k) {
+    for (int k = 0; k < AHEAD; ++k) {
       if (k < count) issue(k);
       cp_async_commit();
     }
     start();
 #pragma unroll 1
     for (int u = 0; u < count; ++u) {
-      if (u + kV3AsyncAhead < count) issue(u + kV3AsyncAhead);
+      if (u + AHEAD < count) issue(u + AHEAD);
       cp_async_commit();
-      cp_async_wait<kV3AsyncAhead>();
-      const uint4* src = ring + (u % kV3AsyncSlots) * 4 * threads + tid;
+      cp_async_wait<AHEAD>();
+      const uint4* src = ring + (u % SLOTS) * 4 * threads + tid;
       uint4 r[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * threads);
@@ -404,6 +409,21 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
   } else {
     pipeline<kV3QuantPrefetch, 4>(count, load, proc, start);
   }
+}
+
+// The quantize kernels: the register ring and the cp.async ring 3 heads ahead (<= 128 registers
+// by the launch bounds: 4 CTAs of 4 warps per SM at 104 registers and 49 KB of shared memory),
+// and the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps per SM: 41 KB of
+// shared memory each), 20 warps per SM instead of 16.
+template <int D, bool BF16, int ROPE, int AHEAD>
+__global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
+    v3_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
+  v3_quantize_body<D, BF16, ROPE, AHEAD>(a, L);
+}
+template <int D, bool BF16, int ROPE>
+__global__ void __maxnreg__(kV3Async96Regs)
+    v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
+  v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead>(a, L);
 }
 
 // ---- norm_rope_mean ---------------------------------------------------------------------------
@@ -783,13 +803,16 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
               "cuda grid: expected at most 65535 tiles and batch items, got " +
                   std::to_string(tiles) + " and " + std::to_string(a.batch));
   const detail::PrologueCudaTuning tuning = detail::prologue_cuda_tuning();
-  const bool async = (tuning.ring > 0 ? tuning.ring : kV3DefaultRing) == detail::kQuantRingAsync;
+  const int ring = tuning.ring > 0 ? tuning.ring : kV3DefaultRing;
+  const int ahead = ring == detail::kQuantRingAsync     ? kV3AsyncAhead
+                    : ring == detail::kQuantRingAsync96 ? kV3Async96Ahead
+                                                        : 0;
   // Reverse token order when a mean is subtracted: the mean pass just read x in increasing token
   // order, so its last rows are still in L2 (the whole of x at the Flux shape).
   L.reverse = tuning.tile_order > 0 ? tuning.tile_order == detail::kTilesReverse
                                     : a.mean != nullptr;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
-                   ((a.rotate ? 8 : 0) + (async ? 4 * kV3AsyncSlots : 0));
+                   ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0));
   auto launch = [&](auto kernel) {
     // Always: dynamic + static shared memory above 48 KB needs the opt-in (run 3's failure).
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -816,10 +839,12 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (async)
-      launch(v3_quantize_kernel<D, BF16, ROPE, true>);
+    if (ring == detail::kQuantRingAsync96)
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE>);
+    else if (ahead > 0)
+      launch(v3_quantize_kernel<D, BF16, ROPE, kV3AsyncAhead>);
     else
-      launch(v3_quantize_kernel<D, BF16, ROPE, false>);
+      launch(v3_quantize_kernel<D, BF16, ROPE, 0>);
   });
   check_launch("norm_rope_quantize");
 }

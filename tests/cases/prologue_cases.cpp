@@ -351,7 +351,8 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   }
   // Session 4 variants at the odd token counts, strided (fused QKV) inputs, both rope pairings,
   // both table shapes, D 64 and 128, B = 2 and 11 heads (not a multiple of a warp's 8 or 16
-  // head slots): the cp.async ring of the round-3 quantize kernel ("async"), the reverse and
+  // head slots): the cp.async rings of the round-3 quantize kernel ("async": 3 heads ahead,
+  // "async96": 2 heads ahead in <= 96 registers), the reverse and
   // forward tile orders ("rev", "fwd"), and the round-4 mean pass ("v4m"; a (…, pairs, 2) fp32
   // table or none; the matrix table falls back to round 2).
   for (int64_t N : {1, 17, 127, 1000}) {
@@ -366,6 +367,10 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       k.matrix_table = true, k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
       k.q_pad = true;
       add(k);  // k: THREAD_K 64 (groups across warps at D = 128), matrix table
+      q.tag = "async96", q.ring = detail::kQuantRingAsync96;
+      add(q);  // the occupancy variant: 2 heads ahead, <= 96 registers
+      k.tag = "async96", k.ring = detail::kQuantRingAsync96;
+      add(k);
       k.ring = 0;
       for (int order : {detail::kTilesForward, detail::kTilesReverse}) {
         k.tile_order = order;
