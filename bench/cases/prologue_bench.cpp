@@ -167,6 +167,8 @@ class PrologueBench : public BenchCase {
           variant("round-3 mean pass", t);
           t.mean_round = 4;
           variant("round-4 mean pass (register sums, heads across a warp)", t);
+          t.mean_ring = detail::kQuantRingAsync;
+          variant("round-4 mean pass with a cp.async ring (3 tokens ahead)", t);
           t = {};
           t.pdl = detail::kPdlOff;
           variant("mean_final launched without PDL", t);

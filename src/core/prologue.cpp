@@ -277,6 +277,7 @@ std::atomic<int> g_mean_round{0};
 std::atomic<int> g_ring{0};
 std::atomic<int> g_tile_order{0};
 std::atomic<int> g_pdl{0};
+std::atomic<int> g_mean_ring{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -288,6 +289,7 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_ring.store(t.ring);
   g_tile_order.store(t.tile_order);
   g_pdl.store(t.pdl);
+  g_mean_ring.store(t.mean_ring);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -300,6 +302,7 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.ring = g_ring.load();
   t.tile_order = g_tile_order.load();
   t.pdl = g_pdl.load();
+  t.mean_ring = g_mean_ring.load();
   return t;
 }
 

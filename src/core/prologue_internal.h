@@ -90,7 +90,9 @@ namespace detail {
 // `tile_order` the order of its token tiles (0: the default, reversed when a mean is subtracted,
 // so that the k pass first reads the rows the mean pass read last, still in L2;
 // kTilesForward / kTilesReverse force one); `pdl` whether the mean pass's final kernel is
-// launched with programmatic dependent launch (0: the default, on; kPdlOff / kPdlOn).
+// launched with programmatic dependent launch (0: the default, on; kPdlOff / kPdlOn);
+// `mean_ring` how the round-4 mean kernel holds its loads in flight (0 / kQuantRingRegister: a
+// register ring 1 token ahead; kQuantRingAsync: a cp.async ring, 3 tokens ahead).
 // None of them changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kTilesForward = 1, kTilesReverse = 2;
@@ -104,6 +106,7 @@ struct PrologueCudaTuning {
   int ring = 0;
   int tile_order = 0;
   int pdl = 0;
+  int mean_ring = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

@@ -585,7 +585,8 @@ __global__ void __launch_bounds__(kV3MeanWarps * 32, 4)
 // rounding of the sum order.
 
 constexpr int kV4MeanWarps = 4;     // warps per CTA (token interleave)
-constexpr int kV4MeanPrefetch = 1;  // tokens whose x loads are in flight ahead
+constexpr int kV4MeanPrefetch = 1;  // register ring: tokens whose x loads are in flight ahead
+constexpr int kV4MeanAsyncAhead = 3;  // cp.async ring (mean_ring = kQuantRingAsync): tokens ahead
 
 struct V4MeanLaunch {
   int steps;       // tokens per warp (a CTA's chunk: steps * kV4MeanWarps tokens)
@@ -596,12 +597,18 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
-template <int D, bool BF16, int ROPE>
+// AHEAD = 0: x loads held in a register ring kV4MeanPrefetch tokens ahead; AHEAD > 0: a cp.async
+// ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes per thread, dynamic
+// shared memory; the warps' final sums reuse it).
+template <int D, bool BF16, int ROPE, int AHEAD>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
   constexpr int LANES = D / 32, RW = 32 / LANES, W = kV4MeanWarps;
+  constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
   __shared__ float4 w_sh[8][LANES];
-  __shared__ float red[W][32][32];  // [warp][value j][lane]: conflict-free
+  extern __shared__ float4 v4_dyn[];
+  // [warp][value j][lane]: conflict-free; in the dynamic shared memory (after the ring's last use)
+  float(*red)[32][32] = reinterpret_cast<float(*)[32][32]>(v4_dyn);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   const int64_t b = blockIdx.z, chunk = blockIdx.y;
@@ -657,7 +664,45 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v3_store_weight_quad<D>(tid, wq, w_sh);
     __syncthreads();
   };
-  pipeline<kV4MeanPrefetch, 4>(count, load, proc, start);
+  if constexpr (AHEAD > 0) {
+    // cp.async ring: token u's 4 chunks land in this thread's slot u % SLOTS (no registers
+    // held); one commit group per token, empty past the end, so wait_group AHEAD means "token u
+    // has landed". A slot is refilled only after its values were read and used.
+    uint4* ring = reinterpret_cast<uint4*>(v4_dyn);
+    auto issue = [&](int u) {
+      uint4* dst = ring + (u % SLOTS) * 4 * THREADS + tid;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async16(dst + i * THREADS, lx + 8 * LANES * i);
+      if (ROPE != kRopeNone && slot == 0) {
+#pragma unroll
+        for (int i = 0; i < (ROPE == kRopePaired ? 2 : 4); ++i)
+          prefetch_l1(lt + 2 * kLanePairs * LANES * i);
+      }
+      lx += x_step;
+      lt += t_step;
+    };
+#pragma unroll
+    for (int k = 0; k < AHEAD; ++k) {
+      if (k < count) issue(k);
+      cp_async_commit();
+    }
+    start();
+#pragma unroll 1
+    for (int u = 0; u < count; ++u) {
+      if (u + AHEAD < count) issue(u + AHEAD);
+      cp_async_commit();
+      cp_async_wait<AHEAD>();
+      const uint4* src = ring + (u % SLOTS) * 4 * THREADS + tid;
+      uint4 r[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * THREADS);
+      proc(u, r);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every thread's ring reads are done before `red` overwrites the ring
+  } else {
+    pipeline<kV4MeanPrefetch, 4>(count, load, proc, start);
+  }
 
 #pragma unroll
   for (int j = 0; j < 32; ++j) red[warp][j][lane] = acc[j];
@@ -727,15 +772,36 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
   check::that(a.batch <= 65535 && head_groups <= 65535, "norm_rope_mean", "x",
               "cuda grid: expected at most 65535 batch items, got " + std::to_string(a.batch));
   cudaStream_t stream = stream_of(ctx);
+  const int mean_ring = detail::prologue_cuda_tuning().mean_ring;
+  const int ahead = mean_ring == detail::kQuantRingAsync ? kV4MeanAsyncAhead : 0;
+  // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring.
+  const int smem = static_cast<int>(std::max<size_t>(
+      sizeof(float) * kV4MeanWarps * 32 * 32,
+      ahead > 0 ? sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 : 0));
   v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
-    auto kernel = v4_mean_kernel<decltype(d)::value, decltype(bf)::value, decltype(rope)::value>;
-    // Little shared memory (17 KB per CTA): the rest of the SM's 256 KB stays L1 for the table.
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 50),
+    constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
+    constexpr bool BF16 = decltype(bf)::value;
+    auto kernel = ahead > 0 ? v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead>
+                            : v4_mean_kernel<D, BF16, ROPE, 0>;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "norm_rope_mean", "shared memory");
+    // Carve-out: what 4 CTAs need (17-34 KB each with the reserved 1 KB), the rest of the SM's
+    // 256 KB stays L1 for the rotary table.
+    int sm_smem = 0, dev = 0;
+    check_cuda(cudaGetDevice(&dev), "norm_rope_mean", "device");
+    check_cuda(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+               "norm_rope_mean", "device attribute");
+    const int64_t need = 4 * (int64_t{smem} + 2048);
+    const int carveout =
+        sm_smem > 0 ? static_cast<int>(std::min<int64_t>(100, (100 * need + sm_smem - 1) / sm_smem))
+                    : 100;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    carveout),
                "norm_rope_mean", "shared memory carve-out");
     // Tokens per warp by the wave model (fixed cost ~3 tokens: setup, the CTA's final sums and
     // partials); at least one full round of CTAs where the tokens allow; at most 65535 chunks.
     // The tuning knob's mean_steps overrides it.
-    const int64_t resident = resident_ctas(kernel, kV4MeanWarps * 32, 0, "norm_rope_mean");
+    const int64_t resident = resident_ctas(kernel, kV4MeanWarps * 32, smem, "norm_rope_mean");
     const int64_t per_warp = (a.tokens + kV4MeanWarps - 1) / kV4MeanWarps;
     const int64_t first = std::max<int64_t>(1, (per_warp + 65534) / 65535);
     const int64_t min_chunks = (resident + head_groups * a.batch - 1) / (head_groups * a.batch);
@@ -755,7 +821,7 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
                  stream, "norm_rope_mean");
     dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
               static_cast<unsigned>(a.batch));
-    kernel<<<grid, kV4MeanWarps * 32, 0, stream>>>(a, L, part.as<float>());
+    kernel<<<grid, kV4MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
     check_launch("norm_rope_mean");
     launch_mean_final(a, part.as<float>(), L.chunks, stream);
   });

@@ -52,6 +52,7 @@ struct Cfg {
   int ring = 0;           // CUDA: round-3 quantize ring (detail::kQuantRing*; 0: the default)
   int tile_order = 0;     // CUDA: round-3 quantize tile order (detail::kTiles*; 0: the default)
   int pdl = 0;            // CUDA: mean_final with PDL (detail::kPdl*; 0: the default)
+  int mean_ring = 0;      // CUDA: round-4 mean kernel's ring (detail::kQuantRing*; 0: default)
   std::string tag;
 };
 
@@ -196,7 +197,8 @@ class PrologueCase : public Case {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
     } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps, c_.round,
-                                        c_.mean_round, c_.ring, c_.tile_order, c_.pdl});
+                                        c_.mean_round, c_.ring, c_.tile_order, c_.pdl,
+                                        c_.mean_ring});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -353,8 +355,8 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // both table shapes, D 64 and 128, B = 2 and 11 heads (not a multiple of a warp's 8 or 16
   // head slots): the cp.async rings of the round-3 quantize kernel ("async": 3 heads ahead,
   // "async96": 2 heads ahead in <= 96 registers), the reverse and
-  // forward tile orders ("rev", "fwd"), and the round-4 mean pass ("v4m"; a (…, pairs, 2) fp32
-  // table or none; the matrix table falls back to round 2).
+  // forward tile orders ("rev", "fwd"), and the round-4 mean pass ("v4m", with its cp.async
+  // ring "v4ma"; a (…, pairs, 2) fp32 table or none; the matrix table falls back to round 2).
   for (int64_t N : {1, 17, 127, 1000}) {
     for (int64_t D : {64, 128}) {
       Cfg q;
@@ -382,6 +384,12 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       m.mean_pass = true, m.mean_round = 4;
       m.B = 2, m.N = N, m.H = 11, m.D = D, m.qkv = true;
       add(m);  // bf16, split-half rope
+      Cfg ma = m;
+      ma.tag = "v4ma", ma.mean_ring = detail::kQuantRingAsync;
+      add(ma);  // the cp.async ring (3 tokens ahead)
+      ma.tag = "v4maint", ma.dtype = DType::f16, ma.rope = RopeKind::interleaved, ma.H = 40;
+      ma.mean_steps = 2;
+      add(ma);
       m.tag = "v4mint", m.dtype = DType::f16, m.rope = RopeKind::interleaved, m.w_dtype = DType::f32;
       m.qkv = false, m.batch_table = true, m.mean_steps = 3;
       add(m);  // f16, interleaved pairs, per-batch table, 3 tokens per warp (several chunks)
