@@ -587,6 +587,9 @@ __global__ void __launch_bounds__(kV3MeanWarps * 32, 4)
 constexpr int kV4MeanWarps = 4;     // warps per CTA (token interleave)
 constexpr int kV4MeanPrefetch = 1;  // register ring: tokens whose x loads are in flight ahead
 constexpr int kV4MeanAsyncAhead = 3;  // cp.async ring (mean_ring = kQuantRingAsync): tokens ahead
+// Defaults (GPU run 6 decides): the mean kernel's round and the round-4 kernel's ring.
+constexpr int kDefaultMeanRound = 2;
+constexpr int kV4DefaultMeanRing = detail::kQuantRingRegister;
 
 struct V4MeanLaunch {
   int steps;       // tokens per warp (a CTA's chunk: steps * kV4MeanWarps tokens)
@@ -755,6 +758,13 @@ int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
   return int64_t{std::max(per_sm, 1)} * multiprocessor_count();
 }
 
+// Which mean kernel runs: the knob `mean_round`, else `round`, else kDefaultMeanRound (2: the
+// round-2 kernel in src/cuda/prologue.cu; 3 and 4 here). Where the pick does not cover the
+// arguments, round 2, then the first generation.
+int mean_round_of(const detail::PrologueCudaTuning& t) {
+  return t.mean_round > 0 ? t.mean_round : t.round > 0 ? t.round : kDefaultMeanRound;
+}
+
 // The round-4 mean kernel's coverage: per-head (or no) norm weight, full rotary with an fp32
 // (…, pairs, 2) table, or none; D 64 / 128.
 bool v4_mean_supported(const PrologueArgs& a) {
@@ -772,7 +782,9 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
   check::that(a.batch <= 65535 && head_groups <= 65535, "norm_rope_mean", "x",
               "cuda grid: expected at most 65535 batch items, got " + std::to_string(a.batch));
   cudaStream_t stream = stream_of(ctx);
-  const int mean_ring = detail::prologue_cuda_tuning().mean_ring;
+  const int mean_ring = detail::prologue_cuda_tuning().mean_ring > 0
+                            ? detail::prologue_cuda_tuning().mean_ring
+                            : kV4DefaultMeanRing;
   const int ahead = mean_ring == detail::kQuantRingAsync ? kV4MeanAsyncAhead : 0;
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring.
   const int smem = static_cast<int>(std::max<size_t>(
@@ -831,13 +843,13 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
 
 bool v3_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
-  const int round = !quantize && t.mean_round > 0 ? t.mean_round : t.round;
+  const int round = quantize ? t.round : mean_round_of(t);
   if (t.legacy) return false;
   if (!quantize && round == 4) return v4_mean_supported(a);
   if (round != 0 && round != 3) return false;
   // The round-3 mean kernel only when asked for (mean_round or round = 3): GPU run 2 measured it
   // slower than the round-2 one at Wan (0.202 vs 0.163 ms; L1-bound: its rotary-table reads).
-  if (!quantize && round != 3) return false;
+  if (!quantize && round != 3) return false;  // round 2: src/cuda/prologue.cu
   if (a.w_rows) return false;
   if (a.rotate && 2 * a.pairs != a.dim) return false;
   if (a.dim != 64 && a.dim != 128) return false;
@@ -916,8 +928,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
 }
 
 void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
-  const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
-  if ((t.mean_round > 0 ? t.mean_round : t.round) == 4) {
+  if (mean_round_of(detail::prologue_cuda_tuning()) == 4) {
     v4_norm_rope_mean(a, ctx);
     return;
   }
