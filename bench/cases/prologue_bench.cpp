@@ -156,6 +156,16 @@ class PrologueBench : public BenchCase {
         variant("round-3 quantize, cp.async ring (3 heads ahead)", t);
         t.ring = detail::kQuantRingAsync96;
         variant("round-3 quantize, cp.async ring (2 heads ahead, 96 registers, 5 CTAs/SM)", t);
+        for (int ring : {detail::kQuantRingRegister, detail::kQuantRingAsync,
+                         detail::kQuantRingAsync96}) {
+          t = {};
+          t.ring = ring, t.lean = detail::kLeanOn;
+          variant(std::string("round-3 quantize, lean per-row arithmetic, ") +
+                      (ring == detail::kQuantRingRegister ? "register ring"
+                       : ring == detail::kQuantRingAsync  ? "cp.async ring"
+                                                          : "cp.async ring 96 registers"),
+                  t);
+        }
         if (is_k) {
           t = {};
           t.tile_order = detail::kTilesForward;

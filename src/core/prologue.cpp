@@ -278,6 +278,7 @@ std::atomic<int> g_ring{0};
 std::atomic<int> g_tile_order{0};
 std::atomic<int> g_pdl{0};
 std::atomic<int> g_mean_ring{0};
+std::atomic<int> g_lean{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -290,6 +291,7 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_tile_order.store(t.tile_order);
   g_pdl.store(t.pdl);
   g_mean_ring.store(t.mean_ring);
+  g_lean.store(t.lean);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -303,6 +305,7 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.tile_order = g_tile_order.load();
   t.pdl = g_pdl.load();
   t.mean_ring = g_mean_ring.load();
+  t.lean = g_lean.load();
   return t;
 }
 

@@ -41,6 +41,9 @@ constexpr int kV3AsyncAhead = 3;
 // The occupancy variant (ring kQuantRingAsync96): 2 heads ahead, at most 96 registers.
 constexpr int kV3Async96Ahead = 2;
 constexpr int kV3Async96Regs = 96;
+// The lean per-row arithmetic of the quantize kernel (tuning `lean`), off until run 6 shows its
+// bits equal the default's.
+constexpr bool kV3DefaultLean = false;
 constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
 constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
@@ -150,11 +153,28 @@ __device__ __forceinline__ void v3_store_weight_quad(int tid, float4 q, float4 (
   if (tid < 8 * LANES) w_sh[tid / LANES][tid % LANES] = q;
 }
 
+// v rounded to bf16 and read back as fp32 in one instruction: cvt.rn.bf16x2.f32 puts bf16(v)
+// in the upper half and bf16(0) = 0 in the lower, i.e. the fp32 bits of bf16(v) (round_pair:
+// the same conversion, then a shift or a mask per value).
+__device__ __forceinline__ float round_bf16_hi(float v) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(v), "f"(0.f));
+  return __uint_as_float(d);
+}
+
+// rcp.approx.ftz.f32: one MUFU.RCP. For b in [2^-126, 2^126] (normal b, normal 1/b) it is the
+// reciprocal div.full.f32 uses: div.full(a, b) = a * rcp(b) there (the premise of quantize32).
+__device__ __forceinline__ float rcp_approx(float b) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return r;
+}
+
 // rope(norm(x)) of a thread's 32 values of one row (SPEC §1 order; the same bits as the CPU and
 // the round-2 kernels). All LANES lanes of the row call it together (shuffles). The weight quad k
 // (values 4k .. 4k+3) and the rotary quad k ((cos, sin) of pairs 2k, 2k+1) are read where they are
 // used (`wq(k)`, `tq(k)`: shared-memory reads), so they never all sit in registers at once.
-template <int D, bool BF16, int ROPE, typename WQ, typename TQ>
+template <int D, bool BF16, int ROPE, bool LEAN = false, typename WQ, typename TQ>
 __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
                                        const uint4 (&raw)[4], float (&v)[32]) {
   constexpr int LANES = D / 32;
@@ -180,8 +200,13 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
       x[4 * k + 1] = __fmul_rn(__fmul_rn(x[4 * k + 1], inv), w.y);
       x[4 * k + 2] = __fmul_rn(__fmul_rn(x[4 * k + 2], inv), w.z);
       x[4 * k + 3] = __fmul_rn(__fmul_rn(x[4 * k + 3], inv), w.w);
-      round_pair<BF16>(x[4 * k], x[4 * k + 1]);
-      round_pair<BF16>(x[4 * k + 2], x[4 * k + 3]);
+      if (LEAN && BF16) {  // one cvt per value, no unpacking (the same bits)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) x[4 * k + i] = round_bf16_hi(x[4 * k + i]);
+      } else {
+        round_pair<BF16>(x[4 * k], x[4 * k + 1]);
+        round_pair<BF16>(x[4 * k + 2], x[4 * k + 3]);
+      }
     }
   }
   auto rotate = [&](float c, float s, int lead, int trail) {
@@ -208,11 +233,12 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
 
 // Codes of 32 values with one scale (SPEC §1 rounding; see quantize16 in prologue.cu for the
 // reciprocal: div.full.f32 a / b is a * rcp(b) for b in [2^-126, 2^126]). out[k] = codes 4k..4k+3.
+template <bool LEAN = false>
 __device__ __forceinline__ void quantize32(const float (&v)[32], float scale, uint32_t (&out)[8]) {
   const float as = fabsf(scale);
   int c[32];
   if (as >= 0x1p-126f && as <= 0x1p126f) {
-    const float r = div_full(1.f, scale);
+    const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
 #pragma unroll
     for (int j = 0; j < 32; ++j) c[j] = round_code(__fmul_rn(v[j], r));
   } else if (scale == 0.f) {
@@ -253,7 +279,10 @@ struct V3QuantLaunch {
 
 // AHEAD = 0: the register ring (kV3QuantPrefetch heads ahead); AHEAD > 0: the cp.async ring,
 // AHEAD heads ahead in AHEAD + 1 shared-memory slots per thread.
-template <int D, bool BF16, int ROPE, int AHEAD>
+// LEAN: the same bits with fewer instructions per row (round_bf16_hi, rcp_approx for the
+// reciprocal of the scale and for 1/127: div.full(m, 127) = m * rcp(127)); GPU run 6 checks the
+// bits against the default in the bench.
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool ASYNC = AHEAD > 0;
   constexpr int SLOTS = AHEAD + 1;
@@ -311,6 +340,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   const float abs_sm = fabsf(a.sm_scale);
   const int c0 = 8 * lane_in_row;  // channel of chunk i: c0 + 8 * LANES * i
   const int red_mask = L.red_lanes - 1;  // red_lanes is a power of two
+  const float rcp127 = rcp_approx(127.f);  // LEAN: div.full(m, 127) = m * rcp(127)
 
   // Rows past N read token 0's row (in bounds; no branch, no zeroing): their values never reach
   // a maximum (m = 0 below) or a store.
@@ -321,7 +351,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   };
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
-    v3_row<D, BF16, ROPE>(
+    v3_row<D, BF16, ROPE, LEAN>(
         a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
         [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
     if (mrow) {
@@ -363,7 +393,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
     }
     if (scaled) m = __fmul_rn(m, abs_sm);
-    const float scale = __fadd_rn(div_full(m, 127.f), a.scale_eps);
+    const float scale =
+        __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
     if (writer) srow[u * s_sh] = scale;
     if (!ok) return;
     if (scaled) {
@@ -371,7 +402,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
     }
     uint32_t packed[8];
-    quantize32(v, scale, packed);
+    quantize32<LEAN>(v, scale, packed);
     int8_t* q = qrow + u * q_sh + c0;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -415,15 +446,15 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 // by the launch bounds: 4 CTAs of 4 warps per SM at 104 registers and 49 KB of shared memory),
 // and the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps per SM: 41 KB of
 // shared memory each), 20 warps per SM instead of 16.
-template <int D, bool BF16, int ROPE, int AHEAD>
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN>
 __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
     v3_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, AHEAD>(a, L);
+  v3_quantize_body<D, BF16, ROPE, AHEAD, LEAN>(a, L);
 }
-template <int D, bool BF16, int ROPE>
+template <int D, bool BF16, int ROPE, bool LEAN>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead>(a, L);
+  v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead, LEAN>(a, L);
 }
 
 // ---- norm_rope_mean ---------------------------------------------------------------------------
@@ -882,6 +913,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
                   std::to_string(tiles) + " and " + std::to_string(a.batch));
   const detail::PrologueCudaTuning tuning = detail::prologue_cuda_tuning();
   const int ring = tuning.ring > 0 ? tuning.ring : kV3DefaultRing;
+  const bool lean = tuning.lean > 0 ? tuning.lean == detail::kLeanOn : kV3DefaultLean;
   const int ahead = ring == detail::kQuantRingAsync     ? kV3AsyncAhead
                     : ring == detail::kQuantRingAsync96 ? kV3Async96Ahead
                                                         : 0;
@@ -917,12 +949,20 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (ring == detail::kQuantRingAsync96)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE>);
-    else if (ahead > 0)
-      launch(v3_quantize_kernel<D, BF16, ROPE, kV3AsyncAhead>);
+    // The lean arithmetic only for bf16 (its one-instruction rounding is bf16-only).
+    auto pick = [&](auto lean) {
+      constexpr bool LEAN = decltype(lean)::value && BF16;
+      if (ring == detail::kQuantRingAsync96)
+        launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN>);
+      else if (ahead > 0)
+        launch(v3_quantize_kernel<D, BF16, ROPE, kV3AsyncAhead, LEAN>);
+      else
+        launch(v3_quantize_kernel<D, BF16, ROPE, 0, LEAN>);
+    };
+    if (lean)
+      pick(std::true_type{});
     else
-      launch(v3_quantize_kernel<D, BF16, ROPE, 0>);
+      pick(std::false_type{});
   });
   check_launch("norm_rope_quantize");
 }

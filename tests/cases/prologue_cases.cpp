@@ -53,6 +53,7 @@ struct Cfg {
   int tile_order = 0;     // CUDA: round-3 quantize tile order (detail::kTiles*; 0: the default)
   int pdl = 0;            // CUDA: mean_final with PDL (detail::kPdl*; 0: the default)
   int mean_ring = 0;      // CUDA: round-4 mean kernel's ring (detail::kQuantRing*; 0: default)
+  int lean = 0;           // CUDA: round-3 quantize lean arithmetic (detail::kLean*; 0: default)
   std::string tag;
 };
 
@@ -198,7 +199,7 @@ class PrologueCase : public Case {
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
     } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps, c_.round,
                                         c_.mean_round, c_.ring, c_.tile_order, c_.pdl,
-                                        c_.mean_ring});
+                                        c_.mean_ring, c_.lean});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -373,6 +374,14 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(q);  // the occupancy variant: 2 heads ahead, <= 96 registers
       k.tag = "async96", k.ring = detail::kQuantRingAsync96;
       add(k);
+      q.tag = "lean", q.ring = 0, q.lean = detail::kLeanOn;
+      add(q);  // bf16: the lean per-row arithmetic
+      q.tag = "leanasync", q.ring = detail::kQuantRingAsync;
+      add(q);
+      q.lean = 0;
+      Cfg kl = k;
+      kl.tag = "lean", kl.dtype = DType::bf16, kl.ring = 0, kl.lean = detail::kLeanOn;
+      add(kl);  // bf16 k with a mean, THREAD_K 64
       k.ring = 0;
       for (int order : {detail::kTilesForward, detail::kTilesReverse}) {
         k.tile_order = order;
