@@ -143,29 +143,27 @@ class PrologueBench : public BenchCase {
         variants.push_back(v);
       };
       if (env.device == Device::cuda) {
+        // Defaults (src/cuda/prologue_v3.cu): round-3 quantize with the cp.async ring 2 heads
+        // ahead in <= 96 registers and the lean per-row arithmetic (bf16), round-4 mean pass
+        // with its cp.async ring, reverse tile order for k, mean_final with PDL.
         detail::PrologueCudaTuning t;
         t.legacy = true;
         variant("first-generation kernels", t);
         t = {};
         t.round = 2;
         variant("round-2 kernels", t);
+        t = {};  // session 3's defaults (GPU runs 2-5)
+        t.ring = detail::kQuantRingRegister, t.lean = detail::kLeanOff, t.mean_round = 2;
+        t.tile_order = detail::kTilesForward, t.pdl = detail::kPdlOff;
+        variant("session 3 defaults (register ring, round-2 mean pass)", t);
         t = {};
         t.ring = detail::kQuantRingRegister;
         variant("round-3 quantize, register ring (1 head ahead)", t);
         t.ring = detail::kQuantRingAsync;
-        variant("round-3 quantize, cp.async ring (3 heads ahead)", t);
-        t.ring = detail::kQuantRingAsync96;
-        variant("round-3 quantize, cp.async ring (2 heads ahead, 96 registers, 5 CTAs/SM)", t);
-        for (int ring : {detail::kQuantRingRegister, detail::kQuantRingAsync,
-                         detail::kQuantRingAsync96}) {
-          t = {};
-          t.ring = ring, t.lean = detail::kLeanOn;
-          variant(std::string("round-3 quantize, lean per-row arithmetic, ") +
-                      (ring == detail::kQuantRingRegister ? "register ring"
-                       : ring == detail::kQuantRingAsync  ? "cp.async ring"
-                                                          : "cp.async ring 96 registers"),
-                  t);
-        }
+        variant("round-3 quantize, cp.async ring (3 heads ahead, 4 CTAs/SM)", t);
+        t = {};
+        t.lean = detail::kLeanOff;
+        variant("round-3 quantize without the lean per-row arithmetic", t);
         if (is_k) {
           t = {};
           t.tile_order = detail::kTilesForward;
@@ -175,10 +173,9 @@ class PrologueBench : public BenchCase {
           variant("round-2 mean pass", t);
           t.mean_round = 3;
           variant("round-3 mean pass", t);
-          t.mean_round = 4;
-          variant("round-4 mean pass (register sums, heads across a warp)", t);
-          t.mean_ring = detail::kQuantRingAsync;
-          variant("round-4 mean pass with a cp.async ring (3 tokens ahead)", t);
+          t = {};
+          t.mean_ring = detail::kQuantRingRegister;
+          variant("round-4 mean pass, register ring (1 token ahead)", t);
           t = {};
           t.pdl = detail::kPdlOff;
           variant("mean_final launched without PDL", t);

@@ -35,15 +35,16 @@ constexpr int kV3QuantPrefetch = 1;
 // shared memory was exactly 48 KB (4-warp CTAs with rope): the opt-in attribute was set only
 // above 48 KB, but the static shared memory (the group maxima, the weight quads) comes on top.
 // The attribute is now set for every launch. Default ring: kV3DefaultRing (tuning `ring`
-// overrides it).
-constexpr int kV3DefaultRing = detail::kQuantRingRegister;
+// overrides it). GPU run 6 (Wan q): register ring 0.175 ms, cp.async 3 heads ahead 0.157 ms,
+// 2 heads ahead in <= 96 registers (5 CTAs/SM) 0.156 ms (Flux q: 0.0227 / 0.0232 / 0.0220).
+constexpr int kV3DefaultRing = detail::kQuantRingAsync96;
 constexpr int kV3AsyncAhead = 3;
 // The occupancy variant (ring kQuantRingAsync96): 2 heads ahead, at most 96 registers.
 constexpr int kV3Async96Ahead = 2;
 constexpr int kV3Async96Regs = 96;
-// The lean per-row arithmetic of the quantize kernel (tuning `lean`), off until run 6 shows its
-// bits equal the default's.
-constexpr bool kV3DefaultLean = false;
+// The lean per-row arithmetic of the quantize kernel (tuning `lean`): GPU run 6: bits equal to
+// the default's on every bench output (Wan and Flux, q and k, 3 rings), 0.5-1.5 % faster.
+constexpr bool kV3DefaultLean = true;
 constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
 constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
@@ -618,9 +619,11 @@ __global__ void __launch_bounds__(kV3MeanWarps * 32, 4)
 constexpr int kV4MeanWarps = 4;     // warps per CTA (token interleave)
 constexpr int kV4MeanPrefetch = 1;  // register ring: tokens whose x loads are in flight ahead
 constexpr int kV4MeanAsyncAhead = 3;  // cp.async ring (mean_ring = kQuantRingAsync): tokens ahead
-// Defaults (GPU run 6 decides): the mean kernel's round and the round-4 kernel's ring.
-constexpr int kDefaultMeanRound = 2;
-constexpr int kV4DefaultMeanRing = detail::kQuantRingRegister;
+// Defaults: the mean kernel's round and the round-4 kernel's ring. GPU run 6 (k path, Wan /
+// Flux): round-2 mean 0.369 / 0.0508 ms, round 4 0.326 / 0.0457, round 4 with the cp.async ring
+// 0.322 / 0.0452.
+constexpr int kDefaultMeanRound = 4;
+constexpr int kV4DefaultMeanRing = detail::kQuantRingAsync;
 
 struct V4MeanLaunch {
   int steps;       // tokens per warp (a CTA's chunk: steps * kV4MeanWarps tokens)

@@ -219,8 +219,8 @@ class PrologueCase : public Case {
   Cfg c_;
 };
 
-// The round-3 quantize ring that is not the default (src/cuda/prologue_v3.cu, kV3DefaultRing).
-constexpr int kOtherRing = detail::kQuantRingAsync;
+// A round-3 quantize ring that is not the default (src/cuda/prologue_v3.cu, kV3DefaultRing).
+constexpr int kOtherRing = detail::kQuantRingRegister;
 
 LOWBIT_HARNESS_CASES(prologue_cases) {
   auto add = [&](const Cfg& c) { cases.push_back(std::make_unique<PrologueCase>(c)); };
@@ -308,6 +308,7 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     f.round = round == 2 ? 2 : 0;
     f.mean_round = round;
     f.ring = round == 3 ? kOtherRing : 0;
+    f.lean = round == 3 ? detail::kLeanOff : 0;  // (the default is lean for bf16)
     f.tag = round == 2 ? "r2hg6" : round == 3 ? "v3hg6" : "hg6";
     f.B = 2, f.N = 1000, f.H = 11, f.D = D, f.heads_per_cta = 6, f.qkv = true;
     f.sm_scale = q_scale;
