@@ -163,7 +163,7 @@ class PrologueBench : public BenchCase {
         variant("round-3 quantize, cp.async ring (3 heads ahead, 4 CTAs/SM)", t);
         t = {};
         t.lean = detail::kLeanOff;
-        variant("round-3 quantize without the lean per-row arithmetic", t);
+        variant("without the lean arithmetic (quantize; and round-4 mean for k)", t);
         if (is_k) {
           t = {};
           t.tile_order = detail::kTilesForward;
@@ -176,6 +176,8 @@ class PrologueBench : public BenchCase {
           t = {};
           t.mean_ring = detail::kQuantRingRegister;
           variant("round-4 mean pass, register ring (1 token ahead)", t);
+          t.mean_ring = detail::kMeanRingAsyncTable;
+          variant("round-4 mean pass, cp.async ring with the table rows in shared memory", t);
           t = {};
           t.pdl = detail::kPdlOff;
           variant("mean_final launched without PDL", t);

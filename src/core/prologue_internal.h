@@ -92,11 +92,13 @@ namespace detail {
 // kTilesForward / kTilesReverse force one); `pdl` whether the mean pass's final kernel is
 // launched with programmatic dependent launch (0: the default, on; kPdlOff / kPdlOn);
 // `mean_ring` how the round-4 mean kernel holds its loads in flight (0 / kQuantRingRegister: a
-// register ring 1 token ahead; kQuantRingAsync: a cp.async ring, 3 tokens ahead); `lean` the
+// register ring 1 token ahead; kQuantRingAsync: a cp.async ring, 3 tokens ahead;
+// kMeanRingAsyncTable: the same with the rotary table rows in shared memory too); `lean` the
 // round-3 quantize kernel's lean per-row arithmetic for bf16 (kLeanOff / kLeanOn; meant to give
 // the same bits: one cvt per rounded value, MUFU.RCP for the reciprocals).
 // None of them changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
+constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
 constexpr int kTilesForward = 1, kTilesReverse = 2;
 constexpr int kPdlOff = 1, kPdlOn = 2;
 constexpr int kLeanOff = 1, kLeanOn = 2;

@@ -636,10 +636,14 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 
 // AHEAD = 0: x loads held in a register ring kV4MeanPrefetch tokens ahead; AHEAD > 0: a cp.async
 // ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes per thread, dynamic
-// shared memory; the warps' final sums reuse it).
-template <int D, bool BF16, int ROPE, int AHEAD>
+// shared memory; the warps' final sums reuse it). TSMEM (with AHEAD > 0): the token's rotary
+// table row (D floats) copied by the warp's lanes into a per-warp slot of the same ring and read
+// with ld.shared (instead of L1 reads after an L1 prefetch). LEAN: v3_row's one-cvt bf16 rounding
+// (the same bits).
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
+  static_assert(!TSMEM || AHEAD > 0, "the table ring rides on the cp.async ring");
   constexpr int LANES = D / 32, RW = 32 / LANES, W = kV4MeanWarps;
   constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
   __shared__ float4 w_sh[8][LANES];
@@ -684,13 +688,21 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
   float acc[32];
 #pragma unroll
   for (int j = 0; j < 32; ++j) acc[j] = 0.f;
-  auto proc = [&](int, const uint4(&r)[4]) {
+  // TSMEM: table slot s of this warp, D floats, after the x ring.
+  float* tab_sh = reinterpret_cast<float*>(v4_dyn + SLOTS * 4 * THREADS) + warp * D;
+  auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
-    v3_row<D, BF16, ROPE>(
+    const float* ts = tab_sh + (u % SLOTS) * W * D + 2 * kLanePairs * lane_in_row;
+    v3_row<D, BF16, ROPE, LEAN>(
         a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
         [&](int k) {
-          return ROPE == kRopePaired ? ldg16_l1(pt + 16 * LANES * (k / 4) + 4 * (k % 4))
-                                     : ldg16_l1(pt + 8 * LANES * (k / 2) + 4 * (k % 2));
+          if constexpr (TSMEM)
+            return ROPE == kRopePaired
+                       ? lds16(reinterpret_cast<const float4*>(ts + 16 * LANES * (k / 4) + 4 * (k % 4)))
+                       : lds16(reinterpret_cast<const float4*>(ts + 8 * LANES * (k / 2) + 4 * (k % 2)));
+          else
+            return ROPE == kRopePaired ? ldg16_l1(pt + 16 * LANES * (k / 4) + 4 * (k % 4))
+                                       : ldg16_l1(pt + 8 * LANES * (k / 2) + 4 * (k % 2));
         },
         r, v);
 #pragma unroll
@@ -706,11 +718,16 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     // held); one commit group per token, empty past the end, so wait_group AHEAD means "token u
     // has landed". A slot is refilled only after its values were read and used.
     uint4* ring = reinterpret_cast<uint4*>(v4_dyn);
+    // The loading token's table row (TSMEM): lane i < D / 4 copies its floats 4i .. 4i + 3.
+    const float* lrow = lt - 2 * kLanePairs * lane_in_row;
     auto issue = [&](int u) {
       uint4* dst = ring + (u % SLOTS) * 4 * THREADS + tid;
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async16(dst + i * THREADS, lx + 8 * LANES * i);
-      if (ROPE != kRopeNone && slot == 0) {
+      if (TSMEM && ROPE != kRopeNone) {
+        if (lane < D / 4) cp_async16(tab_sh + (u % SLOTS) * W * D + 4 * lane, lrow + 4 * lane);
+        lrow += t_step;
+      } else if (ROPE != kRopeNone && slot == 0) {
 #pragma unroll
         for (int i = 0; i < (ROPE == kRopePaired ? 2 : 4); ++i)
           prefetch_l1(lt + 2 * kLanePairs * LANES * i);
@@ -726,9 +743,12 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     start();
 #pragma unroll 1
     for (int u = 0; u < count; ++u) {
+      // TSMEM: the table slot refilled now was read by every lane of the warp one token ago.
+      if (TSMEM) __syncwarp();
       if (u + AHEAD < count) issue(u + AHEAD);
       cp_async_commit();
       cp_async_wait<AHEAD>();
+      if (TSMEM) __syncwarp();  // the other lanes' table copies of token u are visible
       const uint4* src = ring + (u % SLOTS) * 4 * THREADS + tid;
       uint4 r[4];
 #pragma unroll
@@ -819,16 +839,32 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
   const int mean_ring = detail::prologue_cuda_tuning().mean_ring > 0
                             ? detail::prologue_cuda_tuning().mean_ring
                             : kV4DefaultMeanRing;
-  const int ahead = mean_ring == detail::kQuantRingAsync ? kV4MeanAsyncAhead : 0;
-  // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring.
+  const bool tsmem = mean_ring == detail::kMeanRingAsyncTable && a.rotate;
+  const int ahead =
+      mean_ring == detail::kQuantRingAsync || mean_ring == detail::kMeanRingAsyncTable
+          ? kV4MeanAsyncAhead
+          : 0;
+  const bool lean = detail::prologue_cuda_tuning().lean > 0
+                        ? detail::prologue_cuda_tuning().lean == detail::kLeanOn
+                        : kV3DefaultLean;
+  // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
+  // table ring after it).
   const int smem = static_cast<int>(std::max<size_t>(
       sizeof(float) * kV4MeanWarps * 32 * 32,
-      ahead > 0 ? sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 : 0));
+      ahead > 0 ? sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 +
+                      (tsmem ? sizeof(float) * (ahead + 1) * kV4MeanWarps * a.dim : 0)
+                : 0));
   v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    auto kernel = ahead > 0 ? v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead>
-                            : v4_mean_kernel<D, BF16, ROPE, 0>;
+    using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
+    auto pick = [&](auto lean_c) -> Kernel {
+      constexpr bool LEAN = decltype(lean_c)::value && BF16;
+      if (tsmem) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true>;
+      if (ahead > 0) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN>;
+      return v4_mean_kernel<D, BF16, ROPE, 0, LEAN>;
+    };
+    const Kernel kernel = lean ? pick(std::true_type{}) : pick(std::false_type{});
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
     // Carve-out: what 4 CTAs need (17-34 KB each with the reserved 1 KB), the rest of the SM's

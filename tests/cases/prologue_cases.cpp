@@ -400,6 +400,14 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       ma.tag = "v4maint", ma.dtype = DType::f16, ma.rope = RopeKind::interleaved, ma.H = 40;
       ma.mean_steps = 2;
       add(ma);
+      Cfg mt = m;
+      mt.tag = "v4mt", mt.mean_ring = detail::kMeanRingAsyncTable;
+      add(mt);  // the table rows in shared memory too
+      mt.tag = "v4mtint", mt.dtype = DType::f16, mt.rope = RopeKind::interleaved, mt.H = 24;
+      mt.batch_table = true, mt.qkv = false, mt.mean_steps = 3;
+      add(mt);
+      mt.tag = "v4mtnolean", mt.dtype = DType::bf16, mt.lean = detail::kLeanOff;
+      add(mt);
       m.tag = "v4mint", m.dtype = DType::f16, m.rope = RopeKind::interleaved, m.w_dtype = DType::f32;
       m.qkv = false, m.batch_table = true, m.mean_steps = 3;
       add(m);  // f16, interleaved pairs, per-batch table, 3 tokens per warp (several chunks)
