@@ -166,6 +166,9 @@ class PrologueBench : public BenchCase {
         variant("without the lean arithmetic (quantize; and round-4 mean for k)", t);
         if (is_k) {
           t = {};
+          t.split_blocks = detail::kSplitOn;
+          variant("quantize CTAs of 4 warps on half blocks (split_blocks)", t);
+          t = {};
           t.tile_order = detail::kTilesForward;
           variant("quantize tiles in forward token order (no L2 reuse after the mean pass)", t);
           t = {};

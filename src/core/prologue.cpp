@@ -279,6 +279,7 @@ std::atomic<int> g_tile_order{0};
 std::atomic<int> g_pdl{0};
 std::atomic<int> g_mean_ring{0};
 std::atomic<int> g_lean{0};
+std::atomic<int> g_split_blocks{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -292,6 +293,7 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_pdl.store(t.pdl);
   g_mean_ring.store(t.mean_ring);
   g_lean.store(t.lean);
+  g_split_blocks.store(t.split_blocks);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -306,6 +308,7 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.pdl = g_pdl.load();
   t.mean_ring = g_mean_ring.load();
   t.lean = g_lean.load();
+  t.split_blocks = g_split_blocks.load();
   return t;
 }
 

@@ -95,13 +95,15 @@ namespace detail {
 // register ring 1 token ahead; kQuantRingAsync: a cp.async ring, 3 tokens ahead;
 // kMeanRingAsyncTable: the same with the rotary table rows in shared memory too); `lean` the
 // round-3 quantize kernel's lean per-row arithmetic for bf16 (kLeanOff / kLeanOn; meant to give
-// the same bits: one cvt per rounded value, MUFU.RCP for the reciprocals).
+// the same bits: one cvt per rounded value, MUFU.RCP for the reciprocals); `split_blocks` (kSplitOn)
+// lets a round-3 quantize CTA tile whole scale groups of a block instead of whole blocks.
 // None of them changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
 constexpr int kTilesForward = 1, kTilesReverse = 2;
 constexpr int kPdlOff = 1, kPdlOn = 2;
 constexpr int kLeanOff = 1, kLeanOn = 2;
+constexpr int kSplitOff = 1, kSplitOn = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
@@ -113,6 +115,7 @@ struct PrologueCudaTuning {
   int pdl = 0;
   int mean_ring = 0;
   int lean = 0;
+  int split_blocks = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

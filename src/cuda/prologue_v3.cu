@@ -302,10 +302,13 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
   const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
   // This thread's row for the whole head loop.
+  // Position P in the (padded) token order of whole blocks: a tile is whole blocks, or (knob
+  // `split_blocks`) whole scale groups of one block.
   const int p = warp * RW + slot;
-  const int bi = p / a.block, rem = p % a.block;
+  const int64_t P = tile * L.tile_rows + p;
+  const int64_t blk = P / a.block;
+  const int rem = static_cast<int>(P - blk * a.block);
   const int g = rem / L.group_rows, gi = rem % L.group_rows;
-  const int64_t blk = tile * (L.tile_rows / a.block) + bi;
   const int64_t n = blk * a.block + group_row(a.layout, g, gi);
   const bool ok = n < a.tokens;
   const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
@@ -938,8 +941,11 @@ bool v3_supported(const PrologueArgs& a, bool quantize) {
 void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes;
   V3QuantLaunch L;
-  L.tile_rows = std::max(a.block, 4 * rw);  // >= 4 warps; both powers of two: whole blocks
   L.group_rows = a.block / a.groups;
+  // >= 4 warps of rows, whole blocks (both powers of two); with `split_blocks`, whole scale groups
+  // (THREAD_K 64 at D = 128: 4-warp CTAs on half blocks instead of 8-warp CTAs).
+  const bool split = detail::prologue_cuda_tuning().split_blocks == detail::kSplitOn;
+  L.tile_rows = std::max(split ? L.group_rows : a.block, 4 * rw);
   L.wpg = L.group_rows > rw ? L.group_rows / rw : 1;
   L.red_lanes = std::min(32, lanes * L.group_rows);
   L.table_mode = table_mode_of(a);

@@ -54,6 +54,7 @@ struct Cfg {
   int pdl = 0;            // CUDA: mean_final with PDL (detail::kPdl*; 0: the default)
   int mean_ring = 0;      // CUDA: round-4 mean kernel's ring (detail::kQuantRing*; 0: default)
   int lean = 0;           // CUDA: round-3 quantize lean arithmetic (detail::kLean*; 0: default)
+  int split_blocks = 0;   // CUDA: round-3 quantize tiles of whole scale groups (detail::kSplit*)
   std::string tag;
 };
 
@@ -199,7 +200,7 @@ class PrologueCase : public Case {
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
     } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps, c_.round,
                                         c_.mean_round, c_.ring, c_.tile_order, c_.pdl,
-                                        c_.mean_ring, c_.lean});
+                                        c_.mean_ring, c_.lean, c_.split_blocks});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -380,6 +381,11 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       q.tag = "leanasync", q.ring = detail::kQuantRingAsync;
       add(q);
       q.lean = 0;
+      Cfg ks = k;
+      ks.tag = "split", ks.ring = 0, ks.split_blocks = detail::kSplitOn;
+      add(ks);  // THREAD_K 64: 4-warp CTAs on half blocks at D = 128
+      ks.dtype = DType::bf16, ks.block = 128, ks.rope = RopeKind::split, ks.matrix_table = false;
+      add(ks);  // THREAD_K 128: quarter blocks
       Cfg kl = k;
       kl.tag = "lean", kl.dtype = DType::bf16, kl.ring = 0, kl.lean = detail::kLeanOn;
       add(kl);  // bf16 k with a mean, THREAD_K 64
