@@ -4,6 +4,7 @@
 // steps (norm, rope, mean, quantize as separate passes, the normed and rotated rows stored in
 // bf16 in between). Accuracy: the dequantized codes against the fp64 normed, rotated rows.
 #include <cmath>
+#include <exception>
 #include <cstring>
 #include <random>
 #include <string>
@@ -117,43 +118,72 @@ class PrologueBench : public BenchCase {
       fused();
       synchronize(ctx);
       const std::string acc_fused = accuracy_str(s, x, w_f, table, q8, sc, mean, p.sm_scale, is_k, p);
-      // The first-generation kernels on the same problem (A/B for the fast kernels).
-      double legacy_ms = 0;
-      if (env.device == Device::cuda) {
-        detail::set_prologue_cuda_tuning(detail::PrologueCudaTuning{true, 0});
+      // The bits of the default kernels' output, for the variants' "bits equal" column.
+      const std::vector<float> q_default = to_host_f32(q8.view), s_default = to_host_f32(sc.view);
+      // Variant runs (A/B rows): the same fused call with the CUDA tuning knobs set.
+      struct Variant {
+        std::string label;  // "vs ..." row text and baseline name
+        double ms;
+        std::string bits;   // "bits = default" or how many codes / scales differ
+      };
+      std::vector<Variant> variants;
+      // A variant that throws (a launch failure) gets a row saying so; the others still run.
+      auto variant = [&](const std::string& label, const detail::PrologueCudaTuning& t) {
+        detail::set_prologue_cuda_tuning(t);
+        Variant v{label, 0, ""};
         try {
-          legacy_ms = env.time_ms(fused);
-        } catch (...) {
-          detail::set_prologue_cuda_tuning({});
-          throw;
+          v.ms = env.time_ms(fused);
+          fused();
+          synchronize(ctx);
+          v.bits = bits_vs_default(q_default, s_default, q8, sc);
+        } catch (const std::exception& e) {
+          v.ms = 0, v.bits = std::string("FAILED: ") + e.what();
         }
         detail::set_prologue_cuda_tuning({});
-      }
-      // The round-2 fast kernels (16 channels per thread), the A/B for round 3; for k also the
-      // round-3 quantization after the round-2 mean pass.
-      auto time_with = [&](const detail::PrologueCudaTuning& t) {
-        detail::set_prologue_cuda_tuning(t);
-        try {
-          const double ms = env.time_ms(fused);
-          detail::set_prologue_cuda_tuning({});
-          return ms;
-        } catch (...) {
-          detail::set_prologue_cuda_tuning({});
-          throw;
-        }
+        variants.push_back(v);
       };
-      double round2_ms = 0, mean3_ms = 0, ring_ms = 0;
       if (env.device == Device::cuda) {
+        // Defaults (src/cuda/prologue_v3.cu): round-3 quantize with the cp.async ring 2 heads
+        // ahead in <= 96 registers and the lean per-row arithmetic (bf16), round-4 mean pass
+        // with its cp.async ring, reverse tile order for k, mean_final with PDL.
         detail::PrologueCudaTuning t;
+        t.legacy = true;
+        variant("first-generation kernels", t);
+        t = {};
         t.round = 2;
-        round2_ms = time_with(t);
-        detail::PrologueCudaTuning rr;
-        rr.register_ring = true;
-        ring_ms = time_with(rr);
+        variant("round-2 kernels", t);
+        t = {};  // session 3's defaults (GPU runs 2-5)
+        t.ring = detail::kQuantRingRegister, t.lean = detail::kLeanOff, t.mean_round = 2;
+        t.tile_order = detail::kTilesForward, t.pdl = detail::kPdlOff;
+        variant("session 3 defaults (register ring, round-2 mean pass)", t);
+        t = {};
+        t.ring = detail::kQuantRingRegister;
+        variant("round-3 quantize, register ring (1 head ahead)", t);
+        t.ring = detail::kQuantRingAsync;
+        variant("round-3 quantize, cp.async ring (3 heads ahead, 4 CTAs/SM)", t);
+        t = {};
+        t.lean = detail::kLeanOff;
+        variant("without the lean arithmetic (quantize; and round-4 mean for k)", t);
         if (is_k) {
-          detail::PrologueCudaTuning m;
-          m.mean_round = 3;
-          mean3_ms = time_with(m);
+          t = {};
+          t.split_blocks = detail::kSplitOn;
+          variant("quantize CTAs of 4 warps on half blocks (split_blocks)", t);
+          t = {};
+          t.tile_order = detail::kTilesForward;
+          variant("quantize tiles in forward token order (no L2 reuse after the mean pass)", t);
+          t = {};
+          t.mean_round = 2;
+          variant("round-2 mean pass", t);
+          t.mean_round = 3;
+          variant("round-3 mean pass", t);
+          t = {};
+          t.mean_ring = detail::kQuantRingRegister;
+          variant("round-4 mean pass, register ring (1 token ahead)", t);
+          t.mean_ring = detail::kMeanRingAsyncTable;
+          variant("round-4 mean pass, cp.async ring with the table rows in shared memory", t);
+          t = {};
+          t.pdl = detail::kPdlOff;
+          variant("mean_final launched without PDL", t);
         }
       }
       const double unfused_ms = env.time_ms(unfused);
@@ -178,39 +208,15 @@ class PrologueBench : public BenchCase {
                  " of copy bandwidth (goal 85%); unfused lowbit steps " + fmt_ms(unfused_ms) +
                  " ms";
       rows.push_back(row);
-      if (legacy_ms > 0) {
-        Row l = row;
-        l.op = is_k ? "k: same, vs first-generation kernels"
-                    : "q: same, vs first-generation kernels";
-        l.baseline = "first-generation kernels";
-        l.baseline_ms = legacy_ms;
-        l.note = "first-generation kernels: " + fmt_pct(copy_ms / legacy_ms) + " of copy bandwidth";
-        rows.push_back(l);
-      }
-      if (round2_ms > 0) {
-        Row r2 = row;
-        r2.op = is_k ? "k: same, vs round-2 kernels" : "q: same, vs round-2 kernels";
-        r2.baseline = "round-2 kernels";
-        r2.baseline_ms = round2_ms;
-        r2.note = "round-2 kernels: " + fmt_pct(copy_ms / round2_ms) + " of copy bandwidth";
-        rows.push_back(r2);
-      }
-      if (ring_ms > 0) {
-        Row rr = row;
-        rr.op = is_k ? "k: same, vs round-3 quantize with its register ring"
-                     : "q: same, vs round-3 quantize with its register ring";
-        rr.baseline = "register ring (GPU run 2)";
-        rr.baseline_ms = ring_ms;
-        rr.note = "register ring: " + fmt_pct(copy_ms / ring_ms) + " of copy bandwidth";
-        rows.push_back(rr);
-      }
-      if (mean3_ms > 0) {
-        Row m3 = row;
-        m3.op = "k: same, vs round-3 mean pass";
-        m3.baseline = "round-3 mean pass";
-        m3.baseline_ms = mean3_ms;
-        m3.note = "round-3 mean pass: " + fmt_pct(copy_ms / mean3_ms) + " of copy bandwidth";
-        rows.push_back(m3);
+      for (const Variant& v : variants) {
+        Row r = row;
+        r.op = std::string(is_k ? "k" : "q") + ": same, vs " + v.label;
+        r.baseline = v.label;
+        r.baseline_ms = v.ms;
+        r.accuracy = v.bits;
+        r.note = v.ms > 0 ? v.label + ": " + fmt_pct(copy_ms / v.ms) + " of copy bandwidth"
+                          : v.label + ": not timed";
+        rows.push_back(r);
       }
       Row u = row;
       u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"
@@ -221,6 +227,19 @@ class PrologueBench : public BenchCase {
       u.note = "unfused moves " + fmt_ms((bytes + 4 * x_bytes) / 1e9) + " GB";
       rows.push_back(u);
     }
+  }
+
+  // Whether a variant's codes and scales (q8, sc after its run) equal the default kernels'.
+  static std::string bits_vs_default(const std::vector<float>& q_default,
+                                     const std::vector<float>& s_default, const DeviceTensor& q8,
+                                     const DeviceTensor& sc) {
+    const std::vector<float> q = to_host_f32(q8.view), s = to_host_f32(sc.view);
+    int64_t dq = 0, ds = 0;
+    for (size_t i = 0; i < q.size(); ++i) dq += q[i] != q_default[i];
+    for (size_t i = 0; i < s.size(); ++i)
+      ds += std::memcmp(&s[i], &s_default[i], sizeof(float)) != 0;
+    if (dq == 0 && ds == 0) return "bits = default";
+    return std::to_string(dq) + " codes, " + std::to_string(ds) + " scales differ from default";
   }
 
   static std::string fmt_pct(double f) {

@@ -274,7 +274,12 @@ std::atomic<int> g_heads_per_cta{0};
 std::atomic<int> g_mean_steps{0};
 std::atomic<int> g_round{0};
 std::atomic<int> g_mean_round{0};
-std::atomic<bool> g_register_ring{false};
+std::atomic<int> g_ring{0};
+std::atomic<int> g_tile_order{0};
+std::atomic<int> g_pdl{0};
+std::atomic<int> g_mean_ring{0};
+std::atomic<int> g_lean{0};
+std::atomic<int> g_split_blocks{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -283,7 +288,12 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_mean_steps.store(t.mean_steps);
   g_round.store(t.round);
   g_mean_round.store(t.mean_round);
-  g_register_ring.store(t.register_ring);
+  g_ring.store(t.ring);
+  g_tile_order.store(t.tile_order);
+  g_pdl.store(t.pdl);
+  g_mean_ring.store(t.mean_ring);
+  g_lean.store(t.lean);
+  g_split_blocks.store(t.split_blocks);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -293,7 +303,12 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.mean_steps = g_mean_steps.load();
   t.round = g_round.load();
   t.mean_round = g_mean_round.load();
-  t.register_ring = g_register_ring.load();
+  t.ring = g_ring.load();
+  t.tile_order = g_tile_order.load();
+  t.pdl = g_pdl.load();
+  t.mean_ring = g_mean_ring.load();
+  t.lean = g_lean.load();
+  t.split_blocks = g_split_blocks.load();
   return t;
 }
 

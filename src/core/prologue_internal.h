@@ -81,16 +81,41 @@ namespace detail {
 // overrides the row steps per CTA of the fast mean kernel (how many CTAs share the tokens);
 // `round` > 0 forces one generation of the fast kernels where it applies (2: the round-2 kernels,
 // 16 channels per thread; 3: the round-3 kernels, 32 channels per thread; 0: the newest);
-// `mean_round` > 0 does the same for the mean pass alone (overrides `round` there);
-// `register_ring` makes the round-3 quantize kernel hold the loads in flight in registers (1 head
-// ahead, as measured in GPU run 2) instead of its cp.async shared-memory ring.
+// `mean_round` > 0 does the same for the mean pass alone (overrides `round` there; 4: the
+// round-4 mean kernel, register accumulators, a warp's row slots = heads of one token);
+// `ring` picks how the round-3 quantize kernel holds its loads in flight (0: the default,
+// kQuantRingRegister: a register ring 1 head ahead, as measured in GPU runs 2-4;
+// kQuantRingAsync: a cp.async ring in shared memory, 3 heads ahead; kQuantRingAsync96: the same
+// 2 heads ahead held to 96 registers, 5 CTAs per SM instead of 4);
+// `tile_order` the order of its token tiles (0: the default, reversed when a mean is subtracted,
+// so that the k pass first reads the rows the mean pass read last, still in L2;
+// kTilesForward / kTilesReverse force one); `pdl` whether the mean pass's final kernel is
+// launched with programmatic dependent launch (0: the default, on; kPdlOff / kPdlOn);
+// `mean_ring` how the round-4 mean kernel holds its loads in flight (0 / kQuantRingRegister: a
+// register ring 1 token ahead; kQuantRingAsync: a cp.async ring, 3 tokens ahead;
+// kMeanRingAsyncTable: the same with the rotary table rows in shared memory too); `lean` the
+// round-3 quantize kernel's lean per-row arithmetic for bf16 (kLeanOff / kLeanOn; meant to give
+// the same bits: one cvt per rounded value, MUFU.RCP for the reciprocals); `split_blocks` (kSplitOn)
+// lets a round-3 quantize CTA tile whole scale groups of a block instead of whole blocks.
+// None of them changes a bit of the output.
+constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
+constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
+constexpr int kTilesForward = 1, kTilesReverse = 2;
+constexpr int kPdlOff = 1, kPdlOn = 2;
+constexpr int kLeanOff = 1, kLeanOn = 2;
+constexpr int kSplitOff = 1, kSplitOn = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
   int mean_steps = 0;
   int round = 0;
   int mean_round = 0;
-  bool register_ring = false;
+  int ring = 0;
+  int tile_order = 0;
+  int pdl = 0;
+  int mean_ring = 0;
+  int lean = 0;
+  int split_blocks = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

@@ -493,6 +493,8 @@ constexpr int kQuantPrefetch = 5;  // quantize kernel: heads whose loads are in 
 constexpr int kMeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kMeanMaxHeads = 6;   // heads per mean CTA (6 KB of accumulators per head)
 constexpr int kMeanCtasPerSm = 4;  // mean CTAs resident per SM (registers: <= 128 per thread)
+// mean_final launched with PDL unless the tuning knob `pdl` says otherwise.
+constexpr int kPdlDefault = detail::kPdlOn;
 
 // Chunks of a lane: lane_in_row and lane_in_row + LANES ("paired": every 8 lanes of a row read
 // 128 contiguous bytes per load) unless pairs are interleaved (chunks 2 lane_in_row and +1, so a
@@ -792,6 +794,7 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
   const int nh = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
   const int64_t n_first = chunk * L.steps * RPS + slot;  // this thread's row of step s: + s * RPS
+  griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
 
 #pragma unroll 1
   for (int k = 0; k < 4 * nh; ++k) mean_acc[k * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -877,6 +880,7 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
 __global__ void __launch_bounds__(1024)
     mean_final_kernel(const PrologueArgs a, const float* partials, int64_t chunks) {
   __shared__ float sums[32][33];
+  griddep_wait();  // launched with PDL behind the mean kernel: its partials must be complete
   const int cl = threadIdx.x & 31, j = threadIdx.x >> 5;
   const int64_t bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
   const int64_t c = static_cast<int64_t>(blockIdx.y) * 32 + cl;
@@ -1029,9 +1033,13 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
 
 void launch_mean_final(const PrologueArgs& a, const float* partials, int64_t chunks,
                        cudaStream_t stream) {
-  mean_final_kernel<<<dim3(static_cast<unsigned>(a.batch * a.heads),
-                           static_cast<unsigned>(a.dim / 32)),
-                      1024, 0, stream>>>(a, partials, chunks);
+  // Programmatic dependent launch: the kernel is resident and waiting (griddep_wait) when the
+  // mean kernel before it ends, instead of being launched then (the mean kernels let it launch
+  // once their last CTAs have started). Nothing before its wait reads or writes memory.
+  const int pdl = detail::prologue_cuda_tuning().pdl;
+  launch_maybe_pdl((pdl > 0 ? pdl : kPdlDefault) == detail::kPdlOn, mean_final_kernel,
+                   dim3(static_cast<unsigned>(a.batch * a.heads), static_cast<unsigned>(a.dim / 32)),
+                   dim3(1024), 0, stream, a, partials, chunks);
   check_launch("norm_rope_mean");
 }
 

@@ -184,6 +184,22 @@ __device__ __forceinline__ int round_code(float q) {
 }
 
 
+// Programmatic dependent launch (sm_90): a kernel launched with the PDL attribute may start
+// while the previous kernel in the stream runs; griddep_wait blocks until that kernel has
+// completed and its writes are visible (a no-op without the attribute). The previous kernel lets
+// its dependents launch early with griddep_launch_dependents (once every CTA of it has called it
+// or exited).
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -263,6 +279,29 @@ int64_t pick_by_waves(int64_t first, int64_t last, int64_t resident, double fixe
   return pick;
 }
 
+
+// Launch `kernel` with the programmatic-dependent-launch attribute when `pdl` (the kernel must
+// call griddep_wait before it reads anything the previous kernel writes); where the attribute is
+// refused, an ordinary launch.
+template <typename... P, typename... A>
+void launch_maybe_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, A... args) {
+  if (pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kernel, args...) == cudaSuccess) return;
+    (void)cudaGetLastError();  // clear the refusal; launch without the attribute
+  }
+  kernel<<<grid, block, smem, stream>>>(args...);
+}
 
 inline int table_mode_of(const PrologueArgs& a) {
   if (!a.rotate || a.r_dtype != DType::f32) return kTableScalar;

@@ -30,13 +30,21 @@ constexpr int kV3MaxWarps = 16;     // quantize CTA: at most 16 warps of rows
 // Quantize: heads whose x loads are in flight ahead. One suffices (a head takes ~1 us to compute
 // at 16 warps per SM, about the loaded DRAM latency); two spill 40 bytes.
 constexpr int kV3QuantPrefetch = 1;
-// Quantize with the cp.async ring: heads whose x loads are in flight ahead, slots. OFF: on the
-// H200 (session 3, run 3) every launch of the cp.async-ring instantiation failed with "invalid
-// argument" while the register-ring variant (run 2: 0.174 ms at Wan q, all cases bit-exact)
-// passed; the register ring is the default until the ring launch is debugged on the GPU.
-constexpr bool kV3AsyncRing = false;
+// Quantize with the cp.async ring: heads whose x loads are in flight ahead, slots. Session 3's
+// launches of this variant failed on the H200 (run 3: "invalid argument") wherever its dynamic
+// shared memory was exactly 48 KB (4-warp CTAs with rope): the opt-in attribute was set only
+// above 48 KB, but the static shared memory (the group maxima, the weight quads) comes on top.
+// The attribute is now set for every launch. Default ring: kV3DefaultRing (tuning `ring`
+// overrides it). GPU run 6 (Wan q): register ring 0.175 ms, cp.async 3 heads ahead 0.157 ms,
+// 2 heads ahead in <= 96 registers (5 CTAs/SM) 0.156 ms (Flux q: 0.0227 / 0.0232 / 0.0220).
+constexpr int kV3DefaultRing = detail::kQuantRingAsync96;
 constexpr int kV3AsyncAhead = 3;
-constexpr int kV3AsyncSlots = kV3AsyncAhead + 1;
+// The occupancy variant (ring kQuantRingAsync96): 2 heads ahead, at most 96 registers.
+constexpr int kV3Async96Ahead = 2;
+constexpr int kV3Async96Regs = 96;
+// The lean per-row arithmetic of the quantize kernel (tuning `lean`): GPU run 6: bits equal to
+// the default's on every bench output (Wan and Flux, q and k, 3 rings), 0.5-1.5 % faster.
+constexpr bool kV3DefaultLean = true;
 constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
 constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
@@ -146,11 +154,28 @@ __device__ __forceinline__ void v3_store_weight_quad(int tid, float4 q, float4 (
   if (tid < 8 * LANES) w_sh[tid / LANES][tid % LANES] = q;
 }
 
+// v rounded to bf16 and read back as fp32 in one instruction: cvt.rn.bf16x2.f32 puts bf16(v)
+// in the upper half and bf16(0) = 0 in the lower, i.e. the fp32 bits of bf16(v) (round_pair:
+// the same conversion, then a shift or a mask per value).
+__device__ __forceinline__ float round_bf16_hi(float v) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(v), "f"(0.f));
+  return __uint_as_float(d);
+}
+
+// rcp.approx.ftz.f32: one MUFU.RCP. For b in [2^-126, 2^126] (normal b, normal 1/b) it is the
+// reciprocal div.full.f32 uses: div.full(a, b) = a * rcp(b) there (the premise of quantize32).
+__device__ __forceinline__ float rcp_approx(float b) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return r;
+}
+
 // rope(norm(x)) of a thread's 32 values of one row (SPEC §1 order; the same bits as the CPU and
 // the round-2 kernels). All LANES lanes of the row call it together (shuffles). The weight quad k
 // (values 4k .. 4k+3) and the rotary quad k ((cos, sin) of pairs 2k, 2k+1) are read where they are
 // used (`wq(k)`, `tq(k)`: shared-memory reads), so they never all sit in registers at once.
-template <int D, bool BF16, int ROPE, typename WQ, typename TQ>
+template <int D, bool BF16, int ROPE, bool LEAN = false, typename WQ, typename TQ>
 __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
                                        const uint4 (&raw)[4], float (&v)[32]) {
   constexpr int LANES = D / 32;
@@ -176,8 +201,13 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
       x[4 * k + 1] = __fmul_rn(__fmul_rn(x[4 * k + 1], inv), w.y);
       x[4 * k + 2] = __fmul_rn(__fmul_rn(x[4 * k + 2], inv), w.z);
       x[4 * k + 3] = __fmul_rn(__fmul_rn(x[4 * k + 3], inv), w.w);
-      round_pair<BF16>(x[4 * k], x[4 * k + 1]);
-      round_pair<BF16>(x[4 * k + 2], x[4 * k + 3]);
+      if (LEAN && BF16) {  // one cvt per value, no unpacking (the same bits)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) x[4 * k + i] = round_bf16_hi(x[4 * k + i]);
+      } else {
+        round_pair<BF16>(x[4 * k], x[4 * k + 1]);
+        round_pair<BF16>(x[4 * k + 2], x[4 * k + 3]);
+      }
     }
   }
   auto rotate = [&](float c, float s, int lead, int trail) {
@@ -204,11 +234,12 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
 
 // Codes of 32 values with one scale (SPEC §1 rounding; see quantize16 in prologue.cu for the
 // reciprocal: div.full.f32 a / b is a * rcp(b) for b in [2^-126, 2^126]). out[k] = codes 4k..4k+3.
+template <bool LEAN = false>
 __device__ __forceinline__ void quantize32(const float (&v)[32], float scale, uint32_t (&out)[8]) {
   const float as = fabsf(scale);
   int c[32];
   if (as >= 0x1p-126f && as <= 0x1p126f) {
-    const float r = div_full(1.f, scale);
+    const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
 #pragma unroll
     for (int j = 0; j < 32; ++j) c[j] = round_code(__fmul_rn(v[j], r));
   } else if (scale == 0.f) {
@@ -244,29 +275,40 @@ struct V3QuantLaunch {
   int head_group;  // heads per CTA
   int table_mode;
   bool mean_vec;   // mean rows 16-byte aligned: float4 loads
+  bool reverse;    // tiles in reverse token order (blockIdx.y = 0 takes the last tile)
 };
 
-template <int D, bool BF16, int ROPE, bool ASYNC>
-__global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
-    v3_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
+// AHEAD = 0: the register ring (kV3QuantPrefetch heads ahead); AHEAD > 0: the cp.async ring,
+// AHEAD heads ahead in AHEAD + 1 shared-memory slots per thread.
+// LEAN: the same bits with fewer instructions per row (round_bf16_hi, rcp_approx for the
+// reciprocal of the scale and for 1/127: div.full(m, 127) = m * rcp(127)); GPU run 6 checks the
+// bits against the default in the bench.
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false>
+__device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
+  constexpr bool ASYNC = AHEAD > 0;
+  constexpr int SLOTS = AHEAD + 1;
   constexpr int LANES = D / 32, RW = 32 / LANES;
-  // Dynamic shared memory: ASYNC: the x ring [kV3AsyncSlots][4 chunks][blockDim.x] uint4 (each
+  // Dynamic shared memory: ASYNC: the x ring [SLOTS][4 chunks][blockDim.x] uint4 (each
   // thread's own slots), then (rope) [8][blockDim.x] float4: this thread's rotary pairs.
   extern __shared__ float4 dyn_sh[];
-  float4* t_sh = dyn_sh + (ASYNC ? kV3AsyncSlots * 4 * blockDim.x : 0);
+  float4* t_sh = dyn_sh + (ASYNC ? SLOTS * 4 * blockDim.x : 0);
   __shared__ float red[2][kV3MaxWarps];
   __shared__ float4 w_sh[8][LANES];
   const int threads = blockDim.x;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
-  const int64_t b = blockIdx.z, tile = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t tile = L.reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
   const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
   // This thread's row for the whole head loop.
+  // Position P in the (padded) token order of whole blocks: a tile is whole blocks, or (knob
+  // `split_blocks`) whole scale groups of one block.
   const int p = warp * RW + slot;
-  const int bi = p / a.block, rem = p % a.block;
+  const int64_t P = tile * L.tile_rows + p;
+  const int64_t blk = P / a.block;
+  const int rem = static_cast<int>(P - blk * a.block);
   const int g = rem / L.group_rows, gi = rem % L.group_rows;
-  const int64_t blk = tile * (L.tile_rows / a.block) + bi;
   const int64_t n = blk * a.block + group_row(a.layout, g, gi);
   const bool ok = n < a.tokens;
   const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
@@ -302,6 +344,7 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
   const float abs_sm = fabsf(a.sm_scale);
   const int c0 = 8 * lane_in_row;  // channel of chunk i: c0 + 8 * LANES * i
   const int red_mask = L.red_lanes - 1;  // red_lanes is a power of two
+  const float rcp127 = rcp_approx(127.f);  // LEAN: div.full(m, 127) = m * rcp(127)
 
   // Rows past N read token 0's row (in bounds; no branch, no zeroing): their values never reach
   // a maximum (m = 0 below) or a store.
@@ -312,7 +355,7 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
   };
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
-    v3_row<D, BF16, ROPE>(
+    v3_row<D, BF16, ROPE, LEAN>(
         a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
         [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
     if (mrow) {
@@ -354,7 +397,8 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
       for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
     }
     if (scaled) m = __fmul_rn(m, abs_sm);
-    const float scale = __fadd_rn(div_full(m, 127.f), a.scale_eps);
+    const float scale =
+        __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
     if (writer) srow[u * s_sh] = scale;
     if (!ok) return;
     if (scaled) {
@@ -362,7 +406,7 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
       for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
     }
     uint32_t packed[8];
-    quantize32(v, scale, packed);
+    quantize32<LEAN>(v, scale, packed);
     int8_t* q = qrow + u * q_sh + c0;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -376,22 +420,22 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
     uint4* ring = reinterpret_cast<uint4*>(dyn_sh);
     auto issue = [&](int u) {
       const uint16_t* px = xrow + u * x_sh + c0;
-      uint4* dst = ring + (u % kV3AsyncSlots) * 4 * threads + tid;
+      uint4* dst = ring + (u % SLOTS) * 4 * threads + tid;
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
     };
 #pragma unroll
-    for (int k = 0; k < kV3AsyncAhead; ++k) {
+    for (int k = 0; k < AHEAD; ++k) {
       if (k < count) issue(k);
       cp_async_commit();
     }
     start();
 #pragma unroll 1
     for (int u = 0; u < count; ++u) {
-      if (u + kV3AsyncAhead < count) issue(u + kV3AsyncAhead);
+      if (u + AHEAD < count) issue(u + AHEAD);
       cp_async_commit();
-      cp_async_wait<kV3AsyncAhead>();
-      const uint4* src = ring + (u % kV3AsyncSlots) * 4 * threads + tid;
+      cp_async_wait<AHEAD>();
+      const uint4* src = ring + (u % SLOTS) * 4 * threads + tid;
       uint4 r[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * threads);
@@ -400,6 +444,21 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
   } else {
     pipeline<kV3QuantPrefetch, 4>(count, load, proc, start);
   }
+}
+
+// The quantize kernels: the register ring and the cp.async ring 3 heads ahead (<= 128 registers
+// by the launch bounds: 4 CTAs of 4 warps per SM at 104 registers and 49 KB of shared memory),
+// and the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps per SM: 41 KB of
+// shared memory each), 20 warps per SM instead of 16.
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN>
+__global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
+    v3_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
+  v3_quantize_body<D, BF16, ROPE, AHEAD, LEAN>(a, L);
+}
+template <int D, bool BF16, int ROPE, bool LEAN>
+__global__ void __maxnreg__(kV3Async96Regs)
+    v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
+  v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead, LEAN>(a, L);
 }
 
 // ---- norm_rope_mean ---------------------------------------------------------------------------
@@ -457,6 +516,7 @@ __global__ void __launch_bounds__(kV3MeanWarps * 32, 4)
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
   const int nh = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
   const int64_t n_first = chunk * L.steps * RPS + slot;  // this thread's row of step s: + s * RPS
+  griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
 
 #pragma unroll 1
   for (int k = 0; k < 8 * nh; ++k) mean_acc[k * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -543,6 +603,185 @@ __global__ void __launch_bounds__(kV3MeanWarps * 32, 4)
   }
 }
 
+// ---- norm_rope_mean, round 4 ------------------------------------------------------------------
+//
+// Rounds 2 and 3 keep one token per row slot and loop over heads, so each thread adds into a
+// per-head accumulator in shared memory (round 3: L1/shared 90 % busy, DRAM 36 %). Here a warp's
+// row slots are the heads of ONE token: slot s of warp w holds head h0 + s (RW = 32 / LANES heads
+// per warp: 8 at D = 128, 16 at D = 64), lane_in_row its 32 channels (v3 placement), and the warp
+// walks tokens t0 + w, t0 + w + W, ... of the CTA's chunk. A thread's head and channels never
+// change, so its 32 sums stay in registers; the RW slots of a warp read the same rotary values
+// (same token, same lane_in_row), so a table line serves 8 (16) heads from L1 (prefetched into L1
+// when the token's x loads are issued). A warp's x loads of one token are RW whole head rows
+// (2 KB contiguous for a (B, N, H, D) tensor). End of CTA: the W warps' sums meet in shared
+// memory, added in warp order, one partial per (batch, head, chunk, channel); launch_mean_final
+// adds the chunks in order: deterministic for a given launch shape. The arithmetic per value is
+// round 3's (v3_row, then one fp32 add per token): the mean agrees with the other rounds to fp32
+// rounding of the sum order.
+
+constexpr int kV4MeanWarps = 4;     // warps per CTA (token interleave)
+constexpr int kV4MeanPrefetch = 1;  // register ring: tokens whose x loads are in flight ahead
+constexpr int kV4MeanAsyncAhead = 3;  // cp.async ring (mean_ring = kQuantRingAsync): tokens ahead
+// Defaults: the mean kernel's round and the round-4 kernel's ring. GPU run 6 (k path, Wan /
+// Flux): round-2 mean 0.369 / 0.0508 ms, round 4 0.326 / 0.0457, round 4 with the cp.async ring
+// 0.322 / 0.0452.
+constexpr int kDefaultMeanRound = 4;
+constexpr int kV4DefaultMeanRing = detail::kQuantRingAsync;
+
+struct V4MeanLaunch {
+  int steps;       // tokens per warp (a CTA's chunk: steps * kV4MeanWarps tokens)
+  int64_t chunks;  // CTAs along the tokens = partials per (batch, head)
+};
+
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
+// AHEAD = 0: x loads held in a register ring kV4MeanPrefetch tokens ahead; AHEAD > 0: a cp.async
+// ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes per thread, dynamic
+// shared memory; the warps' final sums reuse it). TSMEM (with AHEAD > 0): the token's rotary
+// table row (D floats) copied by the warp's lanes into a per-warp slot of the same ring and read
+// with ld.shared (instead of L1 reads after an L1 prefetch). LEAN: v3_row's one-cvt bf16 rounding
+// (the same bits).
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false>
+__global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
+    v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
+  static_assert(!TSMEM || AHEAD > 0, "the table ring rides on the cp.async ring");
+  constexpr int LANES = D / 32, RW = 32 / LANES, W = kV4MeanWarps;
+  constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
+  __shared__ float4 w_sh[8][LANES];
+  extern __shared__ float4 v4_dyn[];
+  // [warp][value j][lane]: conflict-free; in the dynamic shared memory (after the ring's last use)
+  float(*red)[32][32] = reinterpret_cast<float(*)[32][32]>(v4_dyn);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int slot = lane / LANES, lane_in_row = lane % LANES;
+  const int64_t b = blockIdx.z, chunk = blockIdx.y;
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * RW + slot;
+  const int64_t hx = h < a.heads ? h : a.heads - 1;  // slots past H read a real head, unused
+  const int64_t t_first = chunk * L.steps * W + warp;  // this warp's tokens: + k * W
+  const int64_t t_stop = (chunk + 1) * L.steps * W;
+  const int64_t t_end = a.tokens < t_stop ? a.tokens : t_stop;
+  const int count = t_first < t_end ? static_cast<int>((t_end - t_first + W - 1) / W) : 0;
+  griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
+
+  const float4 wq = v3_weight_quad<D>(a, tid);  // stored after the first x loads (`start`)
+  // A (…, pairs, 2) fp32 table. Rotary quad k of the thread (pairs p_k, p_k + 1 in v3_row's
+  // order) is one float4 at a compile-time offset from the thread's first pair: paired:
+  // p_k = 8 chunk(k / 4) + 2 (k % 4), floats 16 lane_in_row + 16 LANES (k / 4) + 4 (k % 4);
+  // interleaved: p_k = 4 chunk(k / 2) + 2 (k % 2), floats 8 lane_in_row + 8 LANES (k / 2) + 4 (k % 2).
+  constexpr int kLanePairs = ROPE == kRopePaired ? 8 : 4;  // pairs per chunk of a lane
+  const float* table = static_cast<const float*>(a.rope) + b * a.r_sb + 2 * kLanePairs * lane_in_row;
+  const int64_t t_step = static_cast<int64_t>(W) * a.r_sn, x_step = static_cast<int64_t>(W) * a.x_sn;
+
+  const uint16_t* lx = static_cast<const uint16_t*>(a.x) + b * a.x_sb + t_first * a.x_sn +
+                       hx * a.x_sh + 8 * lane_in_row;  // the loading token's row
+  const float* lt = table + t_first * a.r_sn;          // its table pieces
+  const float* pt = lt;                                // the processing token's
+  auto load = [&](int, uint4(&r)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r[i] = load_stream16(lx + 8 * LANES * i);
+    if (ROPE != kRopeNone && slot == 0) {  // one prefetch per piece (<= 64 bytes), by slot 0
+#pragma unroll
+      for (int i = 0; i < (ROPE == kRopePaired ? 2 : 4); ++i)
+        prefetch_l1(lt + 2 * kLanePairs * LANES * i);
+    }
+    lx += x_step;
+    lt += t_step;
+  };
+  float acc[32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) acc[j] = 0.f;
+  // TSMEM: table slot s of this warp, D floats, after the x ring.
+  float* tab_sh = reinterpret_cast<float*>(v4_dyn + SLOTS * 4 * THREADS) + warp * D;
+  auto proc = [&](int u, const uint4(&r)[4]) {
+    float v[32];
+    const float* ts = tab_sh + (u % SLOTS) * W * D + 2 * kLanePairs * lane_in_row;
+    v3_row<D, BF16, ROPE, LEAN>(
+        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
+        [&](int k) {
+          if constexpr (TSMEM)
+            return ROPE == kRopePaired
+                       ? lds16(reinterpret_cast<const float4*>(ts + 16 * LANES * (k / 4) + 4 * (k % 4)))
+                       : lds16(reinterpret_cast<const float4*>(ts + 8 * LANES * (k / 2) + 4 * (k % 2)));
+          else
+            return ROPE == kRopePaired ? ldg16_l1(pt + 16 * LANES * (k / 4) + 4 * (k % 4))
+                                       : ldg16_l1(pt + 8 * LANES * (k / 2) + 4 * (k % 2));
+        },
+        r, v);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
+    pt += t_step;
+  };
+  auto start = [&] {
+    v3_store_weight_quad<D>(tid, wq, w_sh);
+    __syncthreads();
+  };
+  if constexpr (AHEAD > 0) {
+    // cp.async ring: token u's 4 chunks land in this thread's slot u % SLOTS (no registers
+    // held); one commit group per token, empty past the end, so wait_group AHEAD means "token u
+    // has landed". A slot is refilled only after its values were read and used.
+    uint4* ring = reinterpret_cast<uint4*>(v4_dyn);
+    // The loading token's table row (TSMEM): lane i < D / 4 copies its floats 4i .. 4i + 3.
+    const float* lrow = lt - 2 * kLanePairs * lane_in_row;
+    auto issue = [&](int u) {
+      uint4* dst = ring + (u % SLOTS) * 4 * THREADS + tid;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async16(dst + i * THREADS, lx + 8 * LANES * i);
+      if (TSMEM && ROPE != kRopeNone) {
+        if (lane < D / 4) cp_async16(tab_sh + (u % SLOTS) * W * D + 4 * lane, lrow + 4 * lane);
+        lrow += t_step;
+      } else if (ROPE != kRopeNone && slot == 0) {
+#pragma unroll
+        for (int i = 0; i < (ROPE == kRopePaired ? 2 : 4); ++i)
+          prefetch_l1(lt + 2 * kLanePairs * LANES * i);
+      }
+      lx += x_step;
+      lt += t_step;
+    };
+#pragma unroll
+    for (int k = 0; k < AHEAD; ++k) {
+      if (k < count) issue(k);
+      cp_async_commit();
+    }
+    start();
+#pragma unroll 1
+    for (int u = 0; u < count; ++u) {
+      // TSMEM: the table slot refilled now was read by every lane of the warp one token ago.
+      if (TSMEM) __syncwarp();
+      if (u + AHEAD < count) issue(u + AHEAD);
+      cp_async_commit();
+      cp_async_wait<AHEAD>();
+      if (TSMEM) __syncwarp();  // the other lanes' table copies of token u are visible
+      const uint4* src = ring + (u % SLOTS) * 4 * THREADS + tid;
+      uint4 r[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * THREADS);
+      proc(u, r);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every thread's ring reads are done before `red` overwrites the ring
+  } else {
+    pipeline<kV4MeanPrefetch, 4>(count, load, proc, start);
+  }
+
+#pragma unroll
+  for (int j = 0; j < 32; ++j) red[warp][j][lane] = acc[j];
+  __syncthreads();
+  // Output e = (value j, lane) of the CTA: head h0 + lane / LANES, channel 8 chunk + j % 8 with
+  // chunk = lane % LANES + LANES * (j / 8); the W warps added in warp order.
+  for (int e = tid; e < 32 * 32; e += W * 32) {
+    const int j = e / 32, l = e % 32;
+    const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + l / LANES;
+    float t = red[0][j][l];
+#pragma unroll
+    for (int w = 1; w < W; ++w) t = __fadd_rn(t, red[w][j][l]);
+    if (hh < a.heads) {
+      const int c = 8 * v3_chunk<D>(l % LANES, j / 8) + j % 8;
+      partials[((b * a.heads + hh) * L.chunks + chunk) * D + c] = t;
+    }
+  }
+}
+
 template <typename F>
 void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
   auto by_rope = [&](auto d, auto bf) {
@@ -576,15 +815,114 @@ int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
   return int64_t{std::max(per_sm, 1)} * multiprocessor_count();
 }
 
+// Which mean kernel runs: the knob `mean_round`, else `round`, else kDefaultMeanRound (2: the
+// round-2 kernel in src/cuda/prologue.cu; 3 and 4 here). Where the pick does not cover the
+// arguments, round 2, then the first generation.
+int mean_round_of(const detail::PrologueCudaTuning& t) {
+  return t.mean_round > 0 ? t.mean_round : t.round > 0 ? t.round : kDefaultMeanRound;
+}
+
+// The round-4 mean kernel's coverage: per-head (or no) norm weight, full rotary with an fp32
+// (…, pairs, 2) table, or none; D 64 / 128.
+bool v4_mean_supported(const PrologueArgs& a) {
+  if (a.w_rows || a.tokens == 0) return false;
+  if (a.dim != 64 && a.dim != 128) return false;
+  if (!a.rotate) return true;
+  if (2 * a.pairs != a.dim) return false;
+  return table_mode_of(a) == kTablePairsF32;
+}
+
+void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+  const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes;
+  V4MeanLaunch L;
+  const int64_t head_groups = (a.heads + rw - 1) / rw;
+  check::that(a.batch <= 65535 && head_groups <= 65535, "norm_rope_mean", "x",
+              "cuda grid: expected at most 65535 batch items, got " + std::to_string(a.batch));
+  cudaStream_t stream = stream_of(ctx);
+  const int mean_ring = detail::prologue_cuda_tuning().mean_ring > 0
+                            ? detail::prologue_cuda_tuning().mean_ring
+                            : kV4DefaultMeanRing;
+  const bool tsmem = mean_ring == detail::kMeanRingAsyncTable && a.rotate;
+  const int ahead =
+      mean_ring == detail::kQuantRingAsync || mean_ring == detail::kMeanRingAsyncTable
+          ? kV4MeanAsyncAhead
+          : 0;
+  const bool lean = detail::prologue_cuda_tuning().lean > 0
+                        ? detail::prologue_cuda_tuning().lean == detail::kLeanOn
+                        : kV3DefaultLean;
+  // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
+  // table ring after it).
+  const int smem = static_cast<int>(std::max<size_t>(
+      sizeof(float) * kV4MeanWarps * 32 * 32,
+      ahead > 0 ? sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 +
+                      (tsmem ? sizeof(float) * (ahead + 1) * kV4MeanWarps * a.dim : 0)
+                : 0));
+  v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
+    constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
+    constexpr bool BF16 = decltype(bf)::value;
+    using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
+    auto pick = [&](auto lean_c) -> Kernel {
+      constexpr bool LEAN = decltype(lean_c)::value && BF16;
+      if (tsmem) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true>;
+      if (ahead > 0) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN>;
+      return v4_mean_kernel<D, BF16, ROPE, 0, LEAN>;
+    };
+    const Kernel kernel = lean ? pick(std::true_type{}) : pick(std::false_type{});
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "norm_rope_mean", "shared memory");
+    // Carve-out: what 4 CTAs need (17-34 KB each with the reserved 1 KB), the rest of the SM's
+    // 256 KB stays L1 for the rotary table.
+    int sm_smem = 0, dev = 0;
+    check_cuda(cudaGetDevice(&dev), "norm_rope_mean", "device");
+    check_cuda(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+               "norm_rope_mean", "device attribute");
+    const int64_t need = 4 * (int64_t{smem} + 2048);
+    const int carveout =
+        sm_smem > 0 ? static_cast<int>(std::min<int64_t>(100, (100 * need + sm_smem - 1) / sm_smem))
+                    : 100;
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    carveout),
+               "norm_rope_mean", "shared memory carve-out");
+    // Tokens per warp by the wave model (fixed cost ~3 tokens: setup, the CTA's final sums and
+    // partials); at least one full round of CTAs where the tokens allow; at most 65535 chunks.
+    // The tuning knob's mean_steps overrides it.
+    const int64_t resident = resident_ctas(kernel, kV4MeanWarps * 32, smem, "norm_rope_mean");
+    const int64_t per_warp = (a.tokens + kV4MeanWarps - 1) / kV4MeanWarps;
+    const int64_t first = std::max<int64_t>(1, (per_warp + 65534) / 65535);
+    const int64_t min_chunks = (resident + head_groups * a.batch - 1) / (head_groups * a.batch);
+    const int64_t last = std::max(first, (per_warp + min_chunks - 1) / min_chunks);
+    const int64_t steps =
+        pick_by_waves(first, last, resident, 3.0, [&](int64_t k) {
+          const int64_t chunks = (per_warp + k - 1) / k;
+          const bool distinct = (per_warp + chunks - 1) / chunks == k;
+          return std::pair<int64_t, double>(distinct ? chunks * head_groups * a.batch : 0,
+                                            static_cast<double>(k));
+        });
+    const int forced = detail::prologue_cuda_tuning().mean_steps;
+    L.steps = static_cast<int>(
+        forced > 0 ? std::max<int64_t>(first, std::min<int64_t>(forced, per_warp)) : steps);
+    L.chunks = (per_warp + L.steps - 1) / L.steps;
+    Scratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
+                 stream, "norm_rope_mean");
+    dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
+              static_cast<unsigned>(a.batch));
+    kernel<<<grid, kV4MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
+    check_launch("norm_rope_mean");
+    launch_mean_final(a, part.as<float>(), L.chunks, stream);
+  });
+}
+
 }  // namespace
 
 bool v3_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
-  const int round = !quantize && t.mean_round > 0 ? t.mean_round : t.round;
-  if (t.legacy || (round != 0 && round != 3)) return false;
+  const int round = quantize ? t.round : mean_round_of(t);
+  if (t.legacy) return false;
+  if (!quantize && round == 4) return v4_mean_supported(a);
+  if (round != 0 && round != 3) return false;
   // The round-3 mean kernel only when asked for (mean_round or round = 3): GPU run 2 measured it
   // slower than the round-2 one at Wan (0.202 vs 0.163 ms; L1-bound: its rotary-table reads).
-  if (!quantize && round != 3) return false;
+  if (!quantize && round != 3) return false;  // round 2: src/cuda/prologue.cu
   if (a.w_rows) return false;
   if (a.rotate && 2 * a.pairs != a.dim) return false;
   if (a.dim != 64 && a.dim != 128) return false;
@@ -603,8 +941,11 @@ bool v3_supported(const PrologueArgs& a, bool quantize) {
 void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes;
   V3QuantLaunch L;
-  L.tile_rows = std::max(a.block, 4 * rw);  // >= 4 warps; both powers of two: whole blocks
   L.group_rows = a.block / a.groups;
+  // >= 4 warps of rows, whole blocks (both powers of two); with `split_blocks`, whole scale groups
+  // (THREAD_K 64 at D = 128: 4-warp CTAs on half blocks instead of 8-warp CTAs).
+  const bool split = detail::prologue_cuda_tuning().split_blocks == detail::kSplitOn;
+  L.tile_rows = std::max(split ? L.group_rows : a.block, 4 * rw);
   L.wpg = L.group_rows > rw ? L.group_rows / rw : 1;
   L.red_lanes = std::min(32, lanes * L.group_rows);
   L.table_mode = table_mode_of(a);
@@ -615,16 +956,25 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   check::that(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
               "cuda grid: expected at most 65535 tiles and batch items, got " +
                   std::to_string(tiles) + " and " + std::to_string(a.batch));
-  const bool async = kV3AsyncRing && !detail::prologue_cuda_tuning().register_ring;
+  const detail::PrologueCudaTuning tuning = detail::prologue_cuda_tuning();
+  const int ring = tuning.ring > 0 ? tuning.ring : kV3DefaultRing;
+  const bool lean = tuning.lean > 0 ? tuning.lean == detail::kLeanOn : kV3DefaultLean;
+  const int ahead = ring == detail::kQuantRingAsync     ? kV3AsyncAhead
+                    : ring == detail::kQuantRingAsync96 ? kV3Async96Ahead
+                                                        : 0;
+  // Reverse token order when a mean is subtracted: the mean pass just read x in increasing token
+  // order, so its last rows are still in L2 (the whole of x at the Flux shape).
+  L.reverse = tuning.tile_order > 0 ? tuning.tile_order == detail::kTilesReverse
+                                    : a.mean != nullptr;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
-                   ((a.rotate ? 8 : 0) + (async ? 4 * kV3AsyncSlots : 0));
+                   ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0));
   auto launch = [&](auto kernel) {
-    if (smem > 48 * 1024)
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                 "norm_rope_quantize", "shared memory");
+    // Always: dynamic + static shared memory above 48 KB needs the opt-in (run 3's failure).
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "norm_rope_quantize", "shared memory");
     // Heads per CTA (balanced groups) by the wave model, fixed cost ~1.5 heads (setup); the
     // tuning knob's heads_per_cta overrides it.
-    const int forced = detail::prologue_cuda_tuning().heads_per_cta;
+    const int forced = tuning.heads_per_cta;
     int64_t hg = std::min<int64_t>(forced, a.heads);
     if (forced <= 0) {
       const int64_t resident = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
@@ -644,15 +994,29 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (async)
-      launch(v3_quantize_kernel<D, BF16, ROPE, true>);
+    // The lean arithmetic only for bf16 (its one-instruction rounding is bf16-only).
+    auto pick = [&](auto lean) {
+      constexpr bool LEAN = decltype(lean)::value && BF16;
+      if (ring == detail::kQuantRingAsync96)
+        launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN>);
+      else if (ahead > 0)
+        launch(v3_quantize_kernel<D, BF16, ROPE, kV3AsyncAhead, LEAN>);
+      else
+        launch(v3_quantize_kernel<D, BF16, ROPE, 0, LEAN>);
+    };
+    if (lean)
+      pick(std::true_type{});
     else
-      launch(v3_quantize_kernel<D, BF16, ROPE, false>);
+      pick(std::false_type{});
   });
   check_launch("norm_rope_quantize");
 }
 
 void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+  if (mean_round_of(detail::prologue_cuda_tuning()) == 4) {
+    v4_norm_rope_mean(a, ctx);
+    return;
+  }
   const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes, rps = kV3MeanWarps * rw;
   V3MeanLaunch L;
   L.table_mode = table_mode_of(a);

@@ -49,7 +49,12 @@ struct Cfg {
   int mean_steps = 0;     // CUDA: force the fast mean kernel's row steps per CTA (0: heuristic)
   int round = 0;          // CUDA: force a generation of the fast kernels (2, 3; 0: the newest)
   int mean_round = 0;     // CUDA: the same for the mean pass alone
-  bool register_ring = false;  // CUDA: round-3 quantize with its register ring (not cp.async)
+  int ring = 0;           // CUDA: round-3 quantize ring (detail::kQuantRing*; 0: the default)
+  int tile_order = 0;     // CUDA: round-3 quantize tile order (detail::kTiles*; 0: the default)
+  int pdl = 0;            // CUDA: mean_final with PDL (detail::kPdl*; 0: the default)
+  int mean_ring = 0;      // CUDA: round-4 mean kernel's ring (detail::kQuantRing*; 0: default)
+  int lean = 0;           // CUDA: round-3 quantize lean arithmetic (detail::kLean*; 0: default)
+  int split_blocks = 0;   // CUDA: round-3 quantize tiles of whole scale groups (detail::kSplit*)
   std::string tag;
 };
 
@@ -194,7 +199,8 @@ class PrologueCase : public Case {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
     } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps, c_.round,
-                                        c_.mean_round, c_.register_ring});
+                                        c_.mean_round, c_.ring, c_.tile_order, c_.pdl,
+                                        c_.mean_ring, c_.lean, c_.split_blocks});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -213,6 +219,9 @@ class PrologueCase : public Case {
  private:
   Cfg c_;
 };
+
+// A round-3 quantize ring that is not the default (src/cuda/prologue_v3.cu, kV3DefaultRing).
+constexpr int kOtherRing = detail::kQuantRingRegister;
 
 LOWBIT_HARNESS_CASES(prologue_cases) {
   auto add = [&](const Cfg& c) { cases.push_back(std::make_unique<PrologueCase>(c)); };
@@ -292,13 +301,15 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // Fast-kernel coverage: head groups that wrap the prefetch rings (11 heads in groups of 6 and
   // 5), B = 2, every rope kind, D 64 and 128, scale groups inside a warp and across warps; once
   // with the default kernels, once with the round-2 kernels forced ("r2"), once with the round-3
-  // kernels' other variants ("v3": the register-ring quantize and the round-3 mean pass).
+  // kernels' other variants ("v3": the quantize ring that is not the default, the round-3 mean
+  // pass).
   for (int round : {0, 2, 3})
   for (int64_t D : {64, 128}) {
     Cfg f;
     f.round = round == 2 ? 2 : 0;
     f.mean_round = round;
-    f.register_ring = round == 3;
+    f.ring = round == 3 ? kOtherRing : 0;
+    f.lean = round == 3 ? detail::kLeanOff : 0;  // (the default is lean for bf16)
     f.tag = round == 2 ? "r2hg6" : round == 3 ? "v3hg6" : "hg6";
     f.B = 2, f.N = 1000, f.H = 11, f.D = D, f.heads_per_cta = 6, f.qkv = true;
     f.sm_scale = q_scale;
@@ -342,6 +353,79 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     ms.rope = RopeKind::none, ms.dtype = DType::f16, ms.N = 33;
     ms.heads_per_cta = 0;
     add(ms);  // one CTA along the tokens at D = 128 (33 rows < 3 steps of 16)
+  }
+  // Session 4 variants at the odd token counts, strided (fused QKV) inputs, both rope pairings,
+  // both table shapes, D 64 and 128, B = 2 and 11 heads (not a multiple of a warp's 8 or 16
+  // head slots): the cp.async rings of the round-3 quantize kernel ("async": 3 heads ahead,
+  // "async96": 2 heads ahead in <= 96 registers), the reverse and
+  // forward tile orders ("rev", "fwd"), and the round-4 mean pass ("v4m", with its cp.async
+  // ring "v4ma"; a (…, pairs, 2) fp32 table or none; the matrix table falls back to round 2).
+  for (int64_t N : {1, 17, 127, 1000}) {
+    for (int64_t D : {64, 128}) {
+      Cfg q;
+      q.tag = "async";
+      q.B = 2, q.N = N, q.H = 11, q.D = D, q.qkv = true, q.sm_scale = q_scale;
+      q.ring = detail::kQuantRingAsync;
+      add(q);  // q: THREAD_Q 32, split-half rope, pairs table
+      Cfg k = q;
+      k.sm_scale = 1.f, k.dtype = DType::f16, k.rope = RopeKind::interleaved;
+      k.matrix_table = true, k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      k.q_pad = true;
+      add(k);  // k: THREAD_K 64 (groups across warps at D = 128), matrix table
+      q.tag = "async96", q.ring = detail::kQuantRingAsync96;
+      add(q);  // the occupancy variant: 2 heads ahead, <= 96 registers
+      k.tag = "async96", k.ring = detail::kQuantRingAsync96;
+      add(k);
+      q.tag = "lean", q.ring = 0, q.lean = detail::kLeanOn;
+      add(q);  // bf16: the lean per-row arithmetic
+      q.tag = "leanasync", q.ring = detail::kQuantRingAsync;
+      add(q);
+      q.lean = 0;
+      Cfg ks = k;
+      ks.tag = "split", ks.ring = 0, ks.split_blocks = detail::kSplitOn;
+      add(ks);  // THREAD_K 64: 4-warp CTAs on half blocks at D = 128
+      ks.dtype = DType::bf16, ks.block = 128, ks.rope = RopeKind::split, ks.matrix_table = false;
+      add(ks);  // THREAD_K 128: quarter blocks
+      Cfg kl = k;
+      kl.tag = "lean", kl.dtype = DType::bf16, kl.ring = 0, kl.lean = detail::kLeanOn;
+      add(kl);  // bf16 k with a mean, THREAD_K 64
+      k.ring = 0;
+      for (int order : {detail::kTilesForward, detail::kTilesReverse}) {
+        k.tile_order = order;
+        k.tag = order == detail::kTilesForward ? "fwd" : "rev";
+        add(k);
+      }
+      Cfg m;
+      m.tag = "v4m";
+      m.mean_pass = true, m.mean_round = 4;
+      m.B = 2, m.N = N, m.H = 11, m.D = D, m.qkv = true;
+      add(m);  // bf16, split-half rope
+      Cfg ma = m;
+      ma.tag = "v4ma", ma.mean_ring = detail::kQuantRingAsync;
+      add(ma);  // the cp.async ring (3 tokens ahead)
+      ma.tag = "v4maint", ma.dtype = DType::f16, ma.rope = RopeKind::interleaved, ma.H = 40;
+      ma.mean_steps = 2;
+      add(ma);
+      Cfg mt = m;
+      mt.tag = "v4mt", mt.mean_ring = detail::kMeanRingAsyncTable;
+      add(mt);  // the table rows in shared memory too
+      mt.tag = "v4mtint", mt.dtype = DType::f16, mt.rope = RopeKind::interleaved, mt.H = 24;
+      mt.batch_table = true, mt.qkv = false, mt.mean_steps = 3;
+      add(mt);
+      mt.tag = "v4mtnolean", mt.dtype = DType::bf16, mt.lean = detail::kLeanOff;
+      add(mt);
+      m.tag = "v4mint", m.dtype = DType::f16, m.rope = RopeKind::interleaved, m.w_dtype = DType::f32;
+      m.qkv = false, m.batch_table = true, m.mean_steps = 3;
+      add(m);  // f16, interleaved pairs, per-batch table, 3 tokens per warp (several chunks)
+      m.tag = "v4mnorope", m.rope = RopeKind::none, m.H = 3, m.mean_steps = 0;
+      add(m);
+      m.tag = "v4mnonorm", m.rope = RopeKind::split, m.norm = Norm::none, m.H = 17;
+      add(m);
+      m.tag = "v4mmatrix", m.norm = Norm::per_head, m.matrix_table = true;
+      add(m);  // falls back to the round-2 kernel
+      m.tag = "nopdl", m.mean_round = 0, m.pdl = detail::kPdlOff;
+      add(m);  // mean_final launched without PDL
+    }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
   Cfg leg;
