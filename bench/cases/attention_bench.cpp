@@ -206,11 +206,14 @@ class AttentionBench : public BenchCase {
           ws.baseline = "lowbit attention_int8 fp8 PV wgmma (round 1)";
           ws.baseline_ms = w.ms;
           rows.push_back(ws);
-          // Round 3 (the default for fp8 P·V on sm_90a), baseline the round-2 kernel.
+          // Round 3, baseline the round-2 kernel.
+          AttentionOptions fp8_r3 = fp8;
+          fp8_r3.kernel = AttentionOptions::wgmma_r3;
           Row r3 = ws;
-          r3.op = "attention_int8 fp8 PV auto = round 3 (kernel only)" + tag;
+          r3.op = "attention_int8 fp8 PV wgmma_r3 = round 3 (kernel only)" + tag;
           r3.ms = env.time_ms([&] {
-            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
+            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8_r3,
+                           ctx);
           });
           r3.accuracy = agreement(to_host_f32(out.view), mma_out) + " vs mma.sync";
           r3.baseline = "lowbit attention_int8 fp8 PV wgmma_ws (round 2)";
@@ -240,16 +243,23 @@ class AttentionBench : public BenchCase {
             return r.ms;
           };
           const double r4_ms =
-              variant(AttentionOptions::wgmma_r4, false, "wgmma_r4 = round 4", "auto = round 3",
+              variant(AttentionOptions::wgmma_r4, false, "wgmma_r4 = round 4", "wgmma_r3 = round 3",
                       r3.ms);
-          variant(AttentionOptions::wgmma_r3, true, "round 3 + I2FP", "auto = round 3", r3.ms);
+          variant(AttentionOptions::wgmma_r3, true, "round 3 + I2FP", "wgmma_r3 = round 3",
+                  r3.ms);
           variant(AttentionOptions::wgmma_r4, true, "round 4 + I2FP", "wgmma_r4 = round 4",
                   r4_ms);
           variant(AttentionOptions::wgmma_r4, false, "round 4 + biased logits",
                   "wgmma_r4 = round 4", r4_ms, true);
-          variant(AttentionOptions::wgmma_r3, false, "round 3 + biased logits", "auto = round 3",
-                  r3.ms, true);
-          kr8 = r3;  // the one-call rows below compare against the default kernel
+          variant(AttentionOptions::wgmma_r3, false, "round 3 + biased logits",
+                  "wgmma_r3 = round 3", r3.ms, true);
+          // The default (auto: round 4 + I2FP at D = 128, round 3 + I2FP at D = 64).
+          Row dflt = variant(AttentionOptions::auto_kernel, false,
+                             D == 128 ? "auto = round 4 + I2FP" : "auto = round 3 + I2FP",
+                             "wgmma_r3 = round 3", r3.ms) > 0
+                         ? rows.back()
+                         : r3;
+          kr8 = dflt;  // the one-call rows below compare against the default kernel
         }
 
         Row b16 = kr8;

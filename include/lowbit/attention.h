@@ -46,16 +46,15 @@ struct AttentionOptions {
   } pv = fp8;
   bool smooth_k = true;   // attention(): subtract the per-head K mean before quantizing K
   bool smooth_v = false;  // fp8 PV: subtract the per-channel V mean, added back in the epilogue
-  // CUDA kernel choice (the CPU backend ignores it): auto_kernel takes an sm_90a wgmma kernel
-  // where one applies (an sm_90 GPU, head dim 64 or 128: wgmma_ws for fp8 PV, wgmma for 16-bit
-  // PV, the faster of the two for each on the H200) and the mma.sync kernel otherwise; mma_sync
-  // forces the portable kernel (sm_89+ for fp8 PV); wgmma forces the wgmma kernel (round 1: no
-  // warp specialization) and wgmma_ws the warp-specialized one (a producer warpgroup, K/V ring on
-  // mbarriers, ping-pong consumers); wgmma_r3 the round-3 kernel (auto's
-  // choice for fp8 PV on sm_90a) and wgmma_r4 the round-4 one (round 3 with tile j's P·V under
-  // tile j+1's softmax); both run wgmma_ws for 16-bit PV. All but auto_kernel are an error where
-  // they do not apply. Same arithmetic in every kernel (outputs agree within the harness
-  // tolerances).
+  // CUDA kernel choice (the CPU backend ignores it). auto_kernel: on an sm_90 GPU with the
+  // sm_90a build and head dim 64 or 128, fp8 PV runs the fastest wgmma kernel measured on the
+  // H200 (round 4 with I2FP logits at D = 128, round 3 with I2FP at D = 64) and 16-bit PV the
+  // round-1 wgmma kernel; elsewhere the mma.sync kernel. mma_sync forces the portable kernel
+  // (sm_89+ for fp8 PV); wgmma the round-1 wgmma kernel (no warp specialization); wgmma_ws the
+  // warp-specialized one (a producer warpgroup, K/V ring on mbarriers, ping-pong consumers);
+  // wgmma_r3 round 3 and wgmma_r4 round 4 (round 3 with tile j's P·V under tile j+1's softmax),
+  // both wgmma_ws for 16-bit PV. All but auto_kernel are an error where they do not apply. Same
+  // arithmetic in every kernel (outputs agree within the harness tolerances).
   enum Kernel : uint8_t {
     auto_kernel,
     mma_sync,

@@ -709,8 +709,13 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   }
   if (options.kernel == AttentionOptions::auto_kernel && attn::wgmma_attention_applies(D) &&
       attn::wgmma_attention_available()) {
+    // fp8 P·V: the fastest bit-identical variant per head dim in H200 run 6 (2026-11-30):
+    // D = 128 round 4 with I2FP (700 TOPS vs round 3's 679 at (1, 40, 32760, 128)), D = 64
+    // round 3 with I2FP (324 vs 312 at (1, 24, 4096, 64)).
+    const attn::WgmmaKernel fp8_auto =
+        D == 128 ? attn::WgmmaKernel::round4_i2fp : attn::WgmmaKernel::round3_i2fp;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype,
-                                 fp8 ? r3() : attn::WgmmaKernel::round1, stream_of(ctx));
+                                 fp8 ? fp8_auto : attn::WgmmaKernel::round1, stream_of(ctx));
     return;
   }
   dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
