@@ -687,6 +687,36 @@ void launch(const AttnParams& p, int B, cudaStream_t stream) {
   check_launch(op);
 }
 
+// scale_index_dev for the producers (rows >= 0, < 2^31): set up once per CTA, then shifts and
+// masks when the block is a power of two (every SPEC §1 quantizer's), one 32-bit division
+// otherwise. Run 4 -> run 6: round 3 went from 548 to 679 TOPS at (1, 40, 32760, 128) when its TMA
+// producer warp's per-tile 64-bit div/mod (4 keys per lane) became 32-bit: the producer warp
+// shares a scheduler with two consumer warps and delayed every tile's publication.
+struct ScaleIdx {
+  int layout, block, shift, mask;
+  bool pow2;
+  __device__ __forceinline__ explicit ScaleIdx(int l, int blk)
+      : layout(l), block(blk), shift(0), mask(blk - 1), pow2((blk & (blk - 1)) == 0) {
+#if defined(__CUDA_ARCH__)
+    shift = __popc(blk - 1);  // log2(blk) when blk is a power of two
+#endif
+  }
+  __device__ __forceinline__ int operator()(int row) const {
+    int q, r;
+    if (pow2) {
+      q = row >> shift;
+      r = row & mask;
+    } else {
+      q = row / block;
+      r = row - q * block;
+    }
+    if (layout == 1) return q * 8 + (r & 7);
+    if (layout == 2) return q * 4 + ((r & 7) >> 1);
+    if (layout == 3) return q * 4 + (r >> 5);
+    return q;
+  }
+};
+
 // ---- round 2: warp-specialized kernel ----------------------------------------------------------
 //
 // CTA = 3 warpgroups (384 threads): warpgroup 0 is the producer, 1 and 2 the consumers (rows
@@ -810,6 +840,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
     setmaxnreg_dec<40>();
     const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
+    const ScaleIdx kidx(p.k_layout, p.k_block);
     constexpr int kChunks = D / 16;  // 16-byte chunks per q/k row
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kStages;
@@ -855,11 +886,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
         }
       }
       {  // k scales: one per producer thread (keys past Nkv: 0)
-        const int64_t key = kv0 + tid;
+        const int key = tile * kBN + tid;
         const bool ok = key < p.Nkv;
         cp_async_4(base + L::kS + (st * kBN + tid) * 4,
-                   ok ? ksg + scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss : ksg,
-                   ok ? 4 : 0);
+                   ok ? ksg + static_cast<int64_t>(kidx(key)) * p.ks_ss : ksg, ok ? 4 : 0);
       }
       cp_async_commit();
       if (tile > 0) {  // the previous tile has landed: publish it
@@ -1337,36 +1367,6 @@ __device__ __forceinline__ bool wg_all(bool pred, int id) {
   return r != 0;
 }
 
-
-// scale_index_dev for the producers (rows >= 0, < 2^31): set up once per CTA, then shifts and
-// masks when the block is a power of two (every SPEC §1 quantizer's), one 32-bit division
-// otherwise. Run 4 -> run 6: round 3 went from 548 to 679 TOPS at (1, 40, 32760, 128) when its TMA
-// producer warp's per-tile 64-bit div/mod (4 keys per lane) became 32-bit: the producer warp
-// shares a scheduler with two consumer warps and delayed every tile's publication.
-struct ScaleIdx {
-  int layout, block, shift, mask;
-  bool pow2;
-  __device__ __forceinline__ explicit ScaleIdx(int l, int blk)
-      : layout(l), block(blk), shift(0), mask(blk - 1), pow2((blk & (blk - 1)) == 0) {
-#if defined(__CUDA_ARCH__)
-    shift = __popc(blk - 1);  // log2(blk) when blk is a power of two
-#endif
-  }
-  __device__ __forceinline__ int operator()(int row) const {
-    int q, r;
-    if (pow2) {
-      q = row >> shift;
-      r = row & mask;
-    } else {
-      q = row / block;
-      r = row - q * block;
-    }
-    if (layout == 1) return q * 8 + (r & 7);
-    if (layout == 2) return q * 4 + ((r & 7) >> 1);
-    if (layout == 3) return q * 4 + (r >> 5);
-    return q;
-  }
-};
 
 // Maximum of 16 values s[4j + e] (j = j0 .. j0 + 7, e = e0, e0 + 1) as a balanced tree.
 template <int j0, int e0>
