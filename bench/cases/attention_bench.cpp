@@ -14,6 +14,7 @@
 
 #include "bench/bench.h"
 #include "lowbit/attention.h"
+#include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
 
 namespace lowbit {
@@ -172,8 +173,7 @@ class AttentionBench : public BenchCase {
         kr8.shape = shape_str(s);
         kr8.backend = device_name(dev);
         kr8.ms = env.time_ms([&] {
-          attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8_mma,
-                         ctx);
+          attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8_mma, ctx);
         });
         kr8.baseline = "lowbit attention_int8 16-bit PV (mma.sync, bf16 PV)";
         kr8.baseline_ms = base_ms;
@@ -187,8 +187,7 @@ class AttentionBench : public BenchCase {
           w.op = "attention_int8 fp8 PV wgmma (kernel only)" + tag;
           const std::vector<float> mma_out = to_host_f32(out.view);  // the mma.sync result
           w.ms = env.time_ms([&] {
-            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8_wg,
-                           ctx);
+            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8_wg, ctx);
           });
           w.accuracy = agreement(to_host_f32(out.view), mma_out) + " vs mma.sync";
           w.baseline = "lowbit attention_int8 fp8 PV mma.sync";
@@ -200,8 +199,7 @@ class AttentionBench : public BenchCase {
           Row ws = w;
           ws.op = "attention_int8 fp8 PV wgmma_ws (kernel only)" + tag;
           ws.ms = env.time_ms([&] {
-            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8_ws,
-                           ctx);
+            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8_ws, ctx);
           });
           ws.accuracy = agreement(to_host_f32(out.view), mma_out) + " vs mma.sync";
           ws.baseline = "lowbit attention_int8 fp8 PV wgmma (round 1)";
@@ -229,7 +227,7 @@ class AttentionBench : public BenchCase {
         b16.accuracy.clear();  // kr8 may be the wgmma row, whose accuracy is an agreement
         rows.push_back(b16);
         double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)
-        if (dev == Device::cuda) {  // 16-bit P·V on the wgmma kernel (the default on sm_90a)
+        if (dev == Device::cuda) {       // 16-bit P·V on the wgmma kernel (the default on sm_90a)
           AttentionOptions f16_wg = f16;
           f16_wg.kernel = AttentionOptions::wgmma;
           attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16_mma,
@@ -279,9 +277,66 @@ class AttentionBench : public BenchCase {
           r.note = note;
           rows.push_back(r);
         }
+        if (!is_causal) pieces_of_one_call(env, s, q, k, v, out, rows);
       }
     }
     return rows;
+  }
+
+ private:
+  // attention() fp8 PV in its pieces (what the one-call row's "quantization adds" is made of):
+  // the q prologue (THREAD_Q 32, sm_scale folded), the K mean + k prologue (THREAD_K 64), the V
+  // fp8 quantization, and the kernel (auto) on those operands and scale layouts.
+  static void pieces_of_one_call(const Env& env, const Shape& s, const DeviceTensor& q,
+                                 const DeviceTensor& k, const DeviceTensor& v,
+                                 const DeviceTensor& out, std::vector<Row>& rows) {
+    const int64_t B = s.B, H = s.H, N = s.N, D = s.D;
+    const Device dev = env.device;
+    Context ctx = env.ctx;
+    const int64_t nqs = scale_count(ScaleLayout::thread_q, 32, N);
+    const int64_t nks = scale_count(ScaleLayout::thread_k, 64, N);
+    DeviceTensor q8 = make_empty(dev, DType::i8, {B, N, H, D});
+    DeviceTensor k8 = make_empty(dev, DType::i8, {B, N, H, D});
+    DeviceTensor qs = make_empty(dev, DType::f32, {B, H, nqs});
+    DeviceTensor ks = make_empty(dev, DType::f32, {B, H, nks});
+    DeviceTensor km = make_empty(dev, DType::f32, {B, H, D});
+    DeviceTensor v8 = make_empty(dev, DType::e4m3, {B, H, D, (N + 63) / 64 * 64});
+    DeviceTensor vs = make_empty(dev, DType::f32, {B, H, D});
+    TensorView kmv = km.view, vsv = vs.view;
+    Prologue qp;
+    qp.sm_scale = 1.f / std::sqrt(static_cast<float>(D));
+    qp.layout = ScaleLayout::thread_q;
+    qp.block = 32;
+    Prologue kp;
+    kp.layout = ScaleLayout::thread_k;
+    kp.block = 64;
+    kp.mean = &kmv;
+    QuantizedRows qr{q8.view, qs.view, ScaleLayout::thread_q, 32};
+    QuantizedRows kr{k8.view, ks.view, ScaleLayout::thread_k, 64};
+    AttentionOptions o;
+    o.sm_scale = 1.f;
+    auto row = [&](const std::string& what, double bytes, double flops, auto&& fn) {
+      Row r;
+      r.family = "attention";
+      r.op = "attention() piece: " + what;
+      r.shape = shape_str(s);
+      r.backend = device_name(dev);
+      r.bytes = bytes;
+      r.flops = flops;
+      r.ms = env.time_ms(fn);
+      rows.push_back(r);
+    };
+    const double x = static_cast<double>(B * N * H * D);
+    row("q prologue (THREAD_Q 32)", 3 * x, 0,
+        [&] { norm_rope_quantize(q.view, qp, qr.data, qr.scale, ctx); });
+    row("K mean", 2 * x, 0, [&] { norm_rope_mean(k.view, kp, kmv, ctx); });
+    row("k prologue (THREAD_K 64, minus the mean)", 3 * x, 0,
+        [&] { norm_rope_quantize(k.view, kp, kr.data, kr.scale, ctx); });
+    row("V fp8 (2 reads of V)", 5 * x, 0,
+        [&] { quantize_v_fp8(v.view, v8.view, vsv, nullptr, ctx); });
+    TensorView o_view = out.view;
+    row("kernel, auto, THREAD_Q/THREAD_K scales + K mean", 5 * x, 4.0 * x * N,
+        [&] { attention_int8(qr, kr, v8.view, &vsv, nullptr, &kmv, o_view, nullptr, o, ctx); });
   }
 };
 

@@ -128,6 +128,20 @@ class LayerBench : public BenchCase {
                     static_cast<double>(layer.weights().codes.numel()) * qtype_bits(q) / 8;
           r.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
           r.accuracy = layer_accuracy(q, s.k, env);
+          if (q == QType::convrot_fp8 && !decode && env.device == Device::cuda) {
+            // The same layer with cuBLASLt's full-precision accumulation (the default is fast
+            // accumulation): its time, and how far the default's output is from it.
+            std::vector<float> fast = to_host_f32(out.view);
+            layer.set_fp8_fast_accumulation(false);
+            Row f = r;
+            f.op += ", full fp32 accumulation";
+            f.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
+            const std::vector<float> full = to_host_f32(out.view);
+            f.accuracy = "fast accumulation's output vs this: " +
+                         accuracy(fast, std::vector<double>(full.begin(), full.end())).str();
+            rows.push_back(r);
+            r = f;
+          }
         } catch (const std::exception& e) {
           r.note = std::string("failed: ") + e.what();
         }

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "lowbit/prologue.h"
 #include "lowbit/tensor.h"
@@ -47,10 +48,11 @@ struct AttentionOptions {
   bool smooth_v = false;  // fp8 PV: subtract the per-channel V mean, added back in the epilogue
   // CUDA kernel choice (the CPU backend ignores it): auto_kernel takes an sm_90a wgmma kernel
   // where one applies (an sm_90 GPU, head dim 64 or 128: wgmma_ws for fp8 PV, wgmma for 16-bit
-  // PV, the faster of the two for each on the H200) and the mma.sync kernel otherwise; mma_sync forces the portable kernel (sm_89+ for fp8 PV); wgmma forces the wgmma
-  // kernel (round 1: no warp specialization) and wgmma_ws the warp-specialized one (a producer
-  // warpgroup, K/V ring on mbarriers, ping-pong consumers); both are an error where they do not
-  // apply. Same arithmetic in every kernel (outputs agree within the harness tolerances).
+  // PV, the faster of the two for each on the H200) and the mma.sync kernel otherwise; mma_sync
+  // forces the portable kernel (sm_89+ for fp8 PV); wgmma forces the wgmma kernel (round 1: no warp
+  // specialization) and wgmma_ws the warp-specialized one (a producer warpgroup, K/V ring on
+  // mbarriers, ping-pong consumers); both are an error where they do not apply. Same arithmetic in
+  // every kernel (outputs agree within the harness tolerances).
   enum Kernel : uint8_t { auto_kernel, mma_sync, wgmma, wgmma_ws } kernel = auto_kernel;
 };
 
@@ -109,6 +111,22 @@ size_t attention_workspace_bytes(const TensorView& q, const TensorView& k,
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
                TensorView* lse_out, const AttentionOptions& options, void* workspace,
                size_t workspace_bytes, Context& ctx);
+
+// Variable-length batch: n sequences packed along the token dimension, sequence i holding query
+// rows [cu_seqlens_q[i], cu_seqlens_q[i+1]) and key rows [cu_seqlens_k[i], cu_seqlens_k[i+1]).
+// Each sequence is attended on its own (its own scales, K mean and V scales; causal aligned per
+// sequence), exactly as attention() on that sequence alone; an empty query range is skipped, an
+// empty key range gives 0 and LSE -inf.
+//   q      (Tq, Hq, D) bf16/f16 (f32 on the CPU), strided, channels contiguous
+//   k, v   (Tk, Hkv, D), same dtype as q
+//   cu_seqlens_q, cu_seqlens_k  host offsets, n + 1 each: 0 first, nondecreasing, Tq / Tk last
+//   out    (Tq, Hq, D) same dtype as q (strided)
+//   lse_out (Hq, Tq) f32 or null
+// Allocates one workspace for the longest sequence and synchronizes the stream before freeing it.
+void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const std::vector<int64_t>& cu_seqlens_q,
+                      const std::vector<int64_t>& cu_seqlens_k, TensorView out, TensorView* lse_out,
+                      const AttentionOptions& options, Context& ctx);
 
 // ---- references (CPU only; tests and accuracy columns) -----------------------------------------
 

@@ -66,7 +66,7 @@ LOWBIT_HD uint16_t f32_to_f16(float f) {
   uint32_t ax = u & 0x7fffffffu;
   if (ax > 0x7f800000u) return 0x7fffu;
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 -> inf
-  if (ax >= 0x38800000u) {                                             // normal f16
+  if (ax >= 0x38800000u) {                                              // normal f16
     uint32_t r = shift_right_rne(ax - 0x38000000u, 13);  // rebias 127 -> 15, round mantissa
     return static_cast<uint16_t>(sign | r);
   }
@@ -105,16 +105,24 @@ LOWBIT_HD uint32_t minifloat_magnitude_code(uint32_t ax) {
   return shift_right_rne(mant, shift);
 }
 
-// ---- fp8 e4m3 (fn) -------------------------------------------------------------------------
-LOWBIT_HD uint8_t f32_to_e4m3(float f) {
+// Saturating fp8 code of f: NaN -> 0x7f; |f| >= SAT_BITS (the fp32 bits of the format's largest
+// finite value, inf included) -> +-MAX_CODE; else the nearest-even code, at most MAX_CODE.
+template <int M, int BIAS, uint32_t SAT_BITS, uint32_t MAX_CODE>
+LOWBIT_HD uint8_t f32_to_fp8_saturating(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 24) & 0x80u;
   uint32_t ax = u & 0x7fffffffu;
   if (ax > 0x7f800000u) return 0x7fu;
-  if (ax >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448 (and inf)
-  uint32_t c = minifloat_magnitude_code<3, 7>(ax);
-  if (c > 0x7eu) c = 0x7eu;
+  if (ax >= SAT_BITS) return static_cast<uint8_t>(sign | MAX_CODE);
+  uint32_t c = minifloat_magnitude_code<M, BIAS>(ax);
+  if (c > MAX_CODE) c = MAX_CODE;
   return static_cast<uint8_t>(sign | c);
+}
+
+// ---- fp8 e4m3 (fn) -------------------------------------------------------------------------
+// Saturates at 448 (0x43e00000), code 0x7e.
+LOWBIT_HD uint8_t f32_to_e4m3(float f) {
+  return f32_to_fp8_saturating<3, 7, 0x43e00000u, 0x7eu>(f);
 }
 LOWBIT_HD float e4m3_to_f32(uint8_t c) {
   uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
@@ -128,15 +136,9 @@ LOWBIT_HD float e4m3_to_f32(uint8_t c) {
 }
 
 // ---- fp8 e5m2 ------------------------------------------------------------------------------
+// Saturates at 57344 (0x47600000), code 0x7b.
 LOWBIT_HD uint8_t f32_to_e5m2(float f) {
-  uint32_t u = f32_bits(f);
-  uint32_t sign = (u >> 24) & 0x80u;
-  uint32_t ax = u & 0x7fffffffu;
-  if (ax > 0x7f800000u) return 0x7fu;
-  if (ax >= 0x47600000u) return static_cast<uint8_t>(sign | 0x7bu);  // >= 57344 (and inf)
-  uint32_t c = minifloat_magnitude_code<2, 15>(ax);
-  if (c > 0x7bu) c = 0x7bu;
-  return static_cast<uint8_t>(sign | c);
+  return f32_to_fp8_saturating<2, 15, 0x47600000u, 0x7bu>(f);
 }
 LOWBIT_HD float e5m2_to_f32(uint8_t c) {
   // e5m2 is the top byte of an f16.
@@ -168,7 +170,7 @@ LOWBIT_HD uint8_t f32_to_e2m1(float x) {
 // Round to nearest even in fp32 (exact for |x| < 2^23), NaN -> 0, then clamp.
 LOWBIT_HD float rint_even(float x) {
   float a = x < 0.f ? -x : x;
-  if (!(a < 8388608.f)) return x;  // already integral (or NaN/inf)
+  if (!(a < 8388608.f)) return x;         // already integral (or NaN/inf)
   float r = (a + 8388608.f) - 8388608.f;  // the fp32 add rounds to nearest even
   return x < 0.f ? -r : r;
 }
@@ -179,7 +181,9 @@ LOWBIT_HD int32_t f32_to_int_clamped(float x, int32_t lo, int32_t hi) {
   if (r > static_cast<float>(hi)) return hi;
   return static_cast<int32_t>(r);
 }
-LOWBIT_HD int8_t f32_to_i8(float x) { return static_cast<int8_t>(f32_to_int_clamped(x, -128, 127)); }
+LOWBIT_HD int8_t f32_to_i8(float x) {
+  return static_cast<int8_t>(f32_to_int_clamped(x, -128, 127));
+}
 LOWBIT_HD uint8_t f32_to_i4_code(float x) {
   return static_cast<uint8_t>(f32_to_int_clamped(x, -8, 7) & 0xf);
 }

@@ -38,7 +38,8 @@ if not (hasattr(torch, "library") and hasattr(torch.library, "custom_op")):
                       f"torch {torch.__version__}")
 
 __all__ = [
-    "to_lowbit", "convert", "sageattn", "attention", "norm_rope_quantize", "norm_rope_mean",
+    "to_lowbit", "convert", "sageattn", "attention", "attention_varlen", "norm_rope_quantize",
+    "norm_rope_mean",
     "LowbitLinear", "quantize_linear_", "load_quantized_", "hadamard_rotate",
     "decode_attention", "kv_append_", "merge_attentions", "quantize_kv",
 ]
@@ -261,6 +262,44 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale:
                          f"{layout!r}")
     out, lse = torch.ops.lowbit.attention(q, k, v, layout, float(sm_scale), causal, pv,
                                           bool(smooth_k), bool(smooth_v), bool(return_lse), impl)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, *,
+                     sm_scale: float = 0.0, causal: str = "none", pv: str = "fp8",
+                     smooth_k: bool = True, smooth_v: bool = False, return_lse: bool = False):
+    """:func:`attention` on a variable-length batch (as flash-attn's varlen entry points).
+
+    q (Tq, Hq, D), k/v (Tk, Hkv, D) hold n sequences packed along the tokens; cu_seqlens_q /
+    cu_seqlens_k: n + 1 offsets each (0 first, nondecreasing, Tq / Tk last), a list or an int
+    tensor (a CUDA tensor is read back to the host: one synchronization). Each sequence is
+    attended on its own, exactly as :func:`attention` on that sequence (causal aligned per
+    sequence; no keys: zeros and LSE -inf). Returns out (Tq, Hq, D) and, with return_lse, lse
+    (Hq, Tq) fp32.
+    """
+    cq = [int(x) for x in (cu_seqlens_q.tolist() if isinstance(cu_seqlens_q, Tensor)
+                           else cu_seqlens_q)]
+    ck = [int(x) for x in (cu_seqlens_k.tolist() if isinstance(cu_seqlens_k, Tensor)
+                           else cu_seqlens_k)]
+    name = "lowbit.torch.attention_varlen"
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"{name}: q, k, v: expected (T, H, D) tensors, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    for arg, cu, total in (("cu_seqlens_q", cq, q.shape[0]), ("cu_seqlens_k", ck, k.shape[0])):
+        if (len(cu) != len(cq) or not cu or cu[0] != 0 or cu[-1] != total
+                or any(b < a for a, b in zip(cu, cu[1:]))):
+            raise ValueError(f"{name}: {arg}: expected {len(cq)} nondecreasing offsets from 0 to "
+                             f"{total}, got {cu}")
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
+    for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
+        if q1 == q0 or k1 == k0:  # no rows; or no keys: zeros and -inf, as attention() gives
+            continue
+        o, l = attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], sm_scale=sm_scale,
+                         causal=causal, pv=pv, smooth_k=smooth_k, smooth_v=smooth_v,
+                         return_lse=True)
+        out[q0:q1] = o[0]
+        lse[:, q0:q1] = l[0]
     return (out, lse) if return_lse else out
 
 

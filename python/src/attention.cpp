@@ -2,6 +2,7 @@
 #include "python/src/common.h"
 
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "lowbit/attention.h"
 #include "python/src/common_enums.h"
@@ -101,6 +102,32 @@ void bind_attention(nb::module_& m) {
       "wgmma_ws (CUDA only; the CPU ignores it). workspace: a contiguous array "
       "of >= attention_workspace_bytes bytes (256-byte aligned, q's device): no allocation and no "
       "stream synchronization; None: lowbit allocates (and synchronizes on CUDA).");
+  m.def(
+      "attention_varlen",
+      [](nb::handle q, nb::handle k, nb::handle v, std::vector<int64_t> cu_seqlens_q,
+         std::vector<int64_t> cu_seqlens_k, nb::handle out, nb::handle lse, float sm_scale,
+         const std::string& causal, const std::string& pv, bool smooth_k, bool smooth_v,
+         const std::string& kernel, uintptr_t stream, int threads) {
+        Args args("attention_varlen");
+        TensorView qv = args.in(q, "q"), kv = args.in(k, "k"), vv = args.in(v, "v");
+        TensorView ov = args.out(out, "out");
+        std::optional<TensorView> lv = args.out_opt(lse, "lse");
+        AttentionOptions o =
+            make_options("attention_varlen", sm_scale, causal, pv, smooth_k, smooth_v, kernel);
+        Context ctx = make_context(stream, threads);
+        nb::gil_scoped_release release;
+        attention_varlen(qv, kv, vv, cu_seqlens_q, cu_seqlens_k, ov, lv ? &*lv : nullptr, o, ctx);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
+      nb::arg("out"), nb::kw_only(), nb::arg("lse") = nb::none(), nb::arg("sm_scale") = 0.f,
+      nb::arg("causal") = "none", nb::arg("pv") = "fp8", nb::arg("smooth_k") = true,
+      nb::arg("smooth_v") = false, nb::arg("kernel") = "auto", nb::arg("stream") = 0,
+      nb::arg("threads") = 0,
+      "attention() on a variable-length batch: q (Tq, Hq, D), k/v (Tk, Hkv, D) hold n sequences "
+      "packed along the tokens; cu_seqlens_q / cu_seqlens_k: n + 1 offsets each (0 first, "
+      "nondecreasing, Tq / Tk last; a list or a host int array). Each sequence is attended on "
+      "its own, as attention() would (causal aligned per sequence); out like q; lse (Hq, Tq) f32 "
+      "or None. Allocates a workspace and synchronizes the stream on CUDA.");
   m.def(
       "quantize_v_fp8",
       [](nb::handle v, nb::handle v_fp8, nb::handle v_scale, nb::handle v_mean,

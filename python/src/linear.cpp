@@ -202,6 +202,10 @@ void bind_linear(nb::module_& m) {
       .def_prop_ro("in_features", &QuantizedLinear::in_features)
       .def_prop_ro("device", [](const QuantizedLinear& l) { return device_name(l.device()); })
       .def_prop_ro("empty", &QuantizedLinear::empty)
+      .def_prop_rw("fp8_fast_accumulation", &QuantizedLinear::fp8_fast_accumulation,
+                   &QuantizedLinear::set_fp8_fast_accumulation,
+                   "convrotfp8 on CUDA: cuBLASLt fast accumulation in the prefill GEMM (default "
+                   "True; False = full-precision fp32 accumulation). Ignored elsewhere.")
       .def(
           "weights",
           [](nb::handle self) {

@@ -27,24 +27,12 @@ struct MergeBackwardArgs {
 };
 
 namespace cpu {
-void kv_append(const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
-               const TensorView& positions, Context& ctx);
-void decode_attention(const TensorView& q, const KvCache& cache, const DecodePlan& plan,
-                      void* workspace, TensorView out, const TensorView* lse_out,
-                      const TensorView* bias, float sm_scale, bool causal, Context& ctx);
-void merge_attention(const MergeArgs& a, Context& ctx);
-void merge_attention_backward(const MergeBackwardArgs& a, Context& ctx);
+#include "src/core/decode_backend_api.inc"  // NOLINT(build/include)
 }  // namespace cpu
 
 namespace cuda {
 int decode_multiprocessors();
-void kv_append(const KvCache& cache, const TensorView& k_new, const TensorView& v_new,
-               const TensorView& positions, Context& ctx);
-void decode_attention(const TensorView& q, const KvCache& cache, const DecodePlan& plan,
-                      void* workspace, TensorView out, const TensorView* lse_out,
-                      const TensorView* bias, float sm_scale, bool causal, Context& ctx);
-void merge_attention(const MergeArgs& a, Context& ctx);
-void merge_attention_backward(const MergeBackwardArgs& a, Context& ctx);
+#include "src/core/decode_backend_api.inc"  // NOLINT(build/include)
 }  // namespace cuda
 
 // Workspace layout shared by both backends: partial outputs (B, Hkv, S, R, D) f32 then partial

@@ -2,9 +2,11 @@
 // or CUDA backend, and the one-call attention() that quantizes bf16/f16 q, k, v first.
 #include "lowbit/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
@@ -233,8 +235,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
 namespace {
 
 void validate_attention_call(const TensorView& q, const TensorView& k, const TensorView& v,
-                             const TensorView& out, const TensorView* lse_out) {
-  const char* op = "attention";
+                             const TensorView& out, const TensorView* lse_out,
+                             const char* op = "attention") {
   check::not_null(op, "q", q);
   check::not_null(op, "k", k);
   check::not_null(op, "v", v);
@@ -392,6 +394,111 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   Buffer ws(q.device, bytes + 256);  // host allocations are only 16-byte aligned
   const uintptr_t at = (reinterpret_cast<uintptr_t>(ws.data()) + 255) & ~uintptr_t{255};
   attention(q, k, v, out, lse_out, options, reinterpret_cast<void*>(at), bytes, ctx);
+  if (q.device == Device::cuda) synchronize(ctx);  // the workspace is freed on return
+}
+
+namespace {
+
+// Rows [r0, r1) of a (T, H, D) view as a (1, r1 - r0, H, D) view.
+TensorView sequence_rows(const TensorView& t, int64_t r0, int64_t r1) {
+  TensorView v = t;
+  v.ndim = 4;
+  v.data = static_cast<char*>(t.data) + r0 * t.stride[0] * (dtype_bits(t.dtype) / 8);
+  v.shape[0] = 1;
+  v.stride[0] = (r1 - r0) * t.stride[0];
+  for (int d = 0; d < 3; ++d) {
+    v.shape[d + 1] = d == 0 ? r1 - r0 : t.shape[d];
+    v.stride[d + 1] = t.stride[d];
+  }
+  return v;
+}
+
+// Columns [c0, c1) of an (H, T) view as a (1, H, c1 - c0) view.
+TensorView sequence_lse(const TensorView& t, int64_t c0, int64_t c1) {
+  TensorView v = t;
+  v.ndim = 3;
+  v.data = static_cast<char*>(t.data) + c0 * t.stride[1] * 4;
+  v.shape[0] = 1;
+  v.shape[1] = t.shape[0];
+  v.shape[2] = c1 - c0;
+  v.stride[0] = t.shape[0] * t.stride[0];
+  v.stride[1] = t.stride[0];
+  v.stride[2] = t.stride[1];
+  return v;
+}
+
+void check_offsets(const char* op, const char* arg, const std::vector<int64_t>& cu, int64_t total,
+                   size_t n) {
+  check::that(cu.size() == n, op, arg,
+              check::expected_got(std::to_string(n) + " offsets (as many as the other)",
+                                  std::to_string(cu.size())));
+  check::that(!cu.empty() && cu.front() == 0, op, arg,
+              "expected 0 as the first offset, got " +
+                  (cu.empty() ? std::string("no offsets") : std::to_string(cu.front())));
+  for (size_t i = 1; i < cu.size(); ++i)
+    check::that(cu[i] >= cu[i - 1], op, arg,
+                "expected nondecreasing offsets, got " + std::to_string(cu[i - 1]) + " then " +
+                    std::to_string(cu[i]) + " at " + std::to_string(i));
+  check::that(cu.back() == total, op, arg,
+              check::expected_got(std::to_string(total) + " (the tokens) as the last offset",
+                                  std::to_string(cu.back())));
+}
+
+}  // namespace
+
+void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const std::vector<int64_t>& cu_seqlens_q,
+                      const std::vector<int64_t>& cu_seqlens_k, TensorView out, TensorView* lse_out,
+                      const AttentionOptions& options, Context& ctx) {
+  const char* op = "attention_varlen";
+  check::not_null(op, "q", q);
+  check::not_null(op, "k", k);
+  check::not_null(op, "v", v);
+  check::not_null(op, "out", out);
+  check::ndim(op, "q", q, 3);
+  check::ndim(op, "k", k, 3);
+  check::ndim(op, "v", v, 3);
+  check::ndim(op, "out", out, 3);
+  check_offsets(op, "cu_seqlens_q", cu_seqlens_q, q.shape[0], cu_seqlens_q.size());
+  check_offsets(op, "cu_seqlens_k", cu_seqlens_k, k.shape[0], cu_seqlens_q.size());
+  if (lse_out) {
+    check::not_null(op, "lse_out", *lse_out);
+    check::ndim(op, "lse_out", *lse_out, 2);
+    check_shape(op, "lse_out", *lse_out, {q.shape[1], q.shape[0]});
+  }
+  // Every sequence's arguments are checked before anything runs (nothing is written on error).
+  const size_t n = cu_seqlens_q.size() - 1;
+  size_t bytes = 0;
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t q0 = cu_seqlens_q[i], q1 = cu_seqlens_q[i + 1];
+    const int64_t k0 = cu_seqlens_k[i], k1 = cu_seqlens_k[i + 1];
+    if (q1 == q0 && any) continue;
+    TensorView lse;
+    if (lse_out) lse = sequence_lse(*lse_out, q0, q1);
+    const TensorView qi = sequence_rows(q, q0, q1), ki = sequence_rows(k, k0, k1);
+    validate_attention_call(qi, ki, sequence_rows(v, k0, k1), sequence_rows(out, q0, q1),
+                            lse_out ? &lse : nullptr, op);
+    bytes = std::max(bytes, attention_workspace_bytes(qi, ki, options));
+    any = true;
+  }
+  if (!any) {  // no sequences: the shapes still have to agree
+    validate_attention_call(sequence_rows(q, 0, 0), sequence_rows(k, 0, 0), sequence_rows(v, 0, 0),
+                            sequence_rows(out, 0, 0), nullptr, op);
+    return;
+  }
+  Buffer ws(q.device, bytes + 256);
+  void* at =
+      reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) & ~uintptr_t{255});
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t q0 = cu_seqlens_q[i], q1 = cu_seqlens_q[i + 1];
+    const int64_t k0 = cu_seqlens_k[i], k1 = cu_seqlens_k[i + 1];
+    if (q1 == q0) continue;
+    TensorView lse;
+    if (lse_out) lse = sequence_lse(*lse_out, q0, q1);
+    attention(sequence_rows(q, q0, q1), sequence_rows(k, k0, k1), sequence_rows(v, k0, k1),
+              sequence_rows(out, q0, q1), lse_out ? &lse : nullptr, options, at, bytes, ctx);
+  }
   if (q.device == Device::cuda) synchronize(ctx);  // the workspace is freed on return
 }
 

@@ -8,20 +8,9 @@
 
 namespace lowbit {
 namespace cpu {
-void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
-                    Context& ctx);
-// sm_scale resolved (never 0 here).
-void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
-                    const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
-                    TensorView out, TensorView* lse_out, float sm_scale,
-                    const AttentionOptions& options, Context& ctx);
+#include "src/cpu/attention_backend_api.inc"  // NOLINT(build/include)
 }  // namespace cpu
 namespace cuda {
-void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
-                    Context& ctx);
-void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
-                    const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
-                    TensorView out, TensorView* lse_out, float sm_scale,
-                    const AttentionOptions& options, Context& ctx);
+#include "src/cpu/attention_backend_api.inc"  // NOLINT(build/include)
 }  // namespace cuda
 }  // namespace lowbit

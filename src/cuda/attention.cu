@@ -508,11 +508,12 @@ __global__ void __launch_bounds__(256) v_quant_vec_kernel(const T* v, int64_t sb
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int64_t bh = static_cast<int64_t>(b) * H + h;
   const int cg = (tid / 16) % kGroups, kl = tid % 16 + 16 * (tid / (16 * kGroups));
-  float sc[8], mu[8];
+  float sc[8], mu[8], rc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     sc[i] = scale[bh * D + cg * 8 + i];
     mu[i] = mean ? mean[bh * D + cg * 8 + i] : 0.f;
+    rc[i] = __frcp_rn(sc[i]);
   }
   const T* base = v + b * sb + h * sh + cg * 8;
   float x[kPasses][8];
@@ -532,10 +533,23 @@ __global__ void __launch_bounds__(256) v_quant_vec_kernel(const T* v, int64_t sb
     const bool in = static_cast<int64_t>(tile) * kKvTile + key < N;
     const int pos = v_key_pos(key);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float xi = x[ps][i] - mu[i];
-      codes[(cg * 8 + i) * kStride + pos] =
-          in && sc[i] > 0.f ? dt::f32_to_e4m3(__fdiv_rn(xi, sc[i])) : uint8_t{0};
+    for (int i = 0; i < 8; i += 2) {
+      // code = e4m3(RN((x - mean) / scale)): the reciprocal + two corrections (div_rn, bit-equal
+      // to IEEE division for these scales; the sign of a zero quotient restored), IEEE division
+      // for a scale outside its range; the hardware conversion rounds as dt::f32_to_e4m3.
+      float z[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float xi = x[ps][i + e] - mu[i + e];
+        z[e] = div_rn_applies(sc[i + e]) ? copysignf(div_rn(xi, sc[i + e], rc[i + e]), xi)
+                                         : __fdiv_rn(xi, sc[i + e]);
+      }
+      uint32_t c2 = e4m3x2(z[0], z[1]);
+      if (z[0] != z[0]) c2 = (c2 & 0xff00u) | 0x7fu;  // NaN: 0x7f whatever its sign, as the CPU
+      if (z[1] != z[1]) c2 = (c2 & 0x00ffu) | 0x7f00u;
+      codes[(cg * 8 + i) * kStride + pos] = in && sc[i] > 0.f ? uint8_t(c2) : uint8_t{0};
+      codes[(cg * 8 + i + 1) * kStride + pos] =
+          in && sc[i + 1] > 0.f ? uint8_t(c2 >> 8) : uint8_t{0};
     }
   }
   __syncthreads();

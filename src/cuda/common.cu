@@ -1,6 +1,7 @@
 // Out-of-line helpers declared in src/cuda/common.cuh.
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "src/cuda/common.cuh"
 
@@ -13,6 +14,29 @@ int multiprocessor_count() {
   check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev),
              "multiprocessor_count", "attribute");
   return n;
+}
+
+bool sm90a_image_loaded(const void* kernel, int min_regs) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, bool> verdict;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = verdict.find({dev, kernel});
+  if (it != verdict.end()) return it->second;
+  cudaFuncAttributes attr{};
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                      cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) ==
+                      cudaSuccess &&
+                  major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
+                  attr.binaryVersion == 90 && attr.numRegs >= min_regs;
+  cudaGetLastError();
+  verdict[{dev, kernel}] = ok;
+  return ok;
 }
 
 cudaMemPool_t scratch_pool(const char* op) {

@@ -2,7 +2,11 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#ifdef __CUDACC__
+#include <cuda_fp8.h>
+#endif
 
+#include <cstdint>
 #include <string>
 
 #include "lowbit/tensor.h"
@@ -24,6 +28,11 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 
 // Multiprocessor count of the current device (queried, never hard-coded).
 int multiprocessor_count();
+// Whether the current device runs `kernel` from its sm_90a image: an sm_90 GPU whose loaded image
+// of the kernel is binary version 90 with at least min_regs registers (a plain sm_90 image of a
+// wgmma kernel has an empty body and a handful of registers). Cached per (device, kernel); no
+// device work, so it is safe during CUDA graph capture. Any CUDA error reads as false.
+bool sm90a_image_loaded(const void* kernel, int min_regs = 0);
 
 // lowbit's own stream-ordered pool for the current device: its release threshold is "never", so
 // temporaries are reused across calls (the default pool would return memory at every
@@ -52,6 +61,36 @@ class Scratch {
   void* p_ = nullptr;
   cudaStream_t stream_;
 };
+
+#ifdef __CUDACC__
+// ---- device arithmetic shared by the quantizers ----
+
+// Whether the fast correctly rounded division below applies to this scale.
+__device__ __forceinline__ bool div_rn_applies(float s) { return s >= 0x1p-60f && s <= 0x1p60f; }
+// RN(y / s) from r = __frcp_rn(s) and two residual corrections (q1 = q0 + (y - s q0) r, then the
+// same once more: Markstein's theorem makes the second RN(y / s) when q1 is faithful), for s with
+// div_rn_applies(s) while no residual underflows, i.e. |y / s| >= 2^-60 or so (smaller quotients
+// round to code 0 in every lowbit format). A zero quotient comes out +0 whatever y's sign:
+// callers that keep -0 (e4m3 has one) copy y's sign back.
+__device__ __forceinline__ float div_rn(float y, float s, float r) {
+  const float q0 = __fmul_rn(y, r);
+  const float q1 = __fmaf_rn(__fmaf_rn(-s, q0, y), r, q0);
+  return __fmaf_rn(__fmaf_rn(-s, q1, y), r, q1);
+}
+
+// Two e4m3 codes (satfinite, round to nearest even: __nv_cvt_float_to_fp8's conversion, and
+// dt::f32_to_e4m3's for every non-NaN input) in one cvt: lo in bits 0..7, hi in bits 8..15.
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;  // cvt d, a, b: a's code in the upper byte, b's in the lower
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(lo, __NV_SATFINITE, __NV_E4M3)) |
+         (static_cast<uint32_t>(__nv_cvt_float_to_fp8(hi, __NV_SATFINITE, __NV_E4M3)) << 8);
+#endif
+}
+#endif  // __CUDACC__
 
 }  // namespace cuda
 }  // namespace lowbit

@@ -30,8 +30,6 @@
 #define NDEBUG
 #endif
 #include <cstdint>
-#include <map>
-#include <mutex>
 
 #include "src/cuda/common.cuh"
 #include "src/cuda/linear_kernels.cuh"
@@ -60,24 +58,7 @@ constexpr int64_t kTallMinM = 512;
 }  // namespace
 
 bool cutlass_s8_available(cudaStream_t) {
-  static std::mutex mu;
-  static std::map<int, bool> verdict;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = verdict.find(dev);
-  if (it != verdict.end()) return it->second;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  cudaFuncAttributes attr{};
-  bool ok = major == 9 && minor == 0 &&
-            cudaFuncGetAttributes(
-                &attr, cutlass::device_kernel<Bf16::Kernel>) ==
-                cudaSuccess &&
-            attr.binaryVersion == 90;
-  cudaGetLastError();
-  verdict[dev] = ok;
-  return ok;
+  return sm90a_image_loaded(reinterpret_cast<const void*>(cutlass::device_kernel<Bf16::Kernel>));
 }
 
 bool cutlass_s8_fits(const GemmParams& p) { return fits(p); }

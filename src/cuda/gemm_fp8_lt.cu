@@ -19,17 +19,19 @@ namespace linear {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr int kMaxAlgos = 8;  // heuristic candidates kept per shape (index 0 = cuBLASLt's first)
 
 struct LtState {
   std::mutex mu;
   cublasLtHandle_t handle = nullptr;
   bool init_failed = false;
-  // (device, M, N, K, out dtype, bias dtype or -1) -> algorithm (found = false: none offered).
+  // (device, M, N, K, out dtype, bias dtype or -1, fast accumulation) -> cuBLASLt's candidates, best first by its
+  // heuristic (count = 0: none offered).
   struct Entry {
-    bool found = false;
-    cublasLtMatmulAlgo_t algo{};
+    int count = 0;
+    cublasLtMatmulAlgo_t algo[kMaxAlgos]{};
   };
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int>, Entry> algos;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int, bool>, Entry> algos;
 };
 LtState& state() {
   static LtState s;
@@ -70,6 +72,12 @@ bool build(const GemmParams& p, Desc& d) {
       !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb,
                                          sizeof(sb))))
     return false;
+  if (p.fp8_fast_accum) {
+    const int8_t fast = 1;
+    if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                           sizeof(fast))))
+      return false;
+  }
   if (p.bias) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     cudaDataType_t bt = cuda_type(p.bias_dtype);
@@ -87,29 +95,26 @@ bool build(const GemmParams& p, Desc& d) {
          ok(cublasLtMatrixLayoutCreate(&d.lc, ot, p.N, p.M, p.ldo));
 }
 
-}  // namespace
-
-bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream) {
+// Builds the descriptors and finds (once per shape, cached) cuBLASLt's candidates; nullptr when
+// the path does not apply or cuBLASLt offers nothing. Called with the state's lock held.
+const LtState::Entry* candidates(const GemmParams& p, size_t workspace_bytes, Desc& d) {
   if (p.kind != GemmKind::e4m3 || p.acc_out || p.w_tensor_scale || !p.a_scale || !p.w_scale)
-    return false;
-  if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) return false;
-  if (p.bias && p.bias_dtype != p.out_dtype) return false;
+    return nullptr;
+  if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) return nullptr;
+  if (p.bias && p.bias_dtype != p.out_dtype) return nullptr;
   // cuBLASLt fp8: 16-byte aligned pointers and leading dimensions.
-  if (p.K % 16 || p.lda % 16 || p.ldb % 16 || p.ldo % 8) return false;
+  if (p.K % 16 || p.lda % 16 || p.ldb % 16 || p.ldo % 8) return nullptr;
   LtState& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (s.init_failed) return false;
+  if (s.init_failed) return nullptr;
   if (!s.handle && !ok(cublasLtCreate(&s.handle))) {
     s.init_failed = true;
-    return false;
+    return nullptr;
   }
-  Desc d;
-  if (!build(p, d)) return false;
+  if (!build(p, d)) return nullptr;
   int dev = 0;
   cudaGetDevice(&dev);
   auto key = std::make_tuple(dev, p.M, p.N, p.K, static_cast<int>(p.out_dtype),
-                             p.bias ? static_cast<int>(p.bias_dtype) : -1);
+                             p.bias ? static_cast<int>(p.bias_dtype) : -1, p.fp8_fast_accum);
   auto it = s.algos.find(key);
   if (it == s.algos.end()) {
     LtState::Entry e;
@@ -117,22 +122,41 @@ bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_by
     if (ok(cublasLtMatmulPreferenceCreate(&pref))) {
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                            &workspace_bytes, sizeof(workspace_bytes));
-      cublasLtMatmulHeuristicResult_t res{};
+      cublasLtMatmulHeuristicResult_t res[kMaxAlgos]{};
       int n = 0;
-      if (ok(cublasLtMatmulAlgoGetHeuristic(s.handle, d.op, d.la, d.lb, d.lc, d.lc, pref, 1, &res,
-                                            &n)) &&
-          n > 0) {
-        e.found = true;
-        e.algo = res.algo;
+      if (ok(cublasLtMatmulAlgoGetHeuristic(s.handle, d.op, d.la, d.lb, d.lc, d.lc, pref, kMaxAlgos,
+                                            res, &n))) {
+        for (int i = 0; i < n; ++i)
+          if (res[i].state == CUBLAS_STATUS_SUCCESS) e.algo[e.count++] = res[i].algo;
       }
       cublasLtMatmulPreferenceDestroy(pref);
     }
     it = s.algos.emplace(key, e).first;
   }
-  if (!it->second.found) return false;
+  return it->second.count ? &it->second : nullptr;
+}
+
+}  // namespace
+
+bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
+                       cudaStream_t stream, int candidate) {
+  LtState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Desc d;
+  const LtState::Entry* e = candidates(p, workspace_bytes, d);
+  if (!e || candidate >= e->count) return false;
   const float one = 1.f, zero = 0.f;
   return ok(cublasLtMatmul(s.handle, d.op, &one, p.b, d.la, p.a, d.lb, &zero, p.out, d.lc, p.out,
-                           d.lc, &it->second.algo, workspace, workspace_bytes, stream));
+                           d.lc, &e->algo[candidate < 0 ? 0 : candidate], workspace,
+                           workspace_bytes, stream));
+}
+
+int gemm_fp8_cublaslt_candidates(const GemmParams& p, size_t workspace_bytes) {
+  LtState& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Desc d;
+  const LtState::Entry* e = candidates(p, workspace_bytes, d);
+  return e ? e->count : 0;
 }
 
 size_t gemm_fp8_cublaslt_workspace_bytes() { return kWorkspaceBytes; }

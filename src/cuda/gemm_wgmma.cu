@@ -11,8 +11,6 @@
 // Availability is static (sm_90 with an sm_90a image); the first-use self-check against mma.sync
 // is gone (it synchronized the caller's stream): the harness and the linear.gemm bench rows
 // compare the bits on the GPU.
-#include <map>
-#include <mutex>
 #include <vector>
 
 #include "src/cuda/common.cuh"
@@ -173,25 +171,10 @@ void launch_wgmma(const GemmParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool wgmma_s8_available(cudaStream_t) {
-  static std::mutex mu;
-  static std::map<int, bool> verdict;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = verdict.find(dev);
-  if (it != verdict.end()) return it->second;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  // The kernel is compiled for sm_90a only (wgmma); other GPUs keep mma.sync.
-  cudaFuncAttributes attr{};
-  bool ok = major == 9 && minor == 0 &&
-            cudaFuncGetAttributes(&attr, gemm_wgmma_s8_kernel) == cudaSuccess &&
-            attr.binaryVersion == 90;
-  // No run-time self-check (it synchronized the caller's stream on first use): the harness cases
-  // and the linear.gemm bench rows compare this kernel's bits with the others' on the GPU.
-  cudaGetLastError();
-  verdict[dev] = ok;
-  return ok;
+  // The kernel is compiled for sm_90a only (wgmma); other GPUs keep mma.sync. No run-time
+  // self-check (it synchronized the caller's stream on first use): the harness cases and the
+  // linear.gemm bench rows compare this kernel's bits with the others' on the GPU.
+  return sm90a_image_loaded(reinterpret_cast<const void*>(gemm_wgmma_s8_kernel));
 }
 
 void gemm_wgmma_s8(const GemmParams& p, cudaStream_t stream) {

@@ -318,6 +318,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   if (fmt == ActFormat::e4m3) {
     g.kind = linear::GemmKind::e4m3;
     g.b = w.codes.data;
+    g.fp8_fast_accum = w.fp8_fast_accum;
     Scratch ws(linear::gemm_fp8_cublaslt_workspace_bytes(), s, op);
     if (!linear::gemm_fp8_cublaslt(g, ws.as<void>(), linear::gemm_fp8_cublaslt_workspace_bytes(),
                                    s))

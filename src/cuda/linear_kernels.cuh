@@ -80,13 +80,21 @@ struct GemmParams {
   DType out_dtype = DType::bf16;
   int64_t ldo = 0;
   int32_t* acc_out = nullptr;      // s8 only: when set, the raw int32 sums (M, N) row stride ldo
+  // e4m3 through cuBLASLt only: CUBLASLT_MATMUL_DESC_FAST_ACCUM (the tensor cores' partial sums
+  // are not promoted to full fp32 every few k-steps; faster, slightly less accurate). The layer
+  // passes PackedWeightView::fp8_fast_accum.
+  bool fp8_fast_accum = false;
 };
 void gemm(const GemmParams& p, cudaStream_t stream);
 // kind e4m3 through cuBLASLt (sm_90 wgmma kernels; outer-vector scales, BIAS epilogue). Returns
 // false, having launched nothing, when cuBLASLt offers no algorithm for these arguments: the
 // caller then runs gemm(). workspace: gemm_fp8_cublaslt_workspace_bytes() device bytes.
+// candidate: which of cuBLASLt's heuristic candidates for this shape (0 = its first choice, the
+// layer's; the bench times the others); false when there are not that many.
 bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream);
+                       cudaStream_t stream, int candidate = 0);
+// How many candidates cuBLASLt offers for these arguments (0: the path does not apply).
+int gemm_fp8_cublaslt_candidates(const GemmParams& p, size_t workspace_bytes);
 size_t gemm_fp8_cublaslt_workspace_bytes();
 // kind s8 on sm_90a through wgmma (gemm_wgmma.cu). wgmma_s8_available() says whether the current
 // device runs it (sm_90 with an sm_90a kernel image; a static check, nothing runs).

@@ -153,18 +153,6 @@ constexpr int kRegMaxThreads = 1024;
 
 __device__ __forceinline__ float sign_if(bool neg, float v) { return neg ? -v : v; }
 
-// Two e4m3 codes (satfinite, round to nearest even: __nv_cvt_float_to_fp8's conversion) in one
-// cvt: lo in bits 0..7, hi in bits 8..15.
-__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint16_t r;  // cvt d, a, b: a's code in the upper byte, b's in the lower
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-#else
-  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(lo, __NV_SATFINITE, __NV_E4M3)) |
-         (static_cast<uint32_t>(__nv_cvt_float_to_fp8(hi, __NV_SATFINITE, __NV_E4M3)) << 8);
-#endif
-}
 
 // NaN-propagating max of |v| into m (max.NaN, sm_80+): one FMNMX.
 __device__ __forceinline__ float amax_nan(float m, float v) {
@@ -405,14 +393,10 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
       if (!in) continue;
 
       float z[16];
-      if (scale >= 0x1p-60f && scale <= 0x1p60f) {
+      if (div_rn_applies(scale)) {
         const float r = __frcp_rn(scale);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const float q0 = __fmul_rn(y[j], r);
-          const float q1 = __fmaf_rn(__fmaf_rn(-scale, q0, y[j]), r, q0);
-          z[j] = __fmaf_rn(__fmaf_rn(-scale, q1, y[j]), r, q1);
-        }
+        for (int j = 0; j < 16; ++j) z[j] = div_rn(y[j], scale, r);
       } else {
 #pragma unroll
         for (int j = 0; j < 16; ++j) z[j] = __fdiv_rn(y[j], scale);
@@ -423,7 +407,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
         // keeps it, and e4m3 has a -0 (0x80). Away from NaN (which takes the division above), the
         // correctly rounded quotient has the sign of y: copy it back (a no-op unless z = 0; the
         // conversion keeps the sign of zero, as the IEEE-division path always relied on).
-        if (scale >= 0x1p-60f && scale <= 0x1p60f) {
+        if (div_rn_applies(scale)) {
 #pragma unroll
           for (int j = 0; j < 16; ++j) z[j] = copysignf(z[j], y[j]);
         }
@@ -432,7 +416,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
           w[q] = e4m3x2(z[4 * q], z[4 * q + 1]) | (e4m3x2(z[4 * q + 2], z[4 * q + 3]) << 16);
       } else {
         constexpr int kLim = FMT == ActFormat::int8 ? 127 : 7;
-        const bool fast = scale >= 0x1p-60f && scale <= 0x1p60f;
+        const bool fast = div_rn_applies(scale);
         uint32_t b[16];
 #pragma unroll
         for (int j = 0; j < 16; ++j)

@@ -203,6 +203,15 @@ class QuantizeVCase : public Case {
     std::vector<HostTensor> in;
     in.emplace_back(dt_, std::vector<int64_t>{B_, N_, H_, D_});
     in[0].fill_normal(rng, mean_ ? 2.f : 0.f, 1.5f);
+    if (!mean_ && N_ >= 3) {  // signed zeros (e4m3 keeps -0: code 0x80) and an all-zero channel
+      HostTensor& v = in[0];
+      for (int64_t b = 0; b < B_; ++b)
+        for (int64_t n = 0; n < N_; ++n)
+          for (int64_t h = 0; h < H_; ++h) v.set(((b * N_ + n) * H_ + h) * D_ + 0, 0.f);
+      v.set((1 * H_) * D_ + 1, -0.f);  // batch 0, token 1, head 0, channel 1
+      v.set((2 * H_) * D_ + 2, 0.f);
+      v.set((2 * H_) * D_ + 3, -0.f);
+    }
     return in;
   }
   std::vector<OutputSpec> outputs() const override {
@@ -241,6 +250,24 @@ class QuantizeVCase : public Case {
 
 // ---- one call -----------------------------------------------------------------------------------
 
+// Outputs of attention() / attention_varlen against the CPU: out and the LSE (-inf allowed).
+std::vector<OutputSpec> one_call_outputs(DType dt, std::vector<int64_t> out_shape,
+                                         std::vector<int64_t> lse_shape) {
+  OutputSpec o;
+  o.name = "out";
+  o.dtype = dt;
+  o.shape = std::move(out_shape);
+  // CPU (IEEE division) and CUDA (div.full.f32) INT8 codes may differ by one, rarely.
+  o.tol = Tolerance::allclose(3e-2, 3e-2);
+  OutputSpec l;
+  l.name = "lse";
+  l.dtype = DType::f32;
+  l.shape = std::move(lse_shape);
+  l.tol = Tolerance::allclose(1e-2, 1e-3);
+  l.tol.allow_nonfinite = true;
+  return {o, l};
+}
+
 class AttentionCallCase : public Case {
  public:
   AttentionCallCase(Shape s, AttentionOptions opt, DType dt) : s_(s), opt_(opt), dt_(dt) {}
@@ -260,19 +287,7 @@ class AttentionCallCase : public Case {
     return in;
   }
   std::vector<OutputSpec> outputs() const override {
-    OutputSpec o;
-    o.name = "out";
-    o.dtype = dt_;
-    o.shape = {s_.B, s_.Nq, s_.Hq, s_.D};
-    // CPU (IEEE division) and CUDA (div.full.f32) INT8 codes may differ by one, rarely.
-    o.tol = Tolerance::allclose(3e-2, 3e-2);
-    OutputSpec l;
-    l.name = "lse";
-    l.dtype = DType::f32;
-    l.shape = {s_.B, s_.Hq, s_.Nq};
-    l.tol = Tolerance::allclose(1e-2, 1e-3);
-    l.tol.allow_nonfinite = true;
-    return {o, l};
+    return one_call_outputs(dt_, {s_.B, s_.Nq, s_.Hq, s_.D}, {s_.B, s_.Hq, s_.Nq});
   }
   void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
            Context& ctx) const override {
@@ -284,6 +299,41 @@ class AttentionCallCase : public Case {
   Shape s_;
   AttentionOptions opt_;
   DType dt_;
+};
+
+// attention_varlen: packed sequences (odd lengths, an empty query range, an empty key range, GQA).
+class AttentionVarlenCase : public Case {
+ public:
+  AttentionVarlenCase(AttentionOptions opt, int64_t d) : opt_(opt), d_(d) {}
+  std::string name() const override {
+    return "attention.varlen." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") +
+           "." + causal_name(opt_.causal) + ".d" + std::to_string(d_);
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::vector<HostTensor> in;
+    in.emplace_back(DType::bf16, std::vector<int64_t>{cu_q_.back(), kHq, d_});
+    in.emplace_back(DType::bf16, std::vector<int64_t>{cu_k_.back(), kHkv, d_});
+    in.emplace_back(DType::bf16, std::vector<int64_t>{cu_k_.back(), kHkv, d_});
+    in[0].fill_normal(rng);
+    in[1].fill_normal(rng, 0.5f);
+    in[2].fill_normal(rng);
+    return in;
+  }
+  std::vector<OutputSpec> outputs() const override {  // each sequence is one attention() call
+    return one_call_outputs(DType::bf16, {cu_q_.back(), kHq, d_}, {kHq, cu_q_.back()});
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    TensorView lse = out[1];
+    attention_varlen(in[0], in[1], in[2], cu_q_, cu_k_, out[0], &lse, opt_, ctx);
+  }
+
+ private:
+  static constexpr int64_t kHq = 4, kHkv = 2;
+  const std::vector<int64_t> cu_q_ = {0, 1, 130, 130, 200, 457};
+  const std::vector<int64_t> cu_k_ = {0, 70, 200, 260, 260, 390};
+  AttentionOptions opt_;
+  int64_t d_;
 };
 
 AttentionOptions make_opt(AttentionOptions::PV pv, AttentionOptions::Causal c,
@@ -431,6 +481,10 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       cases.push_back(std::make_unique<AttentionCallCase>(Shape{2, 33, 90, 2, 2, 64},
                                                           make_opt(pv, c), DType::f16));
     }
+  for (auto pv : {O::fp8, O::f16})
+    for (auto c : {O::none, O::bottom_right})
+      for (int64_t d : {64, 128})
+        cases.push_back(std::make_unique<AttentionVarlenCase>(make_opt(pv, c), d));
 }
 
 }  // namespace

@@ -242,6 +242,12 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   for (QType q : {QType::convrot8, QType::convrot_fp8, QType::convrot4, QType::convrot_comfy_w4a4})
     cases.push_back(std::make_unique<RotateQuantizeCase>(q, 3, 5120, DType::bf16, 0));
   cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 5, 320, DType::f16, 3));
+  // Many rows (more than the resident CTAs: each loops over rows, the count not dividing evenly),
+  // a strided 16-byte aligned input and f16.
+  for (QType q : {QType::convrot8, QType::convrot_fp8, QType::convrot_comfy_w4a4}) {
+    cases.push_back(std::make_unique<RotateQuantizeCase>(q, 1001, 5120, DType::bf16, 0));
+    cases.push_back(std::make_unique<RotateQuantizeCase>(q, 333, 768, DType::f16, 8));
+  }
   cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 3, 16640, DType::bf16, 0));
   cases.push_back(std::make_unique<RotateCase>(3, 5120, 256, DType::bf16, DType::bf16, 0));
   cases.push_back(std::make_unique<RotateCase>(4, 320, 64, DType::bf16, DType::f16, 5));

@@ -147,3 +147,32 @@ def test_kernel_choice():
         lowbit.attention(q, k, v, out, kernel="flash")
     assert "wgmma_ws" in str(e.value)
     assert (out == 7.0).all()
+
+
+@pytest.mark.skipif(not hasattr(lowbit._lowbit, "attention_varlen"),
+                    reason="no attention_varlen in this build")
+@pytest.mark.parametrize("causal", ["none", "bottom_right"])
+def test_varlen_equals_each_sequence_alone(causal):
+    cu_q, cu_k = [0, 9, 9, 40, 41], [0, 20, 31, 31, 70]
+    hq, hkv, d = 4, 2, 64
+    q = RNG.standard_normal((cu_q[-1], hq, d)).astype(np.float32)
+    k = RNG.standard_normal((cu_k[-1], hkv, d)).astype(np.float32)
+    v = RNG.standard_normal((cu_k[-1], hkv, d)).astype(np.float32)
+    out = np.full_like(q, 5)
+    lse = np.zeros((hq, cu_q[-1]), np.float32)
+    lowbit.attention_varlen(q, k, v, cu_q, cu_k, out, lse=lse, causal=causal, pv="f16")
+    for i in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
+        if q1 == q0:
+            continue
+        o = np.zeros((1, q1 - q0, hq, d), np.float32)
+        l = np.zeros((1, hq, q1 - q0), np.float32)
+        lowbit.attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], o, lse=l,
+                         causal=causal, pv="f16")
+        np.testing.assert_array_equal(out[q0:q1], o[0])
+        np.testing.assert_array_equal(lse[:, q0:q1], l[0])
+        if k1 == k0:
+            assert np.all(out[q0:q1] == 0) and np.all(np.isneginf(lse[:, q0:q1]))
+    with pytest.raises(lowbit.Error) as info:
+        lowbit.attention_varlen(q, k, v, [0, 9, 40], cu_k[:3], out, causal=causal)
+    assert info.value.argument == "cu_seqlens_q"

@@ -162,6 +162,26 @@ def test_attention_parts_match_one_call(pv, smooth_v):
 
 
 @needs("attention")
+@needs("prologue")
+@pytest.mark.parametrize("causal", ["none", "bottom_right"])
+def test_attention_varlen_equals_each_sequence(causal):
+    cu_q, cu_k = [0, 9, 9, 40, 41], torch.tensor([0, 20, 31, 31, 70])
+    q, k, v = randn(41, 4, 64), randn(70, 2, 64), randn(70, 2, 64)
+    out, lse = lt.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, pv="f16", return_lse=True)
+    for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k.tolist(), cu_k.tolist()[1:]):
+        if q1 == q0:
+            continue
+        if k1 == k0:
+            assert torch.all(out[q0:q1] == 0) and torch.all(torch.isneginf(lse[:, q0:q1]))
+            continue
+        o, l = lt.attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal,
+                            pv="f16", return_lse=True)
+        assert torch.equal(out[q0:q1], o[0]) and torch.equal(lse[:, q0:q1], l[0])
+    with pytest.raises(ValueError, match="cu_seqlens_k"):
+        lt.attention_varlen(q, k, v, cu_q, [0, 20, 31, 31, 69], causal=causal)
+
+
+@needs("attention")
 def test_compile_fullgraph_attention():
     torch._dynamo.reset()
     q, k, v = randn(1, 2, 32, 64), randn(1, 2, 32, 64), randn(1, 2, 32, 64)

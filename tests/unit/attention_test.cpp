@@ -395,8 +395,8 @@ TEST(Attention, ArgumentErrorsNameTheArgumentAndWriteNothing) {
     v.fill_normal(rng);
     HostTensor ref(DType::bf16, {1, N, 4, D});
     attention_int8(qr, kr, v.view(), nullptr, nullptr, nullptr, ref.view(), nullptr, opt, ctx);
-    for (auto kc : {AttentionOptions::mma_sync, AttentionOptions::wgmma,
-                    AttentionOptions::wgmma_ws}) {
+    for (auto kc :
+         {AttentionOptions::mma_sync, AttentionOptions::wgmma, AttentionOptions::wgmma_ws}) {
       AttentionOptions o = opt;
       o.kernel = kc;
       HostTensor got(DType::bf16, {1, N, 4, D});
@@ -416,6 +416,99 @@ TEST(Attention, ArgumentErrorsNameTheArgumentAndWriteNothing) {
     EXPECT_STREQ(e.argument(), "v");
   }
   EXPECT_EQ(out.bytes, before);
+}
+
+// ---- variable-length batches ---------------------------------------------------------------
+
+// Copies rows [r0, r1) of a packed (T, H, D) tensor into a (1, r1 - r0, H, D) tensor.
+HostTensor rows_of(const HostTensor& t, int64_t r0, int64_t r1) {
+  const int64_t H = t.shape[1], D = t.shape[2];
+  HostTensor r(t.dtype, {1, r1 - r0, H, D});
+  for (int64_t i = 0; i < (r1 - r0) * H * D; ++i) r.set(i, t.get(r0 * H * D + i));
+  return r;
+}
+
+TEST(Attention, VarlenEqualsEachSequenceAlone) {
+  // Sequences with odd lengths, an empty query range and an empty key range; GQA; each causal
+  // alignment and both PV modes. Every output and LSE bit equals attention() on that sequence.
+  const std::vector<int64_t> cu_q = {0, 17, 17, 50, 51, 115};
+  const std::vector<int64_t> cu_k = {0, 33, 40, 73, 73, 140};
+  const int64_t Hq = 4, Hkv = 2, D = 64, Tq = cu_q.back(), Tk = cu_k.back();
+  auto rng = rng_for("Attention.VarlenEqualsEachSequenceAlone");
+  HostTensor q(DType::bf16, {Tq, Hq, D}), k(DType::bf16, {Tk, Hkv, D}),
+      v(DType::bf16, {Tk, Hkv, D});
+  q.fill_normal(rng);
+  k.fill_normal(rng, 0.5f);
+  v.fill_normal(rng);
+  for (auto causal :
+       {AttentionOptions::none, AttentionOptions::bottom_right, AttentionOptions::top_left})
+    for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
+      AttentionOptions opt;
+      opt.causal = causal;
+      opt.pv = pv;
+      HostTensor out(DType::bf16, {Tq, Hq, D}), lse(DType::f32, {Hq, Tq});
+      Context ctx;
+      TensorView lv = lse.view();
+      attention_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), &lv, opt, ctx);
+      for (size_t s = 0; s + 1 < cu_q.size(); ++s) {
+        const int64_t q0 = cu_q[s], q1 = cu_q[s + 1], k0 = cu_k[s], k1 = cu_k[s + 1];
+        if (q1 == q0) continue;
+        HostTensor qs = rows_of(q, q0, q1), ks = rows_of(k, k0, k1), vs = rows_of(v, k0, k1);
+        HostTensor o(DType::bf16, {1, q1 - q0, Hq, D}), l(DType::f32, {1, Hq, q1 - q0});
+        TensorView lsv = l.view();
+        attention(qs.view(), ks.view(), vs.view(), o.view(), &lsv, opt, ctx);
+        for (int64_t i = 0; i < o.numel(); ++i)
+          ASSERT_EQ(o.get(i), out.get(q0 * Hq * D + i)) << "sequence " << s << " element " << i;
+        for (int64_t h = 0; h < Hq; ++h)
+          for (int64_t r = 0; r < q1 - q0; ++r) {
+            const float a = l.get(h * (q1 - q0) + r), b = lse.get(h * Tq + q0 + r);
+            ASSERT_TRUE(a == b || (std::isinf(a) && std::isinf(b)))
+                << "sequence " << s << " head " << h << " row " << r << ": " << a << " vs " << b;
+          }
+        if (k1 == k0)  // no keys: zeros and -inf
+          for (int64_t r = 0; r < q1 - q0; ++r) {
+            EXPECT_EQ(out.get((q0 + r) * Hq * D), 0.f);
+            EXPECT_TRUE(std::isinf(lse.get(q0 + r)) && lse.get(q0 + r) < 0);
+          }
+      }
+    }
+}
+
+TEST(Attention, VarlenOffsetErrorsNameTheArgumentAndWriteNothing) {
+  const int64_t Hq = 2, D = 64;
+  HostTensor q(DType::bf16, {10, Hq, D}), k(DType::bf16, {12, Hq, D}), v(DType::bf16, {12, Hq, D});
+  HostTensor out(DType::bf16, {10, Hq, D});
+  auto rng = rng_for("Attention.VarlenOffsetErrors");
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  for (int64_t i = 0; i < out.numel(); ++i) out.set(i, 7.f);
+  const std::vector<uint8_t> before = out.bytes;
+  Context ctx;
+  AttentionOptions opt;
+  auto expect_error = [&](const char* arg, const std::vector<int64_t>& cq,
+                          const std::vector<int64_t>& ck, TensorView o) {
+    try {
+      attention_varlen(q.view(), k.view(), v.view(), cq, ck, o, nullptr, opt, ctx);
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.op(), "attention_varlen");
+      EXPECT_STREQ(e.argument(), arg) << e.what();
+    }
+    EXPECT_EQ(out.bytes, before) << arg;
+  };
+  expect_error("cu_seqlens_q", {0, 4, 9}, {0, 6, 12}, out.view());         // does not end at 10
+  expect_error("cu_seqlens_q", {1, 4, 10}, {0, 6, 12}, out.view());        // does not start at 0
+  expect_error("cu_seqlens_q", {0, 6, 4, 10}, {0, 1, 6, 12}, out.view());  // decreasing
+  expect_error("cu_seqlens_k", {0, 4, 10}, {0, 6}, out.view());            // count differs
+  expect_error("cu_seqlens_k", {0, 4, 10}, {0, 13, 12}, out.view());       // decreasing
+  TensorView bad = out.view();
+  bad.shape[2] = 32;
+  expect_error("out", {0, 4, 10}, {0, 6, 12}, bad);
+  // The valid call runs.
+  attention_varlen(q.view(), k.view(), v.view(), {0, 4, 10}, {0, 6, 12}, out.view(), nullptr, opt,
+                   ctx);
+  EXPECT_NE(out.bytes, before);
 }
 
 }  // namespace
