@@ -719,6 +719,8 @@ int decode_tiles_kind(const PackedWeightRef& w) {
   return kTilesNone;
 }
 
+bool decode_tiles_device() { return tiles_device().sm90; }
+
 int64_t decode_tiles_bytes(const PackedWeightRef& w) {
   const int kind = decode_tiles_kind(w);
   if (kind == kTilesNone) return 0;

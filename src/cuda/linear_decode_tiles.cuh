@@ -24,6 +24,8 @@ constexpr int kTilesInt4 = 1;   // packed 4-bit (group 128 or no ratios): sign-m
 // The layout's kind for this weight, kTilesNone when it has none: comfy int4 or packed 4-bit
 // with group 128 (or no ratios), K % 128 == 0, K <= 65536.
 int decode_tiles_kind(const PackedWeightRef& w);
+// Whether the current device runs the tiled kernel (sm_90 with an sm_90 kernel image).
+bool decode_tiles_device();
 // Device bytes of the layout (0 when decode_tiles_kind is kTilesNone).
 int64_t decode_tiles_bytes(const PackedWeightRef& w);
 // Builds the layout of w into `out` (decode_tiles_bytes(w) device bytes, 16-byte aligned) and

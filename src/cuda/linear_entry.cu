@@ -369,6 +369,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
 }
 
 int64_t decode_tiles_bytes(const PackedWeightView& w) {
+  // No layout where the kernel cannot run (it would only cost memory), or where it is off.
+  if (!kUseDecodeTiles || !linear::decode_tiles_device()) return 0;
   return linear::decode_tiles_bytes(weight_ref(w));
 }
 
