@@ -95,8 +95,8 @@ namespace detail {
 // register ring 1 token ahead; kQuantRingAsync: a cp.async ring, 3 tokens ahead;
 // kMeanRingAsyncTable: the same with the rotary table rows in shared memory too); `lean` the
 // round-3 quantize kernel's lean per-row arithmetic for bf16 (kLeanOff / kLeanOn; meant to give
-// the same bits: one cvt per rounded value, MUFU.RCP for the reciprocals); `split_blocks` (kSplitOn)
-// lets a round-3 quantize CTA tile whole scale groups of a block instead of whole blocks.
+// the same bits: one cvt per rounded value, MUFU.RCP for the reciprocals); `split_blocks`
+// (kSplitOn) lets a round-3 quantize CTA tile whole scale groups of a block, not whole blocks.
 // None of them changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too

@@ -1038,7 +1038,8 @@ void launch_mean_final(const PrologueArgs& a, const float* partials, int64_t chu
   // once their last CTAs have started). Nothing before its wait reads or writes memory.
   const int pdl = detail::prologue_cuda_tuning().pdl;
   launch_maybe_pdl((pdl > 0 ? pdl : kPdlDefault) == detail::kPdlOn, mean_final_kernel,
-                   dim3(static_cast<unsigned>(a.batch * a.heads), static_cast<unsigned>(a.dim / 32)),
+                   dim3(static_cast<unsigned>(a.batch * a.heads),
+                        static_cast<unsigned>(a.dim / 32)),
                    dim3(1024), 0, stream, a, partials, chunks);
   check_launch("norm_rope_mean");
 }

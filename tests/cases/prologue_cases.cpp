@@ -414,7 +414,8 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(mt);
       mt.tag = "v4mtnolean", mt.dtype = DType::bf16, mt.lean = detail::kLeanOff;
       add(mt);
-      m.tag = "v4mint", m.dtype = DType::f16, m.rope = RopeKind::interleaved, m.w_dtype = DType::f32;
+      m.tag = "v4mint", m.dtype = DType::f16, m.rope = RopeKind::interleaved;
+      m.w_dtype = DType::f32;
       m.qkv = false, m.batch_table = true, m.mean_steps = 3;
       add(m);  // f16, interleaved pairs, per-batch table, 3 tokens per warp (several chunks)
       m.tag = "v4mnorope", m.rope = RopeKind::none, m.H = 3, m.mean_steps = 0;
