@@ -475,44 +475,39 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       cases.push_back(std::make_unique<Int8AttentionCase>(
           s, make_opt(O::fp8, c, O::mma_sync), DType::bf16, ScaleLayout::per_block, 128,
           ScaleLayout::per_block, 64, false, false));
-  for (auto kernel : {O::wgmma_r4}) {  // fp8 P·V only (16-bit P·V runs wgmma_ws there)
+  // Per-thread scale layouts, K-mean LSE and V smoothing on each kernel by name; wgmma_r4 runs
+  // fp8 P·V only (16-bit P·V runs wgmma_ws there) and adds a D = 128 top-left case and a D = 64
+  // V-smoothing case.
+  for (auto kernel : {O::wgmma_r4, O::mma_sync, O::wgmma, O::wgmma_ws}) {
+    const bool r4 = kernel == O::wgmma_r4;
     cases.push_back(std::make_unique<Int8AttentionCase>(
         Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, kernel), DType::f16,
         ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
     cases.push_back(std::make_unique<Int8AttentionCase>(
         Shape{2, 70, 130, 4, 1, 64}, make_opt(O::fp8, O::none, kernel), DType::bf16,
         ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
-    cases.push_back(std::make_unique<Int8AttentionCase>(
-        Shape{2, 70, 130, 4, 1, 128}, make_opt(O::fp8, O::top_left, kernel), DType::bf16,
-        ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+    if (r4) {
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          Shape{2, 70, 130, 4, 1, 128}, make_opt(O::fp8, O::top_left, kernel), DType::bf16,
+          ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+    } else {
+      // 16-bit P·V: f16 output and V, HND, per-thread layouts, K-mean LSE.
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          Shape{1, 129, 129, 2, 2, 128}, make_opt(O::f16, O::bottom_right, kernel), DType::f16,
+          ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          Shape{2, 70, 130, 4, 1, 64}, make_opt(O::f16, O::none, kernel), DType::f16,
+          ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
+    }
     O vmk = make_opt(O::fp8, O::top_left, kernel);
     vmk.smooth_v = true;
     cases.push_back(std::make_unique<Int8AttentionCase>(
         Shape{1, 150, 150, 2, 2, 128}, vmk, DType::bf16, ScaleLayout::per_block, 128,
         ScaleLayout::per_block, 64, false, false));
-    cases.push_back(std::make_unique<Int8AttentionCase>(
-        Shape{1, 150, 150, 2, 2, 64}, vmk, DType::f16, ScaleLayout::per_block, 128,
-        ScaleLayout::per_block, 64, false, false));
-  }
-  for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws}) {
-    cases.push_back(std::make_unique<Int8AttentionCase>(
-        Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, kernel), DType::f16,
-        ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
-    cases.push_back(std::make_unique<Int8AttentionCase>(
-        Shape{2, 70, 130, 4, 1, 64}, make_opt(O::fp8, O::none, kernel), DType::bf16,
-        ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
-    // 16-bit P·V: f16 output and V, HND, per-thread layouts, K-mean LSE.
-    cases.push_back(std::make_unique<Int8AttentionCase>(
-        Shape{1, 129, 129, 2, 2, 128}, make_opt(O::f16, O::bottom_right, kernel), DType::f16,
-        ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
-    cases.push_back(std::make_unique<Int8AttentionCase>(
-        Shape{2, 70, 130, 4, 1, 64}, make_opt(O::f16, O::none, kernel), DType::f16,
-        ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
-    O vmk = make_opt(O::fp8, O::top_left, kernel);
-    vmk.smooth_v = true;
-    cases.push_back(std::make_unique<Int8AttentionCase>(
-        Shape{1, 150, 150, 2, 2, 128}, vmk, DType::bf16, ScaleLayout::per_block, 128,
-        ScaleLayout::per_block, 64, false, false));
+    if (r4)
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          Shape{1, 150, 150, 2, 2, 64}, vmk, DType::f16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false));
   }
   // fp16 output, HND strides, SageAttention's per-thread layouts, LSE K-mean correction, V mean.
   for (auto pv : {O::fp8, O::f16}) {
