@@ -34,6 +34,29 @@ int multiprocessor_count();
 // device work, so it is safe during CUDA graph capture. Any CUDA error reads as false.
 bool sm90a_image_loaded(const void* kernel, int min_regs = 0);
 
+// Launch `kernel` with the programmatic-dependent-launch attribute when `pdl` (the kernel must
+// call griddep_wait before it reads anything the previous kernel writes); where the attribute is
+// refused, an ordinary launch.
+template <typename... P, typename... A>
+void launch_maybe_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, A... args) {
+  if (pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kernel, args...) == cudaSuccess) return;
+    (void)cudaGetLastError();  // clear the refusal; launch without the attribute
+  }
+  kernel<<<grid, block, smem, stream>>>(args...);
+}
+
 // lowbit's own stream-ordered pool for the current device: its release threshold is "never", so
 // temporaries are reused across calls (the default pool would return memory at every
 // synchronization and re-map it on the next call, which costs more than a decode layer).

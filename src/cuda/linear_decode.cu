@@ -418,26 +418,14 @@ void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   const int64_t tiles = ceil_div(p.w.N, 8);
   // Programmatic dependent launch: the kernel may start while the rotate kernel before it runs
   // (that kernel triggers at its start); it waits (griddepcontrol.wait) before reading p.a.
-  cudaLaunchConfig_t cfg = {};
-  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
   const int pw = static_cast<int>(per_warp);
   auto go = [&](auto kernel) {
     int64_t grid = tiles;
     if (kResidentGrid && !p.one_tile_per_cta)
       grid = std::min<int64_t>(
           tiles, static_cast<int64_t>(multiprocessor_count()) * resident_ctas(kernel, warps));
-    cfg.gridDim = dim3(static_cast<unsigned>(grid));
-    // Where the attribute is refused (a configuration error, not sticky): a plain launch.
-    if (kUsePdl && cudaLaunchKernelEx(&cfg, kernel, p, pw) == cudaSuccess) return;
-    (void)cudaGetLastError();
-    kernel<<<cfg.gridDim, cfg.blockDim, 0, stream>>>(p, pw);
+    launch_maybe_pdl(kUsePdl, kernel, dim3(static_cast<unsigned>(grid)),
+                     dim3(static_cast<unsigned>(warps * 32)), 0, stream, p, pw);
   };
   const bool hi = p.M > 8;
   if (wf == kWComfy) {

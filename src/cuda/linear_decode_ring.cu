@@ -531,19 +531,9 @@ void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream
     ensure_smem(kernel, L.smem);
     const int64_t tiles = (d.w.N + 8 * NT - 1) / (8 * NT);
     const int grid = static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(grid));
-    cfg.blockDim = dim3(static_cast<unsigned>(ring_warps(NT) * 32));
-    cfg.dynamicSmemBytes = static_cast<size_t>(L.smem);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, kernel, d, L) == cudaSuccess) return;
-    (void)cudaGetLastError();  // the attribute refused (not sticky): a plain launch
-    kernel<<<cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes, stream>>>(d, L);
+    launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)),
+                     dim3(static_cast<unsigned>(ring_warps(NT) * 32)),
+                     static_cast<size_t>(L.smem), stream, d, L);
   };
   if constexpr (NT == 1 && HI) {  // 8-row tiles at M > 8 (A/B rows): non-fused, mma
     go(gemv_ring_kernel<WF, 1, void, false, true>);

@@ -693,19 +693,8 @@ template <int KIND, int NT, int D, typename T = void>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
   auto kernel = gemv_tiles_kernel<KIND, NT, D, T>;
   tiles_smem(kernel, L.smem);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kTilesThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(L.smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (cudaLaunchKernelEx(&cfg, kernel, d, L) == cudaSuccess) return;
-  (void)cudaGetLastError();  // the attribute refused (not sticky): a plain launch
-  kernel<<<cfg.gridDim, cfg.blockDim, cfg.dynamicSmemBytes, stream>>>(d, L);
+  launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
+                   static_cast<size_t>(L.smem), stream, d, L);
 }
 
 }  // namespace

@@ -280,29 +280,6 @@ int64_t pick_by_waves(int64_t first, int64_t last, int64_t resident, double fixe
 }
 
 
-// Launch `kernel` with the programmatic-dependent-launch attribute when `pdl` (the kernel must
-// call griddep_wait before it reads anything the previous kernel writes); where the attribute is
-// refused, an ordinary launch.
-template <typename... P, typename... A>
-void launch_maybe_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, A... args) {
-  if (pdl) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaLaunchKernelEx(&cfg, kernel, args...) == cudaSuccess) return;
-    (void)cudaGetLastError();  // clear the refusal; launch without the attribute
-  }
-  kernel<<<grid, block, smem, stream>>>(args...);
-}
-
 inline int table_mode_of(const PrologueArgs& a) {
   if (!a.rotate || a.r_dtype != DType::f32) return kTableScalar;
   const bool aligned = reinterpret_cast<uintptr_t>(a.rope) % 16 == 0 && a.r_sn % 4 == 0 &&
