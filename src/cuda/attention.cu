@@ -691,11 +691,12 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   };
   if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_ws ||
       options.kernel == AttentionOptions::wgmma_r3 ||
-      options.kernel == AttentionOptions::wgmma_r4) {
+      options.kernel == AttentionOptions::wgmma_r4 ||
+      options.kernel == AttentionOptions::wgmma_r5) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
-                  "wgmma / wgmma_ws / wgmma_r3 / wgmma_r4: expected head dim 64 or 128 on an "
-                  "sm_90 GPU with the sm_90a build, got head dim " +
+                  "wgmma / wgmma_ws / wgmma_r3 / wgmma_r4 / wgmma_r5: expected head dim 64 or 128 "
+                  "on an sm_90 GPU with the sm_90a build, got head dim " +
                       std::to_string(D) +
                       (attn::wgmma_attention_applies(D) ? " on a GPU without the sm_90a kernel"
                                                         : ""));
@@ -703,6 +704,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
         options.kernel == AttentionOptions::wgmma_ws   ? attn::WgmmaKernel::ws
         : options.kernel == AttentionOptions::wgmma_r3 ? r3()
         : options.kernel == AttentionOptions::wgmma_r4 ? r4()
+        : options.kernel == AttentionOptions::wgmma_r5
+            ? (tune.qk_first ? attn::WgmmaKernel::round5_qk_first : attn::WgmmaKernel::round5)
                                                        : attn::WgmmaKernel::round1;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;

@@ -81,6 +81,7 @@ class Int8AttentionCase : public Case {
     if (opt_.kernel == AttentionOptions::wgmma_ws) n += ".wgmma_ws";
     if (opt_.kernel == AttentionOptions::wgmma_r3) n += ".wgmma_r3";
     if (opt_.kernel == AttentionOptions::wgmma_r4) n += ".wgmma_r4";
+    if (opt_.kernel == AttentionOptions::wgmma_r5) n += ".wgmma_r5";
     if (!tag_.empty()) n += "." + tag_;
     return n;
   }
@@ -424,9 +425,9 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // `.auto` set: every shape of the wgmma set and the ring-wrapping ones x 3 causal modes, the
   // diagnostics, folded halves (early maxima) and k scales per 32 keys (D = 128 then runs round
   // 3: no TMA; D = 64 runs round 4 with the per-key kc), THREAD_Q/K + HND + f16 + K mean, WARP_Q +
-  // GQA, V mean, N = 1 / 129 / 257 x 390 / 1000 / 1100 keys.
-  {
-    const O::Kernel r4 = O::wgmma_r4;
+  // GQA, V mean, N = 1 / 129 / 257 x 390 / 1000 / 1100 keys. `.wgmma_r5`: the same set on round 5
+  // (one maximum per 128-key tile; D = 128 with k scales per 32 keys runs round 3 there too).
+  for (const O::Kernel r4 : {O::wgmma_r4, O::wgmma_r5}) {
     for (const Shape& s : wgmma_shapes)
       for (auto c : {O::none, O::bottom_right, O::top_left})
         cases.push_back(std::make_unique<Int8AttentionCase>(
@@ -478,8 +479,8 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // Per-thread scale layouts, K-mean LSE and V smoothing on each kernel by name; wgmma_r4 runs
   // fp8 P·V only (16-bit P·V runs wgmma_ws there) and adds a D = 128 top-left case and a D = 64
   // V-smoothing case.
-  for (auto kernel : {O::wgmma_r4, O::mma_sync, O::wgmma, O::wgmma_ws}) {
-    const bool r4 = kernel == O::wgmma_r4;
+  for (auto kernel : {O::wgmma_r4, O::wgmma_r5, O::mma_sync, O::wgmma, O::wgmma_ws}) {
+    const bool r4 = kernel == O::wgmma_r4 || kernel == O::wgmma_r5;
     cases.push_back(std::make_unique<Int8AttentionCase>(
         Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, kernel), DType::f16,
         ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
