@@ -508,17 +508,20 @@ namespace {
 std::atomic<bool> g_attention_i2fp{false};
 std::atomic<bool> g_attention_fused{false};
 std::atomic<bool> g_attention_qk_first{false};
+std::atomic<bool> g_attention_no_turn{false};
 }  // namespace
 void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_i2fp.store(t.i2fp);
   g_attention_fused.store(t.fused_dequant);
   g_attention_qk_first.store(t.qk_first);
+  g_attention_no_turn.store(t.no_turn);
 }
 AttentionCudaTuning attention_cuda_tuning() {
   AttentionCudaTuning t;
   t.i2fp = g_attention_i2fp.load();
   t.fused_dequant = g_attention_fused.load();
   t.qk_first = g_attention_qk_first.load();
+  t.no_turn = g_attention_no_turn.load();
   return t;
 }
 }  // namespace detail

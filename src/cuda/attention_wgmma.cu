@@ -1511,8 +1511,11 @@ __device__ __forceinline__ float r4_i2f(int32_t x) {
 // both halves' P·V always accumulate into one fresh buffer (no fold vote, no unfolded path).
 // kQkFirst (with kTileMax): tile j+1's q k^T is issued before tile j's P·V (all four k-steps in
 // one group), so the softmax of tile j+1 waits for the q k^T only, not for P·V_a(j) ahead of it.
+// kNoTurn: no ping-pong turns (named barriers 1/2): each consumer issues its q k^T as soon as the
+// stage has landed, so the two warpgroups' softmaxes may overlap (two warps per scheduler to
+// interleave) instead of alternating; same bits.
 template <int D, typename T16, bool kKcHalf, bool kI2fp, bool kFused = false, bool kTileMax = false,
-          bool kQkFirst = false>
+          bool kQkFirst = false, bool kNoTurn = false>
 __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, int hk, int64_t q0,
                                             int n_tiles, uint32_t base, const uint8_t* sbase,
                                             uint32_t full0, uint32_t empty0, const float* skc,
@@ -1541,7 +1544,7 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
-  if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
+  if (!kNoTurn && cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
   // Shared-memory descriptors: desc(a + off) = desc(a) + off / 16 for 16-byte multiples while
   // a + off < 2^18 (the 14-bit address field; shared addresses are < 228 KB), so the loop adds
@@ -1557,13 +1560,13 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
     const int st = tile % kR3Stages;
     if (!landed) mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
     const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
-    named_bar_sync(1 + cw, 256);
+    if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
     wgmma_fence();
     wgmma_s8_n128_first(acc, dq0, dk);
 #pragma unroll
     for (int kk = 1; kk < D / 32; ++kk) wgmma_s8_n128(acc, dq0 + 2 * kk, dk + 2 * kk, 1);
     wgmma_commit();
-    if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+    if (!kNoTurn && (cw == 0 || tile + 1 < n_tiles)) named_bar_arrive(2 - cw, 256);
   };
 
   float s[64];
@@ -1771,6 +1774,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // bit 4: round 5 with the next q k^T issued ahead of the P·V (r4_consumer's kQkFirst).
   constexpr bool kQkFirst = (kVar & 16) != 0;
   static_assert(!kQkFirst || kTileMax, "q k^T first needs round 5's unconditional fold");
+  // bit 5: round 5 without the ping-pong turns (r4_consumer's kNoTurn).
+  constexpr bool kNoTurn = (kVar & 32) != 0;
+  static_assert(!kNoTurn || kTileMax, "no-turn is a round-5 variant");
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
@@ -1930,7 +1936,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // ---- consumers ----
   setmaxnreg_inc<kConsRegs>();
   if constexpr (kR4) {
-    r4_consumer<D, T16, kKcHalf, kI2fp, kFused, kTileMax, kQkFirst>(
+    r4_consumer<D, T16, kKcHalf, kI2fp, kFused, kTileMax, kQkFirst, kNoTurn>(
         p, b, h, hk, q0, n_tiles, base, sbase, full0, empty0, skc, warp, lane, wg);
     return;
   }
@@ -2210,6 +2216,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
   if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
+  // (var 43, round 5 without turns: bf16 output and per-half kc only, else round 5)
+  if (var == 43 && !(std::is_same<T16, __nv_bfloat16>::value && kc_half)) var = 11;
   // (vars 11 and 27, round 5 and its q-k^T-first twin, have instantiations for both output
   // types and kc layouts)
   if (var != 11 && var != 27 &&
@@ -2234,6 +2242,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                     : attention_wgmma_r3_kernel<D, T16, false, kT, 27>;
     }
     if constexpr (kI2fpInst) {
+      if (var == 43) k = attention_wgmma_r3_kernel<D, T16, true, kT, 43>;
       if (var == 2) k = attention_wgmma_r3_kernel<D, T16, true, kT, 2>;
       if (var == 3) k = attention_wgmma_r3_kernel<D, T16, true, kT, 3>;
       if (var == 5) k = attention_wgmma_r3_kernel<D, T16, true, kT, 5>;
@@ -2288,6 +2297,7 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
       const int var =
           which == WgmmaKernel::round5         ? 11
           : which == WgmmaKernel::round5_qk_first ? 27
+          : which == WgmmaKernel::round5_no_turn  ? 43
           : which == WgmmaKernel::round4_fused ? 5
           : which == WgmmaKernel::round3_fused ? 4
               : (which == WgmmaKernel::round4 || which == WgmmaKernel::round4_i2fp ? 1 : 0) |
