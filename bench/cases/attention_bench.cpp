@@ -204,11 +204,11 @@ class AttentionBench : public BenchCase {
           const std::vector<float> dflt_out = to_host_f32(out.view);
           std::vector<float> r5_out;  // round 5's output (its q-k^T-first twin: same bits)
           auto variant = [&](AttentionOptions::Kernel kern, bool i2fp, const std::string& name,
-                             bool qk_first = false, bool no_turn = false) {
+                             bool qk_first = false, bool no_turn = false, bool fold2 = false) {
             AttentionOptions o = fp8;
             o.kernel = kern;
             detail::set_attention_cuda_tuning(
-                detail::AttentionCudaTuning{i2fp, false, qk_first, no_turn});
+                detail::AttentionCudaTuning{i2fp, false, qk_first, no_turn, fold2});
             Row r = kr8;
             r.op = "attention_int8 fp8 PV " + name + " (kernel only)" + tag;
             r.ms = env.time_ms([&] {
@@ -218,8 +218,8 @@ class AttentionBench : public BenchCase {
             const std::vector<float> got = to_host_f32(out.view);
             r.accuracy = got == dflt_out ? "bits = default"
                                          : "bits != default (" + agreement(got, dflt_out) + ")";
-            if (kern == AttentionOptions::wgmma_r5 && !qk_first && !no_turn) r5_out = got;
-            if (qk_first || no_turn)
+            if (kern == AttentionOptions::wgmma_r5 && !qk_first && !no_turn && !fold2) r5_out = got;
+            if (qk_first || no_turn || fold2)
               r.accuracy += got == r5_out ? "; bits = round 5" : "; bits != round 5";
             r.baseline = "lowbit attention_int8 fp8 PV auto";
             r.baseline_ms = kr8.ms;
@@ -229,6 +229,8 @@ class AttentionBench : public BenchCase {
           variant(AttentionOptions::wgmma_r5, false, "wgmma_r5 = round 5");
           variant(AttentionOptions::wgmma_r5, false, "round 5, q k^T first", true);
           variant(AttentionOptions::wgmma_r5, false, "round 5, no ping-pong turns", false, true);
+          variant(AttentionOptions::wgmma_r5, false, "round 5, P·V buffer over 2 tiles", false,
+                  false, true);
           // The other head dim's default (round 3 + I2FP vs round 4 + I2FP).
           if (D == 128)
             variant(AttentionOptions::wgmma_r3, true, "round 3 + I2FP");

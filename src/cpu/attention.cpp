@@ -509,12 +509,14 @@ std::atomic<bool> g_attention_i2fp{false};
 std::atomic<bool> g_attention_fused{false};
 std::atomic<bool> g_attention_qk_first{false};
 std::atomic<bool> g_attention_no_turn{false};
+std::atomic<bool> g_attention_fold2{false};
 }  // namespace
 void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_i2fp.store(t.i2fp);
   g_attention_fused.store(t.fused_dequant);
   g_attention_qk_first.store(t.qk_first);
   g_attention_no_turn.store(t.no_turn);
+  g_attention_fold2.store(t.fold2);
 }
 AttentionCudaTuning attention_cuda_tuning() {
   AttentionCudaTuning t;
@@ -522,6 +524,7 @@ AttentionCudaTuning attention_cuda_tuning() {
   t.fused_dequant = g_attention_fused.load();
   t.qk_first = g_attention_qk_first.load();
   t.no_turn = g_attention_no_turn.load();
+  t.fold2 = g_attention_fold2.load();
   return t;
 }
 }  // namespace detail

@@ -20,12 +20,14 @@ namespace detail {
 // keep the logits biased (one FADD less per logit; not bit-equal to round 3, docs/attention.md);
 // qk_first: round 5 (wgmma_r5) issues tile j+1's q k^T ahead of tile j's P·V (same bits);
 // no_turn: round 5 without the consumers' ping-pong turns (same bits; bf16 output, per-block k
-// scales). Process-wide, atomic.
+// scales); fold2: round 5 with the P·V buffer over two tiles when no maximum moved (not bit-equal:
+// longer fp8 accumulation chains; same scope). Process-wide, atomic.
 struct AttentionCudaTuning {
   bool i2fp = false;
   bool fused_dequant = false;
   bool qk_first = false;
   bool no_turn = false;
+  bool fold2 = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

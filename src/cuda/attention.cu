@@ -707,6 +707,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
         : options.kernel == AttentionOptions::wgmma_r5
             ? (tune.qk_first  ? attn::WgmmaKernel::round5_qk_first
                : tune.no_turn ? attn::WgmmaKernel::round5_no_turn
+               : tune.fold2   ? attn::WgmmaKernel::round5_fold2
                               : attn::WgmmaKernel::round5)
                                                        : attn::WgmmaKernel::round1;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));

@@ -139,7 +139,9 @@ enum class WgmmaKernel {
   // round 5 with tile j+1's q k^T issued ahead of tile j's P·V (bench knob qk_first)
   round5_qk_first,
   // round 5 without the consumers' ping-pong turns (bench knob no_turn)
-  round5_no_turn
+  round5_no_turn,
+  // round 5 with the fresh P·V buffer over two tiles when no maximum moved (bench knob fold2)
+  round5_fold2
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

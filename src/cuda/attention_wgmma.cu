@@ -1514,8 +1514,11 @@ __device__ __forceinline__ float r4_i2f(int32_t x) {
 // kNoTurn: no ping-pong turns (named barriers 1/2): each consumer issues its q k^T as soon as the
 // stage has landed, so the two warpgroups' softmaxes may overlap (two warps per scheduler to
 // interleave) instead of alternating; same bits.
+// kFold2 (with kTileMax): the fresh P·V buffer spans two tiles when no row of the warpgroup
+// moved its maximum in the second (warpgroup vote after its softmax): O += C once per two such
+// tiles (at D = 128 one FADD per score less on those tiles).
 template <int D, typename T16, bool kKcHalf, bool kI2fp, bool kFused = false, bool kTileMax = false,
-          bool kQkFirst = false, bool kNoTurn = false>
+          bool kQkFirst = false, bool kNoTurn = false, bool kFold2 = false>
 __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, int hk, int64_t q0,
                                             int n_tiles, uint32_t base, const uint8_t* sbase,
                                             uint32_t full0, uint32_t empty0, const float* skc,
@@ -1685,16 +1688,20 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
     r4_pack_half<0>(s, pa);
     r4_pack_half<1>(s, pb);
   }
+  bool keep = false;  // kFold2: c holds the previous tile's P·V, this tile's goes onto it
   // Tile `tile`'s P·V (its P in pa/pb, factors ra/rb/fold); kMore: the next tile's q k^T and
   // softmax run here too. The last tile is a separate instantiation (static wait counts).
   auto step = [&](int tile, auto more_c) {
     constexpr bool kMore = decltype(more_c)::value;
     const int st = tile % kR3Stages;
     const uint64_t dv = dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
+    const bool onto = kFold2 && keep;  // warpgroup-uniform
     // kQkFirst: the next q k^T ahead of this tile's whole P·V (one group after it).
     if constexpr (kQkFirst && kMore) issue_qk(tile + 1);
-    wgmma_fence();  // the first half's P·V into a fresh c
-    if constexpr (D == 128)
+    wgmma_fence();  // the first half's P·V into a fresh c (kFold2: onto c when `onto`)
+    if constexpr (kFold2)
+      wgmma_pv<D>(c, pa[0], dv, onto ? 1 : 0);
+    else if constexpr (D == 128)
       wgmma_e4m3_n128_first(c, pa[0], dv);
     else
       wgmma_e4m3_n64_first(c, pa[0], dv);
@@ -1739,11 +1746,17 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
       wgmma_wait<1>();
       fence_regs(acc);
       softmax(tile + 1);  // overwrites ra/rb/fold/m/l
+      // kFold2: tile + 1 continues c when c holds one tile and no row's maximum moved
+      if constexpr (kFold2) keep = !onto && wg_all(ra0 == 1.f && ra1 == 1.f, 3 + cw);
+    } else if constexpr (kFold2) {
+      keep = false;
     }
     wgmma_wait<0>();
     fence_regs(c);
+    if (!kFold2 || !keep) {
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] += c[i];
+      for (int i = 0; i < D / 2; ++i) o[i] += c[i];
+    }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
     if constexpr (kMore) {
@@ -1777,6 +1790,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // bit 5: round 5 without the ping-pong turns (r4_consumer's kNoTurn).
   constexpr bool kNoTurn = (kVar & 32) != 0;
   static_assert(!kNoTurn || kTileMax, "no-turn is a round-5 variant");
+  // bit 6: round 5 with the P·V buffer over two tiles when no maximum moved (kFold2).
+  constexpr bool kFold2 = (kVar & 64) != 0;
+  static_assert(!kFold2 || kTileMax, "fold2 is a round-5 variant");
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
@@ -1936,7 +1952,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // ---- consumers ----
   setmaxnreg_inc<kConsRegs>();
   if constexpr (kR4) {
-    r4_consumer<D, T16, kKcHalf, kI2fp, kFused, kTileMax, kQkFirst, kNoTurn>(
+    r4_consumer<D, T16, kKcHalf, kI2fp, kFused, kTileMax, kQkFirst, kNoTurn, kFold2>(
         p, b, h, hk, q0, n_tiles, base, sbase, full0, empty0, skc, warp, lane, wg);
     return;
   }
@@ -2216,8 +2232,9 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
   if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
-  // (var 43, round 5 without turns: bf16 output and per-half kc only, else round 5)
-  if (var == 43 && !(std::is_same<T16, __nv_bfloat16>::value && kc_half)) var = 11;
+  // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
+  // kc only, else round 5)
+  if ((var == 43 || var == 75) && !(std::is_same<T16, __nv_bfloat16>::value && kc_half)) var = 11;
   // (vars 11 and 27, round 5 and its q-k^T-first twin, have instantiations for both output
   // types and kc layouts)
   if (var != 11 && var != 27 &&
@@ -2243,6 +2260,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     }
     if constexpr (kI2fpInst) {
       if (var == 43) k = attention_wgmma_r3_kernel<D, T16, true, kT, 43>;
+      if (var == 75) k = attention_wgmma_r3_kernel<D, T16, true, kT, 75>;
       if (var == 2) k = attention_wgmma_r3_kernel<D, T16, true, kT, 2>;
       if (var == 3) k = attention_wgmma_r3_kernel<D, T16, true, kT, 3>;
       if (var == 5) k = attention_wgmma_r3_kernel<D, T16, true, kT, 5>;
@@ -2298,6 +2316,7 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
           which == WgmmaKernel::round5         ? 11
           : which == WgmmaKernel::round5_qk_first ? 27
           : which == WgmmaKernel::round5_no_turn  ? 43
+          : which == WgmmaKernel::round5_fold2    ? 75
           : which == WgmmaKernel::round4_fused ? 5
           : which == WgmmaKernel::round3_fused ? 4
               : (which == WgmmaKernel::round4 || which == WgmmaKernel::round4_i2fp ? 1 : 0) |
