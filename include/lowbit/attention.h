@@ -48,7 +48,7 @@ struct AttentionOptions {
   bool smooth_v = false;  // fp8 PV: subtract the per-channel V mean, added back in the epilogue
   // CUDA kernel choice (the CPU backend ignores it). auto_kernel: on an sm_90 GPU with the
   // sm_90a build and head dim 64 or 128, fp8 PV runs the fastest wgmma kernel measured on the
-  // H200 (round 4 with I2FP logits at D = 128, round 3 with I2FP at D = 64) and 16-bit PV the
+  // H200 (round 3 with I2FP logits, run 9) and 16-bit PV the
   // round-1 wgmma kernel; elsewhere the mma.sync kernel. mma_sync forces the portable kernel
   // (sm_89+ for fp8 PV); wgmma the round-1 wgmma kernel (no warp specialization); wgmma_ws the
   // warp-specialized one (a producer warpgroup, K/V ring on mbarriers, ping-pong consumers);

@@ -141,7 +141,10 @@ enum class WgmmaKernel {
   // round 5 without the consumers' ping-pong turns (bench knob no_turn)
   round5_no_turn,
   // round 5 with the fresh P·V buffer over two tiles when no maximum moved (bench knob fold2)
-  round5_fold2
+  round5_fold2,
+  // round 3 / round 4 + I2FP without the consumers' ping-pong turns (same bits as their parents)
+  round3_i2fp_no_turn,
+  round4_i2fp_no_turn
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

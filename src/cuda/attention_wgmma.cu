@@ -1787,9 +1787,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // bit 4: round 5 with the next q k^T issued ahead of the P·V (r4_consumer's kQkFirst).
   constexpr bool kQkFirst = (kVar & 16) != 0;
   static_assert(!kQkFirst || kTileMax, "q k^T first needs round 5's unconditional fold");
-  // bit 5: round 5 without the ping-pong turns (r4_consumer's kNoTurn).
+  // bit 5: no ping-pong turns (r4_consumer's kNoTurn; round 3's consumer the same way).
   constexpr bool kNoTurn = (kVar & 32) != 0;
-  static_assert(!kNoTurn || kTileMax, "no-turn is a round-5 variant");
   // bit 6: round 5 with the P·V buffer over two tiles when no maximum moved (kFold2).
   constexpr bool kFold2 = (kVar & 64) != 0;
   static_assert(!kFold2 || kTileMax, "fold2 is a round-5 variant");
@@ -1984,7 +1983,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
-  if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
+  if (!kNoTurn && cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
   // Descriptors by addition (see r4_consumer): desc(a + off) = desc(a) + off / 16.
   const uint64_t dq0 = smem_desc(sq);
@@ -1996,14 +1995,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int st = tile % kR3Stages;
     mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
     const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
-    named_bar_sync(1 + cw, 256);
+    if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
     wgmma_fence();
     wgmma_s8_n128_first(acc, dq0, dk);
 #pragma unroll
     for (int kk = 1; kk < D / 32; ++kk)
       wgmma_s8_n128(acc, dq0 + 2 * kk, dk + 2 * kk, 1);
     wgmma_commit();
-    if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+    if (!kNoTurn && (cw == 0 || tile + 1 < n_tiles)) named_bar_arrive(2 - cw, 256);
   };
 
   float c[D / 2];
@@ -2240,7 +2239,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   if (var != 11 && var != 27 &&
       !(std::is_same<T16, __nv_bfloat16>::value && kc_half && (D == 64 || tma)))
     var &= 1;
-  // (var 4: round 3 with the biased logits; 5: round 4 with them)
+  // (var 4: round 3 with the biased logits; 5: round 4 with them; 34 / 35: round 3 / 4 + I2FP
+  // without the ping-pong turns)
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
     constexpr bool kI2fpInst = std::is_same<T16, __nv_bfloat16>::value && (D == 64 || kT);
@@ -2261,6 +2261,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     if constexpr (kI2fpInst) {
       if (var == 43) k = attention_wgmma_r3_kernel<D, T16, true, kT, 43>;
       if (var == 75) k = attention_wgmma_r3_kernel<D, T16, true, kT, 75>;
+      if (var == 34) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34>;
+      if (var == 35) k = attention_wgmma_r3_kernel<D, T16, true, kT, 35>;
       if (var == 2) k = attention_wgmma_r3_kernel<D, T16, true, kT, 2>;
       if (var == 3) k = attention_wgmma_r3_kernel<D, T16, true, kT, 3>;
       if (var == 5) k = attention_wgmma_r3_kernel<D, T16, true, kT, 5>;
@@ -2317,6 +2319,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
           : which == WgmmaKernel::round5_qk_first ? 27
           : which == WgmmaKernel::round5_no_turn  ? 43
           : which == WgmmaKernel::round5_fold2    ? 75
+          : which == WgmmaKernel::round3_i2fp_no_turn ? 34
+          : which == WgmmaKernel::round4_i2fp_no_turn ? 35
           : which == WgmmaKernel::round4_fused ? 5
           : which == WgmmaKernel::round3_fused ? 4
               : (which == WgmmaKernel::round4 || which == WgmmaKernel::round4_i2fp ? 1 : 0) |

@@ -140,6 +140,13 @@ class Int8AttentionCase : public Case {
     o.shape = hnd_ ? std::vector<int64_t>{s_.B, s_.Hq, s_.Nq, s_.D}
                    : std::vector<int64_t>{s_.B, s_.Nq, s_.Hq, s_.D};
     o.tol = Tolerance::allclose(2e-2, 2e-2);
+    // Round 5 takes one softmax maximum per 128-key tile where the oracle takes one per 64-key
+    // half: where a tile's second half raised a row's maximum, the first half's P are rounded to
+    // e4m3 at another scale, and the key that the oracle rounds exactly (its half's maximum: P =
+    // 448) gets up to 1/16 relative error. A row dominated by that key (short causal rows in the
+    // diagonal tile) then moves by ~|v|/16: H200 run 9 saw 4 such elements in 60 cases at
+    // 0.020-0.023 absolute (just over 2e-2). Twice the absolute margin for `.wgmma_r5` only.
+    if (opt_.kernel == AttentionOptions::wgmma_r5) o.tol = Tolerance::allclose(4e-2, 2e-2);
     OutputSpec l;
     l.name = "lse";
     l.dtype = DType::f32;
