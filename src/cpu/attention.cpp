@@ -178,8 +178,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   check::that(options.causal <= AttentionOptions::top_left, op, "options.causal",
               "expected none, bottom_right or top_left");
   check::that(options.pv <= AttentionOptions::f16, op, "options.pv", "expected fp8 or f16");
-  check::that(options.kernel <= AttentionOptions::wgmma_r4, op, "options.kernel",
-              "expected auto_kernel, mma_sync, wgmma, wgmma_ws, wgmma_r3 or wgmma_r4");
+  check::that(options.kernel <= AttentionOptions::wgmma_r5, op, "options.kernel",
+              "expected auto_kernel, mma_sync, wgmma, wgmma_ws, wgmma_r3, wgmma_r4 or wgmma_r5");
   check::not_null(op, "out", out);
   check::dtype(op, "out", out,
                on_cuda ? std::initializer_list<DType>{DType::bf16, DType::f16}
@@ -507,15 +507,24 @@ namespace detail {
 namespace {
 std::atomic<bool> g_attention_i2fp{false};
 std::atomic<bool> g_attention_fused{false};
+std::atomic<bool> g_attention_qk_first{false};
+std::atomic<bool> g_attention_no_turn{false};
+std::atomic<bool> g_attention_fold2{false};
 }  // namespace
 void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_i2fp.store(t.i2fp);
   g_attention_fused.store(t.fused_dequant);
+  g_attention_qk_first.store(t.qk_first);
+  g_attention_no_turn.store(t.no_turn);
+  g_attention_fold2.store(t.fold2);
 }
 AttentionCudaTuning attention_cuda_tuning() {
   AttentionCudaTuning t;
   t.i2fp = g_attention_i2fp.load();
   t.fused_dequant = g_attention_fused.load();
+  t.qk_first = g_attention_qk_first.load();
+  t.no_turn = g_attention_no_turn.load();
+  t.fold2 = g_attention_fold2.load();
   return t;
 }
 }  // namespace detail

@@ -17,11 +17,18 @@ namespace detail {
 // Bench-only A/B knobs of the CUDA attention kernels (not part of the public API; the default is
 // what ships). i2fp: the round-3/4 kernels convert the int32 logits by I2FP instead of the
 // magic-number add (bit-identical; an A/B of the XU pipe's load); fused_dequant: rounds 3 and 4
-// keep the logits biased (one FADD less per logit; not bit-equal to round 3, see docs/attention.md).
-// Process-wide, atomic.
+// keep the logits biased (one FADD less per logit; not bit-equal to round 3, docs/attention.md);
+// qk_first: round 5 (wgmma_r5) issues tile j+1's q k^T ahead of tile j's P·V (same bits);
+// no_turn: rounds 5 and (with i2fp) 3 / 4 without the consumers' ping-pong turns (same bits;
+// bf16 output, per-block k scales); fold2: round 5 with the P·V buffer over two tiles when no
+// maximum moved (not bit-equal: longer fp8 accumulation chains; same scope). Process-wide,
+// atomic.
 struct AttentionCudaTuning {
   bool i2fp = false;
   bool fused_dequant = false;
+  bool qk_first = false;
+  bool no_turn = false;
+  bool fold2 = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

@@ -133,7 +133,18 @@ enum class WgmmaKernel {
   round3_i2fp,
   round4_i2fp,
   round4_fused,
-  round3_fused
+  round3_fused,
+  // round 5: round 4 + I2FP with one softmax maximum per 128-key tile (fp8 P·V; 16-bit runs ws)
+  round5,
+  // round 5 with tile j+1's q k^T issued ahead of tile j's P·V (bench knob qk_first)
+  round5_qk_first,
+  // round 5 without the consumers' ping-pong turns (bench knob no_turn)
+  round5_no_turn,
+  // round 5 with the fresh P·V buffer over two tiles when no maximum moved (bench knob fold2)
+  round5_fold2,
+  // round 3 / round 4 + I2FP without the consumers' ping-pong turns (same bits as their parents)
+  round3_i2fp_no_turn,
+  round4_i2fp_no_turn
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

@@ -1506,7 +1506,19 @@ __device__ __forceinline__ float r4_i2f(int32_t x) {
 // (same values as round 3) and the exponent is one FFMA x = s' q - (1.5 2^23 q + off), whose
 // constant is rounded once per row and half: |error| <= ulp(1.5 2^23 q) / 2 in the exponent
 // (~1e-4 for typical q), not bit-equal to round 3; saves one FADD per logit.
-template <int D, typename T16, bool kKcHalf, bool kI2fp, bool kFused = false>
+// kTileMax (round 5): one maximum per 128-key tile instead of per 64-key half (see the round-5
+// notes below): both halves' P use the tile's maximum, the accumulator is rescaled once per tile,
+// both halves' P·V always accumulate into one fresh buffer (no fold vote, no unfolded path).
+// kQkFirst (with kTileMax): tile j+1's q k^T is issued before tile j's P·V (all four k-steps in
+// one group), so the softmax of tile j+1 waits for the q k^T only, not for P·V_a(j) ahead of it.
+// kNoTurn: no ping-pong turns (named barriers 1/2): each consumer issues its q k^T as soon as the
+// stage has landed, so the two warpgroups' softmaxes may overlap (two warps per scheduler to
+// interleave) instead of alternating; same bits.
+// kFold2 (with kTileMax): the fresh P·V buffer spans two tiles when no row of the warpgroup
+// moved its maximum in the second (warpgroup vote after its softmax): O += C once per two such
+// tiles (at D = 128 one FADD per score less on those tiles).
+template <int D, typename T16, bool kKcHalf, bool kI2fp, bool kFused = false, bool kTileMax = false,
+          bool kQkFirst = false, bool kNoTurn = false, bool kFold2 = false>
 __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, int hk, int64_t q0,
                                             int n_tiles, uint32_t base, const uint8_t* sbase,
                                             uint32_t full0, uint32_t empty0, const float* skc,
@@ -1535,7 +1547,7 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
-  if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
+  if (!kNoTurn && cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
   // Shared-memory descriptors: desc(a + off) = desc(a) + off / 16 for 16-byte multiples while
   // a + off < 2^18 (the 14-bit address field; shared addresses are < 228 KB), so the loop adds
@@ -1551,13 +1563,13 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
     const int st = tile % kR3Stages;
     if (!landed) mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
     const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
-    named_bar_sync(1 + cw, 256);
+    if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
     wgmma_fence();
     wgmma_s8_n128_first(acc, dq0, dk);
 #pragma unroll
     for (int kk = 1; kk < D / 32; ++kk) wgmma_s8_n128(acc, dq0 + 2 * kk, dk + 2 * kk, 1);
     wgmma_commit();
-    if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+    if (!kNoTurn && (cw == 0 || tile + 1 < n_tiles)) named_bar_arrive(2 - cw, 256);
   };
 
   float s[64];
@@ -1609,37 +1621,62 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
     constexpr float kB = kBias ? 12582912.f : 0.f;  // the bias of s' (exact to subtract)
     float mxa0 = (r3_max16<0, 0>(s) - kB) * qa0, mxa1 = (r3_max16<0, 2>(s) - kB) * qa1;
     float mxb0 = (r3_max16<8, 0>(s) - kB) * qb0, mxb1 = (r3_max16<8, 2>(s) - kB) * qb1;
+    if constexpr (kTileMax) {
+      // One maximum per tile (both halves, then the quad: two shuffle chains, not four); the
+      // rescale factor of O and l is ra, rb = 1, the halves always folded.
+      float mx0 = fmaxf(mxa0, mxb0), mx1 = fmaxf(mxa1, mxb1);
 #pragma unroll
-    for (int x = 1; x <= 2; x *= 2) {
-      mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
-      mxa1 = fmaxf(mxa1, __shfl_xor_sync(0xffffffffu, mxa1, x));
-      mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
-      mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
-    }
-    const float ma0 = fmaxf(m0, mxa0), ma1 = fmaxf(m1, mxa1);
-    const float mb0 = fmaxf(ma0, mxb0), mb1 = fmaxf(ma1, mxb1);
-    if (__all_sync(0xffffffffu, m0 == ma0 && m1 == ma1 && ma0 == mb0 && ma1 == mb1)) {
-      ra0 = m0 == -INFINITY ? 0.f : 1.f;
-      ra1 = m1 == -INFINITY ? 0.f : 1.f;
-      rb0 = ma0 == -INFINITY ? 0.f : 1.f;
-      rb1 = ma1 == -INFINITY ? 0.f : 1.f;
+      for (int x = 1; x <= 2; x *= 2) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+      }
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      ra0 = m0 == mn0 ? 1.f : fast_exp2(m0 - mn0);  // m0 = -inf < mn0: exp2(-inf) = 0
+      ra1 = m1 == mn1 ? 1.f : fast_exp2(m1 - mn1);
+      rb0 = 1.f;
+      rb1 = 1.f;
+      m0 = mn0;
+      m1 = mn1;
+      const float off0 = mn0 == -INFINITY ? 0.f : mn0 - kLog2_448;
+      const float off1 = mn1 == -INFINITY ? 0.f : mn1 - kLog2_448;
+      float suma0, suma1, sumb0, sumb1;
+      r4_exp_half<0>(s, qa0, qa1, off0, off1, suma0, suma1);
+      r4_exp_half<1>(s, qb0, qb1, off0, off1, sumb0, sumb1);
+      l0 = l0 * ra0 + (suma0 + sumb0);
+      l1 = l1 * ra1 + (suma1 + sumb1);
     } else {
-      ra0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - ma0);
-      ra1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - ma1);
-      rb0 = ma0 == -INFINITY ? 0.f : fast_exp2(ma0 - mb0);
-      rb1 = ma1 == -INFINITY ? 0.f : fast_exp2(ma1 - mb1);
+#pragma unroll
+      for (int x = 1; x <= 2; x *= 2) {
+        mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
+        mxa1 = fmaxf(mxa1, __shfl_xor_sync(0xffffffffu, mxa1, x));
+        mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
+        mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
+      }
+      const float ma0 = fmaxf(m0, mxa0), ma1 = fmaxf(m1, mxa1);
+      const float mb0 = fmaxf(ma0, mxb0), mb1 = fmaxf(ma1, mxb1);
+      if (__all_sync(0xffffffffu, m0 == ma0 && m1 == ma1 && ma0 == mb0 && ma1 == mb1)) {
+        ra0 = m0 == -INFINITY ? 0.f : 1.f;
+        ra1 = m1 == -INFINITY ? 0.f : 1.f;
+        rb0 = ma0 == -INFINITY ? 0.f : 1.f;
+        rb1 = ma1 == -INFINITY ? 0.f : 1.f;
+      } else {
+        ra0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - ma0);
+        ra1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - ma1);
+        rb0 = ma0 == -INFINITY ? 0.f : fast_exp2(ma0 - mb0);
+        rb1 = ma1 == -INFINITY ? 0.f : fast_exp2(ma1 - mb1);
+      }
+      m0 = mb0;
+      m1 = mb1;
+      fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
+      float suma0, suma1, sumb0, sumb1;
+      // (kBias: the exponent's constant takes the bias times the row scale)
+      r4_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
+                     fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1);
+      r4_exp_half<1>(s, qb0, qb1, fmaf(kB, qb0, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448),
+                     fmaf(kB, qb1, mb1 == -INFINITY ? 0.f : mb1 - kLog2_448), sumb0, sumb1);
+      l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
+      l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
     }
-    m0 = mb0;
-    m1 = mb1;
-    fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
-    float suma0, suma1, sumb0, sumb1;
-    // (kBias: the exponent's constant takes the bias times the row scale)
-    r4_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
-                   fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1);
-    r4_exp_half<1>(s, qb0, qb1, fmaf(kB, qb0, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448),
-                   fmaf(kB, qb1, mb1 == -INFINITY ? 0.f : mb1 - kLog2_448), sumb0, sumb1);
-    l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
-    l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
   };
 
   float c[D / 2];
@@ -1651,23 +1688,34 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
     r4_pack_half<0>(s, pa);
     r4_pack_half<1>(s, pb);
   }
+  bool keep = false;  // kFold2: c holds the previous tile's P·V, this tile's goes onto it
   // Tile `tile`'s P·V (its P in pa/pb, factors ra/rb/fold); kMore: the next tile's q k^T and
   // softmax run here too. The last tile is a separate instantiation (static wait counts).
   auto step = [&](int tile, auto more_c) {
     constexpr bool kMore = decltype(more_c)::value;
     const int st = tile % kR3Stages;
     const uint64_t dv = dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
-    wgmma_fence();  // the first half's P·V into a fresh c
-    if constexpr (D == 128)
+    const bool onto = kFold2 && keep;  // warpgroup-uniform
+    // kQkFirst: the next q k^T ahead of this tile's whole P·V (one group after it).
+    if constexpr (kQkFirst && kMore) issue_qk(tile + 1);
+    wgmma_fence();  // the first half's P·V into a fresh c (kFold2: onto c when `onto`)
+    if constexpr (kFold2)
+      wgmma_pv<D>(c, pa[0], dv, onto ? 1 : 0);
+    else if constexpr (D == 128)
       wgmma_e4m3_n128_first(c, pa[0], dv);
     else
       wgmma_e4m3_n64_first(c, pa[0], dv);
     wgmma_pv<D>(c, pa[1], dv + 2, 1);
+    if constexpr (kQkFirst) {
+      wgmma_pv<D>(c, pb[0], dv + 4, 1);
+      wgmma_pv<D>(c, pb[1], dv + 6, 1);
+    }
     wgmma_commit();
-    if constexpr (kMore) issue_qk(tile + 1);
-    const bool f = fold;
+    if constexpr (kMore && !kQkFirst) issue_qk(tile + 1);
+    const bool f = kTileMax || fold;
     float r0 = ra0, r1 = ra1;
-    if (!f) {  // a row of the warpgroup raised its maximum in the second half: O = O ra + Ca first
+    if (!kTileMax && !f) {  // a row of the warpgroup raised its maximum in the second half
+      // O = O ra + Ca first.
       // The first half's P·V and the next q k^T (rare: waiting for the P·V alone, wait_group 1
       // inside this branch, made ptxas serialize every wgmma of the kernel: C7514).
       wgmma_wait<0>();
@@ -1676,10 +1724,12 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
       r0 = rb0;
       r1 = rb1;
     }
-    wgmma_fence();  // the second half's P·V (onto the first's when folded)
-    wgmma_pv<D>(c, pb[0], dv + 4, f);
-    wgmma_pv<D>(c, pb[1], dv + 6, 1);
-    wgmma_commit();
+    if constexpr (!kQkFirst) {
+      wgmma_fence();  // the second half's P·V (onto the first's when folded)
+      wgmma_pv<D>(c, pb[0], dv + 4, f);
+      wgmma_pv<D>(c, pb[1], dv + 6, 1);
+      wgmma_commit();
+    }
     // O r now and O + C after the wait (not one FFMA then: the factors would stay live through
     // the softmax); skipped when no row of the warp rescales (r = 1, the common case).
     if (!__all_sync(0xffffffffu, r0 == 1.f && r1 == 1.f)) {
@@ -1692,14 +1742,21 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
       }
     }
     if constexpr (kMore) {
-      wgmma_wait<1>();  // the next q k^T (and the first half's P·V); P·V_b stays in flight
+      // the next q k^T (and the first half's P·V); P·V_b (kQkFirst: the whole P·V) in flight
+      wgmma_wait<1>();
       fence_regs(acc);
       softmax(tile + 1);  // overwrites ra/rb/fold/m/l
+      // kFold2: tile + 1 continues c when c holds one tile and no row's maximum moved
+      if constexpr (kFold2) keep = !onto && wg_all(ra0 == 1.f && ra1 == 1.f, 3 + cw);
+    } else if constexpr (kFold2) {
+      keep = false;
     }
     wgmma_wait<0>();
     fence_regs(c);
+    if (!kFold2 || !keep) {
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] += c[i];
+      for (int i = 0; i < D / 2; ++i) o[i] += c[i];
+    }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
     if constexpr (kMore) {
@@ -1724,6 +1781,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // bit 2: round 4 with the biased logits (r4_consumer's kFused).
   constexpr bool kR4 = (kVar & 1) != 0, kI2fp = kR3I2fp || (kVar & 2) != 0;
   constexpr bool kFused = (kVar & 4) != 0;
+  // bit 3: round 5 = round 4 with one maximum per 128-key tile (r4_consumer's kTileMax).
+  constexpr bool kTileMax = (kVar & 8) != 0;
+  static_assert(!kTileMax || (kR4 && !kFused), "round 5 is round 4 without biased logits");
+  // bit 4: round 5 with the next q k^T issued ahead of the P·V (r4_consumer's kQkFirst).
+  constexpr bool kQkFirst = (kVar & 16) != 0;
+  static_assert(!kQkFirst || kTileMax, "q k^T first needs round 5's unconditional fold");
+  // bit 5: no ping-pong turns (r4_consumer's kNoTurn; round 3's consumer the same way).
+  constexpr bool kNoTurn = (kVar & 32) != 0;
+  // bit 6: round 5 with the P·V buffer over two tiles when no maximum moved (kFold2).
+  constexpr bool kFold2 = (kVar & 64) != 0;
+  static_assert(!kFold2 || kTileMax, "fold2 is a round-5 variant");
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
@@ -1883,8 +1951,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // ---- consumers ----
   setmaxnreg_inc<kConsRegs>();
   if constexpr (kR4) {
-    r4_consumer<D, T16, kKcHalf, kI2fp, kFused>(p, b, h, hk, q0, n_tiles, base, sbase, full0,
-                                                empty0, skc, warp, lane, wg);
+    r4_consumer<D, T16, kKcHalf, kI2fp, kFused, kTileMax, kQkFirst, kNoTurn, kFold2>(
+        p, b, h, hk, q0, n_tiles, base, sbase, full0, empty0, skc, warp, lane, wg);
     return;
   }
   const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
@@ -1915,7 +1983,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
-  if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
+  if (!kNoTurn && cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
   // Descriptors by addition (see r4_consumer): desc(a + off) = desc(a) + off / 16.
   const uint64_t dq0 = smem_desc(sq);
@@ -1927,14 +1995,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int st = tile % kR3Stages;
     mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
     const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
-    named_bar_sync(1 + cw, 256);
+    if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
     wgmma_fence();
     wgmma_s8_n128_first(acc, dq0, dk);
 #pragma unroll
     for (int kk = 1; kk < D / 32; ++kk)
       wgmma_s8_n128(acc, dq0 + 2 * kk, dk + 2 * kk, 1);
     wgmma_commit();
-    if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
+    if (!kNoTurn && (cw == 0 || tile + 1 < n_tiles)) named_bar_arrive(2 - cw, 256);
   };
 
   float c[D / 2];
@@ -2162,9 +2230,17 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   }
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
-  if (D == 128 && !tma) var = 0;  // round 4 at D = 128 needs the TMA producer: round 3
-  if (!(std::is_same<T16, __nv_bfloat16>::value && kc_half && (D == 64 || tma))) var &= 1;
-  // (var 4: round 3 with the biased logits; 5: round 4 with them)
+  if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
+  // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
+  // kc only, else round 5)
+  if ((var == 43 || var == 75) && !(std::is_same<T16, __nv_bfloat16>::value && kc_half)) var = 11;
+  // (vars 11 and 27, round 5 and its q-k^T-first twin, have instantiations for both output
+  // types and kc layouts)
+  if (var != 11 && var != 27 &&
+      !(std::is_same<T16, __nv_bfloat16>::value && kc_half && (D == 64 || tma)))
+    var &= 1;
+  // (var 4: round 3 with the biased logits; 5: round 4 with them; 34 / 35: round 3 / 4 + I2FP
+  // without the ping-pong turns)
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
     constexpr bool kI2fpInst = std::is_same<T16, __nv_bfloat16>::value && (D == 64 || kT);
@@ -2175,8 +2251,18 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if (var == 1)
         k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 1>
                     : attention_wgmma_r3_kernel<D, T16, false, kT, 1>;
+      if (var == 11)
+        k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 11>
+                    : attention_wgmma_r3_kernel<D, T16, false, kT, 11>;
+      if (var == 27)
+        k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 27>
+                    : attention_wgmma_r3_kernel<D, T16, false, kT, 27>;
     }
     if constexpr (kI2fpInst) {
+      if (var == 43) k = attention_wgmma_r3_kernel<D, T16, true, kT, 43>;
+      if (var == 75) k = attention_wgmma_r3_kernel<D, T16, true, kT, 75>;
+      if (var == 34) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34>;
+      if (var == 35) k = attention_wgmma_r3_kernel<D, T16, true, kT, 35>;
       if (var == 2) k = attention_wgmma_r3_kernel<D, T16, true, kT, 2>;
       if (var == 3) k = attention_wgmma_r3_kernel<D, T16, true, kT, 3>;
       if (var == 5) k = attention_wgmma_r3_kernel<D, T16, true, kT, 5>;
@@ -2229,7 +2315,13 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
     constexpr bool F = decltype(fc)::value;
     if (which >= WgmmaKernel::round3 && F) {
       const int var =
-          which == WgmmaKernel::round4_fused   ? 5
+          which == WgmmaKernel::round5         ? 11
+          : which == WgmmaKernel::round5_qk_first ? 27
+          : which == WgmmaKernel::round5_no_turn  ? 43
+          : which == WgmmaKernel::round5_fold2    ? 75
+          : which == WgmmaKernel::round3_i2fp_no_turn ? 34
+          : which == WgmmaKernel::round4_i2fp_no_turn ? 35
+          : which == WgmmaKernel::round4_fused ? 5
           : which == WgmmaKernel::round3_fused ? 4
               : (which == WgmmaKernel::round4 || which == WgmmaKernel::round4_i2fp ? 1 : 0) |
                     (which == WgmmaKernel::round3_i2fp || which == WgmmaKernel::round4_i2fp ? 2

@@ -81,6 +81,7 @@ class Int8AttentionCase : public Case {
     if (opt_.kernel == AttentionOptions::wgmma_ws) n += ".wgmma_ws";
     if (opt_.kernel == AttentionOptions::wgmma_r3) n += ".wgmma_r3";
     if (opt_.kernel == AttentionOptions::wgmma_r4) n += ".wgmma_r4";
+    if (opt_.kernel == AttentionOptions::wgmma_r5) n += ".wgmma_r5";
     if (!tag_.empty()) n += "." + tag_;
     return n;
   }
@@ -139,6 +140,13 @@ class Int8AttentionCase : public Case {
     o.shape = hnd_ ? std::vector<int64_t>{s_.B, s_.Hq, s_.Nq, s_.D}
                    : std::vector<int64_t>{s_.B, s_.Nq, s_.Hq, s_.D};
     o.tol = Tolerance::allclose(2e-2, 2e-2);
+    // Round 5 takes one softmax maximum per 128-key tile where the oracle takes one per 64-key
+    // half: where a tile's second half raised a row's maximum, the first half's P are rounded to
+    // e4m3 at another scale, and the key that the oracle rounds exactly (its half's maximum: P =
+    // 448) gets up to 1/16 relative error. A row dominated by that key (short causal rows in the
+    // diagonal tile) then moves by ~|v|/16: H200 run 9 saw 4 such elements in 60 cases at
+    // 0.020-0.023 absolute (just over 2e-2). Twice the absolute margin for `.wgmma_r5` only.
+    if (opt_.kernel == AttentionOptions::wgmma_r5) o.tol = Tolerance::allclose(4e-2, 2e-2);
     OutputSpec l;
     l.name = "lse";
     l.dtype = DType::f32;
@@ -424,9 +432,9 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // `.auto` set: every shape of the wgmma set and the ring-wrapping ones x 3 causal modes, the
   // diagnostics, folded halves (early maxima) and k scales per 32 keys (D = 128 then runs round
   // 3: no TMA; D = 64 runs round 4 with the per-key kc), THREAD_Q/K + HND + f16 + K mean, WARP_Q +
-  // GQA, V mean, N = 1 / 129 / 257 x 390 / 1000 / 1100 keys.
-  {
-    const O::Kernel r4 = O::wgmma_r4;
+  // GQA, V mean, N = 1 / 129 / 257 x 390 / 1000 / 1100 keys. `.wgmma_r5`: the same set on round 5
+  // (one maximum per 128-key tile; D = 128 with k scales per 32 keys runs round 3 there too).
+  for (const O::Kernel r4 : {O::wgmma_r4, O::wgmma_r5}) {
     for (const Shape& s : wgmma_shapes)
       for (auto c : {O::none, O::bottom_right, O::top_left})
         cases.push_back(std::make_unique<Int8AttentionCase>(
@@ -478,8 +486,8 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // Per-thread scale layouts, K-mean LSE and V smoothing on each kernel by name; wgmma_r4 runs
   // fp8 P·V only (16-bit P·V runs wgmma_ws there) and adds a D = 128 top-left case and a D = 64
   // V-smoothing case.
-  for (auto kernel : {O::wgmma_r4, O::mma_sync, O::wgmma, O::wgmma_ws}) {
-    const bool r4 = kernel == O::wgmma_r4;
+  for (auto kernel : {O::wgmma_r4, O::wgmma_r5, O::mma_sync, O::wgmma, O::wgmma_ws}) {
+    const bool r4 = kernel == O::wgmma_r4 || kernel == O::wgmma_r5;
     cases.push_back(std::make_unique<Int8AttentionCase>(
         Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, kernel), DType::f16,
         ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));

@@ -382,7 +382,7 @@ TEST(Attention, ArgumentErrorsNameTheArgumentAndWriteNothing) {
   fp8.pv = AttentionOptions::fp8;  // a bf16 V is not an fp8 V
   expect_error("v", qr, kr, v.view(), out.view(), fp8);
   AttentionOptions bad_kernel = opt;
-  bad_kernel.kernel = static_cast<AttentionOptions::Kernel>(6);
+  bad_kernel.kernel = static_cast<AttentionOptions::Kernel>(7);
   expect_error("options.kernel", qr, kr, v.view(), out.view(), bad_kernel);
   {  // the CPU backend ignores the CUDA kernel choice: same bits for every valid choice
     std::mt19937_64 rng(5);
@@ -397,7 +397,7 @@ TEST(Attention, ArgumentErrorsNameTheArgumentAndWriteNothing) {
     attention_int8(qr, kr, v.view(), nullptr, nullptr, nullptr, ref.view(), nullptr, opt, ctx);
     for (auto kc : {AttentionOptions::mma_sync, AttentionOptions::wgmma,
                     AttentionOptions::wgmma_ws, AttentionOptions::wgmma_r3,
-                    AttentionOptions::wgmma_r4}) {
+                    AttentionOptions::wgmma_r4, AttentionOptions::wgmma_r5}) {
       AttentionOptions o = opt;
       o.kernel = kc;
       HostTensor got(DType::bf16, {1, N, 4, D});
