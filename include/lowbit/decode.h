@@ -103,6 +103,16 @@ struct DecodePlan {
   // walks its split's key tiles from a rotated start so a wave's CTAs do not read the same offsets
   // of their regions at once. Changes the summation order (rounding) only.
   bool bulk_stagger = false;
+  // CUDA, bulk kernel (internal tuning, plan_decode sets 0 until measured): who issues a tile's
+  // bulk copies. 0: every warp a share of them, after a CTA barrier per tile (session 3). 1
+  // ("solo"): one warp per tile, in turn; each warp releases a stage on an mbarrier when done with
+  // it and the next issuer waits on that (no CTA barrier; ~60 fewer instructions per tile and warp
+  // at int4 g4). Same arithmetic and order: the bits equal 0's. docs/decode.md "Solo issue".
+  int bulk_issue = 0;
+  // CUDA, bulk kernel: launch it and the split merge as programmatic dependent launches (sm_90):
+  // each becomes resident while the kernel before it finishes and waits for it in its first
+  // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.
+  bool launch_pdl = true;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);
