@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   };
   for (int n = 0; n < NST && n < n_tiles; ++n) {
     if constexpr (!solo) issue(n, n);
-    else if (warp == n % HB) issue_solo(n, n);
+    else if (warp == (n & (HB - 1))) issue_solo(n, n);  // (HB: a power of two)
   }
 
   // ---- q as B fragments: (k-pos 2t, 2t+1 | 2t+8, 2t+9; query row 8 nr + g), f16 ----
@@ -1008,7 +1008,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(empty_s + 8 * s);
       const int nn = it + NST;
-      if (nn < n_tiles && warp == nn % HB) {
+      if (nn < n_tiles && warp == (nn & (HB - 1))) {
         mbar_wait(empty_s + 8 * s, phase);
         fence_async_shared();
         issue_solo(nn, s);
