@@ -155,14 +155,6 @@ __device__ __forceinline__ void fence_async_shared() {
 }
 
 
-__device__ __forceinline__ float load_q(const void* q, int64_t off, DType dt) {
-  if (dt == DType::f16) return __half2float(static_cast<const __half*>(q)[off]);
-  if (dt == DType::bf16) {
-    const uint16_t u = static_cast<const uint16_t*>(q)[off];
-    return __uint_as_float(static_cast<uint32_t>(u) << 16);
-  }
-  return static_cast<const float*>(q)[off];
-}
 
 // Shared-memory offset of key i's piece inside a stage's K (or V) block: i * kstr plus 0-96
 // bytes so that (offset mod 128) / 32 = ((i >> 1) + 2 (i & 1)) mod 4. Then the QK reads (lanes
@@ -487,6 +479,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // 32 X + 8 t + [0, 8)): b0 = dims + 2j + {0, 4} (low nibbles), b1 = dims + 2j + {1, 5} / 16
   // (high nibbles, which arrive as 16 c).
   uint32_t qf[NR][KS][2];
+  const bool q_bf16 = p.q_dtype == DType::bf16;
   int mrow[NR][2], grow[NR][2];
   bool rok[NR][2];
   float qsum[NR];   // fold: sum of the row's q as the mma sees it (fp8: row 8 nr + g)
@@ -515,7 +508,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
                                               : 4 * ks + e;
           at = off + pos;
         }
-        v[e] = ok ? load_q(p.q, at, p.q_dtype) : 0.f;
+        // q is f16 or bf16 on CUDA (the front rejects f32): 16-bit loads without a dtype branch
+        // per element, so that the loads of the whole prologue can be in flight together
+        // (a dtype branch per element serialized 32-64 dependent loads per lane).
+        const uint32_t u = ok ? static_cast<const uint16_t*>(p.q)[at] : 0u;
+        v[e] = q_bf16 ? __uint_as_float(u << 16)
+                      : __half2float(__ushort_as_half(static_cast<unsigned short>(u)));
       }
       if constexpr (kFoldI4) {
         qf[nr][ks][0] = pack_f32x2(v[0], v[1]);
