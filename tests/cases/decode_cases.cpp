@@ -539,6 +539,13 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, so);
   add(shape(F::f16, 1, 2, 2100, 4, 128, 0), {2100, 47}, 4, 1, false, false, DType::f16, so);
   add(shape(F::f16, 1, 2, 523, 8, 64, 16), {523, 16}, 1, 8, true, true, DType::bf16, so);
+  // plan_decode's defaults since run 9 on bulk layouts: fp8 contiguous = solo issue + folded
+  // scales, fp8 paged = shared issue, f16 = solo (D 64 / 128, contiguous and paged).
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 523, 0}, 4, 1, false, false, DType::f16);
+  add(shape(F::fp8, 1, 2, 1001, 4, 64, 0), {1001, 17}, 2, 3, true, true, DType::bf16);
+  add(shape(F::fp8, 1, 2, 700, 8, 128, 16), {700, 33}, 4, 1, false, false, DType::f16);
+  add(shape(F::f16, 1, 2, 1500, 4, 128, 0), {1500, 31}, 8, 1, false, false, DType::f16);
+  add(shape(F::f16, 1, 2, 600, 8, 64, 256), {600, 1}, 4, 2, true, false, DType::bf16);
   // launch_pdl = false: ordinary launches of the split kernel and the merge.
   add(shape(F::int4, 4, 3, 1001, 8, 128, 16), {1001, 17, 0}, 4, 1, false, false, DType::f16, np);
   add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 1}, 8, 2, true, true, DType::bf16, np);
