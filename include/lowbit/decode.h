@@ -89,12 +89,13 @@ struct DecodePlan {
   // cp.async.bulk, one warp per head, keys on the mma's M side. false (or another layout) runs the
   // per-warp cp.async-ring kernel. docs/decode.md "Bulk kernel".
   bool bulk_copy = true;
-  // CUDA, bulk kernel only (plan_decode sets 1 for int4 caches, 0 otherwise): fold the
-  // dequantization scale / shift out of the per-element arithmetic. int4 (4 groups, D 128) and fp8
-  // caches: K codes go to the mma as exact f16 values (int4: the nibbles as f16 subnormals
-  // c * 2^-24), the scores are sum_g s_g (q_g . c_g) + sum_g z_g sum(q_g); V codes likewise, with
-  // P scaled per key (and group) and sum_k z_k p_k added per row. Different roundings from the
-  // default (K/V values are not rounded to f16), same tolerance. Other caches ignore it.
+  // CUDA, bulk kernel only (plan_decode sets 1 for int4 and contiguous fp8 caches, 0 otherwise):
+  // fold the dequantization scale / shift out of the per-element arithmetic. int4 (4 groups,
+  // D 128) and fp8 caches: K codes go to the mma as exact f16 values (int4: the nibbles as f16
+  // subnormals c * 2^-24), the scores are sum_g s_g (q_g . c_g) + sum_g z_g sum(q_g); V codes
+  // likewise, with P scaled per key (and group) and sum_k z_k p_k added per row. Different
+  // roundings from the default (K/V values are not rounded to f16), same tolerance. Other caches
+  // ignore it.
   // 0: off; 1: int4 codes as f16 subnormals; 2: int4 codes as magic-number f16 (1024 + c, the
   // offset removed per element on the V side; for tensor cores that flush subnormal inputs); fp8:
   // any nonzero value. docs/decode.md "Folded scales".
@@ -103,6 +104,17 @@ struct DecodePlan {
   // walks its split's key tiles from a rotated start so a wave's CTAs do not read the same offsets
   // of their regions at once. Changes the summation order (rounding) only.
   bool bulk_stagger = false;
+  // CUDA, bulk kernel: who issues a tile's bulk copies. 0: every warp a share of them, after a
+  // CTA barrier per tile (session 3). 1 ("solo"): one warp per tile, in turn; each warp releases
+  // a stage on an mbarrier when done with it and the next issuer waits on that (no CTA barrier).
+  // Same arithmetic and order: the bits equal 0's. plan_decode sets 1 for f16 caches and
+  // contiguous fp8 caches (H200 run 9: 6-12 % faster), 0 for int4 and paged fp8 (solo 8-17 %
+  // slower). docs/decode.md "Solo issue".
+  int bulk_issue = 0;
+  // CUDA, bulk kernel: launch it and the split merge as programmatic dependent launches (sm_90):
+  // each becomes resident while the kernel before it finishes and waits for it in its first
+  // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.
+  bool launch_pdl = true;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -406,6 +406,7 @@ __global__ void __launch_bounds__(kMergeThreads)
                         int D, void* out, DType out_dtype, StridedIndex out_idx, float* lse_out,
                         StridedIndex lse_idx) {
   __shared__ float red[kMergeThreads * VEC];
+  decode_griddep_wait();  // (PDL) the split kernel's partials are complete and visible
   const int R = Mq * G;
   const int64_t i = blockIdx.x;
   const int r = static_cast<int>(i % R);
@@ -433,6 +434,9 @@ __global__ void __launch_bounds__(kMergeThreads)
   for (int v = 0; v < VEC; ++v) acc[v] = 0.f;
   if (mx != -INFINITY && slice < nsl) {
     const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D + c * VEC;
+    // Unrolled so that several splits' loads are in flight (B 1: 256 splits, 32 per thread);
+    // the additions stay in split order.
+#pragma unroll 8
     for (int s = slice; s < S; s += nsl) {
       const float w = exp2f((lse[static_cast<int64_t>(s) * R] - mx) * kLog2e);
       const float* src = po + static_cast<int64_t>(s) * R * D;
@@ -527,7 +531,8 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   // ring kernel at every measured shape, and no plan_decode default reached them): those flags
   // no longer change the kernel. docs/decode.md.
   if (plan.streaming && plan.bulk_copy && decode_bulk_supported(cache)) {
-    launch_decode_bulk(p, cache, plan.batch, plan.fold_scales, plan.bulk_stagger, stream);
+    launch_decode_bulk(p, cache, plan.batch, plan.fold_scales, plan.bulk_stagger, plan.bulk_issue,
+                       plan.launch_pdl, stream);
   } else if (plan.streaming && decode_ring_supported(cache.format, plan.head_dim)) {
     launch_decode_ring(p, cache.format, plan.head_dim, ring_vector_bytes(cache), plan.batch,
                        stream);
@@ -546,14 +551,21 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   StridedIndex oi = strided_index_of(out), li{};
   if (lse_out) li = strided_index_of(*lse_out);
   // float4 reads of the partial rows when the workspace allows them (D is a multiple of 4).
+  // With DecodePlan::launch_pdl the merge is a programmatic dependent of the split kernel (its
+  // launch overlaps the split kernel's tail; it waits for the partials in its first instruction).
+  const bool pdl = plan.launch_pdl && plan.streaming && plan.bulk_copy &&
+                   decode_bulk_supported(cache);
+  float* lse_ptr = lse_out ? lse_out->ptr<float>() : nullptr;
   if (reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 && plan.head_dim <= 4 * kMergeThreads) {
-    decode_merge_kernel<4><<<static_cast<unsigned>(rows), kMergeThreads, 0, stream>>>(
-        p.part_o, p.part_lse, p.H, p.G, p.Mq, p.S, plan.head_dim, out.data, out.dtype, oi,
-        lse_out ? lse_out->ptr<float>() : nullptr, li);
+    launch_maybe_pdl(pdl, decode_merge_kernel<4>, dim3(static_cast<unsigned>(rows)),
+                     dim3(kMergeThreads), 0, stream, static_cast<const float*>(p.part_o),
+                     static_cast<const float*>(p.part_lse), p.H, p.G, p.Mq, p.S, plan.head_dim,
+                     out.data, out.dtype, oi, lse_ptr, li);
   } else {
-    decode_merge_kernel<1><<<static_cast<unsigned>(rows), kMergeThreads, 0, stream>>>(
-        p.part_o, p.part_lse, p.H, p.G, p.Mq, p.S, plan.head_dim, out.data, out.dtype, oi,
-        lse_out ? lse_out->ptr<float>() : nullptr, li);
+    launch_maybe_pdl(pdl, decode_merge_kernel<1>, dim3(static_cast<unsigned>(rows)),
+                     dim3(kMergeThreads), 0, stream, static_cast<const float*>(p.part_o),
+                     static_cast<const float*>(p.part_lse), p.H, p.G, p.Mq, p.S, plan.head_dim,
+                     out.data, out.dtype, oi, lse_ptr, li);
   }
   check_launch("decode_attention (merge)");
 }

@@ -110,6 +110,14 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   __trap();
 #endif
 }
+// Plain arrival (no transaction bytes): a consumer warp releases a stage (solo issue mode).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#ifdef LOWBIT_DECODE_BULK_SM90
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#else
+  __trap();
+#endif
+}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #ifdef LOWBIT_DECODE_BULK_SM90
   uint32_t done = 0;
@@ -147,14 +155,6 @@ __device__ __forceinline__ void fence_async_shared() {
 }
 
 
-__device__ __forceinline__ float load_q(const void* q, int64_t off, DType dt) {
-  if (dt == DType::f16) return __half2float(static_cast<const __half*>(q)[off]);
-  if (dt == DType::bf16) {
-    const uint16_t u = static_cast<const uint16_t*>(q)[off];
-    return __uint_as_float(static_cast<uint32_t>(u) << 16);
-  }
-  return static_cast<const float*>(q)[off];
-}
 
 // Shared-memory offset of key i's piece inside a stage's K (or V) block: i * kstr plus 0-96
 // bytes so that (offset mod 128) / 32 = ((i >> 1) + 2 (i & 1)) mod 4. Then the QK reads (lanes
@@ -193,6 +193,14 @@ struct BulkArgs {
   // of their 2 MB regions at the same time (contiguous fp8 / fp16 ran 3-7 % slower than paged in
   // H200 run 6). Changes the order of the online softmax, i.e. the rounding.
   bool stagger = false;
+  // DecodePlan::bulk_issue = 1 ("solo"): tile n's copies are all issued by warp n mod HB (its
+  // lanes, one or two copies each), which arms the stage's `full` mbarrier alone (count 1); each
+  // warp releases a stage by arriving on its `empty` mbarrier (count HB) when done reading it, and
+  // the next issuer waits on that instead of a CTA barrier per tile. Cuts the per-tile copy-issue
+  // code every warp ran (~85 of ~376 SASS instructions per tile and warp at int4 g4 fold) to one
+  // warp in HB, and lets warps drift apart by up to a stage.
+  bool solo = false;
+  bool pdl = false;  // DecodePlan::launch_pdl (host side only)
 };
 
 // FOLD (DecodePlan::fold_scales; int4 with 4 groups at D 128, fp8): the scale / shift leave the
@@ -204,7 +212,10 @@ struct BulkArgs {
 // words against (0, Q_g) split in two f16); O^T += C^T (P s_g) per group (P scaled per key and
 // group in f16) with sum_k z_k,g p_k accumulated by one more mma per tile, added at the end. fp8:
 // the same with one scale / shift per key (e4m3 -> f16 is exact).
-template <KvFormat F, int D, int NR, int VA, int FOLD>
+// SOLO: BulkArgs::solo (DecodePlan::bulk_issue = 1) as a template parameter, so that each
+// instantiation carries only its own issue path's state (both paths in one kernel pushed the fp8
+// fold instantiation past 128 registers).
+template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
   constexpr int KS = D / 16;              // k-steps of QK
@@ -229,8 +240,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   static_assert(KW >= 1 && VWN >= 1, "run sizes");
   extern __shared__ __align__(128) char ring[];
   __shared__ __align__(8) uint64_t full[kMaxStages];
+  __shared__ __align__(8) uint64_t empty[kMaxStages];  // solo issue mode: stage released
   __shared__ int cnt[kMaxStages];
 
+  decode_griddep_wait();  // (PDL) the previous kernel's writes (cache, q, seq_len) are visible
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int HB = a.hb, NST = a.nst, kstr = a.kstr, stage_bytes = a.stage_bytes;
@@ -250,6 +263,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
+  const uint32_t empty_s = static_cast<uint32_t>(__cvta_generic_to_shared(empty));
+  constexpr bool solo = SOLO;
   // Offset of key i's piece in a stage's K (or V) block.
   const bool pairs = kFoldI4 && a.pairs;
   auto koffset = [&](int i) {
@@ -261,7 +276,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
     reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
   if (tid == 0)
-    for (int s = 0; s < NST; ++s) mbar_init(full_s + 8 * s, HB);  // one arrival per warp
+    for (int s = 0; s < NST; ++s) {
+      mbar_init(full_s + 8 * s, solo ? 1 : HB);  // the issuing warp(s)
+      mbar_init(empty_s + 8 * s, HB);            // solo: one release per warp
+    }
   fence_async_shared();
   __syncthreads();
 
@@ -306,8 +324,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     pidx = lo / c.page_size;
     poff = static_cast<int>(lo % c.page_size);
   }
-  int64_t next_page = c.block_tables && n_tiles > 0 ? c.block_tables[b * c.bt_st0 + pidx * c.bt_st1]
-                                                    : 0;
+  int64_t next_page = !solo && c.block_tables && n_tiles > 0
+                          ? c.block_tables[b * c.bt_st0 + pidx * c.bt_st1]
+                          : 0;
   // Every warp issues its share of the tile's copies (K / V pieces of 16 keys, fp8: + their
   // scale/shift pieces = kCopies): copy ci = warp + HB j goes to lane j (key ci % 16, kind ci / 16:
   // K, V, K scale/shift, V scale/shift), and the warp's lane 0 arms the stage's mbarrier (count =
@@ -321,37 +340,53 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // A copy covers my_n keys from logical key my_key (those < nk).
   const bool ss_block = F == KvFormat::fp8 && a.ss_block;
   const int n_copies = F == KvFormat::fp8 ? (ss_block ? 34 : 64) : pairs ? 16 : 32;
-  const int per_warp = (n_copies + HB - 1) / HB;
-  const int my_ci = warp + HB * lane;
-  const bool my_whole = ss_block && my_ci >= 32;  // a whole scale/shift block
-  const int my_n = my_whole ? 16 : pairs ? 2 : 1;
-  const int my_key = my_whole ? 0 : pairs ? 2 * (my_ci & 7) : my_ci & 15;
-  const int my_row = pairs ? (my_ci & 7) : my_key;  // its stage row
-  const int my_kind = my_whole ? 2 + (my_ci - 32) : pairs ? my_ci >> 3 : my_ci >> 4;
-  const bool my_lane = lane < per_warp && my_ci < n_copies;
-  const uint32_t my_size =
-      my_kind < 2 ? static_cast<uint32_t>(piece) : static_cast<uint32_t>(ss_piece);
-  const char* my_src;
-  int64_t my_st;
-  uint32_t my_dst;
-  if (my_kind == 0) {
-    my_src = kbase;
-    my_st = kst;
-    my_dst = koffset(my_row);
-  } else if (my_kind == 1) {
-    my_src = vbase;
-    my_st = vst;
-    my_dst = 16 * kstr + koffset(my_row);
-  } else if (F == KvFormat::fp8) {
-    my_src = reinterpret_cast<const char*>(my_kind == 2 ? kssb : vssb);
-    my_st = 4 * (my_kind == 2 ? kssst : vssst);
-    my_dst = 32 * kstr + (my_kind == 3 ? 16 * ss_piece : 0) + my_key * ss_piece;
-  } else {  // no such copies (lanes past per_warp)
-    my_src = kbase;
-    my_st = 0;
-    my_dst = 0;
-  }
-  my_src += my_key * my_st;
+  // Copy ci of a tile (< n_copies): its source (at key 0 of the tile), source stride per key,
+  // destination in the stage, bytes per key, first key and keys covered.
+  struct Copy {
+    const char* src;
+    int64_t st;
+    uint32_t dst, size;
+    int key, n;
+    bool ok;
+  };
+  auto copy_of = [&](int ci) {
+    Copy d;
+    const bool whole = ss_block && ci >= 32;  // a whole scale/shift block
+    d.n = whole ? 16 : pairs ? 2 : 1;
+    d.key = whole ? 0 : pairs ? 2 * (ci & 7) : ci & 15;
+    const int row = pairs ? (ci & 7) : d.key;  // its stage row
+    const int kind = whole ? 2 + (ci - 32) : pairs ? ci >> 3 : ci >> 4;
+    d.ok = ci < n_copies;
+    d.size = kind < 2 ? static_cast<uint32_t>(piece) : static_cast<uint32_t>(ss_piece);
+    if (kind == 0) {
+      d.src = kbase;
+      d.st = kst;
+      d.dst = koffset(row);
+    } else if (kind == 1) {
+      d.src = vbase;
+      d.st = vst;
+      d.dst = 16 * kstr + koffset(row);
+    } else if (F == KvFormat::fp8) {
+      d.src = reinterpret_cast<const char*>(kind == 2 ? kssb : vssb);
+      d.st = 4 * (kind == 2 ? kssst : vssst);
+      d.dst = 32 * kstr + (kind == 3 ? 16 * ss_piece : 0) + d.key * ss_piece;
+    } else {  // no such copies
+      d.src = kbase;
+      d.st = 0;
+      d.dst = 0;
+    }
+    d.src += d.key * d.st;
+    return d;
+  };
+  // Shared issue (default): copy warp + HB lane. Solo: copies lane and (fp8: 34 or 64 copies)
+  // lane + 32 of the issuing warp (the second one made at issue time: kept for the whole loop it
+  // pushed the fp8 instantiation past 128 registers).
+  const Copy c1 = copy_of(solo ? lane : warp + HB * lane);
+  const char* my_src = c1.src;
+  const int64_t my_st = c1.st;
+  const uint32_t my_dst = c1.dst, my_size = c1.size;
+  const int my_key = c1.key, my_n = c1.n;
+  const bool my_lane = c1.ok;
   // Issues tile n (the next in order, n < n_tiles) into stage s (= n mod NST).
   // Stagger (contiguous only): tile n of the walk is tile (n + rot) mod n_tiles of the split.
   const int rot = a.stagger && !c.block_tables && n_tiles > 1
@@ -389,7 +424,53 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     __syncwarp();
     if (mine) bulk_copy(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
   };
-  for (int n = 0; n < NST && n < n_tiles; ++n) issue(n, n);
+  // Solo: tile n is issued by warp n mod HB (the tiles of one warp in increasing order, HB apart).
+  // Paged: the page of the warp's next tile comes from the tile index (lo and page_size are
+  // multiples of 16) and its block-table entry is loaded one issue ahead (solo_page).
+  const int tile0 = static_cast<int>(lo / 16);  // tile index of lo in the sequence
+  const int tpp = c.block_tables ? c.page_size / 16 : 1;  // tiles per page
+  int64_t solo_page = solo && c.block_tables && warp < n_tiles
+                          ? c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1]
+                          : 0;
+  auto issue_solo = [&](int n, int s) {  // warp n % HB only
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(n));
+    int64_t base = k0;
+    int64_t nk = min(hi - k0, int64_t{16});
+    if (c.block_tables) {
+      const int64_t page = solo_page;
+      const int tin = tile0 + n;
+      base = page * c.page_size + 16 * (tin % tpp);
+      nk = page < 0 ? 0 : min(nk, c.pool_rows - base);
+      solo_page = n + HB < n_tiles ? c.block_tables[b * c.bt_st0 + ((tin + HB) / tpp) * c.bt_st1]
+                                   : 0;
+    }
+    nk = nk < 0 ? 0 : nk;
+    const uint32_t bar = full_s + 8 * s;
+    const bool m1 = c1.ok && c1.key < nk;
+    const uint32_t s1 = static_cast<uint32_t>(min(nk - c1.key, int64_t{c1.n})) * c1.size;
+    bool m2 = false;
+    uint32_t s2 = 0;
+    Copy c2;
+    if constexpr (F == KvFormat::fp8) {
+      c2 = copy_of(lane + 32);
+      m2 = c2.ok && c2.key < nk;
+      s2 = static_cast<uint32_t>(min(nk - c2.key, int64_t{c2.n})) * c2.size;
+    }
+    const uint32_t bytes = __reduce_add_sync(0xffffffffu, (m1 ? s1 : 0u) + (m2 ? s2 : 0u));
+    if (lane == 0) {
+      cnt[s] = static_cast<int>(nk);
+      mbar_arrive_expect_tx(bar, bytes);
+    }
+    __syncwarp();
+    const uint32_t dst = ring_s + s * stage_bytes;
+    if (m1) bulk_copy(dst + c1.dst, c1.src + base * c1.st, s1, bar);
+    if constexpr (F == KvFormat::fp8)
+      if (m2) bulk_copy(dst + c2.dst, c2.src + base * c2.st, s2, bar);
+  };
+  for (int n = 0; n < NST && n < n_tiles; ++n) {
+    if constexpr (!solo) issue(n, n);
+    else if (warp == (n & (HB - 1))) issue_solo(n, n);  // (HB: a power of two)
+  }
 
   // ---- q as B fragments: (k-pos 2t, 2t+1 | 2t+8, 2t+9; query row 8 nr + g), f16 ----
   // The contraction order is the K A fragment's: lane t's run [t QRUN, (t+1) QRUN) of the dims;
@@ -398,6 +479,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // 32 X + 8 t + [0, 8)): b0 = dims + 2j + {0, 4} (low nibbles), b1 = dims + 2j + {1, 5} / 16
   // (high nibbles, which arrive as 16 c).
   uint32_t qf[NR][KS][2];
+  const bool q_bf16 = p.q_dtype == DType::bf16;
   int mrow[NR][2], grow[NR][2];
   bool rok[NR][2];
   float qsum[NR];   // fold: sum of the row's q as the mma sees it (fp8: row 8 nr + g)
@@ -426,7 +508,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
                                               : 4 * ks + e;
           at = off + pos;
         }
-        v[e] = ok ? load_q(p.q, at, p.q_dtype) : 0.f;
+        // q is f16 or bf16 on CUDA (the front rejects f32): 16-bit loads without a dtype branch
+        // per element, so that the loads of the whole prologue can be in flight together
+        // (a dtype branch per element serialized 32-64 dependent loads per lane).
+        const uint32_t u = ok ? static_cast<const uint16_t*>(p.q)[at] : 0u;
+        v[e] = q_bf16 ? __uint_as_float(u << 16)
+                      : __half2float(__ushort_as_half(static_cast<unsigned short>(u)));
       }
       if constexpr (kFoldI4) {
         qf[nr][ks][0] = pack_f32x2(v[0], v[1]);
@@ -914,10 +1001,22 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       }
     }
 
-    __syncthreads();  // every warp is done with stage s
-    if (it + NST < n_tiles) {
-      fence_async_shared();
-      issue(it + NST, s);
+    if constexpr (solo) {
+      // Release stage s; the issuer of tile it + NST waits until every warp has released it.
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty_s + 8 * s);
+      const int nn = it + NST;
+      if (nn < n_tiles && warp == (nn & (HB - 1))) {
+        mbar_wait(empty_s + 8 * s, phase);
+        fence_async_shared();
+        issue_solo(nn, s);
+      }
+    } else {
+      __syncthreads();  // every warp is done with stage s
+      if (it + NST < n_tiles) {
+        fence_async_shared();
+        issue(it + NST, s);
+      }
     }
     if (++s == NST) {
       s = 0;
@@ -925,6 +1024,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
   }
 
+  decode_griddep_launch();  // (PDL) the merge may launch; it waits for this grid to complete
   // ---- the warp's partial (O, LSE) of head h, rows r0 + 8 nr + 2t + e ----
   const int64_t base_row = ((b * p.H + h) * p.S + split) * static_cast<int64_t>(p.R) + r0;
 #pragma unroll
@@ -969,26 +1069,43 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
 }
 
-template <KvFormat F, int D, int NR, int VA, int FOLD>
+template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO>
 void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
-  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD>;
+  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO>;
   const int smem = a.nst * a.stage_bytes;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "decode_attention", "shared memory of the bulk kernel");
-  // Two CTAs of ~110 KB per multiprocessor need the largest shared-memory carveout.
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  cudaSharedmemCarveoutMaxShared),
-             "decode_attention", "shared-memory carveout of the bulk kernel");
+  // The attributes once per (device, instantiation, size): two host API calls per decode step
+  // otherwise. smem never exceeds kMaxStages stages of ~23-36 KB, so the largest size set so far
+  // covers every later launch; only growth sets it again.
+  static thread_local int set_smem[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    cudaGetLastError();
+    dev = -1;
+  }
+  if (dev < 0 || set_smem[dev] < smem) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "decode_attention", "shared memory of the bulk kernel");
+    // Two CTAs of ~110 KB per multiprocessor need the largest shared-memory carveout.
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared),
+               "decode_attention", "shared-memory carveout of the bulk kernel");
+    if (dev >= 0) set_smem[dev] = smem;
+  }
   const int row_chunks = (p.R + 15) / 16;
   const int head_blocks = p.H / a.hb;
   dim3 grid(p.S, head_blocks * row_chunks, static_cast<unsigned>(B));
-  kernel<<<grid, 32 * a.hb, smem, stream>>>(p, a);
+  launch_maybe_pdl(a.pdl, kernel, grid, dim3(32 * a.hb), static_cast<size_t>(smem), stream, p, a);
 }
 
 template <KvFormat F, int D, int VA, int FOLD>
 void launch_rows(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
-  if (p.R > 8) launch_nr<F, D, 2, VA, FOLD>(p, a, B, stream);
-  else launch_nr<F, D, 1, VA, FOLD>(p, a, B, stream);
+  if (a.solo) {
+    if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, true>(p, a, B, stream);
+    else launch_nr<F, D, 1, VA, FOLD, true>(p, a, B, stream);
+  } else {
+    if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, false>(p, a, B, stream);
+    else launch_nr<F, D, 1, VA, FOLD, false>(p, a, B, stream);
+  }
 }
 
 // fold (DecodePlan::fold_scales: 0 off, 1 subnormal codes, 2 magic-number codes; fp8: any
@@ -1097,10 +1214,12 @@ bool decode_bulk_folds(const KvCache& cache) {
 }
 
 void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
-                        bool stagger, cudaStream_t stream) {
+                        bool stagger, int issue, bool pdl, cudaStream_t stream) {
   fold = fold_applies(cache) ? fold : 0;
   BulkArgs a = bulk_geometry(cache, fold != 0);
   a.stagger = stagger;
+  a.solo = issue == 1;
+  a.pdl = pdl;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,

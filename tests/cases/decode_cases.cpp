@@ -141,8 +141,14 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     folded out of the per-element arithmetic; q and P (times the scales) rounded to f16);
 //   bulk_fold2: the same with fold_scales = 2 (int4 codes as magic-number f16, not subnormals);
 //   bulk_stagger: the bulk kernel with plan_decode's arithmetic and bulk_stagger (contiguous
-//     caches: each CTA starts its walk over the split's tiles at a rotated tile).
-enum class Kernel { automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger };
+//     caches: each CTA starts its walk over the split's tiles at a rotated tile);
+//   bulk_solo: the bulk kernel with plan_decode's arithmetic and bulk_issue = 1 (one warp issues
+//     each tile's copies, stages released on mbarriers instead of a CTA barrier per tile);
+//   no_pdl: plan_decode's choice with launch_pdl = false (ordinary launches of the split kernel
+//     and the merge; every other case runs them as programmatic dependent launches).
+enum class Kernel {
+  automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl
+};
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
 bool streams_by_default(KvFormat f, int D) {
@@ -157,8 +163,9 @@ class DecodeCase : public Case {
         kernel_(kernel),
         f16_math_(kernel == Kernel::bulk || kernel == Kernel::bulk_fold ||
                   kernel == Kernel::bulk_fold2 || kernel == Kernel::bulk_stagger ||
-                  kernel == Kernel::stream ||
-                  (kernel == Kernel::automatic && streams_by_default(cs.format, cs.D))) {}
+                  kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
+                  ((kernel == Kernel::automatic || kernel == Kernel::no_pdl) &&
+                   streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
     std::string s = "decode.attention." + cs_.str() + ".g" + std::to_string(G_) + ".mq" +
@@ -171,6 +178,8 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_fold) s += ".bulk_fold";
     if (kernel_ == Kernel::bulk_fold2) s += ".bulk_fold2";
     if (kernel_ == Kernel::bulk_stagger) s += ".bulk_stagger";
+    if (kernel_ == Kernel::bulk_solo) s += ".bulk_solo";
+    if (kernel_ == Kernel::no_pdl) s += ".no_pdl";
     return s;
   }
 
@@ -214,16 +223,21 @@ class DecodeCase : public Case {
     KvCache c = cache_view(cs_, in);
     const TensorView& q = in[kFirstExtra];
     DecodePlan plan = plan_decode(c, Mq_, cs_.H * G_, cs_.D, ctx);
-    if (kernel_ != Kernel::automatic) {
+    if (kernel_ == Kernel::no_pdl) {
+      plan.launch_pdl = false;
+    } else if (kernel_ != Kernel::automatic) {
       const bool bulk = kernel_ == Kernel::bulk || kernel_ == Kernel::bulk_fold ||
-                        kernel_ == Kernel::bulk_fold2 || kernel_ == Kernel::bulk_stagger;
+                        kernel_ == Kernel::bulk_fold2 || kernel_ == Kernel::bulk_stagger ||
+                        kernel_ == Kernel::bulk_solo;
       plan.streaming = bulk || kernel_ == Kernel::stream;
       plan.bulk_copy = bulk;
       plan.fold_scales = kernel_ == Kernel::bulk_fold    ? 1
                          : kernel_ == Kernel::bulk_fold2   ? 2
-                         : kernel_ == Kernel::bulk_stagger ? plan.fold_scales
-                                                           : 0;
+                         : kernel_ == Kernel::bulk_stagger || kernel_ == Kernel::bulk_solo
+                             ? plan.fold_scales
+                             : 0;
       plan.bulk_stagger = kernel_ == Kernel::bulk_stagger;
+      plan.bulk_issue = kernel_ == Kernel::bulk_solo ? 1 : 0;
     }
     Buffer ws(q.device, workspace_bytes(plan));
     TensorView lse = out[1];
@@ -404,7 +418,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   };
   const Kernel st = Kernel::stream, cc = Kernel::cuda_cores;
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, bf2 = Kernel::bulk_fold2;
-  const Kernel bs = Kernel::bulk_stagger;
+  const Kernel bs = Kernel::bulk_stagger, so = Kernel::bulk_solo, np = Kernel::no_pdl;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -504,6 +518,37 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 1, 300, 4, 128, 256), {300}, 16, 1, false, false, DType::f16, bf);
   add(shape(F::fp8, 1, 2, 2100, 8, 128, 16), {2100, 17}, 16, 2, true, false, DType::f16, bf);
   add(shape(F::fp8, 1, 2, 523, 4, 64, 0), {523, 0}, 1, 1, false, true, DType::f16, bf);
+  // bulk_issue = 1 (solo: one warp issues a tile's copies, warp n mod HB for tile n; stages
+  // released on mbarriers): int4 g4 folded with 8 / 4 / 2 / 1 heads per CTA (HB < stages: one warp
+  // issues several of the first tiles), key pairs and single keys (16 heads), contiguous and paged
+  // 16 / 256 (page of each tile from its index; splits starting inside a page), many tiles per
+  // split, empty / 1-key sequences, 9-16 rows, Mq > 1 causal, bias; int4 g1 / g8 / D 64 (per-element
+  // arithmetic); fp8 with one scale/shift copy per tile (34 copies: lanes 0, 1 issue two) and per
+  // key (16 heads: 64 copies, two per lane); f16 (4 heads per CTA).
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1001, 0}, 4, 1, false, false, DType::f16, so);
+  add(shape(F::int4, 4, 2, 2100, 8, 128, 16), {2100, 33}, 4, 1, false, false, DType::f16, so);
+  add(shape(F::int4, 4, 2, 1700, 4, 128, 256), {1700, 1}, 8, 1, false, false, DType::bf16, so);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 33}, 2, 3, true, false, DType::bf16, so);
+  add(shape(F::int4, 4, 2, 523, 1, 128, 256), {523, 17}, 16, 1, false, true, DType::f16, so);
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, so);
+  add(shape(F::int4, 1, 2, 1001, 4, 128, 16), {1001, 5}, 4, 1, false, false, DType::f16, so);
+  add(shape(F::int4, 8, 2, 600, 4, 64, 0), {600, 47}, 4, 2, true, true, DType::f16, so);
+  add(shape(F::fp8, 1, 2, 2100, 8, 128, 0), {2100, 523}, 4, 1, false, false, DType::f16, so);
+  add(shape(F::fp8, 1, 2, 1001, 4, 64, 16), {1001, 31}, 2, 3, true, true, DType::bf16, so);
+  add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 0}, 8, 1, false, false, DType::f16, so);
+  add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, so);
+  add(shape(F::f16, 1, 2, 2100, 4, 128, 0), {2100, 47}, 4, 1, false, false, DType::f16, so);
+  add(shape(F::f16, 1, 2, 523, 8, 64, 16), {523, 16}, 1, 8, true, true, DType::bf16, so);
+  // plan_decode's defaults since run 9 on bulk layouts: fp8 contiguous = solo issue + folded
+  // scales, fp8 paged = shared issue, f16 = solo (D 64 / 128, contiguous and paged).
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 523, 0}, 4, 1, false, false, DType::f16);
+  add(shape(F::fp8, 1, 2, 1001, 4, 64, 0), {1001, 17}, 2, 3, true, true, DType::bf16);
+  add(shape(F::fp8, 1, 2, 700, 8, 128, 16), {700, 33}, 4, 1, false, false, DType::f16);
+  add(shape(F::f16, 1, 2, 1500, 4, 128, 0), {1500, 31}, 8, 1, false, false, DType::f16);
+  add(shape(F::f16, 1, 2, 600, 8, 64, 256), {600, 1}, 4, 2, true, false, DType::bf16);
+  // launch_pdl = false: ordinary launches of the split kernel and the merge.
+  add(shape(F::int4, 4, 3, 1001, 8, 128, 16), {1001, 17, 0}, 4, 1, false, false, DType::f16, np);
+  add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 1}, 8, 2, true, true, DType::bf16, np);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
