@@ -65,11 +65,21 @@ struct DecodeTilesTuning {
   // Warp w takes the CTA's items w, w + 16, w + 32, ... (the CTA's 16 warps read 16 adjacent KB
   // at a time: one DRAM stream per SM) instead of a contiguous run (16 streams per SM).
   bool interleave = false;
+  // Session 5: the transport. 0: the shared-memory ring above (gemv_tiles_kernel, the fields
+  // above apply). 4 or 8: the direct kernel (gemv_direct_kernel): each lane loads its 16-byte
+  // words of the next 4 (16 warps per CTA) or 8 (8 warps) items straight into registers
+  // (ld.global.nc, no shared-memory ring), the grid's items split evenly over the CTAs (tiles
+  // shared by neighbours finished through a global int32 buffer); depth, balanced, table4, bulk
+  // and interleave do not apply.
+  int direct = 4;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
 void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream);
+// Bench only: reads the bytes the default kernel streams (codes + 8-byte tables of d.tiles) with
+// its loads and nothing else: the roofline of the GEMV under the same timing.
+void decode_tiles_stream_probe(const DecodeParams& d, cudaStream_t stream);
 
 }  // namespace linear
 }  // namespace cuda
