@@ -301,6 +301,7 @@ class DecodeRingBench : public BenchCase {
       int direct;   // DecodeTilesTuning::direct (0: the session-4 shared-memory ring)
       bool rotate;  // the rotate kernel first (the layer), else the GEMV alone
       bool fused;   // the GEMV rotates + quantizes x itself (M <= kTilesFuseLimit)
+      bool whole = false;  // whole tiles per CTA
     };
     // Session 5: the direct kernel (register ring, even item split) against session 4's shared-
     // memory ring at depth 4 (run 7: the fastest of its transports; the bulk-copy, deeper-ring,
@@ -309,7 +310,9 @@ class DecodeRingBench : public BenchCase {
                        V{"direct alone (codes on the device)", 4, false, false},
                        V{"rotate + direct, 8 items ahead, 8 warps", 8, true, false},
                        V{"direct alone, 8 items ahead, 8 warps", 8, false, false},
+                       V{"rotate + direct, whole tiles per CTA", 4, true, false, true},
                        V{"direct fused (one kernel), 4 ahead, 16 warps", 4, false, true},
+                       V{"direct fused, whole tiles per CTA", 4, false, true, true},
                        V{"direct fused (one kernel), 8 ahead, 8 warps", 8, false, true},
                        V{"rotate + tiles, smem ring (session 4)", 0, true, false},
                        V{"tiles alone, smem ring (session 4)", 0, false, false},
@@ -324,6 +327,7 @@ class DecodeRingBench : public BenchCase {
       Row c = row(v.name);
       cl::DecodeTilesTuning t;
       t.direct = v.direct;
+      t.whole_tiles = v.whole;
       tile_bytes(c);
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);
