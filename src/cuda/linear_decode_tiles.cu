@@ -644,6 +644,16 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
                : "l"(p));
   return v;
 }
+// Returns *p, adds v: release of this thread's (and, after a barrier, its CTA's) earlier writes,
+// acquire of those the other CTAs released with it.
+__device__ __forceinline__ uint32_t atom_add_acq_rel(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(p), "r"(v)
+               : "memory");
+  return old;
+}
 // Per byte: x | -y, for bytes x, y in [0, 127] of which at least one is 0 (= x - y, no carries:
 // 0x80 - y stays in [1, 128], and ^ 0x80 turns it into -y mod 256, 0 for y = 0).
 __device__ __forceinline__ uint32_t merge_signed(uint32_t x, uint32_t y) {
@@ -847,12 +857,14 @@ __global__ void __launch_bounds__(W * 32, 1) gemv_direct_kernel(DecodeParams p, 
       const int32_t v = part[ltl * 16 * M + i];
       if (v != 0) atomicAdd(gsum + i, v);
     }
-    __threadfence();
+    // The CTA's adds happen before thread 0's release (the barrier, then one acq_rel atomic: the
+    // split-K semaphore pattern, no fence per thread); its acquire makes the other CTAs' adds
+    // visible to the reads below (after the second barrier).
     __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(&L.gcnt[t], mine) + mine == static_cast<uint32_t>(ipt);
+    if (threadIdx.x == 0)
+      s_last = atom_add_acq_rel(&L.gcnt[t], mine) + mine == static_cast<uint32_t>(ipt);
     __syncthreads();
     if (s_last) {  // every item of tile t is in: finish it and leave the buffer zero
-      __threadfence();
       for (int i = threadIdx.x; i < 16 * M; i += THREADS) {
         const int c = i / M, tok = i - c * M;
         const int32_t v = atomicExch(gsum + i, 0);
