@@ -1119,23 +1119,49 @@ void decode_direct(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream
   check_launch("decode_tiles");
 }
 
-// Reads `words` 16-byte words with the direct kernel's loads, 4 independent ones per thread per
-// step; the store (sink is null: never taken, but the compiler cannot know) keeps them alive.
-__global__ void __launch_bounds__(512) stream_probe_kernel(const uint4* p, int64_t words,
-                                                           uint4* sink) {
-  uint32_t acc = 0;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < words; i += 4 * stride) {
-    uint4 v[4];
+// The direct kernel's transport without its arithmetic (bench only): the same item split over
+// min(SMs, items) CTAs of 16 warps, the same loads, 4 items ahead in a register ring, each item
+// folded into one xor; the store (sink is null: never taken, but the compiler cannot know) keeps
+// the loads alive. (A grid-stride loop of 8 independent loads per thread does not do: ptxas
+// interleaves the uses and keeps the kernel at 32 registers, ~5 loads in flight.)
+template <bool TABLES>
+__global__ void __launch_bounds__(kTilesThreads, 1)
+    stream_probe_kernel(const uint8_t* tiles, int64_t items_total, uint4* sink) {
+  constexpr int U = 4, W = kTilesWarps;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t G = gridDim.x, b = blockIdx.x;
+  const int64_t s0 = b * items_total / G, s1 = (b + 1) * items_total / G;
+  const int items = static_cast<int>(s1 - s0);
+  const int jb = warp * items / W;
+  const int n = (warp + 1) * items / W - jb;
+  const uint8_t* codes = tiles + (s0 + jb) * kItemBytes + lane * 16;
+  const uint8_t* tables = tiles + items_total * kItemBytes + (s0 + jb) * kTableBytes +
+                          (lane >> 2) * 16;
+  uint4 b0[U], b1[U], bt[U];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = ldg_stream(p + i + j * stride);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  for (int j = 0; j < U; ++j) {
+    b0[j] = b1[j] = bt[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (j < n) {
+      b0[j] = ldg_stream(codes + j * kItemBytes);
+      b1[j] = ldg_stream(codes + j * kItemBytes + 512);
+      if (TABLES) bt[j] = ldg_stream(tables + j * kTableBytes);
+    }
   }
-  for (; i < words; i += stride) {
-    const uint4 v = ldg_stream(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  uint32_t acc = 0;
+  for (int k0 = 0; k0 < n; k0 += U) {
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int k = k0 + j;
+      if (k >= n) break;
+      const uint4 w0 = b0[j], w1 = b1[j], t = bt[j];
+      if (k + U < n) {
+        b0[j] = ldg_stream(codes + (k + U) * kItemBytes);
+        b1[j] = ldg_stream(codes + (k + U) * kItemBytes + 512);
+        if (TABLES) bt[j] = ldg_stream(tables + (k + U) * kTableBytes);
+      }
+      acc ^= w0.x ^ w0.y ^ w0.z ^ w0.w ^ w1.x ^ w1.y ^ w1.z ^ w1.w;
+      if (TABLES) acc ^= t.x ^ t.y ^ t.z ^ t.w;
+    }
   }
   if (acc == 0x9e3779b9u && sink != nullptr) *sink = make_uint4(acc, 0u, 0u, 0u);
 }
@@ -1274,11 +1300,13 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
 }
 
 void decode_tiles_stream_probe(const DecodeParams& d, cudaStream_t stream) {
-  const int kind = decode_tiles_kind(d.w);
   const int64_t items = (d.w.N + 15) / 16 * (d.w.K / kItemCols);
-  const int64_t words = items * (kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0)) / 16;
-  stream_probe_kernel<<<static_cast<unsigned>(multiprocessor_count()), 512, 0, stream>>>(
-      reinterpret_cast<const uint4*>(d.tiles), words, nullptr);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(multiprocessor_count(), items));
+  if (decode_tiles_kind(d.w) == kTilesInt4) {
+    stream_probe_kernel<true><<<grid, kTilesThreads, 0, stream>>>(d.tiles, items, nullptr);
+  } else {
+    stream_probe_kernel<false><<<grid, kTilesThreads, 0, stream>>>(d.tiles, items, nullptr);
+  }
   check_launch("decode_tiles_stream_probe");
 }
 
