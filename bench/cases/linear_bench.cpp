@@ -339,11 +339,14 @@ class DecodeRingBench : public BenchCase {
     }
     // The roofline under the same timing: the bytes the GEMV streams, read with its loads, no
     // arithmetic, no prologue or epilogue.
-    Row c = row("stream probe: the layout's bytes read, nothing else");
-    tile_bytes(c);
-    c.ms = env_->time_ms([&] { cl::decode_tiles_stream_probe(tv, s); });
-    c.note = "read-only copy kernel: not the layer";
-    rows.push_back(c);
+    for (bool il : {false, true}) {
+      Row c = row(il ? "stream probe, interleaved warps" :
+                       "stream probe: the layout's bytes read, nothing else");
+      tile_bytes(c);
+      c.ms = env_->time_ms([&] { cl::decode_tiles_stream_probe(tv, il, s); });
+      c.note = "read-only kernel: not the layer";
+      rows.push_back(c);
+    }
   }
 
   std::vector<Row> run(const Env& env) override {

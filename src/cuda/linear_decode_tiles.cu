@@ -1124,16 +1124,19 @@ void decode_direct(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream
 // folded into one xor; the store (sink is null: never taken, but the compiler cannot know) keeps
 // the loads alive. (A grid-stride loop of 8 independent loads per thread does not do: ptxas
 // interleaves the uses and keeps the kernel at 32 registers, ~5 loads in flight.)
-template <bool TABLES>
+// INTERLEAVE: warp w reads the CTA's items w, w + 16, ... (the CTA's warps on 16 adjacent KB at a
+// time) instead of a contiguous run.
+template <bool TABLES, bool INTERLEAVE>
 __global__ void __launch_bounds__(kTilesThreads, 1)
     stream_probe_kernel(const uint8_t* tiles, int64_t items_total, uint4* sink) {
-  constexpr int U = 4, W = kTilesWarps;
+  constexpr int U = 4, W = kTilesWarps, STEP = INTERLEAVE ? W : 1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t G = gridDim.x, b = blockIdx.x;
   const int64_t s0 = b * items_total / G, s1 = (b + 1) * items_total / G;
   const int items = static_cast<int>(s1 - s0);
-  const int jb = warp * items / W;
-  const int n = (warp + 1) * items / W - jb;
+  const int jb = INTERLEAVE ? warp : warp * items / W;
+  const int n = INTERLEAVE ? (items > warp ? (items - warp + W - 1) / W : 0)
+                           : (warp + 1) * items / W - jb;
   const uint8_t* codes = tiles + (s0 + jb) * kItemBytes + lane * 16;
   const uint8_t* tables = tiles + items_total * kItemBytes + (s0 + jb) * kTableBytes +
                           (lane >> 2) * 16;
@@ -1142,9 +1145,9 @@ __global__ void __launch_bounds__(kTilesThreads, 1)
   for (int j = 0; j < U; ++j) {
     b0[j] = b1[j] = bt[j] = make_uint4(0u, 0u, 0u, 0u);
     if (j < n) {
-      b0[j] = ldg_stream(codes + j * kItemBytes);
-      b1[j] = ldg_stream(codes + j * kItemBytes + 512);
-      if (TABLES) bt[j] = ldg_stream(tables + j * kTableBytes);
+      b0[j] = ldg_stream(codes + j * STEP * kItemBytes);
+      b1[j] = ldg_stream(codes + j * STEP * kItemBytes + 512);
+      if (TABLES) bt[j] = ldg_stream(tables + j * STEP * kTableBytes);
     }
   }
   uint32_t acc = 0;
@@ -1155,9 +1158,9 @@ __global__ void __launch_bounds__(kTilesThreads, 1)
       if (k >= n) break;
       const uint4 w0 = b0[j], w1 = b1[j], t = bt[j];
       if (k + U < n) {
-        b0[j] = ldg_stream(codes + (k + U) * kItemBytes);
-        b1[j] = ldg_stream(codes + (k + U) * kItemBytes + 512);
-        if (TABLES) bt[j] = ldg_stream(tables + (k + U) * kTableBytes);
+        b0[j] = ldg_stream(codes + (k + U) * STEP * kItemBytes);
+        b1[j] = ldg_stream(codes + (k + U) * STEP * kItemBytes + 512);
+        if (TABLES) bt[j] = ldg_stream(tables + (k + U) * STEP * kTableBytes);
       }
       acc ^= w0.x ^ w0.y ^ w0.z ^ w0.w ^ w1.x ^ w1.y ^ w1.z ^ w1.w;
       if (TABLES) acc ^= t.x ^ t.y ^ t.z ^ t.w;
@@ -1299,13 +1302,21 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   check_launch("decode_tiles");
 }
 
-void decode_tiles_stream_probe(const DecodeParams& d, cudaStream_t stream) {
+void decode_tiles_stream_probe(const DecodeParams& d, bool interleave, cudaStream_t stream) {
   const int64_t items = (d.w.N + 15) / 16 * (d.w.K / kItemCols);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(multiprocessor_count(), items));
-  if (decode_tiles_kind(d.w) == kTilesInt4) {
-    stream_probe_kernel<true><<<grid, kTilesThreads, 0, stream>>>(d.tiles, items, nullptr);
+  auto go = [&](auto kernel) {
+    kernel<<<grid, kTilesThreads, 0, stream>>>(d.tiles, items, nullptr);
+  };
+  const bool tables = decode_tiles_kind(d.w) == kTilesInt4;
+  if (tables && interleave) {
+    go(stream_probe_kernel<true, true>);
+  } else if (tables) {
+    go(stream_probe_kernel<true, false>);
+  } else if (interleave) {
+    go(stream_probe_kernel<false, true>);
   } else {
-    stream_probe_kernel<false><<<grid, kTilesThreads, 0, stream>>>(d.tiles, items, nullptr);
+    go(stream_probe_kernel<false, false>);
   }
   check_launch("decode_tiles_stream_probe");
 }

@@ -82,8 +82,9 @@ struct DecodeTilesTuning {
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
 void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream);
 // Bench only: reads the bytes the default kernel streams (codes + 8-byte tables of d.tiles) with
-// its loads and nothing else: the roofline of the GEMV under the same timing.
-void decode_tiles_stream_probe(const DecodeParams& d, cudaStream_t stream);
+// its loads and nothing else: the roofline of the GEMV under the same timing. interleave: each
+// CTA's warps read adjacent items instead of one contiguous run each.
+void decode_tiles_stream_probe(const DecodeParams& d, bool interleave, cudaStream_t stream);
 
 }  // namespace linear
 }  // namespace cuda
