@@ -301,7 +301,8 @@ class DecodeRingBench : public BenchCase {
       int direct;   // DecodeTilesTuning::direct (0: the session-4 shared-memory ring)
       bool rotate;  // the rotate kernel first (the layer), else the GEMV alone
       bool fused;   // the GEMV rotates + quantizes x itself (M <= kTilesFuseLimit)
-      bool whole = false;  // whole tiles per CTA
+      bool whole = false;       // whole tiles per CTA
+      bool interleave = false;  // the CTA's warps on adjacent items
     };
     // Session 5: the direct kernel (register ring, even item split) against session 4's shared-
     // memory ring at depth 4 (run 7: the fastest of its transports; the bulk-copy, deeper-ring,
@@ -311,6 +312,8 @@ class DecodeRingBench : public BenchCase {
                        V{"rotate + direct, 8 items ahead, 8 warps", 8, true, false},
                        V{"direct alone, 8 items ahead, 8 warps", 8, false, false},
                        V{"rotate + direct, whole tiles per CTA", 4, true, false, true},
+                       V{"rotate + direct, interleaved warps", 4, true, false, false, true},
+                       V{"direct alone, interleaved warps", 4, false, false, false, true},
                        V{"direct fused (one kernel), 4 ahead, 16 warps", 4, false, true},
                        V{"direct fused, whole tiles per CTA", 4, false, true, true},
                        V{"direct fused (one kernel), 8 ahead, 8 warps", 8, false, true},
@@ -328,6 +331,7 @@ class DecodeRingBench : public BenchCase {
       cl::DecodeTilesTuning t;
       t.direct = v.direct;
       t.whole_tiles = v.whole;
+      t.interleave = v.interleave;
       tile_bytes(c);
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);

@@ -632,6 +632,7 @@ struct DirectLayout {
   // Whole tiles per CTA (b·T/G to (b+1)·T/G: no tile shared, no global buffer; 7 vs 6.55 tiles
   // per CTA at N = 13824) instead of the even item split.
   int whole = 0;
+  int interleave = 0;  // warp w takes the CTA's items w, w + W, ... instead of a contiguous run
   int32_t* gacc = nullptr;   // tiles x kSharedTileInts int32, zero between launches
   uint32_t* gcnt = nullptr;  // tiles item counters, zero between launches
 };
@@ -666,8 +667,7 @@ template <int KIND, int NT, int U, int W, typename XT = void>
 __global__ void __launch_bounds__(W * 32, 1) gemv_direct_kernel(DecodeParams p, DirectLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int THREADS = W * 32;
-  constexpr bool kEarly =
-      std::is_void<XT>::value && !(KIND == kTilesInt4 && NT == 1 && W == 16);
+  constexpr bool kEarly = std::is_void<XT>::value && !(KIND == kTilesInt4 && W == 16);
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
   __shared__ float s_scale[16], s_amax[W];
@@ -685,9 +685,14 @@ __global__ void __launch_bounds__(W * 32, 1) gemv_direct_kernel(DecodeParams p, 
   const int64_t t0 = s0 / ipt, t1 = (s1 + ipt - 1) / ipt;
   const int ntl = static_cast<int>(t1 - t0);
   const int items = static_cast<int>(s1 - s0);
-  const int jb = warp * items / W;
-  const int n_items = (warp + 1) * items / W - jb;
+  // The warp's items, local indices jb + step · k (k < n_items): a contiguous run (step 1) or
+  // interleaved (step W: the CTA's warps on adjacent items at a time).
+  const int step = L.interleave ? W : 1;
+  const int jb = L.interleave ? warp : warp * items / W;
+  const int n_items = L.interleave ? (items > warp ? (items - warp + W - 1) / W : 0)
+                                   : (warp + 1) * items / W - jb;
   const int64_t gi0 = s0 + jb;
+  const int item_stride = step * kItemBytes, table_stride = step * kTableBytes;
   const uint8_t* codes = p.tiles + gi0 * kItemBytes + lane * 16;
   const uint8_t* tables = p.tiles + T * ipt * kItemBytes + gi0 * kTableBytes + gid * 16;
 
@@ -697,9 +702,9 @@ __global__ void __launch_bounds__(W * 32, 1) gemv_direct_kernel(DecodeParams p, 
   for (int j = 0; j < U; ++j) {
     bw0[j] = bw1[j] = bt[j] = make_uint4(0u, 0u, 0u, 0u);
     if (j < n_items) {
-      bw0[j] = ldg_stream(codes + j * kItemBytes);
-      bw1[j] = ldg_stream(codes + j * kItemBytes + 512);
-      if (KIND == kTilesInt4) bt[j] = ldg_stream(tables + j * kTableBytes);
+      bw0[j] = ldg_stream(codes + j * item_stride);
+      bw1[j] = ldg_stream(codes + j * item_stride + 512);
+      if (KIND == kTilesInt4) bt[j] = ldg_stream(tables + j * table_stride);
     }
   }
 
@@ -739,6 +744,7 @@ __global__ void __launch_bounds__(W * 32, 1) gemv_direct_kernel(DecodeParams p, 
     for (int r = 0; r < 4; ++r) acc0[nt][r] = acc1[nt][r] = 0;
   int tl = static_cast<int>(gi0 / ipt - t0);  // local tile and group of the current item
   int g = static_cast<int>(gi0 % ipt);
+  bool pending = false;  // sums of tile tl not yet in the CTA's
   // The warp's sums of local tile tl into the CTA's (D fragment: c0, c1 = row gid, tokens 2 tid4,
   // 2 tid4 + 1; c2, c3 = row gid + 8).
   auto flush = [&]() {
@@ -762,13 +768,13 @@ __global__ void __launch_bounds__(W * 32, 1) gemv_direct_kernel(DecodeParams p, 
       const uint4 w0 = bw0[j], w1 = bw1[j], tv = bt[j];
       // Refill the entry with the item U ahead: before using this one (U items in flight while
       // computing), or after it (U - 1 ahead) where the copies do not fit in the registers: the
-      // fused instances (rotation prologue) and packed 4-bit at one n8 tile with 16 warps
-      // (ptxas: 128 registers + 20 bytes of spills with the copies).
+      // fused instances (rotation prologue) and packed 4-bit with 16 warps (ptxas: 128 registers
+      // + 16..20 bytes of spills with the copies).
       auto refill = [&]() {
         if (k + U < n_items) {
-          bw0[j] = ldg_stream(codes + (k + U) * kItemBytes);
-          bw1[j] = ldg_stream(codes + (k + U) * kItemBytes + 512);
-          if (KIND == kTilesInt4) bt[j] = ldg_stream(tables + (k + U) * kTableBytes);
+          bw0[j] = ldg_stream(codes + (k + U) * item_stride);
+          bw1[j] = ldg_stream(codes + (k + U) * item_stride + 512);
+          if (KIND == kTilesInt4) bt[j] = ldg_stream(tables + (k + U) * table_stride);
         }
       };
       if constexpr (kEarly) refill();
@@ -810,14 +816,19 @@ __global__ void __launch_bounds__(W * 32, 1) gemv_direct_kernel(DecodeParams p, 
         }
       }
       if constexpr (!kEarly) refill();
-      if (++g == ipt) {  // the warp's part of this tile is complete
+      // The next item's group; adv: tile boundaries crossed on the way. Crossing one completes
+      // the warp's part of the current tile.
+      int adv = 0;
+      for (g += step; g >= ipt; g -= ipt) ++adv;
+      pending = true;
+      if (adv > 0) {
         flush();
-        g = 0;
-        ++tl;
+        pending = false;
+        tl += adv;
       }
     }
   }
-  if (n_items > 0 && g != 0) flush();  // the warp ended inside a tile
+  if (pending) flush();  // the warp ended inside a tile
   __syncthreads();
 
   // apply_epilogue's arithmetic and order (c: the column's index in this CTA's range).
@@ -1085,6 +1096,7 @@ void decode_direct(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream
   const int grid = static_cast<int>(std::min<int64_t>(multiprocessor_count(), units));
   DirectLayout L = direct_layout(d, grid);
   L.whole = t.whole_tiles ? 1 : 0;
+  L.interleave = t.interleave ? 1 : 0;
   if (!t.whole_tiles) shared_tile_buffers(stream, L.tiles, &L.gacc, &L.gcnt);
   auto go = [&](auto kind_tag) {
     constexpr int KIND = decltype(kind_tag)::value;

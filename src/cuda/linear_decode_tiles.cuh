@@ -63,14 +63,15 @@ struct DecodeTilesTuning {
   // on the slot's mbarrier, instead of two 16-byte cp.async per lane. Same slots, same bits.
   bool bulk = false;
   // Warp w takes the CTA's items w, w + 16, w + 32, ... (the CTA's 16 warps read 16 adjacent KB
-  // at a time: one DRAM stream per SM) instead of a contiguous run (16 streams per SM).
+  // at a time: one DRAM stream per SM) instead of a contiguous run (16 streams per SM). Applies
+  // to the direct kernel too (w, w + W, ...).
   bool interleave = false;
   // Session 5: the transport. 0: the shared-memory ring above (gemv_tiles_kernel, the fields
   // above apply). 4 or 8: the direct kernel (gemv_direct_kernel): each lane loads its 16-byte
   // words of the next 4 (16 warps per CTA) or 8 (8 warps) items straight into registers
   // (ld.global.nc, no shared-memory ring), the grid's items split evenly over the CTAs (tiles
-  // shared by neighbours finished through a global int32 buffer); depth, balanced, table4, bulk
-  // and interleave do not apply.
+  // shared by neighbours finished through a global int32 buffer); depth, balanced, table4 and
+  // bulk do not apply.
   int direct = 4;
   // Direct: whole 16-row tiles per CTA (no tile shared between CTAs: no global buffer, no
   // end-of-kernel counter round trips; 7 vs 6.55 tiles per CTA at N = 13824) instead of the even
