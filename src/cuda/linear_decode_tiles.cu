@@ -17,7 +17,8 @@
 //     T[m] = fold(m) (SPEC §3.3; T[-m] = -T[m], checked when building). prmt's selector nibble
 //     with bit 3 set replicates the selected byte's sign bit (0 here: T[m] <= 127), so
 //     prmt(T, w) gives T[m] for c >= 0 and 0 for c < 0, prmt(T, w ^ 0x8888) the converse: the
-//     int8-grid weight is X - Y, two accumulators, 4 mma per 32 weights per lane;
+//     int8-grid weight is X - Y, merged per byte into one s8 word (merge_signed, session 5;
+//     session 4 ran two u8 mma sets), 2 mma per 32 weights per lane;
 //   - each warp streams a contiguous run of its CTA's items through a per-lane cp.async ring
 //     (D slots, no registers held by loads in flight, the first D - 1 requested before
 //     griddepcontrol.wait); the CTA's warps split its items evenly, whatever K, and add their
@@ -245,6 +246,12 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
 }
 
 // ---- the GEMV ----
+
+// Per byte: x | -y, for bytes x, y in [0, 127] of which at least one is 0 (= x - y, no carries:
+// 0x80 - y stays in [1, 128], and ^ 0x80 turns it into -y mod 256, 0 for y = 0).
+__device__ __forceinline__ uint32_t merge_signed(uint32_t x, uint32_t y) {
+  return x | ((0x80808080u - y) ^ 0x80808080u);
+}
 
 // The M activation rows as int8 codes in shared memory (`act`, row stride act_stride bytes): copied
 // from p.a (written by the preceding kernel: call after griddepcontrol.wait), or (XT not void)
@@ -499,22 +506,20 @@ __global__ void __maxnreg__(kTilesMaxRegs)
           mma_u8s8(acc1[nt], hi, bv[nt].z, bv[nt].w);
         }
       } else {
-        uint32_t x1[4], x2[4], y1[4], y2[4];
+        // Session 5: X (c >= 0) and Y (c < 0) merged per byte into the signed weight X - Y
+        // (merge_signed), one s8 mma per 32 weights instead of two u8 ones (acc1 stays 0).
+        uint32_t s1w[4], s2w[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const uint32_t ta = tab[2 * (i & 1)], tb = tab[2 * (i & 1) + 1];  // row gid / gid + 8
           const uint32_t v = wd[i] ^ 0x88888888u;
-          x1[i] = prmt(ta, tb, wd[i]);
-          x2[i] = prmt(ta, tb, wd[i] >> 16);
-          y1[i] = prmt(ta, tb, v);
-          y2[i] = prmt(ta, tb, v >> 16);
+          s1w[i] = merge_signed(prmt(ta, tb, wd[i]), prmt(ta, tb, v));
+          s2w[i] = merge_signed(prmt(ta, tb, wd[i] >> 16), prmt(ta, tb, v >> 16));
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          mma_u8s8(acc0[nt], x1, bv[nt].x, bv[nt].y);
-          mma_u8s8(acc0[nt], x2, bv[nt].z, bv[nt].w);
-          mma_u8s8(acc1[nt], y1, bv[nt].x, bv[nt].y);
-          mma_u8s8(acc1[nt], y2, bv[nt].z, bv[nt].w);
+          ptx::mma_s8(acc0[nt], s1w, bv[nt].x, bv[nt].y);
+          ptx::mma_s8(acc0[nt], s2w, bv[nt].z, bv[nt].w);
         }
       }
     }
@@ -654,11 +659,6 @@ __device__ __forceinline__ uint32_t atom_add_acq_rel(uint32_t* p, uint32_t v) {
                : "l"(p), "r"(v)
                : "memory");
   return old;
-}
-// Per byte: x | -y, for bytes x, y in [0, 127] of which at least one is 0 (= x - y, no carries:
-// 0x80 - y stays in [1, 128], and ^ 0x80 turns it into -y mod 256, 0 for y = 0).
-__device__ __forceinline__ uint32_t merge_signed(uint32_t x, uint32_t y) {
-  return x | ((0x80808080u - y) ^ 0x80808080u);
 }
 
 // KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows. U: items in flight per warp.

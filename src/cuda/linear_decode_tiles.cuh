@@ -72,7 +72,10 @@ struct DecodeTilesTuning {
   // (ld.global.nc, no shared-memory ring), the grid's items split evenly over the CTAs (tiles
   // shared by neighbours finished through a global int32 buffer); depth, balanced, table4 and
   // bulk do not apply.
-  int direct = 4;
+  // H200 run 9: direct 4 1 x 5120 -> 13824 convrotint4 22.8 us with the rotate kernel (whole
+  // tiles 20.6) vs 18.8 for the ring, whose GEMV alone (17.8) is within 2 us of a read-only
+  // kernel with the direct loads (15.9): 0, the ring, is the default.
+  int direct = 0;
   // Direct: whole 16-row tiles per CTA (no tile shared between CTAs: no global buffer, no
   // end-of-kernel counter round trips; 7 vs 6.55 tiles per CTA at N = 13824) instead of the even
   // item split.
