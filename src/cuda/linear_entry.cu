@@ -4,7 +4,8 @@
 //                     on sm_90a, else wgmma / mma.sync)
 //   decode  (M <= 16, int8-grid qtypes): rotate+quantize -> fused decode GEMM on the packed codes
 //           (M <= 2 where the ring kernel applies: one kernel, rotation in its prologue)
-//   convrot4 on sm_90: NVFP4 dequantized to f16 (exact) -> f16 mma GEMM, pts in the epilogue
+//   convrot4 on sm_90: NVFP4 dequantized to f16 (exact) -> f16 mma GEMM, pts in the epilogue;
+//            on sm_100: the block-scaled fp4 GEMM (src/cuda/gemm_nvfp4_sm100.h)
 // Temporary buffers come from the stream-ordered allocator (cudaMallocAsync on the caller's stream).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -19,6 +20,7 @@
 #include "src/core/check.h"
 #include "src/core/linear_backend.h"
 #include "src/cuda/common.cuh"
+#include "src/cuda/gemm_nvfp4_sm100.h"
 #include "src/cuda/linear_decode_ring.cuh"
 #include "src/cuda/linear_decode_tiles.cuh"
 #include "src/cuda/linear_kernels.cuh"
@@ -257,9 +259,37 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   g.ldo = out.stride[0];
 
   if (fmt == ActFormat::nvfp4) {
-    // sm_90 has no fp4 MMA: both operands dequantized to f16 (exact), f16 mma, pts in the epilogue.
     Scratch a_codes(static_cast<size_t>(M * K / 2), s, op);
     Scratch a_bs(static_cast<size_t>(M * K / 16), s, op);
+#ifdef LOWBIT_HAVE_SM100_NVFP4
+    if (linear::nvfp4_sm100_device()) {
+      // Blackwell: the block-scaled fp4 tensor cores read the packed codes and scales directly.
+      linear::Nvfp4Sm100Gemm f;
+      f.M = M;
+      f.N = O;
+      f.K = K;
+      f.a_codes = a_codes.as<uint8_t>();
+      f.a_scales = a_bs.as<uint8_t>();
+      f.w_codes = static_cast<const uint8_t*>(w.codes.data);
+      f.w_scales_swizzled = static_cast<const uint8_t*>(w.block_scales_swizzled.data);
+      f.alpha = static_cast<const float*>(w.tensor_scale.data);
+      f.bias = ep.bias;
+      f.bias_dtype = ep.bias_dtype;
+      f.out = out.data;
+      f.out_dtype = out.dtype;
+      f.ldo = out.stride[0];
+      if (K % 32 != 0 || f.ldo % 8 != 0) {
+        throw Error(op, "convrot4 on sm_100",
+                    "expected K a multiple of 32 and an output row stride a multiple of 8, got K " +
+                        std::to_string(K) + ", stride " + std::to_string(f.ldo));
+      }
+      launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
+      const std::string why = linear::nvfp4_gemm_sm100(f, s);
+      if (!why.empty()) throw Error(op, "convrot4 on sm_100", why);
+      return;
+    }
+#endif
+    // sm_90 has no fp4 MMA: both operands dequantized to f16 (exact), f16 mma, pts in the epilogue.
     launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
     Scratch a16(static_cast<size_t>(M * K * 2), s, op);
     Scratch w16(static_cast<size_t>(O * K * 2), s, op);
