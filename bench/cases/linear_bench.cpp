@@ -224,13 +224,14 @@ class RotateBench : public BenchCase {
 #ifdef LOWBIT_WITH_CUDA
 // Decode (M <= 16) kernel A/B at the decode rows' shape, CUDA only: each row is what
 // QuantizedLinear::forward launches for one choice of kernels (x bf16 in, bf16 out with bias,
-// random codes on the device), against cuBLASLt bf16 GEMM + bias in the same run:
-//   "ring fused"            one kernel: rotation + quantization in the ring kernel's prologue
-//                           (kRingFuseMaxM: off in the layer since H200 run 2);
-//   "rotate + ring"         the rotate kernel, then the ring kernel (PDL): the layer's path;
-//   "rotate + ring, <variant>"  the ring with the other weight transport / 8-row tiles at
-//                           M > 8, output bits compared with the default ring's;
-//   "rotate + stream (s2)"  the rotate kernel, then session 2's streaming kernel (PDL).
+// random codes on the device), against cuBLASLt bf16 GEMM + bias in the same run (both timed
+// with a cold L2: Env::time_ms flushes it before every timed call):
+//   "rotate + ring"         the rotate kernel, then the ring kernel (PDL): the layer's path for
+//                           int8 weights;
+//   4-bit: the tiled kernels on the weight's decode layout (tile_rows): "rotate + direct" is the
+//   layer's path (session 5), the session-4 shared-memory ring stays as an A/B row; "... alone"
+//   rows time the GEMV without the rotate kernel, "fused" ones rotate in the GEMV's prologue, the
+//   stream probe reads the layout's bytes and nothing else (the roofline).
 class DecodeRingBench : public BenchCase {
  public:
   std::string name() const override { return "linear.decode_ring"; }
@@ -288,71 +289,56 @@ class DecodeRingBench : public BenchCase {
       c.accuracy = diff ? std::to_string(diff) + " outputs differ from the ring"
                         : "bit-identical to the ring";
     };
-    struct V {
-      const char* name;
-      int depth;
-      bool rotate;
-      bool balanced;
-      bool table4;
-      bool bulk;
-      bool interleave = false;
-    };
-    // Run 6 (H200): depth 4 fastest (now the default), balanced split / 4-byte tables / fused
-    // slower; run 7 adds the bulk-copy (TMA) transport and interleaved warps.
-    for (const V& v : {V{"rotate + tiles (decode layout)", 4, true, false, false, false},
-                       V{"tiles alone (codes on the device)", 4, false, false, false, false},
-                       V{"rotate + tiles, ring depth 8", 8, true, false, false, false},
-                       V{"rotate + tiles, ring depth 6", 6, true, false, false, false},
-                       V{"rotate + tiles, bulk copies (TMA)", 4, true, false, false, true},
-                       V{"tiles alone, bulk copies (TMA)", 4, false, false, false, true},
-                       V{"rotate + tiles, bulk copies, depth 8", 8, true, false, false, true},
-                       V{"rotate + tiles, bulk copies, depth 6", 6, true, false, false, true},
-                       V{"rotate + tiles, balanced split", 4, true, true, false, false},
-                       V{"rotate + tiles, 4-byte tables", 4, true, false, true, false},
-                       V{"rotate + tiles, 4-byte tables, bulk copies", 4, true, false, true, true},
-                       V{"rotate + tiles, interleaved warps", 4, true, false, false, false, true},
-                       V{"tiles alone, interleaved warps", 4, false, false, false, false, true},
-                       V{"rotate + tiles, bulk copies, interleaved", 4, true, false, false, true,
-                         true},
-                       V{"tiles alone, bulk copies, interleaved", 4, false, false, false, true,
-                         true},
-                       V{"rotate + tiles, bulk copies, interleaved, depth 8", 8, true, false,
-                         false, true, true}}) {
-      if (v.table4 && d.w.format != cl::WeightFormat::packed) continue;
-      Row c = row(v.name);
-      cl::DecodeTilesTuning t;
-      t.depth = v.depth;
-      t.balanced = v.balanced;
-      t.table4 = v.table4;
-      t.bulk = v.bulk;
-      t.interleave = v.interleave;
-      // Bytes read: codes + the tables in use (the layout holds both table forms).
-      c.bytes -= static_cast<double>(N * d.w.row_bytes);
-      if (d.w.format == cl::WeightFormat::packed) c.bytes -= 4.0 * N * (K / 128);
-      c.bytes += (N + 15) / 16 * (K / 128) *
-                 (1024.0 + (d.w.format == cl::WeightFormat::packed ? (v.table4 ? 64 : 128) : 0));
-      c.ms = env_->time_ms([&] {
-        if (v.rotate) cl::rotate_quantize(rq, s);
-        cl::decode_tiles_with(tv, t, s);
-      });
-      if (!v.rotate) c.note = "GEMV only: not the layer";
-      compare(c);
-      rows.push_back(c);
-    }
-    // Fused: every CTA rotates + quantizes x itself (M <= 2): the layer in one launch.
-    cl::DecodeParams tf = fused;
-    tf.w = tv.w;
-    tf.tiles = tv.tiles;
-    if (cl::decode_tiles_applies(tf)) {
-      Row c = row("tiles fused (one kernel)");
+    // Bytes read: codes + the 8-byte tables (the layout also holds the 4-byte form, unread).
+    auto tile_bytes = [&](Row& c) {
       c.bytes -= static_cast<double>(N * d.w.row_bytes);
       if (d.w.format == cl::WeightFormat::packed) c.bytes -= 4.0 * N * (K / 128);
       c.bytes += (N + 15) / 16 * (K / 128) *
                  (1024.0 + (d.w.format == cl::WeightFormat::packed ? 128 : 0));
-      c.ms = env_->time_ms([&] { cl::decode_tiles(tf, s); });
+    };
+    struct V {
+      const char* name;
+      int direct;   // DecodeTilesTuning::direct (0: the session-4 shared-memory ring)
+      bool rotate;  // the rotate kernel first (the layer), else the GEMV alone
+      bool fused;   // the GEMV rotates + quantizes x itself (M <= kTilesFuseLimit)
+      bool whole = false;       // whole tiles per CTA
+      bool interleave = false;  // the CTA's warps on adjacent items
+    };
+    // Session 5 (H200 run 9, all rows bit-identical): the shared-memory ring (session 4) stays
+    // the default; the direct kernel's best form (whole tiles per CTA) stays as an A/B row; its
+    // even split, 8-warp, interleaved and fused forms and the session-4 fused ring were slower
+    // and are gone.
+    for (const V& v : {V{"rotate + tiles, smem ring (default)", 0, true, false},
+                       V{"tiles alone, smem ring (codes on the device)", 0, false, false},
+                       V{"rotate + direct, whole tiles per CTA", 4, true, false, true}}) {
+      cl::DecodeParams p = tv;
+      if (v.fused) {
+        p = fused;
+        p.w = tv.w;
+        p.tiles = tv.tiles;
+        if (!cl::decode_tiles_applies(p)) continue;
+      }
+      Row c = row(v.name);
+      cl::DecodeTilesTuning t;
+      t.direct = v.direct;
+      t.whole_tiles = v.whole;
+      t.interleave = v.interleave;
+      tile_bytes(c);
+      c.ms = env_->time_ms([&] {
+        if (v.rotate) cl::rotate_quantize(rq, s);
+        cl::decode_tiles_with(p, t, s);
+      });
+      if (!v.rotate && !v.fused) c.note = "GEMV only: not the layer";
       compare(c);
       rows.push_back(c);
     }
+    // The roofline under the same timing: the bytes the GEMV streams, read with its loads, no
+    // arithmetic, no prologue or epilogue.
+    Row c = row("stream probe: the layout's bytes read, nothing else");
+    tile_bytes(c);
+    c.ms = env_->time_ms([&] { cl::decode_tiles_stream_probe(tv, false, s); });
+    c.note = "read-only kernel: not the layer";
+    rows.push_back(c);
   }
 
   std::vector<Row> run(const Env& env) override {
@@ -436,11 +422,8 @@ class DecodeRingBench : public BenchCase {
           return r;
         };
         try {
-          if (cl::decode_ring_applies(fused)) {
-            Row r = row("ring fused (one kernel)");
-            r.ms = env.time_ms([&] { cl::decode_ring(fused, s); });
-            rows.push_back(r);
-          }
+          // Session 5 trim: the ring kernel's fused, GEMV-only and transport rows and session 2's
+          // streaming kernel are settled (slower; runs 2-7) and gone.
           if (cl::decode_ring_applies(sep)) {
             Row r = row("rotate + ring");
             r.ms = env.time_ms([&] {
@@ -448,46 +431,8 @@ class DecodeRingBench : public BenchCase {
               cl::decode_ring(sep, s);
             });
             rows.push_back(r);
-            Row g = row("ring alone (codes on the device)");
-            g.ms = env.time_ms([&] { cl::decode_ring(sep, s); });
-            g.note = "GEMV only: not the layer";
-            rows.push_back(g);
-            // Variants of the ring kernel, each timed and its output bits compared with the
-            // default's at the full shape: the other weight transport (16-byte cp.async per
-            // lane, kRingBulk = false) and, at M > 8, 8-row tiles with 16 warps.
-            cl::decode_ring(sep, s);
-            cudaStreamSynchronize(s);
-            const std::vector<float> ref = to_host_f32(out.view);
-            struct Variant {
-              const char* name;
-              bool bulk;
-              int tile_rows;
-            };
-            std::vector<Variant> variants = {{"rotate + ring, cp.async transport", false, 0}};
-            if (M > 8) variants.push_back({"rotate + ring, 8-row tiles (16 warps)", true, 8});
-            for (const Variant& v : variants) {
-              Row c = row(v.name);
-              c.ms = env.time_ms([&] {
-                cl::rotate_quantize(rq, s);
-                cl::decode_ring_with(sep, v.bulk, v.tile_rows, s);
-              });
-              cudaStreamSynchronize(s);
-              const std::vector<float> got = to_host_f32(out.view);
-              size_t diff = 0;
-              for (size_t i = 0; i < ref.size(); ++i)
-                if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
-              c.accuracy = diff ? std::to_string(diff) + " outputs differ from the default ring"
-                                : "bit-identical to the default ring";
-              rows.push_back(c);
-            }
           }
           if (f.f != cl::WeightFormat::int8) tile_rows(d, sep, fused, rq, row, rows);
-          Row r = row("rotate + stream (s2)");
-          r.ms = env.time_ms([&] {
-            cl::rotate_quantize(rq, s);
-            cl::decode_gemv_stream(sep, s);
-          });
-          rows.push_back(r);
         } catch (const std::exception& e) {
           Row r = row("failed");
           r.note = std::string("failed: ") + e.what();

@@ -17,7 +17,8 @@
 //     T[m] = fold(m) (SPEC §3.3; T[-m] = -T[m], checked when building). prmt's selector nibble
 //     with bit 3 set replicates the selected byte's sign bit (0 here: T[m] <= 127), so
 //     prmt(T, w) gives T[m] for c >= 0 and 0 for c < 0, prmt(T, w ^ 0x8888) the converse: the
-//     int8-grid weight is X - Y, two accumulators, 4 mma per 32 weights per lane;
+//     int8-grid weight is X - Y, merged per byte into one s8 word (merge_signed, session 5;
+//     session 4 ran two u8 mma sets), 2 mma per 32 weights per lane;
 //   - each warp streams a contiguous run of its CTA's items through a per-lane cp.async ring
 //     (D slots, no registers held by loads in flight, the first D - 1 requested before
 //     griddepcontrol.wait); the CTA's warps split its items evenly, whatever K, and add their
@@ -39,6 +40,7 @@
 #include "src/cuda/linear_kernels.cuh"
 #include "src/cuda/linear_rotate.cuh"
 #include "src/cuda/linear_unpack.cuh"
+#include "src/cuda/ptx.cuh"
 
 namespace lowbit {
 namespace cuda {
@@ -245,6 +247,82 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
 
 // ---- the GEMV ----
 
+// Per byte: x | -y, for bytes x, y in [0, 127] of which at least one is 0 (= x - y, no carries:
+// 0x80 - y stays in [1, 128], and ^ 0x80 turns it into -y mod 256, 0 for y = 0).
+__device__ __forceinline__ uint32_t merge_signed(uint32_t x, uint32_t y) {
+  return x | ((0x80808080u - y) ^ 0x80808080u);
+}
+
+// The M activation rows as int8 codes in shared memory (`act`, row stride act_stride bytes): copied
+// from p.a (written by the preceding kernel: call after griddepcontrol.wait), or (XT not void)
+// x rotated + quantized here through srow (K fp32) with the rotate kernels' arithmetic. Comfy:
+// adds each row's code sum to s_asum[m] (zeroed and synchronized by the caller). Returns the
+// epilogue's a_scale (s_scale in the fused mode). The caller synchronizes before reading act.
+template <int KIND, int THREADS, typename XT>
+__device__ __forceinline__ const float* tiles_activations(const DecodeParams& p, uint8_t* act,
+                                                          int act_stride, float* srow,
+                                                          float* s_scale, float* s_amax,
+                                                          int32_t* s_asum) {
+  const int lane = threadIdx.x & 31;
+  const int M = static_cast<int>(p.M);
+  const int64_t K = p.w.K;
+  if constexpr (!std::is_void<XT>::value) {
+    // Rotate + quantize the M rows of x here (every CTA; x is read from L2) while the first
+    // weights stream in.
+    const float qmax = static_cast<float>(p.act_qmax);
+    for (int m = 0; m < M; ++m) {
+      const XT* x = static_cast<const XT*>(p.x) + m * p.x_row_stride;
+      float amax = rotate_row_to_smem<XT, 256, THREADS>(x, static_cast<int>(K), srow);
+      __syncthreads();
+      amax = block_amax<THREADS>(amax, s_amax);
+      float scale = amax / qmax;
+      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
+      if (threadIdx.x == 0) s_scale[m] = scale;
+      int32_t sum = 0;
+      for (int e0 = threadIdx.x * 4; e0 < K; e0 += THREADS * 4) {
+        const float4 q = load4_rotated<256>(srow, e0);
+        const float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          word |= (static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -p.act_qmax, p.act_qmax)) &
+                   0xffu)
+                  << (8 * j);
+        *reinterpret_cast<uint32_t*>(act + m * act_stride + e0) = word;
+        if (KIND == kTilesComfy) sum = __dp4a(static_cast<int>(word), 0x01010101, sum);
+      }
+      if (KIND == kTilesComfy) {
+        sum = __reduce_add_sync(0xffffffffu, sum);
+        if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
+      }
+      __syncthreads();  // srow is reused by the next row; codes, s_scale, s_asum complete
+    }
+    return s_scale;  // a generic pointer into shared memory
+  } else {
+    const int per_row = static_cast<int>(K / 16);
+    for (int m = 0; m < M; ++m) {
+      int32_t sum = 0;
+      for (int c = threadIdx.x; c < per_row; c += THREADS) {
+        // Coherent loads: written by the grid this one may have overlapped.
+        const uint4 v = *reinterpret_cast<const uint4*>(p.a + m * p.lda + c * 16);
+        *reinterpret_cast<uint4*>(act + m * act_stride + c * 16) = v;
+        if (KIND == kTilesComfy) {
+          sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
+          sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
+          sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
+          sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
+        }
+      }
+      if (KIND == kTilesComfy) {
+        sum = __reduce_add_sync(0xffffffffu, sum);
+        if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
+      }
+    }
+    return p.ep.a_scale;
+  }
+}
+
+
 // KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows (1: M <= 8, 2: M <= 16).
 // D: ring slots per warp. XT: the activation dtype when the CTA rotates + quantizes x itself
 // (fused mode, M <= kTilesFuseLimit: the ring kernel's fused prologue, the rotate kernels' bits),
@@ -358,60 +436,8 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   grid_wait();  // the activation codes come from the preceding kernel
   __syncthreads();
   Epilogue ep = p.ep;
-  if constexpr (kFused) {
-    // Rotate + quantize the M rows of x here (every CTA; x is read from L2), while the first
-    // D - 1 items stream in.
-    float* srow = reinterpret_cast<float*>(dsm + L.srow_off);
-    const float qmax = static_cast<float>(p.act_qmax);
-    for (int m = 0; m < M; ++m) {
-      const XT* x = static_cast<const XT*>(p.x) + m * p.x_row_stride;
-      float amax = rotate_row_to_smem<XT, 256, kTilesThreads>(x, static_cast<int>(K), srow);
-      __syncthreads();
-      amax = block_amax<kTilesThreads>(amax, s_amax);
-      float scale = amax / qmax;
-      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
-      if (threadIdx.x == 0) s_scale[m] = scale;
-      int32_t sum = 0;
-      for (int e0 = threadIdx.x * 4; e0 < K; e0 += kTilesThreads * 4) {
-        const float4 q = load4_rotated<256>(srow, e0);
-        const float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
-        uint32_t word = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          word |= (static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -p.act_qmax, p.act_qmax)) &
-                   0xffu)
-                  << (8 * j);
-        *reinterpret_cast<uint32_t*>(act + m * L.act_stride + e0) = word;
-        if (KIND == kTilesComfy) sum = __dp4a(static_cast<int>(word), 0x01010101, sum);
-      }
-      if (KIND == kTilesComfy) {
-        sum = __reduce_add_sync(0xffffffffu, sum);
-        if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
-      }
-      __syncthreads();  // srow is reused by the next row; codes, s_scale, s_asum complete
-    }
-    ep.a_scale = s_scale;  // a generic pointer into shared memory
-  } else {
-    const int per_row = static_cast<int>(K / 16);
-    for (int m = 0; m < M; ++m) {
-      int32_t sum = 0;
-      for (int c = threadIdx.x; c < per_row; c += kTilesThreads) {
-        // Coherent loads: written by the grid this one may have overlapped.
-        const uint4 v = *reinterpret_cast<const uint4*>(p.a + m * p.lda + c * 16);
-        *reinterpret_cast<uint4*>(act + m * L.act_stride + c * 16) = v;
-        if (KIND == kTilesComfy) {
-          sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
-          sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
-          sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
-          sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
-        }
-      }
-      if (KIND == kTilesComfy) {
-        sum = __reduce_add_sync(0xffffffffu, sum);
-        if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
-      }
-    }
-  }
+  ep.a_scale = tiles_activations<KIND, kTilesThreads, XT>(
+      p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax, s_asum);
   __syncthreads();
 
   // B operands: activation row (token) gid (+ 8) of the n8 tile; rows >= M read row M - 1 (they
@@ -480,22 +506,20 @@ __global__ void __maxnreg__(kTilesMaxRegs)
           mma_u8s8(acc1[nt], hi, bv[nt].z, bv[nt].w);
         }
       } else {
-        uint32_t x1[4], x2[4], y1[4], y2[4];
+        // Session 5: X (c >= 0) and Y (c < 0) merged per byte into the signed weight X - Y
+        // (merge_signed), one s8 mma per 32 weights instead of two u8 ones (acc1 stays 0).
+        uint32_t s1w[4], s2w[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const uint32_t ta = tab[2 * (i & 1)], tb = tab[2 * (i & 1) + 1];  // row gid / gid + 8
           const uint32_t v = wd[i] ^ 0x88888888u;
-          x1[i] = prmt(ta, tb, wd[i]);
-          x2[i] = prmt(ta, tb, wd[i] >> 16);
-          y1[i] = prmt(ta, tb, v);
-          y2[i] = prmt(ta, tb, v >> 16);
+          s1w[i] = merge_signed(prmt(ta, tb, wd[i]), prmt(ta, tb, v));
+          s2w[i] = merge_signed(prmt(ta, tb, wd[i] >> 16), prmt(ta, tb, v >> 16));
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          mma_u8s8(acc0[nt], x1, bv[nt].x, bv[nt].y);
-          mma_u8s8(acc0[nt], x2, bv[nt].z, bv[nt].w);
-          mma_u8s8(acc1[nt], y1, bv[nt].x, bv[nt].y);
-          mma_u8s8(acc1[nt], y2, bv[nt].z, bv[nt].w);
+          ptx::mma_s8(acc0[nt], s1w, bv[nt].x, bv[nt].y);
+          ptx::mma_s8(acc0[nt], s2w, bv[nt].z, bv[nt].w);
         }
       }
     }
@@ -579,6 +603,313 @@ __global__ void __maxnreg__(kTilesMaxRegs)
 #else
   __trap();  // launched on sm_90 only (decode_tiles_applies)
 #endif
+}
+
+// ---- the streaming GEMV (direct register loads) ----
+//
+// Same layout, fragments, int32 sums and epilogue as gemv_tiles_kernel; what differs is the
+// transport and the split:
+//   - no shared-memory ring: each lane loads its 16-byte words of an item (both chunks, and the
+//     fold tables of rows gid / gid + 8) straight into registers with ld.global.nc, U items ahead
+//     (a register ring, the loop unrolled by U): U x (2 or 3) independent 16-byte loads in flight
+//     per thread, no cp.async groups, no barriers, no shared-memory round trip for the weights;
+//     the first U items are requested before griddepcontrol.wait;
+//   - the grid's T · ipt items are split evenly over the CTAs (no whole-tile rounding: 864 tiles
+//     on 132 SMs would give 7 vs 6.55), the CTA's items evenly over its warps. A tile a CTA owns
+//     entirely is finished from its shared-memory sums; a tile shared with neighbours goes
+//     through a global int32 buffer (red.add) and a per-tile item counter: the CTA whose items
+//     complete the count (ipt) reads and zeroes the sums (atomicExch) and the counter, so the
+//     buffer is all zero between launches. Integer sums: bit-identical in any order;
+//   - packed 4-bit: the two lookups X (c >= 0) and Y (c < 0) are merged per byte into the signed
+//     weight X - Y = X | (-Y) (one of them is 0 in each byte) before one s8 x s8 mma, instead of
+//     two u8 mma sets: half the tensor-core work at M = 16, the same integers.
+constexpr int kSharedTileInts = 256;  // per tile in the global buffer: 16 columns x up to 16 tokens
+
+struct DirectLayout {
+  int64_t tiles = 0;      // ceil(N / 16)
+  int ipt = 0;            // items per tile, K / 128
+  int act_stride = 0;     // as TilesLayout
+  int srow_off = 0;       // fused: the fp32 rotated row (K floats)
+  int part_off = 0;       // int32 partial sums (tiles per CTA x 16 x M)
+  int epi_off = 0;        // fp32 w_scale and bias of the CTA's columns (2 x epi_n)
+  int epi_n = 0;          // tiles per CTA x 16
+  int64_t smem = 0;
+  // Whole tiles per CTA (b·T/G to (b+1)·T/G: no tile shared, no global buffer; 7 vs 6.55 tiles
+  // per CTA at N = 13824) instead of the even item split.
+  int whole = 0;
+  int interleave = 0;  // warp w takes the CTA's items w, w + W, ... instead of a contiguous run
+  int32_t* gacc = nullptr;   // tiles x kSharedTileInts int32, zero between launches
+  uint32_t* gcnt = nullptr;  // tiles item counters, zero between launches
+};
+
+// 16 bytes of the weight layout (read-only for the kernel's lifetime), not kept in L1.
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+// Returns *p, adds v: release of this thread's (and, after a barrier, its CTA's) earlier writes,
+// acquire of those the other CTAs released with it.
+__device__ __forceinline__ uint32_t atom_add_acq_rel(uint32_t* p, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n"
+               : "=r"(old)
+               : "l"(p), "r"(v)
+               : "memory");
+  return old;
+}
+
+// KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows. U: items in flight per warp.
+// W: warps per CTA. XT: as gemv_tiles_kernel (fused rotate + quantize, or void).
+template <int KIND, int NT, int U, int W, typename XT = void>
+__global__ void __launch_bounds__(W * 32, 1) gemv_direct_kernel(DecodeParams p, DirectLayout L) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int THREADS = W * 32;
+  constexpr bool kEarly = std::is_void<XT>::value && !(KIND == kTilesInt4 && W == 16);
+  extern __shared__ __align__(128) uint8_t dsm[];
+  __shared__ int32_t s_asum[16];
+  __shared__ float s_scale[16], s_amax[W];
+  __shared__ uint32_t s_last;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tid4 = lane & 3;
+  const int M = static_cast<int>(p.M);
+  const int64_t N = p.w.N;
+  const int64_t T = L.tiles, G = gridDim.x, b = blockIdx.x;
+  const int ipt = L.ipt;
+  // This CTA's items [s0, s1) of the T · ipt, touching tiles [t0, t1); the warp's [gi0, +n).
+  const int64_t s0 = L.whole ? b * T / G * ipt : b * (T * ipt) / G;
+  const int64_t s1 = L.whole ? (b + 1) * T / G * ipt : (b + 1) * (T * ipt) / G;
+  const int64_t t0 = s0 / ipt, t1 = (s1 + ipt - 1) / ipt;
+  const int ntl = static_cast<int>(t1 - t0);
+  const int items = static_cast<int>(s1 - s0);
+  // The warp's items, local indices jb + step · k (k < n_items): a contiguous run (step 1) or
+  // interleaved (step W: the CTA's warps on adjacent items at a time).
+  const int step = L.interleave ? W : 1;
+  const int jb = L.interleave ? warp : warp * items / W;
+  const int n_items = L.interleave ? (items > warp ? (items - warp + W - 1) / W : 0)
+                                   : (warp + 1) * items / W - jb;
+  const int64_t gi0 = s0 + jb;
+  const int item_stride = step * kItemBytes, table_stride = step * kTableBytes;
+  const uint8_t* codes = p.tiles + gi0 * kItemBytes + lane * 16;
+  const uint8_t* tables = p.tiles + T * ipt * kItemBytes + gi0 * kTableBytes + gid * 16;
+
+  // The register ring: item k in entry k % U.
+  uint4 bw0[U], bw1[U], bt[U];
+#pragma unroll
+  for (int j = 0; j < U; ++j) {
+    bw0[j] = bw1[j] = bt[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (j < n_items) {
+      bw0[j] = ldg_stream(codes + j * item_stride);
+      bw1[j] = ldg_stream(codes + j * item_stride + 512);
+      if (KIND == kTilesInt4) bt[j] = ldg_stream(tables + j * table_stride);
+    }
+  }
+
+  uint8_t* act = dsm;
+  int32_t* part = reinterpret_cast<int32_t*>(dsm + L.part_off);
+  float* s_ws = reinterpret_cast<float*>(dsm + L.epi_off);
+  float* s_bias = s_ws + L.epi_n;
+  for (int i = threadIdx.x; i < ntl * 16 * M; i += THREADS) part[i] = 0;
+  if (threadIdx.x < 16) s_asum[threadIdx.x] = 0;
+  for (int i = threadIdx.x; i < ntl * 16; i += THREADS) {
+    const int64_t col = 16 * t0 + i;
+    float ws = 1.f, bias = 0.f;
+    if (col < N) {
+      if (p.ep.w_scale) ws = p.ep.w_scale[col];
+      if (p.ep.bias) bias = load_scalar(p.ep.bias, p.ep.bias_dtype, col);
+    }
+    s_ws[i] = ws;
+    s_bias[i] = bias;
+  }
+  grid_wait();  // the activation codes (or x) come from the preceding kernel
+  __syncthreads();
+  Epilogue ep = p.ep;
+  ep.a_scale = tiles_activations<KIND, THREADS, XT>(
+      p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax, s_asum);
+  __syncthreads();
+
+  const uint8_t* a_tok[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    a_tok[nt] = act + min(gid + 8 * nt, M - 1) * L.act_stride + 16 * tid4;
+
+  // comfy: lo (u) / hi (16 u); packed 4-bit: the signed sums in acc0 (acc1 stays 0).
+  int32_t acc0[NT][4], acc1[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc0[nt][r] = acc1[nt][r] = 0;
+  int tl = static_cast<int>(gi0 / ipt - t0);  // local tile and group of the current item
+  int g = static_cast<int>(gi0 % ipt);
+  bool pending = false;  // sums of tile tl not yet in the CTA's
+  // The warp's sums of local tile tl into the CTA's (D fragment: c0, c1 = row gid, tokens 2 tid4,
+  // 2 tid4 + 1; c2, c3 = row gid + 8).
+  auto flush = [&]() {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = gid + 8 * (r >> 1), tok = 8 * nt + 2 * tid4 + (r & 1);
+        const int32_t v = KIND == kTilesComfy ? acc0[nt][r] + (acc1[nt][r] >> 4) : acc0[nt][r];
+        if (tok < M) atomicAdd(&part[(tl * 16 + row) * M + tok], v);
+        acc0[nt][r] = acc1[nt][r] = 0;
+      }
+    }
+  };
+
+  for (int k0 = 0; k0 < n_items; k0 += U) {
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int k = k0 + j;
+      if (k >= n_items) break;  // warp-uniform
+      const uint4 w0 = bw0[j], w1 = bw1[j], tv = bt[j];
+      // Refill the entry with the item U ahead: before using this one (U items in flight while
+      // computing), or after it (U - 1 ahead) where the copies do not fit in the registers: the
+      // fused instances (rotation prologue) and packed 4-bit with 16 warps (ptxas: 128 registers
+      // + 16..20 bytes of spills with the copies).
+      auto refill = [&]() {
+        if (k + U < n_items) {
+          bw0[j] = ldg_stream(codes + (k + U) * item_stride);
+          bw1[j] = ldg_stream(codes + (k + U) * item_stride + 512);
+          if (KIND == kTilesInt4) bt[j] = ldg_stream(tables + (k + U) * table_stride);
+        }
+      };
+      if constexpr (kEarly) refill();
+      const uint32_t tab[4] = {tv.x, tv.y, tv.z, tv.w};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 wv = h ? w1 : w0;
+        const uint32_t wd[4] = {wv.x, wv.y, wv.z, wv.w};
+        const int kc = g * kItemCols + 64 * h;
+        uint4 bv[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) bv[nt] = lds128(a_tok[nt] + kc);
+        if constexpr (KIND == kTilesComfy) {
+          uint32_t lo[4], hi[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            lo[i] = wd[i] & 0x0f0f0f0fu;
+            hi[i] = wd[i] & 0xf0f0f0f0u;
+          }
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            mma_u8s8(acc0[nt], lo, bv[nt].x, bv[nt].y);
+            mma_u8s8(acc1[nt], hi, bv[nt].z, bv[nt].w);
+          }
+        } else {
+          uint32_t s1w[4], s2w[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const uint32_t ta = tab[2 * (i & 1)], tb = tab[2 * (i & 1) + 1];  // row gid / gid + 8
+            const uint32_t v = wd[i] ^ 0x88888888u;
+            s1w[i] = merge_signed(prmt(ta, tb, wd[i]), prmt(ta, tb, v));
+            s2w[i] = merge_signed(prmt(ta, tb, wd[i] >> 16), prmt(ta, tb, v >> 16));
+          }
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            ptx::mma_s8(acc0[nt], s1w, bv[nt].x, bv[nt].y);
+            ptx::mma_s8(acc0[nt], s2w, bv[nt].z, bv[nt].w);
+          }
+        }
+      }
+      if constexpr (!kEarly) refill();
+      // The next item's group; adv: tile boundaries crossed on the way. Crossing one completes
+      // the warp's part of the current tile.
+      int adv = 0;
+      for (g += step; g >= ipt; g -= ipt) ++adv;
+      pending = true;
+      if (adv > 0) {
+        flush();
+        pending = false;
+        tl += adv;
+      }
+    }
+  }
+  if (pending) flush();  // the warp ended inside a tile
+  __syncthreads();
+
+  // apply_epilogue's arithmetic and order (c: the column's index in this CTA's range).
+  auto finish = [&](int32_t sum, int tok, int c) {
+    const int64_t col = 16 * t0 + c;
+    if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
+    if (p.acc_out) {
+      p.acc_out[tok * p.ldo + col] = sum;
+    } else {
+      float v = static_cast<float>(sum);
+      if (ep.a_scale) v = __fmul_rn(v, ep.a_scale[tok]);
+      if (ep.w_scale) v = __fmul_rn(v, s_ws[c]);
+      if (ep.w_tensor_scale) v = __fmul_rn(v, *ep.w_tensor_scale);
+      if (ep.bias) v = __fadd_rn(v, s_bias[c]);
+      store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
+    }
+  };
+  // Tiles shared with other CTAs: the first if this CTA starts inside it, the last if it ends
+  // inside it (the same tile when the CTA's items lie inside one tile).
+  const bool left_shared = t0 * ipt < s0, right_shared = t1 * ipt > s1;
+  const int c_lo = left_shared ? 16 : 0, c_hi = (ntl - (right_shared ? 1 : 0)) * 16;
+  const int cols = c_hi - c_lo;
+  for (int idx = threadIdx.x; idx < cols * M; idx += THREADS) {
+    const int tok = idx / cols, c = c_lo + (idx - tok * cols);
+    if (16 * t0 + c < N) finish(part[c * M + tok], tok, c);
+  }
+#pragma unroll 1
+  for (int e = 0; e < 2; ++e) {
+    const bool shared = e == 0 ? left_shared : right_shared && !(ntl == 1 && left_shared);
+    if (!shared) continue;  // uniform
+    const int ltl = e == 0 ? 0 : ntl - 1;
+    const int64_t t = t0 + ltl;
+    const int64_t lo = s0 > t * ipt ? s0 : t * ipt, hi = s1 < (t + 1) * ipt ? s1 : (t + 1) * ipt;
+    const uint32_t mine = static_cast<uint32_t>(hi - lo);  // this CTA's items of tile t (>= 1)
+    int32_t* gsum = L.gacc + t * kSharedTileInts;
+    for (int i = threadIdx.x; i < 16 * M; i += THREADS) {
+      const int32_t v = part[ltl * 16 * M + i];
+      if (v != 0) atomicAdd(gsum + i, v);
+    }
+    // The CTA's adds happen before thread 0's release (the barrier, then one acq_rel atomic: the
+    // split-K semaphore pattern, no fence per thread); its acquire makes the other CTAs' adds
+    // visible to the reads below (after the second barrier).
+    __syncthreads();
+    if (threadIdx.x == 0)
+      s_last = atom_add_acq_rel(&L.gcnt[t], mine) + mine == static_cast<uint32_t>(ipt);
+    __syncthreads();
+    if (s_last) {  // every item of tile t is in: finish it and leave the buffer zero
+      for (int i = threadIdx.x; i < 16 * M; i += THREADS) {
+        const int c = i / M, tok = i - c * M;
+        const int32_t v = atomicExch(gsum + i, 0);
+        if (16 * t + c < N) finish(v, tok, ltl * 16 + c);
+      }
+      if (threadIdx.x == 0) atomicExch(&L.gcnt[t], 0u);
+    }
+    __syncthreads();  // s_last
+  }
+#else
+  __trap();  // launched on sm_90 only (decode_tiles_applies)
+#endif
+}
+
+DirectLayout direct_layout(const DecodeParams& d, int grid) {
+  DirectLayout L;
+  L.tiles = (d.w.N + 15) / 16;
+  L.ipt = static_cast<int>(d.w.K / kItemCols);
+  L.act_stride = static_cast<int>(d.w.K / 128 * 128 + 192);
+  int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
+  if (d.x) {
+    L.srow_off = static_cast<int>(off);
+    off += (d.w.K * 4 + 127) / 128 * 128;
+  }
+  L.part_off = static_cast<int>(off);
+  // A CTA's at most ceil(I / G) items touch at most ceil(that / ipt) + 1 tiles.
+  const int64_t per_cta = (L.tiles * L.ipt + grid - 1) / grid;
+  const int64_t tiles_per_cta = (per_cta + L.ipt - 1) / L.ipt + 1;
+  off += (tiles_per_cta * 16 * d.M * 4 + 127) / 128 * 128;
+  L.epi_off = static_cast<int>(off);
+  L.epi_n = static_cast<int>(tiles_per_cta * 16);
+  off += (2 * tiles_per_cta * 16 * 4 + 127) / 128 * 128;
+  L.smem = off;
+  return L;
 }
 
 TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanced = false,
@@ -697,6 +1028,159 @@ void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStr
                    static_cast<size_t>(L.smem), stream, d, L);
 }
 
+// The shared-tile sums and item counters of the direct kernel for the current device and stream
+// (>= `tiles` tiles): zeroed once on `stream` when allocated, left zero by every launch (the
+// finishing CTA of each shared tile zeroes its entries). Each stream has its own (launches on
+// one stream do not overlap past griddepcontrol.wait, before which the kernel does not touch
+// them); kept for the process's lifetime, regrown (after synchronizing the stream) when a
+// larger weight needs more.
+void shared_tile_buffers(cudaStream_t stream, int64_t tiles, int32_t** acc, uint32_t** cnt) {
+  struct Buf {
+    int64_t tiles = 0;
+    int32_t* acc = nullptr;
+    uint32_t* cnt = nullptr;
+  };
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, Buf> bufs;
+  const char* op = "decode_tiles";
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), op, "device");
+  std::lock_guard<std::mutex> lock(mu);
+  Buf& b = bufs[std::make_pair(dev, stream)];
+  if (b.tiles < tiles) {
+    if (b.acc) {
+      check_cuda(cudaStreamSynchronize(stream), op, "synchronize");
+      check_cuda(cudaFree(b.acc), op, "free");
+      check_cuda(cudaFree(b.cnt), op, "free");
+      b = Buf{};
+    }
+    const int64_t n = std::max<int64_t>(tiles, 1024);
+    void* a = nullptr;
+    void* c = nullptr;
+    check_cuda(cudaMalloc(&a, static_cast<size_t>(n) * kSharedTileInts * sizeof(int32_t)), op,
+               "shared tile sums");
+    check_cuda(cudaMalloc(&c, static_cast<size_t>(n) * sizeof(uint32_t)), op,
+               "shared tile counters");
+    check_cuda(cudaMemsetAsync(a, 0, static_cast<size_t>(n) * kSharedTileInts * sizeof(int32_t),
+                               stream),
+               op, "memset");
+    check_cuda(cudaMemsetAsync(c, 0, static_cast<size_t>(n) * sizeof(uint32_t), stream), op,
+               "memset");
+    b.tiles = n;
+    b.acc = static_cast<int32_t*>(a);
+    b.cnt = static_cast<uint32_t*>(c);
+  }
+  *acc = b.acc;
+  *cnt = b.cnt;
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+template <int KIND, int NT, int U, int W, typename XT>
+void launch_direct(const DecodeParams& d, const DirectLayout& L, int grid, cudaStream_t stream) {
+  auto kernel = gemv_direct_kernel<KIND, NT, U, W, XT>;
+  tiles_smem(kernel, L.smem);
+  launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(W * 32),
+                   static_cast<size_t>(L.smem), stream, d, L);
+}
+
+// The direct kernel, one CTA per SM: t.direct 4 (16 warps, 4 items in flight each) or 8 (8 warps,
+// 8 items each: fewer registers per SM, so the CTA fits beside the rotate kernel's under PDL).
+void decode_direct(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream) {
+  const bool u8 = t.direct >= 8;
+  const int64_t tiles = (d.w.N + 15) / 16;
+  const int64_t units = t.whole_tiles ? tiles : tiles * (d.w.K / kItemCols);
+  const int grid = static_cast<int>(std::min<int64_t>(multiprocessor_count(), units));
+  DirectLayout L = direct_layout(d, grid);
+  L.whole = t.whole_tiles ? 1 : 0;
+  L.interleave = t.interleave ? 1 : 0;
+  if (!t.whole_tiles) shared_tile_buffers(stream, L.tiles, &L.gacc, &L.gcnt);
+  auto go = [&](auto kind_tag) {
+    constexpr int KIND = decltype(kind_tag)::value;
+    auto by_u = [&](auto nt_tag, auto xt_tag) {
+      constexpr int NT = decltype(nt_tag)::value;
+      using XT = typename decltype(xt_tag)::type;
+      if (u8) {
+        launch_direct<KIND, NT, 8, 8, XT>(d, L, grid, stream);
+      } else {
+        launch_direct<KIND, NT, 4, 16, XT>(d, L, grid, stream);
+      }
+    };
+    using One = std::integral_constant<int, 1>;
+    using Two = std::integral_constant<int, 2>;
+    if (d.x) {  // fused: one n8 tile (M <= kTilesFuseLimit)
+      if (d.x_dtype == DType::f16) {
+        by_u(One{}, TypeTag<__half>{});
+      } else {
+        by_u(One{}, TypeTag<__nv_bfloat16>{});
+      }
+    } else if (d.M > 8) {
+      by_u(Two{}, TypeTag<void>{});
+    } else {
+      by_u(One{}, TypeTag<void>{});
+    }
+  };
+  if (decode_tiles_kind(d.w) == kTilesComfy) {
+    go(std::integral_constant<int, kTilesComfy>{});
+  } else {
+    go(std::integral_constant<int, kTilesInt4>{});
+  }
+  check_launch("decode_tiles");
+}
+
+// The direct kernel's transport without its arithmetic (bench only): the same item split over
+// min(SMs, items) CTAs of 16 warps, the same loads, 4 items ahead in a register ring, each item
+// folded into one xor; the store (sink is null: never taken, but the compiler cannot know) keeps
+// the loads alive. (A grid-stride loop of 8 independent loads per thread does not do: ptxas
+// interleaves the uses and keeps the kernel at 32 registers, ~5 loads in flight.)
+// INTERLEAVE: warp w reads the CTA's items w, w + 16, ... (the CTA's warps on 16 adjacent KB at a
+// time) instead of a contiguous run.
+template <bool TABLES, bool INTERLEAVE>
+__global__ void __launch_bounds__(kTilesThreads, 1)
+    stream_probe_kernel(const uint8_t* tiles, int64_t items_total, uint4* sink) {
+  constexpr int U = 4, W = kTilesWarps, STEP = INTERLEAVE ? W : 1;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t G = gridDim.x, b = blockIdx.x;
+  const int64_t s0 = b * items_total / G, s1 = (b + 1) * items_total / G;
+  const int items = static_cast<int>(s1 - s0);
+  const int jb = INTERLEAVE ? warp : warp * items / W;
+  const int n = INTERLEAVE ? (items > warp ? (items - warp + W - 1) / W : 0)
+                           : (warp + 1) * items / W - jb;
+  const uint8_t* codes = tiles + (s0 + jb) * kItemBytes + lane * 16;
+  const uint8_t* tables = tiles + items_total * kItemBytes + (s0 + jb) * kTableBytes +
+                          (lane >> 2) * 16;
+  uint4 b0[U], b1[U], bt[U];
+#pragma unroll
+  for (int j = 0; j < U; ++j) {
+    b0[j] = b1[j] = bt[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (j < n) {
+      b0[j] = ldg_stream(codes + j * STEP * kItemBytes);
+      b1[j] = ldg_stream(codes + j * STEP * kItemBytes + 512);
+      if (TABLES) bt[j] = ldg_stream(tables + j * STEP * kTableBytes);
+    }
+  }
+  uint32_t acc = 0;
+  for (int k0 = 0; k0 < n; k0 += U) {
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      const int k = k0 + j;
+      if (k >= n) break;
+      const uint4 w0 = b0[j], w1 = b1[j], t = bt[j];
+      if (k + U < n) {
+        b0[j] = ldg_stream(codes + (k + U) * STEP * kItemBytes);
+        b1[j] = ldg_stream(codes + (k + U) * STEP * kItemBytes + 512);
+        if (TABLES) bt[j] = ldg_stream(tables + (k + U) * STEP * kTableBytes);
+      }
+      acc ^= w0.x ^ w0.y ^ w0.z ^ w0.w ^ w1.x ^ w1.y ^ w1.z ^ w1.w;
+      if (TABLES) acc ^= t.x ^ t.y ^ t.z ^ t.w;
+    }
+  }
+  if (acc == 0x9e3779b9u && sink != nullptr) *sink = make_uint4(acc, 0u, 0u, 0u);
+}
+
 }  // namespace
 
 int decode_tiles_kind(const PackedWeightRef& w) {
@@ -763,6 +1247,10 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
 }
 
 void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream) {
+  if (t.direct > 0) {
+    decode_direct(d, t, stream);
+    return;
+  }
   const int grid = tiles_grid(d);
   const int max_smem = tiles_device().max_smem;
   // The deepest ring <= t.depth (0: the deepest) that fits: 8, 6 or 4 slots per warp; the fused
@@ -824,6 +1312,25 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
     go(std::integral_constant<int, kTilesInt4>{});
   }
   check_launch("decode_tiles");
+}
+
+void decode_tiles_stream_probe(const DecodeParams& d, bool interleave, cudaStream_t stream) {
+  const int64_t items = (d.w.N + 15) / 16 * (d.w.K / kItemCols);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(multiprocessor_count(), items));
+  auto go = [&](auto kernel) {
+    kernel<<<grid, kTilesThreads, 0, stream>>>(d.tiles, items, nullptr);
+  };
+  const bool tables = decode_tiles_kind(d.w) == kTilesInt4;
+  if (tables && interleave) {
+    go(stream_probe_kernel<true, true>);
+  } else if (tables) {
+    go(stream_probe_kernel<true, false>);
+  } else if (interleave) {
+    go(stream_probe_kernel<false, true>);
+  } else {
+    go(stream_probe_kernel<false, false>);
+  }
+  check_launch("decode_tiles_stream_probe");
 }
 
 }  // namespace linear

@@ -63,13 +63,32 @@ struct DecodeTilesTuning {
   // on the slot's mbarrier, instead of two 16-byte cp.async per lane. Same slots, same bits.
   bool bulk = false;
   // Warp w takes the CTA's items w, w + 16, w + 32, ... (the CTA's 16 warps read 16 adjacent KB
-  // at a time: one DRAM stream per SM) instead of a contiguous run (16 streams per SM).
+  // at a time: one DRAM stream per SM) instead of a contiguous run (16 streams per SM). Applies
+  // to the direct kernel too (w, w + W, ...).
   bool interleave = false;
+  // Session 5: the transport. 0: the shared-memory ring above (gemv_tiles_kernel, the fields
+  // above apply). 4 or 8: the direct kernel (gemv_direct_kernel): each lane loads its 16-byte
+  // words of the next 4 (16 warps per CTA) or 8 (8 warps) items straight into registers
+  // (ld.global.nc, no shared-memory ring), the grid's items split evenly over the CTAs (tiles
+  // shared by neighbours finished through a global int32 buffer); depth, balanced, table4 and
+  // bulk do not apply.
+  // H200 run 9: direct 4 1 x 5120 -> 13824 convrotint4 22.8 us with the rotate kernel (whole
+  // tiles 20.6) vs 18.8 for the ring, whose GEMV alone (17.8) is within 2 us of a read-only
+  // kernel with the direct loads (15.9): 0, the ring, is the default.
+  int direct = 0;
+  // Direct: whole 16-row tiles per CTA (no tile shared between CTAs: no global buffer, no
+  // end-of-kernel counter round trips; 7 vs 6.55 tiles per CTA at N = 13824) instead of the even
+  // item split.
+  bool whole_tiles = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
 void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream);
+// Bench only: reads the bytes the default kernel streams (codes + 8-byte tables of d.tiles) with
+// its loads and nothing else: the roofline of the GEMV under the same timing. interleave: each
+// CTA's warps read adjacent items instead of one contiguous run each.
+void decode_tiles_stream_probe(const DecodeParams& d, bool interleave, cudaStream_t stream);
 
 }  // namespace linear
 }  // namespace cuda
