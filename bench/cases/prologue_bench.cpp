@@ -170,6 +170,9 @@ class PrologueBench : public BenchCase {
           t = {};
           t.mean_ctas = 5;
           variant("round-4 mean pass with 5 CTAs/SM (<= 96 registers)", t);
+          t = {};
+          t.mean_fma = detail::kMeanFmaOn;
+          variant("round-4 mean pass, rotation folded into the fp32 sums (fma)", t);
           if (N < 10000) {  // Flux: the mean kernel's tokens per warp around the wave model's 7
             t = {};
             t.mean_steps = 3;

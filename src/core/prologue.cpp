@@ -283,6 +283,7 @@ std::atomic<int> g_split_blocks{0};
 std::atomic<int> g_max_reduce{0};
 std::atomic<int> g_quant_pdl{0};
 std::atomic<int> g_mean_ctas{0};
+std::atomic<int> g_mean_fma{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -300,6 +301,7 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_max_reduce.store(t.max_reduce);
   g_quant_pdl.store(t.quant_pdl);
   g_mean_ctas.store(t.mean_ctas);
+  g_mean_fma.store(t.mean_fma);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -318,6 +320,7 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.max_reduce = g_max_reduce.load();
   t.quant_pdl = g_quant_pdl.load();
   t.mean_ctas = g_mean_ctas.load();
+  t.mean_fma = g_mean_fma.load();
   return t;
 }
 

@@ -103,8 +103,10 @@ namespace detail {
 // kernel is launched with programmatic dependent launch (it waits for the previous kernel first
 // thing; mean_final lets it launch early) (kPdlOff / kPdlOn); `mean_ctas` the round-4 mean
 // kernel's resident CTAs per SM at D = 128 (0: the default 4, <= 128 registers; 5: <= 96
-// registers, 20 warps per SM).
-// None of them changes a bit of the output.
+// registers, 20 warps per SM); `mean_fma` (kMeanFmaOn) folds the rotation into the round-4 mean's
+// fp32 sums (fma(c, y, fma(-s, o, acc)): the mean's rounding differs like a sum order, within the
+// harness's fp32 tolerance; the quantize codes then follow that mean).
+// None of the others changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
 constexpr int kTilesForward = 1, kTilesReverse = 2;
@@ -112,6 +114,7 @@ constexpr int kPdlOff = 1, kPdlOn = 2;
 constexpr int kLeanOff = 1, kLeanOn = 2;
 constexpr int kSplitOff = 1, kSplitOn = 2;
 constexpr int kReduceShuffle = 1, kReduceRedux = 2;
+constexpr int kMeanFmaOff = 1, kMeanFmaOn = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
@@ -127,6 +130,7 @@ struct PrologueCudaTuning {
   int max_reduce = 0;
   int quant_pdl = 0;
   int mean_ctas = 0;
+  int mean_fma = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

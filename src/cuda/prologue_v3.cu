@@ -677,7 +677,8 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 // table row (D floats) copied by the warp's lanes into a per-warp slot of the same ring and read
 // with ld.shared (instead of L1 reads after an L1 prefetch). LEAN: v3_row's one-cvt bf16 rounding
 // (the same bits).
-template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false>
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false,
+          bool FMA = false>
 __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
                                              float* partials) {
   static_assert(!TSMEM || AHEAD > 0, "the table ring rides on the cp.async ring");
@@ -733,19 +734,42 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
     const float* ts = tab_sh + (u % SLOTS) * W * D + 2 * kLanePairs * lane_in_row;
-    v3_row<D, BF16, ROPE, LEAN>(
-        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
-        [&](int k) {
-          const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
-                                              : 8 * LANES * (k / 2) + 4 * (k % 2);
-          if constexpr (TSMEM)
-            return lds16(reinterpret_cast<const float4*>(ts + off));
-          else
-            return ldg16_l1(pt + off);
-        },
-        r, v);
+    auto tq = [&](int k) {
+      const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
+                                          : 8 * LANES * (k / 2) + 4 * (k % 2);
+      if constexpr (TSMEM)
+        return lds16(reinterpret_cast<const float4*>(ts + off));
+      else
+        return ldg16_l1(pt + off);
+    };
+    auto wqf = [&](int k) { return lds16(&w_sh[k][lane_in_row]); };
+    if constexpr (FMA && ROPE != kRopeNone) {
+      // The rotation folded into the sum: acc + (c y - s o) as fma(c, y, fma(-s, o, acc)), acc +
+      // (s y + c o) as fma(c, o, fma(s, y, acc)): 2 instructions per value instead of 3, the
+      // rotated value never rounded on its own (the mean's fp32 rounding differs, as a sum order
+      // does). The norm output is v3_row's, bit for bit.
+      v3_row<D, BF16, kRopeNone, LEAN>(a.norm, a.eps, wqf, tq, r, v);
+      auto rot = [&](float c, float sn, int lead, int trail) {
+        const float y = v[lead], o = v[trail];
+        acc[lead] = __fmaf_rn(c, y, __fmaf_rn(-sn, o, acc[lead]));
+        acc[trail] = __fmaf_rn(c, o, __fmaf_rn(sn, y, acc[trail]));
+      };
 #pragma unroll
-    for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
+      for (int k = 0; k < 8; ++k) {
+        const float4 t = tq(k);
+        if (ROPE == kRopePaired) {  // pairs 2k, 2k + 1: values 2k (+1) lead, + 16 trail
+          rot(t.x, t.y, 2 * k, 2 * k + 16);
+          rot(t.z, t.w, 2 * k + 1, 2 * k + 17);
+        } else {  // interleaved: values 4k, 4k + 1 and 4k + 2, 4k + 3
+          rot(t.x, t.y, 4 * k, 4 * k + 1);
+          rot(t.z, t.w, 4 * k + 2, 4 * k + 3);
+        }
+      }
+    } else {
+      v3_row<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
+    }
     pt += t_step;
   };
   auto start = [&] {
@@ -819,10 +843,12 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 }
 
 // The round-4 mean kernel: 4 CTAs per SM at D = 128 (<= 128 registers), 3 at D = 64.
-template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false>
+// FMA (tuning `mean_fma`): the rotation folded into the sum (see v4_mean_body).
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false,
+          bool FMA = false>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, AHEAD, LEAN, TSMEM>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, AHEAD, LEAN, TSMEM, FMA>(a, L, partials);
 }
 // The occupancy variant (tuning `mean_ctas` = 5): one CTA per SM more (5 at D = 128: <= 96
 // registers, 20 warps per SM; 4 at D = 64), the cp.async ring only (no registers hold loads).
@@ -902,7 +928,9 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
                         : kV3DefaultLean;
   // The occupancy variant: one more CTA per SM (with a cp.async ring).
   const bool occ = detail::prologue_cuda_tuning().mean_ctas == 5 && ahead > 0;
-  const int ctas_per_sm = occ ? 5 : 4;  // for the carve-out (D = 64: 3 or 4 by registers)
+  const int ctas_per_sm = occ ? 5 : 4;
+  // The rotation folded into the sum (with the table ring only; not with `occ`).
+  const bool fma = detail::prologue_cuda_tuning().mean_fma == detail::kMeanFmaOn && tsmem && !occ;  // for the carve-out (D = 64: 3 or 4 by registers)
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
   // table ring after it).
   const int smem = static_cast<int>(std::max<size_t>(
@@ -916,6 +944,7 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
     auto pick = [&](auto lean_c) -> Kernel {
       constexpr bool LEAN = decltype(lean_c)::value && BF16;
+      if (fma && tsmem) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true, true>;
       if (occ && tsmem) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, true>;
       if (occ && ahead > 0) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, false>;
       if (tsmem) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true>;

@@ -58,6 +58,7 @@ struct Cfg {
   int max_reduce = 0;     // CUDA: round-3 quantize group maximum (detail::kReduce*; 0: default)
   int quant_pdl = 0;      // CUDA: round-3 quantize launched with PDL (detail::kPdl*; 0: default)
   int mean_ctas = 0;      // CUDA: round-4 mean kernel's CTAs per SM (5: the occupancy variant)
+  int mean_fma = 0;       // CUDA: round-4 mean with the rotation folded into the sums
   std::string tag;
 };
 
@@ -204,7 +205,8 @@ class PrologueCase : public Case {
     } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps, c_.round,
                                         c_.mean_round, c_.ring, c_.tile_order, c_.pdl,
                                         c_.mean_ring, c_.lean, c_.split_blocks,
-                                        c_.max_reduce, c_.quant_pdl, c_.mean_ctas});
+                                        c_.max_reduce, c_.quant_pdl, c_.mean_ctas,
+                                        c_.mean_fma});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -469,6 +471,14 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       m.tag = "v4moccring", m.mean_ring = detail::kQuantRingAsync, m.dtype = DType::f16;
       m.rope = RopeKind::interleaved, m.mean_steps = 3;
       add(m);
+      Cfg mf;
+      mf.tag = "v4mfma";  // the rotation folded into the sums (fp32 tolerance, as a sum order)
+      mf.mean_pass = true, mf.mean_round = 4, mf.mean_fma = detail::kMeanFmaOn;
+      mf.B = 2, mf.N = N, mf.H = 11, mf.D = D, mf.qkv = true;
+      add(mf);  // bf16, split-half rope
+      mf.tag = "v4mfmaint", mf.dtype = DType::f16, mf.rope = RopeKind::interleaved;
+      mf.batch_table = true, mf.qkv = false, mf.mean_steps = 3;
+      add(mf);
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
