@@ -173,6 +173,8 @@ class PrologueBench : public BenchCase {
           t = {};
           t.mean_fma = detail::kMeanFmaOn;
           variant("round-4 mean pass, rotation folded into the fp32 sums (fma)", t);
+          t.max_reduce = detail::kReduceRedux, t.quant_pdl = detail::kPdlOn;
+          variant("mean fma + redux.sync maximum + quantize with PDL", t);
           if (N < 10000) {  // Flux: the mean kernel's tokens per warp around the wave model's 7
             t = {};
             t.mean_steps = 3;
