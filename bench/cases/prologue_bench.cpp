@@ -175,6 +175,8 @@ class PrologueBench : public BenchCase {
           variant("round-4 mean pass, rotation folded into the fp32 sums (fma)", t);
           t.max_reduce = detail::kReduceRedux, t.quant_pdl = detail::kPdlOn;
           variant("mean fma + redux.sync maximum + quantize with PDL", t);
+          t.mean_ctas = 5;
+          variant("mean fma with 5 CTAs/SM + redux.sync maximum + quantize with PDL", t);
           if (N < 10000) {  // Flux: the mean kernel's tokens per warp around the wave model's 7
             t = {};
             t.mean_steps = 3;

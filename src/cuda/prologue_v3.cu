@@ -852,10 +852,10 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
 }
 // The occupancy variant (tuning `mean_ctas` = 5): one CTA per SM more (5 at D = 128: <= 96
 // registers, 20 warps per SM; 4 at D = 64), the cp.async ring only (no registers hold loads).
-template <int D, bool BF16, int ROPE, bool LEAN, bool TSMEM>
+template <int D, bool BF16, int ROPE, bool LEAN, bool TSMEM, bool FMA = false>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
     v4_mean_kernel_occ(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, TSMEM>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, TSMEM, FMA>(a, L, partials);
 }
 
 template <typename F>
@@ -929,8 +929,8 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
   // The occupancy variant: one more CTA per SM (with a cp.async ring).
   const bool occ = detail::prologue_cuda_tuning().mean_ctas == 5 && ahead > 0;
   const int ctas_per_sm = occ ? 5 : 4;
-  // The rotation folded into the sum (with the table ring only; not with `occ`).
-  const bool fma = detail::prologue_cuda_tuning().mean_fma == detail::kMeanFmaOn && tsmem && !occ;  // for the carve-out (D = 64: 3 or 4 by registers)
+  // The rotation folded into the sum (with the table ring only).
+  const bool fma = detail::prologue_cuda_tuning().mean_fma == detail::kMeanFmaOn && tsmem;  // for the carve-out (D = 64: 3 or 4 by registers)
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
   // table ring after it).
   const int smem = static_cast<int>(std::max<size_t>(
@@ -944,7 +944,10 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
     auto pick = [&](auto lean_c) -> Kernel {
       constexpr bool LEAN = decltype(lean_c)::value && BF16;
-      if (fma && tsmem) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true, true>;
+      // (bf16 without the lean rounding spills a few bytes at 96 registers: 4 CTAs there)
+      if constexpr (LEAN || !BF16)
+        if (occ && fma) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, true, true>;
+      if (fma) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true, true>;
       if (occ && tsmem) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, true>;
       if (occ && ahead > 0) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, false>;
       if (tsmem) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true>;

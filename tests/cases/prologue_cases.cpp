@@ -479,6 +479,8 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       mf.tag = "v4mfmaint", mf.dtype = DType::f16, mf.rope = RopeKind::interleaved;
       mf.batch_table = true, mf.qkv = false, mf.mean_steps = 3;
       add(mf);
+      mf.tag = "v4mfmaocc", mf.mean_ctas = 5;  // with one CTA per SM more
+      add(mf);
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
