@@ -144,11 +144,13 @@ class PrologueBench : public BenchCase {
       };
       if (env.device == Device::cuda) {
         // Defaults (src/cuda/prologue_v3.cu): round-3 quantize with the cp.async ring 2 heads
-        // ahead in <= 96 registers and the lean per-row arithmetic (bf16), THREAD_K tiles of
-        // half blocks (4-warp CTAs), round-4 mean pass with its cp.async ring and the table rows
-        // in shared memory, reverse tile order for k, mean_final with PDL. Settled variants
+        // ahead in <= 96 registers, the lean per-row arithmetic (bf16) and the redux.sync group
+        // maximum, launched with PDL; THREAD_K tiles of half blocks (4-warp CTAs); round-4 mean
+        // pass with its cp.async ring and the table rows in shared memory (5 CTAs/SM from 2^20
+        // rows up), reverse tile order for k, mean_final with PDL. Settled variants
         // (first-generation / round-2 / round-3 kernels, the other rings, lean off, forward tiles,
-        // mean_final without PDL) were measured in GPU runs 2-7 and are no longer rows.
+        // mean_final without PDL: runs 2-7; the mean with the rotation folded into its sums, the
+        // mean's tokens per warp: run 9) are no longer rows.
         detail::PrologueCudaTuning t;
         t.ring = detail::kQuantRingRegister, t.lean = detail::kLeanOff, t.mean_round = 2;
         t.tile_order = detail::kTilesForward, t.pdl = detail::kPdlOff;
@@ -159,31 +161,19 @@ class PrologueBench : public BenchCase {
           variant("session 4 defaults (8-warp THREAD_K CTAs, mean ring without the table)", t);
         }
         t = {};
-        t.max_reduce = detail::kReduceRedux;
-        variant("group maximum by redux.sync", t);
+        t.max_reduce = detail::kReduceShuffle;
+        variant("group maximum by the shuffle tree (no redux.sync)", t);
         t = {};
-        t.quant_pdl = detail::kPdlOn;
-        variant("quantize launched with PDL", t);
-        t.max_reduce = detail::kReduceRedux;
-        variant("redux.sync maximum + quantize with PDL", t);
+        t.quant_pdl = detail::kPdlOff;
+        variant("quantize launched without PDL", t);
         if (is_k) {
+          // The mean kernel's CTAs per SM: the default is 5 from 2^20 rows up (Wan), else 4.
+          const bool big = B * N * H >= (int64_t{1} << 20);
           t = {};
-          t.mean_ctas = 5;
-          variant("round-4 mean pass with 5 CTAs/SM (<= 96 registers)", t);
-          t = {};
-          t.mean_fma = detail::kMeanFmaOn;
-          variant("round-4 mean pass, rotation folded into the fp32 sums (fma)", t);
-          t.max_reduce = detail::kReduceRedux, t.quant_pdl = detail::kPdlOn;
-          variant("mean fma + redux.sync maximum + quantize with PDL", t);
-          t.mean_ctas = 5;
-          variant("mean fma with 5 CTAs/SM + redux.sync maximum + quantize with PDL", t);
-          if (N < 10000) {  // Flux: the mean kernel's tokens per warp around the wave model's 7
-            t = {};
-            t.mean_steps = 3;
-            variant("round-4 mean pass, 3 tokens per warp (more CTAs)", t);
-            t.mean_steps = 16;
-            variant("round-4 mean pass, 16 tokens per warp (fewer CTAs)", t);
-          }
+          t.mean_ctas = big ? 4 : 5;
+          variant(big ? "round-4 mean pass with 4 CTAs/SM (<= 128 registers)"
+                      : "round-4 mean pass with 5 CTAs/SM (<= 96 registers)",
+                  t);
         }
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here

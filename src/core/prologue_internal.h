@@ -102,8 +102,8 @@ namespace detail {
 // absolute values, one instruction per 32 lanes); `quant_pdl` whether the round-3 quantize
 // kernel is launched with programmatic dependent launch (it waits for the previous kernel first
 // thing; mean_final lets it launch early) (kPdlOff / kPdlOn); `mean_ctas` the round-4 mean
-// kernel's resident CTAs per SM at D = 128 (0: the default 4, <= 128 registers; 5: <= 96
-// registers, 20 warps per SM); `mean_fma` (kMeanFmaOn) folds the rotation into the round-4 mean's
+// kernel's resident CTAs per SM at D = 128 (4: <= 128 registers; 5: <= 96 registers, 20 warps
+// per SM; 0: the default, 5 from 2^20 rows up); `mean_fma` (kMeanFmaOn) folds the rotation into the round-4 mean's
 // fp32 sums (fma(c, y, fma(-s, o, acc)): the mean's rounding differs like a sum order, within the
 // harness's fp32 tolerance; the quantize codes then follow that mean).
 // None of the others changes a bit of the output.

@@ -49,10 +49,15 @@ constexpr bool kV3DefaultLean = true;
 // Wan / Flux k path 0.2988 / 0.0433 ms vs 0.3068 / 0.0450 on 8-warp CTAs (the same bits): the
 // default since session 5.
 constexpr bool kV3DefaultSplit = true;
-// Session 5 variants, not yet measured (defaults off until a GPU run says otherwise): the group
-// maximum by redux.sync (tuning `max_reduce`), the quantize launch with PDL (`quant_pdl`).
-constexpr bool kV3DefaultRedux = false;
-constexpr bool kV3DefaultQuantPdl = false;
+// The group maximum by redux.sync (tuning `max_reduce`) and the quantize launch with PDL
+// (`quant_pdl`): GPU run 9, Wan q 0.1548 -> 0.1517 ms (redux), Wan / Flux k 0.2999 / 0.0429 ->
+// 0.2911 / 0.0420 (both), every bit equal: the defaults since session 5.
+constexpr bool kV3DefaultRedux = true;
+constexpr bool kV3DefaultQuantPdl = true;
+// The round-4 mean with 5 CTAs per SM (tuning `mean_ctas`) by default from this many rows
+// (batch * tokens * heads) up: GPU run 9, Wan k 0.2999 -> 0.2904 ms, Flux k 0.0429 -> 0.0450 (at
+// Flux the wave model then gives each warp fewer tokens).
+constexpr int64_t kV4OccMinRows = int64_t{1} << 20;
 constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
 constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
@@ -927,7 +932,9 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
                         ? detail::prologue_cuda_tuning().lean == detail::kLeanOn
                         : kV3DefaultLean;
   // The occupancy variant: one more CTA per SM (with a cp.async ring).
-  const bool occ = detail::prologue_cuda_tuning().mean_ctas == 5 && ahead > 0;
+  const int ctas_knob = detail::prologue_cuda_tuning().mean_ctas;  // 4, 5; 0: by size
+  const bool occ = ahead > 0 && (ctas_knob > 0 ? ctas_knob == 5
+                                               : a.batch * a.tokens * a.heads >= kV4OccMinRows);
   const int ctas_per_sm = occ ? 5 : 4;
   // The rotation folded into the sum (with the table ring only).
   const bool fma = detail::prologue_cuda_tuning().mean_fma == detail::kMeanFmaOn && tsmem;  // for the carve-out (D = 64: 3 or 4 by registers)
