@@ -144,47 +144,44 @@ class PrologueBench : public BenchCase {
       };
       if (env.device == Device::cuda) {
         // Defaults (src/cuda/prologue_v3.cu): round-3 quantize with the cp.async ring 2 heads
-        // ahead in <= 96 registers and the lean per-row arithmetic (bf16), round-4 mean pass
-        // with its cp.async ring, reverse tile order for k, mean_final with PDL.
+        // ahead in <= 96 registers, the lean per-row arithmetic (bf16) and the redux.sync group
+        // maximum, launched with PDL; THREAD_K tiles of half blocks (4-warp CTAs); round-4 mean
+        // pass with its cp.async ring and the table rows in shared memory (5 CTAs/SM from 2^20
+        // rows up), reverse tile order for k, mean_final with PDL. Settled variants
+        // (first-generation / round-2 / round-3 kernels, the other rings, lean off, forward tiles,
+        // mean_final without PDL: runs 2-7; the mean with the rotation folded into its sums, the
+        // mean's tokens per warp: run 9) are no longer rows.
         detail::PrologueCudaTuning t;
-        t.legacy = true;
-        variant("first-generation kernels", t);
-        t = {};
-        t.round = 2;
-        variant("round-2 kernels", t);
-        t = {};  // session 3's defaults (GPU runs 2-5)
         t.ring = detail::kQuantRingRegister, t.lean = detail::kLeanOff, t.mean_round = 2;
         t.tile_order = detail::kTilesForward, t.pdl = detail::kPdlOff;
         variant("session 3 defaults (register ring, round-2 mean pass)", t);
-        t = {};
-        t.ring = detail::kQuantRingRegister;
-        variant("round-3 quantize, register ring (1 head ahead)", t);
-        t.ring = detail::kQuantRingAsync;
-        variant("round-3 quantize, cp.async ring (3 heads ahead, 4 CTAs/SM)", t);
-        t = {};
-        t.lean = detail::kLeanOff;
-        variant("without the lean arithmetic (quantize; and round-4 mean for k)", t);
         if (is_k) {
           t = {};
-          t.split_blocks = detail::kSplitOn;
-          variant("quantize CTAs of 4 warps on half blocks (split_blocks)", t);
-          t = {};
-          t.tile_order = detail::kTilesForward;
-          variant("quantize tiles in forward token order (no L2 reuse after the mean pass)", t);
-          t = {};
-          t.mean_round = 2;
-          variant("round-2 mean pass", t);
-          t.mean_round = 3;
-          variant("round-3 mean pass", t);
-          t = {};
-          t.mean_ring = detail::kQuantRingRegister;
-          variant("round-4 mean pass, register ring (1 token ahead)", t);
-          t.mean_ring = detail::kMeanRingAsyncTable;
-          variant("round-4 mean pass, cp.async ring with the table rows in shared memory", t);
-          t = {};
-          t.pdl = detail::kPdlOff;
-          variant("mean_final launched without PDL", t);
+          t.split_blocks = detail::kSplitOff, t.mean_ring = detail::kQuantRingAsync;
+          variant("session 4 defaults (8-warp THREAD_K CTAs, mean ring without the table)", t);
         }
+        t = {};
+        t.max_reduce = detail::kReduceShuffle;
+        variant("group maximum by the shuffle tree (no redux.sync)", t);
+        t = {};
+        t.quant_pdl = detail::kPdlOff;
+        variant("quantize launched without PDL", t);
+        if (is_k) {
+          // The mean kernel's CTAs per SM: the default is 5 from 2^20 rows up (Wan), else 4.
+          const bool big = B * N * H >= (int64_t{1} << 20);
+          t = {};
+          t.mean_ctas = big ? 4 : 5;
+          variant(big ? "round-4 mean pass with 4 CTAs/SM (<= 128 registers)"
+                      : "round-4 mean pass with 5 CTAs/SM (<= 96 registers)",
+                  t);
+        }
+      }
+      // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
+      // gets no L2 reuse from the mean pass): where the k path's time goes.
+      double mean_ms = 0, quant_ms = 0;
+      if (is_k && env.device == Device::cuda) {
+        mean_ms = env.time_ms([&] { norm_rope_mean(x.view, p, mean.view, ctx); });
+        quant_ms = env.time_ms([&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); });
       }
       const double unfused_ms = env.time_ms(unfused);
       unfused();
@@ -217,6 +214,27 @@ class PrologueBench : public BenchCase {
         r.note = v.ms > 0 ? v.label + ": " + fmt_pct(copy_ms / v.ms) + " of copy bandwidth"
                           : v.label + ": not timed";
         rows.push_back(r);
+      }
+      if (mean_ms > 0) {
+        Row m = row;
+        m.op = "k: mean pass alone (norm_rope_mean: mean kernel + mean_final)";
+        m.ms = mean_ms;
+        m.bytes = x_bytes;
+        m.baseline = "copy of the same bytes";
+        m.baseline_ms = env.copy_ms(x_bytes / 2);
+        m.accuracy = "-";
+        m.note = "1 read of x: " + fmt_pct(m.baseline_ms / mean_ms) + " of copy bandwidth";
+        rows.push_back(m);
+        Row qk = row;
+        qk.op = "k: quantize pass alone (norm_rope_quantize, mean given, THREAD_K 64)";
+        qk.ms = quant_ms;
+        qk.bytes = bytes - x_bytes;
+        qk.baseline = "copy of the same bytes";
+        qk.baseline_ms = env.copy_ms((bytes - x_bytes) / 2);
+        qk.accuracy = "-";
+        qk.note = "1 read of x + int8 + scales (L2 flushed: no reuse of the mean pass's rows): " +
+                  fmt_pct(qk.baseline_ms / quant_ms) + " of copy bandwidth";
+        rows.push_back(qk);
       }
       Row u = row;
       u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"

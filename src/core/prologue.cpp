@@ -280,6 +280,10 @@ std::atomic<int> g_pdl{0};
 std::atomic<int> g_mean_ring{0};
 std::atomic<int> g_lean{0};
 std::atomic<int> g_split_blocks{0};
+std::atomic<int> g_max_reduce{0};
+std::atomic<int> g_quant_pdl{0};
+std::atomic<int> g_mean_ctas{0};
+std::atomic<int> g_mean_fma{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -294,6 +298,10 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_mean_ring.store(t.mean_ring);
   g_lean.store(t.lean);
   g_split_blocks.store(t.split_blocks);
+  g_max_reduce.store(t.max_reduce);
+  g_quant_pdl.store(t.quant_pdl);
+  g_mean_ctas.store(t.mean_ctas);
+  g_mean_fma.store(t.mean_fma);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -309,6 +317,10 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.mean_ring = g_mean_ring.load();
   t.lean = g_lean.load();
   t.split_blocks = g_split_blocks.load();
+  t.max_reduce = g_max_reduce.load();
+  t.quant_pdl = g_quant_pdl.load();
+  t.mean_ctas = g_mean_ctas.load();
+  t.mean_fma = g_mean_fma.load();
   return t;
 }
 

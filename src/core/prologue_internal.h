@@ -96,14 +96,25 @@ namespace detail {
 // kMeanRingAsyncTable: the same with the rotary table rows in shared memory too); `lean` the
 // round-3 quantize kernel's lean per-row arithmetic for bf16 (kLeanOff / kLeanOn; meant to give
 // the same bits: one cvt per rounded value, MUFU.RCP for the reciprocals); `split_blocks`
-// (kSplitOn) lets a round-3 quantize CTA tile whole scale groups of a block, not whole blocks.
-// None of them changes a bit of the output.
+// (kSplitOn) lets a round-3 quantize CTA tile whole scale groups of a block, not whole blocks;
+// `max_reduce` how the round-3 quantize kernel takes a scale group's maximum across lanes
+// (kReduceShuffle: an xor-shuffle tree; kReduceRedux: redux.sync.max on the bit patterns of the
+// absolute values, one instruction per 32 lanes); `quant_pdl` whether the round-3 quantize
+// kernel is launched with programmatic dependent launch (it waits for the previous kernel first
+// thing; mean_final lets it launch early) (kPdlOff / kPdlOn); `mean_ctas` the round-4 mean
+// kernel's resident CTAs per SM at D = 128 (4: <= 128 registers; 5: <= 96 registers, 20 warps
+// per SM; 0: the default, 5 from 2^20 rows up); `mean_fma` (kMeanFmaOn) folds the rotation into the round-4 mean's
+// fp32 sums (fma(c, y, fma(-s, o, acc)): the mean's rounding differs like a sum order, within the
+// harness's fp32 tolerance; the quantize codes then follow that mean).
+// None of the others changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
 constexpr int kTilesForward = 1, kTilesReverse = 2;
 constexpr int kPdlOff = 1, kPdlOn = 2;
 constexpr int kLeanOff = 1, kLeanOn = 2;
 constexpr int kSplitOff = 1, kSplitOn = 2;
+constexpr int kReduceShuffle = 1, kReduceRedux = 2;
+constexpr int kMeanFmaOff = 1, kMeanFmaOn = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
@@ -116,6 +127,10 @@ struct PrologueCudaTuning {
   int mean_ring = 0;
   int lean = 0;
   int split_blocks = 0;
+  int max_reduce = 0;
+  int quant_pdl = 0;
+  int mean_ctas = 0;
+  int mean_fma = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

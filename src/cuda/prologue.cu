@@ -881,6 +881,9 @@ __global__ void __launch_bounds__(1024)
     mean_final_kernel(const PrologueArgs a, const float* partials, int64_t chunks) {
   __shared__ float sums[32][33];
   griddep_wait();  // launched with PDL behind the mean kernel: its partials must be complete
+  // A quantize kernel launched with PDL behind this one may start now (it waits for this grid's
+  // end before it reads anything).
+  griddep_launch_dependents();
   const int cl = threadIdx.x & 31, j = threadIdx.x >> 5;
   const int64_t bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
   const int64_t c = static_cast<int64_t>(blockIdx.y) * 32 + cl;

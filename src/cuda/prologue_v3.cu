@@ -45,6 +45,19 @@ constexpr int kV3Async96Regs = 96;
 // The lean per-row arithmetic of the quantize kernel (tuning `lean`): GPU run 6: bits equal to
 // the default's on every bench output (Wan and Flux, q and k, 3 rings), 0.5-1.5 % faster.
 constexpr bool kV3DefaultLean = true;
+// THREAD_K 64 at D = 128 on 4-warp CTAs over half blocks (tuning `split_blocks`): GPU run 7,
+// Wan / Flux k path 0.2988 / 0.0433 ms vs 0.3068 / 0.0450 on 8-warp CTAs (the same bits): the
+// default since session 5.
+constexpr bool kV3DefaultSplit = true;
+// The group maximum by redux.sync (tuning `max_reduce`) and the quantize launch with PDL
+// (`quant_pdl`): GPU run 9, Wan q 0.1548 -> 0.1517 ms (redux), Wan / Flux k 0.2999 / 0.0429 ->
+// 0.2911 / 0.0420 (both), every bit equal: the defaults since session 5.
+constexpr bool kV3DefaultRedux = true;
+constexpr bool kV3DefaultQuantPdl = true;
+// The round-4 mean with 5 CTAs per SM (tuning `mean_ctas`) by default from this many rows
+// (batch * tokens * heads) up: GPU run 9, Wan k 0.2999 -> 0.2904 ms, Flux k 0.0429 -> 0.0450 (at
+// Flux the wave model then gives each warp fewer tokens).
+constexpr int64_t kV4OccMinRows = int64_t{1} << 20;
 constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
 constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
@@ -276,6 +289,7 @@ struct V3QuantLaunch {
   int table_mode;
   bool mean_vec;   // mean rows 16-byte aligned: float4 loads
   bool reverse;    // tiles in reverse token order (blockIdx.y = 0 takes the last tile)
+  bool redux;      // the group maximum by redux.sync (red_lanes 16, 32), else shuffles
 };
 
 // AHEAD = 0: the register ring (kV3QuantPrefetch heads ahead); AHEAD > 0: the cp.async ring,
@@ -297,6 +311,9 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   const int threads = blockDim.x;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
+  // Launched with PDL (tuning `quant_pdl`): nothing is read before the previous kernel in the
+  // stream has completed (a no-op without the attribute).
+  griddep_wait();
   const int64_t b = blockIdx.z;
   const int64_t tile = L.reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
@@ -385,10 +402,30 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int j = 1; j < 8; ++j) t[i] = max_nan(t[i], fabsf(v[8 * i + j]));
     }
     float m = ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
-    // Branch-free: the levels past red_lanes shuffle with lane mask 0 (the lane itself).
+    if (L.redux) {
+      // m is |v|'s maximum (sign bit clear; a NaN is max.NaN's canonical 0x7fffffff): as
+      // unsigned bit patterns the order is the float order with NaN above +inf, so an integer
+      // maximum gives the same bits. 32 lanes: one redux; 16: one per half-warp with the other
+      // half contributing 0; fewer: the shuffle levels below red_lanes only.
+      const uint32_t bits = __float_as_uint(m);
+      if (L.red_lanes == 32) {
+        m = __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
+      } else if (L.red_lanes == 16) {
+        const bool upper = (lane & 16) != 0;
+        const uint32_t lo = __reduce_max_sync(0xffffffffu, upper ? 0u : bits);
+        const uint32_t hi = __reduce_max_sync(0xffffffffu, upper ? bits : 0u);
+        m = __uint_as_float(upper ? hi : lo);
+      } else {
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1)
-      m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o & red_mask));
+        for (int o = 1; o < 16; o <<= 1)
+          if (o < L.red_lanes) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+      }
+    } else {
+      // Branch-free: the levels past red_lanes shuffle with lane mask 0 (the lane itself).
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1)
+        m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o & red_mask));
+    }
     if (L.wpg > 1) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
@@ -626,7 +663,9 @@ constexpr int kV4MeanAsyncAhead = 3;  // cp.async ring (mean_ring = kQuantRingAs
 // Flux): round-2 mean 0.369 / 0.0508 ms, round 4 0.326 / 0.0457, round 4 with the cp.async ring
 // 0.322 / 0.0452.
 constexpr int kDefaultMeanRound = 4;
-constexpr int kV4DefaultMeanRing = detail::kQuantRingAsync;
+// GPU run 7 (k path, Wan / Flux): cp.async ring 0.3068 / 0.0450 ms, with the table rows in
+// shared memory too 0.3003 / 0.0444 (the same bits): the default since session 5.
+constexpr int kV4DefaultMeanRing = detail::kMeanRingAsyncTable;
 
 struct V4MeanLaunch {
   int steps;       // tokens per warp (a CTA's chunk: steps * kV4MeanWarps tokens)
@@ -643,9 +682,10 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 // table row (D floats) copied by the warp's lanes into a per-warp slot of the same ring and read
 // with ld.shared (instead of L1 reads after an L1 prefetch). LEAN: v3_row's one-cvt bf16 rounding
 // (the same bits).
-template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false>
-__global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
-    v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false,
+          bool FMA = false>
+__device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
+                                             float* partials) {
   static_assert(!TSMEM || AHEAD > 0, "the table ring rides on the cp.async ring");
   constexpr int LANES = D / 32, RW = 32 / LANES, W = kV4MeanWarps;
   constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
@@ -699,19 +739,42 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
     const float* ts = tab_sh + (u % SLOTS) * W * D + 2 * kLanePairs * lane_in_row;
-    v3_row<D, BF16, ROPE, LEAN>(
-        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
-        [&](int k) {
-          const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
-                                              : 8 * LANES * (k / 2) + 4 * (k % 2);
-          if constexpr (TSMEM)
-            return lds16(reinterpret_cast<const float4*>(ts + off));
-          else
-            return ldg16_l1(pt + off);
-        },
-        r, v);
+    auto tq = [&](int k) {
+      const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
+                                          : 8 * LANES * (k / 2) + 4 * (k % 2);
+      if constexpr (TSMEM)
+        return lds16(reinterpret_cast<const float4*>(ts + off));
+      else
+        return ldg16_l1(pt + off);
+    };
+    auto wqf = [&](int k) { return lds16(&w_sh[k][lane_in_row]); };
+    if constexpr (FMA && ROPE != kRopeNone) {
+      // The rotation folded into the sum: acc + (c y - s o) as fma(c, y, fma(-s, o, acc)), acc +
+      // (s y + c o) as fma(c, o, fma(s, y, acc)): 2 instructions per value instead of 3, the
+      // rotated value never rounded on its own (the mean's fp32 rounding differs, as a sum order
+      // does). The norm output is v3_row's, bit for bit.
+      v3_row<D, BF16, kRopeNone, LEAN>(a.norm, a.eps, wqf, tq, r, v);
+      auto rot = [&](float c, float sn, int lead, int trail) {
+        const float y = v[lead], o = v[trail];
+        acc[lead] = __fmaf_rn(c, y, __fmaf_rn(-sn, o, acc[lead]));
+        acc[trail] = __fmaf_rn(c, o, __fmaf_rn(sn, y, acc[trail]));
+      };
 #pragma unroll
-    for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
+      for (int k = 0; k < 8; ++k) {
+        const float4 t = tq(k);
+        if (ROPE == kRopePaired) {  // pairs 2k, 2k + 1: values 2k (+1) lead, + 16 trail
+          rot(t.x, t.y, 2 * k, 2 * k + 16);
+          rot(t.z, t.w, 2 * k + 1, 2 * k + 17);
+        } else {  // interleaved: values 4k, 4k + 1 and 4k + 2, 4k + 3
+          rot(t.x, t.y, 4 * k, 4 * k + 1);
+          rot(t.z, t.w, 4 * k + 2, 4 * k + 3);
+        }
+      }
+    } else {
+      v3_row<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
+    }
     pt += t_step;
   };
   auto start = [&] {
@@ -784,6 +847,22 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
   }
 }
 
+// The round-4 mean kernel: 4 CTAs per SM at D = 128 (<= 128 registers), 3 at D = 64.
+// FMA (tuning `mean_fma`): the rotation folded into the sum (see v4_mean_body).
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false,
+          bool FMA = false>
+__global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
+    v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
+  v4_mean_body<D, BF16, ROPE, AHEAD, LEAN, TSMEM, FMA>(a, L, partials);
+}
+// The occupancy variant (tuning `mean_ctas` = 5): one CTA per SM more (5 at D = 128: <= 96
+// registers, 20 warps per SM; 4 at D = 64), the cp.async ring only (no registers hold loads).
+template <int D, bool BF16, int ROPE, bool LEAN, bool TSMEM, bool FMA = false>
+__global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
+    v4_mean_kernel_occ(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
+  v4_mean_body<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, TSMEM, FMA>(a, L, partials);
+}
+
 template <typename F>
 void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
   auto by_rope = [&](auto d, auto bf) {
@@ -852,6 +931,13 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
   const bool lean = detail::prologue_cuda_tuning().lean > 0
                         ? detail::prologue_cuda_tuning().lean == detail::kLeanOn
                         : kV3DefaultLean;
+  // The occupancy variant: one more CTA per SM (with a cp.async ring).
+  const int ctas_knob = detail::prologue_cuda_tuning().mean_ctas;  // 4, 5; 0: by size
+  const bool occ = ahead > 0 && (ctas_knob > 0 ? ctas_knob == 5
+                                               : a.batch * a.tokens * a.heads >= kV4OccMinRows);
+  const int ctas_per_sm = occ ? 5 : 4;
+  // The rotation folded into the sum (with the table ring only).
+  const bool fma = detail::prologue_cuda_tuning().mean_fma == detail::kMeanFmaOn && tsmem;  // for the carve-out (D = 64: 3 or 4 by registers)
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
   // table ring after it).
   const int smem = static_cast<int>(std::max<size_t>(
@@ -865,6 +951,12 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
     auto pick = [&](auto lean_c) -> Kernel {
       constexpr bool LEAN = decltype(lean_c)::value && BF16;
+      // (bf16 without the lean rounding spills a few bytes at 96 registers: 4 CTAs there)
+      if constexpr (LEAN || !BF16)
+        if (occ && fma) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, true, true>;
+      if (fma) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true, true>;
+      if (occ && tsmem) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, true>;
+      if (occ && ahead > 0) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, false>;
       if (tsmem) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true>;
       if (ahead > 0) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN>;
       return v4_mean_kernel<D, BF16, ROPE, 0, LEAN>;
@@ -872,13 +964,13 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     const Kernel kernel = lean ? pick(std::true_type{}) : pick(std::false_type{});
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
-    // Carve-out: what 4 CTAs need (17-34 KB each with the reserved 1 KB), the rest of the SM's
-    // 256 KB stays L1 for the rotary table.
+    // Carve-out: what the resident CTAs need (17-42 KB each with the reserved 1 KB), the rest of
+    // the SM's 256 KB stays L1 for the rotary table.
     int sm_smem = 0, dev = 0;
     check_cuda(cudaGetDevice(&dev), "norm_rope_mean", "device");
     check_cuda(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
                "norm_rope_mean", "device attribute");
-    const int64_t need = 4 * (int64_t{smem} + 2048);
+    const int64_t need = ctas_per_sm * (int64_t{smem} + 2048);
     const int carveout =
         sm_smem > 0 ? static_cast<int>(std::min<int64_t>(100, (100 * need + sm_smem - 1) / sm_smem))
                     : 100;
@@ -946,7 +1038,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   L.group_rows = a.block / a.groups;
   // >= 4 warps of rows, whole blocks (both powers of two); with `split_blocks`, whole scale groups
   // (THREAD_K 64 at D = 128: 4-warp CTAs on half blocks instead of 8-warp CTAs).
-  const bool split = detail::prologue_cuda_tuning().split_blocks == detail::kSplitOn;
+  const int split_knob = detail::prologue_cuda_tuning().split_blocks;
+  const bool split = split_knob > 0 ? split_knob == detail::kSplitOn : kV3DefaultSplit;
   L.tile_rows = std::max(split ? L.group_rows : a.block, 4 * rw);
   L.wpg = L.group_rows > rw ? L.group_rows / rw : 1;
   L.red_lanes = std::min(32, lanes * L.group_rows);
@@ -968,6 +1061,9 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   // order, so its last rows are still in L2 (the whole of x at the Flux shape).
   L.reverse = tuning.tile_order > 0 ? tuning.tile_order == detail::kTilesReverse
                                     : a.mean != nullptr;
+  L.redux = (tuning.max_reduce > 0 ? tuning.max_reduce == detail::kReduceRedux
+                                   : kV3DefaultRedux);
+  const bool pdl = tuning.quant_pdl > 0 ? tuning.quant_pdl == detail::kPdlOn : kV3DefaultQuantPdl;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
                    ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0));
   auto launch = [&](auto kernel) {
@@ -991,7 +1087,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
     L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
     dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
               static_cast<unsigned>(a.batch));
-    kernel<<<grid, threads, smem, stream_of(ctx)>>>(a, L);
+    launch_maybe_pdl(pdl, kernel, grid, dim3(threads), smem, stream_of(ctx), a, L);
   };
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;

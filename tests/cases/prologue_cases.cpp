@@ -55,6 +55,10 @@ struct Cfg {
   int mean_ring = 0;      // CUDA: round-4 mean kernel's ring (detail::kQuantRing*; 0: default)
   int lean = 0;           // CUDA: round-3 quantize lean arithmetic (detail::kLean*; 0: default)
   int split_blocks = 0;   // CUDA: round-3 quantize tiles of whole scale groups (detail::kSplit*)
+  int max_reduce = 0;     // CUDA: round-3 quantize group maximum (detail::kReduce*; 0: default)
+  int quant_pdl = 0;      // CUDA: round-3 quantize launched with PDL (detail::kPdl*; 0: default)
+  int mean_ctas = 0;      // CUDA: round-4 mean kernel's CTAs per SM (5: the occupancy variant)
+  int mean_fma = 0;       // CUDA: round-4 mean with the rotation folded into the sums
   std::string tag;
 };
 
@@ -200,7 +204,9 @@ class PrologueCase : public Case {
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
     } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps, c_.round,
                                         c_.mean_round, c_.ring, c_.tile_order, c_.pdl,
-                                        c_.mean_ring, c_.lean, c_.split_blocks});
+                                        c_.mean_ring, c_.lean, c_.split_blocks,
+                                        c_.max_reduce, c_.quant_pdl, c_.mean_ctas,
+                                        c_.mean_fma});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -426,6 +432,55 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(m);  // falls back to the round-2 kernel
       m.tag = "nopdl", m.mean_round = 0, m.pdl = detail::kPdlOff;
       add(m);  // mean_final launched without PDL
+    }
+  }
+  // Session 5 variants at the odd token counts, strided inputs, D 64 and 128, 11 heads: the group
+  // maximum by redux.sync ("redux": THREAD_Q 32 = 16-lane groups at D = 128, 8 at D = 64;
+  // THREAD_K 64 = 32-lane groups across 2 warps; THREAD_Q 16; PER_BLOCK 64), the quantize launch
+  // with PDL behind the mean pass ("qpdl"), THREAD_K on whole-block 8-warp CTAs now that half
+  // blocks are the default ("nosplit"), and the round-4 mean kernel with one CTA per SM more
+  // ("v4mocc", both rings).
+  for (int64_t N : {1, 17, 127, 1000}) {
+    for (int64_t D : {64, 128}) {
+      Cfg q;
+      q.tag = "redux";
+      q.B = 2, q.N = N, q.H = 11, q.D = D, q.qkv = true, q.sm_scale = q_scale;
+      q.max_reduce = detail::kReduceRedux;
+      add(q);  // THREAD_Q 32, split-half rope
+      Cfg k = q;
+      k.sm_scale = 1.f, k.dtype = DType::f16, k.rope = RopeKind::interleaved;
+      k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64, k.q_pad = true;
+      add(k);  // THREAD_K 64 with a mean
+      k.tag = "reduxqpdl", k.dtype = DType::bf16, k.rope = RopeKind::split;
+      k.quant_pdl = detail::kPdlOn;
+      add(k);
+      k.tag = "nosplit", k.max_reduce = 0, k.quant_pdl = 0, k.split_blocks = detail::kSplitOff;
+      add(k);
+      q.tag = "reduxtq16", q.layout = ScaleLayout::thread_q, q.block = 16, q.sm_scale = -0.5f;
+      add(q);
+      q.tag = "reduxpb64", q.layout = ScaleLayout::per_block, q.block = 64, q.rope = RopeKind::none;
+      add(q);
+      q.tag = "qpdl", q.max_reduce = 0, q.quant_pdl = detail::kPdlOn, q.rope = RopeKind::split;
+      q.layout = ScaleLayout::thread_q, q.block = 32, q.sm_scale = q_scale;
+      add(q);
+      Cfg m;
+      m.tag = "v4mocc";
+      m.mean_pass = true, m.mean_round = 4, m.mean_ctas = 5;
+      m.B = 2, m.N = N, m.H = 11, m.D = D, m.qkv = true;
+      add(m);  // bf16, split-half rope, the default ring (table rows in shared memory)
+      m.tag = "v4moccring", m.mean_ring = detail::kQuantRingAsync, m.dtype = DType::f16;
+      m.rope = RopeKind::interleaved, m.mean_steps = 3;
+      add(m);
+      Cfg mf;
+      mf.tag = "v4mfma";  // the rotation folded into the sums (fp32 tolerance, as a sum order)
+      mf.mean_pass = true, mf.mean_round = 4, mf.mean_fma = detail::kMeanFmaOn;
+      mf.B = 2, mf.N = N, mf.H = 11, mf.D = D, mf.qkv = true;
+      add(mf);  // bf16, split-half rope
+      mf.tag = "v4mfmaint", mf.dtype = DType::f16, mf.rope = RopeKind::interleaved;
+      mf.batch_table = true, mf.qkv = false, mf.mean_steps = 3;
+      add(mf);
+      mf.tag = "v4mfmaocc", mf.mean_ctas = 5;  // with one CTA per SM more
+      add(mf);
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
