@@ -717,14 +717,16 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   }
   if (options.kernel == AttentionOptions::auto_kernel && attn::wgmma_attention_applies(D) &&
       attn::wgmma_attention_available()) {
-    // fp8 P·V: round 3 with I2FP at both head dims, the fastest variant that matches the oracle
-    // within the harness tolerance in H200 run 9 (2026-11-30 03:12): at D = 128 756.7 / 730.2
-    // TOPS (causal 735.2 / 692.0) vs round 4 + I2FP's 735.5 / 705.0 (709.4 / 663.1); D = 64
-    // 316.8 vs 306.6. (Round 4 + I2FP was auto after run 6, before round 3's producer and
-    // descriptor changes.)
+    // fp8 P·V: round 3 with I2FP and without the consumers' ping-pong turns, bit-identical to
+    // round 3 and the fastest such variant in H200 run 10 (2026-11-30 03:36): D = 128 789.5 /
+    // 769.6 TOPS (causal 766.4 / 731.3) vs round 3 + I2FP's 754.1 / 731.1 (734.6 / 691.7) and
+    // round 4 + I2FP's 738.7 / 704.8; D = 64 336.7 vs 315.0. Its instantiation covers bf16
+    // output with k scales constant per 64-key half (per-block / THREAD_K blocks of 64·n);
+    // launch_r3 runs plain round 3 (same bits) for the other cases.
     attn::launch_attention_wgmma(
         p, B, D, fp8, out.dtype,
-        fp8 ? attn::WgmmaKernel::round3_i2fp : attn::WgmmaKernel::round1, stream_of(ctx));
+        fp8 ? attn::WgmmaKernel::round3_i2fp_no_turn : attn::WgmmaKernel::round1,
+        stream_of(ctx));
     return;
   }
   dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
