@@ -2,6 +2,7 @@
 // independent decoding of the stored codes (a dense Kronecker rotation built here), never
 // overwriting the input, cancellation, and the weight error on real MiniLM weights.
 #include "tests/unit/temp_files.h"
+#include "tests/unit/random_data.h"
 #include "lowbit/checkpoint.h"
 
 #include <dirent.h>
@@ -25,13 +26,6 @@ namespace {
 std::string tmp_dir(const std::string& name) { return testing_files::tmp_dir("lowbit_ck_", name); }
 using testing_files::list_dir;
 
-std::vector<float> gaussian(size_t n, uint64_t seed, float stddev = 1.f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, stddev);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 struct Src {
   std::string name;
@@ -43,7 +37,7 @@ struct Src {
 Src f32_tensor(const std::string& name, std::vector<int64_t> shape, uint64_t seed) {
   int64_t n = 1;
   for (auto d : shape) n *= d;
-  auto v = gaussian(static_cast<size_t>(n), seed, 0.05f);
+  auto v = testing_data::normal_vec(static_cast<size_t>(n), seed, 0.05f);
   Src s{name, FileDType::f32, shape, std::vector<uint8_t>(v.size() * 4)};
   std::memcpy(s.bytes.data(), v.data(), s.bytes.size());
   return s;

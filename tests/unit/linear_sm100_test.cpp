@@ -15,6 +15,7 @@
 
 #include "lowbit/linear.h"
 #include "src/cpu/linear_kernels.h"
+#include "tests/unit/random_data.h"
 
 #ifdef LOWBIT_TEST_SM100_LAYOUTS
 #include <cute/tensor.hpp>
@@ -29,13 +30,7 @@ namespace {
 #ifdef LOWBIT_TEST_SM100_LAYOUTS
 using Cfg = cutlass::detail::Sm1xxBlockScaledConfig<16>;
 
-std::vector<float> normal_vec(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
+using testing_data::normal_vec;
 
 TEST(LinearSm100, SwizzledScalesAreCutlassScaleFactorLayout) {
   // (rows, 16-element blocks per row): single tile, row and column padding, several tiles.

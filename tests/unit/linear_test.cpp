@@ -12,6 +12,7 @@
 
 #include "lowbit/dtype.h"
 #include "src/cpu/linear_kernels.h"
+#include "tests/unit/random_data.h"
 
 namespace lowbit {
 namespace {
@@ -38,13 +39,7 @@ std::vector<double> dense_r(int n) {
   return r;
 }
 
-std::vector<float> normal_vec(size_t n, uint64_t seed, float sd = 1.f) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
+using testing_data::normal_vec;
 
 // x (R, K) · R_rot per block, fp64.
 std::vector<double> rotate_ref(const std::vector<float>& x, int64_t R, int64_t K, int rot) {
