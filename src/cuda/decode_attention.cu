@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kMergeThreads)
                         int D, void* out, DType out_dtype, StridedIndex out_idx, float* lse_out,
                         StridedIndex lse_idx) {
   __shared__ float red[kMergeThreads * VEC];
-  decode_griddep_wait();  // (PDL) the split kernel's partials are complete and visible
+  griddep_wait();  // (PDL) the split kernel's partials are complete and visible
   const int R = Mq * G;
   const int64_t i = blockIdx.x;
   const int r = static_cast<int>(i % R);

@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // solo issue mode: stage released
   __shared__ int cnt[kMaxStages];
 
-  decode_griddep_wait();  // (PDL) the previous kernel's writes (cache, q, seq_len) are visible
+  griddep_wait();  // (PDL) the previous kernel's writes (cache, q, seq_len) are visible
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int HB = a.hb, NST = a.nst, kstr = a.kstr, stage_bytes = a.stage_bytes;
@@ -1024,7 +1024,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
   }
 
-  decode_griddep_launch();  // (PDL) the merge may launch; it waits for this grid to complete
+  griddep_launch_dependents();  // (PDL) the merge may launch; it waits for this grid to complete
   // ---- the warp's partial (O, LSE) of head h, rows r0 + 8 nr + 2t + e ----
   const int64_t base_row = ((b * p.H + h) * p.S + split) * static_cast<int64_t>(p.R) + r0;
 #pragma unroll

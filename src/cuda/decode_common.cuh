@@ -191,21 +191,10 @@ bool decode_bulk_folds(const KvCache& cache);
 void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
                         bool stagger, int issue, bool pdl, cudaStream_t stream);
 
-// Programmatic dependent launch (DecodePlan::launch_pdl): a kernel launched with the attribute may
-// become resident while the previous kernel in the stream finishes; decode_griddep_wait (no-op
-// without the attribute) blocks until that kernel has completed and its writes are visible, so the
-// decode kernels call it before any global access. decode_griddep_launch lets the next kernel (the
-// split merge) launch once every CTA has called it or exited.
-__device__ __forceinline__ void decode_griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void decode_griddep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// Programmatic dependent launch (DecodePlan::launch_pdl): the decode kernels call griddep_wait
+// before any global access and griddep_launch_dependents to let the split merge launch early.
+using ptx::griddep_launch_dependents;
+using ptx::griddep_wait;
 
 // Widest access (16, 8 or 4 bytes) that every row start of both caches allows.
 inline int row_vector_bytes(const KvCache& c) {

@@ -192,13 +192,6 @@ constexpr bool kUseDecode4 = true;
 // false: plain launches (no overlap with the rotate kernel before it).
 constexpr bool kUsePdl = true;  // 128-column groups per lane and step (4 x 16 bytes in flight)
 
-// Programmatic dependent launch (sm_90): wait until the grids this one depends on completed and
-// their writes are visible; a no-op when the kernel was launched without the attribute.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 // The 4-bit table lookup (lut4, lut_word) lives in linear_lut.h, shared with a CPU unit test.
 // Every prmt selector nibble there is <= 7: nvcc models __byte_perm as reading only the low 3
@@ -273,7 +266,7 @@ __global__ void __launch_bounds__(256) decode4_kernel(DecodeParams p, int steps_
   // The weights do not come from the previous kernel: the first item's loads are issued before
   // waiting for it (programmatic dependent launch: the rotate kernel writes the activations).
   load_item(0, wq, ratio);
-  grid_dependency_wait();
+  ptx::griddep_wait();
   for (int f = 0; f < items; ++f) {
     uint4 wn[P * U];
     float rn[P];

@@ -40,6 +40,7 @@
 #include "src/cuda/linear_lut.h"
 #include "src/cuda/linear_rotate.cuh"
 #include "src/cuda/linear_unpack.cuh"
+#include "src/cuda/ptx.cuh"
 
 namespace lowbit {
 namespace cuda {
@@ -80,29 +81,15 @@ struct RingLayout {
   int bulk = 1;          // transport: 1 cp.async.bulk, 0 cp.async (see kRingBulk)
 };
 
-// ---- PTX: mbarrier and bulk copies (sm_90) ----
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_fence_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// One arrival (the slot's only expected one) that also raises the transaction count by `bytes`.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Whether (acquire) the phase with this parity completed.
-__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
+// ---- PTX: mbarrier and bulk copies (sm_90; the wrappers are ptx.cuh's) ----
+using ptx::bulk_g2s;
+using ptx::cp_async16;
+using ptx::lds128;
+using ptx::mbar_arrive_expect_tx;
+using ptx::mbar_fence_init;
+using ptx::mbar_init;
+using ptx::mbar_try;
+
 // Warp-uniform wait: true once every lane saw the phase complete (a completed phase stays
 // visible until the slot is re-armed, which only this warp does); false after ~2^22 polls (a
 // copy that never lands: the warp abandons its work instead of hanging or trapping, so the
@@ -113,30 +100,10 @@ __device__ __forceinline__ bool mbar_wait_warp(uint32_t bar, uint32_t parity) {
     if (__all_sync(0xffffffffu, mbar_try(bar, parity))) return true;
   return false;
 }
-// bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared, completing as
-// transaction bytes on `bar`.
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
-                                         uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
 // Fallback transport (kRingBulk = false): 16-byte cp.async per lane, and an mbarrier arrival
 // per lane once its copies landed (.noinc: the barrier counts 32 arrivals per phase).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
 __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void grid_wait() {
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-
-__device__ __forceinline__ uint4 lds128(const uint8_t* p) {
-  return *reinterpret_cast<const uint4*>(p);
 }
 
 // fold_code with the code already in fp32 (exact: |code| <= 8); the streaming kernel's rule.
@@ -145,23 +112,17 @@ __device__ __forceinline__ int32_t ring_fold(float code, float ratio) {
   return max(-127, min(127, r));
 }
 
+// ptx::prmt (inline PTX): every selector nibble here is <= 7, where PTX prmt and lut_prmt agree.
+using ptx::prmt;
 // lut_word (linear_lut.h) with the selector arithmetic shared by the two halves of the word:
 // the same selectors (every nibble <= 7, prmt reads the low 16 bits), 11 instructions per 8 codes.
-// prmt.b32 through inline PTX: __byte_perm makes nvcc re-mask every selector with 0x7777 (its
-// model of the intrinsic), which cost a LOP3 per lookup in the ring kernel's SASS. Every selector
-// nibble here is <= 7, where PTX prmt and lut_prmt agree; prmt reads the low 16 selector bits.
-__device__ __forceinline__ uint32_t ring_prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
 __device__ __forceinline__ void ring_lut_word(uint32_t word, const uint32_t lut[4], uint32_t* b0,
                                               uint32_t* b1) {
   const uint32_t idx = word & 0x77777777u;
   const uint32_t pick = ((word >> 1) & 0x44444444u) | 0x32103210u;
   const uint32_t idx1 = idx >> 16, pick1 = pick >> 16;
-  *b0 = ring_prmt(ring_prmt(lut[0], lut[1], idx), ring_prmt(lut[2], lut[3], idx), pick);
-  *b1 = ring_prmt(ring_prmt(lut[0], lut[1], idx1), ring_prmt(lut[2], lut[3], idx1), pick1);
+  *b0 = prmt(prmt(lut[0], lut[1], idx), prmt(lut[2], lut[3], idx), pick);
+  *b1 = prmt(prmt(lut[0], lut[1], idx1), prmt(lut[2], lut[3], idx1), pick1);
 }
 
 // T: the activation dtype when the CTA rotates + quantizes x itself (ROT = 256), else void.
@@ -246,7 +207,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   for (int i = 0; i < pre; ++i) issue();
 
   // The activations may come from the preceding kernel (programmatic dependent launch).
-  grid_wait();
+  ptx::griddep_wait();
   uint8_t* act = dsm;
   Epilogue ep = p.ep;
   if constexpr (kFused) {

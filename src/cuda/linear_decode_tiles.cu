@@ -99,62 +99,20 @@ struct TilesLayout {
   uint32_t* cnt = nullptr;  // (G + 1) counters, zero when allocated
 };
 
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void grid_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_fence_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared through the TMA unit,
-// completing as transaction bytes on `bar`.
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
-                                         uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ uint4 lds128(const uint8_t* p) {
-  return *reinterpret_cast<const uint4*>(p);
-}
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-// c (16x8 s32) += a (16x32 u8, row) · b (32x8 s8, col): fragment layouts of PTX's m16n8k32.
-__device__ __forceinline__ void mma_u8s8(int32_t c[4], const uint32_t a[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using ptx::bulk_g2s;
+using ptx::cp_async16;
+using ptx::lds128;
+using ptx::mbar_arrive_expect_tx;
+using ptx::mbar_fence_init;
+using ptx::mbar_init;
+using ptx::mbar_try;
+using ptx::mma_u8s8;
+using ptx::prmt;
 
 // ---- layout builder ----
 
@@ -392,7 +350,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
         const uint32_t bar = bar0 + 8u * s;
         const uint32_t tb =
             KIND == kTilesInt4 ? kTableBytes : (KIND == kTilesInt4C ? kTable4Bytes : 0);
-        mbar_expect_tx(bar, kItemBytes + tb);
+        mbar_arrive_expect_tx(bar, kItemBytes + tb);
         bulk_g2s(smem_u32(slot), codes + gi * kItemBytes, kItemBytes, bar);
         if (KIND == kTilesInt4)
           bulk_g2s(smem_u32(slot + kItemBytes), tables + gi * kTableBytes, kTableBytes, bar);
@@ -433,7 +391,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     s_ws[i] = ws;
     s_bias[i] = bias;
   }
-  grid_wait();  // the activation codes come from the preceding kernel
+  ptx::griddep_wait();  // the activation codes come from the preceding kernel
   __syncthreads();
   Epilogue ep = p.ep;
   ep.a_scale = tiles_activations<KIND, kTilesThreads, XT>(
@@ -728,7 +686,7 @@ __global__ void __launch_bounds__(W * 32, 1) gemv_direct_kernel(DecodeParams p, 
     s_ws[i] = ws;
     s_bias[i] = bias;
   }
-  grid_wait();  // the activation codes (or x) come from the preceding kernel
+  ptx::griddep_wait();  // the activation codes (or x) come from the preceding kernel
   __syncthreads();
   Epilogue ep = p.ep;
   ep.a_scale = tiles_activations<KIND, THREADS, XT>(

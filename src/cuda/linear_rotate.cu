@@ -23,6 +23,7 @@
 #include "src/cuda/common.cuh"
 #include "src/cuda/linear_kernels.cuh"
 #include "src/cuda/linear_rotate.cuh"
+#include "src/cuda/ptx.cuh"
 
 namespace lowbit {
 namespace cuda {
@@ -272,11 +273,9 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
                                                                            bool vec_in,
                                                                            bool vec_out) {
   __shared__ float warp_amax[2][kRegMaxThreads / 32];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // A kernel launched after this one with programmatic dependent launch (the 4-bit decode
   // kernel) may start now: it streams its weights and waits (griddepcontrol.wait) for our writes.
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
+  ptx::griddep_launch_dependents();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int K = static_cast<int>(p.K);
   const bool in = tid * 16 < K;

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "src/core/prologue_internal.h"
+#include "src/cuda/ptx.cuh"
 
 namespace lowbit {
 namespace cuda {
@@ -184,21 +185,9 @@ __device__ __forceinline__ int round_code(float q) {
 }
 
 
-// Programmatic dependent launch (sm_90): a kernel launched with the PDL attribute may start
-// while the previous kernel in the stream runs; griddep_wait blocks until that kernel has
-// completed and its writes are visible (a no-op without the attribute). The previous kernel lets
-// its dependents launch early with griddep_launch_dependents (once every CTA of it has called it
-// or exited).
-__device__ __forceinline__ void griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// Programmatic dependent launch: ptx.cuh's griddep_wait / griddep_launch_dependents.
+using ptx::griddep_launch_dependents;
+using ptx::griddep_wait;
 
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
