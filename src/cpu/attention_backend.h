@@ -29,6 +29,8 @@ struct AttentionCudaTuning {
   bool qk_first = false;
   bool no_turn = false;
   bool fold2 = false;
+  // with i2fp and no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64
+  bool cons3 = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

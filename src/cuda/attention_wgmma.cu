@@ -1237,13 +1237,14 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
 // kR3Stages stages. 178.5 KB at D = 128.
-template <int D>
+// kRows: query rows per CTA (64 per consumer warpgroup).
+template <int D, int kRows = kBM>
 struct R3Smem {
   using R = WgSmem<D, true>;
   static constexpr int kKTile = R::kKTile;
   static constexpr int kVTile = R::kVTile;
   static constexpr int kQ = 0;
-  static constexpr int kK = kBM * kRowBytes;
+  static constexpr int kK = kRows * kRowBytes;
   static constexpr int kV = kK + kR3Stages * kKTile;
   static constexpr int kS = kV + kR3Stages * kVTile;
   static constexpr int kBar = kS + kR3Stages * kBN * 4;  // full[], empty[] (8 B each)
@@ -1773,8 +1774,11 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
                          m0, m1, l0, l1);
 }
 
+// Threads of a round-3 kernel CTA: a producer warpgroup and two consumers (three with kVar bit 7).
+constexpr int r3_threads(int var) { return (var & 128) != 0 ? 512 : kWsThreads; }
+
 template <int D, typename T16, bool kKcHalf, bool kTma, int kVar = 0>
-__global__ void __launch_bounds__(kWsThreads, 1)
+__global__ void __launch_bounds__(r3_threads(kVar), 1)
     attention_wgmma_r3_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // kVar: bit 0 the round-4 consumer schedule, bit 1 I2FP for the logits' int32 -> float.
@@ -1792,17 +1796,26 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // bit 6: round 5 with the P·V buffer over two tiles when no maximum moved (kFold2).
   constexpr bool kFold2 = (kVar & 64) != 0;
   static_assert(!kFold2 || kTileMax, "fold2 is a round-5 variant");
+  // bit 7: three consumer warpgroups (192 query rows per CTA; D = 64, round 3 without turns):
+  // one more warp per scheduler to hide the softmax's latencies, K/V tiles shared by 192 rows.
+  constexpr bool kC3 = (kVar & 128) != 0;
+  static_assert(!kC3 || (D == 64 && !kR4 && kNoTurn && !kTma), "3 consumers: D = 64 round 3");
+  constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
+  constexpr int kRows = 64 * kCons;   // query rows per CTA
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
   // Register split (setmaxnreg): 40 / 232 as rounds 2 and 3; round 4 at D = 128 keeps O, the P·V
   // buffer, the logits and P(j) live together and needs 240 (the producer then gets 24: TMA only,
   // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
-  constexpr int kProdRegs = kR4 && D == 128 ? 24 : 40;
-  constexpr int kConsRegs = kR4 && D == 128 ? 240 : 232;
-  static_assert(128 * kProdRegs + 256 * kConsRegs <= 168 * kWsThreads, "register split");
+  // Three consumers: 40 / 152 (the launch's 128 x 512 registers).
+  constexpr int kProdRegs = kC3 ? 40 : kR4 && D == 128 ? 24 : 40;
+  constexpr int kConsRegs = kC3 ? 152 : kR4 && D == 128 ? 240 : 232;
+  static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
+                    (kC3 ? 128 : 168) * r3_threads(kVar),
+                "register split");
   static_assert(!(kR4 && D == 128 && !kTma), "round 4 at D = 128 needs the TMA producer");
-  using L = R3Smem<D>;
+  using L = R3Smem<D, kRows>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -1811,8 +1824,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
                           : static_cast<int>(blockIdx.x);  // causal: long rows first
   const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
-  const int64_t q0 = static_cast<int64_t>(qb) * kBM;
-  const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
+  const int64_t q0 = static_cast<int64_t>(qb) * kRows;
+  const int64_t last_row = min(q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
   const int64_t kv_end = visible_end(p, last_row);
   const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kR3Stages * 8;
@@ -1824,7 +1837,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       // every producer thread once its copies landed (TMA: the producer warp's lanes, one of
       // them with the stage's transaction bytes)
       mbar_init(full0 + st * 8, kTma ? 32 : 128);
-      mbar_init(empty0 + st * 8, 8);  // every consumer warp, once its wgmmas completed
+      mbar_init(empty0 + st * 8, 4 * kCons);  // every consumer warp, once its wgmmas completed
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -1886,7 +1899,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (tile >= kR3Stages) mbar_wait(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
       if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
         const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
-        for (int c = tid; c < kBM * kChunks; c += 128) {
+        for (int c = tid; c < kRows * kChunks; c += 128) {
           const int r = c / kChunks, ch = c % kChunks;
           const bool ok = q0 + r < p.Nq;
           cp_async_16(base + L::kQ + swz(r, ch), ok ? qg + (q0 + r) * p.q_sn + ch * 16 : p.q,
@@ -2015,7 +2028,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // P·V). The last tile is a separate instantiation so that every wgmma wait count is static.
   auto step = [&](int tile, auto more_c) {
     constexpr bool kMore = decltype(more_c)::value;
-    constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD;
+    constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD && !kC3;  // kC3: no registers for it
     const int st = tile % kR3Stages;
     const int kv0 = tile * kBN;
     const uint64_t dv = dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
@@ -2119,7 +2132,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     wgmma_pv<D>(c, pb[0], dv + 4, fold);
     wgmma_pv<D>(c, pb[1], dv + 6, 1);
     wgmma_commit();
-    if constexpr (kMore && !kEarly) {
+    // (kC3: the next q k^T only once c is folded into O; its 64 registers next to O, c and P
+    // in flight do not fit 160, and the other two consumers keep the tensor cores busy)
+    if constexpr (kMore && !kEarly && !kC3) {
       issue_qk(tile + 1);
       wgmma_wait<1>();  // the P·V (the next q k^T stays in flight)
     } else {
@@ -2129,7 +2144,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     accumulate_tile<D>(o, c, r0, r1);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
-    if constexpr (kMore && !kEarly) {
+    if constexpr (kMore && kC3) {
+      issue_qk(tile + 1);
+      wgmma_wait<0>();
+      fence_regs(acc);
+    } else if constexpr (kMore && !kEarly) {
       wgmma_wait<0>();  // the next q k^T: nothing is in flight across the loop back edge
       fence_regs(acc);
     } else if constexpr (kEarly) {
@@ -2142,7 +2161,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   row0 = static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
                                              static_cast<int>(blockIdx.x)
                                        : static_cast<int>(blockIdx.x)) *
-             kBM +
+             kRows +
          rl0;
   row1 = row0 + 8;
   epilogue<D, true, T16>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o,
@@ -2231,6 +2250,9 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
   if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
+  // (var 162, round 3 + I2FP without turns on three consumer warpgroups: D = 64 only, else 34;
+  // bf16 output and per-half kc, else round 3 below)
+  if (var == 162 && D != 64) var = 34;
   // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
   // kc only, else round 5)
   if ((var == 43 || var == 75) && !(std::is_same<T16, __nv_bfloat16>::value && kc_half)) var = 11;
@@ -2258,6 +2280,9 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
         k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 27>
                     : attention_wgmma_r3_kernel<D, T16, false, kT, 27>;
     }
+    if constexpr (kI2fpInst && D == 64) {
+      if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, false, 162>;
+    }
     if constexpr (kI2fpInst) {
       if (var == 43) k = attention_wgmma_r3_kernel<D, T16, true, kT, 43>;
       if (var == 75) k = attention_wgmma_r3_kernel<D, T16, true, kT, 75>;
@@ -2272,13 +2297,17 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   };
   auto kernel = tma ? pick(std::integral_constant<bool, D == 128 && kR3Tma>{})
                     : pick(std::false_type{});
-  constexpr int bytes = R3Smem<D>::kBytes;
-  static_assert(bytes <= 227 * 1024, "shared memory");
+  // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA.
+  const bool c3 = var == 162;
+  const int rows = c3 ? 192 : kBM;
+  const int bytes = c3 ? R3Smem<D, 192>::kBytes : R3Smem<D>::kBytes;
+  static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024,
+                "shared memory");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, rows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
-  kernel<<<grid, kWsThreads, bytes, stream>>>(p, maps);
+  kernel<<<grid, c3 ? r3_threads(162) : kWsThreads, bytes, stream>>>(p, maps);
   check_launch(op);
 }
 
@@ -2320,6 +2349,7 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
           : which == WgmmaKernel::round5_no_turn  ? 43
           : which == WgmmaKernel::round5_fold2    ? 75
           : which == WgmmaKernel::round3_i2fp_no_turn ? 34
+          : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
           : which == WgmmaKernel::round4_i2fp_no_turn ? 35
           : which == WgmmaKernel::round4_fused ? 5
           : which == WgmmaKernel::round3_fused ? 4
