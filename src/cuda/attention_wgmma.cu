@@ -1802,6 +1802,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   static_assert(!kC3 || (D == 64 && !kR4 && kNoTurn && !kTma), "3 consumers: D = 64 round 3");
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
+  // bit 8: round 3 at D = 128 with the TMA producer at 24 registers and the consumers at 240
+  // (as round 4) instead of 40 / 232: more room for ptxas to keep exponentials in flight.
+  constexpr bool kWide = (kVar & 256) != 0;
+  static_assert(!kWide || (D == 128 && kTma && !kR4 && !kC3), "240 registers: D = 128 TMA");
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
@@ -1809,8 +1813,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // buffer, the logits and P(j) live together and needs 240 (the producer then gets 24: TMA only,
   // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
   // Three consumers: 40 / 152 (the launch's 128 x 512 registers).
-  constexpr int kProdRegs = kC3 ? 40 : kR4 && D == 128 ? 24 : 40;
-  constexpr int kConsRegs = kC3 ? 152 : kR4 && D == 128 ? 240 : 232;
+  constexpr int kProdRegs = kC3 ? 40 : (kR4 || kWide) && D == 128 ? 24 : 40;
+  constexpr int kConsRegs = kC3 ? 152 : (kR4 || kWide) && D == 128 ? 240 : 232;
   static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
                     (kC3 ? 128 : 168) * r3_threads(kVar),
                 "register split");
@@ -2253,6 +2257,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // (var 162, round 3 + I2FP without turns on three consumer warpgroups: D = 64 only, else 34;
   // bf16 output and per-half kc, else round 3 below)
   if (var == 162 && D != 64) var = 34;
+  // (var 290, round 3 + I2FP without turns at 24 / 240 registers: D = 128 with TMA only)
+  if (var == 290 && D != 128) var = 34;
   // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
   // kc only, else round 5)
   if ((var == 43 || var == 75) && !(std::is_same<T16, __nv_bfloat16>::value && kc_half)) var = 11;
@@ -2282,6 +2288,9 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     }
     if constexpr (kI2fpInst && D == 64) {
       if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, false, 162>;
+    }
+    if constexpr (kI2fpInst && D == 128 && kT) {
+      if (var == 290) k = attention_wgmma_r3_kernel<D, T16, true, true, 290>;
     }
     if constexpr (kI2fpInst) {
       if (var == 43) k = attention_wgmma_r3_kernel<D, T16, true, kT, 43>;
@@ -2350,6 +2359,7 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
           : which == WgmmaKernel::round5_fold2    ? 75
           : which == WgmmaKernel::round3_i2fp_no_turn ? 34
           : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
+          : which == WgmmaKernel::round3_i2fp_no_turn_r240 ? 290
           : which == WgmmaKernel::round4_i2fp_no_turn ? 35
           : which == WgmmaKernel::round4_fused ? 5
           : which == WgmmaKernel::round3_fused ? 4

@@ -495,16 +495,23 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // 17, 200, 333, 390, 400), the ring wrapping (1100, 3000 keys), 3 causal modes, early maxima
   // (folded halves), the diagnostics, THREAD_Q/K + K-mean LSE (the epilogue's Q rows up to 191),
   // V mean, and three fallbacks (f16 output, k scales per 32 keys, D = 128).
+  // `.r3r240`: round 3 + I2FP without turns at setmaxnreg 24 / 240 (knob regs240; D = 128 with
+  // the TMA producer, else the 40 / 232 kernels, same bits): the D = 128 shapes x 3 causal modes,
+  // 1000 / 3000 keys, the diagnostics, THREAD_Q/K + HND + K mean, V mean.
   {
     detail::AttentionCudaTuning c3;
     c3.i2fp = true;
     c3.no_turn = true;
     c3.cons3 = true;
+    detail::AttentionCudaTuning r240 = c3;
+    r240.cons3 = false;
+    r240.regs240 = true;
+    const detail::AttentionCudaTuning* tune = &c3;
+    const char* tag = "r3c3";
     auto add = [&](Shape s, O o, DType dt, ScaleLayout ql, int qb, ScaleLayout kl, int kb,
                    bool hnd, bool km, Pattern pat) {
-      auto c = std::make_unique<Int8AttentionCase>(s, o, dt, ql, qb, kl, kb, hnd, km, pat,
-                                                   "r3c3");
-      c->set_tuning(c3);
+      auto c = std::make_unique<Int8AttentionCase>(s, o, dt, ql, qb, kl, kb, hnd, km, pat, tag);
+      c->set_tuning(*tune);
       cases.push_back(std::move(c));
     };
     const Shape c3_shapes[] = {
@@ -541,6 +548,28 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
         DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
         Pattern::random);
+
+    tune = &r240;
+    tag = "r3r240";
+    const Shape r240_shapes[] = {
+        {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
+        {1, 257, 390, 2, 1, 128}, {1, 130, 1000, 2, 1, 128}, {1, 130, 3000, 1, 1, 128},
+    };
+    for (const Shape& s : r240_shapes)
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        add(s, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false, Pattern::random);
+    for (auto pat : {Pattern::zero_q, Pattern::const_v})
+      add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+          DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+          pat);
+    add(Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+        DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
+        Pattern::random);
+    O vmr = make_opt(O::fp8, O::top_left, O::wgmma_r3);
+    vmr.smooth_v = true;
+    add(Shape{1, 150, 150, 2, 2, 128}, vmr, DType::bf16, ScaleLayout::per_block, 128,
+        ScaleLayout::per_block, 64, false, false, Pattern::random);
   }
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws})
