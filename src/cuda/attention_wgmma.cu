@@ -334,6 +334,20 @@ __device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (
   }
 }
 
+// accumulate_tile on 32 of O's 64 registers (D = 128: channels 2 kOff .. 2 kOff + 63, the
+// m64n64 accumulator of that 64-channel half): O = O r + C.
+template <int kOff>
+__device__ __forceinline__ void accumulate_half(float (&o)[64], const float (&c)[32], float r0,
+                                                float r1) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    o[kOff + 4 * n + 0] = o[kOff + 4 * n + 0] * r0 + c[4 * n + 0];
+    o[kOff + 4 * n + 1] = o[kOff + 4 * n + 1] * r0 + c[4 * n + 1];
+    o[kOff + 4 * n + 2] = o[kOff + 4 * n + 2] * r1 + c[4 * n + 2];
+    o[kOff + 4 * n + 3] = o[kOff + 4 * n + 3] * r1 + c[4 * n + 3];
+  }
+}
+
 // float(x) for |x| <= 2^22 without the conversion unit (I2F runs at a quarter of the FP32
 // rate on sm_90, on the pipe ex2 also needs): 0x4B400000 is 1.5 * 2^23, so its bits plus x are
 // the float 1.5 * 2^23 + x exactly, and subtracting 1.5 * 2^23 is exact. Bit-identical to
@@ -1799,9 +1813,12 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // bit 7: three consumer warpgroups (192 query rows per CTA; D = 64, round 3 without turns):
   // one more warp per scheduler to hide the softmax's latencies, K/V tiles shared by 192 rows.
   constexpr bool kC3 = (kVar & 128) != 0;
-  static_assert(!kC3 || (D == 64 && !kR4 && kNoTurn && !kTma), "3 consumers: D = 64 round 3");
+  // (D = 128: the TMA producer at 24 registers, consumers at 160 with the P·V in two 64-channel
+  // halves, see kSplitPv)
+  static_assert(!kC3 || (!kR4 && kNoTurn && (D == 64 ? !kTma : kTma)), "3 consumers: round 3");
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
+  constexpr bool kSplitPv = kC3 && D == 128;  // the P·V in two 64-channel halves
   // bit 8: round 3 at D = 128 with the TMA producer at 24 registers and the consumers at 240
   // (as round 4) instead of 40 / 232: more room for ptxas to keep exponentials in flight.
   constexpr bool kWide = (kVar & 256) != 0;
@@ -1813,8 +1830,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // buffer, the logits and P(j) live together and needs 240 (the producer then gets 24: TMA only,
   // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
   // Three consumers: 40 / 152 (the launch's 128 x 512 registers).
-  constexpr int kProdRegs = kC3 ? 40 : (kR4 || kWide) && D == 128 ? 24 : 40;
-  constexpr int kConsRegs = kC3 ? 152 : (kR4 || kWide) && D == 128 ? 240 : 232;
+  // Three consumers at D = 128: 24 / 160.
+  constexpr int kProdRegs = kC3 ? (D == 128 ? 24 : 40) : (kR4 || kWide) && D == 128 ? 24 : 40;
+  constexpr int kConsRegs =
+      kC3 ? (D == 128 ? 160 : 152) : (kR4 || kWide) && D == 128 ? 240 : 232;
   static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
                     (kC3 ? 128 : 168) * r3_threads(kVar),
                 "register split");
@@ -1866,11 +1885,16 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       for (int i = 0; i < kBN / 32; ++i) skc[st * kBN + lane + 32 * i] = ks[i] * p.scale_log2;
       const uint32_t bar = full0 + st * 8;
       if (lane == 0) {
-        mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kBM * kRowBytes : 0u));
+        mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * kRowBytes : 0u));
         if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
-          const int r = static_cast<int>(q0);
-          tma_load_4d(base + L::kQ, &maps.q, bar, 0, maps.q_rows_outer ? h : r,
-                      maps.q_rows_outer ? r : h, b);
+          // (three consumers: the map's box is 64 rows, one box per consumer)
+          constexpr int kQBox = kC3 ? 64 : kBM;
+#pragma unroll
+          for (int i = 0; i < kRows / kQBox; ++i) {
+            const int r = static_cast<int>(q0) + i * kQBox;
+            tma_load_4d(base + L::kQ + i * kQBox * kRowBytes, &maps.q, bar, 0,
+                        maps.q_rows_outer ? h : r, maps.q_rows_outer ? r : h, b);
+          }
         }
         const int r = tile * kBN;
         tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, maps.k_rows_outer ? hk : r,
@@ -2112,6 +2136,56 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     m1 = mb1;
     float suma0, suma1, sumb0, sumb1;
     uint32_t pa[2][4], pb[2][4];
+    if constexpr (kSplitPv) {
+      // Three consumers at D = 128 (160 registers): both halves' P first, then the P·V in two
+      // 64-channel halves through a 32-register buffer, each waited for and folded into O
+      // before the next (O, c = 64 + 64 and the next logits do not fit). Same per-element
+      // arithmetic as the two-consumer path: c = Pa Va (+ Pb Vb on the tensor cores when
+      // folded), O = O ra + c (then O rb + Cb when not folded).
+      r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
+                     ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
+      r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
+                     mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
+      l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
+      l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
+      const bool fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
+      const float r0 = fold ? ra0 : rb0, r1 = fold ? ra1 : rb1;
+      // V rows (channels) 64 hh .. 64 hh + 63 start 64 x 128 bytes into the tile: +512 in the
+      // descriptor's 16-byte units
+      auto pv_half = [&](auto hh_c) {
+        constexpr int hh = decltype(hh_c)::value;
+        const uint64_t dvh = dv + 512 * hh;
+        float c32[32];
+        // (the fold decides the second P·V's scale-d, not a branch around it: a wgmma in a
+        // divergent path makes ptxas serialize every wgmma, C7520)
+        wgmma_fence();
+        wgmma_e4m3_n64_first(c32, pa[0], dvh);
+        wgmma_pv<64>(c32, pa[1], dvh + 2, 1);
+        wgmma_commit();
+        if (!fold) {
+          wgmma_wait<0>();
+          fence_regs(c32);
+          accumulate_half<32 * hh>(o, c32, ra0, ra1);
+        }
+        wgmma_fence();
+        wgmma_pv<64>(c32, pb[0], dvh + 4, fold);
+        wgmma_pv<64>(c32, pb[1], dvh + 6, 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(c32);
+        accumulate_half<32 * hh>(o, c32, r0, r1);
+      };
+      pv_half(std::integral_constant<int, 0>{});
+      pv_half(std::integral_constant<int, 1>{});
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
+      if constexpr (kMore) {
+        issue_qk(tile + 1);
+        wgmma_wait<0>();
+        fence_regs(acc);
+      }
+      return;
+    }
     r3_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
                    fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1, pa);
     r3_pv_issue_desc<D>(c, pa, dv);  // the first half's P·V runs under the second half's P
@@ -2230,7 +2304,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     // rows inside heads), so that every map is a plain nested layout; the box takes 128 rows of
     // one head either way (same shared-memory image).
     auto qk_map = [&](CUtensorMap* map, const void* ptr, int64_t n, int64_t hcount, int64_t sn,
-                      int64_t sh, int64_t sb, bool* rows_outer) {
+                      int64_t sh, int64_t sb, bool* rows_outer, uint32_t box_rows) {
       *rows_outer = sn >= sh;
       const uint64_t dims[4] = {static_cast<uint64_t>(D),
                                 static_cast<uint64_t>(*rows_outer ? hcount : n),
@@ -2239,16 +2313,20 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       const uint64_t strides[3] = {static_cast<uint64_t>(*rows_outer ? sh : sn),
                                    static_cast<uint64_t>(*rows_outer ? sn : sh),
                                    static_cast<uint64_t>(sb)};
-      const uint32_t box[4] = {static_cast<uint32_t>(D), *rows_outer ? 1u : kBM,
-                               *rows_outer ? kBM : 1u, 1};
+      const uint32_t box[4] = {static_cast<uint32_t>(D), *rows_outer ? 1u : box_rows,
+                               *rows_outer ? box_rows : 1u, 1};
       return encode_map(map, ptr, 4, dims, strides, box);
     };
     const uint64_t vd[3] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(D),
                             static_cast<uint64_t>(B) * p.Hkv};
     const uint64_t vs[2] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(p.npad) * D};
     const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
-    tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer) &&
-          qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer) &&
+    // (three consumers, var 162: Q in boxes of 64 rows, one per consumer; the fallbacks below
+    // keep var 162 exactly for bf16 output with per-half kc once TMA is on)
+    const bool q_box64 = var == 162 && std::is_same<T16, __nv_bfloat16>::value;
+    tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
+                 q_box64 ? 64u : static_cast<uint32_t>(kBM)) &&
+          qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
           encode_map(&maps.v, p.v, 3, vd, vs, vbox);
   }
   maps.q_rows_outer = maps_q_rows_outer;
@@ -2256,7 +2334,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
   // (var 162, round 3 + I2FP without turns on three consumer warpgroups: D = 64 only, else 34;
   // bf16 output and per-half kc, else round 3 below)
-  if (var == 162 && D != 64) var = 34;
+  // (D = 128 needs the TMA producer: without it var 0 above)
   // (var 290, round 3 + I2FP without turns at 24 / 240 registers: D = 128 with TMA only)
   if (var == 290 && D != 128) var = 34;
   // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
@@ -2290,6 +2368,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, false, 162>;
     }
     if constexpr (kI2fpInst && D == 128 && kT) {
+      if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
       if (var == 290) k = attention_wgmma_r3_kernel<D, T16, true, true, 290>;
     }
     if constexpr (kI2fpInst) {

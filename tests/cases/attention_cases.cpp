@@ -494,7 +494,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // else the two-consumer kernels, same bits). Odd row counts over 1-3 row blocks of 192 (N = 1,
   // 17, 200, 333, 390, 400), the ring wrapping (1100, 3000 keys), 3 causal modes, early maxima
   // (folded halves), the diagnostics, THREAD_Q/K + K-mean LSE (the epilogue's Q rows up to 191),
-  // V mean, and three fallbacks (f16 output, k scales per 32 keys, D = 128).
+  // V mean, two fallbacks (f16 output, k scales per 32 keys); D = 128 the same way (below).
   // `.r3r240`: round 3 + I2FP without turns at setmaxnreg 24 / 240 (knob regs240; D = 128 with
   // the TMA producer, else the 40 / 232 kernels, same bits): the D = 128 shapes x 3 causal modes,
   // 1000 / 3000 keys, the diagnostics, THREAD_Q/K + HND + K mean, V mean.
@@ -545,9 +545,33 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     add(Shape{1, 333, 129, 2, 1, 64}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
         DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false,
         Pattern::random);
-    add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
-        DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+    // D = 128 (TMA producer, the P·V in two 64-channel halves): the r240 set below, and a
+    // fallback (k scales per 32 keys: no TMA, the two-consumer round 3).
+    const Shape c3_128[] = {
+        {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
+        {1, 257, 390, 2, 1, 128}, {1, 130, 1000, 2, 1, 128}, {1, 390, 3000, 1, 1, 128},
+    };
+    for (const Shape& s : c3_128)
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        add(s, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false, Pattern::random);
+    for (auto c : {O::none, O::bottom_right}) {
+      add(Shape{1, 130, 1000, 2, 1, 128}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
+          ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+          Pattern::early_max);
+      for (auto pat : {Pattern::zero_q, Pattern::const_v})
+        add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
+            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat);
+    }
+    add(Shape{1, 400, 400, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+        DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
         Pattern::random);
+    O vmc128 = make_opt(O::fp8, O::top_left, O::wgmma_r3);
+    vmc128.smooth_v = true;
+    add(Shape{1, 250, 250, 2, 2, 128}, vmc128, DType::bf16, ScaleLayout::per_block, 128,
+        ScaleLayout::per_block, 64, false, false, Pattern::random);
+    add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
+        ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false, Pattern::random);
 
     tune = &r240;
     tag = "r3r240";
