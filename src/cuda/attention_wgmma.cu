@@ -1216,6 +1216,10 @@ constexpr int kR3EarlyQkMaxD = 64;
 // wait_group / proxy fence before each publication. false: the cp.async producer. (D = 64 rows
 // use half of a 128-byte swizzled row, which no TMA box produces: always cp.async.)
 constexpr bool kR3Tma = true;
+// Three consumer warpgroups (WgmmaKernel::round3_i2fp_no_turn_c3) at D = 128 too: written and
+// compiled, but ptxas spills ~100 B at 160 registers (O and the logits, 64 + 64, plus ~40
+// scalars through the first half's exponentials), so off: D = 128 runs round3_i2fp_no_turn.
+constexpr bool kR3C3At128 = false;
 
 // The three TMA descriptors of a launch (unused by the cp.async producer).
 struct R3Maps {
@@ -2323,7 +2327,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
     // (three consumers, var 162: Q in boxes of 64 rows, one per consumer; the fallbacks below
     // keep var 162 exactly for bf16 output with per-half kc once TMA is on)
-    const bool q_box64 = var == 162 && std::is_same<T16, __nv_bfloat16>::value;
+    const bool q_box64 =
+        kR3C3At128 && var == 162 && std::is_same<T16, __nv_bfloat16>::value;
     tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
                  q_box64 ? 64u : static_cast<uint32_t>(kBM)) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
@@ -2334,7 +2339,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
   // (var 162, round 3 + I2FP without turns on three consumer warpgroups: D = 64 only, else 34;
   // bf16 output and per-half kc, else round 3 below)
-  // (D = 128 needs the TMA producer: without it var 0 above)
+  // (D = 128 needs the TMA producer: without it var 0 above; and kR3C3At128)
+  if (var == 162 && D == 128 && !kR3C3At128) var = 34;
   // (var 290, round 3 + I2FP without turns at 24 / 240 registers: D = 128 with TMA only)
   if (var == 290 && D != 128) var = 34;
   // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
@@ -2368,7 +2374,9 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, false, 162>;
     }
     if constexpr (kI2fpInst && D == 128 && kT) {
-      if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
+      if constexpr (kR3C3At128) {
+        if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
+      }
       if (var == 290) k = attention_wgmma_r3_kernel<D, T16, true, true, 290>;
     }
     if constexpr (kI2fpInst) {

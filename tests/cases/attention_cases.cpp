@@ -545,8 +545,9 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     add(Shape{1, 333, 129, 2, 1, 64}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
         DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false,
         Pattern::random);
-    // D = 128 (TMA producer, the P·V in two 64-channel halves): the r240 set below, and a
-    // fallback (k scales per 32 keys: no TMA, the two-consumer round 3).
+    // D = 128 (TMA producer, the P·V in two 64-channel halves; while kR3C3At128 is off these
+    // run the two-consumer auto kernel): the r240 set below, and a fallback (k scales per 32
+    // keys: no TMA, the two-consumer round 3).
     const Shape c3_128[] = {
         {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
         {1, 257, 390, 2, 1, 128}, {1, 130, 1000, 2, 1, 128}, {1, 390, 3000, 1, 1, 128},
