@@ -188,7 +188,9 @@ class AttentionBench : public BenchCase {
         const TensorView vsv = vs.view;
         Row kr8 = b16;
         kr8.op = std::string("attention_int8 fp8 PV auto") +
-                 (dev == Device::cuda ? " = round 3 + I2FP" : "") +
+                 (dev == Device::cuda
+                      ? (D == 64 ? " = round 3 + I2FP, 3 consumer warpgroups" : " = round 3 + I2FP")
+                      : "") +
                  " (kernel only)" + tag;
         kr8.ms = env.time_ms([&] {
           attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
@@ -223,11 +225,12 @@ class AttentionBench : public BenchCase {
           };
           // (Run 11's round 4 + I2FP rows, with and without turns, 0.91-0.96x of auto, are
           // gone: settled. Round 3 + I2FP without turns is auto.)
-          // D = 64: auto on three consumer warpgroups of 64 rows (192-row CTAs; same bits). (At
-          // D = 128 the knob runs auto while kR3C3At128 is off: no row.)
+          // D = 64: auto's consumer on two warpgroups (auto until run 12; auto now runs it on
+          // three, 192-row CTAs; same bits).
           if (D == 64)
             variant(AttentionOptions::wgmma_r3, true,
-                    "round 3 + I2FP, no turns, 3 consumer warpgroups", false, true, false, true);
+                    "round 3 + I2FP, no turns, 2 consumer warpgroups (auto before run 12)", false,
+                    true);
           // D = 128: auto with setmaxnreg 24 / 240 (TMA producer) instead of 40 / 232 (same bits).
           if (D == 128)
             variant(AttentionOptions::wgmma_r3, true, "round 3 + I2FP, no turns, 240 registers",
