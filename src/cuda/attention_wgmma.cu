@@ -47,6 +47,12 @@ namespace {
 
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
+using ptx::mbar_arrive;
+using ptx::mbar_arrive_expect_tx;
+using ptx::mbar_fence_init;
+using ptx::mbar_init;
+using ptx::mbar_test;
+using ptx::mbar_wait_bounded;
 using ptx::smem_u32;
 
 constexpr int kBM = 128;        // query rows per CTA
@@ -777,32 +783,6 @@ struct WsSmem {
   static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
 };
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}\n" ::"r"(
-                   bar)
-               : "memory");
-}
-// Blocks until the phase of parity `parity` of the barrier has completed (acquire). A wait that
-// never ends (a protocol bug: this kernel has not run on a GPU yet) traps after ~2^26 polls
-// (seconds) instead of hanging the process: the launch then fails with an error.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\n.reg .u32 n;\n"
-      "mov.u32 n, 0;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%0], %1;\n"
-      "@p bra DONE_%=;\n"
-      "add.u32 n, n, 1;\n"
-      "setp.lt.u32 p, n, 67108864;\n"
-      "@p bra WAIT_%=;\n"
-      "trap;\n"
-      "DONE_%=:\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -846,7 +826,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
       mbar_init(full0 + st * 8, 128);  // every producer thread, once its copies landed
       mbar_init(empty0 + st * 8, 8);   // every consumer warp, once its wgmmas completed
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_fence_init();
   }
   __syncthreads();
 
@@ -858,7 +838,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
     constexpr int kChunks = D / 16;  // 16-byte chunks per q/k row
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kStages;
-      if (tile >= kStages) mbar_wait(empty0 + st * 8, ((tile / kStages) - 1) & 1);
+      if (tile >= kStages) mbar_wait_bounded(empty0 + st * 8, ((tile / kStages) - 1) & 1);
       if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
         const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
         for (int c = tid; c < kBM * kChunks; c += 128) {
@@ -960,7 +940,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
     auto front = [&](int tile, auto prev) {
       constexpr bool kPrev = decltype(prev)::value;
       const int st = tile % kStages;
-      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
       const uint32_t sk = base + L::kK + st * L::kKTile;
       const uint32_t sv = base + L::kV + st * L::kVTile;
       named_bar_sync(1 + cw, 256);
@@ -1024,7 +1004,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
     int32_t acc[64];
     auto issue_qk = [&](int tile) {  // wait for the stage and the turn, issue, hand the turn on
       const int st = tile % kStages;
-      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
       const uint32_t sk = base + L::kK + st * L::kKTile;
       named_bar_sync(1 + cw, 256);
       wgmma_fence();
@@ -1083,7 +1063,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
     int32_t acc[64];
     auto issue_qk = [&](int tile) {  // wait for the stage and the turn, issue, hand the turn on
       const int st = tile % kStages;
-      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
       const uint32_t sk = base + L::kK + st * L::kKTile;
       named_bar_sync(1 + cw, 256);
       wgmma_fence();
@@ -1126,7 +1106,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
   } else {
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kStages;
-      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
       const uint32_t sk = base + L::kK + st * L::kKTile;
       const uint32_t sv = base + L::kV + st * L::kVTile;
       named_bar_sync(1 + cw, 256);
@@ -1227,13 +1207,6 @@ struct R3Maps {
   int q_rows_outer, k_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
 };
 
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile(
-      "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.release.cta.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
-          bar),
-      "r"(bytes)
-      : "memory");
-}
 // Box of a 4-D (3-D) tensor map at coordinates c0.. (innermost first) into shared memory at dst,
 // completing `bytes` on the mbarrier bar.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
@@ -1458,17 +1431,6 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
 // the stage after next is tested (non-blocking) right after each q k^T wait, so the blocking wait
 // before the next q k^T issue is skipped when the tile had already landed (run 5: 16 % of all
 // stall samples on that wait's branch although the producer was ~4 tiles ahead).
-__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t r;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(r)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return r != 0;
-}
 
 // exp2(s * qs - off) of half kHalf in place and the two row sums (r3_exp_half without packing).
 template <int kHalf>
@@ -1580,7 +1542,7 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
   // the turn over (round 3's protocol: consumer 0 and 1 alternate on named barriers 1 and 2).
   auto issue_qk = [&](int tile) {
     const int st = tile % kR3Stages;
-    if (!landed) mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
+    if (!landed) mbar_wait_bounded(full0 + st * 8, (tile / kR3Stages) & 1);
     const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
     if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
     wgmma_fence();
@@ -1866,7 +1828,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       mbar_init(full0 + st * 8, kTma ? 32 : 128);
       mbar_init(empty0 + st * 8, 4 * kCons);  // every consumer warp, once its wgmmas completed
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_fence_init();
   }
   __syncthreads();
 
@@ -1884,7 +1846,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
         const int key = tile * kBN + lane + 32 * i;
         ks[i] = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
       }
-      if (tile >= kR3Stages) mbar_wait(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
+      if (tile >= kR3Stages) mbar_wait_bounded(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
 #pragma unroll
       for (int i = 0; i < kBN / 32; ++i) skc[st * kBN + lane + 32 * i] = ks[i] * p.scale_log2;
       const uint32_t bar = full0 + st * 8;
@@ -1928,7 +1890,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     float ks_prev = 0.f;
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kR3Stages;
-      if (tile >= kR3Stages) mbar_wait(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
+      if (tile >= kR3Stages) mbar_wait_bounded(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
       if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
         const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
         for (int c = tid; c < kRows * kChunks; c += 128) {
@@ -2038,7 +2000,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
   auto issue_qk = [&](int tile) {
     const int st = tile % kR3Stages;
-    mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
+    mbar_wait_bounded(full0 + st * 8, (tile / kR3Stages) & 1);
     const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
     if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
     wgmma_fence();
