@@ -1197,8 +1197,11 @@ constexpr int kR3EarlyQkMaxD = 64;
 // use half of a 128-byte swizzled row, which no TMA box produces: always cp.async.)
 constexpr bool kR3Tma = true;
 // Three consumer warpgroups (WgmmaKernel::round3_i2fp_no_turn_c3) at D = 128 too: written and
-// compiled, but ptxas spills ~100 B at 160 registers (O and the logits, 64 + 64, plus ~40
-// scalars through the first half's exponentials), so off: D = 128 runs round3_i2fp_no_turn.
+// compiled, but ptxas spills at 160 registers (O and the logits, 64 + 64, plus ~40 scalars
+// through the first half's exponentials): 100 B as first written, 4 B with the kSplitPv-only
+// register diet below (per-row ends recomputed in the mask branch, the warpgroup's end per tile,
+// K / V descriptors from Q's), so off: D = 128 runs round3_i2fp_no_turn. Turning it on runs the
+// 27 D = 128 `.r3c3` cases and the knob cons3 through it.
 constexpr bool kR3C3At128 = false;
 
 // The three TMA descriptors of a launch (unused by the cp.async producer).
@@ -1981,9 +1984,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   }
   // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
   // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop).
-  const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
-  const int end0 = static_cast<int>(visible_end(p, row0));
-  const int end1 = static_cast<int>(visible_end(p, row1));
+  const int wg_end = kSplitPv ? 0 : static_cast<int>(visible_end(p, q0 + cw * 64));
+  // (kSplitPv: recomputed in the mask branch, not kept through the loop: registers)
+  const int end0_ = kSplitPv ? 0 : static_cast<int>(visible_end(p, row0));
+  const int end1_ = kSplitPv ? 0 : static_cast<int>(visible_end(p, row1));
 
   float o[D / 2];
 #pragma unroll
@@ -1994,14 +1998,25 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 
   // Descriptors by addition (see r4_consumer): desc(a + off) = desc(a) + off / 16.
   const uint64_t dq0 = smem_desc(sq);
-  const uint64_t dk0 = smem_desc(base + L::kK);
-  const uint64_t dv0 = smem_desc(base + L::kV);
+  // (kSplitPv: K and V descriptors from Q's, not kept: registers)
+  const uint64_t dk0 = kSplitPv ? 0 : smem_desc(base + L::kK);
+  const uint64_t dv0 = kSplitPv ? 0 : smem_desc(base + L::kV);
+  auto k_desc = [&](int st) {
+    return kSplitPv ? dq0 + static_cast<uint32_t>((L::kK + st * L::kKTile - L::kQ -
+                                                   cw * 64 * kRowBytes) >> 4)
+                    : dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
+  };
+  auto v_desc = [&](int st) {
+    return kSplitPv ? dq0 + static_cast<uint32_t>((L::kV + st * L::kVTile - L::kQ -
+                                                   cw * 64 * kRowBytes) >> 4)
+                    : dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
+  };
   int32_t acc[64];
   // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
   auto issue_qk = [&](int tile) {
     const int st = tile % kR3Stages;
     mbar_wait_bounded(full0 + st * 8, (tile / kR3Stages) & 1);
-    const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
+    const uint64_t dk = k_desc(st);
     if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
     wgmma_fence();
     wgmma_s8_n128_first(acc, dq0, dk);
@@ -2025,7 +2040,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD && !kC3;  // kC3: no registers for it
     const int st = tile % kR3Stages;
     const int kv0 = tile * kBN;
-    const uint64_t dv = dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
+    const uint64_t dv = v_desc(st);
     // Logits in units of the per-half row scales qa, qb (logit = s * q): general layouts
     // s = float(acc) * kc (per key), q = the q scale; kKcHalf (kc constant over each of this
     // thread's 64-key halves) s = float(acc), q = kc(half) * q scale (no per-logit multiply).
@@ -2053,9 +2068,26 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       }
     }
     if constexpr (kEarly) issue_qk(tile + 1);  // acc is free: runs under the whole softmax
-    if (kv0 + kBN > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
+    // (kSplitPv: the warpgroup's end recomputed per tile, not kept: registers)
+    int wge = wg_end;
+    if constexpr (kSplitPv) {
+      const int qbb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                               : static_cast<int>(blockIdx.x);
+      wge = static_cast<int>(visible_end(p, static_cast<int64_t>(qbb) * kRows + cw * 64));
+    }
+    if (kv0 + kBN > wge) {  // the tile crosses a visible end of this warpgroup's rows
       // Column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t (compile-time left
       // sides: no per-column registers).
+      int end0 = end0_, end1 = end1_;
+      if constexpr (kSplitPv) {
+        const int qbb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                                 : static_cast<int>(blockIdx.x);
+        const int tid_c = static_cast<int>(threadIdx.x);
+        const int64_t r0 = static_cast<int64_t>(qbb) * kRows + (tid_c / 128 - 1) * 64 +
+                           ((tid_c / 32) % 4) * 16 + (tid_c % 32) / 4;
+        end0 = static_cast<int>(visible_end(p, r0));
+        end1 = static_cast<int>(visible_end(p, r0 + 8));
+      }
       const int lim0 = end0 - kv0 - 2 * t;
       const int lim1 = end1 - kv0 - 2 * t;
 #pragma unroll
