@@ -510,6 +510,8 @@ std::atomic<bool> g_attention_fused{false};
 std::atomic<bool> g_attention_qk_first{false};
 std::atomic<bool> g_attention_no_turn{false};
 std::atomic<bool> g_attention_fold2{false};
+std::atomic<bool> g_attention_cons3{false};
+std::atomic<bool> g_attention_regs240{false};
 }  // namespace
 void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_i2fp.store(t.i2fp);
@@ -517,6 +519,8 @@ void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_qk_first.store(t.qk_first);
   g_attention_no_turn.store(t.no_turn);
   g_attention_fold2.store(t.fold2);
+  g_attention_cons3.store(t.cons3);
+  g_attention_regs240.store(t.regs240);
 }
 AttentionCudaTuning attention_cuda_tuning() {
   AttentionCudaTuning t;
@@ -525,6 +529,8 @@ AttentionCudaTuning attention_cuda_tuning() {
   t.qk_first = g_attention_qk_first.load();
   t.no_turn = g_attention_no_turn.load();
   t.fold2 = g_attention_fold2.load();
+  t.cons3 = g_attention_cons3.load();
+  t.regs240 = g_attention_regs240.load();
   return t;
 }
 }  // namespace detail

@@ -29,6 +29,10 @@ struct AttentionCudaTuning {
   bool qk_first = false;
   bool no_turn = false;
   bool fold2 = false;
+  // with i2fp and no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64
+  bool cons3 = false;
+  // with i2fp and no_turn on wgmma_r3: setmaxnreg 24 / 240 at D = 128 (TMA producer)
+  bool regs240 = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

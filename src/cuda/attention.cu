@@ -681,6 +681,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   auto r3 = [&] {
     return tune.fused_dequant          ? attn::WgmmaKernel::round3_fused
+           : tune.i2fp && tune.no_turn && tune.cons3
+               ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
+           : tune.i2fp && tune.no_turn && tune.regs240
+               ? attn::WgmmaKernel::round3_i2fp_no_turn_r240
            : tune.i2fp && tune.no_turn ? attn::WgmmaKernel::round3_i2fp_no_turn
            : tune.i2fp                 ? attn::WgmmaKernel::round3_i2fp
                                        : attn::WgmmaKernel::round3;
@@ -723,10 +727,15 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // round 4 + I2FP's 738.7 / 704.8; D = 64 336.7 vs 315.0. Its instantiation covers bf16
     // output with k scales constant per 64-key half (per-block / THREAD_K blocks of 64·n);
     // launch_r3 runs plain round 3 (same bits) for the other cases.
-    attn::launch_attention_wgmma(
-        p, B, D, fp8, out.dtype,
-        fp8 ? attn::WgmmaKernel::round3_i2fp_no_turn : attn::WgmmaKernel::round1,
-        stream_of(ctx));
+    // D = 64: the same consumer on three warpgroups (192-row CTAs), same bits: H200 run 12
+    // (2026-11-30 06:06) 0.2370 ms = 435 TOPS at (1, 24, 4096, 64) vs 0.3062 (1.29x), causal
+    // 0.1730 vs 0.1986 ms (1.15x); every `.r3c3` case passed. (D = 128: its three-consumer path
+    // is off, see kR3C3At128; the 240-register twin measured 1.00-1.01x, not taken.)
+    attn::launch_attention_wgmma(p, B, D, fp8, out.dtype,
+                                 !fp8      ? attn::WgmmaKernel::round1
+                                 : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
+                                           : attn::WgmmaKernel::round3_i2fp_no_turn,
+                                 stream_of(ctx));
     return;
   }
   dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",

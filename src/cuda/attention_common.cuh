@@ -144,7 +144,13 @@ enum class WgmmaKernel {
   round5_fold2,
   // round 3 / round 4 + I2FP without the consumers' ping-pong turns (same bits as their parents)
   round3_i2fp_no_turn,
-  round4_i2fp_no_turn
+  round4_i2fp_no_turn,
+  // round3_i2fp_no_turn with three consumer warpgroups (192 query rows per CTA) at D = 64 (same
+  // bits; D = 128 runs round3_i2fp_no_turn; bench knob cons3)
+  round3_i2fp_no_turn_c3,
+  // round3_i2fp_no_turn at D = 128 (TMA) with setmaxnreg 24 / 240 instead of 40 / 232 (same
+  // bits; D = 64 runs round3_i2fp_no_turn; bench knob regs240)
+  round3_i2fp_no_turn_r240
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

@@ -47,6 +47,12 @@ namespace {
 
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
+using ptx::mbar_arrive;
+using ptx::mbar_arrive_expect_tx;
+using ptx::mbar_fence_init;
+using ptx::mbar_init;
+using ptx::mbar_test;
+using ptx::mbar_wait_bounded;
 using ptx::smem_u32;
 
 constexpr int kBM = 128;        // query rows per CTA
@@ -331,6 +337,20 @@ __device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (
     o[4 * n + 1] = o[4 * n + 1] * r0 + c[4 * n + 1];
     o[4 * n + 2] = o[4 * n + 2] * r1 + c[4 * n + 2];
     o[4 * n + 3] = o[4 * n + 3] * r1 + c[4 * n + 3];
+  }
+}
+
+// accumulate_tile on 32 of O's 64 registers (D = 128: channels 2 kOff .. 2 kOff + 63, the
+// m64n64 accumulator of that 64-channel half): O = O r + C.
+template <int kOff>
+__device__ __forceinline__ void accumulate_half(float (&o)[64], const float (&c)[32], float r0,
+                                                float r1) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    o[kOff + 4 * n + 0] = o[kOff + 4 * n + 0] * r0 + c[4 * n + 0];
+    o[kOff + 4 * n + 1] = o[kOff + 4 * n + 1] * r0 + c[4 * n + 1];
+    o[kOff + 4 * n + 2] = o[kOff + 4 * n + 2] * r1 + c[4 * n + 2];
+    o[kOff + 4 * n + 3] = o[kOff + 4 * n + 3] * r1 + c[4 * n + 3];
   }
 }
 
@@ -763,32 +783,6 @@ struct WsSmem {
   static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
 };
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}\n" ::"r"(
-                   bar)
-               : "memory");
-}
-// Blocks until the phase of parity `parity` of the barrier has completed (acquire). A wait that
-// never ends (a protocol bug: this kernel has not run on a GPU yet) traps after ~2^26 polls
-// (seconds) instead of hanging the process: the launch then fails with an error.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\n.reg .u32 n;\n"
-      "mov.u32 n, 0;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%0], %1;\n"
-      "@p bra DONE_%=;\n"
-      "add.u32 n, n, 1;\n"
-      "setp.lt.u32 p, n, 67108864;\n"
-      "@p bra WAIT_%=;\n"
-      "trap;\n"
-      "DONE_%=:\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -832,7 +826,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
       mbar_init(full0 + st * 8, 128);  // every producer thread, once its copies landed
       mbar_init(empty0 + st * 8, 8);   // every consumer warp, once its wgmmas completed
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_fence_init();
   }
   __syncthreads();
 
@@ -844,7 +838,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
     constexpr int kChunks = D / 16;  // 16-byte chunks per q/k row
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kStages;
-      if (tile >= kStages) mbar_wait(empty0 + st * 8, ((tile / kStages) - 1) & 1);
+      if (tile >= kStages) mbar_wait_bounded(empty0 + st * 8, ((tile / kStages) - 1) & 1);
       if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
         const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
         for (int c = tid; c < kBM * kChunks; c += 128) {
@@ -946,7 +940,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
     auto front = [&](int tile, auto prev) {
       constexpr bool kPrev = decltype(prev)::value;
       const int st = tile % kStages;
-      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
       const uint32_t sk = base + L::kK + st * L::kKTile;
       const uint32_t sv = base + L::kV + st * L::kVTile;
       named_bar_sync(1 + cw, 256);
@@ -1010,7 +1004,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
     int32_t acc[64];
     auto issue_qk = [&](int tile) {  // wait for the stage and the turn, issue, hand the turn on
       const int st = tile % kStages;
-      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
       const uint32_t sk = base + L::kK + st * L::kKTile;
       named_bar_sync(1 + cw, 256);
       wgmma_fence();
@@ -1069,7 +1063,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
     int32_t acc[64];
     auto issue_qk = [&](int tile) {  // wait for the stage and the turn, issue, hand the turn on
       const int st = tile % kStages;
-      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
       const uint32_t sk = base + L::kK + st * L::kKTile;
       named_bar_sync(1 + cw, 256);
       wgmma_fence();
@@ -1112,7 +1106,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const
   } else {
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kStages;
-      mbar_wait(full0 + st * 8, (tile / kStages) & 1);
+      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
       const uint32_t sk = base + L::kK + st * L::kKTile;
       const uint32_t sv = base + L::kV + st * L::kVTile;
       named_bar_sync(1 + cw, 256);
@@ -1202,6 +1196,13 @@ constexpr int kR3EarlyQkMaxD = 64;
 // wait_group / proxy fence before each publication. false: the cp.async producer. (D = 64 rows
 // use half of a 128-byte swizzled row, which no TMA box produces: always cp.async.)
 constexpr bool kR3Tma = true;
+// Three consumer warpgroups (WgmmaKernel::round3_i2fp_no_turn_c3) at D = 128 too: written and
+// compiled, but ptxas spills at 160 registers (O and the logits, 64 + 64, plus ~40 scalars
+// through the first half's exponentials): 100 B as first written, 4 B with the kSplitPv-only
+// register diet below (per-row ends recomputed in the mask branch, the warpgroup's end per tile,
+// K / V descriptors from Q's), so off: D = 128 runs round3_i2fp_no_turn. Turning it on runs the
+// 27 D = 128 `.r3c3` cases and the knob cons3 through it.
+constexpr bool kR3C3At128 = false;
 
 // The three TMA descriptors of a launch (unused by the cp.async producer).
 struct R3Maps {
@@ -1209,13 +1210,6 @@ struct R3Maps {
   int q_rows_outer, k_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
 };
 
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile(
-      "{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.release.cta.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(
-          bar),
-      "r"(bytes)
-      : "memory");
-}
 // Box of a 4-D (3-D) tensor map at coordinates c0.. (innermost first) into shared memory at dst,
 // completing `bytes` on the mbarrier bar.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
@@ -1237,13 +1231,14 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
 // kR3Stages stages. 178.5 KB at D = 128.
-template <int D>
+// kRows: query rows per CTA (64 per consumer warpgroup).
+template <int D, int kRows = kBM>
 struct R3Smem {
   using R = WgSmem<D, true>;
   static constexpr int kKTile = R::kKTile;
   static constexpr int kVTile = R::kVTile;
   static constexpr int kQ = 0;
-  static constexpr int kK = kBM * kRowBytes;
+  static constexpr int kK = kRows * kRowBytes;
   static constexpr int kV = kK + kR3Stages * kKTile;
   static constexpr int kS = kV + kR3Stages * kVTile;
   static constexpr int kBar = kS + kR3Stages * kBN * 4;  // full[], empty[] (8 B each)
@@ -1439,17 +1434,6 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
 // the stage after next is tested (non-blocking) right after each q k^T wait, so the blocking wait
 // before the next q k^T issue is skipped when the tile had already landed (run 5: 16 % of all
 // stall samples on that wait's branch although the producer was ~4 tiles ahead).
-__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t r;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(r)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return r != 0;
-}
 
 // exp2(s * qs - off) of half kHalf in place and the two row sums (r3_exp_half without packing).
 template <int kHalf>
@@ -1561,7 +1545,7 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
   // the turn over (round 3's protocol: consumer 0 and 1 alternate on named barriers 1 and 2).
   auto issue_qk = [&](int tile) {
     const int st = tile % kR3Stages;
-    if (!landed) mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
+    if (!landed) mbar_wait_bounded(full0 + st * 8, (tile / kR3Stages) & 1);
     const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
     if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
     wgmma_fence();
@@ -1773,8 +1757,11 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
                          m0, m1, l0, l1);
 }
 
+// Threads of a round-3 kernel CTA: a producer warpgroup and two consumers (three with kVar bit 7).
+constexpr int r3_threads(int var) { return (var & 128) != 0 ? 512 : kWsThreads; }
+
 template <int D, typename T16, bool kKcHalf, bool kTma, int kVar = 0>
-__global__ void __launch_bounds__(kWsThreads, 1)
+__global__ void __launch_bounds__(r3_threads(kVar), 1)
     attention_wgmma_r3_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // kVar: bit 0 the round-4 consumer schedule, bit 1 I2FP for the logits' int32 -> float.
@@ -1792,17 +1779,35 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // bit 6: round 5 with the P·V buffer over two tiles when no maximum moved (kFold2).
   constexpr bool kFold2 = (kVar & 64) != 0;
   static_assert(!kFold2 || kTileMax, "fold2 is a round-5 variant");
+  // bit 7: three consumer warpgroups (192 query rows per CTA; D = 64, round 3 without turns):
+  // one more warp per scheduler to hide the softmax's latencies, K/V tiles shared by 192 rows.
+  constexpr bool kC3 = (kVar & 128) != 0;
+  // (D = 128: the TMA producer at 24 registers, consumers at 160 with the P·V in two 64-channel
+  // halves, see kSplitPv)
+  static_assert(!kC3 || (!kR4 && kNoTurn && (D == 64 ? !kTma : kTma)), "3 consumers: round 3");
+  constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
+  constexpr int kRows = 64 * kCons;   // query rows per CTA
+  constexpr bool kSplitPv = kC3 && D == 128;  // the P·V in two 64-channel halves
+  // bit 8: round 3 at D = 128 with the TMA producer at 24 registers and the consumers at 240
+  // (as round 4) instead of 40 / 232: more room for ptxas to keep exponentials in flight.
+  constexpr bool kWide = (kVar & 256) != 0;
+  static_assert(!kWide || (D == 128 && kTma && !kR4 && !kC3), "240 registers: D = 128 TMA");
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
   // Register split (setmaxnreg): 40 / 232 as rounds 2 and 3; round 4 at D = 128 keeps O, the P·V
   // buffer, the logits and P(j) live together and needs 240 (the producer then gets 24: TMA only,
   // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
-  constexpr int kProdRegs = kR4 && D == 128 ? 24 : 40;
-  constexpr int kConsRegs = kR4 && D == 128 ? 240 : 232;
-  static_assert(128 * kProdRegs + 256 * kConsRegs <= 168 * kWsThreads, "register split");
+  // Three consumers: 40 / 152 (the launch's 128 x 512 registers).
+  // Three consumers at D = 128: 24 / 160.
+  constexpr int kProdRegs = kC3 ? (D == 128 ? 24 : 40) : (kR4 || kWide) && D == 128 ? 24 : 40;
+  constexpr int kConsRegs =
+      kC3 ? (D == 128 ? 160 : 152) : (kR4 || kWide) && D == 128 ? 240 : 232;
+  static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
+                    (kC3 ? 128 : 168) * r3_threads(kVar),
+                "register split");
   static_assert(!(kR4 && D == 128 && !kTma), "round 4 at D = 128 needs the TMA producer");
-  using L = R3Smem<D>;
+  using L = R3Smem<D, kRows>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -1811,8 +1816,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
                           : static_cast<int>(blockIdx.x);  // causal: long rows first
   const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
-  const int64_t q0 = static_cast<int64_t>(qb) * kBM;
-  const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
+  const int64_t q0 = static_cast<int64_t>(qb) * kRows;
+  const int64_t last_row = min(q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
   const int64_t kv_end = visible_end(p, last_row);
   const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kR3Stages * 8;
@@ -1824,9 +1829,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       // every producer thread once its copies landed (TMA: the producer warp's lanes, one of
       // them with the stage's transaction bytes)
       mbar_init(full0 + st * 8, kTma ? 32 : 128);
-      mbar_init(empty0 + st * 8, 8);  // every consumer warp, once its wgmmas completed
+      mbar_init(empty0 + st * 8, 4 * kCons);  // every consumer warp, once its wgmmas completed
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_fence_init();
   }
   __syncthreads();
 
@@ -1844,16 +1849,21 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const int key = tile * kBN + lane + 32 * i;
         ks[i] = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
       }
-      if (tile >= kR3Stages) mbar_wait(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
+      if (tile >= kR3Stages) mbar_wait_bounded(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
 #pragma unroll
       for (int i = 0; i < kBN / 32; ++i) skc[st * kBN + lane + 32 * i] = ks[i] * p.scale_log2;
       const uint32_t bar = full0 + st * 8;
       if (lane == 0) {
-        mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kBM * kRowBytes : 0u));
+        mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * kRowBytes : 0u));
         if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
-          const int r = static_cast<int>(q0);
-          tma_load_4d(base + L::kQ, &maps.q, bar, 0, maps.q_rows_outer ? h : r,
-                      maps.q_rows_outer ? r : h, b);
+          // (three consumers: the map's box is 64 rows, one box per consumer)
+          constexpr int kQBox = kC3 ? 64 : kBM;
+#pragma unroll
+          for (int i = 0; i < kRows / kQBox; ++i) {
+            const int r = static_cast<int>(q0) + i * kQBox;
+            tma_load_4d(base + L::kQ + i * kQBox * kRowBytes, &maps.q, bar, 0,
+                        maps.q_rows_outer ? h : r, maps.q_rows_outer ? r : h, b);
+          }
         }
         const int r = tile * kBN;
         tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, maps.k_rows_outer ? hk : r,
@@ -1883,10 +1893,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     float ks_prev = 0.f;
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kR3Stages;
-      if (tile >= kR3Stages) mbar_wait(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
+      if (tile >= kR3Stages) mbar_wait_bounded(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
       if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
         const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
-        for (int c = tid; c < kBM * kChunks; c += 128) {
+        for (int c = tid; c < kRows * kChunks; c += 128) {
           const int r = c / kChunks, ch = c % kChunks;
           const bool ok = q0 + r < p.Nq;
           cp_async_16(base + L::kQ + swz(r, ch), ok ? qg + (q0 + r) * p.q_sn + ch * 16 : p.q,
@@ -1974,9 +1984,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
   // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
   // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop).
-  const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
-  const int end0 = static_cast<int>(visible_end(p, row0));
-  const int end1 = static_cast<int>(visible_end(p, row1));
+  const int wg_end = kSplitPv ? 0 : static_cast<int>(visible_end(p, q0 + cw * 64));
+  // (kSplitPv: recomputed in the mask branch, not kept through the loop: registers)
+  const int end0_ = kSplitPv ? 0 : static_cast<int>(visible_end(p, row0));
+  const int end1_ = kSplitPv ? 0 : static_cast<int>(visible_end(p, row1));
 
   float o[D / 2];
 #pragma unroll
@@ -1987,14 +1998,25 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
   // Descriptors by addition (see r4_consumer): desc(a + off) = desc(a) + off / 16.
   const uint64_t dq0 = smem_desc(sq);
-  const uint64_t dk0 = smem_desc(base + L::kK);
-  const uint64_t dv0 = smem_desc(base + L::kV);
+  // (kSplitPv: K and V descriptors from Q's, not kept: registers)
+  const uint64_t dk0 = kSplitPv ? 0 : smem_desc(base + L::kK);
+  const uint64_t dv0 = kSplitPv ? 0 : smem_desc(base + L::kV);
+  auto k_desc = [&](int st) {
+    return kSplitPv ? dq0 + static_cast<uint32_t>((L::kK + st * L::kKTile - L::kQ -
+                                                   cw * 64 * kRowBytes) >> 4)
+                    : dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
+  };
+  auto v_desc = [&](int st) {
+    return kSplitPv ? dq0 + static_cast<uint32_t>((L::kV + st * L::kVTile - L::kQ -
+                                                   cw * 64 * kRowBytes) >> 4)
+                    : dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
+  };
   int32_t acc[64];
   // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
   auto issue_qk = [&](int tile) {
     const int st = tile % kR3Stages;
-    mbar_wait(full0 + st * 8, (tile / kR3Stages) & 1);
-    const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
+    mbar_wait_bounded(full0 + st * 8, (tile / kR3Stages) & 1);
+    const uint64_t dk = k_desc(st);
     if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
     wgmma_fence();
     wgmma_s8_n128_first(acc, dq0, dk);
@@ -2015,10 +2037,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   // P·V). The last tile is a separate instantiation so that every wgmma wait count is static.
   auto step = [&](int tile, auto more_c) {
     constexpr bool kMore = decltype(more_c)::value;
-    constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD;
+    constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD && !kC3;  // kC3: no registers for it
     const int st = tile % kR3Stages;
     const int kv0 = tile * kBN;
-    const uint64_t dv = dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
+    const uint64_t dv = v_desc(st);
     // Logits in units of the per-half row scales qa, qb (logit = s * q): general layouts
     // s = float(acc) * kc (per key), q = the q scale; kKcHalf (kc constant over each of this
     // thread's 64-key halves) s = float(acc), q = kc(half) * q scale (no per-logit multiply).
@@ -2046,9 +2068,26 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
     }
     if constexpr (kEarly) issue_qk(tile + 1);  // acc is free: runs under the whole softmax
-    if (kv0 + kBN > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
+    // (kSplitPv: the warpgroup's end recomputed per tile, not kept: registers)
+    int wge = wg_end;
+    if constexpr (kSplitPv) {
+      const int qbb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                               : static_cast<int>(blockIdx.x);
+      wge = static_cast<int>(visible_end(p, static_cast<int64_t>(qbb) * kRows + cw * 64));
+    }
+    if (kv0 + kBN > wge) {  // the tile crosses a visible end of this warpgroup's rows
       // Column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t (compile-time left
       // sides: no per-column registers).
+      int end0 = end0_, end1 = end1_;
+      if constexpr (kSplitPv) {
+        const int qbb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                                 : static_cast<int>(blockIdx.x);
+        const int tid_c = static_cast<int>(threadIdx.x);
+        const int64_t r0 = static_cast<int64_t>(qbb) * kRows + (tid_c / 128 - 1) * 64 +
+                           ((tid_c / 32) % 4) * 16 + (tid_c % 32) / 4;
+        end0 = static_cast<int>(visible_end(p, r0));
+        end1 = static_cast<int>(visible_end(p, r0 + 8));
+      }
       const int lim0 = end0 - kv0 - 2 * t;
       const int lim1 = end1 - kv0 - 2 * t;
 #pragma unroll
@@ -2095,6 +2134,56 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     m1 = mb1;
     float suma0, suma1, sumb0, sumb1;
     uint32_t pa[2][4], pb[2][4];
+    if constexpr (kSplitPv) {
+      // Three consumers at D = 128 (160 registers): both halves' P first, then the P·V in two
+      // 64-channel halves through a 32-register buffer, each waited for and folded into O
+      // before the next (O, c = 64 + 64 and the next logits do not fit). Same per-element
+      // arithmetic as the two-consumer path: c = Pa Va (+ Pb Vb on the tensor cores when
+      // folded), O = O ra + c (then O rb + Cb when not folded).
+      r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
+                     ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
+      r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
+                     mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
+      l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
+      l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
+      const bool fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
+      const float r0 = fold ? ra0 : rb0, r1 = fold ? ra1 : rb1;
+      // V rows (channels) 64 hh .. 64 hh + 63 start 64 x 128 bytes into the tile: +512 in the
+      // descriptor's 16-byte units
+      auto pv_half = [&](auto hh_c) {
+        constexpr int hh = decltype(hh_c)::value;
+        const uint64_t dvh = dv + 512 * hh;
+        float c32[32];
+        // (the fold decides the second P·V's scale-d, not a branch around it: a wgmma in a
+        // divergent path makes ptxas serialize every wgmma, C7520)
+        wgmma_fence();
+        wgmma_e4m3_n64_first(c32, pa[0], dvh);
+        wgmma_pv<64>(c32, pa[1], dvh + 2, 1);
+        wgmma_commit();
+        if (!fold) {
+          wgmma_wait<0>();
+          fence_regs(c32);
+          accumulate_half<32 * hh>(o, c32, ra0, ra1);
+        }
+        wgmma_fence();
+        wgmma_pv<64>(c32, pb[0], dvh + 4, fold);
+        wgmma_pv<64>(c32, pb[1], dvh + 6, 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(c32);
+        accumulate_half<32 * hh>(o, c32, r0, r1);
+      };
+      pv_half(std::integral_constant<int, 0>{});
+      pv_half(std::integral_constant<int, 1>{});
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
+      if constexpr (kMore) {
+        issue_qk(tile + 1);
+        wgmma_wait<0>();
+        fence_regs(acc);
+      }
+      return;
+    }
     r3_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
                    fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1, pa);
     r3_pv_issue_desc<D>(c, pa, dv);  // the first half's P·V runs under the second half's P
@@ -2119,7 +2208,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     wgmma_pv<D>(c, pb[0], dv + 4, fold);
     wgmma_pv<D>(c, pb[1], dv + 6, 1);
     wgmma_commit();
-    if constexpr (kMore && !kEarly) {
+    // (kC3: the next q k^T only once c is folded into O; its 64 registers next to O, c and P
+    // in flight do not fit 160, and the other two consumers keep the tensor cores busy)
+    if constexpr (kMore && !kEarly && !kC3) {
       issue_qk(tile + 1);
       wgmma_wait<1>();  // the P·V (the next q k^T stays in flight)
     } else {
@@ -2129,7 +2220,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     accumulate_tile<D>(o, c, r0, r1);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
-    if constexpr (kMore && !kEarly) {
+    if constexpr (kMore && kC3) {
+      issue_qk(tile + 1);
+      wgmma_wait<0>();
+      fence_regs(acc);
+    } else if constexpr (kMore && !kEarly) {
       wgmma_wait<0>();  // the next q k^T: nothing is in flight across the loop back edge
       fence_regs(acc);
     } else if constexpr (kEarly) {
@@ -2142,7 +2237,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   row0 = static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
                                              static_cast<int>(blockIdx.x)
                                        : static_cast<int>(blockIdx.x)) *
-             kBM +
+             kRows +
          rl0;
   row1 = row0 + 8;
   epilogue<D, true, T16>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o,
@@ -2207,7 +2302,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     // rows inside heads), so that every map is a plain nested layout; the box takes 128 rows of
     // one head either way (same shared-memory image).
     auto qk_map = [&](CUtensorMap* map, const void* ptr, int64_t n, int64_t hcount, int64_t sn,
-                      int64_t sh, int64_t sb, bool* rows_outer) {
+                      int64_t sh, int64_t sb, bool* rows_outer, uint32_t box_rows) {
       *rows_outer = sn >= sh;
       const uint64_t dims[4] = {static_cast<uint64_t>(D),
                                 static_cast<uint64_t>(*rows_outer ? hcount : n),
@@ -2216,21 +2311,32 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       const uint64_t strides[3] = {static_cast<uint64_t>(*rows_outer ? sh : sn),
                                    static_cast<uint64_t>(*rows_outer ? sn : sh),
                                    static_cast<uint64_t>(sb)};
-      const uint32_t box[4] = {static_cast<uint32_t>(D), *rows_outer ? 1u : kBM,
-                               *rows_outer ? kBM : 1u, 1};
+      const uint32_t box[4] = {static_cast<uint32_t>(D), *rows_outer ? 1u : box_rows,
+                               *rows_outer ? box_rows : 1u, 1};
       return encode_map(map, ptr, 4, dims, strides, box);
     };
     const uint64_t vd[3] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(D),
                             static_cast<uint64_t>(B) * p.Hkv};
     const uint64_t vs[2] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(p.npad) * D};
     const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
-    tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer) &&
-          qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer) &&
+    // (three consumers, var 162: Q in boxes of 64 rows, one per consumer; the fallbacks below
+    // keep var 162 exactly for bf16 output with per-half kc once TMA is on)
+    const bool q_box64 =
+        kR3C3At128 && var == 162 && std::is_same<T16, __nv_bfloat16>::value;
+    tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
+                 q_box64 ? 64u : static_cast<uint32_t>(kBM)) &&
+          qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
           encode_map(&maps.v, p.v, 3, vd, vs, vbox);
   }
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
   if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
+  // (var 162, round 3 + I2FP without turns on three consumer warpgroups: D = 64 only, else 34;
+  // bf16 output and per-half kc, else round 3 below)
+  // (D = 128 needs the TMA producer: without it var 0 above; and kR3C3At128)
+  if (var == 162 && D == 128 && !kR3C3At128) var = 34;
+  // (var 290, round 3 + I2FP without turns at 24 / 240 registers: D = 128 with TMA only)
+  if (var == 290 && D != 128) var = 34;
   // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
   // kc only, else round 5)
   if ((var == 43 || var == 75) && !(std::is_same<T16, __nv_bfloat16>::value && kc_half)) var = 11;
@@ -2258,6 +2364,15 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
         k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 27>
                     : attention_wgmma_r3_kernel<D, T16, false, kT, 27>;
     }
+    if constexpr (kI2fpInst && D == 64) {
+      if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, false, 162>;
+    }
+    if constexpr (kI2fpInst && D == 128 && kT) {
+      if constexpr (kR3C3At128) {
+        if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
+      }
+      if (var == 290) k = attention_wgmma_r3_kernel<D, T16, true, true, 290>;
+    }
     if constexpr (kI2fpInst) {
       if (var == 43) k = attention_wgmma_r3_kernel<D, T16, true, kT, 43>;
       if (var == 75) k = attention_wgmma_r3_kernel<D, T16, true, kT, 75>;
@@ -2272,13 +2387,17 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   };
   auto kernel = tma ? pick(std::integral_constant<bool, D == 128 && kR3Tma>{})
                     : pick(std::false_type{});
-  constexpr int bytes = R3Smem<D>::kBytes;
-  static_assert(bytes <= 227 * 1024, "shared memory");
+  // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA.
+  const bool c3 = var == 162;
+  const int rows = c3 ? 192 : kBM;
+  const int bytes = c3 ? R3Smem<D, 192>::kBytes : R3Smem<D>::kBytes;
+  static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024,
+                "shared memory");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, rows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
-  kernel<<<grid, kWsThreads, bytes, stream>>>(p, maps);
+  kernel<<<grid, c3 ? r3_threads(162) : kWsThreads, bytes, stream>>>(p, maps);
   check_launch(op);
 }
 
@@ -2320,6 +2439,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
           : which == WgmmaKernel::round5_no_turn  ? 43
           : which == WgmmaKernel::round5_fold2    ? 75
           : which == WgmmaKernel::round3_i2fp_no_turn ? 34
+          : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
+          : which == WgmmaKernel::round3_i2fp_no_turn_r240 ? 290
           : which == WgmmaKernel::round4_i2fp_no_turn ? 35
           : which == WgmmaKernel::round4_fused ? 5
           : which == WgmmaKernel::round3_fused ? 4

@@ -10,6 +10,7 @@
 
 #include "lowbit/attention.h"
 #include "lowbit/runtime.h"
+#include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (kernel variants by knob)
 #include "tests/harness/harness.h"
 
 namespace lowbit {
@@ -64,6 +65,13 @@ class Int8AttentionCase : public Case {
         kb_(k_block),
         hnd_(hnd),
         k_mean_(k_mean) {}
+
+  // Runs the case under the CUDA tuning knobs `t` (restored afterwards; the CPU ignores them), for
+  // kernel variants that have no AttentionOptions::Kernel name. The tag names them.
+  void set_tuning(const detail::AttentionCudaTuning& t) {
+    tune_ = t;
+    has_tune_ = true;
+  }
 
   std::string name() const override {
     std::string n = "attention.int8." +
@@ -170,6 +178,15 @@ class Int8AttentionCase : public Case {
       attention_int8(q, k, v, nullptr, nullptr, km, o, &lse, opt_, ctx);
       return;
     }
+    struct Tuned {  // the knobs for this case's launch, restored on every exit
+      explicit Tuned(const detail::AttentionCudaTuning* t) : on(t != nullptr) {
+        if (on) detail::set_attention_cuda_tuning(*t);
+      }
+      ~Tuned() {
+        if (on) detail::set_attention_cuda_tuning({});
+      }
+      bool on;
+    } tuned(has_tune_ ? &tune_ : nullptr);
     const int64_t npad = (s_.Nkv + 63) / 64 * 64;
     Buffer v8(dev, static_cast<size_t>(s_.B * s_.Hkv * s_.D * npad));
     Buffer vs(dev, static_cast<size_t>(s_.B * s_.Hkv * s_.D) * 4);
@@ -193,6 +210,8 @@ class Int8AttentionCase : public Case {
   ScaleLayout kl_;
   int kb_;
   bool hnd_, k_mean_;
+  detail::AttentionCudaTuning tune_{};
+  bool has_tune_ = false;
 };
 
 // ---- V to fp8
@@ -469,6 +488,113 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         cases.push_back(std::make_unique<Int8AttentionCase>(
             s, make_opt(O::fp8, c, r4), DType::bf16, ScaleLayout::per_block, 128,
             ScaleLayout::per_block, 64, false, false));
+  }
+  // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups (192 query rows per CTA;
+  // tuning knobs i2fp + no_turn + cons3 on wgmma_r3; D = 64 bf16 output with per-half k scales,
+  // else the two-consumer kernels, same bits). Odd row counts over 1-3 row blocks of 192 (N = 1,
+  // 17, 200, 333, 390, 400), the ring wrapping (1100, 3000 keys), 3 causal modes, early maxima
+  // (folded halves), the diagnostics, THREAD_Q/K + K-mean LSE (the epilogue's Q rows up to 191),
+  // V mean, two fallbacks (f16 output, k scales per 32 keys); D = 128 the same way (below).
+  // `.r3r240`: round 3 + I2FP without turns at setmaxnreg 24 / 240 (knob regs240; D = 128 with
+  // the TMA producer, else the 40 / 232 kernels, same bits): the D = 128 shapes x 3 causal modes,
+  // 1000 / 3000 keys, the diagnostics, THREAD_Q/K + HND + K mean, V mean.
+  {
+    detail::AttentionCudaTuning c3;
+    c3.i2fp = true;
+    c3.no_turn = true;
+    c3.cons3 = true;
+    detail::AttentionCudaTuning r240 = c3;
+    r240.cons3 = false;
+    r240.regs240 = true;
+    const detail::AttentionCudaTuning* tune = &c3;
+    const char* tag = "r3c3";
+    auto add = [&](Shape s, O o, DType dt, ScaleLayout ql, int qb, ScaleLayout kl, int kb,
+                   bool hnd, bool km, Pattern pat) {
+      auto c = std::make_unique<Int8AttentionCase>(s, o, dt, ql, qb, kl, kb, hnd, km, pat, tag);
+      c->set_tuning(*tune);
+      cases.push_back(std::move(c));
+    };
+    const Shape c3_shapes[] = {
+        {1, 1, 1, 1, 1, 64},       {1, 17, 17, 2, 1, 64},     {1, 200, 77, 2, 2, 64},
+        {1, 333, 129, 2, 1, 64},   {2, 400, 257, 2, 1, 64},   {1, 300, 1100, 2, 2, 64},
+        {1, 390, 3000, 2, 1, 64},
+    };
+    for (const Shape& s : c3_shapes)
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        add(s, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false, Pattern::random);
+    for (auto c : {O::none, O::bottom_right}) {
+      add(Shape{1, 300, 1100, 2, 2, 64}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
+          ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+          Pattern::early_max);
+      for (auto pat : {Pattern::zero_q, Pattern::const_v})
+        add(Shape{1, 257, 390, 2, 1, 64}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
+            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat);
+    }
+    add(Shape{2, 70, 130, 4, 1, 64}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
+        ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true, Pattern::random);
+    add(Shape{1, 390, 390, 2, 2, 64}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+        DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
+        Pattern::random);
+    O vmc = make_opt(O::fp8, O::top_left, O::wgmma_r3);
+    vmc.smooth_v = true;
+    add(Shape{1, 250, 250, 2, 2, 64}, vmc, DType::bf16, ScaleLayout::per_block, 128,
+        ScaleLayout::per_block, 64, false, false, Pattern::random);
+    add(Shape{1, 250, 250, 2, 2, 64}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::f16,
+        ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, Pattern::random);
+    add(Shape{1, 333, 129, 2, 1, 64}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+        DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false,
+        Pattern::random);
+    // D = 128 (TMA producer, the P·V in two 64-channel halves; while kR3C3At128 is off these
+    // run the two-consumer auto kernel): the r240 set below, and a fallback (k scales per 32
+    // keys: no TMA, the two-consumer round 3).
+    const Shape c3_128[] = {
+        {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
+        {1, 257, 390, 2, 1, 128}, {1, 130, 1000, 2, 1, 128}, {1, 390, 3000, 1, 1, 128},
+    };
+    for (const Shape& s : c3_128)
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        add(s, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false, Pattern::random);
+    for (auto c : {O::none, O::bottom_right}) {
+      add(Shape{1, 130, 1000, 2, 1, 128}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
+          ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+          Pattern::early_max);
+      for (auto pat : {Pattern::zero_q, Pattern::const_v})
+        add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
+            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat);
+    }
+    add(Shape{1, 400, 400, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+        DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
+        Pattern::random);
+    O vmc128 = make_opt(O::fp8, O::top_left, O::wgmma_r3);
+    vmc128.smooth_v = true;
+    add(Shape{1, 250, 250, 2, 2, 128}, vmc128, DType::bf16, ScaleLayout::per_block, 128,
+        ScaleLayout::per_block, 64, false, false, Pattern::random);
+    add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
+        ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false, Pattern::random);
+
+    tune = &r240;
+    tag = "r3r240";
+    const Shape r240_shapes[] = {
+        {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
+        {1, 257, 390, 2, 1, 128}, {1, 130, 1000, 2, 1, 128}, {1, 130, 3000, 1, 1, 128},
+    };
+    for (const Shape& s : r240_shapes)
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        add(s, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false, Pattern::random);
+    for (auto pat : {Pattern::zero_q, Pattern::const_v})
+      add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+          DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+          pat);
+    add(Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+        DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
+        Pattern::random);
+    O vmr = make_opt(O::fp8, O::top_left, O::wgmma_r3);
+    vmr.smooth_v = true;
+    add(Shape{1, 150, 150, 2, 2, 128}, vmr, DType::bf16, ScaleLayout::per_block, 128,
+        ScaleLayout::per_block, 64, false, false, Pattern::random);
   }
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws})
