@@ -292,7 +292,8 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   check::that(plan.n_splits >= 1 && plan.split_size >= 16 && plan.split_size % 16 == 0, op,
               "plan", "expected n_splits >= 1 and split_size a positive multiple of 16, got " +
                           std::to_string(plan.n_splits) + " x " + std::to_string(plan.split_size));
-  check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 1);
+  check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 3);
+  check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);
   check::dim(op, "q", q, 0, B);
