@@ -40,9 +40,11 @@ struct Shape {
 // the shared copy issue (bulk_issue = 0) with fold_scales 0 for fp8, i.e. run 9's default;
 // "6 stages": plan_decode's kernel with bulk_stages = 6 (one CTA of 8 warps per multiprocessor
 // with a 6-stage ring, fp8 216 KB) and half the splits (one wave of those CTAs); "issue 4" /
-// "issue 2": plan_decode's kernel with bulk_issue = 2 / 3 (only 4 / 2 warps issue the copies).
+// "issue 2": plan_decode's kernel with bulk_issue = 2 / 3 (only 4 / 2 warps issue the copies);
+// "early release": plan_decode's kernel with bulk_early_release (stage released before the PV
+// math).
 enum class Pick {
-  plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2
+  plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, early
 };
 struct Fmt {
   KvFormat format;
@@ -65,6 +67,7 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
     if (plan.format == KvFormat::fp8) plan.fold_scales = 0;
   }
   if (pick == Pick::iss4) plan.bulk_issue = 2;
+  if (pick == Pick::early) plan.bulk_early_release = true;
   if (pick == Pick::iss2) plan.bulk_issue = 3;
   if (pick == Pick::deep) {
     plan.bulk_stages = 6;
@@ -293,6 +296,7 @@ class DecodeBench : public BenchCase {
     if (env.device == Device::cuda) {
       formats.push_back({KvFormat::int4, 4, "int4 g4 issue 4", Pick::iss4});
       formats.push_back({KvFormat::int4, 4, "int4 g4 issue 2", Pick::iss2});
+      formats.push_back({KvFormat::fp8, 1, "fp8 early release", Pick::early});
       formats.push_back({KvFormat::fp8, 1, "fp8 6 stages", Pick::deep});
       formats.push_back({KvFormat::fp8, 1, "fp8 issue 4", Pick::iss4});  // (paged only)
     }

@@ -119,6 +119,10 @@ struct DecodePlan {
   // (HB warps) per multiprocessor with more bytes in flight per warp (an fp8 experiment, session
   // 6: pair it with half the splits). Same arithmetic and order: the bits equal 0's.
   int bulk_stages = 0;
+  // CUDA, bulk kernel (fp8 caches, and int4 with per-element dequantization; others ignore it):
+  // release a ring stage right after a tile's last shared-memory read (the V loads) instead of
+  // after the PV math, so its refill is issued earlier. Same arithmetic: the bits equal false's.
+  bool bulk_early_release = false;
   // CUDA, bulk kernel: launch it and the split merge as programmatic dependent launches (sm_90):
   // each becomes resident while the kernel before it finishes and waits for it in its first
   // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.

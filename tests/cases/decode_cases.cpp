@@ -149,10 +149,12 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_deep: plan_decode's choice with bulk_stages = 8 (as many of 8 stages as fit 224 KB: one
 //     CTA per multiprocessor; same arithmetic);
 //   bulk_iss4 / bulk_iss2: plan_decode's arithmetic with bulk_issue = 2 / 3 (a CTA barrier per
-//     tile, only 4 / 2 warps issue the copies).
+//     tile, only 4 / 2 warps issue the copies);
+//   bulk_early: plan_decode's choice with bulk_early_release (fp8, int4 per element: the stage is
+//     released before the PV math).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
-  bulk_deep, bulk_iss4, bulk_iss2
+  bulk_deep, bulk_iss4, bulk_iss2, bulk_early
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -171,7 +173,7 @@ class DecodeCase : public Case {
                   kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
-                    kernel == Kernel::bulk_iss2) &&
+                    kernel == Kernel::bulk_iss2 || kernel == Kernel::bulk_early) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -190,6 +192,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_deep) s += ".bulk_deep";
     if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
     if (kernel_ == Kernel::bulk_iss2) s += ".bulk_iss2";
+    if (kernel_ == Kernel::bulk_early) s += ".bulk_early";
     return s;
   }
 
@@ -237,6 +240,8 @@ class DecodeCase : public Case {
       plan.launch_pdl = false;
     } else if (kernel_ == Kernel::bulk_deep) {
       plan.bulk_stages = 8;
+    } else if (kernel_ == Kernel::bulk_early) {
+      plan.bulk_early_release = true;
     } else if (kernel_ == Kernel::bulk_iss4 || kernel_ == Kernel::bulk_iss2) {
       plan.bulk_issue = kernel_ == Kernel::bulk_iss4 ? 2 : 3;
     } else if (kernel_ != Kernel::automatic) {
@@ -434,6 +439,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, bf2 = Kernel::bulk_fold2;
   const Kernel bs = Kernel::bulk_stagger, so = Kernel::bulk_solo, np = Kernel::no_pdl;
   const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
+  const Kernel er = Kernel::bulk_early;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -588,6 +594,19 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, i2);
   add(shape(F::fp8, 1, 2, 1001, 8, 128, 16), {1001, 17}, 4, 1, false, false, DType::f16, i4);
   add(shape(F::f16, 1, 2, 1100, 4, 128, 0), {1100, 31}, 4, 1, false, false, DType::f16, i2);
+  // bulk_early_release with plan_decode's kernel: fp8 contiguous (solo issue + fold; the issuer
+  // waits on the early releases), paged 16 / 256 (shared issue: the CTA barrier moves before the
+  // PV math), D 64 and 128, 16 heads (64 copies per tile); int4 g1 / g8 / D 64 (per-element
+  // dequantization: one V load per key); int4 g4 D 128 and f16 D 128 (the flag is ignored there);
+  // many tiles per split, empty / 1-key sequences, Mq > 1 causal, bias, 9-16 rows.
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, er);
+  add(shape(F::fp8, 1, 2, 1300, 8, 128, 16), {1300, 33}, 4, 2, true, false, DType::bf16, er);
+  add(shape(F::fp8, 1, 2, 700, 4, 64, 256), {700, 17}, 16, 1, false, true, DType::f16, er);
+  add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 47}, 2, 1, false, false, DType::f16, er);
+  add(shape(F::int4, 1, 2, 1001, 4, 128, 16), {1001, 5}, 4, 1, false, false, DType::f16, er);
+  add(shape(F::int4, 8, 2, 600, 4, 64, 0), {600, 47}, 4, 2, true, true, DType::f16, er);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 31}, 4, 1, false, false, DType::f16, er);
+  add(shape(F::f16, 1, 2, 1100, 4, 128, 16), {1100, 33}, 4, 1, false, false, DType::f16, er);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
