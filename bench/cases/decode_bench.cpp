@@ -42,9 +42,11 @@ struct Shape {
 // with a 6-stage ring, fp8 216 KB) and half the splits (one wave of those CTAs); "issue 4" /
 // "issue 2": plan_decode's kernel with bulk_issue = 2 / 3 (only 4 / 2 warps issue the copies);
 // "early release": plan_decode's kernel with bulk_early_release (stage released before the PV
-// math).
+// math); "wide merge": plan_decode's kernel with merge_wide (the split merge on one CTA per 32
+// dims of a row; B 1 only: 256 splits).
 enum class Pick {
-  plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, early
+  plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, early,
+  wide
 };
 struct Fmt {
   KvFormat format;
@@ -68,6 +70,7 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   }
   if (pick == Pick::iss4) plan.bulk_issue = 2;
   if (pick == Pick::early) plan.bulk_early_release = true;
+  if (pick == Pick::wide) plan.merge_wide = true;
   if (pick == Pick::iss2) plan.bulk_issue = 3;
   if (pick == Pick::deep) {
     plan.bulk_stages = 6;
@@ -297,6 +300,8 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::int4, 4, "int4 g4 issue 4", Pick::iss4});
       formats.push_back({KvFormat::int4, 4, "int4 g4 issue 2", Pick::iss2});
       formats.push_back({KvFormat::fp8, 1, "fp8 early release", Pick::early});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 wide merge", Pick::wide});  // (B 1 only)
+      formats.push_back({KvFormat::fp8, 1, "fp8 wide merge", Pick::wide});      // (B 1 only)
       formats.push_back({KvFormat::fp8, 1, "fp8 6 stages", Pick::deep});
       formats.push_back({KvFormat::fp8, 1, "fp8 issue 4", Pick::iss4});  // (paged only)
     }
@@ -314,6 +319,7 @@ class DecodeBench : public BenchCase {
           if (f.pick == Pick::shared && f.format == KvFormat::fp8 && page) continue;
           // (contiguous fp8: solo issue, which bulk_issue 2 replaces wholesale)
           if (f.pick == Pick::iss4 && f.format == KvFormat::fp8 && !page) continue;
+          if (f.pick == Pick::wide && (s.B != 1 || page == 256)) continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -123,6 +123,12 @@ struct DecodePlan {
   // release a ring stage right after a tile's last shared-memory read (the V loads) instead of
   // after the PV math, so its refill is issued earlier. Same arithmetic: the bits equal false's.
   bool bulk_early_release = false;
+  // CUDA: merge the splits with one CTA per (batch, kv head, query row, 32 dims) whose split
+  // weights go through shared memory (all of a thread's partial-output loads in flight at once
+  // up to 256 splits) instead of one CTA per row (B 1, L 131072: 256 splits on 32 CTAs).
+  // Deterministic; a different rounding order (same tolerance). Up to 8192 splits (else the
+  // narrow merge runs).
+  bool merge_wide = false;
   // CUDA, bulk kernel: launch it and the split merge as programmatic dependent launches (sm_90):
   // each becomes resident while the kernel before it finishes and waits for it in its first
   // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.

@@ -151,10 +151,12 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_iss4 / bulk_iss2: plan_decode's arithmetic with bulk_issue = 2 / 3 (a CTA barrier per
 //     tile, only 4 / 2 warps issue the copies);
 //   bulk_early: plan_decode's choice with bulk_early_release (fp8, int4 per element: the stage is
-//     released before the PV math).
+//     released before the PV math);
+//   merge_wide: plan_decode's kernel with merge_wide and splits of 32 keys (16 past L 4000), i.e.
+//     66-313 splits per row (the wide merge's 32 slices and 256-thread LSE loops both wrap).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
-  bulk_deep, bulk_iss4, bulk_iss2, bulk_early
+  bulk_deep, bulk_iss4, bulk_iss2, bulk_early, merge_wide
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -173,7 +175,8 @@ class DecodeCase : public Case {
                   kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
-                    kernel == Kernel::bulk_iss2 || kernel == Kernel::bulk_early) &&
+                    kernel == Kernel::bulk_iss2 || kernel == Kernel::bulk_early ||
+                    kernel == Kernel::merge_wide) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -193,6 +196,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
     if (kernel_ == Kernel::bulk_iss2) s += ".bulk_iss2";
     if (kernel_ == Kernel::bulk_early) s += ".bulk_early";
+    if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
     return s;
   }
 
@@ -242,6 +246,10 @@ class DecodeCase : public Case {
       plan.bulk_stages = 8;
     } else if (kernel_ == Kernel::bulk_early) {
       plan.bulk_early_release = true;
+    } else if (kernel_ == Kernel::merge_wide) {
+      plan.merge_wide = true;
+      plan.split_size = plan.capacity > 4000 ? 16 : 32;
+      plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
     } else if (kernel_ == Kernel::bulk_iss4 || kernel_ == Kernel::bulk_iss2) {
       plan.bulk_issue = kernel_ == Kernel::bulk_iss4 ? 2 : 3;
     } else if (kernel_ != Kernel::automatic) {
@@ -439,7 +447,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, bf2 = Kernel::bulk_fold2;
   const Kernel bs = Kernel::bulk_stagger, so = Kernel::bulk_solo, np = Kernel::no_pdl;
   const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
-  const Kernel er = Kernel::bulk_early;
+  const Kernel er = Kernel::bulk_early, mw = Kernel::merge_wide;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -607,6 +615,16 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 8, 2, 600, 4, 64, 0), {600, 47}, 4, 2, true, true, DType::f16, er);
   add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 31}, 4, 1, false, false, DType::f16, er);
   add(shape(F::f16, 1, 2, 1100, 4, 128, 16), {1100, 33}, 4, 1, false, false, DType::f16, er);
+  // merge_wide with many splits: fp8 / int4 g4 / f16 on the bulk kernel (contiguous, paged 16 /
+  // 256), 313 splits (L 5000), an empty and a 1-key sequence (rows with no key: out 0, LSE -inf),
+  // Mq > 1 causal, bias with a fully masked row, 9-16 rows; bf16 D 256 (the CUDA-core kernel;
+  // 8 dim chunks) and int4 g1 D 64 (2 chunks).
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, mw);
+  add(shape(F::int4, 4, 1, 5000, 2, 128, 16), {5000}, 4, 1, false, false, DType::f16, mw);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 16, 1, false, true, DType::bf16, mw);
+  add(shape(F::f16, 1, 2, 700, 2, 64, 0), {700, 33}, 4, 3, true, false, DType::f16, mw);
+  add(shape(F::bf16, 1, 2, 400, 1, 256, 16), {400, 5}, 2, 2, true, true, DType::bf16, mw);
+  add(shape(F::int4, 1, 2, 600, 4, 64, 0), {600, 0}, 8, 1, false, false, DType::f16, mw);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
