@@ -41,12 +41,12 @@ struct Shape {
 // "6 stages": plan_decode's kernel with bulk_stages = 6 (one CTA of 8 warps per multiprocessor
 // with a 6-stage ring, fp8 216 KB) and half the splits (one wave of those CTAs); "issue 4" /
 // "issue 2": plan_decode's kernel with bulk_issue = 2 / 3 (only 4 / 2 warps issue the copies);
-// "early release": plan_decode's kernel with bulk_early_release (stage released before the PV
-// math); "wide merge": plan_decode's kernel with merge_wide (the split merge on one CTA per 32
-// dims of a row; B 1 only: 256 splits).
+// "issue 8": bulk_issue = 0 (every warp issues: int4's default until session 6); "wide merge" /
+// "narrow merge": merge_wide on / off (the split merge on one CTA per 32 dims of a row or per
+// row; B 1 only: 256 splits).
 enum class Pick {
-  plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, early,
-  wide
+  plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, iss8,
+  wide, narrow
 };
 struct Fmt {
   KvFormat format;
@@ -69,8 +69,9 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
     if (plan.format == KvFormat::fp8) plan.fold_scales = 0;
   }
   if (pick == Pick::iss4) plan.bulk_issue = 2;
-  if (pick == Pick::early) plan.bulk_early_release = true;
+  if (pick == Pick::iss8) plan.bulk_issue = 0;
   if (pick == Pick::wide) plan.merge_wide = true;
+  if (pick == Pick::narrow) plan.merge_wide = false;
   if (pick == Pick::iss2) plan.bulk_issue = 3;
   if (pick == Pick::deep) {
     plan.bulk_stages = 6;
@@ -286,8 +287,11 @@ class DecodeBench : public BenchCase {
     // fp16 first: its time is the baseline of the rows after it. Plain rows: plan_decode's kernel
     // (the bulk-copy kernel; int4 with folded scales and shared issue; fp16 solo issue; fp8
     // contiguous solo issue + folded scales, paged shared issue; programmatic dependent launches);
-    // "6 stages": fp8 with bulk_stages = 6 and half the splits; "issue 4" / "issue 2": int4 and
-    // paged fp8 (shared issue by default) with 4 / 2 issuing warps (session 6 A/B). Session 6 removed
+    // "issue 8": int4 with every warp issuing (run 11's default); "narrow merge": B 1 with the
+    // per-row merge (run 11's). Session 6 run 12 (H200): int4 issue 4 -7..-10 % and issue 2
+    // -3..-4 % against issue 8; fp8 6 stages (one CTA per SM) +14..+57 %, paged fp8 issue 4
+    // +5..+10 %, fp8 early release within +-1 %; wide merge at B 1 -6..-11 %. Those rows are
+    // gone; the knobs stay (DecodePlan fields, harness cases). Session 6 removed
     // the "shared" rows (run 9's default for fp16 / contiguous fp8; runs 9-11: solo 12-16 % faster
     // at every shape). Session 5 trimmed the settled variants (H200 run 7: int4 exact 0.243 /
     // fold2 0.204 / stagger 0.199 ms against fold 0.1995; fp8 fold and stagger within +-3 % of fp8; ring kernels 2-4x slower;
@@ -297,13 +301,9 @@ class DecodeBench : public BenchCase {
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::int4, 4, "int4 g4 issue 4", Pick::iss4});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 issue 2", Pick::iss2});
-      formats.push_back({KvFormat::fp8, 1, "fp8 early release", Pick::early});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 wide merge", Pick::wide});  // (B 1 only)
-      formats.push_back({KvFormat::fp8, 1, "fp8 wide merge", Pick::wide});      // (B 1 only)
-      formats.push_back({KvFormat::fp8, 1, "fp8 6 stages", Pick::deep});
-      formats.push_back({KvFormat::fp8, 1, "fp8 issue 4", Pick::iss4});  // (paged only)
+      formats.push_back({KvFormat::int4, 4, "int4 g4 issue 8", Pick::iss8});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 narrow merge", Pick::narrow});  // (B 1 only)
+      formats.push_back({KvFormat::fp8, 1, "fp8 narrow merge", Pick::narrow});      // (B 1 only)
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -319,7 +319,8 @@ class DecodeBench : public BenchCase {
           if (f.pick == Pick::shared && f.format == KvFormat::fp8 && page) continue;
           // (contiguous fp8: solo issue, which bulk_issue 2 replaces wholesale)
           if (f.pick == Pick::iss4 && f.format == KvFormat::fp8 && !page) continue;
-          if (f.pick == Pick::wide && (s.B != 1 || page == 256)) continue;
+          if ((f.pick == Pick::wide || f.pick == Pick::narrow) && (s.B != 1 || page == 256))
+            continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -119,10 +119,6 @@ struct DecodePlan {
   // (HB warps) per multiprocessor with more bytes in flight per warp (an fp8 experiment, session
   // 6: pair it with half the splits). Same arithmetic and order: the bits equal 0's.
   int bulk_stages = 0;
-  // CUDA, bulk kernel (fp8 caches, and int4 with per-element dequantization; others ignore it):
-  // release a ring stage right after a tile's last shared-memory read (the V loads) instead of
-  // after the PV math, so its refill is issued earlier. Same arithmetic: the bits equal false's.
-  bool bulk_early_release = false;
   // CUDA: merge the splits with one CTA per (batch, kv head, query row, 32 dims) whose split
   // weights go through shared memory (all of a thread's partial-output loads in flight at once
   // up to 256 splits) instead of one CTA per row (B 1, L 131072: 256 splits on 32 CTAs).

@@ -128,7 +128,6 @@ void bind_decode(nb::module_& m) {
       .def_rw("bulk_stagger", &DecodePlan::bulk_stagger)
       .def_rw("bulk_issue", &DecodePlan::bulk_issue)
       .def_rw("bulk_stages", &DecodePlan::bulk_stages)
-      .def_rw("bulk_early_release", &DecodePlan::bulk_early_release)
       .def_rw("merge_wide", &DecodePlan::merge_wide)
       .def_rw("launch_pdl", &DecodePlan::launch_pdl)
       .def_prop_ro("workspace_bytes", [](const DecodePlan& p) { return workspace_bytes(p); })

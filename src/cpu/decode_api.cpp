@@ -257,12 +257,17 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // 256 -7 / -9 %, B 1 and (16, 32768) -8 / -11 %; fp8 contiguous solo + fold 0.2915 against
   // 0.3391 ms, B 1 -9 %, (16, 32768) -12 %). Paged fp8 and int4 keep the shared issue (solo was
   // 8-17 % slower there: int4 is issue-bound and the lone issuer's serialized copies lag).
-  p.bulk_issue = 0;
+  // int4: the shared issue by 4 of the 8 warps (bulk_issue 2; H200 run 12: -7 % at B 64, L 8192
+  // contiguous, -9 / -10 % paged 16 / 256, -6 % at B 1 against all 8 warps issuing).
+  p.bulk_issue = p.device == Device::cuda && p.format == KvFormat::int4 ? 2 : 0;
   if (p.device == Device::cuda && p.format == KvFormat::f16) p.bulk_issue = 1;
   if (p.device == Device::cuda && p.format == KvFormat::fp8 && !cache.paged()) {
     p.bulk_issue = 1;
     p.fold_scales = 1;
   }
+  // The wide split merge where there are many splits (H200 run 12, B 1, L 131072, 256 splits:
+  // int4 -8 %, fp8 -6 % contiguous, -8 / -11 % paged 16 end to end; not measured below 256).
+  p.merge_wide = p.device == Device::cuda && p.n_splits >= 64;
   return p;
 }
 

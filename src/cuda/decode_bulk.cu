@@ -172,11 +172,6 @@ struct BulkArgs {
   // The ring (DecodePlan::bulk_stages) takes more than half of a multiprocessor's shared memory:
   // one CTA per multiprocessor, so fp8 (<= 8 rows) runs its 255-register instantiation (host side).
   bool one_cta = false;
-  // DecodePlan::bulk_early_release: where a lane's V run of a key is one shared-memory load (fp8,
-  // int4 with per-element dequantization), release the stage (solo: arrive on `empty`, the next
-  // issuer issues; shared: CTA barrier, the issuers issue) right after those loads instead of
-  // after the PV math, so the refill starts ~70 instructions per warp earlier. Same bits.
-  bool early = false;
   bool pdl = false;  // DecodePlan::launch_pdl (host side only)
 };
 
@@ -603,32 +598,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
 
   int s = 0;          // stage of tile it (= it mod NST)
   uint32_t phase = 0;  // parity of its use (= (it / NST) mod 2)
-  // Done reading stage s (this warp, or with the CTA barrier every warp): release it and issue
-  // tile it + NST into it. At the end of the tile, or (BulkArgs::early, where the V run is one
-  // load per key) right after the last shared-memory read of the tile, before the PV math.
-  constexpr bool early_ok = !kFoldI4 && VC == VWN;
-  int it = 0;  // the tile being computed
-  auto release = [&]() {
-    if constexpr (solo) {
-      // Release stage s; the issuer of tile it + NST waits until every warp has released it.
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty_s + 8 * s);
-      const int nn = it + NST;
-      if (nn < n_tiles && warp == (nn & (HB - 1))) {
-        mbar_wait(empty_s + 8 * s, phase);
-        fence_proxy_async();
-        issue_solo(nn, s);
-      }
-    } else {
-      __syncthreads();  // every warp is done with stage s
-      if (issuer && it + NST < n_tiles) {
-        fence_proxy_async();
-        issue(it + NST, s);
-      }
-    }
-  };
 #pragma unroll 1
-  for (it = 0; it < n_tiles; ++it) {
+  for (int it = 0; it < n_tiles; ++it) {
     mbar_wait(full_s + 8 * s, phase);
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = ring_s + s * stage_bytes;
@@ -888,19 +859,13 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
       const uint32_t za[4] = {prmt(zw[0], zw[1], 0x7632), 0u, prmt(zw[2], zw[3], 0x7632), 0u};
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(zacc[nr], za, pb[nr][0], pb[nr][1]);
-      // P scaled per key pair and group: (s_a, s_b) of the coefficient words, 8-byte loads of
-      // groups (G, G + 1) (session 6: the sm_90a SASS held all 16 words in registers anyway,
-      // loaded by 16 LDS; four 16-byte loads spilled 4 bytes at 128 registers).
-      uint32_t vcw[4][2];
+      // P scaled per key pair and group: (s_a, s_b) of the coefficient words (loaded per group:
+      // four 4-word loads up front spilled; session 6's 8-byte loads ran 9 % slower on the H200).
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
-        if (G % 2 == 0) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) lds_words<2, 8>(st + voff[q] + 4 * G, vcw[q]);
-        }
         uint32_t vc[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) vc[q] = vcw[q][G % 2];
+        for (int q = 0; q < 4; ++q) vc[q] = lds32(st + voff[q] + 4 * G);
         const uint32_t s01 = prmt(vc[0], vc[1], 0x5410);
         const uint32_t s23 = prmt(vc[2], vc[3], 0x5410);
         uint32_t pbs[NR][2];
@@ -968,15 +933,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
         }
       }
       uint32_t vbuf[4][VC];
-      // One load per key holds the lane's whole V run (fp8, int4 per element): it happens before
-      // the m-tile loop, and with BulkArgs::early the stage is released right after it.
-      constexpr bool kOneLoad = VC == VWN;
-      if constexpr (kOneLoad) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          lds_words<VC, VAL>(st + voff[q] + code_off + g * (4 * VWN), vbuf[q]);
-        if (a.early) release();
-      }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         // word of the lane's V run holding dims 2 (g MT + mt), + 1, and the byte inside it
@@ -984,7 +940,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
         const bool first_use = F == KvFormat::int4 ? (mt % 4 == 0)
                                : F == KvFormat::fp8 ? (mt % 2 == 0)
                                                     : true;
-        if (!kOneLoad && first_use && wi % VC == 0) {
+        if (first_use && wi % VC == 0) {
 #pragma unroll
           for (int q = 0; q < 4; ++q)
             lds_words<VC, VAL>(st + voff[q] + code_off + g * (4 * VWN) + 4 * wi, vbuf[q]);
@@ -1023,7 +979,23 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
       }
     }
 
-    if (!(early_ok && a.early)) release();
+    if constexpr (solo) {
+      // Release stage s; the issuer of tile it + NST waits until every warp has released it.
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty_s + 8 * s);
+      const int nn = it + NST;
+      if (nn < n_tiles && warp == (nn & (HB - 1))) {
+        mbar_wait(empty_s + 8 * s, phase);
+        fence_proxy_async();
+        issue_solo(nn, s);
+      }
+    } else {
+      __syncthreads();  // every warp is done with stage s
+      if (issuer && it + NST < n_tiles) {
+        fence_proxy_async();
+        issue(it + NST, s);
+      }
+    }
     if (++s == NST) {
       s = 0;
       phase ^= 1u;
@@ -1237,13 +1209,11 @@ bool decode_bulk_folds(const KvCache& cache) {
 }
 
 void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
-                        bool stagger, int issue, int stages, bool early, bool pdl,
-                        cudaStream_t stream) {
+                        bool stagger, int issue, int stages, bool pdl, cudaStream_t stream) {
   fold = fold_applies(cache) ? fold : 0;
   BulkArgs a = bulk_geometry(cache, fold != 0, stages);
   a.stagger = stagger;
   a.solo = issue == 1;
-  a.early = early;
   // Issuing warps of the shared mode: all HB (0), 4 (2), 2 (3), but enough lanes for the copies
   // (fp8 with a copy per key and kind: 64 copies, two warps at least).
   a.issuers = issue == 2 ? 4 : issue == 3 ? 2 : a.hb;

@@ -150,13 +150,11 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     CTA per multiprocessor; same arithmetic);
 //   bulk_iss4 / bulk_iss2: plan_decode's arithmetic with bulk_issue = 2 / 3 (a CTA barrier per
 //     tile, only 4 / 2 warps issue the copies);
-//   bulk_early: plan_decode's choice with bulk_early_release (fp8, int4 per element: the stage is
-//     released before the PV math);
 //   merge_wide: plan_decode's kernel with merge_wide and splits of 32 keys (16 past L 4000), i.e.
 //     66-313 splits per row (the wide merge's 32 slices and 256-thread LSE loops both wrap).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
-  bulk_deep, bulk_iss4, bulk_iss2, bulk_early, merge_wide
+  bulk_deep, bulk_iss4, bulk_iss2, merge_wide
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -175,8 +173,7 @@ class DecodeCase : public Case {
                   kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
-                    kernel == Kernel::bulk_iss2 || kernel == Kernel::bulk_early ||
-                    kernel == Kernel::merge_wide) &&
+                    kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -195,7 +192,6 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_deep) s += ".bulk_deep";
     if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
     if (kernel_ == Kernel::bulk_iss2) s += ".bulk_iss2";
-    if (kernel_ == Kernel::bulk_early) s += ".bulk_early";
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
     return s;
   }
@@ -244,8 +240,6 @@ class DecodeCase : public Case {
       plan.launch_pdl = false;
     } else if (kernel_ == Kernel::bulk_deep) {
       plan.bulk_stages = 8;
-    } else if (kernel_ == Kernel::bulk_early) {
-      plan.bulk_early_release = true;
     } else if (kernel_ == Kernel::merge_wide) {
       plan.merge_wide = true;
       plan.split_size = plan.capacity > 4000 ? 16 : 32;
@@ -447,7 +441,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, bf2 = Kernel::bulk_fold2;
   const Kernel bs = Kernel::bulk_stagger, so = Kernel::bulk_solo, np = Kernel::no_pdl;
   const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
-  const Kernel er = Kernel::bulk_early, mw = Kernel::merge_wide;
+  const Kernel mw = Kernel::merge_wide;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -602,19 +596,6 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, i2);
   add(shape(F::fp8, 1, 2, 1001, 8, 128, 16), {1001, 17}, 4, 1, false, false, DType::f16, i4);
   add(shape(F::f16, 1, 2, 1100, 4, 128, 0), {1100, 31}, 4, 1, false, false, DType::f16, i2);
-  // bulk_early_release with plan_decode's kernel: fp8 contiguous (solo issue + fold; the issuer
-  // waits on the early releases), paged 16 / 256 (shared issue: the CTA barrier moves before the
-  // PV math), D 64 and 128, 16 heads (64 copies per tile); int4 g1 / g8 / D 64 (per-element
-  // dequantization: one V load per key); int4 g4 D 128 and f16 D 128 (the flag is ignored there);
-  // many tiles per split, empty / 1-key sequences, Mq > 1 causal, bias, 9-16 rows.
-  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, er);
-  add(shape(F::fp8, 1, 2, 1300, 8, 128, 16), {1300, 33}, 4, 2, true, false, DType::bf16, er);
-  add(shape(F::fp8, 1, 2, 700, 4, 64, 256), {700, 17}, 16, 1, false, true, DType::f16, er);
-  add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 47}, 2, 1, false, false, DType::f16, er);
-  add(shape(F::int4, 1, 2, 1001, 4, 128, 16), {1001, 5}, 4, 1, false, false, DType::f16, er);
-  add(shape(F::int4, 8, 2, 600, 4, 64, 0), {600, 47}, 4, 2, true, true, DType::f16, er);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 31}, 4, 1, false, false, DType::f16, er);
-  add(shape(F::f16, 1, 2, 1100, 4, 128, 16), {1100, 33}, 4, 1, false, false, DType::f16, er);
   // merge_wide with many splits: fp8 / int4 g4 / f16 on the bulk kernel (contiguous, paged 16 /
   // 256), 313 splits (L 5000), an empty and a 1-key sequence (rows with no key: out 0, LSE -inf),
   // Mq > 1 causal, bias with a fully masked row, 9-16 rows; bf16 D 256 (the CUDA-core kernel;
