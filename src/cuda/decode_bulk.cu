@@ -164,7 +164,10 @@ struct BulkArgs {
   // warp in HB, and lets warps drift apart by up to a stage.
   bool solo = false;
   // Shared issue (solo false): warps 0 .. issuers - 1 issue the tile's copies (copy ci: warp
-  // ci mod issuers, lane ci / issuers) and arm `full` (issuers arrivals); the others only compute.
+  // ci mod issuers, lane ci / issuers); every warp still arms `full` (HB arrivals, the others
+  // with 0 bytes), so the issue path has no per-warp branch (run 12's `if (issuer)` around it
+  // likely moved the loop's stage / parity bookkeeping off the uniform datapath: int4 +9 %,
+  // paged fp8 +3..7 %).
   // HB by default; DecodePlan::bulk_issue 2 / 3: min(HB, 4) / min(HB, 2) (each issuing warp pays
   // ~50 instructions of per-tile setup besides ~10 per copy: int4 g4 fold spent ~85 of ~384
   // instructions per tile and warp on the issue with 8 issuers).
@@ -256,7 +259,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
   if (tid == 0)
     for (int s = 0; s < NST; ++s) {
-      mbar_init(full_s + 8 * s, solo ? 1 : a.issuers);  // the issuing warp(s)
+      mbar_init(full_s + 8 * s, solo ? 1 : HB);  // solo: the issuing warp; else every warp
       mbar_init(empty_s + 8 * s, HB);            // solo: one release per warp
     }
   fence_proxy_async();
@@ -449,9 +452,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
       if (m2) bulk_g2s(dst + c2.dst, c2.src + base * c2.st, s2, bar);
   };
   for (int n = 0; n < NST && n < n_tiles; ++n) {
-    if constexpr (!solo) {
-      if (issuer) issue(n, n);
-    }
+    if constexpr (!solo) issue(n, n);
     else if (warp == (n & (HB - 1))) issue_solo(n, n);  // (HB: a power of two)
   }
 
@@ -991,7 +992,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
       }
     } else {
       __syncthreads();  // every warp is done with stage s
-      if (issuer && it + NST < n_tiles) {
+      if (it + NST < n_tiles) {
         fence_proxy_async();
         issue(it + NST, s);
       }
