@@ -287,7 +287,7 @@ class DecodeBench : public BenchCase {
     // fp16 first: its time is the baseline of the rows after it. Plain rows: plan_decode's kernel
     // (the bulk-copy kernel; int4 with folded scales and shared issue; fp16 solo issue; fp8
     // contiguous solo issue + folded scales, paged shared issue; programmatic dependent launches);
-    // "issue 8": int4 with every warp issuing (run 11's default); "narrow merge": B 1 with the
+    // "issue 4": int4 with 4 of 8 warps issuing (bulk_issue 2); "narrow merge": B 1 with the
     // per-row merge (run 11's). Session 6 run 12 (H200): int4 issue 4 -7..-10 % and issue 2
     // -3..-4 % against issue 8; fp8 6 stages (one CTA per SM) +14..+57 %, paged fp8 issue 4
     // +5..+10 %, fp8 early release within +-1 %; wide merge at B 1 -6..-11 %. Those rows are
@@ -301,7 +301,7 @@ class DecodeBench : public BenchCase {
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::int4, 4, "int4 g4 issue 8", Pick::iss8});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 issue 4", Pick::iss4});
       formats.push_back({KvFormat::int4, 4, "int4 g4 narrow merge", Pick::narrow});  // (B 1 only)
       formats.push_back({KvFormat::fp8, 1, "fp8 narrow merge", Pick::narrow});      // (B 1 only)
     }
@@ -318,7 +318,6 @@ class DecodeBench : public BenchCase {
           // (paged fp8: "shared" is plan_decode's kernel)
           if (f.pick == Pick::shared && f.format == KvFormat::fp8 && page) continue;
           // (contiguous fp8: solo issue, which bulk_issue 2 replaces wholesale)
-          if (f.pick == Pick::iss4 && f.format == KvFormat::fp8 && !page) continue;
           if ((f.pick == Pick::wide || f.pick == Pick::narrow) && (s.B != 1 || page == 256))
             continue;
           Row r;

@@ -257,9 +257,10 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // 256 -7 / -9 %, B 1 and (16, 32768) -8 / -11 %; fp8 contiguous solo + fold 0.2915 against
   // 0.3391 ms, B 1 -9 %, (16, 32768) -12 %). Paged fp8 and int4 keep the shared issue (solo was
   // 8-17 % slower there: int4 is issue-bound and the lone issuer's serialized copies lag).
-  // int4: the shared issue by 4 of the 8 warps (bulk_issue 2; H200 run 12: -7 % at B 64, L 8192
-  // contiguous, -9 / -10 % paged 16 / 256, -6 % at B 1 against all 8 warps issuing).
-  p.bulk_issue = p.device == Device::cuda && p.format == KvFormat::int4 ? 2 : 0;
+  // (bulk_issue 2, 4 of 8 warps issuing, was 7-10 % faster for int4 in H200 run 12, but against a
+  // shared-issue path whose per-warp `if (issuer)` had slowed every shared-issue launch; with that
+  // branch gone, 2 only moves copies between warps. Unmeasured since: int4 keeps 0.)
+  p.bulk_issue = 0;
   if (p.device == Device::cuda && p.format == KvFormat::f16) p.bulk_issue = 1;
   if (p.device == Device::cuda && p.format == KvFormat::fp8 && !cache.paged()) {
     p.bulk_issue = 1;
