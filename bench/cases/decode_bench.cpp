@@ -37,8 +37,17 @@ struct Shape {
 // plan_decode's kernel with bulk_stagger, a rotated tile walk per CTA on contiguous caches;
 // "solo": plan_decode's kernel with bulk_issue = 1, one warp issues each tile's copies; "no pdl":
 // plan_decode's kernel with ordinary launches instead of programmatic dependent ones; "shared":
-// the shared copy issue (bulk_issue = 0) with fold_scales 0 for fp8, i.e. run 9's default).
-enum class Pick { plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared };
+// the shared copy issue (bulk_issue = 0) with fold_scales 0 for fp8, i.e. run 9's default;
+// "6 stages": plan_decode's kernel with bulk_stages = 6 (one CTA of 8 warps per multiprocessor
+// with a 6-stage ring, fp8 216 KB) and half the splits (one wave of those CTAs); "issue 4" /
+// "issue 2": plan_decode's kernel with bulk_issue = 2 / 3 (only 4 / 2 warps issue the copies);
+// "issue 8": bulk_issue = 0 (every warp issues: int4's default until session 6); "wide merge" /
+// "narrow merge": merge_wide on / off (the split merge on one CTA per 32 dims of a row or per
+// row; B 1 only: 256 splits).
+enum class Pick {
+  plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, iss8,
+  wide, narrow
+};
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -58,6 +67,18 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::shared) {
     plan.bulk_issue = 0;
     if (plan.format == KvFormat::fp8) plan.fold_scales = 0;
+  }
+  if (pick == Pick::iss4) plan.bulk_issue = 2;
+  if (pick == Pick::iss8) plan.bulk_issue = 0;
+  if (pick == Pick::wide) plan.merge_wide = true;
+  if (pick == Pick::narrow) plan.merge_wide = false;
+  if (pick == Pick::iss2) plan.bulk_issue = 3;
+  if (pick == Pick::deep) {
+    plan.bulk_stages = 6;
+    // Half the splits: plan_decode sized them for two CTAs per multiprocessor.
+    const int64_t splits = std::max(1, plan.n_splits / 2);
+    plan.split_size = ((plan.capacity + splits - 1) / splits + 15) / 16 * 16;
+    plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
   }
 }
 
@@ -266,17 +287,23 @@ class DecodeBench : public BenchCase {
     // fp16 first: its time is the baseline of the rows after it. Plain rows: plan_decode's kernel
     // (the bulk-copy kernel; int4 with folded scales and shared issue; fp16 solo issue; fp8
     // contiguous solo issue + folded scales, paged shared issue; programmatic dependent launches);
-    // "shared": run 9's default for fp16 / contiguous fp8 (the A/B of the run 9 switch). Session 5
-    // trimmed the settled variants (H200 run 7: int4 exact 0.243 / fold2 0.204 / stagger 0.199 ms
-    // against fold 0.1995; fp8 fold and stagger within +-3 % of fp8; ring kernels 2-4x slower;
+    // "issue 4": int4 with 4 of 8 warps issuing (bulk_issue 2); "narrow merge": B 1 with the
+    // per-row merge (run 11's). Session 6 run 12 (H200): int4 issue 4 -7..-10 % and issue 2
+    // -3..-4 % against issue 8; fp8 6 stages (one CTA per SM) +14..+57 %, paged fp8 issue 4
+    // +5..+10 %, fp8 early release within +-1 %; wide merge at B 1 -6..-11 %. Those rows are
+    // gone; the knobs stay (DecodePlan fields, harness cases). Session 6 removed
+    // the "shared" rows (run 9's default for fp16 / contiguous fp8; runs 9-11: solo 12-16 % faster
+    // at every shape). Session 5 trimmed the settled variants (H200 run 7: int4 exact 0.243 /
+    // fold2 0.204 / stagger 0.199 ms against fold 0.1995; fp8 fold and stagger within +-3 % of fp8; ring kernels 2-4x slower;
     // run 9: int4 solo +13 %, int4 without PDL +1 %): they stay selectable (DecodePlan fields;
     // harness cases), without rows.
     std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", Pick::plan},
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::fp8, 1, "fp8 shared", Pick::shared});
-      formats.push_back({KvFormat::f16, 1, "fp16 shared", Pick::shared});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 issue 4", Pick::iss4});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 narrow merge", Pick::narrow});  // (B 1 only)
+      formats.push_back({KvFormat::fp8, 1, "fp8 narrow merge", Pick::narrow});      // (B 1 only)
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -290,6 +317,9 @@ class DecodeBench : public BenchCase {
           if (f.pick == Pick::stagger && page) continue;  // (paged caches ignore bulk_stagger)
           // (paged fp8: "shared" is plan_decode's kernel)
           if (f.pick == Pick::shared && f.format == KvFormat::fp8 && page) continue;
+          // (contiguous fp8: solo issue, which bulk_issue 2 replaces wholesale)
+          if ((f.pick == Pick::wide || f.pick == Pick::narrow) && (s.B != 1 || page == 256))
+            continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

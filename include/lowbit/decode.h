@@ -109,8 +109,22 @@ struct DecodePlan {
   // a stage on an mbarrier when done with it and the next issuer waits on that (no CTA barrier).
   // Same arithmetic and order: the bits equal 0's. plan_decode sets 1 for f16 caches and
   // contiguous fp8 caches (H200 run 9: 6-12 % faster), 0 for int4 and paged fp8 (solo 8-17 %
-  // slower). docs/decode.md "Solo issue".
+  // slower). docs/decode.md "Solo issue". 2 / 3: as 0 (CTA barrier per tile), but only 4 / 2 of
+  // the CTA's warps issue the copies (fewer per-tile issue setups; session 6, int4 A/B). The bits
+  // equal 0's for every value.
   int bulk_issue = 0;
+  // CUDA, bulk kernel: stages of its shared-memory ring (0: automatic, as many as fit two CTAs per
+  // multiprocessor in ~110 KB each, at most 4: int4 g4 D 128 4, fp8 / f16 D 128 3). 2..8 asks for
+  // that many where they fit one CTA's 224 KB (fewer otherwise); more than ~110 KB leaves one CTA
+  // (HB warps) per multiprocessor with more bytes in flight per warp (an fp8 experiment, session
+  // 6: pair it with half the splits). Same arithmetic and order: the bits equal 0's.
+  int bulk_stages = 0;
+  // CUDA: merge the splits with one CTA per (batch, kv head, query row, 32 dims) whose split
+  // weights go through shared memory (all of a thread's partial-output loads in flight at once
+  // up to 256 splits) instead of one CTA per row (B 1, L 131072: 256 splits on 32 CTAs).
+  // Deterministic; a different rounding order (same tolerance). Up to 8192 splits (else the
+  // narrow merge runs).
+  bool merge_wide = false;
   // CUDA, bulk kernel: launch it and the split merge as programmatic dependent launches (sm_90):
   // each becomes resident while the kernel before it finishes and waits for it in its first
   // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.

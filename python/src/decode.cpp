@@ -127,6 +127,8 @@ void bind_decode(nb::module_& m) {
       .def_rw("fold_scales", &DecodePlan::fold_scales)
       .def_rw("bulk_stagger", &DecodePlan::bulk_stagger)
       .def_rw("bulk_issue", &DecodePlan::bulk_issue)
+      .def_rw("bulk_stages", &DecodePlan::bulk_stages)
+      .def_rw("merge_wide", &DecodePlan::merge_wide)
       .def_rw("launch_pdl", &DecodePlan::launch_pdl)
       .def_prop_ro("workspace_bytes", [](const DecodePlan& p) { return workspace_bytes(p); })
       .def("__repr__", [](const DecodePlan& p) {

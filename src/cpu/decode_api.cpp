@@ -257,12 +257,18 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // 256 -7 / -9 %, B 1 and (16, 32768) -8 / -11 %; fp8 contiguous solo + fold 0.2915 against
   // 0.3391 ms, B 1 -9 %, (16, 32768) -12 %). Paged fp8 and int4 keep the shared issue (solo was
   // 8-17 % slower there: int4 is issue-bound and the lone issuer's serialized copies lag).
+  // (bulk_issue 2, 4 of 8 warps issuing, was 7-10 % faster for int4 in H200 run 12, but against a
+  // shared-issue path whose per-warp `if (issuer)` had slowed every shared-issue launch; with that
+  // branch gone, 2 only moves copies between warps. Unmeasured since: int4 keeps 0.)
   p.bulk_issue = 0;
   if (p.device == Device::cuda && p.format == KvFormat::f16) p.bulk_issue = 1;
   if (p.device == Device::cuda && p.format == KvFormat::fp8 && !cache.paged()) {
     p.bulk_issue = 1;
     p.fold_scales = 1;
   }
+  // The wide split merge where there are many splits (H200 run 12, B 1, L 131072, 256 splits:
+  // int4 -8 %, fp8 -6 % contiguous, -8 / -11 % paged 16 end to end; not measured below 256).
+  p.merge_wide = p.device == Device::cuda && p.n_splits >= 64;
   return p;
 }
 
@@ -292,7 +298,8 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   check::that(plan.n_splits >= 1 && plan.split_size >= 16 && plan.split_size % 16 == 0, op,
               "plan", "expected n_splits >= 1 and split_size a positive multiple of 16, got " +
                           std::to_string(plan.n_splits) + " x " + std::to_string(plan.split_size));
-  check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 1);
+  check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 3);
+  check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);
   check::dim(op, "q", q, 0, B);

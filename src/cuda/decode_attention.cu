@@ -474,6 +474,103 @@ __global__ void __launch_bounds__(kMergeThreads)
   }
 }
 
+// Wide merge (DecodePlan::merge_wide): one CTA of kMergeThreads per (b, h, row, 32 dims). The
+// split LSEs are read once (thread i: splits i, i + 256, ...) into shared memory; their maximum
+// and the total of w_s = 2^((lse_s - max) log2 e) are fixed-order block reductions (warp xor
+// shuffles, then the 8 warp values in warp order); then thread (slice, c) reads the float4 c of
+// the 32 dims for splits slice, slice + 32, ... (at S <= 256 all of a thread's loads are in
+// flight at once) and the 32 slices are added in slice order. Deterministic; the rounding
+// differs from decode_merge_kernel's (B 1, L 131072: 256 splits; there the narrow merge ran 32
+// CTAs whose threads each walked 32 splits in four dependent rounds, after two lane-strided
+// passes over the LSEs).
+constexpr int kWideDims = 32;
+constexpr int kWideMaxSplits = 8192;  // shared memory for the weights: 32 KB
+__global__ void __launch_bounds__(kMergeThreads)
+    decode_merge_wide_kernel(const float* part_o, const float* part_lse, int H, int G, int Mq,
+                             int S, int D, void* out, DType out_dtype, StridedIndex out_idx,
+                             float* lse_out, StridedIndex lse_idx) {
+  extern __shared__ float wsm[];  // S weights
+  __shared__ float wred[2][kMergeThreads / 32];
+  __shared__ float4 part[kMergeThreads];
+  griddep_wait();  // (PDL) the split kernel's partials are complete and visible
+  const int R = Mq * G;
+  const int chunks = D / kWideDims;
+  const int64_t i = blockIdx.x / chunks;
+  const int chunk = static_cast<int>(blockIdx.x % chunks);
+  const int r = static_cast<int>(i % R);
+  const int64_t h = (i / R) % H, b = i / (static_cast<int64_t>(R) * H);
+  const int m = r / G, g = r % G;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int kWarps = kMergeThreads / 32;
+  const float* lse = part_lse + (b * H + h) * S * static_cast<int64_t>(R) + r;
+  float mx = -INFINITY;
+  for (int s = tid; s < S; s += kMergeThreads) {
+    const float v = lse[static_cast<int64_t>(s) * R];
+    wsm[s] = v;
+    mx = fmaxf(mx, v);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (lane == 0) wred[0][warp] = mx;
+  __syncthreads();
+  mx = wred[0][0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, wred[0][w]);
+  float tot = 0.f;
+  if (mx != -INFINITY) {
+    for (int s = tid; s < S; s += kMergeThreads) {  // (only this thread's own entries)
+      const float w = exp2f((wsm[s] - mx) * kLog2e);
+      wsm[s] = w;
+      tot += w;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+  if (lane == 0) wred[1][warp] = tot;
+  __syncthreads();  // (also: every weight is in wsm)
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += wred[1][w];
+  constexpr int kCols = kWideDims / 4;              // float4 columns
+  constexpr int kSlices = kMergeThreads / kCols;    // 32
+  const int c = tid % kCols, slice = tid / kCols;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (mx != -INFINITY) {
+    const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D +
+                      chunk * kWideDims + 4 * c;
+#pragma unroll 8
+    for (int s = slice; s < S; s += kSlices) {
+      const float w = wsm[s];
+      const float4 x = *reinterpret_cast<const float4*>(po + static_cast<int64_t>(s) * R * D);
+      acc.x = fmaf(w, x.x, acc.x);
+      acc.y = fmaf(w, x.y, acc.y);
+      acc.z = fmaf(w, x.z, acc.z);
+      acc.w = fmaf(w, x.w, acc.w);
+    }
+  }
+  part[tid] = acc;
+  __syncthreads();
+  const int64_t ooff = b * out_idx.stride[0] + m * out_idx.stride[1] + h * out_idx.stride[2] +
+                       g * out_idx.stride[3];
+  if (tid < kWideDims) {
+    const int cc = tid / 4, v = tid % 4;
+    float sum = 0.f;
+    if (mx != -INFINITY) {
+      for (int k = 0; k < kSlices; ++k) {
+        const float4 y = part[k * kCols + cc];
+        sum += v == 0 ? y.x : v == 1 ? y.y : v == 2 ? y.z : y.w;
+      }
+      sum /= total;
+    }
+    store_f32(out, ooff + chunk * kWideDims + tid, out_dtype, sum);
+  }
+  if (lse_out && chunk == 0 && tid == 0) {
+    const int64_t loff = b * lse_idx.stride[0] + m * lse_idx.stride[1] + h * lse_idx.stride[2] +
+                         g * lse_idx.stride[3];
+    lse_out[loff] = mx == -INFINITY ? -INFINITY : mx + logf(total);
+  }
+}
+
 template <KvFormat F, int D, int ROWS>
 void launch_split(const DecodeParams& p, int row_chunks, int64_t B, cudaStream_t stream) {
   const size_t smem = Smem<D, ROWS>::bytes(p.c.row_bytes);
@@ -532,7 +629,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   // no longer change the kernel. docs/decode.md.
   if (plan.streaming && plan.bulk_copy && decode_bulk_supported(cache)) {
     launch_decode_bulk(p, cache, plan.batch, plan.fold_scales, plan.bulk_stagger, plan.bulk_issue,
-                       plan.launch_pdl, stream);
+                       plan.bulk_stages, plan.launch_pdl, stream);
   } else if (plan.streaming && decode_ring_supported(cache.format, plan.head_dim)) {
     launch_decode_ring(p, cache.format, plan.head_dim, ring_vector_bytes(cache), plan.batch,
                        stream);
@@ -556,7 +653,15 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   const bool pdl = plan.launch_pdl && plan.streaming && plan.bulk_copy &&
                    decode_bulk_supported(cache);
   float* lse_ptr = lse_out ? lse_out->ptr<float>() : nullptr;
-  if (reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 && plan.head_dim <= 4 * kMergeThreads) {
+  if (plan.merge_wide && reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&
+      plan.head_dim % kWideDims == 0 && p.S <= kWideMaxSplits) {
+    const int chunks = plan.head_dim / kWideDims;
+    launch_maybe_pdl(pdl, decode_merge_wide_kernel, dim3(static_cast<unsigned>(rows * chunks)),
+                     dim3(kMergeThreads), static_cast<size_t>(p.S) * sizeof(float), stream,
+                     static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_lse),
+                     p.H, p.G, p.Mq, p.S, plan.head_dim, out.data, out.dtype, oi, lse_ptr, li);
+  } else if (reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&
+             plan.head_dim <= 4 * kMergeThreads) {
     launch_maybe_pdl(pdl, decode_merge_kernel<4>, dim3(static_cast<unsigned>(rows)),
                      dim3(kMergeThreads), 0, stream, static_cast<const float*>(p.part_o),
                      static_cast<const float*>(p.part_lse), p.H, p.G, p.Mq, p.S, plan.head_dim,

@@ -44,7 +44,7 @@ namespace {
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxHeads = 8;   // HB: heads (warps) per CTA
-constexpr int kMaxStages = 4;
+constexpr int kMaxStages = 8;  // (DecodePlan::bulk_stages; the automatic count is <= 4)
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return __byte_perm(a, b, sel);
@@ -54,6 +54,21 @@ __device__ __forceinline__ uint32_t e4m3x2(uint32_t v16) {
   const __half2_raw r =
       __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v16 & 0xffffu), __NV_E4M3);
   return h2_bits(__half2(r));
+}
+// Both halves of a word of four e4m3 bytes: lo = f16x2 (b0, b1), hi = f16x2 (b2, b3). The same
+// conversion as e4m3x2(w), e4m3x2(w >> 16), but ptxas reads the high half as an operand selector
+// (F2FP ... R.H1) instead of a separate SHF per word (the sm_90a SASS of the fp8 instantiation
+// had SHF + F2FP + F2FP per word: 32 of ~310 instructions per tile and warp).
+__device__ __forceinline__ void e4m3x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+#else
+  lo = e4m3x2(w);
+  hi = e4m3x2(w >> 16);
+#endif
 }
 // (x & M) | C in one LOP3 (written as C++ the compiler emits an AND and an OR: two ALU-pipe
 // instructions per f16x2 in H200 run 5's profile of the int4 instantiation).
@@ -91,70 +106,18 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
-// ---- mbarrier + bulk copy (sm_90; the host launches this kernel only on sm_90 and later) ----
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define LOWBIT_DECODE_BULK_SM90 1
-#endif
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-#ifdef LOWBIT_DECODE_BULK_SM90
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-#ifdef LOWBIT_DECODE_BULK_SM90
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-#else
-  __trap();
-#endif
-}
-// Plain arrival (no transaction bytes): a consumer warp releases a stage (solo issue mode).
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#ifdef LOWBIT_DECODE_BULK_SM90
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#else
-  __trap();
-#endif
-}
+// ---- mbarrier + bulk copy: the shared wrappers of src/cuda/ptx.cuh (sm_90; the host launches
+// this kernel only on sm_90 and later, and its body is a trap on older targets) ----
+using ptx::bulk_g2s;
+using ptx::fence_proxy_async;
+using ptx::mbar_arrive;
+using ptx::mbar_arrive_expect_tx;
+using ptx::mbar_init;
+using ptx::mbar_try;
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#ifdef LOWBIT_DECODE_BULK_SM90
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n"
-        " .reg .pred p;\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
+  while (!mbar_try(bar, parity)) {
   }
-#else
-  __trap();
-#endif
 }
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar) {
-#ifdef LOWBIT_DECODE_BULK_SM90
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void fence_async_shared() {
-#ifdef LOWBIT_DECODE_BULK_SM90
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-
 
 // Shared-memory offset of key i's piece inside a stage's K (or V) block: i * kstr plus 0-96
 // bytes so that (offset mod 128) / 32 = ((i >> 1) + 2 (i & 1)) mod 4. Then the QK reads (lanes
@@ -200,6 +163,18 @@ struct BulkArgs {
   // code every warp ran (~85 of ~376 SASS instructions per tile and warp at int4 g4 fold) to one
   // warp in HB, and lets warps drift apart by up to a stage.
   bool solo = false;
+  // Shared issue (solo false): warps 0 .. issuers - 1 issue the tile's copies (copy ci: warp
+  // ci mod issuers, lane ci / issuers); every warp still arms `full` (HB arrivals, the others
+  // with 0 bytes), so the issue path has no per-warp branch (run 12's `if (issuer)` around it
+  // likely moved the loop's stage / parity bookkeeping off the uniform datapath: int4 +9 %,
+  // paged fp8 +3..7 %).
+  // HB by default; DecodePlan::bulk_issue 2 / 3: min(HB, 4) / min(HB, 2) (each issuing warp pays
+  // ~50 instructions of per-tile setup besides ~10 per copy: int4 g4 fold spent ~85 of ~384
+  // instructions per tile and warp on the issue with 8 issuers).
+  int issuers = 1;
+  // The ring (DecodePlan::bulk_stages) takes more than half of a multiprocessor's shared memory:
+  // one CTA per multiprocessor, so fp8 (<= 8 rows) runs its 255-register instantiation (host side).
+  bool one_cta = false;
   bool pdl = false;  // DecodePlan::launch_pdl (host side only)
 };
 
@@ -215,9 +190,16 @@ struct BulkArgs {
 // SOLO: BulkArgs::solo (DecodePlan::bulk_issue = 1) as a template parameter, so that each
 // instantiation carries only its own issue path's state (both paths in one kernel pushed the fp8
 // fold instantiation past 128 registers).
-template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO>
-__global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
+// MINB: CTAs per multiprocessor the registers are budgeted for (NR 1): 2 (128 registers), or 1
+// (255) where the ring takes more than half the shared memory anyway (BulkArgs::one_cta; fp8
+// only: at 128 registers the folded loop re-derived thread / stage indices and addresses every
+// tile, ~40 of ~280 SASS instructions per tile and warp).
+template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2>
+__global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // (cp.async.bulk, mbarrier tx counts: sm_90)
+#else
   constexpr int KS = D / 16;              // k-steps of QK
   constexpr int MT = D / 16;              // m-tiles of PV (16 dims each)
   constexpr int QRUN = D / 4;             // K elements per lane and key (QK)
@@ -277,10 +259,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
   if (tid == 0)
     for (int s = 0; s < NST; ++s) {
-      mbar_init(full_s + 8 * s, solo ? 1 : HB);  // the issuing warp(s)
+      mbar_init(full_s + 8 * s, solo ? 1 : HB);  // solo: the issuing warp; else every warp
       mbar_init(empty_s + 8 * s, HB);            // solo: one release per warp
     }
-  fence_async_shared();
+  fence_proxy_async();
   __syncthreads();
 
   // ---- producer (all warps): tile n -> stage n % NST ----
@@ -378,15 +360,17 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     d.src += d.key * d.st;
     return d;
   };
-  // Shared issue (default): copy warp + HB lane. Solo: copies lane and (fp8: 34 or 64 copies)
-  // lane + 32 of the issuing warp (the second one made at issue time: kept for the whole loop it
-  // pushed the fp8 instantiation past 128 registers).
-  const Copy c1 = copy_of(solo ? lane : warp + HB * lane);
+  // Shared issue (default): copy warp + issuers lane (warps < issuers). Solo: copies lane and (fp8:
+  // 34 or 64 copies) lane + 32 of the issuing warp (the second one made at issue time: kept for
+  // the whole loop it pushed the fp8 instantiation past 128 registers).
+  const int NW = a.issuers;
+  const bool issuer = solo || warp < NW;
+  const Copy c1 = copy_of(solo ? lane : warp + NW * lane);
   const char* my_src = c1.src;
   const int64_t my_st = c1.st;
   const uint32_t my_dst = c1.dst, my_size = c1.size;
   const int my_key = c1.key, my_n = c1.n;
-  const bool my_lane = c1.ok;
+  const bool my_lane = c1.ok && issuer;
   // Issues tile n (the next in order, n < n_tiles) into stage s (= n mod NST).
   // Stagger (contiguous only): tile n of the walk is tile (n + rot) mod n_tiles of the split.
   const int rot = a.stagger && !c.block_tables && n_tiles > 1
@@ -422,7 +406,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
-    if (mine) bulk_copy(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
+    if (mine) bulk_g2s(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
   };
   // Solo: tile n is issued by warp n mod HB (the tiles of one warp in increasing order, HB apart).
   // Paged: the page of the warp's next tile comes from the tile index (lo and page_size are
@@ -463,9 +447,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     __syncwarp();
     const uint32_t dst = ring_s + s * stage_bytes;
-    if (m1) bulk_copy(dst + c1.dst, c1.src + base * c1.st, s1, bar);
+    if (m1) bulk_g2s(dst + c1.dst, c1.src + base * c1.st, s1, bar);
     if constexpr (F == KvFormat::fp8)
-      if (m2) bulk_copy(dst + c2.dst, c2.src + base * c2.st, s2, bar);
+      if (m2) bulk_g2s(dst + c2.dst, c2.src + base * c2.st, s2, bar);
   };
   for (int n = 0; n < NST && n < n_tiles; ++n) {
     if constexpr (!solo) issue(n, n);
@@ -730,12 +714,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
             p1 = h2_bits(__hfma2(hi2, sc, sh));
           } else if constexpr (F == KvFormat::fp8) {
             const uint32_t w = kbuf[kk][wi % KC];
-            if constexpr (kFoldF8) {
-              p0 = e4m3x2(w);
-              p1 = e4m3x2(w >> 16);
-            } else {
-              p0 = h2_bits(__hfma2(bits_h2(e4m3x2(w)), sc, sh));
-              p1 = h2_bits(__hfma2(bits_h2(e4m3x2(w >> 16)), sc, sh));
+            e4m3x4(w, p0, p1);
+            if constexpr (!kFoldF8) {
+              p0 = h2_bits(__hfma2(bits_h2(p0), sc, sh));
+              p1 = h2_bits(__hfma2(bits_h2(p1), sc, sh));
             }
           } else {
             p0 = kbuf[kk][wi % KC];
@@ -761,13 +743,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         }
     }
     // ---- mask, bias (base 2); c: key g + 8 (c >> 1), row 8 nr + 2t + (c & 1) ----
+    // Plain tiles need no mask at all: a query row past `rows` has q = 0 (its scores are exactly 0
+    // and its m, l, O finite or, with a non-finite K entry, NaN in that row only: each row's
+    // softmax state is its own, fmaxf drops NaN, and such rows are never written), so the
+    // -inf select of session 5 (~8 SASS per tile and warp) only ever touched unused rows.
     const bool plain = nk == 16 && !p.causal && !p.bias;
-    if (plain) {
-#pragma unroll
-      for (int nr = 0; nr < NR; ++nr)
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) sv[nr][cc] = rok[nr][cc & 1] ? sv[nr][cc] : -INFINITY;
-    } else {
+    if (!plain) {
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
@@ -880,7 +861,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(zacc[nr], za, pb[nr][0], pb[nr][1]);
       // P scaled per key pair and group: (s_a, s_b) of the coefficient words (loaded per group:
-      // four 4-word loads up front spilled).
+      // four 4-word loads up front spilled; session 6's 8-byte loads ran 9 % slower on the H200).
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
         uint32_t vc[4];
@@ -982,12 +963,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           } else if constexpr (F == KvFormat::fp8) {
             // bytes [a_j, b_j, a_j+1, b_j+1], j = 2 (mt % 2)
             const uint32_t x = prmt(wa, wb, (mt % 2) ? 0x7362u : 0x5140u);
-            if constexpr (kFoldF8) {
-              dlo = e4m3x2(x);
-              dhi = e4m3x2(x >> 16);
-            } else {
-              dlo = h2_bits(__hfma2(bits_h2(e4m3x2(x)), vs[q2], vz[q2]));
-              dhi = h2_bits(__hfma2(bits_h2(e4m3x2(x >> 16)), vs[q2], vz[q2]));
+            e4m3x4(x, dlo, dhi);
+            if constexpr (!kFoldF8) {
+              dlo = h2_bits(__hfma2(bits_h2(dlo), vs[q2], vz[q2]));
+              dhi = h2_bits(__hfma2(bits_h2(dhi), vs[q2], vz[q2]));
             }
           } else {
             dlo = prmt(wa, wb, 0x5410u);
@@ -1008,13 +987,13 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       const int nn = it + NST;
       if (nn < n_tiles && warp == (nn & (HB - 1))) {
         mbar_wait(empty_s + 8 * s, phase);
-        fence_async_shared();
+        fence_proxy_async();
         issue_solo(nn, s);
       }
     } else {
       __syncthreads();  // every warp is done with stage s
       if (it + NST < n_tiles) {
-        fence_async_shared();
+        fence_proxy_async();
         issue(it + NST, s);
       }
     }
@@ -1067,15 +1046,16 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           p.part_lse[base_row + r] = l > 0.f ? (m_run[nr][e] + log2f(l)) * kLn2 : -INFINITY;
       }
     }
+#endif  // sm_90
 }
 
-template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO>
+template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2>
 void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
-  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO>;
+  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO, MINB>;
   const int smem = a.nst * a.stage_bytes;
   // The attributes once per (device, instantiation, size): two host API calls per decode step
-  // otherwise. smem never exceeds kMaxStages stages of ~23-36 KB, so the largest size set so far
-  // covers every later launch; only growth sets it again.
+  // otherwise. smem never exceeds 224 KB (DecodePlan::bulk_stages), so the largest size set so
+  // far covers every later launch; only growth sets it again.
   static thread_local int set_smem[64] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
@@ -1099,6 +1079,13 @@ void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t
 
 template <KvFormat F, int D, int VA, int FOLD>
 void launch_rows(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
+  if constexpr (F == KvFormat::fp8) {
+    if (a.one_cta && p.R <= 8) {
+      if (a.solo) launch_nr<F, D, 1, VA, FOLD, true, 1>(p, a, B, stream);
+      else launch_nr<F, D, 1, VA, FOLD, false, 1>(p, a, B, stream);
+      return;
+    }
+  }
   if (a.solo) {
     if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, true>(p, a, B, stream);
     else launch_nr<F, D, 1, VA, FOLD, true>(p, a, B, stream);
@@ -1148,7 +1135,7 @@ bool fold_applies(const KvCache& cache) {
          cache.format == KvFormat::fp8;
 }
 
-BulkArgs bulk_geometry(const KvCache& cache, bool fold) {
+BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0) {
   BulkArgs a;
   a.hb = 0;
   if (device_major() < 9) return a;
@@ -1198,8 +1185,17 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold) {
   // Stages: as many as fit two CTAs per multiprocessor (~110 KB each), 2..4.
   const int budget = 110 * 1024;
   a.nst = budget / a.stage_bytes;
-  a.nst = a.nst > kMaxStages ? kMaxStages : a.nst;
+  a.nst = a.nst > 4 ? 4 : a.nst;
   if (a.nst < 2) a.hb = 0;
+  // DecodePlan::bulk_stages: that many stages where they fit one CTA's shared memory (224 KB; more
+  // than ~110 KB leaves one CTA per multiprocessor), at most kMaxStages.
+  if (a.hb > 0 && stages > 0) {
+    const int most = 224 * 1024 / a.stage_bytes;
+    a.nst = stages < 2 ? 2 : stages;
+    a.nst = a.nst > most ? most : a.nst;
+    a.nst = a.nst > kMaxStages ? kMaxStages : a.nst;
+    a.one_cta = a.nst * a.stage_bytes > 113 * 1024;
+  }
   return a;
 }
 
@@ -1214,11 +1210,15 @@ bool decode_bulk_folds(const KvCache& cache) {
 }
 
 void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
-                        bool stagger, int issue, bool pdl, cudaStream_t stream) {
+                        bool stagger, int issue, int stages, bool pdl, cudaStream_t stream) {
   fold = fold_applies(cache) ? fold : 0;
-  BulkArgs a = bulk_geometry(cache, fold != 0);
+  BulkArgs a = bulk_geometry(cache, fold != 0, stages);
   a.stagger = stagger;
   a.solo = issue == 1;
+  // Issuing warps of the shared mode: all HB (0), 4 (2), 2 (3), but enough lanes for the copies
+  // (fp8 with a copy per key and kind: 64 copies, two warps at least).
+  a.issuers = issue == 2 ? 4 : issue == 3 ? 2 : a.hb;
+  a.issuers = a.issuers > a.hb ? a.hb : a.issuers;
   a.pdl = pdl;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);

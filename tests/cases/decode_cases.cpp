@@ -145,9 +145,16 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_solo: the bulk kernel with plan_decode's arithmetic and bulk_issue = 1 (one warp issues
 //     each tile's copies, stages released on mbarriers instead of a CTA barrier per tile);
 //   no_pdl: plan_decode's choice with launch_pdl = false (ordinary launches of the split kernel
-//     and the merge; every other case runs them as programmatic dependent launches).
+//     and the merge; every other case runs them as programmatic dependent launches);
+//   bulk_deep: plan_decode's choice with bulk_stages = 8 (as many of 8 stages as fit 224 KB: one
+//     CTA per multiprocessor; same arithmetic);
+//   bulk_iss4 / bulk_iss2: plan_decode's arithmetic with bulk_issue = 2 / 3 (a CTA barrier per
+//     tile, only 4 / 2 warps issue the copies);
+//   merge_wide: plan_decode's kernel with merge_wide and splits of 32 keys (16 past L 4000), i.e.
+//     66-313 splits per row (the wide merge's 32 slices and 256-thread LSE loops both wrap).
 enum class Kernel {
-  automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl
+  automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
+  bulk_deep, bulk_iss4, bulk_iss2, merge_wide
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -164,7 +171,9 @@ class DecodeCase : public Case {
         f16_math_(kernel == Kernel::bulk || kernel == Kernel::bulk_fold ||
                   kernel == Kernel::bulk_fold2 || kernel == Kernel::bulk_stagger ||
                   kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
-                  ((kernel == Kernel::automatic || kernel == Kernel::no_pdl) &&
+                  ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
+                    kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
+                    kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -180,6 +189,10 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_stagger) s += ".bulk_stagger";
     if (kernel_ == Kernel::bulk_solo) s += ".bulk_solo";
     if (kernel_ == Kernel::no_pdl) s += ".no_pdl";
+    if (kernel_ == Kernel::bulk_deep) s += ".bulk_deep";
+    if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
+    if (kernel_ == Kernel::bulk_iss2) s += ".bulk_iss2";
+    if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
     return s;
   }
 
@@ -225,6 +238,14 @@ class DecodeCase : public Case {
     DecodePlan plan = plan_decode(c, Mq_, cs_.H * G_, cs_.D, ctx);
     if (kernel_ == Kernel::no_pdl) {
       plan.launch_pdl = false;
+    } else if (kernel_ == Kernel::bulk_deep) {
+      plan.bulk_stages = 8;
+    } else if (kernel_ == Kernel::merge_wide) {
+      plan.merge_wide = true;
+      plan.split_size = plan.capacity > 4000 ? 16 : 32;
+      plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
+    } else if (kernel_ == Kernel::bulk_iss4 || kernel_ == Kernel::bulk_iss2) {
+      plan.bulk_issue = kernel_ == Kernel::bulk_iss4 ? 2 : 3;
     } else if (kernel_ != Kernel::automatic) {
       const bool bulk = kernel_ == Kernel::bulk || kernel_ == Kernel::bulk_fold ||
                         kernel_ == Kernel::bulk_fold2 || kernel_ == Kernel::bulk_stagger ||
@@ -419,6 +440,8 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel st = Kernel::stream, cc = Kernel::cuda_cores;
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, bf2 = Kernel::bulk_fold2;
   const Kernel bs = Kernel::bulk_stagger, so = Kernel::bulk_solo, np = Kernel::no_pdl;
+  const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
+  const Kernel mw = Kernel::merge_wide;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -549,6 +572,40 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // launch_pdl = false: ordinary launches of the split kernel and the merge.
   add(shape(F::int4, 4, 3, 1001, 8, 128, 16), {1001, 17, 0}, 4, 1, false, false, DType::f16, np);
   add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 1}, 8, 2, true, true, DType::bf16, np);
+  // bulk_stages = 8 (fp8 D 128 and f16 get 6 stages of ~36 KB, int4 g4 8; one CTA per
+  // multiprocessor) with plan_decode's arithmetic and issue mode: fp8 contiguous (solo + fold) with
+  // many tiles per split (the ring wraps several times), empty / 1-key sequences; fp8 paged 16 / 256
+  // (shared issue); int4 g4 folded with 8 and 2 heads per CTA (more stages than warps), paged;
+  // f16; D 64; Mq > 1 causal, bias, 9-16 rows.
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, dp);
+  add(shape(F::fp8, 1, 2, 1300, 8, 128, 16), {1300, 33}, 4, 2, true, false, DType::bf16, dp);
+  add(shape(F::fp8, 1, 2, 700, 4, 64, 256), {700, 17}, 16, 1, false, true, DType::f16, dp);
+  add(shape(F::int4, 4, 2, 2100, 8, 128, 0), {2100, 47}, 4, 1, false, false, DType::f16, dp);
+  add(shape(F::int4, 4, 2, 1001, 2, 128, 16), {1001, 15}, 8, 1, false, true, DType::f16, dp);
+  add(shape(F::f16, 1, 2, 1500, 4, 128, 0), {1500, 31}, 4, 1, false, false, DType::f16, dp);
+  // bulk_issue = 2 / 3 (4 / 2 issuing warps, CTA barrier per tile) with plan_decode's arithmetic:
+  // int4 g4 folded with 8 heads per CTA (16 pair copies: 4 / 8 per issuing warp), 16 heads (32
+  // single-key copies), 2 heads (fewer warps than issuers asked for), contiguous and paged 16 /
+  // 256 (the issuing warps walk the block table); fp8 with 64 copies per tile (16 heads: 32 per
+  // warp at 2 issuers) and with block copies; f16 (4 heads); many tiles, empty / 1-key sequences.
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, i4);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 1001, 0}, 4, 1, false, false, DType::f16, i2);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 47}, 8, 2, true, false, DType::bf16, i2);
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, true, DType::f16, i2);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 33}, 2, 3, true, false, DType::f16, i4);
+  add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, i2);
+  add(shape(F::fp8, 1, 2, 1001, 8, 128, 16), {1001, 17}, 4, 1, false, false, DType::f16, i4);
+  add(shape(F::f16, 1, 2, 1100, 4, 128, 0), {1100, 31}, 4, 1, false, false, DType::f16, i2);
+  // merge_wide with many splits: fp8 / int4 g4 / f16 on the bulk kernel (contiguous, paged 16 /
+  // 256), 313 splits (L 5000), an empty and a 1-key sequence (rows with no key: out 0, LSE -inf),
+  // Mq > 1 causal, bias with a fully masked row, 9-16 rows; bf16 D 256 (the CUDA-core kernel;
+  // 8 dim chunks) and int4 g1 D 64 (2 chunks).
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, mw);
+  add(shape(F::int4, 4, 1, 5000, 2, 128, 16), {5000}, 4, 1, false, false, DType::f16, mw);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 16, 1, false, true, DType::bf16, mw);
+  add(shape(F::f16, 1, 2, 700, 2, 64, 0), {700, 33}, 4, 3, true, false, DType::f16, mw);
+  add(shape(F::bf16, 1, 2, 400, 1, 256, 16), {400, 5}, 2, 2, true, true, DType::bf16, mw);
+  add(shape(F::int4, 1, 2, 600, 4, 64, 0), {600, 0}, 8, 1, false, false, DType::f16, mw);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);

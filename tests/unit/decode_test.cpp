@@ -717,6 +717,24 @@ TEST(DecodeErrors, CacheValidationWritesNothing) {
                                  0.f, false, ctx);
               }),
               "plan");
+    // CUDA tuning fields are range-checked on every backend (nothing written).
+    out2.set(0, 42.f);
+    const std::pair<int DecodePlan::*, int> knobs[] = {{&DecodePlan::bulk_issue, 4},
+                                                        {&DecodePlan::bulk_issue, -1},
+                                                        {&DecodePlan::bulk_stages, 9},
+                                                        {&DecodePlan::bulk_stages, -1}};
+    for (const auto& [field, value] : knobs) {
+      DecodePlan knob = plan;
+      knob.*field = value;
+      const std::string arg = field == &DecodePlan::bulk_issue ? "plan.bulk_issue"
+                                                                : "plan.bulk_stages";
+      EXPECT_EQ(error_argument([&] {
+                  decode_attention(q1.view(), tc.c, knob, ws.data(), out2.view(), nullptr,
+                                   nullptr, 0.f, false, ctx);
+                }),
+                arg);
+    }
+    EXPECT_EQ(out2.get(0), 42.f);
     HostTensor wrong_bias(DType::f32, {B, H, 1, 1, L - 1});
     TensorView wb = wrong_bias.view();
     EXPECT_EQ(error_argument([&] {
