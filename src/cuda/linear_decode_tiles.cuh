@@ -63,27 +63,39 @@ struct DecodeTilesTuning {
   // on the slot's mbarrier, instead of two 16-byte cp.async per lane. Same slots, same bits.
   bool bulk = false;
   // Warp w takes the CTA's items w, w + 16, w + 32, ... (the CTA's 16 warps read 16 adjacent KB
-  // at a time: one DRAM stream per SM) instead of a contiguous run (16 streams per SM). Applies
-  // to the direct kernel too (w, w + W, ...).
+  // at a time: one DRAM stream per SM) instead of a contiguous run (16 streams per SM).
   bool interleave = false;
-  // Session 5: the transport. 0: the shared-memory ring above (gemv_tiles_kernel, the fields
-  // above apply). 4 or 8: the direct kernel (gemv_direct_kernel): each lane loads its 16-byte
-  // words of the next 4 (16 warps per CTA) or 8 (8 warps) items straight into registers
-  // (ld.global.nc, no shared-memory ring), the grid's items split evenly over the CTAs (tiles
-  // shared by neighbours finished through a global int32 buffer); depth, balanced, table4 and
-  // bulk do not apply.
-  // H200 run 9: direct 4 1 x 5120 -> 13824 convrotint4 22.8 us with the rotate kernel (whole
-  // tiles 20.6) vs 18.8 for the ring, whose GEMV alone (17.8) is within 2 us of a read-only
-  // kernel with the direct loads (15.9): 0, the ring, is the default.
-  int direct = 0;
-  // Direct: whole 16-row tiles per CTA (no tile shared between CTAs: no global buffer, no
-  // end-of-kernel counter round trips; 7 vs 6.55 tiles per CTA at N = 13824) instead of the even
-  // item split.
-  bool whole_tiles = false;
+  // Session 6: dynamic balance without an end-of-kernel combine. CTA b streams its Tw = T / G
+  // whole 16-row tiles and, BEFORE them, an even share of the items of the R = T - G·Tw leftover
+  // tiles (864 tiles on 132 SMs: 6 whole tiles + ~22 leftover items per CTA instead of 7 or 6
+  // whole tiles, the 7 % tail). A leftover tile's CTAs add their int32 sums into a global
+  // buffer and count its items; the CTA that completes the count finishes it — mid-kernel, while
+  // its other warps stream, instead of at the end as `balanced` does. Exact integer sums: the
+  // same bits. Ignored with balanced / interleave.
+  bool spread = false;
+  // Session 6: programmatic dependent launch toward the NEXT kernel in the stream. The kernel
+  // executes griddepcontrol.launch_dependents right after its first weight requests, so a
+  // kernel launched after it with the PDL attribute (the next layer's rotate kernel with
+  // RotateQuantParams::pdl, then that layer's GEMV) may start while this one streams: its CTAs
+  // take the SMs this grid's CTAs leave, and its weight requests run before its
+  // griddepcontrol.wait, i.e. under this grid's tail. Needs no change in what the next kernel
+  // reads (it waits for this grid's completion before reading anything this one writes).
+  bool trigger = false;
+  // Session 6: items per warp (1 KB of codes + the tables each) requested into L2 with one
+  // cp.async.bulk.prefetch.L2 per warp before griddepcontrol.wait, beyond the ring's depth - 1
+  // copied into shared memory: more of the weight in flight while the rotate kernel (or, under
+  // `trigger`, the previous layer) runs. 0: off. Contiguous warp runs only (not interleave).
+  int l2_prefetch = 0;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).
+// decode_tiles (the layer's path) uses layer_tiles_tuning(): DecodeTilesTuning{} unless a test
+// set another one.
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
+DecodeTilesTuning layer_tiles_tuning();
+// Test hook (harness cases of the run-time variants through the public layer): the tuning
+// decode_tiles uses from now on, process-wide; nullptr restores DecodeTilesTuning{}.
+void set_layer_tiles_tuning(const DecodeTilesTuning* t);
 void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream);
 // Bench only: reads the bytes the default kernel streams (codes + 8-byte tables of d.tiles) with
 // its loads and nothing else: the roofline of the GEMV under the same timing. interleave: each
