@@ -219,6 +219,8 @@ class DecodeStreamBench : public BenchCase {
                            V{"rotate (PDL) + tiles, trigger, spread split", true, true, true, 0,
                              true},
                            V{"rotate + tiles, spread split", true, false, false, 0, true},
+                           V{"rotate (PDL) + tiles, trigger, spread split, L2 prefetch 8", true,
+                             true, true, 8, true},
                            V{"rotate + tiles, L2 prefetch 8", true, false, false, 8},
                            V{"tiles alone, trigger (codes on the device)", false, false, true, 0},
                            V{"tiles alone (codes on the device)", false, false, false, 0}}) {
