@@ -337,9 +337,16 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   // The warp's items, local indices jb + step · k (k < n_items): a contiguous run of the CTA's
   // items (step 1), or interleaved (step W: the CTA's warps read adjacent items at a time).
   const int step = L.interleave ? W : 1;
-  const int jb = L.interleave ? warp : warp * items / W;
+  // Spread: warp W - 1 takes half a share (weights 2, ..., 2, 1 of 2W - 1) and then combines the
+  // leftover tiles (below), so no streaming warp waits on a global round trip.
+  const int jb = L.interleave ? warp
+                 : L.spread   ? static_cast<int>(int64_t{items} * (2 * warp) / (2 * W - 1))
+                              : warp * items / W;
   const int n_items = L.interleave ? (items > warp ? (items - warp + W - 1) / W : 0)
-                                   : (warp + 1) * items / W - jb;
+                      : L.spread
+                          ? static_cast<int>(int64_t{items} * min(2 * warp + 2, 2 * W - 1) /
+                                             (2 * W - 1)) - jb
+                          : (warp + 1) * items / W - jb;
   const uint8_t* codes = p.tiles;
   const uint8_t* tables = p.tiles + T * ipt * kItemBytes;
   const uint8_t* tables4 = tables + T * ipt * kTableBytes;
@@ -459,23 +466,22 @@ __global__ void __maxnreg__(kTilesMaxRegs)
       store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
     }
   };
-  // Spread: the warp has just added `run` items' sums of leftover slot ls to shared memory. The
-  // warp that completes the CTA's items of that tile adds the slot to the tile's global sums and
-  // its item count to the tile's counter; the CTA that completes the count (ipt) finishes the
-  // tile and leaves its sums and counter zero. (Each lane fences its adds before the warp's
-  // count: the threadfence-reduction pattern, per warp.)
-  auto leftover_flush = [&](int ls, int run) {
+  // Spread: the streaming warps add their sums of a leftover slot to shared memory and count
+  // the items (no wait). Warp W - 1, after its half share, waits until the CTA's items of each
+  // leftover tile are counted, adds the slot to the tile's global sums and the CTA's item count
+  // to the tile's counter (threadfence-reduction pattern); the CTA that completes the count
+  // (ipt) finishes the tile and leaves its sums and counter zero.
+  auto leftover_combine = [&](int ls) {
     const int64_t t = at0 + ls;
     const int64_t lo = max(a0, t * ipt), hi = min(a0 + na, (t + 1) * ipt);
+    if (hi <= lo) return;  // no item of this CTA there (warp-uniform)
     const int mine = static_cast<int>(hi - lo);  // this CTA's items of tile t
+    for (uint32_t polls = 0; polls < (1u << 26); ++polls) {
+      if (*reinterpret_cast<volatile int32_t*>(&s_cnt[ls]) >= mine) break;
+      __nanosleep(64);
+    }
     __threadfence_block();
     __syncwarp();
-    int done = 0;
-    if (lane == 0) done = atomicAdd(&s_cnt[ls], run) + run == mine;
-    __threadfence_block();
-    done = __shfl_sync(0xffffffffu, done, 0);
-    __syncwarp();
-    if (!done) return;
     int32_t* gsum = L.gacc + t * kSharedTileInts;
     for (int i = lane; i < 16 * M; i += 32) {
       const int32_t v = part[ls * 16 * M + i];
@@ -485,7 +491,8 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     __syncwarp();
     int last = 0;
     if (lane == 0)
-      last = atomicAdd(&L.gcnt[t], static_cast<uint32_t>(mine)) + mine == static_cast<uint32_t>(ipt);
+      last = atomicAdd(&L.gcnt[t], static_cast<uint32_t>(mine)) + mine ==
+             static_cast<uint32_t>(ipt);
     __threadfence();
     last = __shfl_sync(0xffffffffu, last, 0);
     __syncwarp();
@@ -611,10 +618,18 @@ __global__ void __maxnreg__(kTilesMaxRegs)
           acc0[nt][r] = acc1[nt][r] = 0;
         }
       }
-      if (L.spread && tl < ws0) leftover_flush(tl, run);  // warp-uniform
+      if (L.spread && tl < ws0) {  // a leftover slot: count the items added (warp-uniform)
+        __threadfence_block();
+        __syncwarp();
+        if (lane == 0) atomicAdd(&s_cnt[tl], run);
+      }
       run = 0;
       tl = next_tl >= 0 ? next_tl : tl + adv;
     }
+  }
+  if (L.spread && warp == W - 1) {
+#pragma unroll 1
+    for (int ls = 0; ls < 2; ++ls) leftover_combine(ls);
   }
   cp_wait<0>();
   __syncthreads();

@@ -68,10 +68,11 @@ struct DecodeTilesTuning {
   // Session 6: dynamic balance without an end-of-kernel combine. CTA b streams its Tw = T / G
   // whole 16-row tiles and, BEFORE them, an even share of the items of the R = T - G·Tw leftover
   // tiles (864 tiles on 132 SMs: 6 whole tiles + ~22 leftover items per CTA instead of 7 or 6
-  // whole tiles, the 7 % tail). A leftover tile's CTAs add their int32 sums into a global
-  // buffer and count its items; the CTA that completes the count finishes it — mid-kernel, while
-  // its other warps stream, instead of at the end as `balanced` does. Exact integer sums: the
-  // same bits. Ignored with balanced / interleave.
+  // whole tiles, the 7 % tail). The last warp streams half a share and then, while the others
+  // stream, adds the CTA's sums of its leftover tiles into a global buffer and counts their
+  // items; the CTA that completes a tile's count finishes it (`balanced` combined at the very
+  // end instead and lost 2-3 us). Exact integer sums: the same bits. Ignored with balanced /
+  // interleave.
   bool spread = false;
   // Session 6: programmatic dependent launch toward the NEXT kernel in the stream. The kernel
   // executes griddepcontrol.launch_dependents right after its first weight requests, so a
