@@ -301,6 +301,7 @@ class DecodeRingBench : public BenchCase {
       bool rotate;          // the rotate kernel first (the layer), else the GEMV alone
       int l2_prefetch = 0;  // DecodeTilesTuning::l2_prefetch (items per warp into L2 early)
       bool spread = false;  // DecodeTilesTuning::spread (leftover tiles split over all CTAs)
+      bool async_act = false;  // DecodeTilesTuning::async_act (activation rows by cp.async)
     };
     // Session 6: session 5's direct (register-ring) kernel is gone (slower in runs 9-11 in every
     // form); the L2 prefetch before griddepcontrol.wait is the A/B. The stream-of-layers rows
@@ -310,11 +311,15 @@ class DecodeRingBench : public BenchCase {
                        V{"rotate + tiles, L2 prefetch 8 items per warp", true, 8},
                        V{"rotate + tiles, L2 prefetch 32 items per warp", true, 32},
                        V{"rotate + tiles, spread split", true, 0, true},
-                       V{"tiles alone, spread split", false, 0, true}}) {
+                       V{"tiles alone, spread split", false, 0, true},
+                       V{"rotate + tiles, async activation copy", true, 0, false, true},
+                       V{"rotate + tiles, spread + async activations + L2 prefetch 8", true, 8,
+                         true, true}}) {
       Row c = row(v.name);
       cl::DecodeTilesTuning t;
       t.l2_prefetch = v.l2_prefetch;
       t.spread = v.spread;
+      t.async_act = v.async_act;
       tile_bytes(c);
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);

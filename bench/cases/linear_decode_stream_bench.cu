@@ -210,6 +210,7 @@ class DecodeStreamBench : public BenchCase {
           bool trigger;     // DecodeTilesTuning::trigger
           int l2_prefetch;  // DecodeTilesTuning::l2_prefetch
           bool spread = false;  // DecodeTilesTuning::spread
+          bool async_act = false;  // DecodeTilesTuning::async_act
         };
         std::vector<float> ref;
         for (const V& v : {V{"rotate + tiles (layer default)", true, false, false, 0},
@@ -219,8 +220,11 @@ class DecodeStreamBench : public BenchCase {
                            V{"rotate (PDL) + tiles, trigger, spread split", true, true, true, 0,
                              true},
                            V{"rotate + tiles, spread split", true, false, false, 0, true},
-                           V{"rotate (PDL) + tiles, trigger, spread split, L2 prefetch 8", true,
-                             true, true, 8, true},
+                           V{"rotate (PDL) + tiles, trigger, async activation copy", true, true,
+                             true, 0, false, true},
+                           V{"rotate (PDL) + tiles, trigger, spread, async activations, L2 "
+                             "prefetch 8",
+                             true, true, true, 8, true, true},
                            V{"rotate + tiles, L2 prefetch 8", true, false, false, 8},
                            V{"tiles alone, trigger (codes on the device)", false, false, true, 0},
                            V{"tiles alone (codes on the device)", false, false, false, 0}}) {
@@ -239,6 +243,7 @@ class DecodeStreamBench : public BenchCase {
           t.trigger = v.trigger;
           t.l2_prefetch = v.l2_prefetch;
           t.spread = v.spread;
+          t.async_act = v.async_act;
           cl::RotateQuantParams rp = rq;
           rp.pdl = v.pdl;
           try {

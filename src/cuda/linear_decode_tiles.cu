@@ -102,6 +102,7 @@ struct TilesLayout {
   uint32_t* gcnt = nullptr; // tiles item counters, zero between launches (spread)
   int trigger = 0;          // griddepcontrol.launch_dependents after the first requests
   int l2_prefetch = 0;      // items per warp prefetched into L2 before griddepcontrol.wait
+  int act_async = 0;        // activation rows copied with cp.async (all rows in flight)
   int32_t* bnd = nullptr;   // (G + 1) x 2 x 256 int32
   uint32_t* cnt = nullptr;  // (G + 1) counters, zero when allocated
 };
@@ -221,7 +222,7 @@ template <int KIND, int THREADS, typename XT>
 __device__ __forceinline__ const float* tiles_activations(const DecodeParams& p, uint8_t* act,
                                                           int act_stride, float* srow,
                                                           float* s_scale, float* s_amax,
-                                                          int32_t* s_asum) {
+                                                          int32_t* s_asum, bool async_copy) {
   const int lane = threadIdx.x & 31;
   const int M = static_cast<int>(p.M);
   const int64_t K = p.w.K;
@@ -259,6 +260,31 @@ __device__ __forceinline__ const float* tiles_activations(const DecodeParams& p,
     return s_scale;  // a generic pointer into shared memory
   } else {
     const int per_row = static_cast<int>(K / 16);
+    if (async_copy) {
+      // Every row's 16-byte pieces in flight at once (cp.async.cg: L2, coherent; no registers),
+      // instead of M dependent load -> store rounds (M L2 round trips at M = 16). Comfy: the
+      // sums from the thread's own pieces once they landed (visible to it after the wait).
+      for (int m = 0; m < M; ++m)
+        for (int c = threadIdx.x; c < per_row; c += THREADS)
+          cp_async16(smem_u32(act + m * act_stride + c * 16), p.a + m * p.lda + c * 16);
+      cp_commit();
+      cp_wait<0>();
+      if (KIND == kTilesComfy) {
+        for (int m = 0; m < M; ++m) {
+          int32_t sum = 0;
+          for (int c = threadIdx.x; c < per_row; c += THREADS) {
+            const uint4 v = *reinterpret_cast<const uint4*>(act + m * act_stride + c * 16);
+            sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
+            sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
+            sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
+            sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
+          }
+          sum = __reduce_add_sync(0xffffffffu, sum);
+          if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
+        }
+      }
+      return p.ep.a_scale;
+    }
     for (int m = 0; m < M; ++m) {
       int32_t sum = 0;
       for (int c = threadIdx.x; c < per_row; c += THREADS) {
@@ -436,7 +462,8 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   __syncthreads();
   Epilogue ep = p.ep;
   ep.a_scale = tiles_activations<KIND, kTilesThreads, XT>(
-      p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax, s_asum);
+      p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax, s_asum,
+      L.act_async != 0);
   __syncthreads();
 
   // B operands: activation row (token) gid (+ 8) of the n8 tile; rows >= M read row M - 1 (they
@@ -1004,6 +1031,7 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   L.interleave = t.interleave ? 1 : 0;
   L.trigger = t.trigger ? 1 : 0;
   L.l2_prefetch = std::max(0, t.l2_prefetch);
+  L.act_async = t.async_act ? 1 : 0;
   if (t.balanced) {  // the same depth with one more (shared) tile per CTA, if it fits
     TilesLayout B = tiles_layout(d, grid, depth, true, t4);
     if (B.smem <= max_smem) {
@@ -1011,6 +1039,7 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
       B.interleave = L.interleave;
       B.trigger = L.trigger;
       B.l2_prefetch = L.l2_prefetch;
+      B.act_async = L.act_async;
       L = B;
       boundary_buffers(stream, &L.bnd, &L.cnt);
     }
@@ -1020,6 +1049,7 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
       B.bulk = L.bulk;
       B.trigger = L.trigger;
       B.l2_prefetch = L.l2_prefetch;
+      B.act_async = L.act_async;
       L = B;
       shared_tile_buffers(stream, L.tiles, &L.gacc, &L.gcnt);
     }

@@ -87,6 +87,10 @@ struct DecodeTilesTuning {
   // copied into shared memory: more of the weight in flight while the rotate kernel (or, under
   // `trigger`, the previous layer) runs. 0: off. Contiguous warp runs only (not interleave).
   int l2_prefetch = 0;
+  // Session 6: copy the M activation rows into shared memory with cp.async, all rows in flight at
+  // once, instead of M rounds of 16-byte load -> store through registers (at M = 16 that is 16
+  // dependent L2 round trips between griddepcontrol.wait and the first item). Same bytes.
+  bool async_act = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).

@@ -378,7 +378,8 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   // mid-kernel) where tiles > SMs and tiles % SMs != 0 on the H200's 132 SMs: O 5000 (313 tiles:
   // 2 whole per CTA + 49 leftover tiles of 11 items, CTA shares crossing tile ends), O 4104 (257:
   // 1 + 125 leftover tiles of 6 items, the last tile partial), O 24000 with K 128 (one item per
-  // tile: 0 or 1 leftover item per CTA); and spread + early trigger + L2 prefetch.
+  // tile: 0 or 1 leftover item per CTA); spread + early trigger + L2 prefetch + the async
+  // activation copy; the async copy alone (comfy: activation sums from the copied codes).
   {
     namespace cl = cuda::linear;
     cl::DecodeTilesTuning sp;
@@ -386,6 +387,9 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     cl::DecodeTilesTuning all = sp;
     all.trigger = true;
     all.l2_prefetch = 4;
+    all.async_act = true;
+    cl::DecodeTilesTuning aa;
+    aa.async_act = true;
     cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 1, 5000,
                                                        1408, DType::bf16, true));
     cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 16, 5000,
@@ -400,6 +404,10 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     cases.push_back(std::make_unique<TunedForwardCase>("spread_trigger_l2", all,
                                                        QType::convrot_int4, 2, 5000, 1408,
                                                        DType::bf16, true));
+    cases.push_back(std::make_unique<TunedForwardCase>("async_act", aa, QType::convrot_comfy_w4a4,
+                                                       16, 136, 1280, DType::bf16, true));
+    cases.push_back(std::make_unique<TunedForwardCase>("async_act", aa, QType::convrot_int4, 11,
+                                                       40, 640, DType::f16, false));
   }
 #endif
 
