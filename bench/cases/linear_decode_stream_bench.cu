@@ -211,6 +211,7 @@ class DecodeStreamBench : public BenchCase {
           int l2_prefetch;  // DecodeTilesTuning::l2_prefetch
           bool spread = false;  // DecodeTilesTuning::spread
           bool async_act = false;  // DecodeTilesTuning::async_act
+          bool fused = false;  // no rotate kernel: the GEMV rotates + quantizes x (M <= 2)
         };
         std::vector<float> ref;
         for (const V& v : {V{"rotate + tiles (layer default)", true, false, false, 0},
@@ -226,6 +227,10 @@ class DecodeStreamBench : public BenchCase {
                              "prefetch 8",
                              true, true, true, 8, true, true},
                            V{"rotate + tiles, L2 prefetch 8", true, false, false, 8},
+                           V{"tiles fused (one kernel per layer), trigger", false, false, true, 0,
+                             false, false, true},
+                           V{"tiles fused (one kernel per layer), trigger, L2 prefetch 8", false,
+                             false, true, 8, false, false, true},
                            V{"tiles alone, trigger (codes on the device)", false, false, true, 0},
                            V{"tiles alone (codes on the device)", false, false, false, 0}}) {
           Row r;
@@ -246,10 +251,21 @@ class DecodeStreamBench : public BenchCase {
           t.async_act = v.async_act;
           cl::RotateQuantParams rp = rq;
           rp.pdl = v.pdl;
+          cl::DecodeParams dl = d;
+          if (v.fused) {  // x in, every CTA rotates + quantizes it (the layer's fused mode)
+            dl.a = nullptr;
+            dl.lda = 0;
+            dl.ep.a_scale = nullptr;
+            dl.x = x.view.data;
+            dl.x_dtype = DType::bf16;
+            dl.x_row_stride = K;
+            dl.rot = 256;
+            if (!cl::decode_tiles_applies(dl)) continue;
+          }
           try {
             r.ms = env.time_ms([&] {
                      for (int l = 0; l < kLayers; ++l) {
-                       cl::DecodeParams p = d;
+                       cl::DecodeParams p = dl;
                        p.tiles = static_cast<const uint8_t*>(tiles[l].view.data);
                        if (v.rotate) cl::rotate_quantize(rp, s);
                        cl::decode_tiles_with(p, t, s);
@@ -269,7 +285,7 @@ class DecodeStreamBench : public BenchCase {
               r.accuracy = diff ? std::to_string(diff) + " outputs differ from the default"
                                 : "bit-identical to the default";
             }
-            if (!v.rotate) r.note = "GEMV only: not the layer";
+            if (!v.rotate && !v.fused) r.note = "GEMV only: not the layer";
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
           }
