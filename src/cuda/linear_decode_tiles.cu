@@ -337,8 +337,8 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   // Spread: [s0, s1) are the CTA's Tw = T / G whole tiles [b·Tw, (b+1)·Tw), and before them it
   // streams its even share [a0, a0 + na) of the R · ipt items of the R = T - G·Tw leftover tiles
   // (local items j < na; at most two tiles, shared with neighbouring CTAs, local slots 0 and 1;
-  // the whole tiles take slots ws0 = 2, 3, ...). Their sums go through gacc / gcnt mid-kernel, while
-  // the other warps stream: no cross-CTA step at the end.
+  // the whole tiles take slots ws0 = 2, 3, ...). Their sums go through gacc / gcnt mid-kernel
+  // (the last warp combines them while the others stream): no cross-CTA step at the end.
   int64_t s0, s1, a0 = 0, lt0 = 0;
   int na = 0, ws0 = 0;
   if (L.spread) {
@@ -433,7 +433,8 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   // spread run's jump from the leftover items to the whole tiles is not followed.)
   if (L.l2_prefetch > 0 && step == 1 && lane == 0 && n_items > D - 1) {
     const int64_t gs = gidx(D - 1);
-    const int64_t n = min(static_cast<int64_t>(min(n_items - (D - 1), L.l2_prefetch)), T * ipt - gs);
+    const int64_t n =
+        min(static_cast<int64_t>(min(n_items - (D - 1), L.l2_prefetch)), T * ipt - gs);
     ptx::bulk_prefetch_l2(codes + gs * kItemBytes, static_cast<uint32_t>(n * kItemBytes));
     if (KIND == kTilesInt4)
       ptx::bulk_prefetch_l2(tables + gs * kTableBytes, static_cast<uint32_t>(n * kTableBytes));

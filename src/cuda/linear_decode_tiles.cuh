@@ -72,7 +72,7 @@ struct DecodeTilesTuning {
   // stream, adds the CTA's sums of its leftover tiles into a global buffer and counts their
   // items; the CTA that completes a tile's count finishes it (`balanced` combined at the very
   // end instead and lost 2-3 us). Exact integer sums: the same bits. Ignored with balanced /
-  // interleave.
+  // interleave. H200 run 12: SLOWER (1 x 5120 -> 13824 +2.8 us, 16 x +7 us), all bits equal.
   bool spread = false;
   // Session 6: programmatic dependent launch toward the NEXT kernel in the stream. The kernel
   // executes griddepcontrol.launch_dependents right after its first weight requests, so a
@@ -81,16 +81,21 @@ struct DecodeTilesTuning {
   // take the SMs this grid's CTAs leave, and its weight requests run before its
   // griddepcontrol.wait, i.e. under this grid's tail. Needs no change in what the next kernel
   // reads (it waits for this grid's completion before reading anything this one writes).
-  bool trigger = false;
+  // H200 run 12, a stream of 8 distinct 5120 -> 13824 layers: -1.0 us per layer at M = 1
+  // (convrotint4 18.9 -> 17.9, comfy 16.1 -> 15.2), neutral at M = 16: the default since.
+  bool trigger = true;
   // Session 6: items per warp (1 KB of codes + the tables each) requested into L2 with one
   // cp.async.bulk.prefetch.L2 per warp before griddepcontrol.wait, beyond the ring's depth - 1
   // copied into shared memory: more of the weight in flight while the rotate kernel (or, under
   // `trigger`, the previous layer) runs. 0: off. Contiguous warp runs only (not interleave).
+  // H200 run 12: slower everywhere (+1.5..3 us with 8 or 32 items), bits equal.
   int l2_prefetch = 0;
   // Session 6: copy the M activation rows into shared memory with cp.async, all rows in flight at
   // once, instead of M rounds of 16-byte load -> store through registers (at M = 16 that is 16
   // dependent L2 round trips between griddepcontrol.wait and the first item). Same bytes.
-  bool async_act = false;
+  // H200 run 12: convrotint4 16 x 5120 -> 13824 26.9 -> 25.0 us (stream of layers with
+  // trigger: 25.5 -> 23.9), neutral elsewhere: the default since.
+  bool async_act = true;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).

@@ -174,7 +174,8 @@ class TunedForwardCase : public ForwardCase {
       : ForwardCase(q, m, o, k, act, bias), variant_(std::move(variant)), t_(t) {}
   std::string name() const override {
     std::string n = ForwardCase::name();
-    return "linear.gpu.forward_tiles." + variant_ + n.substr(std::string("linear.gpu.forward").size());
+    const size_t tail = std::string("linear.gpu.forward").size();
+    return "linear.gpu.forward_tiles." + variant_ + n.substr(tail);
   }
   void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
            Context& ctx) const override {
@@ -379,7 +380,8 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   // 2 whole per CTA + 49 leftover tiles of 11 items, CTA shares crossing tile ends), O 4104 (257:
   // 1 + 125 leftover tiles of 6 items, the last tile partial), O 24000 with K 128 (one item per
   // tile: 0 or 1 leftover item per CTA); spread + early trigger + L2 prefetch + the async
-  // activation copy; the async copy alone (comfy: activation sums from the copied codes).
+  // activation copy; run 11's default (no trigger, register activation copy) since the layer's
+  // default (every other case) has the trigger and the async copy.
   {
     namespace cl = cuda::linear;
     cl::DecodeTilesTuning sp;
@@ -388,8 +390,9 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     all.trigger = true;
     all.l2_prefetch = 4;
     all.async_act = true;
-    cl::DecodeTilesTuning aa;
-    aa.async_act = true;
+    cl::DecodeTilesTuning aa;  // run 11's default: no early trigger, register activation copy
+    aa.trigger = false;
+    aa.async_act = false;
     cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 1, 5000,
                                                        1408, DType::bf16, true));
     cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 16, 5000,
@@ -404,10 +407,10 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     cases.push_back(std::make_unique<TunedForwardCase>("spread_trigger_l2", all,
                                                        QType::convrot_int4, 2, 5000, 1408,
                                                        DType::bf16, true));
-    cases.push_back(std::make_unique<TunedForwardCase>("async_act", aa, QType::convrot_comfy_w4a4,
-                                                       16, 136, 1280, DType::bf16, true));
-    cases.push_back(std::make_unique<TunedForwardCase>("async_act", aa, QType::convrot_int4, 11,
-                                                       40, 640, DType::f16, false));
+    cases.push_back(std::make_unique<TunedForwardCase>(
+        "run11_default", aa, QType::convrot_comfy_w4a4, 16, 136, 1280, DType::bf16, true));
+    cases.push_back(std::make_unique<TunedForwardCase>("run11_default", aa, QType::convrot_int4,
+                                                       11, 40, 640, DType::f16, false));
   }
 #endif
 
