@@ -228,10 +228,10 @@ class RotateBench : public BenchCase {
 // with a cold L2: Env::time_ms flushes it before every timed call):
 //   "rotate + ring"         the rotate kernel, then the ring kernel (PDL): the layer's path for
 //                           int8 weights;
-//   4-bit: the tiled kernels on the weight's decode layout (tile_rows): "rotate + direct" is the
-//   layer's path (session 5), the session-4 shared-memory ring stays as an A/B row; "... alone"
-//   rows time the GEMV without the rotate kernel, "fused" ones rotate in the GEMV's prologue, the
-//   stream probe reads the layout's bytes and nothing else (the roofline).
+//   4-bit: the tiled kernel on the weight's decode layout (tile_rows): "rotate + tiles" is the
+//   layer's path, "... alone" rows time the GEMV without the rotate kernel, "run-11 default"
+//   the session-6 defaults' A/B, the stream probe reads the layout's bytes and nothing else
+//   (the roofline). A stream of distinct layers: linear.decode_stream.
 class DecodeRingBench : public BenchCase {
  public:
   std::string name() const override { return "linear.decode_ring"; }
@@ -241,7 +241,7 @@ class DecodeRingBench : public BenchCase {
   // the ring kernel on the same bytes is the reference for the accuracy column.
   template <typename RowFn>
   void tile_rows(const cuda::linear::DecodeParams& d, const cuda::linear::DecodeParams& sep,
-                 const cuda::linear::DecodeParams& fused, const cuda::linear::RotateQuantParams& rq,
+                 const cuda::linear::RotateQuantParams& rq,
                  RowFn row, std::vector<Row>& rows) {
     namespace cl = cuda::linear;
     cudaStream_t s = static_cast<cudaStream_t>(env_->ctx.cuda_stream);
@@ -298,37 +298,29 @@ class DecodeRingBench : public BenchCase {
     };
     struct V {
       const char* name;
-      int direct;   // DecodeTilesTuning::direct (0: the session-4 shared-memory ring)
       bool rotate;  // the rotate kernel first (the layer), else the GEMV alone
-      bool fused;   // the GEMV rotates + quantizes x itself (M <= kTilesFuseLimit)
-      bool whole = false;       // whole tiles per CTA
-      bool interleave = false;  // the CTA's warps on adjacent items
+      bool old;     // run 11's default: no early trigger, register activation copy
     };
-    // Session 5 (H200 run 9, all rows bit-identical): the shared-memory ring (session 4) stays
-    // the default; the direct kernel's best form (whole tiles per CTA) stays as an A/B row; its
-    // even split, 8-warp, interleaved and fused forms and the session-4 fused ring were slower
-    // and are gone.
-    for (const V& v : {V{"rotate + tiles, smem ring (default)", 0, true, false},
-                       V{"tiles alone, smem ring (codes on the device)", 0, false, false},
-                       V{"rotate + direct, whole tiles per CTA", 4, true, false, true}}) {
-      cl::DecodeParams p = tv;
-      if (v.fused) {
-        p = fused;
-        p.w = tv.w;
-        p.tiles = tv.tiles;
-        if (!cl::decode_tiles_applies(p)) continue;
-      }
+    // Session 6, H200 run 12 (every row bit-identical): L2 prefetch and the spread split were
+    // slower, the async activation copy faster at M = 16 and the early trigger faster in a stream
+    // of layers (linear.decode_stream): both are the default since; run 11's default stays as
+    // the A/B row.
+    for (const V& v : {V{"rotate + tiles, smem ring (default)", true, false},
+                       V{"tiles alone, smem ring (codes on the device)", false, false},
+                       V{"rotate + tiles, run-11 default (register activation copy)", true,
+                         true}}) {
       Row c = row(v.name);
       cl::DecodeTilesTuning t;
-      t.direct = v.direct;
-      t.whole_tiles = v.whole;
-      t.interleave = v.interleave;
+      if (v.old) {
+        t.trigger = false;
+        t.async_act = false;
+      }
       tile_bytes(c);
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);
-        cl::decode_tiles_with(p, t, s);
+        cl::decode_tiles_with(tv, t, s);
       });
-      if (!v.rotate && !v.fused) c.note = "GEMV only: not the layer";
+      if (!v.rotate) c.note = "GEMV only: not the layer";
       compare(c);
       rows.push_back(c);
     }
@@ -399,11 +391,6 @@ class DecodeRingBench : public BenchCase {
         d.out = out.view.data;
         d.out_dtype = DType::bf16;
         d.ldo = N;
-        cl::DecodeParams fused = d;  // x in, the kernel rotates
-        fused.x = x.view.data;
-        fused.x_dtype = DType::bf16;
-        fused.x_row_stride = K;
-        fused.rot = 256;
         cl::DecodeParams sep = d;  // codes from the rotate kernel
         sep.a = static_cast<const int8_t*>(codes.view.data);
         sep.lda = K;
@@ -432,7 +419,7 @@ class DecodeRingBench : public BenchCase {
             });
             rows.push_back(r);
           }
-          if (f.f != cl::WeightFormat::int8) tile_rows(d, sep, fused, rq, row, rows);
+          if (f.f != cl::WeightFormat::int8) tile_rows(d, sep, rq, row, rows);
         } catch (const std::exception& e) {
           Row r = row("failed");
           r.note = std::string("failed: ") + e.what();

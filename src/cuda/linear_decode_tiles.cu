@@ -17,8 +17,7 @@
 //     T[m] = fold(m) (SPEC §3.3; T[-m] = -T[m], checked when building). prmt's selector nibble
 //     with bit 3 set replicates the selected byte's sign bit (0 here: T[m] <= 127), so
 //     prmt(T, w) gives T[m] for c >= 0 and 0 for c < 0, prmt(T, w ^ 0x8888) the converse: the
-//     int8-grid weight is X - Y, two accumulators, 4 mma per 32 weights per lane (the direct
-//     kernel merges X - Y per byte into one s8 word instead: merge_signed);
+//     int8-grid weight is X - Y, two accumulators, 4 mma per 32 weights per lane;
 //   - each warp streams a contiguous run of its CTA's items through a per-lane cp.async ring
 //     (D slots, no registers held by loads in flight, the first D - 1 requested before
 //     griddepcontrol.wait); the CTA's warps split its items evenly, whatever K, and add their
@@ -57,6 +56,7 @@ constexpr int kTilesWarps = 16;                 // warps per CTA
 constexpr int kTilesThreads = kTilesWarps * 32;
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
 constexpr int kTilesMaxRegs = 88;
+constexpr int kSharedTileInts = 256;  // spread: per leftover tile, 16 columns x up to 16 tokens
 
 __host__ __device__ constexpr int slot_bytes(int kind) {
   return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0) +
@@ -95,6 +95,14 @@ struct TilesLayout {
   // item (lane 0; TMA, completing on the slot's mbarrier: the item is 1 KB contiguous).
   int bulk = 0;
   int interleave = 0;       // warps take every W-th item of the CTA instead of a contiguous run
+  // Spread split (DecodeTilesTuning::spread): whole tiles per CTA plus an even share of the
+  // leftover tiles' items, streamed first and combined across CTAs through gacc / gcnt.
+  int spread = 0;
+  int32_t* gacc = nullptr;  // tiles x 256 int32, zero between launches (spread)
+  uint32_t* gcnt = nullptr; // tiles item counters, zero between launches (spread)
+  int trigger = 0;          // griddepcontrol.launch_dependents after the first requests
+  int l2_prefetch = 0;      // items per warp prefetched into L2 before griddepcontrol.wait
+  int act_async = 0;        // activation rows copied with cp.async (all rows in flight)
   int32_t* bnd = nullptr;   // (G + 1) x 2 x 256 int32
   uint32_t* cnt = nullptr;  // (G + 1) counters, zero when allocated
 };
@@ -205,12 +213,6 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
 
 // ---- the GEMV ----
 
-// Per byte: x | -y, for bytes x, y in [0, 127] of which at least one is 0 (= x - y, no carries:
-// 0x80 - y stays in [1, 128], and ^ 0x80 turns it into -y mod 256, 0 for y = 0).
-__device__ __forceinline__ uint32_t merge_signed(uint32_t x, uint32_t y) {
-  return x | ((0x80808080u - y) ^ 0x80808080u);
-}
-
 // The M activation rows as int8 codes in shared memory (`act`, row stride act_stride bytes): copied
 // from p.a (written by the preceding kernel: call after griddepcontrol.wait), or (XT not void)
 // x rotated + quantized here through srow (K fp32) with the rotate kernels' arithmetic. Comfy:
@@ -220,7 +222,7 @@ template <int KIND, int THREADS, typename XT>
 __device__ __forceinline__ const float* tiles_activations(const DecodeParams& p, uint8_t* act,
                                                           int act_stride, float* srow,
                                                           float* s_scale, float* s_amax,
-                                                          int32_t* s_asum) {
+                                                          int32_t* s_asum, bool async_copy) {
   const int lane = threadIdx.x & 31;
   const int M = static_cast<int>(p.M);
   const int64_t K = p.w.K;
@@ -258,6 +260,31 @@ __device__ __forceinline__ const float* tiles_activations(const DecodeParams& p,
     return s_scale;  // a generic pointer into shared memory
   } else {
     const int per_row = static_cast<int>(K / 16);
+    if (async_copy) {
+      // Every row's 16-byte pieces in flight at once (cp.async.cg: L2, coherent; no registers),
+      // instead of M dependent load -> store rounds (M L2 round trips at M = 16). Comfy: the
+      // sums from the thread's own pieces once they landed (visible to it after the wait).
+      for (int m = 0; m < M; ++m)
+        for (int c = threadIdx.x; c < per_row; c += THREADS)
+          cp_async16(smem_u32(act + m * act_stride + c * 16), p.a + m * p.lda + c * 16);
+      cp_commit();
+      cp_wait<0>();
+      if (KIND == kTilesComfy) {
+        for (int m = 0; m < M; ++m) {
+          int32_t sum = 0;
+          for (int c = threadIdx.x; c < per_row; c += THREADS) {
+            const uint4 v = *reinterpret_cast<const uint4*>(act + m * act_stride + c * 16);
+            sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
+            sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
+            sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
+            sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
+          }
+          sum = __reduce_add_sync(0xffffffffu, sum);
+          if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
+        }
+      }
+      return p.ep.a_scale;
+    }
     for (int m = 0; m < M; ++m) {
       int32_t sum = 0;
       for (int c = threadIdx.x; c < per_row; c += THREADS) {
@@ -298,6 +325,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   __shared__ int32_t s_asum[16];
   __shared__ float s_scale[16], s_amax[W];
   __shared__ __align__(8) uint64_t s_bar[W * D];  // bulk transport: one mbarrier per slot
+  __shared__ int32_t s_cnt[2];  // spread: items of the two leftover slots flushed so far
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
@@ -306,8 +334,22 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   const int64_t T = L.tiles, G = gridDim.x, b = blockIdx.x;
   const int ipt = L.ipt;
   // This CTA's items [s0, s1) of the T · ipt in the layout, touching tiles [t0, t1).
-  int64_t s0, s1;
-  if (L.balanced) {
+  // Spread: [s0, s1) are the CTA's Tw = T / G whole tiles [b·Tw, (b+1)·Tw), and before them it
+  // streams its even share [a0, a0 + na) of the R · ipt items of the R = T - G·Tw leftover tiles
+  // (local items j < na; at most two tiles, shared with neighbouring CTAs, local slots 0 and 1;
+  // the whole tiles take slots ws0 = 2, 3, ...). Their sums go through gacc / gcnt mid-kernel
+  // (the last warp combines them while the others stream): no cross-CTA step at the end.
+  int64_t s0, s1, a0 = 0, lt0 = 0;
+  int na = 0, ws0 = 0;
+  if (L.spread) {
+    const int64_t tw = T / G, rl = (T - G * tw) * ipt;
+    s0 = b * tw * ipt;
+    s1 = s0 + tw * ipt;
+    a0 = G * tw * ipt + b * rl / G;
+    na = static_cast<int>((b + 1) * rl / G - b * rl / G);
+    lt0 = G * tw;  // the first leftover tile (tiles >= lt0 are leftovers)
+    ws0 = 2;
+  } else if (L.balanced) {
     s0 = b * (T * ipt) / G;
     s1 = (b + 1) * (T * ipt) / G;
   } else {
@@ -316,17 +358,29 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   }
   const int64_t t0 = s0 / ipt, t1 = (s1 + ipt - 1) / ipt;
   const int ntl = static_cast<int>(t1 - t0);  // this CTA's tiles (whole or shared)
-  const int items = static_cast<int>(s1 - s0);  // split evenly over the warps
+  const int items = na + static_cast<int>(s1 - s0);  // split evenly over the warps
+  const int64_t at0 = a0 / ipt;  // spread: the leftover tile of slot 0
   // The warp's items, local indices jb + step · k (k < n_items): a contiguous run of the CTA's
   // items (step 1), or interleaved (step W: the CTA's warps read adjacent items at a time).
   const int step = L.interleave ? W : 1;
-  const int jb = L.interleave ? warp : warp * items / W;
+  // Spread: warp W - 1 takes half a share (weights 2, ..., 2, 1 of 2W - 1) and then combines the
+  // leftover tiles (below), so no streaming warp waits on a global round trip.
+  const int jb = L.interleave ? warp
+                 : L.spread   ? static_cast<int>(int64_t{items} * (2 * warp) / (2 * W - 1))
+                              : warp * items / W;
   const int n_items = L.interleave ? (items > warp ? (items - warp + W - 1) / W : 0)
-                                   : (warp + 1) * items / W - jb;
+                      : L.spread
+                          ? static_cast<int>(int64_t{items} * min(2 * warp + 2, 2 * W - 1) /
+                                             (2 * W - 1)) - jb
+                          : (warp + 1) * items / W - jb;
   const uint8_t* codes = p.tiles;
   const uint8_t* tables = p.tiles + T * ipt * kItemBytes;
   const uint8_t* tables4 = tables + T * ipt * kTableBytes;
-  const int64_t gi0 = s0 + jb;  // this warp's first item in the layout
+  // Local item j -> its index in the layout (spread: leftover items first; step is 1 there).
+  auto gidx = [&](int k) -> int64_t {
+    const int j = jb + step * k;
+    return j < na ? a0 + j : s0 + (j - na);
+  };
   uint8_t* ring = dsm + L.ring_off + warp * D * SLOT;
   uint8_t* act = dsm;
   int32_t* part = reinterpret_cast<int32_t*>(dsm + L.part_off);
@@ -343,7 +397,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   // tables of rows l and l + 8 (packed 4-bit); bulk: lane 0 copies the item's 1 KB and its
   // tables with two bulk copies.
   auto issue = [&](int k, int s) {
-    const int64_t gi = gi0 + static_cast<int64_t>(step) * k;
+    const int64_t gi = gidx(k);
     uint8_t* slot = ring + s * SLOT;
     if (bulk) {  // warp-uniform
       if (lane == 0) {
@@ -374,11 +428,25 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     if (k < n_items) issue(k, k);
     cp_commit();
   }
+  // More of the warp's run into L2 while the preceding kernel runs (one request per warp).
+  // (A hint: the range is the run from item D - 1 on, cut at the end of the layout's items; a
+  // spread run's jump from the leftover items to the whole tiles is not followed.)
+  if (L.l2_prefetch > 0 && step == 1 && lane == 0 && n_items > D - 1) {
+    const int64_t gs = gidx(D - 1);
+    const int64_t n =
+        min(static_cast<int64_t>(min(n_items - (D - 1), L.l2_prefetch)), T * ipt - gs);
+    ptx::bulk_prefetch_l2(codes + gs * kItemBytes, static_cast<uint32_t>(n * kItemBytes));
+    if (KIND == kTilesInt4)
+      ptx::bulk_prefetch_l2(tables + gs * kTableBytes, static_cast<uint32_t>(n * kTableBytes));
+  }
+  // The next kernel in the stream may launch now (it waits for this grid before reading).
+  if (L.trigger) ptx::griddep_launch_dependents();
 
   // Partial sums and activation sums start at zero; the epilogue's per-column operands (layer
   // parameters, not written by the preceding kernel) are fetched now, off the critical path.
-  for (int i = threadIdx.x; i < ntl * 16 * M; i += kTilesThreads) part[i] = 0;
+  for (int i = threadIdx.x; i < (ntl + ws0) * 16 * M; i += kTilesThreads) part[i] = 0;
   if (threadIdx.x < 16) s_asum[threadIdx.x] = 0;
+  if (threadIdx.x < 2) s_cnt[threadIdx.x] = 0;
   float* s_ws = reinterpret_cast<float*>(dsm + L.epi_off);
   float* s_bias = s_ws + L.epi_n;
   for (int i = threadIdx.x; i < ntl * 16; i += kTilesThreads) {
@@ -395,7 +463,8 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   __syncthreads();
   Epilogue ep = p.ep;
   ep.a_scale = tiles_activations<KIND, kTilesThreads, XT>(
-      p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax, s_asum);
+      p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax, s_asum,
+      L.act_async != 0);
   __syncthreads();
 
   // B operands: activation row (token) gid (+ 8) of the n8 tile; rows >= M read row M - 1 (they
@@ -411,8 +480,71 @@ __global__ void __maxnreg__(kTilesMaxRegs)
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc0[nt][r] = acc1[nt][r] = 0;
 
-  int tl = static_cast<int>(gi0 / ipt - t0);  // local tile and group of the current item
-  int g = static_cast<int>(gi0 % ipt);
+  // apply_epilogue's arithmetic and order; ws / bias: the column's w_scale and bias.
+  auto finish_with = [&](int32_t sum, int tok, int64_t col, float ws, float bias) {
+    if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
+    if (p.acc_out) {
+      p.acc_out[tok * p.ldo + col] = sum;
+    } else {
+      float v = static_cast<float>(sum);
+      if (ep.a_scale) v = __fmul_rn(v, ep.a_scale[tok]);
+      if (ep.w_scale) v = __fmul_rn(v, ws);
+      if (ep.w_tensor_scale) v = __fmul_rn(v, *ep.w_tensor_scale);
+      if (ep.bias) v = __fadd_rn(v, bias);
+      store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
+    }
+  };
+  // Spread: the streaming warps add their sums of a leftover slot to shared memory and count
+  // the items (no wait). Warp W - 1, after its half share, waits until the CTA's items of each
+  // leftover tile are counted, adds the slot to the tile's global sums and the CTA's item count
+  // to the tile's counter (threadfence-reduction pattern); the CTA that completes the count
+  // (ipt) finishes the tile and leaves its sums and counter zero.
+  auto leftover_combine = [&](int ls) {
+    const int64_t t = at0 + ls;
+    const int64_t lo = max(a0, t * ipt), hi = min(a0 + na, (t + 1) * ipt);
+    if (hi <= lo) return;  // no item of this CTA there (warp-uniform)
+    const int mine = static_cast<int>(hi - lo);  // this CTA's items of tile t
+    for (uint32_t polls = 0; polls < (1u << 26); ++polls) {
+      if (*reinterpret_cast<volatile int32_t*>(&s_cnt[ls]) >= mine) break;
+      __nanosleep(64);
+    }
+    __threadfence_block();
+    __syncwarp();
+    int32_t* gsum = L.gacc + t * kSharedTileInts;
+    for (int i = lane; i < 16 * M; i += 32) {
+      const int32_t v = part[ls * 16 * M + i];
+      if (v != 0) atomicAdd(gsum + i, v);
+    }
+    __threadfence();
+    __syncwarp();
+    int last = 0;
+    if (lane == 0)
+      last = atomicAdd(&L.gcnt[t], static_cast<uint32_t>(mine)) + mine ==
+             static_cast<uint32_t>(ipt);
+    __threadfence();
+    last = __shfl_sync(0xffffffffu, last, 0);
+    __syncwarp();
+    if (!last) return;
+    for (int i = lane; i < 16 * M; i += 32) {
+      const int c = i / M, tok = i - c * M;
+      const int32_t v = atomicExch(gsum + i, 0);
+      const int64_t col = 16 * t + c;
+      if (col < N) {
+        const float ws = p.ep.w_scale ? p.ep.w_scale[col] : 1.f;
+        const float bias = p.ep.bias ? load_scalar(p.ep.bias, p.ep.bias_dtype, col) : 0.f;
+        finish_with(v, tok, col, ws, bias);
+      }
+    }
+    if (lane == 0) atomicExch(&L.gcnt[t], 0u);
+  };
+
+  // Local tile slot and group of the current item (spread: leftover tiles in slots 0, 1).
+  int tl = 0, g = 0, run = 0;
+  if (n_items > 0) {
+    const int64_t gf = gidx(0), tf = gf / ipt;
+    g = static_cast<int>(gf - tf * ipt);
+    tl = static_cast<int>(L.spread && tf >= lt0 ? tf - at0 : tf - t0 + ws0);
+  }
   int slot = 0;
   uint32_t parity = 0;  // bulk: the phase of the slots in this pass over the ring
   for (int k = 0; k < n_items; ++k) {
@@ -465,7 +597,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
         }
       } else {
         // X (c >= 0) and Y (c < 0) in two u8 mma sets. (Merging them per byte into one s8 word,
-        // as the direct kernel does, was bit-identical but 9 % slower here at M = 1: H200 run 10.)
+        // as session 5's direct kernel did, was bit-identical but 9 % slower at M = 1: run 10.)
         uint32_t x1[4], x2[4], y1[4], y2[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -489,10 +621,18 @@ __global__ void __maxnreg__(kTilesMaxRegs)
       slot = 0;
       parity ^= 1u;
     }
-    // Next item's group; adv: tile boundaries crossed on the way (step < ipt: 0 or 1).
+    // Next item's group; adv: tile boundaries crossed on the way (step < ipt: 0 or 1). Spread:
+    // after the last leftover item the run jumps to the first whole tile (slot 2, group 0).
     int adv = 0;
-    for (g += step; g >= ipt; g -= ipt) ++adv;
-    if (adv > 0 || k == n_items - 1) {
+    int next_tl = -1;
+    ++run;
+    if (L.spread && jb + k + 1 == na) {
+      next_tl = ws0;
+      g = 0;
+    } else {
+      for (g += step; g >= ipt; g -= ipt) ++adv;
+    }
+    if (adv > 0 || next_tl >= 0 || k == n_items - 1) {
       // The tile's columns of this warp are complete: add them to the CTA's partial sums.
       // D fragment: c0, c1 = (row gid, tokens 2 tid4, 2 tid4 + 1), c2, c3 = row gid + 8.
 #pragma unroll
@@ -506,8 +646,18 @@ __global__ void __maxnreg__(kTilesMaxRegs)
           acc0[nt][r] = acc1[nt][r] = 0;
         }
       }
-      tl += adv;
+      if (L.spread && tl < ws0) {  // a leftover slot: count the items added (warp-uniform)
+        __threadfence_block();
+        __syncwarp();
+        if (lane == 0) atomicAdd(&s_cnt[tl], run);
+      }
+      run = 0;
+      tl = next_tl >= 0 ? next_tl : tl + adv;
     }
+  }
+  if (L.spread && warp == W - 1) {
+#pragma unroll 1
+    for (int ls = 0; ls < 2; ++ls) leftover_combine(ls);
   }
   cp_wait<0>();
   __syncthreads();
@@ -515,18 +665,8 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   // apply_epilogue's arithmetic and order, w_scale and bias from shared memory (c: the column's
   // index in this CTA's range).
   auto finish = [&](int32_t sum, int tok, int64_t col) {
-    if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
-    if (p.acc_out) {
-      p.acc_out[tok * p.ldo + col] = sum;
-    } else {
-      const int c = static_cast<int>(col - 16 * t0);
-      float v = static_cast<float>(sum);
-      if (ep.a_scale) v = __fmul_rn(v, ep.a_scale[tok]);
-      if (ep.w_scale) v = __fmul_rn(v, s_ws[c]);
-      if (ep.w_tensor_scale) v = __fmul_rn(v, *ep.w_tensor_scale);
-      if (ep.bias) v = __fadd_rn(v, s_bias[c]);
-      store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
-    }
+    const int c = static_cast<int>(col - 16 * t0);
+    finish_with(sum, tok, col, s_ws[c], s_bias[c]);
   };
   // Tiles shared with a neighbour (balanced split only): the first if this CTA starts inside it,
   // the last if it ends inside it.
@@ -537,7 +677,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
     const int tok = idx / cols, c = c_lo + (idx - tok * cols);
     const int64_t col = 16 * t0 + c;
-    if (col < N) finish(part[c * M + tok], tok, col);
+    if (col < N) finish(part[(ws0 * 16 + c) * M + tok], tok, col);
   }
   __shared__ uint32_t s_second;
 #pragma unroll 1
@@ -567,43 +707,6 @@ __global__ void __maxnreg__(kTilesMaxRegs)
 #endif
 }
 
-// ---- the streaming GEMV (direct register loads) ----
-//
-// Same layout, fragments, int32 sums and epilogue as gemv_tiles_kernel; what differs is the
-// transport and the split:
-//   - no shared-memory ring: each lane loads its 16-byte words of an item (both chunks, and the
-//     fold tables of rows gid / gid + 8) straight into registers with ld.global.nc, U items ahead
-//     (a register ring, the loop unrolled by U): U x (2 or 3) independent 16-byte loads in flight
-//     per thread, no cp.async groups, no barriers, no shared-memory round trip for the weights;
-//     the first U items are requested before griddepcontrol.wait;
-//   - the grid's T · ipt items are split evenly over the CTAs (no whole-tile rounding: 864 tiles
-//     on 132 SMs would give 7 vs 6.55), the CTA's items evenly over its warps. A tile a CTA owns
-//     entirely is finished from its shared-memory sums; a tile shared with neighbours goes
-//     through a global int32 buffer (red.add) and a per-tile item counter: the CTA whose items
-//     complete the count (ipt) reads and zeroes the sums (atomicExch) and the counter, so the
-//     buffer is all zero between launches. Integer sums: bit-identical in any order;
-//   - packed 4-bit: the two lookups X (c >= 0) and Y (c < 0) are merged per byte into the signed
-//     weight X - Y = X | (-Y) (one of them is 0 in each byte) before one s8 x s8 mma, instead of
-//     two u8 mma sets: half the tensor-core work at M = 16, the same integers.
-constexpr int kSharedTileInts = 256;  // per tile in the global buffer: 16 columns x up to 16 tokens
-
-struct DirectLayout {
-  int64_t tiles = 0;      // ceil(N / 16)
-  int ipt = 0;            // items per tile, K / 128
-  int act_stride = 0;     // as TilesLayout
-  int srow_off = 0;       // fused: the fp32 rotated row (K floats)
-  int part_off = 0;       // int32 partial sums (tiles per CTA x 16 x M)
-  int epi_off = 0;        // fp32 w_scale and bias of the CTA's columns (2 x epi_n)
-  int epi_n = 0;          // tiles per CTA x 16
-  int64_t smem = 0;
-  // Whole tiles per CTA (b·T/G to (b+1)·T/G: no tile shared, no global buffer; 7 vs 6.55 tiles
-  // per CTA at N = 13824) instead of the even item split.
-  int whole = 0;
-  int interleave = 0;  // warp w takes the CTA's items w, w + W, ... instead of a contiguous run
-  int32_t* gacc = nullptr;   // tiles x kSharedTileInts int32, zero between launches
-  uint32_t* gcnt = nullptr;  // tiles item counters, zero between launches
-};
-
 // 16 bytes of the weight layout (read-only for the kernel's lifetime), not kept in L1.
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   uint4 v;
@@ -612,270 +715,9 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
                : "l"(p));
   return v;
 }
-// Returns *p, adds v: release of this thread's (and, after a barrier, its CTA's) earlier writes,
-// acquire of those the other CTAs released with it.
-__device__ __forceinline__ uint32_t atom_add_acq_rel(uint32_t* p, uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n"
-               : "=r"(old)
-               : "l"(p), "r"(v)
-               : "memory");
-  return old;
-}
-
-// KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows. U: items in flight per warp.
-// W: warps per CTA. XT: as gemv_tiles_kernel (fused rotate + quantize, or void).
-template <int KIND, int NT, int U, int W, typename XT = void>
-__global__ void __launch_bounds__(W * 32, 1) gemv_direct_kernel(DecodeParams p, DirectLayout L) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int THREADS = W * 32;
-  constexpr bool kEarly = std::is_void<XT>::value && !(KIND == kTilesInt4 && W == 16);
-  extern __shared__ __align__(128) uint8_t dsm[];
-  __shared__ int32_t s_asum[16];
-  __shared__ float s_scale[16], s_amax[W];
-  __shared__ uint32_t s_last;
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int gid = lane >> 2, tid4 = lane & 3;
-  const int M = static_cast<int>(p.M);
-  const int64_t N = p.w.N;
-  const int64_t T = L.tiles, G = gridDim.x, b = blockIdx.x;
-  const int ipt = L.ipt;
-  // This CTA's items [s0, s1) of the T · ipt, touching tiles [t0, t1); the warp's [gi0, +n).
-  const int64_t s0 = L.whole ? b * T / G * ipt : b * (T * ipt) / G;
-  const int64_t s1 = L.whole ? (b + 1) * T / G * ipt : (b + 1) * (T * ipt) / G;
-  const int64_t t0 = s0 / ipt, t1 = (s1 + ipt - 1) / ipt;
-  const int ntl = static_cast<int>(t1 - t0);
-  const int items = static_cast<int>(s1 - s0);
-  // The warp's items, local indices jb + step · k (k < n_items): a contiguous run (step 1) or
-  // interleaved (step W: the CTA's warps on adjacent items at a time).
-  const int step = L.interleave ? W : 1;
-  const int jb = L.interleave ? warp : warp * items / W;
-  const int n_items = L.interleave ? (items > warp ? (items - warp + W - 1) / W : 0)
-                                   : (warp + 1) * items / W - jb;
-  const int64_t gi0 = s0 + jb;
-  const int item_stride = step * kItemBytes, table_stride = step * kTableBytes;
-  const uint8_t* codes = p.tiles + gi0 * kItemBytes + lane * 16;
-  const uint8_t* tables = p.tiles + T * ipt * kItemBytes + gi0 * kTableBytes + gid * 16;
-
-  // The register ring: item k in entry k % U.
-  uint4 bw0[U], bw1[U], bt[U];
-#pragma unroll
-  for (int j = 0; j < U; ++j) {
-    bw0[j] = bw1[j] = bt[j] = make_uint4(0u, 0u, 0u, 0u);
-    if (j < n_items) {
-      bw0[j] = ldg_stream(codes + j * item_stride);
-      bw1[j] = ldg_stream(codes + j * item_stride + 512);
-      if (KIND == kTilesInt4) bt[j] = ldg_stream(tables + j * table_stride);
-    }
-  }
-
-  uint8_t* act = dsm;
-  int32_t* part = reinterpret_cast<int32_t*>(dsm + L.part_off);
-  float* s_ws = reinterpret_cast<float*>(dsm + L.epi_off);
-  float* s_bias = s_ws + L.epi_n;
-  for (int i = threadIdx.x; i < ntl * 16 * M; i += THREADS) part[i] = 0;
-  if (threadIdx.x < 16) s_asum[threadIdx.x] = 0;
-  for (int i = threadIdx.x; i < ntl * 16; i += THREADS) {
-    const int64_t col = 16 * t0 + i;
-    float ws = 1.f, bias = 0.f;
-    if (col < N) {
-      if (p.ep.w_scale) ws = p.ep.w_scale[col];
-      if (p.ep.bias) bias = load_scalar(p.ep.bias, p.ep.bias_dtype, col);
-    }
-    s_ws[i] = ws;
-    s_bias[i] = bias;
-  }
-  ptx::griddep_wait();  // the activation codes (or x) come from the preceding kernel
-  __syncthreads();
-  Epilogue ep = p.ep;
-  ep.a_scale = tiles_activations<KIND, THREADS, XT>(
-      p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax, s_asum);
-  __syncthreads();
-
-  const uint8_t* a_tok[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-    a_tok[nt] = act + min(gid + 8 * nt, M - 1) * L.act_stride + 16 * tid4;
-
-  // comfy: lo (u) / hi (16 u); packed 4-bit: the signed sums in acc0 (acc1 stays 0).
-  int32_t acc0[NT][4], acc1[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) acc0[nt][r] = acc1[nt][r] = 0;
-  int tl = static_cast<int>(gi0 / ipt - t0);  // local tile and group of the current item
-  int g = static_cast<int>(gi0 % ipt);
-  bool pending = false;  // sums of tile tl not yet in the CTA's
-  // The warp's sums of local tile tl into the CTA's (D fragment: c0, c1 = row gid, tokens 2 tid4,
-  // 2 tid4 + 1; c2, c3 = row gid + 8).
-  auto flush = [&]() {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int row = gid + 8 * (r >> 1), tok = 8 * nt + 2 * tid4 + (r & 1);
-        const int32_t v = KIND == kTilesComfy ? acc0[nt][r] + (acc1[nt][r] >> 4) : acc0[nt][r];
-        if (tok < M) atomicAdd(&part[(tl * 16 + row) * M + tok], v);
-        acc0[nt][r] = acc1[nt][r] = 0;
-      }
-    }
-  };
-
-  for (int k0 = 0; k0 < n_items; k0 += U) {
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int k = k0 + j;
-      if (k >= n_items) break;  // warp-uniform
-      const uint4 w0 = bw0[j], w1 = bw1[j], tv = bt[j];
-      // Refill the entry with the item U ahead: before using this one (U items in flight while
-      // computing), or after it (U - 1 ahead) where the copies do not fit in the registers: the
-      // fused instances (rotation prologue) and packed 4-bit with 16 warps (ptxas: 128 registers
-      // + 16..20 bytes of spills with the copies).
-      auto refill = [&]() {
-        if (k + U < n_items) {
-          bw0[j] = ldg_stream(codes + (k + U) * item_stride);
-          bw1[j] = ldg_stream(codes + (k + U) * item_stride + 512);
-          if (KIND == kTilesInt4) bt[j] = ldg_stream(tables + (k + U) * table_stride);
-        }
-      };
-      if constexpr (kEarly) refill();
-      const uint32_t tab[4] = {tv.x, tv.y, tv.z, tv.w};
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 wv = h ? w1 : w0;
-        const uint32_t wd[4] = {wv.x, wv.y, wv.z, wv.w};
-        const int kc = g * kItemCols + 64 * h;
-        uint4 bv[NT];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) bv[nt] = lds128(a_tok[nt] + kc);
-        if constexpr (KIND == kTilesComfy) {
-          uint32_t lo[4], hi[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            lo[i] = wd[i] & 0x0f0f0f0fu;
-            hi[i] = wd[i] & 0xf0f0f0f0u;
-          }
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            mma_u8s8(acc0[nt], lo, bv[nt].x, bv[nt].y);
-            mma_u8s8(acc1[nt], hi, bv[nt].z, bv[nt].w);
-          }
-        } else {
-          uint32_t s1w[4], s2w[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const uint32_t ta = tab[2 * (i & 1)], tb = tab[2 * (i & 1) + 1];  // row gid / gid + 8
-            const uint32_t v = wd[i] ^ 0x88888888u;
-            s1w[i] = merge_signed(prmt(ta, tb, wd[i]), prmt(ta, tb, v));
-            s2w[i] = merge_signed(prmt(ta, tb, wd[i] >> 16), prmt(ta, tb, v >> 16));
-          }
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            ptx::mma_s8(acc0[nt], s1w, bv[nt].x, bv[nt].y);
-            ptx::mma_s8(acc0[nt], s2w, bv[nt].z, bv[nt].w);
-          }
-        }
-      }
-      if constexpr (!kEarly) refill();
-      // The next item's group; adv: tile boundaries crossed on the way. Crossing one completes
-      // the warp's part of the current tile.
-      int adv = 0;
-      for (g += step; g >= ipt; g -= ipt) ++adv;
-      pending = true;
-      if (adv > 0) {
-        flush();
-        pending = false;
-        tl += adv;
-      }
-    }
-  }
-  if (pending) flush();  // the warp ended inside a tile
-  __syncthreads();
-
-  // apply_epilogue's arithmetic and order (c: the column's index in this CTA's range).
-  auto finish = [&](int32_t sum, int tok, int c) {
-    const int64_t col = 16 * t0 + c;
-    if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
-    if (p.acc_out) {
-      p.acc_out[tok * p.ldo + col] = sum;
-    } else {
-      float v = static_cast<float>(sum);
-      if (ep.a_scale) v = __fmul_rn(v, ep.a_scale[tok]);
-      if (ep.w_scale) v = __fmul_rn(v, s_ws[c]);
-      if (ep.w_tensor_scale) v = __fmul_rn(v, *ep.w_tensor_scale);
-      if (ep.bias) v = __fadd_rn(v, s_bias[c]);
-      store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
-    }
-  };
-  // Tiles shared with other CTAs: the first if this CTA starts inside it, the last if it ends
-  // inside it (the same tile when the CTA's items lie inside one tile).
-  const bool left_shared = t0 * ipt < s0, right_shared = t1 * ipt > s1;
-  const int c_lo = left_shared ? 16 : 0, c_hi = (ntl - (right_shared ? 1 : 0)) * 16;
-  const int cols = c_hi - c_lo;
-  for (int idx = threadIdx.x; idx < cols * M; idx += THREADS) {
-    const int tok = idx / cols, c = c_lo + (idx - tok * cols);
-    if (16 * t0 + c < N) finish(part[c * M + tok], tok, c);
-  }
-#pragma unroll 1
-  for (int e = 0; e < 2; ++e) {
-    const bool shared = e == 0 ? left_shared : right_shared && !(ntl == 1 && left_shared);
-    if (!shared) continue;  // uniform
-    const int ltl = e == 0 ? 0 : ntl - 1;
-    const int64_t t = t0 + ltl;
-    const int64_t lo = s0 > t * ipt ? s0 : t * ipt, hi = s1 < (t + 1) * ipt ? s1 : (t + 1) * ipt;
-    const uint32_t mine = static_cast<uint32_t>(hi - lo);  // this CTA's items of tile t (>= 1)
-    int32_t* gsum = L.gacc + t * kSharedTileInts;
-    for (int i = threadIdx.x; i < 16 * M; i += THREADS) {
-      const int32_t v = part[ltl * 16 * M + i];
-      if (v != 0) atomicAdd(gsum + i, v);
-    }
-    // The CTA's adds happen before thread 0's release (the barrier, then one acq_rel atomic: the
-    // split-K semaphore pattern, no fence per thread); its acquire makes the other CTAs' adds
-    // visible to the reads below (after the second barrier).
-    __syncthreads();
-    if (threadIdx.x == 0)
-      s_last = atom_add_acq_rel(&L.gcnt[t], mine) + mine == static_cast<uint32_t>(ipt);
-    __syncthreads();
-    if (s_last) {  // every item of tile t is in: finish it and leave the buffer zero
-      for (int i = threadIdx.x; i < 16 * M; i += THREADS) {
-        const int c = i / M, tok = i - c * M;
-        const int32_t v = atomicExch(gsum + i, 0);
-        if (16 * t + c < N) finish(v, tok, ltl * 16 + c);
-      }
-      if (threadIdx.x == 0) atomicExch(&L.gcnt[t], 0u);
-    }
-    __syncthreads();  // s_last
-  }
-#else
-  __trap();  // launched on sm_90 only (decode_tiles_applies)
-#endif
-}
-
-DirectLayout direct_layout(const DecodeParams& d, int grid) {
-  DirectLayout L;
-  L.tiles = (d.w.N + 15) / 16;
-  L.ipt = static_cast<int>(d.w.K / kItemCols);
-  L.act_stride = static_cast<int>(d.w.K / 128 * 128 + 192);
-  int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
-  if (d.x) {
-    L.srow_off = static_cast<int>(off);
-    off += (d.w.K * 4 + 127) / 128 * 128;
-  }
-  L.part_off = static_cast<int>(off);
-  // A CTA's at most ceil(I / G) items touch at most ceil(that / ipt) + 1 tiles.
-  const int64_t per_cta = (L.tiles * L.ipt + grid - 1) / grid;
-  const int64_t tiles_per_cta = (per_cta + L.ipt - 1) / L.ipt + 1;
-  off += (tiles_per_cta * 16 * d.M * 4 + 127) / 128 * 128;
-  L.epi_off = static_cast<int>(off);
-  L.epi_n = static_cast<int>(tiles_per_cta * 16);
-  off += (2 * tiles_per_cta * 16 * 4 + 127) / 128 * 128;
-  L.smem = off;
-  return L;
-}
 
 TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanced = false,
-                         bool table4 = false) {
+                         bool table4 = false, bool spread = false) {
   TilesLayout L;
   const int kind = table4 && decode_tiles_kind(d.w) == kTilesInt4 ? kTilesInt4C
                                                                  : decode_tiles_kind(d.w);
@@ -891,8 +733,11 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanc
   }
   L.part_off = static_cast<int>(off);
   // Balanced: a CTA's items may touch one more tile than the whole-tile split gives it.
-  const int64_t tiles_per_cta = (L.tiles + grid - 1) / grid + (balanced ? 1 : 0);
+  // Spread: two more slots (the leftover tiles) before the whole ones.
+  const int64_t tiles_per_cta = (L.tiles + grid - 1) / grid + (balanced ? 1 : 0) +
+                                (spread ? 2 : 0);
   L.balanced = balanced ? 1 : 0;
+  L.spread = spread ? 1 : 0;
   off += (tiles_per_cta * 16 * d.M * 4 + 127) / 128 * 128;
   L.epi_off = static_cast<int>(off);
   L.epi_n = static_cast<int>(tiles_per_cta * 16);
@@ -982,15 +827,7 @@ int tiles_grid(const DecodeParams& d) {
   return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
 }
 
-template <int KIND, int NT, int D, typename T = void>
-void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_tiles_kernel<KIND, NT, D, T>;
-  tiles_smem(kernel, L.smem);
-  launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
-                   static_cast<size_t>(L.smem), stream, d, L);
-}
-
-// The shared-tile sums and item counters of the direct kernel for the current device and stream
+// The leftover tiles' sums and item counters of the spread split for the current device and stream
 // (>= `tiles` tiles): zeroed once on `stream` when allocated, left zero by every launch (the
 // finishing CTA of each shared tile zeroes its entries). Each stream has its own (launches on
 // one stream do not overlap past griddepcontrol.wait, before which the kernel does not touch
@@ -1036,65 +873,17 @@ void shared_tile_buffers(cudaStream_t stream, int64_t tiles, int32_t** acc, uint
   *cnt = b.cnt;
 }
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-template <int KIND, int NT, int U, int W, typename XT>
-void launch_direct(const DecodeParams& d, const DirectLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_direct_kernel<KIND, NT, U, W, XT>;
+template <int KIND, int NT, int D, typename T = void>
+void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
+  auto kernel = gemv_tiles_kernel<KIND, NT, D, T>;
   tiles_smem(kernel, L.smem);
-  launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(W * 32),
+  launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
                    static_cast<size_t>(L.smem), stream, d, L);
 }
 
-// The direct kernel, one CTA per SM: t.direct 4 (16 warps, 4 items in flight each) or 8 (8 warps,
-// 8 items each: fewer registers per SM, so the CTA fits beside the rotate kernel's under PDL).
-void decode_direct(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream) {
-  const bool u8 = t.direct >= 8;
-  const int64_t tiles = (d.w.N + 15) / 16;
-  const int64_t units = t.whole_tiles ? tiles : tiles * (d.w.K / kItemCols);
-  const int grid = static_cast<int>(std::min<int64_t>(multiprocessor_count(), units));
-  DirectLayout L = direct_layout(d, grid);
-  L.whole = t.whole_tiles ? 1 : 0;
-  L.interleave = t.interleave ? 1 : 0;
-  if (!t.whole_tiles) shared_tile_buffers(stream, L.tiles, &L.gacc, &L.gcnt);
-  auto go = [&](auto kind_tag) {
-    constexpr int KIND = decltype(kind_tag)::value;
-    auto by_u = [&](auto nt_tag, auto xt_tag) {
-      constexpr int NT = decltype(nt_tag)::value;
-      using XT = typename decltype(xt_tag)::type;
-      if (u8) {
-        launch_direct<KIND, NT, 8, 8, XT>(d, L, grid, stream);
-      } else {
-        launch_direct<KIND, NT, 4, 16, XT>(d, L, grid, stream);
-      }
-    };
-    using One = std::integral_constant<int, 1>;
-    using Two = std::integral_constant<int, 2>;
-    if (d.x) {  // fused: one n8 tile (M <= kTilesFuseLimit)
-      if (d.x_dtype == DType::f16) {
-        by_u(One{}, TypeTag<__half>{});
-      } else {
-        by_u(One{}, TypeTag<__nv_bfloat16>{});
-      }
-    } else if (d.M > 8) {
-      by_u(Two{}, TypeTag<void>{});
-    } else {
-      by_u(One{}, TypeTag<void>{});
-    }
-  };
-  if (decode_tiles_kind(d.w) == kTilesComfy) {
-    go(std::integral_constant<int, kTilesComfy>{});
-  } else {
-    go(std::integral_constant<int, kTilesInt4>{});
-  }
-  check_launch("decode_tiles");
-}
-
-// The direct kernel's transport without its arithmetic (bench only): the same item split over
-// min(SMs, items) CTAs of 16 warps, the same loads, 4 items ahead in a register ring, each item
+// A read-only stream of the layout (bench only; session 5's direct GEMV kernel without its
+// arithmetic): the grid's items split evenly over min(SMs, items) CTAs of 16 warps, each lane's
+// 16-byte words loaded with ld.global.nc, 4 items ahead in a register ring, each item
 // folded into one xor; the store (sink is null: never taken, but the compiler cannot know) keeps
 // the loads alive. (A grid-stride loop of 8 independent loads per thread does not do: ptxas
 // interleaves the uses and keeps the kernel at 32 registers, ~5 loads in flight.)
@@ -1204,15 +993,28 @@ bool decode_tiles_applies(const DecodeParams& d) {
   return tiles_layout(d, tiles_grid(d), d.x ? 8 : 4).smem <= info.max_smem;
 }
 
+namespace {
+std::mutex g_tuning_mu;
+bool g_tuning_set = false;
+DecodeTilesTuning g_tuning;
+}  // namespace
+
+DecodeTilesTuning layer_tiles_tuning() {
+  std::lock_guard<std::mutex> lock(g_tuning_mu);
+  return g_tuning_set ? g_tuning : DecodeTilesTuning{};
+}
+
+void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
+  std::lock_guard<std::mutex> lock(g_tuning_mu);
+  g_tuning_set = t != nullptr;
+  g_tuning = t ? *t : DecodeTilesTuning{};
+}
+
 void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
-  decode_tiles_with(d, DecodeTilesTuning{}, stream);
+  decode_tiles_with(d, layer_tiles_tuning(), stream);
 }
 
 void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream) {
-  if (t.direct > 0) {
-    decode_direct(d, t, stream);
-    return;
-  }
   const int grid = tiles_grid(d);
   const int max_smem = tiles_device().max_smem;
   // The deepest ring <= t.depth (0: the deepest) that fits: 8, 6 or 4 slots per warp; the fused
@@ -1228,13 +1030,29 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   }
   L.bulk = t.bulk ? 1 : 0;
   L.interleave = t.interleave ? 1 : 0;
+  L.trigger = t.trigger ? 1 : 0;
+  L.l2_prefetch = std::max(0, t.l2_prefetch);
+  L.act_async = t.async_act ? 1 : 0;
   if (t.balanced) {  // the same depth with one more (shared) tile per CTA, if it fits
     TilesLayout B = tiles_layout(d, grid, depth, true, t4);
     if (B.smem <= max_smem) {
       B.bulk = L.bulk;
       B.interleave = L.interleave;
+      B.trigger = L.trigger;
+      B.l2_prefetch = L.l2_prefetch;
+      B.act_async = L.act_async;
       L = B;
       boundary_buffers(stream, &L.bnd, &L.cnt);
+    }
+  } else if (t.spread && !t.interleave) {  // two more (leftover) slots per CTA, if they fit
+    TilesLayout B = tiles_layout(d, grid, depth, false, t4, true);
+    if (B.smem <= max_smem) {
+      B.bulk = L.bulk;
+      B.trigger = L.trigger;
+      B.l2_prefetch = L.l2_prefetch;
+      B.act_async = L.act_async;
+      L = B;
+      shared_tile_buffers(stream, L.tiles, &L.gacc, &L.gcnt);
     }
   }
   const int kind = decode_tiles_kind(d.w);

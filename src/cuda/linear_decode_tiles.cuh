@@ -63,27 +63,49 @@ struct DecodeTilesTuning {
   // on the slot's mbarrier, instead of two 16-byte cp.async per lane. Same slots, same bits.
   bool bulk = false;
   // Warp w takes the CTA's items w, w + 16, w + 32, ... (the CTA's 16 warps read 16 adjacent KB
-  // at a time: one DRAM stream per SM) instead of a contiguous run (16 streams per SM). Applies
-  // to the direct kernel too (w, w + W, ...).
+  // at a time: one DRAM stream per SM) instead of a contiguous run (16 streams per SM).
   bool interleave = false;
-  // Session 5: the transport. 0: the shared-memory ring above (gemv_tiles_kernel, the fields
-  // above apply). 4 or 8: the direct kernel (gemv_direct_kernel): each lane loads its 16-byte
-  // words of the next 4 (16 warps per CTA) or 8 (8 warps) items straight into registers
-  // (ld.global.nc, no shared-memory ring), the grid's items split evenly over the CTAs (tiles
-  // shared by neighbours finished through a global int32 buffer); depth, balanced, table4 and
-  // bulk do not apply.
-  // H200 run 9: direct 4 1 x 5120 -> 13824 convrotint4 22.8 us with the rotate kernel (whole
-  // tiles 20.6) vs 18.8 for the ring, whose GEMV alone (17.8) is within 2 us of a read-only
-  // kernel with the direct loads (15.9): 0, the ring, is the default.
-  int direct = 0;
-  // Direct: whole 16-row tiles per CTA (no tile shared between CTAs: no global buffer, no
-  // end-of-kernel counter round trips; 7 vs 6.55 tiles per CTA at N = 13824) instead of the even
-  // item split.
-  bool whole_tiles = false;
+  // Session 6: dynamic balance without an end-of-kernel combine. CTA b streams its Tw = T / G
+  // whole 16-row tiles and, BEFORE them, an even share of the items of the R = T - G·Tw leftover
+  // tiles (864 tiles on 132 SMs: 6 whole tiles + ~22 leftover items per CTA instead of 7 or 6
+  // whole tiles, the 7 % tail). The last warp streams half a share and then, while the others
+  // stream, adds the CTA's sums of its leftover tiles into a global buffer and counts their
+  // items; the CTA that completes a tile's count finishes it (`balanced` combined at the very
+  // end instead and lost 2-3 us). Exact integer sums: the same bits. Ignored with balanced /
+  // interleave. H200 run 12: SLOWER (1 x 5120 -> 13824 +2.8 us, 16 x +7 us), all bits equal.
+  bool spread = false;
+  // Session 6: programmatic dependent launch toward the NEXT kernel in the stream. The kernel
+  // executes griddepcontrol.launch_dependents right after its first weight requests, so a
+  // kernel launched after it with the PDL attribute (the next layer's rotate kernel with
+  // RotateQuantParams::pdl, then that layer's GEMV) may start while this one streams: its CTAs
+  // take the SMs this grid's CTAs leave, and its weight requests run before its
+  // griddepcontrol.wait, i.e. under this grid's tail. Needs no change in what the next kernel
+  // reads (it waits for this grid's completion before reading anything this one writes).
+  // H200 run 12, a stream of 8 distinct 5120 -> 13824 layers: -1.0 us per layer at M = 1
+  // (convrotint4 18.9 -> 17.9, comfy 16.1 -> 15.2), neutral at M = 16: the default since.
+  bool trigger = true;
+  // Session 6: items per warp (1 KB of codes + the tables each) requested into L2 with one
+  // cp.async.bulk.prefetch.L2 per warp before griddepcontrol.wait, beyond the ring's depth - 1
+  // copied into shared memory: more of the weight in flight while the rotate kernel (or, under
+  // `trigger`, the previous layer) runs. 0: off. Contiguous warp runs only (not interleave).
+  // H200 run 12: slower everywhere (+1.5..3 us with 8 or 32 items), bits equal.
+  int l2_prefetch = 0;
+  // Session 6: copy the M activation rows into shared memory with cp.async, all rows in flight at
+  // once, instead of M rounds of 16-byte load -> store through registers (at M = 16 that is 16
+  // dependent L2 round trips between griddepcontrol.wait and the first item). Same bytes.
+  // H200 run 12: convrotint4 16 x 5120 -> 13824 26.9 -> 25.0 us (stream of layers with
+  // trigger: 25.5 -> 23.9), neutral elsewhere: the default since.
+  bool async_act = true;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).
+// decode_tiles (the layer's path) uses layer_tiles_tuning(): DecodeTilesTuning{} unless a test
+// set another one.
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
+DecodeTilesTuning layer_tiles_tuning();
+// Test hook (harness cases of the run-time variants through the public layer): the tuning
+// decode_tiles uses from now on, process-wide; nullptr restores DecodeTilesTuning{}.
+void set_layer_tiles_tuning(const DecodeTilesTuning* t);
 void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream);
 // Bench only: reads the bytes the default kernel streams (codes + 8-byte tables of d.tiles) with
 // its loads and nothing else: the roofline of the GEMV under the same timing. interleave: each

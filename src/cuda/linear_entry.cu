@@ -89,8 +89,10 @@ void check_k_fits(const char* op, int64_t K) {
 
 // Rotates + quantizes x (M, K) into codes / scales (raw pointers, contiguous rows).
 void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* codes,
-                            int64_t codes_row_bytes, void* scales, cudaStream_t s) {
+                            int64_t codes_row_bytes, void* scales, cudaStream_t s,
+                            bool pdl = false) {
   linear::RotateQuantParams p;
+  p.pdl = pdl;
   p.x = x.data;
   p.x_dtype = x.dtype;
   p.x_row_stride = x.ndim > 1 ? x.stride[0] : x.shape[0];
@@ -351,7 +353,12 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   Scratch act(scale_off + static_cast<size_t>(M * 4), s, op);
   int8_t* a_codes = act.as<int8_t>();
   float* a_scale = reinterpret_cast<float*>(act.as<char>() + scale_off);
-  launch_rotate_quantize(x, w.rot, fmt, a_codes, K, a_scale, s);
+  // Decode on the tiled kernel with an early trigger (DecodeTilesTuning::trigger): the rotate
+  // kernel is launched with PDL too, so a stream of layers chains GEMV -> rotate -> GEMV with
+  // each kernel starting under its predecessor's tail (it waits before touching memory).
+  const bool chain = kUseDecodeTiles && M <= 16 && w.decode_tiles.data &&
+                     linear::layer_tiles_tuning().trigger;
+  launch_rotate_quantize(x, w.rot, fmt, a_codes, K, a_scale, s, chain);
   g.a_scale = a_scale;
   g.w_scale = static_cast<const float*>(w.scales.data);
   g.a = a_codes;

@@ -50,6 +50,11 @@ struct RotateQuantParams {
   // The first kernel (one CTA of 256 threads per row, the row staged in shared memory) instead
   // of the register kernel; the register kernel also needs K <= 16384 and falls back past it.
   bool legacy_kernel = false;
+  // Launch the register kernel with programmatic dependent launch: it may start while the
+  // previous kernel in the stream runs (if that one triggered early, e.g. a decode GEMV with
+  // DecodeTilesTuning::trigger) and waits (griddepcontrol.wait) for it before touching memory.
+  // The legacy kernel ignores it.
+  bool pdl = false;
 };
 // Bytes of shared memory one row needs (the rotated row is staged in fp32): K * 4.
 int64_t rotate_quantize_smem_bytes(int64_t K);

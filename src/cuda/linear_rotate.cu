@@ -276,6 +276,10 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
   // A kernel launched after this one with programmatic dependent launch (the 4-bit decode
   // kernel) may start now: it streams its weights and waits (griddepcontrol.wait) for our writes.
   ptx::griddep_launch_dependents();
+  // Launched with PDL (RotateQuantParams::pdl) behind a kernel that triggered early (the previous
+  // decode layer's GEMV): nothing is read or written before that grid has completed. Without the
+  // attribute a no-op.
+  ptx::griddep_wait();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int K = static_cast<int>(p.K);
   const bool in = tid * 16 < K;
@@ -462,7 +466,8 @@ void launch_reg(const RotateQuantParams& p, cudaStream_t stream) {
                "rotate_quantize", "occupancy");
     grid = std::min<int64_t>(p.M, static_cast<int64_t>(sms) * std::max(1, per_sm));
   }
-  kernel<<<static_cast<unsigned>(grid), threads, 0, stream>>>(p, vec_in, vec_out);
+  launch_maybe_pdl(p.pdl, kernel, dim3(static_cast<unsigned>(grid)), dim3(threads), 0, stream, p,
+                   vec_in, vec_out);
 }
 
 template <typename T, ActFormat FMT>

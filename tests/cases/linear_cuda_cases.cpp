@@ -10,6 +10,9 @@
 #include "lowbit/linear.h"
 #include "tests/cases/linear_case_types.h"
 #include "tests/harness/harness.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "src/cuda/linear_decode_tiles.cuh"
+#endif
 
 namespace lowbit {
 namespace harness {
@@ -160,6 +163,38 @@ class ForwardCase : public Case {
   DType act_;
   bool bias_;
 };
+
+#ifdef LOWBIT_WITH_CUDA
+// The layer with a run-time variant of the tiled decode kernel (cuda::linear::DecodeTilesTuning,
+// set through the test hook for the CUDA run, restored afterwards): the same bits as the CPU.
+class TunedForwardCase : public ForwardCase {
+ public:
+  TunedForwardCase(std::string variant, cuda::linear::DecodeTilesTuning t, QType q, int64_t m,
+                   int64_t o, int64_t k, DType act, bool bias)
+      : ForwardCase(q, m, o, k, act, bias), variant_(std::move(variant)), t_(t) {}
+  std::string name() const override {
+    std::string n = ForwardCase::name();
+    const size_t tail = std::string("linear.gpu.forward").size();
+    return "linear.gpu.forward_tiles." + variant_ + n.substr(tail);
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    if (in[0].device != Device::cuda) {
+      ForwardCase::run(in, out, ctx);
+      return;
+    }
+    struct Restore {
+      ~Restore() { cuda::linear::set_layer_tiles_tuning(nullptr); }
+    } restore;
+    cuda::linear::set_layer_tiles_tuning(&t_);
+    ForwardCase::run(in, out, ctx);
+  }
+
+ private:
+  std::string variant_;
+  cuda::linear::DecodeTilesTuning t_;
+};
+#endif
 
 std::unique_ptr<Case> gpu_dequantize_case(QType q, int64_t o, int64_t k, bool rotated) {
   return std::make_unique<DequantizeCase>(DequantizeSpec{
@@ -338,6 +373,46 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
                                                 DType::bf16, false));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 8, 1032, 640, DType::f16,
                                                 true));
+#ifdef LOWBIT_WITH_CUDA
+  // Session 6 variants of the tiled kernel (DecodeTilesTuning), through the layer: the spread
+  // split (whole tiles + an even share of the leftover tiles' items, combined across CTAs
+  // mid-kernel) where tiles > SMs and tiles % SMs != 0 on the H200's 132 SMs: O 5000 (313 tiles:
+  // 2 whole per CTA + 49 leftover tiles of 11 items, CTA shares crossing tile ends), O 4104 (257:
+  // 1 + 125 leftover tiles of 6 items, the last tile partial), O 24000 with K 128 (one item per
+  // tile: 0 or 1 leftover item per CTA); spread + early trigger + L2 prefetch + the async
+  // activation copy; run 11's default (no trigger, register activation copy) since the layer's
+  // default (every other case) has the trigger and the async copy.
+  {
+    namespace cl = cuda::linear;
+    cl::DecodeTilesTuning sp;
+    sp.spread = true;
+    cl::DecodeTilesTuning all = sp;
+    all.trigger = true;
+    all.l2_prefetch = 4;
+    all.async_act = true;
+    cl::DecodeTilesTuning aa;  // run 11's default: no early trigger, register activation copy
+    aa.trigger = false;
+    aa.async_act = false;
+    cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 1, 5000,
+                                                       1408, DType::bf16, true));
+    cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 16, 5000,
+                                                       1408, DType::f16, false));
+    cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_comfy_w4a4, 3,
+                                                       4104, 768, DType::bf16, true));
+    cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 9, 24000,
+                                                       128, DType::bf16, true));
+    cases.push_back(std::make_unique<TunedForwardCase>("spread_trigger_l2", all,
+                                                       QType::convrot_comfy_w4a4, 16, 4104, 768,
+                                                       DType::f16, false));
+    cases.push_back(std::make_unique<TunedForwardCase>("spread_trigger_l2", all,
+                                                       QType::convrot_int4, 2, 5000, 1408,
+                                                       DType::bf16, true));
+    cases.push_back(std::make_unique<TunedForwardCase>(
+        "run11_default", aa, QType::convrot_comfy_w4a4, 16, 136, 1280, DType::bf16, true));
+    cases.push_back(std::make_unique<TunedForwardCase>("run11_default", aa, QType::convrot_int4,
+                                                       11, 40, 640, DType::f16, false));
+  }
+#endif
 
   // The sm_90a CUTLASS int8 GEMM (128 x 256 x 128 tiles, 2 x 1 clusters): odd M over several
   // CTA rows and an odd number of them, O over partial 256-column tiles, K with a partial 128-byte

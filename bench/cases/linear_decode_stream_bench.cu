@@ -1,0 +1,359 @@
+// `linear.decode_stream` (CUDA): the decode GEMV the way an engine runs it — a stream of DISTINCT
+// layers launched back to back — against cuBLASLt bf16 + bias timed the same way.
+//
+// The single-call rows (linear.layer, linear.decode_ring) time one layer after an L2 flush: each
+// call pays the launch, the DRAM ramp and the slowest SM's tail (~6 us of byte-independent time
+// at 1 x 5120 -> 13824, session 5), which a decode step overlaps between consecutive layers. Here
+// one timed region (after the same L2 flush) runs kLayers layers of 5120 -> 13824, each with its
+// own weight bytes (kLayers x ~40 MB of 4-bit layout, or kLayers x 141.6 MB of bf16: nothing
+// stays in the 60 MB L2), and the row reports the region's median time / kLayers: the
+// steady-state cost per layer with the ramps of neighbouring layers overlapped as far as the
+// kernels allow. Both sides get the same treatment (the bf16 baseline is kLayers cuBLASLt
+// matmuls with bias on kLayers distinct weights, back to back, same flush, same median).
+//
+// Per 4-bit format and M: what QuantizedLinear::forward launches per layer (rotate kernel + the
+// tiled GEMV on the layer's decode tiles), with the run-time variants of DecodeTilesTuning and
+// RotateQuantParams::pdl; "tiles alone" rows leave the rotate kernel out (codes on the device).
+// Accuracy column: the last layer's output bits against the default variant's (every layer holds
+// the same codes, at its own addresses).
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "lowbit/linear.h"
+#include "lowbit/runtime.h"
+#include "src/cuda/linear_decode_tiles.cuh"
+#include "src/cuda/linear_kernels.cuh"
+
+namespace lowbit {
+namespace bench {
+namespace {
+
+constexpr int kLayers = 8;
+
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error("bench linear.decode_stream", what, cudaGetErrorString(e));
+}
+void ok(cublasStatus_t e, const char* what) {
+  if (e != CUBLAS_STATUS_SUCCESS)
+    throw Error("bench linear.decode_stream", what, "cuBLASLt status " + std::to_string(int(e)));
+}
+
+// kLayers bf16 GEMMs out(M, N) = x(M, K) · W_l(N, K)ᵀ + bias_l, each W_l its own 141.6 MB
+// (constant bytes: the speed of cuBLASLt does not depend on values), back to back in one timed
+// region; returns ms per layer (0 when cuBLASLt offers no algorithm).
+double bf16_stream_ms(const Env& env, int64_t M, int64_t N, int64_t K) {
+  cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
+  DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 1);
+  DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
+  std::vector<DeviceTensor> w, bias;
+  for (int l = 0; l < kLayers; ++l) {
+    w.push_back(make_empty(Device::cuda, DType::bf16, {N, K}));
+    bias.push_back(make_empty(Device::cuda, DType::bf16, {N}));
+    ok(cudaMemsetAsync(w.back().view.data, 0x3c, static_cast<size_t>(N * K * 2), s), "memset");
+    ok(cudaMemsetAsync(bias.back().view.data, 0x3c, static_cast<size_t>(N * 2), s), "memset");
+  }
+  cublasLtHandle_t lt;
+  ok(cublasLtCreate(&lt), "cublasLtCreate");
+  std::shared_ptr<void> lt_guard(
+      lt, [](void* h) { cublasLtDestroy(static_cast<cublasLtHandle_t>(h)); });
+  std::vector<cublasLtMatmulDesc_t> ops(kLayers);
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  for (int l = 0; l < kLayers; ++l) {
+    ok(cublasLtMatmulDescCreate(&ops[l], CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    ok(cublasLtMatmulDescSetAttribute(ops[l], CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "ta");
+    ok(cublasLtMatmulDescSetAttribute(ops[l], CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "tb");
+    const void* bp = bias[l].view.data;
+    ok(cublasLtMatmulDescSetAttribute(ops[l], CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+       "epilogue");
+    ok(cublasLtMatmulDescSetAttribute(ops[l], CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)),
+       "bias");
+  }
+  // Column-major view as in Env::bf16_gemm_ms: C^T(N, M) = W(N, K) · x^T(K, M).
+  cublasLtMatrixLayout_t la, lb, lc;
+  ok(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K), "layout W");
+  ok(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K), "layout x");
+  ok(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N), "layout out");
+  size_t ws_bytes = 64 << 20;
+  DeviceTensor ws = make_empty(Device::cuda, DType::u8, {static_cast<int64_t>(ws_bytes)});
+  cublasLtMatmulPreference_t pref;
+  ok(cublasLtMatmulPreferenceCreate(&pref), "pref");
+  ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                          &ws_bytes, sizeof(ws_bytes)),
+     "pref ws");
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  ok(cublasLtMatmulAlgoGetHeuristic(lt, ops[0], la, lb, lc, lc, pref, 1, &heur, &found),
+     "heuristic");
+  double ms = 0;
+  if (found > 0) {
+    const float alpha = 1.f, beta = 0.f;
+    ms = env.time_ms([&] {
+           for (int l = 0; l < kLayers; ++l)
+             ok(cublasLtMatmul(lt, ops[l], &alpha, w[l].view.data, la, x.view.data, lb, &beta,
+                               out.view.data, lc, out.view.data, lc, &heur.algo, ws.view.data,
+                               ws_bytes, s),
+                "matmul");
+         }) /
+         kLayers;
+  }
+  ok(cudaStreamSynchronize(s), "synchronize");
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  for (auto op : ops) cublasLtMatmulDescDestroy(op);
+  return ms;
+}
+
+class DecodeStreamBench : public BenchCase {
+ public:
+  std::string name() const override { return "linear.decode_stream"; }
+
+  std::vector<Row> run(const Env& env) override {
+    namespace cl = cuda::linear;
+    std::vector<Row> rows;
+    if (env.device != Device::cuda) return rows;
+    const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
+    cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
+    for (int64_t M : {int64_t{1}, int64_t{16}}) {
+      const double base = bf16_stream_ms(env, M, N, K);
+      DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
+      DeviceTensor codes = make_empty(Device::cuda, DType::i8, {M, K});
+      DeviceTensor scales = make_empty(Device::cuda, DType::f32, {M});
+      DeviceTensor ws = make_tensor(Device::cuda, DType::f32, {N}, 25, 1e-3f);
+      DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
+      DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
+      for (const bool comfy : {false, true}) {
+        const QType q = comfy ? QType::convrot_comfy_w4a4 : QType::convrot_int4;
+        cl::RotateQuantParams rq;
+        rq.x = x.view.data;
+        rq.x_dtype = DType::bf16;
+        rq.x_row_stride = K;
+        rq.M = M;
+        rq.K = K;
+        rq.rot = 256;
+        rq.fmt = comfy ? cl::ActFormat::int4 : cl::ActFormat::int8;
+        rq.codes = codes.view.data;
+        rq.codes_row_stride = K;
+        rq.scales = static_cast<float*>(scales.view.data);
+        cl::DecodeParams d;
+        d.M = M;
+        d.w.format = comfy ? cl::WeightFormat::comfy_int4 : cl::WeightFormat::packed;
+        d.w.N = N;
+        d.w.K = K;
+        d.w.bits = 4;
+        d.w.row_bytes = cl::packed_row_bytes(d.w.format, K, 4);
+        d.act_qmax = comfy ? 7 : 127;
+        d.a = static_cast<const int8_t*>(codes.view.data);
+        d.lda = K;
+        d.ep.a_scale = static_cast<const float*>(scales.view.data);
+        d.ep.w_scale = static_cast<const float*>(ws.view.data);
+        d.ep.bias = bias.view.data;
+        d.ep.bias_dtype = DType::bf16;
+        d.out = out.view.data;
+        d.out_dtype = DType::bf16;
+        d.ldo = N;
+        // Codes the quantizer can give (4-bit u <= 14) and positive group ratios, so the decode
+        // layout carries them; one layout built, copied to kLayers addresses.
+        std::mt19937_64 rng(77);
+        std::vector<uint8_t> hc(static_cast<size_t>(N * d.w.row_bytes));
+        for (auto& b : hc) {
+          const uint32_t v = static_cast<uint32_t>(rng());
+          b = static_cast<uint8_t>(comfy ? v & 0xff
+                                         : ((v & 15) % 15) | (((v >> 4) & 15) % 15) << 4);
+        }
+        std::vector<float> hr(static_cast<size_t>(N * (K / 128)));
+        std::uniform_real_distribution<float> ur(0.05f, 18.f);
+        for (auto& r : hr) r = ur(rng);
+        DeviceTensor tc = make_empty(Device::cuda, DType::u8, {N, d.w.row_bytes});
+        DeviceTensor tr = make_empty(Device::cuda, DType::f32, {N, K / 128});
+        ok(cudaMemcpy(tc.view.data, hc.data(), hc.size(), cudaMemcpyHostToDevice), "copy");
+        ok(cudaMemcpy(tr.view.data, hr.data(), hr.size() * 4, cudaMemcpyHostToDevice), "copy");
+        d.w.codes = static_cast<const uint8_t*>(tc.view.data);
+        if (!comfy) {
+          d.w.ratios = static_cast<const float*>(tr.view.data);
+          d.w.group = 128;
+          d.w.group_shift = 7;
+          d.w.groups_per_row = K / 128;
+        }
+        const int64_t tb = cl::decode_tiles_bytes(d.w);
+        if (tb <= 0) continue;
+        std::vector<DeviceTensor> tiles;
+        for (int l = 0; l < kLayers; ++l) {
+          tiles.push_back(make_empty(Device::cuda, DType::u8, {tb}));
+          if (l == 0) {
+            if (!cl::decode_tiles_build(d.w, static_cast<uint8_t*>(tiles[0].view.data), s))
+              break;
+          } else {
+            ok(cudaMemcpyAsync(tiles[l].view.data, tiles[0].view.data, static_cast<size_t>(tb),
+                               cudaMemcpyDeviceToDevice, s),
+               "copy");
+          }
+        }
+        if (static_cast<int>(tiles.size()) != kLayers) continue;
+        d.tiles = static_cast<const uint8_t*>(tiles[0].view.data);
+        if (!cl::decode_tiles_applies(d)) continue;
+        // Bytes one layer streams: codes + the 8-byte fold tables (convrotint4) + x and out.
+        const double layer_bytes = (N + 15) / 16 * (K / 128) * (1024.0 + (comfy ? 0 : 128)) +
+                                   2.0 * M * K + 2.0 * M * N;
+        struct V {
+          const char* name;
+          bool rotate;      // the rotate kernel before each GEMV (the layer)
+          bool pdl;         // rotate kernel launched with PDL (waits for the previous GEMV)
+          bool trigger;     // DecodeTilesTuning::trigger
+          int l2_prefetch;  // DecodeTilesTuning::l2_prefetch
+          bool spread = false;  // DecodeTilesTuning::spread
+          bool async_act = false;  // DecodeTilesTuning::async_act
+          bool fused = false;  // no rotate kernel: the GEMV rotates + quantizes x (M <= 2)
+        };
+        std::vector<float> ref;
+        // Run 12 (H200): L2 prefetch and the spread split were slower in every form, the fused
+        // form no faster than rotate + tiles: trimmed. trigger + async activation copy are the
+        // layer's default since (the layer then launches its rotate kernel with PDL).
+        for (const V& v :
+             {V{"rotate (PDL) + tiles (layer default: trigger, async activation copy)", true, true,
+                true, 0, false, true},
+              V{"rotate + tiles, run-11 default (no PDL, no trigger, register activation copy)",
+                true, false, false, 0},
+              V{"rotate (PDL) + tiles, trigger, register activation copy", true, true, true, 0},
+              V{"tiles fused (one kernel per layer), trigger", false, false, true, 0, false, true,
+                true},
+              V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false, true},
+              V{"tiles alone, no trigger (codes on the device)", false, false, false, 0, false,
+                true}}) {
+          Row r;
+          r.family = "linear";
+          r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
+                 qtype_name(q) + ": " + v.name + ", per layer";
+          r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
+                    " bf16";
+          r.backend = "cuda";
+          r.bytes = layer_bytes;
+          r.flops = 2.0 * M * N * K;
+          r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
+          r.baseline_ms = base;
+          cl::DecodeTilesTuning t;
+          t.trigger = v.trigger;
+          t.l2_prefetch = v.l2_prefetch;
+          t.spread = v.spread;
+          t.async_act = v.async_act;
+          cl::RotateQuantParams rp = rq;
+          rp.pdl = v.pdl;
+          cl::DecodeParams dl = d;
+          if (v.fused) {  // x in, every CTA rotates + quantizes it (the layer's fused mode)
+            dl.a = nullptr;
+            dl.lda = 0;
+            dl.ep.a_scale = nullptr;
+            dl.x = x.view.data;
+            dl.x_dtype = DType::bf16;
+            dl.x_row_stride = K;
+            dl.rot = 256;
+            if (!cl::decode_tiles_applies(dl)) continue;
+          }
+          try {
+            r.ms = env.time_ms([&] {
+                     for (int l = 0; l < kLayers; ++l) {
+                       cl::DecodeParams p = dl;
+                       p.tiles = static_cast<const uint8_t*>(tiles[l].view.data);
+                       if (v.rotate) cl::rotate_quantize(rp, s);
+                       cl::decode_tiles_with(p, t, s);
+                     }
+                   }) /
+                   kLayers;
+            ok(cudaStreamSynchronize(s), "synchronize");
+            const std::vector<float> got =
+                to_host_f32(make_view(out.view.data, DType::bf16, {M, N}, Device::cuda, 0));
+            if (ref.empty()) {
+              ref = got;
+              r.accuracy = "reference bits";
+            } else {
+              size_t diff = 0;
+              for (size_t i = 0; i < ref.size(); ++i)
+                if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
+              r.accuracy = diff ? std::to_string(diff) + " outputs differ from the default"
+                                : "bit-identical to the default";
+            }
+            if (!v.rotate && !v.fused) r.note = "GEMV only: not the layer";
+          } catch (const std::exception& e) {
+            r.note = std::string("failed: ") + e.what();
+          }
+          rows.push_back(r);
+        }
+      }
+    }
+    ok(cudaStreamSynchronize(s), "synchronize");
+    layer_rows(env, rows);
+    return rows;
+  }
+
+  // The public API the same way: kLayers QuantizedLinear objects (random 4-bit codes the
+  // quantizer can give, benign scales; each holds its own codes and decode tiles) forwarded back
+  // to back, x bf16 with bias, the layer's defaults; per layer, against the same bf16 stream.
+  void layer_rows(const Env& env, std::vector<Row>& rows) {
+    const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
+    for (int64_t M : {int64_t{1}, int64_t{16}}) {
+      const double base = bf16_stream_ms(env, M, N, K);
+      DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
+      DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
+      DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
+      for (const QType q : {QType::convrot_int4, QType::convrot_comfy_w4a4}) {
+        Row r;
+        r.family = "linear";
+        r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
+               qtype_name(q) + ": QuantizedLinear::forward (layer defaults), per layer";
+        r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
+                  " bf16";
+        r.backend = "cuda";
+        r.flops = 2.0 * M * N * K;
+        r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
+        r.baseline_ms = base;
+        try {
+          Context ctx = env.ctx;
+          std::vector<QuantizedLinear> layers;
+          std::mt19937_64 rng(31);
+          for (int l = 0; l < kLayers; ++l) {
+            PackedWeight w = make_packed_weight(q, N, K);
+            for (auto& b : w.codes) {
+              const uint32_t v = static_cast<uint32_t>(rng());
+              b = static_cast<uint8_t>(q == QType::convrot_int4
+                                           ? ((v & 15) % 15) | (((v >> 4) & 15) % 15) << 4
+                                           : v & 0xff);
+            }
+            auto fill_f32 = [](std::vector<uint8_t>& bytes, float v) {
+              for (size_t i = 0; i + 4 <= bytes.size(); i += 4) std::memcpy(&bytes[i], &v, 4);
+            };
+            fill_f32(w.scales, 0.01f);
+            fill_f32(w.ratios, 1.f);
+            fill_f32(w.tensor_scale, 1.f);
+            layers.push_back(QuantizedLinear::from_packed(w, Device::cuda, ctx));
+          }
+          r.bytes = 2.0 * M * K + 2.0 * M * N +
+                    static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
+          r.ms = env.time_ms([&] {
+                   for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);
+                 }) /
+                 kLayers;
+        } catch (const std::exception& e) {
+          r.note = std::string("failed: ") + e.what();
+        }
+        rows.push_back(r);
+      }
+    }
+  }
+};
+
+LOWBIT_BENCH_CASES(linear_decode_stream_bench_cases) {
+  cases.push_back(std::make_unique<DecodeStreamBench>());
+}
+
+}  // namespace
+}  // namespace bench
+}  // namespace lowbit
