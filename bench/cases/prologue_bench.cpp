@@ -186,6 +186,13 @@ class PrologueBench : public BenchCase {
           variant("quantize loads x before its PDL wait", t);
           t.mean_smem = detail::kMeanSmemOn;
           variant("mean rows in shared memory + x before the PDL wait", t);
+          // The wave model's head group (Wan 8, Flux 6 heads per quantize CTA) against a smaller
+          // and a larger one (Flux: 1152 / 288 CTAs instead of 576 for 660 resident).
+          for (int hg : {4, 12}) {
+            t = {};
+            t.heads_per_cta = hg;
+            variant("quantize CTAs of " + std::to_string(hg) + " heads (mean pass unchanged)", t);
+          }
         }
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
