@@ -306,11 +306,14 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   constexpr int LANES = D / 32, RW = 32 / LANES;
   // Dynamic shared memory: ASYNC: the x ring [SLOTS][4 chunks][blockDim.x] uint4 (each
   // thread's own slots), then (rope) [8][blockDim.x] float4: this thread's rotary pairs, then
-  // (mean_smem) [head_group][D / 4] float4: the CTA's mean rows.
+  // (mean_smem) [head_group][D / 4] float4: the CTA's mean rows, then [2][kV3MaxWarps] floats:
+  // the warps' group maxima (dynamic, so that static shared memory does not take the room the
+  // mean rows need: 7 -> 8 heads per CTA at 5 CTAs per SM).
   extern __shared__ float4 dyn_sh[];
   float4* t_sh = dyn_sh + (ASYNC ? SLOTS * 4 * blockDim.x : 0);
   float4* mean_sh = t_sh + (ROPE != kRopeNone ? 8 * blockDim.x : 0);
-  __shared__ float red[2][kV3MaxWarps];
+  float(*red)[kV3MaxWarps] = reinterpret_cast<float(*)[kV3MaxWarps]>(
+      mean_sh + (L.mean_smem ? L.head_group * (D / 4) : 0));
   __shared__ float4 w_sh[8][LANES];
   const int threads = blockDim.x;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1423,7 +1426,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
       wide_rows ? static_cast<int>(sizeof(float4)) * threads *
                       ((a.rotate ? 2 * kWideCh : 0) + kWideCh * (kWideAhead + 1))
                 : static_cast<int>(sizeof(float4)) * threads *
-                      ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0));
+                          ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0)) +
+                      static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
   const int mean_row_bytes = static_cast<int>(sizeof(float) * a.dim);
   auto launch = [&](auto kernel) {
     // Always: dynamic + static shared memory above 48 KB needs the opt-in (run 3's failure).
@@ -1431,7 +1435,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_quantize", "shared memory");
     // mean_smem: the most heads whose mean rows fit beside the other CTAs' shared memory, so that
-    // the resident CTAs per SM stay (5 at D = 128 with the 96-register ring: 7 heads, 3.5 KB).
+    // the resident CTAs per SM stay (5 at D = 128 with the 96-register ring: 8 heads, 4 KB).
     int64_t cap = a.heads;
     if (L.mean_smem) {
       const int64_t base = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
