@@ -172,6 +172,12 @@ class PrologueBench : public BenchCase {
           t.quant_early = detail::kEarlyOn;
           variant("wide rows + mean rows in shared memory + x before the PDL wait", t);
         }
+        t = {};  // 1 head ahead instead of 2: 6 CTAs (12 warps) per SM instead of 5
+        t.wide = detail::kWideOn1;
+        if (is_k) t.mean_smem = detail::kMeanSmemOn;
+        variant(is_k ? "wide rows 1 head ahead (6 CTAs/SM) + mean rows in shared memory"
+                     : "wide rows 1 head ahead (6 CTAs/SM)",
+                t);
         if (is_k) {
           t = {};
           t.quant_pdl = detail::kPdlOff;
@@ -386,6 +392,8 @@ class PrologueKQuantBench : public BenchCase {
                     {"wide rows + mean rows in shared memory", detail::kWideOn,
                      detail::kMeanSmemOn},
                     {"wide rows (mean from L1)", detail::kWideOn, 0},
+                    {"wide rows 1 head ahead + mean rows in shared memory", detail::kWideOn1,
+                     detail::kMeanSmemOn},
                     {"mean rows in shared memory", 0, detail::kMeanSmemOn}};
     double default_ms = 0;
     for (const V& v : vs) {

@@ -125,7 +125,7 @@ constexpr int kReduceShuffle = 1, kReduceRedux = 2;
 constexpr int kMeanFmaOff = 1, kMeanFmaOn = 2;
 constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
-constexpr int kWideOff = 1, kWideOn = 2;
+constexpr int kWideOff = 1, kWideOn = 2, kWideOn1 = 3;  // kWideOn1: 1 head ahead, 6 CTAs/SM
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;

@@ -132,7 +132,7 @@ __device__ __forceinline__ void load_table4(const PrologueArgs& a, int mode, int
 }
 
 // The 16 (cos, sin) pairs of a thread's 32 values of row `row_off`: pair t of the thread is
-// ROPE paired: value 8 i + j (i < 2) with value 8 (i + 2) + j, table pair 8 chunk(i) + j, t = 8 i + j;
+// paired: value 8 i + j (i < 2) with value 8 (i + 2) + j, table pair 8 chunk(i) + j, t = 8 i + j;
 // interleaved: values 8 i + 2 m and + 1, table pair 4 chunk(i) + m, t = 4 i + m.
 template <int D, int ROPE>
 __device__ __forceinline__ void v3_table_row(const PrologueArgs& a, int mode, int64_t row_off,
@@ -548,7 +548,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
 // CPU's pairwise tree over all D/8 chunks.
 
 constexpr int kWideCh = 8;        // chunks of 8 channels per lane (64 values)
-constexpr int kWideAhead = 2;     // cp.async ring: heads in flight ahead
+constexpr int kWideAhead = 2;     // cp.async ring: heads in flight ahead (kWideOn)
+constexpr int kWideAhead1 = 1;    // kWideOn1: 32 KB per 2-warp CTA, 6 CTAs (<= 168 registers)
 constexpr int kWideMaxWarps = 4;  // CTA tiles of at most 4 warps (64 rows)
 
 template <int D>
@@ -684,10 +685,10 @@ __device__ __forceinline__ void quantize_n(const float (&v)[NV], float scale,
 // mean rows in shared memory with L.mean_smem, PDL wait placement by L.early) with 64 values per
 // thread. <= 170 registers (__launch_bounds__(128, 3)); a 2-warp CTA needs 40 KB of shared
 // memory (+ the mean rows), so 5 CTAs per SM.
-template <int D, bool BF16, int ROPE, bool LEAN>
+template <int D, bool BF16, int ROPE, bool LEAN, int AHEAD = kWideAhead>
 __global__ void __launch_bounds__(kWideMaxWarps * 32, 3)
     wide_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
-  constexpr int CH = kWideCh, NV = 8 * CH, SLOTS = kWideAhead + 1;
+  constexpr int CH = kWideCh, NV = 8 * CH, SLOTS = AHEAD + 1;
   constexpr int LANES = wide_lanes<D>(), RW = 32 / LANES;
   static_assert(LANES >= 1 && LANES * CH * 8 == D, "wide rows: D = 8 CH LANES");
   // Dynamic shared memory: the x ring [SLOTS][CH][threads] uint4, (rope) [2 CH][threads] float4
@@ -743,7 +744,7 @@ __global__ void __launch_bounds__(kWideMaxWarps * 32, 3)
     for (int i = 0; i < CH; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
   };
 #pragma unroll
-  for (int k = 0; k < kWideAhead; ++k) {
+  for (int k = 0; k < AHEAD; ++k) {
     if (k < count) issue(k);
     cp_async_commit();
   }
@@ -763,9 +764,9 @@ __global__ void __launch_bounds__(kWideMaxWarps * 32, 3)
 
 #pragma unroll 1
   for (int u = 0; u < count; ++u) {
-    if (u + kWideAhead < count) issue(u + kWideAhead);
+    if (u + AHEAD < count) issue(u + AHEAD);
     cp_async_commit();
-    cp_async_wait<kWideAhead>();
+    cp_async_wait<AHEAD>();
     const uint4* src = ring + (u % SLOTS) * CH * threads + tid;
     uint4 r[CH];
 #pragma unroll
@@ -859,9 +860,9 @@ __global__ void __launch_bounds__(kWideMaxWarps * 32, 3)
 // float4) are read per unit through L1 (registers go to loads in flight instead; the next row's
 // lines are prefetched into L2 when a row starts). Two heads per CTA (32 KB of accumulators), and
 // the shared-memory carve-out asked for no more than 4 CTAs need, so that L1 keeps the rows in
-// use (4 CTAs x 32 rows x 512 bytes). x loads of the next kV3MeanPrefetch units are in flight. Each lane adds rope(norm(x))
-// of its 32 values into a private accumulator in shared memory ([head][quad][thread] float4,
-// conflict-free, no barrier in the loop). End of CTA: one barrier, the RPS row slots added per
+// use (4 CTAs x 32 rows x 512 bytes). x loads of the next kV3MeanPrefetch units are in flight.
+// Each lane adds rope(norm(x)) of its 32 values into a private accumulator in shared memory
+// ([head][quad][thread] float4, conflict-free, no barrier in the loop). End of CTA: one barrier, the RPS row slots added per
 // (head, channel) in slot order into one partial per (batch, head, chunk), which
 // launch_mean_final adds in a fixed order: deterministic for a given launch shape.
 
@@ -1289,7 +1290,8 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
                                                : a.batch * a.tokens * a.heads >= kV4OccMinRows);
   const int ctas_per_sm = occ ? 5 : 4;
   // The rotation folded into the sum (with the table ring only).
-  const bool fma = detail::prologue_cuda_tuning().mean_fma == detail::kMeanFmaOn && tsmem;  // for the carve-out (D = 64: 3 or 4 by registers)
+  // (D = 64: 3 or 4 CTAs by registers, for the carve-out)
+  const bool fma = detail::prologue_cuda_tuning().mean_fma == detail::kMeanFmaOn && tsmem;
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
   // table ring after it).
   const int smem = static_cast<int>(std::max<size_t>(
@@ -1392,8 +1394,9 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   const int split_knob = detail::prologue_cuda_tuning().split_blocks;
   const bool split = split_knob > 0 ? split_knob == detail::kSplitOn : kV3DefaultSplit;
   // Wide rows (tuning `wide`, D = 128): 2 lanes per row, tiles of >= 2 and <= 4 warps.
+  const int wide_knob = detail::prologue_cuda_tuning().wide;
   const bool wide_rows =
-      detail::prologue_cuda_tuning().wide == detail::kWideOn && a.dim == 128 &&
+      (wide_knob == detail::kWideOn || wide_knob == detail::kWideOn1) && a.dim == 128 &&
       std::max(split ? L.group_rows : a.block, 32) <= kWideMaxWarps * 16;
   const int lanes = wide_rows ? 2 : static_cast<int>(a.dim / 32), rw = 32 / lanes;
   L.tile_rows = std::max(split ? L.group_rows : a.block, (wide_rows ? 2 : 4) * rw);
@@ -1424,7 +1427,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   L.early = tuning.quant_early == detail::kEarlyOn && pdl;
   const int smem =
       wide_rows ? static_cast<int>(sizeof(float4)) * threads *
-                      ((a.rotate ? 2 * kWideCh : 0) + kWideCh * (kWideAhead + 1))
+                      ((a.rotate ? 2 * kWideCh : 0) +
+                       kWideCh * (1 + (wide_knob == detail::kWideOn1 ? kWideAhead1 : kWideAhead)))
                 : static_cast<int>(sizeof(float4)) * threads *
                           ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0)) +
                       static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
@@ -1491,7 +1495,11 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
     auto pick = [&](auto lean) {
       constexpr bool LEAN = decltype(lean)::value && BF16;
       if constexpr (D == 128)
-        if (wide_rows) return launch(wide_quantize_kernel<D, BF16, ROPE, LEAN>);
+        if (wide_rows) {
+          if (wide_knob == detail::kWideOn1)
+            return launch(wide_quantize_kernel<D, BF16, ROPE, LEAN, kWideAhead1>);
+          return launch(wide_quantize_kernel<D, BF16, ROPE, LEAN>);
+        }
       if (ring == detail::kQuantRingAsync96)
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN>);
       else if (ahead > 0)

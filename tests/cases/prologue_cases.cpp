@@ -544,6 +544,16 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       w.tag = "widepb", w.layout = ScaleLayout::per_block, w.block = 64, w.rope = RopeKind::none;
       w.norm = Norm::none, w.sm_scale = -0.75f;
       add(w);
+      Cfg w1;  // 1 head ahead (6 CTAs per SM): THREAD_K 64 with the staged mean, and THREAD_Q 32
+      w1.tag = "wide1";
+      w1.B = 2, w1.N = N, w1.H = 11, w1.D = D, w1.qkv = true, w1.wide = detail::kWideOn1;
+      w1.mean = true, w1.layout = ScaleLayout::thread_k, w1.block = 64;
+      w1.mean_smem = detail::kMeanSmemOn;
+      add(w1);
+      w1.tag = "wide1tq", w1.mean = false, w1.mean_smem = 0, w1.dtype = DType::f16;
+      w1.layout = ScaleLayout::thread_q, w1.block = 32, w1.sm_scale = q_scale;
+      w1.rope = RopeKind::interleaved;
+      add(w1);
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
