@@ -172,6 +172,12 @@ class PrologueBench : public BenchCase {
           t.quant_early = detail::kEarlyOn;
           variant("wide rows + mean rows in shared memory + x before the PDL wait", t);
         }
+        t = {};  // 16-byte int8 stores (a lane-pair exchange: whole sectors per store)
+        t.wide = detail::kWideOn, t.wide_pack = detail::kPackOn;
+        if (is_k) t.mean_smem = detail::kMeanSmemOn;
+        variant(is_k ? "wide rows + 16-byte stores + mean rows in shared memory"
+                     : "wide rows + 16-byte stores",
+                t);
         t = {};  // 1 head ahead instead of 2: 6 CTAs (12 warps) per SM instead of 5
         t.wide = detail::kWideOn1;
         if (is_k) t.mean_smem = detail::kMeanSmemOn;
@@ -386,19 +392,21 @@ class PrologueKQuantBench : public BenchCase {
     const double copy = env.copy_ms(bytes / 2);
     struct V {
       const char* label;
-      int wide, mean_smem;
+      int wide, mean_smem, pack;
     };
-    const V vs[] = {{"default (round-3 quantize, 96-register ring, mean from L1)", 0, 0},
+    const V vs[] = {{"default (round-3 quantize, 96-register ring, mean from L1)", 0, 0, 0},
                     {"wide rows + mean rows in shared memory", detail::kWideOn,
-                     detail::kMeanSmemOn},
-                    {"wide rows (mean from L1)", detail::kWideOn, 0},
+                     detail::kMeanSmemOn, 0},
+                    {"wide rows (mean from L1)", detail::kWideOn, 0, 0},
                     {"wide rows 1 head ahead + mean rows in shared memory", detail::kWideOn1,
-                     detail::kMeanSmemOn},
-                    {"mean rows in shared memory", 0, detail::kMeanSmemOn}};
+                     detail::kMeanSmemOn, 0},
+                    {"wide rows + 16-byte stores + mean rows in shared memory", detail::kWideOn,
+                     detail::kMeanSmemOn, detail::kPackOn},
+                    {"mean rows in shared memory", 0, detail::kMeanSmemOn, 0}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::PrologueCudaTuning t;
-      t.wide = v.wide, t.mean_smem = v.mean_smem;
+      t.wide = v.wide, t.mean_smem = v.mean_smem, t.wide_pack = v.pack;
       detail::set_prologue_cuda_tuning(t);
       Row r;
       r.family = "prologue";

@@ -287,6 +287,7 @@ std::atomic<int> g_mean_fma{0};
 std::atomic<int> g_mean_smem{0};
 std::atomic<int> g_quant_early{0};
 std::atomic<int> g_wide{0};
+std::atomic<int> g_wide_pack{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -308,6 +309,7 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_mean_smem.store(t.mean_smem);
   g_quant_early.store(t.quant_early);
   g_wide.store(t.wide);
+  g_wide_pack.store(t.wide_pack);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -330,6 +332,7 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.mean_smem = g_mean_smem.load();
   t.quant_early = g_quant_early.load();
   t.wide = g_wide.load();
+  t.wide_pack = g_wide_pack.load();
   return t;
 }
 

@@ -113,7 +113,9 @@ namespace detail {
 // kernel in the stream writes nothing the quantize pass reads but the mean, i.e. behind the mean
 // pass of the same x (the bench's k path); never a default for a lone norm_rope_quantize;
 // `wide` (kWideOn, D = 128, tiles of at most 64 rows) the round-3 quantize with 2 lanes per row
-// (64 values per thread: a THREAD_K 64 scale group is one warp, no named barrier).
+// (64 values per thread: a THREAD_K 64 scale group is one warp, no named barrier);
+// `wide_pack` (kPackOn, with `wide`, a 16-byte aligned q_out) its int8 stores as 16 bytes per
+// lane after a lane-pair exchange (whole 32-byte sectors per row per store instruction).
 // None of the others changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
@@ -126,6 +128,7 @@ constexpr int kMeanFmaOff = 1, kMeanFmaOn = 2;
 constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
 constexpr int kWideOff = 1, kWideOn = 2, kWideOn1 = 3;  // kWideOn1: 1 head ahead, 6 CTAs/SM
+constexpr int kPackOff = 1, kPackOn = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
@@ -145,6 +148,7 @@ struct PrologueCudaTuning {
   int mean_smem = 0;
   int quant_early = 0;
   int wide = 0;
+  int wide_pack = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

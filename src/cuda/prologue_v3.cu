@@ -292,6 +292,7 @@ struct V3QuantLaunch {
   bool redux;      // the group maximum by redux.sync (red_lanes 16, 32), else shuffles
   bool mean_smem;  // the head group's mean rows staged in shared memory (needs mean_vec)
   bool early;      // x / weight / table loads before griddepcontrol.wait (tuning `quant_early`)
+  bool pack16;     // wide rows: 16-byte int8 stores after a lane-pair exchange (`wide_pack`)
 };
 
 // AHEAD = 0: the register ring (kV3QuantPrefetch heads ahead); AHEAD > 0: the cp.async ring,
@@ -836,7 +837,33 @@ __global__ void __launch_bounds__(kWideMaxWarps * 32, 3)
     const float scale =
         __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
     if (writer) srow[u * s_sh] = scale;
-    if (ok) {
+    if (L.pack16) {
+      // Every lane quantizes (rows past N too: all lanes take part in the exchange; only rows
+      // below N store). Sector s of the row (codes 32 s .. 32 s + 31) = chunks 4s .. 4s + 3:
+      // lane 0 holds 4s and 4s + 2 (its i = 2s, 2s + 1), lane 1 holds 4s + 1 and 4s + 3. Lane 0
+      // trades its chunk 4s + 2 for lane 1's 4s + 1, then lane 0 stores chunks 4s, 4s + 1 and
+      // lane 1 chunks 4s + 2, 4s + 3: 16 bytes each, one whole sector per row per instruction
+      // (the 8-byte stores below write half sectors: 2 lanes x 8 bytes).
+      static_assert(LANES == 2 && CH % 2 == 0, "pack16: lane pairs");
+      if (scaled) {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
+      }
+      uint32_t packed[NV / 4];
+      quantize_n<LEAN, NV>(v, scale, packed);
+      int8_t* q = qrow + u * q_sh + 16 * lane_in_row;
+      const bool hi = lane_in_row != 0;
+#pragma unroll
+      for (int sct = 0; sct < CH / 2; ++sct) {
+        const uint32_t* lo_chunk = packed + 4 * sct;       // this lane's i = 2 sct
+        const uint32_t* hi_chunk = packed + 4 * sct + 2;   // this lane's i = 2 sct + 1
+        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? lo_chunk[0] : hi_chunk[0], 1);
+        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? lo_chunk[1] : hi_chunk[1], 1);
+        const uint4 out = hi ? make_uint4(r0, r1, hi_chunk[0], hi_chunk[1])
+                             : make_uint4(lo_chunk[0], lo_chunk[1], r0, r1);
+        if (ok) *reinterpret_cast<uint4*>(q + 32 * sct) = out;
+      }
+    } else if (ok) {
       if (scaled) {
 #pragma unroll
         for (int j = 0; j < NV; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
@@ -1425,6 +1452,9 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   const bool pdl = tuning.quant_pdl > 0 ? tuning.quant_pdl == detail::kPdlOn : kV3DefaultQuantPdl;
   L.mean_smem = tuning.mean_smem == detail::kMeanSmemOn && L.mean_vec;
   L.early = tuning.quant_early == detail::kEarlyOn && pdl;
+  L.pack16 = wide_rows && tuning.wide_pack == detail::kPackOn &&
+             reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.q_sb % 16 == 0 && a.q_sn % 16 == 0 &&
+             a.q_sh % 16 == 0;
   const int smem =
       wide_rows ? static_cast<int>(sizeof(float4)) * threads *
                       ((a.rotate ? 2 * kWideCh : 0) +

@@ -62,6 +62,7 @@ struct Cfg {
   int mean_smem = 0;      // CUDA: round-3 quantize with the mean rows in shared memory
   int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
   int wide = 0;           // CUDA: round-3 quantize with 2 lanes per row at D = 128
+  int wide_pack = 0;      // CUDA: wide rows with 16-byte int8 stores (lane-pair exchange)
   std::string tag;
 };
 
@@ -210,7 +211,7 @@ class PrologueCase : public Case {
                                         c_.mean_ring, c_.lean, c_.split_blocks,
                                         c_.max_reduce, c_.quant_pdl, c_.mean_ctas,
                                         c_.mean_fma, c_.mean_smem, c_.quant_early,
-                                        c_.wide});
+                                        c_.wide, c_.wide_pack});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -554,6 +555,19 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       w1.layout = ScaleLayout::thread_q, w1.block = 32, w1.sm_scale = q_scale;
       w1.rope = RopeKind::interleaved;
       add(w1);
+      // Wide rows with 16-byte int8 stores: THREAD_K 64 with the staged mean; THREAD_Q 32 into a
+      // padded q_out (head stride D + 32), 1 head ahead.
+      Cfg wp;
+      wp.tag = "widepack";
+      wp.B = 2, wp.N = N, wp.H = 11, wp.D = D, wp.qkv = true, wp.wide = detail::kWideOn;
+      wp.wide_pack = detail::kPackOn;
+      wp.mean = true, wp.layout = ScaleLayout::thread_k, wp.block = 64;
+      wp.mean_smem = detail::kMeanSmemOn;
+      add(wp);
+      wp.tag = "widepacktq", wp.mean = false, wp.mean_smem = 0, wp.q_pad = true;
+      wp.wide = detail::kWideOn1, wp.dtype = DType::f16, wp.rope = RopeKind::interleaved;
+      wp.layout = ScaleLayout::thread_q, wp.block = 32, wp.sm_scale = q_scale;
+      add(wp);
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
