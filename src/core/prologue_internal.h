@@ -116,6 +116,9 @@ namespace detail {
 // (64 values per thread: a THREAD_K 64 scale group is one warp, no named barrier);
 // `wide_pack` (kPackOn, with `wide`, a 16-byte aligned q_out) its int8 stores as 16 bytes per
 // lane after a lane-pair exchange (whole 32-byte sectors per row per store instruction).
+// For `wide`, `mean_smem` and `wide_pack`, 0 means the defaults in src/cuda/prologue_v3.cu
+// (kV3DefaultWide, kV3DefaultMeanSmem, kV3DefaultPack); with `wide` 0, an explicit `ring` or
+// `split_blocks` selects the 32-value kernels.
 // None of the others changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too

@@ -54,6 +54,11 @@ constexpr bool kV3DefaultSplit = true;
 // 0.2911 / 0.0420 (both), every bit equal: the defaults since session 5.
 constexpr bool kV3DefaultRedux = true;
 constexpr bool kV3DefaultQuantPdl = true;
+// Session 6 knobs (tuning `wide`, `mean_smem`, `wide_pack`; 0 = these defaults): off until
+// measured (GPU run 12).
+constexpr int kV3DefaultWide = detail::kWideOff;
+constexpr bool kV3DefaultMeanSmem = false;
+constexpr bool kV3DefaultPack = false;
 // The round-4 mean with 5 CTAs per SM (tuning `mean_ctas`) by default from this many rows
 // (batch * tokens * heads) up: GPU run 9, Wan k 0.2999 -> 0.2904 ms, Flux k 0.0429 -> 0.0450 (at
 // Flux the wave model then gives each warp fewer tokens).
@@ -889,9 +894,9 @@ __global__ void __launch_bounds__(kWideMaxWarps * 32, 3)
 // the shared-memory carve-out asked for no more than 4 CTAs need, so that L1 keeps the rows in
 // use (4 CTAs x 32 rows x 512 bytes). x loads of the next kV3MeanPrefetch units are in flight.
 // Each lane adds rope(norm(x)) of its 32 values into a private accumulator in shared memory
-// ([head][quad][thread] float4, conflict-free, no barrier in the loop). End of CTA: one barrier, the RPS row slots added per
-// (head, channel) in slot order into one partial per (batch, head, chunk), which
-// launch_mean_final adds in a fixed order: deterministic for a given launch shape.
+// ([head][quad][thread] float4, conflict-free, no barrier in the loop). End of CTA: one barrier,
+// the RPS row slots added per (head, channel) in slot order into one partial per (batch, head,
+// chunk), which launch_mean_final adds in a fixed order: deterministic for a given launch shape.
 
 struct V3MeanLaunch {
   int head_group;
@@ -1421,7 +1426,12 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   const int split_knob = detail::prologue_cuda_tuning().split_blocks;
   const bool split = split_knob > 0 ? split_knob == detail::kSplitOn : kV3DefaultSplit;
   // Wide rows (tuning `wide`, D = 128): 2 lanes per row, tiles of >= 2 and <= 4 warps.
-  const int wide_knob = detail::prologue_cuda_tuning().wide;
+  // 0: the default (kV3DefaultWide: kWideOff, kWideOn or kWideOn1), except that an explicit ring
+  // or split choice (tests, A/B rows of the 32-value kernels) selects the 32-value kernels.
+  const detail::PrologueCudaTuning knobs = detail::prologue_cuda_tuning();
+  const int wide_knob = knobs.wide > 0                                   ? knobs.wide
+                        : knobs.ring > 0 || knobs.split_blocks > 0 ? detail::kWideOff
+                                                                   : kV3DefaultWide;
   const bool wide_rows =
       (wide_knob == detail::kWideOn || wide_knob == detail::kWideOn1) && a.dim == 128 &&
       std::max(split ? L.group_rows : a.block, 32) <= kWideMaxWarps * 16;
@@ -1450,9 +1460,12 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   L.redux = (tuning.max_reduce > 0 ? tuning.max_reduce == detail::kReduceRedux
                                    : kV3DefaultRedux);
   const bool pdl = tuning.quant_pdl > 0 ? tuning.quant_pdl == detail::kPdlOn : kV3DefaultQuantPdl;
-  L.mean_smem = tuning.mean_smem == detail::kMeanSmemOn && L.mean_vec;
+  L.mean_smem = (tuning.mean_smem > 0 ? tuning.mean_smem == detail::kMeanSmemOn
+                                       : kV3DefaultMeanSmem) &&
+                L.mean_vec;
   L.early = tuning.quant_early == detail::kEarlyOn && pdl;
-  L.pack16 = wide_rows && tuning.wide_pack == detail::kPackOn &&
+  L.pack16 = wide_rows &&
+             (tuning.wide_pack > 0 ? tuning.wide_pack == detail::kPackOn : kV3DefaultPack) &&
              reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.q_sb % 16 == 0 && a.q_sn % 16 == 0 &&
              a.q_sh % 16 == 0;
   const int smem =
