@@ -54,10 +54,14 @@ constexpr bool kV3DefaultSplit = true;
 // 0.2911 / 0.0420 (both), every bit equal: the defaults since session 5.
 constexpr bool kV3DefaultRedux = true;
 constexpr bool kV3DefaultQuantPdl = true;
-// Session 6 knobs (tuning `wide`, `mean_smem`, `wide_pack`; 0 = these defaults): off until
-// measured (GPU run 12).
+// Session 6 knobs (tuning `wide`, `mean_smem`, `wide_pack`; 0 = these defaults). GPU run 12
+// (the same bits throughout): the k quantize pass alone at Wan 0.1853 ms with the mean from L1,
+// 0.1752 with the mean rows in shared memory (k path Wan 0.2875 -> 0.2750, Flux 0.0416 ->
+// 0.0414): the default since session 6. Wide rows: slower everywhere (k pass alone 0.2576, with
+// 16-byte stores 0.2062; q path 0.2169 / 0.1715 vs 0.1548): 10 warps per SM leave the schedulers
+// idle (ncu: 1.98 active, 0.52 eligible warps per scheduler, issue 34 %).
 constexpr int kV3DefaultWide = detail::kWideOff;
-constexpr bool kV3DefaultMeanSmem = false;
+constexpr bool kV3DefaultMeanSmem = true;
 constexpr bool kV3DefaultPack = false;
 // The round-4 mean with 5 CTAs per SM (tuning `mean_ctas`) by default from this many rows
 // (batch * tokens * heads) up: GPU run 9, Wan k 0.2999 -> 0.2904 ms, Flux k 0.0429 -> 0.0450 (at

@@ -514,6 +514,12 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       k.tag = "msmemreg", k.ring = detail::kQuantRingRegister, k.layout = ScaleLayout::thread_k;
       k.block = 64, k.sm_scale = 1.f;
       add(k);  // the register ring
+      Cfg l1 = k;  // the mean from L1 (run 11's default; the staged mean is the default since)
+      l1.tag = "meanl1", l1.ring = 0, l1.mean_smem = detail::kMeanSmemOff;
+      add(l1);
+      l1.tag = "meanl1tq", l1.dtype = DType::f16, l1.rope = RopeKind::interleaved;
+      l1.layout = ScaleLayout::thread_q, l1.block = 32, l1.q_pad = true;
+      add(l1);
       Cfg e = k;
       e.tag = "early", e.ring = 0, e.mean_smem = 0, e.quant_pdl = detail::kPdlOn;
       e.quant_early = detail::kEarlyOn;
