@@ -151,29 +151,36 @@ class PrologueBench : public BenchCase {
         // (first-generation / round-2 / round-3 kernels, the other rings, lean off, forward tiles,
         // mean_final without PDL: runs 2-7; the mean with the rotation folded into its sums, the
         // mean's tokens per warp: run 9) are no longer rows.
+        // Session 6: the session 3 defaults (run 11: Wan q / k 0.1743 / 0.3613 ms) and the mean
+        // kernel's CTAs per SM (runs 9-11) are settled: no longer rows.
         detail::PrologueCudaTuning t;
-        t.ring = detail::kQuantRingRegister, t.lean = detail::kLeanOff, t.mean_round = 2;
-        t.tile_order = detail::kTilesForward, t.pdl = detail::kPdlOff;
-        variant("session 3 defaults (register ring, round-2 mean pass)", t);
         if (is_k) {
           t = {};
           t.split_blocks = detail::kSplitOff, t.mean_ring = detail::kQuantRingAsync;
           variant("session 4 defaults (8-warp THREAD_K CTAs, mean ring without the table)", t);
         }
+        // (the group maximum by the shuffle tree, runs 9-11, and q's launch without PDL, run 11,
+        // are settled: no longer rows)
+        // Session 6: wide rows (2 lanes per row at D = 128, 64 values per thread), run 12: slower
+        // in every form (Wan k 0.3060-0.5350 ms vs 0.2875); kept: the fastest form, with 16-byte
+        // stores (and the staged mean for k).
         t = {};
-        t.max_reduce = detail::kReduceShuffle;
-        variant("group maximum by the shuffle tree (no redux.sync)", t);
-        t = {};
-        t.quant_pdl = detail::kPdlOff;
-        variant("quantize launched without PDL", t);
+        t.wide = detail::kWideOn, t.wide_pack = detail::kPackOn;
+        variant("wide rows + 16-byte stores", t);
         if (is_k) {
-          // The mean kernel's CTAs per SM: the default is 5 from 2^20 rows up (Wan), else 4.
-          const bool big = B * N * H >= (int64_t{1} << 20);
           t = {};
-          t.mean_ctas = big ? 4 : 5;
-          variant(big ? "round-4 mean pass with 4 CTAs/SM (<= 128 registers)"
-                      : "round-4 mean pass with 5 CTAs/SM (<= 96 registers)",
-                  t);
+          t.quant_pdl = detail::kPdlOff;
+          variant("quantize launched without PDL", t);
+          // Session 6: the quantize CTA's mean rows in shared memory, the default since run 12
+          // (Wan k 0.2750 vs 0.2875 ms with the mean from L1, the same bits); x loads before the
+          // PDL wait (correct behind the mean pass only; run 12: Wan 0.2725, Flux 0.0400 with the
+          // staged mean). (Quantize CTAs of 4 / 12 heads, run 12: slower, no longer rows.)
+          t = {};
+          t.mean_smem = detail::kMeanSmemOff;
+          variant("mean from L1 in the quantize pass (run 11 default)", t);
+          t = {};
+          t.quant_early = detail::kEarlyOn;
+          variant("quantize loads x before its PDL wait", t);
         }
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
@@ -308,7 +315,117 @@ class PrologueBench : public BenchCase {
   }
 };
 
-LOWBIT_BENCH_CASES(prologue_bench_cases) { cases.push_back(std::make_unique<PrologueBench>()); }
+// `prologue.kquant`: the k path's quantize pass alone (norm_rope_quantize with a mean, THREAD_K
+// 64) at the Wan shape, default against the session 6 variants, each timed with L2 flushed; the
+// family an ncu request can name (its first v3_quantize_kernel_r96 launch is the default).
+class PrologueKQuantBench : public BenchCase {
+ public:
+  std::string name() const override { return "prologue.kquant"; }
+
+  std::vector<Row> run(const Env& env) override {
+    std::vector<Row> rows;
+    if (env.device != Device::cuda) return rows;  // the variants are CUDA knobs
+    const Shape s{"[Wan 14B 720p]", 1, 32760, 40, 128};
+    const int64_t B = s.B, N = s.N, H = s.H, D = s.D, P = D / 2;
+    Context ctx = env.ctx;
+    DeviceTensor x = make_tensor(env.device, DType::bf16, {B, N, H, D}, 11, 1.f);
+    std::vector<uint16_t> w_host(D);
+    std::mt19937_64 rng(3);
+    std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+    for (int64_t c = 0; c < D; ++c) w_host[c] = dt::f32_to_bf16(wd(rng));
+    DeviceTensor w = make_empty(env.device, DType::bf16, {D});
+    upload(w, w_host.data(), w_host.size() * 2);
+    std::vector<float> table(static_cast<size_t>(N * P * 2));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t p = 0; p < P; ++p) {
+        const double th = static_cast<double>(n) * std::pow(10000.0, -2.0 * p / D);
+        table[(n * P + p) * 2] = static_cast<float>(std::cos(th));
+        table[(n * P + p) * 2 + 1] = static_cast<float>(std::sin(th));
+      }
+    DeviceTensor tab = make_empty(env.device, DType::f32, {1, N, 1, P, 2});
+    upload(tab, table.data(), table.size() * 4);
+    Rope rope;
+    rope.table = tab.view;
+    DeviceTensor mean = make_empty(env.device, DType::f32, {B, H, D});
+    DeviceTensor q8 = make_empty(env.device, DType::i8, {B, N, H, D});
+    Prologue p;
+    p.norm_weight = &w.view;
+    p.rope = &rope;
+    p.layout = ScaleLayout::thread_k;
+    p.block = 64;
+    const int64_t count = prologue_scale_count(N, p.layout, p.block);
+    DeviceTensor sc = make_empty(env.device, DType::f32, {B, H, count});
+    norm_rope_mean(x.view, p, mean.view, ctx);
+    Prologue pq = p;
+    pq.mean = &mean.view;
+    const double x_bytes = static_cast<double>(B * N * H * D) * 2;
+    const double bytes = x_bytes * 1.5 + static_cast<double>(B * H * count) * 4;
+    auto quant = [&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); };
+    quant();
+    synchronize(ctx);
+    const std::vector<float> q_default = to_host_f32(q8.view), s_default = to_host_f32(sc.view);
+    const double copy = env.copy_ms(bytes / 2);
+    struct V {
+      const char* label;
+      int wide, mean_smem, pack;
+    };
+    const V vs[] = {{"default (96-register ring, mean rows in shared memory)", 0, 0, 0},
+                    {"wide rows + 16-byte stores + mean rows in shared memory", detail::kWideOn,
+                     detail::kMeanSmemOn, detail::kPackOn},
+                    {"mean from L1 (run 11 default)", 0, detail::kMeanSmemOff, 0}};
+    double default_ms = 0;
+    for (const V& v : vs) {
+      detail::PrologueCudaTuning t;
+      t.wide = v.wide, t.mean_smem = v.mean_smem, t.wide_pack = v.pack;
+      detail::set_prologue_cuda_tuning(t);
+      Row r;
+      r.family = "prologue";
+      r.op = std::string("k quantize pass alone (THREAD_K 64, mean given): ") + v.label;
+      r.shape = shape_str(s);
+      r.backend = device_name(env.device);
+      r.bytes = bytes;  // 1 read of x + int8 + scales
+      r.baseline = "copy of the same bytes";
+      r.baseline_ms = copy;
+      try {
+        r.ms = env.time_ms(quant);
+        quant();
+        synchronize(ctx);
+        r.accuracy =
+            v.wide == 0 && v.mean_smem == 0 ? "-" : bits(q_default, s_default, q8, sc);
+        r.note = fmt(100.0 * copy / r.ms) + "% of copy bandwidth";
+        if (default_ms > 0) r.note += "; " + fmt(default_ms / r.ms) + "x the default";
+        if (default_ms == 0) default_ms = r.ms;
+      } catch (const std::exception& e) {
+        r.ms = 0, r.accuracy = std::string("FAILED: ") + e.what(), r.note = "not timed";
+      }
+      detail::set_prologue_cuda_tuning({});
+      rows.push_back(r);
+    }
+    return rows;
+  }
+
+ private:
+  static std::string bits(const std::vector<float>& q_default, const std::vector<float>& s_default,
+                          const DeviceTensor& q8, const DeviceTensor& sc) {
+    const std::vector<float> q = to_host_f32(q8.view), sv = to_host_f32(sc.view);
+    int64_t dq = 0, ds = 0;
+    for (size_t i = 0; i < q.size(); ++i) dq += q[i] != q_default[i];
+    for (size_t i = 0; i < sv.size(); ++i)
+      ds += std::memcmp(&sv[i], &s_default[i], sizeof(float)) != 0;
+    if (dq == 0 && ds == 0) return "bits = default";
+    return std::to_string(dq) + " codes, " + std::to_string(ds) + " scales differ from default";
+  }
+  static std::string fmt(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", v);
+    return buf;
+  }
+};
+
+LOWBIT_BENCH_CASES(prologue_bench_cases) {
+  cases.push_back(std::make_unique<PrologueBench>());
+  cases.push_back(std::make_unique<PrologueKQuantBench>());
+}
 
 }  // namespace
 }  // namespace bench

@@ -284,6 +284,10 @@ std::atomic<int> g_max_reduce{0};
 std::atomic<int> g_quant_pdl{0};
 std::atomic<int> g_mean_ctas{0};
 std::atomic<int> g_mean_fma{0};
+std::atomic<int> g_mean_smem{0};
+std::atomic<int> g_quant_early{0};
+std::atomic<int> g_wide{0};
+std::atomic<int> g_wide_pack{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -302,6 +306,10 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_quant_pdl.store(t.quant_pdl);
   g_mean_ctas.store(t.mean_ctas);
   g_mean_fma.store(t.mean_fma);
+  g_mean_smem.store(t.mean_smem);
+  g_quant_early.store(t.quant_early);
+  g_wide.store(t.wide);
+  g_wide_pack.store(t.wide_pack);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -321,6 +329,10 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.quant_pdl = g_quant_pdl.load();
   t.mean_ctas = g_mean_ctas.load();
   t.mean_fma = g_mean_fma.load();
+  t.mean_smem = g_mean_smem.load();
+  t.quant_early = g_quant_early.load();
+  t.wide = g_wide.load();
+  t.wide_pack = g_wide_pack.load();
   return t;
 }
 

@@ -105,7 +105,20 @@ namespace detail {
 // kernel's resident CTAs per SM at D = 128 (4: <= 128 registers; 5: <= 96 registers, 20 warps
 // per SM; 0: the default, 5 from 2^20 rows up); `mean_fma` (kMeanFmaOn) folds the rotation into the round-4 mean's
 // fp32 sums (fma(c, y, fma(-s, o, acc)): the mean's rounding differs like a sum order, within the
-// harness's fp32 tolerance; the quantize codes then follow that mean).
+// harness's fp32 tolerance; the quantize codes then follow that mean); `mean_smem` (kMeanSmemOn)
+// stages the round-3 quantize CTA's mean rows in shared memory once (read per head with
+// ld.shared instead of L1 loads; the head group capped so the CTAs per SM stay); `quant_early`
+// (kEarlyOn) lets the PDL-launched round-3 quantize kernel issue its x, weight and table loads
+// before griddepcontrol.wait (only the mean is read after it): correct only where the previous
+// kernel in the stream writes nothing the quantize pass reads but the mean, i.e. behind the mean
+// pass of the same x (the bench's k path); never a default for a lone norm_rope_quantize;
+// `wide` (kWideOn, D = 128, tiles of at most 64 rows) the round-3 quantize with 2 lanes per row
+// (64 values per thread: a THREAD_K 64 scale group is one warp, no named barrier);
+// `wide_pack` (kPackOn, with `wide`, a 16-byte aligned q_out) its int8 stores as 16 bytes per
+// lane after a lane-pair exchange (whole 32-byte sectors per row per store instruction).
+// For `wide`, `mean_smem` and `wide_pack`, 0 means the defaults in src/cuda/prologue_v3.cu
+// (kV3DefaultWide, kV3DefaultMeanSmem, kV3DefaultPack); with `wide` 0, an explicit `ring` or
+// `split_blocks` selects the 32-value kernels.
 // None of the others changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
@@ -115,6 +128,10 @@ constexpr int kLeanOff = 1, kLeanOn = 2;
 constexpr int kSplitOff = 1, kSplitOn = 2;
 constexpr int kReduceShuffle = 1, kReduceRedux = 2;
 constexpr int kMeanFmaOff = 1, kMeanFmaOn = 2;
+constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
+constexpr int kEarlyOff = 1, kEarlyOn = 2;
+constexpr int kWideOff = 1, kWideOn = 2, kWideOn1 = 3;  // kWideOn1: 1 head ahead, 6 CTAs/SM
+constexpr int kPackOff = 1, kPackOn = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
@@ -131,6 +148,10 @@ struct PrologueCudaTuning {
   int quant_pdl = 0;
   int mean_ctas = 0;
   int mean_fma = 0;
+  int mean_smem = 0;
+  int quant_early = 0;
+  int wide = 0;
+  int wide_pack = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

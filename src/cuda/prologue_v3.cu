@@ -54,6 +54,15 @@ constexpr bool kV3DefaultSplit = true;
 // 0.2911 / 0.0420 (both), every bit equal: the defaults since session 5.
 constexpr bool kV3DefaultRedux = true;
 constexpr bool kV3DefaultQuantPdl = true;
+// Session 6 knobs (tuning `wide`, `mean_smem`, `wide_pack`; 0 = these defaults). GPU run 12
+// (the same bits throughout): the k quantize pass alone at Wan 0.1853 ms with the mean from L1,
+// 0.1752 with the mean rows in shared memory (k path Wan 0.2875 -> 0.2750, Flux 0.0416 ->
+// 0.0414): the default since session 6. Wide rows: slower everywhere (k pass alone 0.2576, with
+// 16-byte stores 0.2062; q path 0.2169 / 0.1715 vs 0.1548): 10 warps per SM leave the schedulers
+// idle (ncu: 1.98 active, 0.52 eligible warps per scheduler, issue 34 %).
+constexpr int kV3DefaultWide = detail::kWideOff;
+constexpr bool kV3DefaultMeanSmem = true;
+constexpr bool kV3DefaultPack = false;
 // The round-4 mean with 5 CTAs per SM (tuning `mean_ctas`) by default from this many rows
 // (batch * tokens * heads) up: GPU run 9, Wan k 0.2999 -> 0.2904 ms, Flux k 0.0429 -> 0.0450 (at
 // Flux the wave model then gives each warp fewer tokens).
@@ -132,7 +141,7 @@ __device__ __forceinline__ void load_table4(const PrologueArgs& a, int mode, int
 }
 
 // The 16 (cos, sin) pairs of a thread's 32 values of row `row_off`: pair t of the thread is
-// ROPE paired: value 8 i + j (i < 2) with value 8 (i + 2) + j, table pair 8 chunk(i) + j, t = 8 i + j;
+// paired: value 8 i + j (i < 2) with value 8 (i + 2) + j, table pair 8 chunk(i) + j, t = 8 i + j;
 // interleaved: values 8 i + 2 m and + 1, table pair 4 chunk(i) + m, t = 4 i + m.
 template <int D, int ROPE>
 __device__ __forceinline__ void v3_table_row(const PrologueArgs& a, int mode, int64_t row_off,
@@ -290,6 +299,9 @@ struct V3QuantLaunch {
   bool mean_vec;   // mean rows 16-byte aligned: float4 loads
   bool reverse;    // tiles in reverse token order (blockIdx.y = 0 takes the last tile)
   bool redux;      // the group maximum by redux.sync (red_lanes 16, 32), else shuffles
+  bool mean_smem;  // the head group's mean rows staged in shared memory (needs mean_vec)
+  bool early;      // x / weight / table loads before griddepcontrol.wait (tuning `quant_early`)
+  bool pack16;     // wide rows: 16-byte int8 stores after a lane-pair exchange (`wide_pack`)
 };
 
 // AHEAD = 0: the register ring (kV3QuantPrefetch heads ahead); AHEAD > 0: the cp.async ring,
@@ -303,17 +315,23 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   constexpr int SLOTS = AHEAD + 1;
   constexpr int LANES = D / 32, RW = 32 / LANES;
   // Dynamic shared memory: ASYNC: the x ring [SLOTS][4 chunks][blockDim.x] uint4 (each
-  // thread's own slots), then (rope) [8][blockDim.x] float4: this thread's rotary pairs.
+  // thread's own slots), then (rope) [8][blockDim.x] float4: this thread's rotary pairs, then
+  // (mean_smem) [head_group][D / 4] float4: the CTA's mean rows, then [2][kV3MaxWarps] floats:
+  // the warps' group maxima (dynamic, so that static shared memory does not take the room the
+  // mean rows need: 7 -> 8 heads per CTA at 5 CTAs per SM).
   extern __shared__ float4 dyn_sh[];
   float4* t_sh = dyn_sh + (ASYNC ? SLOTS * 4 * blockDim.x : 0);
-  __shared__ float red[2][kV3MaxWarps];
+  float4* mean_sh = t_sh + (ROPE != kRopeNone ? 8 * blockDim.x : 0);
+  float(*red)[kV3MaxWarps] = reinterpret_cast<float(*)[kV3MaxWarps]>(
+      mean_sh + (L.mean_smem ? L.head_group * (D / 4) : 0));
   __shared__ float4 w_sh[8][LANES];
   const int threads = blockDim.x;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   // Launched with PDL (tuning `quant_pdl`): nothing is read before the previous kernel in the
-  // stream has completed (a no-op without the attribute).
-  griddep_wait();
+  // stream has completed (a no-op without the attribute). `early` (tuning `quant_early`, only
+  // behind the mean pass of the same x): the wait comes before the first read of the mean.
+  if (!L.early) griddep_wait();
   const int64_t b = blockIdx.z;
   const int64_t tile = L.reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
@@ -370,12 +388,33 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 #pragma unroll
     for (int i = 0; i < 4; ++i) r[i] = load_stream16(px + 8 * LANES * i);
   };
+  // mean_smem: stage the mean rows of the CTA's heads once (before `start`'s barrier, after the
+  // first x loads are issued); the PDL wait (early) comes before the first mean read.
+  auto stage_mean = [&] {
+    if (L.early) griddep_wait();
+    if (!L.mean_smem || !mrow) return;
+    constexpr int QR = D / 4;  // float4 per mean row
+    for (int e = tid; e < count * QR; e += threads)
+      mean_sh[e] = __ldg(reinterpret_cast<const float4*>(mrow + (e / QR) * m_sh) + e % QR);
+  };
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
     v3_row<D, BF16, ROPE, LEAN>(
         a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
         [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
-    if (mrow) {
+    if (mrow && L.mean_smem) {
+      // Quad k: values 4k .. 4k + 3 = channels c0 + 8 LANES (k / 2) + 4 (k & 1); the 4 distinct
+      // addresses of a warp are 32 bytes apart (no bank conflict), the row slots broadcast.
+      const float4* mq = mean_sh + u * (D / 4) + 2 * lane_in_row;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float4 t = lds16(mq + 2 * LANES * (k / 2) + (k & 1));
+        v[4 * k] = __fsub_rn(v[4 * k], t.x);
+        v[4 * k + 1] = __fsub_rn(v[4 * k + 1], t.y);
+        v[4 * k + 2] = __fsub_rn(v[4 * k + 2], t.z);
+        v[4 * k + 3] = __fsub_rn(v[4 * k + 3], t.w);
+      }
+    } else if (mrow) {
       const float* m = mrow + u * m_sh + c0;
       float mv[32];
       if (L.mean_vec) {
@@ -466,6 +505,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       if (k < count) issue(k);
       cp_async_commit();
     }
+    stage_mean();
     start();
 #pragma unroll 1
     for (int u = 0; u < count; ++u) {
@@ -479,7 +519,10 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       proc(u, r);
     }
   } else {
-    pipeline<kV3QuantPrefetch, 4>(count, load, proc, start);
+    pipeline<kV3QuantPrefetch, 4>(count, load, proc, [&] {
+      stage_mean();
+      start();
+    });
   }
 }
 
@@ -498,6 +541,352 @@ __global__ void __maxnreg__(kV3Async96Regs)
   v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead, LEAN>(a, L);
 }
 
+// ---- norm_rope_quantize, wide rows (session 6) ---------------------------------------------
+//
+// THREAD_K 64 at D = 128 puts a scale group's 16 rows on 64 lanes: two warps, whose maxima meet
+// in shared memory behind a named barrier per head (the k quantize pass ran at 65 % of copy in
+// GPU run 11 where the q path, on the same bytes, ran at 78 %). Here a row of D = 128 channels
+// is held by LANES = 2 lanes, CH = 8 chunks (64 values) each: a warp holds 16 rows, so a THREAD_K
+// group is one warp (its maximum one redux.sync), THREAD_Q 32's groups of 4 rows are 8 lanes,
+// and every per-row step (rsqrt, shuffles, scale, reciprocal, address math) is paid once per 64
+// values. Shared memory per row is unchanged (the cp.async ring 2 heads ahead: 768 bytes, the
+// rotary pairs: 512), so a 2-warp CTA (32 rows) takes the 40 KB a 4-warp one took: 5 CTAs = 10
+// warps per SM, the same rows in flight, twice the independent values per thread.
+// Placement: lane l of a row holds chunks l + LANES * i, i = 0..CH-1; the split-half partner of
+// chunk i < CH/2 is chunk i + CH/2 of the same lane; the sum of squares is each chunk in channel
+// order, one xor level over the 2 lanes (chunks 2i, 2i + 1), then a pairwise tree over i: the
+// CPU's pairwise tree over all D/8 chunks.
+
+constexpr int kWideCh = 8;        // chunks of 8 channels per lane (64 values)
+constexpr int kWideAhead = 2;     // cp.async ring: heads in flight ahead (kWideOn)
+constexpr int kWideAhead1 = 1;    // kWideOn1: 32 KB per 2-warp CTA, 6 CTAs (<= 168 registers)
+constexpr int kWideMaxWarps = 4;  // CTA tiles of at most 4 warps (64 rows)
+
+template <int D>
+constexpr int wide_lanes() {
+  return D / (8 * kWideCh);
+}
+
+// Chunk i (0..CH-1) of lane `lane_in_row`.
+template <int D>
+__device__ __forceinline__ int wide_chunk(int lane_in_row, int i) {
+  return lane_in_row + wide_lanes<D>() * i;
+}
+
+// The 4 CH (cos, sin) pairs of a thread's values of row `row_off`: pair t of the thread is,
+// paired: value 8 i + j (i < CH/2) with value 8 (i + CH/2) + j, table pair 8 chunk(i) + j,
+// t = 8 i + j; interleaved: values 8 i + 2 m and + 1, table pair 4 chunk(i) + m, t = 4 i + m.
+template <int D, int ROPE>
+__device__ __forceinline__ void wide_table_row(const PrologueArgs& a, int mode, int64_t row_off,
+                                               int lane_in_row, float (&cs)[4 * kWideCh],
+                                               float (&sn)[4 * kWideCh]) {
+#pragma unroll
+  for (int k = 0; k < kWideCh; ++k) {
+    const int pair = ROPE == kRopePaired ? 8 * wide_chunk<D>(lane_in_row, k / 2) + 4 * (k & 1)
+                                         : 4 * wide_chunk<D>(lane_in_row, k);
+    load_table4(a, mode, row_off, pair, cs + 4 * k, sn + 4 * k);
+  }
+}
+
+// Weight quads: w_sh[k][l] = channels 8 chunk(l, k / 2) + 4 (k & 1) + 0..3 (values 4k .. 4k + 3
+// of lane l), k < 2 CH. Thread tid < 2 CH LANES loads quad (tid / LANES, tid % LANES).
+template <int D>
+__device__ __forceinline__ float4 wide_weight_quad(const PrologueArgs& a, int tid) {
+  constexpr int LANES = wide_lanes<D>();
+  float q[4] = {1.f, 1.f, 1.f, 1.f};
+  if (tid < 2 * kWideCh * LANES && a.norm) {
+    const int k = tid / LANES, l = tid % LANES;
+    const int c = 8 * wide_chunk<D>(l, k / 2) + 4 * (k & 1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, c + i, a.w_dtype);
+  }
+  return make_float4(q[0], q[1], q[2], q[3]);
+}
+
+// rope(norm(x)) of a thread's 8 CH values of one row (SPEC §1 order, v3_row's arithmetic).
+template <int D, bool BF16, int ROPE, bool LEAN, typename WQ, typename TQ>
+__device__ __forceinline__ void wide_row(bool norm, float eps, WQ&& wq, TQ&& tq,
+                                         const uint4 (&raw)[kWideCh], float (&v)[8 * kWideCh]) {
+  constexpr int LANES = wide_lanes<D>(), CH = kWideCh;
+  float* x = v;
+#pragma unroll
+  for (int i = 0; i < CH; ++i) unpack<BF16>(raw[i], x + 8 * i);
+  if (norm) {
+    float p[CH];
+#pragma unroll
+    for (int i = 0; i < CH; ++i) p[i] = chunk_squares(x + 8 * i);
+#pragma unroll
+    for (int o = 1; o < LANES; o <<= 1) {
+#pragma unroll
+      for (int i = 0; i < CH; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
+    }
+#pragma unroll
+    for (int w = 1; w < CH; w <<= 1) {
+#pragma unroll
+      for (int i = 0; i < CH; i += 2 * w) p[i] = __fadd_rn(p[i], p[i + w]);
+    }
+    static_assert((D & (D - 1)) == 0, "D must be a power of two");  // total / D is exact
+    const float inv = __frsqrt_rn(__fadd_rn(__fmul_rn(p[0], 1.f / static_cast<float>(D)), eps));
+#pragma unroll
+    for (int k = 0; k < 2 * CH; ++k) {
+      const float4 w = wq(k);
+      x[4 * k] = __fmul_rn(__fmul_rn(x[4 * k], inv), w.x);
+      x[4 * k + 1] = __fmul_rn(__fmul_rn(x[4 * k + 1], inv), w.y);
+      x[4 * k + 2] = __fmul_rn(__fmul_rn(x[4 * k + 2], inv), w.z);
+      x[4 * k + 3] = __fmul_rn(__fmul_rn(x[4 * k + 3], inv), w.w);
+      if (LEAN && BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) x[4 * k + i] = round_bf16_hi(x[4 * k + i]);
+      } else {
+        round_pair<BF16>(x[4 * k], x[4 * k + 1]);
+        round_pair<BF16>(x[4 * k + 2], x[4 * k + 3]);
+      }
+    }
+  }
+  auto rotate = [&](float c, float s, int lead, int trail) {
+    const float y = x[lead], o = x[trail];
+    v[lead] = __fmaf_rn(c, y, -__fmul_rn(s, o));
+    v[trail] = __fmaf_rn(s, y, __fmul_rn(c, o));
+  };
+  if (ROPE == kRopePaired) {  // pair t = 8 i + j (i < CH/2): value t leads, value t + 4 CH trails
+#pragma unroll
+    for (int k = 0; k < 2 * CH; ++k) {
+      const float4 t = tq(k);  // pairs 2k, 2k + 1
+      rotate(t.x, t.y, 2 * k, 2 * k + 4 * CH);
+      rotate(t.z, t.w, 2 * k + 1, 2 * k + 1 + 4 * CH);
+    }
+  } else if (ROPE == kRopeInterleaved) {  // pair t = 4 i + m: values 2t, 2t + 1
+#pragma unroll
+    for (int k = 0; k < 2 * CH; ++k) {
+      const float4 t = tq(k);
+      rotate(t.x, t.y, 4 * k, 4 * k + 1);
+      rotate(t.z, t.w, 4 * k + 2, 4 * k + 3);
+    }
+  }
+}
+
+// Codes of NV values with one scale (quantize32's arithmetic). out[k] = codes 4k .. 4k + 3.
+template <bool LEAN, int NV>
+__device__ __forceinline__ void quantize_n(const float (&v)[NV], float scale,
+                                           uint32_t (&out)[NV / 4]) {
+  const float as = fabsf(scale);
+  if (as >= 0x1p-126f && as <= 0x1p126f) {
+    const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
+#pragma unroll
+    for (int k = 0; k < NV / 4; ++k)
+      out[k] = pack_s8x4(round_code(__fmul_rn(v[4 * k], r)), round_code(__fmul_rn(v[4 * k + 1], r)),
+                         round_code(__fmul_rn(v[4 * k + 2], r)),
+                         round_code(__fmul_rn(v[4 * k + 3], r)));
+  } else if (scale == 0.f) {
+#pragma unroll
+    for (int k = 0; k < NV / 4; ++k) out[k] = 0u;
+  } else {
+#pragma unroll
+    for (int k = 0; k < NV / 4; ++k)
+      out[k] = pack_s8x4(round_code(div_full(v[4 * k], scale)),
+                         round_code(div_full(v[4 * k + 1], scale)),
+                         round_code(div_full(v[4 * k + 2], scale)),
+                         round_code(div_full(v[4 * k + 3], scale)));
+  }
+}
+
+// The wide quantize kernel: v3_quantize_body's structure (group-major rows, one row per thread
+// for the head loop, invariants in shared memory, the cp.async ring kWideAhead heads ahead,
+// mean rows in shared memory with L.mean_smem, PDL wait placement by L.early) with 64 values per
+// thread. <= 170 registers (__launch_bounds__(128, 3)); a 2-warp CTA needs 40 KB of shared
+// memory (+ the mean rows), so 5 CTAs per SM.
+template <int D, bool BF16, int ROPE, bool LEAN, int AHEAD = kWideAhead>
+__global__ void __launch_bounds__(kWideMaxWarps * 32, 3)
+    wide_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
+  constexpr int CH = kWideCh, NV = 8 * CH, SLOTS = AHEAD + 1;
+  constexpr int LANES = wide_lanes<D>(), RW = 32 / LANES;
+  static_assert(LANES >= 1 && LANES * CH * 8 == D, "wide rows: D = 8 CH LANES");
+  // Dynamic shared memory: the x ring [SLOTS][CH][threads] uint4, (rope) [2 CH][threads] float4
+  // rotary quads, (mean_smem) [head_group][D / 4] float4 mean rows.
+  extern __shared__ float4 dyn_sh[];
+  const int threads = blockDim.x;
+  float4* t_sh = dyn_sh + SLOTS * CH * threads;
+  float4* mean_sh = t_sh + (ROPE != kRopeNone ? 2 * CH * threads : 0);
+  __shared__ float red[2][kWideMaxWarps];
+  __shared__ float4 w_sh[2 * CH][LANES];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int slot = lane / LANES, lane_in_row = lane % LANES;
+  if (!L.early) griddep_wait();
+  const int64_t b = blockIdx.z;
+  const int64_t tile = L.reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
+  const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
+  const int p = warp * RW + slot;
+  const int64_t P = tile * L.tile_rows + p;
+  const int64_t blk = P / a.block;
+  const int rem = static_cast<int>(P - blk * a.block);
+  const int g = rem / L.group_rows, gi = rem % L.group_rows;
+  const int64_t n = blk * a.block + group_row(a.layout, g, gi);
+  const bool ok = n < a.tokens;
+  const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
+
+  const float4 wq = wide_weight_quad<D>(a, tid);  // blockDim >= 64 >= 2 CH LANES
+  float tcs[4 * CH], tsn[4 * CH];
+#pragma unroll
+  for (int i = 0; i < 4 * CH; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
+  if (ROPE != kRopeNone && ok)
+    wide_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + n * a.r_sn, lane_in_row, tcs, tsn);
+
+  const uint16_t* xrow =
+      static_cast<const uint16_t*>(a.x) + b * a.x_sb + (ok ? n : 0) * a.x_sn + h0 * a.x_sh;
+  int8_t* qrow = a.q + b * a.q_sb + (ok ? n : 0) * a.q_sn + h0 * a.q_sh;
+  float* srow = a.scale + b * a.s_sb + h0 * a.s_sh + blk * a.groups + g;
+  const float* mrow = a.mean ? a.mean + b * a.m_sb + h0 * a.m_sh : nullptr;
+  const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
+  const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
+  const int team_first = warp / L.wpg * L.wpg, team_barrier = 1 + warp / L.wpg;
+  const int team_threads = 32 * L.wpg;
+  const bool scaled = a.sm_scale != 1.f;
+  const float abs_sm = fabsf(a.sm_scale);
+  const int c0 = 8 * lane_in_row;  // channel of chunk i: c0 + 8 LANES i
+  const float rcp127 = rcp_approx(127.f);
+
+  uint4* ring = reinterpret_cast<uint4*>(dyn_sh);
+  auto issue = [&](int u) {
+    const uint16_t* px = xrow + u * x_sh + c0;
+    uint4* dst = ring + (u % SLOTS) * CH * threads + tid;
+#pragma unroll
+    for (int i = 0; i < CH; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
+  };
+#pragma unroll
+  for (int k = 0; k < AHEAD; ++k) {
+    if (k < count) issue(k);
+    cp_async_commit();
+  }
+  if (L.early) griddep_wait();
+  if (L.mean_smem && mrow) {
+    constexpr int QR = D / 4;
+    for (int e = tid; e < count * QR; e += threads)
+      mean_sh[e] = __ldg(reinterpret_cast<const float4*>(mrow + (e / QR) * m_sh) + e % QR);
+  }
+  if (tid < 2 * CH * LANES) w_sh[tid / LANES][tid % LANES] = wq;
+  if (ROPE != kRopeNone) {
+#pragma unroll
+    for (int k = 0; k < 2 * CH; ++k)
+      t_sh[k * threads + tid] = make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
+  }
+  __syncthreads();
+
+#pragma unroll 1
+  for (int u = 0; u < count; ++u) {
+    if (u + AHEAD < count) issue(u + AHEAD);
+    cp_async_commit();
+    cp_async_wait<AHEAD>();
+    const uint4* src = ring + (u % SLOTS) * CH * threads + tid;
+    uint4 r[CH];
+#pragma unroll
+    for (int i = 0; i < CH; ++i) r[i] = lds16u(src + i * threads);
+    float v[NV];
+    wide_row<D, BF16, ROPE, LEAN>(
+        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
+        [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
+    if (mrow) {
+      // Quad k: values 4k .. 4k + 3 = channels c0 + 8 LANES (k / 2) + 4 (k & 1).
+      const float4* mq = mean_sh + u * (D / 4) + 2 * lane_in_row;
+      const float* mg = mrow + u * m_sh + c0;
+#pragma unroll
+      for (int k = 0; k < 2 * CH; ++k) {
+        const int off = 8 * LANES * (k / 2) + 4 * (k & 1);
+        float4 t;
+        if (L.mean_smem) {
+          t = lds16(mq + off / 4);
+        } else if (L.mean_vec) {
+          t = ldg16_l1(mg + off);
+        } else {
+          t = make_float4(__ldg(mg + off), __ldg(mg + off + 1), __ldg(mg + off + 2),
+                          __ldg(mg + off + 3));
+        }
+        v[4 * k] = __fsub_rn(v[4 * k], t.x);
+        v[4 * k + 1] = __fsub_rn(v[4 * k + 1], t.y);
+        v[4 * k + 2] = __fsub_rn(v[4 * k + 2], t.z);
+        v[4 * k + 3] = __fsub_rn(v[4 * k + 3], t.w);
+      }
+    }
+    // |v| maximum: CH independent chains, then a tree (exact in any order).
+    float t[CH];
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+      t[i] = fabsf(v[8 * i]);
+#pragma unroll
+      for (int j = 1; j < 8; ++j) t[i] = max_nan(t[i], fabsf(v[8 * i + j]));
+    }
+#pragma unroll
+    for (int w = 1; w < CH; w <<= 1) {
+#pragma unroll
+      for (int i = 0; i < CH; i += 2 * w) t[i] = max_nan(t[i], t[i + w]);
+    }
+    float m = ok ? t[0] : 0.f;
+    // Group maximum (red_lanes lanes; the bit patterns of |v| order as the floats, NaN on top).
+    const uint32_t bits = __float_as_uint(m);
+    if (L.red_lanes == 32) {
+      m = __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
+    } else if (L.red_lanes == 16) {
+      const bool upper = (lane & 16) != 0;
+      const uint32_t lo = __reduce_max_sync(0xffffffffu, upper ? 0u : bits);
+      const uint32_t hi = __reduce_max_sync(0xffffffffu, upper ? bits : 0u);
+      m = __uint_as_float(upper ? hi : lo);
+    } else {
+#pragma unroll
+      for (int o = 1; o < 16; o <<= 1)
+        if (o < L.red_lanes) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+    }
+    if (L.wpg > 1) {
+      const int par = u & 1;
+      if (lane == 0) red[par][warp] = m;
+      named_barrier(team_barrier, team_threads);
+      m = red[par][team_first];
+      for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
+    }
+    if (scaled) m = __fmul_rn(m, abs_sm);
+    const float scale =
+        __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
+    if (writer) srow[u * s_sh] = scale;
+    if (L.pack16) {
+      // Every lane quantizes (rows past N too: all lanes take part in the exchange; only rows
+      // below N store). Sector s of the row (codes 32 s .. 32 s + 31) = chunks 4s .. 4s + 3:
+      // lane 0 holds 4s and 4s + 2 (its i = 2s, 2s + 1), lane 1 holds 4s + 1 and 4s + 3. Lane 0
+      // trades its chunk 4s + 2 for lane 1's 4s + 1, then lane 0 stores chunks 4s, 4s + 1 and
+      // lane 1 chunks 4s + 2, 4s + 3: 16 bytes each, one whole sector per row per instruction
+      // (the 8-byte stores below write half sectors: 2 lanes x 8 bytes).
+      static_assert(LANES == 2 && CH % 2 == 0, "pack16: lane pairs");
+      if (scaled) {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
+      }
+      uint32_t packed[NV / 4];
+      quantize_n<LEAN, NV>(v, scale, packed);
+      int8_t* q = qrow + u * q_sh + 16 * lane_in_row;
+      const bool hi = lane_in_row != 0;
+#pragma unroll
+      for (int sct = 0; sct < CH / 2; ++sct) {
+        const uint32_t* lo_chunk = packed + 4 * sct;       // this lane's i = 2 sct
+        const uint32_t* hi_chunk = packed + 4 * sct + 2;   // this lane's i = 2 sct + 1
+        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? lo_chunk[0] : hi_chunk[0], 1);
+        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? lo_chunk[1] : hi_chunk[1], 1);
+        const uint4 out = hi ? make_uint4(r0, r1, hi_chunk[0], hi_chunk[1])
+                             : make_uint4(lo_chunk[0], lo_chunk[1], r0, r1);
+        if (ok) *reinterpret_cast<uint4*>(q + 32 * sct) = out;
+      }
+    } else if (ok) {
+      if (scaled) {
+#pragma unroll
+        for (int j = 0; j < NV; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
+      }
+      uint32_t packed[NV / 4];
+      quantize_n<LEAN, NV>(v, scale, packed);
+      int8_t* q = qrow + u * q_sh + c0;
+#pragma unroll
+      for (int i = 0; i < CH; ++i)
+        *reinterpret_cast<uint2*>(q + 8 * LANES * i) = make_uint2(packed[2 * i], packed[2 * i + 1]);
+    }
+  }
+}
+
 // ---- norm_rope_mean ---------------------------------------------------------------------------
 //
 // The round-2 streaming reduction with 32 values per thread. CTA: 4 warps, thread = (row slot,
@@ -507,11 +896,11 @@ __global__ void __maxnreg__(kV3Async96Regs)
 // float4) are read per unit through L1 (registers go to loads in flight instead; the next row's
 // lines are prefetched into L2 when a row starts). Two heads per CTA (32 KB of accumulators), and
 // the shared-memory carve-out asked for no more than 4 CTAs need, so that L1 keeps the rows in
-// use (4 CTAs x 32 rows x 512 bytes). x loads of the next kV3MeanPrefetch units are in flight. Each lane adds rope(norm(x))
-// of its 32 values into a private accumulator in shared memory ([head][quad][thread] float4,
-// conflict-free, no barrier in the loop). End of CTA: one barrier, the RPS row slots added per
-// (head, channel) in slot order into one partial per (batch, head, chunk), which
-// launch_mean_final adds in a fixed order: deterministic for a given launch shape.
+// use (4 CTAs x 32 rows x 512 bytes). x loads of the next kV3MeanPrefetch units are in flight.
+// Each lane adds rope(norm(x)) of its 32 values into a private accumulator in shared memory
+// ([head][quad][thread] float4, conflict-free, no barrier in the loop). End of CTA: one barrier,
+// the RPS row slots added per (head, channel) in slot order into one partial per (batch, head,
+// chunk), which launch_mean_final adds in a fixed order: deterministic for a given launch shape.
 
 struct V3MeanLaunch {
   int head_group;
@@ -937,7 +1326,8 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
                                                : a.batch * a.tokens * a.heads >= kV4OccMinRows);
   const int ctas_per_sm = occ ? 5 : 4;
   // The rotation folded into the sum (with the table ring only).
-  const bool fma = detail::prologue_cuda_tuning().mean_fma == detail::kMeanFmaOn && tsmem;  // for the carve-out (D = 64: 3 or 4 by registers)
+  // (D = 64: 3 or 4 CTAs by registers, for the carve-out)
+  const bool fma = detail::prologue_cuda_tuning().mean_fma == detail::kMeanFmaOn && tsmem;
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
   // table ring after it).
   const int smem = static_cast<int>(std::max<size_t>(
@@ -1033,14 +1423,24 @@ bool v3_supported(const PrologueArgs& a, bool quantize) {
 }
 
 void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
-  const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes;
   V3QuantLaunch L;
   L.group_rows = a.block / a.groups;
   // >= 4 warps of rows, whole blocks (both powers of two); with `split_blocks`, whole scale groups
   // (THREAD_K 64 at D = 128: 4-warp CTAs on half blocks instead of 8-warp CTAs).
   const int split_knob = detail::prologue_cuda_tuning().split_blocks;
   const bool split = split_knob > 0 ? split_knob == detail::kSplitOn : kV3DefaultSplit;
-  L.tile_rows = std::max(split ? L.group_rows : a.block, 4 * rw);
+  // Wide rows (tuning `wide`, D = 128): 2 lanes per row, tiles of >= 2 and <= 4 warps.
+  // 0: the default (kV3DefaultWide: kWideOff, kWideOn or kWideOn1), except that an explicit ring
+  // or split choice (tests, A/B rows of the 32-value kernels) selects the 32-value kernels.
+  const detail::PrologueCudaTuning knobs = detail::prologue_cuda_tuning();
+  const int wide_knob = knobs.wide > 0                                   ? knobs.wide
+                        : knobs.ring > 0 || knobs.split_blocks > 0 ? detail::kWideOff
+                                                                   : kV3DefaultWide;
+  const bool wide_rows =
+      (wide_knob == detail::kWideOn || wide_knob == detail::kWideOn1) && a.dim == 128 &&
+      std::max(split ? L.group_rows : a.block, 32) <= kWideMaxWarps * 16;
+  const int lanes = wide_rows ? 2 : static_cast<int>(a.dim / 32), rw = 32 / lanes;
+  L.tile_rows = std::max(split ? L.group_rows : a.block, (wide_rows ? 2 : 4) * rw);
   L.wpg = L.group_rows > rw ? L.group_rows / rw : 1;
   L.red_lanes = std::min(32, lanes * L.group_rows);
   L.table_mode = table_mode_of(a);
@@ -1064,19 +1464,64 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   L.redux = (tuning.max_reduce > 0 ? tuning.max_reduce == detail::kReduceRedux
                                    : kV3DefaultRedux);
   const bool pdl = tuning.quant_pdl > 0 ? tuning.quant_pdl == detail::kPdlOn : kV3DefaultQuantPdl;
-  const int smem = static_cast<int>(sizeof(float4)) * threads *
-                   ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0));
+  L.mean_smem = (tuning.mean_smem > 0 ? tuning.mean_smem == detail::kMeanSmemOn
+                                       : kV3DefaultMeanSmem) &&
+                L.mean_vec;
+  L.early = tuning.quant_early == detail::kEarlyOn && pdl;
+  L.pack16 = wide_rows &&
+             (tuning.wide_pack > 0 ? tuning.wide_pack == detail::kPackOn : kV3DefaultPack) &&
+             reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.q_sb % 16 == 0 && a.q_sn % 16 == 0 &&
+             a.q_sh % 16 == 0;
+  const int smem =
+      wide_rows ? static_cast<int>(sizeof(float4)) * threads *
+                      ((a.rotate ? 2 * kWideCh : 0) +
+                       kWideCh * (1 + (wide_knob == detail::kWideOn1 ? kWideAhead1 : kWideAhead)))
+                : static_cast<int>(sizeof(float4)) * threads *
+                          ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0)) +
+                      static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
+  const int mean_row_bytes = static_cast<int>(sizeof(float) * a.dim);
   auto launch = [&](auto kernel) {
     // Always: dynamic + static shared memory above 48 KB needs the opt-in (run 3's failure).
+    // mean_smem: the attribute covers the largest head group (set once more below).
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_quantize", "shared memory");
+    // mean_smem: the most heads whose mean rows fit beside the other CTAs' shared memory, so that
+    // the resident CTAs per SM stay (5 at D = 128 with the 96-register ring: 8 heads, 4 KB).
+    int64_t cap = a.heads;
+    if (L.mean_smem) {
+      const int64_t base = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
+      int dev = 0, optin = 0, per_sm_smem = 0, reserved = 0;
+      check_cuda(cudaGetDevice(&dev), "norm_rope_quantize", "device");
+      check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                 "norm_rope_quantize", "device attribute");
+      check_cuda(cudaDeviceGetAttribute(&per_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                        dev),
+                 "norm_rope_quantize", "device attribute");
+      check_cuda(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev),
+                 "norm_rope_quantize", "device attribute");
+      cudaFuncAttributes fa{};
+      check_cuda(cudaFuncGetAttributes(&fa, kernel), "norm_rope_quantize", "attributes");
+      const int stat = static_cast<int>(fa.sharedSizeBytes);
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      optin - stat),
+                 "norm_rope_quantize", "shared memory");
+      const int64_t per_sm = std::max<int64_t>(1, base / multiprocessor_count());
+      const int64_t room =
+          std::min<int64_t>(per_sm_smem / per_sm - reserved, optin) - stat - smem;
+      cap = std::clamp<int64_t>(room / mean_row_bytes, 1, a.heads);
+      // (allocation granules: one occupancy call confirms, rarely a second)
+      while (cap > 1 && resident_ctas(kernel, threads,
+                                      smem + static_cast<int>(cap) * mean_row_bytes,
+                                      "norm_rope_quantize") < base)
+        --cap;
+    }
     // Heads per CTA (balanced groups) by the wave model, fixed cost ~1.5 heads (setup); the
     // tuning knob's heads_per_cta overrides it.
     const int forced = tuning.heads_per_cta;
-    int64_t hg = std::min<int64_t>(forced, a.heads);
+    int64_t hg = std::min<int64_t>(forced, std::min(cap, a.heads));
     if (forced <= 0) {
       const int64_t resident = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
-      hg = pick_by_waves(1, a.heads, resident, 1.5, [&](int64_t k) {
+      hg = pick_by_waves(1, cap, resident, 1.5, [&](int64_t k) {
         const int64_t groups = (a.heads + k - 1) / k;
         const bool balanced = (a.heads + groups - 1) / groups == k;
         return std::pair<int64_t, double>(balanced ? tiles * a.batch * groups : 0,
@@ -1087,7 +1532,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
     L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
     dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
               static_cast<unsigned>(a.batch));
-    launch_maybe_pdl(pdl, kernel, grid, dim3(threads), smem, stream_of(ctx), a, L);
+    const int smem_all = smem + (L.mean_smem ? L.head_group * mean_row_bytes : 0);
+    launch_maybe_pdl(pdl, kernel, grid, dim3(threads), smem_all, stream_of(ctx), a, L);
   };
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
@@ -1095,6 +1541,12 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
     // The lean arithmetic only for bf16 (its one-instruction rounding is bf16-only).
     auto pick = [&](auto lean) {
       constexpr bool LEAN = decltype(lean)::value && BF16;
+      if constexpr (D == 128)
+        if (wide_rows) {
+          if (wide_knob == detail::kWideOn1)
+            return launch(wide_quantize_kernel<D, BF16, ROPE, LEAN, kWideAhead1>);
+          return launch(wide_quantize_kernel<D, BF16, ROPE, LEAN>);
+        }
       if (ring == detail::kQuantRingAsync96)
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN>);
       else if (ahead > 0)

@@ -59,6 +59,10 @@ struct Cfg {
   int quant_pdl = 0;      // CUDA: round-3 quantize launched with PDL (detail::kPdl*; 0: default)
   int mean_ctas = 0;      // CUDA: round-4 mean kernel's CTAs per SM (5: the occupancy variant)
   int mean_fma = 0;       // CUDA: round-4 mean with the rotation folded into the sums
+  int mean_smem = 0;      // CUDA: round-3 quantize with the mean rows in shared memory
+  int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
+  int wide = 0;           // CUDA: round-3 quantize with 2 lanes per row at D = 128
+  int wide_pack = 0;      // CUDA: wide rows with 16-byte int8 stores (lane-pair exchange)
   std::string tag;
 };
 
@@ -206,7 +210,8 @@ class PrologueCase : public Case {
                                         c_.mean_round, c_.ring, c_.tile_order, c_.pdl,
                                         c_.mean_ring, c_.lean, c_.split_blocks,
                                         c_.max_reduce, c_.quant_pdl, c_.mean_ctas,
-                                        c_.mean_fma});
+                                        c_.mean_fma, c_.mean_smem, c_.quant_early,
+                                        c_.wide, c_.wide_pack});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -481,6 +486,94 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(mf);
       mf.tag = "v4mfmaocc", mf.mean_ctas = 5;  // with one CTA per SM more
       add(mf);
+    }
+  }
+  // Session 6 variants of the round-3 quantize kernel with a mean (bit-exact against the CPU with
+  // the same mean): the CTA's mean rows staged in shared memory ("msmem": THREAD_K 64 across 2
+  // warps at D = 128, 1 at D = 64; a forced head group of 3 so that the last group of 11 heads is
+  // short ("msmemhg3"); PER_BLOCK 64 and THREAD_Q 32 with a mean), and the x loads issued before
+  // the PDL wait ("early": here the previous work in the stream is an upload, so the wait is
+  // immediate; the bench times it behind the mean pass).
+  for (int64_t N : {1, 17, 127, 1000}) {
+    for (int64_t D : {64, 128}) {
+      Cfg k;
+      k.tag = "msmem";
+      k.B = 2, k.N = N, k.H = 11, k.D = D, k.qkv = true;
+      k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      k.mean_smem = detail::kMeanSmemOn;
+      add(k);  // bf16, split-half rope
+      k.tag = "msmemhg3", k.dtype = DType::f16, k.rope = RopeKind::interleaved, k.q_pad = true;
+      k.heads_per_cta = 3;
+      add(k);
+      k.tag = "msmempb", k.dtype = DType::bf16, k.rope = RopeKind::none, k.heads_per_cta = 0;
+      k.layout = ScaleLayout::per_block, k.block = 64, k.q_pad = false;
+      add(k);
+      k.tag = "msmemtq", k.rope = RopeKind::split, k.layout = ScaleLayout::thread_q;
+      k.block = 32, k.sm_scale = q_scale;
+      add(k);
+      k.tag = "msmemreg", k.ring = detail::kQuantRingRegister, k.layout = ScaleLayout::thread_k;
+      k.block = 64, k.sm_scale = 1.f;
+      add(k);  // the register ring
+      Cfg l1 = k;  // the mean from L1 (run 11's default; the staged mean is the default since)
+      l1.tag = "meanl1", l1.ring = 0, l1.mean_smem = detail::kMeanSmemOff;
+      add(l1);
+      l1.tag = "meanl1tq", l1.dtype = DType::f16, l1.rope = RopeKind::interleaved;
+      l1.layout = ScaleLayout::thread_q, l1.block = 32, l1.q_pad = true;
+      add(l1);
+      Cfg e = k;
+      e.tag = "early", e.ring = 0, e.mean_smem = 0, e.quant_pdl = detail::kPdlOn;
+      e.quant_early = detail::kEarlyOn;
+      add(e);
+      e.tag = "earlymsmem", e.mean_smem = detail::kMeanSmemOn;
+      add(e);
+      // Wide rows (2 lanes per row, 64 values per thread; D = 64 falls back to the default
+      // kernel): THREAD_K 64 (one group per warp) with and without the staged mean, THREAD_Q 32
+      // (8-lane groups), THREAD_K 128 (32-row groups: 2 warps, the named barrier), PER_BLOCK 64
+      // without rope (4 warps, the barrier), interleaved f16 with a forced head group.
+      Cfg w;
+      w.tag = "wide";
+      w.B = 2, w.N = N, w.H = 11, w.D = D, w.qkv = true, w.wide = detail::kWideOn;
+      w.mean = true, w.layout = ScaleLayout::thread_k, w.block = 64;
+      add(w);  // bf16, split-half rope, the mean from L1
+      w.tag = "widemsmem", w.mean_smem = detail::kMeanSmemOn, w.quant_pdl = detail::kPdlOn;
+      w.quant_early = detail::kEarlyOn;
+      add(w);
+      w.tag = "wideint", w.dtype = DType::f16, w.rope = RopeKind::interleaved, w.q_pad = true;
+      w.heads_per_cta = 3, w.batch_table = true, w.qkv = false, w.w_dtype = DType::f32;
+      add(w);
+      w.tag = "widetq", w.dtype = DType::bf16, w.rope = RopeKind::split, w.mean = false;
+      w.mean_smem = 0, w.quant_early = 0, w.quant_pdl = 0, w.heads_per_cta = 0;
+      w.layout = ScaleLayout::thread_q, w.block = 32, w.sm_scale = q_scale, w.q_pad = false;
+      add(w);
+      w.tag = "widetk128", w.layout = ScaleLayout::thread_k, w.block = 128, w.sm_scale = 1.f;
+      w.mean = true;
+      add(w);
+      w.tag = "widepb", w.layout = ScaleLayout::per_block, w.block = 64, w.rope = RopeKind::none;
+      w.norm = Norm::none, w.sm_scale = -0.75f;
+      add(w);
+      Cfg w1;  // 1 head ahead (6 CTAs per SM): THREAD_K 64 with the staged mean, and THREAD_Q 32
+      w1.tag = "wide1";
+      w1.B = 2, w1.N = N, w1.H = 11, w1.D = D, w1.qkv = true, w1.wide = detail::kWideOn1;
+      w1.mean = true, w1.layout = ScaleLayout::thread_k, w1.block = 64;
+      w1.mean_smem = detail::kMeanSmemOn;
+      add(w1);
+      w1.tag = "wide1tq", w1.mean = false, w1.mean_smem = 0, w1.dtype = DType::f16;
+      w1.layout = ScaleLayout::thread_q, w1.block = 32, w1.sm_scale = q_scale;
+      w1.rope = RopeKind::interleaved;
+      add(w1);
+      // Wide rows with 16-byte int8 stores: THREAD_K 64 with the staged mean; THREAD_Q 32 into a
+      // padded q_out (head stride D + 32), 1 head ahead.
+      Cfg wp;
+      wp.tag = "widepack";
+      wp.B = 2, wp.N = N, wp.H = 11, wp.D = D, wp.qkv = true, wp.wide = detail::kWideOn;
+      wp.wide_pack = detail::kPackOn;
+      wp.mean = true, wp.layout = ScaleLayout::thread_k, wp.block = 64;
+      wp.mean_smem = detail::kMeanSmemOn;
+      add(wp);
+      wp.tag = "widepacktq", wp.mean = false, wp.mean_smem = 0, wp.q_pad = true;
+      wp.wide = detail::kWideOn1, wp.dtype = DType::f16, wp.rope = RopeKind::interleaved;
+      wp.layout = ScaleLayout::thread_q, wp.block = 32, wp.sm_scale = q_scale;
+      add(wp);
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
