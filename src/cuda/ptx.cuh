@@ -128,7 +128,8 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
 }
-// Plain arrival (no transaction bytes): e.g. a consumer warp releasing a ring stage.
+// Plain arrival (no transaction bytes; release semantics, CTA scope, the default): e.g. a
+// consumer warp releasing a ring stage.
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -142,12 +143,6 @@ __device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
       : "r"(bar), "r"(parity)
       : "memory");
   return done != 0;
-}
-// One plain arrival (release, CTA scope).
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.release.cta.shared::cta.b64 st, [%0];\n}\n" ::"r"(
-                   bar)
-               : "memory");
 }
 // Blocks until the phase with this parity completed (acquire). A wait that never ends (a protocol
 // bug) traps after ~2^26 polls (seconds) instead of hanging the process: the launch then fails.
