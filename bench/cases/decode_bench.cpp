@@ -41,7 +41,7 @@ struct Shape {
 // "6 stages": plan_decode's kernel with bulk_stages = 6 (one CTA of 8 warps per multiprocessor
 // with a 6-stage ring, fp8 216 KB) and half the splits (one wave of those CTAs); "issue 4" /
 // "issue 2": plan_decode's kernel with bulk_issue = 2 / 3 (only 4 / 2 warps issue the copies);
-// "issue 8": bulk_issue = 0 (every warp issues: int4's default until session 6); "wide merge" /
+// "issue 8": bulk_issue = 0 (every warp issues: int4's default until H200 run 13); "wide merge" /
 // "narrow merge": merge_wide on / off (the split merge on one CTA per 32 dims of a row or per
 // row; B 1 only: 256 splits).
 enum class Pick {
@@ -301,7 +301,7 @@ class DecodeBench : public BenchCase {
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::int4, 4, "int4 g4 issue 4", Pick::iss4});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 issue 8", Pick::iss8});
       formats.push_back({KvFormat::int4, 4, "int4 g4 narrow merge", Pick::narrow});  // (B 1 only)
       formats.push_back({KvFormat::fp8, 1, "fp8 narrow merge", Pick::narrow});      // (B 1 only)
     }

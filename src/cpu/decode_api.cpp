@@ -257,10 +257,12 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // 256 -7 / -9 %, B 1 and (16, 32768) -8 / -11 %; fp8 contiguous solo + fold 0.2915 against
   // 0.3391 ms, B 1 -9 %, (16, 32768) -12 %). Paged fp8 and int4 keep the shared issue (solo was
   // 8-17 % slower there: int4 is issue-bound and the lone issuer's serialized copies lag).
-  // (bulk_issue 2, 4 of 8 warps issuing, was 7-10 % faster for int4 in H200 run 12, but against a
-  // shared-issue path whose per-warp `if (issuer)` had slowed every shared-issue launch; with that
-  // branch gone, 2 only moves copies between warps. Unmeasured since: int4 keeps 0.)
+  // int4 issues each tile's copies from 4 of the 8 warps (bulk_issue 2): H200 run 13 (2026-11-30,
+  // without run 12's per-warp issuer branch) 1-3 % faster than the shared issue on all nine int4
+  // rows (B 64, L 8192: 0.1872 against 0.1900 ms contiguous, 0.1992 / 0.1947 against 0.2043 /
+  // 0.2006 paged 16 / 256), same bits; every `.bulk_iss4` harness case passed.
   p.bulk_issue = 0;
+  if (p.device == Device::cuda && p.format == KvFormat::int4) p.bulk_issue = 2;
   if (p.device == Device::cuda && p.format == KvFormat::f16) p.bulk_issue = 1;
   if (p.device == Device::cuda && p.format == KvFormat::fp8 && !cache.paged()) {
     p.bulk_issue = 1;
