@@ -33,6 +33,38 @@ void upload(DeviceTensor& t, const void* host, size_t bytes) {
     std::memcpy(t.view.data, host, bytes);
 }
 
+// The benches' norm weight and rotary table. w: (D) bf16 around 1 (w_f: the same values in fp32);
+// tab: (1, N, 1, D / 2, 2) fp32 (cos, sin) of the angles n * theta_p (table: its host copy).
+struct NormRopeInputs {
+  DeviceTensor w, tab;
+  std::vector<float> w_f, table;
+  Rope rope;
+};
+
+void make_norm_rope(const Env& env, int64_t N, int64_t D, NormRopeInputs& in) {
+  const int64_t P = D / 2;
+  std::vector<uint16_t> w_host(D);
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> wd(0.5f, 1.5f);
+  in.w_f.resize(D);
+  for (int64_t c = 0; c < D; ++c) {
+    w_host[c] = dt::f32_to_bf16(wd(rng));
+    in.w_f[c] = dt::bf16_to_f32(w_host[c]);
+  }
+  in.w = make_empty(env.device, DType::bf16, {D});
+  upload(in.w, w_host.data(), w_host.size() * 2);
+  in.table.resize(static_cast<size_t>(N * P * 2));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t p = 0; p < P; ++p) {
+      const double th = static_cast<double>(n) * std::pow(10000.0, -2.0 * p / D);
+      in.table[(n * P + p) * 2] = static_cast<float>(std::cos(th));
+      in.table[(n * P + p) * 2 + 1] = static_cast<float>(std::sin(th));
+    }
+  in.tab = make_empty(env.device, DType::f32, {1, N, 1, P, 2});
+  upload(in.tab, in.table.data(), in.table.size() * 4);
+  in.rope.table = in.tab.view;
+}
+
 std::string shape_str(const Shape& s) {
   return "(" + std::to_string(s.B) + ", " + std::to_string(s.N) + ", " + std::to_string(s.H) +
          ", " + std::to_string(s.D) + ") bf16 " + s.model;
@@ -55,28 +87,15 @@ class PrologueBench : public BenchCase {
 
  private:
   void run_shape(const Env& env, const Shape& s, std::vector<Row>& rows) {
-    const int64_t B = s.B, N = s.N, H = s.H, D = s.D, P = D / 2;
+    const int64_t B = s.B, N = s.N, H = s.H, D = s.D;
     Context ctx = env.ctx;
     DeviceTensor x = make_tensor(env.device, DType::bf16, {B, N, H, D}, 11, 1.f);
-    // Norm weight around 1 and a real rotary table (cos, sin) of angles n * theta_p.
-    std::vector<uint16_t> w_host(D);
-    std::mt19937_64 rng(3);
-    std::uniform_real_distribution<float> wd(0.5f, 1.5f);
-    std::vector<float> w_f(D);
-    for (int64_t c = 0; c < D; ++c) w_host[c] = dt::f32_to_bf16(w_f[c] = dt::bf16_to_f32(dt::f32_to_bf16(wd(rng))));
-    DeviceTensor w = make_empty(env.device, DType::bf16, {D});
-    upload(w, w_host.data(), w_host.size() * 2);
-    std::vector<float> table(static_cast<size_t>(N * P * 2));
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t p = 0; p < P; ++p) {
-        const double th = static_cast<double>(n) * std::pow(10000.0, -2.0 * p / D);
-        table[(n * P + p) * 2] = static_cast<float>(std::cos(th));
-        table[(n * P + p) * 2 + 1] = static_cast<float>(std::sin(th));
-      }
-    DeviceTensor tab = make_empty(env.device, DType::f32, {1, N, 1, P, 2});
-    upload(tab, table.data(), table.size() * 4);
-    Rope rope;
-    rope.table = tab.view;
+    NormRopeInputs nr;
+    make_norm_rope(env, N, D, nr);
+    DeviceTensor& w = nr.w;
+    const std::vector<float>& w_f = nr.w_f;
+    const std::vector<float>& table = nr.table;
+    Rope& rope = nr.rope;
     DeviceTensor mean = make_empty(env.device, DType::f32, {B, H, D});
     DeviceTensor q8 = make_empty(env.device, DType::i8, {B, N, H, D});
     DeviceTensor y = make_empty(env.device, DType::bf16, {B, N, H, D});   // unfused: normed
@@ -326,26 +345,13 @@ class PrologueKQuantBench : public BenchCase {
     std::vector<Row> rows;
     if (env.device != Device::cuda) return rows;  // the variants are CUDA knobs
     const Shape s{"[Wan 14B 720p]", 1, 32760, 40, 128};
-    const int64_t B = s.B, N = s.N, H = s.H, D = s.D, P = D / 2;
+    const int64_t B = s.B, N = s.N, H = s.H, D = s.D;
     Context ctx = env.ctx;
     DeviceTensor x = make_tensor(env.device, DType::bf16, {B, N, H, D}, 11, 1.f);
-    std::vector<uint16_t> w_host(D);
-    std::mt19937_64 rng(3);
-    std::uniform_real_distribution<float> wd(0.5f, 1.5f);
-    for (int64_t c = 0; c < D; ++c) w_host[c] = dt::f32_to_bf16(wd(rng));
-    DeviceTensor w = make_empty(env.device, DType::bf16, {D});
-    upload(w, w_host.data(), w_host.size() * 2);
-    std::vector<float> table(static_cast<size_t>(N * P * 2));
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t p = 0; p < P; ++p) {
-        const double th = static_cast<double>(n) * std::pow(10000.0, -2.0 * p / D);
-        table[(n * P + p) * 2] = static_cast<float>(std::cos(th));
-        table[(n * P + p) * 2 + 1] = static_cast<float>(std::sin(th));
-      }
-    DeviceTensor tab = make_empty(env.device, DType::f32, {1, N, 1, P, 2});
-    upload(tab, table.data(), table.size() * 4);
-    Rope rope;
-    rope.table = tab.view;
+    NormRopeInputs nr;
+    make_norm_rope(env, N, D, nr);
+    DeviceTensor& w = nr.w;
+    Rope& rope = nr.rope;
     DeviceTensor mean = make_empty(env.device, DType::f32, {B, H, D});
     DeviceTensor q8 = make_empty(env.device, DType::i8, {B, N, H, D});
     Prologue p;
