@@ -212,26 +212,12 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   Epilogue ep = p.ep;
   if constexpr (kFused) {
     float* srow = reinterpret_cast<float*>(dsm + L.srow_off);
-    const float qmax = static_cast<float>(p.act_qmax);
     for (int m = 0; m < M; ++m) {
       const T* x = static_cast<const T*>(p.x) + m * p.x_row_stride;
-      float amax = rotate_row_to_smem<T, 256, kThreads>(x, static_cast<int>(K), srow);
-      __syncthreads();
-      amax = block_amax<kThreads>(amax, s_amax);
-      float scale = amax / qmax;
-      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
+      int32_t unused;
+      const float scale = rotate_quantize_row<T, 256, kThreads>(
+          x, static_cast<int>(K), p.act_qmax, srow, s_amax, act + m * L.act_stride, unused);
       if (threadIdx.x == 0) s_scale[m] = scale;
-      for (int e0 = threadIdx.x * 4; e0 < K; e0 += kThreads * 4) {
-        const float4 q = load4_rotated<256>(srow, e0);
-        const float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
-        uint32_t word = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          word |= (static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -p.act_qmax, p.act_qmax)) &
-                   0xffu)
-                  << (8 * j);
-        *reinterpret_cast<uint32_t*>(act + m * L.act_stride + e0) = word;
-      }
       __syncthreads();  // srow is reused by the next row; codes and s_scale complete
     }
     ep.a_scale = s_scale;  // a generic pointer into shared memory

@@ -229,28 +229,12 @@ __device__ __forceinline__ const float* tiles_activations(const DecodeParams& p,
   if constexpr (!std::is_void<XT>::value) {
     // Rotate + quantize the M rows of x here (every CTA; x is read from L2) while the first
     // weights stream in.
-    const float qmax = static_cast<float>(p.act_qmax);
     for (int m = 0; m < M; ++m) {
       const XT* x = static_cast<const XT*>(p.x) + m * p.x_row_stride;
-      float amax = rotate_row_to_smem<XT, 256, THREADS>(x, static_cast<int>(K), srow);
-      __syncthreads();
-      amax = block_amax<THREADS>(amax, s_amax);
-      float scale = amax / qmax;
-      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
+      int32_t sum;
+      const float scale = rotate_quantize_row<XT, 256, THREADS, KIND == kTilesComfy>(
+          x, static_cast<int>(K), p.act_qmax, srow, s_amax, act + m * act_stride, sum);
       if (threadIdx.x == 0) s_scale[m] = scale;
-      int32_t sum = 0;
-      for (int e0 = threadIdx.x * 4; e0 < K; e0 += THREADS * 4) {
-        const float4 q = load4_rotated<256>(srow, e0);
-        const float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
-        uint32_t word = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          word |= (static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -p.act_qmax, p.act_qmax)) &
-                   0xffu)
-                  << (8 * j);
-        *reinterpret_cast<uint32_t*>(act + m * act_stride + e0) = word;
-        if (KIND == kTilesComfy) sum = __dp4a(static_cast<int>(word), 0x01010101, sum);
-      }
       if (KIND == kTilesComfy) {
         sum = __reduce_add_sync(0xffffffffu, sum);
         if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
