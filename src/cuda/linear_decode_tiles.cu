@@ -107,13 +107,10 @@ struct TilesLayout {
   uint32_t* cnt = nullptr;  // (G + 1) counters, zero when allocated
 };
 
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 using ptx::bulk_g2s;
 using ptx::cp_async16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
 using ptx::lds128;
 using ptx::mbar_arrive_expect_tx;
 using ptx::mbar_fence_init;
@@ -251,8 +248,8 @@ __device__ __forceinline__ const float* tiles_activations(const DecodeParams& p,
       for (int m = 0; m < M; ++m)
         for (int c = threadIdx.x; c < per_row; c += THREADS)
           cp_async16(smem_u32(act + m * act_stride + c * 16), p.a + m * p.lda + c * 16);
-      cp_commit();
-      cp_wait<0>();
+      cp_async_commit();
+      cp_async_wait<0>();
       if (KIND == kTilesComfy) {
         for (int m = 0; m < M; ++m) {
           int32_t sum = 0;
@@ -410,7 +407,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
     if (k < n_items) issue(k, k);
-    cp_commit();
+    cp_async_commit();
   }
   // More of the warp's run into L2 while the preceding kernel runs (one request per warp).
   // (A hint: the range is the run from item D - 1 on, cut at the end of the layout's items; a
@@ -538,11 +535,11 @@ __global__ void __maxnreg__(kTilesMaxRegs)
       for (uint32_t polls = 0; polls < (1u << 24); ++polls)
         if (mbar_try(bar0 + 8u * slot, parity)) break;
     } else {
-      cp_wait<D - 2>();  // this lane's copies of item k landed
+      cp_async_wait<D - 2>();  // this lane's copies of item k landed
     }
     __syncwarp();      // ... and every lane's (tables); slot k - 1 is read by all lanes
     if (k + D - 1 < n_items) issue(k + D - 1, slot == 0 ? D - 1 : slot - 1);
-    cp_commit();
+    cp_async_commit();
     const uint8_t* sl = ring + slot * SLOT;
     uint32_t tab[4] = {0u, 0u, 0u, 0u};
     if constexpr (KIND == kTilesInt4C) {  // lanes 0..15 decode row lane's table into place
@@ -643,7 +640,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
 #pragma unroll 1
     for (int ls = 0; ls < 2; ++ls) leftover_combine(ls);
   }
-  cp_wait<0>();
+  cp_async_wait<0>();
   __syncthreads();
 
   // apply_epilogue's arithmetic and order, w_scale and bias from shared memory (c: the column's

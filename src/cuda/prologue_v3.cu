@@ -89,18 +89,10 @@ __device__ __forceinline__ float4 ldg16_l1(const float* p) {
 
 // 16 bytes global -> shared, asynchronous, bypassing L1 (x is read once).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+  ptx::cp_async16(ptx::smem_u32(smem), gmem);
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-// Wait until at most N of this thread's commit groups are pending (their copies then visible to
-// this thread).
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
 // 16 bytes of shared memory, read where the code stands.
 __device__ __forceinline__ uint4 lds16u(const uint4* p) {
   uint4 v;
