@@ -203,13 +203,11 @@ class AttentionBench : public BenchCase {
           // The variants under A/B, baseline the default in the same run; the accuracy column
           // says whether their bits equal the default's.
           const std::vector<float> dflt_out = to_host_f32(out.view);
-          auto variant = [&](AttentionOptions::Kernel kern, bool i2fp, const std::string& name,
-                             bool qk_first = false, bool no_turn = false, bool fold2 = false,
-                             bool cons3 = false, bool regs240 = false) {
+          auto variant = [&](AttentionOptions::Kernel kern, const detail::AttentionCudaTuning& t,
+                             const std::string& name) {
             AttentionOptions o = fp8;
             o.kernel = kern;
-            detail::set_attention_cuda_tuning(detail::AttentionCudaTuning{
-                i2fp, false, qk_first, no_turn, fold2, cons3, regs240});
+            detail::set_attention_cuda_tuning(t);
             Row r = kr8;
             r.op = "attention_int8 fp8 PV " + name + " (kernel only)" + tag;
             r.ms = env.time_ms([&] {
@@ -223,21 +221,24 @@ class AttentionBench : public BenchCase {
             r.baseline_ms = kr8.ms;
             rows.push_back(r);
           };
-          // (Run 11's round 4 + I2FP rows, with and without turns, 0.91-0.96x of auto, are
-          // gone: settled. Round 3 + I2FP without turns is auto.)
-          // D = 64: auto's consumer on two warpgroups (auto until run 12; auto now runs it on
-          // three, 192-row CTAs; same bits).
-          if (D == 64)
-            variant(AttentionOptions::wgmma_r3, true,
-                    "round 3 + I2FP, no turns, 2 consumer warpgroups (auto before run 12)", false,
-                    true);
-          // D = 128: auto with setmaxnreg 24 / 240 (TMA producer) instead of 40 / 232 (same bits).
-          if (D == 128)
-            variant(AttentionOptions::wgmma_r3, true, "round 3 + I2FP, no turns, 240 registers",
-                    false, true, false, false, true);
-          // Round 5 (one softmax maximum per 128-key tile; outside the oracle's tolerance on a
-          // few diagonal-tile elements, see docs/attention.md) without turns, run 9's fastest.
-          variant(AttentionOptions::wgmma_r5, false, "round 5, no ping-pong turns", false, true);
+          // (Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x of auto), the D = 64
+          // two-consumer row (0.77x, run 13), the D = 128 240-register row (0.99-1.01x, runs 12
+          // and 13), round 5 without turns (0.82-0.97x, run 13).)
+          detail::AttentionCudaTuning c3;
+          c3.i2fp = true;
+          c3.no_turn = true;
+          c3.cons3 = true;
+          if (D == 64) {
+            // auto's kernel with the TMA producer (one warp at 24 registers, Q / K in 64-byte
+            // rows with the 64-byte swizzle) and the consumers at 160 registers; then also
+            // with the next q k^T issued before the second P·V's wait and the O update.
+            detail::AttentionCudaTuning t = c3;
+            t.tma64 = true;
+            variant(AttentionOptions::wgmma_r3, t, "3 consumer warpgroups, TMA producer");
+            t.qk_b4o = true;
+            variant(AttentionOptions::wgmma_r3, t,
+                    "3 consumer warpgroups, TMA producer, q k^T before the O update");
+          }
         }
         const double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)
 

@@ -512,6 +512,8 @@ std::atomic<bool> g_attention_no_turn{false};
 std::atomic<bool> g_attention_fold2{false};
 std::atomic<bool> g_attention_cons3{false};
 std::atomic<bool> g_attention_regs240{false};
+std::atomic<bool> g_attention_tma64{false};
+std::atomic<bool> g_attention_qk_b4o{false};
 }  // namespace
 void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_i2fp.store(t.i2fp);
@@ -521,6 +523,8 @@ void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_fold2.store(t.fold2);
   g_attention_cons3.store(t.cons3);
   g_attention_regs240.store(t.regs240);
+  g_attention_tma64.store(t.tma64);
+  g_attention_qk_b4o.store(t.qk_b4o);
 }
 AttentionCudaTuning attention_cuda_tuning() {
   AttentionCudaTuning t;
@@ -531,6 +535,8 @@ AttentionCudaTuning attention_cuda_tuning() {
   t.fold2 = g_attention_fold2.load();
   t.cons3 = g_attention_cons3.load();
   t.regs240 = g_attention_regs240.load();
+  t.tma64 = g_attention_tma64.load();
+  t.qk_b4o = g_attention_qk_b4o.load();
   return t;
 }
 }  // namespace detail

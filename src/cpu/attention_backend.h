@@ -33,6 +33,11 @@ struct AttentionCudaTuning {
   bool cons3 = false;
   // with i2fp and no_turn on wgmma_r3: setmaxnreg 24 / 240 at D = 128 (TMA producer)
   bool regs240 = false;
+  // with i2fp, no_turn and cons3 on wgmma_r3 at D = 64: the TMA producer (consumers at 160
+  // registers)
+  bool tma64 = false;
+  // with tma64: the next q k^T issued before the second P·V's wait and the O update
+  bool qk_b4o = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

@@ -150,7 +150,14 @@ enum class WgmmaKernel {
   round3_i2fp_no_turn_c3,
   // round3_i2fp_no_turn at D = 128 (TMA) with setmaxnreg 24 / 240 instead of 40 / 232 (same
   // bits; D = 64 runs round3_i2fp_no_turn; bench knob regs240)
-  round3_i2fp_no_turn_r240
+  round3_i2fp_no_turn_r240,
+  // round3_i2fp_no_turn_c3 at D = 64 with the TMA producer (one warp, setmaxnreg 24; Q and K in
+  // 64-byte rows, 64-byte swizzle) and the consumers at 160 registers (same bits; bf16 output
+  // with per-half k scales, else as round3_i2fp_no_turn_c3; bench knob tma64)
+  round3_i2fp_no_turn_c3_tma,
+  // the same with the next q k^T issued right behind the second P·V, before its wait and the O
+  // update (same bits; bench knobs tma64 + qk_b4o)
+  round3_i2fp_no_turn_c3_tma_qk
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

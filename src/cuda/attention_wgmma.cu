@@ -91,6 +91,17 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
   return d;
 }
 
+// K-major, 64-byte swizzle (rows of 64 bytes: a D = 64 int8 row, as TMA's SWIZZLE_64B writes
+// them; 16-byte chunk c of row r at c ^ ((r >> 1) & 3)), 8-row atoms 512 bytes apart; a 32-byte
+// k-step at +32 bytes (+2 in the address field), as with the 128-byte swizzle.
+__device__ __forceinline__ uint64_t smem_desc_sw64(uint32_t addr) {
+  uint64_t d = (addr & 0x3ffffu) >> 4;
+  d |= uint64_t{1} << 16;         // leading byte offset (unused for swizzled K-major)
+  d |= uint64_t{512 >> 4} << 32;  // stride byte offset: next 8-row atom
+  d |= uint64_t{2} << 62;         // 64-byte swizzle
+  return d;
+}
+
 __device__ __forceinline__ uint64_t smem_desc_mn(uint32_t addr) {
   uint64_t d = (addr & 0x3ffffu) >> 4;
   d |= uint64_t{1024 >> 4} << 16;
@@ -502,8 +513,9 @@ __device__ __forceinline__ void tile_softmax_pv(const int32_t (&acc)[64], const 
 
 // Epilogue of both kernels for this thread's rows row0 = q0 + rl0 and row1 = row0 + 8: full row
 // sums, normalization, V scale and mean, 16-bit stores, LSE (with the K-mean correction read
-// from the swizzled Q tile at sq when q_loaded).
-template <int D, bool FP8, typename T16>
+// from the swizzled Q tile at sq when q_loaded). kQRow: bytes per Q row in shared memory, 128
+// (128-byte swizzle) or 64 (64-byte swizzle: the D = 64 TMA producer's Q).
+template <int D, bool FP8, typename T16, int kQRow = kRowBytes>
 __device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int hk, int rl0,
                                          int64_t row0, int64_t row1, float qs0, float qs1, int t,
                                          const uint8_t* sq, bool q_loaded, float (&o)[D / 2],
@@ -545,11 +557,13 @@ __device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int 
     float corr0 = 0.f, corr1 = 0.f;
     if (p.k_mean && q_loaded) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
       // Q rows rl0 and rl0 + 8 share (row & 7), so they share the swizzle pattern.
-      const int8_t* qr0 = reinterpret_cast<const int8_t*>(sq + rl0 * kRowBytes);
-      const int8_t* qr1 = qr0 + 8 * kRowBytes;
+      static_assert(kQRow == kRowBytes || (kQRow == 64 && D == 64), "Q row layout");
+      const int8_t* qr0 = reinterpret_cast<const int8_t*>(sq + rl0 * kQRow);
+      const int8_t* qr1 = qr0 + 8 * kQRow;
       const float* km = p.k_mean + hv * D;
+      const int sw = kQRow == kRowBytes ? (rl0 & 7) : ((rl0 >> 1) & 3);
       for (int d = t; d < D; d += 4) {
-        const int byte = (((d >> 4) ^ (rl0 & 7)) << 4) | (d & 15);
+        const int byte = (((d >> 4) ^ sw) << 4) | (d & 15);
         corr0 += static_cast<float>(qr0[byte]) * qs0 * km[d];
         corr1 += static_cast<float>(qr1[byte]) * qs1 * km[d];
       }
@@ -1783,8 +1797,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // one more warp per scheduler to hide the softmax's latencies, K/V tiles shared by 192 rows.
   constexpr bool kC3 = (kVar & 128) != 0;
   // (D = 128: the TMA producer at 24 registers, consumers at 160 with the P·V in two 64-channel
-  // halves, see kSplitPv)
-  static_assert(!kC3 || (!kR4 && kNoTurn && (D == 64 ? !kTma : kTma)), "3 consumers: round 3");
+  // halves, see kSplitPv; D = 64: the cp.async producer at 40 / 152, or the TMA one at 24 / 160
+  // with Q and K in 64-byte rows, 64-byte swizzle)
+  static_assert(!kC3 || (!kR4 && kNoTurn && (D == 64 || kTma)), "3 consumers: round 3");
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   constexpr bool kSplitPv = kC3 && D == 128;  // the P·V in two 64-channel halves
@@ -1792,17 +1807,28 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // (as round 4) instead of 40 / 232: more room for ptxas to keep exponentials in flight.
   constexpr bool kWide = (kVar & 256) != 0;
   static_assert(!kWide || (D == 128 && kTma && !kR4 && !kC3), "240 registers: D = 128 TMA");
+  // bit 10: three consumers at D = 64 with the next q k^T issued right behind the second P·V
+  // (before its wait and the O update, as the two-consumer kernel at D = 128) instead of after
+  // the O update: its 64 registers live next to O and c; needs the TMA producer's 160.
+  constexpr bool kQkB4O = (kVar & 1024) != 0;
+  static_assert(!kQkB4O || (kC3 && D == 64 && kTma), "q k^T before O: D = 64 3 consumers TMA");
+  // Bytes per Q / K row in shared memory: 128 (128-byte swizzle; D = 64 rows fill half of one
+  // as the cp.async producer writes them), or D = 64 with TMA: 64 (a SWIZZLE_64B box).
+  constexpr int kQKRow = kTma ? D : kRowBytes;
+  // Register diet (kSplitPv, kQkB4O): the rows' visible ends recomputed where needed and the K / V
+  // descriptors derived from Q's, instead of kept live through the loop.
+  constexpr bool kDiet = kSplitPv || kQkB4O;
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
   // Register split (setmaxnreg): 40 / 232 as rounds 2 and 3; round 4 at D = 128 keeps O, the P·V
   // buffer, the logits and P(j) live together and needs 240 (the producer then gets 24: TMA only,
   // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
-  // Three consumers: 40 / 152 (the launch's 128 x 512 registers).
-  // Three consumers at D = 128: 24 / 160.
-  constexpr int kProdRegs = kC3 ? (D == 128 ? 24 : 40) : (kR4 || kWide) && D == 128 ? 24 : 40;
+  // Three consumers: 40 / 152 (the launch's 128 x 512 registers); with TMA (D = 128 always,
+  // D = 64 optionally): 24 / 160.
+  constexpr int kProdRegs = kC3 ? (kTma ? 24 : 40) : (kR4 || kWide) && D == 128 ? 24 : 40;
   constexpr int kConsRegs =
-      kC3 ? (D == 128 ? 160 : 152) : (kR4 || kWide) && D == 128 ? 240 : 232;
+      kC3 ? (kTma ? 160 : 152) : (kR4 || kWide) && D == 128 ? 240 : 232;
   static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
                     (kC3 ? 128 : 168) * r3_threads(kVar),
                 "register split");
@@ -1840,7 +1866,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     if (warp != 0) return;  // the other producer warps have nothing to do
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
     const ScaleIdx kidx(p.k_layout, p.k_block);
-    constexpr uint32_t kTileBytes = (kBN + D) * kRowBytes;  // K box + V box
+    constexpr uint32_t kTileBytes = 2 * kBN * D;  // K box (kBN x D) + V box (D x kBN)
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kR3Stages;
       float ks[kBN / 32];
@@ -1854,14 +1880,14 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       for (int i = 0; i < kBN / 32; ++i) skc[st * kBN + lane + 32 * i] = ks[i] * p.scale_log2;
       const uint32_t bar = full0 + st * 8;
       if (lane == 0) {
-        mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * kRowBytes : 0u));
+        mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * D : 0u));
         if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
           // (three consumers: the map's box is 64 rows, one box per consumer)
           constexpr int kQBox = kC3 ? 64 : kBM;
 #pragma unroll
           for (int i = 0; i < kRows / kQBox; ++i) {
             const int r = static_cast<int>(q0) + i * kQBox;
-            tma_load_4d(base + L::kQ + i * kQBox * kRowBytes, &maps.q, bar, 0,
+            tma_load_4d(base + L::kQ + i * kQBox * kQKRow, &maps.q, bar, 0,
                         maps.q_rows_outer ? h : r, maps.q_rows_outer ? r : h, b);
           }
         }
@@ -1984,32 +2010,41 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   }
   // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
   // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop).
-  const int wg_end = kSplitPv ? 0 : static_cast<int>(visible_end(p, q0 + cw * 64));
-  // (kSplitPv: recomputed in the mask branch, not kept through the loop: registers)
-  const int end0_ = kSplitPv ? 0 : static_cast<int>(visible_end(p, row0));
-  const int end1_ = kSplitPv ? 0 : static_cast<int>(visible_end(p, row1));
+  const int wg_end = kDiet ? 0 : static_cast<int>(visible_end(p, q0 + cw * 64));
+  // (kDiet: recomputed in the mask branch, not kept through the loop: registers)
+  const int end0_ = kDiet ? 0 : static_cast<int>(visible_end(p, row0));
+  const int end1_ = kDiet ? 0 : static_cast<int>(visible_end(p, row1));
 
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
+  const uint32_t sq = base + L::kQ + cw * 64 * kQKRow;
   if (!kNoTurn && cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
   // Descriptors by addition (see r4_consumer): desc(a + off) = desc(a) + off / 16.
-  const uint64_t dq0 = smem_desc(sq);
-  // (kSplitPv: K and V descriptors from Q's, not kept: registers)
-  const uint64_t dk0 = kSplitPv ? 0 : smem_desc(base + L::kK);
-  const uint64_t dv0 = kSplitPv ? 0 : smem_desc(base + L::kV);
+  // (Q and K in 64-byte rows: the 64-byte swizzle's descriptors)
+  auto qk_desc = [](uint32_t a) { return kQKRow == 64 ? smem_desc_sw64(a) : smem_desc(a); };
+  const uint64_t dq0 = qk_desc(sq);
+  // (kDiet: K and V descriptors from Q's, not kept: registers; V's is always the 128-byte
+  // swizzle's, so with 64-byte Q rows its upper word (stride, layout) is swapped in)
+  const uint64_t dk0 = kDiet ? 0 : qk_desc(base + L::kK);
+  const uint64_t dv0 = kDiet ? 0 : smem_desc(base + L::kV);
   auto k_desc = [&](int st) {
-    return kSplitPv ? dq0 + static_cast<uint32_t>((L::kK + st * L::kKTile - L::kQ -
-                                                   cw * 64 * kRowBytes) >> 4)
-                    : dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
+    return kDiet ? dq0 + static_cast<uint32_t>((L::kK + st * L::kKTile - L::kQ -
+                                                cw * 64 * kQKRow) >> 4)
+                 : dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
   };
   auto v_desc = [&](int st) {
-    return kSplitPv ? dq0 + static_cast<uint32_t>((L::kV + st * L::kVTile - L::kQ -
-                                                   cw * 64 * kRowBytes) >> 4)
-                    : dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
+    if constexpr (kDiet) {
+      const uint64_t d = dq0 + static_cast<uint32_t>((L::kV + st * L::kVTile - L::kQ -
+                                                      cw * 64 * kQKRow) >> 4);
+      return kQKRow == kRowBytes
+                 ? d
+                 : (d & 0xffffffffull) | (smem_desc(0) & 0xffffffff00000000ull);
+    } else {
+      return dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
+    }
   };
   int32_t acc[64];
   // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
@@ -2068,9 +2103,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       }
     }
     if constexpr (kEarly) issue_qk(tile + 1);  // acc is free: runs under the whole softmax
-    // (kSplitPv: the warpgroup's end recomputed per tile, not kept: registers)
+    // (kDiet: the warpgroup's end recomputed per tile, not kept: registers)
     int wge = wg_end;
-    if constexpr (kSplitPv) {
+    if constexpr (kDiet) {
       const int qbb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
                                : static_cast<int>(blockIdx.x);
       wge = static_cast<int>(visible_end(p, static_cast<int64_t>(qbb) * kRows + cw * 64));
@@ -2079,7 +2114,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       // Column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t (compile-time left
       // sides: no per-column registers).
       int end0 = end0_, end1 = end1_;
-      if constexpr (kSplitPv) {
+      if constexpr (kDiet) {
         const int qbb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
                                  : static_cast<int>(blockIdx.x);
         const int tid_c = static_cast<int>(threadIdx.x);
@@ -2210,7 +2245,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     wgmma_commit();
     // (kC3: the next q k^T only once c is folded into O; its 64 registers next to O, c and P
     // in flight do not fit 160, and the other two consumers keep the tensor cores busy)
-    if constexpr (kMore && !kEarly && !kC3) {
+    if constexpr (kMore && !kEarly && (!kC3 || kQkB4O)) {
+      // (kQkB4O: the first half's P·V, long done, is waited for first so that its A registers
+      // are free for the q k^T's accumulator at 160 registers)
+      if constexpr (kQkB4O) wgmma_wait<1>();
       issue_qk(tile + 1);
       wgmma_wait<1>();  // the P·V (the next q k^T stays in flight)
     } else {
@@ -2220,7 +2258,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     accumulate_tile<D>(o, c, r0, r1);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
-    if constexpr (kMore && kC3) {
+    if constexpr (kMore && kC3 && !kQkB4O) {
       issue_qk(tile + 1);
       wgmma_wait<0>();
       fence_regs(acc);
@@ -2240,8 +2278,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
              kRows +
          rl0;
   row1 = row0 + 8;
-  epilogue<D, true, T16>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o,
-                         m0, m1, l0, l1);
+  epilogue<D, true, T16, kQKRow>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ,
+                                 n_tiles > 0, o, m0, m1, l0, l1);
 #endif
 }
 
@@ -2261,9 +2299,10 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // A uint8 tensor map of `rank` dims (innermost first; strides in bytes of dims 1..) with a box of
-// 128-byte inner rows in the 128-byte swizzle. False if the driver refuses it.
+// 128-byte inner rows in the 128-byte swizzle (sw64: 64-byte rows, 64-byte swizzle). False if the
+// driver refuses it.
 bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
-                const uint64_t* strides, const uint32_t* box) {
+                const uint64_t* strides, const uint32_t* box, bool sw64 = false) {
   auto enc = tensor_map_encoder();
   if (!enc) return false;
   cuuint64_t d[4], st[3];
@@ -2275,7 +2314,8 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
   }
   return enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, static_cast<cuuint32_t>(rank),
              const_cast<void*>(base), d, st, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             sw64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -2295,9 +2335,19 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // the cp.async producer if a map cannot be made.
   // For now only the per-half-kc launches take TMA, so that the harness exercises both
   // producers at D = 128 (the `.kblock32` cases run the cp.async one).
+  // D = 64 (var bit 9, three consumers only; bf16 output, per-half kc): Q and K boxes of 64-byte
+  // rows in the 64-byte swizzle (the consumers' descriptors follow), V as at D = 128; else the
+  // cp.async producer (same bits).
+  constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
+  bool tma64 = false;
+  if (var & 512) {
+    var &= ~512;
+    tma64 = D == 64 && kBf16 && kc_half && (var == 162 || var == 1186);
+  }
+  if (var == 1186 && !tma64) var = 162;  // (the q k^T-before-O schedule needs 160 registers)
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
-  if (D == 128 && kR3Tma && kc_half) {
+  if ((D == 128 && kR3Tma && kc_half) || tma64) {
     // Rows (N) and heads (H) in the order of their strides (NHD storage: heads inside rows, HND:
     // rows inside heads), so that every map is a plain nested layout; the box takes 128 rows of
     // one head either way (same shared-memory image).
@@ -2313,7 +2363,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                                    static_cast<uint64_t>(sb)};
       const uint32_t box[4] = {static_cast<uint32_t>(D), *rows_outer ? 1u : box_rows,
                                *rows_outer ? box_rows : 1u, 1};
-      return encode_map(map, ptr, 4, dims, strides, box);
+      return encode_map(map, ptr, 4, dims, strides, box, D == 64);
     };
     const uint64_t vd[3] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(D),
                             static_cast<uint64_t>(B) * p.Hkv};
@@ -2321,8 +2371,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
     // (three consumers, var 162: Q in boxes of 64 rows, one per consumer; the fallbacks below
     // keep var 162 exactly for bf16 output with per-half kc once TMA is on)
-    const bool q_box64 =
-        kR3C3At128 && var == 162 && std::is_same<T16, __nv_bfloat16>::value;
+    const bool q_box64 = tma64 || (kR3C3At128 && var == 162 && kBf16);
     tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
                  q_box64 ? 64u : static_cast<uint32_t>(kBM)) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
@@ -2330,6 +2379,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   }
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
+  if (tma64 && !tma) var = 162;  // no maps: the cp.async producer
   if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
   // (var 162, round 3 + I2FP without turns on three consumer warpgroups: D = 64 only, else 34;
   // bf16 output and per-half kc, else round 3 below)
@@ -2387,8 +2437,13 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   };
   auto kernel = tma ? pick(std::integral_constant<bool, D == 128 && kR3Tma>{})
                     : pick(std::false_type{});
-  // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA.
-  const bool c3 = var == 162;
+  if constexpr (D == 64 && kBf16) {  // three consumers, the TMA producer (var 162 or 1186)
+    if (tma)
+      kernel = var == 1186 ? attention_wgmma_r3_kernel<D, T16, true, true, 1186>
+                           : attention_wgmma_r3_kernel<D, T16, true, true, 162>;
+  }
+  // Three consumer warpgroups (var 162 / 1186 after the fallbacks above): 192 rows per CTA.
+  const bool c3 = var == 162 || var == 1186;
   const int rows = c3 ? 192 : kBM;
   const int bytes = c3 ? R3Smem<D, 192>::kBytes : R3Smem<D>::kBytes;
   static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024,
@@ -2440,6 +2495,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
           : which == WgmmaKernel::round5_fold2    ? 75
           : which == WgmmaKernel::round3_i2fp_no_turn ? 34
           : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
+          : which == WgmmaKernel::round3_i2fp_no_turn_c3_tma ? 162 | 512
+          : which == WgmmaKernel::round3_i2fp_no_turn_c3_tma_qk ? 1186 | 512
           : which == WgmmaKernel::round3_i2fp_no_turn_r240 ? 290
           : which == WgmmaKernel::round4_i2fp_no_turn ? 35
           : which == WgmmaKernel::round4_fused ? 5

@@ -495,6 +495,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // 17, 200, 333, 390, 400), the ring wrapping (1100, 3000 keys), 3 causal modes, early maxima
   // (folded halves), the diagnostics, THREAD_Q/K + K-mean LSE (the epilogue's Q rows up to 191),
   // V mean, two fallbacks (f16 output, k scales per 32 keys); D = 128 the same way (below).
+  // `.r3c3t` / `.r3c3q`: the D = 64 part of that set on the TMA-producer twins (see below).
   // `.r3r240`: round 3 + I2FP without turns at setmaxnreg 24 / 240 (knob regs240; D = 128 with
   // the TMA producer, else the 40 / 232 kernels, same bits): the D = 128 shapes x 3 causal modes,
   // 1000 / 3000 keys, the diagnostics, THREAD_Q/K + HND + K mean, V mean.
@@ -514,37 +515,43 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       c->set_tuning(*tune);
       cases.push_back(std::move(c));
     };
-    const Shape c3_shapes[] = {
-        {1, 1, 1, 1, 1, 64},       {1, 17, 17, 2, 1, 64},     {1, 200, 77, 2, 2, 64},
-        {1, 333, 129, 2, 1, 64},   {2, 400, 257, 2, 1, 64},   {1, 300, 1100, 2, 2, 64},
-        {1, 390, 3000, 2, 1, 64},
+    // The D = 64 set, run for `.r3c3` and for its TMA twins `.r3c3t` (knob tma64: the TMA
+    // producer, Q / K in 64-byte rows with the 64-byte swizzle, the epilogue's K-mean read of
+    // them, HND maps) and `.r3c3q` (tma64 + qk_b4o: the next q k^T before the O update).
+    auto add_d64 = [&] {
+      const Shape c3_shapes[] = {
+          {1, 1, 1, 1, 1, 64},       {1, 17, 17, 2, 1, 64},     {1, 200, 77, 2, 2, 64},
+          {1, 333, 129, 2, 1, 64},   {2, 400, 257, 2, 1, 64},   {1, 300, 1100, 2, 2, 64},
+          {1, 390, 3000, 2, 1, 64},
+      };
+      for (const Shape& s : c3_shapes)
+        for (auto c : {O::none, O::bottom_right, O::top_left})
+          add(s, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16, ScaleLayout::per_block, 128,
+              ScaleLayout::per_block, 64, false, false, Pattern::random);
+      for (auto c : {O::none, O::bottom_right}) {
+        add(Shape{1, 300, 1100, 2, 2, 64}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
+            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+            Pattern::early_max);
+        for (auto pat : {Pattern::zero_q, Pattern::const_v})
+          add(Shape{1, 257, 390, 2, 1, 64}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
+              ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat);
+      }
+      add(Shape{2, 70, 130, 4, 1, 64}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
+          ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true, Pattern::random);
+      add(Shape{1, 390, 390, 2, 2, 64}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+          DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
+          Pattern::random);
+      O vmc = make_opt(O::fp8, O::top_left, O::wgmma_r3);
+      vmc.smooth_v = true;
+      add(Shape{1, 250, 250, 2, 2, 64}, vmc, DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false, Pattern::random);
+      add(Shape{1, 250, 250, 2, 2, 64}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::f16,
+          ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, Pattern::random);
+      add(Shape{1, 333, 129, 2, 1, 64}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+          DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false,
+          Pattern::random);
     };
-    for (const Shape& s : c3_shapes)
-      for (auto c : {O::none, O::bottom_right, O::top_left})
-        add(s, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16, ScaleLayout::per_block, 128,
-            ScaleLayout::per_block, 64, false, false, Pattern::random);
-    for (auto c : {O::none, O::bottom_right}) {
-      add(Shape{1, 300, 1100, 2, 2, 64}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
-          ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
-          Pattern::early_max);
-      for (auto pat : {Pattern::zero_q, Pattern::const_v})
-        add(Shape{1, 257, 390, 2, 1, 64}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
-            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat);
-    }
-    add(Shape{2, 70, 130, 4, 1, 64}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
-        ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true, Pattern::random);
-    add(Shape{1, 390, 390, 2, 2, 64}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
-        DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
-        Pattern::random);
-    O vmc = make_opt(O::fp8, O::top_left, O::wgmma_r3);
-    vmc.smooth_v = true;
-    add(Shape{1, 250, 250, 2, 2, 64}, vmc, DType::bf16, ScaleLayout::per_block, 128,
-        ScaleLayout::per_block, 64, false, false, Pattern::random);
-    add(Shape{1, 250, 250, 2, 2, 64}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::f16,
-        ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, Pattern::random);
-    add(Shape{1, 333, 129, 2, 1, 64}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
-        DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false,
-        Pattern::random);
+    add_d64();
     // D = 128 (TMA producer, the P·V in two 64-channel halves; while kR3C3At128 is off these
     // run the two-consumer auto kernel): the r240 set below, and a fallback (k scales per 32
     // keys: no TMA, the two-consumer round 3).
@@ -573,6 +580,17 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         ScaleLayout::per_block, 64, false, false, Pattern::random);
     add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
         ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false, Pattern::random);
+
+    detail::AttentionCudaTuning c3t = c3;
+    c3t.tma64 = true;
+    tune = &c3t;
+    tag = "r3c3t";
+    add_d64();
+    detail::AttentionCudaTuning c3q = c3t;
+    c3q.qk_b4o = true;
+    tune = &c3q;
+    tag = "r3c3q";
+    add_d64();
 
     tune = &r240;
     tag = "r3r240";
