@@ -514,6 +514,7 @@ std::atomic<bool> g_attention_cons3{false};
 std::atomic<bool> g_attention_regs240{false};
 std::atomic<bool> g_attention_tma64{false};
 std::atomic<bool> g_attention_qk_b4o{false};
+std::atomic<bool> g_attention_self_load{false};
 }  // namespace
 void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_i2fp.store(t.i2fp);
@@ -525,6 +526,7 @@ void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_regs240.store(t.regs240);
   g_attention_tma64.store(t.tma64);
   g_attention_qk_b4o.store(t.qk_b4o);
+  g_attention_self_load.store(t.self_load);
 }
 AttentionCudaTuning attention_cuda_tuning() {
   AttentionCudaTuning t;
@@ -537,6 +539,7 @@ AttentionCudaTuning attention_cuda_tuning() {
   t.regs240 = g_attention_regs240.load();
   t.tma64 = g_attention_tma64.load();
   t.qk_b4o = g_attention_qk_b4o.load();
+  t.self_load = g_attention_self_load.load();
   return t;
 }
 }  // namespace detail

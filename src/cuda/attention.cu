@@ -681,6 +681,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   auto r3 = [&] {
     return tune.fused_dequant          ? attn::WgmmaKernel::round3_fused
+           : tune.i2fp && tune.no_turn && tune.cons3 && tune.self_load && tune.qk_b4o
+               ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_self_qk
+           : tune.i2fp && tune.no_turn && tune.cons3 && tune.self_load
+               ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_self
            : tune.i2fp && tune.no_turn && tune.cons3 && tune.tma64 && tune.qk_b4o
                ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_tma_qk
            : tune.i2fp && tune.no_turn && tune.cons3 && tune.tma64

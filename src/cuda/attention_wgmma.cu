@@ -1243,6 +1243,18 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// The block indices, re-read (volatile: not merged with earlier reads that would stay live).
+__device__ __forceinline__ int ctaid_y() {
+  int r;
+  asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ int ctaid_z() {
+  int r;
+  asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(r));
+  return r;
+}
+
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
 // kR3Stages stages. 178.5 KB at D = 128.
 // kRows: query rows per CTA (64 per consumer warpgroup).
@@ -1256,7 +1268,8 @@ struct R3Smem {
   static constexpr int kV = kK + kR3Stages * kKTile;
   static constexpr int kS = kV + kR3Stages * kVTile;
   static constexpr int kBar = kS + kR3Stages * kBN * 4;  // full[], empty[] (8 B each)
-  static constexpr int kBytes = kBar + 2 * kR3Stages * 8 + 1024;  // + alignment slack
+  static constexpr int kCnt = kBar + 2 * kR3Stages * 8;  // release counters (no producer: int each)
+  static constexpr int kBytes = kCnt + kR3Stages * 4 + 1024;  // + alignment slack
 };
 
 // d (64 x 128 s32) = A (64 x 32 s8, shared) · B (128 x 32 s8, shared)^T, d written only.
@@ -1771,8 +1784,11 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
                          m0, m1, l0, l1);
 }
 
-// Threads of a round-3 kernel CTA: a producer warpgroup and two consumers (three with kVar bit 7).
-constexpr int r3_threads(int var) { return (var & 128) != 0 ? 512 : kWsThreads; }
+// Threads of a round-3 kernel CTA: a producer warpgroup and two consumers (three with kVar bit 7;
+// bit 11: the three consumers without a producer warpgroup).
+constexpr int r3_threads(int var) {
+  return (var & 2048) != 0 ? 384 : (var & 128) != 0 ? 512 : kWsThreads;
+}
 
 template <int D, typename T16, bool kKcHalf, bool kTma, int kVar = 0>
 __global__ void __launch_bounds__(r3_threads(kVar), 1)
@@ -1818,6 +1834,14 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // Register diet (kSplitPv, kQkB4O): the rows' visible ends recomputed where needed and the K / V
   // descriptors derived from Q's, instead of kept live through the loop.
   constexpr bool kDiet = kSplitPv || kQkB4O;
+  // bit 11: three consumers and no producer warpgroup (384 threads, no setmaxnreg: 168 registers
+  // each, ptxas's share of the register file): the warp that releases a stage last refills it
+  // (TMA for Q / K / V as the producer warp; the raw k scales by 4-byte cp.async arriving on the
+  // stage's full barrier, multiplied by scale_log2 in the consumers: the same kc). Tiles 0 ..
+  // kR3Stages - 1 are issued by warp 0 before its loop.
+  constexpr bool kSelf = (kVar & 2048) != 0;
+  static_assert(!kSelf || (kC3 && kTma && kKcHalf), "no producer: 3 consumers, TMA, per-half kc");
+  constexpr int kWg0 = kSelf ? 0 : 1;  // the first consumer warpgroup
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
@@ -1829,8 +1853,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr int kProdRegs = kC3 ? (kTma ? 24 : 40) : (kR4 || kWide) && D == 128 ? 24 : 40;
   constexpr int kConsRegs =
       kC3 ? (kTma ? 160 : 152) : (kR4 || kWide) && D == 128 ? 240 : 232;
-  static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
-                    (kC3 ? 128 : 168) * r3_threads(kVar),
+  static_assert(kSelf || 128 * kProdRegs + 128 * kCons * kConsRegs <=
+                             (kC3 ? 128 : 168) * r3_threads(kVar),
                 "register split");
   static_assert(!(kR4 && D == 128 && !kTma), "round 4 at D = 128 needs the TMA producer");
   using L = R3Smem<D, kRows>;
@@ -1854,19 +1878,66 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     for (int st = 0; st < kR3Stages; ++st) {
       // every producer thread once its copies landed (TMA: the producer warp's lanes, one of
       // them with the stage's transaction bytes)
-      mbar_init(full0 + st * 8, kTma ? 32 : 128);
+      // (kSelf: the refilling warp's lanes by their cp.async, + its lane 0's expect_tx arrive)
+      mbar_init(full0 + st * 8, kSelf ? 33 : kTma ? 32 : 128);
       mbar_init(empty0 + st * 8, 4 * kCons);  // every consumer warp, once its wgmmas completed
+      if constexpr (kSelf) *reinterpret_cast<int*>(sbase + L::kCnt + 4 * st) = 0;
     }
     mbar_fence_init();
   }
   __syncthreads();
 
-  if (wg == 0 && kTma) {  // ---- producer, TMA: one warp; lane 0 issues the boxes, each lane 4 kc
+  constexpr uint32_t kTileBytes = 2 * kBN * D;  // K box (kBN x D) + V box (D x kBN)
+  // Lane 0 of the loading warp: tile `tile`'s K and V boxes (and Q with tile 0) into stage st,
+  // completing on its full barrier `bar` (with the arrive that sets the transaction bytes).
+  // (kFirst = false: a refill, tile >= kR3Stages, never Q; the batch and heads bb, hh, hkk passed
+  // in, so that a refilling consumer can re-read them instead of keeping them live)
+  auto tma_tile = [&](int tile, int st, uint32_t bar, int bb, int hh, int hkk, auto first_c) {
+    constexpr bool kFirst = decltype(first_c)::value;
+    mbar_arrive_expect_tx(bar, kTileBytes + (kFirst && tile == 0 ? kRows * D : 0u));
+    if (kFirst && tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
+      // (three consumers: the map's box is 64 rows, one box per consumer)
+      constexpr int kQBox = kC3 ? 64 : kBM;
+#pragma unroll
+      for (int i = 0; i < kRows / kQBox; ++i) {
+        const int r = static_cast<int>(q0) + i * kQBox;
+        tma_load_4d(base + L::kQ + i * kQBox * kQKRow, &maps.q, bar, 0,
+                    maps.q_rows_outer ? hh : r, maps.q_rows_outer ? r : hh, bb);
+      }
+    }
+    const int r = tile * kBN;
+    tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, maps.k_rows_outer ? hkk : r,
+                maps.k_rows_outer ? r : hkk, bb);
+    tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, bar, tile * kBN, 0, bb * p.Hkv + hkk);
+  };
+  // kSelf: one whole warp refills stage tile % kR3Stages with tile `tile` once it is released.
+  // (kFirst: tiles 0 .. kR3Stages - 1 at the start; else a refill: the block indices re-read
+  // and every address rebuilt from `base`, so that nothing of it stays live through the loop)
+  auto self_load = [&](int tile, auto first_c) {
+    constexpr bool kFirst = decltype(first_c)::value;
+    const int st = tile % kR3Stages;
+    const int bb = kFirst ? b : ctaid_z(), hh = kFirst ? h : ctaid_y(), hkk = hh / p.G;
+    const uint32_t bar = base + L::kBar + st * 8;
+    if (!kFirst) mbar_wait_bounded(bar + kR3Stages * 8, ((tile / kR3Stages) - 1) & 1);  // empty
+    const float* ksg = p.k_scale + bb * p.ks_sb + hkk * p.ks_sh;
+    const ScaleIdx kidx(p.k_layout, p.k_block);
+#pragma unroll
+    for (int i = 0; i < kBN / 32; ++i) {  // raw k scales (0 past Nkv), kc = ks * scale_log2 later
+      const int key = tile * kBN + lane + 32 * i;
+      const bool ok = key < p.Nkv;
+      cp_async_4(base + L::kS + 4 * (st * kBN + lane + 32 * i),
+                 ok ? ksg + static_cast<int64_t>(kidx(key)) * p.ks_ss : ksg, ok ? 4 : 0);
+    }
+    ptx::cp_async_mbar_arrive_noinc(bar);  // one arrival per lane once its copies landed
+    if (lane == 0) tma_tile(tile, st, bar, bb, hh, hkk, first_c);
+    __syncwarp();
+  };
+
+  if (wg == 0 && kTma && !kSelf) {  // ---- producer, TMA: one warp; lane 0 issues, each lane 4 kc
     setmaxnreg_dec<kProdRegs>();
     if (warp != 0) return;  // the other producer warps have nothing to do
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
     const ScaleIdx kidx(p.k_layout, p.k_block);
-    constexpr uint32_t kTileBytes = 2 * kBN * D;  // K box (kBN x D) + V box (D x kBN)
     for (int tile = 0; tile < n_tiles; ++tile) {
       const int st = tile % kR3Stages;
       float ks[kBN / 32];
@@ -1880,28 +1951,14 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       for (int i = 0; i < kBN / 32; ++i) skc[st * kBN + lane + 32 * i] = ks[i] * p.scale_log2;
       const uint32_t bar = full0 + st * 8;
       if (lane == 0) {
-        mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * D : 0u));
-        if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
-          // (three consumers: the map's box is 64 rows, one box per consumer)
-          constexpr int kQBox = kC3 ? 64 : kBM;
-#pragma unroll
-          for (int i = 0; i < kRows / kQBox; ++i) {
-            const int r = static_cast<int>(q0) + i * kQBox;
-            tma_load_4d(base + L::kQ + i * kQBox * kQKRow, &maps.q, bar, 0,
-                        maps.q_rows_outer ? h : r, maps.q_rows_outer ? r : h, b);
-          }
-        }
-        const int r = tile * kBN;
-        tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, maps.k_rows_outer ? hk : r,
-                    maps.k_rows_outer ? r : hk, b);
-        tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, bar, tile * kBN, 0, b * p.Hkv + hk);
+        tma_tile(tile, st, bar, b, h, hk, std::true_type{});
       } else {
         mbar_arrive(bar);  // this lane's kc are stored
       }
     }
     return;
   }
-  if (wg == 0) {  // ---- producer: round 2's loads, kc = k_scale * scale_log2 instead of k_scale
+  if (wg == 0 && !kSelf) {  // ---- producer: round 2's loads, kc = k_scale * scale_log2
     setmaxnreg_dec<kProdRegs>();
     const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
@@ -1985,13 +2042,18 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   }
 
   // ---- consumers ----
-  setmaxnreg_inc<kConsRegs>();
+  if constexpr (!kSelf) setmaxnreg_inc<kConsRegs>();
+  if constexpr (kSelf) {  // the first kR3Stages tiles
+    if (warp == 0)
+      for (int tile = 0; tile < min(n_tiles, kR3Stages); ++tile)
+        self_load(tile, std::true_type{});
+  }
   if constexpr (kR4) {
     r4_consumer<D, T16, kKcHalf, kI2fp, kFused, kTileMax, kQkFirst, kNoTurn, kFold2>(
         p, b, h, hk, q0, n_tiles, base, sbase, full0, empty0, skc, warp, lane, wg);
     return;
   }
-  const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
+  const int cw = wg - kWg0;  // consumer index: rows 64 cw .. 64 cw + 63
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
   int64_t row0 = q0 + rl0, row1 = row0 + 8;
@@ -2046,6 +2108,23 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       return dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
     }
   };
+  // Releases stage st (tile `tile`: its q k^T and P·V are done) for this warp; kSelf: the warp
+  // that releases it last (a shared counter of releases) refills it with tile + kR3Stages.
+  auto release = [&](int tile, int st) {
+    __syncwarp();
+    if constexpr (kSelf) {
+      int last = 0;
+      if (lane == 0) {
+        mbar_arrive(empty0 + st * 8);
+        last = atomicAdd(reinterpret_cast<int*>(sbase + L::kCnt) + st, 1) % (4 * kCons) ==
+               4 * kCons - 1;
+      }
+      if (__shfl_sync(0xffffffffu, last, 0) != 0 && tile + kR3Stages < n_tiles)
+        self_load(tile + kR3Stages, std::false_type{});
+    } else {
+      if (lane == 0) mbar_arrive(empty0 + st * 8);
+    }
+  };
   int32_t acc[64];
   // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
   auto issue_qk = [&](int tile) {
@@ -2082,7 +2161,11 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     float s[64];
     float qa0 = qm0, qa1 = qm1, qb0 = qm0, qb1 = qm1;
     if constexpr (kKcHalf) {
-      const float kca = skc[st * kBN + 2 * t], kcb = skc[st * kBN + 64 + 2 * t];
+      float kca = skc[st * kBN + 2 * t], kcb = skc[st * kBN + 64 + 2 * t];
+      if constexpr (kSelf) {  // raw k scales there: the producer's kc = ks * scale_log2
+        kca *= p.scale_log2;
+        kcb *= p.scale_log2;
+      }
       // > 0 so that masked keys (-inf) stay -inf; a zero kc (an all-zero K block) gives ~0
       qa0 = fmaxf(kca * qm0, 1.17549435e-38f);
       qa1 = fmaxf(kca * qm1, 1.17549435e-38f);
@@ -2118,7 +2201,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
         const int qbb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
                                  : static_cast<int>(blockIdx.x);
         const int tid_c = static_cast<int>(threadIdx.x);
-        const int64_t r0 = static_cast<int64_t>(qbb) * kRows + (tid_c / 128 - 1) * 64 +
+        const int64_t r0 = static_cast<int64_t>(qbb) * kRows + (tid_c / 128 - kWg0) * 64 +
                            ((tid_c / 32) % 4) * 16 + (tid_c % 32) / 4;
         end0 = static_cast<int>(visible_end(p, r0));
         end1 = static_cast<int>(visible_end(p, r0 + 8));
@@ -2210,8 +2293,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       };
       pv_half(std::integral_constant<int, 0>{});
       pv_half(std::integral_constant<int, 1>{});
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
+      release(tile, st);  // q k^T and P·V of this stage are done
       if constexpr (kMore) {
         issue_qk(tile + 1);
         wgmma_wait<0>();
@@ -2256,8 +2338,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     }
     fence_regs(c);
     accumulate_tile<D>(o, c, r0, r1);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
+    release(tile, st);  // q k^T and P·V of this stage are done
     if constexpr (kMore && kC3 && !kQkB4O) {
       issue_qk(tile + 1);
       wgmma_wait<0>();
@@ -2339,12 +2420,24 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // rows in the 64-byte swizzle (the consumers' descriptors follow), V as at D = 128; else the
   // cp.async producer (same bits).
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
+  // var bit 11 (2048): the three consumers without a producer warpgroup (TMA at both head dims,
+  // bf16 output, per-half kc; else as without the bit: same bits).
+  const bool want_self = (var & 2048) != 0;
+  var &= ~2048;
+  if (want_self && D == 64) var |= 512;
   bool tma64 = false;
   if (var & 512) {
     var &= ~512;
     tma64 = D == 64 && kBf16 && kc_half && (var == 162 || var == 1186);
   }
   if (var == 1186 && !tma64) var = 162;  // (the q k^T-before-O schedule needs 160 registers)
+  // (Off for now: ptxas spills the producerless kernel at 168 registers with the q k^T before
+  // the O update at D = 64, 4 B, and at D = 128, 16 B; they run the producerless D = 64 kernel /
+  // the two-consumer auto kernel instead, same bits.)
+  constexpr bool kSelfQk = false, kSelf128 = false;
+  const bool self_c = want_self && kBf16 && kc_half && (var == 162 || var == 1186) &&
+                      (D == 64 || kSelf128);
+  if (self_c && var == 1186 && !kSelfQk) var = 162;
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
@@ -2371,7 +2464,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
     // (three consumers, var 162: Q in boxes of 64 rows, one per consumer; the fallbacks below
     // keep var 162 exactly for bf16 output with per-half kc once TMA is on)
-    const bool q_box64 = tma64 || (kR3C3At128 && var == 162 && kBf16);
+    const bool q_box64 = tma64 || self_c || (kR3C3At128 && var == 162 && kBf16);
     tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
                  q_box64 ? 64u : static_cast<uint32_t>(kBM)) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
@@ -2380,11 +2473,12 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
   if (tma64 && !tma) var = 162;  // no maps: the cp.async producer
+  const bool self = self_c && tma;
   if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
   // (var 162, round 3 + I2FP without turns on three consumer warpgroups: D = 64 only, else 34;
   // bf16 output and per-half kc, else round 3 below)
   // (D = 128 needs the TMA producer: without it var 0 above; and kR3C3At128)
-  if (var == 162 && D == 128 && !kR3C3At128) var = 34;
+  if (var == 162 && D == 128 && !kR3C3At128 && !self) var = 34;
   // (var 290, round 3 + I2FP without turns at 24 / 240 registers: D = 128 with TMA only)
   if (var == 290 && D != 128) var = 34;
   // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
@@ -2442,6 +2536,18 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       kernel = var == 1186 ? attention_wgmma_r3_kernel<D, T16, true, true, 1186>
                            : attention_wgmma_r3_kernel<D, T16, true, true, 162>;
   }
+  if constexpr (kBf16 && (D == 64 || kR3Tma)) {  // no producer warpgroup (var bit 11)
+    if (self) {
+      if constexpr (D == 64) {
+        kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162 | 2048>;
+        if constexpr (kSelfQk) {
+          if (var == 1186) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 1186 | 2048>;
+        }
+      } else if constexpr (kSelf128) {
+        kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162 | 2048>;
+      }
+    }
+  }
   // Three consumer warpgroups (var 162 / 1186 after the fallbacks above): 192 rows per CTA.
   const bool c3 = var == 162 || var == 1186;
   const int rows = c3 ? 192 : kBM;
@@ -2452,7 +2558,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
              "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, rows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
-  kernel<<<grid, c3 ? r3_threads(162) : kWsThreads, bytes, stream>>>(p, maps);
+  kernel<<<grid, self ? r3_threads(2048) : c3 ? r3_threads(162) : kWsThreads, bytes, stream>>>(
+      p, maps);
   check_launch(op);
 }
 
@@ -2497,6 +2604,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
           : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
           : which == WgmmaKernel::round3_i2fp_no_turn_c3_tma ? 162 | 512
           : which == WgmmaKernel::round3_i2fp_no_turn_c3_tma_qk ? 1186 | 512
+          : which == WgmmaKernel::round3_i2fp_no_turn_c3_self ? 162 | 2048
+          : which == WgmmaKernel::round3_i2fp_no_turn_c3_self_qk ? 1186 | 2048
           : which == WgmmaKernel::round3_i2fp_no_turn_r240 ? 290
           : which == WgmmaKernel::round4_i2fp_no_turn ? 35
           : which == WgmmaKernel::round4_fused ? 5

@@ -198,6 +198,13 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
+// attn: the mbarrier at shared address `bar` takes one arrival once every cp.async this thread
+// issued before it has landed (noinc: that arrival counts against the barrier's expected count).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// (end attn)
+
 }  // namespace ptx
 }  // namespace cuda
 }  // namespace lowbit

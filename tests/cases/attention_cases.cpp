@@ -495,7 +495,8 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // 17, 200, 333, 390, 400), the ring wrapping (1100, 3000 keys), 3 causal modes, early maxima
   // (folded halves), the diagnostics, THREAD_Q/K + K-mean LSE (the epilogue's Q rows up to 191),
   // V mean, two fallbacks (f16 output, k scales per 32 keys); D = 128 the same way (below).
-  // `.r3c3t` / `.r3c3q`: the D = 64 part of that set on the TMA-producer twins (see below).
+  // `.r3c3t` / `.r3c3q`: the D = 64 part of that set on the TMA-producer twins (see below);
+  // `.r3c3s` (both head dims) / `.r3c3sq` (D = 64): the producerless twins.
   // `.r3r240`: round 3 + I2FP without turns at setmaxnreg 24 / 240 (knob regs240; D = 128 with
   // the TMA producer, else the 40 / 232 kernels, same bits): the D = 128 shapes x 3 causal modes,
   // 1000 / 3000 keys, the diagnostics, THREAD_Q/K + HND + K mean, V mean.
@@ -552,34 +553,38 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           Pattern::random);
     };
     add_d64();
-    // D = 128 (TMA producer, the P·V in two 64-channel halves; while kR3C3At128 is off these
-    // run the two-consumer auto kernel): the r240 set below, and a fallback (k scales per 32
-    // keys: no TMA, the two-consumer round 3).
-    const Shape c3_128[] = {
-        {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
-        {1, 257, 390, 2, 1, 128}, {1, 130, 1000, 2, 1, 128}, {1, 390, 3000, 1, 1, 128},
+    // D = 128 (TMA producer, the P·V in two 64-channel halves; while kR3C3At128 is off the
+    // `.r3c3` ones run the two-consumer auto kernel, the `.r3c3s` ones the three consumers
+    // without a producer): the r240 set below, and a fallback (k scales per 32 keys: no TMA,
+    // the two-consumer round 3).
+    auto add_d128 = [&] {
+      const Shape c3_128[] = {
+          {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
+          {1, 257, 390, 2, 1, 128}, {1, 130, 1000, 2, 1, 128}, {1, 390, 3000, 1, 1, 128},
+      };
+      for (const Shape& s : c3_128)
+        for (auto c : {O::none, O::bottom_right, O::top_left})
+          add(s, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16, ScaleLayout::per_block, 128,
+              ScaleLayout::per_block, 64, false, false, Pattern::random);
+      for (auto c : {O::none, O::bottom_right}) {
+        add(Shape{1, 130, 1000, 2, 1, 128}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
+            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+            Pattern::early_max);
+        for (auto pat : {Pattern::zero_q, Pattern::const_v})
+          add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
+              ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat);
+      }
+      add(Shape{1, 400, 400, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+          DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
+          Pattern::random);
+      O vmc128 = make_opt(O::fp8, O::top_left, O::wgmma_r3);
+      vmc128.smooth_v = true;
+      add(Shape{1, 250, 250, 2, 2, 128}, vmc128, DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false, Pattern::random);
+      add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
+          ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false, Pattern::random);
     };
-    for (const Shape& s : c3_128)
-      for (auto c : {O::none, O::bottom_right, O::top_left})
-        add(s, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16, ScaleLayout::per_block, 128,
-            ScaleLayout::per_block, 64, false, false, Pattern::random);
-    for (auto c : {O::none, O::bottom_right}) {
-      add(Shape{1, 130, 1000, 2, 1, 128}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
-          ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
-          Pattern::early_max);
-      for (auto pat : {Pattern::zero_q, Pattern::const_v})
-        add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16,
-            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat);
-    }
-    add(Shape{1, 400, 400, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
-        DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
-        Pattern::random);
-    O vmc128 = make_opt(O::fp8, O::top_left, O::wgmma_r3);
-    vmc128.smooth_v = true;
-    add(Shape{1, 250, 250, 2, 2, 128}, vmc128, DType::bf16, ScaleLayout::per_block, 128,
-        ScaleLayout::per_block, 64, false, false, Pattern::random);
-    add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
-        ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false, Pattern::random);
+    add_d128();
 
     detail::AttentionCudaTuning c3t = c3;
     c3t.tma64 = true;
@@ -590,6 +595,19 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     c3q.qk_b4o = true;
     tune = &c3q;
     tag = "r3c3q";
+    add_d64();
+    // `.r3c3s` / `.r3c3sq`: no producer warpgroup (knob self_load; both head dims / D = 64 with
+    // qk_b4o): the consumers refill the ring (TMA + cp.async k scales on the full barrier).
+    detail::AttentionCudaTuning c3s = c3;
+    c3s.self_load = true;
+    tune = &c3s;
+    tag = "r3c3s";
+    add_d64();
+    add_d128();
+    detail::AttentionCudaTuning c3sq = c3s;
+    c3sq.qk_b4o = true;
+    tune = &c3sq;
+    tag = "r3c3sq";
     add_d64();
 
     tune = &r240;
