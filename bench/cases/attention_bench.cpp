@@ -240,12 +240,15 @@ class AttentionBench : public BenchCase {
                     "3 consumer warpgroups, TMA producer, q k^T before the O update");
           }
           // Three consumers without a producer warpgroup (384 threads at 168 registers; the warp
-          // that releases a stage last refills it). (D = 128 and the q k^T-before-O twin are
-          // written but off: ptxas spills them; they would run other kernels.)
+          // that releases a stage last refills it), also with the q k^T before the O update.
+          // (D = 128 is written but off: ptxas spills it; it would run the default.)
           if (D == 64) {
             detail::AttentionCudaTuning t = c3;
             t.self_load = true;
             variant(AttentionOptions::wgmma_r3, t, "3 consumer warpgroups, no producer warpgroup");
+            t.qk_b4o = true;
+            variant(AttentionOptions::wgmma_r3, t,
+                    "3 consumer warpgroups, no producer warpgroup, q k^T before the O update");
           }
         }
         const double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)

@@ -1249,10 +1249,26 @@ __device__ __forceinline__ int ctaid_y() {
   asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(r));
   return r;
 }
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+  return x;
+}
 __device__ __forceinline__ int ctaid_z() {
   int r;
   asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(r));
   return r;
+}
+
+// 32-bit shared-memory load / atomic add (returns the old value) at a shared address.
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ int atom_add_shared(uint32_t addr, int v) {
+  int old;
+  asm volatile("atom.shared.add.u32 %0, [%1], %2;\n" : "=r"(old) : "r"(addr), "r"(v) : "memory");
+  return old;
 }
 
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
@@ -1920,7 +1936,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     const uint32_t bar = base + L::kBar + st * 8;
     if (!kFirst) mbar_wait_bounded(bar + kR3Stages * 8, ((tile / kR3Stages) - 1) & 1);  // empty
     const float* ksg = p.k_scale + bb * p.ks_sb + hkk * p.ks_sh;
-    const ScaleIdx kidx(p.k_layout, p.k_block);
+    // (a refill's index setup from an opaque copy of the block: not hoisted out of the loop)
+    const ScaleIdx kidx(p.k_layout, kFirst ? p.k_block : opaque(p.k_block));
 #pragma unroll
     for (int i = 0; i < kBN / 32; ++i) {  // raw k scales (0 past Nkv), kc = ks * scale_log2 later
       const int key = tile * kBN + lane + 32 * i;
@@ -2116,8 +2133,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       int last = 0;
       if (lane == 0) {
         mbar_arrive(empty0 + st * 8);
-        last = atomicAdd(reinterpret_cast<int*>(sbase + L::kCnt) + st, 1) % (4 * kCons) ==
-               4 * kCons - 1;
+        last = atom_add_shared(base + L::kCnt + 4 * st, 1) % (4 * kCons) == 4 * kCons - 1;
       }
       if (__shfl_sync(0xffffffffu, last, 0) != 0 && tile + kR3Stages < n_tiles)
         self_load(tile + kR3Stages, std::false_type{});
@@ -2161,10 +2177,14 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     float s[64];
     float qa0 = qm0, qa1 = qm1, qb0 = qm0, qb1 = qm1;
     if constexpr (kKcHalf) {
-      float kca = skc[st * kBN + 2 * t], kcb = skc[st * kBN + 64 + 2 * t];
+      float kca, kcb;
       if constexpr (kSelf) {  // raw k scales there: the producer's kc = ks * scale_log2
-        kca *= p.scale_log2;
-        kcb *= p.scale_log2;
+        // (32-bit shared addresses from `base`: no generic pointer kept live)
+        kca = lds_f32(base + L::kS + 4 * (st * kBN + 2 * t)) * p.scale_log2;
+        kcb = lds_f32(base + L::kS + 4 * (st * kBN + 64 + 2 * t)) * p.scale_log2;
+      } else {
+        kca = skc[st * kBN + 2 * t];
+        kcb = skc[st * kBN + 64 + 2 * t];
       }
       // > 0 so that masked keys (-inf) stay -inf; a zero kc (an all-zero K block) gives ~0
       qa0 = fmaxf(kca * qm0, 1.17549435e-38f);
@@ -2431,10 +2451,9 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     tma64 = D == 64 && kBf16 && kc_half && (var == 162 || var == 1186);
   }
   if (var == 1186 && !tma64) var = 162;  // (the q k^T-before-O schedule needs 160 registers)
-  // (Off for now: ptxas spills the producerless kernel at 168 registers with the q k^T before
-  // the O update at D = 64, 4 B, and at D = 128, 16 B; they run the producerless D = 64 kernel /
-  // the two-consumer auto kernel instead, same bits.)
-  constexpr bool kSelfQk = false, kSelf128 = false;
+  // (kSelf128 off for now: ptxas spills the producerless kernel at D = 128, 16 B at 168
+  // registers; it runs the two-consumer auto kernel instead, same bits.)
+  constexpr bool kSelfQk = true, kSelf128 = false;
   const bool self_c = want_self && kBf16 && kc_half && (var == 162 || var == 1186) &&
                       (D == 64 || kSelf128);
   if (self_c && var == 1186 && !kSelfQk) var = 162;
