@@ -241,11 +241,11 @@ class AttentionBench : public BenchCase {
           }
           // Three consumers without a producer warpgroup (384 threads at 168 registers; the warp
           // that releases a stage last refills it), also with the q k^T before the O update.
-          // (D = 128 is written but off: ptxas spills it; it would run the default.)
+          // (D = 128: the P·V in two 64-channel halves, each waited for.)
+          detail::AttentionCudaTuning t = c3;
+          t.self_load = true;
+          variant(AttentionOptions::wgmma_r3, t, "3 consumer warpgroups, no producer warpgroup");
           if (D == 64) {
-            detail::AttentionCudaTuning t = c3;
-            t.self_load = true;
-            variant(AttentionOptions::wgmma_r3, t, "3 consumer warpgroups, no producer warpgroup");
             t.qk_b4o = true;
             variant(AttentionOptions::wgmma_r3, t,
                     "3 consumer warpgroups, no producer warpgroup, q k^T before the O update");

@@ -1847,9 +1847,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // Bytes per Q / K row in shared memory: 128 (128-byte swizzle; D = 64 rows fill half of one
   // as the cp.async producer writes them), or D = 64 with TMA: 64 (a SWIZZLE_64B box).
   constexpr int kQKRow = kTma ? D : kRowBytes;
-  // Register diet (kSplitPv, kQkB4O): the rows' visible ends recomputed where needed and the K / V
-  // descriptors derived from Q's, instead of kept live through the loop.
-  constexpr bool kDiet = kSplitPv || kQkB4O;
   // bit 11: three consumers and no producer warpgroup (384 threads, no setmaxnreg: 168 registers
   // each, ptxas's share of the register file): the warp that releases a stage last refills it
   // (TMA for Q / K / V as the producer warp; the raw k scales by 4-byte cp.async arriving on the
@@ -1858,6 +1855,11 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr bool kSelf = (kVar & 2048) != 0;
   static_assert(!kSelf || (kC3 && kTma && kKcHalf), "no producer: 3 consumers, TMA, per-half kc");
   constexpr int kWg0 = kSelf ? 0 : 1;  // the first consumer warpgroup
+  // Register diet (kSplitPv with a producer, kQkB4O): the rows' visible ends recomputed where
+  // needed and the K / V descriptors derived from Q's, instead of kept live through the loop.
+  // (ptxas, D = 128 three consumers: 4 B spilled with it at 160 registers; without a producer,
+  // at 168, 16 B with it and none without it)
+  constexpr bool kDiet = (kSplitPv && !kSelf) || kQkB4O;
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
@@ -2451,9 +2453,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     tma64 = D == 64 && kBf16 && kc_half && (var == 162 || var == 1186);
   }
   if (var == 1186 && !tma64) var = 162;  // (the q k^T-before-O schedule needs 160 registers)
-  // (kSelf128 off for now: ptxas spills the producerless kernel at D = 128, 16 B at 168
-  // registers; it runs the two-consumer auto kernel instead, same bits.)
-  constexpr bool kSelfQk = true, kSelf128 = false;
+  // (kSelfQk / kSelf128: switches for the two twins that once spilled; on, 0 spills)
+  constexpr bool kSelfQk = true, kSelf128 = true;
   const bool self_c = want_self && kBf16 && kc_half && (var == 162 || var == 1186) &&
                       (D == 64 || kSelf128);
   if (self_c && var == 1186 && !kSelfQk) var = 162;
