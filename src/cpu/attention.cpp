@@ -511,7 +511,6 @@ std::atomic<bool> g_attention_qk_first{false};
 std::atomic<bool> g_attention_no_turn{false};
 std::atomic<bool> g_attention_fold2{false};
 std::atomic<bool> g_attention_cons3{false};
-std::atomic<bool> g_attention_regs240{false};
 std::atomic<bool> g_attention_tma64{false};
 std::atomic<bool> g_attention_qk_b4o{false};
 std::atomic<bool> g_attention_self_load{false};
@@ -523,7 +522,6 @@ void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_no_turn.store(t.no_turn);
   g_attention_fold2.store(t.fold2);
   g_attention_cons3.store(t.cons3);
-  g_attention_regs240.store(t.regs240);
   g_attention_tma64.store(t.tma64);
   g_attention_qk_b4o.store(t.qk_b4o);
   g_attention_self_load.store(t.self_load);
@@ -536,7 +534,6 @@ AttentionCudaTuning attention_cuda_tuning() {
   t.no_turn = g_attention_no_turn.load();
   t.fold2 = g_attention_fold2.load();
   t.cons3 = g_attention_cons3.load();
-  t.regs240 = g_attention_regs240.load();
   t.tma64 = g_attention_tma64.load();
   t.qk_b4o = g_attention_qk_b4o.load();
   t.self_load = g_attention_self_load.load();

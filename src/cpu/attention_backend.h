@@ -31,8 +31,6 @@ struct AttentionCudaTuning {
   bool fold2 = false;
   // with i2fp and no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64
   bool cons3 = false;
-  // with i2fp and no_turn on wgmma_r3: setmaxnreg 24 / 240 at D = 128 (TMA producer)
-  bool regs240 = false;
   // with i2fp, no_turn and cons3 on wgmma_r3 at D = 64: the TMA producer (consumers at 160
   // registers)
   bool tma64 = false;

@@ -691,8 +691,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_tma
            : tune.i2fp && tune.no_turn && tune.cons3
                ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
-           : tune.i2fp && tune.no_turn && tune.regs240
-               ? attn::WgmmaKernel::round3_i2fp_no_turn_r240
            : tune.i2fp && tune.no_turn ? attn::WgmmaKernel::round3_i2fp_no_turn
            : tune.i2fp                 ? attn::WgmmaKernel::round3_i2fp
                                        : attn::WgmmaKernel::round3;

@@ -148,9 +148,6 @@ enum class WgmmaKernel {
   // round3_i2fp_no_turn with three consumer warpgroups (192 query rows per CTA) at D = 64 (same
   // bits; D = 128 runs round3_i2fp_no_turn; bench knob cons3)
   round3_i2fp_no_turn_c3,
-  // round3_i2fp_no_turn at D = 128 (TMA) with setmaxnreg 24 / 240 instead of 40 / 232 (same
-  // bits; D = 64 runs round3_i2fp_no_turn; bench knob regs240)
-  round3_i2fp_no_turn_r240,
   // round3_i2fp_no_turn_c3 at D = 64 with the TMA producer (one warp, setmaxnreg 24; Q and K in
   // 64-byte rows, 64-byte swizzle) and the consumers at 160 registers (same bits; bf16 output
   // with per-half k scales, else as round3_i2fp_no_turn_c3; bench knob tma64)

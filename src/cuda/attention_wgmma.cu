@@ -1835,10 +1835,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   constexpr bool kSplitPv = kC3 && D == 128;  // the P·V in two 64-channel halves
-  // bit 8: round 3 at D = 128 with the TMA producer at 24 registers and the consumers at 240
-  // (as round 4) instead of 40 / 232: more room for ptxas to keep exponentials in flight.
-  constexpr bool kWide = (kVar & 256) != 0;
-  static_assert(!kWide || (D == 128 && kTma && !kR4 && !kC3), "240 registers: D = 128 TMA");
+  // (bit 8, round 3 at D = 128 at setmaxnreg 24 / 240: 0.99-1.01x in runs 12 and 13, removed)
   // bit 10: three consumers at D = 64 with the next q k^T issued right behind the second P·V
   // (before its wait and the O update, as the two-consumer kernel at D = 128) instead of after
   // the O update: its 64 registers live next to O and c; needs the TMA producer's 160.
@@ -1868,9 +1865,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
   // Three consumers: 40 / 152 (the launch's 128 x 512 registers); with TMA (D = 128 always,
   // D = 64 optionally): 24 / 160.
-  constexpr int kProdRegs = kC3 ? (kTma ? 24 : 40) : (kR4 || kWide) && D == 128 ? 24 : 40;
-  constexpr int kConsRegs =
-      kC3 ? (kTma ? 160 : 152) : (kR4 || kWide) && D == 128 ? 240 : 232;
+  constexpr int kProdRegs = kC3 ? (kTma ? 24 : 40) : kR4 && D == 128 ? 24 : 40;
+  constexpr int kConsRegs = kC3 ? (kTma ? 160 : 152) : kR4 && D == 128 ? 240 : 232;
   static_assert(kSelf || 128 * kProdRegs + 128 * kCons * kConsRegs <=
                              (kC3 ? 128 : 168) * r3_threads(kVar),
                 "register split");
@@ -2499,8 +2495,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // bf16 output and per-half kc, else round 3 below)
   // (D = 128 needs the TMA producer: without it var 0 above; and kR3C3At128)
   if (var == 162 && D == 128 && !kR3C3At128 && !self) var = 34;
-  // (var 290, round 3 + I2FP without turns at 24 / 240 registers: D = 128 with TMA only)
-  if (var == 290 && D != 128) var = 34;
   // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
   // kc only, else round 5)
   if ((var == 43 || var == 75) && !(std::is_same<T16, __nv_bfloat16>::value && kc_half)) var = 11;
@@ -2535,7 +2529,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if constexpr (kR3C3At128) {
         if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
       }
-      if (var == 290) k = attention_wgmma_r3_kernel<D, T16, true, true, 290>;
     }
     if constexpr (kI2fpInst) {
       if (var == 43) k = attention_wgmma_r3_kernel<D, T16, true, kT, 43>;
@@ -2626,7 +2619,6 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
           : which == WgmmaKernel::round3_i2fp_no_turn_c3_tma_qk ? 1186 | 512
           : which == WgmmaKernel::round3_i2fp_no_turn_c3_self ? 162 | 2048
           : which == WgmmaKernel::round3_i2fp_no_turn_c3_self_qk ? 1186 | 2048
-          : which == WgmmaKernel::round3_i2fp_no_turn_r240 ? 290
           : which == WgmmaKernel::round4_i2fp_no_turn ? 35
           : which == WgmmaKernel::round4_fused ? 5
           : which == WgmmaKernel::round3_fused ? 4

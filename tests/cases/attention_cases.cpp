@@ -497,17 +497,11 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // V mean, two fallbacks (f16 output, k scales per 32 keys); D = 128 the same way (below).
   // `.r3c3t` / `.r3c3q`: the D = 64 part of that set on the TMA-producer twins (see below);
   // `.r3c3s` (both head dims) / `.r3c3sq` (D = 64): the producerless twins.
-  // `.r3r240`: round 3 + I2FP without turns at setmaxnreg 24 / 240 (knob regs240; D = 128 with
-  // the TMA producer, else the 40 / 232 kernels, same bits): the D = 128 shapes x 3 causal modes,
-  // 1000 / 3000 keys, the diagnostics, THREAD_Q/K + HND + K mean, V mean.
   {
     detail::AttentionCudaTuning c3;
     c3.i2fp = true;
     c3.no_turn = true;
     c3.cons3 = true;
-    detail::AttentionCudaTuning r240 = c3;
-    r240.cons3 = false;
-    r240.regs240 = true;
     const detail::AttentionCudaTuning* tune = &c3;
     const char* tag = "r3c3";
     auto add = [&](Shape s, O o, DType dt, ScaleLayout ql, int qb, ScaleLayout kl, int kb,
@@ -555,8 +549,9 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     add_d64();
     // D = 128 (TMA producer, the P·V in two 64-channel halves; while kR3C3At128 is off the
     // `.r3c3` ones run the two-consumer auto kernel, the `.r3c3s` ones the three consumers
-    // without a producer): the r240 set below, and a fallback (k scales per 32 keys: no TMA,
-    // the two-consumer round 3).
+    // without a producer): 6 shapes x 3 causal modes (N = 65 .. 390, 127 .. 3000 keys, GQA),
+    // early maxima, the diagnostics, THREAD_Q/K + HND + K mean, V mean, and a fallback (k scales
+    // per 32 keys: no TMA, the two-consumer round 3).
     auto add_d128 = [&] {
       const Shape c3_128[] = {
           {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
@@ -609,28 +604,6 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     tune = &c3sq;
     tag = "r3c3sq";
     add_d64();
-
-    tune = &r240;
-    tag = "r3r240";
-    const Shape r240_shapes[] = {
-        {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
-        {1, 257, 390, 2, 1, 128}, {1, 130, 1000, 2, 1, 128}, {1, 130, 3000, 1, 1, 128},
-    };
-    for (const Shape& s : r240_shapes)
-      for (auto c : {O::none, O::bottom_right, O::top_left})
-        add(s, make_opt(O::fp8, c, O::wgmma_r3), DType::bf16, ScaleLayout::per_block, 128,
-            ScaleLayout::per_block, 64, false, false, Pattern::random);
-    for (auto pat : {Pattern::zero_q, Pattern::const_v})
-      add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
-          DType::bf16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
-          pat);
-    add(Shape{1, 129, 129, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
-        DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
-        Pattern::random);
-    O vmr = make_opt(O::fp8, O::top_left, O::wgmma_r3);
-    vmr.smooth_v = true;
-    add(Shape{1, 150, 150, 2, 2, 128}, vmr, DType::bf16, ScaleLayout::per_block, 128,
-        ScaleLayout::per_block, 64, false, false, Pattern::random);
   }
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws})
