@@ -189,7 +189,8 @@ class AttentionBench : public BenchCase {
         Row kr8 = b16;
         kr8.op = std::string("attention_int8 fp8 PV auto") +
                  (dev == Device::cuda
-                      ? (D == 64 ? " = round 3 + I2FP, 3 consumer warpgroups" : " = round 3 + I2FP")
+                      ? (D == 64 ? " = round 3 + I2FP, 3 consumer warpgroups, TMA producer"
+                                 : " = round 3 + I2FP")
                       : "") +
                  " (kernel only)" + tag;
         kr8.ms = env.time_ms([&] {
@@ -223,32 +224,22 @@ class AttentionBench : public BenchCase {
           };
           // (Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x of auto), the D = 64
           // two-consumer row (0.77x, run 13), the D = 128 240-register row (0.99-1.01x, runs 12
-          // and 13), round 5 without turns (0.82-0.97x, run 13).)
+          // and 13), round 5 without turns (0.82-0.97x, run 13); run 16's D = 64 q k^T before
+          // the O update (0.99x of the TMA kernel) and the producerless kernel (0.72x).)
           detail::AttentionCudaTuning c3;
           c3.i2fp = true;
           c3.no_turn = true;
           c3.cons3 = true;
-          if (D == 64) {
-            // auto's kernel with the TMA producer (one warp at 24 registers, Q / K in 64-byte
-            // rows with the 64-byte swizzle) and the consumers at 160 registers; then also
-            // with the next q k^T issued before the second P·V's wait and the O update.
+          if (D == 64)  // auto's consumers fed by the cp.async producer warpgroup (same bits)
+            variant(AttentionOptions::wgmma_r3, c3,
+                    "3 consumer warpgroups, cp.async producer (auto before run 16)");
+          // D = 128: three consumers (192-row CTAs, the P·V in two 64-channel halves, each
+          // waited for) without a producer warpgroup (384 threads at 168 registers; the warp
+          // that releases a stage last refills it): the first three-consumer D = 128 timing.
+          if (D == 128) {
             detail::AttentionCudaTuning t = c3;
-            t.tma64 = true;
-            variant(AttentionOptions::wgmma_r3, t, "3 consumer warpgroups, TMA producer");
-            t.qk_b4o = true;
-            variant(AttentionOptions::wgmma_r3, t,
-                    "3 consumer warpgroups, TMA producer, q k^T before the O update");
-          }
-          // Three consumers without a producer warpgroup (384 threads at 168 registers; the warp
-          // that releases a stage last refills it), also with the q k^T before the O update.
-          // (D = 128: the P·V in two 64-channel halves, each waited for.)
-          detail::AttentionCudaTuning t = c3;
-          t.self_load = true;
-          variant(AttentionOptions::wgmma_r3, t, "3 consumer warpgroups, no producer warpgroup");
-          if (D == 64) {
-            t.qk_b4o = true;
-            variant(AttentionOptions::wgmma_r3, t,
-                    "3 consumer warpgroups, no producer warpgroup, q k^T before the O update");
+            t.self_load = true;
+            variant(AttentionOptions::wgmma_r3, t, "3 consumer warpgroups, no producer warpgroup");
           }
         }
         const double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)

@@ -512,7 +512,6 @@ std::atomic<bool> g_attention_no_turn{false};
 std::atomic<bool> g_attention_fold2{false};
 std::atomic<bool> g_attention_cons3{false};
 std::atomic<bool> g_attention_tma64{false};
-std::atomic<bool> g_attention_qk_b4o{false};
 std::atomic<bool> g_attention_self_load{false};
 }  // namespace
 void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
@@ -523,7 +522,6 @@ void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
   g_attention_fold2.store(t.fold2);
   g_attention_cons3.store(t.cons3);
   g_attention_tma64.store(t.tma64);
-  g_attention_qk_b4o.store(t.qk_b4o);
   g_attention_self_load.store(t.self_load);
 }
 AttentionCudaTuning attention_cuda_tuning() {
@@ -535,7 +533,6 @@ AttentionCudaTuning attention_cuda_tuning() {
   t.fold2 = g_attention_fold2.load();
   t.cons3 = g_attention_cons3.load();
   t.tma64 = g_attention_tma64.load();
-  t.qk_b4o = g_attention_qk_b4o.load();
   t.self_load = g_attention_self_load.load();
   return t;
 }

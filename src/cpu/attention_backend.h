@@ -34,10 +34,8 @@ struct AttentionCudaTuning {
   // with i2fp, no_turn and cons3 on wgmma_r3 at D = 64: the TMA producer (consumers at 160
   // registers)
   bool tma64 = false;
-  // with tma64: the next q k^T issued before the second P·V's wait and the O update
-  bool qk_b4o = false;
   // with i2fp, no_turn and cons3 on wgmma_r3 (D = 64 and 128): no producer warpgroup (the
-  // consumers refill the ring themselves; with qk_b4o at D = 64 the q k^T before the O update)
+  // consumers refill the ring themselves)
   bool self_load = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

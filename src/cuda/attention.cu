@@ -681,12 +681,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   auto r3 = [&] {
     return tune.fused_dequant          ? attn::WgmmaKernel::round3_fused
-           : tune.i2fp && tune.no_turn && tune.cons3 && tune.self_load && tune.qk_b4o
-               ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_self_qk
            : tune.i2fp && tune.no_turn && tune.cons3 && tune.self_load
                ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_self
-           : tune.i2fp && tune.no_turn && tune.cons3 && tune.tma64 && tune.qk_b4o
-               ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_tma_qk
            : tune.i2fp && tune.no_turn && tune.cons3 && tune.tma64
                ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_tma
            : tune.i2fp && tune.no_turn && tune.cons3
@@ -737,9 +733,13 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // (2026-11-30 06:06) 0.2370 ms = 435 TOPS at (1, 24, 4096, 64) vs 0.3062 (1.29x), causal
     // 0.1730 vs 0.1986 ms (1.15x); every `.r3c3` case passed. (D = 128: its three-consumer path
     // is off, see kR3C3At128; the 240-register twin measured 1.00-1.01x, not taken.)
+    // D = 64 since run 16 (2026-11-30 08:50): those three consumers fed by a TMA producer warp
+    // (Q / K in 64-byte rows, 64-byte swizzle; consumers at 160 registers), same bits: 0.2339
+    // vs 0.2376 ms (440.8 vs 433.8 TOPS), causal 0.1697 vs 0.1726 ms; every `.r3c3t` case
+    // passed. (It runs for bf16 output with per-half k scales; the rest as before.)
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype,
                                  !fp8      ? attn::WgmmaKernel::round1
-                                 : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
+                                 : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_tma
                                            : attn::WgmmaKernel::round3_i2fp_no_turn,
                                  stream_of(ctx));
     return;

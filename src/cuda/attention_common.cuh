@@ -150,17 +150,13 @@ enum class WgmmaKernel {
   round3_i2fp_no_turn_c3,
   // round3_i2fp_no_turn_c3 at D = 64 with the TMA producer (one warp, setmaxnreg 24; Q and K in
   // 64-byte rows, 64-byte swizzle) and the consumers at 160 registers (same bits; bf16 output
-  // with per-half k scales, else as round3_i2fp_no_turn_c3; bench knob tma64)
+  // with per-half k scales, else as round3_i2fp_no_turn_c3; bench knob tma64). auto at D = 64
+  // since H200 run 16: 1.02x round3_i2fp_no_turn_c3 (bits equal)
   round3_i2fp_no_turn_c3_tma,
-  // the same with the next q k^T issued right behind the second P·V, before its wait and the O
-  // update (same bits; bench knobs tma64 + qk_b4o)
-  round3_i2fp_no_turn_c3_tma_qk,
   // the three consumers without a producer warpgroup (384 threads at 168 registers; the warp
   // releasing a stage last refills it by TMA + cp.async), D = 64 and 128 (same bits; bf16 output
   // with per-half k scales, else as round3_i2fp_no_turn_c3; bench knob self_load)
-  round3_i2fp_no_turn_c3_self,
-  // the same with q k^T before the O update at D = 64 (knobs self_load + qk_b4o)
-  round3_i2fp_no_turn_c3_self_qk
+  round3_i2fp_no_turn_c3_self
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

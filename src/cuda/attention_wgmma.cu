@@ -1836,11 +1836,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   constexpr bool kSplitPv = kC3 && D == 128;  // the P·V in two 64-channel halves
   // (bit 8, round 3 at D = 128 at setmaxnreg 24 / 240: 0.99-1.01x in runs 12 and 13, removed)
-  // bit 10: three consumers at D = 64 with the next q k^T issued right behind the second P·V
-  // (before its wait and the O update, as the two-consumer kernel at D = 128) instead of after
-  // the O update: its 64 registers live next to O and c; needs the TMA producer's 160.
-  constexpr bool kQkB4O = (kVar & 1024) != 0;
-  static_assert(!kQkB4O || (kC3 && D == 64 && kTma), "q k^T before O: D = 64 3 consumers TMA");
+  // (bit 10, three consumers at D = 64 with the next q k^T issued behind the second P·V,
+  // before the O update: 0.99x of the TMA-producer kernel in run 16, removed)
   // Bytes per Q / K row in shared memory: 128 (128-byte swizzle; D = 64 rows fill half of one
   // as the cp.async producer writes them), or D = 64 with TMA: 64 (a SWIZZLE_64B box).
   constexpr int kQKRow = kTma ? D : kRowBytes;
@@ -1852,11 +1849,11 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr bool kSelf = (kVar & 2048) != 0;
   static_assert(!kSelf || (kC3 && kTma && kKcHalf), "no producer: 3 consumers, TMA, per-half kc");
   constexpr int kWg0 = kSelf ? 0 : 1;  // the first consumer warpgroup
-  // Register diet (kSplitPv with a producer, kQkB4O): the rows' visible ends recomputed where
-  // needed and the K / V descriptors derived from Q's, instead of kept live through the loop.
-  // (ptxas, D = 128 three consumers: 4 B spilled with it at 160 registers; without a producer,
-  // at 168, 16 B with it and none without it)
-  constexpr bool kDiet = (kSplitPv && !kSelf) || kQkB4O;
+  // Register diet (kSplitPv with a producer): the rows' visible ends recomputed where needed and
+  // the K / V descriptors derived from Q's, instead of kept live through the loop. (ptxas, D =
+  // 128 three consumers: 4 B spilled with it at 160 registers; without a producer, at 168, 16 B
+  // with it and none without it)
+  constexpr bool kDiet = kSplitPv && !kSelf;
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
@@ -2345,10 +2342,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     wgmma_commit();
     // (kC3: the next q k^T only once c is folded into O; its 64 registers next to O, c and P
     // in flight do not fit 160, and the other two consumers keep the tensor cores busy)
-    if constexpr (kMore && !kEarly && (!kC3 || kQkB4O)) {
-      // (kQkB4O: the first half's P·V, long done, is waited for first so that its A registers
-      // are free for the q k^T's accumulator at 160 registers)
-      if constexpr (kQkB4O) wgmma_wait<1>();
+    if constexpr (kMore && !kEarly && !kC3) {
       issue_qk(tile + 1);
       wgmma_wait<1>();  // the P·V (the next q k^T stays in flight)
     } else {
@@ -2357,7 +2351,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     fence_regs(c);
     accumulate_tile<D>(o, c, r0, r1);
     release(tile, st);  // q k^T and P·V of this stage are done
-    if constexpr (kMore && kC3 && !kQkB4O) {
+    if constexpr (kMore && kC3) {
       issue_qk(tile + 1);
       wgmma_wait<0>();
       fence_regs(acc);
@@ -2446,14 +2440,9 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   bool tma64 = false;
   if (var & 512) {
     var &= ~512;
-    tma64 = D == 64 && kBf16 && kc_half && (var == 162 || var == 1186);
+    tma64 = D == 64 && kBf16 && kc_half && var == 162;
   }
-  if (var == 1186 && !tma64) var = 162;  // (the q k^T-before-O schedule needs 160 registers)
-  // (kSelfQk / kSelf128: switches for the two twins that once spilled; on, 0 spills)
-  constexpr bool kSelfQk = true, kSelf128 = true;
-  const bool self_c = want_self && kBf16 && kc_half && (var == 162 || var == 1186) &&
-                      (D == 64 || kSelf128);
-  if (self_c && var == 1186 && !kSelfQk) var = 162;
+  const bool self_c = want_self && kBf16 && kc_half && var == 162;
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
@@ -2544,25 +2533,16 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   };
   auto kernel = tma ? pick(std::integral_constant<bool, D == 128 && kR3Tma>{})
                     : pick(std::false_type{});
-  if constexpr (D == 64 && kBf16) {  // three consumers, the TMA producer (var 162 or 1186)
-    if (tma)
-      kernel = var == 1186 ? attention_wgmma_r3_kernel<D, T16, true, true, 1186>
-                           : attention_wgmma_r3_kernel<D, T16, true, true, 162>;
+  if constexpr (D == 64 && kBf16) {  // three consumers, the TMA producer (var 162)
+    if (tma) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
   }
   if constexpr (kBf16 && (D == 64 || kR3Tma)) {  // no producer warpgroup (var bit 11)
     if (self) {
-      if constexpr (D == 64) {
-        kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162 | 2048>;
-        if constexpr (kSelfQk) {
-          if (var == 1186) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 1186 | 2048>;
-        }
-      } else if constexpr (kSelf128) {
-        kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162 | 2048>;
-      }
+      kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162 | 2048>;
     }
   }
-  // Three consumer warpgroups (var 162 / 1186 after the fallbacks above): 192 rows per CTA.
-  const bool c3 = var == 162 || var == 1186;
+  // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA.
+  const bool c3 = var == 162;
   const int rows = c3 ? 192 : kBM;
   const int bytes = c3 ? R3Smem<D, 192>::kBytes : R3Smem<D>::kBytes;
   static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024,
@@ -2616,9 +2596,7 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
           : which == WgmmaKernel::round3_i2fp_no_turn ? 34
           : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
           : which == WgmmaKernel::round3_i2fp_no_turn_c3_tma ? 162 | 512
-          : which == WgmmaKernel::round3_i2fp_no_turn_c3_tma_qk ? 1186 | 512
           : which == WgmmaKernel::round3_i2fp_no_turn_c3_self ? 162 | 2048
-          : which == WgmmaKernel::round3_i2fp_no_turn_c3_self_qk ? 1186 | 2048
           : which == WgmmaKernel::round4_i2fp_no_turn ? 35
           : which == WgmmaKernel::round4_fused ? 5
           : which == WgmmaKernel::round3_fused ? 4

@@ -495,8 +495,8 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // 17, 200, 333, 390, 400), the ring wrapping (1100, 3000 keys), 3 causal modes, early maxima
   // (folded halves), the diagnostics, THREAD_Q/K + K-mean LSE (the epilogue's Q rows up to 191),
   // V mean, two fallbacks (f16 output, k scales per 32 keys); D = 128 the same way (below).
-  // `.r3c3t` / `.r3c3q`: the D = 64 part of that set on the TMA-producer twins (see below);
-  // `.r3c3s` (both head dims) / `.r3c3sq` (D = 64): the producerless twins.
+  // `.r3c3t`: the D = 64 part of that set on the TMA-producer twin (auto since run 16; see
+  // below); `.r3c3s` (both head dims): the producerless twin.
   {
     detail::AttentionCudaTuning c3;
     c3.i2fp = true;
@@ -512,7 +512,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     };
     // The D = 64 set, run for `.r3c3` and for its TMA twins `.r3c3t` (knob tma64: the TMA
     // producer, Q / K in 64-byte rows with the 64-byte swizzle, the epilogue's K-mean read of
-    // them, HND maps) and `.r3c3q` (tma64 + qk_b4o: the next q k^T before the O update).
+    // them, HND maps).
     auto add_d64 = [&] {
       const Shape c3_shapes[] = {
           {1, 1, 1, 1, 1, 64},       {1, 17, 17, 2, 1, 64},     {1, 200, 77, 2, 2, 64},
@@ -586,24 +586,14 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     tune = &c3t;
     tag = "r3c3t";
     add_d64();
-    detail::AttentionCudaTuning c3q = c3t;
-    c3q.qk_b4o = true;
-    tune = &c3q;
-    tag = "r3c3q";
-    add_d64();
-    // `.r3c3s` / `.r3c3sq`: no producer warpgroup (knob self_load; both head dims / D = 64 with
-    // qk_b4o): the consumers refill the ring (TMA + cp.async k scales on the full barrier).
+    // `.r3c3s`: no producer warpgroup (knob self_load; both head dims): the consumers refill
+    // the ring (TMA + cp.async k scales on the full barrier).
     detail::AttentionCudaTuning c3s = c3;
     c3s.self_load = true;
     tune = &c3s;
     tag = "r3c3s";
     add_d64();
     add_d128();
-    detail::AttentionCudaTuning c3sq = c3s;
-    c3sq.qk_b4o = true;
-    tune = &c3sq;
-    tag = "r3c3sq";
-    add_d64();
   }
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_ws})
