@@ -43,10 +43,15 @@ struct Shape {
 // "issue 2": plan_decode's kernel with bulk_issue = 2 / 3 (only 4 / 2 warps issue the copies);
 // "issue 8": bulk_issue = 0 (every warp issues: int4's default until H200 run 13); "wide merge" /
 // "narrow merge": merge_wide on / off (the split merge on one CTA per 32 dims of a row or per
-// row; B 1 only: 256 splits).
+// row; B 1 only: 256 splits). Session 7: "prefetch 2" / "prefetch 4": plan_decode's kernel with
+// bulk_prefetch 2 / 4 (L2 prefetch of the tile 2 / 4 issues ahead; contiguous caches);
+// "pairs": fp8 with bulk_pairs (keys copied in pairs: 18 copies per tile instead of 34);
+// "probe": bulk_probe, plan_decode's copies and ring protocol without the math (NOT attention:
+// the roofline of this copy pattern); "5 stages": int4 with bulk_stages 5 (5 x 22 KB = 110 KB,
+// still two CTAs per multiprocessor; the automatic count is 4).
 enum class Pick {
   plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, iss8,
-  wide, narrow
+  wide, narrow, pf2, pf4, pairs, probe, st5
 };
 struct Fmt {
   KvFormat format;
@@ -73,6 +78,11 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::wide) plan.merge_wide = true;
   if (pick == Pick::narrow) plan.merge_wide = false;
   if (pick == Pick::iss2) plan.bulk_issue = 3;
+  if (pick == Pick::pf2) plan.bulk_prefetch = 2;
+  if (pick == Pick::pf4) plan.bulk_prefetch = 4;
+  if (pick == Pick::pairs) plan.bulk_pairs = true;
+  if (pick == Pick::probe) plan.bulk_probe = true;
+  if (pick == Pick::st5) plan.bulk_stages = 5;
   if (pick == Pick::deep) {
     plan.bulk_stages = 6;
     // Half the splits: plan_decode sized them for two CTAs per multiprocessor.
@@ -300,10 +310,18 @@ class DecodeBench : public BenchCase {
     std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", Pick::plan},
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
+    // Session 7 trimmed "issue 8" (run 13: issue 4 1-3 % faster on all nine int4 rows, now the
+    // default) and "narrow merge" (wide 5-7 % faster at B 1 in runs 12-13, the default).
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::int4, 4, "int4 g4 issue 8", Pick::iss8});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 narrow merge", Pick::narrow});  // (B 1 only)
-      formats.push_back({KvFormat::fp8, 1, "fp8 narrow merge", Pick::narrow});      // (B 1 only)
+      formats.push_back({KvFormat::int4, 4, "int4 g4 prefetch 2", Pick::pf2});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 prefetch 4", Pick::pf4});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 5 stages", Pick::st5});
+      formats.push_back({KvFormat::fp8, 1, "fp8 prefetch 2", Pick::pf2});
+      formats.push_back({KvFormat::fp8, 1, "fp8 prefetch 4", Pick::pf4});
+      formats.push_back({KvFormat::fp8, 1, "fp8 pairs", Pick::pairs});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 probe (copies only, not attention)",
+                         Pick::probe});
+      formats.push_back({KvFormat::fp8, 1, "fp8 probe (copies only, not attention)", Pick::probe});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -320,6 +338,13 @@ class DecodeBench : public BenchCase {
           // (contiguous fp8: solo issue, which bulk_issue 2 replaces wholesale)
           if ((f.pick == Pick::wide || f.pick == Pick::narrow) && (s.B != 1 || page == 256))
             continue;
+          // Session 7 A/B rows: prefetch on contiguous caches (paged ones ignore it) at B 64 and
+          // B 1; pairs at B 64 (every layout) and B 1 (contiguous, paged 16); probes at B 64.
+          const bool pf = f.pick == Pick::pf2 || f.pick == Pick::pf4;
+          if (pf && (page || s.B == 16)) continue;
+          if (f.pick == Pick::pairs && (s.B == 16 || (s.B == 1 && page == 256))) continue;
+          if (f.pick == Pick::probe && (s.B != 64 || page == 256)) continue;
+          if (f.pick == Pick::st5 && (s.B == 16 || page == 256)) continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -129,6 +129,22 @@ struct DecodePlan {
   // each becomes resident while the kernel before it finishes and waits for it in its first
   // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.
   bool launch_pdl = true;
+  // CUDA, bulk kernel (session 7 A/B knobs; same arithmetic unless noted):
+  // bulk_prefetch: L2 prefetch distance in tiles (0 off). When tile n's copies are issued, tile
+  // n + bulk_prefetch's K / V (fp8: and scale/shift) blocks are requested into L2 with
+  // cp.async.bulk.prefetch (at the start: the tiles just past the ring), so more of each
+  // multiprocessor's stream is in flight than its shared-memory ring holds. Only where a tile's
+  // keys are one contiguous block (heads per CTA = Hkv) of a contiguous cache; elsewhere (paged:
+  // not yet) ignored. The bits equal 0's.
+  int bulk_prefetch = 0;
+  // bulk_pairs: fp8 caches where a tile's keys are contiguous: keys 2i, 2i + 1 are copied together
+  // (18 bulk copies per tile instead of 34), the stage row order of the folded int4 layout. Only
+  // the order of the per-row sums changes (rounding).
+  bool bulk_pairs = false;
+  // bulk_probe: BENCH ONLY (the output is NOT attention): the kernel issues and waits for every
+  // copy of the split exactly as plan_decode's kernel, but does no math (roofline row: how fast
+  // this copy pattern streams without the attention arithmetic).
+  bool bulk_probe = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

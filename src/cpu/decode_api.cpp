@@ -302,6 +302,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
                           std::to_string(plan.n_splits) + " x " + std::to_string(plan.split_size));
   check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 3);
   check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
+  check::in_range(op, "plan.bulk_prefetch", plan.bulk_prefetch, 0, 16);
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);
   check::dim(op, "q", q, 0, B);

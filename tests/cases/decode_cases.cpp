@@ -151,10 +151,13 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_iss4 / bulk_iss2: plan_decode's arithmetic with bulk_issue = 2 / 3 (a CTA barrier per
 //     tile, only 4 / 2 warps issue the copies);
 //   merge_wide: plan_decode's kernel with merge_wide and splits of 32 keys (16 past L 4000), i.e.
-//     66-313 splits per row (the wide merge's 32 slices and 256-thread LSE loops both wrap).
+//     66-313 splits per row (the wide merge's 32 slices and 256-thread LSE loops both wrap);
+//   bulk_pf: plan_decode's choice with bulk_prefetch = 3 (L2 prefetch; contiguous caches);
+//   bulk_pairs: plan_decode's choice with bulk_pairs (fp8: keys copied in pairs).
+// (Both exist for plan_decode's D-128 instantiations at <= 8 rows; elsewhere they are ignored.)
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
-  bulk_deep, bulk_iss4, bulk_iss2, merge_wide
+  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_pf, bulk_pairs
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -173,7 +176,8 @@ class DecodeCase : public Case {
                   kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
-                    kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide) &&
+                    kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide ||
+                    kernel == Kernel::bulk_pf || kernel == Kernel::bulk_pairs) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -193,6 +197,8 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
     if (kernel_ == Kernel::bulk_iss2) s += ".bulk_iss2";
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
+    if (kernel_ == Kernel::bulk_pf) s += ".bulk_pf";
+    if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     return s;
   }
 
@@ -244,6 +250,10 @@ class DecodeCase : public Case {
       plan.merge_wide = true;
       plan.split_size = plan.capacity > 4000 ? 16 : 32;
       plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
+    } else if (kernel_ == Kernel::bulk_pf) {
+      plan.bulk_prefetch = 3;
+    } else if (kernel_ == Kernel::bulk_pairs) {
+      plan.bulk_pairs = true;
     } else if (kernel_ == Kernel::bulk_iss4 || kernel_ == Kernel::bulk_iss2) {
       plan.bulk_issue = kernel_ == Kernel::bulk_iss4 ? 2 : 3;
     } else if (kernel_ != Kernel::automatic) {
@@ -442,6 +452,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel bs = Kernel::bulk_stagger, so = Kernel::bulk_solo, np = Kernel::no_pdl;
   const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
   const Kernel mw = Kernel::merge_wide;
+  const Kernel pf = Kernel::bulk_pf, pr = Kernel::bulk_pairs;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -606,6 +617,36 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::f16, 1, 2, 700, 2, 64, 0), {700, 33}, 4, 3, true, false, DType::f16, mw);
   add(shape(F::bf16, 1, 2, 400, 1, 256, 16), {400, 5}, 2, 2, true, true, DType::bf16, mw);
   add(shape(F::int4, 1, 2, 600, 4, 64, 0), {600, 0}, 8, 1, false, false, DType::f16, mw);
+  // bulk_prefetch = 3 (L2 prefetch of tile n + 3 when tile n is issued; contiguous caches whose
+  // tiles are one block: heads per CTA = Hkv) with plan_decode's kernels: fp8 solo + fold, int4 g4
+  // fold with 4 issuing warps (8 and 2 heads per CTA); many tiles per split (the prefetch runs past
+  // the split's end), lengths not multiples of 16 (a partial tile prefetched), 1-key and empty
+  // sequences (fewer tiles than the ring), Mq > 1 causal, bias, 8 rows; where it is ignored: D 64,
+  // 16 rows, 16 KV heads (tiles not contiguous), paged 16, f16.
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, pf);
+  add(shape(F::fp8, 1, 2, 1001, 8, 128, 0), {1001, 47}, 2, 4, true, true, DType::bf16, pf);
+  add(shape(F::fp8, 1, 2, 700, 8, 128, 0), {700, 33}, 8, 1, false, false, DType::f16, pf);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 17, 0}, 4, 1, false, false, DType::f16, pf);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 31}, 4, 2, true, false, DType::bf16, pf);
+  add(shape(F::int4, 4, 2, 523, 2, 128, 0), {523, 15}, 4, 1, false, true, DType::f16, pf);
+  add(shape(F::fp8, 1, 2, 1001, 4, 64, 0), {1001, 47}, 4, 1, false, false, DType::f16, pf);
+  add(shape(F::int4, 4, 2, 700, 8, 128, 0), {700, 33}, 16, 1, false, false, DType::f16, pf);
+  add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16, pf);
+  add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 33}, 4, 1, false, false, DType::f16, pf);
+  add(shape(F::f16, 1, 2, 1500, 4, 128, 0), {1500, 31}, 4, 1, false, false, DType::f16, pf);
+  // bulk_pairs (fp8 keys copied in pairs, stage rows in the folded int4 order: the masks, bias and
+  // scale/shift reads map rows back to keys): contiguous (solo + fold) and paged 16 / 256 (shared
+  // issue, per-element arithmetic) with 8 / 4 heads per CTA, many tiles, partial tiles (odd
+  // lengths: one key of the last pair), 1-key / empty sequences, Mq > 1 causal, bias with -inf
+  // entries, bf16 q; ignored with 16 KV heads (tiles not contiguous), 16 rows, D 64.
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, pr);
+  add(shape(F::fp8, 1, 2, 1001, 8, 128, 0), {1001, 17}, 2, 4, true, true, DType::bf16, pr);
+  add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 15}, 8, 1, false, false, DType::f16, pr);
+  add(shape(F::fp8, 1, 2, 1300, 8, 128, 16), {1300, 33}, 4, 2, true, false, DType::f16, pr);
+  add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 1}, 2, 1, false, true, DType::f16, pr);
+  add(shape(F::fp8, 1, 2, 600, 8, 128, 256), {600, 47}, 2, 4, true, false, DType::bf16, pr);
+  add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16, pr);
+  add(shape(F::fp8, 1, 2, 523, 8, 64, 0), {523, 0}, 16, 1, false, false, DType::f16, pr);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
