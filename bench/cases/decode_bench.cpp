@@ -48,10 +48,12 @@ struct Shape {
 // "pairs": fp8 with bulk_pairs (keys copied in pairs: 18 copies per tile instead of 34);
 // "probe": bulk_probe, plan_decode's copies and ring protocol without the math (NOT attention:
 // the roofline of this copy pattern); "5 stages": int4 with bulk_stages 5 (5 x 22 KB = 110 KB,
-// still two CTAs per multiprocessor; the automatic count is 4).
+// still two CTAs per multiprocessor; the automatic count is 4); "solo fold" / "solo fold pairs"
+// (paged fp8): the contiguous default's kernel (bulk_issue 1, fold_scales 1) on a paged cache,
+// without / with bulk_pairs.
 enum class Pick {
   plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, iss8,
-  wide, narrow, pf2, pf4, pairs, probe, st5
+  wide, narrow, pf2, pf4, pairs, probe, st5, solo_pairs
 };
 struct Fmt {
   KvFormat format;
@@ -83,6 +85,11 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::pairs) plan.bulk_pairs = true;
   if (pick == Pick::probe) plan.bulk_probe = true;
   if (pick == Pick::st5) plan.bulk_stages = 5;
+  if (pick == Pick::solo_pairs) {
+    plan.bulk_issue = 1;
+    plan.fold_scales = 1;
+    plan.bulk_pairs = true;
+  }
   if (pick == Pick::deep) {
     plan.bulk_stages = 6;
     // Half the splits: plan_decode sized them for two CTAs per multiprocessor.
@@ -319,6 +326,8 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::fp8, 1, "fp8 prefetch 2", Pick::pf2});
       formats.push_back({KvFormat::fp8, 1, "fp8 prefetch 4", Pick::pf4});
       formats.push_back({KvFormat::fp8, 1, "fp8 pairs", Pick::pairs});
+      formats.push_back({KvFormat::fp8, 1, "fp8 solo fold", Pick::solo_fold});  // (paged B 64)
+      formats.push_back({KvFormat::fp8, 1, "fp8 solo fold pairs", Pick::solo_pairs});  // (paged)
       formats.push_back({KvFormat::int4, 4, "int4 g4 probe (copies only, not attention)",
                          Pick::probe});
       formats.push_back({KvFormat::fp8, 1, "fp8 probe (copies only, not attention)", Pick::probe});
@@ -345,6 +354,8 @@ class DecodeBench : public BenchCase {
           if (f.pick == Pick::pairs && (s.B == 16 || (s.B == 1 && page == 256))) continue;
           if (f.pick == Pick::probe && (s.B != 64 || page == 256)) continue;
           if (f.pick == Pick::st5 && (s.B == 16 || page == 256)) continue;
+          if ((f.pick == Pick::solo_fold || f.pick == Pick::solo_pairs) && (s.B != 64 || !page))
+            continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");
