@@ -153,11 +153,13 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   merge_wide: plan_decode's kernel with merge_wide and splits of 32 keys (16 past L 4000), i.e.
 //     66-313 splits per row (the wide merge's 32 slices and 256-thread LSE loops both wrap);
 //   bulk_pf: plan_decode's choice with bulk_prefetch = 3 (L2 prefetch; contiguous caches);
-//   bulk_pairs: plan_decode's choice with bulk_pairs (fp8: keys copied in pairs).
+//   bulk_pairs: plan_decode's choice with bulk_pairs (fp8: keys copied in pairs);
+//   bulk_solo_pairs: bulk_issue 1, fold_scales 1 and bulk_pairs (fp8 paged: the contiguous
+//     default's kernel with pairs on a paged cache).
 // (Both exist for plan_decode's D-128 instantiations at <= 8 rows; elsewhere they are ignored.)
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
-  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_pf, bulk_pairs
+  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_pf, bulk_pairs, bulk_solo_pairs
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -177,7 +179,8 @@ class DecodeCase : public Case {
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide ||
-                    kernel == Kernel::bulk_pf || kernel == Kernel::bulk_pairs) &&
+                    kernel == Kernel::bulk_pf || kernel == Kernel::bulk_pairs ||
+                    kernel == Kernel::bulk_solo_pairs) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -199,6 +202,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
     if (kernel_ == Kernel::bulk_pf) s += ".bulk_pf";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
+    if (kernel_ == Kernel::bulk_solo_pairs) s += ".bulk_solo_pairs";
     return s;
   }
 
@@ -253,6 +257,10 @@ class DecodeCase : public Case {
     } else if (kernel_ == Kernel::bulk_pf) {
       plan.bulk_prefetch = 3;
     } else if (kernel_ == Kernel::bulk_pairs) {
+      plan.bulk_pairs = true;
+    } else if (kernel_ == Kernel::bulk_solo_pairs) {
+      plan.bulk_issue = 1;
+      plan.fold_scales = 1;
       plan.bulk_pairs = true;
     } else if (kernel_ == Kernel::bulk_iss4 || kernel_ == Kernel::bulk_iss2) {
       plan.bulk_issue = kernel_ == Kernel::bulk_iss4 ? 2 : 3;
@@ -452,7 +460,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel bs = Kernel::bulk_stagger, so = Kernel::bulk_solo, np = Kernel::no_pdl;
   const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
   const Kernel mw = Kernel::merge_wide;
-  const Kernel pf = Kernel::bulk_pf, pr = Kernel::bulk_pairs;
+  const Kernel pf = Kernel::bulk_pf, pr = Kernel::bulk_pairs, sp = Kernel::bulk_solo_pairs;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -647,6 +655,10 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 600, 8, 128, 256), {600, 47}, 2, 4, true, false, DType::bf16, pr);
   add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16, pr);
   add(shape(F::fp8, 1, 2, 523, 8, 64, 0), {523, 0}, 16, 1, false, false, DType::f16, pr);
+  // bulk_solo_pairs on paged 16 / 256 pools (solo issue: the page of each tile from its index;
+  // splits starting inside a page), partial and empty sequences, causal Mq > 1.
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 16), {2100, 33, 0}, 4, 1, false, false, DType::f16, sp);
+  add(shape(F::fp8, 1, 2, 1300, 4, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, sp);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
