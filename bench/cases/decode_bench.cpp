@@ -348,11 +348,12 @@ class DecodeBench : public BenchCase {
           if ((f.pick == Pick::wide || f.pick == Pick::narrow) && (s.B != 1 || page == 256))
             continue;
           // Session 7 A/B rows: prefetch on contiguous caches (paged ones ignore it) at B 64 and
-          // B 1; pairs at B 64 (every layout) and B 1 (contiguous, paged 16); probes at B 64.
+          // B 1; pairs at B 64 (every layout) and B 1 (contiguous, paged 16); probes at B 64
+          // (contiguous, paged 16) and B 1 (contiguous).
           const bool pf = f.pick == Pick::pf2 || f.pick == Pick::pf4;
           if (pf && (page || s.B == 16)) continue;
           if (f.pick == Pick::pairs && (s.B == 16 || (s.B == 1 && page == 256))) continue;
-          if (f.pick == Pick::probe && (s.B != 64 || page == 256)) continue;
+          if (f.pick == Pick::probe && (s.B == 16 || page == 256 || (s.B == 1 && page))) continue;
           if (f.pick == Pick::st5 && (s.B == 16 || page == 256)) continue;
           if ((f.pick == Pick::solo_fold || f.pick == Pick::solo_pairs) && (s.B != 64 || !page))
             continue;
