@@ -44,7 +44,7 @@ struct Shape {
 // "issue 8": bulk_issue = 0 (every warp issues: int4's default until H200 run 13); "wide merge" /
 // "narrow merge": merge_wide on / off (the split merge on one CTA per 32 dims of a row or per
 // row; B 1 only: 256 splits). Session 7: "prefetch 2" / "prefetch 4": plan_decode's kernel with
-// bulk_prefetch 2 / 4 (L2 prefetch of the tile 2 / 4 issues ahead; contiguous caches);
+// bulk_prefetch 2 / 4 (L2 prefetch of the tile 2 / 4 issues ahead);
 // "pairs": fp8 with bulk_pairs (keys copied in pairs: 18 copies per tile instead of 34);
 // "probe": bulk_probe, plan_decode's copies and ring protocol without the math (NOT attention:
 // the roofline of this copy pattern); "5 stages": int4 with bulk_stages 5 (5 x 22 KB = 110 KB,
@@ -347,11 +347,11 @@ class DecodeBench : public BenchCase {
           // (contiguous fp8: solo issue, which bulk_issue 2 replaces wholesale)
           if ((f.pick == Pick::wide || f.pick == Pick::narrow) && (s.B != 1 || page == 256))
             continue;
-          // Session 7 A/B rows: prefetch on contiguous caches (paged ones ignore it) at B 64 and
-          // B 1; pairs at B 64 (every layout) and B 1 (contiguous, paged 16); probes at B 64
+          // Session 7 A/B rows: prefetch at B 64 (2 and 4 contiguous, 2 paged) and B 1
+          // (contiguous); pairs at B 64 (every layout) and B 1 (contiguous, paged 16); probes at B 64
           // (contiguous, paged 16) and B 1 (contiguous).
           const bool pf = f.pick == Pick::pf2 || f.pick == Pick::pf4;
-          if (pf && (page || s.B == 16)) continue;
+          if (pf && (s.B == 16 || (page && (s.B == 1 || f.pick == Pick::pf4)))) continue;
           if (f.pick == Pick::pairs && (s.B == 16 || (s.B == 1 && page == 256))) continue;
           if (f.pick == Pick::probe && (s.B == 16 || page == 256 || (s.B == 1 && page))) continue;
           if (f.pick == Pick::st5 && (s.B == 16 || page == 256)) continue;

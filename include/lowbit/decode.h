@@ -134,8 +134,8 @@ struct DecodePlan {
   // n + bulk_prefetch's K / V (fp8: and scale/shift) blocks are requested into L2 with
   // cp.async.bulk.prefetch (at the start: the tiles just past the ring), so more of each
   // multiprocessor's stream is in flight than its shared-memory ring holds. Only where a tile's
-  // keys are one contiguous block (heads per CTA = Hkv) of a contiguous cache; elsewhere (paged:
-  // not yet) ignored. The bits equal 0's.
+  // keys are one contiguous block (heads per CTA = Hkv), on plan_decode's D-128 kernels (paged
+  // pools: with the shared issue), without bulk_stagger; elsewhere ignored. The bits equal 0's.
   int bulk_prefetch = 0;
   // bulk_pairs: fp8 caches where a tile's keys are contiguous: keys 2i, 2i + 1 are copied together
   // (18 bulk copies per tile instead of 34), the stage row order of the folded int4 layout. Only

@@ -405,8 +405,19 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   // for it). From the copy's own source and stride: no state across tiles (kept live, the tile's
   // addresses cost the solo fp8 instantiation 28-40 bytes of spills).
   // Not with bulk_stagger (tile n + prefetch is then key k0 + 16 prefetch of tile n's k0).
-  const bool pf_on = (KN & kPrefetch) != 0 && a.prefetch > 0 && a.contig && !c.block_tables &&
-                     !a.stagger;
+  // Paged pools (shared issue only): the key-0 lanes load the block-table entry of their next
+  // prefetch tile one issue ahead (pf_page), so the issue never waits on it.
+  const int tile0 = static_cast<int>(lo / 16);  // tile index of lo in the sequence
+  const int tpp = c.block_tables ? c.page_size / 16 : 1;  // tiles per page
+  const bool pf_on = (KN & kPrefetch) != 0 && a.prefetch > 0 && a.contig && !a.stagger &&
+                     (!c.block_tables || !solo);
+  const bool pf_lane = pf_on && !solo && my_lane && my_key == 0;  // (shared issue)
+  auto pf_page_of = [&](int m) {  // block-table entry of walk tile m (< n_tiles)
+    return c.block_tables[b * c.bt_st0 + ((tile0 + m) / tpp) * c.bt_st1];
+  };
+  int pf_page = 0;
+  if constexpr ((KN & kPrefetch) != 0)
+    if (pf_lane && c.block_tables && a.prefetch < n_tiles) pf_page = pf_page_of(a.prefetch);
   auto prefetch = [&](int64_t k0, const char* src, int64_t st, uint32_t size) {  // (key-0 lanes)
     const int64_t km = k0 + 16 * a.prefetch;
     if (km < hi)
@@ -438,14 +449,22 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     }
     __syncwarp();
     if (mine) bulk_g2s(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
-    if constexpr ((KN & kPrefetch) != 0)
-      if (pf_on && my_lane && my_key == 0) prefetch(k0, my_src, my_st, my_size);
+    if constexpr ((KN & kPrefetch) != 0) {
+      if (pf_lane && !c.block_tables) prefetch(k0, my_src, my_st, my_size);
+      const int m = n + a.prefetch;  // paged: walk tile m, page pf_page
+      if (pf_lane && c.block_tables && m < n_tiles) {
+        const int64_t km = lo + 16 * static_cast<int64_t>(m);
+        const int64_t pb = static_cast<int64_t>(pf_page) * c.page_size + 16 * ((tile0 + m) % tpp);
+        const int64_t nkm = min(min(hi - km, int64_t{16}), c.pool_rows - pb);
+        if (pf_page >= 0 && nkm > 0)
+          ptx::bulk_prefetch_l2(my_src + pb * my_st, static_cast<uint32_t>(nkm) * my_size);
+        pf_page = m + 1 < n_tiles ? pf_page_of(m + 1) : 0;
+      }
+    }
   };
   // Solo: tile n is issued by warp n mod HB (the tiles of one warp in increasing order, HB apart).
   // Paged: the page of the warp's next tile comes from the tile index (lo and page_size are
   // multiples of 16) and its block-table entry is loaded one issue ahead (solo_page).
-  const int tile0 = static_cast<int>(lo / 16);  // tile index of lo in the sequence
-  const int tpp = c.block_tables ? c.page_size / 16 : 1;  // tiles per page
   int64_t solo_page = solo && c.block_tables && warp < n_tiles
                           ? c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1]
                           : 0;

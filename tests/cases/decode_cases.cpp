@@ -630,7 +630,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // fold with 4 issuing warps (8 and 2 heads per CTA); many tiles per split (the prefetch runs past
   // the split's end), lengths not multiples of 16 (a partial tile prefetched), 1-key and empty
   // sequences (fewer tiles than the ring), Mq > 1 causal, bias, 8 rows; where it is ignored: D 64,
-  // 16 rows, 16 KV heads (tiles not contiguous), paged 16, f16.
+  // 16 rows, 16 KV heads (tiles not contiguous), f16.
   add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, pf);
   add(shape(F::fp8, 1, 2, 1001, 8, 128, 0), {1001, 47}, 2, 4, true, true, DType::bf16, pf);
   add(shape(F::fp8, 1, 2, 700, 8, 128, 0), {700, 33}, 8, 1, false, false, DType::f16, pf);
@@ -640,8 +640,14 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 1001, 4, 64, 0), {1001, 47}, 4, 1, false, false, DType::f16, pf);
   add(shape(F::int4, 4, 2, 700, 8, 128, 0), {700, 33}, 16, 1, false, false, DType::f16, pf);
   add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16, pf);
-  add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 33}, 4, 1, false, false, DType::f16, pf);
   add(shape(F::f16, 1, 2, 1500, 4, 128, 0), {1500, 31}, 4, 1, false, false, DType::f16, pf);
+  // Paged pools (plan_decode's shared issue: int4 g4, fp8): page 16 (a page per tile) and 256
+  // (splits starting inside a page), the block-table entry of the prefetch tile one issue ahead,
+  // partial / 1-key / empty sequences, causal Mq > 1, bias.
+  add(shape(F::int4, 4, 3, 700, 8, 128, 16), {700, 33, 0}, 4, 1, false, false, DType::f16, pf);
+  add(shape(F::int4, 4, 2, 2100, 8, 128, 256), {2100, 1}, 2, 4, true, true, DType::bf16, pf);
+  add(shape(F::fp8, 1, 3, 1300, 8, 128, 16), {1300, 17, 0}, 4, 1, false, false, DType::f16, pf);
+  add(shape(F::fp8, 1, 2, 2100, 4, 128, 256), {2100, 523}, 8, 1, false, true, DType::f16, pf);
   // bulk_pairs (fp8 keys copied in pairs, stage rows in the folded int4 order: the masks, bias and
   // scale/shift reads map rows back to keys): contiguous (solo + fold) and paged 16 / 256 (shared
   // issue, per-element arithmetic) with 8 / 4 heads per CTA, many tiles, partial tiles (odd
