@@ -383,7 +383,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   // the whole loop it pushed the fp8 instantiation past 128 registers).
   const int NW = a.issuers;
   const bool issuer = solo || warp < NW;
-  const Copy c1 = copy_of(solo ? lane : warp + NW * lane);
+  const Copy c1_kept = copy_of(solo ? lane : warp + NW * lane);
+  const Copy& c1 = c1_kept;
   const char* my_src = c1.src;
   const int64_t my_st = c1.st;
   const uint32_t my_dst = c1.dst, my_size = c1.size;
@@ -469,6 +470,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
                           ? c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1]
                           : 0;
   auto issue_solo = [&](int n, int s) {  // warp n % HB only
+    // (fp8 with kPrefetch: the lane's first copy re-derived here instead of kept live across the
+    // loop, which spilled 48 bytes at the 128-register cap)
+    const Copy c1 = F == KvFormat::fp8 && (KN & kPrefetch) != 0 ? copy_of(lane) : c1_kept;
     const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(n));
     int64_t base = k0;
     int64_t nk = min(hi - k0, int64_t{16});
