@@ -50,10 +50,11 @@ struct Shape {
 // the roofline of this copy pattern); "5 stages": int4 with bulk_stages 5 (5 x 22 KB = 110 KB,
 // still two CTAs per multiprocessor; the automatic count is 4); "solo fold" / "solo fold pairs"
 // (paged fp8): the contiguous default's kernel (bulk_issue 1, fold_scales 1) on a paged cache,
-// without / with bulk_pairs.
+// without / with bulk_pairs; "blocks" / "blocks prefetch 2": fp8 with bulk_blocks (4 copies per
+// tile into an unpadded stage), without / with bulk_prefetch 2.
 enum class Pick {
   plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, iss8,
-  wide, narrow, pf2, pf4, pairs, probe, st5, solo_pairs
+  wide, narrow, pf2, pf4, pairs, probe, st5, solo_pairs, blocks, blocks_pf2
 };
 struct Fmt {
   KvFormat format;
@@ -85,6 +86,8 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::pairs) plan.bulk_pairs = true;
   if (pick == Pick::probe) plan.bulk_probe = true;
   if (pick == Pick::st5) plan.bulk_stages = 5;
+  if (pick == Pick::blocks || pick == Pick::blocks_pf2) plan.bulk_blocks = true;
+  if (pick == Pick::blocks_pf2) plan.bulk_prefetch = 2;
   if (pick == Pick::solo_pairs) {
     plan.bulk_issue = 1;
     plan.fold_scales = 1;
@@ -326,6 +329,8 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::fp8, 1, "fp8 prefetch 2", Pick::pf2});
       formats.push_back({KvFormat::fp8, 1, "fp8 prefetch 4", Pick::pf4});
       formats.push_back({KvFormat::fp8, 1, "fp8 pairs", Pick::pairs});
+      formats.push_back({KvFormat::fp8, 1, "fp8 blocks", Pick::blocks});
+      formats.push_back({KvFormat::fp8, 1, "fp8 blocks prefetch 2", Pick::blocks_pf2});
       formats.push_back({KvFormat::fp8, 1, "fp8 solo fold", Pick::solo_fold});  // (paged B 64)
       formats.push_back({KvFormat::fp8, 1, "fp8 solo fold pairs", Pick::solo_pairs});  // (paged)
       formats.push_back({KvFormat::int4, 4, "int4 g4 probe (copies only, not attention)",
@@ -352,7 +357,9 @@ class DecodeBench : public BenchCase {
           // (contiguous, paged 16) and B 1 (contiguous).
           const bool pf = f.pick == Pick::pf2 || f.pick == Pick::pf4;
           if (pf && (s.B == 16 || (page && (s.B == 1 || f.pick == Pick::pf4)))) continue;
-          if (f.pick == Pick::pairs && (s.B == 16 || (s.B == 1 && page == 256))) continue;
+          if ((f.pick == Pick::pairs || f.pick == Pick::blocks || f.pick == Pick::blocks_pf2) &&
+              (s.B == 16 || (s.B == 1 && page == 256)))
+            continue;
           if (f.pick == Pick::probe && (s.B == 16 || page == 256 || (s.B == 1 && page))) continue;
           if (f.pick == Pick::st5 && (s.B == 16 || page == 256)) continue;
           if ((f.pick == Pick::solo_fold || f.pick == Pick::solo_pairs) && (s.B != 64 || !page))

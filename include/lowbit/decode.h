@@ -141,6 +141,11 @@ struct DecodePlan {
   // (18 bulk copies per tile instead of 34), the stage row order of the folded int4 layout. Only
   // the order of the per-row sums changes (rounding).
   bool bulk_pairs = false;
+  // bulk_blocks: fp8 caches where a tile's keys are contiguous: one bulk copy per kind and tile
+  // (K, V and their scale/shift blocks: 4 instead of 34) into an unpadded stage (2-way / 4-way
+  // bank conflicts on the QK / PV shared-memory reads). Takes precedence over bulk_pairs. Same
+  // arithmetic and order: the bits equal 0's.
+  bool bulk_blocks = false;
   // bulk_probe: BENCH ONLY (the output is NOT attention): the kernel issues and waits for every
   // copy of the split exactly as plan_decode's kernel, but does no math (roofline row: how fast
   // this copy pattern streams without the attention arithmetic).

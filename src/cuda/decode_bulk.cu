@@ -183,6 +183,7 @@ struct BulkArgs {
   // walk tile n + prefetch when tile n is issued.
   int prefetch = 0;
   bool probe = false;  // DecodePlan::bulk_probe (host side: the kProbe instantiation)
+  bool blocks = false;  // fp8, DecodePlan::bulk_blocks: stage = the tile's blocks (kBlocks8)
 };
 
 // FOLD (DecodePlan::fold_scales; int4 with 4 groups at D 128, fp8): the scale / shift leave the
@@ -205,8 +206,9 @@ struct BulkArgs {
 // registers (as run-time flags they pushed the solo fp8 instantiation to 40 bytes of spills):
 // kPrefetch (1): DecodePlan::bulk_prefetch; kPairs8 (2): fp8 with DecodePlan::bulk_pairs;
 // kProbe (4, DecodePlan::bulk_probe, bench only): the copies, waits and releases of the split, no
-// math; the partial outputs are 0 with LSE -inf.
-constexpr int kPrefetch = 1, kPairs8 = 2, kProbe = 4;
+// math; the partial outputs are 0 with LSE -inf; kBlocks8 (8): fp8 with DecodePlan::bulk_blocks
+// (one copy per kind and tile into an unpadded stage).
+constexpr int kPrefetch = 1, kPairs8 = 2, kProbe = 4, kBlocks8 = 8;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
@@ -276,7 +278,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   // (fp8: the host runs a kPairs8 instantiation only with a.pairs; compile-time here, a run-time
   // flag cost the solo instantiation 56 bytes of spills)
   const bool pairs = kFoldI4 ? a.pairs : (F == KvFormat::fp8 && (KN & kPairs8) != 0);
+  // fp8 blocks (kBlocks8, a.blocks): key i at i * kstr (kstr = the piece: the stage's K / V blocks
+  // are the cache's tile blocks, one bulk copy each; QK reads 2-way, PV reads 4-way bank
+  // conflicts in exchange for 4 copies per tile instead of 34).
+  constexpr bool blk = F == KvFormat::fp8 && (KN & kBlocks8) != 0;
   auto koffset = [&](int i) {
+    if (blk) return i * kstr;
     if (pairs) return key_offset16(i & 7, 2 * kstr) + (i >> 3) * HB * rb;
     return kFoldI4 ? key_offset16(i, kstr) : key_offset(i, kstr);
   };
@@ -339,7 +346,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   // A copy covers my_n keys from logical key my_key (those < nk).
   const bool ss_block = F == KvFormat::fp8 && a.ss_block;
   const int ss0 = pairs ? 16 : 32;  // first scale/shift block copy
-  const int n_copies = F == KvFormat::fp8 ? (ss_block ? ss0 + 2 : 64) : pairs ? 16 : 32;
+  const int n_copies = F == KvFormat::fp8 ? (blk ? 4 : ss_block ? ss0 + 2 : 64) : pairs ? 16 : 32;
   // Copy ci of a tile (< n_copies): its source (at key 0 of the tile), source stride per key,
   // destination in the stage, bytes per key, first key and keys covered.
   struct Copy {
@@ -351,11 +358,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   };
   auto copy_of = [&](int ci) {
     Copy d;
-    const bool whole = ss_block && ci >= ss0;  // a whole scale/shift block
+    const bool whole = blk || (ss_block && ci >= ss0);  // a whole block of the tile
     d.n = whole ? 16 : pairs ? 2 : 1;
     d.key = whole ? 0 : pairs ? 2 * (ci & 7) : ci & 15;
     const int row = pairs ? (ci & 7) : d.key;  // its stage row
-    const int kind = whole ? 2 + (ci - ss0) : pairs ? ci >> 3 : ci >> 4;
+    const int kind = blk ? ci : whole ? 2 + (ci - ss0) : pairs ? ci >> 3 : ci >> 4;
     d.ok = ci < n_copies;
     d.size = kind < 2 ? static_cast<uint32_t>(piece) : static_cast<uint32_t>(ss_piece);
     if (kind == 0) {
@@ -1160,13 +1167,18 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream
     const bool solo_ok = kFp8Solo ? a.solo : !a.solo;
     const int x = a.probe ? kProbe
                           : (a.prefetch > 0 && a.contig ? kPrefetch : 0) |
-                                (F == KvFormat::fp8 && a.pairs ? kPairs8 : 0);
+                                (F == KvFormat::fp8 && a.blocks ? kBlocks8
+                                 : F == KvFormat::fp8 && a.pairs ? kPairs8
+                                                                 : 0);
     if (x != 0 && solo_ok && p.R <= 8 && !a.one_cta) {
       constexpr bool kS = kFp8Solo;
       if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kProbe>(p, a, B, stream);
       if (x == kPrefetch) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kPrefetch>(p, a, B, stream);
       if constexpr (F == KvFormat::fp8) {
         if (x == kPairs8) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kPairs8>(p, a, B, stream);
+        if (x == kBlocks8) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8>(p, a, B, stream);
+        if (x == (kBlocks8 | kPrefetch))
+          return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8 | kPrefetch>(p, a, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, kS, 2, kPairs8 | kPrefetch>(p, a, B, stream);
       }
     }
@@ -1227,8 +1239,10 @@ bool fold_applies(const KvCache& cache) {
          cache.format == KvFormat::fp8;
 }
 
-// pairs8: DecodePlan::bulk_pairs (fp8: keys copied in pairs where a tile is contiguous).
-BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool pairs8 = false) {
+// pairs8: DecodePlan::bulk_pairs (fp8: keys copied in pairs where a tile is contiguous);
+// blocks8: DecodePlan::bulk_blocks (fp8: one copy per kind and tile, unpadded; before pairs8).
+BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool pairs8 = false,
+                       bool blocks8 = false) {
   BulkArgs a;
   a.hb = 0;
   if (device_major() < 9) return a;
@@ -1272,7 +1286,10 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool pai
   // keys where adjacent; else 32-byte ones (key_offset). (fp8 pair rows: QK lanes g = 0, 1 of a
   // quarter warp read pairs 0, 1 at 16-byte phases 0, 1 (+ 32 t): disjoint; PV rows 2t / 2t + 1:
   // pairs 2t / 2t + 1 at 16 (2t), + 16 g: disjoint.)
-  if ((fold && f == KvFormat::int4) || (pairs8 && f == KvFormat::fp8 && a.contig)) {
+  if (blocks8 && f == KvFormat::fp8 && a.contig) {
+    a.blocks = true;
+    a.kstr = hb * c.row_bytes;
+  } else if ((fold && f == KvFormat::int4) || (pairs8 && f == KvFormat::fp8 && a.contig)) {
     a.pairs = c.k_st[rank - 3] == pc && c.v_st[rank - 3] == pc;
     if (a.pairs) a.kstr = (2 * hb * c.row_bytes + 112 + 31) / 32 * 16;
     else a.kstr = (hb * c.row_bytes + 112 + 15) / 16 * 16;
@@ -1318,8 +1335,9 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
                      ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
                       (cache.format == KvFormat::int4 && fold == 1 && !solo));
   const bool pairs8 = knobs && plan.bulk_pairs && !plan.bulk_probe;
-  BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, pairs8);
-  if (a.one_cta && pairs8) a = bulk_geometry(cache, fold != 0, plan.bulk_stages, false);
+  const bool blocks8 = knobs && plan.bulk_blocks && !plan.bulk_probe;
+  BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, pairs8, blocks8);
+  if (a.one_cta && (pairs8 || blocks8)) a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
   a.stagger = plan.bulk_stagger;
   a.solo = solo;
   a.prefetch = plan.bulk_prefetch;

@@ -155,11 +155,13 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_pf: plan_decode's choice with bulk_prefetch = 3 (L2 prefetch; contiguous caches);
 //   bulk_pairs: plan_decode's choice with bulk_pairs (fp8: keys copied in pairs);
 //   bulk_solo_pairs: bulk_issue 1, fold_scales 1 and bulk_pairs (fp8 paged: the contiguous
-//     default's kernel with pairs on a paged cache).
+//     default's kernel with pairs on a paged cache);
+//   bulk_blocks: plan_decode's choice with bulk_blocks (fp8: one copy per kind and tile) and, on
+//     contiguous caches, bulk_prefetch 1.
 // (Both exist for plan_decode's D-128 instantiations at <= 8 rows; elsewhere they are ignored.)
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
-  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_pf, bulk_pairs, bulk_solo_pairs
+  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_pf, bulk_pairs, bulk_solo_pairs, bulk_blocks
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -180,7 +182,7 @@ class DecodeCase : public Case {
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide ||
                     kernel == Kernel::bulk_pf || kernel == Kernel::bulk_pairs ||
-                    kernel == Kernel::bulk_solo_pairs) &&
+                    kernel == Kernel::bulk_solo_pairs || kernel == Kernel::bulk_blocks) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -203,6 +205,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_pf) s += ".bulk_pf";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_solo_pairs) s += ".bulk_solo_pairs";
+    if (kernel_ == Kernel::bulk_blocks) s += ".bulk_blocks";
     return s;
   }
 
@@ -258,6 +261,9 @@ class DecodeCase : public Case {
       plan.bulk_prefetch = 3;
     } else if (kernel_ == Kernel::bulk_pairs) {
       plan.bulk_pairs = true;
+    } else if (kernel_ == Kernel::bulk_blocks) {
+      plan.bulk_blocks = true;
+      if (cs_.page == 0 && cs_.L > 1500) plan.bulk_prefetch = 1;
     } else if (kernel_ == Kernel::bulk_solo_pairs) {
       plan.bulk_issue = 1;
       plan.fold_scales = 1;
@@ -461,6 +467,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
   const Kernel mw = Kernel::merge_wide;
   const Kernel pf = Kernel::bulk_pf, pr = Kernel::bulk_pairs, sp = Kernel::bulk_solo_pairs;
+  const Kernel bb = Kernel::bulk_blocks;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -665,6 +672,15 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // splits starting inside a page), partial and empty sequences, causal Mq > 1.
   add(shape(F::fp8, 1, 3, 2100, 8, 128, 16), {2100, 33, 0}, 4, 1, false, false, DType::f16, sp);
   add(shape(F::fp8, 1, 2, 1300, 4, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, sp);
+  // bulk_blocks (fp8: the stage is the tile's K / V / scale/shift blocks, 4 copies): contiguous
+  // (solo + fold; with prefetch 1 where L > 1500) and paged 16 / 256 (shared issue), 8 / 4 heads
+  // per CTA, partial tiles, 1-key / empty sequences, Mq > 1 causal, bias; ignored for 16 heads.
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, bb);
+  add(shape(F::fp8, 1, 2, 1001, 8, 128, 0), {1001, 17}, 2, 4, true, true, DType::bf16, bb);
+  add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 15}, 8, 1, false, false, DType::f16, bb);
+  add(shape(F::fp8, 1, 3, 1300, 8, 128, 16), {1300, 33, 0}, 4, 2, true, false, DType::f16, bb);
+  add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 1}, 2, 1, false, true, DType::f16, bb);
+  add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16, bb);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
