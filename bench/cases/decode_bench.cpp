@@ -352,18 +352,27 @@ class DecodeBench : public BenchCase {
           // (contiguous fp8: solo issue, which bulk_issue 2 replaces wholesale)
           if ((f.pick == Pick::wide || f.pick == Pick::narrow) && (s.B != 1 || page == 256))
             continue;
-          // Session 7 A/B rows: prefetch at B 64 (2 and 4 contiguous, 2 paged) and B 1
-          // (contiguous); pairs at B 64 (every layout) and B 1 (contiguous, paged 16); probes at B 64
-          // (contiguous, paged 16) and B 1 (contiguous).
-          const bool pf = f.pick == Pick::pf2 || f.pick == Pick::pf4;
-          if (pf && (s.B == 16 || (page && (s.B == 1 || f.pick == Pick::pf4)))) continue;
-          if ((f.pick == Pick::pairs || f.pick == Pick::blocks || f.pick == Pick::blocks_pf2) &&
-              (s.B == 16 || (s.B == 1 && page == 256)))
-            continue;
-          if (f.pick == Pick::probe && (s.B == 16 || page == 256 || (s.B == 1 && page))) continue;
-          if (f.pick == Pick::st5 && (s.B == 16 || page == 256)) continue;
-          if ((f.pick == Pick::solo_fold || f.pick == Pick::solo_pairs) && (s.B != 64 || !page))
-            continue;
+          // Session 7 A/B rows (~57 rows in all): none at B 16; at B 1 contiguous only (prefetch
+          // 2, 5 stages, pairs, blocks, the fp8 probe); at B 64 contiguous every variant but the
+          // paged-only "solo fold" ones, paged 16 / 256 prefetch 2, pairs, blocks, solo fold
+          // (+ pairs), and paged 16 the probes and 5 stages.
+          if (f.pick != Pick::plan) {
+            const Pick k = f.pick;
+            bool keep;
+            if (s.B == 16) {
+              keep = false;
+            } else if (s.B == 1) {
+              keep = !page && (k == Pick::pf2 || k == Pick::st5 || k == Pick::pairs ||
+                               k == Pick::blocks || (k == Pick::probe && f.format == KvFormat::fp8));
+            } else if (!page) {
+              keep = k != Pick::solo_fold && k != Pick::solo_pairs;
+            } else {
+              keep = k == Pick::pf2 || k == Pick::pairs || k == Pick::blocks ||
+                     k == Pick::solo_fold || k == Pick::solo_pairs ||
+                     (page == 16 && (k == Pick::probe || k == Pick::st5));
+            }
+            if (!keep) continue;
+          }
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");
