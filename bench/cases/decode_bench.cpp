@@ -43,18 +43,14 @@ struct Shape {
 // "issue 2": plan_decode's kernel with bulk_issue = 2 / 3 (only 4 / 2 warps issue the copies);
 // "issue 8": bulk_issue = 0 (every warp issues: int4's default until H200 run 13); "wide merge" /
 // "narrow merge": merge_wide on / off (the split merge on one CTA per 32 dims of a row or per
-// row; B 1 only: 256 splits). Session 7: "prefetch 2" / "prefetch 4": plan_decode's kernel with
-// bulk_prefetch 2 / 4 (L2 prefetch of the tile 2 / 4 issues ahead);
-// "pairs": fp8 with bulk_pairs (keys copied in pairs: 18 copies per tile instead of 34);
-// "probe": bulk_probe, plan_decode's copies and ring protocol without the math (NOT attention:
-// the roofline of this copy pattern); "5 stages": int4 with bulk_stages 5 (5 x 22 KB = 110 KB,
-// still two CTAs per multiprocessor; the automatic count is 4); "solo fold" / "solo fold pairs"
-// (paged fp8): the contiguous default's kernel (bulk_issue 1, fold_scales 1) on a paged cache,
-// without / with bulk_pairs; "blocks" / "blocks prefetch 2": fp8 with bulk_blocks (4 copies per
-// tile into an unpadded stage), without / with bulk_prefetch 2.
+// row; B 1 only: 256 splits). Session 7: "per-key copies": fp8 with bulk_blocks = false (a bulk
+// copy per key and kind: 34 per tile; the fp8 default until run 16; plan_decode now copies each
+// kind's block of the tile at once); "probe": bulk_probe, plan_decode's copies and ring protocol
+// without the math (NOT attention: the roofline of this copy pattern); "solo fold" (paged fp8):
+// the contiguous default's kernel (bulk_issue 1, fold_scales 1) on a paged cache.
 enum class Pick {
   plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, iss8,
-  wide, narrow, pf2, pf4, pairs, probe, st5, solo_pairs, blocks, blocks_pf2
+  wide, narrow, probe, keys
 };
 struct Fmt {
   KvFormat format;
@@ -81,18 +77,8 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::wide) plan.merge_wide = true;
   if (pick == Pick::narrow) plan.merge_wide = false;
   if (pick == Pick::iss2) plan.bulk_issue = 3;
-  if (pick == Pick::pf2) plan.bulk_prefetch = 2;
-  if (pick == Pick::pf4) plan.bulk_prefetch = 4;
-  if (pick == Pick::pairs) plan.bulk_pairs = true;
   if (pick == Pick::probe) plan.bulk_probe = true;
-  if (pick == Pick::st5) plan.bulk_stages = 5;
-  if (pick == Pick::blocks || pick == Pick::blocks_pf2) plan.bulk_blocks = true;
-  if (pick == Pick::blocks_pf2) plan.bulk_prefetch = 2;
-  if (pick == Pick::solo_pairs) {
-    plan.bulk_issue = 1;
-    plan.fold_scales = 1;
-    plan.bulk_pairs = true;
-  }
+  if (pick == Pick::keys) plan.bulk_blocks = false;
   if (pick == Pick::deep) {
     plan.bulk_stages = 6;
     // Half the splits: plan_decode sized them for two CTAs per multiprocessor.
@@ -321,18 +307,13 @@ class DecodeBench : public BenchCase {
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     // Session 7 trimmed "issue 8" (run 13: issue 4 1-3 % faster on all nine int4 rows, now the
-    // default) and "narrow merge" (wide 5-7 % faster at B 1 in runs 12-13, the default).
+    // default) and "narrow merge" (wide 5-7 % faster at B 1 in runs 12-13, the default). Run 16
+    // (H200) settled and removed: L2 prefetch 2 / 4 tiles ahead (int4 +16..+21 %, fp8 +13..+49 %),
+    // fp8 key pairs (18 copies per tile: +3 % contiguous, -10 % paged, behind blocks), int4 5
+    // stages (+0.9 %); fp8 blocks won (now the default).
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::int4, 4, "int4 g4 prefetch 2", Pick::pf2});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 prefetch 4", Pick::pf4});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 5 stages", Pick::st5});
-      formats.push_back({KvFormat::fp8, 1, "fp8 prefetch 2", Pick::pf2});
-      formats.push_back({KvFormat::fp8, 1, "fp8 prefetch 4", Pick::pf4});
-      formats.push_back({KvFormat::fp8, 1, "fp8 pairs", Pick::pairs});
-      formats.push_back({KvFormat::fp8, 1, "fp8 blocks", Pick::blocks});
-      formats.push_back({KvFormat::fp8, 1, "fp8 blocks prefetch 2", Pick::blocks_pf2});
+      formats.push_back({KvFormat::fp8, 1, "fp8 per-key copies", Pick::keys});
       formats.push_back({KvFormat::fp8, 1, "fp8 solo fold", Pick::solo_fold});  // (paged B 64)
-      formats.push_back({KvFormat::fp8, 1, "fp8 solo fold pairs", Pick::solo_pairs});  // (paged)
       formats.push_back({KvFormat::int4, 4, "int4 g4 probe (copies only, not attention)",
                          Pick::probe});
       formats.push_back({KvFormat::fp8, 1, "fp8 probe (copies only, not attention)", Pick::probe});
@@ -352,27 +333,13 @@ class DecodeBench : public BenchCase {
           // (contiguous fp8: solo issue, which bulk_issue 2 replaces wholesale)
           if ((f.pick == Pick::wide || f.pick == Pick::narrow) && (s.B != 1 || page == 256))
             continue;
-          // Session 7 A/B rows (~57 rows in all): none at B 16; at B 1 contiguous only (prefetch
-          // 2, 5 stages, pairs, blocks, the fp8 probe); at B 64 contiguous every variant but the
-          // paged-only "solo fold" ones, paged 16 / 256 prefetch 2, pairs, blocks, solo fold
-          // (+ pairs), and paged 16 the probes and 5 stages.
-          if (f.pick != Pick::plan) {
-            const Pick k = f.pick;
-            bool keep;
-            if (s.B == 16) {
-              keep = false;
-            } else if (s.B == 1) {
-              keep = !page && (k == Pick::pf2 || k == Pick::st5 || k == Pick::pairs ||
-                               k == Pick::blocks || (k == Pick::probe && f.format == KvFormat::fp8));
-            } else if (!page) {
-              keep = k != Pick::solo_fold && k != Pick::solo_pairs;
-            } else {
-              keep = k == Pick::pf2 || k == Pick::pairs || k == Pick::blocks ||
-                     k == Pick::solo_fold || k == Pick::solo_pairs ||
-                     (page == 16 && (k == Pick::probe || k == Pick::st5));
-            }
-            if (!keep) continue;
-          }
+          // Session 7 rows: "per-key copies" everywhere but B 16 paged; "solo fold" paged at
+          // B 64; the probes at B 64 (contiguous, paged 16) and the fp8 probe at B 1 contiguous.
+          if (f.pick == Pick::keys && s.B == 16 && page) continue;
+          if (f.pick == Pick::solo_fold && (s.B != 64 || !page)) continue;
+          if (f.pick == Pick::probe &&
+              (s.B == 16 || page == 256 || (s.B == 1 && (page || f.format != KvFormat::fp8))))
+            continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -129,26 +129,16 @@ struct DecodePlan {
   // each becomes resident while the kernel before it finishes and waits for it in its first
   // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.
   bool launch_pdl = true;
-  // CUDA, bulk kernel (session 7 A/B knobs; same arithmetic unless noted):
-  // bulk_prefetch: L2 prefetch distance in tiles (0 off). When tile n's copies are issued, tile
-  // n + bulk_prefetch's K / V (fp8: and scale/shift) blocks are requested into L2 with
-  // cp.async.bulk.prefetch (at the start: the tiles just past the ring), so more of each
-  // multiprocessor's stream is in flight than its shared-memory ring holds. Only where a tile's
-  // keys are one contiguous block (heads per CTA = Hkv), on plan_decode's D-128 kernels (paged
-  // pools: with the shared issue), without bulk_stagger; elsewhere ignored. The bits equal 0's.
-  int bulk_prefetch = 0;
-  // bulk_pairs: fp8 caches where a tile's keys are contiguous: keys 2i, 2i + 1 are copied together
-  // (18 bulk copies per tile instead of 34), the stage row order of the folded int4 layout. Only
-  // the order of the per-row sums changes (rounding).
-  bool bulk_pairs = false;
-  // bulk_blocks: fp8 caches where a tile's keys are contiguous: one bulk copy per kind and tile
+  // CUDA, bulk kernel (session 7): fp8 caches where a tile's keys are contiguous (heads per CTA
+  // = Hkv), on plan_decode's D-128 kernels at <= 8 query rows: one bulk copy per kind and tile
   // (K, V and their scale/shift blocks: 4 instead of 34) into an unpadded stage (2-way / 4-way
-  // bank conflicts on the QK / PV shared-memory reads). Takes precedence over bulk_pairs. Same
-  // arithmetic and order: the bits equal 0's.
+  // bank conflicts on the QK / PV shared-memory reads). plan_decode sets it for fp8 (H200 run 16,
+  // B 64, L 8192: 0.2716 against 0.2814 ms contiguous, 0.279 / 0.278 against 0.329 / 0.335 paged
+  // 16 / 256; B 1 0.0811 against 0.0833). Same arithmetic and order: the bits equal false's.
   bool bulk_blocks = false;
-  // bulk_probe: BENCH ONLY (the output is NOT attention): the kernel issues and waits for every
-  // copy of the split exactly as plan_decode's kernel, but does no math (roofline row: how fast
-  // this copy pattern streams without the attention arithmetic).
+  // CUDA, bulk kernel, BENCH ONLY (the output is NOT attention): the kernel issues and waits for
+  // every copy of the split exactly as plan_decode's kernel, but does no math (roofline row: how
+  // fast the copy pattern streams without the attention arithmetic).
   bool bulk_probe = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,

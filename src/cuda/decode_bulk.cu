@@ -177,11 +177,8 @@ struct BulkArgs {
   bool one_cta = false;
   bool pdl = false;  // DecodePlan::launch_pdl (host side only)
   // The K / V pieces of a tile's 16 keys are one contiguous block each (key stride = HB * row
-  // bytes: heads per CTA = Hkv; fp8: with ss_block), so a tile can be prefetched whole.
+  // bytes: heads per CTA = Hkv; fp8: with ss_block), so a tile can be copied whole (blocks).
   bool contig = false;
-  // DecodePlan::bulk_prefetch (contig contiguous caches, kPrefetch instantiations): L2 prefetch of
-  // walk tile n + prefetch when tile n is issued.
-  int prefetch = 0;
   bool probe = false;  // DecodePlan::bulk_probe (host side: the kProbe instantiation)
   bool blocks = false;  // fp8, DecodePlan::bulk_blocks: stage = the tile's blocks (kBlocks8)
 };
@@ -202,13 +199,13 @@ struct BulkArgs {
 // (255) where the ring takes more than half the shared memory anyway (BulkArgs::one_cta; fp8
 // only: at 128 registers the folded loop re-derived thread / stage indices and addresses every
 // tile, ~40 of ~280 SASS instructions per tile and warp).
-// KN: the session-7 knobs, compile-time so that plan_decode's instantiations (KN = 0) keep their
-// registers (as run-time flags they pushed the solo fp8 instantiation to 40 bytes of spills):
-// kPrefetch (1): DecodePlan::bulk_prefetch; kPairs8 (2): fp8 with DecodePlan::bulk_pairs;
-// kProbe (4, DecodePlan::bulk_probe, bench only): the copies, waits and releases of the split, no
-// math; the partial outputs are 0 with LSE -inf; kBlocks8 (8): fp8 with DecodePlan::bulk_blocks
-// (one copy per kind and tile into an unpadded stage).
-constexpr int kPrefetch = 1, kPairs8 = 2, kProbe = 4, kBlocks8 = 8;
+// KN: session-7 knobs, compile-time so that the other instantiations (KN = 0) keep their registers
+// (run-time flags of session 7's first try pushed the solo fp8 instantiation to 40-56 bytes of
+// spills): kBlocks8 (1): fp8 with DecodePlan::bulk_blocks (one copy per kind and tile into an
+// unpadded stage; plan_decode's fp8 default since H200 run 16); kProbe (2, DecodePlan::bulk_probe,
+// bench only): the copies, waits and releases of the split, no math; the partial outputs are 0
+// with LSE -inf.
+constexpr int kBlocks8 = 1, kProbe = 2;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
@@ -275,9 +272,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   const int n_tiles = static_cast<int>((hi - lo + 15) / 16);
 
   // Offset of key i's piece in a stage's K (or V) block.
-  // (fp8: the host runs a kPairs8 instantiation only with a.pairs; compile-time here, a run-time
-  // flag cost the solo instantiation 56 bytes of spills)
-  const bool pairs = kFoldI4 ? a.pairs : (F == KvFormat::fp8 && (KN & kPairs8) != 0);
+  const bool pairs = kFoldI4 && a.pairs;
   // fp8 blocks (kBlocks8, a.blocks): key i at i * kstr (kstr = the piece: the stage's K / V blocks
   // are the cache's tile blocks, one bulk copy each; QK reads 2-way, PV reads 4-way bank
   // conflicts in exchange for 4 copies per tile instead of 34).
@@ -341,12 +336,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   // site (source, stride and destination chosen per lane) so the per-lane loop is not duplicated
   // per kind.
   // fp8 with ss_block: copies 32 / 33 are the tile's whole K / V scale/shift blocks (nk pieces).
-  // Folded int4 and fp8 with pairs: copy ci = K (ci < 8) / V pair ci % 8 (keys 2 (ci % 8), + 1);
-  // fp8: copies 16 / 17 the scale/shift blocks (pairs implies ss_block).
+  // Folded int4 with pairs: copy ci = K (ci < 8) / V pair ci % 8 (keys 2 (ci % 8), + 1).
+  // fp8 blocks (blk): copy ci = the tile's K, V, K scale/shift, V scale/shift block.
   // A copy covers my_n keys from logical key my_key (those < nk).
   const bool ss_block = F == KvFormat::fp8 && a.ss_block;
-  const int ss0 = pairs ? 16 : 32;  // first scale/shift block copy
-  const int n_copies = F == KvFormat::fp8 ? (blk ? 4 : ss_block ? ss0 + 2 : 64) : pairs ? 16 : 32;
+  const int n_copies = F == KvFormat::fp8 ? (blk ? 4 : ss_block ? 34 : 64) : pairs ? 16 : 32;
   // Copy ci of a tile (< n_copies): its source (at key 0 of the tile), source stride per key,
   // destination in the stage, bytes per key, first key and keys covered.
   struct Copy {
@@ -358,11 +352,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   };
   auto copy_of = [&](int ci) {
     Copy d;
-    const bool whole = blk || (ss_block && ci >= ss0);  // a whole block of the tile
+    const bool whole = blk || (ss_block && ci >= 32);  // a whole block of the tile
     d.n = whole ? 16 : pairs ? 2 : 1;
     d.key = whole ? 0 : pairs ? 2 * (ci & 7) : ci & 15;
     const int row = pairs ? (ci & 7) : d.key;  // its stage row
-    const int kind = blk ? ci : whole ? 2 + (ci - ss0) : pairs ? ci >> 3 : ci >> 4;
+    const int kind = blk ? ci : whole ? 2 + (ci - 32) : pairs ? ci >> 3 : ci >> 4;
     d.ok = ci < n_copies;
     d.size = kind < 2 ? static_cast<uint32_t>(piece) : static_cast<uint32_t>(ss_piece);
     if (kind == 0) {
@@ -390,8 +384,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   // the whole loop it pushed the fp8 instantiation past 128 registers).
   const int NW = a.issuers;
   const bool issuer = solo || warp < NW;
-  const Copy c1_kept = copy_of(solo ? lane : warp + NW * lane);
-  const Copy& c1 = c1_kept;
+  const Copy c1 = copy_of(solo ? lane : warp + NW * lane);
   const char* my_src = c1.src;
   const int64_t my_st = c1.st;
   const uint32_t my_dst = c1.dst, my_size = c1.size;
@@ -406,30 +399,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   auto tile_of = [&](int n) {
     const int tn = n + rot;
     return tn >= n_tiles ? tn - n_tiles : tn;
-  };
-  // L2 prefetch (KN & kPrefetch: BulkArgs::prefetch tiles ahead; contiguous caches whose tiles are
-  // one block per kind): when tile n is issued, the lane copying key 0 of a kind (K, V, fp8
-  // scale/shift) also requests that kind's block of walk tile n + prefetch into L2 (nothing waits
-  // for it). From the copy's own source and stride: no state across tiles (kept live, the tile's
-  // addresses cost the solo fp8 instantiation 28-40 bytes of spills).
-  // Not with bulk_stagger (tile n + prefetch is then key k0 + 16 prefetch of tile n's k0).
-  // Paged pools (shared issue only): the key-0 lanes load the block-table entry of their next
-  // prefetch tile one issue ahead (pf_page), so the issue never waits on it.
-  const int tile0 = static_cast<int>(lo / 16);  // tile index of lo in the sequence
-  const int tpp = c.block_tables ? c.page_size / 16 : 1;  // tiles per page
-  const bool pf_on = (KN & kPrefetch) != 0 && a.prefetch > 0 && a.contig && !a.stagger &&
-                     (!c.block_tables || !solo);
-  const bool pf_lane = pf_on && !solo && my_lane && my_key == 0;  // (shared issue)
-  auto pf_page_of = [&](int m) {  // block-table entry of walk tile m (< n_tiles)
-    return c.block_tables[b * c.bt_st0 + ((tile0 + m) / tpp) * c.bt_st1];
-  };
-  int pf_page = 0;
-  if constexpr ((KN & kPrefetch) != 0)
-    if (pf_lane && c.block_tables && a.prefetch < n_tiles) pf_page = pf_page_of(a.prefetch);
-  auto prefetch = [&](int64_t k0, const char* src, int64_t st, uint32_t size) {  // (key-0 lanes)
-    const int64_t km = k0 + 16 * a.prefetch;
-    if (km < hi)
-      ptx::bulk_prefetch_l2(src + km * st, static_cast<uint32_t>(min(hi - km, int64_t{16})) * size);
   };
   auto issue = [&](int n, int s) {  // every warp
     const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(n));
@@ -457,29 +426,16 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     }
     __syncwarp();
     if (mine) bulk_g2s(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
-    if constexpr ((KN & kPrefetch) != 0) {
-      if (pf_lane && !c.block_tables) prefetch(k0, my_src, my_st, my_size);
-      const int m = n + a.prefetch;  // paged: walk tile m, page pf_page
-      if (pf_lane && c.block_tables && m < n_tiles) {
-        const int64_t km = lo + 16 * static_cast<int64_t>(m);
-        const int64_t pb = static_cast<int64_t>(pf_page) * c.page_size + 16 * ((tile0 + m) % tpp);
-        const int64_t nkm = min(min(hi - km, int64_t{16}), c.pool_rows - pb);
-        if (pf_page >= 0 && nkm > 0)
-          ptx::bulk_prefetch_l2(my_src + pb * my_st, static_cast<uint32_t>(nkm) * my_size);
-        pf_page = m + 1 < n_tiles ? pf_page_of(m + 1) : 0;
-      }
-    }
   };
   // Solo: tile n is issued by warp n mod HB (the tiles of one warp in increasing order, HB apart).
   // Paged: the page of the warp's next tile comes from the tile index (lo and page_size are
   // multiples of 16) and its block-table entry is loaded one issue ahead (solo_page).
+  const int tile0 = static_cast<int>(lo / 16);  // tile index of lo in the sequence
+  const int tpp = c.block_tables ? c.page_size / 16 : 1;  // tiles per page
   int64_t solo_page = solo && c.block_tables && warp < n_tiles
                           ? c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1]
                           : 0;
   auto issue_solo = [&](int n, int s) {  // warp n % HB only
-    // (fp8 with kPrefetch: the lane's first copy re-derived here instead of kept live across the
-    // loop, which spilled 48 bytes at the 128-register cap)
-    const Copy c1 = F == KvFormat::fp8 && (KN & kPrefetch) != 0 ? copy_of(lane) : c1_kept;
     const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(n));
     int64_t base = k0;
     int64_t nk = min(hi - k0, int64_t{16});
@@ -513,9 +469,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     if (m1) bulk_g2s(dst + c1.dst, c1.src + base * c1.st, s1, bar);
     if constexpr (F == KvFormat::fp8)
       if (m2) bulk_g2s(dst + c2.dst, c2.src + base * c2.st, s2, bar);
-    // (Not the scale/shift blocks of c2, 3 % of the bytes: their prefetch cost spills.)
-    if constexpr ((KN & kPrefetch) != 0)
-      if (pf_on && c1.ok && c1.key == 0) prefetch(k0, c1.src, c1.st, c1.size);
   };
   for (int n = 0; n < NST && n < n_tiles; ++n) {
     if constexpr (!solo) issue(n, n);
@@ -769,8 +722,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
           kcw[kk][0] = lds32(st + koff[kk] + 4 * kcoef0);
           kcw[kk][1] = kcoef1 != kcoef0 ? lds32(st + koff[kk] + 4 * kcoef1) : kcw[kk][0];
         } else if constexpr (F == KvFormat::fp8) {
-          const int key = pairs ? 2 * g + kk : g + 8 * kk;  // of stage row g + 8 kk
-          kcw[kk][0] = kcw[kk][1] = lds32(st + 32 * kstr + key * 4 * HB + 4 * warp);
+          kcw[kk][0] = kcw[kk][1] = lds32(st + 32 * kstr + (g + 8 * kk) * 4 * HB + 4 * warp);
         } else {
           kcw[kk][0] = kcw[kk][1] = 0u;
         }
@@ -1007,11 +959,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
           vz[q2] = bits_h2(prmt(ca, cb, 0x7632));
         } else if constexpr (F == KvFormat::fp8) {
           const char* ssv = st + 32 * kstr + 16 * 4 * HB + 4 * warp;
-          // keys of stage rows 2t + 8 q2 and + 1 (pairs: 4t + q2 and 4t + 2 + q2)
-          const int ka = pairs ? 4 * t + q2 : 2 * t + 8 * q2;
-          const int kb = pairs ? ka + 2 : ka + 1;
+          const int ka = 2 * t + 8 * q2;
           const uint32_t ca = lds32(ssv + ka * 4 * HB);
-          const uint32_t cb = lds32(ssv + kb * 4 * HB);
+          const uint32_t cb = lds32(ssv + (ka + 1) * 4 * HB);
           vs[q2] = bits_h2(prmt(ca, cb, 0x5410));
           vz[q2] = bits_h2(prmt(ca, cb, 0x7632));
         } else {
@@ -1158,28 +1108,19 @@ template <KvFormat F, int D, int VA, int FOLD>
 void launch_rows(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
   // The session-7 knobs (KN) exist only for plan_decode's D-128 instantiations at <= 8 rows and
   // two CTAs per multiprocessor: fp8 contiguous (solo issue + fold), fp8 paged (shared issue, no
-  // fold), int4 g4 (fold, shared issue); elsewhere they are ignored. Probe first; fp8 pairs with
-  // prefetch is KN = 3.
+  // fold), int4 g4 (fold, shared issue: the probe only); elsewhere they are ignored.
   constexpr bool kFp8Solo = F == KvFormat::fp8 && FOLD == 1;   // (with a.solo)
   constexpr bool kFp8Shared = F == KvFormat::fp8 && FOLD == 0;  // (with !a.solo)
   constexpr bool kInt4 = F == KvFormat::int4 && FOLD == 1;      // (with !a.solo)
   if constexpr (D == 128 && (kFp8Solo || kFp8Shared || kInt4)) {
     const bool solo_ok = kFp8Solo ? a.solo : !a.solo;
-    const int x = a.probe ? kProbe
-                          : (a.prefetch > 0 && a.contig ? kPrefetch : 0) |
-                                (F == KvFormat::fp8 && a.blocks ? kBlocks8
-                                 : F == KvFormat::fp8 && a.pairs ? kPairs8
-                                                                 : 0);
+    const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0);
     if (x != 0 && solo_ok && p.R <= 8 && !a.one_cta) {
       constexpr bool kS = kFp8Solo;
       if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kProbe>(p, a, B, stream);
-      if (x == kPrefetch) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kPrefetch>(p, a, B, stream);
       if constexpr (F == KvFormat::fp8) {
-        if (x == kPairs8) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kPairs8>(p, a, B, stream);
         if (x == kBlocks8) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8>(p, a, B, stream);
-        if (x == (kBlocks8 | kPrefetch))
-          return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8 | kPrefetch>(p, a, B, stream);
-        return launch_nr<F, D, 1, VA, FOLD, kS, 2, kPairs8 | kPrefetch>(p, a, B, stream);
+        return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8 | kProbe>(p, a, B, stream);
       }
     }
   }
@@ -1239,10 +1180,9 @@ bool fold_applies(const KvCache& cache) {
          cache.format == KvFormat::fp8;
 }
 
-// pairs8: DecodePlan::bulk_pairs (fp8: keys copied in pairs where a tile is contiguous);
-// blocks8: DecodePlan::bulk_blocks (fp8: one copy per kind and tile, unpadded; before pairs8).
-BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool pairs8 = false,
-                       bool blocks8 = false) {
+// blocks8: DecodePlan::bulk_blocks (fp8 where tiles are contiguous: one copy per kind and tile
+// into an unpadded stage).
+BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blocks8 = false) {
   BulkArgs a;
   a.hb = 0;
   if (device_major() < 9) return a;
@@ -1282,14 +1222,12 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool pai
   const int64_t pc = static_cast<int64_t>(hb) * c.row_bytes;
   a.contig = c.k_st[rank - 3] == pc && c.v_st[rank - 3] == pc &&
              (f != KvFormat::fp8 || a.ss_block);
-  // Folded int4 (ldmatrix) and fp8 with pairs8: 16-byte key offsets (key_offset16), in pairs of
-  // keys where adjacent; else 32-byte ones (key_offset). (fp8 pair rows: QK lanes g = 0, 1 of a
-  // quarter warp read pairs 0, 1 at 16-byte phases 0, 1 (+ 32 t): disjoint; PV rows 2t / 2t + 1:
-  // pairs 2t / 2t + 1 at 16 (2t), + 16 g: disjoint.)
+  // fp8 blocks: key i at i * piece. Folded int4 (ldmatrix): 16-byte key offsets
+  // (key_offset16), in pairs of keys where adjacent; else 32-byte ones (key_offset).
   if (blocks8 && f == KvFormat::fp8 && a.contig) {
     a.blocks = true;
     a.kstr = hb * c.row_bytes;
-  } else if ((fold && f == KvFormat::int4) || (pairs8 && f == KvFormat::fp8 && a.contig)) {
+  } else if (fold && f == KvFormat::int4) {
     a.pairs = c.k_st[rank - 3] == pc && c.v_st[rank - 3] == pc;
     if (a.pairs) a.kstr = (2 * hb * c.row_bytes + 112 + 31) / 32 * 16;
     else a.kstr = (hb * c.row_bytes + 112 + 15) / 16 * 16;
@@ -1330,17 +1268,15 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   const int fold = fold_applies(cache) ? plan.fold_scales : 0;
   const int issue = plan.bulk_issue;
   const bool solo = issue == 1;
-  // fp8 pairs change the stage layout: only where launch_rows runs a kPairs8 instantiation.
+  // fp8 blocks change the stage layout: only where launch_rows runs a kBlocks8 instantiation.
   const bool knobs = cache.head_dim() == 128 && p.R <= 8 &&
                      ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
                       (cache.format == KvFormat::int4 && fold == 1 && !solo));
-  const bool pairs8 = knobs && plan.bulk_pairs && !plan.bulk_probe;
-  const bool blocks8 = knobs && plan.bulk_blocks && !plan.bulk_probe;
-  BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, pairs8, blocks8);
-  if (a.one_cta && (pairs8 || blocks8)) a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
+  const bool blocks8 = knobs && plan.bulk_blocks;
+  BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8);
+  if (a.one_cta && blocks8) a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
   a.stagger = plan.bulk_stagger;
   a.solo = solo;
-  a.prefetch = plan.bulk_prefetch;
   a.probe = plan.bulk_probe;
   // Issuing warps of the shared mode: all HB (0), 4 (2), 2 (3), but enough lanes for the copies
   // (fp8 with a copy per key and kind: 64 copies, two warps at least).
