@@ -47,7 +47,8 @@ struct Shape {
 // copy per key and kind: 34 per tile; the fp8 default until run 16; plan_decode now copies each
 // kind's block of the tile at once); "probe": bulk_probe, plan_decode's copies and ring protocol
 // without the math (NOT attention: the roofline of this copy pattern); "solo fold" (paged fp8):
-// the contiguous default's kernel (bulk_issue 1, fold_scales 1) on a paged cache.
+// the contiguous default's kernel (bulk_issue 1, fold_scales 1) on a paged cache; "shared
+// issue" (contiguous fp8): the paged default's kernel (bulk_issue 0, fold_scales 0), blocks.
 enum class Pick {
   plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, iss8,
   wide, narrow, probe, keys
@@ -314,6 +315,7 @@ class DecodeBench : public BenchCase {
     if (env.device == Device::cuda) {
       formats.push_back({KvFormat::fp8, 1, "fp8 per-key copies", Pick::keys});
       formats.push_back({KvFormat::fp8, 1, "fp8 solo fold", Pick::solo_fold});  // (paged B 64)
+      formats.push_back({KvFormat::fp8, 1, "fp8 shared issue", Pick::shared});  // (contiguous)
       formats.push_back({KvFormat::int4, 4, "int4 g4 probe (copies only, not attention)",
                          Pick::probe});
       formats.push_back({KvFormat::fp8, 1, "fp8 probe (copies only, not attention)", Pick::probe});
@@ -337,6 +339,7 @@ class DecodeBench : public BenchCase {
           // B 64; the probes at B 64 (contiguous, paged 16) and the fp8 probe at B 1 contiguous.
           if (f.pick == Pick::keys && s.B == 16 && page) continue;
           if (f.pick == Pick::solo_fold && (s.B != 64 || !page)) continue;
+          if (f.pick == Pick::shared && (s.B == 16 || page)) continue;
           if (f.pick == Pick::probe &&
               (s.B == 16 || page == 256 || (s.B == 1 && (page || f.format != KvFormat::fp8))))
             continue;
