@@ -43,10 +43,15 @@ struct Shape {
 // "issue 2": plan_decode's kernel with bulk_issue = 2 / 3 (only 4 / 2 warps issue the copies);
 // "issue 8": bulk_issue = 0 (every warp issues: int4's default until H200 run 13); "wide merge" /
 // "narrow merge": merge_wide on / off (the split merge on one CTA per 32 dims of a row or per
-// row; B 1 only: 256 splits).
+// row; B 1 only: 256 splits). Session 7: "per-key copies": fp8 with bulk_blocks = false (a bulk
+// copy per key and kind: 34 per tile; the fp8 default until run 16; plan_decode now copies each
+// kind's block of the tile at once); "probe": bulk_probe, plan_decode's copies and ring protocol
+// without the math (NOT attention: the roofline of this copy pattern); "solo fold" (paged fp8):
+// the contiguous default's kernel (bulk_issue 1, fold_scales 1) on a paged cache; "shared
+// issue" (contiguous fp8): the paged default's kernel (bulk_issue 0, fold_scales 0), blocks.
 enum class Pick {
   plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, iss8,
-  wide, narrow
+  wide, narrow, probe, keys
 };
 struct Fmt {
   KvFormat format;
@@ -73,6 +78,8 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::wide) plan.merge_wide = true;
   if (pick == Pick::narrow) plan.merge_wide = false;
   if (pick == Pick::iss2) plan.bulk_issue = 3;
+  if (pick == Pick::probe) plan.bulk_probe = true;
+  if (pick == Pick::keys) plan.bulk_blocks = false;
   if (pick == Pick::deep) {
     plan.bulk_stages = 6;
     // Half the splits: plan_decode sized them for two CTAs per multiprocessor.
@@ -300,10 +307,18 @@ class DecodeBench : public BenchCase {
     std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", Pick::plan},
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
+    // Session 7 trimmed "issue 8" (run 13: issue 4 1-3 % faster on all nine int4 rows, now the
+    // default) and "narrow merge" (wide 5-7 % faster at B 1 in runs 12-13, the default). Run 16
+    // (H200) settled and removed: L2 prefetch 2 / 4 tiles ahead (int4 +16..+21 %, fp8 +13..+49 %),
+    // fp8 key pairs (18 copies per tile: +3 % contiguous, -10 % paged, behind blocks), int4 5
+    // stages (+0.9 %); fp8 blocks won (now the default).
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::int4, 4, "int4 g4 issue 8", Pick::iss8});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 narrow merge", Pick::narrow});  // (B 1 only)
-      formats.push_back({KvFormat::fp8, 1, "fp8 narrow merge", Pick::narrow});      // (B 1 only)
+      formats.push_back({KvFormat::fp8, 1, "fp8 per-key copies", Pick::keys});
+      formats.push_back({KvFormat::fp8, 1, "fp8 solo fold", Pick::solo_fold});  // (paged B 64)
+      formats.push_back({KvFormat::fp8, 1, "fp8 shared issue", Pick::shared});  // (contiguous)
+      formats.push_back({KvFormat::int4, 4, "int4 g4 probe (copies only, not attention)",
+                         Pick::probe});
+      formats.push_back({KvFormat::fp8, 1, "fp8 probe (copies only, not attention)", Pick::probe});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -319,6 +334,14 @@ class DecodeBench : public BenchCase {
           if (f.pick == Pick::shared && f.format == KvFormat::fp8 && page) continue;
           // (contiguous fp8: solo issue, which bulk_issue 2 replaces wholesale)
           if ((f.pick == Pick::wide || f.pick == Pick::narrow) && (s.B != 1 || page == 256))
+            continue;
+          // Session 7 rows: "per-key copies" everywhere but B 16 paged; "solo fold" paged at
+          // B 64; the probes at B 64 (contiguous, paged 16) and the fp8 probe at B 1 contiguous.
+          if (f.pick == Pick::keys && s.B == 16 && page) continue;
+          if (f.pick == Pick::solo_fold && (s.B != 64 || !page)) continue;
+          if (f.pick == Pick::shared && (s.B == 16 || page)) continue;
+          if (f.pick == Pick::probe &&
+              (s.B == 16 || page == 256 || (s.B == 1 && (page || f.format != KvFormat::fp8))))
             continue;
           Row r;
           r.family = "decode";

@@ -129,6 +129,17 @@ struct DecodePlan {
   // each becomes resident while the kernel before it finishes and waits for it in its first
   // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.
   bool launch_pdl = true;
+  // CUDA, bulk kernel (session 7): fp8 caches where a tile's keys are contiguous (heads per CTA
+  // = Hkv), on plan_decode's D-128 kernels at <= 8 query rows: one bulk copy per kind and tile
+  // (K, V and their scale/shift blocks: 4 instead of 34) into an unpadded stage (2-way / 4-way
+  // bank conflicts on the QK / PV shared-memory reads). plan_decode sets it for fp8 (H200 run 16,
+  // B 64, L 8192: 0.2716 against 0.2814 ms contiguous, 0.279 / 0.278 against 0.329 / 0.335 paged
+  // 16 / 256; B 1 0.0811 against 0.0833). Same arithmetic and order: the bits equal false's.
+  bool bulk_blocks = false;
+  // CUDA, bulk kernel, BENCH ONLY (the output is NOT attention): the kernel issues and waits for
+  // every copy of the split exactly as plan_decode's kernel, but does no math (roofline row: how
+  // fast the copy pattern streams without the attention arithmetic).
+  bool bulk_probe = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -628,8 +628,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   // ring kernel at every measured shape, and no plan_decode default reached them): those flags
   // no longer change the kernel. docs/decode.md.
   if (plan.streaming && plan.bulk_copy && decode_bulk_supported(cache)) {
-    launch_decode_bulk(p, cache, plan.batch, plan.fold_scales, plan.bulk_stagger, plan.bulk_issue,
-                       plan.bulk_stages, plan.launch_pdl, stream);
+    launch_decode_bulk(p, cache, plan, stream);
   } else if (plan.streaming && decode_ring_supported(cache.format, plan.head_dim)) {
     launch_decode_ring(p, cache.format, plan.head_dim, ring_vector_bytes(cache), plan.batch,
                        stream);

@@ -176,6 +176,11 @@ struct BulkArgs {
   // one CTA per multiprocessor, so fp8 (<= 8 rows) runs its 255-register instantiation (host side).
   bool one_cta = false;
   bool pdl = false;  // DecodePlan::launch_pdl (host side only)
+  // The K / V pieces of a tile's 16 keys are one contiguous block each (key stride = HB * row
+  // bytes: heads per CTA = Hkv; fp8: with ss_block), so a tile can be copied whole (blocks).
+  bool contig = false;
+  bool probe = false;  // DecodePlan::bulk_probe (host side: the kProbe instantiation)
+  bool blocks = false;  // fp8, DecodePlan::bulk_blocks: stage = the tile's blocks (kBlocks8)
 };
 
 // FOLD (DecodePlan::fold_scales; int4 with 4 groups at D 128, fp8): the scale / shift leave the
@@ -194,7 +199,14 @@ struct BulkArgs {
 // (255) where the ring takes more than half the shared memory anyway (BulkArgs::one_cta; fp8
 // only: at 128 registers the folded loop re-derived thread / stage indices and addresses every
 // tile, ~40 of ~280 SASS instructions per tile and warp).
-template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2>
+// KN: session-7 knobs, compile-time so that the other instantiations (KN = 0) keep their registers
+// (run-time flags of session 7's first try pushed the solo fp8 instantiation to 40-56 bytes of
+// spills): kBlocks8 (1): fp8 with DecodePlan::bulk_blocks (one copy per kind and tile into an
+// unpadded stage; plan_decode's fp8 default since H200 run 16); kProbe (2, DecodePlan::bulk_probe,
+// bench only): the copies, waits and releases of the split, no math; the partial outputs are 0
+// with LSE -inf.
+constexpr int kBlocks8 = 1, kProbe = 2;
+template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -225,7 +237,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // solo issue mode: stage released
   __shared__ int cnt[kMaxStages];
 
-  griddep_wait();  // (PDL) the previous kernel's writes (cache, q, seq_len) are visible
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int HB = a.hb, NST = a.nst, kstr = a.kstr, stage_bytes = a.stage_bytes;
@@ -237,24 +248,13 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   const int rows = min(16, p.R - r0);
   const CacheArgs& c = p.c;
   const int rb = c.row_bytes;
-
-  const int64_t len = seq_length(c, b);
-  const int64_t lo = min(static_cast<int64_t>(split) * p.split_size, len);
-  const int64_t hi = split == p.S - 1 ? len : min(lo + p.split_size, len);
-  const int n_tiles = static_cast<int>((hi - lo + 15) / 16);
-
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
   const uint32_t empty_s = static_cast<uint32_t>(__cvta_generic_to_shared(empty));
   constexpr bool solo = SOLO;
-  // Offset of key i's piece in a stage's K (or V) block.
-  const bool pairs = kFoldI4 && a.pairs;
-  auto koffset = [&](int i) {
-    if (pairs) return key_offset16(i & 7, 2 * kstr) + (i >> 3) * HB * rb;
-    return kFoldI4 ? key_offset16(i, kstr) : key_offset(i, kstr);
-  };
 
-  // Zero the ring (absent keys' V rows must be finite), init the barriers.
+  // Zero the ring (absent keys' V rows must be finite), init the barriers: before the PDL wait
+  // (shared memory only), so that it overlaps the previous kernel's tail.
   for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
     reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
   if (tid == 0)
@@ -263,7 +263,25 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
       mbar_init(empty_s + 8 * s, HB);            // solo: one release per warp
     }
   fence_proxy_async();
+  griddep_wait();  // (PDL) the previous kernel's writes (cache, q, seq_len) are visible
   __syncthreads();
+
+  const int64_t len = seq_length(c, b);
+  const int64_t lo = min(static_cast<int64_t>(split) * p.split_size, len);
+  const int64_t hi = split == p.S - 1 ? len : min(lo + p.split_size, len);
+  const int n_tiles = static_cast<int>((hi - lo + 15) / 16);
+
+  // Offset of key i's piece in a stage's K (or V) block.
+  const bool pairs = kFoldI4 && a.pairs;
+  // fp8 blocks (kBlocks8, a.blocks): key i at i * kstr (kstr = the piece: the stage's K / V blocks
+  // are the cache's tile blocks, one bulk copy each; QK reads 2-way, PV reads 4-way bank
+  // conflicts in exchange for 4 copies per tile instead of 34).
+  constexpr bool blk = F == KvFormat::fp8 && (KN & kBlocks8) != 0;
+  auto koffset = [&](int i) {
+    if (blk) return i * kstr;
+    if (pairs) return key_offset16(i & 7, 2 * kstr) + (i >> 3) * HB * rb;
+    return kFoldI4 ? key_offset16(i, kstr) : key_offset(i, kstr);
+  };
 
   // ---- producer (all warps): tile n -> stage n % NST ----
   const int piece = HB * rb;                 // bytes of one key's K (or V) piece
@@ -319,9 +337,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   // per kind.
   // fp8 with ss_block: copies 32 / 33 are the tile's whole K / V scale/shift blocks (nk pieces).
   // Folded int4 with pairs: copy ci = K (ci < 8) / V pair ci % 8 (keys 2 (ci % 8), + 1).
+  // fp8 blocks (blk): copy ci = the tile's K, V, K scale/shift, V scale/shift block.
   // A copy covers my_n keys from logical key my_key (those < nk).
   const bool ss_block = F == KvFormat::fp8 && a.ss_block;
-  const int n_copies = F == KvFormat::fp8 ? (ss_block ? 34 : 64) : pairs ? 16 : 32;
+  const int n_copies = F == KvFormat::fp8 ? (blk ? 4 : ss_block ? 34 : 64) : pairs ? 16 : 32;
   // Copy ci of a tile (< n_copies): its source (at key 0 of the tile), source stride per key,
   // destination in the stage, bytes per key, first key and keys covered.
   struct Copy {
@@ -333,11 +352,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   };
   auto copy_of = [&](int ci) {
     Copy d;
-    const bool whole = ss_block && ci >= 32;  // a whole scale/shift block
+    const bool whole = blk || (ss_block && ci >= 32);  // a whole block of the tile
     d.n = whole ? 16 : pairs ? 2 : 1;
     d.key = whole ? 0 : pairs ? 2 * (ci & 7) : ci & 15;
     const int row = pairs ? (ci & 7) : d.key;  // its stage row
-    const int kind = whole ? 2 + (ci - 32) : pairs ? ci >> 3 : ci >> 4;
+    const int kind = blk ? ci : whole ? 2 + (ci - 32) : pairs ? ci >> 3 : ci >> 4;
     d.ok = ci < n_copies;
     d.size = kind < 2 ? static_cast<uint32_t>(piece) : static_cast<uint32_t>(ss_piece);
     if (kind == 0) {
@@ -599,9 +618,37 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
 
   int s = 0;          // stage of tile it (= it mod NST)
   uint32_t phase = 0;  // parity of its use (= (it / NST) mod 2)
+  // Done with tile it (stage s): release the stage, issue tile it + NST into it, advance s.
+  auto finish_tile = [&](int it) {
+    if constexpr (solo) {
+      // Release stage s; the issuer of tile it + NST waits until every warp has released it.
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty_s + 8 * s);
+      const int nn = it + NST;
+      if (nn < n_tiles && warp == (nn & (HB - 1))) {
+        mbar_wait(empty_s + 8 * s, phase);
+        fence_proxy_async();
+        issue_solo(nn, s);
+      }
+    } else {
+      __syncthreads();  // every warp is done with stage s
+      if (it + NST < n_tiles) {
+        fence_proxy_async();
+        issue(it + NST, s);
+      }
+    }
+    if (++s == NST) {
+      s = 0;
+      phase ^= 1u;
+    }
+  };
 #pragma unroll 1
   for (int it = 0; it < n_tiles; ++it) {
     mbar_wait(full_s + 8 * s, phase);
+    if constexpr ((KN & kProbe) != 0) {
+      finish_tile(it);
+      continue;
+    }
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = ring_s + s * stage_bytes;
     const int nk = cnt[s];
@@ -980,27 +1027,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
       }
     }
 
-    if constexpr (solo) {
-      // Release stage s; the issuer of tile it + NST waits until every warp has released it.
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty_s + 8 * s);
-      const int nn = it + NST;
-      if (nn < n_tiles && warp == (nn & (HB - 1))) {
-        mbar_wait(empty_s + 8 * s, phase);
-        fence_proxy_async();
-        issue_solo(nn, s);
-      }
-    } else {
-      __syncthreads();  // every warp is done with stage s
-      if (it + NST < n_tiles) {
-        fence_proxy_async();
-        issue(it + NST, s);
-      }
-    }
-    if (++s == NST) {
-      s = 0;
-      phase ^= 1u;
-    }
+    finish_tile(it);
   }
 
   griddep_launch_dependents();  // (PDL) the merge may launch; it waits for this grid to complete
@@ -1049,9 +1076,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
 #endif  // sm_90
 }
 
-template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2>
+template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
 void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
-  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO, MINB>;
+  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO, MINB, KN>;
   const int smem = a.nst * a.stage_bytes;
   // The attributes once per (device, instantiation, size): two host API calls per decode step
   // otherwise. smem never exceeds 224 KB (DecodePlan::bulk_stages), so the largest size set so
@@ -1079,6 +1106,24 @@ void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t
 
 template <KvFormat F, int D, int VA, int FOLD>
 void launch_rows(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
+  // The session-7 knobs (KN) exist only for plan_decode's D-128 instantiations at <= 8 rows and
+  // two CTAs per multiprocessor: fp8 contiguous (solo issue + fold), fp8 paged (shared issue, no
+  // fold), int4 g4 (fold, shared issue: the probe only); elsewhere they are ignored.
+  constexpr bool kFp8Solo = F == KvFormat::fp8 && FOLD == 1;   // (with a.solo)
+  constexpr bool kFp8Shared = F == KvFormat::fp8 && FOLD == 0;  // (with !a.solo)
+  constexpr bool kInt4 = F == KvFormat::int4 && FOLD == 1;      // (with !a.solo)
+  if constexpr (D == 128 && (kFp8Solo || kFp8Shared || kInt4)) {
+    const bool solo_ok = kFp8Solo ? a.solo : !a.solo;
+    const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0);
+    if (x != 0 && solo_ok && p.R <= 8 && !a.one_cta) {
+      constexpr bool kS = kFp8Solo;
+      if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kProbe>(p, a, B, stream);
+      if constexpr (F == KvFormat::fp8) {
+        if (x == kBlocks8) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8>(p, a, B, stream);
+        return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8 | kProbe>(p, a, B, stream);
+      }
+    }
+  }
   if constexpr (F == KvFormat::fp8) {
     if (a.one_cta && p.R <= 8) {
       if (a.solo) launch_nr<F, D, 1, VA, FOLD, true, 1>(p, a, B, stream);
@@ -1135,7 +1180,9 @@ bool fold_applies(const KvCache& cache) {
          cache.format == KvFormat::fp8;
 }
 
-BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0) {
+// blocks8: DecodePlan::bulk_blocks (fp8 where tiles are contiguous: one copy per kind and tile
+// into an unpadded stage).
+BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blocks8 = false) {
   BulkArgs a;
   a.hb = 0;
   if (device_major() < 9) return a;
@@ -1171,10 +1218,16 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0) {
     const int key_dim = rank - 3;  // (b, j, h): j; (row, h): row
     a.ss_block = c.kss_st[key_dim] == hb && c.vss_st[key_dim] == hb;
   }
-  // Folded int4 (ldmatrix): 16-byte key offsets (key_offset16), in pairs of keys where adjacent;
-  // else 32-byte ones (key_offset).
-  if (fold && f == KvFormat::int4) {
-    const int64_t pc = static_cast<int64_t>(hb) * c.row_bytes;
+  // A tile's K / V pieces are one block each (key stride = piece; fp8: scale/shift blocks too).
+  const int64_t pc = static_cast<int64_t>(hb) * c.row_bytes;
+  a.contig = c.k_st[rank - 3] == pc && c.v_st[rank - 3] == pc &&
+             (f != KvFormat::fp8 || a.ss_block);
+  // fp8 blocks: key i at i * piece. Folded int4 (ldmatrix): 16-byte key offsets
+  // (key_offset16), in pairs of keys where adjacent; else 32-byte ones (key_offset).
+  if (blocks8 && f == KvFormat::fp8 && a.contig) {
+    a.blocks = true;
+    a.kstr = hb * c.row_bytes;
+  } else if (fold && f == KvFormat::int4) {
     a.pairs = c.k_st[rank - 3] == pc && c.v_st[rank - 3] == pc;
     if (a.pairs) a.kstr = (2 * hb * c.row_bytes + 112 + 31) / 32 * 16;
     else a.kstr = (hb * c.row_bytes + 112 + 15) / 16 * 16;
@@ -1209,17 +1262,27 @@ bool decode_bulk_folds(const KvCache& cache) {
   return fold_applies(cache) && bulk_geometry(cache, true).hb > 0;
 }
 
-void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
-                        bool stagger, int issue, int stages, bool pdl, cudaStream_t stream) {
-  fold = fold_applies(cache) ? fold : 0;
-  BulkArgs a = bulk_geometry(cache, fold != 0, stages);
-  a.stagger = stagger;
-  a.solo = issue == 1;
+void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const DecodePlan& plan,
+                        cudaStream_t stream) {
+  const int64_t B = plan.batch;
+  const int fold = fold_applies(cache) ? plan.fold_scales : 0;
+  const int issue = plan.bulk_issue;
+  const bool solo = issue == 1;
+  // fp8 blocks change the stage layout: only where launch_rows runs a kBlocks8 instantiation.
+  const bool knobs = cache.head_dim() == 128 && p.R <= 8 &&
+                     ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
+                      (cache.format == KvFormat::int4 && fold == 1 && !solo));
+  const bool blocks8 = knobs && plan.bulk_blocks;
+  BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8);
+  if (a.one_cta && blocks8) a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
+  a.stagger = plan.bulk_stagger;
+  a.solo = solo;
+  a.probe = plan.bulk_probe;
   // Issuing warps of the shared mode: all HB (0), 4 (2), 2 (3), but enough lanes for the copies
   // (fp8 with a copy per key and kind: 64 copies, two warps at least).
   a.issuers = issue == 2 ? 4 : issue == 3 ? 2 : a.hb;
   a.issuers = a.issuers > a.hb ? a.hb : a.issuers;
-  a.pdl = pdl;
+  a.pdl = plan.launch_pdl;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,

@@ -186,11 +186,11 @@ bool decode_bulk_supported(const KvCache& cache);
 int decode_bulk_heads(const KvCache& cache);
 // fold: DecodePlan::fold_scales (0, 1, 2; where decode_bulk_folds(cache), elsewhere ignored).
 bool decode_bulk_folds(const KvCache& cache);
-// stagger: DecodePlan::bulk_stagger; issue: DecodePlan::bulk_issue (0 shared, 1 solo); stages:
-// DecodePlan::bulk_stages (0 automatic); pdl: DecodePlan::launch_pdl (the kernel waits for the
-// previous one in its first instruction).
-void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, int64_t B, int fold,
-                        bool stagger, int issue, int stages, bool pdl, cudaStream_t stream);
+// The plan's bulk knobs: fold_scales, bulk_stagger, bulk_issue (0 shared, 1 solo, 2 / 3 shared
+// with 4 / 2 issuing warps), bulk_stages (0 automatic), bulk_blocks, bulk_probe,
+// launch_pdl (the kernel waits for the previous one before its first global access).
+void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const DecodePlan& plan,
+                        cudaStream_t stream);
 
 // Programmatic dependent launch (DecodePlan::launch_pdl): the decode kernels call griddep_wait
 // before any global access and griddep_launch_dependents to let the split merge launch early.

@@ -151,10 +151,18 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_iss4 / bulk_iss2: plan_decode's arithmetic with bulk_issue = 2 / 3 (a CTA barrier per
 //     tile, only 4 / 2 warps issue the copies);
 //   merge_wide: plan_decode's kernel with merge_wide and splits of 32 keys (16 past L 4000), i.e.
-//     66-313 splits per row (the wide merge's 32 slices and 256-thread LSE loops both wrap).
+//     66-313 splits per row (the wide merge's 32 slices and 256-thread LSE loops both wrap);
+//   bulk_blocks: plan_decode's choice with bulk_blocks (fp8: one copy per kind and tile; the
+//     fp8 default since run 16, so these also run with bulk_probe-free solo / shared variants);
+//   bulk_keys: plan_decode's choice with bulk_blocks = false (fp8: a copy per key and kind, the
+//     fp8 default until run 16);
+//   bulk_solo_blocks: bulk_issue 1, fold_scales 1 and bulk_blocks (fp8 paged: the contiguous
+//     default's kernel on a paged cache).
+// (bulk_blocks exists for plan_decode's D-128 fp8 instantiations at <= 8 rows; elsewhere it is
+// ignored.)
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
-  bulk_deep, bulk_iss4, bulk_iss2, merge_wide
+  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_blocks, bulk_keys, bulk_solo_blocks
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -173,7 +181,9 @@ class DecodeCase : public Case {
                   kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
-                    kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide) &&
+                    kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide ||
+                    kernel == Kernel::bulk_blocks || kernel == Kernel::bulk_keys ||
+                    kernel == Kernel::bulk_solo_blocks) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -193,6 +203,9 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
     if (kernel_ == Kernel::bulk_iss2) s += ".bulk_iss2";
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
+    if (kernel_ == Kernel::bulk_blocks) s += ".bulk_blocks";
+    if (kernel_ == Kernel::bulk_keys) s += ".bulk_keys";
+    if (kernel_ == Kernel::bulk_solo_blocks) s += ".bulk_solo_blocks";
     return s;
   }
 
@@ -244,6 +257,12 @@ class DecodeCase : public Case {
       plan.merge_wide = true;
       plan.split_size = plan.capacity > 4000 ? 16 : 32;
       plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
+    } else if (kernel_ == Kernel::bulk_blocks || kernel_ == Kernel::bulk_keys) {
+      plan.bulk_blocks = kernel_ == Kernel::bulk_blocks;
+    } else if (kernel_ == Kernel::bulk_solo_blocks) {
+      plan.bulk_issue = 1;
+      plan.fold_scales = 1;
+      plan.bulk_blocks = true;
     } else if (kernel_ == Kernel::bulk_iss4 || kernel_ == Kernel::bulk_iss2) {
       plan.bulk_issue = kernel_ == Kernel::bulk_iss4 ? 2 : 3;
     } else if (kernel_ != Kernel::automatic) {
@@ -442,6 +461,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel bs = Kernel::bulk_stagger, so = Kernel::bulk_solo, np = Kernel::no_pdl;
   const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
   const Kernel mw = Kernel::merge_wide;
+  const Kernel bb = Kernel::bulk_blocks, bkk = Kernel::bulk_keys, sb = Kernel::bulk_solo_blocks;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -606,6 +626,24 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::f16, 1, 2, 700, 2, 64, 0), {700, 33}, 4, 3, true, false, DType::f16, mw);
   add(shape(F::bf16, 1, 2, 400, 1, 256, 16), {400, 5}, 2, 2, true, true, DType::bf16, mw);
   add(shape(F::int4, 1, 2, 600, 4, 64, 0), {600, 0}, 8, 1, false, false, DType::f16, mw);
+  // bulk_solo_blocks on paged 16 / 256 pools (solo issue: the page of each tile from its index;
+  // splits starting inside a page), partial and empty sequences, causal Mq > 1.
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 16), {2100, 33, 0}, 4, 1, false, false, DType::f16, sb);
+  add(shape(F::fp8, 1, 2, 1300, 4, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, sb);
+  // bulk_keys (the per-key copies, fp8's default until run 16): contiguous (solo + fold) and paged
+  // (shared issue), partial / empty sequences, causal, bias.
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, bkk);
+  add(shape(F::fp8, 1, 2, 1001, 8, 128, 16), {1001, 17}, 2, 4, true, true, DType::bf16, bkk);
+  add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 33}, 4, 1, false, false, DType::f16, bkk);
+  // bulk_blocks (fp8: the stage is the tile's K / V / scale/shift blocks, 4 copies): contiguous
+  // (solo + fold) and paged 16 / 256 (shared issue), 8 / 4 heads per CTA, partial tiles, 1-key /
+  // empty sequences, Mq > 1 causal, bias; ignored for 16 heads.
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, bb);
+  add(shape(F::fp8, 1, 2, 1001, 8, 128, 0), {1001, 17}, 2, 4, true, true, DType::bf16, bb);
+  add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 15}, 8, 1, false, false, DType::f16, bb);
+  add(shape(F::fp8, 1, 3, 1300, 8, 128, 16), {1300, 33, 0}, 4, 2, true, false, DType::f16, bb);
+  add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 1}, 2, 1, false, true, DType::f16, bb);
+  add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16, bb);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
