@@ -145,6 +145,33 @@ class LayerBench : public BenchCase {
             rows.push_back(r);
             r = f;
           }
+#ifdef LOWBIT_WITH_CUDA
+          if (!decode && s.m >= 32768 && env.device == Device::cuda &&
+              (q == QType::convrot8 || q == QType::convrot_fp8)) {
+            // Session 7 A/B: the same layer with its rotate kernel fetching two rows ahead;
+            // accuracy: output bits against the default's.
+            layer.set_fp8_fast_accumulation(true);
+            layer.forward(x.view, &bias.view, out.view, ctx);
+            synchronize(ctx);
+            const std::vector<float> ref = to_host_f32(out.view);
+            rows.push_back(r);
+            r.op = std::string("QuantizedLinear::forward ") + qtype_name(q) + " (" + s.tag +
+                   "), rotate kernel 2 rows ahead";
+            cuda::linear::set_layer_rotate_ahead(2);
+            try {
+              r.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
+            } catch (...) {
+              cuda::linear::set_layer_rotate_ahead(1);
+              throw;
+            }
+            cuda::linear::set_layer_rotate_ahead(1);
+            synchronize(ctx);
+            const std::vector<float> got = to_host_f32(out.view);
+            r.accuracy = std::memcmp(got.data(), ref.data(), 4 * got.size()) == 0
+                             ? "bit-identical to the default"
+                             : "output DIFFERS from the default";
+          }
+#endif
         } catch (const std::exception& e) {
           r.note = std::string("failed: ") + e.what();
         }
@@ -215,6 +242,36 @@ class RotateBench : public BenchCase {
           q.note = std::string("failed: ") + e.what();
         }
         rows.push_back(q);
+#ifdef LOWBIT_WITH_CUDA
+        // Session 7 A/B: the register kernel fetching two rows ahead (RotateQuantParams::ahead);
+        // accuracy: its codes and scales against the default's, bitwise.
+        if (env.device == Device::cuda && rot == 256) {
+          synchronize(ctx);
+          const std::vector<float> ref_s = to_host_f32(scales.view);
+          std::vector<uint8_t> ref_c(static_cast<size_t>(m * k)), got_c(ref_c.size());
+          cudaMemcpy(ref_c.data(), c.view.data, ref_c.size(), cudaMemcpyDeviceToHost);
+          Row a = q;
+          a.op += ", 2 rows ahead";
+          try {
+            cuda::linear::set_layer_rotate_ahead(2);
+            a.ms = env.time_ms(
+                [&] { rotate_quantize_activations(x.view, qt, rot, c.view, scales.view, ctx); });
+            cuda::linear::set_layer_rotate_ahead(1);
+            a.note = copy_share(a);
+            synchronize(ctx);
+            const std::vector<float> got_s = to_host_f32(scales.view);
+            cudaMemcpy(got_c.data(), c.view.data, got_c.size(), cudaMemcpyDeviceToHost);
+            const bool same = got_c == ref_c &&
+                              std::memcmp(got_s.data(), ref_s.data(), 4 * got_s.size()) == 0;
+            a.accuracy = same ? "codes + scales bit-identical to the default"
+                              : "codes or scales DIFFER from the default";
+          } catch (const std::exception& e) {
+            cuda::linear::set_layer_rotate_ahead(1);
+            a.note = std::string("failed: ") + e.what();
+          }
+          rows.push_back(a);
+        }
+#endif
       }
     }
     return rows;
@@ -296,31 +353,48 @@ class DecodeRingBench : public BenchCase {
       c.bytes += (N + 15) / 16 * (K / 128) *
                  (1024.0 + (d.w.format == cl::WeightFormat::packed ? 128 : 0));
     };
+    // The fused mode: x in, every CTA rotates + quantizes it after its first weight requests.
+    cl::DecodeParams fv = tv;
+    fv.a = nullptr;
+    fv.lda = 0;
+    fv.ep.a_scale = nullptr;
+    fv.x = rq.x;
+    fv.x_dtype = rq.x_dtype;
+    fv.x_row_stride = rq.x_row_stride;
+    fv.rot = rq.rot;
     struct V {
       const char* name;
       bool rotate;  // the rotate kernel first (the layer), else the GEMV alone
-      bool old;     // run 11's default: no early trigger, register activation copy
+      int fused;    // 0: codes in; 1: fused, register rotation; depth below
+      int depth;
+      bool table4 = false;  // DecodeTilesTuning::table4 (packed 4-bit only)
+      bool act_mbar = false;  // DecodeTilesTuning::act_mbar
     };
     // Session 6, H200 run 12 (every row bit-identical): L2 prefetch and the spread split were
     // slower, the async activation copy faster at M = 16 and the early trigger faster in a stream
-    // of layers (linear.decode_stream): both are the default since; run 11's default stays as
-    // the A/B row.
-    for (const V& v : {V{"rotate + tiles, smem ring (default)", true, false},
-                       V{"tiles alone, smem ring (codes on the device)", false, false},
-                       V{"rotate + tiles, run-11 default (register activation copy)", true,
+    // of layers (linear.decode_stream): both are the default since (run 11's default trimmed in
+    // session 7). Session 7: the fused mode on the register rotation, ring depth 4 / 8.
+    for (const V& v : {V{"rotate + tiles, smem ring (default)", true, 0, 4},
+                       V{"tiles alone, smem ring (codes on the device)", false, 0, 4},
+                       V{"tiles fused, register rotation, depth 4 (one kernel)", false, 1, 4},
+                       V{"tiles fused, register rotation, depth 8 (one kernel)", false, 1, 8},
+                       V{"rotate + tiles, 4-byte fold tables (registers)", true, 0, 4, true},
+                       V{"rotate + tiles, per-block activation barriers", true, 0, 4, false,
                          true}}) {
+      if (v.fused && !cl::decode_tiles_applies(fv)) continue;
+      if (v.table4 && d.w.format != cl::WeightFormat::packed) continue;
       Row c = row(v.name);
       cl::DecodeTilesTuning t;
-      if (v.old) {
-        t.trigger = false;
-        t.async_act = false;
-      }
+      t.depth = v.depth;
+      t.table4 = v.table4;
+      t.act_mbar = v.act_mbar;
       tile_bytes(c);
+      if (v.table4) c.bytes -= 64.0 * ((N + 15) / 16) * (K / 128);
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);
-        cl::decode_tiles_with(tv, t, s);
+        cl::decode_tiles_with(v.fused ? fv : tv, t, s);
       });
-      if (!v.rotate) c.note = "GEMV only: not the layer";
+      if (!v.rotate && !v.fused) c.note = "GEMV only: not the layer";
       compare(c);
       rows.push_back(c);
     }
@@ -355,17 +429,9 @@ class DecodeRingBench : public BenchCase {
       DeviceTensor ws = make_tensor(Device::cuda, DType::f32, {N}, 25, 1e-3f);
       DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
       DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
-      cl::RotateQuantParams rq;
-      rq.x = x.view.data;
-      rq.x_dtype = DType::bf16;
-      rq.x_row_stride = K;
-      rq.M = M;
-      rq.K = K;
-      rq.rot = 256;
-      rq.fmt = cl::ActFormat::int8;
-      rq.codes = codes.view.data;
-      rq.codes_row_stride = K;
-      rq.scales = static_cast<float*>(scales.view.data);
+      cl::RotateQuantParams rq =
+          cl::rotate_quant_rows(x.view.data, DType::bf16, M, K, cl::ActFormat::int8,
+                                codes.view.data, static_cast<float*>(scales.view.data));
       for (const Fmt& f : {Fmt{QType::convrot_int4, cl::WeightFormat::packed, 4},
                            Fmt{QType::convrot_comfy_w4a4, cl::WeightFormat::comfy_int4, 4},
                            Fmt{QType::convrot8, cl::WeightFormat::int8, 8}}) {

@@ -133,17 +133,9 @@ class DecodeStreamBench : public BenchCase {
       DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
       for (const bool comfy : {false, true}) {
         const QType q = comfy ? QType::convrot_comfy_w4a4 : QType::convrot_int4;
-        cl::RotateQuantParams rq;
-        rq.x = x.view.data;
-        rq.x_dtype = DType::bf16;
-        rq.x_row_stride = K;
-        rq.M = M;
-        rq.K = K;
-        rq.rot = 256;
-        rq.fmt = comfy ? cl::ActFormat::int4 : cl::ActFormat::int8;
-        rq.codes = codes.view.data;
-        rq.codes_row_stride = K;
-        rq.scales = static_cast<float*>(scales.view.data);
+        const cl::RotateQuantParams rq = cl::rotate_quant_rows(
+            x.view.data, DType::bf16, M, K, comfy ? cl::ActFormat::int4 : cl::ActFormat::int8,
+            codes.view.data, static_cast<float*>(scales.view.data));
         cl::DecodeParams d;
         d.M = M;
         d.w.format = comfy ? cl::WeightFormat::comfy_int4 : cl::WeightFormat::packed;
@@ -213,21 +205,33 @@ class DecodeStreamBench : public BenchCase {
           bool spread = false;  // DecodeTilesTuning::spread
           bool async_act = false;  // DecodeTilesTuning::async_act
           bool fused = false;  // no rotate kernel: the GEMV rotates + quantizes x (M <= 2)
+          bool fuse_reg = false;  // DecodeTilesTuning::fuse_reg (fused: register rotation)
+          int depth = 4;          // DecodeTilesTuning::depth
+          bool table4 = false;    // DecodeTilesTuning::table4 (convrotint4 only)
+          bool act_mbar = false;  // DecodeTilesTuning::act_mbar
         };
         std::vector<float> ref;
         // Run 12 (H200): L2 prefetch and the spread split were slower in every form, the fused
         // form no faster than rotate + tiles: trimmed. trigger + async activation copy are the
-        // layer's default since (the layer then launches its rotate kernel with PDL).
+        // layer's default since (the layer then launches its rotate kernel with PDL). Session 7
+        // trims run 11's default and the register activation copy (settled, runs 12-13) and
+        // A/Bs the fused mode on the register rotation (depth 4 / 8) against session 4's.
         for (const V& v :
              {V{"rotate (PDL) + tiles (layer default: trigger, async activation copy)", true, true,
                 true, 0, false, true},
-              V{"rotate + tiles, run-11 default (no PDL, no trigger, register activation copy)",
-                true, false, false, 0},
-              V{"rotate (PDL) + tiles, trigger, register activation copy", true, true, true, 0},
-              V{"tiles fused (one kernel per layer), trigger", false, false, true, 0, false, true,
-                true},
-              V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false, true},
-              V{"tiles alone, no trigger (codes on the device)", false, false, false, 0, false,
+              V{"tiles fused, shared-memory rotation (session 4), trigger", false, false, true, 0,
+                false, true, true, false, 8},
+              V{"tiles fused, register rotation, depth 4, trigger", false, false, true, 0, false,
+                true, true, true, 4},
+              V{"tiles fused, register rotation, depth 8, trigger", false, false, true, 0, false,
+                true, true, true, 8},
+              V{"rotate (PDL) + tiles, 4-byte fold tables (registers)", true, true, true, 0,
+                false, true, false, false, 4, true},
+              V{"tiles fused, register rotation, depth 4, 4-byte fold tables", false, false, true,
+                0, false, true, true, true, 4, true},
+              V{"rotate (PDL) + tiles, per-block activation barriers", true, true, true, 0, false,
+                true, false, false, 4, false, true},
+              V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false,
                 true}}) {
           Row r;
           r.family = "linear";
@@ -245,6 +249,12 @@ class DecodeStreamBench : public BenchCase {
           t.l2_prefetch = v.l2_prefetch;
           t.spread = v.spread;
           t.async_act = v.async_act;
+          t.fuse_reg = v.fuse_reg;
+          t.depth = v.depth;
+          t.table4 = v.table4;
+          t.act_mbar = v.act_mbar;
+          if (v.table4 && comfy) continue;  // comfy has no fold tables
+          if (v.table4) r.bytes -= 64.0 * ((N + 15) / 16) * (K / 128);
           cl::RotateQuantParams rp = rq;
           rp.pdl = v.pdl;
           cl::DecodeParams dl = d;
@@ -298,17 +308,27 @@ class DecodeStreamBench : public BenchCase {
   // quantizer can give, benign scales; each holds its own codes and decode tiles) forwarded back
   // to back, x bf16 with bias, the layer's defaults; per layer, against the same bf16 stream.
   void layer_rows(const Env& env, std::vector<Row>& rows) {
+    namespace cl = cuda::linear;
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     for (int64_t M : {int64_t{1}, int64_t{16}}) {
       const double base = bf16_stream_ms(env, M, N, K);
       DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
       DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
       DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
-      for (const QType q : {QType::convrot_int4, QType::convrot_comfy_w4a4}) {
+      struct LV {
+        QType q;
+        bool fused;  // + the fused mode (DecodeTilesTuning::fuse_max_m = 2), M <= 2 only
+      };
+      for (const LV& lv : {LV{QType::convrot_int4, false}, LV{QType::convrot_comfy_w4a4, false},
+                           LV{QType::convrot_int4, true}, LV{QType::convrot_comfy_w4a4, true}}) {
+        const QType q = lv.q;
+        const bool fused = lv.fused;
+        if (fused && M > cl::kTilesFuseLimit) continue;
         Row r;
         r.family = "linear";
         r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
-               qtype_name(q) + ": QuantizedLinear::forward (layer defaults), per layer";
+               qtype_name(q) + ": QuantizedLinear::forward (layer defaults" +
+               (fused ? " + fused mode, DecodeTilesTuning::fuse_max_m = 2" : "") + "), per layer";
         r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
                   " bf16";
         r.backend = "cuda";
@@ -337,11 +357,16 @@ class DecodeStreamBench : public BenchCase {
           }
           r.bytes = 2.0 * M * K + 2.0 * M * N +
                     static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
+          cl::DecodeTilesTuning t;
+          t.fuse_max_m = 2;
+          if (fused) cl::set_layer_tiles_tuning(&t);
           r.ms = env.time_ms([&] {
                    for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);
                  }) /
                  kLayers;
+          cl::set_layer_tiles_tuning(nullptr);
         } catch (const std::exception& e) {
+          cl::set_layer_tiles_tuning(nullptr);
           r.note = std::string("failed: ") + e.what();
         }
         rows.push_back(r);

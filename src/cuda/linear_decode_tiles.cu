@@ -50,7 +50,8 @@ constexpr int kItemCols = 128;                  // columns of one item (one fold
 constexpr int kItemBytes = 1024;                // 16 rows x 128 columns of 4-bit codes
 constexpr int kTableBytes = 128;                // 16 rows x 8-byte fold tables (packed 4-bit)
 constexpr int kTable4Bytes = 64;                // 16 rows x the same tables in 4 bytes
-// Kernel-only kind: packed 4-bit reading the 4-byte tables (decoded in shared memory per item).
+// Kernel-only kind: packed 4-bit reading the 4-byte tables (each lane decodes its rows' two in
+// registers, decode_table4).
 constexpr int kTilesInt4C = 2;
 constexpr int kTilesWarps = 16;                 // warps per CTA
 constexpr int kTilesThreads = kTilesWarps * 32;
@@ -60,7 +61,7 @@ constexpr int kSharedTileInts = 256;  // spread: per leftover tile, 16 columns x
 
 __host__ __device__ constexpr int slot_bytes(int kind) {
   return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0) +
-         (kind == kTilesInt4C ? kTableBytes + kTable4Bytes : 0);
+         (kind == kTilesInt4C ? kTable4Bytes : 0);
 }
 // 4-byte table word e -> T[0..3], T[4..7]. Encoding (build_tile_tables_kernel): byte j of e
 // holds n_{4+j} = T[4+j] - (4+j)·T1 + 8 in its low nibble; the high nibbles hold T1 = T[1]
@@ -103,6 +104,11 @@ struct TilesLayout {
   int trigger = 0;          // griddepcontrol.launch_dependents after the first requests
   int l2_prefetch = 0;      // items per warp prefetched into L2 before griddepcontrol.wait
   int act_async = 0;        // activation rows copied with cp.async (all rows in flight)
+  int fuse_reg = 0;         // fused: the register rotation (no srow) instead of the smem one
+  // Activation rows by cp.async with one mbarrier per 128-column block (ipt of them at abar_off):
+  // an item waits for its own block only, not for all M x K bytes (codes from p.a only).
+  int act_mbar = 0;
+  int abar_off = 0;
   int32_t* bnd = nullptr;   // (G + 1) x 2 x 256 int32
   uint32_t* cnt = nullptr;  // (G + 1) counters, zero when allocated
 };
@@ -210,20 +216,89 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
 
 // ---- the GEMV ----
 
+// Fused mode on the register rotation (TilesLayout::fuse_reg; K <= 16 THREADS, M <=
+// kTilesFuseLimit): thread tid rotates its 16 elements of each row in registers (rotate16), the
+// row's amax goes through s_amax (THREADS / 32 floats per row) and one barrier, and the thread
+// writes its 16 codes (quantize16_int) as one 16-byte store at their output position: the
+// register rotate kernel's arithmetic, hence its bits. Every thread of the CTA takes part.
+template <int KIND, int THREADS, typename XT>
+__device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, uint8_t* act,
+                                                 int act_stride, float* s_scale, float* s_amax,
+                                                 int32_t* s_asum) {
+  constexpr int W = THREADS / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int M = static_cast<int>(p.M);
+  const int K = static_cast<int>(p.w.K);
+  const bool in = tid * 16 < K;
+  const int g = reg_group<256>(tid), out0 = reg_out0<256>(tid);
+  // Both rows' 32 bytes in flight before the first is computed (x: the preceding kernel's output,
+  // read after griddepcontrol.wait with plain loads).
+  uint4 raw[kTilesFuseLimit][2];
+#pragma unroll
+  for (int m = 0; m < kTilesFuseLimit; ++m) {
+    raw[m][0] = raw[m][1] = make_uint4(0u, 0u, 0u, 0u);
+    if (m < M && in) {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const XT*>(p.x) +
+                                                        m * p.x_row_stride + tid * 16);
+      raw[m][0] = src[0];
+      raw[m][1] = src[1];
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kTilesFuseLimit; ++m) {
+    if (m >= M) break;  // uniform
+    float v[16], y[16];
+    unpack_raw<XT>(raw[m], v);  // zeros past K (raw zero)
+    rotate16<256>(v, g, y);
+    const float wm = amax16_warp(y);
+    if (lane == 0) s_amax[m * W + warp] = wm;
+    __syncthreads();
+    float am = s_amax[m * W];
+#pragma unroll
+    for (int w = 1; w < W; ++w) am = amax_nan(am, s_amax[m * W + w]);
+    const float scale = token_scale(am, static_cast<float>(p.act_qmax));
+    if (tid == 0) s_scale[m] = scale;
+    uint32_t c[4];
+    if (p.act_qmax == 7) {
+      quantize16_int<7>(y, scale, c);
+    } else {
+      quantize16_int<127>(y, scale, c);
+    }
+    if (in) {
+      *reinterpret_cast<uint4*>(act + m * act_stride + out0) = make_uint4(c[0], c[1], c[2], c[3]);
+    }
+    if (KIND == kTilesComfy) {
+      int32_t sum = 0;
+      if (in) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) sum = __dp4a(static_cast<int>(c[q]), 0x01010101, sum);
+      }
+      sum = __reduce_add_sync(0xffffffffu, sum);
+      if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
+    }
+  }
+}
+
 // The M activation rows as int8 codes in shared memory (`act`, row stride act_stride bytes): copied
 // from p.a (written by the preceding kernel: call after griddepcontrol.wait), or (XT not void)
-// x rotated + quantized here through srow (K fp32) with the rotate kernels' arithmetic. Comfy:
-// adds each row's code sum to s_asum[m] (zeroed and synchronized by the caller). Returns the
-// epilogue's a_scale (s_scale in the fused mode). The caller synchronizes before reading act.
+// x rotated + quantized here, on the register rotation (reg_rotate) or through srow (K fp32) with
+// the shared-memory rotation: the rotate kernels' arithmetic either way. Comfy: adds each row's
+// code sum to s_asum[m] (zeroed and synchronized by the caller). Returns the epilogue's a_scale
+// (s_scale in the fused mode). The caller synchronizes before reading act.
 template <int KIND, int THREADS, typename XT>
 __device__ __forceinline__ const float* tiles_activations(const DecodeParams& p, uint8_t* act,
                                                           int act_stride, float* srow,
                                                           float* s_scale, float* s_amax,
-                                                          int32_t* s_asum, bool async_copy) {
+                                                          int32_t* s_asum, bool async_copy,
+                                                          bool reg_rotate) {
   const int lane = threadIdx.x & 31;
   const int M = static_cast<int>(p.M);
   const int64_t K = p.w.K;
   if constexpr (!std::is_void<XT>::value) {
+    if (reg_rotate) {
+      tiles_rotate_reg<KIND, THREADS, XT>(p, act, act_stride, s_scale, s_amax, s_asum);
+      return s_scale;
+    }
     // Rotate + quantize the M rows of x here (every CTA; x is read from L2) while the first
     // weights stream in.
     for (int m = 0; m < M; ++m) {
@@ -304,7 +379,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   constexpr bool kFused = !std::is_void<XT>::value;
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
-  __shared__ float s_scale[16], s_amax[W];
+  __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
   __shared__ __align__(8) uint64_t s_bar[W * D];  // bulk transport: one mbarrier per slot
   __shared__ int32_t s_cnt[2];  // spread: items of the two leftover slots flushed so far
 
@@ -373,6 +448,15 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     __syncthreads();
   }
   const uint32_t bar0 = smem_u32(&s_bar[warp * D]);
+  // act_mbar: block b's barrier expects one arrival per 16-byte piece (8 per row, 8 M in all),
+  // each from a different thread (the pieces of a block are 8 M <= 128 consecutive indices of
+  // the round-robin below).
+  const bool act_mbar = !kFused && L.act_mbar != 0;
+  const uint32_t abar = smem_u32(dsm + L.abar_off);
+  if (act_mbar) {
+    for (int i = threadIdx.x; i < ipt; i += kTilesThreads) mbar_init(abar + 8u * i, 8u * M);
+    mbar_fence_init();
+  }
 
   // Item k of this warp into slot s: lane l copies its 16 bytes of both chunks, lanes 0..7 the
   // tables of rows l and l + 8 (packed 4-bit); bulk: lane 0 copies the item's 1 KB and its
@@ -390,8 +474,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
         if (KIND == kTilesInt4)
           bulk_g2s(smem_u32(slot + kItemBytes), tables + gi * kTableBytes, kTableBytes, bar);
         if (KIND == kTilesInt4C)
-          bulk_g2s(smem_u32(slot + kItemBytes + kTableBytes), tables4 + gi * kTable4Bytes,
-                   kTable4Bytes, bar);
+          bulk_g2s(smem_u32(slot + kItemBytes), tables4 + gi * kTable4Bytes, kTable4Bytes, bar);
       }
       return;
     }
@@ -401,8 +484,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     if (KIND == kTilesInt4 && lane < 8)
       cp_async16(smem_u32(slot + kItemBytes + lane * 16), tables + gi * kTableBytes + lane * 16);
     if (KIND == kTilesInt4C && lane < 4)
-      cp_async16(smem_u32(slot + kItemBytes + kTableBytes + lane * 16),
-                 tables4 + gi * kTable4Bytes + lane * 16);
+      cp_async16(smem_u32(slot + kItemBytes + lane * 16), tables4 + gi * kTable4Bytes + lane * 16);
   };
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
@@ -443,10 +525,23 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   ptx::griddep_wait();  // the activation codes come from the preceding kernel
   __syncthreads();
   Epilogue ep = p.ep;
-  ep.a_scale = tiles_activations<KIND, kTilesThreads, XT>(
-      p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax, s_asum,
-      L.act_async != 0);
-  __syncthreads();
+  const int act_pieces = 8 * M * ipt;  // act_mbar: piece q = (block b, row m, 16-byte chunk c)
+  if (act_mbar) {
+    // Every piece in flight at once; each arrives on its block's barrier when it (and this
+    // thread's earlier copies) landed. No wait here: items wait for their block below.
+    for (int q = threadIdx.x; q < act_pieces; q += kTilesThreads) {
+      const int b = q / (8 * M), r = q - b * 8 * M, m = r >> 3, c = r & 7;
+      const int off = b * kItemCols + c * 16;
+      cp_async16(smem_u32(act + m * L.act_stride + off), p.a + m * p.lda + off);
+      ptx::cp_async_mbar_arrive_noinc(abar + 8u * b);
+    }
+    ep.a_scale = p.ep.a_scale;
+  } else {
+    ep.a_scale = tiles_activations<KIND, kTilesThreads, XT>(
+        p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax,
+        s_asum, L.act_async != 0, L.fuse_reg != 0);
+    __syncthreads();
+  }
 
   // B operands: activation row (token) gid (+ 8) of the n8 tile; rows >= M read row M - 1 (they
   // only feed output columns that are never stored).
@@ -541,18 +636,18 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     if (k + D - 1 < n_items) issue(k + D - 1, slot == 0 ? D - 1 : slot - 1);
     cp_async_commit();
     const uint8_t* sl = ring + slot * SLOT;
-    uint32_t tab[4] = {0u, 0u, 0u, 0u};
-    if constexpr (KIND == kTilesInt4C) {  // lanes 0..15 decode row lane's table into place
-      if (lane < 16) {
-        uint32_t lo, hi;
-        decode_table4(*reinterpret_cast<const uint32_t*>(sl + kItemBytes + kTableBytes + lane * 4),
-                      &lo, &hi);
-        *reinterpret_cast<uint2*>(const_cast<uint8_t*>(sl) + kItemBytes + (lane & 7) * 16 +
-                                  (lane >> 3) * 8) = make_uint2(lo, hi);
-      }
-      __syncwarp();
+    if (act_mbar) {  // this item's activation block landed (acquire)
+      for (uint32_t polls = 0; polls < (1u << 24); ++polls)
+        if (ptx::mbar_test(abar + 8u * g, 0u)) break;
     }
-    if constexpr (KIND != kTilesComfy) {
+    uint32_t tab[4] = {0u, 0u, 0u, 0u};
+    if constexpr (KIND == kTilesInt4C) {
+      // The 4-byte tables of rows gid and gid + 8, decoded in registers (session 6 decoded them
+      // into shared memory by 16 lanes behind a __syncwarp: slower in runs 6-7).
+      const uint32_t* t4 = reinterpret_cast<const uint32_t*>(sl + kItemBytes);
+      decode_table4(t4[gid], &tab[0], &tab[1]);
+      decode_table4(t4[gid + 8], &tab[2], &tab[3]);
+    } else if constexpr (KIND != kTilesComfy) {
       const uint4 t = lds128(sl + kItemBytes + gid * 16);
       tab[0] = t.x, tab[1] = t.y, tab[2] = t.z, tab[3] = t.w;
     }
@@ -641,6 +736,19 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     for (int ls = 0; ls < 2; ++ls) leftover_combine(ls);
   }
   cp_async_wait<0>();
+  if (act_mbar && KIND == kTilesComfy) {
+    // Comfy: the rows' code sums from this thread's own pieces (landed: the wait above).
+    for (int q = threadIdx.x; q < act_pieces; q += kTilesThreads) {
+      const int b = q / (8 * M), r = q - b * 8 * M, m = r >> 3, c = r & 7;
+      const uint4 v = *reinterpret_cast<const uint4*>(act + m * L.act_stride + b * kItemCols +
+                                                      c * 16);
+      int32_t sum = __dp4a(static_cast<int>(v.x), 0x01010101, 0);
+      sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
+      sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
+      sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
+      if (sum != 0) atomicAdd(&s_asum[m], sum);
+    }
+  }
   __syncthreads();
 
   // apply_epilogue's arithmetic and order, w_scale and bias from shared memory (c: the column's
@@ -698,7 +806,8 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 }
 
 TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanced = false,
-                         bool table4 = false, bool spread = false) {
+                         bool table4 = false, bool spread = false, bool fuse_reg = false,
+                         bool act_mbar = false) {
   TilesLayout L;
   const int kind = table4 && decode_tiles_kind(d.w) == kTilesInt4 ? kTilesInt4C
                                                                  : decode_tiles_kind(d.w);
@@ -708,9 +817,15 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanc
   // each at 16 tid4) hit 8 distinct 16-byte bank groups.
   L.act_stride = static_cast<int>(d.w.K / 128 * 128 + 192);
   int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
-  if (d.x) {
+  if (d.x && !fuse_reg) {
     L.srow_off = static_cast<int>(off);
     off += (d.w.K * 4 + 127) / 128 * 128;
+  }
+  L.fuse_reg = d.x && fuse_reg ? 1 : 0;
+  if (act_mbar && !d.x) {
+    L.act_mbar = 1;
+    L.abar_off = static_cast<int>(off);
+    off += (L.ipt * 8 + 127) / 128 * 128;
   }
   L.part_off = static_cast<int>(off);
   // Balanced: a CTA's items may touch one more tile than the whole-tile split gives it.
@@ -1002,13 +1117,20 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   // instances exist with 8 only (decode_tiles_applies checked that it fits). H200 run 6: depth 4
   // was the fastest (convrotint4 1 x 5120 -> 13824 17.9 us vs 19.6 at depth 8, comfy 16.6 vs
   // 17.0), so it is the default (DecodeTilesTuning).
-  int depth = d.x || t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 ? 6 : 4);
-  const bool t4 = t.table4 && !d.x && decode_tiles_kind(d.w) == kTilesInt4;
-  TilesLayout L = tiles_layout(d, grid, depth, false, t4);
-  while (!d.x && L.smem > max_smem && depth > 4) {
-    depth -= 2;
-    L = tiles_layout(d, grid, depth, false, t4);
+  // Fused on the register rotation (t.fuse_reg): K <= 16 threads' worth, 16-byte rows of x, and
+  // depth 8 or 4 (its instances); else the shared-memory rotation at depth 8.
+  const bool freg = d.x && t.fuse_reg && d.w.K <= 16 * kTilesThreads &&
+                    (d.act_qmax == 7 || d.act_qmax == 127) &&
+                    reinterpret_cast<uintptr_t>(d.x) % 16 == 0 && d.x_row_stride % 8 == 0;
+  int depth = (d.x && !freg) || t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 && !d.x ? 6 : 4);
+  const bool t4 = t.table4 && decode_tiles_kind(d.w) == kTilesInt4;
+  const bool amb = t.act_mbar && !d.x && !t.balanced && !t.spread;
+  TilesLayout L = tiles_layout(d, grid, depth, false, t4, false, freg, amb);
+  while ((!d.x || freg) && L.smem > max_smem && depth > 4) {
+    depth = d.x ? 4 : depth - 2;
+    L = tiles_layout(d, grid, depth, false, t4, false, freg, amb);
   }
+  if (amb && L.smem > max_smem) L = tiles_layout(d, grid, depth, false, t4, false, freg);
   L.bulk = t.bulk ? 1 : 0;
   L.interleave = t.interleave ? 1 : 0;
   L.trigger = t.trigger ? 1 : 0;
@@ -1040,12 +1162,19 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   const bool two = d.M > 8;
   auto go = [&](auto kind_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
-    if (d.x) {  // fused instances: one n8 tile (M <= kTilesFuseLimit), depth 8
-      if constexpr (KIND == kTilesInt4C) return;  // never (t4 is off in the fused mode)
-      if (d.x_dtype == DType::f16) {
-        launch_tiles<KIND, 1, 8, __half>(d, L, grid, stream);
+    if (d.x) {  // fused instances: one n8 tile (M <= kTilesFuseLimit), depth 8 (or 4: freg)
+      auto by_x = [&](auto depth_tag) {
+        constexpr int DEPTH = decltype(depth_tag)::value;
+        if (d.x_dtype == DType::f16) {
+          launch_tiles<KIND, 1, DEPTH, __half>(d, L, grid, stream);
+        } else {
+          launch_tiles<KIND, 1, DEPTH, __nv_bfloat16>(d, L, grid, stream);
+        }
+      };
+      if (depth == 8) {
+        by_x(std::integral_constant<int, 8>{});
       } else {
-        launch_tiles<KIND, 1, 8, __nv_bfloat16>(d, L, grid, stream);
+        by_x(std::integral_constant<int, 4>{});
       }
       return;
     }

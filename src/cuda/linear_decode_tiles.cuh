@@ -37,9 +37,6 @@ bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t str
 // Largest M the tiled kernel rotates + quantizes itself (d.x set: every CTA rotates the rows in
 // its prologue while its first items stream in; one launch for the layer).
 constexpr int64_t kTilesFuseLimit = 2;
-// Largest M for which QuantizedLinear::forward takes that fused mode (0: off; the rotate kernel
-// + PDL, as for the ring kernel).
-constexpr int64_t kTilesFuseMaxM = 0;
 
 // Whether decode_tiles takes d: d.tiles set (decode_tiles_build of d.w succeeded), sm_90 image,
 // M <= 16, the shared-memory layout fits; codes in d.a, or (fused) x in d.x with
@@ -55,9 +52,10 @@ struct DecodeTilesTuning {
   // side arrives second) instead of whole 16-row tiles per CTA (864 tiles on 132 SMs: 7 vs
   // 6.55). Boundary buffers per (device, stream).
   bool balanced = false;
-  // Packed 4-bit: read the 4-byte form of the fold tables (decoded per item by 16 lanes into
-  // shared memory) instead of the 8-byte one: 64 instead of 128 bytes per 1 KB of codes, the same
-  // bytes as the checkpoint's fp32 ratios.
+  // Packed 4-bit: read the 4-byte form of the fold tables instead of the 8-byte one: 64 instead of
+  // 128 bytes per 1 KB of codes (-2.2 MB at 5120 -> 13824), the same bytes as the checkpoint's
+  // fp32 ratios. Session 7: each lane decodes its two rows' tables in registers (~20 integer ops
+  // per item; session 6 decoded them into shared memory behind a __syncwarp: slower, runs 6-7).
   bool table4 = false;
   // Weight transport: one cp.async.bulk (TMA) of the item's 1 KB (+ tables) by lane 0, completing
   // on the slot's mbarrier, instead of two 16-byte cp.async per lane. Same slots, same bits.
@@ -96,6 +94,22 @@ struct DecodeTilesTuning {
   // H200 run 12: convrotint4 16 x 5120 -> 13824 26.9 -> 25.0 us (stream of layers with
   // trigger: 25.5 -> 23.9), neutral elsewhere: the default since.
   bool async_act = true;
+  // Session 7: the largest M (at most kTilesFuseLimit) for which QuantizedLinear::forward runs the
+  // fused mode: no rotate kernel, every CTA rotates + quantizes x in its prologue after its
+  // first weight requests and griddepcontrol.wait (one launch per layer: a stream of layers
+  // chains GEMV -> GEMV under `trigger`). 0: the rotate kernel + PDL (sessions 4-6).
+  int fuse_max_m = 0;
+  // Session 7: the fused prologue on the register rotation (the register rotate kernel's
+  // arithmetic: 16 elements per thread, one barrier per row, no fp32 row in shared memory; K <=
+  // 8192 and 16-byte x rows, else the shared-memory rotation), at ring depth `depth` (8 or 4).
+  // false: session 4's shared-memory rotation, depth 8 (run 12: no faster than rotate + tiles).
+  bool fuse_reg = true;
+  // Session 7: activation codes (from the rotate kernel) by cp.async with one mbarrier per
+  // 128-column block (cp.async.mbarrier.arrive.noinc per 16-byte piece): an item waits only for
+  // its own block, so the first items are computed while the rest of the M x K bytes still
+  // arrive (at M = 16 every CTA copies 80 KB from L2 before its first item otherwise).
+  // Overrides async_act; not with balanced / spread.
+  bool act_mbar = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).

@@ -10,6 +10,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -93,6 +94,7 @@ void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* c
                             bool pdl = false) {
   linear::RotateQuantParams p;
   p.pdl = pdl;
+  p.ahead = linear::layer_rotate_ahead();
   p.x = x.data;
   p.x_dtype = x.dtype;
   p.x_row_stride = x.ndim > 1 ? x.stride[0] : x.shape[0];
@@ -311,7 +313,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
 
   const linear::PackedWeightRef ref = weight_ref(w);
-  const bool tiles_fuse = kUseDecodeTiles && w.decode_tiles.data && M <= linear::kTilesFuseMaxM;
+  const bool tiles_fuse = kUseDecodeTiles && w.decode_tiles.data &&
+                          M <= std::min<int64_t>(linear::kTilesFuseLimit,
+                                                 linear::layer_tiles_tuning().fuse_max_m);
   if (fmt != ActFormat::e4m3 &&
       (tiles_fuse || M <= linear::kRingFuseMaxM || linear::decode_can_fuse(M, K))) {
     // Few decode rows: one kernel rotates, quantizes and multiplies (bit-identical to

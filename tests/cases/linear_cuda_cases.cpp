@@ -66,11 +66,13 @@ class RotateCase : public Case {
 // rotate_quantize_activations: codes and scales bit-exact for every activation format.
 class RotateQuantizeCase : public Case {
  public:
-  RotateQuantizeCase(QType q, int64_t m, int64_t k, DType in, int64_t pad)
-      : q_(q), m_(m), k_(k), in_(in), pad_(pad) {}
+  // ahead: RotateQuantParams::ahead for the CUDA run (set_layer_rotate_ahead, restored after).
+  RotateQuantizeCase(QType q, int64_t m, int64_t k, DType in, int64_t pad, int ahead = 1)
+      : q_(q), m_(m), k_(k), in_(in), pad_(pad), ahead_(ahead) {}
   std::string name() const override {
     return std::string("linear.gpu.rotate_quantize.") + qtype_name(q_) + "." + dt_tag(in_) + ".M" +
-           std::to_string(m_) + ".K" + std::to_string(k_) + (pad_ ? ".strided" : "");
+           std::to_string(m_) + ".K" + std::to_string(k_) + (pad_ ? ".strided" : "") +
+           (ahead_ != 1 ? ".ahead" + std::to_string(ahead_) : "");
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
     HostTensor x(in_, {m_, k_ + pad_});
@@ -104,6 +106,12 @@ class RotateQuantizeCase : public Case {
   }
   void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
            Context& ctx) const override {
+#ifdef LOWBIT_WITH_CUDA
+    struct Restore {
+      ~Restore() { cuda::linear::set_layer_rotate_ahead(1); }
+    } restore;
+    if (in[0].device == Device::cuda) cuda::linear::set_layer_rotate_ahead(ahead_);
+#endif
     rotate_quantize_activations(narrow_cols(in[0], k_), q_, rotation_block(k_), out[0], out[1],
                                 ctx);
   }
@@ -113,6 +121,7 @@ class RotateQuantizeCase : public Case {
   int64_t m_, k_;
   DType in_;
   int64_t pad_;
+  int ahead_;
 };
 
 // The full layer: quantize W (O, K) on the host, forward x (M, K) [+ bias] on the backend.
@@ -284,6 +293,17 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     cases.push_back(std::make_unique<RotateQuantizeCase>(q, 333, 768, DType::f16, 8));
   }
   cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 3, 16640, DType::bf16, 0));
+  // Session 7: the register kernel two rows ahead (16-bit x, rot 256, per-token formats; others
+  // take the one-ahead kernel): CTAs that loop over 2-6 rows (1001 rows of K 5120 on 396 CTAs,
+  // 20000 rows of K 256), the row count odd per CTA, strided unaligned rows (scalar loads).
+  for (QType q : {QType::convrot8, QType::convrot_fp8, QType::convrot_comfy_w4a4})
+    cases.push_back(std::make_unique<RotateQuantizeCase>(q, 1001, 5120, DType::bf16, 0, 2));
+  cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 20000, 256, DType::f16, 0,
+                                                       2));
+  cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot_fp8, 999, 1280, DType::f16,
+                                                       3, 2));
+  cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot4, 333, 768, DType::bf16, 0,
+                                                       2));
   cases.push_back(std::make_unique<RotateCase>(3, 5120, 256, DType::bf16, DType::bf16, 0));
   cases.push_back(std::make_unique<RotateCase>(4, 320, 64, DType::bf16, DType::f16, 5));
 
@@ -411,6 +431,52 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
         "run11_default", aa, QType::convrot_comfy_w4a4, 16, 136, 1280, DType::bf16, true));
     cases.push_back(std::make_unique<TunedForwardCase>("run11_default", aa, QType::convrot_int4,
                                                        11, 40, 640, DType::f16, false));
+  }
+  // Session 7: the fused mode through the layer (DecodeTilesTuning::fuse_max_m = 2: no rotate
+  // kernel, every CTA rotates + quantizes x). Register rotation (fuse_reg, the default of the
+  // mode) at ring depth 4 and 8: K 768 (48 threads rotate: the second warp half idle), 256 (one
+  // block, 16 threads), 5120 (production), 1280 x O 5000 (several tiles per CTA); K 8448 > 8192
+  // falls back to the shared-memory rotation; that one (fuse_reg = false) on its own too.
+  {
+    namespace cl = cuda::linear;
+    cl::DecodeTilesTuning fr;
+    fr.fuse_max_m = 2;
+    cl::DecodeTilesTuning fr8 = fr;
+    fr8.depth = 8;
+    cl::DecodeTilesTuning fs = fr;
+    fs.fuse_reg = false;
+    auto add = [&](const char* v, const cl::DecodeTilesTuning& t, QType q, int64_t m, int64_t o,
+                   int64_t k, DType a, bool bias) {
+      cases.push_back(std::make_unique<TunedForwardCase>(v, t, q, m, o, k, a, bias));
+    };
+    add("fused_reg", fr, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
+    add("fused_reg", fr, QType::convrot_int4, 2, 5000, 1280, DType::f16, false);
+    add("fused_reg", fr, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
+    add("fused_reg", fr, QType::convrot_comfy_w4a4, 2, 136, 256, DType::f16, true);
+    add("fused_reg", fr, QType::convrot_int4, 1, 40, 8448, DType::bf16, true);
+    add("fused_reg_d8", fr8, QType::convrot_comfy_w4a4, 2, 5000, 768, DType::bf16, false);
+    add("fused_reg_d8", fr8, QType::convrot_int4, 1, 136, 5120, DType::f16, true);
+    add("fused_smem", fs, QType::convrot_int4, 2, 264, 768, DType::bf16, true);
+    add("fused_smem", fs, QType::convrot_comfy_w4a4, 1, 136, 1280, DType::f16, false);
+    // The 4-byte fold tables decoded in registers (DecodeTilesTuning::table4), with the rotate
+    // kernel (M 1, 3, 16) and fused (M 2).
+    cl::DecodeTilesTuning t4;
+    t4.table4 = true;
+    cl::DecodeTilesTuning t4f = fr;
+    t4f.table4 = true;
+    add("table4", t4, QType::convrot_int4, 1, 5000, 1408, DType::bf16, true);
+    add("table4", t4, QType::convrot_int4, 3, 264, 640, DType::f16, false);
+    add("table4", t4, QType::convrot_int4, 16, 4104, 768, DType::bf16, true);
+    add("table4_fused_reg", t4f, QType::convrot_int4, 2, 1032, 1280, DType::bf16, true);
+    // Activation codes with one mbarrier per 128-column block (DecodeTilesTuning::act_mbar):
+    // M 16 / 9 / 1 / 5, K 768 .. 8192 (ipt 6 .. 64), comfy sums from the pieces.
+    cl::DecodeTilesTuning am;
+    am.act_mbar = true;
+    add("act_mbar", am, QType::convrot_comfy_w4a4, 16, 4104, 768, DType::bf16, true);
+    add("act_mbar", am, QType::convrot_int4, 9, 264, 1280, DType::f16, false);
+    add("act_mbar", am, QType::convrot_comfy_w4a4, 1, 5000, 5120, DType::bf16, true);
+    add("act_mbar", am, QType::convrot_int4, 16, 40, 8192, DType::bf16, true);
+    add("act_mbar", am, QType::convrot_comfy_w4a4, 5, 136, 1536, DType::f16, true);
   }
 #endif
 
