@@ -369,6 +369,7 @@ class DecodeRingBench : public BenchCase {
       int depth;
       bool table4 = false;  // DecodeTilesTuning::table4 (packed 4-bit only)
       bool act_mbar = false;  // DecodeTilesTuning::act_mbar
+      bool coop = false;      // fused + DecodeTilesTuning::coop
     };
     // Session 6, H200 run 12 (every row bit-identical): L2 prefetch and the spread split were
     // slower, the async activation copy faster at M = 16 and the early trigger faster in a stream
@@ -380,19 +381,27 @@ class DecodeRingBench : public BenchCase {
                        V{"tiles fused, register rotation, depth 8 (one kernel)", false, 1, 8},
                        V{"rotate + tiles, 4-byte fold tables (registers)", true, 0, 4, true},
                        V{"rotate + tiles, per-block activation barriers", true, 0, 4, false,
+                         true},
+                       V{"tiles, cooperative rotation (one kernel)", false, 1, 4, false, false,
                          true}}) {
-      if (v.fused && !cl::decode_tiles_applies(fv)) continue;
+      cl::DecodeParams fc = fv;  // cooperative: the rotate kernel's buffers as the scratch
+      fc.a = sep.a;
+      fc.lda = sep.lda;
+      fc.ep.a_scale = sep.ep.a_scale;
+      if (v.coop && !cl::decode_tiles_applies(fc)) continue;
+      if (v.fused && !v.coop && !cl::decode_tiles_applies(fv)) continue;
       if (v.table4 && d.w.format != cl::WeightFormat::packed) continue;
       Row c = row(v.name);
       cl::DecodeTilesTuning t;
       t.depth = v.depth;
       t.table4 = v.table4;
       t.act_mbar = v.act_mbar;
+      t.coop = v.coop;
       tile_bytes(c);
       if (v.table4) c.bytes -= 64.0 * ((N + 15) / 16) * (K / 128);
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);
-        cl::decode_tiles_with(v.fused ? fv : tv, t, s);
+        cl::decode_tiles_with(v.coop ? fc : (v.fused ? fv : tv), t, s);
       });
       if (!v.rotate && !v.fused) c.note = "GEMV only: not the layer";
       compare(c);

@@ -209,6 +209,7 @@ class DecodeStreamBench : public BenchCase {
           int depth = 4;          // DecodeTilesTuning::depth
           bool table4 = false;    // DecodeTilesTuning::table4 (convrotint4 only)
           bool act_mbar = false;  // DecodeTilesTuning::act_mbar
+          bool coop = false;      // fused + DecodeTilesTuning::coop (scratch codes / scales)
         };
         std::vector<float> ref;
         // Run 12 (H200): L2 prefetch and the spread split were slower in every form, the fused
@@ -231,6 +232,8 @@ class DecodeStreamBench : public BenchCase {
                 0, false, true, true, true, 4, true},
               V{"rotate (PDL) + tiles, per-block activation barriers", true, true, true, 0, false,
                 true, false, false, 4, false, true},
+              V{"tiles, cooperative rotation (CTA m rotates row m; one kernel per layer)", false,
+                false, true, 0, false, true, true, true, 4, false, false, true},
               V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false,
                 true}}) {
           Row r;
@@ -253,6 +256,7 @@ class DecodeStreamBench : public BenchCase {
           t.depth = v.depth;
           t.table4 = v.table4;
           t.act_mbar = v.act_mbar;
+          t.coop = v.coop;
           if (v.table4 && comfy) continue;  // comfy has no fold tables
           if (v.table4) r.bytes -= 64.0 * ((N + 15) / 16) * (K / 128);
           cl::RotateQuantParams rp = rq;
@@ -266,6 +270,11 @@ class DecodeStreamBench : public BenchCase {
             dl.x_dtype = DType::bf16;
             dl.x_row_stride = K;
             dl.rot = 256;
+            if (v.coop) {  // the rotate kernel's codes / scales buffers as the scratch
+              dl.a = static_cast<const int8_t*>(codes.view.data);
+              dl.lda = K;
+              dl.ep.a_scale = static_cast<const float*>(scales.view.data);
+            }
             if (!cl::decode_tiles_applies(dl)) continue;
           }
           try {
@@ -317,18 +326,22 @@ class DecodeStreamBench : public BenchCase {
       DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
       struct LV {
         QType q;
-        bool fused;  // + the fused mode (DecodeTilesTuning::fuse_max_m = 2), M <= 2 only
+        int fused;  // 1: + the fused mode (fuse_max_m = 2), M <= 2; 2: cooperative (M <= 16)
       };
-      for (const LV& lv : {LV{QType::convrot_int4, false}, LV{QType::convrot_comfy_w4a4, false},
-                           LV{QType::convrot_int4, true}, LV{QType::convrot_comfy_w4a4, true}}) {
+      for (const LV& lv : {LV{QType::convrot_int4, 0}, LV{QType::convrot_comfy_w4a4, 0},
+                           LV{QType::convrot_int4, 1}, LV{QType::convrot_comfy_w4a4, 1},
+                           LV{QType::convrot_int4, 2}, LV{QType::convrot_comfy_w4a4, 2}}) {
         const QType q = lv.q;
-        const bool fused = lv.fused;
-        if (fused && M > cl::kTilesFuseLimit) continue;
+        const int fused = lv.fused;
+        if (fused == 1 && M > cl::kTilesFuseLimit) continue;
         Row r;
         r.family = "linear";
         r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                qtype_name(q) + ": QuantizedLinear::forward (layer defaults" +
-               (fused ? " + fused mode, DecodeTilesTuning::fuse_max_m = 2" : "") + "), per layer";
+               (fused == 1   ? " + fused mode, DecodeTilesTuning::fuse_max_m = 2"
+                : fused == 2 ? " + cooperative rotation, fuse_max_m = 16, coop"
+                             : "") +
+               "), per layer";
         r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
                   " bf16";
         r.backend = "cuda";
@@ -358,7 +371,8 @@ class DecodeStreamBench : public BenchCase {
           r.bytes = 2.0 * M * K + 2.0 * M * N +
                     static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
           cl::DecodeTilesTuning t;
-          t.fuse_max_m = 2;
+          t.fuse_max_m = fused == 2 ? 16 : 2;
+          t.coop = fused == 2;
           if (fused) cl::set_layer_tiles_tuning(&t);
           r.ms = env.time_ms([&] {
                    for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

@@ -109,6 +109,11 @@ struct TilesLayout {
   // an item waits for its own block only, not for all M x K bytes (codes from p.a only).
   int act_mbar = 0;
   int abar_off = 0;
+  // Cooperative rotation (fused instances, x in): CTA b < M rotates row b into p.a / p.ep.a_scale
+  // (global), counts itself in coop_cnt[0]; every CTA waits for M, copies the codes, counts
+  // itself in coop_cnt[1]; the last one re-zeroes both (before the grid completes).
+  int coop = 0;
+  uint32_t* coop_cnt = nullptr;
   int32_t* bnd = nullptr;   // (G + 1) x 2 x 256 int32
   uint32_t* cnt = nullptr;  // (G + 1) counters, zero when allocated
 };
@@ -216,18 +221,19 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
 
 // ---- the GEMV ----
 
-// Fused mode on the register rotation (TilesLayout::fuse_reg; K <= 16 THREADS, M <=
-// kTilesFuseLimit): thread tid rotates its 16 elements of each row in registers (rotate16), the
-// row's amax goes through s_amax (THREADS / 32 floats per row) and one barrier, and the thread
-// writes its 16 codes (quantize16_int) as one 16-byte store at their output position: the
-// register rotate kernel's arithmetic, hence its bits. Every thread of the CTA takes part.
-template <int KIND, int THREADS, typename XT>
-__device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, uint8_t* act,
-                                                 int act_stride, float* s_scale, float* s_amax,
-                                                 int32_t* s_asum) {
+// Register rotation of x's rows [r0, r1) (r1 - r0 <= kTilesFuseLimit; K <= 16 THREADS): thread
+// tid rotates its 16 elements of each row in registers (rotate16), the row's amax goes through
+// s_amax (THREADS / 32 floats per row slot) and one barrier, and the thread writes its 16 codes
+// (quantize16_int) as one 16-byte store at their output position in row m of dst (stride
+// dst_stride bytes: shared memory in the fused mode, global in the cooperative one) and the
+// scale to scales[m]: the register rotate kernel's arithmetic, hence its bits. Comfy with SUMS:
+// adds the row's code sum to s_asum[m]. Every thread of the CTA takes part.
+template <int KIND, int THREADS, typename XT, bool SUMS>
+__device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, int r0, int r1,
+                                                 uint8_t* dst, int64_t dst_stride, float* scales,
+                                                 float* s_amax, int32_t* s_asum) {
   constexpr int W = THREADS / 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int M = static_cast<int>(p.M);
   const int K = static_cast<int>(p.w.K);
   const bool in = tid * 16 < K;
   const int g = reg_group<256>(tid), out0 = reg_out0<256>(tid);
@@ -235,29 +241,30 @@ __device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, uint8_t*
   // read after griddepcontrol.wait with plain loads).
   uint4 raw[kTilesFuseLimit][2];
 #pragma unroll
-  for (int m = 0; m < kTilesFuseLimit; ++m) {
-    raw[m][0] = raw[m][1] = make_uint4(0u, 0u, 0u, 0u);
-    if (m < M && in) {
+  for (int i = 0; i < kTilesFuseLimit; ++i) {
+    raw[i][0] = raw[i][1] = make_uint4(0u, 0u, 0u, 0u);
+    if (r0 + i < r1 && in) {
       const uint4* src = reinterpret_cast<const uint4*>(static_cast<const XT*>(p.x) +
-                                                        m * p.x_row_stride + tid * 16);
-      raw[m][0] = src[0];
-      raw[m][1] = src[1];
+                                                        (r0 + i) * p.x_row_stride + tid * 16);
+      raw[i][0] = src[0];
+      raw[i][1] = src[1];
     }
   }
 #pragma unroll
-  for (int m = 0; m < kTilesFuseLimit; ++m) {
-    if (m >= M) break;  // uniform
+  for (int i = 0; i < kTilesFuseLimit; ++i) {
+    const int m = r0 + i;
+    if (m >= r1) break;  // uniform
     float v[16], y[16];
-    unpack_raw<XT>(raw[m], v);  // zeros past K (raw zero)
+    unpack_raw<XT>(raw[i], v);  // zeros past K (raw zero)
     rotate16<256>(v, g, y);
     const float wm = amax16_warp(y);
-    if (lane == 0) s_amax[m * W + warp] = wm;
+    if (lane == 0) s_amax[i * W + warp] = wm;
     __syncthreads();
-    float am = s_amax[m * W];
+    float am = s_amax[i * W];
 #pragma unroll
-    for (int w = 1; w < W; ++w) am = amax_nan(am, s_amax[m * W + w]);
+    for (int w = 1; w < W; ++w) am = amax_nan(am, s_amax[i * W + w]);
     const float scale = token_scale(am, static_cast<float>(p.act_qmax));
-    if (tid == 0) s_scale[m] = scale;
+    if (tid == 0) scales[m] = scale;
     uint32_t c[4];
     if (p.act_qmax == 7) {
       quantize16_int<7>(y, scale, c);
@@ -265,9 +272,9 @@ __device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, uint8_t*
       quantize16_int<127>(y, scale, c);
     }
     if (in) {
-      *reinterpret_cast<uint4*>(act + m * act_stride + out0) = make_uint4(c[0], c[1], c[2], c[3]);
+      *reinterpret_cast<uint4*>(dst + m * dst_stride + out0) = make_uint4(c[0], c[1], c[2], c[3]);
     }
-    if (KIND == kTilesComfy) {
+    if (KIND == kTilesComfy && SUMS) {
       int32_t sum = 0;
       if (in) {
 #pragma unroll
@@ -296,7 +303,8 @@ __device__ __forceinline__ const float* tiles_activations(const DecodeParams& p,
   const int64_t K = p.w.K;
   if constexpr (!std::is_void<XT>::value) {
     if (reg_rotate) {
-      tiles_rotate_reg<KIND, THREADS, XT>(p, act, act_stride, s_scale, s_amax, s_asum);
+      tiles_rotate_reg<KIND, THREADS, XT, true>(p, 0, M, act, act_stride, s_scale, s_amax,
+                                                s_asum);
       return s_scale;
     }
     // Rotate + quantize the M rows of x here (every CTA; x is read from L2) while the first
@@ -526,14 +534,47 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   __syncthreads();
   Epilogue ep = p.ep;
   const int act_pieces = 8 * M * ipt;  // act_mbar: piece q = (block b, row m, 16-byte chunk c)
-  if (act_mbar) {
+  bool coop_done = false;
+  if constexpr (kFused) {
+    if (L.coop) {
+      if (b < M) {  // this CTA's row: rotate + quantize into the global codes and scales
+        tiles_rotate_reg<KIND, kTilesThreads, XT, false>(
+            p, static_cast<int>(b), static_cast<int>(b) + 1,
+            reinterpret_cast<uint8_t*>(const_cast<int8_t*>(p.a)), p.lda,
+            const_cast<float*>(p.ep.a_scale), s_amax, s_asum);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(&L.coop_cnt[0], 1u);
+      }
+      if (threadIdx.x == 0) {  // every row written (acquire); bounded: wrong output, not a hang
+        for (uint32_t polls = 0; polls < (1u << 26); ++polls) {
+          if (ptx::ld_acquire_gpu(L.coop_cnt) >= static_cast<uint32_t>(M)) break;
+          __nanosleep(32);
+        }
+      }
+      __syncthreads();
+      tiles_activations<KIND, kTilesThreads, void>(p, act, L.act_stride, nullptr, s_scale, s_amax,
+                                                   s_asum, true, false);
+      if (threadIdx.x < M) s_scale[threadIdx.x] = __ldcg(p.ep.a_scale + threadIdx.x);
+      ep.a_scale = s_scale;
+      __syncthreads();
+      if (threadIdx.x == 0 && atomicAdd(&L.coop_cnt[1], 1u) == static_cast<uint32_t>(G - 1)) {
+        atomicExch(&L.coop_cnt[0], 0u);  // every CTA has passed its wait
+        atomicExch(&L.coop_cnt[1], 0u);
+      }
+      coop_done = true;
+    }
+  }
+  if (coop_done) {
+    // the cooperative rotation above
+  } else if (act_mbar) {
     // Every piece in flight at once; each arrives on its block's barrier when it (and this
     // thread's earlier copies) landed. No wait here: items wait for their block below.
     for (int q = threadIdx.x; q < act_pieces; q += kTilesThreads) {
-      const int b = q / (8 * M), r = q - b * 8 * M, m = r >> 3, c = r & 7;
-      const int off = b * kItemCols + c * 16;
+      const int blk = q / (8 * M), r = q - blk * 8 * M, m = r >> 3, c = r & 7;
+      const int off = blk * kItemCols + c * 16;
       cp_async16(smem_u32(act + m * L.act_stride + off), p.a + m * p.lda + off);
-      ptx::cp_async_mbar_arrive_noinc(abar + 8u * b);
+      ptx::cp_async_mbar_arrive_noinc(abar + 8u * blk);
     }
     ep.a_scale = p.ep.a_scale;
   } else {
@@ -739,8 +780,8 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   if (act_mbar && KIND == kTilesComfy) {
     // Comfy: the rows' code sums from this thread's own pieces (landed: the wait above).
     for (int q = threadIdx.x; q < act_pieces; q += kTilesThreads) {
-      const int b = q / (8 * M), r = q - b * 8 * M, m = r >> 3, c = r & 7;
-      const uint4 v = *reinterpret_cast<const uint4*>(act + m * L.act_stride + b * kItemCols +
+      const int blk = q / (8 * M), r = q - blk * 8 * M, m = r >> 3, c = r & 7;
+      const uint4 v = *reinterpret_cast<const uint4*>(act + m * L.act_stride + blk * kItemCols +
                                                       c * 16);
       int32_t sum = __dp4a(static_cast<int>(v.x), 0x01010101, 0);
       sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
@@ -918,6 +959,26 @@ void boundary_buffers(cudaStream_t stream, int32_t** bnd, uint32_t** cnt) {
   *cnt = it->second.second;
 }
 
+// The cooperative rotation's two counters for the current device and stream: zeroed once (on
+// `stream`) when allocated; every launch leaves them zero (its last CTA re-zeroes them), and
+// launches on one stream touch them only after griddepcontrol.wait (the previous grid done).
+uint32_t* coop_counters(cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, uint32_t*> bufs;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, stream);
+  auto it = bufs.find(key);
+  if (it == bufs.end()) {
+    void* c = nullptr;
+    check_cuda(cudaMalloc(&c, 2 * sizeof(uint32_t)), "decode_tiles", "cooperative counters");
+    check_cuda(cudaMemsetAsync(c, 0, 2 * sizeof(uint32_t), stream), "decode_tiles", "memset");
+    it = bufs.emplace(key, static_cast<uint32_t*>(c)).first;
+  }
+  return it->second;
+}
+
 int tiles_grid(const DecodeParams& d) {
   const int64_t tiles = (d.w.N + 15) / 16;
   return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
@@ -1079,7 +1140,11 @@ bool decode_tiles_applies(const DecodeParams& d) {
   if (decode_tiles_kind(d.w) == kTilesNone) return false;
   if (reinterpret_cast<uintptr_t>(d.tiles) % 16 != 0) return false;
   if (d.x) {  // fused: the ring kernel's rule (rot 256, bf16 / f16 x, few rows), depth 8 only
-    if (d.M > kTilesFuseLimit || d.rot != 256) return false;
+    // More rows: the cooperative mode (codes and scales through d.a / d.ep.a_scale), or the
+    // rotate kernel into them first (decode_tiles_with).
+    const bool scratch = d.a && d.ep.a_scale && d.lda % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(d.a) % 16 == 0;
+    if ((d.M > kTilesFuseLimit && !scratch) || d.rot != 256) return false;
     if (d.x_dtype != DType::bf16 && d.x_dtype != DType::f16) return false;
   } else if (!d.a || d.lda % 16 != 0 || reinterpret_cast<uintptr_t>(d.a) % 16 != 0) {
     return false;
@@ -1110,20 +1175,41 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   decode_tiles_with(d, layer_tiles_tuning(), stream);
 }
 
-void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream) {
+void decode_tiles_with(const DecodeParams& dp, const DecodeTilesTuning& t, cudaStream_t stream) {
+  DecodeParams d = dp;
   const int grid = tiles_grid(d);
   const int max_smem = tiles_device().max_smem;
+  // Fused call (x in) with scratch codes / scales (d.a, d.ep.a_scale): the cooperative rotation
+  // where it applies; else, past kTilesFuseLimit rows, the rotate kernel into the scratch first.
+  const bool scratch = d.x && d.a && d.ep.a_scale && d.lda % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(d.a) % 16 == 0;
+  const bool coop = scratch && t.coop && d.M <= grid && d.w.K <= 16 * kTilesThreads &&
+                    (d.act_qmax == 7 || d.act_qmax == 127) &&
+                    reinterpret_cast<uintptr_t>(d.x) % 16 == 0 && d.x_row_stride % 8 == 0;
+  if (d.x && !coop && (d.M > kTilesFuseLimit || (scratch && t.coop))) {
+    RotateQuantParams rq = rotate_quant_rows(d.x, d.x_dtype, d.M, d.w.K,
+                                             d.act_qmax == 7 ? ActFormat::int4 : ActFormat::int8,
+                                             const_cast<int8_t*>(d.a),
+                                             const_cast<float*>(d.ep.a_scale), d.rot);
+    rq.x_row_stride = d.x_row_stride;
+    rq.codes_row_stride = d.lda;
+    rq.pdl = t.trigger;
+    rotate_quantize(rq, stream);
+    d.x = nullptr;
+  }
   // The deepest ring <= t.depth (0: the deepest) that fits: 8, 6 or 4 slots per warp; the fused
   // instances exist with 8 only (decode_tiles_applies checked that it fits). H200 run 6: depth 4
   // was the fastest (convrotint4 1 x 5120 -> 13824 17.9 us vs 19.6 at depth 8, comfy 16.6 vs
   // 17.0), so it is the default (DecodeTilesTuning).
   // Fused on the register rotation (t.fuse_reg): K <= 16 threads' worth, 16-byte rows of x, and
   // depth 8 or 4 (its instances); else the shared-memory rotation at depth 8.
-  const bool freg = d.x && t.fuse_reg && d.w.K <= 16 * kTilesThreads &&
-                    (d.act_qmax == 7 || d.act_qmax == 127) &&
-                    reinterpret_cast<uintptr_t>(d.x) % 16 == 0 && d.x_row_stride % 8 == 0;
+  const bool freg = coop || (d.x && t.fuse_reg && d.w.K <= 16 * kTilesThreads &&
+                             (d.act_qmax == 7 || d.act_qmax == 127) &&
+                             reinterpret_cast<uintptr_t>(d.x) % 16 == 0 && d.x_row_stride % 8 == 0);
   int depth = (d.x && !freg) || t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 && !d.x ? 6 : 4);
-  const bool t4 = t.table4 && decode_tiles_kind(d.w) == kTilesInt4;
+  if (coop && d.M > 8) depth = 4;  // the two-n8-tile fused instances exist at depth 4 only
+  // (4-byte tables with the cooperative mode at M > 8: no instance, it spilled.)
+  const bool t4 = t.table4 && decode_tiles_kind(d.w) == kTilesInt4 && !(coop && d.M > 8);
   const bool amb = t.act_mbar && !d.x && !t.balanced && !t.spread;
   TilesLayout L = tiles_layout(d, grid, depth, false, t4, false, freg, amb);
   while ((!d.x || freg) && L.smem > max_smem && depth > 4) {
@@ -1136,6 +1222,10 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   L.trigger = t.trigger ? 1 : 0;
   L.l2_prefetch = std::max(0, t.l2_prefetch);
   L.act_async = t.async_act ? 1 : 0;
+  if (coop) {
+    L.coop = 1;
+    L.coop_cnt = coop_counters(stream);
+  }
   if (t.balanced) {  // the same depth with one more (shared) tile per CTA, if it fits
     TilesLayout B = tiles_layout(d, grid, depth, true, t4);
     if (B.smem <= max_smem) {
@@ -1171,7 +1261,15 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
           launch_tiles<KIND, 1, DEPTH, __nv_bfloat16>(d, L, grid, stream);
         }
       };
-      if (depth == 8) {
+      if (two) {  // the cooperative mode only (M > kTilesFuseLimit; not with 4-byte tables)
+        if constexpr (KIND != kTilesInt4C) {
+          if (d.x_dtype == DType::f16) {
+            launch_tiles<KIND, 2, 4, __half>(d, L, grid, stream);
+          } else {
+            launch_tiles<KIND, 2, 4, __nv_bfloat16>(d, L, grid, stream);
+          }
+        }
+      } else if (depth == 8) {
         by_x(std::integral_constant<int, 8>{});
       } else {
         by_x(std::integral_constant<int, 4>{});

@@ -39,8 +39,9 @@ bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t str
 constexpr int64_t kTilesFuseLimit = 2;
 
 // Whether decode_tiles takes d: d.tiles set (decode_tiles_build of d.w succeeded), sm_90 image,
-// M <= 16, the shared-memory layout fits; codes in d.a, or (fused) x in d.x with
-// M <= kTilesFuseLimit, rot 256, bf16 / f16.
+// M <= 16, the shared-memory layout fits; codes in d.a, or (fused) x in d.x with rot 256, bf16 /
+// f16 and M <= kTilesFuseLimit or scratch codes / scales in d.a / d.ep.a_scale (any M <= 16:
+// the cooperative mode, or the rotate kernel into the scratch first).
 bool decode_tiles_applies(const DecodeParams& d);
 
 // Tuning of the tiled kernel (A/B bench rows; the defaults are the layer's).
@@ -94,7 +95,8 @@ struct DecodeTilesTuning {
   // H200 run 12: convrotint4 16 x 5120 -> 13824 26.9 -> 25.0 us (stream of layers with
   // trigger: 25.5 -> 23.9), neutral elsewhere: the default since.
   bool async_act = true;
-  // Session 7: the largest M (at most kTilesFuseLimit) for which QuantizedLinear::forward runs the
+  // Session 7: the largest M (at most kTilesFuseLimit; with `coop` at most 16) for which
+  // QuantizedLinear::forward runs the
   // fused mode: no rotate kernel, every CTA rotates + quantizes x in its prologue after its
   // first weight requests and griddepcontrol.wait (one launch per layer: a stream of layers
   // chains GEMV -> GEMV under `trigger`). 0: the rotate kernel + PDL (sessions 4-6).
@@ -110,6 +112,14 @@ struct DecodeTilesTuning {
   // arrive (at M = 16 every CTA copies 80 KB from L2 before its first item otherwise).
   // Overrides async_act; not with balanced / spread.
   bool act_mbar = false;
+  // Session 7: the fused mode with scratch codes / scales (DecodeParams::a, ep.a_scale: M x K
+  // bytes, M floats) rotates COOPERATIVELY: CTA b < M rotates row b (register rotation) into the
+  // scratch and counts itself done in a per-stream global counter; every CTA waits for the M
+  // rows (after its first weight requests), then copies them as in the two-kernel path. No
+  // rotate kernel between layers for any M <= 16 (the redundant fused mode: M <= 2); every
+  // CTA must be resident at once (grid = SMs, one CTA per SM). The layer takes it for M <=
+  // fuse_max_m (then up to 16). Fused calls without scratch keep the redundant mode.
+  bool coop = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).

@@ -477,6 +477,19 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("act_mbar", am, QType::convrot_comfy_w4a4, 1, 5000, 5120, DType::bf16, true);
     add("act_mbar", am, QType::convrot_int4, 16, 40, 8192, DType::bf16, true);
     add("act_mbar", am, QType::convrot_comfy_w4a4, 5, 136, 1536, DType::f16, true);
+    // The cooperative rotation (coop, fuse_max_m 16: CTA m rotates row m into scratch, every CTA
+    // waits for the M rows): M 16 / 9 / 1 / 3 / 2; K 8448 > 8192 and M 5 > 3 CTAs (O 40) fall
+    // back to the rotate kernel into the scratch.
+    cl::DecodeTilesTuning co;
+    co.fuse_max_m = 16;
+    co.coop = true;
+    add("coop", co, QType::convrot_comfy_w4a4, 16, 4104, 768, DType::bf16, true);
+    add("coop", co, QType::convrot_int4, 9, 5000, 1280, DType::f16, false);
+    add("coop", co, QType::convrot_int4, 1, 264, 5120, DType::bf16, true);
+    add("coop", co, QType::convrot_comfy_w4a4, 3, 136, 256, DType::f16, true);
+    add("coop", co, QType::convrot_int4, 2, 1032, 768, DType::bf16, true);
+    add("coop", co, QType::convrot_int4, 16, 136, 8448, DType::bf16, true);
+    add("coop", co, QType::convrot_comfy_w4a4, 5, 40, 512, DType::bf16, false);
   }
 #endif
 
