@@ -1151,7 +1151,11 @@ bool decode_tiles_applies(const DecodeParams& d) {
   }
   const TilesDevice info = tiles_device();
   if (!info.sm90) return false;
-  return tiles_layout(d, tiles_grid(d), d.x ? 8 : 4).smem <= info.max_smem;
+  // Fused with more rows than kTilesFuseLimit: the cooperative mode's layout (no fp32 row, depth
+  // 4), which the rotate-kernel fallback's also fits in.
+  const bool many = d.x && d.M > kTilesFuseLimit;
+  return tiles_layout(d, tiles_grid(d), d.x && !many ? 8 : 4, false, false, false, many).smem <=
+         info.max_smem;
 }
 
 namespace {
