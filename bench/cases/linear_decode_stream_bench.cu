@@ -324,33 +324,11 @@ class DecodeStreamBench : public BenchCase {
       DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
       DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
       DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
-      struct LV {
-        QType q;
-        int fused;  // 1: + the fused mode (fuse_max_m = 2), M <= 2; 2: cooperative (M <= 16)
-      };
-      for (const LV& lv : {LV{QType::convrot_int4, 0}, LV{QType::convrot_comfy_w4a4, 0},
-                           LV{QType::convrot_int4, 1}, LV{QType::convrot_comfy_w4a4, 1},
-                           LV{QType::convrot_int4, 2}, LV{QType::convrot_comfy_w4a4, 2}}) {
-        const QType q = lv.q;
-        const int fused = lv.fused;
-        if (fused == 1 && M > cl::kTilesFuseLimit) continue;
-        Row r;
-        r.family = "linear";
-        r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
-               qtype_name(q) + ": QuantizedLinear::forward (layer defaults" +
-               (fused == 1   ? " + fused mode, DecodeTilesTuning::fuse_max_m = 2"
-                : fused == 2 ? " + cooperative rotation, fuse_max_m = 16, coop"
-                             : "") +
-               "), per layer";
-        r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
-                  " bf16";
-        r.backend = "cuda";
-        r.flops = 2.0 * M * N * K;
-        r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
-        r.baseline_ms = base;
+      for (const QType q : {QType::convrot_int4, QType::convrot_comfy_w4a4}) {
+        std::vector<QuantizedLinear> layers;
+        Context ctx = env.ctx;
+        std::string failed;
         try {
-          Context ctx = env.ctx;
-          std::vector<QuantizedLinear> layers;
           std::mt19937_64 rng(31);
           for (int l = 0; l < kLayers; ++l) {
             PackedWeight w = make_packed_weight(q, N, K);
@@ -368,22 +346,62 @@ class DecodeStreamBench : public BenchCase {
             fill_f32(w.tensor_scale, 1.f);
             layers.push_back(QuantizedLinear::from_packed(w, Device::cuda, ctx));
           }
-          r.bytes = 2.0 * M * K + 2.0 * M * N +
-                    static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
-          cl::DecodeTilesTuning t;
-          t.fuse_max_m = fused == 2 ? 16 : 2;
-          t.coop = fused == 2;
-          if (fused) cl::set_layer_tiles_tuning(&t);
-          r.ms = env.time_ms([&] {
-                   for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);
-                 }) /
-                 kLayers;
-          cl::set_layer_tiles_tuning(nullptr);
         } catch (const std::exception& e) {
-          cl::set_layer_tiles_tuning(nullptr);
-          r.note = std::string("failed: ") + e.what();
+          failed = e.what();
         }
-        rows.push_back(r);
+        std::vector<float> ref;
+        // 0: the layer's defaults; 1: + the fused mode (fuse_max_m = 2, M <= 2); 2: + the
+        // cooperative rotation (coop, fuse_max_m = 16). Accuracy: last output's bits vs 0's.
+        for (const int fused : {0, 1, 2}) {
+          if (fused == 1 && M > cl::kTilesFuseLimit) continue;
+          Row r;
+          r.family = "linear";
+          r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
+                 qtype_name(q) + ": QuantizedLinear::forward (layer defaults" +
+                 (fused == 1   ? " + fused mode, DecodeTilesTuning::fuse_max_m = 2"
+                  : fused == 2 ? " + cooperative rotation, fuse_max_m = 16, coop"
+                               : "") +
+                 "), per layer";
+          r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
+                    " bf16";
+          r.backend = "cuda";
+          r.flops = 2.0 * M * N * K;
+          r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
+          r.baseline_ms = base;
+          if (!failed.empty()) {
+            r.note = "failed: " + failed;
+            rows.push_back(r);
+            continue;
+          }
+          try {
+            r.bytes = 2.0 * M * K + 2.0 * M * N +
+                      static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
+            cl::DecodeTilesTuning t;
+            t.fuse_max_m = fused == 2 ? 16 : 2;
+            t.coop = fused == 2;
+            if (fused) cl::set_layer_tiles_tuning(&t);
+            r.ms = env.time_ms([&] {
+                     for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);
+                   }) /
+                   kLayers;
+            cl::set_layer_tiles_tuning(nullptr);
+            synchronize(ctx);
+            const std::vector<float> got = to_host_f32(out.view);
+            if (ref.empty()) {
+              ref = got;
+            } else {
+              size_t diff = 0;
+              for (size_t i = 0; i < ref.size(); ++i)
+                if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
+              r.accuracy = diff ? std::to_string(diff) + " outputs differ from the defaults'"
+                                : "bit-identical to the defaults'";
+            }
+          } catch (const std::exception& e) {
+            cl::set_layer_tiles_tuning(nullptr);
+            r.note = std::string("failed: ") + e.what();
+          }
+          rows.push_back(r);
+        }
       }
     }
   }
