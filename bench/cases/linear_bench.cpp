@@ -382,6 +382,7 @@ class DecodeRingBench : public BenchCase {
                        V{"rotate + tiles, 4-byte fold tables (registers)", true, 0, 4, true},
                        V{"rotate + tiles, per-block activation barriers", true, 0, 4, false,
                          true},
+                       V{"rotate + tiles, ring depth 6", true, 0, 6},
                        V{"tiles, cooperative rotation (one kernel)", false, 1, 4, false, false,
                          true}}) {
       cl::DecodeParams fc = fv;  // cooperative: the rotate kernel's buffers as the scratch
