@@ -145,33 +145,6 @@ class LayerBench : public BenchCase {
             rows.push_back(r);
             r = f;
           }
-#ifdef LOWBIT_WITH_CUDA
-          if (!decode && s.m >= 32768 && env.device == Device::cuda &&
-              (q == QType::convrot8 || q == QType::convrot_fp8)) {
-            // Session 7 A/B: the same layer with its rotate kernel fetching two rows ahead;
-            // accuracy: output bits against the default's.
-            layer.set_fp8_fast_accumulation(true);
-            layer.forward(x.view, &bias.view, out.view, ctx);
-            synchronize(ctx);
-            const std::vector<float> ref = to_host_f32(out.view);
-            rows.push_back(r);
-            r.op = std::string("QuantizedLinear::forward ") + qtype_name(q) + " (" + s.tag +
-                   "), rotate kernel 2 rows ahead";
-            cuda::linear::set_layer_rotate_ahead(2);
-            try {
-              r.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
-            } catch (...) {
-              cuda::linear::set_layer_rotate_ahead(1);
-              throw;
-            }
-            cuda::linear::set_layer_rotate_ahead(1);
-            synchronize(ctx);
-            const std::vector<float> got = to_host_f32(out.view);
-            r.accuracy = std::memcmp(got.data(), ref.data(), 4 * got.size()) == 0
-                             ? "bit-identical to the default"
-                             : "output DIFFERS from the default";
-          }
-#endif
         } catch (const std::exception& e) {
           r.note = std::string("failed: ") + e.what();
         }
@@ -242,36 +215,6 @@ class RotateBench : public BenchCase {
           q.note = std::string("failed: ") + e.what();
         }
         rows.push_back(q);
-#ifdef LOWBIT_WITH_CUDA
-        // Session 7 A/B: the register kernel fetching two rows ahead (RotateQuantParams::ahead);
-        // accuracy: its codes and scales against the default's, bitwise.
-        if (env.device == Device::cuda && rot == 256) {
-          synchronize(ctx);
-          const std::vector<float> ref_s = to_host_f32(scales.view);
-          std::vector<uint8_t> ref_c(static_cast<size_t>(m * k)), got_c(ref_c.size());
-          cudaMemcpy(ref_c.data(), c.view.data, ref_c.size(), cudaMemcpyDeviceToHost);
-          Row a = q;
-          a.op += ", 2 rows ahead";
-          try {
-            cuda::linear::set_layer_rotate_ahead(2);
-            a.ms = env.time_ms(
-                [&] { rotate_quantize_activations(x.view, qt, rot, c.view, scales.view, ctx); });
-            cuda::linear::set_layer_rotate_ahead(1);
-            a.note = copy_share(a);
-            synchronize(ctx);
-            const std::vector<float> got_s = to_host_f32(scales.view);
-            cudaMemcpy(got_c.data(), c.view.data, got_c.size(), cudaMemcpyDeviceToHost);
-            const bool same = got_c == ref_c &&
-                              std::memcmp(got_s.data(), ref_s.data(), 4 * got_s.size()) == 0;
-            a.accuracy = same ? "codes + scales bit-identical to the default"
-                              : "codes or scales DIFFER from the default";
-          } catch (const std::exception& e) {
-            cuda::linear::set_layer_rotate_ahead(1);
-            a.note = std::string("failed: ") + e.what();
-          }
-          rows.push_back(a);
-        }
-#endif
       }
     }
     return rows;
@@ -375,16 +318,14 @@ class DecodeRingBench : public BenchCase {
     // slower, the async activation copy faster at M = 16 and the early trigger faster in a stream
     // of layers (linear.decode_stream): both are the default since (run 11's default trimmed in
     // session 7). Session 7: the fused mode on the register rotation, ring depth 4 / 8.
-    for (const V& v : {V{"rotate + tiles, smem ring (default)", true, 0, 4},
+    // Run 16 trimmed the fused depth 8, 4-byte tables, per-block activation barriers and ring
+    // depth 6 rows (slower).
+    for (const V& v : {V{"rotate + tiles, smem ring (two kernels: session-6 default)", true, 0, 4},
                        V{"tiles alone, smem ring (codes on the device)", false, 0, 4},
-                       V{"tiles fused, register rotation, depth 4 (one kernel)", false, 1, 4},
-                       V{"tiles fused, register rotation, depth 8 (one kernel)", false, 1, 8},
-                       V{"rotate + tiles, 4-byte fold tables (registers)", true, 0, 4, true},
-                       V{"rotate + tiles, per-block activation barriers", true, 0, 4, false,
-                         true},
-                       V{"rotate + tiles, ring depth 6", true, 0, 6},
-                       V{"tiles, cooperative rotation (one kernel)", false, 1, 4, false, false,
-                         true}}) {
+                       V{"tiles fused, register rotation (one kernel; layer default M <= 2)", false,
+                         1, 4},
+                       V{"tiles, cooperative rotation (one kernel; layer default M > 2)", false, 1,
+                         4, false, false, true}}) {
       cl::DecodeParams fc = fv;  // cooperative: the rotate kernel's buffers as the scratch
       fc.a = sep.a;
       fc.lda = sep.lda;

@@ -218,22 +218,14 @@ class DecodeStreamBench : public BenchCase {
         // trims run 11's default and the register activation copy (settled, runs 12-13) and
         // A/Bs the fused mode on the register rotation (depth 4 / 8) against session 4's.
         for (const V& v :
-             {V{"rotate (PDL) + tiles (layer default: trigger, async activation copy)", true, true,
-                true, 0, false, true},
-              V{"tiles fused, shared-memory rotation (session 4), trigger", false, false, true, 0,
-                false, true, true, false, 8},
-              V{"tiles fused, register rotation, depth 4, trigger", false, false, true, 0, false,
-                true, true, true, 4},
-              V{"tiles fused, register rotation, depth 8, trigger", false, false, true, 0, false,
-                true, true, true, 8},
-              V{"rotate (PDL) + tiles, 4-byte fold tables (registers)", true, true, true, 0,
-                false, true, false, false, 4, true},
-              V{"tiles fused, register rotation, depth 4, 4-byte fold tables", false, false, true,
-                0, false, true, true, true, 4, true},
-              V{"rotate (PDL) + tiles, per-block activation barriers", true, true, true, 0, false,
-                true, false, false, 4, false, true},
-              V{"tiles, cooperative rotation (CTA m rotates row m; one kernel per layer)", false,
-                false, true, 0, false, true, true, true, 4, false, false, true},
+             {V{"rotate (PDL) + tiles (two kernels: session-6 default, trigger, async activation "
+                "copy)",
+                true, true, true, 0, false, true},
+              V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
+                false, false, true, 0, false, true, true, true, 4},
+              V{"tiles, cooperative rotation (CTA m rotates row m; one kernel per layer; layer "
+                "default M > 2)",
+                false, false, true, 0, false, true, true, true, 4, false, false, true},
               V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false,
                 true}}) {
           Row r;
@@ -350,17 +342,15 @@ class DecodeStreamBench : public BenchCase {
           failed = e.what();
         }
         std::vector<float> ref;
-        // 0: the layer's defaults; 1: + the fused mode (fuse_max_m = 2, M <= 2); 2: + the
-        // cooperative rotation (coop, fuse_max_m = 16). Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1, 2}) {
-          if (fused == 1 && M > cl::kTilesFuseLimit) continue;
+        // 0: the layer's defaults (session 7: fused M <= 2, cooperative rotation M > 2); 1: the
+        // session-6 two-kernel path (fuse_max_m = 0). Accuracy: last output's bits vs 0's.
+        for (const int fused : {0, 1}) {
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
-                 qtype_name(q) + ": QuantizedLinear::forward (layer defaults" +
-                 (fused == 1   ? " + fused mode, DecodeTilesTuning::fuse_max_m = 2"
-                  : fused == 2 ? " + cooperative rotation, fuse_max_m = 16, coop"
-                               : "") +
+                 qtype_name(q) + ": QuantizedLinear::forward (" +
+                 (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
+                             : "layer defaults") +
                  "), per layer";
           r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
                     " bf16";
@@ -377,8 +367,7 @@ class DecodeStreamBench : public BenchCase {
             r.bytes = 2.0 * M * K + 2.0 * M * N +
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
-            t.fuse_max_m = fused == 2 ? 16 : 2;
-            t.coop = fused == 2;
+            t.fuse_max_m = 0;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

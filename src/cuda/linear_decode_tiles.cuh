@@ -96,11 +96,15 @@ struct DecodeTilesTuning {
   // trigger: 25.5 -> 23.9), neutral elsewhere: the default since.
   bool async_act = true;
   // Session 7: the largest M (at most kTilesFuseLimit; with `coop` at most 16) for which
-  // QuantizedLinear::forward runs the
-  // fused mode: no rotate kernel, every CTA rotates + quantizes x in its prologue after its
-  // first weight requests and griddepcontrol.wait (one launch per layer: a stream of layers
-  // chains GEMV -> GEMV under `trigger`). 0: the rotate kernel + PDL (sessions 4-6).
-  int fuse_max_m = 0;
+  // QuantizedLinear::forward runs the fused mode: no rotate kernel, every CTA rotates +
+  // quantizes x in its prologue after its first weight requests and griddepcontrol.wait (one
+  // launch per layer: a stream of layers chains GEMV -> GEMV under `trigger`); with `coop`,
+  // M > kTilesFuseLimit rotates cooperatively. 0: the rotate kernel + PDL (sessions 4-6).
+  // H200 run 16, stream of 8 layers, per layer: convrotint4 / comfy M = 1 18.4 / 15.4 ->
+  // 17.3 / 14.2 us (fused), M = 16 24.2 / 22.7 -> 22.8 / 21.7 (coop), all bits equal: the
+  // default since. A single call after an L2 flush is slower (M = 1 int4 20.2 -> 22.1, M = 16
+  // 25.2 -> 28.8: nothing hides the prologue there); fuse_max_m = 0 restores the two kernels.
+  int fuse_max_m = 16;
   // Session 7: the fused prologue on the register rotation (the register rotate kernel's
   // arithmetic: 16 elements per thread, one barrier per row, no fp32 row in shared memory; K <=
   // 8192 and 16-byte x rows, else the shared-memory rotation), at ring depth `depth` (8 or 4).
@@ -117,9 +121,10 @@ struct DecodeTilesTuning {
   // scratch and counts itself done in a per-stream global counter; every CTA waits for the M
   // rows (after its first weight requests), then copies them as in the two-kernel path. No
   // rotate kernel between layers for any M <= 16 (the redundant fused mode: M <= 2); every
-  // CTA must be resident at once (grid = SMs, one CTA per SM). The layer takes it for M <=
-  // fuse_max_m (then up to 16). Fused calls without scratch keep the redundant mode.
-  bool coop = false;
+  // CTA must be resident at once (grid = SMs, one CTA per SM). The layer takes it for
+  // kTilesFuseLimit < M <= fuse_max_m (M <= kTilesFuseLimit: the redundant mode, faster at
+  // M = 1 in run 16: 17.3 vs 17.8 us). Fused calls without scratch keep the redundant mode.
+  bool coop = true;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).

@@ -94,7 +94,6 @@ void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* c
                             bool pdl = false) {
   linear::RotateQuantParams p;
   p.pdl = pdl;
-  p.ahead = linear::layer_rotate_ahead();
   p.x = x.data;
   p.x_dtype = x.dtype;
   p.x_row_stride = x.ndim > 1 ? x.stride[0] : x.shape[0];
@@ -319,8 +318,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   const linear::DecodeTilesTuning tiles_tuning = linear::layer_tiles_tuning();
   const bool tiles_in = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 &&
                         M <= tiles_tuning.fuse_max_m;
-  const bool tiles_coop = tiles_in && tiles_tuning.coop && M <= 16;
-  const bool tiles_fuse = tiles_in && !tiles_coop && M <= linear::kTilesFuseLimit;
+  const bool tiles_fuse = tiles_in && M <= linear::kTilesFuseLimit;
+  const bool tiles_coop = tiles_in && !tiles_fuse && tiles_tuning.coop && M <= 16;
   if (fmt != ActFormat::e4m3 &&
       (tiles_fuse || M <= linear::kRingFuseMaxM || linear::decode_can_fuse(M, K))) {
     // Few decode rows: one kernel rotates, quantizes and multiplies (bit-identical to

@@ -55,10 +55,6 @@ struct RotateQuantParams {
   // DecodeTilesTuning::trigger) and waits (griddepcontrol.wait) for it before touching memory.
   // The legacy kernel ignores it.
   bool pdl = false;
-  // Register kernel, 16-bit x, rot 256, int8 / int4 / e4m3: rows fetched 1 (default) or 2 ahead
-  // of the one being computed (session 7: the kernel is at ~50 % of copy bandwidth with 30 KB
-  // of loads in flight per SM at Wan; two rows double that). Same arithmetic, same bits.
-  int ahead = 1;
 };
 // Parameters for contiguous rows: x (M, K) x_dtype, codes (M, K) one byte per code (row stride
 // K bytes), scales (M) fp32. The callers that rotate + quantize whole contiguous rows (the layer's
@@ -84,10 +80,6 @@ int64_t rotate_quantize_smem_bytes(int64_t K);
 // Largest K the fused kernel takes on the current device.
 int64_t rotate_quantize_max_k();
 void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream);
-// RotateQuantParams::ahead for the layer's rotations (QuantizedLinear::forward,
-// rotate_quantize_activations): 1 unless a test or bench row set another value (process-wide).
-int layer_rotate_ahead();
-void set_layer_rotate_ahead(int ahead);
 
 // Quantized GEMM out(M, N) = epilogue(A(M, K) · B(N, K)ᵀ), both operands K-contiguous.
 enum class GemmKind : int {

@@ -17,7 +17,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <atomic>
 #include <type_traits>
 
 #include "lowbit/dtype.h"
@@ -191,7 +190,7 @@ __device__ __forceinline__ void load16(const T* p, bool in, bool vec, float v[16
   for (int j = 0; j < 16; ++j) v[j] = to_f32<T>(p[j]);
 }
 
-template <typename T, int ROT, ActFormat FMT, int AHEAD>
+template <typename T, int ROT, ActFormat FMT>
 __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(RotateQuantParams p,
                                                                            bool vec_in,
                                                                            bool vec_out) {
@@ -208,11 +207,11 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
   const bool in = tid * 16 < K;
   const int g = reg_group<ROT>(tid);
   const int out0 = reg_out0<ROT>(tid);
-  // Rows blockIdx.x, + gridDim.x, ...: the next AHEAD rows' 32 (f32: 64) bytes are loaded while
-  // this one is computed, so a CTA keeps its loads in flight through the barrier and the stores
-  // (AHEAD 2: two rows ahead, in two register buffers used alternately).
+  // Rows blockIdx.x, + gridDim.x, ...: the next row's 32 (f32: 64) bytes are loaded while this
+  // one is computed, so a CTA keeps its loads in flight through the barrier and the stores.
+  // (Two rows ahead in two register buffers, session 7, was no faster: H200 run 16.)
   constexpr int kRaw = sizeof(T) == 2 ? 2 : 4;
-  uint4 raw[AHEAD][kRaw];
+  uint4 raw[kRaw];
   auto fetch = [&](int64_t r, uint4* buf) {
     if (in && vec_in && r < p.M) {
       const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) +
@@ -221,8 +220,8 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
       for (int q = 0; q < kRaw; ++q) buf[q] = __ldg(src + q);
     }
   };
-  // Row `row` from buf (then refilled with row + AHEAD · gridDim.x); parity: the warp_amax
-  // buffer, alternating between consecutive rows of the CTA.
+  // Row `row` from buf (then refilled with row + gridDim.x); parity: the warp_amax buffer,
+  // alternating between consecutive rows of the CTA.
   auto process = [&](int64_t row, uint4* buf, int parity) {
     float v[16];
     if (in && vec_in) {
@@ -230,7 +229,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
     } else {
       load16<T>(static_cast<const T*>(p.x) + row * p.x_row_stride + tid * 16, in, false, v);
     }
-    fetch(row + AHEAD * static_cast<int64_t>(gridDim.x), buf);
+    fetch(row + static_cast<int64_t>(gridDim.x), buf);
     float y[16];  // in output order
     rotate16<ROT>(v, g, y);
 
@@ -323,20 +322,10 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
       }
     }
   };
-#pragma unroll
-  for (int a = 0; a < AHEAD; ++a) fetch(blockIdx.x + a * static_cast<int64_t>(gridDim.x), raw[a]);
-  const int64_t G = gridDim.x;
+  fetch(blockIdx.x, raw);
   int parity = 0;
-  for (int64_t row = blockIdx.x; row < p.M; row += AHEAD * G) {
-    process(row, raw[0], parity);
-    parity ^= 1;
-    if constexpr (AHEAD == 2) {
-      if (row + G < p.M) {
-        process(row + G, raw[1], parity);
-        parity ^= 1;
-      }
-    }
-  }
+  for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x, parity ^= 1)
+    process(row, raw, parity);
 }
 
 template <typename T, int ROT, ActFormat FMT>
@@ -353,13 +342,8 @@ void launch_reg(const RotateQuantParams& p, cudaStream_t stream) {
     const int64_t a = FMT == ActFormat::nvfp4 ? 8 : 16;
     vec_out = reinterpret_cast<uintptr_t>(p.codes) % a == 0 && p.codes_row_stride % a == 0;
   }
-  // As many CTAs as are resident at once (each loops over rows), at most one per row. Two rows
-  // ahead (RotateQuantParams::ahead) exists for 16-bit x, rot 256 and the per-token formats.
-  constexpr bool kAhead2 = sizeof(T) == 2 && ROT == 256 &&
-                           (FMT == ActFormat::int8 || FMT == ActFormat::int4 ||
-                            FMT == ActFormat::e4m3);
-  auto kernel = kAhead2 && p.ahead == 2 ? rotate_quantize_reg_kernel<T, ROT, FMT, kAhead2 ? 2 : 1>
-                                        : rotate_quantize_reg_kernel<T, ROT, FMT, 1>;
+  // As many CTAs as are resident at once (each loops over rows), at most one per row.
+  auto kernel = rotate_quantize_reg_kernel<T, ROT, FMT>;
   const int sms = multiprocessor_count();
   int64_t grid = p.M;
   if (p.M > sms) {
@@ -446,13 +430,6 @@ int64_t rotate_quantize_max_k() {
              "rotate_quantize", "attribute");
   return (static_cast<int64_t>(optin) - 1024) / 4 / 256 * 256;
 }
-
-namespace {
-std::atomic<int> g_rotate_ahead{1};
-}  // namespace
-
-int layer_rotate_ahead() { return g_rotate_ahead.load(); }
-void set_layer_rotate_ahead(int ahead) { g_rotate_ahead.store(ahead == 2 ? 2 : 1); }
 
 void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.K == 0) return;

@@ -66,13 +66,11 @@ class RotateCase : public Case {
 // rotate_quantize_activations: codes and scales bit-exact for every activation format.
 class RotateQuantizeCase : public Case {
  public:
-  // ahead: RotateQuantParams::ahead for the CUDA run (set_layer_rotate_ahead, restored after).
-  RotateQuantizeCase(QType q, int64_t m, int64_t k, DType in, int64_t pad, int ahead = 1)
-      : q_(q), m_(m), k_(k), in_(in), pad_(pad), ahead_(ahead) {}
+  RotateQuantizeCase(QType q, int64_t m, int64_t k, DType in, int64_t pad)
+      : q_(q), m_(m), k_(k), in_(in), pad_(pad) {}
   std::string name() const override {
     return std::string("linear.gpu.rotate_quantize.") + qtype_name(q_) + "." + dt_tag(in_) + ".M" +
-           std::to_string(m_) + ".K" + std::to_string(k_) + (pad_ ? ".strided" : "") +
-           (ahead_ != 1 ? ".ahead" + std::to_string(ahead_) : "");
+           std::to_string(m_) + ".K" + std::to_string(k_) + (pad_ ? ".strided" : "");
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
     HostTensor x(in_, {m_, k_ + pad_});
@@ -106,12 +104,6 @@ class RotateQuantizeCase : public Case {
   }
   void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
            Context& ctx) const override {
-#ifdef LOWBIT_WITH_CUDA
-    struct Restore {
-      ~Restore() { cuda::linear::set_layer_rotate_ahead(1); }
-    } restore;
-    if (in[0].device == Device::cuda) cuda::linear::set_layer_rotate_ahead(ahead_);
-#endif
     rotate_quantize_activations(narrow_cols(in[0], k_), q_, rotation_block(k_), out[0], out[1],
                                 ctx);
   }
@@ -121,7 +113,6 @@ class RotateQuantizeCase : public Case {
   int64_t m_, k_;
   DType in_;
   int64_t pad_;
-  int ahead_;
 };
 
 // The full layer: quantize W (O, K) on the host, forward x (M, K) [+ bias] on the backend.
@@ -293,17 +284,6 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     cases.push_back(std::make_unique<RotateQuantizeCase>(q, 333, 768, DType::f16, 8));
   }
   cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 3, 16640, DType::bf16, 0));
-  // Session 7: the register kernel two rows ahead (16-bit x, rot 256, per-token formats; others
-  // take the one-ahead kernel): CTAs that loop over 2-6 rows (1001 rows of K 5120 on 396 CTAs,
-  // 20000 rows of K 256), the row count odd per CTA, strided unaligned rows (scalar loads).
-  for (QType q : {QType::convrot8, QType::convrot_fp8, QType::convrot_comfy_w4a4})
-    cases.push_back(std::make_unique<RotateQuantizeCase>(q, 1001, 5120, DType::bf16, 0, 2));
-  cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot8, 20000, 256, DType::f16, 0,
-                                                       2));
-  cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot_fp8, 999, 1280, DType::f16,
-                                                       3, 2));
-  cases.push_back(std::make_unique<RotateQuantizeCase>(QType::convrot4, 333, 768, DType::bf16, 0,
-                                                       2));
   cases.push_back(std::make_unique<RotateCase>(3, 5120, 256, DType::bf16, DType::bf16, 0));
   cases.push_back(std::make_unique<RotateCase>(4, 320, 64, DType::bf16, DType::f16, 5));
 
@@ -405,12 +385,14 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   {
     namespace cl = cuda::linear;
     cl::DecodeTilesTuning sp;
+    sp.fuse_max_m = 0;  // the two-kernel path (the fused modes do not take these variants)
     sp.spread = true;
     cl::DecodeTilesTuning all = sp;
     all.trigger = true;
     all.l2_prefetch = 4;
     all.async_act = true;
     cl::DecodeTilesTuning aa;  // run 11's default: no early trigger, register activation copy
+    aa.fuse_max_m = 0;
     aa.trigger = false;
     aa.async_act = false;
     cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 1, 5000,
@@ -461,6 +443,7 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     // The 4-byte fold tables decoded in registers (DecodeTilesTuning::table4), with the rotate
     // kernel (M 1, 3, 16) and fused (M 2).
     cl::DecodeTilesTuning t4;
+    t4.fuse_max_m = 0;
     t4.table4 = true;
     cl::DecodeTilesTuning t4f = fr;
     t4f.table4 = true;
@@ -471,6 +454,7 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     // Activation codes with one mbarrier per 128-column block (DecodeTilesTuning::act_mbar):
     // M 16 / 9 / 1 / 5, K 768 .. 8192 (ipt 6 .. 64), comfy sums from the pieces.
     cl::DecodeTilesTuning am;
+    am.fuse_max_m = 0;
     am.act_mbar = true;
     add("act_mbar", am, QType::convrot_comfy_w4a4, 16, 4104, 768, DType::bf16, true);
     add("act_mbar", am, QType::convrot_int4, 9, 264, 1280, DType::f16, false);
@@ -480,9 +464,15 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     // The cooperative rotation (coop, fuse_max_m 16: CTA m rotates row m into scratch, every CTA
     // waits for the M rows): M 16 / 9 / 1 / 3 / 2; K 8448 > 8192 and M 5 > 3 CTAs (O 40) fall
     // back to the rotate kernel into the scratch.
-    cl::DecodeTilesTuning co;
+    cl::DecodeTilesTuning co;  // (the layer's default since run 16, M > 2; M <= 2 redundant)
     co.fuse_max_m = 16;
     co.coop = true;
+    // The session-6 default (rotate kernel + PDL, then the GEMV) stays covered.
+    cl::DecodeTilesTuning two;
+    two.fuse_max_m = 0;
+    add("two_kernels", two, QType::convrot_int4, 1, 5000, 1280, DType::bf16, true);
+    add("two_kernels", two, QType::convrot_comfy_w4a4, 16, 264, 768, DType::f16, false);
+    add("two_kernels", two, QType::convrot_int4, 7, 136, 5120, DType::bf16, true);
     add("coop", co, QType::convrot_comfy_w4a4, 16, 4104, 768, DType::bf16, true);
     add("coop", co, QType::convrot_int4, 9, 5000, 1280, DType::f16, false);
     add("coop", co, QType::convrot_int4, 1, 264, 5120, DType::bf16, true);
