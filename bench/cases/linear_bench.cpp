@@ -310,37 +310,32 @@ class DecodeRingBench : public BenchCase {
       bool rotate;  // the rotate kernel first (the layer), else the GEMV alone
       int fused;    // 0: codes in; 1: fused, register rotation; depth below
       int depth;
-      bool table4 = false;  // DecodeTilesTuning::table4 (packed 4-bit only)
-      bool act_mbar = false;  // DecodeTilesTuning::act_mbar
       bool coop = false;      // fused + DecodeTilesTuning::coop
     };
     // Session 6, H200 run 12 (every row bit-identical): L2 prefetch and the spread split were
     // slower, the async activation copy faster at M = 16 and the early trigger faster in a stream
     // of layers (linear.decode_stream): both are the default since (run 11's default trimmed in
-    // session 7). Session 7: the fused mode on the register rotation, ring depth 4 / 8.
-    // Run 16 trimmed the fused depth 8, 4-byte tables, per-block activation barriers and ring
-    // depth 6 rows (slower).
+    // session 7). Session 7: the fused modes (register rotation in every CTA, M <= 2; the
+    // cooperative rotation, M > 2), the layer's default since run 16 (a stream of layers gains;
+    // this single cold call does not). Run 16 removed the fused depth 8, 4-byte tables,
+    // per-block activation barriers and ring depth 6 rows (slower).
     for (const V& v : {V{"rotate + tiles, smem ring (two kernels: session-6 default)", true, 0, 4},
                        V{"tiles alone, smem ring (codes on the device)", false, 0, 4},
                        V{"tiles fused, register rotation (one kernel; layer default M <= 2)", false,
                          1, 4},
                        V{"tiles, cooperative rotation (one kernel; layer default M > 2)", false, 1,
-                         4, false, false, true}}) {
+                         4, true}}) {
       cl::DecodeParams fc = fv;  // cooperative: the rotate kernel's buffers as the scratch
       fc.a = sep.a;
       fc.lda = sep.lda;
       fc.ep.a_scale = sep.ep.a_scale;
       if (v.coop && !cl::decode_tiles_applies(fc)) continue;
       if (v.fused && !v.coop && !cl::decode_tiles_applies(fv)) continue;
-      if (v.table4 && d.w.format != cl::WeightFormat::packed) continue;
       Row c = row(v.name);
       cl::DecodeTilesTuning t;
       t.depth = v.depth;
-      t.table4 = v.table4;
-      t.act_mbar = v.act_mbar;
       t.coop = v.coop;
       tile_bytes(c);
-      if (v.table4) c.bytes -= 64.0 * ((N + 15) / 16) * (K / 128);
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);
         cl::decode_tiles_with(v.coop ? fc : (v.fused ? fv : tv), t, s);

@@ -207,8 +207,6 @@ class DecodeStreamBench : public BenchCase {
           bool fused = false;  // no rotate kernel: the GEMV rotates + quantizes x (M <= 2)
           bool fuse_reg = false;  // DecodeTilesTuning::fuse_reg (fused: register rotation)
           int depth = 4;          // DecodeTilesTuning::depth
-          bool table4 = false;    // DecodeTilesTuning::table4 (convrotint4 only)
-          bool act_mbar = false;  // DecodeTilesTuning::act_mbar
           bool coop = false;      // fused + DecodeTilesTuning::coop (scratch codes / scales)
         };
         std::vector<float> ref;
@@ -225,7 +223,7 @@ class DecodeStreamBench : public BenchCase {
                 false, false, true, 0, false, true, true, true, 4},
               V{"tiles, cooperative rotation (CTA m rotates row m; one kernel per layer; layer "
                 "default M > 2)",
-                false, false, true, 0, false, true, true, true, 4, false, false, true},
+                false, false, true, 0, false, true, true, true, 4, true},
               V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false,
                 true}}) {
           Row r;
@@ -246,11 +244,7 @@ class DecodeStreamBench : public BenchCase {
           t.async_act = v.async_act;
           t.fuse_reg = v.fuse_reg;
           t.depth = v.depth;
-          t.table4 = v.table4;
-          t.act_mbar = v.act_mbar;
           t.coop = v.coop;
-          if (v.table4 && comfy) continue;  // comfy has no fold tables
-          if (v.table4) r.bytes -= 64.0 * ((N + 15) / 16) * (K / 128);
           cl::RotateQuantParams rp = rq;
           rp.pdl = v.pdl;
           cl::DecodeParams dl = d;

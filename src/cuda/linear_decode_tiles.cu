@@ -49,10 +49,6 @@ namespace {
 constexpr int kItemCols = 128;                  // columns of one item (one fold group)
 constexpr int kItemBytes = 1024;                // 16 rows x 128 columns of 4-bit codes
 constexpr int kTableBytes = 128;                // 16 rows x 8-byte fold tables (packed 4-bit)
-constexpr int kTable4Bytes = 64;                // 16 rows x the same tables in 4 bytes
-// Kernel-only kind: packed 4-bit reading the 4-byte tables (each lane decodes its rows' two in
-// registers, decode_table4).
-constexpr int kTilesInt4C = 2;
 constexpr int kTilesWarps = 16;                 // warps per CTA
 constexpr int kTilesThreads = kTilesWarps * 32;
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
@@ -60,21 +56,8 @@ constexpr int kTilesMaxRegs = 88;
 constexpr int kSharedTileInts = 256;  // spread: per leftover tile, 16 columns x up to 16 tokens
 
 __host__ __device__ constexpr int slot_bytes(int kind) {
-  return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0) +
-         (kind == kTilesInt4C ? kTable4Bytes : 0);
+  return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0);
 }
-// 4-byte table word e -> T[0..3], T[4..7]. Encoding (build_tile_tables_kernel): byte j of e
-// holds n_{4+j} = T[4+j] - (4+j)·T1 + 8 in its low nibble; the high nibbles hold T1 = T[1]
-// (bits 4..7 of byte 0, bit 4 of byte 1), n2 (byte 2) and n3 (byte 3). Every byte of
-// m·T1 + n_m - 8 is T[m] in [0, 127], so the 32-bit sums below carry nothing between bytes.
-__device__ __forceinline__ void decode_table4(uint32_t e, uint32_t* lo, uint32_t* hi) {
-  const uint32_t h = (e >> 4) & 0x0f0f0f0fu;
-  const uint32_t t1 = (h & 0xfu) | ((h >> 4) & 0x10u);
-  const uint32_t lo_n = (h & 0x0f0f0000u) | 0x00000808u;
-  *lo = t1 * 0x03020100u + lo_n - 0x08080808u;
-  *hi = t1 * 0x07060504u + (e & 0x0f0f0f0fu) - 0x08080808u;
-}
-
 struct TilesLayout {
   int64_t tiles = 0;      // ceil(N / 16)
   int ipt = 0;            // items per tile, K / 128
@@ -105,10 +88,6 @@ struct TilesLayout {
   int l2_prefetch = 0;      // items per warp prefetched into L2 before griddepcontrol.wait
   int act_async = 0;        // activation rows copied with cp.async (all rows in flight)
   int fuse_reg = 0;         // fused: the register rotation (no srow) instead of the smem one
-  // Activation rows by cp.async with one mbarrier per 128-column block (ipt of them at abar_off):
-  // an item waits for its own block only, not for all M x K bytes (codes from p.a only).
-  int act_mbar = 0;
-  int abar_off = 0;
   // Cooperative rotation (fused instances, x in): CTA b < M rotates row b into p.a / p.ep.a_scale
   // (global), counts itself in coop_cnt[0]; every CTA waits for M, copies the codes, counts
   // itself in coop_cnt[1]; the last one re-zeroes both (before the grid completes).
@@ -178,7 +157,7 @@ __global__ void build_tile_codes_kernel(PackedWeightRef w, int kind, int ipt, in
 // One thread per (tile row, group): the 8-byte table T[m] = fold(m), m = 0..7, at
 // (t · ipt + g) · 128 + (r & 7) · 16 + (r >> 3) · 8 (r = row mod 16).
 __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t tiles, uint8_t* out,
-                                         uint8_t* out4, int* flag) {
+                                         int* flag) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= tiles * 16 * ipt) return;
   const int64_t row = idx / ipt, g = idx - row * ipt;
@@ -186,7 +165,6 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
   const int r = static_cast<int>(row & 15);
   uint8_t* dst = out + (t * ipt + g) * kTableBytes + (r & 7) * 16 + (r >> 3) * 8;
   int bad = 0;
-  int32_t tab[8];
   for (int m = 0; m < 8; ++m) {
     int32_t v = 0;
     if (row < w.N) {
@@ -199,22 +177,6 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
       }
     }
     dst[m] = static_cast<uint8_t>(v & 0xff);
-    tab[m] = v;
-  }
-  // The 4-byte form (decode_table4), row r of the item at (t · ipt + g) · 64 + r · 4.
-  const int32_t t1 = tab[1];
-  int32_t n[8];
-  for (int m = 2; m < 8; ++m) {
-    n[m] = tab[m] - m * t1 + 8;
-    if (n[m] < 0 || n[m] > 15) bad = 1;
-  }
-  if (tab[0] != 0 || t1 < 0 || t1 > 31) bad = 1;
-  if (!bad) {
-    uint8_t* d4 = out4 + (t * ipt + g) * kTable4Bytes + r * 4;
-    d4[0] = static_cast<uint8_t>(n[4] | (t1 & 15) << 4);
-    d4[1] = static_cast<uint8_t>(n[5] | ((t1 >> 4) & 1) << 4);
-    d4[2] = static_cast<uint8_t>(n[6] | n[2] << 4);
-    d4[3] = static_cast<uint8_t>(n[7] | n[3] << 4);
   }
   if (bad) atomicOr(flag, 1);
 }
@@ -439,7 +401,6 @@ __global__ void __maxnreg__(kTilesMaxRegs)
                           : (warp + 1) * items / W - jb;
   const uint8_t* codes = p.tiles;
   const uint8_t* tables = p.tiles + T * ipt * kItemBytes;
-  const uint8_t* tables4 = tables + T * ipt * kTableBytes;
   // Local item j -> its index in the layout (spread: leftover items first; step is 1 there).
   auto gidx = [&](int k) -> int64_t {
     const int j = jb + step * k;
@@ -456,15 +417,6 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     __syncthreads();
   }
   const uint32_t bar0 = smem_u32(&s_bar[warp * D]);
-  // act_mbar: block b's barrier expects one arrival per 16-byte piece (8 per row, 8 M in all),
-  // each from a different thread (the pieces of a block are 8 M <= 128 consecutive indices of
-  // the round-robin below).
-  const bool act_mbar = !kFused && L.act_mbar != 0;
-  const uint32_t abar = smem_u32(dsm + L.abar_off);
-  if (act_mbar) {
-    for (int i = threadIdx.x; i < ipt; i += kTilesThreads) mbar_init(abar + 8u * i, 8u * M);
-    mbar_fence_init();
-  }
 
   // Item k of this warp into slot s: lane l copies its 16 bytes of both chunks, lanes 0..7 the
   // tables of rows l and l + 8 (packed 4-bit); bulk: lane 0 copies the item's 1 KB and its
@@ -475,14 +427,11 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     if (bulk) {  // warp-uniform
       if (lane == 0) {
         const uint32_t bar = bar0 + 8u * s;
-        const uint32_t tb =
-            KIND == kTilesInt4 ? kTableBytes : (KIND == kTilesInt4C ? kTable4Bytes : 0);
+        const uint32_t tb = KIND == kTilesInt4 ? kTableBytes : 0;
         mbar_arrive_expect_tx(bar, kItemBytes + tb);
         bulk_g2s(smem_u32(slot), codes + gi * kItemBytes, kItemBytes, bar);
         if (KIND == kTilesInt4)
           bulk_g2s(smem_u32(slot + kItemBytes), tables + gi * kTableBytes, kTableBytes, bar);
-        if (KIND == kTilesInt4C)
-          bulk_g2s(smem_u32(slot + kItemBytes), tables4 + gi * kTable4Bytes, kTable4Bytes, bar);
       }
       return;
     }
@@ -491,8 +440,6 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
     if (KIND == kTilesInt4 && lane < 8)
       cp_async16(smem_u32(slot + kItemBytes + lane * 16), tables + gi * kTableBytes + lane * 16);
-    if (KIND == kTilesInt4C && lane < 4)
-      cp_async16(smem_u32(slot + kItemBytes + lane * 16), tables4 + gi * kTable4Bytes + lane * 16);
   };
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
@@ -533,7 +480,6 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   ptx::griddep_wait();  // the activation codes come from the preceding kernel
   __syncthreads();
   Epilogue ep = p.ep;
-  const int act_pieces = 8 * M * ipt;  // act_mbar: piece q = (block b, row m, 16-byte chunk c)
   bool coop_done = false;
   if constexpr (kFused) {
     if (L.coop) {
@@ -567,16 +513,6 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   }
   if (coop_done) {
     // the cooperative rotation above
-  } else if (act_mbar) {
-    // Every piece in flight at once; each arrives on its block's barrier when it (and this
-    // thread's earlier copies) landed. No wait here: items wait for their block below.
-    for (int q = threadIdx.x; q < act_pieces; q += kTilesThreads) {
-      const int blk = q / (8 * M), r = q - blk * 8 * M, m = r >> 3, c = r & 7;
-      const int off = blk * kItemCols + c * 16;
-      cp_async16(smem_u32(act + m * L.act_stride + off), p.a + m * p.lda + off);
-      ptx::cp_async_mbar_arrive_noinc(abar + 8u * blk);
-    }
-    ep.a_scale = p.ep.a_scale;
   } else {
     ep.a_scale = tiles_activations<KIND, kTilesThreads, XT>(
         p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax,
@@ -677,18 +613,8 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     if (k + D - 1 < n_items) issue(k + D - 1, slot == 0 ? D - 1 : slot - 1);
     cp_async_commit();
     const uint8_t* sl = ring + slot * SLOT;
-    if (act_mbar) {  // this item's activation block landed (acquire)
-      for (uint32_t polls = 0; polls < (1u << 24); ++polls)
-        if (ptx::mbar_test(abar + 8u * g, 0u)) break;
-    }
     uint32_t tab[4] = {0u, 0u, 0u, 0u};
-    if constexpr (KIND == kTilesInt4C) {
-      // The 4-byte tables of rows gid and gid + 8, decoded in registers (session 6 decoded them
-      // into shared memory by 16 lanes behind a __syncwarp: slower in runs 6-7).
-      const uint32_t* t4 = reinterpret_cast<const uint32_t*>(sl + kItemBytes);
-      decode_table4(t4[gid], &tab[0], &tab[1]);
-      decode_table4(t4[gid + 8], &tab[2], &tab[3]);
-    } else if constexpr (KIND != kTilesComfy) {
+    if constexpr (KIND != kTilesComfy) {
       const uint4 t = lds128(sl + kItemBytes + gid * 16);
       tab[0] = t.x, tab[1] = t.y, tab[2] = t.z, tab[3] = t.w;
     }
@@ -777,19 +703,6 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     for (int ls = 0; ls < 2; ++ls) leftover_combine(ls);
   }
   cp_async_wait<0>();
-  if (act_mbar && KIND == kTilesComfy) {
-    // Comfy: the rows' code sums from this thread's own pieces (landed: the wait above).
-    for (int q = threadIdx.x; q < act_pieces; q += kTilesThreads) {
-      const int blk = q / (8 * M), r = q - blk * 8 * M, m = r >> 3, c = r & 7;
-      const uint4 v = *reinterpret_cast<const uint4*>(act + m * L.act_stride + blk * kItemCols +
-                                                      c * 16);
-      int32_t sum = __dp4a(static_cast<int>(v.x), 0x01010101, 0);
-      sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
-      sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
-      sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
-      if (sum != 0) atomicAdd(&s_asum[m], sum);
-    }
-  }
   __syncthreads();
 
   // apply_epilogue's arithmetic and order, w_scale and bias from shared memory (c: the column's
@@ -847,11 +760,9 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 }
 
 TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanced = false,
-                         bool table4 = false, bool spread = false, bool fuse_reg = false,
-                         bool act_mbar = false) {
+                         bool spread = false, bool fuse_reg = false) {
   TilesLayout L;
-  const int kind = table4 && decode_tiles_kind(d.w) == kTilesInt4 ? kTilesInt4C
-                                                                 : decode_tiles_kind(d.w);
+  const int kind = decode_tiles_kind(d.w);
   L.tiles = (d.w.N + 15) / 16;
   L.ipt = static_cast<int>(d.w.K / kItemCols);
   // Row stride = 64 (mod 128): the 8 lanes of an LDS.128 phase (tokens gid, gid + 1, 4 lanes
@@ -863,11 +774,6 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanc
     off += (d.w.K * 4 + 127) / 128 * 128;
   }
   L.fuse_reg = d.x && fuse_reg ? 1 : 0;
-  if (act_mbar && !d.x) {
-    L.act_mbar = 1;
-    L.abar_off = static_cast<int>(off);
-    off += (L.ipt * 8 + 127) / 128 * 128;
-  }
   L.part_off = static_cast<int>(off);
   // Balanced: a CTA's items may touch one more tile than the whole-tile split gives it.
   // Spread: two more slots (the leftover tiles) before the whole ones.
@@ -1106,7 +1012,7 @@ int64_t decode_tiles_bytes(const PackedWeightRef& w) {
   const int kind = decode_tiles_kind(w);
   if (kind == kTilesNone) return 0;
   const int64_t items = (w.N + 15) / 16 * (w.K / kItemCols);
-  return items * (kind == kTilesInt4 ? kItemBytes + kTableBytes + kTable4Bytes : kItemBytes);
+  return items * (kind == kTilesInt4 ? kItemBytes + kTableBytes : kItemBytes);
 }
 
 bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream) {
@@ -1124,8 +1030,7 @@ bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t str
   if (kind == kTilesInt4) {
     const int64_t n = tiles * 16 * ipt;
     build_tile_tables_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-        w, ipt, tiles, out + tiles * ipt * kItemBytes,
-        out + tiles * ipt * (kItemBytes + kTableBytes), flag.as<int>());
+        w, ipt, tiles, out + tiles * ipt * kItemBytes, flag.as<int>());
     check_launch(op);
   }
   int bad = 0;
@@ -1154,7 +1059,7 @@ bool decode_tiles_applies(const DecodeParams& d) {
   // Fused with more rows than kTilesFuseLimit: the cooperative mode's layout (no fp32 row, depth
   // 4), which the rotate-kernel fallback's also fits in.
   const bool many = d.x && d.M > kTilesFuseLimit;
-  return tiles_layout(d, tiles_grid(d), d.x && !many ? 8 : 4, false, false, false, many).smem <=
+  return tiles_layout(d, tiles_grid(d), d.x && !many ? 8 : 4, false, false, many).smem <=
          info.max_smem;
 }
 
@@ -1212,15 +1117,11 @@ void decode_tiles_with(const DecodeParams& dp, const DecodeTilesTuning& t, cudaS
                              reinterpret_cast<uintptr_t>(d.x) % 16 == 0 && d.x_row_stride % 8 == 0);
   int depth = (d.x && !freg) || t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 && !d.x ? 6 : 4);
   if (coop && d.M > 8) depth = 4;  // the two-n8-tile fused instances exist at depth 4 only
-  // (4-byte tables with the cooperative mode at M > 8: no instance, it spilled.)
-  const bool t4 = t.table4 && decode_tiles_kind(d.w) == kTilesInt4 && !(coop && d.M > 8);
-  const bool amb = t.act_mbar && !d.x && !t.balanced && !t.spread;
-  TilesLayout L = tiles_layout(d, grid, depth, false, t4, false, freg, amb);
+  TilesLayout L = tiles_layout(d, grid, depth, false, false, freg);
   while ((!d.x || freg) && L.smem > max_smem && depth > 4) {
     depth = d.x ? 4 : depth - 2;
-    L = tiles_layout(d, grid, depth, false, t4, false, freg, amb);
+    L = tiles_layout(d, grid, depth, false, false, freg);
   }
-  if (amb && L.smem > max_smem) L = tiles_layout(d, grid, depth, false, t4, false, freg);
   L.bulk = t.bulk ? 1 : 0;
   L.interleave = t.interleave ? 1 : 0;
   L.trigger = t.trigger ? 1 : 0;
@@ -1231,7 +1132,7 @@ void decode_tiles_with(const DecodeParams& dp, const DecodeTilesTuning& t, cudaS
     L.coop_cnt = coop_counters(stream);
   }
   if (t.balanced) {  // the same depth with one more (shared) tile per CTA, if it fits
-    TilesLayout B = tiles_layout(d, grid, depth, true, t4);
+    TilesLayout B = tiles_layout(d, grid, depth, true);
     if (B.smem <= max_smem) {
       B.bulk = L.bulk;
       B.interleave = L.interleave;
@@ -1242,7 +1143,7 @@ void decode_tiles_with(const DecodeParams& dp, const DecodeTilesTuning& t, cudaS
       boundary_buffers(stream, &L.bnd, &L.cnt);
     }
   } else if (t.spread && !t.interleave) {  // two more (leftover) slots per CTA, if they fit
-    TilesLayout B = tiles_layout(d, grid, depth, false, t4, true);
+    TilesLayout B = tiles_layout(d, grid, depth, false, true);
     if (B.smem <= max_smem) {
       B.bulk = L.bulk;
       B.trigger = L.trigger;
@@ -1265,13 +1166,11 @@ void decode_tiles_with(const DecodeParams& dp, const DecodeTilesTuning& t, cudaS
           launch_tiles<KIND, 1, DEPTH, __nv_bfloat16>(d, L, grid, stream);
         }
       };
-      if (two) {  // the cooperative mode only (M > kTilesFuseLimit; not with 4-byte tables)
-        if constexpr (KIND != kTilesInt4C) {
-          if (d.x_dtype == DType::f16) {
-            launch_tiles<KIND, 2, 4, __half>(d, L, grid, stream);
-          } else {
-            launch_tiles<KIND, 2, 4, __nv_bfloat16>(d, L, grid, stream);
-          }
+      if (two) {  // the cooperative mode only (M > kTilesFuseLimit)
+        if (d.x_dtype == DType::f16) {
+          launch_tiles<KIND, 2, 4, __half>(d, L, grid, stream);
+        } else {
+          launch_tiles<KIND, 2, 4, __nv_bfloat16>(d, L, grid, stream);
         }
       } else if (depth == 8) {
         by_x(std::integral_constant<int, 8>{});
@@ -1298,8 +1197,6 @@ void decode_tiles_with(const DecodeParams& dp, const DecodeTilesTuning& t, cudaS
   };
   if (kind == kTilesComfy) {
     go(std::integral_constant<int, kTilesComfy>{});
-  } else if (t4) {
-    go(std::integral_constant<int, kTilesInt4C>{});
   } else {
     go(std::integral_constant<int, kTilesInt4>{});
   }

@@ -53,11 +53,6 @@ struct DecodeTilesTuning {
   // side arrives second) instead of whole 16-row tiles per CTA (864 tiles on 132 SMs: 7 vs
   // 6.55). Boundary buffers per (device, stream).
   bool balanced = false;
-  // Packed 4-bit: read the 4-byte form of the fold tables instead of the 8-byte one: 64 instead of
-  // 128 bytes per 1 KB of codes (-2.2 MB at 5120 -> 13824), the same bytes as the checkpoint's
-  // fp32 ratios. Session 7: each lane decodes its two rows' tables in registers (~20 integer ops
-  // per item; session 6 decoded them into shared memory behind a __syncwarp: slower, runs 6-7).
-  bool table4 = false;
   // Weight transport: one cp.async.bulk (TMA) of the item's 1 KB (+ tables) by lane 0, completing
   // on the slot's mbarrier, instead of two 16-byte cp.async per lane. Same slots, same bits.
   bool bulk = false;
@@ -110,12 +105,6 @@ struct DecodeTilesTuning {
   // 8192 and 16-byte x rows, else the shared-memory rotation), at ring depth `depth` (8 or 4).
   // false: session 4's shared-memory rotation, depth 8 (run 12: no faster than rotate + tiles).
   bool fuse_reg = true;
-  // Session 7: activation codes (from the rotate kernel) by cp.async with one mbarrier per
-  // 128-column block (cp.async.mbarrier.arrive.noinc per 16-byte piece): an item waits only for
-  // its own block, so the first items are computed while the rest of the M x K bytes still
-  // arrive (at M = 16 every CTA copies 80 KB from L2 before its first item otherwise).
-  // Overrides async_act; not with balanced / spread.
-  bool act_mbar = false;
   // Session 7: the fused mode with scratch codes / scales (DecodeParams::a, ep.a_scale: M x K
   // bytes, M floats) rotates COOPERATIVELY: CTA b < M rotates row b (register rotation) into the
   // scratch and counts itself done in a per-stream global counter; every CTA waits for the M

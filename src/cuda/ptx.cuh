@@ -199,12 +199,6 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
 }
 
 // gemv
-// One arrival on `bar` once every cp.async this thread issued so far has completed (their bytes
-// are then visible to the threads that observe the phase). .noinc: the arrival is one of the
-// count given to mbar_init, not an extra one. sm_80+.
-__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 // 32-bit global load with acquire semantics at GPU scope (a flag another CTA released).
 __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
   uint32_t v;

@@ -440,27 +440,6 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("fused_reg_d8", fr8, QType::convrot_int4, 1, 136, 5120, DType::f16, true);
     add("fused_smem", fs, QType::convrot_int4, 2, 264, 768, DType::bf16, true);
     add("fused_smem", fs, QType::convrot_comfy_w4a4, 1, 136, 1280, DType::f16, false);
-    // The 4-byte fold tables decoded in registers (DecodeTilesTuning::table4), with the rotate
-    // kernel (M 1, 3, 16) and fused (M 2).
-    cl::DecodeTilesTuning t4;
-    t4.fuse_max_m = 0;
-    t4.table4 = true;
-    cl::DecodeTilesTuning t4f = fr;
-    t4f.table4 = true;
-    add("table4", t4, QType::convrot_int4, 1, 5000, 1408, DType::bf16, true);
-    add("table4", t4, QType::convrot_int4, 3, 264, 640, DType::f16, false);
-    add("table4", t4, QType::convrot_int4, 16, 4104, 768, DType::bf16, true);
-    add("table4_fused_reg", t4f, QType::convrot_int4, 2, 1032, 1280, DType::bf16, true);
-    // Activation codes with one mbarrier per 128-column block (DecodeTilesTuning::act_mbar):
-    // M 16 / 9 / 1 / 5, K 768 .. 8192 (ipt 6 .. 64), comfy sums from the pieces.
-    cl::DecodeTilesTuning am;
-    am.fuse_max_m = 0;
-    am.act_mbar = true;
-    add("act_mbar", am, QType::convrot_comfy_w4a4, 16, 4104, 768, DType::bf16, true);
-    add("act_mbar", am, QType::convrot_int4, 9, 264, 1280, DType::f16, false);
-    add("act_mbar", am, QType::convrot_comfy_w4a4, 1, 5000, 5120, DType::bf16, true);
-    add("act_mbar", am, QType::convrot_int4, 16, 40, 8192, DType::bf16, true);
-    add("act_mbar", am, QType::convrot_comfy_w4a4, 5, 136, 1536, DType::f16, true);
     // The cooperative rotation (coop, fuse_max_m 16: CTA m rotates row m into scratch, every CTA
     // waits for the M rows): M 16 / 9 / 1 / 3 / 2; K 8448 > 8192 and M 5 > 3 CTAs (O 40) fall
     // back to the rotate kernel into the scratch.
