@@ -323,7 +323,7 @@ class DecodeRingBench : public BenchCase {
                        V{"tiles alone, smem ring (codes on the device)", false, 0, 4},
                        V{"tiles fused, register rotation (one kernel; layer default M <= 2)", false,
                          1, 4},
-                       V{"tiles, cooperative rotation (one kernel; layer default M > 2)", false, 1,
+                       V{"tiles, cooperative rotation (one kernel; opt-in)", false, 1,
                          4, true}}) {
       cl::DecodeParams fc = fv;  // cooperative: the rotate kernel's buffers as the scratch
       fc.a = sep.a;

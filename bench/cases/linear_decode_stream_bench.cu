@@ -221,8 +221,8 @@ class DecodeStreamBench : public BenchCase {
                 true, true, true, 0, false, true},
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
                 false, false, true, 0, false, true, true, true, 4},
-              V{"tiles, cooperative rotation (CTA m rotates row m; one kernel per layer; layer "
-                "default M > 2)",
+              V{"tiles, cooperative rotation (CTA m rotates row m; one kernel per layer; opt-in: "
+                "CTAs wait for each other)",
                 false, false, true, 0, false, true, true, true, 4, true},
               V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false,
                 true}}) {
@@ -336,7 +336,7 @@ class DecodeStreamBench : public BenchCase {
           failed = e.what();
         }
         std::vector<float> ref;
-        // 0: the layer's defaults (session 7: fused M <= 2, cooperative rotation M > 2); 1: the
+        // 0: the layer's defaults (session 7: fused M <= 2, rotate kernel + GEMV M > 2); 1: the
         // session-6 two-kernel path (fuse_max_m = 0). Accuracy: last output's bits vs 0's.
         for (const int fused : {0, 1}) {
           Row r;

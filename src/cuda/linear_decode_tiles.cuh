@@ -99,7 +99,9 @@ struct DecodeTilesTuning {
   // 17.3 / 14.2 us (fused), M = 16 24.2 / 22.7 -> 22.8 / 21.7 (coop), all bits equal: the
   // default since. A single call after an L2 flush is slower (M = 1 int4 20.2 -> 22.1, M = 16
   // 25.2 -> 28.8: nothing hides the prologue there); fuse_max_m = 0 restores the two kernels.
-  int fuse_max_m = 16;
+  // Default kTilesFuseLimit: the redundant fused mode only (no CTA waits on another); larger M
+  // keeps the rotate kernel + PDL unless `coop` is set (see there).
+  int fuse_max_m = kTilesFuseLimit;
   // Session 7: the fused prologue on the register rotation (the register rotate kernel's
   // arithmetic: 16 elements per thread, one barrier per row, no fp32 row in shared memory; K <=
   // 8192 and 16-byte x rows, else the shared-memory rotation), at ring depth `depth` (8 or 4).
@@ -113,7 +115,11 @@ struct DecodeTilesTuning {
   // CTA must be resident at once (grid = SMs, one CTA per SM). The layer takes it for
   // kTilesFuseLimit < M <= fuse_max_m (M <= kTilesFuseLimit: the redundant mode, faster at
   // M = 1 in run 16: 17.3 vs 17.8 us). Fused calls without scratch keep the redundant mode.
-  bool coop = true;
+  // Off by default: CUDA does not guarantee that every CTA of a normal launch is resident at
+  // once (kernels on other streams, MPS or green-context SM limits), and a CTA that waits for a
+  // row whose CTA never runs gives up after its bounded poll with wrong output. Opt in (with
+  // fuse_max_m = 16) only where the GEMV owns the GPU: 1.4 us per layer at M = 16 in run 16.
+  bool coop = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).
