@@ -296,31 +296,51 @@ class DecodeRingBench : public BenchCase {
       c.bytes += (N + 15) / 16 * (K / 128) *
                  (1024.0 + (d.w.format == cl::WeightFormat::packed ? 128 : 0));
     };
+    // The fused mode: x in, every CTA rotates + quantizes it after its first weight requests.
+    cl::DecodeParams fv = tv;
+    fv.a = nullptr;
+    fv.lda = 0;
+    fv.ep.a_scale = nullptr;
+    fv.x = rq.x;
+    fv.x_dtype = rq.x_dtype;
+    fv.x_row_stride = rq.x_row_stride;
+    fv.rot = rq.rot;
     struct V {
       const char* name;
       bool rotate;  // the rotate kernel first (the layer), else the GEMV alone
-      bool old;     // run 11's default: no early trigger, register activation copy
+      int fused;    // 0: codes in; 1: fused, register rotation; depth below
+      int depth;
+      bool coop = false;      // fused + DecodeTilesTuning::coop
     };
     // Session 6, H200 run 12 (every row bit-identical): L2 prefetch and the spread split were
     // slower, the async activation copy faster at M = 16 and the early trigger faster in a stream
-    // of layers (linear.decode_stream): both are the default since; run 11's default stays as
-    // the A/B row.
-    for (const V& v : {V{"rotate + tiles, smem ring (default)", true, false},
-                       V{"tiles alone, smem ring (codes on the device)", false, false},
-                       V{"rotate + tiles, run-11 default (register activation copy)", true,
-                         true}}) {
+    // of layers (linear.decode_stream): both are the default since (run 11's default trimmed in
+    // session 7). Session 7: the fused modes (register rotation in every CTA, M <= 2; the
+    // cooperative rotation, M > 2), the layer's default since run 16 (a stream of layers gains;
+    // this single cold call does not). Run 16 removed the fused depth 8, 4-byte tables,
+    // per-block activation barriers and ring depth 6 rows (slower).
+    for (const V& v : {V{"rotate + tiles, smem ring (two kernels: session-6 default)", true, 0, 4},
+                       V{"tiles alone, smem ring (codes on the device)", false, 0, 4},
+                       V{"tiles fused, register rotation (one kernel; layer default M <= 2)", false,
+                         1, 4},
+                       V{"tiles, cooperative rotation (one kernel; opt-in)", false, 1,
+                         4, true}}) {
+      cl::DecodeParams fc = fv;  // cooperative: the rotate kernel's buffers as the scratch
+      fc.a = sep.a;
+      fc.lda = sep.lda;
+      fc.ep.a_scale = sep.ep.a_scale;
+      if (v.coop && !cl::decode_tiles_applies(fc)) continue;
+      if (v.fused && !v.coop && !cl::decode_tiles_applies(fv)) continue;
       Row c = row(v.name);
       cl::DecodeTilesTuning t;
-      if (v.old) {
-        t.trigger = false;
-        t.async_act = false;
-      }
+      t.depth = v.depth;
+      t.coop = v.coop;
       tile_bytes(c);
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);
-        cl::decode_tiles_with(tv, t, s);
+        cl::decode_tiles_with(v.coop ? fc : (v.fused ? fv : tv), t, s);
       });
-      if (!v.rotate) c.note = "GEMV only: not the layer";
+      if (!v.rotate && !v.fused) c.note = "GEMV only: not the layer";
       compare(c);
       rows.push_back(c);
     }
@@ -355,17 +375,9 @@ class DecodeRingBench : public BenchCase {
       DeviceTensor ws = make_tensor(Device::cuda, DType::f32, {N}, 25, 1e-3f);
       DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
       DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
-      cl::RotateQuantParams rq;
-      rq.x = x.view.data;
-      rq.x_dtype = DType::bf16;
-      rq.x_row_stride = K;
-      rq.M = M;
-      rq.K = K;
-      rq.rot = 256;
-      rq.fmt = cl::ActFormat::int8;
-      rq.codes = codes.view.data;
-      rq.codes_row_stride = K;
-      rq.scales = static_cast<float*>(scales.view.data);
+      cl::RotateQuantParams rq =
+          cl::rotate_quant_rows(x.view.data, DType::bf16, M, K, cl::ActFormat::int8,
+                                codes.view.data, static_cast<float*>(scales.view.data));
       for (const Fmt& f : {Fmt{QType::convrot_int4, cl::WeightFormat::packed, 4},
                            Fmt{QType::convrot_comfy_w4a4, cl::WeightFormat::comfy_int4, 4},
                            Fmt{QType::convrot8, cl::WeightFormat::int8, 8}}) {

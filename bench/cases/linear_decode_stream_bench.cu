@@ -133,17 +133,9 @@ class DecodeStreamBench : public BenchCase {
       DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
       for (const bool comfy : {false, true}) {
         const QType q = comfy ? QType::convrot_comfy_w4a4 : QType::convrot_int4;
-        cl::RotateQuantParams rq;
-        rq.x = x.view.data;
-        rq.x_dtype = DType::bf16;
-        rq.x_row_stride = K;
-        rq.M = M;
-        rq.K = K;
-        rq.rot = 256;
-        rq.fmt = comfy ? cl::ActFormat::int4 : cl::ActFormat::int8;
-        rq.codes = codes.view.data;
-        rq.codes_row_stride = K;
-        rq.scales = static_cast<float*>(scales.view.data);
+        const cl::RotateQuantParams rq = cl::rotate_quant_rows(
+            x.view.data, DType::bf16, M, K, comfy ? cl::ActFormat::int4 : cl::ActFormat::int8,
+            codes.view.data, static_cast<float*>(scales.view.data));
         cl::DecodeParams d;
         d.M = M;
         d.w.format = comfy ? cl::WeightFormat::comfy_int4 : cl::WeightFormat::packed;
@@ -213,21 +205,26 @@ class DecodeStreamBench : public BenchCase {
           bool spread = false;  // DecodeTilesTuning::spread
           bool async_act = false;  // DecodeTilesTuning::async_act
           bool fused = false;  // no rotate kernel: the GEMV rotates + quantizes x (M <= 2)
+          bool fuse_reg = false;  // DecodeTilesTuning::fuse_reg (fused: register rotation)
+          int depth = 4;          // DecodeTilesTuning::depth
+          bool coop = false;      // fused + DecodeTilesTuning::coop (scratch codes / scales)
         };
         std::vector<float> ref;
         // Run 12 (H200): L2 prefetch and the spread split were slower in every form, the fused
         // form no faster than rotate + tiles: trimmed. trigger + async activation copy are the
-        // layer's default since (the layer then launches its rotate kernel with PDL).
+        // layer's default since (the layer then launches its rotate kernel with PDL). Session 7
+        // trims run 11's default and the register activation copy (settled, runs 12-13) and
+        // A/Bs the fused mode on the register rotation (depth 4 / 8) against session 4's.
         for (const V& v :
-             {V{"rotate (PDL) + tiles (layer default: trigger, async activation copy)", true, true,
-                true, 0, false, true},
-              V{"rotate + tiles, run-11 default (no PDL, no trigger, register activation copy)",
-                true, false, false, 0},
-              V{"rotate (PDL) + tiles, trigger, register activation copy", true, true, true, 0},
-              V{"tiles fused (one kernel per layer), trigger", false, false, true, 0, false, true,
-                true},
-              V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false, true},
-              V{"tiles alone, no trigger (codes on the device)", false, false, false, 0, false,
+             {V{"rotate (PDL) + tiles (two kernels: session-6 default, trigger, async activation "
+                "copy)",
+                true, true, true, 0, false, true},
+              V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
+                false, false, true, 0, false, true, true, true, 4},
+              V{"tiles, cooperative rotation (CTA m rotates row m; one kernel per layer; opt-in: "
+                "CTAs wait for each other)",
+                false, false, true, 0, false, true, true, true, 4, true},
+              V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false,
                 true}}) {
           Row r;
           r.family = "linear";
@@ -245,6 +242,9 @@ class DecodeStreamBench : public BenchCase {
           t.l2_prefetch = v.l2_prefetch;
           t.spread = v.spread;
           t.async_act = v.async_act;
+          t.fuse_reg = v.fuse_reg;
+          t.depth = v.depth;
+          t.coop = v.coop;
           cl::RotateQuantParams rp = rq;
           rp.pdl = v.pdl;
           cl::DecodeParams dl = d;
@@ -256,6 +256,11 @@ class DecodeStreamBench : public BenchCase {
             dl.x_dtype = DType::bf16;
             dl.x_row_stride = K;
             dl.rot = 256;
+            if (v.coop) {  // the rotate kernel's codes / scales buffers as the scratch
+              dl.a = static_cast<const int8_t*>(codes.view.data);
+              dl.lda = K;
+              dl.ep.a_scale = static_cast<const float*>(scales.view.data);
+            }
             if (!cl::decode_tiles_applies(dl)) continue;
           }
           try {
@@ -298,6 +303,7 @@ class DecodeStreamBench : public BenchCase {
   // quantizer can give, benign scales; each holds its own codes and decode tiles) forwarded back
   // to back, x bf16 with bias, the layer's defaults; per layer, against the same bf16 stream.
   void layer_rows(const Env& env, std::vector<Row>& rows) {
+    namespace cl = cuda::linear;
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     for (int64_t M : {int64_t{1}, int64_t{16}}) {
       const double base = bf16_stream_ms(env, M, N, K);
@@ -305,19 +311,10 @@ class DecodeStreamBench : public BenchCase {
       DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
       DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
       for (const QType q : {QType::convrot_int4, QType::convrot_comfy_w4a4}) {
-        Row r;
-        r.family = "linear";
-        r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
-               qtype_name(q) + ": QuantizedLinear::forward (layer defaults), per layer";
-        r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
-                  " bf16";
-        r.backend = "cuda";
-        r.flops = 2.0 * M * N * K;
-        r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
-        r.baseline_ms = base;
+        std::vector<QuantizedLinear> layers;
+        Context ctx = env.ctx;
+        std::string failed;
         try {
-          Context ctx = env.ctx;
-          std::vector<QuantizedLinear> layers;
           std::mt19937_64 rng(31);
           for (int l = 0; l < kLayers; ++l) {
             PackedWeight w = make_packed_weight(q, N, K);
@@ -335,16 +332,59 @@ class DecodeStreamBench : public BenchCase {
             fill_f32(w.tensor_scale, 1.f);
             layers.push_back(QuantizedLinear::from_packed(w, Device::cuda, ctx));
           }
-          r.bytes = 2.0 * M * K + 2.0 * M * N +
-                    static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
-          r.ms = env.time_ms([&] {
-                   for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);
-                 }) /
-                 kLayers;
         } catch (const std::exception& e) {
-          r.note = std::string("failed: ") + e.what();
+          failed = e.what();
         }
-        rows.push_back(r);
+        std::vector<float> ref;
+        // 0: the layer's defaults (session 7: fused M <= 2, rotate kernel + GEMV M > 2); 1: the
+        // session-6 two-kernel path (fuse_max_m = 0). Accuracy: last output's bits vs 0's.
+        for (const int fused : {0, 1}) {
+          Row r;
+          r.family = "linear";
+          r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
+                 qtype_name(q) + ": QuantizedLinear::forward (" +
+                 (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
+                             : "layer defaults") +
+                 "), per layer";
+          r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
+                    " bf16";
+          r.backend = "cuda";
+          r.flops = 2.0 * M * N * K;
+          r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
+          r.baseline_ms = base;
+          if (!failed.empty()) {
+            r.note = "failed: " + failed;
+            rows.push_back(r);
+            continue;
+          }
+          try {
+            r.bytes = 2.0 * M * K + 2.0 * M * N +
+                      static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
+            cl::DecodeTilesTuning t;
+            t.fuse_max_m = 0;
+            if (fused) cl::set_layer_tiles_tuning(&t);
+            r.ms = env.time_ms([&] {
+                     for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);
+                   }) /
+                   kLayers;
+            cl::set_layer_tiles_tuning(nullptr);
+            synchronize(ctx);
+            const std::vector<float> got = to_host_f32(out.view);
+            if (ref.empty()) {
+              ref = got;
+            } else {
+              size_t diff = 0;
+              for (size_t i = 0; i < ref.size(); ++i)
+                if (std::memcmp(&ref[i], &got[i], sizeof(float)) != 0) ++diff;
+              r.accuracy = diff ? std::to_string(diff) + " outputs differ from the defaults'"
+                                : "bit-identical to the defaults'";
+            }
+          } catch (const std::exception& e) {
+            cl::set_layer_tiles_tuning(nullptr);
+            r.note = std::string("failed: ") + e.what();
+          }
+          rows.push_back(r);
+        }
       }
     }
   }

@@ -275,17 +275,9 @@ class DecodePiecesBench : public BenchCase {
           static_cast<float*>(ratios.view.data), N * K / 128, 0.9f);
       fill_f32_kernel<<<static_cast<unsigned>((N + 255) / 256), 256, 0, s>>>(
           static_cast<float*>(ws.view.data), N, 1e-3f);
-      cuda::linear::RotateQuantParams rq;
-      rq.x = x.view.data;
-      rq.x_dtype = DType::bf16;
-      rq.x_row_stride = K;
-      rq.M = M;
-      rq.K = K;
-      rq.rot = 256;
-      rq.fmt = cuda::linear::ActFormat::int8;
-      rq.codes = codes.view.data;
-      rq.codes_row_stride = K;
-      rq.scales = static_cast<float*>(scales.view.data);
+      const cuda::linear::RotateQuantParams rq = cuda::linear::rotate_quant_rows(
+          x.view.data, DType::bf16, M, K, cuda::linear::ActFormat::int8, codes.view.data,
+          static_cast<float*>(scales.view.data));
       cuda::linear::rotate_quantize(rq, s);  // valid codes for the decode rows
       const std::string shape =
           std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N);

@@ -49,9 +49,6 @@ namespace {
 constexpr int kItemCols = 128;                  // columns of one item (one fold group)
 constexpr int kItemBytes = 1024;                // 16 rows x 128 columns of 4-bit codes
 constexpr int kTableBytes = 128;                // 16 rows x 8-byte fold tables (packed 4-bit)
-constexpr int kTable4Bytes = 64;                // 16 rows x the same tables in 4 bytes
-// Kernel-only kind: packed 4-bit reading the 4-byte tables (decoded in shared memory per item).
-constexpr int kTilesInt4C = 2;
 constexpr int kTilesWarps = 16;                 // warps per CTA
 constexpr int kTilesThreads = kTilesWarps * 32;
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
@@ -59,21 +56,8 @@ constexpr int kTilesMaxRegs = 88;
 constexpr int kSharedTileInts = 256;  // spread: per leftover tile, 16 columns x up to 16 tokens
 
 __host__ __device__ constexpr int slot_bytes(int kind) {
-  return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0) +
-         (kind == kTilesInt4C ? kTableBytes + kTable4Bytes : 0);
+  return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0);
 }
-// 4-byte table word e -> T[0..3], T[4..7]. Encoding (build_tile_tables_kernel): byte j of e
-// holds n_{4+j} = T[4+j] - (4+j)·T1 + 8 in its low nibble; the high nibbles hold T1 = T[1]
-// (bits 4..7 of byte 0, bit 4 of byte 1), n2 (byte 2) and n3 (byte 3). Every byte of
-// m·T1 + n_m - 8 is T[m] in [0, 127], so the 32-bit sums below carry nothing between bytes.
-__device__ __forceinline__ void decode_table4(uint32_t e, uint32_t* lo, uint32_t* hi) {
-  const uint32_t h = (e >> 4) & 0x0f0f0f0fu;
-  const uint32_t t1 = (h & 0xfu) | ((h >> 4) & 0x10u);
-  const uint32_t lo_n = (h & 0x0f0f0000u) | 0x00000808u;
-  *lo = t1 * 0x03020100u + lo_n - 0x08080808u;
-  *hi = t1 * 0x07060504u + (e & 0x0f0f0f0fu) - 0x08080808u;
-}
-
 struct TilesLayout {
   int64_t tiles = 0;      // ceil(N / 16)
   int ipt = 0;            // items per tile, K / 128
@@ -103,6 +87,12 @@ struct TilesLayout {
   int trigger = 0;          // griddepcontrol.launch_dependents after the first requests
   int l2_prefetch = 0;      // items per warp prefetched into L2 before griddepcontrol.wait
   int act_async = 0;        // activation rows copied with cp.async (all rows in flight)
+  int fuse_reg = 0;         // fused: the register rotation (no srow) instead of the smem one
+  // Cooperative rotation (fused instances, x in): CTA b < M rotates row b into p.a / p.ep.a_scale
+  // (global), counts itself in coop_cnt[0]; every CTA waits for M, copies the codes, counts
+  // itself in coop_cnt[1]; the last one re-zeroes both (before the grid completes).
+  int coop = 0;
+  uint32_t* coop_cnt = nullptr;
   int32_t* bnd = nullptr;   // (G + 1) x 2 x 256 int32
   uint32_t* cnt = nullptr;  // (G + 1) counters, zero when allocated
 };
@@ -167,7 +157,7 @@ __global__ void build_tile_codes_kernel(PackedWeightRef w, int kind, int ipt, in
 // One thread per (tile row, group): the 8-byte table T[m] = fold(m), m = 0..7, at
 // (t · ipt + g) · 128 + (r & 7) · 16 + (r >> 3) · 8 (r = row mod 16).
 __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t tiles, uint8_t* out,
-                                         uint8_t* out4, int* flag) {
+                                         int* flag) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= tiles * 16 * ipt) return;
   const int64_t row = idx / ipt, g = idx - row * ipt;
@@ -175,7 +165,6 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
   const int r = static_cast<int>(row & 15);
   uint8_t* dst = out + (t * ipt + g) * kTableBytes + (r & 7) * 16 + (r >> 3) * 8;
   int bad = 0;
-  int32_t tab[8];
   for (int m = 0; m < 8; ++m) {
     int32_t v = 0;
     if (row < w.N) {
@@ -188,42 +177,98 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
       }
     }
     dst[m] = static_cast<uint8_t>(v & 0xff);
-    tab[m] = v;
-  }
-  // The 4-byte form (decode_table4), row r of the item at (t · ipt + g) · 64 + r · 4.
-  const int32_t t1 = tab[1];
-  int32_t n[8];
-  for (int m = 2; m < 8; ++m) {
-    n[m] = tab[m] - m * t1 + 8;
-    if (n[m] < 0 || n[m] > 15) bad = 1;
-  }
-  if (tab[0] != 0 || t1 < 0 || t1 > 31) bad = 1;
-  if (!bad) {
-    uint8_t* d4 = out4 + (t * ipt + g) * kTable4Bytes + r * 4;
-    d4[0] = static_cast<uint8_t>(n[4] | (t1 & 15) << 4);
-    d4[1] = static_cast<uint8_t>(n[5] | ((t1 >> 4) & 1) << 4);
-    d4[2] = static_cast<uint8_t>(n[6] | n[2] << 4);
-    d4[3] = static_cast<uint8_t>(n[7] | n[3] << 4);
   }
   if (bad) atomicOr(flag, 1);
 }
 
 // ---- the GEMV ----
 
+// Register rotation of x's rows [r0, r1) (r1 - r0 <= kTilesFuseLimit; K <= 16 THREADS): thread
+// tid rotates its 16 elements of each row in registers (rotate16), the row's amax goes through
+// s_amax (THREADS / 32 floats per row slot) and one barrier, and the thread writes its 16 codes
+// (quantize16_int) as one 16-byte store at their output position in row m of dst (stride
+// dst_stride bytes: shared memory in the fused mode, global in the cooperative one) and the
+// scale to scales[m]: the register rotate kernel's arithmetic, hence its bits. Comfy with SUMS:
+// adds the row's code sum to s_asum[m]. Every thread of the CTA takes part.
+template <int KIND, int THREADS, typename XT, bool SUMS>
+__device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, int r0, int r1,
+                                                 uint8_t* dst, int64_t dst_stride, float* scales,
+                                                 float* s_amax, int32_t* s_asum) {
+  constexpr int W = THREADS / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int K = static_cast<int>(p.w.K);
+  const bool in = tid * 16 < K;
+  const int g = reg_group<256>(tid), out0 = reg_out0<256>(tid);
+  // Both rows' 32 bytes in flight before the first is computed (x: the preceding kernel's output,
+  // read after griddepcontrol.wait with plain loads).
+  uint4 raw[kTilesFuseLimit][2];
+#pragma unroll
+  for (int i = 0; i < kTilesFuseLimit; ++i) {
+    raw[i][0] = raw[i][1] = make_uint4(0u, 0u, 0u, 0u);
+    if (r0 + i < r1 && in) {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const XT*>(p.x) +
+                                                        (r0 + i) * p.x_row_stride + tid * 16);
+      raw[i][0] = src[0];
+      raw[i][1] = src[1];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kTilesFuseLimit; ++i) {
+    const int m = r0 + i;
+    if (m >= r1) break;  // uniform
+    float v[16], y[16];
+    unpack_raw<XT>(raw[i], v);  // zeros past K (raw zero)
+    rotate16<256>(v, g, y);
+    const float wm = amax16_warp(y);
+    if (lane == 0) s_amax[i * W + warp] = wm;
+    __syncthreads();
+    float am = s_amax[i * W];
+#pragma unroll
+    for (int w = 1; w < W; ++w) am = amax_nan(am, s_amax[i * W + w]);
+    const float scale = token_scale(am, static_cast<float>(p.act_qmax));
+    if (tid == 0) scales[m] = scale;
+    uint32_t c[4];
+    if (p.act_qmax == 7) {
+      quantize16_int<7>(y, scale, c);
+    } else {
+      quantize16_int<127>(y, scale, c);
+    }
+    if (in) {
+      *reinterpret_cast<uint4*>(dst + m * dst_stride + out0) = make_uint4(c[0], c[1], c[2], c[3]);
+    }
+    if (KIND == kTilesComfy && SUMS) {
+      int32_t sum = 0;
+      if (in) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) sum = __dp4a(static_cast<int>(c[q]), 0x01010101, sum);
+      }
+      sum = __reduce_add_sync(0xffffffffu, sum);
+      if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
+    }
+  }
+}
+
 // The M activation rows as int8 codes in shared memory (`act`, row stride act_stride bytes): copied
 // from p.a (written by the preceding kernel: call after griddepcontrol.wait), or (XT not void)
-// x rotated + quantized here through srow (K fp32) with the rotate kernels' arithmetic. Comfy:
-// adds each row's code sum to s_asum[m] (zeroed and synchronized by the caller). Returns the
-// epilogue's a_scale (s_scale in the fused mode). The caller synchronizes before reading act.
+// x rotated + quantized here, on the register rotation (reg_rotate) or through srow (K fp32) with
+// the shared-memory rotation: the rotate kernels' arithmetic either way. Comfy: adds each row's
+// code sum to s_asum[m] (zeroed and synchronized by the caller). Returns the epilogue's a_scale
+// (s_scale in the fused mode). The caller synchronizes before reading act.
 template <int KIND, int THREADS, typename XT>
 __device__ __forceinline__ const float* tiles_activations(const DecodeParams& p, uint8_t* act,
                                                           int act_stride, float* srow,
                                                           float* s_scale, float* s_amax,
-                                                          int32_t* s_asum, bool async_copy) {
+                                                          int32_t* s_asum, bool async_copy,
+                                                          bool reg_rotate) {
   const int lane = threadIdx.x & 31;
   const int M = static_cast<int>(p.M);
   const int64_t K = p.w.K;
   if constexpr (!std::is_void<XT>::value) {
+    if (reg_rotate) {
+      tiles_rotate_reg<KIND, THREADS, XT, true>(p, 0, M, act, act_stride, s_scale, s_amax,
+                                                s_asum);
+      return s_scale;
+    }
     // Rotate + quantize the M rows of x here (every CTA; x is read from L2) while the first
     // weights stream in.
     for (int m = 0; m < M; ++m) {
@@ -304,7 +349,7 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   constexpr bool kFused = !std::is_void<XT>::value;
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
-  __shared__ float s_scale[16], s_amax[W];
+  __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
   __shared__ __align__(8) uint64_t s_bar[W * D];  // bulk transport: one mbarrier per slot
   __shared__ int32_t s_cnt[2];  // spread: items of the two leftover slots flushed so far
 
@@ -356,7 +401,6 @@ __global__ void __maxnreg__(kTilesMaxRegs)
                           : (warp + 1) * items / W - jb;
   const uint8_t* codes = p.tiles;
   const uint8_t* tables = p.tiles + T * ipt * kItemBytes;
-  const uint8_t* tables4 = tables + T * ipt * kTableBytes;
   // Local item j -> its index in the layout (spread: leftover items first; step is 1 there).
   auto gidx = [&](int k) -> int64_t {
     const int j = jb + step * k;
@@ -383,15 +427,11 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     if (bulk) {  // warp-uniform
       if (lane == 0) {
         const uint32_t bar = bar0 + 8u * s;
-        const uint32_t tb =
-            KIND == kTilesInt4 ? kTableBytes : (KIND == kTilesInt4C ? kTable4Bytes : 0);
+        const uint32_t tb = KIND == kTilesInt4 ? kTableBytes : 0;
         mbar_arrive_expect_tx(bar, kItemBytes + tb);
         bulk_g2s(smem_u32(slot), codes + gi * kItemBytes, kItemBytes, bar);
         if (KIND == kTilesInt4)
           bulk_g2s(smem_u32(slot + kItemBytes), tables + gi * kTableBytes, kTableBytes, bar);
-        if (KIND == kTilesInt4C)
-          bulk_g2s(smem_u32(slot + kItemBytes + kTableBytes), tables4 + gi * kTable4Bytes,
-                   kTable4Bytes, bar);
       }
       return;
     }
@@ -400,9 +440,6 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
     if (KIND == kTilesInt4 && lane < 8)
       cp_async16(smem_u32(slot + kItemBytes + lane * 16), tables + gi * kTableBytes + lane * 16);
-    if (KIND == kTilesInt4C && lane < 4)
-      cp_async16(smem_u32(slot + kItemBytes + kTableBytes + lane * 16),
-                 tables4 + gi * kTable4Bytes + lane * 16);
   };
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
@@ -443,10 +480,45 @@ __global__ void __maxnreg__(kTilesMaxRegs)
   ptx::griddep_wait();  // the activation codes come from the preceding kernel
   __syncthreads();
   Epilogue ep = p.ep;
-  ep.a_scale = tiles_activations<KIND, kTilesThreads, XT>(
-      p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax, s_asum,
-      L.act_async != 0);
-  __syncthreads();
+  bool coop_done = false;
+  if constexpr (kFused) {
+    if (L.coop) {
+      if (b < M) {  // this CTA's row: rotate + quantize into the global codes and scales
+        tiles_rotate_reg<KIND, kTilesThreads, XT, false>(
+            p, static_cast<int>(b), static_cast<int>(b) + 1,
+            reinterpret_cast<uint8_t*>(const_cast<int8_t*>(p.a)), p.lda,
+            const_cast<float*>(p.ep.a_scale), s_amax, s_asum);
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(&L.coop_cnt[0], 1u);
+      }
+      if (threadIdx.x == 0) {  // every row written (acquire); bounded: wrong output, not a hang
+        for (uint32_t polls = 0; polls < (1u << 26); ++polls) {
+          if (ptx::ld_acquire_gpu(L.coop_cnt) >= static_cast<uint32_t>(M)) break;
+          __nanosleep(32);
+        }
+      }
+      __syncthreads();
+      tiles_activations<KIND, kTilesThreads, void>(p, act, L.act_stride, nullptr, s_scale, s_amax,
+                                                   s_asum, true, false);
+      if (threadIdx.x < M) s_scale[threadIdx.x] = __ldcg(p.ep.a_scale + threadIdx.x);
+      ep.a_scale = s_scale;
+      __syncthreads();
+      if (threadIdx.x == 0 && atomicAdd(&L.coop_cnt[1], 1u) == static_cast<uint32_t>(G - 1)) {
+        atomicExch(&L.coop_cnt[0], 0u);  // every CTA has passed its wait
+        atomicExch(&L.coop_cnt[1], 0u);
+      }
+      coop_done = true;
+    }
+  }
+  if (coop_done) {
+    // the cooperative rotation above
+  } else {
+    ep.a_scale = tiles_activations<KIND, kTilesThreads, XT>(
+        p, act, L.act_stride, reinterpret_cast<float*>(dsm + L.srow_off), s_scale, s_amax,
+        s_asum, L.act_async != 0, L.fuse_reg != 0);
+    __syncthreads();
+  }
 
   // B operands: activation row (token) gid (+ 8) of the n8 tile; rows >= M read row M - 1 (they
   // only feed output columns that are never stored).
@@ -542,16 +614,6 @@ __global__ void __maxnreg__(kTilesMaxRegs)
     cp_async_commit();
     const uint8_t* sl = ring + slot * SLOT;
     uint32_t tab[4] = {0u, 0u, 0u, 0u};
-    if constexpr (KIND == kTilesInt4C) {  // lanes 0..15 decode row lane's table into place
-      if (lane < 16) {
-        uint32_t lo, hi;
-        decode_table4(*reinterpret_cast<const uint32_t*>(sl + kItemBytes + kTableBytes + lane * 4),
-                      &lo, &hi);
-        *reinterpret_cast<uint2*>(const_cast<uint8_t*>(sl) + kItemBytes + (lane & 7) * 16 +
-                                  (lane >> 3) * 8) = make_uint2(lo, hi);
-      }
-      __syncwarp();
-    }
     if constexpr (KIND != kTilesComfy) {
       const uint4 t = lds128(sl + kItemBytes + gid * 16);
       tab[0] = t.x, tab[1] = t.y, tab[2] = t.z, tab[3] = t.w;
@@ -698,20 +760,20 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 }
 
 TilesLayout tiles_layout(const DecodeParams& d, int grid, int depth, bool balanced = false,
-                         bool table4 = false, bool spread = false) {
+                         bool spread = false, bool fuse_reg = false) {
   TilesLayout L;
-  const int kind = table4 && decode_tiles_kind(d.w) == kTilesInt4 ? kTilesInt4C
-                                                                 : decode_tiles_kind(d.w);
+  const int kind = decode_tiles_kind(d.w);
   L.tiles = (d.w.N + 15) / 16;
   L.ipt = static_cast<int>(d.w.K / kItemCols);
   // Row stride = 64 (mod 128): the 8 lanes of an LDS.128 phase (tokens gid, gid + 1, 4 lanes
   // each at 16 tid4) hit 8 distinct 16-byte bank groups.
   L.act_stride = static_cast<int>(d.w.K / 128 * 128 + 192);
   int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
-  if (d.x) {
+  if (d.x && !fuse_reg) {
     L.srow_off = static_cast<int>(off);
     off += (d.w.K * 4 + 127) / 128 * 128;
   }
+  L.fuse_reg = d.x && fuse_reg ? 1 : 0;
   L.part_off = static_cast<int>(off);
   // Balanced: a CTA's items may touch one more tile than the whole-tile split gives it.
   // Spread: two more slots (the leftover tiles) before the whole ones.
@@ -801,6 +863,26 @@ void boundary_buffers(cudaStream_t stream, int32_t** bnd, uint32_t** cnt) {
   }
   *bnd = it->second.first;
   *cnt = it->second.second;
+}
+
+// The cooperative rotation's two counters for the current device and stream: zeroed once (on
+// `stream`) when allocated; every launch leaves them zero (its last CTA re-zeroes them), and
+// launches on one stream touch them only after griddepcontrol.wait (the previous grid done).
+uint32_t* coop_counters(cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, uint32_t*> bufs;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, stream);
+  auto it = bufs.find(key);
+  if (it == bufs.end()) {
+    void* c = nullptr;
+    check_cuda(cudaMalloc(&c, 2 * sizeof(uint32_t)), "decode_tiles", "cooperative counters");
+    check_cuda(cudaMemsetAsync(c, 0, 2 * sizeof(uint32_t), stream), "decode_tiles", "memset");
+    it = bufs.emplace(key, static_cast<uint32_t*>(c)).first;
+  }
+  return it->second;
 }
 
 int tiles_grid(const DecodeParams& d) {
@@ -930,7 +1012,7 @@ int64_t decode_tiles_bytes(const PackedWeightRef& w) {
   const int kind = decode_tiles_kind(w);
   if (kind == kTilesNone) return 0;
   const int64_t items = (w.N + 15) / 16 * (w.K / kItemCols);
-  return items * (kind == kTilesInt4 ? kItemBytes + kTableBytes + kTable4Bytes : kItemBytes);
+  return items * (kind == kTilesInt4 ? kItemBytes + kTableBytes : kItemBytes);
 }
 
 bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream) {
@@ -948,8 +1030,7 @@ bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t str
   if (kind == kTilesInt4) {
     const int64_t n = tiles * 16 * ipt;
     build_tile_tables_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-        w, ipt, tiles, out + tiles * ipt * kItemBytes,
-        out + tiles * ipt * (kItemBytes + kTableBytes), flag.as<int>());
+        w, ipt, tiles, out + tiles * ipt * kItemBytes, flag.as<int>());
     check_launch(op);
   }
   int bad = 0;
@@ -964,14 +1045,22 @@ bool decode_tiles_applies(const DecodeParams& d) {
   if (decode_tiles_kind(d.w) == kTilesNone) return false;
   if (reinterpret_cast<uintptr_t>(d.tiles) % 16 != 0) return false;
   if (d.x) {  // fused: the ring kernel's rule (rot 256, bf16 / f16 x, few rows), depth 8 only
-    if (d.M > kTilesFuseLimit || d.rot != 256) return false;
+    // More rows: the cooperative mode (codes and scales through d.a / d.ep.a_scale), or the
+    // rotate kernel into them first (decode_tiles_with).
+    const bool scratch = d.a && d.ep.a_scale && d.lda % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(d.a) % 16 == 0;
+    if ((d.M > kTilesFuseLimit && !scratch) || d.rot != 256) return false;
     if (d.x_dtype != DType::bf16 && d.x_dtype != DType::f16) return false;
   } else if (!d.a || d.lda % 16 != 0 || reinterpret_cast<uintptr_t>(d.a) % 16 != 0) {
     return false;
   }
   const TilesDevice info = tiles_device();
   if (!info.sm90) return false;
-  return tiles_layout(d, tiles_grid(d), d.x ? 8 : 4).smem <= info.max_smem;
+  // Fused with more rows than kTilesFuseLimit: the cooperative mode's layout (no fp32 row, depth
+  // 4), which the rotate-kernel fallback's also fits in.
+  const bool many = d.x && d.M > kTilesFuseLimit;
+  return tiles_layout(d, tiles_grid(d), d.x && !many ? 8 : 4, false, false, many).smem <=
+         info.max_smem;
 }
 
 namespace {
@@ -995,27 +1084,55 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   decode_tiles_with(d, layer_tiles_tuning(), stream);
 }
 
-void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaStream_t stream) {
+void decode_tiles_with(const DecodeParams& dp, const DecodeTilesTuning& t, cudaStream_t stream) {
+  DecodeParams d = dp;
   const int grid = tiles_grid(d);
   const int max_smem = tiles_device().max_smem;
+  // Fused call (x in) with scratch codes / scales (d.a, d.ep.a_scale): the cooperative rotation
+  // where it applies; else, past kTilesFuseLimit rows, the rotate kernel into the scratch first.
+  const bool scratch = d.x && d.a && d.ep.a_scale && d.lda % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(d.a) % 16 == 0;
+  const bool coop = scratch && t.coop && d.M <= grid && d.w.K <= 16 * kTilesThreads &&
+                    (d.act_qmax == 7 || d.act_qmax == 127) &&
+                    reinterpret_cast<uintptr_t>(d.x) % 16 == 0 && d.x_row_stride % 8 == 0;
+  if (d.x && !coop && (d.M > kTilesFuseLimit || (scratch && t.coop))) {
+    RotateQuantParams rq = rotate_quant_rows(d.x, d.x_dtype, d.M, d.w.K,
+                                             d.act_qmax == 7 ? ActFormat::int4 : ActFormat::int8,
+                                             const_cast<int8_t*>(d.a),
+                                             const_cast<float*>(d.ep.a_scale), d.rot);
+    rq.x_row_stride = d.x_row_stride;
+    rq.codes_row_stride = d.lda;
+    rq.pdl = t.trigger;
+    rotate_quantize(rq, stream);
+    d.x = nullptr;
+  }
   // The deepest ring <= t.depth (0: the deepest) that fits: 8, 6 or 4 slots per warp; the fused
   // instances exist with 8 only (decode_tiles_applies checked that it fits). H200 run 6: depth 4
   // was the fastest (convrotint4 1 x 5120 -> 13824 17.9 us vs 19.6 at depth 8, comfy 16.6 vs
   // 17.0), so it is the default (DecodeTilesTuning).
-  int depth = d.x || t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 ? 6 : 4);
-  const bool t4 = t.table4 && !d.x && decode_tiles_kind(d.w) == kTilesInt4;
-  TilesLayout L = tiles_layout(d, grid, depth, false, t4);
-  while (!d.x && L.smem > max_smem && depth > 4) {
-    depth -= 2;
-    L = tiles_layout(d, grid, depth, false, t4);
+  // Fused on the register rotation (t.fuse_reg): K <= 16 threads' worth, 16-byte rows of x, and
+  // depth 8 or 4 (its instances); else the shared-memory rotation at depth 8.
+  const bool freg = coop || (d.x && t.fuse_reg && d.w.K <= 16 * kTilesThreads &&
+                             (d.act_qmax == 7 || d.act_qmax == 127) &&
+                             reinterpret_cast<uintptr_t>(d.x) % 16 == 0 && d.x_row_stride % 8 == 0);
+  int depth = (d.x && !freg) || t.depth <= 0 || t.depth >= 8 ? 8 : (t.depth >= 6 && !d.x ? 6 : 4);
+  if (coop && d.M > 8) depth = 4;  // the two-n8-tile fused instances exist at depth 4 only
+  TilesLayout L = tiles_layout(d, grid, depth, false, false, freg);
+  while ((!d.x || freg) && L.smem > max_smem && depth > 4) {
+    depth = d.x ? 4 : depth - 2;
+    L = tiles_layout(d, grid, depth, false, false, freg);
   }
   L.bulk = t.bulk ? 1 : 0;
   L.interleave = t.interleave ? 1 : 0;
   L.trigger = t.trigger ? 1 : 0;
   L.l2_prefetch = std::max(0, t.l2_prefetch);
   L.act_async = t.async_act ? 1 : 0;
+  if (coop) {
+    L.coop = 1;
+    L.coop_cnt = coop_counters(stream);
+  }
   if (t.balanced) {  // the same depth with one more (shared) tile per CTA, if it fits
-    TilesLayout B = tiles_layout(d, grid, depth, true, t4);
+    TilesLayout B = tiles_layout(d, grid, depth, true);
     if (B.smem <= max_smem) {
       B.bulk = L.bulk;
       B.interleave = L.interleave;
@@ -1026,7 +1143,7 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
       boundary_buffers(stream, &L.bnd, &L.cnt);
     }
   } else if (t.spread && !t.interleave) {  // two more (leftover) slots per CTA, if they fit
-    TilesLayout B = tiles_layout(d, grid, depth, false, t4, true);
+    TilesLayout B = tiles_layout(d, grid, depth, false, true);
     if (B.smem <= max_smem) {
       B.bulk = L.bulk;
       B.trigger = L.trigger;
@@ -1040,12 +1157,25 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   const bool two = d.M > 8;
   auto go = [&](auto kind_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
-    if (d.x) {  // fused instances: one n8 tile (M <= kTilesFuseLimit), depth 8
-      if constexpr (KIND == kTilesInt4C) return;  // never (t4 is off in the fused mode)
-      if (d.x_dtype == DType::f16) {
-        launch_tiles<KIND, 1, 8, __half>(d, L, grid, stream);
+    if (d.x) {  // fused instances: one n8 tile (M <= kTilesFuseLimit), depth 8 (or 4: freg)
+      auto by_x = [&](auto depth_tag) {
+        constexpr int DEPTH = decltype(depth_tag)::value;
+        if (d.x_dtype == DType::f16) {
+          launch_tiles<KIND, 1, DEPTH, __half>(d, L, grid, stream);
+        } else {
+          launch_tiles<KIND, 1, DEPTH, __nv_bfloat16>(d, L, grid, stream);
+        }
+      };
+      if (two) {  // the cooperative mode only (M > kTilesFuseLimit)
+        if (d.x_dtype == DType::f16) {
+          launch_tiles<KIND, 2, 4, __half>(d, L, grid, stream);
+        } else {
+          launch_tiles<KIND, 2, 4, __nv_bfloat16>(d, L, grid, stream);
+        }
+      } else if (depth == 8) {
+        by_x(std::integral_constant<int, 8>{});
       } else {
-        launch_tiles<KIND, 1, 8, __nv_bfloat16>(d, L, grid, stream);
+        by_x(std::integral_constant<int, 4>{});
       }
       return;
     }
@@ -1067,8 +1197,6 @@ void decode_tiles_with(const DecodeParams& d, const DecodeTilesTuning& t, cudaSt
   };
   if (kind == kTilesComfy) {
     go(std::integral_constant<int, kTilesComfy>{});
-  } else if (t4) {
-    go(std::integral_constant<int, kTilesInt4C>{});
   } else {
     go(std::integral_constant<int, kTilesInt4>{});
   }

@@ -37,13 +37,11 @@ bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t str
 // Largest M the tiled kernel rotates + quantizes itself (d.x set: every CTA rotates the rows in
 // its prologue while its first items stream in; one launch for the layer).
 constexpr int64_t kTilesFuseLimit = 2;
-// Largest M for which QuantizedLinear::forward takes that fused mode (0: off; the rotate kernel
-// + PDL, as for the ring kernel).
-constexpr int64_t kTilesFuseMaxM = 0;
 
 // Whether decode_tiles takes d: d.tiles set (decode_tiles_build of d.w succeeded), sm_90 image,
-// M <= 16, the shared-memory layout fits; codes in d.a, or (fused) x in d.x with
-// M <= kTilesFuseLimit, rot 256, bf16 / f16.
+// M <= 16, the shared-memory layout fits; codes in d.a, or (fused) x in d.x with rot 256, bf16 /
+// f16 and M <= kTilesFuseLimit or scratch codes / scales in d.a / d.ep.a_scale (any M <= 16:
+// the cooperative mode, or the rotate kernel into the scratch first).
 bool decode_tiles_applies(const DecodeParams& d);
 
 // Tuning of the tiled kernel (A/B bench rows; the defaults are the layer's).
@@ -55,10 +53,6 @@ struct DecodeTilesTuning {
   // side arrives second) instead of whole 16-row tiles per CTA (864 tiles on 132 SMs: 7 vs
   // 6.55). Boundary buffers per (device, stream).
   bool balanced = false;
-  // Packed 4-bit: read the 4-byte form of the fold tables (decoded per item by 16 lanes into
-  // shared memory) instead of the 8-byte one: 64 instead of 128 bytes per 1 KB of codes, the same
-  // bytes as the checkpoint's fp32 ratios.
-  bool table4 = false;
   // Weight transport: one cp.async.bulk (TMA) of the item's 1 KB (+ tables) by lane 0, completing
   // on the slot's mbarrier, instead of two 16-byte cp.async per lane. Same slots, same bits.
   bool bulk = false;
@@ -96,6 +90,36 @@ struct DecodeTilesTuning {
   // H200 run 12: convrotint4 16 x 5120 -> 13824 26.9 -> 25.0 us (stream of layers with
   // trigger: 25.5 -> 23.9), neutral elsewhere: the default since.
   bool async_act = true;
+  // Session 7: the largest M (at most kTilesFuseLimit; with `coop` at most 16) for which
+  // QuantizedLinear::forward runs the fused mode: no rotate kernel, every CTA rotates +
+  // quantizes x in its prologue after its first weight requests and griddepcontrol.wait (one
+  // launch per layer: a stream of layers chains GEMV -> GEMV under `trigger`); with `coop`,
+  // M > kTilesFuseLimit rotates cooperatively. 0: the rotate kernel + PDL (sessions 4-6).
+  // H200 run 16, stream of 8 layers, per layer: convrotint4 / comfy M = 1 18.4 / 15.4 ->
+  // 17.3 / 14.2 us (fused), M = 16 24.2 / 22.7 -> 22.8 / 21.7 (coop), all bits equal: the
+  // default since. A single call after an L2 flush is slower (M = 1 int4 20.2 -> 22.1, M = 16
+  // 25.2 -> 28.8: nothing hides the prologue there); fuse_max_m = 0 restores the two kernels.
+  // Default kTilesFuseLimit: the redundant fused mode only (no CTA waits on another); larger M
+  // keeps the rotate kernel + PDL unless `coop` is set (see there).
+  int fuse_max_m = kTilesFuseLimit;
+  // Session 7: the fused prologue on the register rotation (the register rotate kernel's
+  // arithmetic: 16 elements per thread, one barrier per row, no fp32 row in shared memory; K <=
+  // 8192 and 16-byte x rows, else the shared-memory rotation), at ring depth `depth` (8 or 4).
+  // false: session 4's shared-memory rotation, depth 8 (run 12: no faster than rotate + tiles).
+  bool fuse_reg = true;
+  // Session 7: the fused mode with scratch codes / scales (DecodeParams::a, ep.a_scale: M x K
+  // bytes, M floats) rotates COOPERATIVELY: CTA b < M rotates row b (register rotation) into the
+  // scratch and counts itself done in a per-stream global counter; every CTA waits for the M
+  // rows (after its first weight requests), then copies them as in the two-kernel path. No
+  // rotate kernel between layers for any M <= 16 (the redundant fused mode: M <= 2); every
+  // CTA must be resident at once (grid = SMs, one CTA per SM). The layer takes it for
+  // kTilesFuseLimit < M <= fuse_max_m (M <= kTilesFuseLimit: the redundant mode, faster at
+  // M = 1 in run 16: 17.3 vs 17.8 us). Fused calls without scratch keep the redundant mode.
+  // Off by default: CUDA does not guarantee that every CTA of a normal launch is resident at
+  // once (kernels on other streams, MPS or green-context SM limits), and a CTA that waits for a
+  // row whose CTA never runs gives up after its bounded poll with wrong output. Opt in (with
+  // fuse_max_m = 16) only where the GEMV owns the GPU: 1.4 us per layer at M = 16 in run 16.
+  bool coop = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).

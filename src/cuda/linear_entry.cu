@@ -10,6 +10,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -311,7 +312,14 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
 
   const linear::PackedWeightRef ref = weight_ref(w);
-  const bool tiles_fuse = kUseDecodeTiles && w.decode_tiles.data && M <= linear::kTilesFuseMaxM;
+  // Decode on the tiles with the rotation inside the GEMV (DecodeTilesTuning::fuse_max_m): every
+  // CTA rotating x (M <= kTilesFuseLimit), or cooperatively through scratch codes (coop, M <= 16,
+  // below once the scratch exists).
+  const linear::DecodeTilesTuning tiles_tuning = linear::layer_tiles_tuning();
+  const bool tiles_in = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 &&
+                        M <= tiles_tuning.fuse_max_m;
+  const bool tiles_fuse = tiles_in && M <= linear::kTilesFuseLimit;
+  const bool tiles_coop = tiles_in && !tiles_fuse && tiles_tuning.coop && M <= 16;
   if (fmt != ActFormat::e4m3 &&
       (tiles_fuse || M <= linear::kRingFuseMaxM || linear::decode_can_fuse(M, K))) {
     // Few decode rows: one kernel rotates, quantizes and multiplies (bit-identical to
@@ -356,8 +364,30 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // Decode on the tiled kernel with an early trigger (DecodeTilesTuning::trigger): the rotate
   // kernel is launched with PDL too, so a stream of layers chains GEMV -> rotate -> GEMV with
   // each kernel starting under its predecessor's tail (it waits before touching memory).
-  const bool chain = kUseDecodeTiles && M <= 16 && w.decode_tiles.data &&
-                     linear::layer_tiles_tuning().trigger;
+  if (tiles_coop) {  // no rotate kernel: the GEMV's CTAs rotate x into the scratch themselves
+    linear::DecodeParams d;
+    d.x = x.data;
+    d.x_dtype = x.dtype;
+    d.x_row_stride = x.stride[0];
+    d.rot = w.rot;
+    d.act_qmax = fmt == ActFormat::int4 ? 7 : 127;
+    d.a = a_codes;
+    d.lda = K;
+    d.M = M;
+    d.w = ref;
+    d.ep = ep;
+    d.ep.a_scale = a_scale;
+    d.ep.w_scale = static_cast<const float*>(w.scales.data);
+    d.out = out.data;
+    d.out_dtype = out.dtype;
+    d.ldo = out.stride[0];
+    d.tiles = static_cast<const uint8_t*>(w.decode_tiles.data);
+    if (linear::decode_tiles_applies(d)) {
+      linear::decode_tiles(d, s);
+      return;
+    }
+  }
+  const bool chain = kUseDecodeTiles && M <= 16 && w.decode_tiles.data && tiles_tuning.trigger;
   launch_rotate_quantize(x, w.rot, fmt, a_codes, K, a_scale, s, chain);
   g.a_scale = a_scale;
   g.w_scale = static_cast<const float*>(w.scales.data);

@@ -56,6 +56,25 @@ struct RotateQuantParams {
   // The legacy kernel ignores it.
   bool pdl = false;
 };
+// Parameters for contiguous rows: x (M, K) x_dtype, codes (M, K) one byte per code (row stride
+// K bytes), scales (M) fp32. The callers that rotate + quantize whole contiguous rows (the layer's
+// decode step, the bench rows) build them here.
+inline RotateQuantParams rotate_quant_rows(const void* x, DType x_dtype, int64_t M, int64_t K,
+                                           ActFormat fmt, void* codes, float* scales,
+                                           int rot = 256) {
+  RotateQuantParams p;
+  p.x = x;
+  p.x_dtype = x_dtype;
+  p.x_row_stride = K;
+  p.M = M;
+  p.K = K;
+  p.rot = rot;
+  p.fmt = fmt;
+  p.codes = codes;
+  p.codes_row_stride = K;
+  p.scales = scales;
+  return p;
+}
 // Bytes of shared memory one row needs (the rotated row is staged in fp32): K * 4.
 int64_t rotate_quantize_smem_bytes(int64_t K);
 // Largest K the fused kernel takes on the current device.

@@ -152,42 +152,6 @@ __global__ void __launch_bounds__(kThreads) rotate_quantize_kernel(RotateQuantPa
 // sum's bits is the two's-complement code (|z| <= qmax (1 + 2^-22) here, so no clamp is needed).
 constexpr int kRegMaxThreads = 1024;
 
-__device__ __forceinline__ float sign_if(bool neg, float v) { return neg ? -v : v; }
-
-
-// NaN-propagating max of |v| into m (max.NaN, sm_80+): one FMNMX.
-__device__ __forceinline__ float amax_nan(float m, float v) {
-  float r;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(v)));
-  return r;
-}
-
-// The 16 elements of raw 16-byte words (2 for 16-bit types, 4 for f32) as fp32.
-template <typename T>
-__device__ __forceinline__ void unpack_raw(const uint4* raw, float v[16]) {
-  if constexpr (sizeof(T) == 2) {
-    const uint32_t w[8] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w,
-                           raw[1].x, raw[1].y, raw[1].z, raw[1].w};
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-        v[2 * q] = __uint_as_float(w[q] << 16);
-        v[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
-      } else {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[q]));
-        v[2 * q] = f.x;
-        v[2 * q + 1] = f.y;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      v[4 * q] = __uint_as_float(raw[q].x), v[4 * q + 1] = __uint_as_float(raw[q].y);
-      v[4 * q + 2] = __uint_as_float(raw[q].z), v[4 * q + 3] = __uint_as_float(raw[q].w);
-    }
-  }
-}
-
 // Loads the thread's 16 elements as fp32 (zeros when !in).
 template <typename T>
 __device__ __forceinline__ void load16(const T* p, bool in, bool vec, float v[16]) {
@@ -226,48 +190,6 @@ __device__ __forceinline__ void load16(const T* p, bool in, bool vec, float v[16
   for (int j = 0; j < 16; ++j) v[j] = to_f32<T>(p[j]);
 }
 
-// p(j) for j < 16 (swap the two bits of both base-4 digits), usable in constant expressions.
-__host__ __device__ constexpr int p16(int j) {
-  return ((j & 5) << 1) | ((j >> 1) & 5);
-}
-// d(j) < 0 for j < 16.
-__host__ __device__ constexpr bool dneg16(int j) {
-  return ((j & 3) == 3) != ((j >> 2) == 3);
-}
-
-// D, then H_ROT's butterflies (h = 1 .. ROT/2 in order) on the thread's 16 values; g: the
-// thread's 16-group within its block. Leaves t = (x·D·H) unnormalized, in register order j.
-template <int ROT>
-__device__ __forceinline__ void hadamard16(float v[16], int g) {
-  const bool neg_g = d_sign(g) < 0.f;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    v[j] = sign_if(neg_g != dneg16(j), v[j]);
-  }
-#pragma unroll
-  for (int h = 1; h < 16; h <<= 1) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      if ((j & h) == 0) {
-        const float a = v[j], b = v[j + h];
-        v[j] = __fadd_rn(a, b);
-        v[j + h] = __fsub_rn(a, b);
-      }
-    }
-  }
-#pragma unroll
-  for (int h = 16; h < ROT; h <<= 1) {
-    const int lx = h / 16;
-    // lower element of the pair (own a, partner b): a + b; upper (own b, partner a): a - b.
-    const float s = (g & lx) ? -1.f : 1.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const float other = __shfl_xor_sync(0xffffffffu, v[j], lx);
-      v[j] = __fmaf_rn(s, v[j], other);  // s * v is exact: RN(other -/+ v)
-    }
-  }
-}
-
 template <typename T, int ROT, ActFormat FMT>
 __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(RotateQuantParams p,
                                                                            bool vec_in,
@@ -283,42 +205,36 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int K = static_cast<int>(p.K);
   const bool in = tid * 16 < K;
-  const int g = tid & (ROT / 16 - 1);
-  // The block's first element, plus p(g) groups of 16 (g < 16: at most two base-4 digits).
-  const int out0 = (tid * 16 - g * 16) + p16(g) * 16;
-  constexpr float kNorm = ROT == 16 ? 0.25f : (ROT == 64 ? 0.125f : 0.0625f);
+  const int g = reg_group<ROT>(tid);
+  const int out0 = reg_out0<ROT>(tid);
   // Rows blockIdx.x, + gridDim.x, ...: the next row's 32 (f32: 64) bytes are loaded while this
   // one is computed, so a CTA keeps its loads in flight through the barrier and the stores.
+  // (Two rows ahead in two register buffers, session 7, was no faster: H200 run 16.)
   constexpr int kRaw = sizeof(T) == 2 ? 2 : 4;
   uint4 raw[kRaw];
-  auto fetch = [&](int64_t r) {
+  auto fetch = [&](int64_t r, uint4* buf) {
     if (in && vec_in && r < p.M) {
       const uint4* src = reinterpret_cast<const uint4*>(static_cast<const T*>(p.x) +
                                                         r * p.x_row_stride + tid * 16);
 #pragma unroll
-      for (int q = 0; q < kRaw; ++q) raw[q] = __ldg(src + q);
+      for (int q = 0; q < kRaw; ++q) buf[q] = __ldg(src + q);
     }
   };
-  fetch(blockIdx.x);
-  int parity = 0;
-  for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x, parity ^= 1) {
+  // Row `row` from buf (then refilled with row + gridDim.x); parity: the warp_amax buffer,
+  // alternating between consecutive rows of the CTA.
+  auto process = [&](int64_t row, uint4* buf, int parity) {
     float v[16];
     if (in && vec_in) {
-      unpack_raw<T>(raw, v);
+      unpack_raw<T>(buf, v);
     } else {
       load16<T>(static_cast<const T*>(p.x) + row * p.x_row_stride + tid * 16, in, false, v);
     }
-    fetch(row + gridDim.x);
-    hadamard16<ROT>(v, g);
-    // The output sign d(p(i)) = d(i) = d(g) d(j), folded into the normalization.
-    const float norm_g = d_sign(g) * kNorm;
-    // y in output order: y[p(j)] = d(j) d(g) t_j 2^-k.
-    float y[16];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) y[p16(j)] = __fmul_rn(v[j], dneg16(j) ? -norm_g : norm_g);
+    fetch(row + static_cast<int64_t>(gridDim.x), buf);
+    float y[16];  // in output order
+    rotate16<ROT>(v, g, y);
 
     if constexpr (FMT == ActFormat::rotate_only) {
-      if (!in) continue;
+      if (!in) return;
       const int64_t off = row * p.rotated_row_stride + out0;
       if (vec_out && p.rotated_dtype == DType::bf16) {
         uint32_t w[8];
@@ -350,7 +266,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
         for (int j = 0; j < 16; ++j) store_out(p.rotated, off + j, p.rotated_dtype, y[j]);
       }
     } else if constexpr (FMT == ActFormat::nvfp4) {
-      if (!in) continue;
+      if (!in) return;
       float m = 0.f;
 #pragma unroll
       for (int j = 0; j < 16; ++j) m = amax_nan(m, y[j]);
@@ -376,11 +292,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
       p.block_scales[row * (p.K / 16) + out0 / 16] = s8;
     } else {
       // Per-token scale. amax of |y| = amax of |t| · 2^-k exactly (rounding is monotonic).
-      float m = 0.f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) m = amax_nan(m, y[j]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = amax_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+      float m = amax16_warp(y);
       // Two buffers by row parity: a warp writing the next row's entry has passed this row's
       // barrier, which every warp reaches only after reading the previous row's entries.
       if (lane == 0) warp_amax[parity][warp] = m;
@@ -390,45 +302,15 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
         m = amax_nan(m, warp_amax[parity][w]);
       constexpr float kQmax =
           FMT == ActFormat::int8 ? 127.f : (FMT == ActFormat::int4 ? 7.f : 448.f);
-      float scale = m / kQmax;
-      if (scale == 0.f) scale = 1.f;  // NaN stays NaN
+      const float scale = token_scale(m, kQmax);
       if (tid == 0) p.scales[row] = scale;
-      if (!in) continue;
+      if (!in) return;
 
-      float z[16];
-      if (div_rn_applies(scale)) {
-        const float r = __frcp_rn(scale);
-#pragma unroll
-        for (int j = 0; j < 16; ++j) z[j] = div_rn(y[j], scale, r);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) z[j] = __fdiv_rn(y[j], scale);
-      }
       uint32_t w[4];
       if constexpr (FMT == ActFormat::e4m3) {
-        // The residual corrections turn z = -0 into +0 ((-s)(-0) + (-0) = +0); the CPU's y / s
-        // keeps it, and e4m3 has a -0 (0x80). Away from NaN (which takes the division above), the
-        // correctly rounded quotient has the sign of y: copy it back (a no-op unless z = 0; the
-        // conversion keeps the sign of zero, as the IEEE-division path always relied on).
-        if (div_rn_applies(scale)) {
-#pragma unroll
-          for (int j = 0; j < 16; ++j) z[j] = copysignf(z[j], y[j]);
-        }
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          w[q] = e4m3x2(z[4 * q], z[4 * q + 1]) | (e4m3x2(z[4 * q + 2], z[4 * q + 3]) << 16);
+        quantize16_e4m3(y, scale, w);
       } else {
-        constexpr int kLim = FMT == ActFormat::int8 ? 127 : 7;
-        const bool fast = div_rn_applies(scale);
-        uint32_t b[16];
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-          b[j] = fast ? __float_as_uint(__fadd_rn(z[j], 12582912.f))
-                      : static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -kLim, kLim));
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          w[q] = __byte_perm(__byte_perm(b[4 * q], b[4 * q + 1], 0x0040),
-                             __byte_perm(b[4 * q + 2], b[4 * q + 3], 0x0040), 0x5410);
+        quantize16_int<FMT == ActFormat::int8 ? 127 : 7>(y, scale, w);
       }
       uint8_t* codes = static_cast<uint8_t*>(p.codes) + row * p.codes_row_stride + out0;
       if (vec_out) {
@@ -439,7 +321,11 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
           codes[bb] = static_cast<uint8_t>(w[bb / 4] >> (8 * (bb % 4)));
       }
     }
-  }  // rows
+  };
+  fetch(blockIdx.x, raw);
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x, parity ^= 1)
+    process(row, raw, parity);
 }
 
 template <typename T, int ROT, ActFormat FMT>

@@ -198,12 +198,17 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
-// attn: the mbarrier at shared address `bar` takes one arrival once every cp.async this thread
+// The mbarrier at shared address `bar` takes one arrival once every cp.async this thread
 // issued before it has landed (noinc: that arrival counts against the barrier's expected count).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// (end attn)
+// 32-bit global load with acquire semantics at GPU scope (a flag another CTA released).
+__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 
 }  // namespace ptx
 }  // namespace cuda
