@@ -190,25 +190,25 @@ class PrologueBench : public BenchCase {
           // Session 7: the two-call k path (norm_rope_mean, then norm_rope_quantize: its
           // partials freed between the two kernels, the quantize loads after its PDL wait) and
           // the fused call with the quantize loads after the wait.
+          // Run 16: the fused call 0.2762 / 0.0403 ms vs two calls 0.2780 / 0.0423 (Wan / Flux),
+          // vs the fused call with the quantize loads after its PDL wait 0.2787 / 0.0420 (no
+          // longer a row); one persistent cooperative kernel (mean CTAs, grid barrier, final
+          // sums, grid barrier, quantize CTAs) 0.3367 / 0.0437: deleted.
           variant_of("two calls (norm_rope_mean + norm_rope_quantize, session 6 path)", {},
                      two_calls);
-          t = {};
-          t.quant_early = detail::kEarlyOff;
-          variant("fused, quantize loads x after its PDL wait", t);
           // Session 7: the quantize CTA's mean rows in an 8-row ring refilled 4 heads at a time
-          // (a CTA barrier per 4 heads), so its head group is the wave model's pick over all 40
-          // heads (q: 20) instead of the 8 whose rows fit in shared memory.
+          // (a CTA barrier per 4 heads; the default for run 17), so its head group is the wave
+          // model's pick over all 40 heads (20) instead of the 7 whose rows fit beside 5 CTAs per
+          // SM. (Run 16: equal, but there both ran 20 heads on 4 CTAs per SM.)
           t = {};
-          t.mean_smem = detail::kMeanSmemRing;
-          variant("mean rows in an 8-row ring (head group not capped)", t);
-          // Session 7: the k path as one persistent cooperative kernel (mean CTAs, grid barrier,
-          // final sums, grid barrier, quantize CTAs reading x back mostly from L2).
-          t = {};
-          t.kpath = detail::kKpathPersistent;
-          variant("one persistent kernel (grid barriers)", t);
-          t.mean_smem = detail::kMeanSmemRing;
-          variant("one persistent kernel + mean ring", t);
+          t.mean_smem = detail::kMeanSmemOn;
+          variant("mean rows staged per head group (7 heads at 5 CTAs per SM)", t);
         }
+        // Session 7: team barriers with a register id (run 16's kernel): ptxas reserves 16
+        // barriers per CTA, 4 CTAs per SM; the default now names ids 1..8 (5 CTAs per SM).
+        t = {};
+        t.barrier_ids = detail::kBarrierRegister;
+        variant("register barrier ids (4 CTAs per SM, run 16 default)", t);
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
       // gets no L2 reuse from the mean pass): where the k path's time goes.
@@ -384,10 +384,12 @@ class PrologueKQuantBench : public BenchCase {
       const char* label;
       detail::PrologueCudaTuning t;  // {}: the default
     };
-    detail::PrologueCudaTuning ring;
-    ring.mean_smem = detail::kMeanSmemRing;
-    const V vs[] = {{"default (96-register ring, mean rows in shared memory)", {}},
-                    {"mean rows in an 8-row ring (head group not capped)", ring}};
+    detail::PrologueCudaTuning staged, regbar;
+    staged.mean_smem = detail::kMeanSmemOn;
+    regbar.barrier_ids = detail::kBarrierRegister;
+    const V vs[] = {{"default (96-register ring, 8-row mean ring, barrier ids 1..8)", {}},
+                    {"mean rows staged per head group (7 heads at 5 CTAs per SM)", staged},
+                    {"register barrier ids (4 CTAs per SM, run 16 default)", regbar}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

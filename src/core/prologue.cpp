@@ -348,7 +348,7 @@ std::atomic<int> g_mean_ctas{0};
 std::atomic<int> g_mean_fma{0};
 std::atomic<int> g_mean_smem{0};
 std::atomic<int> g_quant_early{0};
-std::atomic<int> g_kpath{0};
+std::atomic<int> g_barrier_ids{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -369,7 +369,7 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_mean_fma.store(t.mean_fma);
   g_mean_smem.store(t.mean_smem);
   g_quant_early.store(t.quant_early);
-  g_kpath.store(t.kpath);
+  g_barrier_ids.store(t.barrier_ids);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -391,7 +391,7 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.mean_fma = g_mean_fma.load();
   t.mean_smem = g_mean_smem.load();
   t.quant_early = g_quant_early.load();
-  t.kpath = g_kpath.load();
+  t.barrier_ids = g_barrier_ids.load();
   return t;
 }
 

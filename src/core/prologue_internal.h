@@ -121,10 +121,10 @@ namespace detail {
 // `mean_smem` = kMeanSmemRing (with a cp.async quantize ring): the mean rows in an 8-row ring
 // refilled 4 heads at a time behind a CTA barrier, so that the head group is not capped by
 // shared memory. For `mean_smem`, 0 means the default in src/cuda/prologue_v3.cu
-// (kV3DefaultMeanSmem). `kpath` how norm_rope_mean_quantize runs on CUDA (kKpathLaunches: the
-// mean kernel, mean_final and the quantize kernel; kKpathPersistent: one cooperative kernel of
-// the resident CTAs running the three in turn with grid barriers, where the round-4 mean and the
-// 96-register quantize kernels apply; the same bits; 0: the default in src/cuda/prologue.cu).
+// (kV3DefaultMeanSmem). `barrier_ids` the 96-register quantize kernel's team barriers (THREAD_K /
+// PER_BLOCK groups across warps): kBarrierImmediate ids 1..8 as immediates (9 barriers per
+// CTA), kBarrierRegister the id in a register (ptxas reserves 16: at most 4 CTAs per SM); 0: the
+// default in src/cuda/prologue_v3.cu (kV3DefaultImmBar).
 // None of the others changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
@@ -137,7 +137,7 @@ constexpr int kMeanFmaOff = 1, kMeanFmaOn = 2;
 constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
 constexpr int kMeanSmemRing = 3;  // mean_smem: an 8-row ring refilled 4 heads at a time
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
-constexpr int kKpathLaunches = 1, kKpathPersistent = 2;
+constexpr int kBarrierRegister = 1, kBarrierImmediate = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
@@ -156,7 +156,7 @@ struct PrologueCudaTuning {
   int mean_fma = 0;
   int mean_smem = 0;
   int quant_early = 0;
-  int kpath = 0;
+  int barrier_ids = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

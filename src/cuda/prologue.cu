@@ -495,8 +495,6 @@ constexpr int kMeanMaxHeads = 6;   // heads per mean CTA (6 KB of accumulators p
 constexpr int kMeanCtasPerSm = 4;  // mean CTAs resident per SM (registers: <= 128 per thread)
 // mean_final launched with PDL unless the tuning knob `pdl` says otherwise.
 constexpr int kPdlDefault = detail::kPdlOn;
-// norm_rope_mean_quantize as one persistent kernel (tuning `kpath`): session 7, not yet measured.
-constexpr int kKpathDefault = detail::kKpathLaunches;
 
 // Chunks of a lane: lane_in_row and lane_in_row + LANES ("paired": every 8 lanes of a row read
 // 128 contiguous bytes per load) unless pairs are interleaved (chunks 2 lane_in_row and +1, so a
@@ -682,7 +680,7 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
   };
   const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
   const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
-  const int team_first = warp / L.wpg * L.wpg, team_barrier = 1 + warp / L.wpg;
+  const int team = warp / L.wpg, team_first = team * L.wpg;
   const int team_threads = 32 * L.wpg;
   const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
   const float abs_sm = fabsf(a.sm_scale);
@@ -734,7 +732,7 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
     if (L.wpg > 1) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
-      named_barrier(team_barrier, team_threads);
+      team_barrier(team, team_threads);
       m = red[par][team_first];
       for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
     }
@@ -1078,11 +1076,6 @@ void norm_rope_mean(const PrologueArgs& a, Context& ctx) { mean_pass(a, ctx, nul
 // knowing that only the mean pass of the same x runs before it (it may read x before its PDL
 // wait: the round-3 kernel's `early` placement, the default here).
 void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx) {
-  // One persistent kernel (tuning `kpath`; off by default until measured).
-  const int kpath = detail::prologue_cuda_tuning().kpath;
-  if ((kpath > 0 ? kpath : kKpathDefault) == detail::kKpathPersistent &&
-      v3_kpath_persistent(a, ctx))
-    return;
   PrologueArgs m = a;
   m.mean = nullptr;  // the mean pass normalizes and rotates only
   ScratchHold hold;

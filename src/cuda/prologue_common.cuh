@@ -195,6 +195,22 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// bar.sync on barrier 1 + team (team < 8, warp-uniform) for `threads` threads, the id an
+// immediate: for a register id (named_barrier) ptxas reserves all 16 of the CTA's barriers,
+// which caps the resident CTAs per SM at 4 (ncu: "Block Limit Barriers"); ids 1..8 reserve 9.
+__device__ __forceinline__ void team_barrier(int team, int threads) {
+  switch (team) {
+    case 0: asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); break;
+    case 1: asm volatile("bar.sync 2, %0;" ::"r"(threads) : "memory"); break;
+    case 2: asm volatile("bar.sync 3, %0;" ::"r"(threads) : "memory"); break;
+    case 3: asm volatile("bar.sync 4, %0;" ::"r"(threads) : "memory"); break;
+    case 4: asm volatile("bar.sync 5, %0;" ::"r"(threads) : "memory"); break;
+    case 5: asm volatile("bar.sync 6, %0;" ::"r"(threads) : "memory"); break;
+    case 6: asm volatile("bar.sync 7, %0;" ::"r"(threads) : "memory"); break;
+    default: asm volatile("bar.sync 8, %0;" ::"r"(threads) : "memory"); break;
+  }
+}
+
 // Software pipeline over `count` units: the loads of units u+1 .. u+DEPTH are issued before unit
 // u is processed. The ring is fully unrolled, so the buffers stay in registers. `start` runs
 // once, after the first DEPTH loads are issued and before the first unit is processed (all
@@ -338,9 +354,6 @@ inline Scratch& hold_scratch(ScratchHold& hold, size_t bytes, cudaStream_t strea
 bool v3_supported(const PrologueArgs& a, bool quantize);
 void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean = false);
 void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold = nullptr);
-// The whole k path (norm_rope_mean_quantize's `a`) in one persistent cooperative kernel, the same
-// bits as the mean pass + quantize pass; false (nothing launched) where it does not apply.
-bool v3_kpath_persistent(const PrologueArgs& a, Context& ctx);
 
 // The mean pass's second stage (src/cuda/prologue.cu): mean_out[b, h, c] = (the `chunks` fp32
 // partials (B, H, chunks, D) of (b, h) added in a fixed order) / N.

@@ -14,10 +14,7 @@
 // never leave a chunk. Sum of squares (the CPU's order): each chunk in channel order, then for
 // each i an xor-shuffle tree over the LANES lanes (chunks LANES*i .. LANES*i + LANES-1 as a
 // pairwise tree), then ((S0 + S1) + (S2 + S3)): the pairwise tree over all D/8 chunks.
-#include <cooperative_groups.h>
-
 #include <algorithm>
-#include <functional>
 #include <utility>
 
 #include "src/core/check.h"
@@ -63,12 +60,22 @@ constexpr bool kV3DefaultQuantPdl = true;
 // default since session 6. (Wide rows, 2 lanes per row with 64 values per thread, lost
 // everywhere in runs 12-13: k pass alone 0.2576 / 0.2062 ms with 16-byte stores, q 0.2169 /
 // 0.1715 vs 0.1548; 10 warps per SM left the schedulers idle. Deleted in session 7.)
-constexpr int kV3DefaultMeanSmem = detail::kMeanSmemOn;
+constexpr int kV3DefaultMeanSmem = detail::kMeanSmemRing;  // session 7: see below
 // mean_smem = kMeanSmemRing (session 7): the mean rows in a ring of kMeanRingRows rows, refilled
 // kMeanRingChunk heads at a time (cp.async, one CTA barrier per chunk), so the head group is not
 // capped by shared memory (Wan k: 8 heads per CTA with the staged rows, 20 for q; the CTA's setup
-// is paid per head group).
+// is paid per head group). Run 16 (k, the same bits): Wan 0.2766 vs 0.2762 ms, Flux 0.0408 vs
+// 0.0403, quantize pass alone 0.1782 vs 0.1794 - but both ran 20 heads on 4 CTAs per SM (the
+// barrier limit below). The default for run 17, with 5 CTAs per SM: it keeps run 16's head group
+// (20) where the staged rows would cap it at 7.
 constexpr int kMeanRingChunk = 4, kMeanRingRows = 8;
+// The scale groups' team barriers with immediate ids 1..8 (tuning `barrier_ids`; session 7).
+// With the id in a register ptxas reserves all 16 of a CTA's barriers, and the SM's barriers
+// then hold every round-3 quantize kernel to 4 resident CTAs: ncu run 16 of the 96-register
+// kernel (k, Wan): "Block Limit Barriers 4", 16 warps per SM where 5 CTAs (20 warps) were
+// planned, and the staged-mean head group, sized for 4 CTAs, was 20 (51 KB per CTA). Not yet
+// measured: the default for run 17 (the bench's "register barrier ids" rows are the old kernel).
+constexpr bool kV3DefaultImmBar = true;
 // The quantize pass of the fused k path (norm_rope_mean_quantize) issues its x, weight and table
 // loads before its PDL wait (tuning `quant_early`; 0 = this default there; a lone
 // norm_rope_quantize waits first unless the knob forces kEarlyOn). GPU run 12, measured behind
@@ -318,10 +325,10 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // LEAN: the same bits with fewer instructions per row (round_bf16_hi, rcp_approx for the
 // reciprocal of the scale and for 1/127: div.full(m, 127) = m * rcp(127)); GPU run 6: bits equal
 // to the non-lean kernel's on every bench output.
-template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false>
-// bid: the CTA's (head group, tile, batch); tiles: the tiles per (batch, head group).
-__device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L,
-                                                 const uint3 bid, const unsigned tiles) {
+// IMMBAR: the scale groups' team barriers with immediate ids (team_barrier), else a register id
+// (named_barrier: ptxas then reserves all 16 of the CTA's barriers).
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool IMMBAR = true>
+__device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool ASYNC = AHEAD > 0;
   constexpr int SLOTS = AHEAD + 1;
   constexpr int LANES = D / 32, RW = 32 / LANES;
@@ -344,9 +351,9 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   // stream has completed (a no-op without the attribute). `early` (the fused k path, i.e. behind
   // the mean pass of the same x): the wait comes before the first read of the mean.
   if (!L.early) griddep_wait();
-  const int64_t b = bid.z;
-  const int64_t tile = L.reverse ? tiles - 1 - bid.y : bid.y;
-  const int64_t h0 = static_cast<int64_t>(bid.x) * L.head_group;
+  const int64_t b = blockIdx.z;
+  const int64_t tile = L.reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
   const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
   // This thread's row for the whole head loop.
   // Position P in the (padded) token order of whole blocks: a tile is whole blocks, or (knob
@@ -379,7 +386,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   };
   const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
   const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
-  const int team_first = warp / L.wpg * L.wpg, team_barrier = 1 + warp / L.wpg;
+  const int team = warp / L.wpg, team_first = team * L.wpg;
   const int team_threads = 32 * L.wpg;
   const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
   const float abs_sm = fabsf(a.sm_scale);
@@ -402,8 +409,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     constexpr int QR = D / 4;  // float4 per mean row
     const int rows = L.mean_ring && count > kMeanRingRows ? kMeanRingRows : count;
     for (int e = tid; e < rows * QR; e += threads)
-      // (ld.global.cg: coherent at L2, so also right where this grid wrote the mean itself)
-      mean_sh[e] = __ldcg(reinterpret_cast<const float4*>(mrow + (e / QR) * m_sh) + e % QR);
+      mean_sh[e] = __ldg(reinterpret_cast<const float4*>(mrow + (e / QR) * m_sh) + e % QR);
   };
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
@@ -477,7 +483,10 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     if (L.wpg > 1) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
-      named_barrier(team_barrier, team_threads);
+      if constexpr (IMMBAR)
+        team_barrier(team, team_threads);
+      else
+        named_barrier(1 + team, team_threads);
       m = red[par][team_first];
       for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
     }
@@ -557,12 +566,12 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN>
 __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
     v3_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, AHEAD, LEAN>(a, L, blockIdx, gridDim.y);
+  v3_quantize_body<D, BF16, ROPE, AHEAD, LEAN>(a, L);
 }
-template <int D, bool BF16, int ROPE, bool LEAN>
+template <int D, bool BF16, int ROPE, bool LEAN, bool IMMBAR = true>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead, LEAN>(a, L, blockIdx, gridDim.y);
+  v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead, LEAN, IMMBAR>(a, L);
 }
 
 // ---- norm_rope_mean ---------------------------------------------------------------------------
@@ -752,7 +761,7 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false,
           bool FMA = false>
 __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
-                                             float* partials, const uint3 bid) {
+                                             float* partials) {
   static_assert(!TSMEM || AHEAD > 0, "the table ring rides on the cp.async ring");
   constexpr int LANES = D / 32, RW = 32 / LANES, W = kV4MeanWarps;
   constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
@@ -762,8 +771,8 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   float(*red)[32][32] = reinterpret_cast<float(*)[32][32]>(v4_dyn);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
-  const int64_t b = bid.z, chunk = bid.y;
-  const int64_t h = static_cast<int64_t>(bid.x) * RW + slot;
+  const int64_t b = blockIdx.z, chunk = blockIdx.y;
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * RW + slot;
   const int64_t hx = h < a.heads ? h : a.heads - 1;  // slots past H read a real head, unused
   const int64_t t_first = chunk * L.steps * W + warp;  // this warp's tokens: + k * W
   const int64_t t_stop = (chunk + 1) * L.steps * W;
@@ -903,7 +912,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   // chunk = lane % LANES + LANES * (j / 8); the W warps added in warp order.
   for (int e = tid; e < 32 * 32; e += W * 32) {
     const int j = e / 32, l = e % 32;
-    const int64_t hh = static_cast<int64_t>(bid.x) * RW + l / LANES;
+    const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + l / LANES;
     float t = red[0][j][l];
 #pragma unroll
     for (int w = 1; w < W; ++w) t = __fadd_rn(t, red[w][j][l]);
@@ -920,14 +929,14 @@ template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM =
           bool FMA = false>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, AHEAD, LEAN, TSMEM, FMA>(a, L, partials, blockIdx);
+  v4_mean_body<D, BF16, ROPE, AHEAD, LEAN, TSMEM, FMA>(a, L, partials);
 }
 // The occupancy variant (tuning `mean_ctas` = 5): one CTA per SM more (5 at D = 128: <= 96
 // registers, 20 warps per SM; 4 at D = 64), the cp.async ring only (no registers hold loads).
 template <int D, bool BF16, int ROPE, bool LEAN, bool TSMEM, bool FMA = false>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
     v4_mean_kernel_occ(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, TSMEM, FMA>(a, L, partials, blockIdx);
+  v4_mean_body<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, TSMEM, FMA>(a, L, partials);
 }
 
 template <typename F>
@@ -980,11 +989,7 @@ bool v4_mean_supported(const PrologueArgs& a) {
   return table_mode_of(a) == kTablePairsF32;
 }
 
-// `plan` (the persistent k path): called with the launch shape and the partials instead of
-// launching the mean kernel and mean_final.
-using V4MeanPlan = std::function<void(const V4MeanLaunch&, dim3, float*)>;
-void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold,
-                       const V4MeanPlan* plan = nullptr) {
+void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes;
   V4MeanLaunch L;
   const int64_t head_groups = (a.heads + rw - 1) / rw;
@@ -1075,10 +1080,6 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold,
                      stream, "norm_rope_mean");
     dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
               static_cast<unsigned>(a.batch));
-    if (plan) {
-      (*plan)(L, grid, part.as<float>());
-      return;
-    }
     kernel<<<grid, kV4MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
     check_launch("norm_rope_mean");
     launch_mean_final(a, part.as<float>(), L.chunks, stream);
@@ -1111,12 +1112,7 @@ bool v3_supported(const PrologueArgs& a, bool quantize) {
   return a.block <= kV3MaxWarps * rw;
 }
 
-namespace {
-
-// `plan` (the persistent k path): called with the launch shape instead of launching.
-using V3QuantPlan = std::function<void(const V3QuantLaunch&, dim3, int, int)>;
-void v3_norm_rope_quantize_planned(const PrologueArgs& a, Context& ctx, bool behind_mean,
-                                   const V3QuantPlan* plan) {
+void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean) {
   V3QuantLaunch L;
   const detail::PrologueCudaTuning tuning = detail::prologue_cuda_tuning();
   L.group_rows = a.block / a.groups;
@@ -1156,6 +1152,8 @@ void v3_norm_rope_quantize_planned(const PrologueArgs& a, Context& ctx, bool beh
   // in the stream still writes x), kEarlyOff nowhere.
   L.early = pdl && (tuning.quant_early > 0 ? tuning.quant_early == detail::kEarlyOn
                                            : behind_mean && kV3DefaultEarlyFused);
+  const bool imm_bar = tuning.barrier_ids > 0 ? tuning.barrier_ids == detail::kBarrierImmediate
+                                              : kV3DefaultImmBar;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
                        ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0)) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
@@ -1218,10 +1216,6 @@ void v3_norm_rope_quantize_planned(const PrologueArgs& a, Context& ctx, bool beh
     dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
               static_cast<unsigned>(a.batch));
     const int smem_all = smem + (L.mean_smem ? mean_sh_rows(L) * mean_row_bytes : 0);
-    if (plan) {
-      (*plan)(L, grid, threads, smem_all);
-      return;
-    }
     launch_maybe_pdl(pdl, kernel, grid, dim3(threads), smem_all, stream_of(ctx), a, L);
   };
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
@@ -1230,7 +1224,9 @@ void v3_norm_rope_quantize_planned(const PrologueArgs& a, Context& ctx, bool beh
     // The lean arithmetic only for bf16 (its one-instruction rounding is bf16-only).
     auto pick = [&](auto lean) {
       constexpr bool LEAN = decltype(lean)::value && BF16;
-      if (ring == detail::kQuantRingAsync96)
+      if (ring == detail::kQuantRingAsync96 && !imm_bar)
+        launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN, false>);
+      else if (ring == detail::kQuantRingAsync96)
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN>);
       else if (ahead > 0)
         launch(v3_quantize_kernel<D, BF16, ROPE, kV3AsyncAhead, LEAN>);
@@ -1244,142 +1240,6 @@ void v3_norm_rope_quantize_planned(const PrologueArgs& a, Context& ctx, bool beh
   });
   check_launch("norm_rope_quantize");
 }
-
-// ---- the k path in one persistent kernel (session 7) ------------------------------------------
-//
-// A short k path (Flux: 4608 tokens x 24 heads, 28 MB of x) is three launches of a few us each,
-// the mean kernel's and the quantize kernel's tails included. Here one cooperative grid of
-// resident CTAs runs the round-4 mean kernel's CTAs (the V4MeanLaunch norm_rope_mean picks: the
-// same partials, so the same mean bits), a grid barrier, the mean_final sums (the same order),
-// a grid barrier, then the round-3 quantize kernel's CTAs (the V3QuantLaunch norm_rope_quantize
-// picks; reverse tile order: x of the last tiles the first phase read is still in L2, at Flux
-// all of it). Each phase walks its CTAs in launch order (x fastest), one per resident CTA at a
-// time. Both bodies run on 4-warp CTAs (the 5-CTA mean's and the r96 quantize's ring shapes).
-
-__device__ __forceinline__ uint3 unflatten(unsigned v, const dim3 g) {
-  return make_uint3(v % g.x, (v / g.x) % g.y, v / (g.x * g.y));
-}
-
-// <= 128 registers (4 CTAs per SM): in 96 the two bodies together spilled 20-170 bytes.
-template <int D, bool BF16, int ROPE, bool LEAN>
-__global__ void __launch_bounds__(kV4MeanWarps * 32, 4)
-    kpath_kernel(const PrologueArgs a, const V4MeanLaunch ML, const V3QuantLaunch QL,
-                 float* partials, const dim3 mgrid, const dim3 qgrid) {
-  namespace cg = cooperative_groups;
-  cg::grid_group grid = cg::this_grid();
-  const unsigned m_ctas = mgrid.x * mgrid.y * mgrid.z, q_ctas = qgrid.x * qgrid.y * qgrid.z;
-  for (unsigned v = blockIdx.x; v < m_ctas; v += gridDim.x) {
-    v4_mean_body<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, ROPE != kRopeNone>(a, ML, partials,
-                                                                           unflatten(v, mgrid));
-    __syncthreads();  // the next CTA's setup reuses the shared memory
-  }
-  grid.sync();
-  // mean_final's sums: output (b, h, c) = (the partials g = j, j + 32, ... added in g order for
-  // each j, then the 32 sums in j order) / N. Unit = (b, h, 4 channels); thread (j, channel).
-  {
-    extern __shared__ float4 kpath_dyn[];
-    float(*sums)[4] = reinterpret_cast<float(*)[4]>(kpath_dyn);
-    const int tid = threadIdx.x, j = tid >> 2, cq = tid & 3;  // 128 threads: j < 32
-    const int64_t units = a.batch * a.heads * (a.dim / 4);
-    for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
-      const int64_t bh = unit / (a.dim / 4), c = (unit % (a.dim / 4)) * 4 + cq;
-      const float* p = partials + bh * ML.chunks * a.dim + c;
-      float t = 0.f;
-#pragma unroll 4
-      for (int64_t g = j; g < ML.chunks; g += 32) t = __fadd_rn(t, __ldcg(p + g * a.dim));
-      sums[j][cq] = t;
-      __syncthreads();
-      if (tid < 4) {
-        float sum = sums[0][cq];
-        for (int k = 1; k < 32; ++k) sum = __fadd_rn(sum, sums[k][cq]);
-        const int64_t b = bh / a.heads, h = bh % a.heads;
-        a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(sum, static_cast<float>(a.tokens));
-      }
-      __syncthreads();
-    }
-  }
-  grid.sync();
-  for (unsigned v = blockIdx.x; v < q_ctas; v += gridDim.x) {
-    v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead, LEAN>(a, QL, unflatten(v, qgrid), qgrid.y);
-    __syncthreads();
-  }
-}
-
-}  // namespace
-
-void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean) {
-  v3_norm_rope_quantize_planned(a, ctx, behind_mean, nullptr);
-}
-
-bool v3_kpath_persistent(const PrologueArgs& a, Context& ctx) {
-  const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
-  // The kernels it runs: the round-4 mean with its cp.async table ring, the round-3 quantize with
-  // the 96-register ring, the lean arithmetic for bf16 (the 96-register mean spills without it),
-  // a mean subtracted through shared memory.
-  PrologueArgs m = a;
-  m.mean = nullptr;
-  const bool lean = t.lean > 0 ? t.lean == detail::kLeanOn : kV3DefaultLean;
-  if (!v3_supported(a, true) || mean_round_of(t) != 4 || !v4_mean_supported(m)) return false;
-  if ((t.ring > 0 ? t.ring : kV3DefaultRing) != detail::kQuantRingAsync96) return false;
-  if ((t.mean_ring > 0 ? t.mean_ring : kV4DefaultMeanRing) != detail::kMeanRingAsyncTable ||
-      t.mean_fma == detail::kMeanFmaOn)
-    return false;
-  if (a.x_dtype == DType::bf16 && !lean) return false;
-  // Plans (nothing launched): the mean pass's shape and partials, the quantize pass's shape.
-  ScratchHold hold;
-  V4MeanLaunch ML{};
-  dim3 mgrid;
-  float* partials = nullptr;
-  const V4MeanPlan mean_plan = [&](const V4MeanLaunch& L, dim3 g, float* p) {
-    ML = L, mgrid = g, partials = p;
-  };
-  v4_norm_rope_mean(m, ctx, &hold, &mean_plan);
-  V3QuantLaunch QL{};
-  dim3 qgrid;
-  int q_threads = 0, q_smem = 0;
-  const V3QuantPlan quant_plan = [&](const V3QuantLaunch& L, dim3 g, int threads, int smem) {
-    QL = L, qgrid = g, q_threads = threads, q_smem = smem;
-  };
-  v3_norm_rope_quantize_planned(a, ctx, true, &quant_plan);
-  if (!partials || q_threads != kV4MeanWarps * 32 || !QL.mean_smem) return false;
-  const int mean_smem =
-      static_cast<int>(std::max<size_t>(sizeof(float) * kV4MeanWarps * 32 * 32,
-                                        sizeof(uint4) * (kV4MeanAsyncAhead + 1) * 4 *
-                                                kV4MeanWarps * 32 +
-                                            (a.rotate ? sizeof(float) * (kV4MeanAsyncAhead + 1) *
-                                                            kV4MeanWarps * a.dim
-                                                      : 0)));
-  const int smem = std::max(mean_smem, q_smem);
-  bool launched = false;
-  v3_dispatch(a, "norm_rope_mean_quantize", [&](auto d, auto bf, auto rope) {
-    constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
-    constexpr bool BF16 = decltype(bf)::value;
-    auto kernel = kpath_kernel<D, BF16, ROPE, BF16>;  // lean for bf16 (checked above)
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "norm_rope_mean_quantize", "shared memory");
-    // The grid: every resident CTA (a cooperative launch needs them all resident at once).
-    int per_sm = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kV4MeanWarps * 32,
-                                                             smem),
-               "norm_rope_mean_quantize", "occupancy");
-    if (per_sm < 1) return;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(per_sm * multiprocessor_count()));
-    cfg.blockDim = dim3(kV4MeanWarps * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream_of(ctx);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeCooperative;
-    attr[0].val.cooperative = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&cfg, kernel, a, ML, QL, partials, mgrid, qgrid),
-               "norm_rope_mean_quantize", "cooperative launch");
-    launched = true;
-  });
-  check_launch("norm_rope_mean_quantize");
-  return launched;
-}  // `hold` freed on the stream here, behind the kernel
 
 void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   if (mean_round_of(detail::prologue_cuda_tuning()) == 4) {

@@ -62,7 +62,7 @@ struct Cfg {
   int mean_fma = 0;       // CUDA: round-4 mean with the rotation folded into the sums
   int mean_smem = 0;      // CUDA: round-3 quantize with the mean rows in shared memory
   int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
-  int kpath = 0;          // CUDA: norm_rope_mean_quantize as one persistent kernel
+  int barrier_ids = 0;    // CUDA: quantize team barriers' ids (detail::kBarrier*; 0: default)
   std::string tag;
 };
 
@@ -222,7 +222,7 @@ class PrologueCase : public Case {
                                         c_.mean_ring, c_.lean, c_.split_blocks,
                                         c_.max_reduce, c_.quant_pdl, c_.mean_ctas,
                                         c_.mean_fma, c_.mean_smem, c_.quant_early,
-                                        c_.kpath});
+                                        c_.barrier_ids});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -614,33 +614,25 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(f);
     }
   }
-  // Session 7: norm_rope_mean_quantize as one persistent cooperative kernel ("persist": the mean
-  // kernel's CTAs, grid barrier, the final sums, grid barrier, the quantize kernel's CTAs):
-  // THREAD_K 64 bf16 split-half from a fused QKV buffer, f16 interleaved with a per-batch table
-  // into a padded q_out, no rope, THREAD_Q 32 with sm_scale, the mean ring; PER_BLOCK 64 (8-warp
-  // quantize CTAs) falls back to the three launches.
+  // Session 7: the quantize kernels' team barriers with their id in a register ("regbar", run
+  // 16's kernel: 16 barriers reserved, 4 CTAs per SM), and 8 teams with immediate ids ("teams8":
+  // THREAD_Q 128 on 16-warp whole-block CTAs at D = 128, 16-row groups = 2 warps).
   for (int64_t N : {1, 17, 127, 1000}) {
     for (int64_t D : {64, 128}) {
       Cfg k;
-      k.tag = "persist", k.fused = true, k.kpath = detail::kKpathPersistent;
+      k.tag = "regbar", k.barrier_ids = detail::kBarrierRegister;
       k.B = 2, k.N = N, k.H = 11, k.D = D, k.qkv = true;
-      k.layout = ScaleLayout::thread_k, k.block = 64;
+      k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
       add(k);
-      k.tag = "persistint", k.dtype = DType::f16, k.w_dtype = DType::f32;
-      k.rope = RopeKind::interleaved, k.batch_table = true, k.qkv = false, k.q_pad = true;
+      k.tag = "regbarnosplit", k.split_blocks = detail::kSplitOff, k.block = 128;
       add(k);
-      k.tag = "persistnorope", k.dtype = DType::bf16, k.rope = RopeKind::none, k.q_pad = false;
-      k.H = 40;
-      add(k);
-      k.tag = "persisttq", k.rope = RopeKind::split, k.layout = ScaleLayout::thread_q;
-      k.block = 32, k.sm_scale = q_scale, k.H = 11, k.qkv = true;
-      add(k);
-      k.tag = "persistmring", k.layout = ScaleLayout::thread_k, k.block = 64, k.sm_scale = 1.f;
-      k.mean_smem = detail::kMeanSmemRing, k.heads_per_cta = 11;
-      add(k);
-      k.tag = "persistpb", k.layout = ScaleLayout::per_block, k.mean_smem = 0;
-      k.heads_per_cta = 0;
-      add(k);  // 8-warp quantize CTAs at D = 128: the three launches
+      Cfg t;
+      t.tag = "teams8", t.split_blocks = detail::kSplitOff;
+      t.B = 2, t.N = N, t.H = 5, t.D = D, t.qkv = true, t.sm_scale = q_scale;
+      t.layout = ScaleLayout::thread_q, t.block = 128;
+      add(t);
+      t.tag = "teams8pb", t.layout = ScaleLayout::per_block, t.block = 128, t.mean = true;
+      add(t);  // one team of 16 warps at D = 128 (8 at D = 64)
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
