@@ -196,8 +196,8 @@ class PrologueBench : public BenchCase {
           // sums, grid barrier, quantize CTAs) 0.3367 / 0.0437: deleted.
           variant_of("two calls (norm_rope_mean + norm_rope_quantize, session 6 path)", {},
                      two_calls);
-          // Session 7: the quantize CTA's mean rows in an 8-row ring refilled 4 heads at a time
-          // (a CTA barrier per 4 heads; the default for run 17), so its head group is the wave
+          // Session 7: the quantize CTA's mean rows in a 6-row ring refilled 3 heads at a time
+          // (a CTA barrier per 3 heads; the default for run 17), so its head group is the wave
           // model's pick over all 40 heads (20) instead of the 7 whose rows fit beside 5 CTAs per
           // SM. (Run 16: equal, but there both ran 20 heads on 4 CTAs per SM.)
           t = {};
@@ -387,7 +387,7 @@ class PrologueKQuantBench : public BenchCase {
     detail::PrologueCudaTuning staged, regbar;
     staged.mean_smem = detail::kMeanSmemOn;
     regbar.barrier_ids = detail::kBarrierRegister;
-    const V vs[] = {{"default (96-register ring, 8-row mean ring, barrier ids 1..8)", {}},
+    const V vs[] = {{"default (96-register ring, 6-row mean ring, barrier ids 1..8)", {}},
                     {"mean rows staged per head group (7 heads at 5 CTAs per SM)", staged},
                     {"register barrier ids (4 CTAs per SM, run 16 default)", regbar}};
     double default_ms = 0;

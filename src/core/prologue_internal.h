@@ -118,8 +118,8 @@ namespace detail {
 // norm_rope_quantize; kEarlyOff: off everywhere; kEarlyOn: on everywhere (tests and the bench
 // only: correct only where the previous kernel in the stream writes nothing the quantize pass
 // reads but the mean).
-// `mean_smem` = kMeanSmemRing (with a cp.async quantize ring): the mean rows in an 8-row ring
-// refilled 4 heads at a time behind a CTA barrier, so that the head group is not capped by
+// `mean_smem` = kMeanSmemRing (with a cp.async quantize ring): the mean rows in a 6-row ring
+// refilled 3 heads at a time behind a CTA barrier, so that the head group is not capped by
 // shared memory. For `mean_smem`, 0 means the default in src/cuda/prologue_v3.cu
 // (kV3DefaultMeanSmem). `barrier_ids` the 96-register quantize kernel's team barriers (THREAD_K /
 // PER_BLOCK groups across warps): kBarrierImmediate ids 1..8 as immediates (9 barriers per

@@ -68,7 +68,10 @@ constexpr int kV3DefaultMeanSmem = detail::kMeanSmemRing;  // session 7: see bel
 // 0.0403, quantize pass alone 0.1782 vs 0.1794 - but both ran 20 heads on 4 CTAs per SM (the
 // barrier limit below). The default for run 17, with 5 CTAs per SM: it keeps run 16's head group
 // (20) where the staged rows would cap it at 7.
-constexpr int kMeanRingChunk = 4, kMeanRingRows = 8;
+// 3 heads per chunk, 6 rows (3 KB at D = 128): 8 rows (4 KB) would miss 5 CTAs per SM by 128
+// bytes. The refill rides on the x ring's commit groups, so it needs kMeanRingChunk > AHEAD:
+// the 96-register ring (2 heads ahead); the 3-ahead ring keeps the staged rows.
+constexpr int kMeanRingChunk = 3, kMeanRingRows = 6;
 // The scale groups' team barriers with immediate ids 1..8 (tuning `barrier_ids`; session 7).
 // With the id in a register ptxas reserves all 16 of a CTA's barriers, and the SM's barriers
 // then hold every round-3 quantize kernel to 4 resident CTAs: ncu run 16 of the 96-register
@@ -530,11 +533,12 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     // held heads u - kMeanRingChunk ..; they travel in head u's commit group, which every thread
     // has waited for before the barrier at head u + kMeanRingChunk (kMeanRingChunk > AHEAD), so
     // that barrier makes them visible to the CTA.
-    static_assert(kMeanRingChunk > AHEAD && kMeanRingRows == 2 * kMeanRingChunk);
+    static_assert(kMeanRingRows == 2 * kMeanRingChunk);
     constexpr int QR = D / 4;  // float4 per mean row
 #pragma unroll 1
     for (int u = 0; u < count; ++u) {
-      if (L.mean_ring && mrow && count > kMeanRingRows && u > 0 && u % kMeanRingChunk == 0) {
+      if (kMeanRingChunk > AHEAD && L.mean_ring && mrow && count > kMeanRingRows && u > 0 &&
+          u % kMeanRingChunk == 0) {
         __syncthreads();
         const int h1 = u + kMeanRingChunk;
         const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
@@ -1146,7 +1150,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const bool pdl = tuning.quant_pdl > 0 ? tuning.quant_pdl == detail::kPdlOn : kV3DefaultQuantPdl;
   const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
   L.mean_smem = mean_smem != detail::kMeanSmemOff && L.mean_vec;
-  L.mean_ring = L.mean_smem && mean_smem == detail::kMeanSmemRing && ahead > 0;
+  L.mean_ring = L.mean_smem && mean_smem == detail::kMeanSmemRing && ahead > 0 &&
+                ahead < kMeanRingChunk;
   // Loads before the PDL wait: by default only behind the mean pass of the same x (the fused k
   // path); kEarlyOn forces it anywhere (tests / bench: valid only where nothing before the kernel
   // in the stream still writes x), kEarlyOff nowhere.

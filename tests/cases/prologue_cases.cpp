@@ -583,7 +583,7 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       }
     }
   }
-  // Session 7: the quantize CTA's mean rows in an 8-row ring refilled 4 heads at a time ("mring";
+  // Session 7: the quantize CTA's mean rows in a 6-row ring refilled 3 heads at a time ("mring";
   // a mean given, bit-exact): 11 heads in one CTA (two refills, the second short), 40 heads by
   // the wave model and in groups of 13, THREAD_K 64 / 128, THREAD_Q 32 with a mean, f16
   // interleaved into a padded q_out, the fused k path; the register ring keeps the staged rows.
