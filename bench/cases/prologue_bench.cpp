@@ -4,8 +4,9 @@
 // steps (norm, rope, mean, quantize as separate passes, the normed and rotated rows stored in
 // bf16 in between). Accuracy: the dequantized codes against the fp64 normed, rotated rows.
 #include <cmath>
-#include <exception>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -115,8 +116,15 @@ class PrologueBench : public BenchCase {
       DeviceTensor sc = make_empty(env.device, DType::f32, {B, H, count});
       Prologue pq = p;
       if (is_k) pq.mean = &mean.view;
+      // k: the fused entry point (session 7); `two_calls` is the k path as it ran before.
       auto fused = [&] {
-        if (is_k) norm_rope_mean(x.view, p, mean.view, ctx);
+        if (is_k)
+          norm_rope_mean_quantize(x.view, p, mean.view, q8.view, sc.view, ctx);
+        else
+          norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx);
+      };
+      auto two_calls = [&] {
+        norm_rope_mean(x.view, p, mean.view, ctx);
         norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx);
       };
       // Unfused: norm -> y (bf16), rope -> r (bf16), [mean of r], quantize r.
@@ -147,12 +155,13 @@ class PrologueBench : public BenchCase {
       };
       std::vector<Variant> variants;
       // A variant that throws (a launch failure) gets a row saying so; the others still run.
-      auto variant = [&](const std::string& label, const detail::PrologueCudaTuning& t) {
+      auto variant_of = [&](const std::string& label, const detail::PrologueCudaTuning& t,
+                            const std::function<void()>& call) {
         detail::set_prologue_cuda_tuning(t);
         Variant v{label, 0, ""};
         try {
-          v.ms = env.time_ms(fused);
-          fused();
+          v.ms = env.time_ms(call);
+          call();
           synchronize(ctx);
           v.bits = bits_vs_default(q_default, s_default, q8, sc);
         } catch (const std::exception& e) {
@@ -161,52 +170,52 @@ class PrologueBench : public BenchCase {
         detail::set_prologue_cuda_tuning({});
         variants.push_back(v);
       };
+      auto variant = [&](const std::string& label, const detail::PrologueCudaTuning& t) {
+        variant_of(label, t, fused);
+      };
       if (env.device == Device::cuda) {
         // Defaults (src/cuda/prologue_v3.cu): round-3 quantize with the cp.async ring 2 heads
         // ahead in <= 96 registers, the lean per-row arithmetic (bf16) and the redux.sync group
-        // maximum, launched with PDL; THREAD_K tiles of half blocks (4-warp CTAs); round-4 mean
-        // pass with its cp.async ring and the table rows in shared memory (5 CTAs/SM from 2^20
-        // rows up), reverse tile order for k, mean_final with PDL. Settled variants
-        // (first-generation / round-2 / round-3 kernels, the other rings, lean off, forward tiles,
-        // mean_final without PDL: runs 2-7; the mean with the rotation folded into its sums, the
-        // mean's tokens per warp: run 9) are no longer rows.
-        // Session 6: the session 3 defaults (run 11: Wan q / k 0.1743 / 0.3613 ms) and the mean
-        // kernel's CTAs per SM (runs 9-11) are settled: no longer rows.
+        // maximum, launched with PDL; THREAD_K tiles of half blocks (4-warp CTAs) with the mean
+        // rows in shared memory; round-4 mean pass with its cp.async ring and the table rows in
+        // shared memory (5 CTAs/SM from 2^20 rows up), reverse tile order for k, mean_final with
+        // PDL; k through norm_rope_mean_quantize, whose quantize pass loads x before its PDL
+        // wait. Settled and no longer rows: runs 2-13 (first-generation / round-2 / round-3
+        // kernels, the other rings, lean off, forward tiles, mean_final / quantize without PDL,
+        // the mean with the rotation folded into its sums, the mean's tokens per warp and CTAs
+        // per SM, the session 3 / 4 defaults, the shuffle-tree maximum, quantize CTAs of 4 / 12
+        // heads, the mean from L1, wide rows: deleted in session 7).
         detail::PrologueCudaTuning t;
         if (is_k) {
+          // Session 7: the two-call k path (norm_rope_mean, then norm_rope_quantize: its
+          // partials freed between the two kernels, the quantize loads after its PDL wait) and
+          // the fused call with the quantize loads after the wait.
+          // Run 16: the fused call 0.2762 / 0.0403 ms vs two calls 0.2780 / 0.0423 (Wan / Flux),
+          // vs the fused call with the quantize loads after its PDL wait 0.2787 / 0.0420 (no
+          // longer a row); one persistent cooperative kernel (mean CTAs, grid barrier, final
+          // sums, grid barrier, quantize CTAs) 0.3367 / 0.0437: deleted.
+          variant_of("two calls (norm_rope_mean + norm_rope_quantize, session 6 path)", {},
+                     two_calls);
+          // Session 7: the quantize CTA's mean rows in a 6-row ring refilled 3 heads at a time
+          // (a CTA barrier per 3 heads; the default for run 17), so its head group is the wave
+          // model's pick over all 40 heads (20) instead of the 7 whose rows fit beside 5 CTAs per
+          // SM. (Run 16: equal, but there both ran 20 heads on 4 CTAs per SM.)
           t = {};
-          t.split_blocks = detail::kSplitOff, t.mean_ring = detail::kQuantRingAsync;
-          variant("session 4 defaults (8-warp THREAD_K CTAs, mean ring without the table)", t);
+          t.mean_smem = detail::kMeanSmemOn;
+          variant("mean rows staged per head group (7 heads at 5 CTAs per SM)", t);
         }
-        // (the group maximum by the shuffle tree, runs 9-11, and q's launch without PDL, run 11,
-        // are settled: no longer rows)
-        // Session 6: wide rows (2 lanes per row at D = 128, 64 values per thread), run 12: slower
-        // in every form (Wan k 0.3060-0.5350 ms vs 0.2875); kept: the fastest form, with 16-byte
-        // stores (and the staged mean for k).
+        // Session 7: team barriers with a register id (run 16's kernel): ptxas reserves 16
+        // barriers per CTA, 4 CTAs per SM; the default now names ids 1..8 (5 CTAs per SM).
         t = {};
-        t.wide = detail::kWideOn, t.wide_pack = detail::kPackOn;
-        variant("wide rows + 16-byte stores", t);
-        if (is_k) {
-          t = {};
-          t.quant_pdl = detail::kPdlOff;
-          variant("quantize launched without PDL", t);
-          // Session 6: the quantize CTA's mean rows in shared memory, the default since run 12
-          // (Wan k 0.2750 vs 0.2875 ms with the mean from L1, the same bits); x loads before the
-          // PDL wait (correct behind the mean pass only; run 12: Wan 0.2725, Flux 0.0400 with the
-          // staged mean). (Quantize CTAs of 4 / 12 heads, run 12: slower, no longer rows.)
-          t = {};
-          t.mean_smem = detail::kMeanSmemOff;
-          variant("mean from L1 in the quantize pass (run 11 default)", t);
-          t = {};
-          t.quant_early = detail::kEarlyOn;
-          variant("quantize loads x before its PDL wait", t);
-        }
+        t.barrier_ids = detail::kBarrierRegister;
+        variant("register barrier ids (4 CTAs per SM, run 16 default)", t);
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
       // gets no L2 reuse from the mean pass): where the k path's time goes.
       double mean_ms = 0, quant_ms = 0;
       if (is_k && env.device == Device::cuda) {
         mean_ms = env.time_ms([&] { norm_rope_mean(x.view, p, mean.view, ctx); });
+        norm_rope_mean(x.view, p, mean.view, ctx);
         quant_ms = env.time_ms([&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); });
       }
       const double unfused_ms = env.time_ms(unfused);
@@ -335,7 +344,7 @@ class PrologueBench : public BenchCase {
 };
 
 // `prologue.kquant`: the k path's quantize pass alone (norm_rope_quantize with a mean, THREAD_K
-// 64) at the Wan shape, default against the session 6 variants, each timed with L2 flushed; the
+// 64) at the Wan shape, default against the session 7 variants, each timed with L2 flushed; the
 // family an ncu request can name (its first v3_quantize_kernel_r96 launch is the default).
 class PrologueKQuantBench : public BenchCase {
  public:
@@ -373,17 +382,17 @@ class PrologueKQuantBench : public BenchCase {
     const double copy = env.copy_ms(bytes / 2);
     struct V {
       const char* label;
-      int wide, mean_smem, pack;
+      detail::PrologueCudaTuning t;  // {}: the default
     };
-    const V vs[] = {{"default (96-register ring, mean rows in shared memory)", 0, 0, 0},
-                    {"wide rows + 16-byte stores + mean rows in shared memory", detail::kWideOn,
-                     detail::kMeanSmemOn, detail::kPackOn},
-                    {"mean from L1 (run 11 default)", 0, detail::kMeanSmemOff, 0}};
+    detail::PrologueCudaTuning staged, regbar;
+    staged.mean_smem = detail::kMeanSmemOn;
+    regbar.barrier_ids = detail::kBarrierRegister;
+    const V vs[] = {{"default (96-register ring, 6-row mean ring, barrier ids 1..8)", {}},
+                    {"mean rows staged per head group (7 heads at 5 CTAs per SM)", staged},
+                    {"register barrier ids (4 CTAs per SM, run 16 default)", regbar}};
     double default_ms = 0;
     for (const V& v : vs) {
-      detail::PrologueCudaTuning t;
-      t.wide = v.wide, t.mean_smem = v.mean_smem, t.wide_pack = v.pack;
-      detail::set_prologue_cuda_tuning(t);
+      detail::set_prologue_cuda_tuning(v.t);
       Row r;
       r.family = "prologue";
       r.op = std::string("k quantize pass alone (THREAD_K 64, mean given): ") + v.label;
@@ -396,8 +405,7 @@ class PrologueKQuantBench : public BenchCase {
         r.ms = env.time_ms(quant);
         quant();
         synchronize(ctx);
-        r.accuracy =
-            v.wide == 0 && v.mean_smem == 0 ? "-" : bits(q_default, s_default, q8, sc);
+        r.accuracy = default_ms == 0 ? "-" : bits(q_default, s_default, q8, sc);
         r.note = fmt(100.0 * copy / r.ms) + "% of copy bandwidth";
         if (default_ms > 0) r.note += "; " + fmt(default_ms / r.ms) + "x the default";
         if (default_ms == 0) default_ms = r.ms;

@@ -2,8 +2,9 @@
 // SageAttention 2's scale layouts, fused so that q costs one read of x and k two.
 //
 //   q path:  norm_rope_quantize(q, {norm, rope, sm_scale, layout = thread_q}, q8, q_scale, ctx)
-//   k path:  norm_rope_mean(k, p, k_mean, ctx);
-//            p.mean = &k_mean;  norm_rope_quantize(k, p, k8, k_scale, ctx)
+//   k path:  norm_rope_mean_quantize(k, {norm, rope, layout = thread_k}, k_mean, k8, k_scale, ctx)
+//            (the same bits as norm_rope_mean(k, p, k_mean, ctx), then p.mean = &k_mean;
+//            norm_rope_quantize(k, p, k8, k_scale, ctx))
 #pragma once
 
 #include <cstdint>
@@ -69,5 +70,17 @@ void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out,
 // strides of batch, token and head).
 void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out,
                         TensorView scale_out, Context& ctx);
+
+// The k path in one call: mean_out = norm_rope_mean(x, p), then the codes and scales of
+// norm_rope_quantize(x, p) with p.mean = mean_out: the same bits as those two calls on the same
+// backend. p.mean must be null (the mean is computed here). On CUDA the quantize pass starts
+// reading x while the mean pass finishes (a lone norm_rope_quantize cannot know that nothing
+// between the two calls writes x).
+//   x          (B, N, H, D) as for norm_rope_quantize
+//   mean_out   (B, H, D) f32, channels contiguous; must not overlap x, q_out or scale_out
+//   q_out      (B, N, H, D) int8, as for norm_rope_quantize
+//   scale_out  (B, H, prologue_scale_count(N, layout, block)) f32, last dim contiguous
+void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView mean_out,
+                             TensorView q_out, TensorView scale_out, Context& ctx);
 
 }  // namespace lowbit

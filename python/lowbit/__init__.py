@@ -176,7 +176,8 @@ def convert(src, dst=None, *, dtype=None, src_dtype=None, stream: int = 0, threa
 # docstring (help(lowbit.attention)). A family missing from the build raises ModuleNotBuilt.
 _FAMILY_OF = {}
 for _family, _names in {
-    "prologue": ("norm_rope_mean", "norm_rope_quantize", "prologue_scale_count"),
+    "prologue": ("norm_rope_mean", "norm_rope_quantize", "norm_rope_mean_quantize",
+                 "prologue_scale_count"),
     "attention": ("attention", "attention_varlen", "attention_int8", "quantize_v_fp8",
                   "attention_workspace_bytes"),
     "linear": ("QTYPES", "parse_qtype", "qtype_bits", "qtype_group", "rotation_block",

@@ -1,4 +1,5 @@
-// Bindings of include/lowbit/prologue.h: norm_rope_mean, norm_rope_quantize.
+// Bindings of include/lowbit/prologue.h: norm_rope_mean, norm_rope_quantize,
+// norm_rope_mean_quantize.
 #include "python/src/common.h"
 
 #include <nanobind/stl/string.h>
@@ -105,6 +106,35 @@ void bind_prologue(nb::module_& m) {
       nb::arg("threads") = 0,
       "INT8 codes q_out (B, N, H, D) and f32 scales scale_out (B, H, prologue_scale_count) of "
       "(rope(norm(x)) - mean) * sm_scale (SPEC section 1).");
+  m.def(
+      "norm_rope_mean_quantize",
+      [](nb::handle x, nb::handle mean_out, nb::handle q_out, nb::handle scale_out,
+         nb::handle norm_weight, nb::handle weight_rows, float eps, nb::handle rope,
+         bool rope_interleaved, float sm_scale, float scale_eps, const std::string& layout,
+         int block, uintptr_t stream, int threads) {
+        Args args("norm_rope_mean_quantize");
+        TensorView xv = args.in(x, "x");
+        TensorView mv = args.out(mean_out, "mean_out");
+        TensorView qv = args.out(q_out, "q_out");
+        TensorView sv = args.out(scale_out, "scale_out");
+        PrologueArgs pa;
+        fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved,
+                      nb::none());
+        pa.p.sm_scale = sm_scale;
+        pa.p.scale_eps = scale_eps;
+        pa.p.layout = parse_enum("norm_rope_mean_quantize", "layout", layout, kLayouts);
+        pa.p.block = block;
+        Context ctx = make_context(stream, threads);
+        nb::gil_scoped_release release;
+        norm_rope_mean_quantize(xv, pa.p, mv, qv, sv, ctx);
+      },
+      nb::arg("x"), nb::arg("mean_out"), nb::arg("q_out"), nb::arg("scale_out"), nb::kw_only(),
+      nb::arg("norm_weight") = nb::none(), nb::arg("weight_rows") = nb::none(),
+      nb::arg("eps") = 1e-6f, nb::arg("rope") = nb::none(), nb::arg("rope_interleaved") = false,
+      nb::arg("sm_scale") = 1.f, nb::arg("scale_eps") = 1e-7f, nb::arg("layout") = "thread_k",
+      nb::arg("block") = 64, nb::arg("stream") = 0, nb::arg("threads") = 0,
+      "The k path in one call: mean_out (B, H, D) f32 = norm_rope_mean(x), then q_out and "
+      "scale_out as norm_rope_quantize(x, mean=mean_out) (the same bits as the two calls).");
 }
 
 }  // namespace py

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lowbit/runtime.h"
@@ -201,9 +202,10 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
 
 }  // namespace
 
-void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out, Context& ctx) {
-  const char* op = "norm_rope_mean";
-  PrologueArgs a = resolve_inputs(op, x, p, false);
+namespace {
+
+// Validates mean_out and points `a` at it.
+void resolve_mean_out(const char* op, const TensorView& x, TensorView mean_out, PrologueArgs& a) {
   check::not_null(op, "mean_out", mean_out);
   check::same_device(op, "mean_out", mean_out, "x", x);
   check::dtype(op, "mean_out", mean_out, {DType::f32});
@@ -215,19 +217,11 @@ void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out,
   a.mean_out = static_cast<float*>(mean_out.data);
   a.mo_sb = mean_out.stride[0];
   a.mo_sh = mean_out.stride[1];
-  if (x.device == Device::cuda)
-    LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean(a, ctx));
-  else
-    cpu::norm_rope_mean(a, ctx);
 }
 
-void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out,
-                        TensorView scale_out, Context& ctx) {
-  const char* op = "norm_rope_quantize";
-  check_layout(op, p.layout, p.block);
-  check::that(p.scale_eps >= 0.f, op, "scale_eps",
-              "expected >= 0, got " + std::to_string(p.scale_eps));
-  PrologueArgs a = resolve_inputs(op, x, p, true);
+// Validates the quantize side (p's layout and scale_eps, q_out, scale_out) and fills it into `a`.
+void resolve_quantize(const char* op, const TensorView& x, const Prologue& p, TensorView q_out,
+                      TensorView scale_out, PrologueArgs& a) {
   check::not_null(op, "q_out", q_out);
   check::same_device(op, "q_out", q_out, "x", x);
   check::dtype(op, "q_out", q_out, {DType::i8});
@@ -260,10 +254,78 @@ void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out
   a.q_sb = q_out.stride[0], a.q_sn = q_out.stride[1], a.q_sh = q_out.stride[2];
   a.scale = static_cast<float*>(scale_out.data);
   a.s_sb = scale_out.stride[0], a.s_sh = scale_out.stride[1];
+}
+
+void check_quantize_options(const char* op, const Prologue& p) {
+  check_layout(op, p.layout, p.block);
+  check::that(p.scale_eps >= 0.f, op, "scale_eps",
+              "expected >= 0, got " + std::to_string(p.scale_eps));
+}
+
+// The bytes a view spans, [first, last): from its lowest to past its highest element.
+std::pair<uintptr_t, uintptr_t> byte_span(const TensorView& t) {
+  int64_t lo = 0, hi = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) return {0, 0};
+    const int64_t reach = (t.shape[d] - 1) * t.stride[d];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const int64_t e = dtype_bits(t.dtype) / 8;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t.data);
+  return {base + static_cast<uintptr_t>(lo * e), base + static_cast<uintptr_t>((hi + 1) * e)};
+}
+
+void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
+                    const TensorView& other) {
+  const auto a = byte_span(t), b = byte_span(other);
+  check::that(a.second <= b.first || b.second <= a.first, op, arg,
+              std::string("expected no overlap with ") + other_arg + ", got " + t.describe() +
+                  " and " + other.describe());
+}
+
+}  // namespace
+
+void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out, Context& ctx) {
+  const char* op = "norm_rope_mean";
+  PrologueArgs a = resolve_inputs(op, x, p, false);
+  resolve_mean_out(op, x, mean_out, a);
+  if (x.device == Device::cuda)
+    LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean(a, ctx));
+  else
+    cpu::norm_rope_mean(a, ctx);
+}
+
+void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out,
+                        TensorView scale_out, Context& ctx) {
+  const char* op = "norm_rope_quantize";
+  check_quantize_options(op, p);
+  PrologueArgs a = resolve_inputs(op, x, p, true);
+  resolve_quantize(op, x, p, q_out, scale_out, a);
   if (x.device == Device::cuda)
     LOWBIT_CUDA_CALL(op, cuda::norm_rope_quantize(a, ctx));
   else
     cpu::norm_rope_quantize(a, ctx);
+}
+
+void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView mean_out,
+                             TensorView q_out, TensorView scale_out, Context& ctx) {
+  const char* op = "norm_rope_mean_quantize";
+  check_quantize_options(op, p);
+  check::that(p.mean == nullptr, op, "p.mean",
+              "expected none (the mean is computed into mean_out), got one");
+  PrologueArgs a = resolve_inputs(op, x, p, false);
+  resolve_mean_out(op, x, mean_out, a);
+  resolve_quantize(op, x, p, q_out, scale_out, a);
+  check_disjoint(op, "mean_out", mean_out, "x", x);
+  check_disjoint(op, "mean_out", mean_out, "q_out", q_out);
+  check_disjoint(op, "mean_out", mean_out, "scale_out", scale_out);
+  // The quantize pass subtracts the mean just computed.
+  a.mean = a.mean_out;
+  a.m_sb = a.mo_sb, a.m_sh = a.mo_sh;
+  if (x.device == Device::cuda)
+    LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean_quantize(a, ctx));
+  else
+    cpu::norm_rope_mean_quantize(a, ctx);
 }
 
 namespace detail {
@@ -286,8 +348,7 @@ std::atomic<int> g_mean_ctas{0};
 std::atomic<int> g_mean_fma{0};
 std::atomic<int> g_mean_smem{0};
 std::atomic<int> g_quant_early{0};
-std::atomic<int> g_wide{0};
-std::atomic<int> g_wide_pack{0};
+std::atomic<int> g_barrier_ids{0};
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
@@ -308,8 +369,7 @@ void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
   g_mean_fma.store(t.mean_fma);
   g_mean_smem.store(t.mean_smem);
   g_quant_early.store(t.quant_early);
-  g_wide.store(t.wide);
-  g_wide_pack.store(t.wide_pack);
+  g_barrier_ids.store(t.barrier_ids);
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
@@ -331,8 +391,7 @@ PrologueCudaTuning prologue_cuda_tuning() {
   t.mean_fma = g_mean_fma.load();
   t.mean_smem = g_mean_smem.load();
   t.quant_early = g_quant_early.load();
-  t.wide = g_wide.load();
-  t.wide_pack = g_wide_pack.load();
+  t.barrier_ids = g_barrier_ids.load();
   return t;
 }
 

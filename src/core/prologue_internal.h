@@ -59,9 +59,12 @@ constexpr int kMeanBlockRows = 64;
 // which adds in exactly this order.
 constexpr int kNormChunk = 8;
 
+// norm_rope_mean_quantize: `a` carries both the mean output (mean_out) and the quantize outputs,
+// with a.mean == a.mean_out (the quantize pass subtracts the mean just computed).
 namespace cpu {
 void norm_rope_mean(const PrologueArgs& a, Context& ctx);
 void norm_rope_quantize(const PrologueArgs& a, Context& ctx);
+void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx);
 // out (B, N, H, D) in x's dtype, strides o_s*: the rows rope(norm(x)) - mean rounded to x's dtype.
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
                      Context& ctx);
@@ -69,6 +72,7 @@ void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_s
 namespace cuda {
 void norm_rope_mean(const PrologueArgs& a, Context& ctx);
 void norm_rope_quantize(const PrologueArgs& a, Context& ctx);
+void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx);
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
                      Context& ctx);
 }  // namespace cuda
@@ -108,17 +112,19 @@ namespace detail {
 // harness's fp32 tolerance; the quantize codes then follow that mean); `mean_smem` (kMeanSmemOn)
 // stages the round-3 quantize CTA's mean rows in shared memory once (read per head with
 // ld.shared instead of L1 loads; the head group capped so the CTAs per SM stay); `quant_early`
-// (kEarlyOn) lets the PDL-launched round-3 quantize kernel issue its x, weight and table loads
-// before griddepcontrol.wait (only the mean is read after it): correct only where the previous
-// kernel in the stream writes nothing the quantize pass reads but the mean, i.e. behind the mean
-// pass of the same x (the bench's k path); never a default for a lone norm_rope_quantize;
-// `wide` (kWideOn, D = 128, tiles of at most 64 rows) the round-3 quantize with 2 lanes per row
-// (64 values per thread: a THREAD_K 64 scale group is one warp, no named barrier);
-// `wide_pack` (kPackOn, with `wide`, a 16-byte aligned q_out) its int8 stores as 16 bytes per
-// lane after a lane-pair exchange (whole 32-byte sectors per row per store instruction).
-// For `wide`, `mean_smem` and `wide_pack`, 0 means the defaults in src/cuda/prologue_v3.cu
-// (kV3DefaultWide, kV3DefaultMeanSmem, kV3DefaultPack); with `wide` 0, an explicit `ring` or
-// `split_blocks` selects the 32-value kernels.
+// whether the PDL-launched round-3 quantize kernel issues its x, weight and table loads before
+// griddepcontrol.wait (only the mean is read after it): 0 = on in norm_rope_mean_quantize (the
+// quantize pass runs behind the mean pass of the same x there) and off in a lone
+// norm_rope_quantize; kEarlyOff: off everywhere; kEarlyOn: on everywhere (tests and the bench
+// only: correct only where the previous kernel in the stream writes nothing the quantize pass
+// reads but the mean).
+// `mean_smem` = kMeanSmemRing (with a cp.async quantize ring): the mean rows in a 6-row ring
+// refilled 3 heads at a time behind a CTA barrier, so that the head group is not capped by
+// shared memory. For `mean_smem`, 0 means the default in src/cuda/prologue_v3.cu
+// (kV3DefaultMeanSmem). `barrier_ids` the 96-register quantize kernel's team barriers (THREAD_K /
+// PER_BLOCK groups across warps): kBarrierImmediate ids 1..8 as immediates (9 barriers per
+// CTA), kBarrierRegister the id in a register (ptxas reserves 16: at most 4 CTAs per SM); 0: the
+// default in src/cuda/prologue_v3.cu (kV3DefaultImmBar).
 // None of the others changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
 constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
@@ -129,9 +135,9 @@ constexpr int kSplitOff = 1, kSplitOn = 2;
 constexpr int kReduceShuffle = 1, kReduceRedux = 2;
 constexpr int kMeanFmaOff = 1, kMeanFmaOn = 2;
 constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
+constexpr int kMeanSmemRing = 3;  // mean_smem: an 8-row ring refilled 4 heads at a time
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
-constexpr int kWideOff = 1, kWideOn = 2, kWideOn1 = 3;  // kWideOn1: 1 head ahead, 6 CTAs/SM
-constexpr int kPackOff = 1, kPackOn = 2;
+constexpr int kBarrierRegister = 1, kBarrierImmediate = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
@@ -150,8 +156,7 @@ struct PrologueCudaTuning {
   int mean_fma = 0;
   int mean_smem = 0;
   int quant_early = 0;
-  int wide = 0;
-  int wide_pack = 0;
+  int barrier_ids = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

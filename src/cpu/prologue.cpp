@@ -182,6 +182,14 @@ void norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     }
 }
 
+// The two passes one after the other: the oracle of the fused CUDA k path.
+void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx) {
+  PrologueArgs m = a;
+  m.mean = nullptr;  // the mean pass normalizes and rotates only
+  norm_rope_mean(m, ctx);
+  norm_rope_quantize(a, ctx);
+}
+
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
                      Context& ctx) {
   const int64_t D = a.dim, rows = a.batch * a.tokens * a.heads;

@@ -652,12 +652,14 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
   const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
   // This thread's row for the whole head loop.
   const int p = warp * RW + slot;
-  const int bi = p / a.block, rem = p % a.block;
-  const int g = rem / L.group_rows, gi = rem % L.group_rows;
-  const int64_t blk = tile * (L.tile_rows / a.block) + bi;
-  const int64_t n = blk * a.block + group_row(a.layout, g, gi);
-  const bool ok = n < a.tokens;
-  const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
+  // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
+  const QuantRow row = quant_row(a, b, tile * L.tile_rows + p, L.group_rows, h0, lane_in_row == 0);
+  const int64_t n = row.n;
+  const bool ok = row.ok, writer = row.writer;
+  const uint16_t* xrow = row.x;
+  int8_t* qrow = row.q;
+  float* srow = row.s;
+  const float* mrow = row.m;
 
   // Loads of the invariants now; their shared-memory stores and the barrier after the first x
   // loads are issued (pipeline `start`).
@@ -676,16 +678,9 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
     }
     __syncthreads();
   };
-
-  // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
-  const uint16_t* xrow =
-      static_cast<const uint16_t*>(a.x) + b * a.x_sb + (ok ? n : 0) * a.x_sn + h0 * a.x_sh;
-  int8_t* qrow = a.q + b * a.q_sb + (ok ? n : 0) * a.q_sn + h0 * a.q_sh;
-  float* srow = a.scale + b * a.s_sb + h0 * a.s_sh + blk * a.groups + g;
-  const float* mrow = a.mean ? a.mean + b * a.m_sb + h0 * a.m_sh : nullptr;
   const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
   const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
-  const int team_first = warp / L.wpg * L.wpg, team_barrier = 1 + warp / L.wpg;
+  const int team = warp / L.wpg, team_first = team * L.wpg;
   const int team_threads = 32 * L.wpg;
   const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
   const float abs_sm = fabsf(a.sm_scale);
@@ -737,7 +732,7 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
     if (L.wpg > 1) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
-      named_barrier(team_barrier, team_threads);
+      team_barrier(team, team_threads);
       m = red[par][team_first];
       for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
     }
@@ -985,7 +980,7 @@ void fast_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   check_launch("norm_rope_quantize");
 }
 
-void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   const int lanes = static_cast<int>(a.dim / 16), rw = 32 / lanes, rps = kMeanWarps * rw;
   FastMeanLaunch L;
   L.table_mode = table_mode_of(a);
@@ -1016,8 +1011,11 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
               "cuda grid: expected at most 65535 token chunks and batch items, got " +
                   std::to_string(L.chunks) + " and " + std::to_string(a.batch));
   cudaStream_t stream = stream_of(ctx);
-  Scratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
-                     stream, "norm_rope_mean");
+  ScratchHold local;
+  Scratch& part =
+      hold_scratch(hold ? *hold : local,
+                   sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
+                   stream, "norm_rope_mean");
   dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
             static_cast<unsigned>(a.batch));
   const int smem = L.head_group * 4 * kMeanWarps * 32 * static_cast<int>(sizeof(float4));
@@ -1047,23 +1045,43 @@ void launch_mean_final(const PrologueArgs& a, const float* partials, int64_t chu
   check_launch("norm_rope_mean");
 }
 
-void norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
+namespace {
+
+void quantize_pass(const PrologueArgs& a, Context& ctx, bool behind_mean) {
   if (v3_supported(a, true))
-    v3_norm_rope_quantize(a, ctx);
+    v3_norm_rope_quantize(a, ctx, behind_mean);
   else if (fast_supported(a, true))
     fast_norm_rope_quantize(a, ctx);
   else
     legacy_norm_rope_quantize(a, ctx);
 }
 
-void norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+void mean_pass(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   if (v3_supported(a, false))
-    v3_norm_rope_mean(a, ctx);
+    v3_norm_rope_mean(a, ctx, hold);
   else if (fast_supported(a, false))
-    fast_norm_rope_mean(a, ctx);
+    fast_norm_rope_mean(a, ctx, hold);
   else
     legacy_norm_rope_mean(a, ctx);
 }
+
+}  // namespace
+
+void norm_rope_quantize(const PrologueArgs& a, Context& ctx) { quantize_pass(a, ctx, false); }
+
+void norm_rope_mean(const PrologueArgs& a, Context& ctx) { mean_pass(a, ctx, nullptr); }
+
+// The k path in one call: the mean pass (its partials held until the quantize kernel is launched,
+// so that mean_final and the quantize kernel are adjacent in the stream), then the quantize pass
+// knowing that only the mean pass of the same x runs before it (it may read x before its PDL
+// wait: the round-3 kernel's `early` placement, the default here).
+void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx) {
+  PrologueArgs m = a;
+  m.mean = nullptr;  // the mean pass normalizes and rotates only
+  ScratchHold hold;
+  mean_pass(m, ctx, &hold);
+  quantize_pass(a, ctx, true);
+}  // `hold` freed on the stream here, behind the quantize kernel
 
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
                      Context& ctx) {

@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <utility>
 
 #include "src/core/prologue_internal.h"
+#include "src/cuda/common.cuh"
 #include "src/cuda/ptx.cuh"
 
 namespace lowbit {
@@ -193,6 +195,22 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// bar.sync on barrier 1 + team (team < 8, warp-uniform) for `threads` threads, the id an
+// immediate: for a register id (named_barrier) ptxas reserves all 16 of the CTA's barriers,
+// which caps the resident CTAs per SM at 4 (ncu: "Block Limit Barriers"); ids 1..8 reserve 9.
+__device__ __forceinline__ void team_barrier(int team, int threads) {
+  switch (team) {
+    case 0: asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); break;
+    case 1: asm volatile("bar.sync 2, %0;" ::"r"(threads) : "memory"); break;
+    case 2: asm volatile("bar.sync 3, %0;" ::"r"(threads) : "memory"); break;
+    case 3: asm volatile("bar.sync 4, %0;" ::"r"(threads) : "memory"); break;
+    case 4: asm volatile("bar.sync 5, %0;" ::"r"(threads) : "memory"); break;
+    case 5: asm volatile("bar.sync 6, %0;" ::"r"(threads) : "memory"); break;
+    case 6: asm volatile("bar.sync 7, %0;" ::"r"(threads) : "memory"); break;
+    default: asm volatile("bar.sync 8, %0;" ::"r"(threads) : "memory"); break;
+  }
+}
+
 // Software pipeline over `count` units: the loads of units u+1 .. u+DEPTH are issued before unit
 // u is processed. The ring is fully unrolled, so the buffers stay in registers. `start` runs
 // once, after the first DEPTH loads are issued and before the first unit is processed (all
@@ -240,6 +258,40 @@ __device__ __forceinline__ int group_row(ScaleLayout layout, int g, int i) {
   }
 }
 
+// The row a quantize thread keeps for its whole head loop, and its pointers at head h0. Rows are
+// placed group-major: position P in the padded token order of whole blocks holds row
+// group_row(g, i) of block P / block, with P % block = g * group_rows + i, so a scale group's
+// rows sit in consecutive positions. Rows past N point at token 0 (in bounds, never stored).
+struct QuantRow {
+  int64_t n;        // token of the row (>= N past the end)
+  int64_t blk;      // block of the row
+  int g;            // its scale group in the block
+  bool ok;          // a token (< N)
+  bool writer;      // stores the group's scale: the first lane of the group's first row
+  const uint16_t* x;  // x[b, n, h0, 0]
+  int8_t* q;          // q[b, n, h0, 0]
+  float* s;           // scale[b, h0, blk * groups + g]
+  const float* m;     // mean[b, h0, 0], or null
+};
+
+__device__ __forceinline__ QuantRow quant_row(const PrologueArgs& a, int64_t b, int64_t P,
+                                              int group_rows, int64_t h0, bool first_lane) {
+  QuantRow r;
+  r.blk = P / a.block;
+  const int rem = static_cast<int>(P - r.blk * a.block);
+  r.g = rem / group_rows;
+  const int gi = rem % group_rows;
+  r.n = r.blk * a.block + group_row(a.layout, r.g, gi);
+  r.ok = r.n < a.tokens;
+  r.writer = first_lane && gi == 0 && r.blk < a.n_blocks;
+  const int64_t nn = r.ok ? r.n : 0;
+  r.x = static_cast<const uint16_t*>(a.x) + b * a.x_sb + nn * a.x_sn + h0 * a.x_sh;
+  r.q = a.q + b * a.q_sb + nn * a.q_sn + h0 * a.q_sh;
+  r.s = a.scale + b * a.s_sb + h0 * a.s_sh + r.blk * a.groups + r.g;
+  r.m = a.mean ? a.mean + b * a.m_sb + h0 * a.m_sh : nullptr;
+  return r;
+}
+
 // ---- host side --------------------------------------------------------------------------------
 
 // Wave model for the grid shapes: a CTA of `work` units (heads of a tile, or row steps x heads)
@@ -284,11 +336,24 @@ inline int table_mode_of(const PrologueArgs& a) {
 
 }  // namespace
 
+// Where a mean pass keeps its partial sums (a stream-ordered Scratch, freed on the stream when
+// the holder goes). A mean pass given a holder leaves them there: the fused k path frees them
+// after its quantize launch, so that no free comes between mean_final and the quantize kernel in
+// the stream (programmatic dependent launch pairs adjacent kernels). Null: freed at the pass's end.
+using ScratchHold = std::unique_ptr<Scratch>;
+inline Scratch& hold_scratch(ScratchHold& hold, size_t bytes, cudaStream_t stream,
+                             const char* op) {
+  hold = std::make_unique<Scratch>(bytes, stream, op);
+  return *hold;
+}
+
 // Round-3 kernels (src/cuda/prologue_v3.cu): whether they cover `a` (and the tuning knob allows
-// them), and their entry points.
+// them), and their entry points. `behind_mean`: the previous kernels in the stream are the mean
+// pass of the same x (the fused k path), so the quantize kernel may read x, the weight and the
+// table before its PDL wait (only the mean after it).
 bool v3_supported(const PrologueArgs& a, bool quantize);
-void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx);
-void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx);
+void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean = false);
+void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold = nullptr);
 
 // The mean pass's second stage (src/cuda/prologue.cu): mean_out[b, h, c] = (the `chunks` fp32
 // partials (B, H, chunks, D) of (b, h) added in a fixed order) / N.

@@ -54,15 +54,36 @@ constexpr bool kV3DefaultSplit = true;
 // 0.2911 / 0.0420 (both), every bit equal: the defaults since session 5.
 constexpr bool kV3DefaultRedux = true;
 constexpr bool kV3DefaultQuantPdl = true;
-// Session 6 knobs (tuning `wide`, `mean_smem`, `wide_pack`; 0 = these defaults). GPU run 12
-// (the same bits throughout): the k quantize pass alone at Wan 0.1853 ms with the mean from L1,
-// 0.1752 with the mean rows in shared memory (k path Wan 0.2875 -> 0.2750, Flux 0.0416 ->
-// 0.0414): the default since session 6. Wide rows: slower everywhere (k pass alone 0.2576, with
-// 16-byte stores 0.2062; q path 0.2169 / 0.1715 vs 0.1548): 10 warps per SM leave the schedulers
-// idle (ncu: 1.98 active, 0.52 eligible warps per scheduler, issue 34 %).
-constexpr int kV3DefaultWide = detail::kWideOff;
-constexpr bool kV3DefaultMeanSmem = true;
-constexpr bool kV3DefaultPack = false;
+// The quantize CTA's mean rows in shared memory (tuning `mean_smem`; 0 = this default). GPU run
+// 12 (the same bits): the k quantize pass alone at Wan 0.1853 ms with the mean from L1, 0.1752
+// with the mean rows in shared memory (k path Wan 0.2875 -> 0.2750, Flux 0.0416 -> 0.0414): the
+// default since session 6. (Wide rows, 2 lanes per row with 64 values per thread, lost
+// everywhere in runs 12-13: k pass alone 0.2576 / 0.2062 ms with 16-byte stores, q 0.2169 /
+// 0.1715 vs 0.1548; 10 warps per SM left the schedulers idle. Deleted in session 7.)
+constexpr int kV3DefaultMeanSmem = detail::kMeanSmemRing;  // session 7: see below
+// mean_smem = kMeanSmemRing (session 7): the mean rows in a ring of kMeanRingRows rows, refilled
+// kMeanRingChunk heads at a time (cp.async, one CTA barrier per chunk), so the head group is not
+// capped by shared memory (Wan k: 8 heads per CTA with the staged rows, 20 for q; the CTA's setup
+// is paid per head group). Run 16 (k, the same bits): Wan 0.2766 vs 0.2762 ms, Flux 0.0408 vs
+// 0.0403, quantize pass alone 0.1782 vs 0.1794 - but both ran 20 heads on 4 CTAs per SM (the
+// barrier limit below). The default for run 17, with 5 CTAs per SM: it keeps run 16's head group
+// (20) where the staged rows would cap it at 7.
+// 3 heads per chunk, 6 rows (3 KB at D = 128): 8 rows (4 KB) would miss 5 CTAs per SM by 128
+// bytes. The refill rides on the x ring's commit groups, so it needs kMeanRingChunk > AHEAD:
+// the 96-register ring (2 heads ahead); the 3-ahead ring keeps the staged rows.
+constexpr int kMeanRingChunk = 3, kMeanRingRows = 6;
+// The scale groups' team barriers with immediate ids 1..8 (tuning `barrier_ids`; session 7).
+// With the id in a register ptxas reserves all 16 of a CTA's barriers, and the SM's barriers
+// then hold every round-3 quantize kernel to 4 resident CTAs: ncu run 16 of the 96-register
+// kernel (k, Wan): "Block Limit Barriers 4", 16 warps per SM where 5 CTAs (20 warps) were
+// planned, and the staged-mean head group, sized for 4 CTAs, was 20 (51 KB per CTA). Not yet
+// measured: the default for run 17 (the bench's "register barrier ids" rows are the old kernel).
+constexpr bool kV3DefaultImmBar = true;
+// The quantize pass of the fused k path (norm_rope_mean_quantize) issues its x, weight and table
+// loads before its PDL wait (tuning `quant_early`; 0 = this default there; a lone
+// norm_rope_quantize waits first unless the knob forces kEarlyOn). GPU run 12, measured behind
+// the two-call k path: Wan 0.2750 -> 0.2725 ms, Flux 0.0414 -> 0.0400, the same bits.
+constexpr bool kV3DefaultEarlyFused = true;
 // The round-4 mean with 5 CTAs per SM (tuning `mean_ctas`) by default from this many rows
 // (batch * tokens * heads) up: GPU run 9, Wan k 0.2999 -> 0.2904 ms, Flux k 0.0429 -> 0.0450 (at
 // Flux the wave model then gives each warp fewer tokens).
@@ -292,37 +313,46 @@ struct V3QuantLaunch {
   bool reverse;    // tiles in reverse token order (blockIdx.y = 0 takes the last tile)
   bool redux;      // the group maximum by redux.sync (red_lanes 16, 32), else shuffles
   bool mean_smem;  // the head group's mean rows staged in shared memory (needs mean_vec)
-  bool early;      // x / weight / table loads before griddepcontrol.wait (tuning `quant_early`)
-  bool pack16;     // wide rows: 16-byte int8 stores after a lane-pair exchange (`wide_pack`)
+  bool mean_ring;  // with mean_smem (cp.async ring only): a ring of kMeanRingRows rows, refilled
+                   // kMeanRingChunk heads at a time behind a CTA barrier (no head-group cap)
+  bool early;      // x / weight / table loads before griddepcontrol.wait (behind the mean pass)
 };
+
+// Mean rows a quantize CTA stages in shared memory (with mean_smem).
+__host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
+  return L.mean_ring && L.head_group > kMeanRingRows ? kMeanRingRows : L.head_group;
+}
 
 // AHEAD = 0: the register ring (kV3QuantPrefetch heads ahead); AHEAD > 0: the cp.async ring,
 // AHEAD heads ahead in AHEAD + 1 shared-memory slots per thread.
 // LEAN: the same bits with fewer instructions per row (round_bf16_hi, rcp_approx for the
 // reciprocal of the scale and for 1/127: div.full(m, 127) = m * rcp(127)); GPU run 6: bits equal
 // to the non-lean kernel's on every bench output.
-template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false>
+// IMMBAR: the scale groups' team barriers with immediate ids (team_barrier), else a register id
+// (named_barrier: ptxas then reserves all 16 of the CTA's barriers).
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool IMMBAR = true>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool ASYNC = AHEAD > 0;
   constexpr int SLOTS = AHEAD + 1;
   constexpr int LANES = D / 32, RW = 32 / LANES;
   // Dynamic shared memory: ASYNC: the x ring [SLOTS][4 chunks][blockDim.x] uint4 (each
   // thread's own slots), then (rope) [8][blockDim.x] float4: this thread's rotary pairs, then
-  // (mean_smem) [head_group][D / 4] float4: the CTA's mean rows, then [2][kV3MaxWarps] floats:
+  // (mean_smem) [head_group or, mean_ring, kMeanRingRows][D / 4] float4: the CTA's mean rows, then
+  // [2][kV3MaxWarps] floats:
   // the warps' group maxima (dynamic, so that static shared memory does not take the room the
   // mean rows need: 7 -> 8 heads per CTA at 5 CTAs per SM).
   extern __shared__ float4 dyn_sh[];
   float4* t_sh = dyn_sh + (ASYNC ? SLOTS * 4 * blockDim.x : 0);
   float4* mean_sh = t_sh + (ROPE != kRopeNone ? 8 * blockDim.x : 0);
   float(*red)[kV3MaxWarps] = reinterpret_cast<float(*)[kV3MaxWarps]>(
-      mean_sh + (L.mean_smem ? L.head_group * (D / 4) : 0));
+      mean_sh + (L.mean_smem ? mean_sh_rows(L) * (D / 4) : 0));
   __shared__ float4 w_sh[8][LANES];
   const int threads = blockDim.x;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   // Launched with PDL (tuning `quant_pdl`): nothing is read before the previous kernel in the
-  // stream has completed (a no-op without the attribute). `early` (tuning `quant_early`, only
-  // behind the mean pass of the same x): the wait comes before the first read of the mean.
+  // stream has completed (a no-op without the attribute). `early` (the fused k path, i.e. behind
+  // the mean pass of the same x): the wait comes before the first read of the mean.
   if (!L.early) griddep_wait();
   const int64_t b = blockIdx.z;
   const int64_t tile = L.reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
@@ -332,13 +362,14 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   // Position P in the (padded) token order of whole blocks: a tile is whole blocks, or (knob
   // `split_blocks`) whole scale groups of one block.
   const int p = warp * RW + slot;
-  const int64_t P = tile * L.tile_rows + p;
-  const int64_t blk = P / a.block;
-  const int rem = static_cast<int>(P - blk * a.block);
-  const int g = rem / L.group_rows, gi = rem % L.group_rows;
-  const int64_t n = blk * a.block + group_row(a.layout, g, gi);
-  const bool ok = n < a.tokens;
-  const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
+  // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
+  const QuantRow row = quant_row(a, b, tile * L.tile_rows + p, L.group_rows, h0, lane_in_row == 0);
+  const int64_t n = row.n;
+  const bool ok = row.ok, writer = row.writer;
+  const uint16_t* xrow = row.x;
+  int8_t* qrow = row.q;
+  float* srow = row.s;
+  const float* mrow = row.m;
 
   const float4 wq = v3_weight_quad<D>(a, tid);  // blockDim >= 128 >= 8 * LANES
   float tcs[16], tsn[16];
@@ -356,16 +387,9 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     }
     __syncthreads();
   };
-
-  // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
-  const uint16_t* xrow =
-      static_cast<const uint16_t*>(a.x) + b * a.x_sb + (ok ? n : 0) * a.x_sn + h0 * a.x_sh;
-  int8_t* qrow = a.q + b * a.q_sb + (ok ? n : 0) * a.q_sn + h0 * a.q_sh;
-  float* srow = a.scale + b * a.s_sb + h0 * a.s_sh + blk * a.groups + g;
-  const float* mrow = a.mean ? a.mean + b * a.m_sb + h0 * a.m_sh : nullptr;
   const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
   const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
-  const int team_first = warp / L.wpg * L.wpg, team_barrier = 1 + warp / L.wpg;
+  const int team = warp / L.wpg, team_first = team * L.wpg;
   const int team_threads = 32 * L.wpg;
   const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
   const float abs_sm = fabsf(a.sm_scale);
@@ -386,7 +410,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     if (L.early) griddep_wait();
     if (!L.mean_smem || !mrow) return;
     constexpr int QR = D / 4;  // float4 per mean row
-    for (int e = tid; e < count * QR; e += threads)
+    const int rows = L.mean_ring && count > kMeanRingRows ? kMeanRingRows : count;
+    for (int e = tid; e < rows * QR; e += threads)
       mean_sh[e] = __ldg(reinterpret_cast<const float4*>(mrow + (e / QR) * m_sh) + e % QR);
   };
   auto proc = [&](int u, const uint4(&r)[4]) {
@@ -397,7 +422,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     if (mrow && L.mean_smem) {
       // Quad k: values 4k .. 4k + 3 = channels c0 + 8 LANES (k / 2) + 4 (k & 1); the 4 distinct
       // addresses of a warp are 32 bytes apart (no bank conflict), the row slots broadcast.
-      const float4* mq = mean_sh + u * (D / 4) + 2 * lane_in_row;
+      const int mr = L.mean_ring ? u % kMeanRingRows : u;
+      const float4* mq = mean_sh + mr * (D / 4) + 2 * lane_in_row;
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const float4 t = lds16(mq + 2 * LANES * (k / 2) + (k & 1));
@@ -460,7 +486,10 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     if (L.wpg > 1) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
-      named_barrier(team_barrier, team_threads);
+      if constexpr (IMMBAR)
+        team_barrier(team, team_threads);
+      else
+        named_barrier(1 + team, team_threads);
       m = red[par][team_first];
       for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
     }
@@ -499,8 +528,24 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     }
     stage_mean();
     start();
+    // mean_ring: at head u = k * kMeanRingChunk (k >= 1) every thread is done with heads < u
+    // (the barrier), so heads u + kMeanRingChunk .. + 2 kMeanRingChunk - 1 go into the rows that
+    // held heads u - kMeanRingChunk ..; they travel in head u's commit group, which every thread
+    // has waited for before the barrier at head u + kMeanRingChunk (kMeanRingChunk > AHEAD), so
+    // that barrier makes them visible to the CTA.
+    static_assert(kMeanRingRows == 2 * kMeanRingChunk);
+    constexpr int QR = D / 4;  // float4 per mean row
 #pragma unroll 1
     for (int u = 0; u < count; ++u) {
+      if (kMeanRingChunk > AHEAD && L.mean_ring && mrow && count > kMeanRingRows && u > 0 &&
+          u % kMeanRingChunk == 0) {
+        __syncthreads();
+        const int h1 = u + kMeanRingChunk;
+        const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
+        for (int e = tid; e < rows * QR; e += threads)
+          cp_async16(mean_sh + ((h1 + e / QR) % kMeanRingRows) * QR + e % QR,
+                     mrow + (h1 + e / QR) * m_sh + 4 * (e % QR));
+      }
       if (u + AHEAD < count) issue(u + AHEAD);
       cp_async_commit();
       cp_async_wait<AHEAD>();
@@ -527,356 +572,10 @@ __global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
     v3_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   v3_quantize_body<D, BF16, ROPE, AHEAD, LEAN>(a, L);
 }
-template <int D, bool BF16, int ROPE, bool LEAN>
+template <int D, bool BF16, int ROPE, bool LEAN, bool IMMBAR = true>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead, LEAN>(a, L);
-}
-
-// ---- norm_rope_quantize, wide rows (session 6) ---------------------------------------------
-//
-// THREAD_K 64 at D = 128 puts a scale group's 16 rows on 64 lanes: two warps, whose maxima meet
-// in shared memory behind a named barrier per head (the k quantize pass ran at 65 % of copy in
-// GPU run 11 where the q path, on the same bytes, ran at 78 %). Here a row of D = 128 channels
-// is held by LANES = 2 lanes, CH = 8 chunks (64 values) each: a warp holds 16 rows, so a THREAD_K
-// group is one warp (its maximum one redux.sync), THREAD_Q 32's groups of 4 rows are 8 lanes,
-// and every per-row step (rsqrt, shuffles, scale, reciprocal, address math) is paid once per 64
-// values. Shared memory per row is unchanged (the cp.async ring 2 heads ahead: 768 bytes, the
-// rotary pairs: 512), so a 2-warp CTA (32 rows) takes the 40 KB a 4-warp one took: 5 CTAs = 10
-// warps per SM, the same rows in flight, twice the independent values per thread.
-// Placement: lane l of a row holds chunks l + LANES * i, i = 0..CH-1; the split-half partner of
-// chunk i < CH/2 is chunk i + CH/2 of the same lane; the sum of squares is each chunk in channel
-// order, one xor level over the 2 lanes (chunks 2i, 2i + 1), then a pairwise tree over i: the
-// CPU's pairwise tree over all D/8 chunks.
-
-constexpr int kWideCh = 8;        // chunks of 8 channels per lane (64 values)
-constexpr int kWideAhead = 2;     // cp.async ring: heads in flight ahead (kWideOn)
-constexpr int kWideAhead1 = 1;    // kWideOn1: 32 KB per 2-warp CTA, 6 CTAs (<= 168 registers)
-constexpr int kWideMaxWarps = 4;  // CTA tiles of at most 4 warps (64 rows)
-
-template <int D>
-constexpr int wide_lanes() {
-  return D / (8 * kWideCh);
-}
-
-// Chunk i (0..CH-1) of lane `lane_in_row`.
-template <int D>
-__device__ __forceinline__ int wide_chunk(int lane_in_row, int i) {
-  return lane_in_row + wide_lanes<D>() * i;
-}
-
-// The 4 CH (cos, sin) pairs of a thread's values of row `row_off`: pair t of the thread is,
-// paired: value 8 i + j (i < CH/2) with value 8 (i + CH/2) + j, table pair 8 chunk(i) + j,
-// t = 8 i + j; interleaved: values 8 i + 2 m and + 1, table pair 4 chunk(i) + m, t = 4 i + m.
-template <int D, int ROPE>
-__device__ __forceinline__ void wide_table_row(const PrologueArgs& a, int mode, int64_t row_off,
-                                               int lane_in_row, float (&cs)[4 * kWideCh],
-                                               float (&sn)[4 * kWideCh]) {
-#pragma unroll
-  for (int k = 0; k < kWideCh; ++k) {
-    const int pair = ROPE == kRopePaired ? 8 * wide_chunk<D>(lane_in_row, k / 2) + 4 * (k & 1)
-                                         : 4 * wide_chunk<D>(lane_in_row, k);
-    load_table4(a, mode, row_off, pair, cs + 4 * k, sn + 4 * k);
-  }
-}
-
-// Weight quads: w_sh[k][l] = channels 8 chunk(l, k / 2) + 4 (k & 1) + 0..3 (values 4k .. 4k + 3
-// of lane l), k < 2 CH. Thread tid < 2 CH LANES loads quad (tid / LANES, tid % LANES).
-template <int D>
-__device__ __forceinline__ float4 wide_weight_quad(const PrologueArgs& a, int tid) {
-  constexpr int LANES = wide_lanes<D>();
-  float q[4] = {1.f, 1.f, 1.f, 1.f};
-  if (tid < 2 * kWideCh * LANES && a.norm) {
-    const int k = tid / LANES, l = tid % LANES;
-    const int c = 8 * wide_chunk<D>(l, k / 2) + 4 * (k & 1);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, c + i, a.w_dtype);
-  }
-  return make_float4(q[0], q[1], q[2], q[3]);
-}
-
-// rope(norm(x)) of a thread's 8 CH values of one row (SPEC §1 order, v3_row's arithmetic).
-template <int D, bool BF16, int ROPE, bool LEAN, typename WQ, typename TQ>
-__device__ __forceinline__ void wide_row(bool norm, float eps, WQ&& wq, TQ&& tq,
-                                         const uint4 (&raw)[kWideCh], float (&v)[8 * kWideCh]) {
-  constexpr int LANES = wide_lanes<D>(), CH = kWideCh;
-  float* x = v;
-#pragma unroll
-  for (int i = 0; i < CH; ++i) unpack<BF16>(raw[i], x + 8 * i);
-  if (norm) {
-    float p[CH];
-#pragma unroll
-    for (int i = 0; i < CH; ++i) p[i] = chunk_squares(x + 8 * i);
-#pragma unroll
-    for (int o = 1; o < LANES; o <<= 1) {
-#pragma unroll
-      for (int i = 0; i < CH; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
-    }
-#pragma unroll
-    for (int w = 1; w < CH; w <<= 1) {
-#pragma unroll
-      for (int i = 0; i < CH; i += 2 * w) p[i] = __fadd_rn(p[i], p[i + w]);
-    }
-    static_assert((D & (D - 1)) == 0, "D must be a power of two");  // total / D is exact
-    const float inv = __frsqrt_rn(__fadd_rn(__fmul_rn(p[0], 1.f / static_cast<float>(D)), eps));
-#pragma unroll
-    for (int k = 0; k < 2 * CH; ++k) {
-      const float4 w = wq(k);
-      x[4 * k] = __fmul_rn(__fmul_rn(x[4 * k], inv), w.x);
-      x[4 * k + 1] = __fmul_rn(__fmul_rn(x[4 * k + 1], inv), w.y);
-      x[4 * k + 2] = __fmul_rn(__fmul_rn(x[4 * k + 2], inv), w.z);
-      x[4 * k + 3] = __fmul_rn(__fmul_rn(x[4 * k + 3], inv), w.w);
-      if (LEAN && BF16) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) x[4 * k + i] = round_bf16_hi(x[4 * k + i]);
-      } else {
-        round_pair<BF16>(x[4 * k], x[4 * k + 1]);
-        round_pair<BF16>(x[4 * k + 2], x[4 * k + 3]);
-      }
-    }
-  }
-  auto rotate = [&](float c, float s, int lead, int trail) {
-    const float y = x[lead], o = x[trail];
-    v[lead] = __fmaf_rn(c, y, -__fmul_rn(s, o));
-    v[trail] = __fmaf_rn(s, y, __fmul_rn(c, o));
-  };
-  if (ROPE == kRopePaired) {  // pair t = 8 i + j (i < CH/2): value t leads, value t + 4 CH trails
-#pragma unroll
-    for (int k = 0; k < 2 * CH; ++k) {
-      const float4 t = tq(k);  // pairs 2k, 2k + 1
-      rotate(t.x, t.y, 2 * k, 2 * k + 4 * CH);
-      rotate(t.z, t.w, 2 * k + 1, 2 * k + 1 + 4 * CH);
-    }
-  } else if (ROPE == kRopeInterleaved) {  // pair t = 4 i + m: values 2t, 2t + 1
-#pragma unroll
-    for (int k = 0; k < 2 * CH; ++k) {
-      const float4 t = tq(k);
-      rotate(t.x, t.y, 4 * k, 4 * k + 1);
-      rotate(t.z, t.w, 4 * k + 2, 4 * k + 3);
-    }
-  }
-}
-
-// Codes of NV values with one scale (quantize32's arithmetic). out[k] = codes 4k .. 4k + 3.
-template <bool LEAN, int NV>
-__device__ __forceinline__ void quantize_n(const float (&v)[NV], float scale,
-                                           uint32_t (&out)[NV / 4]) {
-  const float as = fabsf(scale);
-  if (as >= 0x1p-126f && as <= 0x1p126f) {
-    const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
-#pragma unroll
-    for (int k = 0; k < NV / 4; ++k)
-      out[k] = pack_s8x4(round_code(__fmul_rn(v[4 * k], r)), round_code(__fmul_rn(v[4 * k + 1], r)),
-                         round_code(__fmul_rn(v[4 * k + 2], r)),
-                         round_code(__fmul_rn(v[4 * k + 3], r)));
-  } else if (scale == 0.f) {
-#pragma unroll
-    for (int k = 0; k < NV / 4; ++k) out[k] = 0u;
-  } else {
-#pragma unroll
-    for (int k = 0; k < NV / 4; ++k)
-      out[k] = pack_s8x4(round_code(div_full(v[4 * k], scale)),
-                         round_code(div_full(v[4 * k + 1], scale)),
-                         round_code(div_full(v[4 * k + 2], scale)),
-                         round_code(div_full(v[4 * k + 3], scale)));
-  }
-}
-
-// The wide quantize kernel: v3_quantize_body's structure (group-major rows, one row per thread
-// for the head loop, invariants in shared memory, the cp.async ring kWideAhead heads ahead,
-// mean rows in shared memory with L.mean_smem, PDL wait placement by L.early) with 64 values per
-// thread. <= 170 registers (__launch_bounds__(128, 3)); a 2-warp CTA needs 40 KB of shared
-// memory (+ the mean rows), so 5 CTAs per SM.
-template <int D, bool BF16, int ROPE, bool LEAN, int AHEAD = kWideAhead>
-__global__ void __launch_bounds__(kWideMaxWarps * 32, 3)
-    wide_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
-  constexpr int CH = kWideCh, NV = 8 * CH, SLOTS = AHEAD + 1;
-  constexpr int LANES = wide_lanes<D>(), RW = 32 / LANES;
-  static_assert(LANES >= 1 && LANES * CH * 8 == D, "wide rows: D = 8 CH LANES");
-  // Dynamic shared memory: the x ring [SLOTS][CH][threads] uint4, (rope) [2 CH][threads] float4
-  // rotary quads, (mean_smem) [head_group][D / 4] float4 mean rows.
-  extern __shared__ float4 dyn_sh[];
-  const int threads = blockDim.x;
-  float4* t_sh = dyn_sh + SLOTS * CH * threads;
-  float4* mean_sh = t_sh + (ROPE != kRopeNone ? 2 * CH * threads : 0);
-  __shared__ float red[2][kWideMaxWarps];
-  __shared__ float4 w_sh[2 * CH][LANES];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int slot = lane / LANES, lane_in_row = lane % LANES;
-  if (!L.early) griddep_wait();
-  const int64_t b = blockIdx.z;
-  const int64_t tile = L.reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
-  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
-  const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
-  const int p = warp * RW + slot;
-  const int64_t P = tile * L.tile_rows + p;
-  const int64_t blk = P / a.block;
-  const int rem = static_cast<int>(P - blk * a.block);
-  const int g = rem / L.group_rows, gi = rem % L.group_rows;
-  const int64_t n = blk * a.block + group_row(a.layout, g, gi);
-  const bool ok = n < a.tokens;
-  const bool writer = lane_in_row == 0 && gi == 0 && blk < a.n_blocks;
-
-  const float4 wq = wide_weight_quad<D>(a, tid);  // blockDim >= 64 >= 2 CH LANES
-  float tcs[4 * CH], tsn[4 * CH];
-#pragma unroll
-  for (int i = 0; i < 4 * CH; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
-  if (ROPE != kRopeNone && ok)
-    wide_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + n * a.r_sn, lane_in_row, tcs, tsn);
-
-  const uint16_t* xrow =
-      static_cast<const uint16_t*>(a.x) + b * a.x_sb + (ok ? n : 0) * a.x_sn + h0 * a.x_sh;
-  int8_t* qrow = a.q + b * a.q_sb + (ok ? n : 0) * a.q_sn + h0 * a.q_sh;
-  float* srow = a.scale + b * a.s_sb + h0 * a.s_sh + blk * a.groups + g;
-  const float* mrow = a.mean ? a.mean + b * a.m_sb + h0 * a.m_sh : nullptr;
-  const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
-  const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
-  const int team_first = warp / L.wpg * L.wpg, team_barrier = 1 + warp / L.wpg;
-  const int team_threads = 32 * L.wpg;
-  const bool scaled = a.sm_scale != 1.f;
-  const float abs_sm = fabsf(a.sm_scale);
-  const int c0 = 8 * lane_in_row;  // channel of chunk i: c0 + 8 LANES i
-  const float rcp127 = rcp_approx(127.f);
-
-  uint4* ring = reinterpret_cast<uint4*>(dyn_sh);
-  auto issue = [&](int u) {
-    const uint16_t* px = xrow + u * x_sh + c0;
-    uint4* dst = ring + (u % SLOTS) * CH * threads + tid;
-#pragma unroll
-    for (int i = 0; i < CH; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
-  };
-#pragma unroll
-  for (int k = 0; k < AHEAD; ++k) {
-    if (k < count) issue(k);
-    cp_async_commit();
-  }
-  if (L.early) griddep_wait();
-  if (L.mean_smem && mrow) {
-    constexpr int QR = D / 4;
-    for (int e = tid; e < count * QR; e += threads)
-      mean_sh[e] = __ldg(reinterpret_cast<const float4*>(mrow + (e / QR) * m_sh) + e % QR);
-  }
-  if (tid < 2 * CH * LANES) w_sh[tid / LANES][tid % LANES] = wq;
-  if (ROPE != kRopeNone) {
-#pragma unroll
-    for (int k = 0; k < 2 * CH; ++k)
-      t_sh[k * threads + tid] = make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
-  }
-  __syncthreads();
-
-#pragma unroll 1
-  for (int u = 0; u < count; ++u) {
-    if (u + AHEAD < count) issue(u + AHEAD);
-    cp_async_commit();
-    cp_async_wait<AHEAD>();
-    const uint4* src = ring + (u % SLOTS) * CH * threads + tid;
-    uint4 r[CH];
-#pragma unroll
-    for (int i = 0; i < CH; ++i) r[i] = lds16u(src + i * threads);
-    float v[NV];
-    wide_row<D, BF16, ROPE, LEAN>(
-        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
-        [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
-    if (mrow) {
-      // Quad k: values 4k .. 4k + 3 = channels c0 + 8 LANES (k / 2) + 4 (k & 1).
-      const float4* mq = mean_sh + u * (D / 4) + 2 * lane_in_row;
-      const float* mg = mrow + u * m_sh + c0;
-#pragma unroll
-      for (int k = 0; k < 2 * CH; ++k) {
-        const int off = 8 * LANES * (k / 2) + 4 * (k & 1);
-        float4 t;
-        if (L.mean_smem) {
-          t = lds16(mq + off / 4);
-        } else if (L.mean_vec) {
-          t = ldg16_l1(mg + off);
-        } else {
-          t = make_float4(__ldg(mg + off), __ldg(mg + off + 1), __ldg(mg + off + 2),
-                          __ldg(mg + off + 3));
-        }
-        v[4 * k] = __fsub_rn(v[4 * k], t.x);
-        v[4 * k + 1] = __fsub_rn(v[4 * k + 1], t.y);
-        v[4 * k + 2] = __fsub_rn(v[4 * k + 2], t.z);
-        v[4 * k + 3] = __fsub_rn(v[4 * k + 3], t.w);
-      }
-    }
-    // |v| maximum: CH independent chains, then a tree (exact in any order).
-    float t[CH];
-#pragma unroll
-    for (int i = 0; i < CH; ++i) {
-      t[i] = fabsf(v[8 * i]);
-#pragma unroll
-      for (int j = 1; j < 8; ++j) t[i] = max_nan(t[i], fabsf(v[8 * i + j]));
-    }
-#pragma unroll
-    for (int w = 1; w < CH; w <<= 1) {
-#pragma unroll
-      for (int i = 0; i < CH; i += 2 * w) t[i] = max_nan(t[i], t[i + w]);
-    }
-    float m = ok ? t[0] : 0.f;
-    // Group maximum (red_lanes lanes; the bit patterns of |v| order as the floats, NaN on top).
-    const uint32_t bits = __float_as_uint(m);
-    if (L.red_lanes == 32) {
-      m = __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
-    } else if (L.red_lanes == 16) {
-      const bool upper = (lane & 16) != 0;
-      const uint32_t lo = __reduce_max_sync(0xffffffffu, upper ? 0u : bits);
-      const uint32_t hi = __reduce_max_sync(0xffffffffu, upper ? bits : 0u);
-      m = __uint_as_float(upper ? hi : lo);
-    } else {
-#pragma unroll
-      for (int o = 1; o < 16; o <<= 1)
-        if (o < L.red_lanes) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
-    }
-    if (L.wpg > 1) {
-      const int par = u & 1;
-      if (lane == 0) red[par][warp] = m;
-      named_barrier(team_barrier, team_threads);
-      m = red[par][team_first];
-      for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
-    }
-    if (scaled) m = __fmul_rn(m, abs_sm);
-    const float scale =
-        __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
-    if (writer) srow[u * s_sh] = scale;
-    if (L.pack16) {
-      // Every lane quantizes (rows past N too: all lanes take part in the exchange; only rows
-      // below N store). Sector s of the row (codes 32 s .. 32 s + 31) = chunks 4s .. 4s + 3:
-      // lane 0 holds 4s and 4s + 2 (its i = 2s, 2s + 1), lane 1 holds 4s + 1 and 4s + 3. Lane 0
-      // trades its chunk 4s + 2 for lane 1's 4s + 1, then lane 0 stores chunks 4s, 4s + 1 and
-      // lane 1 chunks 4s + 2, 4s + 3: 16 bytes each, one whole sector per row per instruction
-      // (the 8-byte stores below write half sectors: 2 lanes x 8 bytes).
-      static_assert(LANES == 2 && CH % 2 == 0, "pack16: lane pairs");
-      if (scaled) {
-#pragma unroll
-        for (int j = 0; j < NV; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
-      }
-      uint32_t packed[NV / 4];
-      quantize_n<LEAN, NV>(v, scale, packed);
-      int8_t* q = qrow + u * q_sh + 16 * lane_in_row;
-      const bool hi = lane_in_row != 0;
-#pragma unroll
-      for (int sct = 0; sct < CH / 2; ++sct) {
-        const uint32_t* lo_chunk = packed + 4 * sct;       // this lane's i = 2 sct
-        const uint32_t* hi_chunk = packed + 4 * sct + 2;   // this lane's i = 2 sct + 1
-        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? lo_chunk[0] : hi_chunk[0], 1);
-        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? lo_chunk[1] : hi_chunk[1], 1);
-        const uint4 out = hi ? make_uint4(r0, r1, hi_chunk[0], hi_chunk[1])
-                             : make_uint4(lo_chunk[0], lo_chunk[1], r0, r1);
-        if (ok) *reinterpret_cast<uint4*>(q + 32 * sct) = out;
-      }
-    } else if (ok) {
-      if (scaled) {
-#pragma unroll
-        for (int j = 0; j < NV; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
-      }
-      uint32_t packed[NV / 4];
-      quantize_n<LEAN, NV>(v, scale, packed);
-      int8_t* q = qrow + u * q_sh + c0;
-#pragma unroll
-      for (int i = 0; i < CH; ++i)
-        *reinterpret_cast<uint2*>(q + 8 * LANES * i) = make_uint2(packed[2 * i], packed[2 * i + 1]);
-    }
-  }
+  v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead, LEAN, IMMBAR>(a, L);
 }
 
 // ---- norm_rope_mean ---------------------------------------------------------------------------
@@ -1294,7 +993,7 @@ bool v4_mean_supported(const PrologueArgs& a) {
   return table_mode_of(a) == kTablePairsF32;
 }
 
-void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes;
   V4MeanLaunch L;
   const int64_t head_groups = (a.heads + rw - 1) / rw;
@@ -1378,8 +1077,11 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
     L.steps = static_cast<int>(
         forced > 0 ? std::max<int64_t>(first, std::min<int64_t>(forced, per_warp)) : steps);
     L.chunks = (per_warp + L.steps - 1) / L.steps;
-    Scratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
-                 stream, "norm_rope_mean");
+    ScratchHold local;
+    Scratch& part =
+        hold_scratch(hold ? *hold : local,
+                     sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
+                     stream, "norm_rope_mean");
     dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
               static_cast<unsigned>(a.batch));
     kernel<<<grid, kV4MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
@@ -1414,25 +1116,16 @@ bool v3_supported(const PrologueArgs& a, bool quantize) {
   return a.block <= kV3MaxWarps * rw;
 }
 
-void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
+void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean) {
   V3QuantLaunch L;
+  const detail::PrologueCudaTuning tuning = detail::prologue_cuda_tuning();
   L.group_rows = a.block / a.groups;
   // >= 4 warps of rows, whole blocks (both powers of two); with `split_blocks`, whole scale groups
   // (THREAD_K 64 at D = 128: 4-warp CTAs on half blocks instead of 8-warp CTAs).
-  const int split_knob = detail::prologue_cuda_tuning().split_blocks;
-  const bool split = split_knob > 0 ? split_knob == detail::kSplitOn : kV3DefaultSplit;
-  // Wide rows (tuning `wide`, D = 128): 2 lanes per row, tiles of >= 2 and <= 4 warps.
-  // 0: the default (kV3DefaultWide: kWideOff, kWideOn or kWideOn1), except that an explicit ring
-  // or split choice (tests, A/B rows of the 32-value kernels) selects the 32-value kernels.
-  const detail::PrologueCudaTuning knobs = detail::prologue_cuda_tuning();
-  const int wide_knob = knobs.wide > 0                                   ? knobs.wide
-                        : knobs.ring > 0 || knobs.split_blocks > 0 ? detail::kWideOff
-                                                                   : kV3DefaultWide;
-  const bool wide_rows =
-      (wide_knob == detail::kWideOn || wide_knob == detail::kWideOn1) && a.dim == 128 &&
-      std::max(split ? L.group_rows : a.block, 32) <= kWideMaxWarps * 16;
-  const int lanes = wide_rows ? 2 : static_cast<int>(a.dim / 32), rw = 32 / lanes;
-  L.tile_rows = std::max(split ? L.group_rows : a.block, (wide_rows ? 2 : 4) * rw);
+  const bool split =
+      tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn : kV3DefaultSplit;
+  const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes;
+  L.tile_rows = std::max(split ? L.group_rows : a.block, 4 * rw);
   L.wpg = L.group_rows > rw ? L.group_rows / rw : 1;
   L.red_lanes = std::min(32, lanes * L.group_rows);
   L.table_mode = table_mode_of(a);
@@ -1443,7 +1136,6 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   check::that(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
               "cuda grid: expected at most 65535 tiles and batch items, got " +
                   std::to_string(tiles) + " and " + std::to_string(a.batch));
-  const detail::PrologueCudaTuning tuning = detail::prologue_cuda_tuning();
   const int ring = tuning.ring > 0 ? tuning.ring : kV3DefaultRing;
   const bool lean = tuning.lean > 0 ? tuning.lean == detail::kLeanOn : kV3DefaultLean;
   const int ahead = ring == detail::kQuantRingAsync     ? kV3AsyncAhead
@@ -1456,21 +1148,20 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   L.redux = (tuning.max_reduce > 0 ? tuning.max_reduce == detail::kReduceRedux
                                    : kV3DefaultRedux);
   const bool pdl = tuning.quant_pdl > 0 ? tuning.quant_pdl == detail::kPdlOn : kV3DefaultQuantPdl;
-  L.mean_smem = (tuning.mean_smem > 0 ? tuning.mean_smem == detail::kMeanSmemOn
-                                       : kV3DefaultMeanSmem) &&
-                L.mean_vec;
-  L.early = tuning.quant_early == detail::kEarlyOn && pdl;
-  L.pack16 = wide_rows &&
-             (tuning.wide_pack > 0 ? tuning.wide_pack == detail::kPackOn : kV3DefaultPack) &&
-             reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.q_sb % 16 == 0 && a.q_sn % 16 == 0 &&
-             a.q_sh % 16 == 0;
-  const int smem =
-      wide_rows ? static_cast<int>(sizeof(float4)) * threads *
-                      ((a.rotate ? 2 * kWideCh : 0) +
-                       kWideCh * (1 + (wide_knob == detail::kWideOn1 ? kWideAhead1 : kWideAhead)))
-                : static_cast<int>(sizeof(float4)) * threads *
-                          ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0)) +
-                      static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
+  const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
+  L.mean_smem = mean_smem != detail::kMeanSmemOff && L.mean_vec;
+  L.mean_ring = L.mean_smem && mean_smem == detail::kMeanSmemRing && ahead > 0 &&
+                ahead < kMeanRingChunk;
+  // Loads before the PDL wait: by default only behind the mean pass of the same x (the fused k
+  // path); kEarlyOn forces it anywhere (tests / bench: valid only where nothing before the kernel
+  // in the stream still writes x), kEarlyOff nowhere.
+  L.early = pdl && (tuning.quant_early > 0 ? tuning.quant_early == detail::kEarlyOn
+                                           : behind_mean && kV3DefaultEarlyFused);
+  const bool imm_bar = tuning.barrier_ids > 0 ? tuning.barrier_ids == detail::kBarrierImmediate
+                                              : kV3DefaultImmBar;
+  const int smem = static_cast<int>(sizeof(float4)) * threads *
+                       ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0)) +
+                   static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
   const int mean_row_bytes = static_cast<int>(sizeof(float) * a.dim);
   auto launch = [&](auto kernel) {
     // Always: dynamic + static shared memory above 48 KB needs the opt-in (run 3's failure).
@@ -1506,6 +1197,11 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
                                       smem + static_cast<int>(cap) * mean_row_bytes,
                                       "norm_rope_quantize") < base)
         --cap;
+      // The mean ring holds kMeanRingRows rows whatever the head group (else: capped as above).
+      if (L.mean_ring && cap >= kMeanRingRows)
+        cap = a.heads;
+      else
+        L.mean_ring = false;
     }
     // Heads per CTA (balanced groups) by the wave model, fixed cost ~1.5 heads (setup); the
     // tuning knob's heads_per_cta overrides it.
@@ -1524,7 +1220,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
     L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
     dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
               static_cast<unsigned>(a.batch));
-    const int smem_all = smem + (L.mean_smem ? L.head_group * mean_row_bytes : 0);
+    const int smem_all = smem + (L.mean_smem ? mean_sh_rows(L) * mean_row_bytes : 0);
     launch_maybe_pdl(pdl, kernel, grid, dim3(threads), smem_all, stream_of(ctx), a, L);
   };
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
@@ -1533,13 +1229,9 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
     // The lean arithmetic only for bf16 (its one-instruction rounding is bf16-only).
     auto pick = [&](auto lean) {
       constexpr bool LEAN = decltype(lean)::value && BF16;
-      if constexpr (D == 128)
-        if (wide_rows) {
-          if (wide_knob == detail::kWideOn1)
-            return launch(wide_quantize_kernel<D, BF16, ROPE, LEAN, kWideAhead1>);
-          return launch(wide_quantize_kernel<D, BF16, ROPE, LEAN>);
-        }
-      if (ring == detail::kQuantRingAsync96)
+      if (ring == detail::kQuantRingAsync96 && !imm_bar)
+        launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN, false>);
+      else if (ring == detail::kQuantRingAsync96)
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN>);
       else if (ahead > 0)
         launch(v3_quantize_kernel<D, BF16, ROPE, kV3AsyncAhead, LEAN>);
@@ -1554,9 +1246,9 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   check_launch("norm_rope_quantize");
 }
 
-void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
+void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   if (mean_round_of(detail::prologue_cuda_tuning()) == 4) {
-    v4_norm_rope_mean(a, ctx);
+    v4_norm_rope_mean(a, ctx, hold);
     return;
   }
   const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes, rps = kV3MeanWarps * rw;
@@ -1611,8 +1303,11 @@ void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
                                                                                row_steps))
                                                 : steps);
     L.chunks = (row_steps + L.steps - 1) / L.steps;
-    Scratch part(sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
-                 stream, "norm_rope_mean");
+    ScratchHold local;
+    Scratch& part =
+        hold_scratch(hold ? *hold : local,
+                     sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
+                     stream, "norm_rope_mean");
     dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
               static_cast<unsigned>(a.batch));
     kernel<<<grid, kV3MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());

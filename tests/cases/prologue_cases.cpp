@@ -29,6 +29,7 @@ enum class RopeKind { none, split, interleaved };
 
 struct Cfg {
   bool mean_pass = false;  // norm_rope_mean instead of norm_rope_quantize
+  bool fused = false;      // norm_rope_mean_quantize: outputs q, scale and the mean
   bool store = false;      // detail::norm_rope_store (the bench's unfused steps); bit-exact
   DType dtype = DType::bf16;
   int64_t B = 1, N = 17, H = 3, D = 128;
@@ -61,8 +62,7 @@ struct Cfg {
   int mean_fma = 0;       // CUDA: round-4 mean with the rotation folded into the sums
   int mean_smem = 0;      // CUDA: round-3 quantize with the mean rows in shared memory
   int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
-  int wide = 0;           // CUDA: round-3 quantize with 2 lanes per row at D = 128
-  int wide_pack = 0;      // CUDA: wide rows with 16-byte int8 stores (lane-pair exchange)
+  int barrier_ids = 0;    // CUDA: quantize team barriers' ids (detail::kBarrier*; 0: default)
   std::string tag;
 };
 
@@ -74,7 +74,11 @@ class PrologueCase : public Case {
 
   std::string name() const override {
     std::string s = std::string("prologue.") +
-                    (c_.store ? "store" : c_.mean_pass ? "mean" : "quantize") + "." +
+                    (c_.store       ? "store"
+                     : c_.mean_pass ? "mean"
+                     : c_.fused     ? "meanquant"
+                                    : "quantize") +
+                    "." +
                     (c_.tag.empty() ? "" : c_.tag + ".") + dtype_name(c_.dtype) + ".B" +
                     std::to_string(c_.B) + "N" + std::to_string(c_.N) + "H" + std::to_string(c_.H) +
                     "D" + std::to_string(c_.D);
@@ -147,7 +151,14 @@ class PrologueCase : public Case {
     s.name = "scale";
     s.shape = {c_.B, c_.H, prologue_scale_count(c_.N, c_.layout, c_.block)};
     s.tol = Tolerance::allclose(0, 1e-6);
-    return {q, s};
+    if (!c_.fused) return {q, s};
+    // The fused k path: the mean within the mean pass's fp32 tolerance (its sum order differs
+    // across backends), the codes and scales that follow from it within the quantize pass's.
+    OutputSpec m;
+    m.name = "mean";
+    m.shape = {c_.B, c_.H, c_.D};
+    m.tol = Tolerance::allclose(2e-6, 2e-5);
+    return {q, s, m};
   }
 
   std::string compare_output(size_t k, const std::vector<OutputSpec>& specs,
@@ -155,7 +166,7 @@ class PrologueCase : public Case {
                              const std::vector<HostTensor>& ref,
                              const std::vector<HostTensor>& got) const override {
     const bool plain = c_.norm == Norm::none && c_.rope == RopeKind::none && !c_.mean &&
-                       !c_.mean_pass && !c_.store;
+                       !c_.mean_pass && !c_.store && !c_.fused;
     if (!plain || k != 0) return Case::compare_output(k, specs, inputs, ref, got);
     const HostTensor &x = inputs[0], &qr = ref[0], &qg = got[0], &scale = ref[1];
     const int64_t dq = specs[0].shape[3], n_scales = specs[1].shape[2];
@@ -211,7 +222,7 @@ class PrologueCase : public Case {
                                         c_.mean_ring, c_.lean, c_.split_blocks,
                                         c_.max_reduce, c_.quant_pdl, c_.mean_ctas,
                                         c_.mean_fma, c_.mean_smem, c_.quant_early,
-                                        c_.wide, c_.wide_pack});
+                                        c_.barrier_ids});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -224,7 +235,10 @@ class PrologueCase : public Case {
     if (c_.q_pad) {
       q.shape[3] = c_.D;  // strides stay those of (B, N, H, D + 32)
     }
-    norm_rope_quantize(x, p, q, out[1], ctx);
+    if (c_.fused)
+      norm_rope_mean_quantize(x, p, out[2], q, out[1], ctx);
+    else
+      norm_rope_quantize(x, p, q, out[1], ctx);
   }
 
  private:
@@ -526,54 +540,99 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(e);
       e.tag = "earlymsmem", e.mean_smem = detail::kMeanSmemOn;
       add(e);
-      // Wide rows (2 lanes per row, 64 values per thread; D = 64 falls back to the default
-      // kernel): THREAD_K 64 (one group per warp) with and without the staged mean, THREAD_Q 32
-      // (8-lane groups), THREAD_K 128 (32-row groups: 2 warps, the named barrier), PER_BLOCK 64
-      // without rope (4 warps, the barrier), interleaved f16 with a forced head group.
-      Cfg w;
-      w.tag = "wide";
-      w.B = 2, w.N = N, w.H = 11, w.D = D, w.qkv = true, w.wide = detail::kWideOn;
-      w.mean = true, w.layout = ScaleLayout::thread_k, w.block = 64;
-      add(w);  // bf16, split-half rope, the mean from L1
-      w.tag = "widemsmem", w.mean_smem = detail::kMeanSmemOn, w.quant_pdl = detail::kPdlOn;
-      w.quant_early = detail::kEarlyOn;
-      add(w);
-      w.tag = "wideint", w.dtype = DType::f16, w.rope = RopeKind::interleaved, w.q_pad = true;
-      w.heads_per_cta = 3, w.batch_table = true, w.qkv = false, w.w_dtype = DType::f32;
-      add(w);
-      w.tag = "widetq", w.dtype = DType::bf16, w.rope = RopeKind::split, w.mean = false;
-      w.mean_smem = 0, w.quant_early = 0, w.quant_pdl = 0, w.heads_per_cta = 0;
-      w.layout = ScaleLayout::thread_q, w.block = 32, w.sm_scale = q_scale, w.q_pad = false;
-      add(w);
-      w.tag = "widetk128", w.layout = ScaleLayout::thread_k, w.block = 128, w.sm_scale = 1.f;
-      w.mean = true;
-      add(w);
-      w.tag = "widepb", w.layout = ScaleLayout::per_block, w.block = 64, w.rope = RopeKind::none;
-      w.norm = Norm::none, w.sm_scale = -0.75f;
-      add(w);
-      Cfg w1;  // 1 head ahead (6 CTAs per SM): THREAD_K 64 with the staged mean, and THREAD_Q 32
-      w1.tag = "wide1";
-      w1.B = 2, w1.N = N, w1.H = 11, w1.D = D, w1.qkv = true, w1.wide = detail::kWideOn1;
-      w1.mean = true, w1.layout = ScaleLayout::thread_k, w1.block = 64;
-      w1.mean_smem = detail::kMeanSmemOn;
-      add(w1);
-      w1.tag = "wide1tq", w1.mean = false, w1.mean_smem = 0, w1.dtype = DType::f16;
-      w1.layout = ScaleLayout::thread_q, w1.block = 32, w1.sm_scale = q_scale;
-      w1.rope = RopeKind::interleaved;
-      add(w1);
-      // Wide rows with 16-byte int8 stores: THREAD_K 64 with the staged mean; THREAD_Q 32 into a
-      // padded q_out (head stride D + 32), 1 head ahead.
-      Cfg wp;
-      wp.tag = "widepack";
-      wp.B = 2, wp.N = N, wp.H = 11, wp.D = D, wp.qkv = true, wp.wide = detail::kWideOn;
-      wp.wide_pack = detail::kPackOn;
-      wp.mean = true, wp.layout = ScaleLayout::thread_k, wp.block = 64;
-      wp.mean_smem = detail::kMeanSmemOn;
-      add(wp);
-      wp.tag = "widepacktq", wp.mean = false, wp.mean_smem = 0, wp.q_pad = true;
-      wp.wide = detail::kWideOn1, wp.dtype = DType::f16, wp.rope = RopeKind::interleaved;
-      wp.layout = ScaleLayout::thread_q, wp.block = 32, wp.sm_scale = q_scale;
-      add(wp);
+    }
+  }
+  // Session 7: the fused k path (norm_rope_mean_quantize) at the odd token counts, D 64 and 128,
+  // B = 2 and 11 heads: THREAD_K 64 from a fused QKV buffer (bf16, split-half rope: the default
+  // kernels, the quantize loads before its PDL wait), the same with that placement off
+  // ("kpathlate") and f16 interleaved into a padded q_out; THREAD_K 128, PER_BLOCK 64 without
+  // rope, THREAD_Q 32 with sm_scale; the matrix table (round-2 mean pass), WARP_Q with segmented
+  // weights (first-generation kernels), and the first-generation kernels forced.
+  for (int64_t N : {1, 17, 127, 1000}) {
+    for (int64_t D : {64, 128}) {
+      Cfg k;
+      k.tag = "kpath", k.fused = true;
+      k.B = 2, k.N = N, k.H = 11, k.D = D, k.qkv = true;
+      k.layout = ScaleLayout::thread_k, k.block = 64;
+      add(k);
+      Cfg late = k;
+      late.tag = "kpathlate", late.quant_early = detail::kEarlyOff;
+      add(late);
+      k.tag = "kpathint", k.dtype = DType::f16, k.w_dtype = DType::f32;
+      k.rope = RopeKind::interleaved, k.q_pad = true;
+      add(k);
+      k.tag = "kpathtk128", k.dtype = DType::bf16, k.rope = RopeKind::split, k.q_pad = false;
+      k.block = 128, k.batch_table = true, k.qkv = false;
+      add(k);
+      k.tag = "kpathpb", k.layout = ScaleLayout::per_block, k.block = 64, k.rope = RopeKind::none;
+      add(k);
+      k.tag = "kpathtq", k.layout = ScaleLayout::thread_q, k.block = 32, k.rope = RopeKind::split;
+      k.sm_scale = q_scale, k.qkv = true, k.batch_table = false;
+      add(k);
+      if (N == 127 || N == 1000) {
+        Cfg o = k;
+        o.tag = "kpathmatrix", o.matrix_table = true, o.layout = ScaleLayout::thread_k;
+        o.block = 64, o.sm_scale = 1.f;
+        add(o);
+        o.tag = "kpathwarpq", o.norm = Norm::segmented, o.matrix_table = false;
+        o.layout = ScaleLayout::warp_q, o.block = 128;
+        add(o);
+        o.tag = "kpathlegacy", o.norm = Norm::per_head, o.legacy = true;
+        o.layout = ScaleLayout::thread_k, o.block = 64;
+        add(o);
+      }
+    }
+  }
+  // Session 7: the quantize CTA's mean rows in a 6-row ring refilled 3 heads at a time ("mring";
+  // a mean given, bit-exact): 11 heads in one CTA (two refills, the second short), 40 heads by
+  // the wave model and in groups of 13, THREAD_K 64 / 128, THREAD_Q 32 with a mean, f16
+  // interleaved into a padded q_out, the fused k path; the register ring keeps the staged rows.
+  for (int64_t N : {1, 17, 127, 1000}) {
+    for (int64_t D : {64, 128}) {
+      Cfg k;
+      k.tag = "mring";
+      k.B = 2, k.N = N, k.H = 11, k.D = D, k.qkv = true, k.heads_per_cta = 11;
+      k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      k.mean_smem = detail::kMeanSmemRing;
+      add(k);  // bf16, split-half rope
+      k.tag = "mringint", k.dtype = DType::f16, k.rope = RopeKind::interleaved, k.q_pad = true;
+      k.H = 40, k.heads_per_cta = 13, k.B = 1;
+      add(k);
+      k.tag = "mringwave", k.dtype = DType::bf16, k.rope = RopeKind::split, k.q_pad = false;
+      k.heads_per_cta = 0, k.block = 128;
+      add(k);  // THREAD_K 128, the wave model's head group
+      k.tag = "mringtq", k.layout = ScaleLayout::thread_q, k.block = 32, k.sm_scale = q_scale;
+      k.heads_per_cta = 20;
+      add(k);
+      k.tag = "mringreg", k.ring = detail::kQuantRingRegister, k.layout = ScaleLayout::thread_k;
+      k.block = 64, k.sm_scale = 1.f, k.H = 11, k.heads_per_cta = 11;
+      add(k);  // the register ring: staged rows (no ring)
+      Cfg f;
+      f.tag = "kpathmring", f.fused = true, f.mean_smem = detail::kMeanSmemRing;
+      f.B = 2, f.N = N, f.H = 11, f.D = D, f.qkv = true, f.heads_per_cta = 11;
+      f.layout = ScaleLayout::thread_k, f.block = 64;
+      add(f);
+    }
+  }
+  // Session 7: the quantize kernels' team barriers with their id in a register ("regbar", run
+  // 16's kernel: 16 barriers reserved, 4 CTAs per SM), and 8 teams with immediate ids ("teams8":
+  // THREAD_Q 128 on 16-warp whole-block CTAs at D = 128, 16-row groups = 2 warps).
+  for (int64_t N : {1, 17, 127, 1000}) {
+    for (int64_t D : {64, 128}) {
+      Cfg k;
+      k.tag = "regbar", k.barrier_ids = detail::kBarrierRegister;
+      k.B = 2, k.N = N, k.H = 11, k.D = D, k.qkv = true;
+      k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      add(k);
+      k.tag = "regbarnosplit", k.split_blocks = detail::kSplitOff, k.block = 128;
+      add(k);
+      Cfg t;
+      t.tag = "teams8", t.split_blocks = detail::kSplitOff;
+      t.B = 2, t.N = N, t.H = 5, t.D = D, t.qkv = true, t.sm_scale = q_scale;
+      t.layout = ScaleLayout::thread_q, t.block = 128;
+      add(t);
+      t.tag = "teams8pb", t.layout = ScaleLayout::per_block, t.block = 128, t.mean = true;
+      add(t);  // one team of 16 warps at D = 128 (8 at D = 64)
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).

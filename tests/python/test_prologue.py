@@ -113,6 +113,27 @@ def test_norm_rope_mean_and_quantize_vs_fp64():
     assert err.max() <= 0.5 + 1e-3, err.max()
 
 
+def test_mean_quantize_equals_the_two_calls():
+    b, n, h, d, pairs = 2, 37, 3, 32, 16
+    x = RNG.standard_normal((b, n, 3, h, d)).astype(np.float32)[:, :, 1]  # a QKV slice
+    w = RNG.uniform(0.5, 1.5, d).astype(np.float32)
+    theta = RNG.uniform(0, 2 * np.pi, (1, n, 1, pairs)).astype(np.float32)
+    table = np.stack([np.cos(theta), np.sin(theta)], -1).astype(np.float32)
+    count = lowbit.prologue_scale_count(n, "thread_k", 16)
+    mean, q8, scale = (np.zeros((b, h, d), np.float32), np.zeros(x.shape, np.int8),
+                       np.zeros((b, h, count), np.float32))
+    lowbit.norm_rope_mean_quantize(x, mean, q8, scale, norm_weight=w, rope=table,
+                                   layout="thread_k", block=16)
+    mean2, q2, scale2 = np.zeros_like(mean), np.zeros_like(q8), np.zeros_like(scale)
+    lowbit.norm_rope_mean(x, mean2, norm_weight=w, rope=table)
+    lowbit.norm_rope_quantize(x, q2, scale2, norm_weight=w, rope=table, mean=mean2,
+                              layout="thread_k", block=16)
+    np.testing.assert_array_equal(mean.view(np.uint32), mean2.view(np.uint32))
+    np.testing.assert_array_equal(q8, q2)
+    np.testing.assert_array_equal(scale.view(np.uint32), scale2.view(np.uint32))
+    assert np.count_nonzero(q8) > q8.size // 2
+
+
 def test_outputs_written_in_place_through_strided_views():
     b, n, h, d = 1, 16, 2, 16
     x = RNG.standard_normal((b, n, h, d)).astype(np.float32)

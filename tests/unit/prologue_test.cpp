@@ -394,6 +394,70 @@ TEST(prologue, mean_over_blocks_of_64) {
   }
 }
 
+// The fused k path by hand: channel c of token n is base_n + c with bases 137, -117, 73.5, -53.5
+// (mean 10), so mean_out = 10 + c and v = base_n - 10 = 127, -127, 63.5, -63.5 (exact): scale 1,
+// codes 127, -127, 64, -64 (ties away from zero).
+TEST(prologue, mean_quantize_hand_vector) {
+  const int D = 16, N = 4;
+  const float base[N] = {137.f, -117.f, 73.5f, -53.5f};
+  const int8_t want[N] = {127, -127, 64, -64};
+  Act x(1, N, 1, D);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < D; ++c) x.at(0, n, 0, c) = base[n] + static_cast<float>(c);
+  Quantized out(1, N, 1, D, ScaleLayout::per_block, 8);
+  std::vector<float> m(D, -3.f);
+  TensorView mv = make_view(m.data(), DType::f32, {1, 1, D});
+  Context ctx;
+  norm_rope_mean_quantize(x.view, plain(ScaleLayout::per_block, 8, 0.f), mv, out.qv, out.sv, ctx);
+  for (int c = 0; c < D; ++c) EXPECT_EQ(m[c], 10.f + static_cast<float>(c)) << "channel " << c;
+  EXPECT_EQ(out.scale[0], 1.f);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < D; ++c) EXPECT_EQ(out.q[n * D + c], want[n]) << "token " << n;
+}
+
+// norm_rope_mean_quantize gives the bits of norm_rope_mean, then norm_rope_quantize with that
+// mean: norm + split-half rope + THREAD_K, strided (a fused QKV slice), odd N, B = 2.
+TEST(prologue, mean_quantize_equals_the_two_calls) {
+  const int B = 2, N = 37, H = 3, D = 32, P = D / 2;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> nd(0.3f, 1.5f);
+  std::vector<float> qkv(static_cast<size_t>(B * N * 3 * H * D));
+  for (float& v : qkv) v = nd(rng);
+  TensorView x = make_view(qkv.data() + H * D, DType::f32, {B, N, H, D});
+  x.stride[0] = N * 3 * H * D, x.stride[1] = 3 * H * D;
+  std::vector<float> w(D), table(static_cast<size_t>(N * P * 2));
+  for (float& v : w) v = 0.5f + std::abs(nd(rng));
+  for (int i = 0; i < N * P; ++i) {
+    const float t = nd(rng);
+    table[2 * i] = std::cos(t), table[2 * i + 1] = std::sin(t);
+  }
+  TensorView wv = make_view(w.data(), DType::f32, {D});
+  Rope rope;
+  rope.table = make_view(table.data(), DType::f32, {1, N, 1, P, 2});
+  for (ScaleLayout layout : {ScaleLayout::thread_k, ScaleLayout::thread_q}) {
+    Prologue p = plain(layout, layout == ScaleLayout::thread_k ? 16 : 32, 1e-7f);
+    p.norm_weight = &wv;
+    p.rope = &rope;
+    Quantized fused(B, N, H, D, layout, p.block), two(B, N, H, D, layout, p.block);
+    std::vector<float> m_fused(B * H * D, -3.f), m_two(B * H * D, -4.f);
+    TensorView mf = make_view(m_fused.data(), DType::f32, {B, H, D});
+    TensorView mt = make_view(m_two.data(), DType::f32, {B, H, D});
+    Context ctx;
+    norm_rope_mean_quantize(x, p, mf, fused.qv, fused.sv, ctx);
+    norm_rope_mean(x, p, mt, ctx);
+    Prologue pm = p;
+    pm.mean = &mt;
+    norm_rope_quantize(x, pm, two.qv, two.sv, ctx);
+    EXPECT_EQ(std::memcmp(m_fused.data(), m_two.data(), m_two.size() * sizeof(float)), 0);
+    EXPECT_EQ(fused.q, two.q);
+    EXPECT_EQ(std::memcmp(fused.scale.data(), two.scale.data(), two.scale.size() * sizeof(float)),
+              0);
+    int nonzero = 0;
+    for (int8_t q : fused.q) nonzero += q != 0;
+    EXPECT_GT(nonzero, B * N * H * D / 2);  // the mean did not cancel the rows
+  }
+}
+
 // Strided input (a head slice of a fused QKV buffer) and a strided int8 output inside a larger
 // buffer: the padding bytes stay untouched, the codes equal those of contiguous copies.
 TEST(prologue, strided_input_and_output) {
@@ -617,7 +681,39 @@ struct ErrorFixture {
     Context ctx;
     norm_rope_mean(x.view, p, mv, ctx);
   }
+  void mean_quantize() { mean_quantize(mv, out.qv, out.sv); }
+  void mean_quantize(TensorView m, TensorView q, TensorView s) {
+    Context ctx;
+    norm_rope_mean_quantize(x.view, p, m, q, s, ctx);
+  }
 };
+
+TEST(prologue_errors, mean_quantize_arguments) {
+  ErrorFixture f;
+  f.p.mean = &f.mv;  // the fused call computes the mean itself
+  f.expect_error("p.mean", [&] { f.mean_quantize(); });
+  f.p.mean = nullptr;
+  f.p.block = 12;
+  f.expect_error("block", [&] { f.mean_quantize(); });
+  f.p.block = 8;
+  TensorView bad = f.mv;
+  bad.shape[1] = 3;
+  f.expect_error("mean_out", [&] { f.mean_quantize(bad, f.out.qv, f.out.sv); });
+  TensorView short_scale = f.out.sv;
+  short_scale.shape[2] -= 1;
+  f.expect_error("scale_out", [&] { f.mean_quantize(f.mv, f.out.qv, short_scale); });
+  // mean_out inside x (the quantize pass would read a mean that the mean pass overwrote x with).
+  const std::vector<float> x_before = f.x.data;
+  TensorView in_x = make_view(f.x.data.data() + 32, DType::f32, {1, 2, 32});
+  f.expect_error("mean_out", [&] { f.mean_quantize(in_x, f.out.qv, f.out.sv); });
+  EXPECT_EQ(f.x.data, x_before);
+  // mean_out inside scale_out (f32 both).
+  std::vector<float> big(64 + f.out.scale.size(), -1.f);
+  TensorView sv = make_view(big.data(), DType::f32, {1, 2, f.out.sv.shape[2]});
+  TensorView mv = make_view(big.data() + 8, DType::f32, {1, 2, 32});
+  f.expect_error("mean_out", [&] { f.mean_quantize(mv, f.out.qv, sv); });
+  for (float v : big) ASSERT_EQ(v, -1.f);
+}
 
 TEST(prologue_errors, pairs_beyond_half_the_head_dim) {
   ErrorFixture f;
