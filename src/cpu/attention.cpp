@@ -375,11 +375,11 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
     Prologue kp;
     kp.layout = kr.layout;
     kp.block = kr.block;
-    if (smooth_k) {
-      norm_rope_mean(k, kp, kmean, ctx);
-      kp.mean = &kmean;
+    if (smooth_k) {  // one call: on CUDA its quantize pass loads k before the mean is done
+      norm_rope_mean_quantize(k, kp, kmean, kr.data, kr.scale, ctx);
+    } else {
+      norm_rope_quantize(k, kp, kr.data, kr.scale, ctx);
     }
-    norm_rope_quantize(k, kp, kr.data, kr.scale, ctx);
   }
   if (fp8) quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, ctx);
   AttentionOptions inner = options;
