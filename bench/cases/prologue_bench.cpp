@@ -71,6 +71,20 @@ std::string shape_str(const Shape& s) {
          ", " + std::to_string(s.D) + ") bf16 " + s.model;
 }
 
+// Whether a variant's codes and scales (q8, sc after its run) equal the default kernels' (the
+// prologue.qk and prologue.kquant families' accuracy column for variant rows).
+std::string bits_vs_default(const std::vector<float>& q_default,
+                            const std::vector<float>& s_default, const DeviceTensor& q8,
+                            const DeviceTensor& sc) {
+  const std::vector<float> q = to_host_f32(q8.view), s = to_host_f32(sc.view);
+  int64_t dq = 0, ds = 0;
+  for (size_t i = 0; i < q.size(); ++i) dq += q[i] != q_default[i];
+  for (size_t i = 0; i < s.size(); ++i)
+    ds += std::memcmp(&s[i], &s_default[i], sizeof(float)) != 0;
+  if (dq == 0 && ds == 0) return "bits = default";
+  return std::to_string(dq) + " codes, " + std::to_string(ds) + " scales differ from default";
+}
+
 class PrologueBench : public BenchCase {
  public:
   std::string name() const override { return "prologue.qk"; }
@@ -282,19 +296,6 @@ class PrologueBench : public BenchCase {
     }
   }
 
-  // Whether a variant's codes and scales (q8, sc after its run) equal the default kernels'.
-  static std::string bits_vs_default(const std::vector<float>& q_default,
-                                     const std::vector<float>& s_default, const DeviceTensor& q8,
-                                     const DeviceTensor& sc) {
-    const std::vector<float> q = to_host_f32(q8.view), s = to_host_f32(sc.view);
-    int64_t dq = 0, ds = 0;
-    for (size_t i = 0; i < q.size(); ++i) dq += q[i] != q_default[i];
-    for (size_t i = 0; i < s.size(); ++i)
-      ds += std::memcmp(&s[i], &s_default[i], sizeof(float)) != 0;
-    if (dq == 0 && ds == 0) return "bits = default";
-    return std::to_string(dq) + " codes, " + std::to_string(ds) + " scales differ from default";
-  }
-
   static std::string fmt_pct(double f) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.0f%%", 100.0 * f);
@@ -405,7 +406,7 @@ class PrologueKQuantBench : public BenchCase {
         r.ms = env.time_ms(quant);
         quant();
         synchronize(ctx);
-        r.accuracy = default_ms == 0 ? "-" : bits(q_default, s_default, q8, sc);
+        r.accuracy = default_ms == 0 ? "-" : bits_vs_default(q_default, s_default, q8, sc);
         r.note = fmt(100.0 * copy / r.ms) + "% of copy bandwidth";
         if (default_ms > 0) r.note += "; " + fmt(default_ms / r.ms) + "x the default";
         if (default_ms == 0) default_ms = r.ms;
@@ -419,16 +420,6 @@ class PrologueKQuantBench : public BenchCase {
   }
 
  private:
-  static std::string bits(const std::vector<float>& q_default, const std::vector<float>& s_default,
-                          const DeviceTensor& q8, const DeviceTensor& sc) {
-    const std::vector<float> q = to_host_f32(q8.view), sv = to_host_f32(sc.view);
-    int64_t dq = 0, ds = 0;
-    for (size_t i = 0; i < q.size(); ++i) dq += q[i] != q_default[i];
-    for (size_t i = 0; i < sv.size(); ++i)
-      ds += std::memcmp(&sv[i], &s_default[i], sizeof(float)) != 0;
-    if (dq == 0 && ds == 0) return "bits = default";
-    return std::to_string(dq) + " codes, " + std::to_string(ds) + " scales differ from default";
-  }
   static std::string fmt(double v) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f", v);

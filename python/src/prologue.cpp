@@ -48,6 +48,16 @@ void fill_prologue(Args& args, PrologueArgs& pa, nb::handle norm_weight, nb::han
   }
 }
 
+// The quantize options shared by norm_rope_quantize and norm_rope_mean_quantize (`op` names the
+// call in a bad layout's error).
+void set_quantize(PrologueArgs& pa, const char* op, float sm_scale, float scale_eps,
+                  const std::string& layout, int block) {
+  pa.p.sm_scale = sm_scale;
+  pa.p.scale_eps = scale_eps;
+  pa.p.layout = parse_enum(op, "layout", layout, kLayouts);
+  pa.p.block = block;
+}
+
 }  // namespace
 
 void bind_prologue(nb::module_& m) {
@@ -90,10 +100,7 @@ void bind_prologue(nb::module_& m) {
         TensorView sv = args.out(scale_out, "scale_out");
         PrologueArgs pa;
         fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved, mean);
-        pa.p.sm_scale = sm_scale;
-        pa.p.scale_eps = scale_eps;
-        pa.p.layout = parse_enum("norm_rope_quantize", "layout", layout, kLayouts);
-        pa.p.block = block;
+        set_quantize(pa, "norm_rope_quantize", sm_scale, scale_eps, layout, block);
         Context ctx = make_context(stream, threads);
         nb::gil_scoped_release release;
         norm_rope_quantize(xv, pa.p, qv, sv, ctx);
@@ -120,10 +127,7 @@ void bind_prologue(nb::module_& m) {
         PrologueArgs pa;
         fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved,
                       nb::none());
-        pa.p.sm_scale = sm_scale;
-        pa.p.scale_eps = scale_eps;
-        pa.p.layout = parse_enum("norm_rope_mean_quantize", "layout", layout, kLayouts);
-        pa.p.block = block;
+        set_quantize(pa, "norm_rope_mean_quantize", sm_scale, scale_eps, layout, block);
         Context ctx = make_context(stream, threads);
         nb::gil_scoped_release release;
         norm_rope_mean_quantize(xv, pa.p, mv, qv, sv, ctx);
