@@ -135,7 +135,7 @@ constexpr int kSplitOff = 1, kSplitOn = 2;
 constexpr int kReduceShuffle = 1, kReduceRedux = 2;
 constexpr int kMeanFmaOff = 1, kMeanFmaOn = 2;
 constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
-constexpr int kMeanSmemRing = 3;  // mean_smem: an 8-row ring refilled 4 heads at a time
+constexpr int kMeanSmemRing = 3;  // mean_smem: a 6-row ring refilled 3 heads at a time
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
 constexpr int kBarrierRegister = 1, kBarrierImmediate = 2;
 struct PrologueCudaTuning {
