@@ -225,22 +225,13 @@ class AttentionBench : public BenchCase {
           // (Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x of auto), the D = 64
           // two-consumer row (0.77x, run 13), the D = 128 240-register row (0.99-1.01x, runs 12
           // and 13), round 5 without turns (0.82-0.97x, run 13); run 16's D = 64 q k^T before
-          // the O update (0.99x of the TMA kernel) and the producerless kernel (0.72x).)
-          detail::AttentionCudaTuning c3;
-          c3.i2fp = true;
-          c3.no_turn = true;
-          c3.cons3 = true;
-          if (D == 64)  // auto's consumers fed by the cp.async producer warpgroup (same bits)
-            variant(AttentionOptions::wgmma_r3, c3,
-                    "3 consumer warpgroups, cp.async producer (auto before run 16)");
-          // D = 128: three consumers (192-row CTAs, the P·V in two 64-channel halves, each
-          // waited for) without a producer warpgroup (384 threads at 168 registers; the warp
-          // that releases a stage last refills it): the first three-consumer D = 128 timing.
-          if (D == 128) {
-            detail::AttentionCudaTuning t = c3;
-            t.self_load = true;
-            variant(AttentionOptions::wgmma_r3, t, "3 consumer warpgroups, no producer warpgroup");
-          }
+          // the O update (0.99x of the TMA kernel); the producerless kernel (0.72-0.76x, runs 16
+          // and 17) and the cp.async-fed D = 64 three-consumer row (0.98x, runs 16 and 17).)
+          // P's row sums on the tensor cores (knob sum_pv: V tiles with 8 rows of ones, the
+          // P·V m64n(D + 8); no LSE here, as in the default row): not bit-equal.
+          detail::AttentionCudaTuning sum;
+          sum.sum_pv = true;
+          variant(AttentionOptions::auto_kernel, sum, "auto + row sums on the tensor cores");
         }
         const double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)
 
@@ -266,6 +257,23 @@ class AttentionBench : public BenchCase {
                         r.ms - (o.pv == AttentionOptions::fp8 ? kr8.ms : f16_kernel_ms));
           r.note = note;
           rows.push_back(r);
+          if (o.pv == AttentionOptions::fp8 && dev == Device::cuda && !is_causal) {
+            // the same call with the row sums on the tensor cores (knob sum_pv): its accuracy
+            // against fp64 next to the default's
+            detail::AttentionCudaTuning sum;
+            sum.sum_pv = true;
+            detail::set_attention_cuda_tuning(sum);
+            Row rs = r;
+            rs.op = "attention() fp8 PV, incl. quantization, row sums on the tensor cores" + tag;
+            rs.ms = env.time_ms(
+                [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
+            detail::set_attention_cuda_tuning({});
+            rs.accuracy = sampled_accuracy(s, ref, out.view);
+            rs.note.clear();
+            rs.baseline = "lowbit attention() fp8 PV";
+            rs.baseline_ms = r.ms;
+            rows.push_back(rs);
+          }
         }
         if (!is_causal) pieces_of_one_call(env, s, q, k, v, out, rows);
       }

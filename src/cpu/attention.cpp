@@ -3,9 +3,9 @@
 #include "lowbit/attention.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -505,36 +505,18 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
 
 namespace detail {
 namespace {
-std::atomic<bool> g_attention_i2fp{false};
-std::atomic<bool> g_attention_fused{false};
-std::atomic<bool> g_attention_qk_first{false};
-std::atomic<bool> g_attention_no_turn{false};
-std::atomic<bool> g_attention_fold2{false};
-std::atomic<bool> g_attention_cons3{false};
-std::atomic<bool> g_attention_tma64{false};
-std::atomic<bool> g_attention_self_load{false};
+// The knobs as one value under a mutex: a reader sees one setter's whole struct, never a mix of
+// two (per-field atomics could interleave).
+std::mutex g_tuning_mu;
+AttentionCudaTuning g_tuning;
 }  // namespace
 void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
-  g_attention_i2fp.store(t.i2fp);
-  g_attention_fused.store(t.fused_dequant);
-  g_attention_qk_first.store(t.qk_first);
-  g_attention_no_turn.store(t.no_turn);
-  g_attention_fold2.store(t.fold2);
-  g_attention_cons3.store(t.cons3);
-  g_attention_tma64.store(t.tma64);
-  g_attention_self_load.store(t.self_load);
+  std::lock_guard<std::mutex> lock(g_tuning_mu);
+  g_tuning = t;
 }
 AttentionCudaTuning attention_cuda_tuning() {
-  AttentionCudaTuning t;
-  t.i2fp = g_attention_i2fp.load();
-  t.fused_dequant = g_attention_fused.load();
-  t.qk_first = g_attention_qk_first.load();
-  t.no_turn = g_attention_no_turn.load();
-  t.fold2 = g_attention_fold2.load();
-  t.cons3 = g_attention_cons3.load();
-  t.tma64 = g_attention_tma64.load();
-  t.self_load = g_attention_self_load.load();
-  return t;
+  std::lock_guard<std::mutex> lock(g_tuning_mu);
+  return g_tuning;
 }
 }  // namespace detail
 

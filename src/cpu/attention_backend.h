@@ -22,21 +22,20 @@ namespace detail {
 // no_turn: rounds 5 and (with i2fp) 3 / 4 without the consumers' ping-pong turns (same bits;
 // bf16 output, per-block k scales); fold2: round 5 with the P·V buffer over two tiles when no
 // maximum moved (not bit-equal: longer fp8 accumulation chains; same scope). Process-wide,
-// atomic.
+// one struct under a mutex.
 struct AttentionCudaTuning {
   bool i2fp = false;
   bool fused_dequant = false;
   bool qk_first = false;
   bool no_turn = false;
   bool fold2 = false;
-  // with i2fp and no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64
+  // with i2fp and no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64,
+  // the TMA producer (auto's kernel at D = 64)
   bool cons3 = false;
-  // with i2fp, no_turn and cons3 on wgmma_r3 at D = 64: the TMA producer (consumers at 160
-  // registers)
-  bool tma64 = false;
-  // with i2fp, no_turn and cons3 on wgmma_r3 (D = 64 and 128): no producer warpgroup (the
-  // consumers refill the ring themselves)
-  bool self_load = false;
+  // fp8 P·V auto and wgmma_r3 (D 64 and 128): auto's kernels with P's row sums on the tensor
+  // cores (a ones row block appended to each V tile); not bit-equal (the sums of the
+  // e4m3-rounded P), launches without LSE only
+  bool sum_pv = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

@@ -680,11 +680,9 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // The bench-only I2FP knob (detail::AttentionCudaTuning) picks the *_i2fp twins of round 3/4.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   auto r3 = [&] {
-    return tune.fused_dequant          ? attn::WgmmaKernel::round3_fused
-           : tune.i2fp && tune.no_turn && tune.cons3 && tune.self_load
-               ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_self
-           : tune.i2fp && tune.no_turn && tune.cons3 && tune.tma64
-               ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_tma
+    return tune.sum_pv && tune.cons3   ? attn::WgmmaKernel::auto_sum_pv_c3
+           : tune.sum_pv               ? attn::WgmmaKernel::auto_sum_pv
+           : tune.fused_dequant        ? attn::WgmmaKernel::round3_fused
            : tune.i2fp && tune.no_turn && tune.cons3
                ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
            : tune.i2fp && tune.no_turn ? attn::WgmmaKernel::round3_i2fp_no_turn
@@ -737,10 +735,14 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // (Q / K in 64-byte rows, 64-byte swizzle; consumers at 160 registers), same bits: 0.2339
     // vs 0.2376 ms (440.8 vs 433.8 TOPS), causal 0.1697 vs 0.1726 ms; every `.r3c3t` case
     // passed. (It runs for bf16 output with per-half k scales; the rest as before.)
+    // Knob sum_pv (bench A/B): the same kernels with P's row sums on the tensor cores (without
+    // an LSE output only; not bit-equal).
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype,
-                                 !fp8      ? attn::WgmmaKernel::round1
-                                 : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3_tma
-                                           : attn::WgmmaKernel::round3_i2fp_no_turn,
+                                 !fp8           ? attn::WgmmaKernel::round1
+                                 : tune.sum_pv && tune.cons3 ? attn::WgmmaKernel::auto_sum_pv_c3
+                                 : tune.sum_pv  ? attn::WgmmaKernel::auto_sum_pv
+                                 : D == 64      ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
+                                                : attn::WgmmaKernel::round3_i2fp_no_turn,
                                  stream_of(ctx));
     return;
   }

@@ -145,18 +145,18 @@ enum class WgmmaKernel {
   // round 3 / round 4 + I2FP without the consumers' ping-pong turns (same bits as their parents)
   round3_i2fp_no_turn,
   round4_i2fp_no_turn,
-  // round3_i2fp_no_turn with three consumer warpgroups (192 query rows per CTA) at D = 64 (same
-  // bits; D = 128 runs round3_i2fp_no_turn; bench knob cons3)
+  // round3_i2fp_no_turn with three consumer warpgroups (192 query rows per CTA) at D = 64, fed
+  // by a TMA producer warp (setmaxnreg 24; Q and K in 64-byte rows, 64-byte swizzle) with the
+  // consumers at 160 registers; same bits; bf16 output with per-half k scales, else (and at
+  // D = 128) round3_i2fp_no_turn / round 3; bench knob cons3. auto at D = 64 since H200 run 16
   round3_i2fp_no_turn_c3,
-  // round3_i2fp_no_turn_c3 at D = 64 with the TMA producer (one warp, setmaxnreg 24; Q and K in
-  // 64-byte rows, 64-byte swizzle) and the consumers at 160 registers (same bits; bf16 output
-  // with per-half k scales, else as round3_i2fp_no_turn_c3; bench knob tma64). auto at D = 64
-  // since H200 run 16: 1.02x round3_i2fp_no_turn_c3 (bits equal)
-  round3_i2fp_no_turn_c3_tma,
-  // the three consumers without a producer warpgroup (384 threads at 168 registers; the warp
-  // releasing a stage last refills it by TMA + cp.async), D = 64 and 128 (same bits; bf16 output
-  // with per-half k scales, else as round3_i2fp_no_turn_c3; bench knob self_load)
-  round3_i2fp_no_turn_c3_self
+  // the fp8 auto kernel (D = 64 round3_i2fp_no_turn_c3, D = 128 round3_i2fp_no_turn) with
+  // P's row sums on the tensor cores (kSumPv; not bit-equal: sums of the e4m3-rounded P), for
+  // launches without an LSE output (else the auto kernel itself; bench knob sum_pv)
+  auto_sum_pv,
+  // auto_sum_pv with D = 128 on three consumer warpgroups (the TMA producer, 160 registers, the
+  // P·V in two 64-channel halves; knobs sum_pv + cons3)
+  auto_sum_pv_c3
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

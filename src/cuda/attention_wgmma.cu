@@ -339,9 +339,11 @@ __device__ __forceinline__ void softmax_half(float (&s)[64], float& m0, float& m
 }
 
 // O = O r + C (two-level accumulation): registers 4n, 4n+1 are row g, 4n+2, 4n+3 row g + 8.
-template <int D>
-__device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (&c)[D / 2],
+// (c may be longer than O: the P·V with the row sums; its first D / 2 registers are O's)
+template <int D, int kN = D / 2>
+__device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (&c)[kN],
                                                 float r0, float r1) {
+  static_assert(kN >= D / 2, "accumulator");
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
     o[4 * n + 0] = o[4 * n + 0] * r0 + c[4 * n + 0];
@@ -352,9 +354,9 @@ __device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (
 }
 
 // accumulate_tile on 32 of O's 64 registers (D = 128: channels 2 kOff .. 2 kOff + 63, the
-// m64n64 accumulator of that 64-channel half): O = O r + C.
-template <int kOff>
-__device__ __forceinline__ void accumulate_half(float (&o)[64], const float (&c)[32], float r0,
+// m64n64 accumulator of that 64-channel half, or m64n72 with the row sums): O = O r + C.
+template <int kOff, int kN>
+__device__ __forceinline__ void accumulate_half(float (&o)[64], const float (&c)[kN], float r0,
                                                 float r1) {
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
@@ -1217,6 +1219,10 @@ constexpr bool kR3Tma = true;
 // K / V descriptors from Q's), so off: D = 128 runs round3_i2fp_no_turn. Turning it on runs the
 // 27 D = 128 `.r3c3` cases and the knob cons3 through it.
 constexpr bool kR3C3At128 = false;
+// The same with the row sums on the tensor cores (knobs sum_pv + cons3; the second channel half's
+// P·V takes the ones rows): written and compiled, but ptxas spills 64 B at 160 registers (more
+// than the 4 B without the row sums), so off: auto_sum_pv_c3 runs auto_sum_pv at D = 128.
+constexpr bool kR3C3SumAt128 = false;
 
 // The three TMA descriptors of a launch (unused by the cp.async producer).
 struct R3Maps {
@@ -1243,49 +1249,21 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// The block indices, re-read (volatile: not merged with earlier reads that would stay live).
-__device__ __forceinline__ int ctaid_y() {
-  int r;
-  asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ int opaque(int x) {
-  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
-  return x;
-}
-__device__ __forceinline__ int ctaid_z() {
-  int r;
-  asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(r));
-  return r;
-}
-
-// 32-bit shared-memory load / atomic add (returns the old value) at a shared address.
-__device__ __forceinline__ float lds_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ int atom_add_shared(uint32_t addr, int v) {
-  int old;
-  asm volatile("atom.shared.add.u32 %0, [%1], %2;\n" : "=r"(old) : "r"(addr), "r"(v) : "memory");
-  return old;
-}
-
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
 // kR3Stages stages. 178.5 KB at D = 128.
-// kRows: query rows per CTA (64 per consumer warpgroup).
-template <int D, int kRows = kBM>
+// kRows: query rows per CTA (64 per consumer warpgroup). kOnes: the V tile's 8 rows of e4m3
+// ones after its D channel rows (kSumPv), one 1024-byte swizzle atom (the tile stays 1024-aligned).
+template <int D, int kRows = kBM, bool kOnes = false>
 struct R3Smem {
   using R = WgSmem<D, true>;
   static constexpr int kKTile = R::kKTile;
-  static constexpr int kVTile = R::kVTile;
+  static constexpr int kVTile = R::kVTile + (kOnes ? 8 * kRowBytes : 0);
   static constexpr int kQ = 0;
   static constexpr int kK = kRows * kRowBytes;
   static constexpr int kV = kK + kR3Stages * kKTile;
   static constexpr int kS = kV + kR3Stages * kVTile;
   static constexpr int kBar = kS + kR3Stages * kBN * 4;  // full[], empty[] (8 B each)
-  static constexpr int kCnt = kBar + 2 * kR3Stages * 8;  // release counters (no producer: int each)
-  static constexpr int kBytes = kCnt + kR3Stages * 4 + 1024;  // + alignment slack
+  static constexpr int kBytes = kBar + 2 * kR3Stages * 8 + 1024;  // + alignment slack
 };
 
 // d (64 x 128 s32) = A (64 x 32 s8, shared) · B (128 x 32 s8, shared)^T, d written only.
@@ -1362,6 +1340,130 @@ __device__ __forceinline__ void wgmma_e4m3_n64_first(float (&d)[32], const uint3
 #endif
 }
 
+// ---- P·V with P's row sums (kSumPv) ----------------------------------------------------------
+// The V tile gets 8 more K-major rows of e4m3 ones (one 8-row swizzle atom, identical bytes), so
+// the P·V accumulator has D + 8 columns and each of columns D .. D + 7 is the row sum of the
+// e4m3-rounded P (products exact, accumulated on the tensor cores as the P·V itself).
+// d (64 x N f32) (+)= A (64 x 32 e4m3, registers) · B (N x 32 e4m3, shared, K-major)^T for
+// N = 72 / 136; _first: d written only (scale-d 0).
+__device__ __forceinline__ void wgmma_e4m3_n72(float (&d)[36], const uint32_t (&a)[4],
+                                               uint64_t desc_b, int accumulate) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35"
+      "}, {%36, %37, %38, %39}, %40, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#endif
+}
+
+__device__ __forceinline__ void wgmma_e4m3_n72_first(float (&d)[36], const uint32_t (&a)[4],
+                                                     uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35"
+      "}, {%36, %37, %38, %39}, %40, p, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
+        "=f"(d[35])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+#endif
+}
+
+__device__ __forceinline__ void wgmma_e4m3_n136(float (&d)[68], const uint32_t (&a)[4],
+                                                uint64_t desc_b, int accumulate) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67"
+      "}, {%68, %69, %70, %71}, %72, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#endif
+}
+
+__device__ __forceinline__ void wgmma_e4m3_n136_first(float (&d)[68], const uint32_t (&a)[4],
+                                                      uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67"
+      "}, {%68, %69, %70, %71}, %72, p, 1, 1;\n}\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
+        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
+        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
+        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
+        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
+        "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
+        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]),
+        "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
+        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]),
+        "=f"(d[63]), "=f"(d[64]), "=f"(d[65]), "=f"(d[66]), "=f"(d[67])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+#endif
+}
+
+// The P·V wgmma by accumulator size (registers per thread: 32 / 64 at D = 64 / 128, 36 / 68 with
+// the row sums): accumulate != 0 adds to d; pv_first writes d only.
+template <int kN>
+__device__ __forceinline__ void pv_acc(float (&d)[kN], const uint32_t (&a)[4], uint64_t desc,
+                                       int accumulate) {
+  if constexpr (kN == 32)
+    wgmma_e4m3_n64(d, a, desc, accumulate);
+  else if constexpr (kN == 36)
+    wgmma_e4m3_n72(d, a, desc, accumulate);
+  else if constexpr (kN == 64)
+    wgmma_e4m3_n128(d, a, desc, accumulate);
+  else
+    wgmma_e4m3_n136(d, a, desc, accumulate);
+}
+template <int kN>
+__device__ __forceinline__ void pv_first(float (&d)[kN], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (kN == 32)
+    wgmma_e4m3_n64_first(d, a, desc);
+  else if constexpr (kN == 36)
+    wgmma_e4m3_n72_first(d, a, desc);
+  else if constexpr (kN == 64)
+    wgmma_e4m3_n128_first(d, a, desc);
+  else
+    wgmma_e4m3_n136_first(d, a, desc);
+}
+
 // One 64-key half's P·V into a fresh c: 2 k-steps of 32 keys at V key positions
 // 64 kHalf .. 64 kHalf + 63 of the V tile at shared address sv.
 template <int D, bool kAccumulate = false>
@@ -1379,16 +1481,14 @@ __device__ __forceinline__ void r3_pv_issue(float (&c)[D / 2], const uint32_t (&
   wgmma_commit();
 }
 
-// r3_pv_issue with the V tile's descriptor dv (half kHalf at dv + 4 kHalf: +64 bytes).
-template <int D>
-__device__ __forceinline__ void r3_pv_issue_desc(float (&c)[D / 2], const uint32_t (&pa)[2][4],
+// r3_pv_issue with the V tile's descriptor dv (half kHalf at dv + 4 kHalf: +64 bytes); kN: the
+// accumulator's registers (D / 2, + 4 with the row sums).
+template <int kN>
+__device__ __forceinline__ void r3_pv_issue_desc(float (&c)[kN], const uint32_t (&pa)[2][4],
                                                  uint64_t dv) {
   wgmma_fence();
-  if constexpr (D == 128)
-    wgmma_e4m3_n128_first(c, pa[0], dv);
-  else
-    wgmma_e4m3_n64_first(c, pa[0], dv);
-  wgmma_pv<D>(c, pa[1], dv + 2, 1);
+  pv_first(c, pa[0], dv);
+  pv_acc(c, pa[1], dv + 2, 1);
   wgmma_commit();
 }
 
@@ -1800,11 +1900,8 @@ __device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, i
                          m0, m1, l0, l1);
 }
 
-// Threads of a round-3 kernel CTA: a producer warpgroup and two consumers (three with kVar bit 7;
-// bit 11: the three consumers without a producer warpgroup).
-constexpr int r3_threads(int var) {
-  return (var & 2048) != 0 ? 384 : (var & 128) != 0 ? 512 : kWsThreads;
-}
+// Threads of a round-3 kernel CTA: a producer warpgroup and two consumers (three with kVar bit 7).
+constexpr int r3_threads(int var) { return (var & 128) != 0 ? 512 : kWsThreads; }
 
 template <int D, typename T16, bool kKcHalf, bool kTma, int kVar = 0>
 __global__ void __launch_bounds__(r3_threads(kVar), 1)
@@ -1828,10 +1925,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // bit 7: three consumer warpgroups (192 query rows per CTA; D = 64, round 3 without turns):
   // one more warp per scheduler to hide the softmax's latencies, K/V tiles shared by 192 rows.
   constexpr bool kC3 = (kVar & 128) != 0;
-  // (D = 128: the TMA producer at 24 registers, consumers at 160 with the P·V in two 64-channel
-  // halves, see kSplitPv; D = 64: the cp.async producer at 40 / 152, or the TMA one at 24 / 160
-  // with Q and K in 64-byte rows, 64-byte swizzle)
-  static_assert(!kC3 || (!kR4 && kNoTurn && (D == 64 || kTma)), "3 consumers: round 3");
+  // The TMA producer at 24 registers, consumers at 160 (D = 128: the P·V in two 64-channel
+  // halves, see kSplitPv; D = 64: Q and K in 64-byte rows, 64-byte swizzle). (The cp.async
+  // producer at 40 / 152 for D = 64: 0.98x of the TMA one in runs 16 and 17, removed.)
+  static_assert(!kC3 || (!kR4 && kNoTurn && kTma), "3 consumers: round 3, TMA");
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   constexpr bool kSplitPv = kC3 && D == 128;  // the P·V in two 64-channel halves
@@ -1841,34 +1938,37 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // Bytes per Q / K row in shared memory: 128 (128-byte swizzle; D = 64 rows fill half of one
   // as the cp.async producer writes them), or D = 64 with TMA: 64 (a SWIZZLE_64B box).
   constexpr int kQKRow = kTma ? D : kRowBytes;
-  // bit 11: three consumers and no producer warpgroup (384 threads, no setmaxnreg: 168 registers
-  // each, ptxas's share of the register file): the warp that releases a stage last refills it
-  // (TMA for Q / K / V as the producer warp; the raw k scales by 4-byte cp.async arriving on the
-  // stage's full barrier, multiplied by scale_log2 in the consumers: the same kc). Tiles 0 ..
-  // kR3Stages - 1 are issued by warp 0 before its loop.
-  constexpr bool kSelf = (kVar & 2048) != 0;
-  static_assert(!kSelf || (kC3 && kTma && kKcHalf), "no producer: 3 consumers, TMA, per-half kc");
-  constexpr int kWg0 = kSelf ? 0 : 1;  // the first consumer warpgroup
+  // (bit 11, three consumers without a producer warpgroup, refilling the ring themselves:
+  // 0.72-0.76x at both head dims in runs 16 and 17, removed)
   // Register diet (kSplitPv with a producer): the rows' visible ends recomputed where needed and
   // the K / V descriptors derived from Q's, instead of kept live through the loop. (ptxas, D =
-  // 128 three consumers: 4 B spilled with it at 160 registers; without a producer, at 168, 16 B
-  // with it and none without it)
-  constexpr bool kDiet = kSplitPv && !kSelf;
+  // 128 three consumers: 4 B spilled with it at 160 registers)
+  // bit 12: P's row sums on the tensor cores (see pv_acc): each stage's V tile gets 8 rows of
+  // e4m3 ones after its D channels, the P·V is m64n(D + 8), and l is updated like O from the
+  // accumulator's column D (l = l r + C[:, D]) instead of summing the exponentials (60 FADD per
+  // thread and tile). Those are the sums of the e4m3-rounded P (the oracle sums the unrounded
+  // ones): not bit-equal to the default, and the LSE would be off by ~1e-2, so launch_r3 takes it
+  // only without an LSE output. Round 3's unsplit consumer, per-half kc.
+  constexpr bool kSumPv = (kVar & 4096) != 0;
+  static_assert(!kSumPv || (!kR4 && kKcHalf), "row sums: round 3, per-half kc");
+  constexpr int kCN = kSumPv ? D / 2 + 4 : D / 2;  // P·V accumulator registers
+  constexpr bool kDiet = kSplitPv;
   // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
   constexpr bool kBias = kFused && kKcHalf && !kI2fp;
   constexpr float kB = kBias ? 12582912.f : 0.f;
   // Register split (setmaxnreg): 40 / 232 as rounds 2 and 3; round 4 at D = 128 keeps O, the P·V
   // buffer, the logits and P(j) live together and needs 240 (the producer then gets 24: TMA only,
   // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
-  // Three consumers: 40 / 152 (the launch's 128 x 512 registers); with TMA (D = 128 always,
-  // D = 64 optionally): 24 / 160.
-  constexpr int kProdRegs = kC3 ? (kTma ? 24 : 40) : kR4 && D == 128 ? 24 : 40;
-  constexpr int kConsRegs = kC3 ? (kTma ? 160 : 152) : kR4 && D == 128 ? 240 : 232;
-  static_assert(kSelf || 128 * kProdRegs + 128 * kCons * kConsRegs <=
+  // Three consumers: 24 / 160 (the launch's 128 x 512 registers).
+  // The D = 128 row-sum kernel (kSumPv, TMA): 24 / 240 as round 4 (8 B spilled at 232).
+  constexpr bool k240 = (kR4 || kSumPv) && D == 128;
+  constexpr int kProdRegs = kC3 || k240 ? 24 : 40;
+  constexpr int kConsRegs = kC3 ? 160 : k240 ? 240 : 232;
+  static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
                              (kC3 ? 128 : 168) * r3_threads(kVar),
                 "register split");
   static_assert(!(kR4 && D == 128 && !kTma), "round 4 at D = 128 needs the TMA producer");
-  using L = R3Smem<D, kRows>;
+  using L = R3Smem<D, kRows, kSumPv>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -1889,63 +1989,42 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     for (int st = 0; st < kR3Stages; ++st) {
       // every producer thread once its copies landed (TMA: the producer warp's lanes, one of
       // them with the stage's transaction bytes)
-      // (kSelf: the refilling warp's lanes by their cp.async, + its lane 0's expect_tx arrive)
-      mbar_init(full0 + st * 8, kSelf ? 33 : kTma ? 32 : 128);
+      mbar_init(full0 + st * 8, kTma ? 32 : 128);
       mbar_init(empty0 + st * 8, 4 * kCons);  // every consumer warp, once its wgmmas completed
-      if constexpr (kSelf) *reinterpret_cast<int*>(sbase + L::kCnt + 4 * st) = 0;
     }
     mbar_fence_init();
+  }
+  if constexpr (kSumPv) {  // the ones rows of every stage (e4m3 1.0 = 0x38), read by wgmma
+    for (int i = tid; i < kR3Stages * 2 * kRowBytes; i += r3_threads(kVar)) {  // 4-byte words
+      const int st = i / (2 * kRowBytes), w = i % (2 * kRowBytes);
+      *reinterpret_cast<uint32_t*>(sbase + L::kV + st * L::kVTile + D * kRowBytes + 4 * w) =
+          0x38383838u;
+    }
+    fence_proxy_async();  // generic-proxy stores, async-proxy (wgmma) reads
   }
   __syncthreads();
 
   constexpr uint32_t kTileBytes = 2 * kBN * D;  // K box (kBN x D) + V box (D x kBN)
   // Lane 0 of the loading warp: tile `tile`'s K and V boxes (and Q with tile 0) into stage st,
   // completing on its full barrier `bar` (with the arrive that sets the transaction bytes).
-  // (kFirst = false: a refill, tile >= kR3Stages, never Q; the batch and heads bb, hh, hkk passed
-  // in, so that a refilling consumer can re-read them instead of keeping them live)
-  auto tma_tile = [&](int tile, int st, uint32_t bar, int bb, int hh, int hkk, auto first_c) {
-    constexpr bool kFirst = decltype(first_c)::value;
-    mbar_arrive_expect_tx(bar, kTileBytes + (kFirst && tile == 0 ? kRows * D : 0u));
-    if (kFirst && tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
+  auto tma_tile = [&](int tile, int st, uint32_t bar) {
+    mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * D : 0u));
+    if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
       // (three consumers: the map's box is 64 rows, one box per consumer)
       constexpr int kQBox = kC3 ? 64 : kBM;
 #pragma unroll
       for (int i = 0; i < kRows / kQBox; ++i) {
         const int r = static_cast<int>(q0) + i * kQBox;
         tma_load_4d(base + L::kQ + i * kQBox * kQKRow, &maps.q, bar, 0,
-                    maps.q_rows_outer ? hh : r, maps.q_rows_outer ? r : hh, bb);
+                    maps.q_rows_outer ? h : r, maps.q_rows_outer ? r : h, b);
       }
     }
     const int r = tile * kBN;
-    tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, maps.k_rows_outer ? hkk : r,
-                maps.k_rows_outer ? r : hkk, bb);
-    tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, bar, tile * kBN, 0, bb * p.Hkv + hkk);
+    tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, maps.k_rows_outer ? hk : r,
+                maps.k_rows_outer ? r : hk, b);
+    tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, bar, tile * kBN, 0, b * p.Hkv + hk);
   };
-  // kSelf: one whole warp refills stage tile % kR3Stages with tile `tile` once it is released.
-  // (kFirst: tiles 0 .. kR3Stages - 1 at the start; else a refill: the block indices re-read
-  // and every address rebuilt from `base`, so that nothing of it stays live through the loop)
-  auto self_load = [&](int tile, auto first_c) {
-    constexpr bool kFirst = decltype(first_c)::value;
-    const int st = tile % kR3Stages;
-    const int bb = kFirst ? b : ctaid_z(), hh = kFirst ? h : ctaid_y(), hkk = hh / p.G;
-    const uint32_t bar = base + L::kBar + st * 8;
-    if (!kFirst) mbar_wait_bounded(bar + kR3Stages * 8, ((tile / kR3Stages) - 1) & 1);  // empty
-    const float* ksg = p.k_scale + bb * p.ks_sb + hkk * p.ks_sh;
-    // (a refill's index setup from an opaque copy of the block: not hoisted out of the loop)
-    const ScaleIdx kidx(p.k_layout, kFirst ? p.k_block : opaque(p.k_block));
-#pragma unroll
-    for (int i = 0; i < kBN / 32; ++i) {  // raw k scales (0 past Nkv), kc = ks * scale_log2 later
-      const int key = tile * kBN + lane + 32 * i;
-      const bool ok = key < p.Nkv;
-      cp_async_4(base + L::kS + 4 * (st * kBN + lane + 32 * i),
-                 ok ? ksg + static_cast<int64_t>(kidx(key)) * p.ks_ss : ksg, ok ? 4 : 0);
-    }
-    ptx::cp_async_mbar_arrive_noinc(bar);  // one arrival per lane once its copies landed
-    if (lane == 0) tma_tile(tile, st, bar, bb, hh, hkk, first_c);
-    __syncwarp();
-  };
-
-  if (wg == 0 && kTma && !kSelf) {  // ---- producer, TMA: one warp; lane 0 issues, each lane 4 kc
+  if (wg == 0 && kTma) {  // ---- producer, TMA: one warp; lane 0 issues, each lane 4 kc
     setmaxnreg_dec<kProdRegs>();
     if (warp != 0) return;  // the other producer warps have nothing to do
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
@@ -1963,14 +2042,14 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       for (int i = 0; i < kBN / 32; ++i) skc[st * kBN + lane + 32 * i] = ks[i] * p.scale_log2;
       const uint32_t bar = full0 + st * 8;
       if (lane == 0) {
-        tma_tile(tile, st, bar, b, h, hk, std::true_type{});
+        tma_tile(tile, st, bar);
       } else {
         mbar_arrive(bar);  // this lane's kc are stored
       }
     }
     return;
   }
-  if (wg == 0 && !kSelf) {  // ---- producer: round 2's loads, kc = k_scale * scale_log2
+  if (wg == 0) {  // ---- producer: round 2's loads, kc = k_scale * scale_log2
     setmaxnreg_dec<kProdRegs>();
     const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
@@ -2054,18 +2133,13 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   }
 
   // ---- consumers ----
-  if constexpr (!kSelf) setmaxnreg_inc<kConsRegs>();
-  if constexpr (kSelf) {  // the first kR3Stages tiles
-    if (warp == 0)
-      for (int tile = 0; tile < min(n_tiles, kR3Stages); ++tile)
-        self_load(tile, std::true_type{});
-  }
+  setmaxnreg_inc<kConsRegs>();
   if constexpr (kR4) {
     r4_consumer<D, T16, kKcHalf, kI2fp, kFused, kTileMax, kQkFirst, kNoTurn, kFold2>(
         p, b, h, hk, q0, n_tiles, base, sbase, full0, empty0, skc, warp, lane, wg);
     return;
   }
-  const int cw = wg - kWg0;  // consumer index: rows 64 cw .. 64 cw + 63
+  const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
   int64_t row0 = q0 + rl0, row1 = row0 + 8;
@@ -2120,21 +2194,11 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       return dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
     }
   };
-  // Releases stage st (tile `tile`: its q k^T and P·V are done) for this warp; kSelf: the warp
-  // that releases it last (a shared counter of releases) refills it with tile + kR3Stages.
+  // Releases stage st (tile `tile`: its q k^T and P·V are done) for this warp.
   auto release = [&](int tile, int st) {
+    (void)tile;
     __syncwarp();
-    if constexpr (kSelf) {
-      int last = 0;
-      if (lane == 0) {
-        mbar_arrive(empty0 + st * 8);
-        last = atom_add_shared(base + L::kCnt + 4 * st, 1) % (4 * kCons) == 4 * kCons - 1;
-      }
-      if (__shfl_sync(0xffffffffu, last, 0) != 0 && tile + kR3Stages < n_tiles)
-        self_load(tile + kR3Stages, std::false_type{});
-    } else {
-      if (lane == 0) mbar_arrive(empty0 + st * 8);
-    }
+    if (lane == 0) mbar_arrive(empty0 + st * 8);
   };
   int32_t acc[64];
   // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
@@ -2152,7 +2216,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     if (!kNoTurn && (cw == 0 || tile + 1 < n_tiles)) named_bar_arrive(2 - cw, 256);
   };
 
-  float c[D / 2];
+  float c[kCN];
   if (n_tiles > 0) {
     issue_qk(0);
     wgmma_wait<0>();
@@ -2172,15 +2236,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     float s[64];
     float qa0 = qm0, qa1 = qm1, qb0 = qm0, qb1 = qm1;
     if constexpr (kKcHalf) {
-      float kca, kcb;
-      if constexpr (kSelf) {  // raw k scales there: the producer's kc = ks * scale_log2
-        // (32-bit shared addresses from `base`: no generic pointer kept live)
-        kca = lds_f32(base + L::kS + 4 * (st * kBN + 2 * t)) * p.scale_log2;
-        kcb = lds_f32(base + L::kS + 4 * (st * kBN + 64 + 2 * t)) * p.scale_log2;
-      } else {
-        kca = skc[st * kBN + 2 * t];
-        kcb = skc[st * kBN + 64 + 2 * t];
-      }
+      const float kca = skc[st * kBN + 2 * t], kcb = skc[st * kBN + 64 + 2 * t];
       // > 0 so that masked keys (-inf) stay -inf; a zero kc (an all-zero K block) gives ~0
       qa0 = fmaxf(kca * qm0, 1.17549435e-38f);
       qa1 = fmaxf(kca * qm1, 1.17549435e-38f);
@@ -2216,7 +2272,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
         const int qbb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
                                  : static_cast<int>(blockIdx.x);
         const int tid_c = static_cast<int>(threadIdx.x);
-        const int64_t r0 = static_cast<int64_t>(qbb) * kRows + (tid_c / 128 - kWg0) * 64 +
+        const int64_t r0 = static_cast<int64_t>(qbb) * kRows + (tid_c / 128 - 1) * 64 +
                            ((tid_c / 32) % 4) * 16 + (tid_c % 32) / 4;
         end0 = static_cast<int>(visible_end(p, r0));
         end1 = static_cast<int>(visible_end(p, r0 + 8));
@@ -2277,34 +2333,45 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
                      ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
       r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
                      mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
-      l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
-      l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
+      if constexpr (!kSumPv) {
+        l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
+        l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
+      }
       const bool fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
       const float r0 = fold ? ra0 : rb0, r1 = fold ? ra1 : rb1;
       // V rows (channels) 64 hh .. 64 hh + 63 start 64 x 128 bytes into the tile: +512 in the
-      // descriptor's 16-byte units
+      // descriptor's 16-byte units. kSumPv: the second half takes the ones rows after channel
+      // 127 too (m64n72: 36 registers, l from its column 64 as O).
       auto pv_half = [&](auto hh_c) {
         constexpr int hh = decltype(hh_c)::value;
+        constexpr bool kL = kSumPv && hh == 1;
         const uint64_t dvh = dv + 512 * hh;
-        float c32[32];
+        float ch[kL ? 36 : 32];
+        auto acc_o = [&](float x0, float x1) {
+          accumulate_half<32 * hh>(o, ch, x0, x1);
+          if constexpr (kL) {
+            l0 = l0 * x0 + ch[32];
+            l1 = l1 * x1 + ch[34];
+          }
+        };
         // (the fold decides the second P·V's scale-d, not a branch around it: a wgmma in a
         // divergent path makes ptxas serialize every wgmma, C7520)
         wgmma_fence();
-        wgmma_e4m3_n64_first(c32, pa[0], dvh);
-        wgmma_pv<64>(c32, pa[1], dvh + 2, 1);
+        pv_first(ch, pa[0], dvh);
+        pv_acc(ch, pa[1], dvh + 2, 1);
         wgmma_commit();
         if (!fold) {
           wgmma_wait<0>();
-          fence_regs(c32);
-          accumulate_half<32 * hh>(o, c32, ra0, ra1);
+          fence_regs(ch);
+          acc_o(ra0, ra1);
         }
         wgmma_fence();
-        wgmma_pv<64>(c32, pb[0], dvh + 4, fold);
-        wgmma_pv<64>(c32, pb[1], dvh + 6, 1);
+        pv_acc(ch, pb[0], dvh + 4, fold);
+        pv_acc(ch, pb[1], dvh + 6, 1);
         wgmma_commit();
         wgmma_wait<0>();
-        fence_regs(c32);
-        accumulate_half<32 * hh>(o, c32, r0, r1);
+        fence_regs(ch);
+        acc_o(r0, r1);
       };
       pv_half(std::integral_constant<int, 0>{});
       pv_half(std::integral_constant<int, 1>{});
@@ -2318,11 +2385,20 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     }
     r3_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
                    fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1, pa);
-    r3_pv_issue_desc<D>(c, pa, dv);  // the first half's P·V runs under the second half's P
+    r3_pv_issue_desc(c, pa, dv);  // the first half's P·V runs under the second half's P
     r3_exp_half<1>(s, qb0, qb1, fmaf(kB, qb0, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448),
                    fmaf(kB, qb1, mb1 == -INFINITY ? 0.f : mb1 - kLog2_448), sumb0, sumb1, pb);
-    l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
-    l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
+    if constexpr (!kSumPv) {  // (kSumPv: the sums are unused, their FADDs dead code)
+      l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
+      l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
+    }
+    // kSumPv: l as O, from the accumulator's column D (rows g and g + 8).
+    auto accumulate_l = [&](float x0, float x1) {
+      if constexpr (kSumPv) {
+        l0 = l0 * x0 + c[D / 2];
+        l1 = l1 * x1 + c[D / 2 + 2];
+      }
+    };
     // When no row of the warpgroup raised its maximum in the second half (rb = 1: the common
     // case once a row has seen a few hundred keys), (O ra + Ca) rb + Cb = O ra + (Ca + Cb): the
     // second half's P·V accumulates onto the first's on the tensor cores and O takes one
@@ -2333,12 +2409,13 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       wgmma_wait<0>();  // the first-half P·V (and an early next q k^T, issued before it)
       fence_regs(c);
       accumulate_tile<D>(o, c, ra0, ra1);
+      accumulate_l(ra0, ra1);
       r0 = rb0;
       r1 = rb1;
     }
     wgmma_fence();  // the second half's P·V (onto the first's when folded), the next q k^T
-    wgmma_pv<D>(c, pb[0], dv + 4, fold);
-    wgmma_pv<D>(c, pb[1], dv + 6, 1);
+    pv_acc(c, pb[0], dv + 4, fold);
+    pv_acc(c, pb[1], dv + 6, 1);
     wgmma_commit();
     // (kC3: the next q k^T only once c is folded into O; its 64 registers next to O, c and P
     // in flight do not fit 160, and the other two consumers keep the tensor cores busy)
@@ -2350,6 +2427,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     }
     fence_regs(c);
     accumulate_tile<D>(o, c, r0, r1);
+    accumulate_l(r0, r1);
     release(tile, st);  // q k^T and P·V of this stage are done
     if constexpr (kMore && kC3) {
       issue_qk(tile + 1);
@@ -2428,21 +2506,20 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // the cp.async producer if a map cannot be made.
   // For now only the per-half-kc launches take TMA, so that the harness exercises both
   // producers at D = 128 (the `.kblock32` cases run the cp.async one).
-  // D = 64 (var bit 9, three consumers only; bf16 output, per-half kc): Q and K boxes of 64-byte
-  // rows in the 64-byte swizzle (the consumers' descriptors follow), V as at D = 128; else the
-  // cp.async producer (same bits).
+  // D = 64 (three consumers, var 162; bf16 output, per-half kc): Q and K boxes of 64-byte rows
+  // in the 64-byte swizzle (the consumers' descriptors follow), V as at D = 128; else (or if a
+  // map cannot be made) the two-consumer var 34 or round 3 (same bits).
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
-  // var bit 11 (2048): the three consumers without a producer warpgroup (TMA at both head dims,
-  // bf16 output, per-half kc; else as without the bit: same bits).
-  const bool want_self = (var & 2048) != 0;
-  var &= ~2048;
-  if (want_self && D == 64) var |= 512;
-  bool tma64 = false;
-  if (var & 512) {
-    var &= ~512;
-    tma64 = D == 64 && kBf16 && kc_half && var == 162;
-  }
-  const bool self_c = want_self && kBf16 && kc_half && var == 162;
+  // var bit 12 (4096): P's row sums on the tensor cores (kSumPv) where the kernel below is the
+  // TMA-fed D = 64 three-consumer one (var 162) or the D = 128 two-consumer one (var 34), and
+  // only without an LSE output; else as without the bit.
+  const bool want_sum = (var & 4096) != 0 && p.lse == nullptr;
+  var &= ~4096;
+  const bool tma64 = D == 64 && kBf16 && kc_half && var == 162;
+  // D = 128 three consumers (var 162; the P·V in 64-channel halves): with the row sums only
+  // (or kR3C3At128), bf16 output, per-half kc, TMA; else var 34.
+  const bool c3_128 = D == 128 && kBf16 && kc_half && var == 162 &&
+                      (kR3C3At128 || (kR3C3SumAt128 && want_sum));
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
@@ -2469,7 +2546,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
     // (three consumers, var 162: Q in boxes of 64 rows, one per consumer; the fallbacks below
     // keep var 162 exactly for bf16 output with per-half kc once TMA is on)
-    const bool q_box64 = tma64 || self_c || (kR3C3At128 && var == 162 && kBf16);
+    const bool q_box64 = tma64 || c3_128;
     tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
                  q_box64 ? 64u : static_cast<uint32_t>(kBM)) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
@@ -2477,13 +2554,12 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   }
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
-  if (tma64 && !tma) var = 162;  // no maps: the cp.async producer
-  const bool self = self_c && tma;
+  if (var == 162 && D == 64 && !tma) var = 34;  // no maps (or no 3-consumer kernel): 2 consumers
   if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
   // (var 162, round 3 + I2FP without turns on three consumer warpgroups: D = 64 only, else 34;
   // bf16 output and per-half kc, else round 3 below)
   // (D = 128 needs the TMA producer: without it var 0 above; and kR3C3At128)
-  if (var == 162 && D == 128 && !kR3C3At128 && !self) var = 34;
+  if (var == 162 && D == 128 && !c3_128) var = 34;
   // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
   // kc only, else round 5)
   if ((var == 43 || var == 75) && !(std::is_same<T16, __nv_bfloat16>::value && kc_half)) var = 11;
@@ -2511,9 +2587,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
         k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 27>
                     : attention_wgmma_r3_kernel<D, T16, false, kT, 27>;
     }
-    if constexpr (kI2fpInst && D == 64) {
-      if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, false, 162>;
-    }
     if constexpr (kI2fpInst && D == 128 && kT) {
       if constexpr (kR3C3At128) {
         if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
@@ -2533,26 +2606,36 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   };
   auto kernel = tma ? pick(std::integral_constant<bool, D == 128 && kR3Tma>{})
                     : pick(std::false_type{});
+  bool sum = false;  // the kernel is a kSumPv one (the V tiles have the ones rows)
   if constexpr (D == 64 && kBf16) {  // three consumers, the TMA producer (var 162)
-    if (tma) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
+    if (tma) {
+      sum = want_sum;
+      kernel = sum ? attention_wgmma_r3_kernel<D, T16, true, true, 162 | 4096>
+                   : attention_wgmma_r3_kernel<D, T16, true, true, 162>;
+    }
   }
-  if constexpr (kBf16 && (D == 64 || kR3Tma)) {  // no producer warpgroup (var bit 11)
-    if (self) {
-      kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162 | 2048>;
+  if constexpr (D == 128 && kBf16 && kR3Tma) {  // the TMA producer, two / three consumers
+    if (tma && (var == 34 || var == 162) && want_sum) {
+      sum = true;
+      kernel = attention_wgmma_r3_kernel<D, T16, true, true, 34 | 4096>;
+      if constexpr (kR3C3SumAt128) {
+        if (var == 162) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162 | 4096>;
+      }
     }
   }
   // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA.
   const bool c3 = var == 162;
   const int rows = c3 ? 192 : kBM;
-  const int bytes = c3 ? R3Smem<D, 192>::kBytes : R3Smem<D>::kBytes;
-  static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024,
+  const int bytes = c3 ? (sum ? R3Smem<D, 192, true>::kBytes : R3Smem<D, 192>::kBytes)
+                       : (sum ? R3Smem<D, kBM, true>::kBytes : R3Smem<D>::kBytes);
+  static_assert(R3Smem<D, kBM, true>::kBytes <= 227 * 1024 &&
+                    R3Smem<D, 192, true>::kBytes <= 227 * 1024,
                 "shared memory");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, rows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
-  kernel<<<grid, self ? r3_threads(2048) : c3 ? r3_threads(162) : kWsThreads, bytes, stream>>>(
-      p, maps);
+  kernel<<<grid, c3 ? r3_threads(162) : kWsThreads, bytes, stream>>>(p, maps);
   check_launch(op);
 }
 
@@ -2595,8 +2678,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
           : which == WgmmaKernel::round5_fold2    ? 75
           : which == WgmmaKernel::round3_i2fp_no_turn ? 34
           : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
-          : which == WgmmaKernel::round3_i2fp_no_turn_c3_tma ? 162 | 512
-          : which == WgmmaKernel::round3_i2fp_no_turn_c3_self ? 162 | 2048
+          : which == WgmmaKernel::auto_sum_pv ? (Dv == 64 ? 162 : 34) | 4096
+          : which == WgmmaKernel::auto_sum_pv_c3 ? 162 | 4096
           : which == WgmmaKernel::round4_i2fp_no_turn ? 35
           : which == WgmmaKernel::round4_fused ? 5
           : which == WgmmaKernel::round3_fused ? 4

@@ -72,6 +72,8 @@ class Int8AttentionCase : public Case {
     tune_ = t;
     has_tune_ = true;
   }
+  // No LSE output (attention_int8 gets lse_out = nullptr): kernels that run only then.
+  void set_no_lse() { lse_ = false; }
 
   std::string name() const override {
     std::string n = "attention.int8." +
@@ -161,6 +163,7 @@ class Int8AttentionCase : public Case {
     l.shape = {s_.B, s_.Hq, s_.Nq};
     l.tol = Tolerance::allclose(2e-3, 1e-3);
     l.tol.allow_nonfinite = true;  // -inf for rows that see no key
+    if (!lse_) return {o};
     return {o, l};
   }
 
@@ -171,11 +174,12 @@ class Int8AttentionCase : public Case {
     QuantizedRows k{view(in[2]), in[3], kl_, kb_};
     TensorView v = view(in[4]);
     TensorView o = view(out[0]);
-    TensorView lse = out[1];
+    TensorView lse = lse_ ? out[1] : TensorView{};
+    TensorView* lse_out = lse_ ? &lse : nullptr;
     const TensorView* km = k_mean_ ? &in[5] : nullptr;
     const Device dev = v.device;
     if (opt_.pv == AttentionOptions::f16) {
-      attention_int8(q, k, v, nullptr, nullptr, km, o, &lse, opt_, ctx);
+      attention_int8(q, k, v, nullptr, nullptr, km, o, lse_out, opt_, ctx);
       return;
     }
     struct Tuned {  // the knobs for this case's launch, restored on every exit
@@ -195,7 +199,7 @@ class Int8AttentionCase : public Case {
     TensorView vsv = make_view(vs.data(), DType::f32, {s_.B, s_.Hkv, s_.D}, dev);
     TensorView vmv = make_view(vm.data(), DType::f32, {s_.B, s_.Hkv, s_.D}, dev);
     quantize_v_fp8(v, v8v, vsv, opt_.smooth_v ? &vmv : nullptr, ctx);
-    attention_int8(q, k, v8v, &vsv, opt_.smooth_v ? &vmv : nullptr, km, o, &lse, opt_, ctx);
+    attention_int8(q, k, v8v, &vsv, opt_.smooth_v ? &vmv : nullptr, km, o, lse_out, opt_, ctx);
     synchronize(ctx);  // the scratch buffers are freed on return
   }
 
@@ -212,6 +216,7 @@ class Int8AttentionCase : public Case {
   bool hnd_, k_mean_;
   detail::AttentionCudaTuning tune_{};
   bool has_tune_ = false;
+  bool lse_ = true;
 };
 
 // ---- V to fp8
@@ -489,14 +494,14 @@ LOWBIT_HARNESS_CASES(attention_cases) {
             s, make_opt(O::fp8, c, r4), DType::bf16, ScaleLayout::per_block, 128,
             ScaleLayout::per_block, 64, false, false));
   }
-  // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups (192 query rows per CTA;
-  // tuning knobs i2fp + no_turn + cons3 on wgmma_r3; D = 64 bf16 output with per-half k scales,
-  // else the two-consumer kernels, same bits). Odd row counts over 1-3 row blocks of 192 (N = 1,
-  // 17, 200, 333, 390, 400), the ring wrapping (1100, 3000 keys), 3 causal modes, early maxima
-  // (folded halves), the diagnostics, THREAD_Q/K + K-mean LSE (the epilogue's Q rows up to 191),
-  // V mean, two fallbacks (f16 output, k scales per 32 keys); D = 128 the same way (below).
-  // `.r3c3t`: the D = 64 part of that set on the TMA-producer twin (auto since run 16; see
-  // below); `.r3c3s` (both head dims): the producerless twin.
+  // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups fed by the TMA producer
+  // warp (192 query rows per CTA; tuning knobs i2fp + no_turn + cons3 on wgmma_r3; D = 64 bf16
+  // output with per-half k scales, else the two-consumer kernels, same bits): auto's D = 64
+  // kernel. Odd row counts over 1-3 row blocks of 192 (N = 1, 17, 200, 333, 390, 400), the ring
+  // wrapping (1100, 3000 keys), 3 causal modes, early maxima (folded halves), the diagnostics,
+  // THREAD_Q/K + K-mean LSE (the epilogue's Q rows up to 191, 64-byte swizzle), HND maps, V
+  // mean, two fallbacks (f16 output, k scales per 32 keys); D = 128 the same way (below).
+  // `.r3sum` (both head dims): the row sums on the tensor cores.
   {
     detail::AttentionCudaTuning c3;
     c3.i2fp = true;
@@ -504,15 +509,15 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     c3.cons3 = true;
     const detail::AttentionCudaTuning* tune = &c3;
     const char* tag = "r3c3";
+    bool no_lse = false;
     auto add = [&](Shape s, O o, DType dt, ScaleLayout ql, int qb, ScaleLayout kl, int kb,
                    bool hnd, bool km, Pattern pat) {
       auto c = std::make_unique<Int8AttentionCase>(s, o, dt, ql, qb, kl, kb, hnd, km, pat, tag);
       c->set_tuning(*tune);
+      if (no_lse) c->set_no_lse();
       cases.push_back(std::move(c));
     };
-    // The D = 64 set, run for `.r3c3` and for its TMA twins `.r3c3t` (knob tma64: the TMA
-    // producer, Q / K in 64-byte rows with the 64-byte swizzle, the epilogue's K-mean read of
-    // them, HND maps).
+    // The D = 64 set.
     auto add_d64 = [&] {
       const Shape c3_shapes[] = {
           {1, 1, 1, 1, 1, 64},       {1, 17, 17, 2, 1, 64},     {1, 200, 77, 2, 2, 64},
@@ -547,11 +552,10 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           Pattern::random);
     };
     add_d64();
-    // D = 128 (TMA producer, the P·V in two 64-channel halves; while kR3C3At128 is off the
-    // `.r3c3` ones run the two-consumer auto kernel, the `.r3c3s` ones the three consumers
-    // without a producer): 6 shapes x 3 causal modes (N = 65 .. 390, 127 .. 3000 keys, GQA),
-    // early maxima, the diagnostics, THREAD_Q/K + HND + K mean, V mean, and a fallback (k scales
-    // per 32 keys: no TMA, the two-consumer round 3).
+    // D = 128 (TMA producer; while kR3C3At128 is off the `.r3c3` ones run the two-consumer auto
+    // kernel): 6 shapes x 3 causal modes (N = 65 .. 390, 127 .. 3000 keys, GQA), early maxima,
+    // the diagnostics, THREAD_Q/K + HND + K mean, V mean, and a fallback (k scales per 32 keys:
+    // no TMA, the two-consumer round 3).
     auto add_d128 = [&] {
       const Shape c3_128[] = {
           {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
@@ -581,17 +585,15 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     };
     add_d128();
 
-    detail::AttentionCudaTuning c3t = c3;
-    c3t.tma64 = true;
-    tune = &c3t;
-    tag = "r3c3t";
-    add_d64();
-    // `.r3c3s`: no producer warpgroup (knob self_load; both head dims): the consumers refill
-    // the ring (TMA + cp.async k scales on the full barrier).
-    detail::AttentionCudaTuning c3s = c3;
-    c3s.self_load = true;
-    tune = &c3s;
-    tag = "r3c3s";
+    // `.r3sum`: knob sum_pv (both head dims: the D = 64 TMA three-consumer kernel, the D = 128
+    // two-consumer one) with P's row sums on the tensor cores, without LSE output (with one the
+    // knob runs the default: its sums would be off by ~1e-2 in the LSE); the fallbacks (f16
+    // output, k scales per 32 keys) run the default kernels.
+    detail::AttentionCudaTuning sum;
+    sum.sum_pv = true;
+    tune = &sum;
+    tag = "r3sum";
+    no_lse = true;
     add_d64();
     add_d128();
   }
