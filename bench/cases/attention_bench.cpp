@@ -16,7 +16,7 @@
 #include "lowbit/attention.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
-#include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (the I2FP A/B)
+#include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (the A/B knobs)
 
 namespace lowbit {
 namespace bench {

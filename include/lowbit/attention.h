@@ -48,24 +48,13 @@ struct AttentionOptions {
   bool smooth_v = false;  // fp8 PV: subtract the per-channel V mean, added back in the epilogue
   // CUDA kernel choice (the CPU backend ignores it). auto_kernel: on an sm_90 GPU with the
   // sm_90a build and head dim 64 or 128, fp8 PV runs the fastest wgmma kernel measured on the
-  // H200 (round 3 with I2FP logits, run 9) and 16-bit PV the
-  // round-1 wgmma kernel; elsewhere the mma.sync kernel. mma_sync forces the portable kernel
-  // (sm_89+ for fp8 PV); wgmma the round-1 wgmma kernel (no warp specialization); wgmma_ws the
-  // warp-specialized one (a producer warpgroup, K/V ring on mbarriers, ping-pong consumers);
-  // wgmma_r3 round 3 and wgmma_r4 round 4 (round 3 with tile j's P·V under tile j+1's softmax),
-  // wgmma_r5 round 5 (round 4 with one softmax maximum per 128-key tile instead of per 64-key
-  // half: P rounds to e4m3 at a different scale, same accuracy), all wgmma_ws for 16-bit PV.
-  // All but auto_kernel are an error where they do not apply. Same arithmetic in every kernel
-  // (outputs agree within the harness tolerances).
-  enum Kernel : uint8_t {
-    auto_kernel,
-    mma_sync,
-    wgmma,
-    wgmma_ws,
-    wgmma_r3,
-    wgmma_r4,
-    wgmma_r5
-  } kernel = auto_kernel;
+  // H200 (round 3 without ping-pong turns; three consumer warpgroups at D = 64) and 16-bit PV
+  // the round-1 wgmma kernel; elsewhere the mma.sync kernel. mma_sync forces the portable kernel
+  // (sm_89+ for fp8 PV); wgmma the round-1 wgmma kernel (no warp specialization); wgmma_r3 the
+  // warp-specialized round 3 (a producer warpgroup, K/V ring on mbarriers, ping-pong consumers;
+  // round 1 for 16-bit PV). All but auto_kernel are an error where they do not apply. Same
+  // arithmetic in every kernel (outputs agree within the harness tolerances).
+  enum Kernel : uint8_t { auto_kernel, mma_sync, wgmma, wgmma_r3 } kernel = auto_kernel;
 };
 
 // ---- building blocks ----------------------------------------------------------------------------

@@ -25,10 +25,7 @@ const std::pair<const char*, AttentionOptions::Kernel> kKernels[] = {
     {"auto", AttentionOptions::auto_kernel},
     {"mma_sync", AttentionOptions::mma_sync},
     {"wgmma", AttentionOptions::wgmma},
-    {"wgmma_ws", AttentionOptions::wgmma_ws},
     {"wgmma_r3", AttentionOptions::wgmma_r3},
-    {"wgmma_r4", AttentionOptions::wgmma_r4},
-    {"wgmma_r5", AttentionOptions::wgmma_r5},
 };
 const std::pair<const char*, ScaleLayout> kLayouts[] = {
     {"per_block", ScaleLayout::per_block},
@@ -102,8 +99,7 @@ void bind_attention(nb::module_& m) {
       "INT8 attention (SPEC section 2). q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D), out like q, all "
       "strided views (pass an HND tensor permuted); lse (B, Hq, Nq) f32 or None. sm_scale 0 = "
       "1/sqrt(D); causal none/bottom_right/top_left; pv fp8/f16; kernel auto/mma_sync/wgmma/"
-      "wgmma_ws/wgmma_r3/wgmma_r4/wgmma_r5 (CUDA only; the CPU ignores it). workspace: a "
-      "contiguous array "
+      "wgmma_r3 (CUDA only; the CPU ignores it). workspace: a contiguous array "
       "of >= attention_workspace_bytes bytes (256-byte aligned, q's device): no allocation and no "
       "stream synchronization; None: lowbit allocates (and synchronizes on CUDA).");
   m.def(

@@ -178,8 +178,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   check::that(options.causal <= AttentionOptions::top_left, op, "options.causal",
               "expected none, bottom_right or top_left");
   check::that(options.pv <= AttentionOptions::f16, op, "options.pv", "expected fp8 or f16");
-  check::that(options.kernel <= AttentionOptions::wgmma_r5, op, "options.kernel",
-              "expected auto_kernel, mma_sync, wgmma, wgmma_ws, wgmma_r3, wgmma_r4 or wgmma_r5");
+  check::that(options.kernel <= AttentionOptions::wgmma_r3, op, "options.kernel",
+              "expected auto_kernel, mma_sync, wgmma or wgmma_r3");
   check::not_null(op, "out", out);
   check::dtype(op, "out", out,
                on_cuda ? std::initializer_list<DType>{DType::bf16, DType::f16}

@@ -672,50 +672,26 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   p.scale_log2 = sm_scale * kLog2e;
   const int B = static_cast<int>(q.data.shape[0]);
   const int D = static_cast<int>(q.data.shape[3]);
-  // Kernel choice (AttentionOptions::kernel). auto_kernel on sm_90a wherever a wgmma kernel applies
-  // (head dim 64 or 128; both proven on the H200 by every `.wgmma` / `.wgmma_ws` harness case):
-  // fp8 P·V takes the warp-specialized kernel (1.02x the plain one at D=128, 1.11-1.14x at D=64,
-  // H200 2026-11-29), 16-bit P·V the plain one (the warp-specialized 16-bit path measured 0.82x).
-  // Else mma.sync. No self-check, no hidden synchronization.
-  // The bench-only I2FP knob (detail::AttentionCudaTuning) picks the *_i2fp twins of round 3/4.
+  // Kernel choice (AttentionOptions::kernel): wgmma runs round 1, wgmma_r3 round 3 (fp8 P·V; the
+  // bench knobs of detail::AttentionCudaTuning pick its variants: no_turn round 3 + I2FP without
+  // turns, cons3 (with no_turn) three consumer warpgroups at D = 64, sum_pv auto's kernels with
+  // the row sums on the tensor cores; 16-bit P·V runs round 1), auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  auto r3 = [&] {
-    return tune.sum_pv && tune.cons3   ? attn::WgmmaKernel::auto_sum_pv_c3
-           : tune.sum_pv               ? attn::WgmmaKernel::auto_sum_pv
-           : tune.fused_dequant        ? attn::WgmmaKernel::round3_fused
-           : tune.i2fp && tune.no_turn && tune.cons3
-               ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
-           : tune.i2fp && tune.no_turn ? attn::WgmmaKernel::round3_i2fp_no_turn
-           : tune.i2fp                 ? attn::WgmmaKernel::round3_i2fp
-                                       : attn::WgmmaKernel::round3;
-  };
-  auto r4 = [&] {
-    return tune.fused_dequant          ? attn::WgmmaKernel::round4_fused
-           : tune.i2fp && tune.no_turn ? attn::WgmmaKernel::round4_i2fp_no_turn
-           : tune.i2fp                 ? attn::WgmmaKernel::round4_i2fp
-                                       : attn::WgmmaKernel::round4;
-  };
-  if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_ws ||
-      options.kernel == AttentionOptions::wgmma_r3 ||
-      options.kernel == AttentionOptions::wgmma_r4 ||
-      options.kernel == AttentionOptions::wgmma_r5) {
+  if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
-                  "wgmma / wgmma_ws / wgmma_r3 / wgmma_r4 / wgmma_r5: expected head dim 64 or 128 "
-                  "on an sm_90 GPU with the sm_90a build, got head dim " +
+                  "wgmma / wgmma_r3: expected head dim 64 or 128 on an sm_90 GPU with the sm_90a "
+                  "build, got head dim " +
                       std::to_string(D) +
                       (attn::wgmma_attention_applies(D) ? " on a GPU without the sm_90a kernel"
                                                         : ""));
     const attn::WgmmaKernel which =
-        options.kernel == AttentionOptions::wgmma_ws   ? attn::WgmmaKernel::ws
-        : options.kernel == AttentionOptions::wgmma_r3 ? r3()
-        : options.kernel == AttentionOptions::wgmma_r4 ? r4()
-        : options.kernel == AttentionOptions::wgmma_r5
-            ? (tune.qk_first  ? attn::WgmmaKernel::round5_qk_first
-               : tune.no_turn ? attn::WgmmaKernel::round5_no_turn
-               : tune.fold2   ? attn::WgmmaKernel::round5_fold2
-                              : attn::WgmmaKernel::round5)
-                                                       : attn::WgmmaKernel::round1;
+        options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
+        : tune.sum_pv && tune.cons3               ? attn::WgmmaKernel::auto_sum_pv_c3
+        : tune.sum_pv                             ? attn::WgmmaKernel::auto_sum_pv
+        : tune.no_turn && tune.cons3              ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
+        : tune.no_turn                            ? attn::WgmmaKernel::round3_i2fp_no_turn
+                                                  : attn::WgmmaKernel::round3;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }

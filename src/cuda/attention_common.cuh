@@ -117,34 +117,18 @@ __device__ __forceinline__ float to_f32(T16 x) {
 bool wgmma_attention_available();
 // Whether the wgmma kernel covers head dim D (64 or 128; both P·V modes).
 inline bool wgmma_attention_applies(int D) { return D == 64 || D == 128; }
-// The sm_90a kernels: round1 (two warpgroups, cp.async double buffer), ws (round 2: a producer
-// warpgroup loading a 3-stage K/V ring guarded by mbarriers, two ping-pong consumer warpgroups)
-// and round3 (round 2's structure with fewer instructions per logit and the P·V deferred; fp8
-// P·V only: 16-bit P·V asked of it runs ws).
-// round4: round 3's kernel with the FA3-style consumer schedule (tile j's P·V under tile j+1's
-// softmax; same arithmetic); *_i2fp: the logits' int32 -> float by I2FP (same bits; an A/B of the
-// XU pipe's load); round4_fused / round3_fused: round 4 / 3 with biased logits (one FADD less per logit; the exponent
-// differs from round 3's by ~1e-4). 16-bit P·V asked of round3/round4 runs ws.
+// The sm_90a kernels: round1 (two warpgroups, cp.async double buffer; 16-bit P·V always runs
+// it) and round3 (fp8 P·V: a producer warpgroup feeding a 5-stage K/V ring on mbarriers, TMA at
+// D = 128, two ping-pong consumer warpgroups with few instructions per logit). (Round 2 `ws`,
+// rounds 4 and 5 and the biased-logit twins: removed in session 8, all slower than
+// round3_i2fp_no_turn.)
 enum class WgmmaKernel {
   round1,
-  ws,
   round3,
-  round4,
-  round3_i2fp,
-  round4_i2fp,
-  round4_fused,
-  round3_fused,
-  // round 5: round 4 + I2FP with one softmax maximum per 128-key tile (fp8 P·V; 16-bit runs ws)
-  round5,
-  // round 5 with tile j+1's q k^T issued ahead of tile j's P·V (bench knob qk_first)
-  round5_qk_first,
-  // round 5 without the consumers' ping-pong turns (bench knob no_turn)
-  round5_no_turn,
-  // round 5 with the fresh P·V buffer over two tiles when no maximum moved (bench knob fold2)
-  round5_fold2,
-  // round 3 / round 4 + I2FP without the consumers' ping-pong turns (same bits as their parents)
+  // round 3 + I2FP logits without the consumers' ping-pong turns (same bits as round 3; bf16
+  // output with per-half k scales, and the TMA producer at D = 128, else round 3): auto at
+  // D = 128 since H200 run 10
   round3_i2fp_no_turn,
-  round4_i2fp_no_turn,
   // round3_i2fp_no_turn with three consumer warpgroups (192 query rows per CTA) at D = 64, fed
   // by a TMA producer warp (setmaxnreg 24; Q and K in 64-byte rows, 64-byte swizzle) with the
   // consumers at 160 registers; same bits; bf16 output with per-half k scales, else (and at
@@ -155,7 +139,8 @@ enum class WgmmaKernel {
   // launches without an LSE output (else the auto kernel itself; bench knob sum_pv)
   auto_sum_pv,
   // auto_sum_pv with D = 128 on three consumer warpgroups (the TMA producer, 160 registers, the
-  // P·V in two 64-channel halves; knobs sum_pv + cons3)
+  // P·V in two 64-channel halves; knobs sum_pv + cons3; off while kR3C3SumAt128 is: then as
+  // auto_sum_pv)
   auto_sum_pv_c3
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the

@@ -51,7 +51,6 @@ using ptx::mbar_arrive;
 using ptx::mbar_arrive_expect_tx;
 using ptx::mbar_fence_init;
 using ptx::mbar_init;
-using ptx::mbar_test;
 using ptx::mbar_wait_bounded;
 using ptx::smem_u32;
 
@@ -753,52 +752,13 @@ struct ScaleIdx {
   }
 };
 
-// ---- round 2: warp-specialized kernel ----------------------------------------------------------
-//
-// CTA = 3 warpgroups (384 threads): warpgroup 0 is the producer, 1 and 2 the consumers (rows
-// 0..63 and 64..127 of the CTA's 128). The producer (setmaxnreg 24) loads the K tile, the V tile
-// and the k scales of key tile i into stage i % kStages of a ring by cp.async (the same swizzled
-// shared layouts and zero fills as round 1), Q together with tile 0; it signals "full" once its
-// copies of a tile have landed (cp.async.wait_group, then fence.proxy.async so the wgmma async
-// proxy sees them, then mbarrier.arrive, release) and waits on "empty" before reusing a stage.
-// Consumers (setmaxnreg 240) wait "full" (acquire), run round 1's per-tile math unchanged
-// (tile_softmax_pv: same arithmetic, same order), and each warp arrives on "empty" once its
-// wgmmas on the stage have completed. Ping-pong: a consumer issues its q k^T only in its turn
-// (named barrier 1 + consumer, 256 threads) and hands the turn to the other consumer once its
-// logits are in registers, so one warpgroup's softmax and P·V run while the other's q k^T does.
-// No __syncthreads after the barrier initialization.
-constexpr int kStages = 3;
-constexpr int kWsThreads = 384;
-// fp8 P·V at D = 64: leave each tile's second-half P·V in flight and accumulate it while the
-// next tile's q k^T runs (the stage is released then). false: tile_softmax_pv exactly as round 1
-// (the fallback, should only the D = 64 fp8 `.wgmma_ws` cases fail).
-constexpr bool kWsDeferPv = true;
-// 16-bit P·V with D <= this: issue tile j+1's q k^T before tile j's softmax (intra-warpgroup
-// overlap). 0: round 1's order (the fallback, should only the 16-bit `.wgmma_ws` cases fail).
-constexpr int kWsOverlapQkMaxD = 128;
-// fp8 P·V at D = 128: issue tile j+1's q k^T before tile j's second-half softmax, then tile j's
-// P·V without overlap. false: tile_softmax_pv (round 1's order: the first half's P·V overlaps
-// the second half's softmax, no q k^T overlap). Off: with the next S live through both P·V
-// halves (o 64 + two-level buffer 64 + next S 64 + P) ptxas spills 40 B at 232 registers (at
-// setmaxnreg 32 / 240: ~12 B, partly the producer's). Worth timing on the GPU (true).
-constexpr bool kWsOverlapQkFp8 = false;
-// The logits' int32 -> float by exact_i2f (bit-identical) instead of I2F. false: I2F as round 1.
-constexpr bool kWsFastCvt = true;
+// (Round 2, the warp-specialized kernel with a cp.async producer warpgroup and a 3-stage ring
+// (`kernel = wgmma_ws`), lost to round 3 for fp8 P·V and to round 1 for 16-bit P·V (0.82x);
+// removed in session 8.)
 
-template <int D, bool FP8>
-struct WsSmem {
-  using R = WgSmem<D, FP8>;
-  static constexpr int kKTile = R::kKTile;
-  static constexpr int kVChunk = R::kVChunk;
-  static constexpr int kVTile = R::kVTile;
-  static constexpr int kQ = 0;
-  static constexpr int kK = kBM * kRowBytes;
-  static constexpr int kV = kK + kStages * kKTile;
-  static constexpr int kS = kV + kStages * kVTile;
-  static constexpr int kBar = kS + kStages * kBN * 4;  // full[kStages], empty[kStages] (8 B each)
-  static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
-};
+constexpr int kR3Threads = 384;  // a producer warpgroup and two consumers
 
+// Named barrier `id` over `threads` threads (sync: arrive and wait; arrive: do not wait).
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -816,351 +776,6 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 #endif
-}
-
-template <int D, bool FP8, typename T16>
-__global__ void __launch_bounds__(kWsThreads, 1) attention_wgmma_ws_kernel(const AttnParams p) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = WsSmem<D, FP8>;
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
-  uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-  const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
-                          : static_cast<int>(blockIdx.x);  // causal: long rows first
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
-  const int64_t q0 = static_cast<int64_t>(qb) * kBM;
-  const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
-  const int64_t kv_end = visible_end(p, last_row);
-  const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
-  const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
-
-  if (tid == 0) {
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      mbar_init(full0 + st * 8, 128);  // every producer thread, once its copies landed
-      mbar_init(empty0 + st * 8, 8);   // every consumer warp, once its wgmmas completed
-    }
-    mbar_fence_init();
-  }
-  __syncthreads();
-
-  if (wg == 0) {  // ---- producer ----
-    setmaxnreg_dec<40>();
-    const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
-    const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
-    const ScaleIdx kidx(p.k_layout, p.k_block);
-    constexpr int kChunks = D / 16;  // 16-byte chunks per q/k row
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      const int st = tile % kStages;
-      if (tile >= kStages) mbar_wait_bounded(empty0 + st * 8, ((tile / kStages) - 1) & 1);
-      if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
-        const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
-        for (int c = tid; c < kBM * kChunks; c += 128) {
-          const int r = c / kChunks, ch = c % kChunks;
-          const bool ok = q0 + r < p.Nq;
-          cp_async_16(base + L::kQ + swz(r, ch), ok ? qg + (q0 + r) * p.q_sn + ch * 16 : p.q,
-                      ok ? 16 : 0);
-        }
-      }
-      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
-      const uint32_t sk = base + L::kK + st * L::kKTile;
-#pragma unroll 1
-      for (int c = tid; c < kBN * kChunks; c += 128) {
-        const int r = c / kChunks, ch = c % kChunks;
-        const bool ok = kv0 + r < p.Nkv;  // keys past Nkv: zero (masked by the consumers)
-        cp_async_16(sk + swz(r, ch), ok ? kg + (kv0 + r) * p.k_sn + ch * 16 : p.k, ok ? 16 : 0);
-      }
-      const uint32_t sv = base + L::kV + st * L::kVTile;
-      if constexpr (FP8) {
-        const uint8_t* vg =
-            static_cast<const uint8_t*>(p.v) + (static_cast<int64_t>(b) * p.Hkv + hk) * D * p.npad;
-#pragma unroll 1
-        for (int c = tid; c < D * (kBN / 16); c += 128) {
-          const int d = c / (kBN / 16), ch = c % (kBN / 16);
-          const int64_t pos = kv0 + ch * 16;
-          const bool ok = pos < p.npad;  // npad is a multiple of 64: chunks all in or all out
-          cp_async_16(sv + swz(d, ch), ok ? vg + d * p.npad + pos : vg, ok ? 16 : 0);
-        }
-      } else {
-        const T16* vg16 = static_cast<const T16*>(p.v) + b * p.v_sb + hk * p.v_sh;
-        constexpr int kVChunks = D / 8;
-#pragma unroll 1
-        for (int c = tid; c < kBN * kVChunks; c += 128) {
-          const int r = c / kVChunks, ch = c % kVChunks;
-          const bool ok = kv0 + r < p.Nkv;  // keys past Nkv: zero
-          cp_async_16(sv + (ch / 8) * L::kVChunk + swz(r, ch % 8),
-                      ok ? static_cast<const void*>(vg16 + (kv0 + r) * p.v_sn + ch * 8) : p.v,
-                      ok ? 16 : 0);
-        }
-      }
-      {  // k scales: one per producer thread (keys past Nkv: 0)
-        const int key = tile * kBN + tid;
-        const bool ok = key < p.Nkv;
-        cp_async_4(base + L::kS + (st * kBN + tid) * 4,
-                   ok ? ksg + static_cast<int64_t>(kidx(key)) * p.ks_ss : ksg, ok ? 4 : 0);
-      }
-      cp_async_commit();
-      if (tile > 0) {  // the previous tile has landed: publish it
-        cp_async_wait<1>();
-        fence_proxy_async();
-        mbar_arrive(full0 + ((tile - 1) % kStages) * 8);
-      }
-    }
-    if (n_tiles > 0) {
-      cp_async_wait<0>();
-      fence_proxy_async();
-      mbar_arrive(full0 + ((n_tiles - 1) % kStages) * 8);
-    }
-    return;
-  }
-
-  // ---- consumers ----
-  setmaxnreg_inc<232>();
-  const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
-  const int g = lane / 4, t = lane % 4;
-  const int rl0 = cw * 64 + (warp % 4) * 16 + g;
-  const int64_t row0 = q0 + rl0, row1 = row0 + 8;
-  const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
-  const float qs0 = row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
-  const float qs1 = row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
-  const int64_t end0 = visible_end(p, row0), end1 = visible_end(p, row1);
-  const int64_t wg_end = visible_end(p, q0 + cw * 64);
-
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
-  // Turns: consumer 0 issues first; every q k^T issue is preceded by a wait for the turn and
-  // followed (once the logits are in registers) by handing the turn over. Consumer 1 hands it
-  // back only while consumer 0 has another tile, so every barrier is balanced at exit.
-  if (cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
-
-  const float* const sks0 = reinterpret_cast<const float*>(sbase + L::kS);
-  // D = 128 keeps tile_softmax_pv: with c in flight next to acc, o, the logits and P it needs
-  // more than 232 (or 240) registers and ptxas spills ~500 bytes.
-  if constexpr (FP8 && kWsDeferPv && D == 64) {
-    // tile_softmax_pv's fp8 schedule (same operations, same order), except that each tile's
-    // second-half P·V is left in flight and accumulated while the next tile's q k^T runs (its
-    // stage is released then). The loop is rotated so that this P·V and the next q k^T are
-    // issued in the same iteration and nothing is in flight across the back edge (otherwise
-    // ptxas cannot tell which group wait_group 1 left pending and serializes every wgmma).
-    int32_t acc[64];
-    float c[D / 2];
-    float rp0 = 0.f, rp1 = 0.f;
-    uint32_t pb[2][4];
-    // Tile `tile` up to (not including) its second-half P·V; with kPrev, first the previous
-    // tile's second-half P·V (issued just before) is waited for and accumulated.
-    auto front = [&](int tile, auto prev) {
-      constexpr bool kPrev = decltype(prev)::value;
-      const int st = tile % kStages;
-      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
-      const uint32_t sk = base + L::kK + st * L::kKTile;
-      const uint32_t sv = base + L::kV + st * L::kVTile;
-      named_bar_sync(1 + cw, 256);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 32; ++kk)
-        wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
-      wgmma_commit();
-      if constexpr (kPrev) {
-        wgmma_wait<1>();  // the older group: the previous tile's second-half P·V
-        fence_regs(c);
-        accumulate_tile<D>(o, c, rp0, rp1);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + ((tile - 1) % kStages) * 8);  // done with it
-      }
-      wgmma_wait<0>();
-      fence_regs(acc);
-      if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
-      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
-      float s[64];
-      tile_logits<kWsFastCvt>(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0,
-                              qs1, p.scale_log2, t, s);
-      float ra0, ra1;
-      uint32_t pa[2][4];
-      softmax_half<0>(s, m0, m1, l0, l1, ra0, ra1, pa);
-      wgmma_fence();
-#pragma unroll
-      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pa[kh], smem_desc(sv + kh * 32), kh);
-      wgmma_commit();
-      softmax_half<1>(s, m0, m1, l0, l1, rp0, rp1, pb);
-      wgmma_wait<0>();
-      fence_regs(c);
-      accumulate_tile<D>(o, c, ra0, ra1);
-    };
-    // The second-half P·V of tile `tile` (its V stage) into c.
-    auto back = [&](int tile) {
-      const uint32_t sv = base + L::kV + (tile % kStages) * L::kVTile;
-      wgmma_fence();
-#pragma unroll
-      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pb[kh], smem_desc(sv + (2 + kh) * 32), kh);
-      wgmma_commit();
-    };
-    if (n_tiles > 0) {
-      front(0, std::false_type{});
-      for (int tile = 1; tile < n_tiles; ++tile) {
-        back(tile - 1);
-        front(tile, std::true_type{});
-      }
-      back(n_tiles - 1);
-      wgmma_wait<0>();
-      fence_regs(c);
-      accumulate_tile<D>(o, c, rp0, rp1);  // the last stage is never reused: no release
-    }
-  } else if constexpr (FP8 && D == 128 && kWsOverlapQkFp8) {
-    // fp8 P·V at D = 128: tile j+1's q k^T runs on the tensor cores during tile j's second-half
-    // softmax (maximum update, P, row sums, e4m3 packing), then tile j's two P·V halves run as
-    // in tile_softmax_pv without overlap (o = o ra + C0, o = o rb + C1: the same operations in
-    // the same order; the second half's softmax touches neither o nor the first half's P).
-    // Peak: o, the next S, half the logits and P (~210 registers) instead of o, S, next S and
-    // the two-level buffer (> 240). Issued before the first half it spilled 44 B at 232.
-    int32_t acc[64];
-    auto issue_qk = [&](int tile) {  // wait for the stage and the turn, issue, hand the turn on
-      const int st = tile % kStages;
-      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
-      const uint32_t sk = base + L::kK + st * L::kKTile;
-      named_bar_sync(1 + cw, 256);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 32; ++kk)
-        wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
-      wgmma_commit();
-      if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
-    };
-    if (n_tiles > 0) {
-      issue_qk(0);
-      wgmma_wait<0>();
-      fence_regs(acc);
-    }
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      const int st = tile % kStages;
-      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
-      const uint32_t sv = base + L::kV + st * L::kVTile;
-      float ra0, ra1, rb0, rb1;
-      uint32_t pa[2][4], pb[2][4];
-      {
-        float s[64];
-        tile_logits<kWsFastCvt>(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0,
-                                qs1, p.scale_log2, t, s);
-        softmax_half<0>(s, m0, m1, l0, l1, ra0, ra1, pa);
-        // acc is free (its logits are in s) and half of s is packed into pa: issuing here
-        // rather than before the first half keeps the peak under 232 registers.
-        if (tile + 1 < n_tiles) issue_qk(tile + 1);
-        softmax_half<1>(s, m0, m1, l0, l1, rb0, rb1, pb);
-      }
-      wgmma_wait<0>();  // the next q k^T
-      fence_regs(acc);
-      float c[D / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pa[kh], smem_desc(sv + kh * 32), kh);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(c);
-      accumulate_tile<D>(o, c, ra0, ra1);
-      wgmma_fence();
-#pragma unroll
-      for (int kh = 0; kh < 2; ++kh) wgmma_pv<D>(c, pb[kh], smem_desc(sv + (2 + kh) * 32), kh);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(c);
-      accumulate_tile<D>(o, c, rb0, rb1);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
-    }
-  } else if constexpr (!FP8 && D <= kWsOverlapQkMaxD) {
-    // 16-bit P·V: tile j+1's q k^T runs on the tensor cores during tile j's first-half P·V and
-    // second-half softmax (its logits are taken out of acc and the first half packed to P
-    // first; the first P·V wait also covers it). Nothing is in flight across the loop back
-    // edge. Same per-tile arithmetic as pv16_tile.
-    int32_t acc[64];
-    auto issue_qk = [&](int tile) {  // wait for the stage and the turn, issue, hand the turn on
-      const int st = tile % kStages;
-      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
-      const uint32_t sk = base + L::kK + st * L::kKTile;
-      named_bar_sync(1 + cw, 256);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 32; ++kk)
-        wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
-      wgmma_commit();
-      if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
-    };
-    if (n_tiles > 0) {
-      issue_qk(0);
-      wgmma_wait<0>();
-      fence_regs(acc);
-    }
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      const int st = tile % kStages;
-      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
-      float s[64];
-      tile_logits<kWsFastCvt>(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end, end0, end1, qs0,
-                              qs1, p.scale_log2, t, s);
-      // The first half's softmax step, then (acc free, half the logits packed to P) the next
-      // q k^T, then the rest of pv16_tile's schedule.
-      // The second half's softmax step runs while the next q k^T and the first half's P·V
-      // are on the tensor cores; O is rescaled for the second half only after that P·V is
-      // waited for (the same order of operations on O as pv16_tile).
-      const uint32_t sv = base + L::kV + st * L::kVTile;
-      float ra0, ra1, rb0, rb1;
-      uint32_t pa[4][4], pb[4][4];
-      p16_half<0, T16>(s, m0, m1, l0, l1, ra0, ra1, pa);
-      if (tile + 1 < n_tiles) issue_qk(tile + 1);
-      pv16_issue<0, D, T16>(pa, ra0, ra1, sv, o);
-      p16_half<1, T16>(s, m0, m1, l0, l1, rb0, rb1, pb);
-      wgmma_wait<0>();
-      fence_regs(o);
-      pv16_half<1, D, T16>(pb, rb0, rb1, sv, o);
-      fence_regs(acc);  // the first wait_group 0 covered the next q k^T
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
-    }
-  } else {
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      const int st = tile % kStages;
-      mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
-      const uint32_t sk = base + L::kK + st * L::kKTile;
-      const uint32_t sv = base + L::kV + st * L::kVTile;
-      named_bar_sync(1 + cw, 256);
-      int32_t acc[64];
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 32; ++kk)
-        wgmma_s8_n128(acc, smem_desc(sq + kk * 32), smem_desc(sk + kk * 32), kk);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(acc);
-      if (cw == 0 || tile + 1 < n_tiles) named_bar_arrive(2 - cw, 256);
-      const int64_t kv0 = static_cast<int64_t>(tile) * kBN;
-      tile_softmax_pv<D, FP8, T16, kWsFastCvt>(acc, sks0 + st * kBN, kv0, kv0 + kBN > wg_end,
-                                               end0, end1, qs0, qs1, p.scale_log2, t, sv, o, m0,
-                                               m1, l0, l1);
-      // tile_softmax_pv waited for its last P·V: this warp is done with the stage.
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty0 + st * 8);
-    }
-  }
-  epilogue<D, FP8, T16>(p, b, h, hk, rl0, row0, row1, qs0, qs1, t, sbase + L::kQ, n_tiles > 0, o,
-                        m0, m1, l0, l1);
-#endif
-}
-
-template <int D, bool FP8, typename T16>
-void launch_ws(const AttnParams& p, int B, cudaStream_t stream) {
-  const char* op = "attention_int8 (wgmma_ws)";
-  auto kernel = attention_wgmma_ws_kernel<D, FP8, T16>;
-  constexpr int bytes = WsSmem<D, FP8>::kBytes;
-  static_assert(bytes <= 227 * 1024, "shared memory");
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
-             "shared memory");
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
-                  static_cast<unsigned>(B));
-  kernel<<<grid, kWsThreads, bytes, stream>>>(p);
-  check_launch(op);
 }
 
 // ---- round 3: fewer instructions per logit ----------------------------------------------------
@@ -1464,25 +1079,9 @@ __device__ __forceinline__ void pv_first(float (&d)[kN], const uint32_t (&a)[4],
     wgmma_e4m3_n136_first(d, a, desc);
 }
 
-// One 64-key half's P·V into a fresh c: 2 k-steps of 32 keys at V key positions
-// 64 kHalf .. 64 kHalf + 63 of the V tile at shared address sv.
-template <int D, bool kAccumulate = false>
-__device__ __forceinline__ void r3_pv_issue(float (&c)[D / 2], const uint32_t (&pa)[2][4],
-                                            uint32_t sv_half) {
-  wgmma_fence();
-  if constexpr (kAccumulate) {
-    wgmma_pv<D>(c, pa[0], smem_desc(sv_half), 1);
-  } else if constexpr (D == 128) {
-    wgmma_e4m3_n128_first(c, pa[0], smem_desc(sv_half));
-  } else {
-    wgmma_e4m3_n64_first(c, pa[0], smem_desc(sv_half));
-  }
-  wgmma_pv<D>(c, pa[1], smem_desc(sv_half + 32), 1);
-  wgmma_commit();
-}
-
-// r3_pv_issue with the V tile's descriptor dv (half kHalf at dv + 4 kHalf: +64 bytes); kN: the
-// accumulator's registers (D / 2, + 4 with the row sums).
+// One 64-key half's P·V into a fresh c: 2 k-steps of 32 keys from the V tile's descriptor dv
+// (half kHalf at dv + 4 kHalf: +64 bytes); kN: the accumulator's registers (D / 2, + 4 with the
+// row sums).
 template <int kN>
 __device__ __forceinline__ void r3_pv_issue_desc(float (&c)[kN], const uint32_t (&pa)[2][4],
                                                  uint64_t dv) {
@@ -1557,378 +1156,40 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
   }
 }
 
-// ---- round 4: the consumers' schedule, FA3-style (same arithmetic as round 3) -----------------
-//
-// Round 3 ran each tile as [q k^T wait] -> softmax -> [P·V wait] with only the first half's P·V
-// under the second half's P, so (ncu, run 5) its consumers waited on their own wgmmas and barriers
-// for ~40 % of the stall samples and issued on 41 % of the cycles. Round 4 keeps every value round
-// 3 computes (the same logits, 64-key half maxima, P rounding, row sums, folded halves and
-// two-level accumulation) and reorders the tile loop so that tile j's P·V runs under tile j+1's
-// softmax:
-//   prologue: q k^T(0), wait, softmax(0) (exps in place), pack P(0)
-//   tile j:   issue P·V_a(j) [fresh c] | issue q k^T(j+1) (its turn) | unfolded: wait P·V_a,
-//             O = O ra + c | issue P·V_b(j) onto c (folded: onto P·V_a) | wait q k^T(j+1) |
-//             softmax(j+1) while P·V(j) runs | wait P·V(j), O = O r + c, release stage j |
-//             pack P(j+1) (the A registers of P·V(j) are free only now).
-// Nothing is in flight across the loop back edge (static wait counts). Live through softmax(j+1):
-// O (D/2), c (D/2, in flight), the logits (64), P(j) (16, in flight). The fold vote runs right
-// after the maxima (the warps of a warpgroup are still in step there; round 3 voted after the
-// exponentials and waited ~5 % of its stall samples on the barrier result). The full barrier of
-// the stage after next is tested (non-blocking) right after each q k^T wait, so the blocking wait
-// before the next q k^T issue is skipped when the tile had already landed (run 5: 16 % of all
-// stall samples on that wait's branch although the producer was ~4 tiles ahead).
+// (Round 4, round 3's arithmetic with tile j's P·V under tile j+1's softmax (FA3-style), and
+// round 5, round 4 with one maximum per 128-key tile: 0.91-0.97x of round 3 + I2FP without
+// turns in runs 10-13, removed in session 8 with their biased-logit, q-k^T-first and two-tile
+// twins.)
 
-// exp2(s * qs - off) of half kHalf in place and the two row sums (r3_exp_half without packing).
-template <int kHalf>
-__device__ __forceinline__ void r4_exp_half(float (&s)[64], float qs0, float qs1, float off0,
-                                            float off1, float& sum0, float& sum1) {
-  constexpr int j0 = 8 * kHalf;
-  float a0[8], a1[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int j = j0 + i;
-    s[4 * j + 0] = fast_exp2(fmaf(s[4 * j + 0], qs0, -off0));
-    s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], qs0, -off0));
-    s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], qs1, -off1));
-    s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], qs1, -off1));
-    a0[i] = s[4 * j + 0] + s[4 * j + 1];
-    a1[i] = s[4 * j + 2] + s[4 * j + 3];
-  }
-#pragma unroll
-  for (int w = 4; w >= 1; w /= 2)
-#pragma unroll
-    for (int i = 0; i < w; ++i) {
-      a0[i] += a0[i + w];
-      a1[i] += a1[i + w];
-    }
-  sum0 = a0[0];
-  sum1 = a1[0];
-}
-
-// P of half kHalf (exps in s) as the e4m3 A fragments of its two 32-key k-steps.
-template <int kHalf>
-__device__ __forceinline__ void r4_pack_half(const float (&s)[64], uint32_t (&pa)[2][4]) {
-#pragma unroll
-  for (int kh = 0; kh < 2; ++kh) {
-    const int j = 8 * kHalf + 4 * kh;
-    pa[kh][0] = pack_e4m3x4(s[4 * j + 0], s[4 * j + 1], s[4 * j + 4], s[4 * j + 5]);
-    pa[kh][1] = pack_e4m3x4(s[4 * j + 2], s[4 * j + 3], s[4 * j + 6], s[4 * j + 7]);
-    pa[kh][2] = pack_e4m3x4(s[4 * j + 8], s[4 * j + 9], s[4 * j + 12], s[4 * j + 13]);
-    pa[kh][3] = pack_e4m3x4(s[4 * j + 10], s[4 * j + 11], s[4 * j + 14], s[4 * j + 15]);
-  }
-}
-
+// The logits' int32 -> float: I2FP (kI2fp) or exact_i2f (same value for |x| <= 2^22).
 template <bool kI2fp>
-__device__ __forceinline__ float r4_i2f(int32_t x) {
+__device__ __forceinline__ float logit_i2f(int32_t x) {
   if constexpr (kI2fp)
     return static_cast<float>(x);
   else
     return exact_i2f(x);
 }
 
-// The round-4 consumer warpgroup wg (1 or 2) of the round-3 kernel's CTA: rows 64 (wg - 1) ..
-// of the CTA's 128 from q0, n_tiles key tiles of the ring at `base` (layout R3Smem<D>).
-// kFused (with kKcHalf, without I2FP): the logits stay biased, s' = 1.5 2^23 + acc (one integer
-// add: exact_i2f without its subtraction); the maxima subtract the bias exactly before scaling
-// (same values as round 3) and the exponent is one FFMA x = s' q - (1.5 2^23 q + off), whose
-// constant is rounded once per row and half: |error| <= ulp(1.5 2^23 q) / 2 in the exponent
-// (~1e-4 for typical q), not bit-equal to round 3; saves one FADD per logit.
-// kTileMax (round 5): one maximum per 128-key tile instead of per 64-key half (see the round-5
-// notes below): both halves' P use the tile's maximum, the accumulator is rescaled once per tile,
-// both halves' P·V always accumulate into one fresh buffer (no fold vote, no unfolded path).
-// kQkFirst (with kTileMax): tile j+1's q k^T is issued before tile j's P·V (all four k-steps in
-// one group), so the softmax of tile j+1 waits for the q k^T only, not for P·V_a(j) ahead of it.
-// kNoTurn: no ping-pong turns (named barriers 1/2): each consumer issues its q k^T as soon as the
-// stage has landed, so the two warpgroups' softmaxes may overlap (two warps per scheduler to
-// interleave) instead of alternating; same bits.
-// kFold2 (with kTileMax): the fresh P·V buffer spans two tiles when no row of the warpgroup
-// moved its maximum in the second (warpgroup vote after its softmax): O += C once per two such
-// tiles (at D = 128 one FADD per score less on those tiles).
-template <int D, typename T16, bool kKcHalf, bool kI2fp, bool kFused = false, bool kTileMax = false,
-          bool kQkFirst = false, bool kNoTurn = false, bool kFold2 = false>
-__device__ __forceinline__ void r4_consumer(const AttnParams& p, int b, int h, int hk, int64_t q0,
-                                            int n_tiles, uint32_t base, const uint8_t* sbase,
-                                            uint32_t full0, uint32_t empty0, const float* skc,
-                                            int warp, int lane, int wg) {
-  using L = R3Smem<D>;
-  const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
-  const int g = lane / 4, t = lane % 4;
-  float qm0, qm1;  // as round 3: a zero q scale becomes the smallest normal float
-  int end0, end1;
-  {
-    const int64_t row0 = q0 + cw * 64 + (warp % 4) * 16 + g, row1 = row0 + 8;
-    end0 = static_cast<int>(visible_end(p, row0));
-    end1 = static_cast<int>(visible_end(p, row1));
-    const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
-    const float qs0 =
-        row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
-    const float qs1 =
-        row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
-    qm0 = fmaxf(qs0, 1.17549435e-38f);
-    qm1 = fmaxf(qs1, 1.17549435e-38f);
-  }
-  const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
-
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  const uint32_t sq = base + L::kQ + cw * 64 * kRowBytes;
-  if (!kNoTurn && cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
-
-  // Shared-memory descriptors: desc(a + off) = desc(a) + off / 16 for 16-byte multiples while
-  // a + off < 2^18 (the 14-bit address field; shared addresses are < 228 KB), so the loop adds
-  // instead of rebuilding each descriptor (round 3: ~40 uniform-datapath instructions per tile).
-  const uint64_t dq0 = smem_desc(sq);
-  const uint64_t dk0 = smem_desc(base + L::kK);
-  const uint64_t dv0 = smem_desc(base + L::kV);
-  int32_t acc[64];
-  bool landed = false;  // the stage of the next q k^T to issue was already seen full
-  // Wait for the stage (unless seen full) and the turn, issue tile `tile`'s q k^T into acc, hand
-  // the turn over (round 3's protocol: consumer 0 and 1 alternate on named barriers 1 and 2).
-  auto issue_qk = [&](int tile) {
-    const int st = tile % kR3Stages;
-    if (!landed) mbar_wait_bounded(full0 + st * 8, (tile / kR3Stages) & 1);
-    const uint64_t dk = dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
-    if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
-    wgmma_fence();
-    wgmma_s8_n128_first(acc, dq0, dk);
-#pragma unroll
-    for (int kk = 1; kk < D / 32; ++kk) wgmma_s8_n128(acc, dq0 + 2 * kk, dk + 2 * kk, 1);
-    wgmma_commit();
-    if (!kNoTurn && (cw == 0 || tile + 1 < n_tiles)) named_bar_arrive(2 - cw, 256);
-  };
-
-  float s[64];
-  uint32_t pa[2][4], pb[2][4];
-  float ra0 = 0.f, ra1 = 0.f, rb0 = 0.f, rb1 = 0.f;
-  bool fold = false;
-  // Tile `tile`'s q k^T (in acc, waited for) -> round 3's logits, maxima, rescale factors and
-  // fold vote; the exponentials in place in s and the row sums into l.
-  auto softmax = [&](int tile) {
-    const int st = tile % kR3Stages;
-    const int kv0 = tile * kBN;
-    if (tile + 1 < n_tiles) {  // has the stage of the next q k^T landed already?
-      const int nt = tile + 1;
-      landed = mbar_test(full0 + (nt % kR3Stages) * 8, (nt / kR3Stages) & 1);
-    }
-    float qa0 = qm0, qa1 = qm1, qb0 = qm0, qb1 = qm1;
-    if constexpr (kKcHalf) {
-      const float kca = skc[st * kBN + 2 * t], kcb = skc[st * kBN + 64 + 2 * t];
-      qa0 = fmaxf(kca * qm0, 1.17549435e-38f);
-      qa1 = fmaxf(kca * qm1, 1.17549435e-38f);
-      qb0 = fmaxf(kcb * qm0, 1.17549435e-38f);
-      qb1 = fmaxf(kcb * qm1, 1.17549435e-38f);
-#pragma unroll
-      for (int i = 0; i < 64; ++i)
-        s[i] = kFused ? __int_as_float(acc[i] + 0x4B400000) : r4_i2f<kI2fp>(acc[i]);
-    } else {
-      const float* kc = skc + st * kBN + 2 * t;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float2 k2 = *reinterpret_cast<const float2*>(kc + 8 * j);
-        s[4 * j + 0] = r4_i2f<kI2fp>(acc[4 * j + 0]) * k2.x;
-        s[4 * j + 1] = r4_i2f<kI2fp>(acc[4 * j + 1]) * k2.y;
-        s[4 * j + 2] = r4_i2f<kI2fp>(acc[4 * j + 2]) * k2.x;
-        s[4 * j + 3] = r4_i2f<kI2fp>(acc[4 * j + 3]) * k2.y;
-      }
-    }
-    if (kv0 + kBN > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
-      const int lim0 = end0 - kv0 - 2 * t;
-      const int lim1 = end1 - kv0 - 2 * t;
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (8 * j + e >= lim0) s[4 * j + e] = -INFINITY;
-          if (8 * j + e >= lim1) s[4 * j + 2 + e] = -INFINITY;
-        }
-    }
-    constexpr bool kBias = kFused && kKcHalf && !kI2fp;
-    constexpr float kB = kBias ? 12582912.f : 0.f;  // the bias of s' (exact to subtract)
-    float mxa0 = (r3_max16<0, 0>(s) - kB) * qa0, mxa1 = (r3_max16<0, 2>(s) - kB) * qa1;
-    float mxb0 = (r3_max16<8, 0>(s) - kB) * qb0, mxb1 = (r3_max16<8, 2>(s) - kB) * qb1;
-    if constexpr (kTileMax) {
-      // One maximum per tile (both halves, then the quad: two shuffle chains, not four); the
-      // rescale factor of O and l is ra, rb = 1, the halves always folded.
-      float mx0 = fmaxf(mxa0, mxb0), mx1 = fmaxf(mxa1, mxb1);
-#pragma unroll
-      for (int x = 1; x <= 2; x *= 2) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-      }
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      ra0 = m0 == mn0 ? 1.f : fast_exp2(m0 - mn0);  // m0 = -inf < mn0: exp2(-inf) = 0
-      ra1 = m1 == mn1 ? 1.f : fast_exp2(m1 - mn1);
-      rb0 = 1.f;
-      rb1 = 1.f;
-      m0 = mn0;
-      m1 = mn1;
-      const float off0 = mn0 == -INFINITY ? 0.f : mn0 - kLog2_448;
-      const float off1 = mn1 == -INFINITY ? 0.f : mn1 - kLog2_448;
-      float suma0, suma1, sumb0, sumb1;
-      r4_exp_half<0>(s, qa0, qa1, off0, off1, suma0, suma1);
-      r4_exp_half<1>(s, qb0, qb1, off0, off1, sumb0, sumb1);
-      l0 = l0 * ra0 + (suma0 + sumb0);
-      l1 = l1 * ra1 + (suma1 + sumb1);
-    } else {
-#pragma unroll
-      for (int x = 1; x <= 2; x *= 2) {
-        mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
-        mxa1 = fmaxf(mxa1, __shfl_xor_sync(0xffffffffu, mxa1, x));
-        mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
-        mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
-      }
-      const float ma0 = fmaxf(m0, mxa0), ma1 = fmaxf(m1, mxa1);
-      const float mb0 = fmaxf(ma0, mxb0), mb1 = fmaxf(ma1, mxb1);
-      if (__all_sync(0xffffffffu, m0 == ma0 && m1 == ma1 && ma0 == mb0 && ma1 == mb1)) {
-        ra0 = m0 == -INFINITY ? 0.f : 1.f;
-        ra1 = m1 == -INFINITY ? 0.f : 1.f;
-        rb0 = ma0 == -INFINITY ? 0.f : 1.f;
-        rb1 = ma1 == -INFINITY ? 0.f : 1.f;
-      } else {
-        ra0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - ma0);
-        ra1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - ma1);
-        rb0 = ma0 == -INFINITY ? 0.f : fast_exp2(ma0 - mb0);
-        rb1 = ma1 == -INFINITY ? 0.f : fast_exp2(ma1 - mb1);
-      }
-      m0 = mb0;
-      m1 = mb1;
-      fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
-      float suma0, suma1, sumb0, sumb1;
-      // (kBias: the exponent's constant takes the bias times the row scale)
-      r4_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
-                     fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1);
-      r4_exp_half<1>(s, qb0, qb1, fmaf(kB, qb0, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448),
-                     fmaf(kB, qb1, mb1 == -INFINITY ? 0.f : mb1 - kLog2_448), sumb0, sumb1);
-      l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
-      l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
-    }
-  };
-
-  float c[D / 2];
-  if (n_tiles > 0) {
-    issue_qk(0);
-    wgmma_wait<0>();
-    fence_regs(acc);
-    softmax(0);
-    r4_pack_half<0>(s, pa);
-    r4_pack_half<1>(s, pb);
-  }
-  bool keep = false;  // kFold2: c holds the previous tile's P·V, this tile's goes onto it
-  // Tile `tile`'s P·V (its P in pa/pb, factors ra/rb/fold); kMore: the next tile's q k^T and
-  // softmax run here too. The last tile is a separate instantiation (static wait counts).
-  auto step = [&](int tile, auto more_c) {
-    constexpr bool kMore = decltype(more_c)::value;
-    const int st = tile % kR3Stages;
-    const uint64_t dv = dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
-    const bool onto = kFold2 && keep;  // warpgroup-uniform
-    // kQkFirst: the next q k^T ahead of this tile's whole P·V (one group after it).
-    if constexpr (kQkFirst && kMore) issue_qk(tile + 1);
-    wgmma_fence();  // the first half's P·V into a fresh c (kFold2: onto c when `onto`)
-    if constexpr (kFold2)
-      wgmma_pv<D>(c, pa[0], dv, onto ? 1 : 0);
-    else if constexpr (D == 128)
-      wgmma_e4m3_n128_first(c, pa[0], dv);
-    else
-      wgmma_e4m3_n64_first(c, pa[0], dv);
-    wgmma_pv<D>(c, pa[1], dv + 2, 1);
-    if constexpr (kQkFirst) {
-      wgmma_pv<D>(c, pb[0], dv + 4, 1);
-      wgmma_pv<D>(c, pb[1], dv + 6, 1);
-    }
-    wgmma_commit();
-    if constexpr (kMore && !kQkFirst) issue_qk(tile + 1);
-    const bool f = kTileMax || fold;
-    float r0 = ra0, r1 = ra1;
-    if (!kTileMax && !f) {  // a row of the warpgroup raised its maximum in the second half
-      // O = O ra + Ca first.
-      // The first half's P·V and the next q k^T (rare: waiting for the P·V alone, wait_group 1
-      // inside this branch, made ptxas serialize every wgmma of the kernel: C7514).
-      wgmma_wait<0>();
-      fence_regs(c);
-      accumulate_tile<D>(o, c, ra0, ra1);
-      r0 = rb0;
-      r1 = rb1;
-    }
-    if constexpr (!kQkFirst) {
-      wgmma_fence();  // the second half's P·V (onto the first's when folded)
-      wgmma_pv<D>(c, pb[0], dv + 4, f);
-      wgmma_pv<D>(c, pb[1], dv + 6, 1);
-      wgmma_commit();
-    }
-    // O r now and O + C after the wait (not one FFMA then: the factors would stay live through
-    // the softmax); skipped when no row of the warp rescales (r = 1, the common case).
-    if (!__all_sync(0xffffffffu, r0 == 1.f && r1 == 1.f)) {
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        o[4 * n + 0] *= r0;
-        o[4 * n + 1] *= r0;
-        o[4 * n + 2] *= r1;
-        o[4 * n + 3] *= r1;
-      }
-    }
-    if constexpr (kMore) {
-      // the next q k^T (and the first half's P·V); P·V_b (kQkFirst: the whole P·V) in flight
-      wgmma_wait<1>();
-      fence_regs(acc);
-      softmax(tile + 1);  // overwrites ra/rb/fold/m/l
-      // kFold2: tile + 1 continues c when c holds one tile and no row's maximum moved
-      if constexpr (kFold2) keep = !onto && wg_all(ra0 == 1.f && ra1 == 1.f, 3 + cw);
-    } else if constexpr (kFold2) {
-      keep = false;
-    }
-    wgmma_wait<0>();
-    fence_regs(c);
-    if (!kFold2 || !keep) {
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] += c[i];
-    }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + st * 8);  // q k^T and P·V of this stage are done
-    if constexpr (kMore) {
-      r4_pack_half<0>(s, pa);
-      r4_pack_half<1>(s, pb);
-    }
-  };
-  for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
-  if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
-  // The rows again (not kept live through the loop).
-  const int rl0 = cw * 64 + (warp % 4) * 16 + g;
-  const int64_t row0 = q0 + rl0, row1 = row0 + 8;
-  epilogue<D, true, T16>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o,
-                         m0, m1, l0, l1);
-}
-
 // Threads of a round-3 kernel CTA: a producer warpgroup and two consumers (three with kVar bit 7).
-constexpr int r3_threads(int var) { return (var & 128) != 0 ? 512 : kWsThreads; }
+constexpr int r3_threads(int var) { return (var & 128) != 0 ? 512 : kR3Threads; }
 
 template <int D, typename T16, bool kKcHalf, bool kTma, int kVar = 0>
 __global__ void __launch_bounds__(r3_threads(kVar), 1)
     attention_wgmma_r3_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  // kVar: bit 0 the round-4 consumer schedule, bit 1 I2FP for the logits' int32 -> float.
-  // bit 2: round 4 with the biased logits (r4_consumer's kFused).
-  constexpr bool kR4 = (kVar & 1) != 0, kI2fp = kR3I2fp || (kVar & 2) != 0;
-  constexpr bool kFused = (kVar & 4) != 0;
-  // bit 3: round 5 = round 4 with one maximum per 128-key tile (r4_consumer's kTileMax).
-  constexpr bool kTileMax = (kVar & 8) != 0;
-  static_assert(!kTileMax || (kR4 && !kFused), "round 5 is round 4 without biased logits");
-  // bit 4: round 5 with the next q k^T issued ahead of the P·V (r4_consumer's kQkFirst).
-  constexpr bool kQkFirst = (kVar & 16) != 0;
-  static_assert(!kQkFirst || kTileMax, "q k^T first needs round 5's unconditional fold");
-  // bit 5: no ping-pong turns (r4_consumer's kNoTurn; round 3's consumer the same way).
+  // kVar: bit 1 I2FP for the logits' int32 -> float. (Bits 0, 2, 3, 4, 6: rounds 4 and 5 and
+  // the biased logits, removed.)
+  constexpr bool kI2fp = kR3I2fp || (kVar & 2) != 0;
+  // bit 5: no ping-pong turns between the two consumers (each issues its q k^T once the stage
+  // has landed).
   constexpr bool kNoTurn = (kVar & 32) != 0;
-  // bit 6: round 5 with the P·V buffer over two tiles when no maximum moved (kFold2).
-  constexpr bool kFold2 = (kVar & 64) != 0;
-  static_assert(!kFold2 || kTileMax, "fold2 is a round-5 variant");
   // bit 7: three consumer warpgroups (192 query rows per CTA; D = 64, round 3 without turns):
   // one more warp per scheduler to hide the softmax's latencies, K/V tiles shared by 192 rows.
   constexpr bool kC3 = (kVar & 128) != 0;
   // The TMA producer at 24 registers, consumers at 160 (D = 128: the P·V in two 64-channel
   // halves, see kSplitPv; D = 64: Q and K in 64-byte rows, 64-byte swizzle). (The cp.async
   // producer at 40 / 152 for D = 64: 0.98x of the TMA one in runs 16 and 17, removed.)
-  static_assert(!kC3 || (!kR4 && kNoTurn && kTma), "3 consumers: round 3, TMA");
+  static_assert(!kC3 || (kNoTurn && kTma), "3 consumers: round 3 without turns, TMA");
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   constexpr bool kSplitPv = kC3 && D == 128;  // the P·V in two 64-channel halves
@@ -1940,34 +1201,28 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr int kQKRow = kTma ? D : kRowBytes;
   // (bit 11, three consumers without a producer warpgroup, refilling the ring themselves:
   // 0.72-0.76x at both head dims in runs 16 and 17, removed)
-  // Register diet (kSplitPv with a producer): the rows' visible ends recomputed where needed and
-  // the K / V descriptors derived from Q's, instead of kept live through the loop. (ptxas, D =
-  // 128 three consumers: 4 B spilled with it at 160 registers)
   // bit 12: P's row sums on the tensor cores (see pv_acc): each stage's V tile gets 8 rows of
   // e4m3 ones after its D channels, the P·V is m64n(D + 8), and l is updated like O from the
   // accumulator's column D (l = l r + C[:, D]) instead of summing the exponentials (60 FADD per
   // thread and tile). Those are the sums of the e4m3-rounded P (the oracle sums the unrounded
   // ones): not bit-equal to the default, and the LSE would be off by ~1e-2, so launch_r3 takes it
-  // only without an LSE output. Round 3's unsplit consumer, per-half kc.
+  // only without an LSE output. Per-half kc.
   constexpr bool kSumPv = (kVar & 4096) != 0;
-  static_assert(!kSumPv || (!kR4 && kKcHalf), "row sums: round 3, per-half kc");
+  static_assert(!kSumPv || kKcHalf, "row sums: per-half kc");
   constexpr int kCN = kSumPv ? D / 2 + 4 : D / 2;  // P·V accumulator registers
+  // Register diet (kSplitPv with a producer): the rows' visible ends recomputed where needed and
+  // the K / V descriptors derived from Q's, instead of kept live through the loop. (ptxas, D =
+  // 128 three consumers: 4 B spilled with it at 160 registers)
   constexpr bool kDiet = kSplitPv;
-  // Round 3's consumer with the biased logits (see r4_consumer's kFused): per-half kc only.
-  constexpr bool kBias = kFused && kKcHalf && !kI2fp;
-  constexpr float kB = kBias ? 12582912.f : 0.f;
-  // Register split (setmaxnreg): 40 / 232 as rounds 2 and 3; round 4 at D = 128 keeps O, the P·V
-  // buffer, the logits and P(j) live together and needs 240 (the producer then gets 24: TMA only,
-  // with 32-bit scale indexing; launch_r3 runs round 3 where D = 128 has no TMA).
-  // Three consumers: 24 / 160 (the launch's 128 x 512 registers).
-  // The D = 128 row-sum kernel (kSumPv, TMA): 24 / 240 as round 4 (8 B spilled at 232).
-  constexpr bool k240 = (kR4 || kSumPv) && D == 128;
+  // Register split (setmaxnreg): 40 / 232; three consumers 24 / 160 (the launch's 128 x 512
+  // registers); the D = 128 row-sum kernel (kSumPv, TMA only) 24 / 240 (8 B spilled at 232).
+  constexpr bool k240 = kSumPv && D == 128;
+  static_assert(!k240 || kTma, "240 registers: the TMA producer (24)");
   constexpr int kProdRegs = kC3 || k240 ? 24 : 40;
   constexpr int kConsRegs = kC3 ? 160 : k240 ? 240 : 232;
   static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
                              (kC3 ? 128 : 168) * r3_threads(kVar),
                 "register split");
-  static_assert(!(kR4 && D == 128 && !kTma), "round 4 at D = 128 needs the TMA producer");
   using L = R3Smem<D, kRows, kSumPv>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -2134,11 +1389,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 
   // ---- consumers ----
   setmaxnreg_inc<kConsRegs>();
-  if constexpr (kR4) {
-    r4_consumer<D, T16, kKcHalf, kI2fp, kFused, kTileMax, kQkFirst, kNoTurn, kFold2>(
-        p, b, h, hk, q0, n_tiles, base, sbase, full0, empty0, skc, warp, lane, wg);
-    return;
-  }
   const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
@@ -2170,7 +1420,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   const uint32_t sq = base + L::kQ + cw * 64 * kQKRow;
   if (!kNoTurn && cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
-  // Descriptors by addition (see r4_consumer): desc(a + off) = desc(a) + off / 16.
+  // Shared-memory descriptors by addition: desc(a + off) = desc(a) + off / 16 for 16-byte
+  // multiples while a + off < 2^18 (the 14-bit address field; shared addresses are < 228 KB).
   // (Q and K in 64-byte rows: the 64-byte swizzle's descriptors)
   auto qk_desc = [](uint32_t a) { return kQKRow == 64 ? smem_desc_sw64(a) : smem_desc(a); };
   const uint64_t dq0 = qk_desc(sq);
@@ -2244,16 +1495,16 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       qb1 = fmaxf(kcb * qm1, 1.17549435e-38f);
 #pragma unroll
       for (int i = 0; i < 64; ++i)
-        s[i] = kBias ? __int_as_float(acc[i] + 0x4B400000) : r4_i2f<kI2fp>(acc[i]);
+        s[i] = logit_i2f<kI2fp>(acc[i]);
     } else {
       const float* kc = skc + st * kBN + 2 * t;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const float2 k2 = *reinterpret_cast<const float2*>(kc + 8 * j);
-        s[4 * j + 0] = r4_i2f<kI2fp>(acc[4 * j + 0]) * k2.x;
-        s[4 * j + 1] = r4_i2f<kI2fp>(acc[4 * j + 1]) * k2.y;
-        s[4 * j + 2] = r4_i2f<kI2fp>(acc[4 * j + 2]) * k2.x;
-        s[4 * j + 3] = r4_i2f<kI2fp>(acc[4 * j + 3]) * k2.y;
+        s[4 * j + 0] = logit_i2f<kI2fp>(acc[4 * j + 0]) * k2.x;
+        s[4 * j + 1] = logit_i2f<kI2fp>(acc[4 * j + 1]) * k2.y;
+        s[4 * j + 2] = logit_i2f<kI2fp>(acc[4 * j + 2]) * k2.x;
+        s[4 * j + 3] = logit_i2f<kI2fp>(acc[4 * j + 3]) * k2.y;
       }
     }
     if constexpr (kEarly) issue_qk(tile + 1);  // acc is free: runs under the whole softmax
@@ -2291,9 +1542,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     // over the row's quad. The scale is applied before the shuffles: the quad's threads may
     // scale differently (THREAD_K: kc per group t; a thread whose columns are all past Nkv reads
     // kc = 0), so only logits are comparable across them.
-    // (kBias: the biased logits' maxima less the bias, exact: round 3's values)
-    float mxa0 = (r3_max16<0, 0>(s) - kB) * qa0, mxa1 = (r3_max16<0, 2>(s) - kB) * qa1;
-    float mxb0 = (r3_max16<8, 0>(s) - kB) * qb0, mxb1 = (r3_max16<8, 2>(s) - kB) * qb1;
+    float mxa0 = r3_max16<0, 0>(s) * qa0, mxa1 = r3_max16<0, 2>(s) * qa1;
+    float mxb0 = r3_max16<8, 0>(s) * qb0, mxb1 = r3_max16<8, 2>(s) * qb1;
 #pragma unroll
     for (int x = 1; x <= 2; x *= 2) {
       mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
@@ -2383,11 +1633,11 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       }
       return;
     }
-    r3_exp_half<0>(s, qa0, qa1, fmaf(kB, qa0, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448),
-                   fmaf(kB, qa1, ma1 == -INFINITY ? 0.f : ma1 - kLog2_448), suma0, suma1, pa);
+    r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
+                   ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
     r3_pv_issue_desc(c, pa, dv);  // the first half's P·V runs under the second half's P
-    r3_exp_half<1>(s, qb0, qb1, fmaf(kB, qb0, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448),
-                   fmaf(kB, qb1, mb1 == -INFINITY ? 0.f : mb1 - kLog2_448), sumb0, sumb1, pb);
+    r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
+                   mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
     if constexpr (!kSumPv) {  // (kSumPv: the sums are unused, their FADDs dead code)
       l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
       l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
@@ -2490,8 +1740,9 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// var: bit 0 the round-4 consumer schedule, bit 1 I2FP logits (instantiated for bf16 output with
-// per-half kc only, and at D = 128 with the TMA producer only; dropped elsewhere: same bits).
+// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups,
+// | 4096 the row sums on the tensor cores (see the kernel's kVar); each falls back to the next
+// simpler one (same bits) where its instantiation or producer does not apply.
 template <int D, typename T16>
 void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma round 3)";
@@ -2554,53 +1805,21 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   }
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
-  if (var == 162 && D == 64 && !tma) var = 34;  // no maps (or no 3-consumer kernel): 2 consumers
-  if (D == 128 && !tma) var = 0;  // round 4 (5) at D = 128 needs the TMA producer: round 3
-  // (var 162, round 3 + I2FP without turns on three consumer warpgroups: D = 64 only, else 34;
-  // bf16 output and per-half kc, else round 3 below)
-  // (D = 128 needs the TMA producer: without it var 0 above; and kR3C3At128)
-  if (var == 162 && D == 128 && !c3_128) var = 34;
-  // (vars 43 and 75, round 5 without turns / with the two-tile buffer: bf16 output and per-half
-  // kc only, else round 5)
-  if ((var == 43 || var == 75) && !(std::is_same<T16, __nv_bfloat16>::value && kc_half)) var = 11;
-  // (vars 11 and 27, round 5 and its q-k^T-first twin, have instantiations for both output
-  // types and kc layouts)
-  if (var != 11 && var != 27 &&
-      !(std::is_same<T16, __nv_bfloat16>::value && kc_half && (D == 64 || tma)))
-    var &= 1;
-  // (var 4: round 3 with the biased logits; 5: round 4 with them; 34 / 35: round 3 / 4 + I2FP
-  // without the ping-pong turns)
+  // var 162 (three consumers): D = 64 with its maps, D = 128 with c3_128 and its maps, else 34;
+  // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
+  // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
+  if (var == 162 && !(tma && (D == 64 || c3_128))) var = 34;
+  if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
-    constexpr bool kI2fpInst = std::is_same<T16, __nv_bfloat16>::value && (D == 64 || kT);
     using K = void (*)(const AttnParams, const R3Maps);
     K k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 0>
                   : attention_wgmma_r3_kernel<D, T16, false, kT, 0>;
-    if constexpr (D == 64 || kT) {
-      if (var == 1)
-        k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 1>
-                    : attention_wgmma_r3_kernel<D, T16, false, kT, 1>;
-      if (var == 11)
-        k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 11>
-                    : attention_wgmma_r3_kernel<D, T16, false, kT, 11>;
-      if (var == 27)
-        k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 27>
-                    : attention_wgmma_r3_kernel<D, T16, false, kT, 27>;
-    }
-    if constexpr (kI2fpInst && D == 128 && kT) {
-      if constexpr (kR3C3At128) {
-        if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
-      }
-    }
-    if constexpr (kI2fpInst) {
-      if (var == 43) k = attention_wgmma_r3_kernel<D, T16, true, kT, 43>;
-      if (var == 75) k = attention_wgmma_r3_kernel<D, T16, true, kT, 75>;
+    if constexpr (kBf16 && (D == 64 || kT)) {
       if (var == 34) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34>;
-      if (var == 35) k = attention_wgmma_r3_kernel<D, T16, true, kT, 35>;
-      if (var == 2) k = attention_wgmma_r3_kernel<D, T16, true, kT, 2>;
-      if (var == 3) k = attention_wgmma_r3_kernel<D, T16, true, kT, 3>;
-      if (var == 5) k = attention_wgmma_r3_kernel<D, T16, true, kT, 5>;
-      if (var == 4) k = attention_wgmma_r3_kernel<D, T16, true, kT, 4>;
+    }
+    if constexpr (kBf16 && D == 128 && kT && kR3C3At128) {
+      if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
     }
     return k;
   };
@@ -2608,7 +1827,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                     : pick(std::false_type{});
   bool sum = false;  // the kernel is a kSumPv one (the V tiles have the ones rows)
   if constexpr (D == 64 && kBf16) {  // three consumers, the TMA producer (var 162)
-    if (tma) {
+    if (var == 162) {
       sum = want_sum;
       kernel = sum ? attention_wgmma_r3_kernel<D, T16, true, true, 162 | 4096>
                    : attention_wgmma_r3_kernel<D, T16, true, true, 162>;
@@ -2635,7 +1854,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
              "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, rows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
-  kernel<<<grid, c3 ? r3_threads(162) : kWsThreads, bytes, stream>>>(p, maps);
+  kernel<<<grid, c3 ? r3_threads(162) : kR3Threads, bytes, stream>>>(p, maps);
   check_launch(op);
 }
 
@@ -2670,31 +1889,16 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
   auto by_type = [&](auto dc, auto fc) {
     constexpr int Dv = decltype(dc)::value;
     constexpr bool F = decltype(fc)::value;
-    if (which >= WgmmaKernel::round3 && F) {
-      const int var =
-          which == WgmmaKernel::round5         ? 11
-          : which == WgmmaKernel::round5_qk_first ? 27
-          : which == WgmmaKernel::round5_no_turn  ? 43
-          : which == WgmmaKernel::round5_fold2    ? 75
-          : which == WgmmaKernel::round3_i2fp_no_turn ? 34
-          : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
-          : which == WgmmaKernel::auto_sum_pv ? (Dv == 64 ? 162 : 34) | 4096
-          : which == WgmmaKernel::auto_sum_pv_c3 ? 162 | 4096
-          : which == WgmmaKernel::round4_i2fp_no_turn ? 35
-          : which == WgmmaKernel::round4_fused ? 5
-          : which == WgmmaKernel::round3_fused ? 4
-              : (which == WgmmaKernel::round4 || which == WgmmaKernel::round4_i2fp ? 1 : 0) |
-                    (which == WgmmaKernel::round3_i2fp || which == WgmmaKernel::round4_i2fp ? 2
-                                                                                            : 0);
+    if (which != WgmmaKernel::round1 && F) {  // (16-bit P·V: round 1 for every choice)
+      const int var = which == WgmmaKernel::round3_i2fp_no_turn      ? 34
+                      : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
+                      : which == WgmmaKernel::auto_sum_pv    ? (Dv == 64 ? 162 : 34) | 4096
+                      : which == WgmmaKernel::auto_sum_pv_c3 ? 162 | 4096
+                                                             : 0;
       if (out_dtype == DType::bf16)
         launch_r3<Dv, __nv_bfloat16>(p, B, var, stream);
       else
         launch_r3<Dv, __half>(p, B, var, stream);
-    } else if (which != WgmmaKernel::round1) {
-      if (out_dtype == DType::bf16)
-        launch_ws<Dv, F, __nv_bfloat16>(p, B, stream);
-      else
-        launch_ws<Dv, F, __half>(p, B, stream);
     } else if (out_dtype == DType::bf16) {
       launch<Dv, F, __nv_bfloat16>(p, B, stream);
     } else {

@@ -136,7 +136,7 @@ def test_kernel_choice():
     k = RNG.standard_normal((b, n, h, d)).astype(np.float32)
     v = RNG.standard_normal((b, n, h, d)).astype(np.float32)
     outs = []
-    for kernel in ["auto", "mma_sync", "wgmma", "wgmma_ws"]:
+    for kernel in ["auto", "mma_sync", "wgmma", "wgmma_r3"]:
         out = np.zeros_like(q)
         lowbit.attention(q, k, v, out, kernel=kernel)
         outs.append(out)
@@ -145,7 +145,7 @@ def test_kernel_choice():
     out = np.full_like(q, 7.0)
     with pytest.raises(lowbit.Error, match="kernel") as e:
         lowbit.attention(q, k, v, out, kernel="flash")
-    assert "wgmma_ws" in str(e.value)
+    assert "wgmma_r3" in str(e.value)
     assert (out == 7.0).all()
 
 

@@ -396,8 +396,7 @@ TEST(Attention, ArgumentErrorsNameTheArgumentAndWriteNothing) {
     HostTensor ref(DType::bf16, {1, N, 4, D});
     attention_int8(qr, kr, v.view(), nullptr, nullptr, nullptr, ref.view(), nullptr, opt, ctx);
     for (auto kc : {AttentionOptions::mma_sync, AttentionOptions::wgmma,
-                    AttentionOptions::wgmma_ws, AttentionOptions::wgmma_r3,
-                    AttentionOptions::wgmma_r4, AttentionOptions::wgmma_r5}) {
+                    AttentionOptions::wgmma_r3}) {
       AttentionOptions o = opt;
       o.kernel = kc;
       HostTensor got(DType::bf16, {1, N, 4, D});
