@@ -232,6 +232,13 @@ class AttentionBench : public BenchCase {
           detail::AttentionCudaTuning sum;
           sum.sum_pv = true;
           variant(AttentionOptions::auto_kernel, sum, "auto + row sums on the tensor cores");
+          // The row maxima's quad reduction on each row's tile maximum first, the halves' only
+          // when a row moved (knob quick_max; same bits), without and with the row sums.
+          detail::AttentionCudaTuning qmax;
+          qmax.quick_max = true;
+          variant(AttentionOptions::auto_kernel, qmax, "auto + quick row maxima");
+          qmax.sum_pv = true;
+          variant(AttentionOptions::auto_kernel, qmax, "auto + row sums + quick row maxima");
         }
         const double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)
 

@@ -688,7 +688,9 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     const attn::WgmmaKernel which =
         options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
         : tune.sum_pv && tune.cons3               ? attn::WgmmaKernel::auto_sum_pv_c3
+        : tune.sum_pv && tune.quick_max           ? attn::WgmmaKernel::auto_sum_pv_quick_max
         : tune.sum_pv                             ? attn::WgmmaKernel::auto_sum_pv
+        : tune.quick_max                          ? attn::WgmmaKernel::auto_quick_max
         : tune.no_turn && tune.cons3              ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
         : tune.no_turn                            ? attn::WgmmaKernel::round3_i2fp_no_turn
                                                   : attn::WgmmaKernel::round3;
@@ -711,15 +713,17 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // (Q / K in 64-byte rows, 64-byte swizzle; consumers at 160 registers), same bits: 0.2339
     // vs 0.2376 ms (440.8 vs 433.8 TOPS), causal 0.1697 vs 0.1726 ms; every `.r3c3t` case
     // passed. (It runs for bf16 output with per-half k scales; the rest as before.)
-    // Knob sum_pv (bench A/B): the same kernels with P's row sums on the tensor cores (without
-    // an LSE output only; not bit-equal).
-    attn::launch_attention_wgmma(p, B, D, fp8, out.dtype,
-                                 !fp8           ? attn::WgmmaKernel::round1
-                                 : tune.sum_pv && tune.cons3 ? attn::WgmmaKernel::auto_sum_pv_c3
-                                 : tune.sum_pv  ? attn::WgmmaKernel::auto_sum_pv
-                                 : D == 64      ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
-                                                : attn::WgmmaKernel::round3_i2fp_no_turn,
-                                 stream_of(ctx));
+    // Knobs (bench A/B): sum_pv the same kernels with P's row sums on the tensor cores (without
+    // an LSE output only; not bit-equal); quick_max with the quick row maxima (same bits).
+    const attn::WgmmaKernel which =
+        !fp8                          ? attn::WgmmaKernel::round1
+        : tune.sum_pv && tune.cons3   ? attn::WgmmaKernel::auto_sum_pv_c3
+        : tune.sum_pv && tune.quick_max ? attn::WgmmaKernel::auto_sum_pv_quick_max
+        : tune.sum_pv                 ? attn::WgmmaKernel::auto_sum_pv
+        : tune.quick_max              ? attn::WgmmaKernel::auto_quick_max
+        : D == 64                     ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
+                                      : attn::WgmmaKernel::round3_i2fp_no_turn;
+    attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }
   dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",

@@ -141,7 +141,12 @@ enum class WgmmaKernel {
   // auto_sum_pv with D = 128 on three consumer warpgroups (the TMA producer, 160 registers, the
   // P·V in two 64-channel halves; knobs sum_pv + cons3; off while kR3C3SumAt128 is: then as
   // auto_sum_pv)
-  auto_sum_pv_c3
+  auto_sum_pv_c3,
+  // the fp8 auto kernel with the quick row maxima (the quad reduction of each row's tile
+  // maximum first, the halves' only when a row moved; same bits; bench knob quick_max)
+  auto_quick_max,
+  // auto_sum_pv with the quick row maxima (knobs sum_pv + quick_max)
+  auto_sum_pv_quick_max
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

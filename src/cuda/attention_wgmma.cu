@@ -1210,6 +1210,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr bool kSumPv = (kVar & 4096) != 0;
   static_assert(!kSumPv || kKcHalf, "row sums: per-half kc");
   constexpr int kCN = kSumPv ? D / 2 + 4 : D / 2;  // P·V accumulator registers
+  // bit 13: the row maxima's quad reduction on each row's tile maximum first, the two halves'
+  // only when a row of the warp moved its maximum (same bits; see quad_max_halves below).
+  constexpr bool kQuickMax = (kVar & 8192) != 0;
   // Register diet (kSplitPv with a producer): the rows' visible ends recomputed where needed and
   // the K / V descriptors derived from Q's, instead of kept live through the loop. (ptxas, D =
   // 128 three consumers: 4 B spilled with it at 160 registers)
@@ -1544,18 +1547,40 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     // kc = 0), so only logits are comparable across them.
     float mxa0 = r3_max16<0, 0>(s) * qa0, mxa1 = r3_max16<0, 2>(s) * qa1;
     float mxb0 = r3_max16<8, 0>(s) * qb0, mxb1 = r3_max16<8, 2>(s) * qb1;
+    auto quad_max_halves = [&] {
 #pragma unroll
-    for (int x = 1; x <= 2; x *= 2) {
-      mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
-      mxa1 = fmaxf(mxa1, __shfl_xor_sync(0xffffffffu, mxa1, x));
-      mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
-      mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
+      for (int x = 1; x <= 2; x *= 2) {
+        mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
+        mxa1 = fmaxf(mxa1, __shfl_xor_sync(0xffffffffu, mxa1, x));
+        mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
+        mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
+      }
+    };
+    // still: no row of the warp moved its maximum in this tile (warp-uniform).
+    bool still;
+    if constexpr (kQuickMax) {
+      // Each row's tile maximum over the quad first (2 values per thread, not 4): when no row of
+      // the warp exceeds its running maximum (the common case after a few hundred keys), both
+      // half maxima below are m0 / m1 whatever the halves' own maxima, so those are reduced over
+      // the quad only otherwise. Same values as the plain path.
+      float mx0 = fmaxf(mxa0, mxb0), mx1 = fmaxf(mxa1, mxb1);
+#pragma unroll
+      for (int x = 1; x <= 2; x *= 2) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+      }
+      still = __all_sync(0xffffffffu, mx0 <= m0 && mx1 <= m1);
+      if (!still) quad_max_halves();
+    } else {
+      quad_max_halves();
     }
     // The oracle's per-half maxima (the same value in the four threads of a row).
     const float ma0 = fmaxf(m0, mxa0), ma1 = fmaxf(m1, mxa1);
     const float mb0 = fmaxf(ma0, mxb0), mb1 = fmaxf(ma1, mxb1);
+    if constexpr (!kQuickMax)
+      still = __all_sync(0xffffffffu, m0 == ma0 && m1 == ma1 && ma0 == mb0 && ma1 == mb1);
     float ra0, ra1, rb0, rb1;
-    if (__all_sync(0xffffffffu, m0 == ma0 && m1 == ma1 && ma0 == mb0 && ma1 == mb1)) {
+    if (still) {
       // No row of the warp moved its maximum in this tile (the common case after a few hundred
       // keys): the rescale factors are exp2(0) = 1 without four MUFU.EX2 (the XU pipe is the
       // kernel's tightest), 0 for rows that have seen no key yet.
@@ -1765,7 +1790,9 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // TMA-fed D = 64 three-consumer one (var 162) or the D = 128 two-consumer one (var 34), and
   // only without an LSE output; else as without the bit.
   const bool want_sum = (var & 4096) != 0 && p.lse == nullptr;
-  var &= ~4096;
+  // var bit 13 (8192): the quick row maxima (kQuickMax; same bits) on the same two kernels.
+  const bool quick = (var & 8192) != 0;
+  var &= ~(4096 | 8192);
   const bool tma64 = D == 64 && kBf16 && kc_half && var == 162;
   // D = 128 three consumers (var 162; the P·V in 64-channel halves): with the row sums only
   // (or kR3C3At128), bf16 output, per-half kc, TMA; else var 34.
@@ -1829,17 +1856,22 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   if constexpr (D == 64 && kBf16) {  // three consumers, the TMA producer (var 162)
     if (var == 162) {
       sum = want_sum;
-      kernel = sum ? attention_wgmma_r3_kernel<D, T16, true, true, 162 | 4096>
-                   : attention_wgmma_r3_kernel<D, T16, true, true, 162>;
+      kernel = sum ? (quick ? attention_wgmma_r3_kernel<D, T16, true, true, 162 | 4096 | 8192>
+                            : attention_wgmma_r3_kernel<D, T16, true, true, 162 | 4096>)
+                   : (quick ? attention_wgmma_r3_kernel<D, T16, true, true, 162 | 8192>
+                            : attention_wgmma_r3_kernel<D, T16, true, true, 162>);
     }
   }
   if constexpr (D == 128 && kBf16 && kR3Tma) {  // the TMA producer, two / three consumers
     if (tma && (var == 34 || var == 162) && want_sum) {
       sum = true;
-      kernel = attention_wgmma_r3_kernel<D, T16, true, true, 34 | 4096>;
+      kernel = quick ? attention_wgmma_r3_kernel<D, T16, true, true, 34 | 4096 | 8192>
+                     : attention_wgmma_r3_kernel<D, T16, true, true, 34 | 4096>;
       if constexpr (kR3C3SumAt128) {
         if (var == 162) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162 | 4096>;
       }
+    } else if (tma && var == 34 && quick) {
+      kernel = attention_wgmma_r3_kernel<D, T16, true, true, 34 | 8192>;
     }
   }
   // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA.
@@ -1890,11 +1922,14 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
     constexpr int Dv = decltype(dc)::value;
     constexpr bool F = decltype(fc)::value;
     if (which != WgmmaKernel::round1 && F) {  // (16-bit P·V: round 1 for every choice)
+      constexpr int kAuto = Dv == 64 ? 162 : 34;  // auto's kernel
       const int var = which == WgmmaKernel::round3_i2fp_no_turn      ? 34
                       : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
-                      : which == WgmmaKernel::auto_sum_pv    ? (Dv == 64 ? 162 : 34) | 4096
-                      : which == WgmmaKernel::auto_sum_pv_c3 ? 162 | 4096
-                                                             : 0;
+                      : which == WgmmaKernel::auto_sum_pv            ? kAuto | 4096
+                      : which == WgmmaKernel::auto_sum_pv_c3         ? 162 | 4096
+                      : which == WgmmaKernel::auto_quick_max         ? kAuto | 8192
+                      : which == WgmmaKernel::auto_sum_pv_quick_max  ? kAuto | 4096 | 8192
+                                                                     : 0;
       if (out_dtype == DType::bf16)
         launch_r3<Dv, __nv_bfloat16>(p, B, var, stream);
       else

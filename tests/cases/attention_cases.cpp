@@ -482,7 +482,8 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // wrapping (1100, 3000 keys), 3 causal modes, early maxima (folded halves), the diagnostics,
   // THREAD_Q/K + K-mean LSE (the epilogue's Q rows up to 191, 64-byte swizzle), HND maps, V
   // mean, two fallbacks (f16 output, k scales per 32 keys); D = 128 the same way (below).
-  // `.r3sum` (both head dims): the row sums on the tensor cores.
+  // `.r3sum` (both head dims): the row sums on the tensor cores; `.r3qmax` / `.r3sumq`: the
+  // quick row maxima without / with them.
   {
     detail::AttentionCudaTuning c3;
     c3.no_turn = true;
@@ -573,6 +574,22 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     sum.sum_pv = true;
     tune = &sum;
     tag = "r3sum";
+    no_lse = true;
+    add_d64();
+    add_d128();
+    // `.r3qmax`: knob quick_max (auto's kernels reducing each row's tile maximum over the quad
+    // first; same bits, so with LSE); `.r3sumq`: with sum_pv too (no LSE).
+    detail::AttentionCudaTuning qmax;
+    qmax.quick_max = true;
+    tune = &qmax;
+    tag = "r3qmax";
+    no_lse = false;
+    add_d64();
+    add_d128();
+    detail::AttentionCudaTuning sumq = sum;
+    sumq.quick_max = true;
+    tune = &sumq;
+    tag = "r3sumq";
     no_lse = true;
     add_d64();
     add_d128();
