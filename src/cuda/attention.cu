@@ -675,7 +675,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // Kernel choice (AttentionOptions::kernel): wgmma runs round 1, wgmma_r3 round 3 (fp8 P·V; the
   // bench knobs of detail::AttentionCudaTuning pick its variants: no_turn round 3 + I2FP without
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64, sum_pv auto's kernels with
-  // the row sums on the tensor cores; 16-bit P·V runs round 1), auto_kernel below.
+  // the row sums on the tensor cores, quick_max auto's kernels with the quick row maxima; 16-bit
+  // P·V runs round 1), auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
