@@ -23,13 +23,6 @@ struct AttentionCudaTuning {
   // with no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64 fed by the
   // TMA producer (auto's kernel at D = 64)
   bool cons3 = false;
-  // fp8 P·V auto and wgmma_r3 (D 64 and 128): auto's kernels with P's row sums on the tensor
-  // cores (a ones row block appended to each V tile); not bit-equal (the sums of the
-  // e4m3-rounded P), launches without LSE only
-  bool sum_pv = false;
-  // fp8 P·V auto and wgmma_r3: auto's kernels (with or without sum_pv) reducing each row's tile
-  // maximum over the quad first, the two halves' maxima only when a row moved (same bits)
-  bool quick_max = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

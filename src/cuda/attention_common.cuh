@@ -133,20 +133,7 @@ enum class WgmmaKernel {
   // by a TMA producer warp (setmaxnreg 24; Q and K in 64-byte rows, 64-byte swizzle) with the
   // consumers at 160 registers; same bits; bf16 output with per-half k scales, else (and at
   // D = 128) round3_i2fp_no_turn / round 3; bench knob cons3. auto at D = 64 since H200 run 16
-  round3_i2fp_no_turn_c3,
-  // the fp8 auto kernel (D = 64 round3_i2fp_no_turn_c3, D = 128 round3_i2fp_no_turn) with
-  // P's row sums on the tensor cores (kSumPv; not bit-equal: sums of the e4m3-rounded P), for
-  // launches without an LSE output (else the auto kernel itself; bench knob sum_pv)
-  auto_sum_pv,
-  // auto_sum_pv with D = 128 on three consumer warpgroups (the TMA producer, 160 registers, the
-  // P·V in two 64-channel halves; knobs sum_pv + cons3; off while kR3C3SumAt128 is: then as
-  // auto_sum_pv)
-  auto_sum_pv_c3,
-  // the fp8 auto kernel with the quick row maxima (the quad reduction of each row's tile
-  // maximum first, the halves' only when a row moved; same bits; bench knob quick_max)
-  auto_quick_max,
-  // auto_sum_pv with the quick row maxima (knobs sum_pv + quick_max)
-  auto_sum_pv_quick_max
+  round3_i2fp_no_turn_c3
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

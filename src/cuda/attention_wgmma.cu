@@ -338,11 +338,9 @@ __device__ __forceinline__ void softmax_half(float (&s)[64], float& m0, float& m
 }
 
 // O = O r + C (two-level accumulation): registers 4n, 4n+1 are row g, 4n+2, 4n+3 row g + 8.
-// (c may be longer than O: the P·V with the row sums; its first D / 2 registers are O's)
-template <int D, int kN = D / 2>
-__device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (&c)[kN],
+template <int D>
+__device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (&c)[D / 2],
                                                 float r0, float r1) {
-  static_assert(kN >= D / 2, "accumulator");
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
     o[4 * n + 0] = o[4 * n + 0] * r0 + c[4 * n + 0];
@@ -353,9 +351,9 @@ __device__ __forceinline__ void accumulate_tile(float (&o)[D / 2], const float (
 }
 
 // accumulate_tile on 32 of O's 64 registers (D = 128: channels 2 kOff .. 2 kOff + 63, the
-// m64n64 accumulator of that 64-channel half, or m64n72 with the row sums): O = O r + C.
-template <int kOff, int kN>
-__device__ __forceinline__ void accumulate_half(float (&o)[64], const float (&c)[kN], float r0,
+// m64n64 accumulator of that 64-channel half): O = O r + C.
+template <int kOff>
+__device__ __forceinline__ void accumulate_half(float (&o)[64], const float (&c)[32], float r0,
                                                 float r1) {
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
@@ -834,10 +832,6 @@ constexpr bool kR3Tma = true;
 // K / V descriptors from Q's), so off: D = 128 runs round3_i2fp_no_turn. Turning it on runs the
 // 27 D = 128 `.r3c3` cases and the knob cons3 through it.
 constexpr bool kR3C3At128 = false;
-// The same with the row sums on the tensor cores (knobs sum_pv + cons3; the second channel half's
-// P·V takes the ones rows): written and compiled, but ptxas spills 64 B at 160 registers (more
-// than the 4 B without the row sums), so off: auto_sum_pv_c3 runs auto_sum_pv at D = 128.
-constexpr bool kR3C3SumAt128 = false;
 
 // The three TMA descriptors of a launch (unused by the cp.async producer).
 struct R3Maps {
@@ -866,13 +860,12 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
 // kR3Stages stages. 178.5 KB at D = 128.
-// kRows: query rows per CTA (64 per consumer warpgroup). kOnes: the V tile's 8 rows of e4m3
-// ones after its D channel rows (kSumPv), one 1024-byte swizzle atom (the tile stays 1024-aligned).
-template <int D, int kRows = kBM, bool kOnes = false>
+// kRows: query rows per CTA (64 per consumer warpgroup).
+template <int D, int kRows = kBM>
 struct R3Smem {
   using R = WgSmem<D, true>;
   static constexpr int kKTile = R::kKTile;
-  static constexpr int kVTile = R::kVTile + (kOnes ? 8 * kRowBytes : 0);
+  static constexpr int kVTile = R::kVTile;
   static constexpr int kQ = 0;
   static constexpr int kK = kRows * kRowBytes;
   static constexpr int kV = kK + kR3Stages * kKTile;
@@ -955,139 +948,17 @@ __device__ __forceinline__ void wgmma_e4m3_n64_first(float (&d)[32], const uint3
 #endif
 }
 
-// ---- P·V with P's row sums (kSumPv) ----------------------------------------------------------
-// The V tile gets 8 more K-major rows of e4m3 ones (one 8-row swizzle atom, identical bytes), so
-// the P·V accumulator has D + 8 columns and each of columns D .. D + 7 is the row sum of the
-// e4m3-rounded P (products exact, accumulated on the tensor cores as the P·V itself).
-// d (64 x N f32) (+)= A (64 x 32 e4m3, registers) · B (N x 32 e4m3, shared, K-major)^T for
-// N = 72 / 136; _first: d written only (scale-d 0).
-__device__ __forceinline__ void wgmma_e4m3_n72(float (&d)[36], const uint32_t (&a)[4],
-                                               uint64_t desc_b, int accumulate) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35"
-      "}, {%36, %37, %38, %39}, %40, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-#endif
-}
-
-__device__ __forceinline__ void wgmma_e4m3_n72_first(float (&d)[36], const uint32_t (&a)[4],
-                                                     uint64_t desc_b) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35"
-      "}, {%36, %37, %38, %39}, %40, p, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
-        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
-        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
-        "=f"(d[35])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
-#endif
-}
-
-__device__ __forceinline__ void wgmma_e4m3_n136(float (&d)[68], const uint32_t (&a)[4],
-                                                uint64_t desc_b, int accumulate) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67"
-      "}, {%68, %69, %70, %71}, %72, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-#endif
-}
-
-__device__ __forceinline__ void wgmma_e4m3_n136_first(float (&d)[68], const uint32_t (&a)[4],
-                                                      uint64_t desc_b) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67"
-      "}, {%68, %69, %70, %71}, %72, p, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-        "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-        "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]),
-        "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]),
-        "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]),
-        "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
-        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]),
-        "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
-        "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]),
-        "=f"(d[63]), "=f"(d[64]), "=f"(d[65]), "=f"(d[66]), "=f"(d[67])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
-#endif
-}
-
-// The P·V wgmma by accumulator size (registers per thread: 32 / 64 at D = 64 / 128, 36 / 68 with
-// the row sums): accumulate != 0 adds to d; pv_first writes d only.
-template <int kN>
-__device__ __forceinline__ void pv_acc(float (&d)[kN], const uint32_t (&a)[4], uint64_t desc,
-                                       int accumulate) {
-  if constexpr (kN == 32)
-    wgmma_e4m3_n64(d, a, desc, accumulate);
-  else if constexpr (kN == 36)
-    wgmma_e4m3_n72(d, a, desc, accumulate);
-  else if constexpr (kN == 64)
-    wgmma_e4m3_n128(d, a, desc, accumulate);
-  else
-    wgmma_e4m3_n136(d, a, desc, accumulate);
-}
-template <int kN>
-__device__ __forceinline__ void pv_first(float (&d)[kN], const uint32_t (&a)[4], uint64_t desc) {
-  if constexpr (kN == 32)
-    wgmma_e4m3_n64_first(d, a, desc);
-  else if constexpr (kN == 36)
-    wgmma_e4m3_n72_first(d, a, desc);
-  else if constexpr (kN == 64)
-    wgmma_e4m3_n128_first(d, a, desc);
-  else
-    wgmma_e4m3_n136_first(d, a, desc);
-}
-
 // One 64-key half's P·V into a fresh c: 2 k-steps of 32 keys from the V tile's descriptor dv
-// (half kHalf at dv + 4 kHalf: +64 bytes); kN: the accumulator's registers (D / 2, + 4 with the
-// row sums).
-template <int kN>
-__device__ __forceinline__ void r3_pv_issue_desc(float (&c)[kN], const uint32_t (&pa)[2][4],
+// (half kHalf at dv + 4 kHalf: +64 bytes).
+template <int D>
+__device__ __forceinline__ void r3_pv_issue_desc(float (&c)[D / 2], const uint32_t (&pa)[2][4],
                                                  uint64_t dv) {
   wgmma_fence();
-  pv_first(c, pa[0], dv);
-  pv_acc(c, pa[1], dv + 2, 1);
+  if constexpr (D == 128)
+    wgmma_e4m3_n128_first(c, pa[0], dv);
+  else
+    wgmma_e4m3_n64_first(c, pa[0], dv);
+  wgmma_pv<D>(c, pa[1], dv + 2, 1);
   wgmma_commit();
 }
 
@@ -1201,32 +1072,21 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr int kQKRow = kTma ? D : kRowBytes;
   // (bit 11, three consumers without a producer warpgroup, refilling the ring themselves:
   // 0.72-0.76x at both head dims in runs 16 and 17, removed)
-  // bit 12: P's row sums on the tensor cores (see pv_acc): each stage's V tile gets 8 rows of
-  // e4m3 ones after its D channels, the P·V is m64n(D + 8), and l is updated like O from the
-  // accumulator's column D (l = l r + C[:, D]) instead of summing the exponentials (60 FADD per
-  // thread and tile). Those are the sums of the e4m3-rounded P (the oracle sums the unrounded
-  // ones): not bit-equal to the default, and the LSE would be off by ~1e-2, so launch_r3 takes it
-  // only without an LSE output. Per-half kc.
-  constexpr bool kSumPv = (kVar & 4096) != 0;
-  static_assert(!kSumPv || kKcHalf, "row sums: per-half kc");
-  constexpr int kCN = kSumPv ? D / 2 + 4 : D / 2;  // P·V accumulator registers
-  // bit 13: the row maxima's quad reduction on each row's tile maximum first, the two halves'
-  // only when a row of the warp moved its maximum (same bits; see quad_max_halves below).
-  constexpr bool kQuickMax = (kVar & 8192) != 0;
   // Register diet (kSplitPv with a producer): the rows' visible ends recomputed where needed and
   // the K / V descriptors derived from Q's, instead of kept live through the loop. (ptxas, D =
   // 128 three consumers: 4 B spilled with it at 160 registers)
   constexpr bool kDiet = kSplitPv;
+  // (bits 12 and 13, P's row sums on the tensor cores (a ones row block after each V tile, the
+  // P·V m64n(D + 8), l updated like O) and the quick row maxima (the quad reduction on each row's
+  // tile maximum first): 0.99-1.00x and 0.98-0.99x of auto in run 19, removed)
   // Register split (setmaxnreg): 40 / 232; three consumers 24 / 160 (the launch's 128 x 512
-  // registers); the D = 128 row-sum kernel (kSumPv, TMA only) 24 / 240 (8 B spilled at 232).
-  constexpr bool k240 = kSumPv && D == 128;
-  static_assert(!k240 || kTma, "240 registers: the TMA producer (24)");
-  constexpr int kProdRegs = kC3 || k240 ? 24 : 40;
-  constexpr int kConsRegs = kC3 ? 160 : k240 ? 240 : 232;
+  // registers).
+  constexpr int kProdRegs = kC3 ? 24 : 40;
+  constexpr int kConsRegs = kC3 ? 160 : 232;
   static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
                              (kC3 ? 128 : 168) * r3_threads(kVar),
                 "register split");
-  using L = R3Smem<D, kRows, kSumPv>;
+  using L = R3Smem<D, kRows>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -1251,14 +1111,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       mbar_init(empty0 + st * 8, 4 * kCons);  // every consumer warp, once its wgmmas completed
     }
     mbar_fence_init();
-  }
-  if constexpr (kSumPv) {  // the ones rows of every stage (e4m3 1.0 = 0x38), read by wgmma
-    for (int i = tid; i < kR3Stages * 2 * kRowBytes; i += r3_threads(kVar)) {  // 4-byte words
-      const int st = i / (2 * kRowBytes), w = i % (2 * kRowBytes);
-      *reinterpret_cast<uint32_t*>(sbase + L::kV + st * L::kVTile + D * kRowBytes + 4 * w) =
-          0x38383838u;
-    }
-    fence_proxy_async();  // generic-proxy stores, async-proxy (wgmma) reads
   }
   __syncthreads();
 
@@ -1470,7 +1322,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     if (!kNoTurn && (cw == 0 || tile + 1 < n_tiles)) named_bar_arrive(2 - cw, 256);
   };
 
-  float c[kCN];
+  float c[D / 2];
   if (n_tiles > 0) {
     issue_qk(0);
     wgmma_wait<0>();
@@ -1547,40 +1399,18 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     // kc = 0), so only logits are comparable across them.
     float mxa0 = r3_max16<0, 0>(s) * qa0, mxa1 = r3_max16<0, 2>(s) * qa1;
     float mxb0 = r3_max16<8, 0>(s) * qb0, mxb1 = r3_max16<8, 2>(s) * qb1;
-    auto quad_max_halves = [&] {
 #pragma unroll
-      for (int x = 1; x <= 2; x *= 2) {
-        mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
-        mxa1 = fmaxf(mxa1, __shfl_xor_sync(0xffffffffu, mxa1, x));
-        mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
-        mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
-      }
-    };
-    // still: no row of the warp moved its maximum in this tile (warp-uniform).
-    bool still;
-    if constexpr (kQuickMax) {
-      // Each row's tile maximum over the quad first (2 values per thread, not 4): when no row of
-      // the warp exceeds its running maximum (the common case after a few hundred keys), both
-      // half maxima below are m0 / m1 whatever the halves' own maxima, so those are reduced over
-      // the quad only otherwise. Same values as the plain path.
-      float mx0 = fmaxf(mxa0, mxb0), mx1 = fmaxf(mxa1, mxb1);
-#pragma unroll
-      for (int x = 1; x <= 2; x *= 2) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-      }
-      still = __all_sync(0xffffffffu, mx0 <= m0 && mx1 <= m1);
-      if (!still) quad_max_halves();
-    } else {
-      quad_max_halves();
+    for (int x = 1; x <= 2; x *= 2) {
+      mxa0 = fmaxf(mxa0, __shfl_xor_sync(0xffffffffu, mxa0, x));
+      mxa1 = fmaxf(mxa1, __shfl_xor_sync(0xffffffffu, mxa1, x));
+      mxb0 = fmaxf(mxb0, __shfl_xor_sync(0xffffffffu, mxb0, x));
+      mxb1 = fmaxf(mxb1, __shfl_xor_sync(0xffffffffu, mxb1, x));
     }
     // The oracle's per-half maxima (the same value in the four threads of a row).
     const float ma0 = fmaxf(m0, mxa0), ma1 = fmaxf(m1, mxa1);
     const float mb0 = fmaxf(ma0, mxb0), mb1 = fmaxf(ma1, mxb1);
-    if constexpr (!kQuickMax)
-      still = __all_sync(0xffffffffu, m0 == ma0 && m1 == ma1 && ma0 == mb0 && ma1 == mb1);
     float ra0, ra1, rb0, rb1;
-    if (still) {
+    if (__all_sync(0xffffffffu, m0 == ma0 && m1 == ma1 && ma0 == mb0 && ma1 == mb1)) {
       // No row of the warp moved its maximum in this tile (the common case after a few hundred
       // keys): the rescale factors are exp2(0) = 1 without four MUFU.EX2 (the XU pipe is the
       // kernel's tightest), 0 for rows that have seen no key yet.
@@ -1608,45 +1438,34 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
                      ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
       r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
                      mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
-      if constexpr (!kSumPv) {
-        l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
-        l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
-      }
+      l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
+      l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
       const bool fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
       const float r0 = fold ? ra0 : rb0, r1 = fold ? ra1 : rb1;
       // V rows (channels) 64 hh .. 64 hh + 63 start 64 x 128 bytes into the tile: +512 in the
-      // descriptor's 16-byte units. kSumPv: the second half takes the ones rows after channel
-      // 127 too (m64n72: 36 registers, l from its column 64 as O).
+      // descriptor's 16-byte units
       auto pv_half = [&](auto hh_c) {
         constexpr int hh = decltype(hh_c)::value;
-        constexpr bool kL = kSumPv && hh == 1;
         const uint64_t dvh = dv + 512 * hh;
-        float ch[kL ? 36 : 32];
-        auto acc_o = [&](float x0, float x1) {
-          accumulate_half<32 * hh>(o, ch, x0, x1);
-          if constexpr (kL) {
-            l0 = l0 * x0 + ch[32];
-            l1 = l1 * x1 + ch[34];
-          }
-        };
+        float c32[32];
         // (the fold decides the second P·V's scale-d, not a branch around it: a wgmma in a
         // divergent path makes ptxas serialize every wgmma, C7520)
         wgmma_fence();
-        pv_first(ch, pa[0], dvh);
-        pv_acc(ch, pa[1], dvh + 2, 1);
+        wgmma_e4m3_n64_first(c32, pa[0], dvh);
+        wgmma_pv<64>(c32, pa[1], dvh + 2, 1);
         wgmma_commit();
         if (!fold) {
           wgmma_wait<0>();
-          fence_regs(ch);
-          acc_o(ra0, ra1);
+          fence_regs(c32);
+          accumulate_half<32 * hh>(o, c32, ra0, ra1);
         }
         wgmma_fence();
-        pv_acc(ch, pb[0], dvh + 4, fold);
-        pv_acc(ch, pb[1], dvh + 6, 1);
+        wgmma_pv<64>(c32, pb[0], dvh + 4, fold);
+        wgmma_pv<64>(c32, pb[1], dvh + 6, 1);
         wgmma_commit();
         wgmma_wait<0>();
-        fence_regs(ch);
-        acc_o(r0, r1);
+        fence_regs(c32);
+        accumulate_half<32 * hh>(o, c32, r0, r1);
       };
       pv_half(std::integral_constant<int, 0>{});
       pv_half(std::integral_constant<int, 1>{});
@@ -1660,20 +1479,11 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     }
     r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
                    ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
-    r3_pv_issue_desc(c, pa, dv);  // the first half's P·V runs under the second half's P
+    r3_pv_issue_desc<D>(c, pa, dv);  // the first half's P·V runs under the second half's P
     r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
                    mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
-    if constexpr (!kSumPv) {  // (kSumPv: the sums are unused, their FADDs dead code)
-      l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
-      l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
-    }
-    // kSumPv: l as O, from the accumulator's column D (rows g and g + 8).
-    auto accumulate_l = [&](float x0, float x1) {
-      if constexpr (kSumPv) {
-        l0 = l0 * x0 + c[D / 2];
-        l1 = l1 * x1 + c[D / 2 + 2];
-      }
-    };
+    l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
+    l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
     // When no row of the warpgroup raised its maximum in the second half (rb = 1: the common
     // case once a row has seen a few hundred keys), (O ra + Ca) rb + Cb = O ra + (Ca + Cb): the
     // second half's P·V accumulates onto the first's on the tensor cores and O takes one
@@ -1684,13 +1494,12 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       wgmma_wait<0>();  // the first-half P·V (and an early next q k^T, issued before it)
       fence_regs(c);
       accumulate_tile<D>(o, c, ra0, ra1);
-      accumulate_l(ra0, ra1);
       r0 = rb0;
       r1 = rb1;
     }
     wgmma_fence();  // the second half's P·V (onto the first's when folded), the next q k^T
-    pv_acc(c, pb[0], dv + 4, fold);
-    pv_acc(c, pb[1], dv + 6, 1);
+    wgmma_pv<D>(c, pb[0], dv + 4, fold);
+    wgmma_pv<D>(c, pb[1], dv + 6, 1);
     wgmma_commit();
     // (kC3: the next q k^T only once c is folded into O; its 64 registers next to O, c and P
     // in flight do not fit 160, and the other two consumers keep the tensor cores busy)
@@ -1702,7 +1511,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     }
     fence_regs(c);
     accumulate_tile<D>(o, c, r0, r1);
-    accumulate_l(r0, r1);
     release(tile, st);  // q k^T and P·V of this stage are done
     if constexpr (kMore && kC3) {
       issue_qk(tile + 1);
@@ -1765,9 +1573,9 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups,
-// | 4096 the row sums on the tensor cores (see the kernel's kVar); each falls back to the next
-// simpler one (same bits) where its instantiation or producer does not apply.
+// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups
+// (see the kernel's kVar); each falls back to the next simpler one (same bits) where its
+// instantiation or producer does not apply.
 template <int D, typename T16>
 void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma round 3)";
@@ -1786,18 +1594,10 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // in the 64-byte swizzle (the consumers' descriptors follow), V as at D = 128; else (or if a
   // map cannot be made) the two-consumer var 34 or round 3 (same bits).
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
-  // var bit 12 (4096): P's row sums on the tensor cores (kSumPv) where the kernel below is the
-  // TMA-fed D = 64 three-consumer one (var 162) or the D = 128 two-consumer one (var 34), and
-  // only without an LSE output; else as without the bit.
-  const bool want_sum = (var & 4096) != 0 && p.lse == nullptr;
-  // var bit 13 (8192): the quick row maxima (kQuickMax; same bits) on the same two kernels.
-  const bool quick = (var & 8192) != 0;
-  var &= ~(4096 | 8192);
   const bool tma64 = D == 64 && kBf16 && kc_half && var == 162;
-  // D = 128 three consumers (var 162; the P·V in 64-channel halves): with the row sums only
-  // (or kR3C3At128), bf16 output, per-half kc, TMA; else var 34.
-  const bool c3_128 = D == 128 && kBf16 && kc_half && var == 162 &&
-                      (kR3C3At128 || (kR3C3SumAt128 && want_sum));
+  // D = 128 three consumers (var 162; the P·V in 64-channel halves): only with kR3C3At128,
+  // bf16 output, per-half kc, TMA; else var 34.
+  const bool c3_128 = D == 128 && kBf16 && kc_half && var == 162 && kR3C3At128;
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
@@ -1852,35 +1652,14 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   };
   auto kernel = tma ? pick(std::integral_constant<bool, D == 128 && kR3Tma>{})
                     : pick(std::false_type{});
-  bool sum = false;  // the kernel is a kSumPv one (the V tiles have the ones rows)
   if constexpr (D == 64 && kBf16) {  // three consumers, the TMA producer (var 162)
-    if (var == 162) {
-      sum = want_sum;
-      kernel = sum ? (quick ? attention_wgmma_r3_kernel<D, T16, true, true, 162 | 4096 | 8192>
-                            : attention_wgmma_r3_kernel<D, T16, true, true, 162 | 4096>)
-                   : (quick ? attention_wgmma_r3_kernel<D, T16, true, true, 162 | 8192>
-                            : attention_wgmma_r3_kernel<D, T16, true, true, 162>);
-    }
-  }
-  if constexpr (D == 128 && kBf16 && kR3Tma) {  // the TMA producer, two / three consumers
-    if (tma && (var == 34 || var == 162) && want_sum) {
-      sum = true;
-      kernel = quick ? attention_wgmma_r3_kernel<D, T16, true, true, 34 | 4096 | 8192>
-                     : attention_wgmma_r3_kernel<D, T16, true, true, 34 | 4096>;
-      if constexpr (kR3C3SumAt128) {
-        if (var == 162) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162 | 4096>;
-      }
-    } else if (tma && var == 34 && quick) {
-      kernel = attention_wgmma_r3_kernel<D, T16, true, true, 34 | 8192>;
-    }
+    if (var == 162) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
   }
   // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA.
   const bool c3 = var == 162;
   const int rows = c3 ? 192 : kBM;
-  const int bytes = c3 ? (sum ? R3Smem<D, 192, true>::kBytes : R3Smem<D, 192>::kBytes)
-                       : (sum ? R3Smem<D, kBM, true>::kBytes : R3Smem<D>::kBytes);
-  static_assert(R3Smem<D, kBM, true>::kBytes <= 227 * 1024 &&
-                    R3Smem<D, 192, true>::kBytes <= 227 * 1024,
+  const int bytes = c3 ? R3Smem<D, 192>::kBytes : R3Smem<D>::kBytes;
+  static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024,
                 "shared memory");
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
@@ -1922,13 +1701,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
     constexpr int Dv = decltype(dc)::value;
     constexpr bool F = decltype(fc)::value;
     if (which != WgmmaKernel::round1 && F) {  // (16-bit P·V: round 1 for every choice)
-      constexpr int kAuto = Dv == 64 ? 162 : 34;  // auto's kernel
       const int var = which == WgmmaKernel::round3_i2fp_no_turn      ? 34
                       : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
-                      : which == WgmmaKernel::auto_sum_pv            ? kAuto | 4096
-                      : which == WgmmaKernel::auto_sum_pv_c3         ? 162 | 4096
-                      : which == WgmmaKernel::auto_quick_max         ? kAuto | 8192
-                      : which == WgmmaKernel::auto_sum_pv_quick_max  ? kAuto | 4096 | 8192
                                                                      : 0;
       if (out_dtype == DType::bf16)
         launch_r3<Dv, __nv_bfloat16>(p, B, var, stream);

@@ -72,8 +72,6 @@ class Int8AttentionCase : public Case {
     tune_ = t;
     has_tune_ = true;
   }
-  // No LSE output (attention_int8 gets lse_out = nullptr): kernels that run only then.
-  void set_no_lse() { lse_ = false; }
 
   std::string name() const override {
     std::string n = "attention.int8." +
@@ -153,7 +151,6 @@ class Int8AttentionCase : public Case {
     l.shape = {s_.B, s_.Hq, s_.Nq};
     l.tol = Tolerance::allclose(2e-3, 1e-3);
     l.tol.allow_nonfinite = true;  // -inf for rows that see no key
-    if (!lse_) return {o};
     return {o, l};
   }
 
@@ -164,12 +161,11 @@ class Int8AttentionCase : public Case {
     QuantizedRows k{view(in[2]), in[3], kl_, kb_};
     TensorView v = view(in[4]);
     TensorView o = view(out[0]);
-    TensorView lse = lse_ ? out[1] : TensorView{};
-    TensorView* lse_out = lse_ ? &lse : nullptr;
+    TensorView lse = out[1];
     const TensorView* km = k_mean_ ? &in[5] : nullptr;
     const Device dev = v.device;
     if (opt_.pv == AttentionOptions::f16) {
-      attention_int8(q, k, v, nullptr, nullptr, km, o, lse_out, opt_, ctx);
+      attention_int8(q, k, v, nullptr, nullptr, km, o, &lse, opt_, ctx);
       return;
     }
     struct Tuned {  // the knobs for this case's launch, restored on every exit
@@ -189,7 +185,7 @@ class Int8AttentionCase : public Case {
     TensorView vsv = make_view(vs.data(), DType::f32, {s_.B, s_.Hkv, s_.D}, dev);
     TensorView vmv = make_view(vm.data(), DType::f32, {s_.B, s_.Hkv, s_.D}, dev);
     quantize_v_fp8(v, v8v, vsv, opt_.smooth_v ? &vmv : nullptr, ctx);
-    attention_int8(q, k, v8v, &vsv, opt_.smooth_v ? &vmv : nullptr, km, o, lse_out, opt_, ctx);
+    attention_int8(q, k, v8v, &vsv, opt_.smooth_v ? &vmv : nullptr, km, o, &lse, opt_, ctx);
     synchronize(ctx);  // the scratch buffers are freed on return
   }
 
@@ -206,7 +202,6 @@ class Int8AttentionCase : public Case {
   bool hnd_, k_mean_;
   detail::AttentionCudaTuning tune_{};
   bool has_tune_ = false;
-  bool lse_ = true;
 };
 
 // ---- V to fp8
@@ -482,20 +477,16 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // wrapping (1100, 3000 keys), 3 causal modes, early maxima (folded halves), the diagnostics,
   // THREAD_Q/K + K-mean LSE (the epilogue's Q rows up to 191, 64-byte swizzle), HND maps, V
   // mean, two fallbacks (f16 output, k scales per 32 keys); D = 128 the same way (below).
-  // `.r3sum` (both head dims): the row sums on the tensor cores; `.r3qmax` / `.r3sumq`: the
-  // quick row maxima without / with them.
   {
     detail::AttentionCudaTuning c3;
     c3.no_turn = true;
     c3.cons3 = true;
     const detail::AttentionCudaTuning* tune = &c3;
     const char* tag = "r3c3";
-    bool no_lse = false;
     auto add = [&](Shape s, O o, DType dt, ScaleLayout ql, int qb, ScaleLayout kl, int kb,
                    bool hnd, bool km, Pattern pat) {
       auto c = std::make_unique<Int8AttentionCase>(s, o, dt, ql, qb, kl, kb, hnd, km, pat, tag);
       c->set_tuning(*tune);
-      if (no_lse) c->set_no_lse();
       cases.push_back(std::move(c));
     };
     // The D = 64 set.
@@ -566,33 +557,6 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     };
     add_d128();
 
-    // `.r3sum`: knob sum_pv (both head dims: the D = 64 TMA three-consumer kernel, the D = 128
-    // two-consumer one) with P's row sums on the tensor cores, without LSE output (with one the
-    // knob runs the default: its sums would be off by ~1e-2 in the LSE); the fallbacks (f16
-    // output, k scales per 32 keys) run the default kernels.
-    detail::AttentionCudaTuning sum;
-    sum.sum_pv = true;
-    tune = &sum;
-    tag = "r3sum";
-    no_lse = true;
-    add_d64();
-    add_d128();
-    // `.r3qmax`: knob quick_max (auto's kernels reducing each row's tile maximum over the quad
-    // first; same bits, so with LSE); `.r3sumq`: with sum_pv too (no LSE).
-    detail::AttentionCudaTuning qmax;
-    qmax.quick_max = true;
-    tune = &qmax;
-    tag = "r3qmax";
-    no_lse = false;
-    add_d64();
-    add_d128();
-    detail::AttentionCudaTuning sumq = sum;
-    sumq.quick_max = true;
-    tune = &sumq;
-    tag = "r3sumq";
-    no_lse = true;
-    add_d64();
-    add_d128();
   }
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_r3})
