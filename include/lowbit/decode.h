@@ -140,6 +140,14 @@ struct DecodePlan {
   // every copy of the split exactly as plan_decode's kernel, but does no math (roofline row: how
   // fast the copy pattern streams without the attention arithmetic).
   bool bulk_probe = false;
+  // CUDA, bulk kernel (session 8): int4 g4 D 128 with folded scales, shared issue, <= 8 query
+  // rows: a full tile's K and V each arrive by ONE tensor-map copy (TMA, cp.async.bulk.tensor)
+  // instead of 8 key-pair bulk copies per kind; the box is one key's piece of the CTA's heads
+  // plus 16 zero-filled bytes, so the stage keeps a key stride of an odd number of 16-byte units
+  // (ldmatrix phases free of bank conflicts). Partial tiles keep the per-key copies. Same
+  // arithmetic and order: the bits equal false's. Falls back to false where the driver refuses
+  // the tensor map. docs/decode.md "Tensor-map tiles".
+  bool bulk_tma = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

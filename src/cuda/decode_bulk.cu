@@ -32,6 +32,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstring>
+
 #include "src/core/convert_elem.h"
 #include "src/core/dispatch.h"
 #include "src/cuda/decode_common.cuh"
@@ -181,6 +183,19 @@ struct BulkArgs {
   bool contig = false;
   bool probe = false;  // DecodePlan::bulk_probe (host side: the kProbe instantiation)
   bool blocks = false;  // fp8, DecodePlan::bulk_blocks: stage = the tile's blocks (kBlocks8)
+  // Folded int4, DecodePlan::bulk_tma (kTma4): a full tile's K and V by one tensor-map copy each
+  // into a stage of key stride kstr = piece + 16 (piece / 16 even) or piece, i.e. an odd number
+  // of 16-byte units: the rows of an ldmatrix phase (8 consecutive keys) hit 8 different 16-byte
+  // bank groups. The box's last 16 bytes lie past the map's first dimension (zero-filled, never
+  // read). Partial tiles: per-key bulk copies into the same layout.
+  bool tma = false;
+};
+
+// The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
+// block, key (contiguous) or pool row (paged), batch (contiguous; 1 paged)), box (kstr / 4, 1,
+// 16, 1). A kernel parameter (__grid_constant__) of every instantiation, read only by kTma4.
+struct BulkMaps {
+  CUtensorMap k, v;
 };
 
 // FOLD (DecodePlan::fold_scales; int4 with 4 groups at D 128, fp8): the scale / shift leave the
@@ -204,11 +219,11 @@ struct BulkArgs {
 // spills): kBlocks8 (1): fp8 with DecodePlan::bulk_blocks (one copy per kind and tile into an
 // unpadded stage; plan_decode's fp8 default since H200 run 16); kProbe (2, DecodePlan::bulk_probe,
 // bench only): the copies, waits and releases of the split, no math; the partial outputs are 0
-// with LSE -inf.
-constexpr int kBlocks8 = 1, kProbe = 2;
+// with LSE -inf. Session 8: kTma4 (4): folded int4 with DecodePlan::bulk_tma (BulkArgs::tma).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
-    decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
+    decode_bulk_kernel(const DecodeParams p, const BulkArgs a, const __grid_constant__ BulkMaps m) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // (cp.async.bulk, mbarrier tx counts: sm_90)
 #else
@@ -232,7 +247,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   constexpr int NG = 4;                   // groups of the folded int4 path (32 dims each)
   static_assert(FOLD == 0 || F == KvFormat::fp8 || (F == KvFormat::int4 && D == 128), "fold");
   static_assert(KW >= 1 && VWN >= 1, "run sizes");
-  extern __shared__ __align__(128) char ring[];
+  extern __shared__ __align__(128) char ring_raw[];
   __shared__ __align__(8) uint64_t full[kMaxStages];
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // solo issue mode: stage released
   __shared__ int cnt[kMaxStages];
@@ -248,7 +263,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   const int rows = min(16, p.R - r0);
   const CacheArgs& c = p.c;
   const int rb = c.row_bytes;
-  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  // kTma4: tensor copies land at 128-byte aligned addresses (the host adds 128 bytes of slack).
+  constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
+  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
+  const uint32_t ring_s = tma ? (raw_s + 127u) & ~127u : raw_s;
+  char* const ring = ring_raw + (ring_s - raw_s);
   const uint32_t full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
   const uint32_t empty_s = static_cast<uint32_t>(__cvta_generic_to_shared(empty));
   constexpr bool solo = SOLO;
@@ -278,7 +297,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   // conflicts in exchange for 4 copies per tile instead of 34).
   constexpr bool blk = F == KvFormat::fp8 && (KN & kBlocks8) != 0;
   auto koffset = [&](int i) {
-    if (blk) return i * kstr;
+    if (blk || tma) return i * kstr;
     if (pairs) return key_offset16(i & 7, 2 * kstr) + (i >> 3) * HB * rb;
     return kFoldI4 ? key_offset16(i, kstr) : key_offset(i, kstr);
   };
@@ -384,7 +403,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   // the whole loop it pushed the fp8 instantiation past 128 registers).
   const int NW = a.issuers;
   const bool issuer = solo || warp < NW;
-  const Copy c1 = copy_of(solo ? lane : warp + NW * lane);
+  const int my_ci = solo ? lane : warp + NW * lane;
+  const Copy c1 = copy_of(my_ci);
   const char* my_src = c1.src;
   const int64_t my_st = c1.st;
   const uint32_t my_dst = c1.dst, my_size = c1.size;
@@ -417,15 +437,25 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     }
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
-    const bool mine = my_lane && my_key < nk;
-    const uint32_t size = static_cast<uint32_t>(min(nk - my_key, int64_t{my_n})) * my_size;
+    // kTma4, full tile: copy 0 (warp 0, lane 0) is K's box, copy 1 V's (16 keys of kstr bytes).
+    const bool whole = tma && nk == 16;
+    const bool mine = my_lane && (whole ? my_ci < 2 : my_key < nk);
+    const uint32_t size = whole ? 16u * static_cast<uint32_t>(kstr)
+                                : static_cast<uint32_t>(min(nk - my_key, int64_t{my_n})) * my_size;
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? size : 0u);
     if (lane == 0) {
       if (warp == 0) cnt[s] = static_cast<int>(nk);
       mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
-    if (mine) bulk_g2s(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
+    if (mine) {
+      if (whole)
+        ptx::tma_load_4d(ring_s + s * stage_bytes + (my_ci ? 16 * kstr : 0), my_ci ? &m.v : &m.k,
+                         bar, 0, h0 / HB, static_cast<int>(base),
+                         c.block_tables ? 0 : static_cast<int>(b));
+      else
+        bulk_g2s(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
+    }
   };
   // Solo: tile n is issued by warp n mod HB (the tiles of one warp in increasing order, HB apart).
   // Paged: the page of the warp's next tile comes from the tile index (lo and page_size are
@@ -1077,9 +1107,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
 }
 
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
-void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
+void launch_nr(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int64_t B,
+               cudaStream_t stream) {
   auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO, MINB, KN>;
-  const int smem = a.nst * a.stage_bytes;
+  const int smem = a.nst * a.stage_bytes + ((KN & kTma4) ? 128 : 0);
   // The attributes once per (device, instantiation, size): two host API calls per decode step
   // otherwise. smem never exceeds 224 KB (DecodePlan::bulk_stages), so the largest size set so
   // far covers every later launch; only growth sets it again.
@@ -1101,42 +1132,49 @@ void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t
   const int row_chunks = (p.R + 15) / 16;
   const int head_blocks = p.H / a.hb;
   dim3 grid(p.S, head_blocks * row_chunks, static_cast<unsigned>(B));
-  launch_maybe_pdl(a.pdl, kernel, grid, dim3(32 * a.hb), static_cast<size_t>(smem), stream, p, a);
+  launch_maybe_pdl(a.pdl, kernel, grid, dim3(32 * a.hb), static_cast<size_t>(smem), stream, p, a,
+                   m);
 }
 
 template <KvFormat F, int D, int VA, int FOLD>
-void launch_rows(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
-  // The session-7 knobs (KN) exist only for plan_decode's D-128 instantiations at <= 8 rows and
-  // two CTAs per multiprocessor: fp8 contiguous (solo issue + fold), fp8 paged (shared issue, no
-  // fold), int4 g4 (fold, shared issue: the probe only); elsewhere they are ignored.
+void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int64_t B,
+                 cudaStream_t stream) {
+  // The session-7 / 8 knobs (KN) exist only for plan_decode's D-128 instantiations at <= 8 rows
+  // and two CTAs per multiprocessor: fp8 contiguous (solo issue + fold), fp8 paged (shared issue,
+  // no fold), int4 g4 (fold, shared issue: kTma4 and the probe); elsewhere they are ignored.
   constexpr bool kFp8Solo = F == KvFormat::fp8 && FOLD == 1;   // (with a.solo)
   constexpr bool kFp8Shared = F == KvFormat::fp8 && FOLD == 0;  // (with !a.solo)
   constexpr bool kInt4 = F == KvFormat::int4 && FOLD == 1;      // (with !a.solo)
   if constexpr (D == 128 && (kFp8Solo || kFp8Shared || kInt4)) {
     const bool solo_ok = kFp8Solo ? a.solo : !a.solo;
-    const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0);
+    const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0) |
+                  (kInt4 && a.tma ? kTma4 : 0);
     if (x != 0 && solo_ok && p.R <= 8 && !a.one_cta) {
       constexpr bool kS = kFp8Solo;
-      if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kProbe>(p, a, B, stream);
+      if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kProbe>(p, a, m, B, stream);
       if constexpr (F == KvFormat::fp8) {
-        if (x == kBlocks8) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8>(p, a, B, stream);
-        return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8 | kProbe>(p, a, B, stream);
+        if (x == kBlocks8)
+          return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8>(p, a, m, B, stream);
+        return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8 | kProbe>(p, a, m, B, stream);
+      } else {
+        if (x == kTma4) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kTma4>(p, a, m, B, stream);
+        return launch_nr<F, D, 1, VA, FOLD, kS, 2, kTma4 | kProbe>(p, a, m, B, stream);
       }
     }
   }
   if constexpr (F == KvFormat::fp8) {
     if (a.one_cta && p.R <= 8) {
-      if (a.solo) launch_nr<F, D, 1, VA, FOLD, true, 1>(p, a, B, stream);
-      else launch_nr<F, D, 1, VA, FOLD, false, 1>(p, a, B, stream);
+      if (a.solo) launch_nr<F, D, 1, VA, FOLD, true, 1>(p, a, m, B, stream);
+      else launch_nr<F, D, 1, VA, FOLD, false, 1>(p, a, m, B, stream);
       return;
     }
   }
   if (a.solo) {
-    if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, true>(p, a, B, stream);
-    else launch_nr<F, D, 1, VA, FOLD, true>(p, a, B, stream);
+    if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, true>(p, a, m, B, stream);
+    else launch_nr<F, D, 1, VA, FOLD, true>(p, a, m, B, stream);
   } else {
-    if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, false>(p, a, B, stream);
-    else launch_nr<F, D, 1, VA, FOLD, false>(p, a, B, stream);
+    if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, false>(p, a, m, B, stream);
+    else launch_nr<F, D, 1, VA, FOLD, false>(p, a, m, B, stream);
   }
 }
 
@@ -1144,21 +1182,21 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream
 // nonzero): only where fold_applies (int4 with 4 groups at D 128, whose code words are 16-byte
 // aligned; fp8).
 template <KvFormat F, int D>
-void launch_fd(const DecodeParams& p, const BulkArgs& a, int va, int fold, int64_t B,
-               cudaStream_t stream) {
+void launch_fd(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int va, int fold,
+               int64_t B, cudaStream_t stream) {
   if constexpr (F == KvFormat::int4) {
     if constexpr (D == 128) {
-      if (fold == 2) return launch_rows<F, D, 16, 2>(p, a, B, stream);
-      if (fold) return launch_rows<F, D, 16, 1>(p, a, B, stream);
+      if (fold == 2) return launch_rows<F, D, 16, 2>(p, a, m, B, stream);
+      if (fold) return launch_rows<F, D, 16, 1>(p, a, m, B, stream);
     }
     dispatch_int<4, 8, 16>(va, "decode_attention", "alignment (bulk kernel)", [&](auto v) {
-      launch_rows<F, D, decltype(v)::value, 0>(p, a, B, stream);
+      launch_rows<F, D, decltype(v)::value, 0>(p, a, m, B, stream);
     });
   } else if constexpr (F == KvFormat::fp8) {
-    if (fold) launch_rows<F, D, 16, 1>(p, a, B, stream);
-    else launch_rows<F, D, 16, 0>(p, a, B, stream);
+    if (fold) launch_rows<F, D, 16, 1>(p, a, m, B, stream);
+    else launch_rows<F, D, 16, 0>(p, a, m, B, stream);
   } else {
-    launch_rows<F, D, 16, 0>(p, a, B, stream);
+    launch_rows<F, D, 16, 0>(p, a, m, B, stream);
   }
 }
 
@@ -1181,8 +1219,9 @@ bool fold_applies(const KvCache& cache) {
 }
 
 // blocks8: DecodePlan::bulk_blocks (fp8 where tiles are contiguous: one copy per kind and tile
-// into an unpadded stage).
-BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blocks8 = false) {
+// into an unpadded stage). tma4: DecodePlan::bulk_tma (folded int4: BulkArgs::tma).
+BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blocks8 = false,
+                       bool tma4 = false) {
   BulkArgs a;
   a.hb = 0;
   if (device_major() < 9) return a;
@@ -1227,6 +1266,9 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blo
   if (blocks8 && f == KvFormat::fp8 && a.contig) {
     a.blocks = true;
     a.kstr = hb * c.row_bytes;
+  } else if (tma4 && fold && f == KvFormat::int4 && pc / 4 + 4 <= 256) {
+    a.tma = true;  // an odd number of 16-byte units per key (the box: <= 256 elements)
+    a.kstr = static_cast<int>((pc / 16) % 2 == 0 ? pc + 16 : pc);
   } else if (fold && f == KvFormat::int4) {
     a.pairs = c.k_st[rank - 3] == pc && c.v_st[rank - 3] == pc;
     if (a.pairs) a.kstr = (2 * hb * c.row_bytes + 112 + 31) / 32 * 16;
@@ -1252,6 +1294,34 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blo
   return a;
 }
 
+// The K / V tensor maps of BulkArgs::tma (see BulkMaps); false where the driver refuses them.
+bool encode_bulk_maps(const KvCache& cache, const BulkArgs& a, BulkMaps* m) {
+  const auto enc = tensor_map_encoder();
+  if (!enc) return false;
+  const CacheArgs c = make_cache_args(cache);
+  const bool paged = cache.paged();
+  const uint64_t piece = static_cast<uint64_t>(a.hb) * c.row_bytes;
+  const uint64_t keys = static_cast<uint64_t>(paged ? cache.k.shape[0] : cache.k.shape[1]);
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(a.kstr / 4), 1, 16, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  for (int which = 0; which < 2; ++which) {
+    const int64_t* st = which ? c.v_st : c.k_st;
+    const uint64_t key_st = static_cast<uint64_t>(paged ? st[0] : st[1]);
+    // (paged: a batch dimension of 1 whose stride only has to be a valid one)
+    const uint64_t batch_st = paged ? key_st * keys : static_cast<uint64_t>(st[0]);
+    if (batch_st >= (uint64_t{1} << 40)) return false;
+    const cuuint64_t dims[4] = {piece / 4, static_cast<cuuint64_t>(cache.kv_heads() / a.hb), keys,
+                                paged ? 1 : static_cast<cuuint64_t>(cache.batch())};
+    const cuuint64_t strides[3] = {piece, key_st, batch_st};
+    if (enc(which ? &m->v : &m->k, CU_TENSOR_MAP_DATA_TYPE_UINT32, 4,
+            const_cast<char*>(which ? c.v : c.k), dims, strides, box, unit,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool decode_bulk_supported(const KvCache& cache) { return bulk_geometry(cache, false).hb > 0; }
@@ -1273,8 +1343,13 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
                      ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
                       (cache.format == KvFormat::int4 && fold == 1 && !solo));
   const bool blocks8 = knobs && plan.bulk_blocks;
-  BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8);
-  if (a.one_cta && blocks8) a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
+  const bool tma4 = knobs && plan.bulk_tma;
+  BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);
+  if (a.one_cta && (blocks8 || tma4)) a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
+  BulkMaps maps;  // (zero bytes unless a.tma)
+  std::memset(&maps, 0, sizeof(maps));
+  if (a.tma && a.hb > 0 && !encode_bulk_maps(cache, a, &maps))
+    a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
   a.stagger = plan.bulk_stagger;
   a.solo = solo;
   a.probe = plan.bulk_probe;
@@ -1293,9 +1368,9 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   dispatch_int<64, 128>(cache.head_dim(), "decode_attention", "D (bulk kernel)", [&](auto d) {
     constexpr int kD = decltype(d)::value;
     switch (cache.format) {
-      case KvFormat::int4: launch_fd<KvFormat::int4, kD>(p, a, va, fold, B, stream); break;
-      case KvFormat::fp8: launch_fd<KvFormat::fp8, kD>(p, a, va, fold, B, stream); break;
-      case KvFormat::f16: launch_fd<KvFormat::f16, kD>(p, a, va, 0, B, stream); break;
+      case KvFormat::int4: launch_fd<KvFormat::int4, kD>(p, a, maps, va, fold, B, stream); break;
+      case KvFormat::fp8: launch_fd<KvFormat::fp8, kD>(p, a, maps, va, fold, B, stream); break;
+      case KvFormat::f16: launch_fd<KvFormat::f16, kD>(p, a, maps, va, 0, B, stream); break;
       default: check::fail("decode_attention", "cache.format", "no bulk kernel for bf16");
     }
   });

@@ -157,12 +157,14 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_keys: plan_decode's choice with bulk_blocks = false (fp8: a copy per key and kind, the
 //     fp8 default until run 16);
 //   bulk_solo_blocks: bulk_issue 1, fold_scales 1 and bulk_blocks (fp8 paged: the contiguous
-//     default's kernel on a paged cache).
+//     default's kernel on a paged cache);
+//   bulk_tma: plan_decode's choice with bulk_tma (folded int4 g4 D 128, shared issue, <= 8 rows:
+//     a full tile's K and V by one tensor-map copy each; elsewhere ignored).
 // (bulk_blocks exists for plan_decode's D-128 fp8 instantiations at <= 8 rows; elsewhere it is
 // ignored.)
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
-  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_blocks, bulk_keys, bulk_solo_blocks
+  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_blocks, bulk_keys, bulk_solo_blocks, bulk_tma
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -183,7 +185,7 @@ class DecodeCase : public Case {
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide ||
                     kernel == Kernel::bulk_blocks || kernel == Kernel::bulk_keys ||
-                    kernel == Kernel::bulk_solo_blocks) &&
+                    kernel == Kernel::bulk_solo_blocks || kernel == Kernel::bulk_tma) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -206,6 +208,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_blocks) s += ".bulk_blocks";
     if (kernel_ == Kernel::bulk_keys) s += ".bulk_keys";
     if (kernel_ == Kernel::bulk_solo_blocks) s += ".bulk_solo_blocks";
+    if (kernel_ == Kernel::bulk_tma) s += ".bulk_tma";
     return s;
   }
 
@@ -263,6 +266,8 @@ class DecodeCase : public Case {
       plan.bulk_issue = 1;
       plan.fold_scales = 1;
       plan.bulk_blocks = true;
+    } else if (kernel_ == Kernel::bulk_tma) {
+      plan.bulk_tma = true;
     } else if (kernel_ == Kernel::bulk_iss4 || kernel_ == Kernel::bulk_iss2) {
       plan.bulk_issue = kernel_ == Kernel::bulk_iss4 ? 2 : 3;
     } else if (kernel_ != Kernel::automatic) {
@@ -462,6 +467,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
   const Kernel mw = Kernel::merge_wide;
   const Kernel bb = Kernel::bulk_blocks, bkk = Kernel::bulk_keys, sb = Kernel::bulk_solo_blocks;
+  const Kernel tm = Kernel::bulk_tma;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -644,6 +650,20 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 3, 1300, 8, 128, 16), {1300, 33, 0}, 4, 2, true, false, DType::f16, bb);
   add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 1}, 2, 1, false, true, DType::f16, bb);
   add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16, bb);
+  // bulk_tma (int4 g4 D 128: full tiles by one tensor-map copy per kind, partial tiles per key):
+  // 8 heads per CTA (key stride 656 = 640 + 16 zero-filled bytes) contiguous and paged 16 / 256
+  // (the box at the page's pool row), 4 / 2 heads (320 / 160 + 16), 1 head (80 bytes: no fill),
+  // 16 heads (two head blocks: the map's second coordinate), many tiles per split with partial
+  // tiles (lengths 17, 33, 47, 523, 1001, 2100), 1-key and empty sequences, Mq > 1 causal, bias,
+  // 9-16 rows (the flag ignored), bf16 q.
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1001, 0}, 4, 1, false, false, DType::f16, tm);
+  add(shape(F::int4, 4, 3, 1300, 8, 128, 16), {1300, 33, 1}, 4, 1, false, false, DType::bf16, tm);
+  add(shape(F::int4, 4, 2, 1001, 8, 128, 256), {1001, 47}, 2, 4, true, false, DType::f16, tm);
+  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 8, 1, false, true, DType::f16, tm);
+  add(shape(F::int4, 4, 2, 523, 2, 128, 16), {523, 0}, 4, 2, true, false, DType::f16, tm);
+  add(shape(F::int4, 4, 2, 600, 1, 128, 256), {600, 31}, 8, 1, false, false, DType::bf16, tm);
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, tm);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, tm);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
