@@ -51,7 +51,7 @@ struct Shape {
 // issue" (contiguous fp8): the paged default's kernel (bulk_issue 0, fold_scales 0), blocks.
 enum class Pick {
   plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, iss8,
-  wide, narrow, probe, keys, tma, tma_probe
+  wide, narrow, probe, keys, tma, tma_probe, tma_sync2, tma5
 };
 struct Fmt {
   KvFormat format;
@@ -80,8 +80,12 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::iss2) plan.bulk_issue = 3;
   if (pick == Pick::probe) plan.bulk_probe = true;
   if (pick == Pick::keys) plan.bulk_blocks = false;
-  if (pick == Pick::tma || pick == Pick::tma_probe) plan.bulk_tma = true;
+  if (pick == Pick::tma || pick == Pick::tma_probe || pick == Pick::tma_sync2 ||
+      pick == Pick::tma5)
+    plan.bulk_tma = true;
   if (pick == Pick::tma_probe) plan.bulk_probe = true;
+  if (pick == Pick::tma_sync2) plan.bulk_sync2 = true;
+  if (pick == Pick::tma5) plan.bulk_stages = 5;
   if (pick == Pick::deep) {
     plan.bulk_stages = 6;
     // Half the splits: plan_decode sized them for two CTAs per multiprocessor.
@@ -325,6 +329,8 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::int4, 4, "int4 g4 tma", Pick::tma});
       formats.push_back({KvFormat::int4, 4, "int4 g4 tma probe (copies only, not attention)",
                          Pick::tma_probe});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 tma sync2", Pick::tma_sync2});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 tma 5 stages", Pick::tma5});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -350,6 +356,7 @@ class DecodeBench : public BenchCase {
               (s.B == 16 || page == 256 || (s.B == 1 && (page || f.format != KvFormat::fp8))))
             continue;
           if (f.pick == Pick::tma_probe && (s.B != 64 || page == 256)) continue;
+          if ((f.pick == Pick::tma_sync2 || f.pick == Pick::tma5) && s.B != 64 && page) continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -148,6 +148,10 @@ struct DecodePlan {
   // arithmetic and order: the bits equal false's. Falls back to false where the driver refuses
   // the tensor map. docs/decode.md "Tensor-map tiles".
   bool bulk_tma = false;
+  // CUDA, with bulk_tma (session 8 A/B): the CTA barrier and the stage refills every second tile
+  // instead of every tile (half the barriers; the warps drift by up to two tiles between them).
+  // Same arithmetic and order: the bits equal false's.
+  bool bulk_sync2 = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -189,6 +189,7 @@ struct BulkArgs {
   // bank groups. The box's last 16 bytes lie past the map's first dimension (zero-filled, never
   // read). Partial tiles: per-key bulk copies into the same layout.
   bool tma = false;
+  bool sync2 = false;  // with tma: DecodePlan::bulk_sync2 (kSync2; the probe ignores it)
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -219,11 +220,13 @@ struct BulkMaps {
 // spills): kBlocks8 (1): fp8 with DecodePlan::bulk_blocks (one copy per kind and tile into an
 // unpadded stage; plan_decode's fp8 default since H200 run 16); kProbe (2, DecodePlan::bulk_probe,
 // bench only): the copies, waits and releases of the split, no math; the partial outputs are 0
-// with LSE -inf. Session 8: kTma4 (4): folded int4 with DecodePlan::bulk_tma (BulkArgs::tma).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4;
+// with LSE -inf. Session 8: kTma4 (4): folded int4 with DecodePlan::bulk_tma (BulkArgs::tma);
+// kSync2 (8, with kTma4): DecodePlan::bulk_sync2, the CTA barrier and refills every second tile.
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kSync2 = 8;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
-    decode_bulk_kernel(const DecodeParams p, const BulkArgs a, const __grid_constant__ BulkMaps m) {
+    decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
+                       const __grid_constant__ BulkMaps m) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // (cp.async.bulk, mbarrier tx counts: sm_90)
 #else
@@ -659,6 +662,15 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
         mbar_wait(empty_s + 8 * s, phase);
         fence_proxy_async();
         issue_solo(nn, s);
+      }
+    } else if constexpr ((KN & kSync2) != 0) {
+      // Every second tile: the barrier, then tiles it - 1 + NST and it + NST into the stages of
+      // tiles it - 1 and it (an odd last tile needs none: every tile was issued by then).
+      if (it & 1) {
+        __syncthreads();  // every warp is done with the stages of tiles it - 1 and it
+        fence_proxy_async();
+        if (it - 1 + NST < n_tiles) issue(it - 1 + NST, s == 0 ? NST - 1 : s - 1);
+        if (it + NST < n_tiles) issue(it + NST, s);
       }
     } else {
       __syncthreads();  // every warp is done with stage s
@@ -1148,7 +1160,7 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
   if constexpr (D == 128 && (kFp8Solo || kFp8Shared || kInt4)) {
     const bool solo_ok = kFp8Solo ? a.solo : !a.solo;
     const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0) |
-                  (kInt4 && a.tma ? kTma4 : 0);
+                  (kInt4 && a.tma ? kTma4 | (a.sync2 && !a.probe ? kSync2 : 0) : 0);
     if (x != 0 && solo_ok && p.R <= 8 && !a.one_cta) {
       constexpr bool kS = kFp8Solo;
       if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kProbe>(p, a, m, B, stream);
@@ -1158,6 +1170,8 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8 | kProbe>(p, a, m, B, stream);
       } else {
         if (x == kTma4) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kTma4>(p, a, m, B, stream);
+        if (x == (kTma4 | kSync2))
+          return launch_nr<F, D, 1, VA, FOLD, kS, 2, kTma4 | kSync2>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, kS, 2, kTma4 | kProbe>(p, a, m, B, stream);
       }
     }
@@ -1353,6 +1367,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   a.stagger = plan.bulk_stagger;
   a.solo = solo;
   a.probe = plan.bulk_probe;
+  a.sync2 = plan.bulk_sync2;
   // Issuing warps of the shared mode: all HB (0), 4 (2), 2 (3), but enough lanes for the copies
   // (fp8 with a copy per key and kind: 64 copies, two warps at least).
   a.issuers = issue == 2 ? 4 : issue == 3 ? 2 : a.hb;

@@ -159,12 +159,15 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_solo_blocks: bulk_issue 1, fold_scales 1 and bulk_blocks (fp8 paged: the contiguous
 //     default's kernel on a paged cache);
 //   bulk_tma: plan_decode's choice with bulk_tma (folded int4 g4 D 128, shared issue, <= 8 rows:
-//     a full tile's K and V by one tensor-map copy each; elsewhere ignored).
+//     a full tile's K and V by one tensor-map copy each; elsewhere ignored);
+//   bulk_tma_sync2: bulk_tma with bulk_sync2 (the barrier and refills every second tile) and
+//     bulk_stages 5 (an odd stage count: the refill of tile it - 1 wraps to the last stage).
 // (bulk_blocks exists for plan_decode's D-128 fp8 instantiations at <= 8 rows; elsewhere it is
 // ignored.)
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
-  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_blocks, bulk_keys, bulk_solo_blocks, bulk_tma
+  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_blocks, bulk_keys, bulk_solo_blocks, bulk_tma,
+  bulk_tma_sync2
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -185,7 +188,8 @@ class DecodeCase : public Case {
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide ||
                     kernel == Kernel::bulk_blocks || kernel == Kernel::bulk_keys ||
-                    kernel == Kernel::bulk_solo_blocks || kernel == Kernel::bulk_tma) &&
+                    kernel == Kernel::bulk_solo_blocks || kernel == Kernel::bulk_tma ||
+                    kernel == Kernel::bulk_tma_sync2) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -209,6 +213,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_keys) s += ".bulk_keys";
     if (kernel_ == Kernel::bulk_solo_blocks) s += ".bulk_solo_blocks";
     if (kernel_ == Kernel::bulk_tma) s += ".bulk_tma";
+    if (kernel_ == Kernel::bulk_tma_sync2) s += ".bulk_tma_sync2";
     return s;
   }
 
@@ -266,8 +271,12 @@ class DecodeCase : public Case {
       plan.bulk_issue = 1;
       plan.fold_scales = 1;
       plan.bulk_blocks = true;
-    } else if (kernel_ == Kernel::bulk_tma) {
+    } else if (kernel_ == Kernel::bulk_tma || kernel_ == Kernel::bulk_tma_sync2) {
       plan.bulk_tma = true;
+      if (kernel_ == Kernel::bulk_tma_sync2) {
+        plan.bulk_sync2 = true;
+        plan.bulk_stages = 5;
+      }
     } else if (kernel_ == Kernel::bulk_iss4 || kernel_ == Kernel::bulk_iss2) {
       plan.bulk_issue = kernel_ == Kernel::bulk_iss4 ? 2 : 3;
     } else if (kernel_ != Kernel::automatic) {
@@ -467,7 +476,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
   const Kernel mw = Kernel::merge_wide;
   const Kernel bb = Kernel::bulk_blocks, bkk = Kernel::bulk_keys, sb = Kernel::bulk_solo_blocks;
-  const Kernel tm = Kernel::bulk_tma;
+  const Kernel tm = Kernel::bulk_tma, ts = Kernel::bulk_tma_sync2;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -664,6 +673,11 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 600, 1, 128, 256), {600, 31}, 8, 1, false, false, DType::bf16, tm);
   add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, tm);
   add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, tm);
+  // bulk_tma_sync2 (5 stages): odd and even tile counts per split (many tiles, 1-3 tiles),
+  // partial last tiles, empty sequences, paged 16 / 256, 4 heads, causal Mq > 1, bias.
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, ts);
+  add(shape(F::int4, 4, 3, 1300, 8, 128, 16), {1300, 33, 16}, 4, 1, false, true, DType::f16, ts);
+  add(shape(F::int4, 4, 2, 1001, 4, 128, 256), {1001, 31}, 2, 3, true, false, DType::bf16, ts);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
