@@ -597,8 +597,9 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, so);
   add(shape(F::f16, 1, 2, 2100, 4, 128, 0), {2100, 47}, 4, 1, false, false, DType::f16, so);
   add(shape(F::f16, 1, 2, 523, 8, 64, 16), {523, 16}, 1, 8, true, true, DType::bf16, so);
-  // plan_decode's defaults since run 9 on bulk layouts: fp8 contiguous = solo issue + folded
-  // scales, fp8 paged = shared issue, f16 = solo (D 64 / 128, contiguous and paged).
+  // plan_decode's defaults on bulk layouts: fp8 = solo issue + folded scales (paged since
+  // session 8 where tiles are copied whole: D 128, <= 8 rows, Hkv <= 8; else shared issue), f16
+  // = solo (D 64 / 128, contiguous and paged).
   add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 523, 0}, 4, 1, false, false, DType::f16);
   add(shape(F::fp8, 1, 2, 1001, 4, 64, 0), {1001, 17}, 2, 3, true, true, DType::bf16);
   add(shape(F::fp8, 1, 2, 700, 8, 128, 16), {700, 33}, 4, 1, false, false, DType::f16);
