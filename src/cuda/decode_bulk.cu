@@ -46,7 +46,7 @@ namespace {
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxHeads = 8;   // HB: heads (warps) per CTA
-constexpr int kMaxStages = 8;  // (DecodePlan::bulk_stages; the automatic count is <= 4)
+constexpr int kMaxStages = 8;  // (DecodePlan::bulk_stages within 113 KB; automatic: <= 4)
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return __byte_perm(a, b, sel);
@@ -153,11 +153,6 @@ struct BulkArgs {
   // (the mma's key row) holds key 2 (r % 8) + r / 8, so the 8 rows of an ldmatrix phase are 8
   // different pairs (disjoint banks by key_offset16 over pairs).
   bool pairs = false;
-  // Contiguous caches (DecodePlan::bulk_stagger): each CTA walks its split's tiles from a rotated
-  // start (tile (it + rot) mod n_tiles), so the CTAs of one wave do not all read the same offset
-  // of their 2 MB regions at the same time (contiguous fp8 / fp16 ran 3-7 % slower than paged in
-  // H200 run 6). Changes the order of the online softmax, i.e. the rounding.
-  bool stagger = false;
   // DecodePlan::bulk_issue = 1 ("solo"): tile n's copies are all issued by warp n mod HB (its
   // lanes, one or two copies each), which arms the stage's `full` mbarrier alone (count 1); each
   // warp releases a stage by arriving on its `empty` mbarrier (count HB) when done reading it, and
@@ -170,19 +165,16 @@ struct BulkArgs {
   // with 0 bytes), so the issue path has no per-warp branch (run 12's `if (issuer)` around it
   // likely moved the loop's stage / parity bookkeeping off the uniform datapath: int4 +9 %,
   // paged fp8 +3..7 %).
-  // HB by default; DecodePlan::bulk_issue 2 / 3: min(HB, 4) / min(HB, 2) (each issuing warp pays
+  // HB by default; DecodePlan::bulk_issue 2: min(HB, 4) (each issuing warp pays
   // ~50 instructions of per-tile setup besides ~10 per copy: int4 g4 fold spent ~85 of ~384
   // instructions per tile and warp on the issue with 8 issuers).
   int issuers = 1;
-  // The ring (DecodePlan::bulk_stages) takes more than half of a multiprocessor's shared memory:
-  // one CTA per multiprocessor, so fp8 (<= 8 rows) runs its 255-register instantiation (host side).
-  bool one_cta = false;
   bool pdl = false;  // DecodePlan::launch_pdl (host side only)
   // The K / V pieces of a tile's 16 keys are one contiguous block each (key stride = HB * row
   // bytes: heads per CTA = Hkv; fp8: with ss_block), so a tile can be copied whole (blocks).
   bool contig = false;
   bool probe = false;  // DecodePlan::bulk_probe (host side: the kProbe instantiation)
-  bool blocks = false;  // fp8, DecodePlan::bulk_blocks: stage = the tile's blocks (kBlocks8)
+  bool blocks = false;  // fp8 with contig: stage = the tile's blocks (kBlocks8)
   // Folded int4, DecodePlan::bulk_tma (kTma4): a full tile's K and V by one tensor-map copy each
   // into a stage of key stride kstr = piece + 16 (piece / 16 even) or piece, i.e. an odd number
   // of 16-byte units: the rows of an ldmatrix phase (8 consecutive keys) hit 8 different 16-byte
@@ -211,20 +203,16 @@ struct BulkMaps {
 // SOLO: BulkArgs::solo (DecodePlan::bulk_issue = 1) as a template parameter, so that each
 // instantiation carries only its own issue path's state (both paths in one kernel pushed the fp8
 // fold instantiation past 128 registers).
-// MINB: CTAs per multiprocessor the registers are budgeted for (NR 1): 2 (128 registers), or 1
-// (255) where the ring takes more than half the shared memory anyway (BulkArgs::one_cta; fp8
-// only: at 128 registers the folded loop re-derived thread / stage indices and addresses every
-// tile, ~40 of ~280 SASS instructions per tile and warp).
-// KN: session-7 knobs, compile-time so that the other instantiations (KN = 0) keep their registers
-// (run-time flags of session 7's first try pushed the solo fp8 instantiation to 40-56 bytes of
-// spills): kBlocks8 (1): fp8 with DecodePlan::bulk_blocks (one copy per kind and tile into an
-// unpadded stage; plan_decode's fp8 default since H200 run 16); kProbe (2, DecodePlan::bulk_probe,
+// KN: session-7 / 8 knobs, compile-time so that the other instantiations (KN = 0) keep their
+// registers (run-time flags of session 7's first try pushed the solo fp8 instantiation to 40-56
+// bytes of spills): kBlocks8 (1): fp8 where a tile's blocks are contiguous (one copy per kind and
+// tile into an unpadded stage; fp8's layout since H200 run 16); kProbe (2, DecodePlan::bulk_probe,
 // bench only): the copies, waits and releases of the split, no math; the partial outputs are 0
 // with LSE -inf. Session 8: kTma4 (4): folded int4 with DecodePlan::bulk_tma (BulkArgs::tma);
 // kSync2 (8, with kTma4): DecodePlan::bulk_sync2, the CTA barrier and refills every second tile.
 constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kSync2 = 8;
-template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
-__global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
+template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
+__global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
                        const __grid_constant__ BulkMaps m) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -243,10 +231,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   constexpr int VAL = VA < 4 * VWN ? VA : (4 * VWN < 16 ? 4 * VWN : 16);
   constexpr bool kFoldI4 = FOLD != 0 && F == KvFormat::int4;  // ldmatrix layout, 4 groups, D 128
   constexpr bool kFoldF8 = FOLD != 0 && F == KvFormat::fp8;
-  // Folded int4 with FOLD 2: the codes go to the mma as normal f16 1024 + c / 1024 + 16 c (magic
-  // number, no subnormals): K's offset is removed by the shift-term mma (B = (-1024 Q'_g, Q_g)), V's
-  // by hsub2 / hfma2 per f16x2 (O accumulates over the whole split, so it must not carry it).
-  constexpr bool kMagic = kFoldI4 && FOLD == 2;
   constexpr int NG = 4;                   // groups of the folded int4 path (32 dims each)
   static_assert(FOLD == 0 || F == KvFormat::fp8 || (F == KvFormat::int4 && D == 128), "fold");
   static_assert(KW >= 1 && VWN >= 1, "run sizes");
@@ -414,17 +398,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   const int my_key = c1.key, my_n = c1.n;
   const bool my_lane = c1.ok && issuer;
   // Issues tile n (the next in order, n < n_tiles) into stage s (= n mod NST).
-  // Stagger (contiguous only): tile n of the walk is tile (n + rot) mod n_tiles of the split.
-  const int rot = a.stagger && !c.block_tables && n_tiles > 1
-                      ? static_cast<int>((static_cast<int64_t>(blockIdx.z) * p.S + split) * 37 %
-                                         n_tiles)
-                      : 0;
-  auto tile_of = [&](int n) {
-    const int tn = n + rot;
-    return tn >= n_tiles ? tn - n_tiles : tn;
-  };
   auto issue = [&](int n, int s) {  // every warp
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(n));
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
     int64_t base = k0;
     int64_t nk = min(hi - k0, int64_t{16});
     if (c.block_tables) {
@@ -469,7 +444,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
                           ? c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1]
                           : 0;
   auto issue_solo = [&](int n, int s) {  // warp n % HB only
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(n));
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
     int64_t base = k0;
     int64_t nk = min(hi - k0, int64_t{16});
     if (c.block_tables) {
@@ -520,7 +495,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   bool rok[NR][2];
   float qsum[NR];   // fold: sum of the row's q as the mma sees it (fp8: row 8 nr + g)
   float qgs[NR][NG];  // fold int4: per group (block) sums of row 8 nr + g
-  float qps[NR][NG];  // fold int4, magic codes: per group sums of the B values (q, q / 16)
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr) {
     const int r = 8 * nr + g;
@@ -530,7 +504,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     const int64_t off = off0 + t * QRUN;
     qsum[nr] = 0.f;
 #pragma unroll
-    for (int G = 0; G < NG; ++G) qgs[nr][G] = qps[nr][G] = 0.f;
+    for (int G = 0; G < NG; ++G) qgs[nr][G] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       float v[4];
@@ -557,7 +531,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
         const float2 lo2 = __half22float2(bits_h2(qf[nr][ks][0]));
         const float2 hi2 = __half22float2(bits_h2(qf[nr][ks][1]));
         qgs[nr][ks / 2] += (lo2.x + lo2.y) + 16.f * (hi2.x + hi2.y);
-        qps[nr][ks / 2] += (lo2.x + lo2.y) + (hi2.x + hi2.y);
       } else {
         qf[nr][ks][0] = pack_f32x2(v[0], v[1]);
         qf[nr][ks][1] = pack_f32x2(v[2], v[3]);
@@ -587,25 +560,19 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     qz[nr][0] = qz[nr][1] = 0u;
     qrow[nr][0] = qrow[nr][1] = 0.f;
     if constexpr (kFoldI4) {
-      float mine = 0.f, mine_b = 0.f;
+      float mine = 0.f;
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
-        float x = qgs[nr][G], y = qps[nr][G];
+        float x = qgs[nr][G];
         x += __shfl_xor_sync(0xffffffffu, x, 1);
         x += __shfl_xor_sync(0xffffffffu, x, 2);
-        y += __shfl_xor_sync(0xffffffffu, y, 1);
-        y += __shfl_xor_sync(0xffffffffu, y, 2);
         mine = G == t ? x : mine;
-        mine_b = G == t ? y : mine_b;
       }
       const __half qh = __float2half_rn(mine);
       const __half ql = __float2half_rn(mine - __half2float(qh));
-      // the scale half: 0 (subnormal codes) or -1024 Q' (magic codes), also split in two f16
-      const float cn = kMagic ? -1024.f * mine_b : 0.f;
-      const __half ch = __float2half_rn(cn);
-      const __half cl = __float2half_rn(cn - __half2float(ch));
-      qz[nr][0] = h2_bits(__halves2half2(ch, qh));
-      qz[nr][1] = h2_bits(__halves2half2(cl, ql));
+      const __half zero = __float2half_rn(0.f);  // (meets the scale half of the A words)
+      qz[nr][0] = h2_bits(__halves2half2(zero, qh));
+      qz[nr][1] = h2_bits(__halves2half2(zero, ql));
     } else if constexpr (kFoldF8) {
       float x = qsum[nr];
       x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -694,7 +661,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = ring_s + s * stage_bytes;
     const int nk = cnt[s];
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(it));
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
 
     // ---- S^T = K q^T (keys g, g + 8 x rows 8 nr + 2t + {0, 1}) ----
     float sv[NR][4];
@@ -722,18 +689,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
           w0 >>= 8;
           w1 >>= 8;
         }
-        uint32_t af[4];
-        if constexpr (kMagic) {
-          af[0] = and_or<0x000f000fu, 0x64006400u>(w0);
-          af[1] = and_or<0x000f000fu, 0x64006400u>(w1);
-          af[2] = and_or<0x00f000f0u, 0x64006400u>(w0);
-          af[3] = and_or<0x00f000f0u, 0x64006400u>(w1);
-        } else {
-          af[0] = w0 & 0x000f000fu;
-          af[1] = w1 & 0x000f000fu;
-          af[2] = w0 & 0x00f000f0u;
-          af[3] = w1 & 0x00f000f0u;
-        }
+        const uint32_t af[4] = {w0 & 0x000f000fu, w1 & 0x000f000fu, w0 & 0x00f000f0u,
+                                w1 & 0x00f000f0u};
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(acc[nr][X], af, qf[nr][ks][0], qf[nr][ks][1]);
       }
@@ -750,7 +707,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {
           // subnormal codes: acc in units of 2^-24
-          constexpr float kUnit = kMagic ? 1.f : 5.9604644775390625e-8f;
+          constexpr float kUnit = 5.9604644775390625e-8f;
           float x = sv[nr][cc] * kUnit;
 #pragma unroll
           for (int G = 0; G < NG; ++G) x = fmaf(sc[cc >> 1][G], acc[nr][G][cc], x);
@@ -971,20 +928,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
             x0 >>= 8;
             x1 >>= 8;
           }
-          uint32_t af[4];
-          if constexpr (kMagic) {  // exact codes (1024 + c) - 1024, (1024 + 16 c) / 16 - 64
-            const __half2 k1024 = bits_h2(0x64006400u), k16th = bits_h2(0x2c002c00u),
-                          km64 = bits_h2(0xd400d400u);
-            af[0] = h2_bits(__hsub2(bits_h2(and_or<0x000f000fu, 0x64006400u>(x0)), k1024));
-            af[1] = h2_bits(__hfma2(bits_h2(and_or<0x00f000f0u, 0x64006400u>(x0)), k16th, km64));
-            af[2] = h2_bits(__hsub2(bits_h2(and_or<0x000f000fu, 0x64006400u>(x1)), k1024));
-            af[3] = h2_bits(__hfma2(bits_h2(and_or<0x00f000f0u, 0x64006400u>(x1)), k16th, km64));
-          } else {
-            af[0] = x0 & 0x000f000fu;
-            af[1] = x0 & 0x00f000f0u;
-            af[2] = x1 & 0x000f000fu;
-            af[3] = x1 & 0x00f000f0u;
-          }
+          const uint32_t af[4] = {x0 & 0x000f000fu, x0 & 0x00f000f0u, x1 & 0x000f000fu,
+                                  x1 & 0x00f000f0u};
 #pragma unroll
           for (int nr = 0; nr < NR; ++nr)
             ptx::mma_f16(o[2 * G + j][nr], af, pbs[nr][0], pbs[nr][1]);
@@ -1099,8 +1044,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
         for (int mt = 0; mt < MT; ++mt) {
           if constexpr (kFoldI4) {  // subnormal codes: c 2^-24 (dim d) and 16 c 2^-24 (d + 1)
             const int d = 32 * (mt / 2) + 4 * g + 2 * (mt % 2);
-            out[d] = fmaf(o[mt][nr][e], kMagic ? 1.f : 16777216.f, zg[mt / 2]) * inv;
-            out[d + 1] = fmaf(o[mt][nr][e + 2], kMagic ? 1.f : 1048576.f, zg[mt / 2]) * inv;
+            out[d] = fmaf(o[mt][nr][e], 16777216.f, zg[mt / 2]) * inv;
+            out[d + 1] = fmaf(o[mt][nr][e + 2], 1048576.f, zg[mt / 2]) * inv;
           } else if constexpr (kFoldF8) {
             const int d = 2 * (g * MT + mt);
             out[d] = (o[mt][nr][e] + zg[0]) * inv;
@@ -1118,10 +1063,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
 #endif  // sm_90
 }
 
-template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
+template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
 void launch_nr(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int64_t B,
                cudaStream_t stream) {
-  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO, MINB, KN>;
+  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO, KN>;
   const int smem = a.nst * a.stage_bytes + ((KN & kTma4) ? 128 : 0);
   // The attributes once per (device, instantiation, size): two host API calls per decode step
   // otherwise. smem never exceeds 224 KB (DecodePlan::bulk_stages), so the largest size set so
@@ -1161,26 +1106,19 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
     const bool solo_ok = kFp8Solo ? a.solo : !a.solo;
     const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0) |
                   (kInt4 && a.tma ? kTma4 | (a.sync2 && !a.probe ? kSync2 : 0) : 0);
-    if (x != 0 && solo_ok && p.R <= 8 && !a.one_cta) {
+    if (x != 0 && solo_ok && p.R <= 8) {
       constexpr bool kS = kFp8Solo;
-      if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kProbe>(p, a, m, B, stream);
+      if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, kProbe>(p, a, m, B, stream);
       if constexpr (F == KvFormat::fp8) {
         if (x == kBlocks8)
-          return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8>(p, a, m, B, stream);
-        return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8 | kProbe>(p, a, m, B, stream);
+          return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8>(p, a, m, B, stream);
+        return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kProbe>(p, a, m, B, stream);
       } else {
-        if (x == kTma4) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kTma4>(p, a, m, B, stream);
+        if (x == kTma4) return launch_nr<F, D, 1, VA, FOLD, kS, kTma4>(p, a, m, B, stream);
         if (x == (kTma4 | kSync2))
-          return launch_nr<F, D, 1, VA, FOLD, kS, 2, kTma4 | kSync2>(p, a, m, B, stream);
-        return launch_nr<F, D, 1, VA, FOLD, kS, 2, kTma4 | kProbe>(p, a, m, B, stream);
+          return launch_nr<F, D, 1, VA, FOLD, kS, kTma4 | kSync2>(p, a, m, B, stream);
+        return launch_nr<F, D, 1, VA, FOLD, kS, kTma4 | kProbe>(p, a, m, B, stream);
       }
-    }
-  }
-  if constexpr (F == KvFormat::fp8) {
-    if (a.one_cta && p.R <= 8) {
-      if (a.solo) launch_nr<F, D, 1, VA, FOLD, true, 1>(p, a, m, B, stream);
-      else launch_nr<F, D, 1, VA, FOLD, false, 1>(p, a, m, B, stream);
-      return;
     }
   }
   if (a.solo) {
@@ -1192,15 +1130,13 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
   }
 }
 
-// fold (DecodePlan::fold_scales: 0 off, 1 subnormal codes, 2 magic-number codes; fp8: any
-// nonzero): only where fold_applies (int4 with 4 groups at D 128, whose code words are 16-byte
+// fold (DecodePlan::fold_scales: 0 off, 1 on): only where fold_applies (int4 with 4 groups at D 128, whose code words are 16-byte
 // aligned; fp8).
 template <KvFormat F, int D>
 void launch_fd(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int va, int fold,
                int64_t B, cudaStream_t stream) {
   if constexpr (F == KvFormat::int4) {
     if constexpr (D == 128) {
-      if (fold == 2) return launch_rows<F, D, 16, 2>(p, a, m, B, stream);
       if (fold) return launch_rows<F, D, 16, 1>(p, a, m, B, stream);
     }
     dispatch_int<4, 8, 16>(va, "decode_attention", "alignment (bulk kernel)", [&](auto v) {
@@ -1232,8 +1168,8 @@ bool fold_applies(const KvCache& cache) {
          cache.format == KvFormat::fp8;
 }
 
-// blocks8: DecodePlan::bulk_blocks (fp8 where tiles are contiguous: one copy per kind and tile
-// into an unpadded stage). tma4: DecodePlan::bulk_tma (folded int4: BulkArgs::tma).
+// blocks8: fp8 where tiles are contiguous: one copy per kind and tile into an unpadded stage
+// (the launch's choice for its kBlocks8 instantiations). tma4: DecodePlan::bulk_tma (folded int4: BulkArgs::tma).
 BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blocks8 = false,
                        bool tma4 = false) {
   BulkArgs a;
@@ -1296,14 +1232,13 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blo
   a.nst = budget / a.stage_bytes;
   a.nst = a.nst > 4 ? 4 : a.nst;
   if (a.nst < 2) a.hb = 0;
-  // DecodePlan::bulk_stages: that many stages where they fit one CTA's shared memory (224 KB; more
-  // than ~110 KB leaves one CTA per multiprocessor), at most kMaxStages.
+  // DecodePlan::bulk_stages: that many stages where they fit two CTAs per multiprocessor (113 KB
+  // each, the tensor-map path's 128 bytes of alignment slack included). Session 6's deeper rings
+  // with one CTA per multiprocessor lost (fp8 6 stages +14..+57 %) and are gone.
   if (a.hb > 0 && stages > 0) {
-    const int most = 224 * 1024 / a.stage_bytes;
+    const int most = (113 * 1024 - 128) / a.stage_bytes;
     a.nst = stages < 2 ? 2 : stages;
     a.nst = a.nst > most ? most : a.nst;
-    a.nst = a.nst > kMaxStages ? kMaxStages : a.nst;
-    a.one_cta = a.nst * a.stage_bytes > 113 * 1024;
   }
   return a;
 }
@@ -1356,21 +1291,19 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   const bool knobs = cache.head_dim() == 128 && p.R <= 8 &&
                      ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
                       (cache.format == KvFormat::int4 && fold == 1 && !solo));
-  const bool blocks8 = knobs && plan.bulk_blocks;
+  const bool blocks8 = knobs;  // (fp8 where the tile's blocks are contiguous: bulk_geometry)
   const bool tma4 = knobs && plan.bulk_tma;
   BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);
-  if (a.one_cta && (blocks8 || tma4)) a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
   BulkMaps maps;  // (zero bytes unless a.tma)
   std::memset(&maps, 0, sizeof(maps));
   if (a.tma && a.hb > 0 && !encode_bulk_maps(cache, a, &maps))
     a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
-  a.stagger = plan.bulk_stagger;
   a.solo = solo;
   a.probe = plan.bulk_probe;
   a.sync2 = plan.bulk_sync2;
-  // Issuing warps of the shared mode: all HB (0), 4 (2), 2 (3), but enough lanes for the copies
-  // (fp8 with a copy per key and kind: 64 copies, two warps at least).
-  a.issuers = issue == 2 ? 4 : issue == 3 ? 2 : a.hb;
+  // Issuing warps of the shared mode: all HB (0), 4 (2; enough lanes for fp8's 64 copies per
+  // tile with a copy per key and kind).
+  a.issuers = issue == 2 ? 4 : a.hb;
   a.issuers = a.issuers > a.hb ? a.hb : a.issuers;
   a.pdl = plan.launch_pdl;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
