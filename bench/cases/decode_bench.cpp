@@ -35,9 +35,10 @@ struct Shape {
 // bulk_probe, plan_decode's copies and ring protocol without the math (NOT attention: the
 // roofline of this copy pattern). Session 8 (int4 g4 D 128): "tma": bulk_tma (a full tile's K
 // and V by one tensor-map copy each), "tma probe" its copies alone, "tma sync2": with
-// bulk_sync2 (barrier and refills every second tile).
+// bulk_sync2 (barrier and refills every second tile), "tma solo": with bulk_issue 1 (tile n's
+// two boxes issued by warp n mod 8, stages released on mbarriers: no CTA barrier).
 // Settled variants of earlier sessions have no rows (docs/decode.md has their numbers).
-enum class Pick { plan, shared, probe, tma, tma_probe, tma_sync2 };
+enum class Pick { plan, shared, probe, tma, tma_probe, tma_sync2, tma_solo };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -51,8 +52,10 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
     if (plan.format == KvFormat::fp8) plan.fold_scales = 0;
   }
   plan.bulk_probe = pick == Pick::probe || pick == Pick::tma_probe;
-  plan.bulk_tma = pick == Pick::tma || pick == Pick::tma_probe || pick == Pick::tma_sync2;
+  plan.bulk_tma = pick == Pick::tma || pick == Pick::tma_probe || pick == Pick::tma_sync2 ||
+                  pick == Pick::tma_solo;
   plan.bulk_sync2 = pick == Pick::tma_sync2;
+  if (pick == Pick::tma_solo) plan.bulk_issue = 1;
 }
 
 int64_t packed_dim(const Fmt& f, int64_t D) {
@@ -276,6 +279,7 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::int4, 4, "int4 g4 tma probe (copies only, not attention)",
                          Pick::tma_probe});
       formats.push_back({KvFormat::int4, 4, "int4 g4 tma sync2", Pick::tma_sync2});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 tma solo", Pick::tma_solo});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -287,11 +291,13 @@ class DecodeBench : public BenchCase {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
           // "shared issue" paged at B 64; the int4 probes at B 64 (contiguous, paged 16); "tma
-          // sync2" at B 64 and B 16 contiguous.
+          // sync2" / "tma solo" at B 64 and B 16 contiguous.
           if (f.pick == Pick::shared && (!page || s.B != 64)) continue;
           if ((f.pick == Pick::probe || f.pick == Pick::tma_probe) && (s.B != 64 || page == 256))
             continue;
-          if (f.pick == Pick::tma_sync2 && (s.B == 1 || (s.B == 16 && page))) continue;
+          if ((f.pick == Pick::tma_sync2 || f.pick == Pick::tma_solo) &&
+              (s.B == 1 || (s.B == 16 && page)))
+            continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -398,6 +398,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   const int my_key = c1.key, my_n = c1.n;
   const bool my_lane = c1.ok && issuer;
   // Issues tile n (the next in order, n < n_tiles) into stage s (= n mod NST).
+  // kTma4: K's (kind 0) or V's (kind 1) box of the tile at key (pool row) `base` into stage s.
+  auto tma_tile = [&](int kind, int s, int64_t base, uint32_t bar) {
+    ptx::tma_load_4d(ring_s + s * stage_bytes + (kind ? 16 * kstr : 0), kind ? &m.v : &m.k, bar,
+                     0, h0 / HB, static_cast<int>(base), c.block_tables ? 0 : static_cast<int>(b));
+  };
   auto issue = [&](int n, int s) {  // every warp
     const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
     int64_t base = k0;
@@ -427,12 +432,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     __syncwarp();
     if (mine) {
-      if (whole)
-        ptx::tma_load_4d(ring_s + s * stage_bytes + (my_ci ? 16 * kstr : 0), my_ci ? &m.v : &m.k,
-                         bar, 0, h0 / HB, static_cast<int>(base),
-                         c.block_tables ? 0 : static_cast<int>(b));
-      else
-        bulk_g2s(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
+      if (whole) tma_tile(my_ci, s, base, bar);
+      else bulk_g2s(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
     }
   };
   // Solo: tile n is issued by warp n mod HB (the tiles of one warp in increasing order, HB apart).
@@ -457,8 +458,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
-    const bool m1 = c1.ok && c1.key < nk;
-    const uint32_t s1 = static_cast<uint32_t>(min(nk - c1.key, int64_t{c1.n})) * c1.size;
+    const bool whole = tma && nk == 16;  // kTma4, full tile: lane 0 K's box, lane 1 V's
+    const bool m1 = whole ? lane < 2 : c1.ok && c1.key < nk;
+    const uint32_t s1 = whole ? 16u * static_cast<uint32_t>(kstr)
+                              : static_cast<uint32_t>(min(nk - c1.key, int64_t{c1.n})) * c1.size;
     bool m2 = false;
     uint32_t s2 = 0;
     Copy c2;
@@ -474,7 +477,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     __syncwarp();
     const uint32_t dst = ring_s + s * stage_bytes;
-    if (m1) bulk_g2s(dst + c1.dst, c1.src + base * c1.st, s1, bar);
+    if (m1) {
+      if (whole) tma_tile(lane, s, base, bar);
+      else bulk_g2s(dst + c1.dst, c1.src + base * c1.st, s1, bar);
+    }
     if constexpr (F == KvFormat::fp8)
       if (m2) bulk_g2s(dst + c2.dst, c2.src + base * c2.st, s2, bar);
   };
@@ -1103,7 +1109,8 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
   constexpr bool kFp8Shared = F == KvFormat::fp8 && FOLD == 0;  // (with !a.solo)
   constexpr bool kInt4 = F == KvFormat::int4 && FOLD == 1;      // (with !a.solo)
   if constexpr (D == 128 && (kFp8Solo || kFp8Shared || kInt4)) {
-    const bool solo_ok = kFp8Solo ? a.solo : !a.solo;
+    // (int4 with tma also under solo issue; the host never asks for its probe or sync2 there)
+    const bool solo_ok = kFp8Solo ? a.solo : !a.solo || (kInt4 && a.tma);
     const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0) |
                   (kInt4 && a.tma ? kTma4 | (a.sync2 && !a.probe ? kSync2 : 0) : 0);
     if (x != 0 && solo_ok && p.R <= 8) {
@@ -1114,6 +1121,7 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
           return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kProbe>(p, a, m, B, stream);
       } else {
+        if (a.solo) return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
         if (x == kTma4) return launch_nr<F, D, 1, VA, FOLD, kS, kTma4>(p, a, m, B, stream);
         if (x == (kTma4 | kSync2))
           return launch_nr<F, D, 1, VA, FOLD, kS, kTma4 | kSync2>(p, a, m, B, stream);
@@ -1288,9 +1296,11 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   const int issue = plan.bulk_issue;
   const bool solo = issue == 1;
   // fp8 blocks change the stage layout: only where launch_rows runs a kBlocks8 instantiation.
+  // int4 tensor-map tiles: shared issue, or solo issue without the probe (sync2: shared only).
   const bool knobs = cache.head_dim() == 128 && p.R <= 8 &&
                      ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
-                      (cache.format == KvFormat::int4 && fold == 1 && !solo));
+                      (cache.format == KvFormat::int4 && fold == 1 &&
+                       (!solo || (plan.bulk_tma && !plan.bulk_probe))));
   const bool blocks8 = knobs;  // (fp8 where the tile's blocks are contiguous: bulk_geometry)
   const bool tma4 = knobs && plan.bulk_tma;
   BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);
@@ -1300,7 +1310,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
     a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
   a.solo = solo;
   a.probe = plan.bulk_probe;
-  a.sync2 = plan.bulk_sync2;
+  a.sync2 = plan.bulk_sync2 && !solo;
   // Issuing warps of the shared mode: all HB (0), 4 (2; enough lanes for fp8's 64 copies per
   // tile with a copy per key and kind).
   a.issuers = issue == 2 ? 4 : a.hb;

@@ -152,10 +152,12 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_tma: plan_decode's choice with bulk_tma (folded int4 g4 D 128, shared issue, <= 8 rows:
 //     a full tile's K and V by one tensor-map copy each; elsewhere ignored);
 //   bulk_tma_sync2: bulk_tma with bulk_sync2 (the barrier and refills every second tile) and
-//     bulk_stages 5 (an odd stage count: the refill of tile it - 1 wraps to the last stage).
+//     bulk_stages 5 (an odd stage count: the refill of tile it - 1 wraps to the last stage);
+//   bulk_tma_solo: bulk_tma with bulk_issue 1 (tile n's two boxes issued by warp n mod HB; stages
+//     released on mbarriers).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
-  merge_wide, bulk_tma, bulk_tma_sync2
+  merge_wide, bulk_tma, bulk_tma_sync2, bulk_tma_solo
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -174,7 +176,7 @@ class DecodeCase : public Case {
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::merge_wide || kernel == Kernel::bulk_tma ||
-                    kernel == Kernel::bulk_tma_sync2) &&
+                    kernel == Kernel::bulk_tma_sync2 || kernel == Kernel::bulk_tma_solo) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -193,6 +195,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
     if (kernel_ == Kernel::bulk_tma) s += ".bulk_tma";
     if (kernel_ == Kernel::bulk_tma_sync2) s += ".bulk_tma_sync2";
+    if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     return s;
   }
 
@@ -244,12 +247,14 @@ class DecodeCase : public Case {
       plan.merge_wide = true;
       plan.split_size = plan.capacity > 4000 ? 16 : 32;
       plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
-    } else if (kernel_ == Kernel::bulk_tma || kernel_ == Kernel::bulk_tma_sync2) {
+    } else if (kernel_ == Kernel::bulk_tma || kernel_ == Kernel::bulk_tma_sync2 ||
+               kernel_ == Kernel::bulk_tma_solo) {
       plan.bulk_tma = true;
       if (kernel_ == Kernel::bulk_tma_sync2) {
         plan.bulk_sync2 = true;
         plan.bulk_stages = 5;
       }
+      if (kernel_ == Kernel::bulk_tma_solo) plan.bulk_issue = 1;
     } else if (kernel_ == Kernel::bulk_iss4) {
       plan.bulk_issue = 2;
     } else if (kernel_ != Kernel::automatic) {
@@ -443,7 +448,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, so = Kernel::bulk_solo;
   const Kernel np = Kernel::no_pdl, dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4;
   const Kernel mw = Kernel::merge_wide;
-  const Kernel tm = Kernel::bulk_tma, ts = Kernel::bulk_tma_sync2;
+  const Kernel tm = Kernel::bulk_tma, ts = Kernel::bulk_tma_sync2, tso = Kernel::bulk_tma_solo;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -626,6 +631,14 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, ts);
   add(shape(F::int4, 4, 3, 1300, 8, 128, 16), {1300, 33, 16}, 4, 1, false, true, DType::f16, ts);
   add(shape(F::int4, 4, 2, 1001, 4, 128, 256), {1001, 31}, 2, 3, true, false, DType::bf16, ts);
+  // bulk_tma_solo: 8 heads contiguous / paged 16 (splits starting inside a page) / paged 256,
+  // 2 heads (fewer warps than stages: one warp issues several of the first tiles), partial last
+  // tiles, empty and 1-key sequences, causal Mq > 1, bias, 16 heads.
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, tso);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, true, DType::f16, tso);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, tso);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 31}, 8, 1, false, false, DType::f16, tso);
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, tso);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
