@@ -659,7 +659,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   };
 #pragma unroll 1
   for (int it = 0; it < n_tiles; ++it) {
-    mbar_wait(full_s + 8 * s, phase);
+    // kTma4: a bounded wait (a tensor copy whose bytes never complete traps, not hangs).
+    if constexpr (tma) ptx::mbar_wait_bounded(full_s + 8 * s, phase);
+    else mbar_wait(full_s + 8 * s, phase);
     if constexpr ((KN & kProbe) != 0) {
       finish_tile(it);
       continue;
