@@ -1140,8 +1140,8 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
   }
 }
 
-// fold (DecodePlan::fold_scales: 0 off, 1 on): only where fold_applies (int4 with 4 groups at D 128, whose code words are 16-byte
-// aligned; fp8).
+// fold (DecodePlan::fold_scales: 0 off, 1 on): only where fold_applies (int4 with 4 groups at
+// D 128, whose code words are 16-byte aligned; fp8).
 template <KvFormat F, int D>
 void launch_fd(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int va, int fold,
                int64_t B, cudaStream_t stream) {
@@ -1179,7 +1179,8 @@ bool fold_applies(const KvCache& cache) {
 }
 
 // blocks8: fp8 where tiles are contiguous: one copy per kind and tile into an unpadded stage
-// (the launch's choice for its kBlocks8 instantiations). tma4: DecodePlan::bulk_tma (folded int4: BulkArgs::tma).
+// (the launch's choice for its kBlocks8 instantiations). tma4: DecodePlan::bulk_tma (folded
+// int4: BulkArgs::tma).
 BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blocks8 = false,
                        bool tma4 = false) {
   BulkArgs a;
