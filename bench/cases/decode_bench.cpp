@@ -33,12 +33,14 @@ struct Shape {
 // allows it) or one DecodePlan knob on top of it. "shared": the shared copy issue without folded
 // scales (bulk_issue 0, fold_scales 0: paged fp8's default until session 8); "probe":
 // bulk_probe, plan_decode's copies and ring protocol without the math (NOT attention: the
-// roofline of this copy pattern). Session 8 (int4 g4 D 128): "tma": bulk_tma (a full tile's K
-// and V by one tensor-map copy each), "tma probe" its copies alone, "tma sync2": with
-// bulk_sync2 (barrier and refills every second tile), "tma solo": with bulk_issue 1 (tile n's
-// two boxes issued by warp n mod 8, stages released on mbarriers: no CTA barrier).
+// roofline of this copy pattern; int4: the key-pair copies' probe). Session 8 (int4 g4 D 128):
+// plan_decode copies full tiles by one tensor-map box per kind under solo issue (bulk_tma,
+// bulk_issue 1); "pairs": the key-pair bulk copies with 4 issuing warps (bulk_tma off,
+// bulk_issue 2: the default until run 19). Run 19 settled the tensor-map boxes under the shared
+// issue (3 % slower than pairs), with the barrier every second tile (2 % slower) and their
+// probe (0.7 % faster than the pair probe): gone.
 // Settled variants of earlier sessions have no rows (docs/decode.md has their numbers).
-enum class Pick { plan, shared, probe, tma, tma_probe, tma_sync2, tma_solo };
+enum class Pick { plan, shared, probe, pairs };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -51,11 +53,11 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
     plan.bulk_issue = 0;
     if (plan.format == KvFormat::fp8) plan.fold_scales = 0;
   }
-  plan.bulk_probe = pick == Pick::probe || pick == Pick::tma_probe;
-  plan.bulk_tma = pick == Pick::tma || pick == Pick::tma_probe || pick == Pick::tma_sync2 ||
-                  pick == Pick::tma_solo;
-  plan.bulk_sync2 = pick == Pick::tma_sync2;
-  if (pick == Pick::tma_solo) plan.bulk_issue = 1;
+  plan.bulk_probe = pick == Pick::probe;
+  if (plan.format == KvFormat::int4 && (pick == Pick::pairs || pick == Pick::probe)) {
+    plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
+    plan.bulk_issue = 2;
+  }
 }
 
 int64_t packed_dim(const Fmt& f, int64_t D) {
@@ -272,14 +274,9 @@ class DecodeBench : public BenchCase {
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
       formats.push_back({KvFormat::fp8, 1, "fp8 shared issue", Pick::shared});  // (paged)
-      formats.push_back({KvFormat::int4, 4, "int4 g4 probe (copies only, not attention)",
+      formats.push_back({KvFormat::int4, 4, "int4 g4 pairs probe (copies only, not attention)",
                          Pick::probe});
-      // Session 8: int4 full tiles by one tensor-map copy per kind (bulk_tma) and its probe.
-      formats.push_back({KvFormat::int4, 4, "int4 g4 tma", Pick::tma});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 tma probe (copies only, not attention)",
-                         Pick::tma_probe});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 tma sync2", Pick::tma_sync2});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 tma solo", Pick::tma_solo});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 pairs", Pick::pairs});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -290,14 +287,9 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // "shared issue" paged at B 64; the int4 probes at B 64 (contiguous, paged 16); "tma
-          // sync2" / "tma solo" at B 64 and B 16 contiguous.
+          // "shared issue" paged at B 64; the int4 probe at B 64 contiguous; "pairs" everywhere.
           if (f.pick == Pick::shared && (!page || s.B != 64)) continue;
-          if ((f.pick == Pick::probe || f.pick == Pick::tma_probe) && (s.B != 64 || page == 256))
-            continue;
-          if ((f.pick == Pick::tma_sync2 || f.pick == Pick::tma_solo) &&
-              (s.B == 1 || (s.B == 16 && page)))
-            continue;
+          if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -129,18 +129,17 @@ struct DecodePlan {
   // every copy of the split exactly as plan_decode's kernel, but does no math (roofline row: how
   // fast the copy pattern streams without the attention arithmetic).
   bool bulk_probe = false;
-  // CUDA, bulk kernel (session 8): int4 g4 D 128 with folded scales, shared issue, <= 8 query
-  // rows: a full tile's K and V each arrive by ONE tensor-map copy (TMA, cp.async.bulk.tensor)
-  // instead of 8 key-pair bulk copies per kind; the box is one key's piece of the CTA's heads
-  // plus 16 zero-filled bytes, so the stage keeps a key stride of an odd number of 16-byte units
-  // (ldmatrix phases free of bank conflicts). Partial tiles keep the per-key copies. Same
-  // arithmetic and order: the bits equal false's. Falls back to false where the driver refuses
-  // the tensor map. docs/decode.md "Tensor-map tiles".
+  // CUDA, bulk kernel (session 8): int4 g4 D 128 with folded scales, solo issue (bulk_issue 1),
+  // <= 8 query rows: a full tile's K and V each arrive by ONE tensor-map copy (TMA,
+  // cp.async.bulk.tensor) issued by warp n mod 8 for tile n, instead of 8 key-pair bulk copies
+  // per kind; the box is one key's piece of the CTA's heads plus 16 zero-filled bytes, so the
+  // stage keeps a key stride of an odd number of 16-byte units (ldmatrix phases free of bank
+  // conflicts) in natural key order (the pair copies' stage permutes the keys: the fp32 sums
+  // round differently, about 1 value in 1000 by one f16 ulp). Partial tiles keep per-key copies.
+  // plan_decode sets it with bulk_issue 1 for int4 g4 D 128 at <= 8 rows (H200 run 19: 0.7-1.9 %
+  // faster than the pair copies with bulk_issue 2); other layouts and the shared issue ignore it;
+  // a refused tensor map falls back to the pair copies. docs/decode.md "Tensor-map tiles".
   bool bulk_tma = false;
-  // CUDA, with bulk_tma (session 8 A/B): the CTA barrier and the stage refills every second tile
-  // instead of every tile (half the barriers; the warps drift by up to two tiles between them).
-  // Same arithmetic and order: the bits equal false's.
-  bool bulk_sync2 = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

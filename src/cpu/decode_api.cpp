@@ -263,6 +263,15 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // 0.2006 paged 16 / 256), same bits; every `.bulk_iss4` harness case passed.
   p.bulk_issue = 0;
   if (p.device == Device::cuda && p.format == KvFormat::int4) p.bulk_issue = 2;
+  // int4 g4 D 128 at <= 8 rows since session 8: tensor-map tiles under solo issue (H200 run 19,
+  // against the pair copies with bulk_issue 2: B 64, L 8192 0.1867 / 0.1880 ms contiguous, 0.2057
+  // / 0.2072 and 0.2002 / 0.2032 paged 16 / 256, (16, 32768, 64, 8) 0.1849 / 0.1884; every
+  // `.bulk_tma*` harness case passed). (Solo issue without them lost: run 9, +13 %.)
+  if (p.device == Device::cuda && p.format == KvFormat::int4 && cache.n_groups == 4 && D == 128 &&
+      p.mq * p.group <= 8) {
+    p.bulk_tma = true;
+    p.bulk_issue = 1;
+  }
   if (p.device == Device::cuda && p.format == KvFormat::f16) p.bulk_issue = 1;
   // Paged fp8 too since session 8 where its tiles are copied whole (kBlocks8: D 128, <= 8
   // rows, Hkv <= 8): H200 run 17 (B 64, L 8192) timed that solo + fold kernel at 0.2717 / 0.2681

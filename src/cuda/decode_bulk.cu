@@ -181,7 +181,6 @@ struct BulkArgs {
   // bank groups. The box's last 16 bytes lie past the map's first dimension (zero-filled, never
   // read). Partial tiles: per-key bulk copies into the same layout.
   bool tma = false;
-  bool sync2 = false;  // with tma: DecodePlan::bulk_sync2 (kSync2; the probe ignores it)
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -208,9 +207,9 @@ struct BulkMaps {
 // bytes of spills): kBlocks8 (1): fp8 where a tile's blocks are contiguous (one copy per kind and
 // tile into an unpadded stage; fp8's layout since H200 run 16); kProbe (2, DecodePlan::bulk_probe,
 // bench only): the copies, waits and releases of the split, no math; the partial outputs are 0
-// with LSE -inf. Session 8: kTma4 (4): folded int4 with DecodePlan::bulk_tma (BulkArgs::tma);
-// kSync2 (8, with kTma4): DecodePlan::bulk_sync2, the CTA barrier and refills every second tile.
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kSync2 = 8;
+// with LSE -inf. Session 8: kTma4 (4): folded int4, solo issue, DecodePlan::bulk_tma
+// (BulkArgs::tma).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
@@ -390,8 +389,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // the whole loop it pushed the fp8 instantiation past 128 registers).
   const int NW = a.issuers;
   const bool issuer = solo || warp < NW;
-  const int my_ci = solo ? lane : warp + NW * lane;
-  const Copy c1 = copy_of(my_ci);
+  const Copy c1 = copy_of(solo ? lane : warp + NW * lane);
   const char* my_src = c1.src;
   const int64_t my_st = c1.st;
   const uint32_t my_dst = c1.dst, my_size = c1.size;
@@ -420,21 +418,15 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
-    // kTma4, full tile: copy 0 (warp 0, lane 0) is K's box, copy 1 V's (16 keys of kstr bytes).
-    const bool whole = tma && nk == 16;
-    const bool mine = my_lane && (whole ? my_ci < 2 : my_key < nk);
-    const uint32_t size = whole ? 16u * static_cast<uint32_t>(kstr)
-                                : static_cast<uint32_t>(min(nk - my_key, int64_t{my_n})) * my_size;
+    const bool mine = my_lane && my_key < nk;
+    const uint32_t size = static_cast<uint32_t>(min(nk - my_key, int64_t{my_n})) * my_size;
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, mine ? size : 0u);
     if (lane == 0) {
       if (warp == 0) cnt[s] = static_cast<int>(nk);
       mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
-    if (mine) {
-      if (whole) tma_tile(my_ci, s, base, bar);
-      else bulk_g2s(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
-    }
+    if (mine) bulk_g2s(ring_s + s * stage_bytes + my_dst, my_src + base * my_st, size, bar);
   };
   // Solo: tile n is issued by warp n mod HB (the tiles of one warp in increasing order, HB apart).
   // Paged: the page of the warp's next tile comes from the tile index (lo and page_size are
@@ -635,15 +627,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         mbar_wait(empty_s + 8 * s, phase);
         fence_proxy_async();
         issue_solo(nn, s);
-      }
-    } else if constexpr ((KN & kSync2) != 0) {
-      // Every second tile: the barrier, then tiles it - 1 + NST and it + NST into the stages of
-      // tiles it - 1 and it (an odd last tile needs none: every tile was issued by then).
-      if (it & 1) {
-        __syncthreads();  // every warp is done with the stages of tiles it - 1 and it
-        fence_proxy_async();
-        if (it - 1 + NST < n_tiles) issue(it - 1 + NST, s == 0 ? NST - 1 : s - 1);
-        if (it + NST < n_tiles) issue(it + NST, s);
       }
     } else {
       __syncthreads();  // every warp is done with stage s
@@ -1111,10 +1094,10 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
   constexpr bool kFp8Shared = F == KvFormat::fp8 && FOLD == 0;  // (with !a.solo)
   constexpr bool kInt4 = F == KvFormat::int4 && FOLD == 1;      // (with !a.solo)
   if constexpr (D == 128 && (kFp8Solo || kFp8Shared || kInt4)) {
-    // (int4 with tma also under solo issue; the host never asks for its probe or sync2 there)
-    const bool solo_ok = kFp8Solo ? a.solo : !a.solo || (kInt4 && a.tma);
+    // (int4: the probe under shared issue; tma under solo issue, never with the probe)
+    const bool solo_ok = kFp8Solo ? a.solo : a.solo == (kInt4 && a.tma);
     const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0) |
-                  (kInt4 && a.tma ? kTma4 | (a.sync2 && !a.probe ? kSync2 : 0) : 0);
+                  (kInt4 && a.tma ? kTma4 : 0);
     if (x != 0 && solo_ok && p.R <= 8) {
       constexpr bool kS = kFp8Solo;
       if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, kProbe>(p, a, m, B, stream);
@@ -1123,11 +1106,7 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
           return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kProbe>(p, a, m, B, stream);
       } else {
-        if (a.solo) return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
-        if (x == kTma4) return launch_nr<F, D, 1, VA, FOLD, kS, kTma4>(p, a, m, B, stream);
-        if (x == (kTma4 | kSync2))
-          return launch_nr<F, D, 1, VA, FOLD, kS, kTma4 | kSync2>(p, a, m, B, stream);
-        return launch_nr<F, D, 1, VA, FOLD, kS, kTma4 | kProbe>(p, a, m, B, stream);
+        return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);  // (x == kTma4)
       }
     }
   }
@@ -1299,13 +1278,13 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   const int issue = plan.bulk_issue;
   const bool solo = issue == 1;
   // fp8 blocks change the stage layout: only where launch_rows runs a kBlocks8 instantiation.
-  // int4 tensor-map tiles: shared issue, or solo issue without the probe (sync2: shared only).
+  // int4: the probe under shared issue, tensor-map tiles under solo issue (not with the probe).
   const bool knobs = cache.head_dim() == 128 && p.R <= 8 &&
                      ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
                       (cache.format == KvFormat::int4 && fold == 1 &&
-                       (!solo || (plan.bulk_tma && !plan.bulk_probe))));
+                       (solo ? plan.bulk_tma && !plan.bulk_probe : plan.bulk_probe)));
   const bool blocks8 = knobs;  // (fp8 where the tile's blocks are contiguous: bulk_geometry)
-  const bool tma4 = knobs && plan.bulk_tma;
+  const bool tma4 = knobs && solo && plan.bulk_tma;
   BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);
   BulkMaps maps;  // (zero bytes unless a.tma)
   std::memset(&maps, 0, sizeof(maps));
@@ -1313,7 +1292,6 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
     a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
   a.solo = solo;
   a.probe = plan.bulk_probe;
-  a.sync2 = plan.bulk_sync2 && !solo;
   // Issuing warps of the shared mode: all HB (0), 4 (2; enough lanes for fp8's 64 copies per
   // tile with a copy per key and kind).
   a.issuers = issue == 2 ? 4 : a.hb;

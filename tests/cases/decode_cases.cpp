@@ -149,15 +149,15 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     warps issue the copies);
 //   merge_wide: plan_decode's kernel with merge_wide and splits of 32 keys (16 past L 4000), i.e.
 //     66-313 splits per row (the wide merge's 32 slices and 256-thread LSE loops both wrap);
-//   bulk_tma: plan_decode's choice with bulk_tma (folded int4 g4 D 128, shared issue, <= 8 rows:
-//     a full tile's K and V by one tensor-map copy each; elsewhere ignored);
-//   bulk_tma_sync2: bulk_tma with bulk_sync2 (the barrier and refills every second tile) and
-//     bulk_stages 5 (an odd stage count: the refill of tile it - 1 wraps to the last stage);
-//   bulk_tma_solo: bulk_tma with bulk_issue 1 (tile n's two boxes issued by warp n mod HB; stages
-//     released on mbarriers).
+//   bulk_pairs: plan_decode's choice with bulk_tma off and bulk_issue 2 (folded int4 g4 D 128:
+//     key-pair bulk copies, 4 issuing warps, a CTA barrier per tile; int4's default until
+//     session 8);
+//   bulk_tma_solo: bulk_tma with bulk_issue 1 (folded int4 g4 D 128 at <= 8 rows: a full tile's
+//     K and V by one tensor-map copy each, issued by warp n mod HB for tile n; stages released on
+//     mbarriers; plan_decode's int4 choice since session 8, explicit here).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
-  merge_wide, bulk_tma, bulk_tma_sync2, bulk_tma_solo
+  merge_wide, bulk_pairs, bulk_tma_solo
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -175,8 +175,8 @@ class DecodeCase : public Case {
                   kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
-                    kernel == Kernel::merge_wide || kernel == Kernel::bulk_tma ||
-                    kernel == Kernel::bulk_tma_sync2 || kernel == Kernel::bulk_tma_solo) &&
+                    kernel == Kernel::merge_wide || kernel == Kernel::bulk_pairs ||
+                    kernel == Kernel::bulk_tma_solo) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -193,8 +193,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_deep) s += ".bulk_deep";
     if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
-    if (kernel_ == Kernel::bulk_tma) s += ".bulk_tma";
-    if (kernel_ == Kernel::bulk_tma_sync2) s += ".bulk_tma_sync2";
+    if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     return s;
   }
@@ -247,14 +246,9 @@ class DecodeCase : public Case {
       plan.merge_wide = true;
       plan.split_size = plan.capacity > 4000 ? 16 : 32;
       plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
-    } else if (kernel_ == Kernel::bulk_tma || kernel_ == Kernel::bulk_tma_sync2 ||
-               kernel_ == Kernel::bulk_tma_solo) {
-      plan.bulk_tma = true;
-      if (kernel_ == Kernel::bulk_tma_sync2) {
-        plan.bulk_sync2 = true;
-        plan.bulk_stages = 5;
-      }
-      if (kernel_ == Kernel::bulk_tma_solo) plan.bulk_issue = 1;
+    } else if (kernel_ == Kernel::bulk_pairs || kernel_ == Kernel::bulk_tma_solo) {
+      plan.bulk_tma = kernel_ == Kernel::bulk_tma_solo;
+      plan.bulk_issue = kernel_ == Kernel::bulk_tma_solo ? 1 : 2;
     } else if (kernel_ == Kernel::bulk_iss4) {
       plan.bulk_issue = 2;
     } else if (kernel_ != Kernel::automatic) {
@@ -448,7 +442,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, so = Kernel::bulk_solo;
   const Kernel np = Kernel::no_pdl, dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4;
   const Kernel mw = Kernel::merge_wide;
-  const Kernel tm = Kernel::bulk_tma, ts = Kernel::bulk_tma_sync2, tso = Kernel::bulk_tma_solo;
+  const Kernel pr = Kernel::bulk_pairs, tso = Kernel::bulk_tma_solo;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -612,28 +606,25 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16);
   add(shape(F::fp8, 1, 3, 1300, 8, 128, 16), {1300, 33, 0}, 4, 2, true, false, DType::f16, bk);
   add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 1}, 2, 1, false, true, DType::f16, bk);
-  // bulk_tma (int4 g4 D 128: full tiles by one tensor-map copy per kind, partial tiles per key):
-  // 8 heads per CTA (key stride 656 = 640 + 16 zero-filled bytes) contiguous and paged 16 / 256
-  // (the box at the page's pool row), 4 / 2 heads (320 / 160 + 16), 1 head (80 bytes: no fill),
-  // 16 heads (two head blocks: the map's second coordinate), many tiles per split with partial
-  // tiles (lengths 17, 33, 47, 523, 1001, 2100), 1-key and empty sequences, Mq > 1 causal, bias,
-  // 9-16 rows (the flag ignored), bf16 q.
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1001, 0}, 4, 1, false, false, DType::f16, tm);
-  add(shape(F::int4, 4, 3, 1300, 8, 128, 16), {1300, 33, 1}, 4, 1, false, false, DType::bf16, tm);
-  add(shape(F::int4, 4, 2, 1001, 8, 128, 256), {1001, 47}, 2, 4, true, false, DType::f16, tm);
-  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 8, 1, false, true, DType::f16, tm);
-  add(shape(F::int4, 4, 2, 523, 2, 128, 16), {523, 0}, 4, 2, true, false, DType::f16, tm);
-  add(shape(F::int4, 4, 2, 600, 1, 128, 256), {600, 31}, 8, 1, false, false, DType::bf16, tm);
-  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, tm);
-  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, tm);
-  // bulk_tma_sync2 (5 stages): odd and even tile counts per split (many tiles, 1-3 tiles),
-  // partial last tiles, empty sequences, paged 16 / 256, 4 heads, causal Mq > 1, bias.
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, ts);
-  add(shape(F::int4, 4, 3, 1300, 8, 128, 16), {1300, 33, 16}, 4, 1, false, true, DType::f16, ts);
-  add(shape(F::int4, 4, 2, 1001, 4, 128, 256), {1001, 31}, 2, 3, true, false, DType::bf16, ts);
-  // bulk_tma_solo: 8 heads contiguous / paged 16 (splits starting inside a page) / paged 256,
-  // 2 heads (fewer warps than stages: one warp issues several of the first tiles), partial last
-  // tiles, empty and 1-key sequences, causal Mq > 1, bias, 16 heads.
+  // bulk_tma_solo (int4 g4 D 128: full tiles by one tensor-map copy per kind, partial tiles per
+  // key; every automatic int4 g4 D 128 case at <= 8 rows runs it too): 8 heads per CTA (key
+  // stride 656 = 640 + 16 zero-filled bytes) contiguous and paged 16 / 256 (the box at the page's
+  // pool row), 4 / 2 heads (320 / 160 + 16), 1 head (80 bytes: no fill), 16 heads (two head
+  // blocks: the map's second coordinate), many tiles per split with partial tiles, 1-key and
+  // empty sequences, Mq > 1 causal, bias, 9-16 rows (the flag ignored), bf16 q.
+  add(shape(F::int4, 4, 3, 1300, 8, 128, 16), {1300, 33, 1}, 4, 1, false, false, DType::bf16, tso);
+  add(shape(F::int4, 4, 2, 1001, 8, 128, 256), {1001, 47}, 2, 4, true, false, DType::f16, tso);
+  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 8, 1, false, true, DType::f16, tso);
+  add(shape(F::int4, 4, 2, 523, 2, 128, 16), {523, 0}, 4, 2, true, false, DType::f16, tso);
+  add(shape(F::int4, 4, 2, 600, 1, 128, 256), {600, 31}, 8, 1, false, false, DType::bf16, tso);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, tso);
+  // bulk_pairs (the key-pair copies, int4's default until session 8): 8 heads contiguous / paged
+  // 16 / 256, many tiles, partial tiles, empty / 1-key sequences, causal, bias.
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1001, 0}, 4, 1, false, false, DType::f16, pr);
+  add(shape(F::int4, 4, 3, 1300, 8, 128, 16), {1300, 33, 16}, 4, 1, false, true, DType::f16, pr);
+  add(shape(F::int4, 4, 2, 1001, 4, 128, 256), {1001, 31}, 2, 3, true, false, DType::bf16, pr);
+  // More bulk_tma_solo: 8 heads contiguous / paged 16 (splits starting inside a page) / paged
+  // 256, 2 heads (fewer warps than stages: one warp issues several of the first tiles), 16 heads.
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, tso);
   add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, true, DType::f16, tso);
   add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, tso);
