@@ -30,29 +30,18 @@ struct Shape {
 };
 
 // Which CUDA kernel a row times: plan_decode's choice (the bulk-copy kernel where the layout
-// allows it), the per-warp cp.async-ring kernel ("ring": streaming without bulk_copy), or the bulk
-// kernel with folded scales ("fold": DecodePlan::fold_scales = 1, int4 g4 D 128 and fp8; "fold2":
-// fold_scales = 2, int4 codes as magic-number f16 instead of subnormals; "exact": fold_scales = 0,
-// the per-element dequantization, plan_decode's int4 choice until session 4; "stagger":
-// plan_decode's kernel with bulk_stagger, a rotated tile walk per CTA on contiguous caches;
-// "solo": plan_decode's kernel with bulk_issue = 1, one warp issues each tile's copies; "no pdl":
-// plan_decode's kernel with ordinary launches instead of programmatic dependent ones; "shared":
-// the shared copy issue (bulk_issue = 0) with fold_scales 0 for fp8, i.e. run 9's default;
-// "6 stages": plan_decode's kernel with bulk_stages = 6 (one CTA of 8 warps per multiprocessor
-// with a 6-stage ring, fp8 216 KB) and half the splits (one wave of those CTAs); "issue 4" /
-// "issue 2": plan_decode's kernel with bulk_issue = 2 / 3 (only 4 / 2 warps issue the copies);
-// "issue 8": bulk_issue = 0 (every warp issues: int4's default until H200 run 13); "wide merge" /
-// "narrow merge": merge_wide on / off (the split merge on one CTA per 32 dims of a row or per
-// row; B 1 only: 256 splits). Session 7: "per-key copies": fp8 with bulk_blocks = false (a bulk
-// copy per key and kind: 34 per tile; the fp8 default until run 16; plan_decode now copies each
-// kind's block of the tile at once); "probe": bulk_probe, plan_decode's copies and ring protocol
-// without the math (NOT attention: the roofline of this copy pattern); "solo fold" (paged fp8):
-// the contiguous default's kernel (bulk_issue 1, fold_scales 1) on a paged cache; "shared
-// issue" (contiguous fp8): the paged default's kernel (bulk_issue 0, fold_scales 0), blocks.
-enum class Pick {
-  plan, ring, fold, fold2, exact, stagger, solo, solo_fold, nopdl, shared, deep, iss4, iss2, iss8,
-  wide, narrow, probe, keys
-};
+// allows it) or one DecodePlan knob on top of it. "shared": the shared copy issue without folded
+// scales (bulk_issue 0, fold_scales 0: paged fp8's default until session 8); "probe":
+// bulk_probe, plan_decode's copies and ring protocol without the math (NOT attention: the
+// roofline of this copy pattern; int4: the key-pair copies' probe). Session 8 (int4 g4 D 128):
+// plan_decode copies full tiles by one tensor-map box per kind under solo issue (bulk_tma,
+// bulk_issue 1); "pairs": the key-pair bulk copies with 4 issuing warps (bulk_tma off,
+// bulk_issue 2: the default until run 19). Run 19 settled the tensor-map boxes under the shared
+// issue (3 % slower than pairs), with the barrier every second tile (2 % slower) and their
+// probe (0.7 % faster than the pair probe): gone. "5 stages": plan_decode's kernel with
+// bulk_stages 5 (int4 tensor-map tiles: 5 x 20.5 KB, still two CTAs per multiprocessor).
+// Settled variants of earlier sessions have no rows (docs/decode.md has their numbers).
+enum class Pick { plan, shared, probe, pairs, stages5 };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -61,31 +50,15 @@ struct Fmt {
 };
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
-  if (pick == Pick::ring) plan.bulk_copy = false;
-  if (pick == Pick::fold) plan.fold_scales = 1;
-  if (pick == Pick::fold2) plan.fold_scales = 2;
-  if (pick == Pick::exact) plan.fold_scales = 0;
-  if (pick == Pick::stagger) plan.bulk_stagger = true;
-  if (pick == Pick::solo || pick == Pick::solo_fold) plan.bulk_issue = 1;
-  if (pick == Pick::solo_fold) plan.fold_scales = 1;
-  if (pick == Pick::nopdl) plan.launch_pdl = false;
   if (pick == Pick::shared) {
     plan.bulk_issue = 0;
     if (plan.format == KvFormat::fp8) plan.fold_scales = 0;
   }
-  if (pick == Pick::iss4) plan.bulk_issue = 2;
-  if (pick == Pick::iss8) plan.bulk_issue = 0;
-  if (pick == Pick::wide) plan.merge_wide = true;
-  if (pick == Pick::narrow) plan.merge_wide = false;
-  if (pick == Pick::iss2) plan.bulk_issue = 3;
-  if (pick == Pick::probe) plan.bulk_probe = true;
-  if (pick == Pick::keys) plan.bulk_blocks = false;
-  if (pick == Pick::deep) {
-    plan.bulk_stages = 6;
-    // Half the splits: plan_decode sized them for two CTAs per multiprocessor.
-    const int64_t splits = std::max(1, plan.n_splits / 2);
-    plan.split_size = ((plan.capacity + splits - 1) / splits + 15) / 16 * 16;
-    plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
+  plan.bulk_probe = pick == Pick::probe;
+  if (pick == Pick::stages5) plan.bulk_stages = 5;
+  if (plan.format == KvFormat::int4 && (pick == Pick::pairs || pick == Pick::probe)) {
+    plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
+    plan.bulk_issue = 2;
   }
 }
 
@@ -292,33 +265,21 @@ class DecodeBench : public BenchCase {
       shapes = {{2, env.quick ? 256 : 1024, 8, 2, 128}};
     }
     // fp16 first: its time is the baseline of the rows after it. Plain rows: plan_decode's kernel
-    // (the bulk-copy kernel; int4 with folded scales and shared issue; fp16 solo issue; fp8
-    // contiguous solo issue + folded scales, paged shared issue; programmatic dependent launches);
-    // "issue 4": int4 with 4 of 8 warps issuing (bulk_issue 2); "narrow merge": B 1 with the
-    // per-row merge (run 11's). Session 6 run 12 (H200): int4 issue 4 -7..-10 % and issue 2
-    // -3..-4 % against issue 8; fp8 6 stages (one CTA per SM) +14..+57 %, paged fp8 issue 4
-    // +5..+10 %, fp8 early release within +-1 %; wide merge at B 1 -6..-11 %. Those rows are
-    // gone; the knobs stay (DecodePlan fields, harness cases). Session 6 removed
-    // the "shared" rows (run 9's default for fp16 / contiguous fp8; runs 9-11: solo 12-16 % faster
-    // at every shape). Session 5 trimmed the settled variants (H200 run 7: int4 exact 0.243 /
-    // fold2 0.204 / stagger 0.199 ms against fold 0.1995; fp8 fold and stagger within +-3 % of fp8; ring kernels 2-4x slower;
-    // run 9: int4 solo +13 %, int4 without PDL +1 %): they stay selectable (DecodePlan fields;
-    // harness cases), without rows.
+    // (the bulk-copy kernel; int4 with folded scales and 4 issuing warps; fp16 solo issue; fp8
+    // solo issue + folded scales + whole-tile copies; programmatic dependent launches). Rows of
+    // settled variants were removed session by session (docs/decode.md keeps their numbers);
+    // session 8 removed "fp8 per-key copies" (run 17: blocks 5-19 % faster at every shape) and
+    // the contiguous "fp8 shared issue" (+1.6 %), and made run 17's "fp8 solo fold" paged rows
+    // (1.7-2.1 % faster at B 64) the paged default: "fp8 shared issue" (paged) is the old one.
     std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", Pick::plan},
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
-    // Session 7 trimmed "issue 8" (run 13: issue 4 1-3 % faster on all nine int4 rows, now the
-    // default) and "narrow merge" (wide 5-7 % faster at B 1 in runs 12-13, the default). Run 16
-    // (H200) settled and removed: L2 prefetch 2 / 4 tiles ahead (int4 +16..+21 %, fp8 +13..+49 %),
-    // fp8 key pairs (18 copies per tile: +3 % contiguous, -10 % paged, behind blocks), int4 5
-    // stages (+0.9 %); fp8 blocks won (now the default).
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::fp8, 1, "fp8 per-key copies", Pick::keys});
-      formats.push_back({KvFormat::fp8, 1, "fp8 solo fold", Pick::solo_fold});  // (paged B 64)
-      formats.push_back({KvFormat::fp8, 1, "fp8 shared issue", Pick::shared});  // (contiguous)
-      formats.push_back({KvFormat::int4, 4, "int4 g4 probe (copies only, not attention)",
+      formats.push_back({KvFormat::fp8, 1, "fp8 shared issue", Pick::shared});  // (paged)
+      formats.push_back({KvFormat::int4, 4, "int4 g4 pairs probe (copies only, not attention)",
                          Pick::probe});
-      formats.push_back({KvFormat::fp8, 1, "fp8 probe (copies only, not attention)", Pick::probe});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 pairs", Pick::pairs});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 5 stages", Pick::stages5});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -329,20 +290,11 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          if (f.pick == Pick::stagger && page) continue;  // (paged caches ignore bulk_stagger)
-          // (paged fp8: "shared" is plan_decode's kernel)
-          if (f.pick == Pick::shared && f.format == KvFormat::fp8 && page) continue;
-          // (contiguous fp8: solo issue, which bulk_issue 2 replaces wholesale)
-          if ((f.pick == Pick::wide || f.pick == Pick::narrow) && (s.B != 1 || page == 256))
-            continue;
-          // Session 7 rows: "per-key copies" everywhere but B 16 paged; "solo fold" paged at
-          // B 64; the probes at B 64 (contiguous, paged 16) and the fp8 probe at B 1 contiguous.
-          if (f.pick == Pick::keys && s.B == 16 && page) continue;
-          if (f.pick == Pick::solo_fold && (s.B != 64 || !page)) continue;
-          if (f.pick == Pick::shared && (s.B == 16 || page)) continue;
-          if (f.pick == Pick::probe &&
-              (s.B == 16 || page == 256 || (s.B == 1 && (page || f.format != KvFormat::fp8))))
-            continue;
+          // "shared issue" paged at B 64; the int4 probe at B 64 contiguous; "pairs" everywhere;
+          // "5 stages" at B 64 contiguous / paged 16 and B 16 contiguous.
+          if (f.pick == Pick::shared && (!page || s.B != 64)) continue;
+          if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
+          if (f.pick == Pick::stages5 && (s.B == 1 || page == 256 || (s.B == 16 && page))) continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -96,28 +96,24 @@ struct DecodePlan {
   // likewise, with P scaled per key (and group) and sum_k z_k p_k added per row. Different
   // roundings from the default (K/V values are not rounded to f16), same tolerance. Other caches
   // ignore it.
-  // 0: off; 1: int4 codes as f16 subnormals; 2: int4 codes as magic-number f16 (1024 + c, the
-  // offset removed per element on the V side; for tensor cores that flush subnormal inputs); fp8:
-  // any nonzero value. docs/decode.md "Folded scales".
+  // 0: off; 1: on (int4: codes as f16 subnormals). Session 8 removed 2 (int4 codes as
+  // magic-number f16, H200 run 7: 2.3 % slower) and the rotated tile walk bulk_stagger (within
+  // +-3 %). docs/decode.md "Folded scales".
   int fold_scales = 0;
-  // CUDA, bulk kernel, contiguous caches (internal tuning, default false until measured): each CTA
-  // walks its split's key tiles from a rotated start so a wave's CTAs do not read the same offsets
-  // of their regions at once. Changes the summation order (rounding) only.
-  bool bulk_stagger = false;
   // CUDA, bulk kernel: who issues a tile's bulk copies. 0: every warp a share of them, after a
   // CTA barrier per tile (session 3). 1 ("solo"): one warp per tile, in turn; each warp releases
   // a stage on an mbarrier when done with it and the next issuer waits on that (no CTA barrier).
   // Same arithmetic and order: the bits equal 0's. plan_decode sets 1 for f16 caches and
   // contiguous fp8 caches (H200 run 9: 6-12 % faster), 0 for int4 and paged fp8 (solo 8-17 %
-  // slower). docs/decode.md "Solo issue". 2 / 3: as 0 (CTA barrier per tile), but only 4 / 2 of
-  // the CTA's warps issue the copies (fewer per-tile issue setups; session 6, int4 A/B). The bits
-  // equal 0's for every value.
+  // slower). docs/decode.md "Solo issue". 2: as 0 (CTA barrier per tile), but only 4 of the
+  // CTA's warps issue the copies (fewer per-tile issue setups; plan_decode's int4 choice since
+  // H200 run 13; session 8 removed 3, two issuing warps: slower). The bits equal 0's.
   int bulk_issue = 0;
   // CUDA, bulk kernel: stages of its shared-memory ring (0: automatic, as many as fit two CTAs per
   // multiprocessor in ~110 KB each, at most 4: int4 g4 D 128 4, fp8 / f16 D 128 3). 2..8 asks for
-  // that many where they fit one CTA's 224 KB (fewer otherwise); more than ~110 KB leaves one CTA
-  // (HB warps) per multiprocessor with more bytes in flight per warp (an fp8 experiment, session
-  // 6: pair it with half the splits). Same arithmetic and order: the bits equal 0's.
+  // that many where they still fit two CTAs per multiprocessor (fewer otherwise; session 6's
+  // one-CTA rings lost and were removed in session 8). Same arithmetic and order: the bits equal
+  // 0's.
   int bulk_stages = 0;
   // CUDA: merge the splits with one CTA per (batch, kv head, query row, 32 dims) whose split
   // weights go through shared memory (all of a thread's partial-output loads in flight at once
@@ -129,17 +125,21 @@ struct DecodePlan {
   // each becomes resident while the kernel before it finishes and waits for it in its first
   // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.
   bool launch_pdl = true;
-  // CUDA, bulk kernel (session 7): fp8 caches where a tile's keys are contiguous (heads per CTA
-  // = Hkv), on plan_decode's D-128 kernels at <= 8 query rows: one bulk copy per kind and tile
-  // (K, V and their scale/shift blocks: 4 instead of 34) into an unpadded stage (2-way / 4-way
-  // bank conflicts on the QK / PV shared-memory reads). plan_decode sets it for fp8 (H200 run 16,
-  // B 64, L 8192: 0.2716 against 0.2814 ms contiguous, 0.279 / 0.278 against 0.329 / 0.335 paged
-  // 16 / 256; B 1 0.0811 against 0.0833). Same arithmetic and order: the bits equal false's.
-  bool bulk_blocks = false;
   // CUDA, bulk kernel, BENCH ONLY (the output is NOT attention): the kernel issues and waits for
   // every copy of the split exactly as plan_decode's kernel, but does no math (roofline row: how
   // fast the copy pattern streams without the attention arithmetic).
   bool bulk_probe = false;
+  // CUDA, bulk kernel (session 8): int4 g4 D 128 with folded scales, solo issue (bulk_issue 1),
+  // <= 8 query rows: a full tile's K and V each arrive by ONE tensor-map copy (TMA,
+  // cp.async.bulk.tensor) issued by warp n mod 8 for tile n, instead of 8 key-pair bulk copies
+  // per kind; the box is one key's piece of the CTA's heads plus 16 zero-filled bytes, so the
+  // stage keeps a key stride of an odd number of 16-byte units (ldmatrix phases free of bank
+  // conflicts) in natural key order (the pair copies' stage permutes the keys: the fp32 sums
+  // round differently, about 1 value in 1000 by one f16 ulp). Partial tiles keep per-key copies.
+  // plan_decode sets it with bulk_issue 1 for int4 g4 D 128 at <= 8 rows (H200 run 19: 0.7-1.9 %
+  // faster than the pair copies with bulk_issue 2); other layouts and the shared issue ignore it;
+  // a refused tensor map falls back to the pair copies. docs/decode.md "Tensor-map tiles".
+  bool bulk_tma = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -125,7 +125,6 @@ void bind_decode(nb::module_& m) {
       .def_rw("stream_registers", &DecodePlan::stream_registers)
       .def_rw("bulk_copy", &DecodePlan::bulk_copy)
       .def_rw("fold_scales", &DecodePlan::fold_scales)
-      .def_rw("bulk_stagger", &DecodePlan::bulk_stagger)
       .def_rw("bulk_issue", &DecodePlan::bulk_issue)
       .def_rw("bulk_stages", &DecodePlan::bulk_stages)
       .def_rw("merge_wide", &DecodePlan::merge_wide)

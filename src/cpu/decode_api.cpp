@@ -263,16 +263,25 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // 0.2006 paged 16 / 256), same bits; every `.bulk_iss4` harness case passed.
   p.bulk_issue = 0;
   if (p.device == Device::cuda && p.format == KvFormat::int4) p.bulk_issue = 2;
+  // int4 g4 D 128 at <= 8 rows since session 8: tensor-map tiles under solo issue (H200 run 19,
+  // against the pair copies with bulk_issue 2: B 64, L 8192 0.1867 / 0.1880 ms contiguous, 0.2057
+  // / 0.2072 and 0.2002 / 0.2032 paged 16 / 256, (16, 32768, 64, 8) 0.1849 / 0.1884; every
+  // `.bulk_tma*` harness case passed). (Solo issue without them lost: run 9, +13 %.)
+  if (p.device == Device::cuda && p.format == KvFormat::int4 && cache.n_groups == 4 && D == 128 &&
+      p.mq * p.group <= 8) {
+    p.bulk_tma = true;
+    p.bulk_issue = 1;
+  }
   if (p.device == Device::cuda && p.format == KvFormat::f16) p.bulk_issue = 1;
-  if (p.device == Device::cuda && p.format == KvFormat::fp8 && !cache.paged()) {
+  // Paged fp8 too since session 8 where its tiles are copied whole (kBlocks8: D 128, <= 8
+  // rows, Hkv <= 8): H200 run 17 (B 64, L 8192) timed that solo + fold kernel at 0.2717 / 0.2681
+  // ms against the shared issue's 0.2765 / 0.2739 on paged 16 / 256 pools (every
+  // `.bulk_solo_blocks` harness case passed); with per-key copies solo stays slower when paged.
+  const bool fp8_blocks = D == 128 && p.mq * p.group <= 8 && H <= 8;
+  if (p.device == Device::cuda && p.format == KvFormat::fp8 && (!cache.paged() || fp8_blocks)) {
     p.bulk_issue = 1;
     p.fold_scales = 1;
   }
-  // fp8: one bulk copy per kind and tile (bulk_blocks; applies where a tile's keys are
-  // contiguous). H200 run 16 (2026-11-30), B 64, L 8192: 0.2716 against 0.2814 ms contiguous,
-  // 0.2792 / 0.2775 against 0.3291 / 0.3345 paged 16 / 256; B 1, L 131072 0.0811 against 0.0833;
-  // same bits; every `.bulk_blocks` harness case passed.
-  p.bulk_blocks = p.device == Device::cuda && p.format == KvFormat::fp8;
   // The wide split merge where there are many splits (H200 run 12, B 1, L 131072, 256 splits:
   // int4 -8 %, fp8 -6 % contiguous, -8 / -11 % paged 16 end to end; not measured below 256).
   p.merge_wide = p.device == Device::cuda && p.n_splits >= 64;
@@ -305,7 +314,8 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   check::that(plan.n_splits >= 1 && plan.split_size >= 16 && plan.split_size % 16 == 0, op,
               "plan", "expected n_splits >= 1 and split_size a positive multiple of 16, got " +
                           std::to_string(plan.n_splits) + " x " + std::to_string(plan.split_size));
-  check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 3);
+  check::in_range(op, "plan.fold_scales", plan.fold_scales, 0, 1);
+  check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 2);
   check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);

@@ -53,6 +53,8 @@ using ptx::mbar_fence_init;
 using ptx::mbar_init;
 using ptx::mbar_wait_bounded;
 using ptx::smem_u32;
+using ptx::tma_load_3d;
+using ptx::tma_load_4d;
 
 constexpr int kBM = 128;        // query rows per CTA
 constexpr int kBN = 128;        // keys per step
@@ -839,25 +841,6 @@ struct R3Maps {
   int q_rows_outer, k_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
 };
 
-// Box of a 4-D (3-D) tensor map at coordinates c0.. (innermost first) into shared memory at dst,
-// completing `bytes` on the mbarrier bar.
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                            int c0, int c1, int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
-      "[%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-      : "memory");
-}
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
-                                            int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
-      "[%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
-
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
 // kR3Stages stages. 178.5 KB at D = 128.
 // kRows: query rows per CTA (64 per consumer warpgroup).
@@ -1535,21 +1518,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   epilogue<D, true, T16, kQKRow>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ,
                                  n_tiles > 0, o, m0, m1, l0, l1);
 #endif
-}
-
-// cuTensorMapEncodeTiled from the driver (through the runtime: no libcuda link), once.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    cudaGetLastError();
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
 }
 
 // A uint8 tensor map of `rank` dims (innermost first; strides in bytes of dims 1..) with a box of

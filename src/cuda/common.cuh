@@ -1,6 +1,7 @@
 // Small helpers shared by lowbit's CUDA kernels.
 #pragma once
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled (CUtensorMap from cuda.h)
 #include <cuda_runtime.h>
 #ifdef __CUDACC__
 #include <cuda_fp8.h>
@@ -33,6 +34,10 @@ int multiprocessor_count();
 // wgmma kernel has an empty body and a handful of registers). Cached per (device, kernel); no
 // device work, so it is safe during CUDA graph capture. Any CUDA error reads as false.
 bool sm90a_image_loaded(const void* kernel, int min_regs = 0);
+
+// cuTensorMapEncodeTiled from the driver through the runtime's entry-point query (no libcuda
+// link), looked up once; null where the driver does not provide it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
 
 // Launch `kernel` with the programmatic-dependent-launch attribute when `pdl` (the kernel must
 // call griddep_wait before it reads anything the previous kernel writes); where the attribute is

@@ -32,6 +32,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstring>
+
 #include "src/core/convert_elem.h"
 #include "src/core/dispatch.h"
 #include "src/cuda/decode_common.cuh"
@@ -44,7 +46,7 @@ namespace {
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxHeads = 8;   // HB: heads (warps) per CTA
-constexpr int kMaxStages = 8;  // (DecodePlan::bulk_stages; the automatic count is <= 4)
+constexpr int kMaxStages = 8;  // (DecodePlan::bulk_stages within 113 KB; automatic: <= 4)
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return __byte_perm(a, b, sel);
@@ -151,11 +153,6 @@ struct BulkArgs {
   // (the mma's key row) holds key 2 (r % 8) + r / 8, so the 8 rows of an ldmatrix phase are 8
   // different pairs (disjoint banks by key_offset16 over pairs).
   bool pairs = false;
-  // Contiguous caches (DecodePlan::bulk_stagger): each CTA walks its split's tiles from a rotated
-  // start (tile (it + rot) mod n_tiles), so the CTAs of one wave do not all read the same offset
-  // of their 2 MB regions at the same time (contiguous fp8 / fp16 ran 3-7 % slower than paged in
-  // H200 run 6). Changes the order of the online softmax, i.e. the rounding.
-  bool stagger = false;
   // DecodePlan::bulk_issue = 1 ("solo"): tile n's copies are all issued by warp n mod HB (its
   // lanes, one or two copies each), which arms the stage's `full` mbarrier alone (count 1); each
   // warp releases a stage by arriving on its `empty` mbarrier (count HB) when done reading it, and
@@ -168,19 +165,29 @@ struct BulkArgs {
   // with 0 bytes), so the issue path has no per-warp branch (run 12's `if (issuer)` around it
   // likely moved the loop's stage / parity bookkeeping off the uniform datapath: int4 +9 %,
   // paged fp8 +3..7 %).
-  // HB by default; DecodePlan::bulk_issue 2 / 3: min(HB, 4) / min(HB, 2) (each issuing warp pays
+  // HB by default; DecodePlan::bulk_issue 2: min(HB, 4) (each issuing warp pays
   // ~50 instructions of per-tile setup besides ~10 per copy: int4 g4 fold spent ~85 of ~384
   // instructions per tile and warp on the issue with 8 issuers).
   int issuers = 1;
-  // The ring (DecodePlan::bulk_stages) takes more than half of a multiprocessor's shared memory:
-  // one CTA per multiprocessor, so fp8 (<= 8 rows) runs its 255-register instantiation (host side).
-  bool one_cta = false;
   bool pdl = false;  // DecodePlan::launch_pdl (host side only)
   // The K / V pieces of a tile's 16 keys are one contiguous block each (key stride = HB * row
   // bytes: heads per CTA = Hkv; fp8: with ss_block), so a tile can be copied whole (blocks).
   bool contig = false;
   bool probe = false;  // DecodePlan::bulk_probe (host side: the kProbe instantiation)
-  bool blocks = false;  // fp8, DecodePlan::bulk_blocks: stage = the tile's blocks (kBlocks8)
+  bool blocks = false;  // fp8 with contig: stage = the tile's blocks (kBlocks8)
+  // Folded int4, DecodePlan::bulk_tma (kTma4): a full tile's K and V by one tensor-map copy each
+  // into a stage of key stride kstr = piece + 16 (piece / 16 even) or piece, i.e. an odd number
+  // of 16-byte units: the rows of an ldmatrix phase (8 consecutive keys) hit 8 different 16-byte
+  // bank groups. The box's last 16 bytes lie past the map's first dimension (zero-filled, never
+  // read). Partial tiles: per-key bulk copies into the same layout.
+  bool tma = false;
+};
+
+// The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
+// block, key (contiguous) or pool row (paged), batch (contiguous; 1 paged)), box (kstr / 4, 1,
+// 16, 1). A kernel parameter (__grid_constant__) of every instantiation, read only by kTma4.
+struct BulkMaps {
+  CUtensorMap k, v;
 };
 
 // FOLD (DecodePlan::fold_scales; int4 with 4 groups at D 128, fp8): the scale / shift leave the
@@ -195,20 +202,18 @@ struct BulkArgs {
 // SOLO: BulkArgs::solo (DecodePlan::bulk_issue = 1) as a template parameter, so that each
 // instantiation carries only its own issue path's state (both paths in one kernel pushed the fp8
 // fold instantiation past 128 registers).
-// MINB: CTAs per multiprocessor the registers are budgeted for (NR 1): 2 (128 registers), or 1
-// (255) where the ring takes more than half the shared memory anyway (BulkArgs::one_cta; fp8
-// only: at 128 registers the folded loop re-derived thread / stage indices and addresses every
-// tile, ~40 of ~280 SASS instructions per tile and warp).
-// KN: session-7 knobs, compile-time so that the other instantiations (KN = 0) keep their registers
-// (run-time flags of session 7's first try pushed the solo fp8 instantiation to 40-56 bytes of
-// spills): kBlocks8 (1): fp8 with DecodePlan::bulk_blocks (one copy per kind and tile into an
-// unpadded stage; plan_decode's fp8 default since H200 run 16); kProbe (2, DecodePlan::bulk_probe,
+// KN: session-7 / 8 knobs, compile-time so that the other instantiations (KN = 0) keep their
+// registers (run-time flags of session 7's first try pushed the solo fp8 instantiation to 40-56
+// bytes of spills): kBlocks8 (1): fp8 where a tile's blocks are contiguous (one copy per kind and
+// tile into an unpadded stage; fp8's layout since H200 run 16); kProbe (2, DecodePlan::bulk_probe,
 // bench only): the copies, waits and releases of the split, no math; the partial outputs are 0
-// with LSE -inf.
-constexpr int kBlocks8 = 1, kProbe = 2;
-template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
-__global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
-    decode_bulk_kernel(const DecodeParams p, const BulkArgs a) {
+// with LSE -inf. Session 8: kTma4 (4): folded int4, solo issue, DecodePlan::bulk_tma
+// (BulkArgs::tma).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4;
+template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
+__global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
+    decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
+                       const __grid_constant__ BulkMaps m) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // (cp.async.bulk, mbarrier tx counts: sm_90)
 #else
@@ -225,14 +230,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   constexpr int VAL = VA < 4 * VWN ? VA : (4 * VWN < 16 ? 4 * VWN : 16);
   constexpr bool kFoldI4 = FOLD != 0 && F == KvFormat::int4;  // ldmatrix layout, 4 groups, D 128
   constexpr bool kFoldF8 = FOLD != 0 && F == KvFormat::fp8;
-  // Folded int4 with FOLD 2: the codes go to the mma as normal f16 1024 + c / 1024 + 16 c (magic
-  // number, no subnormals): K's offset is removed by the shift-term mma (B = (-1024 Q'_g, Q_g)), V's
-  // by hsub2 / hfma2 per f16x2 (O accumulates over the whole split, so it must not carry it).
-  constexpr bool kMagic = kFoldI4 && FOLD == 2;
   constexpr int NG = 4;                   // groups of the folded int4 path (32 dims each)
   static_assert(FOLD == 0 || F == KvFormat::fp8 || (F == KvFormat::int4 && D == 128), "fold");
   static_assert(KW >= 1 && VWN >= 1, "run sizes");
-  extern __shared__ __align__(128) char ring[];
+  extern __shared__ __align__(128) char ring_raw[];
   __shared__ __align__(8) uint64_t full[kMaxStages];
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // solo issue mode: stage released
   __shared__ int cnt[kMaxStages];
@@ -248,7 +249,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   const int rows = min(16, p.R - r0);
   const CacheArgs& c = p.c;
   const int rb = c.row_bytes;
-  const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  // kTma4: tensor copies land at 128-byte aligned addresses (the host adds 128 bytes of slack).
+  constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
+  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
+  const uint32_t ring_s = tma ? (raw_s + 127u) & ~127u : raw_s;
+  char* const ring = ring_raw + (ring_s - raw_s);
   const uint32_t full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
   const uint32_t empty_s = static_cast<uint32_t>(__cvta_generic_to_shared(empty));
   constexpr bool solo = SOLO;
@@ -278,7 +283,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   // conflicts in exchange for 4 copies per tile instead of 34).
   constexpr bool blk = F == KvFormat::fp8 && (KN & kBlocks8) != 0;
   auto koffset = [&](int i) {
-    if (blk) return i * kstr;
+    if (blk || tma) return i * kstr;
     if (pairs) return key_offset16(i & 7, 2 * kstr) + (i >> 3) * HB * rb;
     return kFoldI4 ? key_offset16(i, kstr) : key_offset(i, kstr);
   };
@@ -391,17 +396,13 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   const int my_key = c1.key, my_n = c1.n;
   const bool my_lane = c1.ok && issuer;
   // Issues tile n (the next in order, n < n_tiles) into stage s (= n mod NST).
-  // Stagger (contiguous only): tile n of the walk is tile (n + rot) mod n_tiles of the split.
-  const int rot = a.stagger && !c.block_tables && n_tiles > 1
-                      ? static_cast<int>((static_cast<int64_t>(blockIdx.z) * p.S + split) * 37 %
-                                         n_tiles)
-                      : 0;
-  auto tile_of = [&](int n) {
-    const int tn = n + rot;
-    return tn >= n_tiles ? tn - n_tiles : tn;
+  // kTma4: K's (kind 0) or V's (kind 1) box of the tile at key (pool row) `base` into stage s.
+  auto tma_tile = [&](int kind, int s, int64_t base, uint32_t bar) {
+    ptx::tma_load_4d(ring_s + s * stage_bytes + (kind ? 16 * kstr : 0), kind ? &m.v : &m.k, bar,
+                     0, h0 / HB, static_cast<int>(base), c.block_tables ? 0 : static_cast<int>(b));
   };
   auto issue = [&](int n, int s) {  // every warp
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(n));
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
     int64_t base = k0;
     int64_t nk = min(hi - k0, int64_t{16});
     if (c.block_tables) {
@@ -436,7 +437,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
                           ? c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1]
                           : 0;
   auto issue_solo = [&](int n, int s) {  // warp n % HB only
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(n));
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
     int64_t base = k0;
     int64_t nk = min(hi - k0, int64_t{16});
     if (c.block_tables) {
@@ -449,8 +450,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     }
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
-    const bool m1 = c1.ok && c1.key < nk;
-    const uint32_t s1 = static_cast<uint32_t>(min(nk - c1.key, int64_t{c1.n})) * c1.size;
+    const bool whole = tma && nk == 16;  // kTma4, full tile: lane 0 K's box, lane 1 V's
+    const bool m1 = whole ? lane < 2 : c1.ok && c1.key < nk;
+    const uint32_t s1 = whole ? 16u * static_cast<uint32_t>(kstr)
+                              : static_cast<uint32_t>(min(nk - c1.key, int64_t{c1.n})) * c1.size;
     bool m2 = false;
     uint32_t s2 = 0;
     Copy c2;
@@ -466,7 +469,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     }
     __syncwarp();
     const uint32_t dst = ring_s + s * stage_bytes;
-    if (m1) bulk_g2s(dst + c1.dst, c1.src + base * c1.st, s1, bar);
+    if (m1) {
+      if (whole) tma_tile(lane, s, base, bar);
+      else bulk_g2s(dst + c1.dst, c1.src + base * c1.st, s1, bar);
+    }
     if constexpr (F == KvFormat::fp8)
       if (m2) bulk_g2s(dst + c2.dst, c2.src + base * c2.st, s2, bar);
   };
@@ -487,7 +493,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   bool rok[NR][2];
   float qsum[NR];   // fold: sum of the row's q as the mma sees it (fp8: row 8 nr + g)
   float qgs[NR][NG];  // fold int4: per group (block) sums of row 8 nr + g
-  float qps[NR][NG];  // fold int4, magic codes: per group sums of the B values (q, q / 16)
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr) {
     const int r = 8 * nr + g;
@@ -497,7 +502,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     const int64_t off = off0 + t * QRUN;
     qsum[nr] = 0.f;
 #pragma unroll
-    for (int G = 0; G < NG; ++G) qgs[nr][G] = qps[nr][G] = 0.f;
+    for (int G = 0; G < NG; ++G) qgs[nr][G] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
       float v[4];
@@ -524,7 +529,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
         const float2 lo2 = __half22float2(bits_h2(qf[nr][ks][0]));
         const float2 hi2 = __half22float2(bits_h2(qf[nr][ks][1]));
         qgs[nr][ks / 2] += (lo2.x + lo2.y) + 16.f * (hi2.x + hi2.y);
-        qps[nr][ks / 2] += (lo2.x + lo2.y) + (hi2.x + hi2.y);
       } else {
         qf[nr][ks][0] = pack_f32x2(v[0], v[1]);
         qf[nr][ks][1] = pack_f32x2(v[2], v[3]);
@@ -554,25 +558,19 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     qz[nr][0] = qz[nr][1] = 0u;
     qrow[nr][0] = qrow[nr][1] = 0.f;
     if constexpr (kFoldI4) {
-      float mine = 0.f, mine_b = 0.f;
+      float mine = 0.f;
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
-        float x = qgs[nr][G], y = qps[nr][G];
+        float x = qgs[nr][G];
         x += __shfl_xor_sync(0xffffffffu, x, 1);
         x += __shfl_xor_sync(0xffffffffu, x, 2);
-        y += __shfl_xor_sync(0xffffffffu, y, 1);
-        y += __shfl_xor_sync(0xffffffffu, y, 2);
         mine = G == t ? x : mine;
-        mine_b = G == t ? y : mine_b;
       }
       const __half qh = __float2half_rn(mine);
       const __half ql = __float2half_rn(mine - __half2float(qh));
-      // the scale half: 0 (subnormal codes) or -1024 Q' (magic codes), also split in two f16
-      const float cn = kMagic ? -1024.f * mine_b : 0.f;
-      const __half ch = __float2half_rn(cn);
-      const __half cl = __float2half_rn(cn - __half2float(ch));
-      qz[nr][0] = h2_bits(__halves2half2(ch, qh));
-      qz[nr][1] = h2_bits(__halves2half2(cl, ql));
+      const __half zero = __float2half_rn(0.f);  // (meets the scale half of the A words)
+      qz[nr][0] = h2_bits(__halves2half2(zero, qh));
+      qz[nr][1] = h2_bits(__halves2half2(zero, ql));
     } else if constexpr (kFoldF8) {
       float x = qsum[nr];
       x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -644,7 +642,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
   };
 #pragma unroll 1
   for (int it = 0; it < n_tiles; ++it) {
-    mbar_wait(full_s + 8 * s, phase);
+    // kTma4: a bounded wait (a tensor copy whose bytes never complete traps, not hangs).
+    if constexpr (tma) ptx::mbar_wait_bounded(full_s + 8 * s, phase);
+    else mbar_wait(full_s + 8 * s, phase);
     if constexpr ((KN & kProbe) != 0) {
       finish_tile(it);
       continue;
@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = ring_s + s * stage_bytes;
     const int nk = cnt[s];
-    const int64_t k0 = lo + 16 * static_cast<int64_t>(tile_of(it));
+    const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
 
     // ---- S^T = K q^T (keys g, g + 8 x rows 8 nr + 2t + {0, 1}) ----
     float sv[NR][4];
@@ -680,18 +680,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
           w0 >>= 8;
           w1 >>= 8;
         }
-        uint32_t af[4];
-        if constexpr (kMagic) {
-          af[0] = and_or<0x000f000fu, 0x64006400u>(w0);
-          af[1] = and_or<0x000f000fu, 0x64006400u>(w1);
-          af[2] = and_or<0x00f000f0u, 0x64006400u>(w0);
-          af[3] = and_or<0x00f000f0u, 0x64006400u>(w1);
-        } else {
-          af[0] = w0 & 0x000f000fu;
-          af[1] = w1 & 0x000f000fu;
-          af[2] = w0 & 0x00f000f0u;
-          af[3] = w1 & 0x00f000f0u;
-        }
+        const uint32_t af[4] = {w0 & 0x000f000fu, w1 & 0x000f000fu, w0 & 0x00f000f0u,
+                                w1 & 0x00f000f0u};
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(acc[nr][X], af, qf[nr][ks][0], qf[nr][ks][1]);
       }
@@ -708,7 +698,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
 #pragma unroll
         for (int cc = 0; cc < 4; ++cc) {
           // subnormal codes: acc in units of 2^-24
-          constexpr float kUnit = kMagic ? 1.f : 5.9604644775390625e-8f;
+          constexpr float kUnit = 5.9604644775390625e-8f;
           float x = sv[nr][cc] * kUnit;
 #pragma unroll
           for (int G = 0; G < NG; ++G) x = fmaf(sc[cc >> 1][G], acc[nr][G][cc], x);
@@ -929,20 +919,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
             x0 >>= 8;
             x1 >>= 8;
           }
-          uint32_t af[4];
-          if constexpr (kMagic) {  // exact codes (1024 + c) - 1024, (1024 + 16 c) / 16 - 64
-            const __half2 k1024 = bits_h2(0x64006400u), k16th = bits_h2(0x2c002c00u),
-                          km64 = bits_h2(0xd400d400u);
-            af[0] = h2_bits(__hsub2(bits_h2(and_or<0x000f000fu, 0x64006400u>(x0)), k1024));
-            af[1] = h2_bits(__hfma2(bits_h2(and_or<0x00f000f0u, 0x64006400u>(x0)), k16th, km64));
-            af[2] = h2_bits(__hsub2(bits_h2(and_or<0x000f000fu, 0x64006400u>(x1)), k1024));
-            af[3] = h2_bits(__hfma2(bits_h2(and_or<0x00f000f0u, 0x64006400u>(x1)), k16th, km64));
-          } else {
-            af[0] = x0 & 0x000f000fu;
-            af[1] = x0 & 0x00f000f0u;
-            af[2] = x1 & 0x000f000fu;
-            af[3] = x1 & 0x00f000f0u;
-          }
+          const uint32_t af[4] = {x0 & 0x000f000fu, x0 & 0x00f000f0u, x1 & 0x000f000fu,
+                                  x1 & 0x00f000f0u};
 #pragma unroll
           for (int nr = 0; nr < NR; ++nr)
             ptx::mma_f16(o[2 * G + j][nr], af, pbs[nr][0], pbs[nr][1]);
@@ -1057,8 +1035,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
         for (int mt = 0; mt < MT; ++mt) {
           if constexpr (kFoldI4) {  // subnormal codes: c 2^-24 (dim d) and 16 c 2^-24 (d + 1)
             const int d = 32 * (mt / 2) + 4 * g + 2 * (mt % 2);
-            out[d] = fmaf(o[mt][nr][e], kMagic ? 1.f : 16777216.f, zg[mt / 2]) * inv;
-            out[d + 1] = fmaf(o[mt][nr][e + 2], kMagic ? 1.f : 1048576.f, zg[mt / 2]) * inv;
+            out[d] = fmaf(o[mt][nr][e], 16777216.f, zg[mt / 2]) * inv;
+            out[d + 1] = fmaf(o[mt][nr][e + 2], 1048576.f, zg[mt / 2]) * inv;
           } else if constexpr (kFoldF8) {
             const int d = 2 * (g * MT + mt);
             out[d] = (o[mt][nr][e] + zg[0]) * inv;
@@ -1076,10 +1054,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? MINB : 1)
 #endif  // sm_90
 }
 
-template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int MINB = 2, int KN = 0>
-void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
-  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO, MINB, KN>;
-  const int smem = a.nst * a.stage_bytes;
+template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
+void launch_nr(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int64_t B,
+               cudaStream_t stream) {
+  auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO, KN>;
+  const int smem = a.nst * a.stage_bytes + ((KN & kTma4) ? 128 : 0);
   // The attributes once per (device, instantiation, size): two host API calls per decode step
   // otherwise. smem never exceeds 224 KB (DecodePlan::bulk_stages), so the largest size set so
   // far covers every later launch; only growth sets it again.
@@ -1101,64 +1080,62 @@ void launch_nr(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t
   const int row_chunks = (p.R + 15) / 16;
   const int head_blocks = p.H / a.hb;
   dim3 grid(p.S, head_blocks * row_chunks, static_cast<unsigned>(B));
-  launch_maybe_pdl(a.pdl, kernel, grid, dim3(32 * a.hb), static_cast<size_t>(smem), stream, p, a);
+  launch_maybe_pdl(a.pdl, kernel, grid, dim3(32 * a.hb), static_cast<size_t>(smem), stream, p, a,
+                   m);
 }
 
 template <KvFormat F, int D, int VA, int FOLD>
-void launch_rows(const DecodeParams& p, const BulkArgs& a, int64_t B, cudaStream_t stream) {
-  // The session-7 knobs (KN) exist only for plan_decode's D-128 instantiations at <= 8 rows and
-  // two CTAs per multiprocessor: fp8 contiguous (solo issue + fold), fp8 paged (shared issue, no
-  // fold), int4 g4 (fold, shared issue: the probe only); elsewhere they are ignored.
+void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int64_t B,
+                 cudaStream_t stream) {
+  // The session-7 / 8 knobs (KN) exist only for plan_decode's D-128 instantiations at <= 8 rows
+  // and two CTAs per multiprocessor: fp8 contiguous (solo issue + fold), fp8 paged (shared issue,
+  // no fold), int4 g4 (fold, shared issue: kTma4 and the probe); elsewhere they are ignored.
   constexpr bool kFp8Solo = F == KvFormat::fp8 && FOLD == 1;   // (with a.solo)
   constexpr bool kFp8Shared = F == KvFormat::fp8 && FOLD == 0;  // (with !a.solo)
   constexpr bool kInt4 = F == KvFormat::int4 && FOLD == 1;      // (with !a.solo)
   if constexpr (D == 128 && (kFp8Solo || kFp8Shared || kInt4)) {
-    const bool solo_ok = kFp8Solo ? a.solo : !a.solo;
-    const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0);
-    if (x != 0 && solo_ok && p.R <= 8 && !a.one_cta) {
+    // (int4: the probe under shared issue; tma under solo issue, never with the probe)
+    const bool solo_ok = kFp8Solo ? a.solo : a.solo == (kInt4 && a.tma);
+    const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0) |
+                  (kInt4 && a.tma ? kTma4 : 0);
+    if (x != 0 && solo_ok && p.R <= 8) {
       constexpr bool kS = kFp8Solo;
-      if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kProbe>(p, a, B, stream);
+      if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, kProbe>(p, a, m, B, stream);
       if constexpr (F == KvFormat::fp8) {
-        if (x == kBlocks8) return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8>(p, a, B, stream);
-        return launch_nr<F, D, 1, VA, FOLD, kS, 2, kBlocks8 | kProbe>(p, a, B, stream);
+        if (x == kBlocks8)
+          return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8>(p, a, m, B, stream);
+        return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kProbe>(p, a, m, B, stream);
+      } else {
+        return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);  // (x == kTma4)
       }
     }
   }
-  if constexpr (F == KvFormat::fp8) {
-    if (a.one_cta && p.R <= 8) {
-      if (a.solo) launch_nr<F, D, 1, VA, FOLD, true, 1>(p, a, B, stream);
-      else launch_nr<F, D, 1, VA, FOLD, false, 1>(p, a, B, stream);
-      return;
-    }
-  }
   if (a.solo) {
-    if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, true>(p, a, B, stream);
-    else launch_nr<F, D, 1, VA, FOLD, true>(p, a, B, stream);
+    if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, true>(p, a, m, B, stream);
+    else launch_nr<F, D, 1, VA, FOLD, true>(p, a, m, B, stream);
   } else {
-    if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, false>(p, a, B, stream);
-    else launch_nr<F, D, 1, VA, FOLD, false>(p, a, B, stream);
+    if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, false>(p, a, m, B, stream);
+    else launch_nr<F, D, 1, VA, FOLD, false>(p, a, m, B, stream);
   }
 }
 
-// fold (DecodePlan::fold_scales: 0 off, 1 subnormal codes, 2 magic-number codes; fp8: any
-// nonzero): only where fold_applies (int4 with 4 groups at D 128, whose code words are 16-byte
-// aligned; fp8).
+// fold (DecodePlan::fold_scales: 0 off, 1 on): only where fold_applies (int4 with 4 groups at
+// D 128, whose code words are 16-byte aligned; fp8).
 template <KvFormat F, int D>
-void launch_fd(const DecodeParams& p, const BulkArgs& a, int va, int fold, int64_t B,
-               cudaStream_t stream) {
+void launch_fd(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int va, int fold,
+               int64_t B, cudaStream_t stream) {
   if constexpr (F == KvFormat::int4) {
     if constexpr (D == 128) {
-      if (fold == 2) return launch_rows<F, D, 16, 2>(p, a, B, stream);
-      if (fold) return launch_rows<F, D, 16, 1>(p, a, B, stream);
+      if (fold) return launch_rows<F, D, 16, 1>(p, a, m, B, stream);
     }
     dispatch_int<4, 8, 16>(va, "decode_attention", "alignment (bulk kernel)", [&](auto v) {
-      launch_rows<F, D, decltype(v)::value, 0>(p, a, B, stream);
+      launch_rows<F, D, decltype(v)::value, 0>(p, a, m, B, stream);
     });
   } else if constexpr (F == KvFormat::fp8) {
-    if (fold) launch_rows<F, D, 16, 1>(p, a, B, stream);
-    else launch_rows<F, D, 16, 0>(p, a, B, stream);
+    if (fold) launch_rows<F, D, 16, 1>(p, a, m, B, stream);
+    else launch_rows<F, D, 16, 0>(p, a, m, B, stream);
   } else {
-    launch_rows<F, D, 16, 0>(p, a, B, stream);
+    launch_rows<F, D, 16, 0>(p, a, m, B, stream);
   }
 }
 
@@ -1180,9 +1157,11 @@ bool fold_applies(const KvCache& cache) {
          cache.format == KvFormat::fp8;
 }
 
-// blocks8: DecodePlan::bulk_blocks (fp8 where tiles are contiguous: one copy per kind and tile
-// into an unpadded stage).
-BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blocks8 = false) {
+// blocks8: fp8 where tiles are contiguous: one copy per kind and tile into an unpadded stage
+// (the launch's choice for its kBlocks8 instantiations). tma4: DecodePlan::bulk_tma (folded
+// int4: BulkArgs::tma).
+BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blocks8 = false,
+                       bool tma4 = false) {
   BulkArgs a;
   a.hb = 0;
   if (device_major() < 9) return a;
@@ -1227,6 +1206,9 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blo
   if (blocks8 && f == KvFormat::fp8 && a.contig) {
     a.blocks = true;
     a.kstr = hb * c.row_bytes;
+  } else if (tma4 && fold && f == KvFormat::int4 && pc / 4 + 4 <= 256) {
+    a.tma = true;  // an odd number of 16-byte units per key (the box: <= 256 elements)
+    a.kstr = static_cast<int>((pc / 16) % 2 == 0 ? pc + 16 : pc);
   } else if (fold && f == KvFormat::int4) {
     a.pairs = c.k_st[rank - 3] == pc && c.v_st[rank - 3] == pc;
     if (a.pairs) a.kstr = (2 * hb * c.row_bytes + 112 + 31) / 32 * 16;
@@ -1240,16 +1222,43 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blo
   a.nst = budget / a.stage_bytes;
   a.nst = a.nst > 4 ? 4 : a.nst;
   if (a.nst < 2) a.hb = 0;
-  // DecodePlan::bulk_stages: that many stages where they fit one CTA's shared memory (224 KB; more
-  // than ~110 KB leaves one CTA per multiprocessor), at most kMaxStages.
+  // DecodePlan::bulk_stages: that many stages where they fit two CTAs per multiprocessor (113 KB
+  // each, the tensor-map path's 128 bytes of alignment slack included). Session 6's deeper rings
+  // with one CTA per multiprocessor lost (fp8 6 stages +14..+57 %) and are gone.
   if (a.hb > 0 && stages > 0) {
-    const int most = 224 * 1024 / a.stage_bytes;
+    const int most = (113 * 1024 - 128) / a.stage_bytes;
     a.nst = stages < 2 ? 2 : stages;
     a.nst = a.nst > most ? most : a.nst;
-    a.nst = a.nst > kMaxStages ? kMaxStages : a.nst;
-    a.one_cta = a.nst * a.stage_bytes > 113 * 1024;
   }
   return a;
+}
+
+// The K / V tensor maps of BulkArgs::tma (see BulkMaps); false where the driver refuses them.
+bool encode_bulk_maps(const KvCache& cache, const BulkArgs& a, BulkMaps* m) {
+  const auto enc = tensor_map_encoder();
+  if (!enc) return false;
+  const CacheArgs c = make_cache_args(cache);
+  const bool paged = cache.paged();
+  const uint64_t piece = static_cast<uint64_t>(a.hb) * c.row_bytes;
+  const uint64_t keys = static_cast<uint64_t>(paged ? cache.k.shape[0] : cache.k.shape[1]);
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(a.kstr / 4), 1, 16, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  for (int which = 0; which < 2; ++which) {
+    const int64_t* st = which ? c.v_st : c.k_st;
+    const uint64_t key_st = static_cast<uint64_t>(paged ? st[0] : st[1]);
+    // (paged: a batch dimension of 1 whose stride only has to be a valid one)
+    const uint64_t batch_st = paged ? key_st * keys : static_cast<uint64_t>(st[0]);
+    if (batch_st >= (uint64_t{1} << 40)) return false;
+    const cuuint64_t dims[4] = {piece / 4, static_cast<cuuint64_t>(cache.kv_heads() / a.hb), keys,
+                                paged ? 1 : static_cast<cuuint64_t>(cache.batch())};
+    const cuuint64_t strides[3] = {piece, key_st, batch_st};
+    if (enc(which ? &m->v : &m->k, CU_TENSOR_MAP_DATA_TYPE_UINT32, 4,
+            const_cast<char*>(which ? c.v : c.k), dims, strides, box, unit,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -1269,18 +1278,23 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   const int issue = plan.bulk_issue;
   const bool solo = issue == 1;
   // fp8 blocks change the stage layout: only where launch_rows runs a kBlocks8 instantiation.
+  // int4: the probe under shared issue, tensor-map tiles under solo issue (not with the probe).
   const bool knobs = cache.head_dim() == 128 && p.R <= 8 &&
                      ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
-                      (cache.format == KvFormat::int4 && fold == 1 && !solo));
-  const bool blocks8 = knobs && plan.bulk_blocks;
-  BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8);
-  if (a.one_cta && blocks8) a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
-  a.stagger = plan.bulk_stagger;
+                      (cache.format == KvFormat::int4 && fold == 1 &&
+                       (solo ? plan.bulk_tma && !plan.bulk_probe : plan.bulk_probe)));
+  const bool blocks8 = knobs;  // (fp8 where the tile's blocks are contiguous: bulk_geometry)
+  const bool tma4 = knobs && solo && plan.bulk_tma;
+  BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);
+  BulkMaps maps;  // (zero bytes unless a.tma)
+  std::memset(&maps, 0, sizeof(maps));
+  if (a.tma && a.hb > 0 && !encode_bulk_maps(cache, a, &maps))
+    a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
   a.solo = solo;
   a.probe = plan.bulk_probe;
-  // Issuing warps of the shared mode: all HB (0), 4 (2), 2 (3), but enough lanes for the copies
-  // (fp8 with a copy per key and kind: 64 copies, two warps at least).
-  a.issuers = issue == 2 ? 4 : issue == 3 ? 2 : a.hb;
+  // Issuing warps of the shared mode: all HB (0), 4 (2; enough lanes for fp8's 64 copies per
+  // tile with a copy per key and kind).
+  a.issuers = issue == 2 ? 4 : a.hb;
   a.issuers = a.issuers > a.hb ? a.hb : a.issuers;
   a.pdl = plan.launch_pdl;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
@@ -1293,9 +1307,9 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   dispatch_int<64, 128>(cache.head_dim(), "decode_attention", "D (bulk kernel)", [&](auto d) {
     constexpr int kD = decltype(d)::value;
     switch (cache.format) {
-      case KvFormat::int4: launch_fd<KvFormat::int4, kD>(p, a, va, fold, B, stream); break;
-      case KvFormat::fp8: launch_fd<KvFormat::fp8, kD>(p, a, va, fold, B, stream); break;
-      case KvFormat::f16: launch_fd<KvFormat::f16, kD>(p, a, va, 0, B, stream); break;
+      case KvFormat::int4: launch_fd<KvFormat::int4, kD>(p, a, maps, va, fold, B, stream); break;
+      case KvFormat::fp8: launch_fd<KvFormat::fp8, kD>(p, a, maps, va, fold, B, stream); break;
+      case KvFormat::f16: launch_fd<KvFormat::f16, kD>(p, a, maps, va, 0, B, stream); break;
       default: check::fail("decode_attention", "cache.format", "no bulk kernel for bf16");
     }
   });

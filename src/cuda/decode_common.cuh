@@ -184,10 +184,10 @@ void launch_decode_ring(const DecodeParams& p, KvFormat format, int D, int vec, 
 // bases and strides; fp8 with 4 | Hkv). decode_bulk_heads: heads per CTA (0 = not supported).
 bool decode_bulk_supported(const KvCache& cache);
 int decode_bulk_heads(const KvCache& cache);
-// fold: DecodePlan::fold_scales (0, 1, 2; where decode_bulk_folds(cache), elsewhere ignored).
+// fold: DecodePlan::fold_scales (0, 1; where decode_bulk_folds(cache), elsewhere ignored).
 bool decode_bulk_folds(const KvCache& cache);
-// The plan's bulk knobs: fold_scales, bulk_stagger, bulk_issue (0 shared, 1 solo, 2 / 3 shared
-// with 4 / 2 issuing warps), bulk_stages (0 automatic), bulk_blocks, bulk_probe,
+// The plan's bulk knobs: fold_scales, bulk_issue (0 shared, 1 solo, 2 shared with 4 issuing
+// warps), bulk_stages (0 automatic), bulk_probe, bulk_tma,
 // launch_pdl (the kernel waits for the previous one before its first global access).
 void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const DecodePlan& plan,
                         cudaStream_t stream);

@@ -139,30 +139,25 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   cuda_cores: the CUDA-core kernel (fp32 arithmetic on the exactly dequantized values);
 //   bulk_fold: the bulk kernel with DecodePlan::fold_scales (int4 g4 D 128 and fp8: scale / shift
 //     folded out of the per-element arithmetic; q and P (times the scales) rounded to f16);
-//   bulk_fold2: the same with fold_scales = 2 (int4 codes as magic-number f16, not subnormals);
-//   bulk_stagger: the bulk kernel with plan_decode's arithmetic and bulk_stagger (contiguous
-//     caches: each CTA starts its walk over the split's tiles at a rotated tile);
 //   bulk_solo: the bulk kernel with plan_decode's arithmetic and bulk_issue = 1 (one warp issues
 //     each tile's copies, stages released on mbarriers instead of a CTA barrier per tile);
 //   no_pdl: plan_decode's choice with launch_pdl = false (ordinary launches of the split kernel
 //     and the merge; every other case runs them as programmatic dependent launches);
-//   bulk_deep: plan_decode's choice with bulk_stages = 8 (as many of 8 stages as fit 224 KB: one
-//     CTA per multiprocessor; same arithmetic);
-//   bulk_iss4 / bulk_iss2: plan_decode's arithmetic with bulk_issue = 2 / 3 (a CTA barrier per
-//     tile, only 4 / 2 warps issue the copies);
+//   bulk_deep: plan_decode's choice with bulk_stages = 8 (capped to what fits two CTAs per
+//     multiprocessor: int4 g4 D 128 5 stages, fp8 D 128 3; same arithmetic);
+//   bulk_iss4: plan_decode's arithmetic with bulk_issue = 2 (a CTA barrier per tile, only 4
+//     warps issue the copies);
 //   merge_wide: plan_decode's kernel with merge_wide and splits of 32 keys (16 past L 4000), i.e.
 //     66-313 splits per row (the wide merge's 32 slices and 256-thread LSE loops both wrap);
-//   bulk_blocks: plan_decode's choice with bulk_blocks (fp8: one copy per kind and tile; the
-//     fp8 default since run 16, so these also run with bulk_probe-free solo / shared variants);
-//   bulk_keys: plan_decode's choice with bulk_blocks = false (fp8: a copy per key and kind, the
-//     fp8 default until run 16);
-//   bulk_solo_blocks: bulk_issue 1, fold_scales 1 and bulk_blocks (fp8 paged: the contiguous
-//     default's kernel on a paged cache).
-// (bulk_blocks exists for plan_decode's D-128 fp8 instantiations at <= 8 rows; elsewhere it is
-// ignored.)
+//   bulk_pairs: plan_decode's choice with bulk_tma off and bulk_issue 2 (folded int4 g4 D 128:
+//     key-pair bulk copies, 4 issuing warps, a CTA barrier per tile; int4's default until
+//     session 8);
+//   bulk_tma_solo: bulk_tma with bulk_issue 1 (folded int4 g4 D 128 at <= 8 rows: a full tile's
+//     K and V by one tensor-map copy each, issued by warp n mod HB for tile n; stages released on
+//     mbarriers; plan_decode's int4 choice since session 8, explicit here).
 enum class Kernel {
-  automatic, bulk, stream, cuda_cores, bulk_fold, bulk_fold2, bulk_stagger, bulk_solo, no_pdl,
-  bulk_deep, bulk_iss4, bulk_iss2, merge_wide, bulk_blocks, bulk_keys, bulk_solo_blocks
+  automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
+  merge_wide, bulk_pairs, bulk_tma_solo
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -177,13 +172,11 @@ class DecodeCase : public Case {
       : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt),
         kernel_(kernel),
         f16_math_(kernel == Kernel::bulk || kernel == Kernel::bulk_fold ||
-                  kernel == Kernel::bulk_fold2 || kernel == Kernel::bulk_stagger ||
                   kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
-                    kernel == Kernel::bulk_iss2 || kernel == Kernel::merge_wide ||
-                    kernel == Kernel::bulk_blocks || kernel == Kernel::bulk_keys ||
-                    kernel == Kernel::bulk_solo_blocks) &&
+                    kernel == Kernel::merge_wide || kernel == Kernel::bulk_pairs ||
+                    kernel == Kernel::bulk_tma_solo) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -195,17 +188,13 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::stream) s += ".stream";
     if (kernel_ == Kernel::cuda_cores) s += ".cuda_cores";
     if (kernel_ == Kernel::bulk_fold) s += ".bulk_fold";
-    if (kernel_ == Kernel::bulk_fold2) s += ".bulk_fold2";
-    if (kernel_ == Kernel::bulk_stagger) s += ".bulk_stagger";
     if (kernel_ == Kernel::bulk_solo) s += ".bulk_solo";
     if (kernel_ == Kernel::no_pdl) s += ".no_pdl";
     if (kernel_ == Kernel::bulk_deep) s += ".bulk_deep";
     if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
-    if (kernel_ == Kernel::bulk_iss2) s += ".bulk_iss2";
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
-    if (kernel_ == Kernel::bulk_blocks) s += ".bulk_blocks";
-    if (kernel_ == Kernel::bulk_keys) s += ".bulk_keys";
-    if (kernel_ == Kernel::bulk_solo_blocks) s += ".bulk_solo_blocks";
+    if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
+    if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     return s;
   }
 
@@ -257,26 +246,19 @@ class DecodeCase : public Case {
       plan.merge_wide = true;
       plan.split_size = plan.capacity > 4000 ? 16 : 32;
       plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
-    } else if (kernel_ == Kernel::bulk_blocks || kernel_ == Kernel::bulk_keys) {
-      plan.bulk_blocks = kernel_ == Kernel::bulk_blocks;
-    } else if (kernel_ == Kernel::bulk_solo_blocks) {
-      plan.bulk_issue = 1;
-      plan.fold_scales = 1;
-      plan.bulk_blocks = true;
-    } else if (kernel_ == Kernel::bulk_iss4 || kernel_ == Kernel::bulk_iss2) {
-      plan.bulk_issue = kernel_ == Kernel::bulk_iss4 ? 2 : 3;
+    } else if (kernel_ == Kernel::bulk_pairs || kernel_ == Kernel::bulk_tma_solo) {
+      plan.bulk_tma = kernel_ == Kernel::bulk_tma_solo;
+      plan.bulk_issue = kernel_ == Kernel::bulk_tma_solo ? 1 : 2;
+    } else if (kernel_ == Kernel::bulk_iss4) {
+      plan.bulk_issue = 2;
     } else if (kernel_ != Kernel::automatic) {
       const bool bulk = kernel_ == Kernel::bulk || kernel_ == Kernel::bulk_fold ||
-                        kernel_ == Kernel::bulk_fold2 || kernel_ == Kernel::bulk_stagger ||
                         kernel_ == Kernel::bulk_solo;
       plan.streaming = bulk || kernel_ == Kernel::stream;
       plan.bulk_copy = bulk;
-      plan.fold_scales = kernel_ == Kernel::bulk_fold    ? 1
-                         : kernel_ == Kernel::bulk_fold2   ? 2
-                         : kernel_ == Kernel::bulk_stagger || kernel_ == Kernel::bulk_solo
-                             ? plan.fold_scales
-                             : 0;
-      plan.bulk_stagger = kernel_ == Kernel::bulk_stagger;
+      plan.fold_scales = kernel_ == Kernel::bulk_fold   ? 1
+                         : kernel_ == Kernel::bulk_solo ? plan.fold_scales
+                                                        : 0;
       plan.bulk_issue = kernel_ == Kernel::bulk_solo ? 1 : 0;
     }
     Buffer ws(q.device, workspace_bytes(plan));
@@ -457,11 +439,10 @@ LOWBIT_HARNESS_CASES(decode_cases) {
         std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt, kernel));
   };
   const Kernel st = Kernel::stream, cc = Kernel::cuda_cores;
-  const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, bf2 = Kernel::bulk_fold2;
-  const Kernel bs = Kernel::bulk_stagger, so = Kernel::bulk_solo, np = Kernel::no_pdl;
-  const Kernel dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4, i2 = Kernel::bulk_iss2;
+  const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, so = Kernel::bulk_solo;
+  const Kernel np = Kernel::no_pdl, dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4;
   const Kernel mw = Kernel::merge_wide;
-  const Kernel bb = Kernel::bulk_blocks, bkk = Kernel::bulk_keys, sb = Kernel::bulk_solo_blocks;
+  const Kernel pr = Kernel::bulk_pairs, tso = Kernel::bulk_tma_solo;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -538,22 +519,6 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // 16 KV heads = 2 head blocks of 8: a key's piece is not next to the next key's (one copy per
   // key); every other folded int4 case copies keys in pairs.
   add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, bf);
-  // fold_scales = 2 (magic-number int4 codes): the int4 cases above that differ in layout / rows.
-  add(shape(F::int4, 4, 3, 1001, 8, 128, 0), {1001, 17, 0}, 4, 1, false, false, DType::f16, bf2);
-  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 33}, 2, 3, true, false, DType::bf16, bf2);
-  add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 15}, 8, 4, true, true, DType::f16, bf2);
-  add(shape(F::int4, 4, 2, 257, 4, 128, 256), {257, 47}, 16, 2, true, false, DType::f16, bf2);
-  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, bf2);
-  // bulk_stagger (contiguous caches: rotated tile walk; paged: ignored): many tiles per split with
-  // a partial tile (L 2100 / 1001 / 523), empty and 1-key sequences, causal Mq > 1, bias, every
-  // bulk format; one paged case (the flag must be ignored there).
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1001, 0}, 4, 1, false, false, DType::f16, bs);
-  add(shape(F::int4, 4, 2, 1001, 2, 128, 0), {1001, 17}, 8, 2, true, true, DType::bf16, bs);
-  add(shape(F::int4, 2, 2, 523, 4, 64, 0), {523, 1}, 4, 1, false, false, DType::f16, bs);
-  add(shape(F::fp8, 1, 2, 2100, 8, 128, 0), {2100, 523}, 4, 3, true, false, DType::f16, bs);
-  add(shape(F::fp8, 1, 2, 1001, 4, 64, 0), {1001, 31}, 2, 1, false, true, DType::f16, bs);
-  add(shape(F::f16, 1, 2, 2100, 4, 128, 0), {2100, 47}, 4, 1, false, false, DType::f16, bs);
-  add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 33}, 4, 1, false, false, DType::f16, bs);
   add(shape(F::int4, 8, 2, 257, 4, 128, 0), {257, 47}, 4, 1, false, false, DType::f16, bf);
   add(shape(F::int4, 1, 2, 300, 4, 128, 16), {300, 5}, 4, 1, false, true, DType::bf16, bf);
   add(shape(F::fp8, 1, 2, 1001, 4, 128, 0), {1001, 31}, 4, 1, false, false, DType::f16, bf);
@@ -582,8 +547,9 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, so);
   add(shape(F::f16, 1, 2, 2100, 4, 128, 0), {2100, 47}, 4, 1, false, false, DType::f16, so);
   add(shape(F::f16, 1, 2, 523, 8, 64, 16), {523, 16}, 1, 8, true, true, DType::bf16, so);
-  // plan_decode's defaults since run 9 on bulk layouts: fp8 contiguous = solo issue + folded
-  // scales, fp8 paged = shared issue, f16 = solo (D 64 / 128, contiguous and paged).
+  // plan_decode's defaults on bulk layouts: fp8 = solo issue + folded scales (paged since
+  // session 8 where tiles are copied whole: D 128, <= 8 rows, Hkv <= 8; else shared issue), f16
+  // = solo (D 64 / 128, contiguous and paged).
   add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 523, 0}, 4, 1, false, false, DType::f16);
   add(shape(F::fp8, 1, 2, 1001, 4, 64, 0), {1001, 17}, 2, 3, true, true, DType::bf16);
   add(shape(F::fp8, 1, 2, 700, 8, 128, 16), {700, 33}, 4, 1, false, false, DType::f16);
@@ -592,30 +558,31 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // launch_pdl = false: ordinary launches of the split kernel and the merge.
   add(shape(F::int4, 4, 3, 1001, 8, 128, 16), {1001, 17, 0}, 4, 1, false, false, DType::f16, np);
   add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 1}, 8, 2, true, true, DType::bf16, np);
-  // bulk_stages = 8 (fp8 D 128 and f16 get 6 stages of ~36 KB, int4 g4 8; one CTA per
-  // multiprocessor) with plan_decode's arithmetic and issue mode: fp8 contiguous (solo + fold) with
-  // many tiles per split (the ring wraps several times), empty / 1-key sequences; fp8 paged 16 / 256
-  // (shared issue); int4 g4 folded with 8 and 2 heads per CTA (more stages than warps), paged;
-  // f16; D 64; Mq > 1 causal, bias, 9-16 rows.
+  // bulk_stages = 8, capped to what fits two CTAs per multiprocessor (fp8 / f16 D 128 3 stages,
+  // int4 g4 5, D 64 up to 8), with plan_decode's arithmetic and issue mode: fp8 contiguous and
+  // paged 16 (solo + fold) with many tiles per split (the ring wraps several times), empty /
+  // 1-key sequences; fp8 D 64 paged 256; int4 g4 folded with 8 and 2 heads per CTA (more stages
+  // than warps), paged; f16; Mq > 1 causal, bias, 9-16 rows.
   add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, dp);
   add(shape(F::fp8, 1, 2, 1300, 8, 128, 16), {1300, 33}, 4, 2, true, false, DType::bf16, dp);
   add(shape(F::fp8, 1, 2, 700, 4, 64, 256), {700, 17}, 16, 1, false, true, DType::f16, dp);
   add(shape(F::int4, 4, 2, 2100, 8, 128, 0), {2100, 47}, 4, 1, false, false, DType::f16, dp);
   add(shape(F::int4, 4, 2, 1001, 2, 128, 16), {1001, 15}, 8, 1, false, true, DType::f16, dp);
   add(shape(F::f16, 1, 2, 1500, 4, 128, 0), {1500, 31}, 4, 1, false, false, DType::f16, dp);
-  // bulk_issue = 2 / 3 (4 / 2 issuing warps, CTA barrier per tile) with plan_decode's arithmetic:
-  // int4 g4 folded with 8 heads per CTA (16 pair copies: 4 / 8 per issuing warp), 16 heads (32
-  // single-key copies), 2 heads (fewer warps than issuers asked for), contiguous and paged 16 /
-  // 256 (the issuing warps walk the block table); fp8 with 64 copies per tile (16 heads: 32 per
-  // warp at 2 issuers) and with block copies; f16 (4 heads); many tiles, empty / 1-key sequences.
+  // bulk_issue = 2 (4 issuing warps, CTA barrier per tile) with plan_decode's arithmetic: int4 g4
+  // folded with 8 heads per CTA (16 pair copies: 4 per issuing warp), 16 heads (32 single-key
+  // copies), 2 heads (fewer warps than issuers asked for), contiguous and paged 16 / 256 (the
+  // issuing warps walk the block table); fp8 with 64 copies per tile (16 heads) and with block
+  // copies; f16 (4 heads); many tiles, empty / 1-key sequences. (Session 8 removed bulk_issue 3;
+  // its cases run with 2.)
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, i4);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 1001, 0}, 4, 1, false, false, DType::f16, i2);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 47}, 8, 2, true, false, DType::bf16, i2);
-  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, true, DType::f16, i2);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 1001, 0}, 4, 1, false, false, DType::f16, i4);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 47}, 8, 2, true, false, DType::bf16, i4);
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, true, DType::f16, i4);
   add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 33}, 2, 3, true, false, DType::f16, i4);
-  add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, i2);
+  add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, i4);
   add(shape(F::fp8, 1, 2, 1001, 8, 128, 16), {1001, 17}, 4, 1, false, false, DType::f16, i4);
-  add(shape(F::f16, 1, 2, 1100, 4, 128, 0), {1100, 31}, 4, 1, false, false, DType::f16, i2);
+  add(shape(F::f16, 1, 2, 1100, 4, 128, 0), {1100, 31}, 4, 1, false, false, DType::f16, i4);
   // merge_wide with many splits: fp8 / int4 g4 / f16 on the bulk kernel (contiguous, paged 16 /
   // 256), 313 splits (L 5000), an empty and a 1-key sequence (rows with no key: out 0, LSE -inf),
   // Mq > 1 causal, bias with a fully masked row, 9-16 rows; bf16 D 256 (the CUDA-core kernel;
@@ -626,24 +593,43 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::f16, 1, 2, 700, 2, 64, 0), {700, 33}, 4, 3, true, false, DType::f16, mw);
   add(shape(F::bf16, 1, 2, 400, 1, 256, 16), {400, 5}, 2, 2, true, true, DType::bf16, mw);
   add(shape(F::int4, 1, 2, 600, 4, 64, 0), {600, 0}, 8, 1, false, false, DType::f16, mw);
-  // bulk_solo_blocks on paged 16 / 256 pools (solo issue: the page of each tile from its index;
-  // splits starting inside a page), partial and empty sequences, causal Mq > 1.
-  add(shape(F::fp8, 1, 3, 2100, 8, 128, 16), {2100, 33, 0}, 4, 1, false, false, DType::f16, sb);
-  add(shape(F::fp8, 1, 2, 1300, 4, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, sb);
-  // bulk_keys (the per-key copies, fp8's default until run 16): contiguous (solo + fold) and paged
-  // (shared issue), partial / empty sequences, causal, bias.
-  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, bkk);
-  add(shape(F::fp8, 1, 2, 1001, 8, 128, 16), {1001, 17}, 2, 4, true, true, DType::bf16, bkk);
-  add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 33}, 4, 1, false, false, DType::f16, bkk);
-  // bulk_blocks (fp8: the stage is the tile's K / V / scale/shift blocks, 4 copies): contiguous
-  // (solo + fold) and paged 16 / 256 (shared issue), 8 / 4 heads per CTA, partial tiles, 1-key /
-  // empty sequences, Mq > 1 causal, bias; ignored for 16 heads.
-  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, bb);
-  add(shape(F::fp8, 1, 2, 1001, 8, 128, 0), {1001, 17}, 2, 4, true, true, DType::bf16, bb);
-  add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 15}, 8, 1, false, false, DType::f16, bb);
-  add(shape(F::fp8, 1, 3, 1300, 8, 128, 16), {1300, 33, 0}, 4, 2, true, false, DType::f16, bb);
-  add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 1}, 2, 1, false, true, DType::f16, bb);
-  add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16, bb);
+  // fp8 whole-tile copies (4 per tile: K, V and their scale/shift blocks; D 128, <= 8 rows,
+  // Hkv = heads per CTA), plan_decode's choice: solo issue + fold on contiguous caches and (since
+  // session 8) paged 16 / 256 pools (the page of each tile from its index; splits starting inside
+  // a page); 8 / 4 heads per CTA, partial tiles, 1-key / empty sequences, Mq > 1 causal, bias; 16
+  // heads (a copy per key and kind). `.bulk` on paged pools: the shared issue with per-element
+  // arithmetic on the same layout (paged fp8's default until session 8).
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 16), {2100, 33, 0}, 4, 1, false, false, DType::f16);
+  add(shape(F::fp8, 1, 2, 1300, 4, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16);
+  add(shape(F::fp8, 1, 2, 1001, 8, 128, 0), {1001, 17}, 2, 4, true, true, DType::bf16);
+  add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 15}, 8, 1, false, false, DType::f16);
+  add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16);
+  add(shape(F::fp8, 1, 3, 1300, 8, 128, 16), {1300, 33, 0}, 4, 2, true, false, DType::f16, bk);
+  add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 1}, 2, 1, false, true, DType::f16, bk);
+  // bulk_tma_solo (int4 g4 D 128: full tiles by one tensor-map copy per kind, partial tiles per
+  // key; every automatic int4 g4 D 128 case at <= 8 rows runs it too): 8 heads per CTA (key
+  // stride 656 = 640 + 16 zero-filled bytes) contiguous and paged 16 / 256 (the box at the page's
+  // pool row), 4 / 2 heads (320 / 160 + 16), 1 head (80 bytes: no fill), 16 heads (two head
+  // blocks: the map's second coordinate), many tiles per split with partial tiles, 1-key and
+  // empty sequences, Mq > 1 causal, bias, 9-16 rows (the flag ignored), bf16 q.
+  add(shape(F::int4, 4, 3, 1300, 8, 128, 16), {1300, 33, 1}, 4, 1, false, false, DType::bf16, tso);
+  add(shape(F::int4, 4, 2, 1001, 8, 128, 256), {1001, 47}, 2, 4, true, false, DType::f16, tso);
+  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 8, 1, false, true, DType::f16, tso);
+  add(shape(F::int4, 4, 2, 523, 2, 128, 16), {523, 0}, 4, 2, true, false, DType::f16, tso);
+  add(shape(F::int4, 4, 2, 600, 1, 128, 256), {600, 31}, 8, 1, false, false, DType::bf16, tso);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, tso);
+  // bulk_pairs (the key-pair copies, int4's default until session 8): 8 heads contiguous / paged
+  // 16 / 256, many tiles, partial tiles, empty / 1-key sequences, causal, bias.
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1001, 0}, 4, 1, false, false, DType::f16, pr);
+  add(shape(F::int4, 4, 3, 1300, 8, 128, 16), {1300, 33, 16}, 4, 1, false, true, DType::f16, pr);
+  add(shape(F::int4, 4, 2, 1001, 4, 128, 256), {1001, 31}, 2, 3, true, false, DType::bf16, pr);
+  // More bulk_tma_solo: 8 heads contiguous / paged 16 (splits starting inside a page) / paged
+  // 256, 2 heads (fewer warps than stages: one warp issues several of the first tiles), 16 heads.
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, tso);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, true, DType::f16, tso);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, tso);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 31}, 8, 1, false, false, DType::f16, tso);
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, tso);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);

@@ -719,15 +719,16 @@ TEST(DecodeErrors, CacheValidationWritesNothing) {
               "plan");
     // CUDA tuning fields are range-checked on every backend (nothing written).
     out2.set(0, 42.f);
-    const std::pair<int DecodePlan::*, int> knobs[] = {{&DecodePlan::bulk_issue, 4},
-                                                        {&DecodePlan::bulk_issue, -1},
-                                                        {&DecodePlan::bulk_stages, 9},
-                                                        {&DecodePlan::bulk_stages, -1}};
+    const std::pair<int DecodePlan::*, int> knobs[] = {
+        {&DecodePlan::bulk_issue, 3},  {&DecodePlan::bulk_issue, -1},
+        {&DecodePlan::bulk_stages, 9}, {&DecodePlan::bulk_stages, -1},
+        {&DecodePlan::fold_scales, 2}, {&DecodePlan::fold_scales, -1}};
     for (const auto& [field, value] : knobs) {
       DecodePlan knob = plan;
       knob.*field = value;
-      const std::string arg = field == &DecodePlan::bulk_issue ? "plan.bulk_issue"
-                                                                : "plan.bulk_stages";
+      const std::string arg = field == &DecodePlan::bulk_issue    ? "plan.bulk_issue"
+                              : field == &DecodePlan::bulk_stages ? "plan.bulk_stages"
+                                                                  : "plan.fold_scales";
       EXPECT_EQ(error_argument([&] {
                   decode_attention(q1.view(), tc.c, knob, ws.data(), out2.view(), nullptr,
                                    nullptr, 0.f, false, ctx);
