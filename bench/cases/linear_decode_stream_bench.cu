@@ -11,9 +11,10 @@
 // kernels allow. Both sides get the same treatment (the bf16 baseline is kLayers cuBLASLt
 // matmuls with bias on kLayers distinct weights, back to back, same flush, same median).
 //
-// Per 4-bit format and M: what QuantizedLinear::forward launches per layer (rotate kernel + the
-// tiled GEMV on the layer's decode tiles), with the run-time variants of DecodeTilesTuning and
-// RotateQuantParams::pdl; "tiles alone" rows leave the rotate kernel out (codes on the device).
+// Per 4-bit format and M: the tiled GEMV on the layer's decode tiles as QuantizedLinear::forward
+// can launch it per layer (rotate kernel + GEMV; one GEMV rotating x in every CTA; the
+// cooperative rotation); "tiles alone" rows leave the rotation out (codes on the device), the
+// probe rows read the layout's bytes and nothing else.
 // Accuracy column: the last layer's output bits against the default variant's (every layer holds
 // the same codes, at its own addresses).
 #include <cublasLt.h>
@@ -123,7 +124,10 @@ class DecodeStreamBench : public BenchCase {
     if (env.device != Device::cuda) return rows;
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
-    for (int64_t M : {int64_t{1}, int64_t{16}}) {
+    // M 8 / 9 time the GEMV alone only: one vs two n8 activation tiles at about the same
+    // activation bytes, against M 1 / 16 (what the M = 16 gap is made of).
+    for (int64_t M : {int64_t{1}, int64_t{8}, int64_t{9}, int64_t{16}}) {
+      const bool split_rows = M == 8 || M == 9;
       const double base = bf16_stream_ms(env, M, N, K);
       DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
       DeviceTensor codes = make_empty(Device::cuda, DType::i8, {M, K});
@@ -147,12 +151,8 @@ class DecodeStreamBench : public BenchCase {
         d.a = static_cast<const int8_t*>(codes.view.data);
         d.lda = K;
         d.ep.a_scale = static_cast<const float*>(scales.view.data);
-        d.ep.w_scale = static_cast<const float*>(ws.view.data);
-        d.ep.bias = bias.view.data;
-        d.ep.bias_dtype = DType::bf16;
-        d.out = out.view.data;
-        d.out_dtype = DType::bf16;
-        d.ldo = N;
+        cl::decode_epilogue(d, static_cast<const float*>(ws.view.data), bias.view.data,
+                            DType::bf16, out.view.data, DType::bf16);
         // Codes the quantizer can give (4-bit u <= 14) and positive group ratios, so the decode
         // layout carries them; one layout built, copied to kLayers addresses.
         std::mt19937_64 rng(77);
@@ -198,33 +198,31 @@ class DecodeStreamBench : public BenchCase {
                                    2.0 * M * K + 2.0 * M * N;
         struct V {
           const char* name;
-          bool rotate;      // the rotate kernel before each GEMV (the layer)
-          bool pdl;         // rotate kernel launched with PDL (waits for the previous GEMV)
-          bool trigger;     // DecodeTilesTuning::trigger
-          int l2_prefetch;  // DecodeTilesTuning::l2_prefetch
-          bool spread = false;  // DecodeTilesTuning::spread
-          bool async_act = false;  // DecodeTilesTuning::async_act
-          bool fused = false;  // no rotate kernel: the GEMV rotates + quantizes x (M <= 2)
-          bool fuse_reg = false;  // DecodeTilesTuning::fuse_reg (fused: register rotation)
-          int depth = 4;          // DecodeTilesTuning::depth
-          bool coop = false;      // fused + DecodeTilesTuning::coop (scratch codes / scales)
+          bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
+          bool fused = false;  // no rotate kernel: the GEMV rotates + quantizes x
+          bool coop = false;   // fused with scratch codes / scales: the cooperative rotation
+          bool probe = false;  // the read-only stream probe instead of the GEMV
+          bool pair = false;   // DecodeTilesTuning::pair (64 registers: 2 CTAs per SM; M <= 8)
         };
         std::vector<float> ref;
-        // Run 12 (H200): L2 prefetch and the spread split were slower in every form, the fused
-        // form no faster than rotate + tiles: trimmed. trigger + async activation copy are the
-        // layer's default since (the layer then launches its rotate kernel with PDL). Session 7
-        // trims run 11's default and the register activation copy (settled, runs 12-13) and
-        // A/Bs the fused mode on the register rotation (depth 4 / 8) against session 4's.
+        // Settled and trimmed (runs 12-17): L2 prefetch, spread split, run 11's default, the
+        // register activation copy, fused depth 8 and the shared-memory fused rotation. Session 8:
+        // the cooperative rotation goes out as a cooperative launch (+ PDL), the layer's default
+        // for M > 2; the probe row is the same stream of read-only kernels (the ceiling).
         for (const V& v :
-             {V{"rotate (PDL) + tiles (two kernels: session-6 default, trigger, async activation "
-                "copy)",
-                true, true, true, 0, false, true},
+             {V{"rotate (PDL) + tiles (two kernels: session-6 default)", true},
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
-                false, false, true, 0, false, true, true, true, 4},
-              V{"tiles, cooperative rotation (CTA m rotates row m; one kernel per layer; opt-in: "
-                "CTAs wait for each other)",
-                false, false, true, 0, false, true, true, true, 4, true},
-              V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false,
+                false, true},
+              V{"tiles, cooperative rotation (cooperative launch; one kernel per layer; layer "
+                "default M > 2)",
+                false, true, true},
+              V{"tiles fused, register rotation, pair: 64 registers, the next layer's CTAs "
+                "beside (A/B)",
+                false, true, false, false, true},
+              V{"tiles alone (codes on the device)", false},
+              V{"tiles alone, pair: 64 registers (codes on the device)", false, false, false,
+                false, true},
+              V{"stream probe: the layout's bytes read, nothing else", false, false, false,
                 true}}) {
           Row r;
           r.family = "linear";
@@ -237,18 +235,15 @@ class DecodeStreamBench : public BenchCase {
           r.flops = 2.0 * M * N * K;
           r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
           r.baseline_ms = base;
+          if (v.pair && M > 8) continue;  // the pair instances have one n8 tile
+          if (split_rows && (v.rotate || v.fused || v.probe || v.pair)) continue;
           cl::DecodeTilesTuning t;
-          t.trigger = v.trigger;
-          t.l2_prefetch = v.l2_prefetch;
-          t.spread = v.spread;
-          t.async_act = v.async_act;
-          t.fuse_reg = v.fuse_reg;
-          t.depth = v.depth;
           t.coop = v.coop;
+          t.pair = v.pair;
           cl::RotateQuantParams rp = rq;
-          rp.pdl = v.pdl;
+          rp.pdl = true;
           cl::DecodeParams dl = d;
-          if (v.fused) {  // x in, every CTA rotates + quantizes it (the layer's fused mode)
+          if (v.fused) {  // x in, the GEMV rotates + quantizes it (the layer's fused modes)
             dl.a = nullptr;
             dl.lda = 0;
             dl.ep.a_scale = nullptr;
@@ -268,12 +263,21 @@ class DecodeStreamBench : public BenchCase {
                      for (int l = 0; l < kLayers; ++l) {
                        cl::DecodeParams p = dl;
                        p.tiles = static_cast<const uint8_t*>(tiles[l].view.data);
+                       if (v.probe) {
+                         cl::decode_tiles_stream_probe(p, s);
+                         continue;
+                       }
                        if (v.rotate) cl::rotate_quantize(rp, s);
                        cl::decode_tiles_with(p, t, s);
                      }
                    }) /
                    kLayers;
             ok(cudaStreamSynchronize(s), "synchronize");
+            if (v.probe) {
+              r.note = "read-only kernel: not the layer";
+              rows.push_back(r);
+              continue;
+            }
             const std::vector<float> got =
                 to_host_f32(make_view(out.view.data, DType::bf16, {M, N}, Device::cuda, 0));
             if (ref.empty()) {
@@ -287,6 +291,7 @@ class DecodeStreamBench : public BenchCase {
                                 : "bit-identical to the default";
             }
             if (!v.rotate && !v.fused) r.note = "GEMV only: not the layer";
+            if (v.coop) r.note = cl::decode_tiles_coop_note();
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
           }
@@ -336,8 +341,9 @@ class DecodeStreamBench : public BenchCase {
           failed = e.what();
         }
         std::vector<float> ref;
-        // 0: the layer's defaults (session 7: fused M <= 2, rotate kernel + GEMV M > 2); 1: the
-        // session-6 two-kernel path (fuse_max_m = 0). Accuracy: last output's bits vs 0's.
+        // 0: the layer's defaults (session 8: every CTA rotates M <= 2, the cooperative rotation
+        // M > 2: one launch per layer); 1: the session-6 two-kernel path (fuse_max_m = 0; at
+        // M = 16 also run 17's default). Accuracy: last output's bits vs 0's.
         for (const int fused : {0, 1}) {
           Row r;
           r.family = "linear";
@@ -369,6 +375,7 @@ class DecodeStreamBench : public BenchCase {
                    kLayers;
             cl::set_layer_tiles_tuning(nullptr);
             synchronize(ctx);
+            if (!fused && M > cl::kTilesFuseLimit) r.note = cl::decode_tiles_coop_note();
             const std::vector<float> got = to_host_f32(out.view);
             if (ref.empty()) {
               ref = got;

@@ -200,6 +200,18 @@ struct DecodeParams {
   // grid; for A/B bench rows, same bits.
   bool one_tile_per_cta = false;
 };
+// Sets d's epilogue and output for contiguous rows (the bench rows build their DecodeParams
+// beside rotate_quant_rows' parameters): w_scale (N) fp32, bias (N) bias_dtype or null, out
+// (M, N) out_dtype with row stride d.w.N (set d.w first).
+inline void decode_epilogue(DecodeParams& d, const float* w_scale, const void* bias,
+                            DType bias_dtype, void* out, DType out_dtype) {
+  d.ep.w_scale = w_scale;
+  d.ep.bias = bias;
+  d.ep.bias_dtype = bias_dtype;
+  d.out = out;
+  d.out_dtype = out_dtype;
+  d.ldo = d.w.N;
+}
 void decode_gemv(const DecodeParams& p, cudaStream_t stream);
 // Whether decode_gemv may run fused (rotation in the kernel) for M rows of K.
 bool decode_can_fuse(int64_t M, int64_t K);
