@@ -203,6 +203,7 @@ class DecodeStreamBench : public BenchCase {
           bool coop = false;   // fused with scratch codes / scales: the cooperative rotation
           bool probe = false;  // the read-only stream probe instead of the GEMV
           bool pair = false;   // DecodeTilesTuning::pair (64 registers: 2 CTAs per SM; M <= 8)
+          int prefetch = 0;    // DecodeTilesTuning::prefetch (items per warp into L2)
         };
         std::vector<float> ref;
         // Settled and trimmed (runs 12-17): L2 prefetch, spread split, run 11's default, the
@@ -219,6 +220,12 @@ class DecodeStreamBench : public BenchCase {
               V{"tiles fused, register rotation, pair: 64 registers, the next layer's CTAs "
                 "beside (A/B)",
                 false, true, false, false, true},
+              V{"tiles fused, register rotation, 4 items per warp prefetched into L2 after "
+                "the wait (A/B)",
+                false, true, false, false, false, 4},
+              V{"tiles, cooperative rotation, 4 items per warp prefetched into L2 after the wait "
+                "(A/B)",
+                false, true, true, false, false, 4},
               V{"tiles alone (codes on the device)", false},
               V{"tiles alone, pair: 64 registers (codes on the device)", false, false, false,
                 false, true},
@@ -237,9 +244,11 @@ class DecodeStreamBench : public BenchCase {
           r.baseline_ms = base;
           if (v.pair && M > 8) continue;  // the pair instances have one n8 tile
           if (split_rows && (v.rotate || v.fused || v.probe || v.pair)) continue;
+          if (v.coop && M <= cl::kTilesFuseLimit) continue;  // run 17: slower than fused there
           cl::DecodeTilesTuning t;
           t.coop = v.coop;
           t.pair = v.pair;
+          t.prefetch = v.prefetch;
           cl::RotateQuantParams rp = rq;
           rp.pdl = true;
           cl::DecodeParams dl = d;

@@ -79,6 +79,7 @@ struct TilesLayout {
   // copies the codes, counts itself in coop_cnt[1]; the last one re-zeroes both.
   int coop = 0;
   uint32_t* coop_cnt = nullptr;
+  int prefetch = 0;  // items per warp into L2 after griddepcontrol.wait (DecodeTilesTuning)
 };
 
 using ptx::cp_async16;
@@ -333,6 +334,13 @@ __global__ void __maxnreg__(REGS) gemv_tiles_kernel(DecodeParams p, TilesLayout 
     s_bias[i] = bias;
   }
   ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
+  // Prologue prefetch (A/B): the warp's next items after the ring's into L2 while the
+  // activations are rotated / copied (the ring is full then, so nothing else is requested).
+  if (L.prefetch > 0 && lane == 0 && n_items > D - 1) {
+    const uint32_t n = static_cast<uint32_t>(min(n_items - (D - 1), L.prefetch));
+    ptx::bulk_prefetch_l2(codes + (D - 1) * kItemBytes, n * kItemBytes);
+    if (KIND == kTilesInt4) ptx::bulk_prefetch_l2(tables + (D - 1) * kTableBytes, n * kTableBytes);
+  }
   __syncthreads();
   Epilogue ep = p.ep;
   if constexpr (kFused) {
@@ -811,6 +819,7 @@ void decode_tiles_with(const DecodeParams& dp, const DecodeTilesTuning& t, cudaS
   DecodeParams d = dp;
   const int grid = tiles_grid(d);
   TilesLayout L = tiles_layout(d, grid);
+  L.prefetch = std::max(0, t.prefetch);
   const int kind = decode_tiles_kind(d.w);
   const bool two = d.M > 8;  // two n8 tiles of activation rows
   // Pair: the 64-register instances (one n8 tile only) where two CTAs' shared memory fits.

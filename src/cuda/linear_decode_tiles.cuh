@@ -72,6 +72,12 @@ struct DecodeTilesTuning {
   // weight requests) instead of as its CTAs exit: their first items are requested a whole layer
   // earlier. Only where two CTAs' shared memory fits (M = 1: ~81 KB each). Same bits.
   bool pair = false;
+  // Session 8 A/B: items per warp requested into L2 (one cp.async.bulk.prefetch.L2 per warp)
+  // right AFTER griddepcontrol.wait, beyond the ring's first 3: while the prologue rotates /
+  // copies the activations the ring is full and DRAM idles, so the items consumed right after it
+  // come from L2 instead of a fresh DRAM round trip. (Session 6's prefetch BEFORE the wait, 8 or
+  // 32 items, competed with the ring's first items and the previous layer: slower.) 0: off.
+  int prefetch = 0;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles. Assumes decode_tiles_applies(d). Launched
 // with programmatic stream serialization (weights stream before griddepcontrol.wait).

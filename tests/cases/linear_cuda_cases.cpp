@@ -425,6 +425,13 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("pair", pr, QType::convrot_int4, 8, 1031, 768, DType::f16, true);
     add("pair", pr, QType::convrot_int4, 12, 264, 768, DType::bf16, false);
     add("pair_two_kernels", pr_two, QType::convrot_int4, 3, 1031, 1280, DType::bf16, true);
+    // `prefetch` (4 items per warp into L2 after the wait; cut at the warp's run end: O 264
+    // leaves some warps fewer items than the ring holds).
+    cl::DecodeTilesTuning pf;
+    pf.prefetch = 4;
+    add("prefetch", pf, QType::convrot_int4, 1, 4099, 1280, DType::bf16, true);
+    add("prefetch", pf, QType::convrot_comfy_w4a4, 16, 2053, 768, DType::f16, false);
+    add("prefetch", pf, QType::convrot_int4, 7, 264, 768, DType::bf16, true);
   }
 #endif
 
