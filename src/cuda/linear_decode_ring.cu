@@ -141,7 +141,6 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   const int slices = static_cast<int>(K / KS);
   const int items = my_tiles * slices;
   const bool has_ratios = WF == kRPacked4 && p.w.ratios != nullptr;
-  const uint32_t item_row_bytes = kSliceBytes + (has_ratios ? 16u : 0u);
   uint8_t* ring = dsm + L.ring_off + static_cast<size_t>(warp) * D * L.slot_bytes;
   const uint32_t bar0 = ptx::smem_u32(&bars[warp * kMaxDepth]);
 
