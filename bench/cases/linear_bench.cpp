@@ -229,9 +229,9 @@ class RotateBench : public BenchCase {
 //   "rotate + ring"         the rotate kernel, then the ring kernel (PDL): the layer's path for
 //                           int8 weights;
 //   4-bit: the tiled kernel on the weight's decode layout (tile_rows): rotate kernel + GEMV,
-//   the GEMV alone (codes on the device), the fused modes (the layer's: every CTA rotates x for
-//   M <= 2, the cooperative rotation for M > 2), and the stream probe that reads the layout's
-//   bytes and nothing else (the roofline). A stream of distinct layers: linear.decode_stream.
+//   the GEMV alone (codes on the device), the fused mode (the layer's for M <= 2: every CTA
+//   rotates x), and the stream probe that reads the layout's bytes and nothing else (the
+//   roofline). A stream of distinct layers: linear.decode_stream.
 class DecodeRingBench : public BenchCase {
  public:
   std::string name() const override { return "linear.decode_ring"; }
@@ -273,7 +273,8 @@ class DecodeRingBench : public BenchCase {
       rows.push_back(r);
       return;
     }
-    cl::decode_ring(tv, s);  // the reference bits (tv.tiles is still null here)
+    cl::rotate_quantize(rq, s);  // the codes of x (the reference runs on them)
+    cl::decode_ring(tv, s);      // the reference bits (tv.tiles is still null here)
     cudaStreamSynchronize(s);
     const std::vector<float> ref = to_host_f32(make_view(d.out, DType::bf16, {d.M, N},
                                                          Device::cuda, 0));
@@ -307,38 +308,26 @@ class DecodeRingBench : public BenchCase {
     fv.rot = rq.rot;
     struct V {
       const char* name;
-      bool rotate;        // the rotate kernel first, else the GEMV alone
-      bool fused;         // x in: the GEMV rotates + quantizes it
-      bool coop = false;  // fused with scratch: the cooperative rotation (cooperative launch)
+      bool rotate;  // the rotate kernel first, else the GEMV alone
+      bool fused;   // x in: every CTA rotates + quantizes it (M <= 2)
     };
     // Session 6, H200 run 12 (every row bit-identical): L2 prefetch and the spread split were
     // slower, the async activation copy faster at M = 16 and the early trigger faster in a stream
-    // of layers (linear.decode_stream): both always on since. Session 7: the fused modes
-    // (register rotation in every CTA, M <= 2; the cooperative rotation, M > 2): a stream of
-    // layers gains, this single cold call does not. Session 8: the cooperative rotation goes out
-    // as a cooperative launch and is the layer's default for M > 2.
-    for (const V& v : {V{"rotate + tiles, smem ring (two kernels: session-6 default)", true, false},
+    // of layers (linear.decode_stream): both always on since. Session 7: the fused mode (register
+    // rotation in every CTA, M <= 2): a stream of layers gains, this single cold call does not.
+    // Session 8 (run 19): the cooperative rotation for M > 2 lost as a cooperative launch: deleted.
+    for (const V& v : {V{"rotate + tiles, smem ring (two kernels: layer default M > 2)", true, false},
                        V{"tiles alone, smem ring (codes on the device)", false, false},
                        V{"tiles fused, register rotation (one kernel; layer default M <= 2)", false,
-                         true},
-                       V{"tiles, cooperative rotation (cooperative launch; layer default M > 2)",
-                         false, true, true}}) {
-      cl::DecodeParams fc = fv;  // cooperative: the rotate kernel's buffers as the scratch
-      fc.a = sep.a;
-      fc.lda = sep.lda;
-      fc.ep.a_scale = sep.ep.a_scale;
-      if (v.coop && !cl::decode_tiles_applies(fc)) continue;
-      if (v.fused && !v.coop && !cl::decode_tiles_applies(fv)) continue;
+                         true}}) {
+      if (v.fused && !cl::decode_tiles_applies(fv)) continue;
       Row c = row(v.name);
-      cl::DecodeTilesTuning t;
-      t.coop = v.coop;
       tile_bytes(c);
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);
-        cl::decode_tiles_with(v.coop ? fc : (v.fused ? fv : tv), t, s);
+        cl::decode_tiles(v.fused ? fv : tv, s);
       });
       if (!v.rotate && !v.fused) c.note = "GEMV only: not the layer";
-      if (v.coop) c.note = cl::decode_tiles_coop_note();
       compare(c);
       rows.push_back(c);
     }

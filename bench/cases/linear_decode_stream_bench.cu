@@ -12,9 +12,9 @@
 // matmuls with bias on kLayers distinct weights, back to back, same flush, same median).
 //
 // Per 4-bit format and M: the tiled GEMV on the layer's decode tiles as QuantizedLinear::forward
-// can launch it per layer (rotate kernel + GEMV; one GEMV rotating x in every CTA; the
-// cooperative rotation); "tiles alone" rows leave the rotation out (codes on the device), the
-// probe rows read the layout's bytes and nothing else.
+// can launch it per layer (rotate kernel + GEMV; one GEMV rotating x in every CTA, M <= 2);
+// "tiles alone" rows leave the rotation out (codes on the device), the probe rows read the
+// layout's bytes and nothing else.
 // Accuracy column: the last layer's output bits against the default variant's (every layer holds
 // the same codes, at its own addresses).
 #include <cublasLt.h>
@@ -124,10 +124,7 @@ class DecodeStreamBench : public BenchCase {
     if (env.device != Device::cuda) return rows;
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
-    // M 8 / 9 time the GEMV alone only: one vs two n8 activation tiles at about the same
-    // activation bytes, against M 1 / 16 (what the M = 16 gap is made of).
-    for (int64_t M : {int64_t{1}, int64_t{8}, int64_t{9}, int64_t{16}}) {
-      const bool split_rows = M == 8 || M == 9;
+    for (int64_t M : {int64_t{1}, int64_t{16}}) {
       const double base = bf16_stream_ms(env, M, N, K);
       DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
       DeviceTensor codes = make_empty(Device::cuda, DType::i8, {M, K});
@@ -199,38 +196,21 @@ class DecodeStreamBench : public BenchCase {
         struct V {
           const char* name;
           bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
-          bool fused = false;  // no rotate kernel: the GEMV rotates + quantizes x
-          bool coop = false;   // fused with scratch codes / scales: the cooperative rotation
+          bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
-          bool pair = false;   // DecodeTilesTuning::pair (64 registers: 2 CTAs per SM; M <= 8)
-          int prefetch = 0;    // DecodeTilesTuning::prefetch (items per warp into L2)
         };
         std::vector<float> ref;
-        // Settled and trimmed (runs 12-17): L2 prefetch, spread split, run 11's default, the
-        // register activation copy, fused depth 8 and the shared-memory fused rotation. Session 8:
-        // the cooperative rotation goes out as a cooperative launch (+ PDL), the layer's default
-        // for M > 2; the probe row is the same stream of read-only kernels (the ceiling).
+        // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
+        // run 11's default, the register activation copy, fused depth 8, the shared-memory fused
+        // rotation, the cooperative rotation (run 19: 16 % slower as a cooperative launch), two
+        // CTAs per SM, the M 8 / 9 rows (docs/linear-gpu.md, "Session 8"). The probe row is the
+        // same stream of read-only kernels: the ceiling.
         for (const V& v :
-             {V{"rotate (PDL) + tiles (two kernels: session-6 default)", true},
+             {V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
                 false, true},
-              V{"tiles, cooperative rotation (cooperative launch; one kernel per layer; layer "
-                "default M > 2)",
-                false, true, true},
-              V{"tiles fused, register rotation, pair: 64 registers, the next layer's CTAs "
-                "beside (A/B)",
-                false, true, false, false, true},
-              V{"tiles fused, register rotation, 4 items per warp prefetched into L2 after "
-                "the wait (A/B)",
-                false, true, false, false, false, 4},
-              V{"tiles, cooperative rotation, 4 items per warp prefetched into L2 after the wait "
-                "(A/B)",
-                false, true, true, false, false, 4},
               V{"tiles alone (codes on the device)", false},
-              V{"tiles alone, pair: 64 registers (codes on the device)", false, false, false,
-                false, true},
-              V{"stream probe: the layout's bytes read, nothing else", false, false, false,
-                true}}) {
+              V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -242,17 +222,10 @@ class DecodeStreamBench : public BenchCase {
           r.flops = 2.0 * M * N * K;
           r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
           r.baseline_ms = base;
-          if (v.pair && M > 8) continue;  // the pair instances have one n8 tile
-          if (split_rows && (v.rotate || v.fused || v.probe || v.pair)) continue;
-          if (v.coop && M <= cl::kTilesFuseLimit) continue;  // run 17: slower than fused there
-          cl::DecodeTilesTuning t;
-          t.coop = v.coop;
-          t.pair = v.pair;
-          t.prefetch = v.prefetch;
           cl::RotateQuantParams rp = rq;
           rp.pdl = true;
           cl::DecodeParams dl = d;
-          if (v.fused) {  // x in, the GEMV rotates + quantizes it (the layer's fused modes)
+          if (v.fused) {  // x in, every CTA rotates + quantizes it (the layer's fused mode)
             dl.a = nullptr;
             dl.lda = 0;
             dl.ep.a_scale = nullptr;
@@ -260,11 +233,6 @@ class DecodeStreamBench : public BenchCase {
             dl.x_dtype = DType::bf16;
             dl.x_row_stride = K;
             dl.rot = 256;
-            if (v.coop) {  // the rotate kernel's codes / scales buffers as the scratch
-              dl.a = static_cast<const int8_t*>(codes.view.data);
-              dl.lda = K;
-              dl.ep.a_scale = static_cast<const float*>(scales.view.data);
-            }
             if (!cl::decode_tiles_applies(dl)) continue;
           }
           try {
@@ -277,7 +245,7 @@ class DecodeStreamBench : public BenchCase {
                          continue;
                        }
                        if (v.rotate) cl::rotate_quantize(rp, s);
-                       cl::decode_tiles_with(p, t, s);
+                       cl::decode_tiles(p, s);
                      }
                    }) /
                    kLayers;
@@ -300,7 +268,6 @@ class DecodeStreamBench : public BenchCase {
                                 : "bit-identical to the default";
             }
             if (!v.rotate && !v.fused) r.note = "GEMV only: not the layer";
-            if (v.coop) r.note = cl::decode_tiles_coop_note();
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
           }
@@ -350,10 +317,11 @@ class DecodeStreamBench : public BenchCase {
           failed = e.what();
         }
         std::vector<float> ref;
-        // 0: the layer's defaults (session 8: every CTA rotates M <= 2, the cooperative rotation
-        // M > 2: one launch per layer); 1: the session-6 two-kernel path (fuse_max_m = 0; at
-        // M = 16 also run 17's default). Accuracy: last output's bits vs 0's.
+        // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
+        // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
+        // Accuracy: last output's bits vs 0's.
         for (const int fused : {0, 1}) {
+          if (fused && M > cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -384,7 +352,6 @@ class DecodeStreamBench : public BenchCase {
                    kLayers;
             cl::set_layer_tiles_tuning(nullptr);
             synchronize(ctx);
-            if (!fused && M > cl::kTilesFuseLimit) r.note = cl::decode_tiles_coop_note();
             const std::vector<float> got = to_host_f32(out.view);
             if (ref.empty()) {
               ref = got;

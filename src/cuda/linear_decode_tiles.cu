@@ -24,9 +24,8 @@
 //     warps split its items evenly, whatever K, and add their partial sums of a tile into shared
 //     memory with integer atomics (exact in any order); one barrier, then the epilogue
 //     (apply_epilogue: the prefill path's fp32 order);
-//   - the activations: codes from the rotate kernel, or x rotated + quantized by the grid itself
-//     (every CTA for M <= 2; CTA m row m under a cooperative launch for M <= 16), with the
-//     register rotate kernel's arithmetic (linear_rotate.cuh): the same bits either way.
+//   - the activations: codes from the rotate kernel, or (M <= 2) x rotated + quantized by every
+//     CTA itself with the register rotate kernel's arithmetic (linear_rotate.cuh): the same bits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -58,7 +57,6 @@ constexpr int kTilesThreads = kTilesWarps * 32;
 constexpr int kTilesDepth = 4;                  // ring slots per warp (H200 run 6: 4 > 6 > 8)
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
 constexpr int kTilesMaxRegs = 88;
-constexpr int kTilesPairRegs = 64;              // 2 x 512 x 64 = one SM's registers
 
 __host__ __device__ constexpr int slot_bytes(int kind) {
   return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0);
@@ -74,12 +72,6 @@ struct TilesLayout {
   int epi_n = 0;          // tiles per CTA x 16
   int ring_off = 0;       // the warps' rings
   int64_t smem = 0;
-  // Cooperative rotation (fused instances under a cooperative launch): CTA b < M rotates row b
-  // into p.a / p.ep.a_scale (global), counts itself in coop_cnt[0]; every CTA waits for M,
-  // copies the codes, counts itself in coop_cnt[1]; the last one re-zeroes both.
-  int coop = 0;
-  uint32_t* coop_cnt = nullptr;
-  int prefetch = 0;  // items per warp into L2 after griddepcontrol.wait (DecodeTilesTuning)
 };
 
 using ptx::cp_async16;
@@ -163,19 +155,19 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
 
 // ---- the GEMV ----
 
-// Register rotation of x's rows [r0, r1) (r1 - r0 <= kTilesFuseLimit; K <= 16 THREADS): thread
-// tid rotates its 16 elements of each row in registers (rotate16), the row's amax goes through
-// s_amax (THREADS / 32 floats per row slot) and one barrier, and the thread writes its 16 codes
-// (quantize16_int) as one 16-byte store at their output position in row m of dst (stride
-// dst_stride bytes: shared memory in the fused mode, global in the cooperative one) and the
-// scale to scales[m]: the register rotate kernel's arithmetic, hence its bits. Comfy with SUMS:
-// adds the row's code sum to s_asum[m]. Every thread of the CTA takes part.
-template <int KIND, int THREADS, typename XT, bool SUMS>
-__device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, int r0, int r1,
-                                                 uint8_t* dst, int64_t dst_stride, float* scales,
-                                                 float* s_amax, int32_t* s_asum) {
+// Register rotation of x's M <= kTilesFuseLimit rows (K <= 16 THREADS): thread tid rotates its
+// 16 elements of each row in registers (rotate16), the row's amax goes through s_amax (THREADS /
+// 32 floats per row slot) and one barrier, and the thread writes its 16 codes (quantize16_int) as
+// one 16-byte store at their output position in row m of act (shared memory, stride act_stride
+// bytes) and the scale to scales[m]: the register rotate kernel's arithmetic, hence its bits.
+// Comfy: adds the row's code sum to s_asum[m]. Every thread of the CTA takes part.
+template <int KIND, int THREADS, typename XT>
+__device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, uint8_t* act,
+                                                 int act_stride, float* scales, float* s_amax,
+                                                 int32_t* s_asum) {
   constexpr int W = THREADS / 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int M = static_cast<int>(p.M);
   const int K = static_cast<int>(p.w.K);
   const bool in = tid * 16 < K;
   const int g = reg_group<256>(tid), out0 = reg_out0<256>(tid);
@@ -185,17 +177,17 @@ __device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, int r0, 
 #pragma unroll
   for (int i = 0; i < kTilesFuseLimit; ++i) {
     raw[i][0] = raw[i][1] = make_uint4(0u, 0u, 0u, 0u);
-    if (r0 + i < r1 && in) {
+    if (i < M && in) {
       const uint4* src = reinterpret_cast<const uint4*>(static_cast<const XT*>(p.x) +
-                                                        (r0 + i) * p.x_row_stride + tid * 16);
+                                                        i * p.x_row_stride + tid * 16);
       raw[i][0] = src[0];
       raw[i][1] = src[1];
     }
   }
 #pragma unroll
   for (int i = 0; i < kTilesFuseLimit; ++i) {
-    const int m = r0 + i;
-    if (m >= r1) break;  // uniform
+    const int m = i;
+    if (m >= M) break;  // uniform
     float v[16], y[16];
     unpack_raw<XT>(raw[i], v);  // zeros past K (raw zero)
     rotate16<256>(v, g, y);
@@ -214,9 +206,9 @@ __device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, int r0, 
       quantize16_int<127>(y, scale, c);
     }
     if (in) {
-      *reinterpret_cast<uint4*>(dst + m * dst_stride + out0) = make_uint4(c[0], c[1], c[2], c[3]);
+      *reinterpret_cast<uint4*>(act + m * act_stride + out0) = make_uint4(c[0], c[1], c[2], c[3]);
     }
-    if (KIND == kTilesComfy && SUMS) {
+    if (KIND == kTilesComfy) {
       int32_t sum = 0;
       if (in) {
 #pragma unroll
@@ -228,9 +220,8 @@ __device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, int r0, 
   }
 }
 
-// The M activation rows' int8 codes from p.a (written by the preceding kernel, or by this grid's
-// rotating CTAs: call after griddepcontrol.wait / the cooperative wait) into shared memory (`act`,
-// row stride act_stride bytes): every row's 16-byte pieces in flight at once (cp.async.cg: L2,
+// The M activation rows' int8 codes from p.a (written by the preceding kernel: call after
+// griddepcontrol.wait) into shared memory (`act`, row stride act_stride bytes): every row's 16-byte pieces in flight at once (cp.async.cg: L2,
 // coherent; no registers) instead of M dependent load -> store rounds (M L2 round trips at
 // M = 16). Comfy: adds each row's code sum to s_asum[m] (zeroed and synchronized by the caller)
 // from the thread's own pieces once they landed. The caller synchronizes before reading act.
@@ -262,14 +253,13 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 }
 
 // KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows (1: M <= 8, 2: M <= 16).
-// XT: the activation dtype when the grid rotates + quantizes x itself (every CTA, M <=
-// kTilesFuseLimit; or cooperatively, L.coop), else void (codes from the rotate kernel).
-// REGS: at most 88 registers (kTilesMaxRegs): 512 x 88 + the register rotate kernel's CTA (320
-// threads x 64) fit in one SM's 64 K registers together, so the CTA on the rotate kernel's SM
-// starts (PDL) with the others instead of after it. 64 (kTilesPairRegs, NT = 1,
-// DecodeTilesTuning::pair): two CTAs fit, so the NEXT layer's CTA launches beside this one.
-template <int KIND, int NT, typename XT = void, int REGS = kTilesMaxRegs>
-__global__ void __maxnreg__(REGS) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
+// XT: the activation dtype when every CTA rotates + quantizes x itself (M <= kTilesFuseLimit),
+// else void (codes from the rotate kernel).
+// At most 88 registers: 512 x 88 + the register rotate kernel's CTA (320 threads x 64) fit in
+// one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
+// others instead of after it.
+template <int KIND, int NT, typename XT = void>
+__global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, D = kTilesDepth, SLOT = slot_bytes(KIND);
   constexpr bool kFused = !std::is_void<XT>::value;
@@ -334,48 +324,10 @@ __global__ void __maxnreg__(REGS) gemv_tiles_kernel(DecodeParams p, TilesLayout 
     s_bias[i] = bias;
   }
   ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
-  // Prologue prefetch (A/B): the warp's next items after the ring's into L2 while the
-  // activations are rotated / copied (the ring is full then, so nothing else is requested).
-  if (L.prefetch > 0 && lane == 0 && n_items > D - 1) {
-    const uint32_t n = static_cast<uint32_t>(min(n_items - (D - 1), L.prefetch));
-    ptx::bulk_prefetch_l2(codes + (D - 1) * kItemBytes, n * kItemBytes);
-    if (KIND == kTilesInt4) ptx::bulk_prefetch_l2(tables + (D - 1) * kTableBytes, n * kTableBytes);
-  }
   __syncthreads();
   Epilogue ep = p.ep;
-  if constexpr (kFused) {
-    if (L.coop) {
-      // Cooperative launch (every CTA resident): CTA b < M rotates + quantizes row b into the
-      // global codes and scales and counts itself in coop_cnt[0]; every CTA waits for M rows.
-      if (b < M) {
-        tiles_rotate_reg<KIND, kTilesThreads, XT, false>(
-            p, static_cast<int>(b), static_cast<int>(b) + 1,
-            reinterpret_cast<uint8_t*>(const_cast<int8_t*>(p.a)), p.lda,
-            const_cast<float*>(p.ep.a_scale), s_amax, s_asum);
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(&L.coop_cnt[0], 1u);
-      }
-      if (threadIdx.x == 0) {  // every row written (acquire); bounded: wrong output, not a hang
-        for (uint32_t polls = 0; polls < (1u << 26); ++polls) {
-          if (ptx::ld_acquire_gpu(L.coop_cnt) >= static_cast<uint32_t>(M)) break;
-          __nanosleep(32);
-        }
-      }
-      __syncthreads();
-      tiles_copy_codes<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
-      if (threadIdx.x < M) s_scale[threadIdx.x] = __ldcg(p.ep.a_scale + threadIdx.x);
-      __syncthreads();
-      // The last CTA past its wait re-zeroes both counters (before the grid completes; the next
-      // launch on the stream touches them only after its griddepcontrol.wait).
-      if (threadIdx.x == 0 && atomicAdd(&L.coop_cnt[1], 1u) == static_cast<uint32_t>(G - 1)) {
-        atomicExch(&L.coop_cnt[0], 0u);
-        atomicExch(&L.coop_cnt[1], 0u);
-      }
-    } else {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself
-      tiles_rotate_reg<KIND, kTilesThreads, XT, true>(p, 0, M, act, L.act_stride, s_scale, s_amax,
-                                                      s_asum);
-    }
+  if constexpr (kFused) {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself
+    tiles_rotate_reg<KIND, kTilesThreads, XT>(p, act, L.act_stride, s_scale, s_amax, s_asum);
     ep.a_scale = s_scale;  // a generic pointer into shared memory
   } else {
     tiles_copy_codes<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
@@ -530,7 +482,6 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid) {
 
 struct TilesDevice {
   bool sm90 = false;
-  bool coop = false;  // cooperative launches supported
   int max_smem = 0;
 };
 TilesDevice tiles_device() {
@@ -542,78 +493,36 @@ TilesDevice tiles_device() {
   auto it = cache.find(dev);
   if (it != cache.end()) return it->second;
   TilesDevice info;
-  int major = 0, optin = 0, coop = 0;
+  int major = 0, optin = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
              "decode_tiles", "compute capability");
   check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
              "decode_tiles", "shared memory");
-  check_cuda(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev), "decode_tiles",
-             "cooperative launch");
   cudaFuncAttributes attr{};
   const bool image =
       cudaFuncGetAttributes(&attr, gemv_tiles_kernel<kTilesComfy, 1>) == cudaSuccess &&
       attr.binaryVersion >= 90;
   (void)cudaGetLastError();
   info.sm90 = major == 9 && image;
-  info.coop = coop != 0;
   info.max_smem = optin - 2048;  // room for the static arrays
   cache.emplace(dev, info);
   return info;
 }
 
-// Raises the kernel's dynamic shared memory limit to `bytes` where it is lower (per device; with
-// max_carveout the preferred carveout to all shared memory) and returns how many of its CTAs
-// with `bytes` one SM holds (cached per device, kernel and size).
+// Raises the kernel's dynamic shared memory limit to `bytes` where it is lower (per device).
 template <typename Kernel>
-int tiles_smem(Kernel kernel, int64_t bytes, bool max_carveout) {
+void tiles_smem(Kernel kernel, int64_t bytes) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, int64_t> limits;
-  static std::map<std::tuple<int, const void*, int64_t>, int> per_sm;
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
   std::lock_guard<std::mutex> lock(mu);
-  const void* fn = reinterpret_cast<const void*>(kernel);
-  const auto size_key = std::make_tuple(dev, fn, bytes);
-  auto it = per_sm.find(size_key);
-  if (it != per_sm.end()) return it->second;
-  int64_t& limit = limits[std::make_pair(dev, fn)];
-  if (limit < bytes) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(bytes)),
-               "decode_tiles", "shared memory");
-    // Two CTAs per SM (pair instances) need the whole carveout as shared memory.
-    if (max_carveout)
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      static_cast<int>(cudaSharedmemCarveoutMaxShared)),
-                 "decode_tiles", "shared memory carveout");
-    limit = bytes;
-  }
-  int n = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kTilesThreads,
-                                                           static_cast<size_t>(bytes)),
-             "decode_tiles", "occupancy");
-  per_sm.emplace(size_key, n);
-  return n;
-}
-
-// The cooperative rotation's two counters for the current device and stream: zeroed once (on
-// `stream`) when allocated; every launch leaves them zero (its last CTA re-zeroes them), and
-// launches on one stream touch them only after griddepcontrol.wait (the previous grid done).
-uint32_t* coop_counters(cudaStream_t stream) {
-  static std::mutex mu;
-  static std::map<std::pair<int, cudaStream_t>, uint32_t*> bufs;
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(dev, stream);
-  auto it = bufs.find(key);
-  if (it == bufs.end()) {
-    void* c = nullptr;
-    check_cuda(cudaMalloc(&c, 2 * sizeof(uint32_t)), "decode_tiles", "cooperative counters");
-    check_cuda(cudaMemsetAsync(c, 0, 2 * sizeof(uint32_t), stream), "decode_tiles", "memset");
-    it = bufs.emplace(key, static_cast<uint32_t*>(c)).first;
-  }
-  return it->second;
+  int64_t& limit = limits[std::make_pair(dev, reinterpret_cast<const void*>(kernel))];
+  if (limit >= bytes) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bytes)),
+             "decode_tiles", "shared memory");
+  limit = bytes;
 }
 
 int tiles_grid(const DecodeParams& d) {
@@ -621,45 +530,13 @@ int tiles_grid(const DecodeParams& d) {
   return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
 }
 
-thread_local int g_coop_launch = -1;  // decode_tiles_coop_note()
-
-// Launches the GEMV with programmatic stream serialization (PDL). Cooperative (L.coop): as a
-// cooperative launch (cudaLaunchAttributeCooperative: CUDA starts it only with every CTA
-// resident at once, or refuses it), with PDL if the driver takes both attributes; returns false
-// (nothing launched, no error left pending) when the grid cannot be co-resident (occupancy,
-// MPS / green-context SM limits, no cooperative launch on the device) or the launch is refused.
-template <int KIND, int NT, typename XT = void, int REGS = kTilesMaxRegs>
-bool launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_tiles_kernel<KIND, NT, XT, REGS>;
-  const int per_sm = tiles_smem(kernel, L.smem, REGS < kTilesMaxRegs);
-  if (!L.coop) {
-    launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
-                     static_cast<size_t>(L.smem), stream, d, L);
-    return true;
-  }
-  if (!tiles_device().coop || static_cast<int64_t>(per_sm) * multiprocessor_count() < grid)
-    return false;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kTilesThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(L.smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  for (const unsigned n : {2u, 1u}) {  // cooperative + PDL, else cooperative alone
-    cfg.numAttrs = n;
-    if (cudaLaunchKernelEx(&cfg, kernel, d, L) == cudaSuccess) {
-      g_coop_launch = static_cast<int>(n);
-      return true;
-    }
-    (void)cudaGetLastError();  // the refusal is not sticky: clear it
-  }
-  g_coop_launch = 0;
-  return false;
+// Launches the GEMV with programmatic stream serialization (PDL).
+template <int KIND, int NT, typename XT = void>
+void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
+  auto kernel = gemv_tiles_kernel<KIND, NT, XT>;
+  tiles_smem(kernel, L.smem);
+  launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
+                   static_cast<size_t>(L.smem), stream, d, L);
 }
 
 // A read-only stream of the layout (bench only; the roofline of the GEMV): the grid's items
@@ -764,16 +641,13 @@ struct Tag {
   using type = T;
 };
 
-// Fused call (x in): whether the kernel's register rotation takes x (rot 256, bf16 / f16,
-// K <= 16 x 512 elements, 16-byte rows, int8 / int4 codes).
+// Fused call (x in): whether the kernel's register rotation takes x (M <= kTilesFuseLimit,
+// rot 256, bf16 / f16, K <= 16 x 512 elements, 16-byte rows, int8 / int4 codes).
 bool fused_rotation_fits(const DecodeParams& d) {
-  return d.rot == 256 && (d.x_dtype == DType::bf16 || d.x_dtype == DType::f16) &&
-         d.w.K <= 16 * kTilesThreads && (d.act_qmax == 7 || d.act_qmax == 127) &&
-         reinterpret_cast<uintptr_t>(d.x) % 16 == 0 && d.x_row_stride % 8 == 0;
-}
-// Scratch codes / scales for the activations (d.a (M, K) row stride lda, d.ep.a_scale (M)).
-bool has_scratch(const DecodeParams& d) {
-  return d.a && d.ep.a_scale && d.lda % 16 == 0 && reinterpret_cast<uintptr_t>(d.a) % 16 == 0;
+  return d.M <= kTilesFuseLimit && d.rot == 256 &&
+         (d.x_dtype == DType::bf16 || d.x_dtype == DType::f16) && d.w.K <= 16 * kTilesThreads &&
+         (d.act_qmax == 7 || d.act_qmax == 127) && reinterpret_cast<uintptr_t>(d.x) % 16 == 0 &&
+         d.x_row_stride % 8 == 0;
 }
 
 }  // namespace
@@ -783,11 +657,8 @@ bool decode_tiles_applies(const DecodeParams& d) {
   if (decode_tiles_kind(d.w) == kTilesNone) return false;
   if (reinterpret_cast<uintptr_t>(d.tiles) % 16 != 0) return false;
   if (d.x) {
-    // Without scratch only the redundant fused mode (every CTA rotates, M <= kTilesFuseLimit);
-    // with it the cooperative mode or the rotate kernel into the scratch first.
-    if (d.rot != 256 || (d.x_dtype != DType::bf16 && d.x_dtype != DType::f16)) return false;
-    if (!has_scratch(d) && (d.M > kTilesFuseLimit || !fused_rotation_fits(d))) return false;
-  } else if (!has_scratch(d)) {
+    if (!fused_rotation_fits(d)) return false;
+  } else if (!d.a || d.lda % 16 != 0 || reinterpret_cast<uintptr_t>(d.a) % 16 != 0) {
     return false;
   }
   const TilesDevice info = tiles_device();
@@ -812,79 +683,35 @@ void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
 }
 
 void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
-  decode_tiles_with(d, layer_tiles_tuning(), stream);
-}
-
-void decode_tiles_with(const DecodeParams& dp, const DecodeTilesTuning& t, cudaStream_t stream) {
-  DecodeParams d = dp;
   const int grid = tiles_grid(d);
-  TilesLayout L = tiles_layout(d, grid);
-  L.prefetch = std::max(0, t.prefetch);
-  const int kind = decode_tiles_kind(d.w);
+  const TilesLayout L = tiles_layout(d, grid);
   const bool two = d.M > 8;  // two n8 tiles of activation rows
-  // Pair: the 64-register instances (one n8 tile only) where two CTAs' shared memory fits.
-  const bool pair = t.pair && !two && 2 * (L.smem + 2048) <= tiles_device().max_smem + 2048;
-  // Launches the instance for (kind, rows, x dtype or codes in); false: a cooperative launch
-  // refused (nothing launched).
-  auto launch = [&](auto xt_tag) -> bool {
+  auto launch = [&](auto kind_tag, auto xt_tag) {
+    constexpr int KIND = decltype(kind_tag)::value;
     using XT = typename decltype(xt_tag)::type;
-    if (kind == kTilesComfy) {
-      return two    ? launch_tiles<kTilesComfy, 2, XT>(d, L, grid, stream)
-             : pair ? launch_tiles<kTilesComfy, 1, XT, kTilesPairRegs>(d, L, grid, stream)
-                    : launch_tiles<kTilesComfy, 1, XT>(d, L, grid, stream);
+    if constexpr (!std::is_void<XT>::value) {  // fused: M <= kTilesFuseLimit, one n8 tile
+      launch_tiles<KIND, 1, XT>(d, L, grid, stream);
+    } else if (two) {
+      launch_tiles<KIND, 2>(d, L, grid, stream);
+    } else {
+      launch_tiles<KIND, 1>(d, L, grid, stream);
     }
-    return two    ? launch_tiles<kTilesInt4, 2, XT>(d, L, grid, stream)
-           : pair ? launch_tiles<kTilesInt4, 1, XT, kTilesPairRegs>(d, L, grid, stream)
-                  : launch_tiles<kTilesInt4, 1, XT>(d, L, grid, stream);
   };
-  auto launch_x = [&]() -> bool {
-    return d.x_dtype == DType::f16 ? launch(Tag<__half>{})
-                                   : launch(Tag<__nv_bfloat16>{});
-  };
-  if (d.x) {
-    const bool reg = fused_rotation_fits(d);
-    if (has_scratch(d)) {
-      // The cooperative rotation (one launch, CTA m rotates row m) where the grid can be
-      // co-resident, else the rotate kernel into the scratch first.
-      if (t.coop && reg && d.M <= grid) {
-        L.coop = 1;
-        L.coop_cnt = coop_counters(stream);
-        if (launch_x()) {
-          check_launch("decode_tiles");
-          return;
-        }
-        L.coop = 0;
-        L.coop_cnt = nullptr;
-      }
-      RotateQuantParams rq = rotate_quant_rows(
-          d.x, d.x_dtype, d.M, d.w.K, d.act_qmax == 7 ? ActFormat::int4 : ActFormat::int8,
-          const_cast<int8_t*>(d.a), const_cast<float*>(d.ep.a_scale), d.rot);
-      rq.x_row_stride = d.x_row_stride;
-      rq.codes_row_stride = d.lda;
-      rq.pdl = true;
-      rotate_quantize(rq, stream);
-      d.x = nullptr;
-    } else {  // every CTA rotates + quantizes the rows (decode_tiles_applies: M <= 2, reg)
-      launch_x();
-      check_launch("decode_tiles");
-      return;
+  auto by_x = [&](auto kind_tag) {
+    if (!d.x) {
+      launch(kind_tag, Tag<void>{});
+    } else if (d.x_dtype == DType::f16) {
+      launch(kind_tag, Tag<__half>{});
+    } else {
+      launch(kind_tag, Tag<__nv_bfloat16>{});
     }
+  };
+  if (decode_tiles_kind(d.w) == kTilesComfy) {
+    by_x(std::integral_constant<int, kTilesComfy>{});
+  } else {
+    by_x(std::integral_constant<int, kTilesInt4>{});
   }
-  launch(Tag<void>{});
   check_launch("decode_tiles");
-}
-
-const char* decode_tiles_coop_note() {
-  switch (g_coop_launch) {
-    case 2:
-      return "cooperative launch + PDL";
-    case 1:
-      return "cooperative launch without PDL (both attributes refused)";
-    case 0:
-      return "cooperative launch refused: rotate kernel + GEMV ran";
-    default:
-      return "no cooperative launch";
-  }
 }
 
 void decode_tiles_stream_probe(const DecodeParams& d, cudaStream_t stream) {

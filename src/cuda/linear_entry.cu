@@ -3,9 +3,9 @@
 //   prefill (M > 16): rotate+quantize -> [unpack] -> int8 GEMM with the fused epilogue (CUTLASS
 //                     on sm_90a, else wgmma / mma.sync)
 //   decode  (M <= 16, int8-grid qtypes): rotate+quantize -> decode GEMV on the packed codes (ring
-//           kernel); 4-bit weights on sm_90: the tiled GEMV on their decode layout, ONE launch
-//           per layer (the GEMV's CTAs rotate + quantize x themselves: every CTA for M <= 2,
-//           cooperatively for M <= 16) where it applies, else rotate kernel (PDL) + GEMV
+//           kernel); 4-bit weights on sm_90: the tiled GEMV on their decode layout, for M <= 2
+//           ONE launch per layer (every CTA rotates + quantizes x itself), else rotate kernel
+//           (PDL) + GEMV
 //   convrot4 on sm_90: NVFP4 dequantized to f16 (exact) -> f16 mma GEMM, pts in the epilogue;
 //            on sm_100: the block-scaled fp4 GEMM (src/cuda/gemm_nvfp4_sm100.h)
 // Temporary buffers come from the stream-ordered allocator (cudaMallocAsync on the caller's stream).
@@ -341,12 +341,10 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     return d;
   };
   // Decode on the tiles with the rotation inside the GEMV (DecodeTilesTuning::fuse_max_m): every
-  // CTA rotating x (M <= kTilesFuseLimit: no scratch, one launch), else through the scratch
-  // below (the cooperative rotation, or the rotate kernel into it first).
-  const linear::DecodeTilesTuning tiles_tuning = linear::layer_tiles_tuning();
+  // CTA rotates x (M <= kTilesFuseLimit: no scratch, one launch per layer).
   const bool tiles = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 && M <= 16;
-  const bool tiles_fused = tiles && M <= tiles_tuning.fuse_max_m;
-  if (tiles_fused && M <= linear::kTilesFuseLimit) {
+  if (tiles && M <= std::min(linear::kTilesFuseLimit,
+                             static_cast<int64_t>(linear::layer_tiles_tuning().fuse_max_m))) {
     const linear::DecodeParams d = with_x(decode_params(nullptr, nullptr));
     if (linear::decode_tiles_applies(d)) {
       linear::decode_tiles(d, s);
@@ -359,13 +357,6 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   Scratch act(scale_off + static_cast<size_t>(M * 4), s, op);
   int8_t* a_codes = act.as<int8_t>();
   float* a_scale = reinterpret_cast<float*>(act.as<char>() + scale_off);
-  if (tiles_fused) {
-    const linear::DecodeParams d = with_x(decode_params(a_codes, a_scale));
-    if (linear::decode_tiles_applies(d)) {
-      linear::decode_tiles(d, s);
-      return;
-    }
-  }
   // The rotate kernel goes out with PDL before the tiled GEMV (which triggers its dependents
   // early), so a stream of layers chains GEMV -> rotate -> GEMV with each kernel starting under
   // its predecessor's tail (it waits before touching memory).

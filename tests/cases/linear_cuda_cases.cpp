@@ -374,64 +374,35 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 8, 1032, 640, DType::f16,
                                                 true));
 #ifdef LOWBIT_WITH_CUDA
-  // The tiled kernel's layer paths (DecodeTilesTuning) through the layer. The defaults (every
-  // other 4-bit case with M <= 16) run one launch per layer: every CTA rotates x for M <= 2 (the
-  // register rotation; K 8448 > 8192 takes the rotate kernel into the scratch instead), the
-  // cooperative rotation (a cooperative launch: CTA m rotates row m into the scratch, every CTA
-  // waits for the M rows) for M > 2. `coop` cases: M 3 / 7 / 16 / 9 at odd O (a partial last
-  // tile), M 1 / 2 with scratch through the layer's fallback shapes, K 8448 and M 5 > 3 CTAs
-  // (O 40) falling back to the rotate kernel; `two_kernels` (fuse_max_m 0: the session-6 path)
-  // and `coop_off` (run 17's default for M > 2: rotate kernel + GEMV).
+  // The tiled kernel's layer paths (DecodeTilesTuning) through the layer. `fused_reg`: the
+  // default for M <= 2, one launch per layer, every CTA rotates x (the register rotation; K 8448
+  // > 8192 takes the rotate kernel instead). `default`: M 3 / 7 / 9 / 16 (rotate kernel + GEMV,
+  // one and two n8 activation tiles) with O = 8 (mod 16): a partial last 16-row tile (the CPU
+  // oracle takes O % 8 == 0). `two_kernels` (fuse_max_m 0: the session-6 path for every M).
   {
     namespace cl = cuda::linear;
     auto add = [&](const char* v, const cl::DecodeTilesTuning& t, QType q, int64_t m, int64_t o,
                    int64_t k, DType a, bool bias) {
       cases.push_back(std::make_unique<TunedForwardCase>(v, t, q, m, o, k, a, bias));
     };
-    const cl::DecodeTilesTuning co;  // the defaults
-    add("fused_reg", co, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
-    add("fused_reg", co, QType::convrot_int4, 2, 5000, 1280, DType::f16, false);
-    add("fused_reg", co, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
-    add("fused_reg", co, QType::convrot_comfy_w4a4, 2, 136, 256, DType::f16, true);
-    add("fused_reg", co, QType::convrot_int4, 1, 40, 8448, DType::bf16, true);
-    add("coop", co, QType::convrot_int4, 3, 1031, 1280, DType::bf16, true);
-    add("coop", co, QType::convrot_comfy_w4a4, 3, 4099, 768, DType::f16, false);
-    add("coop", co, QType::convrot_int4, 7, 4099, 768, DType::f16, true);
-    add("coop", co, QType::convrot_comfy_w4a4, 7, 1031, 5120, DType::bf16, true);
-    add("coop", co, QType::convrot_int4, 16, 2053, 1280, DType::bf16, true);
-    add("coop", co, QType::convrot_comfy_w4a4, 16, 5001, 768, DType::f16, false);
-    add("coop", co, QType::convrot_comfy_w4a4, 16, 4104, 768, DType::bf16, true);
-    add("coop", co, QType::convrot_int4, 9, 5000, 1280, DType::f16, false);
-    add("coop", co, QType::convrot_int4, 16, 136, 8448, DType::bf16, true);
-    add("coop", co, QType::convrot_comfy_w4a4, 5, 40, 512, DType::bf16, false);
+    const cl::DecodeTilesTuning def;
+    add("fused_reg", def, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
+    add("fused_reg", def, QType::convrot_int4, 2, 5000, 1280, DType::f16, false);
+    add("fused_reg", def, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
+    add("fused_reg", def, QType::convrot_comfy_w4a4, 2, 136, 256, DType::f16, true);
+    add("fused_reg", def, QType::convrot_int4, 1, 40, 8448, DType::bf16, true);
+    add("default", def, QType::convrot_int4, 3, 1032, 1280, DType::bf16, true);
+    add("default", def, QType::convrot_comfy_w4a4, 3, 4104, 768, DType::f16, false);
+    add("default", def, QType::convrot_int4, 7, 4104, 768, DType::f16, true);
+    add("default", def, QType::convrot_comfy_w4a4, 7, 1032, 5120, DType::bf16, true);
+    add("default", def, QType::convrot_int4, 9, 2056, 1280, DType::bf16, false);
+    add("default", def, QType::convrot_int4, 16, 2056, 1280, DType::bf16, true);
+    add("default", def, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
+    add("default", def, QType::convrot_int4, 16, 136, 8448, DType::bf16, true);
     cl::DecodeTilesTuning two;
     two.fuse_max_m = 0;
     add("two_kernels", two, QType::convrot_int4, 1, 5000, 1280, DType::bf16, true);
-    add("two_kernels", two, QType::convrot_comfy_w4a4, 16, 264, 768, DType::f16, false);
-    add("two_kernels", two, QType::convrot_int4, 7, 136, 5120, DType::bf16, true);
-    cl::DecodeTilesTuning off;
-    off.coop = false;
-    add("coop_off", off, QType::convrot_int4, 16, 1031, 1280, DType::bf16, true);
-    add("coop_off", off, QType::convrot_comfy_w4a4, 3, 2053, 768, DType::f16, true);
-    // `pair` (the 64-register one-n8-tile instances, two CTAs per SM): fused M 1 / 2, the
-    // cooperative rotation M 5 / 8, the rotate kernel + GEMV M 3; M 12 takes the default ones.
-    cl::DecodeTilesTuning pr;
-    pr.pair = true;
-    cl::DecodeTilesTuning pr_two = pr;
-    pr_two.fuse_max_m = 0;
-    add("pair", pr, QType::convrot_int4, 1, 4099, 5120, DType::bf16, true);
-    add("pair", pr, QType::convrot_comfy_w4a4, 2, 1031, 768, DType::f16, false);
-    add("pair", pr, QType::convrot_comfy_w4a4, 5, 2053, 1280, DType::bf16, true);
-    add("pair", pr, QType::convrot_int4, 8, 1031, 768, DType::f16, true);
-    add("pair", pr, QType::convrot_int4, 12, 264, 768, DType::bf16, false);
-    add("pair_two_kernels", pr_two, QType::convrot_int4, 3, 1031, 1280, DType::bf16, true);
-    // `prefetch` (4 items per warp into L2 after the wait; cut at the warp's run end: O 264
-    // leaves some warps fewer items than the ring holds).
-    cl::DecodeTilesTuning pf;
-    pf.prefetch = 4;
-    add("prefetch", pf, QType::convrot_int4, 1, 4099, 1280, DType::bf16, true);
-    add("prefetch", pf, QType::convrot_comfy_w4a4, 16, 2053, 768, DType::f16, false);
-    add("prefetch", pf, QType::convrot_int4, 7, 264, 768, DType::bf16, true);
+    add("two_kernels", two, QType::convrot_comfy_w4a4, 2, 264, 768, DType::f16, false);
   }
 #endif
 
