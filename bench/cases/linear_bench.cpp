@@ -228,10 +228,10 @@ class RotateBench : public BenchCase {
 // with a cold L2: Env::time_ms flushes it before every timed call):
 //   "rotate + ring"         the rotate kernel, then the ring kernel (PDL): the layer's path for
 //                           int8 weights;
-//   4-bit: the tiled kernel on the weight's decode layout (tile_rows): "rotate + tiles" is the
-//   layer's path, "... alone" rows time the GEMV without the rotate kernel, "run-11 default"
-//   the session-6 defaults' A/B, the stream probe reads the layout's bytes and nothing else
-//   (the roofline). A stream of distinct layers: linear.decode_stream.
+//   4-bit: the tiled kernel on the weight's decode layout (tile_rows): rotate kernel + GEMV,
+//   the GEMV alone (codes on the device), the fused mode (the layer's for M <= 2: every CTA
+//   rotates x), and the stream probe that reads the layout's bytes and nothing else (the
+//   roofline). A stream of distinct layers: linear.decode_stream.
 class DecodeRingBench : public BenchCase {
  public:
   std::string name() const override { return "linear.decode_ring"; }
@@ -273,7 +273,8 @@ class DecodeRingBench : public BenchCase {
       rows.push_back(r);
       return;
     }
-    cl::decode_ring(tv, s);  // the reference bits (tv.tiles is still null here)
+    cl::rotate_quantize(rq, s);  // the codes of x (the reference runs on them)
+    cl::decode_ring(tv, s);      // the reference bits (tv.tiles is still null here)
     cudaStreamSynchronize(s);
     const std::vector<float> ref = to_host_f32(make_view(d.out, DType::bf16, {d.M, N},
                                                          Device::cuda, 0));
@@ -289,7 +290,7 @@ class DecodeRingBench : public BenchCase {
       c.accuracy = diff ? std::to_string(diff) + " outputs differ from the ring"
                         : "bit-identical to the ring";
     };
-    // Bytes read: codes + the 8-byte tables (the layout also holds the 4-byte form, unread).
+    // Bytes read: the layout's codes + 8-byte fold tables (packed 4-bit), x and out.
     auto tile_bytes = [&](Row& c) {
       c.bytes -= static_cast<double>(N * d.w.row_bytes);
       if (d.w.format == cl::WeightFormat::packed) c.bytes -= 4.0 * N * (K / 128);
@@ -307,38 +308,24 @@ class DecodeRingBench : public BenchCase {
     fv.rot = rq.rot;
     struct V {
       const char* name;
-      bool rotate;  // the rotate kernel first (the layer), else the GEMV alone
-      int fused;    // 0: codes in; 1: fused, register rotation; depth below
-      int depth;
-      bool coop = false;      // fused + DecodeTilesTuning::coop
+      bool rotate;  // the rotate kernel first, else the GEMV alone
+      bool fused;   // x in: every CTA rotates + quantizes it (M <= 2)
     };
     // Session 6, H200 run 12 (every row bit-identical): L2 prefetch and the spread split were
     // slower, the async activation copy faster at M = 16 and the early trigger faster in a stream
-    // of layers (linear.decode_stream): both are the default since (run 11's default trimmed in
-    // session 7). Session 7: the fused modes (register rotation in every CTA, M <= 2; the
-    // cooperative rotation, M > 2), the layer's default since run 16 (a stream of layers gains;
-    // this single cold call does not). Run 16 removed the fused depth 8, 4-byte tables,
-    // per-block activation barriers and ring depth 6 rows (slower).
-    for (const V& v : {V{"rotate + tiles, smem ring (two kernels: session-6 default)", true, 0, 4},
-                       V{"tiles alone, smem ring (codes on the device)", false, 0, 4},
+    // of layers (linear.decode_stream): both always on since. Session 7: the fused mode (register
+    // rotation in every CTA, M <= 2): a stream of layers gains, this single cold call does not.
+    // Session 8 (run 19): the cooperative rotation for M > 2 lost as a cooperative launch: deleted.
+    for (const V& v : {V{"rotate + tiles, smem ring (two kernels: layer default M > 2)", true, false},
+                       V{"tiles alone, smem ring (codes on the device)", false, false},
                        V{"tiles fused, register rotation (one kernel; layer default M <= 2)", false,
-                         1, 4},
-                       V{"tiles, cooperative rotation (one kernel; opt-in)", false, 1,
-                         4, true}}) {
-      cl::DecodeParams fc = fv;  // cooperative: the rotate kernel's buffers as the scratch
-      fc.a = sep.a;
-      fc.lda = sep.lda;
-      fc.ep.a_scale = sep.ep.a_scale;
-      if (v.coop && !cl::decode_tiles_applies(fc)) continue;
-      if (v.fused && !v.coop && !cl::decode_tiles_applies(fv)) continue;
+                         true}}) {
+      if (v.fused && !cl::decode_tiles_applies(fv)) continue;
       Row c = row(v.name);
-      cl::DecodeTilesTuning t;
-      t.depth = v.depth;
-      t.coop = v.coop;
       tile_bytes(c);
       c.ms = env_->time_ms([&] {
         if (v.rotate) cl::rotate_quantize(rq, s);
-        cl::decode_tiles_with(v.coop ? fc : (v.fused ? fv : tv), t, s);
+        cl::decode_tiles(v.fused ? fv : tv, s);
       });
       if (!v.rotate && !v.fused) c.note = "GEMV only: not the layer";
       compare(c);
@@ -348,7 +335,7 @@ class DecodeRingBench : public BenchCase {
     // arithmetic, no prologue or epilogue.
     Row c = row("stream probe: the layout's bytes read, nothing else");
     tile_bytes(c);
-    c.ms = env_->time_ms([&] { cl::decode_tiles_stream_probe(tv, false, s); });
+    c.ms = env_->time_ms([&] { cl::decode_tiles_stream_probe(tv, s); });
     c.note = "read-only kernel: not the layer";
     rows.push_back(c);
   }
@@ -397,12 +384,8 @@ class DecodeRingBench : public BenchCase {
         }
         d.act_qmax = f.f == cl::WeightFormat::comfy_int4 ? 7 : 127;
         rq.fmt = f.f == cl::WeightFormat::comfy_int4 ? cl::ActFormat::int4 : cl::ActFormat::int8;
-        d.ep.w_scale = static_cast<const float*>(ws.view.data);
-        d.ep.bias = bias.view.data;
-        d.ep.bias_dtype = DType::bf16;
-        d.out = out.view.data;
-        d.out_dtype = DType::bf16;
-        d.ldo = N;
+        cl::decode_epilogue(d, static_cast<const float*>(ws.view.data), bias.view.data,
+                            DType::bf16, out.view.data, DType::bf16);
         cl::DecodeParams sep = d;  // codes from the rotate kernel
         sep.a = static_cast<const int8_t*>(codes.view.data);
         sep.lda = K;
@@ -423,7 +406,9 @@ class DecodeRingBench : public BenchCase {
         try {
           // Session 5 trim: the ring kernel's fused, GEMV-only and transport rows and session 2's
           // streaming kernel are settled (slower; runs 2-7) and gone.
-          if (cl::decode_ring_applies(sep)) {
+          // Timed for int8 weights only (their layer path); the 4-bit rows compare their bits with
+          // the ring's (tile_rows), their layer path is the tiled kernel.
+          if (f.f == cl::WeightFormat::int8 && cl::decode_ring_applies(sep)) {
             Row r = row("rotate + ring");
             r.ms = env.time_ms([&] {
               cl::rotate_quantize(rq, s);

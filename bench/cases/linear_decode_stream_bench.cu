@@ -11,9 +11,10 @@
 // kernels allow. Both sides get the same treatment (the bf16 baseline is kLayers cuBLASLt
 // matmuls with bias on kLayers distinct weights, back to back, same flush, same median).
 //
-// Per 4-bit format and M: what QuantizedLinear::forward launches per layer (rotate kernel + the
-// tiled GEMV on the layer's decode tiles), with the run-time variants of DecodeTilesTuning and
-// RotateQuantParams::pdl; "tiles alone" rows leave the rotate kernel out (codes on the device).
+// Per 4-bit format and M: the tiled GEMV on the layer's decode tiles as QuantizedLinear::forward
+// can launch it per layer (rotate kernel + GEMV; one GEMV rotating x in every CTA, M <= 2);
+// "tiles alone" rows leave the rotation out (codes on the device), the probe rows read the
+// layout's bytes and nothing else.
 // Accuracy column: the last layer's output bits against the default variant's (every layer holds
 // the same codes, at its own addresses).
 #include <cublasLt.h>
@@ -147,12 +148,8 @@ class DecodeStreamBench : public BenchCase {
         d.a = static_cast<const int8_t*>(codes.view.data);
         d.lda = K;
         d.ep.a_scale = static_cast<const float*>(scales.view.data);
-        d.ep.w_scale = static_cast<const float*>(ws.view.data);
-        d.ep.bias = bias.view.data;
-        d.ep.bias_dtype = DType::bf16;
-        d.out = out.view.data;
-        d.out_dtype = DType::bf16;
-        d.ldo = N;
+        cl::decode_epilogue(d, static_cast<const float*>(ws.view.data), bias.view.data,
+                            DType::bf16, out.view.data, DType::bf16);
         // Codes the quantizer can give (4-bit u <= 14) and positive group ratios, so the decode
         // layout carries them; one layout built, copied to kLayers addresses.
         std::mt19937_64 rng(77);
@@ -198,34 +195,22 @@ class DecodeStreamBench : public BenchCase {
                                    2.0 * M * K + 2.0 * M * N;
         struct V {
           const char* name;
-          bool rotate;      // the rotate kernel before each GEMV (the layer)
-          bool pdl;         // rotate kernel launched with PDL (waits for the previous GEMV)
-          bool trigger;     // DecodeTilesTuning::trigger
-          int l2_prefetch;  // DecodeTilesTuning::l2_prefetch
-          bool spread = false;  // DecodeTilesTuning::spread
-          bool async_act = false;  // DecodeTilesTuning::async_act
-          bool fused = false;  // no rotate kernel: the GEMV rotates + quantizes x (M <= 2)
-          bool fuse_reg = false;  // DecodeTilesTuning::fuse_reg (fused: register rotation)
-          int depth = 4;          // DecodeTilesTuning::depth
-          bool coop = false;      // fused + DecodeTilesTuning::coop (scratch codes / scales)
+          bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
+          bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
+          bool probe = false;  // the read-only stream probe instead of the GEMV
         };
         std::vector<float> ref;
-        // Run 12 (H200): L2 prefetch and the spread split were slower in every form, the fused
-        // form no faster than rotate + tiles: trimmed. trigger + async activation copy are the
-        // layer's default since (the layer then launches its rotate kernel with PDL). Session 7
-        // trims run 11's default and the register activation copy (settled, runs 12-13) and
-        // A/Bs the fused mode on the register rotation (depth 4 / 8) against session 4's.
+        // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
+        // run 11's default, the register activation copy, fused depth 8, the shared-memory fused
+        // rotation, the cooperative rotation (run 19: 16 % slower as a cooperative launch), two
+        // CTAs per SM, the M 8 / 9 rows (docs/linear-gpu.md, "Session 8"). The probe row is the
+        // same stream of read-only kernels: the ceiling.
         for (const V& v :
-             {V{"rotate (PDL) + tiles (two kernels: session-6 default, trigger, async activation "
-                "copy)",
-                true, true, true, 0, false, true},
+             {V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
-                false, false, true, 0, false, true, true, true, 4},
-              V{"tiles, cooperative rotation (CTA m rotates row m; one kernel per layer; opt-in: "
-                "CTAs wait for each other)",
-                false, false, true, 0, false, true, true, true, 4, true},
-              V{"tiles alone, trigger (codes on the device)", false, false, true, 0, false,
-                true}}) {
+                false, true},
+              V{"tiles alone (codes on the device)", false},
+              V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -237,16 +222,8 @@ class DecodeStreamBench : public BenchCase {
           r.flops = 2.0 * M * N * K;
           r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
           r.baseline_ms = base;
-          cl::DecodeTilesTuning t;
-          t.trigger = v.trigger;
-          t.l2_prefetch = v.l2_prefetch;
-          t.spread = v.spread;
-          t.async_act = v.async_act;
-          t.fuse_reg = v.fuse_reg;
-          t.depth = v.depth;
-          t.coop = v.coop;
           cl::RotateQuantParams rp = rq;
-          rp.pdl = v.pdl;
+          rp.pdl = true;
           cl::DecodeParams dl = d;
           if (v.fused) {  // x in, every CTA rotates + quantizes it (the layer's fused mode)
             dl.a = nullptr;
@@ -256,11 +233,6 @@ class DecodeStreamBench : public BenchCase {
             dl.x_dtype = DType::bf16;
             dl.x_row_stride = K;
             dl.rot = 256;
-            if (v.coop) {  // the rotate kernel's codes / scales buffers as the scratch
-              dl.a = static_cast<const int8_t*>(codes.view.data);
-              dl.lda = K;
-              dl.ep.a_scale = static_cast<const float*>(scales.view.data);
-            }
             if (!cl::decode_tiles_applies(dl)) continue;
           }
           try {
@@ -268,12 +240,21 @@ class DecodeStreamBench : public BenchCase {
                      for (int l = 0; l < kLayers; ++l) {
                        cl::DecodeParams p = dl;
                        p.tiles = static_cast<const uint8_t*>(tiles[l].view.data);
+                       if (v.probe) {
+                         cl::decode_tiles_stream_probe(p, s);
+                         continue;
+                       }
                        if (v.rotate) cl::rotate_quantize(rp, s);
-                       cl::decode_tiles_with(p, t, s);
+                       cl::decode_tiles(p, s);
                      }
                    }) /
                    kLayers;
             ok(cudaStreamSynchronize(s), "synchronize");
+            if (v.probe) {
+              r.note = "read-only kernel: not the layer";
+              rows.push_back(r);
+              continue;
+            }
             const std::vector<float> got =
                 to_host_f32(make_view(out.view.data, DType::bf16, {M, N}, Device::cuda, 0));
             if (ref.empty()) {
@@ -336,9 +317,11 @@ class DecodeStreamBench : public BenchCase {
           failed = e.what();
         }
         std::vector<float> ref;
-        // 0: the layer's defaults (session 7: fused M <= 2, rotate kernel + GEMV M > 2); 1: the
-        // session-6 two-kernel path (fuse_max_m = 0). Accuracy: last output's bits vs 0's.
+        // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
+        // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
+        // Accuracy: last output's bits vs 0's.
         for (const int fused : {0, 1}) {
+          if (fused && M > cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +

@@ -322,13 +322,8 @@ class DecodePiecesBench : public BenchCase {
           d.w.groups_per_row = K / 128;
         }
         d.ep.a_scale = static_cast<const float*>(scales.view.data);
-        d.ep.w_scale = static_cast<const float*>(ws.view.data);
-        d.ep.w_tensor_scale = nullptr;
-        d.ep.bias = bias.view.data;
-        d.ep.bias_dtype = DType::bf16;
-        d.out = out.view.data;
-        d.out_dtype = DType::bf16;
-        d.ldo = N;
+        cuda::linear::decode_epilogue(d, static_cast<const float*>(ws.view.data), bias.view.data,
+                                      DType::bf16, out.view.data, DType::bf16);
         const double wbytes = static_cast<double>(N * d.w.row_bytes);
         {
           Row r = row(std::string("decode piece: decode GEMV alone, ") + f.name, wbytes);

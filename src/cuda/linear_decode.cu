@@ -13,6 +13,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "src/core/check.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
 #include "src/cuda/linear_decode_ring.cuh"
@@ -31,48 +32,17 @@ constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kTiles = 2;  // n8 tiles per CTA (864 CTAs at N = 13824: ~3 waves, a short tail)
 constexpr int kCols = kTiles * 8;
 constexpr int kChunk = 64;
-// Fusing the activation rotation into every CTA pays while the M rows are few: each CTA re-reads
-// and re-rotates them (L2 traffic M * K * 2 bytes per CTA). Past these limits: two kernels.
-// kFuseMaxM = 0: the fused mode is off since the register rotate kernel (linear_rotate.cu) makes
-// the separate rotate + quantize launch cheap, while every fused CTA re-rotates the rows; set it
-// back to 4 to select the fused kernel again.
-constexpr int kFuseMaxM = 0;
-constexpr int64_t kFuseMaxSmem = 96 * 1024;
-
-// Bytes of dynamic shared memory of the fused kernel: the fp32 rotated row + M rows of codes.
-int64_t fused_smem_bytes(int64_t M, int64_t K) { return ((K + 127) / 128) * 128 * 4 + M * K; }
-
-// FUSED: the CTA rotates and quantizes the M activation rows itself (the rotate_quantize
-// kernel's arithmetic, shared through linear_rotate.cuh) into shared memory, instead of reading
-// codes a separate kernel wrote; T and ROT are the input dtype and the block size then.
-template <bool FUSED, typename T, int ROT>
+// The general kernel (codes from the rotate kernel). (Its fused mode, every CTA rotating the
+// activation rows itself, was off since the register rotate kernel and is deleted.)
 __global__ void __launch_bounds__(kThreads) decode_kernel(DecodeParams p) {
   __shared__ int32_t red[kWarps][kTiles][4][32];
-  __shared__ float s_scale[16], s_amax[kWarps];
-  extern __shared__ __align__(16) uint8_t dsm[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kCols;
   const int64_t K = p.w.K;
   const int8_t* a_codes = p.a;
-  int64_t lda = p.lda;
-  Epilogue ep = p.ep;
-  if constexpr (FUSED) {
-    float* srow = reinterpret_cast<float*>(dsm);
-    int8_t* codes = reinterpret_cast<int8_t*>(dsm + ((K + 127) / 128) * 128 * 4);
-    for (int m = 0; m < p.M; ++m) {
-      const T* x = static_cast<const T*>(p.x) + m * p.x_row_stride;
-      int32_t unused;
-      const float scale = rotate_quantize_row<T, ROT, kThreads>(
-          x, static_cast<int>(K), p.act_qmax, srow, s_amax,
-          reinterpret_cast<uint8_t*>(codes + m * K), unused);
-      if (threadIdx.x == 0) s_scale[m] = scale;
-      __syncthreads();  // srow is reused by the next row; codes are complete after the last
-    }
-    a_codes = codes;
-    lda = K;
-    ep.a_scale = s_scale;  // a generic pointer into shared memory
-  }
+  const int64_t lda = p.lda;
+  const Epilogue ep = p.ep;
   const int64_t chunks = K / kChunk + (K % kChunk ? 1 : 0);
 
   int32_t acc[kTiles][4];
@@ -417,32 +387,7 @@ void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
   }
 }
 
-template <typename T>
-void launch_fused(const DecodeParams& p, cudaStream_t stream) {
-  const int smem = static_cast<int>(fused_smem_bytes(p.M, p.w.K));
-  auto go = [&](auto kernel) {
-    if (smem > 48 * 1024)
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                 "decode_gemv", "shared memory");
-    kernel<<<ceil_div(p.w.N, kCols), kThreads, smem, stream>>>(p);
-  };
-  switch (p.rot) {
-    case 16:
-      go(decode_kernel<true, T, 16>);
-      break;
-    case 64:
-      go(decode_kernel<true, T, 64>);
-      break;
-    default:
-      go(decode_kernel<true, T, 256>);
-  }
-}
-
 }  // namespace
-
-bool decode_can_fuse(int64_t M, int64_t K) {
-  return M >= 1 && M <= kFuseMaxM && fused_smem_bytes(M, K) <= kFuseMaxSmem;
-}
 
 // Session 3: the ring kernel (linear_decode_ring.cu) is the default wherever it applies; false
 // keeps the session-2 kernels below for every shape (they stay the fallback either way).
@@ -466,21 +411,12 @@ void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
 
 void decode_gemv_stream(const DecodeParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.w.N == 0) return;
-  if (p.x) {
-    switch (p.x_dtype) {
-      case DType::f16:
-        launch_fused<__half>(p, stream);
-        break;
-      case DType::bf16:
-        launch_fused<__nv_bfloat16>(p, stream);
-        break;
-      default:
-        launch_fused<float>(p, stream);
-    }
-  } else if (kUseDecode4 && decode4_applies(p)) {
+  check::that(p.x == nullptr && p.a != nullptr, "decode_gemv", "activations",
+              "expected activation codes (the streaming kernels have no fused rotation)");
+  if (kUseDecode4 && decode4_applies(p)) {
     launch_decode4(p, stream);
   } else {
-    decode_kernel<false, int8_t, 16><<<ceil_div(p.w.N, kCols), kThreads, 0, stream>>>(p);
+    decode_kernel<<<ceil_div(p.w.N, kCols), kThreads, 0, stream>>>(p);
   }
   check_launch("decode_gemv");
 }

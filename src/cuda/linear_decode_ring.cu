@@ -9,15 +9,12 @@
 //   - inside the CTA each warp owns tiles of 8 (M <= 8) or 16 (M > 8) consecutive rows over the
 //     whole K, so it finishes its columns alone: no cross-warp reduction, no CTA barrier in the
 //     main loop;
-//   - a warp's items (tile, K slice of 256 bytes per row) arrive by cp.async.bulk into the warp's
-//     own ring of D slots (D = 2..4) completing on one mbarrier per slot; lane r copies row r's
-//     slice and lane 16 + r its 4 group ratios, so one warp instruction requests a whole item.
-//     The first D items of every warp are requested before anything else happens (before
+//   - a warp's items (tile, K slice of 256 bytes per row) arrive by 16-byte cp.async per lane
+//     into the warp's own ring of D slots (D = 2..4), each lane's copies completing as one
+//     arrival on the slot's mbarrier (cp.async.mbarrier.arrive.noinc, 32 per phase). The first
+//     D items of every warp are requested before anything else happens (before
 //     griddepcontrol.wait and before the activation prologue);
-//   - the activations go to shared memory once per CTA: in the fused mode the CTA rotates
-//     and quantizes x itself (the shared-memory rotation of linear_rotate.cuh, the per-token
-//     rule, IEEE division: the rotate kernels' bits), else it copies the codes a rotate kernel
-//     wrote;
+//   - the activations (the codes a rotate kernel wrote) go to shared memory once per CTA;
 //   - per 32-column chunk a lane builds 4 entries of the group's 16-entry int8 table (SPEC §3.3
 //     fold, 3 shuffles to share them), looks its 32 codes up with byte permutes (linear_lut.h,
 //     the table the streaming kernel uses and tests/unit/linear_lut_test.cpp replays), and feeds
@@ -60,14 +57,10 @@ __host__ __device__ constexpr int slot_row_stride(int wf) {
 // Warps per CTA: tiles of 8 rows (NT = 1) with 16 warps, tiles of 16 rows (NT = 2) with 8.
 __host__ __device__ constexpr int ring_warps(int nt) { return nt == 1 ? 16 : 8; }
 constexpr int kMaxDepth = 4;
-// Items arrive by cp.async.bulk (one instruction per 256-byte row slice, completing as mbarrier
-// transaction bytes); false: by 16-byte cp.async per lane with cp.async.mbarrier.arrive (the
-// sm_80 mechanism: 4 LDGSTS per lane and item instead of a uniform-register loop over 16 bulk
-// copies; decode_ring_transport runs it for the A/B bench row). Same slots, same bits.
-// H200, 2026-11-29 (session 3, run 3): the cp.async transport was bit-identical to the bulk one
-// at 1, 2 and 16 x 5120 -> 13824 for all three weight formats and faster in every row (convrotint4
-// layer 26.4 vs 29.7 us at M = 1, 34.7 vs 41.4 us at M = 16), so it is the default.
-constexpr bool kRingBulk = false;
+// Transport: 16-byte cp.async per lane with cp.async.mbarrier.arrive. (H200 run 3: faster than
+// one cp.async.bulk per row slice in every row, convrotint4 layer 26.4 vs 29.7 us at M = 1, 34.7
+// vs 41.4 at M = 16, the same bits; the bulk transport is deleted, as are the fused rotation
+// prologue (run 2: ~3 us slower than rotate kernel + ring) and the 8-row tiles at M > 8.)
 // M == 1 takes the dp4a instances (false: mma.sync for every M).
 constexpr bool kRingDot = true;
 
@@ -75,17 +68,13 @@ struct RingLayout {
   int depth = 0;         // slots per warp
   int slot_bytes = 0;    // rows x stride codes, then rows x 16 bytes of ratios (packed 4-bit)
   int act_stride = 0;    // bytes between activation rows in shared memory (K + 16)
-  int srow_off = 0;      // fused: the fp32 rotated row
   int ring_off = 0;      // the warps' rings
   int64_t smem = 0;      // dynamic shared memory bytes
-  int bulk = 1;          // transport: 1 cp.async.bulk, 0 cp.async (see kRingBulk)
 };
 
-// ---- PTX: mbarrier and bulk copies (sm_90; the wrappers are ptx.cuh's) ----
-using ptx::bulk_g2s;
+// ---- PTX: mbarrier and copies (sm_90; the wrappers are ptx.cuh's) ----
 using ptx::cp_async16;
 using ptx::lds128;
-using ptx::mbar_arrive_expect_tx;
 using ptx::mbar_fence_init;
 using ptx::mbar_init;
 using ptx::mbar_try;
@@ -100,8 +89,8 @@ __device__ __forceinline__ bool mbar_wait_warp(uint32_t bar, uint32_t parity) {
     if (__all_sync(0xffffffffu, mbar_try(bar, parity))) return true;
   return false;
 }
-// Fallback transport (kRingBulk = false): 16-byte cp.async per lane, and an mbarrier arrival
-// per lane once its copies landed (.noinc: the barrier counts 32 arrivals per phase).
+// The transport's completion: an mbarrier arrival per lane once its copies landed (.noinc: the
+// barrier counts 32 arrivals per phase).
 __device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
@@ -125,19 +114,17 @@ __device__ __forceinline__ void ring_lut_word(uint32_t word, const uint32_t lut[
   *b1 = prmt(prmt(lut[0], lut[1], idx1), prmt(lut[2], lut[3], idx1), pick1);
 }
 
-// T: the activation dtype when the CTA rotates + quantizes x itself (ROT = 256), else void.
 // DOT (M == 1, NT == 1): dp4a on the lane's own 32 columns instead of mma.sync (no operand
 // shuffling, no idle mma rows); the 4 lanes of a weight row add their sums at the tile's end.
-// HI: the mma's A rows 8..15 are loaded (M > 8); always with NT = 2, optional with NT = 1.
-template <int WF, int NT, typename T, bool DOT, bool HI = (NT == 2)>
+// HI (NT = 2, M > 8): the mma's A rows 8..15 are loaded.
+template <int WF, int NT, bool DOT>
 __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
     gemv_ring_kernel(DecodeParams p, RingLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool kFused = !std::is_void<T>::value;
+  constexpr bool HI = NT == 2;
   constexpr int W = ring_warps(NT), kThreads = W * 32, ROWS = 8 * NT;
   constexpr int KS = slice_cols(WF), J = KS / 128, RS = slot_row_stride(WF);
   __shared__ __align__(8) uint64_t bars[W * kMaxDepth];
-  __shared__ float s_scale[16], s_amax[W];
   extern __shared__ __align__(128) uint8_t dsm[];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -154,12 +141,11 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   const int slices = static_cast<int>(K / KS);
   const int items = my_tiles * slices;
   const bool has_ratios = WF == kRPacked4 && p.w.ratios != nullptr;
-  const uint32_t item_row_bytes = kSliceBytes + (has_ratios ? 16u : 0u);
   uint8_t* ring = dsm + L.ring_off + static_cast<size_t>(warp) * D * L.slot_bytes;
   const uint32_t bar0 = ptx::smem_u32(&bars[warp * kMaxDepth]);
 
   if (threadIdx.x < W * kMaxDepth)
-    mbar_init(ptx::smem_u32(&bars[threadIdx.x]), L.bulk ? 1u : 32u);
+    mbar_init(ptx::smem_u32(&bars[threadIdx.x]), 32u);
   mbar_fence_init();
   __syncthreads();
 
@@ -171,32 +157,15 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
     const int rows = static_cast<int>(min(static_cast<int64_t>(ROWS), r1 - it_n0));
     uint8_t* slot = ring + it_slot * L.slot_bytes;
     const uint32_t bar = bar0 + 8u * it_slot;
-    if (L.bulk) {  // uniform
-      if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(rows) * item_row_bytes);
-      __syncwarp();
-      // One call site (one uniform-register loop in SASS): lane r < 16 copies row r's slice,
-      // lane 16 + r row r's ratios.
-      const int r = lane & 15;
-      const bool ratio_lane = lane >= 16;
-      if (r < rows && (!ratio_lane || has_ratios)) {
-        const float* rsrc = p.w.ratios + (it_n0 + r) * p.w.groups_per_row + it_sl * J;
-        const uint8_t* csrc =
-            p.w.codes + (it_n0 + r) * p.w.row_bytes + int64_t{it_sl} * kSliceBytes;
-        const void* src = ratio_lane ? static_cast<const void*>(rsrc) : csrc;
-        const uint32_t dst = ptx::smem_u32(ratio_lane ? slot + ROWS * RS + r * 16 : slot + r * RS);
-        bulk_g2s(dst, src, ratio_lane ? 16u : static_cast<uint32_t>(kSliceBytes), bar);
-      }
-    } else {
-      const uint8_t* src = p.w.codes + it_n0 * p.w.row_bytes + int64_t{it_sl} * kSliceBytes;
-      for (int c = lane; c < rows * (kSliceBytes / 16); c += 32) {
-        const int r = c / (kSliceBytes / 16), q = c % (kSliceBytes / 16);
-        cp_async16(ptx::smem_u32(slot + r * RS + q * 16), src + r * p.w.row_bytes + q * 16);
-      }
-      if (has_ratios && lane < rows)
-        cp_async16(ptx::smem_u32(slot + ROWS * RS + lane * 16),
-                   p.w.ratios + (it_n0 + lane) * p.w.groups_per_row + it_sl * J);
-      cp_async_arrive_noinc(bar);
+    const uint8_t* src = p.w.codes + it_n0 * p.w.row_bytes + int64_t{it_sl} * kSliceBytes;
+    for (int c = lane; c < rows * (kSliceBytes / 16); c += 32) {
+      const int r = c / (kSliceBytes / 16), q = c % (kSliceBytes / 16);
+      cp_async16(ptx::smem_u32(slot + r * RS + q * 16), src + r * p.w.row_bytes + q * 16);
     }
+    if (has_ratios && lane < rows)
+      cp_async16(ptx::smem_u32(slot + ROWS * RS + lane * 16),
+                 p.w.ratios + (it_n0 + lane) * p.w.groups_per_row + it_sl * J);
+    cp_async_arrive_noinc(bar);
     if (++it_slot == D) it_slot = 0;
     if (++it_sl == slices) {
       it_sl = 0;
@@ -209,28 +178,15 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   // The activations may come from the preceding kernel (programmatic dependent launch).
   ptx::griddep_wait();
   uint8_t* act = dsm;
-  Epilogue ep = p.ep;
-  if constexpr (kFused) {
-    float* srow = reinterpret_cast<float*>(dsm + L.srow_off);
-    for (int m = 0; m < M; ++m) {
-      const T* x = static_cast<const T*>(p.x) + m * p.x_row_stride;
-      int32_t unused;
-      const float scale = rotate_quantize_row<T, 256, kThreads>(
-          x, static_cast<int>(K), p.act_qmax, srow, s_amax, act + m * L.act_stride, unused);
-      if (threadIdx.x == 0) s_scale[m] = scale;
-      __syncthreads();  // srow is reused by the next row; codes and s_scale complete
-    }
-    ep.a_scale = s_scale;  // a generic pointer into shared memory
-  } else {
-    const int per_row = static_cast<int>(K / 16);
-    for (int idx = threadIdx.x; idx < M * per_row; idx += kThreads) {
-      const int m = idx / per_row, c = idx - m * per_row;
-      // Coherent loads: written by the grid this one may have overlapped.
-      const uint4 v = *reinterpret_cast<const uint4*>(p.a + m * p.lda + c * 16);
-      *reinterpret_cast<uint4*>(act + m * L.act_stride + c * 16) = v;
-    }
-    __syncthreads();
+  const Epilogue ep = p.ep;
+  const int per_row = static_cast<int>(K / 16);
+  for (int idx = threadIdx.x; idx < M * per_row; idx += kThreads) {
+    const int m = idx / per_row, c = idx - m * per_row;
+    // Coherent loads: written by the grid this one may have overlapped.
+    const uint4 v = *reinterpret_cast<const uint4*>(p.a + m * p.lda + c * 16);
+    *reinterpret_cast<uint4*>(act + m * L.act_stride + c * 16) = v;
   }
+  __syncthreads();
 
   // Constant tables: comfy's sign extension; packed 4-bit without ratios, c = u - 7.
   uint32_t lut_c[4] = {0u, 0u, 0u, 0u};
@@ -391,24 +347,17 @@ int ring_kind(const PackedWeightRef& w) {
   return kRPacked4;
 }
 
-// Tile height in n8 mma tiles: tile_rows 8 or 16, else the default (16 for M > 8).
-int ring_nt(const DecodeParams& d, int tile_rows) {
-  if (tile_rows == 8 || tile_rows == 16) return tile_rows / 8;
-  return d.M > 8 ? 2 : 1;
-}
+// Tile height in n8 mma tiles: 16 rows for M > 8, else 8.
+int ring_nt(const DecodeParams& d) { return d.M > 8 ? 2 : 1; }
 
 // The layout for M rows, or depth 0 when nothing fits.
-RingLayout ring_layout(const DecodeParams& d, int max_smem, int tile_rows = 0) {
+RingLayout ring_layout(const DecodeParams& d, int max_smem) {
   RingLayout L;
   const int wf = ring_kind(d.w);
-  const int nt = ring_nt(d, tile_rows), W = ring_warps(nt), rows = 8 * nt;
+  const int nt = ring_nt(d), W = ring_warps(nt), rows = 8 * nt;
   const bool ratios = wf == kRPacked4 && d.w.ratios != nullptr;
   L.act_stride = static_cast<int>(d.w.K + 16);
-  int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
-  if (d.x) {
-    L.srow_off = static_cast<int>(off);
-    off += (d.w.K * 4 + 127) / 128 * 128;
-  }
+  const int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
   L.ring_off = static_cast<int>(off);
   L.slot_bytes = rows * slot_row_stride(wf) + (ratios ? rows * 16 : 0);
   for (int depth = kMaxDepth; depth >= 2; --depth) {
@@ -443,7 +392,7 @@ DeviceInfo device_info() {
              "decode_ring", "shared memory");
   cudaFuncAttributes attr{};
   // The image must hold sm_90 code (a PTX-only or older build traps in the kernel body).
-  const bool image = cudaFuncGetAttributes(&attr, gemv_ring_kernel<kRPacked4, 1, void, false>) ==
+  const bool image = cudaFuncGetAttributes(&attr, gemv_ring_kernel<kRPacked4, 1, false>) ==
                          cudaSuccess &&
                      attr.binaryVersion >= 90;
   (void)cudaGetLastError();
@@ -472,7 +421,7 @@ void ensure_smem(Kernel kernel, int64_t bytes) {
   done[key] = limit;
 }
 
-template <int WF, int NT, bool HI = (NT == 2)>
+template <int WF, int NT>
 void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream) {
   auto go = [&](auto kernel) {
     ensure_smem(kernel, L.smem);
@@ -482,31 +431,13 @@ void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream
                      dim3(static_cast<unsigned>(ring_warps(NT) * 32)),
                      static_cast<size_t>(L.smem), stream, d, L);
   };
-  if constexpr (NT == 1 && HI) {  // 8-row tiles at M > 8 (A/B rows): non-fused, mma
-    go(gemv_ring_kernel<WF, 1, void, false, true>);
-    return;
-  }
-  if constexpr (NT == 1) {  // fused instances exist for M <= kRingFuseLimit (<= 8) only
+  if constexpr (NT == 1) {
     if (d.M == 1 && kRingDot) {  // dp4a instances
-      if (!d.x) {
-        go(gemv_ring_kernel<WF, NT, void, true>);
-      } else if (d.x_dtype == DType::f16) {
-        go(gemv_ring_kernel<WF, NT, __half, true>);
-      } else {
-        go(gemv_ring_kernel<WF, NT, __nv_bfloat16, true>);
-      }
-      return;
-    }
-    if (d.x) {
-      if (d.x_dtype == DType::f16) {
-        go(gemv_ring_kernel<WF, NT, __half, false>);
-      } else {
-        go(gemv_ring_kernel<WF, NT, __nv_bfloat16, false>);
-      }
+      go(gemv_ring_kernel<WF, 1, true>);
       return;
     }
   }
-  go(gemv_ring_kernel<WF, NT, void, false>);
+  go(gemv_ring_kernel<WF, NT, false>);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -528,41 +459,18 @@ bool decode_ring_applies(const DecodeParams& d) {
     return false;
   }
   if (w.row_bytes % 16 != 0 || !aligned16(w.codes)) return false;
-  if (d.x) {
-    if (d.M > kRingFuseLimit || d.rot != 256) return false;
-    if (d.x_dtype != DType::bf16 && d.x_dtype != DType::f16) return false;
-  } else {
-    if (!d.a || d.lda % 16 != 0 || !aligned16(d.a)) return false;
-  }
+  if (d.x || !d.a || d.lda % 16 != 0 || !aligned16(d.a)) return false;  // codes in only
   const DeviceInfo info = device_info();
   if (!info.sm90) return false;
   return ring_layout(d, info.max_smem).depth >= 2;
 }
 
 void decode_ring(const DecodeParams& d, cudaStream_t stream) {
-  decode_ring_transport(d, kRingBulk, stream);
-}
-
-void decode_ring_transport(const DecodeParams& d, bool bulk, cudaStream_t stream) {
-  decode_ring_with(d, bulk, 0, stream);
-}
-
-void decode_ring_with(const DecodeParams& d, bool bulk, int tile_rows, cudaStream_t stream) {
-  const int max_smem = device_info().max_smem;
-  RingLayout L = ring_layout(d, max_smem, tile_rows);
-  if (L.depth < 2) {  // the requested tiles do not fit: the default layout (applies() checked)
-    tile_rows = 0;
-    L = ring_layout(d, max_smem);
-  }
-  L.bulk = bulk ? 1 : 0;
-  const int nt = ring_nt(d, tile_rows);
-  const bool hi1 = nt == 1 && d.M > 8;  // 8-row tiles with the upper mma rows
+  const RingLayout L = ring_layout(d, device_info().max_smem);  // depth >= 2: applies() checked
   auto by_kind = [&](auto wf_tag) {
     constexpr int WF = decltype(wf_tag)::value;
-    if (nt == 2) {
+    if (ring_nt(d) == 2) {
       launch_ring<WF, 2>(d, L, stream);
-    } else if (hi1) {
-      launch_ring<WF, 1, true>(d, L, stream);
     } else {
       launch_ring<WF, 1>(d, L, stream);
     }

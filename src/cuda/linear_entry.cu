@@ -2,8 +2,10 @@
 // src/core/linear.cpp has validated every argument; these choose the kernels and launch them:
 //   prefill (M > 16): rotate+quantize -> [unpack] -> int8 GEMM with the fused epilogue (CUTLASS
 //                     on sm_90a, else wgmma / mma.sync)
-//   decode  (M <= 16, int8-grid qtypes): rotate+quantize -> fused decode GEMM on the packed codes
-//           (M <= 2 where the ring kernel applies: one kernel, rotation in its prologue)
+//   decode  (M <= 16, int8-grid qtypes): rotate+quantize -> decode GEMV on the packed codes (ring
+//           kernel); 4-bit weights on sm_90: the tiled GEMV on their decode layout, for M <= 2
+//           ONE launch per layer (every CTA rotates + quantizes x itself), else rotate kernel
+//           (PDL) + GEMV
 //   convrot4 on sm_90: NVFP4 dequantized to f16 (exact) -> f16 mma GEMM, pts in the epilogue;
 //            on sm_100: the block-scaled fp4 GEMM (src/cuda/gemm_nvfp4_sm100.h)
 // Temporary buffers come from the stream-ordered allocator (cudaMallocAsync on the caller's stream).
@@ -22,7 +24,6 @@
 #include "src/core/linear_backend.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_nvfp4_sm100.h"
-#include "src/cuda/linear_decode_ring.cuh"
 #include "src/cuda/linear_decode_tiles.cuh"
 #include "src/cuda/linear_kernels.cuh"
 
@@ -312,46 +313,41 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
 
   const linear::PackedWeightRef ref = weight_ref(w);
-  // Decode on the tiles with the rotation inside the GEMV (DecodeTilesTuning::fuse_max_m): every
-  // CTA rotating x (M <= kTilesFuseLimit), or cooperatively through scratch codes (coop, M <= 16,
-  // below once the scratch exists).
-  const linear::DecodeTilesTuning tiles_tuning = linear::layer_tiles_tuning();
-  const bool tiles_in = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 &&
-                        M <= tiles_tuning.fuse_max_m;
-  const bool tiles_fuse = tiles_in && M <= linear::kTilesFuseLimit;
-  const bool tiles_coop = tiles_in && !tiles_fuse && tiles_tuning.coop && M <= 16;
-  if (fmt != ActFormat::e4m3 &&
-      (tiles_fuse || M <= linear::kRingFuseMaxM || linear::decode_can_fuse(M, K))) {
-    // Few decode rows: one kernel rotates, quantizes and multiplies (bit-identical to
-    // rotate_quantize + decode / prefill): the ring kernel for up to kRingFuseMaxM rows where it
-    // applies, else the streaming decode kernel.
+  // The decode GEMV's parameters (M <= 16): activation codes (M, K) and scales (M) (null: the
+  // kernel rotates + quantizes x itself, with_x), the weight, the epilogue and the output.
+  auto decode_params = [&](const int8_t* a_codes, const float* a_scale) {
     linear::DecodeParams d;
+    d.a = a_codes;
+    d.lda = a_codes ? K : 0;
+    d.M = M;
+    d.w = ref;
+    d.ep = ep;
+    d.ep.a_scale = a_scale;
+    d.ep.w_scale = static_cast<const float*>(w.scales.data);
+    d.out = out.data;
+    d.out_dtype = out.dtype;
+    d.ldo = out.stride[0];
+    // The weight's own decode layout (4-bit qtypes on sm_90): the tiled kernel.
+    if (kUseDecodeTiles) d.tiles = static_cast<const uint8_t*>(w.decode_tiles.data);
+    return d;
+  };
+  // ... with x (M, K) for the GEMV to rotate + quantize (the fused modes).
+  auto with_x = [&](linear::DecodeParams d) {
     d.x = x.data;
     d.x_dtype = x.dtype;
     d.x_row_stride = x.stride[0];
     d.rot = w.rot;
     d.act_qmax = fmt == ActFormat::int4 ? 7 : 127;
-    d.M = M;
-    d.w = ref;
-    d.ep = ep;
-    d.ep.w_scale = static_cast<const float*>(w.scales.data);
-    d.out = out.data;
-    d.out_dtype = out.dtype;
-    d.ldo = out.stride[0];
-    if (tiles_fuse) {  // the tiled kernel rotates + quantizes x in its prologue: one launch
-      d.tiles = static_cast<const uint8_t*>(w.decode_tiles.data);
-      if (linear::decode_tiles_applies(d)) {
-        linear::decode_tiles(d, s);
-        return;
-      }
-      d.tiles = nullptr;
-    }
-    if (M <= linear::kRingFuseMaxM && linear::decode_ring_applies(d)) {
-      linear::decode_ring(d, s);
-      return;
-    }
-    if (linear::decode_can_fuse(M, K)) {
-      linear::decode_gemv(d, s);
+    return d;
+  };
+  // Decode on the tiles with the rotation inside the GEMV (DecodeTilesTuning::fuse_max_m): every
+  // CTA rotates x (M <= kTilesFuseLimit: no scratch, one launch per layer).
+  const bool tiles = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 && M <= 16;
+  if (tiles && M <= std::min(linear::kTilesFuseLimit,
+                             static_cast<int64_t>(linear::layer_tiles_tuning().fuse_max_m))) {
+    const linear::DecodeParams d = with_x(decode_params(nullptr, nullptr));
+    if (linear::decode_tiles_applies(d)) {
+      linear::decode_tiles(d, s);
       return;
     }
   }
@@ -361,34 +357,10 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   Scratch act(scale_off + static_cast<size_t>(M * 4), s, op);
   int8_t* a_codes = act.as<int8_t>();
   float* a_scale = reinterpret_cast<float*>(act.as<char>() + scale_off);
-  // Decode on the tiled kernel with an early trigger (DecodeTilesTuning::trigger): the rotate
-  // kernel is launched with PDL too, so a stream of layers chains GEMV -> rotate -> GEMV with
-  // each kernel starting under its predecessor's tail (it waits before touching memory).
-  if (tiles_coop) {  // no rotate kernel: the GEMV's CTAs rotate x into the scratch themselves
-    linear::DecodeParams d;
-    d.x = x.data;
-    d.x_dtype = x.dtype;
-    d.x_row_stride = x.stride[0];
-    d.rot = w.rot;
-    d.act_qmax = fmt == ActFormat::int4 ? 7 : 127;
-    d.a = a_codes;
-    d.lda = K;
-    d.M = M;
-    d.w = ref;
-    d.ep = ep;
-    d.ep.a_scale = a_scale;
-    d.ep.w_scale = static_cast<const float*>(w.scales.data);
-    d.out = out.data;
-    d.out_dtype = out.dtype;
-    d.ldo = out.stride[0];
-    d.tiles = static_cast<const uint8_t*>(w.decode_tiles.data);
-    if (linear::decode_tiles_applies(d)) {
-      linear::decode_tiles(d, s);
-      return;
-    }
-  }
-  const bool chain = kUseDecodeTiles && M <= 16 && w.decode_tiles.data && tiles_tuning.trigger;
-  launch_rotate_quantize(x, w.rot, fmt, a_codes, K, a_scale, s, chain);
+  // The rotate kernel goes out with PDL before the tiled GEMV (which triggers its dependents
+  // early), so a stream of layers chains GEMV -> rotate -> GEMV with each kernel starting under
+  // its predecessor's tail (it waits before touching memory).
+  launch_rotate_quantize(x, w.rot, fmt, a_codes, K, a_scale, s, tiles);
   g.a_scale = a_scale;
   g.w_scale = static_cast<const float*>(w.scales.data);
   g.a = a_codes;
@@ -407,20 +379,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
 
   if (M <= 16) {
-    linear::DecodeParams d;
-    d.a = a_codes;
-    d.lda = K;
-    d.M = M;
-    d.w = ref;
-    d.ep = ep;
-    d.ep.a_scale = g.a_scale;
-    d.ep.w_scale = g.w_scale;
-    d.out = out.data;
-    d.out_dtype = out.dtype;
-    d.ldo = out.stride[0];
-    // The weight's own decode layout (4-bit qtypes on sm_90): the tiled kernel.
-    if (kUseDecodeTiles) d.tiles = static_cast<const uint8_t*>(w.decode_tiles.data);
-    linear::decode_gemv(d, s);
+    linear::decode_gemv(decode_params(a_codes, a_scale), s);
     return;
   }
   g.kind = linear::GemmKind::s8;

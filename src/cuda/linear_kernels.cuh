@@ -180,7 +180,8 @@ void unpack_weight_int8(const PackedWeightRef& w, int8_t* out, cudaStream_t stre
 struct DecodeParams {
   const int8_t* a = nullptr;  // (M, K) int8 activation codes, row stride lda bytes
   int64_t lda = 0;
-  // Fused mode (x != null, decode_can_fuse): the kernel rotates + quantizes x itself (a unused).
+  // Fused modes (x != null; decode_tiles only, linear_decode_tiles.cuh): the GEMV rotates +
+  // quantizes x itself (into d.a / ep.a_scale when given: the cooperative rotation).
   const void* x = nullptr;    // (M, K) x_dtype, row stride x_row_stride elements
   DType x_dtype = DType::bf16;
   int64_t x_row_stride = 0;
@@ -200,9 +201,19 @@ struct DecodeParams {
   // grid; for A/B bench rows, same bits.
   bool one_tile_per_cta = false;
 };
+// Sets d's epilogue and output for contiguous rows (the bench rows build their DecodeParams
+// beside rotate_quant_rows' parameters): w_scale (N) fp32, bias (N) bias_dtype or null, out
+// (M, N) out_dtype with row stride d.w.N (set d.w first).
+inline void decode_epilogue(DecodeParams& d, const float* w_scale, const void* bias,
+                            DType bias_dtype, void* out, DType out_dtype) {
+  d.ep.w_scale = w_scale;
+  d.ep.bias = bias;
+  d.ep.bias_dtype = bias_dtype;
+  d.out = out;
+  d.out_dtype = out_dtype;
+  d.ldo = d.w.N;
+}
 void decode_gemv(const DecodeParams& p, cudaStream_t stream);
-// Whether decode_gemv may run fused (rotation in the kernel) for M rows of K.
-bool decode_can_fuse(int64_t M, int64_t K);
 
 // NVFP4 -> f16 (exact: every e2m1 x e4m3 product is an f16 value). codes (R, C/2), scales (R, C/16)
 // e4m3 linear; out (R, C) f16 row stride C. The per-tensor scale is not applied.

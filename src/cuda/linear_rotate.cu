@@ -160,30 +160,12 @@ __device__ __forceinline__ void load16(const T* p, bool in, bool vec, float v[16
     for (int j = 0; j < 16; ++j) v[j] = 0.f;
     return;
   }
-  if (vec) {
-    if constexpr (sizeof(T) == 2) {
-      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
-      const uint4 b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
-      const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  if (vec) {  // 16-byte loads, converted as the fused kernels convert their raw words
+    constexpr int kRaw = sizeof(T) == 2 ? 2 : 4;
+    uint4 raw[kRaw];
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-          v[2 * q] = __uint_as_float(w[q] << 16);
-          v[2 * q + 1] = __uint_as_float(w[q] & 0xffff0000u);
-        } else {
-          const __half2 h = *reinterpret_cast<const __half2*>(&w[q]);
-          const float2 f = __half22float2(h);
-          v[2 * q] = f.x;
-          v[2 * q + 1] = f.y;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 f = __ldg(reinterpret_cast<const float4*>(p) + q);
-        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-      }
-    }
+    for (int q = 0; q < kRaw; ++q) raw[q] = __ldg(reinterpret_cast<const uint4*>(p) + q);
+    unpack_raw<T>(raw, v);
     return;
   }
 #pragma unroll

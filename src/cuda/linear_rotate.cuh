@@ -176,34 +176,6 @@ __device__ __forceinline__ float block_amax(float v, float* buf) {
   return m;
 }
 
-// The decode kernels' activation row: rotates x (K values) into srow, takes the CTA's amax and
-// quantizes the row per token to int8 codes in [-qmax, qmax] at dst (4 codes per 32-bit store).
-// Returns the scale amax / qmax (1 for an all-zero row; NaN stays NaN); every thread gets it.
-// SUM: also returns this thread's sum of its codes (dp4a), else 0. Leaves srow being read:
-// the caller syncs before reusing it.
-template <typename T, int ROT, int THREADS, bool SUM = false>
-__device__ __forceinline__ float rotate_quantize_row(const T* x, int K, int qmax, float* srow,
-                                                     float* s_amax, uint8_t* dst, int32_t& sum) {
-  float amax = rotate_row_to_smem<T, ROT, THREADS>(x, K, srow);
-  __syncthreads();
-  amax = block_amax<THREADS>(amax, s_amax);
-  float scale = amax / static_cast<float>(qmax);
-  if (scale == 0.f) scale = 1.f;  // NaN stays NaN
-  sum = 0;
-  for (int e0 = threadIdx.x * 4; e0 < K; e0 += THREADS * 4) {
-    const float4 q = load4_rotated<ROT>(srow, e0);
-    const float z[4] = {q.x / scale, q.y / scale, q.z / scale, q.w / scale};
-    uint32_t word = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      word |= (static_cast<uint32_t>(dt::f32_to_int_clamped(z[j], -qmax, qmax)) & 0xffu)
-              << (8 * j);
-    *reinterpret_cast<uint32_t*>(dst + e0) = word;
-    if (SUM) sum = __dp4a(static_cast<int>(word), 0x01010101, sum);
-  }
-  return scale;
-}
-
 // ---- The register rotation (rotate_quantize_reg_kernel, the fused tiled decode GEMV) ----------
 // Thread `tid` of a row owns its 16 input elements [16 tid, 16 tid + 16): block tid / (ROT / 16),
 // 16-group g = tid % (ROT / 16) within it. Its 16 outputs are the aligned run starting at

@@ -374,91 +374,35 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 8, 1032, 640, DType::f16,
                                                 true));
 #ifdef LOWBIT_WITH_CUDA
-  // Session 6 variants of the tiled kernel (DecodeTilesTuning), through the layer: the spread
-  // split (whole tiles + an even share of the leftover tiles' items, combined across CTAs
-  // mid-kernel) where tiles > SMs and tiles % SMs != 0 on the H200's 132 SMs: O 5000 (313 tiles:
-  // 2 whole per CTA + 49 leftover tiles of 11 items, CTA shares crossing tile ends), O 4104 (257:
-  // 1 + 125 leftover tiles of 6 items, the last tile partial), O 24000 with K 128 (one item per
-  // tile: 0 or 1 leftover item per CTA); spread + early trigger + L2 prefetch + the async
-  // activation copy; run 11's default (no trigger, register activation copy) since the layer's
-  // default (every other case) has the trigger and the async copy.
+  // The tiled kernel's layer paths (DecodeTilesTuning) through the layer. `fused_reg`: the
+  // default for M <= 2, one launch per layer, every CTA rotates x (the register rotation; K 8448
+  // > 8192 takes the rotate kernel instead). `default`: M 3 / 7 / 9 / 16 (rotate kernel + GEMV,
+  // one and two n8 activation tiles) with O = 8 (mod 16): a partial last 16-row tile (the CPU
+  // oracle takes O % 8 == 0). `two_kernels` (fuse_max_m 0: the session-6 path for every M).
   {
     namespace cl = cuda::linear;
-    cl::DecodeTilesTuning sp;
-    sp.fuse_max_m = 0;  // the two-kernel path (the fused modes do not take these variants)
-    sp.spread = true;
-    cl::DecodeTilesTuning all = sp;
-    all.trigger = true;
-    all.l2_prefetch = 4;
-    all.async_act = true;
-    cl::DecodeTilesTuning aa;  // run 11's default: no early trigger, register activation copy
-    aa.fuse_max_m = 0;
-    aa.trigger = false;
-    aa.async_act = false;
-    cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 1, 5000,
-                                                       1408, DType::bf16, true));
-    cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 16, 5000,
-                                                       1408, DType::f16, false));
-    cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_comfy_w4a4, 3,
-                                                       4104, 768, DType::bf16, true));
-    cases.push_back(std::make_unique<TunedForwardCase>("spread", sp, QType::convrot_int4, 9, 24000,
-                                                       128, DType::bf16, true));
-    cases.push_back(std::make_unique<TunedForwardCase>("spread_trigger_l2", all,
-                                                       QType::convrot_comfy_w4a4, 16, 4104, 768,
-                                                       DType::f16, false));
-    cases.push_back(std::make_unique<TunedForwardCase>("spread_trigger_l2", all,
-                                                       QType::convrot_int4, 2, 5000, 1408,
-                                                       DType::bf16, true));
-    cases.push_back(std::make_unique<TunedForwardCase>(
-        "run11_default", aa, QType::convrot_comfy_w4a4, 16, 136, 1280, DType::bf16, true));
-    cases.push_back(std::make_unique<TunedForwardCase>("run11_default", aa, QType::convrot_int4,
-                                                       11, 40, 640, DType::f16, false));
-  }
-  // Session 7: the fused mode through the layer (DecodeTilesTuning::fuse_max_m = 2: no rotate
-  // kernel, every CTA rotates + quantizes x). Register rotation (fuse_reg, the default of the
-  // mode) at ring depth 4 and 8: K 768 (48 threads rotate: the second warp half idle), 256 (one
-  // block, 16 threads), 5120 (production), 1280 x O 5000 (several tiles per CTA); K 8448 > 8192
-  // falls back to the shared-memory rotation; that one (fuse_reg = false) on its own too.
-  {
-    namespace cl = cuda::linear;
-    cl::DecodeTilesTuning fr;
-    fr.fuse_max_m = 2;
-    cl::DecodeTilesTuning fr8 = fr;
-    fr8.depth = 8;
-    cl::DecodeTilesTuning fs = fr;
-    fs.fuse_reg = false;
     auto add = [&](const char* v, const cl::DecodeTilesTuning& t, QType q, int64_t m, int64_t o,
                    int64_t k, DType a, bool bias) {
       cases.push_back(std::make_unique<TunedForwardCase>(v, t, q, m, o, k, a, bias));
     };
-    add("fused_reg", fr, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
-    add("fused_reg", fr, QType::convrot_int4, 2, 5000, 1280, DType::f16, false);
-    add("fused_reg", fr, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
-    add("fused_reg", fr, QType::convrot_comfy_w4a4, 2, 136, 256, DType::f16, true);
-    add("fused_reg", fr, QType::convrot_int4, 1, 40, 8448, DType::bf16, true);
-    add("fused_reg_d8", fr8, QType::convrot_comfy_w4a4, 2, 5000, 768, DType::bf16, false);
-    add("fused_reg_d8", fr8, QType::convrot_int4, 1, 136, 5120, DType::f16, true);
-    add("fused_smem", fs, QType::convrot_int4, 2, 264, 768, DType::bf16, true);
-    add("fused_smem", fs, QType::convrot_comfy_w4a4, 1, 136, 1280, DType::f16, false);
-    // The cooperative rotation (coop, fuse_max_m 16: CTA m rotates row m into scratch, every CTA
-    // waits for the M rows): M 16 / 9 / 1 / 3 / 2; K 8448 > 8192 and M 5 > 3 CTAs (O 40) fall
-    // back to the rotate kernel into the scratch.
-    cl::DecodeTilesTuning co;  // (the layer's default since run 16, M > 2; M <= 2 redundant)
-    co.fuse_max_m = 16;
-    co.coop = true;
-    // The session-6 default (rotate kernel + PDL, then the GEMV) stays covered.
+    const cl::DecodeTilesTuning def;
+    add("fused_reg", def, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
+    add("fused_reg", def, QType::convrot_int4, 2, 5000, 1280, DType::f16, false);
+    add("fused_reg", def, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
+    add("fused_reg", def, QType::convrot_comfy_w4a4, 2, 136, 256, DType::f16, true);
+    add("fused_reg", def, QType::convrot_int4, 1, 40, 8448, DType::bf16, true);
+    add("default", def, QType::convrot_int4, 3, 1032, 1280, DType::bf16, true);
+    add("default", def, QType::convrot_comfy_w4a4, 3, 4104, 768, DType::f16, false);
+    add("default", def, QType::convrot_int4, 7, 4104, 768, DType::f16, true);
+    add("default", def, QType::convrot_comfy_w4a4, 7, 1032, 5120, DType::bf16, true);
+    add("default", def, QType::convrot_int4, 9, 2056, 1280, DType::bf16, false);
+    add("default", def, QType::convrot_int4, 16, 2056, 1280, DType::bf16, true);
+    add("default", def, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
+    add("default", def, QType::convrot_int4, 16, 136, 8448, DType::bf16, true);
     cl::DecodeTilesTuning two;
     two.fuse_max_m = 0;
     add("two_kernels", two, QType::convrot_int4, 1, 5000, 1280, DType::bf16, true);
-    add("two_kernels", two, QType::convrot_comfy_w4a4, 16, 264, 768, DType::f16, false);
-    add("two_kernels", two, QType::convrot_int4, 7, 136, 5120, DType::bf16, true);
-    add("coop", co, QType::convrot_comfy_w4a4, 16, 4104, 768, DType::bf16, true);
-    add("coop", co, QType::convrot_int4, 9, 5000, 1280, DType::f16, false);
-    add("coop", co, QType::convrot_int4, 1, 264, 5120, DType::bf16, true);
-    add("coop", co, QType::convrot_comfy_w4a4, 3, 136, 256, DType::f16, true);
-    add("coop", co, QType::convrot_int4, 2, 1032, 768, DType::bf16, true);
-    add("coop", co, QType::convrot_int4, 16, 136, 8448, DType::bf16, true);
-    add("coop", co, QType::convrot_comfy_w4a4, 5, 40, 512, DType::bf16, false);
+    add("two_kernels", two, QType::convrot_comfy_w4a4, 2, 264, 768, DType::f16, false);
   }
 #endif
 
