@@ -210,19 +210,28 @@ class PrologueBench : public BenchCase {
           // sums, grid barrier, quantize CTAs) 0.3367 / 0.0437: deleted.
           variant_of("two calls (norm_rope_mean + norm_rope_quantize, session 6 path)", {},
                      two_calls);
-          // Session 7: the quantize CTA's mean rows in a 6-row ring refilled 3 heads at a time
-          // (a CTA barrier per 3 heads; the default for run 17), so its head group is the wave
-          // model's pick over all 40 heads (20) instead of the 7 whose rows fit beside 5 CTAs per
-          // SM. (Run 16: equal, but there both ran 20 heads on 4 CTAs per SM.)
-          t = {};
-          t.mean_smem = detail::kMeanSmemOn;
-          variant("mean rows staged per head group (7 heads at 5 CTAs per SM)", t);
         }
-        // Session 7: team barriers with a register id (run 16's kernel): ptxas reserves 16
-        // barriers per CTA, 4 CTAs per SM; the default now names ids 1..8 (5 CTAs per SM).
+        // Session 8: the quantize pass's x ring filled by bulk copies (one cp.async.bulk per row
+        // and head into per-warp stages on mbarriers), 3 stages (2 heads ahead, 5 CTAs per SM
+        // as the default's ring) and 4 (3 ahead, 4 CTAs per SM). Run 17 rows no longer here:
+        // the staged mean rows (k Wan 0.2854 vs 0.2746 ms) and register barrier ids (0.2775;
+        // q 0.1585 vs 0.1554).
         t = {};
-        t.barrier_ids = detail::kBarrierRegister;
-        variant("register barrier ids (4 CTAs per SM, run 16 default)", t);
+        t.ring = detail::kQuantRingBulk;
+        variant("bulk-copy ring, 3 stages (5 CTAs per SM)", t);
+        t.bulk_stages = 4;
+        variant("bulk-copy ring, 4 stages (4 CTAs per SM)", t);
+        if (N * H < 1000000) {
+          // Session 8, Flux (4608 tokens x 24 heads: 144 tiles of 32 rows): the wave model
+          // gives the quantize CTAs 6 heads (576 CTAs, 4.4 per SM: one round at 5 per SM, the
+          // SMs with 5 CTAs set the time); 3 heads: 1152 CTAs (the setup paid twice as often,
+          // finer balance); 8 heads: 432 CTAs (3.3 per SM).
+          t = {};
+          t.heads_per_cta = 3;
+          variant("quantize CTAs of 3 heads", t);
+          t.heads_per_cta = 8;
+          variant("quantize CTAs of 8 heads", t);
+        }
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
       // gets no L2 reuse from the mean pass): where the k path's time goes.
@@ -345,8 +354,9 @@ class PrologueBench : public BenchCase {
 };
 
 // `prologue.kquant`: the k path's quantize pass alone (norm_rope_quantize with a mean, THREAD_K
-// 64) at the Wan shape, default against the session 7 variants, each timed with L2 flushed; the
-// family an ncu request can name (its first v3_quantize_kernel_r96 launch is the default).
+// 64) at the Wan shape, default against the session 8 variants (bulk-copy rings), each timed
+// with L2 flushed; the family an ncu request can name (its first v3_quantize_kernel_r96 launch
+// is the default).
 class PrologueKQuantBench : public BenchCase {
  public:
   std::string name() const override { return "prologue.kquant"; }
@@ -385,12 +395,12 @@ class PrologueKQuantBench : public BenchCase {
       const char* label;
       detail::PrologueCudaTuning t;  // {}: the default
     };
-    detail::PrologueCudaTuning staged, regbar;
-    staged.mean_smem = detail::kMeanSmemOn;
-    regbar.barrier_ids = detail::kBarrierRegister;
-    const V vs[] = {{"default (96-register ring, 6-row mean ring, barrier ids 1..8)", {}},
-                    {"mean rows staged per head group (7 heads at 5 CTAs per SM)", staged},
-                    {"register barrier ids (4 CTAs per SM, run 16 default)", regbar}};
+    detail::PrologueCudaTuning bulk3, bulk4;
+    bulk3.ring = bulk4.ring = detail::kQuantRingBulk;
+    bulk4.bulk_stages = 4;
+    const V vs[] = {{"default (96-register cp.async ring, 6-row mean ring, barrier ids 1..8)", {}},
+                    {"bulk-copy ring, 3 stages (5 CTAs per SM)", bulk3},
+                    {"bulk-copy ring, 4 stages (4 CTAs per SM)", bulk4}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

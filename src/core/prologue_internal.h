@@ -125,8 +125,13 @@ namespace detail {
 // PER_BLOCK groups across warps): kBarrierImmediate ids 1..8 as immediates (9 barriers per
 // CTA), kBarrierRegister the id in a register (ptxas reserves 16: at most 4 CTAs per SM); 0: the
 // default in src/cuda/prologue_v3.cu (kV3DefaultImmBar).
+// `ring` = kQuantRingBulk (session 8): the 96-register quantize kernel with its x ring filled
+// by bulk copies (cp.async.bulk, one per row and head, issued by the row's first lane) into
+// per-warp stages completing on mbarriers; `bulk_stages` its heads per ring (0: the default
+// kV3BulkStages in src/cuda/prologue_v3.cu; at least 2).
 // None of the others changes a bit of the output.
 constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
+constexpr int kQuantRingBulk = 5;  // ring: bulk copies (TMA) into per-warp stages, 96 registers
 constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
 constexpr int kTilesForward = 1, kTilesReverse = 2;
 constexpr int kPdlOff = 1, kPdlOn = 2;
@@ -157,6 +162,7 @@ struct PrologueCudaTuning {
   int mean_smem = 0;
   int quant_early = 0;
   int barrier_ids = 0;
+  int bulk_stages = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

@@ -654,12 +654,6 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
   const int p = warp * RW + slot;
   // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
   const QuantRow row = quant_row(a, b, tile * L.tile_rows + p, L.group_rows, h0, lane_in_row == 0);
-  const int64_t n = row.n;
-  const bool ok = row.ok, writer = row.writer;
-  const uint16_t* xrow = row.x;
-  int8_t* qrow = row.q;
-  float* srow = row.s;
-  const float* mrow = row.m;
 
   // Loads of the invariants now; their shared-memory stores and the barrier after the first x
   // loads are issued (pipeline `start`).
@@ -667,8 +661,8 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
   float tcs[8], tsn[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
-  if (ROPE != kRopeNone && ok)
-    load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, tcs, tsn);
+  if (ROPE != kRopeNone && row.ok)
+    load_table8(a, L.table_mode, b * a.r_sb + row.n * a.r_sn, 8 * lane_in_row, tcs, tsn);
   auto start = [&] {
     store_weight_quad<D>(tid, wq, w_sh);
     if (ROPE != kRopeNone) {
@@ -686,8 +680,8 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
   const float abs_sm = fabsf(a.sm_scale);
 
   auto load = [&](int u, uint4(&r)[2]) {
-    if (ok) {
-      const uint16_t* px = xrow + u * x_sh;
+    if (row.ok) {
+      const uint16_t* px = row.x + u * x_sh;
       r[0] = load_stream16(px + ch0);
       r[1] = load_stream16(px + ch1);
     } else {
@@ -706,8 +700,8 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
     }
     float v[16];
     fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
-    if (mrow) {
-      const float* m = mrow + u * m_sh;
+    if (row.m) {
+      const float* m = row.m + u * m_sh;
       float mv[16];
       if (L.mean_vec) {
 #pragma unroll
@@ -727,7 +721,7 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
     float m = 0.f;
 #pragma unroll
     for (int j = 0; j < 16; ++j) m = max_nan(m, fabsf(v[j]));
-    if (!ok) m = 0.f;
+    if (!row.ok) m = 0.f;
     for (int o = 1; o < L.red_lanes; o <<= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (L.wpg > 1) {
       const int par = u & 1;
@@ -738,15 +732,15 @@ __global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
     }
     if (scaled) m = __fmul_rn(m, abs_sm);
     const float scale = __fadd_rn(div_full(m, 127.f), a.scale_eps);
-    if (writer) srow[u * s_sh] = scale;
-    if (!ok) return;
+    if (row.writer) row.s[u * s_sh] = scale;
+    if (!row.ok) return;
     if (scaled) {
 #pragma unroll
       for (int j = 0; j < 16; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
     }
     uint32_t packed[4];
     quantize16(v, scale, packed);
-    int8_t* q = qrow + u * q_sh;
+    int8_t* q = row.q + u * q_sh;
     *reinterpret_cast<uint2*>(q + ch0) = make_uint2(packed[0], packed[1]);
     *reinterpret_cast<uint2*>(q + ch1) = make_uint2(packed[2], packed[3]);
   };

@@ -42,6 +42,10 @@ constexpr int kV3AsyncAhead = 3;
 // The occupancy variant (ring kQuantRingAsync96): 2 heads ahead, at most 96 registers.
 constexpr int kV3Async96Ahead = 2;
 constexpr int kV3Async96Regs = 96;
+// The bulk ring (ring kQuantRingBulk, session 8): heads per warp ring (tuning `bulk_stages`
+// overrides). 3 stages (2 heads ahead, as the 96-register ring) keep 5 CTAs of 4 warps per SM
+// at D = 128 with rope: 3 x 8320 bytes of ring + 16 KB of rotary pairs + 3 KB of mean ring.
+constexpr int kV3BulkStages = 3;
 // The lean per-row arithmetic of the quantize kernel (tuning `lean`): GPU run 6: bits equal to
 // the default's on every bench output (Wan and Flux, q and k, 3 rings), 0.5-1.5 % faster.
 constexpr bool kV3DefaultLean = true;
@@ -115,15 +119,15 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 // 16 bytes of shared memory, read where the code stands.
-__device__ __forceinline__ uint4 lds16u(const uint4* p) {
+__device__ __forceinline__ uint4 lds16u(uint32_t addr) {
   uint4 v;
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "r"(addr)
                : "memory");
   return v;
 }
+__device__ __forceinline__ uint4 lds16u(const uint4* p) { return lds16u(ptx::smem_u32(p)); }
 
 // cos / sin of 4 consecutive pairs starting at `pair` (a multiple of 4).
 __device__ __forceinline__ void load_table4(const PrologueArgs& a, int mode, int64_t row_off,
@@ -316,7 +320,20 @@ struct V3QuantLaunch {
   bool mean_ring;  // with mean_smem (cp.async ring only): a ring of kMeanRingRows rows, refilled
                    // kMeanRingChunk heads at a time behind a CTA barrier (no head-group cap)
   bool early;      // x / weight / table loads before griddepcontrol.wait (behind the mean pass)
+  int stages;      // bulk ring (v3_quantize_kernel_bulk): heads per warp ring, >= 2
 };
+
+// The bulk ring's stage (one head of the CTA's tile) in bytes: the tile's rows of 2 D bytes in
+// 8 / LANES classes (row slot % classes), class c at c (rows * 2 D + 16 LANES): the LANES lanes
+// of a row read 16 LANES contiguous bytes per ld.shared.v4 and a quarter-warp (8 lanes, the unit
+// of a 16-byte shared load) holds 8 / LANES rows, one per class, so its rows start 16 LANES bytes
+// apart modulo 128: no bank conflict. threads / LANES rows of 64 LANES bytes, plus the class
+// offsets (< 128).
+__host__ __device__ inline int bulk_stage_bytes(int threads) { return 64 * threads + 128; }
+// Its mbarriers: one per warp and stage, 8 bytes each, rounded up to 16.
+__host__ __device__ inline int bulk_bar_bytes(int stages, int threads) {
+  return (stages * (threads / 32) * 8 + 15) / 16 * 16;
+}
 
 // Mean rows a quantize CTA stages in shared memory (with mean_smem).
 __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
@@ -330,7 +347,13 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // to the non-lean kernel's on every bench output.
 // IMMBAR: the scale groups' team barriers with immediate ids (team_barrier), else a register id
 // (named_barrier: ptxas then reserves all 16 of the CTA's barriers).
-template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool IMMBAR = true>
+// BULK (with AHEAD > 0, which it then ignores): the x ring filled by bulk copies (the TMA
+// unit): each row's first lane copies the row's 2 D bytes of a head with one cp.async.bulk into
+// a stage of its warp's ring (L.stages heads, L.stages - 1 ahead), completing on the warp's
+// mbarrier of that stage; a warp's rows are read by the warp alone, so a stage is refilled
+// after a __syncwarp, with no CTA barrier and no empty barrier.
+template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool IMMBAR = true,
+          bool BULK = false>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool ASYNC = AHEAD > 0;
   constexpr int SLOTS = AHEAD + 1;
@@ -341,8 +364,13 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   // [2][kV3MaxWarps] floats:
   // the warps' group maxima (dynamic, so that static shared memory does not take the room the
   // mean rows need: 7 -> 8 heads per CTA at 5 CTAs per SM).
+  // BULK: first the warps' stage barriers [L.stages][warps] (bulk_bar_bytes), then the ring
+  // [L.stages][bulk_stage_bytes] bytes.
   extern __shared__ float4 dyn_sh[];
-  float4* t_sh = dyn_sh + (ASYNC ? SLOTS * 4 * blockDim.x : 0);
+  float4* t_sh = dyn_sh + (BULK    ? (bulk_bar_bytes(L.stages, blockDim.x) +
+                                      L.stages * bulk_stage_bytes(blockDim.x)) / 16
+                           : ASYNC ? SLOTS * 4 * blockDim.x
+                                   : 0);
   float4* mean_sh = t_sh + (ROPE != kRopeNone ? 8 * blockDim.x : 0);
   float(*red)[kV3MaxWarps] = reinterpret_cast<float(*)[kV3MaxWarps]>(
       mean_sh + (L.mean_smem ? mean_sh_rows(L) * (D / 4) : 0));
@@ -364,19 +392,13 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   const int p = warp * RW + slot;
   // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
   const QuantRow row = quant_row(a, b, tile * L.tile_rows + p, L.group_rows, h0, lane_in_row == 0);
-  const int64_t n = row.n;
-  const bool ok = row.ok, writer = row.writer;
-  const uint16_t* xrow = row.x;
-  int8_t* qrow = row.q;
-  float* srow = row.s;
-  const float* mrow = row.m;
 
   const float4 wq = v3_weight_quad<D>(a, tid);  // blockDim >= 128 >= 8 * LANES
   float tcs[16], tsn[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
-  if (ROPE != kRopeNone && ok)
-    v3_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + n * a.r_sn, lane_in_row, tcs, tsn);
+  if (ROPE != kRopeNone && row.ok)
+    v3_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + row.n * a.r_sn, lane_in_row, tcs, tsn);
   auto start = [&] {
     v3_store_weight_quad<D>(tid, wq, w_sh);
     if (ROPE != kRopeNone) {
@@ -400,7 +422,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   // Rows past N read token 0's row (in bounds; no branch, no zeroing): their values never reach
   // a maximum (m = 0 below) or a store.
   auto load = [&](int u, uint4(&r)[4]) {
-    const uint16_t* px = xrow + u * x_sh + c0;
+    const uint16_t* px = row.x + u * x_sh + c0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) r[i] = load_stream16(px + 8 * LANES * i);
   };
@@ -408,18 +430,18 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   // first x loads are issued); the PDL wait (early) comes before the first mean read.
   auto stage_mean = [&] {
     if (L.early) griddep_wait();
-    if (!L.mean_smem || !mrow) return;
+    if (!L.mean_smem || !row.m) return;
     constexpr int QR = D / 4;  // float4 per mean row
     const int rows = L.mean_ring && count > kMeanRingRows ? kMeanRingRows : count;
     for (int e = tid; e < rows * QR; e += threads)
-      mean_sh[e] = __ldg(reinterpret_cast<const float4*>(mrow + (e / QR) * m_sh) + e % QR);
+      mean_sh[e] = __ldg(reinterpret_cast<const float4*>(row.m + (e / QR) * m_sh) + e % QR);
   };
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
     v3_row<D, BF16, ROPE, LEAN>(
         a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
         [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
-    if (mrow && L.mean_smem) {
+    if (row.m && L.mean_smem) {
       // Quad k: values 4k .. 4k + 3 = channels c0 + 8 LANES (k / 2) + 4 (k & 1); the 4 distinct
       // addresses of a warp are 32 bytes apart (no bank conflict), the row slots broadcast.
       const int mr = L.mean_ring ? u % kMeanRingRows : u;
@@ -432,8 +454,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         v[4 * k + 2] = __fsub_rn(v[4 * k + 2], t.z);
         v[4 * k + 3] = __fsub_rn(v[4 * k + 3], t.w);
       }
-    } else if (mrow) {
-      const float* m = mrow + u * m_sh + c0;
+    } else if (row.m) {
+      const float* m = row.m + u * m_sh + c0;
       float mv[32];
       if (L.mean_vec) {
 #pragma unroll
@@ -458,7 +480,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 #pragma unroll
       for (int j = 1; j < 8; ++j) t[i] = max_nan(t[i], fabsf(v[8 * i + j]));
     }
-    float m = ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
+    float m = row.ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
     if (L.redux) {
       // m is |v|'s maximum (sign bit clear; a NaN is max.NaN's canonical 0x7fffffff): as
       // unsigned bit patterns the order is the float order with NaN above +inf, so an integer
@@ -496,27 +518,90 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     if (scaled) m = __fmul_rn(m, abs_sm);
     const float scale =
         __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
-    if (writer) srow[u * s_sh] = scale;
-    if (!ok) return;
+    if (row.writer) row.s[u * s_sh] = scale;
+    if (!row.ok) return;
     if (scaled) {
 #pragma unroll
       for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
     }
     uint32_t packed[8];
     quantize32<LEAN>(v, scale, packed);
-    int8_t* q = qrow + u * q_sh + c0;
+    int8_t* q = row.q + u * q_sh + c0;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       *reinterpret_cast<uint2*>(q + 8 * LANES * i) = make_uint2(packed[2 * i], packed[2 * i + 1]);
   };
-  if constexpr (ASYNC) {
+  if constexpr (BULK) {
+    const int S = L.stages, warps = threads >> 5;
+    const int stage_bytes = bulk_stage_bytes(threads);
+    constexpr int C = 8 / LANES;         // row classes (see bulk_stage_bytes)
+    constexpr uint32_t kRowBytes = 2 * D;
+    const int p_all = warp * RW + slot;  // row slot in the tile
+    const int rows_per_class = threads / 8;
+    const uint32_t row_off = static_cast<uint32_t>(
+        (p_all % C) * (rows_per_class * kRowBytes + 16 * LANES) + (p_all / C) * kRowBytes);
+    const uint32_t bar0 = ptx::smem_u32(dyn_sh) + 8 * warp;  // stage s: + 8 * warps * s
+    const uint32_t bar_step = 8 * warps;
+    // This thread's first chunk in stage 0 of the ring (the row's bytes for its first lane).
+    const uint32_t ring =
+        ptx::smem_u32(dyn_sh) + bulk_bar_bytes(S, threads) + row_off + 16 * lane_in_row;
+    if (lane == 0) {
+      for (int st = 0; st < S; ++st) ptx::mbar_init(bar0 + st * bar_step, RW);
+      ptx::mbar_fence_init();
+    }
+    __syncwarp();
+    // Head u into stage st: the row's first lane adds the row's bytes to the stage's
+    // transaction count and starts the copy (RW arrivals complete the phase).
+    auto issue = [&](int u, int st) {
+      if (lane_in_row == 0) {
+        const uint32_t bar = bar0 + st * bar_step;
+        ptx::mbar_arrive_expect_tx(bar, kRowBytes);
+        ptx::bulk_g2s(ring + st * stage_bytes, row.x + u * x_sh, kRowBytes, bar);
+      }
+    };
+    for (int k = 0; k + 1 < S && k < count; ++k) issue(k, k);
+    stage_mean();
+    start();
+    constexpr int QR = D / 4;  // float4 per mean row
+    int sp = 0;  // stage and parity: stage sp % S, parity sp >= S (0 .. 2 S - 1)
+#pragma unroll 1
+    for (int u = 0; u < count; ++u) {
+      const bool odd = sp >= S;
+      const int st = odd ? sp - S : sp;
+      // The mean ring (see the cp.async ring below), refilled by cp.async in its own groups:
+      // the refill at u - kMeanRingChunk (heads u .. u + kMeanRingChunk - 1) has landed for
+      // this thread (wait_group 0) before the barrier that makes it visible to the CTA.
+      if (L.mean_ring && row.m && count > kMeanRingRows && u > 0 && u % kMeanRingChunk == 0) {
+        cp_async_wait<0>();
+        __syncthreads();
+        const int h1 = u + kMeanRingChunk;
+        const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
+        for (int e = tid; e < rows * QR; e += threads)
+          cp_async16(mean_sh + ((h1 + e / QR) % kMeanRingRows) * QR + e % QR,
+                     row.m + (h1 + e / QR) * m_sh + 4 * (e % QR));
+        cp_async_commit();
+      }
+      // Stage st - 1 held head u - 1, which every lane of the warp has read and used.
+      if (u + S - 1 < count) {
+        __syncwarp();
+        issue(u + S - 1, st == 0 ? S - 1 : st - 1);
+      }
+      ptx::mbar_wait_bounded(bar0 + st * bar_step, odd ? 1u : 0u);
+      const uint32_t src = ring + st * stage_bytes;
+      uint4 r[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) r[i] = lds16u(src + 16 * LANES * i);
+      proc(u, r);
+      if (++sp == 2 * S) sp = 0;
+    }
+  } else if constexpr (ASYNC) {
     // cp.async ring: the loads of heads u+1 .. u+kV3AsyncAhead go straight to this thread's
     // shared-memory slots (no registers held), one commit group per head (empty past the end, so
     // that wait_group kV3AsyncAhead always means "head u has landed"). A slot is refilled only
     // after the previous head's values were read back into registers and used (in-order issue).
     uint4* ring = reinterpret_cast<uint4*>(dyn_sh);
     auto issue = [&](int u) {
-      const uint16_t* px = xrow + u * x_sh + c0;
+      const uint16_t* px = row.x + u * x_sh + c0;
       uint4* dst = ring + (u % SLOTS) * 4 * threads + tid;
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
@@ -537,14 +622,14 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     constexpr int QR = D / 4;  // float4 per mean row
 #pragma unroll 1
     for (int u = 0; u < count; ++u) {
-      if (kMeanRingChunk > AHEAD && L.mean_ring && mrow && count > kMeanRingRows && u > 0 &&
+      if (kMeanRingChunk > AHEAD && L.mean_ring && row.m && count > kMeanRingRows && u > 0 &&
           u % kMeanRingChunk == 0) {
         __syncthreads();
         const int h1 = u + kMeanRingChunk;
         const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
         for (int e = tid; e < rows * QR; e += threads)
           cp_async16(mean_sh + ((h1 + e / QR) % kMeanRingRows) * QR + e % QR,
-                     mrow + (h1 + e / QR) * m_sh + 4 * (e % QR));
+                     row.m + (h1 + e / QR) * m_sh + 4 * (e % QR));
       }
       if (u + AHEAD < count) issue(u + AHEAD);
       cp_async_commit();
@@ -576,6 +661,12 @@ template <int D, bool BF16, int ROPE, bool LEAN, bool IMMBAR = true>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
   v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead, LEAN, IMMBAR>(a, L);
+}
+// The bulk ring (ring kQuantRingBulk; session 8), in the same register budget.
+template <int D, bool BF16, int ROPE, bool LEAN>
+__global__ void __maxnreg__(kV3Async96Regs)
+    v3_quantize_kernel_bulk(const PrologueArgs a, const V3QuantLaunch L) {
+  v3_quantize_body<D, BF16, ROPE, 1, LEAN, true, true>(a, L);
 }
 
 // ---- norm_rope_mean ---------------------------------------------------------------------------
@@ -1138,8 +1229,11 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
                   std::to_string(tiles) + " and " + std::to_string(a.batch));
   const int ring = tuning.ring > 0 ? tuning.ring : kV3DefaultRing;
   const bool lean = tuning.lean > 0 ? tuning.lean == detail::kLeanOn : kV3DefaultLean;
+  const bool bulk = ring == detail::kQuantRingBulk;
+  L.stages = bulk ? std::max(2, tuning.bulk_stages > 0 ? tuning.bulk_stages : kV3BulkStages) : 0;
   const int ahead = ring == detail::kQuantRingAsync     ? kV3AsyncAhead
                     : ring == detail::kQuantRingAsync96 ? kV3Async96Ahead
+                    : bulk                              ? L.stages - 1
                                                         : 0;
   // Reverse token order when a mean is subtracted: the mean pass just read x in increasing token
   // order, so its last rows are still in L2 (the whole of x at the Flux shape).
@@ -1150,8 +1244,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const bool pdl = tuning.quant_pdl > 0 ? tuning.quant_pdl == detail::kPdlOn : kV3DefaultQuantPdl;
   const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
   L.mean_smem = mean_smem != detail::kMeanSmemOff && L.mean_vec;
-  L.mean_ring = L.mean_smem && mean_smem == detail::kMeanSmemRing && ahead > 0 &&
-                ahead < kMeanRingChunk;
+  L.mean_ring = L.mean_smem && mean_smem == detail::kMeanSmemRing &&
+                (bulk || (ahead > 0 && ahead < kMeanRingChunk));
   // Loads before the PDL wait: by default only behind the mean pass of the same x (the fused k
   // path); kEarlyOn forces it anywhere (tests / bench: valid only where nothing before the kernel
   // in the stream still writes x), kEarlyOff nowhere.
@@ -1160,7 +1254,9 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const bool imm_bar = tuning.barrier_ids > 0 ? tuning.barrier_ids == detail::kBarrierImmediate
                                               : kV3DefaultImmBar;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
-                       ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0)) +
+                       ((a.rotate ? 8 : 0) + (ahead > 0 && !bulk ? 4 * (ahead + 1) : 0)) +
+                   (bulk ? bulk_bar_bytes(L.stages, threads) + L.stages * bulk_stage_bytes(threads)
+                         : 0) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
   const int mean_row_bytes = static_cast<int>(sizeof(float) * a.dim);
   auto launch = [&](auto kernel) {
@@ -1229,7 +1325,9 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     // The lean arithmetic only for bf16 (its one-instruction rounding is bf16-only).
     auto pick = [&](auto lean) {
       constexpr bool LEAN = decltype(lean)::value && BF16;
-      if (ring == detail::kQuantRingAsync96 && !imm_bar)
+      if (bulk)
+        launch(v3_quantize_kernel_bulk<D, BF16, ROPE, LEAN>);
+      else if (ring == detail::kQuantRingAsync96 && !imm_bar)
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN, false>);
       else if (ring == detail::kQuantRingAsync96)
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN>);

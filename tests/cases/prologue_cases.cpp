@@ -63,6 +63,7 @@ struct Cfg {
   int mean_smem = 0;      // CUDA: round-3 quantize with the mean rows in shared memory
   int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
   int barrier_ids = 0;    // CUDA: quantize team barriers' ids (detail::kBarrier*; 0: default)
+  int bulk_stages = 0;    // CUDA: stages of the bulk ring (ring = detail::kQuantRingBulk)
   std::string tag;
 };
 
@@ -222,7 +223,7 @@ class PrologueCase : public Case {
                                         c_.mean_ring, c_.lean, c_.split_blocks,
                                         c_.max_reduce, c_.quant_pdl, c_.mean_ctas,
                                         c_.mean_fma, c_.mean_smem, c_.quant_early,
-                                        c_.barrier_ids});
+                                        c_.barrier_ids, c_.bulk_stages});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -633,6 +634,42 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(t);
       t.tag = "teams8pb", t.layout = ScaleLayout::per_block, t.block = 128, t.mean = true;
       add(t);  // one team of 16 warps at D = 128 (8 at D = 64)
+    }
+  }
+  // Session 8: the x ring filled by bulk copies ("bulk": one cp.async.bulk per row and head into
+  // per-warp stages on mbarriers) at the odd token counts, D 64 and 128, B = 2, from a fused QKV
+  // buffer: THREAD_Q 32 (q), THREAD_K 64 with a given mean (11 heads in one CTA: the mean ring
+  // refilled twice, the second short), 4 stages with f16 interleaved into a padded q_out,
+  // 2 stages with THREAD_K 128 over 40 heads by the wave model, PER_BLOCK 64 without rope or
+  // norm, THREAD_Q 16 with a negative sm_scale, and the fused k path.
+  for (int64_t N : {1, 17, 127, 1000}) {
+    for (int64_t D : {64, 128}) {
+      Cfg q;
+      q.tag = "bulk", q.ring = detail::kQuantRingBulk;
+      q.B = 2, q.N = N, q.H = 11, q.D = D, q.qkv = true, q.sm_scale = q_scale;
+      add(q);  // bf16, split-half rope, THREAD_Q 32
+      Cfg k = q;
+      k.tag = "bulkk", k.sm_scale = 1.f, k.mean = true, k.heads_per_cta = 11;
+      k.layout = ScaleLayout::thread_k, k.block = 64;
+      add(k);
+      k.tag = "bulk4int", k.bulk_stages = 4, k.dtype = DType::f16;
+      k.rope = RopeKind::interleaved, k.q_pad = true;
+      add(k);
+      k.tag = "bulk2tk128", k.bulk_stages = 2, k.dtype = DType::bf16, k.rope = RopeKind::split;
+      k.q_pad = false, k.H = 40, k.B = 1, k.heads_per_cta = 0, k.block = 128;
+      add(k);
+      Cfg o = q;
+      o.tag = "bulkpb", o.layout = ScaleLayout::per_block, o.block = 64, o.rope = RopeKind::none;
+      o.norm = Norm::none, o.mean = true, o.qkv = false;
+      add(o);
+      o.tag = "bulktq16", o.layout = ScaleLayout::thread_q, o.block = 16, o.sm_scale = -0.5f;
+      o.rope = RopeKind::split, o.norm = Norm::per_head, o.mean = false, o.heads_per_cta = 3;
+      add(o);
+      Cfg f;
+      f.tag = "kpathbulk", f.fused = true, f.ring = detail::kQuantRingBulk;
+      f.B = 2, f.N = N, f.H = 11, f.D = D, f.qkv = true;
+      f.layout = ScaleLayout::thread_k, f.block = 64;
+      add(f);
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
