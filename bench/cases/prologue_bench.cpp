@@ -231,6 +231,17 @@ class PrologueBench : public BenchCase {
           variant("quantize CTAs of 3 heads", t);
           t.heads_per_cta = 8;
           variant("quantize CTAs of 8 heads", t);
+          if (is_k) {
+            // The mean pass at Flux (47 % of copy alone in run 17): the wave model gives its
+            // 4-warp CTAs 7 tokens per warp (495 CTAs, one round at 4 per SM); 5 CTAs per SM
+            // (96 registers); 3 tokens per warp (1152 CTAs, more partials).
+            t = {};
+            t.mean_ctas = 5;
+            variant("mean pass with 5 CTAs per SM (its sum order may differ)", t);
+            t = {};
+            t.mean_steps = 3;
+            variant("mean pass with 3 tokens per warp (its sum order differs)", t);
+          }
         }
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
