@@ -184,9 +184,6 @@ class PrologueBench : public BenchCase {
         detail::set_prologue_cuda_tuning({});
         variants.push_back(v);
       };
-      auto variant = [&](const std::string& label, const detail::PrologueCudaTuning& t) {
-        variant_of(label, t, fused);
-      };
       if (env.device == Device::cuda) {
         // Defaults (src/cuda/prologue_v3.cu): round-3 quantize with the cp.async ring 2 heads
         // ahead in <= 96 registers, the lean per-row arithmetic (bf16) and the redux.sync group
@@ -199,7 +196,6 @@ class PrologueBench : public BenchCase {
         // the mean with the rotation folded into its sums, the mean's tokens per warp and CTAs
         // per SM, the session 3 / 4 defaults, the shuffle-tree maximum, quantize CTAs of 4 / 12
         // heads, the mean from L1, wide rows: deleted in session 7).
-        detail::PrologueCudaTuning t;
         if (is_k) {
           // Session 7: the two-call k path (norm_rope_mean, then norm_rope_quantize: its
           // partials freed between the two kernels, the quantize loads after its PDL wait) and
@@ -211,38 +207,12 @@ class PrologueBench : public BenchCase {
           variant_of("two calls (norm_rope_mean + norm_rope_quantize, session 6 path)", {},
                      two_calls);
         }
-        // Session 8: the quantize pass's x ring filled by bulk copies (one cp.async.bulk per row
-        // and head into per-warp stages on mbarriers), 3 stages (2 heads ahead, 5 CTAs per SM
-        // as the default's ring) and 4 (3 ahead, 4 CTAs per SM). Run 17 rows no longer here:
-        // the staged mean rows (k Wan 0.2854 vs 0.2746 ms) and register barrier ids (0.2775;
-        // q 0.1585 vs 0.1554).
-        t = {};
-        t.ring = detail::kQuantRingBulk;
-        variant("bulk-copy ring, 3 stages (5 CTAs per SM)", t);
-        t.bulk_stages = 4;
-        variant("bulk-copy ring, 4 stages (4 CTAs per SM)", t);
-        if (N * H < 1000000) {
-          // Session 8, Flux (4608 tokens x 24 heads: 144 tiles of 32 rows): the wave model
-          // gives the quantize CTAs 6 heads (576 CTAs, 4.4 per SM: one round at 5 per SM, the
-          // SMs with 5 CTAs set the time); 3 heads: 1152 CTAs (the setup paid twice as often,
-          // finer balance); 8 heads: 432 CTAs (3.3 per SM).
-          t = {};
-          t.heads_per_cta = 3;
-          variant("quantize CTAs of 3 heads", t);
-          t.heads_per_cta = 8;
-          variant("quantize CTAs of 8 heads", t);
-          if (is_k) {
-            // The mean pass at Flux (47 % of copy alone in run 17): the wave model gives its
-            // 4-warp CTAs 7 tokens per warp (495 CTAs, one round at 4 per SM); 5 CTAs per SM
-            // (96 registers); 3 tokens per warp (1152 CTAs, more partials).
-            t = {};
-            t.mean_ctas = 5;
-            variant("mean pass with 5 CTAs per SM (its sum order may differ)", t);
-            t = {};
-            t.mean_steps = 3;
-            variant("mean pass with 3 tokens per warp (its sum order differs)", t);
-          }
-        }
+        // Session 8, run 19 (no longer rows): the x ring filled by bulk copies (cp.async.bulk
+        // per row and head) Wan q 0.1692 / k 0.2880 ms vs 0.1553 / 0.2756, deleted; at Flux
+        // quantize CTAs of 3 / 8 heads (q 0.0249 / 0.0235 vs 0.0229, k 0.0409 / 0.0444 vs
+        // 0.0400), the mean pass with 5 CTAs per SM (k 0.0414) or 3 tokens per warp (0.0451).
+        // Run 17: the staged mean rows (k Wan 0.2854 vs 0.2746 ms) and register barrier ids
+        // (0.2775; q 0.1585 vs 0.1554).
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
       // gets no L2 reuse from the mean pass): where the k path's time goes.
@@ -365,9 +335,8 @@ class PrologueBench : public BenchCase {
 };
 
 // `prologue.kquant`: the k path's quantize pass alone (norm_rope_quantize with a mean, THREAD_K
-// 64) at the Wan shape, default against the session 8 variants (bulk-copy rings), each timed
-// with L2 flushed; the family an ncu request can name (its first v3_quantize_kernel_r96 launch
-// is the default).
+// 64) at the Wan shape with L2 flushed: the family an ncu request can name (its first
+// v3_quantize_kernel_r96 launch is the default); variants of a session go in `vs`.
 class PrologueKQuantBench : public BenchCase {
  public:
   std::string name() const override { return "prologue.kquant"; }
@@ -406,12 +375,8 @@ class PrologueKQuantBench : public BenchCase {
       const char* label;
       detail::PrologueCudaTuning t;  // {}: the default
     };
-    detail::PrologueCudaTuning bulk3, bulk4;
-    bulk3.ring = bulk4.ring = detail::kQuantRingBulk;
-    bulk4.bulk_stages = 4;
-    const V vs[] = {{"default (96-register cp.async ring, 6-row mean ring, barrier ids 1..8)", {}},
-                    {"bulk-copy ring, 3 stages (5 CTAs per SM)", bulk3},
-                    {"bulk-copy ring, 4 stages (4 CTAs per SM)", bulk4}};
+    // (Session 8's bulk-copy rings, run 19: 0.1889 / 0.2008 ms vs 0.1773: deleted.)
+    const V vs[] = {{"default (96-register cp.async ring, 6-row mean ring, barrier ids 1..8)", {}}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

@@ -84,11 +84,8 @@ namespace detail {
 // WARP_Q and blocks the round-3 kernels do not tile); `heads_per_cta` > 0 overrides the quantize
 // kernel's head group (wave model) and the round-2 mean kernel's; `mean_steps` > 0 the row steps
 // per CTA of the mean kernels; `mean_round` = 2 forces the round-2 mean kernel (the fallback for
-// tables other than (..., pairs, 2) fp32; else the round-4 one); `ring` the quantize kernel's x
-// ring (kQuantRingAsync96: the cp.async ring, 2 heads ahead in 96 registers; kQuantRingBulk:
-// bulk copies (cp.async.bulk, one per row and head, issued by the row's first lane) into ring
-// stages completing on mbarriers, `bulk_stages` heads per ring: 3, or 4); `tile_order` the
-// order of its token tiles (reversed when a mean is subtracted, so that the k pass first reads
+// tables other than (..., pairs, 2) fp32; else the round-4 one); `tile_order` the order of the
+// quantize kernel's token tiles (reversed when a mean is subtracted, so that the k pass first reads
 // the rows the mean pass read last, still in L2; kTilesForward / kTilesReverse force one);
 // `pdl` / `quant_pdl` whether mean_final / the quantize kernel are launched with programmatic
 // dependent launch (kPdlOff / kPdlOn); `split_blocks` (kSplitOff / kSplitOn) whether a quantize
@@ -105,9 +102,8 @@ namespace detail {
 // None of them changes a bit of the output.
 // (Deleted in session 8, the losing forms: the register and 3-ahead quantize rings, register
 // barrier ids, the plain bf16 arithmetic, the round-2 quantize and round-3 mean kernels, the
-// round-4 mean's register ring and its rotation folded into the sums.)
-constexpr int kQuantRingAsync96 = 3;
-constexpr int kQuantRingBulk = 5;
+// round-4 mean's register ring and its rotation folded into the sums; session 8's bulk-copy
+// quantize ring, which lost in GPU run 19.)
 constexpr int kTilesForward = 1, kTilesReverse = 2;
 constexpr int kPdlOff = 1, kPdlOn = 2;
 constexpr int kSplitOff = 1, kSplitOn = 2;
@@ -120,7 +116,6 @@ struct PrologueCudaTuning {
   int heads_per_cta = 0;
   int mean_steps = 0;
   int mean_round = 0;
-  int ring = 0;
   int tile_order = 0;
   int pdl = 0;
   int split_blocks = 0;
@@ -129,7 +124,6 @@ struct PrologueCudaTuning {
   int mean_ctas = 0;
   int mean_smem = 0;
   int quant_early = 0;
-  int bulk_stages = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

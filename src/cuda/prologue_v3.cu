@@ -31,16 +31,13 @@ constexpr int kV3MaxWarps = 16;     // quantize CTA: at most 16 warps of rows
 // ahead in <= 96 registers: 5 CTAs of 4 warps per SM (GPU run 6, Wan q: register ring 0.175 ms,
 // cp.async 3 heads ahead 0.157 ms, 2 ahead in 96 registers 0.156 ms; the other two deleted in
 // session 8). The opt-in attribute for dynamic shared memory is set for every launch (run 3:
-// launches with exactly 48 KB of it failed without). Default ring: kV3DefaultRing (tuning `ring`
-// overrides it: kQuantRingBulk).
-constexpr int kV3DefaultRing = detail::kQuantRingAsync96;
-// The occupancy variant (ring kQuantRingAsync96): 2 heads ahead, at most 96 registers.
+// launches with exactly 48 KB of it failed without). Session 8's bulk-copy ring (one
+// cp.async.bulk per row and head into mbarrier stages) lost in GPU run 19 (Wan q 0.1692 vs
+// 0.1553 ms, k quantize pass 0.1889 vs 0.1773, the same bits): cp.async.bulk takes uniform
+// operands, so ptxas serializes a warp's 8 row copies in an R2UR / BRA.U.ANY loop (ncu: 16 %
+// more warp instructions in an issue-bound kernel). Deleted; see docs/prologue.md.
 constexpr int kV3Async96Ahead = 2;
 constexpr int kV3Async96Regs = 96;
-// The bulk ring (ring kQuantRingBulk, session 8): heads per ring (tuning `bulk_stages` = 4
-// overrides). 3 stages (2 heads ahead, as the 96-register ring) keep 5 CTAs of 4 warps per SM
-// at D = 128 with rope: 3 x 8320 bytes of ring + 16 KB of rotary pairs + 3 KB of mean ring.
-constexpr int kV3BulkStages = 3;
 // The lean per-row arithmetic (bf16; GPU run 6: bits equal to the plain arithmetic's on every
 // bench output, 0.5-1.5 % faster) is the only form for bf16 since session 8.
 // THREAD_K 64 at D = 128 on 4-warp CTAs over half blocks (tuning `split_blocks`): GPU run 7,
@@ -68,7 +65,7 @@ constexpr int kV3DefaultMeanSmem = detail::kMeanSmemRing;  // session 7: see bel
 // (20) where the staged rows would cap it at 7.
 // 3 heads per chunk, 6 rows (3 KB at D = 128): 8 rows (4 KB) would miss 5 CTAs per SM by 128
 // bytes. The refill rides on the x ring's commit groups, so it needs kMeanRingChunk > AHEAD
-// (the 96-register ring: 2 heads ahead; the bulk ring has its own groups).
+// (the 96-register ring: 2 heads ahead).
 constexpr int kMeanRingChunk = 3, kMeanRingRows = 6;
 // The scale groups' team barriers have immediate ids 1..8 (team_barrier; session 7). With the
 // id in a register ptxas reserves all 16 of a CTA's barriers, and the SM's barriers then hold
@@ -308,18 +305,7 @@ struct V3QuantLaunch {
   bool mean_ring;  // with mean_smem: a ring of kMeanRingRows rows, refilled
                    // kMeanRingChunk heads at a time behind a CTA barrier (no head-group cap)
   bool early;      // x / weight / table loads before griddepcontrol.wait (behind the mean pass)
-  int stages;      // bulk ring (v3_quantize_kernel_bulk): heads per warp ring, >= 2
 };
-
-// The bulk ring's stage (one head of the CTA's tile) in bytes: the tile's rows of 2 D bytes in
-// 8 / LANES classes (row slot % classes), class c at c (rows * 2 D + 16 LANES): the LANES lanes
-// of a row read 16 LANES contiguous bytes per ld.shared.v4 and a quarter-warp (8 lanes, the unit
-// of a 16-byte shared load) holds 8 / LANES rows, one per class, so its rows start 16 LANES bytes
-// apart modulo 128: no bank conflict. threads / LANES rows of 64 LANES bytes, plus the class
-// offsets (< 128).
-__host__ __device__ inline int bulk_stage_bytes(int threads) { return 64 * threads + 128; }
-// Its mbarriers: one per stage, 8 bytes each, rounded up to 16.
-__host__ __device__ inline int bulk_bar_bytes(int stages) { return (stages * 8 + 15) / 16 * 16; }
 
 // Mean rows a quantize CTA stages in shared memory (with mean_smem).
 __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
@@ -330,16 +316,8 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // LEAN (bf16): the same bits with fewer instructions per row (round_bf16_hi, rcp_approx for the
 // reciprocal of the scale and for 1/127: div.full(m, 127) = m * rcp(127)); GPU run 6: bits equal
 // to the non-lean kernel's on every bench output.
-// BULK (with AHEAD > 0, which it then ignores): the x ring filled by bulk copies (the TMA
-// unit): each row's first lane copies the row's 2 D bytes of a head with one cp.async.bulk into
-// its rows of a ring stage (STAGES heads, STAGES - 1 ahead), completing on the stage's
-// mbarrier (one per stage, an arrival per row). A warp's rows are read by the warp alone, so it
-// refills its rows of a stage after a __syncwarp, with no empty barrier: a warp arrives for a
-// stage's next phase only after its own wait on the current one, so no phase can complete
-// twice under a waiting warp.
-template <int D, bool BF16, int ROPE, int STAGES>
+template <int D, bool BF16, int ROPE>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
-  constexpr bool BULK = STAGES > 0;
   constexpr int AHEAD = kV3Async96Ahead;
   constexpr bool LEAN = BF16;
   constexpr int SLOTS = AHEAD + 1;
@@ -350,12 +328,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   // [2][kV3MaxWarps] floats:
   // the warps' group maxima (dynamic, so that static shared memory does not take the room the
   // mean rows need: 7 -> 8 heads per CTA at 5 CTAs per SM).
-  // BULK: first the stage barriers [STAGES] (bulk_bar_bytes), then the ring
-  // [STAGES][bulk_stage_bytes] bytes.
   extern __shared__ float4 dyn_sh[];
-  float4* t_sh = dyn_sh + (BULK    ? (bulk_bar_bytes(STAGES) +
-                                      STAGES * bulk_stage_bytes(blockDim.x)) / 16
-                                   : SLOTS * 4 * blockDim.x);
+  float4* t_sh = dyn_sh + SLOTS * 4 * blockDim.x;
   float4* mean_sh = t_sh + (ROPE != kRopeNone ? 8 * blockDim.x : 0);
   float(*red)[kV3MaxWarps] = reinterpret_cast<float(*)[kV3MaxWarps]>(
       mean_sh + (L.mean_smem ? mean_sh_rows(L) * (D / 4) : 0));
@@ -506,69 +480,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     for (int i = 0; i < 4; ++i)
       *reinterpret_cast<uint2*>(q + 8 * LANES * i) = make_uint2(packed[2 * i], packed[2 * i + 1]);
   };
-  if constexpr (BULK) {
-    constexpr int S = STAGES;
-    const int stage_bytes = bulk_stage_bytes(threads);
-    constexpr int C = 8 / LANES;         // row classes (see bulk_stage_bytes)
-    constexpr uint32_t kRowBytes = 2 * D;
-    const int p_all = warp * RW + slot;  // row slot in the tile
-    const int rows_per_class = threads / 8;
-    const uint32_t row_off = static_cast<uint32_t>(
-        (p_all % C) * (rows_per_class * kRowBytes + 16 * LANES) + (p_all / C) * kRowBytes);
-    const uint32_t bar0 = ptx::smem_u32(dyn_sh);  // stage st: + 8 st
-    // This thread's first chunk in stage 0 of the ring (the row's bytes for its first lane).
-    const uint32_t ring = bar0 + bulk_bar_bytes(S) + row_off + 16 * lane_in_row;
-    if (tid == 0) {
-      for (int st = 0; st < S; ++st) ptx::mbar_init(bar0 + 8 * st, threads / LANES);
-      ptx::mbar_fence_init();
-    }
-    __syncthreads();
-    // Head u into stage st: the row's first lane adds the row's bytes to the stage's
-    // transaction count and starts the copy (an arrival per row completes the phase).
-    auto issue = [&](int u, int st) {
-      if (lane_in_row == 0) {
-        const uint32_t bar = bar0 + 8 * st;
-        ptx::mbar_arrive_expect_tx(bar, kRowBytes);
-        ptx::bulk_g2s(ring + st * stage_bytes, row.x + u * x_sh, kRowBytes, bar);
-      }
-    };
-    for (int k = 0; k + 1 < S && k < count; ++k) issue(k, k);
-    stage_mean();
-    start();
-    constexpr int QR = D / 4;  // float4 per mean row
-#pragma unroll 1
-    for (int u = 0; u < count; ++u) {
-      // Head u: stage u % S, the stage's (u / S)-th phase (S a constant: no loop-carried state).
-      const int st = u % S;
-      const uint32_t parity = (u / S) & 1;
-      // The mean ring (see the cp.async ring below), refilled by cp.async in its own groups:
-      // the refill at u - kMeanRingChunk (heads u .. u + kMeanRingChunk - 1) has landed for
-      // this thread (wait_group 0) before the barrier that makes it visible to the CTA.
-      if (L.mean_ring && row.m && count > kMeanRingRows && u > 0 && u % kMeanRingChunk == 0) {
-        cp_async_wait<0>();
-        __syncthreads();
-        const int h1 = u + kMeanRingChunk;
-        const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
-        for (int e = tid; e < rows * QR; e += threads)
-          cp_async16(mean_sh + ((h1 + e / QR) % kMeanRingRows) * QR + e % QR,
-                     row.m + (h1 + e / QR) * m_sh + 4 * (e % QR));
-        cp_async_commit();
-      }
-      // Stage st - 1 held head u - 1, whose rows of this warp every lane has read and used.
-      if (u + S - 1 < count) {
-        __syncwarp();
-        issue(u + S - 1, st == 0 ? S - 1 : st - 1);
-      }
-      // (mbar_try, not mbar_wait_bounded: its poll counter costs a register, which spills)
-      while (!ptx::mbar_try(bar0 + 8 * st, parity)) {
-      }
-      const uint32_t src = ring + st * stage_bytes;
-      uint4 r[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) r[i] = lds16u(src + 16 * LANES * i);
-      proc(u, r);
-    }
-  } else {
+  {
     // cp.async ring: the loads of heads u+1 .. u+AHEAD go straight to this thread's shared-memory
     // slots (no registers held), one commit group per head (empty past the end, so that
     // wait_group AHEAD always means "head u has landed"); rows past N read token 0's row (in
@@ -618,18 +530,12 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   }
 }
 
-// The quantize kernels: the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps
-// per SM at D = 128: 41 KB of shared memory each, 20 warps per SM) and the bulk ring (ring
-// kQuantRingBulk; session 8) in the same register budget.
+// The quantize kernel: the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps
+// per SM at D = 128: 41 KB of shared memory each, 20 warps per SM).
 template <int D, bool BF16, int ROPE>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, 0>(a, L);
-}
-template <int D, bool BF16, int ROPE, int STAGES>
-__global__ void __maxnreg__(kV3Async96Regs)
-    v3_quantize_kernel_bulk(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, STAGES>(a, L);
+  v3_quantize_body<D, BF16, ROPE>(a, L);
 }
 
 // ---- norm_rope_mean, round 4 ------------------------------------------------------------------
@@ -952,11 +858,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   check::that(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
               "cuda grid: expected at most 65535 tiles and batch items, got " +
                   std::to_string(tiles) + " and " + std::to_string(a.batch));
-  const int ring = tuning.ring > 0 ? tuning.ring : kV3DefaultRing;
-  const bool bulk = ring == detail::kQuantRingBulk;
-  // (3 or 4 stages: the kernel's loop takes the stage count as a constant)
-  L.stages = bulk ? (tuning.bulk_stages == 4 ? 4 : kV3BulkStages) : 0;
-  const int ahead = bulk ? L.stages - 1 : kV3Async96Ahead;
+  const int ahead = kV3Async96Ahead;
   // Reverse token order when a mean is subtracted: the mean pass just read x in increasing token
   // order, so its last rows are still in L2 (the whole of x at the Flux shape).
   L.reverse = tuning.tile_order > 0 ? tuning.tile_order == detail::kTilesReverse
@@ -967,16 +869,14 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
   L.mean_smem = mean_smem != detail::kMeanSmemOff && L.mean_vec;
   L.mean_ring = L.mean_smem && mean_smem == detail::kMeanSmemRing &&
-                (bulk || ahead < kMeanRingChunk);
+                ahead < kMeanRingChunk;
   // Loads before the PDL wait: by default only behind the mean pass of the same x (the fused k
   // path); kEarlyOn forces it anywhere (tests / bench: valid only where nothing before the kernel
   // in the stream still writes x), kEarlyOff nowhere.
   L.early = pdl && (tuning.quant_early > 0 ? tuning.quant_early == detail::kEarlyOn
                                            : behind_mean && kV3DefaultEarlyFused);
   const int smem = static_cast<int>(sizeof(float4)) * threads *
-                       ((a.rotate ? 8 : 0) + (bulk ? 0 : 4 * (ahead + 1))) +
-                   (bulk ? bulk_bar_bytes(L.stages) + L.stages * bulk_stage_bytes(threads)
-                         : 0) +
+                       ((a.rotate ? 8 : 0) + 4 * (ahead + 1)) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
   const int mean_row_bytes = static_cast<int>(sizeof(float) * a.dim);
   auto launch = [&](auto kernel) {
@@ -1042,12 +942,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (bulk && L.stages == 4)
-      launch(v3_quantize_kernel_bulk<D, BF16, ROPE, 4>);
-    else if (bulk)
-      launch(v3_quantize_kernel_bulk<D, BF16, ROPE, kV3BulkStages>);
-    else
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE>);
+    launch(v3_quantize_kernel_r96<D, BF16, ROPE>);
   });
   check_launch("norm_rope_quantize");
 }

@@ -49,7 +49,6 @@ struct Cfg {
   bool legacy = false;    // CUDA: force the first-generation kernels
   int mean_steps = 0;     // CUDA: force the fast mean kernel's row steps per CTA (0: heuristic)
   int mean_round = 0;     // CUDA: 2 forces the round-2 mean kernel (0: round 4)
-  int ring = 0;           // CUDA: round-3 quantize ring (detail::kQuantRing*; 0: the default)
   int tile_order = 0;     // CUDA: round-3 quantize tile order (detail::kTiles*; 0: the default)
   int pdl = 0;            // CUDA: mean_final with PDL (detail::kPdl*; 0: the default)
   int split_blocks = 0;   // CUDA: round-3 quantize tiles of whole scale groups (detail::kSplit*)
@@ -58,7 +57,6 @@ struct Cfg {
   int mean_ctas = 0;      // CUDA: round-4 mean kernel's CTAs per SM (5: the occupancy variant)
   int mean_smem = 0;      // CUDA: round-3 quantize with the mean rows in shared memory
   int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
-  int bulk_stages = 0;    // CUDA: stages of the bulk ring (ring = detail::kQuantRingBulk)
   std::string tag;
 };
 
@@ -214,10 +212,9 @@ class PrologueCase : public Case {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
     } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps,
-                                        c_.mean_round, c_.ring, c_.tile_order, c_.pdl,
+                                        c_.mean_round, c_.tile_order, c_.pdl,
                                         c_.split_blocks, c_.max_reduce, c_.quant_pdl,
-                                        c_.mean_ctas, c_.mean_smem, c_.quant_early,
-                                        c_.bulk_stages});
+                                        c_.mean_ctas, c_.mean_smem, c_.quant_early});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -239,9 +236,6 @@ class PrologueCase : public Case {
  private:
   Cfg c_;
 };
-
-// A round-3 quantize ring that is not the default (src/cuda/prologue_v3.cu, kV3DefaultRing).
-constexpr int kOtherRing = detail::kQuantRingBulk;
 
 LOWBIT_HARNESS_CASES(prologue_cases) {
   auto add = [&](const Cfg& c) { cases.push_back(std::make_unique<PrologueCase>(c)); };
@@ -321,15 +315,13 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // Fast-kernel coverage: head groups that wrap the prefetch rings (11 heads in groups of 6 and
   // 5), B = 2, every rope kind, D 64 and 128, scale groups inside a warp and across warps; once
   // with the default kernels, once with the round-2 mean kernel forced ("r2": its mean cases
-  // only) and once with the quantize ring that is not the default ("ring": its quantize cases).
-  // (Session 8 deleted the round-2 quantize and round-3 mean kernels these cases also ran.)
-  for (int variant : {0, 2, 3})
+  // only). (Session 8 deleted the round-2 quantize and round-3 mean kernels these cases also ran.)
+  for (int variant : {0, 2})
   for (int64_t D : {64, 128}) {
     Cfg f;
     f.mean_round = variant == 2 ? 2 : 0;
-    f.ring = variant == 3 ? kOtherRing : 0;
-    const bool quant = variant != 2, mean = variant != 3;
-    f.tag = variant == 2 ? "r2hg6" : variant == 3 ? "ringhg6" : "hg6";
+    const bool quant = variant != 2, mean = true;
+    f.tag = variant == 2 ? "r2hg6" : "hg6";
     f.B = 2, f.N = 1000, f.H = 11, f.D = D, f.heads_per_cta = 6, f.qkv = true;
     f.sm_scale = q_scale;
     if (quant) add(f);  // q: THREAD_Q 32, split-half rope
@@ -340,7 +332,7 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     fk.mean_pass = false, fk.mean = true, fk.layout = ScaleLayout::thread_k, fk.block = 64;
     if (quant) add(fk);  // k: THREAD_K 64 (groups of 16 rows across warps)
     Cfg fn = f;
-    fn.tag = variant == 2 ? "r2hg6norope" : variant == 3 ? "ringhg6norope" : "hg6norope";
+    fn.tag = variant == 2 ? "r2hg6norope" : "hg6norope";
     fn.rope = RopeKind::none, fn.layout = ScaleLayout::per_block, fn.block = 64, fn.N = 1001;
     if (quant) add(fn);  // PER_BLOCK 64: one group over the whole CTA
     fn.layout = ScaleLayout::thread_q, fn.block = 16, fn.sm_scale = -0.5f;
@@ -384,7 +376,7 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   for (int64_t N : {1, 17, 127, 1000}) {
     for (int64_t D : {64, 128}) {
       Cfg q;
-      q.tag = "async96", q.ring = detail::kQuantRingAsync96;
+      q.tag = "async96";
       q.B = 2, q.N = N, q.H = 11, q.D = D, q.qkv = true, q.sm_scale = q_scale;
       add(q);  // q: THREAD_Q 32, split-half rope, pairs table
       Cfg k = q;
@@ -393,11 +385,10 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       k.q_pad = true;
       add(k);  // k: THREAD_K 64 (groups across warps at D = 128), matrix table
       Cfg ks = k;
-      ks.tag = "split", ks.ring = 0, ks.split_blocks = detail::kSplitOn;
+      ks.tag = "split", ks.split_blocks = detail::kSplitOn;
       add(ks);  // THREAD_K 64: 4-warp CTAs on half blocks at D = 128
       ks.dtype = DType::bf16, ks.block = 128, ks.rope = RopeKind::split, ks.matrix_table = false;
       add(ks);  // THREAD_K 128: quarter blocks
-      k.ring = 0;
       for (int order : {detail::kTilesForward, detail::kTilesReverse}) {
         k.tile_order = order;
         k.tag = order == detail::kTilesForward ? "fwd" : "rev";
@@ -490,17 +481,15 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       k.tag = "msmemtq", k.rope = RopeKind::split, k.layout = ScaleLayout::thread_q;
       k.block = 32, k.sm_scale = q_scale;
       add(k);
-      k.tag = "msmembulk", k.ring = detail::kQuantRingBulk, k.layout = ScaleLayout::thread_k;
-      k.block = 64, k.sm_scale = 1.f;
-      add(k);  // the bulk ring with the staged rows
+      k.layout = ScaleLayout::thread_k, k.block = 64, k.sm_scale = 1.f;
       Cfg l1 = k;  // the mean from L1 (run 11's default; the staged mean is the default since)
-      l1.tag = "meanl1", l1.ring = 0, l1.mean_smem = detail::kMeanSmemOff;
+      l1.tag = "meanl1", l1.mean_smem = detail::kMeanSmemOff;
       add(l1);
       l1.tag = "meanl1tq", l1.dtype = DType::f16, l1.rope = RopeKind::interleaved;
       l1.layout = ScaleLayout::thread_q, l1.block = 32, l1.q_pad = true;
       add(l1);
       Cfg e = k;
-      e.tag = "early", e.ring = 0, e.mean_smem = 0, e.quant_pdl = detail::kPdlOn;
+      e.tag = "early", e.mean_smem = 0, e.quant_pdl = detail::kPdlOn;
       e.quant_early = detail::kEarlyOn;
       add(e);
       e.tag = "earlymsmem", e.mean_smem = detail::kMeanSmemOn;
@@ -551,7 +540,7 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // Session 7: the quantize CTA's mean rows in a 6-row ring refilled 3 heads at a time ("mring";
   // a mean given, bit-exact): 11 heads in one CTA (two refills, the second short), 40 heads by
   // the wave model and in groups of 13, THREAD_K 64 / 128, THREAD_Q 32 with a mean, f16
-  // interleaved into a padded q_out, the fused k path; the register ring keeps the staged rows.
+  // interleaved into a padded q_out, the fused k path.
   for (int64_t N : {1, 17, 127, 1000}) {
     for (int64_t D : {64, 128}) {
       Cfg k;
@@ -592,42 +581,6 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(t);
       t.tag = "teams8pb", t.layout = ScaleLayout::per_block, t.block = 128, t.mean = true;
       add(t);  // one team of 16 warps at D = 128 (8 at D = 64)
-    }
-  }
-  // Session 8: the x ring filled by bulk copies ("bulk": one cp.async.bulk per row and head into
-  // per-warp stages on mbarriers) at the odd token counts, D 64 and 128, B = 2, from a fused QKV
-  // buffer: THREAD_Q 32 (q), THREAD_K 64 with a given mean (11 heads in one CTA: the mean ring
-  // refilled twice, the second short), 4 stages with f16 interleaved into a padded q_out,
-  // THREAD_K 128 over 40 heads by the wave model, PER_BLOCK 64 without rope or
-  // norm, THREAD_Q 16 with a negative sm_scale, and the fused k path.
-  for (int64_t N : {1, 17, 127, 1000}) {
-    for (int64_t D : {64, 128}) {
-      Cfg q;
-      q.tag = "bulk", q.ring = detail::kQuantRingBulk;
-      q.B = 2, q.N = N, q.H = 11, q.D = D, q.qkv = true, q.sm_scale = q_scale;
-      add(q);  // bf16, split-half rope, THREAD_Q 32
-      Cfg k = q;
-      k.tag = "bulkk", k.sm_scale = 1.f, k.mean = true, k.heads_per_cta = 11;
-      k.layout = ScaleLayout::thread_k, k.block = 64;
-      add(k);
-      k.tag = "bulk4int", k.bulk_stages = 4, k.dtype = DType::f16;
-      k.rope = RopeKind::interleaved, k.q_pad = true;
-      add(k);
-      k.tag = "bulktk128", k.bulk_stages = 0, k.dtype = DType::bf16, k.rope = RopeKind::split;
-      k.q_pad = false, k.H = 40, k.B = 1, k.heads_per_cta = 0, k.block = 128;
-      add(k);
-      Cfg o = q;
-      o.tag = "bulkpb", o.layout = ScaleLayout::per_block, o.block = 64, o.rope = RopeKind::none;
-      o.norm = Norm::none, o.mean = true, o.qkv = false;
-      add(o);
-      o.tag = "bulktq16", o.layout = ScaleLayout::thread_q, o.block = 16, o.sm_scale = -0.5f;
-      o.rope = RopeKind::split, o.norm = Norm::per_head, o.mean = false, o.heads_per_cta = 3;
-      add(o);
-      Cfg f;
-      f.tag = "kpathbulk", f.fused = true, f.ring = detail::kQuantRingBulk;
-      f.B = 2, f.N = N, f.H = 11, f.D = D, f.qkv = true;
-      f.layout = ScaleLayout::thread_k, f.block = 64;
-      add(f);
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
