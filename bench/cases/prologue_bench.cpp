@@ -184,9 +184,6 @@ class PrologueBench : public BenchCase {
         detail::set_prologue_cuda_tuning({});
         variants.push_back(v);
       };
-      auto variant = [&](const std::string& label, const detail::PrologueCudaTuning& t) {
-        variant_of(label, t, fused);
-      };
       if (env.device == Device::cuda) {
         // Defaults (src/cuda/prologue_v3.cu): round-3 quantize with the cp.async ring 2 heads
         // ahead in <= 96 registers, the lean per-row arithmetic (bf16) and the redux.sync group
@@ -199,7 +196,6 @@ class PrologueBench : public BenchCase {
         // the mean with the rotation folded into its sums, the mean's tokens per warp and CTAs
         // per SM, the session 3 / 4 defaults, the shuffle-tree maximum, quantize CTAs of 4 / 12
         // heads, the mean from L1, wide rows: deleted in session 7).
-        detail::PrologueCudaTuning t;
         if (is_k) {
           // Session 7: the two-call k path (norm_rope_mean, then norm_rope_quantize: its
           // partials freed between the two kernels, the quantize loads after its PDL wait) and
@@ -210,19 +206,13 @@ class PrologueBench : public BenchCase {
           // sums, grid barrier, quantize CTAs) 0.3367 / 0.0437: deleted.
           variant_of("two calls (norm_rope_mean + norm_rope_quantize, session 6 path)", {},
                      two_calls);
-          // Session 7: the quantize CTA's mean rows in a 6-row ring refilled 3 heads at a time
-          // (a CTA barrier per 3 heads; the default for run 17), so its head group is the wave
-          // model's pick over all 40 heads (20) instead of the 7 whose rows fit beside 5 CTAs per
-          // SM. (Run 16: equal, but there both ran 20 heads on 4 CTAs per SM.)
-          t = {};
-          t.mean_smem = detail::kMeanSmemOn;
-          variant("mean rows staged per head group (7 heads at 5 CTAs per SM)", t);
         }
-        // Session 7: team barriers with a register id (run 16's kernel): ptxas reserves 16
-        // barriers per CTA, 4 CTAs per SM; the default now names ids 1..8 (5 CTAs per SM).
-        t = {};
-        t.barrier_ids = detail::kBarrierRegister;
-        variant("register barrier ids (4 CTAs per SM, run 16 default)", t);
+        // Session 8, run 19 (no longer rows): the x ring filled by bulk copies (cp.async.bulk
+        // per row and head) Wan q 0.1692 / k 0.2880 ms vs 0.1553 / 0.2756, deleted; at Flux
+        // quantize CTAs of 3 / 8 heads (q 0.0249 / 0.0235 vs 0.0229, k 0.0409 / 0.0444 vs
+        // 0.0400), the mean pass with 5 CTAs per SM (k 0.0414) or 3 tokens per warp (0.0451).
+        // Run 17: the staged mean rows (k Wan 0.2854 vs 0.2746 ms) and register barrier ids
+        // (0.2775; q 0.1585 vs 0.1554).
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
       // gets no L2 reuse from the mean pass): where the k path's time goes.
@@ -345,8 +335,8 @@ class PrologueBench : public BenchCase {
 };
 
 // `prologue.kquant`: the k path's quantize pass alone (norm_rope_quantize with a mean, THREAD_K
-// 64) at the Wan shape, default against the session 7 variants, each timed with L2 flushed; the
-// family an ncu request can name (its first v3_quantize_kernel_r96 launch is the default).
+// 64) at the Wan shape with L2 flushed: the family an ncu request can name (its first
+// v3_quantize_kernel_r96 launch is the default); variants of a session go in `vs`.
 class PrologueKQuantBench : public BenchCase {
  public:
   std::string name() const override { return "prologue.kquant"; }
@@ -385,12 +375,8 @@ class PrologueKQuantBench : public BenchCase {
       const char* label;
       detail::PrologueCudaTuning t;  // {}: the default
     };
-    detail::PrologueCudaTuning staged, regbar;
-    staged.mean_smem = detail::kMeanSmemOn;
-    regbar.barrier_ids = detail::kBarrierRegister;
-    const V vs[] = {{"default (96-register ring, 6-row mean ring, barrier ids 1..8)", {}},
-                    {"mean rows staged per head group (7 heads at 5 CTAs per SM)", staged},
-                    {"register barrier ids (4 CTAs per SM, run 16 default)", regbar}};
+    // (Session 8's bulk-copy rings, run 19: 0.1889 / 0.2008 ms vs 0.1773: deleted.)
+    const V vs[] = {{"default (96-register cp.async ring, 6-row mean ring, barrier ids 1..8)", {}}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

@@ -1,7 +1,7 @@
 // Front of the attention prologue: validates every argument (nothing is read or written before
 // all checks pass), resolves views into PrologueArgs, dispatches on the device.
-#include <atomic>
 #include <cmath>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -331,68 +331,19 @@ void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView 
 namespace detail {
 
 namespace {
-std::atomic<bool> g_legacy{false};
-std::atomic<int> g_heads_per_cta{0};
-std::atomic<int> g_mean_steps{0};
-std::atomic<int> g_round{0};
-std::atomic<int> g_mean_round{0};
-std::atomic<int> g_ring{0};
-std::atomic<int> g_tile_order{0};
-std::atomic<int> g_pdl{0};
-std::atomic<int> g_mean_ring{0};
-std::atomic<int> g_lean{0};
-std::atomic<int> g_split_blocks{0};
-std::atomic<int> g_max_reduce{0};
-std::atomic<int> g_quant_pdl{0};
-std::atomic<int> g_mean_ctas{0};
-std::atomic<int> g_mean_fma{0};
-std::atomic<int> g_mean_smem{0};
-std::atomic<int> g_quant_early{0};
-std::atomic<int> g_barrier_ids{0};
+// One struct under a mutex: a reader sees every knob of one set_prologue_cuda_tuning call.
+std::mutex g_tuning_mu;
+PrologueCudaTuning g_tuning;
 }  // namespace
 
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
-  g_legacy.store(t.legacy);
-  g_heads_per_cta.store(t.heads_per_cta);
-  g_mean_steps.store(t.mean_steps);
-  g_round.store(t.round);
-  g_mean_round.store(t.mean_round);
-  g_ring.store(t.ring);
-  g_tile_order.store(t.tile_order);
-  g_pdl.store(t.pdl);
-  g_mean_ring.store(t.mean_ring);
-  g_lean.store(t.lean);
-  g_split_blocks.store(t.split_blocks);
-  g_max_reduce.store(t.max_reduce);
-  g_quant_pdl.store(t.quant_pdl);
-  g_mean_ctas.store(t.mean_ctas);
-  g_mean_fma.store(t.mean_fma);
-  g_mean_smem.store(t.mean_smem);
-  g_quant_early.store(t.quant_early);
-  g_barrier_ids.store(t.barrier_ids);
+  std::lock_guard<std::mutex> lock(g_tuning_mu);
+  g_tuning = t;
 }
 
 PrologueCudaTuning prologue_cuda_tuning() {
-  PrologueCudaTuning t;
-  t.legacy = g_legacy.load();
-  t.heads_per_cta = g_heads_per_cta.load();
-  t.mean_steps = g_mean_steps.load();
-  t.round = g_round.load();
-  t.mean_round = g_mean_round.load();
-  t.ring = g_ring.load();
-  t.tile_order = g_tile_order.load();
-  t.pdl = g_pdl.load();
-  t.mean_ring = g_mean_ring.load();
-  t.lean = g_lean.load();
-  t.split_blocks = g_split_blocks.load();
-  t.max_reduce = g_max_reduce.load();
-  t.quant_pdl = g_quant_pdl.load();
-  t.mean_ctas = g_mean_ctas.load();
-  t.mean_fma = g_mean_fma.load();
-  t.mean_smem = g_mean_smem.load();
-  t.quant_early = g_quant_early.load();
-  t.barrier_ids = g_barrier_ids.load();
-  return t;
+  std::lock_guard<std::mutex> lock(g_tuning_mu);
+  return g_tuning;
 }
 
 void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Context& ctx) {

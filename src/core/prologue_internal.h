@@ -79,84 +79,51 @@ void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_s
 
 namespace detail {
 // Internal knobs of the CUDA prologue kernels, for tests and the bench's A/B rows only (never set
-// by library code): `legacy` forces the first-generation kernels (kept as the fallback for
-// segmented weights, partial rotary, WARP_Q and blocks the fast kernels do not tile);
-// `heads_per_cta` > 0 overrides the head-group heuristic of the fast kernels; `mean_steps` > 0
-// overrides the row steps per CTA of the fast mean kernel (how many CTAs share the tokens);
-// `round` > 0 forces one generation of the fast kernels where it applies (2: the round-2 kernels,
-// 16 channels per thread; 3: the round-3 kernels, 32 channels per thread; 0: the newest);
-// `mean_round` > 0 does the same for the mean pass alone (overrides `round` there; 4: the
-// round-4 mean kernel, register accumulators, a warp's row slots = heads of one token);
-// `ring` picks how the round-3 quantize kernel holds its loads in flight (0: the default,
-// kQuantRingRegister: a register ring 1 head ahead, as measured in GPU runs 2-4;
-// kQuantRingAsync: a cp.async ring in shared memory, 3 heads ahead; kQuantRingAsync96: the same
-// 2 heads ahead held to 96 registers, 5 CTAs per SM instead of 4);
-// `tile_order` the order of its token tiles (0: the default, reversed when a mean is subtracted,
-// so that the k pass first reads the rows the mean pass read last, still in L2;
-// kTilesForward / kTilesReverse force one); `pdl` whether the mean pass's final kernel is
-// launched with programmatic dependent launch (0: the default, on; kPdlOff / kPdlOn);
-// `mean_ring` how the round-4 mean kernel holds its loads in flight (0 / kQuantRingRegister: a
-// register ring 1 token ahead; kQuantRingAsync: a cp.async ring, 3 tokens ahead;
-// kMeanRingAsyncTable: the same with the rotary table rows in shared memory too); `lean` the
-// round-3 quantize kernel's lean per-row arithmetic for bf16 (kLeanOff / kLeanOn; meant to give
-// the same bits: one cvt per rounded value, MUFU.RCP for the reciprocals); `split_blocks`
-// (kSplitOn) lets a round-3 quantize CTA tile whole scale groups of a block, not whole blocks;
-// `max_reduce` how the round-3 quantize kernel takes a scale group's maximum across lanes
-// (kReduceShuffle: an xor-shuffle tree; kReduceRedux: redux.sync.max on the bit patterns of the
-// absolute values, one instruction per 32 lanes); `quant_pdl` whether the round-3 quantize
-// kernel is launched with programmatic dependent launch (it waits for the previous kernel first
-// thing; mean_final lets it launch early) (kPdlOff / kPdlOn); `mean_ctas` the round-4 mean
-// kernel's resident CTAs per SM at D = 128 (4: <= 128 registers; 5: <= 96 registers, 20 warps
-// per SM; 0: the default, 5 from 2^20 rows up); `mean_fma` (kMeanFmaOn) folds the rotation into the round-4 mean's
-// fp32 sums (fma(c, y, fma(-s, o, acc)): the mean's rounding differs like a sum order, within the
-// harness's fp32 tolerance; the quantize codes then follow that mean); `mean_smem` (kMeanSmemOn)
-// stages the round-3 quantize CTA's mean rows in shared memory once (read per head with
-// ld.shared instead of L1 loads; the head group capped so the CTAs per SM stay); `quant_early`
-// whether the PDL-launched round-3 quantize kernel issues its x, weight and table loads before
-// griddepcontrol.wait (only the mean is read after it): 0 = on in norm_rope_mean_quantize (the
-// quantize pass runs behind the mean pass of the same x there) and off in a lone
-// norm_rope_quantize; kEarlyOff: off everywhere; kEarlyOn: on everywhere (tests and the bench
-// only: correct only where the previous kernel in the stream writes nothing the quantize pass
-// reads but the mean).
-// `mean_smem` = kMeanSmemRing (with a cp.async quantize ring): the mean rows in a 6-row ring
-// refilled 3 heads at a time behind a CTA barrier, so that the head group is not capped by
-// shared memory. For `mean_smem`, 0 means the default in src/cuda/prologue_v3.cu
-// (kV3DefaultMeanSmem). `barrier_ids` the 96-register quantize kernel's team barriers (THREAD_K /
-// PER_BLOCK groups across warps): kBarrierImmediate ids 1..8 as immediates (9 barriers per
-// CTA), kBarrierRegister the id in a register (ptxas reserves 16: at most 4 CTAs per SM); 0: the
-// default in src/cuda/prologue_v3.cu (kV3DefaultImmBar).
-// None of the others changes a bit of the output.
-constexpr int kQuantRingRegister = 1, kQuantRingAsync = 2, kQuantRingAsync96 = 3;
-constexpr int kMeanRingAsyncTable = 4;  // mean_ring: cp.async ring with the table rows too
+// by library code); 0 means the default (constants in src/cuda/prologue_v3.cu / prologue.cu).
+// `legacy` forces the first-generation kernels (the path for segmented weights, partial rotary,
+// WARP_Q and blocks the round-3 kernels do not tile); `heads_per_cta` > 0 overrides the quantize
+// kernel's head group (wave model) and the round-2 mean kernel's; `mean_steps` > 0 the row steps
+// per CTA of the mean kernels; `mean_round` = 2 forces the round-2 mean kernel (the fallback for
+// tables other than (..., pairs, 2) fp32; else the round-4 one); `tile_order` the order of the
+// quantize kernel's token tiles (reversed when a mean is subtracted, so that the k pass first reads
+// the rows the mean pass read last, still in L2; kTilesForward / kTilesReverse force one);
+// `pdl` / `quant_pdl` whether mean_final / the quantize kernel are launched with programmatic
+// dependent launch (kPdlOff / kPdlOn); `split_blocks` (kSplitOff / kSplitOn) whether a quantize
+// CTA tiles whole scale groups of a block or whole blocks; `max_reduce` how it takes a scale
+// group's maximum across lanes (kReduceShuffle: an xor-shuffle tree; kReduceRedux: redux.sync.max
+// on the bit patterns of the absolute values); `mean_ctas` the round-4 mean kernel's resident
+// CTAs per SM at D = 128 (4 or 5; by size by default); `mean_smem` where the quantize CTA reads
+// the mean (kMeanSmemOff: L1 loads; kMeanSmemOn: the head group's rows staged in shared memory
+// once, the head group capped so the CTAs per SM stay; kMeanSmemRing: a 6-row ring refilled 3
+// heads at a time behind a CTA barrier); `quant_early` whether the PDL-launched quantize kernel
+// issues its x, weight and table loads before griddepcontrol.wait (default: on in
+// norm_rope_mean_quantize, whose quantize pass runs behind the mean pass of the same x, off in a
+// lone norm_rope_quantize; kEarlyOn anywhere: tests and the bench only).
+// None of them changes a bit of the output.
+// (Deleted in session 8, the losing forms: the register and 3-ahead quantize rings, register
+// barrier ids, the plain bf16 arithmetic, the round-2 quantize and round-3 mean kernels, the
+// round-4 mean's register ring and its rotation folded into the sums; session 8's bulk-copy
+// quantize ring, which lost in GPU run 19.)
 constexpr int kTilesForward = 1, kTilesReverse = 2;
 constexpr int kPdlOff = 1, kPdlOn = 2;
-constexpr int kLeanOff = 1, kLeanOn = 2;
 constexpr int kSplitOff = 1, kSplitOn = 2;
 constexpr int kReduceShuffle = 1, kReduceRedux = 2;
-constexpr int kMeanFmaOff = 1, kMeanFmaOn = 2;
 constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
-constexpr int kMeanSmemRing = 3;  // mean_smem: a 6-row ring refilled 3 heads at a time
+constexpr int kMeanSmemRing = 3;
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
-constexpr int kBarrierRegister = 1, kBarrierImmediate = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
   int mean_steps = 0;
-  int round = 0;
   int mean_round = 0;
-  int ring = 0;
   int tile_order = 0;
   int pdl = 0;
-  int mean_ring = 0;
-  int lean = 0;
   int split_blocks = 0;
   int max_reduce = 0;
   int quant_pdl = 0;
   int mean_ctas = 0;
-  int mean_fma = 0;
   int mean_smem = 0;
   int quant_early = 0;
-  int barrier_ids = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

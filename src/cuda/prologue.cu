@@ -479,17 +479,15 @@ void legacy_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
 
 // ==== fast kernels (the default path) ==========================================================
 //
-// Both kernels give each thread one row of a (batch, tile) pair of rows at a time, D/16 lanes per
-// row (16 channels per lane, as above), and loop over a group of heads with the x loads of the
-// next kQuantPrefetch heads (kMeanPrefetch (row, head) units) in flight while the current one is
+// The round-2 mean kernel (the round-2 quantize kernel, dominated by the round-3 one's coverage,
+// was deleted in session 8) gives each thread one row of a (batch, tile) pair of rows at a time,
+// D/16 lanes per row (16 channels per lane, as above), and loops over a group of heads with the
+// x loads of the next kMeanPrefetch (row, head) units in flight while the current one is
 // computed. Every value that does not depend on the head is hoisted out of that loop: the norm
-// weight (shared memory), the row's rotary values (shared memory in the quantize kernel,
-// registers in the mean kernel), pointers.
+// weight (shared memory), the row's rotary values (registers), pointers.
 
 
-constexpr int kFastMaxWarps = 16;  // quantize CTA: at most 16 warps (a 64-row block at D = 128)
 constexpr int kMeanPrefetch = 4;   // mean kernel: (row, head) units whose loads are in flight
-constexpr int kQuantPrefetch = 5;  // quantize kernel: heads whose loads are in flight ahead
 constexpr int kMeanWarps = 4;      // mean CTA: 4 warps
 constexpr int kMeanMaxHeads = 6;   // heads per mean CTA (6 KB of accumulators per head)
 constexpr int kMeanCtasPerSm = 4;  // mean CTAs resident per SM (registers: <= 128 per thread)
@@ -554,29 +552,6 @@ __device__ __forceinline__ void fast_row(bool norm, float eps, const float (&w)[
   }
 }
 
-// Codes of 16 values with one scale (SPEC §1 rounding). div.full.f32 a / b, for b in the normal
-// range [2^-126, 2^126], is a * rcp.approx(b) (ptxas scales both operands only outside that
-// range), so the reciprocal is taken once: div_full(1, b) is that rcp exactly. Outside the range
-// (subnormal, huge, inf or NaN scales) each value is divided as before; a zero scale gives 0.
-__device__ __forceinline__ void quantize16(const float (&v)[16], float scale, uint32_t (&out)[4]) {
-  const float as = fabsf(scale);
-  int c[16];
-  if (as >= 0x1p-126f && as <= 0x1p126f) {
-    const float r = div_full(1.f, scale);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) c[j] = round_code(__fmul_rn(v[j], r));
-  } else if (scale == 0.f) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) c[j] = 0;
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) c[j] = round_code(div_full(v[j], scale));
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    out[k] = pack_s8x4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
-}
-
 // The norm weight of every lane's 16 channels as fp32 quads, w_sh[k][l] = channels of quad k of
 // lane l (a row's lanes read consecutive 16-byte words). Thread tid < 4 * LANES loads quad
 // (tid / LANES, tid % LANES) with weight_quad and stores it with store_weight_quad; the caller
@@ -610,147 +585,6 @@ __device__ __forceinline__ void read_weight_quads(const float4 (&w_sh)[4][D / 16
     const float4 t = lds16(&w_sh[k][lane_in_row]);
     w[4 * k] = t.x, w[4 * k + 1] = t.y, w[4 * k + 2] = t.z, w[4 * k + 3] = t.w;
   }
-}
-
-// ---- fast norm_rope_quantize ------------------------------------------------------------------
-//
-// CTA: `warps` warps own a tile of whole blocks (tile_rows = warps * 32 / LANES rows) of one
-// (batch, tile) for a group of heads. Rows are placed group-major: position p = warp * RW + slot
-// holds row `group_row(g, i)` of block p / block, with p % block = g * G + i, so a scale group's G
-// rows sit in consecutive positions: in one warp (xor shuffles over LANES * G lanes) when G <= RW,
-// else in wpg = G / RW consecutive warps (their maxima meet in shared memory behind a named
-// barrier of those warps only, double-buffered by head parity: one barrier per head).
-// The maximum is taken before sm_scale: max|fl(u * s)| = fl(max|u| * |s|) (rounding is monotone).
-
-struct FastQuantLaunch {
-  int tile_rows;   // rows of a CTA tile: whole blocks
-  int group_rows;  // G: rows per scale group
-  int wpg;         // warps per scale group (1: warp-local)
-  int red_lanes;   // lanes of the in-warp max reduction: min(32, LANES * G)
-  int head_group;  // heads per CTA
-  int table_mode;
-  bool mean_vec;   // mean rows 16-byte aligned: float4 loads
-};
-
-template <int D, bool BF16, int ROPE>
-__global__ void __launch_bounds__(kFastMaxWarps * 32, 1)
-    fast_quantize_kernel(const PrologueArgs a, const FastQuantLaunch L) {
-  constexpr int LANES = D / 16, RW = 32 / LANES;
-  __shared__ float red[2][kFastMaxWarps];
-  // Loop invariants kept in shared memory rather than registers, so that the registers go to
-  // loads in flight (kQuantPrefetch heads ahead): the norm weight of lane l's chunks as 4 quads
-  // ([quad][lane]: a row's lanes read consecutive words) and each thread's rotary values
-  // ([quad][thread]: (cos, sin) of 2 pairs per quad; private to the thread).
-  __shared__ float4 w_sh[4][LANES];
-  __shared__ float4 t_sh[ROPE != kRopeNone ? 4 : 1][ROPE != kRopeNone ? kFastMaxWarps * 32 : 1];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int slot = lane / LANES, lane_in_row = lane % LANES;
-  int ch0, ch1;
-  fast_lane_channels<D, ROPE>(lane_in_row, ch0, ch1);
-  const int64_t b = blockIdx.z, tile = blockIdx.y;
-  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
-  const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
-  // This thread's row for the whole head loop.
-  const int p = warp * RW + slot;
-  // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
-  const QuantRow row = quant_row(a, b, tile * L.tile_rows + p, L.group_rows, h0, lane_in_row == 0);
-  const int64_t n = row.n;
-  const bool ok = row.ok, writer = row.writer;
-  const uint16_t* xrow = row.x;
-  int8_t* qrow = row.q;
-  float* srow = row.s;
-  const float* mrow = row.m;
-
-  // Loads of the invariants now; their shared-memory stores and the barrier after the first x
-  // loads are issued (pipeline `start`).
-  const float4 wq = weight_quad<D, ROPE>(a, tid);  // blockDim >= 128 >= 4 * LANES
-  float tcs[8], tsn[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
-  if (ROPE != kRopeNone && ok)
-    load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, tcs, tsn);
-  auto start = [&] {
-    store_weight_quad<D>(tid, wq, w_sh);
-    if (ROPE != kRopeNone) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        t_sh[k][tid] = make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
-    }
-    __syncthreads();
-  };
-  const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
-  const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
-  const int team = warp / L.wpg, team_first = team * L.wpg;
-  const int team_threads = 32 * L.wpg;
-  const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
-  const float abs_sm = fabsf(a.sm_scale);
-
-  auto load = [&](int u, uint4(&r)[2]) {
-    if (ok) {
-      const uint16_t* px = xrow + u * x_sh;
-      r[0] = load_stream16(px + ch0);
-      r[1] = load_stream16(px + ch1);
-    } else {
-      r[0] = r[1] = make_uint4(0, 0, 0, 0);
-    }
-  };
-  auto proc = [&](int u, const uint4(&r)[2]) {
-    float w[16], cs[8], sn[8];
-    read_weight_quads<D>(w_sh, lane_in_row, w);
-    if (ROPE != kRopeNone) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float4 t = lds16(&t_sh[k][tid]);
-        cs[2 * k] = t.x, sn[2 * k] = t.y, cs[2 * k + 1] = t.z, sn[2 * k + 1] = t.w;
-      }
-    }
-    float v[16];
-    fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
-    if (mrow) {
-      const float* m = mrow + u * m_sh;
-      float mv[16];
-      if (L.mean_vec) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float* mk = m + (k < 2 ? ch0 : ch1) + 4 * (k & 1);
-          const float4 t = __ldg(reinterpret_cast<const float4*>(mk));
-          mv[4 * k] = t.x, mv[4 * k + 1] = t.y, mv[4 * k + 2] = t.z, mv[4 * k + 3] = t.w;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) mv[j] = __ldg(m + lane_channel(j, ch0, ch1));
-      }
-#pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = __fsub_rn(v[j], mv[j]);
-    }
-    // Rows past N are zero (never -mean): they add 0 to the maximum and store nothing.
-    float m = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) m = max_nan(m, fabsf(v[j]));
-    if (!ok) m = 0.f;
-    for (int o = 1; o < L.red_lanes; o <<= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (L.wpg > 1) {
-      const int par = u & 1;
-      if (lane == 0) red[par][warp] = m;
-      team_barrier(team, team_threads);
-      m = red[par][team_first];
-      for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
-    }
-    if (scaled) m = __fmul_rn(m, abs_sm);
-    const float scale = __fadd_rn(div_full(m, 127.f), a.scale_eps);
-    if (writer) srow[u * s_sh] = scale;
-    if (!ok) return;
-    if (scaled) {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
-    }
-    uint32_t packed[4];
-    quantize16(v, scale, packed);
-    int8_t* q = qrow + u * q_sh;
-    *reinterpret_cast<uint2*>(q + ch0) = make_uint2(packed[0], packed[1]);
-    *reinterpret_cast<uint2*>(q + ch1) = make_uint2(packed[2], packed[3]);
-  };
-  pipeline<kQuantPrefetch>(count, load, proc, start);
 }
 
 // ---- fast norm_rope_mean ----------------------------------------------------------------------
@@ -900,35 +734,11 @@ int rope_kind_of(const PrologueArgs& a) {
   return a.interleaved ? kRopeInterleaved : kRopePaired;
 }
 
-// Options the fast kernels cover: per-head (or no) norm weight, full rotary (or none), and for
-// quantization the PER_BLOCK / THREAD_Q / THREAD_K layouts with a power-of-two block that fits a
-// CTA tile (<= 16 warps of rows).
-bool fast_supported(const PrologueArgs& a, bool quantize) {
-  const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
-  const int round = !quantize && t.mean_round > 0 ? t.mean_round : t.round;
-  if (t.legacy || round == 1) return false;
+// Options the round-2 mean kernel covers: per-head (or no) norm weight, full rotary (or none).
+bool fast_mean_supported(const PrologueArgs& a) {
+  if (detail::prologue_cuda_tuning().legacy) return false;
   if (a.w_rows) return false;
-  if (a.rotate && 2 * a.pairs != a.dim) return false;
-  if (!quantize) return true;
-  if (a.layout == ScaleLayout::warp_q) return false;
-  // Head offsets in 32 bits inside the kernel.
-  const int64_t lim = int64_t{1} << 30;
-  for (int64_t st : {a.x_sh, a.q_sh, a.s_sh, a.m_sh})
-    if (st < 0 || st * a.heads >= lim) return false;
-  if (a.block <= 0 || (a.block & (a.block - 1)) != 0) return false;
-  const int rw = 32 / static_cast<int>(a.dim / 16);
-  return a.block <= kFastMaxWarps * rw;
-}
-
-// Heads per CTA: enough CTAs for several waves (~`per_sm` CTAs per SM), the rest looped.
-int heads_per_cta(const PrologueArgs& a, int64_t units_per_head, int64_t per_sm, int cap) {
-  const int forced = detail::prologue_cuda_tuning().heads_per_cta;
-  int64_t hg = forced > 0 ? forced
-                          : (units_per_head * a.heads + per_sm * multiprocessor_count() - 1) /
-                                (per_sm * multiprocessor_count());
-  hg = std::clamp<int64_t>(hg, 1, std::min<int64_t>(a.heads, cap));
-  const int64_t groups = (a.heads + hg - 1) / hg;
-  return static_cast<int>((a.heads + groups - 1) / groups);  // balanced groups
+  return !a.rotate || 2 * a.pairs == a.dim;
 }
 
 template <typename F>
@@ -952,32 +762,6 @@ void dispatch_fast(const PrologueArgs& a, const char* op, F&& f) {
     by_dim(std::true_type{});
   else
     by_dim(std::false_type{});
-}
-
-void fast_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
-  const int lanes = static_cast<int>(a.dim / 16), rw = 32 / lanes;
-  FastQuantLaunch L;
-  L.tile_rows = std::max(a.block, 4 * rw);  // >= 4 warps; both powers of two: whole blocks
-  L.group_rows = a.block / a.groups;
-  L.wpg = L.group_rows > rw ? L.group_rows / rw : 1;
-  L.red_lanes = std::min(32, lanes * L.group_rows);
-  L.table_mode = table_mode_of(a);
-  L.mean_vec = a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 &&
-               a.m_sh % 4 == 0;
-  const int64_t tiles = (a.n_blocks * a.block + L.tile_rows - 1) / L.tile_rows;
-  L.head_group = heads_per_cta(a, tiles * a.batch, 8, a.heads);
-  const int64_t head_groups = (a.heads + L.head_group - 1) / L.head_group;
-  check::that(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
-              "cuda grid: expected at most 65535 tiles and batch items, got " +
-                  std::to_string(tiles) + " and " + std::to_string(a.batch));
-  const int threads = L.tile_rows / rw * 32;
-  dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
-            static_cast<unsigned>(a.batch));
-  dispatch_fast(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
-    fast_quantize_kernel<decltype(d)::value, decltype(bf)::value, decltype(rope)::value>
-        <<<grid, threads, 0, stream_of(ctx)>>>(a, L);
-  });
-  check_launch("norm_rope_quantize");
 }
 
 void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
@@ -1050,8 +834,6 @@ namespace {
 void quantize_pass(const PrologueArgs& a, Context& ctx, bool behind_mean) {
   if (v3_supported(a, true))
     v3_norm_rope_quantize(a, ctx, behind_mean);
-  else if (fast_supported(a, true))
-    fast_norm_rope_quantize(a, ctx);
   else
     legacy_norm_rope_quantize(a, ctx);
 }
@@ -1059,7 +841,7 @@ void quantize_pass(const PrologueArgs& a, Context& ctx, bool behind_mean) {
 void mean_pass(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   if (v3_supported(a, false))
     v3_norm_rope_mean(a, ctx, hold);
-  else if (fast_supported(a, false))
+  else if (fast_mean_supported(a))
     fast_norm_rope_mean(a, ctx, hold);
   else
     legacy_norm_rope_mean(a, ctx);

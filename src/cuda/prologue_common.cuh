@@ -191,12 +191,8 @@ __device__ __forceinline__ int round_code(float q) {
 using ptx::griddep_launch_dependents;
 using ptx::griddep_wait;
 
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // bar.sync on barrier 1 + team (team < 8, warp-uniform) for `threads` threads, the id an
-// immediate: for a register id (named_barrier) ptxas reserves all 16 of the CTA's barriers,
+// immediate: for a register id (bar.sync %r, n) ptxas reserves all 16 of the CTA's barriers,
 // which caps the resident CTAs per SM at 4 (ncu: "Block Limit Barriers"); ids 1..8 reserve 9.
 __device__ __forceinline__ void team_barrier(int team, int threads) {
   switch (team) {

@@ -27,24 +27,19 @@ namespace cuda {
 namespace {
 
 constexpr int kV3MaxWarps = 16;     // quantize CTA: at most 16 warps of rows
-// Quantize: heads whose x loads are in flight ahead. One suffices (a head takes ~1 us to compute
-// at 16 warps per SM, about the loaded DRAM latency); two spill 40 bytes.
-constexpr int kV3QuantPrefetch = 1;
-// Quantize with the cp.async ring: heads whose x loads are in flight ahead, slots. Session 3's
-// launches of this variant failed on the H200 (run 3: "invalid argument") wherever its dynamic
-// shared memory was exactly 48 KB (4-warp CTAs with rope): the opt-in attribute was set only
-// above 48 KB, but the static shared memory (the group maxima, the weight quads) comes on top.
-// The attribute is now set for every launch. Default ring: kV3DefaultRing (tuning `ring`
-// overrides it). GPU run 6 (Wan q): register ring 0.175 ms, cp.async 3 heads ahead 0.157 ms,
-// 2 heads ahead in <= 96 registers (5 CTAs/SM) 0.156 ms (Flux q: 0.0227 / 0.0232 / 0.0220).
-constexpr int kV3DefaultRing = detail::kQuantRingAsync96;
-constexpr int kV3AsyncAhead = 3;
-// The occupancy variant (ring kQuantRingAsync96): 2 heads ahead, at most 96 registers.
+// Quantize: the x ring is a cp.async ring in shared memory (each thread's own slots), 2 heads
+// ahead in <= 96 registers: 5 CTAs of 4 warps per SM (GPU run 6, Wan q: register ring 0.175 ms,
+// cp.async 3 heads ahead 0.157 ms, 2 ahead in 96 registers 0.156 ms; the other two deleted in
+// session 8). The opt-in attribute for dynamic shared memory is set for every launch (run 3:
+// launches with exactly 48 KB of it failed without). Session 8's bulk-copy ring (one
+// cp.async.bulk per row and head into mbarrier stages) lost in GPU run 19 (Wan q 0.1692 vs
+// 0.1553 ms, k quantize pass 0.1889 vs 0.1773, the same bits): cp.async.bulk takes uniform
+// operands, so ptxas serializes a warp's 8 row copies in an R2UR / BRA.U.ANY loop (ncu: 16 %
+// more warp instructions in an issue-bound kernel). Deleted; see docs/prologue.md.
 constexpr int kV3Async96Ahead = 2;
 constexpr int kV3Async96Regs = 96;
-// The lean per-row arithmetic of the quantize kernel (tuning `lean`): GPU run 6: bits equal to
-// the default's on every bench output (Wan and Flux, q and k, 3 rings), 0.5-1.5 % faster.
-constexpr bool kV3DefaultLean = true;
+// The lean per-row arithmetic (bf16; GPU run 6: bits equal to the plain arithmetic's on every
+// bench output, 0.5-1.5 % faster) is the only form for bf16 since session 8.
 // THREAD_K 64 at D = 128 on 4-warp CTAs over half blocks (tuning `split_blocks`): GPU run 7,
 // Wan / Flux k path 0.2988 / 0.0433 ms vs 0.3068 / 0.0450 on 8-warp CTAs (the same bits): the
 // default since session 5.
@@ -69,16 +64,13 @@ constexpr int kV3DefaultMeanSmem = detail::kMeanSmemRing;  // session 7: see bel
 // barrier limit below). The default for run 17, with 5 CTAs per SM: it keeps run 16's head group
 // (20) where the staged rows would cap it at 7.
 // 3 heads per chunk, 6 rows (3 KB at D = 128): 8 rows (4 KB) would miss 5 CTAs per SM by 128
-// bytes. The refill rides on the x ring's commit groups, so it needs kMeanRingChunk > AHEAD:
-// the 96-register ring (2 heads ahead); the 3-ahead ring keeps the staged rows.
+// bytes. The refill rides on the x ring's commit groups, so it needs kMeanRingChunk > AHEAD
+// (the 96-register ring: 2 heads ahead).
 constexpr int kMeanRingChunk = 3, kMeanRingRows = 6;
-// The scale groups' team barriers with immediate ids 1..8 (tuning `barrier_ids`; session 7).
-// With the id in a register ptxas reserves all 16 of a CTA's barriers, and the SM's barriers
-// then hold every round-3 quantize kernel to 4 resident CTAs: ncu run 16 of the 96-register
-// kernel (k, Wan): "Block Limit Barriers 4", 16 warps per SM where 5 CTAs (20 warps) were
-// planned, and the staged-mean head group, sized for 4 CTAs, was 20 (51 KB per CTA). Not yet
-// measured: the default for run 17 (the bench's "register barrier ids" rows are the old kernel).
-constexpr bool kV3DefaultImmBar = true;
+// The scale groups' team barriers have immediate ids 1..8 (team_barrier; session 7). With the
+// id in a register ptxas reserves all 16 of a CTA's barriers, and the SM's barriers then hold
+// every quantize kernel to 4 resident CTAs (ncu run 16: "Block Limit Barriers 4"); run 17:
+// Wan q 0.1554 vs 0.1585 ms, k 0.2746 vs 0.2775 (the register form deleted in session 8).
 // The quantize pass of the fused k path (norm_rope_mean_quantize) issues its x, weight and table
 // loads before its PDL wait (tuning `quant_early`; 0 = this default there; a lone
 // norm_rope_quantize waits first unless the knob forces kEarlyOn). GPU run 12, measured behind
@@ -88,9 +80,6 @@ constexpr bool kV3DefaultEarlyFused = true;
 // (batch * tokens * heads) up: GPU run 9, Wan k 0.2999 -> 0.2904 ms, Flux k 0.0429 -> 0.0450 (at
 // Flux the wave model then gives each warp fewer tokens).
 constexpr int64_t kV4OccMinRows = int64_t{1} << 20;
-constexpr int kV3MeanWarps = 4;      // mean CTA: 4 warps
-constexpr int kV3MeanPrefetch = 2;   // mean: (row, head) units whose x loads are in flight
-constexpr int kV3MeanMaxHeads = 2;   // mean: heads per CTA (16 KB of accumulators per head)
 
 // Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
 template <int D>
@@ -115,15 +104,15 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 // 16 bytes of shared memory, read where the code stands.
-__device__ __forceinline__ uint4 lds16u(const uint4* p) {
+__device__ __forceinline__ uint4 lds16u(uint32_t addr) {
   uint4 v;
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "r"(addr)
                : "memory");
   return v;
 }
+__device__ __forceinline__ uint4 lds16u(const uint4* p) { return lds16u(ptx::smem_u32(p)); }
 
 // cos / sin of 4 consecutive pairs starting at `pair` (a multiple of 4).
 __device__ __forceinline__ void load_table4(const PrologueArgs& a, int mode, int64_t row_off,
@@ -313,7 +302,7 @@ struct V3QuantLaunch {
   bool reverse;    // tiles in reverse token order (blockIdx.y = 0 takes the last tile)
   bool redux;      // the group maximum by redux.sync (red_lanes 16, 32), else shuffles
   bool mean_smem;  // the head group's mean rows staged in shared memory (needs mean_vec)
-  bool mean_ring;  // with mean_smem (cp.async ring only): a ring of kMeanRingRows rows, refilled
+  bool mean_ring;  // with mean_smem: a ring of kMeanRingRows rows, refilled
                    // kMeanRingChunk heads at a time behind a CTA barrier (no head-group cap)
   bool early;      // x / weight / table loads before griddepcontrol.wait (behind the mean pass)
 };
@@ -323,26 +312,24 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
   return L.mean_ring && L.head_group > kMeanRingRows ? kMeanRingRows : L.head_group;
 }
 
-// AHEAD = 0: the register ring (kV3QuantPrefetch heads ahead); AHEAD > 0: the cp.async ring,
-// AHEAD heads ahead in AHEAD + 1 shared-memory slots per thread.
-// LEAN: the same bits with fewer instructions per row (round_bf16_hi, rcp_approx for the
+// The cp.async ring: AHEAD heads ahead in AHEAD + 1 shared-memory slots per thread.
+// LEAN (bf16): the same bits with fewer instructions per row (round_bf16_hi, rcp_approx for the
 // reciprocal of the scale and for 1/127: div.full(m, 127) = m * rcp(127)); GPU run 6: bits equal
 // to the non-lean kernel's on every bench output.
-// IMMBAR: the scale groups' team barriers with immediate ids (team_barrier), else a register id
-// (named_barrier: ptxas then reserves all 16 of the CTA's barriers).
-template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool IMMBAR = true>
+template <int D, bool BF16, int ROPE>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
-  constexpr bool ASYNC = AHEAD > 0;
+  constexpr int AHEAD = kV3Async96Ahead;
+  constexpr bool LEAN = BF16;
   constexpr int SLOTS = AHEAD + 1;
   constexpr int LANES = D / 32, RW = 32 / LANES;
-  // Dynamic shared memory: ASYNC: the x ring [SLOTS][4 chunks][blockDim.x] uint4 (each
+  // Dynamic shared memory: the x ring [SLOTS][4 chunks][blockDim.x] uint4 (each
   // thread's own slots), then (rope) [8][blockDim.x] float4: this thread's rotary pairs, then
   // (mean_smem) [head_group or, mean_ring, kMeanRingRows][D / 4] float4: the CTA's mean rows, then
   // [2][kV3MaxWarps] floats:
   // the warps' group maxima (dynamic, so that static shared memory does not take the room the
   // mean rows need: 7 -> 8 heads per CTA at 5 CTAs per SM).
   extern __shared__ float4 dyn_sh[];
-  float4* t_sh = dyn_sh + (ASYNC ? SLOTS * 4 * blockDim.x : 0);
+  float4* t_sh = dyn_sh + SLOTS * 4 * blockDim.x;
   float4* mean_sh = t_sh + (ROPE != kRopeNone ? 8 * blockDim.x : 0);
   float(*red)[kV3MaxWarps] = reinterpret_cast<float(*)[kV3MaxWarps]>(
       mean_sh + (L.mean_smem ? mean_sh_rows(L) * (D / 4) : 0));
@@ -364,19 +351,13 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   const int p = warp * RW + slot;
   // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
   const QuantRow row = quant_row(a, b, tile * L.tile_rows + p, L.group_rows, h0, lane_in_row == 0);
-  const int64_t n = row.n;
-  const bool ok = row.ok, writer = row.writer;
-  const uint16_t* xrow = row.x;
-  int8_t* qrow = row.q;
-  float* srow = row.s;
-  const float* mrow = row.m;
 
   const float4 wq = v3_weight_quad<D>(a, tid);  // blockDim >= 128 >= 8 * LANES
   float tcs[16], tsn[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
-  if (ROPE != kRopeNone && ok)
-    v3_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + n * a.r_sn, lane_in_row, tcs, tsn);
+  if (ROPE != kRopeNone && row.ok)
+    v3_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + row.n * a.r_sn, lane_in_row, tcs, tsn);
   auto start = [&] {
     v3_store_weight_quad<D>(tid, wq, w_sh);
     if (ROPE != kRopeNone) {
@@ -397,29 +378,22 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   const int red_mask = L.red_lanes - 1;  // red_lanes is a power of two
   const float rcp127 = rcp_approx(127.f);  // LEAN: div.full(m, 127) = m * rcp(127)
 
-  // Rows past N read token 0's row (in bounds; no branch, no zeroing): their values never reach
-  // a maximum (m = 0 below) or a store.
-  auto load = [&](int u, uint4(&r)[4]) {
-    const uint16_t* px = xrow + u * x_sh + c0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r[i] = load_stream16(px + 8 * LANES * i);
-  };
   // mean_smem: stage the mean rows of the CTA's heads once (before `start`'s barrier, after the
   // first x loads are issued); the PDL wait (early) comes before the first mean read.
   auto stage_mean = [&] {
     if (L.early) griddep_wait();
-    if (!L.mean_smem || !mrow) return;
+    if (!L.mean_smem || !row.m) return;
     constexpr int QR = D / 4;  // float4 per mean row
     const int rows = L.mean_ring && count > kMeanRingRows ? kMeanRingRows : count;
     for (int e = tid; e < rows * QR; e += threads)
-      mean_sh[e] = __ldg(reinterpret_cast<const float4*>(mrow + (e / QR) * m_sh) + e % QR);
+      mean_sh[e] = __ldg(reinterpret_cast<const float4*>(row.m + (e / QR) * m_sh) + e % QR);
   };
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
     v3_row<D, BF16, ROPE, LEAN>(
         a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
         [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
-    if (mrow && L.mean_smem) {
+    if (row.m && L.mean_smem) {
       // Quad k: values 4k .. 4k + 3 = channels c0 + 8 LANES (k / 2) + 4 (k & 1); the 4 distinct
       // addresses of a warp are 32 bytes apart (no bank conflict), the row slots broadcast.
       const int mr = L.mean_ring ? u % kMeanRingRows : u;
@@ -432,8 +406,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         v[4 * k + 2] = __fsub_rn(v[4 * k + 2], t.z);
         v[4 * k + 3] = __fsub_rn(v[4 * k + 3], t.w);
       }
-    } else if (mrow) {
-      const float* m = mrow + u * m_sh + c0;
+    } else if (row.m) {
+      const float* m = row.m + u * m_sh + c0;
       float mv[32];
       if (L.mean_vec) {
 #pragma unroll
@@ -458,7 +432,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 #pragma unroll
       for (int j = 1; j < 8; ++j) t[i] = max_nan(t[i], fabsf(v[8 * i + j]));
     }
-    float m = ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
+    float m = row.ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
     if (L.redux) {
       // m is |v|'s maximum (sign bit clear; a NaN is max.NaN's canonical 0x7fffffff): as
       // unsigned bit patterns the order is the float order with NaN above +inf, so an integer
@@ -486,37 +460,35 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     if (L.wpg > 1) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
-      if constexpr (IMMBAR)
-        team_barrier(team, team_threads);
-      else
-        named_barrier(1 + team, team_threads);
+      team_barrier(team, team_threads);
       m = red[par][team_first];
       for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
     }
     if (scaled) m = __fmul_rn(m, abs_sm);
     const float scale =
         __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
-    if (writer) srow[u * s_sh] = scale;
-    if (!ok) return;
+    if (row.writer) row.s[u * s_sh] = scale;
+    if (!row.ok) return;
     if (scaled) {
 #pragma unroll
       for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
     }
     uint32_t packed[8];
     quantize32<LEAN>(v, scale, packed);
-    int8_t* q = qrow + u * q_sh + c0;
+    int8_t* q = row.q + u * q_sh + c0;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       *reinterpret_cast<uint2*>(q + 8 * LANES * i) = make_uint2(packed[2 * i], packed[2 * i + 1]);
   };
-  if constexpr (ASYNC) {
-    // cp.async ring: the loads of heads u+1 .. u+kV3AsyncAhead go straight to this thread's
-    // shared-memory slots (no registers held), one commit group per head (empty past the end, so
-    // that wait_group kV3AsyncAhead always means "head u has landed"). A slot is refilled only
-    // after the previous head's values were read back into registers and used (in-order issue).
+  {
+    // cp.async ring: the loads of heads u+1 .. u+AHEAD go straight to this thread's shared-memory
+    // slots (no registers held), one commit group per head (empty past the end, so that
+    // wait_group AHEAD always means "head u has landed"); rows past N read token 0's row (in
+    // bounds, never stored). A slot is refilled only after the previous head's values were read
+    // back into registers and used (in-order issue).
     uint4* ring = reinterpret_cast<uint4*>(dyn_sh);
     auto issue = [&](int u) {
-      const uint16_t* px = xrow + u * x_sh + c0;
+      const uint16_t* px = row.x + u * x_sh + c0;
       uint4* dst = ring + (u % SLOTS) * 4 * threads + tid;
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
@@ -537,14 +509,14 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     constexpr int QR = D / 4;  // float4 per mean row
 #pragma unroll 1
     for (int u = 0; u < count; ++u) {
-      if (kMeanRingChunk > AHEAD && L.mean_ring && mrow && count > kMeanRingRows && u > 0 &&
+      if (L.mean_ring && row.m && count > kMeanRingRows && u > 0 &&
           u % kMeanRingChunk == 0) {
         __syncthreads();
         const int h1 = u + kMeanRingChunk;
         const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
         for (int e = tid; e < rows * QR; e += threads)
           cp_async16(mean_sh + ((h1 + e / QR) % kMeanRingRows) * QR + e % QR,
-                     mrow + (h1 + e / QR) * m_sh + 4 * (e % QR));
+                     row.m + (h1 + e / QR) * m_sh + 4 * (e % QR));
       }
       if (u + AHEAD < count) issue(u + AHEAD);
       cp_async_commit();
@@ -555,169 +527,15 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * threads);
       proc(u, r);
     }
-  } else {
-    pipeline<kV3QuantPrefetch, 4>(count, load, proc, [&] {
-      stage_mean();
-      start();
-    });
   }
 }
 
-// The quantize kernels: the register ring and the cp.async ring 3 heads ahead (<= 128 registers
-// by the launch bounds: 4 CTAs of 4 warps per SM at 104 registers and 49 KB of shared memory),
-// and the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps per SM: 41 KB of
-// shared memory each), 20 warps per SM instead of 16.
-template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN>
-__global__ void __launch_bounds__(kV3MaxWarps * 32, 1)
-    v3_quantize_kernel(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, AHEAD, LEAN>(a, L);
-}
-template <int D, bool BF16, int ROPE, bool LEAN, bool IMMBAR = true>
+// The quantize kernel: the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps
+// per SM at D = 128: 41 KB of shared memory each, 20 warps per SM).
+template <int D, bool BF16, int ROPE>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, kV3Async96Ahead, LEAN, IMMBAR>(a, L);
-}
-
-// ---- norm_rope_mean ---------------------------------------------------------------------------
-//
-// The round-2 streaming reduction with 32 values per thread. CTA: 4 warps, thread = (row slot,
-// lane of the row), RPS = 4 * RW row slots. A CTA owns `steps` row steps of one batch item
-// (rows chunk * steps * RPS + s * RPS + slot) for a group of <= kV3MeanMaxHeads heads: rows outer,
-// heads inner; the row's 16 rotary pairs (a (…, pairs, 2) fp32 table: pairs 2k, 2k + 1 are one
-// float4) are read per unit through L1 (registers go to loads in flight instead; the next row's
-// lines are prefetched into L2 when a row starts). Two heads per CTA (32 KB of accumulators), and
-// the shared-memory carve-out asked for no more than 4 CTAs need, so that L1 keeps the rows in
-// use (4 CTAs x 32 rows x 512 bytes). x loads of the next kV3MeanPrefetch units are in flight.
-// Each lane adds rope(norm(x)) of its 32 values into a private accumulator in shared memory
-// ([head][quad][thread] float4, conflict-free, no barrier in the loop). End of CTA: one barrier,
-// the RPS row slots added per (head, channel) in slot order into one partial per (batch, head,
-// chunk), which launch_mean_final adds in a fixed order: deterministic for a given launch shape.
-
-struct V3MeanLaunch {
-  int head_group;
-  int table_mode;
-  int steps;       // row steps per CTA
-  int64_t chunks;  // CTAs along the tokens = partials per (batch, head)
-};
-
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// Prefetch into L2 the table lines of this thread's 16 pairs of row `row_off` (L1 is kept for
-// the rows in use: with 4 CTAs of accumulators per SM it holds about 92 KB).
-template <int D, int ROPE>
-__device__ __forceinline__ void v3_prefetch_table_row(const PrologueArgs& a, int mode,
-                                                      int64_t row_off, int lane_in_row) {
-  if (mode != kTablePairsF32 && mode != kTableMatrixF32) return;
-  const int per_pair = mode == kTablePairsF32 ? 2 : 4;  // floats
-  const float* t = static_cast<const float*>(a.rope) + row_off;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int pair = ROPE == kRopePaired ? 8 * v3_chunk<D>(lane_in_row, k / 2) + 4 * (k & 1)
-                                         : 4 * v3_chunk<D>(lane_in_row, k);
-    prefetch_l2(t + per_pair * pair);  // 4 pairs: 32 or 64 bytes, inside one 128-byte line
-  }
-}
-
-template <int D, bool BF16, int ROPE>
-__global__ void __launch_bounds__(kV3MeanWarps * 32, 4)
-    v3_mean_kernel(const PrologueArgs a, const V3MeanLaunch L, float* partials) {
-  constexpr int LANES = D / 32, RW = 32 / LANES, RPS = kV3MeanWarps * RW;
-  constexpr int THREADS = kV3MeanWarps * 32;
-  extern __shared__ float4 mean_acc[];  // [head][quad k (8)][THREADS]: this thread's values
-  __shared__ float4 w_sh[8][LANES];
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int slot = warp * RW + lane / LANES, lane_in_row = lane % LANES;
-  const int64_t b = blockIdx.z, chunk = blockIdx.y;
-  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
-  const int nh = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
-  const int64_t n_first = chunk * L.steps * RPS + slot;  // this thread's row of step s: + s * RPS
-  griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
-
-#pragma unroll 1
-  for (int k = 0; k < 8 * nh; ++k) mean_acc[k * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float4 wq = v3_weight_quad<D>(a, tid);  // stored after the first x loads (`start`)
-  auto row_of = [&](int s) {  // token of step s, clamped into [0, N) (rows past N add nothing)
-    const int64_t n = n_first + static_cast<int64_t>(s) * RPS;
-    return n < a.tokens ? n : int64_t{0};
-  };
-  // The processing row's table (PairsF32: pairs p, p + 1 are one float4 (cos, sin, cos, sin) at
-  // 2 p), read per unit from L1 (the row's lines are prefetched one row ahead).
-  const float* table = static_cast<const float*>(a.rope) + b * a.r_sb;
-  const float* trow = table + row_of(0) * a.r_sn;
-  if (ROPE != kRopeNone && L.steps > 1)
-    v3_prefetch_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + row_of(1) * a.r_sn, lane_in_row);
-  int tq_off[8];  // float offset of rotary quad k (pairs 2k, 2k + 1 of the thread)
-#pragma unroll
-  for (int k = 0; k < 8; ++k)
-    tq_off[k] = 2 * (ROPE == kRopePaired ? 8 * v3_chunk<D>(lane_in_row, k / 4) + 2 * (k % 4)
-                                         : 4 * v3_chunk<D>(lane_in_row, k / 2) + 2 * (k % 2));
-
-  const uint16_t* xb = static_cast<const uint16_t*>(a.x) + b * a.x_sb + h0 * a.x_sh +
-                       8 * lane_in_row;
-  const int x_sh = static_cast<int>(a.x_sh);
-  // (step, head) of the next unit to load / to process: units run in order, heads inner.
-  int ls = 0, lh = 0, ps = 0, ph = 0;
-  const uint16_t* lrow = xb + row_of(0) * a.x_sn;  // the loading step's row at head h0
-  auto load = [&](int, uint4(&r)[4]) {
-    const uint16_t* px = lrow + lh * x_sh;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r[i] = load_stream16(px + 8 * LANES * i);
-    if (++lh == nh) {
-      lh = 0, ++ls;
-      lrow = xb + row_of(ls) * a.x_sn;
-    }
-  };
-  bool valid = n_first < a.tokens;  // the processing step's row exists
-  auto proc = [&](int, const uint4(&r)[4]) {
-    if (ROPE != kRopeNone && ph == 0 && ps > 0) {  // a new row
-      trow = table + row_of(ps) * a.r_sn;
-      if (ps + 1 < L.steps)
-        v3_prefetch_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + row_of(ps + 1) * a.r_sn,
-                                       lane_in_row);
-    }
-    float v[32];
-    v3_row<D, BF16, ROPE>(
-        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
-        [&](int k) { return ldg16_l1(trow + tq_off[k]); }, r, v);
-    if (valid) {
-      float4* acc = mean_acc + ph * 8 * THREADS + tid;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        float4 t = acc[k * THREADS];
-        t.x = __fadd_rn(t.x, v[4 * k]);
-        t.y = __fadd_rn(t.y, v[4 * k + 1]);
-        t.z = __fadd_rn(t.z, v[4 * k + 2]);
-        t.w = __fadd_rn(t.w, v[4 * k + 3]);
-        acc[k * THREADS] = t;
-      }
-    }
-    if (++ph == nh) {
-      ph = 0, ++ps;
-      valid = n_first + static_cast<int64_t>(ps) * RPS < a.tokens;
-    }
-  };
-  auto start = [&] {
-    v3_store_weight_quad<D>(tid, wq, w_sh);
-    __syncthreads();
-  };
-  pipeline<kV3MeanPrefetch, 4>(L.steps * nh, load, proc, start);
-  __syncthreads();
-
-  // Column sums over the RPS row slots, in slot order. Channel c = 8 chunk + j of head hl lives in
-  // the thread (slot, lir = chunk % LANES), value 8 (chunk / LANES) + j = quad k, component j % 4.
-  const float* accf = reinterpret_cast<const float*>(mean_acc);
-  for (int e = tid; e < nh * D; e += THREADS) {
-    const int hl = e / D, c = e % D, ck = c / 8, j = c % 8;
-    const int lir = ck % LANES, k = 2 * (ck / LANES) + j / 4;
-    const float* col = accf + 4 * ((hl * 8 + k) * THREADS + lir) + j % 4;
-    float t = 0.f;
-#pragma unroll 8
-    for (int sl = 0; sl < RPS; ++sl)
-      t = __fadd_rn(t, col[4 * ((sl / RW) * 32 + (sl % RW) * LANES)]);
-    partials[((b * a.heads + h0 + hl) * L.chunks + chunk) * D + c] = t;
-  }
+  v3_quantize_body<D, BF16, ROPE>(a, L);
 }
 
 // ---- norm_rope_mean, round 4 ------------------------------------------------------------------
@@ -737,36 +555,27 @@ __global__ void __launch_bounds__(kV3MeanWarps * 32, 4)
 // rounding of the sum order.
 
 constexpr int kV4MeanWarps = 4;     // warps per CTA (token interleave)
-constexpr int kV4MeanPrefetch = 1;  // register ring: tokens whose x loads are in flight ahead
-constexpr int kV4MeanAsyncAhead = 3;  // cp.async ring (mean_ring = kQuantRingAsync): tokens ahead
-// Defaults: the mean kernel's round and the round-4 kernel's ring. GPU run 6 (k path, Wan /
-// Flux): round-2 mean 0.369 / 0.0508 ms, round 4 0.326 / 0.0457, round 4 with the cp.async ring
-// 0.322 / 0.0452.
-constexpr int kDefaultMeanRound = 4;
-// GPU run 7 (k path, Wan / Flux): cp.async ring 0.3068 / 0.0450 ms, with the table rows in
-// shared memory too 0.3003 / 0.0444 (the same bits): the default since session 5.
-constexpr int kV4DefaultMeanRing = detail::kMeanRingAsyncTable;
+constexpr int kV4MeanAsyncAhead = 3;  // cp.async ring: tokens ahead
+// The round-4 kernel is the mean pass (GPU run 6, k path, Wan / Flux: round-2 mean 0.369 /
+// 0.0508 ms, round 4 0.326 / 0.0457, with the cp.async ring 0.322 / 0.0452) with its cp.async
+// ring and the table rows in shared memory (run 7: 0.3003 / 0.0444 vs 0.3068 / 0.0450; the
+// same bits). Session 8 deleted the losing forms: its register ring, the ring without the table
+// rows (still the no-rope form), the rotation folded into the sums (run 9).
 
 struct V4MeanLaunch {
   int steps;       // tokens per warp (a CTA's chunk: steps * kV4MeanWarps tokens)
   int64_t chunks;  // CTAs along the tokens = partials per (batch, head)
 };
 
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
-// AHEAD = 0: x loads held in a register ring kV4MeanPrefetch tokens ahead; AHEAD > 0: a cp.async
-// ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes per thread, dynamic
-// shared memory; the warps' final sums reuse it). TSMEM (with AHEAD > 0): the token's rotary
+// x loads in a cp.async ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes
+// per thread, dynamic shared memory; the warps' final sums reuse it). TSMEM: the token's rotary
 // table row (D floats) copied by the warp's lanes into a per-warp slot of the same ring and read
-// with ld.shared (instead of L1 reads after an L1 prefetch). LEAN: v3_row's one-cvt bf16 rounding
-// (the same bits).
-template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false,
-          bool FMA = false>
+// with ld.shared (with rope). LEAN: v3_row's one-cvt bf16 rounding (the same bits).
+template <int D, bool BF16, int ROPE>
 __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
                                              float* partials) {
-  static_assert(!TSMEM || AHEAD > 0, "the table ring rides on the cp.async ring");
+  constexpr int AHEAD = kV4MeanAsyncAhead;
+  constexpr bool LEAN = BF16, TSMEM = ROPE != kRopeNone;
   constexpr int LANES = D / 32, RW = 32 / LANES, W = kV4MeanWarps;
   constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
   __shared__ float4 w_sh[8][LANES];
@@ -791,26 +600,11 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   // interleaved: p_k = 4 chunk(k / 2) + 2 (k % 2), floats
   // 8 lane_in_row + 8 LANES (k / 2) + 4 (k % 2).
   constexpr int kLanePairs = ROPE == kRopePaired ? 8 : 4;  // pairs per chunk of a lane
-  const float* table =
-      static_cast<const float*>(a.rope) + b * a.r_sb + 2 * kLanePairs * lane_in_row;
   const int64_t t_step = static_cast<int64_t>(W) * a.r_sn;
   const int64_t x_step = static_cast<int64_t>(W) * a.x_sn;
 
   const uint16_t* lx = static_cast<const uint16_t*>(a.x) + b * a.x_sb + t_first * a.x_sn +
                        hx * a.x_sh + 8 * lane_in_row;  // the loading token's row
-  const float* lt = table + t_first * a.r_sn;          // its table pieces
-  const float* pt = lt;                                // the processing token's
-  auto load = [&](int, uint4(&r)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r[i] = load_stream16(lx + 8 * LANES * i);
-    if (ROPE != kRopeNone && slot == 0) {  // one prefetch per piece (<= 64 bytes), by slot 0
-#pragma unroll
-      for (int i = 0; i < (ROPE == kRopePaired ? 2 : 4); ++i)
-        prefetch_l1(lt + 2 * kLanePairs * LANES * i);
-    }
-    lx += x_step;
-    lt += t_step;
-  };
   float acc[32];
 #pragma unroll
   for (int j = 0; j < 32; ++j) acc[j] = 0.f;
@@ -822,66 +616,33 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     auto tq = [&](int k) {
       const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
                                           : 8 * LANES * (k / 2) + 4 * (k % 2);
-      if constexpr (TSMEM)
-        return lds16(reinterpret_cast<const float4*>(ts + off));
-      else
-        return ldg16_l1(pt + off);
+      return lds16(reinterpret_cast<const float4*>(ts + off));
     };
     auto wqf = [&](int k) { return lds16(&w_sh[k][lane_in_row]); };
-    if constexpr (FMA && ROPE != kRopeNone) {
-      // The rotation folded into the sum: acc + (c y - s o) as fma(c, y, fma(-s, o, acc)), acc +
-      // (s y + c o) as fma(c, o, fma(s, y, acc)): 2 instructions per value instead of 3, the
-      // rotated value never rounded on its own (the mean's fp32 rounding differs, as a sum order
-      // does). The norm output is v3_row's, bit for bit.
-      v3_row<D, BF16, kRopeNone, LEAN>(a.norm, a.eps, wqf, tq, r, v);
-      auto rot = [&](float c, float sn, int lead, int trail) {
-        const float y = v[lead], o = v[trail];
-        acc[lead] = __fmaf_rn(c, y, __fmaf_rn(-sn, o, acc[lead]));
-        acc[trail] = __fmaf_rn(c, o, __fmaf_rn(sn, y, acc[trail]));
-      };
+    v3_row<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float4 t = tq(k);
-        if (ROPE == kRopePaired) {  // pairs 2k, 2k + 1: values 2k (+1) lead, + 16 trail
-          rot(t.x, t.y, 2 * k, 2 * k + 16);
-          rot(t.z, t.w, 2 * k + 1, 2 * k + 17);
-        } else {  // interleaved: values 4k, 4k + 1 and 4k + 2, 4k + 3
-          rot(t.x, t.y, 4 * k, 4 * k + 1);
-          rot(t.z, t.w, 4 * k + 2, 4 * k + 3);
-        }
-      }
-    } else {
-      v3_row<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
-#pragma unroll
-      for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
-    }
-    pt += t_step;
+    for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
   };
   auto start = [&] {
     v3_store_weight_quad<D>(tid, wq, w_sh);
     __syncthreads();
   };
-  if constexpr (AHEAD > 0) {
+  {
     // cp.async ring: token u's 4 chunks land in this thread's slot u % SLOTS (no registers
     // held); one commit group per token, empty past the end, so wait_group AHEAD means "token u
     // has landed". A slot is refilled only after its values were read and used.
     uint4* ring = reinterpret_cast<uint4*>(v4_dyn);
     // The loading token's table row (TSMEM): lane i < D / 4 copies its floats 4i .. 4i + 3.
-    const float* lrow = lt - 2 * kLanePairs * lane_in_row;
+    const float* lrow = static_cast<const float*>(a.rope) + b * a.r_sb + t_first * a.r_sn;
     auto issue = [&](int u) {
       uint4* dst = ring + (u % SLOTS) * 4 * THREADS + tid;
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async16(dst + i * THREADS, lx + 8 * LANES * i);
-      if (TSMEM && ROPE != kRopeNone) {
+      if (TSMEM) {
         if (lane < D / 4) cp_async16(tab_sh + (u % SLOTS) * W * D + 4 * lane, lrow + 4 * lane);
         lrow += t_step;
-      } else if (ROPE != kRopeNone && slot == 0) {
-#pragma unroll
-        for (int i = 0; i < (ROPE == kRopePaired ? 2 : 4); ++i)
-          prefetch_l1(lt + 2 * kLanePairs * LANES * i);
       }
       lx += x_step;
-      lt += t_step;
     };
 #pragma unroll
     for (int k = 0; k < AHEAD; ++k) {
@@ -905,8 +666,6 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     }
     cp_async_wait<0>();
     __syncthreads();  // every thread's ring reads are done before `red` overwrites the ring
-  } else {
-    pipeline<kV4MeanPrefetch, 4>(count, load, proc, start);
   }
 
 #pragma unroll
@@ -928,19 +687,17 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 }
 
 // The round-4 mean kernel: 4 CTAs per SM at D = 128 (<= 128 registers), 3 at D = 64.
-// FMA (tuning `mean_fma`): the rotation folded into the sum (see v4_mean_body).
-template <int D, bool BF16, int ROPE, int AHEAD, bool LEAN = false, bool TSMEM = false,
-          bool FMA = false>
+template <int D, bool BF16, int ROPE>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, AHEAD, LEAN, TSMEM, FMA>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE>(a, L, partials);
 }
-// The occupancy variant (tuning `mean_ctas` = 5): one CTA per SM more (5 at D = 128: <= 96
-// registers, 20 warps per SM; 4 at D = 64), the cp.async ring only (no registers hold loads).
-template <int D, bool BF16, int ROPE, bool LEAN, bool TSMEM, bool FMA = false>
+// The occupancy variant (tuning `mean_ctas` = 5; the default from kV4OccMinRows rows): one CTA
+// per SM more (5 at D = 128: <= 96 registers, 20 warps per SM; 4 at D = 64).
+template <int D, bool BF16, int ROPE>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
     v4_mean_kernel_occ(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, TSMEM, FMA>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE>(a, L, partials);
 }
 
 template <typename F>
@@ -976,13 +733,6 @@ int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
   return int64_t{std::max(per_sm, 1)} * multiprocessor_count();
 }
 
-// Which mean kernel runs: the knob `mean_round`, else `round`, else kDefaultMeanRound (2: the
-// round-2 kernel in src/cuda/prologue.cu; 3 and 4 here). Where the pick does not cover the
-// arguments, round 2, then the first generation.
-int mean_round_of(const detail::PrologueCudaTuning& t) {
-  return t.mean_round > 0 ? t.mean_round : t.round > 0 ? t.round : kDefaultMeanRound;
-}
-
 // The round-4 mean kernel's coverage: per-head (or no) norm weight, full rotary with an fp32
 // (…, pairs, 2) table, or none; D 64 / 128.
 bool v4_mean_supported(const PrologueArgs& a) {
@@ -1000,49 +750,26 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   check::that(a.batch <= 65535 && head_groups <= 65535, "norm_rope_mean", "x",
               "cuda grid: expected at most 65535 batch items, got " + std::to_string(a.batch));
   cudaStream_t stream = stream_of(ctx);
-  const int mean_ring = detail::prologue_cuda_tuning().mean_ring > 0
-                            ? detail::prologue_cuda_tuning().mean_ring
-                            : kV4DefaultMeanRing;
-  const bool tsmem = mean_ring == detail::kMeanRingAsyncTable && a.rotate;
-  const int ahead =
-      mean_ring == detail::kQuantRingAsync || mean_ring == detail::kMeanRingAsyncTable
-          ? kV4MeanAsyncAhead
-          : 0;
-  const bool lean = detail::prologue_cuda_tuning().lean > 0
-                        ? detail::prologue_cuda_tuning().lean == detail::kLeanOn
-                        : kV3DefaultLean;
-  // The occupancy variant: one more CTA per SM (with a cp.async ring).
+  // The cp.async ring, with the table rows in shared memory where there is rope; LEAN for bf16.
+  const bool tsmem = a.rotate;
+  const int ahead = kV4MeanAsyncAhead;
+  // The occupancy variant: one more CTA per SM.
   const int ctas_knob = detail::prologue_cuda_tuning().mean_ctas;  // 4, 5; 0: by size
-  const bool occ = ahead > 0 && (ctas_knob > 0 ? ctas_knob == 5
-                                               : a.batch * a.tokens * a.heads >= kV4OccMinRows);
+  const bool occ =
+      ctas_knob > 0 ? ctas_knob == 5 : a.batch * a.tokens * a.heads >= kV4OccMinRows;
   const int ctas_per_sm = occ ? 5 : 4;
-  // The rotation folded into the sum (with the table ring only).
   // (D = 64: 3 or 4 CTAs by registers, for the carve-out)
-  const bool fma = detail::prologue_cuda_tuning().mean_fma == detail::kMeanFmaOn && tsmem;
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
   // table ring after it).
   const int smem = static_cast<int>(std::max<size_t>(
       sizeof(float) * kV4MeanWarps * 32 * 32,
-      ahead > 0 ? sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 +
-                      (tsmem ? sizeof(float) * (ahead + 1) * kV4MeanWarps * a.dim : 0)
-                : 0));
+      sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 +
+          (tsmem ? sizeof(float) * (ahead + 1) * kV4MeanWarps * a.dim : 0)));
   v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
-    auto pick = [&](auto lean_c) -> Kernel {
-      constexpr bool LEAN = decltype(lean_c)::value && BF16;
-      // (bf16 without the lean rounding spills a few bytes at 96 registers: 4 CTAs there)
-      if constexpr (LEAN || !BF16)
-        if (occ && fma) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, true, true>;
-      if (fma) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true, true>;
-      if (occ && tsmem) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, true>;
-      if (occ && ahead > 0) return v4_mean_kernel_occ<D, BF16, ROPE, LEAN, false>;
-      if (tsmem) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN, true>;
-      if (ahead > 0) return v4_mean_kernel<D, BF16, ROPE, kV4MeanAsyncAhead, LEAN>;
-      return v4_mean_kernel<D, BF16, ROPE, 0, LEAN>;
-    };
-    const Kernel kernel = lean ? pick(std::true_type{}) : pick(std::false_type{});
+    const Kernel kernel = occ ? v4_mean_kernel_occ<D, BF16, ROPE> : v4_mean_kernel<D, BF16, ROPE>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
     // Carve-out: what the resident CTAs need (17-42 KB each with the reserved 1 KB), the rest of
@@ -1094,13 +821,10 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
 
 bool v3_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
-  const int round = quantize ? t.round : mean_round_of(t);
   if (t.legacy) return false;
-  if (!quantize && round == 4) return v4_mean_supported(a);
-  if (round != 0 && round != 3) return false;
-  // The round-3 mean kernel only when asked for (mean_round or round = 3): GPU run 2 measured it
-  // slower than the round-2 one at Wan (0.202 vs 0.163 ms; L1-bound: its rotary-table reads).
-  if (!quantize && round != 3) return false;  // round 2: src/cuda/prologue.cu
+  // The mean pass: the round-4 kernel unless `mean_round` = 2 forces src/cuda/prologue.cu's.
+  // (Round 3's mean kernel, slower than round 2's in GPU run 2, was deleted in session 8.)
+  if (!quantize) return t.mean_round != 2 && v4_mean_supported(a);
   if (a.w_rows) return false;
   if (a.rotate && 2 * a.pairs != a.dim) return false;
   if (a.dim != 64 && a.dim != 128) return false;
@@ -1108,8 +832,6 @@ bool v3_supported(const PrologueArgs& a, bool quantize) {
   const int64_t lim = int64_t{1} << 30;  // head offsets in 32 bits inside the kernels
   for (int64_t st : {a.x_sh, quantize ? a.q_sh : 0, quantize ? a.s_sh : 0, quantize ? a.m_sh : 0})
     if (st < 0 || st * a.heads >= lim) return false;
-  // The mean kernel reads rotary quads as single float4s: a (…, pairs, 2) fp32 table.
-  if (!quantize) return !a.rotate || table_mode_of(a) == kTablePairsF32;
   if (a.layout == ScaleLayout::warp_q) return false;
   if (a.block <= 0 || (a.block & (a.block - 1)) != 0) return false;
   const int rw = 32 / static_cast<int>(a.dim / 32);
@@ -1136,11 +858,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   check::that(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
               "cuda grid: expected at most 65535 tiles and batch items, got " +
                   std::to_string(tiles) + " and " + std::to_string(a.batch));
-  const int ring = tuning.ring > 0 ? tuning.ring : kV3DefaultRing;
-  const bool lean = tuning.lean > 0 ? tuning.lean == detail::kLeanOn : kV3DefaultLean;
-  const int ahead = ring == detail::kQuantRingAsync     ? kV3AsyncAhead
-                    : ring == detail::kQuantRingAsync96 ? kV3Async96Ahead
-                                                        : 0;
+  const int ahead = kV3Async96Ahead;
   // Reverse token order when a mean is subtracted: the mean pass just read x in increasing token
   // order, so its last rows are still in L2 (the whole of x at the Flux shape).
   L.reverse = tuning.tile_order > 0 ? tuning.tile_order == detail::kTilesReverse
@@ -1150,17 +868,15 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const bool pdl = tuning.quant_pdl > 0 ? tuning.quant_pdl == detail::kPdlOn : kV3DefaultQuantPdl;
   const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
   L.mean_smem = mean_smem != detail::kMeanSmemOff && L.mean_vec;
-  L.mean_ring = L.mean_smem && mean_smem == detail::kMeanSmemRing && ahead > 0 &&
+  L.mean_ring = L.mean_smem && mean_smem == detail::kMeanSmemRing &&
                 ahead < kMeanRingChunk;
   // Loads before the PDL wait: by default only behind the mean pass of the same x (the fused k
   // path); kEarlyOn forces it anywhere (tests / bench: valid only where nothing before the kernel
   // in the stream still writes x), kEarlyOff nowhere.
   L.early = pdl && (tuning.quant_early > 0 ? tuning.quant_early == detail::kEarlyOn
                                            : behind_mean && kV3DefaultEarlyFused);
-  const bool imm_bar = tuning.barrier_ids > 0 ? tuning.barrier_ids == detail::kBarrierImmediate
-                                              : kV3DefaultImmBar;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
-                       ((a.rotate ? 8 : 0) + (ahead > 0 ? 4 * (ahead + 1) : 0)) +
+                       ((a.rotate ? 8 : 0) + 4 * (ahead + 1)) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
   const int mean_row_bytes = static_cast<int>(sizeof(float) * a.dim);
   auto launch = [&](auto kernel) {
@@ -1226,94 +942,13 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    // The lean arithmetic only for bf16 (its one-instruction rounding is bf16-only).
-    auto pick = [&](auto lean) {
-      constexpr bool LEAN = decltype(lean)::value && BF16;
-      if (ring == detail::kQuantRingAsync96 && !imm_bar)
-        launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN, false>);
-      else if (ring == detail::kQuantRingAsync96)
-        launch(v3_quantize_kernel_r96<D, BF16, ROPE, LEAN>);
-      else if (ahead > 0)
-        launch(v3_quantize_kernel<D, BF16, ROPE, kV3AsyncAhead, LEAN>);
-      else
-        launch(v3_quantize_kernel<D, BF16, ROPE, 0, LEAN>);
-    };
-    if (lean)
-      pick(std::true_type{});
-    else
-      pick(std::false_type{});
+    launch(v3_quantize_kernel_r96<D, BF16, ROPE>);
   });
   check_launch("norm_rope_quantize");
 }
 
 void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
-  if (mean_round_of(detail::prologue_cuda_tuning()) == 4) {
-    v4_norm_rope_mean(a, ctx, hold);
-    return;
-  }
-  const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes, rps = kV3MeanWarps * rw;
-  V3MeanLaunch L;
-  L.table_mode = table_mode_of(a);
-  const int forced = detail::prologue_cuda_tuning().heads_per_cta;
-  const int64_t hg = std::clamp<int64_t>(forced > 0 ? forced : kV3MeanMaxHeads, 1,
-                                         std::min<int64_t>(a.heads, kV3MeanMaxHeads));
-  const int64_t head_groups = (a.heads + hg - 1) / hg;
-  L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
-  const int smem = L.head_group * 8 * kV3MeanWarps * 32 * static_cast<int>(sizeof(float4));
-  const int per_sm = std::max(1, std::min(4, (224 * 1024) / std::max(smem, 1)));
-  // Carve-out (percent of the SM's shared memory): what per_sm CTAs need (+ 1 KB reserved and the
-  // static weights each), the rest stays L1.
-  int sm_smem = 0, dev = 0;
-  check_cuda(cudaGetDevice(&dev), "norm_rope_mean", "device");
-  check_cuda(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
-             "norm_rope_mean", "device attribute");
-  const int64_t need = int64_t{per_sm} * (smem + 2048);
-  const int carveout =
-      sm_smem > 0 ? static_cast<int>(std::min<int64_t>(100, (100 * need + sm_smem - 1) / sm_smem))
-                  : 100;
-  const int64_t row_steps = std::max<int64_t>(1, (a.tokens + rps - 1) / rps);
-  check::that(a.batch <= 65535, "norm_rope_mean", "x",
-              "cuda grid: expected at most 65535 batch items, got " + std::to_string(a.batch));
-  cudaStream_t stream = stream_of(ctx);
-  v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
-    auto kernel = v3_mean_kernel<decltype(d)::value, decltype(bf)::value, decltype(rope)::value>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "norm_rope_mean", "shared memory");
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    carveout),
-               "norm_rope_mean", "shared memory carve-out");
-    // Row steps per CTA by the wave model (fixed cost ~2 units: setup and the final column
-    // sums); at most 65535 chunks; the tuning knob's mean_steps overrides it.
-    const int64_t resident =
-        std::min<int64_t>(int64_t{per_sm} * multiprocessor_count(),
-                          resident_ctas(kernel, kV3MeanWarps * 32, smem, "norm_rope_mean"));
-    const int64_t first = std::max<int64_t>(1, (row_steps + 65534) / 65535);
-    const int64_t steps =
-        pick_by_waves(first, std::max(first, std::min<int64_t>(row_steps, 512)), resident, 2.0,
-                      [&](int64_t k) {
-                        const int64_t chunks = (row_steps + k - 1) / k;
-                        const bool distinct = (row_steps + chunks - 1) / chunks == k;
-                        return std::pair<int64_t, double>(
-                            distinct ? chunks * head_groups * a.batch : 0,
-                            static_cast<double>(k * L.head_group));
-                      });
-    const int forced_steps = detail::prologue_cuda_tuning().mean_steps;
-    L.steps = static_cast<int>(forced_steps > 0 ? std::max<int64_t>(
-                                                      first, std::min<int64_t>(forced_steps,
-                                                                               row_steps))
-                                                : steps);
-    L.chunks = (row_steps + L.steps - 1) / L.steps;
-    ScratchHold local;
-    Scratch& part =
-        hold_scratch(hold ? *hold : local,
-                     sizeof(float) * static_cast<size_t>(a.batch * a.heads * L.chunks * a.dim),
-                     stream, "norm_rope_mean");
-    dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
-              static_cast<unsigned>(a.batch));
-    kernel<<<grid, kV3MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
-    check_launch("norm_rope_mean");
-    launch_mean_final(a, part.as<float>(), L.chunks, stream);
-  });
+  v4_norm_rope_mean(a, ctx, hold);
 }
 
 }  // namespace cuda

@@ -48,21 +48,15 @@ struct Cfg {
   int heads_per_cta = 0;  // CUDA: force the fast kernels' head group (0: heuristic)
   bool legacy = false;    // CUDA: force the first-generation kernels
   int mean_steps = 0;     // CUDA: force the fast mean kernel's row steps per CTA (0: heuristic)
-  int round = 0;          // CUDA: force a generation of the fast kernels (2, 3; 0: the newest)
-  int mean_round = 0;     // CUDA: the same for the mean pass alone
-  int ring = 0;           // CUDA: round-3 quantize ring (detail::kQuantRing*; 0: the default)
+  int mean_round = 0;     // CUDA: 2 forces the round-2 mean kernel (0: round 4)
   int tile_order = 0;     // CUDA: round-3 quantize tile order (detail::kTiles*; 0: the default)
   int pdl = 0;            // CUDA: mean_final with PDL (detail::kPdl*; 0: the default)
-  int mean_ring = 0;      // CUDA: round-4 mean kernel's ring (detail::kQuantRing*; 0: default)
-  int lean = 0;           // CUDA: round-3 quantize lean arithmetic (detail::kLean*; 0: default)
   int split_blocks = 0;   // CUDA: round-3 quantize tiles of whole scale groups (detail::kSplit*)
   int max_reduce = 0;     // CUDA: round-3 quantize group maximum (detail::kReduce*; 0: default)
   int quant_pdl = 0;      // CUDA: round-3 quantize launched with PDL (detail::kPdl*; 0: default)
   int mean_ctas = 0;      // CUDA: round-4 mean kernel's CTAs per SM (5: the occupancy variant)
-  int mean_fma = 0;       // CUDA: round-4 mean with the rotation folded into the sums
   int mean_smem = 0;      // CUDA: round-3 quantize with the mean rows in shared memory
   int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
-  int barrier_ids = 0;    // CUDA: quantize team barriers' ids (detail::kBarrier*; 0: default)
   std::string tag;
 };
 
@@ -217,12 +211,10 @@ class PrologueCase : public Case {
     struct Tuning {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
-    } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps, c_.round,
-                                        c_.mean_round, c_.ring, c_.tile_order, c_.pdl,
-                                        c_.mean_ring, c_.lean, c_.split_blocks,
-                                        c_.max_reduce, c_.quant_pdl, c_.mean_ctas,
-                                        c_.mean_fma, c_.mean_smem, c_.quant_early,
-                                        c_.barrier_ids});
+    } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps,
+                                        c_.mean_round, c_.tile_order, c_.pdl,
+                                        c_.split_blocks, c_.max_reduce, c_.quant_pdl,
+                                        c_.mean_ctas, c_.mean_smem, c_.quant_early});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -244,9 +236,6 @@ class PrologueCase : public Case {
  private:
   Cfg c_;
 };
-
-// A round-3 quantize ring that is not the default (src/cuda/prologue_v3.cu, kV3DefaultRing).
-constexpr int kOtherRing = detail::kQuantRingRegister;
 
 LOWBIT_HARNESS_CASES(prologue_cases) {
   auto add = [&](const Cfg& c) { cases.push_back(std::make_unique<PrologueCase>(c)); };
@@ -325,34 +314,33 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   }
   // Fast-kernel coverage: head groups that wrap the prefetch rings (11 heads in groups of 6 and
   // 5), B = 2, every rope kind, D 64 and 128, scale groups inside a warp and across warps; once
-  // with the default kernels, once with the round-2 kernels forced ("r2"), once with the round-3
-  // kernels' other variants ("v3": the quantize ring that is not the default, the round-3 mean
-  // pass).
-  for (int round : {0, 2, 3})
+  // with the default kernels, once with the round-2 mean kernel forced ("r2": its mean cases
+  // only). (Session 8 deleted the round-2 quantize and round-3 mean kernels these cases also ran.)
+  for (int variant : {0, 2})
   for (int64_t D : {64, 128}) {
     Cfg f;
-    f.round = round == 2 ? 2 : 0;
-    f.mean_round = round;
-    f.ring = round == 3 ? kOtherRing : 0;
-    f.lean = round == 3 ? detail::kLeanOff : 0;  // (the default is lean for bf16)
-    f.tag = round == 2 ? "r2hg6" : round == 3 ? "v3hg6" : "hg6";
+    f.mean_round = variant == 2 ? 2 : 0;
+    const bool quant = variant != 2, mean = true;
+    f.tag = variant == 2 ? "r2hg6" : "hg6";
     f.B = 2, f.N = 1000, f.H = 11, f.D = D, f.heads_per_cta = 6, f.qkv = true;
     f.sm_scale = q_scale;
-    add(f);  // q: THREAD_Q 32, split-half rope
+    if (quant) add(f);  // q: THREAD_Q 32, split-half rope
     Cfg fk = f;
     fk.sm_scale = 1.f, fk.dtype = DType::f16, fk.rope = RopeKind::interleaved;
     fk.mean_pass = true;
-    add(fk);  // mean pass, interleaved pairs
+    if (mean) add(fk);  // mean pass, interleaved pairs
     fk.mean_pass = false, fk.mean = true, fk.layout = ScaleLayout::thread_k, fk.block = 64;
-    add(fk);  // k: THREAD_K 64 (groups of 16 rows across warps)
+    if (quant) add(fk);  // k: THREAD_K 64 (groups of 16 rows across warps)
     Cfg fn = f;
-    fn.tag = round == 2 ? "r2hg6norope" : round == 3 ? "v3hg6norope" : "hg6norope";
+    fn.tag = variant == 2 ? "r2hg6norope" : "hg6norope";
     fn.rope = RopeKind::none, fn.layout = ScaleLayout::per_block, fn.block = 64, fn.N = 1001;
-    add(fn);  // PER_BLOCK 64: one group over the whole CTA
+    if (quant) add(fn);  // PER_BLOCK 64: one group over the whole CTA
     fn.layout = ScaleLayout::thread_q, fn.block = 16, fn.sm_scale = -0.5f;
-    add(fn);  // THREAD_Q 16, negative sm_scale
+    if (quant) add(fn);  // THREAD_Q 16, negative sm_scale
     fn.mean_pass = true, fn.norm = Norm::none, fn.rope = RopeKind::split, fn.matrix_table = true;
-    add(fn);
+    if (mean) add(fn);
+    fn.tag = variant == 2 ? "r2hg6nomatrix" : "hg6nomatrix", fn.matrix_table = false;
+    if (variant == 2) add(fn);  // the round-2 mean with a pairs table
   }
   // Round-3 tiles the round-2 kernels do not take (PER_BLOCK 128 at D = 128: 16 warps, one
   // scale group over all of them) and groups of one and two rows (THREAD_Q 8, THREAD_K 8).
@@ -366,55 +354,41 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   add(t3);
   // Fast mean kernel with several row steps per CTA (3: the last CTA's rows run past N) and
   // several CTAs along the tokens (their partials added by the final kernel).
-  for (int mean_round : {0, 3})
+  for (int mean_round : {0, 2})
   for (int64_t D : {64, 128}) {
     Cfg ms;
     ms.mean_round = mean_round;
-    ms.tag = mean_round == 3 ? "v3steps3" : "steps3";
+    ms.tag = mean_round == 2 ? "r2steps3" : "steps3";
     ms.mean_pass = true, ms.B = 2, ms.N = 1000, ms.H = 11, ms.D = D, ms.heads_per_cta = 4;
     ms.mean_steps = 3, ms.qkv = true;
     add(ms);  // split-half rope, bf16
-    ms.tag = mean_round == 3 ? "v3steps3norope" : "steps3norope";
+    ms.tag = mean_round == 2 ? "r2steps3norope" : "steps3norope";
     ms.rope = RopeKind::none, ms.dtype = DType::f16, ms.N = 33;
     ms.heads_per_cta = 0;
     add(ms);  // one CTA along the tokens at D = 128 (33 rows < 3 steps of 16)
   }
   // Session 4 variants at the odd token counts, strided (fused QKV) inputs, both rope pairings,
   // both table shapes, D 64 and 128, B = 2 and 11 heads (not a multiple of a warp's 8 or 16
-  // head slots): the cp.async rings of the round-3 quantize kernel ("async": 3 heads ahead,
-  // "async96": 2 heads ahead in <= 96 registers), the reverse and
-  // forward tile orders ("rev", "fwd"), and the round-4 mean pass ("v4m", with its cp.async
-  // ring "v4ma"; a (…, pairs, 2) fp32 table or none; the matrix table falls back to round 2).
+  // head slots): the round-3 quantize kernel's cp.async ring ("async96": 2 heads ahead in <= 96
+  // registers; session 8 deleted the other rings), the reverse and forward tile orders ("rev",
+  // "fwd"), and the round-4 mean pass ("v4m": a (…, pairs, 2) fp32 table or none; the matrix
+  // table falls back to round 2).
   for (int64_t N : {1, 17, 127, 1000}) {
     for (int64_t D : {64, 128}) {
       Cfg q;
-      q.tag = "async";
+      q.tag = "async96";
       q.B = 2, q.N = N, q.H = 11, q.D = D, q.qkv = true, q.sm_scale = q_scale;
-      q.ring = detail::kQuantRingAsync;
       add(q);  // q: THREAD_Q 32, split-half rope, pairs table
       Cfg k = q;
       k.sm_scale = 1.f, k.dtype = DType::f16, k.rope = RopeKind::interleaved;
       k.matrix_table = true, k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
       k.q_pad = true;
       add(k);  // k: THREAD_K 64 (groups across warps at D = 128), matrix table
-      q.tag = "async96", q.ring = detail::kQuantRingAsync96;
-      add(q);  // the occupancy variant: 2 heads ahead, <= 96 registers
-      k.tag = "async96", k.ring = detail::kQuantRingAsync96;
-      add(k);
-      q.tag = "lean", q.ring = 0, q.lean = detail::kLeanOn;
-      add(q);  // bf16: the lean per-row arithmetic
-      q.tag = "leanasync", q.ring = detail::kQuantRingAsync;
-      add(q);
-      q.lean = 0;
       Cfg ks = k;
-      ks.tag = "split", ks.ring = 0, ks.split_blocks = detail::kSplitOn;
+      ks.tag = "split", ks.split_blocks = detail::kSplitOn;
       add(ks);  // THREAD_K 64: 4-warp CTAs on half blocks at D = 128
       ks.dtype = DType::bf16, ks.block = 128, ks.rope = RopeKind::split, ks.matrix_table = false;
       add(ks);  // THREAD_K 128: quarter blocks
-      Cfg kl = k;
-      kl.tag = "lean", kl.dtype = DType::bf16, kl.ring = 0, kl.lean = detail::kLeanOn;
-      add(kl);  // bf16 k with a mean, THREAD_K 64
-      k.ring = 0;
       for (int order : {detail::kTilesForward, detail::kTilesReverse}) {
         k.tile_order = order;
         k.tag = order == detail::kTilesForward ? "fwd" : "rev";
@@ -425,19 +399,11 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       m.mean_pass = true, m.mean_round = 4;
       m.B = 2, m.N = N, m.H = 11, m.D = D, m.qkv = true;
       add(m);  // bf16, split-half rope
-      Cfg ma = m;
-      ma.tag = "v4ma", ma.mean_ring = detail::kQuantRingAsync;
-      add(ma);  // the cp.async ring (3 tokens ahead)
-      ma.tag = "v4maint", ma.dtype = DType::f16, ma.rope = RopeKind::interleaved, ma.H = 40;
-      ma.mean_steps = 2;
-      add(ma);
       Cfg mt = m;
-      mt.tag = "v4mt", mt.mean_ring = detail::kMeanRingAsyncTable;
-      add(mt);  // the table rows in shared memory too
-      mt.tag = "v4mtint", mt.dtype = DType::f16, mt.rope = RopeKind::interleaved, mt.H = 24;
-      mt.batch_table = true, mt.qkv = false, mt.mean_steps = 3;
+      mt.tag = "v4maint", mt.dtype = DType::f16, mt.rope = RopeKind::interleaved, mt.H = 40;
+      mt.mean_steps = 2;
       add(mt);
-      mt.tag = "v4mtnolean", mt.dtype = DType::bf16, mt.lean = detail::kLeanOff;
+      mt.tag = "v4mtint", mt.H = 24, mt.batch_table = true, mt.qkv = false, mt.mean_steps = 3;
       add(mt);
       m.tag = "v4mint", m.dtype = DType::f16, m.rope = RopeKind::interleaved;
       m.w_dtype = DType::f32;
@@ -487,19 +453,9 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       m.mean_pass = true, m.mean_round = 4, m.mean_ctas = 5;
       m.B = 2, m.N = N, m.H = 11, m.D = D, m.qkv = true;
       add(m);  // bf16, split-half rope, the default ring (table rows in shared memory)
-      m.tag = "v4moccring", m.mean_ring = detail::kQuantRingAsync, m.dtype = DType::f16;
-      m.rope = RopeKind::interleaved, m.mean_steps = 3;
+      m.tag = "v4moccint", m.dtype = DType::f16, m.rope = RopeKind::interleaved;
+      m.mean_steps = 3;
       add(m);
-      Cfg mf;
-      mf.tag = "v4mfma";  // the rotation folded into the sums (fp32 tolerance, as a sum order)
-      mf.mean_pass = true, mf.mean_round = 4, mf.mean_fma = detail::kMeanFmaOn;
-      mf.B = 2, mf.N = N, mf.H = 11, mf.D = D, mf.qkv = true;
-      add(mf);  // bf16, split-half rope
-      mf.tag = "v4mfmaint", mf.dtype = DType::f16, mf.rope = RopeKind::interleaved;
-      mf.batch_table = true, mf.qkv = false, mf.mean_steps = 3;
-      add(mf);
-      mf.tag = "v4mfmaocc", mf.mean_ctas = 5;  // with one CTA per SM more
-      add(mf);
     }
   }
   // Session 6 variants of the round-3 quantize kernel with a mean (bit-exact against the CPU with
@@ -525,17 +481,15 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       k.tag = "msmemtq", k.rope = RopeKind::split, k.layout = ScaleLayout::thread_q;
       k.block = 32, k.sm_scale = q_scale;
       add(k);
-      k.tag = "msmemreg", k.ring = detail::kQuantRingRegister, k.layout = ScaleLayout::thread_k;
-      k.block = 64, k.sm_scale = 1.f;
-      add(k);  // the register ring
+      k.layout = ScaleLayout::thread_k, k.block = 64, k.sm_scale = 1.f;
       Cfg l1 = k;  // the mean from L1 (run 11's default; the staged mean is the default since)
-      l1.tag = "meanl1", l1.ring = 0, l1.mean_smem = detail::kMeanSmemOff;
+      l1.tag = "meanl1", l1.mean_smem = detail::kMeanSmemOff;
       add(l1);
       l1.tag = "meanl1tq", l1.dtype = DType::f16, l1.rope = RopeKind::interleaved;
       l1.layout = ScaleLayout::thread_q, l1.block = 32, l1.q_pad = true;
       add(l1);
       Cfg e = k;
-      e.tag = "early", e.ring = 0, e.mean_smem = 0, e.quant_pdl = detail::kPdlOn;
+      e.tag = "early", e.mean_smem = 0, e.quant_pdl = detail::kPdlOn;
       e.quant_early = detail::kEarlyOn;
       add(e);
       e.tag = "earlymsmem", e.mean_smem = detail::kMeanSmemOn;
@@ -586,7 +540,7 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // Session 7: the quantize CTA's mean rows in a 6-row ring refilled 3 heads at a time ("mring";
   // a mean given, bit-exact): 11 heads in one CTA (two refills, the second short), 40 heads by
   // the wave model and in groups of 13, THREAD_K 64 / 128, THREAD_Q 32 with a mean, f16
-  // interleaved into a padded q_out, the fused k path; the register ring keeps the staged rows.
+  // interleaved into a padded q_out, the fused k path.
   for (int64_t N : {1, 17, 127, 1000}) {
     for (int64_t D : {64, 128}) {
       Cfg k;
@@ -604,9 +558,6 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       k.tag = "mringtq", k.layout = ScaleLayout::thread_q, k.block = 32, k.sm_scale = q_scale;
       k.heads_per_cta = 20;
       add(k);
-      k.tag = "mringreg", k.ring = detail::kQuantRingRegister, k.layout = ScaleLayout::thread_k;
-      k.block = 64, k.sm_scale = 1.f, k.H = 11, k.heads_per_cta = 11;
-      add(k);  // the register ring: staged rows (no ring)
       Cfg f;
       f.tag = "kpathmring", f.fused = true, f.mean_smem = detail::kMeanSmemRing;
       f.B = 2, f.N = N, f.H = 11, f.D = D, f.qkv = true, f.heads_per_cta = 11;
@@ -614,17 +565,14 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(f);
     }
   }
-  // Session 7: the quantize kernels' team barriers with their id in a register ("regbar", run
-  // 16's kernel: 16 barriers reserved, 4 CTAs per SM), and 8 teams with immediate ids ("teams8":
-  // THREAD_Q 128 on 16-warp whole-block CTAs at D = 128, 16-row groups = 2 warps).
+  // Session 7: 8 teams with immediate barrier ids ("teams8": THREAD_Q 128 on 16-warp whole-block
+  // CTAs at D = 128, 16-row groups = 2 warps), and THREAD_K 128 on whole blocks ("nosplit128").
   for (int64_t N : {1, 17, 127, 1000}) {
     for (int64_t D : {64, 128}) {
       Cfg k;
-      k.tag = "regbar", k.barrier_ids = detail::kBarrierRegister;
+      k.tag = "nosplit128", k.split_blocks = detail::kSplitOff, k.block = 128;
       k.B = 2, k.N = N, k.H = 11, k.D = D, k.qkv = true;
-      k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
-      add(k);
-      k.tag = "regbarnosplit", k.split_blocks = detail::kSplitOff, k.block = 128;
+      k.mean = true, k.layout = ScaleLayout::thread_k;
       add(k);
       Cfg t;
       t.tag = "teams8", t.split_blocks = detail::kSplitOff;
