@@ -74,6 +74,7 @@ struct RingLayout {
 
 // ---- PTX: mbarrier and copies (sm_90; the wrappers are ptx.cuh's) ----
 using ptx::cp_async16;
+using ptx::cp_async_mbar_arrive_noinc;
 using ptx::lds128;
 using ptx::mbar_fence_init;
 using ptx::mbar_init;
@@ -88,11 +89,6 @@ __device__ __forceinline__ bool mbar_wait_warp(uint32_t bar, uint32_t parity) {
   for (uint32_t polls = 0; polls < (1u << 22); ++polls)
     if (__all_sync(0xffffffffu, mbar_try(bar, parity))) return true;
   return false;
-}
-// The transport's completion: an mbarrier arrival per lane once its copies landed (.noinc: the
-// barrier counts 32 arrivals per phase).
-__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
 // fold_code with the code already in fp32 (exact: |code| <= 8); the streaming kernel's rule.
@@ -165,7 +161,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
     if (has_ratios && lane < rows)
       cp_async16(ptx::smem_u32(slot + ROWS * RS + lane * 16),
                  p.w.ratios + (it_n0 + lane) * p.w.groups_per_row + it_sl * J);
-    cp_async_arrive_noinc(bar);
+    cp_async_mbar_arrive_noinc(bar);  // one arrival per lane once its copies landed (32 per phase)
     if (++it_slot == D) it_slot = 0;
     if (++it_sl == slices) {
       it_sl = 0;

@@ -165,19 +165,6 @@ __device__ __forceinline__ void mbar_wait_bounded(uint32_t bar, uint32_t parity)
       "r"(parity)
       : "memory");
 }
-// Whether (acquire) the phase with this parity completed, without the try_wait's time-limited
-// suspend (mbarrier.test_wait).
-__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t r;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(r)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return r != 0;
-}
 // bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared through the TMA unit,
 // completing as transaction bytes on `bar`.
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
@@ -207,26 +194,14 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint3
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
-// Asks the TMA unit to bring `bytes` (a multiple of 16; src 16-byte aligned) of global memory
-// into L2: a hint, nothing waits for it.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
 // 16 bytes global -> shared by cp.async (no zero fill).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
-
 // The mbarrier at shared address `bar` takes one arrival once every cp.async this thread
 // issued before it has landed (noinc: that arrival counts against the barrier's expected count).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// 32-bit global load with acquire semantics at GPU scope (a flag another CTA released).
-__device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
 }
 
 }  // namespace ptx
