@@ -38,10 +38,10 @@ struct Shape {
 // bulk_issue 1); "pairs": the key-pair bulk copies with 4 issuing warps (bulk_tma off,
 // bulk_issue 2: the default until run 19). Run 19 settled the tensor-map boxes under the shared
 // issue (3 % slower than pairs), with the barrier every second tile (2 % slower) and their
-// probe (0.7 % faster than the pair probe): gone. "5 stages": plan_decode's kernel with
-// bulk_stages 5 (int4 tensor-map tiles: 5 x 20.5 KB, still two CTAs per multiprocessor).
+// probe (0.7 % faster than the pair probe): gone; run 20 settled bulk_stages 5 for the
+// tensor-map tiles (0.3-3 % slower at every shape): gone.
 // Settled variants of earlier sessions have no rows (docs/decode.md has their numbers).
-enum class Pick { plan, shared, probe, pairs, stages5 };
+enum class Pick { plan, shared, probe, pairs };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -55,7 +55,6 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
     if (plan.format == KvFormat::fp8) plan.fold_scales = 0;
   }
   plan.bulk_probe = pick == Pick::probe;
-  if (pick == Pick::stages5) plan.bulk_stages = 5;
   if (plan.format == KvFormat::int4 && (pick == Pick::pairs || pick == Pick::probe)) {
     plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
     plan.bulk_issue = 2;
@@ -279,7 +278,6 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::int4, 4, "int4 g4 pairs probe (copies only, not attention)",
                          Pick::probe});
       formats.push_back({KvFormat::int4, 4, "int4 g4 pairs", Pick::pairs});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 5 stages", Pick::stages5});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -290,11 +288,9 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // "shared issue" paged at B 64; the int4 probe at B 64 contiguous; "pairs" everywhere;
-          // "5 stages" at B 64 contiguous / paged 16 and B 16 contiguous.
+          // "shared issue" paged at B 64; the int4 probe at B 64 contiguous; "pairs" everywhere.
           if (f.pick == Pick::shared && (!page || s.B != 64)) continue;
           if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
-          if (f.pick == Pick::stages5 && (s.B == 1 || page == 256 || (s.B == 16 && page))) continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");
