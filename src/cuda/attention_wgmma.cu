@@ -832,7 +832,8 @@ constexpr bool kR3Tma = true;
 // through the first half's exponentials): 100 B as first written, 4 B with the kSplitPv-only
 // register diet below (per-row ends recomputed in the mask branch, the warpgroup's end per tile,
 // K / V descriptors from Q's), so off: D = 128 runs round3_i2fp_no_turn. Turning it on runs the
-// 27 D = 128 `.r3c3` cases and the knob cons3 through it.
+// 27 D = 128 `.r3c3` cases and the knob cons3 through it. Measured on (H200 run 21, 2026-11-30):
+// same bits as auto (127 cases passed) but 0.92-0.97x of auto at the four D = 128 bench rows.
 constexpr bool kR3C3At128 = false;
 
 // The three TMA descriptors of a launch (unused by the cp.async producer).
