@@ -827,14 +827,10 @@ constexpr int kR3EarlyQkMaxD = 64;
 // wait_group / proxy fence before each publication. false: the cp.async producer. (D = 64 rows
 // use half of a 128-byte swizzled row, which no TMA box produces: always cp.async.)
 constexpr bool kR3Tma = true;
-// Three consumer warpgroups (WgmmaKernel::round3_i2fp_no_turn_c3) at D = 128 too: written and
-// compiled, but ptxas spills at 160 registers (O and the logits, 64 + 64, plus ~40 scalars
-// through the first half's exponentials): 100 B as first written, 4 B with the kSplitPv-only
-// register diet below (per-row ends recomputed in the mask branch, the warpgroup's end per tile,
-// K / V descriptors from Q's), so off: D = 128 runs round3_i2fp_no_turn. Turning it on runs the
-// 27 D = 128 `.r3c3` cases and the knob cons3 through it. Measured on (H200 run 21, 2026-11-30):
-// same bits as auto (127 cases passed) but 0.92-0.97x of auto at the four D = 128 bench rows.
-constexpr bool kR3C3At128 = false;
+// (Three consumer warpgroups at D = 128, the P·V in two waited 64-channel halves with a
+// register diet to fit 160 registers (4 B spilled): same bits as auto but 0.92-0.97x of it at
+// the four D = 128 bench rows in H200 run 21 (2026-11-30), removed. D = 128 runs
+// round3_i2fp_no_turn; the knob cons3 and the D = 128 `.r3c3` cases run it too.)
 
 // The three TMA descriptors of a launch (unused by the cp.async producer).
 struct R3Maps {
@@ -1041,13 +1037,12 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // bit 7: three consumer warpgroups (192 query rows per CTA; D = 64, round 3 without turns):
   // one more warp per scheduler to hide the softmax's latencies, K/V tiles shared by 192 rows.
   constexpr bool kC3 = (kVar & 128) != 0;
-  // The TMA producer at 24 registers, consumers at 160 (D = 128: the P·V in two 64-channel
-  // halves, see kSplitPv; D = 64: Q and K in 64-byte rows, 64-byte swizzle). (The cp.async
-  // producer at 40 / 152 for D = 64: 0.98x of the TMA one in runs 16 and 17, removed.)
-  static_assert(!kC3 || (kNoTurn && kTma), "3 consumers: round 3 without turns, TMA");
+  // The TMA producer at 24 registers, consumers at 160 (Q and K in 64-byte rows, 64-byte
+  // swizzle). (The cp.async producer at 40 / 152: 0.98x of the TMA one in runs 16 and 17; D =
+  // 128: 0.92-0.97x in run 21; removed.)
+  static_assert(!kC3 || (kNoTurn && kTma && D == 64), "3 consumers: D = 64, no turns, TMA");
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
-  constexpr bool kSplitPv = kC3 && D == 128;  // the P·V in two 64-channel halves
   // (bit 8, round 3 at D = 128 at setmaxnreg 24 / 240: 0.99-1.01x in runs 12 and 13, removed)
   // (bit 10, three consumers at D = 64 with the next q k^T issued behind the second P·V,
   // before the O update: 0.99x of the TMA-producer kernel in run 16, removed)
@@ -1056,10 +1051,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr int kQKRow = kTma ? D : kRowBytes;
   // (bit 11, three consumers without a producer warpgroup, refilling the ring themselves:
   // 0.72-0.76x at both head dims in runs 16 and 17, removed)
-  // Register diet (kSplitPv with a producer): the rows' visible ends recomputed where needed and
-  // the K / V descriptors derived from Q's, instead of kept live through the loop. (ptxas, D =
-  // 128 three consumers: 4 B spilled with it at 160 registers)
-  constexpr bool kDiet = kSplitPv;
   // (bits 12 and 13, P's row sums on the tensor cores (a ones row block after each V tile, the
   // P·V m64n(D + 8), l updated like O) and the quick row maxima (the quad reduction on each row's
   // tile maximum first): 0.99-1.00x and 0.98-0.99x of auto in run 19, removed)
@@ -1247,10 +1238,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   }
   // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
   // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop).
-  const int wg_end = kDiet ? 0 : static_cast<int>(visible_end(p, q0 + cw * 64));
-  // (kDiet: recomputed in the mask branch, not kept through the loop: registers)
-  const int end0_ = kDiet ? 0 : static_cast<int>(visible_end(p, row0));
-  const int end1_ = kDiet ? 0 : static_cast<int>(visible_end(p, row1));
+  const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
+  const int end0 = static_cast<int>(visible_end(p, row0));
+  const int end1 = static_cast<int>(visible_end(p, row1));
 
   float o[D / 2];
 #pragma unroll
@@ -1264,26 +1254,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // (Q and K in 64-byte rows: the 64-byte swizzle's descriptors)
   auto qk_desc = [](uint32_t a) { return kQKRow == 64 ? smem_desc_sw64(a) : smem_desc(a); };
   const uint64_t dq0 = qk_desc(sq);
-  // (kDiet: K and V descriptors from Q's, not kept: registers; V's is always the 128-byte
-  // swizzle's, so with 64-byte Q rows its upper word (stride, layout) is swapped in)
-  const uint64_t dk0 = kDiet ? 0 : qk_desc(base + L::kK);
-  const uint64_t dv0 = kDiet ? 0 : smem_desc(base + L::kV);
-  auto k_desc = [&](int st) {
-    return kDiet ? dq0 + static_cast<uint32_t>((L::kK + st * L::kKTile - L::kQ -
-                                                cw * 64 * kQKRow) >> 4)
-                 : dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4));
-  };
-  auto v_desc = [&](int st) {
-    if constexpr (kDiet) {
-      const uint64_t d = dq0 + static_cast<uint32_t>((L::kV + st * L::kVTile - L::kQ -
-                                                      cw * 64 * kQKRow) >> 4);
-      return kQKRow == kRowBytes
-                 ? d
-                 : (d & 0xffffffffull) | (smem_desc(0) & 0xffffffff00000000ull);
-    } else {
-      return dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4));
-    }
-  };
+  const uint64_t dk0 = qk_desc(base + L::kK);
+  const uint64_t dv0 = smem_desc(base + L::kV);  // (V: always the 128-byte swizzle's)
+  auto k_desc = [&](int st) { return dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4)); };
+  auto v_desc = [&](int st) { return dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4)); };
   // Releases stage st (tile `tile`: its q k^T and P·V are done) for this warp.
   auto release = [&](int tile, int st) {
     (void)tile;
@@ -1347,26 +1321,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       }
     }
     if constexpr (kEarly) issue_qk(tile + 1);  // acc is free: runs under the whole softmax
-    // (kDiet: the warpgroup's end recomputed per tile, not kept: registers)
-    int wge = wg_end;
-    if constexpr (kDiet) {
-      const int qbb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
-                               : static_cast<int>(blockIdx.x);
-      wge = static_cast<int>(visible_end(p, static_cast<int64_t>(qbb) * kRows + cw * 64));
-    }
-    if (kv0 + kBN > wge) {  // the tile crosses a visible end of this warpgroup's rows
+    if (kv0 + kBN > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
       // Column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t (compile-time left
       // sides: no per-column registers).
-      int end0 = end0_, end1 = end1_;
-      if constexpr (kDiet) {
-        const int qbb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
-                                 : static_cast<int>(blockIdx.x);
-        const int tid_c = static_cast<int>(threadIdx.x);
-        const int64_t r0 = static_cast<int64_t>(qbb) * kRows + (tid_c / 128 - 1) * 64 +
-                           ((tid_c / 32) % 4) * 16 + (tid_c % 32) / 4;
-        end0 = static_cast<int>(visible_end(p, r0));
-        end1 = static_cast<int>(visible_end(p, r0 + 8));
-      }
       const int lim0 = end0 - kv0 - 2 * t;
       const int lim1 = end1 - kv0 - 2 * t;
 #pragma unroll
@@ -1412,55 +1369,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     m1 = mb1;
     float suma0, suma1, sumb0, sumb1;
     uint32_t pa[2][4], pb[2][4];
-    if constexpr (kSplitPv) {
-      // Three consumers at D = 128 (160 registers): both halves' P first, then the P·V in two
-      // 64-channel halves through a 32-register buffer, each waited for and folded into O
-      // before the next (O, c = 64 + 64 and the next logits do not fit). Same per-element
-      // arithmetic as the two-consumer path: c = Pa Va (+ Pb Vb on the tensor cores when
-      // folded), O = O ra + c (then O rb + Cb when not folded).
-      r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
-                     ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
-      r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
-                     mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
-      l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
-      l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
-      const bool fold = wg_all(rb0 == 1.f && rb1 == 1.f, 3 + cw);
-      const float r0 = fold ? ra0 : rb0, r1 = fold ? ra1 : rb1;
-      // V rows (channels) 64 hh .. 64 hh + 63 start 64 x 128 bytes into the tile: +512 in the
-      // descriptor's 16-byte units
-      auto pv_half = [&](auto hh_c) {
-        constexpr int hh = decltype(hh_c)::value;
-        const uint64_t dvh = dv + 512 * hh;
-        float c32[32];
-        // (the fold decides the second P·V's scale-d, not a branch around it: a wgmma in a
-        // divergent path makes ptxas serialize every wgmma, C7520)
-        wgmma_fence();
-        wgmma_e4m3_n64_first(c32, pa[0], dvh);
-        wgmma_pv<64>(c32, pa[1], dvh + 2, 1);
-        wgmma_commit();
-        if (!fold) {
-          wgmma_wait<0>();
-          fence_regs(c32);
-          accumulate_half<32 * hh>(o, c32, ra0, ra1);
-        }
-        wgmma_fence();
-        wgmma_pv<64>(c32, pb[0], dvh + 4, fold);
-        wgmma_pv<64>(c32, pb[1], dvh + 6, 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(c32);
-        accumulate_half<32 * hh>(o, c32, r0, r1);
-      };
-      pv_half(std::integral_constant<int, 0>{});
-      pv_half(std::integral_constant<int, 1>{});
-      release(tile, st);  // q k^T and P·V of this stage are done
-      if constexpr (kMore) {
-        issue_qk(tile + 1);
-        wgmma_wait<0>();
-        fence_regs(acc);
-      }
-      return;
-    }
     r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
                    ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
     r3_pv_issue_desc<D>(c, pa, dv);  // the first half's P·V runs under the second half's P
@@ -1564,9 +1472,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // map cannot be made) the two-consumer var 34 or round 3 (same bits).
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
   const bool tma64 = D == 64 && kBf16 && kc_half && var == 162;
-  // D = 128 three consumers (var 162; the P·V in 64-channel halves): only with kR3C3At128,
-  // bf16 output, per-half kc, TMA; else var 34.
-  const bool c3_128 = D == 128 && kBf16 && kc_half && var == 162 && kR3C3At128;
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
@@ -1593,18 +1498,17 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
     // (three consumers, var 162: Q in boxes of 64 rows, one per consumer; the fallbacks below
     // keep var 162 exactly for bf16 output with per-half kc once TMA is on)
-    const bool q_box64 = tma64 || c3_128;
     tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
-                 q_box64 ? 64u : static_cast<uint32_t>(kBM)) &&
+                 tma64 ? 64u : static_cast<uint32_t>(kBM)) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
           encode_map(&maps.v, p.v, 3, vd, vs, vbox);
   }
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
-  // var 162 (three consumers): D = 64 with its maps, D = 128 with c3_128 and its maps, else 34;
+  // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
-  if (var == 162 && !(tma && (D == 64 || c3_128))) var = 34;
+  if (var == 162 && !(tma && D == 64)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
@@ -1613,9 +1517,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                   : attention_wgmma_r3_kernel<D, T16, false, kT, 0>;
     if constexpr (kBf16 && (D == 64 || kT)) {
       if (var == 34) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34>;
-    }
-    if constexpr (kBf16 && D == 128 && kT && kR3C3At128) {
-      if (var == 162) k = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
     }
     return k;
   };
