@@ -103,11 +103,12 @@ struct DecodePlan {
   // CUDA, bulk kernel: who issues a tile's bulk copies. 0: every warp a share of them, after a
   // CTA barrier per tile (session 3). 1 ("solo"): one warp per tile, in turn; each warp releases
   // a stage on an mbarrier when done with it and the next issuer waits on that (no CTA barrier).
-  // Same arithmetic and order: the bits equal 0's. plan_decode sets 1 for f16 caches and
-  // contiguous fp8 caches (H200 run 9: 6-12 % faster), 0 for int4 and paged fp8 (solo 8-17 %
-  // slower). docs/decode.md "Solo issue". 2: as 0 (CTA barrier per tile), but only 4 of the
-  // CTA's warps issue the copies (fewer per-tile issue setups; plan_decode's int4 choice since
-  // H200 run 13; session 8 removed 3, two issuing warps: slower). The bits equal 0's.
+  // Same arithmetic and order: the bits equal 0's. plan_decode sets 1 for f16 caches, fp8
+  // caches (contiguous since H200 run 9: 6-12 % faster; paged where tiles are copied whole since
+  // session 8) and int4 g4 D 128 with bulk_tma (session 8), else 0; docs/decode.md "Solo issue".
+  // 2: as 0 (CTA barrier per tile), but only 4 of the CTA's warps issue the copies (fewer
+  // per-tile issue setups; plan_decode's choice for the other int4 layouts since H200 run 13;
+  // session 8 removed 3, two issuing warps: slower). The bits equal 0's.
   int bulk_issue = 0;
   // CUDA, bulk kernel: stages of its shared-memory ring (0: automatic, as many as fit two CTAs per
   // multiprocessor in ~110 KB each, at most 4: int4 g4 D 128 4, fp8 / f16 D 128 3). 2..8 asks for
