@@ -80,35 +80,20 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-// K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (gemm_wgmma.cu's descriptor).
-// For the MN-major 16-bit V tile the same bits describe 8-key groups 1024 bytes apart; each
-// wgmma there spans one 64-channel atom column, so the leading byte offset (the other stride)
-// never matters: it is set to 1024 too, which is right under either reading of the two fields.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  uint64_t d = (addr & 0x3ffffu) >> 4;
-  d |= uint64_t{1} << 16;          // leading byte offset (unused for swizzled K-major)
-  d |= uint64_t{1024 >> 4} << 32;  // stride byte offset: next 8-row atom
-  d |= uint64_t{1} << 62;          // 128-byte swizzle
-  return d;
-}
-
+// Shared-memory descriptors (ptx::wgmma_desc). ptx::smem_desc: K-major, 128-byte swizzle, 8-row
+// atoms 1024 bytes apart (gemm_wgmma.cu's descriptor).
+using ptx::smem_desc;
 // K-major, 64-byte swizzle (rows of 64 bytes: a D = 64 int8 row, as TMA's SWIZZLE_64B writes
 // them; 16-byte chunk c of row r at c ^ ((r >> 1) & 3)), 8-row atoms 512 bytes apart; a 32-byte
 // k-step at +32 bytes (+2 in the address field), as with the 128-byte swizzle.
 __device__ __forceinline__ uint64_t smem_desc_sw64(uint32_t addr) {
-  uint64_t d = (addr & 0x3ffffu) >> 4;
-  d |= uint64_t{1} << 16;         // leading byte offset (unused for swizzled K-major)
-  d |= uint64_t{512 >> 4} << 32;  // stride byte offset: next 8-row atom
-  d |= uint64_t{2} << 62;         // 64-byte swizzle
-  return d;
+  return ptx::wgmma_desc(addr, 16, 512, 2);
 }
-
+// The MN-major 16-bit V tile: 8-key groups 1024 bytes apart; each wgmma there spans one
+// 64-channel atom column, so the leading byte offset (the other stride) never matters: 1024 too,
+// which is right under either reading of the two fields.
 __device__ __forceinline__ uint64_t smem_desc_mn(uint32_t addr) {
-  uint64_t d = (addr & 0x3ffffu) >> 4;
-  d |= uint64_t{1024 >> 4} << 16;
-  d |= uint64_t{1024 >> 4} << 32;
-  d |= uint64_t{1} << 62;
-  return d;
+  return ptx::wgmma_desc(addr, 1024, 1024, 1);
 }
 
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {

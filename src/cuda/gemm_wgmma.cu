@@ -34,16 +34,8 @@ __device__ __forceinline__ uint32_t swz128(int row, int chunk) {
   return static_cast<uint32_t>(row * kBK + ((chunk ^ (row & 7)) << 4));
 }
 
-// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
-  uint64_t d = (addr & 0x3ffffu) >> 4;
-  d |= uint64_t{1} << 16;             // leading byte offset (unused for swizzled K-major)
-  d |= uint64_t{1024 >> 4} << 32;     // stride byte offset: next 8-row atom
-  d |= uint64_t{1} << 62;             // 128-byte swizzle
-  return d;
-}
-
 using ptx::fence_proxy_async;
+using ptx::smem_desc;  // K-major, 128-byte swizzle
 using ptx::wgmma_commit;
 using ptx::wgmma_fence;
 using ptx::wgmma_wait;

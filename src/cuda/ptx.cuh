@@ -204,6 +204,23 @@ __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+
+// wgmma shared-memory matrix descriptor of the tile at shared address `addr`: leading and stride
+// byte offsets (multiples of 16) and the swizzle mode (1: 128-byte, 2: 64-byte).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lead_bytes,
+                                               uint32_t stride_bytes, uint32_t swizzle) {
+  uint64_t d = (addr & 0x3ffffu) >> 4;
+  d |= uint64_t{lead_bytes >> 4} << 16;
+  d |= uint64_t{stride_bytes >> 4} << 32;
+  d |= uint64_t{swizzle} << 62;
+  return d;
+}
+// K-major, 128-byte swizzle, 8-row atoms 1024 bytes apart (the leading byte offset is unused
+// for swizzled K-major tiles: 16).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return wgmma_desc(addr, 16, 1024, 1);
+}
+
 }  // namespace ptx
 }  // namespace cuda
 }  // namespace lowbit
