@@ -687,6 +687,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                                                         : ""));
     const attn::WgmmaKernel which =
         options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
+        : tune.tile_step && D == 128              ? attn::WgmmaKernel::round3_tile_step
         : tune.no_turn && tune.cons3              ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
         : tune.no_turn                            ? attn::WgmmaKernel::round3_i2fp_no_turn
                                                   : attn::WgmmaKernel::round3;
@@ -711,9 +712,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // passed. (It runs for bf16 output with per-half k scales; the rest as before.)
     // (Session 8's knobs sum_pv, the row sums on the tensor cores, and quick_max, the quick row
     // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed.)
-    const attn::WgmmaKernel which = !fp8      ? attn::WgmmaKernel::round1
-                                    : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
-                                              : attn::WgmmaKernel::round3_i2fp_no_turn;
+    // (knob tile_step: D = 128 with one softmax step per 128-key tile, under A/B)
+    const attn::WgmmaKernel which = !fp8            ? attn::WgmmaKernel::round1
+                                    : D == 64       ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
+                                    : tune.tile_step ? attn::WgmmaKernel::round3_tile_step
+                                                    : attn::WgmmaKernel::round3_i2fp_no_turn;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }
