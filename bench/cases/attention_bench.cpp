@@ -91,11 +91,18 @@ std::string agreement(const std::vector<float>& got_all, const std::vector<float
   return accuracy(got, ref).str();
 }
 
-// The A/B knob of D = 128 (one softmax step per 128-key tile, the next q k^T under it).
-detail::AttentionCudaTuning tile_step_tuning() {
-  detail::AttentionCudaTuning t;
-  t.tile_step = true;
-  return t;
+// The A/B variants of D = 128: one softmax step per 128-key tile with the next q k^T under it
+// (knob tile_step), and the same with a quarter of the exponentials on the FMA pipe (poly_exp).
+struct Variant {
+  const char* name;
+  detail::AttentionCudaTuning tune;
+};
+std::vector<Variant> d128_variants() {
+  Variant a{"one softmax step per tile, q k^T under it", {}};
+  a.tune.tile_step = true;
+  Variant b{"one softmax step per tile, q k^T under it, 1/4 of exp2 on the FMA pipe", a.tune};
+  b.tune.poly_exp = true;
+  return {a, b};
 }
 
 class AttentionBench : public BenchCase {
@@ -206,27 +213,30 @@ class AttentionBench : public BenchCase {
         kr8.baseline_ms = base_ms;
         kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
         rows.push_back(kr8);
-        // The variant under A/B at D = 128 (knob tile_step), baseline the default in the same
-        // run; the accuracy column says whether its bits equal the default's (they do not by
-        // design: its agreement with the default instead); its one-call twin below gives the
-        // accuracy against fp64.
-        const bool ab = dev == Device::cuda && D == 128;
-        if (ab) {
+        // The variants under A/B at D = 128, baseline the default in the same run; the accuracy
+        // column says whether their bits equal the default's (they do not by design: their
+        // agreement with the default instead); their one-call twins below give the accuracy
+        // against fp64.
+        const std::vector<Variant> variants =
+            dev == Device::cuda && D == 128 ? d128_variants() : std::vector<Variant>{};
+        if (!variants.empty()) {
           const std::vector<float> dflt_out = to_host_f32(out.view);
-          detail::set_attention_cuda_tuning(tile_step_tuning());
-          Row r = kr8;
-          r.op = "attention_int8 fp8 PV auto + one softmax step per tile, q k^T under it "
-                 "(kernel only)" + tag;
-          r.ms = env.time_ms([&] {
-            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
-          });
-          detail::set_attention_cuda_tuning({});
-          const std::vector<float> got = to_host_f32(out.view);
-          r.accuracy = got == dflt_out ? "bits = default"
-                                       : "bits != default (" + agreement(got, dflt_out) + ")";
-          r.baseline = "lowbit attention_int8 fp8 PV auto";
-          r.baseline_ms = kr8.ms;
-          rows.push_back(r);
+          for (const Variant& va : variants) {
+            detail::set_attention_cuda_tuning(va.tune);
+            Row r = kr8;
+            r.op = std::string("attention_int8 fp8 PV auto + ") + va.name + " (kernel only)" + tag;
+            r.ms = env.time_ms([&] {
+              attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8,
+                             ctx);
+            });
+            detail::set_attention_cuda_tuning({});
+            const std::vector<float> got = to_host_f32(out.view);
+            r.accuracy = got == dflt_out ? "bits = default"
+                                         : "bits != default (" + agreement(got, dflt_out) + ")";
+            r.baseline = "lowbit attention_int8 fp8 PV auto";
+            r.baseline_ms = kr8.ms;
+            rows.push_back(r);
+          }
         }
         // (Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x
         // of auto), the D = 64 two-consumer row (0.77x, run 13), the D = 128 240-register row
@@ -260,10 +270,11 @@ class AttentionBench : public BenchCase {
                         r.ms - (o.pv == AttentionOptions::fp8 ? kr8.ms : f16_kernel_ms));
           r.note = note;
           rows.push_back(r);
-          if (ab && o.pv == AttentionOptions::fp8) {  // the A/B knob: accuracy against fp64
-            detail::set_attention_cuda_tuning(tile_step_tuning());
+          if (o.pv != AttentionOptions::fp8) continue;
+          for (const Variant& va : variants) {  // the A/B variants: accuracy against fp64
+            detail::set_attention_cuda_tuning(va.tune);
             Row rt = r;
-            rt.op = "attention() fp8 PV, incl. quantization, one softmax step per tile" + tag;
+            rt.op = std::string("attention() fp8 PV, incl. quantization, ") + va.name + tag;
             rt.ms = env.time_ms(
                 [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
             detail::set_attention_cuda_tuning({});

@@ -677,6 +677,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs round 1),
   // auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
+  const attn::WgmmaKernel tile_step = tune.poly_exp ? attn::WgmmaKernel::round3_tile_step_poly
+                                                    : attn::WgmmaKernel::round3_tile_step;
   if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
@@ -687,7 +689,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                                                         : ""));
     const attn::WgmmaKernel which =
         options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
-        : tune.tile_step && D == 128              ? attn::WgmmaKernel::round3_tile_step
+        : tune.tile_step && D == 128              ? tile_step
         : tune.no_turn && tune.cons3              ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
         : tune.no_turn                            ? attn::WgmmaKernel::round3_i2fp_no_turn
                                                   : attn::WgmmaKernel::round3;
@@ -715,7 +717,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // (knob tile_step: D = 128 with one softmax step per 128-key tile, under A/B)
     const attn::WgmmaKernel which = !fp8            ? attn::WgmmaKernel::round1
                                     : D == 64       ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
-                                    : tune.tile_step ? attn::WgmmaKernel::round3_tile_step
+                                    : tune.tile_step ? tile_step
                                                     : attn::WgmmaKernel::round3_i2fp_no_turn;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;

@@ -138,7 +138,10 @@ enum class WgmmaKernel {
   // rescale per tile, both halves' P·V into one fresh buffer) and the next tile's q k^T under
   // this tile's softmax; not bit-equal (P rounded against the tile's maximum); bf16 output with
   // per-half k scales and the TMA producer, else round3_i2fp_no_turn / round 3; knob tile_step
-  round3_tile_step
+  round3_tile_step,
+  // round3_tile_step with a quarter of the exponentials by a polynomial on the FMA pipe (not
+  // bit-equal to it); knobs tile_step + poly_exp
+  round3_tile_step_poly
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).
