@@ -677,8 +677,12 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs round 1),
   // auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  const attn::WgmmaKernel tile_step = tune.poly_exp ? attn::WgmmaKernel::round3_tile_step_poly
-                                                    : attn::WgmmaKernel::round3_tile_step;
+  // D = 128 A/B knobs: tile_step, poly_exp (either or both)
+  const attn::WgmmaKernel knob_kernel =
+      tune.tile_step ? (tune.poly_exp ? attn::WgmmaKernel::round3_tile_step_poly
+                                      : attn::WgmmaKernel::round3_tile_step)
+                     : attn::WgmmaKernel::round3_poly;
+  const bool knob128 = D == 128 && (tune.tile_step || tune.poly_exp);
   if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
@@ -689,7 +693,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                                                         : ""));
     const attn::WgmmaKernel which =
         options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
-        : tune.tile_step && D == 128              ? tile_step
+        : knob128                                 ? knob_kernel
         : tune.no_turn && tune.cons3              ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
         : tune.no_turn                            ? attn::WgmmaKernel::round3_i2fp_no_turn
                                                   : attn::WgmmaKernel::round3;
@@ -714,10 +718,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // passed. (It runs for bf16 output with per-half k scales; the rest as before.)
     // (Session 8's knobs sum_pv, the row sums on the tensor cores, and quick_max, the quick row
     // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed.)
-    // (knob tile_step: D = 128 with one softmax step per 128-key tile, under A/B)
+    // (knobs tile_step / poly_exp: D = 128 variants under A/B)
     const attn::WgmmaKernel which = !fp8            ? attn::WgmmaKernel::round1
                                     : D == 64       ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
-                                    : tune.tile_step ? tile_step
+                                    : knob128       ? knob_kernel
                                                     : attn::WgmmaKernel::round3_i2fp_no_turn;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;

@@ -141,7 +141,10 @@ enum class WgmmaKernel {
   round3_tile_step,
   // round3_tile_step with a quarter of the exponentials by a polynomial on the FMA pipe (not
   // bit-equal to it); knobs tile_step + poly_exp
-  round3_tile_step_poly
+  round3_tile_step_poly,
+  // round3_i2fp_no_turn (D = 128) with the same polynomial exponentials (not bit-equal to it);
+  // knob poly_exp without tile_step
+  round3_poly
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

@@ -1055,14 +1055,16 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr bool kTileStep = (kVar & 16384) != 0;
   static_assert(!kTileStep || (kNoTurn && kTma && !kC3 && D == 128 && kKcHalf),
                 "one step per tile: D = 128, no turns, TMA, per-half kc");
-  // bit 15 (with bit 14): a quarter of the exponentials (column blocks 3 and 7 of each half) by
+  // bit 15: a quarter of the exponentials (column blocks 3 and 7 of each half) by
   // poly_exp2 on the FMA / ALU pipes (~9 instructions each instead of one MUFU.EX2), to take
   // load off the MUFU pipe (run 20's ncu: the MUFU.EX2 lines stall on "wait" at 31 % of all
-  // samples). Not bit-equal to bit 14 alone (2^x within 8e-5 relative instead of ex2.approx's
+  // samples). Not bit-equal without it (2^x within 8e-5 relative instead of ex2.approx's
   // ~2 ulp: an e4m3 rounding of P moves where x is that close to a rounding boundary; x < -125
   // gives 0, ex2.approx 0 or a denormal-free tiny value: P and the row sums do not see it).
   constexpr int kPolyEvery = (kVar & 32768) != 0 ? 4 : 0;
-  static_assert(kPolyEvery == 0 || kTileStep, "poly exp2: with one step per tile");
+  // (with bit 14 at D = 128, or on auto's D = 128 kernel, var 34 + bit 15)
+  static_assert(kPolyEvery == 0 || (D == 128 && kNoTurn && kTma && !kC3),
+                "poly exp2: D = 128, no turns, TMA");
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   // (bit 8, round 3 at D = 128 at setmaxnreg 24 / 240: 0.99-1.01x in runs 12 and 13, removed)
@@ -1404,10 +1406,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     m1 = mb1;
     float suma0, suma1, sumb0, sumb1;
     uint32_t pa[2][4], pb[2][4];
-    r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
+    r3_exp_half<0, kPolyEvery>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
                    ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
     r3_pv_issue_desc<D>(c, pa, dv);  // the first half's P·V runs under the second half's P
-    r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
+    r3_exp_half<1, kPolyEvery>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
                    mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
     l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
     l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
@@ -1545,7 +1547,7 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
 
 // var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups,
 // 16418 round 3 + I2FP without turns with one softmax step per 128-key tile, 49186 the same with
-// a quarter of the exponentials on the FMA pipe
+// a quarter of the exponentials on the FMA pipe, 32802 round 3 + I2FP without turns with them
 // (see the kernel's kVar); each falls back to the next simpler one (same bits) where its
 // instantiation or producer does not apply.
 template <int D, typename T16>
@@ -1603,9 +1605,11 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
-  // var 16418 / 49186 (one softmax step per tile, D = 128 only): with its maps, else 34.
+  // var 16418 / 49186 (one softmax step per tile) and 32802 (auto's with the polynomial
+  // exponentials), D = 128 only: with its maps, else 34.
   if (var == 162 && !(tma && D == 64)) var = 34;
-  if ((var == 16418 || var == 49186) && !(tma && D == 128 && kBf16 && kc_half)) var = 34;
+  if ((var == 16418 || var == 49186 || var == 32802) && !(tma && D == 128 && kBf16 && kc_half))
+    var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
@@ -1618,6 +1622,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     if constexpr (kBf16 && D == 128 && kT) {
       if (var == 16418) k = attention_wgmma_r3_kernel<D, T16, true, kT, 16418>;
       if (var == 49186) k = attention_wgmma_r3_kernel<D, T16, true, kT, 49186>;
+      if (var == 32802) k = attention_wgmma_r3_kernel<D, T16, true, kT, 32802>;
     }
     return k;
   };
@@ -1676,6 +1681,7 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
                       : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
                       : which == WgmmaKernel::round3_tile_step       ? 16418
                       : which == WgmmaKernel::round3_tile_step_poly  ? 49186
+                      : which == WgmmaKernel::round3_poly            ? 32802
                                                                      : 0;
       if (out_dtype == DType::bf16)
         launch_r3<Dv, __nv_bfloat16>(p, B, var, stream);
