@@ -92,20 +92,24 @@ std::string agreement(const std::vector<float>& got_all, const std::vector<float
 }
 
 // The A/B variants of D = 128: one softmax step per 128-key tile with the next q k^T under it
-// (knob tile_step), the same with a quarter of the exponentials on the FMA pipe (+ poly_exp),
-// and auto with those exponentials (poly_exp alone).
+// (knob tile_step), + the first half's P·V under the second half's P (pv_split; same bits),
+// + a quarter of the exponentials on the FMA pipe (poly_exp), and auto with those exponentials
+// (poly_exp alone). fp64: whether the variant gets a one-call row with its accuracy.
 struct Variant {
   const char* name;
   detail::AttentionCudaTuning tune;
+  bool fp64;
 };
 std::vector<Variant> d128_variants() {
-  Variant a{"one softmax step per tile, q k^T under it", {}};
+  Variant a{"one softmax step per tile, q k^T under it", {}, true};
   a.tune.tile_step = true;
-  Variant b{"one softmax step per tile, q k^T under it, 1/4 of exp2 on the FMA pipe", a.tune};
-  b.tune.poly_exp = true;
-  Variant c{"1/4 of exp2 on the FMA pipe", {}};
+  Variant b{"one step per tile, q k^T under it, first P·V half under the second P", a.tune, false};
+  b.tune.pv_split = true;
+  Variant c{"one step per tile, q k^T, P·V halves, 1/4 of exp2 on the FMA pipe", b.tune, true};
   c.tune.poly_exp = true;
-  return {a, b, c};
+  Variant d{"1/4 of exp2 on the FMA pipe", {}, true};
+  d.tune.poly_exp = true;
+  return {a, b, c, d};
 }
 
 class AttentionBench : public BenchCase {
@@ -275,6 +279,7 @@ class AttentionBench : public BenchCase {
           rows.push_back(r);
           if (o.pv != AttentionOptions::fp8 || is_causal) continue;  // (accuracy: non-causal)
           for (const Variant& va : variants) {  // the A/B variants: accuracy against fp64
+            if (!va.fp64) continue;
             detail::set_attention_cuda_tuning(va.tune);
             Row rt = r;
             rt.op = std::string("attention() fp8 PV, incl. quantization, ") + va.name + tag;

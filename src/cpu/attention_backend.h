@@ -27,7 +27,9 @@ struct AttentionCudaTuning {
   // 128-key tile and the next q k^T under the softmax (not bit-equal to auto: P is rounded
   // against the tile's row maximum, not the 64-key half's)
   bool tile_step = false;
-  // D = 128 fp8 P·V (auto or wgmma_r3; with or without tile_step): a quarter of the
+  // with tile_step: the first half's P·V under the second half's P (same bits as tile_step)
+  bool pv_split = false;
+  // D = 128 fp8 P·V (auto or wgmma_r3; alone or with tile_step + pv_split): a quarter of the
   // exponentials by a degree-3 polynomial on the FMA pipe instead of MUFU.EX2 (relative error
   // < 8e-5; not bit-equal)
   bool poly_exp = false;

@@ -677,11 +677,12 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs round 1),
   // auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  // D = 128 A/B knobs: tile_step, poly_exp (either or both)
+  // D = 128 A/B knobs: tile_step (+ pv_split (+ poly_exp)), or poly_exp alone
   const attn::WgmmaKernel knob_kernel =
-      tune.tile_step ? (tune.poly_exp ? attn::WgmmaKernel::round3_tile_step_poly
-                                      : attn::WgmmaKernel::round3_tile_step)
-                     : attn::WgmmaKernel::round3_poly;
+      !tune.tile_step  ? attn::WgmmaKernel::round3_poly
+      : !tune.pv_split ? attn::WgmmaKernel::round3_tile_step
+      : tune.poly_exp  ? attn::WgmmaKernel::round3_tile_step_split_poly
+                       : attn::WgmmaKernel::round3_tile_step_split;
   const bool knob128 = D == 128 && (tune.tile_step || tune.poly_exp);
   if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())

@@ -139,9 +139,12 @@ enum class WgmmaKernel {
   // this tile's softmax; not bit-equal (P rounded against the tile's maximum); bf16 output with
   // per-half k scales and the TMA producer, else round3_i2fp_no_turn / round 3; knob tile_step
   round3_tile_step,
-  // round3_tile_step with a quarter of the exponentials by a polynomial on the FMA pipe (not
-  // bit-equal to it); knobs tile_step + poly_exp
-  round3_tile_step_poly,
+  // round3_tile_step with the first half's P·V under the second half's P (same bits); knobs
+  // tile_step + pv_split
+  round3_tile_step_split,
+  // round3_tile_step_split with a quarter of the exponentials by a polynomial on the FMA pipe
+  // (not bit-equal to it); knobs tile_step + pv_split + poly_exp
+  round3_tile_step_split_poly,
   // round3_i2fp_no_turn (D = 128) with the same polynomial exponentials (not bit-equal to it);
   // knob poly_exp without tile_step
   round3_poly

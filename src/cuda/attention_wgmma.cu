@@ -1065,6 +1065,12 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // (with bit 14 at D = 128, or on auto's D = 128 kernel, var 34 + bit 15)
   static_assert(kPolyEvery == 0 || (D == 128 && kNoTurn && kTma && !kC3),
                 "poly exp2: D = 128, no turns, TMA");
+  // bit 16 (with bit 14): the first half's P·V (2 k-steps into c) issued right after the first
+  // half's P and run under the second half's exponentials, the second half's P·V onto it: the
+  // 240 registers hold O, the next q k^T, c, half the logits and P (ptxas: 0 spills). Same bits
+  // as bit 14 alone (same k-steps onto the same accumulator in the same order).
+  constexpr bool kSplit = (kVar & 65536) != 0;
+  static_assert(!kSplit || kTileStep, "split P·V: with one step per tile");
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   // (bit 8, round 3 at D = 128 at setmaxnreg 24 / 240: 0.99-1.01x in runs 12 and 13, removed)
@@ -1490,12 +1496,16 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     const float off1 = mn1 == -INFINITY ? 0.f : mn1 - kLog2_448;
     float suma0, suma1, sumb0, sumb1;
     uint32_t pa[2][4], pb[2][4];
+    const uint64_t dv = v_desc(st);
     r3_exp_half<0, kPolyEvery>(s, qa0, qa1, off0, off1, suma0, suma1, pa);
+    if constexpr (kSplit) r3_pv_issue_desc<D>(c, pa, dv);
     r3_exp_half<1, kPolyEvery>(s, qb0, qb1, off0, off1, sumb0, sumb1, pb);
     l0 = l0 * r0 + (suma0 + sumb0);
     l1 = l1 * r1 + (suma1 + sumb1);
-    const uint64_t dv = v_desc(st);
-    r3_pv_issue_desc<D>(c, pa, dv);  // (its fence also covers pb, written before it)
+    if constexpr (kSplit)
+      wgmma_fence();
+    else
+      r3_pv_issue_desc<D>(c, pa, dv);  // (its fence also covers pb, written before it)
     wgmma_pv<D>(c, pb[0], dv + 4, 1);
     wgmma_pv<D>(c, pb[1], dv + 6, 1);
     wgmma_commit();
@@ -1546,8 +1556,9 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
 }
 
 // var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups,
-// 16418 round 3 + I2FP without turns with one softmax step per 128-key tile, 49186 the same with
-// a quarter of the exponentials on the FMA pipe, 32802 round 3 + I2FP without turns with them
+// 16418 round 3 + I2FP without turns with one softmax step per 128-key tile, 81954 the same with
+// the first half's P·V under the second half's P, 114722 that with a quarter of the exponentials
+// on the FMA pipe, 32802 round 3 + I2FP without turns with those exponentials
 // (see the kernel's kVar); each falls back to the next simpler one (same bits) where its
 // instantiation or producer does not apply.
 template <int D, typename T16>
@@ -1605,11 +1616,11 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
-  // var 16418 / 49186 (one softmax step per tile) and 32802 (auto's with the polynomial
+  // var 16418 / 81954 / 114722 (one softmax step per tile) and 32802 (auto's with the polynomial
   // exponentials), D = 128 only: with its maps, else 34.
   if (var == 162 && !(tma && D == 64)) var = 34;
-  if ((var == 16418 || var == 49186 || var == 32802) && !(tma && D == 128 && kBf16 && kc_half))
-    var = 34;
+  const bool d128_variant = var == 16418 || var == 81954 || var == 114722 || var == 32802;
+  if (d128_variant && !(tma && D == 128 && kBf16 && kc_half)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
@@ -1621,7 +1632,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     }
     if constexpr (kBf16 && D == 128 && kT) {
       if (var == 16418) k = attention_wgmma_r3_kernel<D, T16, true, kT, 16418>;
-      if (var == 49186) k = attention_wgmma_r3_kernel<D, T16, true, kT, 49186>;
+      if (var == 81954) k = attention_wgmma_r3_kernel<D, T16, true, kT, 81954>;
+      if (var == 114722) k = attention_wgmma_r3_kernel<D, T16, true, kT, 114722>;
       if (var == 32802) k = attention_wgmma_r3_kernel<D, T16, true, kT, 32802>;
     }
     return k;
@@ -1680,7 +1692,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
       const int var = which == WgmmaKernel::round3_i2fp_no_turn      ? 34
                       : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
                       : which == WgmmaKernel::round3_tile_step       ? 16418
-                      : which == WgmmaKernel::round3_tile_step_poly  ? 49186
+                      : which == WgmmaKernel::round3_tile_step_split ? 81954
+                      : which == WgmmaKernel::round3_tile_step_split_poly ? 114722
                       : which == WgmmaKernel::round3_poly            ? 32802
                                                                      : 0;
       if (out_dtype == DType::bf16)

@@ -570,26 +570,32 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     // a row dominated by the top key of a tile's first half moves by up to ~|v| / 16 (round 5,
     // the same arithmetic, failed 4 of 60 cases by 0.020-0.023 at 2e-2 in H200 run 9), so these
     // cases allow 4e-2 absolute.
-    // `.r3tpoly`: the same with a quarter of the exponentials by a polynomial on the FMA pipe
-    // (knobs tile_step + poly_exp).
-    detail::AttentionCudaTuning tile, tpoly, poly;
+    // `.r3tsplit`: the same with the first half's P·V under the second half's P (knobs tile_step
+    // + pv_split), `.r3tspoly` that with a quarter of the exponentials by a polynomial on the FMA
+    // pipe (+ poly_exp): the D = 128 set (their extra shapes and fallbacks run the same code).
+    detail::AttentionCudaTuning tile, tsplit, tspoly, poly;
     tile.tile_step = true;
-    tpoly.tile_step = true;
-    tpoly.poly_exp = true;
+    tsplit = tile;
+    tsplit.pv_split = true;
+    tspoly = tsplit;
+    tspoly.poly_exp = true;
     poly.poly_exp = true;
     atol = 4e-2;
-    for (const auto& tv : {std::make_pair(&tile, "r3tile"), std::make_pair(&tpoly, "r3tpoly")}) {
+    tune = &tile;
+    tag = "r3tile";
+    add_d128();
+    for (const Shape& s : {Shape{1, 1, 1, 1, 1, 128}, Shape{1, 17, 17, 2, 1, 128},
+                           Shape{1, 1000, 1000, 1, 1, 128}, Shape{1, 1, 300, 2, 2, 128}})
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        add(s, make_opt(O::fp8, c, O::auto_kernel), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false, Pattern::random);
+    add(Shape{1, 250, 250, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3), DType::f16,
+        ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, Pattern::random);
+    for (const auto& tv :
+         {std::make_pair(&tsplit, "r3tsplit"), std::make_pair(&tspoly, "r3tspoly")}) {
       tune = tv.first;
       tag = tv.second;
       add_d128();
-      for (const Shape& s : {Shape{1, 1, 1, 1, 1, 128}, Shape{1, 17, 17, 2, 1, 128},
-                             Shape{1, 1000, 1000, 1, 1, 128}, Shape{1, 1, 300, 2, 2, 128}})
-        for (auto c : {O::none, O::bottom_right, O::top_left})
-          add(s, make_opt(O::fp8, c, O::auto_kernel), DType::bf16, ScaleLayout::per_block, 128,
-              ScaleLayout::per_block, 64, false, false, Pattern::random);
-      add(Shape{1, 250, 250, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
-          DType::f16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
-          Pattern::random);
     }
     // `.r3poly`: auto's D = 128 kernel (64-key halves, the oracle's maxima) with the polynomial
     // exponentials (knob poly_exp alone): the D = 128 set, the default tolerance.
