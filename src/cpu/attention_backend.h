@@ -29,10 +29,6 @@ struct AttentionCudaTuning {
   bool tile_step = false;
   // with tile_step: the first half's P·V under the second half's P (same bits as tile_step)
   bool pv_split = false;
-  // D = 128 fp8 P·V (auto or wgmma_r3; alone or with tile_step + pv_split): a quarter of the
-  // exponentials by a degree-3 polynomial on the FMA pipe instead of MUFU.EX2 (relative error
-  // < 8e-5; not bit-equal)
-  bool poly_exp = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

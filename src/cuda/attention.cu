@@ -677,13 +677,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs round 1),
   // auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  // D = 128 A/B knobs: tile_step (+ pv_split (+ poly_exp)), or poly_exp alone
-  const attn::WgmmaKernel knob_kernel =
-      !tune.tile_step  ? attn::WgmmaKernel::round3_poly
-      : !tune.pv_split ? attn::WgmmaKernel::round3_tile_step
-      : tune.poly_exp  ? attn::WgmmaKernel::round3_tile_step_split_poly
-                       : attn::WgmmaKernel::round3_tile_step_split;
-  const bool knob128 = D == 128 && (tune.tile_step || tune.poly_exp);
+  // D = 128 A/B knobs: tile_step (+ pv_split)
+  const attn::WgmmaKernel knob_kernel = tune.pv_split ? attn::WgmmaKernel::round3_tile_step_split
+                                                      : attn::WgmmaKernel::round3_tile_step;
+  const bool knob128 = D == 128 && tune.tile_step;
   if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
@@ -719,7 +716,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // passed. (It runs for bf16 output with per-half k scales; the rest as before.)
     // (Session 8's knobs sum_pv, the row sums on the tensor cores, and quick_max, the quick row
     // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed.)
-    // (knobs tile_step / poly_exp: D = 128 variants under A/B)
+    // (knob tile_step (+ pv_split): D = 128 variants under A/B; poly_exp, a quarter of the
+    // exponentials on the FMA pipe, 0.92x in H200 run 24, removed)
     const attn::WgmmaKernel which = !fp8            ? attn::WgmmaKernel::round1
                                     : D == 64       ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
                                     : knob128       ? knob_kernel

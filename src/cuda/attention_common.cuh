@@ -141,13 +141,7 @@ enum class WgmmaKernel {
   round3_tile_step,
   // round3_tile_step with the first half's P·V under the second half's P (same bits); knobs
   // tile_step + pv_split
-  round3_tile_step_split,
-  // round3_tile_step_split with a quarter of the exponentials by a polynomial on the FMA pipe
-  // (not bit-equal to it); knobs tile_step + pv_split + poly_exp
-  round3_tile_step_split_poly,
-  // round3_i2fp_no_turn (D = 128) with the same polynomial exponentials (not bit-equal to it);
-  // knob poly_exp without tile_step
-  round3_poly
+  round3_tile_step_split
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

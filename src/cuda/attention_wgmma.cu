@@ -954,27 +954,12 @@ __device__ __forceinline__ float r3_max16(const float (&s)[64]) {
   return a[0];
 }
 
-// 2^x on the FMA / ALU pipes instead of MUFU.EX2 (x <= 128; x < -125, -inf included, gives 0
-// as ex2.approx.ftz does below 2^-126, so masked keys add nothing to the row sums): 2^x = 2^j 2^f
-// with j = rint(x) (the 1.5 * 2^23 add), f = x - j in [-0.5, 0.5], 2^f by a degree-3 polynomial
-// (relative error < 8e-5: a least-squares fit in relative error on Chebyshev nodes), 2^j added
-// to the exponent field (the low bits of t hold j, so t << 23 = j << 23).
-__device__ __forceinline__ float poly_exp2(float x) {
-  const float t = x + 12582912.f;
-  const float f = x - (t - 12582912.f);
-  float p = fmaf(f, 0.05508868f, 0.24260405f);
-  p = fmaf(p, f, 0.69327623f);
-  p = fmaf(p, f, 0.99992895f);
-  const float r = __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-  return x >= -125.f ? r : 0.f;
-}
-
 // P of half kHalf (column blocks j = 8 kHalf .. 8 kHalf + 7): s <- exp2(s * qs - off) per row
 // (row g: e = 0, 1 with qs0/off0; row g + 8: e = 2, 3 with qs1/off1), the two row sums (tree
 // order) and the e4m3 A fragments of the two 32-key k-steps (softmax_half's packing).
-// kPolyEvery > 0: every kPolyEvery-th column block by poly_exp2 (MUFU.EX2 is 16 lanes / clock /
-// SM: 1024 cycles per 128 x 128 tile pair, the softmax's tightest pipe).
-template <int kHalf, int kPolyEvery = 0>
+// (A quarter of these exponentials by a degree-3 polynomial on the FMA pipe instead of MUFU.EX2:
+// 0.92x of auto, and 0.98x of one step per tile, in H200 run 24; removed.)
+template <int kHalf>
 __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1, float off0,
                                             float off1, float& sum0, float& sum1,
                                             uint32_t (&pa)[2][4]) {
@@ -983,13 +968,10 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int j = j0 + i;
-    constexpr int kEvery = kPolyEvery > 0 ? kPolyEvery : 1;
-    const bool poly = kPolyEvery > 0 && i % kEvery == kEvery - 1;
-    auto ex2 = [poly](float x) { return poly ? poly_exp2(x) : fast_exp2(x); };
-    s[4 * j + 0] = ex2(fmaf(s[4 * j + 0], qs0, -off0));
-    s[4 * j + 1] = ex2(fmaf(s[4 * j + 1], qs0, -off0));
-    s[4 * j + 2] = ex2(fmaf(s[4 * j + 2], qs1, -off1));
-    s[4 * j + 3] = ex2(fmaf(s[4 * j + 3], qs1, -off1));
+    s[4 * j + 0] = fast_exp2(fmaf(s[4 * j + 0], qs0, -off0));
+    s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], qs0, -off0));
+    s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], qs1, -off1));
+    s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], qs1, -off1));
     a0[i] = s[4 * j + 0] + s[4 * j + 1];
     a1[i] = s[4 * j + 2] + s[4 * j + 3];
   }
@@ -1055,16 +1037,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr bool kTileStep = (kVar & 16384) != 0;
   static_assert(!kTileStep || (kNoTurn && kTma && !kC3 && D == 128 && kKcHalf),
                 "one step per tile: D = 128, no turns, TMA, per-half kc");
-  // bit 15: a quarter of the exponentials (column blocks 3 and 7 of each half) by
-  // poly_exp2 on the FMA / ALU pipes (~9 instructions each instead of one MUFU.EX2), to take
-  // load off the MUFU pipe (run 20's ncu: the MUFU.EX2 lines stall on "wait" at 31 % of all
-  // samples). Not bit-equal without it (2^x within 8e-5 relative instead of ex2.approx's
-  // ~2 ulp: an e4m3 rounding of P moves where x is that close to a rounding boundary; x < -125
-  // gives 0, ex2.approx 0 or a denormal-free tiny value: P and the row sums do not see it).
-  constexpr int kPolyEvery = (kVar & 32768) != 0 ? 4 : 0;
-  // (with bit 14 at D = 128, or on auto's D = 128 kernel, var 34 + bit 15)
-  static_assert(kPolyEvery == 0 || (D == 128 && kNoTurn && kTma && !kC3),
-                "poly exp2: D = 128, no turns, TMA");
+  // (bit 15: a quarter of the exponentials by a polynomial on the FMA pipe, removed: see
+  // r3_exp_half.)
   // bit 16 (with bit 14): the first half's P·V (2 k-steps into c) issued right after the first
   // half's P and run under the second half's exponentials, the second half's P·V onto it: the
   // 240 registers hold O, the next q k^T, c, half the logits and P (ptxas: 0 spills). Same bits
@@ -1412,10 +1386,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     m1 = mb1;
     float suma0, suma1, sumb0, sumb1;
     uint32_t pa[2][4], pb[2][4];
-    r3_exp_half<0, kPolyEvery>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
+    r3_exp_half<0>(s, qa0, qa1, ma0 == -INFINITY ? 0.f : ma0 - kLog2_448,
                    ma1 == -INFINITY ? 0.f : ma1 - kLog2_448, suma0, suma1, pa);
     r3_pv_issue_desc<D>(c, pa, dv);  // the first half's P·V runs under the second half's P
-    r3_exp_half<1, kPolyEvery>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
+    r3_exp_half<1>(s, qb0, qb1, mb0 == -INFINITY ? 0.f : mb0 - kLog2_448,
                    mb1 == -INFINITY ? 0.f : mb1 - kLog2_448, sumb0, sumb1, pb);
     l0 = (l0 * ra0 + suma0) * rb0 + sumb0;
     l1 = (l1 * ra1 + suma1) * rb1 + sumb1;
@@ -1497,9 +1471,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     float suma0, suma1, sumb0, sumb1;
     uint32_t pa[2][4], pb[2][4];
     const uint64_t dv = v_desc(st);
-    r3_exp_half<0, kPolyEvery>(s, qa0, qa1, off0, off1, suma0, suma1, pa);
+    r3_exp_half<0>(s, qa0, qa1, off0, off1, suma0, suma1, pa);
     if constexpr (kSplit) r3_pv_issue_desc<D>(c, pa, dv);
-    r3_exp_half<1, kPolyEvery>(s, qb0, qb1, off0, off1, sumb0, sumb1, pb);
+    r3_exp_half<1>(s, qb0, qb1, off0, off1, sumb0, sumb1, pb);
     l0 = l0 * r0 + (suma0 + sumb0);
     l1 = l1 * r1 + (suma1 + sumb1);
     if constexpr (kSplit)
@@ -1557,8 +1531,7 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
 
 // var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups,
 // 16418 round 3 + I2FP without turns with one softmax step per 128-key tile, 81954 the same with
-// the first half's P·V under the second half's P, 114722 that with a quarter of the exponentials
-// on the FMA pipe, 32802 round 3 + I2FP without turns with those exponentials
+// the first half's P·V under the second half's P
 // (see the kernel's kVar); each falls back to the next simpler one (same bits) where its
 // instantiation or producer does not apply.
 template <int D, typename T16>
@@ -1616,11 +1589,9 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
-  // var 16418 / 81954 / 114722 (one softmax step per tile) and 32802 (auto's with the polynomial
-  // exponentials), D = 128 only: with its maps, else 34.
+  // var 16418 / 81954 (one softmax step per tile), D = 128 only: with its maps, else 34.
   if (var == 162 && !(tma && D == 64)) var = 34;
-  const bool d128_variant = var == 16418 || var == 81954 || var == 114722 || var == 32802;
-  if (d128_variant && !(tma && D == 128 && kBf16 && kc_half)) var = 34;
+  if ((var == 16418 || var == 81954) && !(tma && D == 128 && kBf16 && kc_half)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
@@ -1633,8 +1604,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     if constexpr (kBf16 && D == 128 && kT) {
       if (var == 16418) k = attention_wgmma_r3_kernel<D, T16, true, kT, 16418>;
       if (var == 81954) k = attention_wgmma_r3_kernel<D, T16, true, kT, 81954>;
-      if (var == 114722) k = attention_wgmma_r3_kernel<D, T16, true, kT, 114722>;
-      if (var == 32802) k = attention_wgmma_r3_kernel<D, T16, true, kT, 32802>;
     }
     return k;
   };
@@ -1693,8 +1662,6 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
                       : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
                       : which == WgmmaKernel::round3_tile_step       ? 16418
                       : which == WgmmaKernel::round3_tile_step_split ? 81954
-                      : which == WgmmaKernel::round3_tile_step_split_poly ? 114722
-                      : which == WgmmaKernel::round3_poly            ? 32802
                                                                      : 0;
       if (out_dtype == DType::bf16)
         launch_r3<Dv, __nv_bfloat16>(p, B, var, stream);
