@@ -16,7 +16,6 @@
 #include "lowbit/attention.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
-#include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (the A/B knobs)
 
 namespace lowbit {
 namespace bench {
@@ -78,35 +77,6 @@ std::string sampled_accuracy(const Shape& s, const std::vector<double>& ref,
       for (int64_t d = 0; d < D; ++d) got.push_back(ho[static_cast<size_t>((i * H + h) * D + d)]);
     }
   return accuracy(got, ref).str() + " (64 rows)";
-}
-
-// Agreement of two kernels' outputs on every 61st element.
-std::string agreement(const std::vector<float>& got_all, const std::vector<float>& ref_all) {
-  std::vector<float> got;
-  std::vector<double> ref;
-  for (size_t i = 0; i < got_all.size() && i < ref_all.size(); i += 61) {
-    got.push_back(got_all[i]);
-    ref.push_back(ref_all[i]);
-  }
-  return accuracy(got, ref).str();
-}
-
-// The A/B variants of D = 128: one softmax step per 128-key tile with the next q k^T under it
-// (knob tile_step; H200 run 24: 0.95x of auto, cos 0.99928 / rel L1 0.0378 vs fp64 as auto's
-// 0.99928 / 0.0377), + the first half's P·V under the second half's P (pv_split; same bits).
-// (The polynomial exponentials, knob poly_exp: 0.92x alone, 0.98x with tile_step, removed.)
-// fp64: whether the variant gets a one-call row with its accuracy.
-struct Variant {
-  const char* name;
-  detail::AttentionCudaTuning tune;
-  bool fp64;
-};
-std::vector<Variant> d128_variants() {
-  Variant a{"one softmax step per tile, q k^T under it", {}, false};
-  a.tune.tile_step = true;
-  Variant b{"one step per tile, q k^T under it, first P·V half under the second P", a.tune, false};
-  b.tune.pv_split = true;
-  return {a, b};
 }
 
 class AttentionBench : public BenchCase {
@@ -217,37 +187,14 @@ class AttentionBench : public BenchCase {
         kr8.baseline_ms = base_ms;
         kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
         rows.push_back(kr8);
-        // The variants under A/B at D = 128, baseline the default in the same run; the accuracy
-        // column says whether their bits equal the default's (they do not by design: their
-        // agreement with the default instead); their one-call twins below give the accuracy
-        // against fp64.
-        const std::vector<Variant> variants =
-            dev == Device::cuda && D == 128 ? d128_variants() : std::vector<Variant>{};
-        if (!variants.empty()) {
-          const std::vector<float> dflt_out = to_host_f32(out.view);
-          for (const Variant& va : variants) {
-            detail::set_attention_cuda_tuning(va.tune);
-            Row r = kr8;
-            r.op = std::string("attention_int8 fp8 PV auto + ") + va.name + " (kernel only)" + tag;
-            r.ms = env.time_ms([&] {
-              attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8,
-                             ctx);
-            });
-            detail::set_attention_cuda_tuning({});
-            const std::vector<float> got = to_host_f32(out.view);
-            r.accuracy = got == dflt_out ? "bits = default"
-                                         : "bits != default (" + agreement(got, dflt_out) + ")";
-            r.baseline = "lowbit attention_int8 fp8 PV auto";
-            r.baseline_ms = kr8.ms;
-            rows.push_back(r);
-          }
-        }
-        // (Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x
+        // (No variant under A/B now. Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x
         // of auto), the D = 64 two-consumer row (0.77x, run 13), the D = 128 240-register row
         // (0.99-1.01x, runs 12 and 13), round 5 without turns (0.82-0.97x, run 13); run 16's D =
         // 64 q k^T before the O update (0.99x); the producerless kernel (0.72-0.76x, runs 16 and
         // 17), the cp.async-fed D = 64 three-consumer row (0.98x, runs 16 and 17); run 19's row
-        // sums on the tensor cores (0.99-1.00x) and quick row maxima (0.98-0.99x, bits equal).
+        // sums on the tensor cores (0.99-1.00x) and quick row maxima (0.98-0.99x, bits equal);
+        // session 9's D = 128 one softmax step per tile (0.95-0.97x, runs 24 and 25), with split
+        // P·V halves (0.94-0.96x), and polynomial exp2 (0.92-0.94x).
         // A variant row times attention_int8 under detail::set_attention_cuda_tuning against kr8
         // and compares its output's bits with the default's.)
         const double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)
@@ -274,21 +221,6 @@ class AttentionBench : public BenchCase {
                         r.ms - (o.pv == AttentionOptions::fp8 ? kr8.ms : f16_kernel_ms));
           r.note = note;
           rows.push_back(r);
-          if (o.pv != AttentionOptions::fp8 || is_causal) continue;  // (accuracy: non-causal)
-          for (const Variant& va : variants) {  // the A/B variants: accuracy against fp64
-            if (!va.fp64) continue;
-            detail::set_attention_cuda_tuning(va.tune);
-            Row rt = r;
-            rt.op = std::string("attention() fp8 PV, incl. quantization, ") + va.name + tag;
-            rt.ms = env.time_ms(
-                [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
-            detail::set_attention_cuda_tuning({});
-            rt.accuracy = sampled_accuracy(s, ref, out.view);
-            rt.note.clear();
-            rt.baseline = "lowbit attention() fp8 PV";
-            rt.baseline_ms = r.ms;
-            rows.push_back(rt);
-          }
         }
         if (!is_causal) pieces_of_one_call(env, s, q, k, v, out, rows);
       }

@@ -23,12 +23,6 @@ struct AttentionCudaTuning {
   // with no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64 fed by the
   // TMA producer (auto's kernel at D = 64)
   bool cons3 = false;
-  // D = 128 fp8 P·V (auto or wgmma_r3): round 3 + I2FP without turns with one softmax step per
-  // 128-key tile and the next q k^T under the softmax (not bit-equal to auto: P is rounded
-  // against the tile's row maximum, not the 64-key half's)
-  bool tile_step = false;
-  // with tile_step: the first half's P·V under the second half's P (same bits as tile_step)
-  bool pv_split = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

@@ -677,10 +677,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs round 1),
   // auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  // D = 128 A/B knobs: tile_step (+ pv_split)
-  const attn::WgmmaKernel knob_kernel = tune.pv_split ? attn::WgmmaKernel::round3_tile_step_split
-                                                      : attn::WgmmaKernel::round3_tile_step;
-  const bool knob128 = D == 128 && tune.tile_step;
   if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
@@ -691,7 +687,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                                                         : ""));
     const attn::WgmmaKernel which =
         options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
-        : knob128                                 ? knob_kernel
         : tune.no_turn && tune.cons3              ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
         : tune.no_turn                            ? attn::WgmmaKernel::round3_i2fp_no_turn
                                                   : attn::WgmmaKernel::round3;
@@ -715,13 +710,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // vs 0.2376 ms (440.8 vs 433.8 TOPS), causal 0.1697 vs 0.1726 ms; every `.r3c3t` case
     // passed. (It runs for bf16 output with per-half k scales; the rest as before.)
     // (Session 8's knobs sum_pv, the row sums on the tensor cores, and quick_max, the quick row
-    // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed.)
-    // (knob tile_step (+ pv_split): D = 128 variants under A/B; poly_exp, a quarter of the
-    // exponentials on the FMA pipe, 0.92x in H200 run 24, removed)
-    const attn::WgmmaKernel which = !fp8            ? attn::WgmmaKernel::round1
-                                    : D == 64       ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
-                                    : knob128       ? knob_kernel
-                                                    : attn::WgmmaKernel::round3_i2fp_no_turn;
+    // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed. Session 9's D = 128 knobs tile_step,
+    // pv_split and poly_exp: 0.92-0.97x in runs 24 and 25, removed.)
+    const attn::WgmmaKernel which = !fp8      ? attn::WgmmaKernel::round1
+                                    : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
+                                              : attn::WgmmaKernel::round3_i2fp_no_turn;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }

@@ -133,15 +133,7 @@ enum class WgmmaKernel {
   // by a TMA producer warp (setmaxnreg 24; Q and K in 64-byte rows, 64-byte swizzle) with the
   // consumers at 160 registers; same bits; bf16 output with per-half k scales, else (and at
   // D = 128) round3_i2fp_no_turn / round 3; bench knob cons3. auto at D = 64 since H200 run 16
-  round3_i2fp_no_turn_c3,
-  // round3_i2fp_no_turn at D = 128 with one softmax step per 128-key tile (one maximum and one
-  // rescale per tile, both halves' P·V into one fresh buffer) and the next tile's q k^T under
-  // this tile's softmax; not bit-equal (P rounded against the tile's maximum); bf16 output with
-  // per-half k scales and the TMA producer, else round3_i2fp_no_turn / round 3; knob tile_step
-  round3_tile_step,
-  // round3_tile_step with the first half's P·V under the second half's P (same bits); knobs
-  // tile_step + pv_split
-  round3_tile_step_split
+  round3_i2fp_no_turn_c3
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
 // 16-bit V has out's dtype).

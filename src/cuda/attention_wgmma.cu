@@ -957,8 +957,6 @@ __device__ __forceinline__ float r3_max16(const float (&s)[64]) {
 // P of half kHalf (column blocks j = 8 kHalf .. 8 kHalf + 7): s <- exp2(s * qs - off) per row
 // (row g: e = 0, 1 with qs0/off0; row g + 8: e = 2, 3 with qs1/off1), the two row sums (tree
 // order) and the e4m3 A fragments of the two 32-key k-steps (softmax_half's packing).
-// (A quarter of these exponentials by a degree-3 polynomial on the FMA pipe instead of MUFU.EX2:
-// 0.92x of auto, and 0.98x of one step per tile, in H200 run 24; removed.)
 template <int kHalf>
 __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1, float off0,
                                             float off1, float& sum0, float& sum1,
@@ -997,7 +995,11 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
 // (Round 4, round 3's arithmetic with tile j's P·V under tile j+1's softmax (FA3-style), and
 // round 5, round 4 with one maximum per 128-key tile: 0.91-0.97x of round 3 + I2FP without
 // turns in runs 10-13, removed in session 8 with their biased-logit, q-k^T-first and two-tile
-// twins.)
+// twins. Session 9, D = 128: one softmax step per 128-key tile with tile j+1's q k^T issued
+// before tile j's softmax (setmaxnreg 24 / 240, 0 spills) 0.95-0.97x of auto in H200 runs 24
+// and 25, with the first half's P·V under the second half's P 0.94-0.96x, and a quarter of the
+// exponentials by a degree-3 polynomial on the FMA pipe 0.92x on auto's kernel: removed; see
+// docs/attention.md.)
 
 // The logits' int32 -> float: I2FP (kI2fp) or exact_i2f (same value for |x| <= 2^22).
 template <bool kI2fp>
@@ -1028,23 +1030,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // swizzle). (The cp.async producer at 40 / 152: 0.98x of the TMA one in runs 16 and 17; D =
   // 128: 0.92-0.97x in run 21; removed.)
   static_assert(!kC3 || (kNoTurn && kTma && D == 64), "3 consumers: D = 64, no turns, TMA");
-  // bit 14: one softmax step per 128-key tile (one row maximum, one rescale, both halves' P·V
-  // into one fresh buffer, one O = O r + C), with the next tile's q k^T issued before the
-  // softmax (step_tile). Not bit-equal to round 3: a key of the tile's first half is rounded to
-  // e4m3 against the tile's maximum, not its half's (the oracle's), so a row dominated by one
-  // key can move by up to ~|v| / 16 (SPEC §2's fresh buffer per KV tile: the tile is 128 keys).
-  // D = 128 with the TMA producer (24 / 240 registers), no turns, bf16 output, per-half kc.
-  constexpr bool kTileStep = (kVar & 16384) != 0;
-  static_assert(!kTileStep || (kNoTurn && kTma && !kC3 && D == 128 && kKcHalf),
-                "one step per tile: D = 128, no turns, TMA, per-half kc");
-  // (bit 15: a quarter of the exponentials by a polynomial on the FMA pipe, removed: see
-  // r3_exp_half.)
-  // bit 16 (with bit 14): the first half's P·V (2 k-steps into c) issued right after the first
-  // half's P and run under the second half's exponentials, the second half's P·V onto it: the
-  // 240 registers hold O, the next q k^T, c, half the logits and P (ptxas: 0 spills). Same bits
-  // as bit 14 alone (same k-steps onto the same accumulator in the same order).
-  constexpr bool kSplit = (kVar & 65536) != 0;
-  static_assert(!kSplit || kTileStep, "split P·V: with one step per tile");
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   // (bit 8, round 3 at D = 128 at setmaxnreg 24 / 240: 0.99-1.01x in runs 12 and 13, removed)
@@ -1060,8 +1045,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // tile maximum first): 0.99-1.00x and 0.98-0.99x of auto in run 19, removed)
   // Register split (setmaxnreg): 40 / 232; three consumers 24 / 160 (the launch's 128 x 512
   // registers).
-  constexpr int kProdRegs = kC3 || kTileStep ? 24 : 40;
-  constexpr int kConsRegs = kC3 ? 160 : kTileStep ? 240 : 232;
+  constexpr int kProdRegs = kC3 ? 24 : 40;
+  constexpr int kConsRegs = kC3 ? 160 : 232;
   static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
                              (kC3 ? 128 : 168) * r3_threads(kVar),
                 "register split");
@@ -1290,15 +1275,19 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     wgmma_wait<0>();
     fence_regs(acc);
   }
-  // Tile `tile`'s logits (stage st) from acc in units of the per-half row scales qa, qb
-  // (logit = s * q): general layouts s = float(acc) * kc (per key), q = the q scale; kKcHalf (kc
-  // constant over each of this thread's 64-key halves) s = float(acc), q = kc(half) * q scale
-  // (no per-logit multiply).
-  auto logits = [&](int st, float (&s)[64], float& qa0, float& qa1, float& qb0, float& qb1) {
-    qa0 = qm0;
-    qa1 = qm1;
-    qb0 = qm0;
-    qb1 = qm1;
+  // One tile; kMore: another tile follows (its q k^T is issued behind this tile's second-half
+  // P·V). The last tile is a separate instantiation so that every wgmma wait count is static.
+  auto step = [&](int tile, auto more_c) {
+    constexpr bool kMore = decltype(more_c)::value;
+    constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD && !kC3;  // kC3: no registers for it
+    const int st = tile % kR3Stages;
+    const int kv0 = tile * kBN;
+    const uint64_t dv = v_desc(st);
+    // Logits in units of the per-half row scales qa, qb (logit = s * q): general layouts
+    // s = float(acc) * kc (per key), q = the q scale; kKcHalf (kc constant over each of this
+    // thread's 64-key halves) s = float(acc), q = kc(half) * q scale (no per-logit multiply).
+    float s[64];
+    float qa0 = qm0, qa1 = qm1, qb0 = qm0, qb1 = qm1;
     if constexpr (kKcHalf) {
       const float kca = skc[st * kBN + 2 * t], kcb = skc[st * kBN + 64 + 2 * t];
       // > 0 so that masked keys (-inf) stay -inf; a zero kc (an all-zero K block) gives ~0
@@ -1320,11 +1309,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
         s[4 * j + 3] = logit_i2f<kI2fp>(acc[4 * j + 3]) * k2.y;
       }
     }
-  };
-  // -inf for the keys of the tile starting at key kv0 that this thread's rows do not see (only
-  // on tiles that cross a visible end of this warpgroup's rows).
-  auto mask = [&](int kv0, float (&s)[64]) {
-    if (kv0 + kBN > wg_end) {
+    if constexpr (kEarly) issue_qk(tile + 1);  // acc is free: runs under the whole softmax
+    if (kv0 + kBN > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
       // Column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t (compile-time left
       // sides: no per-column registers).
       const int lim0 = end0 - kv0 - 2 * t;
@@ -1337,20 +1323,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
           if (8 * j + e >= lim1) s[4 * j + 2 + e] = -INFINITY;
         }
     }
-  };
-  // One tile; kMore: another tile follows (its q k^T is issued behind this tile's second-half
-  // P·V). The last tile is a separate instantiation so that every wgmma wait count is static.
-  auto step = [&](int tile, auto more_c) {
-    constexpr bool kMore = decltype(more_c)::value;
-    constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD && !kC3;  // kC3: no registers for it
-    const int st = tile % kR3Stages;
-    const int kv0 = tile * kBN;
-    const uint64_t dv = v_desc(st);
-    float s[64];
-    float qa0, qa1, qb0, qb1;
-    logits(st, s, qa0, qa1, qb0, qb1);
-    if constexpr (kEarly) issue_qk(tile + 1);  // acc is free: runs under the whole softmax
-    mask(kv0, s);
     // This thread's per-half maxima in logit units (max(s) * q = max(s * q) for q > 0), then
     // over the row's quad. The scale is applied before the shuffles: the quad's threads may
     // scale differently (THREAD_K: kc per group t; a thread whose columns are all past Nkv reads
@@ -1432,70 +1404,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       fence_regs(acc);
     }
   };
-  // kTileStep: one softmax step per 128-key tile (see the kernel's kVar bit 14). Tile
-  // tile + 1's q k^T is issued as soon as this tile's accumulator is converted and runs under
-  // this tile's whole softmax; P·V(tile) (both halves, 4 k-steps) goes into a fresh c, waited
-  // for at once (the other consumer warpgroup's softmax covers it), then O = O r + c. Live
-  // through the softmax: O 64 + the next q k^T 64 (in flight) + the logits 64; then O + the next
-  // q k^T + c 64 + P 16 (setmaxnreg 240). Nothing in flight across the loop back edge.
-  auto step_tile = [&](int tile, auto more_c) {
-    constexpr bool kMore = decltype(more_c)::value;
-    const int st = tile % kR3Stages;
-    float s[64];
-    float qa0, qa1, qb0, qb1;
-    logits(st, s, qa0, qa1, qb0, qb1);
-    if constexpr (kMore) issue_qk(tile + 1);  // acc is free
-    mask(tile * kBN, s);
-    // The tile's row maxima in logit units (each half scaled by its own q before the quad
-    // shuffles, as in step), one rescale factor per row.
-    float mx0 = fmaxf(r3_max16<0, 0>(s) * qa0, r3_max16<8, 0>(s) * qb0);
-    float mx1 = fmaxf(r3_max16<0, 2>(s) * qa1, r3_max16<8, 2>(s) * qb1);
-#pragma unroll
-    for (int x = 1; x <= 2; x *= 2) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-    }
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    float r0, r1;
-    if (__all_sync(0xffffffffu, m0 == mn0 && m1 == mn1)) {  // no row of the warp moved
-      r0 = m0 == -INFINITY ? 0.f : 1.f;
-      r1 = m1 == -INFINITY ? 0.f : 1.f;
-    } else {
-      r0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - mn0);
-      r1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - mn1);
-    }
-    m0 = mn0;
-    m1 = mn1;
-    const float off0 = mn0 == -INFINITY ? 0.f : mn0 - kLog2_448;
-    const float off1 = mn1 == -INFINITY ? 0.f : mn1 - kLog2_448;
-    float suma0, suma1, sumb0, sumb1;
-    uint32_t pa[2][4], pb[2][4];
-    const uint64_t dv = v_desc(st);
-    r3_exp_half<0>(s, qa0, qa1, off0, off1, suma0, suma1, pa);
-    if constexpr (kSplit) r3_pv_issue_desc<D>(c, pa, dv);
-    r3_exp_half<1>(s, qb0, qb1, off0, off1, sumb0, sumb1, pb);
-    l0 = l0 * r0 + (suma0 + sumb0);
-    l1 = l1 * r1 + (suma1 + sumb1);
-    if constexpr (kSplit)
-      wgmma_fence();
-    else
-      r3_pv_issue_desc<D>(c, pa, dv);  // (its fence also covers pb, written before it)
-    wgmma_pv<D>(c, pb[0], dv + 4, 1);
-    wgmma_pv<D>(c, pb[1], dv + 6, 1);
-    wgmma_commit();
-    wgmma_wait<0>();  // the P·V and the next q k^T (issued before it)
-    fence_regs(c);
-    if constexpr (kMore) fence_regs(acc);
-    accumulate_tile<D>(o, c, r0, r1);
-    release(tile, st);
-  };
-  if constexpr (kTileStep) {
-    for (int tile = 0; tile + 1 < n_tiles; ++tile) step_tile(tile, std::true_type{});
-    if (n_tiles > 0) step_tile(n_tiles - 1, std::false_type{});
-  } else {
-    for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
-    if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
-  }
+  for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
+  if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
   // The rows again from the block index (cheaper than keeping them live through the loop).
   row0 = static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
                                              static_cast<int>(blockIdx.x)
@@ -1529,9 +1439,7 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups,
-// 16418 round 3 + I2FP without turns with one softmax step per 128-key tile, 81954 the same with
-// the first half's P·V under the second half's P
+// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups
 // (see the kernel's kVar); each falls back to the next simpler one (same bits) where its
 // instantiation or producer does not apply.
 template <int D, typename T16>
@@ -1589,9 +1497,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
-  // var 16418 / 81954 (one softmax step per tile), D = 128 only: with its maps, else 34.
   if (var == 162 && !(tma && D == 64)) var = 34;
-  if ((var == 16418 || var == 81954) && !(tma && D == 128 && kBf16 && kc_half)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
@@ -1600,10 +1506,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                   : attention_wgmma_r3_kernel<D, T16, false, kT, 0>;
     if constexpr (kBf16 && (D == 64 || kT)) {
       if (var == 34) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34>;
-    }
-    if constexpr (kBf16 && D == 128 && kT) {
-      if (var == 16418) k = attention_wgmma_r3_kernel<D, T16, true, kT, 16418>;
-      if (var == 81954) k = attention_wgmma_r3_kernel<D, T16, true, kT, 81954>;
     }
     return k;
   };
@@ -1660,8 +1562,6 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
     if (which != WgmmaKernel::round1 && F) {  // (16-bit P·V: round 1 for every choice)
       const int var = which == WgmmaKernel::round3_i2fp_no_turn      ? 34
                       : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
-                      : which == WgmmaKernel::round3_tile_step       ? 16418
-                      : which == WgmmaKernel::round3_tile_step_split ? 81954
                                                                      : 0;
       if (out_dtype == DType::bf16)
         launch_r3<Dv, __nv_bfloat16>(p, B, var, stream);
