@@ -710,7 +710,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // vs 0.2376 ms (440.8 vs 433.8 TOPS), causal 0.1697 vs 0.1726 ms; every `.r3c3t` case
     // passed. (It runs for bf16 output with per-half k scales; the rest as before.)
     // (Session 8's knobs sum_pv, the row sums on the tensor cores, and quick_max, the quick row
-    // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed.)
+    // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed. Session 9's D = 128 knobs tile_step,
+    // pv_split and poly_exp: 0.92-0.97x in runs 24 and 25, removed.)
     const attn::WgmmaKernel which = !fp8      ? attn::WgmmaKernel::round1
                                     : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
                                               : attn::WgmmaKernel::round3_i2fp_no_turn;

@@ -995,7 +995,11 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
 // (Round 4, round 3's arithmetic with tile j's P·V under tile j+1's softmax (FA3-style), and
 // round 5, round 4 with one maximum per 128-key tile: 0.91-0.97x of round 3 + I2FP without
 // turns in runs 10-13, removed in session 8 with their biased-logit, q-k^T-first and two-tile
-// twins.)
+// twins. Session 9, D = 128: one softmax step per 128-key tile with tile j+1's q k^T issued
+// before tile j's softmax (setmaxnreg 24 / 240, 0 spills) 0.95-0.97x of auto in H200 runs 24
+// and 25, with the first half's P·V under the second half's P 0.94-0.96x, and a quarter of the
+// exponentials by a degree-3 polynomial on the FMA pipe 0.92x on auto's kernel: removed; see
+// docs/attention.md.)
 
 // The logits' int32 -> float: I2FP (kI2fp) or exact_i2f (same value for |x| <= 2^22).
 template <bool kI2fp>
