@@ -30,18 +30,14 @@ struct Shape {
 };
 
 // Which CUDA kernel a row times: plan_decode's choice (the bulk-copy kernel where the layout
-// allows it) or one DecodePlan knob on top of it. "shared": the shared copy issue without folded
-// scales (bulk_issue 0, fold_scales 0: paged fp8's default until session 8); "probe":
-// bulk_probe, plan_decode's copies and ring protocol without the math (NOT attention: the
-// roofline of this copy pattern; int4: the key-pair copies' probe). Session 8 (int4 g4 D 128):
-// plan_decode copies full tiles by one tensor-map box per kind under solo issue (bulk_tma,
-// bulk_issue 1); "pairs": the key-pair bulk copies with 4 issuing warps (bulk_tma off,
-// bulk_issue 2: the default until run 19). Run 19 settled the tensor-map boxes under the shared
-// issue (3 % slower than pairs), with the barrier every second tile (2 % slower) and their
-// probe (0.7 % faster than the pair probe): gone; run 20 settled bulk_stages 5 for the
-// tensor-map tiles (0.3-3 % slower at every shape): gone.
-// Settled variants of earlier sessions have no rows (docs/decode.md has their numbers).
-enum class Pick { plan, shared, probe, pairs };
+// allows it) or one DecodePlan knob on top of it. "probe": bulk_probe, the key-pair copies and
+// ring protocol without the math (NOT attention: the roofline of that copy pattern; int4 only).
+// Session 9: "last issue" = bulk_issue 3 (the last warp done with a stage refills it; int4
+// tensor-map tiles and fp8 whole-tile copies), A/B against plan_decode's solo issue (1).
+// Settled variants have no rows (docs/decode.md has their numbers): session 9 removed "fp8
+// shared issue" (paged; run 20: 1.5-1.7 % slower than solo + fold) and "int4 g4 pairs" (run 20:
+// within -2..+0.2 % of the tensor-map tiles).
+enum class Pick { plan, probe, last };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -50,12 +46,9 @@ struct Fmt {
 };
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
-  if (pick == Pick::shared) {
-    plan.bulk_issue = 0;
-    if (plan.format == KvFormat::fp8) plan.fold_scales = 0;
-  }
+  if (pick == Pick::last) plan.bulk_issue = 3;
   plan.bulk_probe = pick == Pick::probe;
-  if (plan.format == KvFormat::int4 && (pick == Pick::pairs || pick == Pick::probe)) {
+  if (plan.format == KvFormat::int4 && pick == Pick::probe) {
     plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
     plan.bulk_issue = 2;
   }
@@ -264,20 +257,18 @@ class DecodeBench : public BenchCase {
       shapes = {{2, env.quick ? 256 : 1024, 8, 2, 128}};
     }
     // fp16 first: its time is the baseline of the rows after it. Plain rows: plan_decode's kernel
-    // (the bulk-copy kernel; int4 with folded scales and 4 issuing warps; fp16 solo issue; fp8
-    // solo issue + folded scales + whole-tile copies; programmatic dependent launches). Rows of
-    // settled variants were removed session by session (docs/decode.md keeps their numbers);
-    // session 8 removed "fp8 per-key copies" (run 17: blocks 5-19 % faster at every shape) and
-    // the contiguous "fp8 shared issue" (+1.6 %), and made run 17's "fp8 solo fold" paged rows
-    // (1.7-2.1 % faster at B 64) the paged default: "fp8 shared issue" (paged) is the old one.
+    // (the bulk-copy kernel; int4 g4 with folded scales and tensor-map tiles under solo issue;
+    // fp16 solo issue; fp8 solo issue + folded scales + whole-tile copies; programmatic dependent
+    // launches). Rows of settled variants were removed session by session (docs/decode.md keeps
+    // their numbers).
     std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", Pick::plan},
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::fp8, 1, "fp8 shared issue", Pick::shared});  // (paged)
       formats.push_back({KvFormat::int4, 4, "int4 g4 pairs probe (copies only, not attention)",
                          Pick::probe});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 pairs", Pick::pairs});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 last issue", Pick::last});
+      formats.push_back({KvFormat::fp8, 1, "fp8 last issue", Pick::last});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -288,8 +279,7 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // "shared issue" paged at B 64; the int4 probe at B 64 contiguous; "pairs" everywhere.
-          if (f.pick == Pick::shared && (!page || s.B != 64)) continue;
+          // The int4 probe at B 64 contiguous; "last issue" everywhere.
           if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
           Row r;
           r.family = "decode";

@@ -109,6 +109,11 @@ struct DecodePlan {
   // 2: as 0 (CTA barrier per tile), but only 4 of the CTA's warps issue the copies (fewer
   // per-tile issue setups; plan_decode's choice for the other int4 layouts since H200 run 13;
   // session 8 removed 3, two issuing warps: slower). The bits equal 0's.
+  // 3 (session 9): solo issue where the last warp done with a stage refills it at once (a
+  // shared-memory release counter per stage instead of the issuer waiting on an `empty`
+  // mbarrier), for int4 g4 D 128 with bulk_tma and fp8 D 128 whole-tile copies at <= 8 rows;
+  // other layouts run 1. Same arithmetic and order: the bits equal 1's. docs/decode.md "Last
+  // releaser issues".
   int bulk_issue = 0;
   // CUDA, bulk kernel: stages of its shared-memory ring (0: automatic, as many as fit two CTAs per
   // multiprocessor in ~110 KB each, at most 4: int4 g4 D 128 4, fp8 / f16 D 128 3). 2..8 asks for

@@ -315,7 +315,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
               "plan", "expected n_splits >= 1 and split_size a positive multiple of 16, got " +
                           std::to_string(plan.n_splits) + " x " + std::to_string(plan.split_size));
   check::in_range(op, "plan.fold_scales", plan.fold_scales, 0, 1);
-  check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 2);
+  check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 3);
   check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);

@@ -155,9 +155,13 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_tma_solo: bulk_tma with bulk_issue 1 (folded int4 g4 D 128 at <= 8 rows: a full tile's
 //     K and V by one tensor-map copy each, issued by warp n mod HB for tile n; stages released on
 //     mbarriers; plan_decode's int4 choice since session 8, explicit here).
+//   bulk_last: plan_decode's choice with bulk_issue 3 (session 9; int4 tensor-map tiles and fp8
+//     whole-tile copies at D 128, <= 8 rows: solo issue where the last warp done with a stage
+//     refills it, no empty mbarrier; contiguous caches zero the ring only for a partial tile;
+//     other layouts run plain solo issue).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
-  merge_wide, bulk_pairs, bulk_tma_solo
+  merge_wide, bulk_pairs, bulk_tma_solo, bulk_last
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -176,7 +180,7 @@ class DecodeCase : public Case {
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::merge_wide || kernel == Kernel::bulk_pairs ||
-                    kernel == Kernel::bulk_tma_solo) &&
+                    kernel == Kernel::bulk_tma_solo || kernel == Kernel::bulk_last) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -195,6 +199,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
+    if (kernel_ == Kernel::bulk_last) s += ".bulk_last";
     return s;
   }
 
@@ -251,6 +256,8 @@ class DecodeCase : public Case {
       plan.bulk_issue = kernel_ == Kernel::bulk_tma_solo ? 1 : 2;
     } else if (kernel_ == Kernel::bulk_iss4) {
       plan.bulk_issue = 2;
+    } else if (kernel_ == Kernel::bulk_last) {
+      plan.bulk_issue = 3;
     } else if (kernel_ != Kernel::automatic) {
       const bool bulk = kernel_ == Kernel::bulk || kernel_ == Kernel::bulk_fold ||
                         kernel_ == Kernel::bulk_solo;
@@ -442,7 +449,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, so = Kernel::bulk_solo;
   const Kernel np = Kernel::no_pdl, dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4;
   const Kernel mw = Kernel::merge_wide;
-  const Kernel pr = Kernel::bulk_pairs, tso = Kernel::bulk_tma_solo;
+  const Kernel pr = Kernel::bulk_pairs, tso = Kernel::bulk_tma_solo, la = Kernel::bulk_last;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -630,6 +637,28 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, tso);
   add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 31}, 8, 1, false, false, DType::f16, tso);
   add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, tso);
+  // bulk_last (bulk_issue 3: the last warp done with a stage refills it): int4 g4 D 128 tensor-map
+  // tiles with 8 heads contiguous (lengths that are multiples of 16: the ring is not zeroed; odd
+  // ones: it is), paged 16 (splits starting inside a page: the loop's page walk) and 256, 4 / 2
+  // heads (2: fewer warps than stages, one warp issues several of the first tiles, paged), 1 head,
+  // 16 heads (two head blocks), many tiles per split, 1-key / empty sequences, Mq > 1 causal,
+  // bias, bf16 q; fp8 D 128 whole-tile copies with 8 / 4 heads contiguous and paged 16 / 256;
+  // layouts without the kLast kernels (9-16 rows, fp8 16 heads, f16) run plain solo issue.
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2048, 47, 0}, 4, 1, false, false, DType::f16, la);
+  add(shape(F::int4, 4, 3, 1024, 8, 128, 0), {1024, 512, 16}, 2, 1, false, false, DType::bf16, la);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, true, DType::f16, la);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, la);
+  add(shape(F::int4, 4, 2, 1001, 4, 128, 256), {1001, 0}, 4, 1, false, true, DType::f16, la);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 31}, 8, 1, false, false, DType::f16, la);
+  add(shape(F::int4, 4, 2, 600, 1, 128, 0), {600, 31}, 8, 1, false, false, DType::bf16, la);
+  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, la);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, la);
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, la);
+  add(shape(F::fp8, 1, 2, 1024, 8, 128, 0), {1024, 64}, 4, 2, true, false, DType::f16, la);
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 16), {2100, 33, 0}, 4, 1, false, true, DType::f16, la);
+  add(shape(F::fp8, 1, 2, 1300, 4, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, la);
+  add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, la);
+  add(shape(F::f16, 1, 2, 523, 8, 128, 16), {523, 16}, 4, 1, false, false, DType::f16, la);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
