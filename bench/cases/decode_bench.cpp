@@ -33,11 +33,12 @@ struct Shape {
 // allows it) or one DecodePlan knob on top of it. "probe": bulk_probe, the key-pair copies and
 // ring protocol without the math (NOT attention: the roofline of that copy pattern; int4 only).
 // Session 9: "last issue" = bulk_issue 3 (the last warp done with a stage refills it; int4
-// tensor-map tiles and fp8 whole-tile copies), A/B against plan_decode's solo issue (1).
+// tensor-map tiles and fp8 whole-tile copies), A/B against plan_decode's solo issue (1);
+// "warp merge" = merge_warp (one warp per output row; D 128, <= 16 splits: B 64 and B 16).
 // Settled variants have no rows (docs/decode.md has their numbers): session 9 removed "fp8
 // shared issue" (paged; run 20: 1.5-1.7 % slower than solo + fold) and "int4 g4 pairs" (run 20:
 // within -2..+0.2 % of the tensor-map tiles).
-enum class Pick { plan, probe, last };
+enum class Pick { plan, probe, last, merge_warp };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -47,6 +48,7 @@ struct Fmt {
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::last) plan.bulk_issue = 3;
+  if (pick == Pick::merge_warp) plan.merge_warp = true;
   plan.bulk_probe = pick == Pick::probe;
   if (plan.format == KvFormat::int4 && pick == Pick::probe) {
     plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
@@ -269,6 +271,7 @@ class DecodeBench : public BenchCase {
                          Pick::probe});
       formats.push_back({KvFormat::int4, 4, "int4 g4 last issue", Pick::last});
       formats.push_back({KvFormat::fp8, 1, "fp8 last issue", Pick::last});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 warp merge", Pick::merge_warp});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -279,8 +282,10 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // The int4 probe at B 64 contiguous; "last issue" everywhere.
+          // The int4 probe at B 64 contiguous; "last issue" everywhere; "warp merge" contiguous
+          // at B 64 and 16.
           if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
+          if (f.pick == Pick::merge_warp && (s.B == 1 || page)) continue;  // (B 1: merge_wide)
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

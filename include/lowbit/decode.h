@@ -127,6 +127,11 @@ struct DecodePlan {
   // Deterministic; a different rounding order (same tolerance). Up to 8192 splits (else the
   // narrow merge runs).
   bool merge_wide = false;
+  // CUDA (session 9, unmeasured): merge the splits with one warp per (batch, kv head, query row),
+  // 8 rows per CTA, where D = 128 and n_splits <= 16 (else the merge above): lane l owns dims
+  // [4 l, 4 l + 4) and the LSEs and partial rows are loaded together. The same operations in the
+  // same order as the default merge: the bits equal its. merge_wide takes precedence.
+  bool merge_warp = false;
   // CUDA, bulk kernel: launch it and the split merge as programmatic dependent launches (sm_90):
   // each becomes resident while the kernel before it finishes and waits for it in its first
   // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.

@@ -159,9 +159,11 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     whole-tile copies at D 128, <= 8 rows: solo issue where the last warp done with a stage
 //     refills it, no empty mbarrier; contiguous caches zero the ring only for a partial tile;
 //     other layouts run plain solo issue).
+//   merge_warp: plan_decode's kernel with merge_warp (one warp per output row; D 128 and at most
+//     16 splits, else the default merge), plus split counts of 1-16 chosen by the case.
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
-  merge_wide, bulk_pairs, bulk_tma_solo, bulk_last
+  merge_wide, bulk_pairs, bulk_tma_solo, bulk_last, merge_warp
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -172,15 +174,16 @@ bool streams_by_default(KvFormat f, int D) {
 class DecodeCase : public Case {
  public:
   DecodeCase(CacheShape cs, std::vector<int32_t> lens, int G, int Mq, bool causal, bool bias,
-             DType qdt, Kernel kernel = Kernel::automatic)
+             DType qdt, Kernel kernel = Kernel::automatic, int splits = 0)
       : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt),
-        kernel_(kernel),
+        kernel_(kernel), splits_(splits),
         f16_math_(kernel == Kernel::bulk || kernel == Kernel::bulk_fold ||
                   kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::merge_wide || kernel == Kernel::bulk_pairs ||
-                    kernel == Kernel::bulk_tma_solo || kernel == Kernel::bulk_last) &&
+                    kernel == Kernel::bulk_tma_solo || kernel == Kernel::bulk_last ||
+                    kernel == Kernel::merge_warp) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -200,6 +203,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::bulk_last) s += ".bulk_last";
+    if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
     return s;
   }
 
@@ -258,6 +262,12 @@ class DecodeCase : public Case {
       plan.bulk_issue = 2;
     } else if (kernel_ == Kernel::bulk_last) {
       plan.bulk_issue = 3;
+    } else if (kernel_ == Kernel::merge_warp) {
+      plan.merge_warp = true;
+      plan.merge_wide = false;
+      // splits_ chunks of the capacity (multiples of 16 keys)
+      plan.split_size = std::max<int64_t>(16, (plan.capacity + 16 * splits_ - 1) / (16 * splits_) * 16);
+      plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
     } else if (kernel_ != Kernel::automatic) {
       const bool bulk = kernel_ == Kernel::bulk || kernel_ == Kernel::bulk_fold ||
                         kernel_ == Kernel::bulk_solo;
@@ -281,6 +291,7 @@ class DecodeCase : public Case {
   bool causal_, bias_;
   DType qdt_;
   Kernel kernel_;
+  int splits_;     // merge_warp: splits asked for
   bool f16_math_;  // the CUDA kernel rounds K/V, q and P to f16: looser tolerance
 };
 
@@ -441,9 +452,9 @@ CacheShape shape(KvFormat f, int ng, int B, int L, int H, int D, int page) {
 LOWBIT_HARNESS_CASES(decode_cases) {
   using F = KvFormat;
   auto add = [&](CacheShape cs, std::vector<int32_t> lens, int G, int Mq, bool causal, bool bias,
-                 DType qdt, Kernel kernel = Kernel::automatic) {
-    cases.push_back(
-        std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt, kernel));
+                 DType qdt, Kernel kernel = Kernel::automatic, int splits = 0) {
+    cases.push_back(std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt,
+                                                 kernel, splits));
   };
   const Kernel st = Kernel::stream, cc = Kernel::cuda_cores;
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, so = Kernel::bulk_solo;
@@ -659,6 +670,21 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 1300, 4, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, la);
   add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, la);
   add(shape(F::f16, 1, 2, 523, 8, 128, 16), {523, 16}, 4, 1, false, false, DType::f16, la);
+  // merge_warp (one warp per output row, D 128, <= 16 splits): 1, 3, 4, 5, 8, 9, 16 splits (the
+  // 4 / 8 / 16-split kernels, slices holding two splits past 8), every format, contiguous and
+  // paged, an empty sequence and a fully masked bias row (out 0, LSE -inf), 1-key sequences
+  // (splits with no key), Mq > 1 causal, 9-16 rows, bf16 q; D 64 and 22 splits (the default
+  // merge runs: the flag is ignored).
+  const Kernel mwp = Kernel::merge_warp;
+  add(shape(F::int4, 4, 3, 1001, 8, 128, 0), {1001, 1, 0}, 4, 1, false, false, DType::f16, mwp, 4);
+  add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 33}, 4, 2, true, false, DType::bf16, mwp, 3);
+  add(shape(F::int4, 4, 2, 1300, 4, 128, 256), {1300, 17}, 2, 1, false, true, DType::f16, mwp, 16);
+  add(shape(F::fp8, 1, 2, 1001, 8, 128, 0), {1001, 0}, 4, 1, false, false, DType::f16, mwp, 5);
+  add(shape(F::fp8, 1, 2, 523, 4, 128, 16), {523, 31}, 16, 1, false, true, DType::bf16, mwp, 9);
+  add(shape(F::f16, 1, 2, 600, 4, 128, 0), {600, 5}, 4, 3, true, false, DType::f16, mwp, 8);
+  add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 47}, 2, 1, false, false, DType::f16, mwp, 1);
+  add(shape(F::int4, 1, 2, 400, 2, 64, 0), {400, 3}, 4, 1, false, false, DType::f16, mwp, 4);
+  add(shape(F::int4, 4, 1, 700, 2, 128, 16), {700}, 4, 1, false, false, DType::f16, mwp, 40);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
