@@ -158,12 +158,13 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_last: plan_decode's choice with bulk_issue 3 (session 9; int4 tensor-map tiles and fp8
 //     whole-tile copies at D 128, <= 8 rows: solo issue where the last warp done with a stage
 //     refills it, no empty mbarrier; contiguous caches zero the ring only for a partial tile;
-//     other layouts run plain solo issue).
+//     other layouts run plain solo issue); bulk_last_deep: that with bulk_stages 8 (capped:
+//     int4 g4 5 stages, fp8 3);
 //   merge_warp: plan_decode's kernel with merge_warp (one warp per output row; D 128 and at most
 //     16 splits, else the default merge), plus split counts of 1-16 chosen by the case.
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
-  merge_wide, bulk_pairs, bulk_tma_solo, bulk_last, merge_warp
+  merge_wide, bulk_pairs, bulk_tma_solo, bulk_last, merge_warp, bulk_last_deep
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -183,7 +184,7 @@ class DecodeCase : public Case {
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::merge_wide || kernel == Kernel::bulk_pairs ||
                     kernel == Kernel::bulk_tma_solo || kernel == Kernel::bulk_last ||
-                    kernel == Kernel::merge_warp) &&
+                    kernel == Kernel::merge_warp || kernel == Kernel::bulk_last_deep) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -203,6 +204,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::bulk_last) s += ".bulk_last";
+    if (kernel_ == Kernel::bulk_last_deep) s += ".bulk_last_deep";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
     return s;
   }
@@ -260,8 +262,9 @@ class DecodeCase : public Case {
       plan.bulk_issue = kernel_ == Kernel::bulk_tma_solo ? 1 : 2;
     } else if (kernel_ == Kernel::bulk_iss4) {
       plan.bulk_issue = 2;
-    } else if (kernel_ == Kernel::bulk_last) {
+    } else if (kernel_ == Kernel::bulk_last || kernel_ == Kernel::bulk_last_deep) {
       plan.bulk_issue = 3;
+      if (kernel_ == Kernel::bulk_last_deep) plan.bulk_stages = 8;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -670,6 +673,11 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 1300, 4, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, la);
   add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, la);
   add(shape(F::f16, 1, 2, 523, 8, 128, 16), {523, 16}, 4, 1, false, false, DType::f16, la);
+  const Kernel lad = Kernel::bulk_last_deep;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 33, 0}, 4, 1, false, false, DType::f16, lad);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 17}, 2, 4, true, true, DType::bf16, lad);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 256), {700, 31}, 8, 1, false, false, DType::f16, lad);
+  add(shape(F::fp8, 1, 2, 2100, 8, 128, 16), {2100, 47}, 4, 1, false, false, DType::f16, lad);
   // merge_warp (one warp per output row, D 128, <= 16 splits): 1, 3, 4, 5, 8, 9, 16 splits (the
   // 4 / 8 / 16-split kernels, slices holding two splits past 8), every format, contiguous and
   // paged, an empty sequence and a fully masked bias row (out 0, LSE -inf), 1-key sequences
