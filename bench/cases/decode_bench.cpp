@@ -34,7 +34,8 @@ struct Shape {
 // ring protocol without the math (NOT attention: the roofline of that copy pattern; int4 only).
 // Session 9: "last issue" = bulk_issue 3 (the last warp done with a stage refills it; int4
 // tensor-map tiles and fp8 whole-tile copies), A/B against plan_decode's solo issue (1);
-// "warp merge" = merge_warp (one warp per output row; D 128, <= 16 splits: B 64 and B 16);
+// "warp merge" = merge_warp (one warp per output row; D 128, <= 16 splits: B 64 and B 16; at
+// B 1, 256 splits: the wide merge with its partial rows loaded before the LSE pass);
 // "last issue + warp merge" both (what plan_decode would adopt if both win); "last issue, 5
 // stages" bulk_issue 3 with bulk_stages 5 (int4 g4: 5 tensor-map stages still fit two CTAs per
 // multiprocessor; run 20 measured 5 stages under solo issue 0.3-3 % slower).
@@ -290,12 +291,12 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // The int4 probe at B 64 contiguous; "last issue" everywhere; "warp merge" contiguous
-          // at B 64 and 16; "+ warp merge" contiguous and paged 16 at B 64 and 16; "5 stages"
-          // contiguous and paged 16 at B 64, contiguous at B 1.
+          // The int4 probe at B 64 contiguous; "last issue" everywhere; "warp merge"
+          // contiguous; "+ warp merge" contiguous and paged 16; "5 stages" contiguous and paged
+          // 16 at B 64, contiguous at B 1.
           if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
-          if (f.pick == Pick::merge_warp && (s.B == 1 || page)) continue;  // (B 1: merge_wide)
-          if (f.pick == Pick::last_merge && (s.B == 1 || page == 256)) continue;
+          if (f.pick == Pick::merge_warp && page) continue;  // (B 1: the early wide merge)
+          if (f.pick == Pick::last_merge && page == 256) continue;
           if (f.pick == Pick::last5 && (s.B == 16 || page == 256 || (s.B == 1 && page))) continue;
           Row r;
           r.family = "decode";

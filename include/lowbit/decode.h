@@ -130,7 +130,9 @@ struct DecodePlan {
   // CUDA (session 9, unmeasured): merge the splits with one warp per (batch, kv head, query row),
   // 8 rows per CTA, where D = 128 and n_splits <= 16 (else the merge above): lane l owns dims
   // [4 l, 4 l + 4) and the LSEs and partial rows are loaded together. The same operations in the
-  // same order as the default merge: the bits equal its. merge_wide takes precedence.
+  // same order as the default merge: the bits equal its. merge_wide takes precedence; with
+  // merge_wide and <= 256 splits the flag makes the wide merge load its partial rows before its
+  // LSE pass (same operations and order: the bits equal merge_wide's).
   bool merge_warp = false;
   // CUDA, bulk kernel: launch it and the split merge as programmatic dependent launches (sm_90):
   // each becomes resident while the kernel before it finishes and waits for it in its first

@@ -483,8 +483,13 @@ __global__ void __launch_bounds__(kMergeThreads)
 // differs from decode_merge_kernel's (B 1, L 131072: 256 splits; there the narrow merge ran 32
 // CTAs whose threads each walked 32 splits in four dependent rounds, after two lane-strided
 // passes over the LSEs).
+// EARLY (DecodePlan::merge_warp with merge_wide, S <= 256; session 9): each thread loads its
+// partial float4s (at most 8: splits slice + 32 k) before the LSE pass instead of after it, so
+// the two round trips overlap; the same operations in the same order (the bits equal EARLY off).
 constexpr int kWideDims = 32;
 constexpr int kWideMaxSplits = 8192;  // shared memory for the weights: 32 KB
+constexpr int kWideEarlySplits = 256;  // EARLY: 8 float4 per thread
+template <bool EARLY>
 __global__ void __launch_bounds__(kMergeThreads)
     decode_merge_wide_kernel(const float* part_o, const float* part_lse, int H, int G, int Mq,
                              int S, int D, void* out, DType out_dtype, StridedIndex out_idx,
@@ -503,6 +508,21 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int kWarps = kMergeThreads / 32;
   const float* lse = part_lse + (b * H + h) * S * static_cast<int64_t>(R) + r;
+  constexpr int kCols = kWideDims / 4;              // float4 columns
+  constexpr int kSlices = kMergeThreads / kCols;    // 32
+  const int c = tid % kCols, slice = tid / kCols;
+  const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D +
+                    chunk * kWideDims + 4 * c;
+  constexpr int kEarly = EARLY ? kWideEarlySplits / kSlices : 1;
+  float4 xe[kEarly];
+  if constexpr (EARLY) {
+#pragma unroll
+    for (int k = 0; k < kEarly; ++k) {
+      const int s = slice + kSlices * k;
+      xe[k] = s < S ? *reinterpret_cast<const float4*>(po + static_cast<int64_t>(s) * R * D)
+                    : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   float mx = -INFINITY;
   for (int s = tid; s < S; s += kMergeThreads) {
     const float v = lse[static_cast<int64_t>(s) * R];
@@ -531,21 +551,30 @@ __global__ void __launch_bounds__(kMergeThreads)
   float total = 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) total += wred[1][w];
-  constexpr int kCols = kWideDims / 4;              // float4 columns
-  constexpr int kSlices = kMergeThreads / kCols;    // 32
-  const int c = tid % kCols, slice = tid / kCols;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   if (mx != -INFINITY) {
-    const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D +
-                      chunk * kWideDims + 4 * c;
+    if constexpr (EARLY) {
+#pragma unroll
+      for (int k = 0; k < kEarly; ++k) {
+        const int s = slice + kSlices * k;
+        if (s < S) {
+          const float w = wsm[s];
+          acc.x = fmaf(w, xe[k].x, acc.x);
+          acc.y = fmaf(w, xe[k].y, acc.y);
+          acc.z = fmaf(w, xe[k].z, acc.z);
+          acc.w = fmaf(w, xe[k].w, acc.w);
+        }
+      }
+    } else {
 #pragma unroll 8
-    for (int s = slice; s < S; s += kSlices) {
-      const float w = wsm[s];
-      const float4 x = *reinterpret_cast<const float4*>(po + static_cast<int64_t>(s) * R * D);
-      acc.x = fmaf(w, x.x, acc.x);
-      acc.y = fmaf(w, x.y, acc.y);
-      acc.z = fmaf(w, x.z, acc.z);
-      acc.w = fmaf(w, x.w, acc.w);
+      for (int s = slice; s < S; s += kSlices) {
+        const float w = wsm[s];
+        const float4 x = *reinterpret_cast<const float4*>(po + static_cast<int64_t>(s) * R * D);
+        acc.x = fmaf(w, x.x, acc.x);
+        acc.y = fmaf(w, x.y, acc.y);
+        acc.z = fmaf(w, x.z, acc.z);
+        acc.w = fmaf(w, x.w, acc.w);
+      }
     }
   }
   part[tid] = acc;
@@ -744,8 +773,10 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   } else if (plan.merge_wide && aligned16 &&
       plan.head_dim % kWideDims == 0 && p.S <= kWideMaxSplits) {
     const int chunks = plan.head_dim / kWideDims;
-    launch_maybe_pdl(pdl, decode_merge_wide_kernel, dim3(static_cast<unsigned>(rows * chunks)),
-                     dim3(kMergeThreads), static_cast<size_t>(p.S) * sizeof(float), stream,
+    const bool early = plan.merge_warp && p.S <= kWideEarlySplits;
+    launch_maybe_pdl(pdl, early ? decode_merge_wide_kernel<true> : decode_merge_wide_kernel<false>,
+                     dim3(static_cast<unsigned>(rows * chunks)), dim3(kMergeThreads),
+                     static_cast<size_t>(p.S) * sizeof(float), stream,
                      static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_lse),
                      p.H, p.G, p.Mq, p.S, plan.head_dim, out.data, out.dtype, oi, lse_ptr, li);
   } else if (reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&

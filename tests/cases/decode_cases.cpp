@@ -161,10 +161,12 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     other layouts run plain solo issue); bulk_last_deep: that with bulk_stages 8 (capped:
 //     int4 g4 5 stages, fp8 3);
 //   merge_warp: plan_decode's kernel with merge_warp (one warp per output row; D 128 and at most
-//     16 splits, else the default merge), plus split counts of 1-16 chosen by the case.
+//     16 splits, else the default merge), plus split counts of 1-16 chosen by the case;
+//   merge_wide_early: merge_wide's splits and kernel with merge_warp too (<= 256 splits: the
+//     wide merge loads its partial rows before the LSE pass).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
-  merge_wide, bulk_pairs, bulk_tma_solo, bulk_last, merge_warp, bulk_last_deep
+  merge_wide, bulk_pairs, bulk_tma_solo, bulk_last, merge_warp, bulk_last_deep, merge_wide_early
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -184,7 +186,8 @@ class DecodeCase : public Case {
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::merge_wide || kernel == Kernel::bulk_pairs ||
                     kernel == Kernel::bulk_tma_solo || kernel == Kernel::bulk_last ||
-                    kernel == Kernel::merge_warp || kernel == Kernel::bulk_last_deep) &&
+                    kernel == Kernel::merge_warp || kernel == Kernel::bulk_last_deep ||
+                    kernel == Kernel::merge_wide_early) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -201,6 +204,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_deep) s += ".bulk_deep";
     if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
+    if (kernel_ == Kernel::merge_wide_early) s += ".merge_wide_early";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::bulk_last) s += ".bulk_last";
@@ -253,8 +257,9 @@ class DecodeCase : public Case {
       plan.launch_pdl = false;
     } else if (kernel_ == Kernel::bulk_deep) {
       plan.bulk_stages = 8;
-    } else if (kernel_ == Kernel::merge_wide) {
+    } else if (kernel_ == Kernel::merge_wide || kernel_ == Kernel::merge_wide_early) {
       plan.merge_wide = true;
+      plan.merge_warp = kernel_ == Kernel::merge_wide_early;
       plan.split_size = plan.capacity > 4000 ? 16 : 32;
       plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
     } else if (kernel_ == Kernel::bulk_pairs || kernel_ == Kernel::bulk_tma_solo) {
@@ -693,6 +698,13 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 47}, 2, 1, false, false, DType::f16, mwp, 1);
   add(shape(F::int4, 1, 2, 400, 2, 64, 0), {400, 3}, 4, 1, false, false, DType::f16, mwp, 4);
   add(shape(F::int4, 4, 1, 700, 2, 128, 16), {700}, 4, 1, false, false, DType::f16, mwp, 40);
+  // merge_wide_early: 66-256 splits (partial rows loaded before the LSE pass; 8 per thread, some
+  // past S), 313 splits (the plain wide merge runs), empty / 1-key sequences, causal, bias.
+  const Kernel mwe = Kernel::merge_wide_early;
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, mwe);
+  add(shape(F::int4, 4, 2, 4000, 2, 128, 16), {4000, 17}, 4, 2, true, true, DType::bf16, mwe);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 0}, 16, 1, false, false, DType::f16, mwe);
+  add(shape(F::f16, 1, 1, 5000, 2, 64, 0), {5000}, 4, 1, false, false, DType::f16, mwe);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
