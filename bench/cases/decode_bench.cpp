@@ -32,17 +32,14 @@ struct Shape {
 // Which CUDA kernel a row times: plan_decode's choice (the bulk-copy kernel where the layout
 // allows it) or one DecodePlan knob on top of it. "probe": bulk_probe, the key-pair copies and
 // ring protocol without the math (NOT attention: the roofline of that copy pattern; int4 only).
-// Session 9: "last issue" = bulk_issue 3 (the last warp done with a stage refills it; int4
-// tensor-map tiles and fp8 whole-tile copies), A/B against plan_decode's solo issue (1);
-// "warp merge" = merge_warp (one warp per output row; D 128, <= 16 splits: B 64 and B 16; at
-// B 1, 256 splits: the wide merge with its partial rows loaded before the LSE pass);
-// "last issue + warp merge" both (what plan_decode would adopt if both win); "last issue, 5
-// stages" bulk_issue 3 with bulk_stages 5 (int4 g4: 5 tensor-map stages still fit two CTAs per
-// multiprocessor; run 20 measured 5 stages under solo issue 0.3-3 % slower).
+// "CTA merge": merge_warp off (the CTA-per-row split merges, plan_decode's until H200 run 24;
+// run 24: the warp merge 1-4 % faster at every shape, same bits). "staged partials":
+// bulk_stage_out (partial rows through shared memory, whole-row 16-byte stores).
 // Settled variants have no rows (docs/decode.md has their numbers): session 9 removed "fp8
-// shared issue" (paged; run 20: 1.5-1.7 % slower than solo + fold) and "int4 g4 pairs" (run 20:
-// within -2..+0.2 % of the tensor-map tiles).
-enum class Pick { plan, probe, last, merge_warp, last_merge, last5 };
+// shared issue" (paged; run 20: 1.5-1.7 % slower than solo + fold), "int4 g4 pairs" (run 20:
+// within -2..+0.2 % of the tensor-map tiles) and run 24's "last issue" rows (bulk_issue 3:
+// 2-11 % slower everywhere; the knob value is gone).
+enum class Pick { plan, probe, cta_merge, staged };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -51,9 +48,8 @@ struct Fmt {
 };
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
-  if (pick == Pick::last || pick == Pick::last_merge || pick == Pick::last5) plan.bulk_issue = 3;
-  if (pick == Pick::merge_warp || pick == Pick::last_merge) plan.merge_warp = true;
-  if (pick == Pick::last5) plan.bulk_stages = 5;
+  if (pick == Pick::cta_merge) plan.merge_warp = false;
+  if (pick == Pick::staged) plan.bulk_stage_out = true;
   plan.bulk_probe = pick == Pick::probe;
   if (plan.format == KvFormat::int4 && pick == Pick::probe) {
     plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
@@ -274,13 +270,10 @@ class DecodeBench : public BenchCase {
     if (env.device == Device::cuda) {
       formats.push_back({KvFormat::int4, 4, "int4 g4 pairs probe (copies only, not attention)",
                          Pick::probe});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 last issue", Pick::last});
-      formats.push_back({KvFormat::fp8, 1, "fp8 last issue", Pick::last});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 warp merge", Pick::merge_warp});
-      formats.push_back({KvFormat::fp8, 1, "fp8 warp merge", Pick::merge_warp});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 last issue + warp merge", Pick::last_merge});
-      formats.push_back({KvFormat::fp8, 1, "fp8 last issue + warp merge", Pick::last_merge});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 last issue, 5 stages", Pick::last5});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 CTA merge", Pick::cta_merge});
+      formats.push_back({KvFormat::fp8, 1, "fp8 CTA merge", Pick::cta_merge});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 staged partials", Pick::staged});
+      formats.push_back({KvFormat::fp8, 1, "fp8 staged partials", Pick::staged});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -291,13 +284,11 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // The int4 probe at B 64 contiguous; "last issue" everywhere; "warp merge"
-          // contiguous; "+ warp merge" contiguous and paged 16; "5 stages" contiguous and paged
-          // 16 at B 64, contiguous at B 1.
+          // The int4 probe at B 64 contiguous; "CTA merge" contiguous; "staged" contiguous and
+          // paged 16.
           if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
-          if (f.pick == Pick::merge_warp && page) continue;  // (B 1: the early wide merge)
-          if (f.pick == Pick::last_merge && page == 256) continue;
-          if (f.pick == Pick::last5 && (s.B == 16 || page == 256 || (s.B == 1 && page))) continue;
+          if (f.pick == Pick::cta_merge && page) continue;
+          if (f.pick == Pick::staged && page == 256) continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

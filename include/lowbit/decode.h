@@ -109,11 +109,6 @@ struct DecodePlan {
   // 2: as 0 (CTA barrier per tile), but only 4 of the CTA's warps issue the copies (fewer
   // per-tile issue setups; plan_decode's choice for the other int4 layouts since H200 run 13;
   // session 8 removed 3, two issuing warps: slower). The bits equal 0's.
-  // 3 (session 9): solo issue where the last warp done with a stage refills it at once (a
-  // shared-memory release counter per stage instead of the issuer waiting on an `empty`
-  // mbarrier), for int4 g4 D 128 with bulk_tma and fp8 D 128 whole-tile copies at <= 8 rows;
-  // other layouts run 1. Same arithmetic and order: the bits equal 1's. docs/decode.md "Last
-  // releaser issues".
   int bulk_issue = 0;
   // CUDA, bulk kernel: stages of its shared-memory ring (0: automatic, as many as fit two CTAs per
   // multiprocessor in ~110 KB each, at most 4: int4 g4 D 128 4, fp8 / f16 D 128 3). 2..8 asks for
@@ -127,12 +122,12 @@ struct DecodePlan {
   // Deterministic; a different rounding order (same tolerance). Up to 8192 splits (else the
   // narrow merge runs).
   bool merge_wide = false;
-  // CUDA (session 9, unmeasured): merge the splits with one warp per (batch, kv head, query row),
-  // 8 rows per CTA, where D = 128 and n_splits <= 16 (else the merge above): lane l owns dims
-  // [4 l, 4 l + 4) and the LSEs and partial rows are loaded together. The same operations in the
-  // same order as the default merge: the bits equal its. merge_wide takes precedence; with
-  // merge_wide and <= 256 splits the flag makes the wide merge load its partial rows before its
-  // LSE pass (same operations and order: the bits equal merge_wide's).
+  // CUDA (session 9; plan_decode sets it since H200 run 24: B 64 -4.1 / -2.5 % int4 / fp8): merge
+  // the splits with one warp per (batch, kv head, query row), 8 rows per CTA, where D = 128 and
+  // n_splits <= 16 (else the CTA-per-row merge): lane l owns dims [4 l, 4 l + 4) and the LSEs and
+  // partial rows are loaded together. The same operations in the same order as the CTA-per-row
+  // merge: the bits equal its. merge_wide takes precedence; with merge_wide and <= 256 splits
+  // the flag makes the wide merge load its partial rows before its LSE pass (same bits).
   bool merge_warp = false;
   // CUDA, bulk kernel: launch it and the split merge as programmatic dependent launches (sm_90):
   // each becomes resident while the kernel before it finishes and waits for it in its first
@@ -153,6 +148,13 @@ struct DecodePlan {
   // faster than the pair copies with bulk_issue 2); other layouts and the shared issue ignore it;
   // a refused tensor map falls back to the pair copies. docs/decode.md "Tensor-map tiles".
   bool bulk_tma = false;
+  // CUDA, bulk kernel (session 9): each warp writes its partial output rows to shared memory
+  // first (the ring is idle by then) and then to the workspace as whole rows of 16-byte stores,
+  // instead of two 4-byte stores per fragment element scattered over its rows (8 rows x 8
+  // positions per store). int4 g4 D 128 with bulk_tma and fp8 D 128 whole-tile copies (solo +
+  // fold) at <= 8 rows, where the workspace is 16-byte aligned; elsewhere ignored. Same values:
+  // the bits equal false's.
+  bool bulk_stage_out = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -285,6 +285,12 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // The wide split merge where there are many splits (H200 run 12, B 1, L 131072, 256 splits:
   // int4 -8 %, fp8 -6 % contiguous, -8 / -11 % paged 16 end to end; not measured below 256).
   p.merge_wide = p.device == Device::cuda && p.n_splits >= 64;
+  // The warp merge (D 128, <= 16 splits) and, with merge_wide, the wide merge that loads its
+  // partial rows before the LSE pass (H200 run 24, 2026-11-30, same bits as the CTA-per-row
+  // merges: B 64, L 8192 int4 g4 0.1801 against 0.1878 ms, fp8 0.2587 against 0.2653; (16,
+  // 32768, 64, 8) 0.1837 / 0.2718 against 0.1862 / 0.2743; B 1, L 131072 (wide) 0.0573 /
+  // 0.0786 against 0.0581 / 0.0795).
+  p.merge_warp = p.device == Device::cuda;
   return p;
 }
 
@@ -315,7 +321,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
               "plan", "expected n_splits >= 1 and split_size a positive multiple of 16, got " +
                           std::to_string(plan.n_splits) + " x " + std::to_string(plan.split_size));
   check::in_range(op, "plan.fold_scales", plan.fold_scales, 0, 1);
-  check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 3);
+  check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 2);
   check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);

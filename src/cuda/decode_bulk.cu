@@ -181,16 +181,10 @@ struct BulkArgs {
   // bank groups. The box's last 16 bytes lie past the map's first dimension (zero-filled, never
   // read). Partial tiles: per-key bulk copies into the same layout.
   bool tma = false;
-  // DecodePlan::bulk_issue = 3 (with solo; the kLast instantiations): no designated issuer. Each
-  // warp done with a stage adds 1 to the stage's release counter (shared atomic, acq_rel); the
-  // warp that completes a multiple of HB is the last reader of that use and issues the tile that
-  // refills the stage at once. Nobody waits on an `empty` mbarrier: H200 run 22's profile of the
-  // solo kTma4 kernel had 17 % of its stall samples in the issuer's empty wait (plus ~40 spin
-  // instructions per tile). Paged: every warp loads the block-table entry of tile it + NST at the
-  // top of tile it (page / offset advanced incrementally), so whichever warp is last has it.
-  // Contiguous caches zero the ring only where a split ends in a partial tile (after seq_len is
-  // read); full tiles overwrite every byte the math reads.
-  bool last = false;
+  // DecodePlan::bulk_stage_out (session 9; the kStage instantiations: kTma4, fp8 kBlocks8 solo):
+  // the partial rows through shared memory, then whole rows by 16-byte stores (host: only where
+  // the workspace is 16-byte aligned and the ring holds HB x 8 NR rows of D + 4 floats).
+  bool stage_out = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -218,9 +212,10 @@ struct BulkMaps {
 // tile into an unpadded stage; fp8's layout since H200 run 16); kProbe (2, DecodePlan::bulk_probe,
 // bench only): the copies, waits and releases of the split, no math; the partial outputs are 0
 // with LSE -inf. Session 8: kTma4 (4): folded int4, solo issue, DecodePlan::bulk_tma
-// (BulkArgs::tma). Session 9: kLast (8, with solo issue; DecodePlan::bulk_issue = 3,
-// BulkArgs::last) for the kTma4 and the fp8 kBlocks8 solo instantiations.
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kLast = 8;
+// (BulkArgs::tma).
+// Session 9: kStage (8, DecodePlan::bulk_stage_out, BulkArgs::stage_out) with kTma4 and with the
+// fp8 kBlocks8 solo instantiation (a run-time flag spilled 28 bytes in two others).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
@@ -248,7 +243,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   __shared__ __align__(8) uint64_t full[kMaxStages];
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // solo issue mode: stage released
   __shared__ int cnt[kMaxStages];
-  __shared__ uint32_t rel[kMaxStages];  // kLast: warps done with each stage (monotonic)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -269,52 +263,24 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   const uint32_t full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
   const uint32_t empty_s = static_cast<uint32_t>(__cvta_generic_to_shared(empty));
   constexpr bool solo = SOLO;
-  constexpr bool last = SOLO && (KN & kLast) != 0;
-  const uint32_t rel_s = static_cast<uint32_t>(__cvta_generic_to_shared(rel));
 
   // Zero the ring (absent keys' V rows must be finite), init the barriers: before the PDL wait
   // (shared memory only), so that it overlaps the previous kernel's tail.
-  // kLast: the sequence length and (paged) the first block-table entry this warp may issue from
-  // are loaded first, before the ring is zeroed (paged) or not (contiguous: only where the split
-  // ends in a partial tile, below), so that their latency overlaps the zeroing instead of
-  // delaying the first copies.
-  auto zero_ring = [&] {
-    for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
-      reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
-  };
-  if (!last) zero_ring();
+  for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
+    reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
   if (tid == 0)
     for (int s = 0; s < NST; ++s) {
       mbar_init(full_s + 8 * s, solo ? 1 : HB);  // solo: the issuing warp; else every warp
       mbar_init(empty_s + 8 * s, HB);            // solo: one release per warp
-      rel[s] = 0u;
     }
-  if (!last) fence_proxy_async();
+  fence_proxy_async();
   griddep_wait();  // (PDL) the previous kernel's writes (cache, q, seq_len) are visible
-  int64_t len = 0;
-  int64_t first_page = 0;  // kLast, paged: entry of tile `warp` of the split if it starts at lo0
-  if constexpr (last) {
-    len = seq_length(c, b);
-    const int64_t lo0 = static_cast<int64_t>(split) * p.split_size;  // lo unless the split is empty
-    if (c.block_tables) {
-      if (lo0 + 16 * warp < c.capacity)
-        first_page = c.block_tables[b * c.bt_st0 + ((lo0 / 16 + warp) / (c.page_size / 16)) *
-                                                       c.bt_st1];
-      zero_ring();
-    }
-    fence_proxy_async();
-  }
   __syncthreads();
 
-  if constexpr (!last) len = seq_length(c, b);
+  const int64_t len = seq_length(c, b);
   const int64_t lo = min(static_cast<int64_t>(split) * p.split_size, len);
   const int64_t hi = split == p.S - 1 ? len : min(lo + p.split_size, len);
   const int n_tiles = static_cast<int>((hi - lo + 15) / 16);
-  if (last && !c.block_tables && (hi - lo) % 16 != 0) {  // (CTA-uniform)
-    zero_ring();
-    fence_proxy_async();
-    __syncthreads();
-  }
 
   // Offset of key i's piece in a stage's K (or V) block.
   const bool pairs = kFoldI4 && a.pairs;
@@ -473,10 +439,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // multiples of 16) and its block-table entry is loaded one issue ahead (solo_page).
   const int tile0 = static_cast<int>(lo / 16);  // tile index of lo in the sequence
   const int tpp = c.block_tables ? c.page_size / 16 : 1;  // tiles per page
-  int64_t solo_page = 0;
-  if (last) solo_page = first_page;  // (n_tiles > warp: the split starts at lo0)
-  else if (solo && c.block_tables && warp < n_tiles)
-    solo_page = c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1];
+  int64_t solo_page = solo && c.block_tables && warp < n_tiles
+                          ? c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1]
+                          : 0;
   auto issue_solo = [&](int n, int s) {  // warp n % HB only
     const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
     int64_t base = k0;
@@ -486,12 +451,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       const int tin = tile0 + n;
       base = page * c.page_size + 16 * (tin % tpp);
       nk = page < 0 ? 0 : min(nk, c.pool_rows - base);
-      // (kLast: only among the first NST tiles, which warp n mod HB issues; later ones take the
-      // page the loop loaded, lpage.)
-      if (!last || n + HB < NST)
-        solo_page = n + HB < n_tiles
-                        ? c.block_tables[b * c.bt_st0 + ((tin + HB) / tpp) * c.bt_st1]
-                        : 0;
+      solo_page = n + HB < n_tiles ? c.block_tables[b * c.bt_st0 + ((tin + HB) / tpp) * c.bt_st1]
+                                   : 0;
     }
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
@@ -662,32 +623,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   int s = 0;          // stage of tile it (= it mod NST)
   uint32_t phase = 0;  // parity of its use (= (it / NST) mod 2)
   // Done with tile it (stage s): release the stage, issue tile it + NST into it, advance s.
-  // kLast, paged: block-table position (page index, tile within the page) of tile it + NST, and
-  // its entry (loaded at the top of tile it, used by the last warp done with tile it).
-  int64_t lpidx = 0;
-  int ltile = 0;
-  int64_t lpage = 0;
-  if (last && c.block_tables) {
-    lpidx = (tile0 + NST) / tpp;
-    ltile = (tile0 + NST) % tpp;
-  }
   auto finish_tile = [&](int it) {
-    if constexpr (last) {
-      // The warp whose release completes this use of stage s (a multiple of HB releases: a warp
-      // cannot release use u + 1 before every warp released use u, whose refill it waited for)
-      // refills it with tile it + NST.
-      __syncwarp();
-      uint32_t old = 0;
-      if (lane == 0) old = ptx::atom_add_acq_rel_shared(rel_s + 4 * s, 1u);
-      old = __shfl_sync(0xffffffffu, old, 0);
-      const int nn = it + NST;
-      if ((old & static_cast<uint32_t>(HB - 1)) == static_cast<uint32_t>(HB - 1) && nn < n_tiles) {
-        __syncwarp();  // (lane 0's acquire before every lane's copies)
-        fence_proxy_async();
-        solo_page = lpage;
-        issue_solo(nn, s);
-      }
-    } else if constexpr (solo) {
+    if constexpr (solo) {
       // Release stage s; the issuer of tile it + NST waits until every warp has released it.
       __syncwarp();
       if (lane == 0) mbar_arrive(empty_s + 8 * s);
@@ -711,15 +648,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   };
 #pragma unroll 1
   for (int it = 0; it < n_tiles; ++it) {
-    if constexpr (last) {
-      if (c.block_tables) {
-        lpage = it + NST < n_tiles ? c.block_tables[b * c.bt_st0 + lpidx * c.bt_st1] : 0;
-        if (++ltile == tpp) {
-          ltile = 0;
-          ++lpidx;
-        }
-      }
-    }
     // kTma4: a bounded wait (a tensor copy whose bytes never complete traps, not hangs).
     if constexpr (tma) ptx::mbar_wait_bounded(full_s + 8 * s, phase);
     else mbar_wait(full_s + 8 * s, phase);
@@ -1089,6 +1017,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   griddep_launch_dependents();  // (PDL) the merge may launch; it waits for this grid to complete
   // ---- the warp's partial (O, LSE) of head h, rows r0 + 8 nr + 2t + e ----
   const int64_t base_row = ((b * p.H + h) * p.S + split) * static_cast<int64_t>(p.R) + r0;
+  // BulkArgs::stage_out: the rows go to the warp's slice of the (now idle) ring first, rows of
+  // D + 4 floats, and then to the workspace as whole rows of 16-byte stores.
+  constexpr int kStageRow = D + 4;
+  constexpr bool stage_out = (KN & kStage) != 0;
+  float* const staged = reinterpret_cast<float*>(ring) + warp * (8 * NR) * kStageRow;
+  if constexpr (stage_out) __syncthreads();  // every warp is done with the ring
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
@@ -1108,7 +1042,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       const int r = 8 * nr + 2 * t + e;
       if (r < rows) {
         const float inv = l > 0.f ? 1.f / l : 0.f;
-        float* out = p.part_o + (base_row + r) * D;
+        float* out = stage_out ? staged + r * kStageRow : p.part_o + (base_row + r) * D;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if constexpr (kFoldI4) {  // subnormal codes: c 2^-24 (dim d) and 16 c 2^-24 (d + 1)
@@ -1129,6 +1063,15 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           p.part_lse[base_row + r] = l > 0.f ? (m_run[nr][e] + log2f(l)) * kLn2 : -INFINITY;
       }
     }
+  if constexpr (stage_out) {
+    __syncwarp();
+    constexpr int kLanes = D / 4;  // float4 columns of a row
+#pragma unroll
+    for (int r = 0; r < 8 * NR; ++r)
+      if (r < rows && lane < kLanes)
+        *reinterpret_cast<float4*>(p.part_o + (base_row + r) * D + 4 * lane) =
+            *reinterpret_cast<const float4*>(staged + r * kStageRow + 4 * lane);
+  }
 #endif  // sm_90
 }
 
@@ -1181,15 +1124,16 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, kProbe>(p, a, m, B, stream);
       if constexpr (F == KvFormat::fp8) {
         if (x == kBlocks8) {
-          if constexpr (kS) {  // (kLast: solo issue only)
-            if (a.last)
-              return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kLast>(p, a, m, B, stream);
+          if constexpr (kS) {
+            if (a.stage_out)
+              return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kStage>(p, a, m, B, stream);
           }
           return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8>(p, a, m, B, stream);
         }
         return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kProbe>(p, a, m, B, stream);
       } else {  // (x == kTma4)
-        if (a.last) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kLast>(p, a, m, B, stream);
+        if (a.stage_out)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
     }
@@ -1360,7 +1304,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   const int64_t B = plan.batch;
   const int fold = fold_applies(cache) ? plan.fold_scales : 0;
   const int issue = plan.bulk_issue;
-  const bool solo = issue == 1 || issue == 3;  // (3: solo with the last releaser issuing)
+  const bool solo = issue == 1;
   // fp8 blocks change the stage layout: only where launch_rows runs a kBlocks8 instantiation.
   // int4: the probe under shared issue, tensor-map tiles under solo issue (not with the probe).
   const bool knobs = cache.head_dim() == 128 && p.R <= 8 &&
@@ -1375,13 +1319,15 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   if (a.tma && a.hb > 0 && !encode_bulk_maps(cache, a, &maps))
     a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
   a.solo = solo;
-  a.last = issue == 3;  // (only the kTma4 / fp8 kBlocks8 solo instantiations; else plain solo)
   a.probe = plan.bulk_probe;
   // Issuing warps of the shared mode: all HB (0), 4 (2; enough lanes for fp8's 64 copies per
   // tile with a copy per key and kind).
   a.issuers = issue == 2 ? 4 : a.hb;
   a.issuers = a.issuers > a.hb ? a.hb : a.issuers;
   a.pdl = plan.launch_pdl;
+  const int staged_bytes = a.hb * (p.R > 8 ? 16 : 8) * (cache.head_dim() + 4) * 4;
+  a.stage_out = plan.bulk_stage_out && reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&
+                a.nst * a.stage_bytes >= staged_bytes;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,

@@ -165,16 +165,6 @@ __device__ __forceinline__ void mbar_wait_bounded(uint32_t bar, uint32_t parity)
       "r"(parity)
       : "memory");
 }
-// Adds v to the shared-memory word at `addr` and returns its old value (acquire + release, CTA
-// scope): e.g. warps counting their releases of a ring stage, the last one refilling it.
-__device__ __forceinline__ uint32_t atom_add_acq_rel_shared(uint32_t addr, uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], %2;\n"
-               : "=r"(old)
-               : "r"(addr), "r"(v)
-               : "memory");
-  return old;
-}
 // bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared through the TMA unit,
 // completing as transaction bytes on `bar`.
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,

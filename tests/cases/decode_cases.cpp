@@ -155,18 +155,15 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_tma_solo: bulk_tma with bulk_issue 1 (folded int4 g4 D 128 at <= 8 rows: a full tile's
 //     K and V by one tensor-map copy each, issued by warp n mod HB for tile n; stages released on
 //     mbarriers; plan_decode's int4 choice since session 8, explicit here).
-//   bulk_last: plan_decode's choice with bulk_issue 3 (session 9; int4 tensor-map tiles and fp8
-//     whole-tile copies at D 128, <= 8 rows: solo issue where the last warp done with a stage
-//     refills it, no empty mbarrier; contiguous caches zero the ring only for a partial tile;
-//     other layouts run plain solo issue); bulk_last_deep: that with bulk_stages 8 (capped:
-//     int4 g4 5 stages, fp8 3);
 //   merge_warp: plan_decode's kernel with merge_warp (one warp per output row; D 128 and at most
 //     16 splits, else the default merge), plus split counts of 1-16 chosen by the case;
 //   merge_wide_early: merge_wide's splits and kernel with merge_warp too (<= 256 splits: the
-//     wide merge loads its partial rows before the LSE pass).
+//     wide merge loads its partial rows before the LSE pass);
+//   stage_out: plan_decode's choice with bulk_stage_out (the bulk kernel's partial rows through
+//     shared memory, then whole rows by 16-byte stores).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
-  merge_wide, bulk_pairs, bulk_tma_solo, bulk_last, merge_warp, bulk_last_deep, merge_wide_early
+  merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -185,9 +182,8 @@ class DecodeCase : public Case {
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::merge_wide || kernel == Kernel::bulk_pairs ||
-                    kernel == Kernel::bulk_tma_solo || kernel == Kernel::bulk_last ||
-                    kernel == Kernel::merge_warp || kernel == Kernel::bulk_last_deep ||
-                    kernel == Kernel::merge_wide_early) &&
+                    kernel == Kernel::bulk_tma_solo || kernel == Kernel::merge_warp ||
+                    kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -205,10 +201,9 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
     if (kernel_ == Kernel::merge_wide_early) s += ".merge_wide_early";
+    if (kernel_ == Kernel::stage_out) s += ".stage_out";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
-    if (kernel_ == Kernel::bulk_last) s += ".bulk_last";
-    if (kernel_ == Kernel::bulk_last_deep) s += ".bulk_last_deep";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
     return s;
   }
@@ -267,9 +262,8 @@ class DecodeCase : public Case {
       plan.bulk_issue = kernel_ == Kernel::bulk_tma_solo ? 1 : 2;
     } else if (kernel_ == Kernel::bulk_iss4) {
       plan.bulk_issue = 2;
-    } else if (kernel_ == Kernel::bulk_last || kernel_ == Kernel::bulk_last_deep) {
-      plan.bulk_issue = 3;
-      if (kernel_ == Kernel::bulk_last_deep) plan.bulk_stages = 8;
+    } else if (kernel_ == Kernel::stage_out) {
+      plan.bulk_stage_out = true;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -468,7 +462,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, so = Kernel::bulk_solo;
   const Kernel np = Kernel::no_pdl, dp = Kernel::bulk_deep, i4 = Kernel::bulk_iss4;
   const Kernel mw = Kernel::merge_wide;
-  const Kernel pr = Kernel::bulk_pairs, tso = Kernel::bulk_tma_solo, la = Kernel::bulk_last;
+  const Kernel pr = Kernel::bulk_pairs, tso = Kernel::bulk_tma_solo;
   // Odd lengths (1, 17, 1000, empty), GQA, contiguous and paged (16, 256), every format.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 0), {1000, 17, 1}, 4, 1, false, false, DType::f16);
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::bf16);
@@ -656,33 +650,6 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, tso);
   add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 31}, 8, 1, false, false, DType::f16, tso);
   add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, tso);
-  // bulk_last (bulk_issue 3: the last warp done with a stage refills it): int4 g4 D 128 tensor-map
-  // tiles with 8 heads contiguous (lengths that are multiples of 16: the ring is not zeroed; odd
-  // ones: it is), paged 16 (splits starting inside a page: the loop's page walk) and 256, 4 / 2
-  // heads (2: fewer warps than stages, one warp issues several of the first tiles, paged), 1 head,
-  // 16 heads (two head blocks), many tiles per split, 1-key / empty sequences, Mq > 1 causal,
-  // bias, bf16 q; fp8 D 128 whole-tile copies with 8 / 4 heads contiguous and paged 16 / 256;
-  // layouts without the kLast kernels (9-16 rows, fp8 16 heads, f16) run plain solo issue.
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2048, 47, 0}, 4, 1, false, false, DType::f16, la);
-  add(shape(F::int4, 4, 3, 1024, 8, 128, 0), {1024, 512, 16}, 2, 1, false, false, DType::bf16, la);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, true, DType::f16, la);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, la);
-  add(shape(F::int4, 4, 2, 1001, 4, 128, 256), {1001, 0}, 4, 1, false, true, DType::f16, la);
-  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 31}, 8, 1, false, false, DType::f16, la);
-  add(shape(F::int4, 4, 2, 600, 1, 128, 0), {600, 31}, 8, 1, false, false, DType::bf16, la);
-  add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, la);
-  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, la);
-  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, la);
-  add(shape(F::fp8, 1, 2, 1024, 8, 128, 0), {1024, 64}, 4, 2, true, false, DType::f16, la);
-  add(shape(F::fp8, 1, 3, 2100, 8, 128, 16), {2100, 33, 0}, 4, 1, false, true, DType::f16, la);
-  add(shape(F::fp8, 1, 2, 1300, 4, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, la);
-  add(shape(F::fp8, 1, 2, 300, 16, 128, 16), {300, 33}, 2, 1, false, false, DType::f16, la);
-  add(shape(F::f16, 1, 2, 523, 8, 128, 16), {523, 16}, 4, 1, false, false, DType::f16, la);
-  const Kernel lad = Kernel::bulk_last_deep;
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 33, 0}, 4, 1, false, false, DType::f16, lad);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 17}, 2, 4, true, true, DType::bf16, lad);
-  add(shape(F::int4, 4, 2, 700, 2, 128, 256), {700, 31}, 8, 1, false, false, DType::f16, lad);
-  add(shape(F::fp8, 1, 2, 2100, 8, 128, 16), {2100, 47}, 4, 1, false, false, DType::f16, lad);
   // merge_warp (one warp per output row, D 128, <= 16 splits): 1, 3, 4, 5, 8, 9, 16 splits (the
   // 4 / 8 / 16-split kernels, slices holding two splits past 8), every format, contiguous and
   // paged, an empty sequence and a fully masked bias row (out 0, LSE -inf), 1-key sequences
@@ -705,6 +672,21 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 4000, 2, 128, 16), {4000, 17}, 4, 2, true, true, DType::bf16, mwe);
   add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 0}, 16, 1, false, false, DType::f16, mwe);
   add(shape(F::f16, 1, 1, 5000, 2, 64, 0), {5000}, 4, 1, false, false, DType::f16, mwe);
+  // stage_out: int4 g4 D 128 tensor-map tiles (8 heads, contiguous / paged 16), int4 pair copies
+  // (9-16 rows: 16 staged rows per warp), two row chunks (32 rows), 4 / 2 heads, int4 g1 / g8
+  // and D 64, fp8 contiguous / paged 256 / D 64, f16 (4 heads per CTA); empty and 1-key
+  // sequences, Mq > 1 causal, bias.
+  const Kernel so2 = Kernel::stage_out;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, so2);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, so2);
+  add(shape(F::int4, 4, 2, 700, 4, 128, 256), {700, 17}, 16, 1, false, false, DType::f16, so2);
+  add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 15}, 16, 2, true, false, DType::f16, so2);
+  add(shape(F::int4, 1, 2, 523, 4, 128, 16), {523, 31}, 4, 1, false, true, DType::f16, so2);
+  add(shape(F::int4, 8, 2, 600, 4, 64, 0), {600, 47}, 4, 2, true, false, DType::bf16, so2);
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 523, 0}, 4, 1, false, false, DType::f16, so2);
+  add(shape(F::fp8, 1, 2, 1001, 4, 128, 256), {1001, 17}, 8, 1, false, true, DType::bf16, so2);
+  add(shape(F::fp8, 1, 2, 600, 8, 64, 16), {600, 2}, 2, 4, true, false, DType::f16, so2);
+  add(shape(F::f16, 1, 2, 1100, 4, 128, 0), {1100, 31}, 4, 1, false, false, DType::f16, so2);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);

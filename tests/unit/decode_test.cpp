@@ -720,7 +720,7 @@ TEST(DecodeErrors, CacheValidationWritesNothing) {
     // CUDA tuning fields are range-checked on every backend (nothing written).
     out2.set(0, 42.f);
     const std::pair<int DecodePlan::*, int> knobs[] = {
-        {&DecodePlan::bulk_issue, 4},  {&DecodePlan::bulk_issue, -1},
+        {&DecodePlan::bulk_issue, 3},  {&DecodePlan::bulk_issue, -1},
         {&DecodePlan::bulk_stages, 9}, {&DecodePlan::bulk_stages, -1},
         {&DecodePlan::fold_scales, 2}, {&DecodePlan::fold_scales, -1}};
     for (const auto& [field, value] : knobs) {
