@@ -34,12 +34,14 @@ struct Shape {
 // ring protocol without the math (NOT attention: the roofline of that copy pattern; int4 only).
 // "CTA merge": merge_warp off (the CTA-per-row split merges, plan_decode's until H200 run 24;
 // run 24: the warp merge 1-4 % faster at every shape, same bits). "staged partials":
-// bulk_stage_out (partial rows through shared memory, whole-row 16-byte stores).
+// bulk_stage_out (partial rows through shared memory, whole-row 16-byte stores); "lean start":
+// bulk_lean_start (no ring zeroing where full tiles cover it, seq_len / first page loaded
+// first); "lean start + staged partials": both.
 // Settled variants have no rows (docs/decode.md has their numbers): session 9 removed "fp8
 // shared issue" (paged; run 20: 1.5-1.7 % slower than solo + fold), "int4 g4 pairs" (run 20:
 // within -2..+0.2 % of the tensor-map tiles) and run 24's "last issue" rows (bulk_issue 3:
 // 2-11 % slower everywhere; the knob value is gone).
-enum class Pick { plan, probe, cta_merge, staged };
+enum class Pick { plan, probe, cta_merge, staged, lean, lean_staged };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -49,7 +51,8 @@ struct Fmt {
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::cta_merge) plan.merge_warp = false;
-  if (pick == Pick::staged) plan.bulk_stage_out = true;
+  if (pick == Pick::staged || pick == Pick::lean_staged) plan.bulk_stage_out = true;
+  if (pick == Pick::lean || pick == Pick::lean_staged) plan.bulk_lean_start = true;
   plan.bulk_probe = pick == Pick::probe;
   if (plan.format == KvFormat::int4 && pick == Pick::probe) {
     plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
@@ -274,6 +277,11 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::fp8, 1, "fp8 CTA merge", Pick::cta_merge});
       formats.push_back({KvFormat::int4, 4, "int4 g4 staged partials", Pick::staged});
       formats.push_back({KvFormat::fp8, 1, "fp8 staged partials", Pick::staged});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 lean start", Pick::lean});
+      formats.push_back({KvFormat::fp8, 1, "fp8 lean start", Pick::lean});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 lean start + staged partials",
+                         Pick::lean_staged});
+      formats.push_back({KvFormat::fp8, 1, "fp8 lean start + staged partials", Pick::lean_staged});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -284,11 +292,11 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // The int4 probe at B 64 contiguous; "CTA merge" contiguous; "staged" contiguous and
+          // The int4 probe and "CTA merge" at B 64 contiguous; "staged" / "lean" contiguous and
           // paged 16.
-          if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
-          if (f.pick == Pick::cta_merge && page) continue;
-          if (f.pick == Pick::staged && page == 256) continue;
+          if ((f.pick == Pick::probe || f.pick == Pick::cta_merge) && (s.B != 64 || page))
+            continue;
+          if (page == 256 && f.pick != Pick::plan) continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -155,6 +155,12 @@ struct DecodePlan {
   // fold) at <= 8 rows, where the workspace is 16-byte aligned; elsewhere ignored. Same values:
   // the bits equal false's.
   bool bulk_stage_out = false;
+  // CUDA, bulk kernel (session 9): a leaner kernel start for int4 g4 D 128 with bulk_tma and fp8
+  // D 128 whole-tile copies (<= 8 rows; elsewhere ignored): the sequence length and the first
+  // block-table entry are loaded before the ring is zeroed, and contiguous caches zero it only
+  // where a split ends in a partial tile (full tiles overwrite every byte the math reads). Same
+  // arithmetic: the bits equal false's.
+  bool bulk_lean_start = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

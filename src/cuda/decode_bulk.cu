@@ -185,6 +185,8 @@ struct BulkArgs {
   // the partial rows through shared memory, then whole rows by 16-byte stores (host: only where
   // the workspace is 16-byte aligned and the ring holds HB x 8 NR rows of D + 4 floats).
   bool stage_out = false;
+  // DecodePlan::bulk_lean_start (session 9; honoured by the kTma4 / kBlocks8 instantiations).
+  bool lean = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -266,21 +268,48 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 
   // Zero the ring (absent keys' V rows must be finite), init the barriers: before the PDL wait
   // (shared memory only), so that it overlaps the previous kernel's tail.
-  for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
-    reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
+  // BulkArgs::lean (kTma4 / kBlocks8 only, whose full tiles overwrite every stage byte the math
+  // reads): seq_len and (solo, paged) the first block-table entry are loaded first; then the ring
+  // is zeroed only where stale rows can be read: paged pools (absent pages), and contiguous
+  // splits that end in a partial tile.
+  constexpr bool kWhole = tma || (F == KvFormat::fp8 && (KN & kBlocks8) != 0);
+  const bool lean = kWhole && a.lean;
+  auto zero_ring = [&] {
+    for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
+      reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
+  };
+  if (!lean) zero_ring();
   if (tid == 0)
     for (int s = 0; s < NST; ++s) {
       mbar_init(full_s + 8 * s, solo ? 1 : HB);  // solo: the issuing warp; else every warp
       mbar_init(empty_s + 8 * s, HB);            // solo: one release per warp
     }
-  fence_proxy_async();
+  if (!lean) fence_proxy_async();
   griddep_wait();  // (PDL) the previous kernel's writes (cache, q, seq_len) are visible
+  int64_t len = 0;
+  int64_t first_page = 0;  // lean, solo, paged: entry of tile `warp` of a split starting at lo0
+  if (lean) {
+    len = seq_length(c, b);
+    const int64_t lo0 = static_cast<int64_t>(split) * p.split_size;  // lo unless the split is empty
+    if (c.block_tables) {
+      if (solo && lo0 + 16 * warp < c.capacity)
+        first_page = c.block_tables[b * c.bt_st0 + ((lo0 / 16 + warp) / (c.page_size / 16)) *
+                                                       c.bt_st1];
+      zero_ring();
+    }
+    fence_proxy_async();
+  }
   __syncthreads();
+  if (!lean) len = seq_length(c, b);
 
-  const int64_t len = seq_length(c, b);
   const int64_t lo = min(static_cast<int64_t>(split) * p.split_size, len);
   const int64_t hi = split == p.S - 1 ? len : min(lo + p.split_size, len);
   const int n_tiles = static_cast<int>((hi - lo + 15) / 16);
+  if (lean && !c.block_tables && (hi - lo) % 16 != 0) {  // (CTA-uniform)
+    zero_ring();
+    fence_proxy_async();
+    __syncthreads();
+  }
 
   // Offset of key i's piece in a stage's K (or V) block.
   const bool pairs = kFoldI4 && a.pairs;
@@ -439,9 +468,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // multiples of 16) and its block-table entry is loaded one issue ahead (solo_page).
   const int tile0 = static_cast<int>(lo / 16);  // tile index of lo in the sequence
   const int tpp = c.block_tables ? c.page_size / 16 : 1;  // tiles per page
-  int64_t solo_page = solo && c.block_tables && warp < n_tiles
-                          ? c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1]
-                          : 0;
+  int64_t solo_page = 0;
+  if (solo && c.block_tables && warp < n_tiles)  // (lean: loaded above; n_tiles > warp: lo = lo0)
+    solo_page = lean ? first_page
+                     : c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1];
   auto issue_solo = [&](int n, int s) {  // warp n % HB only
     const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
     int64_t base = k0;
@@ -1328,6 +1358,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   const int staged_bytes = a.hb * (p.R > 8 ? 16 : 8) * (cache.head_dim() + 4) * 4;
   a.stage_out = plan.bulk_stage_out && reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&
                 a.nst * a.stage_bytes >= staged_bytes;
+  a.lean = plan.bulk_lean_start;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,

@@ -160,10 +160,13 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   merge_wide_early: merge_wide's splits and kernel with merge_warp too (<= 256 splits: the
 //     wide merge loads its partial rows before the LSE pass);
 //   stage_out: plan_decode's choice with bulk_stage_out (the bulk kernel's partial rows through
-//     shared memory, then whole rows by 16-byte stores).
+//     shared memory, then whole rows by 16-byte stores); lean_start: with bulk_lean_start (the
+//     ring zeroed only where stale rows can be read; seq_len / first page loaded first);
+//     lean_staged: both.
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
-  merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out
+  merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
+  lean_staged
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -183,7 +186,8 @@ class DecodeCase : public Case {
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::merge_wide || kernel == Kernel::bulk_pairs ||
                     kernel == Kernel::bulk_tma_solo || kernel == Kernel::merge_warp ||
-                    kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out) &&
+                    kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out ||
+                    kernel == Kernel::lean_start || kernel == Kernel::lean_staged) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -202,6 +206,8 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
     if (kernel_ == Kernel::merge_wide_early) s += ".merge_wide_early";
     if (kernel_ == Kernel::stage_out) s += ".stage_out";
+    if (kernel_ == Kernel::lean_start) s += ".lean_start";
+    if (kernel_ == Kernel::lean_staged) s += ".lean_staged";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
@@ -262,8 +268,10 @@ class DecodeCase : public Case {
       plan.bulk_issue = kernel_ == Kernel::bulk_tma_solo ? 1 : 2;
     } else if (kernel_ == Kernel::bulk_iss4) {
       plan.bulk_issue = 2;
-    } else if (kernel_ == Kernel::stage_out) {
-      plan.bulk_stage_out = true;
+    } else if (kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_start ||
+               kernel_ == Kernel::lean_staged) {
+      plan.bulk_stage_out = kernel_ != Kernel::lean_start;
+      plan.bulk_lean_start = kernel_ != Kernel::stage_out;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -687,6 +695,25 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 1001, 4, 128, 256), {1001, 17}, 8, 1, false, true, DType::bf16, so2);
   add(shape(F::fp8, 1, 2, 600, 8, 64, 16), {600, 2}, 2, 4, true, false, DType::f16, so2);
   add(shape(F::f16, 1, 2, 1100, 4, 128, 0), {1100, 31}, 4, 1, false, false, DType::f16, so2);
+  // lean_start / lean_staged: int4 g4 D 128 tensor-map tiles and fp8 whole tiles, contiguous
+  // with lengths that are multiples of 16 (ring not zeroed) and not (zeroed), paged 16 (splits
+  // starting inside a page: the first entry loaded with seq_len) and 256, 2 heads (one warp
+  // issues several of the first tiles), empty / 1-key sequences, Mq > 1 causal, bias; the flag
+  // ignored elsewhere (9-16 rows, f16).
+  const Kernel ls = Kernel::lean_start, lst = Kernel::lean_staged;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2048, 47, 0}, 4, 1, false, false, DType::f16, ls);
+  add(shape(F::int4, 4, 3, 1024, 8, 128, 0), {1024, 512, 16}, 2, 1, false, true, DType::bf16, ls);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, ls);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, ls);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 31}, 8, 1, false, false, DType::f16, ls);
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2048, 1, 0}, 4, 1, false, false, DType::f16, ls);
+  add(shape(F::fp8, 1, 2, 1300, 4, 128, 16), {1300, 17}, 2, 4, true, true, DType::bf16, ls);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 0), {300, 15}, 16, 1, false, false, DType::f16, ls);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1024, 0}, 4, 1, false, false, DType::f16, lst);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, lst);
+  add(shape(F::fp8, 1, 3, 1024, 8, 128, 0), {1024, 17, 0}, 4, 2, true, false, DType::f16, lst);
+  add(shape(F::fp8, 1, 2, 700, 8, 128, 256), {700, 31}, 8, 1, false, false, DType::f16, lst);
+  add(shape(F::f16, 1, 2, 523, 4, 128, 16), {523, 16}, 4, 1, false, false, DType::f16, lst);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
