@@ -148,14 +148,16 @@ struct DecodePlan {
   // faster than the pair copies with bulk_issue 2); other layouts and the shared issue ignore it;
   // a refused tensor map falls back to the pair copies. docs/decode.md "Tensor-map tiles".
   bool bulk_tma = false;
-  // CUDA, bulk kernel (session 9): each warp writes its partial output rows to shared memory
+  // CUDA, bulk kernel (session 9; plan_decode sets it for fp8 since H200 run 25: B 1 -3.1 %,
+  // (16, 32768, 64, 8) -4.5 %): each warp writes its partial output rows to shared memory
   // first (the ring is idle by then) and then to the workspace as whole rows of 16-byte stores,
   // instead of two 4-byte stores per fragment element scattered over its rows (8 rows x 8
   // positions per store). int4 g4 D 128 with bulk_tma and fp8 D 128 whole-tile copies (solo +
   // fold) at <= 8 rows, where the workspace is 16-byte aligned; elsewhere ignored. Same values:
   // the bits equal false's.
   bool bulk_stage_out = false;
-  // CUDA, bulk kernel (session 9): a leaner kernel start for int4 g4 D 128 with bulk_tma and fp8
+  // CUDA, bulk kernel (session 9; plan_decode sets it for int4 and contiguous fp8 caches since
+  // H200 run 25: 0.4-1 %): a leaner kernel start for int4 g4 D 128 with bulk_tma and fp8
   // D 128 whole-tile copies (<= 8 rows; elsewhere ignored): the sequence length and the first
   // block-table entry are loaded before the ring is zeroed, and contiguous caches zero it only
   // where a split ends in a partial tile (full tiles overwrite every byte the math reads). Same

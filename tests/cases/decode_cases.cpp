@@ -162,11 +162,12 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   stage_out: plan_decode's choice with bulk_stage_out (the bulk kernel's partial rows through
 //     shared memory, then whole rows by 16-byte stores); lean_start: with bulk_lean_start (the
 //     ring zeroed only where stale rows can be read; seq_len / first page loaded first);
-//     lean_staged: both.
+//     lean_staged: both; eager: both off (plan_decode sets them since session 9: stage_out for
+//     fp8, lean_start for int4 and contiguous fp8).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged
+  lean_staged, eager
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -187,7 +188,8 @@ class DecodeCase : public Case {
                     kernel == Kernel::merge_wide || kernel == Kernel::bulk_pairs ||
                     kernel == Kernel::bulk_tma_solo || kernel == Kernel::merge_warp ||
                     kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out ||
-                    kernel == Kernel::lean_start || kernel == Kernel::lean_staged) &&
+                    kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
+                    kernel == Kernel::eager) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -208,6 +210,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::stage_out) s += ".stage_out";
     if (kernel_ == Kernel::lean_start) s += ".lean_start";
     if (kernel_ == Kernel::lean_staged) s += ".lean_staged";
+    if (kernel_ == Kernel::eager) s += ".eager";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
@@ -269,9 +272,9 @@ class DecodeCase : public Case {
     } else if (kernel_ == Kernel::bulk_iss4) {
       plan.bulk_issue = 2;
     } else if (kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_start ||
-               kernel_ == Kernel::lean_staged) {
-      plan.bulk_stage_out = kernel_ != Kernel::lean_start;
-      plan.bulk_lean_start = kernel_ != Kernel::stage_out;
+               kernel_ == Kernel::lean_staged || kernel_ == Kernel::eager) {
+      plan.bulk_stage_out = kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_staged;
+      plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -714,6 +717,13 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 3, 1024, 8, 128, 0), {1024, 17, 0}, 4, 2, true, false, DType::f16, lst);
   add(shape(F::fp8, 1, 2, 700, 8, 128, 256), {700, 31}, 8, 1, false, false, DType::f16, lst);
   add(shape(F::f16, 1, 2, 523, 4, 128, 16), {523, 16}, 4, 1, false, false, DType::f16, lst);
+  // eager (both off: the kernels as before session 9's flags): int4 g4 tensor-map tiles and fp8
+  // whole tiles, contiguous and paged 16, partial tiles, empty sequences, causal, bias.
+  const Kernel ea = Kernel::eager;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, ea);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, ea);
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 17, 0}, 4, 1, false, false, DType::f16, ea);
+  add(shape(F::fp8, 1, 2, 1300, 8, 128, 16), {1300, 31}, 2, 4, true, true, DType::bf16, ea);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
