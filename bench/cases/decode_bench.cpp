@@ -30,18 +30,17 @@ struct Shape {
 };
 
 // Which CUDA kernel a row times: plan_decode's choice (the bulk-copy kernel where the layout
-// allows it) or one DecodePlan knob on top of it. "shared": the shared copy issue without folded
-// scales (bulk_issue 0, fold_scales 0: paged fp8's default until session 8); "probe":
-// bulk_probe, plan_decode's copies and ring protocol without the math (NOT attention: the
-// roofline of this copy pattern; int4: the key-pair copies' probe). Session 8 (int4 g4 D 128):
-// plan_decode copies full tiles by one tensor-map box per kind under solo issue (bulk_tma,
-// bulk_issue 1); "pairs": the key-pair bulk copies with 4 issuing warps (bulk_tma off,
-// bulk_issue 2: the default until run 19). Run 19 settled the tensor-map boxes under the shared
-// issue (3 % slower than pairs), with the barrier every second tile (2 % slower) and their
-// probe (0.7 % faster than the pair probe): gone; run 20 settled bulk_stages 5 for the
-// tensor-map tiles (0.3-3 % slower at every shape): gone.
-// Settled variants of earlier sessions have no rows (docs/decode.md has their numbers).
-enum class Pick { plan, shared, probe, pairs };
+// allows it) or one DecodePlan knob on top of it. "probe": bulk_probe, the key-pair copies and
+// ring protocol without the math (NOT attention: the roofline of that copy pattern; int4 only).
+// "CTA merge": merge_warp off (the CTA-per-row split merges, plan_decode's until H200 run 24;
+// run 24: the warp merge 1-4 % faster at every shape, same bits). "run-24 kernel":
+// bulk_stage_out and bulk_lean_start off (plan_decode's split kernel until H200 run 25, which
+// adopted staged partial rows for fp8 and the lean start for int4 and contiguous fp8).
+// Settled variants have no rows (docs/decode.md has their numbers): session 9 removed "fp8
+// shared issue" (paged; run 20: 1.5-1.7 % slower than solo + fold), "int4 g4 pairs" (run 20:
+// within -2..+0.2 % of the tensor-map tiles) and run 24's "last issue" rows (bulk_issue 3:
+// 2-11 % slower everywhere; the knob value is gone).
+enum class Pick { plan, probe, cta_merge, run24 };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -50,12 +49,10 @@ struct Fmt {
 };
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
-  if (pick == Pick::shared) {
-    plan.bulk_issue = 0;
-    if (plan.format == KvFormat::fp8) plan.fold_scales = 0;
-  }
+  if (pick == Pick::cta_merge) plan.merge_warp = false;
+  if (pick == Pick::run24) plan.bulk_stage_out = plan.bulk_lean_start = false;
   plan.bulk_probe = pick == Pick::probe;
-  if (plan.format == KvFormat::int4 && (pick == Pick::pairs || pick == Pick::probe)) {
+  if (plan.format == KvFormat::int4 && pick == Pick::probe) {
     plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
     plan.bulk_issue = 2;
   }
@@ -264,20 +261,20 @@ class DecodeBench : public BenchCase {
       shapes = {{2, env.quick ? 256 : 1024, 8, 2, 128}};
     }
     // fp16 first: its time is the baseline of the rows after it. Plain rows: plan_decode's kernel
-    // (the bulk-copy kernel; int4 with folded scales and 4 issuing warps; fp16 solo issue; fp8
-    // solo issue + folded scales + whole-tile copies; programmatic dependent launches). Rows of
-    // settled variants were removed session by session (docs/decode.md keeps their numbers);
-    // session 8 removed "fp8 per-key copies" (run 17: blocks 5-19 % faster at every shape) and
-    // the contiguous "fp8 shared issue" (+1.6 %), and made run 17's "fp8 solo fold" paged rows
-    // (1.7-2.1 % faster at B 64) the paged default: "fp8 shared issue" (paged) is the old one.
+    // (the bulk-copy kernel; int4 g4 with folded scales and tensor-map tiles under solo issue;
+    // fp16 solo issue; fp8 solo issue + folded scales + whole-tile copies; programmatic dependent
+    // launches). Rows of settled variants were removed session by session (docs/decode.md keeps
+    // their numbers).
     std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", Pick::plan},
                                 {KvFormat::int4, 4, "int4 g4", Pick::plan},
                                 {KvFormat::fp8, 1, "fp8", Pick::plan}};
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::fp8, 1, "fp8 shared issue", Pick::shared});  // (paged)
       formats.push_back({KvFormat::int4, 4, "int4 g4 pairs probe (copies only, not attention)",
                          Pick::probe});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 pairs", Pick::pairs});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 CTA merge", Pick::cta_merge});
+      formats.push_back({KvFormat::fp8, 1, "fp8 CTA merge", Pick::cta_merge});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 run-24 kernel", Pick::run24});
+      formats.push_back({KvFormat::fp8, 1, "fp8 run-24 kernel", Pick::run24});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -288,9 +285,11 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // "shared issue" paged at B 64; the int4 probe at B 64 contiguous; "pairs" everywhere.
-          if (f.pick == Pick::shared && (!page || s.B != 64)) continue;
-          if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
+          // The int4 probe and "CTA merge" at B 64 contiguous; "run-24 kernel" contiguous and
+          // paged 16.
+          if ((f.pick == Pick::probe || f.pick == Pick::cta_merge) && (s.B != 64 || page))
+            continue;
+          if (page == 256 && f.pick != Pick::plan) continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");

@@ -122,6 +122,13 @@ struct DecodePlan {
   // Deterministic; a different rounding order (same tolerance). Up to 8192 splits (else the
   // narrow merge runs).
   bool merge_wide = false;
+  // CUDA (session 9; plan_decode sets it since H200 run 24: B 64 -4.1 / -2.5 % int4 / fp8): merge
+  // the splits with one warp per (batch, kv head, query row), 8 rows per CTA, where D = 128 and
+  // n_splits <= 16 (else the CTA-per-row merge): lane l owns dims [4 l, 4 l + 4) and the LSEs and
+  // partial rows are loaded together. The same operations in the same order as the CTA-per-row
+  // merge: the bits equal its. merge_wide takes precedence; with merge_wide and <= 256 splits
+  // the flag makes the wide merge load its partial rows before its LSE pass (same bits).
+  bool merge_warp = false;
   // CUDA, bulk kernel: launch it and the split merge as programmatic dependent launches (sm_90):
   // each becomes resident while the kernel before it finishes and waits for it in its first
   // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.
@@ -141,6 +148,21 @@ struct DecodePlan {
   // faster than the pair copies with bulk_issue 2); other layouts and the shared issue ignore it;
   // a refused tensor map falls back to the pair copies. docs/decode.md "Tensor-map tiles".
   bool bulk_tma = false;
+  // CUDA, bulk kernel (session 9; plan_decode sets it for fp8 since H200 run 25: B 1 -3.1 %,
+  // (16, 32768, 64, 8) -4.5 %): each warp writes its partial output rows to shared memory
+  // first (the ring is idle by then) and then to the workspace as whole rows of 16-byte stores,
+  // instead of two 4-byte stores per fragment element scattered over its rows (8 rows x 8
+  // positions per store). int4 g4 D 128 with bulk_tma and fp8 D 128 whole-tile copies (solo +
+  // fold) at <= 8 rows, where the workspace is 16-byte aligned; elsewhere ignored. Same values:
+  // the bits equal false's.
+  bool bulk_stage_out = false;
+  // CUDA, bulk kernel (session 9; plan_decode sets it for int4 and contiguous fp8 caches since
+  // H200 run 25: 0.4-1 %): a leaner kernel start for int4 g4 D 128 with bulk_tma and fp8
+  // D 128 whole-tile copies (<= 8 rows; elsewhere ignored): the sequence length and the first
+  // block-table entry are loaded before the ring is zeroed, and contiguous caches zero it only
+  // where a split ends in a partial tile (full tiles overwrite every byte the math reads). Same
+  // arithmetic: the bits equal false's.
+  bool bulk_lean_start = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -285,6 +285,20 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // The wide split merge where there are many splits (H200 run 12, B 1, L 131072, 256 splits:
   // int4 -8 %, fp8 -6 % contiguous, -8 / -11 % paged 16 end to end; not measured below 256).
   p.merge_wide = p.device == Device::cuda && p.n_splits >= 64;
+  // The warp merge (D 128, <= 16 splits) and, with merge_wide, the wide merge that loads its
+  // partial rows before the LSE pass (H200 run 24, 2026-11-30, same bits as the CTA-per-row
+  // merges: B 64, L 8192 int4 g4 0.1801 against 0.1878 ms, fp8 0.2587 against 0.2653; (16,
+  // 32768, 64, 8) 0.1837 / 0.2718 against 0.1862 / 0.2743; B 1, L 131072 (wide) 0.0573 /
+  // 0.0786 against 0.0581 / 0.0795).
+  p.merge_warp = p.device == Device::cuda;
+  // H200 run 25 (same bits as without them): fp8 partial rows staged through shared memory
+  // (B 1 0.0796 -> 0.0771 ms, (16, 32768, 64, 8) 0.2760 -> 0.2636, paged 16 -0.7..-4.0 %,
+  // B 64 contiguous even; int4 within +-1 %, not set), and the lean kernel start for int4 and
+  // contiguous fp8 caches (int4 -0.4..-1.0 % at 5 of 6 shapes; fp8 contiguous with staged rows
+  // B 64 0.2584 -> 0.2572, B 1 0.0771 -> 0.0763; fp8 paged +0.3..+2.9 %, not set).
+  p.bulk_stage_out = p.device == Device::cuda && p.format == KvFormat::fp8;
+  p.bulk_lean_start =
+      p.device == Device::cuda && (p.format == KvFormat::int4 || !cache.paged());
   return p;
 }
 

@@ -483,8 +483,13 @@ __global__ void __launch_bounds__(kMergeThreads)
 // differs from decode_merge_kernel's (B 1, L 131072: 256 splits; there the narrow merge ran 32
 // CTAs whose threads each walked 32 splits in four dependent rounds, after two lane-strided
 // passes over the LSEs).
+// EARLY (DecodePlan::merge_warp with merge_wide, S <= 256; session 9): each thread loads its
+// partial float4s (at most 8: splits slice + 32 k) before the LSE pass instead of after it, so
+// the two round trips overlap; the same operations in the same order (the bits equal EARLY off).
 constexpr int kWideDims = 32;
 constexpr int kWideMaxSplits = 8192;  // shared memory for the weights: 32 KB
+constexpr int kWideEarlySplits = 256;  // EARLY: 8 float4 per thread
+template <bool EARLY>
 __global__ void __launch_bounds__(kMergeThreads)
     decode_merge_wide_kernel(const float* part_o, const float* part_lse, int H, int G, int Mq,
                              int S, int D, void* out, DType out_dtype, StridedIndex out_idx,
@@ -503,6 +508,21 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int kWarps = kMergeThreads / 32;
   const float* lse = part_lse + (b * H + h) * S * static_cast<int64_t>(R) + r;
+  constexpr int kCols = kWideDims / 4;              // float4 columns
+  constexpr int kSlices = kMergeThreads / kCols;    // 32
+  const int c = tid % kCols, slice = tid / kCols;
+  const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D +
+                    chunk * kWideDims + 4 * c;
+  constexpr int kEarly = EARLY ? kWideEarlySplits / kSlices : 1;
+  float4 xe[kEarly];
+  if constexpr (EARLY) {
+#pragma unroll
+    for (int k = 0; k < kEarly; ++k) {
+      const int s = slice + kSlices * k;
+      xe[k] = s < S ? *reinterpret_cast<const float4*>(po + static_cast<int64_t>(s) * R * D)
+                    : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   float mx = -INFINITY;
   for (int s = tid; s < S; s += kMergeThreads) {
     const float v = lse[static_cast<int64_t>(s) * R];
@@ -531,21 +551,30 @@ __global__ void __launch_bounds__(kMergeThreads)
   float total = 0.f;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) total += wred[1][w];
-  constexpr int kCols = kWideDims / 4;              // float4 columns
-  constexpr int kSlices = kMergeThreads / kCols;    // 32
-  const int c = tid % kCols, slice = tid / kCols;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   if (mx != -INFINITY) {
-    const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D +
-                      chunk * kWideDims + 4 * c;
+    if constexpr (EARLY) {
+#pragma unroll
+      for (int k = 0; k < kEarly; ++k) {
+        const int s = slice + kSlices * k;
+        if (s < S) {
+          const float w = wsm[s];
+          acc.x = fmaf(w, xe[k].x, acc.x);
+          acc.y = fmaf(w, xe[k].y, acc.y);
+          acc.z = fmaf(w, xe[k].z, acc.z);
+          acc.w = fmaf(w, xe[k].w, acc.w);
+        }
+      }
+    } else {
 #pragma unroll 8
-    for (int s = slice; s < S; s += kSlices) {
-      const float w = wsm[s];
-      const float4 x = *reinterpret_cast<const float4*>(po + static_cast<int64_t>(s) * R * D);
-      acc.x = fmaf(w, x.x, acc.x);
-      acc.y = fmaf(w, x.y, acc.y);
-      acc.z = fmaf(w, x.z, acc.z);
-      acc.w = fmaf(w, x.w, acc.w);
+      for (int s = slice; s < S; s += kSlices) {
+        const float w = wsm[s];
+        const float4 x = *reinterpret_cast<const float4*>(po + static_cast<int64_t>(s) * R * D);
+        acc.x = fmaf(w, x.x, acc.x);
+        acc.y = fmaf(w, x.y, acc.y);
+        acc.z = fmaf(w, x.z, acc.z);
+        acc.w = fmaf(w, x.w, acc.w);
+      }
     }
   }
   part[tid] = acc;
@@ -565,6 +594,84 @@ __global__ void __launch_bounds__(kMergeThreads)
     store_f32(out, ooff + chunk * kWideDims + tid, out_dtype, sum);
   }
   if (lse_out && chunk == 0 && tid == 0) {
+    const int64_t loff = b * lse_idx.stride[0] + m * lse_idx.stride[1] + h * lse_idx.stride[2] +
+                         g * lse_idx.stride[3];
+    lse_out[loff] = mx == -INFINITY ? -INFINITY : mx + logf(total);
+  }
+}
+
+// Warp merge (DecodePlan::merge_warp; D 128, S <= 16): one warp per (b, h, row), 8 rows per CTA.
+// Lane l owns dims [4 l, 4 l + 4); the LSE of split l and the partial rows of every split are
+// loaded together (one round trip: the partials do not depend on the LSEs), instead of one CTA of
+// 256 threads per row (half of them idle at S 4) whose partial loads wait for the LSE pass
+// (B 64, L 8192: 2048 CTAs, two waves). The arithmetic mirrors decode_merge_kernel<4> at D 128
+// operation for operation (its 8 slices of 32 columns: slice k adds splits k, k + 8 by fmaf in
+// order, the slices are summed in order from 0, the LSE sum is lane-strided with the same xor
+// tree and lane 0's total), so the bits equal it.
+template <int SMAX>
+__global__ void __launch_bounds__(kMergeThreads)
+    decode_merge_warp_kernel(const float* part_o, const float* part_lse, int H, int G, int Mq,
+                             int S, int64_t rows, void* out, DType out_dtype, StridedIndex out_idx,
+                             float* lse_out, StridedIndex lse_idx) {
+  constexpr int D = 128, kSlices = 8;  // (decode_merge_kernel<4>: 256 threads / 32 columns)
+  griddep_wait();  // (PDL) the split kernel's partials are complete and visible
+  const int lane = threadIdx.x & 31;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * (kMergeThreads / 32) + (threadIdx.x >> 5);
+  if (i >= rows) return;
+  const int R = Mq * G;
+  const int r = static_cast<int>(i % R);
+  const int64_t h = (i / R) % H, b = i / (static_cast<int64_t>(R) * H);
+  const int m = r / G, g = r % G;
+  const float* lse = part_lse + (b * H + h) * S * static_cast<int64_t>(R) + r;
+  const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D + 4 * lane;
+  const float my_lse = lane < S ? lse[static_cast<int64_t>(lane) * R] : -INFINITY;
+  float4 x[SMAX];
+#pragma unroll
+  for (int s = 0; s < SMAX; ++s)
+    x[s] = s < S ? *reinterpret_cast<const float4*>(po + static_cast<int64_t>(s) * R * D)
+                 : make_float4(0.f, 0.f, 0.f, 0.f);
+  float mx = fmaxf(-INFINITY, my_lse);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float total = 0.f;
+  if (mx != -INFINITY) {
+    if (lane < S) total += exp2f((my_lse - mx) * kLog2e);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    total = __shfl_sync(0xffffffffu, total, 0);
+  }
+  float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (mx != -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < kSlices; ++k) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int s = k; s < SMAX; s += kSlices) {
+        if (s < S) {
+          const float w = exp2f((__shfl_sync(0xffffffffu, my_lse, s) - mx) * kLog2e);
+          acc.x = fmaf(w, x[s].x, acc.x);
+          acc.y = fmaf(w, x[s].y, acc.y);
+          acc.z = fmaf(w, x[s].z, acc.z);
+          acc.w = fmaf(w, x[s].w, acc.w);
+        }
+      }
+      sum.x += acc.x;
+      sum.y += acc.y;
+      sum.z += acc.z;
+      sum.w += acc.w;
+    }
+    sum.x /= total;
+    sum.y /= total;
+    sum.z /= total;
+    sum.w /= total;
+  }
+  const int64_t ooff = b * out_idx.stride[0] + m * out_idx.stride[1] + h * out_idx.stride[2] +
+                       g * out_idx.stride[3] + 4 * lane;
+  store_f32(out, ooff, out_dtype, sum.x);
+  store_f32(out, ooff + 1, out_dtype, sum.y);
+  store_f32(out, ooff + 2, out_dtype, sum.z);
+  store_f32(out, ooff + 3, out_dtype, sum.w);
+  if (lse_out && lane == 0) {
     const int64_t loff = b * lse_idx.stride[0] + m * lse_idx.stride[1] + h * lse_idx.stride[2] +
                          g * lse_idx.stride[3];
     lse_out[loff] = mx == -INFINITY ? -INFINITY : mx + logf(total);
@@ -652,11 +759,24 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   const bool pdl = plan.launch_pdl && plan.streaming && plan.bulk_copy &&
                    decode_bulk_supported(cache);
   float* lse_ptr = lse_out ? lse_out->ptr<float>() : nullptr;
-  if (plan.merge_wide && reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&
+  const bool aligned16 = reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0;
+  if (plan.merge_warp && !plan.merge_wide && aligned16 && plan.head_dim == 128 && p.S <= 16) {
+    const dim3 grid(static_cast<unsigned>((rows + kMergeThreads / 32 - 1) / (kMergeThreads / 32)));
+    auto launch = [&](auto kernel) {
+      launch_maybe_pdl(pdl, kernel, grid, dim3(kMergeThreads), 0, stream,
+                       static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_lse),
+                       p.H, p.G, p.Mq, p.S, rows, out.data, out.dtype, oi, lse_ptr, li);
+    };
+    if (p.S <= 4) launch(decode_merge_warp_kernel<4>);
+    else if (p.S <= 8) launch(decode_merge_warp_kernel<8>);
+    else launch(decode_merge_warp_kernel<16>);
+  } else if (plan.merge_wide && aligned16 &&
       plan.head_dim % kWideDims == 0 && p.S <= kWideMaxSplits) {
     const int chunks = plan.head_dim / kWideDims;
-    launch_maybe_pdl(pdl, decode_merge_wide_kernel, dim3(static_cast<unsigned>(rows * chunks)),
-                     dim3(kMergeThreads), static_cast<size_t>(p.S) * sizeof(float), stream,
+    const bool early = plan.merge_warp && p.S <= kWideEarlySplits;
+    launch_maybe_pdl(pdl, early ? decode_merge_wide_kernel<true> : decode_merge_wide_kernel<false>,
+                     dim3(static_cast<unsigned>(rows * chunks)), dim3(kMergeThreads),
+                     static_cast<size_t>(p.S) * sizeof(float), stream,
                      static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_lse),
                      p.H, p.G, p.Mq, p.S, plan.head_dim, out.data, out.dtype, oi, lse_ptr, li);
   } else if (reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&

@@ -181,6 +181,12 @@ struct BulkArgs {
   // bank groups. The box's last 16 bytes lie past the map's first dimension (zero-filled, never
   // read). Partial tiles: per-key bulk copies into the same layout.
   bool tma = false;
+  // DecodePlan::bulk_stage_out (session 9; the kStage instantiations: kTma4, fp8 kBlocks8 solo):
+  // the partial rows through shared memory, then whole rows by 16-byte stores (host: only where
+  // the workspace is 16-byte aligned and the ring holds HB x 8 NR rows of D + 4 floats).
+  bool stage_out = false;
+  // DecodePlan::bulk_lean_start (session 9; honoured by the kTma4 / kBlocks8 instantiations).
+  bool lean = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -209,7 +215,9 @@ struct BulkMaps {
 // bench only): the copies, waits and releases of the split, no math; the partial outputs are 0
 // with LSE -inf. Session 8: kTma4 (4): folded int4, solo issue, DecodePlan::bulk_tma
 // (BulkArgs::tma).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4;
+// Session 9: kStage (8, DecodePlan::bulk_stage_out, BulkArgs::stage_out) with kTma4 and with the
+// fp8 kBlocks8 solo instantiation (a run-time flag spilled 28 bytes in two others).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
@@ -260,21 +268,48 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 
   // Zero the ring (absent keys' V rows must be finite), init the barriers: before the PDL wait
   // (shared memory only), so that it overlaps the previous kernel's tail.
-  for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
-    reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
+  // BulkArgs::lean (kTma4 / kBlocks8 only, whose full tiles overwrite every stage byte the math
+  // reads): seq_len and (solo, paged) the first block-table entry are loaded first; then the ring
+  // is zeroed only where stale rows can be read: paged pools (absent pages), and contiguous
+  // splits that end in a partial tile.
+  constexpr bool kWhole = tma || (F == KvFormat::fp8 && (KN & kBlocks8) != 0);
+  const bool lean = kWhole && a.lean;
+  auto zero_ring = [&] {
+    for (int i = tid; i < NST * stage_bytes / 16; i += blockDim.x)
+      reinterpret_cast<uint4*>(ring)[i] = make_uint4(0u, 0u, 0u, 0u);
+  };
+  if (!lean) zero_ring();
   if (tid == 0)
     for (int s = 0; s < NST; ++s) {
       mbar_init(full_s + 8 * s, solo ? 1 : HB);  // solo: the issuing warp; else every warp
       mbar_init(empty_s + 8 * s, HB);            // solo: one release per warp
     }
-  fence_proxy_async();
+  if (!lean) fence_proxy_async();
   griddep_wait();  // (PDL) the previous kernel's writes (cache, q, seq_len) are visible
+  int64_t len = 0;
+  int64_t first_page = 0;  // lean, solo, paged: entry of tile `warp` of a split starting at lo0
+  if (lean) {
+    len = seq_length(c, b);
+    const int64_t lo0 = static_cast<int64_t>(split) * p.split_size;  // lo unless the split is empty
+    if (c.block_tables) {
+      if (solo && lo0 + 16 * warp < c.capacity)
+        first_page = c.block_tables[b * c.bt_st0 + ((lo0 / 16 + warp) / (c.page_size / 16)) *
+                                                       c.bt_st1];
+      zero_ring();
+    }
+    fence_proxy_async();
+  }
   __syncthreads();
+  if (!lean) len = seq_length(c, b);
 
-  const int64_t len = seq_length(c, b);
   const int64_t lo = min(static_cast<int64_t>(split) * p.split_size, len);
   const int64_t hi = split == p.S - 1 ? len : min(lo + p.split_size, len);
   const int n_tiles = static_cast<int>((hi - lo + 15) / 16);
+  if (lean && !c.block_tables && (hi - lo) % 16 != 0) {  // (CTA-uniform)
+    zero_ring();
+    fence_proxy_async();
+    __syncthreads();
+  }
 
   // Offset of key i's piece in a stage's K (or V) block.
   const bool pairs = kFoldI4 && a.pairs;
@@ -433,9 +468,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // multiples of 16) and its block-table entry is loaded one issue ahead (solo_page).
   const int tile0 = static_cast<int>(lo / 16);  // tile index of lo in the sequence
   const int tpp = c.block_tables ? c.page_size / 16 : 1;  // tiles per page
-  int64_t solo_page = solo && c.block_tables && warp < n_tiles
-                          ? c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1]
-                          : 0;
+  int64_t solo_page = 0;
+  if (solo && c.block_tables && warp < n_tiles)  // (lean: loaded above; n_tiles > warp: lo = lo0)
+    solo_page = lean ? first_page
+                     : c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1];
   auto issue_solo = [&](int n, int s) {  // warp n % HB only
     const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
     int64_t base = k0;
@@ -1011,6 +1047,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   griddep_launch_dependents();  // (PDL) the merge may launch; it waits for this grid to complete
   // ---- the warp's partial (O, LSE) of head h, rows r0 + 8 nr + 2t + e ----
   const int64_t base_row = ((b * p.H + h) * p.S + split) * static_cast<int64_t>(p.R) + r0;
+  // BulkArgs::stage_out: the rows go to the warp's slice of the (now idle) ring first, rows of
+  // D + 4 floats, and then to the workspace as whole rows of 16-byte stores.
+  constexpr int kStageRow = D + 4;
+  constexpr bool stage_out = (KN & kStage) != 0;
+  float* const staged = reinterpret_cast<float*>(ring) + warp * (8 * NR) * kStageRow;
+  if constexpr (stage_out) __syncthreads();  // every warp is done with the ring
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
@@ -1030,7 +1072,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       const int r = 8 * nr + 2 * t + e;
       if (r < rows) {
         const float inv = l > 0.f ? 1.f / l : 0.f;
-        float* out = p.part_o + (base_row + r) * D;
+        float* out = stage_out ? staged + r * kStageRow : p.part_o + (base_row + r) * D;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if constexpr (kFoldI4) {  // subnormal codes: c 2^-24 (dim d) and 16 c 2^-24 (d + 1)
@@ -1051,6 +1093,15 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           p.part_lse[base_row + r] = l > 0.f ? (m_run[nr][e] + log2f(l)) * kLn2 : -INFINITY;
       }
     }
+  if constexpr (stage_out) {
+    __syncwarp();
+    constexpr int kLanes = D / 4;  // float4 columns of a row
+#pragma unroll
+    for (int r = 0; r < 8 * NR; ++r)
+      if (r < rows && lane < kLanes)
+        *reinterpret_cast<float4*>(p.part_o + (base_row + r) * D + 4 * lane) =
+            *reinterpret_cast<const float4*>(staged + r * kStageRow + 4 * lane);
+  }
 #endif  // sm_90
 }
 
@@ -1102,11 +1153,18 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       constexpr bool kS = kFp8Solo;
       if (x == kProbe) return launch_nr<F, D, 1, VA, FOLD, kS, kProbe>(p, a, m, B, stream);
       if constexpr (F == KvFormat::fp8) {
-        if (x == kBlocks8)
+        if (x == kBlocks8) {
+          if constexpr (kS) {
+            if (a.stage_out)
+              return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kStage>(p, a, m, B, stream);
+          }
           return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8>(p, a, m, B, stream);
+        }
         return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kProbe>(p, a, m, B, stream);
-      } else {
-        return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);  // (x == kTma4)
+      } else {  // (x == kTma4)
+        if (a.stage_out)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
+        return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
     }
   }
@@ -1297,6 +1355,10 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   a.issuers = issue == 2 ? 4 : a.hb;
   a.issuers = a.issuers > a.hb ? a.hb : a.issuers;
   a.pdl = plan.launch_pdl;
+  const int staged_bytes = a.hb * (p.R > 8 ? 16 : 8) * (cache.head_dim() + 4) * 4;
+  a.stage_out = plan.bulk_stage_out && reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&
+                a.nst * a.stage_bytes >= staged_bytes;
+  a.lean = plan.bulk_lean_start;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,

@@ -155,9 +155,19 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   bulk_tma_solo: bulk_tma with bulk_issue 1 (folded int4 g4 D 128 at <= 8 rows: a full tile's
 //     K and V by one tensor-map copy each, issued by warp n mod HB for tile n; stages released on
 //     mbarriers; plan_decode's int4 choice since session 8, explicit here).
+//   merge_warp: plan_decode's kernel with merge_warp (one warp per output row; D 128 and at most
+//     16 splits, else the default merge), plus split counts of 1-16 chosen by the case;
+//   merge_wide_early: merge_wide's splits and kernel with merge_warp too (<= 256 splits: the
+//     wide merge loads its partial rows before the LSE pass);
+//   stage_out: plan_decode's choice with bulk_stage_out (the bulk kernel's partial rows through
+//     shared memory, then whole rows by 16-byte stores); lean_start: with bulk_lean_start (the
+//     ring zeroed only where stale rows can be read; seq_len / first page loaded first);
+//     lean_staged: both; eager: both off (plan_decode sets them since session 9: stage_out for
+//     fp8, lean_start for int4 and contiguous fp8).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
-  merge_wide, bulk_pairs, bulk_tma_solo
+  merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
+  lean_staged, eager
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -168,15 +178,18 @@ bool streams_by_default(KvFormat f, int D) {
 class DecodeCase : public Case {
  public:
   DecodeCase(CacheShape cs, std::vector<int32_t> lens, int G, int Mq, bool causal, bool bias,
-             DType qdt, Kernel kernel = Kernel::automatic)
+             DType qdt, Kernel kernel = Kernel::automatic, int splits = 0)
       : cs_(cs), lens_(std::move(lens)), G_(G), Mq_(Mq), causal_(causal), bias_(bias), qdt_(qdt),
-        kernel_(kernel),
+        kernel_(kernel), splits_(splits),
         f16_math_(kernel == Kernel::bulk || kernel == Kernel::bulk_fold ||
                   kernel == Kernel::bulk_solo || kernel == Kernel::stream ||
                   ((kernel == Kernel::automatic || kernel == Kernel::no_pdl ||
                     kernel == Kernel::bulk_deep || kernel == Kernel::bulk_iss4 ||
                     kernel == Kernel::merge_wide || kernel == Kernel::bulk_pairs ||
-                    kernel == Kernel::bulk_tma_solo) &&
+                    kernel == Kernel::bulk_tma_solo || kernel == Kernel::merge_warp ||
+                    kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out ||
+                    kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
+                    kernel == Kernel::eager) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -193,8 +206,14 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::bulk_deep) s += ".bulk_deep";
     if (kernel_ == Kernel::bulk_iss4) s += ".bulk_iss4";
     if (kernel_ == Kernel::merge_wide) s += ".merge_wide";
+    if (kernel_ == Kernel::merge_wide_early) s += ".merge_wide_early";
+    if (kernel_ == Kernel::stage_out) s += ".stage_out";
+    if (kernel_ == Kernel::lean_start) s += ".lean_start";
+    if (kernel_ == Kernel::lean_staged) s += ".lean_staged";
+    if (kernel_ == Kernel::eager) s += ".eager";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
+    if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
     return s;
   }
 
@@ -242,8 +261,9 @@ class DecodeCase : public Case {
       plan.launch_pdl = false;
     } else if (kernel_ == Kernel::bulk_deep) {
       plan.bulk_stages = 8;
-    } else if (kernel_ == Kernel::merge_wide) {
+    } else if (kernel_ == Kernel::merge_wide || kernel_ == Kernel::merge_wide_early) {
       plan.merge_wide = true;
+      plan.merge_warp = kernel_ == Kernel::merge_wide_early;
       plan.split_size = plan.capacity > 4000 ? 16 : 32;
       plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
     } else if (kernel_ == Kernel::bulk_pairs || kernel_ == Kernel::bulk_tma_solo) {
@@ -251,6 +271,16 @@ class DecodeCase : public Case {
       plan.bulk_issue = kernel_ == Kernel::bulk_tma_solo ? 1 : 2;
     } else if (kernel_ == Kernel::bulk_iss4) {
       plan.bulk_issue = 2;
+    } else if (kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_start ||
+               kernel_ == Kernel::lean_staged || kernel_ == Kernel::eager) {
+      plan.bulk_stage_out = kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_staged;
+      plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
+    } else if (kernel_ == Kernel::merge_warp) {
+      plan.merge_warp = true;
+      plan.merge_wide = false;
+      // splits_ chunks of the capacity (multiples of 16 keys)
+      plan.split_size = std::max<int64_t>(16, (plan.capacity + 16 * splits_ - 1) / (16 * splits_) * 16);
+      plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
     } else if (kernel_ != Kernel::automatic) {
       const bool bulk = kernel_ == Kernel::bulk || kernel_ == Kernel::bulk_fold ||
                         kernel_ == Kernel::bulk_solo;
@@ -274,6 +304,7 @@ class DecodeCase : public Case {
   bool causal_, bias_;
   DType qdt_;
   Kernel kernel_;
+  int splits_;     // merge_warp: splits asked for
   bool f16_math_;  // the CUDA kernel rounds K/V, q and P to f16: looser tolerance
 };
 
@@ -434,9 +465,9 @@ CacheShape shape(KvFormat f, int ng, int B, int L, int H, int D, int page) {
 LOWBIT_HARNESS_CASES(decode_cases) {
   using F = KvFormat;
   auto add = [&](CacheShape cs, std::vector<int32_t> lens, int G, int Mq, bool causal, bool bias,
-                 DType qdt, Kernel kernel = Kernel::automatic) {
-    cases.push_back(
-        std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt, kernel));
+                 DType qdt, Kernel kernel = Kernel::automatic, int splits = 0) {
+    cases.push_back(std::make_unique<DecodeCase>(cs, std::move(lens), G, Mq, causal, bias, qdt,
+                                                 kernel, splits));
   };
   const Kernel st = Kernel::stream, cc = Kernel::cuda_cores;
   const Kernel bk = Kernel::bulk, bf = Kernel::bulk_fold, so = Kernel::bulk_solo;
@@ -630,6 +661,69 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, tso);
   add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 31}, 8, 1, false, false, DType::f16, tso);
   add(shape(F::int4, 4, 2, 333, 16, 128, 0), {333, 18}, 2, 1, false, false, DType::f16, tso);
+  // merge_warp (one warp per output row, D 128, <= 16 splits): 1, 3, 4, 5, 8, 9, 16 splits (the
+  // 4 / 8 / 16-split kernels, slices holding two splits past 8), every format, contiguous and
+  // paged, an empty sequence and a fully masked bias row (out 0, LSE -inf), 1-key sequences
+  // (splits with no key), Mq > 1 causal, 9-16 rows, bf16 q; D 64 and 22 splits (the default
+  // merge runs: the flag is ignored).
+  const Kernel mwp = Kernel::merge_warp;
+  add(shape(F::int4, 4, 3, 1001, 8, 128, 0), {1001, 1, 0}, 4, 1, false, false, DType::f16, mwp, 4);
+  add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 33}, 4, 2, true, false, DType::bf16, mwp, 3);
+  add(shape(F::int4, 4, 2, 1300, 4, 128, 256), {1300, 17}, 2, 1, false, true, DType::f16, mwp, 16);
+  add(shape(F::fp8, 1, 2, 1001, 8, 128, 0), {1001, 0}, 4, 1, false, false, DType::f16, mwp, 5);
+  add(shape(F::fp8, 1, 2, 523, 4, 128, 16), {523, 31}, 16, 1, false, true, DType::bf16, mwp, 9);
+  add(shape(F::f16, 1, 2, 600, 4, 128, 0), {600, 5}, 4, 3, true, false, DType::f16, mwp, 8);
+  add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 47}, 2, 1, false, false, DType::f16, mwp, 1);
+  add(shape(F::int4, 1, 2, 400, 2, 64, 0), {400, 3}, 4, 1, false, false, DType::f16, mwp, 4);
+  add(shape(F::int4, 4, 1, 700, 2, 128, 16), {700}, 4, 1, false, false, DType::f16, mwp, 40);
+  // merge_wide_early: 66-256 splits (partial rows loaded before the LSE pass; 8 per thread, some
+  // past S), 313 splits (the plain wide merge runs), empty / 1-key sequences, causal, bias.
+  const Kernel mwe = Kernel::merge_wide_early;
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, mwe);
+  add(shape(F::int4, 4, 2, 4000, 2, 128, 16), {4000, 17}, 4, 2, true, true, DType::bf16, mwe);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 0}, 16, 1, false, false, DType::f16, mwe);
+  add(shape(F::f16, 1, 1, 5000, 2, 64, 0), {5000}, 4, 1, false, false, DType::f16, mwe);
+  // stage_out: int4 g4 D 128 tensor-map tiles (8 heads, contiguous / paged 16), int4 pair copies
+  // (9-16 rows: 16 staged rows per warp), two row chunks (32 rows), 4 / 2 heads, int4 g1 / g8
+  // and D 64, fp8 contiguous / paged 256 / D 64, f16 (4 heads per CTA); empty and 1-key
+  // sequences, Mq > 1 causal, bias.
+  const Kernel so2 = Kernel::stage_out;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, so2);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, so2);
+  add(shape(F::int4, 4, 2, 700, 4, 128, 256), {700, 17}, 16, 1, false, false, DType::f16, so2);
+  add(shape(F::int4, 4, 2, 300, 2, 128, 0), {300, 15}, 16, 2, true, false, DType::f16, so2);
+  add(shape(F::int4, 1, 2, 523, 4, 128, 16), {523, 31}, 4, 1, false, true, DType::f16, so2);
+  add(shape(F::int4, 8, 2, 600, 4, 64, 0), {600, 47}, 4, 2, true, false, DType::bf16, so2);
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 523, 0}, 4, 1, false, false, DType::f16, so2);
+  add(shape(F::fp8, 1, 2, 1001, 4, 128, 256), {1001, 17}, 8, 1, false, true, DType::bf16, so2);
+  add(shape(F::fp8, 1, 2, 600, 8, 64, 16), {600, 2}, 2, 4, true, false, DType::f16, so2);
+  add(shape(F::f16, 1, 2, 1100, 4, 128, 0), {1100, 31}, 4, 1, false, false, DType::f16, so2);
+  // lean_start / lean_staged: int4 g4 D 128 tensor-map tiles and fp8 whole tiles, contiguous
+  // with lengths that are multiples of 16 (ring not zeroed) and not (zeroed), paged 16 (splits
+  // starting inside a page: the first entry loaded with seq_len) and 256, 2 heads (one warp
+  // issues several of the first tiles), empty / 1-key sequences, Mq > 1 causal, bias; the flag
+  // ignored elsewhere (9-16 rows, f16).
+  const Kernel ls = Kernel::lean_start, lst = Kernel::lean_staged;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2048, 47, 0}, 4, 1, false, false, DType::f16, ls);
+  add(shape(F::int4, 4, 3, 1024, 8, 128, 0), {1024, 512, 16}, 2, 1, false, true, DType::bf16, ls);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, ls);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, ls);
+  add(shape(F::int4, 4, 2, 700, 2, 128, 16), {700, 31}, 8, 1, false, false, DType::f16, ls);
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2048, 1, 0}, 4, 1, false, false, DType::f16, ls);
+  add(shape(F::fp8, 1, 2, 1300, 4, 128, 16), {1300, 17}, 2, 4, true, true, DType::bf16, ls);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 0), {300, 15}, 16, 1, false, false, DType::f16, ls);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1024, 0}, 4, 1, false, false, DType::f16, lst);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, lst);
+  add(shape(F::fp8, 1, 3, 1024, 8, 128, 0), {1024, 17, 0}, 4, 2, true, false, DType::f16, lst);
+  add(shape(F::fp8, 1, 2, 700, 8, 128, 256), {700, 31}, 8, 1, false, false, DType::f16, lst);
+  add(shape(F::f16, 1, 2, 523, 4, 128, 16), {523, 16}, 4, 1, false, false, DType::f16, lst);
+  // eager (both off: the kernels as before session 9's flags): int4 g4 tensor-map tiles and fp8
+  // whole tiles, contiguous and paged 16, partial tiles, empty sequences, causal, bias.
+  const Kernel ea = Kernel::eager;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, ea);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, ea);
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 17, 0}, 4, 1, false, false, DType::f16, ea);
+  add(shape(F::fp8, 1, 2, 1300, 8, 128, 16), {1300, 31}, 2, 4, true, true, DType::bf16, ea);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
