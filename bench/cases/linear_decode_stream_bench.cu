@@ -194,23 +194,61 @@ class DecodeStreamBench : public BenchCase {
         const double layer_bytes = (N + 15) / 16 * (K / 128) * (1024.0 + (comfy ? 0 : 128)) +
                                    2.0 * M * K + 2.0 * M * N;
         struct V {
-          const char* name;
+          std::string name;
           bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
           bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
+          cl::DecodeTilesTuning t{};  // the GEMV's variant (session 9: cross-layer prefetch)
         };
+        // Session 9 A/B: the next layer's weight prefetched into L2 before its
+        // griddepcontrol.wait, with two CTAs per SM (pair: the next layer's CTA beside this
+        // one's) at M = 1 (fused), one per SM at M = 16 (two don't fit: 85 KB of activations).
+        auto tuned = [](bool pair, int prefetch, bool evict_first, bool late) {
+          cl::DecodeTilesTuning t;
+          t.pair = pair;
+          t.prefetch = prefetch;
+          t.evict_first = evict_first;
+          t.late_trigger = late;
+          return t;
+        };
+        constexpr int kAll = 1 << 20;  // every item of a warp's run
+        std::vector<V> variants = {
+            V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
+            V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)", false,
+              true},
+            V{"tiles alone (codes on the device)", false},
+            V{"stream probe: the layout's bytes read, nothing else", false, false, true}};
+        if (M <= cl::kTilesFuseLimit) {
+          const std::string f = "tiles fused, 2 CTAs/SM (pair, 64 registers)";
+          variants.push_back(V{f, false, true, false, tuned(true, 0, false, false)});
+          variants.push_back(V{f + " + L2 prefetch 8 items/warp", false, true, false,
+                               tuned(true, 8, false, false)});
+          variants.push_back(V{f + " + L2 prefetch 8 items/warp, evict_first ring", false, true,
+                               false, tuned(true, 8, true, false)});
+          variants.push_back(
+              V{f + " + L2 prefetch all", false, true, false, tuned(true, kAll, false, false)});
+          variants.push_back(V{f + " + L2 prefetch all, evict_first ring", false, true, false,
+                               tuned(true, kAll, true, false)});
+          variants.push_back(V{f + " + L2 prefetch all, evict_first ring, late trigger", false,
+                               true, false, tuned(true, kAll, true, true)});
+          variants.push_back(V{"tiles alone, 2 CTAs/SM + L2 prefetch all, evict_first ring",
+                               false, false, false, tuned(true, kAll, true, false)});
+        } else {
+          const std::string r = "rotate (PDL) + tiles";
+          variants.push_back(V{r + " + L2 prefetch 8 items/warp", true, false, false,
+                               tuned(false, 8, false, false)});
+          variants.push_back(V{r + " + L2 prefetch all", true, false, false,
+                               tuned(false, kAll, false, false)});
+          variants.push_back(V{r + " + L2 prefetch all, evict_first ring", true, false, false,
+                               tuned(false, kAll, true, false)});
+        }
         std::vector<float> ref;
-        // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
-        // run 11's default, the register activation copy, fused depth 8, the shared-memory fused
-        // rotation, the cooperative rotation (run 19: 16 % slower as a cooperative launch), two
-        // CTAs per SM, the M 8 / 9 rows (docs/linear-gpu.md, "Session 8"). The probe row is the
-        // same stream of read-only kernels: the ceiling.
-        for (const V& v :
-             {V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
-              V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
-                false, true},
-              V{"tiles alone (codes on the device)", false},
-              V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
+        // Settled and trimmed (runs 12-19): L2 prefetch of the layer's own items (before and
+        // after the wait, one CTA per SM), spread split, run 11's default, the register activation
+        // copy, fused depth 8, the shared-memory fused rotation, the cooperative rotation (run 19:
+        // 16 % slower as a cooperative launch), the M 8 / 9 rows (docs/linear-gpu.md, "Session
+        // 8"). The probe row is the same stream of read-only kernels: the ceiling.
+        for (const V& v : variants) {
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -245,7 +283,7 @@ class DecodeStreamBench : public BenchCase {
                          continue;
                        }
                        if (v.rotate) cl::rotate_quantize(rp, s);
-                       cl::decode_tiles(p, s);
+                       cl::decode_tiles(p, s, &v.t);
                      }
                    }) /
                    kLayers;
@@ -318,16 +356,21 @@ class DecodeStreamBench : public BenchCase {
         }
         std::vector<float> ref;
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
-        // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
+        // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only);
+        // 2: session 9's cross-layer prefetch (M <= 2: pair + prefetch all + evict_first ring;
+        // M = 16: prefetch all + evict_first ring, one CTA per SM).
         // Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1}) {
-          if (fused && M > cl::kTilesFuseLimit) continue;
+        for (const int fused : {0, 1, 2}) {
+          if (fused == 1 && M > cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                  qtype_name(q) + ": QuantizedLinear::forward (" +
-                 (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
-                             : "layer defaults") +
+                 (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
+                  : fused == 2 ? (M <= cl::kTilesFuseLimit
+                                      ? "DecodeTilesTuning pair + L2 prefetch all + evict_first"
+                                      : "DecodeTilesTuning L2 prefetch all + evict_first")
+                               : "layer defaults") +
                  "), per layer";
           r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
                     " bf16";
@@ -344,7 +387,12 @@ class DecodeStreamBench : public BenchCase {
             r.bytes = 2.0 * M * K + 2.0 * M * N +
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
-            t.fuse_max_m = 0;
+            if (fused == 1) t.fuse_max_m = 0;
+            if (fused == 2) {
+              t.pair = true;  // ignored at M > 8
+              t.prefetch = 1 << 20;
+              t.evict_first = true;
+            }
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

@@ -24,6 +24,10 @@
 //     warps split its items evenly, whatever K, and add their partial sums of a tile into shared
 //     memory with integer atomics (exact in any order); one barrier, then the epilogue
 //     (apply_epilogue: the prefill path's fp32 order);
+//   - A/B variants (DecodeTilesTuning, session 9): 64-register instances (two CTAs per SM: the
+//     next layer's CTA starts beside this one under the early trigger) whose warps also prefetch
+//     more of their run into L2 before griddepcontrol.wait, so the next layer's weight streams
+//     during this layer's tail; the ring's copies optionally evict_first in L2;
 //   - the activations: codes from the rotate kernel, or (M <= 2) x rotated + quantized by every
 //     CTA itself with the register rotate kernel's arithmetic (linear_rotate.cuh): the same bits.
 #include <cuda_bf16.h>
@@ -57,6 +61,14 @@ constexpr int kTilesThreads = kTilesWarps * 32;
 constexpr int kTilesDepth = 4;                  // ring slots per warp (H200 run 6: 4 > 6 > 8)
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
 constexpr int kTilesMaxRegs = 88;
+constexpr int kTilesPairRegs = 64;              // 2 x 512 x 64 = one SM's registers
+// Kernel instances: the default (no run-time variants, at most kTilesMaxRegs registers), the
+// variants of TilesLayout (prefetch, evict_first, late_trigger) at kTilesPairRegs (two CTAs per
+// SM) or at kTilesMaxRegs (one per SM).
+constexpr int kModeDefault = 0, kModePair = 1, kModeVariants = 2;
+__host__ __device__ constexpr int mode_regs(int mode) {
+  return mode == kModePair ? kTilesPairRegs : kTilesMaxRegs;
+}
 
 __host__ __device__ constexpr int slot_bytes(int kind) {
   return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0);
@@ -72,9 +84,16 @@ struct TilesLayout {
   int epi_n = 0;          // tiles per CTA x 16
   int ring_off = 0;       // the warps' rings
   int64_t smem = 0;
+  // Run-time variants (DecodeTilesTuning): items per warp prefetched into L2 before
+  // griddepcontrol.wait, the ring's copies with an L2 evict_first policy, the early trigger moved
+  // to the middle of each warp's run.
+  int prefetch = 0;
+  int evict_first = 0;
+  int late_trigger = 0;
 };
 
 using ptx::cp_async16;
+using ptx::cp_async16_hint;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::lds128;
@@ -255,11 +274,14 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows (1: M <= 8, 2: M <= 16).
 // XT: the activation dtype when every CTA rotates + quantizes x itself (M <= kTilesFuseLimit),
 // else void (codes from the rotate kernel).
-// At most 88 registers: 512 x 88 + the register rotate kernel's CTA (320 threads x 64) fit in
-// one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
-// others instead of after it.
-template <int KIND, int NT, typename XT = void>
-__global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
+// MODE: kModeDefault / kModeVariants: at most 88 registers (kTilesMaxRegs): 512 x 88 + the
+// register rotate kernel's CTA (320 threads x 64) fit in one SM's 64 K registers together, so the
+// CTA on the rotate kernel's SM starts (PDL) with the others instead of after it. kModePair: 64
+// (kTilesPairRegs, DecodeTilesTuning::pair): two CTAs fit, so the NEXT layer's CTA launches beside
+// this one and can prefetch its weight into L2 (L.prefetch) while this one streams. Only the
+// variant modes read L.prefetch / L.evict_first / L.late_trigger.
+template <int KIND, int NT, typename XT = void, int MODE = kModeDefault>
+__global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, D = kTilesDepth, SLOT = slot_bytes(KIND);
   constexpr bool kFused = !std::is_void<XT>::value;
@@ -288,24 +310,49 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   int32_t* part = reinterpret_cast<int32_t*>(dsm + L.part_off);
 
   // Item k of this warp into slot s: lane l copies its 16 bytes of both chunks, lanes 0..7 the
-  // tables of rows l and l + 8 (packed 4-bit).
+  // tables of rows l and l + 8 (packed 4-bit). L.evict_first: the copies' lines leave L2 first
+  // (the next layer's prefetched weight stays).
+  constexpr bool kVariants = MODE != kModeDefault;
+  const bool evict_first = kVariants && L.evict_first;
+  const uint64_t policy = evict_first ? ptx::l2_evict_first() : 0;
+  auto copy16 = [&](uint8_t* dst, const uint8_t* src) {
+    if (evict_first) {
+      cp_async16_hint(smem_u32(dst), src, policy);
+    } else {
+      cp_async16(smem_u32(dst), src);
+    }
+  };
   auto issue = [&](int k, int s) {
     const uint8_t* src = codes + static_cast<int64_t>(k) * kItemBytes + lane * 16;
     uint8_t* slot = ring + s * SLOT;
-    cp_async16(smem_u32(slot + lane * 16), src);
-    cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
+    copy16(slot + lane * 16, src);
+    copy16(slot + 512 + lane * 16, src + 512);
     if (KIND == kTilesInt4 && lane < 8)
-      cp_async16(smem_u32(slot + kItemBytes + lane * 16),
-                 tables + static_cast<int64_t>(k) * kTableBytes + lane * 16);
+      copy16(slot + kItemBytes + lane * 16,
+             tables + static_cast<int64_t>(k) * kTableBytes + lane * 16);
   };
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
     if (k < n_items) issue(k, k);
     cp_async_commit();
   }
+  // L.prefetch: the next L.prefetch items of the warp's run into L2 (one request each for codes
+  // and tables) before griddepcontrol.wait: with two CTAs per SM (pair instances) this CTA runs
+  // beside the previous layer's, so DRAM streams this layer's weight under the previous layer's
+  // tail and the wait (the weight does not depend on the previous kernel).
+  if (kVariants && L.prefetch > 0 && lane == 0 && n_items > D - 1) {
+    const int n = min(n_items - (D - 1), L.prefetch);
+    ptx::bulk_prefetch_l2(codes + static_cast<int64_t>(D - 1) * kItemBytes,
+                          static_cast<uint32_t>(n * kItemBytes));
+    if (KIND == kTilesInt4)
+      ptx::bulk_prefetch_l2(tables + static_cast<int64_t>(D - 1) * kTableBytes,
+                            static_cast<uint32_t>(n * kTableBytes));
+  }
   // The next kernel in the stream may launch now (it waits for this grid before reading): its
-  // CTAs take the SMs this grid's CTAs leave and request their first items under our tail.
-  ptx::griddep_launch_dependents();
+  // CTAs take the SMs this grid's CTAs leave (or, pair instances, the free half of an SM) and
+  // request their first items under our tail. L.late_trigger: in the middle of the run instead.
+  const int trigger_k = kVariants && L.late_trigger ? n_items / 2 : -1;
+  if (trigger_k < 0) ptx::griddep_launch_dependents();
 
   // Partial sums and activation sums start at zero; the epilogue's per-column operands (layer
   // parameters, not written by the preceding kernel) are fetched now, off the critical path.
@@ -353,6 +400,7 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   for (int k = 0; k < n_items; ++k) {
     cp_async_wait<D - 2>();  // this lane's copies of item k landed
     __syncwarp();            // ... and every lane's (tables); slot k - 1 is read by all lanes
+    if (k == trigger_k) ptx::griddep_launch_dependents();
     if (k + D - 1 < n_items) issue(k + D - 1, slot == 0 ? D - 1 : slot - 1);
     cp_async_commit();
     const uint8_t* sl = ring + slot * SLOT;
@@ -423,6 +471,7 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       if (tile_end) ++tl;
     }
   }
+  if (trigger_k >= 0 && n_items == 0) ptx::griddep_launch_dependents();
   cp_async_wait<0>();
   __syncthreads();
 
@@ -509,9 +558,10 @@ TilesDevice tiles_device() {
   return info;
 }
 
-// Raises the kernel's dynamic shared memory limit to `bytes` where it is lower (per device).
+// Raises the kernel's dynamic shared memory limit to `bytes` where it is lower (per device); pair
+// instances (two CTAs per SM) also ask for the whole carveout as shared memory.
 template <typename Kernel>
-void tiles_smem(Kernel kernel, int64_t bytes) {
+void tiles_smem(Kernel kernel, int64_t bytes, bool pair) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, int64_t> limits;
   int dev = 0;
@@ -522,6 +572,10 @@ void tiles_smem(Kernel kernel, int64_t bytes) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bytes)),
              "decode_tiles", "shared memory");
+  if (pair)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    static_cast<int>(cudaSharedmemCarveoutMaxShared)),
+               "decode_tiles", "shared memory carveout");
   limit = bytes;
 }
 
@@ -531,10 +585,10 @@ int tiles_grid(const DecodeParams& d) {
 }
 
 // Launches the GEMV with programmatic stream serialization (PDL).
-template <int KIND, int NT, typename XT = void>
+template <int KIND, int NT, typename XT = void, int MODE = kModeDefault>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_tiles_kernel<KIND, NT, XT>;
-  tiles_smem(kernel, L.smem);
+  auto kernel = gemv_tiles_kernel<KIND, NT, XT, MODE>;
+  tiles_smem(kernel, L.smem, MODE == kModePair);
   launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
                    static_cast<size_t>(L.smem), stream, d, L);
 }
@@ -682,19 +736,33 @@ void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
   g_tuning = t ? *t : DecodeTilesTuning{};
 }
 
-void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
+void decode_tiles(const DecodeParams& d, cudaStream_t stream, const DecodeTilesTuning* tuning) {
+  const DecodeTilesTuning t = tuning ? *tuning : layer_tiles_tuning();
   const int grid = tiles_grid(d);
-  const TilesLayout L = tiles_layout(d, grid);
+  TilesLayout L = tiles_layout(d, grid);
+  L.prefetch = std::max(0, t.prefetch);
+  L.evict_first = t.evict_first ? 1 : 0;
+  L.late_trigger = t.late_trigger ? 1 : 0;
   const bool two = d.M > 8;  // two n8 tiles of activation rows
+  // Pair instances for one n8 tile (two CTAs fit one SM's shared memory up to M ~ 6 at K 5120;
+  // beyond, they run one per SM: the same bits); the variants at 88 registers for two n8 tiles.
+  const bool pair = t.pair && !two;
+  const bool variants = t.prefetch > 0 || t.evict_first || t.late_trigger;
   auto launch = [&](auto kind_tag, auto xt_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
     using XT = typename decltype(xt_tag)::type;
-    if constexpr (!std::is_void<XT>::value) {  // fused: M <= kTilesFuseLimit, one n8 tile
-      launch_tiles<KIND, 1, XT>(d, L, grid, stream);
-    } else if (two) {
-      launch_tiles<KIND, 2>(d, L, grid, stream);
+    if (two) {
+      if constexpr (std::is_void<XT>::value) {
+        if (variants) {
+          launch_tiles<KIND, 2, void, kModeVariants>(d, L, grid, stream);
+        } else {
+          launch_tiles<KIND, 2>(d, L, grid, stream);
+        }
+      }
+    } else if (pair) {  // fused (M <= kTilesFuseLimit) or codes in: one n8 tile
+      launch_tiles<KIND, 1, XT, kModePair>(d, L, grid, stream);
     } else {
-      launch_tiles<KIND, 1>(d, L, grid, stream);
+      launch_tiles<KIND, 1, XT>(d, L, grid, stream);
     }
   };
   auto by_x = [&](auto kind_tag) {
