@@ -203,12 +203,13 @@ class DecodeStreamBench : public BenchCase {
         // Session 9 A/B: the next layer's weight prefetched into L2 before its
         // griddepcontrol.wait, with two CTAs per SM (pair: the next layer's CTA beside this
         // one's) at M = 1 (fused), one per SM at M = 16 (two don't fit: 85 KB of activations).
-        auto tuned = [](bool pair, int prefetch, bool evict_first, bool late) {
+        auto tuned = [](bool pair, int prefetch, bool evict_first, bool late, bool lines = false) {
           cl::DecodeTilesTuning t;
           t.pair = pair;
           t.prefetch = prefetch;
           t.evict_first = evict_first;
           t.late_trigger = late;
+          t.line_prefetch = lines;
           return t;
         };
         constexpr int kAll = 1 << 20;  // every item of a warp's run
@@ -231,6 +232,8 @@ class DecodeStreamBench : public BenchCase {
                                tuned(true, kAll, true, false)});
           variants.push_back(V{f + " + L2 prefetch all, evict_first ring, late trigger", false,
                                true, false, tuned(true, kAll, true, true)});
+          variants.push_back(V{f + " + L2 prefetch all by lines, evict_first ring", false, true,
+                               false, tuned(true, kAll, true, false, true)});
           variants.push_back(V{"tiles alone, 2 CTAs/SM + L2 prefetch all, evict_first ring",
                                false, false, false, tuned(true, kAll, true, false)});
         } else {
@@ -241,6 +244,8 @@ class DecodeStreamBench : public BenchCase {
                                tuned(false, kAll, false, false)});
           variants.push_back(V{r + " + L2 prefetch all, evict_first ring", true, false, false,
                                tuned(false, kAll, true, false)});
+          variants.push_back(V{r + " + L2 prefetch all by lines, evict_first ring", true, false,
+                               false, tuned(false, kAll, true, false, true)});
         }
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch of the layer's own items (before and

@@ -88,6 +88,7 @@ struct TilesLayout {
   // griddepcontrol.wait, the ring's copies with an L2 evict_first policy, the early trigger moved
   // to the middle of each warp's run.
   int prefetch = 0;
+  int line_prefetch = 0;  // prefetch.global.L2 per 128-byte line instead of two bulk requests
   int evict_first = 0;
   int late_trigger = 0;
 };
@@ -340,13 +341,18 @@ __global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, T
   // and tables) before griddepcontrol.wait: with two CTAs per SM (pair instances) this CTA runs
   // beside the previous layer's, so DRAM streams this layer's weight under the previous layer's
   // tail and the wait (the weight does not depend on the previous kernel).
-  if (kVariants && L.prefetch > 0 && lane == 0 && n_items > D - 1) {
+  if (kVariants && L.prefetch > 0 && n_items > D - 1) {
     const int n = min(n_items - (D - 1), L.prefetch);
-    ptx::bulk_prefetch_l2(codes + static_cast<int64_t>(D - 1) * kItemBytes,
-                          static_cast<uint32_t>(n * kItemBytes));
-    if (KIND == kTilesInt4)
-      ptx::bulk_prefetch_l2(tables + static_cast<int64_t>(D - 1) * kTableBytes,
-                            static_cast<uint32_t>(n * kTableBytes));
+    const uint8_t* pc = codes + static_cast<int64_t>(D - 1) * kItemBytes;
+    const uint8_t* pt = tables + static_cast<int64_t>(D - 1) * kTableBytes;
+    if (L.line_prefetch) {  // the warp's lanes, one 128-byte line each per step
+      for (int j = lane; j < n * (kItemBytes / 128); j += 32) ptx::prefetch_l2(pc + j * 128);
+      if (KIND == kTilesInt4)
+        for (int j = lane; j < n; j += 32) ptx::prefetch_l2(pt + j * kTableBytes);
+    } else if (lane == 0) {
+      ptx::bulk_prefetch_l2(pc, static_cast<uint32_t>(n * kItemBytes));
+      if (KIND == kTilesInt4) ptx::bulk_prefetch_l2(pt, static_cast<uint32_t>(n * kTableBytes));
+    }
   }
   // The next kernel in the stream may launch now (it waits for this grid before reading): its
   // CTAs take the SMs this grid's CTAs leave (or, pair instances, the free half of an SM) and
@@ -741,6 +747,7 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream, const DecodeTilesT
   const int grid = tiles_grid(d);
   TilesLayout L = tiles_layout(d, grid);
   L.prefetch = std::max(0, t.prefetch);
+  L.line_prefetch = t.line_prefetch ? 1 : 0;
   L.evict_first = t.evict_first ? 1 : 0;
   L.late_trigger = t.late_trigger ? 1 : 0;
   const bool two = d.M > 8;  // two n8 tiles of activation rows

@@ -68,6 +68,7 @@ struct DecodeTilesTuning {
   // each warp's run (the next layer's prefetch under this one's second half only).
   bool pair = false;
   int prefetch = 0;
+  bool line_prefetch = false;  // prefetch.global.L2 per 128-byte line instead of bulk requests
   bool evict_first = false;
   bool late_trigger = false;
 };

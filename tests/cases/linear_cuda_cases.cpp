@@ -407,7 +407,8 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     // per SM, the whole run prefetched into L2 before the wait, evict_first ring copies, trigger
     // in the middle of the run) at M 1 / 2 (fused), M 3 (rotate kernel + pair GEMV), K 8448 (the
     // rotate kernel at M 1); `pair_prefetch8` (8 items, early trigger, plain copies); `prefetch`
-    // (M 9 / 16: two n8 tiles, the variants at one CTA per SM).
+    // (M 9 / 16: two n8 tiles, the variants at one CTA per SM); `pair_prefetch_lines` (per-line
+    // prefetch.global.L2 instead of bulk requests; M 16 at one CTA per SM).
     cl::DecodeTilesTuning pf;
     pf.pair = true;
     pf.prefetch = 1 << 20;
@@ -431,6 +432,12 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("prefetch", pf16, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
     add("prefetch", pf16, QType::convrot_int4, 9, 1032, 5120, DType::bf16, false);
     add("prefetch", pf8, QType::convrot_comfy_w4a4, 16, 264, 1280, DType::bf16, true);
+    cl::DecodeTilesTuning lines = pf;
+    lines.line_prefetch = true;
+    lines.late_trigger = false;
+    add("pair_prefetch_lines", lines, QType::convrot_int4, 1, 1032, 5120, DType::bf16, true);
+    add("pair_prefetch_lines", lines, QType::convrot_comfy_w4a4, 2, 264, 1280, DType::f16, true);
+    add("pair_prefetch_lines", lines, QType::convrot_int4, 16, 5000, 768, DType::bf16, false);
   }
 #endif
 
