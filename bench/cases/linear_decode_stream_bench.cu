@@ -222,6 +222,8 @@ class DecodeStreamBench : public BenchCase {
         if (M <= cl::kTilesFuseLimit) {
           const std::string f = "tiles fused, 2 CTAs/SM (pair, 64 registers)";
           variants.push_back(V{f, false, true, false, tuned(true, 0, false, false)});
+          variants.push_back(V{f + " + L2 prefetch 4 items/warp, evict_first ring", false, true,
+                               false, tuned(true, 4, true, false)});
           variants.push_back(V{f + " + L2 prefetch 8 items/warp", false, true, false,
                                tuned(true, 8, false, false)});
           variants.push_back(V{f + " + L2 prefetch 8 items/warp, evict_first ring", false, true,
