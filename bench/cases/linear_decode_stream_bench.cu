@@ -203,13 +203,11 @@ class DecodeStreamBench : public BenchCase {
         // Session 9 A/B: the next layer's weight prefetched into L2 before its
         // griddepcontrol.wait, with two CTAs per SM (pair: the next layer's CTA beside this
         // one's) at M = 1 (fused), one per SM at M = 16 (two don't fit: 85 KB of activations).
-        auto tuned = [](bool pair, int prefetch, bool evict_first, bool late, bool lines = false) {
+        auto tuned = [](bool pair, int prefetch, bool evict_first) {
           cl::DecodeTilesTuning t;
           t.pair = pair;
           t.prefetch = prefetch;
           t.evict_first = evict_first;
-          t.late_trigger = late;
-          t.line_prefetch = lines;
           return t;
         };
         constexpr int kAll = 1 << 20;  // every item of a warp's run
@@ -220,34 +218,28 @@ class DecodeStreamBench : public BenchCase {
             V{"tiles alone (codes on the device)", false},
             V{"stream probe: the layout's bytes read, nothing else", false, false, true}};
         if (M <= cl::kTilesFuseLimit) {
-          const std::string f = "tiles fused, 2 CTAs/SM (pair, 64 registers)";
-          variants.push_back(V{f, false, true, false, tuned(true, 0, false, false)});
+          const std::string f = "tiles fused, 2 CTAs/SM (pair)";
+          variants.push_back(V{f, false, true, false, tuned(true, 0, false)});
           variants.push_back(V{f + " + L2 prefetch 4 items/warp, evict_first ring", false, true,
-                               false, tuned(true, 4, true, false)});
-          variants.push_back(V{f + " + L2 prefetch 8 items/warp", false, true, false,
-                               tuned(true, 8, false, false)});
-          variants.push_back(V{f + " + L2 prefetch 8 items/warp, evict_first ring", false, true,
-                               false, tuned(true, 8, true, false)});
+                               false, tuned(true, 4, true)});
           variants.push_back(
-              V{f + " + L2 prefetch all", false, true, false, tuned(true, kAll, false, false)});
+              V{f + " + L2 prefetch 8 items/warp", false, true, false, tuned(true, 8, false)});
+          variants.push_back(V{f + " + L2 prefetch 8 items/warp, evict_first ring", false, true,
+                               false, tuned(true, 8, true)});
+          variants.push_back(
+              V{f + " + L2 prefetch all", false, true, false, tuned(true, kAll, false)});
           variants.push_back(V{f + " + L2 prefetch all, evict_first ring", false, true, false,
-                               tuned(true, kAll, true, false)});
-          variants.push_back(V{f + " + L2 prefetch all, evict_first ring, late trigger", false,
-                               true, false, tuned(true, kAll, true, true)});
-          variants.push_back(V{f + " + L2 prefetch all by lines, evict_first ring", false, true,
-                               false, tuned(true, kAll, true, false, true)});
+                               tuned(true, kAll, true)});
           variants.push_back(V{"tiles alone, 2 CTAs/SM + L2 prefetch all, evict_first ring",
-                               false, false, false, tuned(true, kAll, true, false)});
+                               false, false, false, tuned(true, kAll, true)});
         } else {
           const std::string r = "rotate (PDL) + tiles";
-          variants.push_back(V{r + " + L2 prefetch 8 items/warp", true, false, false,
-                               tuned(false, 8, false, false)});
-          variants.push_back(V{r + " + L2 prefetch all", true, false, false,
-                               tuned(false, kAll, false, false)});
+          variants.push_back(
+              V{r + " + L2 prefetch 8 items/warp", true, false, false, tuned(false, 8, false)});
+          variants.push_back(
+              V{r + " + L2 prefetch all", true, false, false, tuned(false, kAll, false)});
           variants.push_back(V{r + " + L2 prefetch all, evict_first ring", true, false, false,
-                               tuned(false, kAll, true, false)});
-          variants.push_back(V{r + " + L2 prefetch all by lines, evict_first ring", true, false,
-                               false, tuned(false, kAll, true, false, true)});
+                               tuned(false, kAll, true)});
         }
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch of the layer's own items (before and

@@ -63,8 +63,8 @@ constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay b
 constexpr int kTilesMaxRegs = 88;
 constexpr int kTilesPairRegs = 64;              // 2 x 512 x 64 = one SM's registers
 // Kernel instances: the default (no run-time variants, at most kTilesMaxRegs registers), the
-// variants of TilesLayout (prefetch, evict_first, late_trigger) at kTilesPairRegs (two CTAs per
-// SM) or at kTilesMaxRegs (one per SM).
+// variants of TilesLayout (prefetch, evict_first) at kTilesPairRegs (two CTAs per SM) or at
+// kTilesMaxRegs (one per SM; comfy's one-n8-tile instances stay <= 64 registers: two per SM).
 constexpr int kModeDefault = 0, kModePair = 1, kModeVariants = 2;
 __host__ __device__ constexpr int mode_regs(int mode) {
   return mode == kModePair ? kTilesPairRegs : kTilesMaxRegs;
@@ -85,12 +85,9 @@ struct TilesLayout {
   int ring_off = 0;       // the warps' rings
   int64_t smem = 0;
   // Run-time variants (DecodeTilesTuning): items per warp prefetched into L2 before
-  // griddepcontrol.wait, the ring's copies with an L2 evict_first policy, the early trigger moved
-  // to the middle of each warp's run.
+  // griddepcontrol.wait, the ring's copies with an L2 evict_first policy.
   int prefetch = 0;
-  int line_prefetch = 0;  // prefetch.global.L2 per 128-byte line instead of two bulk requests
   int evict_first = 0;
-  int late_trigger = 0;
 };
 
 using ptx::cp_async16;
@@ -280,7 +277,7 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // CTA on the rotate kernel's SM starts (PDL) with the others instead of after it. kModePair: 64
 // (kTilesPairRegs, DecodeTilesTuning::pair): two CTAs fit, so the NEXT layer's CTA launches beside
 // this one and can prefetch its weight into L2 (L.prefetch) while this one streams. Only the
-// variant modes read L.prefetch / L.evict_first / L.late_trigger.
+// variant modes read L.prefetch / L.evict_first.
 template <int KIND, int NT, typename XT = void, int MODE = kModeDefault>
 __global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -345,20 +342,15 @@ __global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, T
     const int n = min(n_items - (D - 1), L.prefetch);
     const uint8_t* pc = codes + static_cast<int64_t>(D - 1) * kItemBytes;
     const uint8_t* pt = tables + static_cast<int64_t>(D - 1) * kTableBytes;
-    if (L.line_prefetch) {  // the warp's lanes, one 128-byte line each per step
-      for (int j = lane; j < n * (kItemBytes / 128); j += 32) ptx::prefetch_l2(pc + j * 128);
-      if (KIND == kTilesInt4)
-        for (int j = lane; j < n; j += 32) ptx::prefetch_l2(pt + j * kTableBytes);
-    } else if (lane == 0) {
+    if (lane == 0) {
       ptx::bulk_prefetch_l2(pc, static_cast<uint32_t>(n * kItemBytes));
       if (KIND == kTilesInt4) ptx::bulk_prefetch_l2(pt, static_cast<uint32_t>(n * kTableBytes));
     }
   }
   // The next kernel in the stream may launch now (it waits for this grid before reading): its
   // CTAs take the SMs this grid's CTAs leave (or, pair instances, the free half of an SM) and
-  // request their first items under our tail. L.late_trigger: in the middle of the run instead.
-  const int trigger_k = kVariants && L.late_trigger ? n_items / 2 : -1;
-  if (trigger_k < 0) ptx::griddep_launch_dependents();
+  // request their first items under our tail.
+  ptx::griddep_launch_dependents();
 
   // Partial sums and activation sums start at zero; the epilogue's per-column operands (layer
   // parameters, not written by the preceding kernel) are fetched now, off the critical path.
@@ -406,7 +398,6 @@ __global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, T
   for (int k = 0; k < n_items; ++k) {
     cp_async_wait<D - 2>();  // this lane's copies of item k landed
     __syncwarp();            // ... and every lane's (tables); slot k - 1 is read by all lanes
-    if (k == trigger_k) ptx::griddep_launch_dependents();
     if (k + D - 1 < n_items) issue(k + D - 1, slot == 0 ? D - 1 : slot - 1);
     cp_async_commit();
     const uint8_t* sl = ring + slot * SLOT;
@@ -477,7 +468,6 @@ __global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, T
       if (tile_end) ++tl;
     }
   }
-  if (trigger_k >= 0 && n_items == 0) ptx::griddep_launch_dependents();
   cp_async_wait<0>();
   __syncthreads();
 
@@ -594,7 +584,7 @@ int tiles_grid(const DecodeParams& d) {
 template <int KIND, int NT, typename XT = void, int MODE = kModeDefault>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
   auto kernel = gemv_tiles_kernel<KIND, NT, XT, MODE>;
-  tiles_smem(kernel, L.smem, MODE == kModePair);
+  tiles_smem(kernel, L.smem, MODE != kModeDefault);
   launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
                    static_cast<size_t>(L.smem), stream, d, L);
 }
@@ -747,14 +737,12 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream, const DecodeTilesT
   const int grid = tiles_grid(d);
   TilesLayout L = tiles_layout(d, grid);
   L.prefetch = std::max(0, t.prefetch);
-  L.line_prefetch = t.line_prefetch ? 1 : 0;
   L.evict_first = t.evict_first ? 1 : 0;
-  L.late_trigger = t.late_trigger ? 1 : 0;
   const bool two = d.M > 8;  // two n8 tiles of activation rows
   // Pair instances for one n8 tile (two CTAs fit one SM's shared memory up to M ~ 6 at K 5120;
   // beyond, they run one per SM: the same bits); the variants at 88 registers for two n8 tiles.
   const bool pair = t.pair && !two;
-  const bool variants = t.prefetch > 0 || t.evict_first || t.late_trigger;
+  const bool variants = t.prefetch > 0 || t.evict_first;
   auto launch = [&](auto kind_tag, auto xt_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
     using XT = typename decltype(xt_tag)::type;
@@ -767,7 +755,12 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream, const DecodeTilesT
         }
       }
     } else if (pair) {  // fused (M <= kTilesFuseLimit) or codes in: one n8 tile
-      launch_tiles<KIND, 1, XT, kModePair>(d, L, grid, stream);
+      // Comfy's variant instances use <= 64 registers without the cap (55-63): two CTAs fit.
+      if constexpr (KIND == kTilesComfy) {
+        launch_tiles<KIND, 1, XT, kModeVariants>(d, L, grid, stream);
+      } else {
+        launch_tiles<KIND, 1, XT, kModePair>(d, L, grid, stream);
+      }
     } else {
       launch_tiles<KIND, 1, XT>(d, L, grid, stream);
     }

@@ -64,13 +64,10 @@ struct DecodeTilesTuning {
   // griddepcontrol.wait) go into L2 by cp.async.bulk.prefetch, so DRAM streams that layer's weight
   // during this one's tail and the wait (a warp's run is ~17 items at 5120 -> 13824; large =
   // all); `evict_first` gives the ring's copies an L2 evict_first policy (the prefetched lines of
-  // the next layer stay); `late_trigger` moves griddepcontrol.launch_dependents to the middle of
-  // each warp's run (the next layer's prefetch under this one's second half only).
+  // the next layer stay).
   bool pair = false;
   int prefetch = 0;
-  bool line_prefetch = false;  // prefetch.global.L2 per 128-byte line instead of bulk requests
   bool evict_first = false;
-  bool late_trigger = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream

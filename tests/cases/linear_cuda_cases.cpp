@@ -403,41 +403,6 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     two.fuse_max_m = 0;
     add("two_kernels", two, QType::convrot_int4, 1, 5000, 1280, DType::bf16, true);
     add("two_kernels", two, QType::convrot_comfy_w4a4, 2, 264, 768, DType::f16, false);
-    // Session 9's cross-layer prefetch variants: `pair_prefetch` (64-register instances, two CTAs
-    // per SM, the whole run prefetched into L2 before the wait, evict_first ring copies, trigger
-    // in the middle of the run) at M 1 / 2 (fused), M 3 (rotate kernel + pair GEMV), K 8448 (the
-    // rotate kernel at M 1); `pair_prefetch8` (8 items, early trigger, plain copies); `prefetch`
-    // (M 9 / 16: two n8 tiles, the variants at one CTA per SM); `pair_prefetch_lines` (per-line
-    // prefetch.global.L2 instead of bulk requests; M 16 at one CTA per SM).
-    cl::DecodeTilesTuning pf;
-    pf.pair = true;
-    pf.prefetch = 1 << 20;
-    pf.evict_first = true;
-    pf.late_trigger = true;
-    add("pair_prefetch", pf, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
-    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 2, 5000, 1280, DType::f16, false);
-    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
-    add("pair_prefetch", pf, QType::convrot_int4, 3, 1032, 1280, DType::bf16, true);
-    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 3, 136, 256, DType::f16, true);
-    add("pair_prefetch", pf, QType::convrot_int4, 1, 40, 8448, DType::bf16, true);
-    cl::DecodeTilesTuning pf8;
-    pf8.pair = true;
-    pf8.prefetch = 8;
-    add("pair_prefetch8", pf8, QType::convrot_int4, 2, 4104, 5120, DType::f16, true);
-    add("pair_prefetch8", pf8, QType::convrot_comfy_w4a4, 1, 1032, 768, DType::bf16, false);
-    add("pair_prefetch8", pf8, QType::convrot_int4, 7, 5000, 768, DType::bf16, true);
-    cl::DecodeTilesTuning pf16 = pf;
-    pf16.pair = false;
-    add("prefetch", pf16, QType::convrot_int4, 16, 2056, 1280, DType::bf16, true);
-    add("prefetch", pf16, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
-    add("prefetch", pf16, QType::convrot_int4, 9, 1032, 5120, DType::bf16, false);
-    add("prefetch", pf8, QType::convrot_comfy_w4a4, 16, 264, 1280, DType::bf16, true);
-    cl::DecodeTilesTuning lines = pf;
-    lines.line_prefetch = true;
-    lines.late_trigger = false;
-    add("pair_prefetch_lines", lines, QType::convrot_int4, 1, 1032, 5120, DType::bf16, true);
-    add("pair_prefetch_lines", lines, QType::convrot_comfy_w4a4, 2, 264, 1280, DType::f16, true);
-    add("pair_prefetch_lines", lines, QType::convrot_int4, 16, 5000, 768, DType::bf16, false);
   }
 #endif
 
@@ -470,6 +435,46 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   cases.push_back(gpu_dequantize_case(QType::convrot_comfy_w4a4, 40, 256, true));
   cases.push_back(std::make_unique<RequantizeCase>(40, 192, false));
   cases.push_back(std::make_unique<RequantizeCase>(40, 192, true));
+#ifdef LOWBIT_WITH_CUDA
+  // Session 9's cross-layer prefetch variants of the tiled decode GEMV, through the layer, last
+  // in this file: `pair_prefetch` (two CTAs per SM: int4 at 64 registers, comfy's variant
+  // instances at <= 64 without the cap; the whole run prefetched into L2 before the wait;
+  // evict_first ring copies) at M 1 / 2 (fused), M 3 / 7 (rotate kernel + pair GEMV), K 8448 (the
+  // rotate kernel at M 1); `pair_prefetch8` (8 items, plain copies); `prefetch` (M 9 / 16: two n8
+  // tiles, the variants at one CTA per SM).
+  {
+    namespace cl = cuda::linear;
+    auto add = [&](const char* v, const cl::DecodeTilesTuning& t, QType q, int64_t m, int64_t o,
+                   int64_t k, DType a, bool bias) {
+      cases.push_back(std::make_unique<TunedForwardCase>(v, t, q, m, o, k, a, bias));
+    };
+    cl::DecodeTilesTuning pf;
+    pf.pair = true;
+    pf.prefetch = 1 << 20;
+    pf.evict_first = true;
+    add("pair_prefetch", pf, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
+    add("pair_prefetch", pf, QType::convrot_int4, 1, 4104, 5120, DType::bf16, true);
+    add("pair_prefetch", pf, QType::convrot_int4, 3, 1032, 1280, DType::bf16, true);
+    add("pair_prefetch", pf, QType::convrot_int4, 1, 40, 8448, DType::bf16, true);
+    cl::DecodeTilesTuning pf8;
+    pf8.pair = true;
+    pf8.prefetch = 8;
+    add("pair_prefetch8", pf8, QType::convrot_int4, 2, 4104, 5120, DType::f16, true);
+    add("pair_prefetch8", pf8, QType::convrot_int4, 7, 5000, 768, DType::bf16, true);
+    cl::DecodeTilesTuning pf16 = pf;
+    pf16.pair = false;
+    add("prefetch", pf16, QType::convrot_int4, 16, 2056, 1280, DType::bf16, true);
+    add("prefetch", pf16, QType::convrot_int4, 9, 1032, 5120, DType::bf16, false);
+    // Comfy last (run 24: its first pair case stopped the process with an illegal instruction;
+    // the 64-register comfy instances are gone since).
+    add("prefetch", pf16, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
+    add("prefetch", pf8, QType::convrot_comfy_w4a4, 16, 264, 1280, DType::bf16, true);
+    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
+    add("pair_prefetch8", pf8, QType::convrot_comfy_w4a4, 1, 1032, 768, DType::bf16, false);
+    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 3, 136, 256, DType::f16, true);
+    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 2, 5000, 1280, DType::f16, false);
+  }
+#endif
 }
 
 }  // namespace
