@@ -220,14 +220,14 @@ class DecodeStreamBench : public BenchCase {
         if (M <= cl::kTilesFuseLimit) {
           const std::string f = "tiles fused, 2 CTAs/SM (pair)";
           variants.push_back(V{f, false, true, false, tuned(true, 0, false)});
-          variants.push_back(V{f + " + L2 prefetch 4 items/warp, evict_first ring", false, true,
-                               false, tuned(true, 4, true)});
           variants.push_back(
               V{f + " + L2 prefetch 8 items/warp", false, true, false, tuned(true, 8, false)});
-          variants.push_back(V{f + " + L2 prefetch 8 items/warp, evict_first ring", false, true,
-                               false, tuned(true, 8, true)});
           variants.push_back(
               V{f + " + L2 prefetch all", false, true, false, tuned(true, kAll, false)});
+          variants.push_back(V{f + " + L2 prefetch 4 items/warp, evict_first ring", false, true,
+                               false, tuned(true, 4, true)});
+          variants.push_back(V{f + " + L2 prefetch 8 items/warp, evict_first ring", false, true,
+                               false, tuned(true, 8, true)});
           variants.push_back(V{f + " + L2 prefetch all, evict_first ring", false, true, false,
                                tuned(true, kAll, true)});
           variants.push_back(V{"tiles alone, 2 CTAs/SM + L2 prefetch all, evict_first ring",

@@ -448,29 +448,29 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
                    int64_t k, DType a, bool bias) {
       cases.push_back(std::make_unique<TunedForwardCase>(v, t, q, m, o, k, a, bias));
     };
-    cl::DecodeTilesTuning pf;
-    pf.pair = true;
+    // Least new first: prefetch 8 with plain copies, then evict_first copies; int4, then comfy
+    // (run 24: its first comfy pair case stopped the process with an illegal instruction; the
+    // 64-register comfy instances and the late trigger are gone since).
+    cl::DecodeTilesTuning pf8;
+    pf8.pair = true;
+    pf8.prefetch = 8;
+    cl::DecodeTilesTuning pf = pf8;
     pf.prefetch = 1 << 20;
     pf.evict_first = true;
+    cl::DecodeTilesTuning pf16 = pf;
+    pf16.pair = false;
+    add("pair_prefetch8", pf8, QType::convrot_int4, 2, 4104, 5120, DType::f16, true);
+    add("pair_prefetch8", pf8, QType::convrot_int4, 7, 5000, 768, DType::bf16, true);
     add("pair_prefetch", pf, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
     add("pair_prefetch", pf, QType::convrot_int4, 1, 4104, 5120, DType::bf16, true);
     add("pair_prefetch", pf, QType::convrot_int4, 3, 1032, 1280, DType::bf16, true);
     add("pair_prefetch", pf, QType::convrot_int4, 1, 40, 8448, DType::bf16, true);
-    cl::DecodeTilesTuning pf8;
-    pf8.pair = true;
-    pf8.prefetch = 8;
-    add("pair_prefetch8", pf8, QType::convrot_int4, 2, 4104, 5120, DType::f16, true);
-    add("pair_prefetch8", pf8, QType::convrot_int4, 7, 5000, 768, DType::bf16, true);
-    cl::DecodeTilesTuning pf16 = pf;
-    pf16.pair = false;
     add("prefetch", pf16, QType::convrot_int4, 16, 2056, 1280, DType::bf16, true);
     add("prefetch", pf16, QType::convrot_int4, 9, 1032, 5120, DType::bf16, false);
-    // Comfy last (run 24: its first pair case stopped the process with an illegal instruction;
-    // the 64-register comfy instances are gone since).
-    add("prefetch", pf16, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
     add("prefetch", pf8, QType::convrot_comfy_w4a4, 16, 264, 1280, DType::bf16, true);
-    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
+    add("prefetch", pf16, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
     add("pair_prefetch8", pf8, QType::convrot_comfy_w4a4, 1, 1032, 768, DType::bf16, false);
+    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
     add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 3, 136, 256, DType::f16, true);
     add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 2, 5000, 1280, DType::f16, false);
   }
