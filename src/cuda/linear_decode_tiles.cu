@@ -27,7 +27,7 @@
 //   - A/B variants (DecodeTilesTuning, session 9): 64-register instances (two CTAs per SM: the
 //     next layer's CTA starts beside this one under the early trigger) whose warps also prefetch
 //     more of their run into L2 before griddepcontrol.wait, so the next layer's weight streams
-//     during this layer's tail; the ring's copies optionally evict_first in L2;
+//     during this layer's tail;
 //   - the activations: codes from the rotate kernel, or (M <= 2) x rotated + quantized by every
 //     CTA itself with the register rotate kernel's arithmetic (linear_rotate.cuh): the same bits.
 #include <cuda_bf16.h>
@@ -62,9 +62,9 @@ constexpr int kTilesDepth = 4;                  // ring slots per warp (H200 run
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
 constexpr int kTilesMaxRegs = 88;
 constexpr int kTilesPairRegs = 64;              // 2 x 512 x 64 = one SM's registers
-// Kernel instances: the default (no run-time variants, at most kTilesMaxRegs registers), the
-// variants of TilesLayout (prefetch, evict_first) at kTilesPairRegs (two CTAs per SM) or at
-// kTilesMaxRegs (one per SM; comfy's one-n8-tile instances stay <= 64 registers: two per SM).
+// Kernel instances: the default (no run-time variant, at most kTilesMaxRegs registers), the
+// variant of TilesLayout (prefetch) at kTilesPairRegs (two CTAs per SM) or at kTilesMaxRegs (one
+// per SM; comfy's one-n8-tile instances stay <= 64 registers: two per SM).
 constexpr int kModeDefault = 0, kModePair = 1, kModeVariants = 2;
 __host__ __device__ constexpr int mode_regs(int mode) {
   return mode == kModePair ? kTilesPairRegs : kTilesMaxRegs;
@@ -84,14 +84,12 @@ struct TilesLayout {
   int epi_n = 0;          // tiles per CTA x 16
   int ring_off = 0;       // the warps' rings
   int64_t smem = 0;
-  // Run-time variants (DecodeTilesTuning): items per warp prefetched into L2 before
-  // griddepcontrol.wait, the ring's copies with an L2 evict_first policy.
+  // Run-time variant (DecodeTilesTuning): items per warp prefetched into L2 before
+  // griddepcontrol.wait.
   int prefetch = 0;
-  int evict_first = 0;
 };
 
 using ptx::cp_async16;
-using ptx::cp_async16_hint;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::lds128;
@@ -277,7 +275,7 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // CTA on the rotate kernel's SM starts (PDL) with the others instead of after it. kModePair: 64
 // (kTilesPairRegs, DecodeTilesTuning::pair): two CTAs fit, so the NEXT layer's CTA launches beside
 // this one and can prefetch its weight into L2 (L.prefetch) while this one streams. Only the
-// variant modes read L.prefetch / L.evict_first.
+// variant modes read L.prefetch.
 template <int KIND, int NT, typename XT = void, int MODE = kModeDefault>
 __global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -308,26 +306,16 @@ __global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, T
   int32_t* part = reinterpret_cast<int32_t*>(dsm + L.part_off);
 
   // Item k of this warp into slot s: lane l copies its 16 bytes of both chunks, lanes 0..7 the
-  // tables of rows l and l + 8 (packed 4-bit). L.evict_first: the copies' lines leave L2 first
-  // (the next layer's prefetched weight stays).
+  // tables of rows l and l + 8 (packed 4-bit).
   constexpr bool kVariants = MODE != kModeDefault;
-  const bool evict_first = kVariants && L.evict_first;
-  const uint64_t policy = evict_first ? ptx::l2_evict_first() : 0;
-  auto copy16 = [&](uint8_t* dst, const uint8_t* src) {
-    if (evict_first) {
-      cp_async16_hint(smem_u32(dst), src, policy);
-    } else {
-      cp_async16(smem_u32(dst), src);
-    }
-  };
   auto issue = [&](int k, int s) {
     const uint8_t* src = codes + static_cast<int64_t>(k) * kItemBytes + lane * 16;
     uint8_t* slot = ring + s * SLOT;
-    copy16(slot + lane * 16, src);
-    copy16(slot + 512 + lane * 16, src + 512);
+    cp_async16(smem_u32(slot + lane * 16), src);
+    cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
     if (KIND == kTilesInt4 && lane < 8)
-      copy16(slot + kItemBytes + lane * 16,
-             tables + static_cast<int64_t>(k) * kTableBytes + lane * 16);
+      cp_async16(smem_u32(slot + kItemBytes + lane * 16),
+                 tables + static_cast<int64_t>(k) * kTableBytes + lane * 16);
   };
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
@@ -737,12 +725,11 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream, const DecodeTilesT
   const int grid = tiles_grid(d);
   TilesLayout L = tiles_layout(d, grid);
   L.prefetch = std::max(0, t.prefetch);
-  L.evict_first = t.evict_first ? 1 : 0;
   const bool two = d.M > 8;  // two n8 tiles of activation rows
   // Pair instances for one n8 tile (two CTAs fit one SM's shared memory up to M ~ 6 at K 5120;
   // beyond, they run one per SM: the same bits); the variants at 88 registers for two n8 tiles.
   const bool pair = t.pair && !two;
-  const bool variants = t.prefetch > 0 || t.evict_first;
+  const bool variants = t.prefetch > 0;
   auto launch = [&](auto kind_tag, auto xt_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
     using XT = typename decltype(xt_tag)::type;

@@ -63,11 +63,10 @@ struct DecodeTilesTuning {
   // early trigger; `prefetch` items per warp (after the ring's first requests, before
   // griddepcontrol.wait) go into L2 by cp.async.bulk.prefetch, so DRAM streams that layer's weight
   // during this one's tail and the wait (a warp's run is ~17 items at 5120 -> 13824; large =
-  // all); `evict_first` gives the ring's copies an L2 evict_first policy (the prefetched lines of
-  // the next layer stay).
+  // all). (An L2 evict_first policy on the ring's copies, run 25: illegal instruction in the
+  // comfy instances, int4 fine; removed.)
   bool pair = false;
   int prefetch = 0;
-  bool evict_first = false;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream

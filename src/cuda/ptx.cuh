@@ -198,18 +198,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint3
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
-// cp_async16 with an L2 cache policy (a createpolicy value, e.g. l2_evict_first()).
-__device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void* src, uint64_t policy) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
-               "l"(src), "l"(policy)
-               : "memory");
-}
-// The L2 policy "evict first" for every line an access touches (fraction 1.0; sm_80 and later).
-__device__ __forceinline__ uint64_t l2_evict_first() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
 // Asks L2 to fetch bytes (a multiple of 16) at src (16-byte aligned); nothing waits for it (sm_90).
 __device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
