@@ -116,12 +116,7 @@ double bf16_stream_ms(const Env& env, int64_t M, int64_t N, int64_t K) {
 
 class DecodeStreamBench : public BenchCase {
  public:
-  // prefetch: the session-9 A/B family (DecodeTilesTuning pair / prefetch rows) instead of the
-  // default rows.
-  explicit DecodeStreamBench(bool prefetch) : prefetch_(prefetch) {}
-  std::string name() const override {
-    return prefetch_ ? "linear.decode_stream_prefetch" : "linear.decode_stream";
-  }
+  std::string name() const override { return "linear.decode_stream"; }
 
   std::vector<Row> run(const Env& env) override {
     namespace cl = cuda::linear;
@@ -199,55 +194,23 @@ class DecodeStreamBench : public BenchCase {
         const double layer_bytes = (N + 15) / 16 * (K / 128) * (1024.0 + (comfy ? 0 : 128)) +
                                    2.0 * M * K + 2.0 * M * N;
         struct V {
-          std::string name;
+          const char* name;
           bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
           bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
-          cl::DecodeTilesTuning t{};  // the GEMV's variant (session 9: cross-layer prefetch)
         };
-        // Session 9 A/B (the separate family linear.decode_stream_prefetch, so that the default
-        // rows never share a process with it): the next layer's weight prefetched into L2 before
-        // its griddepcontrol.wait, with two CTAs per SM (pair: the next layer's CTA beside this
-        // one's) at M = 1 (fused), one per SM at M = 16 (two don't fit: 85 KB of activations).
-        auto tuned = [](bool pair, int prefetch) {
-          cl::DecodeTilesTuning t;
-          t.pair = pair;
-          t.prefetch = prefetch;
-          return t;
-        };
-        constexpr int kAll = 1 << 20;  // every item of a warp's run
-        const V rotate_row{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true};
-        const V fused_row{
-            "tiles fused, register rotation (one kernel per layer; layer default M <= 2)", false,
-            true};
-        const V alone_row{"tiles alone (codes on the device)", false};
-        std::vector<V> variants = {rotate_row, fused_row, alone_row};
-        if (!prefetch_) {
-          variants.push_back(
-              V{"stream probe: the layout's bytes read, nothing else", false, false, true});
-        } else if (M <= cl::kTilesFuseLimit) {
-          const std::string f = "tiles fused, 2 CTAs/SM (pair)";
-          variants.push_back(V{f, false, true, false, tuned(true, 0)});
-          variants.push_back(
-              V{f + " + L2 prefetch 4 items/warp", false, true, false, tuned(true, 4)});
-          variants.push_back(
-              V{f + " + L2 prefetch 8 items/warp", false, true, false, tuned(true, 8)});
-          variants.push_back(V{f + " + L2 prefetch all", false, true, false, tuned(true, kAll)});
-          variants.push_back(V{"tiles alone, 2 CTAs/SM + L2 prefetch all", false, false, false,
-                               tuned(true, kAll)});
-        } else {
-          const std::string r = "rotate (PDL) + tiles";
-          variants.push_back(
-              V{r + " + L2 prefetch 8 items/warp", true, false, false, tuned(false, 8)});
-          variants.push_back(V{r + " + L2 prefetch all", true, false, false, tuned(false, kAll)});
-        }
         std::vector<float> ref;
-        // Settled and trimmed (runs 12-19): L2 prefetch of the layer's own items (before and
-        // after the wait, one CTA per SM), spread split, run 11's default, the register activation
-        // copy, fused depth 8, the shared-memory fused rotation, the cooperative rotation (run 19:
-        // 16 % slower as a cooperative launch), the M 8 / 9 rows (docs/linear-gpu.md, "Session
-        // 8"). The probe row is the same stream of read-only kernels: the ceiling.
-        for (const V& v : variants) {
+        // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
+        // run 11's default, the register activation copy, fused depth 8, the shared-memory fused
+        // rotation, the cooperative rotation (run 19: 16 % slower as a cooperative launch), two
+        // CTAs per SM, the M 8 / 9 rows (docs/linear-gpu.md, "Session 8"). The probe row is the
+        // same stream of read-only kernels: the ceiling.
+        for (const V& v :
+             {V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
+              V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
+                false, true},
+              V{"tiles alone (codes on the device)", false},
+              V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -282,7 +245,7 @@ class DecodeStreamBench : public BenchCase {
                          continue;
                        }
                        if (v.rotate) cl::rotate_quantize(rp, s);
-                       cl::decode_tiles(p, s, &v.t);
+                       cl::decode_tiles(p, s);
                      }
                    }) /
                    kLayers;
@@ -355,22 +318,16 @@ class DecodeStreamBench : public BenchCase {
         }
         std::vector<float> ref;
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
-        // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only);
-        // 2 (the prefetch family, instead of 1): session 9's cross-layer prefetch (M <= 2: pair +
-        // prefetch 8 items per warp; M = 16: prefetch 8, one CTA per SM).
+        // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1, 2}) {
-          if (fused == 1 && (prefetch_ || M > cl::kTilesFuseLimit)) continue;
-          if (fused == 2 && !prefetch_) continue;
+        for (const int fused : {0, 1}) {
+          if (fused && M > cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                  qtype_name(q) + ": QuantizedLinear::forward (" +
-                 (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
-                  : fused == 2 ? (M <= cl::kTilesFuseLimit
-                                      ? "DecodeTilesTuning pair + L2 prefetch 8 items/warp"
-                                      : "DecodeTilesTuning L2 prefetch 8 items/warp")
-                               : "layer defaults") +
+                 (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
+                             : "layer defaults") +
                  "), per layer";
           r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
                     " bf16";
@@ -387,11 +344,7 @@ class DecodeStreamBench : public BenchCase {
             r.bytes = 2.0 * M * K + 2.0 * M * N +
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
-            if (fused == 1) t.fuse_max_m = 0;
-            if (fused == 2) {
-              t.pair = true;  // ignored at M > 8
-              t.prefetch = 8;
-            }
+            t.fuse_max_m = 0;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);
@@ -418,14 +371,10 @@ class DecodeStreamBench : public BenchCase {
       }
     }
   }
-
- private:
-  bool prefetch_;
 };
 
 LOWBIT_BENCH_CASES(linear_decode_stream_bench_cases) {
-  cases.push_back(std::make_unique<DecodeStreamBench>(false));
-  cases.push_back(std::make_unique<DecodeStreamBench>(true));
+  cases.push_back(std::make_unique<DecodeStreamBench>());
 }
 
 }  // namespace

@@ -24,10 +24,6 @@
 //     warps split its items evenly, whatever K, and add their partial sums of a tile into shared
 //     memory with integer atomics (exact in any order); one barrier, then the epilogue
 //     (apply_epilogue: the prefill path's fp32 order);
-//   - A/B variants (DecodeTilesTuning, session 9): 64-register instances (two CTAs per SM: the
-//     next layer's CTA starts beside this one under the early trigger) whose warps also prefetch
-//     more of their run into L2 before griddepcontrol.wait, so the next layer's weight streams
-//     during this layer's tail;
 //   - the activations: codes from the rotate kernel, or (M <= 2) x rotated + quantized by every
 //     CTA itself with the register rotate kernel's arithmetic (linear_rotate.cuh): the same bits.
 #include <cuda_bf16.h>
@@ -61,14 +57,6 @@ constexpr int kTilesThreads = kTilesWarps * 32;
 constexpr int kTilesDepth = 4;                  // ring slots per warp (H200 run 6: 4 > 6 > 8)
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
 constexpr int kTilesMaxRegs = 88;
-constexpr int kTilesPairRegs = 64;              // 2 x 512 x 64 = one SM's registers
-// Kernel instances: the default (no run-time variant, at most kTilesMaxRegs registers), the
-// variant of TilesLayout (prefetch) at kTilesPairRegs (two CTAs per SM) or at kTilesMaxRegs (one
-// per SM; comfy's one-n8-tile instances stay <= 64 registers: two per SM).
-constexpr int kModeDefault = 0, kModePair = 1, kModeVariants = 2;
-__host__ __device__ constexpr int mode_regs(int mode) {
-  return mode == kModePair ? kTilesPairRegs : kTilesMaxRegs;
-}
 
 __host__ __device__ constexpr int slot_bytes(int kind) {
   return kItemBytes + (kind == kTilesInt4 ? kTableBytes : 0);
@@ -84,9 +72,6 @@ struct TilesLayout {
   int epi_n = 0;          // tiles per CTA x 16
   int ring_off = 0;       // the warps' rings
   int64_t smem = 0;
-  // Run-time variant (DecodeTilesTuning): items per warp prefetched into L2 before
-  // griddepcontrol.wait.
-  int prefetch = 0;
 };
 
 using ptx::cp_async16;
@@ -270,14 +255,11 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows (1: M <= 8, 2: M <= 16).
 // XT: the activation dtype when every CTA rotates + quantizes x itself (M <= kTilesFuseLimit),
 // else void (codes from the rotate kernel).
-// MODE: kModeDefault / kModeVariants: at most 88 registers (kTilesMaxRegs): 512 x 88 + the
-// register rotate kernel's CTA (320 threads x 64) fit in one SM's 64 K registers together, so the
-// CTA on the rotate kernel's SM starts (PDL) with the others instead of after it. kModePair: 64
-// (kTilesPairRegs, DecodeTilesTuning::pair): two CTAs fit, so the NEXT layer's CTA launches beside
-// this one and can prefetch its weight into L2 (L.prefetch) while this one streams. Only the
-// variant modes read L.prefetch.
-template <int KIND, int NT, typename XT = void, int MODE = kModeDefault>
-__global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
+// At most 88 registers: 512 x 88 + the register rotate kernel's CTA (320 threads x 64) fit in
+// one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
+// others instead of after it.
+template <int KIND, int NT, typename XT = void>
+__global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, D = kTilesDepth, SLOT = slot_bytes(KIND);
   constexpr bool kFused = !std::is_void<XT>::value;
@@ -307,7 +289,6 @@ __global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, T
 
   // Item k of this warp into slot s: lane l copies its 16 bytes of both chunks, lanes 0..7 the
   // tables of rows l and l + 8 (packed 4-bit).
-  constexpr bool kVariants = MODE != kModeDefault;
   auto issue = [&](int k, int s) {
     const uint8_t* src = codes + static_cast<int64_t>(k) * kItemBytes + lane * 16;
     uint8_t* slot = ring + s * SLOT;
@@ -322,22 +303,8 @@ __global__ void __maxnreg__(mode_regs(MODE)) gemv_tiles_kernel(DecodeParams p, T
     if (k < n_items) issue(k, k);
     cp_async_commit();
   }
-  // L.prefetch: the next L.prefetch items of the warp's run into L2 (one request each for codes
-  // and tables) before griddepcontrol.wait: with two CTAs per SM (pair instances) this CTA runs
-  // beside the previous layer's, so DRAM streams this layer's weight under the previous layer's
-  // tail and the wait (the weight does not depend on the previous kernel).
-  if (kVariants && L.prefetch > 0 && n_items > D - 1) {
-    const int n = min(n_items - (D - 1), L.prefetch);
-    const uint8_t* pc = codes + static_cast<int64_t>(D - 1) * kItemBytes;
-    const uint8_t* pt = tables + static_cast<int64_t>(D - 1) * kTableBytes;
-    if (lane == 0) {
-      ptx::bulk_prefetch_l2(pc, static_cast<uint32_t>(n * kItemBytes));
-      if (KIND == kTilesInt4) ptx::bulk_prefetch_l2(pt, static_cast<uint32_t>(n * kTableBytes));
-    }
-  }
   // The next kernel in the stream may launch now (it waits for this grid before reading): its
-  // CTAs take the SMs this grid's CTAs leave (or, pair instances, the free half of an SM) and
-  // request their first items under our tail.
+  // CTAs take the SMs this grid's CTAs leave and request their first items under our tail.
   ptx::griddep_launch_dependents();
 
   // Partial sums and activation sums start at zero; the epilogue's per-column operands (layer
@@ -542,10 +509,9 @@ TilesDevice tiles_device() {
   return info;
 }
 
-// Raises the kernel's dynamic shared memory limit to `bytes` where it is lower (per device); pair
-// instances (two CTAs per SM) also ask for the whole carveout as shared memory.
+// Raises the kernel's dynamic shared memory limit to `bytes` where it is lower (per device).
 template <typename Kernel>
-void tiles_smem(Kernel kernel, int64_t bytes, bool pair) {
+void tiles_smem(Kernel kernel, int64_t bytes) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, int64_t> limits;
   int dev = 0;
@@ -556,10 +522,6 @@ void tiles_smem(Kernel kernel, int64_t bytes, bool pair) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bytes)),
              "decode_tiles", "shared memory");
-  if (pair)
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    static_cast<int>(cudaSharedmemCarveoutMaxShared)),
-               "decode_tiles", "shared memory carveout");
   limit = bytes;
 }
 
@@ -569,10 +531,10 @@ int tiles_grid(const DecodeParams& d) {
 }
 
 // Launches the GEMV with programmatic stream serialization (PDL).
-template <int KIND, int NT, typename XT = void, int MODE = kModeDefault>
+template <int KIND, int NT, typename XT = void>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_tiles_kernel<KIND, NT, XT, MODE>;
-  tiles_smem(kernel, L.smem, MODE != kModeDefault);
+  auto kernel = gemv_tiles_kernel<KIND, NT, XT>;
+  tiles_smem(kernel, L.smem);
   launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
                    static_cast<size_t>(L.smem), stream, d, L);
 }
@@ -720,36 +682,19 @@ void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
   g_tuning = t ? *t : DecodeTilesTuning{};
 }
 
-void decode_tiles(const DecodeParams& d, cudaStream_t stream, const DecodeTilesTuning* tuning) {
-  const DecodeTilesTuning t = tuning ? *tuning : layer_tiles_tuning();
+void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   const int grid = tiles_grid(d);
-  TilesLayout L = tiles_layout(d, grid);
-  L.prefetch = std::max(0, t.prefetch);
+  const TilesLayout L = tiles_layout(d, grid);
   const bool two = d.M > 8;  // two n8 tiles of activation rows
-  // Pair instances for one n8 tile (two CTAs fit one SM's shared memory up to M ~ 6 at K 5120;
-  // beyond, they run one per SM: the same bits); the variants at 88 registers for two n8 tiles.
-  const bool pair = t.pair && !two;
-  const bool variants = t.prefetch > 0;
   auto launch = [&](auto kind_tag, auto xt_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
     using XT = typename decltype(xt_tag)::type;
-    if (two) {
-      if constexpr (std::is_void<XT>::value) {
-        if (variants) {
-          launch_tiles<KIND, 2, void, kModeVariants>(d, L, grid, stream);
-        } else {
-          launch_tiles<KIND, 2>(d, L, grid, stream);
-        }
-      }
-    } else if (pair) {  // fused (M <= kTilesFuseLimit) or codes in: one n8 tile
-      // Comfy's variant instances use <= 64 registers without the cap (55-63): two CTAs fit.
-      if constexpr (KIND == kTilesComfy) {
-        launch_tiles<KIND, 1, XT, kModeVariants>(d, L, grid, stream);
-      } else {
-        launch_tiles<KIND, 1, XT, kModePair>(d, L, grid, stream);
-      }
-    } else {
+    if constexpr (!std::is_void<XT>::value) {  // fused: M <= kTilesFuseLimit, one n8 tile
       launch_tiles<KIND, 1, XT>(d, L, grid, stream);
+    } else if (two) {
+      launch_tiles<KIND, 2>(d, L, grid, stream);
+    } else {
+      launch_tiles<KIND, 1>(d, L, grid, stream);
     }
   };
   auto by_x = [&](auto kind_tag) {

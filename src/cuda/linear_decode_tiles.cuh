@@ -46,11 +46,11 @@ bool decode_tiles_applies(const DecodeParams& d);
 
 // The layer's choice of decode path on the tiles (A/B bench rows and harness cases; the
 // defaults are the layer's). Settled and deleted (docs/linear-gpu.md): ring depth 6 / 8, balanced
-// and spread splits, TMA item copies, interleaved warps, L2 prefetch of the layer's own items at
-// one CTA per SM (before and after the wait), the register activation copy, the shared-memory
-// rotation in the fused prologue, the cooperative rotation for 2 < M <= 16 (run 19: as a
-// cooperative launch 16 % slower than rotate kernel + GEMV), two CTAs per SM without prefetch
-// (run 19: 0.98x); the early trigger is on by default.
+// and spread splits, TMA item copies, interleaved warps, L2 prefetch (before and after the wait),
+// the register activation copy, the shared-memory rotation in the fused prologue, the
+// cooperative rotation for 2 < M <= 16 (run 19: as a cooperative launch 16 % slower than rotate
+// kernel + GEMV), two CTAs per SM, the next layer's weight prefetched into L2 before the wait
+// (with or without two CTAs per SM: run 26, 7-25 % slower); the early trigger is always on.
 struct DecodeTilesTuning {
   // The largest M (at most kTilesFuseLimit) for which QuantizedLinear::forward runs the fused
   // mode: no rotate kernel, every CTA rotates + quantizes x after its first weight requests (one
@@ -58,23 +58,12 @@ struct DecodeTilesTuning {
   // rotate kernel (PDL) + the GEMV for every M (the session-6 path). H200 run 19, stream of 8
   // layers 1 x 5120 -> 13824, per layer: int4 14.2 vs 15.1 us, comfy 13.0 vs 15.1.
   int fuse_max_m = kTilesFuseLimit;
-  // Session 9 A/B (cross-layer weight prefetch; off by default): `pair` launches the 64-register
-  // instances (M <= 8), two CTAs per SM, so the next layer's GEMV starts beside this one under the
-  // early trigger; `prefetch` items per warp (after the ring's first requests, before
-  // griddepcontrol.wait) go into L2 by cp.async.bulk.prefetch, so DRAM streams that layer's weight
-  // during this one's tail and the wait (a warp's run is ~17 items at 5120 -> 13824; large =
-  // all). (An L2 evict_first policy on the ring's copies, run 25: illegal instruction in the
-  // comfy instances, int4 fine; removed.)
-  bool pair = false;
-  int prefetch = 0;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream
 // serialization (weights stream before griddepcontrol.wait; griddepcontrol.launch_dependents
 // right after the first weight requests).
-// `tuning`: the variant (null: layer_tiles_tuning()).
-void decode_tiles(const DecodeParams& d, cudaStream_t stream,
-                  const DecodeTilesTuning* tuning = nullptr);
+void decode_tiles(const DecodeParams& d, cudaStream_t stream);
 // The tuning QuantizedLinear::forward uses: DecodeTilesTuning{} unless a test set another one.
 DecodeTilesTuning layer_tiles_tuning();
 // Test hook (harness cases of the layer's paths through the public layer): the tuning the layer

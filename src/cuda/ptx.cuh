@@ -198,10 +198,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint3
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
-// Asks L2 to fetch bytes (a multiple of 16) at src (16-byte aligned); nothing waits for it (sm_90).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
 // The mbarrier at shared address `bar` takes one arrival once every cp.async this thread
 // issued before it has landed (noinc: that arrival counts against the barrier's expected count).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {

@@ -435,44 +435,6 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   cases.push_back(gpu_dequantize_case(QType::convrot_comfy_w4a4, 40, 256, true));
   cases.push_back(std::make_unique<RequantizeCase>(40, 192, false));
   cases.push_back(std::make_unique<RequantizeCase>(40, 192, true));
-#ifdef LOWBIT_WITH_CUDA
-  // Session 9's cross-layer prefetch variants of the tiled decode GEMV, through the layer, last
-  // in this file: `pair_prefetch` (two CTAs per SM: int4 at 64 registers, comfy's variant
-  // instances at <= 64 without the cap; the whole run prefetched into L2 before the wait) at M 1 /
-  // 2 (fused), M 3 / 7 (rotate kernel + pair GEMV), K 8448 (the rotate kernel at M 1);
-  // `pair_prefetch8` (8 items); `prefetch` (M 9 / 16: two n8 tiles, one CTA per SM). Int4 first,
-  // comfy last (runs 24 / 25: comfy instances with an L2 evict_first policy on the ring's copies
-  // stopped the process with an illegal instruction; that policy is gone).
-  {
-    namespace cl = cuda::linear;
-    auto add = [&](const char* v, const cl::DecodeTilesTuning& t, QType q, int64_t m, int64_t o,
-                   int64_t k, DType a, bool bias) {
-      cases.push_back(std::make_unique<TunedForwardCase>(v, t, q, m, o, k, a, bias));
-    };
-    cl::DecodeTilesTuning pf8;
-    pf8.pair = true;
-    pf8.prefetch = 8;
-    cl::DecodeTilesTuning pf = pf8;
-    pf.prefetch = 1 << 20;
-    cl::DecodeTilesTuning pf16 = pf;
-    pf16.pair = false;
-    add("pair_prefetch8", pf8, QType::convrot_int4, 2, 4104, 5120, DType::f16, true);
-    add("pair_prefetch8", pf8, QType::convrot_int4, 7, 5000, 768, DType::bf16, true);
-    add("pair_prefetch", pf, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
-    add("pair_prefetch", pf, QType::convrot_int4, 1, 4104, 5120, DType::bf16, true);
-    add("pair_prefetch", pf, QType::convrot_int4, 3, 1032, 1280, DType::bf16, true);
-    add("pair_prefetch", pf, QType::convrot_int4, 1, 40, 8448, DType::bf16, true);
-    add("prefetch", pf16, QType::convrot_int4, 16, 2056, 1280, DType::bf16, true);
-    add("prefetch", pf16, QType::convrot_int4, 9, 1032, 5120, DType::bf16, false);
-    add("prefetch", pf8, QType::convrot_comfy_w4a4, 16, 264, 1280, DType::bf16, true);
-    add("prefetch", pf16, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
-    add("prefetch", pf16, QType::convrot_comfy_w4a4, 16, 4104, 5120, DType::bf16, true);
-    add("pair_prefetch8", pf8, QType::convrot_comfy_w4a4, 1, 1032, 768, DType::bf16, false);
-    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
-    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 3, 136, 256, DType::f16, true);
-    add("pair_prefetch", pf, QType::convrot_comfy_w4a4, 2, 5000, 1280, DType::f16, false);
-  }
-#endif
 }
 
 }  // namespace
