@@ -49,7 +49,8 @@ bool decode_tiles_applies(const DecodeParams& d);
 // and spread splits, TMA item copies, interleaved warps, L2 prefetch (before and after the wait),
 // the register activation copy, the shared-memory rotation in the fused prologue, the
 // cooperative rotation for 2 < M <= 16 (run 19: as a cooperative launch 16 % slower than rotate
-// kernel + GEMV), two CTAs per SM; the early trigger is always on.
+// kernel + GEMV), two CTAs per SM, the next layer's weight prefetched into L2 before the wait
+// (with or without two CTAs per SM: run 26, 7-25 % slower); the early trigger is always on.
 struct DecodeTilesTuning {
   // The largest M (at most kTilesFuseLimit) for which QuantizedLinear::forward runs the fused
   // mode: no rotate kernel, every CTA rotates + quantizes x after its first weight requests (one
