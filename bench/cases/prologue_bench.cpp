@@ -197,6 +197,11 @@ class PrologueBench : public BenchCase {
         tight.quant_tight = detail::kTightOn;
         variant_of("tight quantize kernel (quant_tight: compile-time addressing, session 9)",
                    tight, fused);
+        if (is_k) {
+          tight.quant_tight = detail::kTightAll;
+          variant_of("tight quantize and mean kernels (quant_tight = all, session 9)", tight,
+                     fused);
+        }
         // Runs 16-20 (no longer a row): the two-call k path (norm_rope_mean, then
         // norm_rope_quantize) 0.2768 / 0.0408 ms vs the fused call 0.2737 / 0.0408 (Wan / Flux).
         // Run 16: the fused call with the quantize loads after its PDL wait 0.2787 / 0.0420; one

@@ -639,8 +639,10 @@ struct V4MeanLaunch {
 // x loads in a cp.async ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes
 // per thread, dynamic shared memory; the warps' final sums reuse it). TSMEM: the token's rotary
 // table row (D floats) copied by the warp's lanes into a per-warp slot of the same ring and read
-// with ld.shared (with rope). LEAN: v3_row's one-cvt bf16 rounding (the same bits).
-template <int D, bool BF16, int ROPE>
+// with ld.shared (with rope). LEAN: v3_row's one-cvt bf16 rounding (the same bits). TIGHT (tuning
+// `quant_tight` = kTightAll): the ring and table slots as 32-bit shared addresses from one base
+// each (slot u & 3), and v3_row's branch-free norm; the same arithmetic, the same bits.
+template <int D, bool BF16, int ROPE, bool TIGHT = false>
 __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
                                              float* partials) {
   constexpr int AHEAD = kV4MeanAsyncAhead;
@@ -679,16 +681,28 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   for (int j = 0; j < 32; ++j) acc[j] = 0.f;
   // TSMEM: table slot s of this warp, D floats, after the x ring.
   float* tab_sh = reinterpret_cast<float*>(v4_dyn + SLOTS * 4 * THREADS) + warp * D;
+  static_assert((SLOTS & (SLOTS - 1)) == 0, "ring slots: a power of two");
+  const uint32_t tab0 = ptx::smem_u32(tab_sh);                          // TIGHT: table slot 0
+  const uint32_t ring0 = ptx::smem_u32(v4_dyn) + tid * sizeof(uint4);  // TIGHT: x slot 0
+  constexpr uint32_t kSlotBytes = 4 * THREADS * sizeof(uint4), kTabBytes = W * D * sizeof(float);
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
     const float* ts = tab_sh + (u % SLOTS) * W * D + 2 * kLanePairs * lane_in_row;
+    const uint32_t ts32 = tab0 + sizeof(float) * ((u & (SLOTS - 1)) * W * D +
+                                                  2 * kLanePairs * lane_in_row);
     auto tq = [&](int k) {
       const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
                                           : 8 * LANES * (k / 2) + 4 * (k % 2);
-      return lds16(reinterpret_cast<const float4*>(ts + off));
+      if constexpr (TIGHT) {
+        const uint4 t = lds16u(ts32 + sizeof(float) * off);
+        return make_float4(__uint_as_float(t.x), __uint_as_float(t.y), __uint_as_float(t.z),
+                           __uint_as_float(t.w));
+      } else {
+        return lds16(reinterpret_cast<const float4*>(ts + off));
+      }
     };
     auto wqf = [&](int k) { return lds16(&w_sh[k][lane_in_row]); };
-    v3_row<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
+    v3_row<D, BF16, ROPE, LEAN, TIGHT>(a.norm, a.eps, wqf, tq, r, v);
 #pragma unroll
     for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
   };
@@ -704,13 +718,21 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     // The loading token's table row (TSMEM): lane i < D / 4 copies its floats 4i .. 4i + 3.
     const float* lrow = static_cast<const float*>(a.rope) + b * a.r_sb + t_first * a.r_sn;
     auto issue = [&](int u) {
-      uint4* dst = ring + (u % SLOTS) * 4 * THREADS + tid;
+      if constexpr (TIGHT) {
+        const uint32_t dst = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cp_async16(dst + i * THREADS, lx + 8 * LANES * i);
-      if (TSMEM) {
-        if (lane < D / 4) cp_async16(tab_sh + (u % SLOTS) * W * D + 4 * lane, lrow + 4 * lane);
-        lrow += t_step;
+        for (int i = 0; i < 4; ++i)
+          ptx::cp_async16(dst + i * THREADS * sizeof(uint4), lx + 8 * LANES * i);
+        if (TSMEM && lane < D / 4)
+          ptx::cp_async16(tab0 + (u & (SLOTS - 1)) * kTabBytes + 16 * lane, lrow + 4 * lane);
+      } else {
+        uint4* dst = ring + (u % SLOTS) * 4 * THREADS + tid;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cp_async16(dst + i * THREADS, lx + 8 * LANES * i);
+        if (TSMEM && lane < D / 4)
+          cp_async16(tab_sh + (u % SLOTS) * W * D + 4 * lane, lrow + 4 * lane);
       }
+      if (TSMEM) lrow += t_step;
       lx += x_step;
     };
 #pragma unroll
@@ -728,9 +750,11 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
       cp_async_wait<AHEAD>();
       if (TSMEM) __syncwarp();  // the other lanes' table copies of token u are visible
       const uint4* src = ring + (u % SLOTS) * 4 * THREADS + tid;
+      const uint32_t src32 = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
       uint4 r[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * THREADS);
+      for (int i = 0; i < 4; ++i)
+        r[i] = TIGHT ? lds16u(src32 + i * THREADS * sizeof(uint4)) : lds16u(src + i * THREADS);
       proc(u, r);
     }
     cp_async_wait<0>();
@@ -756,17 +780,17 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 }
 
 // The round-4 mean kernel: 4 CTAs per SM at D = 128 (<= 128 registers), 3 at D = 64.
-template <int D, bool BF16, int ROPE>
+template <int D, bool BF16, int ROPE, bool TIGHT>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, TIGHT>(a, L, partials);
 }
 // The occupancy variant (tuning `mean_ctas` = 5; the default from kV4OccMinRows rows): one CTA
 // per SM more (5 at D = 128: <= 96 registers, 20 warps per SM; 4 at D = 64).
-template <int D, bool BF16, int ROPE>
+template <int D, bool BF16, int ROPE, bool TIGHT>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
     v4_mean_kernel_occ(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, TIGHT>(a, L, partials);
 }
 
 template <typename F>
@@ -827,6 +851,9 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   const bool occ =
       ctas_knob > 0 ? ctas_knob == 5 : a.batch * a.tokens * a.heads >= kV4OccMinRows;
   const int ctas_per_sm = occ ? 5 : 4;
+  // The tight form (tuning `quant_tight` = kTightAll; kV3DefaultTight covers the mean pass too).
+  const int tight_knob = detail::prologue_cuda_tuning().quant_tight;
+  const bool tight = tight_knob > 0 ? tight_knob == detail::kTightAll : kV3DefaultTight;
   // (D = 64: 3 or 4 CTAs by registers, for the carve-out)
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
   // table ring after it).
@@ -838,7 +865,10 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
-    const Kernel kernel = occ ? v4_mean_kernel_occ<D, BF16, ROPE> : v4_mean_kernel<D, BF16, ROPE>;
+    const Kernel kernel =
+        tight ? (occ ? v4_mean_kernel_occ<D, BF16, ROPE, true> : v4_mean_kernel<D, BF16, ROPE, true>)
+              : (occ ? v4_mean_kernel_occ<D, BF16, ROPE, false>
+                     : v4_mean_kernel<D, BF16, ROPE, false>);
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
     // Carve-out: what the resident CTAs need (17-42 KB each with the reserved 1 KB), the rest of
@@ -945,7 +975,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   L.early = pdl && (tuning.quant_early > 0 ? tuning.quant_early == detail::kEarlyOn
                                            : behind_mean && kV3DefaultEarlyFused);
   // The 4-warp form with compile-time addressing (tuning `quant_tight`; kV3DefaultTight).
-  const bool tight = (tuning.quant_tight > 0 ? tuning.quant_tight == detail::kTightOn
+  const bool tight = (tuning.quant_tight > 0 ? tuning.quant_tight != detail::kTightOff
                                              : kV3DefaultTight) &&
                      threads == kTightThreads;
   const int smem = static_cast<int>(sizeof(float4)) * threads *

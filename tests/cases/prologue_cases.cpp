@@ -591,7 +591,9 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // q_out), THREAD_K 64 with a given mean and 40 heads in groups of 13 (mean ring refills, the
   // last group short) and the wave model's group, the fused k path, PER_BLOCK 64 without rope,
   // no norm (the branch-free norm: x * 1 * 1), and 8-warp CTAs (THREAD_K 128 on whole blocks:
-  // the knob falls back to the default kernel).
+  // the knob falls back to the default kernel); with kTightAll the round-4 mean kernel's tight
+  // form too (fused k path, the mean pass alone: 4 / 5 CTAs per SM, rope split / none /
+  // interleaved, no norm).
   for (int64_t N : {1, 17, 127, 1000}) {
     for (int64_t D : {64, 128}) {
       Cfg q;
@@ -612,6 +614,20 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       Cfg f = k;
       f.tag = "tightkpath", f.mean = false, f.fused = true, f.dtype = DType::bf16;
       add(f);
+      f.tag = "tightall", f.quant_tight = detail::kTightAll;  // the mean kernel's tight form too
+      add(f);
+      f.tag = "tightallint", f.dtype = DType::f16, f.rope = RopeKind::interleaved;
+      f.mean_ctas = 5;
+      add(f);
+      Cfg m;
+      m.tag = "tightall", m.mean_pass = true, m.quant_tight = detail::kTightAll;
+      m.B = 2, m.N = N, m.H = 11, m.D = D, m.qkv = true;
+      add(m);  // bf16 split-half, 4 CTAs per SM at these sizes
+      m.tag = "tightallocc", m.mean_ctas = 5, m.rope = RopeKind::none, m.mean_steps = 3;
+      add(m);
+      m.tag = "tightallnonorm", m.norm = Norm::none, m.rope = RopeKind::interleaved;
+      m.dtype = DType::f16;
+      add(m);
       k.tag = "tightpb", k.layout = ScaleLayout::per_block, k.block = 64, k.rope = RopeKind::none;
       k.dtype = DType::bf16;
       add(k);
