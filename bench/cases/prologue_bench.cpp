@@ -192,15 +192,19 @@ class PrologueBench : public BenchCase {
         // the mean with the rotation folded into its sums, the mean's tokens per warp and CTAs
         // per SM, the session 3 / 4 defaults, the shuffle-tree maximum, quantize CTAs of 4 / 12
         // heads, the mean from L1, wide rows: deleted in session 7).
-        // Session 9: the quantize kernel's 4-warp form with compile-time addressing.
-        detail::PrologueCudaTuning tight;
-        tight.quant_tight = detail::kTightOn;
-        variant_of("tight quantize kernel (quant_tight: compile-time addressing, session 9)",
-                   tight, fused);
-        if (is_k) {
-          tight.quant_tight = detail::kTightAll;
-          variant_of("tight quantize and mean kernels (quant_tight = all, session 9)", tight,
-                     fused);
+        // Session 9: the tight kernels are the defaults since run 24 (Wan q 0.1547 -> 0.1460 ms,
+        // k 0.2743 -> 0.2612; with the generic mean kernel 0.2629: no longer a row); the
+        // generic forms (session 8's defaults) stay a row, and the head group of the quantize
+        // CTAs (the wave model's: 8 at Wan on 5 CTAs per SM, whose setup is ~420 warp
+        // instructions per warp, 8 % of the k pass's in run 24's ncu) against at most 10 and 20
+        // heads (balanced: Wan 10 / 20, Flux 8 / 12).
+        detail::PrologueCudaTuning generic;
+        generic.quant_tight = detail::kTightOff;
+        variant_of("session 8 generic kernels (quant_tight off)", generic, fused);
+        for (int hg : {10, 20}) {
+          detail::PrologueCudaTuning t;
+          t.heads_per_cta = hg;
+          variant_of("quantize CTAs of at most " + std::to_string(hg) + " heads", t, fused);
         }
         // Runs 16-20 (no longer a row): the two-call k path (norm_rope_mean, then
         // norm_rope_quantize) 0.2768 / 0.0408 ms vs the fused call 0.2737 / 0.0408 (Wan / Flux).
@@ -376,10 +380,11 @@ class PrologueKQuantBench : public BenchCase {
       detail::PrologueCudaTuning t;  // {}: the default
     };
     // (Session 8's bulk-copy rings, run 19: 0.1889 / 0.2008 ms vs 0.1773: deleted.)
-    detail::PrologueCudaTuning tight;
-    tight.quant_tight = detail::kTightOn;
-    const V vs[] = {{"default (96-register cp.async ring, 6-row mean ring, barrier ids 1..8)", {}},
-                    {"tight (compile-time addressing, running offsets; session 9)", tight}};
+    detail::PrologueCudaTuning generic;
+    generic.quant_tight = detail::kTightOff;
+    const V vs[] = {{"default (tight: compile-time addressing, running offsets; session 9)", {}},
+                    {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)",
+                     generic}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

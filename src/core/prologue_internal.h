@@ -99,9 +99,10 @@ namespace detail {
 // issues its x, weight and table loads before griddepcontrol.wait (default: on in
 // norm_rope_mean_quantize, whose quantize pass runs behind the mean pass of the same x, off in a
 // lone norm_rope_quantize; kEarlyOn anywhere: tests and the bench only); `quant_tight`
-// (kTightOff / kTightOn / kTightAll) the quantize kernel's 4-warp form with compile-time thread
-// counts and running ring / pointer offsets instead of per-head address math, kTightAll the
-// round-4 mean kernel's 32-bit slot addresses and branch-free norm as well (session 9).
+// (kTightOff / kTightOn; on by default since GPU run 24) the tight forms of the quantize kernel
+// of 4-warp CTAs (compile-time thread count, running ring / pointer offsets instead of per-head
+// address math) and of the round-4 mean kernel (32-bit slot addresses), both with a branch-free
+// norm; kTightOff runs session 8's generic forms (session 9).
 // None of them changes a bit of the output.
 // (Deleted in session 8, the losing forms: the register and 3-ahead quantize rings, register
 // barrier ids, the plain bf16 arithmetic, the round-2 quantize and round-3 mean kernels, the
@@ -114,7 +115,7 @@ constexpr int kReduceShuffle = 1, kReduceRedux = 2;
 constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
 constexpr int kMeanSmemRing = 3;
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
-constexpr int kTightOff = 1, kTightOn = 2, kTightAll = 3;
+constexpr int kTightOff = 1, kTightOn = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;

@@ -80,11 +80,15 @@ constexpr bool kV3DefaultEarlyFused = true;
 // (batch * tokens * heads) up: GPU run 9, Wan k 0.2999 -> 0.2904 ms, Flux k 0.0429 -> 0.0450 (at
 // Flux the wave model then gives each warp fewer tokens).
 constexpr int64_t kV4OccMinRows = int64_t{1} << 20;
-// Session 9: the quantize kernel of 4-warp CTAs with its thread count a template constant and
-// running offsets for the ring slot, the x / q pointers and the mean row (tuning `quant_tight`;
-// ncu run 16, k pass at Wan: ~70 of ~670 warp instructions per head were the ring's, the table's
-// and the pointers' address math, ~15 register moves at v3_row's norm branch). Unmeasured.
-constexpr bool kV3DefaultTight = false;
+// Session 9: the tight forms (tuning `quant_tight`; kTightOff forces the generic ones): the
+// quantize kernel of 4-warp CTAs with its thread count a template constant and running offsets
+// for the ring slot, the x / q / scale pointers and the mean row, and the round-4 mean kernel's
+// 32-bit slot addresses; both with v3_row's branch-free norm (ncu run 16, k pass at Wan: ~70 of
+// ~670 warp instructions per head were the ring's, the table's and the pointers' address math,
+// ~15 register moves at v3_row's norm branch). GPU run 24, the same bits: Wan q 0.1547 ->
+// 0.1460 ms (82 % of copy), k 0.2743 -> 0.2612 (0.2629 with the generic mean kernel), k quantize
+// pass alone 0.1772 -> 0.1671; Flux q 0.0225 -> 0.0216, k 0.0411 -> 0.0398. The default since.
+constexpr bool kV3DefaultTight = true;
 constexpr int kTightThreads = 128;
 
 // Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
@@ -329,11 +333,12 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // LEAN (bf16): the same bits with fewer instructions per row (round_bf16_hi, rcp_approx for the
 // reciprocal of the scale and for 1/127: div.full(m, 127) = m * rcp(127)); GPU run 6: bits equal
 // to the non-lean kernel's on every bench output.
-// THREADS > 0 (tuning `quant_tight`, 4-warp CTAs): the CTA's thread count is a compile-time
-// constant, so every shared-memory address of the ring and the rotary pairs is one register plus
-// an immediate; the ring slot, the x and q pointers and the mean row advance by running offsets
-// (no per-head u % 3, u * stride products); v3_row's norm is branch-free (UNIFORM). The same
-// arithmetic, value for value: the same bits.
+// THREADS > 0 (the default for 4-warp CTAs; tuning `quant_tight`): the CTA's thread count is a
+// compile-time constant, so every shared-memory address of the ring and the rotary pairs is one
+// register plus an immediate; the ring slot, the x / q / scale pointers and the mean row advance
+// by running offsets (no per-head u % 3, u * stride products); the 2-warp teams take barrier ids
+// 1 / 2 by one compare; v3_row's norm is branch-free (UNIFORM). The same arithmetic, value for
+// value: the same bits.
 template <int D, bool BF16, int ROPE, int THREADS = 0>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool TIGHT = THREADS > 0;
@@ -600,7 +605,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 
 // The quantize kernel: the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps
 // per SM at D = 128: 41 KB of shared memory each, 20 warps per SM).
-// THREADS: 0 (blockDim.x), or 128 (tuning `quant_tight`; 4-warp CTAs only).
+// THREADS: 128 (4-warp CTAs, the tight form: the default), or 0 (blockDim.x: other CTA sizes,
+// and 4-warp CTAs with quant_tight = kTightOff).
 template <int D, bool BF16, int ROPE, int THREADS>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
@@ -639,9 +645,9 @@ struct V4MeanLaunch {
 // x loads in a cp.async ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes
 // per thread, dynamic shared memory; the warps' final sums reuse it). TSMEM: the token's rotary
 // table row (D floats) copied by the warp's lanes into a per-warp slot of the same ring and read
-// with ld.shared (with rope). LEAN: v3_row's one-cvt bf16 rounding (the same bits). TIGHT (tuning
-// `quant_tight` = kTightAll): the ring and table slots as 32-bit shared addresses from one base
-// each (slot u & 3), and v3_row's branch-free norm; the same arithmetic, the same bits.
+// with ld.shared (with rope). LEAN: v3_row's one-cvt bf16 rounding (the same bits). TIGHT (the
+// default; tuning `quant_tight`): the ring and table slots as 32-bit shared addresses from one
+// base each (slot u & 3), and v3_row's branch-free norm; the same arithmetic, the same bits.
 template <int D, bool BF16, int ROPE, bool TIGHT = false>
 __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
                                              float* partials) {
@@ -851,9 +857,9 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   const bool occ =
       ctas_knob > 0 ? ctas_knob == 5 : a.batch * a.tokens * a.heads >= kV4OccMinRows;
   const int ctas_per_sm = occ ? 5 : 4;
-  // The tight form (tuning `quant_tight` = kTightAll; kV3DefaultTight covers the mean pass too).
+  // The tight form (tuning `quant_tight`; kV3DefaultTight).
   const int tight_knob = detail::prologue_cuda_tuning().quant_tight;
-  const bool tight = tight_knob > 0 ? tight_knob == detail::kTightAll : kV3DefaultTight;
+  const bool tight = tight_knob > 0 ? tight_knob == detail::kTightOn : kV3DefaultTight;
   // (D = 64: 3 or 4 CTAs by registers, for the carve-out)
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
   // table ring after it).
@@ -975,7 +981,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   L.early = pdl && (tuning.quant_early > 0 ? tuning.quant_early == detail::kEarlyOn
                                            : behind_mean && kV3DefaultEarlyFused);
   // The 4-warp form with compile-time addressing (tuning `quant_tight`; kV3DefaultTight).
-  const bool tight = (tuning.quant_tight > 0 ? tuning.quant_tight != detail::kTightOff
+  const bool tight = (tuning.quant_tight > 0 ? tuning.quant_tight == detail::kTightOn
                                              : kV3DefaultTight) &&
                      threads == kTightThreads;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
