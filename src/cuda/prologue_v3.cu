@@ -871,10 +871,10 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
-    const Kernel kernel =
-        tight ? (occ ? v4_mean_kernel_occ<D, BF16, ROPE, true> : v4_mean_kernel<D, BF16, ROPE, true>)
-              : (occ ? v4_mean_kernel_occ<D, BF16, ROPE, false>
-                     : v4_mean_kernel<D, BF16, ROPE, false>);
+    const Kernel kernel = tight ? (occ ? v4_mean_kernel_occ<D, BF16, ROPE, true>
+                                       : v4_mean_kernel<D, BF16, ROPE, true>)
+                                : (occ ? v4_mean_kernel_occ<D, BF16, ROPE, false>
+                                       : v4_mean_kernel<D, BF16, ROPE, false>);
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
     // Carve-out: what the resident CTAs need (17-42 KB each with the reserved 1 KB), the rest of
