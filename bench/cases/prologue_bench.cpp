@@ -194,18 +194,16 @@ class PrologueBench : public BenchCase {
         // heads, the mean from L1, wide rows: deleted in session 7).
         // Session 9: the tight kernels are the defaults since run 24 (Wan q 0.1547 -> 0.1460 ms,
         // k 0.2743 -> 0.2612; with the generic mean kernel 0.2629: no longer a row); the
-        // generic forms (session 8's defaults) stay a row, and the head group of the quantize
-        // CTAs (the wave model's: 8 at Wan on 5 CTAs per SM, whose setup is ~420 warp
-        // instructions per warp, 8 % of the k pass's in run 24's ncu) against at most 10 and 20
-        // heads (balanced: Wan 10 / 20, Flux 8 / 12).
+        // generic forms (session 8's defaults) stay a row. Run 25: quantize CTAs of at most 10 /
+        // 20 heads at Wan q 0.1438 / 0.1439, k 0.2599 / 0.2576 vs the wave model's 8 heads
+        // 0.1462 / 0.2635 (Flux: 6 heads beat 8 / 12 by 3-17 %); the wave model counts long
+        // grids in fractional rounds since (Wan: 20 heads, Flux 6); the row is its old Wan pick.
         detail::PrologueCudaTuning generic;
         generic.quant_tight = detail::kTightOff;
         variant_of("session 8 generic kernels (quant_tight off)", generic, fused);
-        for (int hg : {10, 20}) {
-          detail::PrologueCudaTuning t;
-          t.heads_per_cta = hg;
-          variant_of("quantize CTAs of at most " + std::to_string(hg) + " heads", t, fused);
-        }
+        detail::PrologueCudaTuning hg8;
+        hg8.heads_per_cta = 8;
+        variant_of("quantize CTAs of at most 8 heads (run 25 default at Wan)", hg8, fused);
         // Runs 16-20 (no longer a row): the two-call k path (norm_rope_mean, then
         // norm_rope_quantize) 0.2768 / 0.0408 ms vs the fused call 0.2737 / 0.0408 (Wan / Flux).
         // Run 16: the fused call with the quantize loads after its PDL wait 0.2787 / 0.0420; one
