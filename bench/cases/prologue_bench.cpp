@@ -130,16 +130,12 @@ class PrologueBench : public BenchCase {
       DeviceTensor sc = make_empty(env.device, DType::f32, {B, H, count});
       Prologue pq = p;
       if (is_k) pq.mean = &mean.view;
-      // k: the fused entry point (session 7); `two_calls` is the k path as it ran before.
+      // k: the fused entry point (session 7).
       auto fused = [&] {
         if (is_k)
           norm_rope_mean_quantize(x.view, p, mean.view, q8.view, sc.view, ctx);
         else
           norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx);
-      };
-      auto two_calls = [&] {
-        norm_rope_mean(x.view, p, mean.view, ctx);
-        norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx);
       };
       // Unfused: norm -> y (bf16), rope -> r (bf16), [mean of r], quantize r.
       Prologue pn, pr, pm;
@@ -196,17 +192,23 @@ class PrologueBench : public BenchCase {
         // the mean with the rotation folded into its sums, the mean's tokens per warp and CTAs
         // per SM, the session 3 / 4 defaults, the shuffle-tree maximum, quantize CTAs of 4 / 12
         // heads, the mean from L1, wide rows: deleted in session 7).
-        if (is_k) {
-          // Session 7: the two-call k path (norm_rope_mean, then norm_rope_quantize: its
-          // partials freed between the two kernels, the quantize loads after its PDL wait) and
-          // the fused call with the quantize loads after the wait.
-          // Run 16: the fused call 0.2762 / 0.0403 ms vs two calls 0.2780 / 0.0423 (Wan / Flux),
-          // vs the fused call with the quantize loads after its PDL wait 0.2787 / 0.0420 (no
-          // longer a row); one persistent cooperative kernel (mean CTAs, grid barrier, final
-          // sums, grid barrier, quantize CTAs) 0.3367 / 0.0437: deleted.
-          variant_of("two calls (norm_rope_mean + norm_rope_quantize, session 6 path)", {},
-                     two_calls);
-        }
+        // Session 9: the tight kernels are the defaults since run 24 (Wan q 0.1547 -> 0.1460 ms,
+        // k 0.2743 -> 0.2612; with the generic mean kernel 0.2629: no longer a row); the
+        // generic forms (session 8's defaults) stay a row. Run 25: quantize CTAs of at most 10 /
+        // 20 heads at Wan q 0.1438 / 0.1439, k 0.2599 / 0.2576 vs the wave model's 8 heads
+        // 0.1462 / 0.2635 (Flux: 6 heads beat 8 / 12 by 3-17 %); the wave model counts long
+        // grids in fractional rounds since (Wan: 20 heads, Flux 6); the row is its old Wan pick.
+        detail::PrologueCudaTuning generic;
+        generic.quant_tight = detail::kTightOff;
+        variant_of("session 8 generic kernels (quant_tight off)", generic, fused);
+        detail::PrologueCudaTuning hg8;
+        hg8.heads_per_cta = 8;
+        variant_of("quantize CTAs of at most 8 heads (run 25 default at Wan)", hg8, fused);
+        // Runs 16-20 (no longer a row): the two-call k path (norm_rope_mean, then
+        // norm_rope_quantize) 0.2768 / 0.0408 ms vs the fused call 0.2737 / 0.0408 (Wan / Flux).
+        // Run 16: the fused call with the quantize loads after its PDL wait 0.2787 / 0.0420; one
+        // persistent cooperative kernel (mean CTAs, grid barrier, final sums, grid barrier,
+        // quantize CTAs) 0.3367 / 0.0437: deleted.
         // Session 8, run 19 (no longer rows): the x ring filled by bulk copies (cp.async.bulk
         // per row and head) Wan q 0.1692 / k 0.2880 ms vs 0.1553 / 0.2756, deleted; at Flux
         // quantize CTAs of 3 / 8 heads (q 0.0249 / 0.0235 vs 0.0229, k 0.0409 / 0.0444 vs
@@ -376,7 +378,11 @@ class PrologueKQuantBench : public BenchCase {
       detail::PrologueCudaTuning t;  // {}: the default
     };
     // (Session 8's bulk-copy rings, run 19: 0.1889 / 0.2008 ms vs 0.1773: deleted.)
-    const V vs[] = {{"default (96-register cp.async ring, 6-row mean ring, barrier ids 1..8)", {}}};
+    detail::PrologueCudaTuning generic;
+    generic.quant_tight = detail::kTightOff;
+    const V vs[] = {{"default (tight: compile-time addressing, running offsets; session 9)", {}},
+                    {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)",
+                     generic}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

@@ -98,7 +98,11 @@ namespace detail {
 // heads at a time behind a CTA barrier); `quant_early` whether the PDL-launched quantize kernel
 // issues its x, weight and table loads before griddepcontrol.wait (default: on in
 // norm_rope_mean_quantize, whose quantize pass runs behind the mean pass of the same x, off in a
-// lone norm_rope_quantize; kEarlyOn anywhere: tests and the bench only).
+// lone norm_rope_quantize; kEarlyOn anywhere: tests and the bench only); `quant_tight`
+// (kTightOff / kTightOn; on by default since GPU run 24) the tight forms of the quantize kernel
+// of 4-warp CTAs (compile-time thread count, running ring / pointer offsets instead of per-head
+// address math) and of the round-4 mean kernel (32-bit slot addresses), both with a branch-free
+// norm; kTightOff runs session 8's generic forms (session 9).
 // None of them changes a bit of the output.
 // (Deleted in session 8, the losing forms: the register and 3-ahead quantize rings, register
 // barrier ids, the plain bf16 arithmetic, the round-2 quantize and round-3 mean kernels, the
@@ -111,6 +115,7 @@ constexpr int kReduceShuffle = 1, kReduceRedux = 2;
 constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
 constexpr int kMeanSmemRing = 3;
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
+constexpr int kTightOff = 1, kTightOn = 2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;
@@ -124,6 +129,7 @@ struct PrologueCudaTuning {
   int mean_ctas = 0;
   int mean_smem = 0;
   int quant_early = 0;
+  int quant_tight = 0;
 };
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();

@@ -80,6 +80,16 @@ constexpr bool kV3DefaultEarlyFused = true;
 // (batch * tokens * heads) up: GPU run 9, Wan k 0.2999 -> 0.2904 ms, Flux k 0.0429 -> 0.0450 (at
 // Flux the wave model then gives each warp fewer tokens).
 constexpr int64_t kV4OccMinRows = int64_t{1} << 20;
+// Session 9: the tight forms (tuning `quant_tight`; kTightOff forces the generic ones): the
+// quantize kernel of 4-warp CTAs with its thread count a template constant and running offsets
+// for the ring slot, the x / q / scale pointers and the mean row, and the round-4 mean kernel's
+// 32-bit slot addresses; both with v3_row's branch-free norm (ncu run 16, k pass at Wan: ~70 of
+// ~670 warp instructions per head were the ring's, the table's and the pointers' address math,
+// ~15 register moves at v3_row's norm branch). GPU run 24, the same bits: Wan q 0.1547 ->
+// 0.1460 ms (82 % of copy), k 0.2743 -> 0.2612 (0.2629 with the generic mean kernel), k quantize
+// pass alone 0.1772 -> 0.1671; Flux q 0.0225 -> 0.0216, k 0.0411 -> 0.0398. The default since.
+constexpr bool kV3DefaultTight = true;
+constexpr int kTightThreads = 128;
 
 // Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
 template <int D>
@@ -199,25 +209,32 @@ __device__ __forceinline__ float rcp_approx(float b) {
 // the round-2 kernels). All LANES lanes of the row call it together (shuffles). The weight quad k
 // (values 4k .. 4k+3) and the rotary quad k ((cos, sin) of pairs 2k, 2k+1) are read where they are
 // used (`wq(k)`, `tq(k)`: shared-memory reads), so they never all sit in registers at once.
-template <int D, bool BF16, int ROPE, bool LEAN = false, typename WQ, typename TQ>
+// UNIFORM: the norm's multiplies and rounding run whether or not there is a norm (without one,
+// inv = 1 and the weights are 1: x * 1 * 1 rounded to x's own dtype is x, the same bits), so no
+// branch joins two register assignments of the 32 values (ptxas placed ~15 moves per row there).
+template <int D, bool BF16, int ROPE, bool LEAN = false, bool UNIFORM = false, typename WQ,
+          typename TQ>
 __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
                                        const uint4 (&raw)[4], float (&v)[32]) {
   constexpr int LANES = D / 32;
   float* x = v;  // in place: each rotation reads its two values before writing them
 #pragma unroll
   for (int i = 0; i < 4; ++i) unpack<BF16>(raw[i], x + 8 * i);
-  if (norm) {
-    float p[4];
+  if (norm || UNIFORM) {
+    float inv = 1.f;
+    if (norm) {
+      float p[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = chunk_squares(x + 8 * i);
+      for (int i = 0; i < 4; ++i) p[i] = chunk_squares(x + 8 * i);
 #pragma unroll
-    for (int o = 1; o < LANES; o <<= 1) {
+      for (int o = 1; o < LANES; o <<= 1) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
+        for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
+      }
+      const float total = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
+      static_assert((D & (D - 1)) == 0, "D must be a power of two");  // total / D is exact
+      inv = __frsqrt_rn(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps));
     }
-    const float total = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
-    static_assert((D & (D - 1)) == 0, "D must be a power of two");  // total / D is exact
-    const float inv = __frsqrt_rn(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps));
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const float4 w = wq(k);
@@ -316,8 +333,15 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // LEAN (bf16): the same bits with fewer instructions per row (round_bf16_hi, rcp_approx for the
 // reciprocal of the scale and for 1/127: div.full(m, 127) = m * rcp(127)); GPU run 6: bits equal
 // to the non-lean kernel's on every bench output.
-template <int D, bool BF16, int ROPE>
+// THREADS > 0 (the default for 4-warp CTAs; tuning `quant_tight`): the CTA's thread count is a
+// compile-time constant, so every shared-memory address of the ring and the rotary pairs is one
+// register plus an immediate; the ring slot, the x / q / scale pointers and the mean row advance
+// by running offsets (no per-head u % 3, u * stride products); the 2-warp teams take barrier ids
+// 1 / 2 by one compare; v3_row's norm is branch-free (UNIFORM). The same arithmetic, value for
+// value: the same bits.
+template <int D, bool BF16, int ROPE, int THREADS = 0>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
+  constexpr bool TIGHT = THREADS > 0;
   constexpr int AHEAD = kV3Async96Ahead;
   constexpr bool LEAN = BF16;
   constexpr int SLOTS = AHEAD + 1;
@@ -334,7 +358,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   float(*red)[kV3MaxWarps] = reinterpret_cast<float(*)[kV3MaxWarps]>(
       mean_sh + (L.mean_smem ? mean_sh_rows(L) * (D / 4) : 0));
   __shared__ float4 w_sh[8][LANES];
-  const int threads = blockDim.x;
+  const int threads = TIGHT ? THREADS : static_cast<int>(blockDim.x);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   // Launched with PDL (tuning `quant_pdl`): nothing is read before the previous kernel in the
@@ -388,15 +412,19 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     for (int e = tid; e < rows * QR; e += threads)
       mean_sh[e] = __ldg(reinterpret_cast<const float4*>(row.m + (e / QR) * m_sh) + e % QR);
   };
+  // TIGHT: head u's mean row in mean_sh, q and scale pointers, advanced by the head loop.
+  int mrow = 0;
+  int8_t* qcur = row.q + c0;
+  float* scur = row.s;
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
-    v3_row<D, BF16, ROPE, LEAN>(
+    v3_row<D, BF16, ROPE, LEAN, TIGHT>(
         a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
         [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
     if (row.m && L.mean_smem) {
       // Quad k: values 4k .. 4k + 3 = channels c0 + 8 LANES (k / 2) + 4 (k & 1); the 4 distinct
       // addresses of a warp are 32 bytes apart (no bank conflict), the row slots broadcast.
-      const int mr = L.mean_ring ? u % kMeanRingRows : u;
+      const int mr = TIGHT ? mrow : L.mean_ring ? u % kMeanRingRows : u;
       const float4* mq = mean_sh + mr * (D / 4) + 2 * lane_in_row;
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
@@ -460,14 +488,26 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     if (L.wpg > 1) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
-      team_barrier(team, team_threads);
-      m = red[par][team_first];
-      for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
+      if constexpr (TIGHT) {  // 4 warps: teams 0, 1 of 2 warps or team 0 of 4, ids immediate
+        static_assert(THREADS == 128, "TIGHT: 4-warp CTAs");
+        if (team == 0)
+          team_barrier(0, team_threads);
+        else
+          team_barrier(1, team_threads);
+        m = red[par][team_first];
+#pragma unroll
+        for (int k = 1; k < 4; ++k)
+          if (k < L.wpg) m = max_nan(m, red[par][team_first + k]);
+      } else {
+        team_barrier(team, team_threads);
+        m = red[par][team_first];
+        for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
+      }
     }
     if (scaled) m = __fmul_rn(m, abs_sm);
     const float scale =
         __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
-    if (row.writer) row.s[u * s_sh] = scale;
+    if (row.writer) *(TIGHT ? scur : row.s + u * s_sh) = scale;
     if (!row.ok) return;
     if (scaled) {
 #pragma unroll
@@ -475,7 +515,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     }
     uint32_t packed[8];
     quantize32<LEAN>(v, scale, packed);
-    int8_t* q = row.q + u * q_sh + c0;
+    int8_t* q = TIGHT ? qcur : row.q + u * q_sh + c0;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       *reinterpret_cast<uint2*>(q + 8 * LANES * i) = make_uint2(packed[2 * i], packed[2 * i + 1]);
@@ -507,35 +547,70 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     // that barrier makes them visible to the CTA.
     static_assert(kMeanRingRows == 2 * kMeanRingChunk);
     constexpr int QR = D / 4;  // float4 per mean row
-#pragma unroll 1
-    for (int u = 0; u < count; ++u) {
-      if (L.mean_ring && row.m && count > kMeanRingRows && u > 0 &&
-          u % kMeanRingChunk == 0) {
-        __syncthreads();
-        const int h1 = u + kMeanRingChunk;
-        const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
-        for (int e = tid; e < rows * QR; e += threads)
-          cp_async16(mean_sh + ((h1 + e / QR) % kMeanRingRows) * QR + e % QR,
-                     row.m + (h1 + e / QR) * m_sh + 4 * (e % QR));
-      }
-      if (u + AHEAD < count) issue(u + AHEAD);
-      cp_async_commit();
-      cp_async_wait<AHEAD>();
-      const uint4* src = ring + (u % SLOTS) * 4 * threads + tid;
-      uint4 r[4];
+    auto refill_mean = [&](int u) {
+      __syncthreads();
+      const int h1 = u + kMeanRingChunk;
+      const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
+      for (int e = tid; e < rows * QR; e += threads)
+        cp_async16(mean_sh + ((h1 + e / QR) % kMeanRingRows) * QR + e % QR,
+                   row.m + (h1 + e / QR) * m_sh + 4 * (e % QR));
+    };
+    const bool refills = L.mean_ring && row.m && count > kMeanRingRows;
+    if constexpr (TIGHT) {
+      // Byte offsets of the slots from this thread's slot 0: 0, SB, .., (SLOTS - 1) SB; head
+      // u + AHEAD goes into the slot head u - 1 used (SLOTS = AHEAD + 1). The mean ring refills
+      // where u % kMeanRingChunk == 0, i.e. where head u's slot is slot 0.
+      static_assert(kMeanRingChunk == SLOTS, "TIGHT: refills at slot 0");
+      constexpr uint32_t SB = 4 * THREADS * sizeof(uint4), LAST = (SLOTS - 1) * SB;
+      const uint32_t ring0 = ptx::smem_u32(ring + tid);
+      const uint16_t* nx = row.x + AHEAD * x_sh + c0;  // the next head to issue (after `issue`'s)
+      auto issue_at = [&](uint32_t dst) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * threads);
-      proc(u, r);
+        for (int i = 0; i < 4; ++i)
+          ptx::cp_async16(dst + i * THREADS * sizeof(uint4), nx + 8 * LANES * i);
+        nx += x_sh;
+      };
+      uint32_t cur = 0;
+#pragma unroll 1
+      for (int u = 0; u < count; ++u) {
+        if (refills && u > 0 && cur == 0) refill_mean(u);
+        if (u + AHEAD < count) issue_at(ring0 + (cur == 0 ? LAST : cur - SB));
+        cp_async_commit();
+        cp_async_wait<AHEAD>();
+        uint4 r[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r[i] = lds16u(ring0 + cur + i * THREADS * sizeof(uint4));
+        proc(u, r);
+        cur = cur == LAST ? 0 : cur + SB;
+        mrow = L.mean_ring && mrow == kMeanRingRows - 1 ? 0 : mrow + 1;
+        qcur += q_sh;
+        scur += s_sh;
+      }
+    } else {
+#pragma unroll 1
+      for (int u = 0; u < count; ++u) {
+        if (refills && u > 0 && u % kMeanRingChunk == 0) refill_mean(u);
+        if (u + AHEAD < count) issue(u + AHEAD);
+        cp_async_commit();
+        cp_async_wait<AHEAD>();
+        const uint4* src = ring + (u % SLOTS) * 4 * threads + tid;
+        uint4 r[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * threads);
+        proc(u, r);
+      }
     }
   }
 }
 
 // The quantize kernel: the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps
 // per SM at D = 128: 41 KB of shared memory each, 20 warps per SM).
-template <int D, bool BF16, int ROPE>
+// THREADS: 128 (4-warp CTAs, the tight form: the default), or 0 (blockDim.x: other CTA sizes,
+// and 4-warp CTAs with quant_tight = kTightOff).
+template <int D, bool BF16, int ROPE, int THREADS>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE>(a, L);
+  v3_quantize_body<D, BF16, ROPE, THREADS>(a, L);
 }
 
 // ---- norm_rope_mean, round 4 ------------------------------------------------------------------
@@ -570,8 +645,10 @@ struct V4MeanLaunch {
 // x loads in a cp.async ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes
 // per thread, dynamic shared memory; the warps' final sums reuse it). TSMEM: the token's rotary
 // table row (D floats) copied by the warp's lanes into a per-warp slot of the same ring and read
-// with ld.shared (with rope). LEAN: v3_row's one-cvt bf16 rounding (the same bits).
-template <int D, bool BF16, int ROPE>
+// with ld.shared (with rope). LEAN: v3_row's one-cvt bf16 rounding (the same bits). TIGHT (the
+// default; tuning `quant_tight`): the ring and table slots as 32-bit shared addresses from one
+// base each (slot u & 3), and v3_row's branch-free norm; the same arithmetic, the same bits.
+template <int D, bool BF16, int ROPE, bool TIGHT = false>
 __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
                                              float* partials) {
   constexpr int AHEAD = kV4MeanAsyncAhead;
@@ -610,16 +687,28 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   for (int j = 0; j < 32; ++j) acc[j] = 0.f;
   // TSMEM: table slot s of this warp, D floats, after the x ring.
   float* tab_sh = reinterpret_cast<float*>(v4_dyn + SLOTS * 4 * THREADS) + warp * D;
+  static_assert((SLOTS & (SLOTS - 1)) == 0, "ring slots: a power of two");
+  const uint32_t tab0 = ptx::smem_u32(tab_sh);                          // TIGHT: table slot 0
+  const uint32_t ring0 = ptx::smem_u32(v4_dyn) + tid * sizeof(uint4);  // TIGHT: x slot 0
+  constexpr uint32_t kSlotBytes = 4 * THREADS * sizeof(uint4), kTabBytes = W * D * sizeof(float);
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
     const float* ts = tab_sh + (u % SLOTS) * W * D + 2 * kLanePairs * lane_in_row;
+    const uint32_t ts32 = tab0 + sizeof(float) * ((u & (SLOTS - 1)) * W * D +
+                                                  2 * kLanePairs * lane_in_row);
     auto tq = [&](int k) {
       const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
                                           : 8 * LANES * (k / 2) + 4 * (k % 2);
-      return lds16(reinterpret_cast<const float4*>(ts + off));
+      if constexpr (TIGHT) {
+        const uint4 t = lds16u(ts32 + sizeof(float) * off);
+        return make_float4(__uint_as_float(t.x), __uint_as_float(t.y), __uint_as_float(t.z),
+                           __uint_as_float(t.w));
+      } else {
+        return lds16(reinterpret_cast<const float4*>(ts + off));
+      }
     };
     auto wqf = [&](int k) { return lds16(&w_sh[k][lane_in_row]); };
-    v3_row<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
+    v3_row<D, BF16, ROPE, LEAN, TIGHT>(a.norm, a.eps, wqf, tq, r, v);
 #pragma unroll
     for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
   };
@@ -635,13 +724,21 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     // The loading token's table row (TSMEM): lane i < D / 4 copies its floats 4i .. 4i + 3.
     const float* lrow = static_cast<const float*>(a.rope) + b * a.r_sb + t_first * a.r_sn;
     auto issue = [&](int u) {
-      uint4* dst = ring + (u % SLOTS) * 4 * THREADS + tid;
+      if constexpr (TIGHT) {
+        const uint32_t dst = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) cp_async16(dst + i * THREADS, lx + 8 * LANES * i);
-      if (TSMEM) {
-        if (lane < D / 4) cp_async16(tab_sh + (u % SLOTS) * W * D + 4 * lane, lrow + 4 * lane);
-        lrow += t_step;
+        for (int i = 0; i < 4; ++i)
+          ptx::cp_async16(dst + i * THREADS * sizeof(uint4), lx + 8 * LANES * i);
+        if (TSMEM && lane < D / 4)
+          ptx::cp_async16(tab0 + (u & (SLOTS - 1)) * kTabBytes + 16 * lane, lrow + 4 * lane);
+      } else {
+        uint4* dst = ring + (u % SLOTS) * 4 * THREADS + tid;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cp_async16(dst + i * THREADS, lx + 8 * LANES * i);
+        if (TSMEM && lane < D / 4)
+          cp_async16(tab_sh + (u % SLOTS) * W * D + 4 * lane, lrow + 4 * lane);
       }
+      if (TSMEM) lrow += t_step;
       lx += x_step;
     };
 #pragma unroll
@@ -659,9 +756,11 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
       cp_async_wait<AHEAD>();
       if (TSMEM) __syncwarp();  // the other lanes' table copies of token u are visible
       const uint4* src = ring + (u % SLOTS) * 4 * THREADS + tid;
+      const uint32_t src32 = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
       uint4 r[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) r[i] = lds16u(src + i * THREADS);
+      for (int i = 0; i < 4; ++i)
+        r[i] = TIGHT ? lds16u(src32 + i * THREADS * sizeof(uint4)) : lds16u(src + i * THREADS);
       proc(u, r);
     }
     cp_async_wait<0>();
@@ -687,17 +786,17 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 }
 
 // The round-4 mean kernel: 4 CTAs per SM at D = 128 (<= 128 registers), 3 at D = 64.
-template <int D, bool BF16, int ROPE>
+template <int D, bool BF16, int ROPE, bool TIGHT>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, TIGHT>(a, L, partials);
 }
 // The occupancy variant (tuning `mean_ctas` = 5; the default from kV4OccMinRows rows): one CTA
 // per SM more (5 at D = 128: <= 96 registers, 20 warps per SM; 4 at D = 64).
-template <int D, bool BF16, int ROPE>
+template <int D, bool BF16, int ROPE, bool TIGHT>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
     v4_mean_kernel_occ(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, TIGHT>(a, L, partials);
 }
 
 template <typename F>
@@ -758,6 +857,9 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   const bool occ =
       ctas_knob > 0 ? ctas_knob == 5 : a.batch * a.tokens * a.heads >= kV4OccMinRows;
   const int ctas_per_sm = occ ? 5 : 4;
+  // The tight form (tuning `quant_tight`; kV3DefaultTight).
+  const int tight_knob = detail::prologue_cuda_tuning().quant_tight;
+  const bool tight = tight_knob > 0 ? tight_knob == detail::kTightOn : kV3DefaultTight;
   // (D = 64: 3 or 4 CTAs by registers, for the carve-out)
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
   // table ring after it).
@@ -769,7 +871,10 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
-    const Kernel kernel = occ ? v4_mean_kernel_occ<D, BF16, ROPE> : v4_mean_kernel<D, BF16, ROPE>;
+    const Kernel kernel = tight ? (occ ? v4_mean_kernel_occ<D, BF16, ROPE, true>
+                                       : v4_mean_kernel<D, BF16, ROPE, true>)
+                                : (occ ? v4_mean_kernel_occ<D, BF16, ROPE, false>
+                                       : v4_mean_kernel<D, BF16, ROPE, false>);
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
     // Carve-out: what the resident CTAs need (17-42 KB each with the reserved 1 KB), the rest of
@@ -875,6 +980,10 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   // in the stream still writes x), kEarlyOff nowhere.
   L.early = pdl && (tuning.quant_early > 0 ? tuning.quant_early == detail::kEarlyOn
                                            : behind_mean && kV3DefaultEarlyFused);
+  // The 4-warp form with compile-time addressing (tuning `quant_tight`; kV3DefaultTight).
+  const bool tight = (tuning.quant_tight > 0 ? tuning.quant_tight == detail::kTightOn
+                                             : kV3DefaultTight) &&
+                     threads == kTightThreads;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
                        ((a.rotate ? 8 : 0) + 4 * (ahead + 1)) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
@@ -919,18 +1028,22 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
       else
         L.mean_ring = false;
     }
-    // Heads per CTA (balanced groups) by the wave model, fixed cost ~1.5 heads (setup); the
-    // tuning knob's heads_per_cta overrides it.
+    // Heads per CTA (balanced groups) by the wave model, fixed cost ~1.5 heads (setup), long
+    // grids in fractional rounds (`smooth`; GPU run 25: Wan 20 heads per CTA instead of 8, k /
+    // q 2.2 / 1.6 % faster; Flux unchanged at 6); the tuning knob's heads_per_cta overrides it.
     const int forced = tuning.heads_per_cta;
     int64_t hg = std::min<int64_t>(forced, std::min(cap, a.heads));
     if (forced <= 0) {
       const int64_t resident = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
-      hg = pick_by_waves(1, cap, resident, 1.5, [&](int64_t k) {
-        const int64_t groups = (a.heads + k - 1) / k;
-        const bool balanced = (a.heads + groups - 1) / groups == k;
-        return std::pair<int64_t, double>(balanced ? tiles * a.batch * groups : 0,
-                                          static_cast<double>(k));
-      });
+      hg = pick_by_waves(
+          1, cap, resident, 1.5,
+          [&](int64_t k) {
+            const int64_t groups = (a.heads + k - 1) / k;
+            const bool balanced = (a.heads + groups - 1) / groups == k;
+            return std::pair<int64_t, double>(balanced ? tiles * a.batch * groups : 0,
+                                              static_cast<double>(k));
+          },
+          /*smooth=*/true);
     }
     const int64_t head_groups = (a.heads + hg - 1) / hg;
     L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
@@ -942,7 +1055,10 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    launch(v3_quantize_kernel_r96<D, BF16, ROPE>);
+    if (tight)
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads>);
+    else
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE, 0>);
   });
   check_launch("norm_rope_quantize");
 }

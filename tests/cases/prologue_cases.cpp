@@ -57,6 +57,7 @@ struct Cfg {
   int mean_ctas = 0;      // CUDA: round-4 mean kernel's CTAs per SM (5: the occupancy variant)
   int mean_smem = 0;      // CUDA: round-3 quantize with the mean rows in shared memory
   int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
+  int quant_tight = 0;    // CUDA: kTightOff forces session 8's generic kernels (detail::kTight*)
   std::string tag;
 };
 
@@ -214,7 +215,8 @@ class PrologueCase : public Case {
     } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps,
                                         c_.mean_round, c_.tile_order, c_.pdl,
                                         c_.split_blocks, c_.max_reduce, c_.quant_pdl,
-                                        c_.mean_ctas, c_.mean_smem, c_.quant_early});
+                                        c_.mean_ctas, c_.mean_smem, c_.quant_early,
+                                        c_.quant_tight});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -581,6 +583,73 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(t);
       t.tag = "teams8pb", t.layout = ScaleLayout::per_block, t.block = 128, t.mean = true;
       add(t);  // one team of 16 warps at D = 128 (8 at D = 64)
+    }
+  }
+  // Session 9: the tight kernels (the defaults since GPU run 24: the quantize kernel's 4-warp form
+  // with compile-time addressing, the round-4 mean kernel's 32-bit slot addresses, both with the
+  // branch-free norm; bit-exact by construction) at the odd token counts, D 64 and 128, B = 2 from
+  // a fused QKV buffer: THREAD_Q 32 with sm_scale (bf16 split-half; f16 interleaved into a padded
+  // q_out), THREAD_K 64 with a given mean and 40 heads in groups of 13 (mean ring refills, the
+  // last group short) and the wave model's group, the fused k path (4 / 5 mean CTAs per SM),
+  // PER_BLOCK 64 without rope, no norm (x * 1 * 1) bf16 / f16, the mean pass alone (rope split /
+  // none / interleaved, no norm), 8-warp CTAs (THREAD_K 128 on whole blocks: the generic
+  // kernel); and session 8's generic forms forced on 4-warp CTAs ("generic", quant_tight off).
+  for (int64_t N : {1, 17, 127, 1000}) {
+    for (int64_t D : {64, 128}) {
+      Cfg q;
+      q.tag = "tight";
+      q.B = 2, q.N = N, q.H = 11, q.D = D, q.qkv = true, q.sm_scale = q_scale;
+      add(q);
+      Cfg g = q;
+      g.tag = "generic", g.quant_tight = detail::kTightOff;
+      add(g);
+      q.tag = "tightint", q.dtype = DType::f16, q.rope = RopeKind::interleaved, q.q_pad = true;
+      q.w_dtype = DType::f32;
+      add(q);
+      Cfg k = q;
+      k.tag = "tightk", k.dtype = DType::bf16, k.rope = RopeKind::split, k.q_pad = false;
+      k.w_dtype = DType::bf16, k.sm_scale = 1.f;
+      k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      k.B = 1, k.H = 40, k.heads_per_cta = 13;
+      add(k);
+      g = k;
+      g.tag = "generick", g.quant_tight = detail::kTightOff;
+      add(g);
+      k.tag = "tightkwave", k.heads_per_cta = 0, k.B = 2, k.H = 11, k.dtype = DType::f16;
+      add(k);
+      Cfg f = k;
+      f.tag = "tightkpath", f.mean = false, f.fused = true, f.dtype = DType::bf16;
+      add(f);
+      g = f;
+      g.tag = "generickpath", g.quant_tight = detail::kTightOff;
+      add(g);
+      f.tag = "tightkpathint", f.dtype = DType::f16, f.rope = RopeKind::interleaved;
+      f.mean_ctas = 5;
+      add(f);
+      Cfg m;
+      m.tag = "tight", m.mean_pass = true;
+      m.B = 2, m.N = N, m.H = 11, m.D = D, m.qkv = true;
+      add(m);  // bf16 split-half, 4 CTAs per SM at these sizes
+      g = m;
+      g.tag = "generic", g.quant_tight = detail::kTightOff;
+      add(g);
+      m.tag = "tightocc", m.mean_ctas = 5, m.rope = RopeKind::none, m.mean_steps = 3;
+      add(m);
+      m.tag = "tightnonorm", m.norm = Norm::none, m.rope = RopeKind::interleaved;
+      m.dtype = DType::f16;
+      add(m);
+      k.tag = "tightpb", k.layout = ScaleLayout::per_block, k.block = 64, k.rope = RopeKind::none;
+      k.dtype = DType::bf16;
+      add(k);
+      k.tag = "tightnonorm", k.norm = Norm::none, k.layout = ScaleLayout::thread_q, k.block = 32;
+      k.rope = RopeKind::split, k.mean = false, k.sm_scale = q_scale;
+      add(k);
+      k.tag = "tightnonormf16", k.dtype = DType::f16, k.rope = RopeKind::none;
+      add(k);
+      k.tag = "tighttk128", k.norm = Norm::per_head, k.dtype = DType::bf16;
+      k.layout = ScaleLayout::thread_k, k.block = 128, k.split_blocks = detail::kSplitOff;
+      k.rope = RopeKind::split, k.mean = true, k.sm_scale = 1.f;
+      add(k);
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
