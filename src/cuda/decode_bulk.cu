@@ -155,10 +155,10 @@ struct BulkArgs {
   bool pairs = false;
   // DecodePlan::bulk_issue = 1 ("solo"): tile n's copies are all issued by warp n mod HB (its
   // lanes, one or two copies each), which arms the stage's `full` mbarrier alone (count 1); each
-  // warp releases a stage by arriving on its `empty` mbarrier (count HB) when done reading it, and
-  // the next issuer waits on that instead of a CTA barrier per tile. Cuts the per-tile copy-issue
-  // code every warp ran (~85 of ~376 SASS instructions per tile and warp at int4 g4 fold) to one
-  // warp in HB, and lets warps drift apart by up to a stage.
+  // thread releases a stage by arriving on its `empty` mbarrier (count 32 HB) when done reading
+  // it, and the next issuer waits on that instead of a CTA barrier per tile. Cuts the per-tile
+  // copy-issue code every warp ran (~85 of ~376 SASS instructions per tile and warp at int4 g4
+  // fold) to one warp in HB, and lets warps drift apart by up to a stage.
   bool solo = false;
   // Shared issue (solo false): warps 0 .. issuers - 1 issue the tile's copies (copy ci: warp
   // ci mod issuers, lane ci / issuers); every warp still arms `full` (HB arrivals, the others
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   if (tid == 0)
     for (int s = 0; s < NST; ++s) {
       mbar_init(full_s + 8 * s, solo ? 1 : HB);  // solo: the issuing warp; else every warp
-      mbar_init(empty_s + 8 * s, HB);            // solo: one release per warp
+      mbar_init(empty_s + 8 * s, 32 * HB);       // solo: one release per thread
     }
   if (!lean) fence_proxy_async();
   griddep_wait();  // (PDL) the previous kernel's writes (cache, q, seq_len) are visible
@@ -655,9 +655,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // Done with tile it (stage s): release the stage, issue tile it + NST into it, advance s.
   auto finish_tile = [&](int it) {
     if constexpr (solo) {
-      // Release stage s; the issuer of tile it + NST waits until every warp has released it.
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty_s + 8 * s);
+      // Release stage s; the issuer of tile it + NST waits until every thread has released it
+      // (each lane's arrive releases its own reads of the stage: no reliance on a warp barrier's
+      // ordering, which compute-sanitizer's racecheck did not follow in run 27).
+      mbar_arrive(empty_s + 8 * s);
       const int nn = it + NST;
       if (nn < n_tiles && warp == (nn & (HB - 1))) {
         mbar_wait(empty_s + 8 * s, phase);
