@@ -394,6 +394,41 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(const DecodePara
   }
 }
 
+// Merge row i, rows ordered (b, h, r) with r = m G + g (query row m, GQA member g): its
+// coordinates, the start of its partials (split s at + s R [· D]) and its offset in a
+// (b, m, h, g)-strided view (the output rows, the LSE).
+struct MergeRow {
+  int64_t b, h;
+  int r, m, g;
+  __device__ __forceinline__ int64_t part(int H, int S, int R) const {
+    return (b * H + h) * S * static_cast<int64_t>(R) + r;
+  }
+  __device__ __forceinline__ int64_t off(const StridedIndex& s) const {
+    return b * s.stride[0] + m * s.stride[1] + h * s.stride[2] + g * s.stride[3];
+  }
+};
+__device__ __forceinline__ MergeRow merge_row(int64_t i, int H, int G, int Mq) {
+  const int R = Mq * G;
+  MergeRow w;
+  w.r = static_cast<int>(i % R);
+  w.h = (i / R) % H;
+  w.b = i / (static_cast<int64_t>(R) * H);
+  w.m = w.r / G;
+  w.g = w.r % G;
+  return w;
+}
+// The merged LSE from the splits' maximum and the total of their weights.
+__device__ __forceinline__ float merged_lse(float mx, float total) {
+  return mx == -INFINITY ? -INFINITY : mx + logf(total);
+}
+// acc += w x, component by component (fmaf).
+__device__ __forceinline__ void fma4(float4& acc, float w, const float4& x) {
+  acc.x = fmaf(w, x.x, acc.x);
+  acc.y = fmaf(w, x.y, acc.y);
+  acc.z = fmaf(w, x.z, acc.z);
+  acc.w = fmaf(w, x.w, acc.w);
+}
+
 // Reduce over splits: one CTA of kMergeThreads per (b, h, row); writes out (q dtype) and the LSE.
 // Thread (slice, c) owns VEC consecutive dims (c) and the splits s = slice, slice + NSL, ... (in
 // increasing order); the NSL slices are then added in slice order (deterministic). Max and total of
@@ -408,12 +443,9 @@ __global__ void __launch_bounds__(kMergeThreads)
   __shared__ float red[kMergeThreads * VEC];
   griddep_wait();  // (PDL) the split kernel's partials are complete and visible
   const int R = Mq * G;
-  const int64_t i = blockIdx.x;
-  const int r = static_cast<int>(i % R);
-  const int64_t h = (i / R) % H, b = i / (static_cast<int64_t>(R) * H);
-  const int m = r / G, g = r % G;
+  const MergeRow row = merge_row(blockIdx.x, H, G, Mq);
   const int tid = threadIdx.x, lane = tid & 31;
-  const float* lse = part_lse + (b * H + h) * S * static_cast<int64_t>(R) + r;
+  const float* lse = part_lse + row.part(H, S, R);
   float mx = -INFINITY;
   for (int s = lane; s < S; s += 32) mx = fmaxf(mx, lse[static_cast<int64_t>(s) * R]);
 #pragma unroll
@@ -433,7 +465,7 @@ __global__ void __launch_bounds__(kMergeThreads)
 #pragma unroll
   for (int v = 0; v < VEC; ++v) acc[v] = 0.f;
   if (mx != -INFINITY && slice < nsl) {
-    const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D + c * VEC;
+    const float* po = part_o + row.part(H, S, R) * D + c * VEC;
     // Unrolled so that several splits' loads are in flight (B 1: 256 splits, 32 per thread);
     // the additions stay in split order.
 #pragma unroll 8
@@ -456,8 +488,7 @@ __global__ void __launch_bounds__(kMergeThreads)
 #pragma unroll
     for (int v = 0; v < VEC; ++v) red[(slice * cols + c) * VEC + v] = acc[v];
   __syncthreads();
-  const int64_t ooff = b * out_idx.stride[0] + m * out_idx.stride[1] + h * out_idx.stride[2] +
-                       g * out_idx.stride[3];
+  const int64_t ooff = row.off(out_idx);
   for (int d = tid; d < D; d += kMergeThreads) {
     float sum = 0.f;
     if (mx != -INFINITY) {
@@ -467,11 +498,7 @@ __global__ void __launch_bounds__(kMergeThreads)
     }
     store_f32(out, ooff + d, out_dtype, sum);
   }
-  if (lse_out && tid == 0) {
-    const int64_t loff = b * lse_idx.stride[0] + m * lse_idx.stride[1] + h * lse_idx.stride[2] +
-                         g * lse_idx.stride[3];
-    lse_out[loff] = mx == -INFINITY ? -INFINITY : mx + logf(total);
-  }
+  if (lse_out && tid == 0) lse_out[row.off(lse_idx)] = merged_lse(mx, total);
 }
 
 // Wide merge (DecodePlan::merge_wide): one CTA of kMergeThreads per (b, h, row, 32 dims). The
@@ -500,19 +527,15 @@ __global__ void __launch_bounds__(kMergeThreads)
   griddep_wait();  // (PDL) the split kernel's partials are complete and visible
   const int R = Mq * G;
   const int chunks = D / kWideDims;
-  const int64_t i = blockIdx.x / chunks;
+  const MergeRow row = merge_row(blockIdx.x / chunks, H, G, Mq);
   const int chunk = static_cast<int>(blockIdx.x % chunks);
-  const int r = static_cast<int>(i % R);
-  const int64_t h = (i / R) % H, b = i / (static_cast<int64_t>(R) * H);
-  const int m = r / G, g = r % G;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int kWarps = kMergeThreads / 32;
-  const float* lse = part_lse + (b * H + h) * S * static_cast<int64_t>(R) + r;
+  const float* lse = part_lse + row.part(H, S, R);
   constexpr int kCols = kWideDims / 4;              // float4 columns
   constexpr int kSlices = kMergeThreads / kCols;    // 32
   const int c = tid % kCols, slice = tid / kCols;
-  const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D +
-                    chunk * kWideDims + 4 * c;
+  const float* po = part_o + row.part(H, S, R) * D + chunk * kWideDims + 4 * c;
   constexpr int kEarly = EARLY ? kWideEarlySplits / kSlices : 1;
   float4 xe[kEarly];
   if constexpr (EARLY) {
@@ -557,30 +580,17 @@ __global__ void __launch_bounds__(kMergeThreads)
 #pragma unroll
       for (int k = 0; k < kEarly; ++k) {
         const int s = slice + kSlices * k;
-        if (s < S) {
-          const float w = wsm[s];
-          acc.x = fmaf(w, xe[k].x, acc.x);
-          acc.y = fmaf(w, xe[k].y, acc.y);
-          acc.z = fmaf(w, xe[k].z, acc.z);
-          acc.w = fmaf(w, xe[k].w, acc.w);
-        }
+        if (s < S) fma4(acc, wsm[s], xe[k]);
       }
     } else {
 #pragma unroll 8
-      for (int s = slice; s < S; s += kSlices) {
-        const float w = wsm[s];
-        const float4 x = *reinterpret_cast<const float4*>(po + static_cast<int64_t>(s) * R * D);
-        acc.x = fmaf(w, x.x, acc.x);
-        acc.y = fmaf(w, x.y, acc.y);
-        acc.z = fmaf(w, x.z, acc.z);
-        acc.w = fmaf(w, x.w, acc.w);
-      }
+      for (int s = slice; s < S; s += kSlices)
+        fma4(acc, wsm[s], *reinterpret_cast<const float4*>(po + static_cast<int64_t>(s) * R * D));
     }
   }
   part[tid] = acc;
   __syncthreads();
-  const int64_t ooff = b * out_idx.stride[0] + m * out_idx.stride[1] + h * out_idx.stride[2] +
-                       g * out_idx.stride[3];
+  const int64_t ooff = row.off(out_idx);
   if (tid < kWideDims) {
     const int cc = tid / 4, v = tid % 4;
     float sum = 0.f;
@@ -593,11 +603,7 @@ __global__ void __launch_bounds__(kMergeThreads)
     }
     store_f32(out, ooff + chunk * kWideDims + tid, out_dtype, sum);
   }
-  if (lse_out && chunk == 0 && tid == 0) {
-    const int64_t loff = b * lse_idx.stride[0] + m * lse_idx.stride[1] + h * lse_idx.stride[2] +
-                         g * lse_idx.stride[3];
-    lse_out[loff] = mx == -INFINITY ? -INFINITY : mx + logf(total);
-  }
+  if (lse_out && chunk == 0 && tid == 0) lse_out[row.off(lse_idx)] = merged_lse(mx, total);
 }
 
 // Warp merge (DecodePlan::merge_warp; D 128, S <= 16): one warp per (b, h, row), 8 rows per CTA.
@@ -619,11 +625,9 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * (kMergeThreads / 32) + (threadIdx.x >> 5);
   if (i >= rows) return;
   const int R = Mq * G;
-  const int r = static_cast<int>(i % R);
-  const int64_t h = (i / R) % H, b = i / (static_cast<int64_t>(R) * H);
-  const int m = r / G, g = r % G;
-  const float* lse = part_lse + (b * H + h) * S * static_cast<int64_t>(R) + r;
-  const float* po = part_o + ((b * H + h) * S * static_cast<int64_t>(R) + r) * D + 4 * lane;
+  const MergeRow row = merge_row(i, H, G, Mq);
+  const float* lse = part_lse + row.part(H, S, R);
+  const float* po = part_o + row.part(H, S, R) * D + 4 * lane;
   const float my_lse = lane < S ? lse[static_cast<int64_t>(lane) * R] : -INFINITY;
   float4 x[SMAX];
 #pragma unroll
@@ -647,13 +651,7 @@ __global__ void __launch_bounds__(kMergeThreads)
       float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
       for (int s = k; s < SMAX; s += kSlices) {
-        if (s < S) {
-          const float w = exp2f((__shfl_sync(0xffffffffu, my_lse, s) - mx) * kLog2e);
-          acc.x = fmaf(w, x[s].x, acc.x);
-          acc.y = fmaf(w, x[s].y, acc.y);
-          acc.z = fmaf(w, x[s].z, acc.z);
-          acc.w = fmaf(w, x[s].w, acc.w);
-        }
+        if (s < S) fma4(acc, exp2f((__shfl_sync(0xffffffffu, my_lse, s) - mx) * kLog2e), x[s]);
       }
       sum.x += acc.x;
       sum.y += acc.y;
@@ -665,17 +663,12 @@ __global__ void __launch_bounds__(kMergeThreads)
     sum.z /= total;
     sum.w /= total;
   }
-  const int64_t ooff = b * out_idx.stride[0] + m * out_idx.stride[1] + h * out_idx.stride[2] +
-                       g * out_idx.stride[3] + 4 * lane;
+  const int64_t ooff = row.off(out_idx) + 4 * lane;
   store_f32(out, ooff, out_dtype, sum.x);
   store_f32(out, ooff + 1, out_dtype, sum.y);
   store_f32(out, ooff + 2, out_dtype, sum.z);
   store_f32(out, ooff + 3, out_dtype, sum.w);
-  if (lse_out && lane == 0) {
-    const int64_t loff = b * lse_idx.stride[0] + m * lse_idx.stride[1] + h * lse_idx.stride[2] +
-                         g * lse_idx.stride[3];
-    lse_out[loff] = mx == -INFINITY ? -INFINITY : mx + logf(total);
-  }
+  if (lse_out && lane == 0) lse_out[row.off(lse_idx)] = merged_lse(mx, total);
 }
 
 template <KvFormat F, int D, int ROWS>
