@@ -832,6 +832,11 @@ int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
   return int64_t{std::max(per_sm, 1)} * multiprocessor_count();
 }
 
+// Whether the tight kernel forms run (tuning `quant_tight`, else kV3DefaultTight).
+bool tight_forms(const detail::PrologueCudaTuning& t) {
+  return t.quant_tight > 0 ? t.quant_tight == detail::kTightOn : kV3DefaultTight;
+}
+
 // The round-4 mean kernel's coverage: per-head (or no) norm weight, full rotary with an fp32
 // (…, pairs, 2) table, or none; D 64 / 128.
 bool v4_mean_supported(const PrologueArgs& a) {
@@ -852,14 +857,13 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   // The cp.async ring, with the table rows in shared memory where there is rope; LEAN for bf16.
   const bool tsmem = a.rotate;
   const int ahead = kV4MeanAsyncAhead;
+  const detail::PrologueCudaTuning tuning = detail::prologue_cuda_tuning();
   // The occupancy variant: one more CTA per SM.
-  const int ctas_knob = detail::prologue_cuda_tuning().mean_ctas;  // 4, 5; 0: by size
+  const int ctas_knob = tuning.mean_ctas;  // 4, 5; 0: by size
   const bool occ =
       ctas_knob > 0 ? ctas_knob == 5 : a.batch * a.tokens * a.heads >= kV4OccMinRows;
   const int ctas_per_sm = occ ? 5 : 4;
-  // The tight form (tuning `quant_tight`; kV3DefaultTight).
-  const int tight_knob = detail::prologue_cuda_tuning().quant_tight;
-  const bool tight = tight_knob > 0 ? tight_knob == detail::kTightOn : kV3DefaultTight;
+  const bool tight = tight_forms(tuning);
   // (D = 64: 3 or 4 CTAs by registers, for the carve-out)
   // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
   // table ring after it).
@@ -905,7 +909,7 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
           return std::pair<int64_t, double>(distinct ? chunks * head_groups * a.batch : 0,
                                             static_cast<double>(k));
         });
-    const int forced = detail::prologue_cuda_tuning().mean_steps;
+    const int forced = tuning.mean_steps;
     L.steps = static_cast<int>(
         forced > 0 ? std::max<int64_t>(first, std::min<int64_t>(forced, per_warp)) : steps);
     L.chunks = (per_warp + L.steps - 1) / L.steps;
@@ -980,10 +984,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   // in the stream still writes x), kEarlyOff nowhere.
   L.early = pdl && (tuning.quant_early > 0 ? tuning.quant_early == detail::kEarlyOn
                                            : behind_mean && kV3DefaultEarlyFused);
-  // The 4-warp form with compile-time addressing (tuning `quant_tight`; kV3DefaultTight).
-  const bool tight = (tuning.quant_tight > 0 ? tuning.quant_tight == detail::kTightOn
-                                             : kV3DefaultTight) &&
-                     threads == kTightThreads;
+  // The 4-warp form with compile-time addressing.
+  const bool tight = tight_forms(tuning) && threads == kTightThreads;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
                        ((a.rotate ? 8 : 0) + 4 * (ahead + 1)) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
