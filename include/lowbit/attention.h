@@ -49,11 +49,13 @@ struct AttentionOptions {
   // CUDA kernel choice (the CPU backend ignores it). auto_kernel: on an sm_90 GPU with the
   // sm_90a build and head dim 64 or 128, fp8 PV runs the fastest wgmma kernel measured on the
   // H200 (round 3 without ping-pong turns; three consumer warpgroups at D = 64) and 16-bit PV
-  // the round-1 wgmma kernel; elsewhere the mma.sync kernel. mma_sync forces the portable kernel
-  // (sm_89+ for fp8 PV); wgmma the round-1 wgmma kernel (no warp specialization); wgmma_r3 the
-  // warp-specialized round 3 (a producer warpgroup, K/V ring on mbarriers, ping-pong consumers;
-  // round 1 for 16-bit PV). All but auto_kernel are an error where they do not apply. Same
-  // arithmetic in every kernel (outputs agree within the harness tolerances).
+  // the round-1 wgmma kernel; elsewhere (and at head dim 256 on every GPU) the mma.sync kernel.
+  // mma_sync forces the portable kernel (sm_89+ for fp8 PV; D = 256 needs 109 KB (fp8 PV) /
+  // 135 KB (16-bit PV) of shared memory per block: sm_80 / sm_90, not sm_89); wgmma the round-1
+  // wgmma kernel (no warp specialization); wgmma_r3 the warp-specialized round 3 (a producer
+  // warpgroup, K/V ring on mbarriers, ping-pong consumers; round 1 for 16-bit PV); the wgmma
+  // kernels take head dim 64 or 128 only. All but auto_kernel are an error where they do not
+  // apply. Same arithmetic in every kernel (outputs agree within the harness tolerances).
   enum Kernel : uint8_t { auto_kernel, mma_sync, wgmma, wgmma_r3 } kernel = auto_kernel;
 };
 
@@ -74,7 +76,8 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
                     Context& ctx);
 
 // Kernel-level attention on quantized operands.
-//   q        INT8 q (B, Nq, Hq, D) with its scales; D in {64, 128} on CUDA, multiple of 16 on CPU
+//   q        INT8 q (B, Nq, Hq, D) with its scales; D in {64, 128, 256} on CUDA, a multiple of
+//            16 on the CPU
 //   k        INT8 k (B, Nkv, Hkv, D) with its scales; Hq % Hkv == 0
 //   v        fp8 mode: v_fp8 (B, Hkv, D, round_up(Nkv, 64)) e4m3 from quantize_v_fp8;
 //            f16 mode: (B, Nkv, Hkv, D) bf16/f16 strided, the dtype of `out`

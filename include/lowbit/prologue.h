@@ -66,7 +66,7 @@ void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out,
 //   x          (B, N, H, D) bf16 / f16 (f32 on the CPU), channels contiguous, other strides free
 //   q_out      (B, N, H, D) int8, channels contiguous, other strides free
 //   scale_out  (B, H, prologue_scale_count(N, layout, block)) f32, last dim contiguous
-// On CUDA: D in {64, 128}, bf16 / f16, x 16-byte and q_out 8-byte aligned (pointers and the
+// On CUDA: D in {64, 128, 256}, bf16 / f16, x 16-byte and q_out 8-byte aligned (pointers and the
 // strides of batch, token and head).
 void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out,
                         TensorView scale_out, Context& ctx);

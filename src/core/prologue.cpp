@@ -87,8 +87,8 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
   check::that(x.stride[3] == 1, op, "x",
               "channel stride: expected 1 (channels contiguous), got " + std::to_string(x.stride[3]));
   if (cuda) {
-    check::that(D == 64 || D == 128, op, "x",
-                "head dim on cuda: expected 64 or 128, got " + std::to_string(D));
+    check::that(D == 64 || D == 128 || D == 256, op, "x",
+                "head dim on cuda: expected 64, 128 or 256, got " + std::to_string(D));
     check::aligned(op, "x", x.data, 16);
     check::that(strides_multiple_of(x, 3, 8), op, "x",
                 "strides on cuda: expected batch/token/head strides that are multiples of 8 "

@@ -140,8 +140,8 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   check_head_vector(op, "v_scale", &v_scale, B, H, D, v);
   check_head_vector(op, "v_mean", v_mean, B, H, D, v);
   if (v.device == Device::cuda) {
-    check::that(D == 64 || D == 128, op, "v",
-                "head dim on CUDA: expected 64 or 128, got " + std::to_string(D));
+    check::that(D == 64 || D == 128 || D == 256, op, "v",
+                "head dim on CUDA: expected 64, 128 or 256, got " + std::to_string(D));
     check::that(v.dtype != DType::f32, op, "v", "dtype on CUDA: expected bf16 or f16, got f32");
   }
   if (v.numel() == 0 && v_fp8.numel() == 0 && v_scale.numel() == 0) return;
@@ -172,8 +172,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
               "head dim: expected a multiple of 16, got " + std::to_string(D));
   const bool on_cuda = q.data.device == Device::cuda;
   if (on_cuda) {
-    check::that(D == 64 || D == 128, op, "q",
-                "head dim on CUDA: expected 64 or 128, got " + std::to_string(D));
+    check::that(D == 64 || D == 128 || D == 256, op, "q",
+                "head dim on CUDA: expected 64, 128 or 256, got " + std::to_string(D));
   }
   check::that(options.causal <= AttentionOptions::top_left, op, "options.causal",
               "expected none, bottom_right or top_left");
@@ -270,8 +270,8 @@ void validate_attention_call(const TensorView& q, const TensorView& k, const Ten
   check::that(D > 0 && D % 16 == 0, op, "q",
               "head dim: expected a multiple of 16, got " + std::to_string(D));
   if (on_cuda)
-    check::that(D == 64 || D == 128, op, "q",
-                "head dim on CUDA: expected 64 or 128, got " + std::to_string(D));
+    check::that(D == 64 || D == 128 || D == 256, op, "q",
+                "head dim on CUDA: expected 64, 128 or 256, got " + std::to_string(D));
   if (lse_out) {
     check::not_null(op, "lse_out", *lse_out);
     check::dtype(op, "lse_out", *lse_out, {DType::f32});

@@ -4,7 +4,10 @@
 //
 // Attention kernel: one CTA = 8 warps = 128 query rows of one (batch, head); 64 keys per step,
 // K/V tiles double-buffered in shared memory with cp.async; each warp owns 16 rows and keeps
-// their logits, online-softmax state and output accumulator in registers.
+// their logits, online-softmax state and output accumulator in registers. Head dim 64, 128 and
+// 256 (D = 256: the only CUDA kernel for it; 128 fp32 accumulators per lane, so the q fragments
+// are read from shared memory per 64-channel step instead of held in registers, and 16-bit P·V
+// packs all of P before its channel loop).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -95,6 +98,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 
 // ---- attention kernel --------------------------------------------------------------------------
 
+// scale_index_dev in 32-bit arithmetic (row < 2^31; Nkv is an int).
+__device__ __forceinline__ int scale_index32(int layout, int block, int row) {
+  const int r = row % block;
+  const int group = layout == 1 ? r % 8 : layout == 2 ? (r % 8) / 2 : layout == 3 ? r / 32 : 0;
+  const int groups = layout == 0 ? 1 : layout == 1 ? 8 : 4;
+  return (row / block) * groups + group;
+}
+
 template <int D, bool FP8>
 struct Smem {
   static constexpr int kQStride = D + 16;                            // bytes per q/k row
@@ -167,8 +178,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
     if (tid < kKvTile) {  // k scales ride in the same cp.async group (keys past N: 0)
       const int64_t key = kv0 + tid;
       const bool ok = key < p.Nkv;
+      // D = 256: 32-bit index math (keys < 2^31), no 64-bit division subroutine in the loop
+      // (its call would pin registers the output accumulator needs).
+      const int64_t si = D > 128 ? scale_index32(p.k_layout, p.k_block, static_cast<int>(key))
+                                 : scale_index_dev(p.k_layout, p.k_block, key);
       cp_async4(reinterpret_cast<float*>(smem + S::kSOff) + buf * kKvTile + tid,
-                ok ? ksg + scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss : ksg, ok);
+                ok ? ksg + si * p.ks_ss : ksg, ok);
     }
   };
   if (n_tiles > 0) load_tile(0, 0);
@@ -185,16 +200,22 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
   const int64_t end1 = row1 < p.Nq ? visible_end(p, row1) : 0;
 
   // Q fragments (A of m16n8k32): rows g / g+8, bytes 4t.. and 16+4t.. of each 32-channel step.
-  uint32_t qf[D / 32][4];
-  {
-    const uint8_t* base = sQ + (warp * 16 + g) * S::kQStride;
+  // D <= 128: all of them in registers for the whole kernel. D = 256: the output accumulator
+  // alone takes 128 registers per lane, so the fragments of each pair of 32-channel steps are
+  // read from shared memory where they are used (8 registers instead of 32; no spills).
+  constexpr bool kQInRegs = D <= 128;
+  constexpr int kQRegSteps = kQInRegs ? D / 32 : 2;
+  const uint8_t* q_base = sQ + (warp * 16 + g) * S::kQStride;
+  auto q_frag = [&](int kk, uint32_t (&f)[4]) {
+    f[0] = *reinterpret_cast<const uint32_t*>(q_base + kk * 32 + 4 * t);
+    f[1] = *reinterpret_cast<const uint32_t*>(q_base + 8 * S::kQStride + kk * 32 + 4 * t);
+    f[2] = *reinterpret_cast<const uint32_t*>(q_base + kk * 32 + 16 + 4 * t);
+    f[3] = *reinterpret_cast<const uint32_t*>(q_base + 8 * S::kQStride + kk * 32 + 16 + 4 * t);
+  };
+  uint32_t qf[kQRegSteps][4];
+  if constexpr (kQInRegs) {
 #pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk) {
-      qf[kk][0] = *reinterpret_cast<const uint32_t*>(base + kk * 32 + 4 * t);
-      qf[kk][1] = *reinterpret_cast<const uint32_t*>(base + 8 * S::kQStride + kk * 32 + 4 * t);
-      qf[kk][2] = *reinterpret_cast<const uint32_t*>(base + kk * 32 + 16 + 4 * t);
-      qf[kk][3] = *reinterpret_cast<const uint32_t*>(base + 8 * S::kQStride + kk * 32 + 16 + 4 * t);
-    }
+    for (int kk = 0; kk < D / 32; ++kk) q_frag(kk, qf[kk]);
   }
 
   float o[D / 8][4];
@@ -217,15 +238,21 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
     int acc[8][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
-#pragma unroll
+    // (D = 256: a loop, so that no step's loads are hoisted into another's registers.)
+#pragma unroll(kQInRegs ? D / 64 : 1)
     for (int kk = 0; kk < D / 32; kk += 2) {
+      const int qa = kQInRegs ? kk : 0;  // qf index of step kk (D = 256: loaded here)
+      if constexpr (!kQInRegs) {
+        q_frag(kk, qf[0]);
+        q_frag(kk + 1, qf[1]);
+      }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         // Matrix m: keys 8j..8j+7, channel bytes 32kk + 16m..+15 -> b0, b1 of step kk, kk+1.
         uint32_t kb[4];
         ldmatrix_x4(kb, sK + (j * 8 + (lane & 7)) * S::kQStride + kk * 32 + (lane >> 3) * 16);
-        mma_s8(acc[j], qf[kk], kb[0], kb[1]);
-        mma_s8(acc[j], qf[kk + 1], kb[2], kb[3]);
+        mma_s8(acc[j], qf[qa], kb[0], kb[1]);
+        mma_s8(acc[j], qf[qa + 1], kb[2], kb[3]);
       }
     }
     // Dequantize to base-2 logits, mask, row maxima.
@@ -298,6 +325,37 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
         o[n][1] = o[n][1] * r0 + c[1];
         o[n][2] = o[n][2] * r1 + c[2];
         o[n][3] = o[n][3] * r1 + c[3];
+      }
+    } else if constexpr (D > 128) {
+      // D = 256: all of P packed first (16 registers; the fp32 P dies), then per pair of 8-channel
+      // groups the 4 key steps in order: each o[n] sees the same operations in the same order as
+      // below, with less live at once.
+      uint32_t pa[kKvTile / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kKvTile / 16; ++kk) {
+        pa[kk][0] = pack_16x2<T16>(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack_16x2<T16>(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack_16x2<T16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack_16x2<T16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) {
+        o[n][0] *= r0;
+        o[n][1] *= r0;
+        o[n][2] *= r1;
+        o[n][3] *= r1;
+        o[n + 1][0] *= r0;
+        o[n + 1][1] *= r0;
+        o[n + 1][2] *= r1;
+        o[n + 1][3] *= r1;
+#pragma unroll
+        for (int kk = 0; kk < kKvTile / 16; ++kk) {
+          uint32_t vb[4];
+          const int row = kk * 16 + (lane & 15), col = n * 8 + (lane >> 4) * 8;
+          ldmatrix_x4_trans(vb, sV + row * S::kVStride + col * 2);
+          mma_16<T16>(o[n], pa[kk], vb[0], vb[1]);
+          mma_16<T16>(o[n + 1], pa[kk], vb[2], vb[3]);
+        }
       }
     } else {
 #pragma unroll
@@ -390,6 +448,18 @@ void launch_attention(const AttnParams& p, int B, Context& ctx) {
   const char* op = "attention_int8";
   auto kernel = attention_kernel<D, FP8, T16>;
   const int bytes = Smem<D, FP8>::kBytes;
+  if (D > 128) {  // D = 256: 109 KB (fp8 P·V) / 135 KB (16-bit) of shared memory per CTA
+    int dev = 0, optin = 0;
+    check_cuda(cudaGetDevice(&dev), op, "device");
+    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), op,
+               "device");
+    if (bytes > optin)
+      throw Error(op, "q (head dim)",
+                  "head dim " + std::to_string(D) + " with " + (FP8 ? "fp8" : "16-bit") +
+                      " P·V: the mma.sync kernel needs " + std::to_string(bytes) +
+                      " bytes of shared memory per block, this GPU allows " +
+                      std::to_string(optin));
+  }
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
   dim3 grid(ceil_div(p.Nq, kRowsPerCta), p.Hq, B);
@@ -403,7 +473,16 @@ void launch_attention(const AttnParams& p, int B, Context& ctx) {
 // one token per thread) over many CTAs. Thread mapping of a 256-thread block: channel group
 // cg = (tid / 16) % (D / 8) (channels 8 cg .. 8 cg + 7), token tid % 16 + 16 (tid / (2 D)), so
 // the 16 lanes of a half-warp share channels (shuffle reductions) and a block covers
-// kKeysPerPass = 2048 / D tokens per pass.
+// kKeysPerPass = 2048 / D tokens per pass. D = 256 (32 channel groups): 8 lanes share channels
+// (VLanes<D>), token tid % 8, 8 tokens per pass.
+template <int D>
+struct VLanes {
+  static constexpr int kGroups = D / 8;
+  static constexpr int kLanes = 256 / kGroups < 16 ? 256 / kGroups : 16;  // lanes per group
+  static constexpr int kKeysPerPass = 256 / kGroups;
+  __device__ static int group(int tid) { return (tid / kLanes) % kGroups; }
+  __device__ static int key(int tid) { return tid % kLanes + kLanes * (tid / (kLanes * kGroups)); }
+};
 template <typename T>
 __device__ __forceinline__ void load8(const T* p, bool vec, float (&x)[8]) {
   if (vec) {
@@ -429,10 +508,10 @@ __global__ void __launch_bounds__(256) v_reduce_kernel(const T* v, int64_t sb, i
                                                        int64_t sh, int N, int H, bool vec,
                                                        const float* mean, unsigned* amax_bits,
                                                        float* partial) {
-  constexpr int kGroups = D / 8, kKeysPerPass = 256 / kGroups;
-  __shared__ float red[16][8];
+  constexpr int kGroups = D / 8, kKeysPerPass = 256 / kGroups, kLanes = VLanes<D>::kLanes;
+  __shared__ float red[256 / kLanes][8];
   const int bh = blockIdx.x, b = bh / H, h = bh % H, chunk = blockIdx.y, tid = threadIdx.x;
-  const int cg = (tid / 16) % kGroups, kl = tid % 16 + 16 * (tid / (16 * kGroups));
+  const int cg = VLanes<D>::group(tid), kl = VLanes<D>::key(tid);
   const T* base = v + b * sb + h * sh + cg * 8;
   float mu[8], acc[8];
 #pragma unroll
@@ -449,20 +528,20 @@ __global__ void __launch_bounds__(256) v_reduce_kernel(const T* v, int64_t sb, i
     for (int i = 0; i < 8; ++i) acc[i] = kSum ? acc[i] + x[i] : fmaxf(acc[i], fabsf(x[i] - mu[i]));
   }
 #pragma unroll
-  for (int off = 1; off < 16; off *= 2)
+  for (int off = 1; off < kLanes; off *= 2)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float o = __shfl_xor_sync(0xffffffffu, acc[i], off);
       acc[i] = kSum ? acc[i] + o : fmaxf(acc[i], o);
     }
-  if (tid % 16 == 0)
+  if (tid % kLanes == 0)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) red[tid / 16][i] = acc[i];
+    for (int i = 0; i < 8; ++i) red[tid / kLanes][i] = acc[i];
   __syncthreads();
   if (tid < D) {
     const int c = tid / 8, i = tid % 8;
     float r = 0.f;
-    for (int kg = 0; kg < kKeysPerPass / 16; ++kg)
+    for (int kg = 0; kg < kKeysPerPass / kLanes; ++kg)
       r = kSum ? r + red[kg * kGroups + c][i] : fmaxf(r, red[kg * kGroups + c][i]);
     if (kSum)
       partial[(static_cast<int64_t>(chunk) * gridDim.x + bh) * D + tid] = r;
@@ -507,7 +586,7 @@ __global__ void __launch_bounds__(256) v_quant_vec_kernel(const T* v, int64_t sb
   __shared__ __align__(16) uint8_t codes[D * kStride];
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int64_t bh = static_cast<int64_t>(b) * H + h;
-  const int cg = (tid / 16) % kGroups, kl = tid % 16 + 16 * (tid / (16 * kGroups));
+  const int cg = VLanes<D>::group(tid), kl = VLanes<D>::key(tid);
   float sc[8], mu[8], rc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -718,7 +797,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }
-  dispatch_int<64, 128>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
+  // D = 256 (no wgmma kernel: wgmma_attention_applies is false) always lands here.
+  dispatch_int<64, 128, 256>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
                         [&](auto Dc) {
                           constexpr int D = decltype(Dc)::value;
                           with_16bit(out.dtype, [&](auto t16) {
@@ -747,7 +827,7 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   with_16bit(v.dtype, [&](auto t16) {
     using T = decltype(t16);
     const T* vp = v.ptr<const T>();
-    dispatch_int<64, 128>(D, op, "v (head dim)", [&](auto Dc) {
+    dispatch_int<64, 128, 256>(D, op, "v (head dim)", [&](auto Dc) {
       constexpr int Dv = decltype(Dc)::value;
       if (mean) {
         // Channel means, deterministic two-stage: per-chunk partial sums into v_fp8's memory

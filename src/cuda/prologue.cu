@@ -8,9 +8,13 @@
 // without rope too). The sum of squares adds each chunk in
 // channel order, then the chunks as a pairwise tree (xor shuffles), exactly the CPU's order.
 //
+// Head dim 64, 128 and 256 (D = 256: 16 lanes per row; the round-3/4 kernels of prologue_v3.cu
+// take 64 / 128 only, so D = 256 always runs the kernels of this file).
+//
 // norm_rope_quantize: a CTA owns a tile of whole blocks (<= 128 rows when block <= 128) of one
-// (batch, head group): it reads x once into registers as fp32 v, reduces row maxima into the
-// layout's group scales in shared memory, then writes the codes. Heads of a group run one after
+// (batch, head group): it reads x once into registers as fp32 v (128 rows per pass; 64 at
+// D = 256, a 128-row tile then reads x twice), reduces row maxima into the layout's group scales
+// in shared memory, then writes the codes. Heads of a group run one after
 // the other so the rotary table (shared by heads) is served from L1.
 // norm_rope_mean (first generation): a cluster of 8 CTAs per (batch, head) sums the rows in
 // registers, reduces in shared memory, and rank 0 adds the 8 partial sums through distributed
@@ -36,6 +40,9 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kChunkRows = 128;  // rows held in registers per pass of a tile
+// Rows per pass at head dim D: D = 256 holds 64 (16 lanes per row: 4 rows of 16 values per
+// thread, the registers of D = 128's 128-row pass; 128 rows would spill).
+__host__ __device__ constexpr int chunk_rows_of(int64_t D) { return D > 128 ? 64 : kChunkRows; }
 constexpr int kMeanCluster = 8;  // CTAs per (batch, head) in the mean pass (portable size)
 
 // Per-CTA constants in shared memory: the (D) norm weight and the head's (D) mean.
@@ -186,7 +193,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     quantize_kernel(const PrologueArgs a, const QuantizeLaunch L) {
   constexpr int LANES = D / 16;
   constexpr int RPS = kThreads / LANES;        // rows per step
-  constexpr int STEPS = kChunkRows / RPS;      // steps per chunk
+  constexpr int CHUNK = chunk_rows_of(D);      // rows per pass
+  constexpr int STEPS = CHUNK / RPS;           // steps per chunk
   extern __shared__ float dyn[];               // row maxima (tile_rows), then the tile's scales
   __shared__ RowShared<D> sh;
   float* row_amax = dyn;
@@ -204,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int nscales =
       static_cast<int>(blocks_left < blocks_in_tile ? blocks_left : blocks_in_tile) * a.groups;
   const int64_t row0 = tile * L.tile_rows;  // token of the tile's row 0
-  const int chunks = (L.tile_rows + kChunkRows - 1) / kChunkRows;
+  const int chunks = (L.tile_rows + CHUNK - 1) / CHUNK;
 
   if (a.norm && !a.w_rows)
     for (int c = tid; c < D; c += kThreads) sh.w[c] = load_any(a.w, c, a.w_dtype);
@@ -222,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       uint4 raw[STEPS][2];
 #pragma unroll
       for (int s = 0; s < STEPS; ++s) {
-        const int r = chunk * kChunkRows + s * RPS + row_in_step;
+        const int r = chunk * CHUNK + s * RPS + row_in_step;
         const int64_t n = row0 + r;
         raw[s][0] = raw[s][1] = make_uint4(0, 0, 0, 0);
         if (r < L.tile_rows && n < a.tokens) {
@@ -232,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
 #pragma unroll
       for (int s = 0; s < STEPS; ++s) {
-        const int r = chunk * kChunkRows + s * RPS + row_in_step;
+        const int r = chunk * CHUNK + s * RPS + row_in_step;
         const int64_t n = row0 + r;
         const bool ok = r < L.tile_rows && n < a.tokens;
         row_values<D, BF16, PAIRED>(a, L.table_mode, sh, b, n, h, ok, ch0, ch1, raw[s][0],
@@ -253,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int j = 0; j < 16; ++j) m = max_nan(m, fabsf(v[s][j]));
         m = lane_max<LANES>(m);
-        const int r = chunk * kChunkRows + s * RPS + row_in_step;
+        const int r = chunk * CHUNK + s * RPS + row_in_step;
         if (lane_in_row == 0 && r < L.tile_rows) row_amax[r] = m;
       }
     }
@@ -279,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (chunks > 1) compute_chunk(chunk);
 #pragma unroll
       for (int s = 0; s < STEPS; ++s) {
-        const int r = chunk * kChunkRows + s * RPS + row_in_step;
+        const int r = chunk * CHUNK + s * RPS + row_in_step;
         const int64_t n = row0 + r;
         if (r >= L.tile_rows || n >= a.tokens) continue;
         const float scale = scales[(r / a.block) * a.groups + group_of_row(a.layout, r % a.block)];
@@ -421,8 +429,11 @@ void dispatch_kernel(const PrologueArgs& a, const char* op, F&& f) {
       f(std::integral_constant<int, 64>{}, bf, pr);
     else if (a.dim == 128)
       f(std::integral_constant<int, 128>{}, bf, pr);
+    else if (a.dim == 256)
+      f(std::integral_constant<int, 256>{}, bf, pr);
     else
-      check::fail(op, "x", "head dim on cuda: expected 64 or 128, got " + std::to_string(a.dim));
+      check::fail(op, "x",
+                  "head dim on cuda: expected 64, 128 or 256, got " + std::to_string(a.dim));
   };
   auto by_pair = [&](auto bf) {
     if (paired)
@@ -438,7 +449,8 @@ void dispatch_kernel(const PrologueArgs& a, const char* op, F&& f) {
 
 void legacy_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   QuantizeLaunch L;
-  L.tile_rows = a.block >= kChunkRows ? a.block : a.block * (kChunkRows / a.block);
+  const int chunk = chunk_rows_of(a.dim);
+  L.tile_rows = a.block >= chunk ? a.block : a.block * (chunk / a.block);
   const int64_t padded_rows = a.n_blocks * a.block;
   L.tiles = (padded_rows + L.tile_rows - 1) / L.tile_rows;
   L.table_mode = table_mode_of(a);
@@ -755,8 +767,11 @@ void dispatch_fast(const PrologueArgs& a, const char* op, F&& f) {
       by_rope(std::integral_constant<int, 64>{}, bf);
     else if (a.dim == 128)
       by_rope(std::integral_constant<int, 128>{}, bf);
+    else if (a.dim == 256)
+      by_rope(std::integral_constant<int, 256>{}, bf);
     else
-      check::fail(op, "x", "head dim on cuda: expected 64 or 128, got " + std::to_string(a.dim));
+      check::fail(op, "x",
+                  "head dim on cuda: expected 64, 128 or 256, got " + std::to_string(a.dim));
   };
   if (a.x_dtype == DType::bf16)
     by_dim(std::true_type{});
