@@ -6,8 +6,9 @@
 // K/V tiles double-buffered in shared memory with cp.async; each warp owns 16 rows and keeps
 // their logits, online-softmax state and output accumulator in registers. Head dim 64, 128 and
 // 256 (D = 256: the only CUDA kernel for it; 128 fp32 accumulators per lane, so the q fragments
-// are read from shared memory per 64-channel step instead of held in registers, and 16-bit P·V
-// packs all of P before its channel loop).
+// are read from shared memory per 64-channel step instead of held in registers, 16-bit P·V
+// packs all of P before its channel loop, and fp8 P·V runs on f16 tensor cores: the CTA widens
+// each V tile to f16 in shared memory once, P is rounded to e4m3 then widened).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -98,6 +99,30 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 
 // ---- attention kernel --------------------------------------------------------------------------
 
+// Two e4m3 codes (x0 in the low byte) as f16x2 (x0 in the low half); exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(static_cast<uint16_t>(codes)));
+  return h;
+#else
+  const __half2 v = __floats2half2_rn(dt::e4m3_to_f32(static_cast<uint8_t>(codes)),
+                                      dt::e4m3_to_f32(static_cast<uint8_t>(codes >> 8)));
+  return *reinterpret_cast<const uint32_t*>(&v);
+#endif
+}
+
+// x0, x1 rounded to e4m3 (nearest even, saturating: the fp8 P of SPEC §2), as f16x2.
+__device__ __forceinline__ uint32_t e4m3_rounded_f16x2(float x0, float x1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t e;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(e) : "f"(x1), "f"(x0));
+  return e4m3x2_to_f16x2(e);
+#else
+  return e4m3x2_to_f16x2(uint32_t{dt::f32_to_e4m3(x0)} | (uint32_t{dt::f32_to_e4m3(x1)} << 8));
+#endif
+}
+
 // scale_index_dev in 32-bit arithmetic (row < 2^31; Nkv is an int).
 __device__ __forceinline__ int scale_index32(int layout, int block, int row) {
   const int r = row % block;
@@ -117,7 +142,11 @@ struct Smem {
   static constexpr int kKOff = kQBytes;
   static constexpr int kVOff = kKOff + 2 * kKBytes;
   static constexpr int kSOff = kVOff + 2 * kVBytes;
-  static constexpr int kBytes = kSOff + 2 * kKvTile * 4;
+  // fp8 P·V at D = 256: the current V tile widened to f16, keys in natural order (one buffer).
+  static constexpr bool kWideV = FP8 && D > 128;
+  static constexpr int kV16Stride = kKvTile * 2 + 16;  // bytes per channel row
+  static constexpr int kV16Off = kSOff + 2 * kKvTile * 4;
+  static constexpr int kBytes = kV16Off + (kWideV ? D * kV16Stride : 0);
 };
 
 template <int D, bool FP8, typename T16>
@@ -233,6 +262,24 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
     const int64_t kv0 = static_cast<int64_t>(tile) * kKvTile;
     const uint8_t* sK = smem + S::kKOff + buf * S::kKBytes;
     const float* sKs = reinterpret_cast<const float*>(smem + S::kSOff) + buf * kKvTile;
+    if constexpr (S::kWideV) {
+      // fp8 P·V at D = 256: the CTA widens this tile's V codes to f16 once (exact), un-permuting
+      // the keys (word w of a channel row holds keys k0, k0+1, k0+8, k0+9, k0 = 16(w/4) +
+      // 2(w%4)); the P·V below then runs the 16-bit path's f16 tensor-core steps on it instead
+      // of every warp widening the whole tile (an e4m3 mma.sync is widened to f16 on sm_90
+      // anyway, and its fresh two-level accumulator would not fit beside O: 172 B of spills).
+      // Read after the barrier before P·V; the previous tile's readers passed the loop's last one.
+      const uint8_t* sV8 = smem + S::kVOff + buf * S::kVBytes;
+      uint8_t* sV16 = smem + S::kV16Off;
+      const int w = tid & 15, k0 = 16 * (w >> 2) + 2 * (w & 3);
+#pragma unroll 4
+      for (int d = tid >> 4; d < D; d += kThreads / 16) {
+        const uint32_t c4 = *reinterpret_cast<const uint32_t*>(sV8 + d * S::kVStride + 4 * w);
+        uint8_t* row = sV16 + d * S::kV16Stride;
+        *reinterpret_cast<uint32_t*>(row + 2 * k0) = e4m3x2_to_f16x2(c4 & 0xffffu);
+        *reinterpret_cast<uint32_t*>(row + 2 * (k0 + 8)) = e4m3x2_to_f16x2(c4 >> 16);
+      }
+    }
 
     // S = q k^T in int32 (8 key groups of 8).
     int acc[8][4];
@@ -302,7 +349,43 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
     l1 = l1 * r1 + sum1;
 
     const uint8_t* sV = smem + S::kVOff + buf * S::kVBytes;
-    if constexpr (FP8) {
+    if constexpr (S::kWideV) {
+      // P rounded to e4m3 (the fp8 mode's values), widened to f16 (exact); V from the widened
+      // tile; products accumulated in fp32 straight into the rescaled O: the two-level sum's
+      // values up to fp32 summation order (its point, an fp8 mma.sync's short accumulator, does
+      // not arise on f16 tensor cores).
+      uint32_t ph[kKvTile / 16][4];  // A fragments of the 4 key steps of 16
+#pragma unroll
+      for (int kk = 0; kk < kKvTile / 16; ++kk) {
+        ph[kk][0] = e4m3_rounded_f16x2(s[2 * kk][0], s[2 * kk][1]);
+        ph[kk][1] = e4m3_rounded_f16x2(s[2 * kk][2], s[2 * kk][3]);
+        ph[kk][2] = e4m3_rounded_f16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        ph[kk][3] = e4m3_rounded_f16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+      __syncthreads();  // the widened V tile is complete
+      const uint8_t* sV16 = smem + S::kV16Off;
+#pragma unroll
+      for (int n = 0; n < D / 8; n += 2) {
+        o[n][0] *= r0;
+        o[n][1] *= r0;
+        o[n][2] *= r1;
+        o[n][3] *= r1;
+        o[n + 1][0] *= r0;
+        o[n + 1][1] *= r0;
+        o[n + 1][2] *= r1;
+        o[n + 1][3] *= r1;
+#pragma unroll
+        for (int kk = 0; kk < kKvTile / 16; ++kk) {
+          // Matrix m: channels 8(n + m/2).., keys 16kk + 8(m%2)..: b0, b1 of o[n], then o[n+1].
+          uint32_t vb[4];
+          const int m = lane >> 3;
+          ldmatrix_x4(vb, sV16 + (8 * (n + m / 2) + (lane & 7)) * S::kV16Stride +
+                              (16 * kk + 8 * (m % 2)) * 2);
+          mma_16<__half>(o[n], ph[kk], vb[0], vb[1]);
+          mma_16<__half>(o[n + 1], ph[kk], vb[2], vb[3]);
+        }
+      }
+    } else if constexpr (FP8) {
       // P as e4m3 A fragments; keys in the order of the fp8 V layout (attention.h).
       uint32_t pa[2][4];
 #pragma unroll
