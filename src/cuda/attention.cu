@@ -131,7 +131,9 @@ __device__ __forceinline__ int scale_index32(int layout, int block, int row) {
   return (row / block) * groups + group;
 }
 
-template <int D, bool FP8>
+// WIDE: fp8 P·V on f16 tensor cores from a V tile the CTA widens to f16 (D = 256's auto form);
+// else e4m3 mma.sync with the two-level sum (D = 256: kernel = mma_sync, under A/B).
+template <int D, bool FP8, bool WIDE = false>
 struct Smem {
   static constexpr int kQStride = D + 16;                            // bytes per q/k row
   static constexpr int kVStride = FP8 ? kKvTile + 16 : (D + 8) * 2;  // bytes per V row
@@ -143,15 +145,15 @@ struct Smem {
   static constexpr int kVOff = kKOff + 2 * kKBytes;
   static constexpr int kSOff = kVOff + 2 * kVBytes;
   // fp8 P·V at D = 256: the current V tile widened to f16, keys in natural order (one buffer).
-  static constexpr bool kWideV = FP8 && D > 128;
+  static constexpr bool kWideV = FP8 && WIDE;
   static constexpr int kV16Stride = kKvTile * 2 + 16;  // bytes per channel row
   static constexpr int kV16Off = kSOff + 2 * kKvTile * 4;
   static constexpr int kBytes = kV16Off + (kWideV ? D * kV16Stride : 0);
 };
 
-template <int D, bool FP8, typename T16>
+template <int D, bool FP8, typename T16, bool WIDE = false>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p) {
-  using S = Smem<D, FP8>;
+  using S = Smem<D, FP8, WIDE>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sQ = smem;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -526,11 +528,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
   }
 }
 
-template <int D, bool FP8, typename T16>
+template <int D, bool FP8, typename T16, bool WIDE = false>
 void launch_attention(const AttnParams& p, int B, Context& ctx) {
   const char* op = "attention_int8";
-  auto kernel = attention_kernel<D, FP8, T16>;
-  const int bytes = Smem<D, FP8>::kBytes;
+  auto kernel = attention_kernel<D, FP8, T16, WIDE>;
+  const int bytes = Smem<D, FP8, WIDE>::kBytes;
   if (D > 128) {  // D = 256: 145 KB (fp8 P·V, the widened V tile included) / 135 KB (16-bit)
     int dev = 0, optin = 0;
     check_cuda(cudaGetDevice(&dev), op, "device");
@@ -886,7 +888,14 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                           constexpr int D = decltype(Dc)::value;
                           with_16bit(out.dtype, [&](auto t16) {
                             using T16 = decltype(t16);
-                            if (fp8)
+                            // D = 256, fp8 P·V: auto widens V to f16 (no spills); mma_sync keeps
+                            // the e4m3 mma.sync two-level form (172 B of spills), under A/B.
+                            constexpr bool kD256 = D > 128;
+                            const bool wide = fp8 && kD256 &&
+                                              options.kernel != AttentionOptions::mma_sync;
+                            if (wide)
+                              launch_attention<D, true, T16, kD256>(p, B, ctx);
+                            else if (fp8)
                               launch_attention<D, true, T16>(p, B, ctx);
                             else
                               launch_attention<D, false, T16>(p, B, ctx);
