@@ -131,9 +131,7 @@ __device__ __forceinline__ int scale_index32(int layout, int block, int row) {
   return (row / block) * groups + group;
 }
 
-// WIDE: fp8 P·V on f16 tensor cores from a V tile the CTA widens to f16 (D = 256's auto form);
-// else e4m3 mma.sync with the two-level sum (D = 256: kernel = mma_sync, under A/B).
-template <int D, bool FP8, bool WIDE = false>
+template <int D, bool FP8>
 struct Smem {
   static constexpr int kQStride = D + 16;                            // bytes per q/k row
   static constexpr int kVStride = FP8 ? kKvTile + 16 : (D + 8) * 2;  // bytes per V row
@@ -145,15 +143,15 @@ struct Smem {
   static constexpr int kVOff = kKOff + 2 * kKBytes;
   static constexpr int kSOff = kVOff + 2 * kVBytes;
   // fp8 P·V at D = 256: the current V tile widened to f16, keys in natural order (one buffer).
-  static constexpr bool kWideV = FP8 && WIDE;
+  static constexpr bool kWideV = FP8 && D > 128;
   static constexpr int kV16Stride = kKvTile * 2 + 16;  // bytes per channel row
   static constexpr int kV16Off = kSOff + 2 * kKvTile * 4;
   static constexpr int kBytes = kV16Off + (kWideV ? D * kV16Stride : 0);
 };
 
-template <int D, bool FP8, typename T16, bool WIDE = false>
+template <int D, bool FP8, typename T16>
 __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p) {
-  using S = Smem<D, FP8, WIDE>;
+  using S = Smem<D, FP8>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* sQ = smem;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -269,7 +267,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
       // the keys (word w of a channel row holds keys k0, k0+1, k0+8, k0+9, k0 = 16(w/4) +
       // 2(w%4)); the P·V below then runs the 16-bit path's f16 tensor-core steps on it instead
       // of every warp widening the whole tile (an e4m3 mma.sync is widened to f16 on sm_90
-      // anyway, and its fresh two-level accumulator would not fit beside O: 172 B of spills).
+      // anyway, and its fresh two-level accumulator would not fit beside O: 172 B of spills;
+      // that form measured 0.90-0.92x of this one in H200 run 30).
       // Read after the barrier before P·V; the previous tile's readers passed the loop's last one.
       const uint8_t* sV8 = smem + S::kVOff + buf * S::kVBytes;
       uint8_t* sV16 = smem + S::kV16Off;
@@ -528,11 +527,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
   }
 }
 
-template <int D, bool FP8, typename T16, bool WIDE = false>
+template <int D, bool FP8, typename T16>
 void launch_attention(const AttnParams& p, int B, Context& ctx) {
   const char* op = "attention_int8";
-  auto kernel = attention_kernel<D, FP8, T16, WIDE>;
-  const int bytes = Smem<D, FP8, WIDE>::kBytes;
+  auto kernel = attention_kernel<D, FP8, T16>;
+  const int bytes = Smem<D, FP8>::kBytes;
   if (D > 128) {  // D = 256: 145 KB (fp8 P·V, the widened V tile included) / 135 KB (16-bit)
     int dev = 0, optin = 0;
     check_cuda(cudaGetDevice(&dev), op, "device");
@@ -888,14 +887,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                           constexpr int D = decltype(Dc)::value;
                           with_16bit(out.dtype, [&](auto t16) {
                             using T16 = decltype(t16);
-                            // D = 256, fp8 P·V: auto widens V to f16 (no spills); mma_sync keeps
-                            // the e4m3 mma.sync two-level form (172 B of spills), under A/B.
-                            constexpr bool kD256 = D > 128;
-                            const bool wide = fp8 && kD256 &&
-                                              options.kernel != AttentionOptions::mma_sync;
-                            if (wide)
-                              launch_attention<D, true, T16, kD256>(p, B, ctx);
-                            else if (fp8)
+                            if (fp8)
                               launch_attention<D, true, T16>(p, B, ctx);
                             else
                               launch_attention<D, false, T16>(p, B, ctx);

@@ -1,9 +1,8 @@
 // Harness cases for head dim 256 (issue 4): the attention prologue, V to fp8, the INT8 attention
 // kernel (the mma.sync kernel: the wgmma kernels cover 64 / 128 only, and auto picks mma.sync at
 // D = 256) and the one-call attention() / attention_varlen, every backend against the CPU oracle
-// with the tolerances of prologue_cases.cpp / attention_cases.cpp (fp8 P·V at D = 256: auto runs
-// it on f16 tensor cores from a V tile widened to f16, `.mma_sync` the e4m3 mma.sync form with the
-// two-level sum, under A/B). Names: prologue.d256.* and
+// with the tolerances of prologue_cases.cpp / attention_cases.cpp (fp8 P·V at D = 256 runs on
+// f16 tensor cores from a V tile the CTA widens to f16). Names: prologue.d256.* and
 // attention.d256.* (`lowbit check --op '\.d256\.'`).
 //
 // Prologue at D = 256 on CUDA: the first-generation quantize kernel (64-row passes) and the
@@ -613,27 +612,6 @@ LOWBIT_HARNESS_CASES(attention256_cases) {
         a.s = s, a.opt = make_opt(pv, c);
         add_a(a);
       }
-  // kernel = mma_sync at D = 256 with fp8 P·V: the e4m3 mma.sync form with the two-level sum
-  // (auto: P·V on f16 tensor cores from the CTA-widened V tile), under A/B.
-  for (const Shape& s : {Shape{1, 1, 1, 1, 1}, Shape{1, 17, 17, 2, 1}, Shape{2, 127, 127, 4, 2},
-                         Shape{1, 200, 77, 2, 2}})
-    for (auto c : {O::none, O::bottom_right, O::top_left}) {
-      ACfg a;
-      a.s = s, a.opt = make_opt(O::fp8, c, O::mma_sync);
-      add_a(a);
-    }
-  {
-    ACfg a;  // f16 output, HND, THREAD_Q/K, K-mean LSE; V mean
-    a.s = {1, 129, 129, 2, 2}, a.opt = make_opt(O::fp8, O::bottom_right, O::mma_sync);
-    a.dt = DType::f16, a.ql = ScaleLayout::thread_q, a.qb = 32, a.kl = ScaleLayout::thread_k;
-    a.kb = 64, a.hnd = true, a.k_mean = true;
-    add_a(a);
-    ACfg v = a;
-    v.s = {1, 150, 150, 2, 2}, v.opt = make_opt(O::fp8, O::top_left, O::mma_sync);
-    v.opt.smooth_v = true, v.dt = DType::bf16, v.hnd = false, v.k_mean = false;
-    v.ql = ScaleLayout::per_block, v.qb = 128, v.kl = ScaleLayout::per_block, v.kb = 64;
-    add_a(v);
-  }
   // The kernel by name, longer rows (1100 keys: 18 tiles), P·V alone (zero q).
   for (auto pv : {O::fp8, O::f16})
     for (auto c : {O::none, O::bottom_right}) {
