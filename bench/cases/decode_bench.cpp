@@ -40,7 +40,10 @@ struct Shape {
 // shared issue" (paged; run 20: 1.5-1.7 % slower than solo + fold), "int4 g4 pairs" (run 20:
 // within -2..+0.2 % of the tensor-map tiles) and run 24's "last issue" rows (bulk_issue 3:
 // 2-11 % slower everywhere; the knob value is gone).
-enum class Pick { plan, probe, cta_merge, run24 };
+// "diet" (session 10): bulk_diet, the int4 g4 tensor-map kernel's lean per-tile path (same
+// bits as the default). "merge trigger" (session 10): merge_trigger, the split merge lets the
+// next PDL launch (here the next timed call's split kernel) start at once.
+enum class Pick { plan, probe, cta_merge, run24, diet, trigger };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -51,6 +54,8 @@ struct Fmt {
 void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::cta_merge) plan.merge_warp = false;
   if (pick == Pick::run24) plan.bulk_stage_out = plan.bulk_lean_start = false;
+  if (pick == Pick::diet) plan.bulk_diet = true;
+  if (pick == Pick::trigger) plan.merge_trigger = true;
   plan.bulk_probe = pick == Pick::probe;
   if (plan.format == KvFormat::int4 && pick == Pick::probe) {
     plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
@@ -275,6 +280,9 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::fp8, 1, "fp8 CTA merge", Pick::cta_merge});
       formats.push_back({KvFormat::int4, 4, "int4 g4 run-24 kernel", Pick::run24});
       formats.push_back({KvFormat::fp8, 1, "fp8 run-24 kernel", Pick::run24});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 diet", Pick::diet});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 merge trigger", Pick::trigger});
+      formats.push_back({KvFormat::fp8, 1, "fp8 merge trigger", Pick::trigger});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;

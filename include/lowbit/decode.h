@@ -163,6 +163,21 @@ struct DecodePlan {
   // where a split ends in a partial tile (full tiles overwrite every byte the math reads). Same
   // arithmetic: the bits equal false's.
   bool bulk_lean_start = false;
+  // CUDA, bulk kernel (session 10, issue 7; opt-in until measured): the int4 g4 D 128 tensor-map
+  // kernel (bulk_tma, solo issue, <= 8 rows) with 8 KV heads per CTA (Hkv a multiple of 8) on a
+  // leaner per-tile path: the stage geometry as compile-time constants with every stage access
+  // relative to one per-lane shared address, the V coefficient words as 16-byte loads (4 instead
+  // of 16 per tile and warp), the stage / barrier addresses and the issuing turn advanced
+  // incrementally. Elsewhere, and with bulk_stage_out, ignored. Same arithmetic: the bits equal
+  // false's. docs/decode.md "Session 10".
+  bool bulk_diet = false;
+  // CUDA, with launch_pdl (session 10, issue 7; opt-in until measured): the warp and wide split
+  // merges signal programmatic completion in their first instruction, so that a following PDL
+  // launch (the next decode step's split kernel) starts and runs its pre-wait prologue while the
+  // merge runs; that kernel still waits for the merge's completion before any global access.
+  // Only a following kernel launched as a programmatic dependent (and calling
+  // griddepcontrol.wait, as lowbit's decode kernels do) changes. Same results.
+  bool merge_trigger = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);
