@@ -168,9 +168,11 @@ struct DecodePlan {
   // leaner per-tile path: the stage geometry as compile-time constants with every stage access
   // relative to one per-lane shared address, the V coefficient words as 16-byte loads (4 instead
   // of 16 per tile and warp), the stage / barrier addresses and the issuing turn advanced
-  // incrementally. Elsewhere, and with bulk_stage_out, ignored. Same arithmetic: the bits equal
-  // false's. docs/decode.md "Session 10".
-  bool bulk_diet = false;
+  // incrementally (1); 2: also 4 stages at compile time (where the automatic count is 4) and
+  // the per-tile key count / no-mask test from one shared word at an advancing address. 0 (off)
+  // or elsewhere, and with bulk_stage_out, ignored. Same arithmetic: the bits equal 0's.
+  // docs/decode.md "Session 10".
+  int bulk_diet = 0;
   // CUDA, with launch_pdl (session 10, issue 7; opt-in until measured): the warp and wide split
   // merges signal programmatic completion in their first instruction, so that a following PDL
   // launch (the next decode step's split kernel) starts and runs its pre-wait prologue while the

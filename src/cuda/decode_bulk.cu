@@ -200,9 +200,10 @@ struct BulkArgs {
   bool stage_out = false;
   // DecodePlan::bulk_lean_start (session 9; honoured by the kTma4 / kBlocks8 instantiations).
   bool lean = false;
-  // DecodePlan::bulk_diet (session 10): the kTma4 | kDiet instantiation; set only with tma, 8
-  // heads per CTA, 80-byte rows and kstr 656 (its compile-time geometry), and not with stage_out.
-  bool diet = false;
+  // DecodePlan::bulk_diet (session 10): 1 the kTma4 | kDiet instantiation, 2 kTma4 | kDiet |
+  // kDiet2 (4 stages); set only with tma, 8 heads per CTA, 80-byte rows and kstr 656 (the
+  // compile-time geometry), and not with stage_out.
+  int diet = 0;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -237,9 +238,12 @@ struct BulkMaps {
 // 80-byte rows, key stride 656 bytes in the stage): the stage geometry as compile-time constants
 // and every stage access relative to one per-lane shared address, the V coefficient words as
 // 16-byte loads, the stage / barrier addresses and the issue turn advanced incrementally.
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16;
-// The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it).
-constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656;
+// kDiet2 (32, DecodePlan::bulk_diet = 2, with kDiet): also 4 stages at compile time, the stage's
+// key count read at an incrementally advanced shared address, and a tile needing no mask told by
+// that count alone (the issuer adds 32 when the call has a causal mask or a bias).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kDiet2 = 32;
+// The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it; kDiet2: 4 stages).
+constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
@@ -270,7 +274,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int HB = a.hb, NST = a.nst, kstr = a.kstr, stage_bytes = a.stage_bytes;
+  const int HB = a.hb, kstr = a.kstr, stage_bytes = a.stage_bytes;
   const int split = blockIdx.x;
   const int row_chunks = (p.R + 15) / 16;
   const int h0 = (blockIdx.y / row_chunks) * HB, r0 = (blockIdx.y % row_chunks) * 16;
@@ -282,6 +286,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // kTma4: tensor copies land at 128-byte aligned addresses (the host adds 128 bytes of slack).
   constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
   constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656)
+  constexpr bool diet2 = diet && (KN & kDiet2) != 0;  // (and 4 stages)
+  const int NST = diet2 ? kDietStages : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
   const uint32_t ring_s = tma ? (raw_s + 127u) & ~127u : raw_s;
@@ -524,7 +530,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, (m1 ? s1 : 0u) + (m2 ? s2 : 0u));
     if (lane == 0) {
-      cnt[s] = static_cast<int>(nk);
+      // (kDiet2: + 32 where the call masks or biases, so that the consumers' plain test is
+      // the count alone)
+      cnt[s] = static_cast<int>(nk) + (diet2 && (p.causal || p.bias) ? 32 : 0);
       mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
@@ -678,6 +686,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // word t of key g's coefficients; voff[0] + 4 min(g, 3): the V shift words), the other keys'
   // offsets compile-time constants; the warp issues at every HB-th tile from next_iss on.
   uint32_t st_cur = ring_s, fb_cur = full_s, eb_cur = empty_s;
+  const uint32_t cnt_s = static_cast<uint32_t>(__cvta_generic_to_shared(cnt));
+  uint32_t cnt_cur = cnt_s;  // kDiet2
   int next_iss = (warp - NST) & (kDietHb - 1);  // (it + NST) mod HB = warp
   const int koff_t = koff[0] + 4 * t;
   const int voff_z = voff[0] + 4 * (g < NG ? g : NG - 1);
@@ -700,12 +710,14 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       st_cur += 32 * kDietKstr;
       fb_cur += 8;
       eb_cur += 8;
+      cnt_cur += 4;
       if (++s == NST) {
         s = 0;
         phase ^= 1u;
         st_cur = ring_s;
         fb_cur = full_s;
         eb_cur = empty_s;
+        cnt_cur = cnt_s;
       }
       return;
     } else if constexpr (solo) {
@@ -743,7 +755,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = diet ? st_cur : ring_s + s * stage_bytes;
-    const int nk = cnt[s];
+    const int craw = diet2 ? static_cast<int>(lds32_s(cnt_cur)) : cnt[s];
+    const int nk = diet2 ? craw & 31 : craw;
     const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
 
     // ---- S^T = K q^T (keys g, g + 8 x rows 8 nr + 2t + {0, 1}) ----
@@ -888,7 +901,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     // and its m, l, O finite or, with a non-finite K entry, NaN in that row only: each row's
     // softmax state is its own, fmaxf drops NaN, and such rows are never written), so the
     // -inf select of session 5 (~8 SASS per tile and warp) only ever touched unused rows.
-    const bool plain = diet ? nk == 16 && simple : nk == 16 && !p.causal && !p.bias;
+    const bool plain = diet2  ? craw == 16
+                       : diet ? nk == 16 && simple
+                              : nk == 16 && !p.causal && !p.bias;
     if (!plain) {
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
@@ -1255,6 +1270,8 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       } else {  // (x == kTma4)
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
+        if (a.diet == 2)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kDiet2>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
@@ -1454,8 +1471,10 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // kDiet: its compile-time geometry (8 heads of 80-byte rows, key stride 656 in the stage).
-  a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
-           a.kstr == kDietKstr && !a.stage_out;
+  a.diet = 0;
+  if (plan.bulk_diet > 0 && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
+      a.kstr == kDietKstr && !a.stage_out)
+    a.diet = plan.bulk_diet >= 2 && a.nst == kDietStages ? 2 : 1;
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;
