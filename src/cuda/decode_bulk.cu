@@ -714,10 +714,17 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       if (++s == NST) {
         s = 0;
         phase ^= 1u;
-        st_cur = ring_s;
-        fb_cur = full_s;
-        eb_cur = empty_s;
-        cnt_cur = cnt_s;
+        if constexpr (diet2) {  // (back by the ring: no shared-window base to re-derive)
+          st_cur -= kDietStages * 32 * kDietKstr;
+          fb_cur -= 8 * kDietStages;
+          eb_cur -= 8 * kDietStages;
+          cnt_cur -= 4 * kDietStages;
+        } else {
+          st_cur = ring_s;
+          fb_cur = full_s;
+          eb_cur = empty_s;
+          cnt_cur = cnt_s;
+        }
       }
       return;
     } else if constexpr (solo) {
@@ -746,9 +753,17 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll 1
   for (int it = 0; it < n_tiles; ++it) {
     // kTma4: a bounded wait (a tensor copy whose bytes never complete traps, not hangs).
-    if constexpr (diet) ptx::mbar_wait_bounded(fb_cur, phase);
-    else if constexpr (tma) ptx::mbar_wait_bounded(full_s + 8 * s, phase);
-    else mbar_wait(full_s + 8 * s, phase);
+    if constexpr (diet2) {  // one try first: the bounded loop's counter only when not ready
+      if (!mbar_try(fb_cur, phase)) ptx::mbar_wait_bounded(fb_cur, phase);
+    } else if constexpr (diet) {
+      ptx::mbar_wait_bounded(fb_cur, phase);
+    }
+    if constexpr (diet) {
+    } else if constexpr (tma) {
+      ptx::mbar_wait_bounded(full_s + 8 * s, phase);
+    } else {
+      mbar_wait(full_s + 8 * s, phase);
+    }
     if constexpr ((KN & kProbe) != 0) {
       finish_tile(it);
       continue;
