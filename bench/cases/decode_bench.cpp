@@ -39,8 +39,8 @@ struct Shape {
 // off; runs 24-26: the warp merge 1-4 % faster, same bits) and "run-24 kernel"
 // (bulk_stage_out / bulk_lean_start off; runs 25-26), settled and adopted.
 // "diet" / "diet 2" (session 10): bulk_diet 1 / 2, the int4 g4 tensor-map kernel's lean
-// per-tile path (same bits as the default). "merge trigger" (session 10): merge_trigger, the split merge lets the
-// next PDL launch (here the next timed call's split kernel) start at once.
+// per-tile path (same bits as the default). "merge trigger" (session 10): merge_trigger, the
+// split merge lets the next PDL launch (here the next timed call's split kernel) start at once.
 enum class Pick { plan, probe, diet, diet2, trigger };
 struct Fmt {
   KvFormat format;

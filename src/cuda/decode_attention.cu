@@ -768,16 +768,22 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
     };
     // DecodePlan::merge_trigger (PDL only): the kernels that let the next launch start early.
     const bool trig = pdl && plan.merge_trigger;
-    if (p.S <= 4) trig ? launch(decode_merge_warp_kernel<4, true>) : launch(decode_merge_warp_kernel<4>);
-    else if (p.S <= 8) trig ? launch(decode_merge_warp_kernel<8, true>) : launch(decode_merge_warp_kernel<8>);
-    else trig ? launch(decode_merge_warp_kernel<16, true>) : launch(decode_merge_warp_kernel<16>);
+    if (p.S <= 4) {
+      trig ? launch(decode_merge_warp_kernel<4, true>) : launch(decode_merge_warp_kernel<4>);
+    } else if (p.S <= 8) {
+      trig ? launch(decode_merge_warp_kernel<8, true>) : launch(decode_merge_warp_kernel<8>);
+    } else {
+      trig ? launch(decode_merge_warp_kernel<16, true>) : launch(decode_merge_warp_kernel<16>);
+    }
   } else if (plan.merge_wide && aligned16 &&
       plan.head_dim % kWideDims == 0 && p.S <= kWideMaxSplits) {
     const int chunks = plan.head_dim / kWideDims;
     const bool early = plan.merge_warp && p.S <= kWideEarlySplits;
     const bool trig = pdl && plan.merge_trigger;  // (DecodePlan::merge_trigger)
-    auto wide = early ? (trig ? decode_merge_wide_kernel<true, true> : decode_merge_wide_kernel<true>)
-                      : (trig ? decode_merge_wide_kernel<false, true> : decode_merge_wide_kernel<false>);
+    auto wide = early ? (trig ? decode_merge_wide_kernel<true, true>
+                              : decode_merge_wide_kernel<true>)
+                      : (trig ? decode_merge_wide_kernel<false, true>
+                              : decode_merge_wide_kernel<false>);
     launch_maybe_pdl(pdl, wide,
                      dim3(static_cast<unsigned>(rows * chunks)), dim3(kMergeThreads),
                      static_cast<size_t>(p.S) * sizeof(float), stream,
