@@ -38,10 +38,11 @@ struct Shape {
 // 2-11 % slower everywhere; the knob value is gone); session 10 removed "CTA merge" (merge_warp
 // off; runs 24-26: the warp merge 1-4 % faster, same bits) and "run-24 kernel"
 // (bulk_stage_out / bulk_lean_start off; runs 25-26), settled and adopted.
-// "diet" / "diet 2" (session 10): bulk_diet 1 / 2, the int4 g4 tensor-map kernel's lean
-// per-tile path (same bits as the default). "merge trigger" (session 10): merge_trigger, the
+// "diet" / "diet 2" / "diet lag" (session 10): bulk_diet 1 / 2 / 3, the int4 g4 tensor-map
+// kernel's lean per-tile path (3: the issuer refills the previous tile's stage; "diet lag 5
+// stages" with bulk_stages 5); same bits as the default. "merge trigger" (session 10): merge_trigger, the
 // split merge lets the next PDL launch (here the next timed call's split kernel) start at once.
-enum class Pick { plan, probe, diet, diet2, trigger };
+enum class Pick { plan, probe, diet, diet2, lag, lag5, trigger };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -51,6 +52,8 @@ struct Fmt {
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::diet || pick == Pick::diet2) plan.bulk_diet = pick == Pick::diet2 ? 2 : 1;
+  if (pick == Pick::lag || pick == Pick::lag5) plan.bulk_diet = 3;
+  if (pick == Pick::lag5) plan.bulk_stages = 5;
   if (pick == Pick::trigger) plan.merge_trigger = true;
   plan.bulk_probe = pick == Pick::probe;
   if (plan.format == KvFormat::int4 && pick == Pick::probe) {
@@ -274,6 +277,8 @@ class DecodeBench : public BenchCase {
                          Pick::probe});
       formats.push_back({KvFormat::int4, 4, "int4 g4 diet", Pick::diet});
       formats.push_back({KvFormat::int4, 4, "int4 g4 diet 2", Pick::diet2});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 diet lag", Pick::lag});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 diet lag 5 stages", Pick::lag5});
       formats.push_back({KvFormat::int4, 4, "int4 g4 merge trigger", Pick::trigger});
       formats.push_back({KvFormat::fp8, 1, "fp8 merge trigger", Pick::trigger});
     }

@@ -169,8 +169,10 @@ struct DecodePlan {
   // relative to one per-lane shared address, the V coefficient words as 16-byte loads (4 instead
   // of 16 per tile and warp), the stage / barrier addresses and the issuing turn advanced
   // incrementally (1); 2: also 4 stages at compile time (where the automatic count is 4) and
-  // the per-tile key count / no-mask test from one shared word at an advancing address. 0 (off)
-  // or elsewhere, and with bulk_stage_out, ignored. Same arithmetic: the bits equal 0's.
+  // the per-tile key count / no-mask test from one shared word at an advancing address; 3: 2 (1
+  // where the stage count is not 4) and the issuing warp refills the previous tile's stage, not
+  // the one it has just finished (at least 3 stages). 0 (off) or elsewhere, and with
+  // bulk_stage_out, ignored. Same arithmetic: the bits equal 0's.
   // docs/decode.md "Session 10".
   int bulk_diet = 0;
   // CUDA, with launch_pdl (session 10, issue 7; opt-in until measured): the warp and wide split

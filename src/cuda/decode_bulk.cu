@@ -204,6 +204,7 @@ struct BulkArgs {
   // kDiet2 (4 stages); set only with tma, 8 heads per CTA, 80-byte rows and kstr 656 (the
   // compile-time geometry), and not with stage_out.
   int diet = 0;
+  bool lag = false;  // DecodePlan::bulk_diet 3 (with diet, at least 3 stages): kLag
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -241,7 +242,13 @@ struct BulkMaps {
 // kDiet2 (32, DecodePlan::bulk_diet = 2, with kDiet): also 4 stages at compile time, the stage's
 // key count read at an incrementally advanced shared address, and a tile needing no mask told by
 // that count alone (the issuer adds 32 when the call has a causal mask or a bias).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kDiet2 = 32;
+// kLag (64, bulk_diet = 3, with kDiet [| kDiet2]): after its tile it, the issuing warp refills
+// the stage of tile it - 1 (with tile it - 1 + NST) instead of tile it's, so it waits for every
+// warp to be done with the previous tile (nearly always already true) rather than with the one
+// it has just finished itself (run 22's ncu: that wait was the largest single stall). One tile
+// less in flight at the same stage count (bulk_stages 5 gives the depth back).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kDiet2 = 32,
+              kLag = 64;
 // The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it; kDiet2: 4 stages).
 constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
@@ -287,6 +294,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
   constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656)
   constexpr bool diet2 = diet && (KN & kDiet2) != 0;  // (and 4 stages)
+  constexpr bool lag = diet && (KN & kLag) != 0;
   const int NST = diet2 ? kDietStages : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
@@ -688,7 +696,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   uint32_t st_cur = ring_s, fb_cur = full_s, eb_cur = empty_s;
   const uint32_t cnt_s = static_cast<uint32_t>(__cvta_generic_to_shared(cnt));
   uint32_t cnt_cur = cnt_s;  // kDiet2
-  int next_iss = (warp - NST) & (kDietHb - 1);  // (it + NST) mod HB = warp
+  // (it + NST) mod HB = warp; kLag: (it - 1 + NST) mod HB = warp, it >= 1
+  int next_iss = (warp + (lag ? 1 : 0) - NST) & (kDietHb - 1);
+  if (lag && next_iss == 0) next_iss = kDietHb;
   const int koff_t = koff[0] + 4 * t;
   const int voff_z = voff[0] + 4 * (g < NG ? g : NG - 1);
   const bool simple = !p.causal && !p.bias;
@@ -699,7 +709,18 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   auto finish_tile = [&](int it) {
     if constexpr (diet) {
       mbar_arrive(eb_cur);
-      if (it == next_iss) {
+      if constexpr (lag) {
+        if (it == next_iss) {  // tile it - 1 + NST into the stage of tile it - 1
+          next_iss += kDietHb;
+          if (it - 1 + NST < n_tiles) {
+            const bool first = s == 0;  // tile it - 1: the last stage of the previous use
+            const uint32_t eb_prev = first ? eb_cur + 8 * (NST - 1) : eb_cur - 8;
+            mbar_wait(eb_prev, first ? phase ^ 1u : phase);
+            fence_proxy_async();
+            issue_solo(it - 1 + NST, first ? NST - 1 : s - 1);
+          }
+        }
+      } else if (it == next_iss) {
         next_iss += kDietHb;
         if (it + NST < n_tiles) {
           mbar_wait(eb_cur, phase);
@@ -1285,8 +1306,12 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       } else {  // (x == kTma4)
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
-        if (a.diet == 2)
-          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kDiet2>(p, a, m, B, stream);
+        constexpr int kD2 = kTma4 | kDiet | kDiet2;
+        if (a.diet == 2 && a.lag)
+          return launch_nr<F, D, 1, VA, FOLD, true, kD2 | kLag>(p, a, m, B, stream);
+        if (a.diet == 2) return launch_nr<F, D, 1, VA, FOLD, true, kD2>(p, a, m, B, stream);
+        if (a.diet && a.lag)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kLag>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
@@ -1490,6 +1515,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   if (plan.bulk_diet > 0 && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
       a.kstr == kDietKstr && !a.stage_out)
     a.diet = plan.bulk_diet >= 2 && a.nst == kDietStages ? 2 : 1;
+  a.lag = a.diet > 0 && plan.bulk_diet >= 3 && a.nst >= 3;
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;

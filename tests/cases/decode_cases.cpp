@@ -164,14 +164,15 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     ring zeroed only where stale rows can be read; seq_len / first page loaded first);
 //     lean_staged: both; eager: both off (plan_decode sets them since session 9: stage_out for
 //     fp8, lean_start for int4 and contiguous fp8).
-//   diet / diet2: plan_decode's choice with bulk_diet 1 / 2 (session 10: the int4 g4 D 128
-//     tensor-map kernel at 8 heads per CTA on its lean per-tile path; elsewhere ignored); trigger /
+//   diet / diet2 / lag / lag5: plan_decode's choice with bulk_diet 1 / 2 / 3 / 3 and 5 stages
+//     (session 10: the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean per-tile
+//     path; 3: the issuer refills the previous tile's stage; elsewhere ignored); trigger /
 //     trigger_wide: plan_decode's choice / merge_wide_early's with merge_trigger (session 10: the
 //     warp / wide merge signals programmatic completion first).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, diet2, trigger, trigger_wide
+  lean_staged, eager, diet, diet2, lag, lag5, trigger, trigger_wide
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -194,6 +195,7 @@ class DecodeCase : public Case {
                     kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out ||
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
                     kernel == Kernel::eager || kernel == Kernel::diet || kernel == Kernel::diet2 ||
+                    kernel == Kernel::lag || kernel == Kernel::lag5 ||
                     kernel == Kernel::trigger || kernel == Kernel::trigger_wide) &&
                    streams_by_default(cs.format, cs.D))) {}
 
@@ -218,6 +220,8 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::eager) s += ".eager";
     if (kernel_ == Kernel::diet) s += ".diet";
     if (kernel_ == Kernel::diet2) s += ".diet2";
+    if (kernel_ == Kernel::lag) s += ".lag";
+    if (kernel_ == Kernel::lag5) s += ".lag5";
     if (kernel_ == Kernel::trigger) s += ".trigger";
     if (kernel_ == Kernel::trigger_wide) s += ".trigger_wide";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
@@ -286,8 +290,10 @@ class DecodeCase : public Case {
                kernel_ == Kernel::lean_staged || kernel_ == Kernel::eager) {
       plan.bulk_stage_out = kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_staged;
       plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
-    } else if (kernel_ == Kernel::diet || kernel_ == Kernel::diet2) {
-      plan.bulk_diet = kernel_ == Kernel::diet2 ? 2 : 1;
+    } else if (kernel_ == Kernel::diet || kernel_ == Kernel::diet2 || kernel_ == Kernel::lag ||
+               kernel_ == Kernel::lag5) {
+      plan.bulk_diet = kernel_ == Kernel::diet ? 1 : kernel_ == Kernel::diet2 ? 2 : 3;
+      if (kernel_ == Kernel::lag5) plan.bulk_stages = 5;
     } else if (kernel_ == Kernel::trigger) {
       plan.merge_trigger = true;
     } else if (kernel_ == Kernel::merge_warp) {
@@ -743,8 +749,8 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // that are and are not multiples of 16, paged 16 (splits starting inside a page) / 256, 16
   // heads (two head blocks), sequences of fewer tiles than stages (17, 33 keys: a warp's first
   // issuing turn past the split), 1-key / empty sequences, Mq > 1 causal, bias, G 1-8, bf16 q;
-  // the flag ignored at 4 heads and 9-16 rows. diet2: the same cases.
-  const Kernel dt = Kernel::diet, dt2 = Kernel::diet2;
+  // the flag ignored at 4 heads and 9-16 rows. diet2, lag, lag5: the same cases.
+  const Kernel dt = Kernel::diet, dt2 = Kernel::diet2, lg = Kernel::lag, lg5 = Kernel::lag5;
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, dt);
   add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, dt);
   add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, dt);
@@ -763,6 +769,24 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, dt2);
   add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, dt2);
   add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, dt2);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, lg);
+  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, lg);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, lg);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, lg);
+  add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, lg);
+  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, lg);
+  add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, lg);
+  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, lg);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, lg);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, lg5);
+  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, lg5);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, lg5);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, lg5);
+  add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, lg5);
+  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, lg5);
+  add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, lg5);
+  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, lg5);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, lg5);
   // trigger (merge_trigger; the warp merge at <= 16 splits, the default merge elsewhere) and
   // trigger_wide (the wide merge with early loads, 66-256 splits; 313: the plain wide merge):
   // int4 / fp8 / f16, contiguous and paged, empty / 1-key sequences, causal, bias.
