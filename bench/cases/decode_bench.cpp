@@ -45,7 +45,9 @@ struct Shape {
 // runs two calls back to back (the time is per call) so that the second call's split kernel
 // follows the first call's merge (a single call per interval follows the L2 flush and an event,
 // where the trigger cannot show); "two calls" is the default plan timed the same way.
-enum class Pick { plan, probe, diet, diet2, lag, lag5, trigger, two_calls };
+// "warm start" (session 10): bulk_warm_start (contiguous caches only), "diet 2 + warm start"
+// with bulk_diet 2.
+enum class Pick { plan, probe, diet, diet2, lag, lag5, trigger, two_calls, warm, warm_diet2 };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -57,6 +59,8 @@ void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::diet || pick == Pick::diet2) plan.bulk_diet = pick == Pick::diet2 ? 2 : 1;
   if (pick == Pick::lag || pick == Pick::lag5) plan.bulk_diet = 3;
   if (pick == Pick::lag5) plan.bulk_stages = 5;
+  if (pick == Pick::warm || pick == Pick::warm_diet2) plan.bulk_warm_start = true;
+  if (pick == Pick::warm_diet2) plan.bulk_diet = 2;
   if (pick == Pick::trigger) plan.merge_trigger = true;
   plan.bulk_probe = pick == Pick::probe;
   if (plan.format == KvFormat::int4 && pick == Pick::probe) {
@@ -286,6 +290,9 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::int4, 4, "int4 g4 diet 2", Pick::diet2});
       formats.push_back({KvFormat::int4, 4, "int4 g4 diet lag", Pick::lag});
       formats.push_back({KvFormat::int4, 4, "int4 g4 diet lag 5 stages", Pick::lag5});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 warm start", Pick::warm});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 diet 2 + warm start", Pick::warm_diet2});
+      formats.push_back({KvFormat::fp8, 1, "fp8 warm start", Pick::warm});
       formats.push_back({KvFormat::int4, 4, "int4 g4 two calls", Pick::two_calls});
       formats.push_back({KvFormat::int4, 4, "int4 g4 merge trigger two calls", Pick::trigger});
       formats.push_back({KvFormat::fp8, 1, "fp8 two calls", Pick::two_calls});
@@ -304,6 +311,7 @@ class DecodeBench : public BenchCase {
           // variants contiguous and paged 16.
           if ((f.pick == Pick::probe || f.pick == Pick::diet) && (s.B != 64 || page)) continue;
           if ((f.pick == Pick::trigger || f.pick == Pick::two_calls) && s.B == 64) continue;
+          if ((f.pick == Pick::warm || f.pick == Pick::warm_diet2) && page) continue;
           if (page == 256 && f.pick != Pick::plan) continue;
           Row r;
           r.family = "decode";

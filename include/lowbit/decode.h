@@ -182,6 +182,13 @@ struct DecodePlan {
   // Only a following kernel launched as a programmatic dependent (and calling
   // griddepcontrol.wait, as lowbit's decode kernels do) changes. Same results.
   bool merge_trigger = false;
+  // CUDA, with bulk_lean_start on contiguous caches (session 10, issue 7; opt-in until measured):
+  // right after the PDL wait, the kernel prefetches the K / V of each split's first tiles into
+  // L2 (int4 g4 tensor-map tiles: one box prefetch per kind and tile; fp8 whole tiles: the four
+  // blocks), so the DRAM reads start while the sequence length, which the copies wait for, is in
+  // flight (the per-split start cost at B 1). Paged caches and other kernels ignore it; same
+  // results.
+  bool bulk_warm_start = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -112,6 +112,17 @@ __device__ __forceinline__ void lds128_s(uint32_t a, uint32_t (&v)[4]) {
                : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
                : "r"(a));
 }
+// L2 prefetches (kWarm): a tensor-map box, or `bytes` (a multiple of 16) at a 16-byte aligned
+// global address.
+__device__ __forceinline__ void tma_prefetch_4d(const void* map, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
 }
@@ -205,6 +216,9 @@ struct BulkArgs {
   // compile-time geometry), and not with stage_out.
   int diet = 0;
   bool lag = false;  // DecodePlan::bulk_diet 3 (with diet, at least 3 stages): kLag
+  // DecodePlan::bulk_warm_start (session 10; with lean, contiguous caches): kWarm, for kTma4 (with
+  // or without kDiet2, not with kLag / stage_out) and the fp8 kBlocks8 | kStage kernel.
+  bool warm = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -247,8 +261,12 @@ struct BulkMaps {
 // warp to be done with the previous tile (nearly always already true) rather than with the one
 // it has just finished itself (run 22's ncu: that wait was the largest single stall). One tile
 // less in flight at the same stage count (bulk_stages 5 gives the depth back).
+// kWarm (128, DecodePlan::bulk_warm_start, with the lean start of kTma4 / kBlocks8 on contiguous
+// caches): right after griddepcontrol.wait, warps 0 .. NST - 1 prefetch the K / V of the split's
+// first NST tiles (at split * split_size, within the capacity) into L2, so the DRAM reads start
+// while the sequence length, which the real copies must wait for, is still on its way.
 constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kDiet2 = 32,
-              kLag = 64;
+              kLag = 64, kWarm = 128;
 // The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it; kDiet2: 4 stages).
 constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
@@ -329,6 +347,21 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   if (lean) {
     len = seq_length(c, b);
     const int64_t lo0 = static_cast<int64_t>(split) * p.split_size;  // lo unless the split is empty
+    if constexpr ((KN & kWarm) != 0) {  // (while the sequence length is in flight)
+      const int64_t k = lo0 + 16 * warp;  // tile `warp` of the split (contiguous caches)
+      if (!c.block_tables && lane == 0 && warp < a.nst && k + 16 <= c.capacity) {
+        if constexpr (tma) {
+          tma_prefetch_4d(&m.k, 0, h0 / HB, static_cast<int>(k), static_cast<int>(b));
+          tma_prefetch_4d(&m.v, 0, h0 / HB, static_cast<int>(k), static_cast<int>(b));
+        } else if constexpr (F == KvFormat::fp8) {  // (kBlocks8: the tile's four blocks)
+          const uint32_t blk = static_cast<uint32_t>(16 * HB * rb), ss = 16u * 4u * HB;
+          bulk_prefetch_l2(c.k + b * c.k_st[0] + h0 * c.k_st[2] + k * c.k_st[1], blk);
+          bulk_prefetch_l2(c.v + b * c.v_st[0] + h0 * c.v_st[2] + k * c.v_st[1], blk);
+          bulk_prefetch_l2(c.kss + b * c.kss_st[0] + h0 * c.kss_st[2] + k * c.kss_st[1], ss);
+          bulk_prefetch_l2(c.vss + b * c.vss_st[0] + h0 * c.vss_st[2] + k * c.vss_st[1], ss);
+        }
+      }
+    }
     if (c.block_tables) {
       if (solo && lo0 + 16 * warp < c.capacity)
         first_page = c.block_tables[b * c.bt_st0 + ((lo0 / 16 + warp) / (c.page_size / 16)) *
@@ -1297,6 +1330,9 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       if constexpr (F == KvFormat::fp8) {
         if (x == kBlocks8) {
           if constexpr (kS) {
+            if (a.stage_out && a.warm)
+              return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kStage | kWarm>(p, a, m, B,
+                                                                                   stream);
             if (a.stage_out)
               return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kStage>(p, a, m, B, stream);
           }
@@ -1307,6 +1343,10 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
         constexpr int kD2 = kTma4 | kDiet | kDiet2;
+        if (a.warm && a.diet == 2 && !a.lag)
+          return launch_nr<F, D, 1, VA, FOLD, true, kD2 | kWarm>(p, a, m, B, stream);
+        if (a.warm && !a.diet)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kWarm>(p, a, m, B, stream);
         if (a.diet == 2 && a.lag)
           return launch_nr<F, D, 1, VA, FOLD, true, kD2 | kLag>(p, a, m, B, stream);
         if (a.diet == 2) return launch_nr<F, D, 1, VA, FOLD, true, kD2>(p, a, m, B, stream);
@@ -1516,6 +1556,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
       a.kstr == kDietKstr && !a.stage_out)
     a.diet = plan.bulk_diet >= 2 && a.nst == kDietStages ? 2 : 1;
   a.lag = a.diet > 0 && plan.bulk_diet >= 3 && a.nst >= 3;
+  a.warm = plan.bulk_warm_start && a.lean && !cache.paged();
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;

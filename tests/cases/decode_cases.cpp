@@ -166,13 +166,15 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     fp8, lean_start for int4 and contiguous fp8).
 //   diet / diet2 / lag / lag5: plan_decode's choice with bulk_diet 1 / 2 / 3 / 3 and 5 stages
 //     (session 10: the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean per-tile
-//     path; 3: the issuer refills the previous tile's stage; elsewhere ignored); trigger /
+//     path; 3: the issuer refills the previous tile's stage; elsewhere ignored); warm /
+//     warm_diet2: plan_decode's choice / bulk_diet 2 with bulk_warm_start (the first tiles of
+//     each split prefetched into L2 during the start; contiguous caches only); trigger /
 //     trigger_wide: plan_decode's choice / merge_wide_early's with merge_trigger (session 10: the
 //     warp / wide merge signals programmatic completion first).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, diet2, lag, lag5, trigger, trigger_wide
+  lean_staged, eager, diet, diet2, lag, lag5, warm, warm_diet2, trigger, trigger_wide
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -195,7 +197,8 @@ class DecodeCase : public Case {
                     kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out ||
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
                     kernel == Kernel::eager || kernel == Kernel::diet || kernel == Kernel::diet2 ||
-                    kernel == Kernel::lag || kernel == Kernel::lag5 ||
+                    kernel == Kernel::lag || kernel == Kernel::lag5 || kernel == Kernel::warm ||
+                    kernel == Kernel::warm_diet2 ||
                     kernel == Kernel::trigger || kernel == Kernel::trigger_wide) &&
                    streams_by_default(cs.format, cs.D))) {}
 
@@ -222,6 +225,8 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::diet2) s += ".diet2";
     if (kernel_ == Kernel::lag) s += ".lag";
     if (kernel_ == Kernel::lag5) s += ".lag5";
+    if (kernel_ == Kernel::warm) s += ".warm";
+    if (kernel_ == Kernel::warm_diet2) s += ".warm_diet2";
     if (kernel_ == Kernel::trigger) s += ".trigger";
     if (kernel_ == Kernel::trigger_wide) s += ".trigger_wide";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
@@ -294,6 +299,9 @@ class DecodeCase : public Case {
                kernel_ == Kernel::lag5) {
       plan.bulk_diet = kernel_ == Kernel::diet ? 1 : kernel_ == Kernel::diet2 ? 2 : 3;
       if (kernel_ == Kernel::lag5) plan.bulk_stages = 5;
+    } else if (kernel_ == Kernel::warm || kernel_ == Kernel::warm_diet2) {
+      plan.bulk_warm_start = true;
+      if (kernel_ == Kernel::warm_diet2) plan.bulk_diet = 2;
     } else if (kernel_ == Kernel::trigger) {
       plan.merge_trigger = true;
     } else if (kernel_ == Kernel::merge_warp) {
@@ -787,6 +795,24 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, lg5);
   add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, lg5);
   add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, lg5);
+  // warm / warm_diet2 (bulk_warm_start): int4 g4 tensor-map tiles (8 / 4 / 16 heads) and fp8
+  // whole tiles, contiguous, lengths that are and are not multiples of 16, splits near the
+  // capacity (their prefetch is skipped), empty / 1-key sequences, Mq > 1 causal, bias; paged
+  // and 9-16 rows (ignored).
+  const Kernel wm = Kernel::warm, wm2 = Kernel::warm_diet2;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, wm);
+  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 2048, 1}, 2, 4, true, true, DType::bf16, wm);
+  add(shape(F::int4, 4, 2, 1001, 4, 128, 0), {1001, 17}, 8, 1, false, false, DType::f16, wm);
+  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, false, DType::f16, wm);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 4, 1, false, false, DType::f16, wm);
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, wm);
+  add(shape(F::fp8, 1, 2, 1024, 8, 128, 0), {1024, 523}, 2, 4, true, true, DType::bf16, wm);
+  add(shape(F::fp8, 1, 2, 700, 4, 128, 0), {700, 17}, 8, 1, false, false, DType::f16, wm);
+  add(shape(F::fp8, 1, 2, 1300, 8, 128, 256), {1300, 31}, 4, 1, false, false, DType::f16, wm);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 0), {300, 15}, 16, 1, false, false, DType::f16, wm);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, wm2);
+  add(shape(F::int4, 4, 2, 2048, 8, 128, 0), {2048, 16}, 2, 4, true, true, DType::bf16, wm2);
+  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 8, 1, false, false, DType::f16, wm2);
   // trigger (merge_trigger; the warp merge at <= 16 splits, the default merge elsewhere) and
   // trigger_wide (the wide merge with early loads, 66-256 splits; 313: the plain wide merge):
   // int4 / fp8 / f16, contiguous and paged, empty / 1-key sequences, causal, bias.
