@@ -38,16 +38,16 @@ struct Shape {
 // 2-11 % slower everywhere; the knob value is gone); session 10 removed "CTA merge" (merge_warp
 // off; runs 24-26: the warp merge 1-4 % faster, same bits) and "run-24 kernel"
 // (bulk_stage_out / bulk_lean_start off; runs 25-26), settled and adopted.
-// "diet" / "diet 2" / "diet lag" (session 10): bulk_diet 1 / 2 / 3, the int4 g4 tensor-map
-// kernel's lean per-tile path (3: the issuer refills the previous tile's stage; "diet lag 5
-// stages" with bulk_stages 5); same bits as the default. "merge trigger" (session 10):
+// "run-29 kernel" (session 10): bulk_diet 0, the int4 g4 tensor-map kernel before its lean
+// per-tile path (plan_decode's bulk_diet 1 since H200 run 29); "diet lag": bulk_diet 2 (the
+// issuer refills the previous tile's stage; "diet lag 5 stages" with bulk_stages 5); same bits
+// as the default. "merge trigger" (session 10):
 // merge_trigger, the split merge lets the next PDL launch start at once; each timing interval
 // runs two calls back to back (the time is per call) so that the second call's split kernel
 // follows the first call's merge (a single call per interval follows the L2 flush and an event,
 // where the trigger cannot show); "two calls" is the default plan timed the same way.
-// "warm start" (session 10): bulk_warm_start (contiguous caches only), "diet 2 + warm start"
-// with bulk_diet 2.
-enum class Pick { plan, probe, diet, diet2, lag, lag5, trigger, two_calls, warm, warm_diet2 };
+// "warm start" (session 10): bulk_warm_start (contiguous caches only).
+enum class Pick { plan, probe, run29, lag, lag5, trigger, two_calls, warm };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -56,11 +56,10 @@ struct Fmt {
 };
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
-  if (pick == Pick::diet || pick == Pick::diet2) plan.bulk_diet = pick == Pick::diet2 ? 2 : 1;
-  if (pick == Pick::lag || pick == Pick::lag5) plan.bulk_diet = 3;
+  if (pick == Pick::run29) plan.bulk_diet = 0;
+  if (pick == Pick::lag || pick == Pick::lag5) plan.bulk_diet = 2;
   if (pick == Pick::lag5) plan.bulk_stages = 5;
-  if (pick == Pick::warm || pick == Pick::warm_diet2) plan.bulk_warm_start = true;
-  if (pick == Pick::warm_diet2) plan.bulk_diet = 2;
+  if (pick == Pick::warm) plan.bulk_warm_start = true;
   if (pick == Pick::trigger) plan.merge_trigger = true;
   plan.bulk_probe = pick == Pick::probe;
   if (plan.format == KvFormat::int4 && pick == Pick::probe) {
@@ -286,12 +285,10 @@ class DecodeBench : public BenchCase {
     if (env.device == Device::cuda) {
       formats.push_back({KvFormat::int4, 4, "int4 g4 pairs probe (copies only, not attention)",
                          Pick::probe});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 diet", Pick::diet});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 diet 2", Pick::diet2});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 run-29 kernel", Pick::run29});
       formats.push_back({KvFormat::int4, 4, "int4 g4 diet lag", Pick::lag});
       formats.push_back({KvFormat::int4, 4, "int4 g4 diet lag 5 stages", Pick::lag5});
       formats.push_back({KvFormat::int4, 4, "int4 g4 warm start", Pick::warm});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 diet 2 + warm start", Pick::warm_diet2});
       formats.push_back({KvFormat::fp8, 1, "fp8 warm start", Pick::warm});
       formats.push_back({KvFormat::int4, 4, "int4 g4 two calls", Pick::two_calls});
       formats.push_back({KvFormat::int4, 4, "int4 g4 merge trigger two calls", Pick::trigger});
@@ -307,11 +304,11 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // The int4 probe and "diet" at B 64 contiguous; the two-call rows at B 1 and B 16; the
-          // variants contiguous and paged 16.
-          if ((f.pick == Pick::probe || f.pick == Pick::diet) && (s.B != 64 || page)) continue;
+          // The int4 probe at B 64 contiguous; the two-call rows at B 1 and B 16; the variants
+          // contiguous and paged 16.
+          if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
           if ((f.pick == Pick::trigger || f.pick == Pick::two_calls) && s.B == 64) continue;
-          if ((f.pick == Pick::warm || f.pick == Pick::warm_diet2) && page) continue;
+          if (f.pick == Pick::warm && page) continue;
           if (page == 256 && f.pick != Pick::plan) continue;
           Row r;
           r.family = "decode";

@@ -211,13 +211,13 @@ struct BulkArgs {
   bool stage_out = false;
   // DecodePlan::bulk_lean_start (session 9; honoured by the kTma4 / kBlocks8 instantiations).
   bool lean = false;
-  // DecodePlan::bulk_diet (session 10): 1 the kTma4 | kDiet instantiation, 2 kTma4 | kDiet |
-  // kDiet2 (4 stages); set only with tma, 8 heads per CTA, 80-byte rows and kstr 656 (the
-  // compile-time geometry), and not with stage_out.
+  // DecodePlan::bulk_diet (session 10): 2 kTma4 | kDiet | kDiet2 (4 stages), 1 kTma4 | kDiet
+  // (a run-time stage count; only with lag); set only with tma, 8 heads per CTA, 80-byte rows
+  // and kstr 656 (the compile-time geometry), and not with stage_out.
   int diet = 0;
-  bool lag = false;  // DecodePlan::bulk_diet 3 (with diet, at least 3 stages): kLag
-  // DecodePlan::bulk_warm_start (session 10; with lean, contiguous caches): kWarm, for kTma4 (with
-  // or without kDiet2, not with kLag / stage_out) and the fp8 kBlocks8 | kStage kernel.
+  bool lag = false;  // DecodePlan::bulk_diet 2 (with diet): kLag
+  // DecodePlan::bulk_warm_start (session 10; with lean, contiguous caches): kWarm, for kTma4 |
+  // kDiet | kDiet2 (not with kLag) and the fp8 kBlocks8 | kStage kernel.
   bool warm = false;
 };
 
@@ -253,10 +253,12 @@ struct BulkMaps {
 // 80-byte rows, key stride 656 bytes in the stage): the stage geometry as compile-time constants
 // and every stage access relative to one per-lane shared address, the V coefficient words as
 // 16-byte loads, the stage / barrier addresses and the issue turn advanced incrementally.
-// kDiet2 (32, DecodePlan::bulk_diet = 2, with kDiet): also 4 stages at compile time, the stage's
-// key count read at an incrementally advanced shared address, and a tile needing no mask told by
-// that count alone (the issuer adds 32 when the call has a causal mask or a bias).
-// kLag (64, bulk_diet = 3, with kDiet [| kDiet2]): after its tile it, the issuing warp refills
+// kDiet2 (32, with kDiet; DecodePlan::bulk_diet at 4 stages, plan_decode's int4 g4 kernel since
+// H200 run 29): also 4 stages at compile time, the stage's key count read at an incrementally
+// advanced shared address, and a tile needing no mask told by that count alone (the issuer adds
+// 32 when the call has a causal mask or a bias). kDiet without kDiet2 (a run-time stage count)
+// runs only with kLag.
+// kLag (64, bulk_diet = 2, with kDiet [| kDiet2]): after its tile it, the issuing warp refills
 // the stage of tile it - 1 (with tile it - 1 + NST) instead of tile it's, so it waits for every
 // warp to be done with the previous tile (nearly always already true) rather than with the one
 // it has just finished itself (run 22's ncu: that wait was the largest single stall). One tile
@@ -1342,17 +1344,16 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       } else {  // (x == kTma4)
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
+        // (BulkArgs::diet 2: kDiet | kDiet2, 4 stages; 1: kDiet with a run-time stage count,
+        // only with kLag)
         constexpr int kD2 = kTma4 | kDiet | kDiet2;
-        if (a.warm && a.diet == 2 && !a.lag)
-          return launch_nr<F, D, 1, VA, FOLD, true, kD2 | kWarm>(p, a, m, B, stream);
-        if (a.warm && !a.diet)
-          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kWarm>(p, a, m, B, stream);
         if (a.diet == 2 && a.lag)
           return launch_nr<F, D, 1, VA, FOLD, true, kD2 | kLag>(p, a, m, B, stream);
+        if (a.diet == 2 && a.warm)
+          return launch_nr<F, D, 1, VA, FOLD, true, kD2 | kWarm>(p, a, m, B, stream);
         if (a.diet == 2) return launch_nr<F, D, 1, VA, FOLD, true, kD2>(p, a, m, B, stream);
-        if (a.diet && a.lag)
+        if (a.diet == 1)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kLag>(p, a, m, B, stream);
-        if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
     }
@@ -1551,12 +1552,18 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // kDiet: its compile-time geometry (8 heads of 80-byte rows, key stride 656 in the stage).
+  // DecodePlan::bulk_diet 1: kDiet | kDiet2 (4 stages); 2: with kLag (at another stage count of
+  // at least 3: kDiet | kLag, the run-time stage count).
   a.diet = 0;
   if (plan.bulk_diet > 0 && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
-      a.kstr == kDietKstr && !a.stage_out)
-    a.diet = plan.bulk_diet >= 2 && a.nst == kDietStages ? 2 : 1;
-  a.lag = a.diet > 0 && plan.bulk_diet >= 3 && a.nst >= 3;
-  a.warm = plan.bulk_warm_start && a.lean && !cache.paged();
+      a.kstr == kDietKstr && !a.stage_out) {
+    if (a.nst == kDietStages) a.diet = 2;
+    else if (plan.bulk_diet >= 2 && a.nst >= 3) a.diet = 1;
+  }
+  a.lag = a.diet > 0 && plan.bulk_diet >= 2;
+  // (int4: with the diet kernel only)
+  a.warm = plan.bulk_warm_start && a.lean && !cache.paged() &&
+           (cache.format != KvFormat::int4 || (a.diet == 2 && !a.lag));
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;

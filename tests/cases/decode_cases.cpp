@@ -164,17 +164,17 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     ring zeroed only where stale rows can be read; seq_len / first page loaded first);
 //     lean_staged: both; eager: both off (plan_decode sets them since session 9: stage_out for
 //     fp8, lean_start for int4 and contiguous fp8).
-//   diet / diet2 / lag / lag5: plan_decode's choice with bulk_diet 1 / 2 / 3 / 3 and 5 stages
-//     (session 10: the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean per-tile
-//     path; 3: the issuer refills the previous tile's stage; elsewhere ignored); warm /
-//     warm_diet2: plan_decode's choice / bulk_diet 2 with bulk_warm_start (the first tiles of
-//     each split prefetched into L2 during the start; contiguous caches only); trigger /
+//   diet / no_diet / lag / lag5: plan_decode's choice with bulk_diet 1 (its int4 choice since
+//     session 10: the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean per-tile
+//     path) / 0 (the kernel before) / 2 (the issuer refills the previous tile's stage) / 2 and
+//     5 stages; elsewhere ignored; warm: plan_decode's choice with bulk_warm_start (the first
+//     tiles of each split prefetched into L2 during the start; contiguous caches only); trigger /
 //     trigger_wide: plan_decode's choice / merge_wide_early's with merge_trigger (session 10: the
 //     warp / wide merge signals programmatic completion first).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, diet2, lag, lag5, warm, warm_diet2, trigger, trigger_wide
+  lean_staged, eager, diet, no_diet, lag, lag5, warm, trigger, trigger_wide
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -196,9 +196,8 @@ class DecodeCase : public Case {
                     kernel == Kernel::bulk_tma_solo || kernel == Kernel::merge_warp ||
                     kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out ||
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
-                    kernel == Kernel::eager || kernel == Kernel::diet || kernel == Kernel::diet2 ||
+                    kernel == Kernel::eager || kernel == Kernel::diet || kernel == Kernel::no_diet ||
                     kernel == Kernel::lag || kernel == Kernel::lag5 || kernel == Kernel::warm ||
-                    kernel == Kernel::warm_diet2 ||
                     kernel == Kernel::trigger || kernel == Kernel::trigger_wide) &&
                    streams_by_default(cs.format, cs.D))) {}
 
@@ -222,11 +221,10 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::lean_staged) s += ".lean_staged";
     if (kernel_ == Kernel::eager) s += ".eager";
     if (kernel_ == Kernel::diet) s += ".diet";
-    if (kernel_ == Kernel::diet2) s += ".diet2";
+    if (kernel_ == Kernel::no_diet) s += ".no_diet";
     if (kernel_ == Kernel::lag) s += ".lag";
     if (kernel_ == Kernel::lag5) s += ".lag5";
     if (kernel_ == Kernel::warm) s += ".warm";
-    if (kernel_ == Kernel::warm_diet2) s += ".warm_diet2";
     if (kernel_ == Kernel::trigger) s += ".trigger";
     if (kernel_ == Kernel::trigger_wide) s += ".trigger_wide";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
@@ -295,13 +293,12 @@ class DecodeCase : public Case {
                kernel_ == Kernel::lean_staged || kernel_ == Kernel::eager) {
       plan.bulk_stage_out = kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_staged;
       plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
-    } else if (kernel_ == Kernel::diet || kernel_ == Kernel::diet2 || kernel_ == Kernel::lag ||
+    } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet || kernel_ == Kernel::lag ||
                kernel_ == Kernel::lag5) {
-      plan.bulk_diet = kernel_ == Kernel::diet ? 1 : kernel_ == Kernel::diet2 ? 2 : 3;
+      plan.bulk_diet = kernel_ == Kernel::diet ? 1 : kernel_ == Kernel::no_diet ? 0 : 2;
       if (kernel_ == Kernel::lag5) plan.bulk_stages = 5;
-    } else if (kernel_ == Kernel::warm || kernel_ == Kernel::warm_diet2) {
+    } else if (kernel_ == Kernel::warm) {
       plan.bulk_warm_start = true;
-      if (kernel_ == Kernel::warm_diet2) plan.bulk_diet = 2;
     } else if (kernel_ == Kernel::trigger) {
       plan.merge_trigger = true;
     } else if (kernel_ == Kernel::merge_warp) {
@@ -757,8 +754,12 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // that are and are not multiples of 16, paged 16 (splits starting inside a page) / 256, 16
   // heads (two head blocks), sequences of fewer tiles than stages (17, 33 keys: a warp's first
   // issuing turn past the split), 1-key / empty sequences, Mq > 1 causal, bias, G 1-8, bf16 q;
-  // the flag ignored at 4 heads and 9-16 rows. diet2, lag, lag5: the same cases.
-  const Kernel dt = Kernel::diet, dt2 = Kernel::diet2, lg = Kernel::lag, lg5 = Kernel::lag5;
+  // the flag ignored at 4 heads and 9-16 rows. lag, lag5: the same cases. no_diet: 8 heads,
+  // contiguous and paged 16 (the tensor-map kernel before session 10).
+  const Kernel dt = Kernel::diet, lg = Kernel::lag, lg5 = Kernel::lag5, nd = Kernel::no_diet;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, nd);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, nd);
+  add(shape(F::int4, 4, 2, 1001, 16, 128, 256), {1001, 1}, 4, 1, false, false, DType::f16, nd);
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, dt);
   add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, dt);
   add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, dt);
@@ -768,15 +769,6 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, dt);
   add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, dt);
   add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, dt);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, dt2);
-  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, dt2);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, dt2);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, dt2);
-  add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, dt2);
-  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, dt2);
-  add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, dt2);
-  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, dt2);
-  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, dt2);
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, lg);
   add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, lg);
   add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, lg);
@@ -795,11 +787,11 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, lg5);
   add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, lg5);
   add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, lg5);
-  // warm / warm_diet2 (bulk_warm_start): int4 g4 tensor-map tiles (8 / 4 / 16 heads) and fp8
-  // whole tiles, contiguous, lengths that are and are not multiples of 16, splits near the
-  // capacity (their prefetch is skipped), empty / 1-key sequences, Mq > 1 causal, bias; paged
-  // and 9-16 rows (ignored).
-  const Kernel wm = Kernel::warm, wm2 = Kernel::warm_diet2;
+  // warm (bulk_warm_start): int4 g4 tensor-map tiles with the diet path (8 / 16 heads; 4 heads:
+  // ignored) and fp8 whole tiles, contiguous, lengths that are and are not multiples of 16,
+  // splits near the capacity (their prefetch is skipped), empty / 1-key sequences, Mq > 1
+  // causal, bias; paged and 9-16 rows (ignored).
+  const Kernel wm = Kernel::warm;
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, wm);
   add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 2048, 1}, 2, 4, true, true, DType::bf16, wm);
   add(shape(F::int4, 4, 2, 1001, 4, 128, 0), {1001, 17}, 8, 1, false, false, DType::f16, wm);
@@ -810,9 +802,9 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 700, 4, 128, 0), {700, 17}, 8, 1, false, false, DType::f16, wm);
   add(shape(F::fp8, 1, 2, 1300, 8, 128, 256), {1300, 31}, 4, 1, false, false, DType::f16, wm);
   add(shape(F::int4, 4, 2, 300, 8, 128, 0), {300, 15}, 16, 1, false, false, DType::f16, wm);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, wm2);
-  add(shape(F::int4, 4, 2, 2048, 8, 128, 0), {2048, 16}, 2, 4, true, true, DType::bf16, wm2);
-  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 8, 1, false, false, DType::f16, wm2);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, wm);
+  add(shape(F::int4, 4, 2, 2048, 8, 128, 0), {2048, 16}, 2, 4, true, true, DType::bf16, wm);
+  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 8, 1, false, false, DType::f16, wm);
   // trigger (merge_trigger; the warp merge at <= 16 splits, the default merge elsewhere) and
   // trigger_wide (the wide merge with early loads, 66-256 splits; 313: the plain wide merge):
   // int4 / fp8 / f16, contiguous and paged, empty / 1-key sequences, causal, bias.
