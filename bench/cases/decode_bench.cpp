@@ -40,14 +40,14 @@ struct Shape {
 // (bulk_stage_out / bulk_lean_start off; runs 25-26), settled and adopted.
 // "run-29 kernel" (session 10): bulk_diet 0, the int4 g4 tensor-map kernel before its lean
 // per-tile path (plan_decode's bulk_diet 1 since H200 run 29); "diet lag": bulk_diet 2 (the
-// issuer refills the previous tile's stage; "diet lag 5 stages" with bulk_stages 5); same bits
-// as the default. "merge trigger" (session 10):
+// issuer refills the previous tile's stage); "diet 5 stages" / "diet lag 5 stages" with
+// bulk_stages 5; same bits as the default. "merge trigger" (session 10):
 // merge_trigger, the split merge lets the next PDL launch start at once; each timing interval
 // runs two calls back to back (the time is per call) so that the second call's split kernel
 // follows the first call's merge (a single call per interval follows the L2 flush and an event,
 // where the trigger cannot show); "two calls" is the default plan timed the same way.
 // "warm start" (session 10): bulk_warm_start (contiguous caches only).
-enum class Pick { plan, probe, run29, lag, lag5, trigger, two_calls, warm };
+enum class Pick { plan, probe, run29, lag, diet5, lag5, trigger, two_calls, warm };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -58,7 +58,7 @@ struct Fmt {
 void choose_kernel(DecodePlan& plan, Pick pick) {
   if (pick == Pick::run29) plan.bulk_diet = 0;
   if (pick == Pick::lag || pick == Pick::lag5) plan.bulk_diet = 2;
-  if (pick == Pick::lag5) plan.bulk_stages = 5;
+  if (pick == Pick::lag5 || pick == Pick::diet5) plan.bulk_stages = 5;
   if (pick == Pick::warm) plan.bulk_warm_start = true;
   if (pick == Pick::trigger) plan.merge_trigger = true;
   plan.bulk_probe = pick == Pick::probe;
@@ -287,6 +287,7 @@ class DecodeBench : public BenchCase {
                          Pick::probe});
       formats.push_back({KvFormat::int4, 4, "int4 g4 run-29 kernel", Pick::run29});
       formats.push_back({KvFormat::int4, 4, "int4 g4 diet lag", Pick::lag});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 diet 5 stages", Pick::diet5});
       formats.push_back({KvFormat::int4, 4, "int4 g4 diet lag 5 stages", Pick::lag5});
       formats.push_back({KvFormat::int4, 4, "int4 g4 warm start", Pick::warm});
       formats.push_back({KvFormat::fp8, 1, "fp8 warm start", Pick::warm});

@@ -211,9 +211,9 @@ struct BulkArgs {
   bool stage_out = false;
   // DecodePlan::bulk_lean_start (session 9; honoured by the kTma4 / kBlocks8 instantiations).
   bool lean = false;
-  // DecodePlan::bulk_diet (session 10): 2 kTma4 | kDiet | kDiet2 (4 stages), 1 kTma4 | kDiet
-  // (a run-time stage count; only with lag); set only with tma, 8 heads per CTA, 80-byte rows
-  // and kstr 656 (the compile-time geometry), and not with stage_out.
+  // DecodePlan::bulk_diet (session 10): the stage count of its kTma4 | kDiet | kDiet2 kernel (4,
+  // or 5: | kDiet5), 0 off; set only with tma, 8 heads per CTA, 80-byte rows and kstr 656 (the
+  // compile-time geometry), 4 or 5 stages, and not with stage_out.
   int diet = 0;
   bool lag = false;  // DecodePlan::bulk_diet 2 (with diet): kLag
   // DecodePlan::bulk_warm_start (session 10; with lean, contiguous caches): kWarm, for kTma4 |
@@ -256,19 +256,21 @@ struct BulkMaps {
 // kDiet2 (32, with kDiet; DecodePlan::bulk_diet at 4 stages, plan_decode's int4 g4 kernel since
 // H200 run 29): also 4 stages at compile time, the stage's key count read at an incrementally
 // advanced shared address, and a tile needing no mask told by that count alone (the issuer adds
-// 32 when the call has a causal mask or a bias). kDiet without kDiet2 (a run-time stage count)
-// runs only with kLag.
-// kLag (64, bulk_diet = 2, with kDiet [| kDiet2]): after its tile it, the issuing warp refills
+// 32 when the call has a causal mask or a bias). (kDiet is only instantiated with kDiet2; its
+// run-time stage count branches are kept for reading.)
+// kLag (64, bulk_diet = 2, with kDiet | kDiet2): after its tile it, the issuing warp refills
 // the stage of tile it - 1 (with tile it - 1 + NST) instead of tile it's, so it waits for every
 // warp to be done with the previous tile (nearly always already true) rather than with the one
 // it has just finished itself (run 22's ncu: that wait was the largest single stall). One tile
-// less in flight at the same stage count (bulk_stages 5 gives the depth back).
+// less in flight at the same stage count (bulk_stages 5, kDiet5, gives the depth back).
 // kWarm (128, DecodePlan::bulk_warm_start, with the lean start of kTma4 / kBlocks8 on contiguous
 // caches): right after griddepcontrol.wait, warps 0 .. NST - 1 prefetch the K / V of the split's
 // first NST tiles (at split * split_size, within the capacity) into L2, so the DRAM reads start
 // while the sequence length, which the real copies must wait for, is still on its way.
+// kDiet5 (256, with kDiet | kDiet2): 5 stages at compile time instead of 4 (DecodePlan::bulk_diet
+// with bulk_stages 5: 105 KB per CTA, still two CTAs per multiprocessor).
 constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kDiet2 = 32,
-              kLag = 64, kWarm = 128;
+              kLag = 64, kWarm = 128, kDiet5 = 256;
 // The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it; kDiet2: 4 stages).
 constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
@@ -315,7 +317,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656)
   constexpr bool diet2 = diet && (KN & kDiet2) != 0;  // (and 4 stages)
   constexpr bool lag = diet && (KN & kLag) != 0;
-  const int NST = diet2 ? kDietStages : a.nst;
+  constexpr int kDietNst = (KN & kDiet5) != 0 ? 5 : kDietStages;  // (kDiet2)
+  const int NST = diet2 ? kDietNst : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
   const uint32_t ring_s = tma ? (raw_s + 127u) & ~127u : raw_s;
@@ -771,10 +774,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         s = 0;
         phase ^= 1u;
         if constexpr (diet2) {  // (back by the ring: no shared-window base to re-derive)
-          st_cur -= kDietStages * 32 * kDietKstr;
-          fb_cur -= 8 * kDietStages;
-          eb_cur -= 8 * kDietStages;
-          cnt_cur -= 4 * kDietStages;
+          st_cur -= kDietNst * 32 * kDietKstr;
+          fb_cur -= 8 * kDietNst;
+          eb_cur -= 8 * kDietNst;
+          cnt_cur -= 4 * kDietNst;
         } else {
           st_cur = ring_s;
           fb_cur = full_s;
@@ -1344,16 +1347,16 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       } else {  // (x == kTma4)
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
-        // (BulkArgs::diet 2: kDiet | kDiet2, 4 stages; 1: kDiet with a run-time stage count,
-        // only with kLag)
-        constexpr int kD2 = kTma4 | kDiet | kDiet2;
-        if (a.diet == 2 && a.lag)
+        // (BulkArgs::diet 4: kDiet | kDiet2, 4 stages; 5: | kDiet5)
+        constexpr int kD2 = kTma4 | kDiet | kDiet2, kD5 = kD2 | kDiet5;
+        if (a.diet == 4 && a.lag)
           return launch_nr<F, D, 1, VA, FOLD, true, kD2 | kLag>(p, a, m, B, stream);
-        if (a.diet == 2 && a.warm)
+        if (a.diet == 4 && a.warm)
           return launch_nr<F, D, 1, VA, FOLD, true, kD2 | kWarm>(p, a, m, B, stream);
-        if (a.diet == 2) return launch_nr<F, D, 1, VA, FOLD, true, kD2>(p, a, m, B, stream);
-        if (a.diet == 1)
-          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kLag>(p, a, m, B, stream);
+        if (a.diet == 4) return launch_nr<F, D, 1, VA, FOLD, true, kD2>(p, a, m, B, stream);
+        if (a.diet == 5 && a.lag)
+          return launch_nr<F, D, 1, VA, FOLD, true, kD5 | kLag>(p, a, m, B, stream);
+        if (a.diet == 5) return launch_nr<F, D, 1, VA, FOLD, true, kD5>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
     }
@@ -1552,18 +1555,15 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // kDiet: its compile-time geometry (8 heads of 80-byte rows, key stride 656 in the stage).
-  // DecodePlan::bulk_diet 1: kDiet | kDiet2 (4 stages); 2: with kLag (at another stage count of
-  // at least 3: kDiet | kLag, the run-time stage count).
+  // DecodePlan::bulk_diet 1: kDiet | kDiet2 at 4 stages (| kDiet5 at 5); 2: with kLag.
   a.diet = 0;
   if (plan.bulk_diet > 0 && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
-      a.kstr == kDietKstr && !a.stage_out) {
-    if (a.nst == kDietStages) a.diet = 2;
-    else if (plan.bulk_diet >= 2 && a.nst >= 3) a.diet = 1;
-  }
+      a.kstr == kDietKstr && !a.stage_out && (a.nst == kDietStages || a.nst == 5))
+    a.diet = a.nst;
   a.lag = a.diet > 0 && plan.bulk_diet >= 2;
-  // (int4: with the diet kernel only)
+  // (int4: with the 4-stage diet kernel only)
   a.warm = plan.bulk_warm_start && a.lean && !cache.paged() &&
-           (cache.format != KvFormat::int4 || (a.diet == 2 && !a.lag));
+           (cache.format != KvFormat::int4 || (a.diet == 4 && !a.lag));
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;

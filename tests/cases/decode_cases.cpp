@@ -164,17 +164,18 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     ring zeroed only where stale rows can be read; seq_len / first page loaded first);
 //     lean_staged: both; eager: both off (plan_decode sets them since session 9: stage_out for
 //     fp8, lean_start for int4 and contiguous fp8).
-//   diet / no_diet / lag / lag5: plan_decode's choice with bulk_diet 1 (its int4 choice since
-//     session 10: the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean per-tile
-//     path) / 0 (the kernel before) / 2 (the issuer refills the previous tile's stage) / 2 and
-//     5 stages; elsewhere ignored; warm: plan_decode's choice with bulk_warm_start (the first
+//   diet / no_diet / lag / diet5 / lag5: plan_decode's choice with bulk_diet 1 (its int4 choice
+//     since session 10: the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean
+//     per-tile path) / 0 (the kernel before) / 2 (the issuer refills the previous tile's stage)
+//     / 1 and 5 stages / 2 and 5 stages; elsewhere ignored; warm: plan_decode's choice with
+//     bulk_warm_start (the first
 //     tiles of each split prefetched into L2 during the start; contiguous caches only); trigger /
 //     trigger_wide: plan_decode's choice / merge_wide_early's with merge_trigger (session 10: the
 //     warp / wide merge signals programmatic completion first).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, no_diet, lag, lag5, warm, trigger, trigger_wide
+  lean_staged, eager, diet, no_diet, lag, diet5, lag5, warm, trigger, trigger_wide
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -198,6 +199,7 @@ class DecodeCase : public Case {
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
                     kernel == Kernel::eager || kernel == Kernel::diet || kernel == Kernel::no_diet ||
                     kernel == Kernel::lag || kernel == Kernel::lag5 || kernel == Kernel::warm ||
+                    kernel == Kernel::diet5 ||
                     kernel == Kernel::trigger || kernel == Kernel::trigger_wide) &&
                    streams_by_default(cs.format, cs.D))) {}
 
@@ -224,6 +226,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::no_diet) s += ".no_diet";
     if (kernel_ == Kernel::lag) s += ".lag";
     if (kernel_ == Kernel::lag5) s += ".lag5";
+    if (kernel_ == Kernel::diet5) s += ".diet5";
     if (kernel_ == Kernel::warm) s += ".warm";
     if (kernel_ == Kernel::trigger) s += ".trigger";
     if (kernel_ == Kernel::trigger_wide) s += ".trigger_wide";
@@ -294,9 +297,11 @@ class DecodeCase : public Case {
       plan.bulk_stage_out = kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_staged;
       plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
     } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet || kernel_ == Kernel::lag ||
-               kernel_ == Kernel::lag5) {
-      plan.bulk_diet = kernel_ == Kernel::diet ? 1 : kernel_ == Kernel::no_diet ? 0 : 2;
-      if (kernel_ == Kernel::lag5) plan.bulk_stages = 5;
+               kernel_ == Kernel::lag5 || kernel_ == Kernel::diet5) {
+      plan.bulk_diet = kernel_ == Kernel::diet || kernel_ == Kernel::diet5 ? 1
+                       : kernel_ == Kernel::no_diet                        ? 0
+                                                                           : 2;
+      if (kernel_ == Kernel::lag5 || kernel_ == Kernel::diet5) plan.bulk_stages = 5;
     } else if (kernel_ == Kernel::warm) {
       plan.bulk_warm_start = true;
     } else if (kernel_ == Kernel::trigger) {
@@ -755,8 +760,13 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // heads (two head blocks), sequences of fewer tiles than stages (17, 33 keys: a warp's first
   // issuing turn past the split), 1-key / empty sequences, Mq > 1 causal, bias, G 1-8, bf16 q;
   // the flag ignored at 4 heads and 9-16 rows. lag, lag5: the same cases. no_diet: 8 heads,
-  // contiguous and paged 16 (the tensor-map kernel before session 10).
+  // contiguous and paged 16 (the tensor-map kernel before session 10). diet5: 5 stages.
   const Kernel dt = Kernel::diet, lg = Kernel::lag, lg5 = Kernel::lag5, nd = Kernel::no_diet;
+  const Kernel d5 = Kernel::diet5;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, d5);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, d5);
+  add(shape(F::int4, 4, 2, 1001, 16, 128, 256), {1001, 1}, 8, 1, false, false, DType::f16, d5);
+  add(shape(F::int4, 4, 2, 777, 8, 128, 0), {777, 16}, 4, 2, true, false, DType::f16, d5);
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, nd);
   add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, nd);
   add(shape(F::int4, 4, 2, 1001, 16, 128, 256), {1001, 1}, 4, 1, false, false, DType::f16, nd);
