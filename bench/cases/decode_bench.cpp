@@ -38,16 +38,9 @@ struct Shape {
 // 2-11 % slower everywhere; the knob value is gone); session 10 removed "CTA merge" (merge_warp
 // off; runs 24-26: the warp merge 1-4 % faster, same bits) and "run-24 kernel"
 // (bulk_stage_out / bulk_lean_start off; runs 25-26), settled and adopted.
-// "run-29 kernel" (session 10): bulk_diet 0, the int4 g4 tensor-map kernel before its lean
-// per-tile path (plan_decode's bulk_diet 1 since H200 run 29); "diet lag": bulk_diet 2 (the
-// issuer refills the previous tile's stage); "diet 5 stages" / "diet lag 5 stages" with
-// bulk_stages 5; same bits as the default. "merge trigger" (session 10):
-// merge_trigger, the split merge lets the next PDL launch start at once; each timing interval
-// runs two calls back to back (the time is per call) so that the second call's split kernel
-// follows the first call's merge (a single call per interval follows the L2 flush and an event,
-// where the trigger cannot show); "two calls" is the default plan timed the same way.
-// "warm start" (session 10): bulk_warm_start (contiguous caches only).
-enum class Pick { plan, probe, run29, lag, diet5, lag5, trigger, two_calls, warm };
+// "run-29 kernel" (session 10): bulk_diet off, the int4 g4 tensor-map kernel before its lean
+// per-tile path with the lagged refill (plan_decode's since H200 run 30); same bits.
+enum class Pick { plan, probe, run29 };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -56,11 +49,7 @@ struct Fmt {
 };
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
-  if (pick == Pick::run29) plan.bulk_diet = 0;
-  if (pick == Pick::lag || pick == Pick::lag5) plan.bulk_diet = 2;
-  if (pick == Pick::lag5 || pick == Pick::diet5) plan.bulk_stages = 5;
-  if (pick == Pick::warm) plan.bulk_warm_start = true;
-  if (pick == Pick::trigger) plan.merge_trigger = true;
+  if (pick == Pick::run29) plan.bulk_diet = false;
   plan.bulk_probe = pick == Pick::probe;
   if (plan.format == KvFormat::int4 && pick == Pick::probe) {
     plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
@@ -176,13 +165,9 @@ double time_decode(const Env& env, const BenchCache& bc, const Shape& s, const D
   DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(s.Hq), static_cast<int>(s.D), ctx);
   choose_kernel(plan, pick);
   Buffer ws(env.device, workspace_bytes(plan));
-  const int calls = pick == Pick::trigger || pick == Pick::two_calls ? 2 : 1;
   return env.time_ms([&] {
-           for (int i = 0; i < calls; ++i)
-             decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f,
-                              false, ctx);
-         }) /
-         calls;
+    decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
+  });
 }
 
 // cos / rel L1 of decode attention on a quantized cache written by kv_append from N(0,1) K/V,
@@ -286,15 +271,6 @@ class DecodeBench : public BenchCase {
       formats.push_back({KvFormat::int4, 4, "int4 g4 pairs probe (copies only, not attention)",
                          Pick::probe});
       formats.push_back({KvFormat::int4, 4, "int4 g4 run-29 kernel", Pick::run29});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 diet lag", Pick::lag});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 diet 5 stages", Pick::diet5});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 diet lag 5 stages", Pick::lag5});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 warm start", Pick::warm});
-      formats.push_back({KvFormat::fp8, 1, "fp8 warm start", Pick::warm});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 two calls", Pick::two_calls});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 merge trigger two calls", Pick::trigger});
-      formats.push_back({KvFormat::fp8, 1, "fp8 two calls", Pick::two_calls});
-      formats.push_back({KvFormat::fp8, 1, "fp8 merge trigger two calls", Pick::trigger});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -305,11 +281,8 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // The int4 probe at B 64 contiguous; the two-call rows at B 1 and B 16; the variants
-          // contiguous and paged 16.
+          // The int4 probe at B 64 contiguous; "run-29 kernel" contiguous and paged 16.
           if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
-          if ((f.pick == Pick::trigger || f.pick == Pick::two_calls) && s.B == 64) continue;
-          if (f.pick == Pick::warm && page) continue;
           if (page == 256 && f.pick != Pick::plan) continue;
           Row r;
           r.family = "decode";

@@ -163,34 +163,20 @@ struct DecodePlan {
   // where a split ends in a partial tile (full tiles overwrite every byte the math reads). Same
   // arithmetic: the bits equal false's.
   bool bulk_lean_start = false;
-  // CUDA, bulk kernel (session 10, issue 7; plan_decode sets 1 for int4 g4 D 128 at <= 8 rows
-  // since H200 run 29: B 64 0.1846 -> 0.1785 ms contiguous, 0.2000 -> 0.1872 paged 16; B 1
-  // 0.0573 -> 0.0560 / 0.0628 -> 0.0589; (16, 32768, 64, 8) 0.1880 -> 0.1813 / 0.2036 -> 0.1901;
-  // same bits): the tensor-map kernel (bulk_tma, solo issue) with 8 KV heads per CTA (Hkv a
-  // multiple of 8) and 4 stages on a leaner per-tile path: the stage geometry and stage count as
-  // compile-time constants with every stage access relative to one per-lane shared address, the
-  // V coefficient words as 16-byte loads (4 instead of 16 per tile and warp), the stage /
-  // barrier / key-count addresses and the issuing turn advanced incrementally, the no-mask test
-  // from the key count alone (SASS: 247 instructions per 16-key tile and warp against 309).
-  // 2: also the issuing warp refills the previous tile's stage, not the one it has just
-  // finished (at least 3 stages; bulk_stages 5 runs a run-time stage count). 0 (off), other
-  // layouts, other stage counts (1) and bulk_stage_out: the kernel without it. Same arithmetic:
-  // the bits equal 0's. docs/decode.md "Session 10".
-  int bulk_diet = 0;
-  // CUDA, with launch_pdl (session 10, issue 7; opt-in until measured): the warp and wide split
-  // merges signal programmatic completion in their first instruction, so that a following PDL
-  // launch (the next decode step's split kernel) starts and runs its pre-wait prologue while the
-  // merge runs; that kernel still waits for the merge's completion before any global access.
-  // Only a following kernel launched as a programmatic dependent (and calling
-  // griddepcontrol.wait, as lowbit's decode kernels do) changes. Same results.
-  bool merge_trigger = false;
-  // CUDA, with bulk_lean_start on contiguous caches (session 10, issue 7; opt-in until measured):
-  // right after the PDL wait, the kernel prefetches the K / V of each split's first tiles into
-  // L2 (int4 g4 with bulk_diet 1: one tensor-map box prefetch per kind and tile; fp8 whole
-  // tiles: the four blocks), so the DRAM reads start while the sequence length, which the copies wait for, is in
-  // flight (the per-split start cost at B 1). Paged caches and other kernels ignore it; same
-  // results.
-  bool bulk_warm_start = false;
+  // CUDA, bulk kernel (session 10, issue 7; plan_decode sets it for int4 g4 D 128 at <= 8 rows
+  // since H200 run 30, where it applies: B 64, L 8192 0.1816 -> 0.1726 ms contiguous, 0.1985 ->
+  // 0.1831 paged 16; B 1, L 131072 0.0571 -> 0.0539 / 0.0623 -> 0.0572; (16, 32768, 64, 8)
+  // 0.1830 -> 0.1753 / 0.2019 -> 0.1863; same bits): the tensor-map kernel (bulk_tma, solo
+  // issue) with 8 KV heads per CTA (Hkv a multiple of 8) and 4 stages on a leaner per-tile
+  // path: the stage geometry and stage count as compile-time constants with every stage access
+  // relative to one per-lane shared address, the V coefficient words as 16-byte loads, the
+  // stage / barrier / key-count addresses and the issuing turn advanced incrementally, the
+  // no-mask test from the key count alone (SASS: 250 instructions per 16-key tile and warp
+  // against 309); and the issuing warp refills the previous tile's stage, not the one it has
+  // just finished (its wait for the other warps' release is then nearly always already met).
+  // Other layouts, other stage counts and bulk_stage_out: the kernel without it. Same
+  // arithmetic: the bits equal false's. docs/decode.md "Session 10".
+  bool bulk_diet = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -299,11 +299,12 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   p.bulk_stage_out = p.device == Device::cuda && p.format == KvFormat::fp8;
   p.bulk_lean_start =
       p.device == Device::cuda && (p.format == KvFormat::int4 || !cache.paged());
-  // The int4 g4 tensor-map kernel's lean per-tile path (H200 run 29, same bits: B 64, L 8192
-  // 0.1846 -> 0.1785 ms contiguous, 0.2000 -> 0.1872 paged 16; B 1 0.0573 -> 0.0560 / 0.0628 ->
-  // 0.0589; (16, 32768, 64, 8) 0.1880 -> 0.1813 / 0.2036 -> 0.1901; every decode case passed).
-  // Where it does not apply (Hkv not a multiple of 8, other stage counts) the kernel ignores it.
-  p.bulk_diet = p.bulk_tma ? 1 : 0;
+  // The int4 g4 tensor-map kernel's lean per-tile path with the lagged refill (session 10; H200
+  // run 30 against the kernel without it, same bits: B 64, L 8192 0.1816 -> 0.1726 ms
+  // contiguous, 0.1985 -> 0.1831 paged 16; B 1 0.0571 -> 0.0539 / 0.0623 -> 0.0572; (16, 32768,
+  // 64, 8) 0.1830 -> 0.1753 / 0.2019 -> 0.1863; every decode case passed in runs 29-30). Where
+  // it does not apply (Hkv not a multiple of 8, other stage counts) the kernel ignores it.
+  p.bulk_diet = p.bulk_tma;
   return p;
 }
 
@@ -336,7 +337,6 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   check::in_range(op, "plan.fold_scales", plan.fold_scales, 0, 1);
   check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 2);
   check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
-  check::in_range(op, "plan.bulk_diet", plan.bulk_diet, 0, 2);
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);
   check::dim(op, "q", q, 0, B);

@@ -516,11 +516,7 @@ __global__ void __launch_bounds__(kMergeThreads)
 constexpr int kWideDims = 32;
 constexpr int kWideMaxSplits = 8192;  // shared memory for the weights: 32 KB
 constexpr int kWideEarlySplits = 256;  // EARLY: 8 float4 per thread
-// TRIG (DecodePlan::merge_trigger, session 10): the merge lets the next programmatic dependent
-// launch (the next decode step's split kernel, or any PDL kernel after it) start at once: that
-// kernel's launch and its pre-wait prologue (barrier init, ring zeroing) overlap this merge; its
-// griddepcontrol.wait still waits for this grid's completion and memory flush.
-template <bool EARLY, bool TRIG = false>
+template <bool EARLY>
 __global__ void __launch_bounds__(kMergeThreads)
     decode_merge_wide_kernel(const float* part_o, const float* part_lse, int H, int G, int Mq,
                              int S, int D, void* out, DType out_dtype, StridedIndex out_idx,
@@ -528,7 +524,6 @@ __global__ void __launch_bounds__(kMergeThreads)
   extern __shared__ float wsm[];  // S weights
   __shared__ float wred[2][kMergeThreads / 32];
   __shared__ float4 part[kMergeThreads];
-  if constexpr (TRIG) griddep_launch_dependents();
   griddep_wait();  // (PDL) the split kernel's partials are complete and visible
   const int R = Mq * G;
   const int chunks = D / kWideDims;
@@ -619,13 +614,12 @@ __global__ void __launch_bounds__(kMergeThreads)
 // operation for operation (its 8 slices of 32 columns: slice k adds splits k, k + 8 by fmaf in
 // order, the slices are summed in order from 0, the LSE sum is lane-strided with the same xor
 // tree and lane 0's total), so the bits equal it.
-template <int SMAX, bool TRIG = false>
+template <int SMAX>
 __global__ void __launch_bounds__(kMergeThreads)
     decode_merge_warp_kernel(const float* part_o, const float* part_lse, int H, int G, int Mq,
                              int S, int64_t rows, void* out, DType out_dtype, StridedIndex out_idx,
                              float* lse_out, StridedIndex lse_idx) {
   constexpr int D = 128, kSlices = 8;  // (decode_merge_kernel<4>: 256 threads / 32 columns)
-  if constexpr (TRIG) griddep_launch_dependents();  // (see decode_merge_wide_kernel)
   griddep_wait();  // (PDL) the split kernel's partials are complete and visible
   const int lane = threadIdx.x & 31;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * (kMergeThreads / 32) + (threadIdx.x >> 5);
@@ -766,25 +760,14 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
                        static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_lse),
                        p.H, p.G, p.Mq, p.S, rows, out.data, out.dtype, oi, lse_ptr, li);
     };
-    // DecodePlan::merge_trigger (PDL only): the kernels that let the next launch start early.
-    const bool trig = pdl && plan.merge_trigger;
-    if (p.S <= 4) {
-      trig ? launch(decode_merge_warp_kernel<4, true>) : launch(decode_merge_warp_kernel<4>);
-    } else if (p.S <= 8) {
-      trig ? launch(decode_merge_warp_kernel<8, true>) : launch(decode_merge_warp_kernel<8>);
-    } else {
-      trig ? launch(decode_merge_warp_kernel<16, true>) : launch(decode_merge_warp_kernel<16>);
-    }
+    if (p.S <= 4) launch(decode_merge_warp_kernel<4>);
+    else if (p.S <= 8) launch(decode_merge_warp_kernel<8>);
+    else launch(decode_merge_warp_kernel<16>);
   } else if (plan.merge_wide && aligned16 &&
       plan.head_dim % kWideDims == 0 && p.S <= kWideMaxSplits) {
     const int chunks = plan.head_dim / kWideDims;
     const bool early = plan.merge_warp && p.S <= kWideEarlySplits;
-    const bool trig = pdl && plan.merge_trigger;  // (DecodePlan::merge_trigger)
-    auto wide = early ? (trig ? decode_merge_wide_kernel<true, true>
-                              : decode_merge_wide_kernel<true>)
-                      : (trig ? decode_merge_wide_kernel<false, true>
-                              : decode_merge_wide_kernel<false>);
-    launch_maybe_pdl(pdl, wide,
+    launch_maybe_pdl(pdl, early ? decode_merge_wide_kernel<true> : decode_merge_wide_kernel<false>,
                      dim3(static_cast<unsigned>(rows * chunks)), dim3(kMergeThreads),
                      static_cast<size_t>(p.S) * sizeof(float), stream,
                      static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_lse),

@@ -112,17 +112,6 @@ __device__ __forceinline__ void lds128_s(uint32_t a, uint32_t (&v)[4]) {
                : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
                : "r"(a));
 }
-// L2 prefetches (kWarm): a tensor-map box, or `bytes` (a multiple of 16) at a 16-byte aligned
-// global address.
-__device__ __forceinline__ void tma_prefetch_4d(const void* map, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
 }
@@ -211,14 +200,10 @@ struct BulkArgs {
   bool stage_out = false;
   // DecodePlan::bulk_lean_start (session 9; honoured by the kTma4 / kBlocks8 instantiations).
   bool lean = false;
-  // DecodePlan::bulk_diet (session 10): the stage count of its kTma4 | kDiet | kDiet2 kernel (4,
-  // or 5: | kDiet5), 0 off; set only with tma, 8 heads per CTA, 80-byte rows and kstr 656 (the
-  // compile-time geometry), 4 or 5 stages, and not with stage_out.
-  int diet = 0;
-  bool lag = false;  // DecodePlan::bulk_diet 2 (with diet): kLag
-  // DecodePlan::bulk_warm_start (session 10; with lean, contiguous caches): kWarm, for kTma4 |
-  // kDiet | kDiet2 (not with kLag) and the fp8 kBlocks8 | kStage kernel.
-  bool warm = false;
+  // DecodePlan::bulk_diet (session 10): the kTma4 | kDiet instantiation; set only with tma, 8
+  // heads per CTA, 80-byte rows, kstr 656 and 4 stages (its compile-time geometry), and not with
+  // stage_out.
+  bool diet = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -249,29 +234,20 @@ struct BulkMaps {
 // (BulkArgs::tma).
 // Session 9: kStage (8, DecodePlan::bulk_stage_out, BulkArgs::stage_out) with kTma4 and with the
 // fp8 kBlocks8 solo instantiation (a run-time flag spilled 28 bytes in two others).
-// Session 10: kDiet (16, DecodePlan::bulk_diet) with kTma4 at 8 heads per CTA (int4 g4 D 128:
-// 80-byte rows, key stride 656 bytes in the stage): the stage geometry as compile-time constants
-// and every stage access relative to one per-lane shared address, the V coefficient words as
-// 16-byte loads, the stage / barrier addresses and the issue turn advanced incrementally.
-// kDiet2 (32, with kDiet; DecodePlan::bulk_diet at 4 stages, plan_decode's int4 g4 kernel since
-// H200 run 29): also 4 stages at compile time, the stage's key count read at an incrementally
-// advanced shared address, and a tile needing no mask told by that count alone (the issuer adds
-// 32 when the call has a causal mask or a bias). (kDiet is only instantiated with kDiet2; its
-// run-time stage count branches are kept for reading.)
-// kLag (64, bulk_diet = 2, with kDiet | kDiet2): after its tile it, the issuing warp refills
-// the stage of tile it - 1 (with tile it - 1 + NST) instead of tile it's, so it waits for every
-// warp to be done with the previous tile (nearly always already true) rather than with the one
-// it has just finished itself (run 22's ncu: that wait was the largest single stall). One tile
-// less in flight at the same stage count (bulk_stages 5, kDiet5, gives the depth back).
-// kWarm (128, DecodePlan::bulk_warm_start, with the lean start of kTma4 / kBlocks8 on contiguous
-// caches): right after griddepcontrol.wait, warps 0 .. NST - 1 prefetch the K / V of the split's
-// first NST tiles (at split * split_size, within the capacity) into L2, so the DRAM reads start
-// while the sequence length, which the real copies must wait for, is still on its way.
-// kDiet5 (256, with kDiet | kDiet2): 5 stages at compile time instead of 4 (DecodePlan::bulk_diet
-// with bulk_stages 5: 105 KB per CTA, still two CTAs per multiprocessor).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kDiet2 = 32,
-              kLag = 64, kWarm = 128, kDiet5 = 256;
-// The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it; kDiet2: 4 stages).
+// Session 10: kDiet (16, DecodePlan::bulk_diet; plan_decode's int4 g4 kernel since H200 run 30)
+// with kTma4 at 8 heads per CTA (int4 g4 D 128: 80-byte rows, key stride 656 bytes in the
+// stage) and 4 stages: the stage geometry and stage count as compile-time constants, every stage
+// access relative to one per-lane shared address (32-bit ld.shared), the V coefficient words as
+// 16-byte loads, the stage / barrier / key-count addresses advanced incrementally (stepped back
+// by the ring's size at the wrap), the stage's key count telling a tile that needs no mask
+// alone (the issuer adds 32 when the call has a causal mask or a bias), one try_wait before the
+// bounded wait loop; and the lagged refill: after its tile it, the issuing warp (the warp whose
+// turn it is) refills the stage of tile it - 1 with tile it - 1 + NST instead of tile it's with
+// tile it + NST, so its `empty` wait is for every warp to be done with the previous tile (nearly
+// always already true) rather than with the one it has just finished itself (run 22's ncu: that
+// wait was the largest single stall). Same arithmetic and order as kTma4 (same bits).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16;
+// The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it).
 constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
@@ -314,11 +290,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   const int rb = c.row_bytes;
   // kTma4: tensor copies land at 128-byte aligned addresses (the host adds 128 bytes of slack).
   constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
-  constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656)
-  constexpr bool diet2 = diet && (KN & kDiet2) != 0;  // (and 4 stages)
-  constexpr bool lag = diet && (KN & kLag) != 0;
-  constexpr int kDietNst = (KN & kDiet5) != 0 ? 5 : kDietStages;  // (kDiet2)
-  const int NST = diet2 ? kDietNst : a.nst;
+  constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656, 4 stages)
+  const int NST = diet ? kDietStages : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
   const uint32_t ring_s = tma ? (raw_s + 127u) & ~127u : raw_s;
@@ -352,21 +325,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   if (lean) {
     len = seq_length(c, b);
     const int64_t lo0 = static_cast<int64_t>(split) * p.split_size;  // lo unless the split is empty
-    if constexpr ((KN & kWarm) != 0) {  // (while the sequence length is in flight)
-      const int64_t k = lo0 + 16 * warp;  // tile `warp` of the split (contiguous caches)
-      if (!c.block_tables && lane == 0 && warp < a.nst && k + 16 <= c.capacity) {
-        if constexpr (tma) {
-          tma_prefetch_4d(&m.k, 0, h0 / HB, static_cast<int>(k), static_cast<int>(b));
-          tma_prefetch_4d(&m.v, 0, h0 / HB, static_cast<int>(k), static_cast<int>(b));
-        } else if constexpr (F == KvFormat::fp8) {  // (kBlocks8: the tile's four blocks)
-          const uint32_t blk = static_cast<uint32_t>(16 * HB * rb), ss = 16u * 4u * HB;
-          bulk_prefetch_l2(c.k + b * c.k_st[0] + h0 * c.k_st[2] + k * c.k_st[1], blk);
-          bulk_prefetch_l2(c.v + b * c.v_st[0] + h0 * c.v_st[2] + k * c.v_st[1], blk);
-          bulk_prefetch_l2(c.kss + b * c.kss_st[0] + h0 * c.kss_st[2] + k * c.kss_st[1], ss);
-          bulk_prefetch_l2(c.vss + b * c.vss_st[0] + h0 * c.vss_st[2] + k * c.vss_st[1], ss);
-        }
-      }
-    }
     if (c.block_tables) {
       if (solo && lo0 + 16 * warp < c.capacity)
         first_page = c.block_tables[b * c.bt_st0 + ((lo0 / 16 + warp) / (c.page_size / 16)) *
@@ -576,9 +534,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, (m1 ? s1 : 0u) + (m2 ? s2 : 0u));
     if (lane == 0) {
-      // (kDiet2: + 32 where the call masks or biases, so that the consumers' plain test is
+      // (kDiet: + 32 where the call masks or biases, so that the consumers' plain test is
       // the count alone)
-      cnt[s] = static_cast<int>(nk) + (diet2 && (p.causal || p.bias) ? 32 : 0);
+      cnt[s] = static_cast<int>(nk) + (diet && (p.causal || p.bias) ? 32 : 0);
       mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
@@ -733,13 +691,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // offsets compile-time constants; the warp issues at every HB-th tile from next_iss on.
   uint32_t st_cur = ring_s, fb_cur = full_s, eb_cur = empty_s;
   const uint32_t cnt_s = static_cast<uint32_t>(__cvta_generic_to_shared(cnt));
-  uint32_t cnt_cur = cnt_s;  // kDiet2
-  // (it + NST) mod HB = warp; kLag: (it - 1 + NST) mod HB = warp, it >= 1
-  int next_iss = (warp + (lag ? 1 : 0) - NST) & (kDietHb - 1);
-  if (lag && next_iss == 0) next_iss = kDietHb;
+  uint32_t cnt_cur = cnt_s;
+  // (it - 1 + NST) mod HB = warp, it >= 1 (the lagged refill)
+  int next_iss = (warp + 1 - NST) & (kDietHb - 1);
+  if (next_iss == 0) next_iss = kDietHb;
   const int koff_t = koff[0] + 4 * t;
   const int voff_z = voff[0] + 4 * (g < NG ? g : NG - 1);
-  const bool simple = !p.causal && !p.bias;
 
   int s = 0;          // stage of tile it (= it mod NST)
   uint32_t phase = 0;  // parity of its use (= (it / NST) mod 2)
@@ -747,23 +704,14 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   auto finish_tile = [&](int it) {
     if constexpr (diet) {
       mbar_arrive(eb_cur);
-      if constexpr (lag) {
-        if (it == next_iss) {  // tile it - 1 + NST into the stage of tile it - 1
-          next_iss += kDietHb;
-          if (it - 1 + NST < n_tiles) {
-            const bool first = s == 0;  // tile it - 1: the last stage of the previous use
-            const uint32_t eb_prev = first ? eb_cur + 8 * (NST - 1) : eb_cur - 8;
-            mbar_wait(eb_prev, first ? phase ^ 1u : phase);
-            fence_proxy_async();
-            issue_solo(it - 1 + NST, first ? NST - 1 : s - 1);
-          }
-        }
-      } else if (it == next_iss) {
+      if (it == next_iss) {  // tile it - 1 + NST into the stage of tile it - 1
         next_iss += kDietHb;
-        if (it + NST < n_tiles) {
-          mbar_wait(eb_cur, phase);
+        if (it - 1 + NST < n_tiles) {
+          const bool first = s == 0;  // tile it - 1: the last stage of the previous use
+          const uint32_t eb_prev = first ? eb_cur + 8 * (NST - 1) : eb_cur - 8;
+          mbar_wait(eb_prev, first ? phase ^ 1u : phase);
           fence_proxy_async();
-          issue_solo(it + NST, s);
+          issue_solo(it - 1 + NST, first ? NST - 1 : s - 1);
         }
       }
       st_cur += 32 * kDietKstr;
@@ -773,17 +721,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       if (++s == NST) {
         s = 0;
         phase ^= 1u;
-        if constexpr (diet2) {  // (back by the ring: no shared-window base to re-derive)
-          st_cur -= kDietNst * 32 * kDietKstr;
-          fb_cur -= 8 * kDietNst;
-          eb_cur -= 8 * kDietNst;
-          cnt_cur -= 4 * kDietNst;
-        } else {
-          st_cur = ring_s;
-          fb_cur = full_s;
-          eb_cur = empty_s;
-          cnt_cur = cnt_s;
-        }
+        // (back by the ring: no shared-window base to re-derive)
+        st_cur -= kDietStages * 32 * kDietKstr;
+        fb_cur -= 8 * kDietStages;
+        eb_cur -= 8 * kDietStages;
+        cnt_cur -= 4 * kDietStages;
       }
       return;
     } else if constexpr (solo) {
@@ -812,12 +754,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll 1
   for (int it = 0; it < n_tiles; ++it) {
     // kTma4: a bounded wait (a tensor copy whose bytes never complete traps, not hangs).
-    if constexpr (diet2) {  // one try first: the bounded loop's counter only when not ready
+    if constexpr (diet) {  // one try first: the bounded loop's counter only when not ready
       if (!mbar_try(fb_cur, phase)) ptx::mbar_wait_bounded(fb_cur, phase);
-    } else if constexpr (diet) {
-      ptx::mbar_wait_bounded(fb_cur, phase);
-    }
-    if constexpr (diet) {
     } else if constexpr (tma) {
       ptx::mbar_wait_bounded(full_s + 8 * s, phase);
     } else {
@@ -829,8 +767,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = diet ? st_cur : ring_s + s * stage_bytes;
-    const int craw = diet2 ? static_cast<int>(lds32_s(cnt_cur)) : cnt[s];
-    const int nk = diet2 ? craw & 31 : craw;
+    const int craw = diet ? static_cast<int>(lds32_s(cnt_cur)) : cnt[s];
+    const int nk = diet ? craw & 31 : craw;
     const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
 
     // ---- S^T = K q^T (keys g, g + 8 x rows 8 nr + 2t + {0, 1}) ----
@@ -975,9 +913,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     // and its m, l, O finite or, with a non-finite K entry, NaN in that row only: each row's
     // softmax state is its own, fmaxf drops NaN, and such rows are never written), so the
     // -inf select of session 5 (~8 SASS per tile and warp) only ever touched unused rows.
-    const bool plain = diet2  ? craw == 16
-                       : diet ? nk == 16 && simple
-                              : nk == 16 && !p.causal && !p.bias;
+    const bool plain = diet ? craw == 16 : nk == 16 && !p.causal && !p.bias;
     if (!plain) {
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
@@ -1335,9 +1271,6 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       if constexpr (F == KvFormat::fp8) {
         if (x == kBlocks8) {
           if constexpr (kS) {
-            if (a.stage_out && a.warm)
-              return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kStage | kWarm>(p, a, m, B,
-                                                                                   stream);
             if (a.stage_out)
               return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kStage>(p, a, m, B, stream);
           }
@@ -1347,16 +1280,7 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       } else {  // (x == kTma4)
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
-        // (BulkArgs::diet 4: kDiet | kDiet2, 4 stages; 5: | kDiet5)
-        constexpr int kD2 = kTma4 | kDiet | kDiet2, kD5 = kD2 | kDiet5;
-        if (a.diet == 4 && a.lag)
-          return launch_nr<F, D, 1, VA, FOLD, true, kD2 | kLag>(p, a, m, B, stream);
-        if (a.diet == 4 && a.warm)
-          return launch_nr<F, D, 1, VA, FOLD, true, kD2 | kWarm>(p, a, m, B, stream);
-        if (a.diet == 4) return launch_nr<F, D, 1, VA, FOLD, true, kD2>(p, a, m, B, stream);
-        if (a.diet == 5 && a.lag)
-          return launch_nr<F, D, 1, VA, FOLD, true, kD5 | kLag>(p, a, m, B, stream);
-        if (a.diet == 5) return launch_nr<F, D, 1, VA, FOLD, true, kD5>(p, a, m, B, stream);
+        if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
     }
@@ -1555,15 +1479,9 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // kDiet: its compile-time geometry (8 heads of 80-byte rows, key stride 656 in the stage).
-  // DecodePlan::bulk_diet 1: kDiet | kDiet2 at 4 stages (| kDiet5 at 5); 2: with kLag.
-  a.diet = 0;
-  if (plan.bulk_diet > 0 && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
-      a.kstr == kDietKstr && !a.stage_out && (a.nst == kDietStages || a.nst == 5))
-    a.diet = a.nst;
-  a.lag = a.diet > 0 && plan.bulk_diet >= 2;
-  // (int4: with the 4-stage diet kernel only)
-  a.warm = plan.bulk_warm_start && a.lean && !cache.paged() &&
-           (cache.format != KvFormat::int4 || (a.diet == 4 && !a.lag));
+  // DecodePlan::bulk_diet: kDiet, at its compile-time geometry only.
+  a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
+           a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;

@@ -164,18 +164,13 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     ring zeroed only where stale rows can be read; seq_len / first page loaded first);
 //     lean_staged: both; eager: both off (plan_decode sets them since session 9: stage_out for
 //     fp8, lean_start for int4 and contiguous fp8).
-//   diet / no_diet / lag / diet5 / lag5: plan_decode's choice with bulk_diet 1 (its int4 choice
-//     since session 10: the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean
-//     per-tile path) / 0 (the kernel before) / 2 (the issuer refills the previous tile's stage)
-//     / 1 and 5 stages / 2 and 5 stages; elsewhere ignored; warm: plan_decode's choice with
-//     bulk_warm_start (the first
-//     tiles of each split prefetched into L2 during the start; contiguous caches only); trigger /
-//     trigger_wide: plan_decode's choice / merge_wide_early's with merge_trigger (session 10: the
-//     warp / wide merge signals programmatic completion first).
+//   diet / no_diet: plan_decode's choice with bulk_diet on (its int4 choice since session 10:
+//     the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean per-tile path with the
+//     lagged refill; explicit here) / off (the kernel before).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, no_diet, lag, diet5, lag5, warm, trigger, trigger_wide
+  lean_staged, eager, diet, no_diet
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -197,10 +192,8 @@ class DecodeCase : public Case {
                     kernel == Kernel::bulk_tma_solo || kernel == Kernel::merge_warp ||
                     kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out ||
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
-                    kernel == Kernel::eager || kernel == Kernel::diet || kernel == Kernel::no_diet ||
-                    kernel == Kernel::lag || kernel == Kernel::lag5 || kernel == Kernel::warm ||
-                    kernel == Kernel::diet5 ||
-                    kernel == Kernel::trigger || kernel == Kernel::trigger_wide) &&
+                    kernel == Kernel::eager || kernel == Kernel::diet ||
+                    kernel == Kernel::no_diet) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -224,12 +217,6 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::eager) s += ".eager";
     if (kernel_ == Kernel::diet) s += ".diet";
     if (kernel_ == Kernel::no_diet) s += ".no_diet";
-    if (kernel_ == Kernel::lag) s += ".lag";
-    if (kernel_ == Kernel::lag5) s += ".lag5";
-    if (kernel_ == Kernel::diet5) s += ".diet5";
-    if (kernel_ == Kernel::warm) s += ".warm";
-    if (kernel_ == Kernel::trigger) s += ".trigger";
-    if (kernel_ == Kernel::trigger_wide) s += ".trigger_wide";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
@@ -280,11 +267,9 @@ class DecodeCase : public Case {
       plan.launch_pdl = false;
     } else if (kernel_ == Kernel::bulk_deep) {
       plan.bulk_stages = 8;
-    } else if (kernel_ == Kernel::merge_wide || kernel_ == Kernel::merge_wide_early ||
-               kernel_ == Kernel::trigger_wide) {
+    } else if (kernel_ == Kernel::merge_wide || kernel_ == Kernel::merge_wide_early) {
       plan.merge_wide = true;
-      plan.merge_warp = kernel_ != Kernel::merge_wide;
-      plan.merge_trigger = kernel_ == Kernel::trigger_wide;
+      plan.merge_warp = kernel_ == Kernel::merge_wide_early;
       plan.split_size = plan.capacity > 4000 ? 16 : 32;
       plan.n_splits = static_cast<int>((plan.capacity + plan.split_size - 1) / plan.split_size);
     } else if (kernel_ == Kernel::bulk_pairs || kernel_ == Kernel::bulk_tma_solo) {
@@ -296,16 +281,8 @@ class DecodeCase : public Case {
                kernel_ == Kernel::lean_staged || kernel_ == Kernel::eager) {
       plan.bulk_stage_out = kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_staged;
       plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
-    } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet || kernel_ == Kernel::lag ||
-               kernel_ == Kernel::lag5 || kernel_ == Kernel::diet5) {
-      plan.bulk_diet = kernel_ == Kernel::diet || kernel_ == Kernel::diet5 ? 1
-                       : kernel_ == Kernel::no_diet                        ? 0
-                                                                           : 2;
-      if (kernel_ == Kernel::lag5 || kernel_ == Kernel::diet5) plan.bulk_stages = 5;
-    } else if (kernel_ == Kernel::warm) {
-      plan.bulk_warm_start = true;
-    } else if (kernel_ == Kernel::trigger) {
-      plan.merge_trigger = true;
+    } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet) {
+      plan.bulk_diet = kernel_ == Kernel::diet;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -759,14 +736,9 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // that are and are not multiples of 16, paged 16 (splits starting inside a page) / 256, 16
   // heads (two head blocks), sequences of fewer tiles than stages (17, 33 keys: a warp's first
   // issuing turn past the split), 1-key / empty sequences, Mq > 1 causal, bias, G 1-8, bf16 q;
-  // the flag ignored at 4 heads and 9-16 rows. lag, lag5: the same cases. no_diet: 8 heads,
-  // contiguous and paged 16 (the tensor-map kernel before session 10). diet5: 5 stages.
-  const Kernel dt = Kernel::diet, lg = Kernel::lag, lg5 = Kernel::lag5, nd = Kernel::no_diet;
-  const Kernel d5 = Kernel::diet5;
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, d5);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, d5);
-  add(shape(F::int4, 4, 2, 1001, 16, 128, 256), {1001, 1}, 8, 1, false, false, DType::f16, d5);
-  add(shape(F::int4, 4, 2, 777, 8, 128, 0), {777, 16}, 4, 2, true, false, DType::f16, d5);
+  // the flag ignored at 4 heads and 9-16 rows. no_diet: 8 / 16 heads, contiguous and paged 16 /
+  // 256 (the tensor-map kernel before session 10).
+  const Kernel dt = Kernel::diet, nd = Kernel::no_diet;
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, nd);
   add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, nd);
   add(shape(F::int4, 4, 2, 1001, 16, 128, 256), {1001, 1}, 4, 1, false, false, DType::f16, nd);
@@ -779,53 +751,6 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, dt);
   add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, dt);
   add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, dt);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, lg);
-  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, lg);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, lg);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, lg);
-  add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, lg);
-  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, lg);
-  add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, lg);
-  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, lg);
-  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, lg);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, lg5);
-  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, lg5);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, lg5);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, lg5);
-  add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, lg5);
-  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, lg5);
-  add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, lg5);
-  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, lg5);
-  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, lg5);
-  // warm (bulk_warm_start): int4 g4 tensor-map tiles with the diet path (8 / 16 heads; 4 heads:
-  // ignored) and fp8 whole tiles, contiguous, lengths that are and are not multiples of 16,
-  // splits near the capacity (their prefetch is skipped), empty / 1-key sequences, Mq > 1
-  // causal, bias; paged and 9-16 rows (ignored).
-  const Kernel wm = Kernel::warm;
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, wm);
-  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 2048, 1}, 2, 4, true, true, DType::bf16, wm);
-  add(shape(F::int4, 4, 2, 1001, 4, 128, 0), {1001, 17}, 8, 1, false, false, DType::f16, wm);
-  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, false, DType::f16, wm);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 4, 1, false, false, DType::f16, wm);
-  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, wm);
-  add(shape(F::fp8, 1, 2, 1024, 8, 128, 0), {1024, 523}, 2, 4, true, true, DType::bf16, wm);
-  add(shape(F::fp8, 1, 2, 700, 4, 128, 0), {700, 17}, 8, 1, false, false, DType::f16, wm);
-  add(shape(F::fp8, 1, 2, 1300, 8, 128, 256), {1300, 31}, 4, 1, false, false, DType::f16, wm);
-  add(shape(F::int4, 4, 2, 300, 8, 128, 0), {300, 15}, 16, 1, false, false, DType::f16, wm);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, wm);
-  add(shape(F::int4, 4, 2, 2048, 8, 128, 0), {2048, 16}, 2, 4, true, true, DType::bf16, wm);
-  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 8, 1, false, false, DType::f16, wm);
-  // trigger (merge_trigger; the warp merge at <= 16 splits, the default merge elsewhere) and
-  // trigger_wide (the wide merge with early loads, 66-256 splits; 313: the plain wide merge):
-  // int4 / fp8 / f16, contiguous and paged, empty / 1-key sequences, causal, bias.
-  const Kernel tr = Kernel::trigger, trw = Kernel::trigger_wide;
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, tr);
-  add(shape(F::fp8, 1, 3, 1300, 8, 128, 16), {1300, 33, 0}, 4, 2, true, false, DType::bf16, tr);
-  add(shape(F::fp8, 1, 2, 1001, 8, 128, 0), {1001, 17}, 8, 1, false, true, DType::f16, tr);
-  add(shape(F::f16, 1, 2, 523, 4, 64, 256), {523, 31}, 4, 1, false, false, DType::f16, tr);
-  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, trw);
-  add(shape(F::int4, 4, 2, 4000, 2, 128, 16), {4000, 17}, 4, 2, true, true, DType::bf16, trw);
-  add(shape(F::fp8, 1, 2, 1300, 8, 128, 256), {1300, 0}, 8, 1, false, false, DType::f16, trw);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
