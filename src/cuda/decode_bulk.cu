@@ -1478,8 +1478,8 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   a.lean = plan.bulk_lean_start;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
-  // kDiet: its compile-time geometry (8 heads of 80-byte rows, key stride 656 in the stage).
-  // DecodePlan::bulk_diet: kDiet, at its compile-time geometry only.
+  // DecodePlan::bulk_diet: kDiet, only at its compile-time geometry (8 heads of 80-byte rows,
+  // key stride 656 in the stage, 4 stages).
   a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
            a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
