@@ -32,15 +32,15 @@ struct Shape {
 // Which CUDA kernel a row times: plan_decode's choice (the bulk-copy kernel where the layout
 // allows it) or one DecodePlan knob on top of it. "probe": bulk_probe, the key-pair copies and
 // ring protocol without the math (NOT attention: the roofline of that copy pattern; int4 only).
-// "CTA merge": merge_warp off (the CTA-per-row split merges, plan_decode's until H200 run 24;
-// run 24: the warp merge 1-4 % faster at every shape, same bits). "run-24 kernel":
-// bulk_stage_out and bulk_lean_start off (plan_decode's split kernel until H200 run 25, which
-// adopted staged partial rows for fp8 and the lean start for int4 and contiguous fp8).
 // Settled variants have no rows (docs/decode.md has their numbers): session 9 removed "fp8
 // shared issue" (paged; run 20: 1.5-1.7 % slower than solo + fold), "int4 g4 pairs" (run 20:
 // within -2..+0.2 % of the tensor-map tiles) and run 24's "last issue" rows (bulk_issue 3:
-// 2-11 % slower everywhere; the knob value is gone).
-enum class Pick { plan, probe, cta_merge, run24 };
+// 2-11 % slower everywhere; the knob value is gone); session 10 removed "CTA merge" (merge_warp
+// off; runs 24-26: the warp merge 1-4 % faster, same bits) and "run-24 kernel"
+// (bulk_stage_out / bulk_lean_start off; runs 25-26), settled and adopted.
+// "run-29 kernel" (session 10): bulk_diet off, the int4 g4 tensor-map kernel before its lean
+// per-tile path with the lagged refill (plan_decode's since H200 run 30); same bits.
+enum class Pick { plan, probe, run29 };
 struct Fmt {
   KvFormat format;
   int n_groups;
@@ -49,8 +49,7 @@ struct Fmt {
 };
 
 void choose_kernel(DecodePlan& plan, Pick pick) {
-  if (pick == Pick::cta_merge) plan.merge_warp = false;
-  if (pick == Pick::run24) plan.bulk_stage_out = plan.bulk_lean_start = false;
+  if (pick == Pick::run29) plan.bulk_diet = false;
   plan.bulk_probe = pick == Pick::probe;
   if (plan.format == KvFormat::int4 && pick == Pick::probe) {
     plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
@@ -271,10 +270,7 @@ class DecodeBench : public BenchCase {
     if (env.device == Device::cuda) {
       formats.push_back({KvFormat::int4, 4, "int4 g4 pairs probe (copies only, not attention)",
                          Pick::probe});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 CTA merge", Pick::cta_merge});
-      formats.push_back({KvFormat::fp8, 1, "fp8 CTA merge", Pick::cta_merge});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 run-24 kernel", Pick::run24});
-      formats.push_back({KvFormat::fp8, 1, "fp8 run-24 kernel", Pick::run24});
+      formats.push_back({KvFormat::int4, 4, "int4 g4 run-29 kernel", Pick::run29});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -285,10 +281,8 @@ class DecodeBench : public BenchCase {
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
         for (const Fmt& f : formats) {
-          // The int4 probe and "CTA merge" at B 64 contiguous; "run-24 kernel" contiguous and
-          // paged 16.
-          if ((f.pick == Pick::probe || f.pick == Pick::cta_merge) && (s.B != 64 || page))
-            continue;
+          // The int4 probe at B 64 contiguous; "run-29 kernel" contiguous and paged 16.
+          if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
           if (page == 256 && f.pick != Pick::plan) continue;
           Row r;
           r.family = "decode";

@@ -163,6 +163,20 @@ struct DecodePlan {
   // where a split ends in a partial tile (full tiles overwrite every byte the math reads). Same
   // arithmetic: the bits equal false's.
   bool bulk_lean_start = false;
+  // CUDA, bulk kernel (session 10, issue 7; plan_decode sets it for int4 g4 D 128 at <= 8 rows
+  // since H200 run 30, where it applies: B 64, L 8192 0.1816 -> 0.1726 ms contiguous, 0.1985 ->
+  // 0.1831 paged 16; B 1, L 131072 0.0571 -> 0.0539 / 0.0623 -> 0.0572; (16, 32768, 64, 8)
+  // 0.1830 -> 0.1753 / 0.2019 -> 0.1863; same bits): the tensor-map kernel (bulk_tma, solo
+  // issue) with 8 KV heads per CTA (Hkv a multiple of 8) and 4 stages on a leaner per-tile
+  // path: the stage geometry and stage count as compile-time constants with every stage access
+  // relative to one per-lane shared address, the V coefficient words as 16-byte loads, the
+  // stage / barrier / key-count addresses and the issuing turn advanced incrementally, the
+  // no-mask test from the key count alone (SASS: 250 instructions per 16-key tile and warp
+  // against 309); and the issuing warp refills the previous tile's stage, not the one it has
+  // just finished (its wait for the other warps' release is then nearly always already met).
+  // Other layouts, other stage counts and bulk_stage_out: the kernel without it. Same
+  // arithmetic: the bits equal false's. docs/decode.md "Session 10".
+  bool bulk_diet = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

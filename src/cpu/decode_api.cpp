@@ -299,6 +299,12 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   p.bulk_stage_out = p.device == Device::cuda && p.format == KvFormat::fp8;
   p.bulk_lean_start =
       p.device == Device::cuda && (p.format == KvFormat::int4 || !cache.paged());
+  // The int4 g4 tensor-map kernel's lean per-tile path with the lagged refill (session 10; H200
+  // run 30 against the kernel without it, same bits: B 64, L 8192 0.1816 -> 0.1726 ms
+  // contiguous, 0.1985 -> 0.1831 paged 16; B 1 0.0571 -> 0.0539 / 0.0623 -> 0.0572; (16, 32768,
+  // 64, 8) 0.1830 -> 0.1753 / 0.2019 -> 0.1863; every decode case passed in runs 29-30). Where
+  // it does not apply (Hkv not a multiple of 8, other stage counts) the kernel ignores it.
+  p.bulk_diet = p.bulk_tma;
   return p;
 }
 

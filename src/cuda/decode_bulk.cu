@@ -99,6 +99,19 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+// Shared-memory loads at a 32-bit shared address (kDiet: the stage's offsets are compile-time
+// constants added to one per-lane register, where generic pointers made the compiler re-derive
+// the shared window base and the stage offset for every load at the 128-register cap).
+__device__ __forceinline__ uint32_t lds32_s(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ void lds128_s(uint32_t a, uint32_t (&v)[4]) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "r"(a));
+}
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
 }
@@ -187,6 +200,10 @@ struct BulkArgs {
   bool stage_out = false;
   // DecodePlan::bulk_lean_start (session 9; honoured by the kTma4 / kBlocks8 instantiations).
   bool lean = false;
+  // DecodePlan::bulk_diet (session 10): the kTma4 | kDiet instantiation; set only with tma, 8
+  // heads per CTA, 80-byte rows, kstr 656 and 4 stages (its compile-time geometry), and not with
+  // stage_out.
+  bool diet = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -217,7 +234,21 @@ struct BulkMaps {
 // (BulkArgs::tma).
 // Session 9: kStage (8, DecodePlan::bulk_stage_out, BulkArgs::stage_out) with kTma4 and with the
 // fp8 kBlocks8 solo instantiation (a run-time flag spilled 28 bytes in two others).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8;
+// Session 10: kDiet (16, DecodePlan::bulk_diet; plan_decode's int4 g4 kernel since H200 run 30)
+// with kTma4 at 8 heads per CTA (int4 g4 D 128: 80-byte rows, key stride 656 bytes in the
+// stage) and 4 stages: the stage geometry and stage count as compile-time constants, every stage
+// access relative to one per-lane shared address (32-bit ld.shared), the V coefficient words as
+// 16-byte loads, the stage / barrier / key-count addresses advanced incrementally (stepped back
+// by the ring's size at the wrap), the stage's key count telling a tile that needs no mask
+// alone (the issuer adds 32 when the call has a causal mask or a bias), one try_wait before the
+// bounded wait loop; and the lagged refill: after its tile it, the issuing warp (the warp whose
+// turn it is) refills the stage of tile it - 1 with tile it - 1 + NST instead of tile it's with
+// tile it + NST, so its `empty` wait is for every warp to be done with the previous tile (nearly
+// always already true) rather than with the one it has just finished itself (run 22's ncu: that
+// wait was the largest single stall). Same arithmetic and order as kTma4 (same bits).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16;
+// The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it).
+constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
@@ -248,7 +279,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int HB = a.hb, NST = a.nst, kstr = a.kstr, stage_bytes = a.stage_bytes;
+  const int HB = a.hb, kstr = a.kstr, stage_bytes = a.stage_bytes;
   const int split = blockIdx.x;
   const int row_chunks = (p.R + 15) / 16;
   const int h0 = (blockIdx.y / row_chunks) * HB, r0 = (blockIdx.y % row_chunks) * 16;
@@ -259,6 +290,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   const int rb = c.row_bytes;
   // kTma4: tensor copies land at 128-byte aligned addresses (the host adds 128 bytes of slack).
   constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
+  constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656, 4 stages)
+  const int NST = diet ? kDietStages : a.nst;
+  static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
   const uint32_t ring_s = tma ? (raw_s + 127u) & ~127u : raw_s;
   char* const ring = ring_raw + (ring_s - raw_s);
@@ -500,7 +534,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, (m1 ? s1 : 0u) + (m2 ? s2 : 0u));
     if (lane == 0) {
-      cnt[s] = static_cast<int>(nk);
+      // (kDiet: + 32 where the call masks or biases, so that the consumers' plain test is
+      // the count alone)
+      cnt[s] = static_cast<int>(nk) + (diet && (p.causal || p.bias) ? 32 : 0);
       mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
@@ -649,12 +685,50 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   const int ldm_off =
       koffset((lane & 7) + 8 * ((lane >> 3) & 1)) + warp * rb + code_off + 16 * (lane >> 4);
   const char* ring_c = ring;
+  // kDiet: the stage's shared address and its barriers' advance with the stage (no s * stage
+  // bytes per access), the lane's stage-relative offsets are loop invariants (koff[0] + 4 t:
+  // word t of key g's coefficients; voff[0] + 4 min(g, 3): the V shift words), the other keys'
+  // offsets compile-time constants; the warp issues at every HB-th tile from next_iss on.
+  uint32_t st_cur = ring_s, fb_cur = full_s, eb_cur = empty_s;
+  const uint32_t cnt_s = static_cast<uint32_t>(__cvta_generic_to_shared(cnt));
+  uint32_t cnt_cur = cnt_s;
+  // (it - 1 + NST) mod HB = warp, it >= 1 (the lagged refill)
+  int next_iss = (warp + 1 - NST) & (kDietHb - 1);
+  if (next_iss == 0) next_iss = kDietHb;
+  const int koff_t = koff[0] + 4 * t;
+  const int voff_z = voff[0] + 4 * (g < NG ? g : NG - 1);
 
   int s = 0;          // stage of tile it (= it mod NST)
   uint32_t phase = 0;  // parity of its use (= (it / NST) mod 2)
   // Done with tile it (stage s): release the stage, issue tile it + NST into it, advance s.
   auto finish_tile = [&](int it) {
-    if constexpr (solo) {
+    if constexpr (diet) {
+      mbar_arrive(eb_cur);
+      if (it == next_iss) {  // tile it - 1 + NST into the stage of tile it - 1
+        next_iss += kDietHb;
+        if (it - 1 + NST < n_tiles) {
+          const bool first = s == 0;  // tile it - 1: the last stage of the previous use
+          const uint32_t eb_prev = first ? eb_cur + 8 * (NST - 1) : eb_cur - 8;
+          mbar_wait(eb_prev, first ? phase ^ 1u : phase);
+          fence_proxy_async();
+          issue_solo(it - 1 + NST, first ? NST - 1 : s - 1);
+        }
+      }
+      st_cur += 32 * kDietKstr;
+      fb_cur += 8;
+      eb_cur += 8;
+      cnt_cur += 4;
+      if (++s == NST) {
+        s = 0;
+        phase ^= 1u;
+        // (back by the ring: no shared-window base to re-derive)
+        st_cur -= kDietStages * 32 * kDietKstr;
+        fb_cur -= 8 * kDietStages;
+        eb_cur -= 8 * kDietStages;
+        cnt_cur -= 4 * kDietStages;
+      }
+      return;
+    } else if constexpr (solo) {
       // Release stage s; the issuer of tile it + NST waits until every thread has released it
       // (each lane's arrive releases its own reads of the stage: no reliance on a warp barrier's
       // ordering, which compute-sanitizer's racecheck did not follow in run 27).
@@ -680,15 +754,21 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll 1
   for (int it = 0; it < n_tiles; ++it) {
     // kTma4: a bounded wait (a tensor copy whose bytes never complete traps, not hangs).
-    if constexpr (tma) ptx::mbar_wait_bounded(full_s + 8 * s, phase);
-    else mbar_wait(full_s + 8 * s, phase);
+    if constexpr (diet) {  // one try first: the bounded loop's counter only when not ready
+      if (!mbar_try(fb_cur, phase)) ptx::mbar_wait_bounded(fb_cur, phase);
+    } else if constexpr (tma) {
+      ptx::mbar_wait_bounded(full_s + 8 * s, phase);
+    } else {
+      mbar_wait(full_s + 8 * s, phase);
+    }
     if constexpr ((KN & kProbe) != 0) {
       finish_tile(it);
       continue;
     }
     const char* st = ring_c + s * stage_bytes;
-    const uint32_t st_s = ring_s + s * stage_bytes;
-    const int nk = cnt[s];
+    const uint32_t st_s = diet ? st_cur : ring_s + s * stage_bytes;
+    const int craw = diet ? static_cast<int>(lds32_s(cnt_cur)) : cnt[s];
+    const int nk = diet ? craw & 31 : craw;
     const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
 
     // ---- S^T = K q^T (keys g, g + 8 x rows 8 nr + 2t + {0, 1}) ----
@@ -698,7 +778,14 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t kr[2][4];
       ldsm_x4(st_s + ldm_off, kr[0]);
       ldsm_x4(st_s + ldm_off + 32, kr[1]);
-      const uint32_t zk0 = lds32(st + koff[0] + 4 * t), zk1 = lds32(st + koff[1] + 4 * t);
+      uint32_t zk0, zk1;
+      if constexpr (diet) {
+        zk0 = lds32_s(st_s + koff_t);
+        zk1 = lds32_s(st_s + koff_t + 8 * kDietKstr);
+      } else {
+        zk0 = lds32(st + koff[0] + 4 * t);
+        zk1 = lds32(st + koff[1] + 4 * t);
+      }
       const uint32_t za[4] = {zk0, zk1, zk0, zk1};
       float acc[NR][NG][4];
 #pragma unroll
@@ -723,8 +810,13 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(acc[nr][X], af, qf[nr][ks][0], qf[nr][ks][1]);
       }
       uint32_t kc[2][4];  // coefficient words (groups 0..3) of keys g, g + 8
-      lds_words<4, 16>(st + koff[0], kc[0]);
-      lds_words<4, 16>(st + koff[1], kc[1]);
+      if constexpr (diet) {
+        lds128_s(st_s + koff[0], kc[0]);
+        lds128_s(st_s + koff[0] + 8 * kDietKstr, kc[1]);
+      } else {
+        lds_words<4, 16>(st + koff[0], kc[0]);
+        lds_words<4, 16>(st + koff[1], kc[1]);
+      }
       float sc[2][NG];
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk)
@@ -739,7 +831,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           float x = sv[nr][cc] * kUnit;
 #pragma unroll
           for (int G = 0; G < NG; ++G) x = fmaf(sc[cc >> 1][G], acc[nr][G][cc], x);
-          sv[nr][cc] = x * ((1.f / kUnit) * p.qk_scale);
+          sv[nr][cc] = x * ((1.f / kUnit) * p.qk_scale);  // (2^24 qk_scale: exact)
         }
     } else {
       uint32_t kcw[2][2];  // int4: coefficient words of the run halves; fp8: scale/shift word
@@ -821,7 +913,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     // and its m, l, O finite or, with a non-finite K entry, NaN in that row only: each row's
     // softmax state is its own, fmaxf drops NaN, and such rows are never written), so the
     // -inf select of session 5 (~8 SASS per tile and warp) only ever touched unused rows.
-    const bool plain = nk == 16 && !p.causal && !p.bias;
+    const bool plain = diet ? craw == 16 : nk == 16 && !p.causal && !p.bias;
     if (!plain) {
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
@@ -923,14 +1015,31 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     // shift_b).
     if constexpr (kFoldI4) {
       uint32_t vr[2][4];  // V codes: (keys 2t, 2t+1 | 2t+8, 2t+9) x bytes 2g, 2g+1 of block G
-      ldsm_x4_trans(st_s + 16 * kstr + ldm_off, vr[0]);
-      ldsm_x4_trans(st_s + 16 * kstr + ldm_off + 32, vr[1]);
+      const int vblk = diet ? 16 * kDietKstr : 16 * kstr;
+      ldsm_x4_trans(st_s + vblk + ldm_off, vr[0]);
+      ldsm_x4_trans(st_s + vblk + ldm_off + 32, vr[1]);
       // sum_k z_k,G p_k: A row g = the shifts of group min(g, 3) of the key pairs (rows 8..15 and
       // rows 4..7 unused).
       const int gz = g < NG ? g : NG - 1;
+      // kDiet: key q's offset from key 2t's (keys 2t, 2t + 1, 2t + 8, 2t + 9).
+      constexpr int kVq[4] = {0, kDietKstr, 8 * kDietKstr, 9 * kDietKstr};
       uint32_t zw[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) zw[q] = lds32(st + voff[q] + 4 * gz);
+      for (int q = 0; q < 4; ++q)
+        zw[q] = diet ? lds32_s(st_s + voff_z + kVq[q]) : lds32(st + voff[q] + 4 * gz);
+      // kDiet: the four keys' coefficient words as one 16-byte load each, paired per group.
+      uint32_t s01d[NG], s23d[NG];
+      if constexpr (diet) {
+        uint32_t c0[4], c1[4];
+        lds128_s(st_s + voff[0], c0);
+        lds128_s(st_s + voff[0] + kVq[1], c1);
+#pragma unroll
+        for (int G = 0; G < NG; ++G) s01d[G] = prmt(c0[G], c1[G], 0x5410);
+        lds128_s(st_s + voff[0] + kVq[2], c0);
+        lds128_s(st_s + voff[0] + kVq[3], c1);
+#pragma unroll
+        for (int G = 0; G < NG; ++G) s23d[G] = prmt(c0[G], c1[G], 0x5410);
+      }
       const uint32_t za[4] = {prmt(zw[0], zw[1], 0x7632), 0u, prmt(zw[2], zw[3], 0x7632), 0u};
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(zacc[nr], za, pb[nr][0], pb[nr][1]);
@@ -938,11 +1047,17 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       // four 4-word loads up front spilled; session 6's 8-byte loads ran 9 % slower on the H200).
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
-        uint32_t vc[4];
+        uint32_t s01, s23;
+        if constexpr (diet) {
+          s01 = s01d[G];
+          s23 = s23d[G];
+        } else {
+          uint32_t vc[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) vc[q] = lds32(st + voff[q] + 4 * G);
-        const uint32_t s01 = prmt(vc[0], vc[1], 0x5410);
-        const uint32_t s23 = prmt(vc[2], vc[3], 0x5410);
+          for (int q = 0; q < 4; ++q) vc[q] = lds32(st + voff[q] + 4 * G);
+          s01 = prmt(vc[0], vc[1], 0x5410);
+          s23 = prmt(vc[2], vc[3], 0x5410);
+        }
         uint32_t pbs[NR][2];
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) {
@@ -1165,6 +1280,7 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       } else {  // (x == kTma4)
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
+        if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
     }
@@ -1362,6 +1478,10 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   a.lean = plan.bulk_lean_start;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
+  // DecodePlan::bulk_diet: kDiet, only at its compile-time geometry (8 heads of 80-byte rows,
+  // key stride 656 in the stage, 4 stages).
+  a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
+           a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;

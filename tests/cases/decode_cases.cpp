@@ -164,10 +164,13 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     ring zeroed only where stale rows can be read; seq_len / first page loaded first);
 //     lean_staged: both; eager: both off (plan_decode sets them since session 9: stage_out for
 //     fp8, lean_start for int4 and contiguous fp8).
+//   diet / no_diet: plan_decode's choice with bulk_diet on (its int4 choice since session 10:
+//     the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean per-tile path with the
+//     lagged refill; explicit here) / off (the kernel before).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager
+  lean_staged, eager, diet, no_diet
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -189,7 +192,8 @@ class DecodeCase : public Case {
                     kernel == Kernel::bulk_tma_solo || kernel == Kernel::merge_warp ||
                     kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out ||
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
-                    kernel == Kernel::eager) &&
+                    kernel == Kernel::eager || kernel == Kernel::diet ||
+                    kernel == Kernel::no_diet) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -211,6 +215,8 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::lean_start) s += ".lean_start";
     if (kernel_ == Kernel::lean_staged) s += ".lean_staged";
     if (kernel_ == Kernel::eager) s += ".eager";
+    if (kernel_ == Kernel::diet) s += ".diet";
+    if (kernel_ == Kernel::no_diet) s += ".no_diet";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
@@ -275,6 +281,8 @@ class DecodeCase : public Case {
                kernel_ == Kernel::lean_staged || kernel_ == Kernel::eager) {
       plan.bulk_stage_out = kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_staged;
       plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
+    } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet) {
+      plan.bulk_diet = kernel_ == Kernel::diet;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -724,6 +732,25 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, ea);
   add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 17, 0}, 4, 1, false, false, DType::f16, ea);
   add(shape(F::fp8, 1, 2, 1300, 8, 128, 16), {1300, 31}, 2, 4, true, true, DType::bf16, ea);
+  // diet (bulk_diet, int4 g4 D 128 tensor-map tiles at 8 heads per CTA): contiguous with lengths
+  // that are and are not multiples of 16, paged 16 (splits starting inside a page) / 256, 16
+  // heads (two head blocks), sequences of fewer tiles than stages (17, 33 keys: a warp's first
+  // issuing turn past the split), 1-key / empty sequences, Mq > 1 causal, bias, G 1-8, bf16 q;
+  // the flag ignored at 4 heads and 9-16 rows. no_diet: 8 / 16 heads, contiguous and paged 16 /
+  // 256 (the tensor-map kernel before session 10).
+  const Kernel dt = Kernel::diet, nd = Kernel::no_diet;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, nd);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, nd);
+  add(shape(F::int4, 4, 2, 1001, 16, 128, 256), {1001, 1}, 4, 1, false, false, DType::f16, nd);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, dt);
+  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, dt);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, dt);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, dt);
+  add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, dt);
+  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, dt);
+  add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, dt);
+  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, dt);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, dt);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
