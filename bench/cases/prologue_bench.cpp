@@ -21,6 +21,10 @@ namespace lowbit {
 namespace bench {
 namespace {
 
+// The tuning value of src/cuda/prologue_v3.cu's kKnobBalanced (heads_per_cta / mean_steps):
+// balanced grids (session 10).
+constexpr int kBalanced = -1;
+
 struct Shape {
   const char* model;
   int64_t B, N, H, D;
@@ -198,9 +202,22 @@ class PrologueBench : public BenchCase {
         // 20 heads at Wan q 0.1438 / 0.1439, k 0.2599 / 0.2576 vs the wave model's 8 heads
         // 0.1462 / 0.2635 (Flux: 6 heads beat 8 / 12 by 3-17 %); the wave model counts long
         // grids in fractional rounds since (Wan: 20 heads, Flux 6); the row is its old Wan pick.
-        detail::PrologueCudaTuning generic;
-        generic.quant_tight = detail::kTightOff;
-        variant_of("session 8 generic kernels (quant_tight off)", generic, fused);
+        // Run 26 (the last row of session 8's generic kernels, deleted in session 10 with the
+        // generic mean form): Wan q 0.1536 vs 0.1458 ms, k 0.2732 vs 0.2604; Flux q 0.0227 vs
+        // 0.0218, k 0.0401 vs 0.0390 ("bits = default").
+        // Session 10: balanced grids (heads_per_cta / mean_steps = kBalanced): whole rounds of
+        // resident CTAs, the quantize tiles split into q or q + 1 head groups, the mean's chunks
+        // q or q + 1 tokens per warp (a different mean chunking: its bits change).
+        detail::PrologueCudaTuning bal;
+        bal.heads_per_cta = kBalanced;
+        variant_of("balanced quantize grid (session 10)", bal, fused);
+        if (is_k) {
+          detail::PrologueCudaTuning balm;
+          balm.mean_steps = kBalanced;
+          variant_of("balanced mean chunks (session 10)", balm, fused);
+          balm.heads_per_cta = kBalanced;
+          variant_of("balanced quantize grid and mean chunks (session 10)", balm, fused);
+        }
         detail::PrologueCudaTuning hg8;
         hg8.heads_per_cta = 8;
         variant_of("quantize CTAs of at most 8 heads (run 25 default at Wan)", hg8, fused);
@@ -218,11 +235,23 @@ class PrologueBench : public BenchCase {
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
       // gets no L2 reuse from the mean pass): where the k path's time goes.
-      double mean_ms = 0, quant_ms = 0;
+      double mean_ms = 0, quant_ms = 0, mean_bal_ms = 0, quant_bal_ms = 0;
       if (is_k && env.device == Device::cuda) {
+        // Session 10: each pass alone with its balanced grid too.
+        detail::PrologueCudaTuning bal;
+        bal.mean_steps = kBalanced;
+        detail::set_prologue_cuda_tuning(bal);
+        mean_bal_ms = env.time_ms([&] { norm_rope_mean(x.view, p, mean.view, ctx); });
+        detail::set_prologue_cuda_tuning({});
         mean_ms = env.time_ms([&] { norm_rope_mean(x.view, p, mean.view, ctx); });
         norm_rope_mean(x.view, p, mean.view, ctx);
         quant_ms = env.time_ms([&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); });
+        bal = {};
+        bal.heads_per_cta = kBalanced;
+        detail::set_prologue_cuda_tuning(bal);
+        quant_bal_ms =
+            env.time_ms([&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); });
+        detail::set_prologue_cuda_tuning({});
       }
       const double unfused_ms = env.time_ms(unfused);
       unfused();
@@ -266,6 +295,12 @@ class PrologueBench : public BenchCase {
         m.accuracy = "-";
         m.note = "1 read of x: " + fmt_pct(m.baseline_ms / mean_ms) + " of copy bandwidth";
         rows.push_back(m);
+        Row mb = m;
+        mb.op = "k: mean pass alone, balanced chunks (session 10)";
+        mb.ms = mean_bal_ms;
+        mb.note = "1 read of x: " + fmt_pct(m.baseline_ms / mean_bal_ms) +
+                  " of copy bandwidth; " + fmt_pct(mean_bal_ms / mean_ms) + " of the default's time";
+        rows.push_back(mb);
         Row qk = row;
         qk.op = "k: quantize pass alone (norm_rope_quantize, mean given, THREAD_K 64)";
         qk.ms = quant_ms;
@@ -276,6 +311,12 @@ class PrologueBench : public BenchCase {
         qk.note = "1 read of x + int8 + scales (L2 flushed: no reuse of the mean pass's rows): " +
                   fmt_pct(qk.baseline_ms / quant_ms) + " of copy bandwidth";
         rows.push_back(qk);
+        Row qb = qk;
+        qb.op = "k: quantize pass alone, balanced grid (session 10)";
+        qb.ms = quant_bal_ms;
+        qb.note = "L2 flushed: " + fmt_pct(qk.baseline_ms / quant_bal_ms) +
+                  " of copy bandwidth; " + fmt_pct(quant_bal_ms / quant_ms) + " of the default's time";
+        rows.push_back(qb);
       }
       Row u = row;
       u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"
@@ -380,9 +421,12 @@ class PrologueKQuantBench : public BenchCase {
     // (Session 8's bulk-copy rings, run 19: 0.1889 / 0.2008 ms vs 0.1773: deleted.)
     detail::PrologueCudaTuning generic;
     generic.quant_tight = detail::kTightOff;
+    detail::PrologueCudaTuning bal;
+    bal.heads_per_cta = kBalanced;
     const V vs[] = {{"default (tight: compile-time addressing, running offsets; session 9)", {}},
                     {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)",
-                     generic}};
+                     generic},
+                    {"balanced grid (3 whole rounds at Wan: 20 or 40 heads per CTA; session 10)", bal}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);
