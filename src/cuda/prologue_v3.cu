@@ -344,8 +344,8 @@ struct V3QuantLaunch {
 };
 
 // This CTA's token tile (in walk order, before `reverse`), first head and head count.
-__device__ __forceinline__ void quant_cta_work(const V3QuantLaunch& L, int64_t heads,
-                                               int64_t& tile, int64_t& h0, int& count) {
+__device__ __forceinline__ void quant_cta_work(const V3QuantLaunch& L, int64_t heads, int64_t& tile,
+                                               int64_t& h0, int& count) {
   if (!L.balanced) {
     tile = blockIdx.y;
     h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
@@ -739,7 +739,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   // TSMEM: table slot s of this warp, D floats, after the x ring.
   static_assert((SLOTS & (SLOTS - 1)) == 0, "ring slots: a power of two");
   const uint32_t tab0 = ptx::smem_u32(reinterpret_cast<float*>(v4_dyn + SLOTS * 4 * THREADS) +
-                                      warp * D);                        // table slot 0
+                                      warp * D);                       // table slot 0
   const uint32_t ring0 = ptx::smem_u32(v4_dyn) + tid * sizeof(uint4);  // x slot 0
   constexpr uint32_t kSlotBytes = 4 * THREADS * sizeof(uint4), kTabBytes = W * D * sizeof(float);
   auto proc = [&](int u, const uint4(&r)[4]) {
@@ -951,8 +951,8 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
       // tokens per warp split as q or q + 1 (the larger chunks first).
       const int64_t per_round = head_groups * a.batch;
       const int64_t rounds = (L.chunks * per_round + resident - 1) / resident;
-      const int64_t chunks = std::clamp<int64_t>(rounds * resident / per_round, 1,
-                                                 std::min<int64_t>(per_warp, 65535));
+      const int64_t chunks =
+          std::clamp<int64_t>(rounds * resident / per_round, 1, std::min<int64_t>(per_warp, 65535));
       L.chunks = chunks;
       L.steps = static_cast<int>(per_warp / chunks);
       L.extra = per_warp % chunks;
