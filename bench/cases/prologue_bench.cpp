@@ -24,6 +24,9 @@ namespace {
 // The tuning value of src/cuda/prologue_v3.cu's kKnobBalanced (heads_per_cta / mean_steps):
 // balanced grids (session 10).
 constexpr int kBalanced = -1;
+// src/cuda/prologue_v3.cu's kPdlEarlyFinal (tuning `pdl`): the mean pass's final sums let the
+// quantize grid launch before their own wait (session 10).
+constexpr int kPdlEarlyFinal = 3;
 
 struct Shape {
   const char* model;
@@ -219,6 +222,12 @@ class PrologueBench : public BenchCase {
           variant_of("balanced quantize grid and mean chunks (session 10)", balm, fused);
           balm.mean_ctas = 5;
           variant_of("balanced quantize grid and mean chunks, 5 mean CTAs per SM", balm, fused);
+          detail::PrologueCudaTuning efin;
+          efin.pdl = kPdlEarlyFinal;
+          variant_of("final sums let the quantize grid launch before their wait (session 10)", efin,
+                     fused);
+          efin.heads_per_cta = kBalanced, efin.mean_steps = kBalanced;
+          variant_of("balanced grids + early quantize launch (session 10)", efin, fused);
         }
         detail::PrologueCudaTuning hg8;
         hg8.heads_per_cta = 8;

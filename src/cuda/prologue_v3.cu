@@ -104,6 +104,13 @@ constexpr int kTightThreads = 128;
 // mean's chunking changes, so its fp32 sum order and bits change (within the harness's fp32
 // tolerance: the CUDA mean never had the CPU's sum order); the quantize variant keeps every bit.
 constexpr int kKnobBalanced = -1;
+// Session 10: the mean pass's final sums by v4_mean_final_kernel (variant; tuning `pdl` =
+// kPdlEarlyFinal, a value prologue.cu's launch_mean_final never sees from here): the same sums
+// in the same order as mean_final_kernel (the same bits), but it lets its dependents launch
+// before its own wait. In the fused k path the quantize grid then becomes resident, issues its x
+// / weight / table loads (`early`) and waits while the mean kernel's last CTAs and the final sums
+// run, instead of launching only once the mean kernel has completed.
+constexpr int kPdlEarlyFinal = 3;
 
 // Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
 template <int D>
@@ -834,6 +841,32 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
   v4_mean_body<D, BF16, ROPE>(a, L, partials);
 }
 
+// mean_out[b, h, c] = (the chunk partials (B, H, chunks, D) of (b, h) added in mean_final_kernel's
+// order) / N: CTA per (batch * head, 32 channels), thread (c, j) adds chunks j, j + 32, ... in
+// order, then thread j = 0 adds the 32 sums in j order. Launched with PDL behind the mean kernel;
+// its dependents (the fused k path's quantize kernel, which waits for this grid's end before it
+// reads the mean) may launch at once (kPdlEarlyFinal).
+__global__ void __launch_bounds__(1024)
+    v4_mean_final_kernel(const PrologueArgs a, const float* partials, int64_t chunks) {
+  __shared__ float sums[32][33];
+  griddep_launch_dependents();
+  griddep_wait();  // the mean kernel's partials are complete and visible
+  const int cl = threadIdx.x & 31, j = threadIdx.x >> 5;
+  const int64_t bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * 32 + cl;
+  const float* p = partials + bh * chunks * a.dim + c;
+  float t = 0.f;
+#pragma unroll 4
+  for (int64_t g = j; g < chunks; g += 32) t = __fadd_rn(t, __ldg(p + g * a.dim));
+  sums[j][cl] = t;
+  __syncthreads();
+  if (j == 0) {
+    float s = sums[0][cl];
+    for (int k = 1; k < 32; ++k) s = __fadd_rn(s, sums[k][cl]);
+    a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(s, static_cast<float>(a.tokens));
+  }
+}
+
 template <typename F>
 void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
   auto by_rope = [&](auto d, auto bf) {
@@ -966,7 +999,15 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
               static_cast<unsigned>(a.batch));
     kernel<<<grid, kV4MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
     check_launch("norm_rope_mean");
-    launch_mean_final(a, part.as<float>(), L.chunks, stream);
+    if (tuning.pdl == kPdlEarlyFinal) {
+      launch_maybe_pdl(
+          true, v4_mean_final_kernel,
+          dim3(static_cast<unsigned>(a.batch * a.heads), static_cast<unsigned>(a.dim / 32)),
+          dim3(1024), 0, stream, a, static_cast<const float*>(part.as<float>()), L.chunks);
+      check_launch("norm_rope_mean");
+    } else {
+      launch_mean_final(a, part.as<float>(), L.chunks, stream);
+    }
   });
 }
 

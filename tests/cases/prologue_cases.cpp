@@ -659,7 +659,10 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // THREAD_K 64 with a given mean (the mean ring; the staged rows, whose head-group cap the
   // largest group must respect), THREAD_K 128 on whole blocks (8-warp CTAs: the generic
   // kernel), the mean pass alone (rope split / none) and the fused k path with both.
-  constexpr int kBalanced = -1;
+  // And the mean pass's final sums letting the quantize grid launch before their wait ("efin":
+  // pdl = kPdlEarlyFinal, src/cuda/prologue_v3.cu; the same sums as mean_final_kernel), in the
+  // fused k path alone and with both balanced grids ("balkpathefin"), and the mean pass alone.
+  constexpr int kBalanced = -1, kPdlEarlyFinal = 3;
   for (int64_t N : {1, 17, 127, 1000, 4608}) {
     for (int64_t D : {64, 128}) {
       if (N == 4608 && D == 64) continue;
@@ -696,6 +699,15 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       f.tag = "balkpathint", f.dtype = DType::f16, f.rope = RopeKind::interleaved;
       f.q_pad = true;
       add(f);
+      f.tag = "balkpathefin", f.pdl = kPdlEarlyFinal;
+      add(f);  // f16 interleaved, padded q_out
+      Cfg e;
+      e.tag = "kpathefin", e.fused = true, e.pdl = kPdlEarlyFinal;
+      e.B = B, e.N = N, e.H = H, e.D = D, e.qkv = true;
+      e.layout = ScaleLayout::thread_k, e.block = 64;
+      add(e);  // bf16 split-half, the default grids
+      e.tag = "efin", e.fused = false, e.mean_pass = true;
+      add(e);
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
