@@ -27,6 +27,9 @@ constexpr int kBalanced = -1;
 // src/cuda/prologue_v3.cu's kPdlEarlyFinal (tuning `pdl`): the mean pass's final sums let the
 // quantize grid launch before their own wait (session 10).
 constexpr int kPdlEarlyFinal = 3;
+// src/cuda/prologue_v3.cu's kMeanRoundCoalesced (tuning `mean_round`): the mean kernel's
+// partials stored 32 channels of a head per warp store (session 10; the same bits).
+constexpr int kMeanRoundCoalesced = 5;
 
 struct Shape {
   const char* model;
@@ -226,8 +229,15 @@ class PrologueBench : public BenchCase {
           efin.pdl = kPdlEarlyFinal;
           variant_of("final sums let the quantize grid launch before their wait (session 10)", efin,
                      fused);
+          detail::PrologueCudaTuning coal;
+          coal.mean_round = kMeanRoundCoalesced;
+          variant_of("mean partials stored coalesced (session 10)", coal, fused);
           efin.heads_per_cta = kBalanced, efin.mean_steps = kBalanced;
-          variant_of("balanced grids + early quantize launch (session 10)", efin, fused);
+          efin.mean_round = kMeanRoundCoalesced;
+          variant_of(
+              "every session-10 variant: balanced grids, early quantize launch, coalesced "
+              "mean partials",
+              efin, fused);
         }
         detail::PrologueCudaTuning hg8;
         hg8.heads_per_cta = 8;
@@ -254,12 +264,17 @@ class PrologueBench : public BenchCase {
         detail::PrologueCudaTuning t;
         double ms;
       };
-      std::vector<MeanVariant> mean_variants(2);
+      std::vector<MeanVariant> mean_variants(4);
       mean_variants[0].label = "balanced chunks (session 10)";
       mean_variants[0].t.mean_steps = kBalanced;
       mean_variants[1].label = "balanced chunks, 5 CTAs per SM (session 10)";
       mean_variants[1].t.mean_steps = kBalanced;
       mean_variants[1].t.mean_ctas = 5;
+      mean_variants[2].label = "partials stored coalesced (session 10)";
+      mean_variants[2].t.mean_round = kMeanRoundCoalesced;
+      mean_variants[3].label = "balanced chunks, partials stored coalesced (session 10)";
+      mean_variants[3].t.mean_steps = kBalanced;
+      mean_variants[3].t.mean_round = kMeanRoundCoalesced;
       if (is_k && env.device == Device::cuda) {
         for (MeanVariant& v : mean_variants) {
           detail::set_prologue_cuda_tuning(v.t);

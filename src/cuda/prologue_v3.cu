@@ -111,6 +111,15 @@ constexpr int kKnobBalanced = -1;
 // / weight / table loads (`early`) and waits while the mean kernel's last CTAs and the final sums
 // run, instead of launching only once the mean kernel has completed.
 constexpr int kPdlEarlyFinal = 3;
+// Session 10: the round-4 mean kernel's partials stored coalesced (variant; tuning `mean_round`
+// = kMeanRoundCoalesced, which v3_supported takes as the round-4 kernel). The default end of a
+// CTA stores its 1024 partial sums with each warp store touching 32 sectors (lane l holds head
+// l / LANES, its channels 8 apart): 1024 sector writes of 4 bytes per CTA, at Flux ~540 k of
+// them in the same few microseconds at the end of the one wave. Coalesced: the warps' sums staged
+// with a row stride of 36 floats (conflict-free), a warp stores 32 consecutive channels of one
+// head: 128 sector writes per CTA. The same sums in the same order at the same addresses: the
+// same bits.
+constexpr int kMeanRoundCoalesced = 5;
 
 // Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
 template <int D>
@@ -693,6 +702,7 @@ struct V4MeanLaunch {
   int64_t chunks;  // CTAs along the tokens = partials per (batch, head)
   int64_t extra;   // the first `extra` chunks take steps + 1 tokens per warp (0 by default;
                    // balanced chunks, tuning mean_steps = kKnobBalanced)
+  bool coalesced;  // partials stored 32 channels of a head per warp store (kMeanRoundCoalesced)
 };
 
 // x loads in a cp.async ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes
@@ -810,10 +820,33 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   }
 
 #pragma unroll
+  if (L.coalesced) {
+    // Row stride 36: the writes below and the reads of the loop are conflict-free at D = 128
+    // (bank 4 (j % 8) + l % 4 + const over a warp; 2-way at D = 64).
+    float(*redc)[32][36] = reinterpret_cast<float(*)[32][36]>(v4_dyn);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) redc[warp][j][lane] = acc[j];
+    __syncthreads();
+    // Output e = (head slot e / D, channel c = e % D): a warp stores 32 consecutive channels of
+    // one head (128 bytes). Channel c sits in chunk c / 8 = lane_in_row + LANES * i, value
+    // j = 8 i + c % 8 of lane (head slot) * LANES + lane_in_row.
+#pragma unroll 1
+    for (int e = tid; e < 32 * 32; e += W * 32) {
+      const int hs = e / D, c = e % D, ch = c / 8;
+      const int j = 8 * (ch / LANES) + c % 8, l = hs * LANES + ch % LANES;
+      float t = redc[0][j][l];
+#pragma unroll
+      for (int w = 1; w < W; ++w) t = __fadd_rn(t, redc[w][j][l]);
+      const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + hs;
+      if (hh < a.heads) partials[((b * a.heads + hh) * L.chunks + chunk) * D + c] = t;
+    }
+    return;
+  }
   for (int j = 0; j < 32; ++j) red[warp][j][lane] = acc[j];
   __syncthreads();
   // Output e = (value j, lane) of the CTA: head h0 + lane / LANES, channel 8 chunk + j % 8 with
-  // chunk = lane % LANES + LANES * (j / 8); the W warps added in warp order.
+  // chunk = lane % LANES + LANES * (j / 8); the W warps added in warp order. (Each warp store
+  // touches 32 sectors: 1024 sector writes of 4 bytes per CTA; `coalesced` above: 128.)
   for (int e = tid; e < 32 * 32; e += W * 32) {
     const int j = e / 32, l = e % 32;
     const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + l / LANES;
@@ -933,12 +966,12 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
       ctas_knob > 0 ? ctas_knob == 5 : a.batch * a.tokens * a.heads >= kV4OccMinRows;
   const int ctas_per_sm = occ ? 5 : 4;
   // (D = 64: 3 or 4 CTAs by registers, for the carve-out)
-  // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
-  // table ring after it).
-  const int smem = static_cast<int>(std::max<size_t>(
-      sizeof(float) * kV4MeanWarps * 32 * 32,
-      sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 +
-          (tsmem ? sizeof(float) * (ahead + 1) * kV4MeanWarps * a.dim : 0)));
+  // Dynamic shared memory: the warps' final sums (16 KB; 18 KB with the coalesced stores' row
+  // stride of 36) or, larger, the cp.async ring (32 KB, and the table ring after it).
+  const int smem = static_cast<int>(
+      std::max<size_t>(sizeof(float) * kV4MeanWarps * 32 * 36,
+                       sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 +
+                           (tsmem ? sizeof(float) * (ahead + 1) * kV4MeanWarps * a.dim : 0)));
   v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
@@ -979,6 +1012,7 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
         forced > 0 ? std::max<int64_t>(first, std::min<int64_t>(forced, per_warp)) : steps);
     L.chunks = (per_warp + L.steps - 1) / L.steps;
     L.extra = 0;
+    L.coalesced = tuning.mean_round == kMeanRoundCoalesced;
     if (forced == kKnobBalanced) {
       // Balanced chunks: the wave model's whole rounds, every resident slot a chunk; the
       // tokens per warp split as q or q + 1 (the larger chunks first).

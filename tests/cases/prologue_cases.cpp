@@ -662,7 +662,9 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // And the mean pass's final sums letting the quantize grid launch before their wait ("efin":
   // pdl = kPdlEarlyFinal, src/cuda/prologue_v3.cu; the same sums as mean_final_kernel), in the
   // fused k path alone and with both balanced grids ("balkpathefin"), and the mean pass alone.
-  constexpr int kBalanced = -1, kPdlEarlyFinal = 3;
+  // And the mean kernel's partials stored coalesced ("coal": mean_round = kMeanRoundCoalesced;
+  // the same sums), alone (mean pass, rope split / none) and in the fused k path.
+  constexpr int kBalanced = -1, kPdlEarlyFinal = 3, kMeanRoundCoalesced = 5;
   for (int64_t N : {1, 17, 127, 1000, 4608}) {
     for (int64_t D : {64, 128}) {
       if (N == 4608 && D == 64) continue;
@@ -708,6 +710,16 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(e);  // bf16 split-half, the default grids
       e.tag = "efin", e.fused = false, e.mean_pass = true;
       add(e);
+      e.tag = "coal", e.pdl = 0, e.mean_round = kMeanRoundCoalesced;
+      add(e);  // bf16 split-half
+      e.tag = "coalnorope", e.rope = RopeKind::none, e.dtype = DType::f16, e.qkv = false;
+      add(e);
+      e.tag = "kpathcoal", e.mean_pass = false, e.fused = true, e.rope = RopeKind::interleaved;
+      e.q_pad = true;
+      add(e);  // f16 interleaved, the fused k path
+      e.tag = "kpathcoalbal", e.heads_per_cta = kBalanced, e.mean_steps = kBalanced;
+      e.pdl = kPdlEarlyFinal, e.dtype = DType::bf16, e.rope = RopeKind::split, e.q_pad = false;
+      add(e);  // every session-10 variant at once
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
