@@ -875,27 +875,40 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
 }
 
 // mean_out[b, h, c] = (the chunk partials (B, H, chunks, D) of (b, h) added in mean_final_kernel's
-// order) / N: CTA per (batch * head, 32 channels), thread (c, j) adds chunks j, j + 32, ... in
-// order, then thread j = 0 adds the 32 sums in j order. Launched with PDL behind the mean kernel;
-// its dependents (the fused k path's quantize kernel, which waits for this grid's end before it
-// reads the mean) may launch at once (kPdlEarlyFinal).
-__global__ void __launch_bounds__(1024)
+// order) / N: chain j (0..31) of channel c adds chunks j, j + 32, ... in order, then the 32 chains
+// are added in j order. CTA per (batch * head, 32 channels) of 256 threads (mean_final_kernel:
+// 1024, one chain each): thread (c, jg) runs chains jg, jg + 8, jg + 16, jg + 24, so a CTA
+// (~10 k registers) fits beside 3 resident mean CTAs and the grid becomes resident during the
+// mean kernel's tail. Launched with PDL behind the mean kernel; its dependents (the fused k
+// path's quantize kernel, which waits for this grid's end before it reads the mean) may launch
+// at once (kPdlEarlyFinal).
+constexpr int kFinalChains = 32, kFinalThreads = 256, kFinalPer = kFinalChains * 32 / kFinalThreads;
+__global__ void __launch_bounds__(kFinalThreads)
     v4_mean_final_kernel(const PrologueArgs a, const float* partials, int64_t chunks) {
-  __shared__ float sums[32][33];
+  __shared__ float sums[kFinalChains][33];
   griddep_launch_dependents();
   griddep_wait();  // the mean kernel's partials are complete and visible
-  const int cl = threadIdx.x & 31, j = threadIdx.x >> 5;
+  const int cl = threadIdx.x & 31, jg = threadIdx.x >> 5;
   const int64_t bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
   const int64_t c = static_cast<int64_t>(blockIdx.y) * 32 + cl;
   const float* p = partials + bh * chunks * a.dim + c;
-  float t = 0.f;
-#pragma unroll 4
-  for (int64_t g = j; g < chunks; g += 32) t = __fadd_rn(t, __ldg(p + g * a.dim));
-  sums[j][cl] = t;
+  float t[kFinalPer];
+#pragma unroll
+  for (int m = 0; m < kFinalPer; ++m) t[m] = 0.f;
+  // Round r reads chunk 32 r + j of every chain j of the thread (independent loads).
+  for (int64_t r = 0; r * kFinalChains < chunks; ++r) {
+#pragma unroll
+    for (int m = 0; m < kFinalPer; ++m) {
+      const int64_t g = r * kFinalChains + jg + (kFinalThreads / 32) * m;
+      if (g < chunks) t[m] = __fadd_rn(t[m], __ldg(p + g * a.dim));
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kFinalPer; ++m) sums[jg + (kFinalThreads / 32) * m][cl] = t[m];
   __syncthreads();
-  if (j == 0) {
+  if (jg == 0) {
     float s = sums[0][cl];
-    for (int k = 1; k < 32; ++k) s = __fadd_rn(s, sums[k][cl]);
+    for (int k = 1; k < kFinalChains; ++k) s = __fadd_rn(s, sums[k][cl]);
     a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(s, static_cast<float>(a.tokens));
   }
 }
@@ -1037,7 +1050,7 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
       launch_maybe_pdl(
           true, v4_mean_final_kernel,
           dim3(static_cast<unsigned>(a.batch * a.heads), static_cast<unsigned>(a.dim / 32)),
-          dim3(1024), 0, stream, a, static_cast<const float*>(part.as<float>()), L.chunks);
+          dim3(kFinalThreads), 0, stream, a, static_cast<const float*>(part.as<float>()), L.chunks);
       check_launch("norm_rope_mean");
     } else {
       launch_mean_final(a, part.as<float>(), L.chunks, stream);
