@@ -238,6 +238,8 @@ class PrologueBench : public BenchCase {
               "every session-10 variant: balanced grids, early quantize launch, coalesced "
               "mean partials",
               efin, fused);
+          efin.mean_ctas = 5;
+          variant_of("every session-10 variant, 5 mean CTAs per SM", efin, fused);
         }
         detail::PrologueCudaTuning hg8;
         hg8.heads_per_cta = 8;
@@ -264,7 +266,7 @@ class PrologueBench : public BenchCase {
         detail::PrologueCudaTuning t;
         double ms;
       };
-      std::vector<MeanVariant> mean_variants(4);
+      std::vector<MeanVariant> mean_variants(5);
       mean_variants[0].label = "balanced chunks (session 10)";
       mean_variants[0].t.mean_steps = kBalanced;
       mean_variants[1].label = "balanced chunks, 5 CTAs per SM (session 10)";
@@ -275,6 +277,9 @@ class PrologueBench : public BenchCase {
       mean_variants[3].label = "balanced chunks, partials stored coalesced (session 10)";
       mean_variants[3].t.mean_steps = kBalanced;
       mean_variants[3].t.mean_round = kMeanRoundCoalesced;
+      mean_variants[4].label = "balanced chunks, coalesced, 5 CTAs per SM (session 10)";
+      mean_variants[4].t = mean_variants[3].t;
+      mean_variants[4].t.mean_ctas = 5;
       if (is_k && env.device == Device::cuda) {
         for (MeanVariant& v : mean_variants) {
           detail::set_prologue_cuda_tuning(v.t);
