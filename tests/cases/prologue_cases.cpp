@@ -720,6 +720,8 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       e.tag = "kpathcoalbal", e.heads_per_cta = kBalanced, e.mean_steps = kBalanced;
       e.pdl = kPdlEarlyFinal, e.dtype = DType::bf16, e.rope = RopeKind::split, e.q_pad = false;
       add(e);  // every session-10 variant at once
+      e.tag = "kpathcoalocc", e.mean_ctas = 5, e.dtype = DType::f16;
+      add(e);  // the same with the 5-CTA mean kernel
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
