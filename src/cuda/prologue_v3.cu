@@ -895,12 +895,26 @@ __global__ void __launch_bounds__(kFinalThreads)
   float t[kFinalPer];
 #pragma unroll
   for (int m = 0; m < kFinalPer; ++m) t[m] = 0.f;
-  // Round r reads chunk 32 r + j of every chain j of the thread (independent loads).
-  for (int64_t r = 0; r * kFinalChains < chunks; ++r) {
+  // Round r holds chunk 32 r + j of every chain j of the thread; 4 rounds of loads (16 per
+  // thread) are issued before their adds (mean_final_kernel: 4 per thread, unrolled).
+  constexpr int kRounds = 4;
+  for (int64_t r0 = 0; r0 * kFinalChains < chunks; r0 += kRounds) {
+    float v[kRounds][kFinalPer];
 #pragma unroll
-    for (int m = 0; m < kFinalPer; ++m) {
-      const int64_t g = r * kFinalChains + jg + (kFinalThreads / 32) * m;
-      if (g < chunks) t[m] = __fadd_rn(t[m], __ldg(p + g * a.dim));
+    for (int r = 0; r < kRounds; ++r) {
+#pragma unroll
+      for (int m = 0; m < kFinalPer; ++m) {
+        const int64_t g = (r0 + r) * kFinalChains + jg + (kFinalThreads / 32) * m;
+        v[r][m] = g < chunks ? __ldg(p + g * a.dim) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRounds; ++r) {
+#pragma unroll
+      for (int m = 0; m < kFinalPer; ++m) {
+        const int64_t g = (r0 + r) * kFinalChains + jg + (kFinalThreads / 32) * m;
+        if (g < chunks) t[m] = __fadd_rn(t[m], v[r][m]);  // (t + 0 would turn -0 into +0)
+      }
     }
   }
 #pragma unroll
