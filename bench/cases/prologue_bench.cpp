@@ -21,12 +21,10 @@ namespace lowbit {
 namespace bench {
 namespace {
 
-// The tuning value of src/cuda/prologue_v3.cu's kKnobBalanced (heads_per_cta / mean_steps):
-// balanced grids (session 10).
-constexpr int kBalanced = -1;
-// src/cuda/prologue_v3.cu's kPdlEarlyFinal (tuning `pdl`): the mean pass's final sums let the
-// quantize grid launch before their own wait (session 10).
-constexpr int kPdlEarlyFinal = 3;
+// The tuning values of src/cuda/prologue_v3.cu's kKnobBalanced / kKnobUnbalanced
+// (heads_per_cta / mean_steps): balanced grids at any size; the quantize kernel's wave-model
+// grid (run 29's default; session 10 balances grids of at most 2 rounds by default).
+constexpr int kBalanced = -1, kUnbalanced = -2;
 // src/cuda/prologue_v3.cu's kMeanRoundCoalesced (tuning `mean_round`): the mean kernel's
 // partials stored 32 channels of a head per warp store (session 10; the same bits).
 constexpr int kMeanRoundCoalesced = 5;
@@ -211,35 +209,30 @@ class PrologueBench : public BenchCase {
         // Run 26 (the last row of session 8's generic kernels, deleted in session 10 with the
         // generic mean form): Wan q 0.1536 vs 0.1458 ms, k 0.2732 vs 0.2604; Flux q 0.0227 vs
         // 0.0218, k 0.0401 vs 0.0390 ("bits = default").
-        // Session 10: balanced grids (heads_per_cta / mean_steps = kBalanced): whole rounds of
-        // resident CTAs, the quantize tiles split into q or q + 1 head groups, the mean's chunks
-        // q or q + 1 tokens per warp (a different mean chunking: its bits change).
-        detail::PrologueCudaTuning bal;
-        bal.heads_per_cta = kBalanced;
-        variant_of("balanced quantize grid (session 10)", bal, fused);
+        // Session 10, run 29: the balanced quantize grid (whole rounds of resident CTAs, the
+        // tiles split into q or q + 1 head groups; the same bits) Flux q 0.0216 -> 0.0205 ms, k
+        // 0.0396 -> 0.0380; Wan q 0.1452 -> 0.1455, k 0.2589 -> 0.2612: the default for grids of
+        // at most 2 rounds since (Flux; Wan keeps the wave model's grid). The row: run 29's grid.
+        // Run 29, lost and deleted: the mean's final sums letting the quantize grid launch
+        // before their wait (k Wan 0.2632, Flux 0.0419: its CTAs filled the SMs the mean kernel
+        // freed first, unevenly); the 5-CTA mean with balanced chunks at Flux (0.0396; mean pass
+        // alone 0.0235 vs 0.0214).
+        detail::PrologueCudaTuning unbal;
+        unbal.heads_per_cta = kUnbalanced;
+        variant_of("run 29 default grid (the wave model's, unbalanced)", unbal, fused);
         if (is_k) {
+          // The mean kernel's variants (run 29, k path with the unbalanced quantize grid: Flux
+          // balanced chunks 0.0399 vs 0.0396, with the balanced quantize grid 0.0375 vs 0.0380;
+          // coalesced partials 0.0398; Wan 0.2586 / 0.2600 vs 0.2589). Balanced chunks change
+          // the mean's chunking, so its bits (a few codes / scales).
           detail::PrologueCudaTuning balm;
           balm.mean_steps = kBalanced;
           variant_of("balanced mean chunks (session 10)", balm, fused);
-          balm.heads_per_cta = kBalanced;
-          variant_of("balanced quantize grid and mean chunks (session 10)", balm, fused);
-          balm.mean_ctas = 5;
-          variant_of("balanced quantize grid and mean chunks, 5 mean CTAs per SM", balm, fused);
-          detail::PrologueCudaTuning efin;
-          efin.pdl = kPdlEarlyFinal;
-          variant_of("final sums let the quantize grid launch before their wait (session 10)", efin,
-                     fused);
           detail::PrologueCudaTuning coal;
           coal.mean_round = kMeanRoundCoalesced;
           variant_of("mean partials stored coalesced (session 10)", coal, fused);
-          efin.heads_per_cta = kBalanced, efin.mean_steps = kBalanced;
-          efin.mean_round = kMeanRoundCoalesced;
-          variant_of(
-              "every session-10 variant: balanced grids, early quantize launch, coalesced "
-              "mean partials",
-              efin, fused);
-          efin.mean_ctas = 5;
-          variant_of("every session-10 variant, 5 mean CTAs per SM", efin, fused);
+          coal.mean_steps = kBalanced;
+          variant_of("balanced mean chunks, partials stored coalesced (session 10)", coal, fused);
         }
         detail::PrologueCudaTuning hg8;
         hg8.heads_per_cta = 8;
@@ -258,28 +251,23 @@ class PrologueBench : public BenchCase {
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
       // gets no L2 reuse from the mean pass): where the k path's time goes.
-      double mean_ms = 0, quant_ms = 0, quant_bal_ms = 0;
-      // Session 10: each pass alone with its balanced grid too; the mean pass also with 5 CTAs
-      // per SM (the default from 2^20 rows, i.e. at Wan; Flux has 4).
+      double mean_ms = 0, quant_ms = 0, quant_unbal_ms = 0;
+      // Session 10: the mean pass alone with its variants (run 29: balanced chunks Wan 0.1033 /
+      // Flux 0.0214 ms, coalesced partials 0.1038 / 0.0212, both 0.1029 / 0.0208, vs 0.1047 /
+      // 0.0214); the quantize pass alone with run 29's grid.
       struct MeanVariant {
         const char* label;
         detail::PrologueCudaTuning t;
         double ms;
       };
-      std::vector<MeanVariant> mean_variants(5);
+      std::vector<MeanVariant> mean_variants(3);
       mean_variants[0].label = "balanced chunks (session 10)";
       mean_variants[0].t.mean_steps = kBalanced;
-      mean_variants[1].label = "balanced chunks, 5 CTAs per SM (session 10)";
-      mean_variants[1].t.mean_steps = kBalanced;
-      mean_variants[1].t.mean_ctas = 5;
-      mean_variants[2].label = "partials stored coalesced (session 10)";
+      mean_variants[1].label = "partials stored coalesced (session 10)";
+      mean_variants[1].t.mean_round = kMeanRoundCoalesced;
+      mean_variants[2].label = "balanced chunks, partials stored coalesced (session 10)";
+      mean_variants[2].t.mean_steps = kBalanced;
       mean_variants[2].t.mean_round = kMeanRoundCoalesced;
-      mean_variants[3].label = "balanced chunks, partials stored coalesced (session 10)";
-      mean_variants[3].t.mean_steps = kBalanced;
-      mean_variants[3].t.mean_round = kMeanRoundCoalesced;
-      mean_variants[4].label = "balanced chunks, coalesced, 5 CTAs per SM (session 10)";
-      mean_variants[4].t = mean_variants[3].t;
-      mean_variants[4].t.mean_ctas = 5;
       if (is_k && env.device == Device::cuda) {
         for (MeanVariant& v : mean_variants) {
           detail::set_prologue_cuda_tuning(v.t);
@@ -289,10 +277,10 @@ class PrologueBench : public BenchCase {
         mean_ms = env.time_ms([&] { norm_rope_mean(x.view, p, mean.view, ctx); });
         norm_rope_mean(x.view, p, mean.view, ctx);
         quant_ms = env.time_ms([&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); });
-        detail::PrologueCudaTuning bal;
-        bal.heads_per_cta = kBalanced;
-        detail::set_prologue_cuda_tuning(bal);
-        quant_bal_ms = env.time_ms([&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); });
+        detail::PrologueCudaTuning unbal;
+        unbal.heads_per_cta = kUnbalanced;
+        detail::set_prologue_cuda_tuning(unbal);
+        quant_unbal_ms = env.time_ms([&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); });
         detail::set_prologue_cuda_tuning({});
       }
       const double unfused_ms = env.time_ms(unfused);
@@ -356,10 +344,10 @@ class PrologueBench : public BenchCase {
                   fmt_pct(qk.baseline_ms / quant_ms) + " of copy bandwidth";
         rows.push_back(qk);
         Row qb = qk;
-        qb.op = "k: quantize pass alone, balanced grid (session 10)";
-        qb.ms = quant_bal_ms;
-        qb.note = "L2 flushed: " + fmt_pct(qk.baseline_ms / quant_bal_ms) + " of copy bandwidth; " +
-                  fmt_pct(quant_bal_ms / quant_ms) + " of the default's time";
+        qb.op = "k: quantize pass alone, run 29 default grid (unbalanced)";
+        qb.ms = quant_unbal_ms;
+        qb.note = "L2 flushed: " + fmt_pct(qk.baseline_ms / quant_unbal_ms) + " of copy bandwidth; " +
+                  fmt_pct(quant_unbal_ms / quant_ms) + " of the default's time";
         rows.push_back(qb);
       }
       Row u = row;
@@ -465,12 +453,11 @@ class PrologueKQuantBench : public BenchCase {
     // (Session 8's bulk-copy rings, run 19: 0.1889 / 0.2008 ms vs 0.1773: deleted.)
     detail::PrologueCudaTuning generic;
     generic.quant_tight = detail::kTightOff;
-    detail::PrologueCudaTuning bal;
-    bal.heads_per_cta = kBalanced;
+    // (Run 29: the balanced grid at Wan, 3 whole rounds of 20- or 40-head CTAs, 0.1634 vs
+    // 0.1633 ms; Wan keeps the wave model's grid.)
     const V vs[] = {
         {"default (tight: compile-time addressing, running offsets; session 9)", {}},
-        {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)", generic},
-        {"balanced grid (3 whole rounds at Wan: 20 or 40 heads per CTA; session 10)", bal}};
+        {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)", generic}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

@@ -103,14 +103,16 @@ constexpr int kTightThreads = 128;
 // first in the grid. Mean: chunks of q or q + 1 tokens per warp (Flux: 528 CTAs of 6-7); the
 // mean's chunking changes, so its fp32 sum order and bits change (within the harness's fp32
 // tolerance: the CUDA mean never had the CPU's sum order); the quantize variant keeps every bit.
-constexpr int kKnobBalanced = -1;
-// Session 10: the mean pass's final sums by v4_mean_final_kernel (variant; tuning `pdl` =
-// kPdlEarlyFinal, a value prologue.cu's launch_mean_final never sees from here): the same sums
-// in the same order as mean_final_kernel (the same bits), but it lets its dependents launch
-// before its own wait. In the fused k path the quantize grid then becomes resident, issues its x
-// / weight / table loads (`early`) and waits while the mean kernel's last CTAs and the final sums
-// run, instead of launching only once the mean kernel has completed.
-constexpr int kPdlEarlyFinal = 3;
+// GPU run 29 (the same bits): Flux q 0.0216 -> 0.0205 ms (73 -> 77 % of copy), k 0.0396 ->
+// 0.0380 (0.0375 with the balanced mean chunks too), k quantize pass alone 0.0240 -> 0.0225;
+// Wan (3.1 rounds: 68 tiles of one 40-head group, the rest 2 x 20) q 0.1452 -> 0.1455, k
+// 0.2589 -> 0.2612. The quantize kernel's default since (session 10, for run 30): balanced
+// where the wave model's grid is at most kV3BalancedMaxRounds rounds (Flux: 0.87; Wan: 3.1,
+// unchanged); tuning heads_per_cta = kKnobBalanced forces it at any size, kKnobUnbalanced
+// forces the wave model's grid (run 29's default), a positive value that head group.
+constexpr int kKnobBalanced = -1, kKnobUnbalanced = -2;
+constexpr bool kV3DefaultBalanced = true;
+constexpr double kV3BalancedMaxRounds = 2.0;
 // Session 10: the round-4 mean kernel's partials stored coalesced (variant; tuning `mean_round`
 // = kMeanRoundCoalesced, which v3_supported takes as the round-4 kernel). The default end of a
 // CTA stores its 1024 partial sums with each warp store touching 32 sectors (lane l holds head
@@ -352,7 +354,8 @@ struct V3QuantLaunch {
   bool mean_ring;  // with mean_smem: a ring of kMeanRingRows rows, refilled
                    // kMeanRingChunk heads at a time behind a CTA barrier (no head-group cap)
   bool early;      // x / weight / table loads before griddepcontrol.wait (behind the mean pass)
-  // Balanced grid (kKnobBalanced): grid.x = CTAs per batch item, blockIdx.y = 0; the first
+  // Balanced grid (grids of at most kV3BalancedMaxRounds rounds, or kKnobBalanced): grid.x =
+  // CTAs per batch item, blockIdx.y = 0; the first
   // tiles - bal_r tiles take bal_q head groups each, the last bal_r tiles bal_q + 1; heads split
   // evenly in a tile (head_group = the largest group). Else grid (head groups, tiles, batch).
   bool balanced;
@@ -874,59 +877,6 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
   v4_mean_body<D, BF16, ROPE>(a, L, partials);
 }
 
-// mean_out[b, h, c] = (the chunk partials (B, H, chunks, D) of (b, h) added in mean_final_kernel's
-// order) / N: chain j (0..31) of channel c adds chunks j, j + 32, ... in order, then the 32 chains
-// are added in j order. CTA per (batch * head, 32 channels) of 256 threads (mean_final_kernel:
-// 1024, one chain each): thread (c, jg) runs chains jg, jg + 8, jg + 16, jg + 24, so a CTA
-// (~10 k registers) fits beside 3 resident mean CTAs and the grid becomes resident during the
-// mean kernel's tail. Launched with PDL behind the mean kernel; its dependents (the fused k
-// path's quantize kernel, which waits for this grid's end before it reads the mean) may launch
-// at once (kPdlEarlyFinal).
-constexpr int kFinalChains = 32, kFinalThreads = 256, kFinalPer = kFinalChains * 32 / kFinalThreads;
-__global__ void __launch_bounds__(kFinalThreads)
-    v4_mean_final_kernel(const PrologueArgs a, const float* partials, int64_t chunks) {
-  __shared__ float sums[kFinalChains][33];
-  griddep_launch_dependents();
-  griddep_wait();  // the mean kernel's partials are complete and visible
-  const int cl = threadIdx.x & 31, jg = threadIdx.x >> 5;
-  const int64_t bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
-  const int64_t c = static_cast<int64_t>(blockIdx.y) * 32 + cl;
-  const float* p = partials + bh * chunks * a.dim + c;
-  float t[kFinalPer];
-#pragma unroll
-  for (int m = 0; m < kFinalPer; ++m) t[m] = 0.f;
-  // Round r holds chunk 32 r + j of every chain j of the thread; 4 rounds of loads (16 per
-  // thread) are issued before their adds (mean_final_kernel: 4 per thread, unrolled).
-  constexpr int kRounds = 4;
-  for (int64_t r0 = 0; r0 * kFinalChains < chunks; r0 += kRounds) {
-    float v[kRounds][kFinalPer];
-#pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-#pragma unroll
-      for (int m = 0; m < kFinalPer; ++m) {
-        const int64_t g = (r0 + r) * kFinalChains + jg + (kFinalThreads / 32) * m;
-        v[r][m] = g < chunks ? __ldg(p + g * a.dim) : 0.f;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kRounds; ++r) {
-#pragma unroll
-      for (int m = 0; m < kFinalPer; ++m) {
-        const int64_t g = (r0 + r) * kFinalChains + jg + (kFinalThreads / 32) * m;
-        if (g < chunks) t[m] = __fadd_rn(t[m], v[r][m]);  // (t + 0 would turn -0 into +0)
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < kFinalPer; ++m) sums[jg + (kFinalThreads / 32) * m][cl] = t[m];
-  __syncthreads();
-  if (jg == 0) {
-    float s = sums[0][cl];
-    for (int k = 1; k < kFinalChains; ++k) s = __fadd_rn(s, sums[k][cl]);
-    a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(s, static_cast<float>(a.tokens));
-  }
-}
-
 template <typename F>
 void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
   auto by_rope = [&](auto d, auto bf) {
@@ -1060,15 +1010,7 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
               static_cast<unsigned>(a.batch));
     kernel<<<grid, kV4MeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
     check_launch("norm_rope_mean");
-    if (tuning.pdl == kPdlEarlyFinal) {
-      launch_maybe_pdl(
-          true, v4_mean_final_kernel,
-          dim3(static_cast<unsigned>(a.batch * a.heads), static_cast<unsigned>(a.dim / 32)),
-          dim3(kFinalThreads), 0, stream, a, static_cast<const float*>(part.as<float>()), L.chunks);
-      check_launch("norm_rope_mean");
-    } else {
-      launch_mean_final(a, part.as<float>(), L.chunks, stream);
-    }
+    launch_mean_final(a, part.as<float>(), L.chunks, stream);
   });
 }
 
@@ -1200,10 +1142,12 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     L.balanced = false;
     L.tiles = static_cast<int>(tiles);
     L.bal_q = L.bal_r = 0;
-    if (forced == kKnobBalanced) {
+    const int64_t ctas = tiles * a.batch * head_groups;
+    if (forced == kKnobBalanced ||
+        (forced == 0 && kV3DefaultBalanced &&
+         static_cast<double>(ctas) <= kV3BalancedMaxRounds * static_cast<double>(resident))) {
       // The wave model's grid rounded to whole rounds of resident CTAs (at least one, at least
       // one head group per tile), its (tile, head) work split evenly over them.
-      const int64_t ctas = tiles * a.batch * head_groups;
       const int64_t rounds = std::max<int64_t>(1, (ctas + resident / 2) / resident);
       const int64_t cb = std::clamp<int64_t>(rounds * resident / a.batch, tiles, tiles * a.heads);
       const int64_t q = cb / tiles, r = cb % tiles;

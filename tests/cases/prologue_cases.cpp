@@ -659,12 +659,13 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // THREAD_K 64 with a given mean (the mean ring; the staged rows, whose head-group cap the
   // largest group must respect), THREAD_K 128 on whole blocks (8-warp CTAs: the generic
   // kernel), the mean pass alone (rope split / none) and the fused k path with both.
-  // And the mean pass's final sums letting the quantize grid launch before their wait ("efin":
-  // pdl = kPdlEarlyFinal, src/cuda/prologue_v3.cu; the same sums as mean_final_kernel), in the
-  // fused k path alone and with both balanced grids ("balkpathefin"), and the mean pass alone.
+  // The balanced quantize grid is the default for grids of at most 2 rounds since run 29 (every
+  // heuristic-grid case at these sizes runs it); "unbal" forces the wave model's grid
+  // (kKnobUnbalanced = -2: run 29's default, still the grid of longer ones such as Wan's).
   // And the mean kernel's partials stored coalesced ("coal": mean_round = kMeanRoundCoalesced;
-  // the same sums), alone (mean pass, rope split / none) and in the fused k path.
-  constexpr int kBalanced = -1, kPdlEarlyFinal = 3, kMeanRoundCoalesced = 5;
+  // the same sums), alone (mean pass, rope split / none) and in the fused k path. (Session 10's
+  // early quantize launch, "efin", lost in run 29 and was deleted with its cases.)
+  constexpr int kBalanced = -1, kUnbalanced = -2, kMeanRoundCoalesced = 5;
   for (int64_t N : {1, 17, 127, 1000, 4608}) {
     for (int64_t D : {64, 128}) {
       if (N == 4608 && D == 64) continue;
@@ -701,25 +702,25 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       f.tag = "balkpathint", f.dtype = DType::f16, f.rope = RopeKind::interleaved;
       f.q_pad = true;
       add(f);
-      f.tag = "balkpathefin", f.pdl = kPdlEarlyFinal;
-      add(f);  // f16 interleaved, padded q_out
+      Cfg u;
+      u.tag = "unbalq", u.heads_per_cta = kUnbalanced;
+      u.B = B, u.N = N, u.H = H, u.D = D, u.qkv = true, u.sm_scale = q_scale;
+      add(u);  // THREAD_Q 32, bf16 split-half, the wave model's grid
+      u.tag = "unbalkpath", u.fused = true, u.sm_scale = 1.f, u.dtype = DType::f16;
+      u.rope = RopeKind::interleaved, u.layout = ScaleLayout::thread_k, u.block = 64;
+      add(u);  // the fused k path, THREAD_K 64, f16 interleaved
       Cfg e;
-      e.tag = "kpathefin", e.fused = true, e.pdl = kPdlEarlyFinal;
+      e.tag = "coal", e.mean_pass = true, e.mean_round = kMeanRoundCoalesced;
       e.B = B, e.N = N, e.H = H, e.D = D, e.qkv = true;
-      e.layout = ScaleLayout::thread_k, e.block = 64;
-      add(e);  // bf16 split-half, the default grids
-      e.tag = "efin", e.fused = false, e.mean_pass = true;
-      add(e);
-      e.tag = "coal", e.pdl = 0, e.mean_round = kMeanRoundCoalesced;
       add(e);  // bf16 split-half
       e.tag = "coalnorope", e.rope = RopeKind::none, e.dtype = DType::f16, e.qkv = false;
       add(e);
       e.tag = "kpathcoal", e.mean_pass = false, e.fused = true, e.rope = RopeKind::interleaved;
-      e.q_pad = true;
+      e.layout = ScaleLayout::thread_k, e.block = 64, e.q_pad = true;
       add(e);  // f16 interleaved, the fused k path
-      e.tag = "kpathcoalbal", e.heads_per_cta = kBalanced, e.mean_steps = kBalanced;
-      e.pdl = kPdlEarlyFinal, e.dtype = DType::bf16, e.rope = RopeKind::split, e.q_pad = false;
-      add(e);  // every session-10 variant at once
+      e.tag = "kpathcoalbal", e.mean_steps = kBalanced;
+      e.dtype = DType::bf16, e.rope = RopeKind::split, e.q_pad = false;
+      add(e);  // with the balanced mean chunks
       e.tag = "kpathcoalocc", e.mean_ctas = 5, e.dtype = DType::f16;
       add(e);  // the same with the 5-CTA mean kernel
     }
