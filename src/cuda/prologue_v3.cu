@@ -355,9 +355,9 @@ struct V3QuantLaunch {
                    // kMeanRingChunk heads at a time behind a CTA barrier (no head-group cap)
   bool early;      // x / weight / table loads before griddepcontrol.wait (behind the mean pass)
   // Balanced grid (grids of at most kV3BalancedMaxRounds rounds, or kKnobBalanced): grid.x =
-  // CTAs per batch item, blockIdx.y = 0; the first
-  // tiles - bal_r tiles take bal_q head groups each, the last bal_r tiles bal_q + 1; heads split
-  // evenly in a tile (head_group = the largest group). Else grid (head groups, tiles, batch).
+  // CTAs per batch item, blockIdx.y = 0; the first tiles - bal_r tiles take bal_q head groups
+  // each, the last bal_r tiles bal_q + 1; heads split evenly in a tile (head_group = the largest
+  // group). Else grid (head groups, tiles, batch).
   bool balanced;
   int tiles, bal_q, bal_r;
 };
@@ -822,7 +822,6 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     __syncthreads();  // every thread's ring reads are done before `red` overwrites the ring
   }
 
-#pragma unroll
   if (L.coalesced) {
     // Row stride 36: the writes below and the reads of the loop are conflict-free at D = 128
     // (bank 4 (j % 8) + l % 4 + const over a warp; 2-way at D = 64).
@@ -845,6 +844,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     }
     return;
   }
+#pragma unroll
   for (int j = 0; j < 32; ++j) red[warp][j][lane] = acc[j];
   __syncthreads();
   // Output e = (value j, lane) of the CTA: head h0 + lane / LANES, channel 8 chunk + j % 8 with
