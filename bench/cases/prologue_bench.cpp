@@ -21,13 +21,9 @@ namespace lowbit {
 namespace bench {
 namespace {
 
-// The tuning values of src/cuda/prologue_v3.cu's kKnobBalanced / kKnobUnbalanced
-// (heads_per_cta / mean_steps): balanced grids at any size; the quantize kernel's wave-model
-// grid (run 29's default; session 10 balances grids of at most 2 rounds by default).
-constexpr int kBalanced = -1, kUnbalanced = -2;
-// src/cuda/prologue_v3.cu's kMeanRoundCoalesced (tuning `mean_round`): the mean kernel's
-// partials stored 32 channels of a head per warp store (session 10; the same bits).
-constexpr int kMeanRoundCoalesced = 5;
+// The tuning value of src/cuda/prologue_v3.cu's kKnobUnbalanced (heads_per_cta): the quantize
+// kernel's wave-model grid, run 29's default (session 10 balances grids of at most 2 rounds).
+constexpr int kUnbalanced = -2;
 
 struct Shape {
   const char* model;
@@ -217,7 +213,8 @@ class PrologueBench : public BenchCase {
         // Session 10, run 29: the balanced quantize grid (whole rounds of resident CTAs, the
         // tiles split into q or q + 1 head groups; the same bits) Flux q 0.0216 -> 0.0205 ms, k
         // 0.0396 -> 0.0380; Wan q 0.1452 -> 0.1455, k 0.2589 -> 0.2612: the default for grids of
-        // at most 2 rounds since (Flux; Wan keeps the wave model's grid). The row: run 29's grid.
+        // at most 2 rounds since (Flux; Wan keeps the wave model's grid); run 30: Flux q 0.0209
+        // vs 0.0220 on run 29's grid, k 0.0380 vs 0.0388. The row: run 29's grid.
         // Run 29, lost and deleted: the mean's final sums letting the quantize grid launch
         // before their wait (k Wan 0.2632, Flux 0.0419: its CTAs filled the SMs the mean kernel
         // freed first, unevenly); the 5-CTA mean with balanced chunks at Flux (0.0396; mean pass
@@ -225,20 +222,10 @@ class PrologueBench : public BenchCase {
         detail::PrologueCudaTuning unbal;
         unbal.heads_per_cta = kUnbalanced;
         variant_of("run 29 default grid (the wave model's, unbalanced)", unbal, fused);
-        if (is_k) {
-          // The mean kernel's variants (run 29, k path with the unbalanced quantize grid: Flux
-          // balanced chunks 0.0399 vs 0.0396, with the balanced quantize grid 0.0375 vs 0.0380;
-          // coalesced partials 0.0398; Wan 0.2586 / 0.2600 vs 0.2589). Balanced chunks change
-          // the mean's chunking, so its bits (a few codes / scales).
-          detail::PrologueCudaTuning balm;
-          balm.mean_steps = kBalanced;
-          variant_of("balanced mean chunks (session 10)", balm, fused);
-          detail::PrologueCudaTuning coal;
-          coal.mean_round = kMeanRoundCoalesced;
-          variant_of("mean partials stored coalesced (session 10)", coal, fused);
-          coal.mean_steps = kBalanced;
-          variant_of("balanced mean chunks, partials stored coalesced (session 10)", coal, fused);
-        }
+        // Session 10, lost or not adopted (runs 29 / 30; deleted): balanced mean chunks (k Flux
+        // 0.0399 / 0.0375 vs 0.0396 / 0.0380, Wan 0.2586 / 0.2563 vs 0.2589 / 0.2576: a few codes
+        // and scales differ, the mean's chunking); the coalesced mean partials are the mean
+        // kernel's only form since (the same bits; k Flux 0.0398 / 0.0374, Wan 0.2600 / 0.2572).
         detail::PrologueCudaTuning hg8;
         hg8.heads_per_cta = 8;
         variant_of("quantize CTAs of at most 8 heads (run 25 default at Wan)", hg8, fused);
@@ -256,37 +243,15 @@ class PrologueBench : public BenchCase {
       }
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
       // gets no L2 reuse from the mean pass): where the k path's time goes.
-      double mean_ms = 0, quant_ms = 0, quant_unbal_ms = 0;
-      // Session 10: the mean pass alone with its variants (run 29: balanced chunks Wan 0.1033 /
-      // Flux 0.0214 ms, coalesced partials 0.1038 / 0.0212, both 0.1029 / 0.0208, vs 0.1047 /
-      // 0.0214); the quantize pass alone with run 29's grid.
-      struct MeanVariant {
-        const char* label;
-        detail::PrologueCudaTuning t;
-        double ms;
-      };
-      std::vector<MeanVariant> mean_variants(3);
-      mean_variants[0].label = "balanced chunks (session 10)";
-      mean_variants[0].t.mean_steps = kBalanced;
-      mean_variants[1].label = "partials stored coalesced (session 10)";
-      mean_variants[1].t.mean_round = kMeanRoundCoalesced;
-      mean_variants[2].label = "balanced chunks, partials stored coalesced (session 10)";
-      mean_variants[2].t.mean_steps = kBalanced;
-      mean_variants[2].t.mean_round = kMeanRoundCoalesced;
+      double mean_ms = 0, quant_ms = 0;
+      // (Session 10, runs 29 / 30: the mean pass alone with balanced chunks Wan 0.1033 / 0.1012
+      // ms, Flux 0.0214 / 0.0213; with coalesced partials 0.1038 / 0.1022, 0.0212 / 0.0207; vs
+      // 0.1047 / 0.1022, 0.0214 / 0.0212. The quantize pass alone on run 29's grid: Flux 0.0238
+      // vs 0.0223 ms, Wan 0.1625 vs 0.1621.)
       if (is_k && env.device == Device::cuda) {
-        for (MeanVariant& v : mean_variants) {
-          detail::set_prologue_cuda_tuning(v.t);
-          v.ms = env.time_ms([&] { norm_rope_mean(x.view, p, mean.view, ctx); });
-          detail::set_prologue_cuda_tuning({});
-        }
         mean_ms = env.time_ms([&] { norm_rope_mean(x.view, p, mean.view, ctx); });
         norm_rope_mean(x.view, p, mean.view, ctx);
         quant_ms = env.time_ms([&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); });
-        detail::PrologueCudaTuning unbal;
-        unbal.heads_per_cta = kUnbalanced;
-        detail::set_prologue_cuda_tuning(unbal);
-        quant_unbal_ms = env.time_ms([&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); });
-        detail::set_prologue_cuda_tuning({});
       }
       const double unfused_ms = env.time_ms(unfused);
       unfused();
@@ -330,14 +295,6 @@ class PrologueBench : public BenchCase {
         m.accuracy = "-";
         m.note = "1 read of x: " + fmt_pct(m.baseline_ms / mean_ms) + " of copy bandwidth";
         rows.push_back(m);
-        for (const MeanVariant& v : mean_variants) {
-          Row mb = m;
-          mb.op = std::string("k: mean pass alone, ") + v.label;
-          mb.ms = v.ms;
-          mb.note = "1 read of x: " + fmt_pct(m.baseline_ms / v.ms) + " of copy bandwidth; " +
-                    fmt_pct(v.ms / mean_ms) + " of the default's time";
-          rows.push_back(mb);
-        }
         Row qk = row;
         qk.op = "k: quantize pass alone (norm_rope_quantize, mean given, THREAD_K 64)";
         qk.ms = quant_ms;
@@ -348,12 +305,6 @@ class PrologueBench : public BenchCase {
         qk.note = "1 read of x + int8 + scales (L2 flushed: no reuse of the mean pass's rows): " +
                   fmt_pct(qk.baseline_ms / quant_ms) + " of copy bandwidth";
         rows.push_back(qk);
-        Row qb = qk;
-        qb.op = "k: quantize pass alone, run 29 default grid (unbalanced)";
-        qb.ms = quant_unbal_ms;
-        qb.note = "L2 flushed: " + fmt_pct(qk.baseline_ms / quant_unbal_ms) + " of copy bandwidth; " +
-                  fmt_pct(quant_unbal_ms / quant_ms) + " of the default's time";
-        rows.push_back(qb);
       }
       Row u = row;
       u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"

@@ -92,36 +92,25 @@ constexpr int64_t kV4OccMinRows = int64_t{1} << 20;
 // quantize form stays: it serves CTAs of other than 4 warps).
 constexpr bool kV3DefaultTight = true;
 constexpr int kTightThreads = 128;
-// Session 10: balanced grids (variants; tuning `heads_per_cta` / `mean_steps` = kKnobBalanced,
-// a value the two knobs never take otherwise). A grid of CTAs of equal work fills the SMs
-// unevenly when it is less than a few rounds: Flux q / k quantize, 576 CTAs of 6 heads on 660
-// slots = 48 SMs with 5 CTAs and 84 with 4, and the kernel lasts as long as the 5-CTA SMs (37.5
-// head-times with the setup's 1.5 per CTA, vs 32.7 on average); Flux mean, 495 CTAs of 7 tokens
-// per warp on 528 slots. Balanced: the grid is a whole number of rounds of resident CTAs, the
-// work split as evenly as it goes. Quantize: each token tile gets q or q + 1 head groups (Flux:
-// 660 CTAs of 6 or 4-5 heads; 25-27 head-times per SM); the tiles of fewer, larger groups come
-// first in the grid. Mean: chunks of q or q + 1 tokens per warp (Flux: 528 CTAs of 6-7); the
-// mean's chunking changes, so its fp32 sum order and bits change (within the harness's fp32
-// tolerance: the CUDA mean never had the CPU's sum order); the quantize variant keeps every bit.
-// GPU run 29 (the same bits): Flux q 0.0216 -> 0.0205 ms (73 -> 77 % of copy), k 0.0396 ->
-// 0.0380 (0.0375 with the balanced mean chunks too), k quantize pass alone 0.0240 -> 0.0225;
-// Wan (3.1 rounds: 68 tiles of one 40-head group, the rest 2 x 20) q 0.1452 -> 0.1455, k
-// 0.2589 -> 0.2612. The quantize kernel's default since (session 10, for run 30): balanced
-// where the wave model's grid is at most kV3BalancedMaxRounds rounds (Flux: 0.87; Wan: 3.1,
-// unchanged); tuning heads_per_cta = kKnobBalanced forces it at any size, kKnobUnbalanced
-// forces the wave model's grid (run 29's default), a positive value that head group.
+// Session 10: the balanced quantize grid. A grid of CTAs of equal work fills the SMs unevenly
+// when it is less than a few rounds: Flux q / k quantize, 576 CTAs of 6 heads on 660 slots = 48
+// SMs with 5 CTAs and 84 with 4, and the kernel lasts as long as the 5-CTA SMs (37.5 head-times
+// with the setup's 1.5 per CTA, vs 32.7 on average). Balanced: the wave model's grid rounded to
+// a whole number of rounds of resident CTAs, each token tile split into q or q + 1 head groups
+// (Flux: 660 CTAs of 6 or 4-5 heads, 25-27 head-times per SM; the tiles of fewer, larger
+// groups first in the grid). The same arithmetic per row: the same bits. GPU run 29: Flux q
+// 0.0216 -> 0.0205 ms (73 -> 77 % of copy), k 0.0396 -> 0.0380, k quantize pass alone 0.0240
+// -> 0.0225; at Wan (3.1 rounds: 68 tiles of one 40-head group, the rest 2 x 20) q 0.1452 ->
+// 0.1455, k 0.2589 -> 0.2612. The default for grids of at most kV3BalancedMaxRounds rounds
+// since (Flux: 0.87; Wan: 3.1, unchanged); run 30: Flux q 0.0220 -> 0.0209 (75 %), k 0.0388 ->
+// 0.0380, k quantize pass alone 0.0238 -> 0.0223, Wan q 0.1436 / 0.1441, k 0.2578 / 0.2576.
+// Tuning heads_per_cta = kKnobBalanced forces it at any size, kKnobUnbalanced the wave model's
+// grid (run 29's default), a positive value that head group (unbalanced). (Session 10's
+// balanced mean chunks, q or q + 1 tokens per warp, changed the mean's fp32 sum order, i.e. its
+// bits, for -1 % at Flux k: not adopted, deleted; see docs/prologue.md.)
 constexpr int kKnobBalanced = -1, kKnobUnbalanced = -2;
 constexpr bool kV3DefaultBalanced = true;
 constexpr double kV3BalancedMaxRounds = 2.0;
-// Session 10: the round-4 mean kernel's partials stored coalesced (variant; tuning `mean_round`
-// = kMeanRoundCoalesced, which v3_supported takes as the round-4 kernel). The default end of a
-// CTA stores its 1024 partial sums with each warp store touching 32 sectors (lane l holds head
-// l / LANES, its channels 8 apart): 1024 sector writes of 4 bytes per CTA, at Flux ~540 k of
-// them in the same few microseconds at the end of the one wave. Coalesced: the warps' sums staged
-// with a row stride of 36 floats (conflict-free), a warp stores 32 consecutive channels of one
-// head: 128 sector writes per CTA. The same sums in the same order at the same addresses: the
-// same bits.
-constexpr int kMeanRoundCoalesced = 5;
 
 // Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
 template <int D>
@@ -703,9 +692,6 @@ constexpr int kV4MeanAsyncAhead = 3;  // cp.async ring: tokens ahead
 struct V4MeanLaunch {
   int steps;       // tokens per warp (a CTA's chunk: steps * kV4MeanWarps tokens)
   int64_t chunks;  // CTAs along the tokens = partials per (batch, head)
-  int64_t extra;   // the first `extra` chunks take steps + 1 tokens per warp (0 by default;
-                   // balanced chunks, tuning mean_steps = kKnobBalanced)
-  bool coalesced;  // partials stored 32 channels of a head per warp store (kMeanRoundCoalesced)
 };
 
 // x loads in a cp.async ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes
@@ -725,18 +711,16 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
   __shared__ float4 w_sh[8][LANES];
   extern __shared__ float4 v4_dyn[];
-  // [warp][value j][lane]: conflict-free; in the dynamic shared memory (after the ring's last use)
-  float(*red)[32][32] = reinterpret_cast<float(*)[32][32]>(v4_dyn);
+  // [warp][value j][lane], row stride 36 (see the end); in the dynamic shared memory (after the
+  // ring's last use)
+  float(*red)[32][36] = reinterpret_cast<float(*)[32][36]>(v4_dyn);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   const int64_t b = blockIdx.z, chunk = blockIdx.y;
   const int64_t h = static_cast<int64_t>(blockIdx.x) * RW + slot;
   const int64_t hx = h < a.heads ? h : a.heads - 1;  // slots past H read a real head, unused
-  // The chunk's steps (tokens per warp): steps, or steps + 1 for the first `extra` chunks.
-  const int64_t s0 = chunk * L.steps + (chunk < L.extra ? chunk : L.extra);
-  const int64_t s1 = s0 + L.steps + (chunk < L.extra ? 1 : 0);
-  const int64_t t_first = s0 * W + warp;  // this warp's tokens: + k * W
-  const int64_t t_stop = s1 * W;
+  const int64_t t_first = chunk * L.steps * W + warp;  // this warp's tokens: + k * W
+  const int64_t t_stop = (chunk + 1) * L.steps * W;
   const int64_t t_end = a.tokens < t_stop ? a.tokens : t_stop;
   const int count = t_first < t_end ? static_cast<int>((t_end - t_first + W - 1) / W) : 0;
   griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
@@ -822,44 +806,28 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     __syncthreads();  // every thread's ring reads are done before `red` overwrites the ring
   }
 
-  if (L.coalesced) {
-    // Row stride 36: the writes below and the reads of the loop are conflict-free at D = 128
-    // (bank 4 (j % 8) + l % 4 + const over a warp; 2-way at D = 64).
-    float(*redc)[32][36] = reinterpret_cast<float(*)[32][36]>(v4_dyn);
-#pragma unroll
-    for (int j = 0; j < 32; ++j) redc[warp][j][lane] = acc[j];
-    __syncthreads();
-    // Output e = (head slot e / D, channel c = e % D): a warp stores 32 consecutive channels of
-    // one head (128 bytes). Channel c sits in chunk c / 8 = lane_in_row + LANES * i, value
-    // j = 8 i + c % 8 of lane (head slot) * LANES + lane_in_row.
-#pragma unroll 1
-    for (int e = tid; e < 32 * 32; e += W * 32) {
-      const int hs = e / D, c = e % D, ch = c / 8;
-      const int j = 8 * (ch / LANES) + c % 8, l = hs * LANES + ch % LANES;
-      float t = redc[0][j][l];
-#pragma unroll
-      for (int w = 1; w < W; ++w) t = __fadd_rn(t, redc[w][j][l]);
-      const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + hs;
-      if (hh < a.heads) partials[((b * a.heads + hh) * L.chunks + chunk) * D + c] = t;
-    }
-    return;
-  }
+  // The warps' sums meet in shared memory [warp][value j][lane] with a row stride of 36
+  // floats: the writes and the reads below are conflict-free at D = 128 (bank 4 (j % 8) + l % 4
+  // + const over a warp; 2-way at D = 64). Output e = (head slot e / D, channel c = e % D), the W
+  // warps added in warp order: a warp stores 32 consecutive channels of one head (128 bytes;
+  // channel c sits in chunk c / 8 = lane_in_row + LANES * i, value j = 8 i + c % 8 of lane
+  // (head slot) * LANES + lane_in_row). Session 10 (GPU runs 29 / 30, the same bits): the
+  // earlier stores, lane l's value j to head l / LANES, touched 32 sectors per warp store (1024
+  // sector writes of 4 bytes per CTA, 128 now); mean pass alone Flux 0.0214 -> 0.0212 / 0.0212
+  // -> 0.0207 ms, Wan 0.1047 -> 0.1038 / 0.1022 -> 0.1022; k path Flux 0.0396 -> 0.0398 /
+  // 0.0380 -> 0.0374, Wan 0.2589 -> 0.2600 / 0.2576 -> 0.2572.
 #pragma unroll
   for (int j = 0; j < 32; ++j) red[warp][j][lane] = acc[j];
   __syncthreads();
-  // Output e = (value j, lane) of the CTA: head h0 + lane / LANES, channel 8 chunk + j % 8 with
-  // chunk = lane % LANES + LANES * (j / 8); the W warps added in warp order. (Each warp store
-  // touches 32 sectors: 1024 sector writes of 4 bytes per CTA; `coalesced` above: 128.)
+#pragma unroll 1
   for (int e = tid; e < 32 * 32; e += W * 32) {
-    const int j = e / 32, l = e % 32;
-    const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + l / LANES;
+    const int hs = e / D, c = e % D, ch = c / 8;
+    const int j = 8 * (ch / LANES) + c % 8, l = hs * LANES + ch % LANES;
     float t = red[0][j][l];
 #pragma unroll
     for (int w = 1; w < W; ++w) t = __fadd_rn(t, red[w][j][l]);
-    if (hh < a.heads) {
-      const int c = 8 * v3_chunk<D>(l % LANES, j / 8) + j % 8;
-      partials[((b * a.heads + hh) * L.chunks + chunk) * D + c] = t;
-    }
+    const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + hs;
+    if (hh < a.heads) partials[((b * a.heads + hh) * L.chunks + chunk) * D + c] = t;
   }
 }
 
@@ -943,8 +911,8 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
       ctas_knob > 0 ? ctas_knob == 5 : a.batch * a.tokens * a.heads >= kV4OccMinRows;
   const int ctas_per_sm = occ ? 5 : 4;
   // (D = 64: 3 or 4 CTAs by registers, for the carve-out)
-  // Dynamic shared memory: the warps' final sums (16 KB; 18 KB with the coalesced stores' row
-  // stride of 36) or, larger, the cp.async ring (32 KB, and the table ring after it).
+  // Dynamic shared memory: the warps' final sums (18 KB: a row stride of 36) or, larger, the
+  // cp.async ring (32 KB, and the table ring after it).
   const int smem = static_cast<int>(
       std::max<size_t>(sizeof(float) * kV4MeanWarps * 32 * 36,
                        sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 +
@@ -988,19 +956,6 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
     L.steps = static_cast<int>(
         forced > 0 ? std::max<int64_t>(first, std::min<int64_t>(forced, per_warp)) : steps);
     L.chunks = (per_warp + L.steps - 1) / L.steps;
-    L.extra = 0;
-    L.coalesced = tuning.mean_round == kMeanRoundCoalesced;
-    if (forced == kKnobBalanced) {
-      // Balanced chunks: the wave model's whole rounds, every resident slot a chunk; the
-      // tokens per warp split as q or q + 1 (the larger chunks first).
-      const int64_t per_round = head_groups * a.batch;
-      const int64_t rounds = (L.chunks * per_round + resident - 1) / resident;
-      const int64_t chunks =
-          std::clamp<int64_t>(rounds * resident / per_round, 1, std::min<int64_t>(per_warp, 65535));
-      L.chunks = chunks;
-      L.steps = static_cast<int>(per_warp / chunks);
-      L.extra = per_warp % chunks;
-    }
     ScratchHold local;
     Scratch& part =
         hold_scratch(hold ? *hold : local,

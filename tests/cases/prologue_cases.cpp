@@ -650,22 +650,19 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(k);
     }
   }
-  // Session 10: balanced grids (heads_per_cta / mean_steps = kBalanced, the value of
-  // kKnobBalanced in src/cuda/prologue_v3.cu): the quantize kernel's token tiles split into q or
+  // Session 10: the balanced quantize grid (tuning heads_per_cta = kBalanced, the value of
+  // kKnobBalanced in src/cuda/prologue_v3.cu: at any size): the token tiles split into q or
   // q + 1 head groups of uneven sizes over a whole number of rounds (bit-exact: the same
-  // arithmetic per row); the mean pass's chunks of q or q + 1 tokens per warp (a different
-  // chunking: fp32 tolerance, as every CUDA mean). N 1 / 17 / 127 / 1000 / 4608 (4608 x 24
-  // heads: the Flux grid), THREAD_Q 32 bf16 split-half and f16 interleaved into a padded q_out,
-  // THREAD_K 64 with a given mean (the mean ring; the staged rows, whose head-group cap the
-  // largest group must respect), THREAD_K 128 on whole blocks (8-warp CTAs: the generic
-  // kernel), the mean pass alone (rope split / none) and the fused k path with both.
-  // The balanced quantize grid is the default for grids of at most 2 rounds since run 29 (every
-  // heuristic-grid case at these sizes runs it); "unbal" forces the wave model's grid
-  // (kKnobUnbalanced = -2: run 29's default, still the grid of longer ones such as Wan's).
-  // And the mean kernel's partials stored coalesced ("coal": mean_round = kMeanRoundCoalesced;
-  // the same sums), alone (mean pass, rope split / none) and in the fused k path. (Session 10's
-  // early quantize launch, "efin", lost in run 29 and was deleted with its cases.)
-  constexpr int kBalanced = -1, kUnbalanced = -2, kMeanRoundCoalesced = 5;
+  // arithmetic per row). It is the default for grids of at most 2 rounds since run 29, so every
+  // heuristic-grid case at these sizes runs it too; "unbal" forces the wave model's grid
+  // (kKnobUnbalanced: run 29's default, still the grid of longer ones such as Wan's). N 1 / 17 /
+  // 127 / 1000 / 4608 (4608 x 24 heads: the Flux grid), THREAD_Q 32 bf16 split-half and f16
+  // interleaved into a padded q_out, THREAD_K 64 with a given mean (the mean ring; the staged
+  // rows, whose head-group cap the largest group must respect), THREAD_K 128 on whole blocks
+  // (8-warp CTAs: the generic kernel), the fused k path. (Session 10's balanced mean chunks,
+  // early quantize launch and their cases were deleted after runs 29 / 30; the coalesced mean
+  // partials are the mean kernel's only form since, run by every mean case.)
+  constexpr int kBalanced = -1, kUnbalanced = -2;
   for (int64_t N : {1, 17, 127, 1000, 4608}) {
     for (int64_t D : {64, 128}) {
       if (N == 4608 && D == 64) continue;
@@ -688,20 +685,14 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       k.tag = "balk128", k.mean_smem = 0, k.block = 128, k.split_blocks = detail::kSplitOff;
       k.dtype = DType::bf16, k.rope = RopeKind::split;
       add(k);  // THREAD_K 128 on whole blocks: 8-warp CTAs (generic kernel)
-      Cfg m;
-      m.tag = "balmean", m.mean_pass = true, m.mean_steps = kBalanced;
-      m.B = B, m.N = N, m.H = H, m.D = D, m.qkv = true;
-      add(m);  // bf16 split-half
-      m.tag = "balmeannorope", m.rope = RopeKind::none, m.dtype = DType::f16, m.qkv = false;
-      add(m);
       Cfg f;
-      f.tag = "balkpath", f.fused = true, f.heads_per_cta = kBalanced, f.mean_steps = kBalanced;
+      f.tag = "balkpath", f.fused = true, f.heads_per_cta = kBalanced;
       f.B = B, f.N = N, f.H = H, f.D = D, f.qkv = true;
       f.layout = ScaleLayout::thread_k, f.block = 64;
       add(f);  // bf16 split-half
       f.tag = "balkpathint", f.dtype = DType::f16, f.rope = RopeKind::interleaved;
-      f.q_pad = true;
-      add(f);
+      f.q_pad = true, f.mean_ctas = 5;
+      add(f);  // f16 interleaved, padded q_out, the 5-CTA mean kernel
       Cfg u;
       u.tag = "unbalq", u.heads_per_cta = kUnbalanced;
       u.B = B, u.N = N, u.H = H, u.D = D, u.qkv = true, u.sm_scale = q_scale;
@@ -709,20 +700,6 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       u.tag = "unbalkpath", u.fused = true, u.sm_scale = 1.f, u.dtype = DType::f16;
       u.rope = RopeKind::interleaved, u.layout = ScaleLayout::thread_k, u.block = 64;
       add(u);  // the fused k path, THREAD_K 64, f16 interleaved
-      Cfg e;
-      e.tag = "coal", e.mean_pass = true, e.mean_round = kMeanRoundCoalesced;
-      e.B = B, e.N = N, e.H = H, e.D = D, e.qkv = true;
-      add(e);  // bf16 split-half
-      e.tag = "coalnorope", e.rope = RopeKind::none, e.dtype = DType::f16, e.qkv = false;
-      add(e);
-      e.tag = "kpathcoal", e.mean_pass = false, e.fused = true, e.rope = RopeKind::interleaved;
-      e.layout = ScaleLayout::thread_k, e.block = 64, e.q_pad = true;
-      add(e);  // f16 interleaved, the fused k path
-      e.tag = "kpathcoalbal", e.mean_steps = kBalanced;
-      e.dtype = DType::bf16, e.rope = RopeKind::split, e.q_pad = false;
-      add(e);  // with the balanced mean chunks
-      e.tag = "kpathcoalocc", e.mean_ctas = 5, e.dtype = DType::f16;
-      add(e);  // the same with the 5-CTA mean kernel
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
