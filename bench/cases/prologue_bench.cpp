@@ -21,6 +21,10 @@ namespace lowbit {
 namespace bench {
 namespace {
 
+// The tuning value of src/cuda/prologue_v3.cu's kKnobUnbalanced (heads_per_cta): the quantize
+// kernel's wave-model grid, run 29's default (session 10 balances grids of at most 2 rounds).
+constexpr int kUnbalanced = -2;
+
 struct Shape {
   const char* model;
   int64_t B, N, H, D;
@@ -91,8 +95,13 @@ class PrologueBench : public BenchCase {
 
   std::vector<Row> run(const Env& env) override {
     std::vector<Shape> shapes;
+    // Session 10: Flux's heads at 64 tokens, where nearly all of a pass's time is fixed cost
+    // (launches, the kernels' start and drain, the mean pass's final sums): with the two model
+    // shapes it splits each row into fixed cost and per-byte time.
     if (env.device == Device::cuda)
-      shapes = {{"[Wan 14B 720p]", 1, 32760, 40, 128}, {"[Flux]", 1, 4608, 24, 128}};
+      shapes = {{"[Wan 14B 720p]", 1, 32760, 40, 128},
+                {"[Flux]", 1, 4608, 24, 128},
+                {"[fixed cost: Flux heads, 64 tokens]", 1, 64, 24, 128}};
     else
       shapes = {{"[small, CPU]", 1, 1024, 8, 128}};
     std::vector<Row> rows;
@@ -198,9 +207,25 @@ class PrologueBench : public BenchCase {
         // 20 heads at Wan q 0.1438 / 0.1439, k 0.2599 / 0.2576 vs the wave model's 8 heads
         // 0.1462 / 0.2635 (Flux: 6 heads beat 8 / 12 by 3-17 %); the wave model counts long
         // grids in fractional rounds since (Wan: 20 heads, Flux 6); the row is its old Wan pick.
-        detail::PrologueCudaTuning generic;
-        generic.quant_tight = detail::kTightOff;
-        variant_of("session 8 generic kernels (quant_tight off)", generic, fused);
+        // Run 26 (the last row of session 8's generic kernels, deleted in session 10 with the
+        // generic mean form): Wan q 0.1536 vs 0.1458 ms, k 0.2732 vs 0.2604; Flux q 0.0227 vs
+        // 0.0218, k 0.0401 vs 0.0390 ("bits = default").
+        // Session 10, run 29: the balanced quantize grid (whole rounds of resident CTAs, the
+        // tiles split into q or q + 1 head groups; the same bits) Flux q 0.0216 -> 0.0205 ms, k
+        // 0.0396 -> 0.0380; Wan q 0.1452 -> 0.1455, k 0.2589 -> 0.2612: the default for grids of
+        // at most 2 rounds since (Flux; Wan keeps the wave model's grid); run 30: Flux q 0.0209
+        // vs 0.0220 on run 29's grid, k 0.0380 vs 0.0388. The row: run 29's grid.
+        // Run 29, lost and deleted: the mean's final sums letting the quantize grid launch
+        // before their wait (k Wan 0.2632, Flux 0.0419: its CTAs filled the SMs the mean kernel
+        // freed first, unevenly); the 5-CTA mean with balanced chunks at Flux (0.0396; mean pass
+        // alone 0.0235 vs 0.0214).
+        detail::PrologueCudaTuning unbal;
+        unbal.heads_per_cta = kUnbalanced;
+        variant_of("run 29 default grid (the wave model's, unbalanced)", unbal, fused);
+        // Session 10, lost or not adopted (runs 29 / 30; deleted): balanced mean chunks (k Flux
+        // 0.0399 / 0.0375 vs 0.0396 / 0.0380, Wan 0.2586 / 0.2563 vs 0.2589 / 0.2576: a few codes
+        // and scales differ, the mean's chunking); the coalesced mean partials are the mean
+        // kernel's only form since (the same bits; k Flux 0.0398 / 0.0374, Wan 0.2600 / 0.2572).
         detail::PrologueCudaTuning hg8;
         hg8.heads_per_cta = 8;
         variant_of("quantize CTAs of at most 8 heads (run 25 default at Wan)", hg8, fused);
@@ -219,6 +244,10 @@ class PrologueBench : public BenchCase {
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
       // gets no L2 reuse from the mean pass): where the k path's time goes.
       double mean_ms = 0, quant_ms = 0;
+      // (Session 10, runs 29 / 30: the mean pass alone with balanced chunks Wan 0.1033 / 0.1012
+      // ms, Flux 0.0214 / 0.0213; with coalesced partials 0.1038 / 0.1022, 0.0212 / 0.0207; vs
+      // 0.1047 / 0.1022, 0.0214 / 0.0212. The quantize pass alone on run 29's grid: Flux 0.0238
+      // vs 0.0223 ms, Wan 0.1625 vs 0.1621.)
       if (is_k && env.device == Device::cuda) {
         mean_ms = env.time_ms([&] { norm_rope_mean(x.view, p, mean.view, ctx); });
         norm_rope_mean(x.view, p, mean.view, ctx);
@@ -380,9 +409,11 @@ class PrologueKQuantBench : public BenchCase {
     // (Session 8's bulk-copy rings, run 19: 0.1889 / 0.2008 ms vs 0.1773: deleted.)
     detail::PrologueCudaTuning generic;
     generic.quant_tight = detail::kTightOff;
-    const V vs[] = {{"default (tight: compile-time addressing, running offsets; session 9)", {}},
-                    {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)",
-                     generic}};
+    // (Run 29: the balanced grid at Wan, 3 whole rounds of 20- or 40-head CTAs, 0.1634 vs
+    // 0.1633 ms; Wan keeps the wave model's grid.)
+    const V vs[] = {
+        {"default (tight: compile-time addressing, running offsets; session 9)", {}},
+        {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)", generic}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

@@ -80,16 +80,37 @@ constexpr bool kV3DefaultEarlyFused = true;
 // (batch * tokens * heads) up: GPU run 9, Wan k 0.2999 -> 0.2904 ms, Flux k 0.0429 -> 0.0450 (at
 // Flux the wave model then gives each warp fewer tokens).
 constexpr int64_t kV4OccMinRows = int64_t{1} << 20;
-// Session 9: the tight forms (tuning `quant_tight`; kTightOff forces the generic ones): the
-// quantize kernel of 4-warp CTAs with its thread count a template constant and running offsets
-// for the ring slot, the x / q / scale pointers and the mean row, and the round-4 mean kernel's
-// 32-bit slot addresses; both with v3_row's branch-free norm (ncu run 16, k pass at Wan: ~70 of
-// ~670 warp instructions per head were the ring's, the table's and the pointers' address math,
-// ~15 register moves at v3_row's norm branch). GPU run 24, the same bits: Wan q 0.1547 ->
-// 0.1460 ms (82 % of copy), k 0.2743 -> 0.2612 (0.2629 with the generic mean kernel), k quantize
-// pass alone 0.1772 -> 0.1671; Flux q 0.0225 -> 0.0216, k 0.0411 -> 0.0398. The default since.
+// Session 9: the tight forms (tuning `quant_tight`; kTightOff forces the generic quantize
+// kernel): the quantize kernel of 4-warp CTAs with its thread count a template constant and
+// running offsets for the ring slot, the x / q / scale pointers and the mean row, and the round-4
+// mean kernel's 32-bit slot addresses; both with v3_row's branch-free norm (ncu run 16, k pass at
+// Wan: ~70 of ~670 warp instructions per head were the ring's, the table's and the pointers'
+// address math, ~15 register moves at v3_row's norm branch). GPU run 24, the same bits: Wan q
+// 0.1547 -> 0.1460 ms (82 % of copy), k 0.2743 -> 0.2612 (0.2629 with the generic mean kernel),
+// k quantize pass alone 0.1772 -> 0.1671; Flux q 0.0225 -> 0.0216, k 0.0411 -> 0.0398. The
+// default since (re-confirmed in run 26); session 10 deleted the generic mean form (the generic
+// quantize form stays: it serves CTAs of other than 4 warps).
 constexpr bool kV3DefaultTight = true;
 constexpr int kTightThreads = 128;
+// Session 10: the balanced quantize grid. A grid of CTAs of equal work fills the SMs unevenly
+// when it is less than a few rounds: Flux q / k quantize, 576 CTAs of 6 heads on 660 slots = 48
+// SMs with 5 CTAs and 84 with 4, and the kernel lasts as long as the 5-CTA SMs (37.5 head-times
+// with the setup's 1.5 per CTA, vs 32.7 on average). Balanced: the wave model's grid rounded to
+// a whole number of rounds of resident CTAs, each token tile split into q or q + 1 head groups
+// (Flux: 660 CTAs of 6 or 4-5 heads, 25-27 head-times per SM; the tiles of fewer, larger
+// groups first in the grid). The same arithmetic per row: the same bits. GPU run 29: Flux q
+// 0.0216 -> 0.0205 ms (73 -> 77 % of copy), k 0.0396 -> 0.0380, k quantize pass alone 0.0240
+// -> 0.0225; at Wan (3.1 rounds: 68 tiles of one 40-head group, the rest 2 x 20) q 0.1452 ->
+// 0.1455, k 0.2589 -> 0.2612. The default for grids of at most kV3BalancedMaxRounds rounds
+// since (Flux: 0.87; Wan: 3.1, unchanged); run 30: Flux q 0.0220 -> 0.0209 (75 %), k 0.0388 ->
+// 0.0380, k quantize pass alone 0.0238 -> 0.0223, Wan q 0.1436 / 0.1441, k 0.2578 / 0.2576.
+// Tuning heads_per_cta = kKnobBalanced forces it at any size, kKnobUnbalanced the wave model's
+// grid (run 29's default), a positive value that head group (unbalanced). (Session 10's
+// balanced mean chunks, q or q + 1 tokens per warp, changed the mean's fp32 sum order, i.e. its
+// bits, for -1 % at Flux k: not adopted, deleted; see docs/prologue.md.)
+constexpr int kKnobBalanced = -1, kKnobUnbalanced = -2;
+constexpr bool kV3DefaultBalanced = true;
+constexpr double kV3BalancedMaxRounds = 2.0;
 
 // Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
 template <int D>
@@ -322,7 +343,37 @@ struct V3QuantLaunch {
   bool mean_ring;  // with mean_smem: a ring of kMeanRingRows rows, refilled
                    // kMeanRingChunk heads at a time behind a CTA barrier (no head-group cap)
   bool early;      // x / weight / table loads before griddepcontrol.wait (behind the mean pass)
+  // Balanced grid (grids of at most kV3BalancedMaxRounds rounds, or kKnobBalanced): grid.x =
+  // CTAs per batch item, blockIdx.y = 0; the first tiles - bal_r tiles take bal_q head groups
+  // each, the last bal_r tiles bal_q + 1; heads split evenly in a tile (head_group = the largest
+  // group). Else grid (head groups, tiles, batch).
+  bool balanced;
+  int tiles, bal_q, bal_r;
 };
+
+// This CTA's token tile (in walk order, before `reverse`), first head and head count.
+__device__ __forceinline__ void quant_cta_work(const V3QuantLaunch& L, int64_t heads, int64_t& tile,
+                                               int64_t& h0, int& count) {
+  if (!L.balanced) {
+    tile = blockIdx.y;
+    h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
+    count = static_cast<int>(heads - h0 < L.head_group ? heads - h0 : L.head_group);
+    return;
+  }
+  // 32-bit unsigned math: (bal_q + 1) * heads and the CTA count fit (checked on the host).
+  const uint32_t c = blockIdx.x, q = L.bal_q, first = L.tiles - L.bal_r;
+  const uint32_t small = first * q;  // CTAs of the tiles with bal_q groups
+  uint32_t t, j, n;
+  if (c < small) {
+    t = c / q, j = c - t * q, n = q;
+  } else {
+    const uint32_t c2 = c - small, k = c2 / (q + 1);
+    t = first + k, j = c2 - k * (q + 1), n = q + 1;
+  }
+  const uint32_t hb = j * static_cast<uint32_t>(heads) / n;
+  const uint32_t he = (j + 1) * static_cast<uint32_t>(heads) / n;
+  tile = t, h0 = hb, count = static_cast<int>(he - hb);
+}
 
 // Mean rows a quantize CTA stages in shared memory (with mean_smem).
 __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
@@ -366,9 +417,10 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   // the mean pass of the same x): the wait comes before the first read of the mean.
   if (!L.early) griddep_wait();
   const int64_t b = blockIdx.z;
-  const int64_t tile = L.reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
-  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
-  const int count = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
+  int64_t tile, h0;
+  int count;
+  quant_cta_work(L, a.heads, tile, h0, count);
+  if (L.reverse) tile = L.tiles - 1 - tile;
   // This thread's row for the whole head loop.
   // Position P in the (padded) token order of whole blocks: a tile is whole blocks, or (knob
   // `split_blocks`) whole scale groups of one block.
@@ -645,10 +697,12 @@ struct V4MeanLaunch {
 // x loads in a cp.async ring in shared memory, AHEAD tokens ahead (AHEAD + 1 slots of 64 bytes
 // per thread, dynamic shared memory; the warps' final sums reuse it). TSMEM: the token's rotary
 // table row (D floats) copied by the warp's lanes into a per-warp slot of the same ring and read
-// with ld.shared (with rope). LEAN: v3_row's one-cvt bf16 rounding (the same bits). TIGHT (the
-// default; tuning `quant_tight`): the ring and table slots as 32-bit shared addresses from one
-// base each (slot u & 3), and v3_row's branch-free norm; the same arithmetic, the same bits.
-template <int D, bool BF16, int ROPE, bool TIGHT = false>
+// with ld.shared (with rope). LEAN: v3_row's one-cvt bf16 rounding (the same bits). The tight
+// form (session 9; the only one since session 10): the ring and table slots as 32-bit shared
+// addresses from one base each (slot u & 3), and v3_row's branch-free norm. (Session 8's generic
+// form, per-token shared-memory windows and the branching norm, the same bits: GPU run 24 k path
+// 0.2629 vs 0.2612 ms; deleted in session 10.)
+template <int D, bool BF16, int ROPE>
 __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
                                              float* partials) {
   constexpr int AHEAD = kV4MeanAsyncAhead;
@@ -657,8 +711,9 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
   __shared__ float4 w_sh[8][LANES];
   extern __shared__ float4 v4_dyn[];
-  // [warp][value j][lane]: conflict-free; in the dynamic shared memory (after the ring's last use)
-  float(*red)[32][32] = reinterpret_cast<float(*)[32][32]>(v4_dyn);
+  // [warp][value j][lane], row stride 36 (see the end); in the dynamic shared memory (after the
+  // ring's last use)
+  float(*red)[32][36] = reinterpret_cast<float(*)[32][36]>(v4_dyn);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   const int64_t b = blockIdx.z, chunk = blockIdx.y;
@@ -686,29 +741,24 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 #pragma unroll
   for (int j = 0; j < 32; ++j) acc[j] = 0.f;
   // TSMEM: table slot s of this warp, D floats, after the x ring.
-  float* tab_sh = reinterpret_cast<float*>(v4_dyn + SLOTS * 4 * THREADS) + warp * D;
   static_assert((SLOTS & (SLOTS - 1)) == 0, "ring slots: a power of two");
-  const uint32_t tab0 = ptx::smem_u32(tab_sh);                          // TIGHT: table slot 0
-  const uint32_t ring0 = ptx::smem_u32(v4_dyn) + tid * sizeof(uint4);  // TIGHT: x slot 0
+  const uint32_t tab0 = ptx::smem_u32(reinterpret_cast<float*>(v4_dyn + SLOTS * 4 * THREADS) +
+                                      warp * D);                       // table slot 0
+  const uint32_t ring0 = ptx::smem_u32(v4_dyn) + tid * sizeof(uint4);  // x slot 0
   constexpr uint32_t kSlotBytes = 4 * THREADS * sizeof(uint4), kTabBytes = W * D * sizeof(float);
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
-    const float* ts = tab_sh + (u % SLOTS) * W * D + 2 * kLanePairs * lane_in_row;
     const uint32_t ts32 = tab0 + sizeof(float) * ((u & (SLOTS - 1)) * W * D +
                                                   2 * kLanePairs * lane_in_row);
     auto tq = [&](int k) {
       const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
                                           : 8 * LANES * (k / 2) + 4 * (k % 2);
-      if constexpr (TIGHT) {
-        const uint4 t = lds16u(ts32 + sizeof(float) * off);
-        return make_float4(__uint_as_float(t.x), __uint_as_float(t.y), __uint_as_float(t.z),
-                           __uint_as_float(t.w));
-      } else {
-        return lds16(reinterpret_cast<const float4*>(ts + off));
-      }
+      const uint4 t = lds16u(ts32 + sizeof(float) * off);
+      return make_float4(__uint_as_float(t.x), __uint_as_float(t.y), __uint_as_float(t.z),
+                         __uint_as_float(t.w));
     };
     auto wqf = [&](int k) { return lds16(&w_sh[k][lane_in_row]); };
-    v3_row<D, BF16, ROPE, LEAN, TIGHT>(a.norm, a.eps, wqf, tq, r, v);
+    v3_row<D, BF16, ROPE, LEAN, true>(a.norm, a.eps, wqf, tq, r, v);
 #pragma unroll
     for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
   };
@@ -720,24 +770,15 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     // cp.async ring: token u's 4 chunks land in this thread's slot u % SLOTS (no registers
     // held); one commit group per token, empty past the end, so wait_group AHEAD means "token u
     // has landed". A slot is refilled only after its values were read and used.
-    uint4* ring = reinterpret_cast<uint4*>(v4_dyn);
     // The loading token's table row (TSMEM): lane i < D / 4 copies its floats 4i .. 4i + 3.
     const float* lrow = static_cast<const float*>(a.rope) + b * a.r_sb + t_first * a.r_sn;
     auto issue = [&](int u) {
-      if constexpr (TIGHT) {
-        const uint32_t dst = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
+      const uint32_t dst = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          ptx::cp_async16(dst + i * THREADS * sizeof(uint4), lx + 8 * LANES * i);
-        if (TSMEM && lane < D / 4)
-          ptx::cp_async16(tab0 + (u & (SLOTS - 1)) * kTabBytes + 16 * lane, lrow + 4 * lane);
-      } else {
-        uint4* dst = ring + (u % SLOTS) * 4 * THREADS + tid;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) cp_async16(dst + i * THREADS, lx + 8 * LANES * i);
-        if (TSMEM && lane < D / 4)
-          cp_async16(tab_sh + (u % SLOTS) * W * D + 4 * lane, lrow + 4 * lane);
-      }
+      for (int i = 0; i < 4; ++i)
+        ptx::cp_async16(dst + i * THREADS * sizeof(uint4), lx + 8 * LANES * i);
+      if (TSMEM && lane < D / 4)
+        ptx::cp_async16(tab0 + (u & (SLOTS - 1)) * kTabBytes + 16 * lane, lrow + 4 * lane);
       if (TSMEM) lrow += t_step;
       lx += x_step;
     };
@@ -755,48 +796,53 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
       cp_async_commit();
       cp_async_wait<AHEAD>();
       if (TSMEM) __syncwarp();  // the other lanes' table copies of token u are visible
-      const uint4* src = ring + (u % SLOTS) * 4 * THREADS + tid;
       const uint32_t src32 = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
       uint4 r[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        r[i] = TIGHT ? lds16u(src32 + i * THREADS * sizeof(uint4)) : lds16u(src + i * THREADS);
+      for (int i = 0; i < 4; ++i) r[i] = lds16u(src32 + i * THREADS * sizeof(uint4));
       proc(u, r);
     }
     cp_async_wait<0>();
     __syncthreads();  // every thread's ring reads are done before `red` overwrites the ring
   }
 
+  // The warps' sums meet in shared memory [warp][value j][lane] with a row stride of 36
+  // floats: the writes and the reads below are conflict-free at D = 128 (bank 4 (j % 8) + l % 4
+  // + const over a warp; 2-way at D = 64). Output e = (head slot e / D, channel c = e % D), the W
+  // warps added in warp order: a warp stores 32 consecutive channels of one head (128 bytes;
+  // channel c sits in chunk c / 8 = lane_in_row + LANES * i, value j = 8 i + c % 8 of lane
+  // (head slot) * LANES + lane_in_row). Session 10 (GPU runs 29 / 30, the same bits): the
+  // earlier stores, lane l's value j to head l / LANES, touched 32 sectors per warp store (1024
+  // sector writes of 4 bytes per CTA, 128 now); mean pass alone Flux 0.0214 -> 0.0212 / 0.0212
+  // -> 0.0207 ms, Wan 0.1047 -> 0.1038 / 0.1022 -> 0.1022; k path Flux 0.0396 -> 0.0398 /
+  // 0.0380 -> 0.0374, Wan 0.2589 -> 0.2600 / 0.2576 -> 0.2572.
 #pragma unroll
   for (int j = 0; j < 32; ++j) red[warp][j][lane] = acc[j];
   __syncthreads();
-  // Output e = (value j, lane) of the CTA: head h0 + lane / LANES, channel 8 chunk + j % 8 with
-  // chunk = lane % LANES + LANES * (j / 8); the W warps added in warp order.
+#pragma unroll 1
   for (int e = tid; e < 32 * 32; e += W * 32) {
-    const int j = e / 32, l = e % 32;
-    const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + l / LANES;
+    const int hs = e / D, c = e % D, ch = c / 8;
+    const int j = 8 * (ch / LANES) + c % 8, l = hs * LANES + ch % LANES;
     float t = red[0][j][l];
 #pragma unroll
     for (int w = 1; w < W; ++w) t = __fadd_rn(t, red[w][j][l]);
-    if (hh < a.heads) {
-      const int c = 8 * v3_chunk<D>(l % LANES, j / 8) + j % 8;
-      partials[((b * a.heads + hh) * L.chunks + chunk) * D + c] = t;
-    }
+    const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + hs;
+    if (hh < a.heads) partials[((b * a.heads + hh) * L.chunks + chunk) * D + c] = t;
   }
 }
 
 // The round-4 mean kernel: 4 CTAs per SM at D = 128 (<= 128 registers), 3 at D = 64.
-template <int D, bool BF16, int ROPE, bool TIGHT>
+template <int D, bool BF16, int ROPE>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, TIGHT>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE>(a, L, partials);
 }
 // The occupancy variant (tuning `mean_ctas` = 5; the default from kV4OccMinRows rows): one CTA
 // per SM more (5 at D = 128: <= 96 registers, 20 warps per SM; 4 at D = 64).
-template <int D, bool BF16, int ROPE, bool TIGHT>
+template <int D, bool BF16, int ROPE>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
     v4_mean_kernel_occ(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, TIGHT>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE>(a, L, partials);
 }
 
 template <typename F>
@@ -832,7 +878,8 @@ int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
   return int64_t{std::max(per_sm, 1)} * multiprocessor_count();
 }
 
-// Whether the tight kernel forms run (tuning `quant_tight`, else kV3DefaultTight).
+// Whether the tight quantize kernel runs on 4-warp CTAs (tuning `quant_tight`, else
+// kV3DefaultTight; the mean kernel has only its tight form since session 10).
 bool tight_forms(const detail::PrologueCudaTuning& t) {
   return t.quant_tight > 0 ? t.quant_tight == detail::kTightOn : kV3DefaultTight;
 }
@@ -863,22 +910,18 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   const bool occ =
       ctas_knob > 0 ? ctas_knob == 5 : a.batch * a.tokens * a.heads >= kV4OccMinRows;
   const int ctas_per_sm = occ ? 5 : 4;
-  const bool tight = tight_forms(tuning);
   // (D = 64: 3 or 4 CTAs by registers, for the carve-out)
-  // Dynamic shared memory: the warps' final sums (16 KB) or, larger, the cp.async ring (and the
-  // table ring after it).
-  const int smem = static_cast<int>(std::max<size_t>(
-      sizeof(float) * kV4MeanWarps * 32 * 32,
-      sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 +
-          (tsmem ? sizeof(float) * (ahead + 1) * kV4MeanWarps * a.dim : 0)));
+  // Dynamic shared memory: the warps' final sums (18 KB: a row stride of 36) or, larger, the
+  // cp.async ring (32 KB, and the table ring after it).
+  const int smem = static_cast<int>(
+      std::max<size_t>(sizeof(float) * kV4MeanWarps * 32 * 36,
+                       sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 +
+                           (tsmem ? sizeof(float) * (ahead + 1) * kV4MeanWarps * a.dim : 0)));
   v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
-    const Kernel kernel = tight ? (occ ? v4_mean_kernel_occ<D, BF16, ROPE, true>
-                                       : v4_mean_kernel<D, BF16, ROPE, true>)
-                                : (occ ? v4_mean_kernel_occ<D, BF16, ROPE, false>
-                                       : v4_mean_kernel<D, BF16, ROPE, false>);
+    const Kernel kernel = occ ? v4_mean_kernel_occ<D, BF16, ROPE> : v4_mean_kernel<D, BF16, ROPE>;
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
     // Carve-out: what the resident CTAs need (17-42 KB each with the reserved 1 KB), the rest of
@@ -1035,8 +1078,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     // q 2.2 / 1.6 % faster; Flux unchanged at 6); the tuning knob's heads_per_cta overrides it.
     const int forced = tuning.heads_per_cta;
     int64_t hg = std::min<int64_t>(forced, std::min(cap, a.heads));
+    const int64_t resident = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
     if (forced <= 0) {
-      const int64_t resident = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
       hg = pick_by_waves(
           1, cap, resident, 1.5,
           [&](int64_t k) {
@@ -1051,6 +1094,27 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     L.head_group = static_cast<int>((a.heads + head_groups - 1) / head_groups);
     dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(tiles),
               static_cast<unsigned>(a.batch));
+    L.balanced = false;
+    L.tiles = static_cast<int>(tiles);
+    L.bal_q = L.bal_r = 0;
+    const int64_t ctas = tiles * a.batch * head_groups;
+    if (forced == kKnobBalanced ||
+        (forced == 0 && kV3DefaultBalanced &&
+         static_cast<double>(ctas) <= kV3BalancedMaxRounds * static_cast<double>(resident))) {
+      // The wave model's grid rounded to whole rounds of resident CTAs (at least one, at least
+      // one head group per tile), its (tile, head) work split evenly over them.
+      const int64_t rounds = std::max<int64_t>(1, (ctas + resident / 2) / resident);
+      const int64_t cb = std::clamp<int64_t>(rounds * resident / a.batch, tiles, tiles * a.heads);
+      const int64_t q = cb / tiles, r = cb % tiles;
+      const int64_t largest = (a.heads + q - 1) / q;
+      const int64_t lim = int64_t{1} << 31;
+      if (largest <= cap && cb < lim && (q + 1) * a.heads < lim) {
+        L.balanced = true;
+        L.bal_q = static_cast<int>(q), L.bal_r = static_cast<int>(r);
+        L.head_group = static_cast<int>(largest);
+        grid = dim3(static_cast<unsigned>(cb), 1, static_cast<unsigned>(a.batch));
+      }
+    }
     const int smem_all = smem + (L.mean_smem ? mean_sh_rows(L) * mean_row_bytes : 0);
     launch_maybe_pdl(pdl, kernel, grid, dim3(threads), smem_all, stream_of(ctx), a, L);
   };

@@ -1,5 +1,5 @@
 // Harness cases of the attention prologue (SPEC §1): every backend against the CPU oracle, with
-// guard bytes, poison and determinism checks. Token counts 1, 17, 127, 1000 and 4099; q and k
+// guard bytes, poison and determinism checks. Token counts 1, 17, 127, 1000, 4099 and 4608; q and k
 // read in place from a fused QKV buffer; strided int8 output; every layout and option.
 //
 // Tolerances (SPEC §1 "bit-exactness"): the CUDA backend divides with div.full.f32 (as Triton
@@ -57,7 +57,7 @@ struct Cfg {
   int mean_ctas = 0;      // CUDA: round-4 mean kernel's CTAs per SM (5: the occupancy variant)
   int mean_smem = 0;      // CUDA: round-3 quantize with the mean rows in shared memory
   int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
-  int quant_tight = 0;    // CUDA: kTightOff forces session 8's generic kernels (detail::kTight*)
+  int quant_tight = 0;    // CUDA: kTightOff forces session 8's generic quantize kernel
   std::string tag;
 };
 
@@ -593,7 +593,8 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // last group short) and the wave model's group, the fused k path (4 / 5 mean CTAs per SM),
   // PER_BLOCK 64 without rope, no norm (x * 1 * 1) bf16 / f16, the mean pass alone (rope split /
   // none / interleaved, no norm), 8-warp CTAs (THREAD_K 128 on whole blocks: the generic
-  // kernel); and session 8's generic forms forced on 4-warp CTAs ("generic", quant_tight off).
+  // kernel); and session 8's generic quantize form forced on 4-warp CTAs ("generic", quant_tight
+  // off; session 10 deleted the generic mean form and its "prologue.mean.generic" cases).
   for (int64_t N : {1, 17, 127, 1000}) {
     for (int64_t D : {64, 128}) {
       Cfg q;
@@ -630,9 +631,6 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       m.tag = "tight", m.mean_pass = true;
       m.B = 2, m.N = N, m.H = 11, m.D = D, m.qkv = true;
       add(m);  // bf16 split-half, 4 CTAs per SM at these sizes
-      g = m;
-      g.tag = "generic", g.quant_tight = detail::kTightOff;
-      add(g);
       m.tag = "tightocc", m.mean_ctas = 5, m.rope = RopeKind::none, m.mean_steps = 3;
       add(m);
       m.tag = "tightnonorm", m.norm = Norm::none, m.rope = RopeKind::interleaved;
@@ -650,6 +648,58 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       k.layout = ScaleLayout::thread_k, k.block = 128, k.split_blocks = detail::kSplitOff;
       k.rope = RopeKind::split, k.mean = true, k.sm_scale = 1.f;
       add(k);
+    }
+  }
+  // Session 10: the balanced quantize grid (tuning heads_per_cta = kBalanced, the value of
+  // kKnobBalanced in src/cuda/prologue_v3.cu: at any size): the token tiles split into q or
+  // q + 1 head groups of uneven sizes over a whole number of rounds (bit-exact: the same
+  // arithmetic per row). It is the default for grids of at most 2 rounds since run 29, so every
+  // heuristic-grid case at these sizes runs it too; "unbal" forces the wave model's grid
+  // (kKnobUnbalanced: run 29's default, still the grid of longer ones such as Wan's). N 1 / 17 /
+  // 127 / 1000 / 4608 (4608 x 24 heads: the Flux grid), THREAD_Q 32 bf16 split-half and f16
+  // interleaved into a padded q_out, THREAD_K 64 with a given mean (the mean ring; the staged
+  // rows, whose head-group cap the largest group must respect), THREAD_K 128 on whole blocks
+  // (8-warp CTAs: the generic kernel), the fused k path. (Session 10's balanced mean chunks,
+  // early quantize launch and their cases were deleted after runs 29 / 30; the coalesced mean
+  // partials are the mean kernel's only form since, run by every mean case.)
+  constexpr int kBalanced = -1, kUnbalanced = -2;
+  for (int64_t N : {1, 17, 127, 1000, 4608}) {
+    for (int64_t D : {64, 128}) {
+      if (N == 4608 && D == 64) continue;
+      const int64_t H = N == 4608 ? 24 : 11, B = N == 4608 ? 1 : 2;
+      Cfg q;
+      q.tag = "balq", q.heads_per_cta = kBalanced;
+      q.B = B, q.N = N, q.H = H, q.D = D, q.qkv = true, q.sm_scale = q_scale;
+      add(q);  // THREAD_Q 32, bf16 split-half
+      q.tag = "balqint", q.dtype = DType::f16, q.rope = RopeKind::interleaved, q.q_pad = true;
+      q.w_dtype = DType::f32;
+      add(q);
+      Cfg k;
+      k.tag = "balk", k.heads_per_cta = kBalanced;
+      k.B = B, k.N = N, k.H = H, k.D = D, k.qkv = true;
+      k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      add(k);  // THREAD_K 64, bf16 split-half, the mean ring (default)
+      k.tag = "balkmsmem", k.mean_smem = detail::kMeanSmemOn, k.dtype = DType::f16;
+      k.rope = RopeKind::interleaved;
+      add(k);  // the staged mean rows: the largest group within the cap
+      k.tag = "balk128", k.mean_smem = 0, k.block = 128, k.split_blocks = detail::kSplitOff;
+      k.dtype = DType::bf16, k.rope = RopeKind::split;
+      add(k);  // THREAD_K 128 on whole blocks: 8-warp CTAs (generic kernel)
+      Cfg f;
+      f.tag = "balkpath", f.fused = true, f.heads_per_cta = kBalanced;
+      f.B = B, f.N = N, f.H = H, f.D = D, f.qkv = true;
+      f.layout = ScaleLayout::thread_k, f.block = 64;
+      add(f);  // bf16 split-half
+      f.tag = "balkpathint", f.dtype = DType::f16, f.rope = RopeKind::interleaved;
+      f.q_pad = true, f.mean_ctas = 5;
+      add(f);  // f16 interleaved, padded q_out, the 5-CTA mean kernel
+      Cfg u;
+      u.tag = "unbalq", u.heads_per_cta = kUnbalanced;
+      u.B = B, u.N = N, u.H = H, u.D = D, u.qkv = true, u.sm_scale = q_scale;
+      add(u);  // THREAD_Q 32, bf16 split-half, the wave model's grid
+      u.tag = "unbalkpath", u.fused = true, u.sm_scale = 1.f, u.dtype = DType::f16;
+      u.rope = RopeKind::interleaved, u.layout = ScaleLayout::thread_k, u.block = 64;
+      add(u);  // the fused k path, THREAD_K 64, f16 interleaved
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
