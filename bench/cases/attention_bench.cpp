@@ -16,6 +16,7 @@
 #include "lowbit/attention.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
+#include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (the A/B knobs)
 
 namespace lowbit {
 namespace bench {
@@ -77,6 +78,26 @@ std::string sampled_accuracy(const Shape& s, const std::vector<double>& ref,
       for (int64_t d = 0; d < D; ++d) got.push_back(ho[static_cast<size_t>((i * H + h) * D + d)]);
     }
   return accuracy(got, ref).str() + " (64 rows)";
+}
+
+// Agreement of two kernels' outputs on every 61st element.
+std::string agreement(const std::vector<float>& got_all, const std::vector<float>& ref_all) {
+  std::vector<float> got;
+  std::vector<double> ref;
+  for (size_t i = 0; i < got_all.size() && i < ref_all.size(); i += 61) {
+    got.push_back(got_all[i]);
+    ref.push_back(ref_all[i]);
+  }
+  return accuracy(got, ref).str();
+}
+
+// The A/B variant at D = 128 (session 10): knobs no_turn + cons3 on kernel wgmma_r3 run the
+// 256-key-stage kernel (attention_wgmma_r3w_kernel).
+detail::AttentionCudaTuning wide_tuning() {
+  detail::AttentionCudaTuning t;
+  t.no_turn = true;
+  t.cons3 = true;
+  return t;
 }
 
 class AttentionBench : public BenchCase {
@@ -187,7 +208,30 @@ class AttentionBench : public BenchCase {
         kr8.baseline_ms = base_ms;
         kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
         rows.push_back(kr8);
-        // (No variant under A/B now. Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x
+        // The variant under A/B at D = 128 (256-key ring stages: knobs no_turn + cons3 on
+        // wgmma_r3), baseline the default in the same run; the accuracy column compares its
+        // output with the default's (same 64-key softmax steps, P·V runs folded differently:
+        // close, not bit-equal); its one-call twin below gives the accuracy against fp64.
+        const bool ab = dev == Device::cuda && D == 128;
+        if (ab) {
+          const std::vector<float> dflt_out = to_host_f32(out.view);
+          AttentionOptions wide = fp8;
+          wide.kernel = AttentionOptions::wgmma_r3;
+          detail::set_attention_cuda_tuning(wide_tuning());
+          Row r = kr8;
+          r.op = "attention_int8 fp8 PV, 256-key stages (r3w) (kernel only)" + tag;
+          r.ms = env.time_ms([&] {
+            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, wide, ctx);
+          });
+          detail::set_attention_cuda_tuning({});
+          const std::vector<float> got = to_host_f32(out.view);
+          r.accuracy = got == dflt_out ? "bits = default"
+                                       : "bits != default (" + agreement(got, dflt_out) + ")";
+          r.baseline = "lowbit attention_int8 fp8 PV auto";
+          r.baseline_ms = kr8.ms;
+          rows.push_back(r);
+        }
+        // (Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x
         // of auto), the D = 64 two-consumer row (0.77x, run 13), the D = 128 240-register row
         // (0.99-1.01x, runs 12 and 13), round 5 without turns (0.82-0.97x, run 13); run 16's D =
         // 64 q k^T before the O update (0.99x); the producerless kernel (0.72-0.76x, runs 16 and
@@ -221,6 +265,21 @@ class AttentionBench : public BenchCase {
                         r.ms - (o.pv == AttentionOptions::fp8 ? kr8.ms : f16_kernel_ms));
           r.note = note;
           rows.push_back(r);
+          if (ab && o.pv == AttentionOptions::fp8) {  // the A/B variant: accuracy against fp64
+            AttentionOptions wide = o;
+            wide.kernel = AttentionOptions::wgmma_r3;
+            detail::set_attention_cuda_tuning(wide_tuning());
+            Row rt = r;
+            rt.op = "attention() fp8 PV, incl. quantization, 256-key stages (r3w)" + tag;
+            rt.ms = env.time_ms(
+                [&] { attention(q.view, k.view, v.view, out.view, nullptr, wide, wp, wb, ctx); });
+            detail::set_attention_cuda_tuning({});
+            rt.accuracy = sampled_accuracy(s, ref, out.view);
+            rt.note.clear();
+            rt.baseline = "lowbit attention() fp8 PV";
+            rt.baseline_ms = r.ms;
+            rows.push_back(rt);
+          }
         }
         if (!is_causal) pieces_of_one_call(env, s, q, k, v, out, rows);
       }

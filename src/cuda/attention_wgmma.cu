@@ -1418,6 +1418,325 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 #endif
 }
 
+// ---- 256-key tiles (session 10, knob no_turn + cons3 on wgmma_r3 at D = 128) ------------------
+//
+// auto's consumer (round 3 + I2FP without turns, two consumer warpgroups of 64 rows, TMA producer
+// warp) on ring stages of 256 keys instead of 128, so that the per-stage fixed costs (mbarrier
+// waits, wgmma fences / waits, the exposed last P·V, the O = O r + C update, the producer's work)
+// spread over twice the keys. The softmax keeps the oracle's 64-key steps (SPEC §2): each of the
+// four 64-key slices takes its own running maximum m_k, P_k = e4m3(exp2(s - m_k + log2 448)) and
+// l = l r_k + sum P_k, r_k = exp2(m_(k-1) - m_k). All four slices' maxima are known before any
+// exponential (S of 256 keys is in registers), so one warpgroup vote (bar.red.popc) says at which
+// slices some row of the warpgroup raised its maximum: the slices between two such slices
+// accumulate their P·V into one fresh buffer C on the tensor cores (all of them ones r = 1), and
+// O = O r + C runs once per run of slices (once per 256 keys when no maximum moved), as auto's
+// folded halves do within 128 keys. Registers (setmaxnreg 24 / 240): q k^T 2 x 64 + O 64; then
+// P of slices 0 and 1 (16) before the first P·V, so that C (64) is live only next to half of S.
+// The next stage's q k^T: its first 128 keys issued before the O update, the rest after (its
+// 128 registers do not fit next to C). Shared memory: Q 16 KB + 3 stages x (K 32 KB, V 2 x 16
+// KB boxes of 128 keys, 1 KB kc) = 212 KB. bf16 output, k scales constant per 64 keys (kc_half)
+// and the TMA maps only (else the fallbacks of launch_r3).
+constexpr int kWKeys = 256;  // keys per ring stage
+constexpr int kWStages = 3;
+template <int D>
+struct WideSmem {
+  static constexpr int kKTile = kWKeys * kRowBytes;  // 256 K rows
+  static constexpr int kVHalf = D * kRowBytes;       // one V box: D channels x 128 keys
+  static constexpr int kVTile = 2 * kVHalf;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kBM * kRowBytes;
+  static constexpr int kV = kK + kWStages * kKTile;
+  static constexpr int kS = kV + kWStages * kVTile;
+  static constexpr int kBar = kS + kWStages * kWKeys * 4;
+  static constexpr int kBytes = kBar + 2 * kWStages * 8 + 1024;  // + alignment slack
+};
+
+// Number of threads of the `threads`-thread group on named barrier `id` whose `pred` holds
+// (bar.red.popc: also a barrier for those threads).
+__device__ __forceinline__ int wg_popc(bool pred, int id) {
+  int r;
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\nbar.red.popc.u32 %0, %2, 128, p;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<int>(pred)), "r"(id)
+      : "memory");
+  return r;
+}
+
+template <typename T16>
+__global__ void __launch_bounds__(kR3Threads, 1)
+    attention_wgmma_r3w_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = 128;
+  constexpr int kProdRegs = 24, kConsRegs = 240;
+  static_assert(128 * kProdRegs + 256 * kConsRegs <= 168 * kR3Threads, "register split");
+  using L = WideSmem<D>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const sbase = smem_raw + (base - raw);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                          : static_cast<int>(blockIdx.x);  // causal: long rows first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const int64_t q0 = static_cast<int64_t>(qb) * kBM;
+  const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
+  const int64_t kv_end = visible_end(p, last_row);
+  const int n_tiles = static_cast<int>((kv_end + kWKeys - 1) / kWKeys);
+  const uint32_t full0 = base + L::kBar, empty0 = full0 + kWStages * 8;
+  float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kWStages][kWKeys] kc
+
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kWStages; ++st) {
+      mbar_init(full0 + st * 8, 32);  // the producer warp's lanes (lane 0 with the bytes)
+      mbar_init(empty0 + st * 8, 8);  // every consumer warp, once its wgmmas completed
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- producer: one warp; lane 0 issues the boxes, each lane 8 kc
+    setmaxnreg_dec<kProdRegs>();
+    if (warp != 0) return;
+    const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
+    const ScaleIdx kidx(p.k_layout, p.k_block);
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % kWStages;
+      // (the stage first, then the k scales: 24 registers; the ring's 3 stages of 256 keys
+      // leave the producer ahead of the consumers anyway)
+      if (tile >= kWStages) mbar_wait_bounded(empty0 + st * 8, ((tile / kWStages) - 1) & 1);
+#pragma unroll
+      for (int i = 0; i < kWKeys / 32; ++i) {
+        const int key = tile * kWKeys + lane + 32 * i;
+        skc[st * kWKeys + lane + 32 * i] =
+            key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] * p.scale_log2 : 0.f;
+      }
+      const uint32_t bar = full0 + st * 8;
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, 2u * kWKeys * D + (tile == 0 ? kBM * D : 0u));
+        if (tile == 0)  // Q (rows past Nq zero-filled) travels with tile 0
+          tma_load_4d(base + L::kQ, &maps.q, bar, 0, maps.q_rows_outer ? h : static_cast<int>(q0),
+                      maps.q_rows_outer ? static_cast<int>(q0) : h, b);
+        // Two boxes of 128 keys each for K and V. A second box wholly past the keys loads the
+        // first one again (finite data; its keys are masked, P = 0) instead of a box with no
+        // element in bounds.
+        const int r = tile * kWKeys;
+        const int r2 = r + 128 < p.Nkv ? r + 128 : r;
+        const uint32_t sk = base + L::kK + st * L::kKTile;
+        tma_load_4d(sk, &maps.k, bar, 0, maps.k_rows_outer ? hk : r, maps.k_rows_outer ? r : hk,
+                    b);
+        tma_load_4d(sk + 128 * kRowBytes, &maps.k, bar, 0, maps.k_rows_outer ? hk : r2,
+                    maps.k_rows_outer ? r2 : hk, b);
+        const uint32_t sv = base + L::kV + st * L::kVTile;
+        tma_load_3d(sv, &maps.v, bar, r, 0, b * p.Hkv + hk);
+        tma_load_3d(sv + L::kVHalf, &maps.v, bar, r2, 0, b * p.Hkv + hk);
+      } else {
+        mbar_arrive(bar);  // this lane's kc are stored
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kConsRegs>();
+  const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
+  const int g = lane / 4, t = lane % 4;
+  const int rl0 = cw * 64 + (warp % 4) * 16 + g;
+  int64_t row0 = q0 + rl0, row1 = row0 + 8;
+  float qm0, qm1;  // q scales (> 0: see attention_wgmma_r3_kernel)
+  {
+    const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
+    const float qs0 =
+        row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
+    const float qs1 =
+        row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
+    qm0 = fmaxf(qs0, 1.17549435e-38f);
+    qm1 = fmaxf(qs1, 1.17549435e-38f);
+  }
+  const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const uint64_t dq0 = smem_desc(base + L::kQ + cw * 64 * kRowBytes);
+  const uint64_t dk0 = smem_desc(base + L::kK);
+  const uint64_t dv0 = smem_desc(base + L::kV);
+  auto k_desc = [&](int st) { return dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4)); };
+  auto v_desc = [&](int st) { return dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4)); };
+  int32_t acc0[64], acc1[64];  // q k^T of keys 0..127 and 128..255 of a stage
+  // q k^T of tile `tile`, keys 128 kh .. 128 kh + 127 (kh = 0 waits for the stage first).
+  auto issue_qk = [&](int tile, auto kh_c) {
+    constexpr int kh = decltype(kh_c)::value;
+    const int st = tile % kWStages;
+    if (kh == 0) mbar_wait_bounded(full0 + st * 8, (tile / kWStages) & 1);
+    const uint64_t dk = k_desc(st) + kh * ((128 * kRowBytes) >> 4);
+    auto into = [&](int32_t(&a)[64]) {
+      wgmma_fence();
+      wgmma_s8_n128_first(a, dq0, dk);
+#pragma unroll
+      for (int kk = 1; kk < D / 32; ++kk) wgmma_s8_n128(a, dq0 + 2 * kk, dk + 2 * kk, 1);
+      wgmma_commit();
+    };
+    if constexpr (kh == 0)
+      into(acc0);
+    else
+      into(acc1);
+  };
+  using I0 = std::integral_constant<int, 0>;
+  using I1 = std::integral_constant<int, 1>;
+  float c[D / 2];
+  if (n_tiles > 0) {
+    issue_qk(0, I0{});
+    issue_qk(0, I1{});
+    wgmma_wait<0>();
+    fence_regs(acc0);
+    fence_regs(acc1);
+  }
+  // This thread's first row (recomputed where needed: fewer registers live through the loop).
+  auto first_row = [&]() {
+    return static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
+                                               static_cast<int>(blockIdx.x)
+                                         : static_cast<int>(blockIdx.x)) *
+               kBM +
+           rl0;
+  };
+  auto step = [&](int tile, auto more_c) {
+    constexpr bool kMore = decltype(more_c)::value;
+    const int st = tile % kWStages;
+    const int kv0 = tile * kWKeys;
+    float s0[64], s1[64];  // logits of keys 0..127 (slices 0, 1) and 128..255 (slices 2, 3)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      s0[i] = static_cast<float>(acc0[i]);
+      s1[i] = static_cast<float>(acc1[i]);
+    }
+    if (kv0 + kWKeys > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
+      const int64_t r0w = first_row();
+      const int lim0 = static_cast<int>(visible_end(p, r0w)) - kv0 - 2 * t;
+      const int lim1 = static_cast<int>(visible_end(p, r0w + 8)) - kv0 - 2 * t;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (8 * j + e >= lim0) s0[4 * j + e] = -INFINITY;
+          if (8 * j + e >= lim1) s0[4 * j + 2 + e] = -INFINITY;
+          if (128 + 8 * j + e >= lim0) s1[4 * j + e] = -INFINITY;
+          if (128 + 8 * j + e >= lim1) s1[4 * j + 2 + e] = -INFINITY;
+        }
+    }
+    // Slice k's row scales: kc of the thread's keys in slice k times the q scale (> 0), read
+    // from shared memory where used (the vote's barrier between the uses forces a reload).
+    const float* kcs = skc + st * kWKeys + 2 * t;
+    auto qsc = [&](int k, float qm) { return fmaxf(kcs[64 * k] * qm, 1.17549435e-38f); };
+    float ma[4], mb[4];  // slice maxima in logit units, over the quad, then running
+    ma[0] = r3_max16<0, 0>(s0) * qsc(0, qm0);
+    mb[0] = r3_max16<0, 2>(s0) * qsc(0, qm1);
+    ma[1] = r3_max16<8, 0>(s0) * qsc(1, qm0);
+    mb[1] = r3_max16<8, 2>(s0) * qsc(1, qm1);
+    ma[2] = r3_max16<0, 0>(s1) * qsc(2, qm0);
+    mb[2] = r3_max16<0, 2>(s1) * qsc(2, qm1);
+    ma[3] = r3_max16<8, 0>(s1) * qsc(3, qm0);
+    mb[3] = r3_max16<8, 2>(s1) * qsc(3, qm1);
+#pragma unroll
+    for (int x = 1; x <= 2; x *= 2)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        ma[k] = fmaxf(ma[k], __shfl_xor_sync(0xffffffffu, ma[k], x));
+        mb[k] = fmaxf(mb[k], __shfl_xor_sync(0xffffffffu, mb[k], x));
+      }
+    // The oracle's running maxima after each slice.
+    ma[0] = fmaxf(m0, ma[0]);
+    mb[0] = fmaxf(m1, mb[0]);
+#pragma unroll
+    for (int k = 1; k < 4; ++k) {
+      ma[k] = fmaxf(ma[k - 1], ma[k]);
+      mb[k] = fmaxf(mb[k - 1], mb[k]);
+    }
+    // Slices 1..3 where some row of the warpgroup raised its maximum (a new run of slices
+    // starts there): warp votes, then one warpgroup count with weights 1 / 5 / 25 per warp
+    // (lane 0: slice 1; lanes 1-5: slice 2; lanes 6-30: slice 3; each count <= 4 warps).
+    const bool w1 = __any_sync(0xffffffffu, ma[1] != ma[0] || mb[1] != mb[0]);
+    const bool w2 = __any_sync(0xffffffffu, ma[2] != ma[1] || mb[2] != mb[1]);
+    const bool w3 = __any_sync(0xffffffffu, ma[3] != ma[2] || mb[3] != mb[2]);
+    const int votes =
+        wg_popc(lane == 0 ? w1 : lane <= 5 ? w2 : lane <= 30 ? w3 : false, 3 + cw);
+    const bool nf1 = votes % 5 != 0, nf2 = (votes / 5) % 5 != 0, nf3 = votes >= 25;
+    // Slice k's rescale factors r_k = exp2(m_(k-1) - m_k) (0 while a row has seen no key).
+    auto rsc = [](float prev, float m) { return prev == -INFINITY ? 0.f : fast_exp2(prev - m); };
+    auto off = [](float m) { return m == -INFINITY ? 0.f : m - kLog2_448; };
+    float ra[4], rb[4];
+    uint32_t pv[4][2][4];  // P of each slice: the A fragments of its two 32-key k-steps
+    // Slice k: P_k, l = l r_k + sum(P_k).
+    auto slice_p = [&](auto k_c, float(&s)[64]) {
+      constexpr int k = decltype(k_c)::value;
+      const float pa = k == 0 ? m0 : ma[k - 1], pb = k == 0 ? m1 : mb[k - 1];
+      ra[k] = rsc(pa, ma[k]);
+      rb[k] = rsc(pb, mb[k]);
+      float sa, sb;
+      r3_exp_half<k & 1>(s, qsc(k, qm0), qsc(k, qm1), off(ma[k]), off(mb[k]), sa, sb, pv[k]);
+      l0 = l0 * ra[k] + sa;
+      l1 = l1 * rb[k] + sb;
+    };
+    const uint64_t dv = v_desc(st);
+    // Slice k's P·V (2 k-steps) onto C, or into a fresh C (accumulate 0: a new run).
+    auto pv_issue = [&](int k, int accumulate) {
+      const uint64_t d = dv + static_cast<uint32_t>((k >> 1) * (L::kVHalf >> 4) + (k & 1) * 4);
+      wgmma_fence();
+      wgmma_pv<D>(c, pv[k][0], d, accumulate);
+      wgmma_pv<D>(c, pv[k][1], d + 2, 1);
+      wgmma_commit();
+    };
+    float r0, r1;  // the current run's rescale factor of O
+    // A new run at slice k: O = O r + C of the run so far.
+    auto close_run = [&](int k) {
+      wgmma_wait<0>();
+      fence_regs(c);
+      accumulate_tile<D>(o, c, r0, r1);
+      r0 = ra[k];
+      r1 = rb[k];
+    };
+    slice_p(I0{}, s0);
+    slice_p(I1{}, s0);
+    slice_p(std::integral_constant<int, 2>{}, s1);
+    wgmma_fence();
+    wgmma_e4m3_n128_first(c, pv[0][0], dv);
+    wgmma_pv<D>(c, pv[0][1], dv + 2, 1);
+    wgmma_commit();
+    r0 = ra[0];
+    r1 = rb[0];
+    if (nf1) close_run(1);
+    pv_issue(1, !nf1);
+    if (nf2) close_run(2);
+    pv_issue(2, !nf2);
+    slice_p(std::integral_constant<int, 3>{}, s1);
+    m0 = ma[3];
+    m1 = mb[3];
+    if (nf3) close_run(3);
+    pv_issue(3, !nf3);
+    wgmma_wait<0>();
+    fence_regs(c);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + st * 8);  // this stage's q k^T and P·V are done
+    accumulate_tile<D>(o, c, r0, r1);
+    if constexpr (kMore) {
+      issue_qk(tile + 1, I0{});
+      issue_qk(tile + 1, I1{});
+      wgmma_wait<0>();  // nothing is in flight across the loop back edge
+      fence_regs(acc0);
+      fence_regs(acc1);
+    }
+  };
+  for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
+  if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
+  row0 = first_row();
+  row1 = row0 + 8;
+  epilogue<D, true, T16>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o,
+                         m0, m1, l0, l1);
+#endif
+}
+
 // A uint8 tensor map of `rank` dims (innermost first; strides in bytes of dims 1..) with a box of
 // 128-byte inner rows in the 128-byte swizzle (sw64: 64-byte rows, 64-byte swizzle). False if the
 // driver refuses it.
@@ -1497,6 +1816,22 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
+  // var 162 at D = 128 (knobs no_turn + cons3): 256-key ring stages (attention_wgmma_r3w_kernel)
+  // for bf16 output with the TMA maps (which need per-half kc), else the fallbacks below.
+  if constexpr (D == 128 && kBf16) {
+    if (var == 162 && tma) {
+      auto kernel = attention_wgmma_r3w_kernel<T16>;
+      constexpr int bytes = WideSmem<D>::kBytes;
+      static_assert(bytes <= 227 * 1024, "shared memory");
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                 op, "shared memory");
+      const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
+                      static_cast<unsigned>(B));
+      kernel<<<grid, kR3Threads, bytes, stream>>>(p, maps);
+      check_launch(op);
+      return;
+    }
+  }
   if (var == 162 && !(tma && D == 64)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   auto pick = [&](auto tma_c) {

@@ -482,7 +482,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     c3.no_turn = true;
     c3.cons3 = true;
     const detail::AttentionCudaTuning* tune = &c3;
-    const char* tag = "r3c3";
+    const char* tag = "r3c3";  // (D = 128: "r3w", below)
     auto add = [&](Shape s, O o, DType dt, ScaleLayout ql, int qb, ScaleLayout kl, int kb,
                    bool hnd, bool km, Pattern pat) {
       auto c = std::make_unique<Int8AttentionCase>(s, o, dt, ql, qb, kl, kb, hnd, km, pat, tag);
@@ -524,14 +524,21 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           Pattern::random);
     };
     add_d64();
-    // D = 128 (TMA producer; while kR3C3At128 is off the `.r3c3` ones run the two-consumer auto
-    // kernel): 6 shapes x 3 causal modes (N = 65 .. 390, 127 .. 3000 keys, GQA), early maxima,
-    // the diagnostics, THREAD_Q/K + HND + K mean, V mean, and a fallback (k scales per 32 keys:
+    // `.r3w`: the same knobs at D = 128 run the 256-key-stage kernel (attention_wgmma_r3w_kernel:
+    // auto's consumer on 256-key ring stages, runs of 64-key slices folded on the tensor cores;
+    // bf16 output with per-half k scales and the TMA maps, else the two-consumer fallbacks):
+    // N = 1, 17, 65 .. 400 rows, 1 .. 3000 keys (129: a second 128-key box of one key; 513: a
+    // last stage whose second box lies wholly past the keys; 700: a partial second box; fewer
+    // keys than rows), GQA, 3 causal modes, early maxima (folded runs), the diagnostics,
+    // THREAD_Q/K + HND + K mean, V mean, and two fallbacks (f16 output; k scales per 32 keys:
     // no TMA, the two-consumer round 3).
+    tag = "r3w";
     auto add_d128 = [&] {
       const Shape c3_128[] = {
-          {2, 127, 127, 4, 2, 128}, {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},
-          {1, 257, 390, 2, 1, 128}, {1, 130, 1000, 2, 1, 128}, {1, 390, 3000, 1, 1, 128},
+          {1, 1, 1, 1, 1, 128},     {1, 17, 17, 2, 1, 128},    {2, 127, 127, 4, 2, 128},
+          {1, 65, 300, 3, 1, 128},  {1, 300, 300, 2, 2, 128},  {1, 257, 390, 2, 1, 128},
+          {1, 130, 1000, 2, 1, 128}, {1, 390, 3000, 1, 1, 128}, {1, 140, 129, 2, 1, 128},
+          {1, 200, 513, 2, 2, 128}, {1, 333, 700, 4, 1, 128},  {1, 260, 77, 2, 1, 128},
       };
       for (const Shape& s : c3_128)
         for (auto c : {O::none, O::bottom_right, O::top_left})
@@ -554,6 +561,12 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           ScaleLayout::per_block, 64, false, false, Pattern::random);
       add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
           ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false, Pattern::random);
+      add(Shape{1, 200, 513, 2, 1, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
+          DType::f16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+          Pattern::random);
+      add(Shape{1, 300, 1100, 2, 1, 128}, make_opt(O::fp8, O::top_left, O::wgmma_r3),
+          DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, false, true,
+          Pattern::early_max);
     };
     add_d128();
 
