@@ -866,6 +866,43 @@ __device__ __forceinline__ void wgmma_s8_n128_first(int32_t (&d)[64], uint64_t d
 #endif
 }
 
+// d (64 x 64 s32) (+)= A (64 x 32 s8, shared) · B (64 x 32 s8, shared)^T; kFirst: d written
+// only (no accumulate).
+template <bool kFirst>
+__device__ __forceinline__ void wgmma_s8_n64(int32_t (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (kFirst) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p;\n}\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]),
+          "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]),
+          "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]),
+          "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]),
+          "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]),
+          "=r"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(0));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+          "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]),
+          "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]),
+          "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]),
+          "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]),
+          "+r"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(1));
+  }
+#endif
+}
+
 // d (64 x 128 f32) = A (64 x 32 e4m3, registers) · B (128 x 32 e4m3, shared)^T, d written only.
 __device__ __forceinline__ void wgmma_e4m3_n128_first(float (&d)[64], const uint32_t (&a)[4],
                                                       uint64_t desc_b) {
@@ -942,8 +979,8 @@ __device__ __forceinline__ bool wg_all(bool pred, int id) {
 
 
 // Maximum of 16 values s[4j + e] (j = j0 .. j0 + 7, e = e0, e0 + 1) as a balanced tree.
-template <int j0, int e0>
-__device__ __forceinline__ float r3_max16(const float (&s)[64]) {
+template <int j0, int e0, int N>
+__device__ __forceinline__ float r3_max16(const float (&s)[N]) {
   float a[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) a[i] = fmaxf(s[4 * (j0 + i) + e0], s[4 * (j0 + i) + e0 + 1]);
@@ -957,8 +994,8 @@ __device__ __forceinline__ float r3_max16(const float (&s)[64]) {
 // P of half kHalf (column blocks j = 8 kHalf .. 8 kHalf + 7): s <- exp2(s * qs - off) per row
 // (row g: e = 0, 1 with qs0/off0; row g + 8: e = 2, 3 with qs1/off1), the two row sums (tree
 // order) and the e4m3 A fragments of the two 32-key k-steps (softmax_half's packing).
-template <int kHalf>
-__device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1, float off0,
+template <int kHalf, int N>
+__device__ __forceinline__ void r3_exp_half(float (&s)[N], float qs0, float qs1, float off0,
                                             float off1, float& sum0, float& sum1,
                                             uint32_t (&pa)[2][4]) {
   constexpr int j0 = 8 * kHalf;
@@ -1418,10 +1455,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 #endif
 }
 
-// ---- 256-key tiles (session 10, knob no_turn + cons3 on wgmma_r3 at D = 128) ------------------
+// ---- wide key tiles (session 10, knob no_turn + cons3 on wgmma_r3 at D = 128) -----------------
 //
 // auto's consumer (round 3 + I2FP without turns, two consumer warpgroups of 64 rows, TMA producer
-// warp) on ring stages of 256 keys instead of 128, so that the per-stage fixed costs (mbarrier
+// warp) on ring stages of 64 kSlices keys (256 or 192) instead of 128, so that the per-stage fixed costs (mbarrier
 // waits, wgmma fences / waits, the exposed last P·V, the O = O r + C update, the producer's work)
 // spread over twice the keys. The softmax keeps the oracle's 64-key steps (SPEC §2): each of the
 // four 64-key slices takes its own running maximum m_k, P_k = e4m3(exp2(s - m_k + log2 448)) and
@@ -1436,19 +1473,28 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 // 128 registers do not fit next to C). Shared memory: Q 16 KB + 3 stages x (K 32 KB, V 2 x 16
 // KB boxes of 128 keys, 1 KB kc) = 212 KB. bf16 output, k scales constant per 64 keys (kc_half)
 // and the TMA maps only (else the fallbacks of launch_r3).
-constexpr int kWKeys = 256;  // keys per ring stage
-constexpr int kWStages = 3;
-template <int D>
+// The width the knob runs: 64-key slices per ring stage (4: 256 keys, 3: 192).
+constexpr int kWideSlices = 3;
+// The TMA maps of the wide kernel: R3Maps' plus the second boxes of a stage (keys 128 ..): K rows
+// and V keys in boxes of 64 (kSlices = 3; V then in 64-byte rows, 64-byte swizzle) or 128.
+struct WideMaps {
+  CUtensorMap q, k, v, k2, v2;
+  int q_rows_outer, k_rows_outer;
+};
+template <int D, int kSlices>
 struct WideSmem {
-  static constexpr int kKTile = kWKeys * kRowBytes;  // 256 K rows
-  static constexpr int kVHalf = D * kRowBytes;       // one V box: D channels x 128 keys
-  static constexpr int kVTile = 2 * kVHalf;
+  static constexpr int kKeys = 64 * kSlices;  // keys per ring stage
+  static constexpr int kStages = kSlices == 4 ? 3 : 4;
+  static constexpr int kKTile = kKeys * kRowBytes;  // kKeys K rows
+  static constexpr int kVHalf = D * kRowBytes;      // the first V box: D channels x 128 keys
+  static constexpr int kVTile = kVHalf + D * (kKeys - 128);  // + D x (kKeys - 128) keys
   static constexpr int kQ = 0;
   static constexpr int kK = kBM * kRowBytes;
-  static constexpr int kV = kK + kWStages * kKTile;
-  static constexpr int kS = kV + kWStages * kVTile;
-  static constexpr int kBar = kS + kWStages * kWKeys * 4;
-  static constexpr int kBytes = kBar + 2 * kWStages * 8 + 1024;  // + alignment slack
+  static constexpr int kV = kK + kStages * kKTile;
+  static constexpr int kS = kV + kStages * kVTile;
+  static constexpr int kBar = kS + kStages * kKeys * 4;
+  static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
+  static_assert(kKTile % 1024 == 0 && kVTile % 1024 == 0, "1024-byte aligned boxes");
 };
 
 // Number of threads of the `threads`-thread group on named barrier `id` whose `pred` holds
@@ -1463,14 +1509,30 @@ __device__ __forceinline__ int wg_popc(bool pred, int id) {
   return r;
 }
 
-template <typename T16>
+// q k^T of 128 (N = 64 registers) or 64 keys (N = 32); kFirst: d written only.
+template <bool kFirst, int N>
+__device__ __forceinline__ void wgmma_s8_qk(int32_t (&d)[N], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (N == 64) {
+    if constexpr (kFirst)
+      wgmma_s8_n128_first(d, desc_a, desc_b);
+    else
+      wgmma_s8_n128(d, desc_a, desc_b, 1);
+  } else {
+    wgmma_s8_n64<kFirst>(d, desc_a, desc_b);
+  }
+}
+
+template <typename T16, int kSlices>
 __global__ void __launch_bounds__(kR3Threads, 1)
-    attention_wgmma_r3w_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
+    attention_wgmma_r3w_kernel(const AttnParams p, const __grid_constant__ WideMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = 128;
   constexpr int kProdRegs = 24, kConsRegs = 240;
   static_assert(128 * kProdRegs + 256 * kConsRegs <= 168 * kR3Threads, "register split");
-  using L = WideSmem<D>;
+  static_assert(kSlices == 3 || kSlices == 4, "192 or 256 keys per stage");
+  using L = WideSmem<D, kSlices>;
+  constexpr int kWKeys = L::kKeys, kWStages = L::kStages;
+  constexpr int kN1 = 32 * (kSlices - 2);  // q k^T registers of keys 128 ..
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -1526,11 +1588,11 @@ __global__ void __launch_bounds__(kR3Threads, 1)
         const uint32_t sk = base + L::kK + st * L::kKTile;
         tma_load_4d(sk, &maps.k, bar, 0, maps.k_rows_outer ? hk : r, maps.k_rows_outer ? r : hk,
                     b);
-        tma_load_4d(sk + 128 * kRowBytes, &maps.k, bar, 0, maps.k_rows_outer ? hk : r2,
+        tma_load_4d(sk + 128 * kRowBytes, &maps.k2, bar, 0, maps.k_rows_outer ? hk : r2,
                     maps.k_rows_outer ? r2 : hk, b);
         const uint32_t sv = base + L::kV + st * L::kVTile;
         tma_load_3d(sv, &maps.v, bar, r, 0, b * p.Hkv + hk);
-        tma_load_3d(sv + L::kVHalf, &maps.v, bar, r2, 0, b * p.Hkv + hk);
+        tma_load_3d(sv + L::kVHalf, &maps.v2, bar, r2, 0, b * p.Hkv + hk);
       } else {
         mbar_arrive(bar);  // this lane's kc are stored
       }
@@ -1563,20 +1625,22 @@ __global__ void __launch_bounds__(kR3Threads, 1)
   const uint64_t dq0 = smem_desc(base + L::kQ + cw * 64 * kRowBytes);
   const uint64_t dk0 = smem_desc(base + L::kK);
   const uint64_t dv0 = smem_desc(base + L::kV);
+  // (192 keys: the second V box of stage 0, 64-byte rows in the 64-byte swizzle)
+  const uint64_t dv2 = smem_desc_sw64(base + L::kV + L::kVHalf);
   auto k_desc = [&](int st) { return dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4)); };
   auto v_desc = [&](int st) { return dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4)); };
-  int32_t acc0[64], acc1[64];  // q k^T of keys 0..127 and 128..255 of a stage
+  int32_t acc0[64], acc1[kN1];  // q k^T of keys 0..127 and 128.. of a stage
   // q k^T of tile `tile`, keys 128 kh .. 128 kh + 127 (kh = 0 waits for the stage first).
   auto issue_qk = [&](int tile, auto kh_c) {
     constexpr int kh = decltype(kh_c)::value;
     const int st = tile % kWStages;
     if (kh == 0) mbar_wait_bounded(full0 + st * 8, (tile / kWStages) & 1);
     const uint64_t dk = k_desc(st) + kh * ((128 * kRowBytes) >> 4);
-    auto into = [&](int32_t(&a)[64]) {
+    auto into = [&](auto& a) {
       wgmma_fence();
-      wgmma_s8_n128_first(a, dq0, dk);
+      wgmma_s8_qk<true>(a, dq0, dk);
 #pragma unroll
-      for (int kk = 1; kk < D / 32; ++kk) wgmma_s8_n128(a, dq0 + 2 * kk, dk + 2 * kk, 1);
+      for (int kk = 1; kk < D / 32; ++kk) wgmma_s8_qk<false>(a, dq0 + 2 * kk, dk + 2 * kk);
       wgmma_commit();
     };
     if constexpr (kh == 0)
@@ -1604,14 +1668,15 @@ __global__ void __launch_bounds__(kR3Threads, 1)
   };
   auto step = [&](int tile, auto more_c) {
     constexpr bool kMore = decltype(more_c)::value;
+    constexpr int kS = kSlices;
     const int st = tile % kWStages;
     const int kv0 = tile * kWKeys;
-    float s0[64], s1[64];  // logits of keys 0..127 (slices 0, 1) and 128..255 (slices 2, 3)
+    // logits of keys 0..127 (slices 0, 1) and 128.. (slices 2 (, 3))
+    float s0[64], s1[kN1];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      s0[i] = static_cast<float>(acc0[i]);
-      s1[i] = static_cast<float>(acc1[i]);
-    }
+    for (int i = 0; i < 64; ++i) s0[i] = static_cast<float>(acc0[i]);
+#pragma unroll
+    for (int i = 0; i < kN1; ++i) s1[i] = static_cast<float>(acc1[i]);
     if (kv0 + kWKeys > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
       const int64_t r0w = first_row();
       const int lim0 = static_cast<int>(visible_end(p, r0w)) - kv0 - 2 * t;
@@ -1622,6 +1687,11 @@ __global__ void __launch_bounds__(kR3Threads, 1)
         for (int e = 0; e < 2; ++e) {
           if (8 * j + e >= lim0) s0[4 * j + e] = -INFINITY;
           if (8 * j + e >= lim1) s0[4 * j + 2 + e] = -INFINITY;
+        }
+#pragma unroll
+      for (int j = 0; j < kN1 / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
           if (128 + 8 * j + e >= lim0) s1[4 * j + e] = -INFINITY;
           if (128 + 8 * j + e >= lim1) s1[4 * j + 2 + e] = -INFINITY;
         }
@@ -1630,19 +1700,21 @@ __global__ void __launch_bounds__(kR3Threads, 1)
     // from shared memory where used (the vote's barrier between the uses forces a reload).
     const float* kcs = skc + st * kWKeys + 2 * t;
     auto qsc = [&](int k, float qm) { return fmaxf(kcs[64 * k] * qm, 1.17549435e-38f); };
-    float ma[4], mb[4];  // slice maxima in logit units, over the quad, then running
+    float ma[kS], mb[kS];  // slice maxima in logit units, over the quad, then running
     ma[0] = r3_max16<0, 0>(s0) * qsc(0, qm0);
     mb[0] = r3_max16<0, 2>(s0) * qsc(0, qm1);
     ma[1] = r3_max16<8, 0>(s0) * qsc(1, qm0);
     mb[1] = r3_max16<8, 2>(s0) * qsc(1, qm1);
     ma[2] = r3_max16<0, 0>(s1) * qsc(2, qm0);
     mb[2] = r3_max16<0, 2>(s1) * qsc(2, qm1);
-    ma[3] = r3_max16<8, 0>(s1) * qsc(3, qm0);
-    mb[3] = r3_max16<8, 2>(s1) * qsc(3, qm1);
+    if constexpr (kS == 4) {
+      ma[kS - 1] = r3_max16<8, 0>(s1) * qsc(3, qm0);
+      mb[kS - 1] = r3_max16<8, 2>(s1) * qsc(3, qm1);
+    }
 #pragma unroll
     for (int x = 1; x <= 2; x *= 2)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
+      for (int k = 0; k < kS; ++k) {
         ma[k] = fmaxf(ma[k], __shfl_xor_sync(0xffffffffu, ma[k], x));
         mb[k] = fmaxf(mb[k], __shfl_xor_sync(0xffffffffu, mb[k], x));
       }
@@ -1650,26 +1722,28 @@ __global__ void __launch_bounds__(kR3Threads, 1)
     ma[0] = fmaxf(m0, ma[0]);
     mb[0] = fmaxf(m1, mb[0]);
 #pragma unroll
-    for (int k = 1; k < 4; ++k) {
+    for (int k = 1; k < kS; ++k) {
       ma[k] = fmaxf(ma[k - 1], ma[k]);
       mb[k] = fmaxf(mb[k - 1], mb[k]);
     }
-    // Slices 1..3 where some row of the warpgroup raised its maximum (a new run of slices
+    // Slices 1.. where some row of the warpgroup raised its maximum (a new run of slices
     // starts there): warp votes, then one warpgroup count with weights 1 / 5 / 25 per warp
     // (lane 0: slice 1; lanes 1-5: slice 2; lanes 6-30: slice 3; each count <= 4 warps).
     const bool w1 = __any_sync(0xffffffffu, ma[1] != ma[0] || mb[1] != mb[0]);
     const bool w2 = __any_sync(0xffffffffu, ma[2] != ma[1] || mb[2] != mb[1]);
-    const bool w3 = __any_sync(0xffffffffu, ma[3] != ma[2] || mb[3] != mb[2]);
+    bool w3 = false;
+    if constexpr (kS == 4)
+      w3 = __any_sync(0xffffffffu, ma[kS - 1] != ma[kS - 2] || mb[kS - 1] != mb[kS - 2]);
     const int votes =
         wg_popc(lane == 0 ? w1 : lane <= 5 ? w2 : lane <= 30 ? w3 : false, 3 + cw);
     const bool nf1 = votes % 5 != 0, nf2 = (votes / 5) % 5 != 0, nf3 = votes >= 25;
     // Slice k's rescale factors r_k = exp2(m_(k-1) - m_k) (0 while a row has seen no key).
     auto rsc = [](float prev, float m) { return prev == -INFINITY ? 0.f : fast_exp2(prev - m); };
     auto off = [](float m) { return m == -INFINITY ? 0.f : m - kLog2_448; };
-    float ra[4], rb[4];
-    uint32_t pv[4][2][4];  // P of each slice: the A fragments of its two 32-key k-steps
+    float ra[kS], rb[kS];
+    uint32_t pv[kS][2][4];  // P of each slice: the A fragments of its two 32-key k-steps
     // Slice k: P_k, l = l r_k + sum(P_k).
-    auto slice_p = [&](auto k_c, float(&s)[64]) {
+    auto slice_p = [&](auto k_c, auto& s) {
       constexpr int k = decltype(k_c)::value;
       const float pa = k == 0 ? m0 : ma[k - 1], pb = k == 0 ? m1 : mb[k - 1];
       ra[k] = rsc(pa, ma[k]);
@@ -1680,9 +1754,12 @@ __global__ void __launch_bounds__(kR3Threads, 1)
       l1 = l1 * rb[k] + sb;
     };
     const uint64_t dv = v_desc(st);
-    // Slice k's P·V (2 k-steps) onto C, or into a fresh C (accumulate 0: a new run).
+    // Slice k's P·V (2 k-steps) onto C, or into a fresh C (accumulate 0: a new run). Slices
+    // 0, 1: the first V box (128-byte rows, 64 bytes apart); slice 2 of 192 keys: the second
+    // box (64-byte rows, 64-byte swizzle); slices 2, 3 of 256 keys: the second 128-key box.
     auto pv_issue = [&](int k, int accumulate) {
-      const uint64_t d = dv + static_cast<uint32_t>((k >> 1) * (L::kVHalf >> 4) + (k & 1) * 4);
+      uint64_t d = dv + static_cast<uint32_t>((k >> 1) * (L::kVHalf >> 4) + (k & 1) * 4);
+      if (kS == 3 && k == 2) d = dv2 + static_cast<uint32_t>(st * (L::kVTile >> 4));
       wgmma_fence();
       wgmma_pv<D>(c, pv[k][0], d, accumulate);
       wgmma_pv<D>(c, pv[k][1], d + 2, 1);
@@ -1697,9 +1774,11 @@ __global__ void __launch_bounds__(kR3Threads, 1)
       r0 = ra[k];
       r1 = rb[k];
     };
+    using I2 = std::integral_constant<int, 2>;
+    using I3 = std::integral_constant<int, kS - 1>;
     slice_p(I0{}, s0);
     slice_p(I1{}, s0);
-    slice_p(std::integral_constant<int, 2>{}, s1);
+    if constexpr (kS == 4) slice_p(I2{}, s1);
     wgmma_fence();
     wgmma_e4m3_n128_first(c, pv[0][0], dv);
     wgmma_pv<D>(c, pv[0][1], dv + 2, 1);
@@ -1708,13 +1787,20 @@ __global__ void __launch_bounds__(kR3Threads, 1)
     r1 = rb[0];
     if (nf1) close_run(1);
     pv_issue(1, !nf1);
+    if constexpr (kS == 3) {
+      slice_p(I2{}, s1);
+      m0 = ma[kS - 1];
+      m1 = mb[kS - 1];
+    }
     if (nf2) close_run(2);
     pv_issue(2, !nf2);
-    slice_p(std::integral_constant<int, 3>{}, s1);
-    m0 = ma[3];
-    m1 = mb[3];
-    if (nf3) close_run(3);
-    pv_issue(3, !nf3);
+    if constexpr (kS == 4) {
+      slice_p(I3{}, s1);
+      m0 = ma[kS - 1];
+      m1 = mb[kS - 1];
+      if (nf3) close_run(kS - 1);
+      pv_issue(kS - 1, !nf3);
+    }
     wgmma_wait<0>();
     fence_regs(c);
     __syncwarp();
@@ -1781,7 +1867,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
   const bool tma64 = D == 64 && kBf16 && kc_half && var == 162;
   R3Maps maps{};
-  bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
+  WideMaps wmaps{};  // var 162 at D = 128 (the wide kernel): R3Maps' and the second boxes
+  bool tma = false, wide = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
     // Rows (N) and heads (H) in the order of their strides (NHD storage: heads inside rows, HND:
     // rows inside heads), so that every map is a plain nested layout; the box takes 128 rows of
@@ -1810,28 +1897,43 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                  tma64 ? 64u : static_cast<uint32_t>(kBM)) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
           encode_map(&maps.v, p.v, 3, vd, vs, vbox);
+    if (D == 128 && kBf16 && var == 162 && tma) {
+      wmaps.q = maps.q;
+      wmaps.k = wmaps.k2 = maps.k;
+      wmaps.v = wmaps.v2 = maps.v;
+      wmaps.q_rows_outer = maps_q_rows_outer;
+      wmaps.k_rows_outer = maps_k_rows_outer;
+      wide = true;
+      if (kWideSlices == 3) {  // second boxes of 64 K rows and 64 V keys (64-byte swizzle)
+        bool k2_rows_outer = false;
+        const uint32_t vbox2[3] = {64, static_cast<uint32_t>(D), 1};
+        wide = qk_map(&wmaps.k2, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &k2_rows_outer, 64) &&
+               encode_map(&wmaps.v2, p.v, 3, vd, vs, vbox2, true);
+      }
+    }
   }
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
-  // var 162 (three consumers): D = 64 with its maps, else 34;
-  // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
-  // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
-  // var 162 at D = 128 (knobs no_turn + cons3): 256-key ring stages (attention_wgmma_r3w_kernel)
-  // for bf16 output with the TMA maps (which need per-half kc), else the fallbacks below.
+  // var 162 at D = 128 (knobs no_turn + cons3): 64 kWideSlices-key ring stages
+  // (attention_wgmma_r3w_kernel) for bf16 output with the TMA maps (which need per-half kc),
+  // else the fallbacks below.
   if constexpr (D == 128 && kBf16) {
-    if (var == 162 && tma) {
-      auto kernel = attention_wgmma_r3w_kernel<T16>;
-      constexpr int bytes = WideSmem<D>::kBytes;
+    if (wide) {
+      auto kernel = attention_wgmma_r3w_kernel<T16, kWideSlices>;
+      constexpr int bytes = WideSmem<D, kWideSlices>::kBytes;
       static_assert(bytes <= 227 * 1024, "shared memory");
       check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                  op, "shared memory");
       const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
                       static_cast<unsigned>(B));
-      kernel<<<grid, kR3Threads, bytes, stream>>>(p, maps);
+      kernel<<<grid, kR3Threads, bytes, stream>>>(p, wmaps);
       check_launch(op);
       return;
     }
   }
+  // var 162 (three consumers): D = 64 with its maps, else 34;
+  // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
+  // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
   if (var == 162 && !(tma && D == 64)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   auto pick = [&](auto tma_c) {

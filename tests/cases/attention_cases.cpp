@@ -524,14 +524,14 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           Pattern::random);
     };
     add_d64();
-    // `.r3w`: the same knobs at D = 128 run the 256-key-stage kernel (attention_wgmma_r3w_kernel:
-    // auto's consumer on 256-key ring stages, runs of 64-key slices folded on the tensor cores;
-    // bf16 output with per-half k scales and the TMA maps, else the two-consumer fallbacks):
-    // N = 1, 17, 65 .. 400 rows, 1 .. 3000 keys (129: a second 128-key box of one key; 513: a
-    // last stage whose second box lies wholly past the keys; 700: a partial second box; fewer
-    // keys than rows), GQA, 3 causal modes, early maxima (folded runs), the diagnostics,
-    // THREAD_Q/K + HND + K mean, V mean, and two fallbacks (f16 output; k scales per 32 keys:
-    // no TMA, the two-consumer round 3).
+    // `.r3w`: the same knobs at D = 128 run the wide-stage kernel (attention_wgmma_r3w_kernel:
+    // auto's consumer on ring stages of 192 or 256 keys (kWideSlices), runs of 64-key slices
+    // folded on the tensor cores; bf16 output with per-half k scales and the TMA maps, else the
+    // two-consumer fallbacks): N = 1, 17, 65 .. 400 rows, 1 .. 3000 keys (77, 300: a stage's
+    // second box wholly past the keys; 129, 513: a second box of one key; 700: a partial one;
+    // fewer keys than rows), GQA, 3 causal modes, early maxima (folded runs), the diagnostics,
+    // THREAD_Q/K + HND + K mean, V mean, and two fallbacks (f16 output; k scales per 32 keys,
+    // 391 keys: no TMA, the two-consumer round 3).
     tag = "r3w";
     auto add_d128 = [&] {
       const Shape c3_128[] = {
@@ -559,7 +559,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       vmc128.smooth_v = true;
       add(Shape{1, 250, 250, 2, 2, 128}, vmc128, DType::bf16, ScaleLayout::per_block, 128,
           ScaleLayout::per_block, 64, false, false, Pattern::random);
-      add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
+      add(Shape{1, 257, 391, 2, 1, 128}, make_opt(O::fp8, O::none, O::wgmma_r3), DType::bf16,
           ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false, Pattern::random);
       add(Shape{1, 200, 513, 2, 1, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma_r3),
           DType::f16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
