@@ -92,7 +92,9 @@ std::string agreement(const std::vector<float>& got_all, const std::vector<float
 }
 
 // The A/B variant at D = 128 (session 10): knobs no_turn + cons3 on kernel wgmma_r3 run the
-// 256-key-stage kernel (attention_wgmma_r3w_kernel).
+// wide-stage kernel (attention_wgmma_r3w_kernel; its width kWideSlices in attention_wgmma.cu,
+// named here by hand).
+constexpr const char* kWideName = "192-key stages (r3w)";
 detail::AttentionCudaTuning wide_tuning() {
   detail::AttentionCudaTuning t;
   t.no_turn = true;
@@ -208,7 +210,7 @@ class AttentionBench : public BenchCase {
         kr8.baseline_ms = base_ms;
         kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
         rows.push_back(kr8);
-        // The variant under A/B at D = 128 (256-key ring stages: knobs no_turn + cons3 on
+        // The variant under A/B at D = 128 (wide ring stages: knobs no_turn + cons3 on
         // wgmma_r3), baseline the default in the same run; the accuracy column compares its
         // output with the default's (same 64-key softmax steps, P·V runs folded differently:
         // close, not bit-equal); its one-call twin below gives the accuracy against fp64.
@@ -219,7 +221,7 @@ class AttentionBench : public BenchCase {
           wide.kernel = AttentionOptions::wgmma_r3;
           detail::set_attention_cuda_tuning(wide_tuning());
           Row r = kr8;
-          r.op = "attention_int8 fp8 PV, 256-key stages (r3w) (kernel only)" + tag;
+          r.op = std::string("attention_int8 fp8 PV, ") + kWideName + " (kernel only)" + tag;
           r.ms = env.time_ms([&] {
             attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, wide, ctx);
           });
@@ -270,7 +272,7 @@ class AttentionBench : public BenchCase {
             wide.kernel = AttentionOptions::wgmma_r3;
             detail::set_attention_cuda_tuning(wide_tuning());
             Row rt = r;
-            rt.op = "attention() fp8 PV, incl. quantization, 256-key stages (r3w)" + tag;
+            rt.op = std::string("attention() fp8 PV, incl. quantization, ") + kWideName + tag;
             rt.ms = env.time_ms(
                 [&] { attention(q.view, k.view, v.view, out.view, nullptr, wide, wp, wb, ctx); });
             detail::set_attention_cuda_tuning({});
