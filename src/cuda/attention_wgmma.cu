@@ -1458,21 +1458,24 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 // ---- wide key tiles (session 10, knob no_turn + cons3 on wgmma_r3 at D = 128) -----------------
 //
 // auto's consumer (round 3 + I2FP without turns, two consumer warpgroups of 64 rows, TMA producer
-// warp) on ring stages of 64 kSlices keys (256 or 192) instead of 128, so that the per-stage fixed costs (mbarrier
-// waits, wgmma fences / waits, the exposed last P·V, the O = O r + C update, the producer's work)
-// spread over twice the keys. The softmax keeps the oracle's 64-key steps (SPEC §2): each of the
-// four 64-key slices takes its own running maximum m_k, P_k = e4m3(exp2(s - m_k + log2 448)) and
-// l = l r_k + sum P_k, r_k = exp2(m_(k-1) - m_k). All four slices' maxima are known before any
-// exponential (S of 256 keys is in registers), so one warpgroup vote (bar.red.popc) says at which
-// slices some row of the warpgroup raised its maximum: the slices between two such slices
-// accumulate their P·V into one fresh buffer C on the tensor cores (all of them ones r = 1), and
-// O = O r + C runs once per run of slices (once per 256 keys when no maximum moved), as auto's
-// folded halves do within 128 keys. Registers (setmaxnreg 24 / 240): q k^T 2 x 64 + O 64; then
-// P of slices 0 and 1 (16) before the first P·V, so that C (64) is live only next to half of S.
-// The next stage's q k^T: its first 128 keys issued before the O update, the rest after (its
-// 128 registers do not fit next to C). Shared memory: Q 16 KB + 3 stages x (K 32 KB, V 2 x 16
-// KB boxes of 128 keys, 1 KB kc) = 212 KB. bf16 output, k scales constant per 64 keys (kc_half)
-// and the TMA maps only (else the fallbacks of launch_r3).
+// warp) on ring stages of 64 kSlices keys (192 or 256) instead of 128, so that the per-stage
+// fixed costs (mbarrier waits, wgmma fences / waits, the exposed last P·V, the O = O r + C
+// update, the producer's work) spread over more keys. The softmax keeps the oracle's 64-key
+// steps (SPEC §2): each 64-key slice k takes its own running maximum m_k,
+// P_k = e4m3(exp2(s - m_k + log2 448)) and l = l r_k + sum P_k, r_k = exp2(m_(k-1) - m_k). Every
+// slice's maximum is known before any exponential (the stage's logits are all in registers), so
+// one warpgroup vote (bar.red.popc) says at which slices some row of the warpgroup raised its
+// maximum: the slices between two such slices accumulate their P·V into one fresh buffer C on
+// the tensor cores (r = 1 inside a run), and O = O r + C runs once per run (once per stage when
+// no maximum moved), as auto's folded halves do within 128 keys. Registers (setmaxnreg
+// 24 / 240): q k^T (keys 0..127 in 64 registers, the rest in 32 or 64) + O 64; P of the first
+// slices before the first P·V (192 keys: 2, 256: 3), so that C (64) is live next to at most one
+// slice of logits; the next stage's q k^T after the O update (ptxas: issued before it, 24 B
+// spilled at 192 keys, 1.4 KB at 256). ptxas: 0 spills at 192 keys, 148 B at 256 (loop-invariant
+// scalars). Shared memory: Q 16 KB + 4 stages x (K 24 KB, V 16 + 8 KB, 768 B kc) at 192 keys,
+// 3 x (32, 16 + 16, 1 KB) at 256: 212 KB. K and V of a stage come as a 128-row / 128-key box
+// and a second box (64 or 128; 64 V keys in 64-byte rows, 64-byte swizzle). bf16 output, k scales
+// constant per 64 keys (kc_half) and the TMA maps only (else the fallbacks of launch_r3).
 // The width the knob runs: 64-key slices per ring stage (4: 256 keys, 3: 192).
 constexpr int kWideSlices = 3;
 // The TMA maps of the wide kernel: R3Maps' plus the second boxes of a stage (keys 128 ..): K rows
