@@ -1470,14 +1470,17 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 // no maximum moved), as auto's folded halves do within 128 keys. Registers (setmaxnreg
 // 24 / 240): q k^T (keys 0..127 in 64 registers, the rest in 32 or 64) + O 64; P of the first
 // slices before the first P·V (192 keys: 2, 256: 3), so that C (64) is live next to at most one
-// slice of logits; the next stage's q k^T after the O update (ptxas: issued before it, 24 B
-// spilled at 192 keys, 1.4 KB at 256). ptxas: 0 spills at 192 keys, 148 B at 256 (loop-invariant
-// scalars). Shared memory: Q 16 KB + 4 stages x (K 24 KB, V 16 + 8 KB, 768 B kc) at 192 keys,
+// slice of logits; the next stage's q k^T: at 192 keys (kWideEarlyQk) its keys 128..191 (32
+// registers) issued behind the last P·V before that one's wait, keys 0..127 after the O update;
+// at 256 keys all after the O update (before it: 1.4 KB spilled). ptxas: 0 spills at 192 keys,
+// 112 B at 256 (loop-invariant scalars). Shared memory: Q 16 KB + 4 stages x (K 24 KB, V 16 + 8 KB, 768 B kc) at 192 keys,
 // 3 x (32, 16 + 16, 1 KB) at 256: 212 KB. K and V of a stage come as a 128-row / 128-key box
 // and a second box (64 or 128; 64 V keys in 64-byte rows, 64-byte swizzle). bf16 output, k scales
 // constant per 64 keys (kc_half) and the TMA maps only (else the fallbacks of launch_r3).
 // The width the knob runs: 64-key slices per ring stage (4: 256 keys, 3: 192).
 constexpr int kWideSlices = 3;
+// The next stage's q k^T of keys 128.. issued before the last P·V's wait (192 keys only).
+constexpr bool kWideEarlyQk = true;
 // The TMA maps of the wide kernel: R3Maps' plus the second boxes of a stage (keys 128 ..): K rows
 // and V keys in boxes of 64 (kSlices = 3; V then in 64-byte rows, 64-byte swizzle) or 128.
 struct WideMaps {
@@ -1625,19 +1628,26 @@ __global__ void __launch_bounds__(kR3Threads, 1)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  const uint64_t dq0 = smem_desc(base + L::kQ + cw * 64 * kRowBytes);
-  const uint64_t dk0 = smem_desc(base + L::kK);
-  const uint64_t dv0 = smem_desc(base + L::kV);
-  // (192 keys: the second V box of stage 0, 64-byte rows in the 64-byte swizzle)
-  const uint64_t dv2 = smem_desc_sw64(base + L::kV + L::kVHalf);
-  auto k_desc = [&](int st) { return dk0 + static_cast<uint32_t>(st * (L::kKTile >> 4)); };
-  auto v_desc = [&](int st) { return dv0 + static_cast<uint32_t>(st * (L::kVTile >> 4)); };
+  // Descriptors: only their address fields live through the loop (32 bits; the high words are
+  // constants: stride byte offset and swizzle mode).
+  const uint32_t base4 = (base & 0x3ffffu) >> 4;
+  auto desc128 = [&](uint32_t off) {  // 128-byte swizzle at base + off
+    return (uint64_t{(1024u >> 4) | (1u << 30)} << 32) | ((16u >> 4) << 16) | (base4 + (off >> 4));
+  };
+  const uint64_t dq0 = desc128(L::kQ + cw * 64 * kRowBytes);
+  auto k_desc = [&](int st) { return desc128(L::kK + st * L::kKTile); };
+  auto v_desc = [&](int st) { return desc128(L::kV + st * L::kVTile); };
+  // (192 keys: the second V box of stage st, 64-byte rows in the 64-byte swizzle)
+  auto v2_desc = [&](int st) {
+    return (uint64_t{(512u >> 4) | (2u << 30)} << 32) | ((16u >> 4) << 16) |
+           (base4 + ((L::kV + st * L::kVTile + L::kVHalf) >> 4));
+  };
   int32_t acc0[64], acc1[kN1];  // q k^T of keys 0..127 and 128.. of a stage
   // q k^T of tile `tile`, keys 128 kh .. 128 kh + 127 (kh = 0 waits for the stage first).
-  auto issue_qk = [&](int tile, auto kh_c) {
+  auto issue_qk = [&](int tile, auto kh_c, bool stage_wait) {
     constexpr int kh = decltype(kh_c)::value;
     const int st = tile % kWStages;
-    if (kh == 0) mbar_wait_bounded(full0 + st * 8, (tile / kWStages) & 1);
+    if (stage_wait) mbar_wait_bounded(full0 + st * 8, (tile / kWStages) & 1);
     const uint64_t dk = k_desc(st) + kh * ((128 * kRowBytes) >> 4);
     auto into = [&](auto& a) {
       wgmma_fence();
@@ -1655,19 +1665,18 @@ __global__ void __launch_bounds__(kR3Threads, 1)
   using I1 = std::integral_constant<int, 1>;
   float c[D / 2];
   if (n_tiles > 0) {
-    issue_qk(0, I0{});
-    issue_qk(0, I1{});
+    issue_qk(0, I0{}, true);
+    issue_qk(0, I1{}, false);
     wgmma_wait<0>();
     fence_regs(acc0);
     fence_regs(acc1);
   }
   // This thread's first row (recomputed where needed: fewer registers live through the loop).
+  // (32-bit: rows < 2^31; an int64 rl0 kept for it was spilled)
   auto first_row = [&]() {
-    return static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
-                                               static_cast<int>(blockIdx.x)
-                                         : static_cast<int>(blockIdx.x)) *
-               kBM +
-           rl0;
+    const int qbr = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                             : static_cast<int>(blockIdx.x);
+    return static_cast<int64_t>(qbr * kBM + rl0);
   };
   auto step = [&](int tile, auto more_c) {
     constexpr bool kMore = decltype(more_c)::value;
@@ -1762,7 +1771,7 @@ __global__ void __launch_bounds__(kR3Threads, 1)
     // box (64-byte rows, 64-byte swizzle); slices 2, 3 of 256 keys: the second 128-key box.
     auto pv_issue = [&](int k, int accumulate) {
       uint64_t d = dv + static_cast<uint32_t>((k >> 1) * (L::kVHalf >> 4) + (k & 1) * 4);
-      if (kS == 3 && k == 2) d = dv2 + static_cast<uint32_t>(st * (L::kVTile >> 4));
+      if (kS == 3 && k == 2) d = v2_desc(st);
       wgmma_fence();
       wgmma_pv<D>(c, pv[k][0], d, accumulate);
       wgmma_pv<D>(c, pv[k][1], d + 2, 1);
@@ -1804,14 +1813,22 @@ __global__ void __launch_bounds__(kR3Threads, 1)
       if (nf3) close_run(kS - 1);
       pv_issue(kS - 1, !nf3);
     }
-    wgmma_wait<0>();
+    // kWideEarlyQk: the next stage's q k^T of keys 128.. (32 registers at 192 keys) issued
+    // behind the last P·V, before its wait; keys 0..127 after the O update.
+    constexpr bool kEarlyQk = kWideEarlyQk && kS == 3;
+    if constexpr (kMore && kEarlyQk) {
+      issue_qk(tile + 1, I1{}, true);
+      wgmma_wait<1>();  // the P·V (the next q k^T stays in flight)
+    } else {
+      wgmma_wait<0>();
+    }
     fence_regs(c);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty0 + st * 8);  // this stage's q k^T and P·V are done
     accumulate_tile<D>(o, c, r0, r1);
     if constexpr (kMore) {
-      issue_qk(tile + 1, I0{});
-      issue_qk(tile + 1, I1{});
+      issue_qk(tile + 1, I0{}, !kEarlyQk);
+      if constexpr (!kEarlyQk) issue_qk(tile + 1, I1{}, false);
       wgmma_wait<0>();  // nothing is in flight across the loop back edge
       fence_regs(acc0);
       fence_regs(acc1);
