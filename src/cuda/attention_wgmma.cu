@@ -36,6 +36,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "src/cpu/attention_backend.h"  // detail::attention_cuda_tuning (the 256-key A/B)
 #include "src/cuda/attention_common.cuh"
 #include "src/cuda/common.cuh"
 #include "src/cuda/ptx.cuh"
@@ -1477,7 +1478,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 // 3 x (32, 16 + 16, 1 KB) at 256: 212 KB. K and V of a stage come as a 128-row / 128-key box
 // and a second box (64 or 128; 64 V keys in 64-byte rows, 64-byte swizzle). bf16 output, k scales
 // constant per 64 keys (kc_half) and the TMA maps only (else the fallbacks of launch_r3).
-// The width the knob runs: 64-key slices per ring stage (4: 256 keys, 3: 192).
+// The widths: 64-key slices per ring stage. Knobs no_turn + cons3 on wgmma_r3 (var 162) run
+// kWideSlices (192 keys); the same knobs with AttentionOptions::wgmma at D = 128, fp8 P·V (an
+// A/B-only route, var 163) run 256 keys.
 constexpr int kWideSlices = 3;
 // The next stage's q k^T of keys 128.. issued before the last P·V's wait (192 keys only).
 constexpr bool kWideEarlyQk = true;
@@ -1864,7 +1867,8 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups
+// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups (D = 128:
+// the wide kernel, kWideSlices; 163: the wide kernel at 256 keys)
 // (see the kernel's kVar); each falls back to the next simpler one (same bits) where its
 // instantiation or producer does not apply.
 template <int D, typename T16>
@@ -1917,14 +1921,14 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                  tma64 ? 64u : static_cast<uint32_t>(kBM)) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
           encode_map(&maps.v, p.v, 3, vd, vs, vbox);
-    if (D == 128 && kBf16 && var == 162 && tma) {
+    if (D == 128 && kBf16 && (var == 162 || var == 163) && tma) {
       wmaps.q = maps.q;
       wmaps.k = wmaps.k2 = maps.k;
       wmaps.v = wmaps.v2 = maps.v;
       wmaps.q_rows_outer = maps_q_rows_outer;
       wmaps.k_rows_outer = maps_k_rows_outer;
       wide = true;
-      if (kWideSlices == 3) {  // second boxes of 64 K rows and 64 V keys (64-byte swizzle)
+      if (var == 162 && kWideSlices == 3) {  // second boxes of 64 K rows and 64 V keys (64-byte swizzle)
         bool k2_rows_outer = false;
         const uint32_t vbox2[3] = {64, static_cast<uint32_t>(D), 1};
         wide = qk_map(&wmaps.k2, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &k2_rows_outer, 64) &&
@@ -1939,9 +1943,13 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // else the fallbacks below.
   if constexpr (D == 128 && kBf16) {
     if (wide) {
-      auto kernel = attention_wgmma_r3w_kernel<T16, kWideSlices>;
-      constexpr int bytes = WideSmem<D, kWideSlices>::kBytes;
-      static_assert(bytes <= 227 * 1024, "shared memory");
+      auto kernel = var == 163 ? attention_wgmma_r3w_kernel<T16, 4>
+                               : attention_wgmma_r3w_kernel<T16, kWideSlices>;
+      const int bytes =
+          var == 163 ? WideSmem<D, 4>::kBytes : WideSmem<D, kWideSlices>::kBytes;
+      static_assert(WideSmem<D, 4>::kBytes <= 227 * 1024 &&
+                        WideSmem<D, kWideSlices>::kBytes <= 227 * 1024,
+                    "shared memory");
       check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                  op, "shared memory");
       const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
@@ -1954,6 +1962,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
+  if (var == 163) var = 162;
   if (var == 162 && !(tma && D == 64)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   auto pick = [&](auto tma_c) {
@@ -2016,8 +2025,16 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
   auto by_type = [&](auto dc, auto fc) {
     constexpr int Dv = decltype(dc)::value;
     constexpr bool F = decltype(fc)::value;
-    if (which != WgmmaKernel::round1 && F) {  // (16-bit P·V: round 1 for every choice)
-      const int var = which == WgmmaKernel::round3_i2fp_no_turn      ? 34
+    // (A/B only: round1 with the knobs no_turn + cons3 at D = 128, fp8 P·V: the 256-key wide
+    // kernel, var 163)
+    bool wide256 = false;
+    if (which == WgmmaKernel::round1 && F && Dv == 128) {
+      const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
+      wide256 = tune.no_turn && tune.cons3;
+    }
+    if ((which != WgmmaKernel::round1 || wide256) && F) {  // (16-bit P·V: round 1 always)
+      const int var = wide256                                        ? 163
+                      : which == WgmmaKernel::round3_i2fp_no_turn    ? 34
                       : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
                                                                      : 0;
       if (out_dtype == DType::bf16)

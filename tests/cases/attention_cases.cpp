@@ -569,6 +569,34 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           Pattern::early_max);
     };
     add_d128();
+    // `.r3w256`: the wide kernel at 256 keys per stage (A/B only: the same knobs with kernel
+    // wgmma at D = 128, fp8 P·V; 77 / 129 / 300 / 513 / 700 keys as above, N = 1, 17, GQA,
+    // 3 causal modes, early maxima, THREAD_Q/K + HND + K mean, V mean, the f16 fallback).
+    tag = "r3w256";
+    {
+      const Shape w256[] = {
+          {1, 1, 1, 1, 1, 128},     {1, 17, 17, 2, 1, 128},   {2, 127, 127, 4, 2, 128},
+          {1, 300, 300, 2, 2, 128}, {1, 140, 129, 2, 1, 128}, {1, 200, 513, 2, 2, 128},
+          {1, 333, 700, 4, 1, 128}, {1, 260, 77, 2, 1, 128},  {1, 390, 3000, 1, 1, 128},
+      };
+      for (const Shape& s : w256)
+        for (auto c : {O::none, O::bottom_right, O::top_left})
+          add(s, make_opt(O::fp8, c, O::wgmma), DType::bf16, ScaleLayout::per_block, 128,
+              ScaleLayout::per_block, 64, false, false, Pattern::random);
+      add(Shape{1, 130, 1000, 2, 1, 128}, make_opt(O::fp8, O::none, O::wgmma), DType::bf16,
+          ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+          Pattern::early_max);
+      add(Shape{1, 400, 400, 2, 2, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma),
+          DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
+          Pattern::random);
+      O vm256 = make_opt(O::fp8, O::top_left, O::wgmma);
+      vm256.smooth_v = true;
+      add(Shape{1, 250, 250, 2, 2, 128}, vm256, DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false, Pattern::random);
+      add(Shape{1, 200, 513, 2, 1, 128}, make_opt(O::fp8, O::bottom_right, O::wgmma),
+          DType::f16, ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+          Pattern::random);
+    }
 
   }
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
