@@ -1474,10 +1474,11 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 // slice of logits; the next stage's q k^T: at 192 keys (kWideEarlyQk) its keys 128..191 (32
 // registers) issued behind the last P·V before that one's wait, keys 0..127 after the O update;
 // at 256 keys all after the O update (before it: 1.4 KB spilled). ptxas: 0 spills at 192 keys,
-// 112 B at 256 (loop-invariant scalars). Shared memory: Q 16 KB + 4 stages x (K 24 KB, V 16 + 8 KB, 768 B kc) at 192 keys,
-// 3 x (32, 16 + 16, 1 KB) at 256: 212 KB. K and V of a stage come as a 128-row / 128-key box
-// and a second box (64 or 128; 64 V keys in 64-byte rows, 64-byte swizzle). bf16 output, k scales
-// constant per 64 keys (kc_half) and the TMA maps only (else the fallbacks of launch_r3).
+// 112 B at 256 (loop-invariant scalars). Shared memory: Q 16 KB + 4 stages x (K 24 KB, V 16 + 8
+// KB, 768 B kc) at 192 keys, 3 x (32, 16 + 16, 1 KB) at 256: 212 KB. K and V of a stage come
+// as a 128-row / 128-key box and a second box (64 or 128; 64 V keys in 64-byte rows, 64-byte
+// swizzle). bf16 output, k scales constant per 64 keys (kc_half) and the TMA maps only (else
+// the fallbacks of launch_r3).
 // The widths: 64-key slices per ring stage. Knobs no_turn + cons3 on wgmma_r3 (var 162) run
 // kWideSlices (192 keys); the same knobs with AttentionOptions::wgmma at D = 128, fp8 P·V (an
 // A/B-only route, var 163) run 256 keys.
@@ -1867,10 +1868,9 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups (D = 128:
-// the wide kernel, kWideSlices; 163: the wide kernel at 256 keys)
-// (see the kernel's kVar); each falls back to the next simpler one (same bits) where its
-// instantiation or producer does not apply.
+// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups
+// (see the kernel's kVar; D = 128: the wide kernel at kWideSlices, 163 at 256 keys); each falls
+// back to the next simpler one (same bits) where its instantiation or producer does not apply.
 template <int D, typename T16>
 void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma round 3)";
@@ -1928,7 +1928,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       wmaps.q_rows_outer = maps_q_rows_outer;
       wmaps.k_rows_outer = maps_k_rows_outer;
       wide = true;
-      if (var == 162 && kWideSlices == 3) {  // second boxes of 64 K rows and 64 V keys (64-byte swizzle)
+      if (var == 162 && kWideSlices == 3) {  // second boxes: 64 K rows, 64 V keys (64-byte swizzle)
         bool k2_rows_outer = false;
         const uint32_t vbox2[3] = {64, static_cast<uint32_t>(D), 1};
         wide = qk_map(&wmaps.k2, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &k2_rows_outer, 64) &&
