@@ -16,7 +16,6 @@
 #include "lowbit/attention.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
-#include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (the A/B knobs)
 
 namespace lowbit {
 namespace bench {
@@ -78,27 +77,6 @@ std::string sampled_accuracy(const Shape& s, const std::vector<double>& ref,
       for (int64_t d = 0; d < D; ++d) got.push_back(ho[static_cast<size_t>((i * H + h) * D + d)]);
     }
   return accuracy(got, ref).str() + " (64 rows)";
-}
-
-// Agreement of two kernels' outputs on every 61st element.
-std::string agreement(const std::vector<float>& got_all, const std::vector<float>& ref_all) {
-  std::vector<float> got;
-  std::vector<double> ref;
-  for (size_t i = 0; i < got_all.size() && i < ref_all.size(); i += 61) {
-    got.push_back(got_all[i]);
-    ref.push_back(ref_all[i]);
-  }
-  return accuracy(got, ref).str();
-}
-
-// The A/B variants at D = 128 (session 10, attention.prefill_wide): knobs no_turn + cons3 on
-// kernel wgmma_r3 run the wide-stage kernel (attention_wgmma_r3w_kernel) at 192 keys per stage,
-// the same knobs with kernel wgmma at 256.
-detail::AttentionCudaTuning wide_tuning() {
-  detail::AttentionCudaTuning t;
-  t.no_turn = true;
-  t.cons3 = true;
-  return t;
 }
 
 class AttentionBench : public BenchCase {
@@ -209,15 +187,15 @@ class AttentionBench : public BenchCase {
         kr8.baseline_ms = base_ms;
         kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
         rows.push_back(kr8);
-        // (No variant under A/B in this family (session 10's wide stages: attention.prefill_wide).
-        // Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x
+        // (No variant under A/B now. Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x
         // of auto), the D = 64 two-consumer row (0.77x, run 13), the D = 128 240-register row
         // (0.99-1.01x, runs 12 and 13), round 5 without turns (0.82-0.97x, run 13); run 16's D =
         // 64 q k^T before the O update (0.99x); the producerless kernel (0.72-0.76x, runs 16 and
         // 17), the cp.async-fed D = 64 three-consumer row (0.98x, runs 16 and 17); run 19's row
         // sums on the tensor cores (0.99-1.00x) and quick row maxima (0.98-0.99x, bits equal);
         // session 9's D = 128 one softmax step per tile (0.95-0.97x, runs 24 and 25), with split
-        // P·V halves (0.94-0.96x), and polynomial exp2 (0.92-0.94x).
+        // P·V halves (0.94-0.96x), and polynomial exp2 (0.92-0.94x); session 10's 192-key ring
+        // stages (0.97-0.99x, run 30).
         // A variant row times attention_int8 under detail::set_attention_cuda_tuning against kr8
         // and compares its output's bits with the default's.)
         const double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)
@@ -308,133 +286,7 @@ class AttentionBench : public BenchCase {
   }
 };
 
-// The wide-stage A/B (session 10) alone, so that a GPU run can time it in ~1 minute: the D = 128
-// shapes, non-causal and causal; per mask the default kernel (auto), the 192- and 256-key wide
-// kernels on the same operands (accuracy column: agreement with auto's output), and the one call
-// (attention(), fp8 P·V) with each kernel, accuracy against fp64 on the sampled rows.
-class AttentionWideBench : public BenchCase {
- public:
-  std::string name() const override { return "attention.prefill_wide"; }
-
-  std::vector<Row> run(const Env& env) override {
-    std::vector<Row> rows;
-    if (env.device != Device::cuda) return rows;  // a CUDA kernel A/B
-    const std::vector<Shape> shapes = {{1, 40, 32760, 128}, {2, 24, 16384, 128}};
-    struct Variant {
-      const char* name;
-      AttentionOptions::Kernel kernel;
-      bool knobs;
-    };
-    const Variant variants[] = {{"auto", AttentionOptions::auto_kernel, false},
-                                {"192-key stages (r3w)", AttentionOptions::wgmma_r3, true},
-                                {"256-key stages (r3w)", AttentionOptions::wgmma, true}};
-    for (const Shape& s : shapes) {
-      const int64_t B = s.B, H = s.H, N = s.N, D = s.D;
-      const Device dev = env.device;
-      DeviceTensor q = make_tensor(dev, DType::bf16, {B, N, H, D}, 11);
-      DeviceTensor k = make_tensor(dev, DType::bf16, {B, N, H, D}, 12);
-      DeviceTensor v = make_tensor(dev, DType::bf16, {B, N, H, D}, 13);
-      DeviceTensor out = make_empty(dev, DType::bf16, {B, N, H, D});
-      // The operands of attention.prefill's kernel rows (INT8 codes, scales 1/74 per 128 q /
-      // 64 k rows, V fp8).
-      DeviceTensor q8 = make_tensor(dev, DType::i8, {B, N, H, D}, 14);
-      DeviceTensor k8 = make_tensor(dev, DType::i8, {B, N, H, D}, 15);
-      const int64_t nqs = scale_count(ScaleLayout::per_block, 128, N);
-      const int64_t nks = scale_count(ScaleLayout::per_block, 64, N);
-      DeviceTensor qs = make_empty(dev, DType::f32, {B, H, nqs});
-      DeviceTensor ks = make_empty(dev, DType::f32, {B, H, nks});
-      {
-        std::vector<float> a(static_cast<size_t>(B * H * std::max(nqs, nks)), 1.f / 74.f);
-        Context c;
-        copy_to_device(qs.view.data, a.data(), static_cast<size_t>(B * H * nqs) * 4, c);
-        copy_to_device(ks.view.data, a.data(), static_cast<size_t>(B * H * nks) * 4, c);
-        synchronize(c);
-      }
-      const int64_t npad = (N + 63) / 64 * 64;
-      DeviceTensor v8 = make_empty(dev, DType::e4m3, {B, H, D, npad});
-      DeviceTensor vs = make_empty(dev, DType::f32, {B, H, D});
-      Context ctx = env.ctx;
-      quantize_v_fp8(v.view, v8.view, vs.view, nullptr, ctx);
-      QuantizedRows qr{q8.view, qs.view, ScaleLayout::per_block, 128};
-      QuantizedRows kr{k8.view, ks.view, ScaleLayout::per_block, 64};
-      const TensorView vsv = vs.view;
-      const HostQkv host{to_host_f32(q.view), to_host_f32(k.view), to_host_f32(v.view)};
-      for (auto causal : {AttentionOptions::none, AttentionOptions::bottom_right}) {
-        const bool is_causal = causal != AttentionOptions::none;
-        const std::string tag = is_causal ? ", causal" : "";
-        const double flops = 4.0 * B * H * static_cast<double>(N) * N * D / (is_causal ? 2 : 1);
-        std::vector<float> auto_out;
-        double auto_ms = 0;
-        for (const Variant& var : variants) {
-          AttentionOptions o;
-          o.causal = causal;
-          o.kernel = var.kernel;
-          detail::set_attention_cuda_tuning(var.knobs ? wide_tuning()
-                                                      : detail::AttentionCudaTuning{});
-          Row r;
-          r.family = "attention";
-          r.op = std::string("wide A/B: attention_int8 fp8 PV ") + var.name + " (kernel only)" +
-                 tag;
-          r.shape = shape_str(s);
-          r.backend = device_name(dev);
-          r.ms = env.time_ms([&] {
-            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, o, ctx);
-          });
-          r.flops = flops;
-          r.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
-          const std::vector<float> got = to_host_f32(out.view);
-          if (!var.knobs) {
-            auto_out = got;
-            auto_ms = r.ms;
-          } else {
-            r.accuracy = got == auto_out ? "bits = auto"
-                                         : "bits != auto (" + agreement(got, auto_out) + ")";
-          }
-          r.baseline = "lowbit attention_int8 fp8 PV auto";
-          r.baseline_ms = auto_ms;
-          detail::set_attention_cuda_tuning({});
-          rows.push_back(r);
-        }
-        // One call per variant: accuracy against fp64.
-        std::vector<double> ref;
-        double call_auto_ms = 0;
-        for (const Variant& var : variants) {
-          AttentionOptions o;
-          o.causal = causal;
-          o.kernel = var.kernel;
-          const size_t wb = attention_workspace_bytes(q.view, k.view, o);
-          DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb) + 256});
-          void* wp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.view.data) + 255) &
-                                             ~uintptr_t{255});
-          detail::set_attention_cuda_tuning(var.knobs ? wide_tuning()
-                                                      : detail::AttentionCudaTuning{});
-          Row r;
-          r.family = "attention";
-          r.op = std::string("wide A/B: attention() fp8 PV, incl. quantization, ") + var.name + tag;
-          r.shape = shape_str(s);
-          r.backend = device_name(dev);
-          r.ms = env.time_ms(
-              [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
-          detail::set_attention_cuda_tuning({});
-          r.flops = flops;
-          r.bytes = static_cast<double>(B * N * H * D) * 2 * 4;
-          if (ref.empty()) ref = sampled_reference(s, is_causal, host);
-          r.accuracy = sampled_accuracy(s, ref, out.view);
-          if (!var.knobs) call_auto_ms = r.ms;
-          r.baseline = "lowbit attention() fp8 PV auto";
-          r.baseline_ms = call_auto_ms;
-          rows.push_back(r);
-        }
-      }
-    }
-    return rows;
-  }
-};
-
-LOWBIT_BENCH_CASES(attention_bench_cases) {
-  cases.push_back(std::make_unique<AttentionBench>());
-  cases.push_back(std::make_unique<AttentionWideBench>());
-}
+LOWBIT_BENCH_CASES(attention_bench_cases) { cases.push_back(std::make_unique<AttentionBench>()); }
 
 }  // namespace
 }  // namespace bench

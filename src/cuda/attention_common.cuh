@@ -131,12 +131,8 @@ enum class WgmmaKernel {
   round3_i2fp_no_turn,
   // round3_i2fp_no_turn with three consumer warpgroups (192 query rows per CTA) at D = 64, fed
   // by a TMA producer warp (setmaxnreg 24; Q and K in 64-byte rows, 64-byte swizzle) with the
-  // consumers at 160 registers; same bits; bf16 output with per-half k scales, else
-  // round3_i2fp_no_turn / round 3; bench knob cons3. auto at D = 64 since H200 run 16.
-  // At D = 128 (session 10, A/B only): round3_i2fp_no_turn's consumer on wide ring stages (192
-  // or 256 keys, attention_wgmma_r3w_kernel: the oracle's 64-key softmax steps, runs of steps
-  // folded on the tensor cores; close to, not bit-equal with, auto) for bf16 output with
-  // per-half k scales and the TMA maps, else round3_i2fp_no_turn / round 3
+  // consumers at 160 registers; same bits; bf16 output with per-half k scales, else (and at
+  // D = 128) round3_i2fp_no_turn / round 3; bench knob cons3. auto at D = 64 since H200 run 16
   round3_i2fp_no_turn_c3
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the

@@ -36,7 +36,6 @@
 #include <mutex>
 #include <type_traits>
 
-#include "src/cpu/attention_backend.h"  // detail::attention_cuda_tuning (the 256-key A/B)
 #include "src/cuda/attention_common.cuh"
 #include "src/cuda/common.cuh"
 #include "src/cuda/ptx.cuh"
@@ -867,43 +866,6 @@ __device__ __forceinline__ void wgmma_s8_n128_first(int32_t (&d)[64], uint64_t d
 #endif
 }
 
-// d (64 x 64 s32) (+)= A (64 x 32 s8, shared) · B (64 x 32 s8, shared)^T; kFirst: d written
-// only (no accumulate).
-template <bool kFirst>
-__device__ __forceinline__ void wgmma_s8_n64(int32_t (&d)[32], uint64_t desc_a, uint64_t desc_b) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (kFirst) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p;\n}\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]),
-          "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]),
-          "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]),
-          "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]),
-          "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]),
-          "=r"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(0));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, %32, %33, p;\n}\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-          "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]),
-          "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]),
-          "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]),
-          "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]),
-          "+r"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(1));
-  }
-#endif
-}
-
 // d (64 x 128 f32) = A (64 x 32 e4m3, registers) · B (128 x 32 e4m3, shared)^T, d written only.
 __device__ __forceinline__ void wgmma_e4m3_n128_first(float (&d)[64], const uint32_t (&a)[4],
                                                       uint64_t desc_b) {
@@ -980,8 +942,8 @@ __device__ __forceinline__ bool wg_all(bool pred, int id) {
 
 
 // Maximum of 16 values s[4j + e] (j = j0 .. j0 + 7, e = e0, e0 + 1) as a balanced tree.
-template <int j0, int e0, int N>
-__device__ __forceinline__ float r3_max16(const float (&s)[N]) {
+template <int j0, int e0>
+__device__ __forceinline__ float r3_max16(const float (&s)[64]) {
   float a[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) a[i] = fmaxf(s[4 * (j0 + i) + e0], s[4 * (j0 + i) + e0 + 1]);
@@ -995,8 +957,8 @@ __device__ __forceinline__ float r3_max16(const float (&s)[N]) {
 // P of half kHalf (column blocks j = 8 kHalf .. 8 kHalf + 7): s <- exp2(s * qs - off) per row
 // (row g: e = 0, 1 with qs0/off0; row g + 8: e = 2, 3 with qs1/off1), the two row sums (tree
 // order) and the e4m3 A fragments of the two 32-key k-steps (softmax_half's packing).
-template <int kHalf, int N>
-__device__ __forceinline__ void r3_exp_half(float (&s)[N], float qs0, float qs1, float off0,
+template <int kHalf>
+__device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1, float off0,
                                             float off1, float& sum0, float& sum1,
                                             uint32_t (&pa)[2][4]) {
   constexpr int j0 = 8 * kHalf;
@@ -1037,7 +999,9 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[N], float qs0, float qs1,
 // before tile j's softmax (setmaxnreg 24 / 240, 0 spills) 0.95-0.97x of auto in H200 runs 24
 // and 25, with the first half's P·V under the second half's P 0.94-0.96x, and a quarter of the
 // exponentials by a degree-3 polynomial on the FMA pipe 0.92x on auto's kernel: removed; see
-// docs/attention.md.)
+// docs/attention.md. Session 10: auto's consumer on 192-key ring stages (the oracle's 64-key
+// steps, runs of steps folded into one fresh C after one warpgroup vote; 0 spills) 0.97-0.99x
+// of auto in H200 run 30, removed.)
 
 // The logits' int32 -> float: I2FP (kI2fp) or exact_i2f (same value for |x| <= 2^22).
 template <bool kI2fp>
@@ -1456,397 +1420,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 #endif
 }
 
-// ---- wide key tiles (session 10, knob no_turn + cons3 on wgmma_r3 at D = 128) -----------------
-//
-// auto's consumer (round 3 + I2FP without turns, two consumer warpgroups of 64 rows, TMA producer
-// warp) on ring stages of 64 kSlices keys (192 or 256) instead of 128, so that the per-stage
-// fixed costs (mbarrier waits, wgmma fences / waits, the exposed last P·V, the O = O r + C
-// update, the producer's work) spread over more keys. The softmax keeps the oracle's 64-key
-// steps (SPEC §2): each 64-key slice k takes its own running maximum m_k,
-// P_k = e4m3(exp2(s - m_k + log2 448)) and l = l r_k + sum P_k, r_k = exp2(m_(k-1) - m_k). Every
-// slice's maximum is known before any exponential (the stage's logits are all in registers), so
-// one warpgroup vote (bar.red.popc) says at which slices some row of the warpgroup raised its
-// maximum: the slices between two such slices accumulate their P·V into one fresh buffer C on
-// the tensor cores (r = 1 inside a run), and O = O r + C runs once per run (once per stage when
-// no maximum moved), as auto's folded halves do within 128 keys. Registers (setmaxnreg
-// 24 / 240): q k^T (keys 0..127 in 64 registers, the rest in 32 or 64) + O 64; P of the first
-// slices before the first P·V (192 keys: 2, 256: 3), so that C (64) is live next to at most one
-// slice of logits; the next stage's q k^T: at 192 keys (kWideEarlyQk) its keys 128..191 (32
-// registers) issued behind the last P·V before that one's wait, keys 0..127 after the O update;
-// at 256 keys all after the O update (before it: 1.4 KB spilled). ptxas: 0 spills at 192 keys,
-// 112 B at 256 (loop-invariant scalars). Shared memory: Q 16 KB + 4 stages x (K 24 KB, V 16 + 8
-// KB, 768 B kc) at 192 keys, 3 x (32, 16 + 16, 1 KB) at 256: 212 KB. K and V of a stage come
-// as a 128-row / 128-key box and a second box (64 or 128; 64 V keys in 64-byte rows, 64-byte
-// swizzle). bf16 output, k scales constant per 64 keys (kc_half) and the TMA maps only (else
-// the fallbacks of launch_r3).
-// The widths: 64-key slices per ring stage. Knobs no_turn + cons3 on wgmma_r3 (var 162) run
-// kWideSlices (192 keys); the same knobs with AttentionOptions::wgmma at D = 128, fp8 P·V (an
-// A/B-only route, var 163) run 256 keys.
-constexpr int kWideSlices = 3;
-// The next stage's q k^T of keys 128.. issued before the last P·V's wait (192 keys only).
-constexpr bool kWideEarlyQk = true;
-// The TMA maps of the wide kernel: R3Maps' plus the second boxes of a stage (keys 128 ..): K rows
-// and V keys in boxes of 64 (kSlices = 3; V then in 64-byte rows, 64-byte swizzle) or 128.
-struct WideMaps {
-  CUtensorMap q, k, v, k2, v2;
-  int q_rows_outer, k_rows_outer;
-};
-template <int D, int kSlices>
-struct WideSmem {
-  static constexpr int kKeys = 64 * kSlices;  // keys per ring stage
-  static constexpr int kStages = kSlices == 4 ? 3 : 4;
-  static constexpr int kKTile = kKeys * kRowBytes;  // kKeys K rows
-  static constexpr int kVHalf = D * kRowBytes;      // the first V box: D channels x 128 keys
-  static constexpr int kVTile = kVHalf + D * (kKeys - 128);  // + D x (kKeys - 128) keys
-  static constexpr int kQ = 0;
-  static constexpr int kK = kBM * kRowBytes;
-  static constexpr int kV = kK + kStages * kKTile;
-  static constexpr int kS = kV + kStages * kVTile;
-  static constexpr int kBar = kS + kStages * kKeys * 4;
-  static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
-  static_assert(kKTile % 1024 == 0 && kVTile % 1024 == 0, "1024-byte aligned boxes");
-};
-
-// Number of threads of the `threads`-thread group on named barrier `id` whose `pred` holds
-// (bar.red.popc: also a barrier for those threads).
-__device__ __forceinline__ int wg_popc(bool pred, int id) {
-  int r;
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\nbar.red.popc.u32 %0, %2, 128, p;\n}\n"
-      : "=r"(r)
-      : "r"(static_cast<int>(pred)), "r"(id)
-      : "memory");
-  return r;
-}
-
-// q k^T of 128 (N = 64 registers) or 64 keys (N = 32); kFirst: d written only.
-template <bool kFirst, int N>
-__device__ __forceinline__ void wgmma_s8_qk(int32_t (&d)[N], uint64_t desc_a, uint64_t desc_b) {
-  if constexpr (N == 64) {
-    if constexpr (kFirst)
-      wgmma_s8_n128_first(d, desc_a, desc_b);
-    else
-      wgmma_s8_n128(d, desc_a, desc_b, 1);
-  } else {
-    wgmma_s8_n64<kFirst>(d, desc_a, desc_b);
-  }
-}
-
-template <typename T16, int kSlices>
-__global__ void __launch_bounds__(kR3Threads, 1)
-    attention_wgmma_r3w_kernel(const AttnParams p, const __grid_constant__ WideMaps maps) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int D = 128;
-  constexpr int kProdRegs = 24, kConsRegs = 240;
-  static_assert(128 * kProdRegs + 256 * kConsRegs <= 168 * kR3Threads, "register split");
-  static_assert(kSlices == 3 || kSlices == 4, "192 or 256 keys per stage");
-  using L = WideSmem<D, kSlices>;
-  constexpr int kWKeys = L::kKeys, kWStages = L::kStages;
-  constexpr int kN1 = 32 * (kSlices - 2);  // q k^T registers of keys 128 ..
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
-  const uint32_t base = (raw + 1023u) & ~1023u;
-  uint8_t* const sbase = smem_raw + (base - raw);
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-  const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
-                          : static_cast<int>(blockIdx.x);  // causal: long rows first
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
-  const int64_t q0 = static_cast<int64_t>(qb) * kBM;
-  const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
-  const int64_t kv_end = visible_end(p, last_row);
-  const int n_tiles = static_cast<int>((kv_end + kWKeys - 1) / kWKeys);
-  const uint32_t full0 = base + L::kBar, empty0 = full0 + kWStages * 8;
-  float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kWStages][kWKeys] kc
-
-  if (tid == 0) {
-#pragma unroll
-    for (int st = 0; st < kWStages; ++st) {
-      mbar_init(full0 + st * 8, 32);  // the producer warp's lanes (lane 0 with the bytes)
-      mbar_init(empty0 + st * 8, 8);  // every consumer warp, once its wgmmas completed
-    }
-    mbar_fence_init();
-  }
-  __syncthreads();
-
-  if (wg == 0) {  // ---- producer: one warp; lane 0 issues the boxes, each lane 8 kc
-    setmaxnreg_dec<kProdRegs>();
-    if (warp != 0) return;
-    const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
-    const ScaleIdx kidx(p.k_layout, p.k_block);
-    for (int tile = 0; tile < n_tiles; ++tile) {
-      const int st = tile % kWStages;
-      // (the stage first, then the k scales: 24 registers; the ring's 3 stages of 256 keys
-      // leave the producer ahead of the consumers anyway)
-      if (tile >= kWStages) mbar_wait_bounded(empty0 + st * 8, ((tile / kWStages) - 1) & 1);
-#pragma unroll
-      for (int i = 0; i < kWKeys / 32; ++i) {
-        const int key = tile * kWKeys + lane + 32 * i;
-        skc[st * kWKeys + lane + 32 * i] =
-            key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] * p.scale_log2 : 0.f;
-      }
-      const uint32_t bar = full0 + st * 8;
-      if (lane == 0) {
-        mbar_arrive_expect_tx(bar, 2u * kWKeys * D + (tile == 0 ? kBM * D : 0u));
-        if (tile == 0)  // Q (rows past Nq zero-filled) travels with tile 0
-          tma_load_4d(base + L::kQ, &maps.q, bar, 0, maps.q_rows_outer ? h : static_cast<int>(q0),
-                      maps.q_rows_outer ? static_cast<int>(q0) : h, b);
-        // Two boxes of 128 keys each for K and V. A second box wholly past the keys loads the
-        // first one again (finite data; its keys are masked, P = 0) instead of a box with no
-        // element in bounds.
-        const int r = tile * kWKeys;
-        const int r2 = r + 128 < p.Nkv ? r + 128 : r;
-        const uint32_t sk = base + L::kK + st * L::kKTile;
-        tma_load_4d(sk, &maps.k, bar, 0, maps.k_rows_outer ? hk : r, maps.k_rows_outer ? r : hk,
-                    b);
-        tma_load_4d(sk + 128 * kRowBytes, &maps.k2, bar, 0, maps.k_rows_outer ? hk : r2,
-                    maps.k_rows_outer ? r2 : hk, b);
-        const uint32_t sv = base + L::kV + st * L::kVTile;
-        tma_load_3d(sv, &maps.v, bar, r, 0, b * p.Hkv + hk);
-        tma_load_3d(sv + L::kVHalf, &maps.v2, bar, r2, 0, b * p.Hkv + hk);
-      } else {
-        mbar_arrive(bar);  // this lane's kc are stored
-      }
-    }
-    return;
-  }
-
-  // ---- consumers ----
-  setmaxnreg_inc<kConsRegs>();
-  const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
-  const int g = lane / 4, t = lane % 4;
-  const int rl0 = cw * 64 + (warp % 4) * 16 + g;
-  int64_t row0 = q0 + rl0, row1 = row0 + 8;
-  float qm0, qm1;  // q scales (> 0: see attention_wgmma_r3_kernel)
-  {
-    const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
-    const float qs0 =
-        row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
-    const float qs1 =
-        row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
-    qm0 = fmaxf(qs0, 1.17549435e-38f);
-    qm1 = fmaxf(qs1, 1.17549435e-38f);
-  }
-  const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
-
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  // Descriptors: only their address fields live through the loop (32 bits; the high words are
-  // constants: stride byte offset and swizzle mode).
-  const uint32_t base4 = (base & 0x3ffffu) >> 4;
-  auto desc128 = [&](uint32_t off) {  // 128-byte swizzle at base + off
-    return (uint64_t{(1024u >> 4) | (1u << 30)} << 32) | ((16u >> 4) << 16) | (base4 + (off >> 4));
-  };
-  const uint64_t dq0 = desc128(L::kQ + cw * 64 * kRowBytes);
-  auto k_desc = [&](int st) { return desc128(L::kK + st * L::kKTile); };
-  auto v_desc = [&](int st) { return desc128(L::kV + st * L::kVTile); };
-  // (192 keys: the second V box of stage st, 64-byte rows in the 64-byte swizzle)
-  auto v2_desc = [&](int st) {
-    return (uint64_t{(512u >> 4) | (2u << 30)} << 32) | ((16u >> 4) << 16) |
-           (base4 + ((L::kV + st * L::kVTile + L::kVHalf) >> 4));
-  };
-  int32_t acc0[64], acc1[kN1];  // q k^T of keys 0..127 and 128.. of a stage
-  // q k^T of tile `tile`, keys 128 kh .. 128 kh + 127 (kh = 0 waits for the stage first).
-  auto issue_qk = [&](int tile, auto kh_c, bool stage_wait) {
-    constexpr int kh = decltype(kh_c)::value;
-    const int st = tile % kWStages;
-    if (stage_wait) mbar_wait_bounded(full0 + st * 8, (tile / kWStages) & 1);
-    const uint64_t dk = k_desc(st) + kh * ((128 * kRowBytes) >> 4);
-    auto into = [&](auto& a) {
-      wgmma_fence();
-      wgmma_s8_qk<true>(a, dq0, dk);
-#pragma unroll
-      for (int kk = 1; kk < D / 32; ++kk) wgmma_s8_qk<false>(a, dq0 + 2 * kk, dk + 2 * kk);
-      wgmma_commit();
-    };
-    if constexpr (kh == 0)
-      into(acc0);
-    else
-      into(acc1);
-  };
-  using I0 = std::integral_constant<int, 0>;
-  using I1 = std::integral_constant<int, 1>;
-  float c[D / 2];
-  if (n_tiles > 0) {
-    issue_qk(0, I0{}, true);
-    issue_qk(0, I1{}, false);
-    wgmma_wait<0>();
-    fence_regs(acc0);
-    fence_regs(acc1);
-  }
-  // This thread's first row (recomputed where needed: fewer registers live through the loop).
-  // (32-bit: rows < 2^31; an int64 rl0 kept for it was spilled)
-  auto first_row = [&]() {
-    const int qbr = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
-                             : static_cast<int>(blockIdx.x);
-    return static_cast<int64_t>(qbr * kBM + rl0);
-  };
-  auto step = [&](int tile, auto more_c) {
-    constexpr bool kMore = decltype(more_c)::value;
-    constexpr int kS = kSlices;
-    const int st = tile % kWStages;
-    const int kv0 = tile * kWKeys;
-    // logits of keys 0..127 (slices 0, 1) and 128.. (slices 2 (, 3))
-    float s0[64], s1[kN1];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s0[i] = static_cast<float>(acc0[i]);
-#pragma unroll
-    for (int i = 0; i < kN1; ++i) s1[i] = static_cast<float>(acc1[i]);
-    if (kv0 + kWKeys > wg_end) {  // the tile crosses a visible end of this warpgroup's rows
-      const int64_t r0w = first_row();
-      const int lim0 = static_cast<int>(visible_end(p, r0w)) - kv0 - 2 * t;
-      const int lim1 = static_cast<int>(visible_end(p, r0w + 8)) - kv0 - 2 * t;
-#pragma unroll
-      for (int j = 0; j < 16; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (8 * j + e >= lim0) s0[4 * j + e] = -INFINITY;
-          if (8 * j + e >= lim1) s0[4 * j + 2 + e] = -INFINITY;
-        }
-#pragma unroll
-      for (int j = 0; j < kN1 / 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (128 + 8 * j + e >= lim0) s1[4 * j + e] = -INFINITY;
-          if (128 + 8 * j + e >= lim1) s1[4 * j + 2 + e] = -INFINITY;
-        }
-    }
-    // Slice k's row scales: kc of the thread's keys in slice k times the q scale (> 0), read
-    // from shared memory where used (the vote's barrier between the uses forces a reload).
-    const float* kcs = skc + st * kWKeys + 2 * t;
-    auto qsc = [&](int k, float qm) { return fmaxf(kcs[64 * k] * qm, 1.17549435e-38f); };
-    float ma[kS], mb[kS];  // slice maxima in logit units, over the quad, then running
-    ma[0] = r3_max16<0, 0>(s0) * qsc(0, qm0);
-    mb[0] = r3_max16<0, 2>(s0) * qsc(0, qm1);
-    ma[1] = r3_max16<8, 0>(s0) * qsc(1, qm0);
-    mb[1] = r3_max16<8, 2>(s0) * qsc(1, qm1);
-    ma[2] = r3_max16<0, 0>(s1) * qsc(2, qm0);
-    mb[2] = r3_max16<0, 2>(s1) * qsc(2, qm1);
-    if constexpr (kS == 4) {
-      ma[kS - 1] = r3_max16<8, 0>(s1) * qsc(3, qm0);
-      mb[kS - 1] = r3_max16<8, 2>(s1) * qsc(3, qm1);
-    }
-#pragma unroll
-    for (int x = 1; x <= 2; x *= 2)
-#pragma unroll
-      for (int k = 0; k < kS; ++k) {
-        ma[k] = fmaxf(ma[k], __shfl_xor_sync(0xffffffffu, ma[k], x));
-        mb[k] = fmaxf(mb[k], __shfl_xor_sync(0xffffffffu, mb[k], x));
-      }
-    // The oracle's running maxima after each slice.
-    ma[0] = fmaxf(m0, ma[0]);
-    mb[0] = fmaxf(m1, mb[0]);
-#pragma unroll
-    for (int k = 1; k < kS; ++k) {
-      ma[k] = fmaxf(ma[k - 1], ma[k]);
-      mb[k] = fmaxf(mb[k - 1], mb[k]);
-    }
-    // Slices 1.. where some row of the warpgroup raised its maximum (a new run of slices
-    // starts there): warp votes, then one warpgroup count with weights 1 / 5 / 25 per warp
-    // (lane 0: slice 1; lanes 1-5: slice 2; lanes 6-30: slice 3; each count <= 4 warps).
-    const bool w1 = __any_sync(0xffffffffu, ma[1] != ma[0] || mb[1] != mb[0]);
-    const bool w2 = __any_sync(0xffffffffu, ma[2] != ma[1] || mb[2] != mb[1]);
-    bool w3 = false;
-    if constexpr (kS == 4)
-      w3 = __any_sync(0xffffffffu, ma[kS - 1] != ma[kS - 2] || mb[kS - 1] != mb[kS - 2]);
-    const int votes =
-        wg_popc(lane == 0 ? w1 : lane <= 5 ? w2 : lane <= 30 ? w3 : false, 3 + cw);
-    const bool nf1 = votes % 5 != 0, nf2 = (votes / 5) % 5 != 0, nf3 = votes >= 25;
-    // Slice k's rescale factors r_k = exp2(m_(k-1) - m_k) (0 while a row has seen no key).
-    auto rsc = [](float prev, float m) { return prev == -INFINITY ? 0.f : fast_exp2(prev - m); };
-    auto off = [](float m) { return m == -INFINITY ? 0.f : m - kLog2_448; };
-    float ra[kS], rb[kS];
-    uint32_t pv[kS][2][4];  // P of each slice: the A fragments of its two 32-key k-steps
-    // Slice k: P_k, l = l r_k + sum(P_k).
-    auto slice_p = [&](auto k_c, auto& s) {
-      constexpr int k = decltype(k_c)::value;
-      const float pa = k == 0 ? m0 : ma[k - 1], pb = k == 0 ? m1 : mb[k - 1];
-      ra[k] = rsc(pa, ma[k]);
-      rb[k] = rsc(pb, mb[k]);
-      float sa, sb;
-      r3_exp_half<k & 1>(s, qsc(k, qm0), qsc(k, qm1), off(ma[k]), off(mb[k]), sa, sb, pv[k]);
-      l0 = l0 * ra[k] + sa;
-      l1 = l1 * rb[k] + sb;
-    };
-    const uint64_t dv = v_desc(st);
-    // Slice k's P·V (2 k-steps) onto C, or into a fresh C (accumulate 0: a new run). Slices
-    // 0, 1: the first V box (128-byte rows, 64 bytes apart); slice 2 of 192 keys: the second
-    // box (64-byte rows, 64-byte swizzle); slices 2, 3 of 256 keys: the second 128-key box.
-    auto pv_issue = [&](int k, int accumulate) {
-      uint64_t d = dv + static_cast<uint32_t>((k >> 1) * (L::kVHalf >> 4) + (k & 1) * 4);
-      if (kS == 3 && k == 2) d = v2_desc(st);
-      wgmma_fence();
-      wgmma_pv<D>(c, pv[k][0], d, accumulate);
-      wgmma_pv<D>(c, pv[k][1], d + 2, 1);
-      wgmma_commit();
-    };
-    float r0, r1;  // the current run's rescale factor of O
-    // A new run at slice k: O = O r + C of the run so far.
-    auto close_run = [&](int k) {
-      wgmma_wait<0>();
-      fence_regs(c);
-      accumulate_tile<D>(o, c, r0, r1);
-      r0 = ra[k];
-      r1 = rb[k];
-    };
-    using I2 = std::integral_constant<int, 2>;
-    using I3 = std::integral_constant<int, kS - 1>;
-    slice_p(I0{}, s0);
-    slice_p(I1{}, s0);
-    if constexpr (kS == 4) slice_p(I2{}, s1);
-    wgmma_fence();
-    wgmma_e4m3_n128_first(c, pv[0][0], dv);
-    wgmma_pv<D>(c, pv[0][1], dv + 2, 1);
-    wgmma_commit();
-    r0 = ra[0];
-    r1 = rb[0];
-    if (nf1) close_run(1);
-    pv_issue(1, !nf1);
-    if constexpr (kS == 3) {
-      slice_p(I2{}, s1);
-      m0 = ma[kS - 1];
-      m1 = mb[kS - 1];
-    }
-    if (nf2) close_run(2);
-    pv_issue(2, !nf2);
-    if constexpr (kS == 4) {
-      slice_p(I3{}, s1);
-      m0 = ma[kS - 1];
-      m1 = mb[kS - 1];
-      if (nf3) close_run(kS - 1);
-      pv_issue(kS - 1, !nf3);
-    }
-    // kWideEarlyQk: the next stage's q k^T of keys 128.. (32 registers at 192 keys) issued
-    // behind the last P·V, before its wait; keys 0..127 after the O update.
-    constexpr bool kEarlyQk = kWideEarlyQk && kS == 3;
-    if constexpr (kMore && kEarlyQk) {
-      issue_qk(tile + 1, I1{}, true);
-      wgmma_wait<1>();  // the P·V (the next q k^T stays in flight)
-    } else {
-      wgmma_wait<0>();
-    }
-    fence_regs(c);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + st * 8);  // this stage's q k^T and P·V are done
-    accumulate_tile<D>(o, c, r0, r1);
-    if constexpr (kMore) {
-      issue_qk(tile + 1, I0{}, !kEarlyQk);
-      if constexpr (!kEarlyQk) issue_qk(tile + 1, I1{}, false);
-      wgmma_wait<0>();  // nothing is in flight across the loop back edge
-      fence_regs(acc0);
-      fence_regs(acc1);
-    }
-  };
-  for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
-  if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
-  row0 = first_row();
-  row1 = row0 + 8;
-  epilogue<D, true, T16>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o,
-                         m0, m1, l0, l1);
-#endif
-}
-
 // A uint8 tensor map of `rank` dims (innermost first; strides in bytes of dims 1..) with a box of
 // 128-byte inner rows in the 128-byte swizzle (sw64: 64-byte rows, 64-byte swizzle). False if the
 // driver refuses it.
@@ -1869,8 +1442,8 @@ bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* di
 }
 
 // var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups
-// (see the kernel's kVar; D = 128: the wide kernel at kWideSlices, 163 at 256 keys); each falls
-// back to the next simpler one (same bits) where its instantiation or producer does not apply.
+// (see the kernel's kVar); each falls back to the next simpler one (same bits) where its
+// instantiation or producer does not apply.
 template <int D, typename T16>
 void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma round 3)";
@@ -1891,8 +1464,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
   const bool tma64 = D == 64 && kBf16 && kc_half && var == 162;
   R3Maps maps{};
-  WideMaps wmaps{};  // var 162 at D = 128 (the wide kernel): R3Maps' and the second boxes
-  bool tma = false, wide = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
+  bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
     // Rows (N) and heads (H) in the order of their strides (NHD storage: heads inside rows, HND:
     // rows inside heads), so that every map is a plain nested layout; the box takes 128 rows of
@@ -1921,48 +1493,12 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                  tma64 ? 64u : static_cast<uint32_t>(kBM)) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
           encode_map(&maps.v, p.v, 3, vd, vs, vbox);
-    if (D == 128 && kBf16 && (var == 162 || var == 163) && tma) {
-      wmaps.q = maps.q;
-      wmaps.k = wmaps.k2 = maps.k;
-      wmaps.v = wmaps.v2 = maps.v;
-      wmaps.q_rows_outer = maps_q_rows_outer;
-      wmaps.k_rows_outer = maps_k_rows_outer;
-      wide = true;
-      if (var == 162 && kWideSlices == 3) {  // second boxes: 64 K rows, 64 V keys (64-byte swizzle)
-        bool k2_rows_outer = false;
-        const uint32_t vbox2[3] = {64, static_cast<uint32_t>(D), 1};
-        wide = qk_map(&wmaps.k2, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &k2_rows_outer, 64) &&
-               encode_map(&wmaps.v2, p.v, 3, vd, vs, vbox2, true);
-      }
-    }
   }
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
-  // var 162 at D = 128 (knobs no_turn + cons3): 64 kWideSlices-key ring stages
-  // (attention_wgmma_r3w_kernel) for bf16 output with the TMA maps (which need per-half kc),
-  // else the fallbacks below.
-  if constexpr (D == 128 && kBf16) {
-    if (wide) {
-      auto kernel = var == 163 ? attention_wgmma_r3w_kernel<T16, 4>
-                               : attention_wgmma_r3w_kernel<T16, kWideSlices>;
-      const int bytes =
-          var == 163 ? WideSmem<D, 4>::kBytes : WideSmem<D, kWideSlices>::kBytes;
-      static_assert(WideSmem<D, 4>::kBytes <= 227 * 1024 &&
-                        WideSmem<D, kWideSlices>::kBytes <= 227 * 1024,
-                    "shared memory");
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-                 op, "shared memory");
-      const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
-                      static_cast<unsigned>(B));
-      kernel<<<grid, kR3Threads, bytes, stream>>>(p, wmaps);
-      check_launch(op);
-      return;
-    }
-  }
   // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
-  if (var == 163) var = 162;
   if (var == 162 && !(tma && D == 64)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   auto pick = [&](auto tma_c) {
@@ -2025,16 +1561,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
   auto by_type = [&](auto dc, auto fc) {
     constexpr int Dv = decltype(dc)::value;
     constexpr bool F = decltype(fc)::value;
-    // (A/B only: round1 with the knobs no_turn + cons3 at D = 128, fp8 P·V: the 256-key wide
-    // kernel, var 163)
-    bool wide256 = false;
-    if (which == WgmmaKernel::round1 && F && Dv == 128) {
-      const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-      wide256 = tune.no_turn && tune.cons3;
-    }
-    if ((which != WgmmaKernel::round1 || wide256) && F) {  // (16-bit P·V: round 1 always)
-      const int var = wide256                                        ? 163
-                      : which == WgmmaKernel::round3_i2fp_no_turn    ? 34
+    if (which != WgmmaKernel::round1 && F) {  // (16-bit P·V: round 1 for every choice)
+      const int var = which == WgmmaKernel::round3_i2fp_no_turn      ? 34
                       : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
                                                                      : 0;
       if (out_dtype == DType::bf16)
