@@ -194,7 +194,8 @@ class AttentionBench : public BenchCase {
         // 17), the cp.async-fed D = 64 three-consumer row (0.98x, runs 16 and 17); run 19's row
         // sums on the tensor cores (0.99-1.00x) and quick row maxima (0.98-0.99x, bits equal);
         // session 9's D = 128 one softmax step per tile (0.95-0.97x, runs 24 and 25), with split
-        // P·V halves (0.94-0.96x), and polynomial exp2 (0.92-0.94x).
+        // P·V halves (0.94-0.96x), and polynomial exp2 (0.92-0.94x); session 10's 192-key ring
+        // stages (0.97-0.99x, run 30).
         // A variant row times attention_int8 under detail::set_attention_cuda_tuning against kr8
         // and compares its output's bits with the default's.)
         const double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)
