@@ -23,7 +23,7 @@ namespace {
 
 // The tuning value of src/cuda/prologue_v3.cu's kKnobUnbalanced (heads_per_cta): the quantize
 // kernel's wave-model grid, run 29's default (session 10 balances grids of at most 2 rounds).
-constexpr int kUnbalanced = -2;
+constexpr int kUnbalanced = lowbit::detail::kKnobUnbalanced;
 
 struct Shape {
   const char* model;

@@ -102,7 +102,9 @@ namespace detail {
 // (kTightOff / kTightOn; on by default since GPU run 24) the tight forms of the quantize kernel
 // of 4-warp CTAs (compile-time thread count, running ring / pointer offsets instead of per-head
 // address math) and of the round-4 mean kernel (32-bit slot addresses), both with a branch-free
-// norm; kTightOff runs session 8's generic forms (session 9).
+// norm; kTightOff runs session 8's generic quantize form (session 9; the generic mean form was
+// deleted in session 10). `heads_per_cta` = kKnobBalanced forces the balanced quantize grid at
+// any size, kKnobUnbalanced the wave model's grid (session 10).
 // None of them changes a bit of the output.
 // (Deleted in session 8, the losing forms: the register and 3-ahead quantize rings, register
 // barrier ids, the plain bf16 arithmetic, the round-2 quantize and round-3 mean kernels, the
@@ -116,6 +118,7 @@ constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
 constexpr int kMeanSmemRing = 3;
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
 constexpr int kTightOff = 1, kTightOn = 2;
+constexpr int kKnobBalanced = -1, kKnobUnbalanced = -2;
 struct PrologueCudaTuning {
   bool legacy = false;
   int heads_per_cta = 0;

@@ -108,7 +108,6 @@ constexpr int kTightThreads = 128;
 // grid (run 29's default), a positive value that head group (unbalanced). (Session 10's
 // balanced mean chunks, q or q + 1 tokens per warp, changed the mean's fp32 sum order, i.e. its
 // bits, for -1 % at Flux k: not adopted, deleted; see docs/prologue.md.)
-constexpr int kKnobBalanced = -1, kKnobUnbalanced = -2;
 constexpr bool kV3DefaultBalanced = true;
 constexpr double kV3BalancedMaxRounds = 2.0;
 
@@ -1098,7 +1097,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     L.tiles = static_cast<int>(tiles);
     L.bal_q = L.bal_r = 0;
     const int64_t ctas = tiles * a.batch * head_groups;
-    if (forced == kKnobBalanced ||
+    if (forced == detail::kKnobBalanced ||
         (forced == 0 && kV3DefaultBalanced &&
          static_cast<double>(ctas) <= kV3BalancedMaxRounds * static_cast<double>(resident))) {
       // The wave model's grid rounded to whole rounds of resident CTAs (at least one, at least

@@ -662,7 +662,7 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // (8-warp CTAs: the generic kernel), the fused k path. (Session 10's balanced mean chunks,
   // early quantize launch and their cases were deleted after runs 29 / 30; the coalesced mean
   // partials are the mean kernel's only form since, run by every mean case.)
-  constexpr int kBalanced = -1, kUnbalanced = -2;
+  constexpr int kBalanced = detail::kKnobBalanced, kUnbalanced = detail::kKnobUnbalanced;
   for (int64_t N : {1, 17, 127, 1000, 4608}) {
     for (int64_t D : {64, 128}) {
       if (N == 4608 && D == 64) continue;
