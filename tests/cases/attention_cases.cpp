@@ -102,9 +102,12 @@ class Int8AttentionCase : public Case {
         t.set(i, std::max(-127.f, std::min(127.f, std::nearbyint(normal(rng) * 32.f))));
       return t;
     };
+    // Scales ~1/32, over sqrt(D / 128) beyond D = 128 (1/45 at D = 256): q·k over D channels
+    // keeps the logit spread of D = 128.
+    const float unit = 32.f * std::sqrt(std::max(1.f, static_cast<float>(s_.D) / 128.f));
     auto scales = [&](int64_t B, int64_t H, int64_t N, ScaleLayout l, int blk) {
       HostTensor t(DType::f32, {B, H, scale_count(l, blk, N)});
-      for (int64_t i = 0; i < t.numel(); ++i) t.set(i, spread(rng) / 32.f);
+      for (int64_t i = 0; i < t.numel(); ++i) t.set(i, spread(rng) / unit);
       return t;
     };
     std::vector<HostTensor> in;
@@ -211,18 +214,20 @@ class Int8AttentionCase : public Case {
 // GPU sums the tokens in another order, so a code may move by one.
 class QuantizeVCase : public Case {
  public:
-  QuantizeVCase(int64_t B, int64_t N, int64_t H, int64_t D, DType dt, bool mean)
-      : B_(B), N_(N), H_(H), D_(D), dt_(dt), mean_(mean) {}
+  QuantizeVCase(int64_t B, int64_t N, int64_t H, int64_t D, DType dt, bool mean,
+                bool hnd = false)
+      : B_(B), N_(N), H_(H), D_(D), dt_(dt), mean_(mean), hnd_(hnd) {}
   std::string name() const override {
     return "attention.quantize_v_fp8.b" + std::to_string(B_) + ".n" + std::to_string(N_) + ".h" +
            std::to_string(H_) + ".d" + std::to_string(D_) + "." + dtype_name(dt_) +
-           (mean_ ? ".mean" : "");
+           (mean_ ? ".mean" : "") + (hnd_ ? ".hnd" : "");
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
     std::vector<HostTensor> in;
-    in.emplace_back(dt_, std::vector<int64_t>{B_, N_, H_, D_});
+    in.emplace_back(dt_, hnd_ ? std::vector<int64_t>{B_, H_, N_, D_}
+                              : std::vector<int64_t>{B_, N_, H_, D_});
     in[0].fill_normal(rng, mean_ ? 2.f : 0.f, 1.5f);
-    if (!mean_ && N_ >= 3) {  // signed zeros (e4m3 keeps -0: code 0x80) and an all-zero channel
+    if (!mean_ && !hnd_ && N_ >= 3) {  // signed zeros (e4m3 keeps -0: code 0x80) and an all-zero channel
       HostTensor& v = in[0];
       for (int64_t b = 0; b < B_; ++b)
         for (int64_t n = 0; n < N_; ++n)
@@ -258,13 +263,14 @@ class QuantizeVCase : public Case {
   void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
            Context& ctx) const override {
     TensorView m = mean_ ? out[2] : TensorView{};
-    quantize_v_fp8(in[0], out[0], out[1], mean_ ? &m : nullptr, ctx);
+    quantize_v_fp8(hnd_ ? hnd_as_nhd(in[0]) : in[0], out[0], out[1], mean_ ? &m : nullptr, ctx);
   }
 
  private:
   int64_t B_, N_, H_, D_;
   DType dt_;
   bool mean_;
+  bool hnd_;
 };
 
 // ---- one call -----------------------------------------------------------------------------------
@@ -293,7 +299,8 @@ class AttentionCallCase : public Case {
   std::string name() const override {
     return "attention.call." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." +
            causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_) +
-           (opt_.smooth_k ? ".smooth_k" : "");
+           (opt_.smooth_k ? ".smooth_k" : "") + (opt_.smooth_v ? ".smooth_v" : "") +
+           (opt_.kernel == AttentionOptions::mma_sync ? ".mma_sync" : "");
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
     std::vector<HostTensor> in;
@@ -639,6 +646,70 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     for (auto c : {O::none, O::bottom_right})
       for (int64_t d : {64, 128})
         cases.push_back(std::make_unique<AttentionVarlenCase>(make_opt(pv, c), d));
+
+  // Head dim 256 (issue 4; `.d256` in the names): auto takes the mma.sync kernel there (the
+  // wgmma kernels cover D 64 / 128; fp8 P·V runs on f16 tensor cores from a V tile the CTA widens
+  // to f16). fp8 and 16-bit P·V, three causal modes, N = 1, 17, 127, 390, N_kv < / > N_q, GQA,
+  // B = 2; the kernel by name with longer rows (1100 keys) and P·V alone (zero q); f16 output,
+  // HND, per-thread layouts, K-mean LSE; WARP_Q + THREAD_K 128 + GQA; V mean; V to fp8 (several
+  // 512-token chunks, HND); the one call and varlen.
+  {
+    const Shape d256[] = {
+        {1, 1, 1, 1, 1, 256},     {1, 17, 17, 2, 1, 256},  {2, 127, 127, 4, 2, 256},
+        {1, 390, 390, 2, 2, 256}, {1, 200, 77, 2, 2, 256}, {1, 65, 300, 3, 1, 256},
+    };
+    for (const Shape& s : d256)
+      for (auto pv : {O::fp8, O::f16})
+        for (auto c : {O::none, O::bottom_right, O::top_left})
+          cases.push_back(std::make_unique<Int8AttentionCase>(
+              s, make_opt(pv, c), DType::bf16, ScaleLayout::per_block, 128,
+              ScaleLayout::per_block, 64, false, false));
+    for (auto pv : {O::fp8, O::f16})
+      for (auto c : {O::none, O::bottom_right}) {
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            Shape{1, 257, 1100, 2, 1, 256}, make_opt(pv, c, O::mma_sync), DType::bf16,
+            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false));
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            Shape{1, 257, 390, 2, 1, 256}, make_opt(pv, c, O::mma_sync), DType::bf16,
+            ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
+            Pattern::zero_q));
+      }
+    for (auto pv : {O::fp8, O::f16}) {
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          Shape{1, 129, 129, 2, 2, 256}, make_opt(pv, O::bottom_right), DType::f16,
+          ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          Shape{2, 70, 130, 4, 1, 256}, make_opt(pv, O::none), DType::bf16, ScaleLayout::warp_q,
+          128, ScaleLayout::thread_k, 128, false, true));
+    }
+    O vm256 = make_opt(O::fp8, O::top_left);
+    vm256.smooth_v = true;
+    cases.push_back(std::make_unique<Int8AttentionCase>(
+        Shape{1, 150, 150, 2, 2, 256}, vm256, DType::bf16, ScaleLayout::per_block, 128,
+        ScaleLayout::per_block, 64, false, false));
+    for (int64_t N : {1, 17, 127, 1000})
+      cases.push_back(std::make_unique<QuantizeVCase>(1, N, 2, 256,
+                                                      N % 2 ? DType::bf16 : DType::f16, false));
+    cases.push_back(std::make_unique<QuantizeVCase>(2, 127, 3, 256, DType::bf16, true));
+    cases.push_back(std::make_unique<QuantizeVCase>(2, 1300, 3, 256, DType::f16, true));
+    cases.push_back(std::make_unique<QuantizeVCase>(1, 390, 2, 256, DType::bf16, false, true));
+    for (auto pv : {O::fp8, O::f16})
+      for (auto c : {O::none, O::bottom_right}) {
+        cases.push_back(std::make_unique<AttentionCallCase>(Shape{1, 150, 150, 2, 1, 256},
+                                                            make_opt(pv, c), DType::bf16));
+        cases.push_back(std::make_unique<AttentionCallCase>(Shape{2, 33, 90, 2, 2, 256},
+                                                            make_opt(pv, c), DType::f16));
+        cases.push_back(std::make_unique<AttentionVarlenCase>(make_opt(pv, c), 256));
+      }
+    O sv = make_opt(O::fp8, O::top_left, O::mma_sync);
+    sv.smooth_v = true;
+    cases.push_back(
+        std::make_unique<AttentionCallCase>(Shape{1, 17, 17, 1, 1, 256}, sv, DType::bf16));
+    O nk = make_opt(O::f16, O::none);
+    nk.smooth_k = false;
+    cases.push_back(
+        std::make_unique<AttentionCallCase>(Shape{1, 127, 1000, 4, 1, 256}, nk, DType::bf16));
+  }
 }
 
 }  // namespace

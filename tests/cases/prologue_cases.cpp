@@ -717,6 +717,89 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   add(small);
   small.layout = ScaleLayout::per_block, small.block = 256, small.N = 1000;
   add(small);
+
+  // Head dim 256 (issue 4; names `prologue.*.d256.*`): on CUDA the first-generation quantize
+  // kernel (64-row passes) and the round-2 / first-generation mean kernels of src/cuda/prologue.cu
+  // (the round-3/4 kernels of prologue_v3.cu take D 64 / 128 only). Every scale layout, both rope
+  // pairings and table shapes, partial rotary, norm on / off / segmented, bf16 / f16, a given
+  // mean, the mean pass, the fused k path, the unfused store; N = 1, 17, 127, 1000.
+  {
+    const float q256 = 0.0625f * 1.44269504f;  // 1/sqrt(256) * log2(e)
+    Cfg d;
+    d.D = 256;
+    for (int64_t N : {1, 17, 127, 1000}) {
+      Cfg q = d;  // q path: norm + split-half rope + sm_scale, THREAD_Q 32, fused QKV buffer
+      q.tag = "d256.q", q.N = N, q.qkv = true, q.sm_scale = q256;
+      add(q);
+      Cfg tq = q;  // THREAD_Q 128 (one tile = 2 passes of 64 rows), f16, interleaved
+      tq.tag = "d256.tq128", tq.block = 128, tq.dtype = DType::f16, tq.rope = RopeKind::interleaved;
+      tq.qkv = false, tq.H = 2;
+      add(tq);
+      Cfg km = d;  // k path: the mean pass (interleaved, matrix table), then THREAD_K 64 with it
+      km.tag = "d256.k", km.mean_pass = true, km.N = N, km.qkv = true, km.dtype = DType::f16;
+      km.w_dtype = DType::f32, km.rope = RopeKind::interleaved, km.matrix_table = true;
+      add(km);
+      Cfg k = km;
+      k.mean_pass = false, k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      add(k);
+      Cfg f = d;  // the fused k path: bf16 split-half, THREAD_K 64
+      f.tag = "d256.kpath", f.fused = true, f.N = N, f.B = 2, f.H = 5, f.qkv = true;
+      f.layout = ScaleLayout::thread_k, f.block = 64;
+      add(f);
+      Cfg pb = d;  // PER_BLOCK 64 without rope, a mean
+      pb.tag = "d256.pb", pb.N = N, pb.rope = RopeKind::none, pb.layout = ScaleLayout::per_block;
+      pb.block = 64, pb.mean = true;
+      add(pb);
+      Cfg w = d;  // WARP_Q 128, segmented weights, B = 2
+      w.tag = "d256.warpq", w.B = 2, w.N = N, w.H = 2, w.norm = Norm::segmented;
+      w.layout = ScaleLayout::warp_q, w.block = 128;
+      add(w);
+      w.mean_pass = true, w.tag = "d256.segmented";
+      add(w);  // the first-generation mean kernel (segmented weights)
+      Cfg nn = d;  // no norm, rope only, THREAD_K 128
+      nn.tag = "d256.nonorm", nn.N = N, nn.norm = Norm::none, nn.layout = ScaleLayout::thread_k;
+      nn.block = 128, nn.dtype = DType::f16;
+      add(nn);
+      nn.mean_pass = true;
+      add(nn);
+      Cfg sg = d;  // SageAttention mode: x * sm_scale only, per-block 128, scale_eps 0
+      sg.tag = "d256.sage", sg.N = N, sg.norm = Norm::none, sg.rope = RopeKind::none;
+      sg.layout = ScaleLayout::per_block, sg.block = 128, sg.scale_eps = 0.f, sg.sm_scale = q256;
+      add(sg);
+      sg.layout = ScaleLayout::thread_q, sg.block = 32, sg.scale_eps = 1e-7f, sg.sm_scale = 1.f;
+      sg.dtype = DType::f16;
+      add(sg);
+    }
+    // Partial rotary (pairs 64: whole 16-byte chunks; 36: a split chunk), both pairings,
+    // quantize and mean.
+    for (int64_t pairs : {64, 36})
+      for (RopeKind r : {RopeKind::split, RopeKind::interleaved}) {
+        Cfg c = d;
+        c.tag = std::string("d256.partial") + std::to_string(pairs) +
+                (r == RopeKind::split ? "split" : "interleaved");
+        c.N = 127, c.pairs = pairs, c.rope = r, c.block = 16, c.dtype = DType::f16;
+        add(c);
+        c.mean_pass = true;
+        add(c);
+      }
+    // The first-generation mean kernel forced, the round-2 mean kernel's head groups (11 heads:
+    // 6 + 5, B = 2), the unfused store.
+    for (int64_t N : {17, 1000}) {
+      Cfg lg = d;
+      lg.tag = "d256.legacy", lg.mean_pass = true, lg.N = N, lg.legacy = true, lg.H = 5;
+      add(lg);
+      Cfg big = d;
+      big.tag = "d256.hg", big.mean_pass = true, big.B = 2, big.N = N, big.H = 11, big.qkv = true;
+      add(big);
+      big.rope = RopeKind::none, big.tag = "d256.hgnorope";
+      add(big);
+      Cfg st = d;
+      st.tag = "d256.normrope", st.store = true, st.N = N;
+      add(st);
+      st.tag = "d256.partial36", st.pairs = 36, st.norm = Norm::segmented, st.dtype = DType::f16;
+      add(st);
+    }
+  }
 }
 
 }  // namespace
