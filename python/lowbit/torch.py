@@ -326,8 +326,10 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
     PV with two-level fp32 accumulation, the default; "fp32" = 16-bit PV with fp32
     accumulation), qk_quant_gran ("per_thread"), quantization_backend ("triton": lowbit's
     quantizer is bit-exact with SageAttention's Triton one). A value lowbit cannot honour, or an
-    unknown argument, raises NotImplementedError naming it. Head dims below 64 / between 64 and
-    128 are zero-padded to 64 / 128 (as SageAttention does); the output is sliced back.
+    unknown argument, raises NotImplementedError naming it. Head dims below 64, between 64 and
+    128 and between 128 and 256 are zero-padded to 64 / 128 / 256 (SageAttention pads to 64 /
+    128); the output is sliced back (the zero channels change no score, and the default sm_scale
+    is 1/sqrt of the caller's head dim).
     """
     if tensor_layout not in ("HND", "NHD"):
         raise ValueError(f"lowbit.torch.sageattn: tensor_layout: expected 'HND' or 'NHD', got "
@@ -360,7 +362,7 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
     head_dim = q.shape[-1]
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(head_dim)
-    padded = 64 if head_dim < 64 else 128 if 64 < head_dim < 128 else head_dim
+    padded = next((p for p in (64, 128, 256) if head_dim <= p), head_dim)
     if padded != head_dim:
         q, k, v = (F.pad(t, (0, padded - head_dim)) for t in (q, k, v))
     out, lse = torch.ops.lowbit.attention(q, k, v, tensor_layout, float(sm_scale),

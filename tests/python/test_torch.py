@@ -100,8 +100,9 @@ def test_sageattn_vs_sdpa(layout, causal):
 
 
 @needs("attention")
-def test_sageattn_lse_scale_and_head_dim_padding():
-    b, h, nq, nkv, d = 1, 2, 24, 40, 40   # d = 40 is zero-padded to 64, as SageAttention does
+@pytest.mark.parametrize("d", [40, 200])  # zero-padded to 64 / 256 (neither is a multiple of 16)
+def test_sageattn_lse_scale_and_head_dim_padding(d):
+    b, h, nq, nkv = 1, 2, 24, 40
     q, k, v = randn(b, h, nq, d), randn(b, h, nkv, d), randn(b, h, nkv, d)
     out, lse = lt.sageattn(q, k, v, sm_scale=0.2, return_lse=True, pv_accum_dtype="fp32")
     assert out.shape == (b, h, nq, d) and lse.shape == (b, h, nq) and lse.dtype == torch.float32
