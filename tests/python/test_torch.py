@@ -104,11 +104,14 @@ def test_sageattn_vs_sdpa(layout, causal):
 def test_sageattn_lse_scale_and_head_dim_padding(d):
     b, h, nq, nkv = 1, 2, 24, 40
     q, k, v = randn(b, h, nq, d), randn(b, h, nkv, d), randn(b, h, nkv, d)
-    out, lse = lt.sageattn(q, k, v, sm_scale=0.2, return_lse=True, pv_accum_dtype="fp32")
+    # A scale other than the default 1/sqrt(d), with the logits' spread the SPEC targets assume
+    # (N(0,1) inputs at about 1/sqrt(d)): a fixed 0.2 at d = 200 makes the softmax 2.8x sharper.
+    scale = 1.25 / math.sqrt(d)
+    out, lse = lt.sageattn(q, k, v, sm_scale=scale, return_lse=True, pv_accum_dtype="fp32")
     assert out.shape == (b, h, nq, d) and lse.shape == (b, h, nq) and lse.dtype == torch.float32
-    cos, l1 = cos_l1(out, sdpa(q, k, v, "HND", scale=0.2))
+    cos, l1 = cos_l1(out, sdpa(q, k, v, "HND", scale=scale))
     assert cos >= 0.9999 and l1 <= 0.012, (cos, l1)
-    ref_lse = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) * 0.2, dim=-1)
+    ref_lse = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) * scale, dim=-1)
     torch.testing.assert_close(lse.double(), ref_lse, atol=0.05, rtol=0)
 
 
