@@ -23,6 +23,12 @@ struct AttentionCudaTuning {
   // with no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64 fed by the
   // TMA producer (auto's kernel at D = 64)
   bool cons3 = false;
+  // Head dim 256, kernel wgmma / wgmma_r3, fp8 P·V (session 11): the P·V's 64-channel chunks one
+  // at a time (each waited for before the next) instead of one in flight while the previous one
+  // is folded into O
+  bool d256_serial_pv = false;
+  // the same: the next stage's q k^T issued after the last chunk's fold instead of under it
+  bool d256_late_qk = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

@@ -123,6 +123,19 @@ __device__ __forceinline__ uint32_t e4m3_rounded_f16x2(float x0, float x1) {
 #endif
 }
 
+// O = O r for a pair of 8-channel accumulator groups (D = 256's P·V loops: rows g (r0) and
+// g + 8 (r1) of each group).
+__device__ __forceinline__ void rescale_pair(float (&a)[4], float (&b)[4], float r0, float r1) {
+  a[0] *= r0;
+  a[1] *= r0;
+  a[2] *= r1;
+  a[3] *= r1;
+  b[0] *= r0;
+  b[1] *= r0;
+  b[2] *= r1;
+  b[3] *= r1;
+}
+
 // scale_index_dev in 32-bit arithmetic (row < 2^31; Nkv is an int).
 __device__ __forceinline__ int scale_index32(int layout, int block, int row) {
   const int r = row % block;
@@ -367,14 +380,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
       const uint8_t* sV16 = smem + S::kV16Off;
 #pragma unroll
       for (int n = 0; n < D / 8; n += 2) {
-        o[n][0] *= r0;
-        o[n][1] *= r0;
-        o[n][2] *= r1;
-        o[n][3] *= r1;
-        o[n + 1][0] *= r0;
-        o[n + 1][1] *= r0;
-        o[n + 1][2] *= r1;
-        o[n + 1][3] *= r1;
+        rescale_pair(o[n], o[n + 1], r0, r1);
 #pragma unroll
         for (int kk = 0; kk < kKvTile / 16; ++kk) {
           // Matrix m: channels 8(n + m/2).., keys 16kk + 8(m%2)..: b0, b1 of o[n], then o[n+1].
@@ -424,14 +430,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
       }
 #pragma unroll
       for (int n = 0; n < D / 8; n += 2) {
-        o[n][0] *= r0;
-        o[n][1] *= r0;
-        o[n][2] *= r1;
-        o[n][3] *= r1;
-        o[n + 1][0] *= r0;
-        o[n + 1][1] *= r0;
-        o[n + 1][2] *= r1;
-        o[n + 1][3] *= r1;
+        rescale_pair(o[n], o[n + 1], r0, r1);
 #pragma unroll
         for (int kk = 0; kk < kKvTile / 16; ++kk) {
           uint32_t vb[4];
@@ -840,11 +839,24 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs round 1),
   // auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3) {
+  const bool wgmma_choice =
+      options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3;
+  if (wgmma_choice && D == 256) {
+    // D = 256 (session 11): both wgmma choices run the head-dim-256 wgmma kernel
+    // (attention_wgmma256.cu; fp8 and 16-bit P·V); tensors no TMA descriptor can address (e.g.
+    // strides that are not multiples of 16 bytes) run the mma.sync kernel below. auto stays on
+    // the mma.sync kernel at D = 256 until a GPU run shows the win.
+    if (!attn::wgmma_attention_available())
+      throw Error("attention_int8", "options.kernel",
+                  "wgmma / wgmma_r3: expected an sm_90 GPU with the sm_90a build, got head dim "
+                  "256 on a GPU without the sm_90a kernel");
+    const int var = (tune.d256_serial_pv ? 1 : 0) | (tune.d256_late_qk ? 2 : 0);
+    if (attn::launch_attention_wgmma256(p, B, fp8, out.dtype, var, stream_of(ctx))) return;
+  } else if (wgmma_choice) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
-                  "wgmma / wgmma_r3: expected head dim 64 or 128 on an sm_90 GPU with the sm_90a "
-                  "build, got head dim " +
+                  "wgmma / wgmma_r3: expected head dim 64, 128 or 256 on an sm_90 GPU with the "
+                  "sm_90a build, got head dim " +
                       std::to_string(D) +
                       (attn::wgmma_attention_applies(D) ? " on a GPU without the sm_90a kernel"
                                                         : ""));
@@ -881,7 +893,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }
-  // D = 256 (no wgmma kernel: wgmma_attention_applies is false) always lands here.
+  // D = 256 (auto, mma_sync, and the wgmma choices when no TMA descriptor applies) lands here.
   dispatch_int<64, 128, 256>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
                         [&](auto Dc) {
                           constexpr int D = decltype(Dc)::value;
