@@ -409,6 +409,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     l0 = l0 * r0 + sum0;
     l1 = l1 * r1 + sum1;
+    // The row sums before any P·V issue: scheduled after it, they kept the 32 P values live next
+    // to both chunk accumulators (spills).
+    asm volatile("" : "+f"(l0), "+f"(l1));
 
     if constexpr (FP8) {
       // P as e4m3 A fragments of the two 32-key k-steps (positions in quantize_v_fp8's order).
