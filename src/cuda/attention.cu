@@ -762,6 +762,10 @@ void with_16bit(DType dt, F&& f) {
     f(__half{});
 }
 
+// auto at D = 256: the head-dim-256 wgmma kernel (true) or the mma.sync kernel (false: until an
+// H200 run shows the wgmma kernel's win; kernel = wgmma runs it either way).
+constexpr bool kAuto256Wgmma = false;
+
 }  // namespace
 
 void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
@@ -893,6 +897,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }
+  if (options.kernel == AttentionOptions::auto_kernel && D == 256 && kAuto256Wgmma &&
+      attn::wgmma_attention_available() &&
+      attn::launch_attention_wgmma256(p, B, fp8, out.dtype, 0, stream_of(ctx)))
+    return;
   // D = 256 (auto, mma_sync, and the wgmma choices when no TMA descriptor applies) lands here.
   dispatch_int<64, 128, 256>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
                         [&](auto Dc) {
