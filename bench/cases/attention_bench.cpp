@@ -296,11 +296,13 @@ class AttentionBench : public BenchCase {
       };
       std::vector<Variant> variants = {{"", {}}};
       if (fp8) {
-        detail::AttentionCudaTuning serial, late;
+        detail::AttentionCudaTuning serial, late, under;
         serial.d256_serial_pv = true;
         late.d256_late_qk = true;
+        under.d256_qk_under_softmax = true;
         variants.push_back({", P·V chunks one at a time", serial});
         variants.push_back({", next q k^T after the last fold", late});
+        variants.push_back({", next q k^T under the softmax", under});
       }
       for (const Variant& var : variants) {
         const detail::AttentionCudaTuning saved = detail::attention_cuda_tuning();

@@ -29,6 +29,9 @@ struct AttentionCudaTuning {
   bool d256_serial_pv = false;
   // the same: the next stage's q k^T issued after the last chunk's fold instead of under it
   bool d256_late_qk = false;
+  // the same: the next stage's q k^T issued once this stage's logits are converted (under the
+  // softmax and the P·V, which then runs its chunks one at a time); over the two above
+  bool d256_qk_under_softmax = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

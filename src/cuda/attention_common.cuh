@@ -421,7 +421,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
 // Returns false without launching when a TMA descriptor cannot be made for these tensors (the
 // caller then runs the mma.sync kernel). Needs wgmma_attention_available(). var: 0 the default;
 // the bench knobs' variants of fp8 P·V with bf16 output and per-stage k scales (else 0): bit 0
-// the P·V channel chunks one at a time, bit 1 the next q k^T after the last chunk's fold.
+// the P·V channel chunks one at a time, bit 1 the next q k^T after the last chunk's fold; 4 the
+// next q k^T issued once the logits are converted (with the chunks one at a time).
 bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype, int var,
                                cudaStream_t stream);
 

@@ -163,7 +163,10 @@ template <bool FP8, typename T16, bool kKcHalf, int kVar = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kPvOverlap256 = (kVar & 1) == 0;
+  // bit 2: the next stage's q k^T issued as soon as this stage's accumulator is converted (it
+  // runs under the whole softmax and P·V), with the P·V chunks one at a time (registers)
+  constexpr bool kQkUnderSoftmax = (kVar & 4) != 0;
+  constexpr bool kPvOverlap256 = (kVar & 1) == 0 && !kQkUnderSoftmax;
   constexpr bool kEarlyQk256 = (kVar & 2) == 0;
   using L = Smem256<FP8>;
   constexpr int kStages = L::kStages;
@@ -335,6 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     const int64_t rq0 = block_q0();
+    if constexpr (kMore && kQkUnderSoftmax) issue_qk(tile + 1);  // acc is free
     if (kv0 + kKeys > visible_end(p, rq0 + cw * 64)) {  // the stage crosses a visible end of
       // this warpgroup's rows: column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t
       const int lim0 = static_cast<int>(visible_end(p, rq0 + rl0)) - kv0 - 2 * t;
@@ -444,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         fence_regs(ca);
         fold_chunk<3>(o, ca, r0, r1);
-        if constexpr (kMore) issue_qk(tile + 1);
+        if constexpr (kMore && !kQkUnderSoftmax) issue_qk(tile + 1);
       } else {
       float ca[32], cb[32];
       pv_chunk(ca, pa, dv, 0);
@@ -502,7 +506,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_16<T16, 96>(o, pa[kk], kHiV | (d + 3 * (L::kVChunk >> 4)));
       }
       wgmma_commit();
-      if constexpr (kMore) {
+      if constexpr (kMore && !kQkUnderSoftmax) {
         issue_qk(tile + 1);
         wgmma_wait<1>();
       } else {
@@ -600,6 +604,7 @@ bool launch256(const AttnParams& p, int B, int var, cudaStream_t stream) {
     if (kc_half && var == 1) kernel = attention_wgmma256_kernel<FP8, T16, true, 1>;
     if (kc_half && var == 2) kernel = attention_wgmma256_kernel<FP8, T16, true, 2>;
     if (kc_half && var == 3) kernel = attention_wgmma256_kernel<FP8, T16, true, 3>;
+    if (kc_half && var == 4) kernel = attention_wgmma256_kernel<FP8, T16, true, 4>;
   }
   constexpr int bytes = Smem256<FP8>::kBytes;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
