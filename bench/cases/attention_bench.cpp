@@ -303,6 +303,9 @@ class AttentionBench : public BenchCase {
         variants.push_back({", P·V chunks one at a time", serial});
         variants.push_back({", next q k^T after the last fold", late});
         variants.push_back({", next q k^T under the softmax", under});
+        detail::AttentionCudaTuning pv128;
+        pv128.d256_pv128 = true;
+        variants.push_back({", P·V in 2 chunks of 128 channels", pv128});
       }
       for (const Variant& var : variants) {
         const detail::AttentionCudaTuning saved = detail::attention_cuda_tuning();

@@ -137,16 +137,28 @@ __device__ __forceinline__ void pv_chunk(float (&c)[32], const uint32_t (&pa)[2]
   wgmma_commit();
 }
 
-// O chunk n (registers 32 n .. 32 n + 31) = O r + C.
-template <int n>
-__device__ __forceinline__ void fold_chunk(float (&o)[128], const float (&c)[32], float r0,
+// The same for chunk h of 128 channels (m64n128k32; variant kVar bit 3).
+__device__ __forceinline__ void pv_chunk128(float (&c)[64], const uint32_t (&pa)[2][4],
+                                            uint32_t dv, int h) {
+  constexpr uint64_t kHi = desc_hi(512, 2);  // smem_desc_sw64
+  wgmma_fence();
+  const uint32_t d = dv + static_cast<uint32_t>(h * ((128 * kKeys) >> 4));
+  wgmma_e4m3_n128_first(c, pa[0], kHi | d);
+  wgmma_e4m3_n128(c, pa[1], kHi | (d + 2), 1);
+  wgmma_commit();
+}
+
+// O chunk n (registers kN n .. kN n + kN - 1: channels 2 kN n .. of an m64n(2 kN) accumulator)
+// = O r + C.
+template <int n, int kN = 32>
+__device__ __forceinline__ void fold_chunk(float (&o)[128], const float (&c)[kN], float r0,
                                            float r1) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    o[32 * n + 4 * i + 0] = o[32 * n + 4 * i + 0] * r0 + c[4 * i + 0];
-    o[32 * n + 4 * i + 1] = o[32 * n + 4 * i + 1] * r0 + c[4 * i + 1];
-    o[32 * n + 4 * i + 2] = o[32 * n + 4 * i + 2] * r1 + c[4 * i + 2];
-    o[32 * n + 4 * i + 3] = o[32 * n + 4 * i + 3] * r1 + c[4 * i + 3];
+  for (int i = 0; i < kN / 4; ++i) {
+    o[kN * n + 4 * i + 0] = o[kN * n + 4 * i + 0] * r0 + c[4 * i + 0];
+    o[kN * n + 4 * i + 1] = o[kN * n + 4 * i + 1] * r0 + c[4 * i + 1];
+    o[kN * n + 4 * i + 2] = o[kN * n + 4 * i + 2] * r1 + c[4 * i + 2];
+    o[kN * n + 4 * i + 3] = o[kN * n + 4 * i + 3] * r1 + c[4 * i + 3];
   }
 }
 
@@ -158,7 +170,7 @@ struct Maps256 {
 
 // kVar (fp8 P·V; bench knobs of detail::AttentionCudaTuning): bit 0 the P·V chunks one at a
 // time (each waited for before the next: 32 registers fewer, no overlap inside the warpgroup),
-// bit 1 the next stage's q k^T issued after the last chunk's fold (not under it).
+// bit 1 the next stage's q k^T issued after the last chunk's fold (not under it); bits 2, 3 below.
 template <bool FP8, typename T16, bool kKcHalf, int kVar = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
@@ -166,6 +178,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // bit 2: the next stage's q k^T issued as soon as this stage's accumulator is converted (it
   // runs under the whole softmax and P·V), with the P·V chunks one at a time (registers)
   constexpr bool kQkUnderSoftmax = (kVar & 4) != 0;
+  // bit 3: the P·V in 2 chunks of 128 channels (m64n128k32, 64-register accumulator), one at a
+  // time
+  constexpr bool kPv128 = (kVar & 8) != 0;
   constexpr bool kPvOverlap256 = (kVar & 1) == 0 && !kQkUnderSoftmax;
   constexpr bool kEarlyQk256 = (kVar & 2) == 0;
   using L = Smem256<FP8>;
@@ -430,7 +445,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // Two-level accumulation per 64-channel chunk: c fresh, o = o r + c once it completed;
       // chunk n + 1 runs on the tensor cores while chunk n is folded.
-      if constexpr (!kPvOverlap256) {  // one chunk at a time (32 registers fewer)
+      if constexpr (kPv128) {
+        float c[64];
+        pv_chunk128(c, pa, dv, 0);
+        wgmma_wait<0>();
+        fence_regs(c);
+        fold_chunk<0, 64>(o, c, r0, r1);
+        pv_chunk128(c, pa, dv, 1);
+        if constexpr (kMore && kEarlyQk256 && !kQkUnderSoftmax) {
+          issue_qk(tile + 1);
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
+        fence_regs(c);
+        fold_chunk<1, 64>(o, c, r0, r1);
+        if constexpr (kMore && !kEarlyQk256 && !kQkUnderSoftmax) issue_qk(tile + 1);
+      } else if constexpr (!kPvOverlap256) {  // one chunk at a time (32 registers fewer)
         float ca[32];
         pv_chunk(ca, pa, dv, 0);
         wgmma_wait<0>();
@@ -605,6 +636,7 @@ bool launch256(const AttnParams& p, int B, int var, cudaStream_t stream) {
     if (kc_half && var == 2) kernel = attention_wgmma256_kernel<FP8, T16, true, 2>;
     if (kc_half && var == 3) kernel = attention_wgmma256_kernel<FP8, T16, true, 3>;
     if (kc_half && var == 4) kernel = attention_wgmma256_kernel<FP8, T16, true, 4>;
+    if (kc_half && var == 8) kernel = attention_wgmma256_kernel<FP8, T16, true, 8>;
   }
   constexpr int bytes = Smem256<FP8>::kBytes;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
