@@ -306,6 +306,8 @@ class AttentionBench : public BenchCase {
         detail::AttentionCudaTuning pv128;
         pv128.d256_pv128 = true;
         variants.push_back({", P·V in 2 chunks of 128 channels", pv128});
+        pv128.d256_late_qk = true;  // (0 spills)
+        variants.push_back({", P·V in 2 chunks of 128 channels, next q k^T after them", pv128});
       }
       for (const Variant& var : variants) {
         const detail::AttentionCudaTuning saved = detail::attention_cuda_tuning();

@@ -33,7 +33,7 @@ struct AttentionCudaTuning {
   // softmax and the P·V, which then runs its chunks one at a time); over the two above
   bool d256_qk_under_softmax = false;
   // the same: the P·V in 2 chunks of 128 channels (m64n128k32) one at a time instead of 4 of
-  // 64; below d256_qk_under_softmax
+  // 64 (with d256_late_qk or alone; below d256_qk_under_softmax)
   bool d256_pv128 = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

@@ -854,10 +854,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       throw Error("attention_int8", "options.kernel",
                   "wgmma / wgmma_r3: expected an sm_90 GPU with the sm_90a build, got head dim "
                   "256 on a GPU without the sm_90a kernel");
-    const int var = tune.d256_qk_under_softmax ? 4
-                    : tune.d256_pv128          ? 8
-                                               : (tune.d256_serial_pv ? 1 : 0) |
-                                                     (tune.d256_late_qk ? 2 : 0);
+    const int var = tune.d256_qk_under_softmax
+                        ? 4
+                        : (tune.d256_serial_pv ? 1 : 0) | (tune.d256_late_qk ? 2 : 0) |
+                              (tune.d256_pv128 ? 8 : 0);
     if (attn::launch_attention_wgmma256(p, B, fp8, out.dtype, var, stream_of(ctx))) return;
   } else if (wgmma_choice) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())

@@ -637,6 +637,7 @@ bool launch256(const AttnParams& p, int B, int var, cudaStream_t stream) {
     if (kc_half && var == 3) kernel = attention_wgmma256_kernel<FP8, T16, true, 3>;
     if (kc_half && var == 4) kernel = attention_wgmma256_kernel<FP8, T16, true, 4>;
     if (kc_half && var == 8) kernel = attention_wgmma256_kernel<FP8, T16, true, 8>;
+    if (kc_half && var == 10) kernel = attention_wgmma256_kernel<FP8, T16, true, 10>;
   }
   constexpr int bytes = Smem256<FP8>::kBytes;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,

@@ -741,6 +741,35 @@ LOWBIT_HARNESS_CASES(attention_cases) {
               Shape{2, 70, 130, 4, 1, 256}, make_opt(pv, O::none, kernel), DType::bf16,
               ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
         }
+      // The fp8 knob variants (detail::AttentionCudaTuning d256_*; tags `d256v<var>`): single
+      // rows, GQA + B = 2, ring wrapping with 1100 keys, x 3 causal modes.
+      {
+        struct Knob {
+          const char* tag;
+          bool serial, late, under, pv128;
+        };
+        const Knob knobs[] = {{"d256v1", true, false, false, false},
+                              {"d256v2", false, true, false, false},
+                              {"d256v4", false, false, true, false},
+                              {"d256v8", false, false, false, true},
+                              {"d256v10", false, true, false, true}};
+        for (const Knob& kn : knobs) {
+          detail::AttentionCudaTuning t;
+          t.d256_serial_pv = kn.serial;
+          t.d256_late_qk = kn.late;
+          t.d256_qk_under_softmax = kn.under;
+          t.d256_pv128 = kn.pv128;
+          for (const Shape& s : {Shape{1, 17, 17, 2, 1, 256}, Shape{2, 127, 127, 4, 2, 256},
+                                 Shape{1, 257, 1100, 2, 1, 256}})
+            for (auto c : {O::none, O::bottom_right, O::top_left}) {
+              auto cs = std::make_unique<Int8AttentionCase>(
+                  s, make_opt(O::fp8, c, O::wgmma), DType::bf16, ScaleLayout::per_block, 128,
+                  ScaleLayout::per_block, 64, false, false, Pattern::random, kn.tag);
+              cs->set_tuning(t);
+              cases.push_back(std::move(cs));
+            }
+        }
+      }
       O vw = make_opt(O::fp8, O::top_left, O::wgmma);
       vw.smooth_v = true;
       cases.push_back(std::make_unique<Int8AttentionCase>(
