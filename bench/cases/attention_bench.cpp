@@ -1,14 +1,15 @@
 // Rows of `lowbit bench` for INT8 prefill attention (SPEC §2), one class for two families:
 //  - attention.prefill, the issue's shapes (B, H, N, D): (1, 40, 32760, 128), (2, 24, 16384, 128),
 //    (1, 24, 4096, 64);
-//  - attention.d256 (issue 4): (1, 24, 4096, 256) and (1, 24, 16384, 256). auto runs the mma.sync
-//    kernel there (fp8 P·V on f16 tensor cores from the CTA-widened V tile; H200 run 30: the e4m3
-//    mma.sync two-level form it replaced measured 0.90-0.92x, deleted); the head-dim-256 wgmma
-//    kernel (`kernel = wgmma`, session 11) and its knob variants in rows beside it, each with its
-//    output against the mma.sync kernel's on the sampled rows.
+//  - attention.d256 (issue 4): (1, 24, 4096, 256) and (1, 24, 16384, 256). On CUDA the baseline
+//    row is the mma.sync kernel by name (session 10's kernel, 16-bit P·V; auto's kernel at D = 256
+//    until H200 run 32), then auto (the head-dim-256 wgmma kernel since run 32) with 16-bit and
+//    fp8 P·V, each with its output against the mma.sync kernel's (same P·V mode) on the sampled
+//    rows.
 // Non-causal and causal. TOPS = 4·B·H·N²·D / time (causal counts half). One baseline row per
-// shape and mask: the default kernel with 16-bit P·V (bf16 tensor cores); the other rows against
-// it in the same run. Torch SDPA (cuDNN / flash) is timed by bench/attention_sdpa.py.
+// shape and mask: the default kernel with 16-bit P·V (bf16 tensor cores; D = 256 on CUDA: the
+// mma.sync kernel); the other rows against it in the same run. Torch SDPA (cuDNN / flash) is
+// timed by bench/attention_sdpa.py.
 // Accuracy: against fp64 softmax(q k^T) v on 64 sampled query rows of batch 0, heads 0 and H-1.
 #include <algorithm>
 #include <cmath>
@@ -23,7 +24,6 @@
 #include "lowbit/attention.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
-#include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (variant rows)
 
 namespace lowbit {
 namespace bench {
@@ -99,8 +99,8 @@ struct Family {
   int64_t cpu_d;  // head dim of the CPU oracle's tiny shape
   uint64_t seed;
   std::string prefix;  // of the kernel and one-call rows' names ("D256 ")
-  bool d256;           // D = 256: one V quantization row, the wgmma rows; else the V-mean row
-                       // and the one call in pieces
+  bool d256;           // D = 256: one V quantization row, the mma.sync baseline row; else the
+                       // V-mean row and the one call in pieces
 };
 
 class AttentionBench : public BenchCase {
@@ -182,53 +182,66 @@ class AttentionBench : public BenchCase {
         const std::string tag = is_causal ? ", causal" : "";
 
         // The one baseline row: 16-bit P·V on the default kernel (auto: round-1 wgmma on sm_90a,
-        // mma.sync elsewhere), bf16 tensor cores for P·V.
+        // mma.sync elsewhere), bf16 tensor cores for P·V; D = 256 on CUDA: the mma.sync kernel by
+        // name (auto's rows below).
         Row b16;
         b16.family = "attention";
         const bool cuda = dev == Device::cuda;
-        b16.op = pre + "attention_int8 16-bit PV auto" + (f_.d256 && cuda ? " = mma.sync" : "") +
-                 " (kernel only)" + tag;
+        const bool mma256 = f_.d256 && cuda;
+        AttentionOptions f16_base = f16;
+        if (mma256) f16_base.kernel = AttentionOptions::mma_sync;
+        b16.op = pre + "attention_int8 16-bit PV " +
+                 (mma256 ? "mma.sync (session 10 kernel)" : "auto") + " (kernel only)" + tag;
         b16.shape = shape_str(s);
         b16.backend = device_name(dev);
         b16.ms = env.time_ms([&] {
-          attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16, ctx);
+          attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16_base,
+                         ctx);
         });
-        b16.baseline = "lowbit attention_int8 16-bit PV auto";
+        b16.baseline = mma256 ? "lowbit attention_int8 16-bit PV mma.sync"
+                              : "lowbit attention_int8 16-bit PV auto";
         b16.baseline_ms = b16.ms;
         b16.flops = flops;
         b16.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 2 + 2);
         rows.push_back(b16);
         const double base_ms = b16.ms;
-        // fp8 P·V, the default kernel (auto: round 3 + I2FP on sm_90a; the CPU ignores the
-        // choice: one row there).
         const TensorView vsv = vs.view;
-        Row kr8 = b16;
-        kr8.op = pre + "attention_int8 fp8 PV auto" +
-                 (!cuda       ? ""
-                  : f_.d256   ? " = V widened to f16"
-                  : D == 64   ? " = round 3 + I2FP, 3 consumer warpgroups, TMA producer"
+        double f16_kernel_ms = base_ms, fp8_kernel_ms = 0;  // auto's (one-call notes)
+        if (mma256) {
+          const std::pair<double, double> t =
+              auto256_rows(env, s, causal, qr, kr, v, v8, vsv, out, b16, tag, rows);
+          f16_kernel_ms = t.first;
+          fp8_kernel_ms = t.second;
+        } else {
+          // fp8 P·V, the default kernel (auto: round 3 + I2FP on sm_90a; the CPU ignores the
+          // choice: one row there).
+          Row kr8 = b16;
+          kr8.op = pre + "attention_int8 fp8 PV auto" +
+                   (!cuda     ? ""
+                    : D == 64 ? " = round 3 + I2FP, 3 consumer warpgroups, TMA producer"
                               : " = round 3 + I2FP") +
-                 " (kernel only)" + tag;
-        kr8.ms = env.time_ms([&] {
-          attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
-        });
-        kr8.baseline = b16.baseline;
-        kr8.baseline_ms = base_ms;
-        kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
-        rows.push_back(kr8);
-        if (f_.d256 && cuda) wgmma256_rows(env, s, causal, qr, kr, v, v8, vsv, out, b16, tag, rows);
-        // (No variant under A/B at D 64 / 128 now. Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x
-        // of auto), the D = 64 two-consumer row (0.77x, run 13), the D = 128 240-register row
-        // (0.99-1.01x, runs 12 and 13), round 5 without turns (0.82-0.97x, run 13); run 16's D =
-        // 64 q k^T before the O update (0.99x); the producerless kernel (0.72-0.76x, runs 16 and
-        // 17), the cp.async-fed D = 64 three-consumer row (0.98x, runs 16 and 17); run 19's row
-        // sums on the tensor cores (0.99-1.00x) and quick row maxima (0.98-0.99x, bits equal);
-        // session 9's D = 128 one softmax step per tile (0.95-0.97x, runs 24 and 25), with split
-        // P·V halves (0.94-0.96x), and polynomial exp2 (0.92-0.94x); session 10's 192-key ring
-        // stages (0.97-0.99x, run 30).
-        // A variant row times attention_int8 under detail::set_attention_cuda_tuning against kr8
-        // and compares its output's bits with the default's.)
-        const double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)
+                   " (kernel only)" + tag;
+          kr8.ms = env.time_ms([&] {
+            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
+          });
+          kr8.baseline = b16.baseline;
+          kr8.baseline_ms = base_ms;
+          kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
+          rows.push_back(kr8);
+          fp8_kernel_ms = kr8.ms;
+        }
+        // (No variant under A/B at D 64 / 128 now. Settled and gone: run 11's round 4 + I2FP rows
+        // (0.91-0.96x of auto), the D = 64 two-consumer row (0.77x, run 13), the D = 128
+        // 240-register row (0.99-1.01x, runs 12 and 13), round 5 without turns (0.82-0.97x, run
+        // 13); run 16's D = 64 q k^T before the O update (0.99x); the producerless kernel
+        // (0.72-0.76x, runs 16 and 17), the cp.async-fed D = 64 three-consumer row (0.98x, runs 16
+        // and 17); run 19's row sums on the tensor cores (0.99-1.00x) and quick row maxima
+        // (0.98-0.99x, bits equal); session 9's D = 128 one softmax step per tile (0.95-0.97x, runs
+        // 24 and 25), with split P·V halves (0.94-0.96x), and polynomial exp2 (0.92-0.94x); session
+        // 10's 192-key ring stages (0.97-0.99x, run 30). Session 11's D = 256 fp8 P·V variants (run
+        // 32): the chosen form is the kernel's only one now, the others deleted. A variant row
+        // times attention_int8 under detail::set_attention_cuda_tuning against kr8 and compares its
+        // output's bits with the default's.)
 
         // One call from bf16 q, k, v: K mean, q/k INT8, V fp8 (or not), attention.
         std::vector<double> ref;  // the sampled fp64 rows, computed on first use
@@ -237,7 +250,7 @@ class AttentionBench : public BenchCase {
           DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb) + 256});
           void* wp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.view.data) + 255) &
                                              ~uintptr_t{255});
-          Row r = kr8;
+          Row r = b16;
           r.baseline = b16.baseline;
           r.baseline_ms = base_ms;
           r.op = pre + "attention() " + (o.pv == AttentionOptions::fp8 ? "fp8" : "16-bit") +
@@ -249,7 +262,7 @@ class AttentionBench : public BenchCase {
           r.accuracy = sampled_accuracy(s, ref, out.view);
           char note[96];
           std::snprintf(note, sizeof note, "quantization adds %.3f ms over the kernel",
-                        r.ms - (o.pv == AttentionOptions::fp8 ? kr8.ms : f16_kernel_ms));
+                        r.ms - (o.pv == AttentionOptions::fp8 ? fp8_kernel_ms : f16_kernel_ms));
           r.note = note;
           rows.push_back(r);
         }
@@ -262,17 +275,17 @@ class AttentionBench : public BenchCase {
  private:
   Family f_;
 
-  // D = 256 on CUDA: the head-dim-256 wgmma kernel (kernel = wgmma) for both P·V modes and the
-  // fp8 variants of its knobs, after the auto (mma.sync) rows of the same mask; accuracy: the
-  // output against the mma.sync kernel's of the same P·V mode on the sampled rows.
-  static void wgmma256_rows(const Env& env, const Shape& s, AttentionOptions::Causal causal,
-                            const QuantizedRows& qr,
-                            const QuantizedRows& kr, const DeviceTensor& v,
-                            const DeviceTensor& v8, const TensorView& vsv,
-                            const DeviceTensor& out, const Row& b16, const std::string& tag,
-                            std::vector<Row>& rows) {
+  // D = 256 on CUDA: auto (the head-dim-256 wgmma kernel on an sm_90 GPU with the sm_90a build)
+  // for both P·V modes after the mma.sync baseline row of the same mask; accuracy: the output
+  // against the mma.sync kernel's of the same P·V mode on the sampled rows (one untimed call).
+  // Returns auto's 16-bit and fp8 kernel times.
+  static std::pair<double, double> auto256_rows(
+      const Env& env, const Shape& s, AttentionOptions::Causal causal, const QuantizedRows& qr,
+      const QuantizedRows& kr, const DeviceTensor& v, const DeviceTensor& v8, const TensorView& vsv,
+      const DeviceTensor& out, const Row& b16, const std::string& tag, std::vector<Row>& rows) {
     Context ctx = env.ctx;
     const int64_t B = s.B, H = s.H, N = s.N, D = s.D;
+    double ms[2] = {0, 0};
     for (auto pv : {AttentionOptions::f16, AttentionOptions::fp8}) {
       const bool fp8 = pv == AttentionOptions::fp8;
       AttentionOptions o;
@@ -289,40 +302,18 @@ class AttentionBench : public BenchCase {
       synchronize(ctx);
       const std::vector<float> mma = sampled_rows(s, out.view);
       const std::vector<double> ref(mma.begin(), mma.end());
-      o.kernel = AttentionOptions::wgmma;
-      struct Variant {
-        const char* what;
-        detail::AttentionCudaTuning tune;
-      };
-      std::vector<Variant> variants = {{"", {}}};
-      if (fp8) {
-        detail::AttentionCudaTuning serial, late, under;
-        serial.d256_serial_pv = true;
-        late.d256_late_qk = true;
-        under.d256_qk_under_softmax = true;
-        variants.push_back({", P·V chunks one at a time", serial});
-        variants.push_back({", next q k^T after the last fold", late});
-        variants.push_back({", next q k^T under the softmax", under});
-        detail::AttentionCudaTuning pv128;
-        pv128.d256_pv128 = true;
-        variants.push_back({", P·V in 2 chunks of 128 channels", pv128});
-        pv128.d256_late_qk = true;  // (0 spills)
-        variants.push_back({", P·V in 2 chunks of 128 channels, next q k^T after them", pv128});
-      }
-      for (const Variant& var : variants) {
-        const detail::AttentionCudaTuning saved = detail::attention_cuda_tuning();
-        detail::set_attention_cuda_tuning(var.tune);
-        Row r = b16;
-        r.op = std::string("D256 attention_int8 ") + (fp8 ? "fp8" : "16-bit") +
-               " PV wgmma (kernel only)" + var.what + tag;
-        r.ms = env.time_ms(call);
-        synchronize(ctx);
-        r.accuracy = accuracy(sampled_rows(s, out.view), ref).str() + " vs mma.sync (64 rows)";
-        detail::set_attention_cuda_tuning(saved);
-        r.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + (fp8 ? 1 : 2) + 2);
-        rows.push_back(r);
-      }
+      o.kernel = AttentionOptions::auto_kernel;
+      Row r = b16;
+      r.op = std::string("D256 attention_int8 ") + (fp8 ? "fp8" : "16-bit") +
+             " PV auto = wgmma (kernel only)" + tag;
+      r.ms = env.time_ms(call);
+      synchronize(ctx);
+      r.accuracy = accuracy(sampled_rows(s, out.view), ref).str() + " vs mma.sync (64 rows)";
+      r.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + (fp8 ? 1 : 2) + 2);
+      rows.push_back(r);
+      ms[fp8 ? 1 : 0] = r.ms;
     }
+    return {ms[0], ms[1]};
   }
 
   // attention() fp8 PV in its pieces (what the one-call row's "quantization adds" is made of):

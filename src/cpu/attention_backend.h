@@ -23,18 +23,6 @@ struct AttentionCudaTuning {
   // with no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64 fed by the
   // TMA producer (auto's kernel at D = 64)
   bool cons3 = false;
-  // Head dim 256, kernel wgmma / wgmma_r3, fp8 P·V (session 11): the P·V's 64-channel chunks one
-  // at a time (each waited for before the next) instead of one in flight while the previous one
-  // is folded into O
-  bool d256_serial_pv = false;
-  // the same: the next stage's q k^T issued after the last chunk's fold instead of under it
-  bool d256_late_qk = false;
-  // the same: the next stage's q k^T issued once this stage's logits are converted (under the
-  // softmax and the P·V, which then runs its chunks one at a time); over the two above
-  bool d256_qk_under_softmax = false;
-  // the same: the P·V in 2 chunks of 128 channels (m64n128k32) one at a time instead of 4 of
-  // 64 (with d256_late_qk or alone; below d256_qk_under_softmax)
-  bool d256_pv128 = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

@@ -762,9 +762,13 @@ void with_16bit(DType dt, F&& f) {
     f(__half{});
 }
 
-// auto at D = 256: the head-dim-256 wgmma kernel (true) or the mma.sync kernel (false: until an
-// H200 run shows the wgmma kernel's win; kernel = wgmma runs it either way).
-constexpr bool kAuto256Wgmma = false;
+// auto at D = 256: the head-dim-256 wgmma kernel (true) or the mma.sync kernel (false; kernel =
+// wgmma runs the wgmma kernel and kernel = mma_sync the mma.sync kernel either way). True since
+// H200 run 32 (2026-12-01), against the mma.sync kernel of the same P·V mode: (1, 24, 4096, 256)
+// 16-bit P·V 0.6042 vs 1.5618 ms (2.58x), fp8 P·V 0.5739 vs 1.6163 ms (2.82x); (1, 24, 16384,
+// 256) 9.1605 vs 23.9567 ms (2.62x), 8.0072 vs 24.0347 ms (3.00x); causal 2.46-2.94x (vs 16-bit
+// mma.sync); every `.d256` case passed.
+constexpr bool kAuto256Wgmma = true;
 
 }  // namespace
 
@@ -841,24 +845,19 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // Kernel choice (AttentionOptions::kernel): wgmma runs round 1, wgmma_r3 round 3 (fp8 P·V; the
   // bench knobs of detail::AttentionCudaTuning pick its variants: no_turn round 3 + I2FP without
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs round 1),
-  // auto_kernel below.
+  // at D = 256 both the head-dim-256 kernel; auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   const bool wgmma_choice =
       options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3;
   if (wgmma_choice && D == 256) {
     // D = 256 (session 11): both wgmma choices run the head-dim-256 wgmma kernel
     // (attention_wgmma256.cu; fp8 and 16-bit P·V); tensors no TMA descriptor can address (e.g.
-    // strides that are not multiples of 16 bytes) run the mma.sync kernel below. auto stays on
-    // the mma.sync kernel at D = 256 until a GPU run shows the win.
+    // strides that are not multiples of 16 bytes) run the mma.sync kernel below.
     if (!attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
                   "wgmma / wgmma_r3: expected an sm_90 GPU with the sm_90a build, got head dim "
                   "256 on a GPU without the sm_90a kernel");
-    const int var = tune.d256_qk_under_softmax
-                        ? 4
-                        : (tune.d256_serial_pv ? 1 : 0) | (tune.d256_late_qk ? 2 : 0) |
-                              (tune.d256_pv128 ? 8 : 0);
-    if (attn::launch_attention_wgmma256(p, B, fp8, out.dtype, var, stream_of(ctx))) return;
+    if (attn::launch_attention_wgmma256(p, B, fp8, out.dtype, stream_of(ctx))) return;
   } else if (wgmma_choice) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
@@ -900,11 +899,14 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }
+  // D = 256, fp8 and 16-bit P·V: the head-dim-256 wgmma kernel on an sm_90 GPU with the sm_90a
+  // build (kAuto256Wgmma; H200 run 32 above), unless no TMA descriptor addresses the tensors.
   if (options.kernel == AttentionOptions::auto_kernel && D == 256 && kAuto256Wgmma &&
       attn::wgmma_attention_available() &&
-      attn::launch_attention_wgmma256(p, B, fp8, out.dtype, 0, stream_of(ctx)))
+      attn::launch_attention_wgmma256(p, B, fp8, out.dtype, stream_of(ctx)))
     return;
-  // D = 256 (auto, mma_sync, and the wgmma choices when no TMA descriptor applies) lands here.
+  // mma_sync (any D), auto elsewhere (other GPUs, no sm_90a build, tensors no TMA descriptor
+  // addresses at D = 256) and the wgmma choices at D = 256 without a TMA descriptor land here.
   dispatch_int<64, 128, 256>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
                         [&](auto Dc) {
                           constexpr int D = decltype(Dc)::value;

@@ -475,12 +475,8 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
 // The sm_90a head-dim-256 kernel (attention_wgmma256.cu; fp8 or 16-bit P·V, out bf16 or f16):
 // a TMA producer warp feeding a ring of 64-key stages, two consumer warpgroups of 64 rows.
 // Returns false without launching when a TMA descriptor cannot be made for these tensors (the
-// caller then runs the mma.sync kernel). Needs wgmma_attention_available(). var: 0 the default;
-// the bench knobs' variants of fp8 P·V with bf16 output and per-stage k scales (else 0): bit 0
-// the P·V channel chunks one at a time, bit 1 the next q k^T after the last chunk's fold; 4 the
-// next q k^T issued once the logits are converted (with the chunks one at a time); bit 3 the
-// P·V in 2 chunks of 128 channels (with bit 1: 10). Other values run 0.
-bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype, int var,
+// caller then runs the mma.sync kernel). Needs wgmma_attention_available().
+bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype,
                                cudaStream_t stream);
 
 }  // namespace attn

@@ -16,10 +16,11 @@
 //    8j + 2t + e. Logits s = float(acc) (x kc per key unless kc is constant over the thread's
 //    columns); exponent argument one FFMA s * q - (m - log2 448) as round 3.
 //  - fp8 P·V: O is 64 x 256 fp32 (128 registers per thread); the two-level sum needs a fresh
-//    accumulator per 64-key tile, so the channels go in 4 chunks of 64 (m64n64k32 e4m3, 2
-//    k-steps each) into two 32-register accumulators, one chunk in flight while the previous
-//    one is folded (o = o r + c after wgmma.wait_group); the next stage's q k^T is issued once
-//    the third chunk is folded (its accumulator's registers are free).
+//    accumulator per 64-key tile, so the channels go in 2 chunks of 128 (m64n128k32 e4m3, 2
+//    k-steps each) into one 64-register accumulator, one chunk at a time (o = o r + c after
+//    wgmma.wait_group); the next stage's q k^T is issued after the second chunk's fold, so that
+//    no q k^T accumulator is live next to c (0 spills; H200 run 32, 2026-12-01: the fastest of
+//    the five fp8 forms measured, see docs/attention.md).
 //  - 16-bit P·V: O rescaled (skipped when no row of the warp raised its maximum), then
 //    m64n64k16 x 4 channel chunks x 4 key steps straight into O; the next stage's q k^T behind it.
 #include <cuda_bf16.h>
@@ -125,32 +126,22 @@ __device__ __forceinline__ void wgmma_s8_n64(int32_t (&d)[32], uint64_t desc_a, 
 #endif
 }
 
-// Channel chunk n (64 channels) of one 64-key tile's fp8 P·V into a fresh c: 2 k-steps of 32
-// keys; dv: the stage's V descriptor (256 channel rows of 64 bytes, 64-byte swizzle).
-__device__ __forceinline__ void pv_chunk(float (&c)[32], const uint32_t (&pa)[2][4], uint32_t dv,
-                                         int n) {
-  constexpr uint64_t kHi = desc_hi(512, 2);  // smem_desc_sw64
-  wgmma_fence();
-  const uint32_t d = dv + static_cast<uint32_t>(n * ((64 * kKeys) >> 4));
-  wgmma_e4m3_n64_first(c, pa[0], kHi | d);
-  wgmma_e4m3_n64(c, pa[1], kHi | (d + 2), 1);  // the second 32 keys: +32 bytes
-  wgmma_commit();
-}
-
-// The same for chunk h of 128 channels (m64n128k32; variant kVar bit 3).
+// Channel chunk h (128 channels) of one 64-key tile's fp8 P·V into a fresh c (m64n128k32): 2
+// k-steps of 32 keys; dv: the stage's V descriptor (256 channel rows of 64 bytes, 64-byte
+// swizzle).
 __device__ __forceinline__ void pv_chunk128(float (&c)[64], const uint32_t (&pa)[2][4],
                                             uint32_t dv, int h) {
   constexpr uint64_t kHi = desc_hi(512, 2);  // smem_desc_sw64
   wgmma_fence();
   const uint32_t d = dv + static_cast<uint32_t>(h * ((128 * kKeys) >> 4));
   wgmma_e4m3_n128_first(c, pa[0], kHi | d);
-  wgmma_e4m3_n128(c, pa[1], kHi | (d + 2), 1);
+  wgmma_e4m3_n128(c, pa[1], kHi | (d + 2), 1);  // the second 32 keys: +32 bytes
   wgmma_commit();
 }
 
 // O chunk n (registers kN n .. kN n + kN - 1: channels 2 kN n .. of an m64n(2 kN) accumulator)
 // = O r + C.
-template <int n, int kN = 32>
+template <int n, int kN>
 __device__ __forceinline__ void fold_chunk(float (&o)[128], const float (&c)[kN], float r0,
                                            float r1) {
 #pragma unroll
@@ -168,21 +159,10 @@ struct Maps256 {
   int q_rows_outer, k_rows_outer, v_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
 };
 
-// kVar (fp8 P·V; bench knobs of detail::AttentionCudaTuning): bit 0 the P·V chunks one at a
-// time (each waited for before the next: 32 registers fewer, no overlap inside the warpgroup),
-// bit 1 the next stage's q k^T issued after the last chunk's fold (not under it); bits 2, 3 below.
-template <bool FP8, typename T16, bool kKcHalf, int kVar = 0>
+template <bool FP8, typename T16, bool kKcHalf>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  // bit 2: the next stage's q k^T issued as soon as this stage's accumulator is converted (it
-  // runs under the whole softmax and P·V), with the P·V chunks one at a time (registers)
-  constexpr bool kQkUnderSoftmax = (kVar & 4) != 0;
-  // bit 3: the P·V in 2 chunks of 128 channels (m64n128k32, 64-register accumulator), one at a
-  // time
-  constexpr bool kPv128 = (kVar & 8) != 0;
-  constexpr bool kPvOverlap256 = (kVar & 1) == 0 && !kQkUnderSoftmax;
-  constexpr bool kEarlyQk256 = (kVar & 2) == 0;
   using L = Smem256<FP8>;
   constexpr int kStages = L::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -353,7 +333,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     const int64_t rq0 = block_q0();
-    if constexpr (kMore && kQkUnderSoftmax) issue_qk(tile + 1);  // acc is free
     if (kv0 + kKeys > visible_end(p, rq0 + cw * 64)) {  // the stage crosses a visible end of
       // this warpgroup's rows: column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t
       const int lim0 = static_cast<int>(visible_end(p, rq0 + rl0)) - kv0 - 2 * t;
@@ -443,68 +422,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         pa[kh][2] = pack_e4m3x4(s[4 * j + 8], s[4 * j + 9], s[4 * j + 12], s[4 * j + 13]);
         pa[kh][3] = pack_e4m3x4(s[4 * j + 10], s[4 * j + 11], s[4 * j + 14], s[4 * j + 15]);
       }
-      // Two-level accumulation per 64-channel chunk: c fresh, o = o r + c once it completed;
-      // chunk n + 1 runs on the tensor cores while chunk n is folded.
-      if constexpr (kPv128) {
-        float c[64];
-        pv_chunk128(c, pa, dv, 0);
-        wgmma_wait<0>();
-        fence_regs(c);
-        fold_chunk<0, 64>(o, c, r0, r1);
-        pv_chunk128(c, pa, dv, 1);
-        if constexpr (kMore && kEarlyQk256 && !kQkUnderSoftmax) {
-          issue_qk(tile + 1);
-          wgmma_wait<1>();
-        } else {
-          wgmma_wait<0>();
-        }
-        fence_regs(c);
-        fold_chunk<1, 64>(o, c, r0, r1);
-        if constexpr (kMore && !kEarlyQk256 && !kQkUnderSoftmax) issue_qk(tile + 1);
-      } else if constexpr (!kPvOverlap256) {  // one chunk at a time (32 registers fewer)
-        float ca[32];
-        pv_chunk(ca, pa, dv, 0);
-        wgmma_wait<0>();
-        fence_regs(ca);
-        fold_chunk<0>(o, ca, r0, r1);
-        pv_chunk(ca, pa, dv, 1);
-        wgmma_wait<0>();
-        fence_regs(ca);
-        fold_chunk<1>(o, ca, r0, r1);
-        pv_chunk(ca, pa, dv, 2);
-        wgmma_wait<0>();
-        fence_regs(ca);
-        fold_chunk<2>(o, ca, r0, r1);
-        pv_chunk(ca, pa, dv, 3);
-        wgmma_wait<0>();
-        fence_regs(ca);
-        fold_chunk<3>(o, ca, r0, r1);
-        if constexpr (kMore && !kQkUnderSoftmax) issue_qk(tile + 1);
-      } else {
-      float ca[32], cb[32];
-      pv_chunk(ca, pa, dv, 0);
-      pv_chunk(cb, pa, dv, 1);
-      wgmma_wait<1>();
-      fence_regs(ca);
-      fold_chunk<0>(o, ca, r0, r1);
-      pv_chunk(ca, pa, dv, 2);
-      wgmma_wait<1>();
-      fence_regs(cb);
-      fold_chunk<1>(o, cb, r0, r1);
-      pv_chunk(cb, pa, dv, 3);
-      wgmma_wait<1>();
-      fence_regs(ca);
-      fold_chunk<2>(o, ca, r0, r1);
-      if constexpr (kMore && kEarlyQk256) {
-        issue_qk(tile + 1);  // ca's registers are free: the next q k^T under the last fold
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
-      fence_regs(cb);
-      fold_chunk<3>(o, cb, r0, r1);
-      if constexpr (kMore && !kEarlyQk256) issue_qk(tile + 1);
-      }
+      // Two-level accumulation per 128-channel chunk: c fresh, o = o r + c once it completed.
+      // The next q k^T after the second fold: issued under it (or with two 64-channel chunks,
+      // one in flight while the other is folded), its accumulator next to c spilled and ran
+      // slower in H200 run 32.
+      float c[64];
+      pv_chunk128(c, pa, dv, 0);
+      wgmma_wait<0>();
+      fence_regs(c);
+      fold_chunk<0, 64>(o, c, r0, r1);
+      pv_chunk128(c, pa, dv, 1);
+      wgmma_wait<0>();
+      fence_regs(c);
+      fold_chunk<1, 64>(o, c, r0, r1);
+      if constexpr (kMore) issue_qk(tile + 1);
     } else {
       // P in V's type (A fragments of the 4 key steps of 16: the accumulator layout), O = O r,
       // then P·V straight into O.
@@ -537,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_16<T16, 96>(o, pa[kk], kHiV | (d + 3 * (L::kVChunk >> 4)));
       }
       wgmma_commit();
-      if constexpr (kMore && !kQkUnderSoftmax) {
+      if constexpr (kMore) {
         issue_qk(tile + 1);
         wgmma_wait<1>();
       } else {
@@ -605,7 +536,7 @@ bool rows_map(CUtensorMap* map, const void* ptr, int elem, int64_t n, int64_t hc
 }
 
 template <bool FP8, typename T16>
-bool launch256(const AttnParams& p, int B, int var, cudaStream_t stream) {
+bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma, head dim 256)";
   Maps256 maps{};
   bool ok = rows_map(&maps.q, p.q, 1, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, B, 128, kRows,
@@ -628,17 +559,8 @@ bool launch256(const AttnParams& p, int B, int var, cudaStream_t stream) {
   const bool kc_half = (p.k_layout == 0 || p.k_layout == 2) && p.k_block % 64 == 0 &&
                        p.scale_log2 > 0.f;
   using K = void (*)(const AttnParams, const Maps256);
-  K kernel = kc_half ? attention_wgmma256_kernel<FP8, T16, true>
-                     : attention_wgmma256_kernel<FP8, T16, false>;
-  // the variants (bench knobs): fp8 P·V, bf16 output, per-stage kc only
-  if constexpr (FP8 && std::is_same<T16, __nv_bfloat16>::value) {
-    if (kc_half && var == 1) kernel = attention_wgmma256_kernel<FP8, T16, true, 1>;
-    if (kc_half && var == 2) kernel = attention_wgmma256_kernel<FP8, T16, true, 2>;
-    if (kc_half && var == 3) kernel = attention_wgmma256_kernel<FP8, T16, true, 3>;
-    if (kc_half && var == 4) kernel = attention_wgmma256_kernel<FP8, T16, true, 4>;
-    if (kc_half && var == 8) kernel = attention_wgmma256_kernel<FP8, T16, true, 8>;
-    if (kc_half && var == 10) kernel = attention_wgmma256_kernel<FP8, T16, true, 10>;
-  }
+  const K kernel = kc_half ? attention_wgmma256_kernel<FP8, T16, true>
+                           : attention_wgmma256_kernel<FP8, T16, false>;
   constexpr int bytes = Smem256<FP8>::kBytes;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
@@ -651,13 +573,13 @@ bool launch256(const AttnParams& p, int B, int var, cudaStream_t stream) {
 
 }  // namespace
 
-bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype, int var,
+bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype,
                                cudaStream_t stream) {
   if (fp8)
-    return out_dtype == DType::bf16 ? launch256<true, __nv_bfloat16>(p, B, var, stream)
-                                    : launch256<true, __half>(p, B, var, stream);
-  return out_dtype == DType::bf16 ? launch256<false, __nv_bfloat16>(p, B, var, stream)
-                                  : launch256<false, __half>(p, B, var, stream);
+    return out_dtype == DType::bf16 ? launch256<true, __nv_bfloat16>(p, B, stream)
+                                    : launch256<true, __half>(p, B, stream);
+  return out_dtype == DType::bf16 ? launch256<false, __nv_bfloat16>(p, B, stream)
+                                  : launch256<false, __half>(p, B, stream);
 }
 
 }  // namespace attn
