@@ -117,8 +117,9 @@ TEST(Attention256, CpuOneCallMatchesFp64) {
 }
 
 // On a GPU: every kernel choice runs D = 256 (wgmma / wgmma_r3: the head-dim-256 wgmma kernel
-// on sm_90a, else refused naming the GPU; auto / mma_sync: the mma.sync kernel), and the wgmma
-// kernel's output agrees with the mma.sync kernel's (both P·V modes, causal, 130 keys: three
+// on sm_90a, else refused naming the GPU; auto: the wgmma kernel on sm_90a since session 11,
+// else the mma.sync kernel; mma_sync: the mma.sync kernel, the reference), and the other
+// choices' output agrees with the mma.sync kernel's (both P·V modes, causal, 130 keys: three
 // 64-key stages, the last one partial).
 TEST(Attention256, CudaKernelChoices) {
   if (!built_with_cuda() || cuda_device_count() == 0)
