@@ -20,7 +20,7 @@
 //    k-steps each) into one 64-register accumulator, one chunk at a time (o = o r + c after
 //    wgmma.wait_group); the next stage's q k^T is issued after the second chunk's fold, so that
 //    no q k^T accumulator is live next to c (0 spills; H200 run 32, 2026-12-01: the fastest of
-//    the five fp8 forms measured, see docs/attention.md).
+//    the six fp8 forms measured, see docs/attention.md).
 //  - 16-bit P·V: O rescaled (skipped when no row of the warp raised its maximum), then
 //    m64n64k16 x 4 channel chunks x 4 key steps straight into O; the next stage's q k^T behind it.
 #include <cuda_bf16.h>
