@@ -1,8 +1,15 @@
-// Rows of `lowbit bench` for INT8 prefill attention (SPEC §2) at the issue's shapes (B, H, N, D):
-// (1, 40, 32760, 128), (2, 24, 16384, 128), (1, 24, 4096, 64), non-causal and causal.
-// TOPS = 4·B·H·N²·D / time (causal counts half). One baseline row per shape and mask: the default
-// kernel with 16-bit P·V (bf16 tensor cores); the fp8 variants under A/B against the default
-// (auto) in the same run. Torch SDPA (cuDNN / flash) is timed by bench/attention_sdpa.py.
+// Rows of `lowbit bench` for INT8 prefill attention (SPEC §2), one class for two families:
+//  - attention.prefill, the issue's shapes (B, H, N, D): (1, 40, 32760, 128), (2, 24, 16384, 128),
+//    (1, 24, 4096, 64);
+//  - attention.d256 (issue 4): (1, 24, 4096, 256) and (1, 24, 16384, 256). On CUDA the baseline
+//    row is the mma.sync kernel by name (session 10's kernel, 16-bit P·V; auto's kernel at D = 256
+//    until H200 run 32), then auto (the head-dim-256 wgmma kernel since run 32) with 16-bit and
+//    fp8 P·V, each with its output against the mma.sync kernel's (same P·V mode) on the sampled
+//    rows.
+// Non-causal and causal. TOPS = 4·B·H·N²·D / time (causal counts half). One baseline row per
+// shape and mask: the default kernel with 16-bit P·V (bf16 tensor cores; D = 256 on CUDA: the
+// mma.sync kernel); the other rows against it in the same run. Torch SDPA (cuDNN / flash) is
+// timed by bench/attention_sdpa.py.
 // Accuracy: against fp64 softmax(q k^T) v on 64 sampled query rows of batch 0, heads 0 and H-1.
 #include <algorithm>
 #include <cmath>
@@ -10,6 +17,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench.h"
@@ -65,9 +73,8 @@ std::vector<double> sampled_reference(const Shape& s, bool causal, const HostQkv
     }
   return ref;
 }
-// lowbit's sampled rows (as sampled_reference) against the reference.
-std::string sampled_accuracy(const Shape& s, const std::vector<double>& ref,
-                             const TensorView& out) {
+// lowbit's sampled rows (as sampled_reference) of out (B, N, H, D).
+std::vector<float> sampled_rows(const Shape& s, const TensorView& out) {
   const std::vector<float> ho = to_host_f32(out);
   const int64_t N = s.N, H = s.H, D = s.D;
   std::vector<float> got;
@@ -76,33 +83,51 @@ std::string sampled_accuracy(const Shape& s, const std::vector<double>& ref,
       const int64_t i = (N - 1) * r / 31;
       for (int64_t d = 0; d < D; ++d) got.push_back(ho[static_cast<size_t>((i * H + h) * D + d)]);
     }
-  return accuracy(got, ref).str() + " (64 rows)";
+  return got;
 }
+// lowbit's sampled rows against the reference.
+std::string sampled_accuracy(const Shape& s, const std::vector<double>& ref,
+                             const TensorView& out) {
+  return accuracy(sampled_rows(s, out), ref).str() + " (64 rows)";
+}
+
+// A family of rows: its name, shapes, input seeds (q, k, v, q codes, k codes: seed .. seed + 4)
+// and the rows only one of them has.
+struct Family {
+  std::string name;
+  std::vector<Shape> cuda, cuda_quick;
+  int64_t cpu_d;  // head dim of the CPU oracle's tiny shape
+  uint64_t seed;
+  std::string prefix;  // of the kernel and one-call rows' names ("D256 ")
+  bool d256;           // D = 256: one V quantization row, the mma.sync baseline row; else the
+                       // V-mean row and the one call in pieces
+};
 
 class AttentionBench : public BenchCase {
  public:
-  std::string name() const override { return "attention.prefill"; }
+  explicit AttentionBench(Family f) : f_(std::move(f)) {}
+  std::string name() const override { return f_.name; }
 
   std::vector<Row> run(const Env& env) override {
     std::vector<Shape> shapes;
     if (env.device == Device::cuda) {
-      shapes = {{1, 40, 32760, 128}, {2, 24, 16384, 128}, {1, 24, 4096, 64}};
-      if (env.quick) shapes = {{1, 24, 4096, 64}};
+      shapes = env.quick ? f_.cuda_quick : f_.cuda;
     } else {
-      shapes = {{1, 2, env.quick ? 64 : 128, 64}};  // the CPU oracle: a tiny shape
+      shapes = {{1, 2, env.quick ? 64 : 128, f_.cpu_d}};  // the CPU oracle: a tiny shape
     }
+    const std::string& pre = f_.prefix;
     std::vector<Row> rows;
     for (const Shape& s : shapes) {
       const int64_t B = s.B, H = s.H, N = s.N, D = s.D;
       const Device dev = env.device;
-      DeviceTensor q = make_tensor(dev, DType::bf16, {B, N, H, D}, 11);
-      DeviceTensor k = make_tensor(dev, DType::bf16, {B, N, H, D}, 12);
-      DeviceTensor v = make_tensor(dev, DType::bf16, {B, N, H, D}, 13);
+      DeviceTensor q = make_tensor(dev, DType::bf16, {B, N, H, D}, f_.seed);
+      DeviceTensor k = make_tensor(dev, DType::bf16, {B, N, H, D}, f_.seed + 1);
+      DeviceTensor v = make_tensor(dev, DType::bf16, {B, N, H, D}, f_.seed + 2);
       DeviceTensor out = make_empty(dev, DType::bf16, {B, N, H, D});
       // Kernel-level operands: random INT8 codes (uniform bytes, std ~74) with scale 1/74, so
       // the dequantized q, k have unit variance; per-block scales (q 128 rows, k 64 rows).
-      DeviceTensor q8 = make_tensor(dev, DType::i8, {B, N, H, D}, 14);
-      DeviceTensor k8 = make_tensor(dev, DType::i8, {B, N, H, D}, 15);
+      DeviceTensor q8 = make_tensor(dev, DType::i8, {B, N, H, D}, f_.seed + 3);
+      DeviceTensor k8 = make_tensor(dev, DType::i8, {B, N, H, D}, f_.seed + 4);
       const int64_t nqs = scale_count(ScaleLayout::per_block, 128, N);
       const int64_t nks = scale_count(ScaleLayout::per_block, 64, N);
       DeviceTensor qs = make_empty(dev, DType::f32, {B, H, nqs});
@@ -127,10 +152,12 @@ class AttentionBench : public BenchCase {
       {  // V quantization alone: bytes = the passes' V reads (2 B each) + the fp8 write
         DeviceTensor vm = make_empty(dev, DType::f32, {B, H, D});
         for (bool with_mean : {false, true}) {
+          if (with_mean && f_.d256) continue;
           TensorView vmv = vm.view;
           Row r;
           r.family = "attention";
           r.op = with_mean ? "quantize_v_fp8 with mean (3 reads of V)"
+                 : f_.d256 ? "quantize_v_fp8 D = 256 (2 reads of V)"
                            : "quantize_v_fp8 (2 reads of V)";
           r.shape = shape_str(s);
           r.backend = device_name(dev);
@@ -155,50 +182,66 @@ class AttentionBench : public BenchCase {
         const std::string tag = is_causal ? ", causal" : "";
 
         // The one baseline row: 16-bit P·V on the default kernel (auto: round-1 wgmma on sm_90a,
-        // mma.sync elsewhere), bf16 tensor cores for P·V.
+        // mma.sync elsewhere), bf16 tensor cores for P·V; D = 256 on CUDA: the mma.sync kernel by
+        // name (auto's rows below).
         Row b16;
         b16.family = "attention";
-        b16.op = "attention_int8 16-bit PV auto (kernel only)" + tag;
+        const bool cuda = dev == Device::cuda;
+        const bool mma256 = f_.d256 && cuda;
+        AttentionOptions f16_base = f16;
+        if (mma256) f16_base.kernel = AttentionOptions::mma_sync;
+        b16.op = pre + "attention_int8 16-bit PV " +
+                 (mma256 ? "mma.sync (session 10 kernel)" : "auto") + " (kernel only)" + tag;
         b16.shape = shape_str(s);
         b16.backend = device_name(dev);
         b16.ms = env.time_ms([&] {
-          attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16, ctx);
+          attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16_base,
+                         ctx);
         });
-        b16.baseline = "lowbit attention_int8 16-bit PV auto";
+        b16.baseline = mma256 ? "lowbit attention_int8 16-bit PV mma.sync"
+                              : "lowbit attention_int8 16-bit PV auto";
         b16.baseline_ms = b16.ms;
         b16.flops = flops;
         b16.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 2 + 2);
         rows.push_back(b16);
         const double base_ms = b16.ms;
-        // fp8 P·V, the default kernel (auto: round 3 + I2FP on sm_90a; the CPU ignores the
-        // choice: one row there).
         const TensorView vsv = vs.view;
-        Row kr8 = b16;
-        kr8.op = std::string("attention_int8 fp8 PV auto") +
-                 (dev == Device::cuda
-                      ? (D == 64 ? " = round 3 + I2FP, 3 consumer warpgroups, TMA producer"
-                                 : " = round 3 + I2FP")
-                      : "") +
-                 " (kernel only)" + tag;
-        kr8.ms = env.time_ms([&] {
-          attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
-        });
-        kr8.baseline = b16.baseline;
-        kr8.baseline_ms = base_ms;
-        kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
-        rows.push_back(kr8);
-        // (No variant under A/B now. Settled and gone: run 11's round 4 + I2FP rows (0.91-0.96x
-        // of auto), the D = 64 two-consumer row (0.77x, run 13), the D = 128 240-register row
-        // (0.99-1.01x, runs 12 and 13), round 5 without turns (0.82-0.97x, run 13); run 16's D =
-        // 64 q k^T before the O update (0.99x); the producerless kernel (0.72-0.76x, runs 16 and
-        // 17), the cp.async-fed D = 64 three-consumer row (0.98x, runs 16 and 17); run 19's row
-        // sums on the tensor cores (0.99-1.00x) and quick row maxima (0.98-0.99x, bits equal);
-        // session 9's D = 128 one softmax step per tile (0.95-0.97x, runs 24 and 25), with split
-        // P·V halves (0.94-0.96x), and polynomial exp2 (0.92-0.94x); session 10's 192-key ring
-        // stages (0.97-0.99x, run 30).
-        // A variant row times attention_int8 under detail::set_attention_cuda_tuning against kr8
-        // and compares its output's bits with the default's.)
-        const double f16_kernel_ms = base_ms;  // the default kernel's 16-bit time (one-call note)
+        double f16_kernel_ms = base_ms, fp8_kernel_ms = 0;  // auto's (one-call notes)
+        if (mma256) {
+          const std::pair<double, double> t =
+              auto256_rows(env, s, causal, qr, kr, v, v8, vsv, out, b16, tag, rows);
+          f16_kernel_ms = t.first;
+          fp8_kernel_ms = t.second;
+        } else {
+          // fp8 P·V, the default kernel (auto: round 3 + I2FP on sm_90a; the CPU ignores the
+          // choice: one row there).
+          Row kr8 = b16;
+          kr8.op = pre + "attention_int8 fp8 PV auto" +
+                   (!cuda     ? ""
+                    : D == 64 ? " = round 3 + I2FP, 3 consumer warpgroups, TMA producer"
+                              : " = round 3 + I2FP") +
+                   " (kernel only)" + tag;
+          kr8.ms = env.time_ms([&] {
+            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
+          });
+          kr8.baseline = b16.baseline;
+          kr8.baseline_ms = base_ms;
+          kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
+          rows.push_back(kr8);
+          fp8_kernel_ms = kr8.ms;
+        }
+        // (No variant under A/B at D 64 / 128 now. Settled and gone: run 11's round 4 + I2FP rows
+        // (0.91-0.96x of auto), the D = 64 two-consumer row (0.77x, run 13), the D = 128
+        // 240-register row (0.99-1.01x, runs 12 and 13), round 5 without turns (0.82-0.97x, run
+        // 13); run 16's D = 64 q k^T before the O update (0.99x); the producerless kernel
+        // (0.72-0.76x, runs 16 and 17), the cp.async-fed D = 64 three-consumer row (0.98x, runs 16
+        // and 17); run 19's row sums on the tensor cores (0.99-1.00x) and quick row maxima
+        // (0.98-0.99x, bits equal); session 9's D = 128 one softmax step per tile (0.95-0.97x, runs
+        // 24 and 25), with split P·V halves (0.94-0.96x), and polynomial exp2 (0.92-0.94x); session
+        // 10's 192-key ring stages (0.97-0.99x, run 30). Session 11's D = 256 fp8 P·V variants (run
+        // 32): the chosen form is the kernel's only one now, the others deleted. A variant row
+        // times attention_int8 under detail::set_attention_cuda_tuning against kr8 and compares its
+        // output's bits with the default's.)
 
         // One call from bf16 q, k, v: K mean, q/k INT8, V fp8 (or not), attention.
         std::vector<double> ref;  // the sampled fp64 rows, computed on first use
@@ -207,10 +250,10 @@ class AttentionBench : public BenchCase {
           DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb) + 256});
           void* wp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.view.data) + 255) &
                                              ~uintptr_t{255});
-          Row r = kr8;
+          Row r = b16;
           r.baseline = b16.baseline;
           r.baseline_ms = base_ms;
-          r.op = std::string("attention() ") + (o.pv == AttentionOptions::fp8 ? "fp8" : "16-bit") +
+          r.op = pre + "attention() " + (o.pv == AttentionOptions::fp8 ? "fp8" : "16-bit") +
                  " PV, incl. quantization" + tag;
           r.ms = env.time_ms(
               [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
@@ -219,17 +262,60 @@ class AttentionBench : public BenchCase {
           r.accuracy = sampled_accuracy(s, ref, out.view);
           char note[96];
           std::snprintf(note, sizeof note, "quantization adds %.3f ms over the kernel",
-                        r.ms - (o.pv == AttentionOptions::fp8 ? kr8.ms : f16_kernel_ms));
+                        r.ms - (o.pv == AttentionOptions::fp8 ? fp8_kernel_ms : f16_kernel_ms));
           r.note = note;
           rows.push_back(r);
         }
-        if (!is_causal) pieces_of_one_call(env, s, q, k, v, out, rows);
+        if (!is_causal && !f_.d256) pieces_of_one_call(env, s, q, k, v, out, rows);
       }
     }
     return rows;
   }
 
  private:
+  Family f_;
+
+  // D = 256 on CUDA: auto (the head-dim-256 wgmma kernel on an sm_90 GPU with the sm_90a build)
+  // for both P·V modes after the mma.sync baseline row of the same mask; accuracy: the output
+  // against the mma.sync kernel's of the same P·V mode on the sampled rows (one untimed call).
+  // Returns auto's 16-bit and fp8 kernel times.
+  static std::pair<double, double> auto256_rows(
+      const Env& env, const Shape& s, AttentionOptions::Causal causal, const QuantizedRows& qr,
+      const QuantizedRows& kr, const DeviceTensor& v, const DeviceTensor& v8, const TensorView& vsv,
+      const DeviceTensor& out, const Row& b16, const std::string& tag, std::vector<Row>& rows) {
+    Context ctx = env.ctx;
+    const int64_t B = s.B, H = s.H, N = s.N, D = s.D;
+    double ms[2] = {0, 0};
+    for (auto pv : {AttentionOptions::f16, AttentionOptions::fp8}) {
+      const bool fp8 = pv == AttentionOptions::fp8;
+      AttentionOptions o;
+      o.causal = causal;
+      o.pv = pv;
+      auto call = [&] {
+        if (fp8)
+          attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, o, ctx);
+        else
+          attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, o, ctx);
+      };
+      o.kernel = AttentionOptions::mma_sync;
+      call();
+      synchronize(ctx);
+      const std::vector<float> mma = sampled_rows(s, out.view);
+      const std::vector<double> ref(mma.begin(), mma.end());
+      o.kernel = AttentionOptions::auto_kernel;
+      Row r = b16;
+      r.op = std::string("D256 attention_int8 ") + (fp8 ? "fp8" : "16-bit") +
+             " PV auto = wgmma (kernel only)" + tag;
+      r.ms = env.time_ms(call);
+      synchronize(ctx);
+      r.accuracy = accuracy(sampled_rows(s, out.view), ref).str() + " vs mma.sync (64 rows)";
+      r.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + (fp8 ? 1 : 2) + 2);
+      rows.push_back(r);
+      ms[fp8 ? 1 : 0] = r.ms;
+    }
+    return {ms[0], ms[1]};
+  }
+
   // attention() fp8 PV in its pieces (what the one-call row's "quantization adds" is made of):
   // the q prologue (THREAD_Q 32, sm_scale folded), the K mean + k prologue (THREAD_K 64), the V
   // fp8 quantization, and the kernel (auto) on those operands and scale layouts.
@@ -286,7 +372,24 @@ class AttentionBench : public BenchCase {
   }
 };
 
-LOWBIT_BENCH_CASES(attention_bench_cases) { cases.push_back(std::make_unique<AttentionBench>()); }
+LOWBIT_BENCH_CASES(attention_bench_cases) {
+  cases.push_back(std::make_unique<AttentionBench>(
+      Family{"attention.prefill",
+             {{1, 40, 32760, 128}, {2, 24, 16384, 128}, {1, 24, 4096, 64}},
+             {{1, 24, 4096, 64}},
+             64,
+             11,
+             "",
+             false}));
+  cases.push_back(std::make_unique<AttentionBench>(
+      Family{"attention.d256",
+             {{1, 24, 4096, 256}, {1, 24, 16384, 256}},
+             {{1, 24, 4096, 256}},
+             256,
+             21,
+             "D256 ",
+             true}));
+}
 
 }  // namespace
 }  // namespace bench

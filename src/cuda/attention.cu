@@ -123,6 +123,19 @@ __device__ __forceinline__ uint32_t e4m3_rounded_f16x2(float x0, float x1) {
 #endif
 }
 
+// O = O r for a pair of 8-channel accumulator groups (D = 256's P·V loops: rows g (r0) and
+// g + 8 (r1) of each group).
+__device__ __forceinline__ void rescale_pair(float (&a)[4], float (&b)[4], float r0, float r1) {
+  a[0] *= r0;
+  a[1] *= r0;
+  a[2] *= r1;
+  a[3] *= r1;
+  b[0] *= r0;
+  b[1] *= r0;
+  b[2] *= r1;
+  b[3] *= r1;
+}
+
 // scale_index_dev in 32-bit arithmetic (row < 2^31; Nkv is an int).
 __device__ __forceinline__ int scale_index32(int layout, int block, int row) {
   const int r = row % block;
@@ -367,14 +380,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
       const uint8_t* sV16 = smem + S::kV16Off;
 #pragma unroll
       for (int n = 0; n < D / 8; n += 2) {
-        o[n][0] *= r0;
-        o[n][1] *= r0;
-        o[n][2] *= r1;
-        o[n][3] *= r1;
-        o[n + 1][0] *= r0;
-        o[n + 1][1] *= r0;
-        o[n + 1][2] *= r1;
-        o[n + 1][3] *= r1;
+        rescale_pair(o[n], o[n + 1], r0, r1);
 #pragma unroll
         for (int kk = 0; kk < kKvTile / 16; ++kk) {
           // Matrix m: channels 8(n + m/2).., keys 16kk + 8(m%2)..: b0, b1 of o[n], then o[n+1].
@@ -424,14 +430,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
       }
 #pragma unroll
       for (int n = 0; n < D / 8; n += 2) {
-        o[n][0] *= r0;
-        o[n][1] *= r0;
-        o[n][2] *= r1;
-        o[n][3] *= r1;
-        o[n + 1][0] *= r0;
-        o[n + 1][1] *= r0;
-        o[n + 1][2] *= r1;
-        o[n + 1][3] *= r1;
+        rescale_pair(o[n], o[n + 1], r0, r1);
 #pragma unroll
         for (int kk = 0; kk < kKvTile / 16; ++kk) {
           uint32_t vb[4];
@@ -763,6 +762,14 @@ void with_16bit(DType dt, F&& f) {
     f(__half{});
 }
 
+// auto at D = 256: the head-dim-256 wgmma kernel (true) or the mma.sync kernel (false; kernel =
+// wgmma runs the wgmma kernel and kernel = mma_sync the mma.sync kernel either way). True since
+// H200 run 32 (2026-12-01), against the mma.sync kernel of the same P·V mode: (1, 24, 4096, 256)
+// 16-bit P·V 0.6042 vs 1.5618 ms (2.58x), fp8 P·V 0.5739 vs 1.6163 ms (2.82x); (1, 24, 16384,
+// 256) 9.1605 vs 23.9567 ms (2.62x), 8.0072 vs 24.0347 ms (3.00x); causal 2.46-2.94x (vs 16-bit
+// mma.sync); every `.d256` case passed.
+constexpr bool kAuto256Wgmma = true;
+
 }  // namespace
 
 void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
@@ -838,13 +845,24 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // Kernel choice (AttentionOptions::kernel): wgmma runs round 1, wgmma_r3 round 3 (fp8 P·V; the
   // bench knobs of detail::AttentionCudaTuning pick its variants: no_turn round 3 + I2FP without
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs round 1),
-  // auto_kernel below.
+  // at D = 256 both the head-dim-256 kernel; auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  if (options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3) {
+  const bool wgmma_choice =
+      options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3;
+  if (wgmma_choice && D == 256) {
+    // D = 256 (session 11): both wgmma choices run the head-dim-256 wgmma kernel
+    // (attention_wgmma256.cu; fp8 and 16-bit P·V); tensors no TMA descriptor can address (e.g.
+    // strides that are not multiples of 16 bytes) run the mma.sync kernel below.
+    if (!attn::wgmma_attention_available())
+      throw Error("attention_int8", "options.kernel",
+                  "wgmma / wgmma_r3: expected an sm_90 GPU with the sm_90a build, got head dim "
+                  "256 on a GPU without the sm_90a kernel");
+    if (attn::launch_attention_wgmma256(p, B, fp8, out.dtype, stream_of(ctx))) return;
+  } else if (wgmma_choice) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
-                  "wgmma / wgmma_r3: expected head dim 64 or 128 on an sm_90 GPU with the sm_90a "
-                  "build, got head dim " +
+                  "wgmma / wgmma_r3: expected head dim 64, 128 or 256 on an sm_90 GPU with the "
+                  "sm_90a build, got head dim " +
                       std::to_string(D) +
                       (attn::wgmma_attention_applies(D) ? " on a GPU without the sm_90a kernel"
                                                         : ""));
@@ -881,7 +899,14 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }
-  // D = 256 (no wgmma kernel: wgmma_attention_applies is false) always lands here.
+  // D = 256, fp8 and 16-bit P·V: the head-dim-256 wgmma kernel on an sm_90 GPU with the sm_90a
+  // build (kAuto256Wgmma; H200 run 32 above), unless no TMA descriptor addresses the tensors.
+  if (options.kernel == AttentionOptions::auto_kernel && D == 256 && kAuto256Wgmma &&
+      attn::wgmma_attention_available() &&
+      attn::launch_attention_wgmma256(p, B, fp8, out.dtype, stream_of(ctx)))
+    return;
+  // mma_sync (any D), auto elsewhere (other GPUs, no sm_90a build, tensors no TMA descriptor
+  // addresses at D = 256) and the wgmma choices at D = 256 without a TMA descriptor land here.
   dispatch_int<64, 128, 256>(static_cast<int>(q.data.shape[3]), "attention_int8", "q (head dim)",
                         [&](auto Dc) {
                           constexpr int D = decltype(Dc)::value;

@@ -83,18 +83,6 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
 // Shared-memory descriptors (ptx::wgmma_desc). ptx::smem_desc: K-major, 128-byte swizzle, 8-row
 // atoms 1024 bytes apart (gemm_wgmma.cu's descriptor).
 using ptx::smem_desc;
-// K-major, 64-byte swizzle (rows of 64 bytes: a D = 64 int8 row, as TMA's SWIZZLE_64B writes
-// them; 16-byte chunk c of row r at c ^ ((r >> 1) & 3)), 8-row atoms 512 bytes apart; a 32-byte
-// k-step at +32 bytes (+2 in the address field), as with the 128-byte swizzle.
-__device__ __forceinline__ uint64_t smem_desc_sw64(uint32_t addr) {
-  return ptx::wgmma_desc(addr, 16, 512, 2);
-}
-// The MN-major 16-bit V tile: 8-key groups 1024 bytes apart; each wgmma there spans one
-// 64-channel atom column, so the leading byte offset (the other stride) never matters: 1024 too,
-// which is right under either reading of the two fields.
-__device__ __forceinline__ uint64_t smem_desc_mn(uint32_t addr) {
-  return ptx::wgmma_desc(addr, 1024, 1024, 1);
-}
 
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
@@ -136,120 +124,6 @@ __device__ __forceinline__ void wgmma_s8_n128(int32_t (&d)[64], uint64_t desc_a,
         "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #endif
-}
-
-// d (64 x 128 f32) (+)= A (64 x 32 e4m3, registers) · B (128 x 32 e4m3, shared, K-major)^T.
-__device__ __forceinline__ void wgmma_e4m3_n128(float (&d)[64], const uint32_t (&a)[4],
-                                              uint64_t desc_b, int accumulate) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-#endif
-}
-
-// d (64 x 64 f32) (+)= A (64 x 32 e4m3, registers) · B (64 x 32 e4m3, shared, K-major)^T.
-__device__ __forceinline__ void wgmma_e4m3_n64(float (&d)[32], const uint32_t (&a)[4],
-                                              uint64_t desc_b, int accumulate) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
-#endif
-}
-
-// Pins accumulator registers after wgmma.wait_group: the compiler sees a wgmma's outputs as
-// defined at its issue, so without this it could move their reads above the wait.
-template <int N>
-__device__ __forceinline__ void fence_regs(int32_t (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-// d[kOff .. kOff + 31] (64 x 64 f32) += A (64 x 16 bf16, registers) · B (16 x 64 bf16, shared,
-// MN-major: imm-trans-b = 1).
-template <int kOff, int kN>
-__device__ __forceinline__ void wgmma_bf16_n64(float (&d)[kN], const uint32_t (&a)[4],
-                                              uint64_t desc_b) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-      : "+f"(d[kOff + 0]), "+f"(d[kOff + 1]), "+f"(d[kOff + 2]), "+f"(d[kOff + 3]),
-        "+f"(d[kOff + 4]), "+f"(d[kOff + 5]), "+f"(d[kOff + 6]), "+f"(d[kOff + 7]),
-        "+f"(d[kOff + 8]), "+f"(d[kOff + 9]), "+f"(d[kOff + 10]), "+f"(d[kOff + 11]),
-        "+f"(d[kOff + 12]), "+f"(d[kOff + 13]), "+f"(d[kOff + 14]), "+f"(d[kOff + 15]),
-        "+f"(d[kOff + 16]), "+f"(d[kOff + 17]), "+f"(d[kOff + 18]), "+f"(d[kOff + 19]),
-        "+f"(d[kOff + 20]), "+f"(d[kOff + 21]), "+f"(d[kOff + 22]), "+f"(d[kOff + 23]),
-        "+f"(d[kOff + 24]), "+f"(d[kOff + 25]), "+f"(d[kOff + 26]), "+f"(d[kOff + 27]),
-        "+f"(d[kOff + 28]), "+f"(d[kOff + 29]), "+f"(d[kOff + 30]), "+f"(d[kOff + 31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-#endif
-}
-
-// d[kOff .. kOff + 31] (64 x 64 f32) += A (64 x 16 f16, registers) · B (16 x 64 f16, shared,
-// MN-major: imm-trans-b = 1).
-template <int kOff, int kN>
-__device__ __forceinline__ void wgmma_f16_n64(float (&d)[kN], const uint32_t (&a)[4],
-                                              uint64_t desc_b) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-      : "+f"(d[kOff + 0]), "+f"(d[kOff + 1]), "+f"(d[kOff + 2]), "+f"(d[kOff + 3]),
-        "+f"(d[kOff + 4]), "+f"(d[kOff + 5]), "+f"(d[kOff + 6]), "+f"(d[kOff + 7]),
-        "+f"(d[kOff + 8]), "+f"(d[kOff + 9]), "+f"(d[kOff + 10]), "+f"(d[kOff + 11]),
-        "+f"(d[kOff + 12]), "+f"(d[kOff + 13]), "+f"(d[kOff + 14]), "+f"(d[kOff + 15]),
-        "+f"(d[kOff + 16]), "+f"(d[kOff + 17]), "+f"(d[kOff + 18]), "+f"(d[kOff + 19]),
-        "+f"(d[kOff + 20]), "+f"(d[kOff + 21]), "+f"(d[kOff + 22]), "+f"(d[kOff + 23]),
-        "+f"(d[kOff + 24]), "+f"(d[kOff + 25]), "+f"(d[kOff + 26]), "+f"(d[kOff + 27]),
-        "+f"(d[kOff + 28]), "+f"(d[kOff + 29]), "+f"(d[kOff + 30]), "+f"(d[kOff + 31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-#endif
-}
-
-template <typename T16, int kOff, int kN>
-__device__ __forceinline__ void wgmma_16(float (&d)[kN], const uint32_t (&a)[4], uint64_t desc) {
-  if constexpr (std::is_same<T16, __nv_bfloat16>::value)
-    wgmma_bf16_n64<kOff>(d, a, desc);
-  else
-    wgmma_f16_n64<kOff>(d, a, desc);
 }
 
 template <int D>
@@ -351,14 +225,6 @@ __device__ __forceinline__ void accumulate_half(float (&o)[64], const float (&c)
   }
 }
 
-// float(x) for |x| <= 2^22 without the conversion unit (I2F runs at a quarter of the FP32
-// rate on sm_90, on the pipe ex2 also needs): 0x4B400000 is 1.5 * 2^23, so its bits plus x are
-// the float 1.5 * 2^23 + x exactly, and subtracting 1.5 * 2^23 is exact. Bit-identical to
-// static_cast<float>(x) in that range; q k^T of int8 codes is within it for D <= 256
-// (|acc| <= D * 128 * 128).
-__device__ __forceinline__ float exact_i2f(int32_t x) {
-  return __fsub_rn(__int_as_float(x + 0x4B400000), 12582912.f);
-}
 
 // Dequantize the int32 q k^T accumulator to base-2 logits in the oracle's order
 // (float(acc) * (qs * ks) * scale_log2) and mask keys at or past each row's visible end.
@@ -493,80 +359,6 @@ __device__ __forceinline__ void tile_softmax_pv(const int32_t (&acc)[64], const 
     accumulate_tile<D>(o, c, rb0, rb1);
   } else {
     pv16_tile<D, T16>(s, sv, o, m0, m1, l0, l1);
-  }
-#endif
-}
-
-// Epilogue of both kernels for this thread's rows row0 = q0 + rl0 and row1 = row0 + 8: full row
-// sums, normalization, V scale and mean, 16-bit stores, LSE (with the K-mean correction read
-// from the swizzled Q tile at sq when q_loaded). kQRow: bytes per Q row in shared memory, 128
-// (128-byte swizzle) or 64 (64-byte swizzle: the D = 64 TMA producer's Q).
-template <int D, bool FP8, typename T16, int kQRow = kRowBytes>
-__device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int hk, int rl0,
-                                         int64_t row0, int64_t row1, float qs0, float qs1, int t,
-                                         const uint8_t* sq, bool q_loaded, float (&o)[D / 2],
-                                         float m0, float m1, float l0, float l1) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  // Epilogue: full row sums, normalization, V scale and mean, 16-bit stores, LSE.
-  const float p_offset = FP8 ? kLog2_448 : 0.f;
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;
-  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-  T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    const int col = n * 8 + 2 * t;
-    float sc0 = 1.f, sc1 = 1.f, mv0 = 0.f, mv1 = 0.f;
-    if (FP8) {
-      sc0 = p.v_scale[hv * D + col];
-      sc1 = p.v_scale[hv * D + col + 1];
-    }
-    if (FP8 && p.v_mean) {
-      mv0 = p.v_mean[hv * D + col];
-      mv1 = p.v_mean[hv * D + col + 1];
-    }
-    if (row0 < p.Nq) {
-      const float a = l0 > 0.f ? o[4 * n + 0] * inv0 * sc0 + mv0 : 0.f;
-      const float c = l0 > 0.f ? o[4 * n + 1] * inv0 * sc1 + mv1 : 0.f;
-      *reinterpret_cast<uint32_t*>(og + row0 * p.o_sn + col) = pack_16x2<T16>(a, c);
-    }
-    if (row1 < p.Nq) {
-      const float a = l1 > 0.f ? o[4 * n + 2] * inv1 * sc0 + mv0 : 0.f;
-      const float c = l1 > 0.f ? o[4 * n + 3] * inv1 * sc1 + mv1 : 0.f;
-      *reinterpret_cast<uint32_t*>(og + row1 * p.o_sn + col) = pack_16x2<T16>(a, c);
-    }
-  }
-  if (p.lse) {
-    float corr0 = 0.f, corr1 = 0.f;
-    if (p.k_mean && q_loaded) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
-      // Q rows rl0 and rl0 + 8 share (row & 7), so they share the swizzle pattern.
-      static_assert(kQRow == kRowBytes || (kQRow == 64 && D == 64), "Q row layout");
-      const int8_t* qr0 = reinterpret_cast<const int8_t*>(sq + rl0 * kQRow);
-      const int8_t* qr1 = qr0 + 8 * kQRow;
-      const float* km = p.k_mean + hv * D;
-      const int sw = kQRow == kRowBytes ? (rl0 & 7) : ((rl0 >> 1) & 3);
-      for (int d = t; d < D; d += 4) {
-        const int byte = (((d >> 4) ^ sw) << 4) | (d & 15);
-        corr0 += static_cast<float>(qr0[byte]) * qs0 * km[d];
-        corr1 += static_cast<float>(qr1[byte]) * qs1 * km[d];
-      }
-      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 1);
-      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 2);
-      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 1);
-      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 2);
-    }
-    if (t == 0) {
-      float* lg = p.lse + b * p.l_sb + h * p.l_sh;
-      if (row0 < p.Nq)
-        lg[row0 * p.l_sn] =
-            l0 > 0.f ? (m0 + log2f(l0) - p_offset) * kLn2 + corr0 * p.sm_scale : -INFINITY;
-      if (row1 < p.Nq)
-        lg[row1 * p.l_sn] =
-            l1 > 0.f ? (m1 + log2f(l1) - p_offset) * kLn2 + corr1 * p.sm_scale : -INFINITY;
-    }
   }
 #endif
 }
@@ -707,35 +499,6 @@ void launch(const AttnParams& p, int B, cudaStream_t stream) {
   check_launch(op);
 }
 
-// scale_index_dev for the producers (rows >= 0, < 2^31): set up once per CTA, then shifts and
-// masks when the block is a power of two (every SPEC §1 quantizer's), one 32-bit division
-// otherwise. Run 4 -> run 6: round 3 went from 548 to 679 TOPS at (1, 40, 32760, 128) when its TMA
-// producer warp's per-tile 64-bit div/mod (4 keys per lane) became 32-bit: the producer warp
-// shares a scheduler with two consumer warps and delayed every tile's publication.
-struct ScaleIdx {
-  int layout, block, shift, mask;
-  bool pow2;
-  __device__ __forceinline__ explicit ScaleIdx(int l, int blk)
-      : layout(l), block(blk), shift(0), mask(blk - 1), pow2((blk & (blk - 1)) == 0) {
-#if defined(__CUDA_ARCH__)
-    shift = __popc(blk - 1);  // log2(blk) when blk is a power of two
-#endif
-  }
-  __device__ __forceinline__ int operator()(int row) const {
-    int q, r;
-    if (pow2) {
-      q = row >> shift;
-      r = row & mask;
-    } else {
-      q = row / block;
-      r = row - q * block;
-    }
-    if (layout == 1) return q * 8 + (r & 7);
-    if (layout == 2) return q * 4 + ((r & 7) >> 1);
-    if (layout == 3) return q * 4 + (r >> 5);
-    return q;
-  }
-};
 
 // (Round 2, the warp-specialized kernel with a cp.async producer warpgroup and a 3-stage ring
 // (`kernel = wgmma_ws`), lost to round 3 for fp8 P·V and to round 1 for 16-bit P·V (0.82x);
@@ -743,25 +506,6 @@ struct ScaleIdx {
 
 constexpr int kR3Threads = 384;  // a producer warpgroup and two consumers
 
-// Named barrier `id` over `threads` threads (sync: arrive and wait; arrive: do not wait).
-__device__ __forceinline__ void named_bar_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-#endif
-}
 
 // ---- round 3: fewer instructions per logit ----------------------------------------------------
 //
@@ -866,53 +610,6 @@ __device__ __forceinline__ void wgmma_s8_n128_first(int32_t (&d)[64], uint64_t d
 #endif
 }
 
-// d (64 x 128 f32) = A (64 x 32 e4m3, registers) · B (128 x 32 e4m3, shared)^T, d written only.
-__device__ __forceinline__ void wgmma_e4m3_n128_first(float (&d)[64], const uint32_t (&a)[4],
-                                                      uint64_t desc_b) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
-        "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),
-        "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]),
-        "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]),
-        "=f"(d[30]), "=f"(d[31]), "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]),
-        "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]),
-        "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]),
-        "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]),
-        "=f"(d[54]), "=f"(d[55]), "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]),
-        "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
-#endif
-}
-
-// d (64 x 64 f32) = A (64 x 32 e4m3, registers) · B (64 x 32 e4m3, shared)^T, d written only.
-__device__ __forceinline__ void wgmma_e4m3_n64_first(float (&d)[32], const uint32_t (&a)[4],
-                                                     uint64_t desc_b) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
-        "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),
-        "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]),
-        "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-        "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]),
-        "=f"(d[30]), "=f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
-#endif
-}
-
 // One 64-key half's P·V into a fresh c: 2 k-steps of 32 keys from the V tile's descriptor dv
 // (half kHalf at dv + 4 kHalf: +64 bytes).
 template <int D>
@@ -927,18 +624,6 @@ __device__ __forceinline__ void r3_pv_issue_desc(float (&c)[D / 2], const uint32
   wgmma_commit();
 }
 
-// True in every thread of the `threads`-thread group synchronizing on named barrier `id` when
-// `pred` holds in all of them (bar.red.and: also a barrier for those threads).
-__device__ __forceinline__ bool wg_all(bool pred, int id) {
-  int r;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, 128, p;\n"
-      "selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(r)
-      : "r"(static_cast<int>(pred)), "r"(id)
-      : "memory");
-  return r != 0;
-}
 
 
 // Maximum of 16 values s[4j + e] (j = j0 .. j0 + 7, e = e0, e0 + 1) as a balanced tree.

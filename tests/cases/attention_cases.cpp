@@ -300,7 +300,8 @@ class AttentionCallCase : public Case {
     return "attention.call." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." +
            causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_) +
            (opt_.smooth_k ? ".smooth_k" : "") + (opt_.smooth_v ? ".smooth_v" : "") +
-           (opt_.kernel == AttentionOptions::mma_sync ? ".mma_sync" : "");
+           (opt_.kernel == AttentionOptions::mma_sync ? ".mma_sync" : "") +
+           (opt_.kernel == AttentionOptions::wgmma ? ".wgmma" : "");
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
     std::vector<HostTensor> in;
@@ -647,12 +648,13 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       for (int64_t d : {64, 128})
         cases.push_back(std::make_unique<AttentionVarlenCase>(make_opt(pv, c), d));
 
-  // Head dim 256 (issue 4; `.d256` in the names): auto takes the mma.sync kernel there (the
-  // wgmma kernels cover D 64 / 128; fp8 P·V runs on f16 tensor cores from a V tile the CTA widens
-  // to f16). fp8 and 16-bit P·V, three causal modes, N = 1, 17, 127, 390, N_kv < / > N_q, GQA,
-  // B = 2; the kernel by name with longer rows (1100 keys) and P·V alone (zero q); f16 output,
-  // HND, per-thread layouts, K-mean LSE; WARP_Q + THREAD_K 128 + GQA; V mean; V to fp8 (several
-  // 512-token chunks, HND); the one call and varlen.
+  // Head dim 256 (issue 4; `.d256` in the names). Here the mma.sync kernel by name (`.mma_sync`;
+  // fp8 P·V runs on f16 tensor cores from a V tile the CTA widens to f16; auto's kernel at
+  // D = 256 until session 11, now on other GPUs and for tensors no TMA descriptor addresses):
+  // fp8 and 16-bit P·V, three causal modes, N = 1, 17, 127, 390, N_kv < / > N_q, GQA, B = 2;
+  // longer rows (1100 keys) and P·V alone (zero q); f16 output, HND, per-thread layouts, K-mean
+  // LSE; WARP_Q + THREAD_K 128 + GQA; V mean; V to fp8 (several 512-token chunks, HND); the one
+  // call and varlen with auto (the wgmma kernel on the H200).
   {
     const Shape d256[] = {
         {1, 1, 1, 1, 1, 256},     {1, 17, 17, 2, 1, 256},  {2, 127, 127, 4, 2, 256},
@@ -662,7 +664,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       for (auto pv : {O::fp8, O::f16})
         for (auto c : {O::none, O::bottom_right, O::top_left})
           cases.push_back(std::make_unique<Int8AttentionCase>(
-              s, make_opt(pv, c), DType::bf16, ScaleLayout::per_block, 128,
+              s, make_opt(pv, c, O::mma_sync), DType::bf16, ScaleLayout::per_block, 128,
               ScaleLayout::per_block, 64, false, false));
     for (auto pv : {O::fp8, O::f16})
       for (auto c : {O::none, O::bottom_right}) {
@@ -676,13 +678,13 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       }
     for (auto pv : {O::fp8, O::f16}) {
       cases.push_back(std::make_unique<Int8AttentionCase>(
-          Shape{1, 129, 129, 2, 2, 256}, make_opt(pv, O::bottom_right), DType::f16,
+          Shape{1, 129, 129, 2, 2, 256}, make_opt(pv, O::bottom_right, O::mma_sync), DType::f16,
           ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
       cases.push_back(std::make_unique<Int8AttentionCase>(
-          Shape{2, 70, 130, 4, 1, 256}, make_opt(pv, O::none), DType::bf16, ScaleLayout::warp_q,
-          128, ScaleLayout::thread_k, 128, false, true));
+          Shape{2, 70, 130, 4, 1, 256}, make_opt(pv, O::none, O::mma_sync), DType::bf16,
+          ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
     }
-    O vm256 = make_opt(O::fp8, O::top_left);
+    O vm256 = make_opt(O::fp8, O::top_left, O::mma_sync);
     vm256.smooth_v = true;
     cases.push_back(std::make_unique<Int8AttentionCase>(
         Shape{1, 150, 150, 2, 2, 256}, vm256, DType::bf16, ScaleLayout::per_block, 128,
@@ -701,6 +703,60 @@ LOWBIT_HARNESS_CASES(attention_cases) {
                                                             make_opt(pv, c), DType::f16));
         cases.push_back(std::make_unique<AttentionVarlenCase>(make_opt(pv, c), 256));
       }
+    // The head-dim-256 wgmma kernel (session 11; auto's kernel at D = 256 on an sm_90 GPU since
+    // H200 run 32, and `.wgmma` / `.wgmma_r3` by name): TMA producer, 64-key ring stages (5 fp8 /
+    // 4 16-bit: 1100 keys = 18 stages wrap it three times), two consumer warpgroups of 64 rows.
+    // Auto: both P·V modes x 3 causal modes on N = 1, 17, 127, 390, fewer / more keys than
+    // queries, GQA, B = 2, 1100 keys. By name: per-key kc (k scales per 32 keys) next to the
+    // per-stage kc (64), early maxima, zero q / constant V; f16 output + HND + THREAD_Q/K +
+    // K-mean LSE; WARP_Q + THREAD_K 128 + GQA; V mean. The one call by name on mma.sync (auto's
+    // calls above).
+    {
+      const Shape w256[] = {
+          {1, 1, 1, 1, 1, 256},     {1, 17, 17, 2, 1, 256},  {2, 127, 127, 4, 2, 256},
+          {1, 390, 390, 2, 2, 256}, {1, 200, 77, 2, 2, 256}, {1, 65, 300, 3, 1, 256},
+          {1, 257, 1100, 2, 1, 256},
+      };
+      for (const Shape& s : w256)
+        for (auto pv : {O::fp8, O::f16})
+          for (auto c : {O::none, O::bottom_right, O::top_left})
+            cases.push_back(std::make_unique<Int8AttentionCase>(
+                s, make_opt(pv, c), DType::bf16, ScaleLayout::per_block, 128,
+                ScaleLayout::per_block, 64, false, false));
+      for (auto pv : {O::fp8, O::f16})
+        for (auto c : {O::none, O::bottom_right}) {
+          for (int kb : {32, 64})
+            cases.push_back(std::make_unique<Int8AttentionCase>(
+                Shape{1, 130, 1100, 2, 1, 256}, make_opt(pv, c, O::wgmma), DType::bf16,
+                ScaleLayout::per_block, 128, ScaleLayout::per_block, kb, false, false,
+                Pattern::early_max, kb == 32 ? "kblock32" : ""));
+          for (auto pat : {Pattern::zero_q, Pattern::const_v})
+            cases.push_back(std::make_unique<Int8AttentionCase>(
+                Shape{1, 257, 390, 2, 1, 256}, make_opt(pv, c, O::wgmma), DType::bf16,
+                ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat));
+        }
+      for (auto pv : {O::fp8, O::f16})
+        for (auto kernel : {O::wgmma, O::wgmma_r3}) {
+          cases.push_back(std::make_unique<Int8AttentionCase>(
+              Shape{1, 129, 129, 2, 2, 256}, make_opt(pv, O::bottom_right, kernel), DType::f16,
+              ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+          cases.push_back(std::make_unique<Int8AttentionCase>(
+              Shape{2, 70, 130, 4, 1, 256}, make_opt(pv, O::none, kernel), DType::bf16,
+              ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
+        }
+      O vw = make_opt(O::fp8, O::top_left, O::wgmma);
+      vw.smooth_v = true;
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          Shape{1, 150, 150, 2, 2, 256}, vw, DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false));
+      for (auto pv : {O::fp8, O::f16})
+        for (auto c : {O::none, O::bottom_right}) {
+          cases.push_back(std::make_unique<AttentionCallCase>(
+              Shape{1, 150, 150, 2, 1, 256}, make_opt(pv, c, O::mma_sync), DType::bf16));
+          cases.push_back(std::make_unique<AttentionCallCase>(
+              Shape{2, 33, 90, 2, 2, 256}, make_opt(pv, c, O::mma_sync), DType::f16));
+        }
+    }
     O sv = make_opt(O::fp8, O::top_left, O::mma_sync);
     sv.smooth_v = true;
     cases.push_back(

@@ -1,10 +1,11 @@
 // Head dim 256 (issue 4): the CPU backend's attention at D = 256 against the fp64 reference, and
 // the argument errors around the CUDA head dims: D outside {64, 128, 256} on CUDA is refused by
 // every entry (attention, attention_int8, quantize_v_fp8, the prologue) before anything runs,
-// naming the op, the argument and expected vs got; on a GPU, the wgmma kernel choices refuse
-// D = 256 (the mma.sync kernel runs it) and auto / mma_sync run it.
+// naming the op, the argument and expected vs got; on a GPU, every kernel choice runs D = 256
+// (wgmma / wgmma_r3: the head-dim-256 wgmma kernel, session 11) with matching outputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -115,11 +116,15 @@ TEST(Attention256, CpuOneCallMatchesFp64) {
     }
 }
 
-// On a GPU: the wgmma kernels refuse D = 256 with a clear error; auto and mma_sync run it.
+// On a GPU: every kernel choice runs D = 256 (wgmma / wgmma_r3: the head-dim-256 wgmma kernel
+// on sm_90a, else refused naming the GPU; auto: the wgmma kernel on sm_90a since session 11,
+// else the mma.sync kernel; mma_sync: the mma.sync kernel, the reference), and the other
+// choices' output agrees with the mma.sync kernel's (both P·V modes, causal, 130 keys: three
+// 64-key stages, the last one partial).
 TEST(Attention256, CudaKernelChoices) {
   if (!built_with_cuda() || cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
-  const int64_t B = 1, N = 17, H = 1, D = 256;
+  const int64_t B = 1, N = 130, H = 1, D = 256;
   HostTensor hq(DType::bf16, {B, N, H, D});
   std::mt19937_64 rng(3);
   hq.fill_normal(rng);
@@ -129,23 +134,40 @@ TEST(Attention256, CudaKernelChoices) {
   for (Buffer* b : {&q, &k, &v}) copy_to_device(b->data(), hq.bytes.data(), hq.bytes.size(), ctx);
   synchronize(ctx);
   auto view = [&](Buffer& b) { return make_view(b.data(), DType::bf16, {B, N, H, D}, Device::cuda); };
-  for (auto kernel : {AttentionOptions::wgmma, AttentionOptions::wgmma_r3}) {
-    AttentionOptions o;
-    o.kernel = kernel;
-    const std::string e = error_of([&] {
-      attention(view(q), view(k), view(v), view(out), nullptr, o, ctx);
-    });
-    expect_has(e, "options.kernel");
-    expect_has(e, "got head dim 256");
-  }
-  for (auto kernel : {AttentionOptions::auto_kernel, AttentionOptions::mma_sync})
-    for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
+  for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
+    HostTensor ref(DType::bf16, {B, N, H, D}), got(DType::bf16, {B, N, H, D});
+    for (auto kernel : {AttentionOptions::mma_sync, AttentionOptions::auto_kernel,
+                        AttentionOptions::wgmma, AttentionOptions::wgmma_r3}) {
+      SCOPED_TRACE(std::string(pv == AttentionOptions::fp8 ? "fp8" : "f16") + " kernel " +
+                   std::to_string(static_cast<int>(kernel)));
       AttentionOptions o;
       o.kernel = kernel;
       o.pv = pv;
-      EXPECT_EQ(error_of([&] { attention(view(q), view(k), view(v), view(out), nullptr, o, ctx); }),
-                "");
+      o.causal = AttentionOptions::bottom_right;
+      const std::string e =
+          error_of([&] { attention(view(q), view(k), view(v), view(out), nullptr, o, ctx); });
+      if (kernel != AttentionOptions::auto_kernel && kernel != AttentionOptions::mma_sync &&
+          !e.empty()) {  // a GPU without the sm_90a kernel
+        expect_has(e, "options.kernel");
+        expect_has(e, "got head dim 256 on a GPU without the sm_90a kernel");
+        continue;
+      }
+      EXPECT_EQ(e, "");
+      HostTensor& dst = kernel == AttentionOptions::mma_sync ? ref : got;
+      copy_to_host(dst.bytes.data(), out.data(), dst.bytes.size(), ctx);
+      synchronize(ctx);
+      if (kernel == AttentionOptions::mma_sync) continue;
+      double l1 = 0, r1 = 0, worst = 0;
+      for (int64_t i = 0; i < ref.numel(); ++i) {
+        const double d = std::fabs(double{got.get(i)} - ref.get(i));
+        l1 += d;
+        r1 += std::fabs(ref.get(i));
+        worst = std::max(worst, d);
+      }
+      EXPECT_LT(l1 / r1, 0.02);
+      EXPECT_LT(worst, 0.1);
     }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,587 @@
+// sm_90a INT8 attention (SPEC §2) at head dim 256 on warpgroup MMAs (wgmma): the design at the end
+// of docs/attention.md, on round 3's structure (attention_wgmma.cu). Same arithmetic as the
+// mma.sync kernel and the CPU oracle: int32 q k^T, fp32 logits, base-2 online softmax over the
+// oracle's 64-key tiles, P and V in e4m3 with the two-level fp32 accumulation (fp8 P·V), or P in
+// V's 16-bit type accumulated straight into O (16-bit P·V).
+//
+//  - One CTA = 128 query rows of one (batch, head): a producer warpgroup (one warp works: TMA and
+//    the k scales, setmaxnreg 24) and two consumer warpgroups of 64 rows (setmaxnreg 240).
+//  - A ring of 64-key stages on mbarriers (fp8 P·V 5 stages, 16-bit 4): K 64 x 256 B in two
+//    128-channel boxes (128-byte rows, 128-byte swizzle), V fp8 as quantize_v_fp8 stores it
+//    (channel rows of 64 permuted key bytes, one 256 x 64 box in the 64-byte swizzle) or V 16-bit
+//    (four 64-channel boxes of 64 key rows, 128-byte swizzle, MN-major), and kc = k scale x
+//    scale_log2 per key. Q (128 x 256 B, two 128-channel boxes) travels with stage 0.
+//  - q k^T: wgmma m64n64k32 s32.s8.s8, 8 k-steps (the first writes without reading).
+//    Accumulator register 4j + 2h + e of thread (warp i, lane 4g + t): row 16i + g + 8h, key
+//    8j + 2t + e. Logits s = float(acc) (x kc per key unless kc is constant over the thread's
+//    columns); exponent argument one FFMA s * q - (m - log2 448) as round 3.
+//  - fp8 P·V: O is 64 x 256 fp32 (128 registers per thread); the two-level sum needs a fresh
+//    accumulator per 64-key tile, so the channels go in 2 chunks of 128 (m64n128k32 e4m3, 2
+//    k-steps each) into one 64-register accumulator, one chunk at a time (o = o r + c after
+//    wgmma.wait_group); the next stage's q k^T is issued after the second chunk's fold, so that
+//    no q k^T accumulator is live next to c (0 spills; H200 run 32, 2026-12-01: the fastest of
+//    the six fp8 forms measured, see docs/attention.md).
+//  - 16-bit P·V: O rescaled (skipped when no row of the warp raised its maximum), then
+//    m64n64k16 x 4 channel chunks x 4 key steps straight into O; the next stage's q k^T behind it.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda.h>  // CUtensorMap (the encoder comes from the runtime's driver entry point)
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "src/cuda/attention_common.cuh"
+#include "src/cuda/common.cuh"
+#include "src/cuda/ptx.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace attn {
+namespace {
+
+using ptx::mbar_arrive;
+using ptx::mbar_arrive_expect_tx;
+using ptx::mbar_fence_init;
+using ptx::mbar_init;
+using ptx::mbar_wait_bounded;
+using ptx::smem_desc;
+using ptx::smem_u32;
+using ptx::tma_load_3d;
+using ptx::tma_load_4d;
+using ptx::wgmma_commit;
+using ptx::wgmma_fence;
+using ptx::wgmma_wait;
+
+constexpr int kD = 256;
+constexpr int kRows = 128;      // query rows per CTA (two consumer warpgroups of 64)
+constexpr int kKeys = 64;       // keys per ring stage (the oracle's softmax tile)
+constexpr int kThreads = 384;   // the producer warpgroup and two consumers
+constexpr int kProdRegs = 24;   // setmaxnreg: producer / consumers (128 x 24 + 256 x 240 <= 64 K)
+constexpr int kConsRegs = 240;
+
+// Shared memory (bytes from a 1024-aligned base): Q (two 128-channel chunks of 128 rows x 128 B),
+// then per stage K (two chunks of 64 rows x 128 B) and V, kc per stage, the full / empty barriers.
+template <bool FP8>
+struct Smem256 {
+  static constexpr int kStages = FP8 ? 5 : 4;
+  static constexpr int kQChunk = kRows * 128;  // 16 KB
+  static constexpr int kKChunk = kKeys * 128;  // 8 KB
+  static constexpr int kKStage = 2 * kKChunk;
+  // fp8: 256 channel rows of 64 key bytes (64-byte swizzle); 16-bit: 4 chunks of 64 key rows x
+  // 64 channels (128 B, 128-byte swizzle)
+  static constexpr int kVChunk = kKeys * 128;  // 16-bit: one 64-channel chunk
+  static constexpr int kVStage = FP8 ? kD * kKeys : 4 * kVChunk;
+  static constexpr int kQ = 0;
+  static constexpr int kK = 2 * kQChunk;
+  static constexpr int kV = kK + kStages * kKStage;
+  static constexpr int kS = kV + kStages * kVStage;
+  static constexpr int kBar = kS + kStages * kKeys * 4;
+  static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
+  static constexpr uint32_t kStageTx = kKStage + kVStage;       // TMA bytes per stage
+};
+static_assert(Smem256<true>::kBytes <= 227 * 1024 && Smem256<false>::kBytes <= 227 * 1024,
+              "shared memory");
+
+// The high word of ptx::wgmma_desc(addr, lead, stride, swizzle) (stride and swizzle; the low
+// word holds the address and the leading byte offset).
+constexpr uint64_t desc_hi(uint32_t stride, uint32_t swizzle) {
+  return (static_cast<uint64_t>(stride >> 4) << 32) | (static_cast<uint64_t>(swizzle) << 62);
+}
+
+// d (64 x 64 s32) (+)= A (64 x 32 s8, shared, K-major) · B (64 x 32 s8, shared, K-major)^T.
+// kFirst: d = A·B, d written only (the previous tile's registers are dead once converted).
+template <bool kFirst>
+__device__ __forceinline__ void wgmma_s8_n64(int32_t (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LOWBIT_W256_D32(C)                                                                     \
+  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]),    \
+      C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]),          \
+      C(d[18]), C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), C(d[24]), C(d[25]),          \
+      C(d[26]), C(d[27]), C(d[28]), C(d[29]), C(d[30]), C(d[31])
+#define LOWBIT_W256_RW(x) "+r"(x)
+#define LOWBIT_W256_W(x) "=r"(x)
+  if constexpr (kFirst) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p;\n}\n"
+        : LOWBIT_W256_D32(LOWBIT_W256_W)
+        : "l"(desc_a), "l"(desc_b), "r"(0));
+  } else {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, 1;\n"
+        : LOWBIT_W256_D32(LOWBIT_W256_RW)
+        : "l"(desc_a), "l"(desc_b));
+  }
+#undef LOWBIT_W256_W
+#undef LOWBIT_W256_RW
+#undef LOWBIT_W256_D32
+#endif
+}
+
+// Channel chunk h (128 channels) of one 64-key tile's fp8 P·V into a fresh c (m64n128k32): 2
+// k-steps of 32 keys; dv: the stage's V descriptor (256 channel rows of 64 bytes, 64-byte
+// swizzle).
+__device__ __forceinline__ void pv_chunk128(float (&c)[64], const uint32_t (&pa)[2][4],
+                                            uint32_t dv, int h) {
+  constexpr uint64_t kHi = desc_hi(512, 2);  // smem_desc_sw64
+  wgmma_fence();
+  const uint32_t d = dv + static_cast<uint32_t>(h * ((128 * kKeys) >> 4));
+  wgmma_e4m3_n128_first(c, pa[0], kHi | d);
+  wgmma_e4m3_n128(c, pa[1], kHi | (d + 2), 1);  // the second 32 keys: +32 bytes
+  wgmma_commit();
+}
+
+// O chunk n (registers kN n .. kN n + kN - 1: channels 2 kN n .. of an m64n(2 kN) accumulator)
+// = O r + C.
+template <int n, int kN>
+__device__ __forceinline__ void fold_chunk(float (&o)[128], const float (&c)[kN], float r0,
+                                           float r1) {
+#pragma unroll
+  for (int i = 0; i < kN / 4; ++i) {
+    o[kN * n + 4 * i + 0] = o[kN * n + 4 * i + 0] * r0 + c[4 * i + 0];
+    o[kN * n + 4 * i + 1] = o[kN * n + 4 * i + 1] * r0 + c[4 * i + 1];
+    o[kN * n + 4 * i + 2] = o[kN * n + 4 * i + 2] * r1 + c[4 * i + 2];
+    o[kN * n + 4 * i + 3] = o[kN * n + 4 * i + 3] * r1 + c[4 * i + 3];
+  }
+}
+
+// The three (four) tensor maps of a launch.
+struct Maps256 {
+  CUtensorMap q, k, v;
+  int q_rows_outer, k_rows_outer, v_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
+};
+
+template <bool FP8, typename T16, bool kKcHalf>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Smem256<FP8>;
+  constexpr int kStages = L::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+  const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
+                          : static_cast<int>(blockIdx.x);  // causal: long rows first
+  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const int64_t q0 = static_cast<int64_t>(qb) * kRows;
+  const int64_t last_row = min(q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
+  const int64_t kv_end = visible_end(p, last_row);
+  const int n_tiles = static_cast<int>((kv_end + kKeys - 1) / kKeys);
+  const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
+  float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kStages][kKeys] kc
+
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(full0 + st * 8, 32);  // the producer warp's lanes (lane 0 with the tx bytes)
+      mbar_init(empty0 + st * 8, 8);  // every consumer warp, once its wgmmas completed
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- producer: one warp; lane 0 issues the TMA boxes, each lane 2 kc
+    setmaxnreg_dec<kProdRegs>();
+    if (warp != 0) return;
+    const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
+    const ScaleIdx kidx(p.k_layout, p.k_block);
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % kStages;
+      float ks[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int key = tile * kKeys + lane + 32 * i;
+        ks[i] = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
+      }
+      if (tile >= kStages) mbar_wait_bounded(empty0 + st * 8, ((tile / kStages) - 1) & 1);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) skc[st * kKeys + lane + 32 * i] = ks[i] * p.scale_log2;
+      const uint32_t bar = full0 + st * 8;
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, L::kStageTx + (tile == 0 ? 2u * L::kQChunk : 0u));
+        if (tile == 0) {  // Q (rows past Nq zero-filled), two 128-channel boxes
+          const int r = static_cast<int>(q0);
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            tma_load_4d(base + L::kQ + c * L::kQChunk, &maps.q, bar, 128 * c,
+                        maps.q_rows_outer ? h : r, maps.q_rows_outer ? r : h, b);
+        }
+        const int r = tile * kKeys;  // keys past Nkv: zero (masked by the consumers)
+        const uint32_t sk = base + L::kK + st * L::kKStage;
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          tma_load_4d(sk + c * L::kKChunk, &maps.k, bar, 128 * c, maps.k_rows_outer ? hk : r,
+                      maps.k_rows_outer ? r : hk, b);
+        const uint32_t sv = base + L::kV + st * L::kVStage;
+        if constexpr (FP8) {
+          tma_load_3d(sv, &maps.v, bar, r, 0, b * p.Hkv + hk);
+        } else {
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            tma_load_4d(sv + c * L::kVChunk, &maps.v, bar, 64 * c, maps.v_rows_outer ? hk : r,
+                        maps.v_rows_outer ? r : hk, b);
+        }
+      } else {
+        mbar_arrive(bar);  // this lane's kc are stored
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kConsRegs>();
+  const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
+  const int g = lane / 4, t = lane % 4;
+  const int rl0 = cw * 64 + (warp % 4) * 16 + g;
+  int64_t row0 = q0 + rl0, row1 = row0 + 8;
+  // Logits are s * q (s = float(acc) x kc); a zero q scale (rows past Nq, an all-zero q row)
+  // becomes the smallest normal float so that masked keys (-inf) stay -inf (round 3's rule).
+  float qm0, qm1;
+  {
+    const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
+    const float qs0 =
+        row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
+    const float qs1 =
+        row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
+    qm0 = fmaxf(qs0, 1.17549435e-38f);
+    qm1 = fmaxf(qs1, 1.17549435e-38f);
+  }
+  // (the visible ends are recomputed on the stages that need a mask: registers are short)
+  auto block_q0 = [&]() {
+    return static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
+                                               static_cast<int>(blockIdx.x)
+                                         : static_cast<int>(blockIdx.x)) *
+           kRows;
+  };
+  constexpr float kPOffset = FP8 ? kLog2_448 : 0.f;
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+  // Descriptors by addition (desc(a + off) = desc(a) + off / 16; shared addresses < 2^18), kept
+  // as their low words (the high word, strides and swizzle, is a constant): registers are short.
+  const uint32_t dq0 = static_cast<uint32_t>(smem_desc(base + L::kQ + cw * 64 * 128));
+  const uint32_t dk0 = static_cast<uint32_t>(smem_desc(base + L::kK));
+  const uint32_t dv0 = static_cast<uint32_t>(FP8 ? smem_desc_sw64(base + L::kV)
+                                                 : smem_desc_mn(base + L::kV));
+  constexpr uint64_t kHiK = desc_hi(1024, 1);  // smem_desc
+  constexpr uint64_t kHiV = FP8 ? desc_hi(512, 2) : desc_hi(1024, 1);
+  auto k_desc = [&](int st) { return dk0 + static_cast<uint32_t>(st * (L::kKStage >> 4)); };
+  auto v_desc = [&](int st) { return dv0 + static_cast<uint32_t>(st * (L::kVStage >> 4)); };
+
+  int32_t acc[32];
+  // Wait for stage `tile`, issue its q k^T into acc: k-step kk reads channels 32 kk.. (chunk
+  // kk / 4, +32 bytes per step inside it).
+  auto issue_qk = [&](int tile) {
+    const int st = tile % kStages;
+    mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
+    const uint32_t dk = k_desc(st);
+    // Q's k-step descriptors are loop invariants that LICM would hoist into 7 registers (they
+    // spilled): an opaque copy keeps their adds here.
+    uint32_t dq = dq0;
+    asm volatile("" : "+r"(dq));
+    wgmma_fence();
+    wgmma_s8_n64<true>(acc, kHiK | dq, kHiK | dk);
+#pragma unroll
+    for (int kk = 1; kk < kD / 32; ++kk) {
+      const uint32_t qoff = (kk >> 2) * (L::kQChunk >> 4) + 2 * (kk & 3);
+      const uint32_t koff = (kk >> 2) * (L::kKChunk >> 4) + 2 * (kk & 3);
+      wgmma_s8_n64<false>(acc, kHiK | (dq + qoff), kHiK | (dk + koff));
+    }
+    wgmma_commit();
+  };
+
+  if (n_tiles > 0) {
+    issue_qk(0);
+    wgmma_wait<0>();
+    fence_regs(acc);
+  }
+  auto step = [&](int tile, auto more_c) {
+    constexpr bool kMore = decltype(more_c)::value;
+    const int st = tile % kStages;
+    const int kv0 = tile * kKeys;
+    const uint32_t dv = v_desc(st);
+    float s[32];
+    float q0s = qm0, q1s = qm1;
+    if constexpr (kKcHalf) {  // kc constant over this thread's columns of the stage
+      const float kc = skc[st * kKeys + 2 * t];
+      q0s = fmaxf(kc * qm0, 1.17549435e-38f);
+      q1s = fmaxf(kc * qm1, 1.17549435e-38f);
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = static_cast<float>(acc[i]);
+    } else {
+      const float* kc = skc + st * kKeys + 2 * t;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 k2 = *reinterpret_cast<const float2*>(kc + 8 * j);
+        s[4 * j + 0] = static_cast<float>(acc[4 * j + 0]) * k2.x;
+        s[4 * j + 1] = static_cast<float>(acc[4 * j + 1]) * k2.y;
+        s[4 * j + 2] = static_cast<float>(acc[4 * j + 2]) * k2.x;
+        s[4 * j + 3] = static_cast<float>(acc[4 * j + 3]) * k2.y;
+      }
+    }
+    const int64_t rq0 = block_q0();
+    if (kv0 + kKeys > visible_end(p, rq0 + cw * 64)) {  // the stage crosses a visible end of
+      // this warpgroup's rows: column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t
+      const int lim0 = static_cast<int>(visible_end(p, rq0 + rl0)) - kv0 - 2 * t;
+      const int lim1 = static_cast<int>(visible_end(p, rq0 + rl0 + 8)) - kv0 - 2 * t;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (8 * j + e >= lim0) s[4 * j + e] = -INFINITY;
+          if (8 * j + e >= lim1) s[4 * j + 2 + e] = -INFINITY;
+        }
+    }
+    // Row maxima in logit units (q > 0), then over the row's quad.
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+    {
+      float a0[8], a1[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        a0[j] = fmaxf(s[4 * j + 0], s[4 * j + 1]);
+        a1[j] = fmaxf(s[4 * j + 2], s[4 * j + 3]);
+      }
+#pragma unroll
+      for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+        for (int i = 0; i < w; ++i) {
+          a0[i] = fmaxf(a0[i], a0[i + w]);
+          a1[i] = fmaxf(a1[i], a1[i + w]);
+        }
+      mx0 = a0[0] * q0s;
+      mx1 = a1[0] * q1s;
+    }
+#pragma unroll
+    for (int x = 1; x <= 2; x *= 2) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    float r0, r1;
+    const bool same = __all_sync(0xffffffffu, m0 == mn0 && m1 == mn1);
+    if (same) {  // no row of the warp moved its maximum: exp2(0) = 1 without the MUFU
+      r0 = m0 == -INFINITY ? 0.f : 1.f;
+      r1 = m1 == -INFINITY ? 0.f : 1.f;
+    } else {
+      r0 = m0 == -INFINITY ? 0.f : fast_exp2(m0 - mn0);
+      r1 = m1 == -INFINITY ? 0.f : fast_exp2(m1 - mn1);
+    }
+    m0 = mn0;
+    m1 = mn1;
+    const float off0 = mn0 == -INFINITY ? 0.f : mn0 - kPOffset;
+    const float off1 = mn1 == -INFINITY ? 0.f : mn1 - kPOffset;
+    float sum0, sum1;
+    {
+      float a0[8], a1[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        s[4 * j + 0] = fast_exp2(fmaf(s[4 * j + 0], q0s, -off0));
+        s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], q0s, -off0));
+        s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], q1s, -off1));
+        s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], q1s, -off1));
+        a0[j] = s[4 * j + 0] + s[4 * j + 1];
+        a1[j] = s[4 * j + 2] + s[4 * j + 3];
+      }
+#pragma unroll
+      for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+        for (int i = 0; i < w; ++i) {
+          a0[i] += a0[i + w];
+          a1[i] += a1[i + w];
+        }
+      sum0 = a0[0];
+      sum1 = a1[0];
+    }
+    l0 = l0 * r0 + sum0;
+    l1 = l1 * r1 + sum1;
+    // The row sums before any P·V issue: scheduled after it, they kept the 32 P values live next
+    // to both chunk accumulators (spills).
+    asm volatile("" : "+f"(l0), "+f"(l1));
+
+    if constexpr (FP8) {
+      // P as e4m3 A fragments of the two 32-key k-steps (positions in quantize_v_fp8's order).
+      uint32_t pa[2][4];
+#pragma unroll
+      for (int kh = 0; kh < 2; ++kh) {
+        const int j = 4 * kh;
+        pa[kh][0] = pack_e4m3x4(s[4 * j + 0], s[4 * j + 1], s[4 * j + 4], s[4 * j + 5]);
+        pa[kh][1] = pack_e4m3x4(s[4 * j + 2], s[4 * j + 3], s[4 * j + 6], s[4 * j + 7]);
+        pa[kh][2] = pack_e4m3x4(s[4 * j + 8], s[4 * j + 9], s[4 * j + 12], s[4 * j + 13]);
+        pa[kh][3] = pack_e4m3x4(s[4 * j + 10], s[4 * j + 11], s[4 * j + 14], s[4 * j + 15]);
+      }
+      // Two-level accumulation per 128-channel chunk: c fresh, o = o r + c once it completed.
+      // The next q k^T after the second fold: issued under it (or with two 64-channel chunks,
+      // one in flight while the other is folded), its accumulator next to c spilled and ran
+      // slower in H200 run 32.
+      float c[64];
+      pv_chunk128(c, pa, dv, 0);
+      wgmma_wait<0>();
+      fence_regs(c);
+      fold_chunk<0, 64>(o, c, r0, r1);
+      pv_chunk128(c, pa, dv, 1);
+      wgmma_wait<0>();
+      fence_regs(c);
+      fold_chunk<1, 64>(o, c, r0, r1);
+      if constexpr (kMore) issue_qk(tile + 1);
+    } else {
+      // P in V's type (A fragments of the 4 key steps of 16: the accumulator layout), O = O r,
+      // then P·V straight into O.
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const int j = 2 * kk;
+        pa[kk][0] = pack_16x2<T16>(s[4 * j + 0], s[4 * j + 1]);
+        pa[kk][1] = pack_16x2<T16>(s[4 * j + 2], s[4 * j + 3]);
+        pa[kk][2] = pack_16x2<T16>(s[4 * j + 4], s[4 * j + 5]);
+        pa[kk][3] = pack_16x2<T16>(s[4 * j + 6], s[4 * j + 7]);
+      }
+      if (!same) {
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          o[4 * n + 0] *= r0;
+          o[4 * n + 1] *= r0;
+          o[4 * n + 2] *= r1;
+          o[4 * n + 3] *= r1;
+        }
+      }  // (same: r is 1, or 0 for a row that has seen no key yet, whose O is still 0)
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        // 16 key rows (2048 bytes) per step; chunk n: channels 64 n .. 64 n + 63
+        const uint32_t d = dv + static_cast<uint32_t>(kk * ((16 * 128) >> 4));
+        wgmma_16<T16, 0>(o, pa[kk], kHiV | d);
+        wgmma_16<T16, 32>(o, pa[kk], kHiV | (d + (L::kVChunk >> 4)));
+        wgmma_16<T16, 64>(o, pa[kk], kHiV | (d + 2 * (L::kVChunk >> 4)));
+        wgmma_16<T16, 96>(o, pa[kk], kHiV | (d + 3 * (L::kVChunk >> 4)));
+      }
+      wgmma_commit();
+      if constexpr (kMore) {
+        issue_qk(tile + 1);
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_regs(o);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty0 + st * 8);  // this warp's q k^T and P·V of st are done
+    if constexpr (kMore) {
+      wgmma_wait<0>();  // the next q k^T: nothing in flight across the loop's back edge
+      fence_regs(acc);
+    }
+  };
+  for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
+  if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
+  row0 = static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
+                                             static_cast<int>(blockIdx.x)
+                                       : static_cast<int>(blockIdx.x)) *
+             kRows +
+         rl0;
+  row1 = row0 + 8;
+  epilogue<kD, FP8, T16, 128, L::kQChunk>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t,
+                                          sbase + L::kQ, n_tiles > 0, o, m0, m1, l0, l1);
+#endif
+}
+
+// A tensor map of `rank` (<= 4) dims (innermost first; strides in bytes of dims 1..) of elements
+// of `elem` bytes (1 or 2), the box's inner row in the 128-byte (sw64: 64-byte) swizzle. False if
+// the driver refuses it.
+bool encode_map256(CUtensorMap* map, const void* base, int elem, int rank, const uint64_t* dims,
+                   const uint64_t* strides, const uint32_t* box, bool sw64) {
+  auto enc = tensor_map_encoder();
+  if (!enc) return false;
+  cuuint64_t d[4], st[3];
+  cuuint32_t bx[4], es[4] = {1, 1, 1, 1};
+  for (int i = 0; i < rank; ++i) {
+    d[i] = dims[i];
+    bx[i] = box[i];
+    if (i + 1 < rank) st[i] = strides[i];
+  }
+  return enc(map, elem == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8,
+             static_cast<cuuint32_t>(rank), const_cast<void*>(base), d, st, bx, es,
+             CU_TENSOR_MAP_INTERLEAVE_NONE,
+             sw64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// (B, N, H, D) rows with strides sn, sh, sb (elements of `elem` bytes) as a 4-D map (D, N, H, B),
+// or (D, H, N, B) when the rows are outer (HND storage), with a box of box_d channels (128 bytes)
+// by box_rows rows of one head.
+bool rows_map(CUtensorMap* map, const void* ptr, int elem, int64_t n, int64_t hcount, int64_t sn,
+              int64_t sh, int64_t sb, int B, uint32_t box_d, uint32_t box_rows, int* rows_outer) {
+  *rows_outer = sn >= sh ? 1 : 0;
+  const uint64_t dims[4] = {static_cast<uint64_t>(kD),
+                            static_cast<uint64_t>(*rows_outer ? hcount : n),
+                            static_cast<uint64_t>(*rows_outer ? n : hcount),
+                            static_cast<uint64_t>(B)};
+  const uint64_t strides[3] = {static_cast<uint64_t>((*rows_outer ? sh : sn) * elem),
+                               static_cast<uint64_t>((*rows_outer ? sn : sh) * elem),
+                               static_cast<uint64_t>(sb * elem)};
+  const uint32_t box[4] = {box_d, *rows_outer ? 1u : box_rows, *rows_outer ? box_rows : 1u, 1};
+  return encode_map256(map, ptr, elem, 4, dims, strides, box, false);
+}
+
+template <bool FP8, typename T16>
+bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
+  const char* op = "attention_int8 (wgmma, head dim 256)";
+  Maps256 maps{};
+  bool ok = rows_map(&maps.q, p.q, 1, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, B, 128, kRows,
+                     &maps.q_rows_outer) &&
+            rows_map(&maps.k, p.k, 1, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, B, 128, kKeys,
+                     &maps.k_rows_outer);
+  if (FP8) {  // (npad, D, B * Hkv) e4m3, contiguous; boxes of 64 key bytes x 256 channels
+    const uint64_t vd[3] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(kD),
+                            static_cast<uint64_t>(B) * p.Hkv};
+    const uint64_t vs[2] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(p.npad) * kD};
+    const uint32_t vbox[3] = {kKeys, kD, 1};
+    ok = ok && encode_map256(&maps.v, p.v, 1, 3, vd, vs, vbox, true);
+  } else {  // (B, Nkv, Hkv, D) 16-bit; boxes of 64 channels (128 bytes) x 64 keys
+    ok = ok && rows_map(&maps.v, p.v, 2, p.Nkv, p.Hkv, p.v_sn, p.v_sh, p.v_sb, B, 64, kKeys,
+                        &maps.v_rows_outer);
+  }
+  if (!ok) return false;
+  // kc is constant over a thread's columns (8 j + 2 t + e) of a 64-key stage when the k scale
+  // is per block of a multiple of 64 keys, or SPEC §1's THREAD_K with such blocks (group t).
+  const bool kc_half = (p.k_layout == 0 || p.k_layout == 2) && p.k_block % 64 == 0 &&
+                       p.scale_log2 > 0.f;
+  using K = void (*)(const AttnParams, const Maps256);
+  const K kernel = kc_half ? attention_wgmma256_kernel<FP8, T16, true>
+                           : attention_wgmma256_kernel<FP8, T16, false>;
+  constexpr int bytes = Smem256<FP8>::kBytes;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
+             "shared memory");
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kRows)), static_cast<unsigned>(p.Hq),
+                  static_cast<unsigned>(B));
+  kernel<<<grid, kThreads, bytes, stream>>>(p, maps);
+  check_launch(op);
+  return true;
+}
+
+}  // namespace
+
+bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype,
+                               cudaStream_t stream) {
+  if (fp8)
+    return out_dtype == DType::bf16 ? launch256<true, __nv_bfloat16>(p, B, stream)
+                                    : launch256<true, __half>(p, B, stream);
+  return out_dtype == DType::bf16 ? launch256<false, __nv_bfloat16>(p, B, stream)
+                                  : launch256<false, __half>(p, B, stream);
+}
+
+}  // namespace attn
+}  // namespace cuda
+}  // namespace lowbit
