@@ -115,6 +115,14 @@ __device__ __forceinline__ void lds128_s(uint32_t a, uint32_t (&v)[4]) {
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
 }
+// kProbeLdg: a 16-byte streaming load (read-only path, no L1 allocation, 256-byte L2 fetch).
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -186,7 +194,13 @@ struct BulkArgs {
   // The K / V pieces of a tile's 16 keys are one contiguous block each (key stride = HB * row
   // bytes: heads per CTA = Hkv; fp8: with ss_block), so a tile can be copied whole (blocks).
   bool contig = false;
-  bool probe = false;  // DecodePlan::bulk_probe (host side: the kProbe instantiation)
+  bool probe = false;  // DecodePlan::bulk_probe != 0 (host side: the kProbe instantiation)
+  // DecodePlan::bulk_probe (session 11; read by kProbe instantiations only): kProbeCopies,
+  // kProbeFlat (kTma4: a full tile's K / V by one 1-D bulk copy each), kProbeLdg (no ring: every
+  // thread streams the split's tiles with 16-byte ld.global.nc), kProbeEmpty (no reads),
+  // kProbeLsu (kTma4: a full tile's K / V by 16-byte cp.async of the issuing warp's lanes into
+  // the same padded stage, completion by cp.async.mbarrier.arrive).
+  int probe_mode = 0;
   bool blocks = false;  // fp8 with contig: stage = the tile's blocks (kBlocks8)
   // Folded int4, DecodePlan::bulk_tma (kTma4): a full tile's K and V by one tensor-map copy each
   // into a stage of key stride kstr = piece + 16 (piece / 16 even) or piece, i.e. an odd number
@@ -247,6 +261,10 @@ struct BulkMaps {
 // always already true) rather than with the one it has just finished itself (run 22's ncu: that
 // wait was the largest single stall). Same arithmetic and order as kTma4 (same bits).
 constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16;
+// BulkArgs::probe_mode (DecodePlan::bulk_probe).
+constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeLdg = 3, kProbeEmpty = 4, kProbeLsu = 5;
+// kProbeLdg: tiles per round of loads (every load of a round in flight at once).
+constexpr int kLdgTiles = 4;
 // The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it).
 constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
@@ -338,7 +356,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 
   const int64_t lo = min(static_cast<int64_t>(split) * p.split_size, len);
   const int64_t hi = split == p.S - 1 ? len : min(lo + p.split_size, len);
-  const int n_tiles = static_cast<int>((hi - lo + 15) / 16);
+  // (kProbe with kProbeLdg / kProbeEmpty: the ring streams nothing)
+  constexpr bool kProbeKn = (KN & kProbe) != 0;
+  const bool ring_off =
+      kProbeKn && (a.probe_mode == kProbeLdg || a.probe_mode == kProbeEmpty);
+  const int n_tiles_all = static_cast<int>((hi - lo + 15) / 16);
+  const int n_tiles = ring_off ? 0 : n_tiles_all;
   if (lean && !c.block_tables && (hi - lo) % 16 != 0) {  // (CTA-uniform)
     zero_ring();
     fence_proxy_async();
@@ -506,6 +529,69 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   if (solo && c.block_tables && warp < n_tiles)  // (lean: loaded above; n_tiles > warp: lo = lo0)
     solo_page = lean ? first_page
                      : c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1];
+  if constexpr (kProbeKn) {
+    // kProbeLdg: the split's tiles (every kind's block: 16 keys of the CTA's heads, contiguous
+    // where heads per CTA = Hkv; elsewhere a key's piece at a time is not modelled: the host sets
+    // this mode only with BulkArgs::contig) by 16-byte non-allocating loads, kLdgTiles tiles per
+    // round; the words are folded into one value so that no load is dead.
+    if (a.probe_mode == kProbeLdg) {
+      constexpr int kKinds = F == KvFormat::fp8 ? 4 : 2;
+      // 16-byte loads per thread and K / V block (the host sets this mode only with 8 heads per
+      // CTA and pieces of <= 640 (int4) / 1024 (fp8) bytes: 256 threads); scale/shift blocks: 1.
+      constexpr int kJ = F == KvFormat::fp8 ? 4 : 3;
+      constexpr int kT = F == KvFormat::fp8 ? 2 : 3;  // tiles per round (18 / 20 loads in flight)
+      uint32_t acc = 0;
+      // (paged: the block-table entries of a round are loaded during the round before it)
+      int64_t pg[kT];
+      auto load_pages = [&](int n0) {
+#pragma unroll
+        for (int u = 0; u < kT; ++u)
+          pg[u] = c.block_tables && n0 + u < n_tiles_all
+                      ? c.block_tables[b * c.bt_st0 + ((tile0 + n0 + u) / tpp) * c.bt_st1]
+                      : 0;
+      };
+      load_pages(0);
+#pragma unroll 1
+      for (int n0 = 0; n0 < n_tiles_all; n0 += kT) {
+        uint4 w[kT][kKinds][kJ];
+#pragma unroll
+        for (int u = 0; u < kT; ++u) {
+          const int n = n0 + u;
+          const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
+          int64_t base = k0;
+          int64_t nk = n < n_tiles_all ? min(hi - k0, int64_t{16}) : 0;
+          if (c.block_tables && nk > 0) {
+            base = pg[u] * c.page_size + 16 * ((tile0 + n) % tpp);
+            nk = pg[u] < 0 ? 0 : min(nk, c.pool_rows - base);
+          }
+          nk = nk < 0 ? 0 : nk;
+#pragma unroll
+          for (int kind = 0; kind < kKinds; ++kind) {
+            const char* src = kind == 0 ? kbase : kind == 1 ? vbase
+                              : reinterpret_cast<const char*>(kind == 2 ? kssb : vssb);
+            const int64_t st = kind == 0 ? kst : kind == 1 ? vst : 4 * (kind == 2 ? kssst : vssst);
+            const int units = static_cast<int>(nk) * (kind < 2 ? piece : ss_piece) / 16;
+            const uint4* q4 = reinterpret_cast<const uint4*>(src + base * st);
+#pragma unroll
+            for (int j = 0; j < kJ; ++j) {
+              const int idx = tid + 256 * j;
+              w[u][kind][j] = (kind < 2 || j == 0) && idx < units ? ldg_stream(q4 + idx)
+                                                                  : make_uint4(0u, 0u, 0u, 0u);
+            }
+          }
+        }
+        load_pages(n0 + kT);
+#pragma unroll
+        for (int u = 0; u < kT; ++u)
+#pragma unroll
+          for (int kind = 0; kind < kKinds; ++kind)
+#pragma unroll
+            for (int j = 0; j < kJ; ++j)
+              acc ^= w[u][kind][j].x ^ w[u][kind][j].y ^ w[u][kind][j].z ^ w[u][kind][j].w;
+      }
+      if (acc == 0x9e3779b9u && tid >= 1024) p.part_lse[0] = 0.f;  // (never: keeps the loads)
+    }
+  }
   auto issue_solo = [&](int n, int s) {  // warp n % HB only
     const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
     int64_t base = k0;
@@ -521,8 +607,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
     const bool whole = tma && nk == 16;  // kTma4, full tile: lane 0 K's box, lane 1 V's
-    const bool m1 = whole ? lane < 2 : c1.ok && c1.key < nk;
-    const uint32_t s1 = whole ? 16u * static_cast<uint32_t>(kstr)
+    // (kProbeLsu: no bulk copies for a full tile; the lanes' cp.async below)
+    const bool lsu = kProbeKn && tma && a.probe_mode == kProbeLsu && whole;
+    const bool m1 = whole ? lane < 2 && !lsu : c1.ok && c1.key < nk;
+    // (kProbeFlat: the tile's K / V block by one 1-D bulk copy of 16 pieces)
+    const bool flat = kProbeKn && tma && a.probe_mode == kProbeFlat;
+    const uint32_t s1 = whole ? 16u * static_cast<uint32_t>(flat ? piece : kstr)
                               : static_cast<uint32_t>(min(nk - c1.key, int64_t{c1.n})) * c1.size;
     bool m2 = false;
     uint32_t s2 = 0;
@@ -537,12 +627,35 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       // (kDiet: + 32 where the call masks or biases, so that the consumers' plain test is
       // the count alone)
       cnt[s] = static_cast<int>(nk) + (diet && (p.causal || p.bias) ? 32 : 0);
-      mbar_arrive_expect_tx(bar, bytes);
+      if (!lsu) mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
     const uint32_t dst = ring_s + s * stage_bytes;
+    if constexpr (kProbeKn && tma) {
+      if (lsu) {
+        // 16 pieces of K, then of V, in 16-byte units: unit i of a kind is byte 16 i of the
+        // tile's block (contiguous: heads per CTA = Hkv) and lands at key i / upk, unit i % upk.
+        const int upk = piece / 16;
+#pragma unroll 4
+        for (int i = lane; i < 32 * upk; i += 32) {
+          const int kind = i >= 16 * upk;
+          const int j = kind ? i - 16 * upk : i;
+          const int key = j / upk;
+          const char* src = (kind ? vbase + base * vst : kbase + base * kst) + 16 * j;
+          ptx::cp_async16(dst + (kind ? 16 * kstr : 0) + key * kstr + 16 * (j - key * upk), src);
+        }
+        // (each lane's copies complete an arrival it adds; lane 0's own arrival after every
+        // lane has added its: the phase completes when all copies have landed)
+        asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+      }
+    }
     if (m1) {
-      if (whole) tma_tile(lane, s, base, bar);
+      if (whole && flat)
+        bulk_g2s(dst + (lane ? 16 * kstr : 0), (lane ? vbase : kbase) + base * (lane ? vst : kst),
+                 s1, bar);
+      else if (whole) tma_tile(lane, s, base, bar);
       else bulk_g2s(dst + c1.dst, c1.src + base * c1.st, s1, bar);
     }
     if constexpr (F == KvFormat::fp8)
@@ -1261,7 +1374,7 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
   constexpr bool kFp8Shared = F == KvFormat::fp8 && FOLD == 0;  // (with !a.solo)
   constexpr bool kInt4 = F == KvFormat::int4 && FOLD == 1;      // (with !a.solo)
   if constexpr (D == 128 && (kFp8Solo || kFp8Shared || kInt4)) {
-    // (int4: the probe under shared issue; tma under solo issue, never with the probe)
+    // (int4: the probe under shared issue (key-pair copies) or with tma under solo issue)
     const bool solo_ok = kFp8Solo ? a.solo : a.solo == (kInt4 && a.tma);
     const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0) |
                   (kInt4 && a.tma ? kTma4 : 0);
@@ -1277,7 +1390,12 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
           return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8>(p, a, m, B, stream);
         }
         return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kProbe>(p, a, m, B, stream);
-      } else {  // (x == kTma4)
+      } else {  // (x == kTma4, or kTma4 | kProbe: session 11's probes of its copy pattern)
+        if (x == (kTma4 | kProbe)) {
+          if (a.diet)
+            return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kProbe>(p, a, m, B, stream);
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kProbe>(p, a, m, B, stream);
+        }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
@@ -1453,11 +1571,12 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   const int issue = plan.bulk_issue;
   const bool solo = issue == 1;
   // fp8 blocks change the stage layout: only where launch_rows runs a kBlocks8 instantiation.
-  // int4: the probe under shared issue, tensor-map tiles under solo issue (not with the probe).
+  // int4: the probe under shared issue, tensor-map tiles under solo issue (with or without the
+  // probe: session 11).
   const bool knobs = cache.head_dim() == 128 && p.R <= 8 &&
                      ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
                       (cache.format == KvFormat::int4 && fold == 1 &&
-                       (solo ? plan.bulk_tma && !plan.bulk_probe : plan.bulk_probe)));
+                       (solo ? plan.bulk_tma : plan.bulk_probe != 0)));
   const bool blocks8 = knobs;  // (fp8 where the tile's blocks are contiguous: bulk_geometry)
   const bool tma4 = knobs && solo && plan.bulk_tma;
   BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);
@@ -1466,7 +1585,8 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   if (a.tma && a.hb > 0 && !encode_bulk_maps(cache, a, &maps))
     a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
   a.solo = solo;
-  a.probe = plan.bulk_probe;
+  a.probe = plan.bulk_probe != 0;
+  a.probe_mode = plan.bulk_probe;
   // Issuing warps of the shared mode: all HB (0), 4 (2; enough lanes for fp8's 64 copies per
   // tile with a copy per key and kind).
   a.issuers = issue == 2 ? 4 : a.hb;
@@ -1478,6 +1598,15 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   a.lean = plan.bulk_lean_start;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
+  // kProbeLdg reads whole tile blocks with 256 threads (kJ loads per block); kProbeFlat copies
+  // them whole: elsewhere both fall back to the kernel's own copies.
+  const int max_piece = cache.format == KvFormat::fp8 ? 1024 : 768;
+  if (a.probe_mode == kProbeLdg &&
+      !(a.contig && a.hb == kMaxHeads && a.hb * c.row_bytes <= max_piece &&
+        (cache.format == KvFormat::int4 || cache.format == KvFormat::fp8)))
+    a.probe_mode = kProbeCopies;
+  if ((a.probe_mode == kProbeFlat || a.probe_mode == kProbeLsu) && !(a.tma && a.contig))
+    a.probe_mode = kProbeCopies;
   // DecodePlan::bulk_diet: kDiet, only at its compile-time geometry (8 heads of 80-byte rows,
   // key stride 656 in the stage, 4 stages).
   a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
