@@ -53,10 +53,12 @@ struct Fmt {
   // Shapes (indices into the shape list, bit i = shape i) and layouts (bit 0 contiguous, 1 paged
   // 16, 2 paged 256) the row runs at.
   int shapes = 7, layouts = 7;
+  bool lsu = false;  // DecodePlan::bulk_lsu
 };
 
 void choose_kernel(DecodePlan& plan, const Fmt& f) {
   plan.bulk_probe = f.probe;
+  plan.bulk_lsu = f.lsu;
   if (f.stages) plan.bulk_stages = f.stages;
   if (f.splits) {
     const int64_t len = plan.capacity;
@@ -221,7 +223,7 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
   };
   std::vector<float> got = run_pick(f);
   std::string vs_default;
-  if (f.stages || f.splits) {
+  if (f.stages || f.splits || f.lsu) {
     const std::vector<float> def = run_pick(Fmt{f.format, f.n_groups, f.name});
     double max_diff = 0;
     size_t n_diff = 0;
@@ -292,6 +294,7 @@ class DecodeBench : public BenchCase {
       formats.push_back({i4, 4, "int4 g4 probe tma 2x splits (not attention)", 1, 0, 2, 7, 1});
       formats.push_back({i4, 4, "int4 g4 probe tma half splits (not attention)", 1, 0, -2, 7, 1});
       formats.push_back({i4, 4, "int4 g4 2x splits", 0, 0, 2, 7, 1});
+      formats.push_back({i4, 4, "int4 g4 lsu (cp.async tiles)", 0, 0, 0, 7, 7, true});
       formats.push_back({f8, 1, "fp8 probe (copies only, not attention)", 1, 0, 0, 3, 1});
       formats.push_back({f8, 1, "fp8 probe ldg (ld.global.nc, not attention)", 3, 0, 0, 3, 1});
       formats.push_back({f8, 1, "fp8 probe empty (no reads, not attention)", 4, 0, 0, 3, 1});

@@ -186,6 +186,12 @@ struct DecodePlan {
   // Other layouts, other stage counts and bulk_stage_out: the kernel without it. Same
   // arithmetic: the bits equal false's. docs/decode.md "Session 10".
   bool bulk_diet = false;
+  // CUDA, bulk kernel (session 11, issue 7; not set by plan_decode): with bulk_diet, where a
+  // tile's 16 keys of the CTA's heads are one block per kind (heads per CTA = Hkv, contiguous or
+  // paged): a full tile's K and V arrive by 16-byte cp.async of the issuing warp's 32 lanes into
+  // the same padded stage instead of two tensor-map boxes (the read pattern of `bulk_probe` 5).
+  // Elsewhere ignored. Same stage bytes and math: the bits equal false's.
+  bool bulk_lsu = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -218,6 +218,9 @@ struct BulkArgs {
   // heads per CTA, 80-byte rows, kstr 656 and 4 stages (its compile-time geometry), and not with
   // stage_out.
   bool diet = false;
+  // DecodePlan::bulk_lsu (session 11): the kTma4 | kDiet | kLsu instantiation; set only with
+  // diet and contig.
+  bool lsu = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -260,7 +263,12 @@ struct BulkMaps {
 // tile it + NST, so its `empty` wait is for every warp to be done with the previous tile (nearly
 // always already true) rather than with the one it has just finished itself (run 22's ncu: that
 // wait was the largest single stall). Same arithmetic and order as kTma4 (same bits).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16;
+// Session 11: kLsu (32, DecodePlan::bulk_lsu) with kTma4 | kDiet where a tile's K / V pieces are
+// one block each (heads per CTA = Hkv): a full tile's K and V by 16-byte cp.async of the issuing
+// warp's lanes (40 per lane) into the same padded stage instead of two tensor-map boxes; the
+// stage's `full` barrier completes when lane 0 has arrived and every lane's copies have landed
+// (cp.async.mbarrier.arrive). Same stage bytes, same math: the bits equal kDiet's.
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kLsu = 32;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
 constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeLdg = 3, kProbeEmpty = 4, kProbeLsu = 5;
 // kProbeLdg: tiles per round of loads (every load of a round in flight at once).
@@ -607,8 +615,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
     const bool whole = tma && nk == 16;  // kTma4, full tile: lane 0 K's box, lane 1 V's
-    // (kProbeLsu: no bulk copies for a full tile; the lanes' cp.async below)
-    const bool lsu = kProbeKn && tma && a.probe_mode == kProbeLsu && whole;
+    // (kLsu, kProbeLsu: no bulk copies for a full tile; the lanes' cp.async below)
+    constexpr bool kLsuKn = diet && (KN & kLsu) != 0;
+    const bool lsu = (kLsuKn || (kProbeKn && tma && a.probe_mode == kProbeLsu)) && whole;
     const bool m1 = whole ? lane < 2 && !lsu : c1.ok && c1.key < nk;
     // (kProbeFlat: the tile's K / V block by one 1-D bulk copy of 16 pieces)
     const bool flat = kProbeKn && tma && a.probe_mode == kProbeFlat;
@@ -631,7 +640,30 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     __syncwarp();
     const uint32_t dst = ring_s + s * stage_bytes;
-    if constexpr (kProbeKn && tma) {
+    if constexpr (kLsuKn) {
+      if (lsu) {
+        // Unit i (16 bytes) of the tile's K (V) block is byte 16 i of it (key stride = piece =
+        // 640) and lands at key i / 40, unit i % 40 of the stage. Lane l copies units
+        // l + 32 (5 q + r): with i0 = l + 32 r < 160 = 4 x 40, key i0 / 40 + 4 q, unit i0 % 40.
+        constexpr int kU = kDietHb * kDietRow / 16;  // units per key (40)
+        const char* ks = kbase + base * kst;
+        const char* vs = vbase + base * vst;
+#pragma unroll 1
+        for (int r = 0; r < 5; ++r) {
+          const int i0 = lane + 32 * r;
+          const int key = i0 / kU;
+          const uint32_t d = dst + key * kDietKstr + 16 * (i0 - key * kU);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            ptx::cp_async16(d + q * 4 * kDietKstr, ks + 16 * i0 + q * 4 * kU * 16);
+            ptx::cp_async16(d + 16 * kDietKstr + q * 4 * kDietKstr, vs + 16 * i0 + q * 4 * kU * 16);
+          }
+        }
+        asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+      }
+    } else if constexpr (kProbeKn && tma) {
       if (lsu) {
         // 16 pieces of K, then of V, in 16-byte units: unit i of a kind is byte 16 i of the
         // tile's block (contiguous: heads per CTA = Hkv) and lands at key i / upk, unit i % upk.
@@ -1398,6 +1430,8 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
+        if (a.diet && a.lsu)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kLsu>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
@@ -1611,6 +1645,8 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   // key stride 656 in the stage, 4 stages).
   a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
            a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
+  // DecodePlan::bulk_lsu: kLsu, where the diet kernel runs and a tile's blocks are contiguous.
+  a.lsu = plan.bulk_lsu && a.diet && a.contig;
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;
