@@ -296,6 +296,7 @@ class DecodeBench : public BenchCase {
       formats.push_back({i4, 4, "int4 g4 2x splits", 0, 0, 2, 7, 1});
       formats.push_back({i4, 4, "int4 g4 half splits", 0, 0, -2, 7, 1});
       formats.push_back({i4, 4, "int4 g4 lsu (cp.async tiles)", 0, 0, 0, 7, 7, true});
+      formats.push_back({f8, 1, "fp8 lsu (cp.async tiles)", 0, 0, 0, 3, 7, true});
       formats.push_back({f8, 1, "fp8 probe (copies only, not attention)", 1, 0, 0, 3, 1});
       formats.push_back({f8, 1, "fp8 probe ldg (ld.global.nc, not attention)", 3, 0, 0, 3, 1});
       formats.push_back({f8, 1, "fp8 probe empty (no reads, not attention)", 4, 0, 0, 3, 1});

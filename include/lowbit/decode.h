@@ -189,7 +189,9 @@ struct DecodePlan {
   // CUDA, bulk kernel (session 11, issue 7; not set by plan_decode): with bulk_diet, where a
   // tile's 16 keys of the CTA's heads are one block per kind (heads per CTA = Hkv, contiguous or
   // paged): a full tile's K and V arrive by 16-byte cp.async of the issuing warp's 32 lanes into
-  // the same padded stage instead of two tensor-map boxes (the read pattern of `bulk_probe` 5).
+  // the same padded stage instead of two tensor-map boxes (the read pattern of `bulk_probe` 5);
+  // fp8 (the whole-tile solo kernel with bulk_stage_out, plan_decode's D 128 choice at <= 8
+  // rows): a full tile's K, V and scale/shift blocks likewise instead of 4 bulk copies.
   // Elsewhere ignored. Same stage bytes and math: the bits equal false's.
   bool bulk_lsu = false;
 };

@@ -218,8 +218,8 @@ struct BulkArgs {
   // heads per CTA, 80-byte rows, kstr 656 and 4 stages (its compile-time geometry), and not with
   // stage_out.
   bool diet = false;
-  // DecodePlan::bulk_lsu (session 11): the kTma4 | kDiet | kLsu instantiation; set only with
-  // diet and contig.
+  // DecodePlan::bulk_lsu (session 11): the kTma4 | kDiet | kLsu instantiation (set only with
+  // diet and contig) and fp8's kBlocks8 | kStage | kLsu (solo, whole tiles, staged rows).
   bool lsu = false;
 };
 
@@ -267,7 +267,9 @@ struct BulkMaps {
 // one block each (heads per CTA = Hkv): a full tile's K and V by 16-byte cp.async of the issuing
 // warp's lanes (40 per lane) into the same padded stage instead of two tensor-map boxes; the
 // stage's `full` barrier completes when lane 0 has arrived and every lane's copies have landed
-// (cp.async.mbarrier.arrive). Same stage bytes, same math: the bits equal kDiet's.
+// (cp.async.mbarrier.arrive). Same stage bytes, same math: the bits equal kDiet's. fp8: with
+// kBlocks8 | kStage (solo), a full tile's 4 blocks by cp.async of the issuing warp (66 per
+// lane at 8 heads) into the same unpadded stage; the bits equal kBlocks8 | kStage's.
 constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kLsu = 32;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
 constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeLdg = 3, kProbeEmpty = 4, kProbeLsu = 5;
@@ -617,8 +619,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     const bool whole = tma && nk == 16;  // kTma4, full tile: lane 0 K's box, lane 1 V's
     // (kLsu, kProbeLsu: no bulk copies for a full tile; the lanes' cp.async below)
     constexpr bool kLsuKn = diet && (KN & kLsu) != 0;
-    const bool lsu = (kLsuKn || (kProbeKn && tma && a.probe_mode == kProbeLsu)) && whole;
-    const bool m1 = whole ? lane < 2 && !lsu : c1.ok && c1.key < nk;
+    constexpr bool kLsuF8 = blk && SOLO && (KN & kLsu) != 0;  // (fp8 whole tiles: 16 keys)
+    const bool lsu = ((kLsuKn || (kProbeKn && tma && a.probe_mode == kProbeLsu)) && whole) ||
+                     (kLsuF8 && nk == 16);
+    const bool m1 = whole ? lane < 2 && !lsu : c1.ok && c1.key < nk && !lsu;
     // (kProbeFlat: the tile's K / V block by one 1-D bulk copy of 16 pieces)
     const bool flat = kProbeKn && tma && a.probe_mode == kProbeFlat;
     const uint32_t s1 = whole ? 16u * static_cast<uint32_t>(flat ? piece : kstr)
@@ -628,7 +632,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     Copy c2;
     if constexpr (F == KvFormat::fp8) {
       c2 = copy_of(lane + 32);
-      m2 = c2.ok && c2.key < nk;
+      m2 = c2.ok && c2.key < nk && !lsu;
       s2 = static_cast<uint32_t>(min(nk - c2.key, int64_t{c2.n})) * c2.size;
     }
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, (m1 ? s1 : 0u) + (m2 ? s2 : 0u));
@@ -658,6 +662,27 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
             ptx::cp_async16(d + q * 4 * kDietKstr, ks + 16 * i0 + q * 4 * kU * 16);
             ptx::cp_async16(d + 16 * kDietKstr + q * 4 * kDietKstr, vs + 16 * i0 + q * 4 * kU * 16);
           }
+        }
+        asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+      }
+    } else if constexpr (kLsuF8) {
+      if (lsu) {
+        // fp8 blocks (stage = the tile's blocks, unpadded): K / V blocks of 16 pieces (piece /
+        // 16 x 16 units), then the scale/shift blocks (16 keys x 4 HB bytes: ss_piece units).
+        const char* ks = kbase + base * kst;
+        const char* vs = vbase + base * vst;
+#pragma unroll 2
+        for (int i = lane; i < piece; i += 32) {
+          ptx::cp_async16(dst + 16 * i, ks + 16 * i);
+          ptx::cp_async16(dst + 16 * kstr + 16 * i, vs + 16 * i);
+        }
+        if (lane < ss_piece) {
+          const char* kss = reinterpret_cast<const char*>(kssb) + base * 4 * kssst;
+          const char* vss = reinterpret_cast<const char*>(vssb) + base * 4 * vssst;
+          ptx::cp_async16(dst + 32 * kstr + 16 * lane, kss + 16 * lane);
+          ptx::cp_async16(dst + 32 * kstr + 16 * ss_piece + 16 * lane, vss + 16 * lane);
         }
         asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
         __syncwarp();
@@ -1416,6 +1441,9 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       if constexpr (F == KvFormat::fp8) {
         if (x == kBlocks8) {
           if constexpr (kS) {
+            if (a.stage_out && a.lsu)
+              return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kStage | kLsu>(p, a, m, B,
+                                                                                 stream);
             if (a.stage_out)
               return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kStage>(p, a, m, B, stream);
           }
@@ -1646,7 +1674,9 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
            a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
   // DecodePlan::bulk_lsu: kLsu, where the diet kernel runs and a tile's blocks are contiguous.
-  a.lsu = plan.bulk_lsu && a.diet && a.contig;
+  // fp8: the whole-tile solo kernel with staged rows (kBlocks8 | kStage, its default).
+  a.lsu = plan.bulk_lsu && ((a.diet && a.contig) ||
+                            (cache.format == KvFormat::fp8 && a.blocks && a.solo && a.stage_out));
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;
