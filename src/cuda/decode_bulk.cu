@@ -115,6 +115,12 @@ __device__ __forceinline__ void lds128_s(uint32_t a, uint32_t (&v)[4]) {
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
 }
+// kLsu / kProbeLsu: 16 bytes global -> shared by cp.async, with the 256-byte L2 fetch of the
+// tensor maps' L2 promotion (L2_256B).
+__device__ __forceinline__ void cp_async16_l2(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src)
+               : "memory");
+}
 // kProbeLdg: a 16-byte streaming load (read-only path, no L1 allocation, 256-byte L2 fetch).
 __device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
   uint4 v;
@@ -659,8 +665,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           const uint32_t d = dst + key * kDietKstr + 16 * (i0 - key * kU);
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            ptx::cp_async16(d + q * 4 * kDietKstr, ks + 16 * i0 + q * 4 * kU * 16);
-            ptx::cp_async16(d + 16 * kDietKstr + q * 4 * kDietKstr, vs + 16 * i0 + q * 4 * kU * 16);
+            cp_async16_l2(d + q * 4 * kDietKstr, ks + 16 * i0 + q * 4 * kU * 16);
+            cp_async16_l2(d + 16 * kDietKstr + q * 4 * kDietKstr, vs + 16 * i0 + q * 4 * kU * 16);
           }
         }
         asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -675,14 +681,14 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         const char* vs = vbase + base * vst;
 #pragma unroll 2
         for (int i = lane; i < piece; i += 32) {
-          ptx::cp_async16(dst + 16 * i, ks + 16 * i);
-          ptx::cp_async16(dst + 16 * kstr + 16 * i, vs + 16 * i);
+          cp_async16_l2(dst + 16 * i, ks + 16 * i);
+          cp_async16_l2(dst + 16 * kstr + 16 * i, vs + 16 * i);
         }
         if (lane < ss_piece) {
           const char* kss = reinterpret_cast<const char*>(kssb) + base * 4 * kssst;
           const char* vss = reinterpret_cast<const char*>(vssb) + base * 4 * vssst;
-          ptx::cp_async16(dst + 32 * kstr + 16 * lane, kss + 16 * lane);
-          ptx::cp_async16(dst + 32 * kstr + 16 * ss_piece + 16 * lane, vss + 16 * lane);
+          cp_async16_l2(dst + 32 * kstr + 16 * lane, kss + 16 * lane);
+          cp_async16_l2(dst + 32 * kstr + 16 * ss_piece + 16 * lane, vss + 16 * lane);
         }
         asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
         __syncwarp();
@@ -699,7 +705,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           const int j = kind ? i - 16 * upk : i;
           const int key = j / upk;
           const char* src = (kind ? vbase + base * vst : kbase + base * kst) + 16 * j;
-          ptx::cp_async16(dst + (kind ? 16 * kstr : 0) + key * kstr + 16 * (j - key * upk), src);
+          cp_async16_l2(dst + (kind ? 16 * kstr : 0) + key * kstr + 16 * (j - key * upk), src);
         }
         // (each lane's copies complete an arrival it adds; lane 0's own arrival after every
         // lane has added its: the phase completes when all copies have landed)
