@@ -33,33 +33,29 @@ struct Shape {
 // allows it) or DecodePlan knobs on top of it. Probe rows (DecodePlan::bulk_probe, NOT attention:
 // the roofline of a read pattern over the same bytes; session 11): "probe tma" the int4 g4
 // kernel's own tensor-map copies and ring (fp8: its whole-tile copies) without the math, "probe
-// flat" one 1-D bulk copy per tile and kind instead of the tensor map, "probe ldg" 16-byte
-// ld.global.nc loads by every thread (no shared memory), "probe lsu" 16-byte cp.async by the
-// issuing warp into the kernel's stage layout, "probe empty" no reads (kernel start,
-// partial writes, merge: the fixed cost of a call). `stages` (DecodePlan::bulk_stages; not 4:
-// the int4 kernel without bulk_diet) and `splits` (x 2 / / 2 of plan_decode's split count) vary
-// the bytes in flight and the grid.
+// flat" one 1-D bulk copy per tile and kind instead of the tensor map, "probe empty" no reads
+// (kernel start, partial writes, merge: the fixed cost of a call). `splits` (x 2 / / 2 of
+// plan_decode's split count) varies the grid.
 // Settled variants have no rows (docs/decode.md has their numbers): session 9 removed "fp8
 // shared issue", "int4 g4 pairs" and "last issue"; session 10 "CTA merge" and "run-24 kernel";
 // session 11 "int4 g4 run-29 kernel" (bulk_diet off: adopted in run 30, confirmed in run 31) and
-// "int4 g4 pairs probe" (the key-pair copies under shared issue: runs 17-30).
+// "int4 g4 pairs probe" (the key-pair copies under shared issue: runs 17-30); after run 33 the
+// "probe ldg" / "probe lsu" rows, the probe's 2 / 5 stages and 2x / half splits, "int4 g4 2x /
+// half splits", "int4 g4 lsu" / "fp8 lsu" (bulk_lsu, deleted) and "fp8 2x / half splits" (half
+// adopted by plan_decode for fp8 at B 1; the old count is "fp8 run-33 split count").
 struct Fmt {
   KvFormat format;
   int n_groups;
   const char* name;
   int probe = 0;   // DecodePlan::bulk_probe
-  int stages = 0;  // DecodePlan::bulk_stages (0: plan_decode's)
   int splits = 0;  // 0: plan_decode's; 2: twice as many; -2: half as many
   // Shapes (indices into the shape list, bit i = shape i) and layouts (bit 0 contiguous, 1 paged
   // 16, 2 paged 256) the row runs at.
   int shapes = 7, layouts = 7;
-  bool lsu = false;  // DecodePlan::bulk_lsu
 };
 
 void choose_kernel(DecodePlan& plan, const Fmt& f) {
   plan.bulk_probe = f.probe;
-  plan.bulk_lsu = f.lsu;
-  if (f.stages) plan.bulk_stages = f.stages;
   if (f.splits) {
     const int64_t len = plan.capacity;
     const int64_t want = f.splits > 0 ? int64_t{plan.n_splits} * f.splits
@@ -223,7 +219,7 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
   };
   std::vector<float> got = run_pick(f);
   std::string vs_default;
-  if (f.stages || f.splits || f.lsu) {
+  if (f.splits) {
     const std::vector<float> def = run_pick(Fmt{f.format, f.n_groups, f.name});
     double max_diff = 0;
     size_t n_diff = 0;
@@ -284,24 +280,14 @@ class DecodeBench : public BenchCase {
       // Session 11 (issue 7): read-pattern probes over the int4 g4 kernel's bytes (and fp8's at
       // B 64 / B 1), the grid and bytes-in-flight variants; shapes bit 0 B 64, 1 B 1, 2 B 16.
       const KvFormat i4 = KvFormat::int4, f8 = KvFormat::fp8;
-      formats.push_back({i4, 4, "int4 g4 probe tma (copies only, not attention)", 1, 0, 0, 7, 3});
-      formats.push_back({i4, 4, "int4 g4 probe flat (1-D bulk, not attention)", 2, 0, 0, 7, 3});
-      formats.push_back({i4, 4, "int4 g4 probe ldg (ld.global.nc, not attention)", 3, 0, 0, 7, 3});
-      formats.push_back({i4, 4, "int4 g4 probe lsu (cp.async 16 B, not attention)", 5, 0, 0, 7, 3});
-      formats.push_back({i4, 4, "int4 g4 probe empty (no reads, not attention)", 4, 0, 0, 7, 1});
-      formats.push_back({i4, 4, "int4 g4 probe tma 2 stages (not attention)", 1, 2, 0, 3, 1});
-      formats.push_back({i4, 4, "int4 g4 probe tma 5 stages (not attention)", 1, 5, 0, 3, 1});
-      formats.push_back({i4, 4, "int4 g4 probe tma 2x splits (not attention)", 1, 0, 2, 7, 1});
-      formats.push_back({i4, 4, "int4 g4 probe tma half splits (not attention)", 1, 0, -2, 7, 1});
-      formats.push_back({i4, 4, "int4 g4 2x splits", 0, 0, 2, 7, 1});
-      formats.push_back({i4, 4, "int4 g4 half splits", 0, 0, -2, 7, 1});
-      formats.push_back({i4, 4, "int4 g4 lsu (cp.async tiles)", 0, 0, 0, 7, 7, true});
-      formats.push_back({f8, 1, "fp8 lsu (cp.async tiles)", 0, 0, 0, 3, 7, true});
-      formats.push_back({f8, 1, "fp8 probe (copies only, not attention)", 1, 0, 0, 3, 1});
-      formats.push_back({f8, 1, "fp8 probe ldg (ld.global.nc, not attention)", 3, 0, 0, 3, 1});
-      formats.push_back({f8, 1, "fp8 probe empty (no reads, not attention)", 4, 0, 0, 3, 1});
-      formats.push_back({f8, 1, "fp8 2x splits", 0, 0, 2, 2, 1});
-      formats.push_back({f8, 1, "fp8 half splits", 0, 0, -2, 2, 1});
+      formats.push_back({i4, 4, "int4 g4 probe tma (copies only, not attention)", 1, 0, 7, 3});
+      formats.push_back({i4, 4, "int4 g4 probe flat (1-D bulk, not attention)", 2, 0, 7, 3});
+      formats.push_back({i4, 4, "int4 g4 probe empty (no reads, not attention)", 3, 0, 7, 1});
+      formats.push_back({f8, 1, "fp8 probe (copies only, not attention)", 1, 0, 3, 1});
+      formats.push_back({f8, 1, "fp8 probe empty (no reads, not attention)", 3, 0, 3, 1});
+      // plan_decode's fp8 split count before run 33 (min split 512 keys: 256 splits at B 1,
+      // twice the 1024-key minimum's 128).
+      formats.push_back({f8, 1, "fp8 run-33 split count (2x splits)", 0, 2, 2, 1});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
@@ -325,7 +311,7 @@ class DecodeBench : public BenchCase {
             r.ms = time_decode(env, bc, s, q, out, f);
           }
           r.bytes = problem_bytes(s, f);
-          if (f.format == KvFormat::f16 && f.probe == 0 && !f.stages && !f.splits) {
+          if (f.format == KvFormat::f16 && f.probe == 0 && !f.splits) {
             f16_ms = r.ms;
           } else {
             r.baseline = "lowbit fp16 decode";

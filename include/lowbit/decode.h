@@ -139,12 +139,10 @@ struct DecodePlan {
   // math (int4 g4: the tensor-map tiles under solo issue, with bulk_diet its lagged refill; under
   // bulk_issue 2 the key-pair copies). 2: as 1, but the int4 tensor-map kernel copies a full
   // tile's K and V by one 1-D bulk copy each (the tile's 16 x HB x 80 contiguous bytes; heads
-  // per CTA = Hkv), no tensor map (elsewhere as 1). 3: no shared memory: every thread streams the
-  // split's tiles (K, V, fp8 scale/shift blocks) with 16-byte ld.global.nc.L1::no_allocate
-  // loads, 2-3 tiles per round in flight. 4: no reads at all (kernel start, partial-row writes
-  // and the split merge: the fixed cost of a call). 5: as 2, but by 16-byte cp.async of the
-  // issuing warp's 32 lanes into the kernel's padded stage (completion counted by
-  // cp.async.mbarrier.arrive). docs/decode.md "Session 11".
+  // per CTA = Hkv), no tensor map (elsewhere as 1). 3: no reads at all (kernel start,
+  // partial-row writes and the split merge: the fixed cost of a call). (H200 run 33 deleted the
+  // ld.global.nc and cp.async probes, former values 3 and 5; no-reads was 4.) docs/decode.md
+  // "Session 11".
   int bulk_probe = 0;
   // CUDA, bulk kernel (session 8): int4 g4 D 128 with folded scales, solo issue (bulk_issue 1),
   // <= 8 query rows: a full tile's K and V each arrive by ONE tensor-map copy (TMA,
@@ -186,14 +184,6 @@ struct DecodePlan {
   // Other layouts, other stage counts and bulk_stage_out: the kernel without it. Same
   // arithmetic: the bits equal false's. docs/decode.md "Session 10".
   bool bulk_diet = false;
-  // CUDA, bulk kernel (session 11, issue 7; not set by plan_decode): with bulk_diet, where a
-  // tile's 16 keys of the CTA's heads are one block per kind (heads per CTA = Hkv, contiguous or
-  // paged): a full tile's K and V arrive by 16-byte cp.async of the issuing warp's 32 lanes into
-  // the same padded stage instead of two tensor-map boxes (the read pattern of `bulk_probe` 5);
-  // fp8 (the whole-tile solo kernel with bulk_stage_out, plan_decode's D 128 choice at <= 8
-  // rows): a full tile's K, V and scale/shift blocks likewise instead of 4 bulk copies.
-  // Elsewhere ignored. Same stage bytes and math: the bits equal false's.
-  bool bulk_lsu = false;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,
                        int64_t max_seq_len = 0);

@@ -115,20 +115,6 @@ __device__ __forceinline__ void lds128_s(uint32_t a, uint32_t (&v)[4]) {
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
 }
-// kLsu / kProbeLsu: 16 bytes global -> shared by cp.async, with the 256-byte L2 fetch of the
-// tensor maps' L2 promotion (L2_256B).
-__device__ __forceinline__ void cp_async16_l2(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(src)
-               : "memory");
-}
-// kProbeLdg: a 16-byte streaming load (read-only path, no L1 allocation, 256-byte L2 fetch).
-__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -202,10 +188,7 @@ struct BulkArgs {
   bool contig = false;
   bool probe = false;  // DecodePlan::bulk_probe != 0 (host side: the kProbe instantiation)
   // DecodePlan::bulk_probe (session 11; read by kProbe instantiations only): kProbeCopies,
-  // kProbeFlat (kTma4: a full tile's K / V by one 1-D bulk copy each), kProbeLdg (no ring: every
-  // thread streams the split's tiles with 16-byte ld.global.nc), kProbeEmpty (no reads),
-  // kProbeLsu (kTma4: a full tile's K / V by 16-byte cp.async of the issuing warp's lanes into
-  // the same padded stage, completion by cp.async.mbarrier.arrive).
+  // kProbeFlat (kTma4: a full tile's K / V by one 1-D bulk copy each), kProbeEmpty (no reads).
   int probe_mode = 0;
   bool blocks = false;  // fp8 with contig: stage = the tile's blocks (kBlocks8)
   // Folded int4, DecodePlan::bulk_tma (kTma4): a full tile's K and V by one tensor-map copy each
@@ -224,9 +207,6 @@ struct BulkArgs {
   // heads per CTA, 80-byte rows, kstr 656 and 4 stages (its compile-time geometry), and not with
   // stage_out.
   bool diet = false;
-  // DecodePlan::bulk_lsu (session 11): the kTma4 | kDiet | kLsu instantiation (set only with
-  // diet and contig) and fp8's kBlocks8 | kStage | kLsu (solo, whole tiles, staged rows).
-  bool lsu = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -269,18 +249,10 @@ struct BulkMaps {
 // tile it + NST, so its `empty` wait is for every warp to be done with the previous tile (nearly
 // always already true) rather than with the one it has just finished itself (run 22's ncu: that
 // wait was the largest single stall). Same arithmetic and order as kTma4 (same bits).
-// Session 11: kLsu (32, DecodePlan::bulk_lsu) with kTma4 | kDiet where a tile's K / V pieces are
-// one block each (heads per CTA = Hkv): a full tile's K and V by 16-byte cp.async of the issuing
-// warp's lanes (40 per lane) into the same padded stage instead of two tensor-map boxes; the
-// stage's `full` barrier completes when lane 0 has arrived and every lane's copies have landed
-// (cp.async.mbarrier.arrive). Same stage bytes, same math: the bits equal kDiet's. fp8: with
-// kBlocks8 | kStage (solo), a full tile's 4 blocks by cp.async of the issuing warp (66 per
-// lane at 8 heads) into the same unpadded stage; the bits equal kBlocks8 | kStage's.
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kLsu = 32;
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
-constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeLdg = 3, kProbeEmpty = 4, kProbeLsu = 5;
-// kProbeLdg: tiles per round of loads (every load of a round in flight at once).
-constexpr int kLdgTiles = 4;
+// (Run 33 deleted the ld.global.nc and 16-byte cp.async probes and renumbered no-reads 4 -> 3.)
+constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeEmpty = 3;
 // The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it).
 constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
@@ -372,10 +344,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 
   const int64_t lo = min(static_cast<int64_t>(split) * p.split_size, len);
   const int64_t hi = split == p.S - 1 ? len : min(lo + p.split_size, len);
-  // (kProbe with kProbeLdg / kProbeEmpty: the ring streams nothing)
+  // (kProbe with kProbeEmpty: the ring streams nothing)
   constexpr bool kProbeKn = (KN & kProbe) != 0;
-  const bool ring_off =
-      kProbeKn && (a.probe_mode == kProbeLdg || a.probe_mode == kProbeEmpty);
+  const bool ring_off = kProbeKn && a.probe_mode == kProbeEmpty;
   const int n_tiles_all = static_cast<int>((hi - lo + 15) / 16);
   const int n_tiles = ring_off ? 0 : n_tiles_all;
   if (lean && !c.block_tables && (hi - lo) % 16 != 0) {  // (CTA-uniform)
@@ -545,69 +516,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   if (solo && c.block_tables && warp < n_tiles)  // (lean: loaded above; n_tiles > warp: lo = lo0)
     solo_page = lean ? first_page
                      : c.block_tables[b * c.bt_st0 + ((tile0 + warp) / tpp) * c.bt_st1];
-  if constexpr (kProbeKn) {
-    // kProbeLdg: the split's tiles (every kind's block: 16 keys of the CTA's heads, contiguous
-    // where heads per CTA = Hkv; elsewhere a key's piece at a time is not modelled: the host sets
-    // this mode only with BulkArgs::contig) by 16-byte non-allocating loads, kLdgTiles tiles per
-    // round; the words are folded into one value so that no load is dead.
-    if (a.probe_mode == kProbeLdg) {
-      constexpr int kKinds = F == KvFormat::fp8 ? 4 : 2;
-      // 16-byte loads per thread and K / V block (the host sets this mode only with 8 heads per
-      // CTA and pieces of <= 640 (int4) / 1024 (fp8) bytes: 256 threads); scale/shift blocks: 1.
-      constexpr int kJ = F == KvFormat::fp8 ? 4 : 3;
-      constexpr int kT = F == KvFormat::fp8 ? 2 : 3;  // tiles per round (18 / 20 loads in flight)
-      uint32_t acc = 0;
-      // (paged: the block-table entries of a round are loaded during the round before it)
-      int64_t pg[kT];
-      auto load_pages = [&](int n0) {
-#pragma unroll
-        for (int u = 0; u < kT; ++u)
-          pg[u] = c.block_tables && n0 + u < n_tiles_all
-                      ? c.block_tables[b * c.bt_st0 + ((tile0 + n0 + u) / tpp) * c.bt_st1]
-                      : 0;
-      };
-      load_pages(0);
-#pragma unroll 1
-      for (int n0 = 0; n0 < n_tiles_all; n0 += kT) {
-        uint4 w[kT][kKinds][kJ];
-#pragma unroll
-        for (int u = 0; u < kT; ++u) {
-          const int n = n0 + u;
-          const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
-          int64_t base = k0;
-          int64_t nk = n < n_tiles_all ? min(hi - k0, int64_t{16}) : 0;
-          if (c.block_tables && nk > 0) {
-            base = pg[u] * c.page_size + 16 * ((tile0 + n) % tpp);
-            nk = pg[u] < 0 ? 0 : min(nk, c.pool_rows - base);
-          }
-          nk = nk < 0 ? 0 : nk;
-#pragma unroll
-          for (int kind = 0; kind < kKinds; ++kind) {
-            const char* src = kind == 0 ? kbase : kind == 1 ? vbase
-                              : reinterpret_cast<const char*>(kind == 2 ? kssb : vssb);
-            const int64_t st = kind == 0 ? kst : kind == 1 ? vst : 4 * (kind == 2 ? kssst : vssst);
-            const int units = static_cast<int>(nk) * (kind < 2 ? piece : ss_piece) / 16;
-            const uint4* q4 = reinterpret_cast<const uint4*>(src + base * st);
-#pragma unroll
-            for (int j = 0; j < kJ; ++j) {
-              const int idx = tid + 256 * j;
-              w[u][kind][j] = (kind < 2 || j == 0) && idx < units ? ldg_stream(q4 + idx)
-                                                                  : make_uint4(0u, 0u, 0u, 0u);
-            }
-          }
-        }
-        load_pages(n0 + kT);
-#pragma unroll
-        for (int u = 0; u < kT; ++u)
-#pragma unroll
-          for (int kind = 0; kind < kKinds; ++kind)
-#pragma unroll
-            for (int j = 0; j < kJ; ++j)
-              acc ^= w[u][kind][j].x ^ w[u][kind][j].y ^ w[u][kind][j].z ^ w[u][kind][j].w;
-      }
-      if (acc == 0x9e3779b9u && tid >= 1024) p.part_lse[0] = 0.f;  // (never: keeps the loads)
-    }
-  }
   auto issue_solo = [&](int n, int s) {  // warp n % HB only
     const int64_t k0 = lo + 16 * static_cast<int64_t>(n);
     int64_t base = k0;
@@ -623,12 +531,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     nk = nk < 0 ? 0 : nk;
     const uint32_t bar = full_s + 8 * s;
     const bool whole = tma && nk == 16;  // kTma4, full tile: lane 0 K's box, lane 1 V's
-    // (kLsu, kProbeLsu: no bulk copies for a full tile; the lanes' cp.async below)
-    constexpr bool kLsuKn = diet && (KN & kLsu) != 0;
-    constexpr bool kLsuF8 = blk && SOLO && (KN & kLsu) != 0;  // (fp8 whole tiles: 16 keys)
-    const bool lsu = ((kLsuKn || (kProbeKn && tma && a.probe_mode == kProbeLsu)) && whole) ||
-                     (kLsuF8 && nk == 16);
-    const bool m1 = whole ? lane < 2 && !lsu : c1.ok && c1.key < nk && !lsu;
+    const bool m1 = whole ? lane < 2 : c1.ok && c1.key < nk;
     // (kProbeFlat: the tile's K / V block by one 1-D bulk copy of 16 pieces)
     const bool flat = kProbeKn && tma && a.probe_mode == kProbeFlat;
     const uint32_t s1 = whole ? 16u * static_cast<uint32_t>(flat ? piece : kstr)
@@ -638,7 +541,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     Copy c2;
     if constexpr (F == KvFormat::fp8) {
       c2 = copy_of(lane + 32);
-      m2 = c2.ok && c2.key < nk && !lsu;
+      m2 = c2.ok && c2.key < nk;
       s2 = static_cast<uint32_t>(min(nk - c2.key, int64_t{c2.n})) * c2.size;
     }
     const uint32_t bytes = __reduce_add_sync(0xffffffffu, (m1 ? s1 : 0u) + (m2 ? s2 : 0u));
@@ -646,74 +549,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       // (kDiet: + 32 where the call masks or biases, so that the consumers' plain test is
       // the count alone)
       cnt[s] = static_cast<int>(nk) + (diet && (p.causal || p.bias) ? 32 : 0);
-      if (!lsu) mbar_arrive_expect_tx(bar, bytes);
+      mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
     const uint32_t dst = ring_s + s * stage_bytes;
-    if constexpr (kLsuKn) {
-      if (lsu) {
-        // Unit i (16 bytes) of the tile's K (V) block is byte 16 i of it (key stride = piece =
-        // 640) and lands at key i / 40, unit i % 40 of the stage. Lane l copies units
-        // l + 32 (5 q + r): with i0 = l + 32 r < 160 = 4 x 40, key i0 / 40 + 4 q, unit i0 % 40.
-        constexpr int kU = kDietHb * kDietRow / 16;  // units per key (40)
-        const char* ks = kbase + base * kst;
-        const char* vs = vbase + base * vst;
-#pragma unroll 1
-        for (int r = 0; r < 5; ++r) {
-          const int i0 = lane + 32 * r;
-          const int key = i0 / kU;
-          const uint32_t d = dst + key * kDietKstr + 16 * (i0 - key * kU);
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            cp_async16_l2(d + q * 4 * kDietKstr, ks + 16 * i0 + q * 4 * kU * 16);
-            cp_async16_l2(d + 16 * kDietKstr + q * 4 * kDietKstr, vs + 16 * i0 + q * 4 * kU * 16);
-          }
-        }
-        asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-      }
-    } else if constexpr (kLsuF8) {
-      if (lsu) {
-        // fp8 blocks (stage = the tile's blocks, unpadded): K / V blocks of 16 pieces (piece /
-        // 16 x 16 units), then the scale/shift blocks (16 keys x 4 HB bytes: ss_piece units).
-        const char* ks = kbase + base * kst;
-        const char* vs = vbase + base * vst;
-#pragma unroll 2
-        for (int i = lane; i < piece; i += 32) {
-          cp_async16_l2(dst + 16 * i, ks + 16 * i);
-          cp_async16_l2(dst + 16 * kstr + 16 * i, vs + 16 * i);
-        }
-        if (lane < ss_piece) {
-          const char* kss = reinterpret_cast<const char*>(kssb) + base * 4 * kssst;
-          const char* vss = reinterpret_cast<const char*>(vssb) + base * 4 * vssst;
-          cp_async16_l2(dst + 32 * kstr + 16 * lane, kss + 16 * lane);
-          cp_async16_l2(dst + 32 * kstr + 16 * ss_piece + 16 * lane, vss + 16 * lane);
-        }
-        asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-      }
-    } else if constexpr (kProbeKn && tma) {
-      if (lsu) {
-        // 16 pieces of K, then of V, in 16-byte units: unit i of a kind is byte 16 i of the
-        // tile's block (contiguous: heads per CTA = Hkv) and lands at key i / upk, unit i % upk.
-        const int upk = piece / 16;
-#pragma unroll 4
-        for (int i = lane; i < 32 * upk; i += 32) {
-          const int kind = i >= 16 * upk;
-          const int j = kind ? i - 16 * upk : i;
-          const int key = j / upk;
-          const char* src = (kind ? vbase + base * vst : kbase + base * kst) + 16 * j;
-          cp_async16_l2(dst + (kind ? 16 * kstr : 0) + key * kstr + 16 * (j - key * upk), src);
-        }
-        // (each lane's copies complete an arrival it adds; lane 0's own arrival after every
-        // lane has added its: the phase completes when all copies have landed)
-        asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-      }
-    }
     if (m1) {
       if (whole && flat)
         bulk_g2s(dst + (lane ? 16 * kstr : 0), (lane ? vbase : kbase) + base * (lane ? vst : kst),
@@ -1447,9 +1286,6 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       if constexpr (F == KvFormat::fp8) {
         if (x == kBlocks8) {
           if constexpr (kS) {
-            if (a.stage_out && a.lsu)
-              return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kStage | kLsu>(p, a, m, B,
-                                                                                 stream);
             if (a.stage_out)
               return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kStage>(p, a, m, B, stream);
           }
@@ -1464,8 +1300,6 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
-        if (a.diet && a.lsu)
-          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kLsu>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
@@ -1666,23 +1500,12 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   a.lean = plan.bulk_lean_start;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
-  // kProbeLdg reads whole tile blocks with 256 threads (kJ loads per block); kProbeFlat copies
-  // them whole: elsewhere both fall back to the kernel's own copies.
-  const int max_piece = cache.format == KvFormat::fp8 ? 1024 : 768;
-  if (a.probe_mode == kProbeLdg &&
-      !(a.contig && a.hb == kMaxHeads && a.hb * c.row_bytes <= max_piece &&
-        (cache.format == KvFormat::int4 || cache.format == KvFormat::fp8)))
-    a.probe_mode = kProbeCopies;
-  if ((a.probe_mode == kProbeFlat || a.probe_mode == kProbeLsu) && !(a.tma && a.contig))
-    a.probe_mode = kProbeCopies;
+  // kProbeFlat copies a tile's blocks whole: elsewhere it falls back to the kernel's own copies.
+  if (a.probe_mode == kProbeFlat && !(a.tma && a.contig)) a.probe_mode = kProbeCopies;
   // DecodePlan::bulk_diet: kDiet, only at its compile-time geometry (8 heads of 80-byte rows,
   // key stride 656 in the stage, 4 stages).
   a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
            a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
-  // DecodePlan::bulk_lsu: kLsu, where the diet kernel runs and a tile's blocks are contiguous.
-  // fp8: the whole-tile solo kernel with staged rows (kBlocks8 | kStage, its default).
-  a.lsu = plan.bulk_lsu && ((a.diet && a.contig) ||
-                            (cache.format == KvFormat::fp8 && a.blocks && a.solo && a.stage_out));
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;

@@ -167,13 +167,10 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   diet / no_diet: plan_decode's choice with bulk_diet on (its int4 choice since session 10:
 //     the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean per-tile path with the
 //     lagged refill; explicit here) / off (the kernel before).
-//   lsu: diet with bulk_lsu (session 11: a full tile's K / V by 16-byte cp.async of the issuing
-//     warp's lanes into the same padded stage, where heads per CTA = Hkv; fp8: the whole-tile
-//     solo kernel's 4 blocks likewise; ignored elsewhere).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, no_diet, lsu
+  lean_staged, eager, diet, no_diet
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -196,7 +193,7 @@ class DecodeCase : public Case {
                     kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out ||
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
                     kernel == Kernel::eager || kernel == Kernel::diet ||
-                    kernel == Kernel::no_diet || kernel == Kernel::lsu) &&
+                    kernel == Kernel::no_diet) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -220,7 +217,6 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::eager) s += ".eager";
     if (kernel_ == Kernel::diet) s += ".diet";
     if (kernel_ == Kernel::no_diet) s += ".no_diet";
-    if (kernel_ == Kernel::lsu) s += ".lsu";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
@@ -285,9 +281,8 @@ class DecodeCase : public Case {
                kernel_ == Kernel::lean_staged || kernel_ == Kernel::eager) {
       plan.bulk_stage_out = kernel_ == Kernel::stage_out || kernel_ == Kernel::lean_staged;
       plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
-    } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet || kernel_ == Kernel::lsu) {
-      plan.bulk_diet = kernel_ != Kernel::no_diet;
-      plan.bulk_lsu = kernel_ == Kernel::lsu;
+    } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet) {
+      plan.bulk_diet = kernel_ == Kernel::diet;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -756,23 +751,6 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, dt);
   add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, dt);
   add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, dt);
-  // lsu (bulk_lsu on the diet kernel): the diet list's layouts and lengths (odd lengths: partial
-  // tiles keep per-key bulk copies; paged 16 / 256; empty and 1-key sequences; fewer tiles than
-  // stages), plus 16 heads (two head blocks: tiles not contiguous, the flag ignored); fp8 whole
-  // tiles at 8 and 4 heads, contiguous and paged 16 / 256.
-  const Kernel lu = Kernel::lsu;
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, lu);
-  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, lu);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, lu);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, lu);
-  add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, lu);
-  add(shape(F::int4, 4, 3, 4099, 8, 128, 0), {4099, 1, 2000}, 4, 1, false, false, DType::f16, lu);
-  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, lu);
-  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, lu);
-  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, lu);
-  add(shape(F::fp8, 1, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, true, DType::bf16, lu);
-  add(shape(F::fp8, 1, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::f16, lu);
-  add(shape(F::fp8, 1, 2, 1001, 4, 128, 0), {1001, 127}, 8, 1, false, false, DType::f16, lu);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);
