@@ -30,30 +30,39 @@ struct Shape {
 };
 
 // Which CUDA kernel a row times: plan_decode's choice (the bulk-copy kernel where the layout
-// allows it) or one DecodePlan knob on top of it. "probe": bulk_probe, the key-pair copies and
-// ring protocol without the math (NOT attention: the roofline of that copy pattern; int4 only).
+// allows it) or DecodePlan knobs on top of it. Probe rows (DecodePlan::bulk_probe, NOT attention:
+// the roofline of a read pattern over the same bytes; session 11): "probe tma" the int4 g4
+// kernel's own tensor-map copies and ring (fp8: its whole-tile copies) without the math, "probe
+// flat" one 1-D bulk copy per tile and kind instead of the tensor map, "probe empty" no reads
+// (kernel start, partial writes, merge: the fixed cost of a call). `splits` (x 2 / / 2 of
+// plan_decode's split count) varies the grid.
 // Settled variants have no rows (docs/decode.md has their numbers): session 9 removed "fp8
-// shared issue" (paged; run 20: 1.5-1.7 % slower than solo + fold), "int4 g4 pairs" (run 20:
-// within -2..+0.2 % of the tensor-map tiles) and run 24's "last issue" rows (bulk_issue 3:
-// 2-11 % slower everywhere; the knob value is gone); session 10 removed "CTA merge" (merge_warp
-// off; runs 24-26: the warp merge 1-4 % faster, same bits) and "run-24 kernel"
-// (bulk_stage_out / bulk_lean_start off; runs 25-26), settled and adopted.
-// "run-29 kernel" (session 10): bulk_diet off, the int4 g4 tensor-map kernel before its lean
-// per-tile path with the lagged refill (plan_decode's since H200 run 30); same bits.
-enum class Pick { plan, probe, run29 };
+// shared issue", "int4 g4 pairs" and "last issue"; session 10 "CTA merge" and "run-24 kernel";
+// session 11 "int4 g4 run-29 kernel" (bulk_diet off: adopted in run 30, confirmed in run 31) and
+// "int4 g4 pairs probe" (the key-pair copies under shared issue: runs 17-30); after run 33 the
+// "probe ldg" / "probe lsu" rows, the probe's 2 / 5 stages and 2x / half splits, "int4 g4 2x /
+// half splits", "int4 g4 lsu" / "fp8 lsu" (bulk_lsu, deleted) and "fp8 2x / half splits" (half
+// adopted by plan_decode for fp8 at B 1; the old count is "fp8 run-33 split count").
 struct Fmt {
   KvFormat format;
   int n_groups;
   const char* name;
-  Pick pick;
+  int probe = 0;   // DecodePlan::bulk_probe
+  int splits = 0;  // 0: plan_decode's; 2: twice as many; -2: half as many
+  // Shapes (indices into the shape list, bit i = shape i) and layouts (bit 0 contiguous, 1 paged
+  // 16, 2 paged 256) the row runs at.
+  int shapes = 7, layouts = 7;
 };
 
-void choose_kernel(DecodePlan& plan, Pick pick) {
-  if (pick == Pick::run29) plan.bulk_diet = false;
-  plan.bulk_probe = pick == Pick::probe;
-  if (plan.format == KvFormat::int4 && pick == Pick::probe) {
-    plan.bulk_tma = false;  // (the int4 probe exists for the pair copies only)
-    plan.bulk_issue = 2;
+void choose_kernel(DecodePlan& plan, const Fmt& f) {
+  plan.bulk_probe = f.probe;
+  if (f.splits) {
+    const int64_t len = plan.capacity;
+    const int64_t want = f.splits > 0 ? int64_t{plan.n_splits} * f.splits
+                                      : std::max<int64_t>(1, plan.n_splits / -f.splits);
+    plan.split_size = (len / want + 15) / 16 * 16;
+    plan.n_splits = static_cast<int>((len + plan.split_size - 1) / plan.split_size);
+    plan.merge_wide = plan.n_splits >= 64;
   }
 }
 
@@ -160,10 +169,10 @@ double problem_bytes(const Shape& s, const Fmt& f) {
 }
 
 double time_decode(const Env& env, const BenchCache& bc, const Shape& s, const DeviceTensor& q,
-                   const DeviceTensor& out, Pick pick) {
+                   const DeviceTensor& out, const Fmt& f) {
   Context ctx = env.ctx;
   DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(s.Hq), static_cast<int>(s.D), ctx);
-  choose_kernel(plan, pick);
+  choose_kernel(plan, f);
   Buffer ws(env.device, workspace_bytes(plan));
   return env.time_ms([&] {
     decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
@@ -200,7 +209,7 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
   put(q.view.data, qh.data(), qh.size() * 2);
   kv_append(bc.c, kn.view, vn.view, pos.view, ctx);
   // The variant's output and, for a non-default pick, plan_decode's kernel's output (bits compared).
-  auto run_pick = [&](Pick pick) {
+  auto run_pick = [&](const Fmt& pick) {
     DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(Hq), static_cast<int>(D), ctx);
     choose_kernel(plan, pick);
     Buffer ws(dev, workspace_bytes(plan));
@@ -208,10 +217,10 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
     if (dev == Device::cuda) synchronize(ctx);
     return to_host_f32(out.view);
   };
-  std::vector<float> got = run_pick(f.pick);
+  std::vector<float> got = run_pick(f);
   std::string vs_default;
-  if (f.pick != Pick::plan) {
-    const std::vector<float> def = run_pick(Pick::plan);
+  if (f.splits) {
+    const std::vector<float> def = run_pick(Fmt{f.format, f.n_groups, f.name});
     double max_diff = 0;
     size_t n_diff = 0;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -264,26 +273,34 @@ class DecodeBench : public BenchCase {
     // fp16 solo issue; fp8 solo issue + folded scales + whole-tile copies; programmatic dependent
     // launches). Rows of settled variants were removed session by session (docs/decode.md keeps
     // their numbers).
-    std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16", Pick::plan},
-                                {KvFormat::int4, 4, "int4 g4", Pick::plan},
-                                {KvFormat::fp8, 1, "fp8", Pick::plan}};
+    std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16"},
+                                {KvFormat::int4, 4, "int4 g4"},
+                                {KvFormat::fp8, 1, "fp8"}};
     if (env.device == Device::cuda) {
-      formats.push_back({KvFormat::int4, 4, "int4 g4 pairs probe (copies only, not attention)",
-                         Pick::probe});
-      formats.push_back({KvFormat::int4, 4, "int4 g4 run-29 kernel", Pick::run29});
+      // Session 11 (issue 7): read-pattern probes over the int4 g4 kernel's bytes (and fp8's at
+      // B 64 / B 1), the grid and bytes-in-flight variants; shapes bit 0 B 64, 1 B 1, 2 B 16.
+      const KvFormat i4 = KvFormat::int4, f8 = KvFormat::fp8;
+      formats.push_back({i4, 4, "int4 g4 probe tma (copies only, not attention)", 1, 0, 7, 3});
+      formats.push_back({i4, 4, "int4 g4 probe flat (1-D bulk, not attention)", 2, 0, 7, 3});
+      formats.push_back({i4, 4, "int4 g4 probe empty (no reads, not attention)", 3, 0, 7, 1});
+      formats.push_back({f8, 1, "fp8 probe (copies only, not attention)", 1, 0, 3, 1});
+      formats.push_back({f8, 1, "fp8 probe empty (no reads, not attention)", 3, 0, 3, 1});
+      // plan_decode's fp8 split count before run 33 (min split 512 keys: 256 splits at B 1,
+      // twice the 1024-key minimum's 128); contiguous only: paged caches keep 512 (run 34).
+      formats.push_back({f8, 1, "fp8 run-33 split count (2x splits)", 0, 2, 2, 1});
     }
     const double copy_gbps = env.copy_gbps();
     bool accuracy_done = false;
-    for (const Shape& s : shapes) {
+    for (size_t si = 0; si < shapes.size(); ++si) {
+      const Shape& s = shapes[si];
       const int64_t G = s.Hq / s.Hkv;
       DeviceTensor q = make_tensor(env.device, DType::f16, {s.B, 1, s.Hkv, G, s.D}, 5);
       DeviceTensor out = make_empty(env.device, DType::f16, {s.B, 1, s.Hkv, G, s.D});
       for (int page : {0, 16, 256}) {
         double f16_ms = 0;
+        const int layout = page == 0 ? 1 : page == 16 ? 2 : 4;
         for (const Fmt& f : formats) {
-          // The int4 probe at B 64 contiguous; "run-29 kernel" contiguous and paged 16.
-          if (f.pick == Pick::probe && (s.B != 64 || page)) continue;
-          if (page == 256 && f.pick != Pick::plan) continue;
+          if (!(f.shapes >> si & 1) || !(f.layouts & layout)) continue;
           Row r;
           r.family = "decode";
           r.op = std::string("decode_attention ") + f.name + (page ? " paged " + std::to_string(page) : " contiguous");
@@ -291,10 +308,10 @@ class DecodeBench : public BenchCase {
           r.backend = device_name(env.device);
           {
             BenchCache bc = build_cache(env.device, s, f, page, 77);
-            r.ms = time_decode(env, bc, s, q, out, f.pick);
+            r.ms = time_decode(env, bc, s, q, out, f);
           }
           r.bytes = problem_bytes(s, f);
-          if (f.format == KvFormat::f16 && f.pick == Pick::plan) {
+          if (f.format == KvFormat::f16 && f.probe == 0 && !f.splits) {
             f16_ms = r.ms;
           } else {
             r.baseline = "lowbit fp16 decode";
@@ -304,7 +321,7 @@ class DecodeBench : public BenchCase {
           note.precision(3);
           note << 100.0 * r.gbps() / copy_gbps << "% of copy (" << copy_gbps << " GB/s)";
           r.note = note.str();
-          if (!accuracy_done && page == 0)
+          if (!accuracy_done && page == 0 && f.probe == 0)
             r.accuracy = measure_accuracy(env.device, f, s.Hq, s.Hkv, s.D);
           rows.push_back(r);
         }

@@ -133,10 +133,17 @@ struct DecodePlan {
   // each becomes resident while the kernel before it finishes and waits for it in its first
   // instruction (hides a launch gap per kernel). Same results; false: ordinary launches.
   bool launch_pdl = true;
-  // CUDA, bulk kernel, BENCH ONLY (the output is NOT attention): the kernel issues and waits for
-  // every copy of the split exactly as plan_decode's kernel, but does no math (roofline row: how
-  // fast the copy pattern streams without the attention arithmetic).
-  bool bulk_probe = false;
+  // CUDA, bulk kernel, BENCH ONLY (the output is NOT attention; partial outputs 0, LSE -inf):
+  // read-pattern probes of the split kernel's bytes (session 11, issue 7). 0: off. 1: the kernel
+  // issues and waits for every copy of the split exactly as plan_decode's kernel, but does no
+  // math (int4 g4: the tensor-map tiles under solo issue, with bulk_diet its lagged refill; under
+  // bulk_issue 2 the key-pair copies). 2: as 1, but the int4 tensor-map kernel copies a full
+  // tile's K and V by one 1-D bulk copy each (the tile's 16 x HB x 80 contiguous bytes; heads
+  // per CTA = Hkv), no tensor map (elsewhere as 1). 3: no reads at all (kernel start,
+  // partial-row writes and the split merge: the fixed cost of a call). (H200 run 33 deleted the
+  // ld.global.nc and cp.async probes, former values 3 and 5; no-reads was 4.) docs/decode.md
+  // "Session 11".
+  int bulk_probe = 0;
   // CUDA, bulk kernel (session 8): int4 g4 D 128 with folded scales, solo issue (bulk_issue 1),
   // <= 8 query rows: a full tile's K and V each arrive by ONE tensor-map copy (TMA,
   // cp.async.bulk.tensor) issued by warp n mod 8 for tile n, instead of 8 key-pair bulk copies

@@ -226,13 +226,21 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // Enough chunks to fill the machine, none shorter than min_split keys (shorter chunks cost more
   // in the merge than they win in parallelism). Streaming on CUDA: 16 (head, split) pairs per
   // multiprocessor (the bulk kernel: 2 CTAs of 8 head-warps; the ring kernel: 4 CTAs of 4 warps),
-  // chunks of at least 512 keys (B 1, L 131072, Hkv 8: 256 splits, one wave).
+  // chunks of at least 512 keys (B 1, L 131072, Hkv 8: 256 splits, one wave), fp8 1024 keys
+  // since H200 run 33 (2026-12-01): a split's fixed cost (kernel start, partial rows, merge) is
+  // larger for fp8 (the no-reads probe at B 1: 0.0196 ms against int4's 0.0118) and its tiles
+  // carry 1.65x int4's bytes, so that half as many, twice as long splits read faster where the
+  // minimum length is what limits the split count: B 1, L 131072 fp8 0.0766 -> 0.0740 ms (128
+  // splits; 2x splits 0.0864); int4 there keeps 512 (half splits lost: 0.0541 -> 0.0574). The
+  // minimum does not bind at B 64, L 8192 (4 splits) or (16, 32768, 64, 8) (16): unchanged.
+  // Contiguous caches only: on paged caches run 34 measured the longer splits slower (B 1 page
+  // 16: 0.0856 vs 0.0806 ms, page 256: 0.0847 vs 0.0807; contiguous 0.0756 vs 0.0774).
   int64_t target, min_split;
   if (p.device == Device::cuda) {
     p.multiprocessors = 0;
     LOWBIT_CUDA_CALL(op, (p.multiprocessors = cuda::decode_multiprocessors()));
     target = (p.streaming ? 16 : 4) * static_cast<int64_t>(p.multiprocessors);
-    min_split = p.streaming ? 512 : 256;
+    min_split = !p.streaming ? 256 : (p.format == KvFormat::fp8 && !cache.paged()) ? 1024 : 512;
   } else {
     target = 2 * static_cast<int64_t>(cpu::thread_count(ctx));
     min_split = 64;
@@ -337,6 +345,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   check::in_range(op, "plan.fold_scales", plan.fold_scales, 0, 1);
   check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 2);
   check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
+  check::in_range(op, "plan.bulk_probe", plan.bulk_probe, 0, 3);
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);
   check::dim(op, "q", q, 0, B);

@@ -186,7 +186,10 @@ struct BulkArgs {
   // The K / V pieces of a tile's 16 keys are one contiguous block each (key stride = HB * row
   // bytes: heads per CTA = Hkv; fp8: with ss_block), so a tile can be copied whole (blocks).
   bool contig = false;
-  bool probe = false;  // DecodePlan::bulk_probe (host side: the kProbe instantiation)
+  bool probe = false;  // DecodePlan::bulk_probe != 0 (host side: the kProbe instantiation)
+  // DecodePlan::bulk_probe (session 11; read by kProbe instantiations only): kProbeCopies,
+  // kProbeFlat (kTma4: a full tile's K / V by one 1-D bulk copy each), kProbeEmpty (no reads).
+  int probe_mode = 0;
   bool blocks = false;  // fp8 with contig: stage = the tile's blocks (kBlocks8)
   // Folded int4, DecodePlan::bulk_tma (kTma4): a full tile's K and V by one tensor-map copy each
   // into a stage of key stride kstr = piece + 16 (piece / 16 even) or piece, i.e. an odd number
@@ -247,6 +250,9 @@ struct BulkMaps {
 // always already true) rather than with the one it has just finished itself (run 22's ncu: that
 // wait was the largest single stall). Same arithmetic and order as kTma4 (same bits).
 constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16;
+// BulkArgs::probe_mode (DecodePlan::bulk_probe).
+// (Run 33 deleted the ld.global.nc and 16-byte cp.async probes and renumbered no-reads 4 -> 3.)
+constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeEmpty = 3;
 // The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it).
 constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
@@ -338,7 +344,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 
   const int64_t lo = min(static_cast<int64_t>(split) * p.split_size, len);
   const int64_t hi = split == p.S - 1 ? len : min(lo + p.split_size, len);
-  const int n_tiles = static_cast<int>((hi - lo + 15) / 16);
+  // (kProbe with kProbeEmpty: the ring streams nothing)
+  constexpr bool kProbeKn = (KN & kProbe) != 0;
+  const bool ring_off = kProbeKn && a.probe_mode == kProbeEmpty;
+  const int n_tiles_all = static_cast<int>((hi - lo + 15) / 16);
+  const int n_tiles = ring_off ? 0 : n_tiles_all;
   if (lean && !c.block_tables && (hi - lo) % 16 != 0) {  // (CTA-uniform)
     zero_ring();
     fence_proxy_async();
@@ -522,7 +532,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     const uint32_t bar = full_s + 8 * s;
     const bool whole = tma && nk == 16;  // kTma4, full tile: lane 0 K's box, lane 1 V's
     const bool m1 = whole ? lane < 2 : c1.ok && c1.key < nk;
-    const uint32_t s1 = whole ? 16u * static_cast<uint32_t>(kstr)
+    // (kProbeFlat: the tile's K / V block by one 1-D bulk copy of 16 pieces)
+    const bool flat = kProbeKn && tma && a.probe_mode == kProbeFlat;
+    const uint32_t s1 = whole ? 16u * static_cast<uint32_t>(flat ? piece : kstr)
                               : static_cast<uint32_t>(min(nk - c1.key, int64_t{c1.n})) * c1.size;
     bool m2 = false;
     uint32_t s2 = 0;
@@ -542,7 +554,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     __syncwarp();
     const uint32_t dst = ring_s + s * stage_bytes;
     if (m1) {
-      if (whole) tma_tile(lane, s, base, bar);
+      if (whole && flat)
+        bulk_g2s(dst + (lane ? 16 * kstr : 0), (lane ? vbase : kbase) + base * (lane ? vst : kst),
+                 s1, bar);
+      else if (whole) tma_tile(lane, s, base, bar);
       else bulk_g2s(dst + c1.dst, c1.src + base * c1.st, s1, bar);
     }
     if constexpr (F == KvFormat::fp8)
@@ -1261,7 +1276,7 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
   constexpr bool kFp8Shared = F == KvFormat::fp8 && FOLD == 0;  // (with !a.solo)
   constexpr bool kInt4 = F == KvFormat::int4 && FOLD == 1;      // (with !a.solo)
   if constexpr (D == 128 && (kFp8Solo || kFp8Shared || kInt4)) {
-    // (int4: the probe under shared issue; tma under solo issue, never with the probe)
+    // (int4: the probe under shared issue (key-pair copies) or with tma under solo issue)
     const bool solo_ok = kFp8Solo ? a.solo : a.solo == (kInt4 && a.tma);
     const int x = (a.probe ? kProbe : 0) | (F == KvFormat::fp8 && a.blocks ? kBlocks8 : 0) |
                   (kInt4 && a.tma ? kTma4 : 0);
@@ -1277,7 +1292,12 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
           return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8>(p, a, m, B, stream);
         }
         return launch_nr<F, D, 1, VA, FOLD, kS, kBlocks8 | kProbe>(p, a, m, B, stream);
-      } else {  // (x == kTma4)
+      } else {  // (x == kTma4, or kTma4 | kProbe: session 11's probes of its copy pattern)
+        if (x == (kTma4 | kProbe)) {
+          if (a.diet)
+            return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kProbe>(p, a, m, B, stream);
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kProbe>(p, a, m, B, stream);
+        }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
@@ -1453,11 +1473,12 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   const int issue = plan.bulk_issue;
   const bool solo = issue == 1;
   // fp8 blocks change the stage layout: only where launch_rows runs a kBlocks8 instantiation.
-  // int4: the probe under shared issue, tensor-map tiles under solo issue (not with the probe).
+  // int4: the probe under shared issue, tensor-map tiles under solo issue (with or without the
+  // probe: session 11).
   const bool knobs = cache.head_dim() == 128 && p.R <= 8 &&
                      ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
                       (cache.format == KvFormat::int4 && fold == 1 &&
-                       (solo ? plan.bulk_tma && !plan.bulk_probe : plan.bulk_probe)));
+                       (solo ? plan.bulk_tma : plan.bulk_probe != 0)));
   const bool blocks8 = knobs;  // (fp8 where the tile's blocks are contiguous: bulk_geometry)
   const bool tma4 = knobs && solo && plan.bulk_tma;
   BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);
@@ -1466,7 +1487,8 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   if (a.tma && a.hb > 0 && !encode_bulk_maps(cache, a, &maps))
     a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
   a.solo = solo;
-  a.probe = plan.bulk_probe;
+  a.probe = plan.bulk_probe != 0;
+  a.probe_mode = plan.bulk_probe;
   // Issuing warps of the shared mode: all HB (0), 4 (2; enough lanes for fp8's 64 copies per
   // tile with a copy per key and kind).
   a.issuers = issue == 2 ? 4 : a.hb;
@@ -1478,6 +1500,8 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   a.lean = plan.bulk_lean_start;
   check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
+  // kProbeFlat copies a tile's blocks whole: elsewhere it falls back to the kernel's own copies.
+  if (a.probe_mode == kProbeFlat && !(a.tma && a.contig)) a.probe_mode = kProbeCopies;
   // DecodePlan::bulk_diet: kDiet, only at its compile-time geometry (8 heads of 80-byte rows,
   // key stride 656 in the stage, 4 stages).
   a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
