@@ -29,8 +29,10 @@
 #include "bench/bench.h"
 #include "lowbit/linear.h"
 #include "lowbit/runtime.h"
+#include "src/cuda/common.cuh"
 #include "src/cuda/linear_decode_tiles.cuh"
 #include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/ptx.cuh"
 
 namespace lowbit {
 namespace bench {
@@ -112,6 +114,228 @@ double bf16_stream_ms(const Env& env, int64_t M, int64_t N, int64_t K) {
   cublasLtMatrixLayoutDestroy(lc);
   for (auto op : ops) cublasLtMatmulDescDestroy(op);
   return ms;
+}
+
+
+// ---- the read ceiling (issue 6: is 4x bf16 at M = 1 within this GPU's reach?) ----
+//
+// Pure streaming reads of one layer's decode-tile bytes (no math), in the same stream of kLayers
+// distinct layers and timing as the GEMV rows: what any kernel of this shape can reach. Each
+// launch reads ReadArgs::nsrc layers (1: one launch per layer as the layer runs; kLayers: one
+// launch for the whole stream, no kernel boundary at all).
+struct ReadArgs {
+  const uint8_t* src = nullptr;            // the layer (nsrc == 1)
+  const uint8_t* const* srcs = nullptr;    // device array of nsrc layers (nsrc > 1)
+  int nsrc = 1;
+  int64_t words = 0;  // 16-byte words per layer
+  uint4* sink = nullptr;  // null: never written (keeps the loads alive)
+};
+
+__device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// U 16-byte loads in flight per thread (a register ring refilled as each is consumed by one xor).
+// INTERLEAVE false: CTA b reads the contiguous words [b W / G, (b + 1) W / G), its threads side by
+// side (word c0 + k T + tid); true: the whole grid sweeps the layer together (word (k G + b) T +
+// tid). WAIT: griddepcontrol.wait after the first U loads (the GEMV's dependency on the previous
+// layer's output); the dependents are triggered there in both cases.
+template <int U, bool INTERLEAVE, bool WAIT>
+__global__ void __launch_bounds__(512) read_ceiling_kernel(ReadArgs a) {
+  const int64_t T = blockDim.x, G = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
+  const int64_t W = a.words;
+  int64_t base, stride, lim;
+  if (INTERLEAVE) {
+    base = b * T, stride = G * T, lim = W;
+  } else {
+    base = b * W / G, stride = T, lim = (b + 1) * W / G;
+  }
+  const int64_t n = base + tid < lim ? (lim - base - tid + stride - 1) / stride : 0;
+  const int64_t total = n * a.nsrc;
+  int ll = 0;
+  int64_t kk = 0;
+  const uint8_t* src = a.nsrc > 1 ? a.srcs[0] : a.src;
+  auto next = [&]() {
+    const uint4 v = ld_stream16(src + (base + kk * stride + tid) * 16);
+    if (++kk == n) {
+      kk = 0;
+      if (++ll < a.nsrc) src = a.srcs[ll];
+    }
+    return v;
+  };
+  uint4 r[U];
+#pragma unroll
+  for (int j = 0; j < U; ++j) r[j] = j < total ? next() : make_uint4(0u, 0u, 0u, 0u);
+  cuda::ptx::griddep_launch_dependents();
+  if (WAIT) cuda::ptx::griddep_wait();
+  uint32_t acc = 0;
+  for (int64_t k0 = 0; k0 < total; k0 += U) {
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      if (k0 + j >= total) break;
+      acc ^= r[j].x ^ r[j].y ^ r[j].z ^ r[j].w;
+      if (k0 + j + U < total) r[j] = next();
+    }
+  }
+  if (acc == 0x9e3779b9u && a.sink != nullptr) *a.sink = make_uint4(acc, 0u, 0u, 0u);
+}
+
+// TMA bulk reads: one thread per CTA streams the CTA's contiguous bytes into S shared-memory
+// stages of `piece` bytes (cp.async.bulk, completion on one mbarrier per stage), re-issuing a
+// stage as soon as it landed; nothing reads the stages.
+template <int S>
+__global__ void __launch_bounds__(32) read_bulk_kernel(ReadArgs a, int piece) {
+  extern __shared__ __align__(128) uint8_t stage[];
+  __shared__ __align__(8) uint64_t bars[S];
+  const int64_t G = gridDim.x, b = blockIdx.x;
+  if (threadIdx.x != 0) return;
+  const int64_t c0 = b * a.words / G * 16, c1 = (b + 1) * a.words / G * 16;
+  const int64_t n = (c1 - c0 + piece - 1) / piece;
+  for (int s = 0; s < S; ++s) cuda::ptx::mbar_init(cuda::ptx::smem_u32(&bars[s]), 1);
+  cuda::ptx::mbar_fence_init();
+  auto issue = [&](int64_t i) {
+    const int s = static_cast<int>(i % S);
+    const int64_t left = c1 - c0 - i * piece;
+    const uint32_t bytes = static_cast<uint32_t>(left < piece ? left : piece);
+    cuda::ptx::mbar_arrive_expect_tx(cuda::ptx::smem_u32(&bars[s]), bytes);
+    cuda::ptx::bulk_g2s(cuda::ptx::smem_u32(stage + s * piece), a.src + c0 + i * piece, bytes,
+                  cuda::ptx::smem_u32(&bars[s]));
+  };
+  for (int64_t i = 0; i < n && i < S; ++i) issue(i);
+  cuda::ptx::griddep_launch_dependents();
+  cuda::ptx::griddep_wait();
+  for (int64_t i = 0; i < n; ++i) {
+    cuda::ptx::mbar_wait_bounded(cuda::ptx::smem_u32(&bars[i % S]), static_cast<uint32_t>((i / S) & 1));
+    if (i + S < n) issue(i + S);
+  }
+}
+
+// Rows "read ceiling": per 4-bit format, the layout's bytes of kLayers distinct layers read by
+// the kernels above (and copied by cudaMemcpyAsync D2D as a reference), per layer, against the
+// M = 1 bf16 stream of the same run.
+void ceiling_rows(const Env& env, double base, std::vector<Row>& rows) {
+  namespace cl = cuda::linear;
+  const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
+  cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
+  int dev = 0, sms = 0;
+  ok(cudaGetDevice(&dev), "device");
+  ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+  for (const bool comfy : {false, true}) {
+    const QType q = comfy ? QType::convrot_comfy_w4a4 : QType::convrot_int4;
+    // Layout bytes: 1024 per (16 rows, 128 columns) item, + 128 of fold tables (convrotint4).
+    const int64_t tb = (N + 15) / 16 * (K / 128) * (comfy ? 1024 : 1152);
+    std::vector<DeviceTensor> bufs;
+    for (int l = 0; l < kLayers; ++l) {
+      bufs.push_back(make_empty(Device::cuda, DType::u8, {tb}));
+      ok(cudaMemsetAsync(bufs.back().view.data, 0x5a + l, static_cast<size_t>(tb), s), "memset");
+    }
+    DeviceTensor dst = make_empty(Device::cuda, DType::u8, {tb});
+    ReadArgs all;
+    all.words = tb / 16;
+    std::vector<const uint8_t*> hp;
+    for (int l = 0; l < kLayers; ++l) hp.push_back(static_cast<const uint8_t*>(bufs[l].view.data));
+    DeviceTensor dp = make_empty(Device::cuda, DType::u8, {kLayers * 8});
+    ok(cudaMemcpy(dp.view.data, hp.data(), kLayers * 8, cudaMemcpyHostToDevice), "copy");
+    ReadArgs whole = all;  // one launch over every layer's bytes
+    whole.nsrc = kLayers;
+    whole.srcs = static_cast<const uint8_t* const*>(dp.view.data);
+    struct V {
+      std::string name;
+      std::function<void(int)> run;  // layer l (or the whole stream when single)
+      bool single = false;
+    };
+    auto one = [&](int l) {
+      ReadArgs a = all;
+      a.src = hp[l];
+      return a;
+    };
+    auto flat = [&](auto kernel, int ctas_per_sm, int threads, bool pdl) {
+      return [=](int l) {
+        cuda::launch_maybe_pdl(pdl, kernel, dim3(static_cast<unsigned>(sms * ctas_per_sm)),
+                               dim3(static_cast<unsigned>(threads)), 0, s, one(l));
+      };
+    };
+    auto bulk = [&](auto kernel, int ctas_per_sm, int stages, int piece) {
+      ok(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              stages * piece),
+         "bulk smem");
+      return [=](int l) {
+        cuda::launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(sms * ctas_per_sm)),
+                               dim3(32), static_cast<size_t>(stages * piece), s, one(l), piece);
+      };
+    };
+    // Non-persistent grid: one CTA of 256 threads per 64 KB (waves of CTAs).
+    const unsigned wave_grid = static_cast<unsigned>((all.words + 4095) / 4096);
+    std::vector<V> vs = {
+        {"flat read, 1 CTA/SM x 512 thr, 8 x 16 B in flight/thread, PDL (wait after 1st loads)",
+         flat(read_ceiling_kernel<8, false, true>, 1, 512, true)},
+        {"flat read, 1 CTA/SM x 512, 4 x 16 B in flight", flat(read_ceiling_kernel<4, false, true>, 1, 512, true)},
+        {"flat read, 1 CTA/SM x 512, 16 x 16 B in flight", flat(read_ceiling_kernel<16, false, true>, 1, 512, true)},
+        {"flat read, 1 CTA/SM x 256, 16 in flight", flat(read_ceiling_kernel<16, false, true>, 1, 256, true)},
+        {"flat read, 2 CTAs/SM x 512, 8 in flight", flat(read_ceiling_kernel<8, false, true>, 2, 512, true)},
+        {"flat read, 4 CTAs/SM x 256, 8 in flight", flat(read_ceiling_kernel<8, false, true>, 4, 256, true)},
+        {"flat read, 1 CTA/SM x 512, 8 in flight, grid-interleaved sweep",
+         flat(read_ceiling_kernel<8, true, true>, 1, 512, true)},
+        {"flat read, 1 CTA/SM x 512, 8 in flight, no griddepcontrol.wait (layers independent)",
+         flat(read_ceiling_kernel<8, false, false>, 1, 512, true)},
+        {"flat read, 1 CTA/SM x 512, 8 in flight, plain launches (no PDL)",
+         flat(read_ceiling_kernel<8, false, true>, 1, 512, false)},
+        {"flat read, waves: 1 CTA of 256 thr per 64 KB, 4 in flight",
+         [&one, s, wave_grid](int l) {
+           cuda::launch_maybe_pdl(true, read_ceiling_kernel<4, false, true>, dim3(wave_grid),
+                                  dim3(256), 0, s, one(l));
+         }},
+        {"TMA bulk read, 1 CTA/SM, 4 stages x 16 KB", bulk(read_bulk_kernel<4>, 1, 4, 16384)},
+        {"TMA bulk read, 1 CTA/SM, 8 stages x 16 KB", bulk(read_bulk_kernel<8>, 1, 8, 16384)},
+        {"TMA bulk read, 2 CTAs/SM, 4 stages x 16 KB", bulk(read_bulk_kernel<4>, 2, 4, 16384)},
+        {"TMA bulk read, 1 CTA/SM, 4 stages x 32 KB", bulk(read_bulk_kernel<4>, 1, 4, 32768)},
+        {"cudaMemcpyAsync D2D of the bytes (reads + writes them)",
+         [&hp, s, tb, dptr = dst.view.data](int l) {
+           ok(cudaMemcpyAsync(dptr, hp[l], static_cast<size_t>(tb),
+                              cudaMemcpyDeviceToDevice, s),
+              "copy");
+         }},
+        {"flat read, ONE launch over all layers' bytes (no kernel boundary), 1 CTA/SM x 512, 8 "
+         "in flight",
+         [s, sms, whole](int) {
+           cuda::launch_maybe_pdl(true, read_ceiling_kernel<8, false, true>,
+                                  dim3(static_cast<unsigned>(sms)), dim3(512), 0, s, whole);
+         },
+         true},
+    };
+    for (const V& v : vs) {
+      Row r;
+      r.family = "linear";
+      r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
+             qtype_name(q) + ": read ceiling: " + v.name + ", per layer";
+      r.shape = "1x" + std::to_string(K) + "->" + std::to_string(N) + " bf16 (" +
+                std::to_string(tb) + " B per layer)";
+      r.backend = "cuda";
+      r.bytes = static_cast<double>(tb);
+      r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
+      r.baseline_ms = base;
+      r.note = "read-only: not the layer";
+      try {
+        r.ms = env.time_ms([&] {
+                 if (v.single) {
+                   v.run(0);
+                 } else {
+                   for (int l = 0; l < kLayers; ++l) v.run(l);
+                 }
+                 ok(cudaGetLastError(), "launch");
+               }) /
+               kLayers;
+        ok(cudaStreamSynchronize(s), "synchronize");
+      } catch (const std::exception& e) {
+        r.note = std::string("failed: ") + e.what();
+      }
+      rows.push_back(r);
+    }
+  }
 }
 
 class DecodeStreamBench : public BenchCase {
@@ -274,6 +498,7 @@ class DecodeStreamBench : public BenchCase {
           rows.push_back(r);
         }
       }
+      if (M == 1) ceiling_rows(env, base, rows);
     }
     ok(cudaStreamSynchronize(s), "synchronize");
     layer_rows(env, rows);
