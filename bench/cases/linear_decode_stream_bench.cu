@@ -422,6 +422,7 @@ class DecodeStreamBench : public BenchCase {
           bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
           bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
+          int variant = 0;     // DecodeParams::tiles_variant (kTiles* bits; M 16 rows only)
         };
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
@@ -434,7 +435,21 @@ class DecodeStreamBench : public BenchCase {
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
                 false, true},
               V{"tiles alone (codes on the device)", false},
-              V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
+              V{"stream probe: the layout's bytes read, nothing else", false, false, true},
+              V{"rotate (PDL) + tiles, variant merge (X - Y in one s8 mma set)", true, false,
+                false, cl::kTilesMerge},
+              V{"rotate (PDL) + tiles, variant act_chunks (bulk pieces, mbarrier each)", true,
+                false, false, cl::kTilesActChunks},
+              V{"rotate (PDL) + tiles, variant deep (6 ring slots)", true, false, false,
+                cl::kTilesDeep},
+              V{"rotate (PDL) + tiles, variant act_chunks + merge", true, false, false,
+                cl::kTilesActChunks | cl::kTilesMerge},
+              V{"rotate (PDL) + tiles, variant act_chunks + merge + deep", true, false, false,
+                cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesDeep},
+              V{"tiles alone, variant act_chunks + merge", false, false, false,
+                cl::kTilesActChunks | cl::kTilesMerge}}) {
+          if (v.variant && M < 16) continue;
+          if (comfy && v.variant == (v.variant & cl::kTilesMerge) && v.variant) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -449,6 +464,7 @@ class DecodeStreamBench : public BenchCase {
           cl::RotateQuantParams rp = rq;
           rp.pdl = true;
           cl::DecodeParams dl = d;
+          dl.tiles_variant = v.variant;
           if (v.fused) {  // x in, every CTA rotates + quantizes it (the layer's fused mode)
             dl.a = nullptr;
             dl.lda = 0;
@@ -492,6 +508,8 @@ class DecodeStreamBench : public BenchCase {
                                 : "bit-identical to the default";
             }
             if (!v.rotate && !v.fused) r.note = "GEMV only: not the layer";
+            if (v.variant && comfy && (v.variant & cl::kTilesMerge))
+              r.note += std::string(r.note.empty() ? "" : "; ") + "merge: no-op for comfy";
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
           }
@@ -545,14 +563,16 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1}) {
-          if (fused && M > cl::kTilesFuseLimit) continue;
+        for (const int fused : {0, 1, 2}) {
+          if (fused == 1 && M > cl::kTilesFuseLimit) continue;
+          if (fused == 2 && M <= cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                  qtype_name(q) + ": QuantizedLinear::forward (" +
-                 (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
-                             : "layer defaults") +
+                 (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
+                  : fused == 2 ? "DecodeTilesTuning::variant = act_chunks + merge"
+                               : "layer defaults") +
                  "), per layer";
           r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
                     " bf16";
@@ -569,7 +589,8 @@ class DecodeStreamBench : public BenchCase {
             r.bytes = 2.0 * M * K + 2.0 * M * N +
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
-            t.fuse_max_m = 0;
+            if (fused == 1) t.fuse_max_m = 0;
+            if (fused == 2) t.variant = cl::kTilesActChunks | cl::kTilesMerge;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

@@ -55,6 +55,8 @@ constexpr int kTableBytes = 128;                // 16 rows x 8-byte fold tables 
 constexpr int kTilesWarps = 16;                 // warps per CTA
 constexpr int kTilesThreads = kTilesWarps * 32;
 constexpr int kTilesDepth = 4;                  // ring slots per warp (H200 run 6: 4 > 6 > 8)
+constexpr int kTilesDepthDeep = 6;              // kTilesDeep (session 11 A/B at M 16)
+constexpr int kActChunksMax = 8;                // kTilesActChunks: activation pieces (mbarriers)
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
 constexpr int kTilesMaxRegs = 88;
 
@@ -71,6 +73,8 @@ struct TilesLayout {
   int epi_off = 0;        // fp32 w_scale and bias of the CTA's columns (2 x epi_n)
   int epi_n = 0;          // tiles per CTA x 16
   int ring_off = 0;       // the warps' rings
+  int depth = kTilesDepth;  // ring slots per warp
+  int chunk_groups = 0;   // kTilesActChunks: groups (128 columns) per activation piece
   int64_t smem = 0;
 };
 
@@ -78,6 +82,7 @@ using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::lds128;
+using ptx::mma_s8;
 using ptx::mma_u8s8;
 using ptx::prmt;
 
@@ -258,13 +263,20 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // At most 88 registers: 512 x 88 + the register rotate kernel's CTA (320 threads x 64) fit in
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
-template <int KIND, int NT, typename XT = void>
+// VAR: kTilesMerge / kTilesActChunks / kTilesDeep bits (linear_decode_tiles.cuh; 0 for the
+// fused instances).
+template <int KIND, int NT, typename XT = void, int VAR = 0>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int W = kTilesWarps, D = kTilesDepth, SLOT = slot_bytes(KIND);
+  constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
+  constexpr int D = (VAR & kTilesDeep) ? kTilesDepthDeep : kTilesDepth;
+  constexpr bool kMerge = KIND == kTilesInt4 && (VAR & kTilesMerge) != 0;
+  constexpr bool kChunks = (VAR & kTilesActChunks) != 0;
   constexpr bool kFused = !std::is_void<XT>::value;
+  static_assert(!kFused || VAR == 0, "variants of the two-kernel path only");
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
+  __shared__ __align__(8) uint64_t s_actbar[kActChunksMax];
   __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -323,16 +335,40 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     s_ws[i] = ws;
     s_bias[i] = bias;
   }
+  // kChunks: the activation codes arrive as n_chunks pieces of chunk_groups x 128 columns of
+  // every row (bulk copies, one mbarrier per piece); a warp waits only for the piece of its
+  // current item instead of the whole copy behind a CTA barrier.
+  const int chunk_cols = L.chunk_groups * kItemCols;
+  const int n_chunks = kChunks ? (static_cast<int>(p.w.K) + chunk_cols - 1) / chunk_cols : 0;
+  if (kChunks && threadIdx.x == 0) {
+    for (int c = 0; c < n_chunks; ++c) {
+      const uint32_t bytes = static_cast<uint32_t>(
+          M * min(chunk_cols, static_cast<int>(p.w.K) - c * chunk_cols));
+      ptx::mbar_init(smem_u32(&s_actbar[c]), 1);
+      ptx::mbar_fence_init();
+      ptx::mbar_arrive_expect_tx(smem_u32(&s_actbar[c]), bytes);
+    }
+  }
   ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
   __syncthreads();
   Epilogue ep = p.ep;
   if constexpr (kFused) {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself
     tiles_rotate_reg<KIND, kTilesThreads, XT>(p, act, L.act_stride, s_scale, s_amax, s_asum);
     ep.a_scale = s_scale;  // a generic pointer into shared memory
+    __syncthreads();
+  } else if constexpr (kChunks) {
+    if (threadIdx.x < M * n_chunks) {  // one bulk copy (row m, piece c) per thread
+      const int m = threadIdx.x / n_chunks, c = threadIdx.x - m * n_chunks;
+      const int bytes = min(chunk_cols, static_cast<int>(p.w.K) - c * chunk_cols);
+      ptx::bulk_g2s(smem_u32(act + m * L.act_stride + c * chunk_cols),
+                    p.a + m * p.lda + c * chunk_cols, static_cast<uint32_t>(bytes),
+                    smem_u32(&s_actbar[c]));
+    }
   } else {
     tiles_copy_codes<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
+    __syncthreads();
   }
-  __syncthreads();
+  uint32_t ready = 0;  // kChunks: pieces this thread has seen complete
 
   // B operands: activation row (token) gid (+ 8) of the n8 tile; rows >= M read row M - 1 (they
   // only feed output columns that are never stored).
@@ -355,6 +391,13 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     __syncwarp();            // ... and every lane's (tables); slot k - 1 is read by all lanes
     if (k + D - 1 < n_items) issue(k + D - 1, slot == 0 ? D - 1 : slot - 1);
     cp_async_commit();
+    if constexpr (kChunks) {
+      const int c = g / L.chunk_groups;
+      if (!((ready >> c) & 1u)) {
+        ptx::mbar_wait_bounded(smem_u32(&s_actbar[c]), 0);
+        ready |= 1u << c;
+      }
+    }
     const uint8_t* sl = ring + slot * SLOT;
     uint32_t tab[4] = {0u, 0u, 0u, 0u};
     if constexpr (KIND != kTilesComfy) {
@@ -380,6 +423,24 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
         for (int nt = 0; nt < NT; ++nt) {
           mma_u8s8(acc0[nt], lo, bv[nt].x, bv[nt].y);
           mma_u8s8(acc1[nt], hi, bv[nt].z, bv[nt].w);
+        }
+      } else if constexpr (kMerge) {
+        // kTilesMerge: X - Y per byte (one of the two is 0, both <= 127: the SWAR byte
+        // difference ((X | 0x80..) - Y) ^ 0x80.. has no borrows) = the signed int8-grid weight;
+        // one s8 mma set, the same int32 sums as X·a - Y·a.
+        uint32_t s1[4], s2[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t ta = tab[2 * (i & 1)], tb = tab[2 * (i & 1) + 1];  // row gid / gid + 8
+          const uint32_t v = wd[i] ^ 0x88888888u;
+          s1[i] = ((prmt(ta, tb, wd[i]) | 0x80808080u) - prmt(ta, tb, v)) ^ 0x80808080u;
+          s2[i] = ((prmt(ta, tb, wd[i] >> 16) | 0x80808080u) - prmt(ta, tb, v >> 16)) ^
+                  0x80808080u;
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          mma_s8(acc0[nt], s1, bv[nt].x, bv[nt].y);
+          mma_s8(acc0[nt], s2, bv[nt].z, bv[nt].w);
         }
       } else {
         // X (c >= 0) and Y (c < 0) in two u8 mma sets. (Merging them per byte into one s8 word,
@@ -424,6 +485,26 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     }
   }
   cp_async_wait<0>();
+  if constexpr (kChunks) {
+    // Every piece landed (a warp may have needed only some), then comfy's code sums.
+    for (int c = 0; c < n_chunks; ++c)
+      if (!((ready >> c) & 1u)) ptx::mbar_wait_bounded(smem_u32(&s_actbar[c]), 0);
+    if (KIND == kTilesComfy) {
+      const int per_row = static_cast<int>(p.w.K / 16);
+      for (int m = 0; m < M; ++m) {
+        int32_t sum = 0;
+        for (int c = threadIdx.x; c < per_row; c += kTilesThreads) {
+          const uint4 v = *reinterpret_cast<const uint4*>(act + m * L.act_stride + c * 16);
+          sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
+          sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
+          sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
+          sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
+        }
+        sum = __reduce_add_sync(0xffffffffu, sum);
+        if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
+      }
+    }
+  }
   __syncthreads();
 
   // Epilogue of the CTA's columns [16 t0, 16 t1): apply_epilogue's arithmetic and order, w_scale
@@ -460,6 +541,14 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   return v;
 }
 
+// The variant bits the kernel runs for d: none for the fused mode (x in), no merge for comfy.
+int tiles_variant_of(const DecodeParams& d) {
+  if (d.x) return 0;
+  int v = d.tiles_variant & (kTilesMerge | kTilesActChunks | kTilesDeep);
+  if (decode_tiles_kind(d.w) == kTilesComfy) v &= ~kTilesMerge;
+  return v;
+}
+
 TilesLayout tiles_layout(const DecodeParams& d, int grid) {
   TilesLayout L;
   const int kind = decode_tiles_kind(d.w);
@@ -476,7 +565,10 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid) {
   L.epi_n = static_cast<int>(tiles_per_cta * 16);
   off += (2 * tiles_per_cta * 16 * 4 + 127) / 128 * 128;
   L.ring_off = static_cast<int>(off);
-  L.smem = off + static_cast<int64_t>(kTilesWarps) * kTilesDepth * slot_bytes(kind);
+  const int var = tiles_variant_of(d);
+  L.depth = (var & kTilesDeep) ? kTilesDepthDeep : kTilesDepth;
+  L.chunk_groups = (L.ipt + kActChunksMax - 1) / kActChunksMax;
+  L.smem = off + static_cast<int64_t>(kTilesWarps) * L.depth * slot_bytes(kind);
   return L;
 }
 
@@ -531,9 +623,9 @@ int tiles_grid(const DecodeParams& d) {
 }
 
 // Launches the GEMV with programmatic stream serialization (PDL).
-template <int KIND, int NT, typename XT = void>
+template <int KIND, int NT, typename XT = void, int VAR = 0>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_tiles_kernel<KIND, NT, XT>;
+  auto kernel = gemv_tiles_kernel<KIND, NT, XT, VAR>;
   tiles_smem(kernel, L.smem);
   launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
                    static_cast<size_t>(L.smem), stream, d, L);
@@ -691,10 +783,25 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
     using XT = typename decltype(xt_tag)::type;
     if constexpr (!std::is_void<XT>::value) {  // fused: M <= kTilesFuseLimit, one n8 tile
       launch_tiles<KIND, 1, XT>(d, L, grid, stream);
-    } else if (two) {
-      launch_tiles<KIND, 2>(d, L, grid, stream);
     } else {
-      launch_tiles<KIND, 1>(d, L, grid, stream);
+      auto by_var = [&](auto nt_tag) {
+        constexpr int NT = decltype(nt_tag)::value;
+        switch (tiles_variant_of(d)) {
+          case 0: launch_tiles<KIND, NT, void, 0>(d, L, grid, stream); break;
+          case 1: launch_tiles<KIND, NT, void, 1>(d, L, grid, stream); break;
+          case 2: launch_tiles<KIND, NT, void, 2>(d, L, grid, stream); break;
+          case 3: launch_tiles<KIND, NT, void, 3>(d, L, grid, stream); break;
+          case 4: launch_tiles<KIND, NT, void, 4>(d, L, grid, stream); break;
+          case 5: launch_tiles<KIND, NT, void, 5>(d, L, grid, stream); break;
+          case 6: launch_tiles<KIND, NT, void, 6>(d, L, grid, stream); break;
+          default: launch_tiles<KIND, NT, void, 7>(d, L, grid, stream); break;
+        }
+      };
+      if (two) {
+        by_var(std::integral_constant<int, 2>{});
+      } else {
+        by_var(std::integral_constant<int, 1>{});
+      }
     }
   };
   auto by_x = [&](auto kind_tag) {

@@ -34,6 +34,12 @@ int64_t decode_tiles_bytes(const PackedWeightRef& w);
 // then `out` must not be used.
 bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream);
 
+// Variant bits of the two-kernel path (codes from the rotate kernel), DecodeParams::tiles_variant
+// and DecodeTilesTuning::variant; every combination gives the default's bits (session 11 A/B).
+constexpr int kTilesMerge = 1;      // packed 4-bit: X - Y merged per byte, one s8 mma set
+constexpr int kTilesActChunks = 2;  // activation codes in <= 8 bulk pieces, one mbarrier each
+constexpr int kTilesDeep = 4;       // 6 ring slots per warp instead of 4
+
 // Largest M for which every CTA of the tiled kernel rotates + quantizes x itself (d.x set: one
 // launch for the layer, no rotate kernel).
 constexpr int64_t kTilesFuseLimit = 2;
@@ -58,6 +64,8 @@ struct DecodeTilesTuning {
   // rotate kernel (PDL) + the GEMV for every M (the session-6 path). H200 run 19, stream of 8
   // layers 1 x 5120 -> 13824, per layer: int4 14.2 vs 15.1 us, comfy 13.0 vs 15.1.
   int fuse_max_m = kTilesFuseLimit;
+  // kTiles* variant bits for the two-kernel path (0: the default kernel).
+  int variant = 0;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream

@@ -362,7 +362,7 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   // tiles per CTA (O 5000), M 1 / 3 / 8 / 9 / 16 (one and two n8 activation tiles).
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 136, 384, DType::bf16,
                                                 true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 9, 8, 1152, DType::f16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 9, 8, 3328, DType::f16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 16, 5000, 1408, DType::bf16,
                                                 false));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 1, 5000, 768,
@@ -403,6 +403,36 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     two.fuse_max_m = 0;
     add("two_kernels", two, QType::convrot_int4, 1, 5000, 1280, DType::bf16, true);
     add("two_kernels", two, QType::convrot_comfy_w4a4, 2, 264, 768, DType::f16, false);
+    // Session 11 variants of the two-kernel path (DecodeTilesTuning::variant, fuse_max_m 0 so
+    // M 1 takes them too): merge (packed 4-bit X - Y in one s8 mma set), act_chunks (activation
+    // codes in bulk pieces with one mbarrier each; K 3328 = 26 groups: 7 pieces of 4, the last
+    // 2; K 8448 = 66 groups: 8 pieces of 9, the last 3; K 256: 2 pieces of 1), deep (6 ring
+    // slots), all three.
+    auto variant = [](int bits) {
+      cl::DecodeTilesTuning t;
+      t.fuse_max_m = 0;
+      t.variant = bits;
+      return t;
+    };
+    const cl::DecodeTilesTuning merge = variant(cl::kTilesMerge);
+    const cl::DecodeTilesTuning chunks = variant(cl::kTilesActChunks);
+    const cl::DecodeTilesTuning deep = variant(cl::kTilesDeep);
+    const cl::DecodeTilesTuning all = variant(cl::kTilesMerge | cl::kTilesActChunks | cl::kTilesDeep);
+    add("merge", merge, QType::convrot_int4, 1, 1032, 1280, DType::bf16, true);
+    add("merge", merge, QType::convrot_int4, 5, 2056, 3328, DType::f16, false);
+    add("merge", merge, QType::convrot_int4, 16, 5000, 768, DType::bf16, true);
+    add("merge", merge, QType::convrot_int4, 16, 136, 8448, DType::f16, true);
+    add("act_chunks", chunks, QType::convrot_int4, 1, 264, 3328, DType::bf16, true);
+    add("act_chunks", chunks, QType::convrot_comfy_w4a4, 5, 1032, 3328, DType::f16, true);
+    add("act_chunks", chunks, QType::convrot_int4, 16, 2056, 8448, DType::bf16, false);
+    add("act_chunks", chunks, QType::convrot_comfy_w4a4, 16, 5000, 1280, DType::bf16, true);
+    add("act_chunks", chunks, QType::convrot_comfy_w4a4, 9, 136, 256, DType::f16, false);
+    add("deep", deep, QType::convrot_int4, 16, 1032, 1280, DType::bf16, true);
+    add("deep", deep, QType::convrot_comfy_w4a4, 7, 4104, 768, DType::f16, true);
+    add("all", all, QType::convrot_int4, 16, 4104, 5120, DType::bf16, true);
+    add("all", all, QType::convrot_int4, 1, 40, 3328, DType::f16, false);
+    add("all", all, QType::convrot_comfy_w4a4, 16, 2056, 3328, DType::bf16, true);
+    add("all", all, QType::convrot_comfy_w4a4, 3, 264, 8448, DType::f16, true);
   }
 #endif
 
