@@ -447,8 +447,14 @@ class DecodeStreamBench : public BenchCase {
               V{"rotate (PDL) + tiles, variant act_chunks + merge + deep", true, false, false,
                 cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesDeep},
               V{"tiles alone, variant act_chunks + merge", false, false, false,
-                cl::kTilesActChunks | cl::kTilesMerge}}) {
-          if (v.variant && M < 16) continue;
+                cl::kTilesActChunks | cl::kTilesMerge},
+              V{"rotate (PDL) + tiles, variant bulk (ring items as bulk copies)", true, false,
+                false, cl::kTilesBulk},
+              V{"tiles alone, variant bulk", false, false, false, cl::kTilesBulk},
+              V{"tiles fused, register rotation, variant bulk (ring items as bulk copies)", false,
+                true, false, cl::kTilesBulk}}) {
+          // Variants at M 16 (the two-kernel path); bulk also at M 1 (fused and alone).
+          if (v.variant && M < 16 && !(v.variant == cl::kTilesBulk && !v.rotate)) continue;
           if (comfy && v.variant == (v.variant & cl::kTilesMerge) && v.variant) continue;
           Row r;
           r.family = "linear";
@@ -563,7 +569,7 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1, 2}) {
+        for (const int fused : {0, 1, 2, 3}) {
           if (fused == 1 && M > cl::kTilesFuseLimit) continue;
           if (fused == 2 && M <= cl::kTilesFuseLimit) continue;
           Row r;
@@ -572,6 +578,7 @@ class DecodeStreamBench : public BenchCase {
                  qtype_name(q) + ": QuantizedLinear::forward (" +
                  (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
                   : fused == 2 ? "DecodeTilesTuning::variant = act_chunks + merge"
+                  : fused == 3 ? "DecodeTilesTuning::variant = bulk"
                                : "layer defaults") +
                  "), per layer";
           r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
@@ -591,6 +598,7 @@ class DecodeStreamBench : public BenchCase {
             cl::DecodeTilesTuning t;
             if (fused == 1) t.fuse_max_m = 0;
             if (fused == 2) t.variant = cl::kTilesActChunks | cl::kTilesMerge;
+            if (fused == 3) t.variant = cl::kTilesBulk;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

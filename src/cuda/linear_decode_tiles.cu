@@ -272,11 +272,13 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   constexpr int D = (VAR & kTilesDeep) ? kTilesDepthDeep : kTilesDepth;
   constexpr bool kMerge = KIND == kTilesInt4 && (VAR & kTilesMerge) != 0;
   constexpr bool kChunks = (VAR & kTilesActChunks) != 0;
+  constexpr bool kBulk = (VAR & kTilesBulk) != 0;
   constexpr bool kFused = !std::is_void<XT>::value;
-  static_assert(!kFused || VAR == 0, "variants of the two-kernel path only");
+  static_assert(!kFused || (VAR & ~kTilesBulk) == 0, "the fused mode takes kTilesBulk only");
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
   __shared__ __align__(8) uint64_t s_actbar[kActChunksMax];
+  __shared__ __align__(8) uint64_t s_ringbar[kBulk ? W * D : 1];  // kBulk: one per ring slot
   __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -301,15 +303,36 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
 
   // Item k of this warp into slot s: lane l copies its 16 bytes of both chunks, lanes 0..7 the
   // tables of rows l and l + 8 (packed 4-bit).
+  // kBulk: lane 0 requests the item's 1024 (+ 128) contiguous bytes as one (two) bulk copies
+  // completing on the slot's mbarrier.
   auto issue = [&](int k, int s) {
-    const uint8_t* src = codes + static_cast<int64_t>(k) * kItemBytes + lane * 16;
     uint8_t* slot = ring + s * SLOT;
-    cp_async16(smem_u32(slot + lane * 16), src);
-    cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
-    if (KIND == kTilesInt4 && lane < 8)
-      cp_async16(smem_u32(slot + kItemBytes + lane * 16),
-                 tables + static_cast<int64_t>(k) * kTableBytes + lane * 16);
+    if constexpr (kBulk) {
+      if (lane == 0) {
+        const uint32_t bar = smem_u32(&s_ringbar[warp * D + s]);
+        ptx::mbar_arrive_expect_tx(bar, SLOT);
+        ptx::bulk_g2s(smem_u32(slot), codes + static_cast<int64_t>(k) * kItemBytes, kItemBytes,
+                      bar);
+        if (KIND == kTilesInt4)
+          ptx::bulk_g2s(smem_u32(slot + kItemBytes), tables + static_cast<int64_t>(k) * kTableBytes,
+                        kTableBytes, bar);
+      }
+    } else {
+      const uint8_t* src = codes + static_cast<int64_t>(k) * kItemBytes + lane * 16;
+      cp_async16(smem_u32(slot + lane * 16), src);
+      cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
+      if (KIND == kTilesInt4 && lane < 8)
+        cp_async16(smem_u32(slot + kItemBytes + lane * 16),
+                   tables + static_cast<int64_t>(k) * kTableBytes + lane * 16);
+    }
   };
+  if constexpr (kBulk) {
+    if (lane == 0) {
+      for (int s = 0; s < D; ++s) ptx::mbar_init(smem_u32(&s_ringbar[warp * D + s]), 1);
+      ptx::mbar_fence_init();
+    }
+    __syncwarp();
+  }
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
     if (k < n_items) issue(k, k);
@@ -386,8 +409,13 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   // Local tile and group of the current item.
   int tl = static_cast<int>(first / ipt - t0), g = static_cast<int>(first % ipt);
   int slot = 0;
+  uint32_t phase = 0;  // kBulk: parity of the slot's current use
   for (int k = 0; k < n_items; ++k) {
-    cp_async_wait<D - 2>();  // this lane's copies of item k landed
+    if constexpr (kBulk) {
+      ptx::mbar_wait_bounded(smem_u32(&s_ringbar[warp * D + slot]), phase);  // item k landed
+    } else {
+      cp_async_wait<D - 2>();  // this lane's copies of item k landed
+    }
     __syncwarp();            // ... and every lane's (tables); slot k - 1 is read by all lanes
     if (k + D - 1 < n_items) issue(k + D - 1, slot == 0 ? D - 1 : slot - 1);
     cp_async_commit();
@@ -464,7 +492,7 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
         }
       }
     }
-    if (++slot == D) slot = 0;
+    if (++slot == D) slot = 0, phase ^= 1u;
     const bool tile_end = ++g == ipt;
     if (tile_end) g = 0;
     if (tile_end || k == n_items - 1) {
@@ -543,8 +571,8 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 
 // The variant bits the kernel runs for d: none for the fused mode (x in), no merge for comfy.
 int tiles_variant_of(const DecodeParams& d) {
-  if (d.x) return 0;
-  int v = d.tiles_variant & (kTilesMerge | kTilesActChunks | kTilesDeep);
+  if (d.x) return d.tiles_variant & kTilesBulk;
+  int v = d.tiles_variant & (kTilesMerge | kTilesActChunks | kTilesDeep | kTilesBulk);
   if (decode_tiles_kind(d.w) == kTilesComfy) v &= ~kTilesMerge;
   return v;
 }
@@ -629,6 +657,19 @@ void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStr
   tiles_smem(kernel, L.smem);
   launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
                    static_cast<size_t>(L.smem), stream, d, L);
+}
+// The two-kernel path's instance for variant bits `var` (tiles_variant_of: comfy never has
+// kTilesMerge, so those instances are not built).
+template <int KIND, int NT, int V>
+void launch_var(int var, const DecodeParams& d, const TilesLayout& L, int grid,
+                cudaStream_t stream) {
+  if (var == V) {
+    if constexpr (!(KIND == kTilesComfy && (V & kTilesMerge))) {
+      launch_tiles<KIND, NT, void, V>(d, L, grid, stream);
+    }
+    return;
+  }
+  if constexpr (V + 1 < 16) launch_var<KIND, NT, V + 1>(var, d, L, grid, stream);
 }
 
 // A read-only stream of the layout (bench only; the roofline of the GEMV): the grid's items
@@ -781,27 +822,17 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   auto launch = [&](auto kind_tag, auto xt_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
     using XT = typename decltype(xt_tag)::type;
+    const int var = tiles_variant_of(d);
     if constexpr (!std::is_void<XT>::value) {  // fused: M <= kTilesFuseLimit, one n8 tile
-      launch_tiles<KIND, 1, XT>(d, L, grid, stream);
-    } else {
-      auto by_var = [&](auto nt_tag) {
-        constexpr int NT = decltype(nt_tag)::value;
-        switch (tiles_variant_of(d)) {
-          case 0: launch_tiles<KIND, NT, void, 0>(d, L, grid, stream); break;
-          case 1: launch_tiles<KIND, NT, void, 1>(d, L, grid, stream); break;
-          case 2: launch_tiles<KIND, NT, void, 2>(d, L, grid, stream); break;
-          case 3: launch_tiles<KIND, NT, void, 3>(d, L, grid, stream); break;
-          case 4: launch_tiles<KIND, NT, void, 4>(d, L, grid, stream); break;
-          case 5: launch_tiles<KIND, NT, void, 5>(d, L, grid, stream); break;
-          case 6: launch_tiles<KIND, NT, void, 6>(d, L, grid, stream); break;
-          default: launch_tiles<KIND, NT, void, 7>(d, L, grid, stream); break;
-        }
-      };
-      if (two) {
-        by_var(std::integral_constant<int, 2>{});
+      if (var & kTilesBulk) {
+        launch_tiles<KIND, 1, XT, kTilesBulk>(d, L, grid, stream);
       } else {
-        by_var(std::integral_constant<int, 1>{});
+        launch_tiles<KIND, 1, XT>(d, L, grid, stream);
       }
+    } else if (two) {
+      launch_var<KIND, 2, 0>(var, d, L, grid, stream);
+    } else {
+      launch_var<KIND, 1, 0>(var, d, L, grid, stream);
     }
   };
   auto by_x = [&](auto kind_tag) {

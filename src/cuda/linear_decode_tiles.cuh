@@ -34,11 +34,14 @@ int64_t decode_tiles_bytes(const PackedWeightRef& w);
 // then `out` must not be used.
 bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream);
 
-// Variant bits of the two-kernel path (codes from the rotate kernel), DecodeParams::tiles_variant
-// and DecodeTilesTuning::variant; every combination gives the default's bits (session 11 A/B).
+// Variant bits of the two-kernel path (codes from the rotate kernel; the fused mode takes
+// kTilesBulk only), DecodeParams::tiles_variant and DecodeTilesTuning::variant; every combination
+// gives the default's bits (session 11 A/B).
 constexpr int kTilesMerge = 1;      // packed 4-bit: X - Y merged per byte, one s8 mma set
 constexpr int kTilesActChunks = 2;  // activation codes in <= 8 bulk pieces, one mbarrier each
 constexpr int kTilesDeep = 4;       // 6 ring slots per warp instead of 4
+constexpr int kTilesBulk = 8;       // ring items as bulk copies (one lane, slot mbarriers); also
+                                    // taken by the fused mode
 
 // Largest M for which every CTA of the tiled kernel rotates + quantizes x itself (d.x set: one
 // launch for the layer, no rotate kernel).

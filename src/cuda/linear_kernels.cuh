@@ -197,8 +197,8 @@ struct DecodeParams {
   // The weight's decode-tile layout (linear_decode_tiles.cuh, decode_tiles_build of w), or null:
   // when set and decode_tiles_applies, decode_gemv runs the tiled kernel on it.
   const uint8_t* tiles = nullptr;
-  // Tiled kernel variant bits (kTilesMerge / kTilesActChunks / kTilesDeep, linear_decode_tiles.cuh;
-  // ignored in the fused mode): A/B rows and cases, same bits.
+  // Tiled kernel variant bits (kTilesMerge / kTilesActChunks / kTilesDeep / kTilesBulk,
+  // linear_decode_tiles.cuh; the fused mode takes kTilesBulk only): A/B rows and cases, same bits.
   int tiles_variant = 0;
   // Streaming kernel: one CTA per 8 output columns (the round-1 grid) instead of the resident
   // grid; for A/B bench rows, same bits.

@@ -433,6 +433,19 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("all", all, QType::convrot_int4, 1, 40, 3328, DType::f16, false);
     add("all", all, QType::convrot_comfy_w4a4, 16, 2056, 3328, DType::bf16, true);
     add("all", all, QType::convrot_comfy_w4a4, 3, 264, 8448, DType::f16, true);
+    // bulk: the ring's items as bulk copies (lane 0, one mbarrier per slot), in the fused mode
+    // (M 1 / 2, default fuse_max_m) and the two-kernel path.
+    cl::DecodeTilesTuning bulk;
+    bulk.variant = cl::kTilesBulk;
+    add("bulk", bulk, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
+    add("bulk", bulk, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
+    add("bulk", bulk, QType::convrot_int4, 2, 5000, 1280, DType::f16, false);
+    add("bulk", bulk, QType::convrot_int4, 5, 2056, 3328, DType::bf16, true);
+    add("bulk", bulk, QType::convrot_comfy_w4a4, 16, 1032, 8448, DType::f16, true);
+    const cl::DecodeTilesTuning bulk_all =
+        variant(cl::kTilesMerge | cl::kTilesActChunks | cl::kTilesDeep | cl::kTilesBulk);
+    add("bulk_all", bulk_all, QType::convrot_int4, 16, 4104, 5120, DType::bf16, true);
+    add("bulk_all", bulk_all, QType::convrot_comfy_w4a4, 9, 2056, 3328, DType::f16, false);
   }
 #endif
 
