@@ -424,6 +424,10 @@ class DecodeStreamBench : public BenchCase {
           bool probe = false;  // the read-only stream probe instead of the GEMV
           int variant = 0;     // DecodeParams::tiles_variant (kTiles* bits; M 16 rows only)
         };
+        // kTilesFlag rows: the rotate kernel's row signals (a fresh token per layer call).
+        DeviceTensor flags = make_empty(Device::cuda, DType::u8, {64});
+        ok(cudaMemsetAsync(flags.view.data, 0, 64, s), "memset");
+        uint32_t token = 0;
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
         // run 11's default, the register activation copy, fused depth 8, the shared-memory fused
@@ -452,7 +456,11 @@ class DecodeStreamBench : public BenchCase {
                 false, cl::kTilesBulk},
               V{"tiles alone, variant bulk", false, false, false, cl::kTilesBulk},
               V{"tiles fused, register rotation, variant bulk (ring items as bulk copies)", false,
-                true, false, cl::kTilesBulk}}) {
+                true, false, cl::kTilesBulk},
+              V{"rotate (PDL) + tiles, variant flag (row signals instead of the grid wait)", true,
+                false, false, cl::kTilesFlag},
+              V{"rotate (PDL) + tiles, variant flag + act_chunks + merge", true, false, false,
+                cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge}}) {
           // Variants at M 16 (the two-kernel path); bulk also at M 1 (fused and alone).
           if (v.variant && M < 16 && !(v.variant == cl::kTilesBulk && !v.rotate)) continue;
           if (comfy && v.variant == (v.variant & cl::kTilesMerge) && v.variant) continue;
@@ -490,7 +498,18 @@ class DecodeStreamBench : public BenchCase {
                          cl::decode_tiles_stream_probe(p, s);
                          continue;
                        }
-                       if (v.rotate) cl::rotate_quantize(rp, s);
+                       if (v.rotate) {
+                         cl::RotateQuantParams rl = rp;
+                         if ((v.variant & cl::kTilesFlag) && cl::rotate_quantize_signals(rl)) {
+                           if (++token == 0) ++token;
+                           rl.done_flags = static_cast<uint32_t*>(flags.view.data);
+                           rl.done_token = token;
+                           p.act_flags = rl.done_flags;
+                           p.act_flag_count = static_cast<int>(M);
+                           p.act_token = token;
+                         }
+                         cl::rotate_quantize(rl, s);
+                       }
                        cl::decode_tiles(p, s);
                      }
                    }) /
@@ -569,9 +588,9 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1, 2, 3}) {
+        for (const int fused : {0, 1, 2, 3, 4}) {
           if (fused == 1 && M > cl::kTilesFuseLimit) continue;
-          if (fused == 2 && M <= cl::kTilesFuseLimit) continue;
+          if ((fused == 2 || fused == 4) && M <= cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -579,6 +598,7 @@ class DecodeStreamBench : public BenchCase {
                  (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
                   : fused == 2 ? "DecodeTilesTuning::variant = act_chunks + merge"
                   : fused == 3 ? "DecodeTilesTuning::variant = bulk"
+                  : fused == 4 ? "DecodeTilesTuning::variant = flag + act_chunks + merge"
                                : "layer defaults") +
                  "), per layer";
           r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
@@ -599,6 +619,7 @@ class DecodeStreamBench : public BenchCase {
             if (fused == 1) t.fuse_max_m = 0;
             if (fused == 2) t.variant = cl::kTilesActChunks | cl::kTilesMerge;
             if (fused == 3) t.variant = cl::kTilesBulk;
+            if (fused == 4) t.variant = cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

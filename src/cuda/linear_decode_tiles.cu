@@ -372,7 +372,23 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       ptx::mbar_arrive_expect_tx(smem_u32(&s_actbar[c]), bytes);
     }
   }
-  ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
+  if (!kFused && p.act_flags) {
+    // kTilesFlag: the rotate kernel's CTAs signal their rows (release); acquire them here
+    // instead of waiting for that grid to complete. Bounded: a missing signal traps.
+    if (threadIdx.x < p.act_flag_count) {
+      const uint32_t* f = p.act_flags + threadIdx.x;
+      uint32_t v = 0, n = 0;
+      while (true) {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+        if (v == p.act_token) break;
+        if (++n > (1u << 26)) __trap();
+        __nanosleep(32);
+      }
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");  // for the bulk act copies
+    }
+  } else {
+    ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
+  }
   __syncthreads();
   Epilogue ep = p.ep;
   if constexpr (kFused) {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself

@@ -446,6 +446,15 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
         variant(cl::kTilesMerge | cl::kTilesActChunks | cl::kTilesDeep | cl::kTilesBulk);
     add("bulk_all", bulk_all, QType::convrot_int4, 16, 4104, 5120, DType::bf16, true);
     add("bulk_all", bulk_all, QType::convrot_comfy_w4a4, 9, 2056, 3328, DType::f16, false);
+    // flag: the rotate kernel signals its rows, the GEMV acquires the flags instead of
+    // griddepcontrol.wait (two-kernel path; alone and with act_chunks + merge).
+    const cl::DecodeTilesTuning flag = variant(cl::kTilesFlag);
+    const cl::DecodeTilesTuning flag_cm =
+        variant(cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge);
+    add("flag", flag, QType::convrot_int4, 1, 1032, 1280, DType::bf16, true);
+    add("flag", flag, QType::convrot_comfy_w4a4, 16, 2056, 3328, DType::f16, true);
+    add("flag", flag_cm, QType::convrot_int4, 16, 5000, 5120, DType::bf16, true);
+    add("flag", flag_cm, QType::convrot_comfy_w4a4, 5, 136, 8448, DType::bf16, false);
   }
 #endif
 
