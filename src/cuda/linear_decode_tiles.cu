@@ -263,8 +263,8 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // At most 88 registers: 512 x 88 + the register rotate kernel's CTA (320 threads x 64) fit in
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
-// VAR: kTilesMerge / kTilesActChunks / kTilesDeep bits (linear_decode_tiles.cuh; 0 for the
-// fused instances).
+// VAR: kTilesMerge / kTilesActChunks / kTilesDeep / kTilesBulk bits (linear_decode_tiles.cuh;
+// the fused instances take kTilesBulk only).
 template <int KIND, int NT, typename XT = void, int VAR = 0>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -399,6 +399,7 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     if (threadIdx.x < M * n_chunks) {  // one bulk copy (row m, piece c) per thread
       const int m = threadIdx.x / n_chunks, c = threadIdx.x - m * n_chunks;
       const int bytes = min(chunk_cols, static_cast<int>(p.w.K) - c * chunk_cols);
+      if (p.act_flags) asm volatile("fence.proxy.async.global;\n" ::: "memory");
       ptx::bulk_g2s(smem_u32(act + m * L.act_stride + c * chunk_cols),
                     p.a + m * p.lda + c * chunk_cols, static_cast<uint32_t>(bytes),
                     smem_u32(&s_actbar[c]));
