@@ -460,7 +460,11 @@ class DecodeStreamBench : public BenchCase {
               V{"rotate (PDL) + tiles, variant flag (row signals instead of the grid wait)", true,
                 false, false, cl::kTilesFlag},
               V{"rotate (PDL) + tiles, variant flag + act_chunks + merge", true, false, false,
-                cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge}}) {
+                cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge},
+              V{"rotate (PDL) + tiles, variant flag + act_chunks + merge + bulk", true, false,
+                false, cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesBulk},
+              V{"rotate (PDL) + tiles, variant flag + act_chunks + merge + deep", true, false,
+                false, cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesDeep}}) {
           // Variants at M 16 (the two-kernel path); bulk also at M 1 (fused and alone).
           if (v.variant && M < 16 && !(v.variant == cl::kTilesBulk && !v.rotate)) continue;
           if (comfy && v.variant == (v.variant & cl::kTilesMerge) && v.variant) continue;
