@@ -464,7 +464,13 @@ class DecodeStreamBench : public BenchCase {
               V{"rotate (PDL) + tiles, variant flag + act_chunks + merge + bulk", true, false,
                 false, cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesBulk},
               V{"rotate (PDL) + tiles, variant flag + act_chunks + merge + deep", true, false,
-                false, cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesDeep}}) {
+                false, cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesDeep},
+              V{"rotate (PDL) + tiles, variant act_chunks + mcast (clusters of 2)", true, false,
+                false, cl::kTilesActChunks | cl::kTilesMcast},
+              V{"rotate (PDL) + tiles, variant flag + act_chunks + merge + mcast", true, false,
+                false, cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesMcast},
+              V{"tiles alone, variant act_chunks + merge + mcast", false, false, false,
+                cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesMcast}}) {
           // Variants at M 16 (the two-kernel path); bulk also at M 1 (fused and alone).
           if (v.variant && M < 16 && !(v.variant == cl::kTilesBulk && !v.rotate)) continue;
           if (comfy && v.variant == (v.variant & cl::kTilesMerge) && v.variant) continue;
@@ -592,9 +598,9 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1, 2, 3, 4}) {
+        for (const int fused : {0, 1, 2, 3, 4, 5}) {
           if (fused == 1 && M > cl::kTilesFuseLimit) continue;
-          if ((fused == 2 || fused == 4) && M <= cl::kTilesFuseLimit) continue;
+          if ((fused == 2 || fused >= 4) && M <= cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -603,6 +609,7 @@ class DecodeStreamBench : public BenchCase {
                   : fused == 2 ? "DecodeTilesTuning::variant = act_chunks + merge"
                   : fused == 3 ? "DecodeTilesTuning::variant = bulk"
                   : fused == 4 ? "DecodeTilesTuning::variant = flag + act_chunks + merge"
+                  : fused == 5 ? "DecodeTilesTuning::variant = flag + act_chunks + merge + mcast"
                                : "layer defaults") +
                  "), per layer";
           r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
@@ -624,6 +631,9 @@ class DecodeStreamBench : public BenchCase {
             if (fused == 2) t.variant = cl::kTilesActChunks | cl::kTilesMerge;
             if (fused == 3) t.variant = cl::kTilesBulk;
             if (fused == 4) t.variant = cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge;
+            if (fused == 5)
+              t.variant =
+                  cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesMcast;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

@@ -273,6 +273,8 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   constexpr bool kMerge = KIND == kTilesInt4 && (VAR & kTilesMerge) != 0;
   constexpr bool kChunks = (VAR & kTilesActChunks) != 0;
   constexpr bool kBulk = (VAR & kTilesBulk) != 0;
+  constexpr bool kMcast = (VAR & kTilesMcast) != 0;
+  static_assert(!kMcast || kChunks, "kTilesMcast copies the activations in pieces");
   constexpr bool kFused = !std::is_void<XT>::value;
   static_assert(!kFused || (VAR & ~kTilesBulk) == 0, "the fused mode takes kTilesBulk only");
   extern __shared__ __align__(128) uint8_t dsm[];
@@ -372,6 +374,11 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       ptx::mbar_arrive_expect_tx(smem_u32(&s_actbar[c]), bytes);
     }
   }
+  // kMcast: the peer CTA may write into our pieces only once our mbarriers exist.
+  if constexpr (kMcast) {
+    __syncwarp();
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  }
   if (!kFused && p.act_flags) {
     // kTilesFlag: the rotate kernel's CTAs signal their rows (release); acquire them here
     // instead of waiting for that grid to complete. Bounded: a missing signal traps.
@@ -396,13 +403,31 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     ep.a_scale = s_scale;  // a generic pointer into shared memory
     __syncthreads();
   } else if constexpr (kChunks) {
-    if (threadIdx.x < M * n_chunks) {  // one bulk copy (row m, piece c) per thread
+    uint32_t rank = 0;
+    if constexpr (kMcast) {
+      asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+      asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    }
+    // One bulk copy (row m, piece c) per thread; kMcast: rows m = rank (mod 2), written into both
+    // CTAs of the cluster (the same offsets; each CTA's mbarriers count all M rows).
+    if (threadIdx.x < M * n_chunks) {
       const int m = threadIdx.x / n_chunks, c = threadIdx.x - m * n_chunks;
       const int bytes = min(chunk_cols, static_cast<int>(p.w.K) - c * chunk_cols);
       if (p.act_flags) asm volatile("fence.proxy.async.global;\n" ::: "memory");
-      ptx::bulk_g2s(smem_u32(act + m * L.act_stride + c * chunk_cols),
-                    p.a + m * p.lda + c * chunk_cols, static_cast<uint32_t>(bytes),
-                    smem_u32(&s_actbar[c]));
+      const uint32_t dst = smem_u32(act + m * L.act_stride + c * chunk_cols);
+      const int8_t* src = p.a + m * p.lda + c * chunk_cols;
+      if constexpr (kMcast) {
+        if ((m & 1) == static_cast<int>(rank)) {
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
+              "cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+              "l"(src), "r"(static_cast<uint32_t>(bytes)), "r"(smem_u32(&s_actbar[c])),
+              "h"(static_cast<uint16_t>(3))
+              : "memory");
+        }
+      } else {
+        ptx::bulk_g2s(dst, src, static_cast<uint32_t>(bytes), smem_u32(&s_actbar[c]));
+      }
     }
   } else {
     tiles_copy_codes<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
@@ -589,8 +614,9 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 // The variant bits the kernel runs for d: none for the fused mode (x in), no merge for comfy.
 int tiles_variant_of(const DecodeParams& d) {
   if (d.x) return d.tiles_variant & kTilesBulk;
-  int v = d.tiles_variant & (kTilesMerge | kTilesActChunks | kTilesDeep | kTilesBulk);
+  int v = d.tiles_variant & (kTilesMerge | kTilesActChunks | kTilesDeep | kTilesBulk | kTilesMcast);
   if (decode_tiles_kind(d.w) == kTilesComfy) v &= ~kTilesMerge;
+  if (v & kTilesMcast) v = (v | kTilesActChunks) & ~kTilesDeep;
   return v;
 }
 
@@ -662,8 +688,16 @@ void tiles_smem(Kernel kernel, int64_t bytes) {
   limit = bytes;
 }
 
+// kTilesMcast: clusters of 2 CTAs (one per SM) that fit at once on the current device (the GPCs'
+// SM counts may leave SMs without a partner), queried once per device.
+int mcast_clusters();
+
 int tiles_grid(const DecodeParams& d) {
   const int64_t tiles = (d.w.N + 15) / 16;
+  if (tiles_variant_of(d) & kTilesMcast) {  // an even grid of co-resident pairs
+    const int64_t pairs = std::min<int64_t>(mcast_clusters(), (tiles + 1) / 2);
+    return static_cast<int>(2 * std::max<int64_t>(1, pairs));
+  }
   return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
 }
 
@@ -672,8 +706,63 @@ template <int KIND, int NT, typename XT = void, int VAR = 0>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
   auto kernel = gemv_tiles_kernel<KIND, NT, XT, VAR>;
   tiles_smem(kernel, L.smem);
-  launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
-                   static_cast<size_t>(L.smem), stream, d, L);
+  if constexpr ((VAR & kTilesMcast) != 0) {  // clusters of 2 (+ PDL); no plain fallback
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(grid));
+    cfg.blockDim = dim3(kTilesThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(L.smem);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 2;
+    check_cuda(cudaLaunchKernelEx(&cfg, kernel, d, L), "decode_tiles", "cluster launch");
+  } else {
+    launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
+                     static_cast<size_t>(L.smem), stream, d, L);
+  }
+}
+
+int mcast_clusters() {
+  static std::mutex mu;
+  static std::map<int, int> cache;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  // A representative instance at (about) the largest shared memory of the kernel (one CTA per SM).
+  auto kernel = gemv_tiles_kernel<kTilesInt4, 2, void, kTilesActChunks | kTilesMcast>;
+  int optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+             "decode_tiles", "shared memory");
+  const int smem = optin - 4096;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+             "decode_tiles", "shared memory");
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(multiprocessor_count() / 2 * 2));
+  cfg.blockDim = dim3(kTilesThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  n = std::max(1, std::min(n, multiprocessor_count() / 2));
+  cache.emplace(dev, n);
+  return n;
 }
 // The two-kernel path's instance for variant bits `var` (tiles_variant_of: comfy never has
 // kTilesMerge, so those instances are not built).
@@ -686,7 +775,22 @@ void launch_var(int var, const DecodeParams& d, const TilesLayout& L, int grid,
     }
     return;
   }
-  if constexpr (V + 1 < 16) launch_var<KIND, NT, V + 1>(var, d, L, grid, stream);
+  if constexpr (V + 1 < 16) {
+    launch_var<KIND, NT, V + 1>(var, d, L, grid, stream);
+  } else if constexpr (V == 15) {  // kTilesMcast: with act_chunks, merge / bulk optional
+    constexpr int C = kTilesMcast | kTilesActChunks;
+    if (var == C) {
+      launch_tiles<KIND, NT, void, C>(d, L, grid, stream);
+    } else if (var == (C | kTilesBulk)) {
+      launch_tiles<KIND, NT, void, C | kTilesBulk>(d, L, grid, stream);
+    } else if constexpr (KIND == kTilesInt4) {
+      if (var == (C | kTilesMerge)) {
+        launch_tiles<KIND, NT, void, C | kTilesMerge>(d, L, grid, stream);
+      } else if (var == (C | kTilesMerge | kTilesBulk)) {
+        launch_tiles<KIND, NT, void, C | kTilesMerge | kTilesBulk>(d, L, grid, stream);
+      }
+    }
+  }
 }
 
 // A read-only stream of the layout (bench only; the roofline of the GEMV): the grid's items

@@ -42,6 +42,9 @@ constexpr int kTilesActChunks = 2;  // activation codes in <= 8 bulk pieces, one
 constexpr int kTilesDeep = 4;       // 6 ring slots per warp instead of 4
 constexpr int kTilesBulk = 8;       // ring items as bulk copies (one lane, slot mbarriers); also
                                     // taken by the fused mode
+constexpr int kTilesMcast = 32;     // with kTilesActChunks: clusters of 2 CTAs, each CTA copies
+                                    // half the activation rows multicast into both (half the L2
+                                    // reads); not with kTilesDeep
 constexpr int kTilesFlag = 16;      // the layer: the rotate kernel signals its rows by flags
                                     // (DecodeParams::act_flags), the GEMV acquires them instead
                                     // of griddepcontrol.wait (a run-time branch, no instance)

@@ -455,6 +455,19 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("flag", flag, QType::convrot_comfy_w4a4, 16, 2056, 3328, DType::f16, true);
     add("flag", flag_cm, QType::convrot_int4, 16, 5000, 5120, DType::bf16, true);
     add("flag", flag_cm, QType::convrot_comfy_w4a4, 5, 136, 8448, DType::bf16, false);
+    // mcast: clusters of 2 CTAs sharing the activation pieces by multicast bulk copies (with
+    // act_chunks; O 40 = 3 tiles: a CTA of a pair without tiles still copies and waits).
+    constexpr int kMc = cl::kTilesMcast | cl::kTilesActChunks;
+    add("mcast", variant(kMc), QType::convrot_int4, 1, 40, 3328, DType::bf16, true);
+    add("mcast", variant(kMc), QType::convrot_comfy_w4a4, 5, 2056, 1280, DType::f16, true);
+    add("mcast", variant(kMc | cl::kTilesMerge), QType::convrot_int4, 16, 5000, 5120,
+        DType::bf16, true);
+    add("mcast", variant(kMc | cl::kTilesMerge | cl::kTilesFlag), QType::convrot_int4, 16, 1032,
+        8448, DType::bf16, false);
+    add("mcast", variant(kMc | cl::kTilesBulk | cl::kTilesFlag), QType::convrot_comfy_w4a4, 16,
+        4104, 3328, DType::bf16, true);
+    add("mcast", variant(kMc | cl::kTilesMerge | cl::kTilesBulk), QType::convrot_int4, 9, 136,
+        256, DType::f16, true);
   }
 #endif
 
