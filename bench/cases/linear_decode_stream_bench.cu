@@ -457,6 +457,10 @@ class DecodeStreamBench : public BenchCase {
               V{"tiles alone, variant bulk", false, false, false, cl::kTilesBulk},
               V{"tiles fused, register rotation, variant bulk (ring items as bulk copies)", false,
                 true, false, cl::kTilesBulk},
+              V{"tiles fused, register rotation, variant deep (6 ring slots)", false, true, false,
+                cl::kTilesDeep},
+              V{"tiles fused, register rotation, variant deep + bulk", false, true, false,
+                cl::kTilesDeep | cl::kTilesBulk},
               V{"rotate (PDL) + tiles, variant flag (row signals instead of the grid wait)", true,
                 false, false, cl::kTilesFlag},
               V{"rotate (PDL) + tiles, variant flag + act_chunks + merge", true, false, false,
@@ -471,8 +475,9 @@ class DecodeStreamBench : public BenchCase {
                 false, cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesMcast},
               V{"tiles alone, variant act_chunks + merge + mcast", false, false, false,
                 cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesMcast}}) {
-          // Variants at M 16 (the two-kernel path); bulk also at M 1 (fused and alone).
-          if (v.variant && M < 16 && !(v.variant == cl::kTilesBulk && !v.rotate)) continue;
+          // Variants at M 16 (the two-kernel path); fused variants and "tiles alone, bulk" at M 1.
+          if (v.variant && M < 16 && !(v.fused || (v.variant == cl::kTilesBulk && !v.rotate)))
+            continue;
           if (comfy && v.variant == (v.variant & cl::kTilesMerge) && v.variant) continue;
           Row r;
           r.family = "linear";

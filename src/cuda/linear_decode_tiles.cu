@@ -263,8 +263,8 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // At most 88 registers: 512 x 88 + the register rotate kernel's CTA (320 threads x 64) fit in
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
-// VAR: kTilesMerge / kTilesActChunks / kTilesDeep / kTilesBulk bits (linear_decode_tiles.cuh;
-// the fused instances take kTilesBulk only).
+// VAR: kTilesMerge / kTilesActChunks / kTilesDeep / kTilesBulk / kTilesMcast bits
+// (linear_decode_tiles.cuh; the fused instances take kTilesBulk / kTilesDeep only).
 template <int KIND, int NT, typename XT = void, int VAR = 0>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -276,7 +276,8 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   constexpr bool kMcast = (VAR & kTilesMcast) != 0;
   static_assert(!kMcast || kChunks, "kTilesMcast copies the activations in pieces");
   constexpr bool kFused = !std::is_void<XT>::value;
-  static_assert(!kFused || (VAR & ~kTilesBulk) == 0, "the fused mode takes kTilesBulk only");
+  static_assert(!kFused || (VAR & ~(kTilesBulk | kTilesDeep)) == 0,
+                "the fused mode takes kTilesBulk / kTilesDeep only");
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
   __shared__ __align__(8) uint64_t s_actbar[kActChunksMax];
@@ -613,7 +614,7 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
 
 // The variant bits the kernel runs for d: none for the fused mode (x in), no merge for comfy.
 int tiles_variant_of(const DecodeParams& d) {
-  if (d.x) return d.tiles_variant & kTilesBulk;
+  if (d.x) return d.tiles_variant & (kTilesBulk | kTilesDeep);
   int v = d.tiles_variant & (kTilesMerge | kTilesActChunks | kTilesDeep | kTilesBulk | kTilesMcast);
   if (decode_tiles_kind(d.w) == kTilesComfy) v &= ~kTilesMerge;
   if (v & kTilesMcast) v = (v | kTilesActChunks) & ~kTilesDeep;
@@ -945,10 +946,13 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
     using XT = typename decltype(xt_tag)::type;
     const int var = tiles_variant_of(d);
     if constexpr (!std::is_void<XT>::value) {  // fused: M <= kTilesFuseLimit, one n8 tile
-      if (var & kTilesBulk) {
-        launch_tiles<KIND, 1, XT, kTilesBulk>(d, L, grid, stream);
-      } else {
-        launch_tiles<KIND, 1, XT>(d, L, grid, stream);
+      switch (var) {
+        case kTilesBulk: launch_tiles<KIND, 1, XT, kTilesBulk>(d, L, grid, stream); break;
+        case kTilesDeep: launch_tiles<KIND, 1, XT, kTilesDeep>(d, L, grid, stream); break;
+        case kTilesBulk | kTilesDeep:
+          launch_tiles<KIND, 1, XT, kTilesBulk | kTilesDeep>(d, L, grid, stream);
+          break;
+        default: launch_tiles<KIND, 1, XT>(d, L, grid, stream);
       }
     } else if (two) {
       launch_var<KIND, 2, 0>(var, d, L, grid, stream);

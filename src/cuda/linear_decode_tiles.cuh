@@ -35,11 +35,12 @@ int64_t decode_tiles_bytes(const PackedWeightRef& w);
 bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream);
 
 // Variant bits of the two-kernel path (codes from the rotate kernel; the fused mode takes
-// kTilesBulk only), DecodeParams::tiles_variant and DecodeTilesTuning::variant; every combination
+// kTilesBulk / kTilesDeep only), DecodeParams::tiles_variant and DecodeTilesTuning::variant; every combination
 // gives the default's bits (session 11 A/B).
 constexpr int kTilesMerge = 1;      // packed 4-bit: X - Y merged per byte, one s8 mma set
 constexpr int kTilesActChunks = 2;  // activation codes in <= 8 bulk pieces, one mbarrier each
-constexpr int kTilesDeep = 4;       // 6 ring slots per warp instead of 4
+constexpr int kTilesDeep = 4;       // 6 ring slots per warp instead of 4; also taken by the
+                                    // fused mode
 constexpr int kTilesBulk = 8;       // ring items as bulk copies (one lane, slot mbarriers); also
                                     // taken by the fused mode
 constexpr int kTilesMcast = 32;     // with kTilesActChunks: clusters of 2 CTAs, each CTA copies

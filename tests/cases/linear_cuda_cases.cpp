@@ -442,6 +442,15 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("bulk", bulk, QType::convrot_int4, 2, 5000, 1280, DType::f16, false);
     add("bulk", bulk, QType::convrot_int4, 5, 2056, 3328, DType::bf16, true);
     add("bulk", bulk, QType::convrot_comfy_w4a4, 16, 1032, 8448, DType::f16, true);
+    // fused_deep: the fused mode (M 1 / 2) with 6 ring slots, with and without bulk copies.
+    cl::DecodeTilesTuning fdeep;
+    fdeep.variant = cl::kTilesDeep;
+    cl::DecodeTilesTuning fdeep_bulk;
+    fdeep_bulk.variant = cl::kTilesDeep | cl::kTilesBulk;
+    add("fused_deep", fdeep, QType::convrot_int4, 1, 4104, 5120, DType::bf16, true);
+    add("fused_deep", fdeep, QType::convrot_comfy_w4a4, 2, 264, 768, DType::f16, false);
+    add("fused_deep", fdeep_bulk, QType::convrot_int4, 2, 1032, 1280, DType::bf16, true);
+    add("fused_deep", fdeep_bulk, QType::convrot_comfy_w4a4, 1, 5000, 5120, DType::bf16, true);
     const cl::DecodeTilesTuning bulk_all =
         variant(cl::kTilesMerge | cl::kTilesActChunks | cl::kTilesDeep | cl::kTilesBulk);
     add("bulk_all", bulk_all, QType::convrot_int4, 16, 4104, 5120, DType::bf16, true);
