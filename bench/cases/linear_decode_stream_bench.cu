@@ -155,30 +155,27 @@ __global__ void __launch_bounds__(512) read_ceiling_kernel(ReadArgs a) {
     base = b * W / G, stride = T, lim = (b + 1) * W / G;
   }
   const int64_t n = base + tid < lim ? (lim - base - tid + stride - 1) / stride : 0;
-  const int64_t total = n * a.nsrc;
-  int ll = 0;
-  int64_t kk = 0;
-  const uint8_t* src = a.nsrc > 1 ? a.srcs[0] : a.src;
-  auto next = [&]() {
-    const uint4 v = ld_stream16(src + (base + kk * stride + tid) * 16);
-    if (++kk == n) {
-      kk = 0;
-      if (++ll < a.nsrc) src = a.srcs[ll];
-    }
-    return v;
-  };
-  uint4 r[U];
-#pragma unroll
-  for (int j = 0; j < U; ++j) r[j] = j < total ? next() : make_uint4(0u, 0u, 0u, 0u);
-  cuda::ptx::griddep_launch_dependents();
-  if (WAIT) cuda::ptx::griddep_wait();
   uint32_t acc = 0;
-  for (int64_t k0 = 0; k0 < total; k0 += U) {
+  // Layer by layer (nsrc > 1: one launch over every layer; each thread's ring drains at a layer
+  // boundary, a bubble of U loads per thread, not per grid).
+  for (int l = 0; l < a.nsrc; ++l) {
+    const uint8_t* src = (a.nsrc > 1 ? a.srcs[l] : a.src) + (base + tid) * 16;
+    const int64_t step = stride * 16;
+    uint4 r[U];
 #pragma unroll
-    for (int j = 0; j < U; ++j) {
-      if (k0 + j >= total) break;
-      acc ^= r[j].x ^ r[j].y ^ r[j].z ^ r[j].w;
-      if (k0 + j + U < total) r[j] = next();
+    for (int j = 0; j < U; ++j)
+      r[j] = j < n ? ld_stream16(src + j * step) : make_uint4(0u, 0u, 0u, 0u);
+    if (l == 0) {
+      cuda::ptx::griddep_launch_dependents();
+      if (WAIT) cuda::ptx::griddep_wait();
+    }
+    for (int64_t k0 = 0; k0 < n; k0 += U) {
+#pragma unroll
+      for (int j = 0; j < U; ++j) {
+        if (k0 + j >= n) break;
+        acc ^= r[j].x ^ r[j].y ^ r[j].z ^ r[j].w;
+        if (k0 + j + U < n) r[j] = ld_stream16(src + (k0 + j + U) * step);
+      }
     }
   }
   if (acc == 0x9e3779b9u && a.sink != nullptr) *a.sink = make_uint4(acc, 0u, 0u, 0u);
