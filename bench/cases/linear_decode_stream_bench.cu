@@ -122,7 +122,11 @@ double bf16_stream_ms(const Env& env, int64_t M, int64_t N, int64_t K) {
 // Pure streaming reads of one layer's decode-tile bytes (no math), in the same stream of kLayers
 // distinct layers and timing as the GEMV rows: what any kernel of this shape can reach. Each
 // launch reads ReadArgs::nsrc layers (1: one launch per layer as the layer runs; kLayers: one
-// launch for the whole stream, no kernel boundary at all).
+// launch for the whole stream, no kernel boundary at all). H200 run 33 (int4 / comfy bytes, x
+// of cuBLASLt bf16 at M 1): per-layer flat read 3.45 / 3.69, TMA bulk 3.70 / 4.01, one launch
+// 3.82 / 4.19. The other variants measured there (4 / 16 loads in flight, 256 threads, 2 or 4
+// CTAs per SM, a grid-interleaved sweep, no griddepcontrol.wait, plain launches, waves of CTAs,
+// other bulk stage shapes, cudaMemcpyAsync D2D) are deleted: docs/linear-gpu.md, session 11.
 struct ReadArgs {
   const uint8_t* src = nullptr;            // the layer (nsrc == 1)
   const uint8_t* const* srcs = nullptr;    // device array of nsrc layers (nsrc > 1)
@@ -139,21 +143,16 @@ __device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
   return v;
 }
 
-// U 16-byte loads in flight per thread (a register ring refilled as each is consumed by one xor).
-// INTERLEAVE false: CTA b reads the contiguous words [b W / G, (b + 1) W / G), its threads side by
-// side (word c0 + k T + tid); true: the whole grid sweeps the layer together (word (k G + b) T +
-// tid). WAIT: griddepcontrol.wait after the first U loads (the GEMV's dependency on the previous
-// layer's output); the dependents are triggered there in both cases.
-template <int U, bool INTERLEAVE, bool WAIT>
+// kReadInFlight 16-byte loads in flight per thread (a register ring refilled as each is consumed
+// by one xor). CTA b reads the contiguous words [b W / G, (b + 1) W / G), its threads side by side
+// (word c0 + k T + tid). griddepcontrol.wait after the first loads (the GEMV's dependency on the
+// previous layer's output); the dependents are triggered there.
+constexpr int kReadInFlight = 8;
 __global__ void __launch_bounds__(512) read_ceiling_kernel(ReadArgs a) {
+  constexpr int U = kReadInFlight;
   const int64_t T = blockDim.x, G = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
   const int64_t W = a.words;
-  int64_t base, stride, lim;
-  if (INTERLEAVE) {
-    base = b * T, stride = G * T, lim = W;
-  } else {
-    base = b * W / G, stride = T, lim = (b + 1) * W / G;
-  }
+  const int64_t base = b * W / G, stride = T, lim = (b + 1) * W / G;
   const int64_t n = base + tid < lim ? (lim - base - tid + stride - 1) / stride : 0;
   uint32_t acc = 0;
   // Layer by layer (nsrc > 1: one launch over every layer; each thread's ring drains at a layer
@@ -167,7 +166,7 @@ __global__ void __launch_bounds__(512) read_ceiling_kernel(ReadArgs a) {
       r[j] = j < n ? ld_stream16(src + j * step) : make_uint4(0u, 0u, 0u, 0u);
     if (l == 0) {
       cuda::ptx::griddep_launch_dependents();
-      if (WAIT) cuda::ptx::griddep_wait();
+      cuda::ptx::griddep_wait();
     }
     for (int64_t k0 = 0; k0 < n; k0 += U) {
 #pragma unroll
@@ -181,11 +180,13 @@ __global__ void __launch_bounds__(512) read_ceiling_kernel(ReadArgs a) {
   if (acc == 0x9e3779b9u && a.sink != nullptr) *a.sink = make_uint4(acc, 0u, 0u, 0u);
 }
 
-// TMA bulk reads: one thread per CTA streams the CTA's contiguous bytes into S shared-memory
-// stages of `piece` bytes (cp.async.bulk, completion on one mbarrier per stage), re-issuing a
-// stage as soon as it landed; nothing reads the stages.
-template <int S>
-__global__ void __launch_bounds__(32) read_bulk_kernel(ReadArgs a, int piece) {
+// TMA bulk reads: one thread per CTA streams the CTA's contiguous bytes into kBulkStages
+// shared-memory stages of kBulkPiece bytes (cp.async.bulk, completion on one mbarrier per stage),
+// re-issuing a stage as soon as it landed; nothing reads the stages.
+constexpr int kBulkStages = 4;
+constexpr int kBulkPiece = 32768;
+__global__ void __launch_bounds__(32) read_bulk_kernel(ReadArgs a) {
+  constexpr int S = kBulkStages, piece = kBulkPiece;
   extern __shared__ __align__(128) uint8_t stage[];
   __shared__ __align__(8) uint64_t bars[S];
   const int64_t G = gridDim.x, b = blockIdx.x;
@@ -200,115 +201,60 @@ __global__ void __launch_bounds__(32) read_bulk_kernel(ReadArgs a, int piece) {
     const uint32_t bytes = static_cast<uint32_t>(left < piece ? left : piece);
     cuda::ptx::mbar_arrive_expect_tx(cuda::ptx::smem_u32(&bars[s]), bytes);
     cuda::ptx::bulk_g2s(cuda::ptx::smem_u32(stage + s * piece), a.src + c0 + i * piece, bytes,
-                  cuda::ptx::smem_u32(&bars[s]));
+                        cuda::ptx::smem_u32(&bars[s]));
   };
   for (int64_t i = 0; i < n && i < S; ++i) issue(i);
   cuda::ptx::griddep_launch_dependents();
   cuda::ptx::griddep_wait();
   for (int64_t i = 0; i < n; ++i) {
-    cuda::ptx::mbar_wait_bounded(cuda::ptx::smem_u32(&bars[i % S]), static_cast<uint32_t>((i / S) & 1));
+    cuda::ptx::mbar_wait_bounded(cuda::ptx::smem_u32(&bars[i % S]),
+                                 static_cast<uint32_t>((i / S) & 1));
     if (i + S < n) issue(i + S);
   }
 }
 
 // Rows "read ceiling": per 4-bit format, the layout's bytes of kLayers distinct layers read by
-// the kernels above (and copied by cudaMemcpyAsync D2D as a reference), per layer, against the
-// M = 1 bf16 stream of the same run.
+// the kernels above, per layer, against the M = 1 bf16 stream of the same run: the per-layer flat
+// read (one launch per layer, PDL, 1 CTA/SM x 512 threads), the TMA bulk read (1 CTA/SM), and
+// the flat read as ONE launch over every layer (no kernel boundary).
 void ceiling_rows(const Env& env, double base, std::vector<Row>& rows) {
-  namespace cl = cuda::linear;
   const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
   cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
   int dev = 0, sms = 0;
   ok(cudaGetDevice(&dev), "device");
   ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+  ok(cudaFuncSetAttribute(read_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          kBulkStages * kBulkPiece),
+     "bulk smem");
   for (const bool comfy : {false, true}) {
     const QType q = comfy ? QType::convrot_comfy_w4a4 : QType::convrot_int4;
     // Layout bytes: 1024 per (16 rows, 128 columns) item, + 128 of fold tables (convrotint4).
     const int64_t tb = (N + 15) / 16 * (K / 128) * (comfy ? 1024 : 1152);
     std::vector<DeviceTensor> bufs;
+    std::vector<const uint8_t*> hp;
     for (int l = 0; l < kLayers; ++l) {
       bufs.push_back(make_empty(Device::cuda, DType::u8, {tb}));
       ok(cudaMemsetAsync(bufs.back().view.data, 0x5a + l, static_cast<size_t>(tb), s), "memset");
+      hp.push_back(static_cast<const uint8_t*>(bufs.back().view.data));
     }
-    DeviceTensor dst = make_empty(Device::cuda, DType::u8, {tb});
-    ReadArgs all;
-    all.words = tb / 16;
-    std::vector<const uint8_t*> hp;
-    for (int l = 0; l < kLayers; ++l) hp.push_back(static_cast<const uint8_t*>(bufs[l].view.data));
     DeviceTensor dp = make_empty(Device::cuda, DType::u8, {kLayers * 8});
     ok(cudaMemcpy(dp.view.data, hp.data(), kLayers * 8, cudaMemcpyHostToDevice), "copy");
-    ReadArgs whole = all;  // one launch over every layer's bytes
+    ReadArgs one;  // one layer per launch (src set per launch)
+    one.words = tb / 16;
+    ReadArgs whole = one;  // one launch over every layer's bytes
     whole.nsrc = kLayers;
     whole.srcs = static_cast<const uint8_t* const*>(dp.view.data);
-    struct V {
-      std::string name;
-      std::function<void(int)> run;  // layer l (or the whole stream when single)
-      bool single = false;
-    };
-    auto one = [&](int l) {
-      ReadArgs a = all;
-      a.src = hp[l];
-      return a;
-    };
-    auto flat = [&](auto kernel, int ctas_per_sm, int threads, bool pdl) {
-      return [=](int l) {
-        cuda::launch_maybe_pdl(pdl, kernel, dim3(static_cast<unsigned>(sms * ctas_per_sm)),
-                               dim3(static_cast<unsigned>(threads)), 0, s, one(l));
-      };
-    };
-    auto bulk = [&](auto kernel, int ctas_per_sm, int stages, int piece) {
-      ok(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              stages * piece),
-         "bulk smem");
-      return [=](int l) {
-        cuda::launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(sms * ctas_per_sm)),
-                               dim3(32), static_cast<size_t>(stages * piece), s, one(l), piece);
-      };
-    };
-    // Non-persistent grid: one CTA of 256 threads per 64 KB (waves of CTAs).
-    const unsigned wave_grid = static_cast<unsigned>((all.words + 4095) / 4096);
-    std::vector<V> vs = {
-        {"flat read, 1 CTA/SM x 512 thr, 8 x 16 B in flight/thread, PDL (wait after 1st loads)",
-         flat(read_ceiling_kernel<8, false, true>, 1, 512, true)},
-        {"flat read, 1 CTA/SM x 512, 4 x 16 B in flight", flat(read_ceiling_kernel<4, false, true>, 1, 512, true)},
-        {"flat read, 1 CTA/SM x 512, 16 x 16 B in flight", flat(read_ceiling_kernel<16, false, true>, 1, 512, true)},
-        {"flat read, 1 CTA/SM x 256, 16 in flight", flat(read_ceiling_kernel<16, false, true>, 1, 256, true)},
-        {"flat read, 2 CTAs/SM x 512, 8 in flight", flat(read_ceiling_kernel<8, false, true>, 2, 512, true)},
-        {"flat read, 4 CTAs/SM x 256, 8 in flight", flat(read_ceiling_kernel<8, false, true>, 4, 256, true)},
-        {"flat read, 1 CTA/SM x 512, 8 in flight, grid-interleaved sweep",
-         flat(read_ceiling_kernel<8, true, true>, 1, 512, true)},
-        {"flat read, 1 CTA/SM x 512, 8 in flight, no griddepcontrol.wait (layers independent)",
-         flat(read_ceiling_kernel<8, false, false>, 1, 512, true)},
-        {"flat read, 1 CTA/SM x 512, 8 in flight, plain launches (no PDL)",
-         flat(read_ceiling_kernel<8, false, true>, 1, 512, false)},
-        {"flat read, waves: 1 CTA of 256 thr per 64 KB, 4 in flight",
-         [&one, s, wave_grid](int l) {
-           cuda::launch_maybe_pdl(true, read_ceiling_kernel<4, false, true>, dim3(wave_grid),
-                                  dim3(256), 0, s, one(l));
-         }},
-        {"TMA bulk read, 1 CTA/SM, 4 stages x 16 KB", bulk(read_bulk_kernel<4>, 1, 4, 16384)},
-        {"TMA bulk read, 1 CTA/SM, 8 stages x 16 KB", bulk(read_bulk_kernel<8>, 1, 8, 16384)},
-        {"TMA bulk read, 2 CTAs/SM, 4 stages x 16 KB", bulk(read_bulk_kernel<4>, 2, 4, 16384)},
-        {"TMA bulk read, 1 CTA/SM, 4 stages x 32 KB", bulk(read_bulk_kernel<4>, 1, 4, 32768)},
-        {"cudaMemcpyAsync D2D of the bytes (reads + writes them)",
-         [&hp, s, tb, dptr = dst.view.data](int l) {
-           ok(cudaMemcpyAsync(dptr, hp[l], static_cast<size_t>(tb),
-                              cudaMemcpyDeviceToDevice, s),
-              "copy");
-         }},
-        {"flat read, ONE launch over all layers' bytes (no kernel boundary), 1 CTA/SM x 512, 8 "
-         "in flight",
-         [s, sms, whole](int) {
-           cuda::launch_maybe_pdl(true, read_ceiling_kernel<8, false, true>,
-                                  dim3(static_cast<unsigned>(sms)), dim3(512), 0, s, whole);
-         },
-         true},
-    };
-    for (const V& v : vs) {
+    const dim3 grid(static_cast<unsigned>(sms));
+    const char* names[3] = {
+        "flat read, 1 CTA/SM x 512 thr, 8 x 16 B in flight/thread, PDL (wait after 1st loads)",
+        "TMA bulk read, 1 CTA/SM, 4 stages x 32 KB, PDL",
+        "flat read, ONE launch over all layers' bytes (no kernel boundary), 1 CTA/SM x 512, 8 "
+        "in flight"};
+    for (int v = 0; v < 3; ++v) {
       Row r;
       r.family = "linear";
       r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
-             qtype_name(q) + ": read ceiling: " + v.name + ", per layer";
+             qtype_name(q) + ": read ceiling: " + names[v] + ", per layer";
       r.shape = "1x" + std::to_string(K) + "->" + std::to_string(N) + " bf16 (" +
                 std::to_string(tb) + " B per layer)";
       r.backend = "cuda";
@@ -318,10 +264,22 @@ void ceiling_rows(const Env& env, double base, std::vector<Row>& rows) {
       r.note = "read-only: not the layer";
       try {
         r.ms = env.time_ms([&] {
-                 if (v.single) {
-                   v.run(0);
+                 if (v == 2) {
+                   cuda::launch_maybe_pdl(true, read_ceiling_kernel, grid, dim3(512), 0, s,
+                                          whole);
                  } else {
-                   for (int l = 0; l < kLayers; ++l) v.run(l);
+                   for (int l = 0; l < kLayers; ++l) {
+                     ReadArgs a = one;
+                     a.src = hp[l];
+                     if (v == 0) {
+                       cuda::launch_maybe_pdl(true, read_ceiling_kernel, grid, dim3(512), 0, s,
+                                              a);
+                     } else {
+                       cuda::launch_maybe_pdl(true, read_bulk_kernel, grid, dim3(32),
+                                              static_cast<size_t>(kBulkStages * kBulkPiece), s,
+                                              a);
+                     }
+                   }
                  }
                  ok(cudaGetLastError(), "launch");
                }) /
@@ -419,12 +377,7 @@ class DecodeStreamBench : public BenchCase {
           bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
           bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
-          int variant = 0;     // DecodeParams::tiles_variant (kTiles* bits; M 16 rows only)
         };
-        // kTilesFlag rows: the rotate kernel's row signals (a fresh token per layer call).
-        DeviceTensor flags = make_empty(Device::cuda, DType::u8, {64});
-        ok(cudaMemsetAsync(flags.view.data, 0, 64, s), "memset");
-        uint32_t token = 0;
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
         // run 11's default, the register activation copy, fused depth 8, the shared-memory fused
@@ -436,46 +389,7 @@ class DecodeStreamBench : public BenchCase {
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
                 false, true},
               V{"tiles alone (codes on the device)", false},
-              V{"stream probe: the layout's bytes read, nothing else", false, false, true},
-              V{"rotate (PDL) + tiles, variant merge (X - Y in one s8 mma set)", true, false,
-                false, cl::kTilesMerge},
-              V{"rotate (PDL) + tiles, variant act_chunks (bulk pieces, mbarrier each)", true,
-                false, false, cl::kTilesActChunks},
-              V{"rotate (PDL) + tiles, variant deep (6 ring slots)", true, false, false,
-                cl::kTilesDeep},
-              V{"rotate (PDL) + tiles, variant act_chunks + merge", true, false, false,
-                cl::kTilesActChunks | cl::kTilesMerge},
-              V{"rotate (PDL) + tiles, variant act_chunks + merge + deep", true, false, false,
-                cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesDeep},
-              V{"tiles alone, variant act_chunks + merge", false, false, false,
-                cl::kTilesActChunks | cl::kTilesMerge},
-              V{"rotate (PDL) + tiles, variant bulk (ring items as bulk copies)", true, false,
-                false, cl::kTilesBulk},
-              V{"tiles alone, variant bulk", false, false, false, cl::kTilesBulk},
-              V{"tiles fused, register rotation, variant bulk (ring items as bulk copies)", false,
-                true, false, cl::kTilesBulk},
-              V{"tiles fused, register rotation, variant deep (6 ring slots)", false, true, false,
-                cl::kTilesDeep},
-              V{"tiles fused, register rotation, variant deep + bulk", false, true, false,
-                cl::kTilesDeep | cl::kTilesBulk},
-              V{"rotate (PDL) + tiles, variant flag (row signals instead of the grid wait)", true,
-                false, false, cl::kTilesFlag},
-              V{"rotate (PDL) + tiles, variant flag + act_chunks + merge", true, false, false,
-                cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge},
-              V{"rotate (PDL) + tiles, variant flag + act_chunks + merge + bulk", true, false,
-                false, cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesBulk},
-              V{"rotate (PDL) + tiles, variant flag + act_chunks + merge + deep", true, false,
-                false, cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesDeep},
-              V{"rotate (PDL) + tiles, variant act_chunks + mcast (clusters of 2)", true, false,
-                false, cl::kTilesActChunks | cl::kTilesMcast},
-              V{"rotate (PDL) + tiles, variant flag + act_chunks + merge + mcast", true, false,
-                false, cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesMcast},
-              V{"tiles alone, variant act_chunks + merge + mcast", false, false, false,
-                cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesMcast}}) {
-          // Variants at M 16 (the two-kernel path); fused variants and "tiles alone, bulk" at M 1.
-          if (v.variant && M < 16 && !(v.fused || (v.variant == cl::kTilesBulk && !v.rotate)))
-            continue;
-          if (comfy && v.variant == (v.variant & cl::kTilesMerge) && v.variant) continue;
+              V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -490,7 +404,6 @@ class DecodeStreamBench : public BenchCase {
           cl::RotateQuantParams rp = rq;
           rp.pdl = true;
           cl::DecodeParams dl = d;
-          dl.tiles_variant = v.variant;
           if (v.fused) {  // x in, every CTA rotates + quantizes it (the layer's fused mode)
             dl.a = nullptr;
             dl.lda = 0;
@@ -510,18 +423,7 @@ class DecodeStreamBench : public BenchCase {
                          cl::decode_tiles_stream_probe(p, s);
                          continue;
                        }
-                       if (v.rotate) {
-                         cl::RotateQuantParams rl = rp;
-                         if ((v.variant & cl::kTilesFlag) && cl::rotate_quantize_signals(rl)) {
-                           if (++token == 0) ++token;
-                           rl.done_flags = static_cast<uint32_t*>(flags.view.data);
-                           rl.done_token = token;
-                           p.act_flags = rl.done_flags;
-                           p.act_flag_count = static_cast<int>(M);
-                           p.act_token = token;
-                         }
-                         cl::rotate_quantize(rl, s);
-                       }
+                       if (v.rotate) cl::rotate_quantize(rp, s);
                        cl::decode_tiles(p, s);
                      }
                    }) /
@@ -545,8 +447,6 @@ class DecodeStreamBench : public BenchCase {
                                 : "bit-identical to the default";
             }
             if (!v.rotate && !v.fused) r.note = "GEMV only: not the layer";
-            if (v.variant && comfy && (v.variant & cl::kTilesMerge))
-              r.note += std::string(r.note.empty() ? "" : "; ") + "merge: no-op for comfy";
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
           }
@@ -600,19 +500,14 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1, 2, 3, 4, 5}) {
-          if (fused == 1 && M > cl::kTilesFuseLimit) continue;
-          if ((fused == 2 || fused >= 4) && M <= cl::kTilesFuseLimit) continue;
+        for (const int fused : {0, 1}) {
+          if (fused && M > cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                  qtype_name(q) + ": QuantizedLinear::forward (" +
-                 (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
-                  : fused == 2 ? "DecodeTilesTuning::variant = act_chunks + merge"
-                  : fused == 3 ? "DecodeTilesTuning::variant = bulk"
-                  : fused == 4 ? "DecodeTilesTuning::variant = flag + act_chunks + merge"
-                  : fused == 5 ? "DecodeTilesTuning::variant = flag + act_chunks + merge + mcast"
-                               : "layer defaults") +
+                 (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
+                             : "layer defaults") +
                  "), per layer";
           r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
                     " bf16";
@@ -629,13 +524,7 @@ class DecodeStreamBench : public BenchCase {
             r.bytes = 2.0 * M * K + 2.0 * M * N +
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
-            if (fused == 1) t.fuse_max_m = 0;
-            if (fused == 2) t.variant = cl::kTilesActChunks | cl::kTilesMerge;
-            if (fused == 3) t.variant = cl::kTilesBulk;
-            if (fused == 4) t.variant = cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge;
-            if (fused == 5)
-              t.variant =
-                  cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge | cl::kTilesMcast;
+            t.fuse_max_m = 0;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

@@ -55,8 +55,11 @@ constexpr int kTableBytes = 128;                // 16 rows x 8-byte fold tables 
 constexpr int kTilesWarps = 16;                 // warps per CTA
 constexpr int kTilesThreads = kTilesWarps * 32;
 constexpr int kTilesDepth = 4;                  // ring slots per warp (H200 run 6: 4 > 6 > 8)
-constexpr int kTilesDepthDeep = 6;              // kTilesDeep (session 11 A/B at M 16)
-constexpr int kActChunksMax = 8;                // kTilesActChunks: activation pieces (mbarriers)
+// Ring slots per warp of the two-kernel path for M > kTilesFuseLimit where they fit in shared
+// memory (else kTilesDepth): H200 run 33, stream of 8 layers 16 x 5120 -> 13824, rotate + tiles
+// 1.88x vs 1.80x of cuBLASLt bf16 (int4), 1.93x vs 1.92x (comfy), the same bits. The fused mode
+// (M <= kTilesFuseLimit) keeps kTilesDepth (6 slots there: -1 % int4, +1.3 % comfy at M 1).
+constexpr int kTilesDepthDeep = 6;
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
 constexpr int kTilesMaxRegs = 88;
 
@@ -73,8 +76,7 @@ struct TilesLayout {
   int epi_off = 0;        // fp32 w_scale and bias of the CTA's columns (2 x epi_n)
   int epi_n = 0;          // tiles per CTA x 16
   int ring_off = 0;       // the warps' rings
-  int depth = kTilesDepth;  // ring slots per warp
-  int chunk_groups = 0;   // kTilesActChunks: groups (128 columns) per activation piece
+  int depth = kTilesDepth;  // ring slots per warp (the kernel instance's D)
   int64_t smem = 0;
 };
 
@@ -82,7 +84,6 @@ using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::lds128;
-using ptx::mma_s8;
 using ptx::mma_u8s8;
 using ptx::prmt;
 
@@ -263,25 +264,14 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // At most 88 registers: 512 x 88 + the register rotate kernel's CTA (320 threads x 64) fit in
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
-// VAR: kTilesMerge / kTilesActChunks / kTilesDeep / kTilesBulk / kTilesMcast bits
-// (linear_decode_tiles.cuh; the fused instances take kTilesBulk / kTilesDeep only).
-template <int KIND, int NT, typename XT = void, int VAR = 0>
+// D: ring slots per warp (kTilesDepth, or kTilesDepthDeep for the two-kernel path: TilesLayout).
+template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
-  constexpr int D = (VAR & kTilesDeep) ? kTilesDepthDeep : kTilesDepth;
-  constexpr bool kMerge = KIND == kTilesInt4 && (VAR & kTilesMerge) != 0;
-  constexpr bool kChunks = (VAR & kTilesActChunks) != 0;
-  constexpr bool kBulk = (VAR & kTilesBulk) != 0;
-  constexpr bool kMcast = (VAR & kTilesMcast) != 0;
-  static_assert(!kMcast || kChunks, "kTilesMcast copies the activations in pieces");
   constexpr bool kFused = !std::is_void<XT>::value;
-  static_assert(!kFused || (VAR & ~(kTilesBulk | kTilesDeep)) == 0,
-                "the fused mode takes kTilesBulk / kTilesDeep only");
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
-  __shared__ __align__(8) uint64_t s_actbar[kActChunksMax];
-  __shared__ __align__(8) uint64_t s_ringbar[kBulk ? W * D : 1];  // kBulk: one per ring slot
   __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -306,36 +296,15 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
 
   // Item k of this warp into slot s: lane l copies its 16 bytes of both chunks, lanes 0..7 the
   // tables of rows l and l + 8 (packed 4-bit).
-  // kBulk: lane 0 requests the item's 1024 (+ 128) contiguous bytes as one (two) bulk copies
-  // completing on the slot's mbarrier.
   auto issue = [&](int k, int s) {
+    const uint8_t* src = codes + static_cast<int64_t>(k) * kItemBytes + lane * 16;
     uint8_t* slot = ring + s * SLOT;
-    if constexpr (kBulk) {
-      if (lane == 0) {
-        const uint32_t bar = smem_u32(&s_ringbar[warp * D + s]);
-        ptx::mbar_arrive_expect_tx(bar, SLOT);
-        ptx::bulk_g2s(smem_u32(slot), codes + static_cast<int64_t>(k) * kItemBytes, kItemBytes,
-                      bar);
-        if (KIND == kTilesInt4)
-          ptx::bulk_g2s(smem_u32(slot + kItemBytes), tables + static_cast<int64_t>(k) * kTableBytes,
-                        kTableBytes, bar);
-      }
-    } else {
-      const uint8_t* src = codes + static_cast<int64_t>(k) * kItemBytes + lane * 16;
-      cp_async16(smem_u32(slot + lane * 16), src);
-      cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
-      if (KIND == kTilesInt4 && lane < 8)
-        cp_async16(smem_u32(slot + kItemBytes + lane * 16),
-                   tables + static_cast<int64_t>(k) * kTableBytes + lane * 16);
-    }
+    cp_async16(smem_u32(slot + lane * 16), src);
+    cp_async16(smem_u32(slot + 512 + lane * 16), src + 512);
+    if (KIND == kTilesInt4 && lane < 8)
+      cp_async16(smem_u32(slot + kItemBytes + lane * 16),
+                 tables + static_cast<int64_t>(k) * kTableBytes + lane * 16);
   };
-  if constexpr (kBulk) {
-    if (lane == 0) {
-      for (int s = 0; s < D; ++s) ptx::mbar_init(smem_u32(&s_ringbar[warp * D + s]), 1);
-      ptx::mbar_fence_init();
-    }
-    __syncwarp();
-  }
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
     if (k < n_items) issue(k, k);
@@ -361,80 +330,16 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     s_ws[i] = ws;
     s_bias[i] = bias;
   }
-  // kChunks: the activation codes arrive as n_chunks pieces of chunk_groups x 128 columns of
-  // every row (bulk copies, one mbarrier per piece); a warp waits only for the piece of its
-  // current item instead of the whole copy behind a CTA barrier.
-  const int chunk_cols = L.chunk_groups * kItemCols;
-  const int n_chunks = kChunks ? (static_cast<int>(p.w.K) + chunk_cols - 1) / chunk_cols : 0;
-  if (kChunks && threadIdx.x == 0) {
-    for (int c = 0; c < n_chunks; ++c) {
-      const uint32_t bytes = static_cast<uint32_t>(
-          M * min(chunk_cols, static_cast<int>(p.w.K) - c * chunk_cols));
-      ptx::mbar_init(smem_u32(&s_actbar[c]), 1);
-      ptx::mbar_fence_init();
-      ptx::mbar_arrive_expect_tx(smem_u32(&s_actbar[c]), bytes);
-    }
-  }
-  // kMcast: the peer CTA may write into our pieces only once our mbarriers exist.
-  if constexpr (kMcast) {
-    __syncwarp();
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  }
-  if (!kFused && p.act_flags) {
-    // kTilesFlag: the rotate kernel's CTAs signal their rows (release); acquire them here
-    // instead of waiting for that grid to complete. Bounded: a missing signal traps.
-    if (threadIdx.x < p.act_flag_count) {
-      const uint32_t* f = p.act_flags + threadIdx.x;
-      uint32_t v = 0, n = 0;
-      while (true) {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
-        if (v == p.act_token) break;
-        if (++n > (1u << 26)) __trap();
-        __nanosleep(32);
-      }
-      asm volatile("fence.proxy.async.global;\n" ::: "memory");  // for the bulk act copies
-    }
-  } else {
-    ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
-  }
+  ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
   __syncthreads();
   Epilogue ep = p.ep;
   if constexpr (kFused) {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself
     tiles_rotate_reg<KIND, kTilesThreads, XT>(p, act, L.act_stride, s_scale, s_amax, s_asum);
     ep.a_scale = s_scale;  // a generic pointer into shared memory
-    __syncthreads();
-  } else if constexpr (kChunks) {
-    uint32_t rank = 0;
-    if constexpr (kMcast) {
-      asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-      asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-    }
-    // One bulk copy (row m, piece c) per thread; kMcast: rows m = rank (mod 2), written into both
-    // CTAs of the cluster (the same offsets; each CTA's mbarriers count all M rows).
-    if (threadIdx.x < M * n_chunks) {
-      const int m = threadIdx.x / n_chunks, c = threadIdx.x - m * n_chunks;
-      const int bytes = min(chunk_cols, static_cast<int>(p.w.K) - c * chunk_cols);
-      if (p.act_flags) asm volatile("fence.proxy.async.global;\n" ::: "memory");
-      const uint32_t dst = smem_u32(act + m * L.act_stride + c * chunk_cols);
-      const int8_t* src = p.a + m * p.lda + c * chunk_cols;
-      if constexpr (kMcast) {
-        if ((m & 1) == static_cast<int>(rank)) {
-          asm volatile(
-              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::"
-              "cluster [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-              "l"(src), "r"(static_cast<uint32_t>(bytes)), "r"(smem_u32(&s_actbar[c])),
-              "h"(static_cast<uint16_t>(3))
-              : "memory");
-        }
-      } else {
-        ptx::bulk_g2s(dst, src, static_cast<uint32_t>(bytes), smem_u32(&s_actbar[c]));
-      }
-    }
   } else {
     tiles_copy_codes<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
-    __syncthreads();
   }
-  uint32_t ready = 0;  // kChunks: pieces this thread has seen complete
+  __syncthreads();
 
   // B operands: activation row (token) gid (+ 8) of the n8 tile; rows >= M read row M - 1 (they
   // only feed output columns that are never stored).
@@ -452,23 +357,11 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   // Local tile and group of the current item.
   int tl = static_cast<int>(first / ipt - t0), g = static_cast<int>(first % ipt);
   int slot = 0;
-  uint32_t phase = 0;  // kBulk: parity of the slot's current use
   for (int k = 0; k < n_items; ++k) {
-    if constexpr (kBulk) {
-      ptx::mbar_wait_bounded(smem_u32(&s_ringbar[warp * D + slot]), phase);  // item k landed
-    } else {
-      cp_async_wait<D - 2>();  // this lane's copies of item k landed
-    }
+    cp_async_wait<D - 2>();  // this lane's copies of item k landed
     __syncwarp();            // ... and every lane's (tables); slot k - 1 is read by all lanes
     if (k + D - 1 < n_items) issue(k + D - 1, slot == 0 ? D - 1 : slot - 1);
     cp_async_commit();
-    if constexpr (kChunks) {
-      const int c = g / L.chunk_groups;
-      if (!((ready >> c) & 1u)) {
-        ptx::mbar_wait_bounded(smem_u32(&s_actbar[c]), 0);
-        ready |= 1u << c;
-      }
-    }
     const uint8_t* sl = ring + slot * SLOT;
     uint32_t tab[4] = {0u, 0u, 0u, 0u};
     if constexpr (KIND != kTilesComfy) {
@@ -495,24 +388,6 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
           mma_u8s8(acc0[nt], lo, bv[nt].x, bv[nt].y);
           mma_u8s8(acc1[nt], hi, bv[nt].z, bv[nt].w);
         }
-      } else if constexpr (kMerge) {
-        // kTilesMerge: X - Y per byte (one of the two is 0, both <= 127: the SWAR byte
-        // difference ((X | 0x80..) - Y) ^ 0x80.. has no borrows) = the signed int8-grid weight;
-        // one s8 mma set, the same int32 sums as X·a - Y·a.
-        uint32_t s1[4], s2[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t ta = tab[2 * (i & 1)], tb = tab[2 * (i & 1) + 1];  // row gid / gid + 8
-          const uint32_t v = wd[i] ^ 0x88888888u;
-          s1[i] = ((prmt(ta, tb, wd[i]) | 0x80808080u) - prmt(ta, tb, v)) ^ 0x80808080u;
-          s2[i] = ((prmt(ta, tb, wd[i] >> 16) | 0x80808080u) - prmt(ta, tb, v >> 16)) ^
-                  0x80808080u;
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          mma_s8(acc0[nt], s1, bv[nt].x, bv[nt].y);
-          mma_s8(acc0[nt], s2, bv[nt].z, bv[nt].w);
-        }
       } else {
         // X (c >= 0) and Y (c < 0) in two u8 mma sets. (Merging them per byte into one s8 word,
         // as session 5's direct kernel did, was bit-identical but 9 % slower at M = 1: run 10.)
@@ -535,7 +410,7 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
         }
       }
     }
-    if (++slot == D) slot = 0, phase ^= 1u;
+    if (++slot == D) slot = 0;
     const bool tile_end = ++g == ipt;
     if (tile_end) g = 0;
     if (tile_end || k == n_items - 1) {
@@ -556,26 +431,6 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     }
   }
   cp_async_wait<0>();
-  if constexpr (kChunks) {
-    // Every piece landed (a warp may have needed only some), then comfy's code sums.
-    for (int c = 0; c < n_chunks; ++c)
-      if (!((ready >> c) & 1u)) ptx::mbar_wait_bounded(smem_u32(&s_actbar[c]), 0);
-    if (KIND == kTilesComfy) {
-      const int per_row = static_cast<int>(p.w.K / 16);
-      for (int m = 0; m < M; ++m) {
-        int32_t sum = 0;
-        for (int c = threadIdx.x; c < per_row; c += kTilesThreads) {
-          const uint4 v = *reinterpret_cast<const uint4*>(act + m * L.act_stride + c * 16);
-          sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
-          sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
-          sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
-          sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
-        }
-        sum = __reduce_add_sync(0xffffffffu, sum);
-        if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
-      }
-    }
-  }
   __syncthreads();
 
   // Epilogue of the CTA's columns [16 t0, 16 t1): apply_epilogue's arithmetic and order, w_scale
@@ -612,16 +467,10 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   return v;
 }
 
-// The variant bits the kernel runs for d: none for the fused mode (x in), no merge for comfy.
-int tiles_variant_of(const DecodeParams& d) {
-  if (d.x) return d.tiles_variant & (kTilesBulk | kTilesDeep);
-  int v = d.tiles_variant & (kTilesMerge | kTilesActChunks | kTilesDeep | kTilesBulk | kTilesMcast);
-  if (decode_tiles_kind(d.w) == kTilesComfy) v &= ~kTilesMerge;
-  if (v & kTilesMcast) v = (v | kTilesActChunks) & ~kTilesDeep;
-  return v;
-}
-
-TilesLayout tiles_layout(const DecodeParams& d, int grid) {
+// max_smem: the device's budget; the two-kernel path for M > kTilesFuseLimit takes
+// kTilesDepthDeep ring slots where the layout fits in it, else kTilesDepth (as every other mode;
+// decode_tiles_applies asks for the kTilesDepth layout, max_smem 0).
+TilesLayout tiles_layout(const DecodeParams& d, int grid, int64_t max_smem) {
   TilesLayout L;
   const int kind = decode_tiles_kind(d.w);
   L.tiles = (d.w.N + 15) / 16;
@@ -637,10 +486,10 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid) {
   L.epi_n = static_cast<int>(tiles_per_cta * 16);
   off += (2 * tiles_per_cta * 16 * 4 + 127) / 128 * 128;
   L.ring_off = static_cast<int>(off);
-  const int var = tiles_variant_of(d);
-  L.depth = (var & kTilesDeep) ? kTilesDepthDeep : kTilesDepth;
-  L.chunk_groups = (L.ipt + kActChunksMax - 1) / kActChunksMax;
-  L.smem = off + static_cast<int64_t>(kTilesWarps) * L.depth * slot_bytes(kind);
+  const int64_t slot_row = static_cast<int64_t>(kTilesWarps) * slot_bytes(kind);
+  if (!d.x && d.M > kTilesFuseLimit && off + kTilesDepthDeep * slot_row <= max_smem)
+    L.depth = kTilesDepthDeep;
+  L.smem = off + L.depth * slot_row;
   return L;
 }
 
@@ -689,109 +538,18 @@ void tiles_smem(Kernel kernel, int64_t bytes) {
   limit = bytes;
 }
 
-// kTilesMcast: clusters of 2 CTAs (one per SM) that fit at once on the current device (the GPCs'
-// SM counts may leave SMs without a partner), queried once per device.
-int mcast_clusters();
-
 int tiles_grid(const DecodeParams& d) {
   const int64_t tiles = (d.w.N + 15) / 16;
-  if (tiles_variant_of(d) & kTilesMcast) {  // an even grid of co-resident pairs
-    const int64_t pairs = std::min<int64_t>(mcast_clusters(), (tiles + 1) / 2);
-    return static_cast<int>(2 * std::max<int64_t>(1, pairs));
-  }
   return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
 }
 
 // Launches the GEMV with programmatic stream serialization (PDL).
-template <int KIND, int NT, typename XT = void, int VAR = 0>
+template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_tiles_kernel<KIND, NT, XT, VAR>;
+  auto kernel = gemv_tiles_kernel<KIND, NT, XT, D>;
   tiles_smem(kernel, L.smem);
-  if constexpr ((VAR & kTilesMcast) != 0) {  // clusters of 2 (+ PDL); no plain fallback
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(grid));
-    cfg.blockDim = dim3(kTilesThreads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(L.smem);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 2;
-    check_cuda(cudaLaunchKernelEx(&cfg, kernel, d, L), "decode_tiles", "cluster launch");
-  } else {
-    launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
-                     static_cast<size_t>(L.smem), stream, d, L);
-  }
-}
-
-int mcast_clusters() {
-  static std::mutex mu;
-  static std::map<int, int> cache;
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(dev);
-  if (it != cache.end()) return it->second;
-  // A representative instance at (about) the largest shared memory of the kernel (one CTA per SM).
-  auto kernel = gemv_tiles_kernel<kTilesInt4, 2, void, kTilesActChunks | kTilesMcast>;
-  int optin = 0;
-  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-             "decode_tiles", "shared memory");
-  const int smem = optin - 4096;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "decode_tiles", "shared memory");
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(multiprocessor_count() / 2 * 2));
-  cfg.blockDim = dim3(kTilesThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    n = 0;
-  }
-  n = std::max(1, std::min(n, multiprocessor_count() / 2));
-  cache.emplace(dev, n);
-  return n;
-}
-// The two-kernel path's instance for variant bits `var` (tiles_variant_of: comfy never has
-// kTilesMerge, so those instances are not built).
-template <int KIND, int NT, int V>
-void launch_var(int var, const DecodeParams& d, const TilesLayout& L, int grid,
-                cudaStream_t stream) {
-  if (var == V) {
-    if constexpr (!(KIND == kTilesComfy && (V & kTilesMerge))) {
-      launch_tiles<KIND, NT, void, V>(d, L, grid, stream);
-    }
-    return;
-  }
-  if constexpr (V + 1 < 16) {
-    launch_var<KIND, NT, V + 1>(var, d, L, grid, stream);
-  } else if constexpr (V == 15) {  // kTilesMcast: with act_chunks, merge / bulk optional
-    constexpr int C = kTilesMcast | kTilesActChunks;
-    if (var == C) {
-      launch_tiles<KIND, NT, void, C>(d, L, grid, stream);
-    } else if (var == (C | kTilesBulk)) {
-      launch_tiles<KIND, NT, void, C | kTilesBulk>(d, L, grid, stream);
-    } else if constexpr (KIND == kTilesInt4) {
-      if (var == (C | kTilesMerge)) {
-        launch_tiles<KIND, NT, void, C | kTilesMerge>(d, L, grid, stream);
-      } else if (var == (C | kTilesMerge | kTilesBulk)) {
-        launch_tiles<KIND, NT, void, C | kTilesMerge | kTilesBulk>(d, L, grid, stream);
-      }
-    }
-  }
+  launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
+                   static_cast<size_t>(L.smem), stream, d, L);
 }
 
 // A read-only stream of the layout (bench only; the roofline of the GEMV): the grid's items
@@ -917,7 +675,7 @@ bool decode_tiles_applies(const DecodeParams& d) {
     return false;
   }
   const TilesDevice info = tiles_device();
-  return info.sm90 && tiles_layout(d, tiles_grid(d)).smem <= info.max_smem;
+  return info.sm90 && tiles_layout(d, tiles_grid(d), 0).smem <= info.max_smem;
 }
 
 namespace {
@@ -939,25 +697,23 @@ void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
 
 void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   const int grid = tiles_grid(d);
-  const TilesLayout L = tiles_layout(d, grid);
+  const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
   const bool two = d.M > 8;  // two n8 tiles of activation rows
   auto launch = [&](auto kind_tag, auto xt_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
     using XT = typename decltype(xt_tag)::type;
-    const int var = tiles_variant_of(d);
     if constexpr (!std::is_void<XT>::value) {  // fused: M <= kTilesFuseLimit, one n8 tile
-      switch (var) {
-        case kTilesBulk: launch_tiles<KIND, 1, XT, kTilesBulk>(d, L, grid, stream); break;
-        case kTilesDeep: launch_tiles<KIND, 1, XT, kTilesDeep>(d, L, grid, stream); break;
-        case kTilesBulk | kTilesDeep:
-          launch_tiles<KIND, 1, XT, kTilesBulk | kTilesDeep>(d, L, grid, stream);
-          break;
-        default: launch_tiles<KIND, 1, XT>(d, L, grid, stream);
+      launch_tiles<KIND, 1, XT>(d, L, grid, stream);
+    } else if (L.depth == kTilesDepthDeep) {
+      if (two) {
+        launch_tiles<KIND, 2, void, kTilesDepthDeep>(d, L, grid, stream);
+      } else {
+        launch_tiles<KIND, 1, void, kTilesDepthDeep>(d, L, grid, stream);
       }
     } else if (two) {
-      launch_var<KIND, 2, 0>(var, d, L, grid, stream);
+      launch_tiles<KIND, 2>(d, L, grid, stream);
     } else {
-      launch_var<KIND, 1, 0>(var, d, L, grid, stream);
+      launch_tiles<KIND, 1>(d, L, grid, stream);
     }
   };
   auto by_x = [&](auto kind_tag) {

@@ -34,22 +34,6 @@ int64_t decode_tiles_bytes(const PackedWeightRef& w);
 // then `out` must not be used.
 bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream);
 
-// Variant bits of the two-kernel path (codes from the rotate kernel; the fused mode takes
-// kTilesBulk / kTilesDeep only), DecodeParams::tiles_variant and DecodeTilesTuning::variant; every combination
-// gives the default's bits (session 11 A/B).
-constexpr int kTilesMerge = 1;      // packed 4-bit: X - Y merged per byte, one s8 mma set
-constexpr int kTilesActChunks = 2;  // activation codes in <= 8 bulk pieces, one mbarrier each
-constexpr int kTilesDeep = 4;       // 6 ring slots per warp instead of 4; also taken by the
-                                    // fused mode
-constexpr int kTilesBulk = 8;       // ring items as bulk copies (one lane, slot mbarriers); also
-                                    // taken by the fused mode
-constexpr int kTilesMcast = 32;     // with kTilesActChunks: clusters of 2 CTAs, each CTA copies
-                                    // half the activation rows multicast into both (half the L2
-                                    // reads); not with kTilesDeep
-constexpr int kTilesFlag = 16;      // the layer: the rotate kernel signals its rows by flags
-                                    // (DecodeParams::act_flags), the GEMV acquires them instead
-                                    // of griddepcontrol.wait (a run-time branch, no instance)
-
 // Largest M for which every CTA of the tiled kernel rotates + quantizes x itself (d.x set: one
 // launch for the layer, no rotate kernel).
 constexpr int64_t kTilesFuseLimit = 2;
@@ -61,12 +45,17 @@ constexpr int64_t kTilesFuseLimit = 2;
 bool decode_tiles_applies(const DecodeParams& d);
 
 // The layer's choice of decode path on the tiles (A/B bench rows and harness cases; the
-// defaults are the layer's). Settled and deleted (docs/linear-gpu.md): ring depth 6 / 8, balanced
-// and spread splits, TMA item copies, interleaved warps, L2 prefetch (before and after the wait),
+// defaults are the layer's). Ring depth: 6 slots per warp for the two-kernel path at M > 2 where
+// they fit (H200 run 33: +4.8 % at 16 x 5120 -> 13824 int4), else 4. Settled and deleted
+// (docs/linear-gpu.md): ring depth 6 / 8 at M 1, balanced and spread splits, TMA item copies, interleaved warps, L2 prefetch (before and after the wait),
 // the register activation copy, the shared-memory rotation in the fused prologue, the
 // cooperative rotation for 2 < M <= 16 (run 19: as a cooperative launch 16 % slower than rotate
 // kernel + GEMV), two CTAs per SM, the next layer's weight prefetched into L2 before the wait
-// (with or without two CTAs per SM: run 26, 7-25 % slower); the early trigger is always on.
+// (with or without two CTAs per SM: run 26, 7-25 % slower); session 11 (run 33, all bit-identical,
+// all slower at M 16): X - Y merged per byte in one s8 mma set, the activation codes as bulk
+// pieces with one mbarrier each, the ring items as bulk copies, row flags from the rotate kernel
+// instead of griddepcontrol.wait, activation pieces multicast in clusters of 2; the early trigger
+// is always on.
 struct DecodeTilesTuning {
   // The largest M (at most kTilesFuseLimit) for which QuantizedLinear::forward runs the fused
   // mode: no rotate kernel, every CTA rotates + quantizes x after its first weight requests (one
@@ -74,8 +63,6 @@ struct DecodeTilesTuning {
   // rotate kernel (PDL) + the GEMV for every M (the session-6 path). H200 run 19, stream of 8
   // layers 1 x 5120 -> 13824, per layer: int4 14.2 vs 15.1 us, comfy 13.0 vs 15.1.
   int fuse_max_m = kTilesFuseLimit;
-  // kTiles* variant bits for the two-kernel path (0: the default kernel).
-  int variant = 0;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream

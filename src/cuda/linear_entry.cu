@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -91,11 +90,9 @@ void check_k_fits(const char* op, int64_t K) {
 }
 
 // Rotates + quantizes x (M, K) into codes / scales (raw pointers, contiguous rows).
-// `flags` / `token` (decode tiles with kTilesFlag): row signals for the GEMV; returns whether the
-// kernel will write them (rotate_quantize_signals), else they are left alone.
-bool launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* codes,
+void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* codes,
                             int64_t codes_row_bytes, void* scales, cudaStream_t s,
-                            bool pdl = false, uint32_t* flags = nullptr, uint32_t token = 0) {
+                            bool pdl = false) {
   linear::RotateQuantParams p;
   p.pdl = pdl;
   p.x = x.data;
@@ -112,13 +109,7 @@ bool launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* c
   } else {
     p.scales = static_cast<float*>(scales);
   }
-  const bool signals = flags != nullptr && linear::rotate_quantize_signals(p);
-  if (signals) {
-    p.done_flags = flags;
-    p.done_token = token;
-  }
   linear::rotate_quantize(p, s);
-  return signals;
 }
 
 // Row stride in bytes of a contiguous-row tensor of codes (packed dtypes count elements / 2).
@@ -338,7 +329,6 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     d.ldo = out.stride[0];
     // The weight's own decode layout (4-bit qtypes on sm_90): the tiled kernel.
     if (kUseDecodeTiles) d.tiles = static_cast<const uint8_t*>(w.decode_tiles.data);
-    d.tiles_variant = linear::layer_tiles_tuning().variant;
     return d;
   };
   // ... with x (M, K) for the GEMV to rotate + quantize (the fused modes).
@@ -362,26 +352,15 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     }
   }
 
-  // One temporary for the codes (M, K) and, 256-byte aligned after them, the scales (M) and
-  // (decode tiles, kTilesFlag) 16 row flags.
+  // One temporary for the codes (M, K) and, 256-byte aligned after them, the scales (M).
   const size_t scale_off = (static_cast<size_t>(M * K) + 255) / 256 * 256;
-  Scratch act(scale_off + static_cast<size_t>(M * 4) + 64, s, op);
+  Scratch act(scale_off + static_cast<size_t>(M * 4), s, op);
   int8_t* a_codes = act.as<int8_t>();
   float* a_scale = reinterpret_cast<float*>(act.as<char>() + scale_off);
-  // kTilesFlag: a token no earlier call used (the scratch may hold older tokens, never this one).
-  uint32_t* flags = nullptr;
-  uint32_t token = 0;
-  if (tiles && (linear::layer_tiles_tuning().variant & linear::kTilesFlag)) {
-    static std::atomic<uint32_t> next_token{1};
-    flags = reinterpret_cast<uint32_t*>(a_scale + M);
-    token = next_token.fetch_add(1);
-    if (token == 0) token = next_token.fetch_add(1);
-  }
   // The rotate kernel goes out with PDL before the tiled GEMV (which triggers its dependents
   // early), so a stream of layers chains GEMV -> rotate -> GEMV with each kernel starting under
   // its predecessor's tail (it waits before touching memory).
-  const bool signalled = launch_rotate_quantize(x, w.rot, fmt, a_codes, K, a_scale, s, tiles,
-                                                flags, token);
+  launch_rotate_quantize(x, w.rot, fmt, a_codes, K, a_scale, s, tiles);
   g.a_scale = a_scale;
   g.w_scale = static_cast<const float*>(w.scales.data);
   g.a = a_codes;
@@ -400,13 +379,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
 
   if (M <= 16) {
-    linear::DecodeParams d = decode_params(a_codes, a_scale);
-    if (signalled) {
-      d.act_flags = flags;
-      d.act_flag_count = static_cast<int>(M);
-      d.act_token = token;
-    }
-    linear::decode_gemv(d, s);
+    linear::decode_gemv(decode_params(a_codes, a_scale), s);
     return;
   }
   g.kind = linear::GemmKind::s8;

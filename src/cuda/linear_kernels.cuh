@@ -55,11 +55,6 @@ struct RotateQuantParams {
   // DecodeTilesTuning::trigger) and waits (griddepcontrol.wait) for it before touching memory.
   // The legacy kernel ignores it.
   bool pdl = false;
-  // Register kernel only (rotate_quantize_signals): when set, CTA b stores done_token into
-  // done_flags[b] (release, GPU scope) once its rows' codes and scales are written, so a GEMV
-  // can start on them without waiting for this grid to complete (kTilesFlag).
-  uint32_t* done_flags = nullptr;
-  uint32_t done_token = 0;
 };
 // Parameters for contiguous rows: x (M, K) x_dtype, codes (M, K) one byte per code (row stride
 // K bytes), scales (M) fp32. The callers that rotate + quantize whole contiguous rows (the layer's
@@ -85,9 +80,6 @@ int64_t rotate_quantize_smem_bytes(int64_t K);
 // Largest K the fused kernel takes on the current device.
 int64_t rotate_quantize_max_k();
 void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream);
-// Whether rotate_quantize(p) runs the register kernel with one CTA per row (M <= SMs), so it
-// honours done_flags with CTA b signalling row b (int8 / int4 codes).
-bool rotate_quantize_signals(const RotateQuantParams& p);
 
 // Quantized GEMM out(M, N) = epilogue(A(M, K) · B(N, K)ᵀ), both operands K-contiguous.
 enum class GemmKind : int {
@@ -205,14 +197,6 @@ struct DecodeParams {
   // The weight's decode-tile layout (linear_decode_tiles.cuh, decode_tiles_build of w), or null:
   // when set and decode_tiles_applies, decode_gemv runs the tiled kernel on it.
   const uint8_t* tiles = nullptr;
-  // Tiled kernel variant bits (kTilesMerge / kTilesActChunks / kTilesDeep / kTilesBulk,
-  // linear_decode_tiles.cuh; the fused mode takes kTilesBulk only): A/B rows and cases, same bits.
-  int tiles_variant = 0;
-  // kTilesFlag: instead of griddepcontrol.wait, the tiled GEMV (two-kernel path) waits until
-  // act_flags[0 .. act_flag_count) all hold act_token (the rotate kernel's done_flags).
-  const uint32_t* act_flags = nullptr;
-  int act_flag_count = 0;
-  uint32_t act_token = 0;
   // Streaming kernel: one CTA per 8 output columns (the round-1 grid) instead of the resident
   // grid; for A/B bench rows, same bits.
   bool one_tile_per_cta = false;

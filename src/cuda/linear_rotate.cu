@@ -308,15 +308,6 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x, parity ^= 1)
     process(row, raw, parity);
-  if (p.done_flags) {  // this CTA's rows are written: signal them (kTilesFlag)
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p.done_flags + blockIdx.x),
-                   "r"(p.done_token)
-                   : "memory");
-    }
-  }
 }
 
 template <typename T, int ROT, ActFormat FMT>
@@ -411,12 +402,6 @@ void launch_typed(const RotateQuantParams& p, cudaStream_t stream) {
 }
 
 }  // namespace
-
-bool rotate_quantize_signals(const RotateQuantParams& p) {
-  return !p.legacy_kernel && p.K / 16 <= kRegMaxThreads && p.M >= 1 &&
-         p.M <= multiprocessor_count() &&
-         (p.fmt == ActFormat::int8 || p.fmt == ActFormat::int4);
-}
 
 int64_t rotate_quantize_smem_bytes(int64_t K) { return ((K + 127) / 128) * 128 * 4; }
 

@@ -378,7 +378,9 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   // default for M <= 2, one launch per layer, every CTA rotates x (the register rotation; K 8448
   // > 8192 takes the rotate kernel instead). `default`: M 3 / 7 / 9 / 16 (rotate kernel + GEMV,
   // one and two n8 activation tiles) with O = 8 (mod 16): a partial last 16-row tile (the CPU
-  // oracle takes O % 8 == 0). `two_kernels` (fuse_max_m 0: the session-6 path for every M).
+  // oracle takes O % 8 == 0); 6 ring slots per warp (kTilesDepthDeep) except M 16 at K 8448
+  // (int4 and comfy), whose activation rows leave room for 4 only (the 4-slot fallback). `two_kernels`
+  // (fuse_max_m 0: the session-6 path for every M, 4 slots at M <= 2).
   {
     namespace cl = cuda::linear;
     auto add = [&](const char* v, const cl::DecodeTilesTuning& t, QType q, int64_t m, int64_t o,
@@ -399,84 +401,12 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("default", def, QType::convrot_int4, 16, 2056, 1280, DType::bf16, true);
     add("default", def, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
     add("default", def, QType::convrot_int4, 16, 136, 8448, DType::bf16, true);
+    add("default", def, QType::convrot_comfy_w4a4, 16, 264, 8448, DType::bf16, true);
+    add("default", def, QType::convrot_int4, 5, 1032, 8448, DType::f16, false);
     cl::DecodeTilesTuning two;
     two.fuse_max_m = 0;
     add("two_kernels", two, QType::convrot_int4, 1, 5000, 1280, DType::bf16, true);
     add("two_kernels", two, QType::convrot_comfy_w4a4, 2, 264, 768, DType::f16, false);
-    // Session 11 variants of the two-kernel path (DecodeTilesTuning::variant, fuse_max_m 0 so
-    // M 1 takes them too): merge (packed 4-bit X - Y in one s8 mma set), act_chunks (activation
-    // codes in bulk pieces with one mbarrier each; K 3328 = 26 groups: 7 pieces of 4, the last
-    // 2; K 8448 = 66 groups: 8 pieces of 9, the last 3; K 256: 2 pieces of 1), deep (6 ring
-    // slots), all three.
-    auto variant = [](int bits) {
-      cl::DecodeTilesTuning t;
-      t.fuse_max_m = 0;
-      t.variant = bits;
-      return t;
-    };
-    const cl::DecodeTilesTuning merge = variant(cl::kTilesMerge);
-    const cl::DecodeTilesTuning chunks = variant(cl::kTilesActChunks);
-    const cl::DecodeTilesTuning deep = variant(cl::kTilesDeep);
-    const cl::DecodeTilesTuning all = variant(cl::kTilesMerge | cl::kTilesActChunks | cl::kTilesDeep);
-    add("merge", merge, QType::convrot_int4, 1, 1032, 1280, DType::bf16, true);
-    add("merge", merge, QType::convrot_int4, 5, 2056, 3328, DType::f16, false);
-    add("merge", merge, QType::convrot_int4, 16, 5000, 768, DType::bf16, true);
-    add("merge", merge, QType::convrot_int4, 16, 136, 8448, DType::f16, true);
-    add("act_chunks", chunks, QType::convrot_int4, 1, 264, 3328, DType::bf16, true);
-    add("act_chunks", chunks, QType::convrot_comfy_w4a4, 5, 1032, 3328, DType::f16, true);
-    add("act_chunks", chunks, QType::convrot_int4, 16, 2056, 8448, DType::bf16, false);
-    add("act_chunks", chunks, QType::convrot_comfy_w4a4, 16, 5000, 1280, DType::bf16, true);
-    add("act_chunks", chunks, QType::convrot_comfy_w4a4, 9, 136, 256, DType::f16, false);
-    add("deep", deep, QType::convrot_int4, 16, 1032, 1280, DType::bf16, true);
-    add("deep", deep, QType::convrot_comfy_w4a4, 7, 4104, 768, DType::f16, true);
-    add("all", all, QType::convrot_int4, 16, 4104, 5120, DType::bf16, true);
-    add("all", all, QType::convrot_int4, 1, 40, 3328, DType::f16, false);
-    add("all", all, QType::convrot_comfy_w4a4, 16, 2056, 3328, DType::bf16, true);
-    add("all", all, QType::convrot_comfy_w4a4, 3, 264, 8448, DType::f16, true);
-    // bulk: the ring's items as bulk copies (lane 0, one mbarrier per slot), in the fused mode
-    // (M 1 / 2, default fuse_max_m) and the two-kernel path.
-    cl::DecodeTilesTuning bulk;
-    bulk.variant = cl::kTilesBulk;
-    add("bulk", bulk, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
-    add("bulk", bulk, QType::convrot_comfy_w4a4, 1, 4104, 5120, DType::bf16, true);
-    add("bulk", bulk, QType::convrot_int4, 2, 5000, 1280, DType::f16, false);
-    add("bulk", bulk, QType::convrot_int4, 5, 2056, 3328, DType::bf16, true);
-    add("bulk", bulk, QType::convrot_comfy_w4a4, 16, 1032, 8448, DType::f16, true);
-    // fused_deep: the fused mode (M 1 / 2) with 6 ring slots, with and without bulk copies.
-    cl::DecodeTilesTuning fdeep;
-    fdeep.variant = cl::kTilesDeep;
-    cl::DecodeTilesTuning fdeep_bulk;
-    fdeep_bulk.variant = cl::kTilesDeep | cl::kTilesBulk;
-    add("fused_deep", fdeep, QType::convrot_int4, 1, 4104, 5120, DType::bf16, true);
-    add("fused_deep", fdeep, QType::convrot_comfy_w4a4, 2, 264, 768, DType::f16, false);
-    add("fused_deep", fdeep_bulk, QType::convrot_int4, 2, 1032, 1280, DType::bf16, true);
-    add("fused_deep", fdeep_bulk, QType::convrot_comfy_w4a4, 1, 5000, 5120, DType::bf16, true);
-    const cl::DecodeTilesTuning bulk_all =
-        variant(cl::kTilesMerge | cl::kTilesActChunks | cl::kTilesDeep | cl::kTilesBulk);
-    add("bulk_all", bulk_all, QType::convrot_int4, 16, 4104, 5120, DType::bf16, true);
-    add("bulk_all", bulk_all, QType::convrot_comfy_w4a4, 9, 2056, 3328, DType::f16, false);
-    // flag: the rotate kernel signals its rows, the GEMV acquires the flags instead of
-    // griddepcontrol.wait (two-kernel path; alone and with act_chunks + merge).
-    const cl::DecodeTilesTuning flag = variant(cl::kTilesFlag);
-    const cl::DecodeTilesTuning flag_cm =
-        variant(cl::kTilesFlag | cl::kTilesActChunks | cl::kTilesMerge);
-    add("flag", flag, QType::convrot_int4, 1, 1032, 1280, DType::bf16, true);
-    add("flag", flag, QType::convrot_comfy_w4a4, 16, 2056, 3328, DType::f16, true);
-    add("flag", flag_cm, QType::convrot_int4, 16, 5000, 5120, DType::bf16, true);
-    add("flag", flag_cm, QType::convrot_comfy_w4a4, 5, 136, 8448, DType::bf16, false);
-    // mcast: clusters of 2 CTAs sharing the activation pieces by multicast bulk copies (with
-    // act_chunks; O 40 = 3 tiles: a CTA of a pair without tiles still copies and waits).
-    constexpr int kMc = cl::kTilesMcast | cl::kTilesActChunks;
-    add("mcast", variant(kMc), QType::convrot_int4, 1, 40, 3328, DType::bf16, true);
-    add("mcast", variant(kMc), QType::convrot_comfy_w4a4, 5, 2056, 1280, DType::f16, true);
-    add("mcast", variant(kMc | cl::kTilesMerge), QType::convrot_int4, 16, 5000, 5120,
-        DType::bf16, true);
-    add("mcast", variant(kMc | cl::kTilesMerge | cl::kTilesFlag), QType::convrot_int4, 16, 1032,
-        8448, DType::bf16, false);
-    add("mcast", variant(kMc | cl::kTilesBulk | cl::kTilesFlag), QType::convrot_comfy_w4a4, 16,
-        4104, 3328, DType::bf16, true);
-    add("mcast", variant(kMc | cl::kTilesMerge | cl::kTilesBulk), QType::convrot_int4, 9, 136,
-        256, DType::f16, true);
   }
 #endif
 
