@@ -116,7 +116,6 @@ double bf16_stream_ms(const Env& env, int64_t M, int64_t N, int64_t K) {
   return ms;
 }
 
-
 // ---- the read ceiling (issue 6: is 4x bf16 at M = 1 within this GPU's reach?) ----
 //
 // Pure streaming reads of one layer's decode-tile bytes (no math), in the same stream of kLayers

@@ -379,8 +379,8 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   // > 8192 takes the rotate kernel instead). `default`: M 3 / 7 / 9 / 16 (rotate kernel + GEMV,
   // one and two n8 activation tiles) with O = 8 (mod 16): a partial last 16-row tile (the CPU
   // oracle takes O % 8 == 0); 6 ring slots per warp (kTilesDepthDeep) except M 16 at K 8448
-  // (int4 and comfy), whose activation rows leave room for 4 only (the 4-slot fallback). `two_kernels`
-  // (fuse_max_m 0: the session-6 path for every M, 4 slots at M <= 2).
+  // (int4 and comfy), whose activation rows leave room for 4 only (the 4-slot fallback).
+  // `two_kernels` (fuse_max_m 0: the session-6 path for every M, 4 slots at M <= 2).
   {
     namespace cl = cuda::linear;
     auto add = [&](const char* v, const cl::DecodeTilesTuning& t, QType q, int64_t m, int64_t o,
