@@ -29,8 +29,10 @@
 #include "bench/bench.h"
 #include "lowbit/linear.h"
 #include "lowbit/runtime.h"
+#include "src/cuda/common.cuh"
 #include "src/cuda/linear_decode_tiles.cuh"
 #include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/ptx.cuh"
 
 namespace lowbit {
 namespace bench {
@@ -112,6 +114,182 @@ double bf16_stream_ms(const Env& env, int64_t M, int64_t N, int64_t K) {
   cublasLtMatrixLayoutDestroy(lc);
   for (auto op : ops) cublasLtMatmulDescDestroy(op);
   return ms;
+}
+
+// ---- the read ceiling (issue 6: is 4x bf16 at M = 1 within this GPU's reach?) ----
+//
+// Pure streaming reads of one layer's decode-tile bytes (no math), in the same stream of kLayers
+// distinct layers and timing as the GEMV rows: what any kernel of this shape can reach. Each
+// launch reads ReadArgs::nsrc layers (1: one launch per layer as the layer runs; kLayers: one
+// launch for the whole stream, no kernel boundary at all). H200 run 33 (int4 / comfy bytes, x
+// of cuBLASLt bf16 at M 1): per-layer flat read 3.45 / 3.69, TMA bulk 3.70 / 4.01, one launch
+// 3.82 / 4.19. The other variants measured there (4 / 16 loads in flight, 256 threads, 2 or 4
+// CTAs per SM, a grid-interleaved sweep, no griddepcontrol.wait, plain launches, waves of CTAs,
+// other bulk stage shapes, cudaMemcpyAsync D2D) are deleted: docs/linear-gpu.md, session 11.
+struct ReadArgs {
+  const uint8_t* src = nullptr;            // the layer (nsrc == 1)
+  const uint8_t* const* srcs = nullptr;    // device array of nsrc layers (nsrc > 1)
+  int nsrc = 1;
+  int64_t words = 0;  // 16-byte words per layer
+  uint4* sink = nullptr;  // null: never written (keeps the loads alive)
+};
+
+__device__ __forceinline__ uint4 ld_stream16(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// kReadInFlight 16-byte loads in flight per thread (a register ring refilled as each is consumed
+// by one xor). CTA b reads the contiguous words [b W / G, (b + 1) W / G), its threads side by side
+// (word c0 + k T + tid). griddepcontrol.wait after the first loads (the GEMV's dependency on the
+// previous layer's output); the dependents are triggered there.
+constexpr int kReadInFlight = 8;
+__global__ void __launch_bounds__(512) read_ceiling_kernel(ReadArgs a) {
+  constexpr int U = kReadInFlight;
+  const int64_t T = blockDim.x, G = gridDim.x, b = blockIdx.x, tid = threadIdx.x;
+  const int64_t W = a.words;
+  const int64_t base = b * W / G, stride = T, lim = (b + 1) * W / G;
+  const int64_t n = base + tid < lim ? (lim - base - tid + stride - 1) / stride : 0;
+  uint32_t acc = 0;
+  // Layer by layer (nsrc > 1: one launch over every layer; each thread's ring drains at a layer
+  // boundary, a bubble of U loads per thread, not per grid).
+  for (int l = 0; l < a.nsrc; ++l) {
+    const uint8_t* src = (a.nsrc > 1 ? a.srcs[l] : a.src) + (base + tid) * 16;
+    const int64_t step = stride * 16;
+    uint4 r[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j)
+      r[j] = j < n ? ld_stream16(src + j * step) : make_uint4(0u, 0u, 0u, 0u);
+    if (l == 0) {
+      cuda::ptx::griddep_launch_dependents();
+      cuda::ptx::griddep_wait();
+    }
+    for (int64_t k0 = 0; k0 < n; k0 += U) {
+#pragma unroll
+      for (int j = 0; j < U; ++j) {
+        if (k0 + j >= n) break;
+        acc ^= r[j].x ^ r[j].y ^ r[j].z ^ r[j].w;
+        if (k0 + j + U < n) r[j] = ld_stream16(src + (k0 + j + U) * step);
+      }
+    }
+  }
+  if (acc == 0x9e3779b9u && a.sink != nullptr) *a.sink = make_uint4(acc, 0u, 0u, 0u);
+}
+
+// TMA bulk reads: one thread per CTA streams the CTA's contiguous bytes into kBulkStages
+// shared-memory stages of kBulkPiece bytes (cp.async.bulk, completion on one mbarrier per stage),
+// re-issuing a stage as soon as it landed; nothing reads the stages.
+constexpr int kBulkStages = 4;
+constexpr int kBulkPiece = 32768;
+__global__ void __launch_bounds__(32) read_bulk_kernel(ReadArgs a) {
+  constexpr int S = kBulkStages, piece = kBulkPiece;
+  extern __shared__ __align__(128) uint8_t stage[];
+  __shared__ __align__(8) uint64_t bars[S];
+  const int64_t G = gridDim.x, b = blockIdx.x;
+  if (threadIdx.x != 0) return;
+  const int64_t c0 = b * a.words / G * 16, c1 = (b + 1) * a.words / G * 16;
+  const int64_t n = (c1 - c0 + piece - 1) / piece;
+  for (int s = 0; s < S; ++s) cuda::ptx::mbar_init(cuda::ptx::smem_u32(&bars[s]), 1);
+  cuda::ptx::mbar_fence_init();
+  auto issue = [&](int64_t i) {
+    const int s = static_cast<int>(i % S);
+    const int64_t left = c1 - c0 - i * piece;
+    const uint32_t bytes = static_cast<uint32_t>(left < piece ? left : piece);
+    cuda::ptx::mbar_arrive_expect_tx(cuda::ptx::smem_u32(&bars[s]), bytes);
+    cuda::ptx::bulk_g2s(cuda::ptx::smem_u32(stage + s * piece), a.src + c0 + i * piece, bytes,
+                        cuda::ptx::smem_u32(&bars[s]));
+  };
+  for (int64_t i = 0; i < n && i < S; ++i) issue(i);
+  cuda::ptx::griddep_launch_dependents();
+  cuda::ptx::griddep_wait();
+  for (int64_t i = 0; i < n; ++i) {
+    cuda::ptx::mbar_wait_bounded(cuda::ptx::smem_u32(&bars[i % S]),
+                                 static_cast<uint32_t>((i / S) & 1));
+    if (i + S < n) issue(i + S);
+  }
+}
+
+// Rows "read ceiling": per 4-bit format, the layout's bytes of kLayers distinct layers read by
+// the kernels above, per layer, against the M = 1 bf16 stream of the same run: the per-layer flat
+// read (one launch per layer, PDL, 1 CTA/SM x 512 threads), the TMA bulk read (1 CTA/SM), and
+// the flat read as ONE launch over every layer (no kernel boundary).
+void ceiling_rows(const Env& env, double base, std::vector<Row>& rows) {
+  const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
+  cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
+  int dev = 0, sms = 0;
+  ok(cudaGetDevice(&dev), "device");
+  ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+  ok(cudaFuncSetAttribute(read_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          kBulkStages * kBulkPiece),
+     "bulk smem");
+  for (const bool comfy : {false, true}) {
+    const QType q = comfy ? QType::convrot_comfy_w4a4 : QType::convrot_int4;
+    // Layout bytes: 1024 per (16 rows, 128 columns) item, + 128 of fold tables (convrotint4).
+    const int64_t tb = (N + 15) / 16 * (K / 128) * (comfy ? 1024 : 1152);
+    std::vector<DeviceTensor> bufs;
+    std::vector<const uint8_t*> hp;
+    for (int l = 0; l < kLayers; ++l) {
+      bufs.push_back(make_empty(Device::cuda, DType::u8, {tb}));
+      ok(cudaMemsetAsync(bufs.back().view.data, 0x5a + l, static_cast<size_t>(tb), s), "memset");
+      hp.push_back(static_cast<const uint8_t*>(bufs.back().view.data));
+    }
+    DeviceTensor dp = make_empty(Device::cuda, DType::u8, {kLayers * 8});
+    ok(cudaMemcpy(dp.view.data, hp.data(), kLayers * 8, cudaMemcpyHostToDevice), "copy");
+    ReadArgs one;  // one layer per launch (src set per launch)
+    one.words = tb / 16;
+    ReadArgs whole = one;  // one launch over every layer's bytes
+    whole.nsrc = kLayers;
+    whole.srcs = static_cast<const uint8_t* const*>(dp.view.data);
+    const dim3 grid(static_cast<unsigned>(sms));
+    const char* names[3] = {
+        "flat read, 1 CTA/SM x 512 thr, 8 x 16 B in flight/thread, PDL (wait after 1st loads)",
+        "TMA bulk read, 1 CTA/SM, 4 stages x 32 KB, PDL",
+        "flat read, ONE launch over all layers' bytes (no kernel boundary), 1 CTA/SM x 512, 8 "
+        "in flight"};
+    for (int v = 0; v < 3; ++v) {
+      Row r;
+      r.family = "linear";
+      r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
+             qtype_name(q) + ": read ceiling: " + names[v] + ", per layer";
+      r.shape = "1x" + std::to_string(K) + "->" + std::to_string(N) + " bf16 (" +
+                std::to_string(tb) + " B per layer)";
+      r.backend = "cuda";
+      r.bytes = static_cast<double>(tb);
+      r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
+      r.baseline_ms = base;
+      r.note = "read-only: not the layer";
+      try {
+        r.ms = env.time_ms([&] {
+                 if (v == 2) {
+                   cuda::launch_maybe_pdl(true, read_ceiling_kernel, grid, dim3(512), 0, s,
+                                          whole);
+                 } else {
+                   for (int l = 0; l < kLayers; ++l) {
+                     ReadArgs a = one;
+                     a.src = hp[l];
+                     if (v == 0) {
+                       cuda::launch_maybe_pdl(true, read_ceiling_kernel, grid, dim3(512), 0, s,
+                                              a);
+                     } else {
+                       cuda::launch_maybe_pdl(true, read_bulk_kernel, grid, dim3(32),
+                                              static_cast<size_t>(kBulkStages * kBulkPiece), s,
+                                              a);
+                     }
+                   }
+                 }
+                 ok(cudaGetLastError(), "launch");
+               }) /
+               kLayers;
+        ok(cudaStreamSynchronize(s), "synchronize");
+      } catch (const std::exception& e) {
+        r.note = std::string("failed: ") + e.what();
+      }
+      rows.push_back(r);
+    }
+  }
 }
 
 class DecodeStreamBench : public BenchCase {
@@ -274,6 +452,7 @@ class DecodeStreamBench : public BenchCase {
           rows.push_back(r);
         }
       }
+      if (M == 1) ceiling_rows(env, base, rows);
     }
     ok(cudaStreamSynchronize(s), "synchronize");
     layer_rows(env, rows);

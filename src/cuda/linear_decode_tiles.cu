@@ -55,6 +55,11 @@ constexpr int kTableBytes = 128;                // 16 rows x 8-byte fold tables 
 constexpr int kTilesWarps = 16;                 // warps per CTA
 constexpr int kTilesThreads = kTilesWarps * 32;
 constexpr int kTilesDepth = 4;                  // ring slots per warp (H200 run 6: 4 > 6 > 8)
+// Ring slots per warp of the two-kernel path for M > kTilesFuseLimit where they fit in shared
+// memory (else kTilesDepth): H200 run 33, stream of 8 layers 16 x 5120 -> 13824, rotate + tiles
+// 1.88x vs 1.80x of cuBLASLt bf16 (int4), 1.93x vs 1.92x (comfy), the same bits. The fused mode
+// (M <= kTilesFuseLimit) keeps kTilesDepth (6 slots there: -1 % int4, +1.3 % comfy at M 1).
+constexpr int kTilesDepthDeep = 6;
 constexpr int64_t kTilesMaxK = 65536;           // int32 sums of 16 u x a stay below 2^31
 constexpr int kTilesMaxRegs = 88;
 
@@ -71,6 +76,7 @@ struct TilesLayout {
   int epi_off = 0;        // fp32 w_scale and bias of the CTA's columns (2 x epi_n)
   int epi_n = 0;          // tiles per CTA x 16
   int ring_off = 0;       // the warps' rings
+  int depth = kTilesDepth;  // ring slots per warp (the kernel instance's D)
   int64_t smem = 0;
 };
 
@@ -258,10 +264,11 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // At most 88 registers: 512 x 88 + the register rotate kernel's CTA (320 threads x 64) fit in
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
-template <int KIND, int NT, typename XT = void>
+// D: ring slots per warp (kTilesDepth, or kTilesDepthDeep for the two-kernel path: TilesLayout).
+template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int W = kTilesWarps, D = kTilesDepth, SLOT = slot_bytes(KIND);
+  constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
   constexpr bool kFused = !std::is_void<XT>::value;
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
@@ -460,7 +467,10 @@ __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   return v;
 }
 
-TilesLayout tiles_layout(const DecodeParams& d, int grid) {
+// max_smem: the device's budget; the two-kernel path for M > kTilesFuseLimit takes
+// kTilesDepthDeep ring slots where the layout fits in it, else kTilesDepth (as every other mode;
+// decode_tiles_applies asks for the kTilesDepth layout, max_smem 0).
+TilesLayout tiles_layout(const DecodeParams& d, int grid, int64_t max_smem) {
   TilesLayout L;
   const int kind = decode_tiles_kind(d.w);
   L.tiles = (d.w.N + 15) / 16;
@@ -476,7 +486,10 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid) {
   L.epi_n = static_cast<int>(tiles_per_cta * 16);
   off += (2 * tiles_per_cta * 16 * 4 + 127) / 128 * 128;
   L.ring_off = static_cast<int>(off);
-  L.smem = off + static_cast<int64_t>(kTilesWarps) * kTilesDepth * slot_bytes(kind);
+  const int64_t slot_row = static_cast<int64_t>(kTilesWarps) * slot_bytes(kind);
+  if (!d.x && d.M > kTilesFuseLimit && off + kTilesDepthDeep * slot_row <= max_smem)
+    L.depth = kTilesDepthDeep;
+  L.smem = off + L.depth * slot_row;
   return L;
 }
 
@@ -531,9 +544,9 @@ int tiles_grid(const DecodeParams& d) {
 }
 
 // Launches the GEMV with programmatic stream serialization (PDL).
-template <int KIND, int NT, typename XT = void>
+template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_tiles_kernel<KIND, NT, XT>;
+  auto kernel = gemv_tiles_kernel<KIND, NT, XT, D>;
   tiles_smem(kernel, L.smem);
   launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
                    static_cast<size_t>(L.smem), stream, d, L);
@@ -662,7 +675,7 @@ bool decode_tiles_applies(const DecodeParams& d) {
     return false;
   }
   const TilesDevice info = tiles_device();
-  return info.sm90 && tiles_layout(d, tiles_grid(d)).smem <= info.max_smem;
+  return info.sm90 && tiles_layout(d, tiles_grid(d), 0).smem <= info.max_smem;
 }
 
 namespace {
@@ -684,13 +697,19 @@ void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
 
 void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   const int grid = tiles_grid(d);
-  const TilesLayout L = tiles_layout(d, grid);
+  const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
   const bool two = d.M > 8;  // two n8 tiles of activation rows
   auto launch = [&](auto kind_tag, auto xt_tag) {
     constexpr int KIND = decltype(kind_tag)::value;
     using XT = typename decltype(xt_tag)::type;
     if constexpr (!std::is_void<XT>::value) {  // fused: M <= kTilesFuseLimit, one n8 tile
       launch_tiles<KIND, 1, XT>(d, L, grid, stream);
+    } else if (L.depth == kTilesDepthDeep) {
+      if (two) {
+        launch_tiles<KIND, 2, void, kTilesDepthDeep>(d, L, grid, stream);
+      } else {
+        launch_tiles<KIND, 1, void, kTilesDepthDeep>(d, L, grid, stream);
+      }
     } else if (two) {
       launch_tiles<KIND, 2>(d, L, grid, stream);
     } else {

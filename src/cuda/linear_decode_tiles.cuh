@@ -44,13 +44,18 @@ constexpr int64_t kTilesFuseLimit = 2;
 // bf16 / f16, K <= 8192, 16-byte rows): every CTA rotates x itself.
 bool decode_tiles_applies(const DecodeParams& d);
 
-// The layer's choice of decode path on the tiles (A/B bench rows and harness cases; the
-// defaults are the layer's). Settled and deleted (docs/linear-gpu.md): ring depth 6 / 8, balanced
-// and spread splits, TMA item copies, interleaved warps, L2 prefetch (before and after the wait),
-// the register activation copy, the shared-memory rotation in the fused prologue, the
-// cooperative rotation for 2 < M <= 16 (run 19: as a cooperative launch 16 % slower than rotate
-// kernel + GEMV), two CTAs per SM, the next layer's weight prefetched into L2 before the wait
-// (with or without two CTAs per SM: run 26, 7-25 % slower); the early trigger is always on.
+// The layer's choice of decode path on the tiles (A/B bench rows and harness cases; the defaults
+// are the layer's). Ring depth: 6 slots per warp for the two-kernel path at M > 2 where they fit
+// (H200 run 33: +4.8 % at 16 x 5120 -> 13824 int4), else 4. Settled and deleted
+// (docs/linear-gpu.md): ring depth 6 / 8 at M 1, balanced and spread splits, TMA item copies,
+// interleaved warps, L2 prefetch (before and after the wait), the register activation copy, the
+// shared-memory rotation in the fused prologue, the cooperative rotation for 2 < M <= 16 (run 19:
+// as a cooperative launch 16 % slower than rotate kernel + GEMV), two CTAs per SM, the next layer's
+// weight prefetched into L2 before the wait (with or without two CTAs per SM: run 26, 7-25 %
+// slower); session 11 (run 33, all bit-identical, all slower at M 16): X - Y merged per byte in one
+// s8 mma set, the activation codes as bulk pieces with one mbarrier each, the ring items as bulk
+// copies, row flags from the rotate kernel instead of griddepcontrol.wait, activation pieces
+// multicast in clusters of 2; the early trigger is always on.
 struct DecodeTilesTuning {
   // The largest M (at most kTilesFuseLimit) for which QuantizedLinear::forward runs the fused
   // mode: no rotate kernel, every CTA rotates + quantizes x after its first weight requests (one

@@ -362,7 +362,7 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   // tiles per CTA (O 5000), M 1 / 3 / 8 / 9 / 16 (one and two n8 activation tiles).
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 136, 384, DType::bf16,
                                                 true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 9, 8, 1152, DType::f16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 9, 8, 3328, DType::f16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 16, 5000, 1408, DType::bf16,
                                                 false));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 1, 5000, 768,
@@ -378,7 +378,9 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   // default for M <= 2, one launch per layer, every CTA rotates x (the register rotation; K 8448
   // > 8192 takes the rotate kernel instead). `default`: M 3 / 7 / 9 / 16 (rotate kernel + GEMV,
   // one and two n8 activation tiles) with O = 8 (mod 16): a partial last 16-row tile (the CPU
-  // oracle takes O % 8 == 0). `two_kernels` (fuse_max_m 0: the session-6 path for every M).
+  // oracle takes O % 8 == 0); 6 ring slots per warp (kTilesDepthDeep) except M 16 at K 8448
+  // (int4 and comfy), whose activation rows leave room for 4 only (the 4-slot fallback).
+  // `two_kernels` (fuse_max_m 0: the session-6 path for every M, 4 slots at M <= 2).
   {
     namespace cl = cuda::linear;
     auto add = [&](const char* v, const cl::DecodeTilesTuning& t, QType q, int64_t m, int64_t o,
@@ -399,6 +401,8 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("default", def, QType::convrot_int4, 16, 2056, 1280, DType::bf16, true);
     add("default", def, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
     add("default", def, QType::convrot_int4, 16, 136, 8448, DType::bf16, true);
+    add("default", def, QType::convrot_comfy_w4a4, 16, 264, 8448, DType::bf16, true);
+    add("default", def, QType::convrot_int4, 5, 1032, 8448, DType::f16, false);
     cl::DecodeTilesTuning two;
     two.fuse_max_m = 0;
     add("two_kernels", two, QType::convrot_int4, 1, 5000, 1280, DType::bf16, true);
