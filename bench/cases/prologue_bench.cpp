@@ -219,6 +219,20 @@ class PrologueBench : public BenchCase {
         // before their wait (k Wan 0.2632, Flux 0.0419: its CTAs filled the SMs the mean kernel
         // freed first, unevenly); the 5-CTA mean with balanced chunks at Flux (0.0396; mean pass
         // alone 0.0235 vs 0.0214).
+        // Session 11: the tight quantize kernel specialized at compile time to the THREAD_Q 32 /
+        // THREAD_K 64 scale groups (quant_tight = kTightSpec; the same arithmetic, fewer
+        // instructions per head).
+        detail::PrologueCudaTuning spec;
+        spec.quant_tight = detail::kTightSpec;
+        variant_of("tight kernel specialized to the layout (session 11)", spec, fused);
+        detail::PrologueCudaTuning specfq;
+        specfq.quant_tight = detail::kTightSpecFq;
+        variant_of("specialized, codes without float-to-int conversions (session 11)", specfq,
+                   fused);
+        detail::PrologueCudaTuning specfq2;
+        specfq2.quant_tight = detail::kTightSpecFq2;
+        variant_of("specialized, no float-to-int, bf16 rounding in pairs (session 11)", specfq2,
+                   fused);
         detail::PrologueCudaTuning unbal;
         unbal.heads_per_cta = kUnbalanced;
         variant_of("run 29 default grid (the wave model's, unbalanced)", unbal, fused);
@@ -409,11 +423,18 @@ class PrologueKQuantBench : public BenchCase {
     // (Session 8's bulk-copy rings, run 19: 0.1889 / 0.2008 ms vs 0.1773: deleted.)
     detail::PrologueCudaTuning generic;
     generic.quant_tight = detail::kTightOff;
+    detail::PrologueCudaTuning spec, specfq, specfq2;
+    spec.quant_tight = detail::kTightSpec;
+    specfq.quant_tight = detail::kTightSpecFq;
+    specfq2.quant_tight = detail::kTightSpecFq2;
     // (Run 29: the balanced grid at Wan, 3 whole rounds of 20- or 40-head CTAs, 0.1634 vs
     // 0.1633 ms; Wan keeps the wave model's grid.)
     const V vs[] = {
         {"default (tight: compile-time addressing, running offsets; session 9)", {}},
-        {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)", generic}};
+        {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)", generic},
+        {"tight kernel specialized to the layout (session 11)", spec},
+        {"specialized, codes without float-to-int conversions (session 11)", specfq},
+        {"specialized, no float-to-int, bf16 rounding in pairs (session 11)", specfq2}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

@@ -118,6 +118,15 @@ constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
 constexpr int kMeanSmemRing = 3;
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
 constexpr int kTightOff = 1, kTightOn = 2;
+// quant_tight = kTightSpec (session 11): the tight quantize kernel specialized at compile time to
+// the library's two layouts (THREAD_Q with 4 rows per scale group and no mean; THREAD_K with 16
+// rows per group and the mean rows in shared memory); other launches run the tight form.
+constexpr int kTightSpec = 3;
+// kTightSpecFq: the same, with the codes computed without float-to-int conversions (fp32 adds
+// with a round-down magic number, byte permutes; scale_eps >= 0 only, else kTightSpec's kernel).
+constexpr int kTightSpecFq = 4;
+// kTightSpecFq2: kTightSpecFq with the norm's bf16 rounding two values per conversion.
+constexpr int kTightSpecFq2 = 5;
 constexpr int kKnobBalanced = -1, kKnobUnbalanced = -2;
 struct PrologueCudaTuning {
   bool legacy = false;

@@ -702,6 +702,67 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(u);  // the fused k path, THREAD_K 64, f16 interleaved
     }
   }
+  // Session 11: the tight quantize kernel specialized at compile time to the library's scale
+  // groups (tuning quant_tight = kTightSpec; bit-exact by construction: the same arithmetic per
+  // value): THREAD_Q 32 without a mean (bf16 split-half with sm_scale; f16 interleaved into a
+  // padded q_out; no rope and no norm), THREAD_K 64 with a given mean (the mean ring with refills:
+  // 40 heads in groups of 13; the wave model's group, f16 interleaved; the staged mean rows, no
+  // rope), the fused k path (bf16 split-half; f16 interleaved, padded, 5 mean CTAs per SM), and
+  // THREAD_K 64 without a mean (not a specialized shape: the tight kernel runs). N 1 / 17 / 127
+  // / 1000 / 4608 (x 24 heads: the Flux grid), D 64 / 128. "specfq*": the same with the codes
+  // computed without float-to-int conversions (kTightSpecFq), plus scale_eps 0 (q with a
+  // non-power-of-two sm_scale, k with a mean); "specfq2*": also the norm's bf16 rounding two
+  // values per conversion (kTightSpecFq2).
+  for (const int tight : {detail::kTightSpec, detail::kTightSpecFq, detail::kTightSpecFq2})
+  for (int64_t N : {1, 17, 127, 1000, 4608}) {
+    for (int64_t D : {64, 128}) {
+      if (N == 4608 && D == 64) continue;
+      const int64_t H = N == 4608 ? 24 : 11, B = N == 4608 ? 1 : 2;
+      const std::string pre = tight == detail::kTightSpec     ? "spec"
+                              : tight == detail::kTightSpecFq ? "specfq"
+                                                              : "specfq2";
+      if (tight != detail::kTightSpec) {
+        Cfg e;
+        e.tag = pre + "qeps0", e.quant_tight = tight, e.scale_eps = 0.f;
+        e.B = B, e.N = N, e.H = H, e.D = D, e.qkv = true, e.sm_scale = 0.75f;
+        add(e);
+        e.tag = pre + "keps0", e.layout = ScaleLayout::thread_k, e.block = 64, e.mean = true;
+        e.sm_scale = 1.f;
+        add(e);
+      }
+      Cfg q;
+      q.tag = pre + "q", q.quant_tight = tight;
+      q.B = B, q.N = N, q.H = H, q.D = D, q.qkv = true, q.sm_scale = q_scale;
+      add(q);  // THREAD_Q 32, bf16 split-half
+      q.tag = pre + "qint", q.dtype = DType::f16, q.rope = RopeKind::interleaved, q.q_pad = true;
+      q.w_dtype = DType::f32;
+      add(q);
+      q.tag = pre + "qplain", q.dtype = DType::bf16, q.rope = RopeKind::none, q.norm = Norm::none;
+      q.q_pad = false, q.w_dtype = DType::bf16;
+      add(q);
+      Cfg k;
+      k.tag = pre + "k", k.quant_tight = tight;
+      k.B = 1, k.N = N, k.H = 40, k.D = D, k.qkv = true, k.heads_per_cta = 13;
+      k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      add(k);  // THREAD_K 64, bf16 split-half, the mean ring with refills, the last group short
+      k.tag = pre + "kwave", k.heads_per_cta = 0, k.B = B, k.H = H, k.dtype = DType::f16;
+      k.rope = RopeKind::interleaved;
+      add(k);
+      k.tag = pre + "kmsmem", k.mean_smem = detail::kMeanSmemOn, k.dtype = DType::bf16;
+      k.rope = RopeKind::none;
+      add(k);  // the staged mean rows
+      k.tag = pre + "knomean", k.mean_smem = 0, k.mean = false, k.rope = RopeKind::split;
+      add(k);  // no mean: the tight kernel
+      Cfg f;
+      f.tag = pre + "kpath", f.fused = true, f.quant_tight = tight;
+      f.B = B, f.N = N, f.H = H, f.D = D, f.qkv = true;
+      f.layout = ScaleLayout::thread_k, f.block = 64;
+      add(f);  // bf16 split-half
+      f.tag = pre + "kpathint", f.dtype = DType::f16, f.rope = RopeKind::interleaved;
+      f.q_pad = true, f.mean_ctas = 5;
+      add(f);
+    }
+  }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
   Cfg leg;
   leg.tag = "legacy";
