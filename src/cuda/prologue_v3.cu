@@ -512,14 +512,12 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   };
   const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
   const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
-  const int wpg = SPEC ? S_WPG : L.wpg;
-  const int team = warp / wpg, team_first = team * wpg;
-  const int team_threads = 32 * wpg;
+  const int team = warp / (SPEC ? S_WPG : L.wpg), team_first = team * (SPEC ? S_WPG : L.wpg);
+  const int team_threads = 32 * (SPEC ? S_WPG : L.wpg);
   const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
   const float abs_sm = fabsf(a.sm_scale);
   const int c0 = 8 * lane_in_row;  // channel of chunk i: c0 + 8 * LANES * i
-  const int red_lanes = SPEC ? S_RL : L.red_lanes;
-  const int red_mask = red_lanes - 1;  // red_lanes is a power of two
+  const int red_mask = (SPEC ? S_RL : L.red_lanes) - 1;  // red_lanes is a power of two
   const float rcp127 = rcp_approx(127.f);  // LEAN: div.full(m, 127) = m * rcp(127)
 
   // mean_smem: stage the mean rows of the CTA's heads once (before `start`'s barrier, after the
@@ -541,8 +539,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     v3_row<D, BF16, ROPE, LEAN && FQ != 2, TIGHT>(
         a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
         [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
-    const bool smem_mean = SPEC ? S_MEAN : row.m && L.mean_smem;
-    if (smem_mean) {
+    if ((SPEC && S_MEAN) || (!SPEC && row.m && L.mean_smem)) {
       // Quad k: values 4k .. 4k + 3 = channels c0 + 8 LANES (k / 2) + 4 (k & 1); the 4 distinct
       // addresses of a warp are 32 bytes apart (no bank conflict), the row slots broadcast.
       const int mr = TIGHT ? mrow : L.mean_ring ? u % kMeanRingRows : u;
@@ -588,9 +585,9 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       // maximum gives the same bits. 32 lanes: one redux; 16: one per half-warp with the other
       // half contributing 0; fewer: the shuffle levels below red_lanes only.
       const uint32_t bits = __float_as_uint(m);
-      if (red_lanes == 32) {
+      if ((SPEC ? S_RL : L.red_lanes) == 32) {
         m = __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
-      } else if (red_lanes == 16) {
+      } else if ((SPEC ? S_RL : L.red_lanes) == 16) {
         const bool upper = (lane & 16) != 0;
         const uint32_t lo = __reduce_max_sync(0xffffffffu, upper ? 0u : bits);
         const uint32_t hi = __reduce_max_sync(0xffffffffu, upper ? bits : 0u);
@@ -598,7 +595,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       } else {
 #pragma unroll
         for (int o = 1; o < 16; o <<= 1)
-          if (o < red_lanes) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+          if (o < (SPEC ? S_RL : L.red_lanes)) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
       }
     } else {
       // Branch-free: the levels past red_lanes shuffle with lane mask 0 (the lane itself).
@@ -606,7 +603,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int o = 1; o < 32; o <<= 1)
         m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o & red_mask));
     }
-    if (wpg > 1) {
+    if ((SPEC ? S_WPG : L.wpg) > 1) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
       if constexpr (TIGHT) {  // 4 warps: teams 0, 1 of 2 warps or team 0 of 4, ids immediate
@@ -618,7 +615,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         m = red[par][team_first];
 #pragma unroll
         for (int k = 1; k < 4; ++k)
-          if (k < wpg) m = max_nan(m, red[par][team_first + k]);
+          if (k < (SPEC ? S_WPG : L.wpg)) m = max_nan(m, red[par][team_first + k]);
       } else {
         team_barrier(team, team_threads);
         m = red[par][team_first];
@@ -679,7 +676,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         cp_async16(mean_sh + ((h1 + e / QR) % kMeanRingRows) * QR + e % QR,
                    row.m + (h1 + e / QR) * m_sh + 4 * (e % QR));
     };
-    const bool refills = (!SPEC || S_MEAN) && L.mean_ring && row.m && count > kMeanRingRows;
+    const bool refills = L.mean_ring && row.m && count > kMeanRingRows && (!SPEC || S_MEAN);
     if constexpr (TIGHT) {
       // Byte offsets of the slots from this thread's slot 0: 0, SB, .., (SLOTS - 1) SB; head
       // u + AHEAD goes into the slot head u - 1 used (SLOTS = AHEAD + 1). The mean ring refills
