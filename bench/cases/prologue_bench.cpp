@@ -233,6 +233,9 @@ class PrologueBench : public BenchCase {
         specfq2.quant_tight = detail::kTightSpecFq2;
         variant_of("specialized, no float-to-int, bf16 rounding in pairs (session 11)", specfq2,
                    fused);
+        detail::PrologueCudaTuning specu3;
+        specu3.quant_tight = detail::kTightSpecU3;
+        variant_of("specialized, head loop unrolled by 3 (session 11)", specu3, fused);
         detail::PrologueCudaTuning unbal;
         unbal.heads_per_cta = kUnbalanced;
         variant_of("run 29 default grid (the wave model's, unbalanced)", unbal, fused);
@@ -423,10 +426,11 @@ class PrologueKQuantBench : public BenchCase {
     // (Session 8's bulk-copy rings, run 19: 0.1889 / 0.2008 ms vs 0.1773: deleted.)
     detail::PrologueCudaTuning generic;
     generic.quant_tight = detail::kTightOff;
-    detail::PrologueCudaTuning spec, specfq, specfq2;
+    detail::PrologueCudaTuning spec, specfq, specfq2, specu3;
     spec.quant_tight = detail::kTightSpec;
     specfq.quant_tight = detail::kTightSpecFq;
     specfq2.quant_tight = detail::kTightSpecFq2;
+    specu3.quant_tight = detail::kTightSpecU3;
     // (Run 29: the balanced grid at Wan, 3 whole rounds of 20- or 40-head CTAs, 0.1634 vs
     // 0.1633 ms; Wan keeps the wave model's grid.)
     const V vs[] = {
@@ -434,7 +438,8 @@ class PrologueKQuantBench : public BenchCase {
         {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)", generic},
         {"tight kernel specialized to the layout (session 11)", spec},
         {"specialized, codes without float-to-int conversions (session 11)", specfq},
-        {"specialized, no float-to-int, bf16 rounding in pairs (session 11)", specfq2}};
+        {"specialized, no float-to-int, bf16 rounding in pairs (session 11)", specfq2},
+        {"specialized, head loop unrolled by 3 (session 11)", specu3}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

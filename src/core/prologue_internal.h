@@ -127,6 +127,8 @@ constexpr int kTightSpec = 3;
 constexpr int kTightSpecFq = 4;
 // kTightSpecFq2: kTightSpecFq with the norm's bf16 rounding two values per conversion.
 constexpr int kTightSpecFq2 = 5;
+// kTightSpecU3: kTightSpec with the head loop unrolled by the x ring's 3 slots.
+constexpr int kTightSpecU3 = 6;
 constexpr int kKnobBalanced = -1, kKnobUnbalanced = -2;
 struct PrologueCudaTuning {
   bool legacy = false;

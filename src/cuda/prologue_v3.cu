@@ -449,7 +449,8 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // without float-to-int conversions; FQ = 2 (kTightSpecFq2) also rounds the norm's output to
 // bf16 two values per conversion (round_pair: one cvt.rn.bf16x2 and a shift / mask per value,
 // the same bits as round_bf16_hi's one conversion per value).
-template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0, int FQ = 0>
+// U3 (with SG; kTightSpecU3): the head loop unrolled by the ring's 3 slots.
+template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0, int FQ = 0, bool U3 = false>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool TIGHT = THREADS > 0;
   constexpr bool SPEC = SG > 0;
@@ -702,6 +703,43 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         const uint32_t mean0 = ptx::smem_u32(mean_sh);
         constexpr int QR = D / 4;
         const int rr = tid / QR, rq = tid % QR;  // the refill row and float4 of this thread
+        if constexpr (U3) {
+          // Three heads per iteration (one per slot): slot addresses and mean rows are
+          // immediates; mbase = the mean row of head u0 (0 or kMeanRingChunk).
+          int mbase = 0;
+#pragma unroll 1
+          for (int u0 = 0; u0 < count; u0 += SLOTS) {
+#pragma unroll
+            for (int k = 0; k < SLOTS; ++k) {
+              const int u = u0 + k;
+              if (u < count) {
+                if (k == 0 && S_MEAN && refills && u > 0) {
+                  __syncthreads();
+                  const int h1 = u + kMeanRingChunk;
+                  const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
+                  if (rr < rows)
+                    ptx::cp_async16(
+                        mean0 + sizeof(float4) *
+                                    (((mbase == 0 ? kMeanRingChunk : 0) + rr) * QR + rq),
+                        row.m + (h1 + rr) * m_sh + 4 * rq);
+                }
+                if (u + AHEAD < count) issue_at(first + ((k + AHEAD) % SLOTS) * SB);
+                cp_async_commit();
+                cp_async_wait<AHEAD>();
+                uint4 r[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                  r[i] = lds16u(first + k * SB + i * THREADS * sizeof(uint4));
+                mrow = mbase + k;
+                proc(u, r);
+                qcur += q_sh;
+                scur += s_sh;
+              }
+            }
+            mbase = kMeanRingChunk - mbase;
+          }
+          return;
+        }
 #pragma unroll 1
         for (int u = 0; u < count; ++u) {
           if (S_MEAN && refills && u > 0 && rd == first) {
@@ -765,10 +803,10 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 // per SM at D = 128: 41 KB of shared memory each, 20 warps per SM).
 // THREADS: 128 (4-warp CTAs, the tight form: the default), or 0 (blockDim.x: other CTA sizes,
 // and 4-warp CTAs with quant_tight = kTightOff).
-template <int D, bool BF16, int ROPE, int THREADS, int SG = 0, int FQ = 0>
+template <int D, bool BF16, int ROPE, int THREADS, int SG = 0, int FQ = 0, bool U3 = false>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, THREADS, SG, FQ>(a, L);
+  v3_quantize_body<D, BF16, ROPE, THREADS, SG, FQ, U3>(a, L);
 }
 
 // ---- norm_rope_mean, round 4 ------------------------------------------------------------------
@@ -1142,7 +1180,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
                  : tuning.quant_tight == detail::kTightSpecFq  ? 1
                  : tuning.quant_tight == detail::kTightSpecFq2 ? 2
                                                                : 0;
-  if (tight && (tuning.quant_tight == detail::kTightSpec || fq > 0) && L.redux) {
+  const bool u3 = tuning.quant_tight == detail::kTightSpecU3;
+  if (tight && (tuning.quant_tight == detail::kTightSpec || fq > 0 || u3) && L.redux) {
     if (L.group_rows == kSpecQRows && !a.mean)
       spec = kSpecQRows;
     else if (L.group_rows == kSpecKRows && a.mean && L.mean_smem)
@@ -1240,7 +1279,11 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (spec == kSpecQRows && fq == 1)
+    if (spec == kSpecQRows && u3)
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, 0, true>);
+    else if (spec == kSpecKRows && u3)
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows, 0, true>);
+    else if (spec == kSpecQRows && fq == 1)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, 1>);
     else if (spec == kSpecKRows && fq == 1)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows, 1>);

@@ -712,16 +712,19 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // / 1000 / 4608 (x 24 heads: the Flux grid), D 64 / 128. "specfq*": the same with the codes
   // computed without float-to-int conversions (kTightSpecFq), plus scale_eps 0 (q with a
   // non-power-of-two sm_scale, k with a mean); "specfq2*": also the norm's bf16 rounding two
-  // values per conversion (kTightSpecFq2).
-  for (const int tight : {detail::kTightSpec, detail::kTightSpecFq, detail::kTightSpecFq2})
+  // values per conversion (kTightSpecFq2); "specu3*": kTightSpec with the head loop unrolled by
+  // the ring's 3 slots (kTightSpecU3).
+  for (const int tight : {detail::kTightSpec, detail::kTightSpecFq, detail::kTightSpecFq2,
+                          detail::kTightSpecU3})
   for (int64_t N : {1, 17, 127, 1000, 4608}) {
     for (int64_t D : {64, 128}) {
       if (N == 4608 && D == 64) continue;
       const int64_t H = N == 4608 ? 24 : 11, B = N == 4608 ? 1 : 2;
-      const std::string pre = tight == detail::kTightSpec     ? "spec"
-                              : tight == detail::kTightSpecFq ? "specfq"
-                                                              : "specfq2";
-      if (tight != detail::kTightSpec) {
+      const std::string pre = tight == detail::kTightSpec      ? "spec"
+                              : tight == detail::kTightSpecFq  ? "specfq"
+                              : tight == detail::kTightSpecFq2 ? "specfq2"
+                                                               : "specu3";
+      if (tight == detail::kTightSpecFq || tight == detail::kTightSpecFq2) {
         Cfg e;
         e.tag = pre + "qeps0", e.quant_tight = tight, e.scale_eps = 0.f;
         e.B = B, e.N = N, e.H = H, e.D = D, e.qkv = true, e.sm_scale = 0.75f;
