@@ -738,8 +738,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
             }
             mbase = kMeanRingChunk - mbase;
           }
-          return;
-        }
+        } else {
 #pragma unroll 1
         for (int u = 0; u < count; ++u) {
           if (S_MEAN && refills && u > 0 && rd == first) {
@@ -763,6 +762,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
           if (S_MEAN) mrow = mrow == kMeanRingRows - 1 ? 0 : mrow + 1;
           qcur += q_sh;
           scur += s_sh;
+        }
         }
         return;
       }
