@@ -93,8 +93,12 @@ constexpr int64_t kV4OccMinRows = int64_t{1} << 20;
 constexpr bool kV3DefaultTight = true;
 constexpr int kTightThreads = 128;
 // Session 11: the tight kernel specialized to a scale group of kSpecQRows (THREAD_Q 32, no mean)
-// or kSpecKRows rows (THREAD_K 64, the mean rows in shared memory) at compile time (tuning
-// quant_tight = kTightSpec): the same arithmetic, fewer instructions per head.
+// or kSpecKRows rows (THREAD_K 64, the mean rows in shared memory) at compile time, its codes
+// without float-to-int conversions (quantize32_fq); the same bits. GPU run 32: Wan q 0.1441 ->
+// 0.1419 ms, k 0.2571 -> 0.2517, k quantize pass alone 0.1625 -> 0.1573; Flux q 0.0204 ->
+// 0.0205, k 0.0384 -> 0.0376. The default for those launches since (tuning quant_tight =
+// kTightPlain: the unspecialized tight kernel).
+constexpr bool kV3DefaultSpec = true;
 constexpr int kSpecQRows = 4, kSpecKRows = 16;
 // Session 10: the balanced quantize grid. A grid of CTAs of equal work fills the SMs unevenly
 // when it is less than a few rounds: Flux q / k quantize, 576 CTAs of 6 heads on 660 slots = 48
@@ -327,7 +331,7 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
   return d;
 }
 
-// quantize32 without float-to-int conversions (session 11, tuning quant_tight = kTightSpecFq):
+// quantize32 without float-to-int conversions (session 11, the specialized tight kernel's):
 // the same codes by other instructions, for a scale in [2^-126, 2^126] and codes within
 // [-127, 127] (scale_eps >= 0: |v| r <= 127 (1 + a few ulp)); else quantize32.
 // q = fl(v r), t = fl(q + copysign(0.5, q)) = sign(q) fl(|q| + 0.5) (round to nearest is
@@ -440,17 +444,14 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // by running offsets (no per-head u % 3, u * stride products); the 2-warp teams take barrier ids
 // 1 / 2 by one compare; v3_row's norm is branch-free (UNIFORM). The same arithmetic, value for
 // value: the same bits.
-// SG > 0 (session 11, tuning quant_tight = kTightSpec; needs THREADS): the scale group's rows
+// SG > 0 (session 11, the default where it applies; needs THREADS): the scale group's rows
 // G = SG are a compile-time constant, and with them the warps per group, the lanes of the in-warp
 // maximum and whether a mean is subtracted (SG = kSpecKRows: the mean rows in shared memory, the
 // THREAD_K 64 form; SG = kSpecQRows: no mean, the THREAD_Q 32 form); the host launches it only
-// for a launch of exactly that shape with redux. No runtime dispatch on them in the head loop.
-// FQ (with SG; tuning quant_tight = kTightSpecFq, scale_eps >= 0 only): quantize32_fq's codes
-// without float-to-int conversions; FQ = 2 (kTightSpecFq2) also rounds the norm's output to
-// bf16 two values per conversion (round_pair: one cvt.rn.bf16x2 and a shift / mask per value,
-// the same bits as round_bf16_hi's one conversion per value).
-// U3 (with SG; kTightSpecU3): the head loop unrolled by the ring's 3 slots.
-template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0, int FQ = 0, bool U3 = false>
+// for a launch of exactly that shape with redux and scale_eps >= 0. No runtime dispatch on them
+// in the head loop; the ring slots as shared addresses, a one-copy mean-ring refill; the codes by
+// quantize32_fq (no float-to-int conversions).
+template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool TIGHT = THREADS > 0;
   constexpr bool SPEC = SG > 0;
@@ -537,7 +538,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   float* scur = row.s;
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
-    v3_row<D, BF16, ROPE, LEAN && FQ != 2, TIGHT>(
+    v3_row<D, BF16, ROPE, LEAN, TIGHT>(
         a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
         [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
     if ((SPEC && S_MEAN) || (!SPEC && row.m && L.mean_smem)) {
@@ -633,7 +634,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
     }
     uint32_t packed[8];
-    if constexpr (FQ > 0)
+    if constexpr (SPEC)
       quantize32_fq<LEAN>(v, scale, packed);
     else
       quantize32<LEAN>(v, scale, packed);
@@ -703,42 +704,6 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         const uint32_t mean0 = ptx::smem_u32(mean_sh);
         constexpr int QR = D / 4;
         const int rr = tid / QR, rq = tid % QR;  // the refill row and float4 of this thread
-        if constexpr (U3) {
-          // Three heads per iteration (one per slot): slot addresses and mean rows are
-          // immediates; mbase = the mean row of head u0 (0 or kMeanRingChunk).
-          int mbase = 0;
-#pragma unroll 1
-          for (int u0 = 0; u0 < count; u0 += SLOTS) {
-#pragma unroll
-            for (int k = 0; k < SLOTS; ++k) {
-              const int u = u0 + k;
-              if (u < count) {
-                if (k == 0 && S_MEAN && refills && u > 0) {
-                  __syncthreads();
-                  const int h1 = u + kMeanRingChunk;
-                  const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
-                  if (rr < rows)
-                    ptx::cp_async16(
-                        mean0 + sizeof(float4) *
-                                    (((mbase == 0 ? kMeanRingChunk : 0) + rr) * QR + rq),
-                        row.m + (h1 + rr) * m_sh + 4 * rq);
-                }
-                if (u + AHEAD < count) issue_at(first + ((k + AHEAD) % SLOTS) * SB);
-                cp_async_commit();
-                cp_async_wait<AHEAD>();
-                uint4 r[4];
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                  r[i] = lds16u(first + k * SB + i * THREADS * sizeof(uint4));
-                mrow = mbase + k;
-                proc(u, r);
-                qcur += q_sh;
-                scur += s_sh;
-              }
-            }
-            mbase = kMeanRingChunk - mbase;
-          }
-        } else {
 #pragma unroll 1
         for (int u = 0; u < count; ++u) {
           if (S_MEAN && refills && u > 0 && rd == first) {
@@ -762,7 +727,6 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
           if (S_MEAN) mrow = mrow == kMeanRingRows - 1 ? 0 : mrow + 1;
           qcur += q_sh;
           scur += s_sh;
-        }
         }
         return;
       }
@@ -802,11 +766,12 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 // The quantize kernel: the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps
 // per SM at D = 128: 41 KB of shared memory each, 20 warps per SM).
 // THREADS: 128 (4-warp CTAs, the tight form: the default), or 0 (blockDim.x: other CTA sizes,
-// and 4-warp CTAs with quant_tight = kTightOff).
-template <int D, bool BF16, int ROPE, int THREADS, int SG = 0, int FQ = 0, bool U3 = false>
+// and 4-warp CTAs with quant_tight = kTightOff); SG: the specialized tight form (the default for
+// the two library layouts; quant_tight = kTightPlain: SG = 0).
+template <int D, bool BF16, int ROPE, int THREADS, int SG = 0>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, THREADS, SG, FQ, U3>(a, L);
+  v3_quantize_body<D, BF16, ROPE, THREADS, SG>(a, L);
 }
 
 // ---- norm_rope_mean, round 4 ------------------------------------------------------------------
@@ -1173,15 +1138,13 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
                                            : behind_mean && kV3DefaultEarlyFused);
   // The 4-warp form with compile-time addressing.
   const bool tight = tight_forms(tuning) && threads == kTightThreads;
-  // quant_tight = kTightSpec: the tight kernel specialized to this launch's scale group, where it
-  // is one of the two library layouts (else the tight form).
+  // The tight kernel specialized to this launch's scale group, where it is one of the two library
+  // layouts with redux and scale_eps >= 0 (quantize32_fq's premise), unless quant_tight =
+  // kTightPlain (else the tight form).
   int spec = 0;
-  const int fq = a.scale_eps < 0.f                                ? 0
-                 : tuning.quant_tight == detail::kTightSpecFq  ? 1
-                 : tuning.quant_tight == detail::kTightSpecFq2 ? 2
-                                                               : 0;
-  const bool u3 = tuning.quant_tight == detail::kTightSpecU3;
-  if (tight && (tuning.quant_tight == detail::kTightSpec || fq > 0 || u3) && L.redux) {
+  const bool spec_on = tuning.quant_tight > 0 ? tuning.quant_tight != detail::kTightPlain
+                                              : kV3DefaultSpec;
+  if (tight && spec_on && L.redux && a.scale_eps >= 0.f) {
     if (L.group_rows == kSpecQRows && !a.mean)
       spec = kSpecQRows;
     else if (L.group_rows == kSpecKRows && a.mean && L.mean_smem)
@@ -1279,19 +1242,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (spec == kSpecQRows && u3)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, 0, true>);
-    else if (spec == kSpecKRows && u3)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows, 0, true>);
-    else if (spec == kSpecQRows && fq == 1)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, 1>);
-    else if (spec == kSpecKRows && fq == 1)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows, 1>);
-    else if (spec == kSpecQRows && fq == 2)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, 2>);
-    else if (spec == kSpecKRows && fq == 2)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows, 2>);
-    else if (spec == kSpecQRows)
+    if (spec == kSpecQRows)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows>);
     else if (spec == kSpecKRows)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows>);
