@@ -219,6 +219,17 @@ class PrologueBench : public BenchCase {
         // before their wait (k Wan 0.2632, Flux 0.0419: its CTAs filled the SMs the mean kernel
         // freed first, unevenly); the 5-CTA mean with balanced chunks at Flux (0.0396; mean pass
         // alone 0.0235 vs 0.0214).
+        // Session 11, run 32 (the same bits): the tight quantize kernel specialized at compile
+        // time to the THREAD_Q 32 / THREAD_K 64 scale groups, codes without float-to-int
+        // conversions, the default since (X / default: Wan q 0.985, k 0.979; Flux q 1.004, k
+        // 0.979); the row: the tight kernel before it (quant_tight = kTightPlain). Lost and
+        // deleted (X / run-32 default): the specialized kernel with float-to-int conversions
+        // (Wan q 0.983, k 0.983; Flux 0.998 / 0.990), with the bf16 rounding in pairs (Wan
+        // 0.988 / 0.984; Flux 1.022 / 0.998), with the head loop unrolled by 3 (Wan 0.992 /
+        // 0.989; Flux 1.014 / 0.983).
+        detail::PrologueCudaTuning plain;
+        plain.quant_tight = detail::kTightPlain;
+        variant_of("previous default (tight kernel, runs 29-32)", plain, fused);
         detail::PrologueCudaTuning unbal;
         unbal.heads_per_cta = kUnbalanced;
         variant_of("run 29 default grid (the wave model's, unbalanced)", unbal, fused);
@@ -409,11 +420,17 @@ class PrologueKQuantBench : public BenchCase {
     // (Session 8's bulk-copy rings, run 19: 0.1889 / 0.2008 ms vs 0.1773: deleted.)
     detail::PrologueCudaTuning generic;
     generic.quant_tight = detail::kTightOff;
+    // Run 32: the session-9/10 tight kernel (the default then) 0.1625 ms, the specialized one
+    // with codes without float-to-int conversions 0.1573 (the default since); deleted: with the
+    // conversions 0.1583, bf16 rounding in pairs 0.1594, head loop unrolled by 3 0.1602.
+    detail::PrologueCudaTuning plain;
+    plain.quant_tight = detail::kTightPlain;
     // (Run 29: the balanced grid at Wan, 3 whole rounds of 20- or 40-head CTAs, 0.1634 vs
     // 0.1633 ms; Wan keeps the wave model's grid.)
     const V vs[] = {
-        {"default (tight: compile-time addressing, running offsets; session 9)", {}},
-        {"session 8 generic kernel (quant_tight off; run 24: 0.1772 vs 0.1671 ms)", generic}};
+        {"default (tight, specialized to the layout, codes without F2I; session 11)", {}},
+        {"previous default (tight kernel, runs 29-32)", plain},
+        {"session 8 generic kernel (quant_tight off; run 32: 0.1751 vs 0.1625 ms)", generic}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

@@ -99,12 +99,14 @@ namespace detail {
 // issues its x, weight and table loads before griddepcontrol.wait (default: on in
 // norm_rope_mean_quantize, whose quantize pass runs behind the mean pass of the same x, off in a
 // lone norm_rope_quantize; kEarlyOn anywhere: tests and the bench only); `quant_tight`
-// (kTightOff / kTightOn; on by default since GPU run 24) the tight forms of the quantize kernel
-// of 4-warp CTAs (compile-time thread count, running ring / pointer offsets instead of per-head
-// address math) and of the round-4 mean kernel (32-bit slot addresses), both with a branch-free
-// norm; kTightOff runs session 8's generic quantize form (session 9; the generic mean form was
-// deleted in session 10). `heads_per_cta` = kKnobBalanced forces the balanced quantize grid at
-// any size, kKnobUnbalanced the wave model's grid (session 10).
+// the tight forms of the quantize kernel of 4-warp CTAs (compile-time thread count, running
+// ring / pointer offsets instead of per-head address math) and of the round-4 mean kernel (32-bit
+// slot addresses), both with a branch-free norm (default since GPU run 24); by default since
+// session 11 (GPU run 32) the tight quantize kernel is specialized to the library's two layouts
+// with codes without float-to-int conversions (see kTightPlain); kTightOff runs session 8's
+// generic quantize form (session 9; the generic mean form was deleted in session 10).
+// `heads_per_cta` = kKnobBalanced forces the balanced quantize grid at any size, kKnobUnbalanced
+// the wave model's grid (session 10).
 // None of them changes a bit of the output.
 // (Deleted in session 8, the losing forms: the register and 3-ahead quantize rings, register
 // barrier ids, the plain bf16 arithmetic, the round-2 quantize and round-3 mean kernels, the
@@ -117,7 +119,14 @@ constexpr int kReduceShuffle = 1, kReduceRedux = 2;
 constexpr int kMeanSmemOff = 1, kMeanSmemOn = 2;
 constexpr int kMeanSmemRing = 3;
 constexpr int kEarlyOff = 1, kEarlyOn = 2;
-constexpr int kTightOff = 1, kTightOn = 2;
+// quant_tight = kTightPlain: the session-9/10 tight quantize kernel (the default in GPU runs
+// 24-32) where the default would run the specialized one (session 11: THREAD_Q with 4 rows per
+// scale group and no mean, THREAD_K with 16 rows per group and the mean rows in shared memory,
+// redux, scale_eps >= 0: the scale group's shape at compile time, codes by fp32 adds with a
+// round-down magic number and byte permutes); the same bits. For comparison (tests, bench).
+// (Deleted after run 32, measured: the specialized kernel with float-to-int conversions, with
+// the norm's bf16 rounding in pairs, with the head loop unrolled by 3; docs/prologue.md.)
+constexpr int kTightOff = 1, kTightPlain = 2;
 constexpr int kKnobBalanced = -1, kKnobUnbalanced = -2;
 struct PrologueCudaTuning {
   bool legacy = false;

@@ -92,6 +92,14 @@ constexpr int64_t kV4OccMinRows = int64_t{1} << 20;
 // quantize form stays: it serves CTAs of other than 4 warps).
 constexpr bool kV3DefaultTight = true;
 constexpr int kTightThreads = 128;
+// Session 11: the tight kernel specialized to a scale group of kSpecQRows (THREAD_Q 32, no mean)
+// or kSpecKRows rows (THREAD_K 64, the mean rows in shared memory) at compile time, its codes
+// without float-to-int conversions (quantize32_fq); the same bits. GPU run 32: Wan q 0.1441 ->
+// 0.1419 ms, k 0.2571 -> 0.2517, k quantize pass alone 0.1625 -> 0.1573; Flux q 0.0204 ->
+// 0.0205, k 0.0384 -> 0.0376. The default for those launches since (tuning quant_tight =
+// kTightPlain: the unspecialized tight kernel).
+constexpr bool kV3DefaultSpec = true;
+constexpr int kSpecQRows = 4, kSpecKRows = 16;
 // Session 10: the balanced quantize grid. A grid of CTAs of equal work fills the SMs unevenly
 // when it is less than a few rounds: Flux q / k quantize, 576 CTAs of 6 heads on 660 slots = 48
 // SMs with 5 CTAs and 84 with 4, and the kernel lasts as long as the 5-CTA SMs (37.5 head-times
@@ -315,6 +323,53 @@ __device__ __forceinline__ void quantize32(const float (&v)[32], float scale, ui
     out[k] = pack_s8x4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
 }
 
+// prmt.b32 (default mode): byte n of the result is byte (s >> 4n) & 7 of {b, a} (a: bytes 0-3),
+// or with bit 3 of the nibble set, that byte's sign bit replicated (0x00 / 0xff).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+}
+
+// quantize32 without float-to-int conversions (session 11, the specialized tight kernel's):
+// the same codes by other instructions, for a scale in [2^-126, 2^126] and codes within
+// [-127, 127] (scale_eps >= 0: |v| r <= 127 (1 + a few ulp)); else quantize32.
+// q = fl(v r), t = fl(q + copysign(0.5, q)) = sign(q) fl(|q| + 0.5) (round to nearest is
+// symmetric), code = trunc(t) = sign(q) floor(a) with a = fl(fl(|v| r) + 0.5) (r > 0, so
+// |q| = fl(|v| r)). floor(a) is the low byte of fl_rm(a + 2^23) (a < 2^22: the sum lies in
+// [2^23, 2^24), whose ulp is 1; round-down is floor). The four magnitudes m of a word are packed
+// by prmt, the signs of v (0xff per negative value) by prmt's sign replication, and a negative
+// byte becomes (0x80 - m) ^ 0x80 = -m mod 256 (0x80 - m in [1, 0x80] for m <= 127: no borrow
+// between bytes; m = 0 gives 0). v = -0 and a NaN never reach this (a NaN or inf |v| makes the
+// scale non-finite: the caller's other paths).
+template <bool LEAN>
+__device__ __forceinline__ void quantize32_fq(const float (&v)[32], float scale,
+                                              uint32_t (&out)[8]) {
+  const float as = fabsf(scale);
+  if (!(as >= 0x1p-126f && as <= 0x1p126f)) {
+    quantize32<LEAN>(v, scale, out);
+    return;
+  }
+  const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
+  constexpr uint32_t H = 0x80808080u;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    uint32_t c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float a = __fadd_rn(__fmul_rn(fabsf(v[4 * k + i]), r), 0.5f);
+      c[i] = __float_as_uint(__fadd_rd(a, 0x1p23f));
+    }
+    const uint32_t w = prmt(prmt(c[0], c[1], 0x0040u), prmt(c[2], c[3], 0x0040u), 0x5410u);
+    const uint32_t s01 = prmt(__float_as_uint(v[4 * k]), __float_as_uint(v[4 * k + 1]), 0x00fbu);
+    const uint32_t s23 =
+        prmt(__float_as_uint(v[4 * k + 2]), __float_as_uint(v[4 * k + 3]), 0x00fbu);
+    const uint32_t sg = prmt(s01, s23, 0x5410u);
+    const uint32_t neg = (H - w) ^ H;
+    out[k] = (neg & sg) | (w & ~sg);
+  }
+}
+
 // ---- norm_rope_quantize -----------------------------------------------------------------------
 //
 // CTA: `warps` warps own a tile of whole blocks (tile_rows = warps * RW rows, RW = 32 / LANES) of
@@ -389,13 +444,27 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // by running offsets (no per-head u % 3, u * stride products); the 2-warp teams take barrier ids
 // 1 / 2 by one compare; v3_row's norm is branch-free (UNIFORM). The same arithmetic, value for
 // value: the same bits.
-template <int D, bool BF16, int ROPE, int THREADS = 0>
+// SG > 0 (session 11, the default where it applies; needs THREADS): the scale group's rows
+// G = SG are a compile-time constant, and with them the warps per group, the lanes of the in-warp
+// maximum and whether a mean is subtracted (SG = kSpecKRows: the mean rows in shared memory, the
+// THREAD_K 64 form; SG = kSpecQRows: no mean, the THREAD_Q 32 form); the host launches it only
+// for a launch of exactly that shape with redux and scale_eps >= 0. No runtime dispatch on them
+// in the head loop; the ring slots as shared addresses, a one-copy mean-ring refill; the codes by
+// quantize32_fq (no float-to-int conversions).
+template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool TIGHT = THREADS > 0;
+  constexpr bool SPEC = SG > 0;
+  static_assert(!SPEC || TIGHT, "SG: the tight form only");
   constexpr int AHEAD = kV3Async96Ahead;
   constexpr bool LEAN = BF16;
   constexpr int SLOTS = AHEAD + 1;
   constexpr int LANES = D / 32, RW = 32 / LANES;
+  // SPEC: warps per scale group, lanes of the in-warp maximum, a mean (in shared memory).
+  constexpr int S_WPG = SG > RW ? SG / RW : 1;
+  constexpr int S_RL = LANES * SG < 32 ? LANES * SG : 32;
+  constexpr bool S_MEAN = SG == kSpecKRows;
+  static_assert(!SPEC || SG == kSpecKRows || SG == kSpecQRows, "SG: the two library layouts");
   // Dynamic shared memory: the x ring [SLOTS][4 chunks][blockDim.x] uint4 (each
   // thread's own slots), then (rope) [8][blockDim.x] float4: this thread's rotary pairs, then
   // (mean_smem) [head_group or, mean_ring, kMeanRingRows][D / 4] float4: the CTA's mean rows, then
@@ -445,12 +514,12 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   };
   const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
   const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
-  const int team = warp / L.wpg, team_first = team * L.wpg;
-  const int team_threads = 32 * L.wpg;
+  const int team = warp / (SPEC ? S_WPG : L.wpg), team_first = team * (SPEC ? S_WPG : L.wpg);
+  const int team_threads = 32 * (SPEC ? S_WPG : L.wpg);
   const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
   const float abs_sm = fabsf(a.sm_scale);
   const int c0 = 8 * lane_in_row;  // channel of chunk i: c0 + 8 * LANES * i
-  const int red_mask = L.red_lanes - 1;  // red_lanes is a power of two
+  const int red_mask = (SPEC ? S_RL : L.red_lanes) - 1;  // red_lanes is a power of two
   const float rcp127 = rcp_approx(127.f);  // LEAN: div.full(m, 127) = m * rcp(127)
 
   // mean_smem: stage the mean rows of the CTA's heads once (before `start`'s barrier, after the
@@ -472,7 +541,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     v3_row<D, BF16, ROPE, LEAN, TIGHT>(
         a.norm, a.eps, [&](int k) { return lds16(&w_sh[k][lane_in_row]); },
         [&](int k) { return lds16(&t_sh[k * threads + tid]); }, r, v);
-    if (row.m && L.mean_smem) {
+    if ((SPEC && S_MEAN) || (!SPEC && row.m && L.mean_smem)) {
       // Quad k: values 4k .. 4k + 3 = channels c0 + 8 LANES (k / 2) + 4 (k & 1); the 4 distinct
       // addresses of a warp are 32 bytes apart (no bank conflict), the row slots broadcast.
       const int mr = TIGHT ? mrow : L.mean_ring ? u % kMeanRingRows : u;
@@ -485,7 +554,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         v[4 * k + 2] = __fsub_rn(v[4 * k + 2], t.z);
         v[4 * k + 3] = __fsub_rn(v[4 * k + 3], t.w);
       }
-    } else if (row.m) {
+    } else if (!SPEC && row.m) {
       const float* m = row.m + u * m_sh + c0;
       float mv[32];
       if (L.mean_vec) {
@@ -512,15 +581,15 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int j = 1; j < 8; ++j) t[i] = max_nan(t[i], fabsf(v[8 * i + j]));
     }
     float m = row.ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
-    if (L.redux) {
+    if (SPEC || L.redux) {
       // m is |v|'s maximum (sign bit clear; a NaN is max.NaN's canonical 0x7fffffff): as
       // unsigned bit patterns the order is the float order with NaN above +inf, so an integer
       // maximum gives the same bits. 32 lanes: one redux; 16: one per half-warp with the other
       // half contributing 0; fewer: the shuffle levels below red_lanes only.
       const uint32_t bits = __float_as_uint(m);
-      if (L.red_lanes == 32) {
+      if ((SPEC ? S_RL : L.red_lanes) == 32) {
         m = __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
-      } else if (L.red_lanes == 16) {
+      } else if ((SPEC ? S_RL : L.red_lanes) == 16) {
         const bool upper = (lane & 16) != 0;
         const uint32_t lo = __reduce_max_sync(0xffffffffu, upper ? 0u : bits);
         const uint32_t hi = __reduce_max_sync(0xffffffffu, upper ? bits : 0u);
@@ -528,7 +597,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       } else {
 #pragma unroll
         for (int o = 1; o < 16; o <<= 1)
-          if (o < L.red_lanes) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
+          if (o < (SPEC ? S_RL : L.red_lanes)) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o));
       }
     } else {
       // Branch-free: the levels past red_lanes shuffle with lane mask 0 (the lane itself).
@@ -536,7 +605,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int o = 1; o < 32; o <<= 1)
         m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, o & red_mask));
     }
-    if (L.wpg > 1) {
+    if ((SPEC ? S_WPG : L.wpg) > 1) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
       if constexpr (TIGHT) {  // 4 warps: teams 0, 1 of 2 warps or team 0 of 4, ids immediate
@@ -548,7 +617,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         m = red[par][team_first];
 #pragma unroll
         for (int k = 1; k < 4; ++k)
-          if (k < L.wpg) m = max_nan(m, red[par][team_first + k]);
+          if (k < (SPEC ? S_WPG : L.wpg)) m = max_nan(m, red[par][team_first + k]);
       } else {
         team_barrier(team, team_threads);
         m = red[par][team_first];
@@ -565,7 +634,10 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
     }
     uint32_t packed[8];
-    quantize32<LEAN>(v, scale, packed);
+    if constexpr (SPEC)
+      quantize32_fq<LEAN>(v, scale, packed);
+    else
+      quantize32<LEAN>(v, scale, packed);
     int8_t* q = TIGHT ? qcur : row.q + u * q_sh + c0;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -606,7 +678,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         cp_async16(mean_sh + ((h1 + e / QR) % kMeanRingRows) * QR + e % QR,
                    row.m + (h1 + e / QR) * m_sh + 4 * (e % QR));
     };
-    const bool refills = L.mean_ring && row.m && count > kMeanRingRows;
+    const bool refills = L.mean_ring && row.m && count > kMeanRingRows && (!SPEC || S_MEAN);
     if constexpr (TIGHT) {
       // Byte offsets of the slots from this thread's slot 0: 0, SB, .., (SLOTS - 1) SB; head
       // u + AHEAD goes into the slot head u - 1 used (SLOTS = AHEAD + 1). The mean ring refills
@@ -621,6 +693,43 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
           ptx::cp_async16(dst + i * THREADS * sizeof(uint4), nx + 8 * LANES * i);
         nx += x_sh;
       };
+      if constexpr (SPEC) {
+        // The slots as shared addresses: head u reads `rd`, head u + AHEAD lands in `wr` (the
+        // slot head u - 1 read). The mean ring's refill at head u (u % kMeanRingChunk == 0, i.e.
+        // rd at slot 0) fills rows (mrow + kMeanRingChunk) % kMeanRingRows + r, r < 3: one
+        // 16-byte copy per thread at most (3 rows of D / 4 float4 <= THREADS).
+        static_assert(kMeanRingChunk * (D / 4) <= THREADS, "SPEC: one refill copy per thread");
+        const uint32_t first = ring0, last = ring0 + LAST;
+        uint32_t rd = first, wr = last;
+        const uint32_t mean0 = ptx::smem_u32(mean_sh);
+        constexpr int QR = D / 4;
+        const int rr = tid / QR, rq = tid % QR;  // the refill row and float4 of this thread
+#pragma unroll 1
+        for (int u = 0; u < count; ++u) {
+          if (S_MEAN && refills && u > 0 && rd == first) {
+            __syncthreads();
+            const int h1 = u + kMeanRingChunk;
+            const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
+            if (rr < rows)
+              ptx::cp_async16(mean0 + sizeof(float4) * (((mrow == 0 ? kMeanRingChunk : 0) + rr) *
+                                                             QR + rq),
+                              row.m + (h1 + rr) * m_sh + 4 * rq);
+          }
+          if (u + AHEAD < count) issue_at(wr);
+          cp_async_commit();
+          cp_async_wait<AHEAD>();
+          uint4 r[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) r[i] = lds16u(rd + i * THREADS * sizeof(uint4));
+          proc(u, r);
+          wr = rd;
+          rd = rd == last ? first : rd + SB;
+          if (S_MEAN) mrow = mrow == kMeanRingRows - 1 ? 0 : mrow + 1;
+          qcur += q_sh;
+          scur += s_sh;
+        }
+        return;
+      }
       uint32_t cur = 0;
 #pragma unroll 1
       for (int u = 0; u < count; ++u) {
@@ -657,11 +766,12 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 // The quantize kernel: the cp.async ring 2 heads ahead held to 96 registers (5 CTAs of 4 warps
 // per SM at D = 128: 41 KB of shared memory each, 20 warps per SM).
 // THREADS: 128 (4-warp CTAs, the tight form: the default), or 0 (blockDim.x: other CTA sizes,
-// and 4-warp CTAs with quant_tight = kTightOff).
-template <int D, bool BF16, int ROPE, int THREADS>
+// and 4-warp CTAs with quant_tight = kTightOff); SG: the specialized tight form (the default for
+// the two library layouts; quant_tight = kTightPlain: SG = 0).
+template <int D, bool BF16, int ROPE, int THREADS, int SG = 0>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, THREADS>(a, L);
+  v3_quantize_body<D, BF16, ROPE, THREADS, SG>(a, L);
 }
 
 // ---- norm_rope_mean, round 4 ------------------------------------------------------------------
@@ -880,7 +990,7 @@ int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
 // Whether the tight quantize kernel runs on 4-warp CTAs (tuning `quant_tight`, else
 // kV3DefaultTight; the mean kernel has only its tight form since session 10).
 bool tight_forms(const detail::PrologueCudaTuning& t) {
-  return t.quant_tight > 0 ? t.quant_tight == detail::kTightOn : kV3DefaultTight;
+  return t.quant_tight > 0 ? t.quant_tight != detail::kTightOff : kV3DefaultTight;
 }
 
 // The round-4 mean kernel's coverage: per-head (or no) norm weight, full rotary with an fp32
@@ -1028,6 +1138,18 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
                                            : behind_mean && kV3DefaultEarlyFused);
   // The 4-warp form with compile-time addressing.
   const bool tight = tight_forms(tuning) && threads == kTightThreads;
+  // The tight kernel specialized to this launch's scale group, where it is one of the two library
+  // layouts with redux and scale_eps >= 0 (quantize32_fq's premise), unless quant_tight =
+  // kTightPlain (else the tight form).
+  int spec = 0;
+  const bool spec_on = tuning.quant_tight > 0 ? tuning.quant_tight != detail::kTightPlain
+                                              : kV3DefaultSpec;
+  if (tight && spec_on && L.redux && a.scale_eps >= 0.f) {
+    if (L.group_rows == kSpecQRows && !a.mean)
+      spec = kSpecQRows;
+    else if (L.group_rows == kSpecKRows && a.mean && L.mean_smem)
+      spec = kSpecKRows;
+  }
   const int smem = static_cast<int>(sizeof(float4)) * threads *
                        ((a.rotate ? 8 : 0) + 4 * (ahead + 1)) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
@@ -1120,7 +1242,11 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (tight)
+    if (spec == kSpecQRows)
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows>);
+    else if (spec == kSpecKRows)
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows>);
+    else if (tight)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads>);
     else
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, 0>);

@@ -57,7 +57,8 @@ struct Cfg {
   int mean_ctas = 0;      // CUDA: round-4 mean kernel's CTAs per SM (5: the occupancy variant)
   int mean_smem = 0;      // CUDA: round-3 quantize with the mean rows in shared memory
   int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
-  int quant_tight = 0;    // CUDA: kTightOff forces session 8's generic quantize kernel
+  int quant_tight = 0;    // CUDA: kTightOff session 8's generic quantize kernel, kTightPlain
+                          // the unspecialized tight one (the default before session 11)
   std::string tag;
 };
 
@@ -700,6 +701,71 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       u.tag = "unbalkpath", u.fused = true, u.sm_scale = 1.f, u.dtype = DType::f16;
       u.rope = RopeKind::interleaved, u.layout = ScaleLayout::thread_k, u.block = 64;
       add(u);  // the fused k path, THREAD_K 64, f16 interleaved
+    }
+  }
+  // Session 11: the tight quantize kernel specialized at compile time to the library's scale
+  // groups with codes without float-to-int conversions, the default since GPU run 32 for
+  // THREAD_Q 32 without a mean and THREAD_K 64 with the mean rows in shared memory (bit-exact by
+  // construction; the "tight*" cases above run it too): "fq*" at N 1 / 17 / 127 / 1000 / 4608
+  // (x 24 heads: the Flux grid), D 64 / 128, from a fused QKV buffer: scale_eps 0 (q with a
+  // non-power-of-two sm_scale, k with a mean), THREAD_Q without rope and norm, the staged mean
+  // rows (no ring, no rope); at the Flux grid also q, k and the fused k path. "plain*": the
+  // session-9/10 tight kernel (quant_tight = kTightPlain, the default in runs 24-32): THREAD_Q
+  // 32 bf16 split-half with sm_scale and f16 interleaved into a padded q_out, THREAD_K 64 with
+  // the mean ring's refills (40 heads in groups of 13, the last short), the wave model's group
+  // (f16 interleaved), the fused k path. (Deleted after run 32 with their kernels: the
+  // "spec*", "specfq2*", "specu3*" cases; "specfq*" became "fq*" and the defaults.)
+  for (int64_t N : {1, 17, 127, 1000, 4608}) {
+    for (int64_t D : {64, 128}) {
+      if (N == 4608 && D == 64) continue;
+      const int64_t H = N == 4608 ? 24 : 11, B = N == 4608 ? 1 : 2;
+      Cfg e;
+      e.tag = "fqqeps0", e.scale_eps = 0.f;
+      e.B = B, e.N = N, e.H = H, e.D = D, e.qkv = true, e.sm_scale = 0.75f;
+      add(e);
+      e.tag = "fqkeps0", e.layout = ScaleLayout::thread_k, e.block = 64, e.mean = true;
+      e.sm_scale = 1.f;
+      add(e);
+      Cfg q;
+      q.tag = "fqqplain", q.rope = RopeKind::none, q.norm = Norm::none;
+      q.B = B, q.N = N, q.H = H, q.D = D, q.qkv = true, q.sm_scale = q_scale;
+      add(q);
+      Cfg k;
+      k.tag = "fqkmsmem", k.mean_smem = detail::kMeanSmemOn, k.rope = RopeKind::none;
+      k.B = B, k.N = N, k.H = H, k.D = D, k.qkv = true;
+      k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      add(k);  // the staged mean rows
+      if (N == 4608) {
+        q.tag = "fqq", q.rope = RopeKind::split, q.norm = Norm::per_head;
+        add(q);
+        k.tag = "fqk", k.mean_smem = 0, k.rope = RopeKind::split;
+        add(k);
+        Cfg f;
+        f.tag = "fqkpath", f.fused = true;
+        f.B = B, f.N = N, f.H = H, f.D = D, f.qkv = true;
+        f.layout = ScaleLayout::thread_k, f.block = 64;
+        add(f);
+      }
+      Cfg pq;
+      pq.tag = "plainq", pq.quant_tight = detail::kTightPlain;
+      pq.B = B, pq.N = N, pq.H = H, pq.D = D, pq.qkv = true, pq.sm_scale = q_scale;
+      add(pq);  // THREAD_Q 32, bf16 split-half
+      pq.tag = "plainqint", pq.dtype = DType::f16, pq.rope = RopeKind::interleaved;
+      pq.q_pad = true, pq.w_dtype = DType::f32;
+      add(pq);
+      Cfg pk;
+      pk.tag = "plaink", pk.quant_tight = detail::kTightPlain;
+      pk.B = 1, pk.N = N, pk.H = 40, pk.D = D, pk.qkv = true, pk.heads_per_cta = 13;
+      pk.mean = true, pk.layout = ScaleLayout::thread_k, pk.block = 64;
+      add(pk);  // THREAD_K 64, bf16 split-half, the mean ring with refills, the last group short
+      pk.tag = "plainkwave", pk.heads_per_cta = 0, pk.B = B, pk.H = H, pk.dtype = DType::f16;
+      pk.rope = RopeKind::interleaved;
+      add(pk);
+      Cfg pf;
+      pf.tag = "plainkpath", pf.fused = true, pf.quant_tight = detail::kTightPlain;
+      pf.B = B, pf.N = N, pf.H = H, pf.D = D, pf.qkv = true;
+      pf.layout = ScaleLayout::thread_k, pf.block = 64;
+      add(pf);  // bf16 split-half
     }
   }
   // The first-generation kernels, forced (still the path for segmented / partial / WARP_Q).
