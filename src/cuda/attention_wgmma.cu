@@ -1105,27 +1105,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 #endif
 }
 
-// A uint8 tensor map of `rank` dims (innermost first; strides in bytes of dims 1..) with a box of
-// 128-byte inner rows in the 128-byte swizzle (sw64: 64-byte rows, 64-byte swizzle). False if the
-// driver refuses it.
-bool encode_map(CUtensorMap* map, const void* base, int rank, const uint64_t* dims,
-                const uint64_t* strides, const uint32_t* box, bool sw64 = false) {
-  auto enc = tensor_map_encoder();
-  if (!enc) return false;
-  cuuint64_t d[4], st[3];
-  cuuint32_t bx[4], es[4] = {1, 1, 1, 1};
-  for (int i = 0; i < rank; ++i) {
-    d[i] = dims[i];
-    bx[i] = box[i];
-    if (i + 1 < rank) st[i] = strides[i];
-  }
-  return enc(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, static_cast<cuuint32_t>(rank),
-             const_cast<void*>(base), d, st, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             sw64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 // var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups
 // (see the kernel's kVar); each falls back to the next simpler one (same bits) where its
 // instantiation or producer does not apply.
@@ -1166,7 +1145,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                                    static_cast<uint64_t>(sb)};
       const uint32_t box[4] = {static_cast<uint32_t>(D), *rows_outer ? 1u : box_rows,
                                *rows_outer ? box_rows : 1u, 1};
-      return encode_map(map, ptr, 4, dims, strides, box, D == 64);
+      return encode_tiled_map(map, ptr, 1, 4, dims, strides, box, D == 64);
     };
     const uint64_t vd[3] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(D),
                             static_cast<uint64_t>(B) * p.Hkv};
@@ -1177,7 +1156,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
                  tma64 ? 64u : static_cast<uint32_t>(kBM)) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
-          encode_map(&maps.v, p.v, 3, vd, vs, vbox);
+          encode_tiled_map(&maps.v, p.v, 1, 3, vd, vs, vbox, false);
   }
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;

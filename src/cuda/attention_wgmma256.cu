@@ -496,28 +496,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// A tensor map of `rank` (<= 4) dims (innermost first; strides in bytes of dims 1..) of elements
-// of `elem` bytes (1 or 2), the box's inner row in the 128-byte (sw64: 64-byte) swizzle. False if
-// the driver refuses it.
-bool encode_map256(CUtensorMap* map, const void* base, int elem, int rank, const uint64_t* dims,
-                   const uint64_t* strides, const uint32_t* box, bool sw64) {
-  auto enc = tensor_map_encoder();
-  if (!enc) return false;
-  cuuint64_t d[4], st[3];
-  cuuint32_t bx[4], es[4] = {1, 1, 1, 1};
-  for (int i = 0; i < rank; ++i) {
-    d[i] = dims[i];
-    bx[i] = box[i];
-    if (i + 1 < rank) st[i] = strides[i];
-  }
-  return enc(map, elem == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8,
-             static_cast<cuuint32_t>(rank), const_cast<void*>(base), d, st, bx, es,
-             CU_TENSOR_MAP_INTERLEAVE_NONE,
-             sw64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 // (B, N, H, D) rows with strides sn, sh, sb (elements of `elem` bytes) as a 4-D map (D, N, H, B),
 // or (D, H, N, B) when the rows are outer (HND storage), with a box of box_d channels (128 bytes)
 // by box_rows rows of one head.
@@ -532,7 +510,7 @@ bool rows_map(CUtensorMap* map, const void* ptr, int elem, int64_t n, int64_t hc
                                static_cast<uint64_t>((*rows_outer ? sn : sh) * elem),
                                static_cast<uint64_t>(sb * elem)};
   const uint32_t box[4] = {box_d, *rows_outer ? 1u : box_rows, *rows_outer ? box_rows : 1u, 1};
-  return encode_map256(map, ptr, elem, 4, dims, strides, box, false);
+  return encode_tiled_map(map, ptr, elem, 4, dims, strides, box, false);
 }
 
 template <bool FP8, typename T16>
@@ -548,7 +526,7 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
                             static_cast<uint64_t>(B) * p.Hkv};
     const uint64_t vs[2] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(p.npad) * kD};
     const uint32_t vbox[3] = {kKeys, kD, 1};
-    ok = ok && encode_map256(&maps.v, p.v, 1, 3, vd, vs, vbox, true);
+    ok = ok && encode_tiled_map(&maps.v, p.v, 1, 3, vd, vs, vbox, true);
   } else {  // (B, Nkv, Hkv, D) 16-bit; boxes of 64 channels (128 bytes) x 64 keys
     ok = ok && rows_map(&maps.v, p.v, 2, p.Nkv, p.Hkv, p.v_sn, p.v_sh, p.v_sb, B, 64, kKeys,
                         &maps.v_rows_outer);

@@ -22,6 +22,26 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+bool encode_tiled_map(CUtensorMap* map, const void* base, int elem, int rank,
+                      const uint64_t* dims, const uint64_t* strides, const uint32_t* box,
+                      bool sw64) {
+  auto enc = tensor_map_encoder();
+  if (!enc) return false;
+  cuuint64_t d[4], st[3];
+  cuuint32_t bx[4], es[4] = {1, 1, 1, 1};
+  for (int i = 0; i < rank; ++i) {
+    d[i] = dims[i];
+    bx[i] = box[i];
+    if (i + 1 < rank) st[i] = strides[i];
+  }
+  return enc(map, elem == 2 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8,
+             static_cast<cuuint32_t>(rank), const_cast<void*>(base), d, st, bx, es,
+             CU_TENSOR_MAP_INTERLEAVE_NONE,
+             sw64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 int multiprocessor_count() {
   int dev = 0, n = 0;
   check_cuda(cudaGetDevice(&dev), "multiprocessor_count", "device");
