@@ -676,19 +676,24 @@ LOWBIT_HARNESS_CASES(attention_cases) {
             ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false,
             Pattern::zero_q));
       }
-    for (auto pv : {O::fp8, O::f16}) {
+    // f16 output + HND + THREAD_Q / K + K-mean LSE; WARP_Q + THREAD_K 128 + GQA; V mean: on
+    // each kernel by name (mma.sync and the wgmma kernel below).
+    for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_r3}) {
+      for (auto pv : {O::fp8, O::f16}) {
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            Shape{1, 129, 129, 2, 2, 256}, make_opt(pv, O::bottom_right, kernel), DType::f16,
+            ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            Shape{2, 70, 130, 4, 1, 256}, make_opt(pv, O::none, kernel), DType::bf16,
+            ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
+      }
+      if (kernel == O::wgmma_r3) continue;
+      O vm = make_opt(O::fp8, O::top_left, kernel);
+      vm.smooth_v = true;
       cases.push_back(std::make_unique<Int8AttentionCase>(
-          Shape{1, 129, 129, 2, 2, 256}, make_opt(pv, O::bottom_right, O::mma_sync), DType::f16,
-          ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
-      cases.push_back(std::make_unique<Int8AttentionCase>(
-          Shape{2, 70, 130, 4, 1, 256}, make_opt(pv, O::none, O::mma_sync), DType::bf16,
-          ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
+          Shape{1, 150, 150, 2, 2, 256}, vm, DType::bf16, ScaleLayout::per_block, 128,
+          ScaleLayout::per_block, 64, false, false));
     }
-    O vm256 = make_opt(O::fp8, O::top_left, O::mma_sync);
-    vm256.smooth_v = true;
-    cases.push_back(std::make_unique<Int8AttentionCase>(
-        Shape{1, 150, 150, 2, 2, 256}, vm256, DType::bf16, ScaleLayout::per_block, 128,
-        ScaleLayout::per_block, 64, false, false));
     for (int64_t N : {1, 17, 127, 1000})
       cases.push_back(std::make_unique<QuantizeVCase>(1, N, 2, 256,
                                                       N % 2 ? DType::bf16 : DType::f16, false));
@@ -708,9 +713,8 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     // 4 16-bit: 1100 keys = 18 stages wrap it three times), two consumer warpgroups of 64 rows.
     // Auto: both P·V modes x 3 causal modes on N = 1, 17, 127, 390, fewer / more keys than
     // queries, GQA, B = 2, 1100 keys. By name: per-key kc (k scales per 32 keys) next to the
-    // per-stage kc (64), early maxima, zero q / constant V; f16 output + HND + THREAD_Q/K +
-    // K-mean LSE; WARP_Q + THREAD_K 128 + GQA; V mean. The one call by name on mma.sync (auto's
-    // calls above).
+    // per-stage kc (64), early maxima, zero q / constant V (its per-thread layouts and V mean are
+    // in the loop over kernels above). The one call by name on mma.sync (auto's calls above).
     {
       const Shape w256[] = {
           {1, 1, 1, 1, 1, 256},     {1, 17, 17, 2, 1, 256},  {2, 127, 127, 4, 2, 256},
@@ -735,20 +739,6 @@ LOWBIT_HARNESS_CASES(attention_cases) {
                 Shape{1, 257, 390, 2, 1, 256}, make_opt(pv, c, O::wgmma), DType::bf16,
                 ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, pat));
         }
-      for (auto pv : {O::fp8, O::f16})
-        for (auto kernel : {O::wgmma, O::wgmma_r3}) {
-          cases.push_back(std::make_unique<Int8AttentionCase>(
-              Shape{1, 129, 129, 2, 2, 256}, make_opt(pv, O::bottom_right, kernel), DType::f16,
-              ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
-          cases.push_back(std::make_unique<Int8AttentionCase>(
-              Shape{2, 70, 130, 4, 1, 256}, make_opt(pv, O::none, kernel), DType::bf16,
-              ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
-        }
-      O vw = make_opt(O::fp8, O::top_left, O::wgmma);
-      vw.smooth_v = true;
-      cases.push_back(std::make_unique<Int8AttentionCase>(
-          Shape{1, 150, 150, 2, 2, 256}, vw, DType::bf16, ScaleLayout::per_block, 128,
-          ScaleLayout::per_block, 64, false, false));
       for (auto pv : {O::fp8, O::f16})
         for (auto c : {O::none, O::bottom_right}) {
           cases.push_back(std::make_unique<AttentionCallCase>(
