@@ -181,17 +181,20 @@ class AttentionBench : public BenchCase {
         const double flops = 4.0 * B * H * static_cast<double>(N) * N * D / (is_causal ? 2 : 1);
         const std::string tag = is_causal ? ", causal" : "";
 
-        // The one baseline row: 16-bit P·V on the default kernel (auto: round-1 wgmma on sm_90a,
-        // mma.sync elsewhere), bf16 tensor cores for P·V; D = 256 on CUDA: the mma.sync kernel by
-        // name (auto's rows below).
+        // The one baseline row: 16-bit P·V, bf16 tensor cores for P·V: D 64 / 128 on CUDA the
+        // round-1 wgmma kernel by name (`kernel = wgmma`; auto's 16-bit kernel until session 13,
+        // auto's TMA-ring row below), D = 256 on CUDA the mma.sync kernel by name (auto's rows
+        // below), the CPU auto.
         Row b16;
         b16.family = "attention";
         const bool cuda = dev == Device::cuda;
         const bool mma256 = f_.d256 && cuda;
         AttentionOptions f16_base = f16;
         if (mma256) f16_base.kernel = AttentionOptions::mma_sync;
+        if (cuda && !f_.d256) f16_base.kernel = AttentionOptions::wgmma;
         b16.op = pre + "attention_int8 16-bit PV " +
-                 (mma256 ? "mma.sync (session 10 kernel)" : "auto") + " (kernel only)" + tag;
+                 (mma256 ? "mma.sync (session 10 kernel)" : cuda ? "round 1 (kernel = wgmma)" : "auto") +
+                 " (kernel only)" + tag;
         b16.shape = shape_str(s);
         b16.backend = device_name(dev);
         b16.ms = env.time_ms([&] {
@@ -199,6 +202,7 @@ class AttentionBench : public BenchCase {
                          ctx);
         });
         b16.baseline = mma256 ? "lowbit attention_int8 16-bit PV mma.sync"
+                       : cuda ? "lowbit attention_int8 16-bit PV round 1"
                               : "lowbit attention_int8 16-bit PV auto";
         b16.baseline_ms = b16.ms;
         b16.flops = flops;
@@ -213,6 +217,21 @@ class AttentionBench : public BenchCase {
           f16_kernel_ms = t.first;
           fp8_kernel_ms = t.second;
         } else {
+          if (cuda) {  // auto's 16-bit P·V kernel (the TMA ring on sm_90a); accuracy vs round 1
+            synchronize(ctx);
+            const std::vector<float> r1 = sampled_rows(s, out.view);
+            const std::vector<double> ref1(r1.begin(), r1.end());
+            Row a16 = b16;
+            a16.op = pre + "attention_int8 16-bit PV auto = TMA ring (kernel only)" + tag;
+            a16.ms = env.time_ms([&] {
+              attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16,
+                             ctx);
+            });
+            synchronize(ctx);
+            a16.accuracy = accuracy(sampled_rows(s, out.view), ref1).str() + " vs round 1 (64 rows)";
+            rows.push_back(a16);
+            f16_kernel_ms = a16.ms;
+          }
           // fp8 P·V, the default kernel (auto: round 3 + I2FP on sm_90a; the CPU ignores the
           // choice: one row there).
           Row kr8 = b16;

@@ -49,13 +49,14 @@ struct AttentionOptions {
   // CUDA kernel choice (the CPU backend ignores it). auto_kernel: on an sm_90 GPU with the
   // sm_90a build and head dim 64 or 128, fp8 PV runs the fastest wgmma kernel measured on the
   // H200 (round 3 without ping-pong turns; three consumer warpgroups at D = 64) and 16-bit PV
-  // the round-1 wgmma kernel; at head dim 256 both PV modes run the head-dim-256 wgmma kernel
+  // the TMA-ring kernel (a TMA producer warp, a ring of 64-key stages, two consumer warpgroups,
+  // P·V straight into O; round 1 for tensors no TMA descriptor can address); at head dim 256 both PV modes run the head-dim-256 wgmma kernel
   // (below; tensors no TMA descriptor can address run the mma.sync kernel); elsewhere the
   // mma.sync kernel.
   // mma_sync forces the portable kernel (sm_89+ for fp8 PV; D = 256 needs 145 KB (fp8 PV) /
   // 135 KB (16-bit PV) of shared memory per block: sm_80 / sm_90, not sm_89); wgmma the round-1
   // wgmma kernel (no warp specialization); wgmma_r3 the warp-specialized round 3 (a producer
-  // warpgroup, K/V ring on mbarriers, ping-pong consumers; round 1 for 16-bit PV); at head dim
+  // warpgroup, K/V ring on mbarriers, ping-pong consumers; the TMA-ring kernel for 16-bit PV); at head dim
   // 256 both wgmma choices run the head-dim-256 wgmma kernel (a TMA producer warp, a ring of
   // 64-key stages, two consumer warpgroups; both PV modes; tensors no TMA descriptor can address
   // run the mma.sync kernel). All but auto_kernel are an error where they do not apply (no

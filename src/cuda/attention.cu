@@ -770,6 +770,12 @@ void with_16bit(DType dt, F&& f) {
 // mma.sync); every `.d256` case passed.
 constexpr bool kAuto256Wgmma = true;
 
+// auto's 16-bit P·V kernel at D = 64 / 128: the head-dim-256 kernel's structure at that head dim
+// (launch_attention_wgmma_pv16: TMA producer warp, ring of 64-key stages, two consumer
+// warpgroups, P·V straight into O with the next q k^T behind it; true) or round 1 (false; still
+// `kernel = wgmma`). Session 13; round 1 measured 320 TOPS at (1, 40, 32760, 128) in H200 run 37.
+constexpr bool kAutoPv16Ring = true;
+
 }  // namespace
 
 void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
@@ -844,8 +850,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   const int D = static_cast<int>(q.data.shape[3]);
   // Kernel choice (AttentionOptions::kernel): wgmma runs round 1, wgmma_r3 round 3 (fp8 P·V; the
   // bench knobs of detail::AttentionCudaTuning pick its variants: no_turn round 3 + I2FP without
-  // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs round 1),
-  // at D = 256 both the head-dim-256 kernel; auto_kernel below.
+  // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs the TMA-ring
+  // kernel of attention_wgmma256.cu), at D = 256 both the head-dim-256 kernel; auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   const bool wgmma_choice =
       options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3;
@@ -866,6 +872,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                       std::to_string(D) +
                       (attn::wgmma_attention_applies(D) ? " on a GPU without the sm_90a kernel"
                                                         : ""));
+    // 16-bit P·V with wgmma_r3: the TMA-ring kernel (session 13; round 1 where no TMA
+    // descriptor addresses the tensors).
+    if (!fp8 && options.kernel == AttentionOptions::wgmma_r3 &&
+        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx)))
+      return;
     const attn::WgmmaKernel which =
         options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
         : tune.no_turn && tune.cons3              ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
@@ -893,6 +904,9 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // (Session 8's knobs sum_pv, the row sums on the tensor cores, and quick_max, the quick row
     // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed. Session 9's D = 128 knobs tile_step,
     // pv_split and poly_exp: 0.92-0.97x in runs 24 and 25, removed.)
+    if (!fp8 && kAutoPv16Ring &&
+        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx)))
+      return;
     const attn::WgmmaKernel which = !fp8      ? attn::WgmmaKernel::round1
                                     : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
                                               : attn::WgmmaKernel::round3_i2fp_no_turn;

@@ -54,34 +54,45 @@ using ptx::wgmma_commit;
 using ptx::wgmma_fence;
 using ptx::wgmma_wait;
 
-constexpr int kD = 256;
 constexpr int kRows = 128;      // query rows per CTA (two consumer warpgroups of 64)
 constexpr int kKeys = 64;       // keys per ring stage (the oracle's softmax tile)
 constexpr int kThreads = 384;   // the producer warpgroup and two consumers
 constexpr int kProdRegs = 24;   // setmaxnreg: producer / consumers (128 x 24 + 256 x 240 <= 64 K)
 constexpr int kConsRegs = 240;
 
-// Shared memory (bytes from a 1024-aligned base): Q (two 128-channel chunks of 128 rows x 128 B),
-// then per stage K (two chunks of 64 rows x 128 B) and V, kc per stage, the full / empty barriers.
-template <bool FP8>
+constexpr int kSmemMax = 227 * 1024;
+
+// Shared memory (bytes from a 1024-aligned base) at head dim D: Q (D / kRowB chunks of 128 rows
+// x kRowB bytes), then per stage K (D / kRowB chunks of 64 rows x kRowB bytes) and V, kc per
+// stage, the full / empty barriers. kRowB: bytes per int8 row of a chunk, 128 (128-byte swizzle)
+// or, at D = 64, 64 (64-byte swizzle).
+template <int D, bool FP8>
 struct Smem256 {
-  static constexpr int kStages = FP8 ? 5 : 4;
-  static constexpr int kQChunk = kRows * 128;  // 16 KB
-  static constexpr int kKChunk = kKeys * 128;  // 8 KB
-  static constexpr int kKStage = 2 * kKChunk;
-  // fp8: 256 channel rows of 64 key bytes (64-byte swizzle); 16-bit: 4 chunks of 64 key rows x
-  // 64 channels (128 B, 128-byte swizzle)
+  static_assert(D == 256 || (!FP8 && (D == 64 || D == 128)), "head dim / P·V mode");
+  static constexpr int kRowB = D < 128 ? D : 128;
+  static constexpr int kChunks = D / kRowB;
+  static constexpr int kQChunk = kRows * kRowB;  // 16 KB (8 KB at D = 64)
+  static constexpr int kKChunk = kKeys * kRowB;  // 8 KB (4 KB)
+  static constexpr int kKStage = kChunks * kKChunk;
+  // fp8: D channel rows of 64 key bytes (64-byte swizzle); 16-bit: D / 64 chunks of 64 key rows
+  // x 64 channels (128 B, 128-byte swizzle)
   static constexpr int kVChunk = kKeys * 128;  // 16-bit: one 64-channel chunk
-  static constexpr int kVStage = FP8 ? kD * kKeys : 4 * kVChunk;
+  static constexpr int kVStage = FP8 ? D * kKeys : (D / 64) * kVChunk;
   static constexpr int kQ = 0;
-  static constexpr int kK = 2 * kQChunk;
+  static constexpr int kK = kChunks * kQChunk;
+  static constexpr int kPerStage = kKStage + kVStage + kKeys * 4 + 16;
+  // D = 256: fp8 5 stages, 16-bit 4 (what fits); D = 64 / 128 (16-bit): as many as fit, at
+  // most 8.
+  static constexpr int kFit = (kSmemMax - kK - 1024) / kPerStage;
+  static constexpr int kStages = D == 256 ? (FP8 ? 5 : 4) : (kFit < 8 ? kFit : 8);
   static constexpr int kV = kK + kStages * kKStage;
   static constexpr int kS = kV + kStages * kVStage;
   static constexpr int kBar = kS + kStages * kKeys * 4;
   static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
   static constexpr uint32_t kStageTx = kKStage + kVStage;       // TMA bytes per stage
 };
-static_assert(Smem256<true>::kBytes <= 227 * 1024 && Smem256<false>::kBytes <= 227 * 1024,
+static_assert(Smem256<256, true>::kBytes <= kSmemMax && Smem256<256, false>::kBytes <= kSmemMax &&
+                  Smem256<128, false>::kBytes <= kSmemMax && Smem256<64, false>::kBytes <= kSmemMax,
               "shared memory");
 
 // The high word of ptx::wgmma_desc(addr, lead, stride, swizzle) (stride and swizzle; the low
@@ -159,11 +170,11 @@ struct Maps256 {
   int q_rows_outer, k_rows_outer, v_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
 };
 
-template <bool FP8, typename T16, bool kKcHalf>
+template <int D, bool FP8, typename T16, bool kKcHalf>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = Smem256<FP8>;
+  using L = Smem256<D, FP8>;
   constexpr int kStages = L::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -208,26 +219,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < 2; ++i) skc[st * kKeys + lane + 32 * i] = ks[i] * p.scale_log2;
       const uint32_t bar = full0 + st * 8;
       if (lane == 0) {
-        mbar_arrive_expect_tx(bar, L::kStageTx + (tile == 0 ? 2u * L::kQChunk : 0u));
-        if (tile == 0) {  // Q (rows past Nq zero-filled), two 128-channel boxes
+        mbar_arrive_expect_tx(bar, L::kStageTx + (tile == 0 ? L::kK : 0u));
+        if (tile == 0) {  // Q (rows past Nq zero-filled), boxes of kRowB channels
           const int r = static_cast<int>(q0);
 #pragma unroll
-          for (int c = 0; c < 2; ++c)
-            tma_load_4d(base + L::kQ + c * L::kQChunk, &maps.q, bar, 128 * c,
+          for (int c = 0; c < L::kChunks; ++c)
+            tma_load_4d(base + L::kQ + c * L::kQChunk, &maps.q, bar, L::kRowB * c,
                         maps.q_rows_outer ? h : r, maps.q_rows_outer ? r : h, b);
         }
         const int r = tile * kKeys;  // keys past Nkv: zero (masked by the consumers)
         const uint32_t sk = base + L::kK + st * L::kKStage;
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
-          tma_load_4d(sk + c * L::kKChunk, &maps.k, bar, 128 * c, maps.k_rows_outer ? hk : r,
+        for (int c = 0; c < L::kChunks; ++c)
+          tma_load_4d(sk + c * L::kKChunk, &maps.k, bar, L::kRowB * c, maps.k_rows_outer ? hk : r,
                       maps.k_rows_outer ? r : hk, b);
         const uint32_t sv = base + L::kV + st * L::kVStage;
         if constexpr (FP8) {
           tma_load_3d(sv, &maps.v, bar, r, 0, b * p.Hkv + hk);
         } else {
 #pragma unroll
-          for (int c = 0; c < 4; ++c)
+          for (int c = 0; c < D / 64; ++c)
             tma_load_4d(sv + c * L::kVChunk, &maps.v, bar, 64 * c, maps.v_rows_outer ? hk : r,
                         maps.v_rows_outer ? r : hk, b);
         }
@@ -265,25 +276,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   constexpr float kPOffset = FP8 ? kLog2_448 : 0.f;
 
-  float o[128];
+  float o[D / 2];
 #pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
   // Descriptors by addition (desc(a + off) = desc(a) + off / 16; shared addresses < 2^18), kept
   // as their low words (the high word, strides and swizzle, is a constant): registers are short.
-  const uint32_t dq0 = static_cast<uint32_t>(smem_desc(base + L::kQ + cw * 64 * 128));
-  const uint32_t dk0 = static_cast<uint32_t>(smem_desc(base + L::kK));
+  constexpr bool kSw64 = L::kRowB == 64;  // D = 64: int8 rows of 64 bytes, 64-byte swizzle
+  auto desc_k = [](uint32_t a) { return kSw64 ? smem_desc_sw64(a) : smem_desc(a); };
+  const uint32_t dq0 = static_cast<uint32_t>(desc_k(base + L::kQ + cw * 64 * L::kRowB));
+  const uint32_t dk0 = static_cast<uint32_t>(desc_k(base + L::kK));
   const uint32_t dv0 = static_cast<uint32_t>(FP8 ? smem_desc_sw64(base + L::kV)
                                                  : smem_desc_mn(base + L::kV));
-  constexpr uint64_t kHiK = desc_hi(1024, 1);  // smem_desc
+  constexpr uint64_t kHiK = kSw64 ? desc_hi(512, 2) : desc_hi(1024, 1);  // as desc_k
   constexpr uint64_t kHiV = FP8 ? desc_hi(512, 2) : desc_hi(1024, 1);
   auto k_desc = [&](int st) { return dk0 + static_cast<uint32_t>(st * (L::kKStage >> 4)); };
   auto v_desc = [&](int st) { return dv0 + static_cast<uint32_t>(st * (L::kVStage >> 4)); };
 
   int32_t acc[32];
   // Wait for stage `tile`, issue its q k^T into acc: k-step kk reads channels 32 kk.. (chunk
-  // kk / 4, +32 bytes per step inside it).
+  // kk / kSteps, +32 bytes per step inside it).
+  constexpr int kSteps = L::kRowB / 32;
   auto issue_qk = [&](int tile) {
     const int st = tile % kStages;
     mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
@@ -295,9 +309,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
     wgmma_s8_n64<true>(acc, kHiK | dq, kHiK | dk);
 #pragma unroll
-    for (int kk = 1; kk < kD / 32; ++kk) {
-      const uint32_t qoff = (kk >> 2) * (L::kQChunk >> 4) + 2 * (kk & 3);
-      const uint32_t koff = (kk >> 2) * (L::kKChunk >> 4) + 2 * (kk & 3);
+    for (int kk = 1; kk < D / 32; ++kk) {
+      const uint32_t qoff = (kk / kSteps) * (L::kQChunk >> 4) + 2 * (kk % kSteps);
+      const uint32_t koff = (kk / kSteps) * (L::kKChunk >> 4) + 2 * (kk % kSteps);
       wgmma_s8_n64<false>(acc, kHiK | (dq + qoff), kHiK | (dk + koff));
     }
     wgmma_commit();
@@ -450,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (!same) {
 #pragma unroll
-        for (int n = 0; n < 32; ++n) {
+        for (int n = 0; n < D / 8; ++n) {
           o[4 * n + 0] *= r0;
           o[4 * n + 1] *= r0;
           o[4 * n + 2] *= r1;
@@ -463,9 +477,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         // 16 key rows (2048 bytes) per step; chunk n: channels 64 n .. 64 n + 63
         const uint32_t d = dv + static_cast<uint32_t>(kk * ((16 * 128) >> 4));
         wgmma_16<T16, 0>(o, pa[kk], kHiV | d);
-        wgmma_16<T16, 32>(o, pa[kk], kHiV | (d + (L::kVChunk >> 4)));
-        wgmma_16<T16, 64>(o, pa[kk], kHiV | (d + 2 * (L::kVChunk >> 4)));
-        wgmma_16<T16, 96>(o, pa[kk], kHiV | (d + 3 * (L::kVChunk >> 4)));
+        if constexpr (D >= 128) wgmma_16<T16, 32>(o, pa[kk], kHiV | (d + (L::kVChunk >> 4)));
+        if constexpr (D >= 256) {
+          wgmma_16<T16, 64>(o, pa[kk], kHiV | (d + 2 * (L::kVChunk >> 4)));
+          wgmma_16<T16, 96>(o, pa[kk], kHiV | (d + 3 * (L::kVChunk >> 4)));
+        }
       }
       wgmma_commit();
       if constexpr (kMore) {
@@ -491,18 +507,20 @@ __global__ void __launch_bounds__(kThreads, 1)
              kRows +
          rl0;
   row1 = row0 + 8;
-  epilogue<kD, FP8, T16, 128, L::kQChunk>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t,
-                                          sbase + L::kQ, n_tiles > 0, o, m0, m1, l0, l1);
+  constexpr int kEpiChunk = L::kChunks > 1 ? L::kQChunk : 0;
+  epilogue<D, FP8, T16, L::kRowB, kEpiChunk>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t,
+                                             sbase + L::kQ, n_tiles > 0, o, m0, m1, l0, l1);
 #endif
 }
 
 // (B, N, H, D) rows with strides sn, sh, sb (elements of `elem` bytes) as a 4-D map (D, N, H, B),
-// or (D, H, N, B) when the rows are outer (HND storage), with a box of box_d channels (128 bytes)
-// by box_rows rows of one head.
-bool rows_map(CUtensorMap* map, const void* ptr, int elem, int64_t n, int64_t hcount, int64_t sn,
-              int64_t sh, int64_t sb, int B, uint32_t box_d, uint32_t box_rows, int* rows_outer) {
+// or (D, H, N, B) when the rows are outer (HND storage), with a box of box_d channels (128 bytes;
+// 64 in the 64-byte swizzle when sw64) by box_rows rows of one head.
+bool rows_map(CUtensorMap* map, const void* ptr, int elem, int D, int64_t n, int64_t hcount,
+              int64_t sn, int64_t sh, int64_t sb, int B, uint32_t box_d, uint32_t box_rows,
+              bool sw64, int* rows_outer) {
   *rows_outer = sn >= sh ? 1 : 0;
-  const uint64_t dims[4] = {static_cast<uint64_t>(kD),
+  const uint64_t dims[4] = {static_cast<uint64_t>(D),
                             static_cast<uint64_t>(*rows_outer ? hcount : n),
                             static_cast<uint64_t>(*rows_outer ? n : hcount),
                             static_cast<uint64_t>(B)};
@@ -510,26 +528,29 @@ bool rows_map(CUtensorMap* map, const void* ptr, int elem, int64_t n, int64_t hc
                                static_cast<uint64_t>((*rows_outer ? sn : sh) * elem),
                                static_cast<uint64_t>(sb * elem)};
   const uint32_t box[4] = {box_d, *rows_outer ? 1u : box_rows, *rows_outer ? box_rows : 1u, 1};
-  return encode_tiled_map(map, ptr, elem, 4, dims, strides, box, false);
+  return encode_tiled_map(map, ptr, elem, 4, dims, strides, box, sw64);
 }
 
-template <bool FP8, typename T16>
+template <int D, bool FP8, typename T16>
 bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
-  const char* op = "attention_int8 (wgmma, head dim 256)";
+  using L = Smem256<D, FP8>;
+  const char* op = D == 256 ? "attention_int8 (wgmma, head dim 256)"
+                            : "attention_int8 (wgmma TMA ring, 16-bit P·V)";
+  constexpr bool kSw64 = L::kRowB == 64;
   Maps256 maps{};
-  bool ok = rows_map(&maps.q, p.q, 1, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, B, 128, kRows,
-                     &maps.q_rows_outer) &&
-            rows_map(&maps.k, p.k, 1, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, B, 128, kKeys,
-                     &maps.k_rows_outer);
+  bool ok = rows_map(&maps.q, p.q, 1, D, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, B, L::kRowB, kRows,
+                     kSw64, &maps.q_rows_outer) &&
+            rows_map(&maps.k, p.k, 1, D, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, B, L::kRowB, kKeys,
+                     kSw64, &maps.k_rows_outer);
   if (FP8) {  // (npad, D, B * Hkv) e4m3, contiguous; boxes of 64 key bytes x 256 channels
-    const uint64_t vd[3] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(kD),
+    const uint64_t vd[3] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(D),
                             static_cast<uint64_t>(B) * p.Hkv};
-    const uint64_t vs[2] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(p.npad) * kD};
-    const uint32_t vbox[3] = {kKeys, kD, 1};
+    const uint64_t vs[2] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(p.npad) * D};
+    const uint32_t vbox[3] = {kKeys, D, 1};
     ok = ok && encode_tiled_map(&maps.v, p.v, 1, 3, vd, vs, vbox, true);
   } else {  // (B, Nkv, Hkv, D) 16-bit; boxes of 64 channels (128 bytes) x 64 keys
-    ok = ok && rows_map(&maps.v, p.v, 2, p.Nkv, p.Hkv, p.v_sn, p.v_sh, p.v_sb, B, 64, kKeys,
-                        &maps.v_rows_outer);
+    ok = ok && rows_map(&maps.v, p.v, 2, D, p.Nkv, p.Hkv, p.v_sn, p.v_sh, p.v_sb, B, 64, kKeys,
+                        false, &maps.v_rows_outer);
   }
   if (!ok) return false;
   // kc is constant over a thread's columns (8 j + 2 t + e) of a 64-key stage when the k scale
@@ -537,9 +558,9 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
   const bool kc_half = (p.k_layout == 0 || p.k_layout == 2) && p.k_block % 64 == 0 &&
                        p.scale_log2 > 0.f;
   using K = void (*)(const AttnParams, const Maps256);
-  const K kernel = kc_half ? attention_wgmma256_kernel<FP8, T16, true>
-                           : attention_wgmma256_kernel<FP8, T16, false>;
-  constexpr int bytes = Smem256<FP8>::kBytes;
+  const K kernel = kc_half ? attention_wgmma256_kernel<D, FP8, T16, true>
+                           : attention_wgmma256_kernel<D, FP8, T16, false>;
+  constexpr int bytes = L::kBytes;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kRows)), static_cast<unsigned>(p.Hq),
@@ -554,10 +575,21 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
 bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype,
                                cudaStream_t stream) {
   if (fp8)
-    return out_dtype == DType::bf16 ? launch256<true, __nv_bfloat16>(p, B, stream)
-                                    : launch256<true, __half>(p, B, stream);
-  return out_dtype == DType::bf16 ? launch256<false, __nv_bfloat16>(p, B, stream)
-                                  : launch256<false, __half>(p, B, stream);
+    return out_dtype == DType::bf16 ? launch256<256, true, __nv_bfloat16>(p, B, stream)
+                                    : launch256<256, true, __half>(p, B, stream);
+  return out_dtype == DType::bf16 ? launch256<256, false, __nv_bfloat16>(p, B, stream)
+                                  : launch256<256, false, __half>(p, B, stream);
+}
+
+bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
+                                 cudaStream_t stream) {
+  if (D == 128)
+    return out_dtype == DType::bf16 ? launch256<128, false, __nv_bfloat16>(p, B, stream)
+                                    : launch256<128, false, __half>(p, B, stream);
+  if (D == 64)
+    return out_dtype == DType::bf16 ? launch256<64, false, __nv_bfloat16>(p, B, stream)
+                                    : launch256<64, false, __half>(p, B, stream);
+  return false;
 }
 
 }  // namespace attn

@@ -477,6 +477,24 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         cases.push_back(std::make_unique<Int8AttentionCase>(
             s, make_opt(O::fp8, c, r4), DType::bf16, ScaleLayout::per_block, 128,
             ScaleLayout::per_block, 64, false, false));
+    // 16-bit P·V by name (session 13): the TMA-ring kernel at D 64 / 128 (auto's 16-bit kernel
+    // there on sm_90a; up to 8 64-key stages: 1000 / 1100 keys wrap the ring twice, 3000 keys
+    // six times): the wgmma shapes x 3 causal modes, the ring-wrapping and long rows, early
+    // maxima with per-stage (64) and per-key (32) kc, f16 output. (Per-thread layouts, HND, K-mean
+    // LSE, zero q / constant V: the loops over kernels below.)
+    for (const Shape& s : wgmma_shapes)
+      for (auto c : {O::none, O::bottom_right, O::top_left})
+        cases.push_back(std::make_unique<Int8AttentionCase>(
+            s, make_opt(O::f16, c, r4), DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, 64, false, false));
+    for (const Shape& s : {ws_extra[0], ws_extra[1], Shape{1, 130, 3000, 1, 1, 128},
+                           Shape{1, 390, 3000, 2, 1, 64}})
+      for (auto c : {O::none, O::bottom_right})
+        for (int kb : {32, 64})
+          cases.push_back(std::make_unique<Int8AttentionCase>(
+              s, make_opt(O::f16, c, r4), kb == 32 ? DType::f16 : DType::bf16,
+              ScaleLayout::per_block, 128, ScaleLayout::per_block, kb, false, false,
+              Pattern::early_max, kb == 32 ? "kblock32" : ""));
   }
   // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups fed by the TMA producer
   // warp (192 query rows per CTA; tuning knobs no_turn + cons3 on wgmma_r3; D = 64 bf16
@@ -579,9 +597,9 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       cases.push_back(std::make_unique<Int8AttentionCase>(
           s, make_opt(O::fp8, c, O::mma_sync), DType::bf16, ScaleLayout::per_block, 128,
           ScaleLayout::per_block, 64, false, false));
-  // Per-thread scale layouts, K-mean LSE and V smoothing on each kernel by name; wgmma_r3 runs
-  // fp8 P·V only (16-bit P·V runs round 1 there) and adds a D = 128 top-left case and a D = 64
-  // V-smoothing case.
+  // Per-thread scale layouts, K-mean LSE and V smoothing on each kernel by name, both P·V modes
+  // (wgmma_r3's 16-bit P·V is the TMA-ring kernel); wgmma_r3 adds a D = 128 top-left case and a
+  // D = 64 V-smoothing case.
   for (auto kernel : {O::wgmma_r3, O::mma_sync, O::wgmma}) {
     const bool r4 = kernel == O::wgmma_r3;
     cases.push_back(std::make_unique<Int8AttentionCase>(
@@ -590,11 +608,11 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     cases.push_back(std::make_unique<Int8AttentionCase>(
         Shape{2, 70, 130, 4, 1, 64}, make_opt(O::fp8, O::none, kernel), DType::bf16,
         ScaleLayout::warp_q, 128, ScaleLayout::thread_k, 128, false, true));
-    if (r4) {
+    if (r4)
       cases.push_back(std::make_unique<Int8AttentionCase>(
           Shape{2, 70, 130, 4, 1, 128}, make_opt(O::fp8, O::top_left, kernel), DType::bf16,
           ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true));
-    } else {
+    {
       // 16-bit P·V: f16 output and V, HND, per-thread layouts, K-mean LSE.
       cases.push_back(std::make_unique<Int8AttentionCase>(
           Shape{1, 129, 129, 2, 2, 128}, make_opt(O::f16, O::bottom_right, kernel), DType::f16,
