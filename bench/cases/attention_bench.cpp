@@ -24,6 +24,7 @@
 #include "lowbit/attention.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
+#include "src/cpu/attention_backend.h"
 
 namespace lowbit {
 namespace bench {
@@ -228,9 +229,34 @@ class AttentionBench : public BenchCase {
                              ctx);
             });
             synchronize(ctx);
-            a16.accuracy = accuracy(sampled_rows(s, out.view), ref1).str() + " vs round 1 (64 rows)";
+            const std::vector<float> a16_out = sampled_rows(s, out.view);
+            a16.accuracy = accuracy(a16_out, ref1).str() + " vs round 1 (64 rows)";
             rows.push_back(a16);
             f16_kernel_ms = a16.ms;
+            // Session 13's variants of the TMA-ring kernel (bench knobs): bits vs auto's output.
+            const std::vector<double> ref_a(a16_out.begin(), a16_out.end());
+            for (int var : {1, 2, 3}) {
+              detail::AttentionCudaTuning vt;
+              vt.cons3 = (var & 1) != 0;
+              vt.late_pv = (var & 2) != 0;
+              detail::set_attention_cuda_tuning(vt);
+              Row v16 = a16;
+              v16.op = pre + "attention_int8 16-bit PV TMA ring " +
+                       (var == 1   ? "3 consumer warpgroups"
+                        : var == 2 ? "P·V under the next softmax"
+                                   : "3 consumers + P·V under the next softmax") +
+                       " (kernel only)" + tag;
+              v16.ms = env.time_ms([&] {
+                attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16,
+                               ctx);
+              });
+              synchronize(ctx);
+              const std::vector<float> vo = sampled_rows(s, out.view);
+              v16.accuracy = (vo == a16_out ? std::string("bits = auto; ") : std::string("bits differ; ")) +
+                             accuracy(vo, ref_a).str() + " vs auto";
+              detail::set_attention_cuda_tuning(detail::AttentionCudaTuning{});
+              rows.push_back(v16);
+            }
           }
           // fp8 P·V, the default kernel (auto: round 3 + I2FP on sm_90a; the CPU ignores the
           // choice: one row there).

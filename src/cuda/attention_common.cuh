@@ -482,8 +482,9 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
 // 64-byte swizzle at D = 64, up to 8 ring stages): auto's 16-bit P·V kernel at D 64 / 128 on an
 // sm_90 GPU with the sm_90a build (kAutoPv16Ring in attention.cu), `kernel = wgmma_r3` by name.
 // Returns false without launching when no TMA descriptor addresses the tensors, or D is not 64 /
-// 128. Needs wgmma_attention_available().
-bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
+// 128. Needs wgmma_attention_available(). var: 0, or the bench variants (bf16 output; else 0) 1
+// three consumer warpgroups, 2 P·V in flight under the next softmax, 3 both.
+bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype, int var,
                                  cudaStream_t stream);
 
 }  // namespace attn

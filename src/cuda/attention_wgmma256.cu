@@ -54,11 +54,21 @@ using ptx::wgmma_commit;
 using ptx::wgmma_fence;
 using ptx::wgmma_wait;
 
-constexpr int kRows = 128;      // query rows per CTA (two consumer warpgroups of 64)
 constexpr int kKeys = 64;       // keys per ring stage (the oracle's softmax tile)
-constexpr int kThreads = 384;   // the producer warpgroup and two consumers
-constexpr int kProdRegs = 24;   // setmaxnreg: producer / consumers (128 x 24 + 256 x 240 <= 64 K)
-constexpr int kConsRegs = 240;
+constexpr int kProdRegs = 24;   // setmaxnreg of the producer warpgroup
+// Kernel variants (bench knobs, 16-bit P·V at D 64 / 128; session 13): kVarCons3 three consumer
+// warpgroups (192 query rows per CTA, consumers at 160 registers: 128 x 24 + 384 x 160 <= 64 K);
+// kVarLatePv the stage's P·V left in flight under the next stage's softmax (issued after the
+// next q k^T; waited for just before O is rescaled).
+constexpr int kVarCons3 = 1;
+constexpr int kVarLatePv = 2;
+template <int kVar>
+struct Shape256 {
+  static constexpr int kCons = (kVar & kVarCons3) ? 3 : 2;
+  static constexpr int kRows = 64 * kCons;            // query rows per CTA
+  static constexpr int kThreads = 128 * (kCons + 1);  // the producer warpgroup and the consumers
+  static constexpr int kConsRegs = kCons == 3 ? 160 : 240;  // 128 x 24 + 256 x 240 <= 64 K
+};
 
 constexpr int kSmemMax = 227 * 1024;
 
@@ -66,7 +76,7 @@ constexpr int kSmemMax = 227 * 1024;
 // x kRowB bytes), then per stage K (D / kRowB chunks of 64 rows x kRowB bytes) and V, kc per
 // stage, the full / empty barriers. kRowB: bytes per int8 row of a chunk, 128 (128-byte swizzle)
 // or, at D = 64, 64 (64-byte swizzle).
-template <int D, bool FP8>
+template <int D, bool FP8, int kRows = 128>
 struct Smem256 {
   static_assert(D == 256 || (!FP8 && (D == 64 || D == 128)), "head dim / P·V mode");
   static constexpr int kRowB = D < 128 ? D : 128;
@@ -92,7 +102,8 @@ struct Smem256 {
   static constexpr uint32_t kStageTx = kKStage + kVStage;       // TMA bytes per stage
 };
 static_assert(Smem256<256, true>::kBytes <= kSmemMax && Smem256<256, false>::kBytes <= kSmemMax &&
-                  Smem256<128, false>::kBytes <= kSmemMax && Smem256<64, false>::kBytes <= kSmemMax,
+                  Smem256<128, false>::kBytes <= kSmemMax && Smem256<64, false>::kBytes <= kSmemMax &&
+                  Smem256<128, false, 192>::kBytes <= kSmemMax,
               "shared memory");
 
 // The high word of ptx::wgmma_desc(addr, lead, stride, swizzle) (stride and swizzle; the low
@@ -170,11 +181,14 @@ struct Maps256 {
   int q_rows_outer, k_rows_outer, v_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
 };
 
-template <int D, bool FP8, typename T16, bool kKcHalf>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int D, bool FP8, typename T16, bool kKcHalf, int kVar>
+__global__ void __launch_bounds__(Shape256<kVar>::kThreads, 1)
     attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = Smem256<D, FP8>;
+  static_assert(kVar == 0 || (!FP8 && D < 256), "variants: 16-bit P·V at D 64 / 128");
+  constexpr int kRows = Shape256<kVar>::kRows;
+  constexpr bool kLatePv = (kVar & kVarLatePv) != 0;
+  using L = Smem256<D, FP8, kRows>;
   constexpr int kStages = L::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -195,7 +209,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
       mbar_init(full0 + st * 8, 32);  // the producer warp's lanes (lane 0 with the tx bytes)
-      mbar_init(empty0 + st * 8, 8);  // every consumer warp, once its wgmmas completed
+      mbar_init(empty0 + st * 8, 4 * Shape256<kVar>::kCons);  // every consumer warp, once its
+                                                              // wgmmas of the stage completed
     }
     mbar_fence_init();
   }
@@ -250,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- consumers ----
-  setmaxnreg_inc<kConsRegs>();
+  setmaxnreg_inc<Shape256<kVar>::kConsRegs>();
   const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
@@ -295,6 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto v_desc = [&](int st) { return dv0 + static_cast<uint32_t>(st * (L::kVStage >> 4)); };
 
   int32_t acc[32];
+  uint32_t pl[4][4];  // kLatePv: the P fragments of the P·V in flight
   // Wait for stage `tile`, issue its q k^T into acc: k-step kk reads channels 32 kk.. (chunk
   // kk / kSteps, +32 bytes per step inside it).
   constexpr int kSteps = L::kRowB / 32;
@@ -452,8 +468,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       if constexpr (kMore) issue_qk(tile + 1);
     } else {
       // P in V's type (A fragments of the 4 key steps of 16: the accumulator layout), O = O r,
-      // then P·V straight into O.
-      uint32_t pa[4][4];
+      // then P·V straight into O. kLatePv: the previous stage's P·V (still reading pl and
+      // writing O) completes here, before P goes into pl and O is rescaled.
+      if constexpr (kLatePv) {
+        if (tile > 0) {
+          wgmma_wait<0>();
+          fence_regs(o);
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pl[kk][i])::"memory");
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty0 + ((tile - 1) % kStages) * 8);
+        }
+      }
+      uint32_t pt[4][4];
+      uint32_t(&pa)[4][4] = kLatePv ? pl : pt;
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const int j = 2 * kk;
@@ -471,6 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           o[4 * n + 3] *= r1;
         }
       }  // (same: r is 1, or 0 for a row that has seen no key yet, whose O is still 0)
+      if constexpr (kLatePv && kMore) issue_qk(tile + 1);  // acc is free: converted into s
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
@@ -484,6 +515,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       wgmma_commit();
+      if constexpr (kLatePv) {
+        if constexpr (kMore) {
+          wgmma_wait<1>();  // the next q k^T (issued first); this P·V stays in flight
+          fence_regs(acc);
+        } else {
+          wgmma_wait<0>();
+          fence_regs(o);
+          __syncwarp();
+          if (lane == 0) mbar_arrive(empty0 + st * 8);
+        }
+        return;
+      }
       if constexpr (kMore) {
         issue_qk(tile + 1);
         wgmma_wait<1>();
@@ -531,9 +574,10 @@ bool rows_map(CUtensorMap* map, const void* ptr, int elem, int D, int64_t n, int
   return encode_tiled_map(map, ptr, elem, 4, dims, strides, box, sw64);
 }
 
-template <int D, bool FP8, typename T16>
+template <int D, bool FP8, typename T16, int kVar = 0>
 bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
-  using L = Smem256<D, FP8>;
+  constexpr int kRows = Shape256<kVar>::kRows;
+  using L = Smem256<D, FP8, kRows>;
   const char* op = D == 256 ? "attention_int8 (wgmma, head dim 256)"
                             : "attention_int8 (wgmma TMA ring, 16-bit P·V)";
   constexpr bool kSw64 = L::kRowB == 64;
@@ -558,14 +602,14 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
   const bool kc_half = (p.k_layout == 0 || p.k_layout == 2) && p.k_block % 64 == 0 &&
                        p.scale_log2 > 0.f;
   using K = void (*)(const AttnParams, const Maps256);
-  const K kernel = kc_half ? attention_wgmma256_kernel<D, FP8, T16, true>
-                           : attention_wgmma256_kernel<D, FP8, T16, false>;
+  const K kernel = kc_half ? attention_wgmma256_kernel<D, FP8, T16, true, kVar>
+                           : attention_wgmma256_kernel<D, FP8, T16, false, kVar>;
   constexpr int bytes = L::kBytes;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kRows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
-  kernel<<<grid, kThreads, bytes, stream>>>(p, maps);
+  kernel<<<grid, Shape256<kVar>::kThreads, bytes, stream>>>(p, maps);
   check_launch(op);
   return true;
 }
@@ -581,13 +625,24 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
                                   : launch256<256, false, __half>(p, B, stream);
 }
 
-bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
+bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype, int var,
                                  cudaStream_t stream) {
+  using BF = __nv_bfloat16;
+  if (out_dtype == DType::bf16 && var != 0) {  // the bench variants (bf16 output only)
+    if (D == 128)
+      return var == kVarCons3    ? launch256<128, false, BF, kVarCons3>(p, B, stream)
+             : var == kVarLatePv ? launch256<128, false, BF, kVarLatePv>(p, B, stream)
+                                 : launch256<128, false, BF, kVarCons3 | kVarLatePv>(p, B, stream);
+    if (D == 64)
+      return var == kVarCons3    ? launch256<64, false, BF, kVarCons3>(p, B, stream)
+             : var == kVarLatePv ? launch256<64, false, BF, kVarLatePv>(p, B, stream)
+                                 : launch256<64, false, BF, kVarCons3 | kVarLatePv>(p, B, stream);
+  }
   if (D == 128)
-    return out_dtype == DType::bf16 ? launch256<128, false, __nv_bfloat16>(p, B, stream)
+    return out_dtype == DType::bf16 ? launch256<128, false, BF>(p, B, stream)
                                     : launch256<128, false, __half>(p, B, stream);
   if (D == 64)
-    return out_dtype == DType::bf16 ? launch256<64, false, __nv_bfloat16>(p, B, stream)
+    return out_dtype == DType::bf16 ? launch256<64, false, BF>(p, B, stream)
                                     : launch256<64, false, __half>(p, B, stream);
   return false;
 }

@@ -496,6 +496,35 @@ LOWBIT_HARNESS_CASES(attention_cases) {
               ScaleLayout::per_block, 128, ScaleLayout::per_block, kb, false, false,
               Pattern::early_max, kb == 32 ? "kblock32" : ""));
   }
+  // The TMA-ring kernel's 16-bit P·V variants (session 13 bench knobs, bf16 output; tags
+  // `pv16c3` three consumer warpgroups of 192-row CTAs, `pv16late` the P·V in flight under the
+  // next softmax, `pv16c3late` both): 1-3 row blocks with partial ones, fewer / more keys than
+  // rows, GQA, the ring wrapping (1100, 3000 keys), 3 causal modes, early maxima with per-stage
+  // and per-key kc (k scales per 64 / 32 keys), THREAD_Q/K + K-mean LSE + HND, D 64 and 128.
+  for (int var : {1, 2, 3}) {
+    detail::AttentionCudaTuning vt;
+    vt.cons3 = (var & 1) != 0;
+    vt.late_pv = (var & 2) != 0;
+    const char* tag = var == 1 ? "pv16c3" : var == 2 ? "pv16late" : "pv16c3late";
+    auto add = [&](Shape s, O::Causal c, int kb, Pattern pat, bool thread_layouts) {
+      auto k = std::make_unique<Int8AttentionCase>(
+          s, make_opt(O::f16, c, O::wgmma_r3), DType::bf16,
+          thread_layouts ? ScaleLayout::thread_q : ScaleLayout::per_block, thread_layouts ? 32 : 128,
+          thread_layouts ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, thread_layouts,
+          thread_layouts, pat, kb == 32 ? std::string(tag) + ".kblock32" : std::string(tag));
+      k->set_tuning(vt);
+      cases.push_back(std::move(k));
+    };
+    for (int64_t d : {64, 128}) {
+      for (const Shape& s : {Shape{1, 1, 1, 1, 1, d}, Shape{1, 17, 17, 2, 1, d},
+                             Shape{2, 127, 127, 4, 2, d}, Shape{1, 200, 77, 2, 2, d},
+                             Shape{1, 65, 300, 3, 1, d}, Shape{1, 400, 1100, 2, 1, d}})
+        for (auto c : {O::none, O::bottom_right, O::top_left}) add(s, c, 64, Pattern::random, false);
+      for (auto c : {O::none, O::bottom_right})
+        for (int kb : {32, 64}) add(Shape{1, 390, 3000, 2, 1, d}, c, kb, Pattern::early_max, false);
+      add(Shape{1, 129, 129, 2, 2, d}, O::bottom_right, 64, Pattern::random, true);
+    }
+  }
   // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups fed by the TMA producer
   // warp (192 query rows per CTA; tuning knobs no_turn + cons3 on wgmma_r3; D = 64 bf16
   // output with per-half k scales, else the two-consumer kernels, same bits): auto's D = 64
