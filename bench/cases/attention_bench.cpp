@@ -229,34 +229,9 @@ class AttentionBench : public BenchCase {
                              ctx);
             });
             synchronize(ctx);
-            const std::vector<float> a16_out = sampled_rows(s, out.view);
-            a16.accuracy = accuracy(a16_out, ref1).str() + " vs round 1 (64 rows)";
+            a16.accuracy = accuracy(sampled_rows(s, out.view), ref1).str() + " vs round 1 (64 rows)";
             rows.push_back(a16);
             f16_kernel_ms = a16.ms;
-            // Session 13's variants of the TMA-ring kernel (bench knobs): bits vs auto's output.
-            const std::vector<double> ref_a(a16_out.begin(), a16_out.end());
-            for (int var : {1, 2, 3}) {
-              detail::AttentionCudaTuning vt;
-              vt.cons3 = (var & 1) != 0;
-              vt.late_pv = (var & 2) != 0;
-              detail::set_attention_cuda_tuning(vt);
-              Row v16 = a16;
-              v16.op = pre + "attention_int8 16-bit PV TMA ring " +
-                       (var == 1   ? "3 consumer warpgroups"
-                        : var == 2 ? "P·V under the next softmax"
-                                   : "3 consumers + P·V under the next softmax") +
-                       " (kernel only)" + tag;
-              v16.ms = env.time_ms([&] {
-                attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16,
-                               ctx);
-              });
-              synchronize(ctx);
-              const std::vector<float> vo = sampled_rows(s, out.view);
-              v16.accuracy = (vo == a16_out ? std::string("bits = auto; ") : std::string("bits differ; ")) +
-                             accuracy(vo, ref_a).str() + " vs auto";
-              detail::set_attention_cuda_tuning(detail::AttentionCudaTuning{});
-              rows.push_back(v16);
-            }
           }
           // fp8 P·V, the default kernel (auto: round 3 + I2FP on sm_90a; the CPU ignores the
           // choice: one row there).
@@ -353,10 +328,26 @@ class AttentionBench : public BenchCase {
              " PV auto = wgmma (kernel only)" + tag;
       r.ms = env.time_ms(call);
       synchronize(ctx);
-      r.accuracy = accuracy(sampled_rows(s, out.view), ref).str() + " vs mma.sync (64 rows)";
+      const std::vector<float> auto_out = sampled_rows(s, out.view);
+      r.accuracy = accuracy(auto_out, ref).str() + " vs mma.sync (64 rows)";
       r.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + (fp8 ? 1 : 2) + 2);
       rows.push_back(r);
       ms[fp8 ? 1 : 0] = r.ms;
+      if (!fp8) {  // session 13's variant: the P·V in flight under the next softmax (late_pv)
+        detail::AttentionCudaTuning vt;
+        vt.late_pv = true;
+        detail::set_attention_cuda_tuning(vt);
+        Row l = r;
+        l.op = "D256 attention_int8 16-bit PV wgmma, P·V under the next softmax (kernel only)" + tag;
+        l.ms = env.time_ms(call);
+        synchronize(ctx);
+        detail::set_attention_cuda_tuning(detail::AttentionCudaTuning{});
+        const std::vector<float> lo = sampled_rows(s, out.view);
+        const std::vector<double> ref_a(auto_out.begin(), auto_out.end());
+        l.accuracy = std::string(lo == auto_out ? "bits = auto; " : "bits differ; ") +
+                     accuracy(lo, ref_a).str() + " vs auto";
+        rows.push_back(l);
+      }
     }
     return {ms[0], ms[1]};
   }

@@ -22,10 +22,9 @@ struct AttentionCudaTuning {
   bool no_turn = false;
   // with no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64 fed by the
   // TMA producer (auto's kernel at D = 64)
-  // (also 16-bit P·V on the TMA-ring kernel at D 64 / 128: three consumer warpgroups)
   bool cons3 = false;
-  // 16-bit P·V on the TMA-ring kernel at D 64 / 128: each stage's P·V left in flight under the
-  // next stage's softmax (session 13)
+  // 16-bit P·V at D = 256 (the head-dim-256 wgmma kernel, bf16 output): each stage's P·V left in
+  // flight under the next stage's softmax, as the TMA-ring kernel at D 64 / 128 (session 13)
   bool late_pv = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

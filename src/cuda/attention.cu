@@ -853,7 +853,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs the TMA-ring
   // kernel of attention_wgmma256.cu), at D = 256 both the head-dim-256 kernel; auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  const int pv16_var = (tune.cons3 ? 1 : 0) | (tune.late_pv ? 2 : 0);  // the TMA-ring variants
+  const int var256 = tune.late_pv ? 2 : 0;  // the head-dim-256 kernel's bench variant
   const bool wgmma_choice =
       options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3;
   if (wgmma_choice && D == 256) {
@@ -864,7 +864,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       throw Error("attention_int8", "options.kernel",
                   "wgmma / wgmma_r3: expected an sm_90 GPU with the sm_90a build, got head dim "
                   "256 on a GPU without the sm_90a kernel");
-    if (attn::launch_attention_wgmma256(p, B, fp8, out.dtype, stream_of(ctx))) return;
+    if (attn::launch_attention_wgmma256(p, B, fp8, out.dtype, var256, stream_of(ctx))) return;
   } else if (wgmma_choice) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
@@ -876,7 +876,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // 16-bit P·V with wgmma_r3: the TMA-ring kernel (session 13; round 1 where no TMA
     // descriptor addresses the tensors).
     if (!fp8 && options.kernel == AttentionOptions::wgmma_r3 &&
-        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, pv16_var, stream_of(ctx)))
+        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx)))
       return;
     const attn::WgmmaKernel which =
         options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
@@ -906,7 +906,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed. Session 9's D = 128 knobs tile_step,
     // pv_split and poly_exp: 0.92-0.97x in runs 24 and 25, removed.)
     if (!fp8 && kAutoPv16Ring &&
-        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, pv16_var, stream_of(ctx)))
+        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx)))
       return;
     const attn::WgmmaKernel which = !fp8      ? attn::WgmmaKernel::round1
                                     : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
@@ -918,7 +918,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // build (kAuto256Wgmma; H200 run 32 above), unless no TMA descriptor addresses the tensors.
   if (options.kernel == AttentionOptions::auto_kernel && D == 256 && kAuto256Wgmma &&
       attn::wgmma_attention_available() &&
-      attn::launch_attention_wgmma256(p, B, fp8, out.dtype, stream_of(ctx)))
+      attn::launch_attention_wgmma256(p, B, fp8, out.dtype, var256, stream_of(ctx)))
     return;
   // mma_sync (any D), auto elsewhere (other GPUs, no sm_90a build, tensors no TMA descriptor
   // addresses at D = 256) and the wgmma choices at D = 256 without a TMA descriptor land here.

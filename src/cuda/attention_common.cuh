@@ -476,15 +476,16 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
 // a TMA producer warp feeding a ring of 64-key stages, two consumer warpgroups of 64 rows.
 // Returns false without launching when a TMA descriptor cannot be made for these tensors (the
 // caller then runs the mma.sync kernel). Needs wgmma_attention_available().
-bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype,
+// var: 0, or 2 (16-bit P·V, bf16 output; bench knob AttentionCudaTuning::late_pv) each stage's
+// P·V left in flight under the next softmax.
+bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype, int var,
                                cudaStream_t stream);
 // The same kernel at head dim 64 or 128 for 16-bit P·V (session 13; int8 rows of 64 bytes in the
 // 64-byte swizzle at D = 64, up to 8 ring stages): auto's 16-bit P·V kernel at D 64 / 128 on an
 // sm_90 GPU with the sm_90a build (kAutoPv16Ring in attention.cu), `kernel = wgmma_r3` by name.
 // Returns false without launching when no TMA descriptor addresses the tensors, or D is not 64 /
-// 128. Needs wgmma_attention_available(). var: 0, or the bench variants (bf16 output; else 0) 1
-// three consumer warpgroups, 2 P·V in flight under the next softmax, 3 both.
-bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype, int var,
+// 128. Needs wgmma_attention_available().
+bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
                                  cudaStream_t stream);
 
 }  // namespace attn

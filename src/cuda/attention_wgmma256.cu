@@ -22,7 +22,14 @@
 //    no q k^T accumulator is live next to c (0 spills; H200 run 32, 2026-12-01: the fastest of
 //    the six fp8 forms measured, see docs/attention.md).
 //  - 16-bit P·V: O rescaled (skipped when no row of the warp raised its maximum), then
-//    m64n64k16 x 4 channel chunks x 4 key steps straight into O; the next stage's q k^T behind it.
+//    m64n64k16 x D / 64 channel chunks x 4 key steps straight into O; the next stage's q k^T
+//    behind it.
+//  - Head dim 64 / 128, 16-bit P·V (session 13; auto's 16-bit kernel there on sm_90a): the same
+//    kernel with D / 128 chunks (D = 64: int8 rows of 64 bytes in the 64-byte swizzle), up to 8
+//    ring stages, three consumer warpgroups (192-row CTAs, 160 registers), and each stage's P·V
+//    left in flight under the next stage's softmax: the next q k^T is issued first and waited
+//    for, the P·V (reading its P fragments from registers that stay untouched) just before O is
+//    rescaled (Shape256).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda.h>  // CUtensorMap (the encoder comes from the runtime's driver entry point)
@@ -56,15 +63,19 @@ using ptx::wgmma_wait;
 
 constexpr int kKeys = 64;       // keys per ring stage (the oracle's softmax tile)
 constexpr int kProdRegs = 24;   // setmaxnreg of the producer warpgroup
-// Kernel variants (bench knobs, 16-bit P·V at D 64 / 128; session 13): kVarCons3 three consumer
-// warpgroups (192 query rows per CTA, consumers at 160 registers: 128 x 24 + 384 x 160 <= 64 K);
-// kVarLatePv the stage's P·V left in flight under the next stage's softmax (issued after the
-// next q k^T; waited for just before O is rescaled).
-constexpr int kVarCons3 = 1;
+// The form per head dim (session 13, H200 run 39, 16-bit P·V at D 64 / 128, same bits in every
+// form): three consumer warpgroups (192 query rows per CTA, consumers at 160 registers:
+// 128 x 24 + 384 x 160 <= 64 K) with each stage's P·V left in flight under the next stage's
+// softmax (issued after the next q k^T, waited for just before O is rescaled): (1, 40, 32760,
+// 128) 32.43 ms = 678 TOPS against two consumers with the P·V waited for 38.11 ms (577), three
+// consumers alone 33.44, the late P·V alone 37.91; D = 64 (1, 24, 4096, 64) 0.2721 against
+// 0.3380 ms. D = 256 (O is 128 registers): two consumer warpgroups (240 registers); kVarLatePv
+// the late P·V there (16-bit P·V, bf16 output; bench knob AttentionCudaTuning::late_pv).
 constexpr int kVarLatePv = 2;
-template <int kVar>
+template <int D, int kVar>
 struct Shape256 {
-  static constexpr int kCons = (kVar & kVarCons3) ? 3 : 2;
+  static constexpr int kCons = D < 256 ? 3 : 2;
+  static constexpr bool kLatePv = D < 256 || (kVar & kVarLatePv) != 0;
   static constexpr int kRows = 64 * kCons;            // query rows per CTA
   static constexpr int kThreads = 128 * (kCons + 1);  // the producer warpgroup and the consumers
   static constexpr int kConsRegs = kCons == 3 ? 160 : 240;  // 128 x 24 + 256 x 240 <= 64 K
@@ -182,12 +193,13 @@ struct Maps256 {
 };
 
 template <int D, bool FP8, typename T16, bool kKcHalf, int kVar>
-__global__ void __launch_bounds__(Shape256<kVar>::kThreads, 1)
+__global__ void __launch_bounds__(Shape256<D, kVar>::kThreads, 1)
     attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(kVar == 0 || (!FP8 && D < 256), "variants: 16-bit P·V at D 64 / 128");
-  constexpr int kRows = Shape256<kVar>::kRows;
-  constexpr bool kLatePv = (kVar & kVarLatePv) != 0;
+  static_assert(kVar == 0 || (!FP8 && D == 256), "variant: 16-bit P·V at D 256");
+  using S = Shape256<D, kVar>;
+  constexpr int kRows = S::kRows;
+  constexpr bool kLatePv = S::kLatePv;
   using L = Smem256<D, FP8, kRows>;
   constexpr int kStages = L::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -209,7 +221,7 @@ __global__ void __launch_bounds__(Shape256<kVar>::kThreads, 1)
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
       mbar_init(full0 + st * 8, 32);  // the producer warp's lanes (lane 0 with the tx bytes)
-      mbar_init(empty0 + st * 8, 4 * Shape256<kVar>::kCons);  // every consumer warp, once its
+      mbar_init(empty0 + st * 8, 4 * S::kCons);  // every consumer warp, once its
                                                               // wgmmas of the stage completed
     }
     mbar_fence_init();
@@ -265,7 +277,7 @@ __global__ void __launch_bounds__(Shape256<kVar>::kThreads, 1)
   }
 
   // ---- consumers ----
-  setmaxnreg_inc<Shape256<kVar>::kConsRegs>();
+  setmaxnreg_inc<S::kConsRegs>();
   const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
@@ -576,7 +588,8 @@ bool rows_map(CUtensorMap* map, const void* ptr, int elem, int D, int64_t n, int
 
 template <int D, bool FP8, typename T16, int kVar = 0>
 bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
-  constexpr int kRows = Shape256<kVar>::kRows;
+  using S = Shape256<D, kVar>;
+  constexpr int kRows = S::kRows;
   using L = Smem256<D, FP8, kRows>;
   const char* op = D == 256 ? "attention_int8 (wgmma, head dim 256)"
                             : "attention_int8 (wgmma TMA ring, 16-bit P·V)";
@@ -609,15 +622,17 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
              "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kRows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
-  kernel<<<grid, Shape256<kVar>::kThreads, bytes, stream>>>(p, maps);
+  kernel<<<grid, S::kThreads, bytes, stream>>>(p, maps);
   check_launch(op);
   return true;
 }
 
 }  // namespace
 
-bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype,
+bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype, int var,
                                cudaStream_t stream) {
+  if (!fp8 && out_dtype == DType::bf16 && var == kVarLatePv)  // the bench variant
+    return launch256<256, false, __nv_bfloat16, kVarLatePv>(p, B, stream);
   if (fp8)
     return out_dtype == DType::bf16 ? launch256<256, true, __nv_bfloat16>(p, B, stream)
                                     : launch256<256, true, __half>(p, B, stream);
@@ -625,19 +640,9 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
                                   : launch256<256, false, __half>(p, B, stream);
 }
 
-bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype, int var,
+bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
                                  cudaStream_t stream) {
   using BF = __nv_bfloat16;
-  if (out_dtype == DType::bf16 && var != 0) {  // the bench variants (bf16 output only)
-    if (D == 128)
-      return var == kVarCons3    ? launch256<128, false, BF, kVarCons3>(p, B, stream)
-             : var == kVarLatePv ? launch256<128, false, BF, kVarLatePv>(p, B, stream)
-                                 : launch256<128, false, BF, kVarCons3 | kVarLatePv>(p, B, stream);
-    if (D == 64)
-      return var == kVarCons3    ? launch256<64, false, BF, kVarCons3>(p, B, stream)
-             : var == kVarLatePv ? launch256<64, false, BF, kVarLatePv>(p, B, stream)
-                                 : launch256<64, false, BF, kVarCons3 | kVarLatePv>(p, B, stream);
-  }
   if (D == 128)
     return out_dtype == DType::bf16 ? launch256<128, false, BF>(p, B, stream)
                                     : launch256<128, false, __half>(p, B, stream);

@@ -496,34 +496,32 @@ LOWBIT_HARNESS_CASES(attention_cases) {
               ScaleLayout::per_block, 128, ScaleLayout::per_block, kb, false, false,
               Pattern::early_max, kb == 32 ? "kblock32" : ""));
   }
-  // The TMA-ring kernel's 16-bit P·V variants (session 13 bench knobs, bf16 output; tags
-  // `pv16c3` three consumer warpgroups of 192-row CTAs, `pv16late` the P·V in flight under the
-  // next softmax, `pv16c3late` both): 1-3 row blocks with partial ones, fewer / more keys than
-  // rows, GQA, the ring wrapping (1100, 3000 keys), 3 causal modes, early maxima with per-stage
-  // and per-key kc (k scales per 64 / 32 keys), THREAD_Q/K + K-mean LSE + HND, D 64 and 128.
-  for (int var : {1, 2, 3}) {
+  // 16-bit P·V, more shapes by name: at D 64 / 128 the TMA-ring kernel (`ring`: three consumer
+  // warpgroups, 192-row CTAs, the P·V in flight under the next softmax), at D = 256 the
+  // head-dim-256 kernel with the late P·V bench knob (`pv16late`, AttentionCudaTuning::late_pv,
+  // bf16 output): 1-3 row blocks with partial ones, fewer / more keys than rows, GQA, the ring
+  // wrapping (1100, 3000 keys), 3 causal modes, early maxima with per-stage and per-key kc (k
+  // scales per 64 / 32 keys), THREAD_Q/K + K-mean LSE + HND.
+  for (int64_t d : {64, 128, 256}) {
     detail::AttentionCudaTuning vt;
-    vt.cons3 = (var & 1) != 0;
-    vt.late_pv = (var & 2) != 0;
-    const char* tag = var == 1 ? "pv16c3" : var == 2 ? "pv16late" : "pv16c3late";
+    vt.late_pv = d == 256;
+    const std::string tag = d == 256 ? "pv16late" : "ring";
     auto add = [&](Shape s, O::Causal c, int kb, Pattern pat, bool thread_layouts) {
       auto k = std::make_unique<Int8AttentionCase>(
           s, make_opt(O::f16, c, O::wgmma_r3), DType::bf16,
           thread_layouts ? ScaleLayout::thread_q : ScaleLayout::per_block, thread_layouts ? 32 : 128,
           thread_layouts ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, thread_layouts,
-          thread_layouts, pat, kb == 32 ? std::string(tag) + ".kblock32" : std::string(tag));
-      k->set_tuning(vt);
+          thread_layouts, pat, kb == 32 ? tag + ".kblock32" : tag);
+      if (d == 256) k->set_tuning(vt);
       cases.push_back(std::move(k));
     };
-    for (int64_t d : {64, 128}) {
-      for (const Shape& s : {Shape{1, 1, 1, 1, 1, d}, Shape{1, 17, 17, 2, 1, d},
-                             Shape{2, 127, 127, 4, 2, d}, Shape{1, 200, 77, 2, 2, d},
-                             Shape{1, 65, 300, 3, 1, d}, Shape{1, 400, 1100, 2, 1, d}})
-        for (auto c : {O::none, O::bottom_right, O::top_left}) add(s, c, 64, Pattern::random, false);
-      for (auto c : {O::none, O::bottom_right})
-        for (int kb : {32, 64}) add(Shape{1, 390, 3000, 2, 1, d}, c, kb, Pattern::early_max, false);
-      add(Shape{1, 129, 129, 2, 2, d}, O::bottom_right, 64, Pattern::random, true);
-    }
+    for (const Shape& s : {Shape{1, 1, 1, 1, 1, d}, Shape{1, 17, 17, 2, 1, d},
+                           Shape{2, 127, 127, 4, 2, d}, Shape{1, 200, 77, 2, 2, d},
+                           Shape{1, 65, 300, 3, 1, d}, Shape{1, 400, 1100, 2, 1, d}})
+      for (auto c : {O::none, O::bottom_right, O::top_left}) add(s, c, 64, Pattern::random, false);
+    for (auto c : {O::none, O::bottom_right})
+      for (int kb : {32, 64}) add(Shape{1, 390, 3000, 2, 1, d}, c, kb, Pattern::early_max, false);
+    add(Shape{1, 129, 129, 2, 2, d}, O::bottom_right, 64, Pattern::random, true);
   }
   // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups fed by the TMA producer
   // warp (192 query rows per CTA; tuning knobs no_turn + cons3 on wgmma_r3; D = 64 bf16
