@@ -49,7 +49,7 @@ struct AttentionOptions {
   // CUDA kernel choice (the CPU backend ignores it). auto_kernel: on an sm_90 GPU with the
   // sm_90a build and head dim 64 or 128, fp8 PV runs the fastest wgmma kernel measured on the
   // H200 (round 3 without ping-pong turns; three consumer warpgroups at D = 64) and 16-bit PV
-  // the TMA-ring kernel (a TMA producer warp, a ring of 64-key stages, two consumer warpgroups,
+  // the TMA-ring kernel (a TMA producer warp, a ring of 64-key stages, three consumer warpgroups,
   // P·V straight into O; round 1 for tensors no TMA descriptor can address); at head dim 256 both PV modes run the head-dim-256 wgmma kernel
   // (below; tensors no TMA descriptor can address run the mma.sync kernel); elsewhere the
   // mma.sync kernel.
