@@ -194,7 +194,9 @@ class AttentionBench : public BenchCase {
         if (mma256) f16_base.kernel = AttentionOptions::mma_sync;
         if (cuda && !f_.d256) f16_base.kernel = AttentionOptions::wgmma;
         b16.op = pre + "attention_int8 16-bit PV " +
-                 (mma256 ? "mma.sync (session 10 kernel)" : cuda ? "round 1 (kernel = wgmma)" : "auto") +
+                 (mma256 ? "mma.sync (session 10 kernel)"
+                  : cuda ? "round 1 (kernel = wgmma)"
+                         : "auto") +
                  " (kernel only)" + tag;
         b16.shape = shape_str(s);
         b16.backend = device_name(dev);
@@ -229,7 +231,8 @@ class AttentionBench : public BenchCase {
                              ctx);
             });
             synchronize(ctx);
-            a16.accuracy = accuracy(sampled_rows(s, out.view), ref1).str() + " vs round 1 (64 rows)";
+            a16.accuracy =
+                accuracy(sampled_rows(s, out.view), ref1).str() + " vs round 1 (64 rows)";
             rows.push_back(a16);
             f16_kernel_ms = a16.ms;
           }
@@ -338,7 +341,8 @@ class AttentionBench : public BenchCase {
         vt.late_pv = true;
         detail::set_attention_cuda_tuning(vt);
         Row l = r;
-        l.op = "D256 attention_int8 16-bit PV wgmma, P·V under the next softmax (kernel only)" + tag;
+        l.op =
+            "D256 attention_int8 16-bit PV wgmma, P·V under the next softmax (kernel only)" + tag;
         l.ms = env.time_ms(call);
         synchronize(ctx);
         detail::set_attention_cuda_tuning(detail::AttentionCudaTuning{});

@@ -50,18 +50,17 @@ struct AttentionOptions {
   // sm_90a build and head dim 64 or 128, fp8 PV runs the fastest wgmma kernel measured on the
   // H200 (round 3 without ping-pong turns; three consumer warpgroups at D = 64) and 16-bit PV
   // the TMA-ring kernel (a TMA producer warp, a ring of 64-key stages, three consumer warpgroups,
-  // P·V straight into O; round 1 for tensors no TMA descriptor can address); at head dim 256 both PV modes run the head-dim-256 wgmma kernel
-  // (below; tensors no TMA descriptor can address run the mma.sync kernel); elsewhere the
-  // mma.sync kernel.
-  // mma_sync forces the portable kernel (sm_89+ for fp8 PV; D = 256 needs 145 KB (fp8 PV) /
-  // 135 KB (16-bit PV) of shared memory per block: sm_80 / sm_90, not sm_89); wgmma the round-1
-  // wgmma kernel (no warp specialization); wgmma_r3 the warp-specialized round 3 (a producer
-  // warpgroup, K/V ring on mbarriers, ping-pong consumers; the TMA-ring kernel for 16-bit PV); at head dim
-  // 256 both wgmma choices run the head-dim-256 wgmma kernel (a TMA producer warp, a ring of
-  // 64-key stages, two consumer warpgroups; both PV modes; tensors no TMA descriptor can address
-  // run the mma.sync kernel). All but auto_kernel are an error where they do not apply (no
-  // sm_90a kernel). Same arithmetic in every kernel (outputs agree within the harness
-  // tolerances).
+  // P·V straight into O; round 1 for tensors no TMA descriptor can address); at head dim 256 both
+  // PV modes run the head-dim-256 wgmma kernel (below; tensors no TMA descriptor can address run
+  // the mma.sync kernel); elsewhere the mma.sync kernel. mma_sync forces the portable kernel
+  // (sm_89+ for fp8 PV; D = 256 needs 145 KB (fp8 PV) / 135 KB (16-bit PV) of shared memory per
+  // block: sm_80 / sm_90, not sm_89); wgmma the round-1 wgmma kernel (no warp specialization);
+  // wgmma_r3 the warp-specialized round 3 (a producer warpgroup, K/V ring on mbarriers, ping-pong
+  // consumers; the TMA-ring kernel for 16-bit PV); at head dim 256 both wgmma choices run the
+  // head-dim-256 wgmma kernel (a TMA producer warp, a ring of 64-key stages, two consumer
+  // warpgroups; both PV modes; tensors no TMA descriptor can address run the mma.sync kernel). All
+  // but auto_kernel are an error where they do not apply (no sm_90a kernel). Same arithmetic in
+  // every kernel (outputs agree within the harness tolerances).
   enum Kernel : uint8_t { auto_kernel, mma_sync, wgmma, wgmma_r3 } kernel = auto_kernel;
 };
 

@@ -113,7 +113,8 @@ struct Smem256 {
   static constexpr uint32_t kStageTx = kKStage + kVStage;       // TMA bytes per stage
 };
 static_assert(Smem256<256, true>::kBytes <= kSmemMax && Smem256<256, false>::kBytes <= kSmemMax &&
-                  Smem256<128, false>::kBytes <= kSmemMax && Smem256<64, false>::kBytes <= kSmemMax &&
+                  Smem256<128, false>::kBytes <= kSmemMax &&
+                  Smem256<64, false>::kBytes <= kSmemMax &&
                   Smem256<128, false, 192>::kBytes <= kSmemMax,
               "shared memory");
 
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(Shape256<D, kVar>::kThreads, 1)
     for (int st = 0; st < kStages; ++st) {
       mbar_init(full0 + st * 8, 32);  // the producer warp's lanes (lane 0 with the tx bytes)
       mbar_init(empty0 + st * 8, 4 * S::kCons);  // every consumer warp, once its
-                                                              // wgmmas of the stage completed
+                                                 // wgmmas of the stage completed
     }
     mbar_fence_init();
   }
@@ -575,10 +576,9 @@ bool rows_map(CUtensorMap* map, const void* ptr, int elem, int D, int64_t n, int
               int64_t sn, int64_t sh, int64_t sb, int B, uint32_t box_d, uint32_t box_rows,
               bool sw64, int* rows_outer) {
   *rows_outer = sn >= sh ? 1 : 0;
-  const uint64_t dims[4] = {static_cast<uint64_t>(D),
-                            static_cast<uint64_t>(*rows_outer ? hcount : n),
-                            static_cast<uint64_t>(*rows_outer ? n : hcount),
-                            static_cast<uint64_t>(B)};
+  const uint64_t dims[4] = {
+      static_cast<uint64_t>(D), static_cast<uint64_t>(*rows_outer ? hcount : n),
+      static_cast<uint64_t>(*rows_outer ? n : hcount), static_cast<uint64_t>(B)};
   const uint64_t strides[3] = {static_cast<uint64_t>((*rows_outer ? sh : sn) * elem),
                                static_cast<uint64_t>((*rows_outer ? sn : sh) * elem),
                                static_cast<uint64_t>(sb * elem)};

@@ -487,8 +487,8 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         cases.push_back(std::make_unique<Int8AttentionCase>(
             s, make_opt(O::f16, c, r4), DType::bf16, ScaleLayout::per_block, 128,
             ScaleLayout::per_block, 64, false, false));
-    for (const Shape& s : {ws_extra[0], ws_extra[1], Shape{1, 130, 3000, 1, 1, 128},
-                           Shape{1, 390, 3000, 2, 1, 64}})
+    for (const Shape& s :
+         {ws_extra[0], ws_extra[1], Shape{1, 130, 3000, 1, 1, 128}, Shape{1, 390, 3000, 2, 1, 64}})
       for (auto c : {O::none, O::bottom_right})
         for (int kb : {32, 64})
           cases.push_back(std::make_unique<Int8AttentionCase>(
@@ -509,15 +509,16 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     auto add = [&](Shape s, O::Causal c, int kb, Pattern pat, bool thread_layouts) {
       auto k = std::make_unique<Int8AttentionCase>(
           s, make_opt(O::f16, c, O::wgmma_r3), DType::bf16,
-          thread_layouts ? ScaleLayout::thread_q : ScaleLayout::per_block, thread_layouts ? 32 : 128,
+          thread_layouts ? ScaleLayout::thread_q : ScaleLayout::per_block,
+          thread_layouts ? 32 : 128,
           thread_layouts ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, thread_layouts,
           thread_layouts, pat, kb == 32 ? tag + ".kblock32" : tag);
       if (d == 256) k->set_tuning(vt);
       cases.push_back(std::move(k));
     };
-    for (const Shape& s : {Shape{1, 1, 1, 1, 1, d}, Shape{1, 17, 17, 2, 1, d},
-                           Shape{2, 127, 127, 4, 2, d}, Shape{1, 200, 77, 2, 2, d},
-                           Shape{1, 65, 300, 3, 1, d}, Shape{1, 400, 1100, 2, 1, d}})
+    for (const Shape& s :
+         {Shape{1, 1, 1, 1, 1, d}, Shape{1, 17, 17, 2, 1, d}, Shape{2, 127, 127, 4, 2, d},
+          Shape{1, 200, 77, 2, 2, d}, Shape{1, 65, 300, 3, 1, d}, Shape{1, 400, 1100, 2, 1, d}})
       for (auto c : {O::none, O::bottom_right, O::top_left}) add(s, c, 64, Pattern::random, false);
     for (auto c : {O::none, O::bottom_right})
       for (int kb : {32, 64}) add(Shape{1, 390, 3000, 2, 1, d}, c, kb, Pattern::early_max, false);
