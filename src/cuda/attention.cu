@@ -888,6 +888,9 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   }
   if (options.kernel == AttentionOptions::auto_kernel && attn::wgmma_attention_applies(D) &&
       attn::wgmma_attention_available()) {
+    if (fp8 && D == 128 && tune.ring_fp8 &&
+        attn::launch_attention_wgmma_ring_fp8(p, B, out.dtype, stream_of(ctx)))
+      return;
     // fp8 P·V: round 3 with I2FP and without the consumers' ping-pong turns, bit-identical to
     // round 3 and the fastest such variant in H200 run 10 (2026-11-30 03:36): D = 128 789.5 /
     // 769.6 TOPS (causal 766.4 / 731.3) vs round 3 + I2FP's 754.1 / 731.1 (734.6 / 691.7) and

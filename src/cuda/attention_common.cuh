@@ -487,6 +487,12 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
 // 128. Needs wgmma_attention_available().
 bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
                                  cudaStream_t stream);
+// Bench knob AttentionCudaTuning::ring_fp8 (session 13): fp8 P·V at D = 128 on the same kernel
+// (three consumer warpgroups; each 64-key stage's P·V in 2 fresh 64-channel chunks folded into O
+// as they complete, the next q k^T after the folds). bf16 output only (else false, nothing
+// launched).
+bool launch_attention_wgmma_ring_fp8(const AttnParams& p, int B, DType out_dtype,
+                                     cudaStream_t stream);
 
 }  // namespace attn
 }  // namespace cuda

@@ -89,7 +89,7 @@ constexpr int kSmemMax = 227 * 1024;
 // or, at D = 64, 64 (64-byte swizzle).
 template <int D, bool FP8, int kRows = 128>
 struct Smem256 {
-  static_assert(D == 256 || (!FP8 && (D == 64 || D == 128)), "head dim / P·V mode");
+  static_assert(D == 256 || D == 128 || (!FP8 && D == 64), "head dim / P·V mode");
   static constexpr int kRowB = D < 128 ? D : 128;
   static constexpr int kChunks = D / kRowB;
   static constexpr int kQChunk = kRows * kRowB;  // 16 KB (8 KB at D = 64)
@@ -173,10 +173,22 @@ __device__ __forceinline__ void pv_chunk128(float (&c)[64], const uint32_t (&pa)
   wgmma_commit();
 }
 
+// Channel chunk h (64 channels) of one 64-key tile's fp8 P·V into a fresh c (m64n64k32): 2
+// k-steps of 32 keys; dv: the stage's V descriptor (D channel rows of 64 bytes, 64-byte swizzle).
+__device__ __forceinline__ void pv_chunk64(float (&c)[32], const uint32_t (&pa)[2][4], uint32_t dv,
+                                           int h) {
+  constexpr uint64_t kHi = desc_hi(512, 2);  // smem_desc_sw64
+  wgmma_fence();
+  const uint32_t d = dv + static_cast<uint32_t>(h * ((64 * kKeys) >> 4));
+  wgmma_e4m3_n64_first(c, pa[0], kHi | d);
+  wgmma_e4m3_n64(c, pa[1], kHi | (d + 2), 1);  // the second 32 keys: +32 bytes
+  wgmma_commit();
+}
+
 // O chunk n (registers kN n .. kN n + kN - 1: channels 2 kN n .. of an m64n(2 kN) accumulator)
 // = O r + C.
 template <int n, int kN>
-__device__ __forceinline__ void fold_chunk(float (&o)[128], const float (&c)[kN], float r0,
+__device__ __forceinline__ void fold_chunk(float (&o)[2 * kN], const float (&c)[kN], float r0,
                                            float r1) {
 #pragma unroll
   for (int i = 0; i < kN / 4; ++i) {
@@ -469,15 +481,28 @@ __global__ void __launch_bounds__(Shape256<D, kVar>::kThreads, 1)
       // The next q k^T after the second fold: issued under it (or with two 64-channel chunks,
       // one in flight while the other is folded), its accumulator next to c spilled and ran
       // slower in H200 run 32.
-      float c[64];
-      pv_chunk128(c, pa, dv, 0);
-      wgmma_wait<0>();
-      fence_regs(c);
-      fold_chunk<0, 64>(o, c, r0, r1);
-      pv_chunk128(c, pa, dv, 1);
-      wgmma_wait<0>();
-      fence_regs(c);
-      fold_chunk<1, 64>(o, c, r0, r1);
+      if constexpr (D == 256) {
+        float c[64];
+        pv_chunk128(c, pa, dv, 0);
+        wgmma_wait<0>();
+        fence_regs(c);
+        fold_chunk<0, 64>(o, c, r0, r1);
+        pv_chunk128(c, pa, dv, 1);
+        wgmma_wait<0>();
+        fence_regs(c);
+        fold_chunk<1, 64>(o, c, r0, r1);
+      } else {  // D = 128 (bench knob ring_fp8): 2 chunks of 64 channels, both issued, each
+        // folded once it completed
+        float c0[32], c1[32];
+        pv_chunk64(c0, pa, dv, 0);
+        pv_chunk64(c1, pa, dv, 1);
+        wgmma_wait<1>();
+        fence_regs(c0);
+        fold_chunk<0, 32>(o, c0, r0, r1);
+        wgmma_wait<0>();
+        fence_regs(c1);
+        fold_chunk<1, 32>(o, c1, r0, r1);
+      }
       if constexpr (kMore) issue_qk(tile + 1);
     } else {
       // P in V's type (A fragments of the 4 key steps of 16: the accumulator layout), O = O r,
@@ -638,6 +663,11 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
                                     : launch256<256, true, __half>(p, B, stream);
   return out_dtype == DType::bf16 ? launch256<256, false, __nv_bfloat16>(p, B, stream)
                                   : launch256<256, false, __half>(p, B, stream);
+}
+
+bool launch_attention_wgmma_ring_fp8(const AttnParams& p, int B, DType out_dtype,
+                                     cudaStream_t stream) {
+  return out_dtype == DType::bf16 && launch256<128, true, __nv_bfloat16>(p, B, stream);
 }
 
 bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,

@@ -524,6 +524,28 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       for (int kb : {32, 64}) add(Shape{1, 390, 3000, 2, 1, d}, c, kb, Pattern::early_max, false);
     add(Shape{1, 129, 129, 2, 2, d}, O::bottom_right, 64, Pattern::random, true);
   }
+  // Bench knob ring_fp8 (session 13): fp8 P·V at D = 128 on the TMA-ring kernel (auto's kernel
+  // choice under the knob; bf16 output, both kc paths): the same shapes as `ring`, tag `ringfp8`.
+  {
+    detail::AttentionCudaTuning rt;
+    rt.ring_fp8 = true;
+    auto add = [&](Shape s, O::Causal c, int kb, Pattern pat, bool thread_layouts) {
+      auto k = std::make_unique<Int8AttentionCase>(
+          s, make_opt(O::fp8, c), DType::bf16,
+          thread_layouts ? ScaleLayout::thread_q : ScaleLayout::per_block, thread_layouts ? 32 : 128,
+          thread_layouts ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, thread_layouts,
+          thread_layouts, pat, kb == 32 ? "ringfp8.kblock32" : "ringfp8");
+      k->set_tuning(rt);
+      cases.push_back(std::move(k));
+    };
+    for (const Shape& s : {Shape{1, 1, 1, 1, 1, 128}, Shape{1, 17, 17, 2, 1, 128},
+                           Shape{2, 127, 127, 4, 2, 128}, Shape{1, 200, 77, 2, 2, 128},
+                           Shape{1, 65, 300, 3, 1, 128}, Shape{1, 400, 1100, 2, 1, 128}})
+      for (auto c : {O::none, O::bottom_right, O::top_left}) add(s, c, 64, Pattern::random, false);
+    for (auto c : {O::none, O::bottom_right})
+      for (int kb : {32, 64}) add(Shape{1, 390, 3000, 2, 1, 128}, c, kb, Pattern::early_max, false);
+    add(Shape{1, 129, 129, 2, 2, 128}, O::bottom_right, 64, Pattern::random, true);
+  }
   // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups fed by the TMA producer
   // warp (192 query rows per CTA; tuning knobs no_turn + cons3 on wgmma_r3; D = 64 bf16
   // output with per-half k scales, else the two-consumer kernels, same bits): auto's D = 64
