@@ -23,11 +23,6 @@ struct AttentionCudaTuning {
   // with no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64 fed by the
   // TMA producer (auto's kernel at D = 64)
   bool cons3 = false;
-  // 16-bit P·V at D = 256 (the head-dim-256 wgmma kernel, bf16 output): each stage's P·V left in
-  // flight under the next stage's softmax, as the TMA-ring kernel at D 64 / 128 (session 13)
-  bool late_pv = false;
-  // fp8 P·V at D = 128 on the TMA-ring kernel (three consumer warpgroups, bf16 output; session 13)
-  bool ring_fp8 = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

@@ -853,7 +853,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs the TMA-ring
   // kernel of attention_wgmma256.cu), at D = 256 both the head-dim-256 kernel; auto_kernel below.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  const int var256 = tune.late_pv ? 2 : 0;  // the head-dim-256 kernel's bench variant
   const bool wgmma_choice =
       options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3;
   if (wgmma_choice && D == 256) {
@@ -864,7 +863,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       throw Error("attention_int8", "options.kernel",
                   "wgmma / wgmma_r3: expected an sm_90 GPU with the sm_90a build, got head dim "
                   "256 on a GPU without the sm_90a kernel");
-    if (attn::launch_attention_wgmma256(p, B, fp8, out.dtype, var256, stream_of(ctx))) return;
+    if (attn::launch_attention_wgmma256(p, B, fp8, out.dtype, stream_of(ctx))) return;
   } else if (wgmma_choice) {
     if (!attn::wgmma_attention_applies(D) || !attn::wgmma_attention_available())
       throw Error("attention_int8", "options.kernel",
@@ -888,9 +887,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   }
   if (options.kernel == AttentionOptions::auto_kernel && attn::wgmma_attention_applies(D) &&
       attn::wgmma_attention_available()) {
-    if (fp8 && D == 128 && tune.ring_fp8 &&
-        attn::launch_attention_wgmma_ring_fp8(p, B, out.dtype, stream_of(ctx)))
-      return;
     // fp8 P·V: round 3 with I2FP and without the consumers' ping-pong turns, bit-identical to
     // round 3 and the fastest such variant in H200 run 10 (2026-11-30 03:36): D = 128 789.5 /
     // 769.6 TOPS (causal 766.4 / 731.3) vs round 3 + I2FP's 754.1 / 731.1 (734.6 / 691.7) and
@@ -921,7 +917,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // build (kAuto256Wgmma; H200 run 32 above), unless no TMA descriptor addresses the tensors.
   if (options.kernel == AttentionOptions::auto_kernel && D == 256 && kAuto256Wgmma &&
       attn::wgmma_attention_available() &&
-      attn::launch_attention_wgmma256(p, B, fp8, out.dtype, var256, stream_of(ctx)))
+      attn::launch_attention_wgmma256(p, B, fp8, out.dtype, stream_of(ctx)))
     return;
   // mma_sync (any D), auto elsewhere (other GPUs, no sm_90a build, tensors no TMA descriptor
   // addresses at D = 256) and the wgmma choices at D = 256 without a TMA descriptor land here.

@@ -476,9 +476,7 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
 // a TMA producer warp feeding a ring of 64-key stages, two consumer warpgroups of 64 rows.
 // Returns false without launching when a TMA descriptor cannot be made for these tensors (the
 // caller then runs the mma.sync kernel). Needs wgmma_attention_available().
-// var: 0, or 2 (16-bit P·V, bf16 output; bench knob AttentionCudaTuning::late_pv) each stage's
-// P·V left in flight under the next softmax.
-bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype, int var,
+bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype,
                                cudaStream_t stream);
 // The same kernel at head dim 64 or 128 for 16-bit P·V (session 13; int8 rows of 64 bytes in the
 // 64-byte swizzle at D = 64, up to 8 ring stages): auto's 16-bit P·V kernel at D 64 / 128 on an
@@ -487,12 +485,6 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
 // 128. Needs wgmma_attention_available().
 bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
                                  cudaStream_t stream);
-// Bench knob AttentionCudaTuning::ring_fp8 (session 13): fp8 P·V at D = 128 on the same kernel
-// (three consumer warpgroups; each 64-key stage's P·V in 2 fresh 64-channel chunks folded into O
-// as they complete, the next q k^T after the folds). bf16 output only (else false, nothing
-// launched).
-bool launch_attention_wgmma_ring_fp8(const AttnParams& p, int B, DType out_dtype,
-                                     cudaStream_t stream);
 
 }  // namespace attn
 }  // namespace cuda

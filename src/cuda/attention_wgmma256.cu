@@ -21,15 +21,14 @@
 //    wgmma.wait_group); the next stage's q k^T is issued after the second chunk's fold, so that
 //    no q k^T accumulator is live next to c (0 spills; H200 run 32, 2026-12-01: the fastest of
 //    the six fp8 forms measured, see docs/attention.md).
-//  - 16-bit P·V: O rescaled (skipped when no row of the warp raised its maximum), then
-//    m64n64k16 x D / 64 channel chunks x 4 key steps straight into O; the next stage's q k^T
-//    behind it.
+//  - 16-bit P·V: O rescaled (skipped when no row of the warp raised its maximum), then the next
+//    stage's q k^T issued and m64n64k16 x D / 64 channel chunks x 4 key steps straight into O;
+//    the warpgroup waits for the q k^T only and leaves the P·V in flight under the next stage's
+//    softmax (its P fragments in registers nothing writes until then), waiting for it just before
+//    O is rescaled (session 13).
 //  - Head dim 64 / 128, 16-bit P·V (session 13; auto's 16-bit kernel there on sm_90a): the same
 //    kernel with D / 128 chunks (D = 64: int8 rows of 64 bytes in the 64-byte swizzle), up to 8
-//    ring stages, three consumer warpgroups (192-row CTAs, 160 registers), and each stage's P·V
-//    left in flight under the next stage's softmax: the next q k^T is issued first and waited
-//    for, the P·V (reading its P fragments from registers that stay untouched) just before O is
-//    rescaled (Shape256).
+//    ring stages and three consumer warpgroups (192-row CTAs, 160 registers) (Shape256).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda.h>  // CUtensorMap (the encoder comes from the runtime's driver entry point)
@@ -63,19 +62,22 @@ using ptx::wgmma_wait;
 
 constexpr int kKeys = 64;       // keys per ring stage (the oracle's softmax tile)
 constexpr int kProdRegs = 24;   // setmaxnreg of the producer warpgroup
-// The form per head dim (session 13, H200 run 39, 16-bit P·V at D 64 / 128, same bits in every
-// form): three consumer warpgroups (192 query rows per CTA, consumers at 160 registers:
+// The form per head dim (session 13, H200 runs 39-40, 16-bit P·V, same bits in every form): at
+// D 64 / 128 three consumer warpgroups (192 query rows per CTA, consumers at 160 registers:
 // 128 x 24 + 384 x 160 <= 64 K) with each stage's P·V left in flight under the next stage's
 // softmax (issued after the next q k^T, waited for just before O is rescaled): (1, 40, 32760,
 // 128) 32.43 ms = 678 TOPS against two consumers with the P·V waited for 38.11 ms (577), three
 // consumers alone 33.44, the late P·V alone 37.91; D = 64 (1, 24, 4096, 64) 0.2721 against
-// 0.3380 ms. D = 256 (O is 128 registers): two consumer warpgroups (240 registers); kVarLatePv
-// the late P·V there (16-bit P·V, bf16 output; bench knob AttentionCudaTuning::late_pv).
-constexpr int kVarLatePv = 2;
-template <int D, int kVar>
+// 0.3380 ms. D = 256 (O is 128 registers): two consumer warpgroups (240 registers), 16-bit P·V
+// with the late P·V too (H200 run 40: (1, 24, 4096 / 16384, 256) 748.0 / 769.2 TOPS against
+// 677.5 / 727.0 with the P·V waited for, causal 592.1 / 754.6 against 536.9 / 701.6; same bits).
+// (Also measured in run 40 and deleted: fp8 P·V at D = 128 on this kernel, three consumers with
+// two fresh 64-channel chunks folded as they complete and the next q k^T after the folds: 725.2
+// / 695.4 TOPS against round 3's 790.4 / 774.8, causal 703.0 / 654.0 against 766.6 / 740.5.)
+template <int D>
 struct Shape256 {
   static constexpr int kCons = D < 256 ? 3 : 2;
-  static constexpr bool kLatePv = D < 256 || (kVar & kVarLatePv) != 0;
+  static constexpr bool kLatePv = true;  // 16-bit P·V (the fp8 form has its own order)
   static constexpr int kRows = 64 * kCons;            // query rows per CTA
   static constexpr int kThreads = 128 * (kCons + 1);  // the producer warpgroup and the consumers
   static constexpr int kConsRegs = kCons == 3 ? 160 : 240;  // 128 x 24 + 256 x 240 <= 64 K
@@ -89,7 +91,7 @@ constexpr int kSmemMax = 227 * 1024;
 // or, at D = 64, 64 (64-byte swizzle).
 template <int D, bool FP8, int kRows = 128>
 struct Smem256 {
-  static_assert(D == 256 || D == 128 || (!FP8 && D == 64), "head dim / P·V mode");
+  static_assert(D == 256 || (!FP8 && (D == 64 || D == 128)), "head dim / P·V mode");
   static constexpr int kRowB = D < 128 ? D : 128;
   static constexpr int kChunks = D / kRowB;
   static constexpr int kQChunk = kRows * kRowB;  // 16 KB (8 KB at D = 64)
@@ -173,18 +175,6 @@ __device__ __forceinline__ void pv_chunk128(float (&c)[64], const uint32_t (&pa)
   wgmma_commit();
 }
 
-// Channel chunk h (64 channels) of one 64-key tile's fp8 P·V into a fresh c (m64n64k32): 2
-// k-steps of 32 keys; dv: the stage's V descriptor (D channel rows of 64 bytes, 64-byte swizzle).
-__device__ __forceinline__ void pv_chunk64(float (&c)[32], const uint32_t (&pa)[2][4], uint32_t dv,
-                                           int h) {
-  constexpr uint64_t kHi = desc_hi(512, 2);  // smem_desc_sw64
-  wgmma_fence();
-  const uint32_t d = dv + static_cast<uint32_t>(h * ((64 * kKeys) >> 4));
-  wgmma_e4m3_n64_first(c, pa[0], kHi | d);
-  wgmma_e4m3_n64(c, pa[1], kHi | (d + 2), 1);  // the second 32 keys: +32 bytes
-  wgmma_commit();
-}
-
 // O chunk n (registers kN n .. kN n + kN - 1: channels 2 kN n .. of an m64n(2 kN) accumulator)
 // = O r + C.
 template <int n, int kN>
@@ -205,12 +195,11 @@ struct Maps256 {
   int q_rows_outer, k_rows_outer, v_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
 };
 
-template <int D, bool FP8, typename T16, bool kKcHalf, int kVar>
-__global__ void __launch_bounds__(Shape256<D, kVar>::kThreads, 1)
+template <int D, bool FP8, typename T16, bool kKcHalf>
+__global__ void __launch_bounds__(Shape256<D>::kThreads, 1)
     attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(kVar == 0 || (!FP8 && D == 256), "variant: 16-bit P·V at D 256");
-  using S = Shape256<D, kVar>;
+  using S = Shape256<D>;
   constexpr int kRows = S::kRows;
   constexpr bool kLatePv = S::kLatePv;
   using L = Smem256<D, FP8, kRows>;
@@ -481,7 +470,7 @@ __global__ void __launch_bounds__(Shape256<D, kVar>::kThreads, 1)
       // The next q k^T after the second fold: issued under it (or with two 64-channel chunks,
       // one in flight while the other is folded), its accumulator next to c spilled and ran
       // slower in H200 run 32.
-      if constexpr (D == 256) {
+      {
         float c[64];
         pv_chunk128(c, pa, dv, 0);
         wgmma_wait<0>();
@@ -491,17 +480,6 @@ __global__ void __launch_bounds__(Shape256<D, kVar>::kThreads, 1)
         wgmma_wait<0>();
         fence_regs(c);
         fold_chunk<1, 64>(o, c, r0, r1);
-      } else {  // D = 128 (bench knob ring_fp8): 2 chunks of 64 channels, both issued, each
-        // folded once it completed
-        float c0[32], c1[32];
-        pv_chunk64(c0, pa, dv, 0);
-        pv_chunk64(c1, pa, dv, 1);
-        wgmma_wait<1>();
-        fence_regs(c0);
-        fold_chunk<0, 32>(o, c0, r0, r1);
-        wgmma_wait<0>();
-        fence_regs(c1);
-        fold_chunk<1, 32>(o, c1, r0, r1);
       }
       if constexpr (kMore) issue_qk(tile + 1);
     } else {
@@ -611,9 +589,9 @@ bool rows_map(CUtensorMap* map, const void* ptr, int elem, int D, int64_t n, int
   return encode_tiled_map(map, ptr, elem, 4, dims, strides, box, sw64);
 }
 
-template <int D, bool FP8, typename T16, int kVar = 0>
+template <int D, bool FP8, typename T16>
 bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
-  using S = Shape256<D, kVar>;
+  using S = Shape256<D>;
   constexpr int kRows = S::kRows;
   using L = Smem256<D, FP8, kRows>;
   const char* op = D == 256 ? "attention_int8 (wgmma, head dim 256)"
@@ -640,8 +618,8 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
   const bool kc_half = (p.k_layout == 0 || p.k_layout == 2) && p.k_block % 64 == 0 &&
                        p.scale_log2 > 0.f;
   using K = void (*)(const AttnParams, const Maps256);
-  const K kernel = kc_half ? attention_wgmma256_kernel<D, FP8, T16, true, kVar>
-                           : attention_wgmma256_kernel<D, FP8, T16, false, kVar>;
+  const K kernel = kc_half ? attention_wgmma256_kernel<D, FP8, T16, true>
+                           : attention_wgmma256_kernel<D, FP8, T16, false>;
   constexpr int bytes = L::kBytes;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
@@ -654,20 +632,13 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
 
 }  // namespace
 
-bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype, int var,
+bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_dtype,
                                cudaStream_t stream) {
-  if (!fp8 && out_dtype == DType::bf16 && var == kVarLatePv)  // the bench variant
-    return launch256<256, false, __nv_bfloat16, kVarLatePv>(p, B, stream);
   if (fp8)
     return out_dtype == DType::bf16 ? launch256<256, true, __nv_bfloat16>(p, B, stream)
                                     : launch256<256, true, __half>(p, B, stream);
   return out_dtype == DType::bf16 ? launch256<256, false, __nv_bfloat16>(p, B, stream)
                                   : launch256<256, false, __half>(p, B, stream);
-}
-
-bool launch_attention_wgmma_ring_fp8(const AttnParams& p, int B, DType out_dtype,
-                                     cudaStream_t stream) {
-  return out_dtype == DType::bf16 && launch256<128, true, __nv_bfloat16>(p, B, stream);
 }
 
 bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,

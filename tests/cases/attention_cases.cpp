@@ -498,13 +498,10 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   }
   // 16-bit P·V, more shapes by name: at D 64 / 128 the TMA-ring kernel (`ring`: three consumer
   // warpgroups, 192-row CTAs, the P·V in flight under the next softmax), at D = 256 the
-  // head-dim-256 kernel with the late P·V bench knob (`pv16late`, AttentionCudaTuning::late_pv,
-  // bf16 output): 1-3 row blocks with partial ones, fewer / more keys than rows, GQA, the ring
+  // head-dim-256 kernel (`pv16late`: two consumers, the P·V in flight too): 1-3 row blocks with partial ones, fewer / more keys than rows, GQA, the ring
   // wrapping (1100, 3000 keys), 3 causal modes, early maxima with per-stage and per-key kc (k
   // scales per 64 / 32 keys), THREAD_Q/K + K-mean LSE + HND.
   for (int64_t d : {64, 128, 256}) {
-    detail::AttentionCudaTuning vt;
-    vt.late_pv = d == 256;
     const std::string tag = d == 256 ? "pv16late" : "ring";
     auto add = [&](Shape s, O::Causal c, int kb, Pattern pat, bool thread_layouts) {
       auto k = std::make_unique<Int8AttentionCase>(
@@ -513,7 +510,6 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           thread_layouts ? 32 : 128,
           thread_layouts ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, thread_layouts,
           thread_layouts, pat, kb == 32 ? tag + ".kblock32" : tag);
-      if (d == 256) k->set_tuning(vt);
       cases.push_back(std::move(k));
     };
     for (const Shape& s :
@@ -523,28 +519,6 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     for (auto c : {O::none, O::bottom_right})
       for (int kb : {32, 64}) add(Shape{1, 390, 3000, 2, 1, d}, c, kb, Pattern::early_max, false);
     add(Shape{1, 129, 129, 2, 2, d}, O::bottom_right, 64, Pattern::random, true);
-  }
-  // Bench knob ring_fp8 (session 13): fp8 P·V at D = 128 on the TMA-ring kernel (auto's kernel
-  // choice under the knob; bf16 output, both kc paths): the same shapes as `ring`, tag `ringfp8`.
-  {
-    detail::AttentionCudaTuning rt;
-    rt.ring_fp8 = true;
-    auto add = [&](Shape s, O::Causal c, int kb, Pattern pat, bool thread_layouts) {
-      auto k = std::make_unique<Int8AttentionCase>(
-          s, make_opt(O::fp8, c), DType::bf16,
-          thread_layouts ? ScaleLayout::thread_q : ScaleLayout::per_block, thread_layouts ? 32 : 128,
-          thread_layouts ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, thread_layouts,
-          thread_layouts, pat, kb == 32 ? "ringfp8.kblock32" : "ringfp8");
-      k->set_tuning(rt);
-      cases.push_back(std::move(k));
-    };
-    for (const Shape& s : {Shape{1, 1, 1, 1, 1, 128}, Shape{1, 17, 17, 2, 1, 128},
-                           Shape{2, 127, 127, 4, 2, 128}, Shape{1, 200, 77, 2, 2, 128},
-                           Shape{1, 65, 300, 3, 1, 128}, Shape{1, 400, 1100, 2, 1, 128}})
-      for (auto c : {O::none, O::bottom_right, O::top_left}) add(s, c, 64, Pattern::random, false);
-    for (auto c : {O::none, O::bottom_right})
-      for (int kb : {32, 64}) add(Shape{1, 390, 3000, 2, 1, 128}, c, kb, Pattern::early_max, false);
-    add(Shape{1, 129, 129, 2, 2, 128}, O::bottom_right, 64, Pattern::random, true);
   }
   // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups fed by the TMA producer
   // warp (192 query rows per CTA; tuning knobs no_turn + cons3 on wgmma_r3; D = 64 bf16
