@@ -4,8 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <iomanip>
+#include <random>
+#include <regex>
 #include <sstream>
 
 #include "lowbit/runtime.h"
@@ -40,6 +41,10 @@ double Env::time_ms(const std::function<void()>& fn) const {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+bool Env::shape_selected(const std::string& shape) const {
+  return shape_filter.empty() || std::regex_search(shape, std::regex(shape_filter));
 }
 
 double Env::copy_ms(double bytes) const {

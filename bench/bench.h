@@ -40,6 +40,10 @@ struct Env {
   bool quick = false;    // smaller shapes / fewer iterations (CI smoke runs)
   int warmup = 5;
   int iters = 30;
+  // `lowbit bench --shape REGEX`: a case runs only the shapes whose row shape string (Row::shape,
+  // e.g. "(1, 24, 4096, 64) bf16") this regular expression finds; empty = every shape.
+  std::string shape_filter;
+  bool shape_selected(const std::string& shape) const;
   // Median time of fn in milliseconds: device events around each call on CUDA (with an L2 flush
   // before each timed call), the host clock on the CPU.
   double time_ms(const std::function<void()>& fn) const;

@@ -118,6 +118,7 @@ class AttentionBench : public BenchCase {
     const std::string& pre = f_.prefix;
     std::vector<Row> rows;
     for (const Shape& s : shapes) {
+      if (!env.shape_selected(shape_str(s))) continue;
       const int64_t B = s.B, H = s.H, N = s.N, D = s.D;
       const Device dev = env.device;
       DeviceTensor q = make_tensor(dev, DType::bf16, {B, N, H, D}, f_.seed);

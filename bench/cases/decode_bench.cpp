@@ -293,6 +293,7 @@ class DecodeBench : public BenchCase {
     bool accuracy_done = false;
     for (size_t si = 0; si < shapes.size(); ++si) {
       const Shape& s = shapes[si];
+      if (!env.shape_selected(s.str())) continue;
       const int64_t G = s.Hq / s.Hkv;
       DeviceTensor q = make_tensor(env.device, DType::f16, {s.B, 1, s.Hkv, G, s.D}, 5);
       DeviceTensor out = make_empty(env.device, DType::f16, {s.B, 1, s.Hkv, G, s.D});

@@ -102,6 +102,7 @@ class LayerBench : public BenchCase {
       shapes = {{16, 256, 256, "cpu tiny"}};
     }
     for (const Shape& s : shapes) {
+      if (!env.shape_selected(shape_str(s.m, s.k, s.n))) continue;
       const bool decode = s.m <= 16;
       std::vector<QType> qtypes;
       if (decode)

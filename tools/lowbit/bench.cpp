@@ -16,6 +16,7 @@ namespace {
 struct BenchOptions {
   std::string backend = "auto";
   std::string op = ".*";
+  std::string shape;  // empty: every shape
   bool quick = false, list = false;
   int iters = 30, warmup = 5;
   std::string csv, json;
@@ -45,6 +46,9 @@ LOWBIT_CLI_COMMAND(setup_bench) {
   sub->add_option("--backend", opt->backend, "auto (CUDA when a GPU is present), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   sub->add_option("--op", opt->op, "Regular expression selecting benchmark names");
+  sub->add_option("--shape", opt->shape,
+                  "Regular expression selecting shapes (searched in the row's shape, e.g. "
+                  "'4096, 64\\)'); the families skip the other shapes");
   sub->add_flag("--quick", opt->quick, "Smaller shapes and fewer iterations");
   sub->add_flag("--list", opt->list, "List benchmark names and exit");
   sub->add_option("--iters", opt->iters, "Timed iterations (median reported)")->check(CLI::Range(1, 100000));
@@ -53,6 +57,14 @@ LOWBIT_CLI_COMMAND(setup_bench) {
   sub->add_option("--json", opt->json, "Also write the rows as JSON to this file");
   sub->callback([opt] {
     std::regex re(opt->op);
+    if (!opt->shape.empty()) {
+      try {
+        std::regex check(opt->shape);
+      } catch (const std::regex_error&) {
+        throw lowbit::Error("bench", "--shape",
+                            "expected a regular expression, got '" + opt->shape + "'");
+      }
+    }
     if (opt->list) {
       for (auto& c : lowbit::bench::registry()) fmt::print("{}\n", c->name());
       return;
@@ -67,6 +79,7 @@ LOWBIT_CLI_COMMAND(setup_bench) {
     env.quick = opt->quick || env.device == lowbit::Device::cpu;
     env.iters = opt->iters;
     env.warmup = opt->warmup;
+    env.shape_filter = opt->shape;
     std::string header;
     if (env.device == lowbit::Device::cuda) {
       lowbit::DeviceInfo d = lowbit::cuda_device_info(0);
