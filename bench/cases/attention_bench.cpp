@@ -63,11 +63,13 @@ std::vector<double> sampled_reference(const Shape& s, bool causal, const HostQkv
         m = std::max(m, dot * sm);
       }
       double l = 0;
-      for (int64_t j = 0; j < end; ++j) l += std::exp(sc[static_cast<size_t>(j)] - m);
+      for (int64_t j = 0; j < end; ++j) {
+        sc[static_cast<size_t>(j)] = std::exp(sc[static_cast<size_t>(j)] - m);  // p_j, once
+        l += sc[static_cast<size_t>(j)];
+      }
       for (int64_t d = 0; d < D; ++d) {
         double a = 0;
-        for (int64_t j = 0; j < end; ++j)
-          a += std::exp(sc[static_cast<size_t>(j)] - m) * at(hv, j, h, d);
+        for (int64_t j = 0; j < end; ++j) a += sc[static_cast<size_t>(j)] * at(hv, j, h, d);
         ref.push_back(a / l);
       }
     }
