@@ -487,15 +487,13 @@ __global__ void __launch_bounds__(Shape256<D>::kThreads, 1)
       // then P·V straight into O. kLatePv: the previous stage's P·V (still reading pl and
       // writing O) completes here, before P goes into pl and O is rescaled.
       if constexpr (kLatePv) {
-        // Unconditional: at tile 0 nothing is in flight (the wait returns at once), and ptxas,
-        // which cannot tell, would otherwise inject a wait of its own (C7517).
-        wgmma_wait<0>();
-        fence_regs(o);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pl[kk][i])::"memory");
         if (tile > 0) {
+          wgmma_wait<0>();
+          fence_regs(o);
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pl[kk][i])::"memory");
           __syncwarp();
           if (lane == 0) mbar_arrive(empty0 + ((tile - 1) % kStages) * 8);
         }
@@ -562,10 +560,6 @@ __global__ void __launch_bounds__(Shape256<D>::kThreads, 1)
   };
   for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
   if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
-  if constexpr (!FP8) {  // (nothing is in flight here; without it ptxas injects a wait, C7517)
-    wgmma_wait<0>();
-    fence_regs(o);
-  }
   row0 = static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
                                              static_cast<int>(blockIdx.x)
                                        : static_cast<int>(blockIdx.x)) *
