@@ -771,9 +771,9 @@ void with_16bit(DType dt, F&& f) {
 constexpr bool kAuto256Wgmma = true;
 
 // auto's 16-bit P·V kernel at D = 64 / 128: the head-dim-256 kernel's structure at that head dim
-// (launch_attention_wgmma_pv16: TMA producer warp, ring of 64-key stages, two consumer
-// warpgroups, P·V straight into O with the next q k^T behind it; true) or round 1 (false; still
-// `kernel = wgmma`). Session 13; round 1 measured 320 TOPS at (1, 40, 32760, 128) in H200 run 37.
+// (launch_attention_wgmma_pv16: TMA producer warp, ring of 64-key stages, three consumer
+// warpgroups, each stage's P·V in flight under the next softmax; true) or round 1 (false; still
+// `kernel = wgmma`). Session 13: 677.6 vs 323.5 TOPS at (1, 40, 32760, 128) in H200 run 42.
 constexpr bool kAutoPv16Ring = true;
 
 }  // namespace

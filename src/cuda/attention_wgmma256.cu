@@ -77,7 +77,6 @@ constexpr int kProdRegs = 24;   // setmaxnreg of the producer warpgroup
 template <int D>
 struct Shape256 {
   static constexpr int kCons = D < 256 ? 3 : 2;
-  static constexpr bool kLatePv = true;  // 16-bit P·V (the fp8 form has its own order)
   static constexpr int kRows = 64 * kCons;            // query rows per CTA
   static constexpr int kThreads = 128 * (kCons + 1);  // the producer warpgroup and the consumers
   static constexpr int kConsRegs = kCons == 3 ? 160 : 240;  // 128 x 24 + 256 x 240 <= 64 K
@@ -201,7 +200,6 @@ __global__ void __launch_bounds__(Shape256<D>::kThreads, 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Shape256<D>;
   constexpr int kRows = S::kRows;
-  constexpr bool kLatePv = S::kLatePv;
   using L = Smem256<D, FP8, kRows>;
   constexpr int kStages = L::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -324,7 +322,7 @@ __global__ void __launch_bounds__(Shape256<D>::kThreads, 1)
   auto v_desc = [&](int st) { return dv0 + static_cast<uint32_t>(st * (L::kVStage >> 4)); };
 
   int32_t acc[32];
-  uint32_t pl[4][4];  // kLatePv: the P fragments of the P·V in flight
+  uint32_t pl[4][4];  // 16-bit P·V: the P fragments of the P·V in flight
   // Wait for stage `tile`, issue its q k^T into acc: k-step kk reads channels 32 kk.. (chunk
   // kk / kSteps, +32 bytes per step inside it).
   constexpr int kSteps = L::kRowB / 32;
@@ -470,43 +468,37 @@ __global__ void __launch_bounds__(Shape256<D>::kThreads, 1)
       // The next q k^T after the second fold: issued under it (or with two 64-channel chunks,
       // one in flight while the other is folded), its accumulator next to c spilled and ran
       // slower in H200 run 32.
-      {
-        float c[64];
-        pv_chunk128(c, pa, dv, 0);
-        wgmma_wait<0>();
-        fence_regs(c);
-        fold_chunk<0, 64>(o, c, r0, r1);
-        pv_chunk128(c, pa, dv, 1);
-        wgmma_wait<0>();
-        fence_regs(c);
-        fold_chunk<1, 64>(o, c, r0, r1);
-      }
+      float c[64];
+      pv_chunk128(c, pa, dv, 0);
+      wgmma_wait<0>();
+      fence_regs(c);
+      fold_chunk<0, 64>(o, c, r0, r1);
+      pv_chunk128(c, pa, dv, 1);
+      wgmma_wait<0>();
+      fence_regs(c);
+      fold_chunk<1, 64>(o, c, r0, r1);
       if constexpr (kMore) issue_qk(tile + 1);
     } else {
       // P in V's type (A fragments of the 4 key steps of 16: the accumulator layout), O = O r,
-      // then P·V straight into O. kLatePv: the previous stage's P·V (still reading pl and
-      // writing O) completes here, before P goes into pl and O is rescaled.
-      if constexpr (kLatePv) {
-        if (tile > 0) {
-          wgmma_wait<0>();
-          fence_regs(o);
+      // then P·V straight into O; the previous stage's P·V (still reading pl and writing O)
+      // completes here, before P goes into pl and O is rescaled.
+      if (tile > 0) {
+        wgmma_wait<0>();
+        fence_regs(o);
 #pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
+        for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pl[kk][i])::"memory");
-          __syncwarp();
-          if (lane == 0) mbar_arrive(empty0 + ((tile - 1) % kStages) * 8);
-        }
+          for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pl[kk][i])::"memory");
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + ((tile - 1) % kStages) * 8);
       }
-      uint32_t pt[4][4];
-      uint32_t(&pa)[4][4] = kLatePv ? pl : pt;
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const int j = 2 * kk;
-        pa[kk][0] = pack_16x2<T16>(s[4 * j + 0], s[4 * j + 1]);
-        pa[kk][1] = pack_16x2<T16>(s[4 * j + 2], s[4 * j + 3]);
-        pa[kk][2] = pack_16x2<T16>(s[4 * j + 4], s[4 * j + 5]);
-        pa[kk][3] = pack_16x2<T16>(s[4 * j + 6], s[4 * j + 7]);
+        pl[kk][0] = pack_16x2<T16>(s[4 * j + 0], s[4 * j + 1]);
+        pl[kk][1] = pack_16x2<T16>(s[4 * j + 2], s[4 * j + 3]);
+        pl[kk][2] = pack_16x2<T16>(s[4 * j + 4], s[4 * j + 5]);
+        pl[kk][3] = pack_16x2<T16>(s[4 * j + 6], s[4 * j + 7]);
       }
       if (!same) {
 #pragma unroll
@@ -517,42 +509,33 @@ __global__ void __launch_bounds__(Shape256<D>::kThreads, 1)
           o[4 * n + 3] *= r1;
         }
       }  // (same: r is 1, or 0 for a row that has seen no key yet, whose O is still 0)
-      if constexpr (kLatePv && kMore) issue_qk(tile + 1);  // acc is free: converted into s
+      if constexpr (kMore) issue_qk(tile + 1);  // acc is free: converted into s
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         // 16 key rows (2048 bytes) per step; chunk n: channels 64 n .. 64 n + 63
         const uint32_t d = dv + static_cast<uint32_t>(kk * ((16 * 128) >> 4));
-        wgmma_16<T16, 0>(o, pa[kk], kHiV | d);
-        if constexpr (D >= 128) wgmma_16<T16, 32>(o, pa[kk], kHiV | (d + (L::kVChunk >> 4)));
+        wgmma_16<T16, 0>(o, pl[kk], kHiV | d);
+        if constexpr (D >= 128) wgmma_16<T16, 32>(o, pl[kk], kHiV | (d + (L::kVChunk >> 4)));
         if constexpr (D >= 256) {
-          wgmma_16<T16, 64>(o, pa[kk], kHiV | (d + 2 * (L::kVChunk >> 4)));
-          wgmma_16<T16, 96>(o, pa[kk], kHiV | (d + 3 * (L::kVChunk >> 4)));
+          wgmma_16<T16, 64>(o, pl[kk], kHiV | (d + 2 * (L::kVChunk >> 4)));
+          wgmma_16<T16, 96>(o, pl[kk], kHiV | (d + 3 * (L::kVChunk >> 4)));
         }
       }
       wgmma_commit();
-      if constexpr (kLatePv) {
-        if constexpr (kMore) {
-          wgmma_wait<1>();  // the next q k^T (issued first); this P·V stays in flight
-          fence_regs(acc);
-        } else {
-          wgmma_wait<0>();
-          fence_regs(o);
-          __syncwarp();
-          if (lane == 0) mbar_arrive(empty0 + st * 8);
-        }
-        return;
-      }
       if constexpr (kMore) {
-        issue_qk(tile + 1);
-        wgmma_wait<1>();
+        wgmma_wait<1>();  // the next q k^T (issued first); this P·V stays in flight
+        fence_regs(acc);
       } else {
         wgmma_wait<0>();
+        fence_regs(o);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + st * 8);
       }
-      fence_regs(o);
+      return;
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty0 + st * 8);  // this warp's q k^T and P·V of st are done
+    __syncwarp();  // (fp8 P·V) this warp's q k^T and P·V of st are done
+    if (lane == 0) mbar_arrive(empty0 + st * 8);
     if constexpr (kMore) {
       wgmma_wait<0>();  // the next q k^T: nothing in flight across the loop's back edge
       fence_regs(acc);
