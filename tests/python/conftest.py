@@ -1,9 +1,21 @@
 """Shared helpers of the Python tests (importable as `conftest` from the test modules)."""
 import functools
+import os
 
 import numpy as np
+import pytest
 
 import lowbit
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def lowbit_cli() -> str:
+    """Path of the `lowbit` CLI: LOWBIT_CLI, else build-cpu/lowbit; skips the test when missing."""
+    path = os.environ.get("LOWBIT_CLI", os.path.join(REPO, "build-cpu", "lowbit"))
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        pytest.skip(f"lowbit CLI not found at {path} (set LOWBIT_CLI)")
+    return path
 
 
 @functools.lru_cache(maxsize=None)

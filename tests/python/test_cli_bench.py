@@ -5,19 +5,9 @@ On the CPU every family uses its small shapes; prologue.qk's small shape is "(1,
 """
 
 import json
-import os
 import subprocess
 
-import pytest
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def lowbit_cli():
-    path = os.environ.get("LOWBIT_CLI", os.path.join(REPO, "build-cpu", "lowbit"))
-    if not os.path.isfile(path) or not os.access(path, os.X_OK):
-        pytest.skip(f"lowbit CLI not found at {path} (set LOWBIT_CLI)")
-    return path
+from conftest import lowbit_cli
 
 
 def bench_rows(tmp_path, *args):

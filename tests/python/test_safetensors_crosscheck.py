@@ -14,16 +14,9 @@ import subprocess
 import numpy as np
 import pytest
 
+from conftest import lowbit_cli
+
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def lowbit_cli():
-    path = os.environ.get("LOWBIT_CLI", os.path.join(REPO, "build-cpu", "lowbit"))
-    if not os.path.isfile(path) or not os.access(path, os.X_OK):
-        pytest.skip(f"lowbit CLI not found at {path} (set LOWBIT_CLI)")
-    return path
 
 
 def run(*args, ok=True):
