@@ -481,14 +481,16 @@ __global__ void __launch_bounds__(Shape256<D>::kThreads, 1)
     } else {
       // P in V's type (A fragments of the 4 key steps of 16: the accumulator layout), O = O r,
       // then P·V straight into O; the previous stage's P·V (still reading pl and writing O)
-      // completes here, before P goes into pl and O is rescaled.
+      // completes here, before P goes into pl and O is rescaled. The wait is unconditional (at
+      // the first tile nothing is in flight): a wait under `tile > 0` made ptxas serialize every
+      // wgmma of the kernel with its own injected waits (warning C7517).
+      wgmma_wait<0>();
+      fence_regs(o);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pl[kk][i])::"memory");
       if (tile > 0) {
-        wgmma_wait<0>();
-        fence_regs(o);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pl[kk][i])::"memory");
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + ((tile - 1) % kStages) * 8);
       }
@@ -549,6 +551,10 @@ __global__ void __launch_bounds__(Shape256<D>::kThreads, 1)
              kRows +
          rl0;
   row1 = row0 + 8;
+  if constexpr (!FP8) {
+    wgmma_wait<0>();  // (also when no tile ran: the accumulators' registers are settled)
+    fence_regs(o);
+  }
   constexpr int kEpiChunk = L::kChunks > 1 ? L::kQChunk : 0;
   epilogue<D, FP8, T16, L::kRowB, kEpiChunk>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t,
                                              sbase + L::kQ, n_tiles > 0, o, m0, m1, l0, l1);
