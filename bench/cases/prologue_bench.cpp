@@ -241,6 +241,16 @@ class PrologueBench : public BenchCase {
         detail::PrologueCudaTuning hg8;
         hg8.heads_per_cta = 8;
         variant_of("quantize CTAs of at most 8 heads (run 25 default at Wan)", hg8, fused);
+        // Session 14: the mean kernel with two rows per lane (round 5: half the weight and
+        // rotary shared-memory reads per value) and the one-row round 4, forced.
+        if (is_k)
+          for (int round : {4, 5}) {
+            detail::PrologueCudaTuning mr;
+            mr.mean_round = round;
+            variant_of(round == 5 ? "mean kernel round 5 (two rows per lane)"
+                                  : "mean kernel round 4 (one row per lane)",
+                       mr, fused);
+          }
         // Runs 16-20 (no longer a row): the two-call k path (norm_rope_mean, then
         // norm_rope_quantize) 0.2768 / 0.0408 ms vs the fused call 0.2737 / 0.0408 (Wan / Flux).
         // Run 16: the fused call with the quantize loads after its PDL wait 0.2787 / 0.0420; one
@@ -256,12 +266,20 @@ class PrologueBench : public BenchCase {
       // The k path's two passes timed alone (L2 flushed before each, so the quantize pass here
       // gets no L2 reuse from the mean pass): where the k path's time goes.
       double mean_ms = 0, quant_ms = 0;
+      double mean_r_ms[2] = {0, 0};  // the mean pass alone with round 4 / round 5 forced
       // (Session 10, runs 29 / 30: the mean pass alone with balanced chunks Wan 0.1033 / 0.1012
       // ms, Flux 0.0214 / 0.0213; with coalesced partials 0.1038 / 0.1022, 0.0212 / 0.0207; vs
       // 0.1047 / 0.1022, 0.0214 / 0.0212. The quantize pass alone on run 29's grid: Flux 0.0238
       // vs 0.0223 ms, Wan 0.1625 vs 0.1621.)
       if (is_k && env.device == Device::cuda) {
         mean_ms = env.time_ms([&] { norm_rope_mean(x.view, p, mean.view, ctx); });
+        for (int i = 0; i < 2; ++i) {
+          detail::PrologueCudaTuning mr;
+          mr.mean_round = 4 + i;
+          detail::set_prologue_cuda_tuning(mr);
+          mean_r_ms[i] = env.time_ms([&] { norm_rope_mean(x.view, p, mean.view, ctx); });
+          detail::set_prologue_cuda_tuning({});
+        }
         norm_rope_mean(x.view, p, mean.view, ctx);
         quant_ms = env.time_ms([&] { norm_rope_quantize(x.view, pq, q8.view, sc.view, ctx); });
       }
@@ -307,6 +325,14 @@ class PrologueBench : public BenchCase {
         m.accuracy = "-";
         m.note = "1 read of x: " + fmt_pct(m.baseline_ms / mean_ms) + " of copy bandwidth";
         rows.push_back(m);
+        for (int i = 0; i < 2; ++i) {
+          Row mr = m;
+          mr.op = std::string("k: mean pass alone, round ") + (i ? "5 (two rows per lane)" : "4") +
+                  " forced";
+          mr.ms = mean_r_ms[i];
+          mr.note = "1 read of x: " + fmt_pct(m.baseline_ms / mean_r_ms[i]) + " of copy bandwidth";
+          rows.push_back(mr);
+        }
         Row qk = row;
         qk.op = "k: quantize pass alone (norm_rope_quantize, mean given, THREAD_K 64)";
         qk.ms = quant_ms;

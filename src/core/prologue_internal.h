@@ -84,7 +84,8 @@ namespace detail {
 // WARP_Q and blocks the round-3 kernels do not tile); `heads_per_cta` > 0 overrides the quantize
 // kernel's head group (wave model) and the round-2 mean kernel's; `mean_steps` > 0 the row steps
 // per CTA of the mean kernels; `mean_round` = 2 forces the round-2 mean kernel (the fallback for
-// tables other than (..., pairs, 2) fp32; else the round-4 one); `tile_order` the order of the
+// tables other than (..., pairs, 2) fp32), 4 the round-4 one (one row of 32 values per lane), 5
+// round 5 (round 4 with two rows of 16 values per lane; session 14); 0 the default of the two; `tile_order` the order of the
 // quantize kernel's token tiles (reversed when a mean is subtracted, so that the k pass first reads
 // the rows the mean pass read last, still in L2; kTilesForward / kTilesReverse force one);
 // `pdl` / `quant_pdl` whether mean_final / the quantize kernel are launched with programmatic

@@ -216,6 +216,21 @@ __device__ __forceinline__ void v3_store_weight_quad(int tid, float4 q, float4 (
   if (tid < 8 * LANES) w_sh[tid / LANES][tid % LANES] = q;
 }
 
+// The round-5 mean's weight quads: quad (k, l) = tid (k = tid / (D / 16), l = tid % (D / 16),
+// tid < D / 4) holds the weights of values 4k .. 4k + 3 of lane l's rows: channels
+// 8 l + 4 k + 0..3 (k < 2) and D / 2 + 8 l + 4 (k - 2) + 0..3.
+template <int D>
+__device__ __forceinline__ float4 pair_weight_quad(const PrologueArgs& a, int tid) {
+  float q[4] = {1.f, 1.f, 1.f, 1.f};
+  if (tid < D / 4 && a.norm) {
+    const int k = tid / (D / 16), l = tid % (D / 16);
+    const int c = (k < 2 ? 0 : D / 2 - 8) + 8 * l + 4 * k;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, c + i, a.w_dtype);
+  }
+  return make_float4(q[0], q[1], q[2], q[3]);
+}
+
 // v rounded to bf16 and read back as fp32 in one instruction: cvt.rn.bf16x2.f32 puts bf16(v)
 // in the upper half and bf16(0) = 0 in the lower, i.e. the fp32 bits of bf16(v) (round_pair:
 // the same conversion, then a shift or a mask per value).
@@ -299,6 +314,86 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
       rotate(t.z, t.w, 4 * k + 2, 4 * k + 3);
     }
   }
+}
+
+// The round-5 mean layout (two rows per lane): rope(norm(x)) of the lane's two rows, 16 values
+// each. Value 16 r + 8 i + j of row r (0, 1: the lane's two heads) is channel 8 (l + i D / 16) + j
+// of lane l of D / 16 lanes per row: the split-half partner of value 16 r + j is 16 r + 8 + j,
+// interleaved pairs stay in a chunk, and the sum of squares is chunk l's and chunk l + D / 16's
+// xor-shuffle trees over the D / 16 lanes, then their sum: the pairwise tree over the D / 8
+// chunks, as v3_row. The weight quad k and the rotary quad k serve both rows (half of v3_row's
+// shared-memory reads per value). The same operations per value as v3_row<..., UNIFORM>.
+template <int D, bool BF16, int ROPE, bool LEAN, typename WQ, typename TQ>
+__device__ __forceinline__ void v4_row_pair(bool norm, float eps, WQ&& wq, TQ&& tq,
+                                            const uint4 (&raw)[4], float (&v)[32]) {
+  constexpr int L2 = D / 16;
+  float* x = v;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) unpack<BF16>(raw[i], x + 8 * i);
+  float inv[2] = {1.f, 1.f};
+  if (norm) {
+    float p[4];  // p[2 r + i]: chunk i of row r
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = chunk_squares(x + 8 * i);
+#pragma unroll
+    for (int o = 1; o < L2; o <<= 1) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      inv[r] = __frsqrt_rn(
+          __fadd_rn(__fmul_rn(__fadd_rn(p[2 * r], p[2 * r + 1]), 1.f / static_cast<float>(D)), eps));
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 w = wq(k);
+    const float wk[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float* y = x + 16 * r + 4 * k;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) y[e] = __fmul_rn(__fmul_rn(y[e], inv[r]), wk[e]);
+      if (LEAN && BF16) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) y[e] = round_bf16_hi(y[e]);
+      } else {
+        round_pair<BF16>(y[0], y[1]);
+        round_pair<BF16>(y[2], y[3]);
+      }
+    }
+  }
+  auto rotate = [&](float c, float s, int lead, int trail) {
+    const float y = x[lead], o = x[trail];
+    v[lead] = __fmaf_rn(c, y, -__fmul_rn(s, o));
+    v[trail] = __fmaf_rn(s, y, __fmul_rn(c, o));
+  };
+  if constexpr (ROPE != kRopeNone) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 t = tq(k);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (ROPE == kRopePaired) {  // pairs 2k, 2k + 1 of the lane: values 2k (+1) lead, + 8 trail
+        rotate(t.x, t.y, 16 * r + 2 * k, 16 * r + 2 * k + 8);
+        rotate(t.z, t.w, 16 * r + 2 * k + 1, 16 * r + 2 * k + 9);
+      } else {  // values 4k .. 4k + 3: two interleaved pairs
+        rotate(t.x, t.y, 16 * r + 4 * k, 16 * r + 4 * k + 1);
+        rotate(t.z, t.w, 16 * r + 4 * k + 2, 16 * r + 4 * k + 3);
+      }
+    }
+  }
+  }
+}
+
+// The round-5 mean's table row in shared memory: quad q ((cos, sin) of pairs 2q, 2q + 1) at quad
+// position q ^ swz, so that the 8 lanes of a 16-byte load phase hit 8 distinct bank quads. Lane
+// l's quad k is 4 l + k (paired: its pairs 8 l .. 8 l + 7) or 2 l + k, D / 8 + 2 l + k - 2
+// (interleaved): paired, the lanes l and l + 2 would share banks (quads 64 bytes apart), fixed by
+// xoring the quad with (q / 8) % 4 = l / 2; interleaved, lanes l and l + 4, fixed by (q / 8) % 2.
+template <int ROPE>
+__device__ __forceinline__ int pair_table_pos(int q) {
+  return q ^ ((q >> 3) & (ROPE == kRopePaired ? 3 : 1));
 }
 
 // Codes of 32 values with one scale (SPEC §1 rounding; see quantize16 in prologue.cu for the
@@ -792,6 +887,11 @@ __global__ void __maxnreg__(kV3Async96Regs)
 
 constexpr int kV4MeanWarps = 4;     // warps per CTA (token interleave)
 constexpr int kV4MeanAsyncAhead = 3;  // cp.async ring: tokens ahead
+// The round-5 layout (two rows per lane, v4_mean_body's PAIR) as the mean kernel (tuning
+// `mean_round` = 4 / 5 forces round 4 / 5). H200 run 46 (the same bits; ms round 5 / round 4):
+// mean pass alone Wan 0.0991 / 0.1029, Flux 0.0199 / 0.0215; k path Wan 0.2485 / 0.2527, Flux
+// 0.0358 / 0.0376. The default since.
+constexpr bool kV4DefaultPair = true;
 // The round-4 kernel is the mean pass (GPU run 6, k path, Wan / Flux: round-2 mean 0.369 /
 // 0.0508 ms, round 4 0.326 / 0.0457, with the cp.async ring 0.322 / 0.0452) with its cp.async
 // ring and the table rows in shared memory (run 7: 0.3003 / 0.0444 vs 0.3068 / 0.0450; the
@@ -811,14 +911,24 @@ struct V4MeanLaunch {
 // addresses from one base each (slot u & 3), and v3_row's branch-free norm. (Session 8's generic
 // form, per-token shared-memory windows and the branching norm, the same bits: GPU run 24 k path
 // 0.2629 vs 0.2612 ms; deleted in session 10.)
-template <int D, bool BF16, int ROPE>
+//
+// PAIR (round 5, session 14): a lane holds two rows (heads 2 s, 2 s + 1 of its slot s) of 16
+// values instead of one of 32 (D / 16 lanes per row, v4_row_pair): the weight and rotary quads a
+// lane reads from shared memory per token serve both rows. ncu (H200 run 45, Wan): round 4 is
+// bound by the L1 / shared-memory pipe (89 % busy at 73 % of DRAM bandwidth); per warp and
+// token it read 8 weight + 8 rotary + 4 x quads per lane, round 5 4 + 4 + 4 (+ 4 shuffles):
+// the mean pass 3.7 % (Wan) / 7 % (Flux) faster in H200 run 46.
+template <int D, bool BF16, int ROPE, bool PAIR = false>
 __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
                                              float* partials) {
   constexpr int AHEAD = kV4MeanAsyncAhead;
   constexpr bool LEAN = BF16, TSMEM = ROPE != kRopeNone;
-  constexpr int LANES = D / 32, RW = 32 / LANES, W = kV4MeanWarps;
+  // LANES: lanes per row; RW: heads per warp (both layouts: 1024 / D)
+  constexpr int LANES = PAIR ? D / 16 : D / 32, RW = (PAIR ? 64 : 32) / LANES, W = kV4MeanWarps;
   constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
-  __shared__ float4 w_sh[8][LANES];
+  // round 4: [quad k][lane l] = the weights of values 4k .. 4k + 3 of lane l; round 5 the same
+  // D / 4 quads as [k][l], k < 4 (values 4k .. 4k + 3 of each of its rows)
+  __shared__ float4 w_sh[8][D / 32];
   extern __shared__ float4 v4_dyn[];
   // [warp][value j][lane], row stride 36 (see the end); in the dynamic shared memory (after the
   // ring's last use)
@@ -826,15 +936,18 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   const int64_t b = blockIdx.z, chunk = blockIdx.y;
-  const int64_t h = static_cast<int64_t>(blockIdx.x) * RW + slot;
+  const int64_t h = static_cast<int64_t>(blockIdx.x) * RW + (PAIR ? 2 : 1) * slot;
   const int64_t hx = h < a.heads ? h : a.heads - 1;  // slots past H read a real head, unused
+  // PAIR: the lane's second head (clamped alike), as an offset from its first head's row
+  const int64_t x_pair = PAIR ? ((h + 1 < a.heads ? h + 1 : a.heads - 1) - hx) * a.x_sh : 0;
   const int64_t t_first = chunk * L.steps * W + warp;  // this warp's tokens: + k * W
   const int64_t t_stop = (chunk + 1) * L.steps * W;
   const int64_t t_end = a.tokens < t_stop ? a.tokens : t_stop;
   const int count = t_first < t_end ? static_cast<int>((t_end - t_first + W - 1) / W) : 0;
   griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
 
-  const float4 wq = v3_weight_quad<D>(a, tid);  // stored after the first x loads (`start`)
+  // (stored after the first x loads, `start`)
+  const float4 wq = PAIR ? pair_weight_quad<D>(a, tid) : v3_weight_quad<D>(a, tid);
   // A (…, pairs, 2) fp32 table. Rotary quad k of the thread (pairs p_k, p_k + 1 in v3_row's
   // order) is one float4 at a compile-time offset from the thread's first pair: paired:
   // p_k = 8 chunk(k / 4) + 2 (k % 4), floats 16 lane_in_row + 16 LANES (k / 4) + 4 (k % 4);
@@ -857,22 +970,37 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   constexpr uint32_t kSlotBytes = 4 * THREADS * sizeof(uint4), kTabBytes = W * D * sizeof(float);
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
-    const uint32_t ts32 = tab0 + sizeof(float) * ((u & (SLOTS - 1)) * W * D +
-                                                  2 * kLanePairs * lane_in_row);
-    auto tq = [&](int k) {
-      const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
-                                          : 8 * LANES * (k / 2) + 4 * (k % 2);
-      const uint4 t = lds16u(ts32 + sizeof(float) * off);
+    auto as_float4 = [](uint4 t) {
       return make_float4(__uint_as_float(t.x), __uint_as_float(t.y), __uint_as_float(t.z),
                          __uint_as_float(t.w));
     };
-    auto wqf = [&](int k) { return lds16(&w_sh[k][lane_in_row]); };
-    v3_row<D, BF16, ROPE, LEAN, true>(a.norm, a.eps, wqf, tq, r, v);
+    if constexpr (PAIR) {
+      const uint32_t ts32 = tab0 + sizeof(float) * (u & (SLOTS - 1)) * W * D;
+      auto tq = [&](int k) {
+        const int q = ROPE == kRopePaired ? 4 * lane_in_row + k
+                                          : (k < 2 ? 0 : D / 8 - 2) + 2 * lane_in_row + k;
+        return as_float4(lds16u(ts32 + sizeof(float4) * pair_table_pos<ROPE>(q)));
+      };
+      auto wqf = [&](int k) {
+        return lds16(&reinterpret_cast<float4(*)[LANES]>(&w_sh[0][0])[k][lane_in_row]);
+      };
+      v4_row_pair<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
+    } else {
+      const uint32_t ts32 = tab0 + sizeof(float) * ((u & (SLOTS - 1)) * W * D +
+                                                    2 * kLanePairs * lane_in_row);
+      auto tq = [&](int k) {
+        const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
+                                            : 8 * LANES * (k / 2) + 4 * (k % 2);
+        return as_float4(lds16u(ts32 + sizeof(float) * off));
+      };
+      auto wqf = [&](int k) { return lds16(&w_sh[k][lane_in_row]); };
+      v3_row<D, BF16, ROPE, LEAN, true>(a.norm, a.eps, wqf, tq, r, v);
+    }
 #pragma unroll
     for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
   };
   auto start = [&] {
-    v3_store_weight_quad<D>(tid, wq, w_sh);
+    if (tid < D / 4) w_sh[tid / (D / 32)][tid % (D / 32)] = wq;  // quad tid (either layout)
     __syncthreads();
   };
   {
@@ -884,10 +1012,15 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     auto issue = [&](int u) {
       const uint32_t dst = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        ptx::cp_async16(dst + i * THREADS * sizeof(uint4), lx + 8 * LANES * i);
+      for (int i = 0; i < 4; ++i) {
+        // PAIR: chunks l, l + D / 16 of the first head, then of the second
+        const uint16_t* src = PAIR ? lx + (i >= 2 ? x_pair : 0) + (D / 2) * (i & 1)
+                                   : lx + 8 * LANES * i;
+        ptx::cp_async16(dst + i * THREADS * sizeof(uint4), src);
+      }
+      const int tpos = PAIR ? pair_table_pos<ROPE>(lane) : lane;
       if (TSMEM && lane < D / 4)
-        ptx::cp_async16(tab0 + (u & (SLOTS - 1)) * kTabBytes + 16 * lane, lrow + 4 * lane);
+        ptx::cp_async16(tab0 + (u & (SLOTS - 1)) * kTabBytes + 16 * tpos, lrow + 4 * lane);
       if (TSMEM) lrow += t_step;
       lx += x_step;
     };
@@ -928,10 +1061,13 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 #pragma unroll
   for (int j = 0; j < 32; ++j) red[warp][j][lane] = acc[j];
   __syncthreads();
+  // PAIR: head slot hs is row hs % 2 of slot hs / 2; channel c is value 8 (ch / LANES) + c % 8
+  // of that row (conflict-free alike: 8 values j and 4 lanes per 32 consecutive e).
 #pragma unroll 1
   for (int e = tid; e < 32 * 32; e += W * 32) {
     const int hs = e / D, c = e % D, ch = c / 8;
-    const int j = 8 * (ch / LANES) + c % 8, l = hs * LANES + ch % LANES;
+    const int j = (PAIR ? 16 * (hs % 2) : 0) + 8 * (ch / LANES) + c % 8;
+    const int l = (PAIR ? hs / 2 : hs) * LANES + ch % LANES;
     float t = red[0][j][l];
 #pragma unroll
     for (int w = 1; w < W; ++w) t = __fadd_rn(t, red[w][j][l]);
@@ -941,17 +1077,17 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 }
 
 // The round-4 mean kernel: 4 CTAs per SM at D = 128 (<= 128 registers), 3 at D = 64.
-template <int D, bool BF16, int ROPE>
+template <int D, bool BF16, int ROPE, bool PAIR>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, PAIR>(a, L, partials);
 }
 // The occupancy variant (tuning `mean_ctas` = 5; the default from kV4OccMinRows rows): one CTA
 // per SM more (5 at D = 128: <= 96 registers, 20 warps per SM; 4 at D = 64).
-template <int D, bool BF16, int ROPE>
+template <int D, bool BF16, int ROPE, bool PAIR>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
     v4_mean_kernel_occ(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, PAIR>(a, L, partials);
 }
 
 template <typename F>
@@ -1030,7 +1166,12 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
-    const Kernel kernel = occ ? v4_mean_kernel_occ<D, BF16, ROPE> : v4_mean_kernel<D, BF16, ROPE>;
+    // Round 5 (two rows per lane) or round 4: kV4DefaultPair unless `mean_round` forces one.
+    const bool pair = tuning.mean_round > 0 ? tuning.mean_round == 5 : kV4DefaultPair;
+    const Kernel kernel = pair ? (occ ? v4_mean_kernel_occ<D, BF16, ROPE, true>
+                                     : v4_mean_kernel<D, BF16, ROPE, true>)
+                               : (occ ? v4_mean_kernel_occ<D, BF16, ROPE, false>
+                                      : v4_mean_kernel<D, BF16, ROPE, false>);
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "norm_rope_mean", "shared memory");
     // Carve-out: what the resident CTAs need (17-42 KB each with the reserved 1 KB), the rest of

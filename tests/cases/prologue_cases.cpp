@@ -48,7 +48,7 @@ struct Cfg {
   int heads_per_cta = 0;  // CUDA: force the fast kernels' head group (0: heuristic)
   bool legacy = false;    // CUDA: force the first-generation kernels
   int mean_steps = 0;     // CUDA: force the fast mean kernel's row steps per CTA (0: heuristic)
-  int mean_round = 0;     // CUDA: 2 forces the round-2 mean kernel (0: round 4)
+  int mean_round = 0;     // CUDA: 2 / 4 / 5 force the round-2 / 4 / 5 mean kernel (0: default)
   int tile_order = 0;     // CUDA: round-3 quantize tile order (detail::kTiles*; 0: the default)
   int pdl = 0;            // CUDA: mean_final with PDL (detail::kPdl*; 0: the default)
   int split_blocks = 0;   // CUDA: round-3 quantize tiles of whole scale groups (detail::kSplit*)
@@ -370,6 +370,35 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     ms.heads_per_cta = 0;
     add(ms);  // one CTA along the tokens at D = 128 (33 rows < 3 steps of 16)
   }
+  // Session 14: the round-5 mean kernel (two rows per lane; mean_round = 5) and round 4 forced
+  // ("r4"), at the odd token counts, D 64 and 128, 11 heads (the last lane's second row past H)
+  // and 1 head, B 2, from a fused QKV buffer: split-half bf16, interleaved f16, no rope, no norm,
+  // 3 row steps per CTA, and the fused k path.
+  for (int round : {5, 4})
+    for (int64_t N : {1, 17, 127, 1000, 4608}) {
+      for (int64_t D : {64, 128}) {
+        const std::string r = round == 5 ? "r5" : "r4";
+        Cfg m;
+        m.mean_round = round, m.mean_pass = true, m.tag = r + "split";
+        m.B = N == 4608 ? 1 : 2, m.N = N, m.H = N == 4608 ? 24 : 11, m.D = D, m.qkv = true;
+        add(m);
+        if (round == 4 && N != 1000) continue;  // round 4: one set (its cases above cover it)
+        m.tag = r + "inter", m.dtype = DType::f16, m.rope = RopeKind::interleaved;
+        add(m);
+        m.tag = r + "norope", m.rope = RopeKind::none, m.H = 1;
+        add(m);
+        m.tag = r + "nonorm", m.norm = Norm::none, m.rope = RopeKind::split, m.H = 11;
+        m.dtype = DType::bf16;
+        add(m);
+        m.tag = r + "steps3", m.norm = Norm::per_head, m.mean_steps = 3;
+        add(m);
+        Cfg f;
+        f.mean_round = round, f.fused = true, f.tag = r + "kpath";
+        f.B = m.B, f.N = N, f.H = m.H, f.D = D, f.qkv = true;
+        f.layout = ScaleLayout::thread_k, f.block = 64;
+        add(f);
+      }
+    }
   // Session 4 variants at the odd token counts, strided (fused QKV) inputs, both rope pairings,
   // both table shapes, D 64 and 128, B = 2 and 11 heads (not a multiple of a warp's 8 or 16
   // head slots): the round-3 quantize kernel's cp.async ring ("async96": 2 heads ahead in <= 96
