@@ -24,6 +24,7 @@
 #include "lowbit/attention.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
+#include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (the ring_cons = 3 row)
 
 namespace lowbit {
 namespace bench {
@@ -227,7 +228,8 @@ class AttentionBench : public BenchCase {
             const std::vector<float> r1 = sampled_rows(s, out.view);
             const std::vector<double> ref1(r1.begin(), r1.end());
             Row a16 = b16;
-            a16.op = pre + "attention_int8 16-bit PV auto = TMA ring (kernel only)" + tag;
+            a16.op = pre + "attention_int8 16-bit PV auto = TMA ring" +
+                     (D == 64 ? ", 4 consumer warpgroups" : "") + " (kernel only)" + tag;
             a16.ms = env.time_ms([&] {
               attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16,
                              ctx);
@@ -237,6 +239,26 @@ class AttentionBench : public BenchCase {
                 accuracy(sampled_rows(s, out.view), ref1).str() + " vs round 1 (64 rows)";
             rows.push_back(a16);
             f16_kernel_ms = a16.ms;
+            if (D == 64) {  // session 14: four consumer warpgroups (auto) against three
+              const std::vector<float> auto_rows = sampled_rows(s, out.view);
+              const std::vector<double> ref_auto(auto_rows.begin(), auto_rows.end());
+              detail::AttentionCudaTuning c3;
+              c3.ring_cons = 3;
+              detail::set_attention_cuda_tuning(c3);
+              Row r3 = a16;
+              r3.op = pre + "attention_int8 16-bit PV, vs TMA ring on 3 consumer warpgroups " +
+                      "(session 13 default)" + tag;
+              r3.baseline = "TMA ring, 3 consumer warpgroups";
+              r3.baseline_ms = env.time_ms([&] {
+                attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16,
+                               ctx);
+              });
+              synchronize(ctx);
+              detail::set_attention_cuda_tuning({});
+              r3.accuracy =
+                  accuracy(sampled_rows(s, out.view), ref_auto).str() + " vs auto (64 rows)";
+              rows.push_back(r3);
+            }
           }
           // fp8 P·V, the default kernel (auto: round 3 + I2FP on sm_90a; the CPU ignores the
           // choice: one row there).

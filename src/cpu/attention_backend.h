@@ -23,6 +23,10 @@ struct AttentionCudaTuning {
   // with no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64 fed by the
   // TMA producer (auto's kernel at D = 64)
   bool cons3 = false;
+  // 16-bit P·V on the TMA-ring kernel (auto / wgmma_r3) at D = 64: 3 forces three consumer
+  // warpgroups (192 rows per CTA, the default until session 14), 4 four (256 rows, 112 registers
+  // each; the default since H200 run 48), 0 the default
+  int ring_cons = 0;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

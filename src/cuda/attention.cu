@@ -875,7 +875,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // 16-bit P·V with wgmma_r3: the TMA-ring kernel (session 13; round 1 where no TMA
     // descriptor addresses the tensors).
     if (!fp8 && options.kernel == AttentionOptions::wgmma_r3 &&
-        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx)))
+        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx), tune.ring_cons))
       return;
     const attn::WgmmaKernel which =
         options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
@@ -905,7 +905,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed. Session 9's D = 128 knobs tile_step,
     // pv_split and poly_exp: 0.92-0.97x in runs 24 and 25, removed.)
     if (!fp8 && kAutoPv16Ring &&
-        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx)))
+        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx), tune.ring_cons))
       return;
     const attn::WgmmaKernel which = !fp8      ? attn::WgmmaKernel::round1
                                     : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3

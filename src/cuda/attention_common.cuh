@@ -482,9 +482,10 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
 // 64-byte swizzle at D = 64, up to 8 ring stages): auto's 16-bit P·V kernel at D 64 / 128 on an
 // sm_90 GPU with the sm_90a build (kAutoPv16Ring in attention.cu), `kernel = wgmma_r3` by name.
 // Returns false without launching when no TMA descriptor addresses the tensors, or D is not 64 /
-// 128. Needs wgmma_attention_available().
+// 128. Needs wgmma_attention_available(). cons: the consumer warpgroups at D = 64, 3 or 4 (0: the
+// default, 4; the tuning knob ring_cons).
 bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, int cons = 0);
 
 }  // namespace attn
 }  // namespace cuda

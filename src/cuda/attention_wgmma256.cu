@@ -74,12 +74,22 @@ constexpr int kProdRegs = 24;   // setmaxnreg of the producer warpgroup
 // (Also measured in run 40 and deleted: fp8 P·V at D = 128 on this kernel, three consumers with
 // two fresh 64-channel chunks folded as they complete and the next q k^T after the folds: 725.2
 // / 695.4 TOPS against round 3's 790.4 / 774.8, causal 703.0 / 654.0 against 766.6 / 740.5.)
-template <int D>
+// C: consumer warpgroups. Session 14 (H200 run 48, same bits): D = 64 on four (256-row CTAs,
+// consumers at 112 registers) 0.2432 ms = 423.8 TOPS at (1, 24, 4096, 64) against three's 0.2860
+// (360.4), causal 0.1856 against 0.2026: the default at D = 64 since (launch_attention_wgmma_pv16;
+// the tuning knob ring_cons = 3 forces three). (At 120 registers the launch's 640 x 96 could not
+// cover the consumers' setmaxnreg: the bench's first call hung.)
+template <int D, int C = (D == 64 ? 4 : D < 256 ? 3 : 2)>
 struct Shape256 {
-  static constexpr int kCons = D < 256 ? 3 : 2;
+  static constexpr int kCons = C;
   static constexpr int kRows = 64 * kCons;            // query rows per CTA
   static constexpr int kThreads = 128 * (kCons + 1);  // the producer warpgroup and the consumers
-  static constexpr int kConsRegs = kCons == 3 ? 160 : 240;  // 128 x 24 + 256 x 240 <= 64 K
+  // 128 x 24 + (128 kCons) x kConsRegs <= the launch's registers (setmaxnreg moves registers
+  // between the CTA's warps: 4 consumers launch at 96 per thread, 640 x 96 = 61440)
+  static constexpr int kConsRegs = kCons == 4 ? 112 : kCons == 3 ? 160 : 240;
+  static constexpr int kLaunchRegs = kCons == 4 ? 96 : kCons == 3 ? 128 : 168;  // 64 K / threads
+  static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <= kThreads * kLaunchRegs,
+                "register split");
 };
 
 constexpr int kSmemMax = 227 * 1024;
@@ -116,7 +126,8 @@ struct Smem256 {
 static_assert(Smem256<256, true>::kBytes <= kSmemMax && Smem256<256, false>::kBytes <= kSmemMax &&
                   Smem256<128, false>::kBytes <= kSmemMax &&
                   Smem256<64, false>::kBytes <= kSmemMax &&
-                  Smem256<128, false, 192>::kBytes <= kSmemMax,
+                  Smem256<128, false, 192>::kBytes <= kSmemMax &&
+                  Smem256<64, false, 256>::kBytes <= kSmemMax,
               "shared memory");
 
 // The high word of ptx::wgmma_desc(addr, lead, stride, swizzle) (stride and swizzle; the low
@@ -194,11 +205,11 @@ struct Maps256 {
   int q_rows_outer, k_rows_outer, v_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
 };
 
-template <int D, bool FP8, typename T16, bool kKcHalf>
-__global__ void __launch_bounds__(Shape256<D>::kThreads, 1)
+template <int D, bool FP8, typename T16, bool kKcHalf, int kC>
+__global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
     attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = Shape256<D>;
+  using S = Shape256<D, kC>;
   constexpr int kRows = S::kRows;
   using L = Smem256<D, FP8, kRows>;
   constexpr int kStages = L::kStages;
@@ -578,9 +589,9 @@ bool rows_map(CUtensorMap* map, const void* ptr, int elem, int D, int64_t n, int
   return encode_tiled_map(map, ptr, elem, 4, dims, strides, box, sw64);
 }
 
-template <int D, bool FP8, typename T16>
+template <int D, bool FP8, typename T16, int kC = Shape256<D>::kCons>
 bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
-  using S = Shape256<D>;
+  using S = Shape256<D, kC>;
   constexpr int kRows = S::kRows;
   using L = Smem256<D, FP8, kRows>;
   const char* op = D == 256 ? "attention_int8 (wgmma, head dim 256)"
@@ -607,8 +618,8 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
   const bool kc_half = (p.k_layout == 0 || p.k_layout == 2) && p.k_block % 64 == 0 &&
                        p.scale_log2 > 0.f;
   using K = void (*)(const AttnParams, const Maps256);
-  const K kernel = kc_half ? attention_wgmma256_kernel<D, FP8, T16, true>
-                           : attention_wgmma256_kernel<D, FP8, T16, false>;
+  const K kernel = kc_half ? attention_wgmma256_kernel<D, FP8, T16, true, kC>
+                           : attention_wgmma256_kernel<D, FP8, T16, false, kC>;
   constexpr int bytes = L::kBytes;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
              "shared memory");
@@ -631,14 +642,17 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
 }
 
 bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, int cons) {
   using BF = __nv_bfloat16;
   if (D == 128)
     return out_dtype == DType::bf16 ? launch256<128, false, BF>(p, B, stream)
                                     : launch256<128, false, __half>(p, B, stream);
+  if (D == 64 && cons == 3)
+    return out_dtype == DType::bf16 ? launch256<64, false, BF, 3>(p, B, stream)
+                                    : launch256<64, false, __half, 3>(p, B, stream);
   if (D == 64)
-    return out_dtype == DType::bf16 ? launch256<64, false, BF>(p, B, stream)
-                                    : launch256<64, false, __half>(p, B, stream);
+    return out_dtype == DType::bf16 ? launch256<64, false, BF, 4>(p, B, stream)
+                                    : launch256<64, false, __half, 4>(p, B, stream);
   return false;
 }
 

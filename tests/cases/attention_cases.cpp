@@ -501,8 +501,14 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // head-dim-256 kernel (`pv16late`: two consumers, the P·V in flight too): 1-3 row blocks with partial ones, fewer / more keys than rows, GQA, the ring
   // wrapping (1100, 3000 keys), 3 causal modes, early maxima with per-stage and per-key kc (k
   // scales per 64 / 32 keys), THREAD_Q/K + K-mean LSE + HND.
-  for (int64_t d : {64, 128, 256}) {
-    const std::string tag = d == 256 ? "pv16late" : "ring";
+  // `ring3` (session 14): the D = 64 set again on three consumer warpgroups (192-row CTAs; tuning
+  // knob ring_cons = 3; `ring` at D = 64 runs the default four).
+  detail::AttentionCudaTuning cons3;
+  cons3.ring_cons = 3;
+  for (int64_t d : {int64_t{64}, int64_t{128}, int64_t{256}, int64_t{-64}}) {
+    const bool three = d < 0;
+    d = three ? -d : d;
+    const std::string tag = three ? "ring3" : d == 256 ? "pv16late" : "ring";
     auto add = [&](Shape s, O::Causal c, int kb, Pattern pat, bool thread_layouts) {
       auto k = std::make_unique<Int8AttentionCase>(
           s, make_opt(O::f16, c, O::wgmma_r3), DType::bf16,
@@ -510,6 +516,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           thread_layouts ? 32 : 128,
           thread_layouts ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, thread_layouts,
           thread_layouts, pat, kb == 32 ? tag + ".kblock32" : tag);
+      if (three) k->set_tuning(cons3);
       cases.push_back(std::move(k));
     };
     for (const Shape& s :
