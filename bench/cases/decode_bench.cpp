@@ -280,10 +280,13 @@ class DecodeBench : public BenchCase {
                                 {KvFormat::fp8, 1, "fp8"}};
     if (env.device == Device::cuda) {
       // Session 14 (issue 7): the int4 g4 kernel on 1-D bulk tile copies into an unpadded stage
-      // (DecodePlan::bulk_flat), next to plan_decode's int4 row at every shape and layout; its
-      // accuracy column says whether its bits equal the default kernel's.
+      // (DecodePlan::bulk_flat 1: rotated columns, coefficient rows mixed into the code phases;
+      // 2: XORed code columns, coefficient rows apart), next to plan_decode's int4 row at every
+      // shape and layout; the accuracy column says whether the bits equal the default kernel's.
       formats.insert(formats.begin() + 2,
                      Fmt{KvFormat::int4, 4, "int4 g4 flat (bulk_flat)", 0, 0, 7, 7, 1});
+      formats.insert(formats.begin() + 3,
+                     Fmt{KvFormat::int4, 4, "int4 g4 flat xor (bulk_flat 2)", 0, 0, 7, 7, 2});
       // Session 11 (issue 7): read-pattern probes over the int4 g4 kernel's bytes (and fp8's at
       // B 64 / B 1), the grid and bytes-in-flight variants; shapes bit 0 B 64, 1 B 1, 2 B 16.
       const KvFormat i4 = KvFormat::int4, f8 = KvFormat::fp8;

@@ -115,6 +115,16 @@ __device__ __forceinline__ void unxor4(const uint32_t (&r)[4], int s, uint32_t (
   R[2] = b1 ? a0 : a2;
   R[3] = b1 ? a1 : a3;
 }
+// R[c] = r[(c - s) mod 5] (s in 0..3): two rounds of selects (rotate by 1, by 2) (kFlat: the
+// registers of ldmatrix rows whose 16-byte column was rotated by the lane's key class).
+__device__ __forceinline__ void unrot5(const uint32_t (&r)[5], int s, uint32_t (&R)[5]) {
+  const bool b0 = (s & 1) != 0, b1 = (s & 2) != 0;
+  uint32_t T[5];
+#pragma unroll
+  for (int c = 0; c < 5; ++c) T[c] = b0 ? r[(c + 4) % 5] : r[c];
+#pragma unroll
+  for (int c = 0; c < 5; ++c) R[c] = b1 ? T[(c + 3) % 5] : T[c];
+}
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -228,9 +238,11 @@ struct BulkArgs {
   // heads per CTA, 80-byte rows, kstr 656 and 4 stages (its compile-time geometry), and not with
   // stage_out.
   bool diet = false;
-  // DecodePlan::bulk_flat (session 14): the kTma4 | kDiet | kFlat instantiation; set only with
-  // diet and contig (a tile's K / V block is contiguous: heads per CTA = Hkv), kstr 640.
+  // DecodePlan::bulk_flat (session 14): the kTma4 | kDiet | kFlat instantiation (bulk_flat 2:
+  // | kFlatX); set only with diet and contig (a tile's K / V block is contiguous: heads per CTA
+  // = Hkv), kstr 640.
   bool flat = false;
+  bool flat_xor = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -276,7 +288,9 @@ struct BulkMaps {
 // Session 14: kFlat (32, DecodePlan::bulk_flat) with kTma4 | kDiet: full tiles by one 1-D bulk
 // copy per kind into an unpadded stage (key stride 640 = 8 heads x 80 bytes), read as described
 // at the kernel's "kFlat reads" below.
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32;
+// kFlatX (64, with kFlat; DecodePlan::bulk_flat 2): the XOR-only read (coefficient rows apart).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32,
+              kFlatX = 64;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
 // (Run 33 deleted the ld.global.nc and 16-byte cp.async probes and renumbered no-reads 4 -> 3.)
 constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeEmpty = 3;
@@ -326,6 +340,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
   constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656, 4 stages)
   constexpr bool flatk = diet && (KN & kFlat) != 0;  // (kstr 640)
+  constexpr bool flatx = flatk && (KN & kFlatX) != 0;  // (the XOR-only read)
   constexpr int kK = flatk ? kFlatKstr : kDietKstr;  // kDiet: the stage's key stride
   const int NST = diet ? kDietStages : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
@@ -734,37 +749,41 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // key of the stage sits on the same banks), the warp's head at + 80 warp: 16-byte column c
   // (0: the four coefficient words, 1 + X: the codes of group X) of ANY key lies in bank group
   // (5 warp + c) mod 8 (bank group = 16-byte unit of the 128-byte bank line). So a warp's head
-  // covers only 5 of the 8 bank groups (its 16 keys x 80 bytes per kind lie on 20 banks) and
-  // two rows of one column in one 8-row phase always conflict; the padded stage of the tensor
-  // map (656 = 41 x 16) moved each key by one bank group instead.
-  //  - K codes: ldmatrix x4 (twice: keys 0-7, 8-15), matrix j, row r = key r, column
-  //    1 + (j ^ (r >> 1)): the 8 rows of a phase cover 4 columns twice each, i.e. 4 distinct
-  //    bank groups, 2 rows each: 2 wavefronts, the least 8 distinct 16-byte rows of one head
-  //    can take (one column of 8 keys takes 8). Lane (g, t) gets word t of block j ^ (g >> 1)
-  //    in register j: unxor4 by g >> 1 puts block X in register X.
-  //  - V codes: the same rows (+ the V block) by ldmatrix x4 .trans: the rows 2t, 2t + 1 that
-  //    land in lane (g, t) share a column (2 wavefronts per phase again); lane (g, t) gets
-  //    block j ^ t in register j (unxor4 by t).
-  //  - K coefficients: one ldmatrix x2 of the 16 keys' coefficient rows (matrix h = keys
-  //    8h .. 8h + 7): lane (g, t) gets word t of keys g, g + 8 (kDiet's zk) and the scales of
-  //    the other groups by 4 quad shuffles. 16 rows of column 0: 8 wavefronts per matrix, the
-  //    least any read of a head's 16 coefficient rows takes (they lie on 4 banks; kDiet's
-  //    16-byte loads of keys g, g + 8 would take 2 per phase, 16 too, its 4-byte zk loads 8
-  //    each).
-  //  - V coefficients: one ldmatrix x2 .trans of the 16 keys' coefficient rows (matrix h = keys
-  //    8h .. 8h + 7): lane (g, t) gets (half g of key 2t + 8h, of key 2t + 1 + 8h), i.e. for
-  //    g = 2G the scale pair of group G (kDiet's s01 / s23) and for g = 2G + 1 the shift pair
-  //    (its za); quad-column shuffles (lane 8G + t, 8 gz + 4 + t) hand every lane its pairs.
-  //    The 16 coefficient rows of a head lie on 4 banks: 8 wavefronts per matrix, the least
-  //    any read of them takes (kDiet's 16-byte loads of keys 2t.. would take 4 per phase).
+  // covers only 5 of the 8 bank groups (its 16 keys x 80 bytes per kind lie on 20 banks), two
+  // rows of one column in one 8-row phase always conflict, and no 8 distinct rows of one head
+  // are read in fewer than 2 wavefronts (the padded stage of the tensor map, 656 = 41 x 16,
+  // moved each key by one bank group instead). The 10 rows a lane row needs per kind (keys r,
+  // r + 8 x 5 columns) go to 10 ldmatrix matrices (x4: keys 0-7, x4: keys 8-15, x2: the fifth
+  // column of both), matrix j, row r (key r or r + 8) at column (j + (r >> 1)) mod 5 (the x2:
+  // j = 4): the 4 row pairs of a phase sit in 4 different columns, i.e. 4 bank groups with 2
+  // rows each: 2 wavefronts per matrix, 20 per tile and kind = 1280 bytes at 64 per wavefront,
+  // the least 16-byte phases allow (kDiet's padded stage: ~46 per tile for both kinds, its
+  // 16-byte coefficient loads 1 per 8-lane phase).
+  //  - K (plain ldmatrix): lane (g, t) gets word t of the row g of each matrix, i.e. column
+  //    (j + (g >> 1)) mod 5 in register j; unrot5 by g >> 1 puts column c in register c:
+  //    codes of block X (kDiet's kr) and coefficient word t of keys g, g + 8 (kDiet's zk); the
+  //    scales of the other groups come by 4 quad shuffles.
+  //  - V (ldmatrix .trans): lane (g, t) gets rows 2t, 2t + 1 (halves g), which share the
+  //    column (j + t) mod 5; unrot5 by t: the codes of block G (kDiet's vr) and, from the
+  //    coefficient rows, for g = 2G the scale pair of group G (kDiet's s01 / s23), for
+  //    g = 2G + 1 the shift pair (its za); quad-column shuffles (lanes 8 G + t, 8 gz + 4 + t)
+  //    hand every lane its pairs.
+  //  - kFlatX (bulk_flat 2): codes only in the x4 matrices at column 1 + (j ^ (r >> 1)) (4
+  //    columns x 2 rows: 2 wavefronts; unxor4), the coefficient rows by their own ldmatrix x2
+  //    (16 rows of one column: 8 wavefronts per matrix): 32 wavefronts per tile and kind, 8
+  //    selects fewer per kind.
   // Same values into the same mma / hmul2 in the same order: the bits equal kDiet's.
-  // (Two per-lane offsets: ldm_f, the code rows of K and (+ 16 x 640) V; ldm_c, the
-  // coefficient rows of K and (+ 16 x 640) V.)
+  // (Two per-lane offsets: ldm_f, the x4 rows of K and (+ 16 x 640) V; ldm_c, the x2 rows.)
   int ldm_f = 0, ldm_c = 0;
   if constexpr (flatk) {
     const int r = lane & 7, j = lane >> 3, head = warp * kDietRow;
-    ldm_f = r * kFlatKstr + head + 16 + 16 * (j ^ (r >> 1));
-    ldm_c = (lane & 15) * kFlatKstr + head;
+    if constexpr (flatx) {
+      ldm_f = r * kFlatKstr + head + 16 + 16 * (j ^ (r >> 1));
+      ldm_c = (lane & 15) * kFlatKstr + head;
+    } else {
+      ldm_f = r * kFlatKstr + head + 16 * ((j + (r >> 1)) % 5);
+      ldm_c = (lane & 15) * kFlatKstr + head + 16 * ((4 + (r >> 1)) % 5);
+    }
   }
   const char* ring_c = ring;
   // kDiet: the stage's shared address and its barriers' advance with the stage (no s * stage
@@ -860,7 +879,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t kr[2][4];
       uint32_t zk0, zk1;
       uint32_t kc[2][4];  // coefficient words (groups 0..3) of keys g, g + 8
-      if constexpr (flatk) {  // (kFlat reads above)
+      uint32_t zk[2];  // kFlat: coefficient word t of keys g, g + 8
+      if constexpr (flatx) {  // (kFlat reads above)
         uint32_t r0[4], r1[4], x0[4], x1[4];
         ldsm_x4(st_s + ldm_f, r0);
         ldsm_x4(st_s + ldm_f + 8 * kK, r1);
@@ -871,6 +891,22 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           kr[X / 2][2 * (X & 1)] = x0[X];
           kr[X / 2][2 * (X & 1) + 1] = x1[X];
         }
+      } else if constexpr (flatk) {
+        uint32_t a4[4], b4[4], c2[2], x0[5], x1[5];
+        ldsm_x4(st_s + ldm_f, a4);
+        ldsm_x4(st_s + ldm_f + 8 * kK, b4);
+        ldsm_x2(st_s + ldm_c, c2);
+        const uint32_t r0[5] = {a4[0], a4[1], a4[2], a4[3], c2[0]};
+        const uint32_t r1[5] = {b4[0], b4[1], b4[2], b4[3], c2[1]};
+        unrot5(r0, g >> 1, x0);
+        unrot5(r1, g >> 1, x1);
+#pragma unroll
+        for (int X = 0; X < NG; ++X) {
+          kr[X / 2][2 * (X & 1)] = x0[1 + X];
+          kr[X / 2][2 * (X & 1) + 1] = x1[1 + X];
+        }
+        zk[0] = x0[0];
+        zk[1] = x1[0];
       } else {
         ldsm_x4(st_s + ldm_off, kr[0]);
         ldsm_x4(st_s + ldm_off + 32, kr[1]);
@@ -912,8 +948,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       if constexpr (flatk) {
         // (kFlat: zk is word t of these rows, and the shift mma comes after the group mmas: an
         // accumulator of its own from 0, the same bits; fewer registers live across the loop)
-        uint32_t zk[2];
-        ldsm_x2(st_s + ldm_c, zk);
+        if constexpr (flatx) ldsm_x2(st_s + ldm_c, zk);
         const uint32_t za[4] = {zk[0], zk[1], zk[0], zk[1]};
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(sv[nr], za, qz[nr][0], qz[nr][1]);
@@ -1130,7 +1165,24 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     // shift_b).
     if constexpr (kFoldI4) {
       uint32_t vr[2][4];  // V codes: (keys 2t, 2t+1 | 2t+8, 2t+9) x bytes 2g, 2g+1 of block G
-      if constexpr (flatk) {  // (kFlat reads above)
+      uint32_t cw[2];  // kFlat: the scale / shift pairs of lane (g, t), shuffled out per group
+      if constexpr (flatk && !flatx) {  // (kFlat reads above)
+        uint32_t a4[4], b4[4], x0[5], x1[5];
+        ldsm_x4_trans(st_s + ldm_f + 16 * kK, a4);
+        ldsm_x4_trans(st_s + ldm_f + 24 * kK, b4);
+        ldsm_x2_trans(st_s + ldm_c + 16 * kK, cw);
+        const uint32_t r0[5] = {a4[0], a4[1], a4[2], a4[3], cw[0]};
+        const uint32_t r1[5] = {b4[0], b4[1], b4[2], b4[3], cw[1]};
+        unrot5(r0, t, x0);
+        unrot5(r1, t, x1);
+#pragma unroll
+        for (int G = 0; G < NG; ++G) {
+          vr[G / 2][2 * (G & 1)] = x0[1 + G];
+          vr[G / 2][2 * (G & 1) + 1] = x1[1 + G];
+        }
+        cw[0] = x0[0];
+        cw[1] = x1[0];
+      } else if constexpr (flatk) {
         uint32_t r0[4], r1[4], x0[4], x1[4];
         ldsm_x4_trans(st_s + ldm_f + 16 * kK, r0);
         ldsm_x4_trans(st_s + ldm_f + 24 * kK, r1);
@@ -1154,9 +1206,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       // kDiet: the four keys' coefficient words as one 16-byte load each, paired per group.
       uint32_t s01d[NG], s23d[NG];
       uint32_t za0, za2;
-      uint32_t cw[2];  // kFlat: the scale / shift pairs of lane (g, t), shuffled out per group
       if constexpr (flatk) {  // (kFlat reads above: pairs from lanes 8 G + t / 8 gz + 4 + t)
-        ldsm_x2_trans(st_s + ldm_c + 16 * kK, cw);
+        if constexpr (flatx) ldsm_x2_trans(st_s + ldm_c + 16 * kK, cw);
         za0 = __shfl_sync(0xffffffffu, cw[0], 8 * gz + 4 + t);
         za2 = __shfl_sync(0xffffffffu, cw[1], 8 * gz + 4 + t);
       } else {
@@ -1427,6 +1478,9 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
+        if (a.flat && a.flat_xor)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat | kFlatX>(p, a, m, B,
+                                                                                     stream);
         if (a.flat)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
@@ -1638,7 +1692,8 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   // DecodePlan::bulk_flat: kFlat where kDiet runs and a tile's K / V block is contiguous (heads
   // per CTA = Hkv = 8; paged: any page size, a tile never crosses a page); not with the probes.
   // The stage becomes the blocks themselves (key stride 640); elsewhere the kDiet kernel.
-  a.flat = plan.bulk_flat == 1 && a.diet && a.contig && !a.probe;
+  a.flat = plan.bulk_flat != 0 && a.diet && a.contig && !a.probe;
+  a.flat_xor = plan.bulk_flat == 2;
   if (a.flat) {
     a.kstr = kFlatKstr;
     a.stage_bytes = 32 * kFlatKstr;
