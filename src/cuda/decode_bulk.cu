@@ -94,6 +94,37 @@ __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+__device__ __forceinline__ void ldsm_x2(uint32_t addr, uint32_t (&r)[2]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2_trans(uint32_t addr, uint32_t (&r)[2]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+// R[X] = r[X ^ s] (s in 0..3): two rounds of selects (kFlat: registers of an ldmatrix whose
+// rows' 16-byte columns were XORed by the lane's key class, back in column order).
+__device__ __forceinline__ void unxor4(const uint32_t (&r)[4], int s, uint32_t (&R)[4]) {
+  const bool b0 = (s & 1) != 0, b1 = (s & 2) != 0;
+  const uint32_t a0 = b0 ? r[1] : r[0], a1 = b0 ? r[0] : r[1];
+  const uint32_t a2 = b0 ? r[3] : r[2], a3 = b0 ? r[2] : r[3];
+  R[0] = b1 ? a2 : a0;
+  R[1] = b1 ? a3 : a1;
+  R[2] = b1 ? a0 : a2;
+  R[3] = b1 ? a1 : a3;
+}
+// R[c] = r[(c - s) mod 5] (s in 0..3): two rounds of selects (rotate by 1, by 2) (kFlat: the
+// registers of ldmatrix rows whose 16-byte column was rotated by the lane's key class).
+__device__ __forceinline__ void unrot5(const uint32_t (&r)[5], int s, uint32_t (&R)[5]) {
+  const bool b0 = (s & 1) != 0, b1 = (s & 2) != 0;
+  uint32_t T[5];
+#pragma unroll
+  for (int c = 0; c < 5; ++c) T[c] = b0 ? r[(c + 4) % 5] : r[c];
+#pragma unroll
+  for (int c = 0; c < 5; ++c) R[c] = b1 ? T[(c + 3) % 5] : T[c];
+}
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -207,6 +238,11 @@ struct BulkArgs {
   // heads per CTA, 80-byte rows, kstr 656 and 4 stages (its compile-time geometry), and not with
   // stage_out.
   bool diet = false;
+  // DecodePlan::bulk_flat (session 14): the kTma4 | kDiet | kFlat instantiation (bulk_flat 2:
+  // | kFlatX); set only with diet and contig (a tile's K / V block is contiguous: heads per CTA
+  // = Hkv), kstr 640.
+  bool flat = false;
+  bool flat_xor = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -249,12 +285,18 @@ struct BulkMaps {
 // tile it + NST, so its `empty` wait is for every warp to be done with the previous tile (nearly
 // always already true) rather than with the one it has just finished itself (run 22's ncu: that
 // wait was the largest single stall). Same arithmetic and order as kTma4 (same bits).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16;
+// Session 14: kFlat (32, DecodePlan::bulk_flat) with kTma4 | kDiet: full tiles by one 1-D bulk
+// copy per kind into an unpadded stage (key stride 640 = 8 heads x 80 bytes), read as described
+// at the kernel's "kFlat reads" below.
+// kFlatX (64, with kFlat; DecodePlan::bulk_flat 2): the XOR-only read (coefficient rows apart).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32,
+              kFlatX = 64;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
 // (Run 33 deleted the ld.global.nc and 16-byte cp.async probes and renumbered no-reads 4 -> 3.)
 constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeEmpty = 3;
 // The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it).
 constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
+constexpr int kFlatKstr = kDietHb * kDietRow;  // 640: the cache's own key stride
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
@@ -297,6 +339,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // kTma4: tensor copies land at 128-byte aligned addresses (the host adds 128 bytes of slack).
   constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
   constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656, 4 stages)
+  constexpr bool flatk = diet && (KN & kFlat) != 0;  // (kstr 640)
+  constexpr bool flatx = flatk && (KN & kFlatX) != 0;  // (the XOR-only read)
+  constexpr int kK = flatk ? kFlatKstr : kDietKstr;  // kDiet: the stage's key stride
   const int NST = diet ? kDietStages : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
@@ -533,7 +578,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     const bool whole = tma && nk == 16;  // kTma4, full tile: lane 0 K's box, lane 1 V's
     const bool m1 = whole ? lane < 2 : c1.ok && c1.key < nk;
     // (kProbeFlat: the tile's K / V block by one 1-D bulk copy of 16 pieces)
-    const bool flat = kProbeKn && tma && a.probe_mode == kProbeFlat;
+    // (kFlat: always; the host sets it only where the block is contiguous)
+    const bool flat = flatk || (kProbeKn && tma && a.probe_mode == kProbeFlat);
     const uint32_t s1 = whole ? 16u * static_cast<uint32_t>(flat ? piece : kstr)
                               : static_cast<uint32_t>(min(nk - c1.key, int64_t{c1.n})) * c1.size;
     bool m2 = false;
@@ -699,6 +745,46 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // (lane / 16)), relative to the stage.
   const int ldm_off =
       koffset((lane & 7) + 8 * ((lane >> 3) & 1)) + warp * rb + code_off + 16 * (lane >> 4);
+  // kFlat reads. The unpadded stage holds key k's piece at k * 640 (640 = 5 x 128 bytes: every
+  // key of the stage sits on the same banks), the warp's head at + 80 warp: 16-byte column c
+  // (0: the four coefficient words, 1 + X: the codes of group X) of ANY key lies in bank group
+  // (5 warp + c) mod 8 (bank group = 16-byte unit of the 128-byte bank line). So a warp's head
+  // covers only 5 of the 8 bank groups (its 16 keys x 80 bytes per kind lie on 20 banks), two
+  // rows of one column in one 8-row phase always conflict, and no 8 distinct rows of one head
+  // are read in fewer than 2 wavefronts (the padded stage of the tensor map, 656 = 41 x 16,
+  // moved each key by one bank group instead). The 10 rows a lane row needs per kind (keys r,
+  // r + 8 x 5 columns) go to 10 ldmatrix matrices (x4: keys 0-7, x4: keys 8-15, x2: the fifth
+  // column of both), matrix j, row r (key r or r + 8) at column (j + (r >> 1)) mod 5 (the x2:
+  // j = 4): the 4 row pairs of a phase sit in 4 different columns, i.e. 4 bank groups with 2
+  // rows each: 2 wavefronts per matrix, 20 per tile and kind = 1280 bytes at 64 per wavefront,
+  // the least 16-byte phases allow (kDiet's padded stage: ~46 per tile for both kinds, its
+  // 16-byte coefficient loads 1 per 8-lane phase).
+  //  - K (plain ldmatrix): lane (g, t) gets word t of the row g of each matrix, i.e. column
+  //    (j + (g >> 1)) mod 5 in register j; unrot5 by g >> 1 puts column c in register c:
+  //    codes of block X (kDiet's kr) and coefficient word t of keys g, g + 8 (kDiet's zk); the
+  //    scales of the other groups come by 4 quad shuffles.
+  //  - V (ldmatrix .trans): lane (g, t) gets rows 2t, 2t + 1 (halves g), which share the
+  //    column (j + t) mod 5; unrot5 by t: the codes of block G (kDiet's vr) and, from the
+  //    coefficient rows, for g = 2G the scale pair of group G (kDiet's s01 / s23), for
+  //    g = 2G + 1 the shift pair (its za); quad-column shuffles (lanes 8 G + t, 8 gz + 4 + t)
+  //    hand every lane its pairs.
+  //  - kFlatX (bulk_flat 2): codes only in the x4 matrices at column 1 + (j ^ (r >> 1)) (4
+  //    columns x 2 rows: 2 wavefronts; unxor4), the coefficient rows by their own ldmatrix x2
+  //    (16 rows of one column: 8 wavefronts per matrix): 32 wavefronts per tile and kind, 8
+  //    selects fewer per kind.
+  // Same values into the same mma / hmul2 in the same order: the bits equal kDiet's.
+  // (Two per-lane offsets: ldm_f, the x4 rows of K and (+ 16 x 640) V; ldm_c, the x2 rows.)
+  int ldm_f = 0, ldm_c = 0;
+  if constexpr (flatk) {
+    const int r = lane & 7, j = lane >> 3, head = warp * kDietRow;
+    if constexpr (flatx) {
+      ldm_f = r * kFlatKstr + head + 16 + 16 * (j ^ (r >> 1));
+      ldm_c = (lane & 15) * kFlatKstr + head;
+    } else {
+      ldm_f = r * kFlatKstr + head + 16 * ((j + (r >> 1)) % 5);
+      ldm_c = (lane & 15) * kFlatKstr + head + 16 * ((4 + (r >> 1)) % 5);
+    }
+  }
   const char* ring_c = ring;
   // kDiet: the stage's shared address and its barriers' advance with the stage (no s * stage
   // bytes per access), the lane's stage-relative offsets are loop invariants (koff[0] + 4 t:
@@ -729,7 +815,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           issue_solo(it - 1 + NST, first ? NST - 1 : s - 1);
         }
       }
-      st_cur += 32 * kDietKstr;
+      st_cur += 32 * kK;
       fb_cur += 8;
       eb_cur += 8;
       cnt_cur += 4;
@@ -737,7 +823,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         s = 0;
         phase ^= 1u;
         // (back by the ring: no shared-window base to re-derive)
-        st_cur -= kDietStages * 32 * kDietKstr;
+        st_cur -= kDietStages * 32 * kK;
         fb_cur -= 8 * kDietStages;
         eb_cur -= 8 * kDietStages;
         cnt_cur -= 4 * kDietStages;
@@ -791,22 +877,57 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     if constexpr (kFoldI4) {
       // K codes: block X, word t of keys g (r[0] / r[2] for X even / odd), g + 8 (r[1] / r[3]).
       uint32_t kr[2][4];
-      ldsm_x4(st_s + ldm_off, kr[0]);
-      ldsm_x4(st_s + ldm_off + 32, kr[1]);
       uint32_t zk0, zk1;
-      if constexpr (diet) {
+      uint32_t kc[2][4];  // coefficient words (groups 0..3) of keys g, g + 8
+      uint32_t zk[2];  // kFlat: coefficient word t of keys g, g + 8
+      if constexpr (flatx) {  // (kFlat reads above)
+        uint32_t r0[4], r1[4], x0[4], x1[4];
+        ldsm_x4(st_s + ldm_f, r0);
+        ldsm_x4(st_s + ldm_f + 8 * kK, r1);
+        unxor4(r0, g >> 1, x0);
+        unxor4(r1, g >> 1, x1);
+#pragma unroll
+        for (int X = 0; X < NG; ++X) {
+          kr[X / 2][2 * (X & 1)] = x0[X];
+          kr[X / 2][2 * (X & 1) + 1] = x1[X];
+        }
+      } else if constexpr (flatk) {
+        uint32_t a4[4], b4[4], c2[2], x0[5], x1[5];
+        ldsm_x4(st_s + ldm_f, a4);
+        ldsm_x4(st_s + ldm_f + 8 * kK, b4);
+        ldsm_x2(st_s + ldm_c, c2);
+        const uint32_t r0[5] = {a4[0], a4[1], a4[2], a4[3], c2[0]};
+        const uint32_t r1[5] = {b4[0], b4[1], b4[2], b4[3], c2[1]};
+        unrot5(r0, g >> 1, x0);
+        unrot5(r1, g >> 1, x1);
+#pragma unroll
+        for (int X = 0; X < NG; ++X) {
+          kr[X / 2][2 * (X & 1)] = x0[1 + X];
+          kr[X / 2][2 * (X & 1) + 1] = x1[1 + X];
+        }
+        zk[0] = x0[0];
+        zk[1] = x1[0];
+      } else {
+        ldsm_x4(st_s + ldm_off, kr[0]);
+        ldsm_x4(st_s + ldm_off + 32, kr[1]);
+      }
+      if constexpr (flatk) {
+        zk0 = zk1 = 0u;  // (below, from the coefficient rows)
+      } else if constexpr (diet) {
         zk0 = lds32_s(st_s + koff_t);
         zk1 = lds32_s(st_s + koff_t + 8 * kDietKstr);
       } else {
         zk0 = lds32(st + koff[0] + 4 * t);
         zk1 = lds32(st + koff[1] + 4 * t);
       }
-      const uint32_t za[4] = {zk0, zk1, zk0, zk1};
       float acc[NR][NG][4];
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr) {
         sv[nr][0] = sv[nr][1] = sv[nr][2] = sv[nr][3] = 0.f;
-        ptx::mma_f16(sv[nr], za, qz[nr][0], qz[nr][1]);  // sum_g z_g Q_g
+        if constexpr (!flatk) {
+          const uint32_t za[4] = {zk0, zk1, zk0, zk1};
+          ptx::mma_f16(sv[nr], za, qz[nr][0], qz[nr][1]);  // sum_g z_g Q_g
+        }
 #pragma unroll
         for (int G = 0; G < NG; ++G)
           acc[nr][G][0] = acc[nr][G][1] = acc[nr][G][2] = acc[nr][G][3] = 0.f;
@@ -824,8 +945,22 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(acc[nr][X], af, qf[nr][ks][0], qf[nr][ks][1]);
       }
-      uint32_t kc[2][4];  // coefficient words (groups 0..3) of keys g, g + 8
-      if constexpr (diet) {
+      if constexpr (flatk) {
+        // (kFlat: zk is word t of these rows, and the shift mma comes after the group mmas: an
+        // accumulator of its own from 0, the same bits; fewer registers live across the loop)
+        if constexpr (flatx) ldsm_x2(st_s + ldm_c, zk);
+        const uint32_t za[4] = {zk[0], zk[1], zk[0], zk[1]};
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(sv[nr], za, qz[nr][0], qz[nr][1]);
+        // the scales of keys g, g + 8 (low halves of word G: lane 4 g + G), as one pair word
+        const uint32_t sp = prmt(zk[0], zk[1], 0x5410);
+#pragma unroll
+        for (int G = 0; G < NG; ++G) {
+          const uint32_t x = __shfl_sync(0xffffffffu, sp, (lane & ~3) | G);
+          kc[0][G] = x;        // (only the low half is read: key g's scale)
+          kc[1][G] = x >> 16;  // key g + 8's
+        }
+      } else if constexpr (diet) {
         lds128_s(st_s + koff[0], kc[0]);
         lds128_s(st_s + koff[0] + 8 * kDietKstr, kc[1]);
       } else {
@@ -1030,21 +1165,61 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     // shift_b).
     if constexpr (kFoldI4) {
       uint32_t vr[2][4];  // V codes: (keys 2t, 2t+1 | 2t+8, 2t+9) x bytes 2g, 2g+1 of block G
-      const int vblk = diet ? 16 * kDietKstr : 16 * kstr;
-      ldsm_x4_trans(st_s + vblk + ldm_off, vr[0]);
-      ldsm_x4_trans(st_s + vblk + ldm_off + 32, vr[1]);
+      uint32_t cw[2];  // kFlat: the scale / shift pairs of lane (g, t), shuffled out per group
+      if constexpr (flatk && !flatx) {  // (kFlat reads above)
+        uint32_t a4[4], b4[4], x0[5], x1[5];
+        ldsm_x4_trans(st_s + ldm_f + 16 * kK, a4);
+        ldsm_x4_trans(st_s + ldm_f + 24 * kK, b4);
+        ldsm_x2_trans(st_s + ldm_c + 16 * kK, cw);
+        const uint32_t r0[5] = {a4[0], a4[1], a4[2], a4[3], cw[0]};
+        const uint32_t r1[5] = {b4[0], b4[1], b4[2], b4[3], cw[1]};
+        unrot5(r0, t, x0);
+        unrot5(r1, t, x1);
+#pragma unroll
+        for (int G = 0; G < NG; ++G) {
+          vr[G / 2][2 * (G & 1)] = x0[1 + G];
+          vr[G / 2][2 * (G & 1) + 1] = x1[1 + G];
+        }
+        cw[0] = x0[0];
+        cw[1] = x1[0];
+      } else if constexpr (flatk) {
+        uint32_t r0[4], r1[4], x0[4], x1[4];
+        ldsm_x4_trans(st_s + ldm_f + 16 * kK, r0);
+        ldsm_x4_trans(st_s + ldm_f + 24 * kK, r1);
+        unxor4(r0, t, x0);
+        unxor4(r1, t, x1);
+#pragma unroll
+        for (int G = 0; G < NG; ++G) {
+          vr[G / 2][2 * (G & 1)] = x0[G];
+          vr[G / 2][2 * (G & 1) + 1] = x1[G];
+        }
+      } else {
+        const int vblk = diet ? 16 * kDietKstr : 16 * kstr;
+        ldsm_x4_trans(st_s + vblk + ldm_off, vr[0]);
+        ldsm_x4_trans(st_s + vblk + ldm_off + 32, vr[1]);
+      }
       // sum_k z_k,G p_k: A row g = the shifts of group min(g, 3) of the key pairs (rows 8..15 and
       // rows 4..7 unused).
       const int gz = g < NG ? g : NG - 1;
       // kDiet: key q's offset from key 2t's (keys 2t, 2t + 1, 2t + 8, 2t + 9).
       constexpr int kVq[4] = {0, kDietKstr, 8 * kDietKstr, 9 * kDietKstr};
-      uint32_t zw[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        zw[q] = diet ? lds32_s(st_s + voff_z + kVq[q]) : lds32(st + voff[q] + 4 * gz);
       // kDiet: the four keys' coefficient words as one 16-byte load each, paired per group.
       uint32_t s01d[NG], s23d[NG];
-      if constexpr (diet) {
+      uint32_t za0, za2;
+      if constexpr (flatk) {  // (kFlat reads above: pairs from lanes 8 G + t / 8 gz + 4 + t)
+        if constexpr (flatx) ldsm_x2_trans(st_s + ldm_c + 16 * kK, cw);
+        za0 = __shfl_sync(0xffffffffu, cw[0], 8 * gz + 4 + t);
+        za2 = __shfl_sync(0xffffffffu, cw[1], 8 * gz + 4 + t);
+      } else {
+        uint32_t zw[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          zw[q] = diet ? lds32_s(st_s + voff_z + kVq[q]) : lds32(st + voff[q] + 4 * gz);
+        za0 = prmt(zw[0], zw[1], 0x7632);
+        za2 = prmt(zw[2], zw[3], 0x7632);
+      }
+      if constexpr (flatk) {
+      } else if constexpr (diet) {
         uint32_t c0[4], c1[4];
         lds128_s(st_s + voff[0], c0);
         lds128_s(st_s + voff[0] + kVq[1], c1);
@@ -1055,7 +1230,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
         for (int G = 0; G < NG; ++G) s23d[G] = prmt(c0[G], c1[G], 0x5410);
       }
-      const uint32_t za[4] = {prmt(zw[0], zw[1], 0x7632), 0u, prmt(zw[2], zw[3], 0x7632), 0u};
+      const uint32_t za[4] = {za0, 0u, za2, 0u};
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(zacc[nr], za, pb[nr][0], pb[nr][1]);
       // P scaled per key pair and group: (s_a, s_b) of the coefficient words (loaded per group:
@@ -1063,7 +1238,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
         uint32_t s01, s23;
-        if constexpr (diet) {
+        if constexpr (flatk) {
+          s01 = __shfl_sync(0xffffffffu, cw[0], 8 * G + t);
+          s23 = __shfl_sync(0xffffffffu, cw[1], 8 * G + t);
+        } else if constexpr (diet) {
           s01 = s01d[G];
           s23 = s23d[G];
         } else {
@@ -1300,6 +1478,11 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
+        if (a.flat && a.flat_xor)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat | kFlatX>(p, a, m, B,
+                                                                                     stream);
+        if (a.flat)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
         return launch_nr<F, D, 1, VA, FOLD, true, kTma4>(p, a, m, B, stream);
       }
@@ -1506,6 +1689,15 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   // key stride 656 in the stage, 4 stages).
   a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
            a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
+  // DecodePlan::bulk_flat: kFlat where kDiet runs and a tile's K / V block is contiguous (heads
+  // per CTA = Hkv = 8; paged: any page size, a tile never crosses a page); not with the probes.
+  // The stage becomes the blocks themselves (key stride 640); elsewhere the kDiet kernel.
+  a.flat = plan.bulk_flat != 0 && a.diet && a.contig && !a.probe;
+  a.flat_xor = plan.bulk_flat == 2;
+  if (a.flat) {
+    a.kstr = kFlatKstr;
+    a.stage_bytes = 32 * kFlatKstr;
+  }
   // Alignment of every row's code words inside the stage (int4: rows of 4 (groups + D / 8) bytes,
   // codes at byte 4 groups).
   int va = 16;

@@ -187,7 +187,7 @@ int decode_bulk_heads(const KvCache& cache);
 // fold: DecodePlan::fold_scales (0, 1; where decode_bulk_folds(cache), elsewhere ignored).
 bool decode_bulk_folds(const KvCache& cache);
 // The plan's bulk knobs: fold_scales, bulk_issue (0 shared, 1 solo, 2 shared with 4 issuing
-// warps), bulk_stages (0 automatic), bulk_probe, bulk_tma,
+// warps), bulk_stages (0 automatic), bulk_probe, bulk_tma, bulk_diet, bulk_flat,
 // launch_pdl (the kernel waits for the previous one before its first global access).
 void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const DecodePlan& plan,
                         cudaStream_t stream);

@@ -167,10 +167,14 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   diet / no_diet: plan_decode's choice with bulk_diet on (its int4 choice since session 10:
 //     the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean per-tile path with the
 //     lagged refill; explicit here) / off (the kernel before).
+//   flat / flat2: plan_decode's choice with bulk_flat 1 / 2 (session 14: the diet kernel with
+//     each full tile's K / V by one 1-D bulk copy into an unpadded stage, read by ldmatrix rows
+//     whose column is rotated (1) / XORed (2) by key class; where the tile's block is
+//     contiguous, i.e. 8 KV heads; elsewhere the flag is ignored).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, no_diet
+  lean_staged, eager, diet, no_diet, flat, flat2
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -193,7 +197,8 @@ class DecodeCase : public Case {
                     kernel == Kernel::merge_wide_early || kernel == Kernel::stage_out ||
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
                     kernel == Kernel::eager || kernel == Kernel::diet ||
-                    kernel == Kernel::no_diet) &&
+                    kernel == Kernel::no_diet || kernel == Kernel::flat ||
+                    kernel == Kernel::flat2) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -217,6 +222,8 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::eager) s += ".eager";
     if (kernel_ == Kernel::diet) s += ".diet";
     if (kernel_ == Kernel::no_diet) s += ".no_diet";
+    if (kernel_ == Kernel::flat) s += ".flat";
+    if (kernel_ == Kernel::flat2) s += ".flat2";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
@@ -283,6 +290,8 @@ class DecodeCase : public Case {
       plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
     } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet) {
       plan.bulk_diet = kernel_ == Kernel::diet;
+    } else if (kernel_ == Kernel::flat || kernel_ == Kernel::flat2) {
+      plan.bulk_flat = kernel_ == Kernel::flat ? 1 : 2;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -751,6 +760,33 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, dt);
   add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, dt);
   add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, dt);
+  // flat (bulk_flat, session 14: the diet kernel on 1-D bulk tile copies into an unpadded stage):
+  // 8 heads (the tile's block contiguous) contiguous with lengths that are and are not multiples
+  // of 16 (partial tiles: per-key copies into the same 640-byte layout), paged 16 (splits
+  // starting inside a page) and 256, sequences of fewer tiles than stages (17, 33 keys), 1-key
+  // and empty sequences, Mq > 1 causal, bias, G 1-8, bf16 q; the flag ignored at 16 heads (the
+  // block is 2 pieces per key: the diet kernel), at 4 heads and at 9-16 rows.
+  const Kernel fl = Kernel::flat;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, fl);
+  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, fl);
+  add(shape(F::int4, 4, 3, 1000, 8, 128, 0), {1, 17, 999}, 8, 1, false, false, DType::f16, fl);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 33}, 2, 4, true, true, DType::bf16, fl);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, fl);
+  add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, fl);
+  add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 17}, 2, 3, true, false, DType::f16, fl);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, fl);
+  add(shape(F::int4, 4, 3, 1024, 8, 128, 256), {1024, 0, 513}, 4, 1, false, false, DType::f16, fl);
+  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, fl);
+  add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, fl);
+  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, fl);
+  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, fl);
+  // flat2 (bulk_flat 2, the XOR-only read): contiguous, paged 16 / 256, partial tiles, causal,
+  // bias, GQA.
+  const Kernel f2 = Kernel::flat2;
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, f2);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 33}, 2, 4, true, true, DType::bf16, f2);
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 8, 1, false, true, DType::f16, f2);
+  add(shape(F::int4, 4, 3, 1024, 8, 128, 256), {1024, 0, 513}, 1, 2, true, false, DType::f16, f2);
   // The CUDA-core kernel, kept as the fallback (D 256, bf16 caches) and selectable.
   add(shape(F::int4, 4, 3, 1000, 2, 128, 16), {1000, 17, 0}, 4, 1, false, false, DType::f16, cc);
   add(shape(F::fp8, 1, 2, 300, 2, 64, 16), {300, 2}, 2, 3, true, true, DType::bf16, cc);

@@ -723,13 +723,15 @@ TEST(DecodeErrors, CacheValidationWritesNothing) {
         {&DecodePlan::bulk_issue, 3},  {&DecodePlan::bulk_issue, -1},
         {&DecodePlan::bulk_stages, 9}, {&DecodePlan::bulk_stages, -1},
         {&DecodePlan::fold_scales, 2}, {&DecodePlan::fold_scales, -1},
-        {&DecodePlan::bulk_probe, 4},  {&DecodePlan::bulk_probe, -1}};
+        {&DecodePlan::bulk_probe, 4},  {&DecodePlan::bulk_probe, -1},
+        {&DecodePlan::bulk_flat, 3},   {&DecodePlan::bulk_flat, -1}};
     for (const auto& [field, value] : knobs) {
       DecodePlan knob = plan;
       knob.*field = value;
       const std::string arg = field == &DecodePlan::bulk_issue    ? "plan.bulk_issue"
                               : field == &DecodePlan::bulk_stages ? "plan.bulk_stages"
                               : field == &DecodePlan::bulk_probe  ? "plan.bulk_probe"
+                              : field == &DecodePlan::bulk_flat   ? "plan.bulk_flat"
                                                                   : "plan.fold_scales";
       EXPECT_EQ(error_argument([&] {
                   decode_attention(q1.view(), tc.c, knob, ws.data(), out2.view(), nullptr,
