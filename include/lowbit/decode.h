@@ -184,19 +184,20 @@ struct DecodePlan {
   // Other layouts, other stage counts and bulk_stage_out: the kernel without it. Same
   // arithmetic: the bits equal false's. docs/decode.md "Session 10".
   bool bulk_diet = false;
-  // CUDA, bulk kernel (session 14, issue 7; OFF until the H200 says it is faster): the bulk_diet
-  // kernel (int4 g4 D 128, 8 KV heads per CTA = Hkv, <= 8 rows, 4 stages) with each full tile's
-  // K and V fetched by ONE 1-D bulk copy each (cp.async.bulk of the tile's contiguous 16 x 640
-  // bytes, no tensor map) into an unpadded stage (key stride 640 bytes, not the box's 656).
-  // 1: read by ldmatrix rows whose 16-byte column (coefficients or one of 4 code blocks) is
-  // rotated by the lane's key class, so that an 8-row phase spans 4 bank groups (2 wavefronts,
-  // the least: a head's 80 bytes cover only 5 of the 8 groups), put back in order by selects;
-  // the coefficient words reach the lanes that need them by shuffles. 2: the same copies, the
-  // code rows XORed by key class and the coefficient rows by an ldmatrix of their own (more
-  // wavefronts, fewer selects). Same arithmetic in the same order: the bits equal the
-  // default's. Applies where bulk_diet does and the tile's block is contiguous (heads per CTA =
-  // Hkv = 8; contiguous caches and paged ones, any page size: a tile never crosses a page);
-  // elsewhere (Hkv 16 or more, other kernels) ignored. docs/decode.md "Session 14".
+  // CUDA, bulk kernel (session 14, issue 7; plan_decode sets 1 wherever it sets bulk_diet since
+  // H200 run 49: B 64, L 8192 0.1723 -> 0.1668 ms contiguous, 0.1838 -> 0.1739 paged 16; B 1, L
+  // 131072 0.0542 -> 0.0532; (16, 32768, 64, 8) 0.1745 -> 0.1701 / 0.1858 -> 0.1767; same bits):
+  // 1 = the bulk_diet kernel (int4 g4 D 128, 8 KV heads per CTA = Hkv, <= 8 rows, 4 stages) with
+  // each full tile's K and V fetched by ONE 1-D bulk copy each (cp.async.bulk of the tile's
+  // contiguous 16 x 640 bytes, no tensor map) into an unpadded stage (key stride 640 bytes, not
+  // the box's 656), read by ldmatrix rows whose 16-byte column (coefficients or one of 4 code
+  // blocks) is rotated by the lane's key class, so that an 8-row phase spans 4 bank groups (2
+  // wavefronts, the least: a head's 80 bytes cover only 5 of the 8 groups), put back in order by
+  // selects; the coefficient words reach the lanes that need them by shuffles. Same arithmetic
+  // in the same order: the bits equal 0's (the tensor-map boxes). Applies where bulk_diet does
+  // and the tile's block is contiguous (heads per CTA = Hkv = 8; contiguous caches and paged
+  // ones, any page size: a tile never crosses a page); elsewhere (Hkv 16 or more, other
+  // kernels) ignored. 0 or 1. docs/decode.md "Session 14".
   int bulk_flat = 0;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,

@@ -313,6 +313,11 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // 64, 8) 0.1830 -> 0.1753 / 0.2019 -> 0.1863; every decode case passed in runs 29-30). Where
   // it does not apply (Hkv not a multiple of 8, other stage counts) the kernel ignores it.
   p.bulk_diet = p.bulk_tma;
+  // Its tiles by one 1-D bulk copy per kind into an unpadded stage (session 14; H200 run 49
+  // against the tensor-map boxes, same bits: B 64 0.1723 -> 0.1668 ms contiguous, 0.1838 ->
+  // 0.1739 paged 16, 0.1772 -> 0.1704 paged 256; B 1 0.0542 -> 0.0532; B 16 0.1745 -> 0.1701,
+  // 0.1858 -> 0.1767, 0.1801 -> 0.1736). Where it does not apply the kernel ignores it.
+  p.bulk_flat = p.bulk_diet ? 1 : 0;
   return p;
 }
 
@@ -346,7 +351,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 2);
   check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
   check::in_range(op, "plan.bulk_probe", plan.bulk_probe, 0, 3);
-  check::in_range(op, "plan.bulk_flat", plan.bulk_flat, 0, 2);
+  check::in_range(op, "plan.bulk_flat", plan.bulk_flat, 0, 1);
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);
   check::dim(op, "q", q, 0, B);

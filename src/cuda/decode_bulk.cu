@@ -104,17 +104,6 @@ __device__ __forceinline__ void ldsm_x2_trans(uint32_t addr, uint32_t (&r)[2]) {
                : "=r"(r[0]), "=r"(r[1])
                : "r"(addr));
 }
-// R[X] = r[X ^ s] (s in 0..3): two rounds of selects (kFlat: registers of an ldmatrix whose
-// rows' 16-byte columns were XORed by the lane's key class, back in column order).
-__device__ __forceinline__ void unxor4(const uint32_t (&r)[4], int s, uint32_t (&R)[4]) {
-  const bool b0 = (s & 1) != 0, b1 = (s & 2) != 0;
-  const uint32_t a0 = b0 ? r[1] : r[0], a1 = b0 ? r[0] : r[1];
-  const uint32_t a2 = b0 ? r[3] : r[2], a3 = b0 ? r[2] : r[3];
-  R[0] = b1 ? a2 : a0;
-  R[1] = b1 ? a3 : a1;
-  R[2] = b1 ? a0 : a2;
-  R[3] = b1 ? a1 : a3;
-}
 // R[c] = r[(c - s) mod 5] (s in 0..3): two rounds of selects (rotate by 1, by 2) (kFlat: the
 // registers of ldmatrix rows whose 16-byte column was rotated by the lane's key class).
 __device__ __forceinline__ void unrot5(const uint32_t (&r)[5], int s, uint32_t (&R)[5]) {
@@ -238,11 +227,9 @@ struct BulkArgs {
   // heads per CTA, 80-byte rows, kstr 656 and 4 stages (its compile-time geometry), and not with
   // stage_out.
   bool diet = false;
-  // DecodePlan::bulk_flat (session 14): the kTma4 | kDiet | kFlat instantiation (bulk_flat 2:
-  // | kFlatX); set only with diet and contig (a tile's K / V block is contiguous: heads per CTA
-  // = Hkv), kstr 640.
+  // DecodePlan::bulk_flat (session 14): the kTma4 | kDiet | kFlat instantiation; set only with
+  // diet and contig (a tile's K / V block is contiguous: heads per CTA = Hkv), kstr 640.
   bool flat = false;
-  bool flat_xor = false;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -287,10 +274,10 @@ struct BulkMaps {
 // wait was the largest single stall). Same arithmetic and order as kTma4 (same bits).
 // Session 14: kFlat (32, DecodePlan::bulk_flat) with kTma4 | kDiet: full tiles by one 1-D bulk
 // copy per kind into an unpadded stage (key stride 640 = 8 heads x 80 bytes), read as described
-// at the kernel's "kFlat reads" below.
-// kFlatX (64, with kFlat; DecodePlan::bulk_flat 2): the XOR-only read (coefficient rows apart).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32,
-              kFlatX = 64;
+// at the kernel's "kFlat reads" below. H200 run 49 (same bits): plan_decode's int4 g4 kernel
+// since (bulk_flat 2, an XOR-only read with the coefficient rows apart, lost at every shape:
+// +6..+9 % over kFlat; deleted).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
 // (Run 33 deleted the ld.global.nc and 16-byte cp.async probes and renumbered no-reads 4 -> 3.)
 constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeEmpty = 3;
@@ -340,7 +327,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
   constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656, 4 stages)
   constexpr bool flatk = diet && (KN & kFlat) != 0;  // (kstr 640)
-  constexpr bool flatx = flatk && (KN & kFlatX) != 0;  // (the XOR-only read)
   constexpr int kK = flatk ? kFlatKstr : kDietKstr;  // kDiet: the stage's key stride
   const int NST = diet ? kDietStages : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
@@ -768,22 +754,13 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   //    coefficient rows, for g = 2G the scale pair of group G (kDiet's s01 / s23), for
   //    g = 2G + 1 the shift pair (its za); quad-column shuffles (lanes 8 G + t, 8 gz + 4 + t)
   //    hand every lane its pairs.
-  //  - kFlatX (bulk_flat 2): codes only in the x4 matrices at column 1 + (j ^ (r >> 1)) (4
-  //    columns x 2 rows: 2 wavefronts; unxor4), the coefficient rows by their own ldmatrix x2
-  //    (16 rows of one column: 8 wavefronts per matrix): 32 wavefronts per tile and kind, 8
-  //    selects fewer per kind.
   // Same values into the same mma / hmul2 in the same order: the bits equal kDiet's.
   // (Two per-lane offsets: ldm_f, the x4 rows of K and (+ 16 x 640) V; ldm_c, the x2 rows.)
   int ldm_f = 0, ldm_c = 0;
   if constexpr (flatk) {
     const int r = lane & 7, j = lane >> 3, head = warp * kDietRow;
-    if constexpr (flatx) {
-      ldm_f = r * kFlatKstr + head + 16 + 16 * (j ^ (r >> 1));
-      ldm_c = (lane & 15) * kFlatKstr + head;
-    } else {
-      ldm_f = r * kFlatKstr + head + 16 * ((j + (r >> 1)) % 5);
-      ldm_c = (lane & 15) * kFlatKstr + head + 16 * ((4 + (r >> 1)) % 5);
-    }
+    ldm_f = r * kFlatKstr + head + 16 * ((j + (r >> 1)) % 5);
+    ldm_c = (lane & 15) * kFlatKstr + head + 16 * ((4 + (r >> 1)) % 5);
   }
   const char* ring_c = ring;
   // kDiet: the stage's shared address and its barriers' advance with the stage (no s * stage
@@ -880,18 +857,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t zk0, zk1;
       uint32_t kc[2][4];  // coefficient words (groups 0..3) of keys g, g + 8
       uint32_t zk[2];  // kFlat: coefficient word t of keys g, g + 8
-      if constexpr (flatx) {  // (kFlat reads above)
-        uint32_t r0[4], r1[4], x0[4], x1[4];
-        ldsm_x4(st_s + ldm_f, r0);
-        ldsm_x4(st_s + ldm_f + 8 * kK, r1);
-        unxor4(r0, g >> 1, x0);
-        unxor4(r1, g >> 1, x1);
-#pragma unroll
-        for (int X = 0; X < NG; ++X) {
-          kr[X / 2][2 * (X & 1)] = x0[X];
-          kr[X / 2][2 * (X & 1) + 1] = x1[X];
-        }
-      } else if constexpr (flatk) {
+      if constexpr (flatk) {  // (kFlat reads above)
         uint32_t a4[4], b4[4], c2[2], x0[5], x1[5];
         ldsm_x4(st_s + ldm_f, a4);
         ldsm_x4(st_s + ldm_f + 8 * kK, b4);
@@ -948,7 +914,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       if constexpr (flatk) {
         // (kFlat: zk is word t of these rows, and the shift mma comes after the group mmas: an
         // accumulator of its own from 0, the same bits; fewer registers live across the loop)
-        if constexpr (flatx) ldsm_x2(st_s + ldm_c, zk);
         const uint32_t za[4] = {zk[0], zk[1], zk[0], zk[1]};
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(sv[nr], za, qz[nr][0], qz[nr][1]);
@@ -1166,7 +1131,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     if constexpr (kFoldI4) {
       uint32_t vr[2][4];  // V codes: (keys 2t, 2t+1 | 2t+8, 2t+9) x bytes 2g, 2g+1 of block G
       uint32_t cw[2];  // kFlat: the scale / shift pairs of lane (g, t), shuffled out per group
-      if constexpr (flatk && !flatx) {  // (kFlat reads above)
+      if constexpr (flatk) {  // (kFlat reads above)
         uint32_t a4[4], b4[4], x0[5], x1[5];
         ldsm_x4_trans(st_s + ldm_f + 16 * kK, a4);
         ldsm_x4_trans(st_s + ldm_f + 24 * kK, b4);
@@ -1182,17 +1147,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         }
         cw[0] = x0[0];
         cw[1] = x1[0];
-      } else if constexpr (flatk) {
-        uint32_t r0[4], r1[4], x0[4], x1[4];
-        ldsm_x4_trans(st_s + ldm_f + 16 * kK, r0);
-        ldsm_x4_trans(st_s + ldm_f + 24 * kK, r1);
-        unxor4(r0, t, x0);
-        unxor4(r1, t, x1);
-#pragma unroll
-        for (int G = 0; G < NG; ++G) {
-          vr[G / 2][2 * (G & 1)] = x0[G];
-          vr[G / 2][2 * (G & 1) + 1] = x1[G];
-        }
       } else {
         const int vblk = diet ? 16 * kDietKstr : 16 * kstr;
         ldsm_x4_trans(st_s + vblk + ldm_off, vr[0]);
@@ -1207,7 +1161,6 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t s01d[NG], s23d[NG];
       uint32_t za0, za2;
       if constexpr (flatk) {  // (kFlat reads above: pairs from lanes 8 G + t / 8 gz + 4 + t)
-        if constexpr (flatx) ldsm_x2_trans(st_s + ldm_c + 16 * kK, cw);
         za0 = __shfl_sync(0xffffffffu, cw[0], 8 * gz + 4 + t);
         za2 = __shfl_sync(0xffffffffu, cw[1], 8 * gz + 4 + t);
       } else {
@@ -1478,9 +1431,6 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
-        if (a.flat && a.flat_xor)
-          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat | kFlatX>(p, a, m, B,
-                                                                                     stream);
         if (a.flat)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
@@ -1693,7 +1643,6 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   // per CTA = Hkv = 8; paged: any page size, a tile never crosses a page); not with the probes.
   // The stage becomes the blocks themselves (key stride 640); elsewhere the kDiet kernel.
   a.flat = plan.bulk_flat != 0 && a.diet && a.contig && !a.probe;
-  a.flat_xor = plan.bulk_flat == 2;
   if (a.flat) {
     a.kstr = kFlatKstr;
     a.stage_bytes = 32 * kFlatKstr;

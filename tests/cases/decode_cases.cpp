@@ -167,14 +167,15 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   diet / no_diet: plan_decode's choice with bulk_diet on (its int4 choice since session 10:
 //     the int4 g4 D 128 tensor-map kernel at 8 heads per CTA on its lean per-tile path with the
 //     lagged refill; explicit here) / off (the kernel before).
-//   flat / flat2: plan_decode's choice with bulk_flat 1 / 2 (session 14: the diet kernel with
-//     each full tile's K / V by one 1-D bulk copy into an unpadded stage, read by ldmatrix rows
-//     whose column is rotated (1) / XORed (2) by key class; where the tile's block is
-//     contiguous, i.e. 8 KV heads; elsewhere the flag is ignored).
+//   flat / no_flat: plan_decode's choice with bulk_flat 1 (its int4 choice since session 14: the
+//     diet kernel with each full tile's K / V by one 1-D bulk copy into an unpadded stage, read
+//     by ldmatrix rows whose column is rotated by key class, where the tile's block is
+//     contiguous, i.e. 8 KV heads; elsewhere the flag is ignored; explicit here) / 0 (the
+//     tensor-map boxes, the kernel before).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, no_diet, flat, flat2
+  lean_staged, eager, diet, no_diet, flat, no_flat
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -198,7 +199,7 @@ class DecodeCase : public Case {
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
                     kernel == Kernel::eager || kernel == Kernel::diet ||
                     kernel == Kernel::no_diet || kernel == Kernel::flat ||
-                    kernel == Kernel::flat2) &&
+                    kernel == Kernel::no_flat) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -223,7 +224,7 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::diet) s += ".diet";
     if (kernel_ == Kernel::no_diet) s += ".no_diet";
     if (kernel_ == Kernel::flat) s += ".flat";
-    if (kernel_ == Kernel::flat2) s += ".flat2";
+    if (kernel_ == Kernel::no_flat) s += ".no_flat";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
@@ -290,8 +291,8 @@ class DecodeCase : public Case {
       plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
     } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet) {
       plan.bulk_diet = kernel_ == Kernel::diet;
-    } else if (kernel_ == Kernel::flat || kernel_ == Kernel::flat2) {
-      plan.bulk_flat = kernel_ == Kernel::flat ? 1 : 2;
+    } else if (kernel_ == Kernel::flat || kernel_ == Kernel::no_flat) {
+      plan.bulk_flat = kernel_ == Kernel::flat ? 1 : 0;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -780,9 +781,9 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, fl);
   add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, fl);
   add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, fl);
-  // flat2 (bulk_flat 2, the XOR-only read): contiguous, paged 16 / 256, partial tiles, causal,
-  // bias, GQA.
-  const Kernel f2 = Kernel::flat2;
+  // no_flat (bulk_flat 0, the tensor-map boxes: plan_decode's int4 kernel before run 49):
+  // contiguous, paged 16 / 256, partial tiles, causal, bias, GQA.
+  const Kernel f2 = Kernel::no_flat;
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, f2);
   add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 33}, 2, 4, true, true, DType::bf16, f2);
   add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 8, 1, false, true, DType::f16, f2);
