@@ -241,6 +241,16 @@ class PrologueBench : public BenchCase {
         detail::PrologueCudaTuning hg8;
         hg8.heads_per_cta = 8;
         variant_of("quantize CTAs of at most 8 heads (run 25 default at Wan)", hg8, fused);
+        // Session 14: the q kernel with two rows (heads) per lane (round 5, quant_pair) and the
+        // round-3 one, forced.
+        if (!is_k)
+          for (int pr : {detail::kPairOn, detail::kPairOff}) {
+            detail::PrologueCudaTuning qp;
+            qp.quant_pair = pr;
+            variant_of(pr == detail::kPairOn ? "q kernel round 5 (two rows per lane)"
+                                             : "q kernel round 3 (one row per lane)",
+                       qp, fused);
+          }
         // Session 14: the mean kernel with two rows per lane (round 5: half the weight and
         // rotary shared-memory reads per value) and the one-row round 4, forced.
         if (is_k)

@@ -143,7 +143,11 @@ struct PrologueCudaTuning {
   int mean_smem = 0;
   int quant_early = 0;
   int quant_tight = 0;
+  // Session 14: `quant_pair` (kPairOff / kPairOn) the specialized q kernel (THREAD_Q groups of
+  // 4 rows, no mean) in the round-5 layout, two rows (heads) of 16 values per lane.
+  int quant_pair = 0;
 };
+constexpr int kPairOff = 1, kPairOn = 2;
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();
 

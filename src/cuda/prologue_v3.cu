@@ -99,6 +99,11 @@ constexpr int kTightThreads = 128;
 // 0.0205, k 0.0384 -> 0.0376. The default for those launches since (tuning quant_tight =
 // kTightPlain: the unspecialized tight kernel).
 constexpr bool kV3DefaultSpec = true;
+// Session 14: round 5 of the specialized q kernel (v5_quantize_pair_kernel; tuning `quant_pair`)
+// by default from this many rows (batch * tokens * heads) up. H200 run 51 (the same bits; ms
+// round 5 / round 3 forced): Wan q 0.1402 / 0.1411 (85.7 % of copy), Flux q 0.0228 / 0.0206 (its
+// 16-row tiles: twice the CTAs of the short grid).
+constexpr int64_t kV3PairMinRows = int64_t{1} << 20;
 constexpr int kSpecQRows = 4, kSpecKRows = 16;
 // Session 10: the balanced quantize grid. A grid of CTAs of equal work fills the SMs unevenly
 // when it is less than a few rounds: Flux q / k quantize, 576 CTAs of 6 heads on 660 slots = 48
@@ -396,26 +401,30 @@ __device__ __forceinline__ int pair_table_pos(int q) {
   return q ^ ((q >> 3) & (ROPE == kRopePaired ? 3 : 1));
 }
 
-// Codes of 32 values with one scale (SPEC §1 rounding; see quantize16 in prologue.cu for the
+// Codes of N values with one scale (SPEC §1 rounding; see quantize16 in prologue.cu for the
 // reciprocal: div.full.f32 a / b is a * rcp(b) for b in [2^-126, 2^126]). out[k] = codes 4k..4k+3.
-template <bool LEAN = false>
-__device__ __forceinline__ void quantize32(const float (&v)[32], float scale, uint32_t (&out)[8]) {
+template <int N, bool LEAN>
+__device__ __forceinline__ void quantize_n(const float* v, float scale, uint32_t* out) {
   const float as = fabsf(scale);
-  int c[32];
+  int c[N];
   if (as >= 0x1p-126f && as <= 0x1p126f) {
     const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) c[j] = round_code(__fmul_rn(v[j], r));
+    for (int j = 0; j < N; ++j) c[j] = round_code(__fmul_rn(v[j], r));
   } else if (scale == 0.f) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) c[j] = 0;
+    for (int j = 0; j < N; ++j) c[j] = 0;
   } else {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) c[j] = round_code(div_full(v[j], scale));
+    for (int j = 0; j < N; ++j) c[j] = round_code(div_full(v[j], scale));
   }
 #pragma unroll
-  for (int k = 0; k < 8; ++k)
+  for (int k = 0; k < N / 4; ++k)
     out[k] = pack_s8x4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
+}
+template <bool LEAN = false>
+__device__ __forceinline__ void quantize32(const float (&v)[32], float scale, uint32_t (&out)[8]) {
+  quantize_n<32, LEAN>(v, scale, out);
 }
 
 // prmt.b32 (default mode): byte n of the result is byte (s >> 4n) & 7 of {b, a} (a: bytes 0-3),
@@ -437,18 +446,17 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
 // byte becomes (0x80 - m) ^ 0x80 = -m mod 256 (0x80 - m in [1, 0x80] for m <= 127: no borrow
 // between bytes; m = 0 gives 0). v = -0 and a NaN never reach this (a NaN or inf |v| makes the
 // scale non-finite: the caller's other paths).
-template <bool LEAN>
-__device__ __forceinline__ void quantize32_fq(const float (&v)[32], float scale,
-                                              uint32_t (&out)[8]) {
+template <int N, bool LEAN>
+__device__ __forceinline__ void quantize_fq_n(const float* v, float scale, uint32_t* out) {
   const float as = fabsf(scale);
   if (!(as >= 0x1p-126f && as <= 0x1p126f)) {
-    quantize32<LEAN>(v, scale, out);
+    quantize_n<N, LEAN>(v, scale, out);
     return;
   }
   const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
   constexpr uint32_t H = 0x80808080u;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
+  for (int k = 0; k < N / 4; ++k) {
     uint32_t c[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -463,6 +471,11 @@ __device__ __forceinline__ void quantize32_fq(const float (&v)[32], float scale,
     const uint32_t neg = (H - w) ^ H;
     out[k] = (neg & sg) | (w & ~sg);
   }
+}
+template <bool LEAN>
+__device__ __forceinline__ void quantize32_fq(const float (&v)[32], float scale,
+                                              uint32_t (&out)[8]) {
+  quantize_fq_n<32, LEAN>(v, scale, out);
 }
 
 // ---- norm_rope_quantize -----------------------------------------------------------------------
@@ -869,6 +882,147 @@ __global__ void __maxnreg__(kV3Async96Regs)
   v3_quantize_body<D, BF16, ROPE, THREADS, SG>(a, L);
 }
 
+// ---- norm_rope_quantize, round 5: two rows per lane (THREAD_Q groups of kSpecQRows rows) --------
+//
+// The specialized tight q kernel (SG = kSpecQRows, no mean) in the round-5 mean kernel's layout
+// (session 14, tuning `quant_pair`): a lane holds two heads of its token (heads 2 v, 2 v + 1 of
+// the CTA's head group at step v) as 16 values each, chunks l and l + D / 16 of D / 16 lanes per
+// row (v4_row_pair), so the weight and rotary quads it reads from shared memory per step serve
+// both heads: 4 + 4 quads per 32 values instead of v3's 8 + 8. A warp holds 32 / (D / 16) tokens
+// (4 at D = 128), a scale group of kSpecQRows tokens is D / 16 x 4 lanes (the whole warp at
+// D = 128, a half-warp at D = 64: one redux each), the CTA tile kSpecQRows-row groups of one
+// block (4 warps). Per value the same operations as the round-3 kernel: the same bits.
+template <int D, bool BF16, int ROPE>
+__global__ void __maxnreg__(kV3Async96Regs)
+    v5_quantize_pair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
+  constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
+  constexpr bool LEAN = BF16;
+  constexpr int LANES = D / 16, RW = 32 / LANES;
+  constexpr int RL = LANES * kSpecQRows < 32 ? LANES * kSpecQRows : 32;  // lanes of a group
+  static_assert(RL == 16 || RL == 32, "a group is a half-warp or a warp");
+  // Dynamic shared memory: the x ring [SLOTS][4][THREADS] uint4 (chunks l, l + D / 16 of the
+  // step's two heads), then (rope) [4][THREADS] float4: this thread's rotary quads.
+  extern __shared__ float4 dyn_sh[];
+  float4* t_sh = dyn_sh + SLOTS * 4 * THREADS;
+  __shared__ float4 w_sh[D / 4];  // pair_weight_quad's quads: [k][l] at k * LANES + l
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int slot = lane / LANES, lane_in_row = lane % LANES;
+  if (!L.early) griddep_wait();
+  const int64_t b = blockIdx.z;
+  int64_t tile, h0;
+  int count;
+  quant_cta_work(L, a.heads, tile, h0, count);
+  if (L.reverse) tile = L.tiles - 1 - tile;
+  const QuantRow row =
+      quant_row(a, b, tile * L.tile_rows + warp * RW + slot, kSpecQRows, h0, lane_in_row == 0);
+  const float4 wq = pair_weight_quad<D>(a, tid);
+  // The lane's rotary pairs: paired 8 l .. 8 l + 7, interleaved 4 l .. 4 l + 3 and D / 4 + 4 l ..;
+  // quad k = (cos, sin) of its pairs 2k, 2k + 1.
+  float tcs[8], tsn[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
+  if (ROPE != kRopeNone && row.ok) {
+    const int64_t off = b * a.r_sb + row.n * a.r_sn;
+    const int p0 = ROPE == kRopePaired ? 8 * lane_in_row : 4 * lane_in_row;
+    load_table4(a, L.table_mode, off, p0, tcs, tsn);
+    load_table4(a, L.table_mode, off, ROPE == kRopePaired ? p0 + 4 : D / 4 + p0, tcs + 4, tsn + 4);
+  }
+  const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
+  const int s_sh = static_cast<int>(a.s_sh);
+  const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
+  const float abs_sm = fabsf(a.sm_scale);
+  const int c0 = 8 * lane_in_row;  // channel of the lane's first chunk (the second: + D / 2)
+  const float rcp127 = rcp_approx(127.f);
+  const int steps = (count + 1) / 2;  // head pairs (an odd count: the last pair's second head
+                                      // re-reads the first and stores nothing)
+  constexpr uint32_t SB = 4 * THREADS * sizeof(uint4);
+  const uint32_t ring0 = ptx::smem_u32(dyn_sh) + tid * sizeof(uint4);
+  const uint16_t* nx = row.x + c0;  // the first head of the next pair to issue
+  int issued = 0;
+  auto issue_at = [&](uint32_t dst) {
+    const uint16_t* second = nx + (2 * issued + 1 < count ? x_sh : 0);
+    ptx::cp_async16(dst, nx);
+    ptx::cp_async16(dst + THREADS * sizeof(uint4), nx + D / 2);
+    ptx::cp_async16(dst + 2 * THREADS * sizeof(uint4), second);
+    ptx::cp_async16(dst + 3 * THREADS * sizeof(uint4), second + D / 2);
+    nx += 2 * x_sh;
+    ++issued;
+  };
+#pragma unroll
+  for (int k = 0; k < AHEAD; ++k) {
+    if (k < steps) issue_at(ring0 + k * SB);
+    cp_async_commit();
+  }
+  if (L.early) griddep_wait();  // (forced early: after the first x loads, as the round-3 kernel)
+  if (tid < D / 4) w_sh[tid] = wq;
+  if (ROPE != kRopeNone) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      t_sh[k * THREADS + tid] = make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
+  }
+  __syncthreads();
+  int8_t* qcur = row.q + c0;
+  float* scur = row.s;
+  const uint32_t first = ring0, last = ring0 + (SLOTS - 1) * SB;
+  uint32_t rd = first, wr = last;
+#pragma unroll 1
+  for (int v = 0; v < steps; ++v) {
+    if (v + AHEAD < steps) issue_at(wr);
+    cp_async_commit();
+    cp_async_wait<AHEAD>();
+    uint4 r[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r[i] = lds16u(rd + i * THREADS * sizeof(uint4));
+    float x[32];
+    v4_row_pair<D, BF16, ROPE, LEAN>(
+        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k * LANES + lane_in_row]); },
+        [&](int k) { return lds16(&t_sh[k * THREADS + tid]); }, r, x);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (2 * v + h >= count) break;  // (CTA-uniform)
+      float* y = x + 16 * h;
+      // |y|'s maximum: four chains of 4, then a tree (exact in any order); rows past N: 0
+      float t[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        t[i] = fabsf(y[4 * i]);
+#pragma unroll
+        for (int j = 1; j < 4; ++j) t[i] = max_nan(t[i], fabsf(y[4 * i + j]));
+      }
+      const float m0 = row.ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
+      // as unsigned bit patterns (sign clear, NaN above +inf), the integer maximum is the float's
+      const uint32_t bits = __float_as_uint(m0);
+      float m;
+      if constexpr (RL == 32) {
+        m = __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
+      } else {
+        const bool upper = (lane & 16) != 0;
+        const uint32_t lo = __reduce_max_sync(0xffffffffu, upper ? 0u : bits);
+        const uint32_t hi = __reduce_max_sync(0xffffffffu, upper ? bits : 0u);
+        m = __uint_as_float(upper ? hi : lo);
+      }
+      if (scaled) m = __fmul_rn(m, abs_sm);
+      const float scale =
+          __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
+      if (row.writer) scur[h * s_sh] = scale;
+      if (!row.ok) continue;
+      if (scaled) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) y[j] = __fmul_rn(y[j], a.sm_scale);
+      }
+      uint32_t packed[4];
+      quantize_fq_n<16, LEAN>(y, scale, packed);
+      int8_t* q = qcur + h * q_sh;
+      *reinterpret_cast<uint2*>(q) = make_uint2(packed[0], packed[1]);
+      *reinterpret_cast<uint2*>(q + D / 2) = make_uint2(packed[2], packed[3]);
+    }
+    wr = rd;
+    rd = rd == last ? first : rd + SB;
+    qcur += 2 * q_sh;
+    scur += 2 * s_sh;
+  }
+}
+
 // ---- norm_rope_mean, round 4 ------------------------------------------------------------------
 //
 // Rounds 2 and 3 keep one token per row slot and loop over heads, so each thread adds into a
@@ -1246,9 +1400,21 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   L.group_rows = a.block / a.groups;
   // >= 4 warps of rows, whole blocks (both powers of two); with `split_blocks`, whole scale groups
   // (THREAD_K 64 at D = 128: 4-warp CTAs on half blocks instead of 8-warp CTAs).
-  const bool split =
-      tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn : kV3DefaultSplit;
-  const int lanes = static_cast<int>(a.dim / 32), rw = 32 / lanes;
+  // Round 5 (v5_quantize_pair_kernel, two rows per lane): the specialized q layout only (THREAD_Q
+  // groups of kSpecQRows rows, no mean, redux, scale_eps >= 0, the tight 4-warp CTA) with tuning
+  // `quant_pair`, else from kV3PairMinRows rows); its tile: the scale groups of 16 (D = 128) or
+  // 32 rows.
+  const bool pair_on = tuning.quant_pair > 0 ? tuning.quant_pair == detail::kPairOn
+                                             : a.batch * a.tokens * a.heads >= kV3PairMinRows;
+  const bool pair = pair_on && tight_forms(tuning) &&
+                    (tuning.quant_tight > 0 ? tuning.quant_tight != detail::kTightPlain
+                                            : kV3DefaultSpec) &&
+                    !a.mean && L.group_rows == kSpecQRows && a.scale_eps >= 0.f &&
+                    (tuning.max_reduce > 0 ? tuning.max_reduce == detail::kReduceRedux
+                                           : kV3DefaultRedux);
+  const bool split = pair || (tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn
+                                                      : kV3DefaultSplit);
+  const int lanes = static_cast<int>(a.dim / (pair ? 16 : 32)), rw = 32 / lanes;
   L.tile_rows = std::max(split ? L.group_rows : a.block, 4 * rw);
   L.wpg = L.group_rows > rw ? L.group_rows / rw : 1;
   L.red_lanes = std::min(32, lanes * L.group_rows);
@@ -1292,7 +1458,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
       spec = kSpecKRows;
   }
   const int smem = static_cast<int>(sizeof(float4)) * threads *
-                       ((a.rotate ? 8 : 0) + 4 * (ahead + 1)) +
+                       ((a.rotate ? (pair ? 4 : 8) : 0) + 4 * (ahead + 1)) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
   const int mean_row_bytes = static_cast<int>(sizeof(float) * a.dim);
   auto launch = [&](auto kernel) {
@@ -1383,7 +1549,9 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (spec == kSpecQRows)
+    if (pair)
+      launch(v5_quantize_pair_kernel<D, BF16, ROPE>);
+    else if (spec == kSpecQRows)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows>);
     else if (spec == kSpecKRows)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows>);

@@ -59,6 +59,7 @@ struct Cfg {
   int quant_early = 0;    // CUDA: round-3 quantize loads x before its PDL wait
   int quant_tight = 0;    // CUDA: kTightOff session 8's generic quantize kernel, kTightPlain
                           // the unspecialized tight one (the default before session 11)
+  int quant_pair = 0;     // CUDA: the round-5 q kernel, two rows per lane (detail::kPair*)
   std::string tag;
 };
 
@@ -217,7 +218,7 @@ class PrologueCase : public Case {
                                         c_.mean_round, c_.tile_order, c_.pdl,
                                         c_.split_blocks, c_.max_reduce, c_.quant_pdl,
                                         c_.mean_ctas, c_.mean_smem, c_.quant_early,
-                                        c_.quant_tight});
+                                        c_.quant_tight, c_.quant_pair});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -370,6 +371,28 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     ms.heads_per_cta = 0;
     add(ms);  // one CTA along the tokens at D = 128 (33 rows < 3 steps of 16)
   }
+  // Session 14: the round-5 q kernel (two rows per lane; quant_pair = kPairOn) and the round-3
+  // one forced ("q3"): THREAD_Q 32 at the odd token counts, D 64 / 128, 11 heads (odd: the last
+  // pair's second head absent) and 24 (the Flux grid), B 2, from a fused QKV buffer, sm_scale
+  // 1 / non-power-of-two, split-half / interleaved rope, no rope, no norm, f16 into a padded q_out,
+  // scale_eps 0.
+  for (int pr : {detail::kPairOn, detail::kPairOff})
+    for (int64_t N : {1, 17, 127, 1000, 4608})
+      for (int64_t D : {64, 128}) {
+        const std::string t = pr == detail::kPairOn ? "q5" : "q3";
+        if (pr == detail::kPairOff && N != 1000) continue;
+        Cfg q;
+        q.quant_pair = pr, q.tag = t + "split";
+        q.B = N == 4608 ? 1 : 2, q.N = N, q.H = N == 4608 ? 24 : 11, q.D = D, q.qkv = true;
+        q.sm_scale = q_scale;
+        add(q);
+        q.tag = t + "inter", q.dtype = DType::f16, q.rope = RopeKind::interleaved, q.q_pad = true;
+        q.w_dtype = DType::f32, q.sm_scale = 1.f;
+        add(q);
+        q.tag = t + "plain", q.rope = RopeKind::none, q.norm = Norm::none, q.q_pad = false;
+        q.dtype = DType::bf16, q.scale_eps = 0.f, q.sm_scale = 0.75f;
+        add(q);
+      }
   // Session 14: the round-5 mean kernel (two rows per lane; mean_round = 5) and round 4 forced
   // ("r4"), at the odd token counts, D 64 and 128, 11 heads (the last lane's second row past H)
   // and 1 head, B 2, from a fused QKV buffer: split-half bf16, interleaved f16, no rope, no norm,
