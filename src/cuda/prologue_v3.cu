@@ -537,6 +537,18 @@ __device__ __forceinline__ void quant_cta_work(const V3QuantLaunch& L, int64_t h
   tile = t, h0 = hb, count = static_cast<int>(he - hb);
 }
 
+// The PDL wait (unless `early`), this CTA's work (its tile reversed with L.reverse) and the
+// thread's row at position `pos` of the tile, with the pointers at the CTA's first head.
+__device__ __forceinline__ QuantRow quant_cta_row(const PrologueArgs& a, const V3QuantLaunch& L,
+                                                  int pos, int group_rows, bool first_lane,
+                                                  int& count) {
+  if (!L.early) griddep_wait();
+  int64_t tile, h0;
+  quant_cta_work(L, a.heads, tile, h0, count);
+  if (L.reverse) tile = L.tiles - 1 - tile;
+  return quant_row(a, blockIdx.z, tile * L.tile_rows + pos, group_rows, h0, first_lane);
+}
+
 // Mean rows a quantize CTA stages in shared memory (with mean_smem).
 __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
   return L.mean_ring && L.head_group > kMeanRingRows ? kMeanRingRows : L.head_group;
@@ -589,20 +601,17 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   // Launched with PDL (tuning `quant_pdl`): nothing is read before the previous kernel in the
-  // stream has completed (a no-op without the attribute). `early` (the fused k path, i.e. behind
-  // the mean pass of the same x): the wait comes before the first read of the mean.
-  if (!L.early) griddep_wait();
+  // stream has completed (quant_cta_row's wait; a no-op without the attribute). `early` (the
+  // fused k path, i.e. behind the mean pass of the same x): the wait comes before the first read
+  // of the mean instead.
   const int64_t b = blockIdx.z;
-  int64_t tile, h0;
   int count;
-  quant_cta_work(L, a.heads, tile, h0, count);
-  if (L.reverse) tile = L.tiles - 1 - tile;
   // This thread's row for the whole head loop.
   // Position P in the (padded) token order of whole blocks: a tile is whole blocks, or (knob
   // `split_blocks`) whole scale groups of one block.
   const int p = warp * RW + slot;
   // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
-  const QuantRow row = quant_row(a, b, tile * L.tile_rows + p, L.group_rows, h0, lane_in_row == 0);
+  const QuantRow row = quant_cta_row(a, L, p, L.group_rows, lane_in_row == 0, count);
 
   const float4 wq = v3_weight_quad<D>(a, tid);  // blockDim >= 128 >= 8 * LANES
   float tcs[16], tsn[16];
@@ -907,14 +916,10 @@ __global__ void __maxnreg__(kV3Async96Regs)
   __shared__ float4 w_sh[D / 4];  // pair_weight_quad's quads: [k][l] at k * LANES + l
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
-  if (!L.early) griddep_wait();
   const int64_t b = blockIdx.z;
-  int64_t tile, h0;
   int count;
-  quant_cta_work(L, a.heads, tile, h0, count);
-  if (L.reverse) tile = L.tiles - 1 - tile;
   const QuantRow row =
-      quant_row(a, b, tile * L.tile_rows + warp * RW + slot, kSpecQRows, h0, lane_in_row == 0);
+      quant_cta_row(a, L, warp * RW + slot, kSpecQRows, lane_in_row == 0, count);
   const float4 wq = pair_weight_quad<D>(a, tid);
   // The lane's rotary pairs: paired 8 l .. 8 l + 7, interleaved 4 l .. 4 l + 3 and D / 4 + 4 l ..;
   // quad k = (cos, sin) of its pairs 2k, 2k + 1.
