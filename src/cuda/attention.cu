@@ -772,8 +772,9 @@ constexpr bool kAuto256Wgmma = true;
 
 // auto's 16-bit P·V kernel at D = 64 / 128: the head-dim-256 kernel's structure at that head dim
 // (launch_attention_wgmma_pv16: TMA producer warp, ring of 64-key stages, three consumer
-// warpgroups, each stage's P·V in flight under the next softmax; true) or round 1 (false; still
-// `kernel = wgmma`). Session 13: 677.6 vs 323.5 TOPS at (1, 40, 32760, 128) in H200 run 42.
+// warpgroups (four at D = 64 since session 14), each stage's P·V in flight under the next
+// softmax; true) or round 1 (false; still `kernel = wgmma`). Session 13: 677.6 vs 323.5 TOPS at
+// (1, 40, 32760, 128) in H200 run 42; session 14, D = 64: 423.8 vs 190 (round 1) in run 48.
 constexpr bool kAutoPv16Ring = true;
 
 }  // namespace

@@ -28,7 +28,8 @@
 //    O is rescaled (session 13).
 //  - Head dim 64 / 128, 16-bit P·V (session 13; auto's 16-bit kernel there on sm_90a): the same
 //    kernel with D / 128 chunks (D = 64: int8 rows of 64 bytes in the 64-byte swizzle), up to 8
-//    ring stages and three consumer warpgroups (192-row CTAs, 160 registers) (Shape256).
+//    ring stages and three consumer warpgroups (192-row CTAs, 160 registers; D = 64 since
+//    session 14: four, 256-row CTAs at 112 registers) (Shape256).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda.h>  // CUtensorMap (the encoder comes from the runtime's driver entry point)
