@@ -114,6 +114,14 @@ __device__ __forceinline__ void unrot5(const uint32_t (&r)[5], int s, uint32_t (
 #pragma unroll
   for (int c = 0; c < 5; ++c) R[c] = b1 ? T[(c + 3) % 5] : T[c];
 }
+// Word v of lane (b & 28) | (lane & 3): shfl.sync.idx with segment mask 3 (bits 0-1 of the source
+// lane from the reading lane, bits 2-4 from b) and clamp 31 (kFlatL: with b a constant, an
+// immediate source lane, no per-lane index register).
+__device__ __forceinline__ uint32_t shfl_quadcol(uint32_t v, uint32_t b) {
+  uint32_t d;
+  asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x31f, 0xffffffff;\n" : "=r"(d) : "r"(v), "r"(b));
+  return d;
+}
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -230,6 +238,8 @@ struct BulkArgs {
   // DecodePlan::bulk_flat (session 14): the kTma4 | kDiet | kFlat instantiation; set only with
   // diet and contig (a tile's K / V block is contiguous: heads per CTA = Hkv), kstr 640.
   bool flat = false;
+  // DecodePlan::bulk_flat 2 (session 14, helper dec2): the kFlatL instantiation (with flat).
+  int flat_v = 1;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -277,7 +287,12 @@ struct BulkMaps {
 // at the kernel's "kFlat reads" below. H200 run 49 (same bits): plan_decode's int4 g4 kernel
 // since (bulk_flat 2, an XOR-only read with the coefficient rows apart, lost at every shape:
 // +6..+9 % over kFlat; deleted).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32;
+// kFlatL (64, with kFlat; DecodePlan::bulk_flat 2): kFlat's reads and values with leaner
+// distribution code: the K scale shuffles within the quad by immediate source lane (width 4), the
+// key g + 8 scale as the high half of the shuffled pair word (no shift), the V pair shuffles by
+// source lane 8 G | t (shfl_quadcol, immediate): no per-lane source-lane registers (kFlat re-read
+// the thread id and rebuilt three of them every tile at the 128-register cap).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32, kFlatL = 64;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
 // (Run 33 deleted the ld.global.nc and 16-byte cp.async probes and renumbered no-reads 4 -> 3.)
 constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeEmpty = 3;
@@ -327,6 +342,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
   constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656, 4 stages)
   constexpr bool flatk = diet && (KN & kFlat) != 0;  // (kstr 640)
+  constexpr bool flatl = flatk && (KN & kFlatL) != 0;  // (kFlat, leaner distribution)
   constexpr int kK = flatk ? kFlatKstr : kDietKstr;  // kDiet: the stage's key stride
   const int NST = diet ? kDietStages : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
@@ -921,9 +937,13 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         const uint32_t sp = prmt(zk[0], zk[1], 0x5410);
 #pragma unroll
         for (int G = 0; G < NG; ++G) {
-          const uint32_t x = __shfl_sync(0xffffffffu, sp, (lane & ~3) | G);
-          kc[0][G] = x;        // (only the low half is read: key g's scale)
-          kc[1][G] = x >> 16;  // key g + 8's
+          if constexpr (flatl) {  // (sc below: key g + 8's scale is the high half)
+            kc[0][G] = kc[1][G] = __shfl_sync(0xffffffffu, sp, G, 4);
+          } else {
+            const uint32_t x = __shfl_sync(0xffffffffu, sp, (lane & ~3) | G);
+            kc[0][G] = x;        // (only the low half is read: key g's scale)
+            kc[1][G] = x >> 16;  // key g + 8's
+          }
         }
       } else if constexpr (diet) {
         lds128_s(st_s + koff[0], kc[0]);
@@ -936,7 +956,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk)
 #pragma unroll
-        for (int G = 0; G < NG; ++G) sc[kk][G] = __low2float(bits_h2(kc[kk][G]));
+        for (int G = 0; G < NG; ++G)
+          sc[kk][G] =
+              flatl && kk == 1 ? __high2float(bits_h2(kc[kk][G])) : __low2float(bits_h2(kc[kk][G]));
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
@@ -1160,7 +1182,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       // kDiet: the four keys' coefficient words as one 16-byte load each, paired per group.
       uint32_t s01d[NG], s23d[NG];
       uint32_t za0, za2;
-      if constexpr (flatk) {  // (kFlat reads above: pairs from lanes 8 G + t / 8 gz + 4 + t)
+      if constexpr (flatl) {
+        // lane 8 (g & 3) + 4 + t: 8 gz + 4 + t where g < 4 (rows 4..7 of zacc are never read)
+        const uint32_t zb = (static_cast<uint32_t>(lane) << 1) | 4u;
+        za0 = shfl_quadcol(cw[0], zb);
+        za2 = shfl_quadcol(cw[1], zb);
+      } else if constexpr (flatk) {  // (kFlat reads above: pairs from lanes 8 G + t / 8 gz + 4 + t)
         za0 = __shfl_sync(0xffffffffu, cw[0], 8 * gz + 4 + t);
         za2 = __shfl_sync(0xffffffffu, cw[1], 8 * gz + 4 + t);
       } else {
@@ -1191,7 +1218,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
         uint32_t s01, s23;
-        if constexpr (flatk) {
+        if constexpr (flatl) {  // (lane 8 G + t by immediates)
+          s01 = shfl_quadcol(cw[0], 8u * G);
+          s23 = shfl_quadcol(cw[1], 8u * G);
+        } else if constexpr (flatk) {
           s01 = __shfl_sync(0xffffffffu, cw[0], 8 * G + t);
           s23 = __shfl_sync(0xffffffffu, cw[1], 8 * G + t);
         } else if constexpr (diet) {
@@ -1431,6 +1461,9 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
+        if (a.flat && a.flat_v == 2)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat | kFlatL>(p, a, m, B,
+                                                                                    stream);
         if (a.flat)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
@@ -1643,6 +1676,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   // per CTA = Hkv = 8; paged: any page size, a tile never crosses a page); not with the probes.
   // The stage becomes the blocks themselves (key stride 640); elsewhere the kDiet kernel.
   a.flat = plan.bulk_flat != 0 && a.diet && a.contig && !a.probe;
+  a.flat_v = plan.bulk_flat;
   if (a.flat) {
     a.kstr = kFlatKstr;
     a.stage_bytes = 32 * kFlatKstr;
