@@ -200,7 +200,10 @@ struct DecodePlan {
   // kernels) ignored. 2 = 1's reads and values (the same bits) with leaner distribution code:
   // the shuffles by immediate source lanes (within the quad for K's scales; lane 8 G | t for V's
   // pairs by a segment mask), K's key g + 8 scale as the high half of the shuffled pair (no
-  // shift); bench / A-B only (session 14, helper dec2). 0, 1 or 2. docs/decode.md "Session 14".
+  // shift); 3 = 2 with a one-pointer ring state (the stage's barriers and key count in one
+  // static block at fixed offsets: one advanced barrier address instead of three) and the V shift
+  // mma's unused rows fed already-shuffled words instead of zeros (the same bits). 2 and 3:
+  // bench / A-B only (session 14, helper dec2). 0-3. docs/decode.md "Session 14".
   int bulk_flat = 0;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,

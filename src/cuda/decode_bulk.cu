@@ -238,7 +238,8 @@ struct BulkArgs {
   // DecodePlan::bulk_flat (session 14): the kTma4 | kDiet | kFlat instantiation; set only with
   // diet and contig (a tile's K / V block is contiguous: heads per CTA = Hkv), kstr 640.
   bool flat = false;
-  // DecodePlan::bulk_flat 2 (session 14, helper dec2): the kFlatL instantiation (with flat).
+  // DecodePlan::bulk_flat (with flat): 2 the kFlatL instantiation, 3 kFlatL | kFlatR (session
+  // 14, helper dec2); otherwise kFlat.
   int flat_v = 1;
 };
 
@@ -292,7 +293,13 @@ struct BulkMaps {
 // key g + 8 scale as the high half of the shuffled pair word (no shift), the V pair shuffles by
 // source lane 8 G | t (shfl_quadcol, immediate): no per-lane source-lane registers (kFlat re-read
 // the thread id and rebuilt three of them every tile at the 128-register cap).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32, kFlatL = 64;
+// kFlatR (128, with kFlatL; DecodePlan::bulk_flat 3): kFlatL plus a one-pointer ring state: the
+// stage's full / empty barriers and key count in one static block (fsync: full at + 8 s, empty at
+// + 32 + 8 s, count at + 64 + 8 s), so that one loop-carried barrier address and the stage address
+// replace kDiet's four advanced pointers; and the V shift mma's unused A rows g + 8 (zacc [2], [3],
+// never read) fed the rows g words instead of zeros (no per-tile zero moves).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32, kFlatL = 64,
+              kFlatR = 128;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
 // (Run 33 deleted the ld.global.nc and 16-byte cp.async probes and renumbered no-reads 4 -> 3.)
 constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeEmpty = 3;
@@ -326,6 +333,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   __shared__ __align__(8) uint64_t full[kMaxStages];
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // solo issue mode: stage released
   __shared__ int cnt[kMaxStages];
+  __shared__ __align__(8) uint64_t fsync[12];  // kFlatR: full 0..3, empty 4..7, counts 8..11
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -343,14 +351,21 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656, 4 stages)
   constexpr bool flatk = diet && (KN & kFlat) != 0;  // (kstr 640)
   constexpr bool flatl = flatk && (KN & kFlatL) != 0;  // (kFlat, leaner distribution)
+  constexpr bool flatr = flatl && (KN & kFlatR) != 0;  // (kFlatL, one-pointer ring state)
   constexpr int kK = flatk ? kFlatKstr : kDietKstr;  // kDiet: the stage's key stride
   const int NST = diet ? kDietStages : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
   const uint32_t ring_s = tma ? (raw_s + 127u) & ~127u : raw_s;
   char* const ring = ring_raw + (ring_s - raw_s);
-  const uint32_t full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
-  const uint32_t empty_s = static_cast<uint32_t>(__cvta_generic_to_shared(empty));
+  uint32_t full_s, empty_s;  // (kFlatR: fsync's)
+  if constexpr (flatr) {
+    full_s = static_cast<uint32_t>(__cvta_generic_to_shared(fsync));
+    empty_s = full_s + 32;
+  } else {
+    full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
+    empty_s = static_cast<uint32_t>(__cvta_generic_to_shared(empty));
+  }
   constexpr bool solo = SOLO;
 
   // Zero the ring (absent keys' V rows must be finite), init the barriers: before the PDL wait
@@ -596,7 +611,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     if (lane == 0) {
       // (kDiet: + 32 where the call masks or biases, so that the consumers' plain test is
       // the count alone)
-      cnt[s] = static_cast<int>(nk) + (diet && (p.causal || p.bias) ? 32 : 0);
+      const int cv = static_cast<int>(nk) + (diet && (p.causal || p.bias) ? 32 : 0);
+      if constexpr (flatr) {
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(full_s + 64 + 8 * s), "r"(cv) : "memory");
+      } else {
+        cnt[s] = cv;
+      }
       mbar_arrive_expect_tx(bar, bytes);
     }
     __syncwarp();
@@ -784,7 +804,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // word t of key g's coefficients; voff[0] + 4 min(g, 3): the V shift words), the other keys'
   // offsets compile-time constants; the warp issues at every HB-th tile from next_iss on.
   uint32_t st_cur = ring_s, fb_cur = full_s, eb_cur = empty_s;
-  const uint32_t cnt_s = static_cast<uint32_t>(__cvta_generic_to_shared(cnt));
+  const uint32_t cnt_s = static_cast<uint32_t>(__cvta_generic_to_shared(cnt));  // (not kFlatR)
   uint32_t cnt_cur = cnt_s;
   // (it - 1 + NST) mod HB = warp, it >= 1 (the lagged refill)
   int next_iss = (warp + 1 - NST) & (kDietHb - 1);
@@ -797,12 +817,14 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // Done with tile it (stage s): release the stage, issue tile it + NST into it, advance s.
   auto finish_tile = [&](int it) {
     if constexpr (diet) {
-      mbar_arrive(eb_cur);
+      // (kFlatR: the empty barrier at + 32 from the full one)
+      const uint32_t eb = flatr ? fb_cur + 32 : eb_cur;
+      mbar_arrive(eb);
       if (it == next_iss) {  // tile it - 1 + NST into the stage of tile it - 1
         next_iss += kDietHb;
         if (it - 1 + NST < n_tiles) {
           const bool first = s == 0;  // tile it - 1: the last stage of the previous use
-          const uint32_t eb_prev = first ? eb_cur + 8 * (NST - 1) : eb_cur - 8;
+          const uint32_t eb_prev = first ? eb + 8 * (NST - 1) : eb - 8;
           mbar_wait(eb_prev, first ? phase ^ 1u : phase);
           fence_proxy_async();
           issue_solo(it - 1 + NST, first ? NST - 1 : s - 1);
@@ -810,16 +832,20 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       }
       st_cur += 32 * kK;
       fb_cur += 8;
-      eb_cur += 8;
-      cnt_cur += 4;
+      if constexpr (!flatr) {
+        eb_cur += 8;
+        cnt_cur += 4;
+      }
       if (++s == NST) {
         s = 0;
         phase ^= 1u;
         // (back by the ring: no shared-window base to re-derive)
         st_cur -= kDietStages * 32 * kK;
         fb_cur -= 8 * kDietStages;
-        eb_cur -= 8 * kDietStages;
-        cnt_cur -= 4 * kDietStages;
+        if constexpr (!flatr) {
+          eb_cur -= 8 * kDietStages;
+          cnt_cur -= 4 * kDietStages;
+        }
       }
       return;
     } else if constexpr (solo) {
@@ -861,7 +887,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = diet ? st_cur : ring_s + s * stage_bytes;
-    const int craw = diet ? static_cast<int>(lds32_s(cnt_cur)) : cnt[s];
+    const int craw = diet ? static_cast<int>(lds32_s(flatr ? fb_cur + 64 : cnt_cur)) : cnt[s];
     const int nk = diet ? craw & 31 : craw;
     const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
 
@@ -1210,7 +1236,14 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
         for (int G = 0; G < NG; ++G) s23d[G] = prmt(c0[G], c1[G], 0x5410);
       }
-      const uint32_t za[4] = {za0, 0u, za2, 0u};
+      // (kFlatR: A rows g + 8 = group 0's scale pairs, shuffled here for the G = 0 mma below;
+      // their zacc rows are never read)
+      uint32_t s01_0 = 0u, s23_0 = 0u;
+      if constexpr (flatr) {
+        s01_0 = shfl_quadcol(cw[0], 0u);
+        s23_0 = shfl_quadcol(cw[1], 0u);
+      }
+      const uint32_t za[4] = {za0, s01_0, za2, s23_0};
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr) ptx::mma_f16(zacc[nr], za, pb[nr][0], pb[nr][1]);
       // P scaled per key pair and group: (s_a, s_b) of the coefficient words (loaded per group:
@@ -1218,7 +1251,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
         uint32_t s01, s23;
-        if constexpr (flatl) {  // (lane 8 G + t by immediates)
+        if constexpr (flatr) {
+          s01 = G == 0 ? s01_0 : shfl_quadcol(cw[0], 8u * G);
+          s23 = G == 0 ? s23_0 : shfl_quadcol(cw[1], 8u * G);
+        } else if constexpr (flatl) {  // (lane 8 G + t by immediates)
           s01 = shfl_quadcol(cw[0], 8u * G);
           s23 = shfl_quadcol(cw[1], 8u * G);
         } else if constexpr (flatk) {
@@ -1461,6 +1497,9 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
+        if (a.flat && a.flat_v == 3)
+          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat | kFlatL | kFlatR>(
+              p, a, m, B, stream);
         if (a.flat && a.flat_v == 2)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat | kFlatL>(p, a, m, B,
                                                                                     stream);
