@@ -287,6 +287,15 @@ class DecodeBench : public BenchCase {
       formats.insert(formats.begin() + 2,
                      Fmt{KvFormat::int4, 4, "int4 g4 tensor-map boxes (bulk_flat 0)", 0, 0, 7, 7,
                          0});
+      // Session 14 (helper dec2): bulk_flat 2, the same reads and values with leaner shuffles
+      // (immediate source lanes: 295 -> 281 SASS per tile and warp on the hot path), and 3, that
+      // with a one-pointer ring state (273); bits = the default's.
+      formats.insert(
+          formats.begin() + 3,
+          Fmt{KvFormat::int4, 4, "int4 g4 flat lean shuffles (bulk_flat 2)", 0, 0, 7, 7, 2});
+      formats.insert(
+          formats.begin() + 4,
+          Fmt{KvFormat::int4, 4, "int4 g4 flat lean + ring (bulk_flat 3)", 0, 0, 7, 7, 3});
       // Session 11 (issue 7): read-pattern probes over the int4 g4 kernel's bytes (and fp8's at
       // B 64 / B 1), the grid and bytes-in-flight variants; shapes bit 0 B 64, 1 B 1, 2 B 16.
       const KvFormat i4 = KvFormat::int4, f8 = KvFormat::fp8;

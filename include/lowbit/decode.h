@@ -197,7 +197,13 @@ struct DecodePlan {
   // in the same order: the bits equal 0's (the tensor-map boxes). Applies where bulk_diet does
   // and the tile's block is contiguous (heads per CTA = Hkv = 8; contiguous caches and paged
   // ones, any page size: a tile never crosses a page); elsewhere (Hkv 16 or more, other
-  // kernels) ignored. 0 or 1. docs/decode.md "Session 14".
+  // kernels) ignored. 2 = 1's reads and values (the same bits) with leaner distribution code:
+  // the shuffles by immediate source lanes (within the quad for K's scales; lane 8 G | t for V's
+  // pairs by a segment mask), K's key g + 8 scale as the high half of the shuffled pair (no
+  // shift); 3 = 2 with a one-pointer ring state (the stage's barriers and key count in one
+  // static block at fixed offsets: one advanced barrier address instead of three) and the V shift
+  // mma's unused rows fed already-shuffled words instead of zeros (the same bits). 2 and 3:
+  // bench / A-B only (session 14, helper dec2). 0-3. docs/decode.md "Session 14".
   int bulk_flat = 0;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,

@@ -351,7 +351,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 2);
   check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
   check::in_range(op, "plan.bulk_probe", plan.bulk_probe, 0, 3);
-  check::in_range(op, "plan.bulk_flat", plan.bulk_flat, 0, 1);
+  check::in_range(op, "plan.bulk_flat", plan.bulk_flat, 0, 3);
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);
   check::dim(op, "q", q, 0, B);

@@ -172,10 +172,12 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     by ldmatrix rows whose column is rotated by key class, where the tile's block is
 //     contiguous, i.e. 8 KV heads; elsewhere the flag is ignored; explicit here) / 0 (the
 //     tensor-map boxes, the kernel before).
+//   flat2 / flat3: bulk_flat 2 / 3 (session 14, helper dec2: flat's reads with leaner shuffles;
+//     3: and a one-pointer ring state; same bits).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, no_diet, flat, no_flat
+  lean_staged, eager, diet, no_diet, flat, no_flat, flat2, flat3
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -199,7 +201,8 @@ class DecodeCase : public Case {
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
                     kernel == Kernel::eager || kernel == Kernel::diet ||
                     kernel == Kernel::no_diet || kernel == Kernel::flat ||
-                    kernel == Kernel::no_flat) &&
+                    kernel == Kernel::no_flat || kernel == Kernel::flat2 ||
+                    kernel == Kernel::flat3) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -225,6 +228,8 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::no_diet) s += ".no_diet";
     if (kernel_ == Kernel::flat) s += ".flat";
     if (kernel_ == Kernel::no_flat) s += ".no_flat";
+    if (kernel_ == Kernel::flat2) s += ".flat2";
+    if (kernel_ == Kernel::flat3) s += ".flat3";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
@@ -291,8 +296,12 @@ class DecodeCase : public Case {
       plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
     } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet) {
       plan.bulk_diet = kernel_ == Kernel::diet;
-    } else if (kernel_ == Kernel::flat || kernel_ == Kernel::no_flat) {
-      plan.bulk_flat = kernel_ == Kernel::flat ? 1 : 0;
+    } else if (kernel_ == Kernel::flat || kernel_ == Kernel::no_flat ||
+               kernel_ == Kernel::flat2 || kernel_ == Kernel::flat3) {
+      plan.bulk_flat = kernel_ == Kernel::flat    ? 1
+                       : kernel_ == Kernel::flat2 ? 2
+                       : kernel_ == Kernel::flat3 ? 3
+                                                  : 0;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -781,6 +790,24 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, fl);
   add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, fl);
   add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, fl);
+  // flat2 / flat3 (bulk_flat 2 / 3: flat's reads, leaner shuffles; 3: one-pointer ring state):
+  // the .flat cases at 8 heads (contiguous, paged 16 / 256, partial tiles, short and empty
+  // sequences, causal, bias, GQA, bf16 q) and the flag ignored at 16 heads.
+  for (const Kernel l2 : {Kernel::flat2, Kernel::flat3}) {
+    add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, l2);
+    add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16},
+        1, 1, false, true, DType::bf16, l2);
+    add(shape(F::int4, 4, 3, 1000, 8, 128, 0), {1, 17, 999}, 8, 1, false, false, DType::f16, l2);
+    add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 33}, 2, 4, true, true, DType::bf16, l2);
+    add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, l2);
+    add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, l2);
+    add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 17}, 2, 3, true, false, DType::f16, l2);
+    add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, l2);
+    add(shape(F::int4, 4, 3, 1024, 8, 128, 256), {1024, 0, 513},
+        4, 1, false, false, DType::f16, l2);
+    add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, l2);
+    add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, l2);
+  }
   // no_flat (bulk_flat 0, the tensor-map boxes: plan_decode's int4 kernel before run 49):
   // contiguous, paged 16 / 256, partial tiles, causal, bias, GQA.
   const Kernel f2 = Kernel::no_flat;

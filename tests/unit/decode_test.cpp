@@ -724,7 +724,7 @@ TEST(DecodeErrors, CacheValidationWritesNothing) {
         {&DecodePlan::bulk_stages, 9}, {&DecodePlan::bulk_stages, -1},
         {&DecodePlan::fold_scales, 2}, {&DecodePlan::fold_scales, -1},
         {&DecodePlan::bulk_probe, 4},  {&DecodePlan::bulk_probe, -1},
-        {&DecodePlan::bulk_flat, 2},   {&DecodePlan::bulk_flat, -1}};
+        {&DecodePlan::bulk_flat, 4},   {&DecodePlan::bulk_flat, -1}};
     for (const auto& [field, value] : knobs) {
       DecodePlan knob = plan;
       knob.*field = value;
