@@ -280,22 +280,19 @@ class DecodeBench : public BenchCase {
                                 {KvFormat::fp8, 1, "fp8"}};
     if (env.device == Device::cuda) {
       // Session 14 (issue 7): plan_decode's int4 g4 kernel reads its tiles by 1-D bulk copies
-      // into an unpadded stage (DecodePlan::bulk_flat 1, H200 run 49); the row: the tensor-map
-      // boxes before it (bulk_flat 0), at every shape and layout; the accuracy column says
-      // whether the bits equal the default kernel's. (Run 49's "flat xor" row, bulk_flat 2:
-      // +6..+9 % over bulk_flat 1, deleted.)
+      // into an unpadded stage (DecodePlan::bulk_flat 3 since H200 run 53); the rows: the
+      // tensor-map boxes before it (bulk_flat 0), the flat kernel's first form (1, run 49) and
+      // its leaner shuffles without the one-pointer ring state (2: 295 -> 281 SASS per tile and
+      // warp on the hot path; 3: 273), at every shape and layout; the accuracy column says
+      // whether the bits equal the default kernel's. (Run 49's "flat xor" row: +6..+9 % over
+      // the first form, deleted.)
+      const KvFormat i4f = KvFormat::int4;
       formats.insert(formats.begin() + 2,
-                     Fmt{KvFormat::int4, 4, "int4 g4 tensor-map boxes (bulk_flat 0)", 0, 0, 7, 7,
-                         0});
-      // Session 14 (helper dec2): bulk_flat 2, the same reads and values with leaner shuffles
-      // (immediate source lanes: 295 -> 281 SASS per tile and warp on the hot path), and 3, that
-      // with a one-pointer ring state (273); bits = the default's.
-      formats.insert(
-          formats.begin() + 3,
-          Fmt{KvFormat::int4, 4, "int4 g4 flat lean shuffles (bulk_flat 2)", 0, 0, 7, 7, 2});
-      formats.insert(
-          formats.begin() + 4,
-          Fmt{KvFormat::int4, 4, "int4 g4 flat lean + ring (bulk_flat 3)", 0, 0, 7, 7, 3});
+                     Fmt{i4f, 4, "int4 g4 tensor-map boxes (bulk_flat 0)", 0, 0, 7, 7, 0});
+      formats.insert(formats.begin() + 3,
+                     Fmt{i4f, 4, "int4 g4 flat, first form (bulk_flat 1)", 0, 0, 7, 7, 1});
+      formats.insert(formats.begin() + 4,
+                     Fmt{i4f, 4, "int4 g4 flat lean shuffles (bulk_flat 2)", 0, 0, 7, 7, 2});
       // Session 11 (issue 7): read-pattern probes over the int4 g4 kernel's bytes (and fp8's at
       // B 64 / B 1), the grid and bytes-in-flight variants; shapes bit 0 B 64, 1 B 1, 2 B 16.
       const KvFormat i4 = KvFormat::int4, f8 = KvFormat::fp8;

@@ -184,10 +184,10 @@ struct DecodePlan {
   // Other layouts, other stage counts and bulk_stage_out: the kernel without it. Same
   // arithmetic: the bits equal false's. docs/decode.md "Session 10".
   bool bulk_diet = false;
-  // CUDA, bulk kernel (session 14, issue 7; plan_decode sets 1 wherever it sets bulk_diet since
-  // H200 run 49: B 64, L 8192 0.1723 -> 0.1668 ms contiguous, 0.1838 -> 0.1739 paged 16; B 1, L
-  // 131072 0.0542 -> 0.0532; (16, 32768, 64, 8) 0.1745 -> 0.1701 / 0.1858 -> 0.1767; same bits):
-  // 1 = the bulk_diet kernel (int4 g4 D 128, 8 KV heads per CTA = Hkv, <= 8 rows, 4 stages) with
+  // CUDA, bulk kernel (session 14, issue 7; plan_decode sets 3 wherever it sets bulk_diet since
+  // H200 run 53 (0, the tensor-map boxes / 1 / 3, ms: B 64, L 8192 contiguous 0.1723 / 0.1679 /
+  // 0.1629, paged 16 0.1830 / 0.1755 / 0.1696; B 1, L 131072 0.0541 / 0.0533 / 0.0516; (16,
+  // 32768, 64, 8) 0.1750 / 0.1708 / 0.1653; same bits). 1 = the bulk_diet kernel (int4 g4 D 128, 8 KV heads per CTA = Hkv, <= 8 rows, 4 stages) with
   // each full tile's K and V fetched by ONE 1-D bulk copy each (cp.async.bulk of the tile's
   // contiguous 16 x 640 bytes, no tensor map) into an unpadded stage (key stride 640 bytes, not
   // the box's 656), read by ldmatrix rows whose 16-byte column (coefficients or one of 4 code
@@ -202,8 +202,9 @@ struct DecodePlan {
   // pairs by a segment mask), K's key g + 8 scale as the high half of the shuffled pair (no
   // shift); 3 = 2 with a one-pointer ring state (the stage's barriers and key count in one
   // static block at fixed offsets: one advanced barrier address instead of three) and the V shift
-  // mma's unused rows fed already-shuffled words instead of zeros (the same bits). 2 and 3:
-  // bench / A-B only (session 14, helper dec2). 0-3. docs/decode.md "Session 14".
+  // mma's unused rows fed already-shuffled words instead of zeros (the same bits). 1 and 2: the
+  // slower forms, kept for A/B until 3's changes are folded into one kFlat form. 0-3.
+  // docs/decode.md "Session 14".
   int bulk_flat = 0;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,

@@ -317,7 +317,9 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // against the tensor-map boxes, same bits: B 64 0.1723 -> 0.1668 ms contiguous, 0.1838 ->
   // 0.1739 paged 16, 0.1772 -> 0.1704 paged 256; B 1 0.0542 -> 0.0532; B 16 0.1745 -> 0.1701,
   // 0.1858 -> 0.1767, 0.1801 -> 0.1736). Where it does not apply the kernel ignores it.
-  p.bulk_flat = p.bulk_diet ? 1 : 0;
+  // Since run 53 its form 3 (leaner coefficient shuffles, one-pointer ring state; same bits):
+  // B 64 0.1679 -> 0.1629 ms, B 1 0.0533 -> 0.0516, B 16 0.1708 -> 0.1653 against form 1.
+  p.bulk_flat = p.bulk_diet ? 3 : 0;
   return p;
 }
 
