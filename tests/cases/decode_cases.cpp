@@ -761,52 +761,30 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, nd);
   add(shape(F::int4, 4, 2, 1300, 8, 128, 16), {1300, 33}, 2, 4, true, true, DType::bf16, nd);
   add(shape(F::int4, 4, 2, 1001, 16, 128, 256), {1001, 1}, 4, 1, false, false, DType::f16, nd);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, dt);
-  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, dt);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, dt);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, dt);
-  add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, dt);
-  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, dt);
-  add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, dt);
-  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, dt);
-  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, dt);
   // flat (bulk_flat, session 14: the diet kernel on 1-D bulk tile copies into an unpadded stage):
   // 8 heads (the tile's block contiguous) contiguous with lengths that are and are not multiples
   // of 16 (partial tiles: per-key copies into the same 640-byte layout), paged 16 (splits
   // starting inside a page) and 256, sequences of fewer tiles than stages (17, 33 keys), 1-key
   // and empty sequences, Mq > 1 causal, bias, G 1-8, bf16 q; the flag ignored at 16 heads (the
   // block is 2 pieces per key: the diet kernel), at 4 heads and at 9-16 rows.
-  const Kernel fl = Kernel::flat;
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, fl);
-  add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16}, 1, 1, false, true, DType::bf16, fl);
-  add(shape(F::int4, 4, 3, 1000, 8, 128, 0), {1, 17, 999}, 8, 1, false, false, DType::f16, fl);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 33}, 2, 4, true, true, DType::bf16, fl);
-  add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, fl);
-  add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, fl);
-  add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 17}, 2, 3, true, false, DType::f16, fl);
-  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, fl);
-  add(shape(F::int4, 4, 3, 1024, 8, 128, 256), {1024, 0, 513}, 4, 1, false, false, DType::f16, fl);
-  add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, fl);
-  add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, fl);
-  add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, fl);
-  add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, fl);
-  // flat2 / flat3 (bulk_flat 2 / 3: flat's reads, leaner shuffles; 3: one-pointer ring state):
-  // the .flat cases at 8 heads (contiguous, paged 16 / 256, partial tiles, short and empty
-  // sequences, causal, bias, GQA, bf16 q) and the flag ignored at 16 heads.
-  for (const Kernel l2 : {Kernel::flat2, Kernel::flat3}) {
-    add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, l2);
+  // flat2 / flat3 (bulk_flat 2 / 3: flat's reads, leaner shuffles; 3: one-pointer ring state,
+  // plan_decode's since H200 run 53): the same set; diet (above) too.
+  for (const Kernel fl : {dt, Kernel::flat, Kernel::flat2, Kernel::flat3}) {
+    add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, fl);
     add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16},
-        1, 1, false, true, DType::bf16, l2);
-    add(shape(F::int4, 4, 3, 1000, 8, 128, 0), {1, 17, 999}, 8, 1, false, false, DType::f16, l2);
-    add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 33}, 2, 4, true, true, DType::bf16, l2);
-    add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, l2);
-    add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, l2);
-    add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 17}, 2, 3, true, false, DType::f16, l2);
-    add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, l2);
+        1, 1, false, true, DType::bf16, fl);
+    add(shape(F::int4, 4, 3, 1000, 8, 128, 0), {1, 17, 999}, 8, 1, false, false, DType::f16, fl);
+    add(shape(F::int4, 4, 2, 1300, 8, 128, 0), {1300, 33}, 2, 4, true, true, DType::bf16, fl);
+    add(shape(F::int4, 4, 3, 2100, 8, 128, 16), {2100, 33, 1}, 4, 1, false, false, DType::f16, fl);
+    add(shape(F::int4, 4, 2, 1001, 8, 128, 16), {1001, 127}, 8, 1, false, true, DType::f16, fl);
+    add(shape(F::int4, 4, 2, 700, 8, 128, 16), {700, 17}, 2, 3, true, false, DType::f16, fl);
+    add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {1300, 17}, 2, 4, true, false, DType::bf16, fl);
     add(shape(F::int4, 4, 3, 1024, 8, 128, 256), {1024, 0, 513},
-        4, 1, false, false, DType::f16, l2);
-    add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, l2);
-    add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, l2);
+        4, 1, false, false, DType::f16, fl);
+    add(shape(F::int4, 4, 2, 777, 16, 128, 0), {777, 31}, 2, 2, true, true, DType::f16, fl);
+    add(shape(F::int4, 4, 2, 523, 16, 128, 256), {523, 0}, 4, 1, false, false, DType::bf16, fl);
+    add(shape(F::int4, 4, 2, 700, 4, 128, 0), {700, 17}, 4, 1, false, false, DType::f16, fl);
+    add(shape(F::int4, 4, 2, 300, 8, 128, 16), {300, 15}, 16, 1, false, false, DType::f16, fl);
   }
   // no_flat (bulk_flat 0, the tensor-map boxes: plan_decode's int4 kernel before run 49):
   // contiguous, paged 16 / 256, partial tiles, causal, bias, GQA.
