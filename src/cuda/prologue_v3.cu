@@ -537,6 +537,19 @@ __device__ __forceinline__ void quant_cta_work(const V3QuantLaunch& L, int64_t h
   tile = t, h0 = hb, count = static_cast<int>(he - hb);
 }
 
+// The maximum of m (|v|'s maximum: sign bit clear; a NaN is max.NaN's canonical 0x7fffffff) over
+// the lane's scale group of `lanes` = 32 or 16 consecutive lanes, by redux.sync on the bit
+// patterns: as unsigned integers their order is the float order with NaN above +inf, so the
+// integer maximum gives the same bits. 16: one redux per half-warp, the other half contributing 0.
+__device__ __forceinline__ float redux_group_max(float m, int lanes, int lane) {
+  const uint32_t bits = __float_as_uint(m);
+  if (lanes == 32) return __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
+  const bool upper = (lane & 16) != 0;
+  const uint32_t lo = __reduce_max_sync(0xffffffffu, upper ? 0u : bits);
+  const uint32_t hi = __reduce_max_sync(0xffffffffu, upper ? bits : 0u);
+  return __uint_as_float(upper ? hi : lo);
+}
+
 // The PDL wait (unless `early`), this CTA's work (its tile reversed with L.reverse) and the
 // thread's row at position `pos` of the tile, with the pointers at the CTA's first head.
 __device__ __forceinline__ QuantRow quant_cta_row(const PrologueArgs& a, const V3QuantLaunch& L,
@@ -699,18 +712,12 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
     }
     float m = row.ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
     if (SPEC || L.redux) {
-      // m is |v|'s maximum (sign bit clear; a NaN is max.NaN's canonical 0x7fffffff): as
-      // unsigned bit patterns the order is the float order with NaN above +inf, so an integer
-      // maximum gives the same bits. 32 lanes: one redux; 16: one per half-warp with the other
-      // half contributing 0; fewer: the shuffle levels below red_lanes only.
-      const uint32_t bits = __float_as_uint(m);
-      if ((SPEC ? S_RL : L.red_lanes) == 32) {
-        m = __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
-      } else if ((SPEC ? S_RL : L.red_lanes) == 16) {
-        const bool upper = (lane & 16) != 0;
-        const uint32_t lo = __reduce_max_sync(0xffffffffu, upper ? 0u : bits);
-        const uint32_t hi = __reduce_max_sync(0xffffffffu, upper ? bits : 0u);
-        m = __uint_as_float(upper ? hi : lo);
+      // 32 or 16 lanes: redux_group_max; fewer: the shuffle levels below red_lanes only.
+      const int rl = SPEC ? S_RL : L.red_lanes;
+      if (rl == 32) {
+        m = redux_group_max(m, 32, lane);
+      } else if (rl == 16) {
+        m = redux_group_max(m, 16, lane);
       } else {
 #pragma unroll
         for (int o = 1; o < 16; o <<= 1)
@@ -994,18 +1001,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
 #pragma unroll
         for (int j = 1; j < 4; ++j) t[i] = max_nan(t[i], fabsf(y[4 * i + j]));
       }
-      const float m0 = row.ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
-      // as unsigned bit patterns (sign clear, NaN above +inf), the integer maximum is the float's
-      const uint32_t bits = __float_as_uint(m0);
-      float m;
-      if constexpr (RL == 32) {
-        m = __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
-      } else {
-        const bool upper = (lane & 16) != 0;
-        const uint32_t lo = __reduce_max_sync(0xffffffffu, upper ? 0u : bits);
-        const uint32_t hi = __reduce_max_sync(0xffffffffu, upper ? bits : 0u);
-        m = __uint_as_float(upper ? hi : lo);
-      }
+      float m = redux_group_max(
+          row.ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f, RL, lane);
       if (scaled) m = __fmul_rn(m, abs_sm);
       const float scale =
           __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
@@ -1159,7 +1156,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
   };
   auto start = [&] {
-    if (tid < D / 4) w_sh[tid / (D / 32)][tid % (D / 32)] = wq;  // quad tid (either layout)
+    v3_store_weight_quad<D>(tid, wq, w_sh);  // quad tid at flat index tid (either layout)
     __syncthreads();
   };
   {
@@ -1409,14 +1406,15 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   // groups of kSpecQRows rows, no mean, redux, scale_eps >= 0, the tight 4-warp CTA) with tuning
   // `quant_pair`, else from kV3PairMinRows rows); its tile: the scale groups of 16 (D = 128) or
   // 32 rows.
+  L.redux = (tuning.max_reduce > 0 ? tuning.max_reduce == detail::kReduceRedux
+                                   : kV3DefaultRedux);
+  // The specialized tight kernel unless quant_tight = kTightPlain (for the layouts below).
+  const bool spec_on = tuning.quant_tight > 0 ? tuning.quant_tight != detail::kTightPlain
+                                              : kV3DefaultSpec;
   const bool pair_on = tuning.quant_pair > 0 ? tuning.quant_pair == detail::kPairOn
                                              : a.batch * a.tokens * a.heads >= kV3PairMinRows;
-  const bool pair = pair_on && tight_forms(tuning) &&
-                    (tuning.quant_tight > 0 ? tuning.quant_tight != detail::kTightPlain
-                                            : kV3DefaultSpec) &&
-                    !a.mean && L.group_rows == kSpecQRows && a.scale_eps >= 0.f &&
-                    (tuning.max_reduce > 0 ? tuning.max_reduce == detail::kReduceRedux
-                                           : kV3DefaultRedux);
+  const bool pair = pair_on && tight_forms(tuning) && spec_on && L.redux && !a.mean &&
+                    L.group_rows == kSpecQRows && a.scale_eps >= 0.f;
   const bool split = pair || (tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn
                                                       : kV3DefaultSplit);
   const int lanes = static_cast<int>(a.dim / (pair ? 16 : 32)), rw = 32 / lanes;
@@ -1436,8 +1434,6 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   // order, so its last rows are still in L2 (the whole of x at the Flux shape).
   L.reverse = tuning.tile_order > 0 ? tuning.tile_order == detail::kTilesReverse
                                     : a.mean != nullptr;
-  L.redux = (tuning.max_reduce > 0 ? tuning.max_reduce == detail::kReduceRedux
-                                   : kV3DefaultRedux);
   const bool pdl = tuning.quant_pdl > 0 ? tuning.quant_pdl == detail::kPdlOn : kV3DefaultQuantPdl;
   const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
   L.mean_smem = mean_smem != detail::kMeanSmemOff && L.mean_vec;
@@ -1454,8 +1450,6 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   // layouts with redux and scale_eps >= 0 (quantize32_fq's premise), unless quant_tight =
   // kTightPlain (else the tight form).
   int spec = 0;
-  const bool spec_on = tuning.quant_tight > 0 ? tuning.quant_tight != detail::kTightPlain
-                                              : kV3DefaultSpec;
   if (tight && spec_on && L.redux && a.scale_eps >= 0.f) {
     if (L.group_rows == kSpecQRows && !a.mean)
       spec = kSpecQRows;
