@@ -303,6 +303,35 @@ constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeEmpty = 3;
 // The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it).
 constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 constexpr int kFlatKstr = kDietHb * kDietRow;  // 640: the cache's own key stride
+// kFlat: one kind's 10 rows of a tile (the kernel's "kFlat reads"): ldmatrix x4 at f (keys
+// 0-7), x4 at f + 8 x 640 (keys 8-15), x2 at c (the fifth column of both; TRANS: .trans, V),
+// then unrotated by s (K: g >> 1, V: t): column 1 + X of keys g / 2t (0-7) -> codes[X / 2][2 (X & 1)],
+// of keys g + 8 / 2t + 8 -> [X / 2][2 (X & 1) + 1]; column 0 -> coef[0] / coef[1].
+template <bool TRANS>
+__device__ __forceinline__ void flat_rows(uint32_t f, uint32_t c, int s, uint32_t (&codes)[2][4],
+                                          uint32_t (&coef)[2]) {
+  uint32_t a4[4], b4[4], c2[2], x0[5], x1[5];
+  if constexpr (TRANS) {
+    ldsm_x4_trans(f, a4);
+    ldsm_x4_trans(f + 8 * kFlatKstr, b4);
+    ldsm_x2_trans(c, c2);
+  } else {
+    ldsm_x4(f, a4);
+    ldsm_x4(f + 8 * kFlatKstr, b4);
+    ldsm_x2(c, c2);
+  }
+  const uint32_t r0[5] = {a4[0], a4[1], a4[2], a4[3], c2[0]};
+  const uint32_t r1[5] = {b4[0], b4[1], b4[2], b4[3], c2[1]};
+  unrot5(r0, s, x0);
+  unrot5(r1, s, x1);
+#pragma unroll
+  for (int X = 0; X < 4; ++X) {
+    codes[X / 2][2 * (X & 1)] = x0[1 + X];
+    codes[X / 2][2 * (X & 1) + 1] = x1[1 + X];
+  }
+  coef[0] = x0[0];
+  coef[1] = x1[0];
+}
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
@@ -895,21 +924,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t kc[2][4];  // coefficient words (groups 0..3) of keys g, g + 8
       uint32_t zk[2];  // kFlat: coefficient word t of keys g, g + 8
       if constexpr (flatk) {  // (kFlat reads above)
-        uint32_t a4[4], b4[4], c2[2], x0[5], x1[5];
-        ldsm_x4(st_s + ldm_f, a4);
-        ldsm_x4(st_s + ldm_f + 8 * kK, b4);
-        ldsm_x2(st_s + ldm_c, c2);
-        const uint32_t r0[5] = {a4[0], a4[1], a4[2], a4[3], c2[0]};
-        const uint32_t r1[5] = {b4[0], b4[1], b4[2], b4[3], c2[1]};
-        unrot5(r0, g >> 1, x0);
-        unrot5(r1, g >> 1, x1);
-#pragma unroll
-        for (int X = 0; X < NG; ++X) {
-          kr[X / 2][2 * (X & 1)] = x0[1 + X];
-          kr[X / 2][2 * (X & 1) + 1] = x1[1 + X];
-        }
-        zk[0] = x0[0];
-        zk[1] = x1[0];
+        flat_rows<false>(st_s + ldm_f, st_s + ldm_c, g >> 1, kr, zk);
       } else {
         ldsm_x4(st_s + ldm_off, kr[0]);
         ldsm_x4(st_s + ldm_off + 32, kr[1]);
@@ -1168,21 +1183,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t vr[2][4];  // V codes: (keys 2t, 2t+1 | 2t+8, 2t+9) x bytes 2g, 2g+1 of block G
       uint32_t cw[2];  // kFlat: the scale / shift pairs of lane (g, t), shuffled out per group
       if constexpr (flatk) {  // (kFlat reads above)
-        uint32_t a4[4], b4[4], x0[5], x1[5];
-        ldsm_x4_trans(st_s + ldm_f + 16 * kK, a4);
-        ldsm_x4_trans(st_s + ldm_f + 24 * kK, b4);
-        ldsm_x2_trans(st_s + ldm_c + 16 * kK, cw);
-        const uint32_t r0[5] = {a4[0], a4[1], a4[2], a4[3], cw[0]};
-        const uint32_t r1[5] = {b4[0], b4[1], b4[2], b4[3], cw[1]};
-        unrot5(r0, t, x0);
-        unrot5(r1, t, x1);
-#pragma unroll
-        for (int G = 0; G < NG; ++G) {
-          vr[G / 2][2 * (G & 1)] = x0[1 + G];
-          vr[G / 2][2 * (G & 1) + 1] = x1[1 + G];
-        }
-        cw[0] = x0[0];
-        cw[1] = x1[0];
+        flat_rows<true>(st_s + ldm_f + 16 * kK, st_s + ldm_c + 16 * kK, t, vr, cw);
       } else {
         const int vblk = diet ? 16 * kDietKstr : 16 * kstr;
         ldsm_x4_trans(st_s + vblk + ldm_off, vr[0]);
