@@ -53,13 +53,11 @@ struct Fmt {
   // 16, 2 paged 256) the row runs at.
   int shapes = 7, layouts = 7;
   int flat = -1;  // DecodePlan::bulk_flat (-1: plan_decode's)
-  int stages = 0;  // DecodePlan::bulk_stages (0: plan_decode's)
 };
 
 void choose_kernel(DecodePlan& plan, const Fmt& f) {
   plan.bulk_probe = f.probe;
   if (f.flat >= 0) plan.bulk_flat = f.flat;
-  if (f.stages > 0) plan.bulk_stages = f.stages;
   if (f.splits) {
     const int64_t len = plan.capacity;
     const int64_t want = f.splits > 0 ? int64_t{plan.n_splits} * f.splits
@@ -291,9 +289,6 @@ class DecodeBench : public BenchCase {
       const KvFormat i4f = KvFormat::int4;
       formats.insert(formats.begin() + 2,
                      Fmt{i4f, 4, "int4 g4 tensor-map boxes (bulk_flat 0)", 0, 0, 7, 7, 0});
-      // Session 15 experiment: the flat kernel at 5 compile-time stages (kFlat5).
-      formats.insert(formats.begin() + 3,
-                     Fmt{i4f, 4, "int4 g4 flat 5 stages (bulk_stages 5)", 0, 0, 7, 7, -1, 5});
       // Session 11 (issue 7): read-pattern probes over the int4 g4 kernel's bytes (and fp8's at
       // B 64 / B 1), the grid and bytes-in-flight variants; shapes bit 0 B 64, 1 B 1, 2 B 16.
       const KvFormat i4 = KvFormat::int4, f8 = KvFormat::fp8;

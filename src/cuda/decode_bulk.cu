@@ -296,10 +296,7 @@ struct BulkMaps {
 // 8 s), so that one loop-carried barrier address and the stage address replace kDiet's four
 // advanced pointers; and the V shift mma's unused A rows g + 8 (zacc [2], [3], never read) fed
 // the rows g words instead of zeros (no per-tile zero moves).
-// Session 15 (experiment): kFlat5 (64, with kFlat; DecodePlan::bulk_stages 5 where kFlat runs):
-// 5 compile-time stages instead of 4 (5 x 20480 bytes + slack: still two CTAs per
-// multiprocessor), fsync's blocks at + 0 / 40 / 80.
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32, kFlat5 = 64;
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
 // (Run 33 deleted the ld.global.nc and 16-byte cp.async probes and renumbered no-reads 4 -> 3.)
 constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeEmpty = 3;
@@ -362,8 +359,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   __shared__ __align__(8) uint64_t full[kMaxStages];
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // solo issue mode: stage released
   __shared__ int cnt[kMaxStages];
-  // kFlat: full 0..NS-1, empty NS..2NS-1, counts 2NS..3NS-1 (NS: 4 stages, kFlat5 5)
-  __shared__ __align__(8) uint64_t fsync[(KN & kFlat5) != 0 ? 15 : 12];
+  __shared__ __align__(8) uint64_t fsync[12];  // kFlat: full 0..3, empty 4..7, counts 8..11
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -381,9 +377,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656, 4 stages)
   constexpr bool flatk = diet && (KN & kFlat) != 0;  // (kstr 640)
   constexpr int kK = flatk ? kFlatKstr : kDietKstr;  // kDiet: the stage's key stride
-  constexpr int kNS = flatk && (KN & kFlat5) != 0 ? 5 : kDietStages;  // kDiet: stages
-  constexpr uint32_t kFe = 8 * kNS, kFc = 16 * kNS;  // kFlat: fsync's empty / count blocks
-  const int NST = diet ? kNS : a.nst;
+  const int NST = diet ? kDietStages : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
   const uint32_t ring_s = tma ? (raw_s + 127u) & ~127u : raw_s;
@@ -391,7 +385,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   uint32_t full_s, empty_s;  // (kFlat: fsync's)
   if constexpr (flatk) {
     full_s = static_cast<uint32_t>(__cvta_generic_to_shared(fsync));
-    empty_s = full_s + kFe;
+    empty_s = full_s + 32;
   } else {
     full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
     empty_s = static_cast<uint32_t>(__cvta_generic_to_shared(empty));
@@ -643,7 +637,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       // the count alone)
       const int cv = static_cast<int>(nk) + (diet && (p.causal || p.bias) ? 32 : 0);
       if constexpr (flatk) {
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(full_s + kFc + 8 * s), "r"(cv) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(full_s + 64 + 8 * s), "r"(cv) : "memory");
       } else {
         cnt[s] = cv;
       }
@@ -847,8 +841,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // Done with tile it (stage s): release the stage, issue tile it + NST into it, advance s.
   auto finish_tile = [&](int it) {
     if constexpr (diet) {
-      // (kFlat: the empty barrier at + kFe from the full one)
-      const uint32_t eb = flatk ? fb_cur + kFe : eb_cur;
+      // (kFlat: the empty barrier at + 32 from the full one)
+      const uint32_t eb = flatk ? fb_cur + 32 : eb_cur;
       mbar_arrive(eb);
       if (it == next_iss) {  // tile it - 1 + NST into the stage of tile it - 1
         next_iss += kDietHb;
@@ -870,11 +864,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         s = 0;
         phase ^= 1u;
         // (back by the ring: no shared-window base to re-derive)
-        st_cur -= kNS * 32 * kK;
-        fb_cur -= 8 * kNS;
+        st_cur -= kDietStages * 32 * kK;
+        fb_cur -= 8 * kDietStages;
         if constexpr (!flatk) {
-          eb_cur -= 8 * kNS;
-          cnt_cur -= 4 * kNS;
+          eb_cur -= 8 * kDietStages;
+          cnt_cur -= 4 * kDietStages;
         }
       }
       return;
@@ -917,7 +911,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = diet ? st_cur : ring_s + s * stage_bytes;
-    const int craw = diet ? static_cast<int>(lds32_s(flatk ? fb_cur + kFc : cnt_cur)) : cnt[s];
+    const int craw = diet ? static_cast<int>(lds32_s(flatk ? fb_cur + 64 : cnt_cur)) : cnt[s];
     const int nk = diet ? craw & 31 : craw;
     const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
 
@@ -1483,9 +1477,6 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
-        if (a.flat && a.nst == 5)
-          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat | kFlat5>(p, a, m, B,
-                                                                                    stream);
         if (a.flat)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
@@ -1692,16 +1683,13 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   if (a.probe_mode == kProbeFlat && !(a.tma && a.contig)) a.probe_mode = kProbeCopies;
   // DecodePlan::bulk_diet: kDiet, only at its compile-time geometry (8 heads of 80-byte rows,
   // key stride 656 in the stage, 4 stages).
-  // (Session 15 experiment: 5 stages (DecodePlan::bulk_stages 5) where kFlat runs: kFlat5.)
-  const bool flat_ok = plan.bulk_flat != 0 && a.contig && !a.probe;
   a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
-           a.kstr == kDietKstr && (a.nst == kDietStages || (a.nst == 5 && flat_ok)) &&
-           !a.stage_out;
+           a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
   // DecodePlan::bulk_flat (1; 2 and 3, the session-14 forms folded into it, too): kFlat where
   // kDiet runs and a tile's K / V block is contiguous (heads per CTA = Hkv = 8; paged: any page
   // size, a tile never crosses a page); not with the probes. The stage becomes the blocks
   // themselves (key stride 640); elsewhere the kDiet kernel.
-  a.flat = a.diet && flat_ok;
+  a.flat = plan.bulk_flat != 0 && a.diet && a.contig && !a.probe;
   if (a.flat) {
     a.kstr = kFlatKstr;
     a.stage_bytes = 32 * kFlatKstr;

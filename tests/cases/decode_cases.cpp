@@ -172,11 +172,10 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //     by ldmatrix rows whose column is rotated by key class, where the tile's block is
 //     contiguous, i.e. 8 KV heads; elsewhere the flag is ignored; explicit here; since session
 //     15 the one flat form, session 14's third) / 0 (the tensor-map boxes, the kernel before).
-//   flat5: flat with bulk_stages 5 (session 15 experiment: kFlat5, 5 compile-time stages).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, no_diet, flat, no_flat, flat5
+  lean_staged, eager, diet, no_diet, flat, no_flat
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -200,7 +199,7 @@ class DecodeCase : public Case {
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
                     kernel == Kernel::eager || kernel == Kernel::diet ||
                     kernel == Kernel::no_diet || kernel == Kernel::flat ||
-                    kernel == Kernel::no_flat || kernel == Kernel::flat5) &&
+                    kernel == Kernel::no_flat) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -226,7 +225,6 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::no_diet) s += ".no_diet";
     if (kernel_ == Kernel::flat) s += ".flat";
     if (kernel_ == Kernel::no_flat) s += ".no_flat";
-    if (kernel_ == Kernel::flat5) s += ".flat5";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
@@ -295,9 +293,6 @@ class DecodeCase : public Case {
       plan.bulk_diet = kernel_ == Kernel::diet;
     } else if (kernel_ == Kernel::flat || kernel_ == Kernel::no_flat) {
       plan.bulk_flat = kernel_ == Kernel::flat ? 1 : 0;
-    } else if (kernel_ == Kernel::flat5) {
-      plan.bulk_flat = 1;
-      plan.bulk_stages = 5;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -763,8 +758,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // starting inside a page) and 256, sequences of fewer tiles than stages (17, 33 keys), 1-key
   // and empty sequences, Mq > 1 causal, bias, G 1-8, bf16 q; the flag ignored at 16 heads (the
   // block is 2 pieces per key: the diet kernel), at 4 heads and at 9-16 rows; diet (above) too.
-  // flat5 (session 15 experiment: 5 stages): the same set.
-  for (const Kernel fl : {dt, Kernel::flat, Kernel::flat5}) {
+  for (const Kernel fl : {dt, Kernel::flat}) {
     add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, fl);
     add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16},
         1, 1, false, true, DType::bf16, fl);
