@@ -280,19 +280,15 @@ class DecodeBench : public BenchCase {
                                 {KvFormat::fp8, 1, "fp8"}};
     if (env.device == Device::cuda) {
       // Session 14 (issue 7): plan_decode's int4 g4 kernel reads its tiles by 1-D bulk copies
-      // into an unpadded stage (DecodePlan::bulk_flat 3 since H200 run 53); the rows: the
-      // tensor-map boxes before it (bulk_flat 0), the flat kernel's first form (1, run 49) and
-      // its leaner shuffles without the one-pointer ring state (2: 295 -> 281 SASS per tile and
-      // warp on the hot path; 3: 273), at every shape and layout; the accuracy column says
-      // whether the bits equal the default kernel's. (Run 49's "flat xor" row: +6..+9 % over
-      // the first form, deleted.)
+      // into an unpadded stage (DecodePlan::bulk_flat 1; session 14's third form since H200 run
+      // 53, the only form since session 15); the row: the tensor-map boxes before it (bulk_flat
+      // 0), at every shape and layout; the accuracy column says whether the bits equal the
+      // default kernel's. (Run 49's "flat xor" row: +6..+9 % over the first form, deleted;
+      // session 15 deleted the first form's and the lean shuffles' rows, run 53: 0.1679 / 0.1641
+      // ms vs 0.1629 at B 64 contiguous.)
       const KvFormat i4f = KvFormat::int4;
       formats.insert(formats.begin() + 2,
                      Fmt{i4f, 4, "int4 g4 tensor-map boxes (bulk_flat 0)", 0, 0, 7, 7, 0});
-      formats.insert(formats.begin() + 3,
-                     Fmt{i4f, 4, "int4 g4 flat, first form (bulk_flat 1)", 0, 0, 7, 7, 1});
-      formats.insert(formats.begin() + 4,
-                     Fmt{i4f, 4, "int4 g4 flat lean shuffles (bulk_flat 2)", 0, 0, 7, 7, 2});
       // Session 11 (issue 7): read-pattern probes over the int4 g4 kernel's bytes (and fp8's at
       // B 64 / B 1), the grid and bytes-in-flight variants; shapes bit 0 B 64, 1 B 1, 2 B 16.
       const KvFormat i4 = KvFormat::int4, f8 = KvFormat::fp8;

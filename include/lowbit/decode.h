@@ -184,27 +184,23 @@ struct DecodePlan {
   // Other layouts, other stage counts and bulk_stage_out: the kernel without it. Same
   // arithmetic: the bits equal false's. docs/decode.md "Session 10".
   bool bulk_diet = false;
-  // CUDA, bulk kernel (session 14, issue 7; plan_decode sets 3 wherever it sets bulk_diet since
-  // H200 run 53 (0, the tensor-map boxes / 1 / 3, ms: B 64, L 8192 contiguous 0.1723 / 0.1679 /
-  // 0.1629, paged 16 0.1830 / 0.1755 / 0.1696; B 1, L 131072 0.0541 / 0.0533 / 0.0516; (16,
-  // 32768, 64, 8) 0.1750 / 0.1708 / 0.1653; same bits). 1 = the bulk_diet kernel (int4 g4 D 128, 8 KV heads per CTA = Hkv, <= 8 rows, 4 stages) with
-  // each full tile's K and V fetched by ONE 1-D bulk copy each (cp.async.bulk of the tile's
-  // contiguous 16 x 640 bytes, no tensor map) into an unpadded stage (key stride 640 bytes, not
-  // the box's 656), read by ldmatrix rows whose 16-byte column (coefficients or one of 4 code
-  // blocks) is rotated by the lane's key class, so that an 8-row phase spans 4 bank groups (2
-  // wavefronts, the least: a head's 80 bytes cover only 5 of the 8 groups), put back in order by
-  // selects; the coefficient words reach the lanes that need them by shuffles. Same arithmetic
-  // in the same order: the bits equal 0's (the tensor-map boxes). Applies where bulk_diet does
-  // and the tile's block is contiguous (heads per CTA = Hkv = 8; contiguous caches and paged
-  // ones, any page size: a tile never crosses a page); elsewhere (Hkv 16 or more, other
-  // kernels) ignored. 2 = 1's reads and values (the same bits) with leaner distribution code:
-  // the shuffles by immediate source lanes (within the quad for K's scales; lane 8 G | t for V's
-  // pairs by a segment mask), K's key g + 8 scale as the high half of the shuffled pair (no
-  // shift); 3 = 2 with a one-pointer ring state (the stage's barriers and key count in one
-  // static block at fixed offsets: one advanced barrier address instead of three) and the V shift
-  // mma's unused rows fed already-shuffled words instead of zeros (the same bits). 1 and 2: the
-  // slower forms, kept for A/B until 3's changes are folded into one kFlat form. 0-3.
-  // docs/decode.md "Session 14".
+  // CUDA, bulk kernel (session 14, issue 7; plan_decode sets 1 wherever it sets bulk_diet; H200
+  // run 53, 0 (the tensor-map boxes) / 1, ms: B 64, L 8192 contiguous 0.1723 / 0.1629, paged 16
+  // 0.1830 / 0.1696; B 1, L 131072 0.0541 / 0.0516; (16, 32768, 64, 8) 0.1750 / 0.1653; same
+  // bits). 1 = the bulk_diet kernel (int4 g4 D 128, 8 KV heads per CTA = Hkv, <= 8 rows, 4
+  // stages) with each full tile's K and V fetched by ONE 1-D bulk copy each (cp.async.bulk of the
+  // tile's contiguous 16 x 640 bytes, no tensor map) into an unpadded stage (key stride 640
+  // bytes, not the box's 656), read by ldmatrix rows whose 16-byte column (coefficients or one of
+  // 4 code blocks) is rotated by the lane's key class, so that an 8-row phase spans 4 bank groups
+  // (2 wavefronts, the least: a head's 80 bytes cover only 5 of the 8 groups), put back in order
+  // by selects; the coefficient words reach the lanes that need them by shuffles from immediate
+  // source lanes; the stage's barriers and key count sit in one static block (one advanced
+  // barrier address). Same arithmetic in the same order: the bits equal 0's (the tensor-map
+  // boxes). Applies where bulk_diet does and the tile's block is contiguous (heads per CTA = Hkv
+  // = 8; contiguous caches and paged ones, any page size: a tile never crosses a page); elsewhere
+  // (Hkv 16 or more, other kernels) ignored. 0-3: 2 and 3 (session 14's second and third forms,
+  // folded into 1 in session 15, whose first form was deleted) are accepted for compatibility and
+  // run 1; other values are rejected. docs/decode.md "Session 14", "Session 15".
   int bulk_flat = 0;
 };
 DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx,

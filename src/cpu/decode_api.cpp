@@ -317,9 +317,10 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // against the tensor-map boxes, same bits: B 64 0.1723 -> 0.1668 ms contiguous, 0.1838 ->
   // 0.1739 paged 16, 0.1772 -> 0.1704 paged 256; B 1 0.0542 -> 0.0532; B 16 0.1745 -> 0.1701,
   // 0.1858 -> 0.1767, 0.1801 -> 0.1736). Where it does not apply the kernel ignores it.
-  // Since run 53 its form 3 (leaner coefficient shuffles, one-pointer ring state; same bits):
-  // B 64 0.1679 -> 0.1629 ms, B 1 0.0533 -> 0.0516, B 16 0.1708 -> 0.1653 against form 1.
-  p.bulk_flat = p.bulk_diet ? 3 : 0;
+  // Since run 53 with leaner coefficient shuffles and a one-pointer ring state (session 14's
+  // form 3, the only form since session 15; same bits): B 64 0.1679 -> 0.1629 ms, B 1 0.0533 ->
+  // 0.0516, B 16 0.1708 -> 0.1653 against the first form.
+  p.bulk_flat = p.bulk_diet ? 1 : 0;
   return p;
 }
 
@@ -353,7 +354,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 2);
   check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
   check::in_range(op, "plan.bulk_probe", plan.bulk_probe, 0, 3);
-  check::in_range(op, "plan.bulk_flat", plan.bulk_flat, 0, 3);
+  check::in_range(op, "plan.bulk_flat", plan.bulk_flat, 0, 3);  // (2, 3: run 1, see decode.h)
   check::not_null(op, "q", q);
   check::ndim(op, "q", q, 5);
   check::dim(op, "q", q, 0, B);

@@ -115,7 +115,7 @@ __device__ __forceinline__ void unrot5(const uint32_t (&r)[5], int s, uint32_t (
   for (int c = 0; c < 5; ++c) R[c] = b1 ? T[(c + 3) % 5] : T[c];
 }
 // Word v of lane (b & 28) | (lane & 3): shfl.sync.idx with segment mask 3 (bits 0-1 of the source
-// lane from the reading lane, bits 2-4 from b) and clamp 31 (kFlatL: with b a constant, an
+// lane from the reading lane, bits 2-4 from b) and clamp 31 (kFlat: with b a constant, an
 // immediate source lane, no per-lane index register).
 __device__ __forceinline__ uint32_t shfl_quadcol(uint32_t v, uint32_t b) {
   uint32_t d;
@@ -235,12 +235,10 @@ struct BulkArgs {
   // heads per CTA, 80-byte rows, kstr 656 and 4 stages (its compile-time geometry), and not with
   // stage_out.
   bool diet = false;
-  // DecodePlan::bulk_flat (session 14): the kTma4 | kDiet | kFlat instantiation; set only with
-  // diet and contig (a tile's K / V block is contiguous: heads per CTA = Hkv), kstr 640.
+  // DecodePlan::bulk_flat (session 14; any non-zero value): the kTma4 | kDiet | kFlat
+  // instantiation; set only with diet and contig (a tile's K / V block is contiguous: heads per
+  // CTA = Hkv), kstr 640.
   bool flat = false;
-  // DecodePlan::bulk_flat (with flat): 2 the kFlatL instantiation, 3 kFlatL | kFlatR (session
-  // 14, helper dec2); otherwise kFlat.
-  int flat_v = 1;
 };
 
 // The K / V tensor maps of the kTma4 instantiations: u32 elements, dims (piece words, head
@@ -288,24 +286,52 @@ struct BulkMaps {
 // at the kernel's "kFlat reads" below. H200 run 49 (same bits): plan_decode's int4 g4 kernel
 // since (bulk_flat 2, an XOR-only read with the coefficient rows apart, lost at every shape:
 // +6..+9 % over kFlat; deleted).
-// kFlatL (64, with kFlat; DecodePlan::bulk_flat 2): kFlat's reads and values with leaner
-// distribution code: the K scale shuffles within the quad by immediate source lane (width 4), the
-// key g + 8 scale as the high half of the shuffled pair word (no shift), the V pair shuffles by
-// source lane 8 G | t (shfl_quadcol, immediate): no per-lane source-lane registers (kFlat re-read
-// the thread id and rebuilt three of them every tile at the 128-register cap).
-// kFlatR (128, with kFlatL; DecodePlan::bulk_flat 3): kFlatL plus a one-pointer ring state: the
-// stage's full / empty barriers and key count in one static block (fsync: full at + 8 s, empty at
-// + 32 + 8 s, count at + 64 + 8 s), so that one loop-carried barrier address and the stage address
-// replace kDiet's four advanced pointers; and the V shift mma's unused A rows g + 8 (zacc [2], [3],
-// never read) fed the rows g words instead of zeros (no per-tile zero moves).
-constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32, kFlatL = 64,
-              kFlatR = 128;
+// Session 14, helper dec2 (run 53: 2-3 % faster, same bits; session 15 folded it into kFlat and
+// deleted the first forms): the distribution code is lean: the K scale shuffles within the quad
+// by immediate source lane (width 4), the key g + 8 scale as the high half of the shuffled pair
+// word (no shift), the V pair shuffles by source lane 8 G | t (shfl_quadcol, immediate): no
+// per-lane source-lane registers (the first form re-read the thread id and rebuilt three of them
+// every tile at the 128-register cap); a one-pointer ring state: the stage's full / empty barriers
+// and key count in one static block (fsync: full at + 8 s, empty at + 32 + 8 s, count at + 64 +
+// 8 s), so that one loop-carried barrier address and the stage address replace kDiet's four
+// advanced pointers; and the V shift mma's unused A rows g + 8 (zacc [2], [3], never read) fed
+// the rows g words instead of zeros (no per-tile zero moves).
+constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
 // (Run 33 deleted the ld.global.nc and 16-byte cp.async probes and renumbered no-reads 4 -> 3.)
 constexpr int kProbeCopies = 1, kProbeFlat = 2, kProbeEmpty = 3;
 // The kDiet geometry (BulkArgs::diet is set only where bulk_geometry gives it).
 constexpr int kDietHb = 8, kDietRow = 80, kDietKstr = 656, kDietStages = 4;
 constexpr int kFlatKstr = kDietHb * kDietRow;  // 640: the cache's own key stride
+// kFlat: one kind's 10 rows of a tile (the kernel's "kFlat reads"): ldmatrix x4 at f (keys
+// 0-7), x4 at f + 8 x 640 (keys 8-15), x2 at c (the fifth column of both; TRANS: .trans, V),
+// then unrotated by s (K: g >> 1, V: t): column 1 + X of keys g / 2t (0-7) -> codes[X / 2][2 (X & 1)],
+// of keys g + 8 / 2t + 8 -> [X / 2][2 (X & 1) + 1]; column 0 -> coef[0] / coef[1].
+template <bool TRANS>
+__device__ __forceinline__ void flat_rows(uint32_t f, uint32_t c, int s, uint32_t (&codes)[2][4],
+                                          uint32_t (&coef)[2]) {
+  uint32_t a4[4], b4[4], c2[2], x0[5], x1[5];
+  if constexpr (TRANS) {
+    ldsm_x4_trans(f, a4);
+    ldsm_x4_trans(f + 8 * kFlatKstr, b4);
+    ldsm_x2_trans(c, c2);
+  } else {
+    ldsm_x4(f, a4);
+    ldsm_x4(f + 8 * kFlatKstr, b4);
+    ldsm_x2(c, c2);
+  }
+  const uint32_t r0[5] = {a4[0], a4[1], a4[2], a4[3], c2[0]};
+  const uint32_t r1[5] = {b4[0], b4[1], b4[2], b4[3], c2[1]};
+  unrot5(r0, s, x0);
+  unrot5(r1, s, x1);
+#pragma unroll
+  for (int X = 0; X < 4; ++X) {
+    codes[X / 2][2 * (X & 1)] = x0[1 + X];
+    codes[X / 2][2 * (X & 1) + 1] = x1[1 + X];
+  }
+  coef[0] = x0[0];
+  coef[1] = x1[0];
+}
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
 __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
@@ -333,7 +359,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   __shared__ __align__(8) uint64_t full[kMaxStages];
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // solo issue mode: stage released
   __shared__ int cnt[kMaxStages];
-  __shared__ __align__(8) uint64_t fsync[12];  // kFlatR: full 0..3, empty 4..7, counts 8..11
+  __shared__ __align__(8) uint64_t fsync[12];  // kFlat: full 0..3, empty 4..7, counts 8..11
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -350,16 +376,14 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   constexpr bool tma = kFoldI4 && (KN & kTma4) != 0;
   constexpr bool diet = tma && (KN & kDiet) != 0;  // (HB 8, rb 80, kstr 656, 4 stages)
   constexpr bool flatk = diet && (KN & kFlat) != 0;  // (kstr 640)
-  constexpr bool flatl = flatk && (KN & kFlatL) != 0;  // (kFlat, leaner distribution)
-  constexpr bool flatr = flatl && (KN & kFlatR) != 0;  // (kFlatL, one-pointer ring state)
   constexpr int kK = flatk ? kFlatKstr : kDietKstr;  // kDiet: the stage's key stride
   const int NST = diet ? kDietStages : a.nst;
   static_assert(!diet || (KN & kStage) == 0, "kDiet: not with staged rows");
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
   const uint32_t ring_s = tma ? (raw_s + 127u) & ~127u : raw_s;
   char* const ring = ring_raw + (ring_s - raw_s);
-  uint32_t full_s, empty_s;  // (kFlatR: fsync's)
-  if constexpr (flatr) {
+  uint32_t full_s, empty_s;  // (kFlat: fsync's)
+  if constexpr (flatk) {
     full_s = static_cast<uint32_t>(__cvta_generic_to_shared(fsync));
     empty_s = full_s + 32;
   } else {
@@ -612,7 +636,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       // (kDiet: + 32 where the call masks or biases, so that the consumers' plain test is
       // the count alone)
       const int cv = static_cast<int>(nk) + (diet && (p.causal || p.bias) ? 32 : 0);
-      if constexpr (flatr) {
+      if constexpr (flatk) {
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(full_s + 64 + 8 * s), "r"(cv) : "memory");
       } else {
         cnt[s] = cv;
@@ -804,7 +828,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // word t of key g's coefficients; voff[0] + 4 min(g, 3): the V shift words), the other keys'
   // offsets compile-time constants; the warp issues at every HB-th tile from next_iss on.
   uint32_t st_cur = ring_s, fb_cur = full_s, eb_cur = empty_s;
-  const uint32_t cnt_s = static_cast<uint32_t>(__cvta_generic_to_shared(cnt));  // (not kFlatR)
+  const uint32_t cnt_s = static_cast<uint32_t>(__cvta_generic_to_shared(cnt));  // (not kFlat)
   uint32_t cnt_cur = cnt_s;
   // (it - 1 + NST) mod HB = warp, it >= 1 (the lagged refill)
   int next_iss = (warp + 1 - NST) & (kDietHb - 1);
@@ -817,8 +841,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // Done with tile it (stage s): release the stage, issue tile it + NST into it, advance s.
   auto finish_tile = [&](int it) {
     if constexpr (diet) {
-      // (kFlatR: the empty barrier at + 32 from the full one)
-      const uint32_t eb = flatr ? fb_cur + 32 : eb_cur;
+      // (kFlat: the empty barrier at + 32 from the full one)
+      const uint32_t eb = flatk ? fb_cur + 32 : eb_cur;
       mbar_arrive(eb);
       if (it == next_iss) {  // tile it - 1 + NST into the stage of tile it - 1
         next_iss += kDietHb;
@@ -832,7 +856,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       }
       st_cur += 32 * kK;
       fb_cur += 8;
-      if constexpr (!flatr) {
+      if constexpr (!flatk) {
         eb_cur += 8;
         cnt_cur += 4;
       }
@@ -842,7 +866,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         // (back by the ring: no shared-window base to re-derive)
         st_cur -= kDietStages * 32 * kK;
         fb_cur -= 8 * kDietStages;
-        if constexpr (!flatr) {
+        if constexpr (!flatk) {
           eb_cur -= 8 * kDietStages;
           cnt_cur -= 4 * kDietStages;
         }
@@ -887,7 +911,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = diet ? st_cur : ring_s + s * stage_bytes;
-    const int craw = diet ? static_cast<int>(lds32_s(flatr ? fb_cur + 64 : cnt_cur)) : cnt[s];
+    const int craw = diet ? static_cast<int>(lds32_s(flatk ? fb_cur + 64 : cnt_cur)) : cnt[s];
     const int nk = diet ? craw & 31 : craw;
     const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
 
@@ -900,21 +924,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t kc[2][4];  // coefficient words (groups 0..3) of keys g, g + 8
       uint32_t zk[2];  // kFlat: coefficient word t of keys g, g + 8
       if constexpr (flatk) {  // (kFlat reads above)
-        uint32_t a4[4], b4[4], c2[2], x0[5], x1[5];
-        ldsm_x4(st_s + ldm_f, a4);
-        ldsm_x4(st_s + ldm_f + 8 * kK, b4);
-        ldsm_x2(st_s + ldm_c, c2);
-        const uint32_t r0[5] = {a4[0], a4[1], a4[2], a4[3], c2[0]};
-        const uint32_t r1[5] = {b4[0], b4[1], b4[2], b4[3], c2[1]};
-        unrot5(r0, g >> 1, x0);
-        unrot5(r1, g >> 1, x1);
-#pragma unroll
-        for (int X = 0; X < NG; ++X) {
-          kr[X / 2][2 * (X & 1)] = x0[1 + X];
-          kr[X / 2][2 * (X & 1) + 1] = x1[1 + X];
-        }
-        zk[0] = x0[0];
-        zk[1] = x1[0];
+        flat_rows<false>(st_s + ldm_f, st_s + ldm_c, g >> 1, kr, zk);
       } else {
         ldsm_x4(st_s + ldm_off, kr[0]);
         ldsm_x4(st_s + ldm_off + 32, kr[1]);
@@ -962,15 +972,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         // the scales of keys g, g + 8 (low halves of word G: lane 4 g + G), as one pair word
         const uint32_t sp = prmt(zk[0], zk[1], 0x5410);
 #pragma unroll
-        for (int G = 0; G < NG; ++G) {
-          if constexpr (flatl) {  // (sc below: key g + 8's scale is the high half)
-            kc[0][G] = kc[1][G] = __shfl_sync(0xffffffffu, sp, G, 4);
-          } else {
-            const uint32_t x = __shfl_sync(0xffffffffu, sp, (lane & ~3) | G);
-            kc[0][G] = x;        // (only the low half is read: key g's scale)
-            kc[1][G] = x >> 16;  // key g + 8's
-          }
-        }
+        for (int G = 0; G < NG; ++G)  // (sc below: key g + 8's scale is the high half)
+          kc[0][G] = kc[1][G] = __shfl_sync(0xffffffffu, sp, G, 4);
       } else if constexpr (diet) {
         lds128_s(st_s + koff[0], kc[0]);
         lds128_s(st_s + koff[0] + 8 * kDietKstr, kc[1]);
@@ -984,7 +987,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
         for (int G = 0; G < NG; ++G)
           sc[kk][G] =
-              flatl && kk == 1 ? __high2float(bits_h2(kc[kk][G])) : __low2float(bits_h2(kc[kk][G]));
+              flatk && kk == 1 ? __high2float(bits_h2(kc[kk][G])) : __low2float(bits_h2(kc[kk][G]));
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
@@ -1180,21 +1183,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t vr[2][4];  // V codes: (keys 2t, 2t+1 | 2t+8, 2t+9) x bytes 2g, 2g+1 of block G
       uint32_t cw[2];  // kFlat: the scale / shift pairs of lane (g, t), shuffled out per group
       if constexpr (flatk) {  // (kFlat reads above)
-        uint32_t a4[4], b4[4], x0[5], x1[5];
-        ldsm_x4_trans(st_s + ldm_f + 16 * kK, a4);
-        ldsm_x4_trans(st_s + ldm_f + 24 * kK, b4);
-        ldsm_x2_trans(st_s + ldm_c + 16 * kK, cw);
-        const uint32_t r0[5] = {a4[0], a4[1], a4[2], a4[3], cw[0]};
-        const uint32_t r1[5] = {b4[0], b4[1], b4[2], b4[3], cw[1]};
-        unrot5(r0, t, x0);
-        unrot5(r1, t, x1);
-#pragma unroll
-        for (int G = 0; G < NG; ++G) {
-          vr[G / 2][2 * (G & 1)] = x0[1 + G];
-          vr[G / 2][2 * (G & 1) + 1] = x1[1 + G];
-        }
-        cw[0] = x0[0];
-        cw[1] = x1[0];
+        flat_rows<true>(st_s + ldm_f + 16 * kK, st_s + ldm_c + 16 * kK, t, vr, cw);
       } else {
         const int vblk = diet ? 16 * kDietKstr : 16 * kstr;
         ldsm_x4_trans(st_s + vblk + ldm_off, vr[0]);
@@ -1208,14 +1197,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       // kDiet: the four keys' coefficient words as one 16-byte load each, paired per group.
       uint32_t s01d[NG], s23d[NG];
       uint32_t za0, za2;
-      if constexpr (flatl) {
+      if constexpr (flatk) {  // (kFlat reads above: pairs from lanes 8 G + t / 8 gz + 4 + t)
         // lane 8 (g & 3) + 4 + t: 8 gz + 4 + t where g < 4 (rows 4..7 of zacc are never read)
         const uint32_t zb = (static_cast<uint32_t>(lane) << 1) | 4u;
         za0 = shfl_quadcol(cw[0], zb);
         za2 = shfl_quadcol(cw[1], zb);
-      } else if constexpr (flatk) {  // (kFlat reads above: pairs from lanes 8 G + t / 8 gz + 4 + t)
-        za0 = __shfl_sync(0xffffffffu, cw[0], 8 * gz + 4 + t);
-        za2 = __shfl_sync(0xffffffffu, cw[1], 8 * gz + 4 + t);
       } else {
         uint32_t zw[4];
 #pragma unroll
@@ -1236,10 +1222,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
         for (int G = 0; G < NG; ++G) s23d[G] = prmt(c0[G], c1[G], 0x5410);
       }
-      // (kFlatR: A rows g + 8 = group 0's scale pairs, shuffled here for the G = 0 mma below;
+      // (kFlat: A rows g + 8 = group 0's scale pairs, shuffled here for the G = 0 mma below;
       // their zacc rows are never read)
       uint32_t s01_0 = 0u, s23_0 = 0u;
-      if constexpr (flatr) {
+      if constexpr (flatk) {
         s01_0 = shfl_quadcol(cw[0], 0u);
         s23_0 = shfl_quadcol(cw[1], 0u);
       }
@@ -1251,15 +1237,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
       for (int G = 0; G < NG; ++G) {
         uint32_t s01, s23;
-        if constexpr (flatr) {
+        if constexpr (flatk) {  // (lane 8 G + t by immediates)
           s01 = G == 0 ? s01_0 : shfl_quadcol(cw[0], 8u * G);
           s23 = G == 0 ? s23_0 : shfl_quadcol(cw[1], 8u * G);
-        } else if constexpr (flatl) {  // (lane 8 G + t by immediates)
-          s01 = shfl_quadcol(cw[0], 8u * G);
-          s23 = shfl_quadcol(cw[1], 8u * G);
-        } else if constexpr (flatk) {
-          s01 = __shfl_sync(0xffffffffu, cw[0], 8 * G + t);
-          s23 = __shfl_sync(0xffffffffu, cw[1], 8 * G + t);
         } else if constexpr (diet) {
           s01 = s01d[G];
           s23 = s23d[G];
@@ -1497,12 +1477,6 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
         }
         if (a.stage_out)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kStage>(p, a, m, B, stream);
-        if (a.flat && a.flat_v == 3)
-          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat | kFlatL | kFlatR>(
-              p, a, m, B, stream);
-        if (a.flat && a.flat_v == 2)
-          return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat | kFlatL>(p, a, m, B,
-                                                                                    stream);
         if (a.flat)
           return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet | kFlat>(p, a, m, B, stream);
         if (a.diet) return launch_nr<F, D, 1, VA, FOLD, true, kTma4 | kDiet>(p, a, m, B, stream);
@@ -1711,11 +1685,11 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   // key stride 656 in the stage, 4 stages).
   a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
            a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
-  // DecodePlan::bulk_flat: kFlat where kDiet runs and a tile's K / V block is contiguous (heads
-  // per CTA = Hkv = 8; paged: any page size, a tile never crosses a page); not with the probes.
-  // The stage becomes the blocks themselves (key stride 640); elsewhere the kDiet kernel.
+  // DecodePlan::bulk_flat (1; 2 and 3, the session-14 forms folded into it, too): kFlat where
+  // kDiet runs and a tile's K / V block is contiguous (heads per CTA = Hkv = 8; paged: any page
+  // size, a tile never crosses a page); not with the probes. The stage becomes the blocks
+  // themselves (key stride 640); elsewhere the kDiet kernel.
   a.flat = plan.bulk_flat != 0 && a.diet && a.contig && !a.probe;
-  a.flat_v = plan.bulk_flat;
   if (a.flat) {
     a.kstr = kFlatKstr;
     a.stage_bytes = 32 * kFlatKstr;

@@ -170,14 +170,12 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   flat / no_flat: plan_decode's choice with bulk_flat 1 (its int4 choice since session 14: the
 //     diet kernel with each full tile's K / V by one 1-D bulk copy into an unpadded stage, read
 //     by ldmatrix rows whose column is rotated by key class, where the tile's block is
-//     contiguous, i.e. 8 KV heads; elsewhere the flag is ignored; explicit here) / 0 (the
-//     tensor-map boxes, the kernel before).
-//   flat2 / flat3: bulk_flat 2 / 3 (session 14, helper dec2: flat's reads with leaner shuffles;
-//     3: and a one-pointer ring state; same bits).
+//     contiguous, i.e. 8 KV heads; elsewhere the flag is ignored; explicit here; since session
+//     15 the one flat form, session 14's third) / 0 (the tensor-map boxes, the kernel before).
 enum class Kernel {
   automatic, bulk, stream, cuda_cores, bulk_fold, bulk_solo, no_pdl, bulk_deep, bulk_iss4,
   merge_wide, bulk_pairs, bulk_tma_solo, merge_warp, merge_wide_early, stage_out, lean_start,
-  lean_staged, eager, diet, no_diet, flat, no_flat, flat2, flat3
+  lean_staged, eager, diet, no_diet, flat, no_flat
 };
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
@@ -201,8 +199,7 @@ class DecodeCase : public Case {
                     kernel == Kernel::lean_start || kernel == Kernel::lean_staged ||
                     kernel == Kernel::eager || kernel == Kernel::diet ||
                     kernel == Kernel::no_diet || kernel == Kernel::flat ||
-                    kernel == Kernel::no_flat || kernel == Kernel::flat2 ||
-                    kernel == Kernel::flat3) &&
+                    kernel == Kernel::no_flat) &&
                    streams_by_default(cs.format, cs.D))) {}
 
   std::string name() const override {
@@ -228,8 +225,6 @@ class DecodeCase : public Case {
     if (kernel_ == Kernel::no_diet) s += ".no_diet";
     if (kernel_ == Kernel::flat) s += ".flat";
     if (kernel_ == Kernel::no_flat) s += ".no_flat";
-    if (kernel_ == Kernel::flat2) s += ".flat2";
-    if (kernel_ == Kernel::flat3) s += ".flat3";
     if (kernel_ == Kernel::bulk_pairs) s += ".bulk_pairs";
     if (kernel_ == Kernel::bulk_tma_solo) s += ".bulk_tma_solo";
     if (kernel_ == Kernel::merge_warp) s += ".merge_warp" + std::to_string(splits_);
@@ -296,12 +291,8 @@ class DecodeCase : public Case {
       plan.bulk_lean_start = kernel_ == Kernel::lean_start || kernel_ == Kernel::lean_staged;
     } else if (kernel_ == Kernel::diet || kernel_ == Kernel::no_diet) {
       plan.bulk_diet = kernel_ == Kernel::diet;
-    } else if (kernel_ == Kernel::flat || kernel_ == Kernel::no_flat ||
-               kernel_ == Kernel::flat2 || kernel_ == Kernel::flat3) {
-      plan.bulk_flat = kernel_ == Kernel::flat    ? 1
-                       : kernel_ == Kernel::flat2 ? 2
-                       : kernel_ == Kernel::flat3 ? 3
-                                                  : 0;
+    } else if (kernel_ == Kernel::flat || kernel_ == Kernel::no_flat) {
+      plan.bulk_flat = kernel_ == Kernel::flat ? 1 : 0;
     } else if (kernel_ == Kernel::merge_warp) {
       plan.merge_warp = true;
       plan.merge_wide = false;
@@ -766,10 +757,8 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   // of 16 (partial tiles: per-key copies into the same 640-byte layout), paged 16 (splits
   // starting inside a page) and 256, sequences of fewer tiles than stages (17, 33 keys), 1-key
   // and empty sequences, Mq > 1 causal, bias, G 1-8, bf16 q; the flag ignored at 16 heads (the
-  // block is 2 pieces per key: the diet kernel), at 4 heads and at 9-16 rows.
-  // flat2 / flat3 (bulk_flat 2 / 3: flat's reads, leaner shuffles; 3: one-pointer ring state,
-  // plan_decode's since H200 run 53): the same set; diet (above) too.
-  for (const Kernel fl : {dt, Kernel::flat, Kernel::flat2, Kernel::flat3}) {
+  // block is 2 pieces per key: the diet kernel), at 4 heads and at 9-16 rows; diet (above) too.
+  for (const Kernel fl : {dt, Kernel::flat}) {
     add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 47, 0}, 4, 1, false, false, DType::f16, fl);
     add(shape(F::int4, 4, 3, 2048, 8, 128, 0), {2048, 1024, 16},
         1, 1, false, true, DType::bf16, fl);

@@ -740,6 +740,16 @@ TEST(DecodeErrors, CacheValidationWritesNothing) {
                 arg);
     }
     EXPECT_EQ(out2.get(0), 42.f);
+    // bulk_flat 2 and 3 (session 14's flat forms, folded into 1 in session 15): accepted, run 1.
+    for (const int v : {2, 3}) {
+      DecodePlan knob = plan;
+      knob.bulk_flat = v;
+      EXPECT_EQ(error_argument([&] {
+                  decode_attention(q1.view(), tc.c, knob, ws.data(), out2.view(), nullptr,
+                                   nullptr, 0.f, false, ctx);
+                }),
+                "(no error)");
+    }
     HostTensor wrong_bias(DType::f32, {B, H, 1, 1, L - 1});
     TensorView wb = wrong_bias.view();
     EXPECT_EQ(error_argument([&] {
