@@ -37,6 +37,7 @@ using attn::kLog2_448;
 using attn::kLog2e;
 using attn::pack_16x2;
 using attn::pack_e4m3x4;
+using attn::store_rows;
 using attn::scale_index_dev;
 using attn::to_f32;
 using attn::visible_end;
@@ -469,61 +470,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
   }
 
   // Epilogue: full row sums, normalization, V scale and mean, 16-bit stores, LSE.
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;
-  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-  T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    const int col = n * 8 + 2 * t;
-    float sc0 = 1.f, sc1 = 1.f, mv0 = 0.f, mv1 = 0.f;
-    if (FP8) {
-      sc0 = p.v_scale[hv * D + col];
-      sc1 = p.v_scale[hv * D + col + 1];
-      if (p.v_mean) {
-        mv0 = p.v_mean[hv * D + col];
-        mv1 = p.v_mean[hv * D + col + 1];
-      }
-    }
-    if (row0 < p.Nq) {
-      const float a = l0 > 0.f ? o[n][0] * inv0 * sc0 + mv0 : 0.f;
-      const float c = l0 > 0.f ? o[n][1] * inv0 * sc1 + mv1 : 0.f;
-      *reinterpret_cast<uint32_t*>(og + row0 * p.o_sn + col) = pack_16x2<T16>(a, c);
-    }
-    if (row1 < p.Nq) {
-      const float a = l1 > 0.f ? o[n][2] * inv1 * sc0 + mv0 : 0.f;
-      const float c = l1 > 0.f ? o[n][3] * inv1 * sc1 + mv1 : 0.f;
-      *reinterpret_cast<uint32_t*>(og + row1 * p.o_sn + col) = pack_16x2<T16>(a, c);
-    }
-  }
-  if (p.lse) {
-    float corr0 = 0.f, corr1 = 0.f;
-    if (p.k_mean) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
-      const int8_t* qr0 = reinterpret_cast<const int8_t*>(sQ + (warp * 16 + g) * S::kQStride);
-      const int8_t* qr1 = qr0 + 8 * S::kQStride;
-      const float* km = p.k_mean + hv * D;
-      for (int d = t; d < D; d += 4) {
-        corr0 += static_cast<float>(qr0[d]) * qs0 * km[d];
-        corr1 += static_cast<float>(qr1[d]) * qs1 * km[d];
-      }
-      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 1);
-      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 2);
-      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 1);
-      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 2);
-    }
-    if (t == 0) {
-      float* lg = p.lse + b * p.l_sb + h * p.l_sh;
-      if (row0 < p.Nq)
-        lg[row0 * p.l_sn] =
-            l0 > 0.f ? (m0 + log2f(l0) - p_offset) * kLn2 + corr0 * p.sm_scale : -INFINITY;
-      if (row1 < p.Nq)
-        lg[row1 * p.l_sn] =
-            l1 > 0.f ? (m1 + log2f(l1) - p_offset) * kLn2 + corr1 * p.sm_scale : -INFINITY;
-    }
-  }
+  store_rows<D, FP8, T16, 8 * S::kQStride>(
+      p, b, h, hk, row0, row1, qs0, qs1, t, m0, m1, l0, l1,
+      [&](int n, int i) { return o[n][i]; }, true,
+      [&] { return reinterpret_cast<const int8_t*>(sQ + (warp * 16 + g) * S::kQStride); },
+      [](int d) { return d; });
 }
 
 template <int D, bool FP8, typename T16>

@@ -363,20 +363,18 @@ __device__ __forceinline__ bool wg_all(bool pred, int id) {
   return r != 0;
 }
 
-// Epilogue of the wgmma kernels for this thread's rows row0 = q0 + rl0 and row1 = row0 + 8 (O in
-// the m64nD accumulator layout: registers 4n + 2h + e, row g + 8h, channel 8n + 2t + e): full row
-// sums, normalization, V scale and mean, 16-bit stores, LSE (with the K-mean correction read
-// from the swizzled Q tile at sq when q_loaded). kQRow: bytes per Q row in shared memory, 128
-// (128-byte swizzle) or 64 (64-byte swizzle: the D = 64 TMA producer's Q). kQChunk: 0 (a row
-// holds all D channels), or D = 256: channels 128 c .. 128 c + 127 in 128-byte rows of chunk c,
-// kQChunk bytes after chunk c - 1.
-template <int D, bool FP8, typename T16, int kQRow = 128, int kQChunk = 0>
-__device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int hk, int rl0,
-                                         int64_t row0, int64_t row1, float qs0, float qs1, int t,
-                                         const uint8_t* sq, bool q_loaded, float (&o)[D / 2],
-                                         float m0, float m1, float l0, float l1) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  // Epilogue: full row sums, normalization, V scale and mean, 16-bit stores, LSE.
+// The epilogue both kernel families share (attention.cu's mma.sync kernel, the wgmma kernels), for
+// this thread's rows row0 and row1 = row0 + 8 of an mma accumulator quad (thread t holds channels
+// 8 n + 2 t + e): full row sums, normalization, V scale and mean, 16-bit stores, and the LSE
+// (natural log) with the K-mean correction q_dequant · k_mean. o_at(n, i): the accumulator of
+// channel group n, i = 2 r + e (row r, channel 8 n + 2 t + e). With q_rows (and p.lse, p.k_mean):
+// q_row() is row0's int8 Q row in shared memory, row1's lies R1 bytes after it, and q_byte(d) is
+// channel d's byte in such a row (the kernel's Q tile layout).
+template <int D, bool FP8, typename T16, int R1, typename OAt, typename QRow, typename QByte>
+__device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, int hk, int64_t row0,
+                                           int64_t row1, float qs0, float qs1, int t, float m0,
+                                           float m1, float l0, float l1, OAt o_at, bool q_rows,
+                                           QRow q_row, QByte q_byte) {
   const float p_offset = FP8 ? kLog2_448 : 0.f;
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
@@ -398,30 +396,24 @@ __device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int 
       mv1 = p.v_mean[hv * D + col + 1];
     }
     if (row0 < p.Nq) {
-      const float a = l0 > 0.f ? o[4 * n + 0] * inv0 * sc0 + mv0 : 0.f;
-      const float c = l0 > 0.f ? o[4 * n + 1] * inv0 * sc1 + mv1 : 0.f;
+      const float a = l0 > 0.f ? o_at(n, 0) * inv0 * sc0 + mv0 : 0.f;
+      const float c = l0 > 0.f ? o_at(n, 1) * inv0 * sc1 + mv1 : 0.f;
       *reinterpret_cast<uint32_t*>(og + row0 * p.o_sn + col) = pack_16x2<T16>(a, c);
     }
     if (row1 < p.Nq) {
-      const float a = l1 > 0.f ? o[4 * n + 2] * inv1 * sc0 + mv0 : 0.f;
-      const float c = l1 > 0.f ? o[4 * n + 3] * inv1 * sc1 + mv1 : 0.f;
+      const float a = l1 > 0.f ? o_at(n, 2) * inv1 * sc0 + mv0 : 0.f;
+      const float c = l1 > 0.f ? o_at(n, 3) * inv1 * sc1 + mv1 : 0.f;
       *reinterpret_cast<uint32_t*>(og + row1 * p.o_sn + col) = pack_16x2<T16>(a, c);
     }
   }
   if (p.lse) {
     float corr0 = 0.f, corr1 = 0.f;
-    if (p.k_mean && q_loaded) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
-      // Q rows rl0 and rl0 + 8 share (row & 7), so they share the swizzle pattern.
-      static_assert(kQRow == 128 || (kQRow == 64 && D == 64), "Q row layout");
-      static_assert(kQChunk == 0 || kQRow == 128, "Q chunks of 128-byte rows");
-      const int8_t* qr0 = reinterpret_cast<const int8_t*>(sq + rl0 * kQRow);
-      const int8_t* qr1 = qr0 + 8 * kQRow;
+    if (p.k_mean && q_rows) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
+      const int8_t* qr0 = q_row();
+      const int8_t* qr1 = qr0 + R1;
       const float* km = p.k_mean + hv * D;
-      const int sw = kQRow == 128 ? (rl0 & 7) : ((rl0 >> 1) & 3);
       for (int d = t; d < D; d += 4) {
-        const int byte = kQChunk == 0 ? ((((d >> 4) ^ sw) << 4) | (d & 15))
-                                      : (d >> 7) * kQChunk + ((((d >> 4) & 7) ^ sw) << 4) +
-                                            (d & 15);
+        const int byte = q_byte(d);
         corr0 += static_cast<float>(qr0[byte]) * qs0 * km[d];
         corr1 += static_cast<float>(qr1[byte]) * qs1 * km[d];
       }
@@ -440,6 +432,32 @@ __device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int 
             l1 > 0.f ? (m1 + log2f(l1) - p_offset) * kLn2 + corr1 * p.sm_scale : -INFINITY;
     }
   }
+}
+
+// Epilogue of the wgmma kernels for this thread's rows row0 = q0 + rl0 and row1 = row0 + 8 (O in
+// the m64nD accumulator layout: registers 4n + 2h + e, row g + 8h, channel 8n + 2t + e), by
+// store_rows; the K-mean correction reads the swizzled Q tile at sq when q_loaded. kQRow: bytes
+// per Q row in shared memory, 128 (128-byte swizzle) or 64 (64-byte swizzle: the D = 64 TMA
+// producer's Q). kQChunk: 0 (a row holds all D channels), or D = 256: channels 128 c .. 128 c +
+// 127 in 128-byte rows of chunk c, kQChunk bytes after chunk c - 1.
+template <int D, bool FP8, typename T16, int kQRow = 128, int kQChunk = 0>
+__device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int hk, int rl0,
+                                         int64_t row0, int64_t row1, float qs0, float qs1, int t,
+                                         const uint8_t* sq, bool q_loaded, float (&o)[D / 2],
+                                         float m0, float m1, float l0, float l1) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Q rows rl0 and rl0 + 8 share (row & 7), so they share the swizzle pattern.
+  static_assert(kQRow == 128 || (kQRow == 64 && D == 64), "Q row layout");
+  static_assert(kQChunk == 0 || kQRow == 128, "Q chunks of 128-byte rows");
+  store_rows<D, FP8, T16, 8 * kQRow>(
+      p, b, h, hk, row0, row1, qs0, qs1, t, m0, m1, l0, l1,
+      [&](int n, int i) { return o[4 * n + i]; }, q_loaded,
+      [&] { return reinterpret_cast<const int8_t*>(sq + rl0 * kQRow); },
+      [&](int d) {
+        const int sw = kQRow == 128 ? (rl0 & 7) : ((rl0 >> 1) & 3);
+        return kQChunk == 0 ? ((((d >> 4) ^ sw) << 4) | (d & 15))
+                            : (d >> 7) * kQChunk + ((((d >> 4) & 7) ^ sw) << 4) + (d & 15);
+      });
 #endif
 }
 
