@@ -1,7 +1,6 @@
 // Front of the attention prologue: validates every argument (nothing is read or written before
 // all checks pass), resolves views into PrologueArgs, dispatches on the device.
 #include <cmath>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +8,7 @@
 #include "lowbit/runtime.h"
 #include "src/core/backends.h"
 #include "src/core/check.h"
+#include "src/core/guarded.h"
 #include "src/core/prologue_internal.h"
 
 namespace lowbit {
@@ -331,20 +331,12 @@ void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView 
 namespace detail {
 
 namespace {
-// One struct under a mutex: a reader sees every knob of one set_prologue_cuda_tuning call.
-std::mutex g_tuning_mu;
-PrologueCudaTuning g_tuning;
+Guarded<PrologueCudaTuning> g_tuning;  // every knob of one set_prologue_cuda_tuning call
 }  // namespace
 
-void set_prologue_cuda_tuning(const PrologueCudaTuning& t) {
-  std::lock_guard<std::mutex> lock(g_tuning_mu);
-  g_tuning = t;
-}
+void set_prologue_cuda_tuning(const PrologueCudaTuning& t) { g_tuning.set(t); }
 
-PrologueCudaTuning prologue_cuda_tuning() {
-  std::lock_guard<std::mutex> lock(g_tuning_mu);
-  return g_tuning;
-}
+PrologueCudaTuning prologue_cuda_tuning() { return g_tuning.get(); }
 
 void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Context& ctx) {
   const char* op = "norm_rope_store";

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -13,6 +12,7 @@
 #include "lowbit/runtime.h"
 #include "src/core/backends.h"
 #include "src/core/check.h"
+#include "src/core/guarded.h"
 #include "src/cpu/attention_backend.h"
 
 namespace lowbit {
@@ -505,19 +505,10 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
 
 namespace detail {
 namespace {
-// The knobs as one value under a mutex: a reader sees one setter's whole struct, never a mix of
-// two (per-field atomics could interleave).
-std::mutex g_tuning_mu;
-AttentionCudaTuning g_tuning;
+Guarded<AttentionCudaTuning> g_tuning;
 }  // namespace
-void set_attention_cuda_tuning(const AttentionCudaTuning& t) {
-  std::lock_guard<std::mutex> lock(g_tuning_mu);
-  g_tuning = t;
-}
-AttentionCudaTuning attention_cuda_tuning() {
-  std::lock_guard<std::mutex> lock(g_tuning_mu);
-  return g_tuning;
-}
+void set_attention_cuda_tuning(const AttentionCudaTuning& t) { g_tuning.set(t); }
+AttentionCudaTuning attention_cuda_tuning() { return g_tuning.get(); }
 }  // namespace detail
 
 }  // namespace lowbit

@@ -15,12 +15,6 @@
 #include "src/core/convert_elem.h"
 #include "src/cpu/linear_kernels.h"
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define LOWBIT_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define LOWBIT_CLONES
-#endif
-
 namespace lowbit {
 namespace cpu {
 namespace convrot {

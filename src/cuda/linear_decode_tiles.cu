@@ -36,6 +36,7 @@
 #include <type_traits>
 
 #include "lowbit/dtype.h"
+#include "src/core/guarded.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
 #include "src/cuda/linear_decode_tiles.cuh"
@@ -679,20 +680,13 @@ bool decode_tiles_applies(const DecodeParams& d) {
 }
 
 namespace {
-std::mutex g_tuning_mu;
-bool g_tuning_set = false;
-DecodeTilesTuning g_tuning;
+Guarded<DecodeTilesTuning> g_tuning;  // DecodeTilesTuning{} until a test sets another one
 }  // namespace
 
-DecodeTilesTuning layer_tiles_tuning() {
-  std::lock_guard<std::mutex> lock(g_tuning_mu);
-  return g_tuning_set ? g_tuning : DecodeTilesTuning{};
-}
+DecodeTilesTuning layer_tiles_tuning() { return g_tuning.get(); }
 
 void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
-  std::lock_guard<std::mutex> lock(g_tuning_mu);
-  g_tuning_set = t != nullptr;
-  g_tuning = t ? *t : DecodeTilesTuning{};
+  g_tuning.set(t ? *t : DecodeTilesTuning{});
 }
 
 void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
