@@ -33,3 +33,19 @@ def linear_cpu_backend_missing() -> str:
         if "not implemented" in str(e):
             return f"linear CPU backend not implemented yet ({e})"
     return ""
+
+
+def dequant_int4(words, n_groups):
+    """SPEC section 4 int4 rows (int32 words [coef_0..coef_{g-1} | codes], numpy or torch) ->
+    float64 values."""
+    if hasattr(words, "numpy"):
+        words = words.numpy()
+    w = np.asarray(words).view(np.uint32)
+    coef, codes = w[..., :n_groups], w[..., n_groups:]
+    d = codes.shape[-1] * 8
+    vals = ((codes[..., :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF).reshape(
+        *codes.shape[:-1], d).astype(np.float64)
+    scale = (coef & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
+    shift = (coef >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
+    per = d // n_groups
+    return vals * np.repeat(scale, per, -1) + np.repeat(shift, per, -1)

@@ -7,21 +7,10 @@ import numpy as np
 import pytest
 
 import lowbit
+from conftest import dequant_int4
 
 pytestmark = pytest.mark.skipif(not lowbit.has("decode"), reason="no decode module in build")
 RNG = np.random.default_rng(4)
-
-
-def dequant_int4(words, n_groups):
-    w = words.view(np.uint32)
-    coef, codes = w[..., :n_groups], w[..., n_groups:]
-    d = codes.shape[-1] * 8
-    vals = ((codes[..., :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF).reshape(
-        *codes.shape[:-1], d).astype(np.float64)
-    scale = (coef & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
-    shift = (coef >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
-    per = d // n_groups
-    return vals * np.repeat(scale, per, -1) + np.repeat(shift, per, -1)
 
 
 def int4_cache(x, n_groups):

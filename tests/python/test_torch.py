@@ -14,7 +14,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import lowbit  # noqa: E402
 import lowbit.torch as lt  # noqa: E402
-from conftest import linear_cpu_backend_missing  # noqa: E402
+from conftest import dequant_int4, linear_cpu_backend_missing  # noqa: E402
 
 needs = lambda family: pytest.mark.skipif(not lowbit.has(family),  # noqa: E731
                                           reason=f"no {family} module in this build")
@@ -281,19 +281,6 @@ def test_load_comfy_checkpoint_matches_quantized_weights():
 
 
 # ---- decode -------------------------------------------------------------------------------------
-
-def dequant_int4(words, n_groups):
-    """SPEC section 4 int4 rows (int32 words [coef_0..coef_{g-1} | codes]) -> float64 values."""
-    w = words.numpy().view(np.uint32)
-    coef, codes = w[..., :n_groups], w[..., n_groups:]
-    d = codes.shape[-1] * 8
-    vals = ((codes[..., :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 0xF).reshape(
-        *codes.shape[:-1], d).astype(np.float64)
-    scale = (coef & 0xFFFF).astype(np.uint16).view(np.float16).astype(np.float64)
-    shift = (coef >> 16).astype(np.uint16).view(np.float16).astype(np.float64)
-    per = d // n_groups
-    return vals * np.repeat(scale, per, -1) + np.repeat(shift, per, -1)
-
 
 @needs("decode")
 @pytest.mark.parametrize("n_groups", [1, 4])
