@@ -88,7 +88,7 @@ struct Shape256 {
   // 128 x 24 + (128 kCons) x kConsRegs <= the launch's registers (setmaxnreg moves registers
   // between the CTA's warps: 4 consumers launch at 96 per thread, 640 x 96 = 61440)
   static constexpr int kConsRegs = kCons == 4 ? 112 : kCons == 3 ? 160 : 240;
-  static constexpr int kLaunchRegs = kCons == 4 ? 96 : kCons == 3 ? 128 : 168;  // 64 K / threads
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // 96 / 128 / 168 for 4 / 3 / 2
   static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <= kThreads * kLaunchRegs,
                 "register split");
 };

@@ -1210,8 +1210,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         za0 = prmt(zw[0], zw[1], 0x7632);
         za2 = prmt(zw[2], zw[3], 0x7632);
       }
-      if constexpr (flatk) {
-      } else if constexpr (diet) {
+      if constexpr (diet && !flatk) {  // (kFlat: the pairs come by shuffles below)
         uint32_t c0[4], c1[4];
         lds128_s(st_s + voff[0], c0);
         lds128_s(st_s + voff[0] + kVq[1], c1);

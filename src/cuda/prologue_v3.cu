@@ -1411,10 +1411,13 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   // The specialized tight kernel unless quant_tight = kTightPlain (for the layouts below).
   const bool spec_on = tuning.quant_tight > 0 ? tuning.quant_tight != detail::kTightPlain
                                               : kV3DefaultSpec;
+  // The specialized kernels' premises: redux, scale_eps >= 0 (quantize32_fq's); the q layout's:
+  // THREAD_Q groups of kSpecQRows rows, no mean (round 3 and round 5 alike).
+  const bool spec_base = spec_on && L.redux && a.scale_eps >= 0.f;
+  const bool spec_q = spec_base && L.group_rows == kSpecQRows && !a.mean;
   const bool pair_on = tuning.quant_pair > 0 ? tuning.quant_pair == detail::kPairOn
                                              : a.batch * a.tokens * a.heads >= kV3PairMinRows;
-  const bool pair = pair_on && tight_forms(tuning) && spec_on && L.redux && !a.mean &&
-                    L.group_rows == kSpecQRows && a.scale_eps >= 0.f;
+  const bool pair = pair_on && tight_forms(tuning) && spec_q;
   const bool split = pair || (tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn
                                                       : kV3DefaultSplit);
   const int lanes = static_cast<int>(a.dim / (pair ? 16 : 32)), rw = 32 / lanes;
@@ -1450,12 +1453,10 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   // layouts with redux and scale_eps >= 0 (quantize32_fq's premise), unless quant_tight =
   // kTightPlain (else the tight form).
   int spec = 0;
-  if (tight && spec_on && L.redux && a.scale_eps >= 0.f) {
-    if (L.group_rows == kSpecQRows && !a.mean)
-      spec = kSpecQRows;
-    else if (L.group_rows == kSpecKRows && a.mean && L.mean_smem)
-      spec = kSpecKRows;
-  }
+  if (tight && spec_q)
+    spec = kSpecQRows;
+  else if (tight && spec_base && L.group_rows == kSpecKRows && a.mean && L.mean_smem)
+    spec = kSpecKRows;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
                        ((a.rotate ? (pair ? 4 : 8) : 0) + 4 * (ahead + 1)) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
