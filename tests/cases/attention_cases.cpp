@@ -505,9 +505,14 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // knob ring_cons = 3; `ring` at D = 64 runs the default four).
   detail::AttentionCudaTuning cons3;
   cons3.ring_cons = 3;
-  for (int64_t d : {int64_t{64}, int64_t{128}, int64_t{256}, int64_t{-64}}) {
-    const bool three = d < 0;
-    d = three ? -d : d;
+  struct RingSet {
+    int64_t d;
+    bool three;  // ring_cons = 3
+  };
+  for (const RingSet& rs : {RingSet{64, false}, RingSet{128, false}, RingSet{256, false},
+                            RingSet{64, true}}) {
+    const int64_t d = rs.d;
+    const bool three = rs.three;
     const std::string tag = three ? "ring3" : d == 256 ? "pv16late" : "ring";
     auto add = [&](Shape s, O::Causal c, int kb, Pattern pat, bool thread_layouts) {
       auto k = std::make_unique<Int8AttentionCase>(
