@@ -251,6 +251,20 @@ class PrologueBench : public BenchCase {
                                              : "q kernel round 3 (one row per lane)",
                        qp, fused);
           }
+        // Session 16: the specialized round-3 q kernel's forms (quant_q16, the round-5 kernel
+        // off): 96 registers and 5 CTAs per SM (the base), 80 registers and 6 CTAs per SM
+        // (the x ring 1 head ahead), the codes' sign in the magic number, both.
+        if (!is_k)
+          for (int form : {detail::kQ16Base, detail::kQ16Occ6, detail::kQ16Signed,
+                           detail::kQ16Occ6Signed}) {
+            detail::PrologueCudaTuning qf;
+            qf.quant_pair = detail::kPairOff, qf.quant_q16 = form;
+            variant_of(form == detail::kQ16Base     ? "q16 base (round 3, 5 CTAs per SM)"
+                       : form == detail::kQ16Occ6   ? "q16 occ6 (6 CTAs per SM, 1 head ahead)"
+                       : form == detail::kQ16Signed ? "q16 signed codes (5 CTAs per SM)"
+                                                    : "q16 occ6 + signed codes",
+                       qf, fused);
+          }
         // Session 14: the mean kernel with two rows per lane (round 5: half the weight and
         // rotary shared-memory reads per value) and the one-row round 4, forced.
         if (is_k)

@@ -105,6 +105,10 @@ constexpr bool kV3DefaultSpec = true;
 // 16-row tiles: twice the CTAs of the short grid).
 constexpr int64_t kV3PairMinRows = int64_t{1} << 20;
 constexpr int kSpecQRows = 4, kSpecKRows = 16;
+// Session 16: the specialized q kernel at 6 CTAs per SM (v3_quantize_kernel_occ6, tuning
+// `quant_q16`): 80 registers, the x ring 1 head ahead.
+constexpr int kV3Occ6Regs = 80, kV3Occ6Ahead = 1;
+constexpr int kV3DefaultQ16 = detail::kQ16Base;
 // Session 10: the balanced quantize grid. A grid of CTAs of equal work fills the SMs unevenly
 // when it is less than a few rounds: Flux q / k quantize, 576 CTAs of 6 heads on 660 slots = 48
 // SMs with 5 CTAs and 84 with 4, and the kernel lasts as long as the 5-CTA SMs (37.5 head-times
@@ -478,6 +482,44 @@ __device__ __forceinline__ void quantize32_fq(const float (&v)[32], float scale,
   quantize_fq_n<32, LEAN>(v, scale, out);
 }
 
+// quantize_fq_n with the sign in the magic number (session 16): the same codes, the code byte
+// straight from one round-down add. a = fl(fl(|v| r) + 0.5) in [0.5, 127.5 (1 + a few ulp)] as
+// there, m = floor(a) <= 127; M = 2^23 + 256. v >= 0: fl_rd(a + M) = M + m (the sum lies in
+// [2^23, 2^24), ulp 1), low byte m. v < 0 (sign bit set, -0 included): fl_rd(a - M) = -(M - m)
+// (round-down of a negative sum rounds its magnitude up: M - a < M - m <= M - a + 1, and exact
+// for an integer a), magnitude in (2^23, 2^24), low byte (256 - m) mod 256 = the byte of -m (m = 0:
+// 256, byte 0). So the byte is the SPEC code trunc(fl(q + 0.5 sign q)) = sign(v) m, and the four
+// low bytes of a word are packed by prmt: per value fmul, fadd, the sign's lop3 and the add
+// (quantize_fq_n: fmul, two fadds, then 9 integer ops per 4 values for signs and negation).
+// (s & 0x80000000) | k in one lop3 (the compiler splits the C expression into two).
+__device__ __forceinline__ uint32_t sign_or(uint32_t s, uint32_t k) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, 0x80000000, %2, 0xea;" : "=r"(d) : "r"(s), "r"(k));
+  return d;
+}
+template <int N, bool LEAN>
+__device__ __forceinline__ void quantize_fqs_n(const float* v, float scale, uint32_t* out) {
+  const float as = fabsf(scale);
+  if (!(as >= 0x1p-126f && as <= 0x1p126f)) {
+    quantize_n<N, LEAN>(v, scale, out);
+    return;
+  }
+  const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
+  constexpr uint32_t kMagic = 0x4b000100u;  // 2^23 + 256
+#pragma unroll
+  for (int k = 0; k < N / 4; ++k) {
+    uint32_t c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float x = v[4 * k + i];
+      const float a = __fadd_rn(__fmul_rn(fabsf(x), r), 0.5f);
+      const float m = __uint_as_float(sign_or(__float_as_uint(x), kMagic));
+      c[i] = __float_as_uint(__fadd_rd(a, m));
+    }
+    out[k] = prmt(prmt(c[0], c[1], 0x0040u), prmt(c[2], c[3], 0x0040u), 0x5410u);
+  }
+}
+
 // ---- norm_rope_quantize -----------------------------------------------------------------------
 //
 // CTA: `warps` warps own a tile of whole blocks (tile_rows = warps * RW rows, RW = 32 / LANES) of
@@ -584,12 +626,19 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // for a launch of exactly that shape with redux and scale_eps >= 0. No runtime dispatch on them
 // in the head loop; the ring slots as shared addresses, a one-copy mean-ring refill; the codes by
 // quantize32_fq (no float-to-int conversions).
-template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0>
+// AHEAD_ (session 16): the ring's heads ahead; 1 only for the specialized q form (the mean
+// ring's refill rides on 3-slot rings).
+// SIGNED (session 16): the specialized form's codes by quantize_fqs_n (the sign in the magic
+// number), else quantize32_fq; the same codes.
+template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0, int AHEAD_ = kV3Async96Ahead,
+          bool SIGNED = false>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool TIGHT = THREADS > 0;
   constexpr bool SPEC = SG > 0;
   static_assert(!SPEC || TIGHT, "SG: the tight form only");
-  constexpr int AHEAD = kV3Async96Ahead;
+  constexpr int AHEAD = AHEAD_;
+  static_assert(AHEAD == kV3Async96Ahead || (SPEC && SG == kSpecQRows),
+                "AHEAD: other rings only for the specialized q form");
   constexpr bool LEAN = BF16;
   constexpr int SLOTS = AHEAD + 1;
   constexpr int LANES = D / 32, RW = 32 / LANES;
@@ -758,7 +807,9 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
     }
     uint32_t packed[8];
-    if constexpr (SPEC)
+    if constexpr (SPEC && SIGNED)
+      quantize_fqs_n<32, LEAN>(v, scale, packed);
+    else if constexpr (SPEC)
       quantize32_fq<LEAN>(v, scale, packed);
     else
       quantize32<LEAN>(v, scale, packed);
@@ -807,7 +858,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       // Byte offsets of the slots from this thread's slot 0: 0, SB, .., (SLOTS - 1) SB; head
       // u + AHEAD goes into the slot head u - 1 used (SLOTS = AHEAD + 1). The mean ring refills
       // where u % kMeanRingChunk == 0, i.e. where head u's slot is slot 0.
-      static_assert(kMeanRingChunk == SLOTS, "TIGHT: refills at slot 0");
+      static_assert(kMeanRingChunk == SLOTS || AHEAD != kV3Async96Ahead,
+                    "TIGHT: refills at slot 0 (the 3-slot rings; others never refill)");
       constexpr uint32_t SB = 4 * THREADS * sizeof(uint4), LAST = (SLOTS - 1) * SB;
       const uint32_t ring0 = ptx::smem_u32(ring + tid);
       const uint16_t* nx = row.x + AHEAD * x_sh + c0;  // the next head to issue (after `issue`'s)
@@ -896,6 +948,25 @@ template <int D, bool BF16, int ROPE, int THREADS, int SG = 0>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
   v3_quantize_body<D, BF16, ROPE, THREADS, SG>(a, L);
+}
+
+// Session 16 (tuning `quant_q16` = kQ16Occ6 / kQ16Occ6Signed): the specialized q form
+// (SG = kSpecQRows) held to kV3Occ6Regs registers with its x ring kV3Occ6Ahead head ahead
+// (2 slots: 32 KB of dynamic
+// shared memory per 4-warp CTA at D = 128 instead of 40), so that 6 CTAs fit an SM instead of 5:
+// 24 warps to hide the per-row latency chain, and a single-wave grid of 792 CTAs whose longest
+// CTAs carry 5 heads at Flux instead of 6. The same arithmetic, value for value: the same bits.
+template <int D, bool BF16, int ROPE, bool SIGNED>
+__global__ void __maxnreg__(kV3Occ6Regs)
+    v3_quantize_kernel_occ6(const PrologueArgs a, const V3QuantLaunch L) {
+  v3_quantize_body<D, BF16, ROPE, kTightThreads, kSpecQRows, kV3Occ6Ahead, SIGNED>(a, L);
+}
+// Session 16 (tuning `quant_q16` = kQ16Signed): the specialized q form at 96 registers with the
+// codes by quantize_fqs_n.
+template <int D, bool BF16, int ROPE>
+__global__ void __maxnreg__(kV3Async96Regs)
+    v3_quantize_kernel_r96s(const PrologueArgs a, const V3QuantLaunch L) {
+  v3_quantize_body<D, BF16, ROPE, kTightThreads, kSpecQRows, kV3Async96Ahead, true>(a, L);
 }
 
 // ---- norm_rope_quantize, round 5: two rows per lane (THREAD_Q groups of kSpecQRows rows) --------
@@ -1457,8 +1528,16 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     spec = kSpecQRows;
   else if (tight && spec_base && L.group_rows == kSpecKRows && a.mean && L.mean_smem)
     spec = kSpecKRows;
+  // Session 16: the specialized q kernel's form at D = 128 (tuning `quant_q16`): 6 CTAs per SM
+  // (80 registers, 1 head ahead) and / or the codes' sign in the magic number.
+  const int q16 = !pair && spec == kSpecQRows && a.dim == 128
+                      ? (tuning.quant_q16 > 0 ? tuning.quant_q16 : kV3DefaultQ16)
+                      : detail::kQ16Base;
+  const bool occ6 = q16 == detail::kQ16Occ6 || q16 == detail::kQ16Occ6Signed;
+  const bool signed_codes = q16 == detail::kQ16Signed || q16 == detail::kQ16Occ6Signed;
+  const int ring_ahead = occ6 ? kV3Occ6Ahead : ahead;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
-                       ((a.rotate ? (pair ? 4 : 8) : 0) + 4 * (ahead + 1)) +
+                       ((a.rotate ? (pair ? 4 : 8) : 0) + 4 * (ring_ahead + 1)) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
   const int mean_row_bytes = static_cast<int>(sizeof(float) * a.dim);
   auto launch = [&](auto kernel) {
@@ -1551,7 +1630,16 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     constexpr bool BF16 = decltype(bf)::value;
     if (pair)
       launch(v5_quantize_pair_kernel<D, BF16, ROPE>);
-    else if (spec == kSpecQRows)
+    else if (occ6 || signed_codes) {  // D = 128 only (q16 above)
+      if constexpr (D == 128) {
+        if (occ6 && signed_codes)
+          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, true>);
+        else if (occ6)
+          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, false>);
+        else
+          launch(v3_quantize_kernel_r96s<D, BF16, ROPE>);
+      }
+    } else if (spec == kSpecQRows)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows>);
     else if (spec == kSpecKRows)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows>);

@@ -60,6 +60,7 @@ struct Cfg {
   int quant_tight = 0;    // CUDA: kTightOff session 8's generic quantize kernel, kTightPlain
                           // the unspecialized tight one (the default before session 11)
   int quant_pair = 0;     // CUDA: the round-5 q kernel, two rows per lane (detail::kPair*)
+  int quant_q16 = 0;      // CUDA: the specialized round-3 q kernel's form (detail::kQ16*)
   std::string tag;
 };
 
@@ -218,7 +219,7 @@ class PrologueCase : public Case {
                                         c_.mean_round, c_.tile_order, c_.pdl,
                                         c_.split_blocks, c_.max_reduce, c_.quant_pdl,
                                         c_.mean_ctas, c_.mean_smem, c_.quant_early,
-                                        c_.quant_tight, c_.quant_pair});
+                                        c_.quant_tight, c_.quant_pair, c_.quant_q16});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -383,6 +384,29 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
         if (pr == detail::kPairOff && N != 1000) continue;
         Cfg q;
         q.quant_pair = pr, q.tag = t + "split";
+        q.B = N == 4608 ? 1 : 2, q.N = N, q.H = N == 4608 ? 24 : 11, q.D = D, q.qkv = true;
+        q.sm_scale = q_scale;
+        add(q);
+        q.tag = t + "inter", q.dtype = DType::f16, q.rope = RopeKind::interleaved, q.q_pad = true;
+        q.w_dtype = DType::f32, q.sm_scale = 1.f;
+        add(q);
+        q.tag = t + "plain", q.rope = RopeKind::none, q.norm = Norm::none, q.q_pad = false;
+        q.dtype = DType::bf16, q.scale_eps = 0.f, q.sm_scale = 0.75f;
+        add(q);
+      }
+  // Session 16: the specialized round-3 q kernel's forms (quant_q16; D = 128, the round-5 kernel
+  // off): 6 CTAs per SM ("q16o"), the codes' sign in the magic number ("q16s"), both ("q16os"),
+  // at the odd token counts and the Flux grid, with the q5 / q3 cases' three configurations; at
+  // D = 64 (N = 1000) the knob falls back to the base form.
+  for (int form : {detail::kQ16Occ6, detail::kQ16Signed, detail::kQ16Occ6Signed})
+    for (int64_t N : {1, 17, 127, 1000, 4608})
+      for (int64_t D : {64, 128}) {
+        if (D == 64 && N != 1000) continue;
+        const std::string t = form == detail::kQ16Occ6     ? "q16o"
+                              : form == detail::kQ16Signed ? "q16s"
+                                                           : "q16os";
+        Cfg q;
+        q.quant_q16 = form, q.quant_pair = detail::kPairOff, q.tag = t + "split";
         q.B = N == 4608 ? 1 : 2, q.N = N, q.H = N == 4608 ? 24 : 11, q.D = D, q.qkv = true;
         q.sm_scale = q_scale;
         add(q);
