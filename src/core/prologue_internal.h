@@ -146,15 +146,19 @@ struct PrologueCudaTuning {
   // Session 14: `quant_pair` (kPairOff / kPairOn) the specialized q kernel (THREAD_Q groups of
   // 4 rows, no mean) in the round-5 layout, two rows (heads) of 16 values per lane.
   int quant_pair = 0;
-  // Session 16: `quant_q16` the specialized round-3 q kernel (THREAD_Q groups of 4 rows, no
-  // mean; D = 128) in one of four forms, all with the same bits: kQ16Base today's (96 registers,
-  // the x ring 2 heads ahead: 5 CTAs of 4 warps per SM), kQ16Occ6 held to 80 registers with the
-  // ring 1 head ahead (6 CTAs per SM), kQ16Signed today's with the codes' sign in the magic
-  // number (fewer integer ops), kQ16Occ6Signed both.
-  int quant_q16 = 0;
+  // Session 16: `quant_occ6` (kOcc6Off / kOcc6On) the specialized round-3 q kernel (THREAD_Q
+  // groups of 4 rows, no mean; D = 128) held to 80 registers with its x ring 1 head ahead, so
+  // that 6 CTAs of 4 warps fit an SM instead of 5 (96 registers, 2 heads ahead);
+  // `quant_codes` (kCodesFq / kCodesSigned) how the specialized kernels (round-3 q and k,
+  // round-5 q) make their codes: session 11's fp32 adds and byte permutes, or the sign in the
+  // round-down magic number (one add gives the two's-complement byte). The same bits.
+  int quant_occ6 = 0;
+  int quant_codes = 0;
 };
 constexpr int kPairOff = 1, kPairOn = 2;
-constexpr int kQ16Base = 1, kQ16Occ6 = 2, kQ16Signed = 3, kQ16Occ6Signed = 4;
+// kOcc6AsyncTable: kOcc6On with the rotary quads loaded into shared memory by cp.async.
+constexpr int kOcc6Off = 1, kOcc6On = 2, kOcc6AsyncTable = 3;
+constexpr int kCodesFq = 1, kCodesSigned = 2;
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();
 

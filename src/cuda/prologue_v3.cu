@@ -106,9 +106,12 @@ constexpr bool kV3DefaultSpec = true;
 constexpr int64_t kV3PairMinRows = int64_t{1} << 20;
 constexpr int kSpecQRows = 4, kSpecKRows = 16;
 // Session 16: the specialized q kernel at 6 CTAs per SM (v3_quantize_kernel_occ6, tuning
-// `quant_q16`): 80 registers, the x ring 1 head ahead.
+// `quant_occ6`): 80 registers, the x ring 1 head ahead.
 constexpr int kV3Occ6Regs = 80, kV3Occ6Ahead = 1;
-constexpr int kV3DefaultQ16 = detail::kQ16Base;
+constexpr int kV3DefaultOcc6 = detail::kOcc6Off;
+// Session 16: the specialized kernels' codes with the sign in the magic number (quantize_fqs_n;
+// tuning `quant_codes`).
+constexpr bool kV3DefaultSignedCodes = false;
 // Session 10: the balanced quantize grid. A grid of CTAs of equal work fills the SMs unevenly
 // when it is less than a few rounds: Flux q / k quantize, 576 CTAs of 6 heads on 660 slots = 48
 // SMs with 5 CTAs and 84 with 4, and the kernel lasts as long as the 5-CTA SMs (37.5 head-times
@@ -629,9 +632,12 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // AHEAD_ (session 16): the ring's heads ahead; 1 only for the specialized q form (the mean
 // ring's refill rides on 3-slot rings).
 // SIGNED (session 16): the specialized form's codes by quantize_fqs_n (the sign in the magic
-// number), else quantize32_fq; the same codes.
+// number), else quantize32_fq; the same codes. TASYNC (session 16): with an aligned
+// (..., pairs, 2) fp32 table (kTablePairsF32), the thread's rotary quads go straight to its
+// shared-memory slots by cp.async in head 0's commit group (no registers, no store waiting for
+// the loads; the CTA barrier then waits only for the weights), else through registers.
 template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0, int AHEAD_ = kV3Async96Ahead,
-          bool SIGNED = false>
+          bool SIGNED = false, bool TASYNC = false>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool TIGHT = THREADS > 0;
   constexpr bool SPEC = SG > 0;
@@ -676,14 +682,28 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   const QuantRow row = quant_cta_row(a, L, p, L.group_rows, lane_in_row == 0, count);
 
   const float4 wq = v3_weight_quad<D>(a, tid);  // blockDim >= 128 >= 8 * LANES
+  const bool table_async = TASYNC && ROPE != kRopeNone && L.table_mode == kTablePairsF32;
   float tcs[16], tsn[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
-  if (ROPE != kRopeNone && row.ok)
+  if (ROPE != kRopeNone && row.ok && !table_async)
     v3_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + row.n * a.r_sn, lane_in_row, tcs, tsn);
+  // TASYNC: quad k of the thread ((cos, sin) of its pairs 2k, 2k + 1, as `start` stores them) is
+  // the 16 bytes at 2 pair(k / 2) + 4 (k & 1) floats of the row (v3_table_row's pair(kk)); rows
+  // past N take token 0's (never used: their values reach no maximum and no store).
+  auto issue_table = [&] {
+    const float* t = static_cast<const float*>(a.rope) + b * a.r_sb + (row.ok ? row.n : 0) * a.r_sn;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int kk = k / 2;
+      const int pair = ROPE == kRopePaired ? 8 * v3_chunk<D>(lane_in_row, kk / 2) + 4 * (kk & 1)
+                                           : 4 * v3_chunk<D>(lane_in_row, kk);
+      cp_async16(&t_sh[k * threads + tid], t + 2 * pair + 4 * (k & 1));
+    }
+  };
   auto start = [&] {
     v3_store_weight_quad<D>(tid, wq, w_sh);
-    if (ROPE != kRopeNone) {
+    if (ROPE != kRopeNone && !table_async) {
 #pragma unroll
       for (int k = 0; k < 8; ++k)
         t_sh[k * threads + tid] =
@@ -831,6 +851,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
     };
+    if (table_async && count > 0) issue_table();  // head 0's commit group
 #pragma unroll
     for (int k = 0; k < AHEAD; ++k) {
       if (k < count) issue(k);
@@ -944,29 +965,23 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 // THREADS: 128 (4-warp CTAs, the tight form: the default), or 0 (blockDim.x: other CTA sizes,
 // and 4-warp CTAs with quant_tight = kTightOff); SG: the specialized tight form (the default for
 // the two library layouts; quant_tight = kTightPlain: SG = 0).
-template <int D, bool BF16, int ROPE, int THREADS, int SG = 0>
+// SIGNED (session 16, SG > 0 only): the codes by quantize_fqs_n.
+template <int D, bool BF16, int ROPE, int THREADS, int SG = 0, bool SIGNED = false>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, THREADS, SG>(a, L);
+  v3_quantize_body<D, BF16, ROPE, THREADS, SG, kV3Async96Ahead, SIGNED>(a, L);
 }
 
-// Session 16 (tuning `quant_q16` = kQ16Occ6 / kQ16Occ6Signed): the specialized q form
+// Session 16 (tuning `quant_occ6`): the specialized q form
 // (SG = kSpecQRows) held to kV3Occ6Regs registers with its x ring kV3Occ6Ahead head ahead
 // (2 slots: 32 KB of dynamic
 // shared memory per 4-warp CTA at D = 128 instead of 40), so that 6 CTAs fit an SM instead of 5:
 // 24 warps to hide the per-row latency chain, and a single-wave grid of 792 CTAs whose longest
 // CTAs carry 5 heads at Flux instead of 6. The same arithmetic, value for value: the same bits.
-template <int D, bool BF16, int ROPE, bool SIGNED>
+template <int D, bool BF16, int ROPE, bool SIGNED, bool TASYNC>
 __global__ void __maxnreg__(kV3Occ6Regs)
     v3_quantize_kernel_occ6(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, kTightThreads, kSpecQRows, kV3Occ6Ahead, SIGNED>(a, L);
-}
-// Session 16 (tuning `quant_q16` = kQ16Signed): the specialized q form at 96 registers with the
-// codes by quantize_fqs_n.
-template <int D, bool BF16, int ROPE>
-__global__ void __maxnreg__(kV3Async96Regs)
-    v3_quantize_kernel_r96s(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, kTightThreads, kSpecQRows, kV3Async96Ahead, true>(a, L);
+  v3_quantize_body<D, BF16, ROPE, kTightThreads, kSpecQRows, kV3Occ6Ahead, SIGNED, TASYNC>(a, L);
 }
 
 // ---- norm_rope_quantize, round 5: two rows per lane (THREAD_Q groups of kSpecQRows rows) --------
@@ -979,7 +994,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
 // (4 at D = 128), a scale group of kSpecQRows tokens is D / 16 x 4 lanes (the whole warp at
 // D = 128, a half-warp at D = 64: one redux each), the CTA tile kSpecQRows-row groups of one
 // block (4 warps). Per value the same operations as the round-3 kernel: the same bits.
-template <int D, bool BF16, int ROPE>
+// SIGNED (session 16): the codes by quantize_fqs_n.
+template <int D, bool BF16, int ROPE, bool SIGNED>
 __global__ void __maxnreg__(kV3Async96Regs)
     v5_quantize_pair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
@@ -1084,7 +1100,10 @@ __global__ void __maxnreg__(kV3Async96Regs)
         for (int j = 0; j < 16; ++j) y[j] = __fmul_rn(y[j], a.sm_scale);
       }
       uint32_t packed[4];
-      quantize_fq_n<16, LEAN>(y, scale, packed);
+      if constexpr (SIGNED)
+        quantize_fqs_n<16, LEAN>(y, scale, packed);
+      else
+        quantize_fq_n<16, LEAN>(y, scale, packed);
       int8_t* q = qcur + h * q_sh;
       *reinterpret_cast<uint2*>(q) = make_uint2(packed[0], packed[1]);
       *reinterpret_cast<uint2*>(q + D / 2) = make_uint2(packed[2], packed[3]);
@@ -1528,13 +1547,13 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     spec = kSpecQRows;
   else if (tight && spec_base && L.group_rows == kSpecKRows && a.mean && L.mean_smem)
     spec = kSpecKRows;
-  // Session 16: the specialized q kernel's form at D = 128 (tuning `quant_q16`): 6 CTAs per SM
-  // (80 registers, 1 head ahead) and / or the codes' sign in the magic number.
-  const int q16 = !pair && spec == kSpecQRows && a.dim == 128
-                      ? (tuning.quant_q16 > 0 ? tuning.quant_q16 : kV3DefaultQ16)
-                      : detail::kQ16Base;
-  const bool occ6 = q16 == detail::kQ16Occ6 || q16 == detail::kQ16Occ6Signed;
-  const bool signed_codes = q16 == detail::kQ16Signed || q16 == detail::kQ16Occ6Signed;
+  // Session 16: the specialized q kernel at 6 CTAs per SM (80 registers, 1 head ahead; D = 128,
+  // tuning `quant_occ6`), and the specialized kernels' codes (tuning `quant_codes`).
+  const int occ6_knob = tuning.quant_occ6 > 0 ? tuning.quant_occ6 : kV3DefaultOcc6;
+  const bool occ6 = !pair && spec == kSpecQRows && a.dim == 128 && occ6_knob != detail::kOcc6Off;
+  const bool occ6_tasync = occ6_knob == detail::kOcc6AsyncTable;
+  const bool signed_codes = tuning.quant_codes > 0 ? tuning.quant_codes == detail::kCodesSigned
+                                                   : kV3DefaultSignedCodes;
   const int ring_ahead = occ6 ? kV3Occ6Ahead : ahead;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
                        ((a.rotate ? (pair ? 4 : 8) : 0) + 4 * (ring_ahead + 1)) +
@@ -1628,19 +1647,27 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (pair)
-      launch(v5_quantize_pair_kernel<D, BF16, ROPE>);
-    else if (occ6 || signed_codes) {  // D = 128 only (q16 above)
+    if (pair && signed_codes)
+      launch(v5_quantize_pair_kernel<D, BF16, ROPE, true>);
+    else if (pair)
+      launch(v5_quantize_pair_kernel<D, BF16, ROPE, false>);
+    else if (occ6) {  // D = 128 only (above)
       if constexpr (D == 128) {
-        if (occ6 && signed_codes)
-          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, true>);
-        else if (occ6)
-          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, false>);
+        if (signed_codes && occ6_tasync)
+          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, true, true>);
+        else if (signed_codes)
+          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, true, false>);
+        else if (occ6_tasync)
+          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, false, true>);
         else
-          launch(v3_quantize_kernel_r96s<D, BF16, ROPE>);
+          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, false, false>);
       }
-    } else if (spec == kSpecQRows)
+    } else if (spec == kSpecQRows && signed_codes)
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, true>);
+    else if (spec == kSpecQRows)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows>);
+    else if (spec == kSpecKRows && signed_codes)
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows, true>);
     else if (spec == kSpecKRows)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows>);
     else if (tight)
