@@ -106,12 +106,19 @@ constexpr bool kV3DefaultSpec = true;
 constexpr int64_t kV3PairMinRows = int64_t{1} << 20;
 constexpr int kSpecQRows = 4, kSpecKRows = 16;
 // Session 16: the specialized q kernel at 6 CTAs per SM (v3_quantize_kernel_occ6, tuning
-// `quant_occ6`): 80 registers, the x ring 1 head ahead.
+// `quant_occ6`): 80 registers, the x ring 1 head ahead; by default from kV3Occ6MinRows rows
+// (batch * tokens * heads) up to kV3PairMinRows (round 5 from there). H200 runs 1-2 of session
+// 16 (the same bits; ms, signed codes): Flux q 0.0196-0.0199 vs 0.0202-0.0204 at 5 CTAs per SM;
+// Flux heads at 64 tokens 0.0066-0.0067 vs 0.0062-0.0064 (48 CTAs of one head: the 3 spilled
+// registers, nothing to hide); Wan with round 3 forced 0.1570 vs 0.1415 (3 rounds of CTAs: one
+// head ahead does not cover the loads).
+// The specialized kernels' codes with the sign in the magic number (quantize_fqs_n; tuning
+// `quant_codes`): the default for the q kernels (round 3, occ6, round 5), not for the THREAD_K
+// kernel. Same runs: Flux q 0.0202-0.0204 vs 0.0206-0.0209 (round 3), Wan q 0.1375 vs 0.1407
+// (round 5); the k quantize pass alone at Wan 0.1588 / 0.1591 vs 0.1578 / 0.1580 (A, B, A, B),
+// the Flux k path 0.0361 / 0.0357 vs 0.0362 / 0.0362.
 constexpr int kV3Occ6Regs = 80, kV3Occ6Ahead = 1;
-constexpr int kV3DefaultOcc6 = detail::kOcc6Off;
-// Session 16: the specialized kernels' codes with the sign in the magic number (quantize_fqs_n;
-// tuning `quant_codes`).
-constexpr bool kV3DefaultSignedCodes = false;
+constexpr int64_t kV3Occ6MinRows = int64_t{1} << 16;
 // Session 10: the balanced quantize grid. A grid of CTAs of equal work fills the SMs unevenly
 // when it is less than a few rounds: Flux q / k quantize, 576 CTAs of 6 heads on 660 slots = 48
 // SMs with 5 CTAs and 84 with 4, and the kernel lasts as long as the 5-CTA SMs (37.5 head-times
@@ -493,8 +500,9 @@ __device__ __forceinline__ void quantize32_fq(const float (&v)[32], float scale,
 // for an integer a), magnitude in (2^23, 2^24), low byte (256 - m) mod 256 = the byte of -m (m = 0:
 // 256, byte 0). So the byte is the SPEC code trunc(fl(q + 0.5 sign q)) = sign(v) m, and the four
 // low bytes of a word are packed by prmt: per value fmul, fadd, the sign's lop3 and the add
-// (quantize_fq_n: fmul, two fadds, then 9 integer ops per 4 values for signs and negation).
-// (s & 0x80000000) | k in one lop3 (the compiler splits the C expression into two).
+// (quantize_fq_n: fmul, two fadds, then 9 integer ops per 4 values for signs and negation;
+// SASS of the Flux q kernel: 154 instructions per 32 codes instead of 169).
+// sign_or: (s & 0x80000000) | k in one lop3 (the compiler splits the C expression into two).
 __device__ __forceinline__ uint32_t sign_or(uint32_t s, uint32_t k) {
   uint32_t d;
   asm("lop3.b32 %0, %1, 0x80000000, %2, 0xea;" : "=r"(d) : "r"(s), "r"(k));
@@ -632,12 +640,9 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // AHEAD_ (session 16): the ring's heads ahead; 1 only for the specialized q form (the mean
 // ring's refill rides on 3-slot rings).
 // SIGNED (session 16): the specialized form's codes by quantize_fqs_n (the sign in the magic
-// number), else quantize32_fq; the same codes. TASYNC (session 16): with an aligned
-// (..., pairs, 2) fp32 table (kTablePairsF32), the thread's rotary quads go straight to its
-// shared-memory slots by cp.async in head 0's commit group (no registers, no store waiting for
-// the loads; the CTA barrier then waits only for the weights), else through registers.
+// number), else quantize32_fq; the same codes.
 template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0, int AHEAD_ = kV3Async96Ahead,
-          bool SIGNED = false, bool TASYNC = false>
+          bool SIGNED = false>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool TIGHT = THREADS > 0;
   constexpr bool SPEC = SG > 0;
@@ -682,28 +687,14 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   const QuantRow row = quant_cta_row(a, L, p, L.group_rows, lane_in_row == 0, count);
 
   const float4 wq = v3_weight_quad<D>(a, tid);  // blockDim >= 128 >= 8 * LANES
-  const bool table_async = TASYNC && ROPE != kRopeNone && L.table_mode == kTablePairsF32;
   float tcs[16], tsn[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
-  if (ROPE != kRopeNone && row.ok && !table_async)
+  if (ROPE != kRopeNone && row.ok)
     v3_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + row.n * a.r_sn, lane_in_row, tcs, tsn);
-  // TASYNC: quad k of the thread ((cos, sin) of its pairs 2k, 2k + 1, as `start` stores them) is
-  // the 16 bytes at 2 pair(k / 2) + 4 (k & 1) floats of the row (v3_table_row's pair(kk)); rows
-  // past N take token 0's (never used: their values reach no maximum and no store).
-  auto issue_table = [&] {
-    const float* t = static_cast<const float*>(a.rope) + b * a.r_sb + (row.ok ? row.n : 0) * a.r_sn;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int kk = k / 2;
-      const int pair = ROPE == kRopePaired ? 8 * v3_chunk<D>(lane_in_row, kk / 2) + 4 * (kk & 1)
-                                           : 4 * v3_chunk<D>(lane_in_row, kk);
-      cp_async16(&t_sh[k * threads + tid], t + 2 * pair + 4 * (k & 1));
-    }
-  };
   auto start = [&] {
     v3_store_weight_quad<D>(tid, wq, w_sh);
-    if (ROPE != kRopeNone && !table_async) {
+    if (ROPE != kRopeNone) {
 #pragma unroll
       for (int k = 0; k < 8; ++k)
         t_sh[k * threads + tid] =
@@ -851,7 +842,6 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async16(dst + i * threads, px + 8 * LANES * i);
     };
-    if (table_async && count > 0) issue_table();  // head 0's commit group
 #pragma unroll
     for (int k = 0; k < AHEAD; ++k) {
       if (k < count) issue(k);
@@ -972,16 +962,16 @@ __global__ void __maxnreg__(kV3Async96Regs)
   v3_quantize_body<D, BF16, ROPE, THREADS, SG, kV3Async96Ahead, SIGNED>(a, L);
 }
 
-// Session 16 (tuning `quant_occ6`): the specialized q form
-// (SG = kSpecQRows) held to kV3Occ6Regs registers with its x ring kV3Occ6Ahead head ahead
-// (2 slots: 32 KB of dynamic
-// shared memory per 4-warp CTA at D = 128 instead of 40), so that 6 CTAs fit an SM instead of 5:
-// 24 warps to hide the per-row latency chain, and a single-wave grid of 792 CTAs whose longest
-// CTAs carry 5 heads at Flux instead of 6. The same arithmetic, value for value: the same bits.
-template <int D, bool BF16, int ROPE, bool SIGNED, bool TASYNC>
+// Session 16 (tuning `quant_occ6`): the specialized q form (SG = kSpecQRows) held to
+// kV3Occ6Regs registers (3 values spilled to local memory, 8-16 bytes of stack) with its x ring
+// kV3Occ6Ahead head ahead (2 slots: 32 KB of dynamic shared memory per 4-warp CTA at D = 128
+// instead of 40), so that 6 CTAs fit an SM instead of 5: 24 warps to hide the per-row latency
+// chain, and a single-wave grid of 792 CTAs at Flux whose longest CTAs carry 5 heads instead of
+// 6. The same arithmetic, value for value: the same bits.
+template <int D, bool BF16, int ROPE, bool SIGNED>
 __global__ void __maxnreg__(kV3Occ6Regs)
     v3_quantize_kernel_occ6(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, kTightThreads, kSpecQRows, kV3Occ6Ahead, SIGNED, TASYNC>(a, L);
+  v3_quantize_body<D, BF16, ROPE, kTightThreads, kSpecQRows, kV3Occ6Ahead, SIGNED>(a, L);
 }
 
 // ---- norm_rope_quantize, round 5: two rows per lane (THREAD_Q groups of kSpecQRows rows) --------
@@ -1549,11 +1539,13 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     spec = kSpecKRows;
   // Session 16: the specialized q kernel at 6 CTAs per SM (80 registers, 1 head ahead; D = 128,
   // tuning `quant_occ6`), and the specialized kernels' codes (tuning `quant_codes`).
-  const int occ6_knob = tuning.quant_occ6 > 0 ? tuning.quant_occ6 : kV3DefaultOcc6;
-  const bool occ6 = !pair && spec == kSpecQRows && a.dim == 128 && occ6_knob != detail::kOcc6Off;
-  const bool occ6_tasync = occ6_knob == detail::kOcc6AsyncTable;
+  const int64_t rows = a.batch * a.tokens * a.heads;
+  const bool occ6 = !pair && spec == kSpecQRows && a.dim == 128 &&
+                    (tuning.quant_occ6 > 0 ? tuning.quant_occ6 == detail::kOcc6On
+                                           : rows >= kV3Occ6MinRows);
+  // The q kernels' codes signed by default, the k kernel's by byte permutes (kquant run).
   const bool signed_codes = tuning.quant_codes > 0 ? tuning.quant_codes == detail::kCodesSigned
-                                                   : kV3DefaultSignedCodes;
+                                                   : spec != kSpecKRows;
   const int ring_ahead = occ6 ? kV3Occ6Ahead : ahead;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
                        ((a.rotate ? (pair ? 4 : 8) : 0) + 4 * (ring_ahead + 1)) +
@@ -1653,14 +1645,10 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
       launch(v5_quantize_pair_kernel<D, BF16, ROPE, false>);
     else if (occ6) {  // D = 128 only (above)
       if constexpr (D == 128) {
-        if (signed_codes && occ6_tasync)
-          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, true, true>);
-        else if (signed_codes)
-          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, true, false>);
-        else if (occ6_tasync)
-          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, false, true>);
+        if (signed_codes)
+          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, true>);
         else
-          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, false, false>);
+          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, false>);
       }
     } else if (spec == kSpecQRows && signed_codes)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, true>);

@@ -398,24 +398,19 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       }
   // Session 16: the round-3 q kernel at 6 CTAs per SM ("q16o": quant_occ6, D = 128, the round-5
   // kernel off), the specialized kernels' codes with the sign in the magic number ("q16s": the
-  // round-3 q kernel; "q16os": both; "q16p": the round-5 q kernel), occ6 with the rotary quads
-  // by cp.async and the signed codes ("q16a"; f16 with an f32 (…, pairs, 2) table too), at the
-  // odd token counts and
+  // round-3 q kernel; "q16os": both; "q16p": the round-5 q kernel), at the odd token counts and
   // the Flux grid, with the q5 / q3 cases' three configurations; at D = 64 (N = 1000) occ6 falls
   // back to the base form. The k path's signed codes: "q16k" below.
-  for (int form : {0, 1, 2, 3, 4})
+  for (int form : {0, 1, 2, 3})
     for (int64_t N : {1, 17, 127, 1000, 4608})
       for (int64_t D : {64, 128}) {
         if (D == 64 && N != 1000) continue;
         const std::string t = form == 0   ? "q16o"
                               : form == 1 ? "q16s"
                               : form == 2 ? "q16os"
-                              : form == 3 ? "q16p"
-                                          : "q16a";
+                                          : "q16p";
         Cfg q;
-        q.quant_occ6 = form == 0 || form == 2 ? detail::kOcc6On
-                       : form == 4            ? detail::kOcc6AsyncTable
-                                              : detail::kOcc6Off;
+        q.quant_occ6 = form == 0 || form == 2 ? detail::kOcc6On : detail::kOcc6Off;
         q.quant_codes = form == 0 ? detail::kCodesFq : detail::kCodesSigned;
         q.quant_pair = form == 3 ? detail::kPairOn : detail::kPairOff;
         q.tag = t + "split";
