@@ -251,6 +251,33 @@ class PrologueBench : public BenchCase {
                                              : "q kernel round 3 (one row per lane)",
                        qp, fused);
           }
+        // Session 16: the round-3 q kernel at 5 CTAs per SM (96 registers, 2 heads ahead) and
+        // at 6 (80 registers, 1 head ahead; quant_occ6; round 5 off), the specialized kernels'
+        // codes by byte permutes (session 11) and with the sign in the magic number
+        // (quant_codes): the four combinations (q; 5 CTAs with byte permutes: the default before
+        // session 16; the q default since: 6 CTAs from 2^16 rows, signed codes), the two codes
+        // (q and k). Run 2, lost and deleted: occ6 with the rotary quads loaded by cp.async
+        // straight into shared memory (Flux q 0.0246 ms vs 0.0199 with them through registers;
+        // 64 tokens 0.0224 vs 0.0067).
+        if (!is_k)
+          for (int form : {0, 1, 2, 3}) {
+            detail::PrologueCudaTuning qf;
+            qf.quant_pair = detail::kPairOff;
+            qf.quant_occ6 = form & 1 ? detail::kOcc6On : detail::kOcc6Off;
+            qf.quant_codes = form & 2 ? detail::kCodesSigned : detail::kCodesFq;
+            variant_of(std::string("q kernel round 3, ") +
+                           (form & 1 ? "6 CTAs per SM (occ6)" : "5 CTAs per SM") +
+                           (form & 2 ? ", signed codes" : ", fq codes") +
+                           (form == 0 ? " (the default before session 16)" : ""),
+                       qf, fused);
+          }
+        for (int codes : {detail::kCodesFq, detail::kCodesSigned}) {
+          detail::PrologueCudaTuning qc;
+          qc.quant_codes = codes;
+          variant_of(codes == detail::kCodesFq ? "codes by byte permutes (session 11)"
+                                               : "codes with the sign in the magic number",
+                     qc, fused);
+        }
         // Session 14: the mean kernel with two rows per lane (round 5: half the weight and
         // rotary shared-memory reads per value) and the one-row round 4, forced.
         if (is_k)
@@ -464,10 +491,19 @@ class PrologueKQuantBench : public BenchCase {
     plain.quant_tight = detail::kTightPlain;
     // (Run 29: the balanced grid at Wan, 3 whole rounds of 20- or 40-head CTAs, 0.1634 vs
     // 0.1633 ms; Wan keeps the wave model's grid.)
+    // Session 16: the specialized kernel's codes by byte permutes (session 11) and with the
+    // sign in the magic number (quant_codes), twice each (A, B, A, B).
+    detail::PrologueCudaTuning fq, sgn;
+    fq.quant_codes = detail::kCodesFq;
+    sgn.quant_codes = detail::kCodesSigned;
     const V vs[] = {
         {"default (tight, specialized to the layout, codes without F2I; session 11)", {}},
         {"previous default (tight kernel, runs 29-32)", plain},
-        {"session 8 generic kernel (quant_tight off; run 32: 0.1751 vs 0.1625 ms)", generic}};
+        {"session 8 generic kernel (quant_tight off; run 32: 0.1751 vs 0.1625 ms)", generic},
+        {"codes by byte permutes (session 11), A", fq},
+        {"codes with the sign in the magic number, B", sgn},
+        {"codes by byte permutes (session 11), A again", fq},
+        {"codes with the sign in the magic number, B again", sgn}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

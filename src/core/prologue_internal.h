@@ -146,8 +146,19 @@ struct PrologueCudaTuning {
   // Session 14: `quant_pair` (kPairOff / kPairOn) the specialized q kernel (THREAD_Q groups of
   // 4 rows, no mean) in the round-5 layout, two rows (heads) of 16 values per lane.
   int quant_pair = 0;
+  // Session 16: `quant_occ6` (kOcc6Off / kOcc6On) the specialized round-3 q kernel (THREAD_Q
+  // groups of 4 rows, no mean; D = 128) held to 80 registers with its x ring 1 head ahead, so
+  // that 6 CTAs of 4 warps fit an SM instead of 5 (96 registers, 2 heads ahead; default: on from
+  // 2^16 rows, where round 5 does not run); `quant_codes` (kCodesFq / kCodesSigned) how the
+  // specialized kernels (round-3 q and k, round-5 q) make their codes: session 11's fp32 adds and
+  // byte permutes, or the sign in the round-down magic number (one add gives the two's-complement
+  // byte; default: signed for the q kernels, byte permutes for the k kernel). The same bits.
+  int quant_occ6 = 0;
+  int quant_codes = 0;
 };
 constexpr int kPairOff = 1, kPairOn = 2;
+constexpr int kOcc6Off = 1, kOcc6On = 2;
+constexpr int kCodesFq = 1, kCodesSigned = 2;
 void set_prologue_cuda_tuning(const PrologueCudaTuning& t);
 PrologueCudaTuning prologue_cuda_tuning();
 

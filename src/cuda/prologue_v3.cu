@@ -105,6 +105,20 @@ constexpr bool kV3DefaultSpec = true;
 // 16-row tiles: twice the CTAs of the short grid).
 constexpr int64_t kV3PairMinRows = int64_t{1} << 20;
 constexpr int kSpecQRows = 4, kSpecKRows = 16;
+// Session 16: the specialized q kernel at 6 CTAs per SM (v3_quantize_kernel_occ6, tuning
+// `quant_occ6`): 80 registers, the x ring 1 head ahead; by default from kV3Occ6MinRows rows
+// (batch * tokens * heads) up to kV3PairMinRows (round 5 from there). H200 runs 1-2 of session
+// 16 (the same bits; ms, signed codes): Flux q 0.0196-0.0199 vs 0.0202-0.0204 at 5 CTAs per SM;
+// Flux heads at 64 tokens 0.0066-0.0067 vs 0.0062-0.0064 (48 CTAs of one head: the 3 spilled
+// registers, nothing to hide); Wan with round 3 forced 0.1570 vs 0.1415 (3 rounds of CTAs: one
+// head ahead does not cover the loads).
+// The specialized kernels' codes with the sign in the magic number (quantize_fqs_n; tuning
+// `quant_codes`): the default for the q kernels (round 3, occ6, round 5), not for the THREAD_K
+// kernel. Same runs: Flux q 0.0202-0.0204 vs 0.0206-0.0209 (round 3), Wan q 0.1375 vs 0.1407
+// (round 5); the k quantize pass alone at Wan 0.1588 / 0.1591 vs 0.1578 / 0.1580 (A, B, A, B),
+// the Flux k path 0.0361 / 0.0357 vs 0.0362 / 0.0362.
+constexpr int kV3Occ6Regs = 80, kV3Occ6Ahead = 1;
+constexpr int64_t kV3Occ6MinRows = int64_t{1} << 16;
 // Session 10: the balanced quantize grid. A grid of CTAs of equal work fills the SMs unevenly
 // when it is less than a few rounds: Flux q / k quantize, 576 CTAs of 6 heads on 660 slots = 48
 // SMs with 5 CTAs and 84 with 4, and the kernel lasts as long as the 5-CTA SMs (37.5 head-times
@@ -478,6 +492,45 @@ __device__ __forceinline__ void quantize32_fq(const float (&v)[32], float scale,
   quantize_fq_n<32, LEAN>(v, scale, out);
 }
 
+// quantize_fq_n with the sign in the magic number (session 16): the same codes, the code byte
+// straight from one round-down add. a = fl(fl(|v| r) + 0.5) in [0.5, 127.5 (1 + a few ulp)] as
+// there, m = floor(a) <= 127; M = 2^23 + 256. v >= 0: fl_rd(a + M) = M + m (the sum lies in
+// [2^23, 2^24), ulp 1), low byte m. v < 0 (sign bit set, -0 included): fl_rd(a - M) = -(M - m)
+// (round-down of a negative sum rounds its magnitude up: M - a < M - m <= M - a + 1, and exact
+// for an integer a), magnitude in (2^23, 2^24), low byte (256 - m) mod 256 = the byte of -m (m = 0:
+// 256, byte 0). So the byte is the SPEC code trunc(fl(q + 0.5 sign q)) = sign(v) m, and the four
+// low bytes of a word are packed by prmt: per value fmul, fadd, the sign's lop3 and the add
+// (quantize_fq_n: fmul, two fadds, then 9 integer ops per 4 values for signs and negation;
+// SASS of the Flux q kernel: 154 instructions per 32 codes instead of 169).
+// sign_or: (s & 0x80000000) | k in one lop3 (the compiler splits the C expression into two).
+__device__ __forceinline__ uint32_t sign_or(uint32_t s, uint32_t k) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, 0x80000000, %2, 0xea;" : "=r"(d) : "r"(s), "r"(k));
+  return d;
+}
+template <int N, bool LEAN>
+__device__ __forceinline__ void quantize_fqs_n(const float* v, float scale, uint32_t* out) {
+  const float as = fabsf(scale);
+  if (!(as >= 0x1p-126f && as <= 0x1p126f)) {
+    quantize_n<N, LEAN>(v, scale, out);
+    return;
+  }
+  const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
+  constexpr uint32_t kMagic = 0x4b000100u;  // 2^23 + 256
+#pragma unroll
+  for (int k = 0; k < N / 4; ++k) {
+    uint32_t c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float x = v[4 * k + i];
+      const float a = __fadd_rn(__fmul_rn(fabsf(x), r), 0.5f);
+      const float m = __uint_as_float(sign_or(__float_as_uint(x), kMagic));
+      c[i] = __float_as_uint(__fadd_rd(a, m));
+    }
+    out[k] = prmt(prmt(c[0], c[1], 0x0040u), prmt(c[2], c[3], 0x0040u), 0x5410u);
+  }
+}
+
 // ---- norm_rope_quantize -----------------------------------------------------------------------
 //
 // CTA: `warps` warps own a tile of whole blocks (tile_rows = warps * RW rows, RW = 32 / LANES) of
@@ -584,12 +637,19 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
 // for a launch of exactly that shape with redux and scale_eps >= 0. No runtime dispatch on them
 // in the head loop; the ring slots as shared addresses, a one-copy mean-ring refill; the codes by
 // quantize32_fq (no float-to-int conversions).
-template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0>
+// AHEAD_ (session 16): the ring's heads ahead; 1 only for the specialized q form (the mean
+// ring's refill rides on 3-slot rings).
+// SIGNED (session 16): the specialized form's codes by quantize_fqs_n (the sign in the magic
+// number), else quantize32_fq; the same codes.
+template <int D, bool BF16, int ROPE, int THREADS = 0, int SG = 0, int AHEAD_ = kV3Async96Ahead,
+          bool SIGNED = false>
 __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3QuantLaunch& L) {
   constexpr bool TIGHT = THREADS > 0;
   constexpr bool SPEC = SG > 0;
   static_assert(!SPEC || TIGHT, "SG: the tight form only");
-  constexpr int AHEAD = kV3Async96Ahead;
+  constexpr int AHEAD = AHEAD_;
+  static_assert(AHEAD == kV3Async96Ahead || (SPEC && SG == kSpecQRows),
+                "AHEAD: other rings only for the specialized q form");
   constexpr bool LEAN = BF16;
   constexpr int SLOTS = AHEAD + 1;
   constexpr int LANES = D / 32, RW = 32 / LANES;
@@ -758,7 +818,9 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
     }
     uint32_t packed[8];
-    if constexpr (SPEC)
+    if constexpr (SPEC && SIGNED)
+      quantize_fqs_n<32, LEAN>(v, scale, packed);
+    else if constexpr (SPEC)
       quantize32_fq<LEAN>(v, scale, packed);
     else
       quantize32<LEAN>(v, scale, packed);
@@ -807,7 +869,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       // Byte offsets of the slots from this thread's slot 0: 0, SB, .., (SLOTS - 1) SB; head
       // u + AHEAD goes into the slot head u - 1 used (SLOTS = AHEAD + 1). The mean ring refills
       // where u % kMeanRingChunk == 0, i.e. where head u's slot is slot 0.
-      static_assert(kMeanRingChunk == SLOTS, "TIGHT: refills at slot 0");
+      static_assert(kMeanRingChunk == SLOTS || AHEAD != kV3Async96Ahead,
+                    "TIGHT: refills at slot 0 (the 3-slot rings; others never refill)");
       constexpr uint32_t SB = 4 * THREADS * sizeof(uint4), LAST = (SLOTS - 1) * SB;
       const uint32_t ring0 = ptx::smem_u32(ring + tid);
       const uint16_t* nx = row.x + AHEAD * x_sh + c0;  // the next head to issue (after `issue`'s)
@@ -892,10 +955,23 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 // THREADS: 128 (4-warp CTAs, the tight form: the default), or 0 (blockDim.x: other CTA sizes,
 // and 4-warp CTAs with quant_tight = kTightOff); SG: the specialized tight form (the default for
 // the two library layouts; quant_tight = kTightPlain: SG = 0).
-template <int D, bool BF16, int ROPE, int THREADS, int SG = 0>
+// SIGNED (session 16, SG > 0 only): the codes by quantize_fqs_n.
+template <int D, bool BF16, int ROPE, int THREADS, int SG = 0, bool SIGNED = false>
 __global__ void __maxnreg__(kV3Async96Regs)
     v3_quantize_kernel_r96(const PrologueArgs a, const V3QuantLaunch L) {
-  v3_quantize_body<D, BF16, ROPE, THREADS, SG>(a, L);
+  v3_quantize_body<D, BF16, ROPE, THREADS, SG, kV3Async96Ahead, SIGNED>(a, L);
+}
+
+// Session 16 (tuning `quant_occ6`): the specialized q form (SG = kSpecQRows) held to
+// kV3Occ6Regs registers (3 values spilled to local memory, 8-16 bytes of stack) with its x ring
+// kV3Occ6Ahead head ahead (2 slots: 32 KB of dynamic shared memory per 4-warp CTA at D = 128
+// instead of 40), so that 6 CTAs fit an SM instead of 5: 24 warps to hide the per-row latency
+// chain, and a single-wave grid of 792 CTAs at Flux whose longest CTAs carry 5 heads instead of
+// 6. The same arithmetic, value for value: the same bits.
+template <int D, bool BF16, int ROPE, bool SIGNED>
+__global__ void __maxnreg__(kV3Occ6Regs)
+    v3_quantize_kernel_occ6(const PrologueArgs a, const V3QuantLaunch L) {
+  v3_quantize_body<D, BF16, ROPE, kTightThreads, kSpecQRows, kV3Occ6Ahead, SIGNED>(a, L);
 }
 
 // ---- norm_rope_quantize, round 5: two rows per lane (THREAD_Q groups of kSpecQRows rows) --------
@@ -908,7 +984,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
 // (4 at D = 128), a scale group of kSpecQRows tokens is D / 16 x 4 lanes (the whole warp at
 // D = 128, a half-warp at D = 64: one redux each), the CTA tile kSpecQRows-row groups of one
 // block (4 warps). Per value the same operations as the round-3 kernel: the same bits.
-template <int D, bool BF16, int ROPE>
+// SIGNED (session 16): the codes by quantize_fqs_n.
+template <int D, bool BF16, int ROPE, bool SIGNED>
 __global__ void __maxnreg__(kV3Async96Regs)
     v5_quantize_pair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
@@ -1013,7 +1090,10 @@ __global__ void __maxnreg__(kV3Async96Regs)
         for (int j = 0; j < 16; ++j) y[j] = __fmul_rn(y[j], a.sm_scale);
       }
       uint32_t packed[4];
-      quantize_fq_n<16, LEAN>(y, scale, packed);
+      if constexpr (SIGNED)
+        quantize_fqs_n<16, LEAN>(y, scale, packed);
+      else
+        quantize_fq_n<16, LEAN>(y, scale, packed);
       int8_t* q = qcur + h * q_sh;
       *reinterpret_cast<uint2*>(q) = make_uint2(packed[0], packed[1]);
       *reinterpret_cast<uint2*>(q + D / 2) = make_uint2(packed[2], packed[3]);
@@ -1457,8 +1537,18 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     spec = kSpecQRows;
   else if (tight && spec_base && L.group_rows == kSpecKRows && a.mean && L.mean_smem)
     spec = kSpecKRows;
+  // Session 16: the specialized q kernel at 6 CTAs per SM (80 registers, 1 head ahead; D = 128,
+  // tuning `quant_occ6`), and the specialized kernels' codes (tuning `quant_codes`).
+  const int64_t rows = a.batch * a.tokens * a.heads;
+  const bool occ6 = !pair && spec == kSpecQRows && a.dim == 128 &&
+                    (tuning.quant_occ6 > 0 ? tuning.quant_occ6 == detail::kOcc6On
+                                           : rows >= kV3Occ6MinRows);
+  // The q kernels' codes signed by default, the k kernel's by byte permutes (kquant run).
+  const bool signed_codes = tuning.quant_codes > 0 ? tuning.quant_codes == detail::kCodesSigned
+                                                   : spec != kSpecKRows;
+  const int ring_ahead = occ6 ? kV3Occ6Ahead : ahead;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
-                       ((a.rotate ? (pair ? 4 : 8) : 0) + 4 * (ahead + 1)) +
+                       ((a.rotate ? (pair ? 4 : 8) : 0) + 4 * (ring_ahead + 1)) +
                    static_cast<int>(sizeof(float)) * 2 * kV3MaxWarps;  // `red`
   const int mean_row_bytes = static_cast<int>(sizeof(float) * a.dim);
   auto launch = [&](auto kernel) {
@@ -1549,10 +1639,23 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (pair)
-      launch(v5_quantize_pair_kernel<D, BF16, ROPE>);
+    if (pair && signed_codes)
+      launch(v5_quantize_pair_kernel<D, BF16, ROPE, true>);
+    else if (pair)
+      launch(v5_quantize_pair_kernel<D, BF16, ROPE, false>);
+    else if (occ6) {  // D = 128 only (above)
+      if constexpr (D == 128) {
+        if (signed_codes)
+          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, true>);
+        else
+          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, false>);
+      }
+    } else if (spec == kSpecQRows && signed_codes)
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, true>);
     else if (spec == kSpecQRows)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows>);
+    else if (spec == kSpecKRows && signed_codes)
+      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows, true>);
     else if (spec == kSpecKRows)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows>);
     else if (tight)

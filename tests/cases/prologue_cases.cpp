@@ -60,6 +60,8 @@ struct Cfg {
   int quant_tight = 0;    // CUDA: kTightOff session 8's generic quantize kernel, kTightPlain
                           // the unspecialized tight one (the default before session 11)
   int quant_pair = 0;     // CUDA: the round-5 q kernel, two rows per lane (detail::kPair*)
+  int quant_occ6 = 0;     // CUDA: the round-3 q kernel at 6 CTAs per SM (detail::kOcc6*)
+  int quant_codes = 0;    // CUDA: the specialized kernels' codes (detail::kCodes*)
   std::string tag;
 };
 
@@ -218,7 +220,8 @@ class PrologueCase : public Case {
                                         c_.mean_round, c_.tile_order, c_.pdl,
                                         c_.split_blocks, c_.max_reduce, c_.quant_pdl,
                                         c_.mean_ctas, c_.mean_smem, c_.quant_early,
-                                        c_.quant_tight, c_.quant_pair});
+                                        c_.quant_tight, c_.quant_pair, c_.quant_occ6,
+                                        c_.quant_codes});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -393,6 +396,47 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
         q.dtype = DType::bf16, q.scale_eps = 0.f, q.sm_scale = 0.75f;
         add(q);
       }
+  // Session 16: the round-3 q kernel at 6 CTAs per SM ("q16o": quant_occ6, D = 128, the round-5
+  // kernel off), the specialized kernels' codes with the sign in the magic number ("q16s": the
+  // round-3 q kernel; "q16os": both; "q16p": the round-5 q kernel), at the odd token counts and
+  // the Flux grid, with the q5 / q3 cases' three configurations; at D = 64 (N = 1000) occ6 falls
+  // back to the base form. The k path's signed codes: "q16k" below.
+  for (int form : {0, 1, 2, 3})
+    for (int64_t N : {1, 17, 127, 1000, 4608})
+      for (int64_t D : {64, 128}) {
+        if (D == 64 && N != 1000) continue;
+        const std::string t = form == 0   ? "q16o"
+                              : form == 1 ? "q16s"
+                              : form == 2 ? "q16os"
+                                          : "q16p";
+        Cfg q;
+        q.quant_occ6 = form == 0 || form == 2 ? detail::kOcc6On : detail::kOcc6Off;
+        q.quant_codes = form == 0 ? detail::kCodesFq : detail::kCodesSigned;
+        q.quant_pair = form == 3 ? detail::kPairOn : detail::kPairOff;
+        q.tag = t + "split";
+        q.B = N == 4608 ? 1 : 2, q.N = N, q.H = N == 4608 ? 24 : 11, q.D = D, q.qkv = true;
+        q.sm_scale = q_scale;
+        add(q);
+        q.tag = t + "inter", q.dtype = DType::f16, q.rope = RopeKind::interleaved, q.q_pad = true;
+        q.w_dtype = DType::f32, q.sm_scale = 1.f;
+        add(q);
+        q.tag = t + "plain", q.rope = RopeKind::none, q.norm = Norm::none, q.q_pad = false;
+        q.dtype = DType::bf16, q.scale_eps = 0.f, q.sm_scale = 0.75f;
+        add(q);
+      }
+  // Session 16: the k path (the specialized THREAD_K 64 quantize kernel) with the signed codes.
+  for (int64_t N : {1, 17, 127, 1000, 4608})
+    for (int64_t D : {64, 128}) {
+      if (D == 64 && N != 1000) continue;
+      Cfg f;
+      f.quant_codes = detail::kCodesSigned, f.fused = true, f.tag = "q16kpath";
+      f.layout = ScaleLayout::thread_k, f.block = 64;
+      f.B = N == 4608 ? 1 : 2, f.N = N, f.H = N == 4608 ? 24 : 11, f.D = D, f.qkv = true;
+      add(f);
+      f.tag = "q16kinter", f.dtype = DType::f16, f.rope = RopeKind::interleaved;
+      f.w_dtype = DType::f32;
+      add(f);
+    }
   // Session 14: the round-5 mean kernel (two rows per lane; mean_round = 5) and round 4 forced
   // ("r4"), at the odd token counts, D 64 and 128, 11 heads (the last lane's second row past H)
   // and 1 head, B 2, from a fused QKV buffer: split-half bf16, interleaved f16, no rope, no norm,
