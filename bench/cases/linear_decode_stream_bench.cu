@@ -20,6 +20,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -292,6 +294,62 @@ void ceiling_rows(const Env& env, double base, std::vector<Row>& rows) {
   }
 }
 
+// The timeline of one stream of kLayers GEMVs from their phase stamps (DecodeParams::stamps,
+// kTilesStampWords per CTA, `grid` CTAs per layer): per layer (the first left out, medians over
+// layers): the dependency release (first CTA past griddepcontrol.wait minus the previous layer's
+// last CTA end: the rotate kernel and the grid boundary), the activation copy, the items, the
+// epilogue (medians over CTAs, clock64 cycles converted with the run's ns per cycle), the spread
+// of the CTAs' item ends, the layer period.
+std::string stamp_note(const std::vector<uint64_t>& st, int grid) {
+  auto at = [&](int l, int c, int w) { return st[(static_cast<size_t>(l) * grid + c) *
+                                                 cuda::linear::kTilesStampWords + w]; };
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  double ns_sum = 0, cyc_sum = 0;
+  for (int l = 0; l < kLayers; ++l)
+    for (int c = 0; c < grid; ++c) {
+      ns_sum += static_cast<double>(at(l, c, 4) - at(l, c, 0));
+      cyc_sum += static_cast<double>(at(l, c, 9) - at(l, c, 5));
+    }
+  const double nspc = cyc_sum > 0 ? ns_sum / cyc_sum : 0;
+  std::vector<double> rel, wait, acts, items, items_max, epi, spread, period;
+  for (int l = 1; l < kLayers; ++l) {
+    uint64_t prev_end = 0, first_wait = ~0ull, last_end = 0, first_items = ~0ull, last_items = 0;
+    std::vector<double> a, it, e, wt;
+    for (int c = 0; c < grid; ++c) {
+      prev_end = std::max(prev_end, at(l - 1, c, 4));
+      first_wait = std::min(first_wait, at(l, c, 1));
+      last_end = std::max(last_end, at(l, c, 4));
+      first_items = std::min(first_items, at(l, c, 3));
+      last_items = std::max(last_items, at(l, c, 3));
+      wt.push_back(static_cast<double>(at(l, c, 1) - at(l, c, 0)));
+      a.push_back((at(l, c, 7) - at(l, c, 6)) * nspc);
+      it.push_back((at(l, c, 8) - at(l, c, 7)) * nspc);
+      e.push_back((at(l, c, 9) - at(l, c, 8)) * nspc);
+    }
+    rel.push_back(static_cast<double>(first_wait) - static_cast<double>(prev_end));
+    wait.push_back(median(wt));
+    acts.push_back(median(a));
+    items.push_back(median(it));
+    items_max.push_back(*std::max_element(it.begin(), it.end()));
+    epi.push_back(median(e));
+    spread.push_back(static_cast<double>(last_items - first_items));
+    period.push_back(static_cast<double>(last_end) - static_cast<double>(prev_end));
+  }
+  char buf[400];
+  std::snprintf(buf, sizeof(buf),
+                "stamps (us, median of layers 2..%d): period %.2f; release after prev end %.2f; "
+                "entry->waited %.2f; act copy %.2f; items med %.2f max %.2f; item-end spread "
+                "%.2f; epilogue %.2f (%.3f ns/cycle)",
+                kLayers, median(period) / 1e3, median(rel) / 1e3, median(wait) / 1e3,
+                median(acts) / 1e3, median(items) / 1e3, median(items_max) / 1e3,
+                median(spread) / 1e3, median(epi) / 1e3, nspc);
+  return buf;
+}
+
 class DecodeStreamBench : public BenchCase {
  public:
   std::string name() const override { return "linear.decode_stream"; }
@@ -303,6 +361,9 @@ class DecodeStreamBench : public BenchCase {
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
     for (int64_t M : {int64_t{1}, int64_t{16}}) {
+      if (!env.shape_selected(std::to_string(M) + "x" + std::to_string(K) + "->" +
+                              std::to_string(N) + " bf16"))
+        continue;
       const double base = bf16_stream_ms(env, M, N, K);
       DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
       DeviceTensor codes = make_empty(Device::cuda, DType::i8, {M, K});
@@ -376,6 +437,7 @@ class DecodeStreamBench : public BenchCase {
           bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
           bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
+          int var = 0;         // DecodeParams::tiles_variant (kTilesVar* bits)
         };
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
@@ -383,12 +445,24 @@ class DecodeStreamBench : public BenchCase {
         // rotation, the cooperative rotation (run 19: 16 % slower as a cooperative launch), two
         // CTAs per SM, the M 8 / 9 rows (docs/linear-gpu.md, "Session 8"). The probe row is the
         // same stream of read-only kernels: the ceiling.
+        // Session 16 variants (kTilesVar*: epilogue operands in shared memory = 1, + activations
+        // by bulk copies = 3), each beside its default, the default row repeated last (drift).
         for (const V& v :
              {V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
+              V{"rotate (PDL) + tiles, variant 1: epilogue operands in smem", true, false, false,
+                cl::kTilesVarEpiSmem},
+              V{"rotate (PDL) + tiles, variant 3: + activations by bulk copies", true, false,
+                false, cl::kTilesVarEpiSmem | cl::kTilesVarActBulk},
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
                 false, true},
+              V{"tiles fused, variant 1: epilogue operands in smem", false, true, false,
+                cl::kTilesVarEpiSmem},
               V{"tiles alone (codes on the device)", false},
-              V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
+              V{"tiles alone, variant 1", false, false, false, cl::kTilesVarEpiSmem},
+              V{"tiles alone, variant 3", false, false, false,
+                cl::kTilesVarEpiSmem | cl::kTilesVarActBulk},
+              V{"stream probe: the layout's bytes read, nothing else", false, false, true},
+              V{"rotate (PDL) + tiles (default again: drift)", true}}) {
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -403,6 +477,7 @@ class DecodeStreamBench : public BenchCase {
           cl::RotateQuantParams rp = rq;
           rp.pdl = true;
           cl::DecodeParams dl = d;
+          dl.tiles_variant = v.var;
           if (v.fused) {  // x in, every CTA rotates + quantizes it (the layer's fused mode)
             dl.a = nullptr;
             dl.lda = 0;
@@ -446,6 +521,30 @@ class DecodeStreamBench : public BenchCase {
                                 : "bit-identical to the default";
             }
             if (!v.rotate && !v.fused) r.note = "GEMV only: not the layer";
+            // One more stream with phase stamps (untimed): the timeline in the note.
+            {
+              int sms = 0, dev = 0;
+              ok(cudaGetDevice(&dev), "device");
+              ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+              const int grid = static_cast<int>(std::min<int64_t>(sms, (N + 15) / 16));
+              const int64_t words =
+                  static_cast<int64_t>(kLayers) * grid * cl::kTilesStampWords;
+              DeviceTensor st = make_empty(Device::cuda, DType::u8, {words * 8});
+              for (int l = 0; l < kLayers; ++l) {
+                cl::DecodeParams p = dl;
+                p.tiles = static_cast<const uint8_t*>(tiles[l].view.data);
+                p.stamps = static_cast<uint64_t*>(st.view.data) +
+                           static_cast<int64_t>(l) * grid * cl::kTilesStampWords;
+                if (v.rotate) cl::rotate_quantize(rp, s);
+                cl::decode_tiles(p, s);
+              }
+              std::vector<uint64_t> hs(static_cast<size_t>(words));
+              ok(cudaMemcpyAsync(hs.data(), st.view.data, static_cast<size_t>(words * 8),
+                                 cudaMemcpyDeviceToHost, s),
+                 "copy");
+              ok(cudaStreamSynchronize(s), "synchronize");
+              r.note += (r.note.empty() ? "" : "; ") + stamp_note(hs, grid);
+            }
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
           }
@@ -466,6 +565,9 @@ class DecodeStreamBench : public BenchCase {
     namespace cl = cuda::linear;
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     for (int64_t M : {int64_t{1}, int64_t{16}}) {
+      if (!env.shape_selected(std::to_string(M) + "x" + std::to_string(K) + "->" +
+                              std::to_string(N) + " bf16"))
+        continue;
       const double base = bf16_stream_ms(env, M, N, K);
       DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
       DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
@@ -499,14 +601,16 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1}) {
-          if (fused && M > cl::kTilesFuseLimit) continue;
+        // 2: the layer's defaults with DecodeTilesTuning::variant 3 (M > 2) / 1 (fused, M <= 2).
+        for (const int fused : {0, 1, 2}) {
+          if (fused == 1 && M > cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                  qtype_name(q) + ": QuantizedLinear::forward (" +
-                 (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
-                             : "layer defaults") +
+                 (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
+                  : fused == 2 ? "layer defaults, DecodeTilesTuning::variant 3 (M > 2) / 1"
+                               : "layer defaults") +
                  "), per layer";
           r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
                     " bf16";
@@ -523,7 +627,10 @@ class DecodeStreamBench : public BenchCase {
             r.bytes = 2.0 * M * K + 2.0 * M * N +
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
-            t.fuse_max_m = 0;
+            if (fused == 1) t.fuse_max_m = 0;
+            if (fused == 2)
+              t.variant = M > cl::kTilesFuseLimit ? cl::kTilesVarEpiSmem | cl::kTilesVarActBulk
+                                                  : cl::kTilesVarEpiSmem;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

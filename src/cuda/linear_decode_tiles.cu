@@ -81,6 +81,16 @@ struct TilesLayout {
   int64_t smem = 0;
 };
 
+// The epilogue's operands staged in shared memory (kTilesVarEpiSmem).
+struct TilesEpilogueOps {
+  void* out;
+  int32_t* acc_out;
+  int64_t ldo;
+  DType out_dtype;
+  bool has_wts;
+  float wts;  // *w_tensor_scale (1 when null)
+};
+
 using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
@@ -227,22 +237,14 @@ __device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, uint8_t*
   }
 }
 
-// The M activation rows' int8 codes from p.a (written by the preceding kernel: call after
-// griddepcontrol.wait) into shared memory (`act`, row stride act_stride bytes): every row's 16-byte pieces in flight at once (cp.async.cg: L2,
-// coherent; no registers) instead of M dependent load -> store rounds (M L2 round trips at
-// M = 16). Comfy: adds each row's code sum to s_asum[m] (zeroed and synchronized by the caller)
-// from the thread's own pieces once they landed. The caller synchronizes before reading act.
+// Comfy: adds each activation row's code sum to s_asum[m] (zeroed and synchronized by the
+// caller) from the thread's pieces of the rows in shared memory (landed and visible to it).
 template <int KIND, int THREADS>
-__device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t* act,
-                                                 int act_stride, int32_t* s_asum) {
+__device__ __forceinline__ void tiles_act_sums(const DecodeParams& p, const uint8_t* act,
+                                               int act_stride, int32_t* s_asum) {
   const int lane = threadIdx.x & 31;
   const int M = static_cast<int>(p.M);
   const int per_row = static_cast<int>(p.w.K / 16);
-  for (int m = 0; m < M; ++m)
-    for (int c = threadIdx.x; c < per_row; c += THREADS)
-      cp_async16(smem_u32(act + m * act_stride + c * 16), p.a + m * p.lda + c * 16);
-  cp_async_commit();
-  cp_async_wait<0>();
   if (KIND == kTilesComfy) {
     for (int m = 0; m < M; ++m) {
       int32_t sum = 0;
@@ -259,6 +261,25 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
   }
 }
 
+// The M activation rows' int8 codes from p.a (written by the preceding kernel: call after
+// griddepcontrol.wait) into shared memory (`act`, row stride act_stride bytes): every row's
+// 16-byte pieces in flight at once (cp.async.cg: L2, coherent; no registers) instead of M
+// dependent load -> store rounds (M L2 round trips at M = 16). Its wait_group 0 also waits for
+// the ring's first items (committed before). Comfy: adds each row's code sum to s_asum[m] from
+// the thread's own pieces once they landed. The caller synchronizes before reading act.
+template <int KIND, int THREADS>
+__device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t* act,
+                                                 int act_stride, int32_t* s_asum) {
+  const int M = static_cast<int>(p.M);
+  const int per_row = static_cast<int>(p.w.K / 16);
+  for (int m = 0; m < M; ++m)
+    for (int c = threadIdx.x; c < per_row; c += THREADS)
+      cp_async16(smem_u32(act + m * act_stride + c * 16), p.a + m * p.lda + c * 16);
+  cp_async_commit();
+  cp_async_wait<0>();
+  tiles_act_sums<KIND, THREADS>(p, act, act_stride, s_asum);
+}
+
 // KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows (1: M <= 8, 2: M <= 16).
 // XT: the activation dtype when every CTA rotates + quantizes x itself (M <= kTilesFuseLimit),
 // else void (codes from the rotate kernel).
@@ -266,17 +287,36 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
 // D: ring slots per warp (kTilesDepth, or kTilesDepthDeep for the two-kernel path: TilesLayout).
-template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
+// VAR: kTilesVar* bits (linear_decode_tiles.cuh), 0 = the default.
+template <int KIND, int NT, typename XT = void, int D = kTilesDepth, int VAR = 0>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
   constexpr bool kFused = !std::is_void<XT>::value;
+  constexpr bool kEpiSmem = (VAR & kTilesVarEpiSmem) != 0;
+  constexpr bool kActBulk = !kFused && (VAR & kTilesVarActBulk) != 0;
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
   __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
+  // kTilesVarEpiSmem: the epilogue's operands; kTilesVarActBulk: the activation copy's barrier.
+  __shared__ TilesEpilogueOps s_epi;
+  __shared__ __align__(8) uint64_t s_act_bar;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
+  // Bench-only phase stamps (DecodeParams::stamps): thread 0 of each CTA.
+  uint64_t* const stamps =
+      p.stamps && threadIdx.x == 0 ? p.stamps + blockIdx.x * kTilesStampWords : nullptr;
+  auto stamp = [&](int phase) {
+    if (stamps) {
+      uint64_t gt, ck;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+      asm volatile("mov.u64 %0, %%clock64;" : "=l"(ck));
+      stamps[phase] = gt;
+      stamps[5 + phase] = ck;
+    }
+  };
+  stamp(kStampEntry);
   const int M = static_cast<int>(p.M);
   const int64_t N = p.w.N;
   const int64_t T = L.tiles, G = gridDim.x, b = blockIdx.x;
@@ -331,16 +371,55 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     s_ws[i] = ws;
     s_bias[i] = bias;
   }
+  if (threadIdx.x == 0) {
+    if constexpr (kEpiSmem) {  // layer parameters (not written by the preceding kernel)
+      s_epi.out = p.out;
+      s_epi.acc_out = p.acc_out;
+      s_epi.ldo = p.ldo;
+      s_epi.out_dtype = p.out_dtype;
+      s_epi.has_wts = p.ep.w_tensor_scale != nullptr;
+      s_epi.wts = p.ep.w_tensor_scale ? *p.ep.w_tensor_scale : 1.f;
+    }
+    if constexpr (kActBulk) {
+      ptx::mbar_init(smem_u32(&s_act_bar), 1);
+      ptx::mbar_fence_init();
+    }
+  }
   ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
+  stamp(kStampWaited);
   __syncthreads();
   Epilogue ep = p.ep;
   if constexpr (kFused) {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself
     tiles_rotate_reg<KIND, kTilesThreads, XT>(p, act, L.act_stride, s_scale, s_amax, s_asum);
     ep.a_scale = s_scale;  // a generic pointer into shared memory
   } else {
-    tiles_copy_codes<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
+    // kTilesVarEpiSmem: the M activation scales (the preceding kernel's) into s_scale; the load
+    // is issued before the copy and stored after it.
+    float a_scale = 1.f;
+    if (kEpiSmem && p.ep.a_scale && threadIdx.x < M) a_scale = p.ep.a_scale[threadIdx.x];
+    if constexpr (kActBulk) {
+      // One bulk copy per activation row (warp 0, lane m), completing on s_act_bar: the CTA
+      // waits for these bytes only, not for the ring's first items.
+      const uint32_t bar = smem_u32(&s_act_bar);
+      const uint32_t row_bytes = static_cast<uint32_t>(p.w.K);
+      if (warp == 0) {
+        if (lane == 0) ptx::mbar_arrive_expect_tx(bar, row_bytes * static_cast<uint32_t>(M));
+        __syncwarp();
+        if (lane < M)
+          ptx::bulk_g2s(smem_u32(act + lane * L.act_stride), p.a + lane * p.lda, row_bytes, bar);
+      }
+      ptx::mbar_wait_bounded(bar, 0);
+      tiles_act_sums<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
+    } else {
+      tiles_copy_codes<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
+    }
+    if (kEpiSmem && p.ep.a_scale) {
+      if (threadIdx.x < M) s_scale[threadIdx.x] = a_scale;
+      ep.a_scale = s_scale;
+    }
   }
   __syncthreads();
+  stamp(kStampActs);
 
   // B operands: activation row (token) gid (+ 8) of the n8 tile; rows >= M read row M - 1 (they
   // only feed output columns that are never stored).
@@ -433,10 +512,39 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   }
   cp_async_wait<0>();
   __syncthreads();
+  stamp(kStampItems);
 
   // Epilogue of the CTA's columns [16 t0, 16 t1): apply_epilogue's arithmetic and order, w_scale
   // and bias from shared memory.
   const int cols = ntl * 16;
+  if constexpr (kEpiSmem) {
+    // The same arithmetic and order from shared memory only (operands staged in the prologue).
+    void* const out = s_epi.out;
+    int32_t* const acc_out = s_epi.acc_out;
+    const int64_t ldo = s_epi.ldo;
+    const DType out_dtype = s_epi.out_dtype;
+    const bool has_wts = s_epi.has_wts;
+    const float wts = s_epi.wts;
+    const bool has_as = ep.a_scale != nullptr, has_ws = ep.w_scale != nullptr,
+               has_bias = ep.bias != nullptr;
+    for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
+      const int tok = idx / cols, c = idx - tok * cols;
+      const int64_t col = 16 * t0 + c;
+      if (col >= N) continue;
+      int32_t sum = part[c * M + tok];
+      if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
+      if (acc_out) {
+        acc_out[tok * ldo + col] = sum;
+      } else {
+        float v = static_cast<float>(sum);
+        if (has_as) v = __fmul_rn(v, s_scale[tok]);
+        if (has_ws) v = __fmul_rn(v, s_ws[c]);
+        if (has_wts) v = __fmul_rn(v, wts);
+        if (has_bias) v = __fadd_rn(v, s_bias[c]);
+        store2(out, out_dtype, tok * ldo + col, v, 0.f, false, false);
+      }
+    }
+  } else {
   for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
     const int tok = idx / cols, c = idx - tok * cols;
     const int64_t col = 16 * t0 + c;
@@ -453,6 +561,13 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       if (ep.bias) v = __fadd_rn(v, s_bias[c]);
       store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
     }
+  }
+  }
+  stamp(kStampEnd);
+  if (stamps) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    stamps[10] = sm;
   }
 #else
   __trap();  // launched on sm_90 only (decode_tiles_applies)
@@ -545,9 +660,9 @@ int tiles_grid(const DecodeParams& d) {
 }
 
 // Launches the GEMV with programmatic stream serialization (PDL).
-template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
+template <int KIND, int NT, typename XT = void, int D = kTilesDepth, int VAR = 0>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_tiles_kernel<KIND, NT, XT, D>;
+  auto kernel = gemv_tiles_kernel<KIND, NT, XT, D, VAR>;
   tiles_smem(kernel, L.smem);
   launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
                    static_cast<size_t>(L.smem), stream, d, L);
@@ -693,21 +808,43 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   const int grid = tiles_grid(d);
   const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
   const bool two = d.M > 8;  // two n8 tiles of activation rows
+  const int var = d.tiles_variant;
+  // The variant instances (linear_decode_tiles.cuh, kTilesVar*); other combinations: VAR 0.
+  auto with_var = [&](auto kind_tag, auto nt_tag, auto xt_tag, auto depth_tag) {
+    constexpr int KIND = decltype(kind_tag)::value, NT = decltype(nt_tag)::value;
+    constexpr int D = decltype(depth_tag)::value;
+    using XT = typename decltype(xt_tag)::type;
+    constexpr bool kTwoKernel = std::is_void<XT>::value &&
+                                ((NT == 1 && D == kTilesDepth) || (NT == 2 && D == kTilesDepthDeep));
+    constexpr bool kFusedBf16 = std::is_same<XT, __nv_bfloat16>::value;
+    if constexpr (kTwoKernel || kFusedBf16) {
+      if (var == kTilesVarEpiSmem) return launch_tiles<KIND, NT, XT, D, kTilesVarEpiSmem>(d, L, grid, stream);
+    }
+    if constexpr (kTwoKernel) {
+      if (var == (kTilesVarEpiSmem | kTilesVarActBulk))
+        return launch_tiles<KIND, NT, XT, D, kTilesVarEpiSmem | kTilesVarActBulk>(d, L, grid,
+                                                                                 stream);
+    }
+    launch_tiles<KIND, NT, XT, D>(d, L, grid, stream);
+  };
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  using Depth = std::integral_constant<int, kTilesDepth>;
+  using Deep = std::integral_constant<int, kTilesDepthDeep>;
   auto launch = [&](auto kind_tag, auto xt_tag) {
-    constexpr int KIND = decltype(kind_tag)::value;
     using XT = typename decltype(xt_tag)::type;
     if constexpr (!std::is_void<XT>::value) {  // fused: M <= kTilesFuseLimit, one n8 tile
-      launch_tiles<KIND, 1, XT>(d, L, grid, stream);
+      with_var(kind_tag, One{}, xt_tag, Depth{});
     } else if (L.depth == kTilesDepthDeep) {
       if (two) {
-        launch_tiles<KIND, 2, void, kTilesDepthDeep>(d, L, grid, stream);
+        with_var(kind_tag, Two{}, xt_tag, Deep{});
       } else {
-        launch_tiles<KIND, 1, void, kTilesDepthDeep>(d, L, grid, stream);
+        with_var(kind_tag, One{}, xt_tag, Deep{});
       }
     } else if (two) {
-      launch_tiles<KIND, 2>(d, L, grid, stream);
+      with_var(kind_tag, Two{}, xt_tag, Depth{});
     } else {
-      launch_tiles<KIND, 1>(d, L, grid, stream);
+      with_var(kind_tag, One{}, xt_tag, Depth{});
     }
   };
   auto by_x = [&](auto kind_tag) {
