@@ -437,7 +437,6 @@ class DecodeStreamBench : public BenchCase {
           bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
           bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
-          int var = 0;         // DecodeParams::tiles_variant (kTilesVar* bits)
         };
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
@@ -445,24 +444,14 @@ class DecodeStreamBench : public BenchCase {
         // rotation, the cooperative rotation (run 19: 16 % slower as a cooperative launch), two
         // CTAs per SM, the M 8 / 9 rows (docs/linear-gpu.md, "Session 8"). The probe row is the
         // same stream of read-only kernels: the ceiling.
-        // Session 16 variants (kTilesVar*: epilogue operands in shared memory = 1, + activations
-        // by bulk copies = 3), each beside its default, the default row repeated last (drift).
+        // Each GEMV row also runs the stream once more with phase stamps (DecodeParams::stamps):
+        // the per-layer timeline in its note.
         for (const V& v :
              {V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
-              V{"rotate (PDL) + tiles, variant 1: epilogue operands in smem", true, false, false,
-                cl::kTilesVarEpiSmem},
-              V{"rotate (PDL) + tiles, variant 3: + activations by bulk copies", true, false,
-                false, cl::kTilesVarEpiSmem | cl::kTilesVarActBulk},
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
                 false, true},
-              V{"tiles fused, variant 1: epilogue operands in smem", false, true, false,
-                cl::kTilesVarEpiSmem},
               V{"tiles alone (codes on the device)", false},
-              V{"tiles alone, variant 1", false, false, false, cl::kTilesVarEpiSmem},
-              V{"tiles alone, variant 3", false, false, false,
-                cl::kTilesVarEpiSmem | cl::kTilesVarActBulk},
-              V{"stream probe: the layout's bytes read, nothing else", false, false, true},
-              V{"rotate (PDL) + tiles (default again: drift)", true}}) {
+              V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
@@ -477,7 +466,6 @@ class DecodeStreamBench : public BenchCase {
           cl::RotateQuantParams rp = rq;
           rp.pdl = true;
           cl::DecodeParams dl = d;
-          dl.tiles_variant = v.var;
           if (v.fused) {  // x in, every CTA rotates + quantizes it (the layer's fused mode)
             dl.a = nullptr;
             dl.lda = 0;
@@ -601,16 +589,14 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        // 2: the layer's defaults with DecodeTilesTuning::variant 3 (M > 2) / 1 (fused, M <= 2).
-        for (const int fused : {0, 1, 2}) {
-          if (fused == 1 && M > cl::kTilesFuseLimit) continue;
+        for (const int fused : {0, 1}) {
+          if (fused && M > cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                  qtype_name(q) + ": QuantizedLinear::forward (" +
-                 (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
-                  : fused == 2 ? "layer defaults, DecodeTilesTuning::variant 3 (M > 2) / 1"
-                               : "layer defaults") +
+                 (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
+                             : "layer defaults") +
                  "), per layer";
           r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
                     " bf16";
@@ -627,10 +613,7 @@ class DecodeStreamBench : public BenchCase {
             r.bytes = 2.0 * M * K + 2.0 * M * N +
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
-            if (fused == 1) t.fuse_max_m = 0;
-            if (fused == 2)
-              t.variant = M > cl::kTilesFuseLimit ? cl::kTilesVarEpiSmem | cl::kTilesVarActBulk
-                                                  : cl::kTilesVarEpiSmem;
+            t.fuse_max_m = 0;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

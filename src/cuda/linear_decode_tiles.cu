@@ -24,8 +24,11 @@
 //     warps split its items evenly, whatever K, and add their partial sums of a tile into shared
 //     memory with integer atomics (exact in any order); one barrier, then the epilogue
 //     (apply_epilogue: the prefill path's fp32 order);
-//   - the activations: codes from the rotate kernel, or (M <= 2) x rotated + quantized by every
-//     CTA itself with the register rotate kernel's arithmetic (linear_rotate.cuh): the same bits.
+//   - the activations: codes from the rotate kernel (one bulk copy per row on one mbarrier, so
+//     the CTA does not also wait for its ring's first items; comfy row sums one warp per row), or
+//     (M <= 2) x rotated + quantized by every CTA itself with the register rotate kernel's
+//     arithmetic (linear_rotate.cuh): the same bits. The epilogue's operands are staged in shared
+//     memory during the prologue (session 16: docs/linear-gpu.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -237,47 +240,30 @@ __device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, uint8_t*
   }
 }
 
-// Comfy: adds each activation row's code sum to s_asum[m] (zeroed and synchronized by the
-// caller) from the thread's pieces of the rows in shared memory (landed and visible to it).
+// Comfy: the code sum of activation row m = warp (M <= 16 = kTilesWarps rows in shared memory,
+// landed and visible to every thread) into s_asum[m]: each warp sums its row's 16-byte pieces
+// (independent loads, one reduction, a plain store). H200 session 16: the earlier loop over the
+// rows (each thread its own pieces, a reduction and a shared atomic per row, rows in series) took
+// ~4 us of the 16 x 5120 -> 13824 layer's ~19.
 template <int KIND, int THREADS>
 __device__ __forceinline__ void tiles_act_sums(const DecodeParams& p, const uint8_t* act,
                                                int act_stride, int32_t* s_asum) {
-  const int lane = threadIdx.x & 31;
-  const int M = static_cast<int>(p.M);
+  static_assert(THREADS / 32 >= 16, "one warp per activation row");
+  if (KIND != kTilesComfy) return;
+  const int lane = threadIdx.x & 31, m = threadIdx.x >> 5;
+  if (m >= static_cast<int>(p.M)) return;
   const int per_row = static_cast<int>(p.w.K / 16);
-  if (KIND == kTilesComfy) {
-    for (int m = 0; m < M; ++m) {
-      int32_t sum = 0;
-      for (int c = threadIdx.x; c < per_row; c += THREADS) {
-        const uint4 v = *reinterpret_cast<const uint4*>(act + m * act_stride + c * 16);
-        sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
-        sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
-        sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
-        sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
-      }
-      sum = __reduce_add_sync(0xffffffffu, sum);
-      if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
-    }
+  const uint8_t* row = act + m * act_stride;
+  int32_t sum = 0;
+  for (int c = lane; c < per_row; c += 32) {
+    const uint4 v = *reinterpret_cast<const uint4*>(row + c * 16);
+    sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
   }
-}
-
-// The M activation rows' int8 codes from p.a (written by the preceding kernel: call after
-// griddepcontrol.wait) into shared memory (`act`, row stride act_stride bytes): every row's
-// 16-byte pieces in flight at once (cp.async.cg: L2, coherent; no registers) instead of M
-// dependent load -> store rounds (M L2 round trips at M = 16). Its wait_group 0 also waits for
-// the ring's first items (committed before). Comfy: adds each row's code sum to s_asum[m] from
-// the thread's own pieces once they landed. The caller synchronizes before reading act.
-template <int KIND, int THREADS>
-__device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t* act,
-                                                 int act_stride, int32_t* s_asum) {
-  const int M = static_cast<int>(p.M);
-  const int per_row = static_cast<int>(p.w.K / 16);
-  for (int m = 0; m < M; ++m)
-    for (int c = threadIdx.x; c < per_row; c += THREADS)
-      cp_async16(smem_u32(act + m * act_stride + c * 16), p.a + m * p.lda + c * 16);
-  cp_async_commit();
-  cp_async_wait<0>();
-  tiles_act_sums<KIND, THREADS>(p, act, act_stride, s_asum);
+  sum = __reduce_add_sync(0xffffffffu, sum);
+  if (lane == 0) s_asum[m] = sum;
 }
 
 // KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows (1: M <= 8, 2: M <= 16).
@@ -287,18 +273,15 @@ __device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t*
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
 // D: ring slots per warp (kTilesDepth, or kTilesDepthDeep for the two-kernel path: TilesLayout).
-// VAR: kTilesVar* bits (linear_decode_tiles.cuh), 0 = the default.
-template <int KIND, int NT, typename XT = void, int D = kTilesDepth, int VAR = 0>
+template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
   constexpr bool kFused = !std::is_void<XT>::value;
-  constexpr bool kEpiSmem = (VAR & kTilesVarEpiSmem) != 0;
-  constexpr bool kActBulk = !kFused && (VAR & kTilesVarActBulk) != 0;
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
   __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
-  // kTilesVarEpiSmem: the epilogue's operands; kTilesVarActBulk: the activation copy's barrier.
+  // The epilogue's operands (staged in the prologue) and the activation copy's barrier.
   __shared__ TilesEpilogueOps s_epi;
   __shared__ __align__(8) uint64_t s_act_bar;
 
@@ -371,16 +354,17 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     s_ws[i] = ws;
     s_bias[i] = bias;
   }
+  // The epilogue's other operands into shared memory now (layer parameters, not written by the
+  // preceding kernel), so the epilogue reads no parameter or global memory: H200 session 16, the
+  // epilogue phase of a 16 x 5120 -> 13824 layer 2.0 -> 1.75 us.
   if (threadIdx.x == 0) {
-    if constexpr (kEpiSmem) {  // layer parameters (not written by the preceding kernel)
-      s_epi.out = p.out;
-      s_epi.acc_out = p.acc_out;
-      s_epi.ldo = p.ldo;
-      s_epi.out_dtype = p.out_dtype;
-      s_epi.has_wts = p.ep.w_tensor_scale != nullptr;
-      s_epi.wts = p.ep.w_tensor_scale ? *p.ep.w_tensor_scale : 1.f;
-    }
-    if constexpr (kActBulk) {
+    s_epi.out = p.out;
+    s_epi.acc_out = p.acc_out;
+    s_epi.ldo = p.ldo;
+    s_epi.out_dtype = p.out_dtype;
+    s_epi.has_wts = p.ep.w_tensor_scale != nullptr;
+    s_epi.wts = p.ep.w_tensor_scale ? *p.ep.w_tensor_scale : 1.f;
+    if constexpr (!kFused) {
       ptx::mbar_init(smem_u32(&s_act_bar), 1);
       ptx::mbar_fence_init();
     }
@@ -393,27 +377,27 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     tiles_rotate_reg<KIND, kTilesThreads, XT>(p, act, L.act_stride, s_scale, s_amax, s_asum);
     ep.a_scale = s_scale;  // a generic pointer into shared memory
   } else {
-    // kTilesVarEpiSmem: the M activation scales (the preceding kernel's) into s_scale; the load
-    // is issued before the copy and stored after it.
+    // The M activation scales (the preceding kernel's) into s_scale: loaded before the copy's
+    // wait, stored after it.
     float a_scale = 1.f;
-    if (kEpiSmem && p.ep.a_scale && threadIdx.x < M) a_scale = p.ep.a_scale[threadIdx.x];
-    if constexpr (kActBulk) {
-      // One bulk copy per activation row (warp 0, lane m), completing on s_act_bar: the CTA
-      // waits for these bytes only, not for the ring's first items.
-      const uint32_t bar = smem_u32(&s_act_bar);
-      const uint32_t row_bytes = static_cast<uint32_t>(p.w.K);
-      if (warp == 0) {
-        if (lane == 0) ptx::mbar_arrive_expect_tx(bar, row_bytes * static_cast<uint32_t>(M));
-        __syncwarp();
-        if (lane < M)
-          ptx::bulk_g2s(smem_u32(act + lane * L.act_stride), p.a + lane * p.lda, row_bytes, bar);
-      }
-      ptx::mbar_wait_bounded(bar, 0);
-      tiles_act_sums<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
-    } else {
-      tiles_copy_codes<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
+    if (p.ep.a_scale && threadIdx.x < M) a_scale = p.ep.a_scale[threadIdx.x];
+    // The M activation rows (the preceding kernel's codes) as one bulk copy per row (warp 0, lane
+    // m) completing on s_act_bar, so the CTA waits for these bytes only. (A cp.async copy's
+    // wait_group 0 also waited for the ring's first items, committed before: H200 session 16,
+    // the copy phase of a 16 x 5120 -> 13824 int4 layer 2.6 -> 1.9 us.) The row bytes (K, a
+    // multiple of 128) and both addresses are 16-byte multiples (decode_tiles_applies, act_stride);
+    // M x K fits in shared memory, far below the barrier's 2^20 - 1 transaction bytes.
+    const uint32_t bar = smem_u32(&s_act_bar);
+    const uint32_t row_bytes = static_cast<uint32_t>(p.w.K);
+    if (warp == 0) {
+      if (lane == 0) ptx::mbar_arrive_expect_tx(bar, row_bytes * static_cast<uint32_t>(M));
+      __syncwarp();
+      if (lane < M)
+        ptx::bulk_g2s(smem_u32(act + lane * L.act_stride), p.a + lane * p.lda, row_bytes, bar);
     }
-    if (kEpiSmem && p.ep.a_scale) {
+    ptx::mbar_wait_bounded(bar, 0);
+    tiles_act_sums<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
+    if (p.ep.a_scale) {
       if (threadIdx.x < M) s_scale[threadIdx.x] = a_scale;
       ep.a_scale = s_scale;
     }
@@ -514,11 +498,10 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   __syncthreads();
   stamp(kStampItems);
 
-  // Epilogue of the CTA's columns [16 t0, 16 t1): apply_epilogue's arithmetic and order, w_scale
-  // and bias from shared memory.
+  // Epilogue of the CTA's columns [16 t0, 16 t1).
   const int cols = ntl * 16;
-  if constexpr (kEpiSmem) {
-    // The same arithmetic and order from shared memory only (operands staged in the prologue).
+  {
+    // apply_epilogue's arithmetic and order, every operand from shared memory.
     void* const out = s_epi.out;
     int32_t* const acc_out = s_epi.acc_out;
     const int64_t ldo = s_epi.ldo;
@@ -544,24 +527,6 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
         store2(out, out_dtype, tok * ldo + col, v, 0.f, false, false);
       }
     }
-  } else {
-  for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
-    const int tok = idx / cols, c = idx - tok * cols;
-    const int64_t col = 16 * t0 + c;
-    if (col >= N) continue;
-    int32_t sum = part[c * M + tok];
-    if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
-    if (p.acc_out) {
-      p.acc_out[tok * p.ldo + col] = sum;
-    } else {
-      float v = static_cast<float>(sum);
-      if (ep.a_scale) v = __fmul_rn(v, ep.a_scale[tok]);
-      if (ep.w_scale) v = __fmul_rn(v, s_ws[c]);
-      if (ep.w_tensor_scale) v = __fmul_rn(v, *ep.w_tensor_scale);
-      if (ep.bias) v = __fadd_rn(v, s_bias[c]);
-      store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
-    }
-  }
   }
   stamp(kStampEnd);
   if (stamps) {
@@ -660,9 +625,9 @@ int tiles_grid(const DecodeParams& d) {
 }
 
 // Launches the GEMV with programmatic stream serialization (PDL).
-template <int KIND, int NT, typename XT = void, int D = kTilesDepth, int VAR = 0>
+template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
-  auto kernel = gemv_tiles_kernel<KIND, NT, XT, D, VAR>;
+  auto kernel = gemv_tiles_kernel<KIND, NT, XT, D>;
   tiles_smem(kernel, L.smem);
   launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
                    static_cast<size_t>(L.smem), stream, d, L);
@@ -808,43 +773,21 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   const int grid = tiles_grid(d);
   const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
   const bool two = d.M > 8;  // two n8 tiles of activation rows
-  const int var = d.tiles_variant;
-  // The variant instances (linear_decode_tiles.cuh, kTilesVar*); other combinations: VAR 0.
-  auto with_var = [&](auto kind_tag, auto nt_tag, auto xt_tag, auto depth_tag) {
-    constexpr int KIND = decltype(kind_tag)::value, NT = decltype(nt_tag)::value;
-    constexpr int D = decltype(depth_tag)::value;
-    using XT = typename decltype(xt_tag)::type;
-    constexpr bool kTwoKernel = std::is_void<XT>::value &&
-                                ((NT == 1 && D == kTilesDepth) || (NT == 2 && D == kTilesDepthDeep));
-    constexpr bool kFusedBf16 = std::is_same<XT, __nv_bfloat16>::value;
-    if constexpr (kTwoKernel || kFusedBf16) {
-      if (var == kTilesVarEpiSmem) return launch_tiles<KIND, NT, XT, D, kTilesVarEpiSmem>(d, L, grid, stream);
-    }
-    if constexpr (kTwoKernel) {
-      if (var == (kTilesVarEpiSmem | kTilesVarActBulk))
-        return launch_tiles<KIND, NT, XT, D, kTilesVarEpiSmem | kTilesVarActBulk>(d, L, grid,
-                                                                                 stream);
-    }
-    launch_tiles<KIND, NT, XT, D>(d, L, grid, stream);
-  };
-  using One = std::integral_constant<int, 1>;
-  using Two = std::integral_constant<int, 2>;
-  using Depth = std::integral_constant<int, kTilesDepth>;
-  using Deep = std::integral_constant<int, kTilesDepthDeep>;
   auto launch = [&](auto kind_tag, auto xt_tag) {
+    constexpr int KIND = decltype(kind_tag)::value;
     using XT = typename decltype(xt_tag)::type;
     if constexpr (!std::is_void<XT>::value) {  // fused: M <= kTilesFuseLimit, one n8 tile
-      with_var(kind_tag, One{}, xt_tag, Depth{});
+      launch_tiles<KIND, 1, XT>(d, L, grid, stream);
     } else if (L.depth == kTilesDepthDeep) {
       if (two) {
-        with_var(kind_tag, Two{}, xt_tag, Deep{});
+        launch_tiles<KIND, 2, void, kTilesDepthDeep>(d, L, grid, stream);
       } else {
-        with_var(kind_tag, One{}, xt_tag, Deep{});
+        launch_tiles<KIND, 1, void, kTilesDepthDeep>(d, L, grid, stream);
       }
     } else if (two) {
-      with_var(kind_tag, Two{}, xt_tag, Depth{});
+      launch_tiles<KIND, 2>(d, L, grid, stream);
     } else {
-      with_var(kind_tag, One{}, xt_tag, Depth{});
+      launch_tiles<KIND, 1>(d, L, grid, stream);
     }
   };
   auto by_x = [&](auto kind_tag) {

@@ -53,9 +53,10 @@ bool decode_tiles_applies(const DecodeParams& d);
 // as a cooperative launch 16 % slower than rotate kernel + GEMV), two CTAs per SM, the next layer's
 // weight prefetched into L2 before the wait (with or without two CTAs per SM: run 26, 7-25 %
 // slower); session 11 (run 33, all bit-identical, all slower at M 16): X - Y merged per byte in one
-// s8 mma set, the activation codes as bulk pieces with one mbarrier each, the ring items as bulk
-// copies, row flags from the rotate kernel instead of griddepcontrol.wait, activation pieces
-// multicast in clusters of 2; the early trigger is always on.
+// s8 mma set, the activation codes as <= 8 bulk pieces with one mbarrier each (items waiting per
+// piece; session 16's one barrier for all rows, waited once, is the default since), the ring
+// items as bulk copies, row flags from the rotate kernel instead of griddepcontrol.wait,
+// activation pieces multicast in clusters of 2; the early trigger is always on.
 struct DecodeTilesTuning {
   // The largest M (at most kTilesFuseLimit) for which QuantizedLinear::forward runs the fused
   // mode: no rotate kernel, every CTA rotates + quantizes x after its first weight requests (one
@@ -63,24 +64,12 @@ struct DecodeTilesTuning {
   // rotate kernel (PDL) + the GEMV for every M (the session-6 path). H200 run 19, stream of 8
   // layers 1 x 5120 -> 13824, per layer: int4 14.2 vs 15.1 us, comfy 13.0 vs 15.1.
   int fuse_max_m = kTilesFuseLimit;
-  // DecodeParams::tiles_variant of the layer's decode GEMV (kTilesVar* bits; 0 = the default).
-  int variant = 0;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream
 // serialization (weights stream before griddepcontrol.wait; griddepcontrol.launch_dependents
 // right after the first weight requests).
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
-// Variant bits of the tiled GEMV (DecodeParams::tiles_variant; same bits as the default):
-// kTilesVarEpiSmem: the epilogue's operands (out pointer, stride, dtype, the activation scales,
-// the weight tensor scale) staged in shared memory during the prologue, so the epilogue reads no
-// global or parameter memory; kTilesVarActBulk (two-kernel path): the activation codes as one
-// bulk copy per row completing on an mbarrier, so the CTA waits for them and not for the ring's
-// first items (cp.async.wait_group 0 waited for both). Instances: the two-kernel path (NT 1
-// depth 4, NT 2 depth 6) with 1 and 3, the fused mode (bf16 x) with 1; other combinations run
-// the default kernel.
-constexpr int kTilesVarEpiSmem = 1;
-constexpr int kTilesVarActBulk = 2;
 // Phase stamps of the tiled GEMV (bench only: DecodeParams::stamps, kTilesStampWords per CTA):
 // thread 0's %globaltimer (ns, one clock for every SM) at entry, after griddepcontrol.wait, once
 // the activations are in shared memory (after the barrier), once every warp's items are done

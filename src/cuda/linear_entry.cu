@@ -329,7 +329,6 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     d.ldo = out.stride[0];
     // The weight's own decode layout (4-bit qtypes on sm_90): the tiled kernel.
     if (kUseDecodeTiles) d.tiles = static_cast<const uint8_t*>(w.decode_tiles.data);
-    d.tiles_variant = linear::layer_tiles_tuning().variant;
     return d;
   };
   // ... with x (M, K) for the GEMV to rotate + quantize (the fused modes).

@@ -203,9 +203,6 @@ struct DecodeParams {
   // Bench only (decode_tiles; null in the library): per CTA, kTilesStampWords uint64 of phase
   // stamps (linear_decode_tiles.cuh), for the timeline of a stream of layers.
   uint64_t* stamps = nullptr;
-  // decode_tiles only: variant bits of the tiled GEMV (kTilesVar*, linear_decode_tiles.cuh;
-  // 0 = the default kernel), for A/B rows and harness cases; every variant gives the same bits.
-  int tiles_variant = 0;
 };
 // Sets d's epilogue and output for contiguous rows (the bench rows build their DecodeParams
 // beside rotate_quant_rows' parameters): w_scale (N) fp32, bias (N) bias_dtype or null, out

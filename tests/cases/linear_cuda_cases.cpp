@@ -407,23 +407,11 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     two.fuse_max_m = 0;
     add("two_kernels", two, QType::convrot_int4, 1, 5000, 1280, DType::bf16, true);
     add("two_kernels", two, QType::convrot_comfy_w4a4, 2, 264, 768, DType::f16, false);
-    // Session 16 variants of the tiled GEMV (DecodeTilesTuning::variant, same bits): `epi_smem`
-    // (kTilesVarEpiSmem: the fused mode, bf16 x) and `act_bulk` (kTilesVarEpiSmem |
-    // kTilesVarActBulk: the two-kernel path at M 9 / 16 with 6 ring slots, at M 1 with 4).
-    cl::DecodeTilesTuning epi;
-    epi.variant = cl::kTilesVarEpiSmem;
-    add("epi_smem", epi, QType::convrot_int4, 1, 264, 768, DType::bf16, true);
-    add("epi_smem", epi, QType::convrot_comfy_w4a4, 2, 4104, 5120, DType::bf16, true);
-    cl::DecodeTilesTuning bulk;
-    bulk.variant = cl::kTilesVarEpiSmem | cl::kTilesVarActBulk;
-    add("act_bulk", bulk, QType::convrot_int4, 16, 2056, 1280, DType::bf16, true);
-    add("act_bulk", bulk, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::f16, false);
-    add("act_bulk", bulk, QType::convrot_int4, 9, 4104, 5120, DType::bf16, false);
-    add("act_bulk", bulk, QType::convrot_comfy_w4a4, 12, 1032, 1280, DType::bf16, true);
-    cl::DecodeTilesTuning bulk1 = bulk;
-    bulk1.fuse_max_m = 0;
-    add("act_bulk", bulk1, QType::convrot_int4, 1, 5000, 1280, DType::bf16, true);
-    add("act_bulk", bulk1, QType::convrot_comfy_w4a4, 1, 1032, 768, DType::f16, false);
+    // Session 16 (activation rows as bulk copies, warp-per-row comfy sums, epilogue operands in
+    // shared memory): more two-kernel shapes, M 9 / 12 (two n8 tiles, 6 slots) and M 1 (f16).
+    add("default", def, QType::convrot_int4, 9, 4104, 5120, DType::bf16, false);
+    add("default", def, QType::convrot_comfy_w4a4, 12, 1032, 1280, DType::bf16, true);
+    add("two_kernels", two, QType::convrot_comfy_w4a4, 1, 1032, 768, DType::f16, false);
   }
 #endif
 
