@@ -301,8 +301,9 @@ void ceiling_rows(const Env& env, double base, std::vector<Row>& rows) {
 // epilogue (medians over CTAs, clock64 cycles converted with the run's ns per cycle), the spread
 // of the CTAs' item ends, the layer period.
 std::string stamp_note(const std::vector<uint64_t>& st, int grid) {
-  auto at = [&](int l, int c, int w) { return st[(static_cast<size_t>(l) * grid + c) *
-                                                 cuda::linear::kTilesStampWords + w]; };
+  auto at = [&](int l, int c, int w) {
+    return st[(static_cast<size_t>(l) * grid + c) * cuda::linear::kTilesStampWords + w];
+  };
   auto median = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
     std::sort(v.begin(), v.end());
@@ -515,8 +516,7 @@ class DecodeStreamBench : public BenchCase {
               ok(cudaGetDevice(&dev), "device");
               ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
               const int grid = static_cast<int>(std::min<int64_t>(sms, (N + 15) / 16));
-              const int64_t words =
-                  static_cast<int64_t>(kLayers) * grid * cl::kTilesStampWords;
+              const int64_t words = static_cast<int64_t>(kLayers) * grid * cl::kTilesStampWords;
               DeviceTensor st = make_empty(Device::cuda, DType::u8, {words * 8});
               for (int l = 0; l < kLayers; ++l) {
                 cl::DecodeParams p = dl;

@@ -84,7 +84,7 @@ struct TilesLayout {
   int64_t smem = 0;
 };
 
-// The epilogue's operands staged in shared memory (kTilesVarEpiSmem).
+// The epilogue's operands, staged in shared memory by the prologue.
 struct TilesEpilogueOps {
   void* out;
   int32_t* acc_out;
