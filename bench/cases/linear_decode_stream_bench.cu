@@ -20,6 +20,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -292,6 +294,63 @@ void ceiling_rows(const Env& env, double base, std::vector<Row>& rows) {
   }
 }
 
+// The timeline of one stream of kLayers GEMVs from their phase stamps (DecodeParams::stamps,
+// kTilesStampWords per CTA, `grid` CTAs per layer): per layer (the first left out, medians over
+// layers): the dependency release (first CTA past griddepcontrol.wait minus the previous layer's
+// last CTA end: the rotate kernel and the grid boundary), the activation copy, the items, the
+// epilogue (medians over CTAs, clock64 cycles converted with the run's ns per cycle), the spread
+// of the CTAs' item ends, the layer period.
+std::string stamp_note(const std::vector<uint64_t>& st, int grid) {
+  auto at = [&](int l, int c, int w) {
+    return st[(static_cast<size_t>(l) * grid + c) * cuda::linear::kTilesStampWords + w];
+  };
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  double ns_sum = 0, cyc_sum = 0;
+  for (int l = 0; l < kLayers; ++l)
+    for (int c = 0; c < grid; ++c) {
+      ns_sum += static_cast<double>(at(l, c, 4) - at(l, c, 0));
+      cyc_sum += static_cast<double>(at(l, c, 9) - at(l, c, 5));
+    }
+  const double nspc = cyc_sum > 0 ? ns_sum / cyc_sum : 0;
+  std::vector<double> rel, wait, acts, items, items_max, epi, spread, period;
+  for (int l = 1; l < kLayers; ++l) {
+    uint64_t prev_end = 0, first_wait = ~0ull, last_end = 0, first_items = ~0ull, last_items = 0;
+    std::vector<double> a, it, e, wt;
+    for (int c = 0; c < grid; ++c) {
+      prev_end = std::max(prev_end, at(l - 1, c, 4));
+      first_wait = std::min(first_wait, at(l, c, 1));
+      last_end = std::max(last_end, at(l, c, 4));
+      first_items = std::min(first_items, at(l, c, 3));
+      last_items = std::max(last_items, at(l, c, 3));
+      wt.push_back(static_cast<double>(at(l, c, 1) - at(l, c, 0)));
+      a.push_back((at(l, c, 7) - at(l, c, 6)) * nspc);
+      it.push_back((at(l, c, 8) - at(l, c, 7)) * nspc);
+      e.push_back((at(l, c, 9) - at(l, c, 8)) * nspc);
+    }
+    rel.push_back(static_cast<double>(first_wait) - static_cast<double>(prev_end));
+    wait.push_back(median(wt));
+    acts.push_back(median(a));
+    items.push_back(median(it));
+    items_max.push_back(*std::max_element(it.begin(), it.end()));
+    epi.push_back(median(e));
+    spread.push_back(static_cast<double>(last_items - first_items));
+    period.push_back(static_cast<double>(last_end) - static_cast<double>(prev_end));
+  }
+  char buf[400];
+  std::snprintf(buf, sizeof(buf),
+                "stamps (us, median of layers 2..%d): period %.2f; release after prev end %.2f; "
+                "entry->waited %.2f; act copy %.2f; items med %.2f max %.2f; item-end spread "
+                "%.2f; epilogue %.2f (%.3f ns/cycle)",
+                kLayers, median(period) / 1e3, median(rel) / 1e3, median(wait) / 1e3,
+                median(acts) / 1e3, median(items) / 1e3, median(items_max) / 1e3,
+                median(spread) / 1e3, median(epi) / 1e3, nspc);
+  return buf;
+}
+
 class DecodeStreamBench : public BenchCase {
  public:
   std::string name() const override { return "linear.decode_stream"; }
@@ -303,6 +362,9 @@ class DecodeStreamBench : public BenchCase {
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
     for (int64_t M : {int64_t{1}, int64_t{16}}) {
+      if (!env.shape_selected(std::to_string(M) + "x" + std::to_string(K) + "->" +
+                              std::to_string(N) + " bf16"))
+        continue;
       const double base = bf16_stream_ms(env, M, N, K);
       DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
       DeviceTensor codes = make_empty(Device::cuda, DType::i8, {M, K});
@@ -383,6 +445,8 @@ class DecodeStreamBench : public BenchCase {
         // rotation, the cooperative rotation (run 19: 16 % slower as a cooperative launch), two
         // CTAs per SM, the M 8 / 9 rows (docs/linear-gpu.md, "Session 8"). The probe row is the
         // same stream of read-only kernels: the ceiling.
+        // Each GEMV row also runs the stream once more with phase stamps (DecodeParams::stamps):
+        // the per-layer timeline in its note.
         for (const V& v :
              {V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
@@ -446,6 +510,29 @@ class DecodeStreamBench : public BenchCase {
                                 : "bit-identical to the default";
             }
             if (!v.rotate && !v.fused) r.note = "GEMV only: not the layer";
+            // One more stream with phase stamps (untimed): the timeline in the note.
+            {
+              int sms = 0, dev = 0;
+              ok(cudaGetDevice(&dev), "device");
+              ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+              const int grid = static_cast<int>(std::min<int64_t>(sms, (N + 15) / 16));
+              const int64_t words = static_cast<int64_t>(kLayers) * grid * cl::kTilesStampWords;
+              DeviceTensor st = make_empty(Device::cuda, DType::u8, {words * 8});
+              for (int l = 0; l < kLayers; ++l) {
+                cl::DecodeParams p = dl;
+                p.tiles = static_cast<const uint8_t*>(tiles[l].view.data);
+                p.stamps = static_cast<uint64_t*>(st.view.data) +
+                           static_cast<int64_t>(l) * grid * cl::kTilesStampWords;
+                if (v.rotate) cl::rotate_quantize(rp, s);
+                cl::decode_tiles(p, s);
+              }
+              std::vector<uint64_t> hs(static_cast<size_t>(words));
+              ok(cudaMemcpyAsync(hs.data(), st.view.data, static_cast<size_t>(words * 8),
+                                 cudaMemcpyDeviceToHost, s),
+                 "copy");
+              ok(cudaStreamSynchronize(s), "synchronize");
+              r.note += (r.note.empty() ? "" : "; ") + stamp_note(hs, grid);
+            }
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
           }
@@ -466,6 +553,9 @@ class DecodeStreamBench : public BenchCase {
     namespace cl = cuda::linear;
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     for (int64_t M : {int64_t{1}, int64_t{16}}) {
+      if (!env.shape_selected(std::to_string(M) + "x" + std::to_string(K) + "->" +
+                              std::to_string(N) + " bf16"))
+        continue;
       const double base = bf16_stream_ms(env, M, N, K);
       DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
       DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);

@@ -24,8 +24,11 @@
 //     warps split its items evenly, whatever K, and add their partial sums of a tile into shared
 //     memory with integer atomics (exact in any order); one barrier, then the epilogue
 //     (apply_epilogue: the prefill path's fp32 order);
-//   - the activations: codes from the rotate kernel, or (M <= 2) x rotated + quantized by every
-//     CTA itself with the register rotate kernel's arithmetic (linear_rotate.cuh): the same bits.
+//   - the activations: codes from the rotate kernel (one bulk copy per row on one mbarrier, so
+//     the CTA does not also wait for its ring's first items; comfy row sums one warp per row), or
+//     (M <= 2) x rotated + quantized by every CTA itself with the register rotate kernel's
+//     arithmetic (linear_rotate.cuh): the same bits. The epilogue's operands are staged in shared
+//     memory during the prologue (session 16: docs/linear-gpu.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -79,6 +82,16 @@ struct TilesLayout {
   int ring_off = 0;       // the warps' rings
   int depth = kTilesDepth;  // ring slots per warp (the kernel instance's D)
   int64_t smem = 0;
+};
+
+// The epilogue's operands, staged in shared memory by the prologue.
+struct TilesEpilogueOps {
+  void* out;
+  int32_t* acc_out;
+  int64_t ldo;
+  DType out_dtype;
+  bool has_wts;
+  float wts;  // *w_tensor_scale (1 when null)
 };
 
 using ptx::cp_async16;
@@ -227,36 +240,30 @@ __device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, uint8_t*
   }
 }
 
-// The M activation rows' int8 codes from p.a (written by the preceding kernel: call after
-// griddepcontrol.wait) into shared memory (`act`, row stride act_stride bytes): every row's 16-byte pieces in flight at once (cp.async.cg: L2,
-// coherent; no registers) instead of M dependent load -> store rounds (M L2 round trips at
-// M = 16). Comfy: adds each row's code sum to s_asum[m] (zeroed and synchronized by the caller)
-// from the thread's own pieces once they landed. The caller synchronizes before reading act.
+// Comfy: the code sum of activation row m = warp (M <= 16 = kTilesWarps rows in shared memory,
+// landed and visible to every thread) into s_asum[m]: each warp sums its row's 16-byte pieces
+// (independent loads, one reduction, a plain store). H200 session 16: the earlier loop over the
+// rows (each thread its own pieces, a reduction and a shared atomic per row, rows in series) took
+// ~4 us of the 16 x 5120 -> 13824 layer's ~19.
 template <int KIND, int THREADS>
-__device__ __forceinline__ void tiles_copy_codes(const DecodeParams& p, uint8_t* act,
-                                                 int act_stride, int32_t* s_asum) {
-  const int lane = threadIdx.x & 31;
-  const int M = static_cast<int>(p.M);
+__device__ __forceinline__ void tiles_act_sums(const DecodeParams& p, const uint8_t* act,
+                                               int act_stride, int32_t* s_asum) {
+  static_assert(THREADS / 32 >= 16, "one warp per activation row");
+  if (KIND != kTilesComfy) return;
+  const int lane = threadIdx.x & 31, m = threadIdx.x >> 5;
+  if (m >= static_cast<int>(p.M)) return;
   const int per_row = static_cast<int>(p.w.K / 16);
-  for (int m = 0; m < M; ++m)
-    for (int c = threadIdx.x; c < per_row; c += THREADS)
-      cp_async16(smem_u32(act + m * act_stride + c * 16), p.a + m * p.lda + c * 16);
-  cp_async_commit();
-  cp_async_wait<0>();
-  if (KIND == kTilesComfy) {
-    for (int m = 0; m < M; ++m) {
-      int32_t sum = 0;
-      for (int c = threadIdx.x; c < per_row; c += THREADS) {
-        const uint4 v = *reinterpret_cast<const uint4*>(act + m * act_stride + c * 16);
-        sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
-        sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
-        sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
-        sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
-      }
-      sum = __reduce_add_sync(0xffffffffu, sum);
-      if (lane == 0 && sum != 0) atomicAdd(&s_asum[m], sum);
-    }
+  const uint8_t* row = act + m * act_stride;
+  int32_t sum = 0;
+  for (int c = lane; c < per_row; c += 32) {
+    const uint4 v = *reinterpret_cast<const uint4*>(row + c * 16);
+    sum = __dp4a(static_cast<int>(v.x), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(v.y), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(v.z), 0x01010101, sum);
+    sum = __dp4a(static_cast<int>(v.w), 0x01010101, sum);
   }
+  sum = __reduce_add_sync(0xffffffffu, sum);
+  if (lane == 0) s_asum[m] = sum;
 }
 
 // KIND: kTilesComfy / kTilesInt4. NT: n8 tiles of activation rows (1: M <= 8, 2: M <= 16).
@@ -274,9 +281,25 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
   __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
+  // The epilogue's operands (staged in the prologue) and the activation copy's barrier.
+  __shared__ TilesEpilogueOps s_epi;
+  __shared__ __align__(8) uint64_t s_act_bar;
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
+  // Bench-only phase stamps (DecodeParams::stamps): thread 0 of each CTA.
+  uint64_t* const stamps =
+      p.stamps && threadIdx.x == 0 ? p.stamps + blockIdx.x * kTilesStampWords : nullptr;
+  auto stamp = [&](int phase) {
+    if (stamps) {
+      uint64_t gt, ck;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+      asm volatile("mov.u64 %0, %%clock64;" : "=l"(ck));
+      stamps[phase] = gt;
+      stamps[5 + phase] = ck;
+    }
+  };
+  stamp(kStampEntry);
   const int M = static_cast<int>(p.M);
   const int64_t N = p.w.N;
   const int64_t T = L.tiles, G = gridDim.x, b = blockIdx.x;
@@ -331,16 +354,56 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     s_ws[i] = ws;
     s_bias[i] = bias;
   }
+  // The epilogue's other operands into shared memory now (layer parameters, not written by the
+  // preceding kernel), so the epilogue reads no parameter or global memory: H200 session 16, the
+  // epilogue phase of a 16 x 5120 -> 13824 layer 2.0 -> 1.75 us.
+  if (threadIdx.x == 0) {
+    s_epi.out = p.out;
+    s_epi.acc_out = p.acc_out;
+    s_epi.ldo = p.ldo;
+    s_epi.out_dtype = p.out_dtype;
+    s_epi.has_wts = p.ep.w_tensor_scale != nullptr;
+    s_epi.wts = p.ep.w_tensor_scale ? *p.ep.w_tensor_scale : 1.f;
+    if constexpr (!kFused) {
+      ptx::mbar_init(smem_u32(&s_act_bar), 1);
+      ptx::mbar_fence_init();
+    }
+  }
   ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
+  stamp(kStampWaited);
   __syncthreads();
   Epilogue ep = p.ep;
   if constexpr (kFused) {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself
     tiles_rotate_reg<KIND, kTilesThreads, XT>(p, act, L.act_stride, s_scale, s_amax, s_asum);
     ep.a_scale = s_scale;  // a generic pointer into shared memory
   } else {
-    tiles_copy_codes<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
+    // The M activation scales (the preceding kernel's) into s_scale: loaded before the copy's
+    // wait, stored after it.
+    float a_scale = 1.f;
+    if (p.ep.a_scale && threadIdx.x < M) a_scale = p.ep.a_scale[threadIdx.x];
+    // The M activation rows (the preceding kernel's codes) as one bulk copy per row (warp 0, lane
+    // m) completing on s_act_bar, so the CTA waits for these bytes only. (A cp.async copy's
+    // wait_group 0 also waited for the ring's first items, committed before: H200 session 16,
+    // the copy phase of a 16 x 5120 -> 13824 int4 layer 2.6 -> 1.9 us.) The row bytes (K, a
+    // multiple of 128) and both addresses are 16-byte multiples (decode_tiles_applies, act_stride);
+    // M x K fits in shared memory, far below the barrier's 2^20 - 1 transaction bytes.
+    const uint32_t bar = smem_u32(&s_act_bar);
+    const uint32_t row_bytes = static_cast<uint32_t>(p.w.K);
+    if (warp == 0) {
+      if (lane == 0) ptx::mbar_arrive_expect_tx(bar, row_bytes * static_cast<uint32_t>(M));
+      __syncwarp();
+      if (lane < M)
+        ptx::bulk_g2s(smem_u32(act + lane * L.act_stride), p.a + lane * p.lda, row_bytes, bar);
+    }
+    ptx::mbar_wait_bounded(bar, 0);
+    tiles_act_sums<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
+    if (p.ep.a_scale) {
+      if (threadIdx.x < M) s_scale[threadIdx.x] = a_scale;
+      ep.a_scale = s_scale;
+    }
   }
   __syncthreads();
+  stamp(kStampActs);
 
   // B operands: activation row (token) gid (+ 8) of the n8 tile; rows >= M read row M - 1 (they
   // only feed output columns that are never stored).
@@ -433,26 +496,43 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   }
   cp_async_wait<0>();
   __syncthreads();
+  stamp(kStampItems);
 
-  // Epilogue of the CTA's columns [16 t0, 16 t1): apply_epilogue's arithmetic and order, w_scale
-  // and bias from shared memory.
+  // Epilogue of the CTA's columns [16 t0, 16 t1).
   const int cols = ntl * 16;
-  for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
-    const int tok = idx / cols, c = idx - tok * cols;
-    const int64_t col = 16 * t0 + c;
-    if (col >= N) continue;
-    int32_t sum = part[c * M + tok];
-    if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
-    if (p.acc_out) {
-      p.acc_out[tok * p.ldo + col] = sum;
-    } else {
-      float v = static_cast<float>(sum);
-      if (ep.a_scale) v = __fmul_rn(v, ep.a_scale[tok]);
-      if (ep.w_scale) v = __fmul_rn(v, s_ws[c]);
-      if (ep.w_tensor_scale) v = __fmul_rn(v, *ep.w_tensor_scale);
-      if (ep.bias) v = __fadd_rn(v, s_bias[c]);
-      store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
+  {
+    // apply_epilogue's arithmetic and order, every operand from shared memory.
+    void* const out = s_epi.out;
+    int32_t* const acc_out = s_epi.acc_out;
+    const int64_t ldo = s_epi.ldo;
+    const DType out_dtype = s_epi.out_dtype;
+    const bool has_wts = s_epi.has_wts;
+    const float wts = s_epi.wts;
+    const bool has_as = ep.a_scale != nullptr, has_ws = ep.w_scale != nullptr,
+               has_bias = ep.bias != nullptr;
+    for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
+      const int tok = idx / cols, c = idx - tok * cols;
+      const int64_t col = 16 * t0 + c;
+      if (col >= N) continue;
+      int32_t sum = part[c * M + tok];
+      if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
+      if (acc_out) {
+        acc_out[tok * ldo + col] = sum;
+      } else {
+        float v = static_cast<float>(sum);
+        if (has_as) v = __fmul_rn(v, s_scale[tok]);
+        if (has_ws) v = __fmul_rn(v, s_ws[c]);
+        if (has_wts) v = __fmul_rn(v, wts);
+        if (has_bias) v = __fadd_rn(v, s_bias[c]);
+        store2(out, out_dtype, tok * ldo + col, v, 0.f, false, false);
+      }
     }
+  }
+  stamp(kStampEnd);
+  if (stamps) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    stamps[10] = sm;
   }
 #else
   __trap();  // launched on sm_90 only (decode_tiles_applies)

@@ -53,9 +53,10 @@ bool decode_tiles_applies(const DecodeParams& d);
 // as a cooperative launch 16 % slower than rotate kernel + GEMV), two CTAs per SM, the next layer's
 // weight prefetched into L2 before the wait (with or without two CTAs per SM: run 26, 7-25 %
 // slower); session 11 (run 33, all bit-identical, all slower at M 16): X - Y merged per byte in one
-// s8 mma set, the activation codes as bulk pieces with one mbarrier each, the ring items as bulk
-// copies, row flags from the rotate kernel instead of griddepcontrol.wait, activation pieces
-// multicast in clusters of 2; the early trigger is always on.
+// s8 mma set, the activation codes as <= 8 bulk pieces with one mbarrier each (items waiting per
+// piece; session 16's one barrier for all rows, waited once, is the default since), the ring
+// items as bulk copies, row flags from the rotate kernel instead of griddepcontrol.wait,
+// activation pieces multicast in clusters of 2; the early trigger is always on.
 struct DecodeTilesTuning {
   // The largest M (at most kTilesFuseLimit) for which QuantizedLinear::forward runs the fused
   // mode: no rotate kernel, every CTA rotates + quantizes x after its first weight requests (one
@@ -69,6 +70,13 @@ struct DecodeTilesTuning {
 // serialization (weights stream before griddepcontrol.wait; griddepcontrol.launch_dependents
 // right after the first weight requests).
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
+// Phase stamps of the tiled GEMV (bench only: DecodeParams::stamps, kTilesStampWords per CTA):
+// thread 0's %globaltimer (ns, one clock for every SM) at entry, after griddepcontrol.wait, once
+// the activations are in shared memory (after the barrier), once every warp's items are done
+// (after the barrier) and at the end of its epilogue share; then %clock64 at the same five points
+// (cycles of the SM), and the SM id.
+constexpr int kTilesStampWords = 11;
+enum TilesStamp : int { kStampEntry = 0, kStampWaited, kStampActs, kStampItems, kStampEnd };
 // The tuning QuantizedLinear::forward uses: DecodeTilesTuning{} unless a test set another one.
 DecodeTilesTuning layer_tiles_tuning();
 // Test hook (harness cases of the layer's paths through the public layer): the tuning the layer

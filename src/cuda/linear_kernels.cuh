@@ -200,6 +200,9 @@ struct DecodeParams {
   // Streaming kernel: one CTA per 8 output columns (the round-1 grid) instead of the resident
   // grid; for A/B bench rows, same bits.
   bool one_tile_per_cta = false;
+  // Bench only (decode_tiles; null in the library): per CTA, kTilesStampWords uint64 of phase
+  // stamps (linear_decode_tiles.cuh), for the timeline of a stream of layers.
+  uint64_t* stamps = nullptr;
 };
 // Sets d's epilogue and output for contiguous rows (the bench rows build their DecodeParams
 // beside rotate_quant_rows' parameters): w_scale (N) fp32, bias (N) bias_dtype or null, out

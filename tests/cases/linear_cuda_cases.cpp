@@ -407,6 +407,11 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     two.fuse_max_m = 0;
     add("two_kernels", two, QType::convrot_int4, 1, 5000, 1280, DType::bf16, true);
     add("two_kernels", two, QType::convrot_comfy_w4a4, 2, 264, 768, DType::f16, false);
+    // Session 16 (activation rows as bulk copies, warp-per-row comfy sums, epilogue operands in
+    // shared memory): more two-kernel shapes, M 9 / 12 (two n8 tiles, 6 slots) and M 1 (f16).
+    add("default", def, QType::convrot_int4, 9, 4104, 5120, DType::bf16, false);
+    add("default", def, QType::convrot_comfy_w4a4, 12, 1032, 1280, DType::bf16, true);
+    add("two_kernels", two, QType::convrot_comfy_w4a4, 1, 1032, 768, DType::f16, false);
   }
 #endif
 
