@@ -76,13 +76,19 @@ struct TilesLayout {
   int64_t tiles = 0;      // ceil(N / 16)
   int ipt = 0;            // items per tile, K / 128
   int act_stride = 0;     // bytes between activation rows in shared memory (= 64 mod 128)
-  int part_off = 0;       // int32 partial sums (tiles per CTA x 16 x M)
+  int part_off = 0;       // int32 partial sums (tiles per CTA x 16 columns x part_stride(M))
   int epi_off = 0;        // fp32 w_scale and bias of the CTA's columns (2 x epi_n)
   int epi_n = 0;          // tiles per CTA x 16
   int ring_off = 0;       // the warps' rings
   int depth = kTilesDepth;  // ring slots per warp (the kernel instance's D)
   int64_t smem = 0;
 };
+
+// Words between the partial sums of two columns in shared memory: M rounded up to odd, so the
+// epilogue's reads part[c * stride + tok] of 32 consecutive columns c hit 32 distinct banks (a
+// stride of M = 16 put them on 2 banks: 16-way conflicts). The atomics' pattern (8 columns x 4
+// token pairs per instruction) is at most 2-way at any M.
+__host__ __device__ constexpr int part_stride(int M) { return M | 1; }
 
 // The epilogue's operands, staged in shared memory by the prologue.
 struct TilesEpilogueOps {
@@ -340,7 +346,8 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
 
   // Partial sums and activation sums start at zero; the epilogue's per-column operands (layer
   // parameters, not written by the preceding kernel) are fetched now, off the critical path.
-  for (int i = threadIdx.x; i < ntl * 16 * M; i += kTilesThreads) part[i] = 0;
+  const int ps = part_stride(M);
+  for (int i = threadIdx.x; i < ntl * 16 * ps; i += kTilesThreads) part[i] = 0;
   if (threadIdx.x < 16) s_asum[threadIdx.x] = 0;
   float* s_ws = reinterpret_cast<float*>(dsm + L.epi_off);
   float* s_bias = s_ws + L.epi_n;
@@ -487,7 +494,7 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
           const int row = gid + 8 * (r >> 1), tok = 8 * nt + 2 * tid4 + (r & 1);
           const int32_t v = KIND == kTilesComfy ? acc0[nt][r] + (acc1[nt][r] >> 4)
                                                 : acc0[nt][r] - acc1[nt][r];
-          if (tok < M) atomicAdd(&part[(tl * 16 + row) * M + tok], v);
+          if (tok < M) atomicAdd(&part[(tl * 16 + row) * ps + tok], v);
           acc0[nt][r] = acc1[nt][r] = 0;
         }
       }
@@ -514,7 +521,7 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       const int tok = idx / cols, c = idx - tok * cols;
       const int64_t col = 16 * t0 + c;
       if (col >= N) continue;
-      int32_t sum = part[c * M + tok];
+      int32_t sum = part[c * ps + tok];
       if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
       if (acc_out) {
         acc_out[tok * ldo + col] = sum;
@@ -562,7 +569,7 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid, int64_t max_smem) {
   int64_t off = (d.M * L.act_stride + 127) / 128 * 128;
   L.part_off = static_cast<int>(off);
   const int64_t tiles_per_cta = (L.tiles + grid - 1) / grid;
-  off += (tiles_per_cta * 16 * d.M * 4 + 127) / 128 * 128;
+  off += (tiles_per_cta * 16 * part_stride(static_cast<int>(d.M)) * 4 + 127) / 128 * 128;
   L.epi_off = static_cast<int>(off);
   L.epi_n = static_cast<int>(tiles_per_cta * 16);
   off += (2 * tiles_per_cta * 16 * 4 + 127) / 128 * 128;
