@@ -460,14 +460,23 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
 // byte becomes (0x80 - m) ^ 0x80 = -m mod 256 (0x80 - m in [1, 0x80] for m <= 127: no borrow
 // between bytes; m = 0 gives 0). v = -0 and a NaN never reach this (a NaN or inf |v| makes the
 // scale non-finite: the caller's other paths).
+// The premise of the conversion-free codes below: a scale in [2^-126, 2^126] (normal, with a
+// normal reciprocal); then r = its reciprocal (the one div.full.f32 uses). False: the caller runs
+// quantize_n instead.
+template <bool LEAN>
+__device__ __forceinline__ bool fq_reciprocal(float scale, float& r) {
+  const float as = fabsf(scale);
+  if (!(as >= 0x1p-126f && as <= 0x1p126f)) return false;
+  r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
+  return true;
+}
 template <int N, bool LEAN>
 __device__ __forceinline__ void quantize_fq_n(const float* v, float scale, uint32_t* out) {
-  const float as = fabsf(scale);
-  if (!(as >= 0x1p-126f && as <= 0x1p126f)) {
+  float r;
+  if (!fq_reciprocal<LEAN>(scale, r)) {
     quantize_n<N, LEAN>(v, scale, out);
     return;
   }
-  const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
   constexpr uint32_t H = 0x80808080u;
 #pragma unroll
   for (int k = 0; k < N / 4; ++k) {
@@ -510,12 +519,11 @@ __device__ __forceinline__ uint32_t sign_or(uint32_t s, uint32_t k) {
 }
 template <int N, bool LEAN>
 __device__ __forceinline__ void quantize_fqs_n(const float* v, float scale, uint32_t* out) {
-  const float as = fabsf(scale);
-  if (!(as >= 0x1p-126f && as <= 0x1p126f)) {
+  float r;
+  if (!fq_reciprocal<LEAN>(scale, r)) {
     quantize_n<N, LEAN>(v, scale, out);
     return;
   }
-  const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
   constexpr uint32_t kMagic = 0x4b000100u;  // 2^23 + 256
 #pragma unroll
   for (int k = 0; k < N / 4; ++k) {
