@@ -6,13 +6,7 @@
 #include <cstdint>
 
 #include "lowbit/linear.h"
-
-// Hot CPU loops are compiled twice (AVX2 and the baseline), picked at load time (GCC, x86-64).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define LOWBIT_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define LOWBIT_CLONES
-#endif
+#include "src/cpu/cpu_clones.h"
 
 namespace lowbit {
 namespace cpu {

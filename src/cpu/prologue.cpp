@@ -1,6 +1,8 @@
 // CPU attention prologue (SPEC §1): the oracle. Plain loops over rows; each row goes through
 // norm -> rope -> mean exactly in the order SPEC §1 writes, in fp32 with IEEE rounding. Threads
-// split the (batch, head, block) units.
+// split the (batch, head, block) units (the fused k path: (batch, head), whose rows it computes
+// once for the mean and the codes). The row loops are compiled for x86-64-v3 too (cpu_clones.h:
+// std::fma as one instruction; the same bits).
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "src/core/convert_elem.h"
 #include "src/core/parallel.h"
 #include "src/core/prologue_internal.h"
+#include "src/cpu/cpu_clones.h"
 
 namespace lowbit {
 namespace cpu {
@@ -26,10 +29,29 @@ float round_to_dtype(float v, DType dt) {
 // carries 53 bits, and 1/sqrt of a float is never a float rounding midpoint.
 float rsqrt_rn(float s) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(s))); }
 
-// Sum of squares in the order documented at kNormChunk.
-float sum_of_squares(const float* x, int64_t D) {
+// n values of a row from `base` + off (dtype dt) as fp32, the dtype dispatched once per row.
+void load_row(const void* base, int64_t off, DType dt, int64_t n, float* out) {
+  switch (dt) {
+    case DType::f32: std::memcpy(out, static_cast<const float*>(base) + off, n * sizeof(float)); break;
+    case DType::bf16: {
+      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
+      for (int64_t c = 0; c < n; ++c) out[c] = dt::bf16_to_f32(p[c]);
+      break;
+    }
+    case DType::f16: {
+      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
+      for (int64_t c = 0; c < n; ++c) out[c] = dt::f16_to_f32(p[c]);
+      break;
+    }
+    default:
+      for (int64_t c = 0; c < n; ++c) out[c] = load_f32(base, off + c, dt);
+  }
+}
+
+// Sum of squares in the order documented at kNormChunk. `part` is scratch of D / kNormChunk
+// floats.
+float sum_of_squares(const float* x, int64_t D, float* part) {
   const int64_t chunks = D / kNormChunk;
-  std::vector<float> part(static_cast<size_t>(chunks));
   for (int64_t k = 0; k < chunks; ++k) {
     const float* c = x + k * kNormChunk;
     float s = c[0] * c[0];
@@ -41,43 +63,49 @@ float sum_of_squares(const float* x, int64_t D) {
   return part[0];
 }
 
-// v = rope(norm(x[b, n, h])) - mean[b, h] for one row (D channels), without sm_scale.
-// `y` and `x` are scratch of D floats each; the result is written to `v`.
-void row_values(const PrologueArgs& a, int64_t b, int64_t n, int64_t h, float* x, float* y,
-                float* v) {
+// Scratch of one thread for row_values: x, y, the norm weights (D floats each) and the sum of
+// squares' chunk partials.
+struct RowScratch {
+  explicit RowScratch(int64_t D)
+      : x(static_cast<size_t>(D)), y(static_cast<size_t>(D)), w(static_cast<size_t>(D)),
+        part(static_cast<size_t>(D / kNormChunk + 1)) {}
+  std::vector<float> x, y, w, part;
+  int64_t w_row = -1;  // the weight row held in w (-1: none yet)
+};
+
+// v = rope(norm(x[b, n, h])) - mean[b, h] for one row (D channels), without sm_scale, into `v`.
+// Per element the operations and their order are SPEC §1's; the row's loads are dispatched on
+// their dtype once per row (the norm weights once per weight row).
+LOWBIT_CLONES_FMA void row_values(const PrologueArgs& a, int64_t b, int64_t n, int64_t h,
+                                  RowScratch& s, float* v) {
   const int64_t D = a.dim;
-  const int64_t xo = b * a.x_sb + n * a.x_sn + h * a.x_sh;
-  for (int64_t c = 0; c < D; ++c) x[c] = load_f32(a.x, xo + c, a.x_dtype);
+  float* x = s.x.data();
+  float* y = s.y.data();
+  load_row(a.x, b * a.x_sb + n * a.x_sn + h * a.x_sh, a.x_dtype, D, x);
   if (a.norm) {
-    const float inv = rsqrt_rn(sum_of_squares(x, D) / static_cast<float>(D) + a.eps);
-    const int64_t wo = a.w_rows ? static_cast<int64_t>(a.w_rows[n * a.w_rows_s]) * a.w_sr : 0;
-    for (int64_t c = 0; c < D; ++c) {
-      const float w = load_f32(a.w, wo + c, a.w_dtype);
-      y[c] = round_to_dtype((x[c] * inv) * w, a.x_dtype);
+    const float inv =
+        rsqrt_rn(sum_of_squares(x, D, s.part.data()) / static_cast<float>(D) + a.eps);
+    const int64_t wr = a.w_rows ? static_cast<int64_t>(a.w_rows[n * a.w_rows_s]) : 0;
+    if (wr != s.w_row) {
+      load_row(a.w, wr * a.w_sr, a.w_dtype, D, s.w.data());
+      s.w_row = wr;
     }
+    const float* w = s.w.data();
+    for (int64_t c = 0; c < D; ++c) y[c] = round_to_dtype((x[c] * inv) * w[c], a.x_dtype);
   } else {
     std::memcpy(y, x, static_cast<size_t>(D) * sizeof(float));
   }
   std::memcpy(v, y, static_cast<size_t>(D) * sizeof(float));
   if (a.rotate) {
+    // Pair p: its leading channel (p, or 2p interleaved) and trailing one (p + pairs, or 2p + 1).
     const int64_t P = a.pairs;
     const int64_t ro = b * a.r_sb + n * a.r_sn;
-    for (int64_t c = 0; c < 2 * P; ++c) {
-      bool leading;
-      int64_t partner, pair;
-      if (a.interleaved) {
-        leading = c % 2 == 0;
-        partner = c ^ 1;
-        pair = c / 2;
-      } else {
-        leading = c < P;
-        partner = leading ? c + P : c - P;
-        pair = leading ? c : c - P;
-      }
-      const float cs = load_f32(a.rope, ro + pair * a.r_sp, a.r_dtype);
-      const float sn = load_f32(a.rope, ro + pair * a.r_sp + a.r_sc, a.r_dtype);
-      const float other = y[partner];
-      v[c] = leading ? std::fma(cs, y[c], -(sn * other)) : std::fma(sn, other, cs * y[c]);
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t lead = a.interleaved ? 2 * p : p, trail = a.interleaved ? 2 * p + 1 : p + P;
+      const float cs = load_f32(a.rope, ro + p * a.r_sp, a.r_dtype);
+      const float sn = load_f32(a.rope, ro + p * a.r_sp + a.r_sc, a.r_dtype);
+      v[lead] = std::fma(cs, y[lead], -(sn * y[trail]));
+      v[trail] = std::fma(sn, y[lead], cs * y[trail]);
     }
   }
   if (a.mean) {
@@ -111,41 +139,91 @@ int8_t quantize_code(float v, float scale) {
 // max that propagates NaN (a non-finite amax must reach the scale).
 float max_nan(float m, float a) { return (a > m || std::isnan(a)) ? a : m; }
 
+// v *= sm_scale over a row; returns max(m, max |v|) (NaN propagates).
+LOWBIT_CLONES_FMA float scale_row(float* v, int64_t D, float sm_scale, float m) {
+  for (int64_t c = 0; c < D; ++c) {
+    v[c] = v[c] * sm_scale;
+    m = max_nan(m, std::fabs(v[c]));
+  }
+  return m;
+}
+
+// The codes of a row at one scale.
+LOWBIT_CLONES_FMA void quantize_row(const float* v, int64_t D, float scale, int8_t* q) {
+  for (int64_t c = 0; c < D; ++c) q[c] = quantize_code(v[c], scale);
+}
+
+}  // namespace
+
+namespace {
+
+// Codes and scales of block `blk` of (b, h). row(n, v) writes v = rope(norm(x)) - mean of token
+// n (D floats); vs (block x D floats) and amax (groups floats) are scratch.
+template <typename RowFn>
+void quantize_block(const PrologueArgs& a, int64_t b, int64_t h, int64_t blk, float* vs,
+                    float* amax, RowFn&& row) {
+  const int64_t D = a.dim;
+  std::fill(amax, amax + a.groups, 0.f);
+  for (int r = 0; r < a.block; ++r) {
+    float* v = vs + r * D;
+    const int64_t n = blk * a.block + r;
+    if (n >= a.tokens) {  // rows past N are zero and never reach a scale
+      std::fill(v, v + D, 0.f);
+      continue;
+    }
+    row(n, v);
+    float& m = amax[group_of_row(a.layout, r)];
+    m = scale_row(v, D, a.sm_scale, m);
+  }
+  float* scale = a.scale + b * a.s_sb + h * a.s_sh + blk * a.groups;
+  for (int g = 0; g < a.groups; ++g) scale[g] = amax[g] / 127.f + a.scale_eps;
+  for (int r = 0; r < a.block; ++r) {
+    const int64_t n = blk * a.block + r;
+    if (n >= a.tokens) break;
+    const float sc = scale[group_of_row(a.layout, r)];
+    quantize_row(vs + r * D, D, sc, a.q + b * a.q_sb + n * a.q_sn + h * a.q_sh);
+  }
+}
+
+// The mean pass's partial sum of one 64-token block (SPEC §1.3): its rows added in token order,
+// from zero. row(n) returns rope(norm(x)) of token n (D floats).
+template <typename RowFn>
+void block_sum(const PrologueArgs& a, int64_t blk, float* sum, RowFn&& row) {
+  const int64_t D = a.dim;
+  std::fill(sum, sum + D, 0.f);
+  const int64_t n1 = std::min(a.tokens, (blk + 1) * kMeanBlockRows);
+  for (int64_t n = blk * kMeanBlockRows; n < n1; ++n) {
+    const float* v = row(n);
+    for (int64_t c = 0; c < D; ++c) sum[c] = sum[c] + v[c];
+  }
+}
+
+// The mean of one (b, h) from its blocks' sums (nblk x D): added in block order, divided by N.
+void finish_mean(const PrologueArgs& a, const float* sums, int64_t nblk, float* out) {
+  for (int64_t c = 0; c < a.dim; ++c) {
+    float t = 0.f;
+    for (int64_t k = 0; k < nblk; ++k) t = t + sums[k * a.dim + c];
+    out[c] = t / static_cast<float>(a.tokens);
+  }
+}
+
+// norm_rope_mean_quantize holds one (b, h)'s rows rope(norm(x)) (N x D floats) while it makes
+// the mean and the codes from them, up to this many floats per thread (64 MB); beyond, the two
+// passes each compute the rows (the same bits either way).
+constexpr int64_t kHeldRowsLimit = int64_t{1} << 24;
+
 }  // namespace
 
 void norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   const int64_t D = a.dim, units = a.batch * a.heads * a.n_blocks;
   parallel_for(units, 1, ctx, [&](int64_t begin, int64_t end) {
-    std::vector<float> xs(D), ys(D), vs(static_cast<size_t>(a.block * D));
-    std::vector<float> amax(static_cast<size_t>(a.groups));
+    RowScratch rs(D);
+    std::vector<float> vs(static_cast<size_t>(a.block * D)), amax(static_cast<size_t>(a.groups));
     for (int64_t u = begin; u < end; ++u) {
       const int64_t blk = u % a.n_blocks, h = (u / a.n_blocks) % a.heads;
       const int64_t b = u / (a.n_blocks * a.heads);
-      std::fill(amax.begin(), amax.end(), 0.f);
-      for (int r = 0; r < a.block; ++r) {
-        float* v = vs.data() + r * D;
-        const int64_t n = blk * a.block + r;
-        if (n >= a.tokens) {  // rows past N are zero and never reach a scale
-          std::fill(v, v + D, 0.f);
-          continue;
-        }
-        row_values(a, b, n, h, xs.data(), ys.data(), v);
-        float& m = amax[group_of_row(a.layout, r)];
-        for (int64_t c = 0; c < D; ++c) {
-          v[c] = v[c] * a.sm_scale;
-          m = max_nan(m, std::fabs(v[c]));
-        }
-      }
-      float* scale = a.scale + b * a.s_sb + h * a.s_sh + blk * a.groups;
-      for (int g = 0; g < a.groups; ++g) scale[g] = amax[g] / 127.f + a.scale_eps;
-      for (int r = 0; r < a.block; ++r) {
-        const int64_t n = blk * a.block + r;
-        if (n >= a.tokens) break;
-        const float s = scale[group_of_row(a.layout, r)];
-        int8_t* q = a.q + b * a.q_sb + n * a.q_sn + h * a.q_sh;
-        const float* v = vs.data() + r * D;
-        for (int64_t c = 0; c < D; ++c) q[c] = quantize_code(v[c], s);
-      }
+      quantize_block(a, b, h, blk, vs.data(), amax.data(),
+                     [&](int64_t n, float* v) { row_values(a, b, n, h, rs, v); });
     }
   });
 }
@@ -154,50 +232,68 @@ void norm_rope_mean(const PrologueArgs& a, Context& ctx) {
   const int64_t D = a.dim;
   const int64_t nblk = (a.tokens + kMeanBlockRows - 1) / kMeanBlockRows;
   const int64_t units = a.batch * a.heads * nblk;
-  // Partial sums of each 64-token block: rows added in token order.
   std::vector<float> partial(static_cast<size_t>(units * D));
   parallel_for(units, 1, ctx, [&](int64_t begin, int64_t end) {
-    std::vector<float> xs(D), ys(D), v(D);
+    RowScratch rs(D);
+    std::vector<float> v(D);
     for (int64_t u = begin; u < end; ++u) {
       const int64_t blk = u % nblk, h = (u / nblk) % a.heads, b = u / (nblk * a.heads);
-      float* s = partial.data() + u * D;
-      std::fill(s, s + D, 0.f);
-      const int64_t n1 = std::min(a.tokens, (blk + 1) * kMeanBlockRows);
-      for (int64_t n = blk * kMeanBlockRows; n < n1; ++n) {
-        row_values(a, b, n, h, xs.data(), ys.data(), v.data());
-        for (int64_t c = 0; c < D; ++c) s[c] = s[c] + v[c];
-      }
+      block_sum(a, blk, partial.data() + u * D, [&](int64_t n) {
+        row_values(a, b, n, h, rs, v.data());
+        return static_cast<const float*>(v.data());
+      });
     }
   });
-  // The blocks' sums in block order, divided by N.
   for (int64_t b = 0; b < a.batch; ++b)
-    for (int64_t h = 0; h < a.heads; ++h) {
-      float* out = a.mean_out + b * a.mo_sb + h * a.mo_sh;
-      const float* base = partial.data() + (b * a.heads + h) * nblk * D;
-      for (int64_t c = 0; c < D; ++c) {
-        float t = 0.f;
-        for (int64_t k = 0; k < nblk; ++k) t = t + base[k * D + c];
-        out[c] = t / static_cast<float>(a.tokens);
-      }
-    }
+    for (int64_t h = 0; h < a.heads; ++h)
+      finish_mean(a, partial.data() + (b * a.heads + h) * nblk * D, nblk,
+                  a.mean_out + b * a.mo_sb + h * a.mo_sh);
 }
 
-// The two passes one after the other: the oracle of the fused CUDA k path.
+// The oracle of the fused CUDA k path: norm_rope_mean, then norm_rope_quantize with that mean.
+// Per (b, h) the rows rope(norm(x)) are computed once and held for both steps (the same values,
+// sums and codes as the two calls), unless they exceed kHeldRowsLimit.
 void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx) {
   PrologueArgs m = a;
   m.mean = nullptr;  // the mean pass normalizes and rotates only
-  norm_rope_mean(m, ctx);
-  norm_rope_quantize(a, ctx);
+  const int64_t D = a.dim, N = a.tokens;
+  if (N * D > kHeldRowsLimit) {
+    norm_rope_mean(m, ctx);
+    norm_rope_quantize(a, ctx);
+    return;
+  }
+  const int64_t nblk = (N + kMeanBlockRows - 1) / kMeanBlockRows;
+  parallel_for(a.batch * a.heads, 1, ctx, [&](int64_t begin, int64_t end) {
+    RowScratch rs(D);
+    std::vector<float> rows(static_cast<size_t>(N * D)), sums(static_cast<size_t>(nblk * D));
+    std::vector<float> vs(static_cast<size_t>(a.block * D)), amax(static_cast<size_t>(a.groups));
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t h = u % a.heads, b = u / a.heads;
+      for (int64_t n = 0; n < N; ++n) row_values(m, b, n, h, rs, rows.data() + n * D);
+      for (int64_t blk = 0; blk < nblk; ++blk)
+        block_sum(a, blk, sums.data() + blk * D,
+                  [&](int64_t n) { return static_cast<const float*>(rows.data() + n * D); });
+      float* mean = a.mean_out + b * a.mo_sb + h * a.mo_sh;
+      finish_mean(a, sums.data(), nblk, mean);
+      // row_values' last step with the mean: v = y - mean.
+      for (int64_t blk = 0; blk < a.n_blocks; ++blk)
+        quantize_block(a, b, h, blk, vs.data(), amax.data(), [&](int64_t n, float* v) {
+          const float* y = rows.data() + n * D;
+          for (int64_t c = 0; c < D; ++c) v[c] = y[c] - mean[c];
+        });
+    }
+  });
 }
 
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
                      Context& ctx) {
   const int64_t D = a.dim, rows = a.batch * a.tokens * a.heads;
   parallel_for(rows, 16, ctx, [&](int64_t begin, int64_t end) {
-    std::vector<float> xs(D), ys(D), v(D);
+    RowScratch rs(D);
+    std::vector<float> v(D);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t h = i % a.heads, n = (i / a.heads) % a.tokens, b = i / (a.heads * a.tokens);
-      row_values(a, b, n, h, xs.data(), ys.data(), v.data());
+      row_values(a, b, n, h, rs, v.data());
       const int64_t o = b * o_sb + n * o_sn + h * o_sh;
       for (int64_t c = 0; c < D; ++c) store_f32(out, o + c, a.x_dtype, v[c]);
     }

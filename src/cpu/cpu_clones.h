@@ -1,0 +1,16 @@
+// Hot CPU loops compiled more than once and picked at load time (GCC, x86-64; elsewhere a single
+// baseline build). The arithmetic is written out and -ffp-contract=off holds for every clone, so
+// each clone gives the same bits: wider vectors change how many values an instruction handles, not
+// any rounding (std::fma is one rounding with or without the FMA unit).
+#pragma once
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// AVX2 and the baseline.
+#define LOWBIT_CLONES __attribute__((target_clones("avx2", "default")))
+// x86-64-v3 (AVX2 with FMA: std::fma inlined as one instruction instead of a libm call) and the
+// baseline.
+#define LOWBIT_CLONES_FMA __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define LOWBIT_CLONES
+#define LOWBIT_CLONES_FMA
+#endif
