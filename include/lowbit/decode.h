@@ -241,15 +241,26 @@ void merge_attention_backward(const TensorView* outs, const TensorView* lses, in
 // ---- the row codec (host and device; the CPU and CUDA backends share it bit for bit) ----------
 namespace kv {
 
-// Dequantized int4 value: code * scale + shift (the product is exact in fp32).
+// The fp16 scale (low half) and shift (high half) of an int4 coefficient word or an fp8
+// scale/shift word, as fp32.
+LOWBIT_HD float coef_scale(uint32_t coef) {
+  return dt::f16_to_f32(static_cast<uint16_t>(coef & 0xffffu));
+}
+LOWBIT_HD float coef_shift(uint32_t coef) { return dt::f16_to_f32(static_cast<uint16_t>(coef >> 16)); }
+// Dequantized int4 value: code * scale + shift (the product is exact in fp32); the _at form
+// takes the coefficient word's scale and shift already converted.
+LOWBIT_HD float int4_value_at(uint32_t code, float scale, float shift) {
+  return static_cast<float>(code) * scale + shift;
+}
 LOWBIT_HD float int4_value(uint32_t code, uint32_t coef) {
-  return static_cast<float>(code) * dt::f16_to_f32(static_cast<uint16_t>(coef & 0xffffu)) +
-         dt::f16_to_f32(static_cast<uint16_t>(coef >> 16));
+  return int4_value_at(code, coef_scale(coef), coef_shift(coef));
+}
+// Dequantized fp8 value: e4m3 * scale + shift (the product is exact in fp32).
+LOWBIT_HD float fp8_value_at(uint32_t byte, float scale, float shift) {
+  return dt::e4m3_to_f32(static_cast<uint8_t>(byte)) * scale + shift;
 }
 LOWBIT_HD float fp8_value(uint32_t byte, uint32_t scale_shift) {
-  return dt::e4m3_to_f32(static_cast<uint8_t>(byte)) *
-             dt::f16_to_f32(static_cast<uint16_t>(scale_shift & 0xffffu)) +
-         dt::f16_to_f32(static_cast<uint16_t>(scale_shift >> 16));
+  return fp8_value_at(byte, coef_scale(scale_shift), coef_shift(scale_shift));
 }
 LOWBIT_HD uint32_t pack_coef(uint16_t scale_f16, uint16_t shift_f16) {
   return static_cast<uint32_t>(scale_f16) | (static_cast<uint32_t>(shift_f16) << 16);

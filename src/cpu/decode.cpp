@@ -50,21 +50,26 @@ void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const
       for (int d = 0; d < D; ++d) out[d] = dt::bf16_to_f32(p[d]);
       break;
     }
-    case KvFormat::int4: {
+    case KvFormat::int4: {  // each group's scale and shift converted once
       const uint32_t* w = t.ptr<uint32_t>() + off;
       const int ng = c.n_groups, per = D / ng;
-      for (int d = 0; d < D; ++d) {
-        const uint32_t code = (w[ng + d / 8] >> (4 * (d % 8))) & 0xfu;
-        out[d] = kv::int4_value(code, w[d / per]);
+      for (int g = 0; g < ng; ++g) {
+        const float scale = kv::coef_scale(w[g]), shift = kv::coef_shift(w[g]);
+        for (int d = g * per; d < (g + 1) * per; ++d) {
+          const uint32_t code = (w[ng + d / 8] >> (4 * (d % 8))) & 0xfu;
+          out[d] = kv::int4_value_at(code, scale, shift);
+        }
       }
       break;
     }
-    case KvFormat::fp8: {
+    case KvFormat::fp8: {  // the row's scale and shift converted once
       const uint32_t* w = t.ptr<uint32_t>() + off;
       const uint32_t s = ss.ptr<uint32_t>()[c.paged() ? a.row(b, j) * ss.stride[0] + h * ss.stride[1]
                                                       : b * ss.stride[0] + j * ss.stride[1] +
                                                             h * ss.stride[2]];
-      for (int d = 0; d < D; ++d) out[d] = kv::fp8_value((w[d / 4] >> (8 * (d % 4))) & 0xffu, s);
+      const float scale = kv::coef_scale(s), shift = kv::coef_shift(s);
+      for (int d = 0; d < D; ++d)
+        out[d] = kv::fp8_value_at((w[d / 4] >> (8 * (d % 4))) & 0xffu, scale, shift);
       break;
     }
   }
