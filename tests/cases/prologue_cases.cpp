@@ -247,6 +247,23 @@ class PrologueCase : public Case {
 LOWBIT_HARNESS_CASES(prologue_cases) {
   auto add = [&](const Cfg& c) { cases.push_back(std::make_unique<PrologueCase>(c)); };
   const float q_scale = 0.08838835f * 1.44269504f;  // 1/sqrt(128) * log2(e)
+  // The q kernels' three configurations (tags t + "split" / "inter" / "plain") on q's tuning
+  // knobs: THREAD_Q 32 at N tokens, 11 heads (odd: the last pair's second head absent) or the
+  // Flux grid's 24 at 4608, B 2 (1 at 4608), from a fused QKV buffer; split-half rope with
+  // sm_scale 1/sqrt(128) log2(e); interleaved rope, f16 into a padded q_out, f32 weights,
+  // sm_scale 1; no rope, no norm, bf16, scale_eps 0, sm_scale 0.75.
+  auto add_q_forms = [&](Cfg q, const std::string& t, int64_t N, int64_t D) {
+    q.tag = t + "split";
+    q.B = N == 4608 ? 1 : 2, q.N = N, q.H = N == 4608 ? 24 : 11, q.D = D, q.qkv = true;
+    q.sm_scale = q_scale;
+    add(q);
+    q.tag = t + "inter", q.dtype = DType::f16, q.rope = RopeKind::interleaved, q.q_pad = true;
+    q.w_dtype = DType::f32, q.sm_scale = 1.f;
+    add(q);
+    q.tag = t + "plain", q.rope = RopeKind::none, q.norm = Norm::none, q.q_pad = false;
+    q.dtype = DType::bf16, q.scale_eps = 0.f, q.sm_scale = 0.75f;
+    add(q);
+  };
   for (int64_t N : {1, 17, 127, 1000}) {
     for (int64_t D : {64, 128}) {
       // q path: norm + split-half rope + sm_scale, THREAD_Q, read from a fused QKV buffer.
@@ -375,26 +392,15 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     add(ms);  // one CTA along the tokens at D = 128 (33 rows < 3 steps of 16)
   }
   // Session 14: the round-5 q kernel (two rows per lane; quant_pair = kPairOn) and the round-3
-  // one forced ("q3"): THREAD_Q 32 at the odd token counts, D 64 / 128, 11 heads (odd: the last
-  // pair's second head absent) and 24 (the Flux grid), B 2, from a fused QKV buffer, sm_scale
-  // 1 / non-power-of-two, split-half / interleaved rope, no rope, no norm, f16 into a padded q_out,
-  // scale_eps 0.
+  // one forced ("q3"), in add_q_forms' three configurations at the odd token counts (the round-3
+  // one at N = 1000 only), D 64 / 128.
   for (int pr : {detail::kPairOn, detail::kPairOff})
     for (int64_t N : {1, 17, 127, 1000, 4608})
       for (int64_t D : {64, 128}) {
-        const std::string t = pr == detail::kPairOn ? "q5" : "q3";
         if (pr == detail::kPairOff && N != 1000) continue;
         Cfg q;
-        q.quant_pair = pr, q.tag = t + "split";
-        q.B = N == 4608 ? 1 : 2, q.N = N, q.H = N == 4608 ? 24 : 11, q.D = D, q.qkv = true;
-        q.sm_scale = q_scale;
-        add(q);
-        q.tag = t + "inter", q.dtype = DType::f16, q.rope = RopeKind::interleaved, q.q_pad = true;
-        q.w_dtype = DType::f32, q.sm_scale = 1.f;
-        add(q);
-        q.tag = t + "plain", q.rope = RopeKind::none, q.norm = Norm::none, q.q_pad = false;
-        q.dtype = DType::bf16, q.scale_eps = 0.f, q.sm_scale = 0.75f;
-        add(q);
+        q.quant_pair = pr;
+        add_q_forms(q, pr == detail::kPairOn ? "q5" : "q3", N, D);
       }
   // Session 16: the round-3 q kernel at 6 CTAs per SM ("q16o": quant_occ6, D = 128, the round-5
   // kernel off), the specialized kernels' codes with the sign in the magic number ("q16s": the
@@ -413,16 +419,7 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
         q.quant_occ6 = form == 0 || form == 2 ? detail::kOcc6On : detail::kOcc6Off;
         q.quant_codes = form == 0 ? detail::kCodesFq : detail::kCodesSigned;
         q.quant_pair = form == 3 ? detail::kPairOn : detail::kPairOff;
-        q.tag = t + "split";
-        q.B = N == 4608 ? 1 : 2, q.N = N, q.H = N == 4608 ? 24 : 11, q.D = D, q.qkv = true;
-        q.sm_scale = q_scale;
-        add(q);
-        q.tag = t + "inter", q.dtype = DType::f16, q.rope = RopeKind::interleaved, q.q_pad = true;
-        q.w_dtype = DType::f32, q.sm_scale = 1.f;
-        add(q);
-        q.tag = t + "plain", q.rope = RopeKind::none, q.norm = Norm::none, q.q_pad = false;
-        q.dtype = DType::bf16, q.scale_eps = 0.f, q.sm_scale = 0.75f;
-        add(q);
+        add_q_forms(q, t, N, D);
       }
   // Session 16: the k path (the specialized THREAD_K 64 quantize kernel) with the signed codes.
   for (int64_t N : {1, 17, 127, 1000, 4608})
