@@ -42,6 +42,11 @@ namespace {
 
 constexpr int kLayers = 8;
 
+// A row's shape, "M x K -> N" of the bf16 layer (what --shape selects on).
+std::string layer_shape(int64_t M, int64_t K, int64_t N) {
+  return std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) + " bf16";
+}
+
 void ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error("bench linear.decode_stream", what, cudaGetErrorString(e));
 }
@@ -256,8 +261,7 @@ void ceiling_rows(const Env& env, double base, std::vector<Row>& rows) {
       r.family = "linear";
       r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
              qtype_name(q) + ": read ceiling: " + names[v] + ", per layer";
-      r.shape = "1x" + std::to_string(K) + "->" + std::to_string(N) + " bf16 (" +
-                std::to_string(tb) + " B per layer)";
+      r.shape = layer_shape(1, K, N) + " (" + std::to_string(tb) + " B per layer)";
       r.backend = "cuda";
       r.bytes = static_cast<double>(tb);
       r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
@@ -301,8 +305,13 @@ void ceiling_rows(const Env& env, double base, std::vector<Row>& rows) {
 // epilogue (medians over CTAs, clock64 cycles converted with the run's ns per cycle), the spread
 // of the CTAs' item ends, the layer period.
 std::string stamp_note(const std::vector<uint64_t>& st, int grid) {
+  namespace cl = cuda::linear;
   auto at = [&](int l, int c, int w) {
-    return st[(static_cast<size_t>(l) * grid + c) * cuda::linear::kTilesStampWords + w];
+    return st[(static_cast<size_t>(l) * grid + c) * cl::kTilesStampWords + w];
+  };
+  // SM cycles of CTA c of layer l between two phases
+  auto cycles = [&](int l, int c, int from, int to) {
+    return static_cast<double>(at(l, c, cl::kStampClock + to) - at(l, c, cl::kStampClock + from));
   };
   auto median = [](std::vector<double> v) {
     if (v.empty()) return 0.0;
@@ -312,8 +321,8 @@ std::string stamp_note(const std::vector<uint64_t>& st, int grid) {
   double ns_sum = 0, cyc_sum = 0;
   for (int l = 0; l < kLayers; ++l)
     for (int c = 0; c < grid; ++c) {
-      ns_sum += static_cast<double>(at(l, c, 4) - at(l, c, 0));
-      cyc_sum += static_cast<double>(at(l, c, 9) - at(l, c, 5));
+      ns_sum += static_cast<double>(at(l, c, cl::kStampEnd) - at(l, c, cl::kStampEntry));
+      cyc_sum += cycles(l, c, cl::kStampEntry, cl::kStampEnd);
     }
   const double nspc = cyc_sum > 0 ? ns_sum / cyc_sum : 0;
   std::vector<double> rel, wait, acts, items, items_max, epi, spread, period;
@@ -321,15 +330,15 @@ std::string stamp_note(const std::vector<uint64_t>& st, int grid) {
     uint64_t prev_end = 0, first_wait = ~0ull, last_end = 0, first_items = ~0ull, last_items = 0;
     std::vector<double> a, it, e, wt;
     for (int c = 0; c < grid; ++c) {
-      prev_end = std::max(prev_end, at(l - 1, c, 4));
-      first_wait = std::min(first_wait, at(l, c, 1));
-      last_end = std::max(last_end, at(l, c, 4));
-      first_items = std::min(first_items, at(l, c, 3));
-      last_items = std::max(last_items, at(l, c, 3));
-      wt.push_back(static_cast<double>(at(l, c, 1) - at(l, c, 0)));
-      a.push_back((at(l, c, 7) - at(l, c, 6)) * nspc);
-      it.push_back((at(l, c, 8) - at(l, c, 7)) * nspc);
-      e.push_back((at(l, c, 9) - at(l, c, 8)) * nspc);
+      prev_end = std::max(prev_end, at(l - 1, c, cl::kStampEnd));
+      first_wait = std::min(first_wait, at(l, c, cl::kStampWaited));
+      last_end = std::max(last_end, at(l, c, cl::kStampEnd));
+      first_items = std::min(first_items, at(l, c, cl::kStampItems));
+      last_items = std::max(last_items, at(l, c, cl::kStampItems));
+      wt.push_back(static_cast<double>(at(l, c, cl::kStampWaited) - at(l, c, cl::kStampEntry)));
+      a.push_back(cycles(l, c, cl::kStampWaited, cl::kStampActs) * nspc);
+      it.push_back(cycles(l, c, cl::kStampActs, cl::kStampItems) * nspc);
+      e.push_back(cycles(l, c, cl::kStampItems, cl::kStampEnd) * nspc);
     }
     rel.push_back(static_cast<double>(first_wait) - static_cast<double>(prev_end));
     wait.push_back(median(wt));
@@ -362,9 +371,7 @@ class DecodeStreamBench : public BenchCase {
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     cudaStream_t s = static_cast<cudaStream_t>(env.ctx.cuda_stream);
     for (int64_t M : {int64_t{1}, int64_t{16}}) {
-      if (!env.shape_selected(std::to_string(M) + "x" + std::to_string(K) + "->" +
-                              std::to_string(N) + " bf16"))
-        continue;
+      if (!env.shape_selected(layer_shape(M, K, N))) continue;
       const double base = bf16_stream_ms(env, M, N, K);
       DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
       DeviceTensor codes = make_empty(Device::cuda, DType::i8, {M, K});
@@ -457,8 +464,7 @@ class DecodeStreamBench : public BenchCase {
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                  qtype_name(q) + ": " + v.name + ", per layer";
-          r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
-                    " bf16";
+          r.shape = layer_shape(M, K, N);
           r.backend = "cuda";
           r.bytes = layer_bytes;
           r.flops = 2.0 * M * N * K;
@@ -512,10 +518,7 @@ class DecodeStreamBench : public BenchCase {
             if (!v.rotate && !v.fused) r.note = "GEMV only: not the layer";
             // One more stream with phase stamps (untimed): the timeline in the note.
             {
-              int sms = 0, dev = 0;
-              ok(cudaGetDevice(&dev), "device");
-              ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
-              const int grid = static_cast<int>(std::min<int64_t>(sms, (N + 15) / 16));
+              const int grid = cl::tiles_grid(dl);
               const int64_t words = static_cast<int64_t>(kLayers) * grid * cl::kTilesStampWords;
               DeviceTensor st = make_empty(Device::cuda, DType::u8, {words * 8});
               for (int l = 0; l < kLayers; ++l) {
@@ -553,9 +556,7 @@ class DecodeStreamBench : public BenchCase {
     namespace cl = cuda::linear;
     const int64_t K = env.quick ? 1024 : 5120, N = env.quick ? 1024 : 13824;
     for (int64_t M : {int64_t{1}, int64_t{16}}) {
-      if (!env.shape_selected(std::to_string(M) + "x" + std::to_string(K) + "->" +
-                              std::to_string(N) + " bf16"))
-        continue;
+      if (!env.shape_selected(layer_shape(M, K, N))) continue;
       const double base = bf16_stream_ms(env, M, N, K);
       DeviceTensor x = make_tensor(Device::cuda, DType::bf16, {M, K}, 21);
       DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
@@ -598,8 +599,7 @@ class DecodeStreamBench : public BenchCase {
                  (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
                              : "layer defaults") +
                  "), per layer";
-          r.shape = std::to_string(M) + "x" + std::to_string(K) + "->" + std::to_string(N) +
-                    " bf16";
+          r.shape = layer_shape(M, K, N);
           r.backend = "cuda";
           r.flops = 2.0 * M * N * K;
           r.baseline = "cuBLASLt bf16 + bias, same stream of layers";

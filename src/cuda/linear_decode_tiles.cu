@@ -302,7 +302,7 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
       asm volatile("mov.u64 %0, %%clock64;" : "=l"(ck));
       stamps[phase] = gt;
-      stamps[5 + phase] = ck;
+      stamps[kStampClock + phase] = ck;
     }
   };
   stamp(kStampEntry);
@@ -539,7 +539,7 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   if (stamps) {
     uint32_t sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    stamps[10] = sm;
+    stamps[kStampSm] = sm;
   }
 #else
   __trap();  // launched on sm_90 only (decode_tiles_applies)
@@ -626,11 +626,6 @@ void tiles_smem(Kernel kernel, int64_t bytes) {
   limit = bytes;
 }
 
-int tiles_grid(const DecodeParams& d) {
-  const int64_t tiles = (d.w.N + 15) / 16;
-  return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
-}
-
 // Launches the GEMV with programmatic stream serialization (PDL).
 template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
@@ -691,6 +686,11 @@ __global__ void __launch_bounds__(kTilesThreads, 1)
 }
 
 }  // namespace
+
+int tiles_grid(const DecodeParams& d) {
+  const int64_t tiles = (d.w.N + 15) / 16;
+  return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
+}
 
 int decode_tiles_kind(const PackedWeightRef& w) {
   if (w.K % kItemCols != 0 || w.K > kTilesMaxK || w.N < 1) return kTilesNone;

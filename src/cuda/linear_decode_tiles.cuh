@@ -70,13 +70,17 @@ struct DecodeTilesTuning {
 // serialization (weights stream before griddepcontrol.wait; griddepcontrol.launch_dependents
 // right after the first weight requests).
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
+// The CTAs decode_tiles launches for d: one per multiprocessor, at most one per 16-column tile.
+int tiles_grid(const DecodeParams& d);
 // Phase stamps of the tiled GEMV (bench only: DecodeParams::stamps, kTilesStampWords per CTA):
 // thread 0's %globaltimer (ns, one clock for every SM) at entry, after griddepcontrol.wait, once
 // the activations are in shared memory (after the barrier), once every warp's items are done
-// (after the barrier) and at the end of its epilogue share; then %clock64 at the same five points
-// (cycles of the SM), and the SM id.
-constexpr int kTilesStampWords = 11;
+// (after the barrier) and at the end of its epilogue share (words 0 .. kStampPhases - 1); then
+// %clock64 at the same points (cycles of the SM; words kStampClock + phase), and the SM id (word
+// kStampSm).
 enum TilesStamp : int { kStampEntry = 0, kStampWaited, kStampActs, kStampItems, kStampEnd };
+constexpr int kStampPhases = kStampEnd + 1, kStampClock = kStampPhases, kStampSm = 2 * kStampPhases;
+constexpr int kTilesStampWords = kStampSm + 1;
 // The tuning QuantizedLinear::forward uses: DecodeTilesTuning{} unless a test set another one.
 DecodeTilesTuning layer_tiles_tuning();
 // Test hook (harness cases of the layer's paths through the public layer): the tuning the layer
