@@ -1647,25 +1647,22 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
-    if (pair && signed_codes)
-      launch(v5_quantize_pair_kernel<D, BF16, ROPE, true>);
-    else if (pair)
-      launch(v5_quantize_pair_kernel<D, BF16, ROPE, false>);
+    // The specialized kernels in their two code forms (the same signature): signed_codes picks.
+    if (pair)
+      launch(signed_codes ? v5_quantize_pair_kernel<D, BF16, ROPE, true>
+                          : v5_quantize_pair_kernel<D, BF16, ROPE, false>);
     else if (occ6) {  // D = 128 only (above)
-      if constexpr (D == 128) {
-        if (signed_codes)
-          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, true>);
-        else
-          launch(v3_quantize_kernel_occ6<D, BF16, ROPE, false>);
-      }
-    } else if (spec == kSpecQRows && signed_codes)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, true>);
-    else if (spec == kSpecQRows)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows>);
-    else if (spec == kSpecKRows && signed_codes)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows, true>);
+      if constexpr (D == 128)
+        launch(signed_codes ? v3_quantize_kernel_occ6<D, BF16, ROPE, true>
+                            : v3_quantize_kernel_occ6<D, BF16, ROPE, false>);
+    } else if (spec == kSpecQRows)
+      launch(signed_codes
+                 ? v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, true>
+                 : v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecQRows, false>);
     else if (spec == kSpecKRows)
-      launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows>);
+      launch(signed_codes
+                 ? v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows, true>
+                 : v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads, kSpecKRows, false>);
     else if (tight)
       launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads>);
     else
