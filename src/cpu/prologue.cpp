@@ -208,9 +208,10 @@ void finish_mean(const PrologueArgs& a, const float* sums, int64_t nblk, float* 
 }
 
 // norm_rope_mean_quantize holds one (b, h)'s rows rope(norm(x)) (N x D floats) while it makes
-// the mean and the codes from them, up to this many floats per thread (64 MB); beyond, the two
+// the mean and the codes from them, up to this many floats per thread (16 MB: every thread holds
+// one head, so a many-core host holds threads x 16 MB; Wan's 32760 x 128 fits); beyond, the two
 // passes each compute the rows (the same bits either way).
-constexpr int64_t kHeldRowsLimit = int64_t{1} << 24;
+constexpr int64_t kHeldRowsLimit = int64_t{1} << 22;
 
 }  // namespace
 
