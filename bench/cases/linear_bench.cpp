@@ -54,8 +54,9 @@ PackedWeight random_packed(QType q, int64_t o, int64_t k, uint64_t seed) {
 
 // Output relative error of the quantized layer vs the unquantized one: a real quantization of a
 // (256, K) slice, 8 rows of N(0, 1) input, reference in fp64 from the bf16-rounded input.
-std::string layer_accuracy(QType q, int64_t k, const Env& env) {
-  const int64_t o = 256, m = 8;
+// m: 8 (the decode kernels) or 32 (the prefill GEMM).
+std::string layer_accuracy(QType q, int64_t k, const Env& env, int64_t m = 8) {
+  const int64_t o = 256;
   DeviceTensor w = make_tensor(Device::cpu, DType::f32, {o, k}, 11, 1.f / std::sqrt(float(k)));
   DeviceTensor x = make_tensor(env.device, DType::bf16, {m, k}, 12);
   DeviceTensor out = make_empty(env.device, DType::bf16, {m, o});
@@ -131,7 +132,27 @@ class LayerBench : public BenchCase {
           r.bytes = 2.0 * s.m * s.k + 2.0 * s.m * s.n +
                     static_cast<double>(layer.weights().codes.numel()) * qtype_bits(q) / 8;
           r.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
-          r.accuracy = layer_accuracy(q, s.k, env);
+          r.accuracy = layer_accuracy(q, s.k, env, decode ? 8 : 32);
+#ifdef LOWBIT_WITH_CUDA
+          if (q == QType::convrot_fp8 && decode && env.device == Device::cuda) {
+            // Session 17: the decode default is the ring GEMV on the e4m3 codes; the same layer
+            // through cuBLASLt's fp8 GEMM (the path before): its time, accuracy, and how far the
+            // ring's output is from it.
+            const std::vector<float> ring = to_host_f32(out.view);
+            cuda::linear::DecodeTilesTuning t;
+            t.fp8_ring = false;
+            cuda::linear::set_layer_tiles_tuning(&t);
+            Row f = r;
+            f.op += ", cuBLASLt fp8 GEMM (fp8_ring off: the path before session 17)";
+            f.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
+            const std::vector<float> lt = to_host_f32(out.view);
+            f.accuracy = layer_accuracy(q, s.k, env, 8) + "; ring's output vs this: " +
+                         accuracy(ring, std::vector<double>(lt.begin(), lt.end())).str();
+            cuda::linear::set_layer_tiles_tuning(nullptr);
+            rows.push_back(r);
+            r = f;
+          }
+#endif
           if (q == QType::convrot_fp8 && !decode && env.device == Device::cuda) {
             // The same layer with cuBLASLt's full-precision accumulation (the default is fast
             // accumulation): its time, and how far the default's output is from it.

@@ -395,6 +395,13 @@ constexpr bool kUseRing = true;
 
 void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.w.N == 0) return;
+  if (p.e4m3) {  // e4m3 codes: the ring kernel only (the other kernels sum integers)
+    check::that(decode_ring_applies(p), "decode_gemv", "weight",
+                "e4m3 codes: expected the ring kernel's arguments (sm_90, K a multiple of 256, "
+                "M <= 16, 16-byte aligned codes, no integer output)");
+    decode_ring(p, stream);
+    return;
+  }
   // Session 4: the tiled kernel on the weight's device layout (p.tiles, 4-bit formats) first;
   // p.tiles = null (DecodeParams) selects the ring kernel below.
   if (!p.one_tile_per_cta && p.tiles && decode_tiles_applies(p)) {

@@ -20,6 +20,9 @@
 //     the table the streaming kernel uses and tests/unit/linear_lut_test.cpp replays), and feeds
 //     mma.sync m16n8k32 with the same columns of the activation rows: exact int32 sums, the
 //     prefill path's epilogue, the same output bits.
+//   - convrotfp8 (kRFp8, session 17): e4m3 weight and activation bytes through the int8 path's
+//     loads and mma.sync m16n8k32 .e4m3 with fp32 accumulators (the tensor cores' sums, within
+//     the layer's fp8 tolerance; the prefill path is cuBLASLt's fp8 GEMM).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -45,14 +48,16 @@ namespace linear {
 namespace {
 
 // Weight kinds (template argument).
-constexpr int kRComfy = 0, kRPacked4 = 1, kRInt8 = 2;
+constexpr int kRComfy = 0, kRPacked4 = 1, kRInt8 = 2, kRFp8 = 3;
+// One byte per weight (int8 codes, e4m3 bytes).
+__host__ __device__ constexpr bool byte_codes(int wf) { return wf == kRInt8 || wf == kRFp8; }
 // Columns of one K slice (one item covers rows x slice): 256 bytes per row for every kind.
-__host__ __device__ constexpr int slice_cols(int wf) { return wf == kRInt8 ? 256 : 512; }
+__host__ __device__ constexpr int slice_cols(int wf) { return byte_codes(wf) ? 256 : 512; }
 constexpr int kSliceBytes = 256;
 // Row stride inside a slot: the slice plus a pad that makes the 8 lanes of an LDS.128 phase
 // (rows gid, gid + 1, 4 lanes each) hit distinct 16-byte bank groups.
 __host__ __device__ constexpr int slot_row_stride(int wf) {
-  return kSliceBytes + (wf == kRInt8 ? 16 : 64);
+  return kSliceBytes + (byte_codes(wf) ? 16 : 64);
 }
 // Warps per CTA: tiles of 8 rows (NT = 1) with 16 warps, tiles of 16 rows (NT = 2) with 8.
 __host__ __device__ constexpr int ring_warps(int nt) { return nt == 1 ? 16 : 8; }
@@ -112,12 +117,14 @@ __device__ __forceinline__ void ring_lut_word(uint32_t word, const uint32_t lut[
 
 // DOT (M == 1, NT == 1): dp4a on the lane's own 32 columns instead of mma.sync (no operand
 // shuffling, no idle mma rows); the 4 lanes of a weight row add their sums at the tile's end.
-// HI (NT = 2, M > 8): the mma's A rows 8..15 are loaded.
+// HI (NT = 2, M > 8): the mma's A rows 8..15 are loaded. kRFp8: fp32 sums, never DOT.
 template <int WF, int NT, bool DOT>
 __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
     gemv_ring_kernel(DecodeParams p, RingLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr bool HI = NT == 2;
+  constexpr bool HI = NT == 2, FP8 = WF == kRFp8;
+  static_assert(!(FP8 && DOT), "e4m3 has no dp4a form");
+  using Acc = std::conditional_t<FP8, float, int32_t>;
   constexpr int W = ring_warps(NT), kThreads = W * 32, ROWS = 8 * NT;
   constexpr int KS = slice_cols(WF), J = KS / 128, RS = slot_row_stride(WF);
   __shared__ __align__(8) uint64_t bars[W * kMaxDepth];
@@ -206,8 +213,9 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   const bool out_even = (p.ldo % 2) == 0 && (reinterpret_cast<uintptr_t>(p.out) % 4) == 0;
 
   // Two accumulator sets (even / odd chunks): two independent mma chains per n8 tile instead of
-  // one chain of 4 J mma per item. Integer sums: the same total in any order.
-  int32_t acc[2][NT][4];
+  // one chain of 4 J mma per item. Integer sums: the same total in any order (fp8: the sets are
+  // added once, at the tile's end).
+  Acc acc[2][NT][4];
 #pragma unroll
   for (int u = 0; u < 2; ++u)
 #pragma unroll
@@ -241,7 +249,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
         const int r = gid + 8 * nt;  // weight row of the tile this lane feeds (mma column gid)
         const uint8_t* wrow = slot + r * RS;
         uint32_t wv[8];
-        if constexpr (WF == kRInt8) {
+        if constexpr (byte_codes(WF)) {
           const uint4 u0 = lds128(wrow + c * 32), u1 = lds128(wrow + c * 32 + 16);
           wv[0] = u0.x, wv[1] = u0.y, wv[2] = u0.z, wv[3] = u0.w;
           wv[4] = u1.x, wv[5] = u1.y, wv[6] = u1.z, wv[7] = u1.w;
@@ -260,7 +268,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // codes 8q .. 8q + 7 of the lane's 32
           uint32_t b0, b1;
-          if constexpr (WF == kRInt8) {
+          if constexpr (byte_codes(WF)) {
             b0 = wv[2 * q], b1 = wv[2 * q + 1];
           } else {
             ring_lut_word(wv[q], lut, &b0, &b1);
@@ -272,7 +280,10 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
                                        acc[j & 1][nt][0]);
           } else {
             const uint32_t a[4] = {lo_w[2 * q], hi_w[2 * q], lo_w[2 * q + 1], hi_w[2 * q + 1]};
-            mma_s8(acc[j & 1][nt], a, b0, b1);
+            if constexpr (FP8)
+              ptx::mma_e4m3(acc[j & 1][nt], a, b0, b1);
+            else
+              mma_s8(acc[j & 1][nt], a, b0, b1);
           }
         }
       }
@@ -310,14 +321,14 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
         for (int h = 0; h < 2; ++h) {
           const int row = gid + 8 * h;
           const int lc = nt * 8 + 2 * tid4;
-          const int32_t sum0 = acc[0][nt][2 * h] + acc[1][nt][2 * h];
-          const int32_t sum1 = acc[0][nt][2 * h + 1] + acc[1][nt][2 * h + 1];
+          const Acc sum0 = acc[0][nt][2 * h] + acc[1][nt][2 * h];
+          const Acc sum1 = acc[0][nt][2 * h + 1] + acc[1][nt][2 * h + 1];
           if (row < M && lc < rows) {
             const int64_t col = n0 + lc;
             const bool has1 = lc + 1 < rows;
-            if (p.acc_out) {
-              p.acc_out[row * p.ldo + col] = sum0;
-              if (has1) p.acc_out[row * p.ldo + col + 1] = sum1;
+            if (!FP8 && p.acc_out) {  // (fp8: no acc_out, decode_ring_applies)
+              p.acc_out[row * p.ldo + col] = static_cast<int32_t>(sum0);
+              if (has1) p.acc_out[row * p.ldo + col + 1] = static_cast<int32_t>(sum1);
             } else {
               const float v0 = apply_epilogue(ep, static_cast<float>(sum0), row, col);
               const float v1 =
@@ -326,7 +337,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
             }
           }
 #pragma unroll
-          for (int u = 0; u < 2; ++u) acc[u][nt][2 * h] = acc[u][nt][2 * h + 1] = 0;
+          for (int u = 0; u < 2; ++u) acc[u][nt][2 * h] = acc[u][nt][2 * h + 1] = Acc(0);
         }
       }
     }
@@ -337,7 +348,9 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
 #endif
 }
 
-int ring_kind(const PackedWeightRef& w) {
+int ring_kind(const DecodeParams& d) {
+  const PackedWeightRef& w = d.w;
+  if (d.e4m3) return kRFp8;
   if (w.format == WeightFormat::comfy_int4) return kRComfy;
   if (w.format == WeightFormat::int8) return kRInt8;
   return kRPacked4;
@@ -349,7 +362,7 @@ int ring_nt(const DecodeParams& d) { return d.M > 8 ? 2 : 1; }
 // The layout for M rows, or depth 0 when nothing fits.
 RingLayout ring_layout(const DecodeParams& d, int max_smem) {
   RingLayout L;
-  const int wf = ring_kind(d.w);
+  const int wf = ring_kind(d);
   const int nt = ring_nt(d), W = ring_warps(nt), rows = 8 * nt;
   const bool ratios = wf == kRPacked4 && d.w.ratios != nullptr;
   L.act_stride = static_cast<int>(d.w.K + 16);
@@ -427,7 +440,7 @@ void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream
                      dim3(static_cast<unsigned>(ring_warps(NT) * 32)),
                      static_cast<size_t>(L.smem), stream, d, L);
   };
-  if constexpr (NT == 1) {
+  if constexpr (NT == 1 && WF != kRFp8) {
     if (d.M == 1 && kRingDot) {  // dp4a instances
       go(gemv_ring_kernel<WF, 1, true>);
       return;
@@ -443,7 +456,9 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 bool decode_ring_applies(const DecodeParams& d) {
   const PackedWeightRef& w = d.w;
   if (d.M < 1 || d.M > 16 || w.N < 1) return false;
-  if (w.format == WeightFormat::int8) {
+  if (d.e4m3) {  // one byte per weight, fp32 sums: no raw integer output
+    if (w.format != WeightFormat::int8 || w.K % slice_cols(kRFp8) != 0 || d.acc_out) return false;
+  } else if (w.format == WeightFormat::int8) {
     if (w.K % slice_cols(kRInt8) != 0) return false;
   } else if (w.format == WeightFormat::comfy_int4) {
     if (w.K % slice_cols(kRComfy) != 0) return false;
@@ -471,7 +486,10 @@ void decode_ring(const DecodeParams& d, cudaStream_t stream) {
       launch_ring<WF, 1>(d, L, stream);
     }
   };
-  switch (ring_kind(d.w)) {
+  switch (ring_kind(d)) {
+    case kRFp8:
+      by_kind(std::integral_constant<int, kRFp8>{});
+      break;
     case kRComfy:
       by_kind(std::integral_constant<int, kRComfy>{});
       break;

@@ -64,6 +64,9 @@ struct DecodeTilesTuning {
   // rotate kernel (PDL) + the GEMV for every M (the session-6 path). H200 run 19, stream of 8
   // layers 1 x 5120 -> 13824, per layer: int4 14.2 vs 15.1 us, comfy 13.0 vs 15.1.
   int fuse_max_m = kTilesFuseLimit;
+  // convrotfp8 at M <= 16 (session 17): the ring GEMV on the e4m3 codes (DecodeParams::e4m3)
+  // where it applies; false: cuBLASLt's fp8 GEMM (the layer's path before, and the fallback).
+  bool fp8_ring = true;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream

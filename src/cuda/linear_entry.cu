@@ -24,6 +24,7 @@
 #include "src/core/linear_backend.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_nvfp4_sm100.h"
+#include "src/cuda/linear_decode_ring.cuh"
 #include "src/cuda/linear_decode_tiles.cuh"
 #include "src/cuda/linear_kernels.cuh"
 
@@ -368,6 +369,19 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   g.ldb = K;
 
   if (fmt == ActFormat::e4m3) {
+    // Decode: the ring GEMV streams the e4m3 weight bytes (one byte per weight, as int8's).
+    if (M <= 16 && linear::layer_tiles_tuning().fp8_ring) {
+      linear::DecodeParams d = decode_params(a_codes, a_scale);
+      d.w.format = WeightFormat::int8;
+      d.w.bits = 8;
+      d.w.row_bytes = K;
+      d.tiles = nullptr;
+      d.e4m3 = true;
+      if (linear::decode_ring_applies(d)) {
+        linear::decode_gemv(d, s);
+        return;
+      }
+    }
     g.kind = linear::GemmKind::e4m3;
     g.b = w.codes.data;
     g.fp8_fast_accum = w.fp8_fast_accum;

@@ -203,6 +203,10 @@ struct DecodeParams {
   // Bench only (decode_tiles; null in the library): per CTA, kTilesStampWords uint64 of phase
   // stamps (linear_decode_tiles.cuh), for the timeline of a stream of layers.
   uint64_t* stamps = nullptr;
+  // convrotfp8 (session 17): `a` and w.codes hold e4m3 bytes (w.format int8: one byte per
+  // weight, row_bytes K); the sums are the tensor cores' fp32 ones, not exact integers (the
+  // layer's fp8 tolerance). Only the ring kernel takes it (decode_ring_applies); no acc_out.
+  bool e4m3 = false;
 };
 // Sets d's epilogue and output for contiguous rows (the bench rows build their DecodeParams
 // beside rotate_quant_rows' parameters): w_scale (N) fp32, bias (N) bias_dtype or null, out
