@@ -64,9 +64,11 @@ struct DecodeTilesTuning {
   // rotate kernel (PDL) + the GEMV for every M (the session-6 path). H200 run 19, stream of 8
   // layers 1 x 5120 -> 13824, per layer: int4 14.2 vs 15.1 us, comfy 13.0 vs 15.1.
   int fuse_max_m = kTilesFuseLimit;
-  // convrotfp8 at M <= 16 (session 17): the ring GEMV on the e4m3 codes (DecodeParams::e4m3)
-  // where it applies; false: cuBLASLt's fp8 GEMM (the layer's path before, and the fallback).
-  bool fp8_ring = true;
+  // convrotfp8 (session 17): the largest M (at most 16) whose forward runs the ring GEMV on the
+  // e4m3 codes (DecodeParams::e4m3) where it applies; above it, or 0, cuBLASLt's fp8 GEMM (the
+  // layer's path before, and the fallback). H200, x 5120 -> 13824: M 1 30.2 vs cuBLASLt 31.6
+  // us, M 16 (16-row tiles on 8 warps) 32.8 vs 31.6 (docs/linear-gpu.md "Session 17").
+  int fp8_ring_max_m = 8;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream

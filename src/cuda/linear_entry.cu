@@ -369,8 +369,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   g.ldb = K;
 
   if (fmt == ActFormat::e4m3) {
-    // Decode: the ring GEMV streams the e4m3 weight bytes (one byte per weight, as int8's).
-    if (M <= 16 && linear::layer_tiles_tuning().fp8_ring) {
+    // Decode: the ring GEMV streams the e4m3 weight bytes (one byte per weight, as int8's) up
+    // to DecodeTilesTuning::fp8_ring_max_m.
+    if (M <= std::min<int64_t>(16, linear::layer_tiles_tuning().fp8_ring_max_m)) {
       linear::DecodeParams d = decode_params(a_codes, a_scale);
       d.w.format = WeightFormat::int8;
       d.w.bits = 8;

@@ -413,18 +413,21 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("default", def, QType::convrot_comfy_w4a4, 12, 1032, 1280, DType::bf16, true);
     add("two_kernels", two, QType::convrot_comfy_w4a4, 1, 1032, 768, DType::f16, false);
     // Session 17: convrotfp8 decode on the ring GEMV (K % 256 == 0; fp32 sums: the fp8
-    // tolerance): one n8 activation tile (M 1 / 3 / 8) and two (M 9 / 16), CTA row ranges that
-    // end inside a tile (O 1000 / 4104 over the SMs), f16 and bf16, K of 1 to 20 slices; then
-    // the same layer through cuBLASLt (fp8_ring off), and K % 256 != 0 (the cuBLASLt fallback).
+    // tolerance): one n8 activation tile (M 1 / 3 / 8, the default up to 8) and two (M 9 / 16,
+    // fp8_ring_max_m 16 forced), CTA row ranges that end inside a tile (O 1000 / 4104 over the
+    // SMs), f16 and bf16, K of 1 to 20 slices; then the same layer through cuBLASLt
+    // (fp8_ring_max_m 0), and K % 256 != 0 (the cuBLASLt fallback).
     add("fp8_ring", def, QType::convrot_fp8, 1, 264, 1280, DType::bf16, true);
     add("fp8_ring", def, QType::convrot_fp8, 1, 4104, 5120, DType::bf16, true);
     add("fp8_ring", def, QType::convrot_fp8, 3, 1000, 512, DType::f16, false);
     add("fp8_ring", def, QType::convrot_fp8, 8, 136, 256, DType::bf16, true);
-    add("fp8_ring", def, QType::convrot_fp8, 9, 264, 768, DType::bf16, false);
-    add("fp8_ring", def, QType::convrot_fp8, 16, 4104, 5120, DType::bf16, true);
-    add("fp8_ring", def, QType::convrot_fp8, 16, 1000, 1280, DType::f16, true);
+    cl::DecodeTilesTuning r16;
+    r16.fp8_ring_max_m = 16;
+    add("fp8_ring16", r16, QType::convrot_fp8, 9, 264, 768, DType::bf16, false);
+    add("fp8_ring16", r16, QType::convrot_fp8, 16, 4104, 5120, DType::bf16, true);
+    add("fp8_ring16", r16, QType::convrot_fp8, 16, 1000, 1280, DType::f16, true);
     cl::DecodeTilesTuning lt;
-    lt.fp8_ring = false;
+    lt.fp8_ring_max_m = 0;
     add("fp8_cublaslt", lt, QType::convrot_fp8, 1, 264, 1280, DType::bf16, true);
     add("fp8_cublaslt", lt, QType::convrot_fp8, 16, 1000, 1280, DType::f16, true);
     add("fp8_ring", def, QType::convrot_fp8, 5, 264, 320, DType::bf16, true);
