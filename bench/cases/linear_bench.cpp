@@ -155,6 +155,23 @@ class LayerBench : public BenchCase {
             rows.push_back(r);
             r = f;
           }
+          if (q == QType::convrot4 && !decode && env.device == Device::cuda) {
+            // Session 17: NVFP4 on sm_90 through cuBLASLt's f16 GEMM (the default) against the
+            // mma.sync f16 kernel (the path before) on the same dequantized operands.
+            const std::vector<float> first = to_host_f32(out.view);
+            cuda::linear::DecodeTilesTuning t;
+            t.nvfp4_cublaslt = false;
+            cuda::linear::set_layer_tiles_tuning(&t);
+            Row f = r;
+            f.op += ", mma.sync f16 GEMM (nvfp4_cublaslt off: the path before)";
+            f.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
+            const std::vector<float> old = to_host_f32(out.view);
+            f.accuracy = "the default's output vs this: " +
+                         accuracy(first, std::vector<double>(old.begin(), old.end())).str();
+            cuda::linear::set_layer_tiles_tuning(nullptr);
+            rows.push_back(r);
+            r = f;
+          }
 #endif
           if (q == QType::convrot_fp8 && !decode && env.device == Device::cuda) {
             // The same layer with cuBLASLt's full-precision accumulation (the default is fast

@@ -4,6 +4,10 @@
 // this path meets the fp8 tolerance, not bit-exactness (fp8 layer outputs are compared with a
 // tolerance in any case: the CPU accumulates in another order). When cuBLASLt offers no algorithm
 // (older library, other GPU, bias in another dtype) the caller falls back to the mma.sync kernel.
+// Session 17: the same for f16 x f16 (the sm_90 NVFP4 path after its exact dequantization): no
+// outer-vector scales (null there), the weight's tensor scale as cuBLASLt's alpha read from the
+// device (pointer mode device, beta a device zero), the BIAS epilogue: acc * pts + bias, the
+// epilogue's order.
 #include <cublasLt.h>
 
 #include <map>
@@ -25,13 +29,13 @@ struct LtState {
   std::mutex mu;
   cublasLtHandle_t handle = nullptr;
   bool init_failed = false;
-  // (device, M, N, K, out dtype, bias dtype or -1, fast accumulation) -> cuBLASLt's candidates, best first by its
-  // heuristic (count = 0: none offered).
+  // (device, kind, M, N, K, out dtype, bias dtype or -1, fast accumulation, alpha on the device)
+  // -> cuBLASLt's candidates, best first by its heuristic (count = 0: none offered).
   struct Entry {
     int count = 0;
     cublasLtMatmulAlgo_t algo[kMaxAlgos]{};
   };
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int, bool>, Entry> algos;
+  std::map<std::tuple<int, int, int64_t, int64_t, int64_t, int, int, bool, bool>, Entry> algos;
 };
 LtState& state() {
   static LtState s;
@@ -39,6 +43,14 @@ LtState& state() {
 }
 
 cudaDataType_t cuda_type(DType d) { return d == DType::f16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+// beta for the f16 GEMM's device pointer mode (alpha = the weight's tensor scale on the device).
+__device__ const float kDeviceZero = 0.f;
+const float* device_zero() {
+  void* p = nullptr;
+  return cudaGetSymbolAddress(&p, kDeviceZero) == cudaSuccess ? static_cast<const float*>(p)
+                                                               : nullptr;
+}
 
 struct Desc {
   cublasLtMatmulDesc_t op = nullptr;
@@ -58,19 +70,27 @@ bool ok(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS; }
 bool build(const GemmParams& p, Desc& d) {
   if (!ok(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) return false;
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta))) ||
+      !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb))))
+    return false;
+  if (p.kind == GemmKind::f16 && p.w_tensor_scale) {
+    cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+    if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm,
+                                           sizeof(pm))))
+      return false;
+  }
   cublasLtMatmulMatrixScale_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
   const void* sa = p.w_scale;
   const void* sb = p.a_scale;
-  if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta))) ||
-      !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb))) ||
-      !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec,
+  if (p.kind == GemmKind::e4m3 &&
+      (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec,
                                          sizeof(vec))) ||
       !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec,
                                          sizeof(vec))) ||
       !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa,
                                          sizeof(sa))) ||
       !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb,
-                                         sizeof(sb))))
+                                         sizeof(sb)))))
     return false;
   if (p.fp8_fast_accum) {
     const int8_t fast = 1;
@@ -90,20 +110,29 @@ bool build(const GemmParams& p, Desc& d) {
       return false;
   }
   const cudaDataType_t ot = cuda_type(p.out_dtype);
-  return ok(cublasLtMatrixLayoutCreate(&d.la, CUDA_R_8F_E4M3, p.K, p.N, p.ldb)) &&
-         ok(cublasLtMatrixLayoutCreate(&d.lb, CUDA_R_8F_E4M3, p.K, p.M, p.lda)) &&
+  const cudaDataType_t it = p.kind == GemmKind::f16 ? CUDA_R_16F : CUDA_R_8F_E4M3;
+  return ok(cublasLtMatrixLayoutCreate(&d.la, it, p.K, p.N, p.ldb)) &&
+         ok(cublasLtMatrixLayoutCreate(&d.lb, it, p.K, p.M, p.lda)) &&
          ok(cublasLtMatrixLayoutCreate(&d.lc, ot, p.N, p.M, p.ldo));
 }
 
 // Builds the descriptors and finds (once per shape, cached) cuBLASLt's candidates; nullptr when
 // the path does not apply or cuBLASLt offers nothing. Called with the state's lock held.
 const LtState::Entry* candidates(const GemmParams& p, size_t workspace_bytes, Desc& d) {
-  if (p.kind != GemmKind::e4m3 || p.acc_out || p.w_tensor_scale || !p.a_scale || !p.w_scale)
+  if (p.acc_out) return nullptr;
+  if (p.kind == GemmKind::e4m3) {
+    if (p.w_tensor_scale || !p.a_scale || !p.w_scale) return nullptr;
+    // cuBLASLt fp8: 16-byte aligned pointers and leading dimensions.
+    if (p.K % 16 || p.lda % 16 || p.ldb % 16 || p.ldo % 8) return nullptr;
+  } else if (p.kind == GemmKind::f16) {
+    if (p.a_scale || p.w_scale || p.fp8_fast_accum) return nullptr;
+    if (p.K % 8 || p.lda % 8 || p.ldb % 8 || p.ldo % 8) return nullptr;
+    if (p.w_tensor_scale && !device_zero()) return nullptr;
+  } else {
     return nullptr;
+  }
   if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) return nullptr;
   if (p.bias && p.bias_dtype != p.out_dtype) return nullptr;
-  // cuBLASLt fp8: 16-byte aligned pointers and leading dimensions.
-  if (p.K % 16 || p.lda % 16 || p.ldb % 16 || p.ldo % 8) return nullptr;
   LtState& s = state();
   if (s.init_failed) return nullptr;
   if (!s.handle && !ok(cublasLtCreate(&s.handle))) {
@@ -113,8 +142,10 @@ const LtState::Entry* candidates(const GemmParams& p, size_t workspace_bytes, De
   if (!build(p, d)) return nullptr;
   int dev = 0;
   cudaGetDevice(&dev);
-  auto key = std::make_tuple(dev, p.M, p.N, p.K, static_cast<int>(p.out_dtype),
-                             p.bias ? static_cast<int>(p.bias_dtype) : -1, p.fp8_fast_accum);
+  auto key = std::make_tuple(dev, static_cast<int>(p.kind), p.M, p.N, p.K,
+                             static_cast<int>(p.out_dtype),
+                             p.bias ? static_cast<int>(p.bias_dtype) : -1, p.fp8_fast_accum,
+                             p.w_tensor_scale != nullptr);
   auto it = s.algos.find(key);
   if (it == s.algos.end()) {
     LtState::Entry e;
@@ -145,8 +176,12 @@ bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_by
   Desc d;
   const LtState::Entry* e = candidates(p, workspace_bytes, d);
   if (!e || candidate >= e->count) return false;
-  const float one = 1.f, zero = 0.f;
-  return ok(cublasLtMatmul(s.handle, d.op, &one, p.b, d.la, p.a, d.lb, &zero, p.out, d.lc, p.out,
+  static const float one = 1.f, zero = 0.f;
+  // f16 with a tensor scale: alpha and beta are device pointers (pointer mode device).
+  const bool dev_alpha = p.kind == GemmKind::f16 && p.w_tensor_scale;
+  const float* alpha = dev_alpha ? p.w_tensor_scale : &one;
+  const float* beta = dev_alpha ? device_zero() : &zero;
+  return ok(cublasLtMatmul(s.handle, d.op, alpha, p.b, d.la, p.a, d.lb, beta, p.out, d.lc, p.out,
                            d.lc, &e->algo[candidate < 0 ? 0 : candidate], workspace,
                            workspace_bytes, stream));
 }

@@ -69,6 +69,10 @@ struct DecodeTilesTuning {
   // layer's path before, and the fallback). H200, x 5120 -> 13824: M 1 30.2 vs cuBLASLt 31.6
   // us, M 16 (16-row tiles on 8 warps) 32.8 vs 31.6 (docs/linear-gpu.md "Session 17").
   int fp8_ring_max_m = 8;
+  // convrot4 (NVFP4) on sm_90 (session 17): after the exact f16 dequantization of both operands,
+  // cuBLASLt's f16 GEMM (alpha = the weight's tensor scale, BIAS epilogue) where it takes the
+  // arguments; false: the mma.sync f16 kernel (the path before, and the fallback).
+  bool nvfp4_cublaslt = true;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream

@@ -309,6 +309,14 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     g.lda = K;
     g.ldb = K;
     g.w_tensor_scale = static_cast<const float*>(w.tensor_scale.data);
+    // cuBLASLt's f16 GEMM (sm_90 wgmma kernels) where it takes the arguments; the mma.sync
+    // kernel otherwise (and with DecodeTilesTuning::nvfp4_cublaslt off).
+    if (linear::layer_tiles_tuning().nvfp4_cublaslt) {
+      Scratch ws(linear::gemm_fp8_cublaslt_workspace_bytes(), s, op);
+      if (linear::gemm_fp8_cublaslt(g, ws.as<void>(), linear::gemm_fp8_cublaslt_workspace_bytes(),
+                                     s))
+        return;
+    }
     linear::gemm(g, s);
     return;
   }

@@ -110,7 +110,8 @@ struct GemmParams {
   bool fp8_fast_accum = false;
 };
 void gemm(const GemmParams& p, cudaStream_t stream);
-// kind e4m3 through cuBLASLt (sm_90 wgmma kernels; outer-vector scales, BIAS epilogue). Returns
+// kind e4m3 through cuBLASLt (sm_90 wgmma kernels; outer-vector scales, BIAS epilogue), or kind
+// f16 (no a_scale / w_scale; w_tensor_scale as alpha read on the device; session 17). Returns
 // false, having launched nothing, when cuBLASLt offers no algorithm for these arguments: the
 // caller then runs gemm(). workspace: gemm_fp8_cublaslt_workspace_bytes() device bytes.
 // candidate: which of cuBLASLt's heuristic candidates for this shape (0 = its first choice, the
