@@ -434,13 +434,13 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     // Session 17: NVFP4 (convrot4) prefill on sm_90 through cuBLASLt's f16 GEMM (the default;
     // alpha = the tensor scale from the device, BIAS epilogue) and through the mma.sync kernel
     // (nvfp4_cublaslt off); on sm_100 both run the fp4 tensor cores.
-    add("nvfp4_lt", def, QType::convrot4, 300, 264, 1280, DType::bf16, true);
-    add("nvfp4_lt", def, QType::convrot4, 33, 136, 512, DType::f16, false);
-    add("nvfp4_lt", def, QType::convrot4, 16, 1000, 256, DType::bf16, true);
+    add("nvfp4_lt", def, QType::convrot4, 300, 272, 1280, DType::bf16, true);
+    add("nvfp4_lt", def, QType::convrot4, 33, 144, 512, DType::f16, false);
+    add("nvfp4_lt", def, QType::convrot4, 16, 1008, 256, DType::bf16, true);
     cl::DecodeTilesTuning mma;
     mma.nvfp4_cublaslt = false;
-    add("nvfp4_mma", mma, QType::convrot4, 300, 264, 1280, DType::bf16, true);
-    add("nvfp4_mma", mma, QType::convrot4, 33, 136, 512, DType::f16, false);
+    add("nvfp4_mma", mma, QType::convrot4, 300, 272, 1280, DType::bf16, true);
+    add("nvfp4_mma", mma, QType::convrot4, 33, 144, 512, DType::f16, false);
   }
 #endif
 
