@@ -4,7 +4,8 @@
 // this path meets the fp8 tolerance, not bit-exactness (fp8 layer outputs are compared with a
 // tolerance in any case: the CPU accumulates in another order). When cuBLASLt offers no algorithm
 // (older library, other GPU, bias in another dtype) the caller falls back to the mma.sync kernel.
-// Session 17: the same for f16 x f16 (the sm_90 NVFP4 path after its exact dequantization): no
+// Session 17: the same for f16 x f16 -> f16 and bf16 x bf16 -> bf16 (the sm_90 NVFP4 path after
+// its exact dequantization into the output's type): no
 // outer-vector scales (null there), the weight's tensor scale as cuBLASLt's alpha read from the
 // device (pointer mode device, beta a device zero), the BIAS epilogue: acc * pts + bias, the
 // epilogue's order.
@@ -73,7 +74,8 @@ bool build(const GemmParams& p, Desc& d) {
   if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta))) ||
       !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb))))
     return false;
-  if (p.kind == GemmKind::f16 && p.w_tensor_scale) {
+  const bool k16 = p.kind == GemmKind::f16 || p.kind == GemmKind::bf16;
+  if (k16 && p.w_tensor_scale) {
     cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
     if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm,
                                            sizeof(pm))))
@@ -110,7 +112,9 @@ bool build(const GemmParams& p, Desc& d) {
       return false;
   }
   const cudaDataType_t ot = cuda_type(p.out_dtype);
-  const cudaDataType_t it = p.kind == GemmKind::f16 ? CUDA_R_16F : CUDA_R_8F_E4M3;
+  const cudaDataType_t it = p.kind == GemmKind::f16    ? CUDA_R_16F
+                           : p.kind == GemmKind::bf16 ? CUDA_R_16BF
+                                                      : CUDA_R_8F_E4M3;
   return ok(cublasLtMatrixLayoutCreate(&d.la, it, p.K, p.N, p.ldb)) &&
          ok(cublasLtMatrixLayoutCreate(&d.lb, it, p.K, p.M, p.lda)) &&
          ok(cublasLtMatrixLayoutCreate(&d.lc, ot, p.N, p.M, p.ldo));
@@ -124,7 +128,9 @@ const LtState::Entry* candidates(const GemmParams& p, size_t workspace_bytes, De
     if (p.w_tensor_scale || !p.a_scale || !p.w_scale) return nullptr;
     // cuBLASLt fp8: 16-byte aligned pointers and leading dimensions.
     if (p.K % 16 || p.lda % 16 || p.ldb % 16 || p.ldo % 8) return nullptr;
-  } else if (p.kind == GemmKind::f16) {
+  } else if (p.kind == GemmKind::f16 || p.kind == GemmKind::bf16) {
+    // cuBLASLt's 16-bit GEMMs: the output in the operands' type
+    if (p.out_dtype != (p.kind == GemmKind::f16 ? DType::f16 : DType::bf16)) return nullptr;
     if (p.a_scale || p.w_scale || p.fp8_fast_accum) return nullptr;
     if (p.K % 8 || p.lda % 8 || p.ldb % 8 || p.ldo % 8) return nullptr;
     if (p.w_tensor_scale && !device_zero()) return nullptr;
@@ -178,7 +184,8 @@ bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_by
   if (!e || candidate >= e->count) return false;
   static const float one = 1.f, zero = 0.f;
   // f16 with a tensor scale: alpha and beta are device pointers (pointer mode device).
-  const bool dev_alpha = p.kind == GemmKind::f16 && p.w_tensor_scale;
+  const bool dev_alpha =
+      (p.kind == GemmKind::f16 || p.kind == GemmKind::bf16) && p.w_tensor_scale;
   const float* alpha = dev_alpha ? p.w_tensor_scale : &one;
   const float* beta = dev_alpha ? device_zero() : &zero;
   return ok(cublasLtMatmul(s.handle, d.op, alpha, p.b, d.la, p.a, d.lb, beta, p.out, d.lc, p.out,

@@ -7,6 +7,9 @@
 // e4m3, f16) share the fragment byte layout, so one kernel body serves them; only the mma
 // instruction and the accumulator type differ. Integer accumulation is exact, so the int32 sums
 // equal the CPU's bit for bit; the epilogue is the shared fp32 apply_epilogue.
+#include <string>
+
+#include "src/core/check.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
 #include "src/cuda/linear_kernels.cuh"
@@ -184,8 +187,12 @@ void gemm(const GemmParams& p, cudaStream_t stream) {
     case GemmKind::e4m3:
       launch<GemmKind::e4m3>(p, stream);
       break;
-    default:
+    case GemmKind::f16:
       launch<GemmKind::f16>(p, stream);
+      break;
+    default:
+      check::fail("gemm", "kind", "expected s8, e4m3 or f16 operands (bf16: cuBLASLt only), got " +
+                                      std::to_string(static_cast<int>(p.kind)));
   }
 }
 

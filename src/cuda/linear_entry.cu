@@ -294,28 +294,34 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       return;
     }
 #endif
-    // sm_90 has no fp4 MMA: both operands dequantized to f16 (exact), f16 mma, pts in the epilogue.
+    // sm_90 has no fp4 MMA: both operands dequantized (exact) to 16 bits; cuBLASLt's GEMM in the
+    // output's type (DecodeTilesTuning::nvfp4_cublaslt), else the mma.sync f16 kernel; the tensor
+    // scale (pts) and the bias in the epilogue.
     launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
     Scratch a16(static_cast<size_t>(M * K * 2), s, op);
     Scratch w16(static_cast<size_t>(O * K * 2), s, op);
-    linear::dequant_nvfp4_f16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
-                              a16.as<uint16_t>(), s);
-    linear::dequant_nvfp4_f16(static_cast<const uint8_t*>(w.codes.data),
-                              static_cast<const uint8_t*>(w.block_scales.data), O, K,
-                              w16.as<uint16_t>(), s);
-    g.kind = linear::GemmKind::f16;
+    auto dequant = [&](DType t) {
+      linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
+                               a16.as<uint16_t>(), t, s);
+      linear::dequant_nvfp4_16(static_cast<const uint8_t*>(w.codes.data),
+                               static_cast<const uint8_t*>(w.block_scales.data), O, K,
+                               w16.as<uint16_t>(), t, s);
+      g.kind = t == DType::bf16 ? linear::GemmKind::bf16 : linear::GemmKind::f16;
+    };
     g.a = a16.as<void>();
     g.b = w16.as<void>();
     g.lda = K;
     g.ldb = K;
     g.w_tensor_scale = static_cast<const float*>(w.tensor_scale.data);
-    // cuBLASLt's f16 GEMM (sm_90 wgmma kernels) where it takes the arguments; the mma.sync
-    // kernel otherwise (and with DecodeTilesTuning::nvfp4_cublaslt off).
-    if (linear::layer_tiles_tuning().nvfp4_cublaslt) {
+    const bool lt = linear::layer_tiles_tuning().nvfp4_cublaslt &&
+                    (out.dtype == DType::bf16 || out.dtype == DType::f16);
+    dequant(lt ? out.dtype : DType::f16);
+    if (lt) {
       Scratch ws(linear::gemm_fp8_cublaslt_workspace_bytes(), s, op);
       if (linear::gemm_fp8_cublaslt(g, ws.as<void>(), linear::gemm_fp8_cublaslt_workspace_bytes(),
                                      s))
         return;
+      if (g.kind != linear::GemmKind::f16) dequant(DType::f16);  // the mma.sync kernel's type
     }
     linear::gemm(g, s);
     return;

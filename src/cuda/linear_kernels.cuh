@@ -86,6 +86,7 @@ enum class GemmKind : int {
   s8 = 0,    // int8 x int8 -> int32 (mma.sync m16n8k32 s8)
   e4m3 = 1,  // e4m3 x e4m3 -> fp32 (mma.sync m16n8k32 e4m3)
   f16 = 2,   // f16 x f16 -> fp32 (mma.sync m16n8k16), the sm_90 NVFP4 path after dequantization
+  bf16 = 3,  // bf16 x bf16 -> fp32: cuBLASLt only (gemm_fp8_cublaslt), the NVFP4 path for bf16 out
 };
 struct GemmParams {
   GemmKind kind = GemmKind::s8;
@@ -227,6 +228,9 @@ void decode_gemv(const DecodeParams& p, cudaStream_t stream);
 // e4m3 linear; out (R, C) f16 row stride C. The per-tensor scale is not applied.
 void dequant_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, int64_t R, int64_t C,
                        uint16_t* out, cudaStream_t stream);
+// The same into f16 or bf16 (out_dtype; exact either way).
+void dequant_nvfp4_16(const uint8_t* codes, const uint8_t* scales, int64_t R, int64_t C,
+                      uint16_t* out, DType out_dtype, cudaStream_t stream);
 
 // Dequantize int8-grid weights to fp32: out[n, k] = code8[n, k] * row_scale[n] (backward).
 // codes (N, K) int8 (already unpacked), row_scale (N) fp32; out (N, K) fp32.

@@ -31,9 +31,11 @@ __global__ void unpack_int8_kernel(PackedWeightRef w, int8_t* out) {
   }
 }
 
-// One thread per 16 elements (one e4m3 block scale).
-__global__ void dequant_nvfp4_f16_kernel(const uint8_t* codes, const uint8_t* scales, int64_t R,
-                                         int64_t C, uint16_t* out) {
+// One thread per 16 elements (one e4m3 block scale). BF16: bf16 outputs instead of f16 (exact
+// too: the product has at most 6 significant bits and lies in [2^-10, 2688]).
+template <bool BF16>
+__global__ void dequant_nvfp4_16_kernel(const uint8_t* codes, const uint8_t* scales, int64_t R,
+                                        int64_t C, uint16_t* out) {
   const int64_t blocks = R * (C / 16);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < blocks;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -46,8 +48,9 @@ __global__ void dequant_nvfp4_f16_kernel(const uint8_t* codes, const uint8_t* sc
     for (int j = 0; j < 8; ++j) {
       const uint32_t b = (words[j >> 2] >> (8 * (j & 3))) & 0xffu;
       // Exact in f16: a 2-bit-mantissa e2m1 times a 4-bit e4m3 fits an f16 significand and range.
-      const uint16_t lo = dt::f32_to_f16(dt::e2m1_to_f32(b & 0xfu) * s);
-      const uint16_t hi = dt::f32_to_f16(dt::e2m1_to_f32(b >> 4) * s);
+      const float vlo = dt::e2m1_to_f32(b & 0xfu) * s, vhi = dt::e2m1_to_f32(b >> 4) * s;
+      const uint16_t lo = BF16 ? dt::f32_to_bf16(vlo) : dt::f32_to_f16(vlo);
+      const uint16_t hi = BF16 ? dt::f32_to_bf16(vhi) : dt::f32_to_f16(vhi);
       o[j] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
     }
     uint4* dst = reinterpret_cast<uint4*>(out + r * C + c0);
@@ -224,9 +227,17 @@ void unpack_weight_int8(const PackedWeightRef& w, int8_t* out, cudaStream_t stre
 
 void dequant_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, int64_t R, int64_t C,
                        uint16_t* out, cudaStream_t stream) {
+  dequant_nvfp4_16(codes, scales, R, C, out, DType::f16, stream);
+}
+
+void dequant_nvfp4_16(const uint8_t* codes, const uint8_t* scales, int64_t R, int64_t C,
+                      uint16_t* out, DType out_dtype, cudaStream_t stream) {
   if (R == 0 || C == 0) return;
-  dequant_nvfp4_f16_kernel<<<grid_for(R * (C / 16)), kThreads, 0, stream>>>(codes, scales, R, C,
-                                                                            out);
+  const int grid = grid_for(R * (C / 16));
+  if (out_dtype == DType::bf16)
+    dequant_nvfp4_16_kernel<true><<<grid, kThreads, 0, stream>>>(codes, scales, R, C, out);
+  else
+    dequant_nvfp4_16_kernel<false><<<grid, kThreads, 0, stream>>>(codes, scales, R, C, out);
   check_launch("dequant_nvfp4_f16");
 }
 
