@@ -7,6 +7,7 @@
 // accuracy column comes from a real quantization of a 256-row slice of a N(0, 1/K) weight at the
 // same K, 8 input rows, against the fp32-exact (fp64-computed) unquantized layer.
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <random>
 #include <string>
@@ -134,59 +135,57 @@ class LayerBench : public BenchCase {
                     static_cast<double>(layer.weights().codes.numel()) * qtype_bits(q) / 8;
           r.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
           r.accuracy = layer_accuracy(q, s.k, env, decode ? 8 : 32);
+          // The same layer through another path (`enter` switches to it, `leave` restores the
+          // default, also on a throw): its time, its accuracy at acc_m rows (0: none), and how
+          // far the default's output is from it; the default's row goes first.
+          auto other_path = [&](const std::string& what, const std::function<void()>& enter,
+                                const std::function<void()>& leave, int64_t acc_m) {
+            const std::vector<float> first = to_host_f32(out.view);
+            struct Leave {
+              const std::function<void()>& f;
+              ~Leave() { f(); }
+            } restore{leave};
+            enter();
+            Row f = r;
+            f.op += ", " + what;
+            f.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
+            const std::vector<float> other = to_host_f32(out.view);
+            f.accuracy = (acc_m ? layer_accuracy(q, s.k, env, acc_m) + "; " : std::string()) +
+                         "the default's output vs this: " +
+                         accuracy(first, std::vector<double>(other.begin(), other.end())).str();
+            rows.push_back(r);
+            r = f;
+          };
 #ifdef LOWBIT_WITH_CUDA
+          namespace cl = cuda::linear;
+          auto layer_tuning = [](cl::DecodeTilesTuning t) {
+            return [t] { cl::set_layer_tiles_tuning(&t); };
+          };
+          const std::function<void()> default_tuning = [] { cl::set_layer_tiles_tuning(nullptr); };
           if (q == QType::convrot_fp8 && decode && env.device == Device::cuda) {
             // Session 17: the ring GEMV on the e4m3 codes (the default up to M 8) against the
-            // same layer through the other path (cuBLASLt's fp8 GEMM below M 9, the ring above):
-            // its time, accuracy (at M 8), and how far the two outputs are apart.
-            const std::vector<float> first = to_host_f32(out.view);
-            const bool ring_default = s.m <= cuda::linear::DecodeTilesTuning{}.fp8_ring_max_m;
-            cuda::linear::DecodeTilesTuning t;
+            // other path (cuBLASLt's fp8 GEMM below M 9, the ring above); accuracy at M 8.
+            const bool ring_default = s.m <= cl::DecodeTilesTuning{}.fp8_ring_max_m;
+            cl::DecodeTilesTuning t;
             t.fp8_ring_max_m = ring_default ? 0 : 16;
-            cuda::linear::set_layer_tiles_tuning(&t);
-            Row f = r;
-            f.op += ring_default ? ", cuBLASLt fp8 GEMM (fp8_ring_max_m 0: the path before)"
-                                 : ", ring GEMV (fp8_ring_max_m 16)";
-            f.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
-            const std::vector<float> lt = to_host_f32(out.view);
-            f.accuracy = layer_accuracy(q, s.k, env, 8) + "; the default's output vs this: " +
-                         accuracy(first, std::vector<double>(lt.begin(), lt.end())).str();
-            cuda::linear::set_layer_tiles_tuning(nullptr);
-            rows.push_back(r);
-            r = f;
+            other_path(ring_default ? "cuBLASLt fp8 GEMM (fp8_ring_max_m 0: the path before)"
+                                    : "ring GEMV (fp8_ring_max_m 16)",
+                       layer_tuning(t), default_tuning, 8);
           }
           if (q == QType::convrot4 && !decode && env.device == Device::cuda) {
-            // Session 17: NVFP4 on sm_90 through cuBLASLt's f16 GEMM (the default) against the
-            // mma.sync f16 kernel (the path before) on the same dequantized operands.
-            const std::vector<float> first = to_host_f32(out.view);
-            cuda::linear::DecodeTilesTuning t;
+            // Session 17: NVFP4 on sm_90 through cuBLASLt's 16-bit GEMM (the default) against
+            // the mma.sync f16 kernel (the path before) on the same dequantized operands.
+            cl::DecodeTilesTuning t;
             t.nvfp4_cublaslt = false;
-            cuda::linear::set_layer_tiles_tuning(&t);
-            Row f = r;
-            f.op += ", mma.sync f16 GEMM (nvfp4_cublaslt off: the path before)";
-            f.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
-            const std::vector<float> old = to_host_f32(out.view);
-            f.accuracy = "the default's output vs this: " +
-                         accuracy(first, std::vector<double>(old.begin(), old.end())).str();
-            cuda::linear::set_layer_tiles_tuning(nullptr);
-            rows.push_back(r);
-            r = f;
+            other_path("mma.sync f16 GEMM (nvfp4_cublaslt off: the path before)", layer_tuning(t),
+                       default_tuning, 0);
           }
 #endif
-          if (q == QType::convrot_fp8 && !decode && env.device == Device::cuda) {
-            // The same layer with cuBLASLt's full-precision accumulation (the default is fast
-            // accumulation): its time, and how far the default's output is from it.
-            std::vector<float> fast = to_host_f32(out.view);
-            layer.set_fp8_fast_accumulation(false);
-            Row f = r;
-            f.op += ", full fp32 accumulation";
-            f.ms = env.time_ms([&] { layer.forward(x.view, &bias.view, out.view, ctx); });
-            const std::vector<float> full = to_host_f32(out.view);
-            f.accuracy = "fast accumulation's output vs this: " +
-                         accuracy(fast, std::vector<double>(full.begin(), full.end())).str();
-            rows.push_back(r);
-            r = f;
-          }
+          if (q == QType::convrot_fp8 && !decode && env.device == Device::cuda)
+            // cuBLASLt's full-precision accumulation (the default is fast accumulation).
+            other_path(
+                "full fp32 accumulation", [&] { layer.set_fp8_fast_accumulation(false); },
+                [&] { layer.set_fp8_fast_accumulation(true); }, 0);
         } catch (const std::exception& e) {
           r.note = std::string("failed: ") + e.what();
         }
