@@ -445,6 +445,7 @@ class DecodeStreamBench : public BenchCase {
           bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
           bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
+          int cluster = 0;     // with fused: clusters of this many CTAs share the rotation (M > 8)
         };
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
@@ -458,6 +459,10 @@ class DecodeStreamBench : public BenchCase {
              {V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
                 false, true},
+              V{"tiles, cluster rotation, clusters of 8 (one kernel per layer)", false, true, false,
+                8},
+              V{"tiles, cluster rotation, clusters of 16 (one kernel per layer)", false, true, false,
+                16},
               V{"tiles alone (codes on the device)", false},
               V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
           Row r;
@@ -481,8 +486,16 @@ class DecodeStreamBench : public BenchCase {
             dl.x_dtype = DType::bf16;
             dl.x_row_stride = K;
             dl.rot = 256;
-            if (!cl::decode_tiles_applies(dl)) continue;
+            dl.cluster = v.cluster;
           }
+          DeviceTensor xchg;  // the cluster rotation's exchange buffer
+          if (v.cluster > 0) {
+            const int64_t xb = cl::decode_tiles_xchg_bytes(dl);
+            if (xb <= 0) continue;
+            xchg = make_empty(Device::cuda, DType::u8, {xb});
+            dl.xchg = static_cast<uint8_t*>(xchg.view.data);
+          }
+          if (v.fused && !cl::decode_tiles_applies(dl)) continue;
           try {
             r.ms = env.time_ms([&] {
                      for (int l = 0; l < kLayers; ++l) {
@@ -535,6 +548,7 @@ class DecodeStreamBench : public BenchCase {
                  "copy");
               ok(cudaStreamSynchronize(s), "synchronize");
               r.note += (r.note.empty() ? "" : "; ") + stamp_note(hs, grid);
+              if (v.cluster > 0) r.note += "; grid " + std::to_string(grid) + " CTAs";
             }
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
@@ -590,14 +604,18 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1}) {
-          if (fused && M > cl::kTilesFuseLimit) continue;
+        // 2 / 3 (M > 2 only): the cluster rotation, DecodeTilesTuning::cluster 8 / 16.
+        for (const int fused : {0, 1, 2, 3}) {
+          if (fused == 1 && M > cl::kTilesFuseLimit) continue;
+          if (fused >= 2 && M <= cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                  qtype_name(q) + ": QuantizedLinear::forward (" +
-                 (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
-                             : "layer defaults") +
+                 (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
+                  : fused == 2 ? "cluster rotation, DecodeTilesTuning::cluster = 8"
+                  : fused == 3 ? "cluster rotation, DecodeTilesTuning::cluster = 16"
+                               : "layer defaults") +
                  "), per layer";
           r.shape = layer_shape(M, K, N);
           r.backend = "cuda";
@@ -613,7 +631,8 @@ class DecodeStreamBench : public BenchCase {
             r.bytes = 2.0 * M * K + 2.0 * M * N +
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
-            t.fuse_max_m = 0;
+            if (fused == 1) t.fuse_max_m = 0;
+            if (fused >= 2) t.cluster = fused == 2 ? 8 : 16;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

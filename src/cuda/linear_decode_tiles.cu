@@ -246,6 +246,61 @@ __device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, uint8_t*
   }
 }
 
+// Cluster rotation (CL CTAs per cluster, M <= 2 CL rows; DecodeParams::cluster): CTA `rank` of
+// the cluster rotates + quantizes rows rank and rank + CL with tiles_rotate_reg's arithmetic (the
+// register rotate kernel's bits), every thread its 16 elements of the row, and writes their codes
+// to the cluster's rows `xrows` (M x K bytes, global) and their scales to xscales[m] (global).
+template <int CL, int THREADS, typename XT>
+__device__ __forceinline__ void tiles_rotate_cluster(const DecodeParams& p, int rank,
+                                                     uint8_t* xrows, float* xscales,
+                                                     float* s_amax) {
+  constexpr int W = THREADS / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int M = static_cast<int>(p.M);
+  const int K = static_cast<int>(p.w.K);
+  const bool in = tid * 16 < K;
+  const int g = reg_group<256>(tid), out0 = reg_out0<256>(tid);
+  // Both rows' 32 bytes in flight before the first is computed.
+  uint4 raw[2][2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int m = rank + i * CL;
+    raw[i][0] = raw[i][1] = make_uint4(0u, 0u, 0u, 0u);
+    if (m < M && in) {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const XT*>(p.x) +
+                                                        m * p.x_row_stride + tid * 16);
+      raw[i][0] = src[0];
+      raw[i][1] = src[1];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int m = rank + i * CL;
+    if (m >= M) break;  // uniform
+    float v[16], y[16];
+    unpack_raw<XT>(raw[i], v);  // zeros past K (raw zero)
+    rotate16<256>(v, g, y);
+    const float wm = amax16_warp(y);
+    if (lane == 0) s_amax[i * W + warp] = wm;
+    __syncthreads();
+    float am = s_amax[i * W];
+#pragma unroll
+    for (int w = 1; w < W; ++w) am = amax_nan(am, s_amax[i * W + w]);
+    const float scale = token_scale(am, static_cast<float>(p.act_qmax));
+    if (tid == 0) xscales[m] = scale;
+    uint32_t c[4];
+    if (p.act_qmax == 7) {
+      quantize16_int<7>(y, scale, c);
+    } else {
+      quantize16_int<127>(y, scale, c);
+    }
+    if (in) {
+      *reinterpret_cast<uint4*>(xrows + static_cast<int64_t>(m) * K + out0) =
+          make_uint4(c[0], c[1], c[2], c[3]);
+    }
+  }
+}
+
 // Comfy: the code sum of activation row m = warp (M <= 16 = kTilesWarps rows in shared memory,
 // landed and visible to every thread) into s_asum[m]: each warp sums its row's 16-byte pieces
 // (independent loads, one reduction, a plain store). H200 session 16: the earlier loop over the
@@ -279,11 +334,14 @@ __device__ __forceinline__ void tiles_act_sums(const DecodeParams& p, const uint
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
 // D: ring slots per warp (kTilesDepth, or kTilesDepthDeep for the two-kernel path: TilesLayout).
-template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
+// CL: clusters of CL CTAs share the rotation of the M rows (x in; 0: no cluster).
+template <int KIND, int NT, typename XT = void, int D = kTilesDepth, int CL = 0>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
-  constexpr bool kFused = !std::is_void<XT>::value;
+  constexpr bool kCluster = CL > 0;
+  static_assert(!kCluster || !std::is_void<XT>::value, "the cluster rotation takes x");
+  constexpr bool kFused = !std::is_void<XT>::value && !kCluster;
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
   __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
@@ -375,12 +433,45 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       ptx::mbar_init(smem_u32(&s_act_bar), 1);
       ptx::mbar_fence_init();
     }
+    // Cluster: the CTA's M rows arrive as the CTAs' multicast copies, issued only after the
+    // cluster barrier below (which this thread reaches after the expectation).
+    if constexpr (kCluster)
+      ptx::mbar_arrive_expect_tx(smem_u32(&s_act_bar),
+                                 static_cast<uint32_t>(p.w.K) * static_cast<uint32_t>(M));
   }
   ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
   stamp(kStampWaited);
   __syncthreads();
   Epilogue ep = p.ep;
-  if constexpr (kFused) {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself
+  if constexpr (kCluster) {
+    // CTA rank r rotates + quantizes rows r, r + CL into the cluster's rows of the exchange
+    // buffer (global), one cluster barrier (release / acquire: the codes, the scales and every
+    // CTA's barrier expectation), then each row goes out as ONE bulk copy multicast into every
+    // CTA of the cluster (L2 read once per cluster), completing on each CTA's s_act_bar.
+    const int rank = static_cast<int>(ptx::cluster_ctarank());
+    const int64_t cid = b / CL;
+    const int64_t row_bytes = p.w.K;
+    uint8_t* xrows = p.xchg + cid * M * row_bytes;
+    float* xscales = reinterpret_cast<float*>(p.xchg + (G / CL) * M * row_bytes) + cid * 16;
+    tiles_rotate_cluster<CL, kTilesThreads, XT>(p, rank, xrows, xscales, s_amax);
+    ptx::fence_proxy_async_global();  // the codes are read next by the async proxy
+    ptx::cluster_arrive_release();
+    ptx::cluster_wait_acquire();
+    if (warp == 0 && lane < 2) {
+      const int m = rank + lane * CL;
+      if (m < M) {
+        ptx::fence_proxy_async_global();
+        ptx::bulk_g2s_multicast(smem_u32(act + m * L.act_stride), xrows + m * row_bytes,
+                                static_cast<uint32_t>(row_bytes), smem_u32(&s_act_bar),
+                                static_cast<uint16_t>((1u << CL) - 1u));
+      }
+    }
+    // The scales (written before the cluster barrier; read through L2).
+    if (threadIdx.x < M) s_scale[threadIdx.x] = __ldcg(xscales + threadIdx.x);
+    ptx::mbar_wait_bounded(smem_u32(&s_act_bar), 0);
+    tiles_act_sums<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
+    ep.a_scale = s_scale;
+  } else if constexpr (kFused) {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself
     tiles_rotate_reg<KIND, kTilesThreads, XT>(p, act, L.act_stride, s_scale, s_amax, s_asum);
     ep.a_scale = s_scale;  // a generic pointer into shared memory
   } else {
@@ -575,7 +666,8 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid, int64_t max_smem) {
   off += (2 * tiles_per_cta * 16 * 4 + 127) / 128 * 128;
   L.ring_off = static_cast<int>(off);
   const int64_t slot_row = static_cast<int64_t>(kTilesWarps) * slot_bytes(kind);
-  if (!d.x && d.M > kTilesFuseLimit && off + kTilesDepthDeep * slot_row <= max_smem)
+  if ((!d.x || d.cluster > 0) && d.M > kTilesFuseLimit &&
+      off + kTilesDepthDeep * slot_row <= max_smem)
     L.depth = kTilesDepthDeep;
   L.smem = off + L.depth * slot_row;
   return L;
@@ -635,6 +727,67 @@ void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStr
                    static_cast<size_t>(L.smem), stream, d, L);
 }
 
+// The cluster instances: PDL + clusters of CL CTAs (16: the non-portable size).
+template <int KIND, int CL>
+auto cluster_kernel() {
+  return gemv_tiles_kernel<KIND, 2, __nv_bfloat16, kTilesDepthDeep, CL>;
+}
+template <typename Kernel>
+cudaError_t launch_cluster(Kernel kernel, int cl, int grid, int64_t smem, cudaStream_t stream,
+                           const DecodeParams& d, const TilesLayout& L) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kTilesThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(cl);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  return cudaLaunchKernelEx(&cfg, kernel, d, L);
+}
+// Prepares the cluster instance (shared memory limit, non-portable size) and returns how many
+// clusters of CL of it are resident at once with `smem` bytes (0: none; per device, cached).
+template <int KIND, int CL>
+int cluster_capacity(int64_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int64_t>, int> cache;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(std::make_pair(dev, smem));
+  if (it != cache.end()) return it->second;
+  auto kernel = cluster_kernel<KIND, CL>();
+  int n = 0;
+  bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(smem)) == cudaSuccess;
+  if (ok && CL > 8)
+    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+         cudaSuccess;
+  if (ok) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(CL));
+    cfg.blockDim = dim3(kTilesThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CL;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) n = 0;
+  }
+  (void)cudaGetLastError();
+  cache.emplace(std::make_pair(dev, smem), n);
+  return n;
+}
+
 // A read-only stream of the layout (bench only; the roofline of the GEMV): the grid's items
 // split evenly over min(SMs, items) CTAs of 16 warps, each lane's 16-byte words loaded with
 // ld.global.nc, 4 items ahead in a register ring, each item folded into one xor; the store (sink
@@ -687,9 +840,34 @@ __global__ void __launch_bounds__(kTilesThreads, 1)
 
 }  // namespace
 
+namespace {
+// Cluster rotation: whole clusters of d.cluster CTAs, at most one CTA per multiprocessor and per
+// tile, at most as many clusters as are resident at once (0 when none fits).
+int cluster_grid(const DecodeParams& d) {
+  const int cl = d.cluster;
+  if (cl != 8 && cl != 16) return 0;
+  const int64_t tiles = (d.w.N + 15) / 16;
+  const int64_t g = std::min<int64_t>(multiprocessor_count(), tiles) / cl * cl;
+  const int64_t smem = tiles_device().max_smem;
+  const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
+  const int cap = cl == 8 ? (comfy ? cluster_capacity<kTilesComfy, 8>(smem)
+                                   : cluster_capacity<kTilesInt4, 8>(smem))
+                          : (comfy ? cluster_capacity<kTilesComfy, 16>(smem)
+                                   : cluster_capacity<kTilesInt4, 16>(smem));
+  return static_cast<int>(std::min<int64_t>(g, static_cast<int64_t>(cap) * cl));
+}
+}  // namespace
+
 int tiles_grid(const DecodeParams& d) {
+  if (d.x && d.cluster > 0) return cluster_grid(d);
   const int64_t tiles = (d.w.N + 15) / 16;
   return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
+}
+
+int64_t decode_tiles_xchg_bytes(const DecodeParams& d) {
+  const int grid = cluster_grid(d);
+  if (grid <= 0) return 0;
+  return static_cast<int64_t>(grid / d.cluster) * (d.M * d.w.K + 16 * 4);
 }
 
 int decode_tiles_kind(const PackedWeightRef& w) {
@@ -751,13 +929,31 @@ bool fused_rotation_fits(const DecodeParams& d) {
          d.x_row_stride % 8 == 0;
 }
 
+// Cluster rotation (d.cluster): 8 < M <= 16 (two n8 tiles; rows r, r + CL per CTA), rot 256,
+// bf16 x with 16-byte rows, K <= 16 x 512, int8 / int4 codes, an exchange buffer, at least one
+// whole cluster, and the 6-slot ring's layout (the instances built).
+bool cluster_rotation_fits(const DecodeParams& d) {
+  if ((d.cluster != 8 && d.cluster != 16) || d.M <= 8 || d.M > 16 || d.M > 2 * d.cluster)
+    return false;
+  if (d.rot != 256 || d.x_dtype != DType::bf16 || d.w.K > 16 * kTilesThreads ||
+      (d.act_qmax != 7 && d.act_qmax != 127) || reinterpret_cast<uintptr_t>(d.x) % 16 != 0 ||
+      d.x_row_stride % 8 != 0 || !d.xchg || reinterpret_cast<uintptr_t>(d.xchg) % 16 != 0)
+    return false;
+  const int grid = cluster_grid(d);
+  if (grid < d.cluster) return false;
+  const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
+  return L.depth == kTilesDepthDeep && L.smem <= tiles_device().max_smem;
+}
+
 }  // namespace
 
 bool decode_tiles_applies(const DecodeParams& d) {
   if (!d.tiles || d.M < 1 || d.M > 16) return false;
   if (decode_tiles_kind(d.w) == kTilesNone) return false;
   if (reinterpret_cast<uintptr_t>(d.tiles) % 16 != 0) return false;
-  if (d.x) {
+  if (d.x && d.cluster > 0) {
+    if (!tiles_device().sm90 || !cluster_rotation_fits(d)) return false;
+  } else if (d.x) {
     if (!fused_rotation_fits(d)) return false;
   } else if (!d.a || d.lda % 16 != 0 || reinterpret_cast<uintptr_t>(d.a) % 16 != 0) {
     return false;
@@ -779,6 +975,20 @@ void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
 void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   const int grid = tiles_grid(d);
   const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
+  if (d.x && d.cluster > 0) {  // cluster rotation (decode_tiles_applies: the instances below)
+    const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
+    cudaError_t e;
+    if (d.cluster == 8) {
+      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 8>(), 8, grid, L.smem, stream, d, L)
+                : launch_cluster(cluster_kernel<kTilesInt4, 8>(), 8, grid, L.smem, stream, d, L);
+    } else {
+      e = comfy
+              ? launch_cluster(cluster_kernel<kTilesComfy, 16>(), 16, grid, L.smem, stream, d, L)
+              : launch_cluster(cluster_kernel<kTilesInt4, 16>(), 16, grid, L.smem, stream, d, L);
+    }
+    check_cuda(e, "decode_tiles", "cluster launch");
+    return;
+  }
   const bool two = d.M > 8;  // two n8 tiles of activation rows
   auto launch = [&](auto kind_tag, auto xt_tag) {
     constexpr int KIND = decltype(kind_tag)::value;

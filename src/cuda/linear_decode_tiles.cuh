@@ -64,14 +64,23 @@ struct DecodeTilesTuning {
   // rotate kernel (PDL) + the GEMV for every M (the session-6 path). H200 run 19, stream of 8
   // layers 1 x 5120 -> 13824, per layer: int4 14.2 vs 15.1 us, comfy 13.0 vs 15.1.
   int fuse_max_m = kTilesFuseLimit;
+  // Clusters of this many CTAs (8 or 16; 0: off) rotate x inside the GEMV for 8 < M <= 16 (bf16 x,
+  // K <= 8192): each CTA rotates + quantizes at most two rows, the cluster shares the codes
+  // through an exchange buffer read back by multicast bulk copies; one launch per layer, no
+  // rotate kernel (session 17). Otherwise the rotate kernel + GEMV.
+  int cluster = 0;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream
 // serialization (weights stream before griddepcontrol.wait; griddepcontrol.launch_dependents
 // right after the first weight requests).
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
-// The CTAs decode_tiles launches for d: one per multiprocessor, at most one per 16-column tile.
+// The CTAs decode_tiles launches for d: one per multiprocessor, at most one per 16-column tile
+// (cluster rotation: whole resident clusters of d.cluster CTAs; 0 when none fits).
 int tiles_grid(const DecodeParams& d);
+// Device bytes of the exchange buffer d.xchg the cluster rotation needs (d.x, d.cluster set):
+// per cluster M x K code bytes, then per cluster 16 fp32 scales. 0 when no cluster fits.
+int64_t decode_tiles_xchg_bytes(const DecodeParams& d);
 // Phase stamps of the tiled GEMV (bench only: DecodeParams::stamps, kTilesStampWords per CTA):
 // thread 0's %globaltimer (ns, one clock for every SM) at entry, after griddepcontrol.wait, once
 // the activations are in shared memory (after the barrier), once every warp's items are done

@@ -412,6 +412,23 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("default", def, QType::convrot_int4, 9, 4104, 5120, DType::bf16, false);
     add("default", def, QType::convrot_comfy_w4a4, 12, 1032, 1280, DType::bf16, true);
     add("two_kernels", two, QType::convrot_comfy_w4a4, 1, 1032, 768, DType::f16, false);
+    // Session 17: the cluster rotation (DecodeTilesTuning::cluster 8 / 16; 8 < M <= 16, bf16 x):
+    // each CTA rotates rows r and r + CL of the cluster, codes shared through the exchange buffer
+    // by multicast copies. M 16 / 9 / 12 / 13 (CTAs owning two, one or no rows), K 5120 / 768 /
+    // 1280 / 4096, partial last tiles, grids of 128 / 64 CTAs; f16 x and M 16 at K 8192 (no room
+    // for the 6-slot ring) take the rotate kernel instead.
+    for (const int c : {8, 16}) {
+      cl::DecodeTilesTuning t;
+      t.cluster = c;
+      const char* v = c == 8 ? "cluster8" : "cluster16";
+      add(v, t, QType::convrot_int4, 16, 4104, 5120, DType::bf16, true);
+      add(v, t, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::bf16, false);
+      add(v, t, QType::convrot_int4, 9, 2056, 1280, DType::bf16, false);
+      add(v, t, QType::convrot_comfy_w4a4, 12, 1032, 4096, DType::bf16, true);
+      add(v, t, QType::convrot_comfy_w4a4, 13, 2056, 5120, DType::bf16, true);
+      add(v, t, QType::convrot_int4, 16, 1032, 1280, DType::f16, true);
+      add(v, t, QType::convrot_int4, 16, 264, 8192, DType::bf16, false);
+    }
   }
 #endif
 
