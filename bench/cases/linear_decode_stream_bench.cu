@@ -360,6 +360,51 @@ std::string stamp_note(const std::vector<uint64_t>& st, int grid) {
   return buf;
 }
 
+// The rotate kernel's part of the chain GEMV(i) -> rotate(i+1) -> GEMV(i+1), from both kernels'
+// stamps (rotate: `rows` CTAs of kRotateStampWords, GEMV: `grid` CTAs of kTilesStampWords per
+// layer; medians over layers 2..kLayers): the rotate kernel's wake (its first CTA past the wait
+// minus the previous GEMV's last CTA end), its work (its last CTA end minus its first CTA past
+// the wait), the GEMV's release after it (the GEMV's first CTA past the wait minus the rotate
+// kernel's last end).
+std::string rotate_note(const std::vector<uint64_t>& st, int grid, const std::vector<uint64_t>& rt,
+                        int rows) {
+  namespace cl = cuda::linear;
+  auto at = [&](int l, int c, int w) {
+    return st[(static_cast<size_t>(l) * grid + c) * cl::kTilesStampWords + w];
+  };
+  auto rat = [&](int l, int c, int w) {
+    return rt[(static_cast<size_t>(l) * rows + c) * cl::kRotateStampWords + w];
+  };
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> wake, work, rel, spread;
+  for (int l = 1; l < kLayers; ++l) {
+    uint64_t prev_end = 0, r_first = ~0ull, r_last = 0, r_first_end = ~0ull, g_first = ~0ull;
+    for (int c = 0; c < grid; ++c) {
+      prev_end = std::max(prev_end, at(l - 1, c, cl::kStampEnd));
+      g_first = std::min(g_first, at(l, c, cl::kStampWaited));
+    }
+    for (int c = 0; c < rows; ++c) {
+      r_first = std::min(r_first, rat(l, c, 1));
+      r_last = std::max(r_last, rat(l, c, 2));
+      r_first_end = std::min(r_first_end, rat(l, c, 2));
+    }
+    wake.push_back(static_cast<double>(r_first) - static_cast<double>(prev_end));
+    work.push_back(static_cast<double>(r_last) - static_cast<double>(r_first));
+    spread.push_back(static_cast<double>(r_last) - static_cast<double>(r_first_end));
+    rel.push_back(static_cast<double>(g_first) - static_cast<double>(r_last));
+  }
+  char buf[240];
+  std::snprintf(buf, sizeof(buf),
+                "rotate kernel (us): wake after prev GEMV end %.2f; work (first wait -> last end) "
+                "%.2f (end spread %.2f); GEMV release after its last end %.2f",
+                median(wake) / 1e3, median(work) / 1e3, median(spread) / 1e3, median(rel) / 1e3);
+  return buf;
+}
+
 class DecodeStreamBench : public BenchCase {
  public:
   std::string name() const override { return "linear.decode_stream"; }
@@ -446,6 +491,8 @@ class DecodeStreamBench : public BenchCase {
           bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
           int cluster = 0;     // with fused: clusters of this many CTAs share the rotation (M > 8)
+          int mcast = 0;       // without: activation rows multicast in clusters of this many (M > 8)
+          int variant = 0;     // DecodeParams::variant (A/B bits)
         };
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
@@ -463,7 +510,15 @@ class DecodeStreamBench : public BenchCase {
                 8},
               V{"tiles, cluster rotation, clusters of 16 (one kernel per layer)", false, true, false,
                 16},
+              V{"rotate (PDL) + tiles, activation rows multicast in clusters of 2", true, false,
+                false, 0, 2},
+              V{"rotate (PDL) + tiles, activation rows multicast in clusters of 4", true, false,
+                false, 0, 4},
+              V{"rotate (PDL) + tiles, flat epilogue loop (variant 1, session 16)", true, false,
+                false, 0, 0, 1},
               V{"tiles alone (codes on the device)", false},
+              V{"tiles alone, flat epilogue loop (variant 1, session 16)", false, false, false, 0,
+                0, 1},
               V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
           Row r;
           r.family = "linear";
@@ -487,6 +542,11 @@ class DecodeStreamBench : public BenchCase {
             dl.x_row_stride = K;
             dl.rot = 256;
             dl.cluster = v.cluster;
+          }
+          dl.variant = v.variant;
+          if (v.mcast > 0) {
+            dl.cluster = v.mcast;
+            if (!cl::decode_tiles_applies(dl)) continue;
           }
           DeviceTensor xchg;  // the cluster rotation's exchange buffer
           if (v.cluster > 0) {
@@ -534,20 +594,31 @@ class DecodeStreamBench : public BenchCase {
               const int grid = cl::tiles_grid(dl);
               const int64_t words = static_cast<int64_t>(kLayers) * grid * cl::kTilesStampWords;
               DeviceTensor st = make_empty(Device::cuda, DType::u8, {words * 8});
+              // The rotate kernel's stamps (one CTA per row): kLayers x M x kRotateStampWords.
+              const int64_t rwords = static_cast<int64_t>(kLayers) * M * cl::kRotateStampWords;
+              DeviceTensor rst = make_empty(Device::cuda, DType::u8, {rwords * 8});
               for (int l = 0; l < kLayers; ++l) {
                 cl::DecodeParams p = dl;
                 p.tiles = static_cast<const uint8_t*>(tiles[l].view.data);
                 p.stamps = static_cast<uint64_t*>(st.view.data) +
                            static_cast<int64_t>(l) * grid * cl::kTilesStampWords;
-                if (v.rotate) cl::rotate_quantize(rp, s);
+                cl::RotateQuantParams rps = rp;
+                rps.stamps = static_cast<uint64_t*>(rst.view.data) +
+                             static_cast<int64_t>(l) * M * cl::kRotateStampWords;
+                if (v.rotate) cl::rotate_quantize(rps, s);
                 cl::decode_tiles(p, s);
               }
               std::vector<uint64_t> hs(static_cast<size_t>(words));
               ok(cudaMemcpyAsync(hs.data(), st.view.data, static_cast<size_t>(words * 8),
                                  cudaMemcpyDeviceToHost, s),
                  "copy");
+              std::vector<uint64_t> hr(static_cast<size_t>(rwords));
+              ok(cudaMemcpyAsync(hr.data(), rst.view.data, static_cast<size_t>(rwords * 8),
+                                 cudaMemcpyDeviceToHost, s),
+                 "copy");
               ok(cudaStreamSynchronize(s), "synchronize");
               r.note += (r.note.empty() ? "" : "; ") + stamp_note(hs, grid);
+              if (v.rotate) r.note += "; " + rotate_note(hs, grid, hr, static_cast<int>(M));
               if (v.cluster > 0) r.note += "; grid " + std::to_string(grid) + " CTAs";
             }
           } catch (const std::exception& e) {
@@ -604,8 +675,9 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        // 2 / 3 (M > 2 only): the cluster rotation, DecodeTilesTuning::cluster 8 / 16.
-        for (const int fused : {0, 1, 2, 3}) {
+        // 2 / 3 (M > 2 only): the cluster rotation, DecodeTilesTuning::cluster 8 / 16; 4 / 5:
+        // the multicast activation copy, DecodeTilesTuning::act_mcast 2 / 4.
+        for (const int fused : {0, 1, 2, 3, 4, 5}) {
           if (fused == 1 && M > cl::kTilesFuseLimit) continue;
           if (fused >= 2 && M <= cl::kTilesFuseLimit) continue;
           Row r;
@@ -615,6 +687,8 @@ class DecodeStreamBench : public BenchCase {
                  (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
                   : fused == 2 ? "cluster rotation, DecodeTilesTuning::cluster = 8"
                   : fused == 3 ? "cluster rotation, DecodeTilesTuning::cluster = 16"
+                  : fused == 4 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 2"
+                  : fused == 5 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 4"
                                : "layer defaults") +
                  "), per layer";
           r.shape = layer_shape(M, K, N);
@@ -632,7 +706,8 @@ class DecodeStreamBench : public BenchCase {
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
             if (fused == 1) t.fuse_max_m = 0;
-            if (fused >= 2) t.cluster = fused == 2 ? 8 : 16;
+            if (fused == 2 || fused == 3) t.cluster = fused == 2 ? 8 : 16;
+            if (fused >= 4) t.act_mcast = fused == 4 ? 2 : 4;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

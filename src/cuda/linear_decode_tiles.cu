@@ -339,8 +339,9 @@ template <int KIND, int NT, typename XT = void, int D = kTilesDepth, int CL = 0>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
-  constexpr bool kCluster = CL > 0;
-  static_assert(!kCluster || !std::is_void<XT>::value, "the cluster rotation takes x");
+  // CL > 0: with x, the cluster rotation; without, the activation rows multicast in clusters.
+  constexpr bool kCluster = CL > 0 && !std::is_void<XT>::value;
+  constexpr bool kMcast = CL > 0 && std::is_void<XT>::value;
   constexpr bool kFused = !std::is_void<XT>::value && !kCluster;
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
@@ -435,10 +436,12 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     }
     // Cluster: the CTA's M rows arrive as the CTAs' multicast copies, issued only after the
     // cluster barrier below (which this thread reaches after the expectation).
-    if constexpr (kCluster)
+    if constexpr (CL > 0)
       ptx::mbar_arrive_expect_tx(smem_u32(&s_act_bar),
                                  static_cast<uint32_t>(p.w.K) * static_cast<uint32_t>(M));
   }
+  // Multicast: this CTA's barrier is ready for its peers' copies (waited after the wait below).
+  if constexpr (kMcast) ptx::cluster_arrive_release();
   ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
   stamp(kStampWaited);
   __syncthreads();
@@ -487,7 +490,15 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     // M x K fits in shared memory, far below the barrier's 2^20 - 1 transaction bytes.
     const uint32_t bar = smem_u32(&s_act_bar);
     const uint32_t row_bytes = static_cast<uint32_t>(p.w.K);
-    if (warp == 0) {
+    if constexpr (kMcast) {
+      // Clusters of CL CTAs: CTA rank r copies rows r, r + CL, ... multicast into every CTA of
+      // the cluster (each row read from L2 once per cluster; every CTA expects all M rows).
+      ptx::cluster_wait_acquire();
+      const int rank = static_cast<int>(ptx::cluster_ctarank());
+      if (warp == 0 && lane < M && lane % CL == rank)
+        ptx::bulk_g2s_multicast(smem_u32(act + lane * L.act_stride), p.a + lane * p.lda,
+                                row_bytes, bar, static_cast<uint16_t>((1u << CL) - 1u));
+    } else if (warp == 0) {
       if (lane == 0) ptx::mbar_arrive_expect_tx(bar, row_bytes * static_cast<uint32_t>(M));
       __syncwarp();
       if (lane < M)
@@ -608,6 +619,34 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     const float wts = s_epi.wts;
     const bool has_as = ep.a_scale != nullptr, has_ws = ep.w_scale != nullptr,
                has_bias = ep.bias != nullptr;
+    // Thread -> column c = tid mod cw (cw: the columns rounded up to a power of two >= 32) and
+    // tokens tid / cw, + kTilesThreads / cw, ...: the column's operands read once, no division
+    // per output (session 17: the flat loop below spent ~120 instructions per output). More
+    // columns than threads (over 32 tiles per CTA) take the flat loop.
+    int cw = 32;
+    while (cw < cols && cw < kTilesThreads) cw *= 2;
+    if (!(p.variant & 1) && cols <= cw) {
+      const int c = threadIdx.x & (cw - 1);
+      const int64_t col = 16 * t0 + c;
+      if (c < cols && col < N) {
+        const float ws = s_ws[c], bias = s_bias[c];
+        const int32_t* pc = part + c * ps;
+        for (int tok = threadIdx.x / cw; tok < M; tok += kTilesThreads / cw) {
+          int32_t sum = pc[tok];
+          if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
+          if (acc_out) {
+            acc_out[tok * ldo + col] = sum;
+            continue;
+          }
+          float v = static_cast<float>(sum);
+          if (has_as) v = __fmul_rn(v, s_scale[tok]);
+          if (has_ws) v = __fmul_rn(v, ws);
+          if (has_wts) v = __fmul_rn(v, wts);
+          if (has_bias) v = __fadd_rn(v, bias);
+          store2(out, out_dtype, tok * ldo + col, v, 0.f, false, false);
+        }
+      }
+    } else
     for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
       const int tok = idx / cols, c = idx - tok * cols;
       const int64_t col = 16 * t0 + c;
@@ -727,10 +766,15 @@ void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStr
                    static_cast<size_t>(L.smem), stream, d, L);
 }
 
-// The cluster instances: PDL + clusters of CL CTAs (16: the non-portable size).
-template <int KIND, int CL>
+// The cluster instances: PDL + clusters of CL CTAs (16: the non-portable size); with x (ROT:
+// the cluster rotation, CL 8 / 16) or the codes (the multicast activation copy, CL 2 / 4).
+template <int KIND, int CL, bool ROT = true>
 auto cluster_kernel() {
-  return gemv_tiles_kernel<KIND, 2, __nv_bfloat16, kTilesDepthDeep, CL>;
+  if constexpr (ROT) {
+    return gemv_tiles_kernel<KIND, 2, __nv_bfloat16, kTilesDepthDeep, CL>;
+  } else {
+    return gemv_tiles_kernel<KIND, 2, void, kTilesDepthDeep, CL>;
+  }
 }
 template <typename Kernel>
 cudaError_t launch_cluster(Kernel kernel, int cl, int grid, int64_t smem, cudaStream_t stream,
@@ -753,7 +797,7 @@ cudaError_t launch_cluster(Kernel kernel, int cl, int grid, int64_t smem, cudaSt
 }
 // Prepares the cluster instance (shared memory limit, non-portable size) and returns how many
 // clusters of CL of it are resident at once with `smem` bytes (0: none; per device, cached).
-template <int KIND, int CL>
+template <int KIND, int CL, bool ROT = true>
 int cluster_capacity(int64_t smem) {
   static std::mutex mu;
   static std::map<std::pair<int, int64_t>, int> cache;
@@ -762,7 +806,7 @@ int cluster_capacity(int64_t smem) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(std::make_pair(dev, smem));
   if (it != cache.end()) return it->second;
-  auto kernel = cluster_kernel<KIND, CL>();
+  auto kernel = cluster_kernel<KIND, CL, ROT>();
   int n = 0;
   bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(smem)) == cudaSuccess;
@@ -845,6 +889,18 @@ namespace {
 // tile, at most as many clusters as are resident at once (0 when none fits).
 int cluster_grid(const DecodeParams& d) {
   const int cl = d.cluster;
+  if (!d.x) {  // multicast activation copy
+    if (cl != 2 && cl != 4) return 0;
+    const int64_t tiles = (d.w.N + 15) / 16;
+    const int64_t g = std::min<int64_t>(multiprocessor_count(), tiles) / cl * cl;
+    const int64_t smem = tiles_device().max_smem;
+    const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
+    const int cap = cl == 2 ? (comfy ? cluster_capacity<kTilesComfy, 2, false>(smem)
+                                     : cluster_capacity<kTilesInt4, 2, false>(smem))
+                            : (comfy ? cluster_capacity<kTilesComfy, 4, false>(smem)
+                                     : cluster_capacity<kTilesInt4, 4, false>(smem));
+    return static_cast<int>(std::min<int64_t>(g, static_cast<int64_t>(cap) * cl));
+  }
   if (cl != 8 && cl != 16) return 0;
   const int64_t tiles = (d.w.N + 15) / 16;
   const int64_t g = std::min<int64_t>(multiprocessor_count(), tiles) / cl * cl;
@@ -859,12 +915,13 @@ int cluster_grid(const DecodeParams& d) {
 }  // namespace
 
 int tiles_grid(const DecodeParams& d) {
-  if (d.x && d.cluster > 0) return cluster_grid(d);
+  if (d.cluster > 0) return cluster_grid(d);
   const int64_t tiles = (d.w.N + 15) / 16;
   return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
 }
 
 int64_t decode_tiles_xchg_bytes(const DecodeParams& d) {
+  if (!d.x) return 0;
   const int grid = cluster_grid(d);
   if (grid <= 0) return 0;
   return static_cast<int64_t>(grid / d.cluster) * (d.M * d.w.K + 16 * 4);
@@ -945,6 +1002,16 @@ bool cluster_rotation_fits(const DecodeParams& d) {
   return L.depth == kTilesDepthDeep && L.smem <= tiles_device().max_smem;
 }
 
+// Multicast activation copy (d.cluster 2 / 4, codes in d.a): 8 < M <= 16 (two n8 tiles), at
+// least one whole cluster, the 6-slot ring's layout (the instances built).
+bool mcast_fits(const DecodeParams& d) {
+  if ((d.cluster != 2 && d.cluster != 4) || d.M <= 8 || d.M > 16) return false;
+  const int grid = cluster_grid(d);
+  if (grid < d.cluster) return false;
+  const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
+  return L.depth == kTilesDepthDeep && L.smem <= tiles_device().max_smem;
+}
+
 }  // namespace
 
 bool decode_tiles_applies(const DecodeParams& d) {
@@ -956,6 +1023,8 @@ bool decode_tiles_applies(const DecodeParams& d) {
   } else if (d.x) {
     if (!fused_rotation_fits(d)) return false;
   } else if (!d.a || d.lda % 16 != 0 || reinterpret_cast<uintptr_t>(d.a) % 16 != 0) {
+    return false;
+  } else if (d.cluster > 0 && !(tiles_device().sm90 && mcast_fits(d))) {
     return false;
   }
   const TilesDevice info = tiles_device();
@@ -985,6 +1054,23 @@ void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
       e = comfy
               ? launch_cluster(cluster_kernel<kTilesComfy, 16>(), 16, grid, L.smem, stream, d, L)
               : launch_cluster(cluster_kernel<kTilesInt4, 16>(), 16, grid, L.smem, stream, d, L);
+    }
+    check_cuda(e, "decode_tiles", "cluster launch");
+    return;
+  }
+  if (d.cluster > 0) {  // multicast activation copy (decode_tiles_applies: the instances below)
+    const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
+    cudaError_t e;
+    if (d.cluster == 2) {
+      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 2, false>(), 2, grid, L.smem,
+                                 stream, d, L)
+                : launch_cluster(cluster_kernel<kTilesInt4, 2, false>(), 2, grid, L.smem,
+                                 stream, d, L);
+    } else {
+      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 4, false>(), 4, grid, L.smem,
+                                 stream, d, L)
+                : launch_cluster(cluster_kernel<kTilesInt4, 4, false>(), 4, grid, L.smem,
+                                 stream, d, L);
     }
     check_cuda(e, "decode_tiles", "cluster launch");
     return;

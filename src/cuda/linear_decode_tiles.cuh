@@ -69,6 +69,9 @@ struct DecodeTilesTuning {
   // through an exchange buffer read back by multicast bulk copies; one launch per layer, no
   // rotate kernel (session 17). Otherwise the rotate kernel + GEMV.
   int cluster = 0;
+  // Rotate kernel + GEMV (M > 8): clusters of this many CTAs (2 or 4; 0: off) copy the activation
+  // rows as multicast bulk copies, each row read from L2 once per cluster (session 17).
+  int act_mcast = 0;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream

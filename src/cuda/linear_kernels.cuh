@@ -55,7 +55,12 @@ struct RotateQuantParams {
   // DecodeTilesTuning::trigger) and waits (griddepcontrol.wait) for it before touching memory.
   // The legacy kernel ignores it.
   bool pdl = false;
+  // Bench only (register kernel; null in the library): per CTA kRotateStampWords uint64 of
+  // %globaltimer stamps by thread 0: entry, after griddepcontrol.wait, after its last row's
+  // stores were issued.
+  uint64_t* stamps = nullptr;
 };
+constexpr int kRotateStampWords = 3;
 // Parameters for contiguous rows: x (M, K) x_dtype, codes (M, K) one byte per code (row stride
 // K bytes), scales (M) fp32. The callers that rotate + quantize whole contiguous rows (the layer's
 // decode step, the bench rows) build them here.
@@ -207,8 +212,12 @@ struct DecodeParams {
   // of `cluster` CTAs (8 or 16), each CTA rotates + quantizes at most 2 of the M rows and the
   // cluster shares them through `xchg` (decode_tiles_xchg_bytes(d) device bytes, 16-byte
   // aligned, written and read by this launch only). 0: off.
+  // Without x (codes in a): clusters of `cluster` CTAs (2 or 4) copy the activation rows as
+  // multicast bulk copies (DecodeTilesTuning::act_mcast).
   int cluster = 0;
   uint8_t* xchg = nullptr;
+  // Bench only (A/B bits of the tiled kernel, 0 in the library): 1 = the flat epilogue loop.
+  int variant = 0;
 };
 // Sets d's epilogue and output for contiguous rows (the bench rows build their DecodeParams
 // beside rotate_quant_rows' parameters): w_scale (N) fp32, bias (N) bias_dtype or null, out
