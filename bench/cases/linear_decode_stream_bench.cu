@@ -516,6 +516,16 @@ class DecodeStreamBench : public BenchCase {
                 false, 0, 4},
               V{"rotate (PDL) + tiles, flat epilogue loop (variant 1, session 16)", true, false,
                 false, 0, 0, 1},
+              V{"rotate (PDL) + tiles, no ring item requested before the wait (variant 2)", true,
+                false, false, 0, 0, 2},
+              V{"rotate (PDL) + tiles, 2 ring items requested before the wait (variant 4)", true,
+                false, false, 0, 0, 4},
+              V{"rotate (PDL) + tiles, multicast in clusters of 4, 2 items before the wait", true,
+                false, false, 0, 4, 4},
+              V{"tiles fused, register rotation, no ring item before the wait (variant 2)", false,
+                true, false, 0, 0, 2},
+              V{"tiles fused, register rotation, 2 ring items before the wait (variant 4)", false,
+                true, false, 0, 0, 4},
               V{"tiles alone (codes on the device)", false},
               V{"tiles alone, flat epilogue loop (variant 1, session 16)", false, false, false, 0,
                 0, 1},
@@ -619,7 +629,8 @@ class DecodeStreamBench : public BenchCase {
               ok(cudaStreamSynchronize(s), "synchronize");
               r.note += (r.note.empty() ? "" : "; ") + stamp_note(hs, grid);
               if (v.rotate) r.note += "; " + rotate_note(hs, grid, hr, static_cast<int>(M));
-              if (v.cluster > 0) r.note += "; grid " + std::to_string(grid) + " CTAs";
+              if (v.cluster > 0 || v.mcast > 0)
+                r.note += "; grid " + std::to_string(grid) + " CTAs";
             }
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
