@@ -687,7 +687,8 @@ class DecodeStreamBench : public BenchCase {
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
         // 2 / 3 (M > 2 only): the cluster rotation, DecodeTilesTuning::cluster 8 / 16; 4 / 5:
-        // the multicast activation copy, DecodeTilesTuning::act_mcast 2 / 4.
+        // the activation copy without multicast / in clusters of 2 (DecodeTilesTuning::act_mcast
+        // 0 / 2; the default multicasts in clusters of 4).
         for (const int fused : {0, 1, 2, 3, 4, 5}) {
           if (fused == 1 && M > cl::kTilesFuseLimit) continue;
           if (fused >= 2 && M <= cl::kTilesFuseLimit) continue;
@@ -698,8 +699,8 @@ class DecodeStreamBench : public BenchCase {
                  (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
                   : fused == 2 ? "cluster rotation, DecodeTilesTuning::cluster = 8"
                   : fused == 3 ? "cluster rotation, DecodeTilesTuning::cluster = 16"
-                  : fused == 4 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 2"
-                  : fused == 5 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 4"
+                  : fused == 4 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 0"
+                  : fused == 5 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 2"
                                : "layer defaults") +
                  "), per layer";
           r.shape = layer_shape(M, K, N);
@@ -718,7 +719,7 @@ class DecodeStreamBench : public BenchCase {
             cl::DecodeTilesTuning t;
             if (fused == 1) t.fuse_max_m = 0;
             if (fused == 2 || fused == 3) t.cluster = fused == 2 ? 8 : 16;
-            if (fused >= 4) t.act_mcast = fused == 4 ? 2 : 4;
+            if (fused >= 4) t.act_mcast = fused == 4 ? 0 : 2;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);
