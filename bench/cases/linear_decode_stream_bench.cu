@@ -490,9 +490,7 @@ class DecodeStreamBench : public BenchCase {
           bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
           bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
-          int cluster = 0;     // with fused: clusters of this many CTAs share the rotation (M > 8)
-          int mcast = 0;       // without: activation rows multicast in clusters of this many (M > 8)
-          int variant = 0;     // DecodeParams::variant (A/B bits)
+          int mcast = 0;  // activation rows multicast in clusters of this many CTAs (M > 8)
         };
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
@@ -503,32 +501,15 @@ class DecodeStreamBench : public BenchCase {
         // Each GEMV row also runs the stream once more with phase stamps (DecodeParams::stamps):
         // the per-layer timeline in its note.
         for (const V& v :
-             {V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
+             {V{"rotate (PDL) + tiles (two kernels), plain activation copy", true},
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
                 false, true},
-              V{"tiles, cluster rotation, clusters of 8 (one kernel per layer)", false, true, false,
-                8},
-              V{"tiles, cluster rotation, clusters of 16 (one kernel per layer)", false, true, false,
-                16},
               V{"rotate (PDL) + tiles, activation rows multicast in clusters of 2", true, false,
-                false, 0, 2},
-              V{"rotate (PDL) + tiles, activation rows multicast in clusters of 4", true, false,
-                false, 0, 4},
-              V{"rotate (PDL) + tiles, flat epilogue loop (variant 1, session 16)", true, false,
-                false, 0, 0, 1},
-              V{"rotate (PDL) + tiles, no ring item requested before the wait (variant 2)", true,
-                false, false, 0, 0, 2},
-              V{"rotate (PDL) + tiles, 2 ring items requested before the wait (variant 4)", true,
-                false, false, 0, 0, 4},
-              V{"rotate (PDL) + tiles, multicast in clusters of 4, 2 items before the wait", true,
-                false, false, 0, 4, 4},
-              V{"tiles fused, register rotation, no ring item before the wait (variant 2)", false,
-                true, false, 0, 0, 2},
-              V{"tiles fused, register rotation, 2 ring items before the wait (variant 4)", false,
-                true, false, 0, 0, 4},
+                false, 2},
+              V{"rotate (PDL) + tiles, activation rows multicast in clusters of 4 (layer default "
+                "8 < M <= 16)",
+                true, false, false, 4},
               V{"tiles alone (codes on the device)", false},
-              V{"tiles alone, flat epilogue loop (variant 1, session 16)", false, false, false, 0,
-                0, 1},
               V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
           Row r;
           r.family = "linear";
@@ -551,21 +532,12 @@ class DecodeStreamBench : public BenchCase {
             dl.x_dtype = DType::bf16;
             dl.x_row_stride = K;
             dl.rot = 256;
-            dl.cluster = v.cluster;
+            if (!cl::decode_tiles_applies(dl)) continue;
           }
-          dl.variant = v.variant;
           if (v.mcast > 0) {
             dl.cluster = v.mcast;
             if (!cl::decode_tiles_applies(dl)) continue;
           }
-          DeviceTensor xchg;  // the cluster rotation's exchange buffer
-          if (v.cluster > 0) {
-            const int64_t xb = cl::decode_tiles_xchg_bytes(dl);
-            if (xb <= 0) continue;
-            xchg = make_empty(Device::cuda, DType::u8, {xb});
-            dl.xchg = static_cast<uint8_t*>(xchg.view.data);
-          }
-          if (v.fused && !cl::decode_tiles_applies(dl)) continue;
           try {
             r.ms = env.time_ms([&] {
                      for (int l = 0; l < kLayers; ++l) {
@@ -629,8 +601,7 @@ class DecodeStreamBench : public BenchCase {
               ok(cudaStreamSynchronize(s), "synchronize");
               r.note += (r.note.empty() ? "" : "; ") + stamp_note(hs, grid);
               if (v.rotate) r.note += "; " + rotate_note(hs, grid, hr, static_cast<int>(M));
-              if (v.cluster > 0 || v.mcast > 0)
-                r.note += "; grid " + std::to_string(grid) + " CTAs";
+              if (v.mcast > 0) r.note += "; grid " + std::to_string(grid) + " CTAs";
             }
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
@@ -686,10 +657,9 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        // 2 / 3 (M > 2 only): the cluster rotation, DecodeTilesTuning::cluster 8 / 16; 4 / 5:
-        // the activation copy without multicast / in clusters of 2 (DecodeTilesTuning::act_mcast
-        // 0 / 2; the default multicasts in clusters of 4).
-        for (const int fused : {0, 1, 2, 3, 4, 5}) {
+        // 2 / 3 (M > 2 only): the activation copy without multicast / in clusters of 2
+        // (DecodeTilesTuning::act_mcast 0 / 2; the default multicasts in clusters of 4).
+        for (const int fused : {0, 1, 2, 3}) {
           if (fused == 1 && M > cl::kTilesFuseLimit) continue;
           if (fused >= 2 && M <= cl::kTilesFuseLimit) continue;
           Row r;
@@ -697,10 +667,8 @@ class DecodeStreamBench : public BenchCase {
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                  qtype_name(q) + ": QuantizedLinear::forward (" +
                  (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
-                  : fused == 2 ? "cluster rotation, DecodeTilesTuning::cluster = 8"
-                  : fused == 3 ? "cluster rotation, DecodeTilesTuning::cluster = 16"
-                  : fused == 4 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 0"
-                  : fused == 5 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 2"
+                  : fused == 2 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 0"
+                  : fused == 3 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 2"
                                : "layer defaults") +
                  "), per layer";
           r.shape = layer_shape(M, K, N);
@@ -718,8 +686,7 @@ class DecodeStreamBench : public BenchCase {
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
             if (fused == 1) t.fuse_max_m = 0;
-            if (fused == 2 || fused == 3) t.cluster = fused == 2 ? 8 : 16;
-            if (fused >= 4) t.act_mcast = fused == 4 ? 0 : 2;
+            if (fused >= 2) t.act_mcast = fused == 2 ? 0 : 2;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

@@ -25,10 +25,12 @@
 //     memory with integer atomics (exact in any order); one barrier, then the epilogue
 //     (apply_epilogue: the prefill path's fp32 order);
 //   - the activations: codes from the rotate kernel (one bulk copy per row on one mbarrier, so
-//     the CTA does not also wait for its ring's first items; comfy row sums one warp per row), or
-//     (M <= 2) x rotated + quantized by every CTA itself with the register rotate kernel's
+//     the CTA does not also wait for its ring's first items; at 8 < M <= 16 by default in
+//     clusters of 4 CTAs, each row multicast into the cluster; comfy row sums one warp per row),
+//     or (M <= 2) x rotated + quantized by every CTA itself with the register rotate kernel's
 //     arithmetic (linear_rotate.cuh): the same bits. The epilogue's operands are staged in shared
-//     memory during the prologue (session 16: docs/linear-gpu.md).
+//     memory during the prologue (session 16), the epilogue maps one column to a thread (session
+//     17: docs/linear-gpu.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -246,61 +248,6 @@ __device__ __forceinline__ void tiles_rotate_reg(const DecodeParams& p, uint8_t*
   }
 }
 
-// Cluster rotation (CL CTAs per cluster, M <= 2 CL rows; DecodeParams::cluster): CTA `rank` of
-// the cluster rotates + quantizes rows rank and rank + CL with tiles_rotate_reg's arithmetic (the
-// register rotate kernel's bits), every thread its 16 elements of the row, and writes their codes
-// to the cluster's rows `xrows` (M x K bytes, global) and their scales to xscales[m] (global).
-template <int CL, int THREADS, typename XT>
-__device__ __forceinline__ void tiles_rotate_cluster(const DecodeParams& p, int rank,
-                                                     uint8_t* xrows, float* xscales,
-                                                     float* s_amax) {
-  constexpr int W = THREADS / 32;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int M = static_cast<int>(p.M);
-  const int K = static_cast<int>(p.w.K);
-  const bool in = tid * 16 < K;
-  const int g = reg_group<256>(tid), out0 = reg_out0<256>(tid);
-  // Both rows' 32 bytes in flight before the first is computed.
-  uint4 raw[2][2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int m = rank + i * CL;
-    raw[i][0] = raw[i][1] = make_uint4(0u, 0u, 0u, 0u);
-    if (m < M && in) {
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const XT*>(p.x) +
-                                                        m * p.x_row_stride + tid * 16);
-      raw[i][0] = src[0];
-      raw[i][1] = src[1];
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int m = rank + i * CL;
-    if (m >= M) break;  // uniform
-    float v[16], y[16];
-    unpack_raw<XT>(raw[i], v);  // zeros past K (raw zero)
-    rotate16<256>(v, g, y);
-    const float wm = amax16_warp(y);
-    if (lane == 0) s_amax[i * W + warp] = wm;
-    __syncthreads();
-    float am = s_amax[i * W];
-#pragma unroll
-    for (int w = 1; w < W; ++w) am = amax_nan(am, s_amax[i * W + w]);
-    const float scale = token_scale(am, static_cast<float>(p.act_qmax));
-    if (tid == 0) xscales[m] = scale;
-    uint32_t c[4];
-    if (p.act_qmax == 7) {
-      quantize16_int<7>(y, scale, c);
-    } else {
-      quantize16_int<127>(y, scale, c);
-    }
-    if (in) {
-      *reinterpret_cast<uint4*>(xrows + static_cast<int64_t>(m) * K + out0) =
-          make_uint4(c[0], c[1], c[2], c[3]);
-    }
-  }
-}
-
 // Comfy: the code sum of activation row m = warp (M <= 16 = kTilesWarps rows in shared memory,
 // landed and visible to every thread) into s_asum[m]: each warp sums its row's 16-byte pieces
 // (independent loads, one reduction, a plain store). H200 session 16: the earlier loop over the
@@ -334,15 +281,14 @@ __device__ __forceinline__ void tiles_act_sums(const DecodeParams& p, const uint
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
 // D: ring slots per warp (kTilesDepth, or kTilesDepthDeep for the two-kernel path: TilesLayout).
-// CL: clusters of CL CTAs share the rotation of the M rows (x in; 0: no cluster).
+// CL: clusters of CL CTAs share the activation copy (multicast; codes in; 0: no cluster).
 template <int KIND, int NT, typename XT = void, int D = kTilesDepth, int CL = 0>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
-  // CL > 0: with x, the cluster rotation; without, the activation rows multicast in clusters.
-  constexpr bool kCluster = CL > 0 && !std::is_void<XT>::value;
-  constexpr bool kMcast = CL > 0 && std::is_void<XT>::value;
-  constexpr bool kFused = !std::is_void<XT>::value && !kCluster;
+  constexpr bool kFused = !std::is_void<XT>::value;
+  constexpr bool kMcast = CL > 0;
+  static_assert(!kMcast || !kFused, "the multicast copy takes the rotate kernel's codes");
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
   __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
@@ -394,16 +340,12 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       cp_async16(smem_u32(slot + kItemBytes + lane * 16),
                  tables + static_cast<int64_t>(k) * kTableBytes + lane * 16);
   };
-  // Bench A/B (DecodeParams::variant bit 2 / 4): only the first 0 / 2 of the D - 1 items
-  // requested before griddepcontrol.wait, the others right after it (one cp.async group per item,
-  // in order either way).
-  const int pre = (p.variant & 2) ? 0 : ((p.variant & 4) ? 2 : D - 1);
+  // (H200 session 17: requesting only 0 / 2 of these before the wait and the rest after it made
+  // the rotate kernel in front faster but the activation copy slower: +3-4 % / +0.5-1.5 %.)
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
-    if (k < pre) {
-      if (k < n_items) issue(k, k);
-      cp_async_commit();
-    }
+    if (k < n_items) issue(k, k);
+    cp_async_commit();
   }
   // The next kernel in the stream may launch now (it waits for this grid before reading): its
   // CTAs take the SMs this grid's CTAs leave and request their first items under our tail.
@@ -440,9 +382,9 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       ptx::mbar_init(smem_u32(&s_act_bar), 1);
       ptx::mbar_fence_init();
     }
-    // Cluster: the CTA's M rows arrive as the CTAs' multicast copies, issued only after the
-    // cluster barrier below (which this thread reaches after the expectation).
-    if constexpr (CL > 0)
+    // Multicast: the CTA's M rows arrive as its cluster's copies, issued only after the
+    // cluster barrier (which this thread reaches after the expectation).
+    if constexpr (kMcast)
       ptx::mbar_arrive_expect_tx(smem_u32(&s_act_bar),
                                  static_cast<uint32_t>(p.w.K) * static_cast<uint32_t>(M));
   }
@@ -450,44 +392,9 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
   if constexpr (kMcast) ptx::cluster_arrive_release();
   ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
   stamp(kStampWaited);
-#pragma unroll
-  for (int k = 0; k < D - 1; ++k) {
-    if (k >= pre) {
-      if (k < n_items) issue(k, k);
-      cp_async_commit();
-    }
-  }
   __syncthreads();
   Epilogue ep = p.ep;
-  if constexpr (kCluster) {
-    // CTA rank r rotates + quantizes rows r, r + CL into the cluster's rows of the exchange
-    // buffer (global), one cluster barrier (release / acquire: the codes, the scales and every
-    // CTA's barrier expectation), then each row goes out as ONE bulk copy multicast into every
-    // CTA of the cluster (L2 read once per cluster), completing on each CTA's s_act_bar.
-    const int rank = static_cast<int>(ptx::cluster_ctarank());
-    const int64_t cid = b / CL;
-    const int64_t row_bytes = p.w.K;
-    uint8_t* xrows = p.xchg + cid * M * row_bytes;
-    float* xscales = reinterpret_cast<float*>(p.xchg + (G / CL) * M * row_bytes) + cid * 16;
-    tiles_rotate_cluster<CL, kTilesThreads, XT>(p, rank, xrows, xscales, s_amax);
-    ptx::fence_proxy_async_global();  // the codes are read next by the async proxy
-    ptx::cluster_arrive_release();
-    ptx::cluster_wait_acquire();
-    if (warp == 0 && lane < 2) {
-      const int m = rank + lane * CL;
-      if (m < M) {
-        ptx::fence_proxy_async_global();
-        ptx::bulk_g2s_multicast(smem_u32(act + m * L.act_stride), xrows + m * row_bytes,
-                                static_cast<uint32_t>(row_bytes), smem_u32(&s_act_bar),
-                                static_cast<uint16_t>((1u << CL) - 1u));
-      }
-    }
-    // The scales (written before the cluster barrier; read through L2).
-    if (threadIdx.x < M) s_scale[threadIdx.x] = __ldcg(xscales + threadIdx.x);
-    ptx::mbar_wait_bounded(smem_u32(&s_act_bar), 0);
-    tiles_act_sums<KIND, kTilesThreads>(p, act, L.act_stride, s_asum);
-    ep.a_scale = s_scale;
-  } else if constexpr (kFused) {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself
+  if constexpr (kFused) {  // every CTA rotates + quantizes the M <= kTilesFuseLimit rows itself
     tiles_rotate_reg<KIND, kTilesThreads, XT>(p, act, L.act_stride, s_scale, s_amax, s_asum);
     ep.a_scale = s_scale;  // a generic pointer into shared memory
   } else {
@@ -638,7 +545,7 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     // columns than threads (over 32 tiles per CTA) take the flat loop.
     int cw = 32;
     while (cw < cols && cw < kTilesThreads) cw *= 2;
-    if (!(p.variant & 1) && cols <= cw) {
+    if (cols <= cw) {
       const int c = threadIdx.x & (cw - 1);
       const int64_t col = 16 * t0 + c;
       if (c < cols && col < N) {
@@ -718,8 +625,7 @@ TilesLayout tiles_layout(const DecodeParams& d, int grid, int64_t max_smem) {
   off += (2 * tiles_per_cta * 16 * 4 + 127) / 128 * 128;
   L.ring_off = static_cast<int>(off);
   const int64_t slot_row = static_cast<int64_t>(kTilesWarps) * slot_bytes(kind);
-  if ((!d.x || d.cluster > 0) && d.M > kTilesFuseLimit &&
-      off + kTilesDepthDeep * slot_row <= max_smem)
+  if (!d.x && d.M > kTilesFuseLimit && off + kTilesDepthDeep * slot_row <= max_smem)
     L.depth = kTilesDepthDeep;
   L.smem = off + L.depth * slot_row;
   return L;
@@ -779,15 +685,11 @@ void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStr
                    static_cast<size_t>(L.smem), stream, d, L);
 }
 
-// The cluster instances: PDL + clusters of CL CTAs (16: the non-portable size); with x (ROT:
-// the cluster rotation, CL 8 / 16) or the codes (the multicast activation copy, CL 2 / 4).
-template <int KIND, int CL, bool ROT = true>
+// The multicast instances (two n8 tiles, 6 ring slots, clusters of CL CTAs), launched with PDL
+// and the cluster dimension.
+template <int KIND, int CL>
 auto cluster_kernel() {
-  if constexpr (ROT) {
-    return gemv_tiles_kernel<KIND, 2, __nv_bfloat16, kTilesDepthDeep, CL>;
-  } else {
-    return gemv_tiles_kernel<KIND, 2, void, kTilesDepthDeep, CL>;
-  }
+  return gemv_tiles_kernel<KIND, 2, void, kTilesDepthDeep, CL>;
 }
 template <typename Kernel>
 cudaError_t launch_cluster(Kernel kernel, int cl, int grid, int64_t smem, cudaStream_t stream,
@@ -808,9 +710,9 @@ cudaError_t launch_cluster(Kernel kernel, int cl, int grid, int64_t smem, cudaSt
   cfg.numAttrs = 2;
   return cudaLaunchKernelEx(&cfg, kernel, d, L);
 }
-// Prepares the cluster instance (shared memory limit, non-portable size) and returns how many
-// clusters of CL of it are resident at once with `smem` bytes (0: none; per device, cached).
-template <int KIND, int CL, bool ROT = true>
+// Prepares the cluster instance (shared memory limit) and returns how many clusters of CL of it
+// are resident at once with `smem` bytes (0: none; per device, cached).
+template <int KIND, int CL>
 int cluster_capacity(int64_t smem) {
   static std::mutex mu;
   static std::map<std::pair<int, int64_t>, int> cache;
@@ -819,14 +721,10 @@ int cluster_capacity(int64_t smem) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(std::make_pair(dev, smem));
   if (it != cache.end()) return it->second;
-  auto kernel = cluster_kernel<KIND, CL, ROT>();
+  auto kernel = cluster_kernel<KIND, CL>();
   int n = 0;
-  bool ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(smem)) == cudaSuccess;
-  if (ok && CL > 8)
-    ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-         cudaSuccess;
-  if (ok) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) == cudaSuccess) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(static_cast<unsigned>(CL));
     cfg.blockDim = dim3(kTilesThreads);
@@ -898,31 +796,19 @@ __global__ void __launch_bounds__(kTilesThreads, 1)
 }  // namespace
 
 namespace {
-// Cluster rotation: whole clusters of d.cluster CTAs, at most one CTA per multiprocessor and per
-// tile, at most as many clusters as are resident at once (0 when none fits).
+// Multicast activation copy: whole clusters of d.cluster CTAs, at most one CTA per multiprocessor
+// and per tile, at most as many clusters as are resident at once (0 when none fits).
 int cluster_grid(const DecodeParams& d) {
   const int cl = d.cluster;
-  if (!d.x) {  // multicast activation copy
-    if (cl != 2 && cl != 4) return 0;
-    const int64_t tiles = (d.w.N + 15) / 16;
-    const int64_t g = std::min<int64_t>(multiprocessor_count(), tiles) / cl * cl;
-    const int64_t smem = tiles_device().max_smem;
-    const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
-    const int cap = cl == 2 ? (comfy ? cluster_capacity<kTilesComfy, 2, false>(smem)
-                                     : cluster_capacity<kTilesInt4, 2, false>(smem))
-                            : (comfy ? cluster_capacity<kTilesComfy, 4, false>(smem)
-                                     : cluster_capacity<kTilesInt4, 4, false>(smem));
-    return static_cast<int>(std::min<int64_t>(g, static_cast<int64_t>(cap) * cl));
-  }
-  if (cl != 8 && cl != 16) return 0;
+  if (d.x || (cl != 2 && cl != 4)) return 0;
   const int64_t tiles = (d.w.N + 15) / 16;
   const int64_t g = std::min<int64_t>(multiprocessor_count(), tiles) / cl * cl;
   const int64_t smem = tiles_device().max_smem;
   const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
-  const int cap = cl == 8 ? (comfy ? cluster_capacity<kTilesComfy, 8>(smem)
-                                   : cluster_capacity<kTilesInt4, 8>(smem))
-                          : (comfy ? cluster_capacity<kTilesComfy, 16>(smem)
-                                   : cluster_capacity<kTilesInt4, 16>(smem));
+  const int cap = cl == 2 ? (comfy ? cluster_capacity<kTilesComfy, 2>(smem)
+                                   : cluster_capacity<kTilesInt4, 2>(smem))
+                          : (comfy ? cluster_capacity<kTilesComfy, 4>(smem)
+                                   : cluster_capacity<kTilesInt4, 4>(smem));
   return static_cast<int>(std::min<int64_t>(g, static_cast<int64_t>(cap) * cl));
 }
 }  // namespace
@@ -931,13 +817,6 @@ int tiles_grid(const DecodeParams& d) {
   if (d.cluster > 0) return cluster_grid(d);
   const int64_t tiles = (d.w.N + 15) / 16;
   return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
-}
-
-int64_t decode_tiles_xchg_bytes(const DecodeParams& d) {
-  if (!d.x) return 0;
-  const int grid = cluster_grid(d);
-  if (grid <= 0) return 0;
-  return static_cast<int64_t>(grid / d.cluster) * (d.M * d.w.K + 16 * 4);
 }
 
 int decode_tiles_kind(const PackedWeightRef& w) {
@@ -999,22 +878,6 @@ bool fused_rotation_fits(const DecodeParams& d) {
          d.x_row_stride % 8 == 0;
 }
 
-// Cluster rotation (d.cluster): 8 < M <= 16 (two n8 tiles; rows r, r + CL per CTA), rot 256,
-// bf16 x with 16-byte rows, K <= 16 x 512, int8 / int4 codes, an exchange buffer, at least one
-// whole cluster, and the 6-slot ring's layout (the instances built).
-bool cluster_rotation_fits(const DecodeParams& d) {
-  if ((d.cluster != 8 && d.cluster != 16) || d.M <= 8 || d.M > 16 || d.M > 2 * d.cluster)
-    return false;
-  if (d.rot != 256 || d.x_dtype != DType::bf16 || d.w.K > 16 * kTilesThreads ||
-      (d.act_qmax != 7 && d.act_qmax != 127) || reinterpret_cast<uintptr_t>(d.x) % 16 != 0 ||
-      d.x_row_stride % 8 != 0 || !d.xchg || reinterpret_cast<uintptr_t>(d.xchg) % 16 != 0)
-    return false;
-  const int grid = cluster_grid(d);
-  if (grid < d.cluster) return false;
-  const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
-  return L.depth == kTilesDepthDeep && L.smem <= tiles_device().max_smem;
-}
-
 // Multicast activation copy (d.cluster 2 / 4, codes in d.a): 8 < M <= 16 (two n8 tiles), at
 // least one whole cluster, the 6-slot ring's layout (the instances built).
 bool mcast_fits(const DecodeParams& d) {
@@ -1031,10 +894,8 @@ bool decode_tiles_applies(const DecodeParams& d) {
   if (!d.tiles || d.M < 1 || d.M > 16) return false;
   if (decode_tiles_kind(d.w) == kTilesNone) return false;
   if (reinterpret_cast<uintptr_t>(d.tiles) % 16 != 0) return false;
-  if (d.x && d.cluster > 0) {
-    if (!tiles_device().sm90 || !cluster_rotation_fits(d)) return false;
-  } else if (d.x) {
-    if (!fused_rotation_fits(d)) return false;
+  if (d.x) {
+    if (d.cluster > 0 || !fused_rotation_fits(d)) return false;
   } else if (!d.a || d.lda % 16 != 0 || reinterpret_cast<uintptr_t>(d.a) % 16 != 0) {
     return false;
   } else if (d.cluster > 0 && !(tiles_device().sm90 && mcast_fits(d))) {
@@ -1057,33 +918,15 @@ void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
 void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   const int grid = tiles_grid(d);
   const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
-  if (d.x && d.cluster > 0) {  // cluster rotation (decode_tiles_applies: the instances below)
-    const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
-    cudaError_t e;
-    if (d.cluster == 8) {
-      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 8>(), 8, grid, L.smem, stream, d, L)
-                : launch_cluster(cluster_kernel<kTilesInt4, 8>(), 8, grid, L.smem, stream, d, L);
-    } else {
-      e = comfy
-              ? launch_cluster(cluster_kernel<kTilesComfy, 16>(), 16, grid, L.smem, stream, d, L)
-              : launch_cluster(cluster_kernel<kTilesInt4, 16>(), 16, grid, L.smem, stream, d, L);
-    }
-    check_cuda(e, "decode_tiles", "cluster launch");
-    return;
-  }
   if (d.cluster > 0) {  // multicast activation copy (decode_tiles_applies: the instances below)
     const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
     cudaError_t e;
     if (d.cluster == 2) {
-      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 2, false>(), 2, grid, L.smem,
-                                 stream, d, L)
-                : launch_cluster(cluster_kernel<kTilesInt4, 2, false>(), 2, grid, L.smem,
-                                 stream, d, L);
+      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 2>(), 2, grid, L.smem, stream, d, L)
+                : launch_cluster(cluster_kernel<kTilesInt4, 2>(), 2, grid, L.smem, stream, d, L);
     } else {
-      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 4, false>(), 4, grid, L.smem,
-                                 stream, d, L)
-                : launch_cluster(cluster_kernel<kTilesInt4, 4, false>(), 4, grid, L.smem,
-                                 stream, d, L);
+      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 4>(), 4, grid, L.smem, stream, d, L)
+                : launch_cluster(cluster_kernel<kTilesInt4, 4>(), 4, grid, L.smem, stream, d, L);
     }
     check_cuda(e, "decode_tiles", "cluster launch");
     return;

@@ -56,7 +56,11 @@ bool decode_tiles_applies(const DecodeParams& d);
 // s8 mma set, the activation codes as <= 8 bulk pieces with one mbarrier each (items waiting per
 // piece; session 16's one barrier for all rows, waited once, is the default since), the ring
 // items as bulk copies, row flags from the rotate kernel instead of griddepcontrol.wait,
-// activation pieces multicast in clusters of 2; the early trigger is always on.
+// activation pieces multicast in clusters of 2; the early trigger is always on. Session 17 (H200,
+// same bits, slower): the rotation inside the GEMV at 8 < M <= 16 shared by clusters of 8 / 16
+// CTAs through an exchange buffer (one launch per layer; only 120 / 112 CTAs resident in whole
+// clusters, and the in-CTA rotation + exchange cost more than the dependency hop it removed),
+// fewer ring items requested before griddepcontrol.wait (0 / 2 of 5).
 struct DecodeTilesTuning {
   // The largest M (at most kTilesFuseLimit) for which QuantizedLinear::forward runs the fused
   // mode: no rotate kernel, every CTA rotates + quantizes x after its first weight requests (one
@@ -64,11 +68,6 @@ struct DecodeTilesTuning {
   // rotate kernel (PDL) + the GEMV for every M (the session-6 path). H200 run 19, stream of 8
   // layers 1 x 5120 -> 13824, per layer: int4 14.2 vs 15.1 us, comfy 13.0 vs 15.1.
   int fuse_max_m = kTilesFuseLimit;
-  // Clusters of this many CTAs (8 or 16; 0: off) rotate x inside the GEMV for 8 < M <= 16 (bf16 x,
-  // K <= 8192): each CTA rotates + quantizes at most two rows, the cluster shares the codes
-  // through an exchange buffer read back by multicast bulk copies; one launch per layer, no
-  // rotate kernel (session 17). Otherwise the rotate kernel + GEMV.
-  int cluster = 0;
   // Rotate kernel + GEMV (8 < M <= 16): clusters of this many CTAs (2 or 4; 0: off) copy the
   // activation rows as multicast bulk copies, each row read from L2 once per cluster; where no
   // cluster fits (or the 6-slot layout does not), the plain copy. H200 session 17, stream of 8
@@ -81,11 +80,8 @@ struct DecodeTilesTuning {
 // right after the first weight requests).
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
 // The CTAs decode_tiles launches for d: one per multiprocessor, at most one per 16-column tile
-// (cluster rotation: whole resident clusters of d.cluster CTAs; 0 when none fits).
+// (d.cluster: whole resident clusters of d.cluster CTAs; 0 when none fits).
 int tiles_grid(const DecodeParams& d);
-// Device bytes of the exchange buffer d.xchg the cluster rotation needs (d.x, d.cluster set):
-// per cluster M x K code bytes, then per cluster 16 fp32 scales. 0 when no cluster fits.
-int64_t decode_tiles_xchg_bytes(const DecodeParams& d);
 // Phase stamps of the tiled GEMV (bench only: DecodeParams::stamps, kTilesStampWords per CTA):
 // thread 0's %globaltimer (ns, one clock for every SM) at entry, after griddepcontrol.wait, once
 // the activations are in shared memory (after the barrier), once every warp's items are done

@@ -351,21 +351,6 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       return;
     }
   }
-  // 8 < M <= 16 (DecodeTilesTuning::cluster): clusters of CTAs rotate x inside the GEMV and share
-  // the codes through an exchange buffer (one launch per layer, no rotate kernel).
-  if (tiles && M > linear::kTilesFuseLimit && linear::layer_tiles_tuning().cluster > 0) {
-    linear::DecodeParams d = with_x(decode_params(nullptr, nullptr));
-    d.cluster = linear::layer_tiles_tuning().cluster;
-    const int64_t xb = linear::decode_tiles_xchg_bytes(d);
-    if (xb > 0) {
-      Scratch xchg(static_cast<size_t>(xb), s, op);
-      d.xchg = xchg.as<uint8_t>();
-      if (linear::decode_tiles_applies(d)) {
-        linear::decode_tiles(d, s);
-        return;
-      }
-    }
-  }
 
   // One temporary for the codes (M, K) and, 256-byte aligned after them, the scales (M).
   const size_t scale_off = (static_cast<size_t>(M * K) + 255) / 256 * 256;

@@ -208,16 +208,9 @@ struct DecodeParams {
   // Bench only (decode_tiles; null in the library): per CTA, kTilesStampWords uint64 of phase
   // stamps (linear_decode_tiles.cuh), for the timeline of a stream of layers.
   uint64_t* stamps = nullptr;
-  // Cluster rotation (decode_tiles with x set, 2 < M <= 16; DecodeTilesTuning::cluster): clusters
-  // of `cluster` CTAs (8 or 16), each CTA rotates + quantizes at most 2 of the M rows and the
-  // cluster shares them through `xchg` (decode_tiles_xchg_bytes(d) device bytes, 16-byte
-  // aligned, written and read by this launch only). 0: off.
-  // Without x (codes in a): clusters of `cluster` CTAs (2 or 4) copy the activation rows as
-  // multicast bulk copies (DecodeTilesTuning::act_mcast).
+  // decode_tiles with the codes in a, 8 < M <= 16: clusters of `cluster` CTAs (2 or 4; 0: none)
+  // copy the activation rows as multicast bulk copies (DecodeTilesTuning::act_mcast).
   int cluster = 0;
-  uint8_t* xchg = nullptr;
-  // Bench only (A/B bits of the tiled kernel, 0 in the library): 1 = the flat epilogue loop.
-  int variant = 0;
 };
 // Sets d's epilogue and output for contiguous rows (the bench rows build their DecodeParams
 // beside rotate_quant_rows' parameters): w_scale (N) fp32, bias (N) bias_dtype or null, out

@@ -207,10 +207,6 @@ __device__ __forceinline__ void cluster_arrive_release() {
 __device__ __forceinline__ void cluster_wait_acquire() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// Orders this thread's generic-proxy global accesses with later async-proxy (bulk copy) ones.
-__device__ __forceinline__ void fence_proxy_async_global() {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
 // bulk_g2s delivered to every CTA of the cluster in `mask` (bit r: rank r), at the same
 // CTA-relative shared addresses `dst` and `bar` in each (sm_90a).
 __device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src, uint32_t bytes,

@@ -412,28 +412,12 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("default", def, QType::convrot_int4, 9, 4104, 5120, DType::bf16, false);
     add("default", def, QType::convrot_comfy_w4a4, 12, 1032, 1280, DType::bf16, true);
     add("two_kernels", two, QType::convrot_comfy_w4a4, 1, 1032, 768, DType::f16, false);
-    // Session 17: the cluster rotation (DecodeTilesTuning::cluster 8 / 16; 8 < M <= 16, bf16 x):
-    // each CTA rotates rows r and r + CL of the cluster, codes shared through the exchange buffer
-    // by multicast copies. M 16 / 9 / 12 / 13 (CTAs owning two, one or no rows), K 5120 / 768 /
-    // 1280 / 4096, partial last tiles, grids of 128 / 64 CTAs; f16 x and M 16 at K 8192 (no room
-    // for the 6-slot ring) take the rotate kernel instead.
-    for (const int c : {8, 16}) {
-      cl::DecodeTilesTuning t;
-      t.cluster = c;
-      const char* v = c == 8 ? "cluster8" : "cluster16";
-      add(v, t, QType::convrot_int4, 16, 4104, 5120, DType::bf16, true);
-      add(v, t, QType::convrot_comfy_w4a4, 16, 5000, 768, DType::bf16, false);
-      add(v, t, QType::convrot_int4, 9, 2056, 1280, DType::bf16, false);
-      add(v, t, QType::convrot_comfy_w4a4, 12, 1032, 4096, DType::bf16, true);
-      add(v, t, QType::convrot_comfy_w4a4, 13, 2056, 5120, DType::bf16, true);
-      add(v, t, QType::convrot_int4, 16, 1032, 1280, DType::f16, true);
-      add(v, t, QType::convrot_int4, 16, 264, 8192, DType::bf16, false);
-    }
     // Session 17: the multicast activation copy (DecodeTilesTuning::act_mcast 2 / 4, 4 the
     // default; 0 the plain copy; rotate kernel + GEMV, 8 < M <= 16): CTA rank r copies rows r,
-    // r + CL, ... into every CTA of its cluster (the `default` cases at M > 8 run clusters of 4). M 16 / 12 / 9 / 13 (rows per rank uneven), f16 and bf16 x, K 5120 / 4096 / 1280 /
-    // 768; M 7 takes the plain copy. And the epilogue's column-per-thread mapping: more than 32
-    // tiles per CTA (O 70008 on 132 SMs: 33-34 tiles) takes the flat loop.
+    // r + CL, ... into every CTA of its cluster (the `default` cases at M > 8 run clusters of 4).
+    // M 16 / 12 / 9 / 13 (rows per rank uneven), f16 and bf16 x, K 5120 / 4096 / 1280 / 768; M 7
+    // takes the plain copy. And the epilogue's column-per-thread mapping: more than 32 tiles per
+    // CTA (O 70008 on 132 SMs: 33-34 tiles) takes the flat loop.
     for (const int c : {0, 2, 4}) {
       cl::DecodeTilesTuning t;
       t.act_mcast = c;
