@@ -360,6 +360,51 @@ std::string stamp_note(const std::vector<uint64_t>& st, int grid) {
   return buf;
 }
 
+// The rotate kernel's part of the chain GEMV(i) -> rotate(i+1) -> GEMV(i+1), from both kernels'
+// stamps (rotate: `rows` CTAs of kRotateStampWords, GEMV: `grid` CTAs of kTilesStampWords per
+// layer; medians over layers 2..kLayers): the rotate kernel's wake (its first CTA past the wait
+// minus the previous GEMV's last CTA end), its work (its last CTA end minus its first CTA past
+// the wait), the GEMV's release after it (the GEMV's first CTA past the wait minus the rotate
+// kernel's last end).
+std::string rotate_note(const std::vector<uint64_t>& st, int grid, const std::vector<uint64_t>& rt,
+                        int rows) {
+  namespace cl = cuda::linear;
+  auto at = [&](int l, int c, int w) {
+    return st[(static_cast<size_t>(l) * grid + c) * cl::kTilesStampWords + w];
+  };
+  auto rat = [&](int l, int c, int w) {
+    return rt[(static_cast<size_t>(l) * rows + c) * cl::kRotateStampWords + w];
+  };
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::vector<double> wake, work, rel, spread;
+  for (int l = 1; l < kLayers; ++l) {
+    uint64_t prev_end = 0, r_first = ~0ull, r_last = 0, r_first_end = ~0ull, g_first = ~0ull;
+    for (int c = 0; c < grid; ++c) {
+      prev_end = std::max(prev_end, at(l - 1, c, cl::kStampEnd));
+      g_first = std::min(g_first, at(l, c, cl::kStampWaited));
+    }
+    for (int c = 0; c < rows; ++c) {
+      r_first = std::min(r_first, rat(l, c, 1));
+      r_last = std::max(r_last, rat(l, c, 2));
+      r_first_end = std::min(r_first_end, rat(l, c, 2));
+    }
+    wake.push_back(static_cast<double>(r_first) - static_cast<double>(prev_end));
+    work.push_back(static_cast<double>(r_last) - static_cast<double>(r_first));
+    spread.push_back(static_cast<double>(r_last) - static_cast<double>(r_first_end));
+    rel.push_back(static_cast<double>(g_first) - static_cast<double>(r_last));
+  }
+  char buf[240];
+  std::snprintf(buf, sizeof(buf),
+                "rotate kernel (us): wake after prev GEMV end %.2f; work (first wait -> last end) "
+                "%.2f (end spread %.2f); GEMV release after its last end %.2f",
+                median(wake) / 1e3, median(work) / 1e3, median(spread) / 1e3, median(rel) / 1e3);
+  return buf;
+}
+
 class DecodeStreamBench : public BenchCase {
  public:
   std::string name() const override { return "linear.decode_stream"; }
@@ -445,6 +490,7 @@ class DecodeStreamBench : public BenchCase {
           bool rotate;         // the rotate kernel (PDL) before each GEMV (the two-kernel path)
           bool fused = false;  // no rotate kernel: every CTA rotates + quantizes x (M <= 2)
           bool probe = false;  // the read-only stream probe instead of the GEMV
+          int mcast = 0;  // activation rows multicast in clusters of this many CTAs (M > 8)
         };
         std::vector<float> ref;
         // Settled and trimmed (runs 12-19): L2 prefetch (before and after the wait), spread split,
@@ -455,9 +501,14 @@ class DecodeStreamBench : public BenchCase {
         // Each GEMV row also runs the stream once more with phase stamps (DecodeParams::stamps):
         // the per-layer timeline in its note.
         for (const V& v :
-             {V{"rotate (PDL) + tiles (two kernels: layer default M > 2)", true},
+             {V{"rotate (PDL) + tiles (two kernels), plain activation copy", true},
               V{"tiles fused, register rotation (one kernel per layer; layer default M <= 2)",
                 false, true},
+              V{"rotate (PDL) + tiles, activation rows multicast in clusters of 2", true, false,
+                false, 2},
+              V{"rotate (PDL) + tiles, activation rows multicast in clusters of 4 (layer default "
+                "8 < M <= 16)",
+                true, false, false, 4},
               V{"tiles alone (codes on the device)", false},
               V{"stream probe: the layout's bytes read, nothing else", false, false, true}}) {
           Row r;
@@ -481,6 +532,10 @@ class DecodeStreamBench : public BenchCase {
             dl.x_dtype = DType::bf16;
             dl.x_row_stride = K;
             dl.rot = 256;
+            if (!cl::decode_tiles_applies(dl)) continue;
+          }
+          if (v.mcast > 0) {
+            dl.cluster = v.mcast;
             if (!cl::decode_tiles_applies(dl)) continue;
           }
           try {
@@ -521,20 +576,32 @@ class DecodeStreamBench : public BenchCase {
               const int grid = cl::tiles_grid(dl);
               const int64_t words = static_cast<int64_t>(kLayers) * grid * cl::kTilesStampWords;
               DeviceTensor st = make_empty(Device::cuda, DType::u8, {words * 8});
+              // The rotate kernel's stamps (one CTA per row): kLayers x M x kRotateStampWords.
+              const int64_t rwords = static_cast<int64_t>(kLayers) * M * cl::kRotateStampWords;
+              DeviceTensor rst = make_empty(Device::cuda, DType::u8, {rwords * 8});
               for (int l = 0; l < kLayers; ++l) {
                 cl::DecodeParams p = dl;
                 p.tiles = static_cast<const uint8_t*>(tiles[l].view.data);
                 p.stamps = static_cast<uint64_t*>(st.view.data) +
                            static_cast<int64_t>(l) * grid * cl::kTilesStampWords;
-                if (v.rotate) cl::rotate_quantize(rp, s);
+                cl::RotateQuantParams rps = rp;
+                rps.stamps = static_cast<uint64_t*>(rst.view.data) +
+                             static_cast<int64_t>(l) * M * cl::kRotateStampWords;
+                if (v.rotate) cl::rotate_quantize(rps, s);
                 cl::decode_tiles(p, s);
               }
               std::vector<uint64_t> hs(static_cast<size_t>(words));
               ok(cudaMemcpyAsync(hs.data(), st.view.data, static_cast<size_t>(words * 8),
                                  cudaMemcpyDeviceToHost, s),
                  "copy");
+              std::vector<uint64_t> hr(static_cast<size_t>(rwords));
+              ok(cudaMemcpyAsync(hr.data(), rst.view.data, static_cast<size_t>(rwords * 8),
+                                 cudaMemcpyDeviceToHost, s),
+                 "copy");
               ok(cudaStreamSynchronize(s), "synchronize");
               r.note += (r.note.empty() ? "" : "; ") + stamp_note(hs, grid);
+              if (v.rotate) r.note += "; " + rotate_note(hs, grid, hr, static_cast<int>(M));
+              if (v.mcast > 0) r.note += "; grid " + std::to_string(grid) + " CTAs";
             }
           } catch (const std::exception& e) {
             r.note = std::string("failed: ") + e.what();
@@ -590,14 +657,19 @@ class DecodeStreamBench : public BenchCase {
         // 0: the layer's defaults (every CTA rotates for M <= 2: one launch per layer); 1: the
         // session-6 two-kernel path (fuse_max_m = 0; the default for M > 2: run at M = 1 only).
         // Accuracy: last output's bits vs 0's.
-        for (const int fused : {0, 1}) {
-          if (fused && M > cl::kTilesFuseLimit) continue;
+        // 2 / 3 (M > 2 only): the activation copy without multicast / in clusters of 2
+        // (DecodeTilesTuning::act_mcast 0 / 2; the default multicasts in clusters of 4).
+        for (const int fused : {0, 1, 2, 3}) {
+          if (fused == 1 && M > cl::kTilesFuseLimit) continue;
+          if (fused >= 2 && M <= cl::kTilesFuseLimit) continue;
           Row r;
           r.family = "linear";
           r.op = std::string("decode stream of ") + std::to_string(kLayers) + " layers, " +
                  qtype_name(q) + ": QuantizedLinear::forward (" +
-                 (fused == 1 ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
-                             : "layer defaults") +
+                 (fused == 1   ? "rotate kernel + GEMV, DecodeTilesTuning::fuse_max_m = 0"
+                  : fused == 2 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 0"
+                  : fused == 3 ? "rotate kernel + GEMV, DecodeTilesTuning::act_mcast = 2"
+                               : "layer defaults") +
                  "), per layer";
           r.shape = layer_shape(M, K, N);
           r.backend = "cuda";
@@ -613,7 +685,8 @@ class DecodeStreamBench : public BenchCase {
             r.bytes = 2.0 * M * K + 2.0 * M * N +
                       static_cast<double>(layers[0].weights().codes.numel()) * qtype_bits(q) / 8;
             cl::DecodeTilesTuning t;
-            t.fuse_max_m = 0;
+            if (fused == 1) t.fuse_max_m = 0;
+            if (fused >= 2) t.act_mcast = fused == 2 ? 0 : 2;
             if (fused) cl::set_layer_tiles_tuning(&t);
             r.ms = env.time_ms([&] {
                      for (auto& layer : layers) layer.forward(x.view, &bias.view, out.view, ctx);

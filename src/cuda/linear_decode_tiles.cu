@@ -25,10 +25,12 @@
 //     memory with integer atomics (exact in any order); one barrier, then the epilogue
 //     (apply_epilogue: the prefill path's fp32 order);
 //   - the activations: codes from the rotate kernel (one bulk copy per row on one mbarrier, so
-//     the CTA does not also wait for its ring's first items; comfy row sums one warp per row), or
-//     (M <= 2) x rotated + quantized by every CTA itself with the register rotate kernel's
+//     the CTA does not also wait for its ring's first items; at 8 < M <= 16 by default in
+//     clusters of 4 CTAs, each row multicast into the cluster; comfy row sums one warp per row),
+//     or (M <= 2) x rotated + quantized by every CTA itself with the register rotate kernel's
 //     arithmetic (linear_rotate.cuh): the same bits. The epilogue's operands are staged in shared
-//     memory during the prologue (session 16: docs/linear-gpu.md).
+//     memory during the prologue (session 16), the epilogue maps one column to a thread (session
+//     17: docs/linear-gpu.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -279,11 +281,14 @@ __device__ __forceinline__ void tiles_act_sums(const DecodeParams& p, const uint
 // one SM's 64 K registers together, so the CTA on the rotate kernel's SM starts (PDL) with the
 // others instead of after it.
 // D: ring slots per warp (kTilesDepth, or kTilesDepthDeep for the two-kernel path: TilesLayout).
-template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
+// CL: clusters of CL CTAs share the activation copy (multicast; codes in; 0: no cluster).
+template <int KIND, int NT, typename XT = void, int D = kTilesDepth, int CL = 0>
 __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, TilesLayout L) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int W = kTilesWarps, SLOT = slot_bytes(KIND);
   constexpr bool kFused = !std::is_void<XT>::value;
+  constexpr bool kMcast = CL > 0;
+  static_assert(!kMcast || !kFused, "the multicast copy takes the rotate kernel's codes");
   extern __shared__ __align__(128) uint8_t dsm[];
   __shared__ int32_t s_asum[16];
   __shared__ float s_scale[16], s_amax[kTilesFuseLimit * W];
@@ -335,6 +340,8 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       cp_async16(smem_u32(slot + kItemBytes + lane * 16),
                  tables + static_cast<int64_t>(k) * kTableBytes + lane * 16);
   };
+  // (H200 session 17: requesting only 0 / 2 of these before the wait and the rest after it made
+  // the rotate kernel in front faster but the activation copy slower: +3-4 % / +0.5-1.5 %.)
 #pragma unroll
   for (int k = 0; k < D - 1; ++k) {
     if (k < n_items) issue(k, k);
@@ -375,7 +382,14 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       ptx::mbar_init(smem_u32(&s_act_bar), 1);
       ptx::mbar_fence_init();
     }
+    // Multicast: the CTA's M rows arrive as its cluster's copies, issued only after the
+    // cluster barrier (which this thread reaches after the expectation).
+    if constexpr (kMcast)
+      ptx::mbar_arrive_expect_tx(smem_u32(&s_act_bar),
+                                 static_cast<uint32_t>(p.w.K) * static_cast<uint32_t>(M));
   }
+  // Multicast: this CTA's barrier is ready for its peers' copies (waited after the wait below).
+  if constexpr (kMcast) ptx::cluster_arrive_release();
   ptx::griddep_wait();  // x / the activation codes come from the preceding kernel
   stamp(kStampWaited);
   __syncthreads();
@@ -396,7 +410,15 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     // M x K fits in shared memory, far below the barrier's 2^20 - 1 transaction bytes.
     const uint32_t bar = smem_u32(&s_act_bar);
     const uint32_t row_bytes = static_cast<uint32_t>(p.w.K);
-    if (warp == 0) {
+    if constexpr (kMcast) {
+      // Clusters of CL CTAs: CTA rank r copies rows r, r + CL, ... multicast into every CTA of
+      // the cluster (each row read from L2 once per cluster; every CTA expects all M rows).
+      ptx::cluster_wait_acquire();
+      const int rank = static_cast<int>(ptx::cluster_ctarank());
+      if (warp == 0 && lane < M && lane % CL == rank)
+        ptx::bulk_g2s_multicast(smem_u32(act + lane * L.act_stride), p.a + lane * p.lda,
+                                row_bytes, bar, static_cast<uint16_t>((1u << CL) - 1u));
+    } else if (warp == 0) {
       if (lane == 0) ptx::mbar_arrive_expect_tx(bar, row_bytes * static_cast<uint32_t>(M));
       __syncwarp();
       if (lane < M)
@@ -517,6 +539,34 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     const float wts = s_epi.wts;
     const bool has_as = ep.a_scale != nullptr, has_ws = ep.w_scale != nullptr,
                has_bias = ep.bias != nullptr;
+    // Thread -> column c = tid mod cw (cw: the columns rounded up to a power of two >= 32) and
+    // tokens tid / cw, + kTilesThreads / cw, ...: the column's operands read once, no division
+    // per output (session 17: the flat loop below spent ~120 instructions per output). More
+    // columns than threads (over 32 tiles per CTA) take the flat loop.
+    int cw = 32;
+    while (cw < cols && cw < kTilesThreads) cw *= 2;
+    if (cols <= cw) {
+      const int c = threadIdx.x & (cw - 1);
+      const int64_t col = 16 * t0 + c;
+      if (c < cols && col < N) {
+        const float ws = s_ws[c], bias = s_bias[c];
+        const int32_t* pc = part + c * ps;
+        for (int tok = threadIdx.x / cw; tok < M; tok += kTilesThreads / cw) {
+          int32_t sum = pc[tok];
+          if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
+          if (acc_out) {
+            acc_out[tok * ldo + col] = sum;
+            continue;
+          }
+          float v = static_cast<float>(sum);
+          if (has_as) v = __fmul_rn(v, s_scale[tok]);
+          if (has_ws) v = __fmul_rn(v, ws);
+          if (has_wts) v = __fmul_rn(v, wts);
+          if (has_bias) v = __fadd_rn(v, bias);
+          store2(out, out_dtype, tok * ldo + col, v, 0.f, false, false);
+        }
+      }
+    } else
     for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
       const int tok = idx / cols, c = idx - tok * cols;
       const int64_t col = 16 * t0 + c;
@@ -635,6 +685,64 @@ void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStr
                    static_cast<size_t>(L.smem), stream, d, L);
 }
 
+// The multicast instances (two n8 tiles, 6 ring slots, clusters of CL CTAs), launched with PDL
+// and the cluster dimension.
+template <int KIND, int CL>
+auto cluster_kernel() {
+  return gemv_tiles_kernel<KIND, 2, void, kTilesDepthDeep, CL>;
+}
+template <typename Kernel>
+cudaError_t launch_cluster(Kernel kernel, int cl, int grid, int64_t smem, cudaStream_t stream,
+                           const DecodeParams& d, const TilesLayout& L) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kTilesThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributeClusterDimension;
+  attr[1].val.clusterDim.x = static_cast<unsigned>(cl);
+  attr[1].val.clusterDim.y = 1;
+  attr[1].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  return cudaLaunchKernelEx(&cfg, kernel, d, L);
+}
+// Prepares the cluster instance (shared memory limit) and returns how many clusters of CL of it
+// are resident at once with `smem` bytes (0: none; per device, cached).
+template <int KIND, int CL>
+int cluster_capacity(int64_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int64_t>, int> cache;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(std::make_pair(dev, smem));
+  if (it != cache.end()) return it->second;
+  auto kernel = cluster_kernel<KIND, CL>();
+  int n = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) == cudaSuccess) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(static_cast<unsigned>(CL));
+    cfg.blockDim = dim3(kTilesThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CL;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) n = 0;
+  }
+  (void)cudaGetLastError();
+  cache.emplace(std::make_pair(dev, smem), n);
+  return n;
+}
+
 // A read-only stream of the layout (bench only; the roofline of the GEMV): the grid's items
 // split evenly over min(SMs, items) CTAs of 16 warps, each lane's 16-byte words loaded with
 // ld.global.nc, 4 items ahead in a register ring, each item folded into one xor; the store (sink
@@ -687,7 +795,26 @@ __global__ void __launch_bounds__(kTilesThreads, 1)
 
 }  // namespace
 
+namespace {
+// Multicast activation copy: whole clusters of d.cluster CTAs, at most one CTA per multiprocessor
+// and per tile, at most as many clusters as are resident at once (0 when none fits).
+int cluster_grid(const DecodeParams& d) {
+  const int cl = d.cluster;
+  if (d.x || (cl != 2 && cl != 4)) return 0;
+  const int64_t tiles = (d.w.N + 15) / 16;
+  const int64_t g = std::min<int64_t>(multiprocessor_count(), tiles) / cl * cl;
+  const int64_t smem = tiles_device().max_smem;
+  const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
+  const int cap = cl == 2 ? (comfy ? cluster_capacity<kTilesComfy, 2>(smem)
+                                   : cluster_capacity<kTilesInt4, 2>(smem))
+                          : (comfy ? cluster_capacity<kTilesComfy, 4>(smem)
+                                   : cluster_capacity<kTilesInt4, 4>(smem));
+  return static_cast<int>(std::min<int64_t>(g, static_cast<int64_t>(cap) * cl));
+}
+}  // namespace
+
 int tiles_grid(const DecodeParams& d) {
+  if (d.cluster > 0) return cluster_grid(d);
   const int64_t tiles = (d.w.N + 15) / 16;
   return static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
 }
@@ -751,6 +878,16 @@ bool fused_rotation_fits(const DecodeParams& d) {
          d.x_row_stride % 8 == 0;
 }
 
+// Multicast activation copy (d.cluster 2 / 4, codes in d.a): 8 < M <= 16 (two n8 tiles), at
+// least one whole cluster, the 6-slot ring's layout (the instances built).
+bool mcast_fits(const DecodeParams& d) {
+  if ((d.cluster != 2 && d.cluster != 4) || d.M <= 8 || d.M > 16) return false;
+  const int grid = cluster_grid(d);
+  if (grid < d.cluster) return false;
+  const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
+  return L.depth == kTilesDepthDeep && L.smem <= tiles_device().max_smem;
+}
+
 }  // namespace
 
 bool decode_tiles_applies(const DecodeParams& d) {
@@ -758,8 +895,10 @@ bool decode_tiles_applies(const DecodeParams& d) {
   if (decode_tiles_kind(d.w) == kTilesNone) return false;
   if (reinterpret_cast<uintptr_t>(d.tiles) % 16 != 0) return false;
   if (d.x) {
-    if (!fused_rotation_fits(d)) return false;
+    if (d.cluster > 0 || !fused_rotation_fits(d)) return false;
   } else if (!d.a || d.lda % 16 != 0 || reinterpret_cast<uintptr_t>(d.a) % 16 != 0) {
+    return false;
+  } else if (d.cluster > 0 && !(tiles_device().sm90 && mcast_fits(d))) {
     return false;
   }
   const TilesDevice info = tiles_device();
@@ -779,6 +918,19 @@ void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
 void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   const int grid = tiles_grid(d);
   const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
+  if (d.cluster > 0) {  // multicast activation copy (decode_tiles_applies: the instances below)
+    const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
+    cudaError_t e;
+    if (d.cluster == 2) {
+      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 2>(), 2, grid, L.smem, stream, d, L)
+                : launch_cluster(cluster_kernel<kTilesInt4, 2>(), 2, grid, L.smem, stream, d, L);
+    } else {
+      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 4>(), 4, grid, L.smem, stream, d, L)
+                : launch_cluster(cluster_kernel<kTilesInt4, 4>(), 4, grid, L.smem, stream, d, L);
+    }
+    check_cuda(e, "decode_tiles", "cluster launch");
+    return;
+  }
   const bool two = d.M > 8;  // two n8 tiles of activation rows
   auto launch = [&](auto kind_tag, auto xt_tag) {
     constexpr int KIND = decltype(kind_tag)::value;

@@ -56,7 +56,11 @@ bool decode_tiles_applies(const DecodeParams& d);
 // s8 mma set, the activation codes as <= 8 bulk pieces with one mbarrier each (items waiting per
 // piece; session 16's one barrier for all rows, waited once, is the default since), the ring
 // items as bulk copies, row flags from the rotate kernel instead of griddepcontrol.wait,
-// activation pieces multicast in clusters of 2; the early trigger is always on.
+// activation pieces multicast in clusters of 2; the early trigger is always on. Session 17 (H200,
+// same bits, slower): the rotation inside the GEMV at 8 < M <= 16 shared by clusters of 8 / 16
+// CTAs through an exchange buffer (one launch per layer; only 120 / 112 CTAs resident in whole
+// clusters, and the in-CTA rotation + exchange cost more than the dependency hop it removed),
+// fewer ring items requested before griddepcontrol.wait (0 / 2 of 5).
 struct DecodeTilesTuning {
   // The largest M (at most kTilesFuseLimit) for which QuantizedLinear::forward runs the fused
   // mode: no rotate kernel, every CTA rotates + quantizes x after its first weight requests (one
@@ -69,17 +73,23 @@ struct DecodeTilesTuning {
   // layer's path before, and the fallback). H200, x 5120 -> 13824: M 1 30.2 vs cuBLASLt 31.6
   // us, M 16 (16-row tiles on 8 warps) 32.8 vs 31.6 (docs/linear-gpu.md "Session 17").
   int fp8_ring_max_m = 8;
-  // convrot4 (NVFP4) on sm_90 (session 17): after the exact f16 dequantization of both operands,
-  // cuBLASLt's f16 GEMM (alpha = the weight's tensor scale, BIAS epilogue) where it takes the
-  // arguments; false: the mma.sync f16 kernel (the path before, and the fallback).
+  // convrot4 (NVFP4) on sm_90 (session 17): after the exact dequantization of both operands into
+  // the output's 16-bit type, cuBLASLt's GEMM (alpha = the weight's tensor scale, BIAS epilogue)
+  // where it takes the arguments; false: the mma.sync f16 kernel (the path before, the fallback).
   bool nvfp4_cublaslt = true;
+  // Rotate kernel + GEMV (8 < M <= 16): clusters of this many CTAs (2 or 4; 0: off) copy the
+  // activation rows as multicast bulk copies, each row read from L2 once per cluster; where no
+  // cluster fits (or the 6-slot layout does not), the plain copy. H200 session 17, stream of 8
+  // layers 16 x 5120 -> 13824: int4 19.6-19.7 vs 20.2-20.4 us per layer, comfy 16.0 vs 16.0-16.3.
+  int act_mcast = 4;
 };
 // out = epilogue(codes(M, K) · W(N, K)ᵀ) from d.tiles, codes from d.a or (d.x set) rotated +
 // quantized by every CTA. Assumes decode_tiles_applies(d). Launched with programmatic stream
 // serialization (weights stream before griddepcontrol.wait; griddepcontrol.launch_dependents
 // right after the first weight requests).
 void decode_tiles(const DecodeParams& d, cudaStream_t stream);
-// The CTAs decode_tiles launches for d: one per multiprocessor, at most one per 16-column tile.
+// The CTAs decode_tiles launches for d: one per multiprocessor, at most one per 16-column tile
+// (d.cluster: whole resident clusters of d.cluster CTAs; 0 when none fits).
 int tiles_grid(const DecodeParams& d);
 // Phase stamps of the tiled GEMV (bench only: DecodeParams::stamps, kTilesStampWords per CTA):
 // thread 0's %globaltimer (ns, one clock for every SM) at entry, after griddepcontrol.wait, once

@@ -408,7 +408,12 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
 
   if (M <= 16) {
-    linear::decode_gemv(decode_params(a_codes, a_scale), s);
+    linear::DecodeParams d = decode_params(a_codes, a_scale);
+    if (tiles && linear::layer_tiles_tuning().act_mcast > 0) {
+      d.cluster = linear::layer_tiles_tuning().act_mcast;
+      if (!linear::decode_tiles_applies(d)) d.cluster = 0;
+    }
+    linear::decode_gemv(d, s);
     return;
   }
   g.kind = linear::GemmKind::s8;

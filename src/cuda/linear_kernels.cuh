@@ -55,7 +55,12 @@ struct RotateQuantParams {
   // DecodeTilesTuning::trigger) and waits (griddepcontrol.wait) for it before touching memory.
   // The legacy kernel ignores it.
   bool pdl = false;
+  // Bench only (register kernel; null in the library): per CTA kRotateStampWords uint64 of
+  // %globaltimer stamps by thread 0: entry, after griddepcontrol.wait, after its last row's
+  // stores were issued.
+  uint64_t* stamps = nullptr;
 };
+constexpr int kRotateStampWords = 3;
 // Parameters for contiguous rows: x (M, K) x_dtype, codes (M, K) one byte per code (row stride
 // K bytes), scales (M) fp32. The callers that rotate + quantize whole contiguous rows (the layer's
 // decode step, the bench rows) build them here.
@@ -209,6 +214,9 @@ struct DecodeParams {
   // weight, row_bytes K); the sums are the tensor cores' fp32 ones, not exact integers (the
   // layer's fp8 tolerance). Only the ring kernel takes it (decode_ring_applies); no acc_out.
   bool e4m3 = false;
+  // decode_tiles with the codes in a, 8 < M <= 16: clusters of `cluster` CTAs (2 or 4; 0: none)
+  // copy the activation rows as multicast bulk copies (DecodeTilesTuning::act_mcast).
+  int cluster = 0;
 };
 // Sets d's epilogue and output for contiguous rows (the bench rows build their DecodeParams
 // beside rotate_quant_rows' parameters): w_scale (N) fp32, bias (N) bias_dtype or null, out

@@ -177,6 +177,17 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
                                                                            bool vec_in,
                                                                            bool vec_out) {
   __shared__ float warp_amax[2][kRegMaxThreads / 32];
+  // Bench-only stamps (RotateQuantParams::stamps): thread 0 of each CTA.
+  uint64_t* const stamps =
+      p.stamps && threadIdx.x == 0 ? p.stamps + blockIdx.x * kRotateStampWords : nullptr;
+  auto stamp = [&](int i) {
+    if (stamps) {
+      uint64_t t;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      stamps[i] = t;
+    }
+  };
+  stamp(0);
   // A kernel launched after this one with programmatic dependent launch (the 4-bit decode
   // kernel) may start now: it streams its weights and waits (griddepcontrol.wait) for our writes.
   ptx::griddep_launch_dependents();
@@ -184,6 +195,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
   // decode layer's GEMV): nothing is read or written before that grid has completed. Without the
   // attribute a no-op.
   ptx::griddep_wait();
+  stamp(1);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int K = static_cast<int>(p.K);
   const bool in = tid * 16 < K;
@@ -308,6 +320,7 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
   int parity = 0;
   for (int64_t row = blockIdx.x; row < p.M; row += gridDim.x, parity ^= 1)
     process(row, raw, parity);
+  stamp(2);
 }
 
 template <typename T, int ROT, ActFormat FMT>

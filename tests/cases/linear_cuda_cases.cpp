@@ -441,6 +441,24 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     mma.nvfp4_cublaslt = false;
     add("nvfp4_mma", mma, QType::convrot4, 300, 272, 1280, DType::bf16, true);
     add("nvfp4_mma", mma, QType::convrot4, 33, 144, 512, DType::f16, false);
+    // Session 17: the multicast activation copy (DecodeTilesTuning::act_mcast 2 / 4, 4 the
+    // default; 0 the plain copy; rotate kernel + GEMV, 8 < M <= 16): CTA rank r copies rows r,
+    // r + CL, ... into every CTA of its cluster (the `default` cases at M > 8 run clusters of 4).
+    // M 16 / 12 / 9 / 13 (rows per rank uneven), f16 and bf16 x, K 5120 / 4096 / 1280 / 768; M 7
+    // takes the plain copy. And the epilogue's column-per-thread mapping: more than 32 tiles per
+    // CTA (O 70008 on 132 SMs: 33-34 tiles) takes the flat loop.
+    for (const int c : {0, 2, 4}) {
+      cl::DecodeTilesTuning t;
+      t.act_mcast = c;
+      const char* v = c == 0 ? "plain_copy" : (c == 2 ? "mcast2" : "mcast4");
+      add(v, t, QType::convrot_int4, 16, 4104, 5120, DType::bf16, true);
+      add(v, t, QType::convrot_comfy_w4a4, 12, 1032, 4096, DType::bf16, true);
+      add(v, t, QType::convrot_int4, 9, 2056, 1280, DType::f16, false);
+      add(v, t, QType::convrot_comfy_w4a4, 13, 5000, 768, DType::f16, true);
+      add(v, t, QType::convrot_int4, 7, 1032, 1280, DType::bf16, true);
+    }
+    add("default", def, QType::convrot_int4, 3, 70008, 128, DType::bf16, true);
+    add("default", def, QType::convrot_comfy_w4a4, 16, 70008, 256, DType::bf16, false);
   }
 #endif
 
