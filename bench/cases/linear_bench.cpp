@@ -108,9 +108,9 @@ class LayerBench : public BenchCase {
       if (!env.shape_selected(shape_str(s.m, s.k, s.n))) continue;
       const bool decode = s.m <= 16;
       std::vector<QType> qtypes;
-      if (decode)
+      if (decode)  // (convrot4 at decode: the whole weight dequantized per call on sm_90)
         qtypes = {QType::convrot8, QType::convrot_int4, QType::convrot_comfy_w4a4,
-                  QType::convrot_fp8};
+                  QType::convrot_fp8, QType::convrot4};
       else
         qtypes = {QType::convrot8, QType::convrot_fp8, QType::convrot_int4, QType::convrot4};
       const double base = env.bf16_gemm_ms(s.m, s.n, s.k, true);

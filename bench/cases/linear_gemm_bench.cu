@@ -190,16 +190,16 @@ class GemmBench : public BenchCase {
       {
         // cuBLASLt's first heuristic choice (the layer's), then its other candidates: a faster
         // one would pay for a first-use autotune.
-        const size_t wsb = cuda::linear::gemm_fp8_cublaslt_workspace_bytes();
+        const size_t wsb = cuda::linear::gemm_cublaslt_workspace_bytes();
         void* work = nullptr;
         cudaMalloc(&work, wsb);
-        const int count = std::max(1, cuda::linear::gemm_fp8_cublaslt_candidates(g, wsb));
+        const int count = std::max(1, cuda::linear::gemm_cublaslt_candidates(g, wsb));
         for (int c = 0; c < count; ++c) {
           Row r = row(c == 0 ? std::string("e4m3 GEMM + scale/bias epilogue, cuBLASLt")
                              : "e4m3 GEMM, cuBLASLt heuristic candidate " + std::to_string(c));
           bool ok = true;
           r.ms = env.time_ms(
-              [&] { ok = cuda::linear::gemm_fp8_cublaslt(g, work, wsb, s, c) && ok; });
+              [&] { ok = cuda::linear::gemm_cublaslt(g, work, wsb, s, c) && ok; });
           cudaStreamSynchronize(s);
           if (!ok) {
             r.ms = 0;
@@ -211,12 +211,12 @@ class GemmBench : public BenchCase {
         // output moves from the default's (relative L1 over the whole output).
         {
           std::vector<uint16_t> ref(static_cast<size_t>(sh.m * sh.n)), got(ref.size());
-          cuda::linear::gemm_fp8_cublaslt(g, work, wsb, s);
+          cuda::linear::gemm_cublaslt(g, work, wsb, s);
           cudaMemcpyAsync(ref.data(), out.view.data, ref.size() * 2, cudaMemcpyDeviceToHost, s);
           g.fp8_fast_accum = true;
           Row r = row("e4m3 GEMM, cuBLASLt fast accumulation");
           bool ok = true;
-          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_fp8_cublaslt(g, work, wsb, s) && ok; });
+          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_cublaslt(g, work, wsb, s) && ok; });
           g.fp8_fast_accum = false;
           cudaMemcpyAsync(got.data(), out.view.data, got.size() * 2, cudaMemcpyDeviceToHost, s);
           cudaStreamSynchronize(s);

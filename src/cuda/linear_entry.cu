@@ -113,6 +113,13 @@ void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* c
   linear::rotate_quantize(p, s);
 }
 
+// cuBLASLt's GEMM for g (linear::gemm_cublaslt) with its workspace from the scratch pool; false,
+// nothing launched, when cuBLASLt refuses the arguments.
+bool cublaslt_gemm(const linear::GemmParams& g, cudaStream_t s, const char* op) {
+  Scratch ws(linear::gemm_cublaslt_workspace_bytes(), s, op);
+  return linear::gemm_cublaslt(g, ws.as<void>(), linear::gemm_cublaslt_workspace_bytes(), s);
+}
+
 // Row stride in bytes of a contiguous-row tensor of codes (packed dtypes count elements / 2).
 int64_t row_bytes_of(const TensorView& t) {
   const int64_t stride = t.ndim > 1 ? t.stride[0] : t.shape[0];
@@ -317,10 +324,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                     (out.dtype == DType::bf16 || out.dtype == DType::f16);
     dequant(lt ? out.dtype : DType::f16);
     if (lt) {
-      Scratch ws(linear::gemm_fp8_cublaslt_workspace_bytes(), s, op);
-      if (linear::gemm_fp8_cublaslt(g, ws.as<void>(), linear::gemm_fp8_cublaslt_workspace_bytes(),
-                                     s))
-        return;
+      if (cublaslt_gemm(g, s, op)) return;
       if (g.kind != linear::GemmKind::f16) dequant(DType::f16);  // the mma.sync kernel's type
     }
     linear::gemm(g, s);
@@ -400,10 +404,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     g.kind = linear::GemmKind::e4m3;
     g.b = w.codes.data;
     g.fp8_fast_accum = w.fp8_fast_accum;
-    Scratch ws(linear::gemm_fp8_cublaslt_workspace_bytes(), s, op);
-    if (!linear::gemm_fp8_cublaslt(g, ws.as<void>(), linear::gemm_fp8_cublaslt_workspace_bytes(),
-                                   s))
-      linear::gemm(g, s);
+    if (!cublaslt_gemm(g, s, op)) linear::gemm(g, s);
     return;
   }
 

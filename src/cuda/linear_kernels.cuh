@@ -91,7 +91,7 @@ enum class GemmKind : int {
   s8 = 0,    // int8 x int8 -> int32 (mma.sync m16n8k32 s8)
   e4m3 = 1,  // e4m3 x e4m3 -> fp32 (mma.sync m16n8k32 e4m3)
   f16 = 2,   // f16 x f16 -> fp32 (mma.sync m16n8k16), the sm_90 NVFP4 path after dequantization
-  bf16 = 3,  // bf16 x bf16 -> fp32: cuBLASLt only (gemm_fp8_cublaslt), the NVFP4 path for bf16 out
+  bf16 = 3,  // bf16 x bf16 -> fp32: cuBLASLt only (gemm_cublaslt), the NVFP4 path for bf16 out
 };
 struct GemmParams {
   GemmKind kind = GemmKind::s8;
@@ -117,16 +117,17 @@ struct GemmParams {
 };
 void gemm(const GemmParams& p, cudaStream_t stream);
 // kind e4m3 through cuBLASLt (sm_90 wgmma kernels; outer-vector scales, BIAS epilogue), or kind
-// f16 (no a_scale / w_scale; w_tensor_scale as alpha read on the device; session 17). Returns
+// f16 / bf16 with an output of the same type (no a_scale / w_scale; w_tensor_scale as alpha read
+// on the device; session 17). Returns
 // false, having launched nothing, when cuBLASLt offers no algorithm for these arguments: the
-// caller then runs gemm(). workspace: gemm_fp8_cublaslt_workspace_bytes() device bytes.
+// caller then runs gemm(). workspace: gemm_cublaslt_workspace_bytes() device bytes.
 // candidate: which of cuBLASLt's heuristic candidates for this shape (0 = its first choice, the
 // layer's; the bench times the others); false when there are not that many.
-bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
+bool gemm_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
                        cudaStream_t stream, int candidate = 0);
 // How many candidates cuBLASLt offers for these arguments (0: the path does not apply).
-int gemm_fp8_cublaslt_candidates(const GemmParams& p, size_t workspace_bytes);
-size_t gemm_fp8_cublaslt_workspace_bytes();
+int gemm_cublaslt_candidates(const GemmParams& p, size_t workspace_bytes);
+size_t gemm_cublaslt_workspace_bytes();
 // kind s8 on sm_90a through wgmma (gemm_wgmma.cu). wgmma_s8_available() says whether the current
 // device runs it (sm_90 with an sm_90a kernel image; a static check, nothing runs).
 bool wgmma_s8_available(cudaStream_t stream);

@@ -1,14 +1,13 @@
-// e4m3 x e4m3 GEMM through cuBLASLt's sm_90 kernels (wgmma), with the per-token activation scales
-// and per-row weight scales applied by cuBLASLt's outer-vector scaling and the bias by its BIAS
+// GEMMs through cuBLASLt's sm_90 kernels (wgmma). e4m3 x e4m3: the per-token activation scales
+// and per-row weight scales applied by cuBLASLt's outer-vector scaling, the bias by its BIAS
 // epilogue. The fp32 accumulation order (and the epilogue's operation order) are cuBLASLt's, so
 // this path meets the fp8 tolerance, not bit-exactness (fp8 layer outputs are compared with a
 // tolerance in any case: the CPU accumulates in another order). When cuBLASLt offers no algorithm
 // (older library, other GPU, bias in another dtype) the caller falls back to the mma.sync kernel.
 // Session 17: the same for f16 x f16 -> f16 and bf16 x bf16 -> bf16 (the sm_90 NVFP4 path after
-// its exact dequantization into the output's type): no
-// outer-vector scales (null there), the weight's tensor scale as cuBLASLt's alpha read from the
-// device (pointer mode device, beta a device zero), the BIAS epilogue: acc * pts + bias, the
-// epilogue's order.
+// its exact dequantization into the output's type): no outer-vector scales (null there), the
+// weight's tensor scale as cuBLASLt's alpha read from the device (pointer mode device, beta a
+// device zero), the BIAS epilogue: acc * pts + bias, the epilogue's order.
 #include <cublasLt.h>
 
 #include <map>
@@ -44,6 +43,7 @@ LtState& state() {
 }
 
 cudaDataType_t cuda_type(DType d) { return d == DType::f16 ? CUDA_R_16F : CUDA_R_16BF; }
+bool kind16(GemmKind k) { return k == GemmKind::f16 || k == GemmKind::bf16; }
 
 // beta for the f16 GEMM's device pointer mode (alpha = the weight's tensor scale on the device).
 __device__ const float kDeviceZero = 0.f;
@@ -74,8 +74,7 @@ bool build(const GemmParams& p, Desc& d) {
   if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta))) ||
       !ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb))))
     return false;
-  const bool k16 = p.kind == GemmKind::f16 || p.kind == GemmKind::bf16;
-  if (k16 && p.w_tensor_scale) {
+  if (kind16(p.kind) && p.w_tensor_scale) {
     cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
     if (!ok(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm,
                                            sizeof(pm))))
@@ -128,7 +127,7 @@ const LtState::Entry* candidates(const GemmParams& p, size_t workspace_bytes, De
     if (p.w_tensor_scale || !p.a_scale || !p.w_scale) return nullptr;
     // cuBLASLt fp8: 16-byte aligned pointers and leading dimensions.
     if (p.K % 16 || p.lda % 16 || p.ldb % 16 || p.ldo % 8) return nullptr;
-  } else if (p.kind == GemmKind::f16 || p.kind == GemmKind::bf16) {
+  } else if (kind16(p.kind)) {
     // cuBLASLt's 16-bit GEMMs: the output in the operands' type
     if (p.out_dtype != (p.kind == GemmKind::f16 ? DType::f16 : DType::bf16)) return nullptr;
     if (p.a_scale || p.w_scale || p.fp8_fast_accum) return nullptr;
@@ -175,7 +174,7 @@ const LtState::Entry* candidates(const GemmParams& p, size_t workspace_bytes, De
 
 }  // namespace
 
-bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
+bool gemm_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
                        cudaStream_t stream, int candidate) {
   LtState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -183,9 +182,8 @@ bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_by
   const LtState::Entry* e = candidates(p, workspace_bytes, d);
   if (!e || candidate >= e->count) return false;
   static const float one = 1.f, zero = 0.f;
-  // f16 with a tensor scale: alpha and beta are device pointers (pointer mode device).
-  const bool dev_alpha =
-      (p.kind == GemmKind::f16 || p.kind == GemmKind::bf16) && p.w_tensor_scale;
+  // 16-bit with a tensor scale: alpha and beta are device pointers (pointer mode device).
+  const bool dev_alpha = kind16(p.kind) && p.w_tensor_scale;
   const float* alpha = dev_alpha ? p.w_tensor_scale : &one;
   const float* beta = dev_alpha ? device_zero() : &zero;
   return ok(cublasLtMatmul(s.handle, d.op, alpha, p.b, d.la, p.a, d.lb, beta, p.out, d.lc, p.out,
@@ -193,7 +191,7 @@ bool gemm_fp8_cublaslt(const GemmParams& p, void* workspace, size_t workspace_by
                            workspace_bytes, stream));
 }
 
-int gemm_fp8_cublaslt_candidates(const GemmParams& p, size_t workspace_bytes) {
+int gemm_cublaslt_candidates(const GemmParams& p, size_t workspace_bytes) {
   LtState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   Desc d;
@@ -201,7 +199,7 @@ int gemm_fp8_cublaslt_candidates(const GemmParams& p, size_t workspace_bytes) {
   return e ? e->count : 0;
 }
 
-size_t gemm_fp8_cublaslt_workspace_bytes() { return kWorkspaceBytes; }
+size_t gemm_cublaslt_workspace_bytes() { return kWorkspaceBytes; }
 
 }  // namespace linear
 }  // namespace cuda
