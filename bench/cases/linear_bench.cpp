@@ -108,7 +108,7 @@ class LayerBench : public BenchCase {
       if (!env.shape_selected(shape_str(s.m, s.k, s.n))) continue;
       const bool decode = s.m <= 16;
       std::vector<QType> qtypes;
-      if (decode)  // (convrot4 at decode: the whole weight dequantized per call on sm_90)
+      if (decode)
         qtypes = {QType::convrot8, QType::convrot_int4, QType::convrot_comfy_w4a4,
                   QType::convrot_fp8, QType::convrot4};
       else
@@ -170,6 +170,14 @@ class LayerBench : public BenchCase {
             t.fp8_ring_max_m = ring_default ? 0 : 16;
             other_path(ring_default ? "cuBLASLt fp8 GEMM (fp8_ring_max_m 0: the path before)"
                                     : "ring GEMV (fp8_ring_max_m 16)",
+                       layer_tuning(t), default_tuning, 8);
+          }
+          if (q == QType::convrot4 && decode && env.device == Device::cuda) {
+            // Session 17: the NVFP4 decode GEMV on the packed weight (the default up to M 16)
+            // against the prefill path (the whole weight dequantized per call).
+            cl::DecodeTilesTuning t;
+            t.nvfp4_gemv_max_m = 0;
+            other_path("dequantize + cuBLASLt (nvfp4_gemv_max_m 0: the path before)",
                        layer_tuning(t), default_tuning, 8);
           }
           if (q == QType::convrot4 && !decode && env.device == Device::cuda) {

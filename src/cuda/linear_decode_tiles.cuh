@@ -77,6 +77,10 @@ struct DecodeTilesTuning {
   // the output's 16-bit type, cuBLASLt's GEMM (alpha = the weight's tensor scale, BIAS epilogue)
   // where it takes the arguments; false: the mma.sync f16 kernel (the path before, the fallback).
   bool nvfp4_cublaslt = true;
+  // convrot4 (NVFP4) on sm_89 / sm_90 (session 17): the largest M (at most 16) whose forward runs
+  // the NVFP4 decode GEMV on the packed codes (decode_nvfp4) instead of dequantizing the whole
+  // weight; 0: the prefill path at every M.
+  int nvfp4_gemv_max_m = 16;
   // Rotate kernel + GEMV (8 < M <= 16): clusters of this many CTAs (2 or 4; 0: off) copy the
   // activation rows as multicast bulk copies, each row read from L2 once per cluster; where no
   // cluster fits (or the 6-slot layout does not), the plain copy. H200 session 17, stream of 8

@@ -306,6 +306,28 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     // scale (pts) and the bias in the epilogue.
     launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
     Scratch a16(static_cast<size_t>(M * K * 2), s, op);
+    // Decode: the GEMV on the packed weight (the activation rows dequantized to f16, exact).
+    if (M <= std::min<int64_t>(16, linear::layer_tiles_tuning().nvfp4_gemv_max_m)) {
+      linear::Nvfp4DecodeParams d;
+      d.x16 = a16.as<uint16_t>();
+      d.M = M;
+      d.N = O;
+      d.K = K;
+      d.w_codes = static_cast<const uint8_t*>(w.codes.data);
+      d.w_scales = static_cast<const uint8_t*>(w.block_scales.data);
+      d.ep.w_tensor_scale = static_cast<const float*>(w.tensor_scale.data);
+      d.ep.bias = ep.bias;
+      d.ep.bias_dtype = ep.bias_dtype;
+      d.out = out.data;
+      d.out_dtype = out.dtype;
+      d.ldo = out.stride[0];
+      if (linear::decode_nvfp4_applies(d)) {
+        linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
+                                 a16.as<uint16_t>(), DType::f16, s);
+        linear::decode_nvfp4(d, s);
+        return;
+      }
+    }
     Scratch w16(static_cast<size_t>(O * K * 2), s, op);
     auto dequant = [&](DType t) {
       linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,

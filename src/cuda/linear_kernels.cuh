@@ -233,6 +233,25 @@ inline void decode_epilogue(DecodeParams& d, const float* w_scale, const void* b
 }
 void decode_gemv(const DecodeParams& p, cudaStream_t stream);
 
+// NVFP4 decode GEMV (M <= 16, sm_89+; linear_decode_nvfp4.cu): out = epilogue(x16 · W(N, K)ᵀ)
+// with W the packed e2m1 codes (N, K/2) times their e4m3 block scales (N, K/16) read directly;
+// fp32 sums of the tensor cores (the NVFP4 tolerance). x16: the activation rows (M, K) in f16,
+// contiguous. ep: a_scale / w_scale null, w_tensor_scale = the weight's pts, bias.
+struct Nvfp4DecodeParams {
+  const uint16_t* x16 = nullptr;  // (M, K) f16 bits
+  int64_t M = 0, N = 0, K = 0;
+  const uint8_t* w_codes = nullptr;
+  const uint8_t* w_scales = nullptr;
+  Epilogue ep{};
+  void* out = nullptr;            // (M, N) out_dtype, row stride ldo
+  DType out_dtype = DType::bf16;
+  int64_t ldo = 0;
+};
+// Whether decode_nvfp4 takes p on the current device: M <= 16, K a multiple of 64, 8-byte aligned
+// codes, 16-byte aligned x16, bf16 / f16 / f32 out, compute capability 8.9 or newer.
+bool decode_nvfp4_applies(const Nvfp4DecodeParams& p);
+void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream);
+
 // NVFP4 -> f16 (exact: every e2m1 x e4m3 product is an f16 value). codes (R, C/2), scales (R, C/16)
 // e4m3 linear; out (R, C) f16 row stride C. The per-tensor scale is not applied.
 void dequant_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, int64_t R, int64_t C,

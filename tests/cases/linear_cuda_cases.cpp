@@ -436,11 +436,26 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     // (nvfp4_cublaslt off); on sm_100 both run the fp4 tensor cores.
     add("nvfp4_lt", def, QType::convrot4, 300, 272, 1280, DType::bf16, true);
     add("nvfp4_lt", def, QType::convrot4, 33, 144, 512, DType::f16, false);
-    add("nvfp4_lt", def, QType::convrot4, 16, 1008, 256, DType::bf16, true);
+    add("nvfp4_lt", def, QType::convrot4, 17, 1008, 256, DType::bf16, true);
     cl::DecodeTilesTuning mma;
     mma.nvfp4_cublaslt = false;
     add("nvfp4_mma", mma, QType::convrot4, 300, 272, 1280, DType::bf16, true);
     add("nvfp4_mma", mma, QType::convrot4, 33, 144, 512, DType::f16, false);
+    // Session 17: the NVFP4 decode GEMV on the packed weight (M <= 16, K % 64 == 0): one and two
+    // n8 token tiles (M 1 / 3 / 8 and 9 / 16), K of 1 to 80 64-column steps split over 4 warps
+    // (1 step: three warps idle; 5 and 7: uneven), f16 and bf16; then the prefill path at M 3
+    // (nvfp4_gemv_max_m 0) and at K % 64 != 0 (the GEMV's fallback).
+    add("nvfp4_gemv", def, QType::convrot4, 1, 272, 1280, DType::bf16, true);
+    add("nvfp4_gemv", def, QType::convrot4, 1, 4112, 5120, DType::bf16, true);
+    add("nvfp4_gemv", def, QType::convrot4, 3, 144, 320, DType::f16, false);
+    add("nvfp4_gemv", def, QType::convrot4, 8, 1008, 448, DType::bf16, true);
+    add("nvfp4_gemv", def, QType::convrot4, 9, 272, 64, DType::f16, true);
+    add("nvfp4_gemv", def, QType::convrot4, 16, 1008, 5120, DType::bf16, false);
+    add("nvfp4_gemv", def, QType::convrot4, 16, 144, 1024, DType::f16, true);
+    cl::DecodeTilesTuning nog;
+    nog.nvfp4_gemv_max_m = 0;
+    add("nvfp4_nogemv", nog, QType::convrot4, 3, 272, 1280, DType::bf16, true);
+    add("nvfp4_gemv", def, QType::convrot4, 2, 144, 96, DType::bf16, true);
     // Session 17: the multicast activation copy (DecodeTilesTuning::act_mcast 2 / 4, 4 the
     // default; 0 the plain copy; rotate kernel + GEMV, 8 < M <= 16): CTA rank r copies rows r,
     // r + CL, ... into every CTA of its cluster (the `default` cases at M > 8 run clusters of 4).

@@ -1,0 +1,178 @@
+// NVFP4 (convrot4) decode GEMV on sm_90 (session 17): out(M, N) = pts · X16 · W(N, K)ᵀ + bias for
+// M <= 16, reading the packed e2m1 weight codes and their e4m3 block scales directly instead of
+// dequantizing the whole weight to 16 bits per call (the prefill path's cost at any M: 141 MB
+// written and read again at 5120 -> 13824).
+//
+// One CTA of kWarps warps per 16-row weight tile; the warps split the tile's K into contiguous
+// runs of 64-column steps. Per step a lane (gid, tid4) owns the 16 columns of NVFP4 block
+// 4 step + tid4 of weight rows gid and gid + 8 (8 code bytes and one scale each): it turns them
+// into f16 values (e2m1 x e4m3 is exact in f16) and feeds four mma.sync m16n8k16 (f16 in, fp32
+// sums), the weights as A (16 rows), the activation rows (X16: the rotation's NVFP4 codes
+// dequantized to f16, exact) as B (n8 tiles of tokens). An mma's 16 k slots are the lanes' own
+// columns (lane tid4 gives slots 2 tid4, 2 tid4 + 1, 2 tid4 + 8, 2 tid4 + 9 of A and B alike),
+// so each sums 16 distinct columns whatever block they come from. The warps' sums meet in shared
+// memory, added in warp order (deterministic), then the epilogue (x pts, + bias), apply_epilogue's
+// order. Not bit-exact by construction: the tensor cores' fp32 sums (the layer's NVFP4 tolerance).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "lowbit/dtype.h"
+#include "src/core/check.h"
+#include "src/cuda/common.cuh"
+#include "src/cuda/gemm_common.cuh"
+#include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/ptx.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kStepCols = 64;  // columns per step: one NVFP4 block per lane quad
+
+// f16x2 bits of the two e2m1 codes of `byte` (low nibble first), unscaled: the magnitude's high
+// byte from a prmt table (0, 0.5, 1, 1.5, 2, 3, 4, 6 -> 0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44,
+// 0x46; the low byte is 0 for all eight), the sign bits moved to bits 15 and 31.
+__device__ __forceinline__ uint32_t e2m1x2_half2(uint32_t byte) {
+  const uint32_t sel = ((byte << 4) & 0x70u) | ((byte << 8) & 0x7000u);  // bytes 1, 3: |code|
+  const uint32_t mag = ptx::prmt(0x3e3c3800u, 0x46444240u, sel);          // index 0 -> 0x00
+  const uint32_t sign = ((byte << 12) & 0x8000u) | ((byte << 24) & 0x80000000u);
+  return mag | sign;
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
+  __half2 h = *reinterpret_cast<__half2*>(&a);
+  h = __hmul2(h, s);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint2 ldg_nc8(const uint8_t* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+
+// NT: n8 tiles of tokens (1: M <= 8, 2: M <= 16).
+template <int NT>
+__global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_kernel(Nvfp4DecodeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  __shared__ float red[kWarps][16][16];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tid4 = lane & 3;
+  const int64_t N = p.N, K = p.K;
+  const int M = static_cast<int>(p.M);
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int steps = static_cast<int>(K / kStepCols);
+  const int s_begin = warp * steps / kWarps, s_end = (warp + 1) * steps / kWarps;
+  // Weight rows gid / gid + 8 (rows past N read row N - 1: their sums are never stored).
+  const int64_t r0 = min(n0 + gid, N - 1), r1 = min(n0 + gid + 8, N - 1);
+  const uint8_t* w0 = p.w_codes + r0 * (K / 2) + 8 * tid4;
+  const uint8_t* w1 = p.w_codes + r1 * (K / 2) + 8 * tid4;
+  const uint8_t* s0 = p.w_scales + r0 * (K / 16) + tid4;
+  const uint8_t* s1 = p.w_scales + r1 * (K / 16) + tid4;
+  // Token rows gid (+ 8) of the n8 tiles (rows >= M read row M - 1).
+  const __half* xr[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    xr[nt] = reinterpret_cast<const __half*>(p.x16) + min(gid + 8 * nt, M - 1) * K + 16 * tid4;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
+
+  // The activations may come from the preceding kernels (programmatic dependent launch): the
+  // weight bytes do not.
+  ptx::griddep_wait();
+#pragma unroll 4
+  for (int s = s_begin; s < s_end; ++s) {
+    const uint2 c0 = ldg_nc8(w0 + 32 * s), c1 = ldg_nc8(w1 + 32 * s);
+    const __half2 sc0 = __float2half2_rn(dt::e4m3_to_f32(__ldg(s0 + 4 * s)));
+    const __half2 sc1 = __float2half2_rn(dt::e4m3_to_f32(__ldg(s1 + 4 * s)));
+    uint4 xv[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint4* xp = reinterpret_cast<const uint4*>(xr[nt] + kStepCols * s);
+      xv[nt][0] = __ldg(xp);
+      xv[nt][1] = __ldg(xp + 1);
+    }
+    const uint32_t cw0[2] = {c0.x, c0.y}, cw1[2] = {c1.x, c1.y};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // columns 4 j .. 4 j + 3 of the lane's 16
+      // bytes 2 j (columns 4 j, 4 j + 1) and 2 j + 1 (4 j + 2, 4 j + 3) of each row's 8
+      const uint32_t b0a = (cw0[j >> 1] >> (16 * (j & 1))) & 0xffu;
+      const uint32_t b0b = (cw0[j >> 1] >> (16 * (j & 1) + 8)) & 0xffu;
+      const uint32_t b1a = (cw1[j >> 1] >> (16 * (j & 1))) & 0xffu;
+      const uint32_t b1b = (cw1[j >> 1] >> (16 * (j & 1) + 8)) & 0xffu;
+      const uint32_t a[4] = {hmul2_bits(e2m1x2_half2(b0a), sc0), hmul2_bits(e2m1x2_half2(b1a), sc1),
+                             hmul2_bits(e2m1x2_half2(b0b), sc0), hmul2_bits(e2m1x2_half2(b1b), sc1)};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t xw[8] = {xv[nt][0].x, xv[nt][0].y, xv[nt][0].z, xv[nt][0].w,
+                                xv[nt][1].x, xv[nt][1].y, xv[nt][1].z, xv[nt][1].w};
+        ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
+      }
+    }
+  }
+  // C fragment: c0, c1 = (weight row gid, tokens 2 tid4, 2 tid4 + 1), c2, c3 = row gid + 8.
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int tok = 8 * nt + 2 * tid4 + (r & 1);
+      if (tok < 16) red[warp][gid + 8 * (r >> 1)][tok] = acc[nt][r];
+    }
+  __syncthreads();
+  ptx::griddep_launch_dependents();
+  for (int i = threadIdx.x; i < 16 * M; i += kWarps * 32) {
+    const int row = i / M, tok = i - row * M;
+    const int64_t col = n0 + row;
+    if (col >= N) continue;
+    float v = red[0][row][tok];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) v = __fadd_rn(v, red[w][row][tok]);
+    v = apply_epilogue(p.ep, v, tok, col);
+    store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
+  }
+#else
+  __trap();  // launched on sm_89+ only (decode_nvfp4_applies)
+#endif
+}
+
+bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+}  // namespace
+
+bool decode_nvfp4_applies(const Nvfp4DecodeParams& p) {
+  if (p.M < 1 || p.M > 16 || p.N < 1 || p.K < kStepCols || p.K % kStepCols) return false;
+  if (!p.x16 || !p.w_codes || !p.w_scales || !p.out) return false;
+  if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16 && p.out_dtype != DType::f32)
+    return false;
+  // 8-byte code loads (row stride K / 2, a multiple of 32), 16-byte activation loads.
+  if (!aligned(p.w_codes, 8) || !aligned(p.x16, 16)) return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  (void)cudaGetLastError();
+  return major * 10 + minor >= 89;
+}
+
+void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream) {
+  check::that(decode_nvfp4_applies(p), "decode_nvfp4", "arguments",
+              "expected M <= 16, K a multiple of 64, aligned codes and activations, sm_89+");
+  const dim3 grid(static_cast<unsigned>((p.N + 15) / 16));
+  if (p.M > 8)
+    launch_maybe_pdl(true, gemv_nvfp4_kernel<2>, grid, dim3(kWarps * 32), 0, stream, p);
+  else
+    launch_maybe_pdl(true, gemv_nvfp4_kernel<1>, grid, dim3(kWarps * 32), 0, stream, p);
+  check_launch("decode_nvfp4");
+}
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit
