@@ -179,6 +179,10 @@ class LayerBench : public BenchCase {
             t.nvfp4_gemv_max_m = 0;
             other_path("dequantize + cuBLASLt (nvfp4_gemv_max_m 0: the path before)",
                        layer_tuning(t), default_tuning, 8);
+            cl::DecodeTilesTuning d1;
+            d1.nvfp4_gemv_depth = 1;
+            other_path("GEMV with one step in flight (nvfp4_gemv_depth 1: the first form)",
+                       layer_tuning(d1), default_tuning, 0);
           }
           if (q == QType::convrot4 && !decode && env.device == Device::cuda) {
             // Session 17: NVFP4 on sm_90 through cuBLASLt's 16-bit GEMM (the default) against

@@ -14,6 +14,7 @@
 // memory, added in warp order (deterministic), then the epilogue (x pts, + bias), apply_epilogue's
 // order. Not bit-exact by construction: the tensor cores' fp32 sums (the layer's NVFP4 tolerance).
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <string>
@@ -49,14 +50,31 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// 8 code bytes through the read-only path. (__ldg, not volatile inline PTX: the compiler may
+// hoist an unrolled loop's loads ahead of its arithmetic. H200 session 17, 1 x 5120 -> 13824:
+// volatile loads, one step's latency after another, 0.0436 ms per layer.)
 __device__ __forceinline__ uint2 ldg_nc8(const uint8_t* p) {
-  uint2 v;
-  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
+  return __ldg(reinterpret_cast<const uint2*>(p));
 }
 
-// NT: n8 tiles of tokens (1: M <= 8, 2: M <= 16).
+// e4m3 -> f16x2 {v, v} (exact; F2FP on sm_89+).
+__device__ __forceinline__ __half2 e4m3_half2(uint8_t c) {
+  const __half h(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(c), __NV_E4M3));
+  return __half2half2(h);
+}
+
+// One 64-column step's operands of a lane: 8 code bytes and the block scale of weight rows gid
+// and gid + 8, the 16 f16 activation values of its token rows.
 template <int NT>
+struct StepRegs {
+  uint2 c0, c1;
+  uint32_t sc;  // scale bytes of rows gid (bits 0-7) and gid + 8 (bits 8-15)
+  uint4 x[NT][2];
+};
+
+// NT: n8 tiles of tokens (1: M <= 8, 2: M <= 16). DEPTH: steps whose loads are in flight ahead of
+// the one being multiplied (a register ring; 1: load, then multiply).
+template <int NT, int DEPTH>
 __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_kernel(Nvfp4DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   __shared__ float red[kWarps][16][16];
@@ -85,22 +103,21 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_kernel(Nvfp4DecodePara
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
 
-  // The activations may come from the preceding kernels (programmatic dependent launch): the
-  // weight bytes do not.
-  ptx::griddep_wait();
-#pragma unroll 4
-  for (int s = s_begin; s < s_end; ++s) {
-    const uint2 c0 = ldg_nc8(w0 + 32 * s), c1 = ldg_nc8(w1 + 32 * s);
-    const __half2 sc0 = __float2half2_rn(dt::e4m3_to_f32(__ldg(s0 + 4 * s)));
-    const __half2 sc1 = __float2half2_rn(dt::e4m3_to_f32(__ldg(s1 + 4 * s)));
-    uint4 xv[NT][2];
+  auto load = [&](int s, StepRegs<NT>& q) {
+    q.c0 = ldg_nc8(w0 + 32 * s);
+    q.c1 = ldg_nc8(w1 + 32 * s);
+    q.sc = static_cast<uint32_t>(__ldg(s0 + 4 * s)) | static_cast<uint32_t>(__ldg(s1 + 4 * s)) << 8;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const uint4* xp = reinterpret_cast<const uint4*>(xr[nt] + kStepCols * s);
-      xv[nt][0] = __ldg(xp);
-      xv[nt][1] = __ldg(xp + 1);
+      q.x[nt][0] = __ldg(xp);
+      q.x[nt][1] = __ldg(xp + 1);
     }
-    const uint32_t cw0[2] = {c0.x, c0.y}, cw1[2] = {c1.x, c1.y};
+  };
+  auto multiply = [&](const StepRegs<NT>& q) {
+    const __half2 sc0 = e4m3_half2(static_cast<uint8_t>(q.sc & 0xffu));
+    const __half2 sc1 = e4m3_half2(static_cast<uint8_t>(q.sc >> 8));
+    const uint32_t cw0[2] = {q.c0.x, q.c0.y}, cw1[2] = {q.c1.x, q.c1.y};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // columns 4 j .. 4 j + 3 of the lane's 16
       // bytes 2 j (columns 4 j, 4 j + 1) and 2 j + 1 (4 j + 2, 4 j + 3) of each row's 8
@@ -112,9 +129,26 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_kernel(Nvfp4DecodePara
                              hmul2_bits(e2m1x2_half2(b0b), sc0), hmul2_bits(e2m1x2_half2(b1b), sc1)};
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t xw[8] = {xv[nt][0].x, xv[nt][0].y, xv[nt][0].z, xv[nt][0].w,
-                                xv[nt][1].x, xv[nt][1].y, xv[nt][1].z, xv[nt][1].w};
+        const uint32_t xw[8] = {q.x[nt][0].x, q.x[nt][0].y, q.x[nt][0].z, q.x[nt][0].w,
+                                q.x[nt][1].x, q.x[nt][1].y, q.x[nt][1].z, q.x[nt][1].w};
         ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
+      }
+    }
+  };
+
+  // The activations may come from the preceding kernels (programmatic dependent launch): the
+  // weight bytes do not.
+  ptx::griddep_wait();
+  StepRegs<NT> ring[DEPTH];
+#pragma unroll
+  for (int u = 0; u < DEPTH; ++u)
+    if (s_begin + u < s_end) load(s_begin + u, ring[u]);
+  for (int s = s_begin; s < s_end; s += DEPTH) {
+#pragma unroll
+    for (int u = 0; u < DEPTH; ++u) {
+      if (s + u < s_end) {
+        multiply(ring[u]);
+        if (s + u + DEPTH < s_end) load(s + u + DEPTH, ring[u]);
       }
     }
   }
@@ -162,14 +196,17 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p) {
   return major * 10 + minor >= 89;
 }
 
-void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream) {
+void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth) {
   check::that(decode_nvfp4_applies(p), "decode_nvfp4", "arguments",
               "expected M <= 16, K a multiple of 64, aligned codes and activations, sm_89+");
-  const dim3 grid(static_cast<unsigned>((p.N + 15) / 16));
+  check::that(depth == 1 || depth == 4, "decode_nvfp4", "depth",
+              "expected 1 or 4, got " + std::to_string(depth));
+  const dim3 grid(static_cast<unsigned>((p.N + 15) / 16)), block(kWarps * 32);
+  auto go = [&](auto kernel) { launch_maybe_pdl(true, kernel, grid, block, 0, stream, p); };
   if (p.M > 8)
-    launch_maybe_pdl(true, gemv_nvfp4_kernel<2>, grid, dim3(kWarps * 32), 0, stream, p);
+    depth == 4 ? go(gemv_nvfp4_kernel<2, 4>) : go(gemv_nvfp4_kernel<2, 1>);
   else
-    launch_maybe_pdl(true, gemv_nvfp4_kernel<1>, grid, dim3(kWarps * 32), 0, stream, p);
+    depth == 4 ? go(gemv_nvfp4_kernel<1, 4>) : go(gemv_nvfp4_kernel<1, 1>);
   check_launch("decode_nvfp4");
 }
 

@@ -324,7 +324,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       if (linear::decode_nvfp4_applies(d)) {
         linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
                                  a16.as<uint16_t>(), DType::f16, s);
-        linear::decode_nvfp4(d, s);
+        linear::decode_nvfp4(d, s, linear::layer_tiles_tuning().nvfp4_gemv_depth);
         return;
       }
     }
