@@ -128,6 +128,7 @@ class LayerBench : public BenchCase {
         r.baseline = "cuBLASLt bf16 GEMM + bias";
         r.baseline_ms = base;
         r.flops = 2.0 * s.m * s.n * s.k;
+        std::vector<Row> alts;  // the same layer through other paths (A/B rows)
         try {
           QuantizedLinear layer =
               QuantizedLinear::from_packed(random_packed(q, s.n, s.k, 31), env.device, ctx);
@@ -137,10 +138,11 @@ class LayerBench : public BenchCase {
           r.accuracy = layer_accuracy(q, s.k, env, decode ? 8 : 32);
           // The same layer through another path (`enter` switches to it, `leave` restores the
           // default, also on a throw): its time, its accuracy at acc_m rows (0: none), and how
-          // far the default's output is from it; the default's row goes first.
+          // far the default's output is from it; rows after the default's.
+          std::vector<float> first;  // the default's output, read before the first other path
           auto other_path = [&](const std::string& what, const std::function<void()>& enter,
                                 const std::function<void()>& leave, int64_t acc_m) {
-            const std::vector<float> first = to_host_f32(out.view);
+            if (first.empty()) first = to_host_f32(out.view);
             struct Leave {
               const std::function<void()>& f;
               ~Leave() { f(); }
@@ -153,8 +155,7 @@ class LayerBench : public BenchCase {
             f.accuracy = (acc_m ? layer_accuracy(q, s.k, env, acc_m) + "; " : std::string()) +
                          "the default's output vs this: " +
                          accuracy(first, std::vector<double>(other.begin(), other.end())).str();
-            rows.push_back(r);
-            r = f;
+            alts.push_back(f);
           };
 #ifdef LOWBIT_WITH_CUDA
           namespace cl = cuda::linear;
@@ -179,10 +180,13 @@ class LayerBench : public BenchCase {
             t.nvfp4_gemv_max_m = 0;
             other_path("dequantize + cuBLASLt (nvfp4_gemv_max_m 0: the path before)",
                        layer_tuning(t), default_tuning, 8);
-            cl::DecodeTilesTuning d1;
-            d1.nvfp4_gemv_depth = 1;
-            other_path("GEMV with one step in flight (nvfp4_gemv_depth 1: the first form)",
-                       layer_tuning(d1), default_tuning, 0);
+            for (int depth : {1, 4}) {
+              cl::DecodeTilesTuning d;
+              d.nvfp4_gemv_depth = depth;
+              other_path("GEMV, " + std::to_string(depth) + " step(s) in flight (nvfp4_gemv_depth " +
+                             std::to_string(depth) + ")",
+                         layer_tuning(d), default_tuning, 0);
+            }
           }
           if (q == QType::convrot4 && !decode && env.device == Device::cuda) {
             // Session 17: NVFP4 on sm_90 through cuBLASLt's 16-bit GEMM (the default) against
@@ -202,6 +206,7 @@ class LayerBench : public BenchCase {
           r.note = std::string("failed: ") + e.what();
         }
         rows.push_back(r);
+        rows.insert(rows.end(), alts.begin(), alts.end());
       }
     }
     return rows;

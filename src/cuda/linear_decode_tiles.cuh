@@ -81,8 +81,10 @@ struct DecodeTilesTuning {
   // the NVFP4 decode GEMV on the packed codes (decode_nvfp4) instead of dequantizing the whole
   // weight; 0: the prefill path at every M.
   int nvfp4_gemv_max_m = 16;
-  // ... its loads in flight per warp: 4 steps of 64 columns (a register ring), or 1.
-  int nvfp4_gemv_depth = 4;
+  // ... its loads in flight per warp: 4 steps of 64 columns (a register ring) or 1; 0: 4 at
+  // M <= 8, 1 above (H200 session 17, x 5120 -> 13824: M 1 / 8 43.7 / 43.8 us vs 46.3 / 47.2 with
+  // 1; M 16 55.4 vs 49.8: 163 registers).
+  int nvfp4_gemv_depth = 0;
   // Rotate kernel + GEMV (8 < M <= 16): clusters of this many CTAs (2 or 4; 0: off) copy the
   // activation rows as multicast bulk copies, each row read from L2 once per cluster; where no
   // cluster fits (or the 6-slot layout does not), the plain copy. H200 session 17, stream of 8

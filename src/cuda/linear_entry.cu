@@ -324,7 +324,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       if (linear::decode_nvfp4_applies(d)) {
         linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
                                  a16.as<uint16_t>(), DType::f16, s);
-        linear::decode_nvfp4(d, s, linear::layer_tiles_tuning().nvfp4_gemv_depth);
+        const int depth = linear::layer_tiles_tuning().nvfp4_gemv_depth;
+        linear::decode_nvfp4(d, s, depth > 0 ? depth : (M <= 8 ? 4 : 1));
         return;
       }
     }
