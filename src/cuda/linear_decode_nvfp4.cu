@@ -17,6 +17,8 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "lowbit/dtype.h"
@@ -50,9 +52,8 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// 8 code bytes through the read-only path. (__ldg, not volatile inline PTX: the compiler may
-// hoist an unrolled loop's loads ahead of its arithmetic. H200 session 17, 1 x 5120 -> 13824:
-// volatile loads, one step's latency after another, 0.0436 ms per layer.)
+// 8 code bytes through the read-only path (a plain __ldg the compiler may schedule; the steps in
+// flight come from the kernel's register ring).
 __device__ __forceinline__ uint2 ldg_nc8(const uint8_t* p) {
   return __ldg(reinterpret_cast<const uint2*>(p));
 }
@@ -188,12 +189,26 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p) {
     return false;
   // 8-byte code loads (row stride K / 2, a multiple of 32), 16-byte activation loads.
   if (!aligned(p.w_codes, 8) || !aligned(p.x16, 16)) return false;
-  int dev = 0, major = 0, minor = 0;
+  // The device runs the kernel: compute capability 8.9+ and an image of it for the device (per
+  // device, once).
+  static std::mutex mu;
+  static std::map<int, bool> runs;
+  int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  (void)cudaGetLastError();
-  return major * 10 + minor >= 89;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = runs.find(dev);
+  if (it == runs.end()) {
+    int major = 0, minor = 0;
+    cudaFuncAttributes attr{};
+    const bool ok =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        cudaFuncGetAttributes(&attr, gemv_nvfp4_kernel<1, 1>) == cudaSuccess &&
+        attr.binaryVersion >= 89 && major * 10 + minor >= 89;
+    (void)cudaGetLastError();  // a missing image leaves its error behind
+    it = runs.emplace(dev, ok).first;
+  }
+  return it->second;
 }
 
 void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth) {
