@@ -26,6 +26,7 @@
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
 #include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_lut.h"
 #include "src/cuda/ptx.cuh"
 
 namespace lowbit {
@@ -35,16 +36,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kStepCols = 64;  // columns per step: one NVFP4 block per lane quad
-
-// f16x2 bits of the two e2m1 codes of `byte` (low nibble first), unscaled: the magnitude's high
-// byte from a prmt table (0, 0.5, 1, 1.5, 2, 3, 4, 6 -> 0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44,
-// 0x46; the low byte is 0 for all eight), the sign bits moved to bits 15 and 31.
-__device__ __forceinline__ uint32_t e2m1x2_half2(uint32_t byte) {
-  const uint32_t sel = ((byte << 4) & 0x70u) | ((byte << 8) & 0x7000u);  // bytes 1, 3: |code|
-  const uint32_t mag = ptx::prmt(0x3e3c3800u, 0x46444240u, sel);          // index 0 -> 0x00
-  const uint32_t sign = ((byte << 12) & 0x8000u) | ((byte << 24) & 0x80000000u);
-  return mag | sign;
-}
 
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, __half2 s) {
   __half2 h = *reinterpret_cast<__half2*>(&a);
@@ -126,8 +117,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_kernel(Nvfp4DecodePara
       const uint32_t b0b = (cw0[j >> 1] >> (16 * (j & 1) + 8)) & 0xffu;
       const uint32_t b1a = (cw1[j >> 1] >> (16 * (j & 1))) & 0xffu;
       const uint32_t b1b = (cw1[j >> 1] >> (16 * (j & 1) + 8)) & 0xffu;
-      const uint32_t a[4] = {hmul2_bits(e2m1x2_half2(b0a), sc0), hmul2_bits(e2m1x2_half2(b1a), sc1),
-                             hmul2_bits(e2m1x2_half2(b0b), sc0), hmul2_bits(e2m1x2_half2(b1b), sc1)};
+      const uint32_t a[4] = {hmul2_bits(e2m1x2_f16x2(b0a), sc0), hmul2_bits(e2m1x2_f16x2(b1a), sc1),
+                             hmul2_bits(e2m1x2_f16x2(b0b), sc0), hmul2_bits(e2m1x2_f16x2(b1b), sc1)};
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const uint32_t xw[8] = {q.x[nt][0].x, q.x[nt][0].y, q.x[nt][0].z, q.x[nt][0].w,

@@ -56,6 +56,30 @@ LOWBIT_LUT_HD void lut_word(uint32_t word, const uint32_t lut[4], uint32_t* b0, 
   *b1 = lut4(word >> 16, lut);
 }
 
+// ---- NVFP4 (session 17): e2m1 codes (bit 3 the sign, bits 0-2 the magnitude m) ----
+
+// fp32 bits of an e2m1 code: m = 0 / 1 -> 0 / 0.5, else 2^((m >> 1) - 1) * (1 + (m & 1) / 2),
+// the sign in bit 31: dt::e2m1_to_f32's values without its table (a dynamically indexed local
+// array, which the GPU keeps in local memory).
+LOWBIT_LUT_HD uint32_t e2m1_f32_bits(uint32_t code) {
+  const uint32_t m = code & 7u;
+  const uint32_t mag = m == 0u   ? 0u
+                       : m == 1u ? 0x3f000000u
+                                 : ((((m >> 1) + 126u) << 23) | ((m & 1u) << 22));
+  return mag | ((code & 8u) << 28);
+}
+
+// f16x2 bits of the two e2m1 codes of `byte` (low nibble first, in the low half): the
+// magnitude's high byte from a prmt table (m = 0..7 -> 0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44,
+// 0x46: 0, 0.5, 1, 1.5, 2, 3, 4, 6; the low byte is 0 for all eight, selector 0 reads entry 0),
+// the signs moved to bits 15 and 31.
+LOWBIT_LUT_HD uint32_t e2m1x2_f16x2(uint32_t byte) {
+  const uint32_t sel = ((byte << 4) & 0x70u) | ((byte << 8) & 0x7000u);  // bytes 1, 3: m
+  const uint32_t mag = lut_prmt(0x3e3c3800u, 0x46444240u, sel);
+  const uint32_t sign = ((byte << 12) & 0x8000u) | ((byte << 24) & 0x80000000u);
+  return mag | sign;
+}
+
 }  // namespace linear
 }  // namespace cuda
 }  // namespace lowbit

@@ -5,6 +5,7 @@
 #include "lowbit/dtype.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_lut.h"
 #include "src/cuda/linear_unpack.cuh"
 
 namespace lowbit {
@@ -31,14 +32,10 @@ __global__ void unpack_int8_kernel(PackedWeightRef w, int8_t* out) {
   }
 }
 
-// dt::e2m1_to_f32 without its table (a dynamically indexed local array: local-memory loads per
-// element, H200 session 17: the dequantization ran at ~1/15 of the copy rate). Magnitude code m:
-// 0 / 1 -> 0 / 0.5, else 2^((m >> 1) - 1) * (1 + (m & 1) / 2) as fp32 bits; the sign bit 3 -> 31.
+// dt::e2m1_to_f32 without its table (linear_lut.h; H200 session 17: with the table the
+// dequantization ran at ~1/15 of the copy rate).
 __device__ __forceinline__ float e2m1_value(uint32_t code) {
-  const uint32_t m = code & 7u;
-  const float mag = m < 2u ? 0.5f * static_cast<float>(m)
-                           : __uint_as_float((((m >> 1) + 126u) << 23) | ((m & 1u) << 22));
-  return __uint_as_float(__float_as_uint(mag) | ((code & 8u) << 28));
+  return __uint_as_float(e2m1_f32_bits(code));
 }
 
 // One thread per 16 elements (one e4m3 block scale). BF16: bf16 outputs instead of f16 (exact

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "lowbit/dtype.h"
 #include "src/cpu/linear_kernels.h"
 #include "src/cuda/linear_lut.h"
 
@@ -98,4 +99,30 @@ TEST(LinearLut, ComfyInt4MatchesSignedNibbles) {
   lut_word(0x0000'70f8u, lut, &b0, &b1);
   EXPECT_EQ(b0, 0x0700fff8u);
   EXPECT_EQ(b1, 0u);
+}
+
+// NVFP4 (session 17): the table-free e2m1 value (the GPU dequantization kernels) and the f16x2
+// pair of the decode GEMV, against the CPU oracle's dt::e2m1_to_f32 for every code / byte.
+TEST(LinearLut, E2m1Fp32BitsEveryCode) {
+  for (uint32_t c = 0; c < 16; ++c) {
+    const float want = lowbit::dt::e2m1_to_f32(static_cast<uint8_t>(c));
+    EXPECT_EQ(lowbit::cuda::linear::e2m1_f32_bits(c), lowbit::dt::f32_bits(want)) << "code " << c;
+  }
+  // Bits above the nibble are ignored only through the callers' masks: 8 is -0 (sign bit only).
+  EXPECT_EQ(lowbit::cuda::linear::e2m1_f32_bits(8u), 0x80000000u);
+  EXPECT_EQ(lowbit::cuda::linear::e2m1_f32_bits(7u), 0x40c00000u);   // 6
+  EXPECT_EQ(lowbit::cuda::linear::e2m1_f32_bits(9u), 0xbf000000u);   // -0.5
+}
+
+TEST(LinearLut, E2m1PairF16EveryByte) {
+  for (uint32_t b = 0; b < 256; ++b) {
+    const uint32_t got = lowbit::cuda::linear::e2m1x2_f16x2(b);
+    const uint16_t lo = lowbit::dt::f32_to_f16(lowbit::dt::e2m1_to_f32(static_cast<uint8_t>(b & 15u)));
+    const uint16_t hi = lowbit::dt::f32_to_f16(lowbit::dt::e2m1_to_f32(static_cast<uint8_t>(b >> 4)));
+    EXPECT_EQ(got & 0xffffu, lo) << "byte " << b;
+    EXPECT_EQ(got >> 16, hi) << "byte " << b;
+  }
+  // Hand vectors: 0x21 = (0.5, 1.0) -> f16 0x3800, 0x3c00; 0xf8 = (-0, -6) -> 0x8000, 0xc600.
+  EXPECT_EQ(lowbit::cuda::linear::e2m1x2_f16x2(0x21u), 0x3c003800u);
+  EXPECT_EQ(lowbit::cuda::linear::e2m1x2_f16x2(0xf8u), 0xc6008000u);
 }
