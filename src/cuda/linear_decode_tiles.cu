@@ -539,6 +539,21 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
     const float wts = s_epi.wts;
     const bool has_as = ep.a_scale != nullptr, has_ws = ep.w_scale != nullptr,
                has_bias = ep.bias != nullptr;
+    // Output (tok, column c of the CTA) from its int32 sum; ws / bias: the column's operands.
+    auto emit = [&](int tok, int c, int64_t col, float ws, float bias) {
+      int32_t sum = part[c * ps + tok];
+      if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
+      if (acc_out) {
+        acc_out[tok * ldo + col] = sum;
+        return;
+      }
+      float v = static_cast<float>(sum);
+      if (has_as) v = __fmul_rn(v, s_scale[tok]);
+      if (has_ws) v = __fmul_rn(v, ws);
+      if (has_wts) v = __fmul_rn(v, wts);
+      if (has_bias) v = __fadd_rn(v, bias);
+      store2(out, out_dtype, tok * ldo + col, v, 0.f, false, false);
+    };
     // Thread -> column c = tid mod cw (cw: the columns rounded up to a power of two >= 32) and
     // tokens tid / cw, + kTilesThreads / cw, ...: the column's operands read once, no division
     // per output (session 17: the flat loop below spent ~120 instructions per output). More
@@ -550,38 +565,14 @@ __global__ void __maxnreg__(kTilesMaxRegs) gemv_tiles_kernel(DecodeParams p, Til
       const int64_t col = 16 * t0 + c;
       if (c < cols && col < N) {
         const float ws = s_ws[c], bias = s_bias[c];
-        const int32_t* pc = part + c * ps;
-        for (int tok = threadIdx.x / cw; tok < M; tok += kTilesThreads / cw) {
-          int32_t sum = pc[tok];
-          if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
-          if (acc_out) {
-            acc_out[tok * ldo + col] = sum;
-            continue;
-          }
-          float v = static_cast<float>(sum);
-          if (has_as) v = __fmul_rn(v, s_scale[tok]);
-          if (has_ws) v = __fmul_rn(v, ws);
-          if (has_wts) v = __fmul_rn(v, wts);
-          if (has_bias) v = __fadd_rn(v, bias);
-          store2(out, out_dtype, tok * ldo + col, v, 0.f, false, false);
-        }
+        for (int tok = threadIdx.x / cw; tok < M; tok += kTilesThreads / cw)
+          emit(tok, c, col, ws, bias);
       }
-    } else
-    for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
-      const int tok = idx / cols, c = idx - tok * cols;
-      const int64_t col = 16 * t0 + c;
-      if (col >= N) continue;
-      int32_t sum = part[c * ps + tok];
-      if (KIND == kTilesComfy) sum -= 8 * s_asum[tok];
-      if (acc_out) {
-        acc_out[tok * ldo + col] = sum;
-      } else {
-        float v = static_cast<float>(sum);
-        if (has_as) v = __fmul_rn(v, s_scale[tok]);
-        if (has_ws) v = __fmul_rn(v, s_ws[c]);
-        if (has_wts) v = __fmul_rn(v, wts);
-        if (has_bias) v = __fadd_rn(v, s_bias[c]);
-        store2(out, out_dtype, tok * ldo + col, v, 0.f, false, false);
+    } else {
+      for (int idx = threadIdx.x; idx < cols * M; idx += kTilesThreads) {
+        const int tok = idx / cols, c = idx - tok * cols;
+        const int64_t col = 16 * t0 + c;
+        if (col < N) emit(tok, c, col, s_ws[c], s_bias[c]);
       }
     }
   }
