@@ -676,62 +676,64 @@ void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStr
                    static_cast<size_t>(L.smem), stream, d, L);
 }
 
-// The multicast instances (two n8 tiles, 6 ring slots, clusters of CL CTAs), launched with PDL
-// and the cluster dimension.
-template <int KIND, int CL>
-auto cluster_kernel() {
-  return gemv_tiles_kernel<KIND, 2, void, kTilesDepthDeep, CL>;
+// The multicast instances (two n8 tiles, 6 ring slots, clusters of CL CTAs): f(kernel, CL) with
+// the one for d's weight kind and d.cluster (2 or 4).
+template <typename F>
+auto with_cluster_kernel(const DecodeParams& d, F&& f) {
+  const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
+  auto pick = [&](auto cl) {
+    constexpr int CL = decltype(cl)::value;
+    return comfy ? f(gemv_tiles_kernel<kTilesComfy, 2, void, kTilesDepthDeep, CL>, CL)
+                 : f(gemv_tiles_kernel<kTilesInt4, 2, void, kTilesDepthDeep, CL>, CL);
+  };
+  return d.cluster == 2 ? pick(std::integral_constant<int, 2>{})
+                        : pick(std::integral_constant<int, 4>{});
 }
-template <typename Kernel>
-cudaError_t launch_cluster(Kernel kernel, int cl, int grid, int64_t smem, cudaStream_t stream,
-                           const DecodeParams& d, const TilesLayout& L) {
-  cudaLaunchConfig_t cfg = {};
+// A launch configuration of `grid` CTAs in clusters of `cl` (attrs: room for 2), with PDL if
+// asked.
+void cluster_config(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attrs, int cl, int grid,
+                    int64_t smem, cudaStream_t stream, bool pdl) {
+  cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kTilesThreads);
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = static_cast<unsigned>(cl);
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  return cudaLaunchKernelEx(&cfg, kernel, d, L);
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = static_cast<unsigned>(cl);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  cfg.numAttrs = 1;
+  if (pdl) {
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.numAttrs = 2;
+  }
+  cfg.attrs = attrs;
 }
-// Prepares the cluster instance (shared memory limit) and returns how many clusters of CL of it
-// are resident at once with `smem` bytes (0: none; per device, cached).
-template <int KIND, int CL>
-int cluster_capacity(int64_t smem) {
+// Prepares the cluster instance for d (shared memory limit) and returns how many of its clusters
+// are resident at once with `smem` bytes (0: none; per device, instance and size, cached).
+int cluster_capacity(const DecodeParams& d, int64_t smem) {
   static std::mutex mu;
-  static std::map<std::pair<int, int64_t>, int> cache;
+  static std::map<std::tuple<int, const void*, int64_t>, int> cache;
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(std::make_pair(dev, smem));
-  if (it != cache.end()) return it->second;
-  auto kernel = cluster_kernel<KIND, CL>();
-  int n = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem)) == cudaSuccess) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(CL));
-    cfg.blockDim = dim3(kTilesThreads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CL;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) n = 0;
-  }
-  (void)cudaGetLastError();
-  cache.emplace(std::make_pair(dev, smem), n);
-  return n;
+  return with_cluster_kernel(d, [&](auto kernel, int cl) {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), smem);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    int n = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem)) == cudaSuccess) {
+      cudaLaunchConfig_t cfg;
+      cudaLaunchAttribute attrs[2];
+      cluster_config(cfg, attrs, cl, cl, smem, nullptr, false);
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) n = 0;
+    }
+    (void)cudaGetLastError();
+    cache.emplace(key, n);
+    return n;
+  });
 }
 
 // A read-only stream of the layout (bench only; the roofline of the GEMV): the grid's items
@@ -794,12 +796,7 @@ int cluster_grid(const DecodeParams& d) {
   if (d.x || (cl != 2 && cl != 4)) return 0;
   const int64_t tiles = (d.w.N + 15) / 16;
   const int64_t g = std::min<int64_t>(multiprocessor_count(), tiles) / cl * cl;
-  const int64_t smem = tiles_device().max_smem;
-  const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
-  const int cap = cl == 2 ? (comfy ? cluster_capacity<kTilesComfy, 2>(smem)
-                                   : cluster_capacity<kTilesInt4, 2>(smem))
-                          : (comfy ? cluster_capacity<kTilesComfy, 4>(smem)
-                                   : cluster_capacity<kTilesInt4, 4>(smem));
+  const int cap = cluster_capacity(d, tiles_device().max_smem);
   return static_cast<int>(std::min<int64_t>(g, static_cast<int64_t>(cap) * cl));
 }
 }  // namespace
@@ -909,16 +906,13 @@ void set_layer_tiles_tuning(const DecodeTilesTuning* t) {
 void decode_tiles(const DecodeParams& d, cudaStream_t stream) {
   const int grid = tiles_grid(d);
   const TilesLayout L = tiles_layout(d, grid, tiles_device().max_smem);
-  if (d.cluster > 0) {  // multicast activation copy (decode_tiles_applies: the instances below)
-    const bool comfy = decode_tiles_kind(d.w) == kTilesComfy;
-    cudaError_t e;
-    if (d.cluster == 2) {
-      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 2>(), 2, grid, L.smem, stream, d, L)
-                : launch_cluster(cluster_kernel<kTilesInt4, 2>(), 2, grid, L.smem, stream, d, L);
-    } else {
-      e = comfy ? launch_cluster(cluster_kernel<kTilesComfy, 4>(), 4, grid, L.smem, stream, d, L)
-                : launch_cluster(cluster_kernel<kTilesInt4, 4>(), 4, grid, L.smem, stream, d, L);
-    }
+  if (d.cluster > 0) {  // multicast activation copy (decode_tiles_applies: d.cluster 2 or 4)
+    const cudaError_t e = with_cluster_kernel(d, [&](auto kernel, int cl) {
+      cudaLaunchConfig_t cfg;
+      cudaLaunchAttribute attrs[2];
+      cluster_config(cfg, attrs, cl, grid, L.smem, stream, true);
+      return cudaLaunchKernelEx(&cfg, kernel, d, L);
+    });
     check_cuda(e, "decode_tiles", "cluster launch");
     return;
   }
