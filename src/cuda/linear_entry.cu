@@ -420,7 +420,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       d.tiles = nullptr;
       d.e4m3 = true;
       if (linear::decode_ring_applies(d)) {
-        linear::decode_gemv(d, s);
+        linear::decode_ring(d, s);  // (decode_gemv would check the same again)
         return;
       }
     }
