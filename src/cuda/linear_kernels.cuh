@@ -250,8 +250,8 @@ struct Nvfp4DecodeParams {
 // Whether decode_nvfp4 takes p on the current device: M <= 16, K a multiple of 64, 8-byte aligned
 // codes, 16-byte aligned x16, bf16 / f16 / f32 out, compute capability 8.9 or newer.
 bool decode_nvfp4_applies(const Nvfp4DecodeParams& p);
-// depth: 64-column steps whose loads are in flight per warp (a register ring): 4, or 1 (the
-// first form: load, then multiply; an A/B knob).
+// Assumes decode_nvfp4_applies(p) (the layer asks first). depth: 64-column steps whose loads are
+// in flight per warp (a register ring): 4, or 1 (the first form: load, then multiply).
 void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth = 4);
 
 // NVFP4 -> f16 (exact: every e2m1 x e4m3 product is an f16 value). codes (R, C/2), scales (R, C/16)
