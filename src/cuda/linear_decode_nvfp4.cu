@@ -65,8 +65,9 @@ struct StepRegs {
 };
 
 // NT: n8 tiles of tokens (1: M <= 8, 2: M <= 16). DEPTH: steps whose loads are in flight ahead of
-// the one being multiplied (a register ring; 1: load, then multiply).
-template <int NT, int DEPTH>
+// the one being multiplied (a register ring; 1: load, then multiply). X4: the codes to f16 four at
+// a time (e2m1x4_f16x2: one 16-entry lookup; not yet run on the GPU) instead of two.
+template <int NT, int DEPTH, bool X4 = false>
 __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_kernel(Nvfp4DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   __shared__ float red[kWarps][16][16];
@@ -113,12 +114,17 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_kernel(Nvfp4DecodePara
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // columns 4 j .. 4 j + 3 of the lane's 16
       // bytes 2 j (columns 4 j, 4 j + 1) and 2 j + 1 (4 j + 2, 4 j + 3) of each row's 8
-      const uint32_t b0a = (cw0[j >> 1] >> (16 * (j & 1))) & 0xffu;
-      const uint32_t b0b = (cw0[j >> 1] >> (16 * (j & 1) + 8)) & 0xffu;
-      const uint32_t b1a = (cw1[j >> 1] >> (16 * (j & 1))) & 0xffu;
-      const uint32_t b1b = (cw1[j >> 1] >> (16 * (j & 1) + 8)) & 0xffu;
-      const uint32_t a[4] = {hmul2_bits(e2m1x2_f16x2(b0a), sc0), hmul2_bits(e2m1x2_f16x2(b1a), sc1),
-                             hmul2_bits(e2m1x2_f16x2(b0b), sc0), hmul2_bits(e2m1x2_f16x2(b1b), sc1)};
+      const uint32_t p0 = cw0[j >> 1] >> (16 * (j & 1)), p1 = cw1[j >> 1] >> (16 * (j & 1));
+      uint32_t h0a, h0b, h1a, h1b;  // rows gid / gid + 8: columns 4 j, 4 j + 1 / 4 j + 2, 4 j + 3
+      if constexpr (X4) {
+        e2m1x4_f16x2(p0, &h0a, &h0b);
+        e2m1x4_f16x2(p1, &h1a, &h1b);
+      } else {
+        h0a = e2m1x2_f16x2(p0 & 0xffu), h0b = e2m1x2_f16x2((p0 >> 8) & 0xffu);
+        h1a = e2m1x2_f16x2(p1 & 0xffu), h1b = e2m1x2_f16x2((p1 >> 8) & 0xffu);
+      }
+      const uint32_t a[4] = {hmul2_bits(h0a, sc0), hmul2_bits(h1a, sc1), hmul2_bits(h0b, sc0),
+                             hmul2_bits(h1b, sc1)};
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const uint32_t xw[8] = {q.x[nt][0].x, q.x[nt][0].y, q.x[nt][0].z, q.x[nt][0].w,
@@ -202,15 +208,18 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p) {
   return it->second;
 }
 
-void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth) {
+void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth, bool x4) {
   check::that(depth == 1 || depth == 4, "decode_nvfp4", "depth",
               "expected 1 or 4, got " + std::to_string(depth));
   const dim3 grid(static_cast<unsigned>((p.N + 15) / 16)), block(kWarps * 32);
   auto go = [&](auto kernel) { launch_maybe_pdl(true, kernel, grid, block, 0, stream, p); };
-  if (p.M > 8)
+  if (x4) {  // the default depths only
+    p.M > 8 ? go(gemv_nvfp4_kernel<2, 1, true>) : go(gemv_nvfp4_kernel<1, 4, true>);
+  } else if (p.M > 8) {
     depth == 4 ? go(gemv_nvfp4_kernel<2, 4>) : go(gemv_nvfp4_kernel<2, 1>);
-  else
+  } else {
     depth == 4 ? go(gemv_nvfp4_kernel<1, 4>) : go(gemv_nvfp4_kernel<1, 1>);
+  }
   check_launch("decode_nvfp4");
 }
 

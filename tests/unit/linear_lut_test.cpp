@@ -126,3 +126,12 @@ TEST(LinearLut, E2m1PairF16EveryByte) {
   EXPECT_EQ(lowbit::cuda::linear::e2m1x2_f16x2(0x21u), 0x3c003800u);
   EXPECT_EQ(lowbit::cuda::linear::e2m1x2_f16x2(0xf8u), 0xc6008000u);
 }
+
+TEST(LinearLut, E2m1QuadF16EveryPairOfBytes) {
+  for (uint32_t v = 0; v < 65536; ++v) {
+    uint32_t h01 = 0, h23 = 0;
+    lowbit::cuda::linear::e2m1x4_f16x2(v | 0xabcd0000u, &h01, &h23);  // high bits ignored
+    ASSERT_EQ(h01, lowbit::cuda::linear::e2m1x2_f16x2(v & 0xffu)) << "codes " << v;
+    ASSERT_EQ(h23, lowbit::cuda::linear::e2m1x2_f16x2(v >> 8)) << "codes " << v;
+  }
+}
