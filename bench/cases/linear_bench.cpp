@@ -180,10 +180,6 @@ class LayerBench : public BenchCase {
             t.nvfp4_gemv_max_m = 0;
             other_path("dequantize + cuBLASLt (nvfp4_gemv_max_m 0: the path before)",
                        layer_tuning(t), default_tuning, 8);
-            cl::DecodeTilesTuning x4;
-            x4.nvfp4_gemv_x4 = true;
-            other_path("GEMV, codes to f16 four at a time (nvfp4_gemv_x4)", layer_tuning(x4),
-                       default_tuning, 0);
             for (int depth : {1, 4}) {
               cl::DecodeTilesTuning d;
               d.nvfp4_gemv_depth = depth;

@@ -85,8 +85,6 @@ struct DecodeTilesTuning {
   // M <= 8, 1 above (H200 session 17, x 5120 -> 13824: M 1 / 8 43.7 / 43.8 us vs 46.3 / 47.2 with
   // 1; M 16 55.4 vs 49.8: 163 registers).
   int nvfp4_gemv_depth = 0;
-  // ... the codes to f16 four at a time (e2m1x4_f16x2, branch s17-nvfp4x4: not yet run on the GPU).
-  bool nvfp4_gemv_x4 = false;
   // Rotate kernel + GEMV (8 < M <= 16): clusters of this many CTAs (2 or 4; 0: off) copy the
   // activation rows as multicast bulk copies, each row read from L2 once per cluster; where no
   // cluster fits (or the 6-slot layout does not), the plain copy. H200 session 17, stream of 8

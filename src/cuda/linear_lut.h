@@ -69,21 +69,11 @@ LOWBIT_LUT_HD uint32_t e2m1_f32_bits(uint32_t code) {
   return mag | ((code & 8u) << 28);
 }
 
-// f16x2 bits of the two e2m1 codes of `byte` (low nibble first, in the low half): the
-// magnitude's high byte from a prmt table (m = 0..7 -> 0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44,
-// 0x46: 0, 0.5, 1, 1.5, 2, 3, 4, 6; the low byte is 0 for all eight, selector 0 reads entry 0),
-// the signs moved to bits 15 and 31.
-LOWBIT_LUT_HD uint32_t e2m1x2_f16x2(uint32_t byte) {
-  const uint32_t sel = ((byte << 4) & 0x70u) | ((byte << 8) & 0x7000u);  // bytes 1, 3: m
-  const uint32_t mag = lut_prmt(0x3e3c3800u, 0x46444240u, sel);
-  const uint32_t sign = ((byte << 12) & 0x8000u) | ((byte << 24) & 0x80000000u);
-  return mag | sign;
-}
-
 // The f16x2 pairs of the four e2m1 codes of `two_bytes` (bits 0-15; nibble j = column j): *h01 =
-// columns 0, 1, *h23 = columns 2, 3. The f16 high bytes of all 16 codes (sign included) from one
-// 16-entry lut4 lookup, then two prmts spread them over zero low bytes: 5 prmt + 2 logic ops per 4
-// codes instead of e2m1x2_f16x2's 2 x 7.
+// columns 0, 1, *h23 = columns 2, 3. Every e2m1 value's f16 has a zero low byte (0, 0.5, 1, 1.5,
+// 2, 3, 4, 6 -> 0x00, 0x38, 0x3c, 0x3e, 0x40, 0x42, 0x44, 0x46, sign bit 0x80): the high bytes of
+// the four codes from one 16-entry lut4 lookup, then two prmts spread them over zero low bytes
+// (5 prmt + 2 logic ops per 4 codes; the pair form of session 17 took 2 x 7).
 LOWBIT_LUT_HD void e2m1x4_f16x2(uint32_t two_bytes, uint32_t* h01, uint32_t* h23) {
   const uint32_t lut[4] = {0x3e3c3800u, 0x46444240u, 0xbebcb880u, 0xc6c4c2c0u};
   const uint32_t hb = lut4(two_bytes & 0xffffu, lut);  // byte j: the high byte of code j

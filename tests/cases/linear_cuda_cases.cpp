@@ -461,10 +461,8 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("nvfp4_gemv1", g1, QType::convrot4, 1, 272, 1280, DType::bf16, true);
     add("nvfp4_gemv1", g1, QType::convrot4, 16, 144, 1024, DType::f16, true);
     cl::DecodeTilesTuning g4;
-    g4.nvfp4_gemv_x4 = true;
-    add("nvfp4_gemvx4", g4, QType::convrot4, 1, 4112, 5120, DType::bf16, true);
-    add("nvfp4_gemvx4", g4, QType::convrot4, 8, 1008, 448, DType::bf16, true);
-    add("nvfp4_gemvx4", g4, QType::convrot4, 16, 144, 1024, DType::f16, false);
+    g4.nvfp4_gemv_depth = 4;
+    add("nvfp4_gemv4", g4, QType::convrot4, 16, 144, 1024, DType::f16, false);
     // Session 17: the multicast activation copy (DecodeTilesTuning::act_mcast 2 / 4, 4 the
     // default; 0 the plain copy; rotate kernel + GEMV, 8 < M <= 16): CTA rank r copies rows r,
     // r + CL, ... into every CTA of its cluster (the `default` cases at M > 8 run clusters of 4).

@@ -101,8 +101,8 @@ TEST(LinearLut, ComfyInt4MatchesSignedNibbles) {
   EXPECT_EQ(b1, 0u);
 }
 
-// NVFP4 (session 17): the table-free e2m1 value (the GPU dequantization kernels) and the f16x2
-// pair of the decode GEMV, against the CPU oracle's dt::e2m1_to_f32 for every code / byte.
+// NVFP4 (sessions 17-18): the table-free e2m1 value (the GPU dequantization kernels) and the
+// f16x2 pairs of the decode GEMV, against the CPU oracle's dt::e2m1_to_f32 for every code / byte.
 TEST(LinearLut, E2m1Fp32BitsEveryCode) {
   for (uint32_t c = 0; c < 16; ++c) {
     const float want = lowbit::dt::e2m1_to_f32(static_cast<uint8_t>(c));
@@ -114,24 +114,19 @@ TEST(LinearLut, E2m1Fp32BitsEveryCode) {
   EXPECT_EQ(lowbit::cuda::linear::e2m1_f32_bits(9u), 0xbf000000u);   // -0.5
 }
 
-TEST(LinearLut, E2m1PairF16EveryByte) {
-  for (uint32_t b = 0; b < 256; ++b) {
-    const uint32_t got = lowbit::cuda::linear::e2m1x2_f16x2(b);
-    const uint16_t lo = lowbit::dt::f32_to_f16(lowbit::dt::e2m1_to_f32(static_cast<uint8_t>(b & 15u)));
-    const uint16_t hi = lowbit::dt::f32_to_f16(lowbit::dt::e2m1_to_f32(static_cast<uint8_t>(b >> 4)));
-    EXPECT_EQ(got & 0xffffu, lo) << "byte " << b;
-    EXPECT_EQ(got >> 16, hi) << "byte " << b;
-  }
-  // Hand vectors: 0x21 = (0.5, 1.0) -> f16 0x3800, 0x3c00; 0xf8 = (-0, -6) -> 0x8000, 0xc600.
-  EXPECT_EQ(lowbit::cuda::linear::e2m1x2_f16x2(0x21u), 0x3c003800u);
-  EXPECT_EQ(lowbit::cuda::linear::e2m1x2_f16x2(0xf8u), 0xc6008000u);
-}
-
 TEST(LinearLut, E2m1QuadF16EveryPairOfBytes) {
+  auto f16 = [](uint32_t code) {
+    return static_cast<uint32_t>(lowbit::dt::f32_to_f16(lowbit::dt::e2m1_to_f32(static_cast<uint8_t>(code))));
+  };
   for (uint32_t v = 0; v < 65536; ++v) {
     uint32_t h01 = 0, h23 = 0;
     lowbit::cuda::linear::e2m1x4_f16x2(v | 0xabcd0000u, &h01, &h23);  // high bits ignored
-    ASSERT_EQ(h01, lowbit::cuda::linear::e2m1x2_f16x2(v & 0xffu)) << "codes " << v;
-    ASSERT_EQ(h23, lowbit::cuda::linear::e2m1x2_f16x2(v >> 8)) << "codes " << v;
+    ASSERT_EQ(h01, f16(v & 15u) | f16((v >> 4) & 15u) << 16) << "codes " << v;
+    ASSERT_EQ(h23, f16((v >> 8) & 15u) | f16(v >> 12) << 16) << "codes " << v;
   }
+  // Hand vectors: codes 1, 2, 8, 15 = (0.5, 1.0, -0, -6) -> f16 0x3800, 0x3c00, 0x8000, 0xc600.
+  uint32_t h01 = 0, h23 = 0;
+  lowbit::cuda::linear::e2m1x4_f16x2(0xf821u, &h01, &h23);
+  EXPECT_EQ(h01, 0x3c003800u);
+  EXPECT_EQ(h23, 0xc6008000u);
 }
