@@ -14,6 +14,10 @@ PYPI_PACKAGES=(nanobind numpy pytest safetensors scikit-build-core)
 # Headers only: CUTLASS 3.x (cute/, cutlass/) for the sm_90a int8 GEMM, installed without its
 # Python dependencies (CMake reads cutlass_library/source/include; nothing is imported).
 HEADER_PYPI_PACKAGES=(nvidia-cutlass)
+# Optional, for the tests of lowbit.torch (tests/python/test_torch.py skips without it): torch is
+# ~3 GB with its CUDA libraries, so the install is best effort (bounded in time; a failure only
+# leaves those tests skipped). LOWBIT_NO_TORCH=1 skips it.
+OPTIONAL_PYPI_PACKAGES=(torch)
 
 ensure_debian_packages() {
   local missing=()
@@ -45,6 +49,16 @@ ensure_pypi_packages() {
   if ((${#missing[@]})); then
     log "installing PyPI packages: ${missing[*]}"
     python3 -m pip install -q "${missing[@]}" 2>&1 | grep -v "Running pip as the 'root' user" || true
+  fi
+  if [[ "${LOWBIT_NO_TORCH:-0}" != 1 ]]; then
+    local p
+    for p in "${OPTIONAL_PYPI_PACKAGES[@]}"; do
+      python_has "$p" && continue
+      log "installing optional PyPI package: $p (best effort: its tests skip without it)"
+      if ! timeout 1200 python3 -m pip install -q "$p" >/tmp/lowbit-pip-$p.log 2>&1; then
+        log "$p not installed (see /tmp/lowbit-pip-$p.log): its tests will skip"
+      fi
+    done
   fi
   # nvidia-cutlass -> cutlass_library, looked up without importing it (its deps are not installed).
   if ! python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('cutlass_library') is None)" \

@@ -192,6 +192,10 @@ std::vector<LayerMarker> find_layer_markers(const SafetensorsReader& file);
 // True when both paths name the same existing file (same device and inode).
 bool same_file(const std::string& a, const std::string& b);
 
+// The JSON text of a layer's `{prefix}lowbit_quant` marker (lowbit format): qtype, rot, bits,
+// group, out_features, in_features, the quantized tensor's file dtype (`source`), version 1.
+std::string lowbit_marker_json(const PackedWeight& w, FileDType source);
+
 // Loads the packed weight of one quantized layer of `file` (lowbit or comfy format), validating
 // every part against the marker's qtype and the layer's shape. Host memory.
 PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMarker& marker);

@@ -186,7 +186,7 @@ for _family, _names in {
     "decode": ("KvCache", "DecodePlan", "kv_append", "plan_decode", "workspace_bytes",
                "decode_attention", "merge_attention", "merge_attention_backward"),
     "checkpoint": ("SafetensorsReader", "find_layer_markers", "load_quantized_layer",
-                   "quantize_checkpoint"),
+                   "lowbit_marker", "quantize_checkpoint"),
 }.items():
     for _n in _names:
         _FAMILY_OF[_n] = _family

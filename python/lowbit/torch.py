@@ -528,6 +528,91 @@ def _linear_backward(ctx, grad):
 _linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
+def _device_of(device: Union[str, torch.device]) -> torch.device:
+    """A torch device with its CUDA index (the current device's when none is given)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _upload(packed, device: torch.device):
+    """A QuantizedLinear on `device` holding the lowbit.PackedWeight `packed`."""
+    m = _module("linear", "lowbit.torch.LowbitLinear")
+    return _run(m.QuantizedLinear.from_packed, device, packed, device.type)
+
+
+# Layer markers of the checkpoint formats (docs/checkpoint-format.md) by format name.
+_MARKERS = {"lowbit": "lowbit_quant", "comfy": "comfy_quant"}
+_COMFY_FORMATS = {"convrot_w4a4": "convrotcomfyw4a4"}
+
+
+def _part_tensor(prefix: str, part: str) -> str:
+    """The file name of a packed part (docs/checkpoint-format.md): codes -> {p}weight,
+    scales -> {p}weight_scale, any other part -> {p}weight_<part> (ComfyUI's names for the
+    first two)."""
+    if part == "codes":
+        return prefix + "weight"
+    if part == "scales":
+        return prefix + "weight_scale"
+    return prefix + "weight_" + part
+
+
+def _packed_state(packed) -> Dict[str, Tensor]:
+    """One layer's lowbit.PackedWeight as lowbit-format checkpoint tensors (CPU copies), named
+    relative to the layer's prefix: the parts (fp8 ones as float8, packed 4-bit ones as their
+    uint8 bytes) and the ``lowbit_quant`` marker."""
+    ck = _module("checkpoint", "lowbit.torch.LowbitLinear.state_dict")
+    dtypes = packed.dtypes()
+    out = {}
+    for part, arr in packed.tensors().items():
+        t = torch.from_numpy(arr.copy())
+        want = _TORCH_OF_LOWBIT.get(dtypes[part], t.dtype)
+        if want != t.dtype and want.itemsize == t.element_size():
+            t = t.view(want)  # e4m3 parts: numpy has them as uint8
+        out[_part_tensor("", part)] = t
+    out[_MARKERS["lowbit"]] = torch.tensor(list(ck.lowbit_marker(packed).encode("utf-8")),
+                                           dtype=torch.uint8)
+    return out
+
+
+def _packed_from_state(tensors, prefix: str, fmt: str, out_features: int,
+                       in_features: int):
+    """The lowbit.PackedWeight of the layer `prefix` of a state dict / checkpoint dict whose
+    marker (format `fmt`) is present, for a layer of (out_features, in_features); and the keys it
+    read."""
+    m = _module("linear", "lowbit.torch.LowbitLinear")
+    key = prefix + _MARKERS[fmt]
+    info = _marker_json(tensors[key])
+    if fmt == "comfy":
+        qtype = _COMFY_FORMATS.get(info.get("format"))
+        if qtype is None:
+            raise lowbit._error("load_quantized_", key, f"expected a ComfyUI format of "
+                                f"{sorted(_COMFY_FORMATS)}, got {info.get('format')!r}")
+        rot, group = int(info.get("convrot_groupsize", 0)), 0
+    else:
+        qtype = m.parse_qtype(info["qtype"])
+        rot, group = int(info.get("rot", 0)), int(info.get("group", 0))
+        for field, have in (("out_features", out_features), ("in_features", in_features)):
+            if int(info.get(field, have)) != have:
+                raise lowbit._error("load_quantized_", key, f"{field}: expected {have} (the "
+                                    f"module), got {info[field]} (the marker)")
+    dtypes = m.make_packed_weight(qtype, out_features, in_features).dtypes()
+    arrays, used = {}, [key]
+    for part, lb in dtypes.items():
+        name = _part_tensor(prefix, part)
+        if name not in tensors:
+            raise lowbit._error("load_quantized_", name, f"expected the {part} part of the "
+                                f"{qtype} layer '{prefix}', got no such tensor")
+        t = tensors[name].detach().cpu().contiguous()
+        if t.dtype in _FP8 or lb in ("e2m1x2", "i4x2"):
+            t = t.view(torch.uint8)  # the part's storage bytes, typed by lowbit
+        arrays[part] = to_lowbit(t, lb)
+        used.append(name)
+    packed = m.PackedWeight(qtype, out_features, in_features, arrays, rot=rot, group=group)
+    return packed, used
+
+
 class LowbitLinear(nn.Module):
     """A linear layer whose weight lives packed in lowbit's format (one device).
 
@@ -535,14 +620,24 @@ class LowbitLinear(nn.Module):
     backward passes a straight-through gradient to the input (grad_out . dequantized W) and the
     bias gradient; the packed weight itself gets none. Build one with :meth:`from_linear`,
     :meth:`from_packed`, or :func:`quantize_linear_` on a whole model.
+
+    ``.to(device)`` / ``.cuda()`` / ``.cpu()`` move the packed weight too (other dtypes than the
+    packed ones are not applied to it: ``.half()`` converts the bias only). ``state_dict()`` holds
+    the packed weight in lowbit's checkpoint format (``weight`` = codes, ``weight_scale``,
+    ``weight_<part>``, the ``lowbit_quant`` marker, ``bias``; CPU tensors), so
+    ``safetensors.torch.save_file(model.state_dict(), path)`` writes a file that
+    :func:`load_quantized_` and ``lowbit inspect`` read, and ``load_state_dict`` takes such a
+    state (lowbit or ComfyUI markers) back, the qtype included.
     """
 
-    def __init__(self, layer, bias: Optional[Tensor] = None):
+    def __init__(self, layer, bias: Optional[Tensor] = None,
+                 device: Union[str, torch.device, None] = None):
         super().__init__()
         self.in_features = layer.in_features
         self.out_features = layer.out_features
         self.qtype = layer.qtype
         self._layer = layer
+        self._device = _device_of(device if device is not None else layer.device)
         self._handle = next(_HANDLES)
         _LAYERS[self._handle] = layer
         weakref.finalize(self, _LAYERS.pop, self._handle, None)
@@ -551,10 +646,8 @@ class LowbitLinear(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        if self._layer.device == "cuda":
-            return torch.device("cuda", torch.cuda.current_device()) if self.bias is None \
-                else self.bias.device
-        return torch.device("cpu")
+        """The device of the packed weight."""
+        return self._device
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, qtype: str) -> "LowbitLinear":
@@ -562,28 +655,101 @@ class LowbitLinear(nn.Module):
         m = _module("linear", "lowbit.torch.LowbitLinear")
         w = linear.weight.detach()
         layer = _run(m.QuantizedLinear.quantize, w.device, to_lowbit(w), qtype)
-        return cls(layer, linear.bias)
+        return cls(layer, linear.bias, w.device)
 
     @classmethod
     def from_packed(cls, packed, bias: Optional[Tensor] = None,
                     device: Union[str, torch.device] = "cpu") -> "LowbitLinear":
         """Uploads a lowbit.PackedWeight (e.g. read from a checkpoint) to `device`."""
-        m = _module("linear", "lowbit.torch.LowbitLinear")
-        device = torch.device(device)
-        layer = _run(m.QuantizedLinear.from_packed, device, packed, device.type)
+        device = _device_of(device)
+        layer = _upload(packed, device)
         if bias is not None:
             bias = bias.to(device)
-        return cls(layer, bias)
+        return cls(layer, bias, device)
+
+    # Pickling (torch.save of a whole model) and copy.deepcopy: the packed weight travels as its
+    # state-dict tensors, and the copy gets a QuantizedLinear (and handle) of its own.
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        state = dict(state)
+        layer = state.pop("_layer")
+        state.pop("_handle")
+        state["_lowbit_packed"] = _packed_state(layer.to_packed())
+        state["_lowbit_fast_acc"] = layer.fp8_fast_accumulation
+        return state
+
+    def __setstate__(self, state):
+        state = dict(state)
+        packed_state = state.pop("_lowbit_packed")
+        fast_acc = state.pop("_lowbit_fast_acc")
+        super().__setstate__(state)
+        packed, _ = _packed_from_state(packed_state, "", "lowbit", self.out_features,
+                                       self.in_features)
+        layer = _upload(packed, self._device)
+        layer.fp8_fast_accumulation = fast_acc
+        self._layer = layer
+        self._handle = next(_HANDLES)
+        _LAYERS[self._handle] = layer
+        weakref.finalize(self, _LAYERS.pop, self._handle, None)
+
+    def _install(self, layer, device: torch.device):
+        """Makes `layer` (a QuantizedLinear on `device`) this module's packed weight."""
+        if (layer.out_features, layer.in_features) != (self.out_features, self.in_features):
+            raise lowbit._error("lowbit.torch.LowbitLinear", "weight",
+                                f"expected ({self.out_features}, {self.in_features}), got "
+                                f"({layer.out_features}, {layer.in_features})")
+        self._layer = layer
+        _LAYERS[self._handle] = layer
+        self._device = device
+        self.qtype = layer.qtype
+
+    def _apply(self, fn, recurse=True):
+        # Where fn (.to / .cuda / .cpu / to_empty) sends a tensor of this device: checked before
+        # anything moves, so an unsupported device leaves the module as it was.
+        dest = _device_of(fn(torch.empty(0, device=self._device)).device)
+        if dest.type not in ("cpu", "cuda"):
+            raise lowbit._error("lowbit.torch.LowbitLinear", "device",
+                                f"expected a CPU or CUDA device for the packed weight, got {dest}")
+        super()._apply(fn, recurse)
+        if dest != self._device:
+            layer = _upload(self._layer.to_packed(), dest)
+            layer.fp8_fast_accumulation = self._layer.fp8_fast_accumulation
+            self._install(layer, dest)
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name, t in _packed_state(self._layer.to_packed()).items():
+            destination[prefix + name] = t
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        fmt = next((f for f, marker in _MARKERS.items() if prefix + marker in state_dict), None)
+        if fmt is None:
+            if strict:
+                missing_keys.append(prefix + _MARKERS["lowbit"])
+            return
+        try:
+            packed, used = _packed_from_state(state_dict, prefix, fmt, self.out_features,
+                                              self.in_features)
+            self._install(_upload(packed, self._device), self._device)
+        except (lowbit.Error, NotImplementedError) as e:
+            error_msgs.append(f"{prefix}: {e}")
+            return
+        for key in used:
+            if key in unexpected_keys:
+                unexpected_keys.remove(key)
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.lowbit.linear(x, self._handle, self.bias, self.out_features)
 
     def dequantize(self) -> Tensor:
         """The dequantized weight (out_features, in_features) fp32 in the original basis."""
-        dev = torch.device("cuda", torch.cuda.current_device()) if self._layer.device == "cuda" \
-            else torch.device("cpu")
-        out = torch.empty((self.out_features, self.in_features), dtype=torch.float32, device=dev)
-        _run(self._layer.dequantize, dev, to_lowbit(out))
+        out = torch.empty((self.out_features, self.in_features), dtype=torch.float32,
+                          device=self._device)
+        _run(self._layer.dequantize, self._device, to_lowbit(out))
         return out
 
     def packed(self):
@@ -687,9 +853,6 @@ def _marker_json(t: Tensor) -> dict:
     return json.loads(bytes(t.to(torch.uint8).cpu().numpy().tobytes()).decode("utf-8"))
 
 
-_COMFY_FORMATS = {"convrot_w4a4": "convrotcomfyw4a4"}
-
-
 def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]], *,
                     include=None, exclude=None) -> Dict[str, str]:
     """Loads the quantized layers of a lowbit or ComfyUI checkpoint into the model, in place.
@@ -704,7 +867,7 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
 
     Returns {module name: qtype} for the layers loaded.
     """
-    m = _module("linear", "lowbit.torch.load_quantized_")
+    _module("linear", "lowbit.torch.load_quantized_")
     inc = _matcher(include) if include is not None else (lambda name: True)
     exc = _matcher(exclude)
     modules = dict(model.named_modules())
@@ -744,7 +907,7 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
 
     tensors = checkpoint if isinstance(checkpoint, dict) else _read_safetensors(checkpoint)[0]
     for key in list(tensors):
-        for marker, fmt in (("lowbit_quant", "lowbit"), ("comfy_quant", "comfy")):
+        for fmt, marker in _MARKERS.items():
             if not key.endswith(marker):
                 continue
             prefix = key[: -len(marker)]
@@ -752,39 +915,10 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
             if not wanted(name):
                 continue
             mod = modules[name]
-            info = _marker_json(tensors[key])
-            if fmt == "comfy":
-                qtype = _COMFY_FORMATS.get(info.get("format"))
-                if qtype is None:
-                    raise lowbit._error("load_quantized_", key, f"expected a ComfyUI format of "
-                                        f"{sorted(_COMFY_FORMATS)}, got {info.get('format')!r}")
-                rot, group = int(info.get("convrot_groupsize", 0)), 0
-            else:
-                qtype = m.parse_qtype(info["qtype"])
-                rot, group = int(info.get("rot", 0)), int(info.get("group", 0))
-            names = m.make_packed_weight(qtype, mod.out_features, mod.in_features).tensors()
-            arrays = {p: _host_array(tensors[_part_tensor(prefix, p)]) for p in names}
-            packed = m.PackedWeight(qtype, mod.out_features, mod.in_features, arrays, rot=rot,
-                                    group=group)
+            packed, _ = _packed_from_state(tensors, prefix, fmt, mod.out_features,
+                                           mod.in_features)
             install(name, packed, tensors.get(prefix + "bias"))
     return report
-
-
-def _part_tensor(prefix: str, part: str) -> str:
-    """The file name of a packed part (docs/checkpoint-format.md): codes -> {p}weight,
-    scales -> {p}weight_scale, any other part -> {p}weight_<part> (ComfyUI's names for the
-    first two)."""
-    if part == "codes":
-        return prefix + "weight"
-    if part == "scales":
-        return prefix + "weight_scale"
-    return prefix + "weight_" + part
-
-
-def _host_array(t: Tensor):
-    """A CPU tensor as a numpy-compatible DLPack object lowbit reads (fp8 as typed uint8)."""
-    t = t.detach().cpu().contiguous()
-    return to_lowbit(t)
 
 
 # ---- decode over quantized, paged KV caches ------------------------------------------------------

@@ -129,6 +129,18 @@ void bind_checkpoint(nb::module_& m) {
       "The quantized layers of a file: dicts of prefix, format (lowbit / comfy), qtype, rot, "
       "bits, group, json.");
   m.def(
+      "lowbit_marker",
+      [](const PackedWeight& w, const std::string& source_dtype) {
+        FileDType src;
+        if (!parse_file_dtype(source_dtype, &src))
+          throw Error("lowbit_marker", "source_dtype",
+                      "expected a safetensors dtype name (F32, BF16, F16, ...), got '" +
+                          source_dtype + "'");
+        return lowbit_marker_json(w, src);
+      },
+      nb::arg("packed"), nb::arg("source_dtype") = "F32",
+      "The JSON text of the layer's {prefix}lowbit_quant marker (lowbit checkpoint format).");
+  m.def(
       "load_quantized_layer",
       [](const SafetensorsReader& r, nb::handle marker) {
         return load_quantized_layer(r, marker_of(marker));

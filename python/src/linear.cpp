@@ -136,6 +136,16 @@ void bind_linear(nb::module_& m) {
             return parts_dict(w.tensors(), self);
           },
           "name -> numpy view of each stored part (valid while this object lives).")
+      .def(
+          "dtypes",
+          [](const PackedWeight& w) {
+            nb::dict d;
+            for (const auto& p : w.tensors())
+              d[nb::str(p.first.c_str())] = dtype_name(p.second.dtype);
+            return d;
+          },
+          "name -> lowbit dtype of each stored part (tensors() gives numpy's storage type: "
+          "e4m3 as uint8, packed 4-bit as uint8 bytes).")
       .def("__repr__", [](const PackedWeight& w) {
         return std::string("lowbit.PackedWeight(") + qtype_name(w.qtype()) + ", out_features=" +
                std::to_string(w.out_features()) + ", in_features=" +

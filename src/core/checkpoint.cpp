@@ -63,18 +63,6 @@ TensorSpec part_spec(const std::string& name, const TensorView& v, bool comfy) {
   return s;
 }
 
-std::string lowbit_marker_json(const PackedWeight& pw, FileDType source) {
-  nlohmann::ordered_json j;
-  j["qtype"] = qtype_name(pw.qtype());
-  j["rot"] = pw.rot();
-  j["bits"] = pw.bits();
-  j["group"] = pw.group();
-  j["out_features"] = pw.out_features();
-  j["in_features"] = pw.in_features();
-  j["source_dtype"] = file_dtype_name(source);
-  j["version"] = 1;
-  return j.dump();
-}
 
 struct Plan {
   enum Kind { copy, quantize } kind = copy;
@@ -107,6 +95,19 @@ std::vector<float> to_f32(const SafetensorsReader& r, const TensorInfo& t, Conte
 }
 
 }  // namespace
+
+std::string lowbit_marker_json(const PackedWeight& pw, FileDType source) {
+  nlohmann::ordered_json j;
+  j["qtype"] = qtype_name(pw.qtype());
+  j["rot"] = pw.rot();
+  j["bits"] = pw.bits();
+  j["group"] = pw.group();
+  j["out_features"] = pw.out_features();
+  j["in_features"] = pw.in_features();
+  j["source_dtype"] = file_dtype_name(source);
+  j["version"] = 1;
+  return j.dump();
+}
 
 size_t QuantizeReport::quantized() const {
   return static_cast<size_t>(std::count_if(layers.begin(), layers.end(),

@@ -83,3 +83,29 @@ def test_quantize_checkpoint_round_trip(tmp_path, qtype, fmt):
     for name, arr in want.tensors().items():
         np.testing.assert_array_equal(packed.tensors()[name], arr)
     np.testing.assert_array_equal(r.get("blk.norm.weight")[0], np.ones(7, np.float16))
+
+
+@pytest.mark.skipif(bool(linear_cpu_backend_missing()), reason=linear_cpu_backend_missing())
+def test_lowbit_marker_and_part_dtypes_match_the_quantizers_file(tmp_path):
+    """lowbit.lowbit_marker / PackedWeight.dtypes (what lowbit.torch's state_dict writes) agree
+    with the file `quantize_checkpoint` writes for the same weight."""
+    w = RNG.standard_normal((32, 256)).astype(np.float32)
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, {"proj.weight": w.astype(np.float16)})
+    for qtype in ("convrot4", "convrotfp8", "convrotint4"):
+        out = tmp_path / f"{qtype}.safetensors"
+        lowbit.quantize_checkpoint(str(src), str(out), qtype)
+        r = lowbit.SafetensorsReader(str(out))
+        packed = lowbit.quantize_weight(w.astype(np.float16).astype(np.float32), qtype)
+        marker = r.get("proj.lowbit_quant")[0].tobytes().decode("utf-8")
+        assert lowbit.lowbit_marker(packed, "F16") == marker
+        info = json.loads(marker)
+        assert (info["qtype"], info["out_features"], info["in_features"], info["source_dtype"],
+                info["version"]) == (qtype, 32, 256, "F16", 1)
+        file_dtype = {"i8": "I8", "u8": "U8", "e4m3": "F8_E4M3", "f32": "F32"}
+        for part, dtype in packed.dtypes().items():
+            name = {"codes": "weight", "scales": "weight_scale"}.get(part, "weight_" + part)
+            assert r.get("proj." + name)[1] == file_dtype[dtype], (qtype, part)
+    assert packed.dtypes()["ratios"] == "f32"
+    with pytest.raises(lowbit.Error, match="source_dtype"):
+        lowbit.lowbit_marker(packed, "F33")

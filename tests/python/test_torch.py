@@ -280,6 +280,152 @@ def test_load_comfy_checkpoint_matches_quantized_weights():
     np.testing.assert_array_equal(loaded.dequantize().numpy(), want)
 
 
+STATE_QTYPES = ["convrot8", "convrotint4", "convrot4", "convrotfp8", "convrotcomfyw4a4"]
+
+
+def part_key(prefix, part):
+    return prefix + {"codes": "weight", "scales": "weight_scale"}.get(part, "weight_" + part)
+
+
+def storage_bytes(t):
+    return t.detach().contiguous().view(torch.uint8).numpy().tobytes()
+
+
+@needs_linear_cpu
+@needs("checkpoint")
+@pytest.mark.parametrize("qtype", STATE_QTYPES)
+def test_lowbit_linear_state_dict_round_trip(qtype):
+    import io
+    src = nn.Sequential(lt.LowbitLinear.from_linear(nn.Linear(256, 32), qtype))
+    sd = src.state_dict()
+    # lowbit's checkpoint format: every part byte for byte, the marker, the bias.
+    packed = src[0].packed()
+    dtypes = packed.dtypes()
+    assert set(sd) == {"0.bias", "0.lowbit_quant"} | {part_key("0.", p) for p in dtypes}
+    for part, arr in packed.tensors().items():
+        t = sd[part_key("0.", part)]
+        assert t.device.type == "cpu" and storage_bytes(t) == arr.tobytes(), part
+        assert (t.dtype == torch.float8_e4m3fn) == (dtypes[part] == "e4m3"), (part, t.dtype)
+    marker = json.loads(bytes(sd["0.lowbit_quant"].numpy()).decode("utf-8"))
+    assert (marker["qtype"], marker["out_features"], marker["in_features"]) == (qtype, 32, 256)
+    # Through torch.save / torch.load (tensors only), into a layer of another qtype and weight.
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    dst = nn.Sequential(lt.LowbitLinear.from_linear(nn.Linear(256, 32), "convrot8"))
+    dst.load_state_dict(loaded)
+    assert dst[0].qtype == qtype
+    x = randn(5, 256)
+    torch.testing.assert_close(dst(x), src(x), rtol=0, atol=0)
+    assert storage_bytes(dst[0].dequantize()) == storage_bytes(src[0].dequantize())
+
+
+@needs_linear_cpu
+@needs("checkpoint")
+@pytest.mark.parametrize("qtype", STATE_QTYPES)
+def test_state_dict_saved_by_safetensors_is_a_lowbit_checkpoint(tmp_path, qtype):
+    st = pytest.importorskip("safetensors.torch")
+
+    def make():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(256, 32), nn.ReLU(), nn.Linear(32, 16))
+
+    model = make()
+    lt.quantize_linear_(model, qtype, include="0")
+    path = tmp_path / "model.safetensors"
+    st.save_file(model.state_dict(), str(path))
+    markers = lowbit.find_layer_markers(lowbit.SafetensorsReader(str(path)))
+    assert [(mk["prefix"], mk["qtype"]) for mk in markers] == [("0.", qtype)]
+    x = randn(4, 256)
+    # The library's reader (a file) and lowbit.torch's (the same tensors as a dict).
+    for source in (str(path), st.load_file(str(path))):
+        fresh = make()
+        assert lt.load_quantized_(fresh, source) == {"0": qtype}
+        tensors = source if isinstance(source, dict) else st.load_file(source)
+        fresh.load_state_dict({k: v for k, v in tensors.items() if k.startswith("2.")},
+                              strict=False)
+        torch.testing.assert_close(fresh(x), model(x), rtol=0, atol=0)
+
+
+@needs_linear_cpu
+@needs("checkpoint")
+def test_lowbit_linear_load_state_dict_errors_name_the_key():
+    layer = lt.LowbitLinear.from_linear(nn.Linear(64, 32), "convrotint4")
+    weight = storage_bytes(layer.dequantize())
+    with pytest.raises(RuntimeError, match="lowbit_quant"):  # strict: the marker is missing
+        layer.load_state_dict({"bias": torch.zeros(32)})
+    other = lt.LowbitLinear.from_linear(nn.Linear(64, 16), "convrot8").state_dict()
+    with pytest.raises(RuntimeError, match="out_features: expected 32"):
+        layer.load_state_dict(other)
+    broken = lt.LowbitLinear.from_linear(nn.Linear(64, 32), "convrot8").state_dict()
+    del broken["weight_scale"]
+    with pytest.raises(RuntimeError, match="weight_scale"):
+        layer.load_state_dict(broken)
+    # The packed weight is the one before the failed loads (torch itself may have copied the
+    # bias of a state that failed elsewhere).
+    assert layer.qtype == "convrotint4" and storage_bytes(layer.dequantize()) == weight
+
+
+@needs_linear_cpu
+@needs("checkpoint")
+def test_lowbit_linear_deepcopy_and_pickle_own_their_weight():
+    import copy
+    import io
+    model = nn.Sequential(lt.LowbitLinear.from_linear(nn.Linear(256, 32), "convrot4"))
+    x = randn(3, 256)
+    want = model(x)
+    twin = copy.deepcopy(model)
+    assert twin[0]._handle != model[0]._handle and twin[0].qtype == "convrot4"
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    restored = torch.load(buf, weights_only=False)
+    del model  # the copies hold their own packed weights
+    import gc
+    gc.collect()
+    torch.testing.assert_close(twin(x), want, rtol=0, atol=0)
+    torch.testing.assert_close(restored(x), want, rtol=0, atol=0)
+
+
+@needs_linear_cpu
+def test_lowbit_linear_to_dtype_and_device():
+    lin = nn.Linear(64, 32)
+    with torch.no_grad():  # a bias that survives the trip through bf16
+        lin.bias.copy_(lin.bias.bfloat16().float())
+    layer = lt.LowbitLinear.from_linear(lin, "convrotint4")
+    codes = storage_bytes(torch.from_numpy(layer.packed().tensors()["codes"]))
+    x = randn(3, 64)
+    want = layer(x)
+    layer.to(torch.bfloat16)  # the bias only: the packed weight keeps its format
+    assert layer.bias.dtype == torch.bfloat16 and layer.device == torch.device("cpu")
+    assert storage_bytes(torch.from_numpy(layer.packed().tensors()["codes"])) == codes
+    layer.float().cpu()
+    torch.testing.assert_close(layer(x), want, rtol=0, atol=0)
+    with pytest.raises(lowbit.Error, match="CPU or CUDA"):
+        layer.to("meta")
+    assert layer.bias.device.type == "cpu"  # nothing moved
+    torch.testing.assert_close(layer(x), want, rtol=0, atol=0)
+
+
+@needs_linear_cpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("qtype", ["convrotint4", "convrot8"])
+def test_lowbit_linear_moves_between_cpu_and_cuda(qtype):
+    lin = nn.Linear(256, 64)
+    model = nn.Sequential(lt.LowbitLinear.from_linear(lin, qtype))
+    packed = model[0].packed()
+    on_gpu = lt.LowbitLinear.from_packed(packed, lin.bias, "cuda")
+    x = randn(4, 256).cuda()
+    model.cuda()
+    assert model[0].device.type == "cuda" and model[0].bias.device.type == "cuda"
+    torch.testing.assert_close(model(x), on_gpu(x), rtol=0, atol=0)
+    model.cpu()
+    assert model[0].device == torch.device("cpu")
+    back = lt.LowbitLinear.from_packed(packed, lin.bias, "cpu")
+    torch.testing.assert_close(model(x.cpu()), back(x.cpu()), rtol=0, atol=0)
+
+
 # ---- decode -------------------------------------------------------------------------------------
 
 @needs("decode")
