@@ -164,6 +164,21 @@ def linear(args):
             t = median_ms(lambda: layer(x), args.iters)
             record("linear", f"{qtype} M{m} K{k} O{o}", cos >= cos_min, cos=cos, rel_l1=l1,
                    ms=t, f_linear_bf16_ms=t_ref, speedup=t_ref / t)
+    # Session 18: a layer quantized on the CPU and moved by .to(device) runs the same packed
+    # weight as one uploaded there; its state_dict (CPU tensors, lowbit checkpoint format) loads
+    # back on the device with the same output.
+    step("LowbitLinear .to(device) and state_dict")
+    lin = nn.Linear(1024, 256)
+    model = nn.Sequential(lt.LowbitLinear.from_linear(lin, "convrotint4")).to(args.device)
+    twin = lt.LowbitLinear.from_packed(model[0].packed(), lin.bias, args.device)
+    x = torch.randn(8, 1024, device=args.device)
+    moved_ok = model[0].device.type == torch.device(args.device).type and \
+        torch.equal(model(x), twin(x))
+    again = nn.Sequential(lt.LowbitLinear.from_linear(nn.Linear(1024, 256), "convrot8"))
+    again.load_state_dict(model.state_dict())
+    again.to(args.device)
+    record("linear", "LowbitLinear .to(device) and state_dict round trip",
+           moved_ok and torch.equal(again(x), model(x)), device=args.device)
 
 
 @section
