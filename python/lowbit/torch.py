@@ -683,6 +683,8 @@ class LowbitLinear(nn.Module):
         packed_state = state.pop("_lowbit_packed")
         fast_acc = state.pop("_lowbit_fast_acc")
         super().__setstate__(state)
+        if self.bias is not None:  # torch.load(map_location=...) has placed the bias already
+            self._device = _device_of(self.bias.device)
         packed, _ = _packed_from_state(packed_state, "", "lowbit", self.out_features,
                                        self.in_features)
         layer = _upload(packed, self._device)
