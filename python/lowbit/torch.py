@@ -560,8 +560,8 @@ def _part_tensor(prefix: str, part: str) -> str:
 
 def _packed_state(packed) -> Dict[str, Tensor]:
     """One layer's lowbit.PackedWeight as lowbit-format checkpoint tensors (CPU copies), named
-    relative to the layer's prefix: the parts (fp8 ones as float8, packed 4-bit ones as their
-    uint8 bytes) and the ``lowbit_quant`` marker."""
+    relative to the layer's prefix: the parts (e4m3 ones as float8_e4m3fn, the others in their
+    stored dtype: int8 / uint8 codes, float32 scales) and the ``lowbit_quant`` marker."""
     ck = _module("checkpoint", "lowbit.torch.LowbitLinear.state_dict")
     dtypes = packed.dtypes()
     out = {}
@@ -605,8 +605,8 @@ def _packed_from_state(tensors, prefix: str, fmt: str, out_features: int,
             raise lowbit._error("load_quantized_", name, f"expected the {part} part of the "
                                 f"{qtype} layer '{prefix}', got no such tensor")
         t = tensors[name].detach().cpu().contiguous()
-        if t.dtype in _FP8 or lb in ("e2m1x2", "i4x2"):
-            t = t.view(torch.uint8)  # the part's storage bytes, typed by lowbit
+        if t.dtype in _FP8:
+            t = t.view(torch.uint8)  # to_lowbit types the storage bytes as the part's dtype
         arrays[part] = to_lowbit(t, lb)
         used.append(name)
     packed = m.PackedWeight(qtype, out_features, in_features, arrays, rot=rot, group=group)
