@@ -145,7 +145,7 @@ void bind_linear(nb::module_& m) {
             return d;
           },
           "name -> lowbit dtype of each stored part (tensors() gives numpy's storage type: "
-          "e4m3 as uint8, packed 4-bit as uint8 bytes).")
+          "e4m3 parts as uint8).")
       .def("__repr__", [](const PackedWeight& w) {
         return std::string("lowbit.PackedWeight(") + qtype_name(w.qtype()) + ", out_features=" +
                std::to_string(w.out_features()) + ", in_features=" +

@@ -63,7 +63,6 @@ TensorSpec part_spec(const std::string& name, const TensorView& v, bool comfy) {
   return s;
 }
 
-
 struct Plan {
   enum Kind { copy, quantize } kind = copy;
   const TensorInfo* in = nullptr;
