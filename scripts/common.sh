@@ -55,7 +55,11 @@ ensure_pypi_packages() {
     for p in "${OPTIONAL_PYPI_PACKAGES[@]}"; do
       python_has "$p" && continue
       log "installing optional PyPI package: $p (best effort: its tests skip without it)"
-      if ! timeout 1200 python3 -m pip install -q "$p" >/tmp/lowbit-pip-$p.log 2>&1; then
+      if ! timeout 1200 python3 -m pip install -q "$p" >/tmp/lowbit-pip-$p.log 2>&1 ||
+         ! python_has "$p"; then
+        # A cut or broken install must not leave a package that fails on import (the tests
+        # would error instead of skipping): remove what is there.
+        python3 -m pip uninstall -q -y "$p" >>/tmp/lowbit-pip-$p.log 2>&1 || true
         log "$p not installed (see /tmp/lowbit-pip-$p.log): its tests will skip"
       fi
     done
