@@ -350,6 +350,26 @@ def test_state_dict_saved_by_safetensors_is_a_lowbit_checkpoint(tmp_path, qtype)
 
 @needs_linear_cpu
 @needs("checkpoint")
+def test_lowbit_linear_load_state_dict_takes_a_comfy_file(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    from test_checkpoint import write_safetensors
+    lin = nn.Linear(256, 16)
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, {"proj.weight": lin.weight.detach().numpy(),
+                            "proj.bias": lin.bias.detach().numpy()})
+    out = tmp_path / "comfy.safetensors"
+    lowbit.quantize_checkpoint(str(src), str(out), "convrotcomfyw4a4", format="comfy")
+    model = nn.Module()
+    model.proj = lt.LowbitLinear.from_linear(nn.Linear(256, 16), "convrot8")
+    model.load_state_dict(st.load_file(str(out)))
+    assert model.proj.qtype == "convrotcomfyw4a4"
+    direct = lt.LowbitLinear.from_linear(lin, "convrotcomfyw4a4")
+    x = randn(3, 256)
+    torch.testing.assert_close(model.proj(x), direct(x), rtol=0, atol=0)
+
+
+@needs_linear_cpu
+@needs("checkpoint")
 def test_lowbit_linear_load_state_dict_errors_name_the_key():
     layer = lt.LowbitLinear.from_linear(nn.Linear(64, 32), "convrotint4")
     weight = storage_bytes(layer.dequantize())
