@@ -175,7 +175,7 @@ const LtState::Entry* candidates(const GemmParams& p, size_t workspace_bytes, De
 }  // namespace
 
 bool gemm_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream, int candidate) {
+                   cudaStream_t stream, int candidate) {
   LtState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   Desc d;

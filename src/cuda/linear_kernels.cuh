@@ -124,7 +124,7 @@ void gemm(const GemmParams& p, cudaStream_t stream);
 // candidate: which of cuBLASLt's heuristic candidates for this shape (0 = its first choice, the
 // layer's; the bench times the others); false when there are not that many.
 bool gemm_cublaslt(const GemmParams& p, void* workspace, size_t workspace_bytes,
-                       cudaStream_t stream, int candidate = 0);
+                   cudaStream_t stream, int candidate = 0);
 // How many candidates cuBLASLt offers for these arguments (0: the path does not apply).
 int gemm_cublaslt_candidates(const GemmParams& p, size_t workspace_bytes);
 size_t gemm_cublaslt_workspace_bytes();
@@ -254,11 +254,9 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p);
 // in flight per warp (a register ring): 4, or 1 (the first form: load, then multiply).
 void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth = 4);
 
-// NVFP4 -> f16 (exact: every e2m1 x e4m3 product is an f16 value). codes (R, C/2), scales (R, C/16)
-// e4m3 linear; out (R, C) f16 row stride C. The per-tensor scale is not applied.
-void dequant_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, int64_t R, int64_t C,
-                       uint16_t* out, cudaStream_t stream);
-// The same into f16 or bf16 (out_dtype; exact either way).
+// NVFP4 -> f16 or bf16 (out_dtype; exact either way: every e2m1 x e4m3 product is such a value).
+// codes (R, C/2), scales (R, C/16) e4m3 linear; out (R, C) row stride C. The per-tensor scale is
+// not applied.
 void dequant_nvfp4_16(const uint8_t* codes, const uint8_t* scales, int64_t R, int64_t C,
                       uint16_t* out, DType out_dtype, cudaStream_t stream);
 

@@ -232,11 +232,6 @@ void unpack_weight_int8(const PackedWeightRef& w, int8_t* out, cudaStream_t stre
   check_launch("unpack_weight_int8");
 }
 
-void dequant_nvfp4_f16(const uint8_t* codes, const uint8_t* scales, int64_t R, int64_t C,
-                       uint16_t* out, cudaStream_t stream) {
-  dequant_nvfp4_16(codes, scales, R, C, out, DType::f16, stream);
-}
-
 void dequant_nvfp4_16(const uint8_t* codes, const uint8_t* scales, int64_t R, int64_t C,
                       uint16_t* out, DType out_dtype, cudaStream_t stream) {
   if (R == 0 || C == 0) return;
@@ -245,7 +240,7 @@ void dequant_nvfp4_16(const uint8_t* codes, const uint8_t* scales, int64_t R, in
     dequant_nvfp4_16_kernel<true><<<grid, kThreads, 0, stream>>>(codes, scales, R, C, out);
   else
     dequant_nvfp4_16_kernel<false><<<grid, kThreads, 0, stream>>>(codes, scales, R, C, out);
-  check_launch("dequant_nvfp4_f16");
+  check_launch("dequant_nvfp4_16");
 }
 
 void dequant_int8_f32(const int8_t* codes, const float* row_scale, int64_t N, int64_t K,
