@@ -180,6 +180,12 @@ class LayerBench : public BenchCase {
             t.nvfp4_gemv_max_m = 0;
             other_path("dequantize + cuBLASLt (nvfp4_gemv_max_m 0: the path before)",
                        layer_tuning(t), default_tuning, 8);
+            {
+              cl::DecodeTilesTuning d;
+              d.nvfp4_gemv_tiles = 2;
+              other_path("GEMV, cp.async ring, two 16-row tiles per CTA (nvfp4_gemv_tiles 2)",
+                         layer_tuning(d), default_tuning, 0);
+            }
             for (int slots : {4}) {
               cl::DecodeTilesTuning d;
               d.nvfp4_gemv_slots = slots;
