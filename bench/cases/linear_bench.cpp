@@ -180,8 +180,22 @@ class LayerBench : public BenchCase {
             t.nvfp4_gemv_max_m = 0;
             other_path("dequantize + cuBLASLt (nvfp4_gemv_max_m 0: the path before)",
                        layer_tuning(t), default_tuning, 8);
+            {
+              cl::DecodeTilesTuning d;
+              d.nvfp4_gemv_tiles = 2;
+              other_path("GEMV, cp.async ring, two 16-row tiles per CTA (nvfp4_gemv_tiles 2)",
+                         layer_tuning(d), default_tuning, 0);
+            }
+            for (int slots : {4}) {
+              cl::DecodeTilesTuning d;
+              d.nvfp4_gemv_slots = slots;
+              other_path("GEMV, cp.async ring of " + std::to_string(slots) +
+                             " slots per warp (nvfp4_gemv_slots " + std::to_string(slots) + ")",
+                         layer_tuning(d), default_tuning, 0);
+            }
             for (int depth : {1, 4}) {
               cl::DecodeTilesTuning d;
+              d.nvfp4_gemv_slots = 0;
               d.nvfp4_gemv_depth = depth;
               other_path("GEMV, " + std::to_string(depth) + " step(s) in flight (nvfp4_gemv_depth " +
                              std::to_string(depth) + ")",

@@ -85,6 +85,12 @@ struct DecodeTilesTuning {
   // M <= 8, 1 above (H200 session 17, x 5120 -> 13824: M 1 / 8 43.7 / 43.8 us vs 46.3 / 47.2 with
   // 1; M 16 55.4 vs 49.8: 163 registers).
   int nvfp4_gemv_depth = 0;
+  // ... session 18 (branch s18-nvfp4ring, not yet run on the GPU): the weight bytes through a
+  // cp.async ring of this many shared-memory slots per warp (8 or 4); 0: the register ring above.
+  int nvfp4_gemv_slots = 8;
+  // ... 16-row weight tiles per CTA of the cp.async ring kernel, sharing each activation load:
+  // 1, or 2 (with 8 slots).
+  int nvfp4_gemv_tiles = 1;
   // Rotate kernel + GEMV (8 < M <= 16): clusters of this many CTAs (2 or 4; 0: off) copy the
   // activation rows as multicast bulk copies, each row read from L2 once per cluster; where no
   // cluster fits (or the 6-slot layout does not), the plain copy. H200 session 17, stream of 8

@@ -325,7 +325,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
         linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
                                  a16.as<uint16_t>(), DType::f16, s);
         const int depth = linear::layer_tiles_tuning().nvfp4_gemv_depth;
-        linear::decode_nvfp4(d, s, depth > 0 ? depth : (M <= 8 ? 4 : 1));
+        linear::decode_nvfp4(d, s, depth > 0 ? depth : (M <= 8 ? 4 : 1),
+                             linear::layer_tiles_tuning().nvfp4_gemv_slots,
+                             linear::layer_tiles_tuning().nvfp4_gemv_tiles);
         return;
       }
     }

@@ -252,7 +252,11 @@ struct Nvfp4DecodeParams {
 bool decode_nvfp4_applies(const Nvfp4DecodeParams& p);
 // Assumes decode_nvfp4_applies(p) (the layer asks first). depth: 64-column steps whose loads are
 // in flight per warp (a register ring): 4, or 1 (the first form: load, then multiply).
-void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth = 4);
+// slots: 8 or 4 = the cp.async ring kernel (session 18, branch: not yet run on the GPU) with that
+// many shared-memory slots per warp (depth unused), 0 = the register ring; tiles: 16-row weight
+// tiles per CTA sharing each activation load (2: with 8 slots only).
+void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth = 4, int slots = 8,
+                  int tiles = 1);
 
 // NVFP4 -> f16 or bf16 (out_dtype; exact either way: every e2m1 x e4m3 product is such a value).
 // codes (R, C/2), scales (R, C/16) e4m3 linear; out (R, C) row stride C. The per-tensor scale is

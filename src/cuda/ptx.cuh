@@ -221,6 +221,10 @@ __device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
+// 4 bytes global -> shared by cp.async (through L1; 4-byte aligned on both sides).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
 // The mbarrier at shared address `bar` takes one arrival once every cp.async this thread
 // issued before it has landed (noinc: that arrival counts against the barrier's expected count).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
