@@ -180,19 +180,24 @@ class LayerBench : public BenchCase {
             t.nvfp4_gemv_max_m = 0;
             other_path("dequantize + cuBLASLt (nvfp4_gemv_max_m 0: the path before)",
                        layer_tuning(t), default_tuning, 8);
-            {
+            // Session 19: the cp.async ring's alternatives (the default: 4 slots, the next
+            // step's activations loaded ahead, x16 from the rotate kernel).
+            auto variant = [&](const std::string& what, void (*set)(cl::DecodeTilesTuning&)) {
               cl::DecodeTilesTuning d;
-              d.nvfp4_gemv_tiles = 2;
-              other_path("GEMV, cp.async ring, two 16-row tiles per CTA (nvfp4_gemv_tiles 2)",
-                         layer_tuning(d), default_tuning, 0);
-            }
-            for (int slots : {4}) {
-              cl::DecodeTilesTuning d;
-              d.nvfp4_gemv_slots = slots;
-              other_path("GEMV, cp.async ring of " + std::to_string(slots) +
-                             " slots per warp (nvfp4_gemv_slots " + std::to_string(slots) + ")",
-                         layer_tuning(d), default_tuning, 0);
-            }
+              set(d);
+              other_path(what, layer_tuning(d), default_tuning, 0);
+            };
+            variant("GEMV, cp.async ring of 2 slots per warp (nvfp4_gemv_slots 2)",
+                    [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_slots = 2; });
+            variant("GEMV, activations loaded at the step (nvfp4_gemv_x_ahead off)",
+                    [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_x_ahead = false; });
+            variant("GEMV, dequant_nvfp4_16 after the rotate kernel (nvfp4_x16_rotate off)",
+                    [](cl::DecodeTilesTuning& d) { d.nvfp4_x16_rotate = false; });
+            variant("GEMV, 4 slots as on branch s18-nvfp4ring (both off)",
+                    [](cl::DecodeTilesTuning& d) {
+                      d.nvfp4_gemv_x_ahead = false;
+                      d.nvfp4_x16_rotate = false;
+                    });
             for (int depth : {1, 4}) {
               cl::DecodeTilesTuning d;
               d.nvfp4_gemv_slots = 0;

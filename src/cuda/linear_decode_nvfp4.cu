@@ -170,53 +170,47 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_kernel(Nvfp4DecodePara
 #endif
 }
 
-// A ring slot: one step of TILES 16-row tiles, code bytes row-major (32 per row, tile after
-// tile), then the rows' 4 block scales each.
+// A ring slot: one step of a 16-row tile, code bytes row-major (32 per row), then the rows' 4
+// block scales each.
 constexpr int kSlotCodes = 16 * 32;
 constexpr int kSlotScales = 16 * 4;
+constexpr int kSlot = kSlotCodes + kSlotScales;
 
-// Session 18 (branch s18-nvfp4ring, NOT YET RUN ON THE GPU): the same sums with each warp's weight
-// bytes streamed by cp.async into a ring of DEPTH shared-memory slots of its own (per 16-row
-// tile, 16 rows x 32 code bytes + 16 rows x 4 scale bytes a slot): the loads hold no registers
-// (45 / 56 registers at NT 1 / 2 against 118 for the register ring of 4), so DEPTH steps are in
-// flight at up to 8 CTAs per SM and the first ones are requested before griddepcontrol.wait.
-// Nsight Compute of the register ring (session 18, 1 x 5120 -> 13824): 3.25 warps per scheduler,
-// 47 % of the stalls on L1TEX scoreboards, DRAM at 25 %, 1.64 waves. TILES 2: a CTA takes 32
-// weight rows, each activation load feeding both tiles' mma (at M 16 the activation rows, re-read
-// by every CTA, were ~3.5x the weight's bytes through L1 / L2).
-template <int NT, int DEPTH, int TILES>
+// Session 18: the same sums with each warp's weight bytes streamed by cp.async into a ring of
+// DEPTH shared-memory slots of its own (16 rows x 32 code bytes + 16 rows x 4 scale bytes a
+// slot): the loads hold no registers (45 / 56 registers at NT 1 / 2 against 118 for the register
+// ring of 4), so DEPTH steps are in flight and the first ones are requested before
+// griddepcontrol.wait. Nsight Compute of the register ring (session 18, 1 x 5120 -> 13824): 3.25
+// warps per scheduler, 47 % of the stalls on L1TEX scoreboards, DRAM at 25 %, 1.64 waves. H200
+// (session 19, x 5120 -> 13824, M 1 / 8 / 16): 4 slots 35.8 / 36.7 / 39.9 us, 8 slots 38.8 /
+// 41.7 / 47.9, the register ring (depth 4 / 1) 39.1 / 40.1 / 44.0; two 16-row tiles per CTA
+// sharing the activation loads 42.2 / 44.9 / 50.3 (deleted).
+// XAHEAD (session 19): the lane's activation values of step s + 1 are loaded while step s
+// multiplies (0: loaded at the step, their L1 / L2 latency on every step's path).
+template <int NT, int DEPTH, int XAHEAD>
 __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  constexpr int kRows = 16 * TILES;
-  constexpr int kSlot = TILES * (kSlotCodes + kSlotScales);
-  constexpr int kScales0 = TILES * kSlotCodes;  // the slot's scale bytes: 4 per row, row order
   __shared__ __align__(16) uint8_t ring[kWarps][DEPTH][kSlot];
-  __shared__ float red[kWarps][kRows][16];
+  __shared__ float red[kWarps][16][16];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
   const int64_t N = p.N, K = p.K;
   const int M = static_cast<int>(p.M);
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
   const int steps = static_cast<int>(K / kStepCols);
   const int s_begin = warp * steps / kWarps, s_end = (warp + 1) * steps / kWarps;
 
-  // Copy roles: lane L brings 16 code bytes of row 16 t + L / 2 of each tile t (half L % 2 of
-  // the step's 32) and, for L < 16 TILES, the 4 scale bytes of row L. Rows past N read row N - 1
-  // (their sums are never stored).
-  const uint8_t* csrc[TILES];
-#pragma unroll
-  for (int t = 0; t < TILES; ++t)
-    csrc[t] = p.w_codes + min(n0 + 16 * t + (lane >> 1), N - 1) * (K / 2) + 16 * (lane & 1);
-  const uint8_t* ssrc = p.w_scales + min(n0 + (lane & (kRows - 1)), N - 1) * (K / 16);
+  // Copy roles: lane L brings 16 code bytes of row L / 2 (half L % 2 of the step's 32) and, for
+  // L < 16, the 4 scale bytes of row L. Rows past N read row N - 1 (their sums are never stored).
+  const uint8_t* csrc = p.w_codes + min(n0 + (lane >> 1), N - 1) * (K / 2) + 16 * (lane & 1);
+  const uint8_t* ssrc = p.w_scales + min(n0 + (lane & 15), N - 1) * (K / 16);
   const uint32_t ring0 = ptx::smem_u32(&ring[warp][0][0]);
-  const uint32_t cdst = 16 * lane, sdst = kScales0 + 4 * (lane & (kRows - 1));
+  const uint32_t cdst = 16 * lane, sdst = kSlotCodes + 4 * (lane & 15);
   auto issue = [&](int s, int slot) {  // one commit group per step (empty past the run)
     if (s < s_end) {
       const uint32_t base = ring0 + slot * kSlot;
-#pragma unroll
-      for (int t = 0; t < TILES; ++t)
-        ptx::cp_async16(base + t * kSlotCodes + cdst, csrc[t] + 32 * static_cast<int64_t>(s));
-      if (lane < kRows) ptx::cp_async4(base + sdst, ssrc + 4 * static_cast<int64_t>(s));
+      ptx::cp_async16(base + cdst, csrc + 32 * static_cast<int64_t>(s));
+      if (lane < 16) ptx::cp_async4(base + sdst, ssrc + 4 * static_cast<int64_t>(s));
     }
     ptx::cp_async_commit();
   };
@@ -230,76 +224,75 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4Decod
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
     xr[nt] = reinterpret_cast<const __half*>(p.x16) + min(gid + 8 * nt, M - 1) * K + 16 * tid4;
-
-  float acc[TILES][NT][4];
-#pragma unroll
-  for (int t = 0; t < TILES; ++t)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) acc[t][nt][r] = 0.f;
-
-  ptx::griddep_wait();
-  int slot = 0;
-  for (int s = s_begin; s < s_end; ++s) {
-    uint4 x[NT][2];
+  auto load_x = [&](int s, uint4 (&x)[NT][2]) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const uint4* xp = reinterpret_cast<const uint4*>(xr[nt] + kStepCols * s);
       x[nt][0] = __ldg(xp);
       x[nt][1] = __ldg(xp + 1);
     }
+  };
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
+
+  ptx::griddep_wait();
+  uint4 xnext[NT][2];
+  if (XAHEAD && s_begin < s_end) load_x(s_begin, xnext);
+  int slot = 0;
+  for (int s = s_begin; s < s_end; ++s) {
+    uint4 x[NT][2];
+    if (XAHEAD) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) x[nt][0] = xnext[nt][0], x[nt][1] = xnext[nt][1];
+      if (s + 1 < s_end) load_x(s + 1, xnext);
+    } else {
+      load_x(s, x);
+    }
     ptx::cp_async_wait<DEPTH - 1>();  // this lane's copies of step s have landed
     __syncwarp();                     // ... and every other lane's
     const uint8_t* sl = &ring[warp][slot][0];
-    uint2 c0[TILES], c1[TILES];
-    __half2 sc0[TILES], sc1[TILES];
-#pragma unroll
-    for (int t = 0; t < TILES; ++t) {
-      c0[t] = *reinterpret_cast<const uint2*>(sl + t * kSlotCodes + 32 * gid + 8 * tid4);
-      c1[t] = *reinterpret_cast<const uint2*>(sl + t * kSlotCodes + 32 * (gid + 8) + 8 * tid4);
-      sc0[t] = e4m3_half2(sl[kScales0 + 4 * (16 * t + gid) + tid4]);
-      sc1[t] = e4m3_half2(sl[kScales0 + 4 * (16 * t + gid + 8) + tid4]);
-    }
+    const uint2 c0 = *reinterpret_cast<const uint2*>(sl + 32 * gid + 8 * tid4);
+    const uint2 c1 = *reinterpret_cast<const uint2*>(sl + 32 * (gid + 8) + 8 * tid4);
+    const __half2 sc0 = e4m3_half2(sl[kSlotCodes + 4 * gid + tid4]);
+    const __half2 sc1 = e4m3_half2(sl[kSlotCodes + 4 * (gid + 8) + tid4]);
     __syncwarp();  // every lane has read the slot before it is refilled
     issue(s + DEPTH, slot);
     slot = slot + 1 == DEPTH ? 0 : slot + 1;
 
+    const uint32_t cw0[2] = {c0.x, c0.y}, cw1[2] = {c1.x, c1.y};
 #pragma unroll
-    for (int t = 0; t < TILES; ++t) {
-      const uint32_t cw0[2] = {c0[t].x, c0[t].y}, cw1[2] = {c1[t].x, c1[t].y};
+    for (int j = 0; j < 4; ++j) {  // columns 4 j .. 4 j + 3 of the lane's 16
+      // bytes 2 j (columns 4 j, 4 j + 1) and 2 j + 1 (4 j + 2, 4 j + 3) of each row's 8
+      const uint32_t p0 = cw0[j >> 1] >> (16 * (j & 1)), p1 = cw1[j >> 1] >> (16 * (j & 1));
+      uint32_t h0a, h0b, h1a, h1b;  // rows gid / gid + 8: columns 4 j, 4 j + 1 / 4 j + 2, + 3
+      e2m1x4_f16x2(p0, &h0a, &h0b);
+      e2m1x4_f16x2(p1, &h1a, &h1b);
+      const uint32_t a[4] = {hmul2_bits(h0a, sc0), hmul2_bits(h1a, sc1), hmul2_bits(h0b, sc0),
+                             hmul2_bits(h1b, sc1)};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {  // columns 4 j .. 4 j + 3 of the lane's 16
-        // bytes 2 j (columns 4 j, 4 j + 1) and 2 j + 1 (4 j + 2, 4 j + 3) of each row's 8
-        const uint32_t p0 = cw0[j >> 1] >> (16 * (j & 1)), p1 = cw1[j >> 1] >> (16 * (j & 1));
-        uint32_t h0a, h0b, h1a, h1b;  // rows gid / gid + 8: columns 4 j, 4 j + 1 / 4 j + 2, + 3
-        e2m1x4_f16x2(p0, &h0a, &h0b);
-        e2m1x4_f16x2(p1, &h1a, &h1b);
-        const uint32_t a[4] = {hmul2_bits(h0a, sc0[t]), hmul2_bits(h1a, sc1[t]),
-                               hmul2_bits(h0b, sc0[t]), hmul2_bits(h1b, sc1[t])};
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t xw[8] = {x[nt][0].x, x[nt][0].y, x[nt][0].z, x[nt][0].w,
-                                  x[nt][1].x, x[nt][1].y, x[nt][1].z, x[nt][1].w};
-          ptx::mma_f16(acc[t][nt], a, xw[2 * j], xw[2 * j + 1]);
-        }
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t xw[8] = {x[nt][0].x, x[nt][0].y, x[nt][0].z, x[nt][0].w,
+                                x[nt][1].x, x[nt][1].y, x[nt][1].z, x[nt][1].w};
+        ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
       }
     }
   }
   ptx::cp_async_wait<0>();  // the run's trailing groups are empty; nothing is left in flight
   // C fragment: c0, c1 = (weight row gid, tokens 2 tid4, 2 tid4 + 1), c2, c3 = row gid + 8.
 #pragma unroll
-  for (int t = 0; t < TILES; ++t)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int tok = 8 * nt + 2 * tid4 + (r & 1);
-        if (tok < 16) red[warp][16 * t + gid + 8 * (r >> 1)][tok] = acc[t][nt][r];
-      }
+    for (int r = 0; r < 4; ++r) {
+      const int tok = 8 * nt + 2 * tid4 + (r & 1);
+      if (tok < 16) red[warp][gid + 8 * (r >> 1)][tok] = acc[nt][r];
+    }
   __syncthreads();
   ptx::griddep_launch_dependents();
-  for (int i = threadIdx.x; i < kRows * M; i += kWarps * 32) {
+  for (int i = threadIdx.x; i < 16 * M; i += kWarps * 32) {
     const int row = i / M, tok = i - row * M;
     const int64_t col = n0 + row;
     if (col >= N) continue;
@@ -350,31 +343,31 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p) {
 }
 
 void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth, int slots,
-                  int tiles) {
+                  bool x_ahead) {
   check::that(depth == 1 || depth == 4, "decode_nvfp4", "depth",
               "expected 1 or 4, got " + std::to_string(depth));
-  check::that(slots == 0 || slots == 4 || slots == 8, "decode_nvfp4", "slots",
-              "expected 0, 4 or 8, got " + std::to_string(slots));
-  check::that(tiles == 1 || (tiles == 2 && slots == 8), "decode_nvfp4", "tiles",
-              "expected 1, or 2 with 8 slots, got " + std::to_string(tiles) + " with " +
-                  std::to_string(slots) + " slots");
+  check::that(slots == 0 || slots == 2 || slots == 4, "decode_nvfp4", "slots",
+              "expected 0, 2 or 4, got " + std::to_string(slots));
   const dim3 block(kWarps * 32);
-  auto go = [&](auto kernel, int rows) {
-    const dim3 grid(static_cast<unsigned>((p.N + rows - 1) / rows));
-    launch_maybe_pdl(true, kernel, grid, block, 0, stream, p);
-  };
+  const dim3 grid(static_cast<unsigned>((p.N + 15) / 16));
+  auto go = [&](auto kernel) { launch_maybe_pdl(true, kernel, grid, block, 0, stream, p); };
   const bool two = p.M > 8;
   if (slots > 0 && aligned(p.w_codes, 16) && aligned(p.w_scales, 4)) {
-    if (tiles == 2)
-      two ? go(gemv_nvfp4_smem_kernel<2, 8, 2>, 32) : go(gemv_nvfp4_smem_kernel<1, 8, 2>, 32);
-    else if (slots == 8)
-      two ? go(gemv_nvfp4_smem_kernel<2, 8, 1>, 16) : go(gemv_nvfp4_smem_kernel<1, 8, 1>, 16);
-    else
-      two ? go(gemv_nvfp4_smem_kernel<2, 4, 1>, 16) : go(gemv_nvfp4_smem_kernel<1, 4, 1>, 16);
+    if (slots == 2) {
+      if (x_ahead)
+        two ? go(gemv_nvfp4_smem_kernel<2, 2, 1>) : go(gemv_nvfp4_smem_kernel<1, 2, 1>);
+      else
+        two ? go(gemv_nvfp4_smem_kernel<2, 2, 0>) : go(gemv_nvfp4_smem_kernel<1, 2, 0>);
+    } else {
+      if (x_ahead)
+        two ? go(gemv_nvfp4_smem_kernel<2, 4, 1>) : go(gemv_nvfp4_smem_kernel<1, 4, 1>);
+      else
+        two ? go(gemv_nvfp4_smem_kernel<2, 4, 0>) : go(gemv_nvfp4_smem_kernel<1, 4, 0>);
+    }
   } else if (two) {
-    depth == 4 ? go(gemv_nvfp4_kernel<2, 4>, 16) : go(gemv_nvfp4_kernel<2, 1>, 16);
+    depth == 4 ? go(gemv_nvfp4_kernel<2, 4>) : go(gemv_nvfp4_kernel<2, 1>);
   } else {
-    depth == 4 ? go(gemv_nvfp4_kernel<1, 4>, 16) : go(gemv_nvfp4_kernel<1, 1>, 16);
+    depth == 4 ? go(gemv_nvfp4_kernel<1, 4>) : go(gemv_nvfp4_kernel<1, 1>);
   }
   check_launch("decode_nvfp4");
 }

@@ -85,12 +85,18 @@ struct DecodeTilesTuning {
   // M <= 8, 1 above (H200 session 17, x 5120 -> 13824: M 1 / 8 43.7 / 43.8 us vs 46.3 / 47.2 with
   // 1; M 16 55.4 vs 49.8: 163 registers).
   int nvfp4_gemv_depth = 0;
-  // ... session 18 (branch s18-nvfp4ring, not yet run on the GPU): the weight bytes through a
-  // cp.async ring of this many shared-memory slots per warp (8 or 4); 0: the register ring above.
-  int nvfp4_gemv_slots = 8;
-  // ... 16-row weight tiles per CTA of the cp.async ring kernel, sharing each activation load:
-  // 1, or 2 (with 8 slots).
-  int nvfp4_gemv_tiles = 1;
+  // ... the weight bytes through a cp.async ring of this many shared-memory slots per warp (4 or
+  // 2; 0: the register ring above). H200 session 19, x 5120 -> 13824, M 1 / 8 / 16: 4 slots
+  // 35.8 / 36.7 / 39.9 us, 8 slots 38.8 / 41.7 / 47.9 (deleted), the register ring 39.1 / 40.1 /
+  // 44.0.
+  int nvfp4_gemv_slots = 4;
+  // ... the cp.async ring kernel loads the activation values of the next step while the current
+  // one multiplies (session 19; false: at the step). H200 session 19, the whole layer at M 1 / 8
+  // / 16: 29.6 / 30.6 / 34.4 us against 29.1 / 30.4 / 35.9; 2 slots 30.4 / 30.9 / 34.0.
+  bool nvfp4_gemv_x_ahead = true;
+  // ... the rotate kernel writes the activation rows dequantized to f16 itself (session 19);
+  // false: dequant_nvfp4_16 after it (the path before: 35.9 / 36.4 / 40.2 us, one launch more).
+  bool nvfp4_x16_rotate = true;
   // Rotate kernel + GEMV (8 < M <= 16): clusters of this many CTAs (2 or 4; 0: off) copy the
   // activation rows as multicast bulk copies, each row read from L2 once per cluster; where no
   // cluster fits (or the 6-slot layout does not), the plain copy. H200 session 17, stream of 8

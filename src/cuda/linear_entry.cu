@@ -93,7 +93,7 @@ void check_k_fits(const char* op, int64_t K) {
 // Rotates + quantizes x (M, K) into codes / scales (raw pointers, contiguous rows).
 void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* codes,
                             int64_t codes_row_bytes, void* scales, cudaStream_t s,
-                            bool pdl = false) {
+                            bool pdl = false, uint16_t* x16 = nullptr) {
   linear::RotateQuantParams p;
   p.pdl = pdl;
   p.x = x.data;
@@ -107,6 +107,7 @@ void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* c
   p.codes_row_stride = codes_row_bytes;
   if (fmt == ActFormat::nvfp4) {
     p.block_scales = static_cast<uint8_t*>(scales);
+    p.x16 = x16;
   } else {
     p.scales = static_cast<float*>(scales);
   }
@@ -304,9 +305,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     // sm_90 has no fp4 MMA: both operands dequantized (exact) to 16 bits; cuBLASLt's GEMM in the
     // output's type (DecodeTilesTuning::nvfp4_cublaslt), else the mma.sync f16 kernel; the tensor
     // scale (pts) and the bias in the epilogue.
-    launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
     Scratch a16(static_cast<size_t>(M * K * 2), s, op);
-    // Decode: the GEMV on the packed weight (the activation rows dequantized to f16, exact).
+    // Decode: the GEMV on the packed weight, the activation rows dequantized to f16 (exact) by the
+    // rotate kernel itself (session 19: one kernel less than dequant_nvfp4_16 after it).
     if (M <= std::min<int64_t>(16, linear::layer_tiles_tuning().nvfp4_gemv_max_m)) {
       linear::Nvfp4DecodeParams d;
       d.x16 = a16.as<uint16_t>();
@@ -322,15 +323,21 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       d.out_dtype = out.dtype;
       d.ldo = out.stride[0];
       if (linear::decode_nvfp4_applies(d)) {
-        linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
-                                 a16.as<uint16_t>(), DType::f16, s);
-        const int depth = linear::layer_tiles_tuning().nvfp4_gemv_depth;
-        linear::decode_nvfp4(d, s, depth > 0 ? depth : (M <= 8 ? 4 : 1),
-                             linear::layer_tiles_tuning().nvfp4_gemv_slots,
-                             linear::layer_tiles_tuning().nvfp4_gemv_tiles);
+        const auto& t = linear::layer_tiles_tuning();
+        if (t.nvfp4_x16_rotate) {
+          launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s,
+                                 false, a16.as<uint16_t>());
+        } else {
+          launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
+          linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
+                                   a16.as<uint16_t>(), DType::f16, s);
+        }
+        linear::decode_nvfp4(d, s, t.nvfp4_gemv_depth > 0 ? t.nvfp4_gemv_depth : (M <= 8 ? 4 : 1),
+                             t.nvfp4_gemv_slots, t.nvfp4_gemv_x_ahead);
         return;
       }
     }
+    launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
     Scratch w16(static_cast<size_t>(O * K * 2), s, op);
     auto dequant = [&](DType t) {
       linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,

@@ -44,6 +44,9 @@ struct RotateQuantParams {
   int64_t codes_row_stride = 0;
   float* scales = nullptr;   // (M) fp32 (int8 / int4 / e4m3)
   uint8_t* block_scales = nullptr;  // (M, K/16) e4m3 (nvfp4), row stride K/16
+  // nvfp4 (session 19): also the codes dequantized to f16 (exact), (M, K) row stride K, for the
+  // NVFP4 decode GEMV (the register kernel writes them; otherwise dequant_nvfp4_16 after it).
+  uint16_t* x16 = nullptr;
   void* rotated = nullptr;   // rotate_only: (M, K) rotated_dtype, row stride rotated_row_stride
   DType rotated_dtype = DType::bf16;
   int64_t rotated_row_stride = 0;
@@ -252,11 +255,11 @@ struct Nvfp4DecodeParams {
 bool decode_nvfp4_applies(const Nvfp4DecodeParams& p);
 // Assumes decode_nvfp4_applies(p) (the layer asks first). depth: 64-column steps whose loads are
 // in flight per warp (a register ring): 4, or 1 (the first form: load, then multiply).
-// slots: 8 or 4 = the cp.async ring kernel (session 18, branch: not yet run on the GPU) with that
-// many shared-memory slots per warp (depth unused), 0 = the register ring; tiles: 16-row weight
-// tiles per CTA sharing each activation load (2: with 8 slots only).
-void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth = 4, int slots = 8,
-                  int tiles = 1);
+// slots: 4 or 2 = the cp.async ring kernel (session 18) with that many shared-memory slots per
+// warp (depth unused), 0 = the register ring; x_ahead: the ring kernel loads the next step's
+// activation values while the current one multiplies (session 19).
+void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth = 4, int slots = 4,
+                  bool x_ahead = true);
 
 // NVFP4 -> f16 or bf16 (out_dtype; exact either way: every e2m1 x e4m3 product is such a value).
 // codes (R, C/2), scales (R, C/16) e4m3 linear; out (R, C) row stride C. The per-tensor scale is

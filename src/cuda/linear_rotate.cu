@@ -17,11 +17,14 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #include "lowbit/dtype.h"
+#include "src/core/check.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_lut.h"
 #include "src/cuda/linear_rotate.cuh"
 #include "src/cuda/ptx.cuh"
 
@@ -284,6 +287,19 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
         for (int b = 0; b < 8; ++b) codes[b] = static_cast<uint8_t>(w[b / 4] >> (8 * (b % 4)));
       }
       p.block_scales[row * (p.K / 16) + out0 / 16] = s8;
+      if (p.x16) {  // code value x block scale: exact in f16 (launch_typed: 16-byte aligned)
+        uint32_t h[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          const uint32_t w2 = w[q / 4] >> (8 * (q % 4));
+          const __half2 v = __floats2half2_rn(__uint_as_float(e2m1_f32_bits(w2 & 15u)) * denom,
+                                              __uint_as_float(e2m1_f32_bits(w2 >> 4 & 15u)) * denom);
+          h[q] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(p.x16 + row * p.K + out0);
+        dst[0] = make_uint4(h[0], h[1], h[2], h[3]);
+        dst[1] = make_uint4(h[4], h[5], h[6], h[7]);
+      }
     } else {
       // Per-token scale. amax of |y| = amax of |t| · 2^-k exactly (rounding is monotonic).
       float m = amax16_warp(y);
@@ -388,7 +404,8 @@ void launch_reg_typed(const RotateQuantParams& p, cudaStream_t stream) {
 
 template <typename T>
 void launch_typed(const RotateQuantParams& p, cudaStream_t stream) {
-  if (!p.legacy_kernel && p.K / 16 <= kRegMaxThreads) {
+  if (!p.legacy_kernel && p.K / 16 <= kRegMaxThreads &&
+      (!p.x16 || reinterpret_cast<uintptr_t>(p.x16) % 16 == 0)) {
     launch_reg_typed<T>(p, stream);
     return;
   }
@@ -428,6 +445,10 @@ int64_t rotate_quantize_max_k() {
 
 void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.K == 0) return;
+  check::that(!p.x16 || (p.fmt == ActFormat::nvfp4 && p.codes_row_stride == p.K / 2),
+              "rotate_quantize", "x16",
+              "expected only with nvfp4 codes of row stride K / 2 = " + std::to_string(p.K / 2) +
+                  ", got row stride " + std::to_string(p.codes_row_stride));
   switch (p.x_dtype) {
     case DType::f16:
       launch_typed<__half>(p, stream);
@@ -438,6 +459,12 @@ void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream) {
     default:
       launch_typed<float>(p, stream);
   }
+  // x16 where the register kernel did not run (the legacy kernel, a misaligned x16).
+  const bool reg = !p.legacy_kernel && p.K / 16 <= kRegMaxThreads &&
+                   reinterpret_cast<uintptr_t>(p.x16) % 16 == 0;
+  if (p.fmt == ActFormat::nvfp4 && p.x16 && !reg)
+    dequant_nvfp4_16(static_cast<const uint8_t*>(p.codes), p.block_scales, p.M, p.K, p.x16,
+                     DType::f16, stream);
 }
 
 }  // namespace linear

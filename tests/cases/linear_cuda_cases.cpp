@@ -456,8 +456,11 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     nog.nvfp4_gemv_max_m = 0;
     add("nvfp4_nogemv", nog, QType::convrot4, 3, 272, 1280, DType::bf16, true);
     add("nvfp4_gemv", def, QType::convrot4, 2, 144, 96, DType::bf16, true);
-    // The register ring (nvfp4_gemv_slots 0, session 17's kernel) at depth 1 and 4, and the
-    // cp.async ring at 4 slots (the defaults above run 8).
+    // The register ring (nvfp4_gemv_slots 0, session 17's kernel) at depth 1 and 4; the cp.async
+    // ring (the default above: 4 slots, activations loaded a step ahead, x16 written by the rotate
+    // kernel) at 2 slots, with the activations loaded at the step, with dequant_nvfp4_16 after the
+    // rotate kernel; and K 16448 (> 16384: the rotate kernel without registers, x16 by
+    // dequant_nvfp4_16 inside rotate_quantize).
     cl::DecodeTilesTuning g1;
     g1.nvfp4_gemv_slots = 0;
     g1.nvfp4_gemv_depth = 1;
@@ -468,19 +471,20 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     g4.nvfp4_gemv_depth = 4;
     add("nvfp4_gemv4", g4, QType::convrot4, 1, 4112, 5120, DType::bf16, true);
     add("nvfp4_gemv4", g4, QType::convrot4, 16, 144, 1024, DType::f16, false);
-    cl::DecodeTilesTuning s4;
-    s4.nvfp4_gemv_slots = 4;
-    add("nvfp4_slots4", s4, QType::convrot4, 1, 272, 1280, DType::bf16, true);
-    add("nvfp4_slots4", s4, QType::convrot4, 8, 1008, 448, DType::bf16, true);
-    add("nvfp4_slots4", s4, QType::convrot4, 16, 1008, 5120, DType::f16, false);
-    // Two 16-row tiles per CTA (nvfp4_gemv_tiles 2): O 272 / 1008 / 144 = 8.5 / 31.5 / 4.5
-    // 32-row CTAs (the last one's second tile past N); M 1 / 8 / 9 / 16.
-    cl::DecodeTilesTuning t2;
-    t2.nvfp4_gemv_tiles = 2;
-    add("nvfp4_tiles2", t2, QType::convrot4, 1, 272, 1280, DType::bf16, true);
-    add("nvfp4_tiles2", t2, QType::convrot4, 8, 1008, 448, DType::bf16, true);
-    add("nvfp4_tiles2", t2, QType::convrot4, 9, 144, 320, DType::f16, false);
-    add("nvfp4_tiles2", t2, QType::convrot4, 16, 1008, 5120, DType::bf16, true);
+    cl::DecodeTilesTuning s2;
+    s2.nvfp4_gemv_slots = 2;
+    add("nvfp4_slots2", s2, QType::convrot4, 1, 272, 1280, DType::bf16, true);
+    add("nvfp4_slots2", s2, QType::convrot4, 8, 1008, 448, DType::bf16, true);
+    add("nvfp4_slots2", s2, QType::convrot4, 16, 1008, 5120, DType::f16, false);
+    cl::DecodeTilesTuning xs;
+    xs.nvfp4_gemv_x_ahead = false;
+    add("nvfp4_xstep", xs, QType::convrot4, 1, 272, 64, DType::bf16, true);
+    add("nvfp4_xstep", xs, QType::convrot4, 9, 1008, 448, DType::f16, true);
+    cl::DecodeTilesTuning dq;
+    dq.nvfp4_x16_rotate = false;
+    add("nvfp4_x16kernel", dq, QType::convrot4, 3, 144, 320, DType::bf16, true);
+    add("nvfp4_x16kernel", dq, QType::convrot4, 16, 272, 1280, DType::f16, false);
+    add("nvfp4_gemv", def, QType::convrot4, 2, 48, 16448, DType::bf16, true);
     // Session 17: the multicast activation copy (DecodeTilesTuning::act_mcast 2 / 4, 4 the
     // default; 0 the plain copy; rotate kernel + GEMV, 8 < M <= 16): CTA rank r copies rows r,
     // r + CL, ... into every CTA of its cluster (the `default` cases at M > 8 run clusters of 4).
