@@ -180,8 +180,8 @@ class LayerBench : public BenchCase {
             t.nvfp4_gemv_max_m = 0;
             other_path("dequantize + cuBLASLt (nvfp4_gemv_max_m 0: the path before)",
                        layer_tuning(t), default_tuning, 8);
-            // Session 19: the cp.async ring's alternatives (the default: 4 slots, the next
-            // step's activations loaded ahead, x16 from the rotate kernel).
+            // Session 19: the cp.async ring's alternatives (the default: 4 slots, the
+            // activations loaded at the step, x16 from the rotate kernel).
             auto variant = [&](const std::string& what, void (*set)(cl::DecodeTilesTuning&)) {
               cl::DecodeTilesTuning d;
               set(d);
@@ -189,15 +189,10 @@ class LayerBench : public BenchCase {
             };
             variant("GEMV, cp.async ring of 2 slots per warp (nvfp4_gemv_slots 2)",
                     [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_slots = 2; });
-            variant("GEMV, activations loaded at the step (nvfp4_gemv_x_ahead off)",
-                    [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_x_ahead = false; });
+            variant("GEMV, next step's activations loaded ahead (nvfp4_gemv_x_ahead on)",
+                    [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_x_ahead = true; });
             variant("GEMV, dequant_nvfp4_16 after the rotate kernel (nvfp4_x16_rotate off)",
                     [](cl::DecodeTilesTuning& d) { d.nvfp4_x16_rotate = false; });
-            variant("GEMV, 4 slots as on branch s18-nvfp4ring (both off)",
-                    [](cl::DecodeTilesTuning& d) {
-                      d.nvfp4_gemv_x_ahead = false;
-                      d.nvfp4_x16_rotate = false;
-                    });
             for (int depth : {1, 4}) {
               cl::DecodeTilesTuning d;
               d.nvfp4_gemv_slots = 0;

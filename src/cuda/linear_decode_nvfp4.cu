@@ -185,8 +185,12 @@ constexpr int kSlot = kSlotCodes + kSlotScales;
 // (session 19, x 5120 -> 13824, M 1 / 8 / 16): 4 slots 35.8 / 36.7 / 39.9 us, 8 slots 38.8 /
 // 41.7 / 47.9, the register ring (depth 4 / 1) 39.1 / 40.1 / 44.0; two 16-row tiles per CTA
 // sharing the activation loads 42.2 / 44.9 / 50.3 (deleted).
-// XAHEAD (session 19): the lane's activation values of step s + 1 are loaded while step s
-// multiplies (0: loaded at the step, their L1 / L2 latency on every step's path).
+// Session 19: the step loop unrolled by DEPTH (compile-time slots) and the copies predicated
+// instead of branched: 122-145 instead of 167 SASS instructions per step (Nsight Compute of the
+// rolled loop: issue slots 53 % busy, 12.3 M warp instructions at M 1 — the kernel is issue-bound
+// more than memory-bound, DRAM 27 %); the layer 29.6 / 30.6 / 34.4 -> 26.3 / 27.5 / 32.6 us.
+// XAHEAD: the lane's activation values of step s + 1 are loaded while step s multiplies (0, the
+// default: at the step; measured faster once unrolled, DecodeTilesTuning::nvfp4_gemv_x_ahead).
 template <int NT, int DEPTH, int XAHEAD>
 __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -202,28 +206,32 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4Decod
 
   // Copy roles: lane L brings 16 code bytes of row L / 2 (half L % 2 of the step's 32) and, for
   // L < 16, the 4 scale bytes of row L. Rows past N read row N - 1 (their sums are never stored).
-  const uint8_t* csrc = p.w_codes + min(n0 + (lane >> 1), N - 1) * (K / 2) + 16 * (lane & 1);
-  const uint8_t* ssrc = p.w_scales + min(n0 + (lane & 15), N - 1) * (K / 16);
+  const int nsteps = s_end - s_begin;
+  const uint8_t* csrc =
+      p.w_codes + min(n0 + (lane >> 1), N - 1) * (K / 2) + 16 * (lane & 1) + 32 * s_begin;
+  const uint8_t* ssrc = p.w_scales + min(n0 + (lane & 15), N - 1) * (K / 16) + 4 * s_begin;
   const uint32_t ring0 = ptx::smem_u32(&ring[warp][0][0]);
-  const uint32_t cdst = 16 * lane, sdst = kSlotCodes + 4 * (lane & 15);
-  auto issue = [&](int s, int slot) {  // one commit group per step (empty past the run)
-    if (s < s_end) {
-      const uint32_t base = ring0 + slot * kSlot;
-      ptx::cp_async16(base + cdst, csrc + 32 * static_cast<int64_t>(s));
-      if (lane < 16) ptx::cp_async4(base + sdst, ssrc + 4 * static_cast<int64_t>(s));
-    }
+  const uint32_t cdst = ring0 + 16 * lane, sdst = ring0 + kSlotCodes + 4 * (lane & 15);
+  const bool scale_lane = lane < 16;
+  // Step s into slot s % DEPTH (a compile-time slot inside the unrolled loop below): one commit
+  // group per step, empty past the run (predicated copies, no branch).
+  auto issue = [&](int s, int slot) {
+    const bool on = s < nsteps;
+    ptx::cp_async16_if(cdst + slot * kSlot, csrc + 32 * s, on);
+    ptx::cp_async4_if(sdst + slot * kSlot, ssrc + 4 * s, on && scale_lane);
     ptx::cp_async_commit();
   };
   // The weight bytes do not depend on the preceding kernels (programmatic dependent launch): the
   // first DEPTH steps are requested before the wait, the activations only after it.
 #pragma unroll
-  for (int u = 0; u < DEPTH; ++u) issue(s_begin + u, u);
+  for (int u = 0; u < DEPTH; ++u) issue(u, u);
 
   // Token rows gid (+ 8) of the n8 tiles (rows >= M read row M - 1).
   const __half* xr[NT];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
-    xr[nt] = reinterpret_cast<const __half*>(p.x16) + min(gid + 8 * nt, M - 1) * K + 16 * tid4;
+    xr[nt] = reinterpret_cast<const __half*>(p.x16) + min(gid + 8 * nt, M - 1) * K + 16 * tid4 +
+             kStepCols * s_begin;
   auto load_x = [&](int s, uint4 (&x)[NT][2]) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -240,44 +248,45 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4Decod
     for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
 
   ptx::griddep_wait();
-  uint4 xnext[NT][2];
-  if (XAHEAD && s_begin < s_end) load_x(s_begin, xnext);
-  int slot = 0;
-  for (int s = s_begin; s < s_end; ++s) {
-    uint4 x[NT][2];
-    if (XAHEAD) {
+  // XAHEAD: two activation buffers, step s in xb[s % 2] (DEPTH is even: compile-time indices).
+  uint4 xb[2][NT][2];
+  if (XAHEAD && nsteps > 0) load_x(0, xb[0]);
+  const uint8_t* ring_w = &ring[warp][0][0];
+  for (int s0 = 0; s0 < nsteps; s0 += DEPTH) {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) x[nt][0] = xnext[nt][0], x[nt][1] = xnext[nt][1];
-      if (s + 1 < s_end) load_x(s + 1, xnext);
-    } else {
-      load_x(s, x);
-    }
-    ptx::cp_async_wait<DEPTH - 1>();  // this lane's copies of step s have landed
-    __syncwarp();                     // ... and every other lane's
-    const uint8_t* sl = &ring[warp][slot][0];
-    const uint2 c0 = *reinterpret_cast<const uint2*>(sl + 32 * gid + 8 * tid4);
-    const uint2 c1 = *reinterpret_cast<const uint2*>(sl + 32 * (gid + 8) + 8 * tid4);
-    const __half2 sc0 = e4m3_half2(sl[kSlotCodes + 4 * gid + tid4]);
-    const __half2 sc1 = e4m3_half2(sl[kSlotCodes + 4 * (gid + 8) + tid4]);
-    __syncwarp();  // every lane has read the slot before it is refilled
-    issue(s + DEPTH, slot);
-    slot = slot + 1 == DEPTH ? 0 : slot + 1;
+    for (int u = 0; u < DEPTH; ++u) {
+      const int s = s0 + u;
+      if (s >= nsteps) break;  // warp-uniform
+      uint4 xs[NT][2];
+      if (!XAHEAD) load_x(s, xs);
+      if (XAHEAD && s + 1 < nsteps) load_x(s + 1, xb[(u + 1) & 1]);
+      const uint4(&x)[NT][2] = XAHEAD ? xb[u & 1] : xs;
+      ptx::cp_async_wait<DEPTH - 1>();  // this lane's copies of step s have landed
+      __syncwarp();                     // ... and every other lane's
+      const uint8_t* sl = ring_w + u * kSlot;
+      const uint2 c0 = *reinterpret_cast<const uint2*>(sl + 32 * gid + 8 * tid4);
+      const uint2 c1 = *reinterpret_cast<const uint2*>(sl + 32 * (gid + 8) + 8 * tid4);
+      const __half2 sc0 = e4m3_half2(sl[kSlotCodes + 4 * gid + tid4]);
+      const __half2 sc1 = e4m3_half2(sl[kSlotCodes + 4 * (gid + 8) + tid4]);
+      __syncwarp();  // every lane has read the slot before it is refilled
+      issue(s + DEPTH, u);
 
-    const uint32_t cw0[2] = {c0.x, c0.y}, cw1[2] = {c1.x, c1.y};
+      const uint32_t cw0[2] = {c0.x, c0.y}, cw1[2] = {c1.x, c1.y};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // columns 4 j .. 4 j + 3 of the lane's 16
-      // bytes 2 j (columns 4 j, 4 j + 1) and 2 j + 1 (4 j + 2, 4 j + 3) of each row's 8
-      const uint32_t p0 = cw0[j >> 1] >> (16 * (j & 1)), p1 = cw1[j >> 1] >> (16 * (j & 1));
-      uint32_t h0a, h0b, h1a, h1b;  // rows gid / gid + 8: columns 4 j, 4 j + 1 / 4 j + 2, + 3
-      e2m1x4_f16x2(p0, &h0a, &h0b);
-      e2m1x4_f16x2(p1, &h1a, &h1b);
-      const uint32_t a[4] = {hmul2_bits(h0a, sc0), hmul2_bits(h1a, sc1), hmul2_bits(h0b, sc0),
-                             hmul2_bits(h1b, sc1)};
+      for (int j = 0; j < 4; ++j) {  // columns 4 j .. 4 j + 3 of the lane's 16
+        // bytes 2 j (columns 4 j, 4 j + 1) and 2 j + 1 (4 j + 2, 4 j + 3) of each row's 8
+        const uint32_t p0 = cw0[j >> 1] >> (16 * (j & 1)), p1 = cw1[j >> 1] >> (16 * (j & 1));
+        uint32_t h0a, h0b, h1a, h1b;  // rows gid / gid + 8: columns 4 j, 4 j + 1 / 4 j + 2, + 3
+        e2m1x4_f16x2(p0, &h0a, &h0b);
+        e2m1x4_f16x2(p1, &h1a, &h1b);
+        const uint32_t a[4] = {hmul2_bits(h0a, sc0), hmul2_bits(h1a, sc1), hmul2_bits(h0b, sc0),
+                               hmul2_bits(h1b, sc1)};
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t xw[8] = {x[nt][0].x, x[nt][0].y, x[nt][0].z, x[nt][0].w,
-                                x[nt][1].x, x[nt][1].y, x[nt][1].z, x[nt][1].w};
-        ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint32_t xw[8] = {x[nt][0].x, x[nt][0].y, x[nt][0].z, x[nt][0].w,
+                                  x[nt][1].x, x[nt][1].y, x[nt][1].z, x[nt][1].w};
+          ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
+        }
       }
     }
   }

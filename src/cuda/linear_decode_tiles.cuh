@@ -86,14 +86,15 @@ struct DecodeTilesTuning {
   // 1; M 16 55.4 vs 49.8: 163 registers).
   int nvfp4_gemv_depth = 0;
   // ... the weight bytes through a cp.async ring of this many shared-memory slots per warp (4 or
-  // 2; 0: the register ring above). H200 session 19, x 5120 -> 13824, M 1 / 8 / 16: 4 slots
-  // 35.8 / 36.7 / 39.9 us, 8 slots 38.8 / 41.7 / 47.9 (deleted), the register ring 39.1 / 40.1 /
-  // 44.0.
+  // 2; 0: the register ring above). H200 session 19 (call 2, branch s18-nvfp4ring's kernel),
+  // x 5120 -> 13824, M 1 / 8 / 16: 4 slots 35.8 / 36.7 / 39.9 us, 8 slots 38.8 / 41.7 / 47.9
+  // (deleted), the register ring 39.1 / 40.1 / 44.0.
   int nvfp4_gemv_slots = 4;
   // ... the cp.async ring kernel loads the activation values of the next step while the current
-  // one multiplies (session 19; false: at the step). H200 session 19, the whole layer at M 1 / 8
-  // / 16: 29.6 / 30.6 / 34.4 us against 29.1 / 30.4 / 35.9; 2 slots 30.4 / 30.9 / 34.0.
-  bool nvfp4_gemv_x_ahead = true;
+  // one multiplies (session 19; false: at the step). H200 session 19 (call 5, the loop unrolled
+  // by the slot count), the whole layer at M 1 / 8 / 16: 27.2 / 28.0 / 35.1 us against 26.3 /
+  // 27.5 / 32.6 at the step (2 slots, ahead: 28.6 / 29.4 / 33.2).
+  bool nvfp4_gemv_x_ahead = false;
   // ... the rotate kernel writes the activation rows dequantized to f16 itself (session 19);
   // false: dequant_nvfp4_16 after it (the path before: 35.9 / 36.4 / 40.2 us, one launch more).
   bool nvfp4_x16_rotate = true;

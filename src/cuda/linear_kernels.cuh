@@ -259,7 +259,7 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p);
 // warp (depth unused), 0 = the register ring; x_ahead: the ring kernel loads the next step's
 // activation values while the current one multiplies (session 19).
 void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth = 4, int slots = 4,
-                  bool x_ahead = true);
+                  bool x_ahead = false);
 
 // NVFP4 -> f16 or bf16 (out_dtype; exact either way: every e2m1 x e4m3 product is such a value).
 // codes (R, C/2), scales (R, C/16) e4m3 linear; out (R, C) row stride C. The per-tensor scale is

@@ -225,6 +225,21 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
+// cp_async16 / cp_async4 issued only where `on` (a predicated instruction, no branch).
+__device__ __forceinline__ void cp_async16_if(uint32_t dst, const void* src, bool on) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
+      " @p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(dst),
+      "l"(src), "r"(static_cast<uint32_t>(on))
+      : "memory");
+}
+__device__ __forceinline__ void cp_async4_if(uint32_t dst, const void* src, bool on) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
+      " @p cp.async.ca.shared.global [%0], [%1], 4;\n}\n" ::"r"(dst),
+      "l"(src), "r"(static_cast<uint32_t>(on))
+      : "memory");
+}
 // The mbarrier at shared address `bar` takes one arrival once every cp.async this thread
 // issued before it has landed (noinc: that arrival counts against the barrier's expected count).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {

@@ -457,9 +457,9 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("nvfp4_nogemv", nog, QType::convrot4, 3, 272, 1280, DType::bf16, true);
     add("nvfp4_gemv", def, QType::convrot4, 2, 144, 96, DType::bf16, true);
     // The register ring (nvfp4_gemv_slots 0, session 17's kernel) at depth 1 and 4; the cp.async
-    // ring (the default above: 4 slots, activations loaded a step ahead, x16 written by the rotate
-    // kernel) at 2 slots, with the activations loaded at the step, with dequant_nvfp4_16 after the
-    // rotate kernel; and K 16448 (> 16384: the rotate kernel without registers, x16 by
+    // ring (the default above: 4 slots, activations loaded at the step, x16 written by the rotate
+    // kernel) at 2 slots, with the next step's activations loaded ahead, with dequant_nvfp4_16
+    // after the rotate kernel; and K 16448 (> 16384: the rotate kernel without registers, x16 by
     // dequant_nvfp4_16 inside rotate_quantize).
     cl::DecodeTilesTuning g1;
     g1.nvfp4_gemv_slots = 0;
@@ -477,9 +477,9 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("nvfp4_slots2", s2, QType::convrot4, 8, 1008, 448, DType::bf16, true);
     add("nvfp4_slots2", s2, QType::convrot4, 16, 1008, 5120, DType::f16, false);
     cl::DecodeTilesTuning xs;
-    xs.nvfp4_gemv_x_ahead = false;
-    add("nvfp4_xstep", xs, QType::convrot4, 1, 272, 64, DType::bf16, true);
-    add("nvfp4_xstep", xs, QType::convrot4, 9, 1008, 448, DType::f16, true);
+    xs.nvfp4_gemv_x_ahead = true;
+    add("nvfp4_xahead", xs, QType::convrot4, 1, 272, 64, DType::bf16, true);
+    add("nvfp4_xahead", xs, QType::convrot4, 9, 1008, 448, DType::f16, true);
     cl::DecodeTilesTuning dq;
     dq.nvfp4_x16_rotate = false;
     add("nvfp4_x16kernel", dq, QType::convrot4, 3, 144, 320, DType::bf16, true);
