@@ -479,12 +479,15 @@ def hadamard_rotate(x: Tensor, block: int) -> Tensor:
 @_op("linear")
 def _linear_op(x: Tensor, handle: int, bias: Optional[Tensor], out_features: int) -> Tensor:
     layer = _layer(handle)
-    x2 = _inner_contiguous(x.reshape(-1, x.shape[-1]))
-    out = torch.empty((x2.shape[0], out_features), dtype=x.dtype, device=x.device)
-    if bias is not None and bias.dtype not in (torch.float32, x.dtype):
-        bias = bias.to(x.dtype)
+    # The CUDA kernels take bf16 / f16 activations: f32 runs there in bf16 (x rounded to bf16
+    # before the rotation, the layer's output rounded to bf16) and comes back as f32.
+    dtype = torch.bfloat16 if x.device.type == "cuda" and x.dtype == torch.float32 else x.dtype
+    x2 = _inner_contiguous(x.reshape(-1, x.shape[-1]).to(dtype))
+    out = torch.empty((x2.shape[0], out_features), dtype=dtype, device=x.device)
+    if bias is not None and bias.dtype not in (torch.float32, dtype):
+        bias = bias.to(dtype)
     _run(layer.forward, x.device, to_lowbit(x2), to_lowbit(out), bias=_opt(bias))
-    return out.reshape(tuple(x.shape[:-1]) + (out_features,))
+    return out.to(x.dtype).reshape(tuple(x.shape[:-1]) + (out_features,))
 
 
 @_linear_op.register_fake

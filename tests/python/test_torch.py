@@ -446,6 +446,24 @@ def test_lowbit_linear_moves_between_cpu_and_cuda(qtype):
     torch.testing.assert_close(model(x.cpu()), back(x.cpu()), rtol=0, atol=0)
 
 
+@needs_linear_cpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_lowbit_linear_f32_on_cuda_runs_in_bf16():
+    # The CUDA kernels take bf16 / f16 activations: an f32 model moved to the GPU gets the bf16
+    # computation's output in f32 (no error), and its gradient w.r.t. x.
+    lin = nn.Linear(256, 64)
+    layer = lt.LowbitLinear.from_linear(lin, "convrot8").cuda()
+    x = randn(5, 256).cuda().requires_grad_()
+    y = layer(x)
+    assert y.dtype == torch.float32 and y.shape == (5, 64)
+    want = layer(x.detach().bfloat16()).float()
+    torch.testing.assert_close(y.detach(), want, rtol=0, atol=0)
+    ref = F.linear(x.detach(), lin.weight.cuda(), lin.bias.cuda())
+    assert torch.nn.functional.cosine_similarity(y.detach().flatten(), ref.flatten(), dim=0) > 0.999
+    y.sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
+
+
 # ---- decode -------------------------------------------------------------------------------------
 
 @needs("decode")
