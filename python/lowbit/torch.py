@@ -2,7 +2,9 @@
 
 Every op is a torch custom op (``torch.ops.lowbit.*``, torch.library.custom_op) with a fake
 (meta) implementation, so ``torch.compile(fullgraph=True)`` traces through it without a graph
-break. Tensors reach the C++ library through DLPack without a copy and without a stream
+break. In eager mode a call that needs no autograd (no_grad / inference_mode, or no input that
+requires grad) skips the op's dispatch and runs its implementation directly (tens of us less per
+call). Tensors reach the C++ library through DLPack without a copy and without a stream
 synchronisation; the work is enqueued on torch's current CUDA stream of the tensors' device.
 
 Drop-ins:
@@ -81,8 +83,11 @@ def _opt(t: Optional[Tensor], dtype: Optional[str] = None):
 def _run(fn: Callable, device: torch.device, *args, **kwargs):
     """Calls a lowbit._lowbit function on torch's current stream of `device`."""
     if device.type == "cuda":
-        with torch.cuda.device(device):
-            return fn(*args, stream=torch.cuda.current_stream(device).cuda_stream, **kwargs)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index == torch.cuda.current_device():  # (the device switch costs a few us per call)
+            return fn(*args, stream=torch.cuda.current_stream(index).cuda_stream, **kwargs)
+        with torch.cuda.device(index):
+            return fn(*args, stream=torch.cuda.current_stream(index).cuda_stream, **kwargs)
     if device.type != "cpu":
         raise lowbit._error("lowbit.torch", "device",
                             f"expected a CPU or CUDA tensor, got {device}")
@@ -105,8 +110,42 @@ def _module(family: str, what: str):
     return lowbit._require(family, what)
 
 
+_IMPL = {}  # op name -> its Python implementation (what the custom op runs)
+_EAGER_AUTOGRAD = {}  # op name -> a torch.autograd.Function with the op's autograd formula
+_PLAIN = (Tensor, torch.nn.Parameter)
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or \
+    torch._dynamo.is_compiling
+
+
 def _op(name: str, mutates_args=()):
-    return torch.library.custom_op(f"lowbit::{name}", mutates_args=mutates_args)
+    register = torch.library.custom_op(f"lowbit::{name}", mutates_args=mutates_args)
+
+    def wrap(fn):
+        _IMPL[name] = fn
+        return register(fn)
+
+    return wrap
+
+
+def _call(name: str, *args):
+    """torch.ops.lowbit.<name>(*args), or, in eager mode with plain tensors (or parameters), the
+    op's implementation directly where nothing needs autograd (no input requires grad, or grad
+    mode is off), else the op's autograd.Function where it has one (_EAGER_AUTOGRAD): the custom
+    op's dispatch costs tens of us per call in eager mode (a decode step's whole budget).
+    torch.compile, export, fake / subclass tensors and the other autograd cases keep the op."""
+    if not _is_compiling():
+        grad = torch.is_grad_enabled()
+        plain, needs_grad = True, False
+        for a in args:
+            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                if isinstance(t, Tensor):
+                    plain = plain and type(t) in _PLAIN
+                    needs_grad = needs_grad or (grad and t.requires_grad)
+        if plain and not needs_grad:
+            return _IMPL[name](*args)
+        if plain and name in _EAGER_AUTOGRAD:
+            return _EAGER_AUTOGRAD[name].apply(*args)
+    return getattr(torch.ops.lowbit, name)(*args)
 
 
 # ---- convert ------------------------------------------------------------------------------------
@@ -152,7 +191,7 @@ def convert(x: Tensor, dtype: str, src_dtype: Optional[str] = None) -> Tensor:
     else:
         raise lowbit._error("convert", "src", f"expected a float32/float16/bfloat16/int8/uint8/"
                             f"int32/float8 tensor (or src_dtype=), got {x.dtype}")
-    return torch.ops.lowbit.convert(x, src, dtype)
+    return _call("convert", x, src, dtype)
 
 
 # ---- attention ----------------------------------------------------------------------------------
@@ -260,8 +299,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale:
     if layout not in ("HND", "NHD"):
         raise ValueError(f"lowbit.torch.attention: layout: expected 'HND' or 'NHD', got "
                          f"{layout!r}")
-    out, lse = torch.ops.lowbit.attention(q, k, v, layout, float(sm_scale), causal, pv,
-                                          bool(smooth_k), bool(smooth_v), bool(return_lse), impl)
+    out, lse = _call("attention", q, k, v, layout, float(sm_scale), causal, pv, bool(smooth_k),
+                     bool(smooth_v), bool(return_lse), impl)
     return (out, lse) if return_lse else out
 
 
@@ -365,9 +404,9 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
     padded = next((p for p in (64, 128, 256) if head_dim <= p), head_dim)
     if padded != head_dim:
         q, k, v = (F.pad(t, (0, padded - head_dim)) for t in (q, k, v))
-    out, lse = torch.ops.lowbit.attention(q, k, v, tensor_layout, float(sm_scale),
-                                          "top_left" if is_causal else "none", pv, smooth_k,
-                                          smooth_v, bool(return_lse), "library")
+    out, lse = _call("attention", q, k, v, tensor_layout, float(sm_scale),
+                     "top_left" if is_causal else "none", pv, smooth_k, smooth_v,
+                     bool(return_lse), "library")
     if padded != head_dim:
         out = out[..., :head_dim]
     return (out, lse) if return_lse else out
@@ -428,17 +467,17 @@ def norm_rope_quantize(x: Tensor, *, norm_weight: Optional[Tensor] = None,
                        scale_eps: float = 1e-7, layout: str = "per_block", block: int = 64):
     """INT8 codes (B, N, H, D) and fp32 scales (B, H, n_scales) of
     (rope(norm(x)) - mean) * sm_scale for x (B, N, H, D) (SPEC section 1)."""
-    return torch.ops.lowbit.norm_rope_quantize(x, norm_weight, weight_rows, float(eps), rope,
-                                               bool(rope_interleaved), mean, float(sm_scale),
-                                               float(scale_eps), layout, int(block))
+    return _call("norm_rope_quantize", x, norm_weight, weight_rows, float(eps), rope,
+                 bool(rope_interleaved), mean, float(sm_scale), float(scale_eps), layout,
+                 int(block))
 
 
 def norm_rope_mean(x: Tensor, *, norm_weight: Optional[Tensor] = None,
                    weight_rows: Optional[Tensor] = None, eps: float = 1e-6,
                    rope: Optional[Tensor] = None, rope_interleaved: bool = False) -> Tensor:
     """The (B, H, D) fp32 mean over tokens of rope(norm(x)), x (B, N, H, D)."""
-    return torch.ops.lowbit.norm_rope_mean(x, norm_weight, weight_rows, float(eps), rope,
-                                           bool(rope_interleaved))
+    return _call("norm_rope_mean", x, norm_weight, weight_rows, float(eps), rope,
+                 bool(rope_interleaved))
 
 
 # ---- quantized linear layers --------------------------------------------------------------------
@@ -473,7 +512,7 @@ def _(x, block):
 
 def hadamard_rotate(x: Tensor, block: int) -> Tensor:
     """x . R_block on each block of `block` (16, 64, 256) elements of the last dim."""
-    return torch.ops.lowbit.hadamard_rotate(x, int(block))
+    return _call("hadamard_rotate", x, int(block))
 
 
 @_op("linear")
@@ -522,13 +561,30 @@ def _linear_backward(ctx, grad):
     if ctx.needs_input_grad[0]:
         # Straight-through: the gradient of the quantized layer is taken as that of x . W^T with
         # the dequantized weight (the rotation cancels).
-        grad_x = torch.ops.lowbit.linear_backward(grad, ctx.handle, ctx.in_features)
+        grad_x = _call("linear_backward", grad, ctx.handle, ctx.in_features)
     if ctx.needs_input_grad[2]:
         grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype)
     return grad_x, None, grad_bias, None
 
 
 _linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+class _LinearFunction(torch.autograd.Function):
+    """The linear op's autograd in eager mode without the op's dispatch (_call)."""
+
+    @staticmethod
+    def forward(ctx, x, handle, bias, out_features):
+        out = _IMPL["linear"](x, handle, bias, out_features)
+        _linear_setup(ctx, (x, handle, bias, out_features), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _linear_backward(ctx, grad)
+
+
+_EAGER_AUTOGRAD["linear"] = _LinearFunction
 
 
 def _device_of(device: Union[str, torch.device]) -> torch.device:
@@ -748,7 +804,7 @@ class LowbitLinear(nn.Module):
                 unexpected_keys.remove(key)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.lowbit.linear(x, self._handle, self.bias, self.out_features)
+        return _call("linear", x, self._handle, self.bias, self.out_features)
 
     def dequantize(self) -> Tensor:
         """The dequantized weight (out_features, in_features) fp32 in the original basis."""
@@ -1023,9 +1079,9 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_len: Tenso
     q5 = q.reshape(q.shape[0], q.shape[1], hkv, q.shape[2] // hkv, q.shape[3]) if four_d else q
     fmt = _kv_format(k, k_ss)
     n_groups = _n_groups(fmt, k.shape[-1], q5.shape[-1])
-    out, lse = torch.ops.lowbit.decode_attention(
-        q5, k, v, seq_len, block_tables, int(page_size), k_ss, v_ss, fmt, n_groups, bias,
-        0.0 if sm_scale is None else float(sm_scale), bool(causal), bool(return_lse))
+    out, lse = _call("decode_attention", q5, k, v, seq_len, block_tables, int(page_size), k_ss,
+                     v_ss, fmt, n_groups, bias, 0.0 if sm_scale is None else float(sm_scale),
+                     bool(causal), bool(return_lse))
     if four_d:
         out = out.reshape(q.shape)
         lse = lse.reshape(q.shape[0], q.shape[1], q.shape[2]) if return_lse else lse
@@ -1065,9 +1121,8 @@ def kv_append_(k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor,
         n_groups = _n_groups(fmt, k_cache.shape[-1], d)
     if seq_len is None:
         seq_len = positions
-    torch.ops.lowbit.kv_append(k_cache, v_cache, k_scale_shift, v_scale_shift, seq_len,
-                               block_tables, int(page_size), fmt, int(n_groups), k_new, v_new,
-                               positions)
+    _call("kv_append", k_cache, v_cache, k_scale_shift, v_scale_shift, seq_len, block_tables,
+          int(page_size), fmt, int(n_groups), k_new, v_new, positions)
 
 
 def quantize_kv(x: Tensor, fmt: str = "int4", n_groups: int = 1):
@@ -1087,8 +1142,8 @@ def quantize_kv(x: Tensor, fmt: str = "int4", n_groups: int = 1):
     ss_other = torch.zeros_like(ss) if ss is not None else None
     positions = torch.zeros((b,), dtype=torch.int32, device=x.device)
     seq_len = torch.full((b,), length, dtype=torch.int32, device=x.device)
-    torch.ops.lowbit.kv_append(rows, other, ss, ss_other, seq_len, None, 0, fmt, int(n_groups),
-                               x, x, positions)
+    _call("kv_append", rows, other, ss, ss_other, seq_len, None, 0, fmt, int(n_groups), x, x,
+          positions)
     return (rows, ss) if fmt == "fp8" else rows
 
 
@@ -1145,7 +1200,7 @@ def _merge_backward(ctx, grad_out, grad_lse):
     outs, lses, out, lse = list(saved[:n]), list(saved[n:2 * n]), saved[2 * n], saved[2 * n + 1]
     if grad_out is None:
         grad_out = torch.zeros_like(out, dtype=torch.float32)
-    grads = torch.ops.lowbit.merge_attentions_backward(outs, lses, out, lse, grad_out, grad_lse)
+    grads = _call("merge_attentions_backward", outs, lses, out, lse, grad_out, grad_lse)
     grad_outs = [g.to(dt) for g, dt in zip(grads[:n], ctx.dtypes)]
     return grad_outs, grads[n:], None
 
@@ -1159,4 +1214,4 @@ def merge_attentions(outs: Sequence[Tensor], lses: Sequence[Tensor],
     (...) fp32 natural-log LSEs -> (out (..., D), lse (...)). Differentiable w.r.t. outs and
     lses."""
     outs, lses = list(outs), list(lses)
-    return torch.ops.lowbit.merge_attentions(outs, lses, out_dtype or outs[0].dtype)
+    return _call("merge_attentions", outs, lses, out_dtype or outs[0].dtype)

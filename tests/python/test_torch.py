@@ -447,6 +447,37 @@ def test_lowbit_linear_moves_between_cpu_and_cuda(qtype):
 
 
 @needs_linear_cpu
+def test_eager_calls_skip_the_op_dispatch_with_the_same_results():
+    # lowbit.torch._call: in eager mode LowbitLinear runs its implementation directly (no_grad) or
+    # through an autograd.Function (grad): the same outputs and gradients as the custom op.
+    lin = nn.Linear(64, 32)
+    layer = lt.LowbitLinear.from_linear(lin, "convrot8")
+    x = randn(3, 64).requires_grad_()
+    x_op = x.detach().clone().requires_grad_()
+    y = layer(x)
+    y_op = torch.ops.lowbit.linear(x_op, layer._handle, layer.bias, 32)
+    assert y.grad_fn is not None and "LinearFunction" in type(y.grad_fn).__name__
+    torch.testing.assert_close(y, y_op, rtol=0, atol=0)
+    g = randn(3, 32)
+    gx, gb = torch.autograd.grad(y, (x, layer.bias), g)
+    gx_op, gb_op = torch.autograd.grad(y_op, (x_op, layer.bias), g)
+    torch.testing.assert_close(gx, gx_op, rtol=0, atol=0)
+    torch.testing.assert_close(gb, gb_op, rtol=0, atol=0)
+    with torch.no_grad():
+        z = layer(x)
+    assert z.grad_fn is None
+    torch.testing.assert_close(z, y.detach(), rtol=0, atol=0)
+    # a fake tensor (tracing) takes the op and its fake implementation
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    xd = x.detach()
+    with FakeTensorMode() as mode:
+        fx = mode.from_tensor(xd)
+        with torch.no_grad():
+            out = lt._call("linear", fx, layer._handle, None, 32)
+    assert out.shape == (3, 32)
+
+
+@needs_linear_cpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_lowbit_linear_f32_on_cuda_runs_in_bf16():
     # The CUDA kernels take bf16 / f16 activations: an f32 model moved to the GPU gets the bf16
