@@ -65,7 +65,8 @@ def to_lowbit(t: Tensor, dtype: Optional[str] = None) -> "lowbit.Typed":
     """`t` as lowbit._lowbit takes it: a DLPack capsule of the same memory (no copy, no stream
     synchronisation), typed as `dtype` (default: t's own dtype; fp8 travels as a uint8 view,
     packed 4-bit types as uint8 storage with the last dim halved)."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     name = dtype or _LOWBIT_OF_TORCH.get(t.dtype)
     if name is None:
         raise lowbit._error("lowbit.torch", "tensor",
@@ -80,14 +81,22 @@ def _opt(t: Optional[Tensor], dtype: Optional[str] = None):
     return None if t is None else to_lowbit(t, dtype)
 
 
+def _raw_stream(index: int) -> int:
+    """The cudaStream_t of torch's current stream on device `index` (torch's private fast getter,
+    the one inductor's generated code calls, where it exists)."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def _run(fn: Callable, device: torch.device, *args, **kwargs):
     """Calls a lowbit._lowbit function on torch's current stream of `device`."""
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index == torch.cuda.current_device():  # (the device switch costs a few us per call)
-            return fn(*args, stream=torch.cuda.current_stream(index).cuda_stream, **kwargs)
+        current = torch.cuda.current_device()
+        index = current if device.index is None else device.index
+        if index == current:  # (the device switch and a Stream object cost ~10 us per call)
+            return fn(*args, stream=_raw_stream(index), **kwargs)
         with torch.cuda.device(index):
-            return fn(*args, stream=torch.cuda.current_stream(index).cuda_stream, **kwargs)
+            return fn(*args, stream=_raw_stream(index), **kwargs)
     if device.type != "cpu":
         raise lowbit._error("lowbit.torch", "device",
                             f"expected a CPU or CUDA tensor, got {device}")
@@ -520,13 +529,19 @@ def _linear_op(x: Tensor, handle: int, bias: Optional[Tensor], out_features: int
     layer = _layer(handle)
     # The CUDA kernels take bf16 / f16 activations: f32 runs there in bf16 (x rounded to bf16
     # before the rotation, the layer's output rounded to bf16) and comes back as f32.
-    dtype = torch.bfloat16 if x.device.type == "cuda" and x.dtype == torch.float32 else x.dtype
-    x2 = _inner_contiguous(x.reshape(-1, x.shape[-1]).to(dtype))
+    # (Each step only where needed: a decode step's layer is host-bound on these microseconds.)
+    dtype = torch.bfloat16 if x.dtype == torch.float32 and x.device.type == "cuda" else x.dtype
+    x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if dtype != x.dtype:
+        x2 = x2.to(dtype)
+    x2 = _inner_contiguous(x2)
     out = torch.empty((x2.shape[0], out_features), dtype=dtype, device=x.device)
-    if bias is not None and bias.dtype not in (torch.float32, dtype):
+    if bias is not None and bias.dtype != torch.float32 and bias.dtype != dtype:
         bias = bias.to(dtype)
     _run(layer.forward, x.device, to_lowbit(x2), to_lowbit(out), bias=_opt(bias))
-    return out.to(x.dtype).reshape(tuple(x.shape[:-1]) + (out_features,))
+    if dtype != x.dtype:
+        out = out.to(x.dtype)
+    return out if x.dim() == 2 else out.reshape(tuple(x.shape[:-1]) + (out_features,))
 
 
 @_linear_op.register_fake
