@@ -1034,6 +1034,24 @@ def _make_cache(m, k, v, seq_len, block_tables, page_size, k_ss, v_ss, fmt, n_gr
                      block_tables=_opt(block_tables), page_size=page_size)
 
 
+_PLANS = {}  # plan_decode's plans by what they depend on (a decode step re-uses one per layer)
+
+
+def _decode_plan(m, dev, cache, k, block_tables, page_size, fmt, n_groups, b, mq, hq, d):
+    """plan_decode(cache, mq, hq, d), cached: a plan is a function of the cache's device, format,
+    groups, batch, heads, capacity and paging and of (mq, hq, d) (src/cpu/decode_api.cpp), all
+    in the key, so a decode step's layers skip the call and a cache view after the first."""
+    key = (dev, fmt, n_groups, tuple(k.shape), k.dtype, b, mq, hq, d, int(page_size),
+           None if block_tables is None else tuple(block_tables.shape))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _run(m.plan_decode, dev, cache(), mq, hq, d)
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
 @_op("decode_attention")
 def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_len: Tensor,
                block_tables: Optional[Tensor], page_size: int, k_scale_shift: Optional[Tensor],
@@ -1046,7 +1064,8 @@ def _decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, seq_len: Tensor,
     cache = lambda: _make_cache(m, k_cache, v_cache, seq_len, block_tables, page_size,  # noqa
                                 k_scale_shift, v_scale_shift, fmt, n_groups)
     dev = q.device
-    plan = _run(m.plan_decode, dev, cache(), mq, hkv * g, d)
+    plan = _decode_plan(m, dev, cache, k_cache, block_tables, page_size, fmt, n_groups, b, mq,
+                        hkv * g, d)
     workspace = _aligned_bytes(max(1, plan.workspace_bytes), dev)
     out = torch.empty(q.shape, dtype=q.dtype, device=dev)
     lse = torch.empty((b, mq, hkv, g) if return_lse else (0,), dtype=torch.float32, device=dev)

@@ -498,6 +498,27 @@ def test_lowbit_linear_f32_on_cuda_runs_in_bf16():
 # ---- decode -------------------------------------------------------------------------------------
 
 @needs("decode")
+def test_decode_plans_are_cached_per_shape_and_give_the_same_results():
+    # lowbit.torch._decode_plan keeps plan_decode's plans by what they depend on: a second call
+    # with the same shapes (other lengths, other values) takes the cached plan with the same
+    # output as a fresh plan; other shapes get their own.
+    lt._PLANS.clear()
+    outs = []
+    for b, length, hkv, g in ((2, 40, 2, 3), (1, 40, 2, 3), (2, 72, 2, 3), (2, 40, 2, 3)):
+        k4 = lt.quantize_kv(randn(b, length, hkv, 64), "int4", 4)
+        v4 = lt.quantize_kv(randn(b, length, hkv, 64), "int4", 4)
+        q = randn(b, 1, hkv, g, 64)
+        seq_len = torch.tensor([length, length // 2][:b], dtype=torch.int32)
+        outs.append(lt.decode_attention(q, k4, v4, seq_len))
+        cached = lt._PLANS.copy()
+        lt._PLANS.clear()
+        torch.testing.assert_close(lt.decode_attention(q, k4, v4, seq_len), outs[-1], rtol=0,
+                                   atol=0)
+        lt._PLANS.update(cached)
+    assert len(lt._PLANS) == 3  # the fourth call's shapes are the first's
+
+
+@needs("decode")
 @pytest.mark.parametrize("n_groups", [1, 4])
 def test_decode_int4_contiguous_and_paged(n_groups):
     b, length, hkv, g, d, mq = 2, 45, 2, 3, 64, 1
