@@ -56,6 +56,61 @@ __device__ __forceinline__ __half2 e4m3_half2(uint8_t c) {
   return __half2half2(h);
 }
 
+// One 64-column step of a lane: c0 / c1 the 8 code bytes of weight rows gid / gid + 8, sc0 / sc1
+// their block scales, x the lane's 16 activation values of each n8 token tile. Four codes at a
+// time to f16 (one 16-entry lookup), scaled (e2m1 x e4m3 is exact in f16), then four mma.sync.
+template <int NT>
+__device__ __forceinline__ void step_mma(float (&acc)[NT][4], uint2 c0, uint2 c1, __half2 sc0,
+                                         __half2 sc1, const uint4 (&x)[NT][2]) {
+  const uint32_t cw0[2] = {c0.x, c0.y}, cw1[2] = {c1.x, c1.y};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {  // columns 4 j .. 4 j + 3 of the lane's 16
+    // bytes 2 j (columns 4 j, 4 j + 1) and 2 j + 1 (4 j + 2, 4 j + 3) of each row's 8
+    const uint32_t p0 = cw0[j >> 1] >> (16 * (j & 1)), p1 = cw1[j >> 1] >> (16 * (j & 1));
+    uint32_t h0a, h0b, h1a, h1b;  // rows gid / gid + 8: columns 4 j, 4 j + 1 / 4 j + 2, 4 j + 3
+    e2m1x4_f16x2(p0, &h0a, &h0b);
+    e2m1x4_f16x2(p1, &h1a, &h1b);
+    const uint32_t a[4] = {hmul2_bits(h0a, sc0), hmul2_bits(h1a, sc1), hmul2_bits(h0b, sc0),
+                           hmul2_bits(h1b, sc1)};
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint32_t xw[8] = {x[nt][0].x, x[nt][0].y, x[nt][0].z, x[nt][0].w,
+                              x[nt][1].x, x[nt][1].y, x[nt][1].z, x[nt][1].w};
+      ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
+    }
+  }
+}
+
+// The CTA's end: each warp's C fragments (c0, c1 = weight row gid, tokens 2 tid4, 2 tid4 + 1;
+// c2, c3 = row gid + 8) into `red`, the warps' sums added in warp order (deterministic), the
+// epilogue (x pts, + bias: apply_epilogue's order) and the stores of the tile's 16 columns.
+template <int NT>
+__device__ __forceinline__ void finish_tile(const Nvfp4DecodeParams& p, const float (&acc)[NT][4],
+                                            float (&red)[kWarps][16][16], int64_t n0) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gid = lane >> 2, tid4 = lane & 3;
+  const int M = static_cast<int>(p.M);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int tok = 8 * nt + 2 * tid4 + (r & 1);
+      if (tok < 16) red[warp][gid + 8 * (r >> 1)][tok] = acc[nt][r];
+    }
+  __syncthreads();
+  ptx::griddep_launch_dependents();
+  for (int i = threadIdx.x; i < 16 * M; i += kWarps * 32) {
+    const int row = i / M, tok = i - row * M;
+    const int64_t col = n0 + row;
+    if (col >= p.N) continue;
+    float v = red[0][row][tok];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) v = __fadd_rn(v, red[w][row][tok]);
+    v = apply_epilogue(p.ep, v, tok, col);
+    store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
+  }
+}
+
 // One 64-column step's operands of a lane: 8 code bytes and the block scale of weight rows gid
 // and gid + 8, the 16 f16 activation values of its token rows.
 template <int NT>
@@ -108,25 +163,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_kernel(Nvfp4DecodePara
     }
   };
   auto multiply = [&](const StepRegs<NT>& q) {
-    const __half2 sc0 = e4m3_half2(static_cast<uint8_t>(q.sc & 0xffu));
-    const __half2 sc1 = e4m3_half2(static_cast<uint8_t>(q.sc >> 8));
-    const uint32_t cw0[2] = {q.c0.x, q.c0.y}, cw1[2] = {q.c1.x, q.c1.y};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {  // columns 4 j .. 4 j + 3 of the lane's 16
-      // bytes 2 j (columns 4 j, 4 j + 1) and 2 j + 1 (4 j + 2, 4 j + 3) of each row's 8
-      const uint32_t p0 = cw0[j >> 1] >> (16 * (j & 1)), p1 = cw1[j >> 1] >> (16 * (j & 1));
-      uint32_t h0a, h0b, h1a, h1b;  // rows gid / gid + 8: columns 4 j, 4 j + 1 / 4 j + 2, 4 j + 3
-      e2m1x4_f16x2(p0, &h0a, &h0b);  // four codes at a time: one 16-entry lookup
-      e2m1x4_f16x2(p1, &h1a, &h1b);
-      const uint32_t a[4] = {hmul2_bits(h0a, sc0), hmul2_bits(h1a, sc1), hmul2_bits(h0b, sc0),
-                             hmul2_bits(h1b, sc1)};
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t xw[8] = {q.x[nt][0].x, q.x[nt][0].y, q.x[nt][0].z, q.x[nt][0].w,
-                                q.x[nt][1].x, q.x[nt][1].y, q.x[nt][1].z, q.x[nt][1].w};
-        ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
-      }
-    }
+    step_mma<NT>(acc, q.c0, q.c1, e4m3_half2(static_cast<uint8_t>(q.sc & 0xffu)),
+                 e4m3_half2(static_cast<uint8_t>(q.sc >> 8)), q.x);
   };
 
   // The activations may come from the preceding kernels (programmatic dependent launch): the
@@ -145,26 +183,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_kernel(Nvfp4DecodePara
       }
     }
   }
-  // C fragment: c0, c1 = (weight row gid, tokens 2 tid4, 2 tid4 + 1), c2, c3 = row gid + 8.
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int tok = 8 * nt + 2 * tid4 + (r & 1);
-      if (tok < 16) red[warp][gid + 8 * (r >> 1)][tok] = acc[nt][r];
-    }
-  __syncthreads();
-  ptx::griddep_launch_dependents();
-  for (int i = threadIdx.x; i < 16 * M; i += kWarps * 32) {
-    const int row = i / M, tok = i - row * M;
-    const int64_t col = n0 + row;
-    if (col >= N) continue;
-    float v = red[0][row][tok];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) v = __fadd_rn(v, red[w][row][tok]);
-    v = apply_epilogue(p.ep, v, tok, col);
-    store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
-  }
+  finish_tile<NT>(p, acc, red, n0);
 #else
   __trap();  // launched on sm_89+ only (decode_nvfp4_applies)
 #endif
@@ -217,8 +236,8 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4Decod
   // group per step, empty past the run (predicated copies, no branch).
   auto issue = [&](int s, int slot) {
     const bool on = s < nsteps;
-    ptx::cp_async16_if(cdst + slot * kSlot, csrc + 32 * s, on);
-    ptx::cp_async4_if(sdst + slot * kSlot, ssrc + 4 * s, on && scale_lane);
+    ptx::cp_async_if<16>(cdst + slot * kSlot, csrc + 32 * s, on);
+    ptx::cp_async_if<4>(sdst + slot * kSlot, ssrc + 4 * s, on && scale_lane);
     ptx::cp_async_commit();
   };
   // The weight bytes do not depend on the preceding kernels (programmatic dependent launch): the
@@ -271,46 +290,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4Decod
       __syncwarp();  // every lane has read the slot before it is refilled
       issue(s + DEPTH, u);
 
-      const uint32_t cw0[2] = {c0.x, c0.y}, cw1[2] = {c1.x, c1.y};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {  // columns 4 j .. 4 j + 3 of the lane's 16
-        // bytes 2 j (columns 4 j, 4 j + 1) and 2 j + 1 (4 j + 2, 4 j + 3) of each row's 8
-        const uint32_t p0 = cw0[j >> 1] >> (16 * (j & 1)), p1 = cw1[j >> 1] >> (16 * (j & 1));
-        uint32_t h0a, h0b, h1a, h1b;  // rows gid / gid + 8: columns 4 j, 4 j + 1 / 4 j + 2, + 3
-        e2m1x4_f16x2(p0, &h0a, &h0b);
-        e2m1x4_f16x2(p1, &h1a, &h1b);
-        const uint32_t a[4] = {hmul2_bits(h0a, sc0), hmul2_bits(h1a, sc1), hmul2_bits(h0b, sc0),
-                               hmul2_bits(h1b, sc1)};
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t xw[8] = {x[nt][0].x, x[nt][0].y, x[nt][0].z, x[nt][0].w,
-                                  x[nt][1].x, x[nt][1].y, x[nt][1].z, x[nt][1].w};
-          ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
-        }
-      }
+      step_mma<NT>(acc, c0, c1, sc0, sc1, x);
     }
   }
   ptx::cp_async_wait<0>();  // the run's trailing groups are empty; nothing is left in flight
-  // C fragment: c0, c1 = (weight row gid, tokens 2 tid4, 2 tid4 + 1), c2, c3 = row gid + 8.
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int tok = 8 * nt + 2 * tid4 + (r & 1);
-      if (tok < 16) red[warp][gid + 8 * (r >> 1)][tok] = acc[nt][r];
-    }
-  __syncthreads();
-  ptx::griddep_launch_dependents();
-  for (int i = threadIdx.x; i < 16 * M; i += kWarps * 32) {
-    const int row = i / M, tok = i - row * M;
-    const int64_t col = n0 + row;
-    if (col >= N) continue;
-    float v = red[0][row][tok];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) v = __fadd_rn(v, red[w][row][tok]);
-    v = apply_epilogue(p.ep, v, tok, col);
-    store2(p.out, p.out_dtype, tok * p.ldo + col, v, 0.f, false, false);
-  }
+  finish_tile<NT>(p, acc, red, n0);
 #else
   __trap();  // launched on sm_89+ only (decode_nvfp4_applies)
 #endif

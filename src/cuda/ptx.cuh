@@ -225,20 +225,18 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
-// cp_async16 / cp_async4 issued only where `on` (a predicated instruction, no branch).
-__device__ __forceinline__ void cp_async16_if(uint32_t dst, const void* src, bool on) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
-      " @p cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(dst),
-      "l"(src), "r"(static_cast<uint32_t>(on))
-      : "memory");
-}
-__device__ __forceinline__ void cp_async4_if(uint32_t dst, const void* src, bool on) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n"
-      " @p cp.async.ca.shared.global [%0], [%1], 4;\n}\n" ::"r"(dst),
-      "l"(src), "r"(static_cast<uint32_t>(on))
-      : "memory");
+// cp_async16 (BYTES 16, through L2 only) / cp_async4 (BYTES 4, through L1) issued only where
+// `on` (a predicated instruction, no branch).
+template <int BYTES>
+__device__ __forceinline__ void cp_async_if(uint32_t dst, const void* src, bool on) {
+  static_assert(BYTES == 16 || BYTES == 4, "cp.async.cg copies 16 bytes; .ca 4 here");
+  const uint32_t p = on;
+  if constexpr (BYTES == 16)
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.cg.shared.global "
+                 "[%0], [%1], 16;\n}\n" ::"r"(dst), "l"(src), "r"(p) : "memory");
+  else
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p cp.async.ca.shared.global "
+                 "[%0], [%1], 4;\n}\n" ::"r"(dst), "l"(src), "r"(p) : "memory");
 }
 // The mbarrier at shared address `bar` takes one arrival once every cp.async this thread
 // issued before it has landed (noinc: that arrival counts against the barrier's expected count).
