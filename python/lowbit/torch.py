@@ -141,8 +141,9 @@ def _call(name: str, *args):
     op's implementation directly where nothing needs autograd (no input requires grad, or grad
     mode is off), else the op's autograd.Function where it has one (_EAGER_AUTOGRAD): the custom
     op's dispatch costs tens of us per call in eager mode (a decode step's whole budget).
-    torch.compile, export, fake / subclass tensors and the other autograd cases keep the op."""
-    if not _is_compiling():
+    torch.compile, export, jit / fx tracing, fake / subclass tensors and the other autograd cases
+    keep the op."""
+    if not _is_compiling() and not torch.jit.is_tracing():
         grad = torch.is_grad_enabled()
         plain, needs_grad = True, False
         for a in args:
@@ -150,6 +151,8 @@ def _call(name: str, *args):
                 if isinstance(t, Tensor):
                     plain = plain and type(t) in _PLAIN
                     needs_grad = needs_grad or (grad and t.requires_grad)
+                elif hasattr(t, "__torch_function__"):  # an fx Proxy and the like
+                    plain = False
         if plain and not needs_grad:
             return _IMPL[name](*args)
         if plain and name in _EAGER_AUTOGRAD:

@@ -475,6 +475,10 @@ def test_eager_calls_skip_the_op_dispatch_with_the_same_results():
         with torch.no_grad():
             out = lt._call("linear", fx, layer._handle, None, 32)
     assert out.shape == (3, 32)
+    # fx symbolic tracing records the op (its Proxy is no tensor)
+    gm = torch.fx.symbolic_trace(nn.Sequential(layer))
+    assert any("lowbit.linear" in str(n.target) for n in gm.graph.nodes)
+    torch.testing.assert_close(gm(x.detach()), z, rtol=0, atol=0)
 
 
 @needs_linear_cpu
