@@ -181,7 +181,7 @@ class LayerBench : public BenchCase {
             other_path("dequantize + cuBLASLt (nvfp4_gemv_max_m 0: the path before)",
                        layer_tuning(t), default_tuning, 8);
             // Session 19: the cp.async ring's alternatives (the default: 4 slots, the
-            // activations loaded at the step, x16 from the rotate kernel).
+            // activations loaded at the step, x16 from the rotate kernel, codes through e4m3).
             auto variant = [&](const std::string& what, void (*set)(cl::DecodeTilesTuning&)) {
               cl::DecodeTilesTuning d;
               set(d);
@@ -191,6 +191,8 @@ class LayerBench : public BenchCase {
                     [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_slots = 2; });
             variant("GEMV, next step's activations loaded ahead (nvfp4_gemv_x_ahead on)",
                     [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_x_ahead = true; });
+            variant("GEMV, codes by the 16-entry lookup (nvfp4_gemv_cvt off)",
+                    [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_cvt = false; });
             variant("GEMV, dequant_nvfp4_16 after the rotate kernel (nvfp4_x16_rotate off)",
                     [](cl::DecodeTilesTuning& d) { d.nvfp4_x16_rotate = false; });
             for (int depth : {1, 4}) {

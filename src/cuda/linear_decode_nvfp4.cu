@@ -81,6 +81,45 @@ __device__ __forceinline__ void step_mma(float (&acc)[NT][4], uint2 c0, uint2 c1
   }
 }
 
+// step_mma with the codes converted through e4m3 (session 19, DecodeTilesTuning::nvfp4_gemv_cvt,
+// the default: H200 23.3 / 25.3 / 31.9 us at M 1 / 8 / 16 x 5120 -> 13824 against the lookup's
+// 26.5 / 27.7 / 32.6, the same bits; 100 instead of 122 SASS instructions per step):
+// e2m1x8_e4m3 (7 integer ops per 8 codes) and one cvt per f16x2 pair give the codes x 2^-6;
+// sc0 / sc1 are the block scales x 64 (exact in f16: <= 448 x 64), so each product is the same
+// exact f16 as step_mma's. The pairs are columns (0, 2), (4, 6), (1, 3), (5, 7) of each 8: x holds
+// the activation columns in that order (the rotate kernel's permuted x16).
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t two_bytes) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | static_cast<uint32_t>(h.y) << 16;
+}
+template <int NT>
+__device__ __forceinline__ void step_mma_cvt(float (&acc)[NT][4], uint2 c0, uint2 c1,
+                                             __half2 sc0, __half2 sc1, const uint4 (&x)[NT][2]) {
+  const uint32_t cw0[2] = {c0.x, c0.y}, cw1[2] = {c1.x, c1.y};
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {  // the lane's columns 8 w .. 8 w + 7
+    uint32_t e0, o0, e1, o1;     // rows gid / gid + 8: even and odd columns as e4m3 bytes
+    e2m1x8_e4m3(cw0[w], &e0, &o0);
+    e2m1x8_e4m3(cw1[w], &e1, &o1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // mma 2 w + h: the even (h 0) or odd (h 1) columns
+      const uint32_t r0 = h ? o0 : e0, r1 = h ? o1 : e1;
+      const uint32_t a[4] = {hmul2_bits(e4m3x2_f16x2(r0 & 0xffffu), sc0),
+                             hmul2_bits(e4m3x2_f16x2(r1 & 0xffffu), sc1),
+                             hmul2_bits(e4m3x2_f16x2(r0 >> 16), sc0),
+                             hmul2_bits(e4m3x2_f16x2(r1 >> 16), sc1)};
+      const int j = 2 * w + h;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t xw[8] = {x[nt][0].x, x[nt][0].y, x[nt][0].z, x[nt][0].w,
+                                x[nt][1].x, x[nt][1].y, x[nt][1].z, x[nt][1].w};
+        ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
+      }
+    }
+  }
+}
+
 // The CTA's end: each warp's C fragments (c0, c1 = weight row gid, tokens 2 tid4, 2 tid4 + 1;
 // c2, c3 = row gid + 8) into `red`, the warps' sums added in warp order (deterministic), the
 // epilogue (x pts, + bias: apply_epilogue's order) and the stores of the tile's 16 columns.
@@ -210,7 +249,8 @@ constexpr int kSlot = kSlotCodes + kSlotScales;
 // more than memory-bound, DRAM 27 %); the layer 29.6 / 30.6 / 34.4 -> 26.3 / 27.5 / 32.6 us.
 // XAHEAD: the lane's activation values of step s + 1 are loaded while step s multiplies (0, the
 // default: at the step; measured faster once unrolled, DecodeTilesTuning::nvfp4_gemv_x_ahead).
-template <int NT, int DEPTH, int XAHEAD>
+// CVT: step_mma_cvt (the codes through e4m3; x16 permuted) instead of step_mma.
+template <int NT, int DEPTH, int XAHEAD, int CVT = 0>
 __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   __shared__ __align__(16) uint8_t ring[kWarps][DEPTH][kSlot];
@@ -285,12 +325,19 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4Decod
       const uint8_t* sl = ring_w + u * kSlot;
       const uint2 c0 = *reinterpret_cast<const uint2*>(sl + 32 * gid + 8 * tid4);
       const uint2 c1 = *reinterpret_cast<const uint2*>(sl + 32 * (gid + 8) + 8 * tid4);
-      const __half2 sc0 = e4m3_half2(sl[kSlotCodes + 4 * gid + tid4]);
-      const __half2 sc1 = e4m3_half2(sl[kSlotCodes + 4 * (gid + 8) + tid4]);
+      __half2 sc0 = e4m3_half2(sl[kSlotCodes + 4 * gid + tid4]);
+      __half2 sc1 = e4m3_half2(sl[kSlotCodes + 4 * (gid + 8) + tid4]);
       __syncwarp();  // every lane has read the slot before it is refilled
       issue(s + DEPTH, u);
 
-      step_mma<NT>(acc, c0, c1, sc0, sc1, x);
+      if constexpr (CVT) {
+        const __half2 k64 = __float2half2_rn(64.f);
+        sc0 = __hmul2(sc0, k64);
+        sc1 = __hmul2(sc1, k64);
+        step_mma_cvt<NT>(acc, c0, c1, sc0, sc1, x);
+      } else {
+        step_mma<NT>(acc, c0, c1, sc0, sc1, x);
+      }
     }
   }
   ptx::cp_async_wait<0>();  // the run's trailing groups are empty; nothing is left in flight
@@ -335,8 +382,12 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p) {
   return it->second;
 }
 
+bool decode_nvfp4_ring_applies(const Nvfp4DecodeParams& p) {
+  return aligned(p.w_codes, 16) && aligned(p.w_scales, 4);
+}
+
 void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth, int slots,
-                  bool x_ahead) {
+                  bool x_ahead, bool cvt) {
   check::that(depth == 1 || depth == 4, "decode_nvfp4", "depth",
               "expected 1 or 4, got " + std::to_string(depth));
   check::that(slots == 0 || slots == 2 || slots == 4, "decode_nvfp4", "slots",
@@ -345,7 +396,11 @@ void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth, in
   const dim3 grid(static_cast<unsigned>((p.N + 15) / 16));
   auto go = [&](auto kernel) { launch_maybe_pdl(true, kernel, grid, block, 0, stream, p); };
   const bool two = p.M > 8;
-  if (slots > 0 && aligned(p.w_codes, 16) && aligned(p.w_scales, 4)) {
+  check::that(!cvt || (slots == 4 && !x_ahead && decode_nvfp4_ring_applies(p)), "decode_nvfp4",
+              "cvt", "expected the 4-slot ring (activations at the step, 16-byte aligned codes)");
+  if (cvt) {
+    two ? go(gemv_nvfp4_smem_kernel<2, 4, 0, 1>) : go(gemv_nvfp4_smem_kernel<1, 4, 0, 1>);
+  } else if (slots > 0 && decode_nvfp4_ring_applies(p)) {
     if (slots == 2) {
       if (x_ahead)
         two ? go(gemv_nvfp4_smem_kernel<2, 2, 1>) : go(gemv_nvfp4_smem_kernel<1, 2, 1>);

@@ -98,6 +98,12 @@ struct DecodeTilesTuning {
   // ... the rotate kernel writes the activation rows dequantized to f16 itself (session 19);
   // false: dequant_nvfp4_16 after it (the path before: 35.9 / 36.4 / 40.2 us, one launch more).
   bool nvfp4_x16_rotate = true;
+  // ... the 4-slot ring converts the codes through e4m3 (7 integer ops per 8 codes, then one cvt
+  // per f16x2: e2m1x8_e4m3) instead of the 16-entry lookup (16 per 8), reading the activations
+  // permuted (session 19; with x16 from the rotate kernel, K <= 16384; false: the lookup). H200
+  // call 12, the whole layer at M 1 / 8 / 16: 23.3 / 25.3 / 31.9 us against 26.5 / 27.7 / 32.6,
+  // the same output bits; 100 instead of 122 SASS instructions per step.
+  bool nvfp4_gemv_cvt = true;
   // Rotate kernel + GEMV (8 < M <= 16): clusters of this many CTAs (2 or 4; 0: off) copy the
   // activation rows as multicast bulk copies, each row read from L2 once per cluster; where no
   // cluster fits (or the 6-slot layout does not), the plain copy. H200 session 17, stream of 8

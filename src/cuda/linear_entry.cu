@@ -93,7 +93,8 @@ void check_k_fits(const char* op, int64_t K) {
 // Rotates + quantizes x (M, K) into codes / scales (raw pointers, contiguous rows).
 void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* codes,
                             int64_t codes_row_bytes, void* scales, cudaStream_t s,
-                            bool pdl = false, uint16_t* x16 = nullptr) {
+                            bool pdl = false, uint16_t* x16 = nullptr,
+                            bool x16_permuted = false) {
   linear::RotateQuantParams p;
   p.pdl = pdl;
   p.x = x.data;
@@ -108,6 +109,7 @@ void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* c
   if (fmt == ActFormat::nvfp4) {
     p.block_scales = static_cast<uint8_t*>(scales);
     p.x16 = x16;
+    p.x16_permuted = x16_permuted;
   } else {
     p.scales = static_cast<float*>(scales);
   }
@@ -324,16 +326,21 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       d.ldo = out.stride[0];
       if (linear::decode_nvfp4_applies(d)) {
         const auto& t = linear::layer_tiles_tuning();
+        // The e4m3 conversion reads the activations permuted, which the register rotate kernel
+        // writes (session 19; DecodeTilesTuning::nvfp4_gemv_cvt).
+        const bool cvt = t.nvfp4_gemv_cvt && t.nvfp4_x16_rotate && t.nvfp4_gemv_slots == 4 &&
+                         !t.nvfp4_gemv_x_ahead && linear::decode_nvfp4_ring_applies(d) &&
+                         K <= linear::rotate_quantize_reg_max_k();
         if (t.nvfp4_x16_rotate) {
           launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s,
-                                 false, a16.as<uint16_t>());
+                                 false, a16.as<uint16_t>(), cvt);
         } else {
           launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
           linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
                                    a16.as<uint16_t>(), DType::f16, s);
         }
         linear::decode_nvfp4(d, s, t.nvfp4_gemv_depth > 0 ? t.nvfp4_gemv_depth : (M <= 8 ? 4 : 1),
-                             t.nvfp4_gemv_slots, t.nvfp4_gemv_x_ahead);
+                             t.nvfp4_gemv_slots, t.nvfp4_gemv_x_ahead, cvt);
         return;
       }
     }

@@ -47,6 +47,9 @@ struct RotateQuantParams {
   // nvfp4 (session 19): also the codes dequantized to f16 (exact), (M, K) row stride K, for the
   // NVFP4 decode GEMV (the register kernel writes them; otherwise dequant_nvfp4_16 after it).
   uint16_t* x16 = nullptr;
+  // ... with each 8 columns in the order 0, 2, 4, 6, 1, 3, 5, 7 (decode_nvfp4's cvt form; the
+  // register kernel only: rotate_quantize refuses it where that kernel does not run).
+  bool x16_permuted = false;
   void* rotated = nullptr;   // rotate_only: (M, K) rotated_dtype, row stride rotated_row_stride
   DType rotated_dtype = DType::bf16;
   int64_t rotated_row_stride = 0;
@@ -87,6 +90,8 @@ inline RotateQuantParams rotate_quant_rows(const void* x, DType x_dtype, int64_t
 int64_t rotate_quantize_smem_bytes(int64_t K);
 // Largest K the fused kernel takes on the current device.
 int64_t rotate_quantize_max_k();
+// The largest K the register rotate kernel takes (the one that writes x16 itself).
+int64_t rotate_quantize_reg_max_k();
 void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream);
 
 // Quantized GEMM out(M, N) = epilogue(A(M, K) · B(N, K)ᵀ), both operands K-contiguous.
@@ -258,8 +263,14 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p);
 // slots: 4 or 2 = the cp.async ring kernel (session 18) with that many shared-memory slots per
 // warp (depth unused), 0 = the register ring; x_ahead: the ring kernel loads the next step's
 // activation values while the current one multiplies (session 19).
+// cvt (session 19): the codes through e4m3 (step_mma_cvt), which reads x16 with each 8 columns
+// in the order 0, 2, 4, 6, 1, 3, 5, 7 (RotateQuantParams::x16_permuted); needs slots 4, x_ahead
+// off and decode_nvfp4_ring_applies.
 void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth = 4, int slots = 4,
-                  bool x_ahead = false);
+                  bool x_ahead = false, bool cvt = false);
+// Whether the cp.async ring kernel takes p's pointers (16-byte aligned codes, 4-byte scales);
+// decode_nvfp4 runs the register ring where not.
+bool decode_nvfp4_ring_applies(const Nvfp4DecodeParams& p);
 
 // NVFP4 -> f16 or bf16 (out_dtype; exact either way: every e2m1 x e4m3 product is such a value).
 // codes (R, C/2), scales (R, C/16) e4m3 linear; out (R, C) row stride C. The per-tensor scale is

@@ -81,6 +81,16 @@ LOWBIT_LUT_HD void e2m1x4_f16x2(uint32_t two_bytes, uint32_t* h01, uint32_t* h23
   *h23 = lut_prmt(hb, 0u, 0x3424u);                    // 0, hb2, 0, hb3
 }
 
+// The eight e2m1 codes of `word` (nibble j = column j) as e4m3 bytes of value code x 2^-6
+// (exact: the code's exponent bits land on the e4m3 exponent's low two bits, its mantissa bit on
+// the top mantissa bit, the sign on the sign; code 1 = 0.5 becomes the subnormal 2^-7): *even =
+// columns 0, 2, 4, 6 (byte j = column 2 j), *odd = columns 1, 3, 5, 7. 7 integer ops; a cvt of
+// each 16-bit half then gives f16x2 pairs (columns 0, 2), (4, 6), (1, 3), (5, 7) (session 19).
+LOWBIT_LUT_HD void e2m1x8_e4m3(uint32_t word, uint32_t* even, uint32_t* odd) {
+  *even = ((word << 2) & 0x1c1c1c1cu) | ((word << 4) & 0x80808080u);
+  *odd = ((word >> 2) & 0x1c1c1c1cu) | (word & 0x80808080u);
+}
+
 }  // namespace linear
 }  // namespace cuda
 }  // namespace lowbit

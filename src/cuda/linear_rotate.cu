@@ -291,9 +291,14 @@ __global__ void __launch_bounds__(kRegMaxThreads) rotate_quantize_reg_kernel(Rot
         uint32_t h[8];
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          const uint32_t w2 = w[q / 4] >> (8 * (q % 4));
-          const __half2 v = __floats2half2_rn(__uint_as_float(e2m1_f32_bits(w2 & 15u)) * denom,
-                                              __uint_as_float(e2m1_f32_bits(w2 >> 4 & 15u)) * denom);
+          // pair q: columns 2 q, 2 q + 1; permuted: columns (0, 2), (4, 6), (1, 3), (5, 7) of
+          // each 8 (word q / 4: the lane's 8 code nibbles of columns 8 (q / 4) ..).
+          const int c0 = p.x16_permuted ? (q & 1) * 4 + (q >> 1 & 1) : 2 * (q % 4);
+          const int c1 = p.x16_permuted ? c0 + 2 : c0 + 1;
+          const uint32_t wq = w[q / 4];
+          const __half2 v =
+              __floats2half2_rn(__uint_as_float(e2m1_f32_bits(wq >> (4 * c0) & 15u)) * denom,
+                                __uint_as_float(e2m1_f32_bits(wq >> (4 * c1) & 15u)) * denom);
           h[q] = *reinterpret_cast<const uint32_t*>(&v);
         }
         uint4* dst = reinterpret_cast<uint4*>(p.x16 + row * p.K + out0);
@@ -435,6 +440,8 @@ void launch_typed(const RotateQuantParams& p, cudaStream_t stream) {
 
 int64_t rotate_quantize_smem_bytes(int64_t K) { return ((K + 127) / 128) * 128 * 4; }
 
+int64_t rotate_quantize_reg_max_k() { return static_cast<int64_t>(kRegMaxThreads) * 16; }
+
 int64_t rotate_quantize_max_k() {
   int dev = 0, optin = 0;
   check_cuda(cudaGetDevice(&dev), "rotate_quantize", "device");
@@ -449,6 +456,12 @@ void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream) {
               "rotate_quantize", "x16",
               "expected only with nvfp4 codes of row stride K / 2 = " + std::to_string(p.K / 2) +
                   ", got row stride " + std::to_string(p.codes_row_stride));
+  check::that(!p.x16_permuted || (p.x16 && !p.legacy_kernel && p.K <= rotate_quantize_reg_max_k() &&
+                                  reinterpret_cast<uintptr_t>(p.x16) % 16 == 0),
+              "rotate_quantize", "x16_permuted",
+              "expected with a 16-byte aligned x16 and K <= " +
+                  std::to_string(rotate_quantize_reg_max_k()) + " (the register kernel), got K " +
+                  std::to_string(p.K));
   switch (p.x_dtype) {
     case DType::f16:
       launch_typed<__half>(p, stream);

@@ -485,6 +485,18 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("nvfp4_x16kernel", dq, QType::convrot4, 3, 144, 320, DType::bf16, true);
     add("nvfp4_x16kernel", dq, QType::convrot4, 16, 272, 1280, DType::f16, false);
     add("nvfp4_gemv", def, QType::convrot4, 2, 48, 16448, DType::bf16, true);
+    // Session 19: the codes by the 16-entry lookup (nvfp4_gemv_cvt off; the default converts them
+    // through e4m3 and reads x16 permuted): M 1 / 3 / 8 / 9 / 16, odd column counts, K of 1 to 80
+    // steps; K 16448 (the register rotate kernel does not run: the lookup form in either case).
+    cl::DecodeTilesTuning cv;
+    cv.nvfp4_gemv_cvt = false;
+    add("nvfp4_lut", cv, QType::convrot4, 1, 272, 1280, DType::bf16, true);
+    add("nvfp4_lut", cv, QType::convrot4, 1, 4112, 5120, DType::bf16, true);
+    add("nvfp4_lut", cv, QType::convrot4, 3, 144, 64, DType::f16, false);
+    add("nvfp4_lut", cv, QType::convrot4, 8, 1008, 448, DType::bf16, true);
+    add("nvfp4_lut", cv, QType::convrot4, 9, 272, 320, DType::f16, true);
+    add("nvfp4_lut", cv, QType::convrot4, 16, 1008, 5120, DType::bf16, false);
+    add("nvfp4_lut", cv, QType::convrot4, 2, 48, 16448, DType::bf16, true);
     // Session 17: the multicast activation copy (DecodeTilesTuning::act_mcast 2 / 4, 4 the
     // default; 0 the plain copy; rotate kernel + GEMV, 8 < M <= 16): CTA rank r copies rows r,
     // r + CL, ... into every CTA of its cluster (the `default` cases at M > 8 run clusters of 4).

@@ -5,6 +5,7 @@
 // that relied on prmt's sign-replicate bit (round 1's bug) fails here.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -129,4 +130,30 @@ TEST(LinearLut, E2m1QuadF16EveryPairOfBytes) {
   lowbit::cuda::linear::e2m1x4_f16x2(0xf821u, &h01, &h23);
   EXPECT_EQ(h01, 0x3c003800u);
   EXPECT_EQ(h23, 0xc6008000u);
+}
+
+TEST(LinearLut, E2m1OctE4m3EveryCodeAtEveryPosition) {
+  // e2m1x8_e4m3: each code's e4m3 byte is the code's value x 2^-6, exactly; even columns in
+  // *even (byte j = column 2 j), odd ones in *odd, whatever the other nibbles hold.
+  for (uint32_t code = 0; code < 16; ++code) {
+    const float want = lowbit::dt::e2m1_to_f32(static_cast<uint8_t>(code)) * 0x1p-6f;
+    for (int col = 0; col < 8; ++col) {
+      for (uint32_t fill : {0x00000000u, 0xffffffffu, 0x9a5c3e71u}) {
+        const uint32_t word = (fill & ~(15u << (4 * col))) | code << (4 * col);
+        uint32_t even = 0, odd = 0;
+        lowbit::cuda::linear::e2m1x8_e4m3(word, &even, &odd);
+        const uint32_t bytes = col % 2 ? odd : even;
+        const uint8_t b = static_cast<uint8_t>(bytes >> (8 * (col / 2)));
+        const float got = lowbit::dt::e4m3_to_f32(b);
+        ASSERT_EQ(got, want) << "code " << code << " column " << col << " fill " << fill;
+        ASSERT_EQ(std::signbit(got), std::signbit(want)) << "code " << code;
+      }
+    }
+  }
+  // Hand vector: codes 1, 2, 8, 15, 6, 0, 9, 7 (0.5, 1, -0, -6, 4, 0, -0.5, 6) ->
+  // x 2^-6 in e4m3: 0x04 (2^-7), 0x08, 0x80, 0x9c | 0x18, 0x00, 0x84, 0x1c.
+  uint32_t even = 0, odd = 0;
+  lowbit::cuda::linear::e2m1x8_e4m3(0x7906f821u, &even, &odd);
+  EXPECT_EQ(even, 0x84188004u);  // columns 0, 2, 4, 6: codes 1, 8, 6, 9
+  EXPECT_EQ(odd, 0x1c009c08u);   // columns 1, 3, 5, 7: codes 2, 15, 0, 7
 }
