@@ -6,8 +6,10 @@
 A decode step calls every layer once with M = 1: where the host needs longer per call than the
 GPU, the GPU waits and the host time is the step's time. Prints the wall-clock time per call of
 N calls enqueued back to back (then one synchronize), for: F.linear (bf16), LowbitLinear in
-no_grad and with autograd, the op's implementation (lowbit.torch._IMPL["linear"]), and the bare
-_lowbit forward on fresh DLPack capsules; --profile adds cProfile's top entries.
+no_grad and with autograd, the op's implementation (lowbit.torch._IMPL["linear"]), the custom op,
+the bare _lowbit forward on fresh DLPack capsules, decode_attention (int4 cache) and sageattn at
+small shapes (GPU time included: compare with the GPU benchmarks); --profile adds cProfile's top
+entries of LowbitLinear.
 """
 import argparse
 import cProfile
@@ -22,7 +24,7 @@ import lowbit.torch as lt
 
 
 def per_call_us(fn, device, n=2000):
-    for _ in range(50):
+    for _ in range(min(50, n)):
         fn()
     if device == "cuda":
         torch.cuda.synchronize()
@@ -71,6 +73,20 @@ def main():
         else:
             t = per_call_us(fn, a.device)
         print(f"  {name:40s} {t:8.1f}")
+    # decode_attention over an int4 cache (B 1, L 4096 on CUDA, Hkv 8, G 4, D 128) and sageattn
+    # (1, 8, 256, 128): the other per-step ops of a decode / small-shape call.
+    b, L, hkv, g, d = (1, 4096, 8, 4, 128) if a.device == "cuda" else (1, 64, 2, 2, 64)
+    k4 = lt.quantize_kv(torch.randn(b, L, hkv, d, device=a.device), "int4", 4)
+    qd = torch.randn(b, 1, hkv, g, d, device=a.device,
+                     dtype=torch.float16 if a.device == "cuda" else torch.float32)
+    sl = torch.full((b,), L, dtype=torch.int32, device=a.device)
+    q = torch.randn(1, 8, 256, 128 if a.device == "cuda" else 64, device=a.device, dtype=dt)
+    n = 500 if a.device == "cuda" else 5  # (the CPU oracle's attention takes ~0.1 s a call)
+    with torch.no_grad():
+        t_dec = per_call_us(lambda: lt.decode_attention(qd, k4, k4, sl), a.device, n)
+        t_att = per_call_us(lambda: lt.sageattn(q, q, q), a.device, n)
+    print(f"  {'decode_attention int4 g4 B1 L' + str(L):40s} {t_dec:8.1f}")
+    print(f"  {'sageattn ' + str(tuple(q.shape)):40s} {t_att:8.1f}")
     if a.profile:
         with torch.no_grad():
             prof = cProfile.Profile()
