@@ -445,22 +445,34 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     // n8 token tiles (M 1 / 3 / 8 and 9 / 16), K of 1 to 80 64-column steps split over 4 warps
     // (1 step: three warps idle; 5 and 7: uneven), f16 and bf16; then the prefill path at M 3
     // (nvfp4_gemv_max_m 0) and at K % 64 != 0 (the GEMV's fallback).
-    add("nvfp4_gemv", def, QType::convrot4, 1, 272, 1280, DType::bf16, true);
-    add("nvfp4_gemv", def, QType::convrot4, 1, 4112, 5120, DType::bf16, true);
-    add("nvfp4_gemv", def, QType::convrot4, 3, 144, 320, DType::f16, false);
-    add("nvfp4_gemv", def, QType::convrot4, 8, 1008, 448, DType::bf16, true);
-    add("nvfp4_gemv", def, QType::convrot4, 9, 272, 64, DType::f16, true);
-    add("nvfp4_gemv", def, QType::convrot4, 16, 1008, 5120, DType::bf16, false);
-    add("nvfp4_gemv", def, QType::convrot4, 16, 144, 1024, DType::f16, true);
+    // Session 19: the same shapes with the codes by the 16-entry lookup (nvfp4_gemv_cvt off; the
+    // default converts them through e4m3 and reads x16 permuted); K 16448 (> 16384: the rotate
+    // kernel without registers writes no x16 itself, dequant_nvfp4_16 does inside
+    // rotate_quantize, and the layer keeps the lookup form in either case).
+    struct GemvShape {
+      int64_t m, o, k;
+      DType a;
+      bool bias;
+    };
+    const GemvShape gemv_shapes[] = {
+        {1, 272, 1280, DType::bf16, true},  {1, 4112, 5120, DType::bf16, true},
+        {3, 144, 320, DType::f16, false},   {8, 1008, 448, DType::bf16, true},
+        {9, 272, 64, DType::f16, true},     {16, 1008, 5120, DType::bf16, false},
+        {16, 144, 1024, DType::f16, true},  {2, 144, 96, DType::bf16, true},
+        {2, 48, 16448, DType::bf16, true}};
+    cl::DecodeTilesTuning lut;
+    lut.nvfp4_gemv_cvt = false;
+    for (const GemvShape& g : gemv_shapes) {
+      add("nvfp4_gemv", def, QType::convrot4, g.m, g.o, g.k, g.a, g.bias);
+      add("nvfp4_lut", lut, QType::convrot4, g.m, g.o, g.k, g.a, g.bias);
+    }
     cl::DecodeTilesTuning nog;
     nog.nvfp4_gemv_max_m = 0;
     add("nvfp4_nogemv", nog, QType::convrot4, 3, 272, 1280, DType::bf16, true);
-    add("nvfp4_gemv", def, QType::convrot4, 2, 144, 96, DType::bf16, true);
     // The register ring (nvfp4_gemv_slots 0, session 17's kernel) at depth 1 and 4; the cp.async
     // ring (the default above: 4 slots, activations loaded at the step, x16 written by the rotate
     // kernel) at 2 slots, with the next step's activations loaded ahead, with dequant_nvfp4_16
-    // after the rotate kernel; and K 16448 (> 16384: the rotate kernel without registers, x16 by
-    // dequant_nvfp4_16 inside rotate_quantize).
+    // after the rotate kernel.
     cl::DecodeTilesTuning g1;
     g1.nvfp4_gemv_slots = 0;
     g1.nvfp4_gemv_depth = 1;
@@ -484,19 +496,6 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     dq.nvfp4_x16_rotate = false;
     add("nvfp4_x16kernel", dq, QType::convrot4, 3, 144, 320, DType::bf16, true);
     add("nvfp4_x16kernel", dq, QType::convrot4, 16, 272, 1280, DType::f16, false);
-    add("nvfp4_gemv", def, QType::convrot4, 2, 48, 16448, DType::bf16, true);
-    // Session 19: the codes by the 16-entry lookup (nvfp4_gemv_cvt off; the default converts them
-    // through e4m3 and reads x16 permuted): M 1 / 3 / 8 / 9 / 16, odd column counts, K of 1 to 80
-    // steps; K 16448 (the register rotate kernel does not run: the lookup form in either case).
-    cl::DecodeTilesTuning cv;
-    cv.nvfp4_gemv_cvt = false;
-    add("nvfp4_lut", cv, QType::convrot4, 1, 272, 1280, DType::bf16, true);
-    add("nvfp4_lut", cv, QType::convrot4, 1, 4112, 5120, DType::bf16, true);
-    add("nvfp4_lut", cv, QType::convrot4, 3, 144, 64, DType::f16, false);
-    add("nvfp4_lut", cv, QType::convrot4, 8, 1008, 448, DType::bf16, true);
-    add("nvfp4_lut", cv, QType::convrot4, 9, 272, 320, DType::f16, true);
-    add("nvfp4_lut", cv, QType::convrot4, 16, 1008, 5120, DType::bf16, false);
-    add("nvfp4_lut", cv, QType::convrot4, 2, 48, 16448, DType::bf16, true);
     // Session 17: the multicast activation copy (DecodeTilesTuning::act_mcast 2 / 4, 4 the
     // default; 0 the plain copy; rotate kernel + GEMV, 8 < M <= 16): CTA rank r copies rows r,
     // r + CL, ... into every CTA of its cluster (the `default` cases at M > 8 run clusters of 4).
