@@ -14,6 +14,7 @@ import statistics
 import sys
 
 SHAPES = [(1, 40, 32760, 128), (2, 24, 16384, 128), (1, 24, 4096, 64),
+          (1, 24, 4608, 128),  # Flux (session 19: attention.prefill's row of it)
           (1, 24, 4096, 256), (1, 24, 16384, 256)]  # the last two: attention.d256 (issue 4)
 
 

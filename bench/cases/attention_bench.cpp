@@ -1,6 +1,7 @@
 // Rows of `lowbit bench` for INT8 prefill attention (SPEC §2), one class for two families:
 //  - attention.prefill, the issue's shapes (B, H, N, D): (1, 40, 32760, 128), (2, 24, 16384, 128),
-//    (1, 24, 4096, 64);
+//    (1, 24, 4096, 64); and Flux's (1, 24, 4608, 128) (session 19: through Python, sageattn at
+//    (1, 24, 4096, 128) measured 0.42 ms against SDPA's 0.34: the one-call rows split it);
 //  - attention.d256 (issue 4): (1, 24, 4096, 256) and (1, 24, 16384, 256). On CUDA the baseline
 //    row is the mma.sync kernel by name (session 10's kernel, 16-bit P·V; auto's kernel at D = 256
 //    until H200 run 32), then auto (the head-dim-256 wgmma kernel since run 32) with 16-bit and
@@ -422,7 +423,7 @@ class AttentionBench : public BenchCase {
 LOWBIT_BENCH_CASES(attention_bench_cases) {
   cases.push_back(std::make_unique<AttentionBench>(
       Family{"attention.prefill",
-             {{1, 40, 32760, 128}, {2, 24, 16384, 128}, {1, 24, 4096, 64}},
+             {{1, 40, 32760, 128}, {2, 24, 16384, 128}, {1, 24, 4096, 64}, {1, 24, 4608, 128}},
              {{1, 24, 4096, 64}},
              64,
              11,
