@@ -713,11 +713,8 @@ class LowbitLinear(nn.Module):
         self.in_features = layer.in_features
         self.out_features = layer.out_features
         self.qtype = layer.qtype
-        self._layer = layer
         self._device = _device_of(device if device is not None else layer.device)
-        self._handle = next(_HANDLES)
-        _LAYERS[self._handle] = layer
-        weakref.finalize(self, _LAYERS.pop, self._handle, None)
+        self._register(layer)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(),
                                                            requires_grad=bias.requires_grad)
 
@@ -766,6 +763,11 @@ class LowbitLinear(nn.Module):
                                        self.in_features)
         layer = _upload(packed, self._device)
         layer.fp8_fast_accumulation = fast_acc
+        self._register(layer)
+
+    def _register(self, layer):
+        """Holds `layer` (a QuantizedLinear) under a new handle, the custom op's reference to it,
+        released with this module."""
         self._layer = layer
         self._handle = next(_HANDLES)
         _LAYERS[self._handle] = layer

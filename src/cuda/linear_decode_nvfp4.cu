@@ -7,8 +7,8 @@
 // runs of 64-column steps. Per step a lane (gid, tid4) owns the 16 columns of NVFP4 block
 // 4 step + tid4 of weight rows gid and gid + 8 (8 code bytes and one scale each): it turns them
 // into f16 values four codes at a time (e2m1x4_f16x2, session 18: 12-13 % faster than two at a
-// time), scales them by the block scale (e2m1 x e4m3 is exact in f16) and feeds four mma.sync m16n8k16 (f16 in, fp32
-// sums), the weights as A (16 rows), the activation rows (X16: the rotation's NVFP4 codes
+// time), scales them by the block scale (e2m1 x e4m3 is exact in f16) and feeds four mma.sync
+// m16n8k16 (f16 in, fp32 sums), the weights as A (16 rows), the activation rows (X16: the rotation's NVFP4 codes
 // dequantized to f16, exact) as B (n8 tiles of tokens). An mma's 16 k slots are the lanes' own
 // columns (lane tid4 gives slots 2 tid4, 2 tid4 + 1, 2 tid4 + 8, 2 tid4 + 9 of A and B alike),
 // so each sums 16 distinct columns whatever block they come from. The warps' sums meet in shared
@@ -56,6 +56,19 @@ __device__ __forceinline__ __half2 e4m3_half2(uint8_t c) {
   return __half2half2(h);
 }
 
+// mma j of a step (columns 4 j .. 4 j + 3 of the lane's 16, k slots 2 tid4 .. of A and B alike):
+// the weights' fragment `a` against each n8 token tile's activation pairs 2 j and 2 j + 1.
+template <int NT>
+__device__ __forceinline__ void mma_tokens(float (&acc)[NT][4], const uint32_t (&a)[4],
+                                           const uint4 (&x)[NT][2], int j) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint32_t xw[8] = {x[nt][0].x, x[nt][0].y, x[nt][0].z, x[nt][0].w,
+                            x[nt][1].x, x[nt][1].y, x[nt][1].z, x[nt][1].w};
+    ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
+  }
+}
+
 // One 64-column step of a lane: c0 / c1 the 8 code bytes of weight rows gid / gid + 8, sc0 / sc1
 // their block scales, x the lane's 16 activation values of each n8 token tile. Four codes at a
 // time to f16 (one 16-entry lookup), scaled (e2m1 x e4m3 is exact in f16), then four mma.sync.
@@ -72,12 +85,7 @@ __device__ __forceinline__ void step_mma(float (&acc)[NT][4], uint2 c0, uint2 c1
     e2m1x4_f16x2(p1, &h1a, &h1b);
     const uint32_t a[4] = {hmul2_bits(h0a, sc0), hmul2_bits(h1a, sc1), hmul2_bits(h0b, sc0),
                            hmul2_bits(h1b, sc1)};
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const uint32_t xw[8] = {x[nt][0].x, x[nt][0].y, x[nt][0].z, x[nt][0].w,
-                              x[nt][1].x, x[nt][1].y, x[nt][1].z, x[nt][1].w};
-      ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
-    }
+    mma_tokens<NT>(acc, a, x, j);
   }
 }
 
@@ -109,13 +117,7 @@ __device__ __forceinline__ void step_mma_cvt(float (&acc)[NT][4], uint2 c0, uint
                              hmul2_bits(e4m3x2_f16x2(r1 & 0xffffu), sc1),
                              hmul2_bits(e4m3x2_f16x2(r0 >> 16), sc0),
                              hmul2_bits(e4m3x2_f16x2(r1 >> 16), sc1)};
-      const int j = 2 * w + h;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t xw[8] = {x[nt][0].x, x[nt][0].y, x[nt][0].z, x[nt][0].w,
-                                x[nt][1].x, x[nt][1].y, x[nt][1].z, x[nt][1].w};
-        ptx::mma_f16(acc[nt], a, xw[2 * j], xw[2 * j + 1]);
-      }
+      mma_tokens<NT>(acc, a, x, 2 * w + h);
     }
   }
 }
@@ -358,8 +360,6 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p) {
     return false;
   // 8-byte code loads (row stride K / 2, a multiple of 32), 16-byte activation loads.
   if (!aligned(p.w_codes, 8) || !aligned(p.x16, 16)) return false;
-  // The cp.async ring (slots > 0): 16-byte code copies, 4-byte scale copies (row stride K / 16, a
-  // multiple of 4); decode_nvfp4 takes the register ring where they do not align.
   // The device runs the kernel: compute capability 8.9+ and an image of it for the device (per
   // device, once).
   static std::mutex mu;
@@ -382,6 +382,8 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p) {
   return it->second;
 }
 
+// The cp.async ring: 16-byte code copies, 4-byte scale copies (row stride K / 16, a multiple of
+// 4); decode_nvfp4 takes the register ring where they do not align.
 bool decode_nvfp4_ring_applies(const Nvfp4DecodeParams& p) {
   return aligned(p.w_codes, 16) && aligned(p.w_scales, 4);
 }

@@ -407,10 +407,15 @@ void launch_reg_typed(const RotateQuantParams& p, cudaStream_t stream) {
   check_launch("rotate_quantize");
 }
 
+// Whether the register kernel runs p (the only one that writes x16 itself).
+bool reg_kernel_applies(const RotateQuantParams& p) {
+  return !p.legacy_kernel && p.K / 16 <= kRegMaxThreads &&
+         reinterpret_cast<uintptr_t>(p.x16) % 16 == 0;
+}
+
 template <typename T>
 void launch_typed(const RotateQuantParams& p, cudaStream_t stream) {
-  if (!p.legacy_kernel && p.K / 16 <= kRegMaxThreads &&
-      (!p.x16 || reinterpret_cast<uintptr_t>(p.x16) % 16 == 0)) {
+  if (reg_kernel_applies(p)) {
     launch_reg_typed<T>(p, stream);
     return;
   }
@@ -456,9 +461,8 @@ void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream) {
               "rotate_quantize", "x16",
               "expected only with nvfp4 codes of row stride K / 2 = " + std::to_string(p.K / 2) +
                   ", got row stride " + std::to_string(p.codes_row_stride));
-  check::that(!p.x16_permuted || (p.x16 && !p.legacy_kernel && p.K <= rotate_quantize_reg_max_k() &&
-                                  reinterpret_cast<uintptr_t>(p.x16) % 16 == 0),
-              "rotate_quantize", "x16_permuted",
+  check::that(!p.x16_permuted || (p.x16 && reg_kernel_applies(p)), "rotate_quantize",
+              "x16_permuted",
               "expected with a 16-byte aligned x16 and K <= " +
                   std::to_string(rotate_quantize_reg_max_k()) + " (the register kernel), got K " +
                   std::to_string(p.K));
@@ -473,9 +477,7 @@ void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream) {
       launch_typed<float>(p, stream);
   }
   // x16 where the register kernel did not run (the legacy kernel, a misaligned x16).
-  const bool reg = !p.legacy_kernel && p.K / 16 <= kRegMaxThreads &&
-                   reinterpret_cast<uintptr_t>(p.x16) % 16 == 0;
-  if (p.fmt == ActFormat::nvfp4 && p.x16 && !reg)
+  if (p.fmt == ActFormat::nvfp4 && p.x16 && !reg_kernel_applies(p))
     dequant_nvfp4_16(static_cast<const uint8_t*>(p.codes), p.block_scales, p.M, p.K, p.x16,
                      DType::f16, stream);
 }

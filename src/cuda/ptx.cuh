@@ -221,12 +221,9 @@ __device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
-// 4 bytes global -> shared by cp.async (through L1; 4-byte aligned on both sides).
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-// cp_async16 (BYTES 16, through L2 only) / cp_async4 (BYTES 4, through L1) issued only where
-// `on` (a predicated instruction, no branch).
+// 16 bytes through L2 only (BYTES 16, as cp_async16) or 4 bytes through L1 (BYTES 4; 4-byte
+// aligned on both sides) global -> shared by cp.async, issued only where `on` (a predicated
+// instruction, no branch).
 template <int BYTES>
 __device__ __forceinline__ void cp_async_if(uint32_t dst, const void* src, bool on) {
   static_assert(BYTES == 16 || BYTES == 4, "cp.async.cg copies 16 bytes; .ca 4 here");
