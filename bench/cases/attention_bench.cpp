@@ -105,6 +105,7 @@ struct Family {
   std::string prefix;  // of the kernel and one-call rows' names ("D256 ")
   bool d256;           // D = 256: one V quantization row, the mma.sync baseline row; else the
                        // V-mean row and the one call in pieces
+  bool cuda_only = false;  // no CPU row (the family's point is the GPU's waves)
 };
 
 class AttentionBench : public BenchCase {
@@ -116,7 +117,7 @@ class AttentionBench : public BenchCase {
     std::vector<Shape> shapes;
     if (env.device == Device::cuda) {
       shapes = env.quick ? f_.cuda_quick : f_.cuda;
-    } else {
+    } else if (!f_.cuda_only) {
       shapes = {{1, 2, env.quick ? 64 : 128, f_.cpu_d}};  // the CPU oracle: a tiny shape
     }
     const std::string& pre = f_.prefix;
@@ -429,6 +430,17 @@ LOWBIT_BENCH_CASES(attention_bench_cases) {
              11,
              "",
              false}));
+  // Session 20: the kernel's fixed cost per CTA at Flux's size (fp8 P·V 630 TOPS at (1, 24, 4608,
+  // 128) against ~790 at the shapes). 128-row CTAs, one per SM: (1, 22, 4608, 128) and
+  // (1, 11, 9216, 128) are 792 CTAs = 6 full waves on 132 SMs with 36 and 72 key tiles per CTA,
+  // so time = 6 (a + tiles b) splits the per-CTA cost a from the per-tile cost b; (1, 24, 4608,
+  // 128) (864 CTAs, 6.55 waves) is Flux's.
+  {
+    Family w{"attention.waves", {{1, 22, 4608, 128}, {1, 11, 9216, 128}}, {{1, 22, 4608, 128}},
+             128, 31, "", false};
+    w.cuda_only = true;
+    cases.push_back(std::make_unique<AttentionBench>(w));
+  }
   cases.push_back(std::make_unique<AttentionBench>(
       Family{"attention.d256",
              {{1, 24, 4096, 256}, {1, 24, 16384, 256}},

@@ -504,11 +504,12 @@ void launch_attention(const AttnParams& p, int B, Context& ctx) {
 // ---- V to fp8 ----------------------------------------------------------------------------------
 
 // V quantization is memory-bound: each pass below reads V once with 16-byte loads (8 channels of
-// one token per thread) over many CTAs. Thread mapping of a 256-thread block: channel group
-// cg = (tid / 16) % (D / 8) (channels 8 cg .. 8 cg + 7), token tid % 16 + 16 (tid / (2 D)), so
-// the 16 lanes of a half-warp share channels (shuffle reductions) and a block covers
-// kKeysPerPass = 2048 / D tokens per pass. D = 256 (32 channel groups): 8 lanes share channels
-// (VLanes<D>), token tid % 8, 8 tokens per pass.
+// one token per thread), every load of a thread issued before its arithmetic.
+//
+// The mean pass (v_sum_kernel, 256 threads): channel group cg = (tid / 16) % (D / 8) (channels
+// 8 cg .. 8 cg + 7), token tid % 16 + 16 (tid / (2 D)), so the 16 lanes of a half-warp share
+// channels (shuffle reductions) and a block covers kKeysPerPass = 2048 / D tokens per pass. D =
+// 256 (32 channel groups): 8 lanes share channels (VLanes<D>), token tid % 8, 8 tokens per pass.
 template <int D>
 struct VLanes {
   static constexpr int kGroups = D / 8;
@@ -517,57 +518,56 @@ struct VLanes {
   __device__ static int group(int tid) { return (tid / kLanes) % kGroups; }
   __device__ static int key(int tid) { return tid % kLanes + kLanes * (tid / (kLanes * kGroups)); }
 };
+// Eight 16-bit elements at p as one 16-byte word (one load when vec, else eight).
+template <typename T>
+__device__ __forceinline__ uint4 load_raw8(const T* p, bool vec) {
+  if (vec) return *reinterpret_cast<const uint4*>(p);
+  uint4 u;
+  T* e = reinterpret_cast<T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = p[i];
+  return u;
+}
+template <typename T>
+__device__ __forceinline__ float elem8(const uint4& u, int i) {
+  return to_f32(reinterpret_cast<const T*>(&u)[i]);
+}
 template <typename T>
 __device__ __forceinline__ void load8(const T* p, bool vec, float (&x)[8]) {
-  if (vec) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const T* e = reinterpret_cast<const T*>(&u);
+  const uint4 u = load_raw8(p, vec);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = to_f32(e[i]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = to_f32(p[i]);
-  }
+  for (int i = 0; i < 8; ++i) x[i] = elem8<T>(u, i);
 }
 
-constexpr int kVChunk = 512;  // tokens per CTA of the reduction passes
+constexpr int kVChunk = 512;  // tokens per CTA of the mean pass
 
-// One chunk of kVChunk tokens of one (batch, head) (grid x = B*H, y = chunk). kSum: per-channel
-// partial sums written to partial[(chunk * B*H + bh) * D + d] (fixed order: each thread in token
-// order, then the half-warp tree, then the token groups in order: deterministic); else the
-// per-channel max |v - mean| (mean may be null) merged by atomicMax on the non-negative fp32 bits
-// of amax_bits (order-free, so deterministic and equal to the CPU's maximum).
-template <typename T, int D, bool kSum>
-__global__ void __launch_bounds__(256) v_reduce_kernel(const T* v, int64_t sb, int64_t sn,
-                                                       int64_t sh, int N, int H, bool vec,
-                                                       const float* mean, unsigned* amax_bits,
-                                                       float* partial) {
+// One chunk of kVChunk tokens of one (batch, head) (grid x = B*H, y = chunk): per-channel partial
+// sums written to partial[(chunk * B*H + bh) * D + d] (fixed order: each thread in token order,
+// then the half-warp tree, then the token groups in order: deterministic).
+template <typename T, int D>
+__global__ void __launch_bounds__(256) v_sum_kernel(const T* v, int64_t sb, int64_t sn,
+                                                    int64_t sh, int N, int H, bool vec,
+                                                    float* partial) {
   constexpr int kGroups = D / 8, kKeysPerPass = 256 / kGroups, kLanes = VLanes<D>::kLanes;
   __shared__ float red[256 / kLanes][8];
   const int bh = blockIdx.x, b = bh / H, h = bh % H, chunk = blockIdx.y, tid = threadIdx.x;
   const int cg = VLanes<D>::group(tid), kl = VLanes<D>::key(tid);
   const T* base = v + b * sb + h * sh + cg * 8;
-  float mu[8], acc[8];
+  float acc[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    mu[i] = !kSum && mean ? mean[static_cast<int64_t>(bh) * D + cg * 8 + i] : 0.f;
-    acc[i] = 0.f;
-  }
+  for (int i = 0; i < 8; ++i) acc[i] = 0.f;
   const int n0 = chunk * kVChunk, n1 = min(N, n0 + kVChunk);
 #pragma unroll 4
   for (int n = n0 + kl; n < n1; n += kKeysPerPass) {
     float x[8];
     load8(base + n * sn, vec, x);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = kSum ? acc[i] + x[i] : fmaxf(acc[i], fabsf(x[i] - mu[i]));
+    for (int i = 0; i < 8; ++i) acc[i] += x[i];
   }
 #pragma unroll
   for (int off = 1; off < kLanes; off *= 2)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float o = __shfl_xor_sync(0xffffffffu, acc[i], off);
-      acc[i] = kSum ? acc[i] + o : fmaxf(acc[i], o);
-    }
+    for (int i = 0; i < 8; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], off);
   if (tid % kLanes == 0)
 #pragma unroll
     for (int i = 0; i < 8; ++i) red[tid / kLanes][i] = acc[i];
@@ -575,12 +575,8 @@ __global__ void __launch_bounds__(256) v_reduce_kernel(const T* v, int64_t sb, i
   if (tid < D) {
     const int c = tid / 8, i = tid % 8;
     float r = 0.f;
-    for (int kg = 0; kg < kKeysPerPass / kLanes; ++kg)
-      r = kSum ? r + red[kg * kGroups + c][i] : fmaxf(r, red[kg * kGroups + c][i]);
-    if (kSum)
-      partial[(static_cast<int64_t>(chunk) * gridDim.x + bh) * D + tid] = r;
-    else
-      atomicMax(amax_bits + static_cast<int64_t>(bh) * D + tid, __float_as_uint(r));
+    for (int kg = 0; kg < kKeysPerPass / kLanes; ++kg) r += red[kg * kGroups + c][i];
+    partial[(static_cast<int64_t>(chunk) * gridDim.x + bh) * D + tid] = r;
   }
 }
 
@@ -593,9 +589,62 @@ __global__ void v_mean_finish(const float* partial, int chunks, int64_t n, int N
   mean[i] = N > 0 ? total / static_cast<float>(N) : 0.f;
 }
 
-__global__ void v_scale_from_amax(float* scale, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) scale[i] = __uint_as_float(reinterpret_cast<const unsigned*>(scale)[i]) / 448.f;
+// Tokens per CTA of the scale pass: 8 rows of 256 / (D / 8) tokens (8 loads per thread in flight).
+template <int D>
+constexpr int v_amax_tokens() {
+  return 8 * (256 / (D / 8));
+}
+
+// The scale pass (grid x = B*H, y = chunk of v_amax_tokens<D>() tokens; 256 threads: channel
+// group cg = tid % (D / 8), token rows tid / (D / 8) + i 256 / (D / 8), so a warp reads whole
+// tokens): the chunk's per-channel max |v - mean| (mean may be null; tokens past N count 0, NaN is
+// ignored as std::max and fmaxf do), divided by 448 and merged into scale_bits (zeroed before) by
+// atomicMax on the non-negative fp32 bits. RN(a / 448) is nondecreasing in a, so the maximum of
+// the chunks' RN(a_c / 448) is RN(max a / 448): the CPU's scale, in any order.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) v_amax_kernel(const T* v, int64_t sb, int64_t sn,
+                                                     int64_t sh, int N, int H, bool vec,
+                                                     const float* mean, unsigned* scale_bits) {
+  constexpr int kGroups = D / 8, kRows = 256 / kGroups, kPasses = 8;
+  static_assert(v_amax_tokens<D>() == kPasses * kRows, "scale pass chunk");
+  __shared__ float red[8][D];
+  const int bh = blockIdx.x, b = bh / H, h = bh % H, tid = threadIdx.x;
+  const int cg = tid % kGroups, lane = tid % 32, warp = tid / 32;
+  const int n0 = static_cast<int>(blockIdx.y) * v_amax_tokens<D>() + tid / kGroups;
+  const T* base = v + b * sb + h * sh + cg * 8;
+  uint4 u[kPasses];
+#pragma unroll
+  for (int ps = 0; ps < kPasses; ++ps) {
+    const int n = n0 + ps * kRows;
+    u[ps] = n < N ? load_raw8(base + static_cast<int64_t>(n) * sn, vec) : make_uint4(0, 0, 0, 0);
+  }
+  float mu[8], acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    mu[i] = mean ? mean[static_cast<int64_t>(bh) * D + cg * 8 + i] : 0.f;
+    acc[i] = 0.f;
+  }
+#pragma unroll
+  for (int ps = 0; ps < kPasses; ++ps) {
+    const bool in = n0 + ps * kRows < N;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      acc[i] = fmaxf(acc[i], in ? fabsf(elem8<T>(u[ps], i) - mu[i]) : 0.f);
+  }
+#pragma unroll
+  for (int off = kGroups; off < 32; off *= 2)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = fmaxf(acc[i], __shfl_xor_sync(0xffffffffu, acc[i], off));
+  if (lane < kGroups)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) red[warp][cg * 8 + i] = acc[i];
+  __syncthreads();
+  if (tid < D) {
+    float m = red[0][tid];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) m = fmaxf(m, red[w][tid]);
+    atomicMax(scale_bits + static_cast<int64_t>(bh) * D + tid, __float_as_uint(m / 448.f));
+  }
 }
 
 // Position of key r (0..63) of a 64-key tile in quantize_v_fp8's layout: within each 32-key
@@ -605,74 +654,70 @@ __device__ __forceinline__ int v_key_pos(int key) {
   return key - r + 16 * (r / 16) + 4 * ((w % 8) / 2) + (w / 8) * 2 + (w % 2);
 }
 
-// One block per 64 keys of one (batch, head), 256 threads, the reduction passes' thread mapping
-// (16-byte loads of 8 channels of one token; every load issued before any store): codes
-// transposed to (D, npad) through shared memory (rows 68 bytes apart: the byte stores of a
-// half-warp hit distinct banks), then 32-bit coalesced stores. Same arithmetic as
-// v_quant_kernel below (the fallback for an output not 4-byte aligned).
+// The codes pass: one CTA per 64 keys of one (batch, head), 2 D threads. Thread (channel group
+// cg = tid / 16, quad kq = tid % 16) quantizes channels 8 cg .. 8 cg + 7 of the four keys that
+// fill output bytes 4 kq .. 4 kq + 3 of the tile (keys 32 (kq / 8) + 16 ((kq / 4) % 2) +
+// 2 (kq % 4) + {0, 1, 8, 9}: the layout's positions 16 h + 4 t + i), so a channel's four codes
+// are one 32-bit word and the 16 quads of a channel group store its 64 bytes coalesced: no
+// shared-memory transpose. code = e4m3(RN((x - mean) / scale)) as the CPU: the reciprocal and two
+// corrections (div_rn, bit-equal to IEEE division for these scales; a zero quotient's sign
+// restored) when all eight scales allow it, else IEEE division; the hardware conversion rounds
+// as dt::f32_to_e4m3, NaN -> 0x7f whatever its sign; code 0 for padding keys and zero scales.
+// (Session 20: the previous 256-thread kernel with byte transposes through shared memory and a
+// per-element division branch took 30.7 us at (1, 4608, 24, 128), 21 % of DRAM bandwidth.)
 template <typename T, int D>
-__global__ void __launch_bounds__(256) v_quant_vec_kernel(const T* v, int64_t sb, int64_t sn,
-                                                          int64_t sh, int N, int H, int64_t npad,
-                                                          bool vec, const float* scale,
-                                                          const float* mean, uint8_t* out) {
-  constexpr int kGroups = D / 8, kKeysPerPass = 256 / kGroups, kPasses = kKvTile / kKeysPerPass;
-  constexpr int kStride = kKvTile + 4;
-  __shared__ __align__(16) uint8_t codes[D * kStride];
+__global__ void __launch_bounds__(2 * D) v_quant_quad_kernel(const T* v, int64_t sb, int64_t sn,
+                                                             int64_t sh, int N, int H,
+                                                             int64_t npad, bool vec,
+                                                             const float* scale,
+                                                             const float* mean, uint8_t* out) {
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int kq = tid % 16, cg = tid / 16;
   const int64_t bh = static_cast<int64_t>(b) * H + h;
-  const int cg = VLanes<D>::group(tid), kl = VLanes<D>::key(tid);
-  float sc[8], mu[8], rc[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    sc[i] = scale[bh * D + cg * 8 + i];
-    mu[i] = mean ? mean[bh * D + cg * 8 + i] : 0.f;
-    rc[i] = __frcp_rn(sc[i]);
-  }
+  const int key0 = tile * kKvTile + 32 * (kq / 8) + 16 * ((kq / 4) % 2) + 2 * (kq % 4);
   const T* base = v + b * sb + h * sh + cg * 8;
-  float x[kPasses][8];
+  uint4 u[4];
+  uint32_t kmask = 0;  // 0xff in the bytes of keys < N
 #pragma unroll
-  for (int ps = 0; ps < kPasses; ++ps) {
-    const int64_t n = static_cast<int64_t>(tile) * kKvTile + ps * kKeysPerPass + kl;
-    if (n < N) {
-      load8(base + n * sn, vec, x[ps]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[ps][i] = 0.f;
-    }
+  for (int i = 0; i < 4; ++i) {
+    const int n = key0 + 8 * (i / 2) + i % 2;
+    const bool in = n < N;
+    u[i] = in ? load_raw8(base + static_cast<int64_t>(n) * sn, vec) : make_uint4(0, 0, 0, 0);
+    kmask |= in ? 0xffu << (8 * i) : 0u;
   }
+  float sc[8], mu[8], rc[8];
+  bool fast = true;
 #pragma unroll
-  for (int ps = 0; ps < kPasses; ++ps) {
-    const int key = ps * kKeysPerPass + kl;
-    const bool in = static_cast<int64_t>(tile) * kKvTile + key < N;
-    const int pos = v_key_pos(key);
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = scale[bh * D + cg * 8 + j];
+    mu[j] = mean ? mean[bh * D + cg * 8 + j] : 0.f;
+    rc[j] = __frcp_rn(sc[j]);
+    fast = fast && div_rn_applies(sc[j]);
+  }
+  uint8_t* o = out + (bh * D + cg * 8) * npad + static_cast<int64_t>(tile) * kKvTile + 4 * kq;
+  auto codes = [&](auto fast_c) {
 #pragma unroll
-    for (int i = 0; i < 8; i += 2) {
-      // code = e4m3(RN((x - mean) / scale)): the reciprocal + two corrections (div_rn, bit-equal
-      // to IEEE division for these scales; the sign of a zero quotient restored), IEEE division
-      // for a scale outside its range; the hardware conversion rounds as dt::f32_to_e4m3.
-      float z[2];
+    for (int j = 0; j < 8; ++j) {
+      float z[4];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float xi = x[ps][i + e] - mu[i + e];
-        z[e] = div_rn_applies(sc[i + e]) ? copysignf(div_rn(xi, sc[i + e], rc[i + e]), xi)
-                                         : __fdiv_rn(xi, sc[i + e]);
+      for (int i = 0; i < 4; ++i) {
+        const float xi = elem8<T>(u[i], j) - mu[j];
+        if constexpr (decltype(fast_c)::value)
+          z[i] = copysignf(div_rn(xi, sc[j], rc[j]), xi);
+        else
+          z[i] = __fdiv_rn(xi, sc[j]);
       }
-      uint32_t c2 = e4m3x2(z[0], z[1]);
-      if (z[0] != z[0]) c2 = (c2 & 0xff00u) | 0x7fu;  // NaN: 0x7f whatever its sign, as the CPU
-      if (z[1] != z[1]) c2 = (c2 & 0x00ffu) | 0x7f00u;
-      codes[(cg * 8 + i) * kStride + pos] = in && sc[i] > 0.f ? uint8_t(c2) : uint8_t{0};
-      codes[(cg * 8 + i + 1) * kStride + pos] =
-          in && sc[i + 1] > 0.f ? uint8_t(c2 >> 8) : uint8_t{0};
+      uint32_t w = e4m3x2(z[0], z[1]) | (e4m3x2(z[2], z[3]) << 16);
+      // NaN codes (0x7f / 0xff: satfinite gives no other code whose 7 low bits are all set) lose
+      // their sign bit: the byte's low 7 bits + 1 carry into bit 7 exactly for them.
+      w &= ~(((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u);
+      *reinterpret_cast<uint32_t*>(o + j * npad) = sc[j] > 0.f ? w & kmask : 0u;
     }
-  }
-  __syncthreads();
-  uint8_t* o = out + bh * D * npad + static_cast<int64_t>(tile) * kKvTile;
-#pragma unroll
-  for (int w = tid; w < D * (kKvTile / 4); w += 256) {
-    const int d = w / (kKvTile / 4), word = w % (kKvTile / 4);
-    *reinterpret_cast<uint32_t*>(o + d * npad + word * 4) =
-        *reinterpret_cast<const uint32_t*>(codes + d * kStride + word * 4);
-  }
+  };
+  if (fast)
+    codes(std::true_type{});
+  else
+    codes(std::false_type{});
 }
 
 // One block per 64 keys of one (batch, head): codes transposed to (D, npad), keys in fragment
@@ -912,28 +957,28 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
         float* partial = reinterpret_cast<float*>(
             (reinterpret_cast<uintptr_t>(v_fp8.data) + 3) & ~uintptr_t{3});
         if (chunks > 0) {
-          v_reduce_kernel<T, Dv, true><<<dim3(B * H, chunks), 256, 0, stream>>>(
-              vp, v.stride[0], v.stride[1], v.stride[2], N, H, vec, nullptr, nullptr, partial);
+          v_sum_kernel<T, Dv><<<dim3(B * H, chunks), 256, 0, stream>>>(
+              vp, v.stride[0], v.stride[1], v.stride[2], N, H, vec, partial);
           check_launch(op);
         }
         v_mean_finish<<<ceil_div(n, 256), 256, 0, stream>>>(partial, static_cast<int>(chunks), n,
                                                            N, mean);
         check_launch(op);
       }
+      // The scales: zero, then each chunk's RN(max |v - mean| / 448) merged by atomicMax.
       check_cuda(cudaMemsetAsync(v_scale.data, 0, static_cast<size_t>(n) * 4, stream), op,
                  "v_scale");
-      if (chunks > 0) {
-        v_reduce_kernel<T, Dv, false><<<dim3(B * H, chunks), 256, 0, stream>>>(
-            vp, v.stride[0], v.stride[1], v.stride[2], N, H, vec, mean, v_scale.ptr<unsigned>(),
-            nullptr);
+      const unsigned amax_chunks =
+          static_cast<unsigned>((N + v_amax_tokens<Dv>() - 1) / v_amax_tokens<Dv>());
+      if (amax_chunks > 0) {
+        v_amax_kernel<T, Dv><<<dim3(B * H, amax_chunks), 256, 0, stream>>>(
+            vp, v.stride[0], v.stride[1], v.stride[2], N, H, vec, mean, v_scale.ptr<unsigned>());
         check_launch(op);
       }
-      v_scale_from_amax<<<ceil_div(n, 256), 256, 0, stream>>>(v_scale.ptr<float>(), n);
-      check_launch(op);
       if (npad == 0) return;
       const dim3 grid(static_cast<unsigned>(npad / kKvTile), H, B);
       if (reinterpret_cast<uintptr_t>(v_fp8.data) % 4 == 0) {
-        v_quant_vec_kernel<T, Dv><<<grid, 256, 0, stream>>>(
+        v_quant_quad_kernel<T, Dv><<<grid, 2 * Dv, 0, stream>>>(
             vp, v.stride[0], v.stride[1], v.stride[2], N, H, npad, vec, v_scale.ptr<const float>(),
             mean, v_fp8.ptr<uint8_t>());
       } else {
