@@ -252,25 +252,35 @@ constexpr int kSlot = kSlotCodes + kSlotScales;
 // XAHEAD: the lane's activation values of step s + 1 are loaded while step s multiplies (0, the
 // default: at the step; measured faster once unrolled, DecodeTilesTuning::nvfp4_gemv_x_ahead).
 // CVT: step_mma_cvt (the codes through e4m3; x16 permuted) instead of step_mma.
-template <int NT, int DEPTH, int XAHEAD, int CVT = 0>
+// TILES (session 20, with CVT): 16-row weight tiles per CTA, each warp multiplying the same step's
+// activation values against every tile (a slot holds the step of each tile), so that the
+// activation rows are read from L2 once per TILES tiles (at M 16 a warp-step reads 2 KB of them
+// against 576 weight bytes per tile).
+template <int NT, int DEPTH, int XAHEAD, int CVT = 0, int TILES = 1>
 __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  __shared__ __align__(16) uint8_t ring[kWarps][DEPTH][kSlot];
+  static_assert(TILES == 1 || (CVT && !XAHEAD), "tiles: the e4m3 form, activations at the step");
+  __shared__ __align__(16) uint8_t ring[kWarps][DEPTH][TILES * kSlot];
   __shared__ float red[kWarps][16][16];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gid = lane >> 2, tid4 = lane & 3;
   const int64_t N = p.N, K = p.K;
   const int M = static_cast<int>(p.M);
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16 * TILES;
   const int steps = static_cast<int>(K / kStepCols);
   const int s_begin = warp * steps / kWarps, s_end = (warp + 1) * steps / kWarps;
 
   // Copy roles: lane L brings 16 code bytes of row L / 2 (half L % 2 of the step's 32) and, for
   // L < 16, the 4 scale bytes of row L. Rows past N read row N - 1 (their sums are never stored).
   const int nsteps = s_end - s_begin;
-  const uint8_t* csrc =
-      p.w_codes + min(n0 + (lane >> 1), N - 1) * (K / 2) + 16 * (lane & 1) + 32 * s_begin;
-  const uint8_t* ssrc = p.w_scales + min(n0 + (lane & 15), N - 1) * (K / 16) + 4 * s_begin;
+  const uint8_t* csrc[TILES];
+  const uint8_t* ssrc[TILES];
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+    csrc[t] = p.w_codes + min(n0 + 16 * t + (lane >> 1), N - 1) * (K / 2) + 16 * (lane & 1) +
+              32 * s_begin;
+    ssrc[t] = p.w_scales + min(n0 + 16 * t + (lane & 15), N - 1) * (K / 16) + 4 * s_begin;
+  }
   const uint32_t ring0 = ptx::smem_u32(&ring[warp][0][0]);
   const uint32_t cdst = ring0 + 16 * lane, sdst = ring0 + kSlotCodes + 4 * (lane & 15);
   const bool scale_lane = lane < 16;
@@ -278,8 +288,12 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4Decod
   // group per step, empty past the run (predicated copies, no branch).
   auto issue = [&](int s, int slot) {
     const bool on = s < nsteps;
-    ptx::cp_async_if<16>(cdst + slot * kSlot, csrc + 32 * s, on);
-    ptx::cp_async_if<4>(sdst + slot * kSlot, ssrc + 4 * s, on && scale_lane);
+#pragma unroll
+    for (int t = 0; t < TILES; ++t) {
+      const uint32_t at = (slot * TILES + t) * kSlot;
+      ptx::cp_async_if<16>(cdst + at, csrc[t] + 32 * s, on);
+      ptx::cp_async_if<4>(sdst + at, ssrc[t] + 4 * s, on && scale_lane);
+    }
     ptx::cp_async_commit();
   };
   // The weight bytes do not depend on the preceding kernels (programmatic dependent launch): the
@@ -302,11 +316,13 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4Decod
     }
   };
 
-  float acc[NT][4];
+  float acc[TILES][NT][4];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int t = 0; t < TILES; ++t)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) acc[nt][r] = 0.f;
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[t][nt][r] = 0.f;
 
   ptx::griddep_wait();
   // XAHEAD: two activation buffers, step s in xb[s % 2] (DEPTH is even: compile-time indices).
@@ -324,26 +340,36 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_nvfp4_smem_kernel(Nvfp4Decod
       const uint4(&x)[NT][2] = XAHEAD ? xb[u & 1] : xs;
       ptx::cp_async_wait<DEPTH - 1>();  // this lane's copies of step s have landed
       __syncwarp();                     // ... and every other lane's
-      const uint8_t* sl = ring_w + u * kSlot;
-      const uint2 c0 = *reinterpret_cast<const uint2*>(sl + 32 * gid + 8 * tid4);
-      const uint2 c1 = *reinterpret_cast<const uint2*>(sl + 32 * (gid + 8) + 8 * tid4);
-      __half2 sc0 = e4m3_half2(sl[kSlotCodes + 4 * gid + tid4]);
-      __half2 sc1 = e4m3_half2(sl[kSlotCodes + 4 * (gid + 8) + tid4]);
+      uint2 c0[TILES], c1[TILES];
+      __half2 sc0[TILES], sc1[TILES];
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) {
+        const uint8_t* sl = ring_w + (u * TILES + t) * kSlot;
+        c0[t] = *reinterpret_cast<const uint2*>(sl + 32 * gid + 8 * tid4);
+        c1[t] = *reinterpret_cast<const uint2*>(sl + 32 * (gid + 8) + 8 * tid4);
+        sc0[t] = e4m3_half2(sl[kSlotCodes + 4 * gid + tid4]);
+        sc1[t] = e4m3_half2(sl[kSlotCodes + 4 * (gid + 8) + tid4]);
+      }
       __syncwarp();  // every lane has read the slot before it is refilled
       issue(s + DEPTH, u);
 
-      if constexpr (CVT) {
-        const __half2 k64 = __float2half2_rn(64.f);
-        sc0 = __hmul2(sc0, k64);
-        sc1 = __hmul2(sc1, k64);
-        step_mma_cvt<NT>(acc, c0, c1, sc0, sc1, x);
-      } else {
-        step_mma<NT>(acc, c0, c1, sc0, sc1, x);
+#pragma unroll
+      for (int t = 0; t < TILES; ++t) {
+        if constexpr (CVT) {
+          const __half2 k64 = __float2half2_rn(64.f);
+          step_mma_cvt<NT>(acc[t], c0[t], c1[t], __hmul2(sc0[t], k64), __hmul2(sc1[t], k64), x);
+        } else {
+          step_mma<NT>(acc[t], c0[t], c1[t], sc0[t], sc1[t], x);
+        }
       }
     }
   }
   ptx::cp_async_wait<0>();  // the run's trailing groups are empty; nothing is left in flight
-  finish_tile<NT>(p, acc, red, n0);
+#pragma unroll
+  for (int t = 0; t < TILES; ++t) {
+    if (t > 0) __syncthreads();  // the previous tile's sums are read out of `red`
+    finish_tile<NT>(p, acc[t], red, n0 + 16 * t);
+  }
 #else
   __trap();  // launched on sm_89+ only (decode_nvfp4_applies)
 #endif
@@ -389,7 +415,7 @@ bool decode_nvfp4_ring_applies(const Nvfp4DecodeParams& p) {
 }
 
 void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth, int slots,
-                  bool x_ahead, bool cvt) {
+                  bool x_ahead, bool cvt, int tiles) {
   check::that(depth == 1 || depth == 4, "decode_nvfp4", "depth",
               "expected 1 or 4, got " + std::to_string(depth));
   check::that(slots == 0 || slots == 2 || slots == 4, "decode_nvfp4", "slots",
@@ -400,7 +426,13 @@ void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth, in
   const bool two = p.M > 8;
   check::that(!cvt || (slots == 4 && !x_ahead && decode_nvfp4_ring_applies(p)), "decode_nvfp4",
               "cvt", "expected the 4-slot ring (activations at the step, 16-byte aligned codes)");
-  if (cvt) {
+  check::that(tiles == 1 || (tiles == 2 && cvt), "decode_nvfp4", "tiles",
+              "expected 1, or 2 with the e4m3 form, got " + std::to_string(tiles));
+  if (cvt && tiles == 2) {
+    const dim3 grid2(static_cast<unsigned>((p.N + 31) / 32));
+    auto kernel = two ? gemv_nvfp4_smem_kernel<2, 4, 0, 1, 2> : gemv_nvfp4_smem_kernel<1, 4, 0, 1, 2>;
+    launch_maybe_pdl(true, kernel, grid2, block, 0, stream, p);
+  } else if (cvt) {
     two ? go(gemv_nvfp4_smem_kernel<2, 4, 0, 1>) : go(gemv_nvfp4_smem_kernel<1, 4, 0, 1>);
   } else if (slots > 0 && decode_nvfp4_ring_applies(p)) {
     if (slots == 2) {

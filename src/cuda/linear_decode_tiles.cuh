@@ -104,6 +104,15 @@ struct DecodeTilesTuning {
   // call 12, the whole layer at M 1 / 8 / 16: 23.3 / 25.3 / 31.9 us against 26.5 / 27.7 / 32.6,
   // the same output bits; 100 instead of 122 SASS instructions per step.
   bool nvfp4_gemv_cvt = true;
+  // ... with the e4m3 form at 8 < M <= 16 (two n8 token tiles), each CTA multiplies this many
+  // 16-row weight tiles (1 or 2) against every warp's activation loads (session 20: at M 16 a
+  // warp-step reads 2 KB of activations from L2 against 576 weight bytes per tile). H200
+  // session 20 (calls 8 and 9), the whole layer 16 x 5120 -> 13824: 29.2 / 29.0 us against 34.3 /
+  // 34.4 with one tile (1.29x / 1.37x cuBLASLt bf16 + bias in the same runs), the same bits.
+  int nvfp4_gemv_tiles16 = 2;
+  // ... the same at M <= 8 (one n8 token tile: 1 KB of activations per warp-step): 2 lost in
+  // call 9, 27.4 / 25.5 us at M 8 / 1 against 25.4 / 23.7 with one tile.
+  int nvfp4_gemv_tiles8 = 1;
   // Rotate kernel + GEMV (8 < M <= 16): clusters of this many CTAs (2 or 4; 0: off) copy the
   // activation rows as multicast bulk copies, each row read from L2 once per cluster; where no
   // cluster fits (or the 6-slot layout does not), the plain copy. H200 session 17, stream of 8

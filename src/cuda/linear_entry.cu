@@ -340,7 +340,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                                    a16.as<uint16_t>(), DType::f16, s);
         }
         linear::decode_nvfp4(d, s, t.nvfp4_gemv_depth > 0 ? t.nvfp4_gemv_depth : (M <= 8 ? 4 : 1),
-                             t.nvfp4_gemv_slots, t.nvfp4_gemv_x_ahead, cvt);
+                             t.nvfp4_gemv_slots, t.nvfp4_gemv_x_ahead, cvt,
+                             !cvt ? 1 : M > 8 ? t.nvfp4_gemv_tiles16 : t.nvfp4_gemv_tiles8);
         return;
       }
     }

@@ -265,9 +265,10 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p);
 // activation values while the current one multiplies (session 19).
 // cvt (session 19): the codes through e4m3 (step_mma_cvt), which reads x16 with each 8 columns
 // in the order 0, 2, 4, 6, 1, 3, 5, 7 (RotateQuantParams::x16_permuted); needs slots 4, x_ahead
-// off and decode_nvfp4_ring_applies.
+// off and decode_nvfp4_ring_applies. tiles (session 20; 1 or, with cvt, 2): 16-row weight tiles
+// per CTA sharing each warp's activation loads.
 void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth = 4, int slots = 4,
-                  bool x_ahead = false, bool cvt = false);
+                  bool x_ahead = false, bool cvt = false, int tiles = 1);
 // Whether the cp.async ring kernel takes p's pointers (16-byte aligned codes, 4-byte scales);
 // decode_nvfp4 runs the register ring where not.
 bool decode_nvfp4_ring_applies(const Nvfp4DecodeParams& p);

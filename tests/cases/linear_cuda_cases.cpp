@@ -462,9 +462,16 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
         {2, 48, 16448, DType::bf16, true}};
     cl::DecodeTilesTuning lut;
     lut.nvfp4_gemv_cvt = false;
+    // Session 20: one and two 16-row weight tiles per CTA (nvfp4_gemv_tiles16 / tiles8; the
+    // default: two at M > 8, one at M <= 8), the other count on each shape (N = 144, 272 and
+    // 1008: a last CTA with one tile past N).
+    cl::DecodeTilesTuning tt;
+    tt.nvfp4_gemv_tiles16 = 1;
+    tt.nvfp4_gemv_tiles8 = 2;
     for (const GemvShape& g : gemv_shapes) {
       add("nvfp4_gemv", def, QType::convrot4, g.m, g.o, g.k, g.a, g.bias);
       add("nvfp4_lut", lut, QType::convrot4, g.m, g.o, g.k, g.a, g.bias);
+      add("nvfp4_tiles", tt, QType::convrot4, g.m, g.o, g.k, g.a, g.bias);
     }
     cl::DecodeTilesTuning nog;
     nog.nvfp4_gemv_max_m = 0;
