@@ -74,7 +74,12 @@ def to_lowbit(t: Tensor, dtype: Optional[str] = None) -> "lowbit.Typed":
                             f"got {t.dtype}")
     if t.dtype in _FP8:
         t = t.view(torch.uint8)
-    return _lowbit.Typed(torch.utils.dlpack.to_dlpack(t), name)
+    return _lowbit.Typed(_to_dlpack(t), name)
+
+
+# torch's own capsule maker (what torch.utils.dlpack.to_dlpack wraps), called directly: a capsule
+# is made for every tensor argument of every call.
+_to_dlpack = getattr(torch._C, "_to_dlpack", None) or torch.utils.dlpack.to_dlpack
 
 
 def _opt(t: Optional[Tensor], dtype: Optional[str] = None):
@@ -106,6 +111,10 @@ def _run(fn: Callable, device: torch.device, *args, **kwargs):
 def _aligned_bytes(nbytes: int, device: torch.device, align: int = 256) -> Tensor:
     """A uint8 workspace of nbytes from torch's allocator, its data `align`-byte aligned (CUDA
     blocks are; CPU ones need the offset)."""
+    if device.type == "cuda":  # the caching allocator's blocks are 512-byte aligned
+        raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        if raw.data_ptr() % align == 0:
+            return raw
     raw = torch.empty(nbytes + align - 1, dtype=torch.uint8, device=device)
     off = (-raw.data_ptr()) % align
     return raw[off:off + nbytes]
@@ -122,6 +131,7 @@ def _module(family: str, what: str):
 _IMPL = {}  # op name -> its Python implementation (what the custom op runs)
 _EAGER_AUTOGRAD = {}  # op name -> a torch.autograd.Function with the op's autograd formula
 _PLAIN = (Tensor, torch.nn.Parameter)
+_SCALARS = (int, float, bool, str, torch.dtype)
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or \
     torch._dynamo.is_compiling
 
@@ -147,7 +157,12 @@ def _call(name: str, *args):
         grad = torch.is_grad_enabled()
         plain, needs_grad = True, False
         for a in args:
-            for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            ta = type(a)
+            if ta in _PLAIN:
+                needs_grad = needs_grad or (grad and a.requires_grad)
+            elif a is None or ta in _SCALARS:
+                continue
+            for t in (a if ta is list or ta is tuple else (a,)):
                 if isinstance(t, Tensor):
                     plain = plain and type(t) in _PLAIN
                     needs_grad = needs_grad or (grad and t.requires_grad)
@@ -260,6 +275,9 @@ def _attention_parts(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional
          pv=pv)
 
 
+_WORKSPACE_BYTES = {}  # attention_workspace_bytes by (q shape, k shape, pv, smooth_k, smooth_v)
+
+
 @_op("attention")
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float, causal: str,
                   pv: str, smooth_k: bool, smooth_v: bool, return_lse: bool, impl: str
@@ -279,7 +297,14 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
                     smooth_v=smooth_v)
         ws = None
         if hasattr(m, "attention_workspace_bytes"):
-            nbytes = max(1, m.attention_workspace_bytes(to_lowbit(qn), to_lowbit(kn), **opts))
+            # a function of the shapes and options alone (src/cpu/attention.cpp's Workspace)
+            key = (tuple(qn.shape), tuple(kn.shape), pv, smooth_k, smooth_v)
+            nbytes = _WORKSPACE_BYTES.get(key)
+            if nbytes is None:
+                nbytes = max(1, m.attention_workspace_bytes(to_lowbit(qn), to_lowbit(kn), **opts))
+                if len(_WORKSPACE_BYTES) >= 256:
+                    _WORKSPACE_BYTES.clear()
+                _WORKSPACE_BYTES[key] = nbytes
             ws = _aligned_bytes(nbytes, q.device)
         _run(m.attention, q.device, to_lowbit(qn), to_lowbit(kn), to_lowbit(vn), to_lowbit(on),
              lse=to_lowbit(lse) if return_lse else None, workspace=_opt(ws), **opts)
