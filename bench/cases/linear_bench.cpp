@@ -191,7 +191,8 @@ class LayerBench : public BenchCase {
                     [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_slots = 2; });
             variant("GEMV, next step's activations loaded ahead (nvfp4_gemv_x_ahead on)",
                     [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_x_ahead = true; });
-            variant("GEMV, one 16-row tile per CTA at M > 8 (nvfp4_gemv_tiles16 1: before session 20)",
+            variant("GEMV, one 16-row tile per CTA at M > 8 (nvfp4_gemv_tiles16 1: before "
+                    "session 20)",
                     [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_tiles16 = 1; });
             variant("GEMV, two 16-row tiles per CTA at M <= 8 (nvfp4_gemv_tiles8 2)",
                     [](cl::DecodeTilesTuning& d) { d.nvfp4_gemv_tiles8 = 2; });

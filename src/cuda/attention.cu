@@ -720,8 +720,9 @@ __global__ void __launch_bounds__(2 * D) v_quant_quad_kernel(const T* v, int64_t
     codes(std::false_type{});
 }
 
-// One block per 64 keys of one (batch, head): codes transposed to (D, npad), keys in fragment
-// order within each 32-key group.
+// The codes pass where v_fp8 is not 4-byte aligned: one block per 64 keys of one (batch, head),
+// codes transposed to (D, npad) through shared memory, keys in fragment order within each
+// 32-key group.
 template <typename T, int D>
 __global__ void v_quant_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H,
                                int64_t npad, const float* scale, const float* mean, uint8_t* out) {
@@ -737,10 +738,7 @@ __global__ void v_quant_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, i
       const float x = to_f32(v[b * sb + n * sn + h * sh + d]) - (mean ? mean[bh * D + d] : 0.f);
       c = s > 0.f ? dt::f32_to_e4m3(__fdiv_rn(x, s)) : 0;
     }
-    // key r of a 32-key group -> position 16*(r/16) + 4*t + i, r%16 = 8*(i/2) + 2*t + i%2
-    const int r = key % 32, w = r % 16;
-    const int pos = key - r + 16 * (r / 16) + 4 * ((w % 8) / 2) + (w / 8) * 2 + (w % 2);
-    codes[d][pos] = c;
+    codes[d][v_key_pos(key)] = c;
   }
   __syncthreads();
   uint8_t* o = out + bh * D * npad + static_cast<int64_t>(tile) * kKvTile;

@@ -430,7 +430,8 @@ void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth, in
               "expected 1, or 2 with the e4m3 form, got " + std::to_string(tiles));
   if (cvt && tiles == 2) {
     const dim3 grid2(static_cast<unsigned>((p.N + 31) / 32));
-    auto kernel = two ? gemv_nvfp4_smem_kernel<2, 4, 0, 1, 2> : gemv_nvfp4_smem_kernel<1, 4, 0, 1, 2>;
+    auto kernel =
+        two ? gemv_nvfp4_smem_kernel<2, 4, 0, 1, 2> : gemv_nvfp4_smem_kernel<1, 4, 0, 1, 2>;
     launch_maybe_pdl(true, kernel, grid2, block, 0, stream, p);
   } else if (cvt) {
     two ? go(gemv_nvfp4_smem_kernel<2, 4, 0, 1>) : go(gemv_nvfp4_smem_kernel<1, 4, 0, 1>);
