@@ -5,6 +5,7 @@
 // exactly 0 / -inf.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -214,13 +215,16 @@ class Int8AttentionCase : public Case {
 // GPU sums the tokens in another order, so a code may move by one.
 class QuantizeVCase : public Case {
  public:
+  // specials: +-inf and NaN in some channels (no mean): scales of inf, codes 0 / -0 for finite
+  // values over an infinite scale, 0x7f for NaN quotients (inf / inf, NaN / s), NaN ignored by
+  // the maximum.
   QuantizeVCase(int64_t B, int64_t N, int64_t H, int64_t D, DType dt, bool mean,
-                bool hnd = false)
-      : B_(B), N_(N), H_(H), D_(D), dt_(dt), mean_(mean), hnd_(hnd) {}
+                bool hnd = false, bool specials = false)
+      : B_(B), N_(N), H_(H), D_(D), dt_(dt), mean_(mean), hnd_(hnd), specials_(specials) {}
   std::string name() const override {
     return "attention.quantize_v_fp8.b" + std::to_string(B_) + ".n" + std::to_string(N_) + ".h" +
            std::to_string(H_) + ".d" + std::to_string(D_) + "." + dtype_name(dt_) +
-           (mean_ ? ".mean" : "") + (hnd_ ? ".hnd" : "");
+           (mean_ ? ".mean" : "") + (hnd_ ? ".hnd" : "") + (specials_ ? ".specials" : "");
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
     std::vector<HostTensor> in;
@@ -235,6 +239,18 @@ class QuantizeVCase : public Case {
       v.set((1 * H_) * D_ + 1, -0.f);  // batch 0, token 1, head 0, channel 1
       v.set((2 * H_) * D_ + 2, 0.f);
       v.set((2 * H_) * D_ + 3, -0.f);
+    }
+    if (specials_ && !mean_ && !hnd_ && N_ >= 3) {  // batch 0, head 0, channels 4..7
+      const float inf = std::numeric_limits<float>::infinity();
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      HostTensor& v = in[0];
+      auto at = [&](int64_t n, int64_t d) { return (n * H_) * D_ + d; };
+      v.set(at(1, 4), inf);        // channel 4: scale inf, the rest 0 / -0, this one NaN
+      v.set(at(2, 5), nan);        // channel 5: NaN ignored by the maximum, its code 0x7f
+      v.set(at(0, 6), -inf);       // channel 6: -inf and +inf
+      v.set(at(N_ - 1, 6), inf);
+      v.set(at(1, 7), nan);        // channel 7: NaN next to an inf
+      v.set(at(2, 7), -inf);
     }
     return in;
   }
@@ -251,6 +267,7 @@ class QuantizeVCase : public Case {
     sc.dtype = DType::f32;
     sc.shape = {B_, H_, D_};
     sc.tol = mean_ ? Tolerance::allclose(0, 1e-5) : Tolerance::bit_exact();
+    c.tol.allow_nonfinite = sc.tol.allow_nonfinite = specials_;  // NaN codes, infinite scales
     std::vector<OutputSpec> o = {c, sc};
     if (mean_) {
       OutputSpec m = sc;
@@ -271,6 +288,7 @@ class QuantizeVCase : public Case {
   DType dt_;
   bool mean_;
   bool hnd_;
+  bool specials_ = false;
 };
 
 // ---- one call -----------------------------------------------------------------------------------
@@ -689,6 +707,9 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   cases.push_back(std::make_unique<QuantizeVCase>(2, 1300, 3, 128, DType::bf16, true));
   cases.push_back(std::make_unique<QuantizeVCase>(1, 2000, 2, 64, DType::f16, true));
   cases.push_back(std::make_unique<QuantizeVCase>(1, 1537, 3, 128, DType::f16, false));
+  // Session 20: infinities and NaN (the codes pass's word form and the max pass's merge).
+  cases.push_back(std::make_unique<QuantizeVCase>(2, 127, 3, 128, DType::bf16, false, false, true));
+  cases.push_back(std::make_unique<QuantizeVCase>(1, 70, 2, 64, DType::f16, false, false, true));
   // One call.
   for (auto pv : {O::fp8, O::f16})
     for (auto c : {O::none, O::bottom_right}) {
