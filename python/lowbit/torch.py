@@ -120,6 +120,17 @@ def _aligned_bytes(nbytes: int, device: torch.device, align: int = 256) -> Tenso
     return raw[off:off + nbytes]
 
 
+def _cached(table: dict, key, make: Callable):
+    """table[key], made by make() on first use; the table is emptied when it reaches 256
+    entries (the host-side caches of per-shape values: a few shapes per model)."""
+    value = table.get(key)
+    if value is None:
+        if len(table) >= 256:
+            table.clear()
+        value = table[key] = make()
+    return value
+
+
 def _inner_contiguous(t: Tensor) -> Tensor:
     return t if t.dim() == 0 or t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
@@ -298,13 +309,10 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
         ws = None
         if hasattr(m, "attention_workspace_bytes"):
             # a function of the shapes and options alone (src/cpu/attention.cpp's Workspace)
-            key = (tuple(qn.shape), tuple(kn.shape), pv, smooth_k, smooth_v)
-            nbytes = _WORKSPACE_BYTES.get(key)
-            if nbytes is None:
-                nbytes = max(1, m.attention_workspace_bytes(to_lowbit(qn), to_lowbit(kn), **opts))
-                if len(_WORKSPACE_BYTES) >= 256:
-                    _WORKSPACE_BYTES.clear()
-                _WORKSPACE_BYTES[key] = nbytes
+            nbytes = _cached(_WORKSPACE_BYTES,
+                             (tuple(qn.shape), tuple(kn.shape), pv, smooth_k, smooth_v),
+                             lambda: max(1, m.attention_workspace_bytes(to_lowbit(qn),
+                                                                        to_lowbit(kn), **opts)))
             ws = _aligned_bytes(nbytes, q.device)
         _run(m.attention, q.device, to_lowbit(qn), to_lowbit(kn), to_lowbit(vn), to_lowbit(on),
              lse=to_lowbit(lse) if return_lse else None, workspace=_opt(ws), **opts)
@@ -1073,13 +1081,7 @@ def _decode_plan(m, dev, cache, k, block_tables, page_size, fmt, n_groups, b, mq
     in the key, so a decode step's layers skip the call and a cache view after the first."""
     key = (dev, fmt, n_groups, tuple(k.shape), k.dtype, b, mq, hq, d, int(page_size),
            None if block_tables is None else tuple(block_tables.shape))
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _run(m.plan_decode, dev, cache(), mq, hq, d)
-        if len(_PLANS) >= 256:
-            _PLANS.clear()
-        _PLANS[key] = plan
-    return plan
+    return _cached(_PLANS, key, lambda: _run(m.plan_decode, dev, cache(), mq, hq, d))
 
 
 @_op("decode_attention")
