@@ -420,19 +420,16 @@ void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth, in
               "expected 1 or 4, got " + std::to_string(depth));
   check::that(slots == 0 || slots == 2 || slots == 4, "decode_nvfp4", "slots",
               "expected 0, 2 or 4, got " + std::to_string(slots));
-  const dim3 block(kWarps * 32);
-  const dim3 grid(static_cast<unsigned>((p.N + 15) / 16));
-  auto go = [&](auto kernel) { launch_maybe_pdl(true, kernel, grid, block, 0, stream, p); };
-  const bool two = p.M > 8;
   check::that(!cvt || (slots == 4 && !x_ahead && decode_nvfp4_ring_applies(p)), "decode_nvfp4",
               "cvt", "expected the 4-slot ring (activations at the step, 16-byte aligned codes)");
   check::that(tiles == 1 || (tiles == 2 && cvt), "decode_nvfp4", "tiles",
               "expected 1, or 2 with the e4m3 form, got " + std::to_string(tiles));
-  if (cvt && tiles == 2) {
-    const dim3 grid2(static_cast<unsigned>((p.N + 31) / 32));
-    auto kernel =
-        two ? gemv_nvfp4_smem_kernel<2, 4, 0, 1, 2> : gemv_nvfp4_smem_kernel<1, 4, 0, 1, 2>;
-    launch_maybe_pdl(true, kernel, grid2, block, 0, stream, p);
+  const dim3 block(kWarps * 32);
+  const dim3 grid(static_cast<unsigned>((p.N + 16 * tiles - 1) / (16 * tiles)));
+  auto go = [&](auto kernel) { launch_maybe_pdl(true, kernel, grid, block, 0, stream, p); };
+  const bool two = p.M > 8;
+  if (tiles == 2) {
+    two ? go(gemv_nvfp4_smem_kernel<2, 4, 0, 1, 2>) : go(gemv_nvfp4_smem_kernel<1, 4, 0, 1, 2>);
   } else if (cvt) {
     two ? go(gemv_nvfp4_smem_kernel<2, 4, 0, 1>) : go(gemv_nvfp4_smem_kernel<1, 4, 0, 1>);
   } else if (slots > 0 && decode_nvfp4_ring_applies(p)) {
