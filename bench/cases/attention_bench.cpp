@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
@@ -313,6 +314,37 @@ class AttentionBench : public BenchCase {
           std::snprintf(note, sizeof note, "quantization adds %.3f ms over the kernel",
                         r.ms - (o.pv == AttentionOptions::fp8 ? fp8_kernel_ms : f16_kernel_ms));
           r.note = note;
+          rows.push_back(r);
+        }
+        if (cuda) {
+          // A/B (session 21): the q prologue, the k path and V's passes in sequence on the
+          // caller's stream, as before side streams ran them beside each other; the bits of the
+          // whole output must not change.
+          const size_t wb = attention_workspace_bytes(q.view, k.view, fp8);
+          DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb) + 256});
+          void* wp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.view.data) + 255) &
+                                             ~uintptr_t{255});
+          auto call = [&] { attention(q.view, k.view, v.view, out.view, nullptr, fp8, wp, wb, ctx); };
+          call();
+          synchronize(ctx);
+          const std::vector<float> forked = to_host_f32(out.view);
+          detail::AttentionCudaTuning t;
+          t.serial_passes = true;
+          detail::set_attention_cuda_tuning(t);
+          Row r = b16;
+          r.baseline_ms = base_ms;
+          r.op = pre + "attention() fp8 PV, incl. quantization, passes in sequence (serial_passes)" +
+                 tag;
+          r.ms = env.time_ms(call);
+          synchronize(ctx);
+          detail::set_attention_cuda_tuning({});
+          r.bytes = static_cast<double>(B * N * H * D) * 2 * 4;
+          const std::vector<float> serial = to_host_f32(out.view);
+          size_t differ = 0;
+          for (size_t i = 0; i < serial.size(); ++i)
+            differ += std::memcmp(&serial[i], &forked[i], sizeof(float)) != 0;
+          r.accuracy = differ == 0 ? "bits = default"
+                                   : std::to_string(differ) + " outputs differ from the default";
           rows.push_back(r);
         }
         if (!is_causal && !f_.d256) pieces_of_one_call(env, s, q, k, v, out, rows);

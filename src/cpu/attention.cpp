@@ -13,6 +13,7 @@
 #include "src/core/backends.h"
 #include "src/core/check.h"
 #include "src/core/guarded.h"
+#include "src/core/stream_fork.h"
 #include "src/cpu/attention_backend.h"
 
 namespace lowbit {
@@ -366,11 +367,20 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
 
   // The prologue (SPEC §1) quantizes q with sm_scale folded in, and k minus its mean; the kernel
   // then scales the logits by 1 (the LSE correction included).
+  // The three quantizations write disjoint parts of the workspace: on CUDA V's passes run on a
+  // side stream beside the q prologue and the k path (at Flux's (1, 24, 4608, 128) each pass
+  // alone leaves much of the memory bandwidth unused); the kernel below waits for both. The bits
+  // do not depend on it. (q and k stay on the caller's stream: the quantize kernels are launched
+  // with programmatic dependent launch, which pairs them with the kernel before them in their
+  // stream, and on a side stream that is not the kernel the fork's event waits for.)
+  detail::StreamFork fork(ctx, dev, fp8 ? 1 : 0, !detail::attention_cuda_tuning().serial_passes,
+                          op);
   Prologue qp;
   qp.sm_scale = sm;
   qp.layout = qr.layout;
   qp.block = qr.block;
   norm_rope_quantize(q, qp, qr.data, qr.scale, ctx);
+  if (fp8) quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, fork.side(0));
   if (Nkv > 0) {
     Prologue kp;
     kp.layout = kr.layout;
@@ -381,7 +391,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
       norm_rope_quantize(k, kp, kr.data, kr.scale, ctx);
     }
   }
-  if (fp8) quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, ctx);
+  fork.join();
   AttentionOptions inner = options;
   inner.sm_scale = 1.f;
   attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr, smooth_v ? &vmean : nullptr,

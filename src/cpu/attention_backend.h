@@ -27,6 +27,9 @@ struct AttentionCudaTuning {
   // warpgroups (192 rows per CTA, the default until session 14), 4 four (256 rows, 112 registers
   // each; the default since H200 run 48), 0 the default
   int ring_cons = 0;
+  // attention(): the q prologue, the k path and V's passes one after another on the caller's
+  // stream (before session 21) instead of on side streams beside each other
+  bool serial_passes = false;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

@@ -1,0 +1,224 @@
+// attention() on CUDA runs the k path on the caller's stream and q's prologue and V's passes on
+// side streams beside it (session 21, src/core/stream_fork.h). Its output must be the bits of the
+// passes run in sequence, on the legacy default stream and on a caller's own stream, and inside a
+// CUDA graph captured on the caller's stream: from a thread that already made its side streams
+// (they become branches of the graph) and from a fresh thread whose first call is the captured one
+// (no streams can be made then: the passes run in sequence). Skipped without a CUDA device.
+#include <gtest/gtest.h>
+
+#ifdef LOWBIT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lowbit/attention.h"
+#include "lowbit/core.h"
+#include "lowbit/prologue.h"
+#include "lowbit/runtime.h"
+#include "src/cpu/attention_backend.h"
+#include "tests/harness/harness.h"
+
+namespace lowbit {
+namespace {
+
+#ifdef LOWBIT_WITH_CUDA
+using harness::HostTensor;
+
+constexpr int64_t B = 1, N = 1000, Hq = 4, Hkv = 2, D = 128;
+
+struct Problem {
+  AttentionOptions options;
+  Buffer q, k, v, out, ws;
+  size_t ws_bytes = 0;
+  TensorView qv, kv, vv, ov;
+
+  explicit Problem(AttentionOptions::PV pv)
+      : q(Device::cuda, B * N * Hq * D * 2),
+        k(Device::cuda, B * N * Hkv * D * 2),
+        v(Device::cuda, B * N * Hkv * D * 2),
+        out(Device::cuda, B * N * Hq * D * 2) {
+    options.pv = pv;
+    qv = make_view(q.data(), DType::bf16, {B, N, Hq, D}, Device::cuda);
+    kv = make_view(k.data(), DType::bf16, {B, N, Hkv, D}, Device::cuda);
+    vv = make_view(v.data(), DType::bf16, {B, N, Hkv, D}, Device::cuda);
+    ov = make_view(out.data(), DType::bf16, {B, N, Hq, D}, Device::cuda);
+    std::mt19937_64 rng(21);
+    Context ctx;
+    for (auto [buf, h] : {std::pair{&q, Hq}, std::pair{&k, Hkv}, std::pair{&v, Hkv}}) {
+      HostTensor t(DType::bf16, {B, N, h, D});
+      t.fill_normal(rng, 0.3f);  // a mean for the K / V smoothing to remove
+      copy_to_device(buf->data(), t.bytes.data(), t.bytes.size(), ctx);
+    }
+    ws_bytes = attention_workspace_bytes(qv, kv, options);
+    ws = Buffer(Device::cuda, ws_bytes);
+  }
+  void run(Context& ctx) {
+    attention(qv, kv, vv, ov, nullptr, options, ws.data(), ws_bytes, ctx);
+  }
+  std::vector<uint8_t> output(Context& ctx) {
+    std::vector<uint8_t> h(out.bytes());
+    synchronize(ctx);
+    copy_to_host(h.data(), out.data(), h.size(), ctx);
+    return h;
+  }
+  void clear(Context& ctx) {
+    device_memset(out.data(), 0, out.bytes(), ctx);
+    synchronize(ctx);
+  }
+};
+
+// Runs attention() captured into a CUDA graph on ctx's stream, then replays it once.
+void run_captured(Problem& p, Context& ctx) {
+  cudaStream_t s = static_cast<cudaStream_t>(ctx.cuda_stream);
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  std::string error;
+  try {
+    p.run(ctx);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_EQ(error, "");
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST(AttentionStreams, SideStreamsKeepTheBitsOfTheSerialOrder) {
+  if (!built_with_cuda() || cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
+    SCOPED_TRACE(pv == AttentionOptions::fp8 ? "fp8 P.V" : "16-bit P.V");
+    Problem p(pv);
+    Context legacy;  // the legacy default stream
+    detail::AttentionCudaTuning serial;
+    serial.serial_passes = true;
+    detail::set_attention_cuda_tuning(serial);
+    p.run(legacy);
+    detail::set_attention_cuda_tuning({});
+    const std::vector<uint8_t> want = p.output(legacy);
+    bool nonzero = false;
+    for (uint8_t b : want) nonzero |= b != 0;
+    ASSERT_TRUE(nonzero);
+
+    p.clear(legacy);
+    p.run(legacy);
+    EXPECT_EQ(p.output(legacy), want) << "legacy default stream";
+
+    cudaStream_t own = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
+    Context ctx;
+    ctx.cuda_stream = own;
+    p.clear(ctx);
+    for (int i = 0; i < 3; ++i) p.run(ctx);  // back to back: each call's passes wait for the last
+    EXPECT_EQ(p.output(ctx), want) << "caller's stream";
+
+    p.clear(ctx);
+    run_captured(p, ctx);
+    EXPECT_EQ(p.output(ctx), want) << "graph captured after eager calls";
+
+    // A fresh host thread: its side streams do not exist yet and cannot be made in a capture.
+    std::thread([&] {
+      cudaStream_t s2 = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+      Context c2;
+      c2.cuda_stream = s2;
+      p.clear(c2);
+      run_captured(p, c2);
+      EXPECT_EQ(p.output(c2), want) << "graph captured by a thread's first call";
+      p.clear(c2);
+      p.run(c2);  // eager again: now the thread makes its side streams
+      EXPECT_EQ(p.output(c2), want) << "the thread's first eager call";
+      cudaStreamDestroy(s2);
+    }).join();
+    cudaStreamDestroy(own);
+  }
+}
+
+// The quantize kernel is launched with programmatic dependent launch (it waits for the kernel
+// before it in its stream). A caller whose stream first waits for an event of another stream,
+// where x is still being written, must get the codes of the new x: stream A converts a large f32
+// tensor into x (~1 ms), stream B (which just ran a quick kernel, done or not yet) waits for A's
+// event and quantizes x. Compared with the same quantization after a full synchronization.
+TEST(AttentionStreams, QuantizeAfterAnEventWaitReadsTheNewInput) {
+  if (!built_with_cuda() || cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  const int64_t n = 32768, h = 32, d = 128, count = n * h * d;
+  Buffer src(Device::cuda, count * 4), x(Device::cuda, count * 2), codes(Device::cuda, count);
+  const int64_t ns = prologue_scale_count(n, ScaleLayout::thread_q, 32);
+  Buffer scales(Device::cuda, h * ns * 4);
+  Context legacy;
+  {
+    HostTensor t(DType::f32, {count});
+    std::mt19937_64 rng(7);
+    t.fill_normal(rng);
+    copy_to_device(src.data(), t.bytes.data(), t.bytes.size(), legacy);
+  }
+  const TensorView sv = make_view(src.data(), DType::f32, {1, n, h, d}, Device::cuda);
+  const TensorView xv = make_view(x.data(), DType::bf16, {1, n, h, d}, Device::cuda);
+  const TensorView cv = make_view(codes.data(), DType::i8, {1, n, h, d}, Device::cuda);
+  const TensorView scv = make_view(scales.data(), DType::f32, {1, h, ns}, Device::cuda);
+  // A small quantization for B's "kernel before", on its own buffers (the first rows of x's).
+  Buffer small_codes(Device::cuda, 64 * h * d), small_scales(Device::cuda, h * 4 * 4);
+  const TensorView small_x = make_view(x.data(), DType::bf16, {1, 64, h, d}, Device::cuda);
+  const TensorView small_c = make_view(small_codes.data(), DType::i8, {1, 64, h, d}, Device::cuda);
+  const TensorView small_s =
+      make_view(small_scales.data(), DType::f32, {1, h, prologue_scale_count(64, ScaleLayout::thread_q, 32)},
+                Device::cuda);
+  Prologue p;
+  p.layout = ScaleLayout::thread_q;
+  p.block = 32;
+  p.sm_scale = 0.125f;
+
+  cudaStream_t a = nullptr, b = nullptr;
+  cudaEvent_t written = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&written, cudaEventDisableTiming), cudaSuccess);
+  Context ca, cb;
+  ca.cuda_stream = a;
+  cb.cuda_stream = b;
+  // Trials 0-2: B's previous kernel long done; 3-5: still running when B's wait is queued.
+  for (int trial = 0; trial < 6; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    device_memset(x.data(), 0, x.bytes(), legacy);
+    device_memset(codes.data(), 0, codes.bytes(), legacy);
+    synchronize(legacy);
+    norm_rope_quantize(small_x, p, small_c, small_s, cb);  // B's previous kernel
+    if (trial < 3) synchronize(cb);
+    convert(sv, xv, ca);  // A writes x
+    ASSERT_EQ(cudaEventRecord(written, a), cudaSuccess);
+    ASSERT_EQ(cudaStreamWaitEvent(b, written, 0), cudaSuccess);
+    norm_rope_quantize(xv, p, cv, scv, cb);
+    synchronize(cb);
+    std::vector<uint8_t> got(codes.bytes()), want(codes.bytes());
+    copy_to_host(got.data(), codes.data(), got.size(), cb);
+    norm_rope_quantize(xv, p, cv, scv, legacy);
+    synchronize(legacy);
+    copy_to_host(want.data(), codes.data(), want.size(), legacy);
+    size_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+    EXPECT_EQ(differ, 0u) << "codes differ from the quantization after a full synchronization";
+  }
+  cudaEventDestroy(written);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+}
+
+#else
+TEST(AttentionStreams, SideStreamsKeepTheBitsOfTheSerialOrder) {
+  GTEST_SKIP() << "lowbit was built without its CUDA backend";
+}
+#endif
+
+}  // namespace
+}  // namespace lowbit
