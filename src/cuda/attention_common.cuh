@@ -370,7 +370,8 @@ __device__ __forceinline__ bool wg_all(bool pred, int id) {
 // channel group n, i = 2 r + e (row r, channel 8 n + 2 t + e). With q_rows (and p.lse, p.k_mean):
 // q_row() is row0's int8 Q row in shared memory, row1's lies R1 bytes after it, and q_byte(d) is
 // channel d's byte in such a row (the kernel's Q tile layout).
-template <int D, bool FP8, typename T16, int R1, typename OAt, typename QRow, typename QByte>
+template <int D, bool FP8, typename T16, int R1, int kGroupMax = 8, typename OAt, typename QRow,
+          typename QByte>
 __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, int hk, int64_t row0,
                                            int64_t row1, float qs0, float qs1, int t, float m0,
                                            float m1, float l0, float l1, OAt o_at, bool q_rows,
@@ -383,27 +384,42 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, in
   const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
   T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
+  // V's scales and means of a group of kGroup channel groups are loaded before that group's
+  // stores: the compiler cannot move a load of p.v_scale above a store through og (they may
+  // alias), so loading each next to its stores waited one L2 round trip per channel group, 16
+  // in a row per thread at D = 128 (H200 Nsight Compute, session 21: the epilogue's FFMAs on
+  // long-scoreboard stalls, ~3.5 % of the round-3 kernel's warp samples with 72 key tiles per
+  // CTA, a per-CTA cost).
+  // (The wgmma kernels: one group of all D / 8 up to D = 128, 64 registers free after their main
+  // loop; the mma.sync kernel and D = 256: 8.)
+  constexpr int kGroup = D / 8 < kGroupMax ? D / 8 : kGroupMax;
+  static_assert((D / 8) % kGroup == 0, "channel groups");
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    const int col = n * 8 + 2 * t;
-    float sc0 = 1.f, sc1 = 1.f, mv0 = 0.f, mv1 = 0.f;
-    if (FP8) {
-      sc0 = p.v_scale[hv * D + col];
-      sc1 = p.v_scale[hv * D + col + 1];
+  for (int n0 = 0; n0 < D / 8; n0 += kGroup) {
+    float sc[kGroup][2], mv[kGroup][2];
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const int col = (n0 + j) * 8 + 2 * t;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sc[j][e] = FP8 ? p.v_scale[hv * D + col + e] : 1.f;
+        mv[j][e] = FP8 && p.v_mean ? p.v_mean[hv * D + col + e] : 0.f;
+      }
     }
-    if (FP8 && p.v_mean) {
-      mv0 = p.v_mean[hv * D + col];
-      mv1 = p.v_mean[hv * D + col + 1];
-    }
-    if (row0 < p.Nq) {
-      const float a = l0 > 0.f ? o_at(n, 0) * inv0 * sc0 + mv0 : 0.f;
-      const float c = l0 > 0.f ? o_at(n, 1) * inv0 * sc1 + mv1 : 0.f;
-      *reinterpret_cast<uint32_t*>(og + row0 * p.o_sn + col) = pack_16x2<T16>(a, c);
-    }
-    if (row1 < p.Nq) {
-      const float a = l1 > 0.f ? o_at(n, 2) * inv1 * sc0 + mv0 : 0.f;
-      const float c = l1 > 0.f ? o_at(n, 3) * inv1 * sc1 + mv1 : 0.f;
-      *reinterpret_cast<uint32_t*>(og + row1 * p.o_sn + col) = pack_16x2<T16>(a, c);
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const int n = n0 + j, col = n * 8 + 2 * t;
+      const float sc0 = sc[j][0], sc1 = sc[j][1], mv0 = mv[j][0], mv1 = mv[j][1];
+      if (row0 < p.Nq) {
+        const float a = l0 > 0.f ? o_at(n, 0) * inv0 * sc0 + mv0 : 0.f;
+        const float c = l0 > 0.f ? o_at(n, 1) * inv0 * sc1 + mv1 : 0.f;
+        *reinterpret_cast<uint32_t*>(og + row0 * p.o_sn + col) = pack_16x2<T16>(a, c);
+      }
+      if (row1 < p.Nq) {
+        const float a = l1 > 0.f ? o_at(n, 2) * inv1 * sc0 + mv0 : 0.f;
+        const float c = l1 > 0.f ? o_at(n, 3) * inv1 * sc1 + mv1 : 0.f;
+        *reinterpret_cast<uint32_t*>(og + row1 * p.o_sn + col) = pack_16x2<T16>(a, c);
+      }
     }
   }
   if (p.lse) {
@@ -412,7 +428,9 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, in
       const int8_t* qr0 = q_row();
       const int8_t* qr1 = qr0 + R1;
       const float* km = p.k_mean + hv * D;
-      for (int d = t; d < D; d += 4) {
+#pragma unroll 8
+      for (int i = 0; i < D / 4; ++i) {  // (unrolled: the k_mean loads overlap)
+        const int d = t + 4 * i;
         const int byte = q_byte(d);
         corr0 += static_cast<float>(qr0[byte]) * qs0 * km[d];
         corr1 += static_cast<float>(qr1[byte]) * qs1 * km[d];
@@ -449,7 +467,7 @@ __device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int 
   // Q rows rl0 and rl0 + 8 share (row & 7), so they share the swizzle pattern.
   static_assert(kQRow == 128 || (kQRow == 64 && D == 64), "Q row layout");
   static_assert(kQChunk == 0 || kQRow == 128, "Q chunks of 128-byte rows");
-  store_rows<D, FP8, T16, 8 * kQRow>(
+  store_rows<D, FP8, T16, 8 * kQRow, (D <= 128 ? 16 : 8)>(
       p, b, h, hk, row0, row1, qs0, qs1, t, m0, m1, l0, l1,
       [&](int n, int i) { return o[4 * n + i]; }, q_loaded,
       [&] { return reinterpret_cast<const int8_t*>(sq + rl0 * kQRow); },
