@@ -55,7 +55,10 @@ Sides* sides_of(int dev, cudaStream_t main, const char* op) {
   Sides& s = all.by_device[dev];
   if (s.made) return &s;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cuda_ok(cudaStreamIsCapturing(main, &capture), op, "stream");
+  if (cudaStreamIsCapturing(main, &capture) != cudaSuccess) {
+    cudaGetLastError();  // e.g. the legacy stream while another thread captures: no fork
+    return nullptr;
+  }
   if (capture != cudaStreamCaptureStatusNone) return nullptr;
   Sides fresh;
   auto undo = [&] {

@@ -483,10 +483,7 @@ void launch_attention(const AttnParams& p, int B, Context& ctx) {
   auto kernel = attention_kernel<D, FP8, T16>;
   const int bytes = Smem<D, FP8>::kBytes;
   if (D > 128) {  // D = 256: 145 KB (fp8 P·V, the widened V tile included) / 135 KB (16-bit)
-    int dev = 0, optin = 0;
-    check_cuda(cudaGetDevice(&dev), op, "device");
-    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), op,
-               "device");
+    const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, op);
     if (bytes > optin)
       throw Error(op, "q (head dim)",
                   "head dim " + std::to_string(D) + " with " + (FP8 ? "fp8" : "16-bit") +
@@ -494,8 +491,7 @@ void launch_attention(const AttnParams& p, int B, Context& ctx) {
                       " bytes of shared memory per block, this GPU allows " +
                       std::to_string(optin));
   }
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
-             "shared memory");
+  set_kernel_smem(kernel, bytes, op, "shared memory");
   dim3 grid(ceil_div(p.Nq, kRowsPerCta), p.Hq, B);
   kernel<<<grid, kThreads, bytes, stream_of(ctx)>>>(p);
   check_launch(op);
@@ -779,12 +775,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                     const AttentionOptions& options, Context& ctx) {
   const bool fp8 = options.pv == AttentionOptions::fp8;
   if (fp8) {
-    int dev = 0, major = 0, minor = 0;
-    check_cuda(cudaGetDevice(&dev), "attention_int8", "device");
-    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-               "attention_int8", "device");
-    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev),
-               "attention_int8", "device");
+    const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, "attention_int8");
+    const int minor = device_attribute(cudaDevAttrComputeCapabilityMinor, "attention_int8");
     if (major * 10 + minor < 89)
       throw Error("attention_int8", "options.pv",
                   "fp8 PV: expected an sm_89+ GPU, got sm_" + std::to_string(major) +

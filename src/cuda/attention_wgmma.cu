@@ -491,8 +491,7 @@ void launch(const AttnParams& p, int B, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma)";
   auto kernel = attention_wgmma_kernel<D, FP8, T16>;
   constexpr int bytes = WgSmem<D, FP8>::kBytes;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
-             "shared memory");
+  set_kernel_smem(kernel, bytes, op, "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kBM)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
   kernel<<<grid, kThreads, bytes, stream>>>(p);
@@ -1186,8 +1185,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   const int bytes = c3 ? R3Smem<D, 192>::kBytes : R3Smem<D>::kBytes;
   static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024,
                 "shared memory");
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
-             "shared memory");
+  set_kernel_smem(kernel, bytes, op, "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, rows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
   kernel<<<grid, c3 ? r3_threads(162) : kR3Threads, bytes, stream>>>(p, maps);

@@ -622,8 +622,7 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
   const K kernel = kc_half ? attention_wgmma256_kernel<D, FP8, T16, true, kC>
                            : attention_wgmma256_kernel<D, FP8, T16, false, kC>;
   constexpr int bytes = L::kBytes;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op,
-             "shared memory");
+  set_kernel_smem(kernel, bytes, op, "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kRows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
   kernel<<<grid, S::kThreads, bytes, stream>>>(p, maps);

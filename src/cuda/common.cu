@@ -1,6 +1,8 @@
 // Out-of-line helpers declared in src/cuda/common.cuh.
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "src/cuda/common.cuh"
@@ -42,12 +44,82 @@ bool encode_tiled_map(CUtensorMap* map, const void* base, int elem, int rank,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+namespace {
+int current_device(const char* op) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), op, "device");
+  return dev;
+}
+std::mutex g_cache_mu;  // guards the four caches below
+}  // namespace
+
+int device_attribute(cudaDeviceAttr attr, const char* op) {
+  static std::map<std::pair<int, int>, int> cache;
+  const int dev = current_device(op);
+  const std::pair<int, int> key{dev, static_cast<int>(attr)};
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  int v = 0;
+  check_cuda(cudaDeviceGetAttribute(&v, attr, dev), op, "device attribute");
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  cache[key] = v;
+  return v;
+}
+
 int multiprocessor_count() {
-  int dev = 0, n = 0;
-  check_cuda(cudaGetDevice(&dev), "multiprocessor_count", "device");
-  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev),
-             "multiprocessor_count", "attribute");
+  return device_attribute(cudaDevAttrMultiProcessorCount, "multiprocessor_count");
+}
+
+int occupancy_per_sm(const void* kernel, int threads, size_t smem, const char* op) {
+  using Key = std::tuple<int, const void*, int, size_t>;
+  static std::map<Key, int> cache;
+  const Key key{current_device(op), kernel, threads, smem};
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  int n = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem), op,
+             "occupancy");
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  cache[key] = n;
   return n;
+}
+
+cudaFuncAttributes func_attributes(const void* kernel, const char* op) {
+  static std::map<std::pair<int, const void*>, cudaFuncAttributes> cache;
+  const std::pair<int, const void*> key{current_device(op), kernel};
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  cudaFuncAttributes a{};
+  check_cuda(cudaFuncGetAttributes(&a, kernel), op, "kernel attributes");
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  cache[key] = a;
+  return a;
+}
+
+void set_func_attribute(const void* kernel, cudaFuncAttribute attr, int value, const char* op,
+                        const char* what) {
+  using Key = std::tuple<int, const void*, int>;
+  static std::map<Key, int> done;  // the value set (the largest, for the shared-memory size)
+  const Key key{current_device(op), kernel, static_cast<int>(attr)};
+  const bool at_least = attr == cudaFuncAttributeMaxDynamicSharedMemorySize;
+  {
+    std::lock_guard<std::mutex> lock(g_cache_mu);
+    auto it = done.find(key);
+    if (it != done.end() && (at_least ? it->second >= value : it->second == value)) return;
+  }
+  check_cuda(cudaFuncSetAttribute(kernel, attr, value), op, what);
+  std::lock_guard<std::mutex> lock(g_cache_mu);
+  int& v = done[key];
+  v = at_least ? std::max(v, value) : value;
 }
 
 bool sm90a_image_loaded(const void* kernel, int min_regs) {

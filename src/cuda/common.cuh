@@ -27,8 +27,30 @@ inline void check_launch(const char* op) { check_cuda(cudaGetLastError(), op, "k
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
-// Multiprocessor count of the current device (queried, never hard-coded).
+// Multiprocessor count of the current device (queried, never hard-coded; cached per device).
 int multiprocessor_count();
+
+// Host-side queries and settings that are constant per device (and kernel), cached so that an
+// eager call pays them once (session 21: torch.profiler counted ~24 of them per attention() call
+// at (1, 8, 256, 128) besides its 7 launches; the wall time per call on the H200's host did not
+// move measurably, ~115 us either way). Errors throw lowbit::Error naming `op`. Keyed by the
+// current device; like any per-device state, invalid after a cudaDeviceReset.
+// cudaDeviceGetAttribute.
+int device_attribute(cudaDeviceAttr attr, const char* op);
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor of `kernel` at `threads` and `smem` bytes.
+int occupancy_per_sm(const void* kernel, int threads, size_t smem, const char* op);
+// cudaFuncGetAttributes.
+cudaFuncAttributes func_attributes(const void* kernel, const char* op);
+// cudaFuncSetAttribute(kernel, attr, value) unless it was set before on this device to `value`
+// (cudaFuncAttributeMaxDynamicSharedMemorySize: to `value` or more, which allows every smaller
+// launch). `what` names the setting in errors.
+void set_func_attribute(const void* kernel, cudaFuncAttribute attr, int value, const char* op,
+                        const char* what);
+template <typename K>
+void set_kernel_smem(K* kernel, int bytes, const char* op, const char* what = "shared memory") {
+  set_func_attribute(reinterpret_cast<const void*>(kernel),
+                     cudaFuncAttributeMaxDynamicSharedMemorySize, bytes, op, what);
+}
 // Whether the current device runs `kernel` from its sm_90a image: an sm_90 GPU whose loaded image
 // of the kernel is binary version 90 with at least min_regs registers (a plain sm_90 image of a
 // wgmma kernel has an empty body and a handful of registers). Cached per (device, kernel); no

@@ -675,9 +675,7 @@ template <KvFormat F, int D, int ROWS>
 void launch_split(const DecodeParams& p, int row_chunks, int64_t B, cudaStream_t stream) {
   const size_t smem = Smem<D, ROWS>::bytes(p.c.row_bytes);
   auto kernel = decode_split_kernel<F, D, ROWS>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)),
-             "decode_attention", "shared memory");
+  set_kernel_smem(kernel, static_cast<int>(smem), "decode_attention", "shared memory");
   dim3 grid(p.S, p.H * row_chunks, static_cast<unsigned>(B));
   kernel<<<grid, kThreads, smem, stream>>>(p);
 }

@@ -510,8 +510,7 @@ void launch_vec(const DecodeParams& p, int64_t B, cudaStream_t stream) {
   const int ring_bytes = kWarps * NST * stage_bytes;
   const int smem = ring_bytes > 16 * D * 4 ? ring_bytes : 16 * D * 4;
   auto kernel = decode_ring_kernel<F, D, VEC>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-             "decode_attention", "shared memory of the ring kernel");
+  set_kernel_smem(kernel, smem, "decode_attention", "shared memory of the ring kernel");
   const int row_chunks = (p.R + 15) / 16;
   dim3 grid(p.S, p.H * row_chunks, static_cast<unsigned>(B));
   kernel<<<grid, kThreads, smem, stream>>>(p, srb, stage_bytes);

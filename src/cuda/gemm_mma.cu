@@ -167,9 +167,7 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(GemmParams p) {
 template <GemmKind KIND>
 void launch(const GemmParams& p, cudaStream_t stream) {
   auto kernel = gemm_mma_kernel<KIND>;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  kSmemBytes),
-             "gemm", "shared memory");
+  set_kernel_smem(kernel, kSmemBytes, "gemm", "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.N, kBN)),
                   static_cast<unsigned>(ceil_div(p.M, kBM)));
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);

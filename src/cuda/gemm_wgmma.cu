@@ -151,9 +151,7 @@ __global__ void __launch_bounds__(kThreads) gemm_wgmma_s8_kernel(GemmParams p) {
 }
 
 void launch_wgmma(const GemmParams& p, cudaStream_t stream) {
-  check_cuda(cudaFuncSetAttribute(gemm_wgmma_s8_kernel,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-             "gemm", "shared memory");
+  set_kernel_smem(gemm_wgmma_s8_kernel, kSmemBytes, "gemm", "shared memory");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.N, kBN)),
                   static_cast<unsigned>(ceil_div(p.M, kBM)));
   gemm_wgmma_s8_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);

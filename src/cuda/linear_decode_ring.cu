@@ -424,9 +424,7 @@ void ensure_smem(Kernel kernel, int64_t bytes) {
   if (it != done.end() && it->second >= bytes) return;
   int64_t limit = bytes;
   if (it != done.end()) limit = std::max(limit, it->second);
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(limit)),
-             "decode_ring", "shared memory");
+  set_kernel_smem(kernel, static_cast<int>(limit), "decode_ring", "shared memory");
   done[key] = limit;
 }
 

@@ -661,9 +661,7 @@ void tiles_smem(Kernel kernel, int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu);
   int64_t& limit = limits[std::make_pair(dev, reinterpret_cast<const void*>(kernel))];
   if (limit >= bytes) return;
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)),
-             "decode_tiles", "shared memory");
+  set_kernel_smem(kernel, static_cast<int>(bytes), "decode_tiles", "shared memory");
   limit = bytes;
 }
 
@@ -723,8 +721,13 @@ int cluster_capacity(const DecodeParams& d, int64_t smem) {
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     int n = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem)) == cudaSuccess) {
+    bool set = true;
+    try {  // (through the shared cache: a raw set could shrink what it recorded)
+      set_kernel_smem(kernel, static_cast<int>(smem), "decode_tiles");
+    } catch (const Error&) {
+      set = false;
+    }
+    if (set) {
       cudaLaunchConfig_t cfg;
       cudaLaunchAttribute attrs[2];
       cluster_config(cfg, attrs, cl, cl, smem, nullptr, false);

@@ -363,9 +363,8 @@ void launch_reg(const RotateQuantParams& p, cudaStream_t stream) {
   const int sms = multiprocessor_count();
   int64_t grid = p.M;
   if (p.M > sms) {
-    int per_sm = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0),
-               "rotate_quantize", "occupancy");
+    const int per_sm =
+        occupancy_per_sm(reinterpret_cast<const void*>(kernel), threads, 0, "rotate_quantize");
     grid = std::min<int64_t>(p.M, static_cast<int64_t>(sms) * std::max(1, per_sm));
   }
   launch_maybe_pdl(p.pdl, kernel, dim3(static_cast<unsigned>(grid)), dim3(threads), 0, stream, p,
@@ -423,9 +422,7 @@ void launch_typed(const RotateQuantParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.M));
   auto go = [&](auto kernel) {
     if (smem > 48 * 1024)  // the opt-in is needed (and paid for) only past the default 48 KB
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem)),
-                 "rotate_quantize", "shared memory");
+      set_kernel_smem(kernel, static_cast<int>(smem), "rotate_quantize", "shared memory");
     kernel<<<grid, kThreads, smem, stream>>>(p);
   };
   switch (p.rot) {
@@ -448,10 +445,7 @@ int64_t rotate_quantize_smem_bytes(int64_t K) { return ((K + 127) / 128) * 128 *
 int64_t rotate_quantize_reg_max_k() { return static_cast<int64_t>(kRegMaxThreads) * 16; }
 
 int64_t rotate_quantize_max_k() {
-  int dev = 0, optin = 0;
-  check_cuda(cudaGetDevice(&dev), "rotate_quantize", "device");
-  check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-             "rotate_quantize", "attribute");
+  const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, "rotate_quantize");
   return (static_cast<int64_t>(optin) - 1024) / 4 / 256 * 256;
 }
 

@@ -469,9 +469,7 @@ void legacy_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   dispatch_kernel(a, "norm_rope_quantize", [&](auto d, auto bf, auto pr) {
     auto kernel = quantize_kernel<decltype(d)::value, decltype(bf)::value, decltype(pr)::value>;
     if (smem > 48 * 1024)
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem)),
-                 "norm_rope_quantize", "shared memory");
+      set_kernel_smem(kernel, static_cast<int>(smem), "norm_rope_quantize", "shared memory");
     kernel<<<grid, kThreads, smem, stream_of(ctx)>>>(a, L);
   });
   check_launch("norm_rope_quantize");
@@ -821,8 +819,7 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold)
   dispatch_fast(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value;
     auto kernel = fast_mean_kernel<D, decltype(bf)::value, decltype(rope)::value>;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "norm_rope_mean", "shared memory");
+    set_kernel_smem(kernel, smem, "norm_rope_mean", "shared memory");
     kernel<<<grid, kMeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
     check_launch("norm_rope_mean");
   });

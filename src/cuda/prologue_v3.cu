@@ -1361,9 +1361,8 @@ void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
 // Resident CTAs of `kernel` on the device (registers, shared memory, threads).
 template <typename K>
 int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
-  int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), op,
-             "occupancy");
+  const int per_sm = occupancy_per_sm(reinterpret_cast<const void*>(kernel), threads,
+                                      static_cast<size_t>(smem), op);
   return int64_t{std::max(per_sm, 1)} * multiprocessor_count();
 }
 
@@ -1416,21 +1415,18 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
                                      : v4_mean_kernel<D, BF16, ROPE, true>)
                                : (occ ? v4_mean_kernel_occ<D, BF16, ROPE, false>
                                       : v4_mean_kernel<D, BF16, ROPE, false>);
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "norm_rope_mean", "shared memory");
+    set_kernel_smem(kernel, smem, "norm_rope_mean", "shared memory");
     // Carve-out: what the resident CTAs need (17-42 KB each with the reserved 1 KB), the rest of
     // the SM's 256 KB stays L1 for the rotary table.
-    int sm_smem = 0, dev = 0;
-    check_cuda(cudaGetDevice(&dev), "norm_rope_mean", "device");
-    check_cuda(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
-               "norm_rope_mean", "device attribute");
+    const int sm_smem =
+        device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, "norm_rope_mean");
     const int64_t need = ctas_per_sm * (int64_t{smem} + 2048);
     const int carveout =
         sm_smem > 0 ? static_cast<int>(std::min<int64_t>(100, (100 * need + sm_smem - 1) / sm_smem))
                     : 100;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    carveout),
-               "norm_rope_mean", "shared memory carve-out");
+    set_func_attribute(reinterpret_cast<const void*>(kernel),
+                       cudaFuncAttributePreferredSharedMemoryCarveout, carveout, "norm_rope_mean",
+                       "shared memory carve-out");
     // Tokens per warp by the wave model (fixed cost ~3 tokens: setup, the CTA's final sums and
     // partials); at least one full round of CTAs where the tokens allow; at most 65535 chunks.
     // The tuning knob's mean_steps overrides it.
@@ -1562,28 +1558,19 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   auto launch = [&](auto kernel) {
     // Always: dynamic + static shared memory above 48 KB needs the opt-in (run 3's failure).
     // mean_smem: the attribute covers the largest head group (set once more below).
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "norm_rope_quantize", "shared memory");
+    set_kernel_smem(kernel, smem, "norm_rope_quantize", "shared memory");
     // mean_smem: the most heads whose mean rows fit beside the other CTAs' shared memory, so that
     // the resident CTAs per SM stay (5 at D = 128 with the 96-register ring: 8 heads, 4 KB).
     int64_t cap = a.heads;
     if (L.mean_smem) {
       const int64_t base = resident_ctas(kernel, threads, smem, "norm_rope_quantize");
-      int dev = 0, optin = 0, per_sm_smem = 0, reserved = 0;
-      check_cuda(cudaGetDevice(&dev), "norm_rope_quantize", "device");
-      check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                 "norm_rope_quantize", "device attribute");
-      check_cuda(cudaDeviceGetAttribute(&per_sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
-                                        dev),
-                 "norm_rope_quantize", "device attribute");
-      check_cuda(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev),
-                 "norm_rope_quantize", "device attribute");
-      cudaFuncAttributes fa{};
-      check_cuda(cudaFuncGetAttributes(&fa, kernel), "norm_rope_quantize", "attributes");
+      const char* op = "norm_rope_quantize";
+      const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, op);
+      const int per_sm_smem = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, op);
+      const int reserved = device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, op);
+      const cudaFuncAttributes fa = func_attributes(reinterpret_cast<const void*>(kernel), op);
       const int stat = static_cast<int>(fa.sharedSizeBytes);
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      optin - stat),
-                 "norm_rope_quantize", "shared memory");
+      set_kernel_smem(kernel, optin - stat, "norm_rope_quantize", "shared memory");
       const int64_t per_sm = std::max<int64_t>(1, base / multiprocessor_count());
       const int64_t room =
           std::min<int64_t>(per_sm_smem / per_sm - reserved, optin) - stat - smem;
