@@ -6,10 +6,7 @@
 #include <new>
 
 #include "src/core/check.h"
-
-#ifdef LOWBIT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "src/core/cuda_check.h"
 
 namespace lowbit {
 
@@ -22,12 +19,8 @@ bool built_with_cuda() {
 }
 
 #ifdef LOWBIT_WITH_CUDA
-namespace {
-void cuda_ok(cudaError_t e, const char* op, const char* what) {
-  if (e != cudaSuccess) throw Error(op, what, std::string("CUDA error: ") + cudaGetErrorString(e));
-}
-cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
-}  // namespace
+using detail::check_cuda;
+using detail::stream_of;
 
 int cuda_device_count() {
   int n = 0;
@@ -50,7 +43,7 @@ std::string cuda_unavailable_reason() {
 
 DeviceInfo cuda_device_info(int device_index) {
   cudaDeviceProp p{};
-  cuda_ok(cudaGetDeviceProperties(&p, device_index), "cuda_device_info", "device_index");
+  check_cuda(cudaGetDeviceProperties(&p, device_index), "cuda_device_info", "device_index");
   DeviceInfo d;
   d.name = p.name;
   d.sm_major = p.major;
@@ -65,33 +58,33 @@ DeviceInfo cuda_device_info(int device_index) {
 void* device_alloc(size_t bytes) {
   void* p = nullptr;
   if (bytes == 0) return nullptr;
-  cuda_ok(cudaMalloc(&p, bytes), "device_alloc", "bytes");
+  check_cuda(cudaMalloc(&p, bytes), "device_alloc", "bytes");
   return p;
 }
 void device_free(void* p) noexcept {
   if (p) cudaFree(p);
 }
 void copy_to_device(void* dst, const void* src, size_t bytes, const Context& ctx) {
-  cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(ctx)),
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(ctx)),
           "copy_to_device", "dst");
-  cuda_ok(cudaStreamSynchronize(stream_of(ctx)), "copy_to_device", "stream");
+  check_cuda(cudaStreamSynchronize(stream_of(ctx)), "copy_to_device", "stream");
 }
 void copy_to_host(void* dst, const void* src, size_t bytes, const Context& ctx) {
-  cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(ctx)),
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(ctx)),
           "copy_to_host", "src");
-  cuda_ok(cudaStreamSynchronize(stream_of(ctx)), "copy_to_host", "stream");
+  check_cuda(cudaStreamSynchronize(stream_of(ctx)), "copy_to_host", "stream");
 }
 void copy_device_to_device(void* dst, const void* src, size_t bytes, const Context& ctx) {
-  cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_of(ctx)),
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_of(ctx)),
           "copy_device_to_device", "src");
 }
 void device_memset(void* dst, int value, size_t bytes, const Context& ctx) {
-  cuda_ok(cudaMemsetAsync(dst, value, bytes, stream_of(ctx)), "device_memset", "dst");
+  check_cuda(cudaMemsetAsync(dst, value, bytes, stream_of(ctx)), "device_memset", "dst");
 }
 void synchronize(const Context& ctx) {
   // With no device (or no driver) nothing can have been enqueued: nothing to wait for.
   if (cuda_device_count() == 0) return;
-  cuda_ok(cudaStreamSynchronize(stream_of(ctx)), "synchronize", "stream");
+  check_cuda(cudaStreamSynchronize(stream_of(ctx)), "synchronize", "stream");
 }
 
 #else  // no CUDA backend

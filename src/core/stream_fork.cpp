@@ -2,54 +2,48 @@
 // caller's stream by events.
 #include "src/core/stream_fork.h"
 
-#include <string>
 #include <vector>
 
-#ifdef LOWBIT_WITH_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "src/core/cuda_check.h"
 
 namespace lowbit {
 namespace detail {
 
 #ifdef LOWBIT_WITH_CUDA
-namespace {
-
-void cuda_ok(cudaError_t e, const char* op, const char* what) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    throw Error(op, what, std::string("CUDA error: ") + cudaGetErrorString(e));
-  }
-}
 
 // One host thread's side streams and events on one device, made on first use.
-struct Sides {
+struct StreamFork::Sides {
   bool made = false;
-  cudaStream_t stream[StreamFork::kMaxSides] = {};
+  cudaStream_t stream[kMaxSides] = {};
   cudaEvent_t fork = nullptr;
-  cudaEvent_t join[StreamFork::kMaxSides] = {};
-};
-
-// Per thread, per device; destroyed at the thread's exit (errors ignored: at process exit the
-// runtime may already be gone).
-struct ThreadSides {
-  std::vector<Sides> by_device;
-  ~ThreadSides() {
-    for (Sides& s : by_device) {
-      if (!s.made) continue;
-      for (int i = 0; i < StreamFork::kMaxSides; ++i) {
-        cudaStreamDestroy(s.stream[i]);
-        cudaEventDestroy(s.join[i]);
-      }
-      cudaEventDestroy(s.fork);
+  cudaEvent_t join[kMaxSides] = {};
+  // Destroys the handles made so far (errors ignored: at process exit the runtime may be gone).
+  void destroy() {
+    for (int i = 0; i < kMaxSides; ++i) {
+      if (stream[i]) cudaStreamDestroy(stream[i]);
+      if (join[i]) cudaEventDestroy(join[i]);
     }
+    if (fork) cudaEventDestroy(fork);
     cudaGetLastError();
   }
 };
+
+namespace {
+
+// Per thread, per device; destroyed at the thread's exit.
+struct ThreadSides {
+  std::vector<StreamFork::Sides> by_device;
+  ~ThreadSides() {
+    for (StreamFork::Sides& s : by_device)
+      if (s.made) s.destroy();
+  }
+};
+
+}  // namespace
 
 // This thread's sides on device `dev`; nullptr when they do not exist yet and cannot be made
 // now (the caller's stream is capturing a graph: making streams there is not allowed).
-Sides* sides_of(int dev, cudaStream_t main, const char* op) {
+StreamFork::Sides* StreamFork::sides_of(int dev, cudaStream_t main, const char* op) {
   thread_local ThreadSides all;
   if (static_cast<int>(all.by_device.size()) <= dev) all.by_device.resize(dev + 1);
   Sides& s = all.by_device[dev];
@@ -61,49 +55,43 @@ Sides* sides_of(int dev, cudaStream_t main, const char* op) {
   }
   if (capture != cudaStreamCaptureStatusNone) return nullptr;
   Sides fresh;
-  auto undo = [&] {
-    for (int i = 0; i < StreamFork::kMaxSides; ++i) {
-      if (fresh.stream[i]) cudaStreamDestroy(fresh.stream[i]);
-      if (fresh.join[i]) cudaEventDestroy(fresh.join[i]);
-    }
-    if (fresh.fork) cudaEventDestroy(fresh.fork);
-  };
   cudaError_t e = cudaEventCreateWithFlags(&fresh.fork, cudaEventDisableTiming);
-  for (int i = 0; i < StreamFork::kMaxSides && e == cudaSuccess; ++i) {
+  for (int i = 0; i < kMaxSides && e == cudaSuccess; ++i) {
     e = cudaStreamCreateWithFlags(&fresh.stream[i], cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&fresh.join[i], cudaEventDisableTiming);
   }
   if (e != cudaSuccess) {
-    undo();
-    cuda_ok(e, op, "side streams");
+    fresh.destroy();
+    check_cuda(e, op, "side streams");
   }
   fresh.made = true;
   s = fresh;
   return &s;
 }
 
-}  // namespace
-
 StreamFork::StreamFork(Context& ctx, Device device, int n, bool enabled, const char* op)
     : main_(&ctx), n_(n < kMaxSides ? n : kMaxSides), op_(op) {
   if (!enabled || device != Device::cuda || n_ <= 0) return;
-  cudaStream_t main = static_cast<cudaStream_t>(ctx.cuda_stream);
-  cuda_ok(cudaGetDevice(&device_index_), op, "device");
-  Sides* s = sides_of(device_index_, main, op);
-  if (!s) return;
-  cuda_ok(cudaEventRecord(s->fork, main), op, "stream");
+  cudaStream_t main = stream_of(ctx);
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), op, "device");
+  sides_ = sides_of(dev, main, op);
+  if (!sides_) return;
+  check_cuda(cudaEventRecord(sides_->fork, main), op, "stream");
   for (int i = 0; i < n_; ++i) {
-    const cudaError_t e = cudaStreamWaitEvent(s->stream[i], s->fork, 0);
+    const cudaError_t e = cudaStreamWaitEvent(sides_->stream[i], sides_->fork, 0);
     if (e != cudaSuccess) {
-      // Sides already forked rejoin (nothing is queued on them yet); then report.
-      for (int j = 0; j < i; ++j) {
-        cudaEventRecord(s->join[j], s->stream[j]);
-        cudaStreamWaitEvent(main, s->join[j], 0);
+      // The sides already forked rejoin (nothing is queued on them yet); then report.
+      n_ = i;
+      forked_ = true;
+      try {
+        join();
+      } catch (const Error&) {
       }
-      cuda_ok(e, op, "stream");
+      check_cuda(e, op, "stream");
     }
     side_[i] = ctx;
-    side_[i].cuda_stream = s->stream[i];
+    side_[i].cuda_stream = sides_->stream[i];
   }
   forked_ = true;
 }
@@ -111,15 +99,14 @@ StreamFork::StreamFork(Context& ctx, Device device, int n, bool enabled, const c
 void StreamFork::join() {
   if (!forked_) return;
   forked_ = false;  // once, even when it throws
-  Sides* s = sides_of(device_index_, static_cast<cudaStream_t>(main_->cuda_stream), op_);
-  cudaStream_t main = static_cast<cudaStream_t>(main_->cuda_stream);
+  cudaStream_t main = stream_of(*main_);
   cudaError_t first = cudaSuccess;
   for (int i = 0; i < n_; ++i) {
-    cudaError_t e = cudaEventRecord(s->join[i], s->stream[i]);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(main, s->join[i], 0);
+    cudaError_t e = cudaEventRecord(sides_->join[i], sides_->stream[i]);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(main, sides_->join[i], 0);
     if (first == cudaSuccess) first = e;
   }
-  cuda_ok(first, op_, "stream");
+  check_cuda(first, op_, "stream");
 }
 
 StreamFork::~StreamFork() {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "lowbit/tensor.h"
+#include "src/core/cuda_check.h"
 
 namespace lowbit {
 namespace detail {
@@ -27,15 +28,20 @@ class StreamFork {
 
   // Side i < n (any other i, or no fork: ctx itself).
   Context& side(int i) { return forked_ && i >= 0 && i < n_ ? side_[i] : *main_; }
-  bool forked() const { return forked_; }
   // ctx's stream waits for the sides' work; throws lowbit::Error on a CUDA error.
   void join();
 
+  // (A thread's side streams and events on one device: stream_fork.cpp.)
+  struct Sides;
+
  private:
+#ifdef LOWBIT_WITH_CUDA
+  static Sides* sides_of(int dev, cudaStream_t main, const char* op);
+#endif
   Context* main_;
   Context side_[kMaxSides];
   int n_ = 0;
-  int device_index_ = 0;
+  Sides* sides_ = nullptr;  // set when forked
   bool forked_ = false;
   const char* op_;
 };

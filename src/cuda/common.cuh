@@ -11,18 +11,13 @@
 #include <string>
 
 #include "lowbit/tensor.h"
+#include "src/core/cuda_check.h"
 
 namespace lowbit {
 namespace cuda {
 
-inline cudaStream_t stream_of(const Context& ctx) {
-  return static_cast<cudaStream_t>(ctx.cuda_stream);
-}
-
-// Throws lowbit::Error naming the op when a launch or CUDA call failed.
-inline void check_cuda(cudaError_t e, const char* op, const char* what) {
-  if (e != cudaSuccess) throw Error(op, what, std::string("CUDA error: ") + cudaGetErrorString(e));
-}
+using detail::check_cuda;  // (src/core/cuda_check.h)
+using detail::stream_of;
 inline void check_launch(const char* op) { check_cuda(cudaGetLastError(), op, "kernel launch"); }
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
