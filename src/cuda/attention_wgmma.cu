@@ -32,8 +32,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "src/cuda/attention_common.cuh"
@@ -1195,27 +1193,11 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
 }  // namespace
 
 bool wgmma_attention_available() {
-  static std::mutex mu;
-  static std::map<int, bool> verdict;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = verdict.find(dev);
-  if (it != verdict.end()) return it->second;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   // The device must load this file's sm_90a image: a plain sm_90 image has no wgmma and its
-  // kernel bodies are empty. The loaded image's register count tells them apart without a
-  // device read (no synchronization, safe during graph capture): the sm_90a round-1 kernel
-  // uses ~250 registers, an empty body a handful.
-  cudaFuncAttributes attr{};
-  const bool ok = major == 9 && minor == 0 &&
-                  cudaFuncGetAttributes(&attr, attention_wgmma_kernel<128, true, __nv_bfloat16>) ==
-                      cudaSuccess &&
-                  attr.binaryVersion == 90 && attr.numRegs >= 128;
-  cudaGetLastError();
-  verdict[dev] = ok;
-  return ok;
+  // kernel bodies are empty; the sm_90a round-1 kernel uses ~250 registers, an empty body a
+  // handful (common.cuh's check, cached per device).
+  return sm90a_image_loaded(
+      reinterpret_cast<const void*>(attention_wgmma_kernel<128, true, __nv_bfloat16>), 128);
 }
 
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,

@@ -50,23 +50,29 @@ int current_device(const char* op) {
   check_cuda(cudaGetDevice(&dev), op, "device");
   return dev;
 }
-std::mutex g_cache_mu;  // guards the four caches below
-}  // namespace
-
-int device_attribute(cudaDeviceAttr attr, const char* op) {
-  static std::map<std::pair<int, int>, int> cache;
-  const int dev = current_device(op);
-  const std::pair<int, int> key{dev, static_cast<int>(attr)};
+std::mutex g_cache_mu;  // guards the caches below
+// cache[key], made by make() (outside the lock) on first use.
+template <typename Map, typename Make>
+typename Map::mapped_type cached(Map& cache, const typename Map::key_type& key, Make make) {
   {
     std::lock_guard<std::mutex> lock(g_cache_mu);
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
   }
-  int v = 0;
-  check_cuda(cudaDeviceGetAttribute(&v, attr, dev), op, "device attribute");
+  const typename Map::mapped_type v = make();
   std::lock_guard<std::mutex> lock(g_cache_mu);
-  cache[key] = v;
-  return v;
+  return cache.emplace(key, v).first->second;
+}
+}  // namespace
+
+int device_attribute(cudaDeviceAttr attr, const char* op) {
+  static std::map<std::pair<int, int>, int> cache;
+  const int dev = current_device(op);
+  return cached(cache, {dev, static_cast<int>(attr)}, [&] {
+    int v = 0;
+    check_cuda(cudaDeviceGetAttribute(&v, attr, dev), op, "device attribute");
+    return v;
+  });
 }
 
 int multiprocessor_count() {
@@ -74,35 +80,22 @@ int multiprocessor_count() {
 }
 
 int occupancy_per_sm(const void* kernel, int threads, size_t smem, const char* op) {
-  using Key = std::tuple<int, const void*, int, size_t>;
-  static std::map<Key, int> cache;
-  const Key key{current_device(op), kernel, threads, smem};
-  {
-    std::lock_guard<std::mutex> lock(g_cache_mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  int n = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem), op,
-             "occupancy");
-  std::lock_guard<std::mutex> lock(g_cache_mu);
-  cache[key] = n;
-  return n;
+  static std::map<std::tuple<int, const void*, int, size_t>, int> cache;
+  return cached(cache, {current_device(op), kernel, threads, smem}, [&] {
+    int n = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem), op,
+               "occupancy");
+    return n;
+  });
 }
 
 cudaFuncAttributes func_attributes(const void* kernel, const char* op) {
   static std::map<std::pair<int, const void*>, cudaFuncAttributes> cache;
-  const std::pair<int, const void*> key{current_device(op), kernel};
-  {
-    std::lock_guard<std::mutex> lock(g_cache_mu);
-    auto it = cache.find(key);
-    if (it != cache.end()) return it->second;
-  }
-  cudaFuncAttributes a{};
-  check_cuda(cudaFuncGetAttributes(&a, kernel), op, "kernel attributes");
-  std::lock_guard<std::mutex> lock(g_cache_mu);
-  cache[key] = a;
-  return a;
+  return cached(cache, {current_device(op), kernel}, [&] {
+    cudaFuncAttributes a{};
+    check_cuda(cudaFuncGetAttributes(&a, kernel), op, "kernel attributes");
+    return a;
+  });
 }
 
 void set_func_attribute(const void* kernel, cudaFuncAttribute attr, int value, const char* op,
@@ -123,26 +116,23 @@ void set_func_attribute(const void* kernel, cudaFuncAttribute attr, int value, c
 }
 
 bool sm90a_image_loaded(const void* kernel, int min_regs) {
-  static std::mutex mu;
   static std::map<std::pair<int, const void*>, bool> verdict;
-  int dev = 0, major = 0, minor = 0;
+  int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = verdict.find({dev, kernel});
-  if (it != verdict.end()) return it->second;
-  cudaFuncAttributes attr{};
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                      cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) ==
-                      cudaSuccess &&
-                  major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
-                  attr.binaryVersion == 90 && attr.numRegs >= min_regs;
-  cudaGetLastError();
-  verdict[{dev, kernel}] = ok;
-  return ok;
+  return cached(verdict, {dev, kernel}, [&] {
+    int major = 0, minor = 0;
+    cudaFuncAttributes attr{};
+    const bool ok =
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+        major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
+        attr.binaryVersion == 90 && attr.numRegs >= min_regs;
+    cudaGetLastError();
+    return ok;
+  });
 }
 
 cudaMemPool_t scratch_pool(const char* op) {

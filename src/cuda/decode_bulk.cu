@@ -1417,24 +1417,13 @@ void launch_nr(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int6
                cudaStream_t stream) {
   auto kernel = decode_bulk_kernel<F, D, NR, VA, FOLD, SOLO, KN>;
   const int smem = a.nst * a.stage_bytes + ((KN & kTma4) ? 128 : 0);
-  // The attributes once per (device, instantiation, size): two host API calls per decode step
-  // otherwise. smem never exceeds 224 KB (DecodePlan::bulk_stages), so the largest size set so
-  // far covers every later launch; only growth sets it again.
-  static thread_local int set_smem[64] = {};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-    cudaGetLastError();
-    dev = -1;
-  }
-  if (dev < 0 || set_smem[dev] < smem) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-               "decode_attention", "shared memory of the bulk kernel");
-    // Two CTAs of ~110 KB per multiprocessor need the largest shared-memory carveout.
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    cudaSharedmemCarveoutMaxShared),
-               "decode_attention", "shared-memory carveout of the bulk kernel");
-    if (dev >= 0) set_smem[dev] = smem;
-  }
+  // The attributes through common.cuh's per-device cache (two host API calls per decode step
+  // otherwise). Two CTAs of ~110 KB per multiprocessor need the largest shared-memory carveout.
+  set_kernel_smem(kernel, smem, "decode_attention", "shared memory of the bulk kernel");
+  set_func_attribute(reinterpret_cast<const void*>(kernel),
+                     cudaFuncAttributePreferredSharedMemoryCarveout,
+                     cudaSharedmemCarveoutMaxShared, "decode_attention",
+                     "shared-memory carveout of the bulk kernel");
   const int row_chunks = (p.R + 15) / 16;
   const int head_blocks = p.H / a.hb;
   dim3 grid(p.S, head_blocks * row_chunks, static_cast<unsigned>(B));

@@ -9,9 +9,6 @@
 // [16 tid4, 16 tid4 + 16): both operands use the same K permutation inside the chunk (k-step s of
 // the mma takes words 2s and 2s + 1 of the lane's 16 codes), which a sum does not see.
 #include <algorithm>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "src/core/check.h"
 #include "src/cuda/common.cuh"
@@ -338,24 +335,12 @@ bool decode4_applies(const DecodeParams& p) {
   return w.format == WeightFormat::packed && w.bits == 4 && (!w.ratios || w.group == 128);
 }
 
-// CTAs of `kernel` (an instance of decode4_kernel) with `warps` warps resident per SM, cached
-// per device, instance and warp count.
+// CTAs of `kernel` (an instance of decode4_kernel) with `warps` warps resident per SM (at least
+// 1), cached per device, instance and warp count.
 template <typename Kernel>
 int resident_ctas(Kernel kernel, int warps) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, const void*, int>, int> cache;
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "decode_gemv", "device");
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel), warps);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, 0),
-             "decode_gemv", "occupancy");
-  per_sm = std::max(1, per_sm);
-  cache.emplace(key, per_sm);
-  return per_sm;
+  return std::max(1, occupancy_per_sm(reinterpret_cast<const void*>(kernel), warps * 32, 0,
+                                      "decode_gemv"));
 }
 
 void launch_decode4(const DecodeParams& p, cudaStream_t stream) {
