@@ -651,25 +651,11 @@ TilesDevice tiles_device() {
   return info;
 }
 
-// Raises the kernel's dynamic shared memory limit to `bytes` where it is lower (per device).
-template <typename Kernel>
-void tiles_smem(Kernel kernel, int64_t bytes) {
-  static std::mutex mu;
-  static std::map<std::pair<int, const void*>, int64_t> limits;
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "decode_tiles", "device");
-  std::lock_guard<std::mutex> lock(mu);
-  int64_t& limit = limits[std::make_pair(dev, reinterpret_cast<const void*>(kernel))];
-  if (limit >= bytes) return;
-  set_kernel_smem(kernel, static_cast<int>(bytes), "decode_tiles", "shared memory");
-  limit = bytes;
-}
-
 // Launches the GEMV with programmatic stream serialization (PDL).
 template <int KIND, int NT, typename XT = void, int D = kTilesDepth>
 void launch_tiles(const DecodeParams& d, const TilesLayout& L, int grid, cudaStream_t stream) {
   auto kernel = gemv_tiles_kernel<KIND, NT, XT, D>;
-  tiles_smem(kernel, L.smem);
+  set_kernel_smem(kernel, static_cast<int>(L.smem), "decode_tiles");
   launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)), dim3(kTilesThreads),
                    static_cast<size_t>(L.smem), stream, d, L);
 }
