@@ -115,6 +115,12 @@ std::vector<float> to_host_f32(const TensorView& t) {
   return out;
 }
 
+size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
+
 Accuracy accuracy(const std::vector<float>& got, const std::vector<double>& ref) {
   Accuracy a;
   double dot = 0, ng = 0, nr = 0, l1 = 0, l1r = 0, l2 = 0;

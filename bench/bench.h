@@ -81,6 +81,8 @@ DeviceTensor make_tensor(Device device, DType dtype, std::vector<int64_t> shape,
 DeviceTensor make_empty(Device device, DType dtype, std::vector<int64_t> shape);
 // Host copy of a tensor as fp32 (any dtype).
 std::vector<float> to_host_f32(const TensorView& t);
+// How many elements of a and b (the same size) differ in their fp32 bits.
+size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b);
 
 // Accuracy figures against a reference.
 struct Accuracy {

@@ -224,11 +224,9 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
   if (f.splits || f.flat >= 0) {
     const std::vector<float> def = run_pick(Fmt{f.format, f.n_groups, f.name});
     double max_diff = 0;
-    size_t n_diff = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (std::memcmp(&got[i], &def[i], sizeof(float)) != 0) ++n_diff;
+    for (size_t i = 0; i < got.size(); ++i)
       max_diff = std::max(max_diff, std::fabs(double(got[i]) - def[i]));
-    }
+    const size_t n_diff = bits_differ(got, def);
     std::ostringstream d;
     if (n_diff == 0) d << "; bits = default kernel's";
     else d << "; differs from default kernel: " << n_diff << " values, max |d| " << max_diff;

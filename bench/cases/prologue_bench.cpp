@@ -81,10 +81,9 @@ std::string bits_vs_default(const std::vector<float>& q_default,
                             const std::vector<float>& s_default, const DeviceTensor& q8,
                             const DeviceTensor& sc) {
   const std::vector<float> q = to_host_f32(q8.view), s = to_host_f32(sc.view);
-  int64_t dq = 0, ds = 0;
+  int64_t dq = 0;
   for (size_t i = 0; i < q.size(); ++i) dq += q[i] != q_default[i];
-  for (size_t i = 0; i < s.size(); ++i)
-    ds += std::memcmp(&s[i], &s_default[i], sizeof(float)) != 0;
+  const size_t ds = bits_differ(s, s_default);
   if (dq == 0 && ds == 0) return "bits = default";
   return std::to_string(dq) + " codes, " + std::to_string(ds) + " scales differ from default";
 }
