@@ -84,6 +84,10 @@ std::vector<float> to_host_f32(const TensorView& t);
 // How many elements of a and b (the same size) differ in their fp32 bits.
 size_t bits_differ(const std::vector<float>& a, const std::vector<float>& b);
 
+// CUDA builds: one launch of an empty kernel on ctx's stream (with the programmatic-dependent-
+// launch attribute through cudaLaunchKernelEx when pdl): the host's launch floor.
+void launch_empty_kernel(const Context& ctx, bool pdl);
+
 // Accuracy figures against a reference.
 struct Accuracy {
   double cos = 0, rel_l1 = 0, rel_l2 = 0, max_abs = 0;

@@ -23,6 +23,9 @@ void ok(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Error("bench", what, "cuBLASLt status " + std::to_string(static_cast<int>(s)));
 }
 
+// Does nothing: the host's launch floor (bench family attention.host).
+__global__ void empty_kernel() {}
+
 // Reads every 16-byte word of the flush buffer; the (never true) store keeps the loads alive.
 __global__ void l2_flush_read_kernel(const uint4* __restrict__ buf, size_t words, uint4* sink) {
   uint4 acc = make_uint4(0, 0, 0, 0);
@@ -136,6 +139,25 @@ double cuda_bf16_gemm_ms(const Env& env, int64_t m, int64_t n, int64_t k, bool b
   cublasLtMatmulDescDestroy(op);
   cublasLtDestroy(lt);
   return ms;
+}
+
+void launch_empty_kernel(const Context& ctx, bool pdl) {
+  cudaStream_t s = static_cast<cudaStream_t>(ctx.cuda_stream);
+  if (!pdl) {
+    empty_kernel<<<1, 32, 0, s>>>();
+  } else {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(32);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    ok(cudaLaunchKernelEx(&cfg, empty_kernel), "empty kernel launch");
+  }
+  ok(cudaGetLastError(), "empty kernel launch");
 }
 
 }  // namespace bench

@@ -107,8 +107,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
 //   k, v (B, Nkv, Hkv, D), same dtype as q
 //   out  (B, Nq, Hq, D) same dtype as q (strided)
 //   lse_out (B, Hq, Nq) f32 or null
-// This overload allocates its workspace per call (and synchronizes the stream on CUDA before
-// freeing it); hot paths pass a workspace instead.
+// This overload makes its workspace per call: on CUDA stream-ordered memory from lowbit's pool
+// (cudaMallocFromPoolAsync / cudaFreeAsync on ctx's stream), so it returns as soon as its work is
+// queued, like the workspace overload, and a graph capture records the allocation with it. The
+// pool keeps the memory it has grown to for the next call (release threshold "never").
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
                TensorView* lse_out, const AttentionOptions& options, Context& ctx);
 
@@ -131,7 +133,8 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
 //   cu_seqlens_q, cu_seqlens_k  host offsets, n + 1 each: 0 first, nondecreasing, Tq / Tk last
 //   out    (Tq, Hq, D) same dtype as q (strided)
 //   lse_out (Hq, Tq) f32 or null
-// Allocates one workspace for the longest sequence and synchronizes the stream before freeing it.
+// Makes one workspace for the longest sequence, as attention() without one does (stream-ordered on
+// CUDA: no synchronization).
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                       const std::vector<int64_t>& cu_seqlens_q,
                       const std::vector<int64_t>& cu_seqlens_k, TensorView out, TensorView* lse_out,

@@ -1,5 +1,10 @@
 // Argument validation used by every op before it touches memory. Each failure throws
 // lowbit::Error("op", "argument", "expected ..., got ...").
+//
+// LOWBIT_CHECK(ok, op, arg, message): throws lowbit::Error(op, arg, message) unless ok. The
+// message expression is evaluated only on failure (a macro, as TORCH_CHECK): the messages name
+// shapes and values (TensorView::describe's ostringstream, std::to_string), and an eager op used
+// to build every one of them on every call (session 22: the attention.host bench family).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +18,6 @@ namespace check {
 
 [[noreturn]] void fail(const char* op, const char* arg, const std::string& message);
 
-inline void that(bool ok, const char* op, const char* arg, const std::string& message) {
-  if (!ok) fail(op, arg, message);
-}
 // "expected 128, got 64"
 std::string expected_got(int64_t expected, int64_t got);
 std::string expected_got(const std::string& expected, const std::string& got);
@@ -40,3 +42,8 @@ void in_range(const char* op, const char* arg, int64_t v, int64_t lo, int64_t hi
 
 }  // namespace check
 }  // namespace lowbit
+
+#define LOWBIT_CHECK(ok, op, arg, message)                    \
+  do {                                                         \
+    if (!(ok)) ::lowbit::check::fail((op), (arg), (message)); \
+  } while (0)

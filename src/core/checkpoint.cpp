@@ -136,11 +136,11 @@ PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMark
   keep.reserve(8);
   std::vector<std::pair<std::string, TensorView>> parts;
   if (m.format == "comfy") {
-    check::that(m.qtype == "convrotcomfyw4a4", op, file.path().c_str(),
+    LOWBIT_CHECK(m.qtype == "convrotcomfyw4a4", op, file.path().c_str(),
                 "layer '" + m.prefix + "': comfy format '" + m.qtype + "' is not convrot_w4a4");
     const TensorInfo& w = need(m.prefix + "weight");
     const TensorInfo& s = need(m.prefix + "weight_scale");
-    check::that(w.shape.size() == 2, op, file.path().c_str(),
+    LOWBIT_CHECK(w.shape.size() == 2, op, file.path().c_str(),
                 "tensor '" + w.name + "': rank " + check::expected_got(2, w.shape.size()));
     parts.emplace_back("codes", host_view(w, keep));
     parts.emplace_back("scales", host_view(s, keep));
@@ -163,7 +163,7 @@ PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMark
     // Stored packed parts are U8 bytes; hand them back in the part's own dtype and shape.
     TensorView& v = parts.back().second;
     if (dtype_is_packed(p.second.dtype) || v.dtype != p.second.dtype) {
-      check::that(
+      LOWBIT_CHECK(
           static_cast<int64_t>(t.nbytes()) == dtype_storage_bytes(p.second.dtype, p.second.numel()),
           op, file.path().c_str(),
           "tensor '" + t.name + "': " +
@@ -178,11 +178,11 @@ PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMark
 
 QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, QType qtype,
                                    const QuantizeOptions& opt, Context& ctx) {
-  check::that(!out.empty(), kOp, "out", "expected an output path, got an empty string");
-  check::that(!same_file(in, out) && in != out, kOp, "out",
+  LOWBIT_CHECK(!out.empty(), kOp, "out", "expected an output path, got an empty string");
+  LOWBIT_CHECK(!same_file(in, out) && in != out, kOp, "out",
               "'" + out + "' is the input file; lowbit never overwrites its input");
   const bool comfy = opt.format == CheckpointFormat::comfy;
-  check::that(
+  LOWBIT_CHECK(
       !comfy || qtype == QType::convrot_comfy_w4a4, kOp, "format",
       std::string("--format comfy stores convrotcomfyw4a4 only, got qtype ") + qtype_name(qtype));
 
@@ -328,16 +328,16 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
         }
         if (ends_with(s.name, "lowbit_quant")) {
           std::string mj = lowbit_marker_json(pw, t.dtype);
-          check::that(mj.size() == s.nbytes(), kOp, s.name.c_str(), "marker size changed");
+          LOWBIT_CHECK(mj.size() == s.nbytes(), kOp, s.name.c_str(), "marker size changed");
           writer.write(s.name, mj.data(), mj.size());
           continue;
         }
         const TensorView* v = nullptr;
         for (const auto& part : parts)
           if (part_name(p.prefix, part.first) == s.name) v = &part.second;
-        check::that(v != nullptr, kOp, s.name.c_str(), "packed part missing");
+        LOWBIT_CHECK(v != nullptr, kOp, s.name.c_str(), "packed part missing");
         const uint64_t n = static_cast<uint64_t>(dtype_storage_bytes(v->dtype, v->numel()));
-        check::that(
+        LOWBIT_CHECK(
             n == s.nbytes(), kOp, s.name.c_str(),
             "packed part: " +
                 check::expected_got(static_cast<int64_t>(s.nbytes()), static_cast<int64_t>(n)) +

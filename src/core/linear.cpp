@@ -193,17 +193,17 @@ void check_quantizable(const char* op, QType q, int64_t O, int64_t K) {
 // one device.
 void check_packed_view(const char* op, const PackedWeightView& w) {
   check_quantizable(op, w.qtype, w.out_features, w.in_features);
-  check::that(w.rot == rotation_block(w.in_features), op, "w.rot",
+  LOWBIT_CHECK(w.rot == rotation_block(w.in_features), op, "w.rot",
               check::expected_got(rotation_block(w.in_features), w.rot));
-  check::that(w.bits == qtype_bits(w.qtype), op, "w.bits",
+  LOWBIT_CHECK(w.bits == qtype_bits(w.qtype), op, "w.bits",
               check::expected_got(qtype_bits(w.qtype), w.bits));
-  check::that(w.group == qtype_group(w.qtype, w.in_features), op, "w.group",
+  LOWBIT_CHECK(w.group == qtype_group(w.qtype, w.in_features), op, "w.group",
               check::expected_got(qtype_group(w.qtype, w.in_features), w.group));
   PackedWeightView copy = w;
   for (const Part& p : packed_parts(w.qtype, w.out_features, w.in_features)) {
     const TensorView& t = *part_view(copy, p.name);
     std::string arg = std::string("w.") + p.name;
-    check::that(t.data != nullptr, op, arg.c_str(), "expected a tensor, got none");
+    LOWBIT_CHECK(t.data != nullptr, op, arg.c_str(), "expected a tensor, got none");
     check::dtype(op, arg.c_str(), t, {p.dtype});
     check::ndim(op, arg.c_str(), t, static_cast<int>(p.shape.size()));
     for (size_t d = 0; d < p.shape.size(); ++d) check::dim(op, arg.c_str(), t, d, p.shape[d]);
@@ -234,23 +234,23 @@ PackedWeight::PackedWeight(QType q, int64_t out_features, int64_t in_features,
   const char* op = "PackedWeight";
   check_quantizable(op, q, out_features, in_features);
   if (rot != 0)
-    check::that(rot == rotation_block(in_features), op, "rot",
+    LOWBIT_CHECK(rot == rotation_block(in_features), op, "rot",
                 check::expected_got(rotation_block(in_features), rot));
   if (group != 0)
-    check::that(group == qtype_group(q, in_features), op, "group",
+    LOWBIT_CHECK(group == qtype_group(q, in_features), op, "group",
                 check::expected_got(qtype_group(q, in_features), group));
   const std::vector<Part> parts = packed_parts(q, out_features, in_features);
   for (const auto& nt : tensors) {
     bool known = false;
     for (const Part& p : parts) known = known || nt.first == p.name;
-    check::that(known, op, nt.first.c_str(),
+    LOWBIT_CHECK(known, op, nt.first.c_str(),
                 std::string("expected a part of ") + qtype_name(q) + ", got an unknown name");
   }
   for (const Part& p : parts) {
     const TensorView* t = nullptr;
     for (const auto& nt : tensors)
       if (nt.first == p.name) t = &nt.second;
-    check::that(t != nullptr, op, p.name, "expected this part, got none");
+    LOWBIT_CHECK(t != nullptr, op, p.name, "expected this part, got none");
     check::not_null(op, p.name, *t);
     check::device(op, p.name, *t, Device::cpu);
     check::dtype(op, p.name, *t, {p.dtype});
@@ -258,7 +258,7 @@ PackedWeight::PackedWeight(QType q, int64_t out_features, int64_t in_features,
     int64_t n = 1, want = 1;
     for (int64_t s : p.shape) want *= s;
     n = t->numel();
-    check::that(
+    LOWBIT_CHECK(
         n == want, op, p.name,
         "element count: " + check::expected_got(want, n) + " (shape " + t->describe() + ")");
     check::contiguous(op, p.name, *t);
@@ -304,7 +304,7 @@ namespace {
 
 // Flattens (..., K) into (R, K) rows when the leading dimensions collapse into one stride.
 TensorView as_rows(const char* op, const char* arg, const TensorView& t) {
-  check::that(t.ndim >= 1, op, arg, "rank: expected at least 1, got 0");
+  LOWBIT_CHECK(t.ndim >= 1, op, arg, "rank: expected at least 1, got 0");
   TensorView r = t;
   if (t.ndim == 1) {
     r.ndim = 2;
@@ -317,7 +317,7 @@ TensorView as_rows(const char* op, const char* arg, const TensorView& t) {
   int64_t rows = 1;
   for (int d = 0; d < t.ndim - 1; ++d) rows *= t.shape[d];
   for (int d = 0; d + 2 < t.ndim; ++d)
-    check::that(t.shape[d + 1] == 1 || t.stride[d] == t.stride[d + 1] * t.shape[d + 1], op, arg,
+    LOWBIT_CHECK(t.shape[d + 1] == 1 || t.stride[d] == t.stride[d + 1] * t.shape[d + 1], op, arg,
                 "expected leading dimensions that flatten into rows, got " + t.describe());
   r.ndim = 2;
   r.shape[0] = rows;
@@ -334,9 +334,9 @@ void check_float_input(const char* op, const char* arg, const TensorView& t) {
 }
 
 void check_rot(const char* op, int rot, int64_t K) {
-  check::that(rot == 16 || rot == 64 || rot == 256, op, "block",
+  LOWBIT_CHECK(rot == 16 || rot == 64 || rot == 256, op, "block",
               "expected one of {16, 64, 256}, got " + std::to_string(rot));
-  check::that(K % rot == 0, op, "block",
+  LOWBIT_CHECK(K % rot == 0, op, "block",
               "expected a divisor of the last dimension " + std::to_string(K) + ", got " +
                   std::to_string(rot));
 }
@@ -353,7 +353,7 @@ void hadamard_rotate(const TensorView& x, int block, TensorView out, Context& ct
   check_rot(op, block, xr.shape[1]);
   if (out.data == x.data) {
     bool same = out.dtype == x.dtype && xr.stride[0] == orr.stride[0];
-    check::that(same, op, "out", "in place: expected x's dtype and strides, got " + out.describe());
+    LOWBIT_CHECK(same, op, "out", "in place: expected x's dtype and strides, got " + out.describe());
   }
   if (xr.shape[0] == 0) return;
   if (x.device == Device::cpu) {
@@ -369,10 +369,10 @@ void rotate_quantize_activations(const TensorView& x, QType q, int rot, TensorVi
   check_float_input(op, "x", x);
   check::ndim(op, "x", x, 2);
   const int64_t M = x.shape[0], K = x.shape[1];
-  check::that(static_cast<unsigned>(q) < kNumQTypes, op, "qtype", "expected a valid qtype");
+  LOWBIT_CHECK(static_cast<unsigned>(q) < kNumQTypes, op, "qtype", "expected a valid qtype");
   check_rot(op, rot, K);
   if (q == QType::convrot4)
-    check::that(K % 16 == 0, op, "x", "NVFP4: expected K a multiple of 16, got " + x.describe());
+    LOWBIT_CHECK(K % 16 == 0, op, "x", "NVFP4: expected K a multiple of 16, got " + x.describe());
   check::not_null(op, "codes", codes);
   check::not_null(op, "scales", scales);
   DType code_dt = q == QType::convrot_fp8 ? DType::e4m3
@@ -384,7 +384,7 @@ void rotate_quantize_activations(const TensorView& x, QType q, int rot, TensorVi
   check::dim(op, "codes", codes, 1, K);
   check::inner_contiguous(op, "codes", codes);
   if (code_dt == DType::e2m1x2)
-    check::that(codes.stride[0] % 2 == 0, op, "codes", "expected an even row stride");
+    LOWBIT_CHECK(codes.stride[0] % 2 == 0, op, "codes", "expected an even row stride");
   if (q == QType::convrot4) {
     check::dtype(op, "scales", scales, {DType::e4m3});
     check::ndim(op, "scales", scales, 2);
@@ -436,7 +436,7 @@ void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_b
 }
 
 void dequantize_weight(const PackedWeight& w, TensorView out, bool rotated_basis, Context& ctx) {
-  check::that(!w.codes.empty(), "dequantize_weight", "w",
+  LOWBIT_CHECK(!w.codes.empty(), "dequantize_weight", "w",
               "expected a packed weight, got an empty one");
   dequantize_weight(w.view(), out, rotated_basis, ctx);
 }
@@ -461,7 +461,7 @@ void requantize_weight(PackedWeightView& w, const TensorView& weight, bool stoch
 
 QuantizedLinear QuantizedLinear::from_packed(const PackedWeight& w, Device device, Context& ctx) {
   const char* op = "QuantizedLinear::from_packed";
-  check::that(!w.codes.empty(), op, "w", "expected a packed weight, got an empty one");
+  LOWBIT_CHECK(!w.codes.empty(), op, "w", "expected a packed weight, got an empty one");
   QuantizedLinear l;
   l.device_ = device;
   l.view_ = w.view();
@@ -523,7 +523,7 @@ QuantizedLinear QuantizedLinear::quantize(const TensorView& weight, QType q, Con
 }
 
 PackedWeight QuantizedLinear::to_packed(Context& ctx) const {
-  check::that(!empty(), "QuantizedLinear::to_packed", "this",
+  LOWBIT_CHECK(!empty(), "QuantizedLinear::to_packed", "this",
               "expected a quantized layer, got an empty one");
   PackedWeight w = make_packed_weight(view_.qtype, view_.out_features, view_.in_features);
   PackedWeightView v = view_;
@@ -543,7 +543,7 @@ PackedWeight QuantizedLinear::to_packed(Context& ctx) const {
 void QuantizedLinear::forward(const TensorView& x, const TensorView* bias, TensorView out,
                               Context& ctx) const {
   const char* op = "QuantizedLinear::forward";
-  check::that(!empty(), op, "this", "expected a quantized layer, got an empty one");
+  LOWBIT_CHECK(!empty(), op, "this", "expected a quantized layer, got an empty one");
   check_float_input(op, "x", x);
   check::ndim(op, "x", x, 2);
   check::dim(op, "x", x, 1, view_.in_features);
@@ -575,7 +575,7 @@ void QuantizedLinear::forward(const TensorView& x, const TensorView* bias, Tenso
 void QuantizedLinear::backward_input(const TensorView& grad_out, TensorView grad_x,
                                      Context& ctx) const {
   const char* op = "QuantizedLinear::backward_input";
-  check::that(!empty(), op, "this", "expected a quantized layer, got an empty one");
+  LOWBIT_CHECK(!empty(), op, "this", "expected a quantized layer, got an empty one");
   check_float_input(op, "grad_out", grad_out);
   check::ndim(op, "grad_out", grad_out, 2);
   check::dim(op, "grad_out", grad_out, 1, view_.out_features);
@@ -595,14 +595,14 @@ void QuantizedLinear::backward_input(const TensorView& grad_out, TensorView grad
 
 void QuantizedLinear::requantize(const TensorView& weight, bool stochastic, uint64_t seed,
                                  Context& ctx) {
-  check::that(!empty(), "QuantizedLinear::requantize", "this",
+  LOWBIT_CHECK(!empty(), "QuantizedLinear::requantize", "this",
               "expected a quantized layer, got an empty one");
   requantize_weight(view_, weight, stochastic, seed, ctx);
   if (view_.decode_tiles.data) build_decode_tiles(ctx);  // derived from the rewritten codes
 }
 
 void QuantizedLinear::dequantize(TensorView out, Context& ctx) const {
-  check::that(!empty(), "QuantizedLinear::dequantize", "this",
+  LOWBIT_CHECK(!empty(), "QuantizedLinear::dequantize", "this",
               "expected a quantized layer, got an empty one");
   dequantize_weight(view_, out, false, ctx);
 }

@@ -36,17 +36,17 @@ int scale_groups(ScaleLayout l) {
 namespace {
 
 void check_layout(const char* op, ScaleLayout layout, int block) {
-  check::that(static_cast<int>(layout) <= 3, op, "layout",
+  LOWBIT_CHECK(static_cast<int>(layout) <= 3, op, "layout",
               "expected per_block, thread_q, thread_k or warp_q, got " +
                   std::to_string(static_cast<int>(layout)));
-  check::that(block > 0 && block % 8 == 0, op, "block",
+  LOWBIT_CHECK(block > 0 && block % 8 == 0, op, "block",
               "expected a positive multiple of 8, got " + std::to_string(block));
   if (layout == ScaleLayout::thread_q)
-    check::that(128 % block == 0, op, "block",
+    LOWBIT_CHECK(128 % block == 0, op, "block",
                 "thread_q pads to 128 rows: expected a divisor of 128 (8, 16, 32, 64, 128), got " +
                     std::to_string(block));
   if (layout == ScaleLayout::warp_q)
-    check::that(block <= 128, op, "block",
+    LOWBIT_CHECK(block <= 128, op, "block",
                 "warp_q has 4 groups of 32 rows: expected at most 128, got " +
                     std::to_string(block));
 }
@@ -55,7 +55,7 @@ void check_layout(const char* op, ScaleLayout layout, int block) {
 
 int64_t prologue_scale_count(int64_t n_tokens, ScaleLayout layout, int block) {
   check_layout("prologue_scale_count", layout, block);
-  check::that(n_tokens >= 0, "prologue_scale_count", "n_tokens",
+  LOWBIT_CHECK(n_tokens >= 0, "prologue_scale_count", "n_tokens",
               "expected >= 0, got " + std::to_string(n_tokens));
   const int64_t pad = layout == ScaleLayout::thread_q ? 128 : block;
   return (n_tokens + pad - 1) / pad * (pad / block) * scale_groups(layout);
@@ -80,17 +80,17 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
   else
     check::dtype(op, "x", x, {DType::bf16, DType::f16, DType::f32});
   for (int d = 0; d < 4; ++d)
-    check::that(x.shape[d] >= 1, op, "x",
+    LOWBIT_CHECK(x.shape[d] >= 1, op, "x",
                 "expected every dim >= 1, got shape " + x.describe());
   const int64_t B = x.shape[0], N = x.shape[1], H = x.shape[2], D = x.shape[3];
-  check::that(D % 16 == 0, op, "x", "head dim: expected a multiple of 16, got " + std::to_string(D));
-  check::that(x.stride[3] == 1, op, "x",
+  LOWBIT_CHECK(D % 16 == 0, op, "x", "head dim: expected a multiple of 16, got " + std::to_string(D));
+  LOWBIT_CHECK(x.stride[3] == 1, op, "x",
               "channel stride: expected 1 (channels contiguous), got " + std::to_string(x.stride[3]));
   if (cuda) {
-    check::that(D == 64 || D == 128 || D == 256, op, "x",
+    LOWBIT_CHECK(D == 64 || D == 128 || D == 256, op, "x",
                 "head dim on cuda: expected 64, 128 or 256, got " + std::to_string(D));
     check::aligned(op, "x", x.data, 16);
-    check::that(strides_multiple_of(x, 3, 8), op, "x",
+    LOWBIT_CHECK(strides_multiple_of(x, 3, 8), op, "x",
                 "strides on cuda: expected batch/token/head strides that are multiples of 8 "
                 "elements (16-byte rows), got " + x.describe());
   }
@@ -106,7 +106,7 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
     check::not_null(op, "norm_weight", w);
     check::same_device(op, "norm_weight", w, "x", x);
     check::dtype(op, "norm_weight", w, {DType::f32, DType::bf16, DType::f16});
-    check::that(w.ndim == 1 || w.ndim == 2, op, "norm_weight",
+    LOWBIT_CHECK(w.ndim == 1 || w.ndim == 2, op, "norm_weight",
                 "rank: expected 1 (D) or 2 (R, D), got " + std::to_string(w.ndim) + " (" +
                     w.describe() + ")");
     check::dim(op, "norm_weight", w, -1, D);
@@ -115,9 +115,9 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
     a.w = w.data;
     a.w_dtype = w.dtype;
     if (w.ndim == 2) {
-      check::that(p.weight_rows != nullptr, op, "weight_rows",
+      LOWBIT_CHECK(p.weight_rows != nullptr, op, "weight_rows",
                   "expected (N) int32 row indices with a (R, D) norm_weight, got none");
-      check::that(w.shape[0] >= 1, op, "norm_weight", "expected R >= 1, got " + w.describe());
+      LOWBIT_CHECK(w.shape[0] >= 1, op, "norm_weight", "expected R >= 1, got " + w.describe());
       a.w_sr = w.stride[0];
       const TensorView& r = *p.weight_rows;
       check::ndim(op, "weight_rows", r, 1);
@@ -129,7 +129,7 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
       std::vector<int32_t> rows(static_cast<size_t>(N));
       const int64_t rs = r.stride[0];
       if (r.device == Device::cuda) {
-        check::that(rs == 1 || N == 1, op, "weight_rows",
+        LOWBIT_CHECK(rs == 1 || N == 1, op, "weight_rows",
                     "stride on cuda: expected 1, got " + std::to_string(rs));
         Context c;
         copy_to_host(rows.data(), r.data, rows.size() * sizeof(int32_t), c);
@@ -144,11 +144,11 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
       a.w_rows = static_cast<const int32_t*>(r.data);
       a.w_rows_s = rs;
     } else {
-      check::that(p.weight_rows == nullptr, op, "weight_rows",
+      LOWBIT_CHECK(p.weight_rows == nullptr, op, "weight_rows",
                   "expected none with a (D) norm_weight (segmented weights are (R, D)), got one");
     }
   } else {
-    check::that(p.weight_rows == nullptr, op, "weight_rows",
+    LOWBIT_CHECK(p.weight_rows == nullptr, op, "weight_rows",
                 "expected none without a norm_weight, got one");
   }
 
@@ -158,17 +158,17 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
     check::not_null(op, "rope.table", t);
     check::same_device(op, "rope.table", t, "x", x);
     check::dtype(op, "rope.table", t, {DType::f32, DType::bf16, DType::f16});
-    check::that(t.ndim == 5 || t.ndim == 6, op, "rope.table",
+    LOWBIT_CHECK(t.ndim == 5 || t.ndim == 6, op, "rope.table",
                 "rank: expected 5 (1|B, N, 1, pairs, 2) or 6 (1|B, N, 1, pairs, 2, 2), got " +
                     t.describe());
-    check::that(t.shape[0] == 1 || t.shape[0] == B, op, "rope.table",
+    LOWBIT_CHECK(t.shape[0] == 1 || t.shape[0] == B, op, "rope.table",
                 "dim 0: expected 1 or B = " + std::to_string(B) + ", got " + t.describe());
     check::dim(op, "rope.table", t, 1, N);
     check::dim(op, "rope.table", t, 2, 1);
     check::dim(op, "rope.table", t, 4, 2);
     if (t.ndim == 6) check::dim(op, "rope.table", t, 5, 2);
     const int64_t pairs = t.shape[3];
-    check::that(pairs >= 1 && 2 * pairs <= D, op, "rope.table",
+    LOWBIT_CHECK(pairs >= 1 && 2 * pairs <= D, op, "rope.table",
                 "pairs (dim 3): expected 1 .. D/2 = " + std::to_string(D / 2) + ", got " +
                     std::to_string(pairs));
     a.rotate = true;
@@ -226,12 +226,12 @@ void resolve_quantize(const char* op, const TensorView& x, const Prologue& p, Te
   check::same_device(op, "q_out", q_out, "x", x);
   check::dtype(op, "q_out", q_out, {DType::i8});
   check::same_shape(op, "q_out", q_out, "x", x);
-  check::that(q_out.stride[3] == 1, op, "q_out",
+  LOWBIT_CHECK(q_out.stride[3] == 1, op, "q_out",
               "channel stride: expected 1 (channels contiguous), got " +
                   std::to_string(q_out.stride[3]));
   if (x.device == Device::cuda) {
     check::aligned(op, "q_out", q_out.data, 8);
-    check::that(strides_multiple_of(q_out, 3, 8), op, "q_out",
+    LOWBIT_CHECK(strides_multiple_of(q_out, 3, 8), op, "q_out",
                 "strides on cuda: expected batch/token/head strides that are multiples of 8, got " +
                     q_out.describe());
   }
@@ -258,7 +258,7 @@ void resolve_quantize(const char* op, const TensorView& x, const Prologue& p, Te
 
 void check_quantize_options(const char* op, const Prologue& p) {
   check_layout(op, p.layout, p.block);
-  check::that(p.scale_eps >= 0.f, op, "scale_eps",
+  LOWBIT_CHECK(p.scale_eps >= 0.f, op, "scale_eps",
               "expected >= 0, got " + std::to_string(p.scale_eps));
 }
 
@@ -278,7 +278,7 @@ std::pair<uintptr_t, uintptr_t> byte_span(const TensorView& t) {
 void check_disjoint(const char* op, const char* arg, const TensorView& t, const char* other_arg,
                     const TensorView& other) {
   const auto a = byte_span(t), b = byte_span(other);
-  check::that(a.second <= b.first || b.second <= a.first, op, arg,
+  LOWBIT_CHECK(a.second <= b.first || b.second <= a.first, op, arg,
               std::string("expected no overlap with ") + other_arg + ", got " + t.describe() +
                   " and " + other.describe());
 }
@@ -311,7 +311,7 @@ void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView 
                              TensorView q_out, TensorView scale_out, Context& ctx) {
   const char* op = "norm_rope_mean_quantize";
   check_quantize_options(op, p);
-  check::that(p.mean == nullptr, op, "p.mean",
+  LOWBIT_CHECK(p.mean == nullptr, op, "p.mean",
               "expected none (the mean is computed into mean_out), got one");
   PrologueArgs a = resolve_inputs(op, x, p, false);
   resolve_mean_out(op, x, mean_out, a);
@@ -343,13 +343,13 @@ void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Conte
   PrologueArgs a = resolve_inputs(op, x, p, false);
   check::not_null(op, "y", y);
   check::same_device(op, "y", y, "x", x);
-  check::that(y.dtype == x.dtype, op, "y",
+  LOWBIT_CHECK(y.dtype == x.dtype, op, "y",
               std::string("dtype: expected ") + dtype_name(x.dtype) + ", got " + dtype_name(y.dtype));
   check::same_shape(op, "y", y, "x", x);
   check::inner_contiguous(op, "y", y);
   if (x.device == Device::cuda) {
     check::aligned(op, "y", y.data, 16);
-    check::that(strides_multiple_of(y, 3, 8), op, "y",
+    LOWBIT_CHECK(strides_multiple_of(y, 3, 8), op, "y",
                 "strides on cuda: expected multiples of 8, got " + y.describe());
     LOWBIT_CUDA_CALL(op, cuda::norm_rope_store(a, y.data, y.stride[0], y.stride[1], y.stride[2], ctx));
   } else {

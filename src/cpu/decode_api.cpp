@@ -62,18 +62,18 @@ void check_cache(const char* op, const KvCache& c) {
     case KvFormat::int4:
     case KvFormat::fp8: check::dtype(op, "cache.k", c.k, {DType::i32}); break;
   }
-  check::that(c.v.dtype == c.k.dtype, op, "cache.v",
+  LOWBIT_CHECK(c.v.dtype == c.k.dtype, op, "cache.v",
               check::expected_got(dtype_name(c.k.dtype), dtype_name(c.v.dtype)));
   if (c.format == KvFormat::int4) {
-    check::that(c.n_groups == 1 || c.n_groups == 2 || c.n_groups == 4 || c.n_groups == 8, op,
+    LOWBIT_CHECK(c.n_groups == 1 || c.n_groups == 2 || c.n_groups == 4 || c.n_groups == 8, op,
                 "cache.n_groups", "expected 1, 2, 4 or 8, got " + std::to_string(c.n_groups));
   } else {
-    check::that(c.n_groups == 1, op, "cache.n_groups",
+    LOWBIT_CHECK(c.n_groups == 1, op, "cache.n_groups",
                 std::string("expected 1 for format ") + kv_format_name(c.format) + ", got " +
                     std::to_string(c.n_groups));
   }
   const int D = c.head_dim();
-  check::that(D == 64 || D == 128 || D == 256, op, "cache.k",
+  LOWBIT_CHECK(D == 64 || D == 128 || D == 256, op, "cache.k",
               std::string("head dim: expected 64, 128 or 256 (last dim ") +
                   (c.format == KvFormat::int4 ? "n_groups + D/8"
                    : c.format == KvFormat::fp8 ? "D/4" : "D") +
@@ -91,9 +91,9 @@ void check_cache(const char* op, const KvCache& c) {
     check::dim(op, "cache.block_tables", c.block_tables, 0, B);
     check::not_null(op, "cache.block_tables", c.block_tables);
     check::same_device(op, "cache.block_tables", c.block_tables, "cache.k", c.k);
-    check::that(c.page_size > 0 && c.page_size % 16 == 0, op, "cache.page_size",
+    LOWBIT_CHECK(c.page_size > 0 && c.page_size % 16 == 0, op, "cache.page_size",
                 "expected a positive multiple of 16, got " + std::to_string(c.page_size));
-    check::that(c.k.shape[0] % c.page_size == 0, op, "cache.k",
+    LOWBIT_CHECK(c.k.shape[0] % c.page_size == 0, op, "cache.k",
                 "pool rows: expected a multiple of page_size " + std::to_string(c.page_size) +
                     ", got " + std::to_string(c.k.shape[0]));
   } else {
@@ -102,7 +102,7 @@ void check_cache(const char* op, const KvCache& c) {
   if (c.format == KvFormat::fp8) {
     for (const TensorView* s : {&c.k_scale_shift, &c.v_scale_shift}) {
       const char* name = s == &c.k_scale_shift ? "cache.k_scale_shift" : "cache.v_scale_shift";
-      check::that(s->ndim == rank - 1, op, name,
+      LOWBIT_CHECK(s->ndim == rank - 1, op, name,
                   "rank: " + check::expected_got(rank - 1, s->ndim) + " (fp8 needs one int32 of "
                   "fp16 scale|shift per row and head)");
       check::dtype(op, name, *s, {DType::i32});
@@ -121,7 +121,7 @@ void check_cache_values(const char* op, const KvCache& c) {
   const int32_t* sl = c.seq_len.ptr<int32_t>();
   for (int64_t b = 0; b < c.batch(); ++b) {
     const int64_t len = sl[b * c.seq_len.stride[0]];
-    check::that(len >= 0 && len <= cap, op, "cache.seq_len",
+    LOWBIT_CHECK(len >= 0 && len <= cap, op, "cache.seq_len",
                 "seq_len[" + std::to_string(b) + "]: expected a value in [0, " +
                     std::to_string(cap) + "] (capacity), got " + std::to_string(len));
     if (!c.paged()) continue;
@@ -129,7 +129,7 @@ void check_cache_values(const char* op, const KvCache& c) {
     const int32_t* bt = c.block_tables.ptr<int32_t>();
     for (int64_t p = 0; p < (len + c.page_size - 1) / c.page_size; ++p) {
       const int64_t idx = bt[b * c.block_tables.stride[0] + p * c.block_tables.stride[1]];
-      check::that(idx >= 0 && idx < pages, op, "cache.block_tables",
+      LOWBIT_CHECK(idx >= 0 && idx < pages, op, "cache.block_tables",
                   "block_tables[" + std::to_string(b) + "][" + std::to_string(p) +
                       "]: expected a page index in [0, " + std::to_string(pages - 1) +
                       "], got " + std::to_string(idx));
@@ -171,7 +171,7 @@ void kv_append(KvCache& cache, const TensorView& k_new, const TensorView& v_new,
     const int64_t cap = cache.capacity();
     for (int64_t b = 0; b < B; ++b) {
       const int64_t pos = positions.ptr<int32_t>()[b * positions.stride[0]];
-      check::that(pos >= 0 && pos + n_new <= cap, op, "positions",
+      LOWBIT_CHECK(pos >= 0 && pos + n_new <= cap, op, "positions",
                   "positions[" + std::to_string(b) + "] + " + std::to_string(n_new) +
                       " new tokens: expected within the capacity " + std::to_string(cap) +
                       ", got position " + std::to_string(pos));
@@ -180,7 +180,7 @@ void kv_append(KvCache& cache, const TensorView& k_new, const TensorView& v_new,
       for (int64_t p = pos / cache.page_size; p <= (pos + n_new - 1) / cache.page_size; ++p) {
         const int64_t idx = cache.block_tables.ptr<int32_t>()[b * cache.block_tables.stride[0] +
                                                             p * cache.block_tables.stride[1]];
-        check::that(idx >= 0 && idx < pages, op, "cache.block_tables",
+        LOWBIT_CHECK(idx >= 0 && idx < pages, op, "cache.block_tables",
                     "block_tables[" + std::to_string(b) + "][" + std::to_string(p) +
                         "]: expected a page index in [0, " + std::to_string(pages - 1) +
                         "], got " + std::to_string(idx));
@@ -200,10 +200,10 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   const char* op = "plan_decode";
   check_cache(op, cache);
   const int64_t H = cache.kv_heads();
-  check::that(D == cache.head_dim(), op, "D", check::expected_got(cache.head_dim(), D) +
+  LOWBIT_CHECK(D == cache.head_dim(), op, "D", check::expected_got(cache.head_dim(), D) +
                                                   " (the cache's head dim)");
   check::in_range(op, "Mq", Mq, 1, 16);
-  check::that(Hq > 0 && Hq % H == 0, op, "Hq",
+  LOWBIT_CHECK(Hq > 0 && Hq % H == 0, op, "Hq",
               "expected a positive multiple of the cache's " + std::to_string(H) +
                   " kv heads, got " + std::to_string(Hq));
   check::in_range(op, "Hq / Hkv (G)", Hq / H, 1, 16);
@@ -337,7 +337,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   const int64_t B = cache.batch(), H = cache.kv_heads();
   const int D = cache.head_dim();
   // The plan must describe this cache and these queries.
-  check::that(plan.device == cache.k.device && plan.batch == B && plan.kv_heads == H &&
+  LOWBIT_CHECK(plan.device == cache.k.device && plan.batch == B && plan.kv_heads == H &&
                   plan.capacity == cache.capacity() && plan.head_dim == D &&
                   plan.format == cache.format,
               op, "plan",
@@ -347,7 +347,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
                   std::to_string(plan.batch) + ", kv heads " + std::to_string(plan.kv_heads) +
                   ", capacity " + std::to_string(plan.capacity) + ", D " +
                   std::to_string(plan.head_dim));
-  check::that(plan.n_splits >= 1 && plan.split_size >= 16 && plan.split_size % 16 == 0, op,
+  LOWBIT_CHECK(plan.n_splits >= 1 && plan.split_size >= 16 && plan.split_size % 16 == 0, op,
               "plan", "expected n_splits >= 1 and split_size a positive multiple of 16, got " +
                           std::to_string(plan.n_splits) + " x " + std::to_string(plan.split_size));
   check::in_range(op, "plan.fold_scales", plan.fold_scales, 0, 1);
@@ -389,9 +389,9 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
     check::inner_contiguous(op, "bias", *bias);
     check::same_device(op, "bias", *bias, "q", q);
   }
-  check::that(std::isfinite(sm_scale), op, "sm_scale",
+  LOWBIT_CHECK(std::isfinite(sm_scale), op, "sm_scale",
               "expected a finite value (0 = 1/sqrt(D)), got " + std::to_string(sm_scale));
-  check::that(workspace != nullptr || workspace_bytes(plan) == 0, op, "workspace",
+  LOWBIT_CHECK(workspace != nullptr || workspace_bytes(plan) == 0, op, "workspace",
               "expected " + std::to_string(workspace_bytes(plan)) + " bytes, got null");
   check_cache_values(op, cache);
   if (q.numel() == 0) return;
@@ -412,18 +412,18 @@ void check_part_pair(const char* op, const TensorView& o, const TensorView& l, c
                      const std::string& name) {
   check::not_null(op, (name + " out").c_str(), o);
   check::not_null(op, (name + " lse").c_str(), l);
-  check::that(o.ndim == ref.ndim, op, name.c_str(),
+  LOWBIT_CHECK(o.ndim == ref.ndim, op, name.c_str(),
               "rank: " + check::expected_got(ref.ndim, o.ndim));
   for (int d = 0; d < ref.ndim; ++d)
-    check::that(o.shape[d] == ref.shape[d], op, name.c_str(),
+    LOWBIT_CHECK(o.shape[d] == ref.shape[d], op, name.c_str(),
                 "shape: expected " + shape_str(ref) + ", got " + shape_str(o));
   check::dtype(op, name.c_str(), o, {DType::f32, DType::f16, DType::bf16});
   check::inner_contiguous(op, name.c_str(), o);
   check::same_device(op, name.c_str(), o, "out", ref);
-  check::that(l.ndim == ref.ndim - 1, op, (name + " lse").c_str(),
+  LOWBIT_CHECK(l.ndim == ref.ndim - 1, op, (name + " lse").c_str(),
               "rank: " + check::expected_got(ref.ndim - 1, l.ndim));
   for (int d = 0; d < ref.ndim - 1; ++d)
-    check::that(l.shape[d] == ref.shape[d], op, (name + " lse").c_str(),
+    LOWBIT_CHECK(l.shape[d] == ref.shape[d], op, (name + " lse").c_str(),
                 "shape: expected the leading dims of " + shape_str(ref) + ", got " + shape_str(l));
   check::dtype(op, (name + " lse").c_str(), l, {DType::f32});
   check::same_device(op, (name + " lse").c_str(), l, "out", ref);
@@ -431,10 +431,10 @@ void check_part_pair(const char* op, const TensorView& o, const TensorView& l, c
 
 MergeArgs make_merge_args(const char* op, const TensorView* outs, const TensorView* lses,
                           int n_parts, const TensorView& out, const TensorView* lse_out) {
-  check::that(n_parts >= 1, op, "n_parts", "expected at least 1 part, got " +
+  LOWBIT_CHECK(n_parts >= 1, op, "n_parts", "expected at least 1 part, got " +
                                                std::to_string(n_parts));
   check::not_null(op, "out", out);
-  check::that(out.ndim >= 1 && out.ndim <= 5, op, "out",
+  LOWBIT_CHECK(out.ndim >= 1 && out.ndim <= 5, op, "out",
               "rank: expected 1 to 5, got " + std::to_string(out.ndim));
   check::dtype(op, "out", out, {DType::f32, DType::f16, DType::bf16});
   check::inner_contiguous(op, "out", out);
@@ -444,7 +444,7 @@ MergeArgs make_merge_args(const char* op, const TensorView* outs, const TensorVi
   a.rows = a.head_dim > 0 ? out.numel() / a.head_dim : 0;
   for (int i = 0; i < n_parts; ++i) {
     check_part_pair(op, outs[i], lses[i], out, "part " + std::to_string(i));
-    check::that(outs[i].dtype == outs[0].dtype, op, "outs",
+    LOWBIT_CHECK(outs[i].dtype == outs[0].dtype, op, "outs",
                 "dtype: expected every part in " + std::string(dtype_name(outs[0].dtype)) +
                     ", got " + dtype_name(outs[i].dtype) + " for part " + std::to_string(i));
     a.outs.push_back(outs[i]);
@@ -452,7 +452,7 @@ MergeArgs make_merge_args(const char* op, const TensorView* outs, const TensorVi
   }
   if (lse_out) {
     check::not_null(op, "lse_out", *lse_out);
-    check::that(lse_out->ndim == out.ndim - 1, op, "lse_out",
+    LOWBIT_CHECK(lse_out->ndim == out.ndim - 1, op, "lse_out",
                 "rank: " + check::expected_got(out.ndim - 1, lse_out->ndim));
     for (int d = 0; d < out.ndim - 1; ++d) check::dim(op, "lse_out", *lse_out, d, out.shape[d]);
     check::dtype(op, "lse_out", *lse_out, {DType::f32});
@@ -484,7 +484,7 @@ TensorView slice0(const TensorView& t, int64_t i) {
 void merge_attention(const TensorView* outs, const TensorView* lses, int n_parts, TensorView out,
                      TensorView* lse_out, Context& ctx) {
   const char* op = "merge_attention";
-  check::that(outs != nullptr && lses != nullptr, op, "outs", "expected arrays, got null");
+  LOWBIT_CHECK(outs != nullptr && lses != nullptr, op, "outs", "expected arrays, got null");
   MergeArgs a = make_merge_args(op, outs, lses, n_parts, out, lse_out);
   if (a.rows == 0) return;
   if (out.device == Device::cpu) cpu::merge_attention(a, ctx);
@@ -496,13 +496,13 @@ void merge_attention(const TensorView& outs, const TensorView& lses, TensorView 
   const char* op = "merge_attention";
   check::not_null(op, "outs", outs);
   check::not_null(op, "lses", lses);
-  check::that(outs.ndim >= 2 && outs.ndim <= 6, op, "outs",
+  LOWBIT_CHECK(outs.ndim >= 2 && outs.ndim <= 6, op, "outs",
               "rank: expected 2 to 6 (n, ..., D), got " + std::to_string(outs.ndim));
-  check::that(lses.ndim == outs.ndim - 1, op, "lses",
+  LOWBIT_CHECK(lses.ndim == outs.ndim - 1, op, "lses",
               "rank: " + check::expected_got(outs.ndim - 1, lses.ndim));
   check::dim(op, "lses", lses, 0, outs.shape[0]);
   const int64_t n = outs.shape[0];
-  check::that(n >= 1 && n <= (1 << 20), op, "outs", "parts: expected 1 to 2^20, got " +
+  LOWBIT_CHECK(n >= 1 && n <= (1 << 20), op, "outs", "parts: expected 1 to 2^20, got " +
                                                          std::to_string(n));
   std::vector<TensorView> o(n), l(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -528,7 +528,7 @@ void merge_attention_backward(const TensorView* outs, const TensorView* lses, in
                               const TensorView& grad_out, const TensorView* grad_lse,
                               TensorView* grad_outs, TensorView* grad_lses, Context& ctx) {
   const char* op = "merge_attention_backward";
-  check::that(outs && lses && grad_outs && grad_lses, op, "outs",
+  LOWBIT_CHECK(outs && lses && grad_outs && grad_lses, op, "outs",
               "expected arrays for outs, lses, grad_outs and grad_lses, got null");
   MergeBackwardArgs a;
   a.fwd = make_merge_args(op, outs, lses, n_parts, out, &lse);

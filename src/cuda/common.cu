@@ -135,26 +135,5 @@ bool sm90a_image_loaded(const void* kernel, int min_regs) {
   });
 }
 
-cudaMemPool_t scratch_pool(const char* op) {
-  static std::mutex mu;
-  static std::map<int, cudaMemPool_t> pools;
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), op, "device");
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = pools.find(dev);
-  if (it != pools.end()) return it->second;
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = dev;
-  cudaMemPool_t pool = nullptr;
-  check_cuda(cudaMemPoolCreate(&pool, &props), op, "memory pool");
-  uint64_t keep = UINT64_MAX;
-  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), op,
-             "memory pool");
-  pools.emplace(dev, pool);
-  return pool;
-}
-
 }  // namespace cuda
 }  // namespace lowbit

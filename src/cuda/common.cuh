@@ -12,6 +12,7 @@
 
 #include "lowbit/tensor.h"
 #include "src/core/cuda_check.h"
+#include "src/core/scratch.h"
 
 namespace lowbit {
 namespace cuda {
@@ -86,10 +87,11 @@ void launch_maybe_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, siz
   kernel<<<grid, block, smem, stream>>>(args...);
 }
 
-// lowbit's own stream-ordered pool for the current device: its release threshold is "never", so
-// temporaries are reused across calls (the default pool would return memory at every
-// synchronization and re-map it on the next call, which costs more than a decode layer).
-cudaMemPool_t scratch_pool(const char* op);
+// lowbit's own stream-ordered pool for the current device (src/core/scratch.h): its release
+// threshold is "never", so temporaries are reused across calls (the default pool would return
+// memory at every synchronization and re-map it on the next call, which costs more than a decode
+// layer).
+using detail::scratch_pool;
 
 // A stream-ordered temporary buffer from scratch_pool, freed on the stream when it goes out of
 // scope (0 bytes: no allocation, null pointer).

@@ -1665,7 +1665,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   a.stage_out = plan.bulk_stage_out && reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&
                 a.nst * a.stage_bytes >= staged_bytes;
   a.lean = plan.bulk_lean_start;
-  check::that(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
+  LOWBIT_CHECK(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
   const CacheArgs c = make_cache_args(cache);
   // kProbeFlat copies a tile's blocks whole: elsewhere it falls back to the kernel's own copies.
   if (a.probe_mode == kProbeFlat && !(a.tma && a.contig)) a.probe_mode = kProbeCopies;

@@ -381,7 +381,7 @@ constexpr bool kUseRing = true;
 void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.w.N == 0) return;
   if (p.e4m3) {  // e4m3 codes: the ring kernel only (the other kernels sum integers)
-    check::that(decode_ring_applies(p), "decode_gemv", "weight",
+    LOWBIT_CHECK(decode_ring_applies(p), "decode_gemv", "weight",
                 "e4m3 codes: expected the ring kernel's arguments (sm_90, K a multiple of 256, "
                 "M <= 16, 16-byte aligned codes, no integer output)");
     decode_ring(p, stream);
@@ -403,7 +403,7 @@ void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
 
 void decode_gemv_stream(const DecodeParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.w.N == 0) return;
-  check::that(p.x == nullptr && p.a != nullptr, "decode_gemv", "activations",
+  LOWBIT_CHECK(p.x == nullptr && p.a != nullptr, "decode_gemv", "activations",
               "expected activation codes (the streaming kernels have no fused rotation)");
   if (kUseDecode4 && decode4_applies(p)) {
     launch_decode4(p, stream);

@@ -84,7 +84,7 @@ linear::PackedWeightRef weight_ref(const PackedWeightView& w) {
 
 void check_k_fits(const char* op, int64_t K) {
   const int64_t max_k = linear::rotate_quantize_max_k();
-  check::that(K <= max_k, op, "x",
+  LOWBIT_CHECK(K <= max_k, op, "x",
               "expected in_features <= " + std::to_string(max_k) +
                   " (the fused CUDA rotation stages one row in shared memory), got " +
                   std::to_string(K));
@@ -135,13 +135,13 @@ cublasLtHandle_t lt_handle(const char* op) {
   static cublasLtHandle_t handle = nullptr;
   static cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   std::call_once(once, [] { status = cublasLtCreate(&handle); });
-  check::that(status == CUBLAS_STATUS_SUCCESS, op, "cuBLASLt",
+  LOWBIT_CHECK(status == CUBLAS_STATUS_SUCCESS, op, "cuBLASLt",
               "expected a cuBLASLt handle, got status " + std::to_string(static_cast<int>(status)));
   return handle;
 }
 
 void lt_ok(cublasStatus_t st, const char* op, const char* what) {
-  check::that(st == CUBLAS_STATUS_SUCCESS, op, what,
+  LOWBIT_CHECK(st == CUBLAS_STATUS_SUCCESS, op, what,
               "expected CUBLAS_STATUS_SUCCESS, got status " + std::to_string(static_cast<int>(st)));
 }
 

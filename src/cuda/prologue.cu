@@ -460,7 +460,7 @@ void legacy_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   const int64_t units = L.tiles * a.heads * a.batch;
   L.head_group = a.rotate ? static_cast<int>(std::clamp<int64_t>(units / (3 * sms), 1, 8)) : 1;
   const int64_t head_groups = (a.heads + L.head_group - 1) / L.head_group;
-  check::that(L.tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
+  LOWBIT_CHECK(L.tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
               "cuda grid: expected at most 65535 tiles and batch items, got " +
                   std::to_string(L.tiles) + " and " + std::to_string(a.batch));
   const size_t smem = sizeof(float) * (L.tile_rows + (L.tile_rows / a.block) * a.groups);
@@ -476,7 +476,7 @@ void legacy_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
 }
 
 void legacy_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
-  check::that(a.heads <= 65535 && a.batch <= 65535, "norm_rope_mean", "x",
+  LOWBIT_CHECK(a.heads <= 65535 && a.batch <= 65535, "norm_rope_mean", "x",
               "cuda grid: expected at most 65535 heads and batch items");
   dim3 grid(kMeanCluster, static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch));
   const int mode = table_mode_of(a);
@@ -803,7 +803,7 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold)
   const int forced_steps = detail::prologue_cuda_tuning().mean_steps;
   L.steps = static_cast<int>(forced_steps > 0 ? std::min<int64_t>(forced_steps, row_steps) : steps);
   L.chunks = (row_steps + L.steps - 1) / L.steps;
-  check::that(L.chunks <= 65535 && a.batch <= 65535 && head_groups <= INT32_MAX, "norm_rope_mean",
+  LOWBIT_CHECK(L.chunks <= 65535 && a.batch <= 65535 && head_groups <= INT32_MAX, "norm_rope_mean",
               "x",
               "cuda grid: expected at most 65535 token chunks and batch items, got " +
                   std::to_string(L.chunks) + " and " + std::to_string(a.batch));

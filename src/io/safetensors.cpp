@@ -452,7 +452,7 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Tensor
                                      const WriterOptions& options)
     : path_(path), specs_(std::move(tensors)), options_(options) {
   const char* op = "safetensors_write";
-  check::that(!path.empty(), op, "path", "expected a file name, got an empty string");
+  LOWBIT_CHECK(!path.empty(), op, "path", "expected a file name, got an empty string");
   std::unordered_set<std::string> names;
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
@@ -462,16 +462,16 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Tensor
   }
   uint64_t offset = 0;
   for (const TensorSpec& s : specs_) {
-    check::that(!s.name.empty(), op, path.c_str(), "tensor names must not be empty");
-    check::that(s.name != "__metadata__", op, path.c_str(),
+    LOWBIT_CHECK(!s.name.empty(), op, path.c_str(), "tensor names must not be empty");
+    LOWBIT_CHECK(s.name != "__metadata__", op, path.c_str(),
                 "'__metadata__' is reserved, not a tensor name");
-    check::that(names.insert(s.name).second, op, path.c_str(),
+    LOWBIT_CHECK(names.insert(s.name).second, op, path.c_str(),
                 "tensor '" + s.name + "' planned twice");
     uint64_t n = static_cast<uint64_t>(file_dtype_size(s.dtype));
     for (int64_t d : s.shape) {
-      check::that(d >= 0, op, path.c_str(),
+      LOWBIT_CHECK(d >= 0, op, path.c_str(),
                   "tensor '" + s.name + "': negative dimension " + std::to_string(d));
-      check::that(!__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n), op, path.c_str(),
+      LOWBIT_CHECK(!__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n), op, path.c_str(),
                   "tensor '" + s.name + "': size overflows 64 bits");
     }
     nlohmann::ordered_json e;
@@ -479,7 +479,7 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Tensor
     e["shape"] = s.shape;
     e["data_offsets"] = {offset, offset + n};
     h[s.name] = std::move(e);
-    check::that(!__builtin_add_overflow(offset, n, &offset), op, path.c_str(),
+    LOWBIT_CHECK(!__builtin_add_overflow(offset, n, &offset), op, path.c_str(),
                 "total size overflows 64 bits");
   }
   std::string header = h.dump();
@@ -492,7 +492,7 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Tensor
     dir = slash == 0 ? "/" : path.substr(0, slash);
     base = path.substr(slash + 1);
   }
-  check::that(!base.empty(), op, path.c_str(), "expected a file name, got a directory");
+  LOWBIT_CHECK(!base.empty(), op, path.c_str(), "expected a file name, got a directory");
   temp_path_ = (dir == "/" ? "" : dir) + "/." + base + ".tmp-" + std::to_string(getpid()) + "-" +
                std::to_string(g_temp_counter.fetch_add(1));
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);

@@ -10,6 +10,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
@@ -142,6 +144,82 @@ TEST(AttentionStreams, SideStreamsKeepTheBitsOfTheSerialOrder) {
     }).join();
     cudaStreamDestroy(own);
   }
+}
+
+// attention() and attention_varlen() without a workspace make theirs stream-ordered
+// (src/core/scratch.h): they return while the stream is still busy (a host function holds it
+// until a gate opens, or 20 s pass) and give the workspace overload's bits, also inside a graph
+// capture (the allocation and its free become graph nodes).
+void hold_stream(void* gate) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto* g = static_cast<std::atomic<bool>*>(gate);
+  while (!g->load() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+TEST(AttentionStreams, OwnWorkspaceDoesNotWaitForTheStream) {
+  if (!built_with_cuda() || cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  cudaStream_t own = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
+  Context ctx;
+  ctx.cuda_stream = own;
+  for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
+    SCOPED_TRACE(pv == AttentionOptions::fp8 ? "fp8 P.V" : "16-bit P.V");
+    Problem p(pv);
+    p.run(ctx);
+    const std::vector<uint8_t> want = p.output(ctx);
+    // The same problem as one packed sequence.
+    const TensorView q3 = make_view(p.q.data(), DType::bf16, {N, Hq, D}, Device::cuda);
+    const TensorView k3 = make_view(p.k.data(), DType::bf16, {N, Hkv, D}, Device::cuda);
+    const TensorView v3 = make_view(p.v.data(), DType::bf16, {N, Hkv, D}, Device::cuda);
+    const TensorView o3 = make_view(p.out.data(), DType::bf16, {N, Hq, D}, Device::cuda);
+    const std::vector<int64_t> cu = {0, N};
+    for (int form = 0; form < 2; ++form) {
+      SCOPED_TRACE(form == 0 ? "attention()" : "attention_varlen()");
+      auto call = [&] {
+        if (form == 0)
+          attention(p.qv, p.kv, p.vv, p.ov, nullptr, p.options, ctx);
+        else
+          attention_varlen(q3, k3, v3, cu, cu, o3, nullptr, p.options, ctx);
+      };
+      p.clear(ctx);
+      call();  // first use: the pool and the kernels' one-time setup
+      EXPECT_EQ(p.output(ctx), want) << "eager";
+
+      p.clear(ctx);
+      std::atomic<bool> gate{false};
+      ASSERT_EQ(cudaLaunchHostFunc(own, hold_stream, &gate), cudaSuccess);
+      const auto t0 = std::chrono::steady_clock::now();
+      call();
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const cudaError_t busy = cudaStreamQuery(own);
+      gate = true;
+      EXPECT_EQ(busy, cudaErrorNotReady) << "the call waited for its stream";
+      EXPECT_LT(waited, 10.0) << "the call waited for its stream";
+      EXPECT_EQ(p.output(ctx), want) << "queued behind a busy stream";
+
+      p.clear(ctx);
+      ASSERT_EQ(cudaStreamBeginCapture(own, cudaStreamCaptureModeGlobal), cudaSuccess);
+      std::string error;
+      try {
+        call();
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      cudaGraph_t graph = nullptr;
+      ASSERT_EQ(cudaStreamEndCapture(own, &graph), cudaSuccess);
+      ASSERT_EQ(error, "");
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      for (int i = 0; i < 2; ++i) ASSERT_EQ(cudaGraphLaunch(exec, own), cudaSuccess);
+      EXPECT_EQ(p.output(ctx), want) << "graph replays";
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
+  cudaStreamDestroy(own);
 }
 
 // The quantize kernel is launched with programmatic dependent launch (it waits for the kernel
