@@ -11,6 +11,7 @@
 
 #include "bench/bench.h"
 #include "lowbit/runtime.h"
+#include "src/cuda/common.cuh"  // launch_maybe_pdl
 
 namespace lowbit {
 namespace bench {
@@ -142,21 +143,9 @@ double cuda_bf16_gemm_ms(const Env& env, int64_t m, int64_t n, int64_t k, bool b
 }
 
 void launch_empty_kernel(const Context& ctx, bool pdl) {
-  cudaStream_t s = static_cast<cudaStream_t>(ctx.cuda_stream);
-  if (!pdl) {
-    empty_kernel<<<1, 32, 0, s>>>();
-  } else {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(1);
-    cfg.blockDim = dim3(32);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    ok(cudaLaunchKernelEx(&cfg, empty_kernel), "empty kernel launch");
-  }
+  // The library's own launcher (cudaLaunchKernelEx with the PDL attribute, or <<<>>>).
+  cuda::launch_maybe_pdl(pdl, empty_kernel, dim3(1), dim3(32), 0,
+                         static_cast<cudaStream_t>(ctx.cuda_stream));
   ok(cudaGetLastError(), "empty kernel launch");
 }
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -74,13 +75,13 @@ struct Problem {
   }
 };
 
-// Runs attention() captured into a CUDA graph on ctx's stream, then replays it once.
-void run_captured(Problem& p, Context& ctx) {
+// Captures fn into a CUDA graph on ctx's stream, then replays the graph `replays` times.
+void capture_and_replay(Context& ctx, const std::function<void()>& fn, int replays = 1) {
   cudaStream_t s = static_cast<cudaStream_t>(ctx.cuda_stream);
   ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
   std::string error;
   try {
-    p.run(ctx);
+    fn();
   } catch (const Error& e) {
     error = e.what();
   }
@@ -89,10 +90,13 @@ void run_captured(Problem& p, Context& ctx) {
   ASSERT_EQ(error, "");
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  for (int i = 0; i < replays; ++i) ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+void run_captured(Problem& p, Context& ctx) {
+  capture_and_replay(ctx, [&] { p.run(ctx); });
 }
 
 TEST(AttentionStreams, SideStreamsKeepTheBitsOfTheSerialOrder) {
@@ -201,22 +205,8 @@ TEST(AttentionStreams, OwnWorkspaceDoesNotWaitForTheStream) {
       EXPECT_EQ(p.output(ctx), want) << "queued behind a busy stream";
 
       p.clear(ctx);
-      ASSERT_EQ(cudaStreamBeginCapture(own, cudaStreamCaptureModeGlobal), cudaSuccess);
-      std::string error;
-      try {
-        call();
-      } catch (const Error& e) {
-        error = e.what();
-      }
-      cudaGraph_t graph = nullptr;
-      ASSERT_EQ(cudaStreamEndCapture(own, &graph), cudaSuccess);
-      ASSERT_EQ(error, "");
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-      for (int i = 0; i < 2; ++i) ASSERT_EQ(cudaGraphLaunch(exec, own), cudaSuccess);
+      capture_and_replay(ctx, call, 2);
       EXPECT_EQ(p.output(ctx), want) << "graph replays";
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
     }
   }
   cudaStreamDestroy(own);
