@@ -469,8 +469,7 @@ class AttentionBench : public BenchCase {
         [&] { quantize_v_fp8(v.view, P.v8.view, P.vsv, nullptr, ctx); });
     TensorView o_view = out.view;
     row("kernel, auto, THREAD_Q/THREAD_K scales + K mean", 5 * x, 4.0 * x * N, [&] {
-      attention_int8(P.qr, P.kr, P.v8.view, &P.vsv, nullptr, &P.kmv, o_view, nullptr, P.inner,
-                     ctx);
+      attention_int8(P.qr, P.kr, P.v8.view, &P.vsv, nullptr, &P.kmv, o_view, nullptr, P.inner, ctx);
     });
   }
 };
@@ -557,7 +556,8 @@ class AttentionHostBench : public BenchCase {
       rows.push_back(r);
     };
     row("floor: an empty kernel (<<<>>>)", [&] { launch_empty_kernel(ctx, false); });
-    row("floor: an empty kernel (cudaLaunchKernelEx, PDL)", [&] { launch_empty_kernel(ctx, true); });
+    row("floor: an empty kernel (cudaLaunchKernelEx, PDL)",
+        [&] { launch_empty_kernel(ctx, true); });
     row("attention() on a caller's workspace", [&] {
       attention(q.view, k.view, v.view, o_view, nullptr, opt, ws.view.data, ws_bytes, ctx);
     });
@@ -567,11 +567,9 @@ class AttentionHostBench : public BenchCase {
         [&] { norm_rope_quantize(q.view, P.qp, P.qr.data, P.qr.scale, ctx); });
     row("k path (norm_rope_mean_quantize)",
         [&] { norm_rope_mean_quantize(k.view, P.kp, P.kmv, P.kr.data, P.kr.scale, ctx); });
-    row("V fp8 (quantize_v_fp8)",
-        [&] { quantize_v_fp8(v.view, P.v8.view, P.vsv, nullptr, ctx); });
+    row("V fp8 (quantize_v_fp8)", [&] { quantize_v_fp8(v.view, P.v8.view, P.vsv, nullptr, ctx); });
     row("kernel (attention_int8)", [&] {
-      attention_int8(P.qr, P.kr, P.v8.view, &P.vsv, nullptr, &P.kmv, o_view, nullptr, P.inner,
-                     ctx);
+      attention_int8(P.qr, P.kr, P.v8.view, &P.vsv, nullptr, &P.kmv, o_view, nullptr, P.inner, ctx);
     });
   }
 };

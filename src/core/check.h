@@ -44,6 +44,6 @@ void in_range(const char* op, const char* arg, int64_t v, int64_t lo, int64_t hi
 }  // namespace lowbit
 
 #define LOWBIT_CHECK(ok, op, arg, message)                    \
-  do {                                                         \
+  do {                                                        \
     if (!(ok)) ::lowbit::check::fail((op), (arg), (message)); \
   } while (0)

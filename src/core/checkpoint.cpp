@@ -137,11 +137,11 @@ PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMark
   std::vector<std::pair<std::string, TensorView>> parts;
   if (m.format == "comfy") {
     LOWBIT_CHECK(m.qtype == "convrotcomfyw4a4", op, file.path().c_str(),
-                "layer '" + m.prefix + "': comfy format '" + m.qtype + "' is not convrot_w4a4");
+                 "layer '" + m.prefix + "': comfy format '" + m.qtype + "' is not convrot_w4a4");
     const TensorInfo& w = need(m.prefix + "weight");
     const TensorInfo& s = need(m.prefix + "weight_scale");
     LOWBIT_CHECK(w.shape.size() == 2, op, file.path().c_str(),
-                "tensor '" + w.name + "': rank " + check::expected_got(2, w.shape.size()));
+                 "tensor '" + w.name + "': rank " + check::expected_got(2, w.shape.size()));
     parts.emplace_back("codes", host_view(w, keep));
     parts.emplace_back("scales", host_view(s, keep));
     return PackedWeight(QType::convrot_comfy_w4a4, w.shape[0], w.shape[1] * 2, parts, m.rot, 0);
@@ -180,7 +180,7 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
                                    const QuantizeOptions& opt, Context& ctx) {
   LOWBIT_CHECK(!out.empty(), kOp, "out", "expected an output path, got an empty string");
   LOWBIT_CHECK(!same_file(in, out) && in != out, kOp, "out",
-              "'" + out + "' is the input file; lowbit never overwrites its input");
+               "'" + out + "' is the input file; lowbit never overwrites its input");
   const bool comfy = opt.format == CheckpointFormat::comfy;
   LOWBIT_CHECK(
       !comfy || qtype == QType::convrot_comfy_w4a4, kOp, "format",

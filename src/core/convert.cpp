@@ -23,13 +23,14 @@ void convert(const TensorView& src, TensorView dst, Context& ctx) {
              (dst.dtype == DType::i8 || dtype_is_packed(dst.dtype))) ||
             (dst.dtype == DType::f32 &&
              (src.dtype == DType::i8 || dtype_is_packed(src.dtype)));
-  LOWBIT_CHECK(ok, op, "dst", std::string("dtype pair: expected two of f32/f16/bf16/e4m3/e5m2, or "
-                                         "f32 <-> i8/e2m1x2/i4x2, got ") +
-                                 dtype_name(src.dtype) + " -> " + dtype_name(dst.dtype));
+  LOWBIT_CHECK(ok, op, "dst",
+               std::string("dtype pair: expected two of f32/f16/bf16/e4m3/e5m2, or "
+                           "f32 <-> i8/e2m1x2/i4x2, got ") +
+                   dtype_name(src.dtype) + " -> " + dtype_name(dst.dtype));
   if (dtype_is_packed(dst.dtype)) {
     check::contiguous(op, "dst", dst);
     LOWBIT_CHECK(dst.ndim > 0 && dst.shape[dst.ndim - 1] % 2 == 0, op, "dst",
-                "packed 4-bit output: expected an even innermost size, got " + dst.describe());
+                 "packed 4-bit output: expected an even innermost size, got " + dst.describe());
   }
   if (dtype_is_packed(src.dtype)) check::contiguous(op, "src", src);
   if (src.numel() == 0) return;

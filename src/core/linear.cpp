@@ -194,11 +194,11 @@ void check_quantizable(const char* op, QType q, int64_t O, int64_t K) {
 void check_packed_view(const char* op, const PackedWeightView& w) {
   check_quantizable(op, w.qtype, w.out_features, w.in_features);
   LOWBIT_CHECK(w.rot == rotation_block(w.in_features), op, "w.rot",
-              check::expected_got(rotation_block(w.in_features), w.rot));
+               check::expected_got(rotation_block(w.in_features), w.rot));
   LOWBIT_CHECK(w.bits == qtype_bits(w.qtype), op, "w.bits",
-              check::expected_got(qtype_bits(w.qtype), w.bits));
+               check::expected_got(qtype_bits(w.qtype), w.bits));
   LOWBIT_CHECK(w.group == qtype_group(w.qtype, w.in_features), op, "w.group",
-              check::expected_got(qtype_group(w.qtype, w.in_features), w.group));
+               check::expected_got(qtype_group(w.qtype, w.in_features), w.group));
   PackedWeightView copy = w;
   for (const Part& p : packed_parts(w.qtype, w.out_features, w.in_features)) {
     const TensorView& t = *part_view(copy, p.name);
@@ -235,16 +235,16 @@ PackedWeight::PackedWeight(QType q, int64_t out_features, int64_t in_features,
   check_quantizable(op, q, out_features, in_features);
   if (rot != 0)
     LOWBIT_CHECK(rot == rotation_block(in_features), op, "rot",
-                check::expected_got(rotation_block(in_features), rot));
+                 check::expected_got(rotation_block(in_features), rot));
   if (group != 0)
     LOWBIT_CHECK(group == qtype_group(q, in_features), op, "group",
-                check::expected_got(qtype_group(q, in_features), group));
+                 check::expected_got(qtype_group(q, in_features), group));
   const std::vector<Part> parts = packed_parts(q, out_features, in_features);
   for (const auto& nt : tensors) {
     bool known = false;
     for (const Part& p : parts) known = known || nt.first == p.name;
     LOWBIT_CHECK(known, op, nt.first.c_str(),
-                std::string("expected a part of ") + qtype_name(q) + ", got an unknown name");
+                 std::string("expected a part of ") + qtype_name(q) + ", got an unknown name");
   }
   for (const Part& p : parts) {
     const TensorView* t = nullptr;
@@ -318,7 +318,7 @@ TensorView as_rows(const char* op, const char* arg, const TensorView& t) {
   for (int d = 0; d < t.ndim - 1; ++d) rows *= t.shape[d];
   for (int d = 0; d + 2 < t.ndim; ++d)
     LOWBIT_CHECK(t.shape[d + 1] == 1 || t.stride[d] == t.stride[d + 1] * t.shape[d + 1], op, arg,
-                "expected leading dimensions that flatten into rows, got " + t.describe());
+                 "expected leading dimensions that flatten into rows, got " + t.describe());
   r.ndim = 2;
   r.shape[0] = rows;
   r.shape[1] = t.shape[t.ndim - 1];
@@ -335,10 +335,10 @@ void check_float_input(const char* op, const char* arg, const TensorView& t) {
 
 void check_rot(const char* op, int rot, int64_t K) {
   LOWBIT_CHECK(rot == 16 || rot == 64 || rot == 256, op, "block",
-              "expected one of {16, 64, 256}, got " + std::to_string(rot));
+               "expected one of {16, 64, 256}, got " + std::to_string(rot));
   LOWBIT_CHECK(K % rot == 0, op, "block",
-              "expected a divisor of the last dimension " + std::to_string(K) + ", got " +
-                  std::to_string(rot));
+               "expected a divisor of the last dimension " + std::to_string(K) + ", got " +
+                   std::to_string(rot));
 }
 
 }  // namespace
@@ -353,7 +353,8 @@ void hadamard_rotate(const TensorView& x, int block, TensorView out, Context& ct
   check_rot(op, block, xr.shape[1]);
   if (out.data == x.data) {
     bool same = out.dtype == x.dtype && xr.stride[0] == orr.stride[0];
-    LOWBIT_CHECK(same, op, "out", "in place: expected x's dtype and strides, got " + out.describe());
+    LOWBIT_CHECK(same, op, "out",
+                 "in place: expected x's dtype and strides, got " + out.describe());
   }
   if (xr.shape[0] == 0) return;
   if (x.device == Device::cpu) {
@@ -437,7 +438,7 @@ void dequantize_weight(const PackedWeightView& w, TensorView out, bool rotated_b
 
 void dequantize_weight(const PackedWeight& w, TensorView out, bool rotated_basis, Context& ctx) {
   LOWBIT_CHECK(!w.codes.empty(), "dequantize_weight", "w",
-              "expected a packed weight, got an empty one");
+               "expected a packed weight, got an empty one");
   dequantize_weight(w.view(), out, rotated_basis, ctx);
 }
 
@@ -524,7 +525,7 @@ QuantizedLinear QuantizedLinear::quantize(const TensorView& weight, QType q, Con
 
 PackedWeight QuantizedLinear::to_packed(Context& ctx) const {
   LOWBIT_CHECK(!empty(), "QuantizedLinear::to_packed", "this",
-              "expected a quantized layer, got an empty one");
+               "expected a quantized layer, got an empty one");
   PackedWeight w = make_packed_weight(view_.qtype, view_.out_features, view_.in_features);
   PackedWeightView v = view_;
   for (const Part& p : packed_parts(view_.qtype, view_.out_features, view_.in_features)) {
@@ -596,14 +597,14 @@ void QuantizedLinear::backward_input(const TensorView& grad_out, TensorView grad
 void QuantizedLinear::requantize(const TensorView& weight, bool stochastic, uint64_t seed,
                                  Context& ctx) {
   LOWBIT_CHECK(!empty(), "QuantizedLinear::requantize", "this",
-              "expected a quantized layer, got an empty one");
+               "expected a quantized layer, got an empty one");
   requantize_weight(view_, weight, stochastic, seed, ctx);
   if (view_.decode_tiles.data) build_decode_tiles(ctx);  // derived from the rewritten codes
 }
 
 void QuantizedLinear::dequantize(TensorView out, Context& ctx) const {
   LOWBIT_CHECK(!empty(), "QuantizedLinear::dequantize", "this",
-              "expected a quantized layer, got an empty one");
+               "expected a quantized layer, got an empty one");
   dequantize_weight(view_, out, false, ctx);
 }
 

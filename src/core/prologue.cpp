@@ -37,18 +37,18 @@ namespace {
 
 void check_layout(const char* op, ScaleLayout layout, int block) {
   LOWBIT_CHECK(static_cast<int>(layout) <= 3, op, "layout",
-              "expected per_block, thread_q, thread_k or warp_q, got " +
-                  std::to_string(static_cast<int>(layout)));
+               "expected per_block, thread_q, thread_k or warp_q, got " +
+                   std::to_string(static_cast<int>(layout)));
   LOWBIT_CHECK(block > 0 && block % 8 == 0, op, "block",
-              "expected a positive multiple of 8, got " + std::to_string(block));
+               "expected a positive multiple of 8, got " + std::to_string(block));
   if (layout == ScaleLayout::thread_q)
     LOWBIT_CHECK(128 % block == 0, op, "block",
-                "thread_q pads to 128 rows: expected a divisor of 128 (8, 16, 32, 64, 128), got " +
-                    std::to_string(block));
+                 "thread_q pads to 128 rows: expected a divisor of 128 (8, 16, 32, 64, 128), got " +
+                     std::to_string(block));
   if (layout == ScaleLayout::warp_q)
-    LOWBIT_CHECK(block <= 128, op, "block",
-                "warp_q has 4 groups of 32 rows: expected at most 128, got " +
-                    std::to_string(block));
+    LOWBIT_CHECK(
+        block <= 128, op, "block",
+        "warp_q has 4 groups of 32 rows: expected at most 128, got " + std::to_string(block));
 }
 
 }  // namespace
@@ -56,7 +56,7 @@ void check_layout(const char* op, ScaleLayout layout, int block) {
 int64_t prologue_scale_count(int64_t n_tokens, ScaleLayout layout, int block) {
   check_layout("prologue_scale_count", layout, block);
   LOWBIT_CHECK(n_tokens >= 0, "prologue_scale_count", "n_tokens",
-              "expected >= 0, got " + std::to_string(n_tokens));
+               "expected >= 0, got " + std::to_string(n_tokens));
   const int64_t pad = layout == ScaleLayout::thread_q ? 128 : block;
   return (n_tokens + pad - 1) / pad * (pad / block) * scale_groups(layout);
 }
@@ -80,19 +80,21 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
   else
     check::dtype(op, "x", x, {DType::bf16, DType::f16, DType::f32});
   for (int d = 0; d < 4; ++d)
-    LOWBIT_CHECK(x.shape[d] >= 1, op, "x",
-                "expected every dim >= 1, got shape " + x.describe());
+    LOWBIT_CHECK(x.shape[d] >= 1, op, "x", "expected every dim >= 1, got shape " + x.describe());
   const int64_t B = x.shape[0], N = x.shape[1], H = x.shape[2], D = x.shape[3];
-  LOWBIT_CHECK(D % 16 == 0, op, "x", "head dim: expected a multiple of 16, got " + std::to_string(D));
-  LOWBIT_CHECK(x.stride[3] == 1, op, "x",
-              "channel stride: expected 1 (channels contiguous), got " + std::to_string(x.stride[3]));
+  LOWBIT_CHECK(D % 16 == 0, op, "x",
+               "head dim: expected a multiple of 16, got " + std::to_string(D));
+  LOWBIT_CHECK(
+      x.stride[3] == 1, op, "x",
+      "channel stride: expected 1 (channels contiguous), got " + std::to_string(x.stride[3]));
   if (cuda) {
     LOWBIT_CHECK(D == 64 || D == 128 || D == 256, op, "x",
-                "head dim on cuda: expected 64, 128 or 256, got " + std::to_string(D));
+                 "head dim on cuda: expected 64, 128 or 256, got " + std::to_string(D));
     check::aligned(op, "x", x.data, 16);
     LOWBIT_CHECK(strides_multiple_of(x, 3, 8), op, "x",
-                "strides on cuda: expected batch/token/head strides that are multiples of 8 "
-                "elements (16-byte rows), got " + x.describe());
+                 "strides on cuda: expected batch/token/head strides that are multiples of 8 "
+                 "elements (16-byte rows), got " +
+                     x.describe());
   }
   a.x = x.data;
   a.x_dtype = x.dtype;
@@ -107,8 +109,8 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
     check::same_device(op, "norm_weight", w, "x", x);
     check::dtype(op, "norm_weight", w, {DType::f32, DType::bf16, DType::f16});
     LOWBIT_CHECK(w.ndim == 1 || w.ndim == 2, op, "norm_weight",
-                "rank: expected 1 (D) or 2 (R, D), got " + std::to_string(w.ndim) + " (" +
-                    w.describe() + ")");
+                 "rank: expected 1 (D) or 2 (R, D), got " + std::to_string(w.ndim) + " (" +
+                     w.describe() + ")");
     check::dim(op, "norm_weight", w, -1, D);
     check::inner_contiguous(op, "norm_weight", w);
     a.norm = true;
@@ -116,7 +118,7 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
     a.w_dtype = w.dtype;
     if (w.ndim == 2) {
       LOWBIT_CHECK(p.weight_rows != nullptr, op, "weight_rows",
-                  "expected (N) int32 row indices with a (R, D) norm_weight, got none");
+                   "expected (N) int32 row indices with a (R, D) norm_weight, got none");
       LOWBIT_CHECK(w.shape[0] >= 1, op, "norm_weight", "expected R >= 1, got " + w.describe());
       a.w_sr = w.stride[0];
       const TensorView& r = *p.weight_rows;
@@ -130,7 +132,7 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
       const int64_t rs = r.stride[0];
       if (r.device == Device::cuda) {
         LOWBIT_CHECK(rs == 1 || N == 1, op, "weight_rows",
-                    "stride on cuda: expected 1, got " + std::to_string(rs));
+                     "stride on cuda: expected 1, got " + std::to_string(rs));
         Context c;
         copy_to_host(rows.data(), r.data, rows.size() * sizeof(int32_t), c);
       } else {
@@ -145,11 +147,11 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
       a.w_rows_s = rs;
     } else {
       LOWBIT_CHECK(p.weight_rows == nullptr, op, "weight_rows",
-                  "expected none with a (D) norm_weight (segmented weights are (R, D)), got one");
+                   "expected none with a (D) norm_weight (segmented weights are (R, D)), got one");
     }
   } else {
     LOWBIT_CHECK(p.weight_rows == nullptr, op, "weight_rows",
-                "expected none without a norm_weight, got one");
+                 "expected none without a norm_weight, got one");
   }
 
   // RoPE.
@@ -159,18 +161,18 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
     check::same_device(op, "rope.table", t, "x", x);
     check::dtype(op, "rope.table", t, {DType::f32, DType::bf16, DType::f16});
     LOWBIT_CHECK(t.ndim == 5 || t.ndim == 6, op, "rope.table",
-                "rank: expected 5 (1|B, N, 1, pairs, 2) or 6 (1|B, N, 1, pairs, 2, 2), got " +
-                    t.describe());
+                 "rank: expected 5 (1|B, N, 1, pairs, 2) or 6 (1|B, N, 1, pairs, 2, 2), got " +
+                     t.describe());
     LOWBIT_CHECK(t.shape[0] == 1 || t.shape[0] == B, op, "rope.table",
-                "dim 0: expected 1 or B = " + std::to_string(B) + ", got " + t.describe());
+                 "dim 0: expected 1 or B = " + std::to_string(B) + ", got " + t.describe());
     check::dim(op, "rope.table", t, 1, N);
     check::dim(op, "rope.table", t, 2, 1);
     check::dim(op, "rope.table", t, 4, 2);
     if (t.ndim == 6) check::dim(op, "rope.table", t, 5, 2);
     const int64_t pairs = t.shape[3];
     LOWBIT_CHECK(pairs >= 1 && 2 * pairs <= D, op, "rope.table",
-                "pairs (dim 3): expected 1 .. D/2 = " + std::to_string(D / 2) + ", got " +
-                    std::to_string(pairs));
+                 "pairs (dim 3): expected 1 .. D/2 = " + std::to_string(D / 2) + ", got " +
+                     std::to_string(pairs));
     a.rotate = true;
     a.interleaved = p.rope->interleaved;
     a.rope = t.data;
@@ -226,14 +228,15 @@ void resolve_quantize(const char* op, const TensorView& x, const Prologue& p, Te
   check::same_device(op, "q_out", q_out, "x", x);
   check::dtype(op, "q_out", q_out, {DType::i8});
   check::same_shape(op, "q_out", q_out, "x", x);
-  LOWBIT_CHECK(q_out.stride[3] == 1, op, "q_out",
-              "channel stride: expected 1 (channels contiguous), got " +
-                  std::to_string(q_out.stride[3]));
+  LOWBIT_CHECK(
+      q_out.stride[3] == 1, op, "q_out",
+      "channel stride: expected 1 (channels contiguous), got " + std::to_string(q_out.stride[3]));
   if (x.device == Device::cuda) {
     check::aligned(op, "q_out", q_out.data, 8);
-    LOWBIT_CHECK(strides_multiple_of(q_out, 3, 8), op, "q_out",
-                "strides on cuda: expected batch/token/head strides that are multiples of 8, got " +
-                    q_out.describe());
+    LOWBIT_CHECK(
+        strides_multiple_of(q_out, 3, 8), op, "q_out",
+        "strides on cuda: expected batch/token/head strides that are multiples of 8, got " +
+            q_out.describe());
   }
   const int64_t count = prologue_scale_count(a.tokens, p.layout, p.block);
   check::not_null(op, "scale_out", scale_out);
@@ -259,7 +262,7 @@ void resolve_quantize(const char* op, const TensorView& x, const Prologue& p, Te
 void check_quantize_options(const char* op, const Prologue& p) {
   check_layout(op, p.layout, p.block);
   LOWBIT_CHECK(p.scale_eps >= 0.f, op, "scale_eps",
-              "expected >= 0, got " + std::to_string(p.scale_eps));
+               "expected >= 0, got " + std::to_string(p.scale_eps));
 }
 
 // The bytes a view spans, [first, last): from its lowest to past its highest element.
@@ -279,8 +282,8 @@ void check_disjoint(const char* op, const char* arg, const TensorView& t, const 
                     const TensorView& other) {
   const auto a = byte_span(t), b = byte_span(other);
   LOWBIT_CHECK(a.second <= b.first || b.second <= a.first, op, arg,
-              std::string("expected no overlap with ") + other_arg + ", got " + t.describe() +
-                  " and " + other.describe());
+               std::string("expected no overlap with ") + other_arg + ", got " + t.describe() +
+                   " and " + other.describe());
 }
 
 }  // namespace
@@ -312,7 +315,7 @@ void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView 
   const char* op = "norm_rope_mean_quantize";
   check_quantize_options(op, p);
   LOWBIT_CHECK(p.mean == nullptr, op, "p.mean",
-              "expected none (the mean is computed into mean_out), got one");
+               "expected none (the mean is computed into mean_out), got one");
   PrologueArgs a = resolve_inputs(op, x, p, false);
   resolve_mean_out(op, x, mean_out, a);
   resolve_quantize(op, x, p, q_out, scale_out, a);
@@ -343,14 +346,15 @@ void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Conte
   PrologueArgs a = resolve_inputs(op, x, p, false);
   check::not_null(op, "y", y);
   check::same_device(op, "y", y, "x", x);
-  LOWBIT_CHECK(y.dtype == x.dtype, op, "y",
-              std::string("dtype: expected ") + dtype_name(x.dtype) + ", got " + dtype_name(y.dtype));
+  LOWBIT_CHECK(
+      y.dtype == x.dtype, op, "y",
+      std::string("dtype: expected ") + dtype_name(x.dtype) + ", got " + dtype_name(y.dtype));
   check::same_shape(op, "y", y, "x", x);
   check::inner_contiguous(op, "y", y);
   if (x.device == Device::cuda) {
     check::aligned(op, "y", y.data, 16);
     LOWBIT_CHECK(strides_multiple_of(y, 3, 8), op, "y",
-                "strides on cuda: expected multiples of 8, got " + y.describe());
+                 "strides on cuda: expected multiples of 8, got " + y.describe());
     LOWBIT_CUDA_CALL(op, cuda::norm_rope_store(a, y.data, y.stride[0], y.stride[1], y.stride[2], ctx));
   } else {
     cpu::norm_rope_store(a, y.data, y.stride[0], y.stride[1], y.stride[2], ctx);

@@ -71,13 +71,13 @@ void check_shape(const char* op, const char* arg, const TensorView& t,
 
 void check_layout(const char* op, const char* arg, ScaleLayout layout, int block) {
   LOWBIT_CHECK(block > 0 && block % 8 == 0, op, arg,
-              "block: expected a positive multiple of 8, got " + std::to_string(block));
+               "block: expected a positive multiple of 8, got " + std::to_string(block));
   if (layout == ScaleLayout::thread_q)
     LOWBIT_CHECK(128 % block == 0, op, arg,
-                "thread_q block: expected a divisor of 128, got " + std::to_string(block));
+                 "thread_q block: expected a divisor of 128, got " + std::to_string(block));
   if (layout == ScaleLayout::warp_q)
     LOWBIT_CHECK(block == 128, op, arg,
-                std::string("warp_q block: ") + check::expected_got(128, block));
+                 std::string("warp_q block: ") + check::expected_got(128, block));
 }
 
 // Every stride but the innermost a multiple of `elems`, and the data 16-byte aligned.
@@ -85,9 +85,9 @@ void check_vector_aligned(const char* op, const char* arg, const TensorView& t, 
   check::aligned(op, arg, t.data, 16);
   for (int d = 0; d + 1 < t.ndim; ++d)
     LOWBIT_CHECK(t.shape[d] <= 1 || t.stride[d] % elems == 0, op, arg,
-                "stride " + std::to_string(d) + ": expected a multiple of " +
-                    std::to_string(elems) + " elements on CUDA, got " +
-                    std::to_string(t.stride[d]));
+                 "stride " + std::to_string(d) + ": expected a multiple of " +
+                     std::to_string(elems) + " elements on CUDA, got " +
+                     std::to_string(t.stride[d]));
 }
 
 void check_quantized(const char* op, const char* arg, const char* scale_arg,
@@ -104,9 +104,9 @@ void check_quantized(const char* op, const char* arg, const char* scale_arg,
   check::dim(op, scale_arg, r.scale, 1, r.data.shape[2]);
   const int64_t need = scale_count(r.layout, r.block, r.data.shape[1]);
   LOWBIT_CHECK(r.scale.shape[2] >= need, op, scale_arg,
-              std::string("scales per head (") + layout_name(r.layout) + ", block " +
-                  std::to_string(r.block) + "): expected >= " + std::to_string(need) + ", got " +
-                  std::to_string(r.scale.shape[2]));
+               std::string("scales per head (") + layout_name(r.layout) + ", block " +
+                   std::to_string(r.block) + "): expected >= " + std::to_string(need) + ", got " +
+                   std::to_string(r.scale.shape[2]));
   check::same_device(op, scale_arg, r.scale, arg, r.data);
 }
 
@@ -143,7 +143,7 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   check_head_vector(op, "v_mean", v_mean, B, H, D, v);
   if (v.device == Device::cuda) {
     LOWBIT_CHECK(D == 64 || D == 128 || D == 256, op, "v",
-                "head dim on CUDA: expected 64, 128 or 256, got " + std::to_string(D));
+                 "head dim on CUDA: expected 64, 128 or 256, got " + std::to_string(D));
     LOWBIT_CHECK(v.dtype != DType::f32, op, "v", "dtype on CUDA: expected bf16 or f16, got f32");
   }
   if (v.numel() == 0 && v_fp8.numel() == 0 && v_scale.numel() == 0) return;
@@ -168,20 +168,20 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   check::dim(op, "k", k.data, 3, D);
   check::same_device(op, "k", k.data, "q", q.data);
   LOWBIT_CHECK(Hkv > 0 && Hq % Hkv == 0, op, "k",
-              "heads: expected a divisor of q's " + std::to_string(Hq) + " heads, got " +
-                  std::to_string(Hkv));
+               "heads: expected a divisor of q's " + std::to_string(Hq) + " heads, got " +
+                   std::to_string(Hkv));
   LOWBIT_CHECK(D > 0 && D % 16 == 0, op, "q",
-              "head dim: expected a multiple of 16, got " + std::to_string(D));
+               "head dim: expected a multiple of 16, got " + std::to_string(D));
   const bool on_cuda = q.data.device == Device::cuda;
   if (on_cuda) {
     LOWBIT_CHECK(D == 64 || D == 128 || D == 256, op, "q",
-                "head dim on CUDA: expected 64, 128 or 256, got " + std::to_string(D));
+                 "head dim on CUDA: expected 64, 128 or 256, got " + std::to_string(D));
   }
   LOWBIT_CHECK(options.causal <= AttentionOptions::top_left, op, "options.causal",
-              "expected none, bottom_right or top_left");
+               "expected none, bottom_right or top_left");
   LOWBIT_CHECK(options.pv <= AttentionOptions::f16, op, "options.pv", "expected fp8 or f16");
   LOWBIT_CHECK(options.kernel <= AttentionOptions::wgmma_r3, op, "options.kernel",
-              "expected auto_kernel, mma_sync, wgmma or wgmma_r3");
+               "expected auto_kernel, mma_sync, wgmma or wgmma_r3");
   check::not_null(op, "out", out);
   check::dtype(op, "out", out,
                on_cuda ? std::initializer_list<DType>{DType::bf16, DType::f16}
@@ -195,14 +195,15 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     check_shape(op, "v", v, {B, Hkv, D, round_up(Nkv, 64)});
     check::contiguous(op, "v", v);
     LOWBIT_CHECK(v_scale != nullptr, op, "v_scale",
-                "expected (B, Hkv, D) f32 in fp8 PV mode, got null");
+                 "expected (B, Hkv, D) f32 in fp8 PV mode, got null");
     check_head_vector(op, "v_scale", v_scale, B, Hkv, D, q.data);
     check_head_vector(op, "v_mean", v_mean, B, Hkv, D, q.data);
   } else {
     check::dtype(op, "v", v, {out.dtype});
     check_shape(op, "v", v, {B, Nkv, Hkv, D});
     check::inner_contiguous(op, "v", v);
-    LOWBIT_CHECK(v_scale == nullptr, op, "v_scale", "expected null in 16-bit PV mode, got a tensor");
+    LOWBIT_CHECK(v_scale == nullptr, op, "v_scale",
+                 "expected null in 16-bit PV mode, got a tensor");
     LOWBIT_CHECK(v_mean == nullptr, op, "v_mean", "expected null in 16-bit PV mode, got a tensor");
   }
   check::same_device(op, "v", v, "q", q.data);
@@ -223,7 +224,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     check::aligned(op, "out", out.data, 4);
     for (int d = 0; d < 3; ++d)
       LOWBIT_CHECK(out.stride[d] % 2 == 0, op, "out",
-                  "strides on CUDA: expected even strides, got " + out.describe());
+                   "strides on CUDA: expected even strides, got " + out.describe());
   }
   if (B == 0 || Nq == 0 || Hq == 0) return;
   const float sm = resolve_sm_scale(options.sm_scale, D);
@@ -258,8 +259,8 @@ void validate_attention_call(const TensorView& q, const TensorView& k, const Ten
   check::dim(op, "k", k, 3, D);
   const int64_t Hkv = k.shape[2];
   LOWBIT_CHECK(Hkv > 0 && Hq % Hkv == 0, op, "k",
-              "heads: expected a divisor of q's " + std::to_string(Hq) + " heads, got " +
-                  std::to_string(Hkv));
+               "heads: expected a divisor of q's " + std::to_string(Hq) + " heads, got " +
+                   std::to_string(Hkv));
   check::dtype(op, "v", v, {q.dtype});
   check::same_shape(op, "v", v, "k", k);
   check::inner_contiguous(op, "v", v);
@@ -270,10 +271,10 @@ void validate_attention_call(const TensorView& q, const TensorView& k, const Ten
   check::inner_contiguous(op, "out", out);
   check::same_device(op, "out", out, "q", q);
   LOWBIT_CHECK(D > 0 && D % 16 == 0, op, "q",
-              "head dim: expected a multiple of 16, got " + std::to_string(D));
+               "head dim: expected a multiple of 16, got " + std::to_string(D));
   if (on_cuda)
     LOWBIT_CHECK(D == 64 || D == 128 || D == 256, op, "q",
-                "head dim on CUDA: expected 64, 128 or 256, got " + std::to_string(D));
+                 "head dim on CUDA: expected 64, 128 or 256, got " + std::to_string(D));
   if (lse_out) {
     check::not_null(op, "lse_out", *lse_out);
     check::dtype(op, "lse_out", *lse_out, {DType::f32});
@@ -287,7 +288,7 @@ void validate_attention_call(const TensorView& q, const TensorView& k, const Ten
     check::aligned(op, "out", out.data, 4);
     for (int d = 0; d < 3; ++d)
       LOWBIT_CHECK(out.stride[d] % 2 == 0, op, "out",
-                  "strides on CUDA: expected even strides, got " + out.describe());
+                   "strides on CUDA: expected even strides, got " + out.describe());
   }
 }
 
@@ -338,9 +339,9 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   validate_attention_call(q, k, v, out, lse_out);
   const Workspace ws(q, k, options);
   LOWBIT_CHECK(workspace_bytes >= ws.total && (ws.total == 0 || workspace != nullptr), op,
-              "workspace",
-              check::expected_got(">= " + std::to_string(ws.total) + " bytes",
-                                  std::to_string(workspace_bytes) + " bytes"));
+               "workspace",
+               check::expected_got(">= " + std::to_string(ws.total) + " bytes",
+                                   std::to_string(workspace_bytes) + " bytes"));
   check::aligned(op, "workspace", workspace, 256);
   const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
   const int64_t Nkv = k.shape[1], Hkv = k.shape[2];
@@ -452,18 +453,18 @@ TensorView sequence_lse(const TensorView& t, int64_t c0, int64_t c1) {
 void check_offsets(const char* op, const char* arg, const std::vector<int64_t>& cu, int64_t total,
                    size_t n) {
   LOWBIT_CHECK(cu.size() == n, op, arg,
-              check::expected_got(std::to_string(n) + " offsets (as many as the other)",
-                                  std::to_string(cu.size())));
+               check::expected_got(std::to_string(n) + " offsets (as many as the other)",
+                                   std::to_string(cu.size())));
   LOWBIT_CHECK(!cu.empty() && cu.front() == 0, op, arg,
-              "expected 0 as the first offset, got " +
-                  (cu.empty() ? std::string("no offsets") : std::to_string(cu.front())));
+               "expected 0 as the first offset, got " +
+                   (cu.empty() ? std::string("no offsets") : std::to_string(cu.front())));
   for (size_t i = 1; i < cu.size(); ++i)
     LOWBIT_CHECK(cu[i] >= cu[i - 1], op, arg,
-                "expected nondecreasing offsets, got " + std::to_string(cu[i - 1]) + " then " +
-                    std::to_string(cu[i]) + " at " + std::to_string(i));
+                 "expected nondecreasing offsets, got " + std::to_string(cu[i - 1]) + " then " +
+                     std::to_string(cu[i]) + " at " + std::to_string(i));
   LOWBIT_CHECK(cu.back() == total, op, arg,
-              check::expected_got(std::to_string(total) + " (the tokens) as the last offset",
-                                  std::to_string(cu.back())));
+               check::expected_got(std::to_string(total) + " (the tokens) as the last offset",
+                                   std::to_string(cu.back())));
 }
 
 }  // namespace

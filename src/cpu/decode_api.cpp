@@ -63,22 +63,23 @@ void check_cache(const char* op, const KvCache& c) {
     case KvFormat::fp8: check::dtype(op, "cache.k", c.k, {DType::i32}); break;
   }
   LOWBIT_CHECK(c.v.dtype == c.k.dtype, op, "cache.v",
-              check::expected_got(dtype_name(c.k.dtype), dtype_name(c.v.dtype)));
+               check::expected_got(dtype_name(c.k.dtype), dtype_name(c.v.dtype)));
   if (c.format == KvFormat::int4) {
     LOWBIT_CHECK(c.n_groups == 1 || c.n_groups == 2 || c.n_groups == 4 || c.n_groups == 8, op,
-                "cache.n_groups", "expected 1, 2, 4 or 8, got " + std::to_string(c.n_groups));
+                 "cache.n_groups", "expected 1, 2, 4 or 8, got " + std::to_string(c.n_groups));
   } else {
     LOWBIT_CHECK(c.n_groups == 1, op, "cache.n_groups",
-                std::string("expected 1 for format ") + kv_format_name(c.format) + ", got " +
-                    std::to_string(c.n_groups));
+                 std::string("expected 1 for format ") + kv_format_name(c.format) + ", got " +
+                     std::to_string(c.n_groups));
   }
   const int D = c.head_dim();
   LOWBIT_CHECK(D == 64 || D == 128 || D == 256, op, "cache.k",
-              std::string("head dim: expected 64, 128 or 256 (last dim ") +
-                  (c.format == KvFormat::int4 ? "n_groups + D/8"
-                   : c.format == KvFormat::fp8 ? "D/4" : "D") +
-                  "), got last dim " + std::to_string(c.k.shape[c.k.ndim - 1]) + " -> D " +
-                  std::to_string(D));
+               std::string("head dim: expected 64, 128 or 256 (last dim ") +
+                   (c.format == KvFormat::int4  ? "n_groups + D/8"
+                    : c.format == KvFormat::fp8 ? "D/4"
+                                                : "D") +
+                   "), got last dim " + std::to_string(c.k.shape[c.k.ndim - 1]) + " -> D " +
+                   std::to_string(D));
   check::not_null(op, "cache.seq_len", c.seq_len);
   check::ndim(op, "cache.seq_len", c.seq_len, 1);
   check::dtype(op, "cache.seq_len", c.seq_len, {DType::i32});
@@ -92,10 +93,10 @@ void check_cache(const char* op, const KvCache& c) {
     check::not_null(op, "cache.block_tables", c.block_tables);
     check::same_device(op, "cache.block_tables", c.block_tables, "cache.k", c.k);
     LOWBIT_CHECK(c.page_size > 0 && c.page_size % 16 == 0, op, "cache.page_size",
-                "expected a positive multiple of 16, got " + std::to_string(c.page_size));
+                 "expected a positive multiple of 16, got " + std::to_string(c.page_size));
     LOWBIT_CHECK(c.k.shape[0] % c.page_size == 0, op, "cache.k",
-                "pool rows: expected a multiple of page_size " + std::to_string(c.page_size) +
-                    ", got " + std::to_string(c.k.shape[0]));
+                 "pool rows: expected a multiple of page_size " + std::to_string(c.page_size) +
+                     ", got " + std::to_string(c.k.shape[0]));
   } else {
     check::dim(op, "cache.k", c.k, 0, B);
   }
@@ -103,8 +104,9 @@ void check_cache(const char* op, const KvCache& c) {
     for (const TensorView* s : {&c.k_scale_shift, &c.v_scale_shift}) {
       const char* name = s == &c.k_scale_shift ? "cache.k_scale_shift" : "cache.v_scale_shift";
       LOWBIT_CHECK(s->ndim == rank - 1, op, name,
-                  "rank: " + check::expected_got(rank - 1, s->ndim) + " (fp8 needs one int32 of "
-                  "fp16 scale|shift per row and head)");
+                   "rank: " + check::expected_got(rank - 1, s->ndim) +
+                       " (fp8 needs one int32 of "
+                       "fp16 scale|shift per row and head)");
       check::dtype(op, name, *s, {DType::i32});
       check::not_null(op, name, *s);
       check::same_device(op, name, *s, "cache.k", c.k);
@@ -122,17 +124,17 @@ void check_cache_values(const char* op, const KvCache& c) {
   for (int64_t b = 0; b < c.batch(); ++b) {
     const int64_t len = sl[b * c.seq_len.stride[0]];
     LOWBIT_CHECK(len >= 0 && len <= cap, op, "cache.seq_len",
-                "seq_len[" + std::to_string(b) + "]: expected a value in [0, " +
-                    std::to_string(cap) + "] (capacity), got " + std::to_string(len));
+                 "seq_len[" + std::to_string(b) + "]: expected a value in [0, " +
+                     std::to_string(cap) + "] (capacity), got " + std::to_string(len));
     if (!c.paged()) continue;
     const int64_t pages = c.k.shape[0] / c.page_size;
     const int32_t* bt = c.block_tables.ptr<int32_t>();
     for (int64_t p = 0; p < (len + c.page_size - 1) / c.page_size; ++p) {
       const int64_t idx = bt[b * c.block_tables.stride[0] + p * c.block_tables.stride[1]];
       LOWBIT_CHECK(idx >= 0 && idx < pages, op, "cache.block_tables",
-                  "block_tables[" + std::to_string(b) + "][" + std::to_string(p) +
-                      "]: expected a page index in [0, " + std::to_string(pages - 1) +
-                      "], got " + std::to_string(idx));
+                   "block_tables[" + std::to_string(b) + "][" + std::to_string(p) +
+                       "]: expected a page index in [0, " + std::to_string(pages - 1) + "], got " +
+                       std::to_string(idx));
     }
   }
 }
@@ -172,18 +174,18 @@ void kv_append(KvCache& cache, const TensorView& k_new, const TensorView& v_new,
     for (int64_t b = 0; b < B; ++b) {
       const int64_t pos = positions.ptr<int32_t>()[b * positions.stride[0]];
       LOWBIT_CHECK(pos >= 0 && pos + n_new <= cap, op, "positions",
-                  "positions[" + std::to_string(b) + "] + " + std::to_string(n_new) +
-                      " new tokens: expected within the capacity " + std::to_string(cap) +
-                      ", got position " + std::to_string(pos));
+                   "positions[" + std::to_string(b) + "] + " + std::to_string(n_new) +
+                       " new tokens: expected within the capacity " + std::to_string(cap) +
+                       ", got position " + std::to_string(pos));
       if (!cache.paged() || n_new == 0) continue;
       const int64_t pages = cache.k.shape[0] / cache.page_size;
       for (int64_t p = pos / cache.page_size; p <= (pos + n_new - 1) / cache.page_size; ++p) {
         const int64_t idx = cache.block_tables.ptr<int32_t>()[b * cache.block_tables.stride[0] +
                                                             p * cache.block_tables.stride[1]];
         LOWBIT_CHECK(idx >= 0 && idx < pages, op, "cache.block_tables",
-                    "block_tables[" + std::to_string(b) + "][" + std::to_string(p) +
-                        "]: expected a page index in [0, " + std::to_string(pages - 1) +
-                        "], got " + std::to_string(idx));
+                     "block_tables[" + std::to_string(b) + "][" + std::to_string(p) +
+                         "]: expected a page index in [0, " + std::to_string(pages - 1) +
+                         "], got " + std::to_string(idx));
       }
     }
   }
@@ -200,12 +202,12 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   const char* op = "plan_decode";
   check_cache(op, cache);
   const int64_t H = cache.kv_heads();
-  LOWBIT_CHECK(D == cache.head_dim(), op, "D", check::expected_got(cache.head_dim(), D) +
-                                                  " (the cache's head dim)");
+  LOWBIT_CHECK(D == cache.head_dim(), op, "D",
+               check::expected_got(cache.head_dim(), D) + " (the cache's head dim)");
   check::in_range(op, "Mq", Mq, 1, 16);
   LOWBIT_CHECK(Hq > 0 && Hq % H == 0, op, "Hq",
-              "expected a positive multiple of the cache's " + std::to_string(H) +
-                  " kv heads, got " + std::to_string(Hq));
+               "expected a positive multiple of the cache's " + std::to_string(H) +
+                   " kv heads, got " + std::to_string(Hq));
   check::in_range(op, "Hq / Hkv (G)", Hq / H, 1, 16);
   DecodePlan p;
   p.device = cache.k.device;
@@ -338,18 +340,17 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   const int D = cache.head_dim();
   // The plan must describe this cache and these queries.
   LOWBIT_CHECK(plan.device == cache.k.device && plan.batch == B && plan.kv_heads == H &&
-                  plan.capacity == cache.capacity() && plan.head_dim == D &&
-                  plan.format == cache.format,
-              op, "plan",
-              "expected a plan made for this cache (batch " + std::to_string(B) + ", kv heads " +
-                  std::to_string(H) + ", capacity " + std::to_string(cache.capacity()) +
-                  ", D " + std::to_string(D) + "), got one for batch " +
-                  std::to_string(plan.batch) + ", kv heads " + std::to_string(plan.kv_heads) +
-                  ", capacity " + std::to_string(plan.capacity) + ", D " +
-                  std::to_string(plan.head_dim));
-  LOWBIT_CHECK(plan.n_splits >= 1 && plan.split_size >= 16 && plan.split_size % 16 == 0, op,
-              "plan", "expected n_splits >= 1 and split_size a positive multiple of 16, got " +
-                          std::to_string(plan.n_splits) + " x " + std::to_string(plan.split_size));
+                   plan.capacity == cache.capacity() && plan.head_dim == D &&
+                   plan.format == cache.format,
+               op, "plan",
+               "expected a plan made for this cache (batch " + std::to_string(B) + ", kv heads " +
+                   std::to_string(H) + ", capacity " + std::to_string(cache.capacity()) + ", D " +
+                   std::to_string(D) + "), got one for batch " + std::to_string(plan.batch) +
+                   ", kv heads " + std::to_string(plan.kv_heads) + ", capacity " +
+                   std::to_string(plan.capacity) + ", D " + std::to_string(plan.head_dim));
+  LOWBIT_CHECK(plan.n_splits >= 1 && plan.split_size >= 16 && plan.split_size % 16 == 0, op, "plan",
+               "expected n_splits >= 1 and split_size a positive multiple of 16, got " +
+                   std::to_string(plan.n_splits) + " x " + std::to_string(plan.split_size));
   check::in_range(op, "plan.fold_scales", plan.fold_scales, 0, 1);
   check::in_range(op, "plan.bulk_issue", plan.bulk_issue, 0, 2);
   check::in_range(op, "plan.bulk_stages", plan.bulk_stages, 0, 8);
@@ -390,9 +391,9 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
     check::same_device(op, "bias", *bias, "q", q);
   }
   LOWBIT_CHECK(std::isfinite(sm_scale), op, "sm_scale",
-              "expected a finite value (0 = 1/sqrt(D)), got " + std::to_string(sm_scale));
+               "expected a finite value (0 = 1/sqrt(D)), got " + std::to_string(sm_scale));
   LOWBIT_CHECK(workspace != nullptr || workspace_bytes(plan) == 0, op, "workspace",
-              "expected " + std::to_string(workspace_bytes(plan)) + " bytes, got null");
+               "expected " + std::to_string(workspace_bytes(plan)) + " bytes, got null");
   check_cache_values(op, cache);
   if (q.numel() == 0) return;
   const float scale = sm_scale != 0.f ? sm_scale : 1.f / std::sqrt(static_cast<float>(D));
@@ -413,29 +414,29 @@ void check_part_pair(const char* op, const TensorView& o, const TensorView& l, c
   check::not_null(op, (name + " out").c_str(), o);
   check::not_null(op, (name + " lse").c_str(), l);
   LOWBIT_CHECK(o.ndim == ref.ndim, op, name.c_str(),
-              "rank: " + check::expected_got(ref.ndim, o.ndim));
+               "rank: " + check::expected_got(ref.ndim, o.ndim));
   for (int d = 0; d < ref.ndim; ++d)
     LOWBIT_CHECK(o.shape[d] == ref.shape[d], op, name.c_str(),
-                "shape: expected " + shape_str(ref) + ", got " + shape_str(o));
+                 "shape: expected " + shape_str(ref) + ", got " + shape_str(o));
   check::dtype(op, name.c_str(), o, {DType::f32, DType::f16, DType::bf16});
   check::inner_contiguous(op, name.c_str(), o);
   check::same_device(op, name.c_str(), o, "out", ref);
   LOWBIT_CHECK(l.ndim == ref.ndim - 1, op, (name + " lse").c_str(),
-              "rank: " + check::expected_got(ref.ndim - 1, l.ndim));
+               "rank: " + check::expected_got(ref.ndim - 1, l.ndim));
   for (int d = 0; d < ref.ndim - 1; ++d)
     LOWBIT_CHECK(l.shape[d] == ref.shape[d], op, (name + " lse").c_str(),
-                "shape: expected the leading dims of " + shape_str(ref) + ", got " + shape_str(l));
+                 "shape: expected the leading dims of " + shape_str(ref) + ", got " + shape_str(l));
   check::dtype(op, (name + " lse").c_str(), l, {DType::f32});
   check::same_device(op, (name + " lse").c_str(), l, "out", ref);
 }
 
 MergeArgs make_merge_args(const char* op, const TensorView* outs, const TensorView* lses,
                           int n_parts, const TensorView& out, const TensorView* lse_out) {
-  LOWBIT_CHECK(n_parts >= 1, op, "n_parts", "expected at least 1 part, got " +
-                                               std::to_string(n_parts));
+  LOWBIT_CHECK(n_parts >= 1, op, "n_parts",
+               "expected at least 1 part, got " + std::to_string(n_parts));
   check::not_null(op, "out", out);
   LOWBIT_CHECK(out.ndim >= 1 && out.ndim <= 5, op, "out",
-              "rank: expected 1 to 5, got " + std::to_string(out.ndim));
+               "rank: expected 1 to 5, got " + std::to_string(out.ndim));
   check::dtype(op, "out", out, {DType::f32, DType::f16, DType::bf16});
   check::inner_contiguous(op, "out", out);
   MergeArgs a;
@@ -445,15 +446,15 @@ MergeArgs make_merge_args(const char* op, const TensorView* outs, const TensorVi
   for (int i = 0; i < n_parts; ++i) {
     check_part_pair(op, outs[i], lses[i], out, "part " + std::to_string(i));
     LOWBIT_CHECK(outs[i].dtype == outs[0].dtype, op, "outs",
-                "dtype: expected every part in " + std::string(dtype_name(outs[0].dtype)) +
-                    ", got " + dtype_name(outs[i].dtype) + " for part " + std::to_string(i));
+                 "dtype: expected every part in " + std::string(dtype_name(outs[0].dtype)) +
+                     ", got " + dtype_name(outs[i].dtype) + " for part " + std::to_string(i));
     a.outs.push_back(outs[i]);
     a.lses.push_back(lses[i]);
   }
   if (lse_out) {
     check::not_null(op, "lse_out", *lse_out);
     LOWBIT_CHECK(lse_out->ndim == out.ndim - 1, op, "lse_out",
-                "rank: " + check::expected_got(out.ndim - 1, lse_out->ndim));
+                 "rank: " + check::expected_got(out.ndim - 1, lse_out->ndim));
     for (int d = 0; d < out.ndim - 1; ++d) check::dim(op, "lse_out", *lse_out, d, out.shape[d]);
     check::dtype(op, "lse_out", *lse_out, {DType::f32});
     check::same_device(op, "lse_out", *lse_out, "out", out);
@@ -497,13 +498,13 @@ void merge_attention(const TensorView& outs, const TensorView& lses, TensorView 
   check::not_null(op, "outs", outs);
   check::not_null(op, "lses", lses);
   LOWBIT_CHECK(outs.ndim >= 2 && outs.ndim <= 6, op, "outs",
-              "rank: expected 2 to 6 (n, ..., D), got " + std::to_string(outs.ndim));
+               "rank: expected 2 to 6 (n, ..., D), got " + std::to_string(outs.ndim));
   LOWBIT_CHECK(lses.ndim == outs.ndim - 1, op, "lses",
-              "rank: " + check::expected_got(outs.ndim - 1, lses.ndim));
+               "rank: " + check::expected_got(outs.ndim - 1, lses.ndim));
   check::dim(op, "lses", lses, 0, outs.shape[0]);
   const int64_t n = outs.shape[0];
-  LOWBIT_CHECK(n >= 1 && n <= (1 << 20), op, "outs", "parts: expected 1 to 2^20, got " +
-                                                         std::to_string(n));
+  LOWBIT_CHECK(n >= 1 && n <= (1 << 20), op, "outs",
+               "parts: expected 1 to 2^20, got " + std::to_string(n));
   std::vector<TensorView> o(n), l(n);
   for (int64_t i = 0; i < n; ++i) {
     o[i] = slice0(outs, i);
@@ -529,7 +530,7 @@ void merge_attention_backward(const TensorView* outs, const TensorView* lses, in
                               TensorView* grad_outs, TensorView* grad_lses, Context& ctx) {
   const char* op = "merge_attention_backward";
   LOWBIT_CHECK(outs && lses && grad_outs && grad_lses, op, "outs",
-              "expected arrays for outs, lses, grad_outs and grad_lses, got null");
+               "expected arrays for outs, lses, grad_outs and grad_lses, got null");
   MergeBackwardArgs a;
   a.fwd = make_merge_args(op, outs, lses, n_parts, out, &lse);
   check::same_shape(op, "grad_out", grad_out, "out", out);

@@ -243,8 +243,8 @@ void kv_append(const KvCache& cache, const TensorView& k_new, const TensorView& 
   p.src[1] = v_new.data;
   p.src_dtype = k_new.dtype;
   LOWBIT_CHECK(v_new.dtype == k_new.dtype, "kv_append", "v_new",
-              std::string("dtype: expected the dtype of k_new on CUDA (") + dtype_name(k_new.dtype) +
-                  "), got " + dtype_name(v_new.dtype));
+               std::string("dtype: expected the dtype of k_new on CUDA (") +
+                   dtype_name(k_new.dtype) + "), got " + dtype_name(v_new.dtype));
   for (int d = 0; d < 3; ++d) {
     p.src_st[0][d] = k_new.stride[d];
     p.src_st[1][d] = v_new.stride[d];
@@ -283,7 +283,7 @@ void merge_attention_backward(const MergeBackwardArgs& a, Context& ctx) {
   g.gout_dtype = a.grad_outs[0].dtype;
   for (int i = 0; i < n; ++i) {
     LOWBIT_CHECK(a.grad_outs[i].dtype == g.gout_dtype, "merge_attention_backward", "grad_outs",
-                "dtype: expected every part's gradient in one dtype on CUDA");
+                 "dtype: expected every part's gradient in one dtype on CUDA");
     g.gout[i] = a.grad_outs[i].data;
     g.glse[i] = static_cast<float*>(a.grad_lses[i].data);
     g.gout_idx[i] = lead_index(a.grad_outs[i], lead);

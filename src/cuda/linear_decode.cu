@@ -382,8 +382,8 @@ void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.w.N == 0) return;
   if (p.e4m3) {  // e4m3 codes: the ring kernel only (the other kernels sum integers)
     LOWBIT_CHECK(decode_ring_applies(p), "decode_gemv", "weight",
-                "e4m3 codes: expected the ring kernel's arguments (sm_90, K a multiple of 256, "
-                "M <= 16, 16-byte aligned codes, no integer output)");
+                 "e4m3 codes: expected the ring kernel's arguments (sm_90, K a multiple of 256, "
+                 "M <= 16, 16-byte aligned codes, no integer output)");
     decode_ring(p, stream);
     return;
   }
@@ -404,7 +404,7 @@ void decode_gemv(const DecodeParams& p, cudaStream_t stream) {
 void decode_gemv_stream(const DecodeParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.w.N == 0) return;
   LOWBIT_CHECK(p.x == nullptr && p.a != nullptr, "decode_gemv", "activations",
-              "expected activation codes (the streaming kernels have no fused rotation)");
+               "expected activation codes (the streaming kernels have no fused rotation)");
   if (kUseDecode4 && decode4_applies(p)) {
     launch_decode4(p, stream);
   } else {

@@ -417,13 +417,13 @@ bool decode_nvfp4_ring_applies(const Nvfp4DecodeParams& p) {
 void decode_nvfp4(const Nvfp4DecodeParams& p, cudaStream_t stream, int depth, int slots,
                   bool x_ahead, bool cvt, int tiles) {
   LOWBIT_CHECK(depth == 1 || depth == 4, "decode_nvfp4", "depth",
-              "expected 1 or 4, got " + std::to_string(depth));
+               "expected 1 or 4, got " + std::to_string(depth));
   LOWBIT_CHECK(slots == 0 || slots == 2 || slots == 4, "decode_nvfp4", "slots",
-              "expected 0, 2 or 4, got " + std::to_string(slots));
+               "expected 0, 2 or 4, got " + std::to_string(slots));
   LOWBIT_CHECK(!cvt || (slots == 4 && !x_ahead && decode_nvfp4_ring_applies(p)), "decode_nvfp4",
-              "cvt", "expected the 4-slot ring (activations at the step, 16-byte aligned codes)");
+               "cvt", "expected the 4-slot ring (activations at the step, 16-byte aligned codes)");
   LOWBIT_CHECK(tiles == 1 || (tiles == 2 && cvt), "decode_nvfp4", "tiles",
-              "expected 1, or 2 with the e4m3 form, got " + std::to_string(tiles));
+               "expected 1, or 2 with the e4m3 form, got " + std::to_string(tiles));
   const dim3 block(kWarps * 32);
   const dim3 grid(static_cast<unsigned>((p.N + 16 * tiles - 1) / (16 * tiles)));
   auto go = [&](auto kernel) { launch_maybe_pdl(true, kernel, grid, block, 0, stream, p); };

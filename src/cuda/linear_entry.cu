@@ -85,9 +85,9 @@ linear::PackedWeightRef weight_ref(const PackedWeightView& w) {
 void check_k_fits(const char* op, int64_t K) {
   const int64_t max_k = linear::rotate_quantize_max_k();
   LOWBIT_CHECK(K <= max_k, op, "x",
-              "expected in_features <= " + std::to_string(max_k) +
-                  " (the fused CUDA rotation stages one row in shared memory), got " +
-                  std::to_string(K));
+               "expected in_features <= " + std::to_string(max_k) +
+                   " (the fused CUDA rotation stages one row in shared memory), got " +
+                   std::to_string(K));
 }
 
 // Rotates + quantizes x (M, K) into codes / scales (raw pointers, contiguous rows).
@@ -135,14 +135,16 @@ cublasLtHandle_t lt_handle(const char* op) {
   static cublasLtHandle_t handle = nullptr;
   static cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   std::call_once(once, [] { status = cublasLtCreate(&handle); });
-  LOWBIT_CHECK(status == CUBLAS_STATUS_SUCCESS, op, "cuBLASLt",
-              "expected a cuBLASLt handle, got status " + std::to_string(static_cast<int>(status)));
+  LOWBIT_CHECK(
+      status == CUBLAS_STATUS_SUCCESS, op, "cuBLASLt",
+      "expected a cuBLASLt handle, got status " + std::to_string(static_cast<int>(status)));
   return handle;
 }
 
 void lt_ok(cublasStatus_t st, const char* op, const char* what) {
-  LOWBIT_CHECK(st == CUBLAS_STATUS_SUCCESS, op, what,
-              "expected CUBLAS_STATUS_SUCCESS, got status " + std::to_string(static_cast<int>(st)));
+  LOWBIT_CHECK(
+      st == CUBLAS_STATUS_SUCCESS, op, what,
+      "expected CUBLAS_STATUS_SUCCESS, got status " + std::to_string(static_cast<int>(st)));
 }
 
 // Row-major fp32 C(M, N) = A(M, Kd) · B(Kd, N), fp32 compute (no TF32).

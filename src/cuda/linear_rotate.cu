@@ -452,14 +452,14 @@ int64_t rotate_quantize_max_k() {
 void rotate_quantize(const RotateQuantParams& p, cudaStream_t stream) {
   if (p.M == 0 || p.K == 0) return;
   LOWBIT_CHECK(!p.x16 || (p.fmt == ActFormat::nvfp4 && p.codes_row_stride == p.K / 2),
-              "rotate_quantize", "x16",
-              "expected only with nvfp4 codes of row stride K / 2 = " + std::to_string(p.K / 2) +
-                  ", got row stride " + std::to_string(p.codes_row_stride));
+               "rotate_quantize", "x16",
+               "expected only with nvfp4 codes of row stride K / 2 = " + std::to_string(p.K / 2) +
+                   ", got row stride " + std::to_string(p.codes_row_stride));
   LOWBIT_CHECK(!p.x16_permuted || (p.x16 && reg_kernel_applies(p)), "rotate_quantize",
-              "x16_permuted",
-              "expected with a 16-byte aligned x16 and K <= " +
-                  std::to_string(rotate_quantize_reg_max_k()) + " (the register kernel), got K " +
-                  std::to_string(p.K));
+               "x16_permuted",
+               "expected with a 16-byte aligned x16 and K <= " +
+                   std::to_string(rotate_quantize_reg_max_k()) + " (the register kernel), got K " +
+                   std::to_string(p.K));
   switch (p.x_dtype) {
     case DType::f16:
       launch_typed<__half>(p, stream);

@@ -461,8 +461,8 @@ void legacy_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
   L.head_group = a.rotate ? static_cast<int>(std::clamp<int64_t>(units / (3 * sms), 1, 8)) : 1;
   const int64_t head_groups = (a.heads + L.head_group - 1) / L.head_group;
   LOWBIT_CHECK(L.tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
-              "cuda grid: expected at most 65535 tiles and batch items, got " +
-                  std::to_string(L.tiles) + " and " + std::to_string(a.batch));
+               "cuda grid: expected at most 65535 tiles and batch items, got " +
+                   std::to_string(L.tiles) + " and " + std::to_string(a.batch));
   const size_t smem = sizeof(float) * (L.tile_rows + (L.tile_rows / a.block) * a.groups);
   dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.tiles),
             static_cast<unsigned>(a.batch));
@@ -477,7 +477,7 @@ void legacy_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
 
 void legacy_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
   LOWBIT_CHECK(a.heads <= 65535 && a.batch <= 65535, "norm_rope_mean", "x",
-              "cuda grid: expected at most 65535 heads and batch items");
+               "cuda grid: expected at most 65535 heads and batch items");
   dim3 grid(kMeanCluster, static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch));
   const int mode = table_mode_of(a);
   dispatch_kernel(a, "norm_rope_mean", [&](auto d, auto bf, auto pr) {
@@ -804,9 +804,9 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold)
   L.steps = static_cast<int>(forced_steps > 0 ? std::min<int64_t>(forced_steps, row_steps) : steps);
   L.chunks = (row_steps + L.steps - 1) / L.steps;
   LOWBIT_CHECK(L.chunks <= 65535 && a.batch <= 65535 && head_groups <= INT32_MAX, "norm_rope_mean",
-              "x",
-              "cuda grid: expected at most 65535 token chunks and batch items, got " +
-                  std::to_string(L.chunks) + " and " + std::to_string(a.batch));
+               "x",
+               "cuda grid: expected at most 65535 token chunks and batch items, got " +
+                   std::to_string(L.chunks) + " and " + std::to_string(a.batch));
   cudaStream_t stream = stream_of(ctx);
   ScratchHold local;
   Scratch& part =

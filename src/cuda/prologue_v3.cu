@@ -1387,7 +1387,7 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   V4MeanLaunch L;
   const int64_t head_groups = (a.heads + rw - 1) / rw;
   LOWBIT_CHECK(a.batch <= 65535 && head_groups <= 65535, "norm_rope_mean", "x",
-              "cuda grid: expected at most 65535 batch items, got " + std::to_string(a.batch));
+               "cuda grid: expected at most 65535 batch items, got " + std::to_string(a.batch));
   cudaStream_t stream = stream_of(ctx);
   // The cp.async ring, with the table rows in shared memory where there is rope; LEAN for bf16.
   const bool tsmem = a.rotate;
@@ -1514,8 +1514,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const int64_t tiles = (a.n_blocks * a.block + L.tile_rows - 1) / L.tile_rows;
   const int warps = L.tile_rows / rw, threads = warps * 32;
   LOWBIT_CHECK(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
-              "cuda grid: expected at most 65535 tiles and batch items, got " +
-                  std::to_string(tiles) + " and " + std::to_string(a.batch));
+               "cuda grid: expected at most 65535 tiles and batch items, got " +
+                   std::to_string(tiles) + " and " + std::to_string(a.batch));
   const int ahead = kV3Async96Ahead;
   // Reverse token order when a mean is subtracted: the mean pass just read x in increasing token
   // order, so its last rows are still in L2 (the whole of x at the Flux shape).

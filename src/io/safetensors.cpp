@@ -464,15 +464,15 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Tensor
   for (const TensorSpec& s : specs_) {
     LOWBIT_CHECK(!s.name.empty(), op, path.c_str(), "tensor names must not be empty");
     LOWBIT_CHECK(s.name != "__metadata__", op, path.c_str(),
-                "'__metadata__' is reserved, not a tensor name");
+                 "'__metadata__' is reserved, not a tensor name");
     LOWBIT_CHECK(names.insert(s.name).second, op, path.c_str(),
-                "tensor '" + s.name + "' planned twice");
+                 "tensor '" + s.name + "' planned twice");
     uint64_t n = static_cast<uint64_t>(file_dtype_size(s.dtype));
     for (int64_t d : s.shape) {
       LOWBIT_CHECK(d >= 0, op, path.c_str(),
-                  "tensor '" + s.name + "': negative dimension " + std::to_string(d));
+                   "tensor '" + s.name + "': negative dimension " + std::to_string(d));
       LOWBIT_CHECK(!__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n), op, path.c_str(),
-                  "tensor '" + s.name + "': size overflows 64 bits");
+                   "tensor '" + s.name + "': size overflows 64 bits");
     }
     nlohmann::ordered_json e;
     e["dtype"] = file_dtype_name(s.dtype);
@@ -480,7 +480,7 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<Tensor
     e["data_offsets"] = {offset, offset + n};
     h[s.name] = std::move(e);
     LOWBIT_CHECK(!__builtin_add_overflow(offset, n, &offset), op, path.c_str(),
-                "total size overflows 64 bits");
+                 "total size overflows 64 bits");
   }
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
