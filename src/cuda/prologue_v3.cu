@@ -1305,18 +1305,44 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 #pragma unroll
   for (int j = 0; j < 32; ++j) red[warp][j][lane] = acc[j];
   __syncthreads();
-  // PAIR: head slot hs is row hs % 2 of slot hs / 2; channel c is value 8 (ch / LANES) + c % 8
-  // of that row (conflict-free alike: 8 values j and 4 lanes per 32 consecutive e).
-#pragma unroll 1
-  for (int e = tid; e < 32 * 32; e += W * 32) {
-    const int hs = e / D, c = e % D, ch = c / 8;
-    const int j = (PAIR ? 16 * (hs % 2) : 0) + 8 * (ch / LANES) + c % 8;
-    const int l = (PAIR ? hs / 2 : hs) * LANES + ch % LANES;
-    float t = red[0][j][l];
+  if constexpr (PAIR && W == 4) {
+    // Session 22: thread (warp w, lane l) adds lane l's value group w — values 8 w .. 8 w + 7 =
+    // row r = w / 2 (head slot 2 (l / LANES) + r), chunk i = w % 2 (channels 8 ch .. 8 ch + 7,
+    // ch = l % LANES + i LANES) — over the W warps in warp order (the loop below's sums, element
+    // for element: the same bits), and stores its 8 channels as two float4 (one 32-byte sector).
+    // The loop below spends ~57 instructions per output group on index arithmetic (Nsight
+    // Compute at Flux: its 8 iterations and the setup were ~25 % of the kernel's instructions,
+    // a warp covering only ~7 tokens there). Reads red[w][j][0..31]: conflict-free.
+    const int r = warp / 2, ch = lane_in_row + (warp % 2) * LANES;
+    float t[8];
 #pragma unroll
-    for (int w = 1; w < W; ++w) t = __fadd_rn(t, red[w][j][l]);
-    const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + hs;
-    if (hh < a.heads) partials[((b * a.heads + hh) * L.chunks + chunk) * D + c] = t;
+    for (int jj = 0; jj < 8; ++jj) t[jj] = red[0][8 * warp + jj][lane];
+#pragma unroll
+    for (int w = 1; w < W; ++w) {
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) t[jj] = __fadd_rn(t[jj], red[w][8 * warp + jj][lane]);
+    }
+    const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + 2 * slot + r;
+    if (hh < a.heads) {
+      float4* o = reinterpret_cast<float4*>(partials +
+                                            ((b * a.heads + hh) * L.chunks + chunk) * D + 8 * ch);
+      o[0] = make_float4(t[0], t[1], t[2], t[3]);
+      o[1] = make_float4(t[4], t[5], t[6], t[7]);
+    }
+  } else {
+    // PAIR: head slot hs is row hs % 2 of slot hs / 2; channel c is value 8 (ch / LANES) + c % 8
+    // of that row (conflict-free alike: 8 values j and 4 lanes per 32 consecutive e).
+#pragma unroll 1
+    for (int e = tid; e < 32 * 32; e += W * 32) {
+      const int hs = e / D, c = e % D, ch = c / 8;
+      const int j = (PAIR ? 16 * (hs % 2) : 0) + 8 * (ch / LANES) + c % 8;
+      const int l = (PAIR ? hs / 2 : hs) * LANES + ch % LANES;
+      float t = red[0][j][l];
+#pragma unroll
+      for (int w = 1; w < W; ++w) t = __fadd_rn(t, red[w][j][l]);
+      const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + hs;
+      if (hh < a.heads) partials[((b * a.heads + hh) * L.chunks + chunk) * D + c] = t;
+    }
   }
 }
 
