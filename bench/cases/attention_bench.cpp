@@ -103,8 +103,6 @@ std::string sampled_accuracy(const Shape& s, const std::vector<double>& ref,
   return accuracy(sampled_rows(s, out), ref).str() + " (64 rows)";
 }
 
-// A family of rows: its name, shapes, input seeds (q, k, v, q codes, k codes: seed .. seed + 4)
-// and the rows only one of them has.
 // attention()'s operands in pieces at one shape: its q / k codes and scales (THREAD_Q 32 with
 // sm_scale folded, THREAD_K 64), the K mean, V in fp8 with its scales, and the kernel's options
 // (sm_scale 1: folded into q). kp has no mean (norm_rope_mean_quantize computes it); kp_mean
@@ -140,6 +138,8 @@ struct Pieces {
   Pieces& operator=(const Pieces&) = delete;
 };
 
+// A family of rows: its name, shapes, input seeds (q, k, v, q codes, k codes: seed .. seed + 4)
+// and the rows only one of them has.
 struct Family {
   std::string name;
   std::vector<Shape> cuda, cuda_quick;
@@ -363,11 +363,9 @@ class AttentionBench : public BenchCase {
           // caller's stream, as before V moved to a side stream (small V only: larger V runs in
           // sequence either way); the bits of the whole output must not change.
           const size_t wb = attention_workspace_bytes(q.view, k.view, fp8);
-          DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb) + 256});
-          void* wp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.view.data) + 255) &
-                                             ~uintptr_t{255});
+          DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb)});  // cudaMalloc'd
           auto call = [&] {
-            attention(q.view, k.view, v.view, out.view, nullptr, fp8, wp, wb, ctx);
+            attention(q.view, k.view, v.view, out.view, nullptr, fp8, ws.view.data, wb, ctx);
           };
           call();
           synchronize(ctx);

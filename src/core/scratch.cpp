@@ -42,13 +42,24 @@ StreamBuffer::StreamBuffer(Device device, size_t bytes, const Context& ctx, cons
     return;
   }
 #ifdef LOWBIT_WITH_CUDA
-  check_cuda(cudaMallocFromPoolAsync(&data_, bytes, scratch_pool(op), stream_of(ctx)), op,
-             "workspace");
+  pool_alloc(bytes, op, "workspace");
 #else
-  (void)ctx;
   throw Error(op, "device", "expected a CUDA build of lowbit, got one built without CUDA");
 #endif
 }
+
+#ifdef LOWBIT_WITH_CUDA
+StreamBuffer::StreamBuffer(size_t bytes, cudaStream_t stream, const char* op)
+    : device_(Device::cuda), stream_(stream) {
+  if (bytes) pool_alloc(bytes, op, "temporary buffer");
+}
+
+void StreamBuffer::pool_alloc(size_t bytes, const char* op, const char* what) {
+  check_cuda(cudaMallocFromPoolAsync(&data_, bytes, scratch_pool(op),
+                                     static_cast<cudaStream_t>(stream_)),
+             op, what);
+}
+#endif
 
 StreamBuffer::~StreamBuffer() {
   if (!data_) return;

@@ -87,34 +87,12 @@ void launch_maybe_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, siz
   kernel<<<grid, block, smem, stream>>>(args...);
 }
 
-// lowbit's own stream-ordered pool for the current device (src/core/scratch.h): its release
-// threshold is "never", so temporaries are reused across calls (the default pool would return
-// memory at every synchronization and re-map it on the next call, which costs more than a decode
-// layer).
-using detail::scratch_pool;
-
-// A stream-ordered temporary buffer from scratch_pool, freed on the stream when it goes out of
-// scope (0 bytes: no allocation, null pointer).
-class Scratch {
- public:
-  Scratch(size_t bytes, cudaStream_t s, const char* op) : stream_(s) {
-    if (bytes) check_cuda(cudaMallocFromPoolAsync(&p_, bytes, scratch_pool(op), s), op,
-                          "temporary buffer");
-  }
-  ~Scratch() {
-    if (p_) cudaFreeAsync(p_, stream_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t stream_;
-};
+// A stream-ordered temporary buffer from lowbit's pool (src/core/scratch.h: its release threshold
+// is "never", so temporaries are reused across calls; the default pool would return memory at
+// every synchronization and re-map it on the next call, which costs more than a decode layer),
+// freed on the stream when it goes out of scope (0 bytes: no allocation, null pointer):
+// Scratch(bytes, stream, op).
+using Scratch = detail::StreamBuffer;
 
 #ifdef __CUDACC__
 // ---- device arithmetic shared by the quantizers ----

@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <type_traits>
 
 #include "lowbit/dtype.h"
@@ -411,27 +410,10 @@ DeviceInfo device_info() {
   return info;
 }
 
-// Sets the kernel's dynamic shared memory limit once per device and instance.
-template <typename Kernel>
-void ensure_smem(Kernel kernel, int64_t bytes) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, const void*>, int64_t> done;
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "decode_ring", "device");
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(dev, reinterpret_cast<const void*>(kernel));
-  auto it = done.find(key);
-  if (it != done.end() && it->second >= bytes) return;
-  int64_t limit = bytes;
-  if (it != done.end()) limit = std::max(limit, it->second);
-  set_kernel_smem(kernel, static_cast<int>(limit), "decode_ring", "shared memory");
-  done[key] = limit;
-}
-
 template <int WF, int NT>
 void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream) {
   auto go = [&](auto kernel) {
-    ensure_smem(kernel, L.smem);
+    set_kernel_smem(kernel, static_cast<int>(L.smem), "decode_ring", "shared memory");
     const int64_t tiles = (d.w.N + 8 * NT - 1) / (8 * NT);
     const int grid = static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
     launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)),

@@ -1293,8 +1293,9 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   }
 
   // The warps' sums meet in shared memory [warp][value j][lane] with a row stride of 36
-  // floats: the writes and the reads below are conflict-free at D = 128 (bank 4 (j % 8) + l % 4
-  // + const over a warp; 2-way at D = 64). Output e = (head slot e / D, channel c = e % D), the W
+  // floats. Round 4 (the else branch below): the writes and its reads are conflict-free at
+  // D = 128 (bank 4 (j % 8) + l % 4 + const over a warp; 2-way at D = 64); output e = (head slot
+  // e / D, channel c = e % D), the W
   // warps added in warp order: a warp stores 32 consecutive channels of one head (128 bytes;
   // channel c sits in chunk c / 8 = lane_in_row + LANES * i, value j = 8 i + c % 8 of lane
   // (head slot) * LANES + lane_in_row). Session 10 (GPU runs 29 / 30, the same bits): the
@@ -1305,7 +1306,8 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 #pragma unroll
   for (int j = 0; j < 32; ++j) red[warp][j][lane] = acc[j];
   __syncthreads();
-  if constexpr (PAIR && W == 4) {
+  if constexpr (PAIR) {
+    static_assert(W == 4, "PAIR's final sums: one value group of 8 per warp");
     // Session 22: thread (warp w, lane l) adds lane l's value group w — values 8 w .. 8 w + 7 =
     // row r = w / 2 (head slot 2 (l / LANES) + r), chunk i = w % 2 (channels 8 ch .. 8 ch + 7,
     // ch = l % LANES + i LANES) — over the W warps in warp order (the loop below's sums, element
@@ -1330,13 +1332,11 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
       o[1] = make_float4(t[4], t[5], t[6], t[7]);
     }
   } else {
-    // PAIR: head slot hs is row hs % 2 of slot hs / 2; channel c is value 8 (ch / LANES) + c % 8
-    // of that row (conflict-free alike: 8 values j and 4 lanes per 32 consecutive e).
 #pragma unroll 1
     for (int e = tid; e < 32 * 32; e += W * 32) {
       const int hs = e / D, c = e % D, ch = c / 8;
-      const int j = (PAIR ? 16 * (hs % 2) : 0) + 8 * (ch / LANES) + c % 8;
-      const int l = (PAIR ? hs / 2 : hs) * LANES + ch % LANES;
+      const int j = 8 * (ch / LANES) + c % 8;
+      const int l = hs * LANES + ch % LANES;
       float t = red[0][j][l];
 #pragma unroll
       for (int w = 1; w < W; ++w) t = __fadd_rn(t, red[w][j][l]);
