@@ -277,6 +277,24 @@ class PrologueBench : public BenchCase {
                                                : "codes with the sign in the magic number",
                      qc, fused);
         }
+        // Session 23: the k quantize kernel with two tokens of one head per lane (round 5,
+        // quant_kpair: half the weight and mean shared-memory reads per value; the default since,
+        // with signed codes) with byte-permute codes, and round 3 with byte-permute codes (the
+        // default before), twice each (A, B, A, B).
+        if (is_k)
+          for (int rep = 0; rep < 2; ++rep)
+            for (int kp : {detail::kPairOn, detail::kPairOff}) {
+              detail::PrologueCudaTuning kt;
+              kt.quant_kpair = kp;
+              kt.quant_codes = detail::kCodesFq;
+              variant_of(std::string(kp == detail::kPairOn
+                                         ? "k kernel round 5 (two tokens per lane), byte-permute "
+                                           "codes"
+                                         : "k kernel round 3 (one row per lane), byte-permute "
+                                           "codes (the default before session 23)") +
+                             (rep ? ", again" : ""),
+                         kt, fused);
+            }
         // Session 14: the mean kernel with two rows per lane (round 5: half the weight and
         // rotary shared-memory reads per value) and the one-row round 4, forced.
         if (is_k)
@@ -495,14 +513,28 @@ class PrologueKQuantBench : public BenchCase {
     detail::PrologueCudaTuning fq, sgn;
     fq.quant_codes = detail::kCodesFq;
     sgn.quant_codes = detail::kCodesSigned;
+    // Session 23: the round-5 k kernel (two tokens of one head per lane, quant_kpair) against
+    // round 3 forced, in both code forms.
+    detail::PrologueCudaTuning k5, k3, k5s;
+    k5.quant_kpair = detail::kPairOn;
+    k3.quant_kpair = detail::kPairOff;
+    k5s = k5;
+    k5s.quant_codes = detail::kCodesSigned;
     const V vs[] = {
-        {"default (tight, specialized to the layout, codes without F2I; session 11)", {}},
+        {"default (round 5: two tokens per lane, signed codes; session 23)", {}},
+        {"round 3, byte-permute codes (the default of sessions 16-22)", k3},
         {"previous default (tight kernel, runs 29-32)", plain},
         {"session 8 generic kernel (quant_tight off; run 32: 0.1751 vs 0.1625 ms)", generic},
         {"codes by byte permutes (session 11), A", fq},
         {"codes with the sign in the magic number, B", sgn},
         {"codes by byte permutes (session 11), A again", fq},
-        {"codes with the sign in the magic number, B again", sgn}};
+        {"codes with the sign in the magic number, B again", sgn},
+        {"k kernel round 5 (two tokens per lane), C", k5},
+        {"k kernel round 3 (one row per lane), D", k3},
+        {"k kernel round 5, signed codes, E", k5s},
+        {"k kernel round 5 (two tokens per lane), C again", k5},
+        {"k kernel round 3 (one row per lane), D again", k3},
+        {"k kernel round 5, signed codes, E again", k5s}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

@@ -155,6 +155,10 @@ struct PrologueCudaTuning {
   // byte; default: signed for the q kernels, byte permutes for the k kernel). The same bits.
   int quant_occ6 = 0;
   int quant_codes = 0;
+  // Session 23: `quant_kpair` (kPairOff / kPairOn) the specialized k kernel (THREAD_K groups of
+  // 16 rows, the mean rows in shared memory) in the round-5 layout, two tokens of one head per
+  // lane (the THREAD_K row pair) as 16 values each. The same bits.
+  int quant_kpair = 0;
 };
 constexpr int kPairOff = 1, kPairOn = 2;
 constexpr int kOcc6Off = 1, kOcc6On = 2;

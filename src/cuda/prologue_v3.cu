@@ -105,6 +105,13 @@ constexpr bool kV3DefaultSpec = true;
 // 16-row tiles: twice the CTAs of the short grid).
 constexpr int64_t kV3PairMinRows = int64_t{1} << 20;
 constexpr int kSpecQRows = 4, kSpecKRows = 16;
+// Session 23: the round-5 THREAD_K kernel (v5_quantize_kpair_kernel; tuning `quant_kpair`) for
+// the specialized k launches, its codes with the sign in the magic number by default. H200,
+// session 23 call 2 (the same bits; ms, A/B/A/B in one call): the k quantize pass alone at Wan
+// 0.1524 / 0.1523 (signed codes), 0.1569 / 0.1570 (byte permutes) against round 3's 0.1591 /
+// 0.1590; the fused k path 0.2460 / 0.2461 (byte permutes) against 0.2485 / 0.2482, Flux
+// 0.0356 / 0.0356 against 0.0353 / 0.0353.
+constexpr bool kV3DefaultKPair = true;
 // Session 16: the specialized q kernel at 6 CTAs per SM (v3_quantize_kernel_occ6, tuning
 // `quant_occ6`): 80 registers, the x ring 1 head ahead; by default from kV3Occ6MinRows rows
 // (batch * tokens * heads) up to kV3PairMinRows (round 5 from there). H200 runs 1-2 of session
@@ -342,7 +349,9 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
 // xor-shuffle trees over the D / 16 lanes, then their sum: the pairwise tree over the D / 8
 // chunks, as v3_row. The weight quad k and the rotary quad k serve both rows (half of v3_row's
 // shared-memory reads per value). The same operations per value as v3_row<..., UNIFORM>.
-template <int D, bool BF16, int ROPE, bool LEAN, typename WQ, typename TQ>
+// TQ_ROWS (session 23, the round-5 THREAD_K kernel: the lane's two rows are two tokens of one
+// head): the rows have their own rotary quads, tq(k, r); else tq(k) serves both.
+template <int D, bool BF16, int ROPE, bool LEAN, bool TQ_ROWS = false, typename WQ, typename TQ>
 __device__ __forceinline__ void v4_row_pair(bool norm, float eps, WQ&& wq, TQ&& tq,
                                             const uint4 (&raw)[4], float (&v)[32]) {
   constexpr int L2 = D / 16;
@@ -390,9 +399,11 @@ __device__ __forceinline__ void v4_row_pair(bool norm, float eps, WQ&& wq, TQ&& 
   if constexpr (ROPE != kRopeNone) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const float4 t = tq(k);
+    float4 t;
+    if constexpr (!TQ_ROWS) t = tq(k);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      if constexpr (TQ_ROWS) t = tq(k, r);
       if (ROPE == kRopePaired) {  // pairs 2k, 2k + 1 of the lane: values 2k (+1) lead, + 8 trail
         rotate(t.x, t.y, 16 * r + 2 * k, 16 * r + 2 * k + 8);
         rotate(t.z, t.w, 16 * r + 2 * k + 1, 16 * r + 2 * k + 9);
@@ -919,7 +930,10 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
           proc(u, r);
           wr = rd;
           rd = rd == last ? first : rd + SB;
-          if (S_MEAN) mrow = mrow == kMeanRingRows - 1 ? 0 : mrow + 1;
+          // (Wraps only in the ring: staged rows without it are the whole head group, which
+          // the cap lets exceed kMeanRingRows; session 23 fixed a wrap here that read head 0's
+          // mean for head 6 with mean_smem = kMeanSmemOn and 7 heads per CTA.)
+          if (S_MEAN) mrow = L.mean_ring && mrow == kMeanRingRows - 1 ? 0 : mrow + 1;
           qcur += q_sh;
           scur += s_sh;
         }
@@ -1110,6 +1124,216 @@ __global__ void __maxnreg__(kV3Async96Regs)
     rd = rd == last ? first : rd + SB;
     qcur += 2 * q_sh;
     scur += 2 * s_sh;
+  }
+}
+
+// ---- norm_rope_quantize, round 5 for THREAD_K: two tokens per lane (session 23) --------------
+//
+// The specialized k kernel (SG = kSpecKRows: THREAD_K groups of 16 rows, the mean rows in
+// shared memory; tuning `quant_kpair`) in the round-5 lane layout: a lane holds the two tokens of
+// a THREAD_K row pair (rows 2 j, 2 j + 1 of a group: adjacent tokens) of one head as 16 values
+// each, chunks l and l + D / 16 of D / 16 lanes per row (v4_row_pair with per-row rotary quads).
+// The weight quads and the head's mean quads it reads from shared memory per head serve both
+// rows: 4 + 4 per 32 values instead of round 3's 8 + 8 (the rotary quads stay 8: one set per
+// token). A warp holds 2 * 32 / (D / 16) rows (8 at D = 128: a scale group is 2 warps, their
+// maxima meeting in shared memory behind a named barrier as in round 3; 16 at D = 64: one warp),
+// the CTA tile 4 warps; the head loop, the x ring (one head per step) and the mean ring are round
+// 3's. The mean rows sit in shared memory with their quads swizzled (quad q at q ^ ((q / 8) & 1)
+// at D = 128) so that the 8 lanes of a row, 32 bytes apart, hit 8 distinct bank quads. Per value
+// the same operations as the round-3 kernel: the same bits.
+template <int D>
+__device__ __forceinline__ int kpair_mean_pos(int q) {
+  return D == 128 ? q ^ ((q >> 3) & 1) : q;
+}
+template <int D, bool BF16, int ROPE, bool SIGNED>
+__global__ void __maxnreg__(kV3Async96Regs)
+    v5_quantize_kpair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
+  constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
+  constexpr bool LEAN = BF16;
+  constexpr int LANES = D / 16, RW = 2 * (32 / LANES);  // lanes per row, rows per warp
+  constexpr int WPG = kSpecKRows > RW ? kSpecKRows / RW : 1;
+  static_assert(kSpecKRows % RW == 0 || RW == kSpecKRows, "a group is whole warps");
+  static_assert(WPG <= 2, "teams of at most 2 warps (barrier ids 1, 2)");
+  constexpr int QR = D / 4;  // float4 per mean row
+  static_assert(kMeanRingChunk == SLOTS, "the mean ring refills at slot 0");
+  static_assert(kMeanRingChunk * QR <= THREADS, "one refill copy per thread");
+  // Dynamic shared memory: the x ring [SLOTS][4][THREADS] uint4 (row 0's chunks l, l + D / 16,
+  // then row 1's), (rope) [8][THREADS] float4: the rotary quads k of row r at 4 r + k, the mean
+  // rows [mean_sh_rows][QR] float4 (swizzled), then [2][kV3MaxWarps] floats: the warps' maxima.
+  extern __shared__ float4 dyn_sh[];
+  float4* t_sh = dyn_sh + SLOTS * 4 * THREADS;
+  float4* mean_sh = t_sh + (ROPE != kRopeNone ? 8 * THREADS : 0);
+  float(*red)[kV3MaxWarps] =
+      reinterpret_cast<float(*)[kV3MaxWarps]>(mean_sh + mean_sh_rows(L) * QR);
+  __shared__ float4 w_sh[D / 4];  // pair_weight_quad's quads: [k][l] at k * LANES + l
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int slot = lane / LANES, l = lane % LANES;
+  const int64_t b = blockIdx.z;
+  if (!L.early) griddep_wait();
+  int64_t tile, h0;
+  int count;
+  quant_cta_work(L, a.heads, tile, h0, count);
+  if (L.reverse) tile = L.tiles - 1 - tile;
+  // Row 0: position 2 j of the group (j = the slot's pair); row 1 its THREAD_K partner, the next
+  // token (group_row: 8 (i / 2) + 2 g + (i & 1)). Past N: row 0 reads token 0, row 1 row 0's row.
+  const QuantRow row =
+      quant_row(a, b, tile * L.tile_rows + warp * RW + 2 * slot, kSpecKRows, h0, l == 0);
+  const bool ok0 = row.ok, ok1 = row.n + 1 < a.tokens;
+  const int dx = ok1 ? static_cast<int>(a.x_sn) : 0;  // row 1's x from row 0's (host: fits)
+  const int dq = static_cast<int>(a.q_sn);
+  const float4 wq = pair_weight_quad<D>(a, tid);
+  float tcs[16], tsn[16];  // row r's pairs at 8 r + 0..7
+#pragma unroll
+  for (int i = 0; i < 16; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
+  if (ROPE != kRopeNone) {
+    const int p0 = ROPE == kRopePaired ? 8 * l : 4 * l;
+    const int p1 = ROPE == kRopePaired ? p0 + 4 : D / 4 + p0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (!(r == 0 ? ok0 : ok1)) continue;
+      const int64_t off = b * a.r_sb + (row.n + r) * a.r_sn;
+      load_table4(a, L.table_mode, off, p0, tcs + 8 * r, tsn + 8 * r);
+      load_table4(a, L.table_mode, off, p1, tcs + 8 * r + 4, tsn + 8 * r + 4);
+    }
+  }
+  const int x_sh = static_cast<int>(a.x_sh), q_sh = static_cast<int>(a.q_sh);
+  const int s_sh = static_cast<int>(a.s_sh), m_sh = static_cast<int>(a.m_sh);
+  const bool scaled = a.sm_scale != 1.f;  // x * 1 is exact: skipping it changes no bit
+  const float abs_sm = fabsf(a.sm_scale);
+  const int c0 = 8 * l;  // channel of the lane's first chunk (the second: + D / 2)
+  const float rcp127 = rcp_approx(127.f);
+  constexpr uint32_t T16 = THREADS * sizeof(uint4), SB = 4 * T16;
+  const uint32_t ring0 = ptx::smem_u32(dyn_sh) + tid * sizeof(uint4);
+  const uint16_t* nx = row.x + c0;  // the next head to issue
+  auto issue_at = [&](uint32_t dst) {
+    ptx::cp_async16(dst, nx);
+    ptx::cp_async16(dst + T16, nx + D / 2);
+    ptx::cp_async16(dst + 2 * T16, nx + dx);
+    ptx::cp_async16(dst + 3 * T16, nx + dx + D / 2);
+    nx += x_sh;
+  };
+#pragma unroll
+  for (int k = 0; k < AHEAD; ++k) {
+    if (k < count) issue_at(ring0 + k * SB);
+    cp_async_commit();
+  }
+  // The mean rows of the CTA's first heads (the PDL wait first when early: the mean pass writes
+  // them), their quads at kpair_mean_pos.
+  if (L.early) griddep_wait();
+  const bool refills = L.mean_ring && count > kMeanRingRows;
+  {
+    const int rows = refills ? kMeanRingRows : count;
+    for (int e = tid; e < rows * QR; e += THREADS)
+      mean_sh[(e / QR) * QR + kpair_mean_pos<D>(e % QR)] =
+          __ldg(reinterpret_cast<const float4*>(row.m + (e / QR) * m_sh) + e % QR);
+  }
+  if (tid < D / 4) w_sh[tid] = wq;
+  if (ROPE != kRopeNone) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      t_sh[k * THREADS + tid] = make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
+  }
+  __syncthreads();
+  // The lane's mean quads k = 0, 1 of a row (channels 8 l + 4 k): positions mo[k], and + D / 8
+  // for the second chunk (the same swizzle bit: D / 8 is a multiple of 16 at D = 128).
+  const int sw = D == 128 ? (l >> 2) & 1 : 0;
+  const int mo0 = 2 * l + sw, mo1 = 2 * l + (sw ^ 1);
+  const int rr = tid / QR, rq = tid % QR;  // the refill row and float4 of this thread
+  const int team = warp / WPG;
+  int8_t* qcur = row.q + c0;
+  float* scur = row.s;
+  int mrow = 0;
+  const uint32_t first = ring0, last = ring0 + (SLOTS - 1) * SB;
+  uint32_t rd = first, wr = last;
+#pragma unroll 1
+  for (int u = 0; u < count; ++u) {
+    if (refills && u > 0 && rd == first) {
+      // Every thread is done with heads < u: heads u + 3 .. u + 5 go into the half of the ring
+      // heads u - 3 .. u - 1 used; they travel in head u's commit group, waited for before the
+      // barrier at head u + 3.
+      __syncthreads();
+      const int h1 = u + kMeanRingChunk;
+      const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
+      if (rr < rows)
+        ptx::cp_async16(
+            ptx::smem_u32(mean_sh) +
+                sizeof(float4) * (((mrow == 0 ? kMeanRingChunk : 0) + rr) * QR +
+                                  kpair_mean_pos<D>(rq)),
+            row.m + (h1 + rr) * m_sh + 4 * rq);
+    }
+    if (u + AHEAD < count) issue_at(wr);
+    cp_async_commit();
+    cp_async_wait<AHEAD>();
+    uint4 r[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r[i] = lds16u(rd + i * T16);
+    float v[32];
+    v4_row_pair<D, BF16, ROPE, LEAN, true>(
+        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k * LANES + l]); },
+        [&](int k, int rw) { return lds16(&t_sh[(4 * rw + k) * THREADS + tid]); }, r, v);
+    // Minus the head's mean: value 16 r + 4 k + e is channel (k / 2) D / 2 + 8 l + 4 (k & 1) + e.
+    const float4* mq = mean_sh + mrow * QR;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 t = lds16(mq + (k >> 1) * (D / 8) + ((k & 1) ? mo1 : mo0));
+#pragma unroll
+      for (int rw = 0; rw < 2; ++rw) {
+        float* y = v + 16 * rw + 4 * k;
+        y[0] = __fsub_rn(y[0], t.x);
+        y[1] = __fsub_rn(y[1], t.y);
+        y[2] = __fsub_rn(y[2], t.z);
+        y[3] = __fsub_rn(y[3], t.w);
+      }
+    }
+    // |v|'s maximum per row (four chains of 4, a tree: exact in any order), rows past N: 0.
+    float mx[2];
+#pragma unroll
+    for (int rw = 0; rw < 2; ++rw) {
+      float t[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        t[i] = fabsf(v[16 * rw + 4 * i]);
+#pragma unroll
+        for (int j = 1; j < 4; ++j) t[i] = max_nan(t[i], fabsf(v[16 * rw + 4 * i + j]));
+      }
+      mx[rw] = max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3]));
+    }
+    float m = redux_group_max(max_nan(ok0 ? mx[0] : 0.f, ok1 ? mx[1] : 0.f), 32, lane);
+    if constexpr (WPG > 1) {
+      const int par = u & 1;
+      if (lane == 0) red[par][warp] = m;
+      if (team == 0)
+        team_barrier(0, 32 * WPG);
+      else
+        team_barrier(1, 32 * WPG);
+      m = max_nan(red[par][WPG * team], red[par][WPG * team + 1]);
+    }
+    if (scaled) m = __fmul_rn(m, abs_sm);
+    const float scale =
+        __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
+    if (row.writer) *scur = scale;
+    if (scaled) {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
+    }
+    uint32_t packed[8];
+    if constexpr (SIGNED)
+      quantize_fqs_n<32, LEAN>(v, scale, packed);
+    else
+      quantize_fq_n<32, LEAN>(v, scale, packed);
+    if (ok0) {
+      *reinterpret_cast<uint2*>(qcur) = make_uint2(packed[0], packed[1]);
+      *reinterpret_cast<uint2*>(qcur + D / 2) = make_uint2(packed[2], packed[3]);
+    }
+    if (ok1) {
+      *reinterpret_cast<uint2*>(qcur + dq) = make_uint2(packed[4], packed[5]);
+      *reinterpret_cast<uint2*>(qcur + dq + D / 2) = make_uint2(packed[6], packed[7]);
+    }
+    wr = rd;
+    rd = rd == last ? first : rd + SB;
+    mrow = L.mean_ring && mrow == kMeanRingRows - 1 ? 0 : mrow + 1;
+    qcur += q_sh;
+    scur += s_sh;
   }
 }
 
@@ -1528,15 +1752,29 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const bool pair_on = tuning.quant_pair > 0 ? tuning.quant_pair == detail::kPairOn
                                              : a.batch * a.tokens * a.heads >= kV3PairMinRows;
   const bool pair = pair_on && tight_forms(tuning) && spec_q;
-  const bool split = pair || (tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn
-                                                      : kV3DefaultSplit);
-  const int lanes = static_cast<int>(a.dim / (pair ? 16 : 32)), rw = 32 / lanes;
+  const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
+  L.mean_vec = a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 &&
+               a.m_sh % 4 == 0;
+  L.mean_smem = mean_smem != detail::kMeanSmemOff && L.mean_vec;
+  // Session 23: the round-5 THREAD_K kernel (v5_quantize_kpair_kernel, two tokens per lane) for
+  // the specialized k layout (THREAD_K groups of kSpecKRows rows, the mean rows in shared memory)
+  // with tuning `quant_kpair`, else kV3DefaultKPair; row 1's x and q offsets from row 0's are
+  // one token stride in 32 bits.
+  const bool spec_k = spec_base && L.group_rows == kSpecKRows && a.mean && L.mean_smem;
+  const bool kpair_on = tuning.quant_kpair > 0 ? tuning.quant_kpair == detail::kPairOn
+                                               : kV3DefaultKPair;
+  const bool kpair = kpair_on && tight_forms(tuning) && spec_k &&
+                     a.layout == ScaleLayout::thread_k && a.x_sn <= INT32_MAX &&
+                     a.q_sn <= INT32_MAX;
+  const bool split = pair || kpair ||
+                     (tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn
+                                              : kV3DefaultSplit);
+  const int lanes = static_cast<int>(a.dim / (pair || kpair ? 16 : 32));
+  const int rw = (kpair ? 2 : 1) * 32 / lanes;  // rows per warp
   L.tile_rows = std::max(split ? L.group_rows : a.block, 4 * rw);
   L.wpg = L.group_rows > rw ? L.group_rows / rw : 1;
   L.red_lanes = std::min(32, lanes * L.group_rows);
   L.table_mode = table_mode_of(a);
-  L.mean_vec = a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 &&
-               a.m_sh % 4 == 0;
   const int64_t tiles = (a.n_blocks * a.block + L.tile_rows - 1) / L.tile_rows;
   const int warps = L.tile_rows / rw, threads = warps * 32;
   LOWBIT_CHECK(tiles <= 65535 && a.batch <= 65535, "norm_rope_quantize", "x",
@@ -1548,8 +1786,6 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   L.reverse = tuning.tile_order > 0 ? tuning.tile_order == detail::kTilesReverse
                                     : a.mean != nullptr;
   const bool pdl = tuning.quant_pdl > 0 ? tuning.quant_pdl == detail::kPdlOn : kV3DefaultQuantPdl;
-  const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
-  L.mean_smem = mean_smem != detail::kMeanSmemOff && L.mean_vec;
   L.mean_ring = L.mean_smem && mean_smem == detail::kMeanSmemRing &&
                 ahead < kMeanRingChunk;
   // Loads before the PDL wait: by default only behind the mean pass of the same x (the fused k
@@ -1565,7 +1801,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   int spec = 0;
   if (tight && spec_q)
     spec = kSpecQRows;
-  else if (tight && spec_base && L.group_rows == kSpecKRows && a.mean && L.mean_smem)
+  else if (tight && spec_k)
     spec = kSpecKRows;
   // Session 16: the specialized q kernel at 6 CTAs per SM (80 registers, 1 head ahead; D = 128,
   // tuning `quant_occ6`), and the specialized kernels' codes (tuning `quant_codes`).
@@ -1573,9 +1809,10 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const bool occ6 = !pair && spec == kSpecQRows && a.dim == 128 &&
                     (tuning.quant_occ6 > 0 ? tuning.quant_occ6 == detail::kOcc6On
                                            : rows >= kV3Occ6MinRows);
-  // The q kernels' codes signed by default, the k kernel's by byte permutes (kquant run).
+  // The q kernels' and the round-5 k kernel's codes signed by default, the round-3 k kernel's by
+  // byte permutes (kquant runs of sessions 16 and 23).
   const bool signed_codes = tuning.quant_codes > 0 ? tuning.quant_codes == detail::kCodesSigned
-                                                   : spec != kSpecKRows;
+                                                   : spec != kSpecKRows || kpair;
   const int ring_ahead = occ6 ? kV3Occ6Ahead : ahead;
   const int smem = static_cast<int>(sizeof(float4)) * threads *
                        ((a.rotate ? (pair ? 4 : 8) : 0) + 4 * (ring_ahead + 1)) +
@@ -1664,6 +1901,9 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     if (pair)
       launch(signed_codes ? v5_quantize_pair_kernel<D, BF16, ROPE, true>
                           : v5_quantize_pair_kernel<D, BF16, ROPE, false>);
+    else if (kpair)
+      launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true>
+                          : v5_quantize_kpair_kernel<D, BF16, ROPE, false>);
     else if (occ6) {  // D = 128 only (above)
       if constexpr (D == 128)
         launch(signed_codes ? v3_quantize_kernel_occ6<D, BF16, ROPE, true>

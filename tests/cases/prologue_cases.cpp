@@ -62,6 +62,7 @@ struct Cfg {
   int quant_pair = 0;     // CUDA: the round-5 q kernel, two rows per lane (detail::kPair*)
   int quant_occ6 = 0;     // CUDA: the round-3 q kernel at 6 CTAs per SM (detail::kOcc6*)
   int quant_codes = 0;    // CUDA: the specialized kernels' codes (detail::kCodes*)
+  int quant_kpair = 0;    // CUDA: the round-5 k kernel, two tokens per lane (detail::kPair*)
   std::string tag;
 };
 
@@ -221,7 +222,7 @@ class PrologueCase : public Case {
                                         c_.split_blocks, c_.max_reduce, c_.quant_pdl,
                                         c_.mean_ctas, c_.mean_smem, c_.quant_early,
                                         c_.quant_tight, c_.quant_pair, c_.quant_occ6,
-                                        c_.quant_codes});
+                                        c_.quant_codes, c_.quant_kpair});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -434,6 +435,43 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       f.w_dtype = DType::f32;
       add(f);
     }
+  // Session 23: the round-5 k kernel (two tokens of one head per lane; quant_kpair = kPairOn)
+  // and the round-3 one forced, both code forms: a given mean with THREAD_K 64 at the odd token
+  // counts (N odd: the last lane's second token past N), D 64 / 128, bf16 split-half from a fused
+  // QKV buffer and f16 interleaved into a padded q_out, with sm_scale; the fused k path (the mean
+  // ring refilled: 24 heads at Flux's grid); the staged rows without the ring at 7 / 12 heads per
+  // CTA (more rows than the ring's 6: round 3 read head 0's mean for head 6 there before session
+  // 23); no norm, no rope.
+  for (int kp : {detail::kPairOn, detail::kPairOff})
+    for (int codes : {detail::kCodesFq, detail::kCodesSigned})
+      for (int64_t N : {1, 17, 127, 1000, 4608})
+        for (int64_t D : {64, 128}) {
+          if (N == 4608 && D == 64) continue;
+          if ((kp == detail::kPairOff || codes == detail::kCodesSigned) && N != 1000 && N != 17)
+            continue;
+          const std::string t = std::string(kp == detail::kPairOn ? "k5" : "k3") +
+                                (codes == detail::kCodesSigned ? "s" : "");
+          Cfg k;
+          k.quant_kpair = kp, k.quant_codes = codes;
+          k.B = N == 4608 ? 1 : 2, k.N = N, k.H = N == 4608 ? 24 : 11, k.D = D, k.qkv = true;
+          k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+          k.tag = t;
+          add(k);  // bf16 split-half, the mean ring (default)
+          k.tag = t + "int", k.dtype = DType::f16, k.rope = RopeKind::interleaved, k.q_pad = true;
+          k.w_dtype = DType::f32, k.sm_scale = -0.75f;
+          add(k);
+          Cfg f = k;
+          f.tag = t + "path", f.mean = false, f.fused = true, f.q_pad = false, f.sm_scale = 1.f;
+          add(f);
+          if (N == 4608) continue;
+          Cfg m = k;
+          m.tag = t + "msmem", m.mean_smem = detail::kMeanSmemOn, m.H = D == 128 ? 14 : 24;
+          m.heads_per_cta = D == 128 ? 7 : 12;
+          add(m);
+          m.tag = t + "plain", m.norm = Norm::none, m.rope = RopeKind::none, m.heads_per_cta = 0;
+          m.mean_smem = 0, m.H = 5;
+          add(m);
+        }
   // Session 14: the round-5 mean kernel (two rows per lane; mean_round = 5) and round 4 forced
   // ("r4"), at the odd token counts, D 64 and 128, 11 heads (the last lane's second row past H)
   // and 1 head, B 2, from a fused QKV buffer: split-half bf16, interleaved f16, no rope, no norm,
