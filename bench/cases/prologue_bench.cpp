@@ -295,6 +295,21 @@ class PrologueBench : public BenchCase {
                              (rep ? ", again" : ""),
                          kt, fused);
             }
+        // Session 23: the k path's grids around the wave models' picks (Wan: quantize CTAs of 20
+        // heads, 3.1 rounds; the mean kernel 63 tokens per warp, 650 CTAs in one round): quantize
+        // CTAs of at most 10 / 14 / 40 heads, the mean kernel at 32 / 42 tokens per warp.
+        if (is_k)
+          for (int g : {10, 14, 40}) {
+            detail::PrologueCudaTuning hg;
+            hg.heads_per_cta = g;
+            variant_of("quantize CTAs of at most " + std::to_string(g) + " heads", hg, fused);
+          }
+        if (is_k)
+          for (int st : {32, 42}) {
+            detail::PrologueCudaTuning ms;
+            ms.mean_steps = st;
+            variant_of("mean kernel at " + std::to_string(st) + " tokens per warp", ms, fused);
+          }
         // Session 14: the mean kernel with two rows per lane (round 5: half the weight and
         // rotary shared-memory reads per value) and the one-row round 4, forced.
         if (is_k)
@@ -520,6 +535,11 @@ class PrologueKQuantBench : public BenchCase {
     k3.quant_kpair = detail::kPairOff;
     k5s = k5;
     k5s.quant_codes = detail::kCodesSigned;
+    // Session 23, timing probes of the round-5 kernel (wrong output; detail::kpair_probe).
+    detail::PrologueCudaTuning probe_team, probe_refill, probe_mean;
+    probe_team.kpair_probe = detail::kProbeNoTeam;
+    probe_refill.kpair_probe = detail::kProbeNoRefill;
+    probe_mean.kpair_probe = detail::kProbeNoMean;
     const V vs[] = {
         {"default (round 5: two tokens per lane, signed codes; session 23)", {}},
         {"round 3, byte-permute codes (the default of sessions 16-22)", k3},
@@ -534,7 +554,11 @@ class PrologueKQuantBench : public BenchCase {
         {"k kernel round 5, signed codes, E", k5s},
         {"k kernel round 5 (two tokens per lane), C again", k5},
         {"k kernel round 3 (one row per lane), D again", k3},
-        {"k kernel round 5, signed codes, E again", k5s}};
+        {"k kernel round 5, signed codes, E again", k5s},
+        {"PROBE (wrong output): round 5 without the cross-warp maximum", probe_team},
+        {"PROBE (wrong output): round 5 without the mean ring's barrier and refill", probe_refill},
+        {"PROBE (wrong output): round 5 without the mean subtraction", probe_mean},
+        {"default again", {}}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

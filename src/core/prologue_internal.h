@@ -159,7 +159,13 @@ struct PrologueCudaTuning {
   // 16 rows, the mean rows in shared memory) in the round-5 layout, two tokens of one head per
   // lane (the THREAD_K row pair) as 16 values each. The same bits.
   int quant_kpair = 0;
+  // Session 23, bench only (WRONG output: timing probes of the round-5 k kernel, bf16 D 128
+  // split-half rope only; 0 elsewhere): `kpair_probe` kProbeNoTeam skips the scale group's
+  // cross-warp maximum (each warp its own), kProbeNoRefill the mean ring's CTA barrier and
+  // refill, kProbeNoMean the mean subtraction.
+  int kpair_probe = 0;
 };
+constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
 constexpr int kPairOff = 1, kPairOn = 2;
 constexpr int kOcc6Off = 1, kOcc6On = 2;
 constexpr int kCodesFq = 1, kCodesSigned = 2;

@@ -1145,7 +1145,10 @@ template <int D>
 __device__ __forceinline__ int kpair_mean_pos(int q) {
   return D == 128 ? q ^ ((q >> 3) & 1) : q;
 }
-template <int D, bool BF16, int ROPE, bool SIGNED>
+// PROBE (bench only, detail::kpair_probe; wrong output): kProbeNoTeam / kProbeNoRefill /
+// kProbeNoMean drop the cross-warp maximum / the mean ring's barrier and refill / the mean
+// subtraction, to time what each costs.
+template <int D, bool BF16, int ROPE, bool SIGNED, int PROBE = 0>
 __global__ void __maxnreg__(kV3Async96Regs)
     v5_quantize_kpair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
@@ -1247,7 +1250,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
   uint32_t rd = first, wr = last;
 #pragma unroll 1
   for (int u = 0; u < count; ++u) {
-    if (refills && u > 0 && rd == first) {
+    if (PROBE != detail::kProbeNoRefill && refills && u > 0 && rd == first) {
       // Every thread is done with heads < u: heads u + 3 .. u + 5 go into the half of the ring
       // heads u - 3 .. u - 1 used; they travel in head u's commit group, waited for before the
       // barrier at head u + 3.
@@ -1274,7 +1277,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
     // Minus the head's mean: value 16 r + 4 k + e is channel (k / 2) D / 2 + 8 l + 4 (k & 1) + e.
     const float4* mq = mean_sh + mrow * QR;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < (PROBE == detail::kProbeNoMean ? 0 : 4); ++k) {
       const float4 t = lds16(mq + (k >> 1) * (D / 8) + ((k & 1) ? mo1 : mo0));
 #pragma unroll
       for (int rw = 0; rw < 2; ++rw) {
@@ -1299,7 +1302,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
       mx[rw] = max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3]));
     }
     float m = redux_group_max(max_nan(ok0 ? mx[0] : 0.f, ok1 ? mx[1] : 0.f), 32, lane);
-    if constexpr (WPG > 1) {
+    if constexpr (WPG > 1 && PROBE != detail::kProbeNoTeam) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
       if (team == 0)
@@ -1901,7 +1904,17 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     if (pair)
       launch(signed_codes ? v5_quantize_pair_kernel<D, BF16, ROPE, true>
                           : v5_quantize_pair_kernel<D, BF16, ROPE, false>);
-    else if (kpair)
+    else if (kpair && tuning.kpair_probe > 0) {
+      if constexpr (D == 128 && BF16 && ROPE == kRopePaired)
+        launch(tuning.kpair_probe == detail::kProbeNoTeam
+                   ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kProbeNoTeam>
+               : tuning.kpair_probe == detail::kProbeNoRefill
+                   ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kProbeNoRefill>
+                   : v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kProbeNoMean>);
+      else
+        check::fail("norm_rope_quantize", "tuning",
+                    "kpair_probe: bf16, D 128, split-half rope only");
+    } else if (kpair)
       launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true>
                           : v5_quantize_kpair_kernel<D, BF16, ROPE, false>);
     else if (occ6) {  // D = 128 only (above)
