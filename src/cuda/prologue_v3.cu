@@ -112,6 +112,10 @@ constexpr int kSpecQRows = 4, kSpecKRows = 16;
 // 0.1590; the fused k path 0.2460 / 0.2461 (byte permutes) against 0.2485 / 0.2482, Flux
 // 0.0356 / 0.0356 against 0.0353 / 0.0353.
 constexpr bool kV3DefaultKPair = true;
+// Session 23: its CTA-wide exchange barrier with the mean ring's refill folded in (D = 128;
+// tuning `kpair_sync`). Written after the session's device time was spent: NOT yet run on the
+// H200 (its harness cases "k5c*" and the bench rows are ready); off until measured.
+constexpr bool kV3DefaultKPairCta = false;
 // Session 16: the specialized q kernel at 6 CTAs per SM (v3_quantize_kernel_occ6, tuning
 // `quant_occ6`): 80 registers, the x ring 1 head ahead; by default from kV3Occ6MinRows rows
 // (batch * tokens * heads) up to kV3PairMinRows (round 5 from there). H200 runs 1-2 of session
@@ -1145,10 +1149,16 @@ template <int D>
 __device__ __forceinline__ int kpair_mean_pos(int q) {
   return D == 128 ? q ^ ((q >> 3) & 1) : q;
 }
+// CTA_SYNC (tuning `kpair_sync` = kSyncCta; D = 128, where a scale group is 2 warps): the
+// group maximum's exchange behind one barrier of all 4 warps per head instead of one per 2-warp
+// team, and the mean ring refilled right behind it with no barrier of its own: at the last head
+// u of a 3-head chunk every thread is past that chunk's rows, so heads u + 4 .. u + 6 go into
+// them (head u + 1's commit group, complete at head u + 3, made visible by its barrier, read from
+// head u + 4). The probes below: the team barrier ~5 %, the ring's ~3 % of the pass at Wan.
 // PROBE (bench only, detail::kpair_probe; wrong output): kProbeNoTeam / kProbeNoRefill /
 // kProbeNoMean drop the cross-warp maximum / the mean ring's barrier and refill / the mean
 // subtraction, to time what each costs.
-template <int D, bool BF16, int ROPE, bool SIGNED, int PROBE = 0>
+template <int D, bool BF16, int ROPE, bool SIGNED, bool CTA_SYNC = false, int PROBE = 0>
 __global__ void __maxnreg__(kV3Async96Regs)
     v5_quantize_kpair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
@@ -1158,7 +1168,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
   static_assert(kSpecKRows % RW == 0 || RW == kSpecKRows, "a group is whole warps");
   static_assert(WPG <= 2, "teams of at most 2 warps (barrier ids 1, 2)");
   constexpr int QR = D / 4;  // float4 per mean row
-  static_assert(kMeanRingChunk == SLOTS, "the mean ring refills at slot 0");
+  constexpr bool CTA = CTA_SYNC && WPG > 1;  // (D = 64: one warp per group, no exchange)
+  static_assert(kMeanRingChunk == SLOTS, "the mean ring refills at slot 0 (CTA: at the last)");
   static_assert(kMeanRingChunk * QR <= THREADS, "one refill copy per thread");
   // Dynamic shared memory: the x ring [SLOTS][4][THREADS] uint4 (row 0's chunks l, l + D / 16,
   // then row 1's), (rope) [8][THREADS] float4: the rotary quads k of row r at 4 r + k, the mean
@@ -1250,7 +1261,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
   uint32_t rd = first, wr = last;
 #pragma unroll 1
   for (int u = 0; u < count; ++u) {
-    if (PROBE != detail::kProbeNoRefill && refills && u > 0 && rd == first) {
+    if (!CTA && PROBE != detail::kProbeNoRefill && refills && u > 0 && rd == first) {
       // Every thread is done with heads < u: heads u + 3 .. u + 5 go into the half of the ring
       // heads u - 3 .. u - 1 used; they travel in head u's commit group, waited for before the
       // barrier at head u + 3.
@@ -1305,11 +1316,20 @@ __global__ void __maxnreg__(kV3Async96Regs)
     if constexpr (WPG > 1 && PROBE != detail::kProbeNoTeam) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
-      if (team == 0)
-        team_barrier(0, 32 * WPG);
+      if (CTA || team == 0)
+        team_barrier(0, CTA ? THREADS : 32 * WPG);
       else
         team_barrier(1, 32 * WPG);
       m = max_nan(red[par][WPG * team], red[par][WPG * team + 1]);
+      if (CTA && refills && rd == last && u + kMeanRingChunk + 1 < count) {
+        const int h1 = u + kMeanRingChunk + 1;
+        const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
+        if (rr < rows)
+          ptx::cp_async16(ptx::smem_u32(mean_sh) +
+                              sizeof(float4) * ((mrow - (kMeanRingChunk - 1) + rr) * QR +
+                                                kpair_mean_pos<D>(rq)),
+                          row.m + (h1 + rr) * m_sh + 4 * rq);
+      }
     }
     if (scaled) m = __fmul_rn(m, abs_sm);
     const float scale =
@@ -1769,6 +1789,11 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const bool kpair = kpair_on && tight_forms(tuning) && spec_k &&
                      a.layout == ScaleLayout::thread_k && a.x_sn <= INT32_MAX &&
                      a.q_sn <= INT32_MAX;
+  // Its exchange and mean-ring refill behind one CTA barrier per head (D = 128; tuning
+  // `kpair_sync`, else kV3DefaultKPairCta).
+  const bool kpair_cta = a.dim == 128 && (tuning.kpair_sync > 0
+                                              ? tuning.kpair_sync == detail::kSyncCta
+                                              : kV3DefaultKPairCta);
   const bool split = pair || kpair ||
                      (tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn
                                               : kV3DefaultSplit);
@@ -1907,13 +1932,17 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     else if (kpair && tuning.kpair_probe > 0) {
       if constexpr (D == 128 && BF16 && ROPE == kRopePaired)
         launch(tuning.kpair_probe == detail::kProbeNoTeam
-                   ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kProbeNoTeam>
+                   ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, false, detail::kProbeNoTeam>
                : tuning.kpair_probe == detail::kProbeNoRefill
-                   ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kProbeNoRefill>
-                   : v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kProbeNoMean>);
+                   ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, false, detail::kProbeNoRefill>
+                   : v5_quantize_kpair_kernel<D, BF16, ROPE, true, false, detail::kProbeNoMean>);
       else
         check::fail("norm_rope_quantize", "tuning",
                     "kpair_probe: bf16, D 128, split-half rope only");
+    } else if (kpair && kpair_cta) {
+      if constexpr (D == 128)
+        launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, true>
+                            : v5_quantize_kpair_kernel<D, BF16, ROPE, false, true>);
     } else if (kpair)
       launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true>
                           : v5_quantize_kpair_kernel<D, BF16, ROPE, false>);

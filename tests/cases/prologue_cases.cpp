@@ -63,6 +63,7 @@ struct Cfg {
   int quant_occ6 = 0;     // CUDA: the round-3 q kernel at 6 CTAs per SM (detail::kOcc6*)
   int quant_codes = 0;    // CUDA: the specialized kernels' codes (detail::kCodes*)
   int quant_kpair = 0;    // CUDA: the round-5 k kernel, two tokens per lane (detail::kPair*)
+  int kpair_sync = 0;     // CUDA: its group maximum's barriers (detail::kSync*)
   std::string tag;
 };
 
@@ -222,7 +223,8 @@ class PrologueCase : public Case {
                                         c_.split_blocks, c_.max_reduce, c_.quant_pdl,
                                         c_.mean_ctas, c_.mean_smem, c_.quant_early,
                                         c_.quant_tight, c_.quant_pair, c_.quant_occ6,
-                                        c_.quant_codes, c_.quant_kpair});
+                                        c_.quant_codes, c_.quant_kpair, /*kpair_probe=*/0,
+                                        c_.kpair_sync});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -472,6 +474,31 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
           m.mean_smem = 0, m.H = 5;
           add(m);
         }
+  // Session 23: the round-5 k kernel with its exchange and mean-ring refill behind one CTA
+  // barrier per head ("k5c": kpair_sync = kSyncCta; D = 64 has no exchange and keeps the
+  // per-chunk refill) and the default 2-warp teams ("k5t"), with the mean ring refilled several
+  // times: 40 heads, CTAs of 20 (forced), 19 or 7 (the last CTA's chunk short); bf16 split-half
+  // from a fused QKV buffer, f16 interleaved with sm_scale, and the fused k path.
+  for (int sync : {detail::kSyncCta, detail::kSyncTeams})
+    for (int64_t N : {17, 127, 1000, 4608})
+      for (int64_t D : {64, 128}) {
+        if (sync == detail::kSyncTeams && N != 127) continue;
+        const std::string t = sync == detail::kSyncCta ? "k5c" : "k5t";
+        Cfg k;
+        k.quant_kpair = detail::kPairOn, k.kpair_sync = sync;
+        k.B = N == 4608 ? 1 : 2, k.N = N, k.H = N == 4608 ? 24 : 40, k.D = D, k.qkv = true;
+        k.mean = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+        k.heads_per_cta = N == 127 ? 19 : N == 17 ? 7 : 20;
+        k.tag = t;
+        add(k);
+        k.tag = t + "int", k.dtype = DType::f16, k.rope = RopeKind::interleaved;
+        k.w_dtype = DType::f32, k.sm_scale = 0.6f;
+        add(k);
+        Cfg f = k;
+        f.tag = t + "path", f.mean = false, f.fused = true, f.sm_scale = 1.f;
+        f.heads_per_cta = 0;
+        add(f);
+      }
   // Session 14: the round-5 mean kernel (two rows per lane; mean_round = 5) and round 4 forced
   // ("r4"), at the odd token counts, D 64 and 128, 11 heads (the last lane's second row past H)
   // and 1 head, B 2, from a fused QKV buffer: split-half bf16, interleaved f16, no rope, no norm,
