@@ -1000,6 +1000,40 @@ __global__ void __maxnreg__(kV3Occ6Regs)
   v3_quantize_body<D, BF16, ROPE, kTightThreads, kSpecQRows, kV3Occ6Ahead, SIGNED>(a, L);
 }
 
+// The round-5 k kernel's per-group tail (SPEC §1; the round-5 q kernel has the same steps
+// inline: written with these its PTX changed, so it stays as measured until a GPU check): |v|'s maximum over a row's 16 values (four
+// chains of 4, then a tree: exact in any order), the scale from the group's maximum m (taken
+// before sm_scale) and the codes of N values times sm_scale (x * 1 is exact: `scaled` false skips
+// it, changing no bit).
+__device__ __forceinline__ float abs_max16(const float* y) {
+  float t[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    t[i] = fabsf(y[4 * i]);
+#pragma unroll
+    for (int j = 1; j < 4; ++j) t[i] = max_nan(t[i], fabsf(y[4 * i + j]));
+  }
+  return max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3]));
+}
+template <bool LEAN>
+__device__ __forceinline__ float group_scale(const PrologueArgs& a, float m, bool scaled,
+                                             float abs_sm, float rcp127) {
+  if (scaled) m = __fmul_rn(m, abs_sm);
+  return __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
+}
+template <int N, bool LEAN, bool SIGNED>
+__device__ __forceinline__ void scaled_codes(const PrologueArgs& a, bool scaled, float scale,
+                                             float* v, uint32_t* packed) {
+  if (scaled) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
+  }
+  if constexpr (SIGNED)
+    quantize_fqs_n<N, LEAN>(v, scale, packed);
+  else
+    quantize_fq_n<N, LEAN>(v, scale, packed);
+}
+
 // ---- norm_rope_quantize, round 5: two rows per lane (THREAD_Q groups of kSpecQRows rows) --------
 //
 // The specialized tight q kernel (SG = kSpecQRows, no mean) in the round-5 mean kernel's layout
@@ -1299,20 +1333,9 @@ __global__ void __maxnreg__(kV3Async96Regs)
         y[3] = __fsub_rn(y[3], t.w);
       }
     }
-    // |v|'s maximum per row (four chains of 4, a tree: exact in any order), rows past N: 0.
-    float mx[2];
-#pragma unroll
-    for (int rw = 0; rw < 2; ++rw) {
-      float t[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        t[i] = fabsf(v[16 * rw + 4 * i]);
-#pragma unroll
-        for (int j = 1; j < 4; ++j) t[i] = max_nan(t[i], fabsf(v[16 * rw + 4 * i + j]));
-      }
-      mx[rw] = max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3]));
-    }
-    float m = redux_group_max(max_nan(ok0 ? mx[0] : 0.f, ok1 ? mx[1] : 0.f), 32, lane);
+    // |v|'s maximum over both rows (rows past N: 0).
+    const float am0 = abs_max16(v), am1 = abs_max16(v + 16);
+    float m = redux_group_max(max_nan(ok0 ? am0 : 0.f, ok1 ? am1 : 0.f), 32, lane);
     if constexpr (WPG > 1 && PROBE != detail::kProbeNoTeam) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
@@ -1331,19 +1354,10 @@ __global__ void __maxnreg__(kV3Async96Regs)
                           row.m + (h1 + rr) * m_sh + 4 * rq);
       }
     }
-    if (scaled) m = __fmul_rn(m, abs_sm);
-    const float scale =
-        __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
+    const float scale = group_scale<LEAN>(a, m, scaled, abs_sm, rcp127);
     if (row.writer) *scur = scale;
-    if (scaled) {
-#pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
-    }
     uint32_t packed[8];
-    if constexpr (SIGNED)
-      quantize_fqs_n<32, LEAN>(v, scale, packed);
-    else
-      quantize_fq_n<32, LEAN>(v, scale, packed);
+    scaled_codes<32, LEAN, SIGNED>(a, scaled, scale, v, packed);
     if (ok0) {
       *reinterpret_cast<uint2*>(qcur) = make_uint2(packed[0], packed[1]);
       *reinterpret_cast<uint2*>(qcur + D / 2) = make_uint2(packed[2], packed[3]);
