@@ -301,9 +301,9 @@ class PrologueBench : public BenchCase {
           for (int rep = 0; rep < 2; ++rep) {
             detail::PrologueCudaTuning ks;
             ks.kpair_sync = detail::kSyncCta;
-            variant_of(std::string("k kernel round 5, one CTA barrier per head") +
-                           (rep ? ", again" : ""),
-                       ks, fused);
+            variant_of(
+                std::string("k kernel round 5, one CTA barrier per head") + (rep ? ", again" : ""),
+                ks, fused);
           }
         // Session 23: the k path's grids around the wave models' picks (Wan: quantize CTAs of 20
         // heads, 3.1 rounds; the mean kernel 63 tokens per warp, 650 CTAs in one round): quantize

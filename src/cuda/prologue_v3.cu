@@ -1000,11 +1000,11 @@ __global__ void __maxnreg__(kV3Occ6Regs)
   v3_quantize_body<D, BF16, ROPE, kTightThreads, kSpecQRows, kV3Occ6Ahead, SIGNED>(a, L);
 }
 
-// The round-5 k kernel's per-group tail (SPEC §1; the round-5 q kernel has the same steps
-// inline: written with these its PTX changed, so it stays as measured until a GPU check): |v|'s maximum over a row's 16 values (four
+// The round-5 k kernel's per-group tail (SPEC §1): |v|'s maximum over a row's 16 values (four
 // chains of 4, then a tree: exact in any order), the scale from the group's maximum m (taken
 // before sm_scale) and the codes of N values times sm_scale (x * 1 is exact: `scaled` false skips
-// it, changing no bit).
+// it, changing no bit). (The round-5 q kernel has the same steps inline: written with these, its
+// PTX changed, so it stays as measured until a GPU check.)
 __device__ __forceinline__ float abs_max16(const float* y) {
   float t[4];
 #pragma unroll
@@ -1201,7 +1201,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
   constexpr int WPG = kSpecKRows > RW ? kSpecKRows / RW : 1;
   static_assert(kSpecKRows % RW == 0 || RW == kSpecKRows, "a group is whole warps");
   static_assert(WPG <= 2, "teams of at most 2 warps (barrier ids 1, 2)");
-  constexpr int QR = D / 4;  // float4 per mean row
+  constexpr int QR = D / 4;                  // float4 per mean row
   constexpr bool CTA = CTA_SYNC && WPG > 1;  // (D = 64: one warp per group, no exchange)
   static_assert(kMeanRingChunk == SLOTS, "the mean ring refills at slot 0 (CTA: at the last)");
   static_assert(kMeanRingChunk * QR <= THREADS, "one refill copy per thread");
@@ -1303,11 +1303,10 @@ __global__ void __maxnreg__(kV3Async96Regs)
       const int h1 = u + kMeanRingChunk;
       const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
       if (rr < rows)
-        ptx::cp_async16(
-            ptx::smem_u32(mean_sh) +
-                sizeof(float4) * (((mrow == 0 ? kMeanRingChunk : 0) + rr) * QR +
-                                  kpair_mean_pos<D>(rq)),
-            row.m + (h1 + rr) * m_sh + 4 * rq);
+        ptx::cp_async16(ptx::smem_u32(mean_sh) +
+                            sizeof(float4) * (((mrow == 0 ? kMeanRingChunk : 0) + rr) * QR +
+                                              kpair_mean_pos<D>(rq)),
+                        row.m + (h1 + rr) * m_sh + 4 * rq);
     }
     if (u + AHEAD < count) issue_at(wr);
     cp_async_commit();
@@ -1349,8 +1348,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
         const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
         if (rr < rows)
           ptx::cp_async16(ptx::smem_u32(mean_sh) +
-                              sizeof(float4) * ((mrow - (kMeanRingChunk - 1) + rr) * QR +
-                                                kpair_mean_pos<D>(rq)),
+                              sizeof(float4) *
+                                  ((mrow - (kMeanRingChunk - 1) + rr) * QR + kpair_mean_pos<D>(rq)),
                           row.m + (h1 + rr) * m_sh + 4 * rq);
       }
     }
@@ -1790,27 +1789,27 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
                                              : a.batch * a.tokens * a.heads >= kV3PairMinRows;
   const bool pair = pair_on && tight_forms(tuning) && spec_q;
   const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
-  L.mean_vec = a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 &&
-               a.m_sh % 4 == 0;
+  L.mean_vec =
+      a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 && a.m_sh % 4 == 0;
   L.mean_smem = mean_smem != detail::kMeanSmemOff && L.mean_vec;
   // Session 23: the round-5 THREAD_K kernel (v5_quantize_kpair_kernel, two tokens per lane) for
   // the specialized k layout (THREAD_K groups of kSpecKRows rows, the mean rows in shared memory)
   // with tuning `quant_kpair`, else kV3DefaultKPair; row 1's x and q offsets from row 0's are
   // one token stride in 32 bits.
   const bool spec_k = spec_base && L.group_rows == kSpecKRows && a.mean && L.mean_smem;
-  const bool kpair_on = tuning.quant_kpair > 0 ? tuning.quant_kpair == detail::kPairOn
-                                               : kV3DefaultKPair;
+  const bool kpair_on =
+      tuning.quant_kpair > 0 ? tuning.quant_kpair == detail::kPairOn : kV3DefaultKPair;
   const bool kpair = kpair_on && tight_forms(tuning) && spec_k &&
                      a.layout == ScaleLayout::thread_k && a.x_sn <= INT32_MAX &&
                      a.q_sn <= INT32_MAX;
   // Its exchange and mean-ring refill behind one CTA barrier per head (D = 128; tuning
   // `kpair_sync`, else kV3DefaultKPairCta).
-  const bool kpair_cta = a.dim == 128 && (tuning.kpair_sync > 0
-                                              ? tuning.kpair_sync == detail::kSyncCta
-                                              : kV3DefaultKPairCta);
-  const bool split = pair || kpair ||
-                     (tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn
-                                              : kV3DefaultSplit);
+  const bool kpair_cta =
+      a.dim == 128 &&
+      (tuning.kpair_sync > 0 ? tuning.kpair_sync == detail::kSyncCta : kV3DefaultKPairCta);
+  const bool split =
+      pair || kpair ||
+      (tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn : kV3DefaultSplit);
   const int lanes = static_cast<int>(a.dim / (pair || kpair ? 16 : 32));
   const int rw = (kpair ? 2 : 1) * 32 / lanes;  // rows per warp
   L.tile_rows = std::max(split ? L.group_rows : a.block, 4 * rw);

@@ -218,13 +218,11 @@ class PrologueCase : public Case {
     struct Tuning {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
-    } tuning(detail::PrologueCudaTuning{c_.legacy, c_.heads_per_cta, c_.mean_steps,
-                                        c_.mean_round, c_.tile_order, c_.pdl,
-                                        c_.split_blocks, c_.max_reduce, c_.quant_pdl,
-                                        c_.mean_ctas, c_.mean_smem, c_.quant_early,
-                                        c_.quant_tight, c_.quant_pair, c_.quant_occ6,
-                                        c_.quant_codes, c_.quant_kpair, /*kpair_probe=*/0,
-                                        c_.kpair_sync});
+    } tuning(detail::PrologueCudaTuning{
+        c_.legacy, c_.heads_per_cta, c_.mean_steps, c_.mean_round, c_.tile_order, c_.pdl,
+        c_.split_blocks, c_.max_reduce, c_.quant_pdl, c_.mean_ctas, c_.mean_smem, c_.quant_early,
+        c_.quant_tight, c_.quant_pair, c_.quant_occ6, c_.quant_codes, c_.quant_kpair,
+        /*kpair_probe=*/0, c_.kpair_sync});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
