@@ -1034,6 +1034,22 @@ __device__ __forceinline__ void scaled_codes(const PrologueArgs& a, bool scaled,
     quantize_fq_n<N, LEAN>(v, scale, packed);
 }
 
+// The round-5 quantize kernels' loop invariants into shared memory, then the CTA barrier: the
+// weight quads (threads < D / 4: pair_weight_quad's) and this thread's QUADS rotary quads (quad
+// k = (cos, sin) of its pairs 2 k, 2 k + 1) at t_sh[k * THREADS + tid].
+template <int D, int ROPE, int QUADS, int THREADS>
+__device__ __forceinline__ void pair_store_invariants(int tid, float4 wq, float4* w_sh,
+                                                      float4* t_sh, const float* tcs,
+                                                      const float* tsn) {
+  if (tid < D / 4) w_sh[tid] = wq;
+  if (ROPE != kRopeNone) {
+#pragma unroll
+    for (int k = 0; k < QUADS; ++k)
+      t_sh[k * THREADS + tid] = make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
+  }
+  __syncthreads();
+}
+
 // ---- norm_rope_quantize, round 5: two rows per lane (THREAD_Q groups of kSpecQRows rows) --------
 //
 // The specialized tight q kernel (SG = kSpecQRows, no mean) in the round-5 mean kernel's layout
@@ -1103,13 +1119,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
     cp_async_commit();
   }
   if (L.early) griddep_wait();  // (forced early: after the first x loads, as the round-3 kernel)
-  if (tid < D / 4) w_sh[tid] = wq;
-  if (ROPE != kRopeNone) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      t_sh[k * THREADS + tid] = make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
-  }
-  __syncthreads();
+  pair_store_invariants<D, ROPE, 4, THREADS>(tid, wq, w_sh, t_sh, tcs, tsn);
   int8_t* qcur = row.q + c0;
   float* scur = row.s;
   const uint32_t first = ring0, last = ring0 + (SLOTS - 1) * SB;
@@ -1275,13 +1285,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
       mean_sh[(e / QR) * QR + kpair_mean_pos<D>(e % QR)] =
           __ldg(reinterpret_cast<const float4*>(row.m + (e / QR) * m_sh) + e % QR);
   }
-  if (tid < D / 4) w_sh[tid] = wq;
-  if (ROPE != kRopeNone) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-      t_sh[k * THREADS + tid] = make_float4(tcs[2 * k], tsn[2 * k], tcs[2 * k + 1], tsn[2 * k + 1]);
-  }
-  __syncthreads();
+  pair_store_invariants<D, ROPE, 8, THREADS>(tid, wq, w_sh, t_sh, tcs, tsn);
   // The lane's mean quads k = 0, 1 of a row (channels 8 l + 4 k): positions mo[k], and + D / 8
   // for the second chunk (the same swizzle bit: D / 8 is a multiple of 16 at D = 128).
   const int sw = D == 128 ? (l >> 2) & 1 : 0;
