@@ -643,6 +643,18 @@ __host__ __device__ inline int mean_sh_rows(const V3QuantLaunch& L) {
   return L.mean_ring && L.head_group > kMeanRingRows ? kMeanRingRows : L.head_group;
 }
 
+// One refill of the quantize kernels' mean ring: heads h1 .. h1 + kMeanRingChunk - 1 (those
+// below count) into ring rows base .. (QR float4 each), thread (rr, rq) copying float4 rq of
+// row rr (cp.async, in the caller's commit group); pos(q) places quad q in its row.
+template <int QR, typename Pos>
+__device__ __forceinline__ void mean_ring_copy(uint32_t mean0, int base, int rr, int rq, int h1,
+                                               int count, const float* m, int m_sh, Pos&& pos) {
+  const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
+  if (rr < rows)
+    ptx::cp_async16(mean0 + sizeof(float4) * ((base + rr) * QR + pos(rq)),
+                    m + (h1 + rr) * m_sh + 4 * rq);
+}
+
 // The cp.async ring: AHEAD heads ahead in AHEAD + 1 shared-memory slots per thread.
 // LEAN (bf16): the same bits with fewer instructions per row (round_bf16_hi, rcp_approx for the
 // reciprocal of the scale and for 1/127: div.full(m, 127) = m * rcp(127)); GPU run 6: bits equal
@@ -918,12 +930,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         for (int u = 0; u < count; ++u) {
           if (S_MEAN && refills && u > 0 && rd == first) {
             __syncthreads();
-            const int h1 = u + kMeanRingChunk;
-            const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
-            if (rr < rows)
-              ptx::cp_async16(mean0 + sizeof(float4) * (((mrow == 0 ? kMeanRingChunk : 0) + rr) *
-                                                             QR + rq),
-                              row.m + (h1 + rr) * m_sh + 4 * rq);
+            mean_ring_copy<QR>(mean0, mrow == 0 ? kMeanRingChunk : 0, rr, rq, u + kMeanRingChunk,
+                               count, row.m, m_sh, [](int q) { return q; });
           }
           if (u + AHEAD < count) issue_at(wr);
           cp_async_commit();
@@ -1304,13 +1312,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
       // heads u - 3 .. u - 1 used; they travel in head u's commit group, waited for before the
       // barrier at head u + 3.
       __syncthreads();
-      const int h1 = u + kMeanRingChunk;
-      const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
-      if (rr < rows)
-        ptx::cp_async16(ptx::smem_u32(mean_sh) +
-                            sizeof(float4) * (((mrow == 0 ? kMeanRingChunk : 0) + rr) * QR +
-                                              kpair_mean_pos<D>(rq)),
-                        row.m + (h1 + rr) * m_sh + 4 * rq);
+      mean_ring_copy<QR>(ptx::smem_u32(mean_sh), mrow == 0 ? kMeanRingChunk : 0, rr, rq,
+                         u + kMeanRingChunk, count, row.m, m_sh, kpair_mean_pos<D>);
     }
     if (u + AHEAD < count) issue_at(wr);
     cp_async_commit();
@@ -1348,13 +1351,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
         team_barrier(1, 32 * WPG);
       m = max_nan(red[par][WPG * team], red[par][WPG * team + 1]);
       if (CTA && refills && rd == last && u + kMeanRingChunk + 1 < count) {
-        const int h1 = u + kMeanRingChunk + 1;
-        const int rows = count - h1 < kMeanRingChunk ? count - h1 : kMeanRingChunk;
-        if (rr < rows)
-          ptx::cp_async16(ptx::smem_u32(mean_sh) +
-                              sizeof(float4) *
-                                  ((mrow - (kMeanRingChunk - 1) + rr) * QR + kpair_mean_pos<D>(rq)),
-                          row.m + (h1 + rr) * m_sh + 4 * rq);
+        mean_ring_copy<QR>(ptx::smem_u32(mean_sh), mrow - (kMeanRingChunk - 1), rr, rq,
+                           u + kMeanRingChunk + 1, count, row.m, m_sh, kpair_mean_pos<D>);
       }
     }
     const float scale = group_scale<LEAN>(a, m, scaled, abs_sm, rcp127);
