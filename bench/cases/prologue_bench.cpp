@@ -297,14 +297,19 @@ class PrologueBench : public BenchCase {
             }
         // Session 23: the round-5 k kernel's exchange and mean-ring refill behind one CTA
         // barrier per head (kpair_sync; D = 128), twice.
+        // Session 24: the CTA barrier at the mean ring's chunk ends only (kSyncHybrid), twice.
         if (is_k)
-          for (int rep = 0; rep < 2; ++rep) {
-            detail::PrologueCudaTuning ks;
-            ks.kpair_sync = detail::kSyncCta;
-            variant_of(
-                std::string("k kernel round 5, one CTA barrier per head") + (rep ? ", again" : ""),
-                ks, fused);
-          }
+          for (int rep = 0; rep < 2; ++rep)
+            for (int sync : {detail::kSyncCta, detail::kSyncHybrid}) {
+              detail::PrologueCudaTuning ks;
+              ks.kpair_sync = sync;
+              variant_of(std::string(sync == detail::kSyncCta
+                                         ? "k kernel round 5, one CTA barrier per head"
+                                         : "k kernel round 5, CTA barrier at the ring's chunk "
+                                           "ends") +
+                             (rep ? ", again" : ""),
+                         ks, fused);
+            }
         // Session 23: the k path's grids around the wave models' picks (Wan: quantize CTAs of 20
         // heads, 3.1 rounds; the mean kernel 63 tokens per warp, 650 CTAs in one round): quantize
         // CTAs of at most 10 / 14 / 40 heads, the mean kernel at 32 / 42 tokens per warp.
@@ -550,8 +555,9 @@ class PrologueKQuantBench : public BenchCase {
     probe_team.kpair_probe = detail::kProbeNoTeam;
     probe_refill.kpair_probe = detail::kProbeNoRefill;
     probe_mean.kpair_probe = detail::kProbeNoMean;
-    detail::PrologueCudaTuning cta;
+    detail::PrologueCudaTuning cta, hyb;
     cta.kpair_sync = detail::kSyncCta;
+    hyb.kpair_sync = detail::kSyncHybrid;
     const V vs[] = {
         {"default (round 5: two tokens per lane, signed codes; session 23)", {}},
         {"round 3, byte-permute codes (the default of sessions 16-22)", k3},
@@ -571,8 +577,10 @@ class PrologueKQuantBench : public BenchCase {
         {"PROBE (wrong output): round 5 without the mean ring's barrier and refill", probe_refill},
         {"PROBE (wrong output): round 5 without the mean subtraction", probe_mean},
         {"k kernel round 5, one CTA barrier per head (kpair_sync), F", cta},
+        {"k kernel round 5, CTA barrier at the ring's chunk ends (kpair_sync), G", hyb},
         {"default again", {}},
-        {"k kernel round 5, one CTA barrier per head (kpair_sync), F again", cta}};
+        {"k kernel round 5, one CTA barrier per head (kpair_sync), F again", cta},
+        {"k kernel round 5, CTA barrier at the ring's chunk ends (kpair_sync), G again", hyb}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

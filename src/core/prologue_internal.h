@@ -164,14 +164,15 @@ struct PrologueCudaTuning {
   // cross-warp maximum (each warp its own), kProbeNoRefill the mean ring's CTA barrier and
   // refill, kProbeNoMean the mean subtraction.
   int kpair_probe = 0;
-  // Session 23: `kpair_sync` (kSyncTeams / kSyncCta) how the round-5 k kernel at D = 128 meets
-  // its scale group's maximum: a named barrier of the group's 2 warps per head plus a CTA barrier
-  // per 3 heads for the mean ring's refill, or one barrier of all 4 warps per head with the
-  // refill behind it. The same bits.
+  // Session 23: `kpair_sync` (kSyncTeams / kSyncCta / kSyncHybrid) how the round-5 k kernel at
+  // D = 128 meets its scale group's maximum: a named barrier of the group's 2 warps per head plus
+  // a CTA barrier per 3 heads for the mean ring's refill, or one barrier of all 4 warps per head
+  // with the refill behind it, or (session 24) the team barriers with the CTA barrier taking the
+  // exchange's place at the ring's 3-head chunk ends, the refill behind it. The same bits.
   int kpair_sync = 0;
 };
 constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
-constexpr int kSyncTeams = 1, kSyncCta = 2;
+constexpr int kSyncTeams = 1, kSyncCta = 2, kSyncHybrid = 3;
 constexpr int kPairOff = 1, kPairOn = 2;
 constexpr int kOcc6Off = 1, kOcc6On = 2;
 constexpr int kCodesFq = 1, kCodesSigned = 2;

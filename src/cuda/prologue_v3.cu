@@ -113,9 +113,9 @@ constexpr int kSpecQRows = 4, kSpecKRows = 16;
 // 0.0356 / 0.0356 against 0.0353 / 0.0353.
 constexpr bool kV3DefaultKPair = true;
 // Session 23: its CTA-wide exchange barrier with the mean ring's refill folded in (D = 128;
-// tuning `kpair_sync`). Written after the session's device time was spent: NOT yet run on the
-// H200 (its harness cases "k5c*" and the bench rows are ready); off until measured.
-constexpr bool kV3DefaultKPairCta = false;
+// tuning `kpair_sync` = kSyncCta); session 24: the same only at the ring's refill heads, the
+// 2-warp team barriers between (kSyncHybrid). The default's detail::kSync* mode (D = 128).
+constexpr int kV3DefaultKPairSync = detail::kSyncTeams;
 // Session 16: the specialized q kernel at 6 CTAs per SM (v3_quantize_kernel_occ6, tuning
 // `quant_occ6`): 80 registers, the x ring 1 head ahead; by default from kV3Occ6MinRows rows
 // (batch * tokens * heads) up to kV3PairMinRows (round 5 from there). H200 runs 1-2 of session
@@ -1201,16 +1201,20 @@ template <int D>
 __device__ __forceinline__ int kpair_mean_pos(int q) {
   return D == 128 ? q ^ ((q >> 3) & 1) : q;
 }
-// CTA_SYNC (tuning `kpair_sync` = kSyncCta; D = 128, where a scale group is 2 warps): the
-// group maximum's exchange behind one barrier of all 4 warps per head instead of one per 2-warp
-// team, and the mean ring refilled right behind it with no barrier of its own: at the last head
-// u of a 3-head chunk every thread is past that chunk's rows, so heads u + 4 .. u + 6 go into
-// them (head u + 1's commit group, complete at head u + 3, made visible by its barrier, read from
-// head u + 4). The probes below: the team barrier ~5 %, the ring's ~3 % of the pass at Wan.
+// SYNC (tuning `kpair_sync`; D = 128, where a scale group is 2 warps): kSyncTeams, a named
+// barrier of the group's 2 warps per head and a CTA barrier per 3-head chunk for the mean ring's
+// refill; kSyncCta, the group maximum's exchange behind one barrier of all 4 warps per head and
+// the mean ring refilled right behind it with no barrier of its own: at the last head u of a
+// 3-head chunk every thread is past that chunk's rows, so heads u + 4 .. u + 6 go into them (head
+// u + 1's commit group, complete at head u + 3, made visible by its barrier, read from head
+// u + 4); kSyncHybrid, the CTA barrier (barrier 0: the teams' ids 1 and 2 keep their counts) at
+// those chunk-last heads only, the team barriers at the others, the refill as kSyncCta's (the
+// next CTA barrier is head u + 3's). The probes below: the team barrier ~5 %, the ring's ~3 % of
+// the pass at Wan.
 // PROBE (bench only, detail::kpair_probe; wrong output): kProbeNoTeam / kProbeNoRefill /
 // kProbeNoMean drop the cross-warp maximum / the mean ring's barrier and refill / the mean
 // subtraction, to time what each costs.
-template <int D, bool BF16, int ROPE, bool SIGNED, bool CTA_SYNC = false, int PROBE = 0>
+template <int D, bool BF16, int ROPE, bool SIGNED, int SYNC = detail::kSyncTeams, int PROBE = 0>
 __global__ void __maxnreg__(kV3Async96Regs)
     v5_quantize_kpair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
@@ -1220,7 +1224,9 @@ __global__ void __maxnreg__(kV3Async96Regs)
   static_assert(kSpecKRows % RW == 0 || RW == kSpecKRows, "a group is whole warps");
   static_assert(WPG <= 2, "teams of at most 2 warps (barrier ids 1, 2)");
   constexpr int QR = D / 4;                  // float4 per mean row
-  constexpr bool CTA = CTA_SYNC && WPG > 1;  // (D = 64: one warp per group, no exchange)
+  // (D = 64: one warp per group, no exchange: kSyncTeams' per-chunk refill)
+  constexpr bool CTA = SYNC == detail::kSyncCta && WPG > 1;
+  constexpr bool FOLD = (CTA || SYNC == detail::kSyncHybrid) && WPG > 1;  // refill at the exchange
   static_assert(kMeanRingChunk == SLOTS, "the mean ring refills at slot 0 (CTA: at the last)");
   static_assert(kMeanRingChunk * QR <= THREADS, "one refill copy per thread");
   // Dynamic shared memory: the x ring [SLOTS][4][THREADS] uint4 (row 0's chunks l, l + D / 16,
@@ -1307,7 +1313,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
   uint32_t rd = first, wr = last;
 #pragma unroll 1
   for (int u = 0; u < count; ++u) {
-    if (!CTA && PROBE != detail::kProbeNoRefill && refills && u > 0 && rd == first) {
+    if (!FOLD && PROBE != detail::kProbeNoRefill && refills && u > 0 && rd == first) {
       // Every thread is done with heads < u: heads u + 3 .. u + 5 go into the half of the ring
       // heads u - 3 .. u - 1 used; they travel in head u's commit group, waited for before the
       // barrier at head u + 3.
@@ -1345,12 +1351,14 @@ __global__ void __maxnreg__(kV3Async96Regs)
     if constexpr (WPG > 1 && PROBE != detail::kProbeNoTeam) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
-      if (CTA || team == 0)
+      if (FOLD && !CTA && rd == last)
+        __syncthreads();
+      else if (CTA || team == 0)
         team_barrier(0, CTA ? THREADS : 32 * WPG);
       else
         team_barrier(1, 32 * WPG);
       m = max_nan(red[par][WPG * team], red[par][WPG * team + 1]);
-      if (CTA && refills && rd == last && u + kMeanRingChunk + 1 < count) {
+      if (FOLD && refills && rd == last && u + kMeanRingChunk + 1 < count) {
         mean_ring_copy<QR>(ptx::smem_u32(mean_sh), mrow - (kMeanRingChunk - 1), rr, rq,
                            u + kMeanRingChunk + 1, count, row.m, m_sh, kpair_mean_pos<D>);
       }
@@ -1804,11 +1812,11 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const bool kpair = kpair_on && tight_forms(tuning) && spec_k &&
                      a.layout == ScaleLayout::thread_k && a.x_sn <= INT32_MAX &&
                      a.q_sn <= INT32_MAX;
-  // Its exchange and mean-ring refill behind one CTA barrier per head (D = 128; tuning
-  // `kpair_sync`, else kV3DefaultKPairCta).
-  const bool kpair_cta =
-      a.dim == 128 &&
-      (tuning.kpair_sync > 0 ? tuning.kpair_sync == detail::kSyncCta : kV3DefaultKPairCta);
+  // How its exchange and mean-ring refill synchronize (D = 128; tuning `kpair_sync`, else
+  // kV3DefaultKPairSync; D = 64 has no exchange).
+  const int kpair_sync = a.dim != 128
+                             ? detail::kSyncTeams
+                             : (tuning.kpair_sync > 0 ? tuning.kpair_sync : kV3DefaultKPairSync);
   const bool split =
       pair || kpair ||
       (tuning.split_blocks > 0 ? tuning.split_blocks == detail::kSplitOn : kV3DefaultSplit);
@@ -1947,17 +1955,24 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     else if (kpair && tuning.kpair_probe > 0) {
       if constexpr (D == 128 && BF16 && ROPE == kRopePaired)
         launch(tuning.kpair_probe == detail::kProbeNoTeam
-                   ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, false, detail::kProbeNoTeam>
+                   ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncTeams,
+                                              detail::kProbeNoTeam>
                : tuning.kpair_probe == detail::kProbeNoRefill
-                   ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, false, detail::kProbeNoRefill>
-                   : v5_quantize_kpair_kernel<D, BF16, ROPE, true, false, detail::kProbeNoMean>);
+                   ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncTeams,
+                                              detail::kProbeNoRefill>
+                   : v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncTeams,
+                                              detail::kProbeNoMean>);
       else
         check::fail("norm_rope_quantize", "tuning",
                     "kpair_probe: bf16, D 128, split-half rope only");
-    } else if (kpair && kpair_cta) {
+    } else if (kpair && kpair_sync == detail::kSyncCta) {
       if constexpr (D == 128)
-        launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, true>
-                            : v5_quantize_kpair_kernel<D, BF16, ROPE, false, true>);
+        launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncCta>
+                            : v5_quantize_kpair_kernel<D, BF16, ROPE, false, detail::kSyncCta>);
+    } else if (kpair && kpair_sync == detail::kSyncHybrid) {
+      if constexpr (D == 128)
+        launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncHybrid>
+                            : v5_quantize_kpair_kernel<D, BF16, ROPE, false, detail::kSyncHybrid>);
     } else if (kpair)
       launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true>
                           : v5_quantize_kpair_kernel<D, BF16, ROPE, false>);

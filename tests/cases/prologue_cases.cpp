@@ -477,11 +477,15 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // per-chunk refill) and the default 2-warp teams ("k5t"), with the mean ring refilled several
   // times: 40 heads, CTAs of 20 (forced), 19 or 7 (the last CTA's chunk short); bf16 split-half
   // from a fused QKV buffer, f16 interleaved with sm_scale, and the fused k path.
-  for (int sync : {detail::kSyncCta, detail::kSyncTeams})
+  // Session 24: the CTA barrier at the ring's chunk ends only ("k5h": kSyncHybrid).
+  for (int sync : {detail::kSyncCta, detail::kSyncTeams, detail::kSyncHybrid})
     for (int64_t N : {17, 127, 1000, 4608})
       for (int64_t D : {64, 128}) {
         if (sync == detail::kSyncTeams && N != 127) continue;
-        const std::string t = sync == detail::kSyncCta ? "k5c" : "k5t";
+        if (sync == detail::kSyncHybrid && D != 128) continue;
+        const std::string t = sync == detail::kSyncCta     ? "k5c"
+                              : sync == detail::kSyncTeams ? "k5t"
+                                                           : "k5h";
         Cfg k;
         k.quant_kpair = detail::kPairOn, k.kpair_sync = sync;
         k.B = N == 4608 ? 1 : 2, k.N = N, k.H = N == 4608 ? 24 : 40, k.D = D, k.qkv = true;
