@@ -114,8 +114,11 @@ constexpr int kSpecQRows = 4, kSpecKRows = 16;
 constexpr bool kV3DefaultKPair = true;
 // Session 23: its CTA-wide exchange barrier with the mean ring's refill folded in (D = 128;
 // tuning `kpair_sync` = kSyncCta); session 24: the same only at the ring's refill heads, the
-// 2-warp team barriers between (kSyncHybrid). The default's detail::kSync* mode (D = 128).
-constexpr int kV3DefaultKPairSync = detail::kSyncTeams;
+// 2-warp team barriers between (kSyncHybrid). H200, session 24 call 1 (the same bits; ms, Wan,
+// A/B twice in one call): k quantize pass alone 0.1463 / 0.1467 (CTA) and 0.1489 / 0.1483
+// (hybrid) against the team barriers' 0.1519 / 0.1516; k path 0.2340 / 0.2339 and 0.2362 /
+// 0.2361 against 0.2392 (86 % of copy against 84 %). The default since (D = 128).
+constexpr int kV3DefaultKPairSync = detail::kSyncCta;
 // Session 16: the specialized q kernel at 6 CTAs per SM (v3_quantize_kernel_occ6, tuning
 // `quant_occ6`): 80 registers, the x ring 1 head ahead; by default from kV3Occ6MinRows rows
 // (batch * tokens * heads) up to kV3PairMinRows (round 5 from there). H200 runs 1-2 of session
