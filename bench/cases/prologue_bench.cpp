@@ -297,14 +297,16 @@ class PrologueBench : public BenchCase {
             }
         // Session 23: the round-5 k kernel's exchange and mean-ring refill behind one CTA
         // barrier per head (kpair_sync; D = 128), twice.
-        // Session 24: the CTA barrier at the mean ring's chunk ends only (kSyncHybrid), twice.
+        // Session 24: the 2-warp team barriers (the default before session 24) and the CTA
+        // barrier at the mean ring's chunk ends only (kSyncHybrid), twice.
         if (is_k)
           for (int rep = 0; rep < 2; ++rep)
-            for (int sync : {detail::kSyncCta, detail::kSyncHybrid}) {
+            for (int sync : {detail::kSyncTeams, detail::kSyncHybrid}) {
               detail::PrologueCudaTuning ks;
               ks.kpair_sync = sync;
-              variant_of(std::string(sync == detail::kSyncCta
-                                         ? "k kernel round 5, one CTA barrier per head"
+              variant_of(std::string(sync == detail::kSyncTeams
+                                         ? "k kernel round 5, 2-warp team barriers (the "
+                                           "default before session 24)"
                                          : "k kernel round 5, CTA barrier at the ring's chunk "
                                            "ends") +
                              (rep ? ", again" : ""),
@@ -555,11 +557,13 @@ class PrologueKQuantBench : public BenchCase {
     probe_team.kpair_probe = detail::kProbeNoTeam;
     probe_refill.kpair_probe = detail::kProbeNoRefill;
     probe_mean.kpair_probe = detail::kProbeNoMean;
-    detail::PrologueCudaTuning cta, hyb;
-    cta.kpair_sync = detail::kSyncCta;
+    detail::PrologueCudaTuning teams, hyb;
+    teams.kpair_sync = detail::kSyncTeams;
     hyb.kpair_sync = detail::kSyncHybrid;
     const V vs[] = {
-        {"default (round 5: two tokens per lane, signed codes; session 23)", {}},
+        {"default (round 5: two tokens per lane, signed codes, one CTA barrier per head; session "
+         "24)",
+         {}},
         {"round 3, byte-permute codes (the default of sessions 16-22)", k3},
         {"previous default (tight kernel, runs 29-32)", plain},
         {"session 8 generic kernel (quant_tight off; run 32: 0.1751 vs 0.1625 ms)", generic},
@@ -576,10 +580,10 @@ class PrologueKQuantBench : public BenchCase {
         {"PROBE (wrong output): round 5 without the cross-warp maximum", probe_team},
         {"PROBE (wrong output): round 5 without the mean ring's barrier and refill", probe_refill},
         {"PROBE (wrong output): round 5 without the mean subtraction", probe_mean},
-        {"k kernel round 5, one CTA barrier per head (kpair_sync), F", cta},
+        {"k kernel round 5, 2-warp team barriers (the default before session 24), F", teams},
         {"k kernel round 5, CTA barrier at the ring's chunk ends (kpair_sync), G", hyb},
         {"default again", {}},
-        {"k kernel round 5, one CTA barrier per head (kpair_sync), F again", cta},
+        {"k kernel round 5, 2-warp team barriers, F again", teams},
         {"k kernel round 5, CTA barrier at the ring's chunk ends (kpair_sync), G again", hyb}};
     double default_ms = 0;
     for (const V& v : vs) {
