@@ -277,41 +277,35 @@ class PrologueBench : public BenchCase {
                                                : "codes with the sign in the magic number",
                      qc, fused);
         }
+        // Two k variants alternated twice (A, B, A, B), the second round labelled "again".
+        auto ab_twice = [&](const char* la, const detail::PrologueCudaTuning& ta, const char* lb,
+                            const detail::PrologueCudaTuning& tb) {
+          for (int rep = 0; rep < 2; ++rep) {
+            variant_of(std::string(la) + (rep ? ", again" : ""), ta, fused);
+            variant_of(std::string(lb) + (rep ? ", again" : ""), tb, fused);
+          }
+        };
         // Session 23: the k quantize kernel with two tokens of one head per lane (round 5,
         // quant_kpair: half the weight and mean shared-memory reads per value; the default since,
         // with signed codes) with byte-permute codes, and round 3 with byte-permute codes (the
-        // default before), twice each (A, B, A, B).
-        if (is_k)
-          for (int rep = 0; rep < 2; ++rep)
-            for (int kp : {detail::kPairOn, detail::kPairOff}) {
-              detail::PrologueCudaTuning kt;
-              kt.quant_kpair = kp;
-              kt.quant_codes = detail::kCodesFq;
-              variant_of(std::string(kp == detail::kPairOn
-                                         ? "k kernel round 5 (two tokens per lane), byte-permute "
-                                           "codes"
-                                         : "k kernel round 3 (one row per lane), byte-permute "
-                                           "codes (the default before session 23)") +
-                             (rep ? ", again" : ""),
-                         kt, fused);
-            }
-        // Session 23: the round-5 k kernel's exchange and mean-ring refill behind one CTA
-        // barrier per head (kpair_sync; D = 128), twice.
-        // Session 24: the 2-warp team barriers (the default before session 24) and the CTA
-        // barrier at the mean ring's chunk ends only (kSyncHybrid), twice.
-        if (is_k)
-          for (int rep = 0; rep < 2; ++rep)
-            for (int sync : {detail::kSyncTeams, detail::kSyncHybrid}) {
-              detail::PrologueCudaTuning ks;
-              ks.kpair_sync = sync;
-              variant_of(std::string(sync == detail::kSyncTeams
-                                         ? "k kernel round 5, 2-warp team barriers (the "
-                                           "default before session 24)"
-                                         : "k kernel round 5, CTA barrier at the ring's chunk "
-                                           "ends") +
-                             (rep ? ", again" : ""),
-                         ks, fused);
-            }
+        // default before).
+        if (is_k) {
+          detail::PrologueCudaTuning k5, k3;
+          k5.quant_kpair = detail::kPairOn, k3.quant_kpair = detail::kPairOff;
+          k5.quant_codes = k3.quant_codes = detail::kCodesFq;
+          ab_twice("k kernel round 5 (two tokens per lane), byte-permute codes", k5,
+                   "k kernel round 3 (one row per lane), byte-permute codes (the default before "
+                   "session 23)",
+                   k3);
+        }
+        // Session 24: the round-5 k kernel with the 2-warp team barriers (the default before
+        // session 24) and with the CTA barrier at the mean ring's chunk ends only (kSyncHybrid).
+        if (is_k) {
+          detail::PrologueCudaTuning teams, hybrid;
+          teams.kpair_sync = detail::kSyncTeams, hybrid.kpair_sync = detail::kSyncHybrid;
+          ab_twice("k kernel round 5, 2-warp team barriers (the default before session 24)", teams,
+                   "k kernel round 5, CTA barrier at the ring's chunk ends", hybrid);
+        }
         // Session 23: the k path's grids around the wave models' picks (Wan: quantize CTAs of 20
         // heads, 3.1 rounds; the mean kernel 63 tokens per warp, 650 CTAs in one round): quantize
         // CTAs of at most 10 / 14 / 40 heads, the mean kernel at 32 / 42 tokens per warp.
