@@ -1,6 +1,7 @@
 // `lowbit check`: runs the cross-backend harness (the same cases ctest runs).
 #include <fmt/core.h>
 
+#include <cstdio>
 #include <regex>
 
 #include "lowbit/runtime.h"
@@ -13,6 +14,7 @@ struct CheckOptions {
   std::string op = ".*";
   bool list = false;
   bool verbose = false;
+  std::string shard = "0/1";
 };
 }  // namespace
 
@@ -24,8 +26,17 @@ LOWBIT_CLI_COMMAND(setup_check) {
   sub->add_option("--op", opt->op, "Regular expression selecting case names (e.g. '^core\\.')");
   sub->add_flag("--list", opt->list, "List the case names and exit");
   sub->add_flag("-v,--verbose", opt->verbose, "Print every case, not only failures and skips");
+  sub->add_option("--shard", opt->shard,
+                  "I/N: run only the selected cases whose index modulo N is I (run N processes "
+                  "with I = 0..N-1 to cover them all)");
   sub->callback([opt] {
     std::regex re(opt->op);
+    int shard_i = 0, shard_n = 1;
+    char tail = 0;
+    if (std::sscanf(opt->shard.c_str(), "%d/%d%c", &shard_i, &shard_n, &tail) != 2 || shard_n < 1 ||
+        shard_i < 0 || shard_i >= shard_n)
+      throw CLI::ValidationError("--shard", fmt::format("expected I/N with 0 <= I < N, got '{}'", opt->shard));
+    int selected = -1;
     std::vector<lowbit::Device> devices;
     if (opt->backend != "cuda") devices.push_back(lowbit::Device::cpu);
     if (opt->backend != "cpu") devices.push_back(lowbit::Device::cuda);
@@ -33,6 +44,7 @@ LOWBIT_CLI_COMMAND(setup_check) {
     bool cuda_skip_reported = false;
     for (auto& c : lowbit::harness::registry()) {
       if (!std::regex_search(c->name(), re)) continue;
+      if (++selected % shard_n != shard_i) continue;
       if (opt->list) {
         fmt::print("{}\n", c->name());
         continue;
