@@ -321,6 +321,29 @@ class AttentionBench : public BenchCase {
           kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
           rows.push_back(kr8);
           fp8_kernel_ms = kr8.ms;
+          if (cuda && f_.cuda_only) {
+            // Session 25 (attention.waves): the same kernel on q codes all zero: every logit is
+            // 0, so no row maximum moves after a row's first tile: the O rescales and unfolded
+            // P·V halves of the random rows' early tiles (a row's maximum moves at tile j with
+            // probability ~1 / j) are gone. Against kr8 at 36 and 72 tiles per CTA this splits
+            // the per-CTA cost into that part and the rest.
+            DeviceTensor q0 = make_empty(dev, DType::i8, {B, N, H, D});
+            {
+              const std::vector<int8_t> zeros(static_cast<size_t>(B * N * H * D), 0);
+              Context c;
+              copy_to_device(q0.view.data, zeros.data(), zeros.size(), c);
+              synchronize(c);
+            }
+            const QuantizedRows q0r{q0.view, qs.view, ScaleLayout::per_block, 128};
+            Row z = kr8;
+            z.op = pre + "attention_int8 fp8 PV auto, q codes all zero (no row maximum moves " +
+                   "after the first tile; kernel only)" + tag;
+            z.ms = env.time_ms([&] {
+              attention_int8(q0r, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8,
+                             ctx);
+            });
+            rows.push_back(z);
+          }
         }
         // (No variant under A/B at D 64 / 128 now. Settled and gone: run 11's round 4 + I2FP rows
         // (0.91-0.96x of auto), the D = 64 two-consumer row (0.77x, run 13), the D = 128

@@ -299,12 +299,13 @@ class PrologueBench : public BenchCase {
                    k3);
         }
         // Session 24: the round-5 k kernel with the 2-warp team barriers (the default before
-        // session 24) and with the CTA barrier at the mean ring's chunk ends only (kSyncHybrid).
+        // session 24) against the default's one CTA barrier per head. (Its hybrid, the CTA
+        // barrier at the mean ring's chunk ends only, lost in session 24: deleted.)
         if (is_k) {
-          detail::PrologueCudaTuning teams, hybrid;
-          teams.kpair_sync = detail::kSyncTeams, hybrid.kpair_sync = detail::kSyncHybrid;
+          detail::PrologueCudaTuning teams;
+          teams.kpair_sync = detail::kSyncTeams;
           ab_twice("k kernel round 5, 2-warp team barriers (the default before session 24)", teams,
-                   "k kernel round 5, CTA barrier at the ring's chunk ends", hybrid);
+                   "the default (k kernel round 5, one CTA barrier per head)", {});
         }
         // Session 23: the k path's grids around the wave models' picks (Wan: quantize CTAs of 20
         // heads, 3.1 rounds; the mean kernel 63 tokens per warp, 650 CTAs in one round): quantize
@@ -551,9 +552,8 @@ class PrologueKQuantBench : public BenchCase {
     probe_team.kpair_probe = detail::kProbeNoTeam;
     probe_refill.kpair_probe = detail::kProbeNoRefill;
     probe_mean.kpair_probe = detail::kProbeNoMean;
-    detail::PrologueCudaTuning teams, hyb;
+    detail::PrologueCudaTuning teams;
     teams.kpair_sync = detail::kSyncTeams;
-    hyb.kpair_sync = detail::kSyncHybrid;
     const V vs[] = {
         {"default (round 5: two tokens per lane, signed codes, one CTA barrier per head; session "
          "24)",
@@ -575,10 +575,9 @@ class PrologueKQuantBench : public BenchCase {
         {"PROBE (wrong output): round 5 without the mean ring's barrier and refill", probe_refill},
         {"PROBE (wrong output): round 5 without the mean subtraction", probe_mean},
         {"k kernel round 5, 2-warp team barriers (the default before session 24), F", teams},
-        {"k kernel round 5, CTA barrier at the ring's chunk ends (kpair_sync), G", hyb},
         {"default again", {}},
         {"k kernel round 5, 2-warp team barriers, F again", teams},
-        {"k kernel round 5, CTA barrier at the ring's chunk ends (kpair_sync), G again", hyb}};
+        {"default, third time", {}}};
     double default_ms = 0;
     for (const V& v : vs) {
       detail::set_prologue_cuda_tuning(v.t);

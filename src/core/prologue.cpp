@@ -361,5 +361,24 @@ void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Conte
   }
 }
 
+void norm_rsqrt(const TensorView& s, TensorView out, Context& ctx) {
+  const char* op = "norm_rsqrt";
+  check::not_null(op, "s", s);
+  check::not_null(op, "out", out);
+  check::dtype(op, "s", s, {DType::f32});
+  check::dtype(op, "out", out, {DType::f32});
+  check::contiguous(op, "s", s);
+  check::contiguous(op, "out", out);
+  check::same_shape(op, "out", out, "s", s);
+  check::same_device(op, "out", out, "s", s);
+  const auto* in = static_cast<const float*>(s.data);
+  auto* o = static_cast<float*>(out.data);
+  if (s.device == Device::cuda) {
+    LOWBIT_CUDA_CALL(op, cuda::norm_rsqrt(in, o, s.numel(), ctx));
+  } else {
+    cpu::norm_rsqrt(in, o, s.numel(), ctx);
+  }
+}
+
 }  // namespace detail
 }  // namespace lowbit

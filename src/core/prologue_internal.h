@@ -68,6 +68,7 @@ void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx);
 // out (B, N, H, D) in x's dtype, strides o_s*: the rows rope(norm(x)) - mean rounded to x's dtype.
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
                      Context& ctx);
+void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx);
 }  // namespace cpu
 namespace cuda {
 void norm_rope_mean(const PrologueArgs& a, Context& ctx);
@@ -75,6 +76,7 @@ void norm_rope_quantize(const PrologueArgs& a, Context& ctx);
 void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx);
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
                      Context& ctx);
+void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx);
 }  // namespace cuda
 
 namespace detail {
@@ -164,15 +166,14 @@ struct PrologueCudaTuning {
   // cross-warp maximum (each warp its own), kProbeNoRefill the mean ring's CTA barrier and
   // refill, kProbeNoMean the mean subtraction.
   int kpair_probe = 0;
-  // Session 23: `kpair_sync` (kSyncTeams / kSyncCta / kSyncHybrid) how the round-5 k kernel at
-  // D = 128 meets its scale group's maximum: a named barrier of the group's 2 warps per head plus
-  // a CTA barrier per 3 heads for the mean ring's refill, or one barrier of all 4 warps per head
-  // with the refill behind it, or (session 24) the team barriers with the CTA barrier taking the
-  // exchange's place at the ring's 3-head chunk ends, the refill behind it. The same bits.
+  // Session 23: `kpair_sync` (kSyncTeams / kSyncCta) how the round-5 k kernel at D = 128 meets
+  // its scale group's maximum: a named barrier of the group's 2 warps per head plus a CTA barrier
+  // per 3 heads for the mean ring's refill, or one barrier of all 4 warps per head with the
+  // refill behind it. The same bits. (Session 24's hybrid of the two lost and was deleted.)
   int kpair_sync = 0;
 };
 constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
-constexpr int kSyncTeams = 1, kSyncCta = 2, kSyncHybrid = 3;
+constexpr int kSyncTeams = 1, kSyncCta = 2;
 constexpr int kPairOff = 1, kPairOn = 2;
 constexpr int kOcc6Off = 1, kOcc6On = 2;
 constexpr int kCodesFq = 1, kCodesSigned = 2;
@@ -184,6 +185,11 @@ PrologueCudaTuning prologue_cuda_tuning();
 // and the layout are ignored.
 //   x  (B, N, H, D) bf16 / f16 (f32 on the CPU);  y  (B, N, H, D) same dtype, channels contiguous
 void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Context& ctx);
+
+// The norm's inv = 1 / sqrt(s), correctly rounded, element-wise as each backend's kernels compute
+// it (CPU: fp64 1 / sqrt rounded once; CUDA: src/cuda/rsqrt_rn.cuh). s, out: contiguous f32 of
+// one shape on one device. For the harness's `prologue.rsqrt` cases (the backends' agreement).
+void norm_rsqrt(const TensorView& s, TensorView out, Context& ctx);
 }  // namespace detail
 
 }  // namespace lowbit

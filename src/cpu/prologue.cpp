@@ -25,8 +25,9 @@ float round_to_dtype(float v, DType dt) {
   }
 }
 
-// Correctly rounded 1 / sqrt(s) for s > 0 (the CUDA kernels use __frsqrt_rn): the double result
-// carries 53 bits, and 1/sqrt of a float is never a float rounding midpoint.
+// Correctly rounded 1 / sqrt(s) for s > 0 in fp64 (53 bits, rounded once more to fp32). The
+// harness's `prologue.rsqrt` cases show it equal to the CUDA kernels' (src/cuda/rsqrt_rn.cuh) on
+// every float significand.
 float rsqrt_rn(float s) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(s))); }
 
 // n values of a row from `base` + off (dtype dt) as fp32, the dtype dispatched once per row.
@@ -283,6 +284,12 @@ void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx) {
           for (int64_t c = 0; c < D; ++c) v[c] = y[c] - mean[c];
         });
     }
+  });
+}
+
+void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx) {
+  parallel_for(n, 1 << 14, ctx, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) out[i] = rsqrt_rn(s[i]);
   });
 }
 

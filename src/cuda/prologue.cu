@@ -75,7 +75,7 @@ __device__ __forceinline__ void row_values(const PrologueArgs& a, int table_mode
       total = lane_tree_sum<LANES>(__fadd_rn(p0, p1));
     // D is a power of two here, so total * (1/D) is the exact quotient total / D.
     static_assert((D & (D - 1)) == 0, "D must be a power of two");
-    inv = __frsqrt_rn(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), a.eps));
+    inv = norm_rsqrt(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), a.eps));
     if (a.w_rows) {
       wo = ok ? static_cast<int64_t>(__ldg(a.w_rows + n * a.w_rows_s)) * a.w_sr : 0;
 #pragma unroll
@@ -538,7 +538,7 @@ __device__ __forceinline__ void fast_row(bool norm, float eps, const float (&w)[
     const float total = ROPE != kRopeInterleaved
                             ? __fadd_rn(lane_tree_sum<LANES>(p0), lane_tree_sum<LANES>(p1))
                             : lane_tree_sum<LANES>(__fadd_rn(p0, p1));
-    const float inv = __frsqrt_rn(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps));
+    const float inv = norm_rsqrt(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps));
 #pragma unroll
     for (int j = 0; j < 16; ++j) x[j] = __fmul_rn(__fmul_rn(x[j], inv), w[j]);
 #pragma unroll
@@ -888,6 +888,21 @@ void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_s
         <<<grid, kThreads, 0, stream_of(ctx)>>>(a, mode, out, o_sb, o_sn, o_sh);
   });
   check_launch("norm_rope_store");
+}
+
+namespace {
+__global__ void norm_rsqrt_kernel(const float* s, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = norm_rsqrt(s[i]);
+}
+}  // namespace
+
+void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx) {
+  if (n == 0) return;
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 1 << 16);
+  norm_rsqrt_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream_of(ctx)>>>(s, out, n);
+  check_launch("norm_rsqrt");
 }
 
 }  // namespace cuda

@@ -14,6 +14,7 @@
 #include "src/core/prologue_internal.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/ptx.cuh"
+#include "src/cuda/rsqrt_rn.cuh"
 
 namespace lowbit {
 namespace cuda {

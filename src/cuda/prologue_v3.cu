@@ -113,11 +113,11 @@ constexpr int kSpecQRows = 4, kSpecKRows = 16;
 // 0.0356 / 0.0356 against 0.0353 / 0.0353.
 constexpr bool kV3DefaultKPair = true;
 // Session 23: its CTA-wide exchange barrier with the mean ring's refill folded in (D = 128;
-// tuning `kpair_sync` = kSyncCta); session 24: the same only at the ring's refill heads, the
-// 2-warp team barriers between (kSyncHybrid). H200, session 24 call 1 (the same bits; ms, Wan,
-// A/B twice in one call): k quantize pass alone 0.1463 / 0.1467 (CTA) and 0.1489 / 0.1483
-// (hybrid) against the team barriers' 0.1519 / 0.1516; k path 0.2340 / 0.2339 and 0.2362 /
-// 0.2361 against 0.2392 (86 % of copy against 84 %). The default since (D = 128).
+// tuning `kpair_sync` = kSyncCta). H200, session 24 call 1 (the same bits; ms, Wan, A/B twice in
+// one call): k quantize pass alone 0.1463 / 0.1467 against the team barriers' 0.1519 / 0.1516;
+// k path 0.2340 / 0.2339 against 0.2392 (86 % of copy against 84 %). The default since (D = 128).
+// (Session 24's hybrid form, the CTA barrier only at the ring's refill heads and the 2-warp team
+// barriers between, measured 0.1489 / 0.1483 and 0.2362 / 0.2361: deleted in session 25.)
 constexpr int kV3DefaultKPairSync = detail::kSyncCta;
 // Session 16: the specialized q kernel at 6 CTAs per SM (v3_quantize_kernel_occ6, tuning
 // `quant_occ6`): 80 registers, the x ring 1 head ahead; by default from kV3Occ6MinRows rows
@@ -309,7 +309,7 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
       }
       const float total = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
       static_assert((D & (D - 1)) == 0, "D must be a power of two");  // total / D is exact
-      inv = __frsqrt_rn(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps));
+      inv = norm_rsqrt(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps));
     }
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -377,7 +377,7 @@ __device__ __forceinline__ void v4_row_pair(bool norm, float eps, WQ&& wq, TQ&& 
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      inv[r] = __frsqrt_rn(
+      inv[r] = norm_rsqrt(
           __fadd_rn(__fmul_rn(__fadd_rn(p[2 * r], p[2 * r + 1]), 1.f / static_cast<float>(D)), eps));
   }
 #pragma unroll
@@ -1210,9 +1210,7 @@ __device__ __forceinline__ int kpair_mean_pos(int q) {
 // the mean ring refilled right behind it with no barrier of its own: at the last head u of a
 // 3-head chunk every thread is past that chunk's rows, so heads u + 4 .. u + 6 go into them (head
 // u + 1's commit group, complete at head u + 3, made visible by its barrier, read from head
-// u + 4); kSyncHybrid, the CTA barrier (barrier 0: the teams' ids 1 and 2 keep their counts) at
-// those chunk-last heads only, the team barriers at the others, the refill as kSyncCta's (the
-// next CTA barrier is head u + 3's). The probes below: the team barrier ~5 %, the ring's ~3 % of
+// u + 4). The probes below: the team barrier ~5 %, the ring's ~3 % of
 // the pass at Wan.
 // PROBE (bench only, detail::kpair_probe; wrong output): kProbeNoTeam / kProbeNoRefill /
 // kProbeNoMean drop the cross-warp maximum / the mean ring's barrier and refill / the mean
@@ -1228,8 +1226,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
   static_assert(WPG <= 2, "teams of at most 2 warps (barrier ids 1, 2)");
   constexpr int QR = D / 4;                  // float4 per mean row
   // (D = 64: one warp per group, no exchange: kSyncTeams' per-chunk refill)
-  constexpr bool CTA = SYNC == detail::kSyncCta && WPG > 1;
-  constexpr bool FOLD = (CTA || SYNC == detail::kSyncHybrid) && WPG > 1;  // refill at the exchange
+  constexpr bool CTA = SYNC == detail::kSyncCta && WPG > 1;  // the refill at the exchange
   static_assert(kMeanRingChunk == SLOTS, "the mean ring refills at slot 0 (CTA: at the last)");
   static_assert(kMeanRingChunk * QR <= THREADS, "one refill copy per thread");
   // Dynamic shared memory: the x ring [SLOTS][4][THREADS] uint4 (row 0's chunks l, l + D / 16,
@@ -1316,7 +1313,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
   uint32_t rd = first, wr = last;
 #pragma unroll 1
   for (int u = 0; u < count; ++u) {
-    if (!FOLD && PROBE != detail::kProbeNoRefill && refills && u > 0 && rd == first) {
+    if (!CTA && PROBE != detail::kProbeNoRefill && refills && u > 0 && rd == first) {
       // Every thread is done with heads < u: heads u + 3 .. u + 5 go into the half of the ring
       // heads u - 3 .. u - 1 used; they travel in head u's commit group, waited for before the
       // barrier at head u + 3.
@@ -1354,14 +1351,12 @@ __global__ void __maxnreg__(kV3Async96Regs)
     if constexpr (WPG > 1 && PROBE != detail::kProbeNoTeam) {
       const int par = u & 1;
       if (lane == 0) red[par][warp] = m;
-      if (FOLD && !CTA && rd == last)
-        __syncthreads();
-      else if (CTA || team == 0)
+      if (CTA || team == 0)
         team_barrier(0, CTA ? THREADS : 32 * WPG);
       else
         team_barrier(1, 32 * WPG);
       m = max_nan(red[par][WPG * team], red[par][WPG * team + 1]);
-      if (FOLD && refills && rd == last && u + kMeanRingChunk + 1 < count) {
+      if (CTA && refills && rd == last && u + kMeanRingChunk + 1 < count) {
         mean_ring_copy<QR>(ptx::smem_u32(mean_sh), mrow - (kMeanRingChunk - 1), rr, rq,
                            u + kMeanRingChunk + 1, count, row.m, m_sh, kpair_mean_pos<D>);
       }
@@ -1972,10 +1967,6 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
       if constexpr (D == 128)
         launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncCta>
                             : v5_quantize_kpair_kernel<D, BF16, ROPE, false, detail::kSyncCta>);
-    } else if (kpair && kpair_sync == detail::kSyncHybrid) {
-      if constexpr (D == 128)
-        launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncHybrid>
-                            : v5_quantize_kpair_kernel<D, BF16, ROPE, false, detail::kSyncHybrid>);
     } else if (kpair)
       launch(signed_codes ? v5_quantize_kpair_kernel<D, BF16, ROPE, true>
                           : v5_quantize_kpair_kernel<D, BF16, ROPE, false>);

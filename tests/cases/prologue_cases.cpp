@@ -13,6 +13,8 @@
 // sharper rule instead of the rate: a code may differ, by one, only where the CPU's exact
 // quotient v / scale lies within 4 ulp of a rounding tie.
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "lowbit/attention.h"
@@ -245,8 +247,85 @@ class PrologueCase : public Case {
   Cfg c_;
 };
 
+// The norm's correctly rounded 1 / sqrt(s) (detail::norm_rsqrt: CUDA's src/cuda/rsqrt_rn.cuh
+// against the CPU's fp64 one), bit-exact. `dense`: every float of [1, 4), i.e. every significand
+// with both exponent parities; both backends' steps scale exactly by a power of two under s ->
+// 4^k s inside CUDA's direct range [2^-100, 2^100), so this covers that whole range. `edges`: the
+// range's ends and FLT_MIN, FLT_MAX, 2^-149 each +- 300 patterns, 0, inf, NaN, negatives, typical
+// eps values, then random bit patterns of every kind (CUDA's libdevice fallback included).
+class RsqrtCase : public Case {
+ public:
+  explicit RsqrtCase(bool dense) : dense_(dense) {}
+  std::string name() const override { return dense_ ? "prologue.rsqrt.dense_1_4" : "prologue.rsqrt.edges"; }
+
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::vector<uint32_t> bits;
+    if (dense_) {
+      for (uint32_t b = 0x3f800000u; b < 0x40800000u; ++b) bits.push_back(b);
+    } else {
+      for (uint32_t c : {0x0d800000u, 0x71800000u, 0x00800000u, 0x7f7fffffu, 0x00000001u,
+                         0x358637bdu /* 1e-6 */, 0x3727c5acu /* 1e-5 */})
+        for (int d = -300; d <= 300; ++d) bits.push_back(c + static_cast<uint32_t>(d));
+      for (uint32_t c : {0u, 0x7f800000u, 0x7fc00000u, 0x80000000u, 0xbf800000u, 0xff800000u})
+        bits.push_back(c);
+      std::uniform_int_distribution<uint32_t> any;
+      while (bits.size() < (1u << 20)) bits.push_back(any(rng));
+    }
+    HostTensor s(DType::f32, {static_cast<int64_t>(bits.size())});
+    std::memcpy(s.bytes.data(), bits.data(), bits.size() * 4);
+    std::vector<HostTensor> v;
+    v.push_back(std::move(s));
+    return v;
+  }
+
+  std::vector<OutputSpec> outputs() const override {
+    OutputSpec o;
+    o.name = "inv";
+    o.dtype = DType::f32;
+    o.shape = {dense_ ? int64_t{1} << 24 : int64_t{1} << 20};
+    o.tol = Tolerance::bit_exact();
+    o.tol.allow_nonfinite = !dense_;  // 0 -> inf, negatives and NaN -> NaN
+    return {o};
+  }
+
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    detail::norm_rsqrt(in[0], out[0], ctx);
+  }
+
+  // Bit-exact, except that a NaN matches any NaN (its payload: the CPU's fp64 one propagates the
+  // input's, the GPU's is canonical).
+  std::string compare_output(size_t, const std::vector<OutputSpec>&,
+                             const std::vector<HostTensor>& inputs,
+                             const std::vector<HostTensor>& ref,
+                             const std::vector<HostTensor>& got) const override {
+    const auto* r = ref[0].as<uint32_t>();
+    const auto* g = got[0].as<uint32_t>();
+    const auto* x = inputs[0].as<uint32_t>();
+    auto nan = [](uint32_t b) { return (b & 0x7fffffffu) > 0x7f800000u; };
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < ref[0].numel(); ++i) {
+      if (r[i] == g[i] || (nan(r[i]) && nan(g[i]))) continue;
+      if (bad++ == 0) first = i;
+    }
+    if (bad == 0) return "";
+    char msg[160];
+    std::snprintf(msg, sizeof msg,
+                  "%lld elements differ; first at [%lld]: s bits 0x%08x, expected bits 0x%08x, got "
+                  "0x%08x",
+                  static_cast<long long>(bad), static_cast<long long>(first), x[first], r[first],
+                  g[first]);
+    return msg;
+  }
+
+ private:
+  bool dense_;
+};
+
 LOWBIT_HARNESS_CASES(prologue_cases) {
   auto add = [&](const Cfg& c) { cases.push_back(std::make_unique<PrologueCase>(c)); };
+  cases.push_back(std::make_unique<RsqrtCase>(true));
+  cases.push_back(std::make_unique<RsqrtCase>(false));
   const float q_scale = 0.08838835f * 1.44269504f;  // 1/sqrt(128) * log2(e)
   // The q kernels' three configurations (tags t + "split" / "inter" / "plain") on q's tuning
   // knobs: THREAD_Q 32 at N tokens, 11 heads (odd: the last pair's second head absent) or the
@@ -477,17 +556,13 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // per-chunk refill; the default since session 24) and the 2-warp teams ("k5t", the default
   // before), with the mean ring refilled several times: 40 heads, CTAs of 20 (forced), 19 or 7
   // (the last CTA's chunk short); bf16 split-half from a fused QKV buffer, f16 interleaved with
-  // sm_scale, and the fused k path. Session 24: the CTA barrier at the ring's chunk ends only
-  // ("k5h": kSyncHybrid); the teams form at every N at D = 128 now that the other cases run the
-  // CTA form.
-  for (int sync : {detail::kSyncCta, detail::kSyncTeams, detail::kSyncHybrid})
+  // sm_scale, and the fused k path; the teams form at every N at D = 128 now that the other cases
+  // run the CTA form (session 24).
+  for (int sync : {detail::kSyncCta, detail::kSyncTeams})
     for (int64_t N : {17, 127, 1000, 4608})
       for (int64_t D : {64, 128}) {
         if (sync == detail::kSyncTeams && N != 127 && D != 128) continue;
-        if (sync == detail::kSyncHybrid && D != 128) continue;
-        const std::string t = sync == detail::kSyncCta     ? "k5c"
-                              : sync == detail::kSyncTeams ? "k5t"
-                                                           : "k5h";
+        const std::string t = sync == detail::kSyncCta ? "k5c" : "k5t";
         Cfg k;
         k.quant_kpair = detail::kPairOn, k.kpair_sync = sync;
         k.B = N == 4608 ? 1 : 2, k.N = N, k.H = N == 4608 ? 24 : 40, k.D = D, k.qkv = true;
