@@ -339,8 +339,7 @@ class AttentionBench : public BenchCase {
             z.op = pre + "attention_int8 fp8 PV auto, q codes all zero (no row maximum moves " +
                    "after the first tile; kernel only)" + tag;
             z.ms = env.time_ms([&] {
-              attention_int8(q0r, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8,
-                             ctx);
+              attention_int8(q0r, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
             });
             rows.push_back(z);
           }

@@ -377,8 +377,8 @@ __device__ __forceinline__ void v4_row_pair(bool norm, float eps, WQ&& wq, TQ&& 
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      inv[r] = norm_rsqrt(
-          __fadd_rn(__fmul_rn(__fadd_rn(p[2 * r], p[2 * r + 1]), 1.f / static_cast<float>(D)), eps));
+      inv[r] = norm_rsqrt(__fadd_rn(
+          __fmul_rn(__fadd_rn(p[2 * r], p[2 * r + 1]), 1.f / static_cast<float>(D)), eps));
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) {

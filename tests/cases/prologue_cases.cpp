@@ -256,7 +256,9 @@ class PrologueCase : public Case {
 class RsqrtCase : public Case {
  public:
   explicit RsqrtCase(bool dense) : dense_(dense) {}
-  std::string name() const override { return dense_ ? "prologue.rsqrt.dense_1_4" : "prologue.rsqrt.edges"; }
+  std::string name() const override {
+    return dense_ ? "prologue.rsqrt.dense_1_4" : "prologue.rsqrt.edges";
+  }
 
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
     std::vector<uint32_t> bits;

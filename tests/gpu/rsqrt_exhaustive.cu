@@ -48,6 +48,7 @@ int main() {
   cudaMemcpyFromSymbol(&count, g_count, sizeof count);
   cudaMemcpyFromSymbol(first, g_first, sizeof first);
   std::printf("rsqrt_exhaustive: %llu of 2^32 patterns differ from __frsqrt_rn\n", count);
-  for (unsigned long long k = 0; k < count && k < 8; ++k) std::printf("  0x%08" PRIx32 "\n", first[k]);
+  for (unsigned long long k = 0; k < count && k < 8; ++k)
+    std::printf("  0x%08" PRIx32 "\n", first[k]);
   return count == 0 ? 0 : 1;
 }

@@ -35,7 +35,8 @@ LOWBIT_CLI_COMMAND(setup_check) {
     char tail = 0;
     if (std::sscanf(opt->shard.c_str(), "%d/%d%c", &shard_i, &shard_n, &tail) != 2 || shard_n < 1 ||
         shard_i < 0 || shard_i >= shard_n)
-      throw CLI::ValidationError("--shard", fmt::format("expected I/N with 0 <= I < N, got '{}'", opt->shard));
+      throw CLI::ValidationError("--shard",
+                                 fmt::format("expected I/N with 0 <= I < N, got '{}'", opt->shard));
     int selected = -1;
     std::vector<lowbit::Device> devices;
     if (opt->backend != "cuda") devices.push_back(lowbit::Device::cpu);
