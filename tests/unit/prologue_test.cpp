@@ -834,5 +834,51 @@ TEST(prologue_errors, head_dim_and_dtype) {
   f.expect_error("scale_eps", [&] { f.quantize(); });
 }
 
+// detail::norm_rsqrt (the norm's correctly rounded 1 / sqrt, the harness's `prologue.rsqrt` op):
+// hand-computed roundings (exact 1 / sqrt in 60-digit decimal, then the nearest float), and bad
+// arguments rejected with nothing written.
+TEST(PrologueRsqrt, HandValuesAndErrors) {
+  const uint32_t s_bits[] = {0x40800000u /* 4 */, 0x3e800000u /* 0.25 */, 0x40000000u /* 2 */,
+                             0x40400000u /* 3 */, 0x40a00000u /* 5 */, 0x358637bdu /* 1e-6f */};
+  const uint32_t want[] = {0x3f000000u, 0x40000000u, 0x3f3504f3u,
+                           0x3f13cd3au, 0x3ee4f92eu, 0x447a0000u};
+  constexpr int64_t n = 6;
+  std::vector<float> s(n), out(n, -7.f);
+  std::memcpy(s.data(), s_bits, sizeof s_bits);
+  Context ctx;
+  detail::norm_rsqrt(make_view(s.data(), DType::f32, {n}), make_view(out.data(), DType::f32, {n}),
+                     ctx);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t got;
+    std::memcpy(&got, &out[i], 4);
+    EXPECT_EQ(got, want[i]) << "s bits 0x" << std::hex << s_bits[i];
+  }
+  std::vector<uint16_t> half(n, 0x1234);
+  std::vector<float> short_out(n - 1, -7.f);
+  auto expect_error = [&](const char* arg, const std::function<void()>& call) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.argument(), arg) << e.what();
+      EXPECT_NE(std::string(e.what()).find("norm_rsqrt"), std::string::npos) << e.what();
+    }
+  };
+  expect_error("out", [&] {
+    detail::norm_rsqrt(make_view(s.data(), DType::f32, {n}),
+                       make_view(half.data(), DType::f16, {n}), ctx);
+  });
+  expect_error("out", [&] {
+    detail::norm_rsqrt(make_view(s.data(), DType::f32, {n}),
+                       make_view(short_out.data(), DType::f32, {n - 1}), ctx);
+  });
+  expect_error("s", [&] {
+    detail::norm_rsqrt(make_view(half.data(), DType::f16, {n}),
+                       make_view(out.data(), DType::f32, {n}), ctx);
+  });
+  for (uint16_t h : half) EXPECT_EQ(h, 0x1234);
+  for (float v : short_out) EXPECT_EQ(v, -7.f);
+}
+
 }  // namespace
 }  // namespace lowbit
