@@ -653,6 +653,17 @@ TEST(prologue, random_inputs_against_fp64_reference) {
 
 // ---- argument errors: clear errors, nothing written -------------------------------------------
 
+// `call` throws an Error that names argument `arg` and whose message contains `text`.
+void expect_error_on(const char* arg, const char* text, const std::function<void()>& call) {
+  try {
+    call();
+    ADD_FAILURE() << "no error for " << arg;
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.argument(), arg) << e.what();
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
 struct ErrorFixture {
   static constexpr int B = 1, N = 9, H = 2, D = 32;
   Act x{B, N, H, D, 1.f};
@@ -662,13 +673,7 @@ struct ErrorFixture {
   Prologue p = plain(ScaleLayout::thread_k, 8, 1e-7f);
 
   void expect_error(const char* arg, const std::function<void()>& call) {
-    try {
-      call();
-      ADD_FAILURE() << "no error for " << arg;
-    } catch (const Error& e) {
-      EXPECT_STREQ(e.argument(), arg) << e.what();
-      EXPECT_NE(std::string(e.what()).find("expected"), std::string::npos) << e.what();
-    }
+    expect_error_on(arg, "expected", call);
     for (int8_t q : out.q) ASSERT_EQ(q, -99) << "written despite the error on " << arg;
     for (float s : out.scale) ASSERT_EQ(s, -1.f) << "written despite the error on " << arg;
     for (float m : mean) ASSERT_EQ(m, -3.f) << "written despite the error on " << arg;
@@ -856,13 +861,7 @@ TEST(PrologueRsqrt, HandValuesAndErrors) {
   std::vector<uint16_t> half(n, 0x1234);
   std::vector<float> short_out(n - 1, -7.f);
   auto expect_error = [&](const char* arg, const std::function<void()>& call) {
-    try {
-      call();
-      ADD_FAILURE() << "no error for " << arg;
-    } catch (const Error& e) {
-      EXPECT_STREQ(e.argument(), arg) << e.what();
-      EXPECT_NE(std::string(e.what()).find("norm_rsqrt"), std::string::npos) << e.what();
-    }
+    expect_error_on(arg, "norm_rsqrt", call);
   };
   expect_error("out", [&] {
     detail::norm_rsqrt(make_view(s.data(), DType::f32, {n}),
