@@ -30,6 +30,10 @@ struct AttentionCudaTuning {
   // attention(): the q prologue, the k path and V's passes one after another on the caller's
   // stream (before session 21) instead of on side streams beside each other
   bool serial_passes = false;
+  // Causal CTA order (session 25): heads per group of the longest-first walk across heads
+  // (attn::cta_work); 1 = each head's query blocks longest-first, the heads in order (the order
+  // before session 25); 0 = by L2 size (the groups' K / V ~30 MB). The same bits.
+  int causal_heads = 0;
 };
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();

@@ -31,6 +31,8 @@ namespace cuda {
 namespace {
 
 using attn::AttnParams;
+using attn::cta_work;
+using attn::CtaWork;
 using attn::fast_exp2;
 using attn::kLn2;
 using attn::kLog2_448;
@@ -170,9 +172,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
   uint8_t* sQ = smem;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const int q_blocks = gridDim.x;
-  const int qb = p.causal ? q_blocks - 1 - blockIdx.x : blockIdx.x;  // long rows first
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const CtaWork work = cta_work(p);  // causal: long rows first
+  const int qb = work.qb, h = work.h, b = blockIdx.z, hk = h / p.G;
   const int64_t q0 = static_cast<int64_t>(qb) * kRowsPerCta;
 
   const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
@@ -835,11 +836,20 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   p.scale_log2 = sm_scale * kLog2e;
   const int B = static_cast<int>(q.data.shape[0]);
   const int D = static_cast<int>(q.data.shape[3]);
+  const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
+  {
+    // Causal CTAs start longest-first across groups of heads whose K / V (int8 K, fp8 or 16-bit
+    // V: per q head Nkv D (2 or 3) / G bytes) fit in ~30 MB of the L2 together (attn::cta_work).
+    // H200, session 25: (1, 24, 4096, 64) and Flux's (1, 24, 4608, 128) are one group.
+    const double kv_per_head = static_cast<double>(p.Nkv) * D *
+                               (v_scale ? 2.0 : 3.0) / static_cast<double>(p.G);
+    const int by_l2 = static_cast<int>(std::min<double>(p.Hq, std::floor(30e6 / kv_per_head)));
+    p.causal_heads = std::max(1, tune.causal_heads > 0 ? std::min(tune.causal_heads, p.Hq) : by_l2);
+  }
   // Kernel choice (AttentionOptions::kernel): wgmma runs round 1, wgmma_r3 round 3 (fp8 P·V; the
   // bench knobs of detail::AttentionCudaTuning pick its variants: no_turn round 3 + I2FP without
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs the TMA-ring
   // kernel of attention_wgmma256.cu), at D = 256 both the head-dim-256 kernel; auto_kernel below.
-  const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   const bool wgmma_choice =
       options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3;
   if (wgmma_choice && D == 256) {

@@ -48,7 +48,26 @@ struct AttnParams {
   int causal;  // 0 none; else keys j < i + shift + 1 are visible
   int64_t shift;
   float scale_log2, sm_scale;
+  int causal_heads = 1;  // causal: heads per group of cta_work's longest-first walk (>= 1)
 };
+
+// The query block and head of this CTA in a grid (query blocks, Hq, B). Causal: the hardware
+// starts CTAs in linear order (x fastest); read as below, that order is longest-first across a
+// group of p.causal_heads heads (every head's longest query block, then every head's second
+// longest, ...), the groups one after the other. Each head alone (causal_heads = 1, the order
+// before session 25) left the last heads' longest blocks to the last wave. The host sizes a group
+// so that its K / V stay in L2 together (attention.cu).
+struct CtaWork {
+  int qb, h;
+};
+__device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
+  const int nqb = static_cast<int>(gridDim.x);
+  if (!p.causal) return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
+  const int lin = static_cast<int>(blockIdx.x) + nqb * static_cast<int>(blockIdx.y);
+  const int hg = p.causal_heads, g = lin / (nqb * hg), r = lin - g * nqb * hg;
+  const int hcount = min(hg, p.Hq - g * hg);  // the last group may be short
+  return {nqb - 1 - r / hcount, g * hg + r % hcount};
+}
 
 // SPEC §1 scale index of `row` (layout: 0 per_block, 1 thread_q, 2 thread_k, 3 warp_q).
 __device__ __forceinline__ int64_t scale_index_dev(int layout, int block, int64_t row) {

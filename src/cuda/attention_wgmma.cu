@@ -371,9 +371,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
   uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   const int g = lane / 4, t = lane % 4;
-  const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
-                          : static_cast<int>(blockIdx.x);  // causal: long rows first
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const CtaWork work = cta_work(p);  // causal: long rows first
+  const int qb = work.qb, h = work.h, b = blockIdx.z, hk = h / p.G;
   const int64_t q0 = static_cast<int64_t>(qb) * kBM;
 
   const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
@@ -740,9 +739,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-  const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
-                          : static_cast<int>(blockIdx.x);  // causal: long rows first
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const CtaWork work = cta_work(p);  // causal: long rows first
+  const int qb = work.qb, h = work.h, b = blockIdx.z, hk = h / p.G;
   const int64_t q0 = static_cast<int64_t>(qb) * kRows;
   const int64_t last_row = min(q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
   const int64_t kv_end = visible_end(p, last_row);
@@ -1091,11 +1089,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
   if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
   // The rows again from the block index (cheaper than keeping them live through the loop).
-  row0 = static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
-                                             static_cast<int>(blockIdx.x)
-                                       : static_cast<int>(blockIdx.x)) *
-             kRows +
-         rl0;
+  row0 = static_cast<int64_t>(cta_work(p).qb) * kRows + rl0;
   row1 = row0 + 8;
   epilogue<D, true, T16, kQKRow>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ,
                                  n_tiles > 0, o, m0, m1, l0, l1);

@@ -219,9 +219,8 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-  const int qb = p.causal ? static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)
-                          : static_cast<int>(blockIdx.x);  // causal: long rows first
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / p.G;
+  const CtaWork work = cta_work(p);  // causal: long rows first
+  const int qb = work.qb, h = work.h, b = blockIdx.z, hk = h / p.G;
   const int64_t q0 = static_cast<int64_t>(qb) * kRows;
   const int64_t last_row = min(q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
   const int64_t kv_end = visible_end(p, last_row);
@@ -308,10 +307,7 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
   }
   // (the visible ends are recomputed on the stages that need a mask: registers are short)
   auto block_q0 = [&]() {
-    return static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
-                                               static_cast<int>(blockIdx.x)
-                                         : static_cast<int>(blockIdx.x)) *
-           kRows;
+    return static_cast<int64_t>(cta_work(p).qb) * kRows;
   };
   constexpr float kPOffset = FP8 ? kLog2_448 : 0.f;
 
@@ -557,11 +553,7 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
   };
   for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
   if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
-  row0 = static_cast<int64_t>(p.causal ? static_cast<int>(gridDim.x) - 1 -
-                                             static_cast<int>(blockIdx.x)
-                                       : static_cast<int>(blockIdx.x)) *
-             kRows +
-         rl0;
+  row0 = static_cast<int64_t>(cta_work(p).qb) * kRows + rl0;
   row1 = row0 + 8;
   if constexpr (!FP8) {
     wgmma_wait<0>();  // (also when no tile ran: the accumulators' registers are settled)

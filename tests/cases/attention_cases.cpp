@@ -550,6 +550,29 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       for (int kb : {32, 64}) add(Shape{1, 390, 3000, 2, 1, d}, c, kb, Pattern::early_max, false);
     add(Shape{1, 129, 129, 2, 2, d}, O::bottom_right, 64, Pattern::random, true);
   }
+  // `.cgrp` (session 25): the causal CTA walk across head groups (attn::cta_work) with groups of
+  // 2 heads forced (tuning causal_heads; by L2 size every small case is one group), 5 heads (a
+  // short last group) and GQA 6 / 2 with B 2, several query blocks, on every kernel family: auto
+  // at D 64 / 128 / 256 for fp8 and 16-bit P·V, and the mma.sync kernel.
+  {
+    detail::AttentionCudaTuning grp;
+    grp.causal_heads = 2;
+    for (int64_t d : {64, 128, 256})
+      for (auto pv : {O::fp8, O::f16})
+        for (auto kern : {O::auto_kernel, O::mma_sync}) {
+          if (kern == O::mma_sync && (d != 128 || pv != O::fp8)) continue;
+          for (const Shape& s : {Shape{1, 400, 450, 5, 5, d}, Shape{2, 300, 300, 6, 2, d}})
+            for (auto c : {O::bottom_right, O::top_left}) {
+              if (c == O::top_left && s.B == 2) continue;
+              auto k = std::make_unique<Int8AttentionCase>(
+                  s, make_opt(pv, c, kern), DType::bf16, ScaleLayout::per_block, 128,
+                  ScaleLayout::per_block, 64, false, false, Pattern::random,
+                  kern == O::mma_sync ? "cgrp.mma_sync" : "cgrp");
+              k->set_tuning(grp);
+              cases.push_back(std::move(k));
+            }
+        }
+  }
   // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups fed by the TMA producer
   // warp (192 query rows per CTA; tuning knobs no_turn + cons3 on wgmma_r3; D = 64 bf16
   // output with per-half k scales, else the two-consumer kernels, same bits): auto's D = 64
