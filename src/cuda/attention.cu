@@ -39,8 +39,8 @@ using attn::kLog2_448;
 using attn::kLog2e;
 using attn::pack_16x2;
 using attn::pack_e4m3x4;
-using attn::store_rows;
 using attn::scale_index_dev;
+using attn::store_rows;
 using attn::to_f32;
 using attn::visible_end;
 using ptx::cp_async_commit;
@@ -841,8 +841,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // Causal CTAs start longest-first across groups of heads whose K / V (int8 K, fp8 or 16-bit
     // V: per q head Nkv D (2 or 3) / G bytes) fit in ~30 MB of the L2 together (attn::cta_work).
     // H200, session 25: (1, 24, 4096, 64) and Flux's (1, 24, 4608, 128) are one group.
-    const double kv_per_head = static_cast<double>(p.Nkv) * D *
-                               (v_scale ? 2.0 : 3.0) / static_cast<double>(p.G);
+    const double kv_per_head =
+        static_cast<double>(p.Nkv) * D * (v_scale ? 2.0 : 3.0) / static_cast<double>(p.G);
     const int by_l2 = static_cast<int>(std::min<double>(p.Hq, std::floor(30e6 / kv_per_head)));
     p.causal_heads = std::max(1, tune.causal_heads > 0 ? std::min(tune.causal_heads, p.Hq) : by_l2);
   }

@@ -306,9 +306,7 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
     qm1 = fmaxf(qs1, 1.17549435e-38f);
   }
   // (the visible ends are recomputed on the stages that need a mask: registers are short)
-  auto block_q0 = [&]() {
-    return static_cast<int64_t>(cta_work(p).qb) * kRows;
-  };
+  auto block_q0 = [&]() { return static_cast<int64_t>(cta_work(p).qb) * kRows; };
   constexpr float kPOffset = FP8 ? kLog2_448 : 0.f;
 
   float o[D / 2];
