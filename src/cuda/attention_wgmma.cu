@@ -22,9 +22,9 @@
 //  - P V: wgmma m64nDk32 f32.e4m3.e4m3, A from registers, B = the V tile (D rows of 128 key
 //    positions, K-major). The softmax runs the oracle's 64-key schedule: per half tile, maximum
 //    update, P, row sums, 2 k-steps into a fresh fp32 buffer, O = O·r + buffer.
-//  - Causal: the CTA stops at its last visible key tile (CTAs launched longest-first); the
-//    per-element mask runs only on tiles that cross the warpgroup's first row's visible end (the
-//    diagonal) or the end of the keys.
+//  - Causal: the CTA stops at its last visible key tile (CTAs launched longest-first across a
+//    group of heads: attn::cta_work); the per-element mask runs only on tiles that cross the
+//    warpgroup's first row's visible end (the diagonal) or the end of the keys.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda.h>  // CUtensorMap (the encoder comes from the runtime's driver entry point)
