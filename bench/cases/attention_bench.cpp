@@ -328,12 +328,7 @@ class AttentionBench : public BenchCase {
             // probability ~1 / j) are gone. Against kr8 at 36 and 72 tiles per CTA this splits
             // the per-CTA cost into that part and the rest.
             DeviceTensor q0 = make_empty(dev, DType::i8, {B, N, H, D});
-            {
-              const std::vector<int8_t> zeros(static_cast<size_t>(B * N * H * D), 0);
-              Context c;
-              copy_to_device(q0.view.data, zeros.data(), zeros.size(), c);
-              synchronize(c);
-            }
+            device_memset(q0.view.data, 0, static_cast<size_t>(B * N * H * D), ctx);
             const QuantizedRows q0r{q0.view, qs.view, ScaleLayout::per_block, 128};
             Row z = kr8;
             z.op = pre + "attention_int8 fp8 PV auto, q codes all zero (no row maximum moves " +
