@@ -200,12 +200,15 @@ void attention_reference_f64(const TensorView& q, const TensorView& k, const Ten
           m = std::max(m, s[j]);
         }
         double l = 0;
-        for (int64_t j = 0; j < end; ++j) l += std::exp(s[j] - m);
+        for (int64_t j = 0; j < end; ++j) {
+          s[j] = std::exp(s[j] - m);  // the weights, once per key
+          l += s[j];
+        }
         double* o = out_ref + ((b * Nq + i) * Hq + hq) * D;
         for (int64_t d = 0; d < D; ++d) {
           double a = 0;
           for (int64_t j = 0; j < end; ++j)
-            a += std::exp(s[j] - m) * load_f32(v.data, cpu::off4(v, b, j, hk, d), v.dtype);
+            a += s[j] * load_f32(v.data, cpu::off4(v, b, j, hk, d), v.dtype);
           o[d] = end > 0 ? a / l : 0.0;
         }
         if (lse_ref)

@@ -5,6 +5,7 @@
 // exactly 0 / -inf.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
@@ -37,6 +38,31 @@ TensorView hnd_as_nhd(TensorView t) {
   std::swap(t.shape[1], t.shape[2]);
   std::swap(t.stride[1], t.stride[2]);
   return t;
+}
+
+// A copy of `t` as f32 (the fp64 reference reads any float dtype; this also gives a mutable
+// tensor to view).
+HostTensor as_f32(const HostTensor& t) {
+  HostTensor f(DType::f32, t.shape);
+  for (int64_t i = 0; i < t.numel(); ++i) f.set(i, t.get(i));
+  return f;
+}
+
+// The fp64 reference of (B, Nq, Hq, D) q against (B, Nkv, Hkv, D) k / v (NHD f32 host tensors),
+// in the order of an output that is NHD, or HND when `hnd`.
+std::vector<double> exact_out(HostTensor& q, HostTensor& k, HostTensor& v,
+                              const AttentionOptions& opt, bool hnd) {
+  const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
+  std::vector<double> x(static_cast<size_t>(q.numel()));
+  attention_reference_f64(q.view(), k.view(), v.view(), opt, x.data(), nullptr);
+  if (!hnd) return x;
+  std::vector<double> y(x.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < Nq; ++n)
+      for (int64_t h = 0; h < Hq; ++h)
+        for (int64_t d = 0; d < D; ++d)
+          y[((b * Hq + h) * Nq + n) * D + d] = x[((b * Nq + n) * Hq + h) * D + d];
+  return y;
 }
 
 // ---- kernel level -----------------------------------------------------------------------------
@@ -149,6 +175,7 @@ class Int8AttentionCase : public Case {
     o.shape = hnd_ ? std::vector<int64_t>{s_.B, s_.Hq, s_.Nq, s_.D}
                    : std::vector<int64_t>{s_.B, s_.Nq, s_.Hq, s_.D};
     o.tol = Tolerance::allclose(2e-2, 2e-2);
+    o.accuracy_row_len = s_.D;  // rows judged by accuracy where allclose fails (exact_output)
     OutputSpec l;
     l.name = "lse";
     l.dtype = DType::f32;
@@ -191,6 +218,41 @@ class Int8AttentionCase : public Case {
     quantize_v_fp8(v, v8v, vsv, opt_.smooth_v ? &vmv : nullptr, ctx);
     attention_int8(q, k, v8v, &vsv, opt_.smooth_v ? &vmv : nullptr, km, o, &lse, opt_, ctx);
     synchronize(ctx);  // the scratch buffers are freed on return
+  }
+
+  // The exact reference of `out`: q and k dequantized (code x its row's scale; k's mean only
+  // shifts each row's logits, which softmax ignores), V as given.
+  std::vector<double> exact_output(size_t k, const std::vector<HostTensor>& in) const override {
+    if (k != 0) return {};
+    {
+      auto dequant = [&](const HostTensor& c, const HostTensor& sc, int64_t N, int64_t H,
+                         ScaleLayout l, int blk) {
+        HostTensor f(DType::f32, {s_.B, N, H, s_.D});
+        const int64_t cnt = sc.shape[2];
+        for (int64_t b = 0; b < s_.B; ++b)
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t h = 0; h < H; ++h) {
+              const float scale = sc.get((b * H + h) * cnt + scale_index(l, blk, n));
+              const int64_t src = hnd_ ? ((b * H + h) * N + n) * s_.D : ((b * N + n) * H + h) * s_.D;
+              const int64_t dst = ((b * N + n) * H + h) * s_.D;
+              for (int64_t d = 0; d < s_.D; ++d) f.set(dst + d, c.get(src + d) * scale);
+            }
+        return f;
+      };
+      HostTensor q = dequant(in[0], in[1], s_.Nq, s_.Hq, ql_, qb_);
+      HostTensor kk = dequant(in[2], in[3], s_.Nkv, s_.Hkv, kl_, kb_);
+      HostTensor v(DType::f32, {s_.B, s_.Nkv, s_.Hkv, s_.D});
+      for (int64_t b = 0; b < s_.B; ++b)
+        for (int64_t n = 0; n < s_.Nkv; ++n)
+          for (int64_t h = 0; h < s_.Hkv; ++h)
+            for (int64_t d = 0; d < s_.D; ++d)
+              v.set(((b * s_.Nkv + n) * s_.Hkv + h) * s_.D + d,
+                    in[4].get((hnd_ ? (b * s_.Hkv + h) * s_.Nkv + n
+                                    : (b * s_.Nkv + n) * s_.Hkv + h) *
+                                  s_.D +
+                              d));
+      return exact_out(q, kk, v, opt_, hnd_);
+    }
   }
 
  private:
@@ -302,6 +364,7 @@ std::vector<OutputSpec> one_call_outputs(DType dt, std::vector<int64_t> out_shap
   o.shape = std::move(out_shape);
   // CPU (IEEE division) and CUDA (div.full.f32) INT8 codes may differ by one, rarely.
   o.tol = Tolerance::allclose(3e-2, 3e-2);
+  o.accuracy_row_len = o.shape.back();  // rows judged by accuracy where allclose fails
   OutputSpec l;
   l.name = "lse";
   l.dtype = DType::f32;
@@ -339,6 +402,11 @@ class AttentionCallCase : public Case {
     TensorView lse = out[1];
     attention(in[0], in[1], in[2], out[0], &lse, opt_, ctx);
   }
+  std::vector<double> exact_output(size_t k, const std::vector<HostTensor>& in) const override {
+    if (k != 0) return {};
+    HostTensor q = as_f32(in[0]), kk = as_f32(in[1]), v = as_f32(in[2]);
+    return exact_out(q, kk, v, opt_, false);
+  }
 
  private:
   Shape s_;
@@ -371,6 +439,28 @@ class AttentionVarlenCase : public Case {
            Context& ctx) const override {
     TensorView lse = out[1];
     attention_varlen(in[0], in[1], in[2], cu_q_, cu_k_, out[0], &lse, opt_, ctx);
+  }
+  // The exact reference of `out` per sequence (a sequence without keys: zero rows).
+  std::vector<double> exact_output(size_t k, const std::vector<HostTensor>& in) const override {
+    if (k != 0) return {};
+    {
+      std::vector<double> x(static_cast<size_t>(cu_q_.back() * kHq * d_), 0.0);
+      for (size_t i = 0; i + 1 < cu_q_.size(); ++i) {
+        const int64_t q0 = cu_q_[i], nq = cu_q_[i + 1] - q0;
+        const int64_t k0 = cu_k_[i], nk = cu_k_[i + 1] - k0;
+        if (nq == 0 || nk == 0) continue;
+        auto slice = [&](const HostTensor& t, int64_t r0, int64_t n, int64_t h) {
+          HostTensor f(DType::f32, {1, n, h, d_});
+          for (int64_t e = 0; e < f.numel(); ++e) f.set(e, t.get(r0 * h * d_ + e));
+          return f;
+        };
+        HostTensor q = slice(in[0], q0, nq, kHq), kk = slice(in[1], k0, nk, kHkv),
+                   v = slice(in[2], k0, nk, kHkv);
+        const std::vector<double> y = exact_out(q, kk, v, opt_, false);
+        std::copy(y.begin(), y.end(), x.begin() + q0 * kHq * d_);
+      }
+      return x;
+    }
   }
 
  private:
