@@ -233,7 +233,8 @@ class Int8AttentionCase : public Case {
           for (int64_t n = 0; n < N; ++n)
             for (int64_t h = 0; h < H; ++h) {
               const float scale = sc.get((b * H + h) * cnt + scale_index(l, blk, n));
-              const int64_t src = hnd_ ? ((b * H + h) * N + n) * s_.D : ((b * N + n) * H + h) * s_.D;
+              const int64_t src =
+                  hnd_ ? ((b * H + h) * N + n) * s_.D : ((b * N + n) * H + h) * s_.D;
               const int64_t dst = ((b * N + n) * H + h) * s_.D;
               for (int64_t d = 0; d < s_.D; ++d) f.set(dst + d, c.get(src + d) * scale);
             }
@@ -246,11 +247,11 @@ class Int8AttentionCase : public Case {
         for (int64_t n = 0; n < s_.Nkv; ++n)
           for (int64_t h = 0; h < s_.Hkv; ++h)
             for (int64_t d = 0; d < s_.D; ++d)
-              v.set(((b * s_.Nkv + n) * s_.Hkv + h) * s_.D + d,
-                    in[4].get((hnd_ ? (b * s_.Hkv + h) * s_.Nkv + n
-                                    : (b * s_.Nkv + n) * s_.Hkv + h) *
-                                  s_.D +
-                              d));
+              v.set(
+                  ((b * s_.Nkv + n) * s_.Hkv + h) * s_.D + d,
+                  in[4].get((hnd_ ? (b * s_.Hkv + h) * s_.Nkv + n : (b * s_.Nkv + n) * s_.Hkv + h) *
+                                s_.D +
+                            d));
       return exact_out(q, kk, v, opt_, hnd_);
     }
   }

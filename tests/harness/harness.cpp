@@ -334,8 +334,8 @@ std::string accept_rows_as_accurate(const std::string& diff, const OutputSpec& s
     eg = std::sqrt(eg), er = std::sqrt(er), nx = std::sqrt(nx);
     if (!(eg <= 1.5 * er + 1e-3 * nx)) {
       std::ostringstream w;
-      w << "; row " << r << ": error against the exact reference " << eg << ", the oracle's "
-        << er << " (|exact| " << nx << ")";
+      w << "; row " << r << ": error against the exact reference " << eg << ", the oracle's " << er
+        << " (|exact| " << nx << ")";
       why += w.str();
     }
   }

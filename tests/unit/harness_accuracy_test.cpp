@@ -43,8 +43,8 @@ struct Rows {
 
 TEST(HarnessAccuracy, RowsAsAccurateAsTheOracleAreAccepted) {
   Rows r;
-  r.got.set(5, r.ref.get(5) + 0.15f);  // row 1: 0.05 past the reference instead of 0.1 short
-  r.got.set(6, r.ref.get(6) - 0.05f);  // row 1: 0.15 short (the row's error 0.21 <= 1.5 x 0.2)
+  r.got.set(5, r.ref.get(5) + 0.15f);   // row 1: 0.05 past the reference instead of 0.1 short
+  r.got.set(6, r.ref.get(6) - 0.05f);   // row 1: 0.15 short (the row's error 0.21 <= 1.5 x 0.2)
   r.got.set(30, r.ref.get(30) + 0.1f);  // row 7: exact there
   EXPECT_EQ(r.judge(), "");
   EXPECT_EQ(r.calls, 1);
@@ -102,11 +102,11 @@ TEST(HarnessAccuracy, AttentionExactReferencesMatchTheOracle) {
   int found = 0, hnd = 0, call = 0;
   for (const auto& c : registry()) {
     const std::string n = c->name();
-    const bool pick = std::find(names.begin(), names.end(), n) != names.end() ||
-                      (hnd == 0 && n.find(".hnd") != std::string::npos &&
-                       n.rfind("attention.int8.fp8", 0) == 0 &&
-                       n.find(".thread_qk") != std::string::npos) ||
-                      (call == 0 && n.rfind("attention.call.fp8.causal_br", 0) == 0);
+    const bool pick =
+        std::find(names.begin(), names.end(), n) != names.end() ||
+        (hnd == 0 && n.find(".hnd") != std::string::npos && n.rfind("attention.int8.fp8", 0) == 0 &&
+         n.find(".thread_qk") != std::string::npos) ||
+        (call == 0 && n.rfind("attention.call.fp8.causal_br", 0) == 0);
     if (!pick) continue;
     if (n.find(".hnd") != std::string::npos) ++hnd;
     if (n.rfind("attention.call.", 0) == 0) ++call;
