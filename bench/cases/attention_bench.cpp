@@ -86,6 +86,50 @@ std::vector<double> sampled_reference(const Shape& s, bool causal, const HostQkv
   return ref;
 }
 // lowbit's sampled rows (as sampled_reference) of out (B, N, H, D).
+// Session 26: a summary of round 3's per-CTA stamps (detail::AttentionCudaTuning::trace; the
+// word layout is attention_wgmma.cu's r3_trace): mean microseconds per CTA of each phase.
+std::string cta_stamps_note(const std::vector<unsigned long long>& h, int64_t ctas) {
+  const int W = detail::kAttentionTraceWords;
+  double cyc = 0, ns = 0, start = 0, first = 0, tiles = 0, loop = 0, epi = 0, skew = 0;
+  int64_t n = 0;
+  std::vector<std::vector<std::pair<unsigned long long, unsigned long long>>> per_sm;
+  for (int64_t c = 0; c < ctas; ++c) {
+    const unsigned long long* w = &h[static_cast<size_t>(c * W)];
+    if (w[1] == 0 || w[7] == 0 || w[11] == 0 || w[3] == 0) continue;  // not stamped / no tile
+    auto d = [](unsigned long long a, unsigned long long b) { return static_cast<double>(a - b); };
+    cyc += d(w[7], w[2]);
+    ns += d(w[12], w[1]);
+    start += 0.5 * (d(w[4], w[2]) + d(w[8], w[2]));
+    first += 0.5 * (d(w[5], w[4]) + d(w[9], w[8]));
+    loop += 0.5 * (d(w[6], w[5]) + d(w[10], w[9]));
+    tiles += static_cast<double>(w[3]);
+    epi += 0.5 * (d(w[7], w[6]) + d(w[11], w[10]));
+    skew += std::fabs(static_cast<double>(w[7]) - static_cast<double>(w[11]));
+    const size_t sm = static_cast<size_t>(w[0]);
+    if (per_sm.size() <= sm) per_sm.resize(sm + 1);
+    per_sm[sm].push_back({w[1], std::max(w[12], w[13])});
+    ++n;
+  }
+  if (n == 0 || cyc <= 0) return "no stamps";
+  double gap = 0;
+  int64_t gaps = 0;
+  for (auto& v : per_sm) {
+    std::sort(v.begin(), v.end());
+    for (size_t i = 1; i < v.size(); ++i)
+      if (v[i].first > v[i - 1].second) gap += static_cast<double>(v[i].first - v[i - 1].second), ++gaps;
+  }
+  const double us = ns / cyc / 1000.0 / static_cast<double>(n);  // us per cycle, over n CTAs
+  char b[320];
+  std::snprintf(b, sizeof b,
+                "per CTA (us, %lld CTAs, %.2f GHz): start -> consumers %.2f, first q k^T %.2f, "
+                "%.1f tiles %.2f (%.3f per tile), epilogue %.2f, consumer end skew %.2f; SM gap "
+                "between CTAs %.2f",
+                static_cast<long long>(n), cyc / ns, start * us, first * us, tiles / n, loop * us,
+                loop / tiles * us * n, epi * us, skew * us,
+                gaps ? gap / gaps / 1000.0 : 0.0);
+  return b;
+}
+
 std::vector<float> sampled_rows(const Shape& s, const TensorView& out) {
   const std::vector<float> ho = to_host_f32(out);
   const int64_t N = s.N, H = s.H, D = s.D;
@@ -321,6 +365,33 @@ class AttentionBench : public BenchCase {
           kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
           rows.push_back(kr8);
           fp8_kernel_ms = kr8.ms;
+          if (cuda && D == 128) {
+            // A/B (session 26) against the default (output rows through the consumers' Q rows in
+            // shared memory): by 4-byte stores from the registers (tuning epilogue 1); the same
+            // bits.
+            synchronize(ctx);
+            const std::vector<float> base = to_host_f32(out.view);
+            for (int e : {1}) {
+              detail::AttentionCudaTuning t;
+              t.epilogue = e;
+              detail::set_attention_cuda_tuning(t);
+              Row r = kr8;
+              r.op = pre +
+                     "attention_int8 fp8 PV auto, output rows by 4-byte stores from registers "
+                     "(tuning epilogue 1; kernel only)" +
+                     tag;
+              r.ms = env.time_ms([&] {
+                attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8,
+                               ctx);
+              });
+              synchronize(ctx);
+              detail::set_attention_cuda_tuning({});
+              const size_t differ = bits_differ(to_host_f32(out.view), base);
+              r.accuracy = differ == 0 ? "bits = default"
+                                       : std::to_string(differ) + " outputs differ from the default";
+              rows.push_back(r);
+            }
+          }
           if (cuda && f_.cuda_only) {
             // Session 25 (attention.waves): the same kernel on q codes all zero: every logit is
             // 0, so no row maximum moves after a row's first tile: the O rescales and unfolded
@@ -337,6 +408,35 @@ class AttentionBench : public BenchCase {
               attention_int8(q0r, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
             });
             rows.push_back(z);
+            // Session 26: where the per-CTA cost goes, from round 3's per-CTA stamps (tuning
+            // `trace`; the last timed call's): the CTA's start to its consumers' start, their
+            // wait for the first q k^T, the key tiles, the epilogue, the two consumers' end skew,
+            // and the gap on each SM between a CTA's end and the next one's start.
+            for (int e = 0; D == 128 && e <= 1; ++e) {  // default, epilogue 1
+              const int64_t ctas = (N + 127) / 128 * H * B;
+              const size_t words = static_cast<size_t>(ctas) * detail::kAttentionTraceWords;
+              DeviceTensor tb = make_empty(dev, DType::u8, {static_cast<int64_t>(words * 8)});
+              device_memset(tb.view.data, 0, words * 8, ctx);
+              detail::AttentionCudaTuning t;
+              t.trace = static_cast<unsigned long long*>(tb.view.data);
+              t.epilogue = e;
+              detail::set_attention_cuda_tuning(t);
+              Row tr = kr8;
+              tr.op = pre + "attention_int8 fp8 PV auto with per-CTA stamps" +
+                      (e == 1 ? ", tuning epilogue 1" : "") +
+                      " (kernel only)" + tag;
+              tr.ms = env.time_ms([&] {
+                attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8,
+                               ctx);
+              });
+              synchronize(ctx);
+              detail::set_attention_cuda_tuning({});
+              std::vector<unsigned long long> h(words);
+              copy_to_host(h.data(), tb.view.data, words * 8, ctx);
+              synchronize(ctx);
+              tr.note = cta_stamps_note(h, ctas);
+              rows.push_back(tr);
+            }
           }
         }
         // (No variant under A/B at D 64 / 128 now. Settled and gone: run 11's round 4 + I2FP rows

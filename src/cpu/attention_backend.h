@@ -34,7 +34,15 @@ struct AttentionCudaTuning {
   // (attn::cta_work); 1 = each head's query blocks longest-first, the heads in order (the order
   // before session 25); 0 = by L2 size (the groups' K / V ~30 MB). The same bits.
   int causal_heads = 0;
+  // Bench only: a device buffer of kAttentionTraceWords words per CTA for round 3's per-CTA
+  // stamps (see attention_wgmma.cu, r3_trace), or null.
+  unsigned long long* trace = nullptr;
+  // Round 3 without turns at D = 128 (auto's fp8 P·V kernel): 1 the output rows stored from
+  // registers (4-byte stores), 2 through the consumers' Q rows in shared memory as 16-byte row
+  // stores (session 26), 0 the default (kAttnStagedEpilogue in attention.cu). The same bits.
+  int epilogue = 0;
 };
+constexpr int kAttentionTraceWords = 16;
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);
 AttentionCudaTuning attention_cuda_tuning();
 }  // namespace detail

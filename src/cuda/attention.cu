@@ -768,6 +768,15 @@ constexpr bool kAuto256Wgmma = true;
 // (1, 40, 32760, 128) in H200 run 42; session 14, D = 64: 423.8 vs 190 (round 1) in run 48.
 constexpr bool kAutoPv16Ring = true;
 
+// auto's fp8 P·V kernel at D = 128 (round 3 + I2FP without turns): its output rows through each
+// consumer's Q rows in shared memory (two halves of D / 2 channels) as 16-byte row stores (true;
+// kVar bit 9, where the output rows are 16-byte aligned) or by 4-byte stores from the accumulator
+// registers (false). Tuning `epilogue` 1 / 2 forces either. H200, session 26 (per-CTA stamps,
+// `attention.waves`): the epilogue 2.6-2.9 -> 1.07-1.3 us per CTA (a 32 KB region of its own:
+// 1.3-1.5); kernel ms direct / staged: Flux (1, 24, 4608, 128) 0.3961 / 0.3878, causal 0.2223 /
+// 0.2124; the issue's long shapes within the calls' noise (+-0.5 %). The same bits.
+constexpr bool kAttnStagedEpilogue = true;
+
 }  // namespace
 
 void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
@@ -846,6 +855,9 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     const int by_l2 = static_cast<int>(std::min<double>(p.Hq, std::floor(30e6 / kv_per_head)));
     p.causal_heads = std::max(1, tune.causal_heads > 0 ? std::min(tune.causal_heads, p.Hq) : by_l2);
   }
+  p.trace = tune.trace;
+  p.staged_epilogue = tune.epilogue == 0 ? kAttnStagedEpilogue : tune.epilogue == 2;
+  static_assert(attn::kAttnTraceWords == detail::kAttentionTraceWords, "trace layout");
   // Kernel choice (AttentionOptions::kernel): wgmma runs round 1, wgmma_r3 round 3 (fp8 P·V; the
   // bench knobs of detail::AttentionCudaTuning pick its variants: no_turn round 3 + I2FP without
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs the TMA-ring

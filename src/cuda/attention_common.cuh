@@ -49,7 +49,14 @@ struct AttnParams {
   int64_t shift;
   float scale_log2, sm_scale;
   int causal_heads = 1;  // causal: heads per group of cta_work's longest-first walk (>= 1)
+  // Bench only (null otherwise): round 3's per-CTA stamps, kAttnTraceWords words per CTA at its
+  // linear block index (attention_wgmma.cu: r3_trace).
+  unsigned long long* trace = nullptr;
+  // Host only (launch_r3): the round-3 kernel's output rows through shared memory (kVar bit 9)
+  // where it applies.
+  bool staged_epilogue = false;
 };
+constexpr int kAttnTraceWords = 16;
 
 // The query block and head of this CTA in a grid (query blocks, Hq, B). Causal: the hardware
 // starts CTAs in linear order (x fastest); read as below, that order is longest-first across a
@@ -382,6 +389,44 @@ __device__ __forceinline__ bool wg_all(bool pred, int id) {
   return r != 0;
 }
 
+// The LSE (natural log) of this thread's rows row0 and row1 with the K-mean correction
+// q_dequant · k_mean (store_rows' q_rows / q_row / q_byte); l0, l1 the rows' full sums.
+template <int D, bool FP8, int R1, typename QRow, typename QByte>
+__device__ __forceinline__ void store_lse(const AttnParams& p, int b, int h, int64_t hv,
+                                          int64_t row0, int64_t row1, float qs0, float qs1, int t,
+                                          float m0, float m1, float l0, float l1, bool q_rows,
+                                          QRow q_row, QByte q_byte) {
+  const float p_offset = FP8 ? kLog2_448 : 0.f;
+  if (p.lse) {
+    float corr0 = 0.f, corr1 = 0.f;
+    if (p.k_mean && q_rows) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
+      const int8_t* qr0 = q_row();
+      const int8_t* qr1 = qr0 + R1;
+      const float* km = p.k_mean + hv * D;
+#pragma unroll 8
+      for (int i = 0; i < D / 4; ++i) {  // (unrolled: the k_mean loads overlap)
+        const int d = t + 4 * i;
+        const int byte = q_byte(d);
+        corr0 += static_cast<float>(qr0[byte]) * qs0 * km[d];
+        corr1 += static_cast<float>(qr1[byte]) * qs1 * km[d];
+      }
+      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 1);
+      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 2);
+      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 1);
+      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 2);
+    }
+    if (t == 0) {
+      float* lg = p.lse + b * p.l_sb + h * p.l_sh;
+      if (row0 < p.Nq)
+        lg[row0 * p.l_sn] =
+            l0 > 0.f ? (m0 + log2f(l0) - p_offset) * kLn2 + corr0 * p.sm_scale : -INFINITY;
+      if (row1 < p.Nq)
+        lg[row1 * p.l_sn] =
+            l1 > 0.f ? (m1 + log2f(l1) - p_offset) * kLn2 + corr1 * p.sm_scale : -INFINITY;
+    }
+  }
+}
+
 // The epilogue both kernel families share (attention.cu's mma.sync kernel, the wgmma kernels), for
 // this thread's rows row0 and row1 = row0 + 8 of an mma accumulator quad (thread t holds channels
 // 8 n + 2 t + e): full row sums, normalization, V scale and mean, 16-bit stores, and the LSE
@@ -395,7 +440,6 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, in
                                            int64_t row1, float qs0, float qs1, int t, float m0,
                                            float m1, float l0, float l1, OAt o_at, bool q_rows,
                                            QRow q_row, QByte q_byte) {
-  const float p_offset = FP8 ? kLog2_448 : 0.f;
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -441,32 +485,65 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, in
       }
     }
   }
-  if (p.lse) {
-    float corr0 = 0.f, corr1 = 0.f;
-    if (p.k_mean && q_rows) {  // q_dequant · k_mean: channels t, t+4, ... then the quad sum
-      const int8_t* qr0 = q_row();
-      const int8_t* qr1 = qr0 + R1;
-      const float* km = p.k_mean + hv * D;
-#pragma unroll 8
-      for (int i = 0; i < D / 4; ++i) {  // (unrolled: the k_mean loads overlap)
-        const int d = t + 4 * i;
-        const int byte = q_byte(d);
-        corr0 += static_cast<float>(qr0[byte]) * qs0 * km[d];
-        corr1 += static_cast<float>(qr1[byte]) * qs1 * km[d];
-      }
-      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 1);
-      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 2);
-      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 1);
-      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 2);
+  store_lse<D, FP8, R1>(p, b, h, hv, row0, row1, qs0, qs1, t, m0, m1, l0, l1, q_rows, q_row,
+                       q_byte);
+}
+
+// store_rows' output values (fp8 P·V) through shared memory (session 26, the round-3 kernel's
+// kVar bit 9): a warpgroup's 64 rows x D bf16 / f16 values go into `stage` in kParts parts of
+// D / kParts channels (64 rows of 2 D / kParts bytes; 16-byte chunk c of row r at chunk c ^ (r &
+// 7), so that the 8 rows of a 4-byte store and the 8 chunks of a 16-byte load each fall on
+// distinct banks), each part out after the warpgroup's named barrier `bar_id` as 16-byte stores
+// of whole row parts: 2 D / 16 stores per row instead of D / 2 4-byte ones spread over 8 rows
+// each (the direct form's 32 stores per thread at D = 128 each touched 8 half-filled sectors).
+// Nothing of the warpgroup may read `stage` any more when this starts (a barrier comes first).
+// Needs 16-byte aligned output rows (the host checks). wg_row0: the warpgroup's first row; r0:
+// this thread's first row within it (its second is r0 + 8); tw: the thread's index in the
+// warpgroup; l0, l1: the rows' full sums. The same values as store_rows.
+template <int D, typename T16, int kParts>
+__device__ __forceinline__ void store_rows_staged(const AttnParams& p, int b, int h, int hk,
+                                                  int64_t wg_row0, int r0, int t, int tw, float l0,
+                                                  float l1, const float (&o)[D / 2],
+                                                  uint8_t* stage, int bar_id) {
+  constexpr int kRowBytes = 2 * D / kParts, kChunks = kRowBytes / 16, kGroups = D / 8 / kParts;
+  static_assert(kChunks >= 8, "the swizzle needs 8 chunks per row");
+  const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  const float2* vs = reinterpret_cast<const float2*>(p.v_scale + hv * D);
+  const float2* vm = p.v_mean ? reinterpret_cast<const float2*>(p.v_mean + hv * D) : nullptr;
+  float2 sc[D / 8], mv[D / 8];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {  // all loads first (no store in between: see store_rows)
+    sc[n] = vs[4 * n + t];
+    mv[n] = vm ? vm[4 * n + t] : make_float2(0.f, 0.f);
+  }
+  uint8_t* s0 = stage + r0 * kRowBytes + 4 * t;
+  uint8_t* s1 = s0 + 8 * kRowBytes;
+  const int sw = r0 & 7;  // rows r0 and r0 + 8 share it
+  T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int part = 0; part < kParts; ++part) {
+    named_bar_sync(bar_id, 128);  // the stage is free (its last reads are done)
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) {
+      const int n = part * kGroups + j;
+      const float a0 = l0 > 0.f ? o[4 * n + 0] * inv0 * sc[n].x + mv[n].x : 0.f;
+      const float c0 = l0 > 0.f ? o[4 * n + 1] * inv0 * sc[n].y + mv[n].y : 0.f;
+      const float a1 = l1 > 0.f ? o[4 * n + 2] * inv1 * sc[n].x + mv[n].x : 0.f;
+      const float c1 = l1 > 0.f ? o[4 * n + 3] * inv1 * sc[n].y + mv[n].y : 0.f;
+      const int off = (j ^ sw) * 16;
+      *reinterpret_cast<uint32_t*>(s0 + off) = pack_16x2<T16>(a0, c0);
+      *reinterpret_cast<uint32_t*>(s1 + off) = pack_16x2<T16>(a1, c1);
     }
-    if (t == 0) {
-      float* lg = p.lse + b * p.l_sb + h * p.l_sh;
-      if (row0 < p.Nq)
-        lg[row0 * p.l_sn] =
-            l0 > 0.f ? (m0 + log2f(l0) - p_offset) * kLn2 + corr0 * p.sm_scale : -INFINITY;
-      if (row1 < p.Nq)
-        lg[row1 * p.l_sn] =
-            l1 > 0.f ? (m1 + log2f(l1) - p_offset) * kLn2 + corr1 * p.sm_scale : -INFINITY;
+    named_bar_sync(bar_id, 128);
+#pragma unroll
+    for (int k = 0; k < 64 * kChunks / 128; ++k) {
+      const int c = k * 128 + tw, r = c / kChunks, ch = c % kChunks;
+      const uint4 v =
+          *reinterpret_cast<const uint4*>(stage + r * kRowBytes + ((ch ^ (r & 7)) * 16));
+      const int64_t row = wg_row0 + r;
+      if (row < p.Nq)
+        *reinterpret_cast<uint4*>(og + row * p.o_sn + part * (D / kParts) + ch * 8) = v;
     }
   }
 }
@@ -477,24 +554,43 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, in
 // per Q row in shared memory, 128 (128-byte swizzle) or 64 (64-byte swizzle: the D = 64 TMA
 // producer's Q). kQChunk: 0 (a row holds all D channels), or D = 256: channels 128 c .. 128 c +
 // 127 in 128-byte rows of chunk c, kQChunk bytes after chunk c - 1.
-template <int D, bool FP8, typename T16, int kQRow = 128, int kQChunk = 0>
+// kStaged (fp8 P·V, the round-3 kernel): the values through store_rows_staged in kParts parts,
+// with this warpgroup's `stage` (64 x 2 D / kParts bytes; it may be the warpgroup's Q rows), its
+// first row wg_row0, the thread's index tw in it and the warpgroup's named barrier bar_id.
+template <int D, bool FP8, typename T16, int kQRow = 128, int kQChunk = 0, bool kStaged = false,
+          int kParts = 1>
 __device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int hk, int rl0,
                                          int64_t row0, int64_t row1, float qs0, float qs1, int t,
                                          const uint8_t* sq, bool q_loaded, float (&o)[D / 2],
-                                         float m0, float m1, float l0, float l1) {
+                                         float m0, float m1, float l0, float l1,
+                                         uint8_t* stage = nullptr, int64_t wg_row0 = 0, int tw = 0,
+                                         int bar_id = 0) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // Q rows rl0 and rl0 + 8 share (row & 7), so they share the swizzle pattern.
   static_assert(kQRow == 128 || (kQRow == 64 && D == 64), "Q row layout");
   static_assert(kQChunk == 0 || kQRow == 128, "Q chunks of 128-byte rows");
-  store_rows<D, FP8, T16, 8 * kQRow, (D <= 128 ? 16 : 8)>(
-      p, b, h, hk, row0, row1, qs0, qs1, t, m0, m1, l0, l1,
-      [&](int n, int i) { return o[4 * n + i]; }, q_loaded,
-      [&] { return reinterpret_cast<const int8_t*>(sq + rl0 * kQRow); },
-      [&](int d) {
-        const int sw = kQRow == 128 ? (rl0 & 7) : ((rl0 >> 1) & 3);
-        return kQChunk == 0 ? ((((d >> 4) ^ sw) << 4) | (d & 15))
-                            : (d >> 7) * kQChunk + ((((d >> 4) & 7) ^ sw) << 4) + (d & 15);
-      });
+  static_assert(!kStaged || (FP8 && D <= 128), "staged stores: fp8 P·V, D <= 128");
+  auto q_row = [&] { return reinterpret_cast<const int8_t*>(sq + rl0 * kQRow); };
+  auto q_byte = [&](int d) {
+    const int sw = kQRow == 128 ? (rl0 & 7) : ((rl0 >> 1) & 3);
+    return kQChunk == 0 ? ((((d >> 4) ^ sw) << 4) | (d & 15))
+                        : (d >> 7) * kQChunk + ((((d >> 4) & 7) ^ sw) << 4) + (d & 15);
+  };
+  if constexpr (kStaged) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    // (the LSE first: its K-mean correction reads the Q rows, which may be the stage)
+    store_lse<D, FP8, 8 * kQRow>(p, b, h, static_cast<int64_t>(b) * p.Hkv + hk, row0, row1, qs0,
+                                 qs1, t, m0, m1, l0, l1, q_loaded, q_row, q_byte);
+    store_rows_staged<D, T16, kParts>(p, b, h, hk, wg_row0, rl0 & 63, t, tw, l0, l1, o, stage,
+                                      bar_id);
+  } else {
+    store_rows<D, FP8, T16, 8 * kQRow, (D <= 128 ? 16 : 8)>(
+        p, b, h, hk, row0, row1, qs0, qs1, t, m0, m1, l0, l1,
+        [&](int n, int i) { return o[4 * n + i]; }, q_loaded, q_row, q_byte);
+  }
 #endif
 }
 

@@ -46,7 +46,7 @@ namespace {
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::mbar_arrive;
-using ptx::mbar_arrive_expect_tx;
+using ptx::mbar_expect_tx;
 using ptx::mbar_fence_init;
 using ptx::mbar_init;
 using ptx::mbar_wait_bounded;
@@ -696,6 +696,25 @@ __device__ __forceinline__ float logit_i2f(int32_t x) {
 // Threads of a round-3 kernel CTA: a producer warpgroup and two consumers (three with kVar bit 7).
 constexpr int r3_threads(int var) { return (var & 128) != 0 ? 512 : kR3Threads; }
 
+// Bench-only stamps of a round-3 CTA (AttnParams::trace, kAttnTraceWords words per CTA at its
+// linear block index): word 0 the SM id, 1 %globaltimer (ns) and 2 %clock64 at the CTA's start,
+// 3 its key tiles; consumer c (< 2) at words 4 + 4 c ..: %clock64 at its start, once its first
+// q k^T has landed, after its last tile, after its epilogue; 12 + c its %globaltimer at the end.
+__device__ __forceinline__ unsigned long long r3_clock() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned long long r3_gtimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned long long* r3_trace(const AttnParams& p) {
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  return p.trace + static_cast<size_t>(cta) * kAttnTraceWords;
+}
+
 template <int D, typename T16, bool kKcHalf, bool kTma, int kVar = 0>
 __global__ void __launch_bounds__(r3_threads(kVar), 1)
     attention_wgmma_r3_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
@@ -703,6 +722,11 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // kVar: bit 1 I2FP for the logits' int32 -> float. (Bits 0, 2, 3, 4, 6: rounds 4 and 5 and
   // the biased logits, removed.)
   constexpr bool kI2fp = kR3I2fp || (kVar & 2) != 0;
+  // bit 9 (session 26): the output rows through shared memory (each consumer's own Q rows, two
+  // halves of D / 2 channels) and out as 16-byte row stores (epilogue's kStaged:
+  // store_rows_staged); bit 10: the bench's per-CTA stamps (p.trace).
+  constexpr bool kStagedEpi = (kVar & 512) != 0;
+  constexpr bool kStamps = (kVar & 1024) != 0;
   // bit 5: no ping-pong turns between the two consumers (each issues its q k^T once the stage
   // has landed).
   constexpr bool kNoTurn = (kVar & 32) != 0;
@@ -749,6 +773,15 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kR3Stages][kBN] kc
 
   if (tid == 0) {
+    if (kStamps) {
+      unsigned long long* tr = r3_trace(p);
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      tr[0] = sm;
+      tr[1] = r3_gtimer();
+      tr[2] = r3_clock();
+      tr[3] = static_cast<unsigned long long>(n_tiles);
+    }
 #pragma unroll
     for (int st = 0; st < kR3Stages; ++st) {
       // every producer thread once its copies landed (TMA: the producer warp's lanes, one of
@@ -763,8 +796,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   constexpr uint32_t kTileBytes = 2 * kBN * D;  // K box (kBN x D) + V box (D x kBN)
   // Lane 0 of the loading warp: tile `tile`'s K and V boxes (and Q with tile 0) into stage st,
   // completing on its full barrier `bar` (with the arrive that sets the transaction bytes).
+  // (only the transaction bytes: lane 0 arrives with the other lanes once its kc are stored)
   auto tma_tile = [&](int tile, int st, uint32_t bar) {
-    mbar_arrive_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * D : 0u));
+    mbar_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * D : 0u));
     if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
       // (three consumers: the map's box is 64 rows, one box per consumer)
       constexpr int kQBox = kC3 ? 64 : kBM;
@@ -794,14 +828,14 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
         ks[i] = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
       }
       if (tile >= kR3Stages) mbar_wait_bounded(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
+      const uint32_t bar = full0 + st * 8;
+      // The tile's copies go out before this lane's kc are stored (which wait for the k-scale
+      // loads above). (Session 26; the order before, kc then the copies with lane 0's arrival,
+      // measured the same: the consumers' first q k^T still lands ~1.85 us after their start.)
+      if (lane == 0) tma_tile(tile, st, bar);
 #pragma unroll
       for (int i = 0; i < kBN / 32; ++i) skc[st * kBN + lane + 32 * i] = ks[i] * p.scale_log2;
-      const uint32_t bar = full0 + st * 8;
-      if (lane == 0) {
-        tma_tile(tile, st, bar);
-      } else {
-        mbar_arrive(bar);  // this lane's kc are stored
-      }
+      mbar_arrive(bar);  // this lane's kc are stored
     }
     return;
   }
@@ -891,6 +925,16 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // ---- consumers ----
   setmaxnreg_inc<kConsRegs>();
   const int cw = wg - 1;  // consumer index: rows 64 cw .. 64 cw + 63
+  // (p.trace: this consumer's stamps by its first thread; the test is re-evaluated from the
+  // kernel parameters at each stamp, so that nothing stays live through the loop)
+  auto stamp = [&](int k) {
+    if (kStamps && wg < 3 && (threadIdx.x & 127) == 0) {
+      unsigned long long* tr = r3_trace(p);
+      tr[4 + 4 * (wg - 1) + k] = r3_clock();
+      if (k == 3) tr[12 + wg - 1] = r3_gtimer();
+    }
+  };
+  stamp(0);
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
   int64_t row0 = q0 + rl0, row1 = row0 + 8;
@@ -957,6 +1001,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     wgmma_wait<0>();
     fence_regs(acc);
   }
+  stamp(1);
   // One tile; kMore: another tile follows (its q k^T is issued behind this tile's second-half
   // P·V). The last tile is a separate instantiation so that every wgmma wait count is static.
   auto step = [&](int tile, auto more_c) {
@@ -1088,11 +1133,23 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   };
   for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
   if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
+  stamp(2);
   // The rows again from the block index (cheaper than keeping them live through the loop).
   row0 = static_cast<int64_t>(cta_work(p).qb) * kRows + rl0;
   row1 = row0 + 8;
-  epilogue<D, true, T16, kQKRow>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ,
-                                 n_tiles > 0, o, m0, m1, l0, l1);
+  if constexpr (kStagedEpi) {  // this warpgroup's 64 rows in its Q rows (64 x 128 bytes: D / 2
+                              // channels at a time); named barrier 6 + cw (5 with kC3 is the
+                              // third consumer's fold vote)
+    static_assert(D * 2 / 2 == kQKRow, "two halves of a row fill a Q row");
+    epilogue<D, true, T16, kQKRow, 0, true, 2>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t,
+                                               sbase + L::kQ, n_tiles > 0, o, m0, m1, l0, l1,
+                                               sbase + L::kQ + cw * 64 * kQKRow, q0 + 64 * cw,
+                                               tid & 127, 6 + cw);
+  } else {
+    epilogue<D, true, T16, kQKRow>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ,
+                                   n_tiles > 0, o, m0, m1, l0, l1);
+  }
+  stamp(3);
 #endif
 }
 
@@ -1156,6 +1213,15 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
   if (var == 162 && !(tma && D == 64)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
+  // Var 34 at D = 128 (TMA): bit 9 the staged epilogue (p.staged_epilogue; 16-byte aligned
+  // output rows), bit 10 the bench's per-CTA stamps (p.trace).
+  int extra = 0;
+  if (D == 128 && var == 34) {
+    const bool aligned = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.o_sn % 8 == 0 &&
+                         p.o_sh % 8 == 0 && p.o_sb % 8 == 0;
+    if (p.staged_epilogue && aligned) extra |= 512;
+    if (p.trace) extra |= 1024;
+  }
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
     using K = void (*)(const AttnParams, const R3Maps);
@@ -1163,6 +1229,11 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                   : attention_wgmma_r3_kernel<D, T16, false, kT, 0>;
     if constexpr (kBf16 && (D == 64 || kT)) {
       if (var == 34) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34>;
+    }
+    if constexpr (kBf16 && D == 128 && kT) {
+      if (var == 34 && extra == 512) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 512>;
+      if (var == 34 && extra == 1024) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1024>;
+      if (var == 34 && extra == 1536) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1536>;
     }
     return k;
   };

@@ -132,6 +132,11 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
 }
+// Transaction bytes without an arrival (the thread arrives later with the others).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
 // Plain arrival (no transaction bytes; release semantics, CTA scope, the default): e.g. a
 // consumer warp releasing a ring stage.
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {

@@ -664,6 +664,48 @@ LOWBIT_HARNESS_CASES(attention_cases) {
             }
         }
   }
+  // `.direct` / `.staged` (session 26): auto's fp8 kernel at D = 128 with its output rows stored
+  // from the accumulator registers (tuning epilogue 1; the form before the staged rows, which
+  // every other D = 128 fp8 case runs) or through the consumers' Q rows (2, the default):
+  // partial row blocks (1, 65, 130, 257 rows), rows that see no key (bottom-right with fewer keys
+  // than queries), GQA at B 2, THREAD_Q/K + HND + K-mean LSE (read from the Q rows before they
+  // are overwritten), V mean, early maxima; f16 output and per-32-key k scales take the other
+  // kernels.
+  for (int e : {1, 2}) {
+    detail::AttentionCudaTuning t;
+    t.epilogue = e;
+    const std::string tag = e == 1 ? "direct" : "staged";
+    auto add = [&](Shape s, O::Causal c, DType dt, bool thread, int kb, bool hnd, bool km,
+                   bool vmean, Pattern pat) {
+      AttentionOptions o = make_opt(O::fp8, c);
+      o.smooth_v = vmean;
+      auto k = std::make_unique<Int8AttentionCase>(
+          s, o, dt, thread ? ScaleLayout::thread_q : ScaleLayout::per_block, thread ? 32 : 128,
+          thread ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, hnd, km, pat, tag);
+      k->set_tuning(t);
+      cases.push_back(std::move(k));
+    };
+    for (auto c : {O::none, O::bottom_right, O::top_left}) {
+      add(Shape{1, 1, 1, 1, 1, 128}, c, DType::bf16, false, 64, false, false, false,
+          Pattern::random);
+      add(Shape{1, 65, 300, 3, 1, 128}, c, DType::bf16, false, 64, false, false, false,
+          Pattern::random);
+      add(Shape{2, 257, 390, 4, 2, 128}, c, DType::bf16, false, 64, false, false, false,
+          Pattern::random);
+    }
+    add(Shape{1, 300, 77, 2, 1, 128}, O::bottom_right, DType::bf16, false, 64, false, false,
+        false, Pattern::random);
+    add(Shape{1, 130, 1000, 2, 1, 128}, O::bottom_right, DType::bf16, false, 64, false, false,
+        false, Pattern::early_max);
+    add(Shape{1, 257, 390, 2, 1, 128}, O::none, DType::bf16, true, 64, true,
+        true, false, Pattern::random);
+    add(Shape{1, 257, 390, 2, 1, 128}, O::bottom_right, DType::bf16, false, 64, false, false,
+        true, Pattern::random);
+    add(Shape{1, 257, 390, 2, 1, 128}, O::none, DType::f16, false, 64, false, false, false,
+        Pattern::random);
+    add(Shape{1, 257, 390, 2, 1, 128}, O::none, DType::bf16, false, 32, false, false, false,
+        Pattern::random);
+  }
   // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups fed by the TMA producer
   // warp (192 query rows per CTA; tuning knobs no_turn + cons3 on wgmma_r3; D = 64 bf16
   // output with per-half k scales, else the two-consumer kernels, same bits): auto's D = 64
