@@ -116,7 +116,8 @@ std::string cta_stamps_note(const std::vector<unsigned long long>& h, int64_t ct
   for (auto& v : per_sm) {
     std::sort(v.begin(), v.end());
     for (size_t i = 1; i < v.size(); ++i)
-      if (v[i].first > v[i - 1].second) gap += static_cast<double>(v[i].first - v[i - 1].second), ++gaps;
+      if (v[i].first > v[i - 1].second)
+        gap += static_cast<double>(v[i].first - v[i - 1].second), ++gaps;
   }
   const double us = ns / cyc / 1000.0 / static_cast<double>(n);  // us per cycle, over n CTAs
   char b[320];
@@ -125,8 +126,7 @@ std::string cta_stamps_note(const std::vector<unsigned long long>& h, int64_t ct
                 "%.1f tiles %.2f (%.3f per tile), epilogue %.2f, consumer end skew %.2f; SM gap "
                 "between CTAs %.2f",
                 static_cast<long long>(n), cyc / ns, start * us, first * us, tiles / n, loop * us,
-                loop / tiles * us * n, epi * us, skew * us,
-                gaps ? gap / gaps / 1000.0 : 0.0);
+                loop / tiles * us * n, epi * us, skew * us, gaps ? gap / gaps / 1000.0 : 0.0);
   return b;
 }
 
@@ -387,8 +387,9 @@ class AttentionBench : public BenchCase {
               synchronize(ctx);
               detail::set_attention_cuda_tuning({});
               const size_t differ = bits_differ(to_host_f32(out.view), base);
-              r.accuracy = differ == 0 ? "bits = default"
-                                       : std::to_string(differ) + " outputs differ from the default";
+              r.accuracy = differ == 0
+                               ? "bits = default"
+                               : std::to_string(differ) + " outputs differ from the default";
               rows.push_back(r);
             }
           }
@@ -423,8 +424,7 @@ class AttentionBench : public BenchCase {
               detail::set_attention_cuda_tuning(t);
               Row tr = kr8;
               tr.op = pre + "attention_int8 fp8 PV auto with per-CTA stamps" +
-                      (e == 1 ? ", tuning epilogue 1" : "") +
-                      " (kernel only)" + tag;
+                      (e == 1 ? ", tuning epilogue 1" : "") + " (kernel only)" + tag;
               tr.ms = env.time_ms([&] {
                 attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8,
                                ctx);

@@ -486,7 +486,7 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, in
     }
   }
   store_lse<D, FP8, R1>(p, b, h, hv, row0, row1, qs0, qs1, t, m0, m1, l0, l1, q_rows, q_row,
-                       q_byte);
+                        q_byte);
 }
 
 // store_rows' output values (fp8 P·V) through shared memory (session 26, the round-3 kernel's
@@ -503,8 +503,8 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, in
 template <int D, typename T16, int kParts>
 __device__ __forceinline__ void store_rows_staged(const AttnParams& p, int b, int h, int hk,
                                                   int64_t wg_row0, int r0, int t, int tw, float l0,
-                                                  float l1, const float (&o)[D / 2],
-                                                  uint8_t* stage, int bar_id) {
+                                                  float l1, const float (&o)[D / 2], uint8_t* stage,
+                                                  int bar_id) {
   constexpr int kRowBytes = 2 * D / kParts, kChunks = kRowBytes / 16, kGroups = D / 8 / kParts;
   static_assert(kChunks >= 8, "the swizzle needs 8 chunks per row");
   const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;

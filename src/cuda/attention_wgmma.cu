@@ -1138,13 +1138,12 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   row0 = static_cast<int64_t>(cta_work(p).qb) * kRows + rl0;
   row1 = row0 + 8;
   if constexpr (kStagedEpi) {  // this warpgroup's 64 rows in its Q rows (64 x 128 bytes: D / 2
-                              // channels at a time); named barrier 6 + cw (5 with kC3 is the
-                              // third consumer's fold vote)
+                               // channels at a time); named barrier 6 + cw (5 with kC3 is the
+                               // third consumer's fold vote)
     static_assert(D * 2 / 2 == kQKRow, "two halves of a row fill a Q row");
-    epilogue<D, true, T16, kQKRow, 0, true, 2>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t,
-                                               sbase + L::kQ, n_tiles > 0, o, m0, m1, l0, l1,
-                                               sbase + L::kQ + cw * 64 * kQKRow, q0 + 64 * cw,
-                                               tid & 127, 6 + cw);
+    epilogue<D, true, T16, kQKRow, 0, true, 2>(
+        p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o, m0, m1, l0, l1,
+        sbase + L::kQ + cw * 64 * kQKRow, q0 + 64 * cw, tid & 127, 6 + cw);
   } else {
     epilogue<D, true, T16, kQKRow>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ,
                                    n_tiles > 0, o, m0, m1, l0, l1);

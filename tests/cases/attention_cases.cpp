@@ -693,14 +693,14 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       add(Shape{2, 257, 390, 4, 2, 128}, c, DType::bf16, false, 64, false, false, false,
           Pattern::random);
     }
-    add(Shape{1, 300, 77, 2, 1, 128}, O::bottom_right, DType::bf16, false, 64, false, false,
-        false, Pattern::random);
+    add(Shape{1, 300, 77, 2, 1, 128}, O::bottom_right, DType::bf16, false, 64, false, false, false,
+        Pattern::random);
     add(Shape{1, 130, 1000, 2, 1, 128}, O::bottom_right, DType::bf16, false, 64, false, false,
         false, Pattern::early_max);
-    add(Shape{1, 257, 390, 2, 1, 128}, O::none, DType::bf16, true, 64, true,
-        true, false, Pattern::random);
-    add(Shape{1, 257, 390, 2, 1, 128}, O::bottom_right, DType::bf16, false, 64, false, false,
-        true, Pattern::random);
+    add(Shape{1, 257, 390, 2, 1, 128}, O::none, DType::bf16, true, 64, true, true, false,
+        Pattern::random);
+    add(Shape{1, 257, 390, 2, 1, 128}, O::bottom_right, DType::bf16, false, 64, false, false, true,
+        Pattern::random);
     add(Shape{1, 257, 390, 2, 1, 128}, O::none, DType::f16, false, 64, false, false, false,
         Pattern::random);
     add(Shape{1, 257, 390, 2, 1, 128}, O::none, DType::bf16, false, 32, false, false, false,
