@@ -795,8 +795,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 
   constexpr uint32_t kTileBytes = 2 * kBN * D;  // K box (kBN x D) + V box (D x kBN)
   // Lane 0 of the loading warp: tile `tile`'s K and V boxes (and Q with tile 0) into stage st,
-  // completing on its full barrier `bar` (with the arrive that sets the transaction bytes).
-  // (only the transaction bytes: lane 0 arrives with the other lanes once its kc are stored)
+  // completing on its full barrier `bar` (the transaction bytes only: lane 0 arrives with the
+  // other lanes once its kc are stored).
   auto tma_tile = [&](int tile, int st, uint32_t bar) {
     mbar_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * D : 0u));
     if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
