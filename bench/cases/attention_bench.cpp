@@ -371,9 +371,9 @@ class AttentionBench : public BenchCase {
             // bits.
             synchronize(ctx);
             const std::vector<float> base = to_host_f32(out.view);
-            for (int e : {1}) {
+            {
               detail::AttentionCudaTuning t;
-              t.epilogue = e;
+              t.epilogue = 1;
               detail::set_attention_cuda_tuning(t);
               Row r = kr8;
               r.op = pre +

@@ -48,13 +48,15 @@ HostTensor as_f32(const HostTensor& t) {
   return f;
 }
 
-// The fp64 reference of (B, Nq, Hq, D) q against (B, Nkv, Hkv, D) k / v (NHD f32 host tensors),
-// in the order of an output that is NHD, or HND when `hnd`.
+// The fp64 reference of q against k / v (f32 host tensors, contiguous (B, N, H, D), or (B, H, N,
+// D) when `hnd`), in the order of the case's output (the same layout as q).
 std::vector<double> exact_out(HostTensor& q, HostTensor& k, HostTensor& v,
                               const AttentionOptions& opt, bool hnd) {
-  const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
+  auto nhd = [&](HostTensor& t) { return hnd ? hnd_as_nhd(t.view()) : t.view(); };
+  const TensorView qv = nhd(q);
+  const int64_t B = qv.shape[0], Nq = qv.shape[1], Hq = qv.shape[2], D = qv.shape[3];
   std::vector<double> x(static_cast<size_t>(q.numel()));
-  attention_reference_f64(q.view(), k.view(), v.view(), opt, x.data(), nullptr);
+  attention_reference_f64(qv, nhd(k), nhd(v), opt, x.data(), nullptr);
   if (!hnd) return x;
   std::vector<double> y(x.size());
   for (int64_t b = 0; b < B; ++b)
@@ -224,36 +226,24 @@ class Int8AttentionCase : public Case {
   // shifts each row's logits, which softmax ignores), V as given.
   std::vector<double> exact_output(size_t k, const std::vector<HostTensor>& in) const override {
     if (k != 0) return {};
-    {
-      auto dequant = [&](const HostTensor& c, const HostTensor& sc, int64_t N, int64_t H,
-                         ScaleLayout l, int blk) {
-        HostTensor f(DType::f32, {s_.B, N, H, s_.D});
-        const int64_t cnt = sc.shape[2];
-        for (int64_t b = 0; b < s_.B; ++b)
-          for (int64_t n = 0; n < N; ++n)
-            for (int64_t h = 0; h < H; ++h) {
-              const float scale = sc.get((b * H + h) * cnt + scale_index(l, blk, n));
-              const int64_t src =
-                  hnd_ ? ((b * H + h) * N + n) * s_.D : ((b * N + n) * H + h) * s_.D;
-              const int64_t dst = ((b * N + n) * H + h) * s_.D;
-              for (int64_t d = 0; d < s_.D; ++d) f.set(dst + d, c.get(src + d) * scale);
-            }
-        return f;
-      };
-      HostTensor q = dequant(in[0], in[1], s_.Nq, s_.Hq, ql_, qb_);
-      HostTensor kk = dequant(in[2], in[3], s_.Nkv, s_.Hkv, kl_, kb_);
-      HostTensor v(DType::f32, {s_.B, s_.Nkv, s_.Hkv, s_.D});
+    // codes x scale in the codes' own layout (NHD, or HND with hnd_)
+    auto dequant = [&](const HostTensor& c, const HostTensor& sc, int64_t N, int64_t H,
+                       ScaleLayout l, int blk) {
+      HostTensor f(DType::f32, c.shape);
+      const int64_t cnt = sc.shape[2];
       for (int64_t b = 0; b < s_.B; ++b)
-        for (int64_t n = 0; n < s_.Nkv; ++n)
-          for (int64_t h = 0; h < s_.Hkv; ++h)
-            for (int64_t d = 0; d < s_.D; ++d)
-              v.set(
-                  ((b * s_.Nkv + n) * s_.Hkv + h) * s_.D + d,
-                  in[4].get((hnd_ ? (b * s_.Hkv + h) * s_.Nkv + n : (b * s_.Nkv + n) * s_.Hkv + h) *
-                                s_.D +
-                            d));
-      return exact_out(q, kk, v, opt_, hnd_);
-    }
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t h = 0; h < H; ++h) {
+            const float scale = sc.get((b * H + h) * cnt + scale_index(l, blk, n));
+            const int64_t at = hnd_ ? ((b * H + h) * N + n) * s_.D : ((b * N + n) * H + h) * s_.D;
+            for (int64_t d = 0; d < s_.D; ++d) f.set(at + d, c.get(at + d) * scale);
+          }
+      return f;
+    };
+    HostTensor q = dequant(in[0], in[1], s_.Nq, s_.Hq, ql_, qb_);
+    HostTensor kk = dequant(in[2], in[3], s_.Nkv, s_.Hkv, kl_, kb_);
+    HostTensor v = as_f32(in[4]);
+    return exact_out(q, kk, v, opt_, hnd_);
   }
 
  private:
@@ -444,24 +434,22 @@ class AttentionVarlenCase : public Case {
   // The exact reference of `out` per sequence (a sequence without keys: zero rows).
   std::vector<double> exact_output(size_t k, const std::vector<HostTensor>& in) const override {
     if (k != 0) return {};
-    {
-      std::vector<double> x(static_cast<size_t>(cu_q_.back() * kHq * d_), 0.0);
-      for (size_t i = 0; i + 1 < cu_q_.size(); ++i) {
-        const int64_t q0 = cu_q_[i], nq = cu_q_[i + 1] - q0;
-        const int64_t k0 = cu_k_[i], nk = cu_k_[i + 1] - k0;
-        if (nq == 0 || nk == 0) continue;
-        auto slice = [&](const HostTensor& t, int64_t r0, int64_t n, int64_t h) {
-          HostTensor f(DType::f32, {1, n, h, d_});
-          for (int64_t e = 0; e < f.numel(); ++e) f.set(e, t.get(r0 * h * d_ + e));
-          return f;
-        };
-        HostTensor q = slice(in[0], q0, nq, kHq), kk = slice(in[1], k0, nk, kHkv),
-                   v = slice(in[2], k0, nk, kHkv);
-        const std::vector<double> y = exact_out(q, kk, v, opt_, false);
-        std::copy(y.begin(), y.end(), x.begin() + q0 * kHq * d_);
-      }
-      return x;
+    std::vector<double> x(static_cast<size_t>(cu_q_.back() * kHq * d_), 0.0);
+    for (size_t i = 0; i + 1 < cu_q_.size(); ++i) {
+      const int64_t q0 = cu_q_[i], nq = cu_q_[i + 1] - q0;
+      const int64_t k0 = cu_k_[i], nk = cu_k_[i + 1] - k0;
+      if (nq == 0 || nk == 0) continue;
+      auto slice = [&](const HostTensor& t, int64_t r0, int64_t n, int64_t h) {
+        HostTensor f(DType::f32, {1, n, h, d_});
+        for (int64_t e = 0; e < f.numel(); ++e) f.set(e, t.get(r0 * h * d_ + e));
+        return f;
+      };
+      HostTensor q = slice(in[0], q0, nq, kHq), kk = slice(in[1], k0, nk, kHkv),
+                 v = slice(in[2], k0, nk, kHkv);
+      const std::vector<double> y = exact_out(q, kk, v, opt_, false);
+      std::copy(y.begin(), y.end(), x.begin() + q0 * kHq * d_);
     }
+    return x;
   }
 
  private:
