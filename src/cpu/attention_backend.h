@@ -41,10 +41,6 @@ struct AttentionCudaTuning {
   // registers (4-byte stores), 2 through the consumers' Q rows in shared memory as 16-byte row
   // stores (session 26), 0 the default (kAttnStagedEpilogue in attention.cu). The same bits.
   int epilogue = 0;
-  // The same kernel's first tile (session 27; with the staged epilogue): 1 tile 0's Q, K and V
-  // on one barrier, 2 V0 on a barrier of its own so that the first q k^T waits only for Q and
-  // K0; 0 the default (kAttnV0Barrier in attention.cu). The same bits.
-  int first_tile = 0;
 };
 constexpr int kAttentionTraceWords = 16;
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

@@ -776,10 +776,6 @@ constexpr bool kAutoPv16Ring = true;
 // 1.3-1.5); kernel ms direct / staged: Flux (1, 24, 4608, 128) 0.3961 / 0.3878, causal 0.2223 /
 // 0.2124; the issue's long shapes within the calls' noise (+-0.5 %). The same bits.
 constexpr bool kAttnStagedEpilogue = true;
-// Session 27: round 3 at D = 128 (with the staged epilogue) with tile 0's V box on a barrier of
-// its own, so that the first q k^T waits only for Q and K0 (tuning `first_tile` 1 / 2 forces one
-// barrier / V0's own).
-constexpr bool kAttnV0Barrier = false;
 
 }  // namespace
 
@@ -861,7 +857,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   }
   p.trace = tune.trace;
   p.staged_epilogue = tune.epilogue == 0 ? kAttnStagedEpilogue : tune.epilogue == 2;
-  p.v0_barrier = tune.first_tile == 0 ? kAttnV0Barrier : tune.first_tile == 2;
   static_assert(attn::kAttnTraceWords == detail::kAttentionTraceWords, "trace layout");
   // Kernel choice (AttentionOptions::kernel): wgmma runs round 1, wgmma_r3 round 3 (fp8 P·V; the
   // bench knobs of detail::AttentionCudaTuning pick its variants: no_turn round 3 + I2FP without

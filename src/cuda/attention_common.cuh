@@ -55,9 +55,6 @@ struct AttnParams {
   // Host only (launch_r3): the round-3 kernel's output rows through shared memory (kVar bit 9)
   // where it applies.
   bool staged_epilogue = false;
-  // Host only (launch_r3), round 3 at D = 128 with the TMA producer (session 27): tile 0's V box
-  // on a barrier of its own (kVar bit 11: the first q k^T waits only for Q and K0).
-  bool v0_barrier = false;
 };
 constexpr int kAttnTraceWords = 16;
 

@@ -46,7 +46,6 @@ namespace {
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::mbar_arrive;
-using ptx::mbar_arrive_expect_tx;
 using ptx::mbar_expect_tx;
 using ptx::mbar_fence_init;
 using ptx::mbar_init;
@@ -576,9 +575,8 @@ struct R3Smem {
   static constexpr int kK = kRows * kRowBytes;
   static constexpr int kV = kK + kR3Stages * kKTile;
   static constexpr int kS = kV + kR3Stages * kVTile;
-  // full[], empty[], then tile 0's V barrier (kVar bit 11) (8 B each)
-  static constexpr int kBar = kS + kR3Stages * kBN * 4;
-  static constexpr int kBytes = kBar + (2 * kR3Stages + 1) * 8 + 1024;  // + alignment slack
+  static constexpr int kBar = kS + kR3Stages * kBN * 4;  // full[], empty[] (8 B each)
+  static constexpr int kBytes = kBar + 2 * kR3Stages * 8 + 1024;  // + alignment slack
 };
 
 // d (64 x 128 s32) = A (64 x 32 s8, shared) · B (128 x 32 s8, shared)^T, d written only.
@@ -729,10 +727,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // store_rows_staged); bit 10: the bench's per-CTA stamps (p.trace).
   constexpr bool kStagedEpi = (kVar & 512) != 0;
   constexpr bool kStamps = (kVar & 1024) != 0;
-  // bit 11 (session 27, the TMA producer): tile 0's V box on a barrier of its own, so that the
-  // first q k^T waits for Q and K0 only (32 of the first tile's 48 KB at D = 128); the consumers
-  // wait for it before tile 0's first P·V.
-  constexpr bool kV0Bar = (kVar & 2048) != 0;
   // bit 5: no ping-pong turns between the two consumers (each issues its q k^T once the stage
   // has landed).
   constexpr bool kNoTurn = (kVar & 32) != 0;
@@ -743,7 +737,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // swizzle). (The cp.async producer at 40 / 152: 0.98x of the TMA one in runs 16 and 17; D =
   // 128: 0.92-0.97x in run 21; removed.)
   static_assert(!kC3 || (kNoTurn && kTma && D == 64), "3 consumers: D = 64, no turns, TMA");
-  static_assert(!kV0Bar || (kTma && !kC3), "V0's barrier: the TMA producer, two consumers");
   constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   // (bit 8, round 3 at D = 128 at setmaxnreg 24 / 240: 0.99-1.01x in runs 12 and 13, removed)
@@ -777,7 +770,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   const int64_t kv_end = visible_end(p, last_row);
   const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kR3Stages * 8;
-  const uint32_t vbar0 = empty0 + kR3Stages * 8;               // (kV0Bar) tile 0's V
   float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kR3Stages][kBN] kc
 
   if (tid == 0) {
@@ -797,7 +789,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       mbar_init(full0 + st * 8, kTma ? 32 : 128);
       mbar_init(empty0 + st * 8, 4 * kCons);  // every consumer warp, once its wgmmas completed
     }
-    if (kV0Bar) mbar_init(vbar0, 1);  // the producer's lane 0, with V0's transaction bytes
     mbar_fence_init();
   }
   __syncthreads();
@@ -807,8 +798,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // completing on its full barrier `bar` (the transaction bytes only: lane 0 arrives with the
   // other lanes once its kc are stored).
   auto tma_tile = [&](int tile, int st, uint32_t bar) {
-    const bool v_apart = kV0Bar && tile == 0;  // V0 on vbar0
-    mbar_expect_tx(bar, (v_apart ? kTileBytes / 2 : kTileBytes) + (tile == 0 ? kRows * D : 0u));
+    mbar_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * D : 0u));
     if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
       // (three consumers: the map's box is 64 rows, one box per consumer)
       constexpr int kQBox = kC3 ? 64 : kBM;
@@ -822,9 +812,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     const int r = tile * kBN;
     tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, maps.k_rows_outer ? hk : r,
                 maps.k_rows_outer ? r : hk, b);
-    if (v_apart) mbar_arrive_expect_tx(vbar0, kTileBytes / 2);
-    tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, v_apart ? vbar0 : bar, tile * kBN, 0,
-                b * p.Hkv + hk);
+    tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, bar, tile * kBN, 0, b * p.Hkv + hk);
   };
   if (wg == 0 && kTma) {  // ---- producer, TMA: one warp; lane 0 issues, each lane 4 kc
     setmaxnreg_dec<kProdRegs>();
@@ -1093,12 +1081,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       rb0 = ma0 == -INFINITY ? 0.f : fast_exp2(ma0 - mb0);
       rb1 = ma1 == -INFINITY ? 0.f : fast_exp2(ma1 - mb1);
     }
-    // (kV0Bar) tile 0's P·V needs V0 (its own barrier): waited here, at the vote's join, where
-    // the code is already split into blocks (a wait next to the P·V issue split the exponentials
-    // and cost ~2 % per tile on the H200, session 27)
-    if constexpr (kV0Bar) {
-      if (tile == 0) mbar_wait_bounded(vbar0, 0);
-    }
     m0 = mb0;
     m1 = mb1;
     float suma0, suma1, sumb0, sumb1;
@@ -1238,7 +1220,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                          p.o_sh % 8 == 0 && p.o_sb % 8 == 0;
     if (p.staged_epilogue && aligned) extra |= 512;
     if (p.trace) extra |= 1024;
-    if ((extra & 512) && p.v0_barrier) extra |= 2048;  // (with the staged epilogue only)
   }
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
@@ -1252,8 +1233,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if (var == 34 && extra == 512) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 512>;
       if (var == 34 && extra == 1024) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1024>;
       if (var == 34 && extra == 1536) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1536>;
-      if (var == 34 && extra == 2560) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 2560>;
-      if (var == 34 && extra == 3584) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 3584>;
     }
     return k;
   };

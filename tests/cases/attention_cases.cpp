@@ -694,33 +694,6 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     add(Shape{1, 257, 390, 2, 1, 128}, O::none, DType::bf16, false, 32, false, false, false,
         Pattern::random);
   }
-  // `.v0bar` (session 27): the same kernel with tile 0's V box on a barrier of its own (tuning
-  // first_tile 2; tile 0's step peeled): one tile and several (the ring wraps at 1000 keys), every
-  // causal mode, partial row blocks, rows that see no key, GQA at B 2, THREAD_Q/K + HND + K-mean
-  // LSE, V mean.
-  {
-    detail::AttentionCudaTuning t;
-    t.first_tile = 2;
-    const std::string tag = "v0bar";
-    auto add = [&](Shape s, O::Causal c, bool thread, bool hnd, bool km, bool vmean) {
-      AttentionOptions o = make_opt(O::fp8, c);
-      o.smooth_v = vmean;
-      auto k = std::make_unique<Int8AttentionCase>(
-          s, o, DType::bf16, thread ? ScaleLayout::thread_q : ScaleLayout::per_block,
-          thread ? 32 : 128, thread ? ScaleLayout::thread_k : ScaleLayout::per_block, 64, hnd, km,
-          Pattern::random, tag);
-      k->set_tuning(t);
-      cases.push_back(std::move(k));
-    };
-    for (auto c : {O::none, O::bottom_right, O::top_left}) {
-      add(Shape{1, 1, 1, 1, 1, 128}, c, false, false, false, false);
-      add(Shape{1, 65, 1000, 3, 1, 128}, c, false, false, false, false);
-      add(Shape{2, 257, 390, 4, 2, 128}, c, false, false, false, false);
-    }
-    add(Shape{1, 300, 77, 2, 1, 128}, O::bottom_right, false, false, false, false);
-    add(Shape{1, 257, 390, 2, 1, 128}, O::none, true, true, true, false);
-    add(Shape{1, 257, 390, 2, 1, 128}, O::bottom_right, false, false, false, true);
-  }
   // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups fed by the TMA producer
   // warp (192 query rows per CTA; tuning knobs no_turn + cons3 on wgmma_r3; D = 64 bf16
   // output with per-half k scales, else the two-consumer kernels, same bits): auto's D = 64
