@@ -389,6 +389,15 @@ __device__ __forceinline__ bool wg_all(bool pred, int id) {
   return r != 0;
 }
 
+// Sums over the four threads of an mma accumulator quad (lanes 4 g .. 4 g + 3), for two values
+// at once: xor 1, then xor 2, in that order (every thread gets the same sum).
+__device__ __forceinline__ void quad_sum2(float& a, float& b) {
+  a += __shfl_xor_sync(0xffffffffu, a, 1);
+  a += __shfl_xor_sync(0xffffffffu, a, 2);
+  b += __shfl_xor_sync(0xffffffffu, b, 1);
+  b += __shfl_xor_sync(0xffffffffu, b, 2);
+}
+
 // The LSE (natural log) of this thread's rows row0 and row1 with the K-mean correction
 // q_dequant · k_mean (store_rows' q_rows / q_row / q_byte); l0, l1 the rows' full sums.
 template <int D, bool FP8, int R1, typename QRow, typename QByte>
@@ -410,10 +419,7 @@ __device__ __forceinline__ void store_lse(const AttnParams& p, int b, int h, int
         corr0 += static_cast<float>(qr0[byte]) * qs0 * km[d];
         corr1 += static_cast<float>(qr1[byte]) * qs1 * km[d];
       }
-      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 1);
-      corr0 += __shfl_xor_sync(0xffffffffu, corr0, 2);
-      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 1);
-      corr1 += __shfl_xor_sync(0xffffffffu, corr1, 2);
+      quad_sum2(corr0, corr1);
     }
     if (t == 0) {
       float* lg = p.lse + b * p.l_sb + h * p.l_sh;
@@ -440,10 +446,7 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, in
                                            int64_t row1, float qs0, float qs1, int t, float m0,
                                            float m1, float l0, float l1, OAt o_at, bool q_rows,
                                            QRow q_row, QByte q_byte) {
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  quad_sum2(l0, l1);
   const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
   T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
@@ -577,10 +580,7 @@ __device__ __forceinline__ void epilogue(const AttnParams& p, int b, int h, int 
                         : (d >> 7) * kQChunk + ((((d >> 4) & 7) ^ sw) << 4) + (d & 15);
   };
   if constexpr (kStaged) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    quad_sum2(l0, l1);
     // (the LSE first: its K-mean correction reads the Q rows, which may be the stage)
     store_lse<D, FP8, 8 * kQRow>(p, b, h, static_cast<int64_t>(b) * p.Hkv + hk, row0, row1, qs0,
                                  qs1, t, m0, m1, l0, l1, q_loaded, q_row, q_byte);
