@@ -366,20 +366,24 @@ class AttentionBench : public BenchCase {
           rows.push_back(kr8);
           fp8_kernel_ms = kr8.ms;
           if (cuda && D == 128) {
-            // A/B (session 26) against the default (output rows through the consumers' Q rows in
-            // shared memory): by 4-byte stores from the registers (tuning epilogue 1); the same
-            // bits.
+            // A/B against the default, the same bits: session 26's output rows by 4-byte stores
+            // from the registers (tuning epilogue 1; the default stages them through the
+            // consumers' Q rows in shared memory); session 27's ring stages released by each
+            // consumer warp's lane 0 after __syncwarp (tuning lane0_release; the default: every
+            // consumer thread arrives).
             synchronize(ctx);
             const std::vector<float> base = to_host_f32(out.view);
-            {
+            for (int va = 0; va < 2; ++va) {
               detail::AttentionCudaTuning t;
-              t.epilogue = 1;
+              if (va == 0) t.epilogue = 1;
+              if (va == 1) t.lane0_release = true;
               detail::set_attention_cuda_tuning(t);
               Row r = kr8;
-              r.op = pre +
-                     "attention_int8 fp8 PV auto, output rows by 4-byte stores from registers "
-                     "(tuning epilogue 1; kernel only)" +
-                     tag;
+              r.op = pre + "attention_int8 fp8 PV auto, " +
+                     (va == 0 ? "output rows by 4-byte stores from registers (tuning epilogue 1"
+                              : "stages released by lane 0 after __syncwarp (tuning "
+                                "lane0_release") +
+                     "; kernel only)" + tag;
               r.ms = env.time_ms([&] {
                 attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8,
                                ctx);
@@ -413,18 +417,18 @@ class AttentionBench : public BenchCase {
             // `trace`; the last timed call's): the CTA's start to its consumers' start, their
             // wait for the first q k^T, the key tiles, the epilogue, the two consumers' end skew,
             // and the gap on each SM between a CTA's end and the next one's start.
-            for (int e = 0; D == 128 && e <= 1; ++e) {  // default, epilogue 1
+            for (int e = 0; D == 128 && e <= 1; ++e) {  // default, lane0_release
               const int64_t ctas = (N + 127) / 128 * H * B;
               const size_t words = static_cast<size_t>(ctas) * detail::kAttentionTraceWords;
               DeviceTensor tb = make_empty(dev, DType::u8, {static_cast<int64_t>(words * 8)});
               device_memset(tb.view.data, 0, words * 8, ctx);
               detail::AttentionCudaTuning t;
               t.trace = static_cast<unsigned long long*>(tb.view.data);
-              t.epilogue = e;
+              t.lane0_release = e == 1;
               detail::set_attention_cuda_tuning(t);
               Row tr = kr8;
               tr.op = pre + "attention_int8 fp8 PV auto with per-CTA stamps" +
-                      (e == 1 ? ", tuning epilogue 1" : "") + " (kernel only)" + tag;
+                      (e == 1 ? ", tuning lane0_release" : "") + " (kernel only)" + tag;
               tr.ms = env.time_ms([&] {
                 attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8,
                                ctx);

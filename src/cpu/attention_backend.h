@@ -41,6 +41,10 @@ struct AttentionCudaTuning {
   // registers (4-byte stores), 2 through the consumers' Q rows in shared memory as 16-byte row
   // stores (session 26), 0 the default (kAttnStagedEpilogue in attention.cu). The same bits.
   int epilogue = 0;
+  // The same kernel (with the staged epilogue), the bench's A/B: true releases each ring stage by
+  // each consumer warp's lane 0 after __syncwarp (the form before session 27), false by every
+  // consumer thread (the default). The same bits.
+  bool lane0_release = false;
 };
 constexpr int kAttentionTraceWords = 16;
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

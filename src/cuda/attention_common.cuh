@@ -55,6 +55,9 @@ struct AttnParams {
   // Host only (launch_r3): the round-3 kernel's output rows through shared memory (kVar bit 9)
   // where it applies.
   bool staged_epilogue = false;
+  // Host only (launch_r3; the bench's A/B, session 27): round 3 at D = 128 with the staged
+  // epilogue releasing ring stages by each consumer warp's lane 0 after __syncwarp (kVar bit 11).
+  bool lane0_release = false;
 };
 constexpr int kAttnTraceWords = 16;
 

@@ -232,8 +232,10 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
       mbar_init(full0 + st * 8, 32);  // the producer warp's lanes (lane 0 with the tx bytes)
-      mbar_init(empty0 + st * 8, 4 * S::kCons);  // every consumer warp, once its
-                                                 // wgmmas of the stage completed
+      // every consumer thread, once its wgmmas of the stage completed (each releases its own
+      // reads of the stage, its kc among them; session 27: a lane-0 arrival after __syncwarp
+      // is ordered through the warp barrier, which compute-sanitizer racecheck does not follow)
+      mbar_init(empty0 + st * 8, 128 * S::kCons);
     }
     mbar_fence_init();
   }
@@ -496,10 +498,7 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(pl[kk][i])::"memory");
-      if (tile > 0) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + ((tile - 1) % kStages) * 8);
-      }
+      if (tile > 0) mbar_arrive(empty0 + ((tile - 1) % kStages) * 8);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const int j = 2 * kk;
@@ -537,13 +536,11 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
       } else {
         wgmma_wait<0>();
         fence_regs(o);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + st * 8);
+        mbar_arrive(empty0 + st * 8);
       }
       return;
     }
-    __syncwarp();  // (fp8 P·V) this warp's q k^T and P·V of st are done
-    if (lane == 0) mbar_arrive(empty0 + st * 8);
+    mbar_arrive(empty0 + st * 8);  // (fp8 P·V) this thread's q k^T and P·V of st are done
     if constexpr (kMore) {
       wgmma_wait<0>();  // the next q k^T: nothing in flight across the loop's back edge
       fence_regs(acc);
