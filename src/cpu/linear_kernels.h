@@ -66,6 +66,8 @@ void store_row(const float* src, DType dt, int64_t K, void* dst);
 // ---- weight quantizers (rotated fp32 rows) -----------------------------------------------------
 // Per-row symmetric: scale = amax / qmax (0 -> 1), codes = round_clamp(w / scale, qmax).
 float quantize_row_int(const float* w, int64_t K, int qmax, int8_t* codes);
+// codes[i] = dt::f32_to_e4m3(w[i] / s), i < n.
+void e4m3_codes(const float* w, int64_t n, float s, uint8_t* codes);
 // Per-row e4m3: scale = amax / 448 (0 -> 1), codes = e4m3(w / scale).
 float quantize_row_fp8(const float* w, int64_t K, uint8_t* codes);
 // MSE-optimal scale of one group of g (multiple of 16) elements (SPEC §3.3); writes the codes.

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "lowbit/dtype.h"
@@ -988,6 +989,63 @@ TEST(LinearSimd, VectorKernelsMatchScalar) {
     for (int i = 0; i < rot * 4; ++i)
       ASSERT_EQ(dt::f32_bits(y1[i]), dt::f32_bits(y2[i])) << rot << " " << i;
   }
+}
+
+// The e4m3 encoder of the fp8 quantizers (AVX2 and scalar) gives dt::f32_to_e4m3's bits on
+// hand-checked codes and on ~1.2 M fp32 patterns: a stride through all 2^32, and +-256 ulp
+// around every e4m3 value and every midpoint between neighbours (both signs), with s = 1
+// (w / 1 is w itself; NaN stays NaN).
+TEST(LinearSimd, E4m3CodesMatchTheEncoder) {
+  using namespace cpu::convrot;
+  const std::pair<float, uint8_t> hand[] = {
+      {1.f, 0x38},           {-1.f, 0xb8},      {448.f, 0x7e},   {464.f, 0x7e},
+      {1e30f, 0x7e},         {-INFINITY, 0xfe}, {0.f, 0x00},     {-0.f, 0x80},
+      {0.001953125f, 0x01},   // 2^-9, the smallest subnormal
+      {0.0009765625f, 0x00},  // 2^-10: a tie, to the even 0
+      {0.0029296875f, 0x02},  // 1.5 x 2^-9: a tie, to the even 2
+      {0.015625f, 0x08},      // 2^-6, the smallest normal
+      {1.0625f, 0x38},        // 1 + 1/16: a tie, to the even 1
+      {1.1875f, 0x3a},        // 1 + 3/16: a tie, to the even 1 + 2/8
+      {15.5f, 0x58},          // a tie that carries into the exponent: 16 = 2^(11 - 7)
+  };
+  std::vector<float> w;
+  std::vector<uint8_t> want;
+  for (const auto& [v, c] : hand) {
+    w.push_back(v);
+    want.push_back(c);
+  }
+  w.push_back(NAN);
+  want.push_back(0x7f);
+  auto add = [&](uint32_t bits) {
+    w.push_back(dt::bits_f32(bits));
+    want.push_back(dt::f32_to_e4m3(dt::bits_f32(bits)));
+  };
+  for (uint64_t b = 0; b < (1ull << 32); b += 4099) add(static_cast<uint32_t>(b));
+  for (int c = 0; c < 0x7f; ++c) {  // (0x7e: its midpoint with NaN is NaN, skipped)
+    const float v = dt::e4m3_to_f32(static_cast<uint8_t>(c));
+    const float mid = (v + dt::e4m3_to_f32(static_cast<uint8_t>(c + 1))) / 2.f;  // exact
+    for (float a : {v, mid})
+      for (uint32_t sign : {0u, 0x80000000u})
+        for (int d = -256; d <= 256; ++d) {
+          const int64_t bits = static_cast<int64_t>(dt::f32_bits(a)) + d;
+          if (bits >= 0 && bits < 0x7f800000) add(static_cast<uint32_t>(bits) | sign);
+        }
+  }
+  for (bool scalar : {true, false}) {
+    force_scalar_kernels(scalar);
+    std::vector<uint8_t> got(w.size());
+    e4m3_codes(w.data(), static_cast<int64_t>(w.size()), 1.f, got.data());
+    int bad = 0;
+    for (size_t i = 0; i < w.size() && bad < 5; ++i)
+      if (got[i] != want[i]) {
+        ++bad;
+        ADD_FAILURE() << (scalar ? "scalar" : "vector") << " 0x" << std::hex
+                      << dt::f32_bits(w[i]) << ": got 0x" << int(got[i]) << ", want 0x"
+                      << int(want[i]);
+      }
+  }
+  force_scalar_kernels(false);
+  for (const auto& [v, c] : hand) EXPECT_EQ(dt::f32_to_e4m3(v), c) << v;
 }
 
 }  // namespace
