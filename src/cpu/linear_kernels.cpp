@@ -293,8 +293,7 @@ LOWBIT_AVX2 void e4m3_codes_avx2(const float* w, int64_t n, float s, uint8_t* co
     c = _mm256_blendv_epi8(c, max_code, _mm256_cmpgt_epi32(ax, sat));
     c = _mm256_or_si256(c, sign);
     c = _mm256_blendv_epi8(c, nan_code, _mm256_cmpgt_epi32(ax, inf));
-    const __m128i p16 =
-        _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packus_epi16(p16, p16));
   }
   e4m3_codes_scalar(w + i, n - i, s, codes + i);
@@ -373,11 +372,11 @@ struct Primitives {
 bool g_force_scalar = false;
 
 const Primitives& prims() {
-  static const Primitives scalar = {amax_scalar, codes_scalar, group_error_scalar, refit_scalar,
-                                    nvfp4_error_scalar, e4m3_codes_scalar};
+  static const Primitives scalar = {amax_scalar,  codes_scalar,       group_error_scalar,
+                                    refit_scalar, nvfp4_error_scalar, e4m3_codes_scalar};
 #ifdef LOWBIT_HAVE_AVX2_PATH
-  static const Primitives avx2 = {amax_avx2, codes_avx2, group_error_avx2, refit_avx2,
-                                  nvfp4_error_avx2, e4m3_codes_avx2};
+  static const Primitives avx2 = {amax_avx2,  codes_avx2,       group_error_avx2,
+                                  refit_avx2, nvfp4_error_avx2, e4m3_codes_avx2};
   static const bool has_avx2 = __builtin_cpu_supports("avx2");
   if (has_avx2 && !g_force_scalar) return avx2;
 #endif

@@ -997,17 +997,19 @@ TEST(LinearSimd, VectorKernelsMatchScalar) {
 // (w / 1 is w itself; NaN stays NaN).
 TEST(LinearSimd, E4m3CodesMatchTheEncoder) {
   using namespace cpu::convrot;
-  const std::pair<float, uint8_t> hand[] = {
-      {1.f, 0x38},           {-1.f, 0xb8},      {448.f, 0x7e},   {464.f, 0x7e},
-      {1e30f, 0x7e},         {-INFINITY, 0xfe}, {0.f, 0x00},     {-0.f, 0x80},
-      {0.001953125f, 0x01},   // 2^-9, the smallest subnormal
-      {0.0009765625f, 0x00},  // 2^-10: a tie, to the even 0
-      {0.0029296875f, 0x02},  // 1.5 x 2^-9: a tie, to the even 2
-      {0.015625f, 0x08},      // 2^-6, the smallest normal
-      {1.0625f, 0x38},        // 1 + 1/16: a tie, to the even 1
-      {1.1875f, 0x3a},        // 1 + 3/16: a tie, to the even 1 + 2/8
-      {15.5f, 0x58},          // a tie that carries into the exponent: 16 = 2^(11 - 7)
-  };
+  const std::pair<float, uint8_t>
+      hand[] =
+          {
+              {1.f, 0x38},           {-1.f, 0xb8},      {448.f, 0x7e}, {464.f, 0x7e},
+              {1e30f, 0x7e},         {-INFINITY, 0xfe}, {0.f, 0x00},   {-0.f, 0x80},
+              {0.001953125f, 0x01},   // 2^-9, the smallest subnormal
+              {0.0009765625f, 0x00},  // 2^-10: a tie, to the even 0
+              {0.0029296875f, 0x02},  // 1.5 x 2^-9: a tie, to the even 2
+              {0.015625f, 0x08},      // 2^-6, the smallest normal
+              {1.0625f, 0x38},        // 1 + 1/16: a tie, to the even 1
+              {1.1875f, 0x3a},        // 1 + 3/16: a tie, to the even 1 + 2/8
+              {15.5f, 0x58},          // a tie that carries into the exponent: 16 = 2^(11 - 7)
+          };
   std::vector<float> w;
   std::vector<uint8_t> want;
   for (const auto& [v, c] : hand) {
@@ -1039,9 +1041,8 @@ TEST(LinearSimd, E4m3CodesMatchTheEncoder) {
     for (size_t i = 0; i < w.size() && bad < 5; ++i)
       if (got[i] != want[i]) {
         ++bad;
-        ADD_FAILURE() << (scalar ? "scalar" : "vector") << " 0x" << std::hex
-                      << dt::f32_bits(w[i]) << ": got 0x" << int(got[i]) << ", want 0x"
-                      << int(want[i]);
+        ADD_FAILURE() << (scalar ? "scalar" : "vector") << " 0x" << std::hex << dt::f32_bits(w[i])
+                      << ": got 0x" << int(got[i]) << ", want 0x" << int(want[i]);
       }
   }
   force_scalar_kernels(false);
