@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <utility>
 #include <vector>
@@ -1047,6 +1048,63 @@ TEST(LinearSimd, E4m3CodesMatchTheEncoder) {
   }
   force_scalar_kernels(false);
   for (const auto& [v, c] : hand) EXPECT_EQ(dt::f32_to_e4m3(v), c) << v;
+}
+
+// Rows through f16 / bf16 (the rotation's and backward's loads and stores; AVX2 + F16C or
+// scalar) give dt's conversions bit for bit: every f16 pattern in, ~1.1 M f32 patterns out (a
+// stride through all 2^32, +-64 ulp around every f16 value's and bf16 rounding boundary of
+// the f16 range, the f16 overflow and subnormal edges), NaN -> 0x7fff.
+TEST(LinearSimd, RowConversionsMatchDtype) {
+  using namespace cpu::convrot;
+  std::vector<uint16_t> h(65536 + 5);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(i);
+  std::vector<float> x;
+  auto add = [&](int64_t bits) {
+    if (bits >= 0 && bits <= 0xffffffffll) x.push_back(dt::bits_f32(static_cast<uint32_t>(bits)));
+  };
+  for (uint64_t b = 0; b < (1ull << 32); b += 4111) add(static_cast<int64_t>(b));
+  for (int c = 0; c < 0x7c00; c += 7) {  // f16 values and the midpoints above them
+    const uint32_t v = dt::f32_bits(dt::f16_to_f32(static_cast<uint16_t>(c)));
+    const uint32_t mid = dt::f32_bits(
+        (dt::f16_to_f32(static_cast<uint16_t>(c)) + dt::f16_to_f32(static_cast<uint16_t>(c + 1))) /
+        2.f);
+    for (uint32_t a : {v, mid})
+      for (int64_t sign : {0ll, 0x80000000ll})
+        for (int d = -64; d <= 64; ++d) add((static_cast<int64_t>(a) + d) | sign);
+  }
+  for (int64_t edge : {0x477ff000ll, 0x38800000ll, 0x33000000ll, 0x7f800000ll, 0x7fc00000ll})
+    for (int d = -64; d <= 64; ++d) add(edge + d);
+  for (bool scalar : {true, false}) {
+    force_scalar_kernels(scalar);
+    const char* which = scalar ? "scalar" : "vector";
+    std::vector<float> f(h.size());
+    load_row(h.data(), DType::f16, static_cast<int64_t>(h.size()), f.data());
+    for (size_t i = 0; i < h.size(); ++i)
+      ASSERT_EQ(dt::f32_bits(f[i]), dt::f32_bits(dt::f16_to_f32(h[i])))
+          << which << " f16 0x" << std::hex << h[i];
+    std::vector<uint16_t> o16(x.size()), ob16(x.size());
+    store_row(x.data(), DType::f16, static_cast<int64_t>(x.size()), o16.data());
+    store_row(x.data(), DType::bf16, static_cast<int64_t>(x.size()), ob16.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(o16[i], dt::f32_to_f16(x[i]))
+          << which << " f32 0x" << std::hex << dt::f32_bits(x[i]);
+      ASSERT_EQ(ob16[i], dt::f32_to_bf16(x[i]))
+          << which << " f32 0x" << std::hex << dt::f32_bits(x[i]);
+    }
+  }
+  force_scalar_kernels(false);
+  // hand-checked codes
+  const float v[] = {
+      1.f, -2.5f, 65504.f, 65520.f, 5.9604644775390625e-08f, 2.98023223876953125e-08f, NAN};
+  const uint16_t f16[] = {0x3c00, 0xc100, 0x7bff, 0x7c00, 0x0001, 0x0000, 0x7fff};
+  const uint16_t bf16[] = {0x3f80, 0xc020, 0x4780, 0x4780, 0x3380, 0x3300, 0x7fff};
+  std::vector<uint16_t> a(std::size(v)), b(std::size(v));
+  store_row(v, DType::f16, std::size(v), a.data());
+  store_row(v, DType::bf16, std::size(v), b.data());
+  for (size_t i = 0; i < std::size(v); ++i) {
+    EXPECT_EQ(a[i], f16[i]) << v[i];
+    EXPECT_EQ(b[i], bf16[i]) << v[i];
+  }
 }
 
 }  // namespace
