@@ -10,8 +10,8 @@
 #include "lowbit/dtype.h"
 #include "src/core/convert_elem.h"
 #include "src/core/parallel.h"
-#include "src/cpu/cpu_clones.h"
 #include "src/cpu/attention_backend.h"
+#include "src/cpu/cpu_clones.h"
 
 namespace lowbit {
 namespace cpu {
@@ -158,7 +158,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
         const int64_t hq = hk * G + ri / n_i, i = i0 + ri % n_i;
         for (int64_t d = 0; d < D; ++d)
           qbuf[ri * D + d] = q.data.ptr<const int8_t>()[off4(q.data, b, i, hq, d)];
-        qss[ri] = q.scale.ptr<const float>()[off3(q.scale, b, hq, scale_index(q.layout, q.block, i))];
+        qss[ri] =
+            q.scale.ptr<const float>()[off3(q.scale, b, hq, scale_index(q.layout, q.block, i))];
         ends[ri] = visible_end(options.causal, i, Nq, Nkv);
         max_end = std::max(max_end, ends[ri]);
       }
@@ -171,8 +172,9 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
           } else {
             for (int64_t d = 0; d < D; ++d) kbuf[j * D + d] = krow[d * k.data.stride[3]];
           }
-          ksv[j] = k.scale.ptr<const float>()[off3(k.scale, b, hk,
-                                                   scale_index(k.layout, k.block, t0 + j))];
+          ksv[j] =
+              k.scale
+                  .ptr<const float>()[off3(k.scale, b, hk, scale_index(k.layout, k.block, t0 + j))];
           if (fp8) {
             const uint8_t* col = v.ptr<const uint8_t>() + (b * Hkv + hk) * D * npad;
             const int64_t pos = fp8_v_position(t0 + j);
