@@ -24,9 +24,26 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+bool tiled_map_valid(const void* base, int elem, int rank, const uint64_t* dims,
+                     const uint64_t* strides, const uint32_t* box, bool sw64) {
+  // cuTensorMapEncodeTiled's documented requirements (cuda.h), checked here so that a layout
+  // the TMA cannot take falls back without a failed driver call (which compute-sanitizer and
+  // API tracers report as an error).
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || rank < 1 || rank > 4) return false;
+  if (static_cast<uint64_t>(box[0]) * elem % 16 != 0 ||
+      static_cast<uint64_t>(box[0]) * elem > (sw64 ? 64u : 128u))
+    return false;
+  for (int i = 0; i < rank; ++i) {
+    if (dims[i] == 0 || dims[i] > (uint64_t{1} << 32) || box[i] == 0 || box[i] > 256) return false;
+    if (i + 1 < rank && (strides[i] % 16 != 0 || strides[i] >= (uint64_t{1} << 40))) return false;
+  }
+  return true;
+}
+
 bool encode_tiled_map(CUtensorMap* map, const void* base, int elem, int rank,
                       const uint64_t* dims, const uint64_t* strides, const uint32_t* box,
                       bool sw64) {
+  if (!tiled_map_valid(base, elem, rank, dims, strides, box, sw64)) return false;
   auto enc = tensor_map_encoder();
   if (!enc) return false;
   cuuint64_t d[4], st[3];
