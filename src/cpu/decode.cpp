@@ -1,22 +1,26 @@
 // CPU backend of the decode family: the oracle. Plain loops in fp32 (the order of every sum is
 // the obvious one), threaded over independent (batch, head, split) chunks.
+#include "lowbit/decode.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
-#include "lowbit/decode.h"
 #include "src/core/convert_elem.h"
 #include "src/core/decode_backend.h"
 #include "src/core/indexing.h"
 #include "src/core/parallel.h"
+#include "src/cpu/cpu_clones.h"
+#include "src/cpu/rows.h"
 
 namespace lowbit {
 namespace cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kDotKeys = 64;  // keys per transposed block of the score loop
 
 // Element offset of (b, logical key j, head h) in a cache tensor of rank 4 (contiguous) or 3
 // (paged pool); for scale/shift tensors (one rank less, no D) the same with `t` of that rank.
@@ -35,14 +39,35 @@ struct KeyAddress {
   }
 };
 
+// dots[j] = sum_d q[d] * k[d][j] (k transposed: kt[d * n + j]) for j < n, each key's sum in
+// channel order from 0 (the same roundings as a dot taken key by key; the keys side by side).
+LOWBIT_CLONES void key_dots(const float* q, const float* kt, int64_t n, int D, float* dots) {
+  for (int64_t j = 0; j < n; ++j) dots[j] = 0.f;
+  for (int d = 0; d < D; ++d) {
+    const float qd = q[d];
+    const float* row = kt + d * n;
+    for (int64_t j = 0; j < n; ++j) dots[j] += qd * row[j];
+  }
+}
+// o[d] += p * v[d], d < D.
+LOWBIT_CLONES void add_scaled_row(float* o, float p, const float* v, int D) {
+  for (int d = 0; d < D; ++d) o[d] += p * v[d];
+}
+
+// out[d] = int4 value of code d (eight 4-bit codes per word, low nibble first), d0 <= d < d0 + n.
+LOWBIT_CLONES void int4_group(const uint32_t* words, int d0, int n, float scale, float shift,
+                              float* out) {
+  for (int d = d0; d < d0 + n; ++d)
+    out[d] = kv::int4_value_at((words[d / 8] >> (4 * (d % 8))) & 0xfu, scale, shift);
+}
+
 // Dequantizes one row of a head into out (D).
 void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const KeyAddress& a,
               int64_t b, int64_t j, int64_t h, int D, float* out) {
   const int64_t off = a.offset(t, b, j, h);
   switch (c.format) {
     case KvFormat::f16: {
-      const uint16_t* p = t.ptr<uint16_t>() + off;
-      for (int d = 0; d < D; ++d) out[d] = dt::f16_to_f32(p[d]);
+      rows::f16_to_f32(t.ptr<uint16_t>() + off, D, out);
       break;
     }
     case KvFormat::bf16: {
@@ -53,13 +78,8 @@ void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const
     case KvFormat::int4: {  // each group's scale and shift converted once
       const uint32_t* w = t.ptr<uint32_t>() + off;
       const int ng = c.n_groups, per = D / ng;
-      for (int g = 0; g < ng; ++g) {
-        const float scale = kv::coef_scale(w[g]), shift = kv::coef_shift(w[g]);
-        for (int d = g * per; d < (g + 1) * per; ++d) {
-          const uint32_t code = (w[ng + d / 8] >> (4 * (d % 8))) & 0xfu;
-          out[d] = kv::int4_value_at(code, scale, shift);
-        }
-      }
+      for (int g = 0; g < ng; ++g)
+        int4_group(w + ng, g * per, per, kv::coef_scale(w[g]), kv::coef_shift(w[g]), out);
       break;
     }
     case KvFormat::fp8: {  // the row's scale and shift converted once
@@ -149,7 +169,8 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
 
   // Pass 1: each (b, h, split) chunk -> (R, D) partial outputs and (R) LSEs.
   parallel_for(B * H * S, 1, ctx, [&](int64_t begin, int64_t end) {
-    std::vector<float> kf, vf, qf(D), scores;
+    std::vector<float> kf, kt(static_cast<size_t>(kDotKeys) * D), vf,
+        qf(static_cast<size_t>(R) * D), dots, scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t s = task % S, h = (task / S) % H, b = task / (S * H);
       const int64_t len = seq_len[b * cache.seq_len.stride[0]];
@@ -159,25 +180,35 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
       kf.resize(n * D);
       vf.resize(n * D);
       scores.resize(n);
+      dots.resize(static_cast<size_t>(R) * n);
       for (int64_t j = 0; j < n; ++j) {
         load_row(cache, cache.k, cache.k_scale_shift, addr, b, lo + j, h, D, &kf[j * D]);
         load_row(cache, cache.v, cache.v_scale_shift, addr, b, lo + j, h, D, &vf[j * D]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int m = r / G, g = r % G;
+        const int64_t qoff = b * q.stride[0] + m * q.stride[1] + h * q.stride[2] + g * q.stride[3];
+        for (int d = 0; d < D; ++d) qf[r * D + d] = load_f32(q.data, qoff + d, q.dtype);
+      }
+      // Every row's q . k for blocks of kDotKeys keys (the block transposed once, in cache).
+      for (int64_t j0 = 0; j0 < n; j0 += kDotKeys) {
+        const int64_t nb = std::min<int64_t>(kDotKeys, n - j0);
+        for (int64_t j = 0; j < nb; ++j)
+          for (int d = 0; d < D; ++d) kt[d * nb + j] = kf[(j0 + j) * D + d];
+        for (int r = 0; r < R; ++r) key_dots(&qf[r * D], kt.data(), nb, D, &dots[r * n + j0]);
       }
       float* o_base = part_o + (((b * H + h) * S + s) * R) * D;
       float* l_base = part_lse + ((b * H + h) * S + s) * R;
       for (int m = 0; m < Mq; ++m) {
         for (int g = 0; g < G; ++g) {
           const int r = m * G + g;
-          const int64_t qoff = b * q.stride[0] + m * q.stride[1] + h * q.stride[2] + g * q.stride[3];
-          for (int d = 0; d < D; ++d) qf[d] = load_f32(q.data, qoff + d, q.dtype);
           // Keys visible to this query row: j < len, and j <= len - Mq + m when causal.
           const int64_t last = causal ? len - Mq + m : len - 1;
           float mx = kNegInf;
           for (int64_t j = 0; j < n; ++j) {
             float sc = kNegInf;
             if (lo + j <= last) {
-              float dot = 0.f;
-              for (int d = 0; d < D; ++d) dot += qf[d] * kf[j * D + d];
+              const float dot = dots[r * n + j];
               sc = dot * sm_scale;
               if (bias) {
                 const int64_t boff = b * bias->stride[0] + h * bias->stride[1] +
@@ -200,7 +231,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
             if (scores[j] == kNegInf) continue;
             const float p = std::exp(scores[j] - mx);
             sum += p;
-            for (int d = 0; d < D; ++d) o[d] += p * vf[j * D + d];
+            add_scaled_row(o, p, &vf[j * D], D);
           }
           for (int d = 0; d < D; ++d) o[d] /= sum;
           l_base[r] = mx + std::log(sum);

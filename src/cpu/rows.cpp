@@ -1,0 +1,105 @@
+// Rows of 16-bit floats to and from f32 (rows.h).
+#include "src/cpu/rows.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
+#include "lowbit/dtype.h"
+
+namespace lowbit {
+namespace cpu {
+namespace rows {
+namespace {
+
+bool g_force_scalar = false;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LOWBIT_HAVE_F16C_PATH 1
+#define LOWBIT_AVX2_F16C __attribute__((target("avx2,f16c")))
+// 8 f16 -> f32 (exact; F16C quiets a signalling NaN, so NaN and inf lanes take their bits
+// from the integer form sign | 0x7f800000 | m << 13, as dt::f16_to_f32).
+LOWBIT_AVX2_F16C void load_f16_avx2(const uint16_t* s, int64_t K, float* dst) {
+  const __m256i e_mask = _mm256_set1_epi32(0x7c00), m_mask = _mm256_set1_epi32(0x3ff);
+  const __m256i s_mask = _mm256_set1_epi32(0x8000), inf = _mm256_set1_epi32(0x7f800000);
+  int64_t i = 0;
+  for (; i + 8 <= K; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    const __m256i h32 = _mm256_cvtepu16_epi32(h);
+    const __m256i special =
+        _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(h32, s_mask), 16), inf),
+                        _mm256_slli_epi32(_mm256_and_si256(h32, m_mask), 13));
+    const __m256i is_special = _mm256_cmpeq_epi32(_mm256_and_si256(h32, e_mask), e_mask);
+    const __m256i v =
+        _mm256_blendv_epi8(_mm256_castps_si256(_mm256_cvtph_ps(h)), special, is_special);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), v);
+  }
+  for (; i < K; ++i) dst[i] = dt::f16_to_f32(s[i]);
+}
+// 8 f32 -> f16 (the RNE conversion instruction: overflow to inf from 65520, subnormals; NaN
+// lanes -> 0x7fff, as dt::f32_to_f16).
+LOWBIT_AVX2_F16C void store_f16_avx2(const float* src, int64_t K, uint16_t* d) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  int64_t i = 0;
+  for (; i + 8 <= K; i += 8) {
+    const __m256 x = _mm256_loadu_ps(src + i);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(x), abs_mask), inf);
+    const __m128i nan16 =
+        _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+    const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm_blendv_epi8(h, _mm_set1_epi16(0x7fff), nan16));
+  }
+  for (; i < K; ++i) d[i] = dt::f32_to_f16(src[i]);
+}
+// 8 f32 -> bf16 (RNE on the bits; NaN -> 0x7fff, as dt::f32_to_bf16).
+LOWBIT_AVX2_F16C void store_bf16_avx2(const float* src, int64_t K, uint16_t* d) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  const __m256i nan_code = _mm256_set1_epi32(0x7fff);
+  int64_t i = 0;
+  for (; i + 8 <= K; i += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(half, lsb)), 16);
+    r = _mm256_blendv_epi8(r, nan_code, _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf));
+    // (values <= 0xffff: the unsigned pack keeps them; lanes 0-3 | 4-7 in order)
+    const __m128i p = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), p);
+  }
+  for (; i < K; ++i) d[i] = dt::f32_to_bf16(src[i]);
+}
+bool has_f16c_path() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return has && !g_force_scalar;
+}
+#endif
+
+}  // namespace
+
+void f16_to_f32(const uint16_t* src, int64_t n, float* dst) {
+#ifdef LOWBIT_HAVE_F16C_PATH
+  if (has_f16c_path()) return load_f16_avx2(src, n, dst);
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = dt::f16_to_f32(src[i]);
+}
+
+void f32_to_f16(const float* src, int64_t n, uint16_t* dst) {
+#ifdef LOWBIT_HAVE_F16C_PATH
+  if (has_f16c_path()) return store_f16_avx2(src, n, dst);
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = dt::f32_to_f16(src[i]);
+}
+
+void f32_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+#ifdef LOWBIT_HAVE_F16C_PATH
+  if (has_f16c_path()) return store_bf16_avx2(src, n, dst);
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = dt::f32_to_bf16(src[i]);
+}
+
+void force_scalar(bool on) { g_force_scalar = on; }
+
+}  // namespace rows
+}  // namespace cpu
+}  // namespace lowbit

@@ -1,0 +1,20 @@
+// Rows of 16-bit floats to and from f32 on the CPU: AVX2 + F16C where the CPU has them, else
+// scalar loops; the bits of dt::f16_to_f32 / dt::f32_to_f16 / dt::f32_to_bf16 either way (NaN
+// in: its payload; NaN out: 0x7fff).
+#pragma once
+
+#include <cstdint>
+
+namespace lowbit {
+namespace cpu {
+namespace rows {
+
+void f16_to_f32(const uint16_t* src, int64_t n, float* dst);
+void f32_to_f16(const float* src, int64_t n, uint16_t* dst);
+void f32_to_bf16(const float* src, int64_t n, uint16_t* dst);
+// Tests: force the scalar loops (to compare the two).
+void force_scalar(bool on);
+
+}  // namespace rows
+}  // namespace cpu
+}  // namespace lowbit
