@@ -142,7 +142,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     std::vector<int8_t> qbuf, kbuf(static_cast<size_t>(kKvTile * D));
     std::vector<float> ksv(kKvTile), vbuf(static_cast<size_t>(kKvTile * D));
     std::vector<float> s(kKvTile), tile(static_cast<size_t>(D)), accs, ms, ls, qss;
-    std::vector<int64_t> rows_b, ends;
+    std::vector<int64_t> ends;
     for (int64_t task = t_begin; task < t_end; ++task) {
       const int64_t ib = task % n_blocks, hk = (task / n_blocks) % Hkv, b = task / (n_blocks * Hkv);
       const int64_t i0 = ib * kRowBlock, n_i = std::min<int64_t>(kRowBlock, Nq - i0);
