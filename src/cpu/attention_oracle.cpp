@@ -12,6 +12,7 @@
 #include "src/core/parallel.h"
 #include "src/cpu/attention_backend.h"
 #include "src/cpu/cpu_clones.h"
+#include "src/cpu/rows.h"
 
 namespace lowbit {
 namespace cpu {
@@ -73,10 +74,6 @@ LOWBIT_CLONES int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t D) {
   int32_t sum = 0;
   for (int64_t d = 0; d < D; ++d) sum += int32_t{a[d]} * int32_t{b[d]};
   return sum;
-}
-// tile[d] += p * v[d]: one rounded product, one rounded sum per channel (no contraction).
-LOWBIT_CLONES void add_scaled(float* tile, float p, const float* v, int64_t D) {
-  for (int64_t d = 0; d < D; ++d) tile[d] += p * v[d];
 }
 // acc[d] = acc[d] * r + tile[d].
 LOWBIT_CLONES void rescale_add(float* acc, float r, const float* tile, int64_t D) {
@@ -206,7 +203,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             tile_sum += p;
             // P through the format P·V runs in: e4m3 (fp8 mode) or V's 16-bit dtype
             const float pr = fp8 ? dt::e4m3_to_f32(dt::f32_to_e4m3(p)) : round_to(v.dtype, p);
-            add_scaled(tile.data(), pr, vbuf.data() + j * D, D);
+            rows::add_scaled(tile.data(), pr, vbuf.data() + j * D, D);
           }
           // Two-level accumulation: the tile's P·V (fresh buffer) joins the rescaled accumulator.
           rescale_add(accs.data() + ri * D, rescale, tile.data(), D);

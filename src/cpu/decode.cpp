@@ -49,10 +49,6 @@ LOWBIT_CLONES void key_dots(const float* q, const float* kt, int64_t n, int D, f
     for (int64_t j = 0; j < n; ++j) dots[j] += qd * row[j];
   }
 }
-// o[d] += p * v[d], d < D.
-LOWBIT_CLONES void add_scaled_row(float* o, float p, const float* v, int D) {
-  for (int d = 0; d < D; ++d) o[d] += p * v[d];
-}
 
 // out[d] = int4 value of code d (eight 4-bit codes per word, low nibble first), d0 <= d < d0 + n.
 LOWBIT_CLONES void int4_group(const uint32_t* words, int d0, int n, float scale, float shift,
@@ -231,7 +227,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
             if (scores[j] == kNegInf) continue;
             const float p = std::exp(scores[j] - mx);
             sum += p;
-            add_scaled_row(o, p, &vf[j * D], D);
+            rows::add_scaled(o, p, &vf[j * D], D);
           }
           for (int d = 0; d < D; ++d) o[d] /= sum;
           l_base[r] = mx + std::log(sum);

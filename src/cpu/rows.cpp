@@ -1,4 +1,4 @@
-// Rows of 16-bit floats to and from f32 (rows.h).
+// Row kernels shared by the CPU backends (rows.h).
 #include "src/cpu/rows.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -6,6 +6,7 @@
 #endif
 
 #include "lowbit/dtype.h"
+#include "src/cpu/cpu_clones.h"
 
 namespace lowbit {
 namespace cpu {
@@ -17,9 +18,11 @@ bool g_force_scalar = false;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LOWBIT_HAVE_F16C_PATH 1
 #define LOWBIT_AVX2_F16C __attribute__((target("avx2,f16c")))
+// The vector loops convert whole groups of 8 and return how many they did; the callers finish
+// the rest with dt's scalar conversion.
 // 8 f16 -> f32 (exact; F16C quiets a signalling NaN, so NaN and inf lanes take their bits
 // from the integer form sign | 0x7f800000 | m << 13, as dt::f16_to_f32).
-LOWBIT_AVX2_F16C void load_f16_avx2(const uint16_t* s, int64_t K, float* dst) {
+LOWBIT_AVX2_F16C int64_t load_f16_avx2(const uint16_t* s, int64_t K, float* dst) {
   const __m256i e_mask = _mm256_set1_epi32(0x7c00), m_mask = _mm256_set1_epi32(0x3ff);
   const __m256i s_mask = _mm256_set1_epi32(0x8000), inf = _mm256_set1_epi32(0x7f800000);
   int64_t i = 0;
@@ -34,11 +37,11 @@ LOWBIT_AVX2_F16C void load_f16_avx2(const uint16_t* s, int64_t K, float* dst) {
         _mm256_blendv_epi8(_mm256_castps_si256(_mm256_cvtph_ps(h)), special, is_special);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), v);
   }
-  for (; i < K; ++i) dst[i] = dt::f16_to_f32(s[i]);
+  return i;
 }
 // 8 f32 -> f16 (the RNE conversion instruction: overflow to inf from 65520, subnormals; NaN
 // lanes -> 0x7fff, as dt::f32_to_f16).
-LOWBIT_AVX2_F16C void store_f16_avx2(const float* src, int64_t K, uint16_t* d) {
+LOWBIT_AVX2_F16C int64_t store_f16_avx2(const float* src, int64_t K, uint16_t* d) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
   int64_t i = 0;
   for (; i + 8 <= K; i += 8) {
@@ -50,10 +53,10 @@ LOWBIT_AVX2_F16C void store_f16_avx2(const float* src, int64_t K, uint16_t* d) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
                      _mm_blendv_epi8(h, _mm_set1_epi16(0x7fff), nan16));
   }
-  for (; i < K; ++i) d[i] = dt::f32_to_f16(src[i]);
+  return i;
 }
 // 8 f32 -> bf16 (RNE on the bits; NaN -> 0x7fff, as dt::f32_to_bf16).
-LOWBIT_AVX2_F16C void store_bf16_avx2(const float* src, int64_t K, uint16_t* d) {
+LOWBIT_AVX2_F16C int64_t store_bf16_avx2(const float* src, int64_t K, uint16_t* d) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
   const __m256i half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
   const __m256i nan_code = _mm256_set1_epi32(0x7fff);
@@ -67,7 +70,7 @@ LOWBIT_AVX2_F16C void store_bf16_avx2(const float* src, int64_t K, uint16_t* d) 
     const __m128i p = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), p);
   }
-  for (; i < K; ++i) d[i] = dt::f32_to_bf16(src[i]);
+  return i;
 }
 bool has_f16c_path() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
@@ -78,24 +81,31 @@ bool has_f16c_path() {
 }  // namespace
 
 void f16_to_f32(const uint16_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
 #ifdef LOWBIT_HAVE_F16C_PATH
-  if (has_f16c_path()) return load_f16_avx2(src, n, dst);
+  if (has_f16c_path()) i = load_f16_avx2(src, n, dst);
 #endif
-  for (int64_t i = 0; i < n; ++i) dst[i] = dt::f16_to_f32(src[i]);
+  for (; i < n; ++i) dst[i] = dt::f16_to_f32(src[i]);
 }
 
 void f32_to_f16(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
 #ifdef LOWBIT_HAVE_F16C_PATH
-  if (has_f16c_path()) return store_f16_avx2(src, n, dst);
+  if (has_f16c_path()) i = store_f16_avx2(src, n, dst);
 #endif
-  for (int64_t i = 0; i < n; ++i) dst[i] = dt::f32_to_f16(src[i]);
+  for (; i < n; ++i) dst[i] = dt::f32_to_f16(src[i]);
 }
 
 void f32_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
 #ifdef LOWBIT_HAVE_F16C_PATH
-  if (has_f16c_path()) return store_bf16_avx2(src, n, dst);
+  if (has_f16c_path()) i = store_bf16_avx2(src, n, dst);
 #endif
-  for (int64_t i = 0; i < n; ++i) dst[i] = dt::f32_to_bf16(src[i]);
+  for (; i < n; ++i) dst[i] = dt::f32_to_bf16(src[i]);
+}
+
+LOWBIT_CLONES void add_scaled(float* o, float p, const float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] += p * v[i];
 }
 
 void force_scalar(bool on) { g_force_scalar = on; }

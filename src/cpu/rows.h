@@ -1,6 +1,6 @@
-// Rows of 16-bit floats to and from f32 on the CPU: AVX2 + F16C where the CPU has them, else
-// scalar loops; the bits of dt::f16_to_f32 / dt::f32_to_f16 / dt::f32_to_bf16 either way (NaN
-// in: its payload; NaN out: 0x7fff).
+// Row kernels shared by the CPU backends. Rows of 16-bit floats to and from f32: AVX2 + F16C
+// where the CPU has them, else scalar loops; the bits of dt::f16_to_f32 / dt::f32_to_f16 /
+// dt::f32_to_bf16 either way (NaN in: its payload; NaN out: 0x7fff).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,9 @@ namespace rows {
 void f16_to_f32(const uint16_t* src, int64_t n, float* dst);
 void f32_to_f16(const float* src, int64_t n, uint16_t* dst);
 void f32_to_bf16(const float* src, int64_t n, uint16_t* dst);
+// o[i] += p * v[i], i < n: one rounded product, one rounded sum per element (no contraction; a
+// vectorized clone where the CPU has AVX2, the same bits).
+void add_scaled(float* o, float p, const float* v, int64_t n);
 // Tests: force the scalar loops (to compare the two).
 void force_scalar(bool on);
 

@@ -24,6 +24,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+namespace {
 bool tiled_map_valid(const void* base, int elem, int rank, const uint64_t* dims,
                      const uint64_t* strides, const uint32_t* box, bool sw64) {
   // cuTensorMapEncodeTiled's documented requirements (cuda.h), checked here so that a layout
@@ -39,6 +40,7 @@ bool tiled_map_valid(const void* base, int elem, int rank, const uint64_t* dims,
   }
   return true;
 }
+}  // namespace
 
 bool encode_tiled_map(CUtensorMap* map, const void* base, int elem, int rank,
                       const uint64_t* dims, const uint64_t* strides, const uint32_t* box,

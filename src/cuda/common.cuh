@@ -60,13 +60,11 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder();
 // A tensor map of `rank` (<= 4) dims (innermost first; strides in bytes of dims 1..) of elements
 // of `elem` bytes (1: uint8, 2: uint16), unit element strides, L2 promotion 256 B, no OOB fill,
 // the box's inner row in the 128-byte swizzle (sw64: 64-byte). False, without a driver call,
-// where the arguments break the driver's documented rules (tiled_map_valid); false if the
+// where the arguments break the driver's documented rules; false if the
 // driver refuses it.
 bool encode_tiled_map(CUtensorMap* map, const void* base, int elem, int rank,
                       const uint64_t* dims, const uint64_t* strides, const uint32_t* box,
                       bool sw64);
-bool tiled_map_valid(const void* base, int elem, int rank, const uint64_t* dims,
-                     const uint64_t* strides, const uint32_t* box, bool sw64);
 
 // Launch `kernel` with the programmatic-dependent-launch attribute when `pdl` (the kernel must
 // call griddep_wait before it reads anything the previous kernel writes); where the attribute is
