@@ -1,11 +1,74 @@
-// CPU convert: one pass over the elements, multi-threaded.
+// CPU convert: one pass over the elements, multi-threaded. Tensors whose rows (innermost
+// dimension) are contiguous on both sides go row chunk by row chunk through an f32 buffer with
+// the row kernels (F16C / AVX2 where the CPU has them); the rest element by element. Both give
+// the bits of load_f32 / store_f32 (src/core/convert_elem.h).
+#include <algorithm>
+#include <array>
+#include <cstring>
+
 #include "src/core/backends.h"
 #include "src/core/convert_elem.h"
 #include "src/core/indexing.h"
 #include "src/core/parallel.h"
+#include "src/cpu/linear_kernels.h"
+#include "src/cpu/rows.h"
 
 namespace lowbit {
 namespace cpu {
+namespace {
+
+constexpr int64_t kChunk = 2048;  // elements per buffer pass (8 KB of f32)
+
+// buf[i] = load_f32(base, off + i, dt), i < n.
+void load_row(const void* base, int64_t off, DType dt, int64_t n, float* buf) {
+  switch (dt) {
+    case DType::f32:
+      std::memcpy(buf, static_cast<const float*>(base) + off, static_cast<size_t>(n) * 4);
+      return;
+    case DType::f16:
+      rows::f16_to_f32(static_cast<const uint16_t*>(base) + off, n, buf);
+      return;
+    case DType::bf16: {
+      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) buf[i] = dt::bf16_to_f32(p[i]);
+      return;
+    }
+    case DType::e4m3: {
+      static const std::array<float, 256> lut = [] {
+        std::array<float, 256> t{};
+        for (int c = 0; c < 256; ++c) t[c] = dt::e4m3_to_f32(static_cast<uint8_t>(c));
+        return t;
+      }();
+      const uint8_t* p = static_cast<const uint8_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) buf[i] = lut[p[i]];
+      return;
+    }
+    default:
+      for (int64_t i = 0; i < n; ++i) buf[i] = load_f32(base, off + i, dt);
+  }
+}
+
+// store_f32(base, off + i, dt, buf[i]), i < n.
+void store_row(void* base, int64_t off, DType dt, int64_t n, const float* buf) {
+  switch (dt) {
+    case DType::f32:
+      std::memcpy(static_cast<float*>(base) + off, buf, static_cast<size_t>(n) * 4);
+      return;
+    case DType::f16:
+      rows::f32_to_f16(buf, n, static_cast<uint16_t*>(base) + off);
+      return;
+    case DType::bf16:
+      rows::f32_to_bf16(buf, n, static_cast<uint16_t*>(base) + off);
+      return;
+    case DType::e4m3:  // (x / 1 = x for every float, NaN and -0 included)
+      convrot::e4m3_codes(buf, n, 1.f, static_cast<uint8_t*>(base) + off);
+      return;
+    default:
+      for (int64_t i = 0; i < n; ++i) store_f32(base, off + i, dt, buf[i]);
+  }
+}
+
+}  // namespace
 
 void convert(const TensorView& src, TensorView dst, Context& ctx) {
   const StridedIndex si = flat_index_of(src), di = flat_index_of(dst);
@@ -19,6 +82,30 @@ void convert(const TensorView& src, TensorView dst, Context& ctx) {
         out[p] = static_cast<uint8_t>(lo | (hi << 4));
       }
     });
+    return;
+  }
+  // Rows: both sides flat, or both with a unit innermost stride (the innermost dimension a row).
+  const bool flat = si.ndim == 1 && di.ndim == 1 && si.stride[0] == 1 && di.stride[0] == 1;
+  const bool rowwise = !dtype_is_packed(src.dtype) && n > 0 &&
+                       (flat || (src.ndim >= 1 && src.stride[src.ndim - 1] == 1 &&
+                                 dst.stride[dst.ndim - 1] == 1));
+  if (rowwise) {
+    const int64_t inner = flat ? n : src.shape[src.ndim - 1];
+    const int64_t chunks = (inner + kChunk - 1) / kChunk;  // per row
+    const StridedIndex so = strided_index_of(src), dof = strided_index_of(dst);
+    parallel_for(n / inner * chunks, std::max<int64_t>(1, (1 << 15) / kChunk), ctx,
+                 [&](int64_t b, int64_t e) {
+                   float buf[kChunk];
+                   for (int64_t u = b; u < e; ++u) {
+                     const int64_t row = u / chunks, c0 = (u % chunks) * kChunk;
+                     const int64_t len = std::min(kChunk, inner - c0);
+                     const int64_t lin = row * inner + c0;
+                     const int64_t s_off = flat ? lin : element_offset(so, lin);
+                     const int64_t d_off = flat ? lin : element_offset(dof, lin);
+                     load_row(src.data, s_off, src.dtype, len, buf);
+                     store_row(dst.data, d_off, dst.dtype, len, buf);
+                   }
+                 });
     return;
   }
   parallel_for(n, 1 << 14, ctx, [&](int64_t b, int64_t e) {

@@ -5,10 +5,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <iterator>
 #include <random>
+#include <vector>
 
 #include "lowbit/core.h"
 #include "lowbit/dtype.h"
+#include "src/cpu/linear_kernels.h"
+#include "src/cpu/rows.h"
 
 using namespace lowbit;
 using namespace lowbit::dt;
@@ -219,4 +223,84 @@ TEST(Convert, StridedAndPackedMatchScalarRules) {
   convert(t, make_view(out, DType::bf16, {2, 4}), ctx);
   for (int r = 0; r < 2; ++r)
     for (int c = 0; c < 4; ++c) EXPECT_EQ(out[r * 4 + c], f32_to_bf16(src[c * 2 + r]));
+}
+
+// The row path of the CPU convert (rows with a unit innermost stride on both sides, in chunks of
+// 2048 through f32 with the F16C / AVX2 row kernels) against the element rules, every pair of
+// non-packed dtypes: special values (NaN with payloads, infinities, signed zeros, subnormals,
+// values past each format's range, ties) and random bit patterns, a flat tensor longer than two
+// chunks and rows of a padded (3, 2500) view; i8 with f32 only (the op's pairs).
+TEST(Convert, RowPathMatchesElementRules) {
+  const DType types[] = {DType::f32, DType::f16, DType::bf16, DType::e4m3, DType::e5m2, DType::i8};
+  auto width = [](DType t) { return t == DType::f32 ? 4 : (t == DType::f16 || t == DType::bf16) ? 2 : 1; };
+  auto decode = [](DType t, const uint8_t* p) -> float {
+    switch (t) {
+      case DType::f32: { float f; std::memcpy(&f, p, 4); return f; }
+      case DType::f16: { uint16_t h; std::memcpy(&h, p, 2); return f16_to_f32(h); }
+      case DType::bf16: { uint16_t h; std::memcpy(&h, p, 2); return bf16_to_f32(h); }
+      case DType::e4m3: return e4m3_to_f32(*p);
+      case DType::e5m2: return e5m2_to_f32(*p);
+      default: return static_cast<float>(static_cast<int8_t>(*p));
+    }
+  };
+  auto encode = [](DType t, float v, uint8_t* p) {
+    switch (t) {
+      case DType::f32: std::memcpy(p, &v, 4); break;
+      case DType::f16: { uint16_t h = f32_to_f16(v); std::memcpy(p, &h, 2); break; }
+      case DType::bf16: { uint16_t h = f32_to_bf16(v); std::memcpy(p, &h, 2); break; }
+      case DType::e4m3: *p = f32_to_e4m3(v); break;
+      case DType::e5m2: *p = f32_to_e5m2(v); break;
+      default: *p = static_cast<uint8_t>(f32_to_i8(v)); break;
+    }
+  };
+  const float specials[] = {0.f, -0.f, INFINITY, -INFINITY, NAN, -NAN, 1.f, -1.5f, 448.f, 464.f,
+                            480.f, 57344.f, 65504.f, 65520.f, 1e30f, -1e30f, 1e-30f, 127.5f,
+                            -128.5f, 0.0009765625f, 0.0029296875f, 6e-8f, 1.0625f, 15.5f};
+  std::mt19937 rng(2029);
+  Context ctx;
+  const int64_t n = 5003, rows = 3, cols = 2500, pitch = 2600;
+  for (DType st : types) {
+    const int sw = width(st);
+    std::vector<uint8_t> src(static_cast<size_t>(rows * pitch) * sw);
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    for (size_t i = 0; i < std::size(specials); ++i)  // the specials at the front, in st's bits
+      encode(st, specials[i], &src[i * sw]);
+    if (st == DType::f32) {  // NaNs with payloads and signaling NaNs
+      const uint32_t nans[] = {0x7fc00001u, 0xffc12345u, 0x7f800001u, 0xff812345u};
+      for (int i = 0; i < 4; ++i) std::memcpy(&src[(std::size(specials) + i) * 4], &nans[i], 4);
+    }
+    for (DType dt_ : types) {
+      if ((st == DType::i8 || dt_ == DType::i8) && st != DType::f32 && dt_ != DType::f32)
+        continue;  // (i8 converts to and from f32 only)
+      const int dw = width(dt_);
+      for (bool scalar : {false, true}) {
+        cpu::rows::force_scalar(scalar);  // the row kernels' scalar loops against F16C / AVX2
+        cpu::convrot::force_scalar_kernels(scalar);
+        // flat
+        std::vector<uint8_t> out(static_cast<size_t>(n) * dw, 0xcd);
+        convert(make_view(src.data(), st, {n}), make_view(out.data(), dt_, {n}), ctx);
+        for (int64_t i = 0; i < n; ++i) {
+          uint8_t want[4];
+          encode(dt_, decode(st, &src[i * sw]), want);
+          ASSERT_EQ(std::memcmp(&out[i * dw], want, dw), 0)
+              << dtype_name(st) << " -> " << dtype_name(dt_) << " element " << i
+              << (scalar ? " (scalar rows)" : "");
+        }
+        // rows of a padded view into a dense (rows, cols) output
+        TensorView sv = make_view(src.data(), st, {rows, pitch});
+        sv.shape[1] = cols;
+        std::vector<uint8_t> out2(static_cast<size_t>(rows * cols) * dw, 0xcd);
+        convert(sv, make_view(out2.data(), dt_, {rows, cols}), ctx);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            uint8_t want[4];
+            encode(dt_, decode(st, &src[(r * pitch + c) * sw]), want);
+            ASSERT_EQ(std::memcmp(&out2[(r * cols + c) * dw], want, dw), 0)
+                << dtype_name(st) << " -> " << dtype_name(dt_) << " at (" << r << ", " << c << ")";
+          }
+      }
+      cpu::rows::force_scalar(false);
+      cpu::convrot::force_scalar_kernels(false);
+    }
+  }
 }
