@@ -3,7 +3,6 @@
 // the row kernels (F16C / AVX2 where the CPU has them); the rest element by element. Both give
 // the bits of load_f32 / store_f32 (src/core/convert_elem.h).
 #include <algorithm>
-#include <array>
 #include <cstring>
 
 #include "src/core/backends.h"
@@ -34,11 +33,7 @@ void load_row(const void* base, int64_t off, DType dt, int64_t n, float* buf) {
       return;
     }
     case DType::e4m3: {
-      static const std::array<float, 256> lut = [] {
-        std::array<float, 256> t{};
-        for (int c = 0; c < 256; ++c) t[c] = dt::e4m3_to_f32(static_cast<uint8_t>(c));
-        return t;
-      }();
+      const float* lut = rows::e4m3_table();
       const uint8_t* p = static_cast<const uint8_t*>(base) + off;
       for (int64_t i = 0; i < n; ++i) buf[i] = lut[p[i]];
       return;

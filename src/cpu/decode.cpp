@@ -84,8 +84,9 @@ void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const
                                                       : b * ss.stride[0] + j * ss.stride[1] +
                                                             h * ss.stride[2]];
       const float scale = kv::coef_scale(s), shift = kv::coef_shift(s);
+      const float* e4m3 = rows::e4m3_table();  // kv::fp8_value_at's arithmetic, table decode
       for (int d = 0; d < D; ++d)
-        out[d] = kv::fp8_value_at((w[d / 4] >> (8 * (d % 4))) & 0xffu, scale, shift);
+        out[d] = e4m3[(w[d / 4] >> (8 * (d % 4))) & 0xffu] * scale + shift;
       break;
     }
   }

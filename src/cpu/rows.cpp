@@ -1,6 +1,8 @@
 // Row kernels shared by the CPU backends (rows.h).
 #include "src/cpu/rows.h"
 
+#include <array>
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #endif
@@ -106,6 +108,15 @@ void f32_to_bf16(const float* src, int64_t n, uint16_t* dst) {
 
 LOWBIT_CLONES void add_scaled(float* o, float p, const float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] += p * v[i];
+}
+
+const float* e4m3_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = dt::e4m3_to_f32(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table.data();
 }
 
 void force_scalar(bool on) { g_force_scalar = on; }

@@ -15,6 +15,8 @@ void f32_to_bf16(const float* src, int64_t n, uint16_t* dst);
 // o[i] += p * v[i], i < n: one rounded product, one rounded sum per element (no contraction; a
 // vectorized clone where the CPU has AVX2, the same bits).
 void add_scaled(float* o, float p, const float* v, int64_t n);
+// The 256 values of e4m3 (dt::e4m3_to_f32 of every code), for per-element decodes.
+const float* e4m3_table();
 // Tests: force the scalar loops (to compare the two).
 void force_scalar(bool on);
 

@@ -304,3 +304,10 @@ TEST(Convert, RowPathMatchesElementRules) {
     }
   }
 }
+
+// The CPU's e4m3 table (convert's and the fp8 KV decode's per-element decode): every code, bits.
+TEST(Dtype, E4m3TableMatchesDecoder) {
+  const float* t = cpu::rows::e4m3_table();
+  for (int c = 0; c < 256; ++c)
+    ASSERT_EQ(f32_bits(t[c]), f32_bits(e4m3_to_f32(static_cast<uint8_t>(c)))) << c;
+}
