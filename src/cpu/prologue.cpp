@@ -11,19 +11,11 @@
 #include "src/core/parallel.h"
 #include "src/core/prologue_internal.h"
 #include "src/cpu/cpu_clones.h"
+#include "src/cpu/rows.h"
 
 namespace lowbit {
 namespace cpu {
 namespace {
-
-// fp32 value rounded to the activation dtype and read back (the norm's stored output).
-float round_to_dtype(float v, DType dt) {
-  switch (dt) {
-    case DType::bf16: return dt::bf16_to_f32(dt::f32_to_bf16(v));
-    case DType::f16: return dt::f16_to_f32(dt::f32_to_f16(v));
-    default: return v;
-  }
-}
 
 // Correctly rounded 1 / sqrt(s) for s > 0 in fp64 (53 bits, rounded once more to fp32). The
 // harness's `prologue.rsqrt` cases show it equal to the CUDA kernels' (src/cuda/rsqrt_rn.cuh) on
@@ -39,11 +31,7 @@ void load_row(const void* base, int64_t off, DType dt, int64_t n, float* out) {
       for (int64_t c = 0; c < n; ++c) out[c] = dt::bf16_to_f32(p[c]);
       break;
     }
-    case DType::f16: {
-      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
-      for (int64_t c = 0; c < n; ++c) out[c] = dt::f16_to_f32(p[c]);
-      break;
-    }
+    case DType::f16: rows::f16_to_f32(static_cast<const uint16_t*>(base) + off, n, out); break;
     default:
       for (int64_t c = 0; c < n; ++c) out[c] = load_f32(base, off + c, dt);
   }
@@ -51,14 +39,13 @@ void load_row(const void* base, int64_t off, DType dt, int64_t n, float* out) {
 
 // Sum of squares in the order documented at kNormChunk. `part` is scratch of D / kNormChunk
 // floats.
+// (The chunks' chains advance side by side, each in its own order: independent fmas.)
 float sum_of_squares(const float* x, int64_t D, float* part) {
   const int64_t chunks = D / kNormChunk;
-  for (int64_t k = 0; k < chunks; ++k) {
-    const float* c = x + k * kNormChunk;
-    float s = c[0] * c[0];
-    for (int j = 1; j < kNormChunk; ++j) s = std::fma(c[j], c[j], s);
-    part[k] = s;
-  }
+  for (int64_t k = 0; k < chunks; ++k) part[k] = x[k * kNormChunk] * x[k * kNormChunk];
+  for (int j = 1; j < kNormChunk; ++j)
+    for (int64_t k = 0; k < chunks; ++k)
+      part[k] = std::fma(x[k * kNormChunk + j], x[k * kNormChunk + j], part[k]);
   for (int64_t step = 1; step < chunks; step *= 2)
     for (int64_t k = 0; k + step < chunks; k += 2 * step) part[k] = part[k] + part[k + step];
   return part[0];
@@ -69,8 +56,9 @@ float sum_of_squares(const float* x, int64_t D, float* part) {
 struct RowScratch {
   explicit RowScratch(int64_t D)
       : x(static_cast<size_t>(D)), y(static_cast<size_t>(D)), w(static_cast<size_t>(D)),
-        part(static_cast<size_t>(D / kNormChunk + 1)) {}
+        part(static_cast<size_t>(D / kNormChunk + 1)), h(static_cast<size_t>(D)) {}
   std::vector<float> x, y, w, part;
+  std::vector<uint16_t> h;  // the norm output in the activation dtype
   int64_t w_row = -1;  // the weight row held in w (-1: none yet)
 };
 
@@ -92,7 +80,15 @@ LOWBIT_CLONES_FMA void row_values(const PrologueArgs& a, int64_t b, int64_t n, i
       s.w_row = wr;
     }
     const float* w = s.w.data();
-    for (int64_t c = 0; c < D; ++c) y[c] = round_to_dtype((x[c] * inv) * w[c], a.x_dtype);
+    for (int64_t c = 0; c < D; ++c) y[c] = (x[c] * inv) * w[c];
+    // the norm's stored output: rounded to the activation dtype and read back
+    if (a.x_dtype == DType::bf16) {
+      rows::f32_to_bf16(y, D, s.h.data());
+      for (int64_t c = 0; c < D; ++c) y[c] = dt::bf16_to_f32(s.h[c]);
+    } else if (a.x_dtype == DType::f16) {
+      rows::f32_to_f16(y, D, s.h.data());
+      rows::f16_to_f32(s.h.data(), D, y);
+    }
   } else {
     std::memcpy(y, x, static_cast<size_t>(D) * sizeof(float));
   }
@@ -101,12 +97,21 @@ LOWBIT_CLONES_FMA void row_values(const PrologueArgs& a, int64_t b, int64_t n, i
     // Pair p: its leading channel (p, or 2p interleaved) and trailing one (p + pairs, or 2p + 1).
     const int64_t P = a.pairs;
     const int64_t ro = b * a.r_sb + n * a.r_sn;
-    for (int64_t p = 0; p < P; ++p) {
-      const int64_t lead = a.interleaved ? 2 * p : p, trail = a.interleaved ? 2 * p + 1 : p + P;
-      const float cs = load_f32(a.rope, ro + p * a.r_sp, a.r_dtype);
-      const float sn = load_f32(a.rope, ro + p * a.r_sp + a.r_sc, a.r_dtype);
-      v[lead] = std::fma(cs, y[lead], -(sn * y[trail]));
-      v[trail] = std::fma(sn, y[lead], cs * y[trail]);
+    auto rotate = [&](auto cos_of, auto sin_of) {
+      for (int64_t p = 0; p < P; ++p) {
+        const int64_t lead = a.interleaved ? 2 * p : p, trail = a.interleaved ? 2 * p + 1 : p + P;
+        const float cs = cos_of(p), sn = sin_of(p);
+        v[lead] = std::fma(cs, y[lead], -(sn * y[trail]));
+        v[trail] = std::fma(sn, y[lead], cs * y[trail]);
+      }
+    };
+    if (a.r_dtype == DType::f32) {  // (the table's dtype dispatched once per row)
+      const float* t = static_cast<const float*>(a.rope) + ro;
+      const int64_t sp = a.r_sp, sc = a.r_sc;
+      rotate([&](int64_t p) { return t[p * sp]; }, [&](int64_t p) { return t[p * sp + sc]; });
+    } else {
+      rotate([&](int64_t p) { return load_f32(a.rope, ro + p * a.r_sp, a.r_dtype); },
+             [&](int64_t p) { return load_f32(a.rope, ro + p * a.r_sp + a.r_sc, a.r_dtype); });
     }
   }
   if (a.mean) {
@@ -125,33 +130,43 @@ int group_of_row(ScaleLayout layout, int r) {
   return 0;
 }
 
-// SPEC §1 rounding: q = v / scale, q += 0.5 * sign(q) (sign(0) = +1), truncate; a zero scale
-// (an all-zero group) gives 0, NaN gives 0, the result saturates to int8.
-int8_t quantize_code(float v, float scale) {
-  if (scale == 0.f) return 0;
-  float q = v / scale;
-  q = q + (q >= 0.f ? 0.5f : -0.5f);
-  if (std::isnan(q)) return 0;
-  if (q >= 127.f) return 127;
-  if (q <= -128.f) return -128;
-  return static_cast<int8_t>(static_cast<int32_t>(q));  // truncation toward zero
-}
-
 // max that propagates NaN (a non-finite amax must reach the scale).
 float max_nan(float m, float a) { return (a > m || std::isnan(a)) ? a : m; }
 
 // v *= sm_scale over a row; returns max(m, max |v|) (NaN propagates).
+// (A row without NaN takes its maximum in a loop that vectorizes: the maximum of floats does
+// not depend on the order; a row with a NaN runs the element loop, whose NaN wins.)
 LOWBIT_CLONES_FMA float scale_row(float* v, int64_t D, float sm_scale, float m) {
+  float mx = 0.f;
+  bool nan = false;
   for (int64_t c = 0; c < D; ++c) {
     v[c] = v[c] * sm_scale;
-    m = max_nan(m, std::fabs(v[c]));
+    const float t = std::fabs(v[c]);
+    mx = t > mx ? t : mx;
+    nan |= t != t;
   }
+  if (!nan) return max_nan(m, mx);
+  for (int64_t c = 0; c < D; ++c) m = max_nan(m, std::fabs(v[c]));
   return m;
 }
 
-// The codes of a row at one scale.
+// The codes of a row at one scale, SPEC §1 rounding: q = v / scale, q += 0.5 * sign(q) (sign(0)
+// = +1), truncate; a zero scale (an all-zero group) gives 0, NaN gives 0, the result saturates to
+// int8. Written without branches (NaN -> 0, the saturation, the truncation) so that the loop
+// vectorizes.
 LOWBIT_CLONES_FMA void quantize_row(const float* v, int64_t D, float scale, int8_t* q) {
-  for (int64_t c = 0; c < D; ++c) q[c] = quantize_code(v[c], scale);
+  if (scale == 0.f) {
+    std::memset(q, 0, static_cast<size_t>(D));
+    return;
+  }
+  for (int64_t c = 0; c < D; ++c) {
+    float t = v[c] / scale;
+    t = t + (t >= 0.f ? 0.5f : -0.5f);
+    t = t == t ? t : 0.f;
+    t = t >= 127.f ? 127.f : t;
+    t = t <= -128.f ? -128.f : t;
+    q[c] = static_cast<int8_t>(static_cast<int32_t>(t));
+  }
 }
 
 }  // namespace
