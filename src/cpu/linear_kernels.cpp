@@ -200,6 +200,15 @@ inline float clamp6(float z) {
   return z < -6.f ? -6.f : z;
 }
 
+// The e2m1 codes of clamp(w / den) for a block of 16, two per byte (even element low).
+void nvfp4_codes_scalar(const float* w, float den, uint8_t* packed8) {
+  for (int l = 0; l < 16; l += 2) {
+    uint8_t lo = dt::f32_to_e2m1(clamp6(w[l] / den));
+    uint8_t hi = dt::f32_to_e2m1(clamp6(w[l + 1] / den));
+    packed8[l / 2] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+}
+
 // Σ (w - e2m1(clamp(w/den))·den)² over a block of 16 in the lane-tree order.
 float nvfp4_error_scalar(const float* w, float den) {
   float lane[16];
@@ -353,6 +362,28 @@ LOWBIT_AVX2 inline __m256 e2m1_value8(__m256 w, __m256 den) {
   return _mm256_xor_ps(v, neg);
 }
 
+// The e2m1 codes (magnitude index | sign << 3, the SPEC §3.4 boundary count) of clamp(w / den)
+// for a block of 16, two per byte, the even element in the low nibble: nvfp4_codes_scalar's.
+LOWBIT_AVX2 void nvfp4_codes_avx2(const float* w, float den, uint8_t* packed8) {
+  const __m256 vd = _mm256_set1_ps(den), six = _mm256_set1_ps(6.f), nsix = _mm256_set1_ps(-6.f);
+  const float bounds[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  for (int h = 0; h < 2; ++h) {
+    __m256 z = _mm256_div_ps(_mm256_loadu_ps(w + 8 * h), vd);
+    z = _mm256_min_ps(six, _mm256_max_ps(nsix, z));  // NaN z stays NaN (2nd operand)
+    const __m256 a = abs8(z);
+    __m256i c = _mm256_setzero_si256();
+    for (float b : bounds)
+      c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_set1_ps(b), _CMP_GT_OQ)));
+    const __m256i neg = _mm256_castps_si256(_mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ));
+    c = _mm256_or_si256(c, _mm256_and_si256(neg, _mm256_set1_epi32(8)));
+    // each 64-bit pair: even | odd << 4 in its low byte
+    const __m256i pairs = _mm256_or_si256(c, _mm256_srli_epi64(c, 28));
+    alignas(32) int64_t out[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out), pairs);
+    for (int k = 0; k < 4; ++k) packed8[4 * h + k] = static_cast<uint8_t>(out[k]);
+  }
+}
+
 LOWBIT_AVX2 float nvfp4_error_avx2(const float* w, float den) {
   const __m256 vd = _mm256_set1_ps(den);
   __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
@@ -369,16 +400,19 @@ struct Primitives {
   void (*refit)(const float*, int64_t, float, float, float*, float*);
   float (*nvfp4_error)(const float*, float);
   void (*e4m3_codes)(const float*, int64_t, float, uint8_t*);
+  void (*nvfp4_codes)(const float*, float, uint8_t*);
 };
 
 bool g_force_scalar = false;
 
 const Primitives& prims() {
-  static const Primitives scalar = {amax_scalar,  codes_scalar,       group_error_scalar,
-                                    refit_scalar, nvfp4_error_scalar, e4m3_codes_scalar};
+  static const Primitives scalar = {amax_scalar,        codes_scalar,      group_error_scalar,
+                                    refit_scalar,       nvfp4_error_scalar, e4m3_codes_scalar,
+                                    nvfp4_codes_scalar};
 #ifdef LOWBIT_HAVE_AVX2_PATH
-  static const Primitives avx2 = {amax_avx2,  codes_avx2,       group_error_avx2,
-                                  refit_avx2, nvfp4_error_avx2, e4m3_codes_avx2};
+  static const Primitives avx2 = {amax_avx2,        codes_avx2,      group_error_avx2,
+                                  refit_avx2,       nvfp4_error_avx2, e4m3_codes_avx2,
+                                  nvfp4_codes_avx2};
   static const bool has_avx2 = __builtin_cpu_supports("avx2");
   if (has_avx2 && !g_force_scalar) return avx2;
 #endif
@@ -409,6 +443,8 @@ float quantize_row_int(const float* w, int64_t K, int qmax, int8_t* codes) {
   p.codes(w, K, scale, static_cast<float>(qmax), codes);
   return scale;
 }
+
+void nvfp4_codes(const float* w, float den, uint8_t* packed8) { prims().nvfp4_codes(w, den, packed8); }
 
 void e4m3_codes(const float* w, int64_t n, float s, uint8_t* codes) {
   prims().e4m3_codes(w, n, s, codes);
@@ -464,13 +500,6 @@ inline float nvfp4_den(uint8_t s8, float pts) {
   float den = dt::e4m3_to_f32(s8) * pts;
   return den > 0.f ? den : 1.f;
 }
-inline void nvfp4_block_codes(const float* w, float den, uint8_t* packed8) {
-  for (int l = 0; l < 16; l += 2) {
-    uint8_t lo = dt::f32_to_e2m1(clamp6(w[l] / den));
-    uint8_t hi = dt::f32_to_e2m1(clamp6(w[l + 1] / den));
-    packed8[l / 2] = static_cast<uint8_t>(lo | (hi << 4));
-  }
-}
 
 }  // namespace
 
@@ -486,12 +515,16 @@ void quantize_row_nvfp4_weight(const float* w, int64_t K, float pts, uint8_t* sc
     const float* wb = w + b * 16;
     float base = amax_of(wb, 16) / six_pts;
     bool have = false;
-    uint8_t best_s = 0;
+    uint8_t best_s = 0, prev_s = 0;
     float best_e = 0.f;
     for (int i = 0; i < 9; ++i) {
       float c = base * kFrac[i];
       if (c > 448.f) continue;
       uint8_t s8 = dt::f32_to_e4m3(c);
+      // (fractions a few % apart often snap to the same code: its error is the one just
+      // measured, which loses the tie to the first)
+      if (have && s8 == prev_s) continue;
+      prev_s = s8;
       float e = p.nvfp4_error(wb, nvfp4_den(s8, pts));
       if (!have || e < best_e) {
         have = true;
@@ -501,7 +534,7 @@ void quantize_row_nvfp4_weight(const float* w, int64_t K, float pts, uint8_t* sc
     }
     if (!have) best_s = dt::f32_to_e4m3(base);
     scales_out[b] = best_s;
-    nvfp4_block_codes(wb, nvfp4_den(best_s, pts), packed_out + b * 8);
+    nvfp4_codes(wb, nvfp4_den(best_s, pts), packed_out + b * 8);
   }
 }
 
@@ -513,7 +546,7 @@ LOWBIT_CLONES void quantize_row_nvfp4_act(const float* x, int64_t K, uint8_t* sc
     base = base > 448.f ? 448.f : base;
     uint8_t s8 = dt::f32_to_e4m3(base);
     scales_out[b] = s8;
-    nvfp4_block_codes(xb, nvfp4_den(s8, 1.f), packed_out + b * 8);
+    nvfp4_codes(xb, nvfp4_den(s8, 1.f), packed_out + b * 8);
   }
 }
 

@@ -992,6 +992,44 @@ TEST(LinearSimd, VectorKernelsMatchScalar) {
   }
 }
 
+// The NVFP4 block codes (AVX2 and scalar) give dt::f32_to_e2m1(clamp(w / den)) on every
+// boundary of SPEC §3.4 and its float neighbours, both signs, +-6 and beyond, zeros, NaN and
+// infinities, with den 1 and with a den that divides inexactly.
+TEST(LinearSimd, Nvfp4CodesMatchTheEncoder) {
+  using namespace cpu::convrot;
+  std::vector<float> v = {0.f, -0.f, NAN, -NAN, INFINITY, -INFINITY, 6.f, -6.f, 7.f, -1e30f};
+  for (float b : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.f, 0.5f, 1.f, 3.f, 4.f})
+    for (float s : {1.f, -1.f}) {
+      v.push_back(s * b);
+      v.push_back(s * std::nextafter(b, 0.f));
+      v.push_back(s * std::nextafter(b, 10.f));
+    }
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-8.f, 8.f);
+  while (v.size() % 16 != 0 || v.size() < 4096) v.push_back(u(rng));
+  for (float den : {1.f, 0.3f, 1e-3f})
+    for (bool scalar : {false, true}) {
+      force_scalar_kernels(scalar);
+      for (size_t b = 0; b < v.size(); b += 16) {
+        uint8_t got[8];
+        const std::vector<float> w(v.begin() + static_cast<int64_t>(b),
+                                   v.begin() + static_cast<int64_t>(b) + 16);
+        std::vector<float> wd(16);
+        for (int l = 0; l < 16; ++l) wd[l] = w[l] * den;  // (then / den: near the same values)
+        nvfp4_codes(wd.data(), den, got);
+        for (int l = 0; l < 16; ++l) {
+          float z = wd[l] / den;
+          z = z > 6.f ? 6.f : z;
+          z = z < -6.f ? -6.f : z;
+          const uint8_t want = dt::f32_to_e2m1(z);
+          ASSERT_EQ((got[l / 2] >> (4 * (l % 2))) & 0xf, want)
+              << "w " << wd[l] << " den " << den << (scalar ? " (scalar)" : "");
+        }
+      }
+    }
+  force_scalar_kernels(false);
+}
+
 // The e4m3 encoder of the fp8 quantizers (AVX2 and scalar) gives dt::f32_to_e4m3's bits on
 // hand-checked codes and on ~1.2 M fp32 patterns: a stride through all 2^32, and +-256 ulp
 // around every e4m3 value and every midpoint between neighbours (both signs), with s = 1
