@@ -3,7 +3,6 @@
 // the row kernels (F16C / AVX2 where the CPU has them); the rest element by element. Both give
 // the bits of load_f32 / store_f32 (src/core/convert_elem.h).
 #include <algorithm>
-#include <cstring>
 
 #include "src/core/backends.h"
 #include "src/core/convert_elem.h"
@@ -18,49 +17,13 @@ namespace {
 
 constexpr int64_t kChunk = 2048;  // elements per buffer pass (8 KB of f32)
 
-// buf[i] = load_f32(base, off + i, dt), i < n.
-void load_row(const void* base, int64_t off, DType dt, int64_t n, float* buf) {
-  switch (dt) {
-    case DType::f32:
-      std::memcpy(buf, static_cast<const float*>(base) + off, static_cast<size_t>(n) * 4);
-      return;
-    case DType::f16:
-      rows::f16_to_f32(static_cast<const uint16_t*>(base) + off, n, buf);
-      return;
-    case DType::bf16: {
-      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
-      for (int64_t i = 0; i < n; ++i) buf[i] = dt::bf16_to_f32(p[i]);
-      return;
-    }
-    case DType::e4m3: {
-      const float* lut = rows::e4m3_table();
-      const uint8_t* p = static_cast<const uint8_t*>(base) + off;
-      for (int64_t i = 0; i < n; ++i) buf[i] = lut[p[i]];
-      return;
-    }
-    default:
-      for (int64_t i = 0; i < n; ++i) buf[i] = load_f32(base, off + i, dt);
-  }
-}
-
-// store_f32(base, off + i, dt, buf[i]), i < n.
-void store_row(void* base, int64_t off, DType dt, int64_t n, const float* buf) {
-  switch (dt) {
-    case DType::f32:
-      std::memcpy(static_cast<float*>(base) + off, buf, static_cast<size_t>(n) * 4);
-      return;
-    case DType::f16:
-      rows::f32_to_f16(buf, n, static_cast<uint16_t*>(base) + off);
-      return;
-    case DType::bf16:
-      rows::f32_to_bf16(buf, n, static_cast<uint16_t*>(base) + off);
-      return;
-    case DType::e4m3:  // (x / 1 = x for every float, NaN and -0 included)
-      convrot::e4m3_codes(buf, n, 1.f, static_cast<uint8_t*>(base) + off);
-      return;
-    default:
-      for (int64_t i = 0; i < n; ++i) store_f32(base, off + i, dt, buf[i]);
-  }
+// store_f32 of buf[i] at off + i, i < n: e4m3 by the quantizers' AVX2 encoder (x / 1 = x for
+// every float, NaN and -0 included), the rest by rows::store.
+void store_chunk(void* base, int64_t off, DType dt, int64_t n, const float* buf) {
+  if (dt == DType::e4m3)
+    convrot::e4m3_codes(buf, n, 1.f, static_cast<uint8_t*>(base) + off);
+  else
+    rows::store(buf, n, dt, base, off);
 }
 
 }  // namespace
@@ -97,8 +60,8 @@ void convert(const TensorView& src, TensorView dst, Context& ctx) {
                      const int64_t lin = row * inner + c0;
                      const int64_t s_off = flat ? lin : element_offset(so, lin);
                      const int64_t d_off = flat ? lin : element_offset(dof, lin);
-                     load_row(src.data, s_off, src.dtype, len, buf);
-                     store_row(dst.data, d_off, dst.dtype, len, buf);
+                     rows::load(src.data, s_off, src.dtype, len, buf);
+                     store_chunk(dst.data, d_off, dst.dtype, len, buf);
                    }
                  });
     return;

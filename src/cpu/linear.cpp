@@ -12,6 +12,7 @@
 #include "src/core/linear_backend.h"
 #include "src/core/parallel.h"
 #include "src/cpu/linear_kernels.h"
+#include "src/cpu/rows.h"
 
 namespace lowbit {
 namespace cpu {
@@ -43,9 +44,9 @@ void hadamard_rotate(const TensorView& x, int block, TensorView out, Context& ct
   parallel_for(R, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
     std::vector<float> row(static_cast<size_t>(K));
     for (int64_t r = b; r < e; ++r) {
-      load_row(row_bytes(x, r), x.dtype, K, row.data());
+      rows::load(row_bytes(x, r), 0, x.dtype, K, row.data());
       rotate_row(row.data(), row.data(), K, block);
-      store_row(row.data(), out.dtype, K, row_bytes_mut(out, r));
+      rows::store(row.data(), K, out.dtype, row_bytes_mut(out, r), 0);
     }
   });
 }
@@ -60,7 +61,7 @@ void quantize_weight(const TensorView& w, PackedWeight& out, Context& ctx) {
     parallel_for(O, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
       std::vector<float> row(static_cast<size_t>(K));
       for (int64_t o = b; o < e; ++o) {
-        load_row(row_bytes(w, o), w.dtype, K, row.data());
+        rows::load(row_bytes(w, o), 0, w.dtype, K, row.data());
         rotate_row(row.data(), row.data(), K, rot);
         float m = 0.f;
         bool nan = false;
@@ -86,7 +87,7 @@ void quantize_weight(const TensorView& w, PackedWeight& out, Context& ctx) {
     parallel_for(O, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
       std::vector<float> row(static_cast<size_t>(K));
       for (int64_t o = b; o < e; ++o) {
-        load_row(row_bytes(w, o), w.dtype, K, row.data());
+        rows::load(row_bytes(w, o), 0, w.dtype, K, row.data());
         rotate_row(row.data(), row.data(), K, rot);
         quantize_row_nvfp4_weight(row.data(), K, pts, out.block_scales.data() + o * nb,
                                   out.codes.data() + o * (K / 2));
@@ -102,7 +103,7 @@ void quantize_weight(const TensorView& w, PackedWeight& out, Context& ctx) {
   parallel_for(O, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
     std::vector<float> row(static_cast<size_t>(K));
     for (int64_t o = b; o < e; ++o) {
-      load_row(row_bytes(w, o), w.dtype, K, row.data());
+      rows::load(row_bytes(w, o), 0, w.dtype, K, row.data());
       rotate_row(row.data(), row.data(), K, rot);
       quantize_weight_row(row.data(), o, ov);
     }
@@ -121,7 +122,7 @@ void quantize_act_rows(const TensorView& x, QType q, int rot, int64_t b, int64_t
   const int64_t K = x.shape[1];
   std::vector<float> row(static_cast<size_t>(K));
   for (int64_t m = b; m < e; ++m) {
-    load_row(row_bytes(x, m), x.dtype, K, row.data());
+    rows::load(row_bytes(x, m), 0, x.dtype, K, row.data());
     rotate_row(row.data(), row.data(), K, rot);
     uint8_t* codes = a_codes + m * code_stride;
     if (q == QType::convrot4) {
@@ -312,7 +313,7 @@ void quantized_linear_backward_input(const PackedWeightView& w, const TensorView
     std::vector<float> g(static_cast<size_t>(O)), row(static_cast<size_t>(K));
     std::vector<double> acc(static_cast<size_t>(K));
     for (int64_t m = b; m < e; ++m) {
-      load_row(row_bytes(grad_out, m), grad_out.dtype, O, g.data());
+      rows::load(row_bytes(grad_out, m), 0, grad_out.dtype, O, g.data());
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t o = 0; o < O; ++o) {
         const double go = g[o];
@@ -321,7 +322,7 @@ void quantized_linear_backward_input(const PackedWeightView& w, const TensorView
       }
       for (int64_t k = 0; k < K; ++k) row[k] = static_cast<float>(acc[k]);
       rotate_row(row.data(), row.data(), K, w.rot);
-      store_row(row.data(), grad_x.dtype, K, row_bytes_mut(grad_x, m));
+      rows::store(row.data(), K, grad_x.dtype, row_bytes_mut(grad_x, m), 0);
     }
   });
 }
@@ -332,7 +333,7 @@ void requantize_weight(const PackedWeightView& w, const TensorView& weight, bool
   parallel_for(O, grain_rows(K), ctx, [&](int64_t b, int64_t e) {
     std::vector<float> row(static_cast<size_t>(K));
     for (int64_t o = b; o < e; ++o) {
-      load_row(row_bytes(weight, o), weight.dtype, K, row.data());
+      rows::load(row_bytes(weight, o), 0, weight.dtype, K, row.data());
       rotate_row(row.data(), row.data(), K, w.rot);
       requantize_weight_row(w, o, row.data(), stochastic, seed);
     }

@@ -122,27 +122,6 @@ void rotate_row(const float* x, float* y, int64_t K, int rot) {
   for (int64_t b = 0; b < K; b += rot) rotate_block_scalar(x + b, y + b, rot, tb);
 }
 
-void load_row(const void* src, DType dt, int64_t K, float* dst) {
-  if (dt == DType::f32) {
-    std::memcpy(dst, src, static_cast<size_t>(K) * 4);
-  } else if (dt == DType::bf16) {
-    const uint16_t* s = static_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < K; ++i) dst[i] = dt::bits_f32(static_cast<uint32_t>(s[i]) << 16);
-  } else {
-    rows::f16_to_f32(static_cast<const uint16_t*>(src), K, dst);
-  }
-}
-
-void store_row(const float* src, DType dt, int64_t K, void* dst) {
-  if (dt == DType::f32) {
-    if (dst != src) std::memmove(dst, src, static_cast<size_t>(K) * 4);
-    return;
-  }
-  if (dt == DType::bf16) return rows::f32_to_bf16(src, K, static_cast<uint16_t*>(dst));
-  if (dt == DType::f16) return rows::f32_to_f16(src, K, static_cast<uint16_t*>(dst));
-  for (int64_t i = 0; i < K; ++i) store_f32(dst, i, dt, src[i]);
-}
-
 // ---- quantizers -------------------------------------------------------------------------------
 // The hot primitives come in two builds with the same bits: plain scalar loops, and AVX2 (8 lanes;
 // the 16-lane sum order of docs/linear.md is two registers: lanes 0-7 and 8-15). The AVX2 build

@@ -58,10 +58,7 @@ void force_scalar_kernels(bool on);
 // ---- rotation --------------------------------------------------------------------------------
 // y = x · R_rot on each block of `rot` elements of a K-row (y may equal x). rot in {16, 64, 256}.
 void rotate_row(const float* x, float* y, int64_t K, int rot);
-// Reads K elements of a f32/bf16/f16 row into fp32.
-void load_row(const void* src, DType dt, int64_t K, float* dst);
-// Stores K fp32 values into a f32/bf16/f16 row (RNE).
-void store_row(const float* src, DType dt, int64_t K, void* dst);
+// (Rows in and out of f32: rows::load / rows::store, src/cpu/rows.h.)
 
 // ---- weight quantizers (rotated fp32 rows) -----------------------------------------------------
 // Per-row symmetric: scale = amax / qmax (0 -> 1), codes = round_clamp(w / scale, qmax).

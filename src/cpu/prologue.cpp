@@ -22,21 +22,6 @@ namespace {
 // every float significand.
 float rsqrt_rn(float s) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(s))); }
 
-// n values of a row from `base` + off (dtype dt) as fp32, the dtype dispatched once per row.
-void load_row(const void* base, int64_t off, DType dt, int64_t n, float* out) {
-  switch (dt) {
-    case DType::f32: std::memcpy(out, static_cast<const float*>(base) + off, n * sizeof(float)); break;
-    case DType::bf16: {
-      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
-      for (int64_t c = 0; c < n; ++c) out[c] = dt::bf16_to_f32(p[c]);
-      break;
-    }
-    case DType::f16: rows::f16_to_f32(static_cast<const uint16_t*>(base) + off, n, out); break;
-    default:
-      for (int64_t c = 0; c < n; ++c) out[c] = load_f32(base, off + c, dt);
-  }
-}
-
 // Sum of squares in the order documented at kNormChunk. `part` is scratch of D / kNormChunk
 // floats.
 // (The chunks' chains advance side by side, each in its own order: independent fmas.)
@@ -70,24 +55,21 @@ LOWBIT_CLONES_FMA void row_values(const PrologueArgs& a, int64_t b, int64_t n, i
   const int64_t D = a.dim;
   float* x = s.x.data();
   float* y = s.y.data();
-  load_row(a.x, b * a.x_sb + n * a.x_sn + h * a.x_sh, a.x_dtype, D, x);
+  rows::load(a.x, b * a.x_sb + n * a.x_sn + h * a.x_sh, a.x_dtype, D, x);
   if (a.norm) {
     const float inv =
         rsqrt_rn(sum_of_squares(x, D, s.part.data()) / static_cast<float>(D) + a.eps);
     const int64_t wr = a.w_rows ? static_cast<int64_t>(a.w_rows[n * a.w_rows_s]) : 0;
     if (wr != s.w_row) {
-      load_row(a.w, wr * a.w_sr, a.w_dtype, D, s.w.data());
+      rows::load(a.w, wr * a.w_sr, a.w_dtype, D, s.w.data());
       s.w_row = wr;
     }
     const float* w = s.w.data();
     for (int64_t c = 0; c < D; ++c) y[c] = (x[c] * inv) * w[c];
     // the norm's stored output: rounded to the activation dtype and read back
-    if (a.x_dtype == DType::bf16) {
-      rows::f32_to_bf16(y, D, s.h.data());
-      for (int64_t c = 0; c < D; ++c) y[c] = dt::bf16_to_f32(s.h[c]);
-    } else if (a.x_dtype == DType::f16) {
-      rows::f32_to_f16(y, D, s.h.data());
-      rows::f16_to_f32(s.h.data(), D, y);
+    if (a.x_dtype == DType::bf16 || a.x_dtype == DType::f16) {
+      rows::store(y, D, a.x_dtype, s.h.data(), 0);
+      rows::load(s.h.data(), 0, a.x_dtype, D, y);
     }
   } else {
     std::memcpy(y, x, static_cast<size_t>(D) * sizeof(float));

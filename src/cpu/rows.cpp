@@ -2,12 +2,14 @@
 #include "src/cpu/rows.h"
 
 #include <array>
+#include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #endif
 
 #include "lowbit/dtype.h"
+#include "src/core/convert_elem.h"
 #include "src/cpu/cpu_clones.h"
 
 namespace lowbit {
@@ -117,6 +119,42 @@ const float* e4m3_table() {
     return t;
   }();
   return table.data();
+}
+
+void load(const void* base, int64_t off, DType dt, int64_t n, float* out) {
+  switch (dt) {
+    case DType::f32:
+      std::memcpy(out, static_cast<const float*>(base) + off, static_cast<size_t>(n) * 4);
+      return;
+    case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(base) + off, n, out);
+    case DType::bf16: {
+      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) out[i] = dt::bf16_to_f32(p[i]);
+      return;
+    }
+    case DType::e4m3: {
+      const float* table = e4m3_table();
+      const uint8_t* p = static_cast<const uint8_t*>(base) + off;
+      for (int64_t i = 0; i < n; ++i) out[i] = table[p[i]];
+      return;
+    }
+    default:
+      for (int64_t i = 0; i < n; ++i) out[i] = load_f32(base, off + i, dt);
+  }
+}
+
+void store(const float* src, int64_t n, DType dt, void* base, int64_t off) {
+  switch (dt) {
+    case DType::f32: {
+      float* d = static_cast<float*>(base) + off;
+      if (d != src) std::memmove(d, src, static_cast<size_t>(n) * 4);
+      return;
+    }
+    case DType::f16: return f32_to_f16(src, n, static_cast<uint16_t*>(base) + off);
+    case DType::bf16: return f32_to_bf16(src, n, static_cast<uint16_t*>(base) + off);
+    default:
+      for (int64_t i = 0; i < n; ++i) store_f32(base, off + i, dt, src[i]);
+  }
 }
 
 void force_scalar(bool on) { g_force_scalar = on; }

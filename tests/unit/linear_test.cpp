@@ -14,6 +14,7 @@
 
 #include "lowbit/dtype.h"
 #include "src/cpu/linear_kernels.h"
+#include "src/cpu/rows.h"
 #include "tests/unit/random_data.h"
 
 namespace lowbit {
@@ -1116,13 +1117,13 @@ TEST(LinearSimd, RowConversionsMatchDtype) {
     force_scalar_kernels(scalar);
     const char* which = scalar ? "scalar" : "vector";
     std::vector<float> f(h.size());
-    load_row(h.data(), DType::f16, static_cast<int64_t>(h.size()), f.data());
+    cpu::rows::load(h.data(), 0, DType::f16, static_cast<int64_t>(h.size()), f.data());
     for (size_t i = 0; i < h.size(); ++i)
       ASSERT_EQ(dt::f32_bits(f[i]), dt::f32_bits(dt::f16_to_f32(h[i])))
           << which << " f16 0x" << std::hex << h[i];
     std::vector<uint16_t> o16(x.size()), ob16(x.size());
-    store_row(x.data(), DType::f16, static_cast<int64_t>(x.size()), o16.data());
-    store_row(x.data(), DType::bf16, static_cast<int64_t>(x.size()), ob16.data());
+    cpu::rows::store(x.data(), static_cast<int64_t>(x.size()), DType::f16, o16.data(), 0);
+    cpu::rows::store(x.data(), static_cast<int64_t>(x.size()), DType::bf16, ob16.data(), 0);
     for (size_t i = 0; i < x.size(); ++i) {
       ASSERT_EQ(o16[i], dt::f32_to_f16(x[i]))
           << which << " f32 0x" << std::hex << dt::f32_bits(x[i]);
@@ -1137,8 +1138,8 @@ TEST(LinearSimd, RowConversionsMatchDtype) {
   const uint16_t f16[] = {0x3c00, 0xc100, 0x7bff, 0x7c00, 0x0001, 0x0000, 0x7fff};
   const uint16_t bf16[] = {0x3f80, 0xc020, 0x4780, 0x4780, 0x3380, 0x3300, 0x7fff};
   std::vector<uint16_t> a(std::size(v)), b(std::size(v));
-  store_row(v, DType::f16, std::size(v), a.data());
-  store_row(v, DType::bf16, std::size(v), b.data());
+  cpu::rows::store(v, std::size(v), DType::f16, a.data(), 0);
+  cpu::rows::store(v, std::size(v), DType::bf16, b.data(), 0);
   for (size_t i = 0; i < std::size(v); ++i) {
     EXPECT_EQ(a[i], f16[i]) << v[i];
     EXPECT_EQ(b[i], bf16[i]) << v[i];
