@@ -15,6 +15,7 @@
 // each i an xor-shuffle tree over the LANES lanes (chunks LANES*i .. LANES*i + LANES-1 as a
 // pairwise tree), then ((S0 + S1) + (S2 + S3)): the pairwise tree over all D/8 chunks.
 #include <algorithm>
+#include <type_traits>
 #include <utility>
 
 #include "src/core/check.h"
@@ -151,6 +152,13 @@ constexpr int64_t kV3Occ6MinRows = int64_t{1} << 16;
 // bits, for -1 % at Flux k: not adopted, deleted; see docs/prologue.md.)
 constexpr bool kV3DefaultBalanced = true;
 constexpr double kV3BalancedMaxRounds = 2.0;
+
+// p advanced by an unsigned 32-bit byte count (64-bit address arithmetic, no sign word).
+template <typename T>
+__device__ __forceinline__ T* bump(T* p, uint32_t bytes) {
+  using Byte = std::conditional_t<std::is_const<T>::value, const char, char>;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(p) + bytes);
+}
 
 // Chunk i (0..3) of lane `lane_in_row`; channel of value 8 * i + j is 8 * chunk + j.
 template <int D>
@@ -297,19 +305,27 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
 #pragma unroll
   for (int i = 0; i < 4; ++i) unpack<BF16>(raw[i], x + 8 * i);
   if (norm || UNIFORM) {
-    float inv = 1.f;
-    if (norm) {
-      float p[4];
+    float p[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) p[i] = chunk_squares(x + 8 * i);
+    for (int i = 0; i < 4; ++i) p[i] = chunk_squares(x + 8 * i);
 #pragma unroll
-      for (int o = 1; o < LANES; o <<= 1) {
+    for (int o = 1; o < LANES; o <<= 1) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
-      }
-      const float total = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
-      static_assert((D & (D - 1)) == 0, "D must be a power of two");  // total / D is exact
-      inv = norm_rsqrt(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps));
+      for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
+    }
+    const float total = __fadd_rn(__fadd_rn(p[0], p[1]), __fadd_rn(p[2], p[3]));
+    static_assert((D & (D - 1)) == 0, "D must be a power of two");  // total / D is exact
+    const float ms = __fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), eps);
+    float inv;
+    if constexpr (UNIFORM) {
+      // Session 31: the squares, their tree and the rsqrt's direct steps run whether or not
+      // there is a norm, and one rarely taken branch rewrites the scalar inv (no norm: 1, the
+      // weights are 1 too; outside the direct range: __frsqrt_rn). ptxas no longer joins two
+      // register assignments of the row there (Flux q kernel: 572 -> 548 instructions a head).
+      inv = rsqrt_direct(ms);
+      if (!norm || !rsqrt_direct_ok(ms)) inv = norm ? __frsqrt_rn(ms) : 1.f;
+    } else {
+      inv = norm_rsqrt(ms);  // here norm is on
     }
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -724,6 +740,11 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   // Pointers at head h0; head offsets fit in 32 bits (checked on the host).
   const QuantRow row = quant_cta_row(a, L, p, L.group_rows, lane_in_row == 0, count);
 
+  // row.ok as an opaque 32-bit flag (session 31): ptxas otherwise derives it again at every head
+  // from the 64-bit token index, two registers that occ6's 80 spill and reload.
+  uint32_t ok_flag;
+  asm volatile("mov.b32 %0, %1;" : "=r"(ok_flag) : "r"(static_cast<uint32_t>(row.ok)));
+  const bool row_ok = ok_flag != 0;
   const float4 wq = v3_weight_quad<D>(a, tid);  // blockDim >= 128 >= 8 * LANES
   float tcs[16], tsn[16];
 #pragma unroll
@@ -808,7 +829,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 #pragma unroll
       for (int j = 1; j < 8; ++j) t[i] = max_nan(t[i], fabsf(v[8 * i + j]));
     }
-    float m = row.ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
+    float m = row_ok ? max_nan(max_nan(t[0], t[1]), max_nan(t[2], t[3])) : 0.f;
     if (SPEC || L.redux) {
       // 32 or 16 lanes: redux_group_max; fewer: the shuffle levels below red_lanes only.
       const int rl = SPEC ? S_RL : L.red_lanes;
@@ -846,12 +867,15 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         for (int k = 1; k < L.wpg; ++k) m = max_nan(m, red[par][team_first + k]);
       }
     }
-    if (scaled) m = __fmul_rn(m, abs_sm);
+    // The specialized q form multiplies by sm_scale unconditionally (x * 1 is exact, and a NaN
+    // comes out of the codes' arithmetic as the same canonical NaN): no predicate or branch.
+    constexpr bool ALWAYS_SCALED = SPEC && !S_MEAN;
+    if (ALWAYS_SCALED || scaled) m = __fmul_rn(m, abs_sm);
     const float scale =
         __fadd_rn(LEAN ? __fmul_rn(m, rcp127) : div_full(m, 127.f), a.scale_eps);
     if (row.writer) *(TIGHT ? scur : row.s + u * s_sh) = scale;
-    if (!row.ok) return;
-    if (scaled) {
+    if (!row_ok) return;
+    if (ALWAYS_SCALED || scaled) {
 #pragma unroll
       for (int j = 0; j < 32; ++j) v[j] = __fmul_rn(v[j], a.sm_scale);
     }
@@ -926,6 +950,8 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
         static_assert(kMeanRingChunk * (D / 4) <= THREADS, "SPEC: one refill copy per thread");
         const uint32_t first = ring0, last = ring0 + LAST;
         uint32_t rd = first, wr = last;
+        const uint32_t xb = 2u * static_cast<uint32_t>(x_sh), qb = static_cast<uint32_t>(q_sh),
+                       sb = 4u * static_cast<uint32_t>(s_sh);
         const uint32_t mean0 = ptx::smem_u32(mean_sh);
         constexpr int QR = D / 4;
         const int rr = tid / QR, rq = tid % QR;  // the refill row and float4 of this thread
@@ -936,21 +962,33 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
             mean_ring_copy<QR>(mean0, mrow == 0 ? kMeanRingChunk : 0, rr, rq, u + kMeanRingChunk,
                                count, row.m, m_sh, [](int q) { return q; });
           }
-          if (u + AHEAD < count) issue_at(wr);
+          // The pointers advance by unsigned 32-bit byte steps (the host keeps every stride in
+          // [0, 2^30 / heads)): no sign word to hold, and nx advances whether or not it issues.
+          if (u + AHEAD < count) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              ptx::cp_async16(wr + i * THREADS * sizeof(uint4), nx + 8 * LANES * i);
+          }
+          nx = bump(nx, xb);
           cp_async_commit();
           cp_async_wait<AHEAD>();
           uint4 r[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i) r[i] = lds16u(rd + i * THREADS * sizeof(uint4));
           proc(u, r);
-          wr = rd;
-          rd = rd == last ? first : rd + SB;
+          if constexpr (SLOTS == 2) {  // the two slots trade places: one XOR each
+            rd ^= first ^ last;
+            wr ^= first ^ last;
+          } else {
+            wr = rd;
+            rd = rd == last ? first : rd + SB;
+          }
           // (Wraps only in the ring: staged rows without it are the whole head group, which
           // the cap lets exceed kMeanRingRows; session 23 fixed a wrap here that read head 0's
           // mean for head 6 with mean_smem = kMeanSmemOn and 7 heads per CTA.)
           if (S_MEAN) mrow = L.mean_ring && mrow == kMeanRingRows - 1 ? 0 : mrow + 1;
-          qcur += q_sh;
-          scur += s_sh;
+          qcur = bump(qcur, qb);
+          scur = bump(scur, sb);
         }
         return;
       }

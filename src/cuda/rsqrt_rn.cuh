@@ -18,17 +18,28 @@ namespace cuda {
 constexpr uint32_t kRsqrtDirectLo = 0x0d800000u;  // 2^-100
 constexpr uint32_t kRsqrtDirectHi = 0x71800000u;  // 2^100
 
+// The direct path's steps on any s (its value means something only where rsqrt_direct_ok(s)).
+__device__ __forceinline__ float rsqrt_direct(float s) {
+  float y;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(s));
+  const float y2 = __fmul_rn(y, y);
+  const float y2_err = __fmaf_rn(y, y, -y2);
+  const float e = __fmaf_rn(y2_err, -s, __fmaf_rn(y2, -s, 1.f));
+  return __fmaf_rn(__fmaf_rn(0.375f, e, 0.5f), __fmul_rn(y, e), y);
+}
+__device__ __forceinline__ bool rsqrt_direct_ok(float s) {
+  return __float_as_uint(s) - kRsqrtDirectLo < kRsqrtDirectHi - kRsqrtDirectLo;
+}
+
 __device__ __forceinline__ float norm_rsqrt(float s) {
   if (__float_as_uint(s) - kRsqrtDirectLo < kRsqrtDirectHi - kRsqrtDirectLo) {
-    float y;
-    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(s));
-    const float y2 = __fmul_rn(y, y);
-    const float y2_err = __fmaf_rn(y, y, -y2);
-    const float e = __fmaf_rn(y2_err, -s, __fmaf_rn(y2, -s, 1.f));
-    return __fmaf_rn(__fmaf_rn(0.375f, e, 0.5f), __fmul_rn(y, e), y);
+    return rsqrt_direct(s);
   }
   return __frsqrt_rn(s);
 }
+// (Session 31: v3_row's uniform form runs the direct steps unconditionally and lets the rare
+// fallback rewrite the one result, see src/cuda/prologue_v3.cu; the two-row kernels keep this
+// form, which ptxas schedules better there.)
 
 }  // namespace cuda
 }  // namespace lowbit
