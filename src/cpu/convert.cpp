@@ -8,7 +8,6 @@
 #include "src/core/convert_elem.h"
 #include "src/core/indexing.h"
 #include "src/core/parallel.h"
-#include "src/cpu/linear_kernels.h"
 #include "src/cpu/rows.h"
 
 namespace lowbit {
@@ -16,15 +15,6 @@ namespace cpu {
 namespace {
 
 constexpr int64_t kChunk = 2048;  // elements per buffer pass (8 KB of f32)
-
-// store_f32 of buf[i] at off + i, i < n: e4m3 by the quantizers' AVX2 encoder (x / 1 = x for
-// every float, NaN and -0 included), the rest by rows::store.
-void store_chunk(void* base, int64_t off, DType dt, int64_t n, const float* buf) {
-  if (dt == DType::e4m3)
-    convrot::e4m3_codes(buf, n, 1.f, static_cast<uint8_t*>(base) + off);
-  else
-    rows::store(buf, n, dt, base, off);
-}
 
 }  // namespace
 
@@ -61,7 +51,7 @@ void convert(const TensorView& src, TensorView dst, Context& ctx) {
                      const int64_t s_off = flat ? lin : element_offset(so, lin);
                      const int64_t d_off = flat ? lin : element_offset(dof, lin);
                      rows::load(src.data, s_off, src.dtype, len, buf);
-                     store_chunk(dst.data, d_off, dst.dtype, len, buf);
+                     rows::store(buf, len, dst.dtype, dst.data, d_off);
                    }
                  });
     return;

@@ -144,10 +144,6 @@ void codes_scalar(const float* w, int64_t n, float s, float qmax, int8_t* codes)
   for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<int8_t>(round_clamp(w[i] / s, qmax));
 }
 
-void e4m3_codes_scalar(const float* w, int64_t n, float s, uint8_t* codes) {
-  for (int64_t i = 0; i < n; ++i) codes[i] = dt::f32_to_e4m3(w[i] / s);
-}
-
 // Σ (w - round_clamp(w / s)·s)² in the 16-lane order.
 float group_error_scalar(const float* w, int64_t g, float s, float qmax) {
   float lane[16] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -253,42 +249,6 @@ LOWBIT_AVX2 void codes_avx2(const float* w, int64_t n, float s, float qmax, int8
   codes_scalar(w + i, n - i, s, qmax, codes + i);
 }
 
-// dt::f32_to_e4m3(w / s) on 8 lanes, branch-free on the quotient's bits: |z| < 2^-6 rounds
-// |z| 2^9 (exact) to the nearest-even integer, the subnormal code (8 = 2^-6 when it rounds
-// up); from 2^-6 the magnitude's low 20 bits round to nearest-even into bit 20, carries
-// included, and the exponent is rebased (127 - 7) << 3; |z| >= 448 (inf too) -> 0x7e; NaN ->
-// 0x7f without its sign.
-LOWBIT_AVX2 void e4m3_codes_avx2(const float* w, int64_t n, float s, uint8_t* codes) {
-  const __m256 vs = _mm256_set1_ps(s), k512 = _mm256_set1_ps(512.f);
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), one = _mm256_set1_epi32(1);
-  const __m256i half = _mm256_set1_epi32(0x7ffff), rebase = _mm256_set1_epi32(120 << 3);
-  const __m256i min_normal = _mm256_set1_epi32(0x3c800000 - 1);  // 2^-6, less one for cmpgt
-  const __m256i sat = _mm256_set1_epi32(0x43e00000 - 1), inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i max_code = _mm256_set1_epi32(0x7e), nan_code = _mm256_set1_epi32(0x7f);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 z = _mm256_div_ps(_mm256_loadu_ps(w + i), vs);
-    const __m256i u = _mm256_castps_si256(z);
-    const __m256i ax = _mm256_and_si256(u, abs_mask);
-    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
-    // normal: (ax + 0x7ffff + bit 20) >> 20, rebased
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(ax, 20), one);
-    const __m256i rn = _mm256_add_epi32(ax, _mm256_add_epi32(half, lsb));
-    const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(rn, 20), rebase);
-    // subnormal: rne(|z| 2^9)
-    const __m256 az = _mm256_castsi256_ps(ax);
-    const __m256i sub = _mm256_cvtps_epi32(
-        _mm256_round_ps(_mm256_mul_ps(az, k512), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    __m256i c = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(ax, min_normal));
-    c = _mm256_blendv_epi8(c, max_code, _mm256_cmpgt_epi32(ax, sat));
-    c = _mm256_or_si256(c, sign);
-    c = _mm256_blendv_epi8(c, nan_code, _mm256_cmpgt_epi32(ax, inf));
-    const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packus_epi16(p16, p16));
-  }
-  e4m3_codes_scalar(w + i, n - i, s, codes + i);
-}
-
 LOWBIT_AVX2 float group_error_avx2(const float* w, int64_t g, float s, float qmax) {
   const __m256 vs = _mm256_set1_ps(s), vq = _mm256_set1_ps(qmax), vnq = _mm256_set1_ps(-qmax);
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
@@ -378,20 +338,17 @@ struct Primitives {
   float (*group_error)(const float*, int64_t, float, float);
   void (*refit)(const float*, int64_t, float, float, float*, float*);
   float (*nvfp4_error)(const float*, float);
-  void (*e4m3_codes)(const float*, int64_t, float, uint8_t*);
   void (*nvfp4_codes)(const float*, float, uint8_t*);
 };
 
 bool g_force_scalar = false;
 
 const Primitives& prims() {
-  static const Primitives scalar = {amax_scalar,        codes_scalar,      group_error_scalar,
-                                    refit_scalar,       nvfp4_error_scalar, e4m3_codes_scalar,
-                                    nvfp4_codes_scalar};
+  static const Primitives scalar = {amax_scalar,  codes_scalar,       group_error_scalar,
+                                    refit_scalar, nvfp4_error_scalar, nvfp4_codes_scalar};
 #ifdef LOWBIT_HAVE_AVX2_PATH
-  static const Primitives avx2 = {amax_avx2,        codes_avx2,      group_error_avx2,
-                                  refit_avx2,       nvfp4_error_avx2, e4m3_codes_avx2,
-                                  nvfp4_codes_avx2};
+  static const Primitives avx2 = {amax_avx2,  codes_avx2,       group_error_avx2,
+                                  refit_avx2, nvfp4_error_avx2, nvfp4_codes_avx2};
   static const bool has_avx2 = __builtin_cpu_supports("avx2");
   if (has_avx2 && !g_force_scalar) return avx2;
 #endif
@@ -425,8 +382,10 @@ float quantize_row_int(const float* w, int64_t K, int qmax, int8_t* codes) {
 
 void nvfp4_codes(const float* w, float den, uint8_t* packed8) { prims().nvfp4_codes(w, den, packed8); }
 
+// (The row encoder of src/cpu/rows: AVX2 or scalar by rows' own selection, which
+// force_scalar_kernels forces too.)
 void e4m3_codes(const float* w, int64_t n, float s, uint8_t* codes) {
-  prims().e4m3_codes(w, n, s, codes);
+  rows::f32_to_e4m3(w, n, s, codes);
 }
 
 float quantize_row_fp8(const float* w, int64_t K, uint8_t* codes) {

@@ -66,7 +66,7 @@ float quantize_row_int(const float* w, int64_t K, int qmax, int8_t* codes);
 // One NVFP4 block's codes: packed8[l / 2] holds dt::f32_to_e2m1(clamp(w[l] / den, -6, 6)) of
 // l and l + 1 (the even element in the low nibble), l < 16.
 void nvfp4_codes(const float* w, float den, uint8_t* packed8);
-// codes[i] = dt::f32_to_e4m3(w[i] / s), i < n.
+// codes[i] = dt::f32_to_e4m3(w[i] / s), i < n (rows::f32_to_e4m3, src/cpu/rows.h).
 void e4m3_codes(const float* w, int64_t n, float s, uint8_t* codes);
 // Per-row e4m3: scale = amax / 448 (0 -> 1), codes = e4m3(w / scale).
 float quantize_row_fp8(const float* w, int64_t K, uint8_t* codes);

@@ -20,7 +20,7 @@ namespace {
 bool g_force_scalar = false;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define LOWBIT_HAVE_F16C_PATH 1
+#define LOWBIT_HAVE_X86_PATHS 1
 #define LOWBIT_AVX2_F16C __attribute__((target("avx2,f16c")))
 // The vector loops convert whole groups of 8 and return how many they did; the callers finish
 // the rest with dt's scalar conversion.
@@ -80,13 +80,55 @@ bool has_f16c_path() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   return has && !g_force_scalar;
 }
+
+#define LOWBIT_AVX2 __attribute__((target("avx2")))
+// 8 f32 -> e4m3 of x / divisor (dt::f32_to_e4m3 of the quotient), branch-free on the
+// quotient's bits: |z| < 2^-6 rounds |z| 2^9 (exact) to the nearest-even integer, the subnormal
+// code (8 = 2^-6 when it rounds up); from 2^-6 the magnitude's low 20 bits round to nearest-even
+// into bit 20, carries included, and the exponent is rebased (127 - 7) << 3; |z| >= 448 (inf
+// too) -> 0x7e; the sign bit on top; NaN -> 0x7f without its sign.
+LOWBIT_AVX2 int64_t store_e4m3_avx2(const float* src, int64_t n, float divisor, uint8_t* d) {
+  const __m256 vs = _mm256_set1_ps(divisor), k512 = _mm256_set1_ps(512.f);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), one = _mm256_set1_epi32(1);
+  const __m256i half = _mm256_set1_epi32(0x7ffff), rebase = _mm256_set1_epi32(120 << 3);
+  const __m256i min_normal = _mm256_set1_epi32(0x3c800000 - 1);  // 2^-6, less one for cmpgt
+  const __m256i sat = _mm256_set1_epi32(0x43e00000 - 1), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i max_code = _mm256_set1_epi32(0x7e), nan_code = _mm256_set1_epi32(0x7f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 z = _mm256_div_ps(_mm256_loadu_ps(src + i), vs);
+    const __m256i u = _mm256_castps_si256(z);
+    const __m256i ax = _mm256_and_si256(u, abs_mask);
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+    // normal: (ax + 0x7ffff + bit 20) >> 20, rebased
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(ax, 20), one);
+    const __m256i rn = _mm256_add_epi32(ax, _mm256_add_epi32(half, lsb));
+    const __m256i normal = _mm256_sub_epi32(_mm256_srli_epi32(rn, 20), rebase);
+    // subnormal: rne(|z| 2^9)
+    const __m256 az = _mm256_castsi256_ps(ax);
+    const __m256i sub = _mm256_cvtps_epi32(
+        _mm256_round_ps(_mm256_mul_ps(az, k512), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i c = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(ax, min_normal));
+    c = _mm256_blendv_epi8(c, max_code, _mm256_cmpgt_epi32(ax, sat));
+    c = _mm256_or_si256(c, sign);
+    c = _mm256_blendv_epi8(c, nan_code, _mm256_cmpgt_epi32(ax, inf));
+    // (codes <= 0xff: the packs keep them; lanes 0-3 | 4-7 in order)
+    const __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(d + i), _mm_packus_epi16(p16, p16));
+  }
+  return i;
+}
+bool has_avx2_path() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has && !g_force_scalar;
+}
 #endif
 
 }  // namespace
 
 void f16_to_f32(const uint16_t* src, int64_t n, float* dst) {
   int64_t i = 0;
-#ifdef LOWBIT_HAVE_F16C_PATH
+#ifdef LOWBIT_HAVE_X86_PATHS
   if (has_f16c_path()) i = load_f16_avx2(src, n, dst);
 #endif
   for (; i < n; ++i) dst[i] = dt::f16_to_f32(src[i]);
@@ -94,7 +136,7 @@ void f16_to_f32(const uint16_t* src, int64_t n, float* dst) {
 
 void f32_to_f16(const float* src, int64_t n, uint16_t* dst) {
   int64_t i = 0;
-#ifdef LOWBIT_HAVE_F16C_PATH
+#ifdef LOWBIT_HAVE_X86_PATHS
   if (has_f16c_path()) i = store_f16_avx2(src, n, dst);
 #endif
   for (; i < n; ++i) dst[i] = dt::f32_to_f16(src[i]);
@@ -102,10 +144,18 @@ void f32_to_f16(const float* src, int64_t n, uint16_t* dst) {
 
 void f32_to_bf16(const float* src, int64_t n, uint16_t* dst) {
   int64_t i = 0;
-#ifdef LOWBIT_HAVE_F16C_PATH
+#ifdef LOWBIT_HAVE_X86_PATHS
   if (has_f16c_path()) i = store_bf16_avx2(src, n, dst);
 #endif
   for (; i < n; ++i) dst[i] = dt::f32_to_bf16(src[i]);
+}
+
+void f32_to_e4m3(const float* src, int64_t n, float divisor, uint8_t* dst) {
+  int64_t i = 0;
+#ifdef LOWBIT_HAVE_X86_PATHS
+  if (has_avx2_path()) i = store_e4m3_avx2(src, n, divisor, dst);
+#endif
+  for (; i < n; ++i) dst[i] = dt::f32_to_e4m3(src[i] / divisor);
 }
 
 LOWBIT_CLONES void add_scaled(float* o, float p, const float* v, int64_t n) {
@@ -152,6 +202,8 @@ void store(const float* src, int64_t n, DType dt, void* base, int64_t off) {
     }
     case DType::f16: return f32_to_f16(src, n, static_cast<uint16_t*>(base) + off);
     case DType::bf16: return f32_to_bf16(src, n, static_cast<uint16_t*>(base) + off);
+    case DType::e4m3:
+      return f32_to_e4m3(src, n, 1.f, static_cast<uint8_t*>(base) + off);
     default:
       for (int64_t i = 0; i < n; ++i) store_f32(base, off + i, dt, src[i]);
   }

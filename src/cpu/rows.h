@@ -1,6 +1,7 @@
 // Row kernels shared by the CPU backends. Rows of 16-bit floats to and from f32: AVX2 + F16C
 // where the CPU has them, else scalar loops; the bits of dt::f16_to_f32 / dt::f32_to_f16 /
-// dt::f32_to_bf16 either way (NaN in: its payload; NaN out: 0x7fff).
+// dt::f32_to_bf16 either way (NaN in: its payload; NaN out: 0x7fff). Rows of f32 to e4m3: AVX2
+// where the CPU has it, else a scalar loop; the bits of dt::f32_to_e4m3 either way.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,11 @@ namespace rows {
 void f16_to_f32(const uint16_t* src, int64_t n, float* dst);
 void f32_to_f16(const float* src, int64_t n, uint16_t* dst);
 void f32_to_bf16(const float* src, int64_t n, uint16_t* dst);
+// dst[i] = dt::f32_to_e4m3(src[i] / divisor), i < n: one rounded fp32 division, then round to
+// nearest even, saturating (|z| >= 448 and +-inf -> +-448, 0x7e | sign), any NaN -> 0x7f (no
+// sign), |z| <= 2^-10 (-0 too) -> 0x00 | sign. Divisor 1 is store_f32's e4m3 (x / 1 = x for every
+// float; a NaN stays a NaN). The quantizers' encoder (convrot::e4m3_codes) and rows::store's.
+void f32_to_e4m3(const float* src, int64_t n, float divisor, uint8_t* dst);
 // o[i] += p * v[i], i < n: one rounded product, one rounded sum per element (no contraction; a
 // vectorized clone where the CPU has AVX2, the same bits).
 void add_scaled(float* o, float p, const float* v, int64_t n);
@@ -23,8 +29,8 @@ const float* e4m3_table();
 // (src/core/convert_elem.h), the dtype dispatched once per row (f16 by the kernel above, e4m3 by
 // the table). Non-packed dtypes.
 void load(const void* base, int64_t off, DType dt, int64_t n, float* out);
-// store_f32 of src[i] at element offset off + i of base, i < n (f32 may be in place; f16 and
-// bf16 by the kernels above). Non-packed dtypes.
+// store_f32 of src[i] at element offset off + i of base, i < n (f32 may be in place; f16, bf16
+// and e4m3 (divisor 1) by the kernels above). Non-packed dtypes.
 void store(const float* src, int64_t n, DType dt, void* base, int64_t off);
 // Tests: force the scalar loops (to compare the two).
 void force_scalar(bool on);
