@@ -381,20 +381,28 @@ __device__ __forceinline__ void v4_row_pair(bool norm, float eps, WQ&& wq, TQ&& 
   float* x = v;
 #pragma unroll
   for (int i = 0; i < 4; ++i) unpack<BF16>(raw[i], x + 8 * i);
-  float inv[2] = {1.f, 1.f};
-  if (norm) {
-    float p[4];  // p[2 r + i]: chunk i of row r
+  // Session 31 (as v3_row's uniform form): the squares, their trees and both rows' rsqrt direct
+  // steps run whether or not there is a norm, and one rarely taken branch rewrites the two
+  // scalars (no norm: 1, the weights are 1 too; outside the direct range: __frsqrt_rn).
+  float p[4];  // p[2 r + i]: chunk i of row r
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = chunk_squares(x + 8 * i);
+  for (int i = 0; i < 4; ++i) p[i] = chunk_squares(x + 8 * i);
 #pragma unroll
-    for (int o = 1; o < L2; o <<= 1) {
+  for (int o = 1; o < L2; o <<= 1) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
-    }
+    for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
+  }
+  float ms[2], inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    ms[r] = __fadd_rn(
+        __fmul_rn(__fadd_rn(p[2 * r], p[2 * r + 1]), 1.f / static_cast<float>(D)), eps);
+    inv[r] = rsqrt_direct(ms[r]);
+  }
+  if (!norm || !rsqrt_direct_ok(ms[0]) || !rsqrt_direct_ok(ms[1])) {
 #pragma unroll
     for (int r = 0; r < 2; ++r)
-      inv[r] = norm_rsqrt(__fadd_rn(
-          __fmul_rn(__fadd_rn(p[2 * r], p[2 * r + 1]), 1.f / static_cast<float>(D)), eps));
+      inv[r] = !norm ? 1.f : rsqrt_direct_ok(ms[r]) ? inv[r] : __frsqrt_rn(ms[r]);
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -1346,6 +1354,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
   const int team = warp / WPG;
   int8_t* qcur = row.q + c0;
   float* scur = row.s;
+  const uint32_t xb = 2u * static_cast<uint32_t>(x_sh), qb = static_cast<uint32_t>(q_sh),
+                 sb = 4u * static_cast<uint32_t>(s_sh);
   int mrow = 0;
   const uint32_t first = ring0, last = ring0 + (SLOTS - 1) * SB;
   uint32_t rd = first, wr = last;
@@ -1359,7 +1369,17 @@ __global__ void __maxnreg__(kV3Async96Regs)
       mean_ring_copy<QR>(ptx::smem_u32(mean_sh), mrow == 0 ? kMeanRingChunk : 0, rr, rq,
                          u + kMeanRingChunk, count, row.m, m_sh, kpair_mean_pos<D>);
     }
-    if (u + AHEAD < count) issue_at(wr);
+    {
+      // Session 31: the copies predicated inside their asm and nx advanced by an unsigned byte
+      // step every head (the host keeps strides in [0, 2^30 / heads)): ptxas had re-derived the
+      // predicate a dozen times and advanced the pointer's halves under it.
+      const bool on = u + AHEAD < count;
+      ptx::cp_async_if<16>(wr, nx, on);
+      ptx::cp_async_if<16>(wr + T16, nx + D / 2, on);
+      ptx::cp_async_if<16>(wr + 2 * T16, nx + dx, on);
+      ptx::cp_async_if<16>(wr + 3 * T16, nx + dx + D / 2, on);
+      nx = bump(nx, xb);
+    }
     cp_async_commit();
     cp_async_wait<AHEAD>();
     uint4 r[4];
@@ -1414,8 +1434,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
     wr = rd;
     rd = rd == last ? first : rd + SB;
     mrow = L.mean_ring && mrow == kMeanRingRows - 1 ? 0 : mrow + 1;
-    qcur += q_sh;
-    scur += s_sh;
+    qcur = bump(qcur, qb);
+    scur = bump(scur, sb);
   }
 }
 
