@@ -14,3 +14,9 @@
 #define LOWBIT_CLONES
 #define LOWBIT_CLONES_FMA
 #endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// Hand-written AVX2 intrinsics loops (rows.cpp, linear_kernels.cpp), called only where
+// __builtin_cpu_supports("avx2") holds.
+#define LOWBIT_AVX2 __attribute__((target("avx2")))
+#endif

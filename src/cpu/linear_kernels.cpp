@@ -197,7 +197,6 @@ float nvfp4_error_scalar(const float* w, float den) {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LOWBIT_HAVE_AVX2_PATH 1
-#define LOWBIT_AVX2 __attribute__((target("avx2")))
 
 LOWBIT_AVX2 inline __m256 abs8(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), x); }
 // round_clamp on 8 lanes: RNE, clamp to ±qmax, NaN -> +0.

@@ -81,7 +81,6 @@ bool has_f16c_path() {
   return has && !g_force_scalar;
 }
 
-#define LOWBIT_AVX2 __attribute__((target("avx2")))
 // 8 f32 -> e4m3 of x / divisor (dt::f32_to_e4m3 of the quotient), branch-free on the
 // quotient's bits: |z| < 2^-6 rounds |z| 2^9 (exact) to the nearest-even integer, the subnormal
 // code (8 = 2^-6 when it rounds up); from 2^-6 the magnitude's low 20 bits round to nearest-even

@@ -944,11 +944,11 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
       constexpr uint32_t SB = 4 * THREADS * sizeof(uint4), LAST = (SLOTS - 1) * SB;
       const uint32_t ring0 = ptx::smem_u32(ring + tid);
       const uint16_t* nx = row.x + AHEAD * x_sh + c0;  // the next head to issue (after `issue`'s)
-      auto issue_at = [&](uint32_t dst) {
+      // Head nx's four chunks into the slot at dst (the callers advance nx).
+      auto copy_at = [&](uint32_t dst) {
 #pragma unroll
         for (int i = 0; i < 4; ++i)
           ptx::cp_async16(dst + i * THREADS * sizeof(uint4), nx + 8 * LANES * i);
-        nx += x_sh;
       };
       if constexpr (SPEC) {
         // The slots as shared addresses: head u reads `rd`, head u + AHEAD lands in `wr` (the
@@ -972,11 +972,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
           }
           // The pointers advance by unsigned 32-bit byte steps (the host keeps every stride in
           // [0, 2^30 / heads)): no sign word to hold, and nx advances whether or not it issues.
-          if (u + AHEAD < count) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-              ptx::cp_async16(wr + i * THREADS * sizeof(uint4), nx + 8 * LANES * i);
-          }
+          if (u + AHEAD < count) copy_at(wr);
           nx = bump(nx, xb);
           cp_async_commit();
           cp_async_wait<AHEAD>();
@@ -1004,7 +1000,10 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 #pragma unroll 1
       for (int u = 0; u < count; ++u) {
         if (refills && u > 0 && cur == 0) refill_mean(u);
-        if (u + AHEAD < count) issue_at(ring0 + (cur == 0 ? LAST : cur - SB));
+        if (u + AHEAD < count) {
+          copy_at(ring0 + (cur == 0 ? LAST : cur - SB));
+          nx += x_sh;
+        }
         cp_async_commit();
         cp_async_wait<AHEAD>();
         uint4 r[4];
@@ -1323,16 +1322,19 @@ __global__ void __maxnreg__(kV3Async96Regs)
   constexpr uint32_t T16 = THREADS * sizeof(uint4), SB = 4 * T16;
   const uint32_t ring0 = ptx::smem_u32(dyn_sh) + tid * sizeof(uint4);
   const uint16_t* nx = row.x + c0;  // the next head to issue
-  auto issue_at = [&](uint32_t dst) {
-    ptx::cp_async16(dst, nx);
-    ptx::cp_async16(dst + T16, nx + D / 2);
-    ptx::cp_async16(dst + 2 * T16, nx + dx);
-    ptx::cp_async16(dst + 3 * T16, nx + dx + D / 2);
-    nx += x_sh;
+  // Head nx's two rows (two chunks each) into the slot at dst where `on` (the callers advance nx).
+  auto copy_at = [&](uint32_t dst, bool on) {
+    ptx::cp_async_if<16>(dst, nx, on);
+    ptx::cp_async_if<16>(dst + T16, nx + D / 2, on);
+    ptx::cp_async_if<16>(dst + 2 * T16, nx + dx, on);
+    ptx::cp_async_if<16>(dst + 3 * T16, nx + dx + D / 2, on);
   };
 #pragma unroll
   for (int k = 0; k < AHEAD; ++k) {
-    if (k < count) issue_at(ring0 + k * SB);
+    if (k < count) {
+      copy_at(ring0 + k * SB, true);
+      nx += x_sh;
+    }
     cp_async_commit();
   }
   // The mean rows of the CTA's first heads (the PDL wait first when early: the mean pass writes
@@ -1373,11 +1375,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
       // Session 31: the copies predicated inside their asm and nx advanced by an unsigned byte
       // step every head (the host keeps strides in [0, 2^30 / heads)): ptxas had re-derived the
       // predicate a dozen times and advanced the pointer's halves under it.
-      const bool on = u + AHEAD < count;
-      ptx::cp_async_if<16>(wr, nx, on);
-      ptx::cp_async_if<16>(wr + T16, nx + D / 2, on);
-      ptx::cp_async_if<16>(wr + 2 * T16, nx + dx, on);
-      ptx::cp_async_if<16>(wr + 3 * T16, nx + dx + D / 2, on);
+      copy_at(wr, u + AHEAD < count);
       nx = bump(nx, xb);
     }
     cp_async_commit();

@@ -31,15 +31,17 @@ __device__ __forceinline__ bool rsqrt_direct_ok(float s) {
   return __float_as_uint(s) - kRsqrtDirectLo < kRsqrtDirectHi - kRsqrtDirectLo;
 }
 
+// The branch form, for the callers that take it (prologue.cu's kernels, v3_row's non-uniform
+// form, norm_rsqrt_kernel). Session 31's v3_row (uniform) and v4_row_pair run rsqrt_direct
+// unconditionally and let one rare branch rewrite the result instead (src/cuda/prologue_v3.cu).
+// The range test is written out here rather than as rsqrt_direct_ok: with the bool in between,
+// ptxas scheduled the prologue kernels differently (session 31, SASS compared).
 __device__ __forceinline__ float norm_rsqrt(float s) {
   if (__float_as_uint(s) - kRsqrtDirectLo < kRsqrtDirectHi - kRsqrtDirectLo) {
     return rsqrt_direct(s);
   }
   return __frsqrt_rn(s);
 }
-// (Session 31: v3_row's uniform form runs the direct steps unconditionally and lets the rare
-// fallback rewrite the one result, see src/cuda/prologue_v3.cu; the two-row kernels keep this
-// form, which ptxas schedules better there.)
 
 }  // namespace cuda
 }  // namespace lowbit
