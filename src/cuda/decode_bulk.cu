@@ -140,6 +140,14 @@ __device__ __forceinline__ void lds128_s(uint32_t a, uint32_t (&v)[4]) {
                : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
                : "r"(a));
 }
+// fmaxf's own max.f32 (same bits) as one value the compiler keeps: NVVM re-derived
+// fmaxf(m_run, mx) at each use and again in the rescale block, so ptxas kept a copy of the old
+// m_run, made on every tile (kFlat: 2 moves per tile on the main path).
+__device__ __forceinline__ float fmax_once(float a, float b) {
+  float y;
+  asm("max.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
+  return y;
+}
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
 }
@@ -359,7 +367,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   __shared__ __align__(8) uint64_t full[kMaxStages];
   __shared__ __align__(8) uint64_t empty[kMaxStages];  // solo issue mode: stage released
   __shared__ int cnt[kMaxStages];
-  __shared__ __align__(8) uint64_t fsync[12];  // kFlat: full 0..3, empty 4..7, counts 8..11
+  // kFlat: full 0..3, empty 4..7, counts 8..11 (32-byte aligned: the loop steps the stage in
+  // bits 3-4 of the full barrier's address)
+  __shared__ __align__(32) uint64_t fsync[12];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -769,9 +779,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr) zacc[nr][0] = zacc[nr][1] = zacc[nr][2] = zacc[nr][3] = 0.f;
   float m_run[NR][2], l_run[NR][2];  // rows 8 nr + 2t + e; l: this lane's keys only
+  // kFlat: m_run + 8, the lazy test's bound, updated with m_run (the same fp32 sum, not per tile)
+  float m_lazy[NR][2];
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr) {
     m_run[nr][0] = m_run[nr][1] = -INFINITY;
+    m_lazy[nr][0] = m_lazy[nr][1] = -INFINITY;  // (-inf + 8)
     l_run[nr][0] = l_run[nr][1] = 0.f;
   }
   const int64_t causal_last0 = len - p.Mq;
@@ -828,6 +841,17 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   // word t of key g's coefficients; voff[0] + 4 min(g, 3): the V shift words), the other keys'
   // offsets compile-time constants; the warp issues at every HB-th tile from next_iss on.
   uint32_t st_cur = ring_s, fb_cur = full_s, eb_cur = empty_s;
+  // kFlat (same bits; the sm_90a main path of a full tile 273 -> 257 SASS per warp): the lane's
+  // two ldmatrix addresses in place of the stage address (no stage + offset adds per read), set
+  // from the next stage's full-barrier offset (no wrap selects, no s); and, through identity
+  // shuffles (values ptxas cannot rematerialize, so they stay in registers at the 128-register
+  // cap instead of being rebuilt from the thread id in every tile), the lane (unrot5's shifts)
+  // and zb, the V shift pairs' source lane (below).
+  const uint32_t lf0 = ring_s + ldm_f, lc0 = ring_s + ldm_c;
+  uint32_t lf_cur = lf0, lc_cur = lc0;
+  const int lq = flatk ? __shfl_sync(0xffffffffu, lane, lane) : lane;
+  const uint32_t zb =
+      flatk ? __shfl_sync(0xffffffffu, (static_cast<uint32_t>(lane) << 1) | 4u, lane) : 0u;
   const uint32_t cnt_s = static_cast<uint32_t>(__cvta_generic_to_shared(cnt));  // (not kFlat)
   uint32_t cnt_cur = cnt_s;
   // (it - 1 + NST) mod HB = warp, it >= 1 (the lagged refill)
@@ -844,15 +868,26 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       // (kFlat: the empty barrier at + 32 from the full one)
       const uint32_t eb = flatk ? fb_cur + 32 : eb_cur;
       mbar_arrive(eb);
-      if (it == next_iss) {  // tile it - 1 + NST into the stage of tile it - 1
+      // (kFlat: as a vote, known warp-uniform: no convergence barrier around it on every tile)
+      if (flatk ? __any_sync(0xffffffffu, it == next_iss) : it == next_iss) {
+        // tile it - 1 + NST into the stage of tile it - 1
         next_iss += kDietHb;
         if (it - 1 + NST < n_tiles) {
-          const bool first = s == 0;  // tile it - 1: the last stage of the previous use
+          const int sn = flatk ? it & (kDietStages - 1) : s;  // (kFlat: no s)
+          const bool first = sn == 0;  // tile it - 1: the last stage of the previous use
           const uint32_t eb_prev = first ? eb + 8 * (NST - 1) : eb - 8;
           mbar_wait(eb_prev, first ? phase ^ 1u : phase);
           fence_proxy_async();
-          issue_solo(it - 1 + NST, first ? NST - 1 : s - 1);
+          issue_solo(it - 1 + NST, first ? NST - 1 : sn - 1);
         }
+      }
+      if constexpr (flatk) {  // (fsync is 32-byte aligned: bits 3-4 of fb_cur are 8 s)
+        const uint32_t mn = (fb_cur + 8) & 24u;  // 8 x the next stage
+        fb_cur = mn | (fb_cur & ~24u);
+        lf_cur = lf0 + mn * (4 * kK);
+        lc_cur = lc0 + mn * (4 * kK);
+        if (mn == 0u) phase ^= 1u;  // (wrapped)
+        return;
       }
       st_cur += 32 * kK;
       fb_cur += 8;
@@ -924,7 +959,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t kc[2][4];  // coefficient words (groups 0..3) of keys g, g + 8
       uint32_t zk[2];  // kFlat: coefficient word t of keys g, g + 8
       if constexpr (flatk) {  // (kFlat reads above)
-        flat_rows<false>(st_s + ldm_f, st_s + ldm_c, g >> 1, kr, zk);
+        flat_rows<false>(lf_cur, lc_cur, (lq >> 3) & 3, kr, zk);
       } else {
         ldsm_x4(st_s + ldm_off, kr[0]);
         ldsm_x4(st_s + ldm_off + 32, kr[1]);
@@ -1079,7 +1114,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     // and its m, l, O finite or, with a non-finite K entry, NaN in that row only: each row's
     // softmax state is its own, fmaxf drops NaN, and such rows are never written), so the
     // -inf select of session 5 (~8 SASS per tile and warp) only ever touched unused rows.
-    const bool plain = diet ? craw == 16 : nk == 16 && !p.causal && !p.bias;
+    // (kFlat: as a vote, which ptxas knows to be warp-uniform: no convergence barrier around the
+    // mask; every lane reads the same count)
+    const bool plain = flatk ? __all_sync(0xffffffffu, craw == 16)
+                       : diet ? craw == 16 : nk == 16 && !p.causal && !p.bias;
     if (!plain) {
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr)
@@ -1111,7 +1149,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          need |= fmaxf(sv[nr][e], sv[nr][e + 2]) > m_run[nr][e] + 8.f;
+          need |= fmaxf(sv[nr][e], sv[nr][e + 2]) >
+                  (flatk ? m_lazy[nr][e] : m_run[nr][e] + 8.f);
       lazy = !__any_sync(0xffffffffu, need);
     }
     if (lazy) {
@@ -1137,7 +1176,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-          const float m_new = fmaxf(m_run[nr][e], mx);
+          const float m_new = flatk ? fmax_once(m_run[nr][e], mx) : fmaxf(m_run[nr][e], mx);
           const bool none = m_new == -INFINITY;
           alpha[nr][e] = none ? 1.f : ex2(m_run[nr][e] - m_new);
           moved |= alpha[nr][e] != 1.f;
@@ -1147,6 +1186,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           sv[nr][e + 2] = p1;
           l_run[nr][e] = l_run[nr][e] * alpha[nr][e] + (p0 + p1);
           m_run[nr][e] = m_new;
+          m_lazy[nr][e] = m_new + 8.f;
         }
       if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
@@ -1183,7 +1223,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t vr[2][4];  // V codes: (keys 2t, 2t+1 | 2t+8, 2t+9) x bytes 2g, 2g+1 of block G
       uint32_t cw[2];  // kFlat: the scale / shift pairs of lane (g, t), shuffled out per group
       if constexpr (flatk) {  // (kFlat reads above)
-        flat_rows<true>(st_s + ldm_f + 16 * kK, st_s + ldm_c + 16 * kK, t, vr, cw);
+        flat_rows<true>(lf_cur + 16 * kK, lc_cur + 16 * kK, lq & 3, vr, cw);
       } else {
         const int vblk = diet ? 16 * kDietKstr : 16 * kstr;
         ldsm_x4_trans(st_s + vblk + ldm_off, vr[0]);
@@ -1198,8 +1238,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
       uint32_t s01d[NG], s23d[NG];
       uint32_t za0, za2;
       if constexpr (flatk) {  // (kFlat reads above: pairs from lanes 8 G + t / 8 gz + 4 + t)
-        // lane 8 (g & 3) + 4 + t: 8 gz + 4 + t where g < 4 (rows 4..7 of zacc are never read)
-        const uint32_t zb = (static_cast<uint32_t>(lane) << 1) | 4u;
+        // zb: lane 8 (g & 3) + 4 + t, 8 gz + 4 + t where g < 4 (rows 4..7 of zacc never read)
         za0 = shfl_quadcol(cw[0], zb);
         za2 = shfl_quadcol(cw[1], zb);
       } else {
