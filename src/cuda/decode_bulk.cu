@@ -304,6 +304,15 @@ struct BulkMaps {
 // 8 s), so that one loop-carried barrier address and the stage address replace kDiet's four
 // advanced pointers; and the V shift mma's unused A rows g + 8 (zacc [2], [3], never read) fed
 // the rows g words instead of zeros (no per-tile zero moves).
+// kF8Solo (no flag of its own: the kernel's f8s, every fp8 kBlocks8 instantiation with solo issue
+// and folded scales at D 128, i.e. plan_decode's fp8 kernel, contiguous and paged: KN 9, and 1
+// without staged rows): the kFlat treatment, same bits (the sm_90a main path of a full, plain,
+// lazy tile without the issue 266 -> 209 SASS per warp at KN 9, 268 -> 213 at KN 1; 128
+// registers, no spills, as before): the stage's shared address and full barrier carried, the
+// lane's four stage-relative offsets kept through identity shuffles, the barriers and key counts
+// in fsync (the count + 32 where the call masks or biases: the plain test is a vote on it), the
+// issue test a vote on a carried tile index, the lazy bound kept with m_run, and the z mma's
+// unused A rows g + 8 fed the scale pairs instead of copies of the shift pairs.
 constexpr int kBlocks8 = 1, kProbe = 2, kTma4 = 4, kStage = 8, kDiet = 16, kFlat = 32;
 // BulkArgs::probe_mode (DecodePlan::bulk_probe).
 // (Run 33 deleted the ld.global.nc and 16-byte cp.async probes and renumbered no-reads 4 -> 3.)
@@ -369,7 +378,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   __shared__ int cnt[kMaxStages];
   // kFlat: full 0..3, empty 4..7, counts 8..11 (32-byte aligned: the loop steps the stage in
   // bits 3-4 of the full barrier's address)
-  __shared__ __align__(32) uint64_t fsync[12];
+  // kF8Solo: full 0..7, empty 8..15, counts 16..23 (the count in the low word of its slot)
+  constexpr bool f8s =
+      F == KvFormat::fp8 && D == 128 && FOLD != 0 && SOLO && (KN & kBlocks8) != 0 &&
+      (KN & kProbe) == 0;
+  __shared__ __align__(32) uint64_t fsync[f8s ? 3 * kMaxStages : 12];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -392,10 +405,13 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring_raw));
   const uint32_t ring_s = tma ? (raw_s + 127u) & ~127u : raw_s;
   char* const ring = ring_raw + (ring_s - raw_s);
-  uint32_t full_s, empty_s;  // (kFlat: fsync's)
+  uint32_t full_s, empty_s;  // (kFlat, kF8Solo: fsync's)
   if constexpr (flatk) {
     full_s = static_cast<uint32_t>(__cvta_generic_to_shared(fsync));
     empty_s = full_s + 32;
+  } else if constexpr (f8s) {
+    full_s = static_cast<uint32_t>(__cvta_generic_to_shared(fsync));
+    empty_s = full_s + 8 * kMaxStages;
   } else {
     full_s = static_cast<uint32_t>(__cvta_generic_to_shared(full));
     empty_s = static_cast<uint32_t>(__cvta_generic_to_shared(empty));
@@ -645,9 +661,13 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     if (lane == 0) {
       // (kDiet: + 32 where the call masks or biases, so that the consumers' plain test is
       // the count alone)
-      const int cv = static_cast<int>(nk) + (diet && (p.causal || p.bias) ? 32 : 0);
+      // (kF8Solo too)
+      const int cv = static_cast<int>(nk) + ((diet || f8s) && (p.causal || p.bias) ? 32 : 0);
       if constexpr (flatk) {
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(full_s + 64 + 8 * s), "r"(cv) : "memory");
+      } else if constexpr (f8s) {
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(full_s + 16 * kMaxStages + 8 * s), "r"(cv)
+                     : "memory");
       } else {
         cnt[s] = cv;
       }
@@ -859,6 +879,23 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   if (next_iss == 0) next_iss = kDietHb;
   const int koff_t = koff[0] + 4 * t;
   const int voff_z = voff[0] + 4 * (g < NG ? g : NG - 1);
+  // kF8Solo: the lane's four stage-relative offsets (K codes of key g and its run of lane t; K
+  // scale/shift word of key g; V codes of key 2t, lane g's bytes; V scale/shift word of key 2t),
+  // the other keys' at uniform multiples of kstr / 4 HB from them; kept through identity
+  // shuffles (rebuilt from the thread id in every tile otherwise); the warp issues at every
+  // HB-th tile from next_f8 on ((it + NST) mod HB = warp).
+  uint32_t f8_k = 0, f8_ks = 0, f8_v = 0, f8_vs = 0;
+  int next_f8 = 0;
+  if constexpr (f8s) {
+    auto keep = [&](int x) {
+      return static_cast<uint32_t>(__shfl_sync(0xffffffffu, x, lane));
+    };
+    f8_k = keep(koff[0] + t * (4 * KW));
+    f8_ks = keep(32 * kstr + g * ss_piece + 4 * warp);
+    f8_v = keep(voff[0] + g * (4 * VWN));
+    f8_vs = keep(32 * kstr + 16 * ss_piece + 2 * t * ss_piece + 4 * warp);
+    next_f8 = (warp - NST) & (HB - 1);
+  }
 
   int s = 0;          // stage of tile it (= it mod NST)
   uint32_t phase = 0;  // parity of its use (= (it / NST) mod 2)
@@ -907,6 +944,27 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         }
       }
       return;
+    } else if constexpr (f8s) {  // (as the solo path below, on the carried stage state)
+      mbar_arrive(fb_cur + 8 * kMaxStages);
+      // (as a vote, known warp-uniform: no convergence barrier around it on every tile)
+      if (__any_sync(0xffffffffu, it == next_f8)) {
+        next_f8 += HB;
+        const int nn = it + NST;
+        if (nn < n_tiles) {
+          mbar_wait(fb_cur + 8 * kMaxStages, phase);
+          fence_proxy_async();
+          issue_solo(nn, s);
+        }
+      }
+      fb_cur += 8;
+      st_cur += stage_bytes;
+      if (++s == NST) {
+        s = 0;
+        phase ^= 1u;
+        fb_cur -= 8 * NST;
+        st_cur -= NST * stage_bytes;
+      }
+      return;
     } else if constexpr (solo) {
       // Release stage s; the issuer of tile it + NST waits until every thread has released it
       // (each lane's arrive releases its own reads of the stage: no reliance on a warp barrier's
@@ -938,7 +996,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     } else if constexpr (tma) {
       ptx::mbar_wait_bounded(full_s + 8 * s, phase);
     } else {
-      mbar_wait(full_s + 8 * s, phase);
+      mbar_wait(f8s ? fb_cur : full_s + 8 * s, phase);
     }
     if constexpr ((KN & kProbe) != 0) {
       finish_tile(it);
@@ -946,8 +1004,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     }
     const char* st = ring_c + s * stage_bytes;
     const uint32_t st_s = diet ? st_cur : ring_s + s * stage_bytes;
-    const int craw = diet ? static_cast<int>(lds32_s(flatk ? fb_cur + 64 : cnt_cur)) : cnt[s];
-    const int nk = diet ? craw & 31 : craw;
+    const int craw = diet  ? static_cast<int>(lds32_s(flatk ? fb_cur + 64 : cnt_cur))
+                     : f8s ? static_cast<int>(lds32_s(fb_cur + 16 * kMaxStages))
+                           : cnt[s];
+    const int nk = diet || f8s ? craw & 31 : craw;
     const int64_t k0 = lo + 16 * static_cast<int64_t>(it);
 
     // ---- S^T = K q^T (keys g, g + 8 x rows 8 nr + 2t + {0, 1}) ----
@@ -1041,6 +1101,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         if constexpr (F == KvFormat::int4) {
           kcw[kk][0] = lds32(st + koff[kk] + 4 * kcoef0);
           kcw[kk][1] = kcoef1 != kcoef0 ? lds32(st + koff[kk] + 4 * kcoef1) : kcw[kk][0];
+        } else if constexpr (f8s) {
+          kcw[kk][0] = kcw[kk][1] = lds32_s(st_cur + f8_ks + kk * 8 * ss_piece);
         } else if constexpr (F == KvFormat::fp8) {
           kcw[kk][0] = kcw[kk][1] = lds32(st + 32 * kstr + (g + 8 * kk) * 4 * HB + 4 * warp);
         } else {
@@ -1061,8 +1123,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         const bool first_use = F == KvFormat::int4 ? (ks % 2 == 0) : true;
         if (first_use && wi % KC == 0) {
 #pragma unroll
-          for (int kk = 0; kk < 2; ++kk)
-            lds_words<KC, KA>(st + koff[kk] + code_off + t * (4 * KW) + 4 * wi, kbuf[kk]);
+          for (int kk = 0; kk < 2; ++kk) {
+            if constexpr (f8s) lds128_s(st_cur + f8_k + kk * 8 * kstr + 4 * wi, kbuf[kk]);
+            else lds_words<KC, KA>(st + koff[kk] + code_off + t * (4 * KW) + 4 * wi, kbuf[kk]);
+          }
         }
         uint32_t af[4];
 #pragma unroll
@@ -1116,7 +1180,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     // -inf select of session 5 (~8 SASS per tile and warp) only ever touched unused rows.
     // (kFlat: as a vote, which ptxas knows to be warp-uniform: no convergence barrier around the
     // mask; every lane reads the same count)
-    const bool plain = flatk ? __all_sync(0xffffffffu, craw == 16)
+    const bool plain = flatk || f8s ? __all_sync(0xffffffffu, craw == 16)
                        : diet ? craw == 16 : nk == 16 && !p.causal && !p.bias;
     if (!plain) {
 #pragma unroll
@@ -1150,7 +1214,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
           need |= fmaxf(sv[nr][e], sv[nr][e + 2]) >
-                  (flatk ? m_lazy[nr][e] : m_run[nr][e] + 8.f);
+                  (flatk || f8s ? m_lazy[nr][e] : m_run[nr][e] + 8.f);
       lazy = !__any_sync(0xffffffffu, need);
     }
     if (lazy) {
@@ -1176,7 +1240,8 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-          const float m_new = flatk ? fmax_once(m_run[nr][e], mx) : fmaxf(m_run[nr][e], mx);
+          const float m_new =
+              flatk || f8s ? fmax_once(m_run[nr][e], mx) : fmaxf(m_run[nr][e], mx);
           const bool none = m_new == -INFINITY;
           alpha[nr][e] = none ? 1.f : ex2(m_run[nr][e] - m_new);
           moved |= alpha[nr][e] != 1.f;
@@ -1317,6 +1382,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           const uint32_t cb = lds32(st + voff[2 * q2 + 1] + 4 * vcoef);
           vs[q2] = bits_h2(prmt(ca, cb, 0x5410));
           vz[q2] = bits_h2(prmt(ca, cb, 0x7632));
+        } else if constexpr (f8s) {
+          const uint32_t ca = lds32_s(st_cur + f8_vs + 8 * q2 * ss_piece);
+          const uint32_t cb = lds32_s(st_cur + f8_vs + (8 * q2 + 1) * ss_piece);
+          vs[q2] = bits_h2(prmt(ca, cb, 0x5410));
+          vz[q2] = bits_h2(prmt(ca, cb, 0x7632));
         } else if constexpr (F == KvFormat::fp8) {
           const char* ssv = st + 32 * kstr + 16 * 4 * HB + 4 * warp;
           const int ka = 2 * t + 8 * q2;
@@ -1336,7 +1406,10 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
         if constexpr (kFoldF8) {
           pbv[nr][0] = hmul2_bits(pb[nr][0], h2_bits(vs[0]));
           pbv[nr][1] = hmul2_bits(pb[nr][1], h2_bits(vs[1]));
-          const uint32_t za[4] = {h2_bits(vz[0]), h2_bits(vz[0]), h2_bits(vz[1]), h2_bits(vz[1])};
+          // (kF8Solo: A rows g + 8 = the scale pairs, already in registers: no moves; their zacc
+          // elements 2, 3 are never read, and every row of an mma is its own dot product)
+          const uint32_t za[4] = {h2_bits(vz[0]), f8s ? h2_bits(vs[0]) : h2_bits(vz[0]),
+                                  h2_bits(vz[1]), f8s ? h2_bits(vs[1]) : h2_bits(vz[1])};
           ptx::mma_f16(zacc[nr], za, pb[nr][0], pb[nr][1]);  // sum_k z_k p_k, every row
         }
       }
@@ -1350,8 +1423,11 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
                                                     : true;
         if (first_use && wi % VC == 0) {
 #pragma unroll
-          for (int q = 0; q < 4; ++q)
-            lds_words<VC, VAL>(st + voff[q] + code_off + g * (4 * VWN) + 4 * wi, vbuf[q]);
+          for (int q = 0; q < 4; ++q) {
+            if constexpr (f8s)  // (keys 2t, 2t + 1, 2t + 8, 2t + 9)
+              lds128_s(st_cur + f8_v + ((q & 1) + 8 * (q >> 1)) * kstr + 4 * wi, vbuf[q]);
+            else lds_words<VC, VAL>(st + voff[q] + code_off + g * (4 * VWN) + 4 * wi, vbuf[q]);
+          }
         }
         uint32_t af[4];
 #pragma unroll
