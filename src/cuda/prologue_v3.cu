@@ -1536,17 +1536,14 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
                                       warp * D);                       // table slot 0
   const uint32_t ring0 = ptx::smem_u32(v4_dyn) + tid * sizeof(uint4);  // x slot 0
   constexpr uint32_t kSlotBytes = 4 * THREADS * sizeof(uint4), kTabBytes = W * D * sizeof(float);
-  static_assert(kSlotBytes % kTabBytes == 0, "a table slot's offset from its x slot's");
-  // xs: the token's x slot offset ((u % SLOTS) * kSlotBytes); its table slot's is xs / kTabSlots
-  constexpr uint32_t kTabSlots = kSlotBytes / kTabBytes;
-  auto proc = [&](uint32_t xs, const uint4(&r)[4]) {
+  auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
     auto as_float4 = [](uint4 t) {
       return make_float4(__uint_as_float(t.x), __uint_as_float(t.y), __uint_as_float(t.z),
                          __uint_as_float(t.w));
     };
     if constexpr (PAIR) {
-      const uint32_t ts32 = tab0 + xs / kTabSlots;
+      const uint32_t ts32 = tab0 + sizeof(float) * (u & (SLOTS - 1)) * W * D;
       auto tq = [&](int k) {
         const int q = ROPE == kRopePaired ? 4 * lane_in_row + k
                                           : (k < 2 ? 0 : D / 8 - 2) + 2 * lane_in_row + k;
@@ -1557,7 +1554,8 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
       };
       v4_row_pair<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
     } else {
-      const uint32_t ts32 = tab0 + xs / kTabSlots + sizeof(float) * 2 * kLanePairs * lane_in_row;
+      const uint32_t ts32 = tab0 + sizeof(float) * ((u & (SLOTS - 1)) * W * D +
+                                                    2 * kLanePairs * lane_in_row);
       auto tq = [&](int k) {
         const int off = ROPE == kRopePaired ? 16 * LANES * (k / 4) + 4 * (k % 4)
                                             : 8 * LANES * (k / 2) + 4 * (k % 2);
@@ -1578,52 +1576,41 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     // held); one commit group per token, empty past the end, so wait_group AHEAD means "token u
     // has landed". A slot is refilled only after its values were read and used.
     // The loading token's table row (TSMEM): lane i < D / 4 copies its floats 4i .. 4i + 3.
-    const float* lrow = static_cast<const float*>(a.rope) + b * a.r_sb + t_first * a.r_sn +
-                        4 * lane;  // (lanes >= D / 4 copy nothing)
-    const uint32_t tab_w = tab0 + 16 * (PAIR ? pair_table_pos<ROPE>(lane) : lane);
-    // Session 32 (as session 31's k kernel): the copies predicated inside their asm, the x and
-    // table pointers advanced by unsigned 32-bit byte steps whether or not they issue (the host
-    // keeps x_sn in [0, 2^29) and r_sn in [0, 2^28): v4_mean_supported). ptxas had branched
-    // around the issue and advanced both pointers by 64-bit steps under it.
-    const uint32_t xb = static_cast<uint32_t>(x_step) * sizeof(uint16_t),
-                   rb = static_cast<uint32_t>(t_step) * sizeof(float);
-    auto issue = [&](uint32_t xs, bool on) {  // into x slot offset xs
-      const uint32_t dst = ring0 + xs;
+    const float* lrow = static_cast<const float*>(a.rope) + b * a.r_sb + t_first * a.r_sn;
+    auto issue = [&](int u) {
+      const uint32_t dst = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         // PAIR: chunks l, l + D / 16 of the first head, then of the second
         const uint16_t* src = PAIR ? lx + (i >= 2 ? x_pair : 0) + (D / 2) * (i & 1)
                                    : lx + 8 * LANES * i;
-        ptx::cp_async_if<16>(dst + i * THREADS * sizeof(uint4), src, on);
+        ptx::cp_async16(dst + i * THREADS * sizeof(uint4), src);
       }
-      if (TSMEM) ptx::cp_async_if<16>(tab_w + xs / kTabSlots, lrow, on && lane < D / 4);
-      if (TSMEM) lrow = bump(lrow, rb);
-      lx = bump(lx, xb);
+      const int tpos = PAIR ? pair_table_pos<ROPE>(lane) : lane;
+      if (TSMEM && lane < D / 4)
+        ptx::cp_async16(tab0 + (u & (SLOTS - 1)) * kTabBytes + 16 * tpos, lrow + 4 * lane);
+      if (TSMEM) lrow += t_step;
+      lx += x_step;
     };
 #pragma unroll
     for (int k = 0; k < AHEAD; ++k) {
-      issue(k * kSlotBytes, k < count);
+      if (k < count) issue(k);
       cp_async_commit();
     }
     start();
-    // Token u's slot offset runs along (ptxas had re-derived both slots from u at every token);
-    // token u + AHEAD refills token u - 1's slot.
-    static_assert(AHEAD == SLOTS - 1, "the refilled slot: the one read one token ago");
-    constexpr uint32_t kSlotMask = (SLOTS - 1) * kSlotBytes;
-    uint32_t xs = 0;
 #pragma unroll 1
     for (int u = 0; u < count; ++u) {
       // TSMEM: the table slot refilled now was read by every lane of the warp one token ago.
       if (TSMEM) __syncwarp();
-      issue((xs - kSlotBytes) & kSlotMask, u + AHEAD < count);
+      if (u + AHEAD < count) issue(u + AHEAD);
       cp_async_commit();
       cp_async_wait<AHEAD>();
       if (TSMEM) __syncwarp();  // the other lanes' table copies of token u are visible
+      const uint32_t src32 = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
       uint4 r[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) r[i] = lds16u(ring0 + xs + i * THREADS * sizeof(uint4));
-      proc(xs, r);
-      xs = (xs + kSlotBytes) & kSlotMask;
+      for (int i = 0; i < 4; ++i) r[i] = lds16u(src32 + i * THREADS * sizeof(uint4));
+      proc(u, r);
     }
     cp_async_wait<0>();
     __syncthreads();  // every thread's ring reads are done before `red` overwrites the ring
@@ -1740,12 +1727,7 @@ bool tight_forms(const detail::PrologueCudaTuning& t) {
 bool v4_mean_supported(const PrologueArgs& a) {
   if (a.w_rows || a.tokens == 0) return false;
   if (a.dim != 64 && a.dim != 128) return false;
-  // The kernels step a warp's pointers to its next token (kV4MeanWarps tokens on) by unsigned
-  // 32-bit byte counts: 2 kV4MeanWarps x_sn and 4 kV4MeanWarps r_sn below 2^32.
-  const int64_t lim = int64_t{1} << 32;
-  if (a.x_sn < 0 || a.x_sn >= lim / (2 * kV4MeanWarps)) return false;
   if (!a.rotate) return true;
-  if (a.r_sn < 0 || a.r_sn >= lim / (4 * kV4MeanWarps)) return false;
   if (2 * a.pairs != a.dim) return false;
   return table_mode_of(a) == kTablePairsF32;
 }
