@@ -148,6 +148,12 @@ __device__ __forceinline__ float fmax_once(float a, float b) {
   asm("max.f32 %0, %1, %2;\n" : "=f"(y) : "f"(a), "f"(b));
   return y;
 }
+// A loop-invariant lane value held in a register: an identity shuffle is a value ptxas cannot
+// rematerialize, so at the 128-register cap it stays put instead of being rebuilt from the
+// thread id in every tile (kFlat, kF8Solo).
+__device__ __forceinline__ uint32_t kept(uint32_t x, int lane) {
+  return static_cast<uint32_t>(__shfl_sync(0xffffffffu, x, lane));
+}
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   return h2_bits(__hmul2(bits_h2(a), bits_h2(b)));
 }
@@ -799,7 +805,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr) zacc[nr][0] = zacc[nr][1] = zacc[nr][2] = zacc[nr][3] = 0.f;
   float m_run[NR][2], l_run[NR][2];  // rows 8 nr + 2t + e; l: this lane's keys only
-  // kFlat: m_run + 8, the lazy test's bound, updated with m_run (the same fp32 sum, not per tile)
+  // kFlat, kF8Solo (lean_softmax): m_run + 8, the lazy test's bound, updated with m_run (the
+  // same fp32 sum, made when m_run moves, not per tile)
+  constexpr bool lean_softmax = flatk || f8s;
   float m_lazy[NR][2];
 #pragma unroll
   for (int nr = 0; nr < NR; ++nr) {
@@ -863,15 +871,12 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   uint32_t st_cur = ring_s, fb_cur = full_s, eb_cur = empty_s;
   // kFlat (same bits; the sm_90a main path of a full tile 273 -> 257 SASS per warp): the lane's
   // two ldmatrix addresses in place of the stage address (no stage + offset adds per read), set
-  // from the next stage's full-barrier offset (no wrap selects, no s); and, through identity
-  // shuffles (values ptxas cannot rematerialize, so they stay in registers at the 128-register
-  // cap instead of being rebuilt from the thread id in every tile), the lane (unrot5's shifts)
-  // and zb, the V shift pairs' source lane (below).
+  // from the next stage's full-barrier offset (no wrap selects, no s); and, kept, the lane
+  // (unrot5's shifts) and zb, the V shift pairs' source lane (below).
   const uint32_t lf0 = ring_s + ldm_f, lc0 = ring_s + ldm_c;
   uint32_t lf_cur = lf0, lc_cur = lc0;
-  const int lq = flatk ? __shfl_sync(0xffffffffu, lane, lane) : lane;
-  const uint32_t zb =
-      flatk ? __shfl_sync(0xffffffffu, (static_cast<uint32_t>(lane) << 1) | 4u, lane) : 0u;
+  const int lq = flatk ? static_cast<int>(kept(lane, lane)) : lane;
+  const uint32_t zb = flatk ? kept((static_cast<uint32_t>(lane) << 1) | 4u, lane) : 0u;
   const uint32_t cnt_s = static_cast<uint32_t>(__cvta_generic_to_shared(cnt));  // (not kFlat)
   uint32_t cnt_cur = cnt_s;
   // (it - 1 + NST) mod HB = warp, it >= 1 (the lagged refill)
@@ -881,19 +886,15 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
   const int voff_z = voff[0] + 4 * (g < NG ? g : NG - 1);
   // kF8Solo: the lane's four stage-relative offsets (K codes of key g and its run of lane t; K
   // scale/shift word of key g; V codes of key 2t, lane g's bytes; V scale/shift word of key 2t),
-  // the other keys' at uniform multiples of kstr / 4 HB from them; kept through identity
-  // shuffles (rebuilt from the thread id in every tile otherwise); the warp issues at every
-  // HB-th tile from next_f8 on ((it + NST) mod HB = warp).
+  // kept, the other keys' at uniform multiples of kstr / 4 HB from them; the warp issues at
+  // every HB-th tile from next_f8 on ((it + NST) mod HB = warp).
   uint32_t f8_k = 0, f8_ks = 0, f8_v = 0, f8_vs = 0;
   int next_f8 = 0;
   if constexpr (f8s) {
-    auto keep = [&](int x) {
-      return static_cast<uint32_t>(__shfl_sync(0xffffffffu, x, lane));
-    };
-    f8_k = keep(koff[0] + t * (4 * KW));
-    f8_ks = keep(32 * kstr + g * ss_piece + 4 * warp);
-    f8_v = keep(voff[0] + g * (4 * VWN));
-    f8_vs = keep(32 * kstr + 16 * ss_piece + 2 * t * ss_piece + 4 * warp);
+    f8_k = kept(koff[0] + t * (4 * KW), lane);
+    f8_ks = kept(32 * kstr + g * ss_piece + 4 * warp, lane);
+    f8_v = kept(voff[0] + g * (4 * VWN), lane);
+    f8_vs = kept(32 * kstr + 16 * ss_piece + 2 * t * ss_piece + 4 * warp, lane);
     next_f8 = (warp - NST) & (HB - 1);
   }
 
@@ -1178,9 +1179,9 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
     // and its m, l, O finite or, with a non-finite K entry, NaN in that row only: each row's
     // softmax state is its own, fmaxf drops NaN, and such rows are never written), so the
     // -inf select of session 5 (~8 SASS per tile and warp) only ever touched unused rows.
-    // (kFlat: as a vote, which ptxas knows to be warp-uniform: no convergence barrier around the
-    // mask; every lane reads the same count)
-    const bool plain = flatk || f8s ? __all_sync(0xffffffffu, craw == 16)
+    // (lean_softmax: as a vote, which ptxas knows to be warp-uniform: no convergence barrier
+    // around the mask; every lane reads the same count)
+    const bool plain = lean_softmax ? __all_sync(0xffffffffu, craw == 16)
                        : diet ? craw == 16 : nk == 16 && !p.causal && !p.bias;
     if (!plain) {
 #pragma unroll
@@ -1214,7 +1215,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
           need |= fmaxf(sv[nr][e], sv[nr][e + 2]) >
-                  (flatk || f8s ? m_lazy[nr][e] : m_run[nr][e] + 8.f);
+                  (lean_softmax ? m_lazy[nr][e] : m_run[nr][e] + 8.f);
       lazy = !__any_sync(0xffffffffu, need);
     }
     if (lazy) {
@@ -1241,7 +1242,7 @@ __global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
           const float m_new =
-              flatk || f8s ? fmax_once(m_run[nr][e], mx) : fmaxf(m_run[nr][e], mx);
+              lean_softmax ? fmax_once(m_run[nr][e], mx) : fmaxf(m_run[nr][e], mx);
           const bool none = m_new == -INFINITY;
           alpha[nr][e] = none ? 1.f : ex2(m_run[nr][e] - m_new);
           moved |= alpha[nr][e] != 1.f;
