@@ -237,12 +237,24 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // minimum does not bind at B 64, L 8192 (4 splits) or (16, 32768, 64, 8) (16): unchanged.
   // Contiguous caches only: on paged caches run 34 measured the longer splits slower (B 1 page
   // 16: 0.0856 vs 0.0806 ms, page 256: 0.0847 vs 0.0807; contiguous 0.0756 vs 0.0774).
+  // Session 33 (H200, three bench runs in one call, same kernel): fp8 at D 128 (<= 8 rows, <= 8
+  // KV heads: the solo, folded, whole-tile kernel below) reads faster as ONE CTA of 8 head-warps
+  // per multiprocessor with splits twice as long, on a contiguous cache or pages of >= 64 keys:
+  // medians of the runs, ms: contiguous B 64, L 8192 0.2607 -> 0.2593, (16, 32768, 64, 8) 0.2648
+  // -> 0.2603; paged 256 B 1, L 131072 0.0789 -> 0.0764, B 16 0.2677 -> 0.2646, B 64 even; paged 64
+  // B 1 0.0784 -> 0.0776, B 16 0.2679 -> 0.2657, B 64 0.2633 -> 0.2642. Pages of 16 keys keep two
+  // CTAs (one: B 64 +2.4 %, B 16 +1.1 %, B 1 +0.4 %): scattered pages want more copies in flight.
+  const bool fp8_one_cta = p.device == Device::cuda && p.streaming &&
+                           p.format == KvFormat::fp8 && D == 128 && p.mq * p.group <= 8 &&
+                           H <= 8 && (!cache.paged() || cache.page_size >= 64);
   int64_t target, min_split;
   if (p.device == Device::cuda) {
     p.multiprocessors = 0;
     LOWBIT_CUDA_CALL(op, (p.multiprocessors = cuda::decode_multiprocessors()));
-    target = (p.streaming ? 16 : 4) * static_cast<int64_t>(p.multiprocessors);
-    min_split = !p.streaming ? 256 : (p.format == KvFormat::fp8 && !cache.paged()) ? 1024 : 512;
+    target = (p.streaming ? (fp8_one_cta ? 8 : 16) : 4) * static_cast<int64_t>(p.multiprocessors);
+    min_split = !p.streaming ? 256
+                : (p.format == KvFormat::fp8 && (!cache.paged() || fp8_one_cta)) ? 1024
+                                                                                 : 512;
   } else {
     target = 2 * static_cast<int64_t>(cpu::thread_count(ctx));
     min_split = 64;
