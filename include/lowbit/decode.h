@@ -113,8 +113,10 @@ struct DecodePlan {
   // CUDA, bulk kernel: stages of its shared-memory ring (0: automatic, as many as fit two CTAs per
   // multiprocessor in ~110 KB each, at most 4: int4 g4 D 128 4, fp8 / f16 D 128 3). 2..8 asks for
   // that many where they still fit two CTAs per multiprocessor (fewer otherwise; session 6's
-  // one-CTA rings lost and were removed in session 8). Same arithmetic and order: the bits equal
-  // 0's.
+  // one-CTA rings lost and were removed in session 8). On a grid of at most one CTA per
+  // multiprocessor (plan_decode's fp8 plan at D 128 with 8 KV heads since session 33) up to 220
+  // KB of ring (fp8 D 128: 6 stages); plan_decode asks 4 there on paged caches. Same arithmetic
+  // and order: the bits equal 0's.
   int bulk_stages = 0;
   // CUDA: merge the splits with one CTA per (batch, kv head, query row, 32 dims) whose split
   // weights go through shared memory (all of a thread's partial-output loads in flight at once

@@ -238,8 +238,8 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // Contiguous caches only: on paged caches run 34 measured the longer splits slower (B 1 page
   // 16: 0.0856 vs 0.0806 ms, page 256: 0.0847 vs 0.0807; contiguous 0.0756 vs 0.0774).
   // Session 33 (H200, three bench runs in one call, same kernel): fp8 at D 128 (<= 8 rows, <= 8
-  // KV heads: the solo, folded, whole-tile kernel below) reads faster as ONE CTA of 8 head-warps
-  // per multiprocessor with splits twice as long, on a contiguous cache or pages of >= 64 keys:
+  // KV heads: the solo, folded, whole-tile kernel below) reads faster with 8 head-warps per
+  // multiprocessor (one CTA at 8 KV heads) and splits twice as long, on a contiguous cache or pages of >= 64 keys:
   // medians of the runs, ms: contiguous B 64, L 8192 0.2607 -> 0.2593, (16, 32768, 64, 8) 0.2648
   // -> 0.2603; paged 256 B 1, L 131072 0.0789 -> 0.0764, B 16 0.2677 -> 0.2646, B 64 even; paged 64
   // B 1 0.0784 -> 0.0776, B 16 0.2679 -> 0.2657, B 64 0.2633 -> 0.2642. Pages of 16 keys keep two
@@ -319,6 +319,12 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // contiguous fp8 caches (int4 -0.4..-1.0 % at 5 of 6 shapes; fp8 contiguous with staged rows
   // B 64 0.2584 -> 0.2572, B 1 0.0771 -> 0.0763; fp8 paged +0.3..+2.9 %, not set).
   p.bulk_stage_out = p.device == Device::cuda && p.format == KvFormat::fp8;
+  // Session 33 (H200, three bench runs in one call): on paged caches the one-CTA fp8 plan above
+  // reads faster with a 4-stage ring (a grid of at most one CTA per multiprocessor may take more
+  // than half the shared memory: launch_decode_bulk), ms, 3 -> 4 stages: page 256 B 64 0.2580 ->
+  // 0.2535, B 1 0.0757 -> 0.0750, B 16 0.2596 -> 0.2547; page 64 0.2608 -> 0.2558, 0.0765 ->
+  // 0.0754, 0.2626 -> 0.2574. Contiguous caches keep 3 (4: +1.5..+2.2 %; 5 and 6 slower still).
+  if (fp8_one_cta && cache.paged()) p.bulk_stages = 4;
   p.bulk_lean_start =
       p.device == Device::cuda && (p.format == KvFormat::int4 || !cache.paged());
   // The int4 g4 tensor-map kernel's lean per-tile path with the lagged refill (session 10; H200

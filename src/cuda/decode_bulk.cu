@@ -47,6 +47,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxHeads = 8;   // HB: heads (warps) per CTA
 constexpr int kMaxStages = 8;  // (DecodePlan::bulk_stages within 113 KB; automatic: <= 4)
+constexpr int kOneCtaSmem = 220 * 1024;  // a ring's bytes at one CTA per multiprocessor
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return __byte_perm(a, b, sel);
@@ -1769,6 +1770,17 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   std::memset(&maps, 0, sizeof(maps));
   if (a.tma && a.hb > 0 && !encode_bulk_maps(cache, a, &maps))
     a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
+  // DecodePlan::bulk_stages on a grid of at most one CTA per multiprocessor (plan_decode's fp8
+  // plan at D 128 since session 33): the ring may take the multiprocessor's shared memory.
+  if (a.hb > 0 && plan.bulk_stages > 0 && !a.tma) {
+    const int64_t ctas = int64_t{plan.n_splits} * (p.H / a.hb) * ((p.R + 15) / 16) * B;
+    if (ctas <= plan.multiprocessors) {
+      const int most = (kOneCtaSmem - 128) / a.stage_bytes;
+      const int want = plan.bulk_stages < 2 ? 2 : plan.bulk_stages;
+      a.nst = want < most ? want : most;
+      a.nst = a.nst > kMaxStages ? kMaxStages : a.nst;
+    }
+  }
   a.solo = solo;
   a.probe = plan.bulk_probe != 0;
   a.probe_mode = plan.bulk_probe;

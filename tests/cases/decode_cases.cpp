@@ -144,7 +144,8 @@ KvCache cache_view(const CacheShape& cs, const std::vector<TensorView>& in) {
 //   no_pdl: plan_decode's choice with launch_pdl = false (ordinary launches of the split kernel
 //     and the merge; every other case runs them as programmatic dependent launches);
 //   bulk_deep: plan_decode's choice with bulk_stages = 8 (capped to what fits two CTAs per
-//     multiprocessor: int4 g4 D 128 5 stages, fp8 D 128 3; same arithmetic);
+//     multiprocessor: int4 g4 D 128 5 stages, fp8 D 128 3; on a grid of at most one CTA per
+//     multiprocessor, fp8 D 128 at 8 KV heads, 6 stages in 220 KB; same arithmetic);
 //   bulk_iss4: plan_decode's arithmetic with bulk_issue = 2 (a CTA barrier per tile, only 4
 //     warps issue the copies);
 //   merge_wide: plan_decode's kernel with merge_wide and splits of 32 keys (16 past L 4000), i.e.
@@ -608,7 +609,7 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 3, 1001, 8, 128, 16), {1001, 17, 0}, 4, 1, false, false, DType::f16, np);
   add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 1}, 8, 2, true, true, DType::bf16, np);
   // bulk_stages = 8, capped to what fits two CTAs per multiprocessor (fp8 / f16 D 128 3 stages,
-  // int4 g4 5, D 64 up to 8), with plan_decode's arithmetic and issue mode: fp8 contiguous and
+  // int4 g4 5, D 64 up to 8; fp8 D 128 at 8 KV heads on its one-CTA-per-multiprocessor grid 6), with plan_decode's arithmetic and issue mode: fp8 contiguous and
   // paged 16 (solo + fold) with many tiles per split (the ring wraps several times), empty /
   // 1-key sequences; fp8 D 64 paged 256; int4 g4 folded with 8 and 2 heads per CTA (more stages
   // than warps), paged; f16; Mq > 1 causal, bias, 9-16 rows.
@@ -655,6 +656,12 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 300, 16, 128, 0), {300, 33}, 2, 1, false, false, DType::f16);
   add(shape(F::fp8, 1, 3, 1300, 8, 128, 16), {1300, 33, 0}, 4, 2, true, false, DType::f16, bk);
   add(shape(F::fp8, 1, 2, 700, 4, 128, 256), {700, 1}, 2, 1, false, true, DType::f16, bk);
+  // Session 33: 8 KV heads on pages of >= 64 keys, plan_decode's one CTA per multiprocessor with a
+  // 4-stage ring (more than half the shared memory), splits of ~1000 keys starting inside a page
+  // (the ring wraps ~16 times); Mq 2 causal with bias; bulk_deep there: 6 stages in 220 KB.
+  add(shape(F::fp8, 1, 2, 3000, 8, 128, 64), {3000, 1100}, 4, 1, false, false, DType::f16);
+  add(shape(F::fp8, 1, 1, 2500, 8, 128, 256), {2500}, 4, 2, true, true, DType::bf16);
+  add(shape(F::fp8, 1, 2, 2600, 8, 128, 64), {2600, 700}, 4, 1, false, false, DType::f16, dp);
   // bulk_tma_solo (int4 g4 D 128: full tiles by one tensor-map copy per kind, partial tiles per
   // key; every automatic int4 g4 D 128 case at <= 8 rows runs it too): 8 heads per CTA (key
   // stride 656 = 640 + 16 zero-filled bytes) contiguous and paged 16 / 256 (the box at the page's
