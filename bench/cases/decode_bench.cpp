@@ -347,7 +347,84 @@ class DecodeBench : public BenchCase {
   }
 };
 
-LOWBIT_BENCH_CASES(decode_bench_cases) { cases.push_back(std::make_unique<DecodeBench>()); }
+// Session 33: the configurations outside the shapes that users run — speculative /
+// multi-token decoding (Mq 2 and 4 query rows per sequence, causal) and head dims 64 and 256 — on
+// contiguous caches, against lowbit's fp16 path at the same configuration (bytes as above: the
+// cache read once whatever Mq is).
+class DecodeVariantsBench : public BenchCase {
+ public:
+  std::string name() const override { return "decode.attention.variants"; }
+  std::vector<Row> run(const Env& env) override {
+    std::vector<Row> rows;
+    struct Config {
+      Shape s;
+      int mq;
+    };
+    std::vector<Config> configs;
+    if (env.device == Device::cuda)
+      configs = {{{64, 8192, 32, 8, 128}, 2}, {{64, 8192, 32, 8, 128}, 4},
+                 {{1, 131072, 32, 8, 128}, 4}, {{64, 8192, 32, 8, 64}, 1},
+                 {{64, 4096, 16, 8, 256}, 1}, {{64, 8192, 64, 8, 128}, 2}};
+    else
+      configs = {{{2, env.quick ? 256 : 1024, 8, 2, 128}, 2}};
+    // (+ twice plan_decode's splits at more than 8 rows: plan_decode's grid before session 33)
+    const std::vector<Fmt> formats = {{KvFormat::f16, 1, "fp16"},
+                                      {KvFormat::int4, 4, "int4 g4"},
+                                      {KvFormat::fp8, 1, "fp8"},
+                                      {KvFormat::int4, 4, "int4 g4 2x splits", 0, 2},
+                                      {KvFormat::fp8, 1, "fp8 2x splits", 0, 2}};
+    const double copy_gbps = env.copy_gbps();
+    for (const Config& cf : configs) {
+      const Shape& s = cf.s;
+      const std::string shape = s.str() + " Mq=" + std::to_string(cf.mq);
+      if (!env.shape_selected(shape)) continue;
+      const int64_t G = s.Hq / s.Hkv;
+      DeviceTensor q = make_tensor(env.device, DType::f16, {s.B, cf.mq, s.Hkv, G, s.D}, 5);
+      DeviceTensor out = make_empty(env.device, DType::f16, {s.B, cf.mq, s.Hkv, G, s.D});
+      double f16_ms = 0;
+      for (const Fmt& f : formats) {
+        if (f.format == KvFormat::int4 && s.D % 32 != 0) continue;
+        if (f.splits && cf.mq * G <= 8) continue;
+        Row r;
+        r.family = "decode";
+        r.op = std::string("decode_attention ") + f.name + " contiguous" +
+               (cf.mq > 1 ? ", causal" : "");
+        r.shape = shape;
+        r.backend = device_name(env.device);
+        {
+          BenchCache bc = build_cache(env.device, s, f, 0, 77);
+          Context ctx = env.ctx;
+          DecodePlan plan = plan_decode(bc.c, cf.mq, static_cast<int>(s.Hq),
+                                        static_cast<int>(s.D), ctx);
+          choose_kernel(plan, f);
+          Buffer ws(env.device, workspace_bytes(plan));
+          r.ms = env.time_ms([&] {
+            decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f,
+                             cf.mq > 1, ctx);
+          });
+        }
+        r.bytes = problem_bytes(s, f) + 2.0 * s.B * (cf.mq - 1) * s.Hq * s.D * 2;
+        if (f.format == KvFormat::f16 && !f.splits) {
+          f16_ms = r.ms;
+        } else {
+          r.baseline = "lowbit fp16 decode";
+          r.baseline_ms = f16_ms;
+        }
+        std::ostringstream note;
+        note.precision(3);
+        note << 100.0 * r.gbps() / copy_gbps << "% of copy (" << copy_gbps << " GB/s)";
+        r.note = note.str();
+        rows.push_back(r);
+      }
+    }
+    return rows;
+  }
+};
+
+LOWBIT_BENCH_CASES(decode_bench_cases) {
+  cases.push_back(std::make_unique<DecodeBench>());
+  cases.push_back(std::make_unique<DecodeVariantsBench>());
+}
 
 }  // namespace
 }  // namespace bench

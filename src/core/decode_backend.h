@@ -32,6 +32,8 @@ namespace cpu {
 
 namespace cuda {
 int decode_multiprocessors();
+// KV heads per CTA of the bulk kernel on this device for `cache` (0: it does not apply).
+int decode_bulk_heads_of(const KvCache& cache);
 #include "src/core/decode_backend_api.inc"  // NOLINT(build/include)
 }  // namespace cuda
 

@@ -238,20 +238,30 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // Contiguous caches only: on paged caches run 34 measured the longer splits slower (B 1 page
   // 16: 0.0856 vs 0.0806 ms, page 256: 0.0847 vs 0.0807; contiguous 0.0756 vs 0.0774).
   // Session 33 (H200, three bench runs in one call, same kernel): fp8 at D 128 (<= 8 rows, <= 8
-  // KV heads: the solo, folded, whole-tile kernel below) reads faster with 8 head-warps per
-  // multiprocessor (one CTA at 8 KV heads) and splits twice as long, on a contiguous cache or pages of >= 64 keys:
+  // KV heads: the solo, folded, whole-tile kernel below; 9-16 rows too since) reads faster with 8
+  // head-warps per multiprocessor (one CTA at 8 KV heads) and splits twice as long, on a
+  // contiguous cache or pages of >= 64 keys:
   // medians of the runs, ms: contiguous B 64, L 8192 0.2607 -> 0.2593, (16, 32768, 64, 8) 0.2648
   // -> 0.2603; paged 256 B 1, L 131072 0.0789 -> 0.0764, B 16 0.2677 -> 0.2646, B 64 even; paged 64
   // B 1 0.0784 -> 0.0776, B 16 0.2679 -> 0.2657, B 64 0.2633 -> 0.2642. Pages of 16 keys keep two
   // CTAs (one: B 64 +2.4 %, B 16 +1.1 %, B 1 +0.4 %): scattered pages want more copies in flight.
+  const int rows = p.mq * p.group;
   const bool fp8_one_cta = p.device == Device::cuda && p.streaming &&
-                           p.format == KvFormat::fp8 && D == 128 && p.mq * p.group <= 8 &&
-                           H <= 8 && (!cache.paged() || cache.page_size >= 64);
+                           p.format == KvFormat::fp8 && D == 128 && rows <= 16 && H <= 8 &&
+                           (!cache.paged() || cache.page_size >= 64);
   int64_t target, min_split;
   if (p.device == Device::cuda) {
     p.multiprocessors = 0;
     LOWBIT_CUDA_CALL(op, (p.multiprocessors = cuda::decode_multiprocessors()));
-    target = (p.streaming ? (fp8_one_cta ? 8 : 16) : 4) * static_cast<int64_t>(p.multiprocessors);
+    // More than 8 rows per KV head: the bulk kernel's 16-row instantiations take 211-240
+    // registers, 8 head-warps per multiprocessor (one CTA of 8 heads, two of 4), so 16 would be
+    // two waves (session 33: B 64, L 8192, Mq 4 x G 4 int4 g4 0.356 ms, fp8 0.641, against 0.165
+    // / 0.254 at Mq 1): one wave of splits twice as long.
+    int bulk_heads = 0;
+    if (p.streaming && rows > 8)
+      LOWBIT_CUDA_CALL(op, (bulk_heads = cuda::decode_bulk_heads_of(cache)));
+    const bool eight_warps = fp8_one_cta || bulk_heads > 0;
+    target = (p.streaming ? (eight_warps ? 8 : 16) : 4) * static_cast<int64_t>(p.multiprocessors);
     min_split = !p.streaming ? 256
                 : (p.format == KvFormat::fp8 && (!cache.paged() || fp8_one_cta)) ? 1024
                                                                                  : 512;
@@ -290,7 +300,7 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // / 0.2072 and 0.2002 / 0.2032 paged 16 / 256, (16, 32768, 64, 8) 0.1849 / 0.1884; every
   // `.bulk_tma*` harness case passed). (Solo issue without them lost: run 9, +13 %.)
   if (p.device == Device::cuda && p.format == KvFormat::int4 && cache.n_groups == 4 && D == 128 &&
-      p.mq * p.group <= 8) {
+      rows <= 8) {
     p.bulk_tma = true;
     p.bulk_issue = 1;
   }
@@ -299,7 +309,7 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // rows, Hkv <= 8): H200 run 17 (B 64, L 8192) timed that solo + fold kernel at 0.2717 / 0.2681
   // ms against the shared issue's 0.2765 / 0.2739 on paged 16 / 256 pools (every
   // `.bulk_solo_blocks` harness case passed); with per-key copies solo stays slower when paged.
-  const bool fp8_blocks = D == 128 && p.mq * p.group <= 8 && H <= 8;
+  const bool fp8_blocks = D == 128 && rows <= 16 && H <= 8;  // (9-16 rows: session 33)
   if (p.device == Device::cuda && p.format == KvFormat::fp8 && (!cache.paged() || fp8_blocks)) {
     p.bulk_issue = 1;
     p.fold_scales = 1;

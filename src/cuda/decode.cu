@@ -14,6 +14,7 @@ namespace lowbit {
 namespace cuda {
 
 int decode_multiprocessors() { return multiprocessor_count(); }
+int decode_bulk_heads_of(const KvCache& cache) { return decode_detail::decode_bulk_heads(cache); }
 
 namespace {
 

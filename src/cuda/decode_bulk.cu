@@ -1589,6 +1589,16 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       }
     }
   }
+  // fp8 at 9-16 rows (session 33: speculative / multi-token decoding, Mq G > 8): the whole-tile
+  // copies under solo issue as at <= 8 rows (the per-key copies, 34 a tile from one issuing
+  // warp, ran it slower than the f16 path).
+  if constexpr (D == 128 && kFp8Solo) {
+    if (a.solo && a.blocks && !a.probe && p.R > 8 && p.R <= 16) {
+      if (a.stage_out)
+        return launch_nr<F, D, 2, VA, FOLD, true, kBlocks8 | kStage>(p, a, m, B, stream);
+      return launch_nr<F, D, 2, VA, FOLD, true, kBlocks8>(p, a, m, B, stream);
+    }
+  }
   if (a.solo) {
     if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, true>(p, a, m, B, stream);
     else launch_nr<F, D, 1, VA, FOLD, true>(p, a, m, B, stream);
@@ -1759,10 +1769,14 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   // fp8 blocks change the stage layout: only where launch_rows runs a kBlocks8 instantiation.
   // int4: the probe under shared issue, tensor-map tiles under solo issue (with or without the
   // probe: session 11).
-  const bool knobs = cache.head_dim() == 128 && p.R <= 8 &&
-                     ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
-                      (cache.format == KvFormat::int4 && fold == 1 &&
-                       (solo ? plan.bulk_tma : plan.bulk_probe != 0)));
+  // (fp8 solo + fold: up to 16 rows, launch_rows' NR 2 whole-tile instantiations)
+  const bool knobs =
+      cache.head_dim() == 128 &&
+      ((p.R <= 8 && ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
+                     (cache.format == KvFormat::int4 && fold == 1 &&
+                      (solo ? plan.bulk_tma : plan.bulk_probe != 0)))) ||
+       (p.R <= 16 && cache.format == KvFormat::fp8 && fold != 0 && solo &&
+        plan.bulk_probe == 0));
   const bool blocks8 = knobs;  // (fp8 where the tile's blocks are contiguous: bulk_geometry)
   const bool tma4 = knobs && solo && plan.bulk_tma;
   BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);

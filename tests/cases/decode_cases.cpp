@@ -662,6 +662,13 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 2, 3000, 8, 128, 64), {3000, 1100}, 4, 1, false, false, DType::f16);
   add(shape(F::fp8, 1, 1, 2500, 8, 128, 256), {2500}, 4, 2, true, true, DType::bf16);
   add(shape(F::fp8, 1, 2, 2600, 8, 128, 64), {2600, 700}, 4, 1, false, false, DType::f16, dp);
+  // Session 33: fp8 D 128 at 9-16 rows (speculative decoding, Mq G > 8): the whole-tile copies
+  // under solo issue in the 16-row instantiation, one wave of 8 head-warps per multiprocessor:
+  // 12 rows contiguous (Mq 3 causal), 16 rows on pages of 64 with bias, 16 rows of 4 KV heads
+  // per CTA on pages of 16 keys (solo + fold there too since), partial tiles, a 1-key sequence.
+  add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 777}, 4, 3, true, false, DType::f16);
+  add(shape(F::fp8, 1, 2, 1500, 8, 128, 64), {1500, 333}, 8, 2, true, true, DType::bf16);
+  add(shape(F::fp8, 1, 2, 1200, 4, 128, 16), {1200, 17}, 4, 4, true, false, DType::f16);
   // bulk_tma_solo (int4 g4 D 128: full tiles by one tensor-map copy per kind, partial tiles per
   // key; every automatic int4 g4 D 128 case at <= 8 rows runs it too): 8 heads per CTA (key
   // stride 656 = 640 + 16 zero-filled bytes) contiguous and paged 16 / 256 (the box at the page's
