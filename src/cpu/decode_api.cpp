@@ -221,10 +221,13 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   const int64_t len = std::max<int64_t>(
       1, max_seq_len > 0 ? std::min(max_seq_len, p.capacity) : p.capacity);
   // The streaming kernel (CUDA; int4, fp8, f16; D 64, 128) is the default where it applies.
+  // D 256 since session 33 at <= 8 rows per KV head (the bulk kernel there; the split-K
+  // CUDA-core kernel before: B 64, L 4096, 16 / 8 heads f16 2.73 ms = 18 % of copy, int4 g4 1.61
+  // ms = 9 %, fp8 1.40 ms = 18 %).
   p.streaming = p.device == Device::cuda &&
                 (p.format == KvFormat::int4 || p.format == KvFormat::fp8 ||
                  p.format == KvFormat::f16) &&
-                (D == 64 || D == 128);
+                (D == 64 || D == 128 || (D == 256 && p.mq * p.group <= 8));
   // Enough chunks to fill the machine, none shorter than min_split keys (shorter chunks cost more
   // in the merge than they win in parallelism). Streaming on CUDA: 16 (head, split) pairs per
   // multiprocessor (the bulk kernel: 2 CTAs of 8 head-warps; the ring kernel: 4 CTAs of 4 warps),
@@ -261,7 +264,10 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
     if (p.streaming && rows > 8)
       LOWBIT_CUDA_CALL(op, (bulk_heads = cuda::decode_bulk_heads_of(cache)));
     const bool eight_warps = fp8_one_cta || bulk_heads > 0;
-    target = (p.streaming ? (eight_warps ? 8 : 16) : 4) * static_cast<int64_t>(p.multiprocessors);
+    // D 256 (193-220 registers): 8 head-warps per multiprocessor (int4 g4 / fp8: two CTAs of 4
+    // heads), f16 4 (two CTAs of 2 heads: 1 KB pieces; the ring's shared memory binds).
+    const int warps = D == 256 ? (p.format == KvFormat::f16 ? 4 : 8) : eight_warps ? 8 : 16;
+    target = (p.streaming ? warps : 4) * static_cast<int64_t>(p.multiprocessors);
     min_split = !p.streaming ? 256
                 : (p.format == KvFormat::fp8 && (!cache.paged() || fp8_one_cta)) ? 1024
                                                                                  : 512;

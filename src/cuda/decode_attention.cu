@@ -725,7 +725,10 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   // smem-ring tensor-core kernel (streaming off, tensor_cores on) were retired (slower than the
   // ring kernel at every measured shape, and no plan_decode default reached them): those flags
   // no longer change the kernel. docs/decode.md.
-  if (plan.streaming && plan.bulk_copy && decode_bulk_supported(cache)) {
+  // (D 256: the bulk kernel at <= 8 rows per KV head only; its 16-row form would spill)
+  const bool bulk = plan.streaming && plan.bulk_copy && decode_bulk_supported(cache) &&
+                    (plan.head_dim < 256 || p.R <= 8);
+  if (bulk) {
     launch_decode_bulk(p, cache, plan, stream);
   } else if (plan.streaming && decode_ring_supported(cache.format, plan.head_dim)) {
     launch_decode_ring(p, cache.format, plan.head_dim, ring_vector_bytes(cache), plan.batch,
@@ -747,8 +750,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   // float4 reads of the partial rows when the workspace allows them (D is a multiple of 4).
   // With DecodePlan::launch_pdl the merge is a programmatic dependent of the split kernel (its
   // launch overlaps the split kernel's tail; it waits for the partials in its first instruction).
-  const bool pdl = plan.launch_pdl && plan.streaming && plan.bulk_copy &&
-                   decode_bulk_supported(cache);
+  const bool pdl = plan.launch_pdl && bulk;
   float* lse_ptr = lse_out ? lse_out->ptr<float>() : nullptr;
   const bool aligned16 = reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0;
   if (plan.merge_warp && !plan.merge_wide && aligned16 && plan.head_dim == 128 && p.S <= 16) {

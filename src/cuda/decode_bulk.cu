@@ -357,7 +357,7 @@ __device__ __forceinline__ void flat_rows(uint32_t f, uint32_t c, int s, uint32_
   coef[1] = x1[0];
 }
 template <KvFormat F, int D, int NR, int VA, int FOLD, bool SOLO, int KN = 0>
-__global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 ? 2 : 1)
+__global__ void __launch_bounds__(kMaxHeads * 32, NR == 1 && D <= 128 ? 2 : 1)
     decode_bulk_kernel(const DecodeParams p, const BulkArgs a,
                        const __grid_constant__ BulkMaps m) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
@@ -1599,7 +1599,10 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       return launch_nr<F, D, 2, VA, FOLD, true, kBlocks8>(p, a, m, B, stream);
     }
   }
-  if (a.solo) {
+  if constexpr (D == 256) {  // (<= 8 rows: decode_attention's dispatch; 16 rows would spill)
+    if (a.solo) launch_nr<F, D, 1, VA, FOLD, true>(p, a, m, B, stream);
+    else launch_nr<F, D, 1, VA, FOLD, false>(p, a, m, B, stream);
+  } else if (a.solo) {
     if (p.R > 8) launch_nr<F, D, 2, VA, FOLD, true>(p, a, m, B, stream);
     else launch_nr<F, D, 1, VA, FOLD, true>(p, a, m, B, stream);
   } else {
@@ -1657,7 +1660,7 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blo
   const CacheArgs c = make_cache_args(cache);
   const int D = cache.head_dim();
   const KvFormat f = cache.format;
-  if (!(f == KvFormat::int4 || f == KvFormat::fp8 || f == KvFormat::f16) || !(D == 64 || D == 128))
+  if (!(f == KvFormat::int4 || f == KvFormat::fp8 || f == KvFormat::f16) || !(D == 64 || D == 128 || D == 256))
     return a;
   const int64_t H = cache.kv_heads();
   const int rank = cache.paged() ? 3 : 4;
@@ -1829,7 +1832,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   int va = 16;
   while (va > 4 && (c.row_bytes % va != 0 || (4 * c.n_groups) % va != 0)) va /= 2;
   if (cache.format != KvFormat::int4) va = 16;
-  dispatch_int<64, 128>(cache.head_dim(), "decode_attention", "D (bulk kernel)", [&](auto d) {
+  dispatch_int<64, 128, 256>(cache.head_dim(), "decode_attention", "D (bulk kernel)", [&](auto d) {
     constexpr int kD = decltype(d)::value;
     switch (cache.format) {
       case KvFormat::int4: launch_fd<KvFormat::int4, kD>(p, a, maps, va, fold, B, stream); break;

@@ -181,7 +181,8 @@ enum class Kernel {
 
 // Whether plan_decode picks the streaming kernel (mirrors src/cpu/decode_api.cpp).
 bool streams_by_default(KvFormat f, int D) {
-  return (f == KvFormat::int4 || f == KvFormat::fp8 || f == KvFormat::f16) && (D == 64 || D == 128);
+  return (f == KvFormat::int4 || f == KvFormat::fp8 || f == KvFormat::f16) &&
+         (D == 64 || D == 128 || D == 256);  // (D 256: <= 8 rows; more run f16 math anyway)
 }
 
 class DecodeCase : public Case {
@@ -669,6 +670,17 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 777}, 4, 3, true, false, DType::f16);
   add(shape(F::fp8, 1, 2, 1500, 8, 128, 64), {1500, 333}, 8, 2, true, true, DType::bf16);
   add(shape(F::fp8, 1, 2, 1200, 4, 128, 16), {1200, 17}, 4, 4, true, false, DType::f16);
+  // D 256 on the bulk kernel (session 33; <= 8 rows per KV head): int4 g4 (4 heads per CTA,
+  // per-element arithmetic), fp8 (solo + fold contiguous, shared issue paged), f16 (2 heads per
+  // CTA), contiguous and paged 16 / 256, Mq 2 causal with bias, partial tiles, empty and 1-key
+  // sequences; and 12 rows (Mq 3 x G 4), which keep the split-K CUDA-core kernel.
+  add(shape(F::int4, 4, 2, 1300, 4, 256, 0), {1300, 0}, 2, 1, false, false, DType::f16);
+  add(shape(F::int4, 4, 2, 1100, 8, 256, 256), {1100, 17}, 4, 2, true, true, DType::bf16);
+  add(shape(F::fp8, 1, 3, 900, 8, 256, 0), {900, 1, 333}, 4, 1, false, false, DType::f16);
+  add(shape(F::fp8, 1, 2, 1000, 4, 256, 16), {1000, 31}, 2, 2, true, true, DType::bf16);
+  add(shape(F::f16, 1, 2, 700, 4, 256, 0), {700, 65}, 4, 1, false, false, DType::f16);
+  add(shape(F::f16, 1, 2, 600, 2, 256, 16), {600, 1}, 4, 2, true, false, DType::bf16);
+  add(shape(F::fp8, 1, 2, 500, 8, 256, 0), {500, 77}, 4, 3, true, false, DType::f16);
   // bulk_tma_solo (int4 g4 D 128: full tiles by one tensor-map copy per kind, partial tiles per
   // key; every automatic int4 g4 D 128 case at <= 8 rows runs it too): 8 heads per CTA (key
   // stride 656 = 640 + 16 zero-filled bytes) contiguous and paged 16 / 256 (the box at the page's
