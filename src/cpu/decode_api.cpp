@@ -315,7 +315,8 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // rows, Hkv <= 8): H200 run 17 (B 64, L 8192) timed that solo + fold kernel at 0.2717 / 0.2681
   // ms against the shared issue's 0.2765 / 0.2739 on paged 16 / 256 pools (every
   // `.bulk_solo_blocks` harness case passed); with per-key copies solo stays slower when paged.
-  const bool fp8_blocks = D == 128 && rows <= 16 && H <= 8;  // (9-16 rows: session 33)
+  // (9-16 rows and D 64: session 33)
+  const bool fp8_blocks = (D == 128 || D == 64) && rows <= 16 && H <= 8;
   if (p.device == Device::cuda && p.format == KvFormat::fp8 && (!cache.paged() || fp8_blocks)) {
     p.bulk_issue = 1;
     p.fold_scales = 1;

@@ -1599,6 +1599,20 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       return launch_nr<F, D, 2, VA, FOLD, true, kBlocks8>(p, a, m, B, stream);
     }
   }
+  // fp8 at D 64 (session 33): the whole-tile copies under solo issue as at D 128 (per-key copies
+  // from one issuing warp ran it at 55 % of copy).
+  if constexpr (D == 64 && kFp8Solo) {
+    if (a.solo && a.blocks && !a.probe) {
+      if (p.R > 8) {
+        if (a.stage_out)
+          return launch_nr<F, D, 2, VA, FOLD, true, kBlocks8 | kStage>(p, a, m, B, stream);
+        return launch_nr<F, D, 2, VA, FOLD, true, kBlocks8>(p, a, m, B, stream);
+      }
+      if (a.stage_out)
+        return launch_nr<F, D, 1, VA, FOLD, true, kBlocks8 | kStage>(p, a, m, B, stream);
+      return launch_nr<F, D, 1, VA, FOLD, true, kBlocks8>(p, a, m, B, stream);
+    }
+  }
   if constexpr (D == 256) {  // (<= 8 rows: decode_attention's dispatch; 16 rows would spill)
     if (a.solo) launch_nr<F, D, 1, VA, FOLD, true>(p, a, m, B, stream);
     else launch_nr<F, D, 1, VA, FOLD, false>(p, a, m, B, stream);
@@ -1779,7 +1793,9 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
                      (cache.format == KvFormat::int4 && fold == 1 &&
                       (solo ? plan.bulk_tma : plan.bulk_probe != 0)))) ||
        (p.R <= 16 && cache.format == KvFormat::fp8 && fold != 0 && solo &&
-        plan.bulk_probe == 0));
+        plan.bulk_probe == 0)) ||
+      (cache.head_dim() == 64 && p.R <= 16 && cache.format == KvFormat::fp8 && fold != 0 &&
+       solo && plan.bulk_probe == 0);
   const bool blocks8 = knobs;  // (fp8 where the tile's blocks are contiguous: bulk_geometry)
   const bool tma4 = knobs && solo && plan.bulk_tma;
   BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);
