@@ -364,7 +364,8 @@ class DecodeVariantsBench : public BenchCase {
     if (env.device == Device::cuda)
       configs = {{{64, 8192, 32, 8, 128}, 2}, {{64, 8192, 32, 8, 128}, 4},
                  {{1, 131072, 32, 8, 128}, 4}, {{64, 8192, 32, 8, 64}, 1},
-                 {{64, 4096, 16, 8, 256}, 1}, {{64, 8192, 64, 8, 128}, 2}};
+                 {{64, 4096, 16, 8, 256}, 1}, {{64, 4096, 16, 4, 256}, 1},
+                 {{64, 8192, 64, 8, 128}, 2}};
     else
       configs = {{{2, env.quick ? 256 : 1024, 8, 2, 128}, 2}};
     // (+ twice plan_decode's splits at more than 8 rows: plan_decode's grid before session 33)

@@ -1600,7 +1600,8 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
     }
   }
   // fp8 at D 64 (session 33): the whole-tile copies under solo issue as at D 128 (per-key copies
-  // from one issuing warp ran it at 55 % of copy).
+  // from one issuing warp ran it at 55 % of copy). (D 256's 256-byte rows: not yet; the tried
+  // instantiation left dims 128-255 at 0, see docs/decode.md "Session 33".)
   if constexpr (D == 64 && kFp8Solo) {
     if (a.solo && a.blocks && !a.probe) {
       if (p.R > 8) {

@@ -686,6 +686,9 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::fp8, 1, 3, 1700, 8, 64, 0), {1700, 1, 600}, 4, 1, false, false, DType::f16);
   add(shape(F::fp8, 1, 2, 1000, 4, 64, 16), {1000, 45}, 2, 2, true, true, DType::bf16);
   add(shape(F::fp8, 1, 2, 1300, 8, 64, 64), {1300, 200}, 4, 3, true, false, DType::f16);
+  // fp8 D 256 at 4 KV heads (per-key copies; contiguous: solo + fold, paged: shared issue).
+  add(shape(F::fp8, 1, 2, 1100, 4, 256, 0), {1100, 3}, 2, 2, true, false, DType::f16);
+  add(shape(F::fp8, 1, 2, 900, 4, 256, 16), {900, 160}, 4, 1, false, true, DType::bf16);
   // bulk_tma_solo (int4 g4 D 128: full tiles by one tensor-map copy per kind, partial tiles per
   // key; every automatic int4 g4 D 128 case at <= 8 rows runs it too): 8 heads per CTA (key
   // stride 656 = 640 + 16 zero-filled bytes) contiguous and paged 16 / 256 (the box at the page's
