@@ -174,14 +174,28 @@ double problem_bytes(const Shape& s, const Fmt& f) {
 }
 
 double time_decode(const Env& env, const BenchCache& bc, const Shape& s, const DeviceTensor& q,
-                   const DeviceTensor& out, const Fmt& f) {
+                   const DeviceTensor& out, const Fmt& f, int mq = 1) {
   Context ctx = env.ctx;
-  DecodePlan plan = plan_decode(bc.c, 1, static_cast<int>(s.Hq), static_cast<int>(s.D), ctx);
+  DecodePlan plan = plan_decode(bc.c, mq, static_cast<int>(s.Hq), static_cast<int>(s.D), ctx);
   choose_kernel(plan, f);
   Buffer ws(env.device, workspace_bytes(plan));
-  return env.time_ms([&] {
-    decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, false, ctx);
+  return env.time_ms([&] {  // (Mq > 1: causal)
+    decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f, mq > 1, ctx);
   });
+}
+
+// A timed row's baseline (the configuration's plain f16 row, timed first) and its note.
+void finish_row(Row& r, const Fmt& f, double& f16_ms, double copy_gbps) {
+  if (f.format == KvFormat::f16 && f.probe == 0 && !f.splits) {
+    f16_ms = r.ms;
+  } else {
+    r.baseline = "lowbit fp16 decode";
+    r.baseline_ms = f16_ms;
+  }
+  std::ostringstream note;
+  note.precision(3);
+  note << 100.0 * r.gbps() / copy_gbps << "% of copy (" << copy_gbps << " GB/s)";
+  r.note = note.str();
 }
 
 // cos / rel L1 of decode attention on a quantized cache written by kv_append from N(0,1) K/V,
@@ -326,16 +340,7 @@ class DecodeBench : public BenchCase {
             r.ms = time_decode(env, bc, s, q, out, f);
           }
           r.bytes = problem_bytes(s, f);
-          if (f.format == KvFormat::f16 && f.probe == 0 && !f.splits) {
-            f16_ms = r.ms;
-          } else {
-            r.baseline = "lowbit fp16 decode";
-            r.baseline_ms = f16_ms;
-          }
-          std::ostringstream note;
-          note.precision(3);
-          note << 100.0 * r.gbps() / copy_gbps << "% of copy (" << copy_gbps << " GB/s)";
-          r.note = note.str();
+          finish_row(r, f, f16_ms, copy_gbps);
           if (!accuracy_done && page == 0 && f.probe == 0)
             r.accuracy = measure_accuracy(env.device, f, s.Hq, s.Hkv, s.D);
           rows.push_back(r);
@@ -394,27 +399,10 @@ class DecodeVariantsBench : public BenchCase {
         r.backend = device_name(env.device);
         {
           BenchCache bc = build_cache(env.device, s, f, 0, 77);
-          Context ctx = env.ctx;
-          DecodePlan plan = plan_decode(bc.c, cf.mq, static_cast<int>(s.Hq),
-                                        static_cast<int>(s.D), ctx);
-          choose_kernel(plan, f);
-          Buffer ws(env.device, workspace_bytes(plan));
-          r.ms = env.time_ms([&] {
-            decode_attention(q.view, bc.c, plan, ws.data(), out.view, nullptr, nullptr, 0.f,
-                             cf.mq > 1, ctx);
-          });
+          r.ms = time_decode(env, bc, s, q, out, f, cf.mq);
         }
         r.bytes = problem_bytes(s, f) + 2.0 * s.B * (cf.mq - 1) * s.Hq * s.D * 2;
-        if (f.format == KvFormat::f16 && !f.splits) {
-          f16_ms = r.ms;
-        } else {
-          r.baseline = "lowbit fp16 decode";
-          r.baseline_ms = f16_ms;
-        }
-        std::ostringstream note;
-        note.precision(3);
-        note << 100.0 * r.gbps() / copy_gbps << "% of copy (" << copy_gbps << " GB/s)";
-        r.note = note.str();
+        finish_row(r, f, f16_ms, copy_gbps);
         rows.push_back(r);
       }
     }
