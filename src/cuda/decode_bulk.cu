@@ -1675,7 +1675,8 @@ BulkArgs bulk_geometry(const KvCache& cache, bool fold, int stages = 0, bool blo
   const CacheArgs c = make_cache_args(cache);
   const int D = cache.head_dim();
   const KvFormat f = cache.format;
-  if (!(f == KvFormat::int4 || f == KvFormat::fp8 || f == KvFormat::f16) || !(D == 64 || D == 128 || D == 256))
+  if (!(f == KvFormat::int4 || f == KvFormat::fp8 || f == KvFormat::f16) ||
+      !(D == 64 || D == 128 || D == 256))
     return a;
   const int64_t H = cache.kv_heads();
   const int rank = cache.paged() ? 3 : 4;
