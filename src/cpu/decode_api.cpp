@@ -224,10 +224,11 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // D 256 since session 33 at <= 8 rows per KV head (the bulk kernel there; the split-K
   // CUDA-core kernel before: B 64, L 4096, 16 / 8 heads f16 2.73 ms = 18 % of copy, int4 g4 1.61
   // ms = 9 %, fp8 1.40 ms = 18 %).
+  const int rows = p.mq * p.group;  // query rows per KV head
   p.streaming = p.device == Device::cuda &&
                 (p.format == KvFormat::int4 || p.format == KvFormat::fp8 ||
                  p.format == KvFormat::f16) &&
-                (D == 64 || D == 128 || (D == 256 && p.mq * p.group <= 8));
+                (D == 64 || D == 128 || (D == 256 && rows <= 8));
   // Enough chunks to fill the machine, none shorter than min_split keys (shorter chunks cost more
   // in the merge than they win in parallelism). Streaming on CUDA: 16 (head, split) pairs per
   // multiprocessor (the bulk kernel: 2 CTAs of 8 head-warps; the ring kernel: 4 CTAs of 4 warps),
@@ -248,7 +249,6 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // -> 0.2603; paged 256 B 1, L 131072 0.0789 -> 0.0764, B 16 0.2677 -> 0.2646, B 64 even; paged 64
   // B 1 0.0784 -> 0.0776, B 16 0.2679 -> 0.2657, B 64 0.2633 -> 0.2642. Pages of 16 keys keep two
   // CTAs (one: B 64 +2.4 %, B 16 +1.1 %, B 1 +0.4 %): scattered pages want more copies in flight.
-  const int rows = p.mq * p.group;
   const bool fp8_one_cta = p.device == Device::cuda && p.streaming &&
                            p.format == KvFormat::fp8 && D == 128 && rows <= 16 && H <= 8 &&
                            (!cache.paged() || cache.page_size >= 64);

@@ -33,6 +33,7 @@
 #include <cuda_fp8.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "src/core/convert_elem.h"
 #include "src/core/dispatch.h"
@@ -1589,29 +1590,21 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       }
     }
   }
-  // fp8 at 9-16 rows (session 33: speculative / multi-token decoding, Mq G > 8): the whole-tile
-  // copies under solo issue as at <= 8 rows (the per-key copies, 34 a tile from one issuing
-  // warp, ran it slower than the f16 path).
-  if constexpr (D == 128 && kFp8Solo) {
-    if (a.solo && a.blocks && !a.probe && p.R > 8 && p.R <= 16) {
-      if (a.stage_out)
-        return launch_nr<F, D, 2, VA, FOLD, true, kBlocks8 | kStage>(p, a, m, B, stream);
-      return launch_nr<F, D, 2, VA, FOLD, true, kBlocks8>(p, a, m, B, stream);
-    }
-  }
-  // fp8 at D 64 (session 33): the whole-tile copies under solo issue as at D 128 (per-key copies
-  // from one issuing warp ran it at 55 % of copy). (D 256's 256-byte rows: not yet; the tried
-  // instantiation left dims 128-255 at 0, see docs/decode.md "Session 33".)
-  if constexpr (D == 64 && kFp8Solo) {
+  // fp8 whole-tile copies under solo issue where the block above does not take them (session
+  // 33): 9-16 rows (speculative / multi-token decoding; the per-key copies, 34 a tile from one
+  // issuing warp, ran it slower than the f16 path) and D 64 (55 % of copy with per-key copies).
+  // (D 256's 256-byte rows: not yet; the tried instantiation left dims 128-255 at 0, see
+  // docs/decode.md "Session 33".) a.blocks is set only up to 16 rows (launch_decode_bulk).
+  if constexpr ((D == 128 || D == 64) && kFp8Solo) {
     if (a.solo && a.blocks && !a.probe) {
-      if (p.R > 8) {
+      auto whole = [&](auto nr) {
+        constexpr int kNR = decltype(nr)::value;
         if (a.stage_out)
-          return launch_nr<F, D, 2, VA, FOLD, true, kBlocks8 | kStage>(p, a, m, B, stream);
-        return launch_nr<F, D, 2, VA, FOLD, true, kBlocks8>(p, a, m, B, stream);
-      }
-      if (a.stage_out)
-        return launch_nr<F, D, 1, VA, FOLD, true, kBlocks8 | kStage>(p, a, m, B, stream);
-      return launch_nr<F, D, 1, VA, FOLD, true, kBlocks8>(p, a, m, B, stream);
+          return launch_nr<F, D, kNR, VA, FOLD, true, kBlocks8 | kStage>(p, a, m, B, stream);
+        return launch_nr<F, D, kNR, VA, FOLD, true, kBlocks8>(p, a, m, B, stream);
+      };
+      if (p.R > 8) return whole(std::integral_constant<int, 2>{});
+      return whole(std::integral_constant<int, 1>{});
     }
   }
   if constexpr (D == 256) {  // (<= 8 rows: decode_attention's dispatch; 16 rows would spill)
@@ -1788,16 +1781,16 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   // fp8 blocks change the stage layout: only where launch_rows runs a kBlocks8 instantiation.
   // int4: the probe under shared issue, tensor-map tiles under solo issue (with or without the
   // probe: session 11).
-  // (fp8 solo + fold: up to 16 rows, launch_rows' NR 2 whole-tile instantiations)
-  const bool knobs =
-      cache.head_dim() == 128 &&
-      ((p.R <= 8 && ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
-                     (cache.format == KvFormat::int4 && fold == 1 &&
-                      (solo ? plan.bulk_tma : plan.bulk_probe != 0)))) ||
-       (p.R <= 16 && cache.format == KvFormat::fp8 && fold != 0 && solo &&
-        plan.bulk_probe == 0)) ||
-      (cache.head_dim() == 64 && p.R <= 16 && cache.format == KvFormat::fp8 && fold != 0 &&
-       solo && plan.bulk_probe == 0);
+  // fp8 solo + fold at D 64 / 128 up to 16 rows: launch_rows' whole-tile instantiations
+  // (session 33; before, D 128 at <= 8 rows only).
+  const int D = cache.head_dim();
+  const bool fp8_whole = cache.format == KvFormat::fp8 && fold != 0 && solo &&
+                         plan.bulk_probe == 0 && p.R <= 16 && (D == 64 || D == 128);
+  const bool knobs = fp8_whole ||
+                     (D == 128 && p.R <= 8 &&
+                      ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
+                       (cache.format == KvFormat::int4 && fold == 1 &&
+                        (solo ? plan.bulk_tma : plan.bulk_probe != 0))));
   const bool blocks8 = knobs;  // (fp8 where the tile's blocks are contiguous: bulk_geometry)
   const bool tma4 = knobs && solo && plan.bulk_tma;
   BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);
@@ -1824,7 +1817,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   a.issuers = issue == 2 ? 4 : a.hb;
   a.issuers = a.issuers > a.hb ? a.hb : a.issuers;
   a.pdl = plan.launch_pdl;
-  const int staged_bytes = a.hb * (p.R > 8 ? 16 : 8) * (cache.head_dim() + 4) * 4;
+  const int staged_bytes = a.hb * (p.R > 8 ? 16 : 8) * (D + 4) * 4;
   a.stage_out = plan.bulk_stage_out && reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&
                 a.nst * a.stage_bytes >= staged_bytes;
   a.lean = plan.bulk_lean_start;
@@ -1850,7 +1843,7 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
   int va = 16;
   while (va > 4 && (c.row_bytes % va != 0 || (4 * c.n_groups) % va != 0)) va /= 2;
   if (cache.format != KvFormat::int4) va = 16;
-  dispatch_int<64, 128, 256>(cache.head_dim(), "decode_attention", "D (bulk kernel)", [&](auto d) {
+  dispatch_int<64, 128, 256>(D, "decode_attention", "D (bulk kernel)", [&](auto d) {
     constexpr int kD = decltype(d)::value;
     switch (cache.format) {
       case KvFormat::int4: launch_fd<KvFormat::int4, kD>(p, a, maps, va, fold, B, stream); break;
