@@ -54,13 +54,11 @@ struct Fmt {
   // 16, 2 paged 256) the row runs at.
   int shapes = 7, layouts = 7;
   int flat = -1;  // DecodePlan::bulk_flat (-1: plan_decode's)
-  int stages = 0;  // DecodePlan::bulk_stages (0: plan_decode's)
 };
 
 void choose_kernel(DecodePlan& plan, const Fmt& f) {
   plan.bulk_probe = f.probe;
   if (f.flat >= 0) plan.bulk_flat = f.flat;
-  if (f.stages > 0) plan.bulk_stages = f.stages;
   if (f.splits) {
     const int64_t len = plan.capacity;
     const int64_t want = f.splits > 0 ? int64_t{plan.n_splits} * f.splits
@@ -238,7 +236,7 @@ std::string measure_accuracy(Device dev, const Fmt& f, int64_t Hq, int64_t Hkv, 
   };
   std::vector<float> got = run_pick(f);
   std::string vs_default;
-  if (f.splits || f.flat >= 0 || f.stages > 0) {
+  if (f.splits || f.flat >= 0) {
     const std::vector<float> def = run_pick(Fmt{f.format, f.n_groups, f.name});
     double max_diff = 0;
     for (size_t i = 0; i < got.size(); ++i)

@@ -610,8 +610,8 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::int4, 4, 3, 1001, 8, 128, 16), {1001, 17, 0}, 4, 1, false, false, DType::f16, np);
   add(shape(F::fp8, 1, 2, 523, 4, 128, 0), {523, 1}, 8, 2, true, true, DType::bf16, np);
   // bulk_stages = 8, capped to what fits two CTAs per multiprocessor (fp8 / f16 D 128 3 stages,
-  // int4 g4 5, D 64 up to 8; fp8 D 128 at 8 KV heads on its one-CTA-per-multiprocessor grid 6), with plan_decode's arithmetic and issue mode: fp8 contiguous and
-  // paged 16 (solo + fold) with many tiles per split (the ring wraps several times), empty /
+  // int4 g4 5, D 64 up to 8; fp8 D 128 at 8 KV heads on its one-CTA-per-multiprocessor grid 6),
+  // with plan_decode's arithmetic and issue mode: fp8 contiguous and paged 16 (solo + fold) with many tiles per split (the ring wraps several times), empty /
   // 1-key sequences; fp8 D 64 paged 256; int4 g4 folded with 8 and 2 heads per CTA (more stages
   // than warps), paged; f16; Mq > 1 causal, bias, 9-16 rows.
   add(shape(F::fp8, 1, 3, 2100, 8, 128, 0), {2100, 1, 0}, 4, 1, false, false, DType::f16, dp);
