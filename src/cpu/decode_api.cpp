@@ -306,7 +306,7 @@ DecodePlan plan_decode(const KvCache& cache, int Mq, int Hq, int D, Context& ctx
   // / 0.2072 and 0.2002 / 0.2032 paged 16 / 256, (16, 32768, 64, 8) 0.1849 / 0.1884; every
   // `.bulk_tma*` harness case passed). (Solo issue without them lost: run 9, +13 %.)
   if (p.device == Device::cuda && p.format == KvFormat::int4 && cache.n_groups == 4 && D == 128 &&
-      rows <= 8) {
+      rows <= 16) {  // (9-16 rows: session 33)
     p.bulk_tma = true;
     p.bulk_issue = 1;
   }

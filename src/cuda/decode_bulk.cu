@@ -1590,6 +1590,12 @@ void launch_rows(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, in
       }
     }
   }
+  // int4 g4 D 128 at 9-16 rows (session 33): the flat kernel's 16-row form (each tile
+  // dequantized once for both row groups).
+  if constexpr (D == 128 && kInt4) {
+    if (a.solo && a.tma && a.flat && !a.probe && p.R > 8 && p.R <= 16)
+      return launch_nr<F, D, 2, VA, FOLD, true, kTma4 | kDiet | kFlat>(p, a, m, B, stream);
+  }
   // fp8 whole-tile copies under solo issue where the block above does not take them (session
   // 33): 9-16 rows (speculative / multi-token decoding; the per-key copies, 34 a tile from one
   // issuing warp, ran it slower than the f16 path) and D 64 (55 % of copy with per-key copies).
@@ -1790,50 +1796,60 @@ void launch_decode_bulk(const DecodeParams& p, const KvCache& cache, const Decod
                      (D == 128 && p.R <= 8 &&
                       ((cache.format == KvFormat::fp8 && (fold != 0) == solo) ||
                        (cache.format == KvFormat::int4 && fold == 1 &&
-                        (solo ? plan.bulk_tma : plan.bulk_probe != 0))));
+                        (solo ? plan.bulk_tma : plan.bulk_probe != 0)))) ||
+                     (D == 128 && p.R <= 16 && cache.format == KvFormat::int4 && fold == 1 &&
+                      solo && plan.bulk_tma && plan.bulk_probe == 0);
   const bool blocks8 = knobs;  // (fp8 where the tile's blocks are contiguous: bulk_geometry)
   const bool tma4 = knobs && solo && plan.bulk_tma;
+  const CacheArgs c = make_cache_args(cache);
   BulkArgs a = bulk_geometry(cache, fold != 0, plan.bulk_stages, blocks8, tma4);
   BulkMaps maps;  // (zero bytes unless a.tma)
   std::memset(&maps, 0, sizeof(maps));
   if (a.tma && a.hb > 0 && !encode_bulk_maps(cache, a, &maps))
     a = bulk_geometry(cache, fold != 0, plan.bulk_stages);
-  // DecodePlan::bulk_stages on a grid of at most one CTA per multiprocessor (plan_decode's fp8
-  // plan at D 128 since session 33): the ring may take the multiprocessor's shared memory.
-  if (a.hb > 0 && plan.bulk_stages > 0 && !a.tma) {
-    const int64_t ctas = int64_t{plan.n_splits} * (p.H / a.hb) * ((p.R + 15) / 16) * B;
-    if (ctas <= plan.multiprocessors) {
-      const int most = (kOneCtaSmem - 128) / a.stage_bytes;
-      const int want = plan.bulk_stages < 2 ? 2 : plan.bulk_stages;
-      a.nst = want < most ? want : most;
-      a.nst = a.nst > kMaxStages ? kMaxStages : a.nst;
+  // The launch's settings on top of the geometry (re-applied below where the geometry changes).
+  auto settle = [&](BulkArgs a) {
+    // DecodePlan::bulk_stages on a grid of at most one CTA per multiprocessor (plan_decode's fp8
+    // plan at D 128 since session 33): the ring may take the multiprocessor's shared memory.
+    if (a.hb > 0 && plan.bulk_stages > 0 && !a.tma) {
+      const int64_t ctas = int64_t{plan.n_splits} * (p.H / a.hb) * ((p.R + 15) / 16) * B;
+      if (ctas <= plan.multiprocessors) {
+        const int most = (kOneCtaSmem - 128) / a.stage_bytes;
+        const int want = plan.bulk_stages < 2 ? 2 : plan.bulk_stages;
+        a.nst = want < most ? want : most;
+        a.nst = a.nst > kMaxStages ? kMaxStages : a.nst;
+      }
     }
-  }
-  a.solo = solo;
-  a.probe = plan.bulk_probe != 0;
-  a.probe_mode = plan.bulk_probe;
-  // Issuing warps of the shared mode: all HB (0), 4 (2; enough lanes for fp8's 64 copies per
-  // tile with a copy per key and kind).
-  a.issuers = issue == 2 ? 4 : a.hb;
-  a.issuers = a.issuers > a.hb ? a.hb : a.issuers;
-  a.pdl = plan.launch_pdl;
-  const int staged_bytes = a.hb * (p.R > 8 ? 16 : 8) * (D + 4) * 4;
-  a.stage_out = plan.bulk_stage_out && reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&
-                a.nst * a.stage_bytes >= staged_bytes;
-  a.lean = plan.bulk_lean_start;
-  LOWBIT_CHECK(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
-  const CacheArgs c = make_cache_args(cache);
-  // kProbeFlat copies a tile's blocks whole: elsewhere it falls back to the kernel's own copies.
-  if (a.probe_mode == kProbeFlat && !(a.tma && a.contig)) a.probe_mode = kProbeCopies;
-  // DecodePlan::bulk_diet: kDiet, only at its compile-time geometry (8 heads of 80-byte rows,
-  // key stride 656 in the stage, 4 stages).
-  a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
-           a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
-  // DecodePlan::bulk_flat (1; 2 and 3, the session-14 forms folded into it, too): kFlat where
-  // kDiet runs and a tile's K / V block is contiguous (heads per CTA = Hkv = 8; paged: any page
-  // size, a tile never crosses a page); not with the probes. The stage becomes the blocks
-  // themselves (key stride 640); elsewhere the kDiet kernel.
-  a.flat = plan.bulk_flat != 0 && a.diet && a.contig && !a.probe;
+    a.solo = solo;
+    a.probe = plan.bulk_probe != 0;
+    a.probe_mode = plan.bulk_probe;
+    // Issuing warps of the shared mode: all HB (0), 4 (2; enough lanes for fp8's 64 copies per
+    // tile with a copy per key and kind).
+    a.issuers = issue == 2 ? 4 : a.hb;
+    a.issuers = a.issuers > a.hb ? a.hb : a.issuers;
+    a.pdl = plan.launch_pdl;
+    const int staged_bytes = a.hb * (p.R > 8 ? 16 : 8) * (D + 4) * 4;
+    a.stage_out = plan.bulk_stage_out && reinterpret_cast<uintptr_t>(p.part_o) % 16 == 0 &&
+                  a.nst * a.stage_bytes >= staged_bytes;
+    a.lean = plan.bulk_lean_start;
+    LOWBIT_CHECK(a.hb > 0, "decode_attention", "cache", "layout not supported by the bulk kernel");
+    // kProbeFlat copies a tile's blocks whole: elsewhere it falls back to the kernel's own copies.
+    if (a.probe_mode == kProbeFlat && !(a.tma && a.contig)) a.probe_mode = kProbeCopies;
+    // DecodePlan::bulk_diet: kDiet, only at its compile-time geometry (8 heads of 80-byte rows,
+    // key stride 656 in the stage, 4 stages).
+    a.diet = plan.bulk_diet && a.tma && a.hb == kDietHb && c.row_bytes == kDietRow &&
+             a.kstr == kDietKstr && a.nst == kDietStages && !a.stage_out;
+    // DecodePlan::bulk_flat (1; 2 and 3, the session-14 forms folded into it, too): kFlat where
+    // kDiet runs and a tile's K / V block is contiguous (heads per CTA = Hkv = 8; paged: any page
+    // size, a tile never crosses a page); not with the probes. The stage becomes the blocks
+    // themselves (key stride 640); elsewhere the kDiet kernel.
+    a.flat = plan.bulk_flat != 0 && a.diet && a.contig && !a.probe;
+    return a;
+  };
+  a = settle(a);
+  // 9-16 rows: the tensor-map tiles only in the flat kernel's 16-row form (session 33); where it
+  // does not apply, the 16-row kernel's own geometry.
+  if (a.tma && p.R > 8 && !a.flat) a = settle(bulk_geometry(cache, fold != 0, plan.bulk_stages));
   if (a.flat) {
     a.kstr = kFlatKstr;
     a.stage_bytes = 32 * kFlatKstr;

@@ -681,6 +681,12 @@ LOWBIT_HARNESS_CASES(decode_cases) {
   add(shape(F::f16, 1, 2, 700, 4, 256, 0), {700, 65}, 4, 1, false, false, DType::f16);
   add(shape(F::f16, 1, 2, 600, 2, 256, 16), {600, 1}, 4, 2, true, false, DType::bf16);
   add(shape(F::fp8, 1, 2, 500, 8, 256, 0), {500, 77}, 4, 3, true, false, DType::f16);
+  // int4 g4 D 128 at 9-16 rows (session 33): the flat kernel's 16-row form, one wave of 8
+  // head-warps per multiprocessor: 12 rows contiguous (Mq 3 causal), 16 rows on pages of 16 with
+  // bias, 10 rows (G 2 x Mq 5) on pages of 256, a 1-key and an empty sequence.
+  add(shape(F::int4, 4, 3, 2100, 8, 128, 0), {2100, 1, 999}, 4, 3, true, false, DType::f16);
+  add(shape(F::int4, 4, 2, 1500, 8, 128, 16), {1500, 333}, 8, 2, true, true, DType::bf16);
+  add(shape(F::int4, 4, 2, 1300, 8, 128, 256), {0, 1300}, 2, 5, true, false, DType::f16);
   // fp8 D 64 with the whole-tile copies under solo issue (session 33): 8 heads contiguous, 4
   // heads on pages of 16 (Mq 2 causal, bias), 12 rows (the 16-row form) on pages of 64.
   add(shape(F::fp8, 1, 3, 1700, 8, 64, 0), {1700, 1, 600}, 4, 1, false, false, DType::f16);
