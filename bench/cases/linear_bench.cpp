@@ -84,17 +84,28 @@ std::string copy_share(const Row& r) {
          "% of copy bandwidth";
 }
 
+// linear.layer: the shapes, each qtype's default path and its A/B rows;
+// linear.layer.variants (session 34, CUDA only): shapes outside the issue's, default paths only:
+// the down projection of the same MLP (K 13824 -> 5120: at M 16 the activation codes alone are
+// 216 KB) and a Llama-3-8B MLP (4096 -> 14336 -> 4096).
+struct LayerShape {
+  int64_t m, k, n;
+  const char* tag;
+};
+
 class LayerBench : public BenchCase {
  public:
-  std::string name() const override { return "linear.layer"; }
+  LayerBench() = default;
+  LayerBench(std::string name, std::vector<LayerShape> cuda_shapes)
+      : name_(std::move(name)), variants_(std::move(cuda_shapes)), alts_(false) {}
+  std::string name() const override { return name_; }
   std::vector<Row> run(const Env& env) override {
     std::vector<Row> rows;
-    struct Shape {
-      int64_t m, k, n;
-      const char* tag;
-    };
+    using Shape = LayerShape;
     std::vector<Shape> shapes;
-    if (env.device == Device::cuda) {
+    if (!alts_) {
+      if (env.device == Device::cuda && !env.quick) shapes = variants_;
+    } else if (env.device == Device::cuda) {
       shapes = {{32768, 5120, 5120, "Wan"},
                 {4096, 3072, 12288, "Flux MLP"},
                 {16, 5120, 13824, "decode"},
@@ -142,6 +153,7 @@ class LayerBench : public BenchCase {
           std::vector<float> first;  // the default's output, read before the first other path
           auto other_path = [&](const std::string& what, const std::function<void()>& enter,
                                 const std::function<void()>& leave, int64_t acc_m) {
+            if (!alts_) return;
             if (first.empty()) first = to_host_f32(out.view);
             struct Leave {
               const std::function<void()>& f;
@@ -232,6 +244,11 @@ class LayerBench : public BenchCase {
     }
     return rows;
   }
+
+ private:
+  std::string name_ = "linear.layer";
+  std::vector<LayerShape> variants_;
+  bool alts_ = true;  // the A/B rows (linear.layer only)
 };
 
 class RotateBench : public BenchCase {
@@ -514,6 +531,15 @@ class DecodeRingBench : public BenchCase {
 
 LOWBIT_BENCH_CASES(linear_bench_cases) {
   cases.push_back(std::make_unique<LayerBench>());
+  cases.push_back(std::make_unique<LayerBench>(
+      "linear.layer.variants",
+      std::vector<LayerShape>{{16, 13824, 5120, "decode, down projection"},
+                              {8, 13824, 5120, "decode, down projection"},
+                              {1, 13824, 5120, "decode, down projection"},
+                              {1, 4096, 14336, "decode, Llama-3-8B up"},
+                              {1, 14336, 4096, "decode, Llama-3-8B down"},
+                              {16, 14336, 4096, "decode, Llama-3-8B down"},
+                              {4096, 13824, 5120, "prefill, down projection"}}));
   cases.push_back(std::make_unique<RotateBench>());
 #ifdef LOWBIT_WITH_CUDA
   cases.push_back(std::make_unique<DecodeRingBench>());

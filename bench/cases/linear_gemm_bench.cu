@@ -32,7 +32,7 @@ __global__ void fill_codes_kernel(uint8_t* p, int64_t n, uint32_t seed, bool e4m
     h ^= h >> 13;
     uint8_t b = static_cast<uint8_t>(h);
     if (e4m3 && (b & 0x7f) == 0x7f) b &= 0xfe;  // keep e4m3 codes finite
-    if (!e4m3 && b == 0x80) b = 0x81;            // int8 codes in [-127, 127]
+    if (!e4m3 && b == 0x80) b = 0x81;           // int8 codes in [-127, 127]
     p[i] = b;
   }
 }
@@ -55,7 +55,12 @@ class GemmBench : public BenchCase {
       int64_t m, k, n;
       const char* tag;
     };
-    std::vector<Shape> shapes = {{32768, 5120, 5120, "Wan"}, {4096, 3072, 12288, "Flux MLP"}};
+    // Session 34: the decode shapes at M 16 (where convrotfp8 takes cuBLASLt's fp8 GEMM: the
+    // down projection K 13824 -> 5120 ran 5x slower than the up projection's bytes).
+    std::vector<Shape> shapes = {{32768, 5120, 5120, "Wan"},
+                                 {4096, 3072, 12288, "Flux MLP"},
+                                 {16, 5120, 13824, "decode"},
+                                 {16, 13824, 5120, "decode, down projection"}};
     if (env.quick) shapes = {{1024, 1024, 1024, "quick"}};
     cudaStream_t s = cuda::stream_of(env.ctx);
     for (const Shape& sh : shapes) {
@@ -114,17 +119,17 @@ class GemmBench : public BenchCase {
         }
         size_t diff = 0;
         for (size_t i = 0; i < out_elems; ++i) diff += bits[i] != ref_bits[i];
-        r.accuracy = diff ? "DIFFERS from the first int8 row in " + std::to_string(diff) +
-                                " elements"
-                          : "bit-identical to the first int8 row";
+        r.accuracy =
+            diff ? "DIFFERS from the first int8 row in " + std::to_string(diff) + " elements"
+                 : "bit-identical to the first int8 row";
       };
 
       // int8 codes for the s8 kernels.
       auto fill = [&](bool e4m3) {
-        fill_codes_kernel<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(a.view.data), sh.m * sh.k,
-                                                1u, e4m3);
-        fill_codes_kernel<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(b.view.data), sh.n * sh.k,
-                                                2u, e4m3);
+        fill_codes_kernel<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(a.view.data), sh.m * sh.k, 1u,
+                                               e4m3);
+        fill_codes_kernel<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(b.view.data), sh.n * sh.k, 2u,
+                                               e4m3);
       };
       fill(false);
       g.kind = cuda::linear::GemmKind::s8;
@@ -134,8 +139,7 @@ class GemmBench : public BenchCase {
           void* scratch = nullptr;
           cudaMalloc(&scratch, cuda::linear::cutlass_s8_wide_scratch_bytes(g) + 256);
           bool ok = true;
-          r.ms = env.time_ms(
-              [&] { ok = cuda::linear::gemm_cutlass_s8_wide(g, scratch, s) && ok; });
+          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_cutlass_s8_wide(g, scratch, s) && ok; });
           cudaStreamSynchronize(s);
           cudaFree(scratch);
           if (!ok) {
@@ -193,13 +197,16 @@ class GemmBench : public BenchCase {
         const size_t wsb = cuda::linear::gemm_cublaslt_workspace_bytes();
         void* work = nullptr;
         cudaMalloc(&work, wsb);
+        // (decode shapes: with fast accumulation, the layer's default)
+        g.fp8_fast_accum = sh.m <= 16;
+        const std::string acc = g.fp8_fast_accum ? ", fast accumulation" : "";
         const int count = std::max(1, cuda::linear::gemm_cublaslt_candidates(g, wsb));
         for (int c = 0; c < count; ++c) {
-          Row r = row(c == 0 ? std::string("e4m3 GEMM + scale/bias epilogue, cuBLASLt")
-                             : "e4m3 GEMM, cuBLASLt heuristic candidate " + std::to_string(c));
+          Row r =
+              row(c == 0 ? "e4m3 GEMM + scale/bias epilogue, cuBLASLt" + acc
+                         : "e4m3 GEMM, cuBLASLt heuristic candidate " + std::to_string(c) + acc);
           bool ok = true;
-          r.ms = env.time_ms(
-              [&] { ok = cuda::linear::gemm_cublaslt(g, work, wsb, s, c) && ok; });
+          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_cublaslt(g, work, wsb, s, c) && ok; });
           cudaStreamSynchronize(s);
           if (!ok) {
             r.ms = 0;
@@ -207,6 +214,7 @@ class GemmBench : public BenchCase {
           }
           rows.push_back(r);
         }
+        g.fp8_fast_accum = false;
         // Fast accumulation (no periodic promotion of the partial sums): time and how far its
         // output moves from the default's (relative L1 over the whole output).
         {
@@ -270,8 +278,7 @@ class DecodePiecesBench : public BenchCase {
       DeviceTensor ws = make_empty(Device::cuda, DType::f32, {N});
       DeviceTensor bias = make_tensor(Device::cuda, DType::bf16, {N}, 22);
       DeviceTensor out = make_empty(Device::cuda, DType::bf16, {M, N});
-      fill_codes_kernel<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(w.view.data), N * K, 3u,
-                                              false);
+      fill_codes_kernel<<<1024, 256, 0, s>>>(static_cast<uint8_t*>(w.view.data), N * K, 3u, false);
       fill_f32_kernel<<<static_cast<unsigned>((N * K / 128 + 255) / 256), 256, 0, s>>>(
           static_cast<float*>(ratios.view.data), N * K / 128, 0.9f);
       fill_f32_kernel<<<static_cast<unsigned>((N + 255) / 256), 256, 0, s>>>(
@@ -342,8 +349,8 @@ class DecodePiecesBench : public BenchCase {
           rows.push_back(r);
         }
         {
-          Row r = row(std::string("decode piece: rotate_quantize + decode GEMV, ") + f.name,
-                      wbytes);
+          Row r =
+              row(std::string("decode piece: rotate_quantize + decode GEMV, ") + f.name, wbytes);
           r.ms = env.time_ms([&] {
             cuda::linear::rotate_quantize(rq, s);
             cuda::linear::decode_gemv(d, s);

@@ -69,11 +69,11 @@ constexpr int kMaxDepth = 4;
 constexpr bool kRingDot = true;
 
 struct RingLayout {
-  int depth = 0;         // slots per warp
-  int slot_bytes = 0;    // rows x stride codes, then rows x 16 bytes of ratios (packed 4-bit)
-  int act_stride = 0;    // bytes between activation rows in shared memory (K + 16)
-  int ring_off = 0;      // the warps' rings
-  int64_t smem = 0;      // dynamic shared memory bytes
+  int depth = 0;       // slots per warp
+  int slot_bytes = 0;  // rows x stride codes, then rows x 16 bytes of ratios (packed 4-bit)
+  int act_stride = 0;  // bytes between activation rows in shared memory (K + 16)
+  int ring_off = 0;    // the warps' rings
+  int64_t smem = 0;    // dynamic shared memory bytes
 };
 
 // ---- PTX: mbarrier and copies (sm_90; the wrappers are ptx.cuh's) ----
@@ -139,22 +139,30 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
   const int64_t r0 = (b * N / G) & ~int64_t{1};
   const int64_t r1 = b + 1 == G ? N : (((b + 1) * N / G) & ~int64_t{1});
   const int tiles = static_cast<int>((r1 - r0 + ROWS - 1) / ROWS);
-  const int my_tiles = warp < tiles ? (tiles - 1 - warp) / W + 1 : 0;
   const int slices = static_cast<int>(K / KS);
-  const int items = my_tiles * slices;
+  // K split (session 34): where the CTA has at most half as many tiles as warps (few output
+  // columns per CTA, e.g. a down projection K 13824 -> N 5120: 3-5 tiles for 8-16 warps), the
+  // tile's slices are split over `parts` warps (warp = part · tiles + tile), whose sums meet in
+  // shared memory after the loop; else each warp runs tiles warp, warp + W, ... over all of K.
+  const int parts = tiles > 0 && 2 * tiles <= W ? min(W / tiles, slices) : 1;
+  const int part = parts > 1 ? warp / tiles : 0;
+  const int wtile = parts > 1 ? warp % tiles : warp;  // the warp's first tile
+  const int s_begin = part * slices / parts, s_end = (part + 1) * slices / parts;
+  int my_tiles = warp < tiles ? (tiles - 1 - warp) / W + 1 : 0;
+  if (parts > 1) my_tiles = part < parts ? 1 : 0;
+  const int items = my_tiles * (s_end - s_begin);
   const bool has_ratios = WF == kRPacked4 && p.w.ratios != nullptr;
   uint8_t* ring = dsm + L.ring_off + static_cast<size_t>(warp) * D * L.slot_bytes;
   const uint32_t bar0 = ptx::smem_u32(&bars[warp * kMaxDepth]);
 
-  if (threadIdx.x < W * kMaxDepth)
-    mbar_init(ptx::smem_u32(&bars[threadIdx.x]), 32u);
+  if (threadIdx.x < W * kMaxDepth) mbar_init(ptx::smem_u32(&bars[threadIdx.x]), 32u);
   mbar_fence_init();
   __syncthreads();
 
   // Requests the warp's next item (the tile at row it_n0, slice it_sl) into slot it_slot. Items
   // are requested in order, so the counters advance by one item per call (no divisions).
-  int it_slot = 0, it_sl = 0;
-  int64_t it_n0 = r0 + static_cast<int64_t>(warp) * ROWS;
+  int it_slot = 0, it_sl = s_begin;
+  int64_t it_n0 = r0 + static_cast<int64_t>(wtile) * ROWS;
   auto issue = [&]() {
     const int rows = static_cast<int>(min(static_cast<int64_t>(ROWS), r1 - it_n0));
     uint8_t* slot = ring + it_slot * L.slot_bytes;
@@ -169,8 +177,8 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
                  p.w.ratios + (it_n0 + lane) * p.w.groups_per_row + it_sl * J);
     cp_async_mbar_arrive_noinc(bar);  // one arrival per lane once its copies landed (32 per phase)
     if (++it_slot == D) it_slot = 0;
-    if (++it_sl == slices) {
-      it_sl = 0;
+    if (++it_sl == s_end) {
+      it_sl = s_begin;
       it_n0 += static_cast<int64_t>(W) * ROWS;
     }
   };
@@ -213,7 +221,7 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
 
   // Two accumulator sets (even / odd chunks): two independent mma chains per n8 tile instead of
   // one chain of 4 J mma per item. Integer sums: the same total in any order (fp8: the sets are
-  // added once, at the tile's end).
+  // added into `tot` after every item, below).
   Acc acc[2][NT][4];
 #pragma unroll
   for (int u = 0; u < 2; ++u)
@@ -221,11 +229,65 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
     for (int t = 0; t < NT; ++t)
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[u][t][r] = 0;
+  // fp8 (session 34): the tensor cores' fp32 sums of e4m3 products keep fewer bits than fp32
+  // (K 13824: 1.4 % off in a harness case), so each item's sums (a chain of 4 mma per set) are
+  // added into `tot` with the FADD's full precision and the mma chains start again from 0.
+  float tot[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) tot[t][r] = 0.f;
 
   // Consumer state: the slot and its phase parity, the slice within the tile, the tile's rows.
-  int s = 0, sl = 0;
+  int s = 0, sl = s_begin;
   uint32_t parity = 0;
-  int64_t n0 = r0 + static_cast<int64_t>(warp) * ROWS;
+  int64_t n0 = r0 + static_cast<int64_t>(wtile) * ROWS;
+  // The tile's outputs once its columns are complete (acc holds its whole sums).
+  auto finish_tile = [&]() {
+    const int rows = static_cast<int>(min(static_cast<int64_t>(ROWS), r1 - n0));
+    if constexpr (DOT) {
+      // Lane (gid, tid4) holds row gid's sum over its columns: add the 4 lanes of the row.
+      int32_t sum = acc[0][0][0] + acc[1][0][0];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      acc[0][0][0] = acc[1][0][0] = 0;
+      if (tid4 == 0 && gid < rows) {
+        const int64_t col = n0 + gid;
+        if (p.acc_out) {
+          p.acc_out[col] = sum;
+        } else {
+          const float v = apply_epilogue(ep, static_cast<float>(sum), 0, col);
+          store2(p.out, p.out_dtype, col, v, 0.f, false, false);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = gid + 8 * h;
+          const int lc = nt * 8 + 2 * tid4;
+          const Acc sum0 = acc[0][nt][2 * h] + acc[1][nt][2 * h];
+          const Acc sum1 = acc[0][nt][2 * h + 1] + acc[1][nt][2 * h + 1];
+          if (row < M && lc < rows) {
+            const int64_t col = n0 + lc;
+            const bool has1 = lc + 1 < rows;
+            if (!FP8 && p.acc_out) {  // (fp8: no acc_out, decode_ring_applies)
+              p.acc_out[row * p.ldo + col] = static_cast<int32_t>(sum0);
+              if (has1) p.acc_out[row * p.ldo + col + 1] = static_cast<int32_t>(sum1);
+            } else {
+              const float v0 = apply_epilogue(ep, static_cast<float>(sum0), row, col);
+              const float v1 =
+                  has1 ? apply_epilogue(ep, static_cast<float>(sum1), row, col + 1) : 0.f;
+              store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < 2; ++u) acc[u][nt][2 * h] = acc[u][nt][2 * h + 1] = Acc(0);
+        }
+      }
+    }
+  };
   for (int i = 0; i < items; ++i) {
     if (!mbar_wait_warp(bar0 + 8u * s, parity)) return;
     const uint8_t* slot = ring + s * L.slot_bytes;
@@ -273,10 +335,10 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
             ring_lut_word(wv[q], lut, &b0, &b1);
           }
           if constexpr (DOT) {
-            acc[j & 1][nt][0] = __dp4a(static_cast<int>(b0), static_cast<int>(lo_w[2 * q]),
-                                       acc[j & 1][nt][0]);
-            acc[j & 1][nt][0] = __dp4a(static_cast<int>(b1), static_cast<int>(lo_w[2 * q + 1]),
-                                       acc[j & 1][nt][0]);
+            acc[j & 1][nt][0] =
+                __dp4a(static_cast<int>(b0), static_cast<int>(lo_w[2 * q]), acc[j & 1][nt][0]);
+            acc[j & 1][nt][0] =
+                __dp4a(static_cast<int>(b1), static_cast<int>(lo_w[2 * q + 1]), acc[j & 1][nt][0]);
           } else {
             const uint32_t a[4] = {lo_w[2 * q], hi_w[2 * q], lo_w[2 * q + 1], hi_w[2 * q + 1]};
             if constexpr (FP8)
@@ -287,60 +349,57 @@ __global__ void __launch_bounds__(ring_warps(NT) * 32, 1)
         }
       }
     }
+    if constexpr (FP8) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          tot[nt][r] += acc[0][nt][r] + acc[1][nt][r];
+          acc[0][nt][r] = acc[1][nt][r] = 0.f;
+        }
+    }
     __syncwarp();  // every lane has read slot s: refill it (issue() takes slot s next)
     if (i + D < items) issue();
     if (++s == D) {
       s = 0;
       parity ^= 1u;
     }
-    if (++sl != slices) continue;
-    sl = 0;
-
-    // The tile's last slice: its columns are complete.
-    const int rows = static_cast<int>(min(static_cast<int64_t>(ROWS), r1 - n0));
-    if constexpr (DOT) {
-      // Lane (gid, tid4) holds row gid's sum over its columns: add the 4 lanes of the row.
-      int32_t sum = acc[0][0][0] + acc[1][0][0];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      acc[0][0][0] = acc[1][0][0] = 0;
-      if (tid4 == 0 && gid < rows) {
-        const int64_t col = n0 + gid;
-        if (p.acc_out) {
-          p.acc_out[col] = sum;
-        } else {
-          const float v = apply_epilogue(ep, static_cast<float>(sum), 0, col);
-          store2(p.out, p.out_dtype, col, v, 0.f, false, false);
+    if (++sl != s_end) continue;
+    sl = s_begin;
+    if constexpr (FP8) {  // the tile's sums back in acc[0] (acc[1] is 0)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          acc[0][nt][r] = tot[nt][r];
+          tot[nt][r] = 0.f;
         }
-      }
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = gid + 8 * h;
-          const int lc = nt * 8 + 2 * tid4;
-          const Acc sum0 = acc[0][nt][2 * h] + acc[1][nt][2 * h];
-          const Acc sum1 = acc[0][nt][2 * h + 1] + acc[1][nt][2 * h + 1];
-          if (row < M && lc < rows) {
-            const int64_t col = n0 + lc;
-            const bool has1 = lc + 1 < rows;
-            if (!FP8 && p.acc_out) {  // (fp8: no acc_out, decode_ring_applies)
-              p.acc_out[row * p.ldo + col] = static_cast<int32_t>(sum0);
-              if (has1) p.acc_out[row * p.ldo + col + 1] = static_cast<int32_t>(sum1);
-            } else {
-              const float v0 = apply_epilogue(ep, static_cast<float>(sum0), row, col);
-              const float v1 =
-                  has1 ? apply_epilogue(ep, static_cast<float>(sum1), row, col + 1) : 0.f;
-              store2(p.out, p.out_dtype, row * p.ldo + col, v0, v1, has1, has1 && out_even);
-            }
-          }
-#pragma unroll
-          for (int u = 0; u < 2; ++u) acc[u][nt][2 * h] = acc[u][nt][2 * h + 1] = Acc(0);
-        }
-      }
     }
+    if (parts > 1) break;  // (one tile per warp: the sums meet below)
+    finish_tile();
+
     n0 += static_cast<int64_t>(W) * ROWS;
+  }
+  if (parts > 1) {  // (CTA-uniform) parts 1.. leave their sums in their own ring's first slot
+    // (every copy into it has landed and been read), part 0 adds them and stores the tile.
+    Acc* own = reinterpret_cast<Acc*>(ring);
+    if (part > 0 && my_tiles > 0) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) own[(nt * 4 + r) * 32 + lane] = acc[0][nt][r] + acc[1][nt][r];
+    }
+    __syncthreads();
+    if (part != 0 || my_tiles == 0) return;
+    for (int q = 1; q < parts; ++q) {
+      const Acc* other = reinterpret_cast<const Acc*>(
+          dsm + L.ring_off + static_cast<size_t>(q * tiles + warp) * D * L.slot_bytes);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[0][nt][r] += other[(nt * 4 + r) * 32 + lane];
+    }
+    finish_tile();
   }
 #else
   __trap();  // launched on sm_90 only (decode_ring_applies)
@@ -400,9 +459,9 @@ DeviceInfo device_info() {
              "decode_ring", "shared memory");
   cudaFuncAttributes attr{};
   // The image must hold sm_90 code (a PTX-only or older build traps in the kernel body).
-  const bool image = cudaFuncGetAttributes(&attr, gemv_ring_kernel<kRPacked4, 1, false>) ==
-                         cudaSuccess &&
-                     attr.binaryVersion >= 90;
+  const bool image =
+      cudaFuncGetAttributes(&attr, gemv_ring_kernel<kRPacked4, 1, false>) == cudaSuccess &&
+      attr.binaryVersion >= 90;
   (void)cudaGetLastError();
   info.sm90 = major == 9 && image;
   info.max_smem = optin - 1024;
@@ -417,8 +476,8 @@ void launch_ring(const DecodeParams& d, const RingLayout& L, cudaStream_t stream
     const int64_t tiles = (d.w.N + 8 * NT - 1) / (8 * NT);
     const int grid = static_cast<int>(std::min<int64_t>(multiprocessor_count(), tiles));
     launch_maybe_pdl(true, kernel, dim3(static_cast<unsigned>(grid)),
-                     dim3(static_cast<unsigned>(ring_warps(NT) * 32)),
-                     static_cast<size_t>(L.smem), stream, d, L);
+                     dim3(static_cast<unsigned>(ring_warps(NT) * 32)), static_cast<size_t>(L.smem),
+                     stream, d, L);
   };
   if constexpr (NT == 1 && WF != kRFp8) {
     if (d.M == 1 && kRingDot) {  // dp4a instances

@@ -8,7 +8,8 @@
 //           (PDL) + GEMV
 //   convrot4 on sm_90: NVFP4 dequantized to f16 (exact) -> f16 mma GEMM, pts in the epilogue;
 //            on sm_100: the block-scaled fp4 GEMM (src/cuda/gemm_nvfp4_sm100.h)
-// Temporary buffers come from the stream-ordered allocator (cudaMallocAsync on the caller's stream).
+// Temporary buffers come from the stream-ordered allocator (cudaMallocAsync on the caller's
+// stream).
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
@@ -92,9 +93,8 @@ void check_k_fits(const char* op, int64_t K) {
 
 // Rotates + quantizes x (M, K) into codes / scales (raw pointers, contiguous rows).
 void launch_rotate_quantize(const TensorView& x, int rot, ActFormat fmt, void* codes,
-                            int64_t codes_row_bytes, void* scales, cudaStream_t s,
-                            bool pdl = false, uint16_t* x16 = nullptr,
-                            bool x16_permuted = false) {
+                            int64_t codes_row_bytes, void* scales, cudaStream_t s, bool pdl = false,
+                            uint16_t* x16 = nullptr, bool x16_permuted = false) {
   linear::RotateQuantParams p;
   p.pdl = pdl;
   p.x = x.data;
@@ -159,8 +159,8 @@ void sgemm_nn(const float* A, const float* B, float* C, int64_t M, int64_t N, in
   lt_ok(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, Kd, M, Kd), op, "layout");
   lt_ok(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N), op, "layout");
   const float one = 1.f, zero = 0.f;
-  cublasStatus_t st = cublasLtMatmul(h, desc, &one, B, la, A, lb, &zero, C, lc, C, lc, nullptr,
-                                     nullptr, 0, s);
+  cublasStatus_t st =
+      cublasLtMatmul(h, desc, &one, B, la, A, lb, &zero, C, lc, C, lc, nullptr, nullptr, 0, s);
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
   cublasLtMatrixLayoutDestroy(lc);
@@ -343,15 +343,17 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
         }
         linear::decode_nvfp4(d, s, t.nvfp4_gemv_depth > 0 ? t.nvfp4_gemv_depth : (M <= 8 ? 4 : 1),
                              t.nvfp4_gemv_slots, t.nvfp4_gemv_x_ahead, cvt,
-                             !cvt ? 1 : M > 8 ? t.nvfp4_gemv_tiles16 : t.nvfp4_gemv_tiles8);
+                             !cvt    ? 1
+                             : M > 8 ? t.nvfp4_gemv_tiles16
+                                     : t.nvfp4_gemv_tiles8);
         return;
       }
     }
     launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
     Scratch w16(static_cast<size_t>(O * K * 2), s, op);
     auto dequant = [&](DType t) {
-      linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
-                               a16.as<uint16_t>(), t, s);
+      linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K, a16.as<uint16_t>(),
+                               t, s);
       linear::dequant_nvfp4_16(static_cast<const uint8_t*>(w.codes.data),
                                static_cast<const uint8_t*>(w.block_scales.data), O, K,
                                w16.as<uint16_t>(), t, s);
@@ -431,22 +433,51 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   if (fmt == ActFormat::e4m3) {
     // Decode: the ring GEMV streams the e4m3 weight bytes (one byte per weight, as int8's) up
     // to DecodeTilesTuning::fp8_ring_max_m.
-    if (M <= std::min<int64_t>(16, linear::layer_tiles_tuning().fp8_ring_max_m)) {
-      linear::DecodeParams d = decode_params(a_codes, a_scale);
+    linear::DecodeParams d;
+    if (M <= 16) {
+      d = decode_params(a_codes, a_scale);
       d.w.format = WeightFormat::int8;
       d.w.bits = 8;
       d.w.row_bytes = K;
       d.tiles = nullptr;
       d.e4m3 = true;
-      if (linear::decode_ring_applies(d)) {
-        linear::decode_ring(d, s);  // (decode_gemv would check the same again)
-        return;
-      }
+    }
+    if (M <= std::min<int64_t>(16, linear::layer_tiles_tuning().fp8_ring_max_m) &&
+        linear::decode_ring_applies(d)) {
+      linear::decode_ring(d, s);  // (decode_gemv would check the same again)
+      return;
     }
     g.kind = linear::GemmKind::e4m3;
     g.b = w.codes.data;
     g.fp8_fast_accum = w.fp8_fast_accum;
-    if (!cublaslt_gemm(g, s, op)) linear::gemm(g, s);
+    if (cublaslt_gemm(g, s, op)) return;
+    // Session 34: where cuBLASLt offers no fp8 algorithm at M <= 16 (e.g. 16 x 13824 -> 5120;
+    // the mma.sync kernel ran it in 0.228 ms, 0.19x bf16), the ring GEMV: on all M rows where
+    // their activations fit its shared memory, else on blocks of 8 rows (the weight read once
+    // per block).
+    if (M <= 16) {
+      if (linear::decode_ring_applies(d)) {
+        linear::decode_ring(d, s);
+        return;
+      }
+      linear::DecodeParams blocks[2];
+      int nb = 0;
+      for (int64_t r0 = 0; r0 < M; r0 += 8) {
+        linear::DecodeParams& b = blocks[nb];
+        b = d;
+        b.M = std::min<int64_t>(8, M - r0);
+        b.a = d.a + r0 * d.lda;
+        b.ep.a_scale = d.ep.a_scale + r0;
+        b.out = static_cast<char*>(d.out) + r0 * d.ldo * (dtype_bits(d.out_dtype) / 8);
+        if (!linear::decode_ring_applies(b)) break;
+        ++nb;
+      }
+      if (nb * int64_t{8} >= M) {
+        for (int i = 0; i < nb; ++i) linear::decode_ring(blocks[i], s);
+        return;
+      }
+    }
+    linear::gemm(g, s);
     return;
   }
 
@@ -494,8 +525,8 @@ void quantized_linear_backward_input(const PackedWeightView& w, const TensorView
   Scratch g32(static_cast<size_t>(M * O * 4), s, op);
   {
     TensorView src = grad_out;
-    TensorView dst = make_view(g32.as<void>(), DType::f32, {M, O}, Device::cuda,
-                               grad_out.device_index);
+    TensorView dst =
+        make_view(g32.as<void>(), DType::f32, {M, O}, Device::cuda, grad_out.device_index);
     convert(src, dst, ctx);
   }
   Scratch gx(static_cast<size_t>(M * K * 4), s, op);

@@ -33,8 +33,7 @@ class RotateCase : public Case {
       : m_(m), k_(k), block_(block), in_(in), out_(out), pad_(pad) {}
   std::string name() const override {
     return "linear.gpu.rotate." + dt_tag(in_) + "_to_" + dt_tag(out_) + ".M" + std::to_string(m_) +
-           ".K" + std::to_string(k_) + ".rot" + std::to_string(block_) +
-           (pad_ ? ".strided" : "");
+           ".K" + std::to_string(k_) + ".rot" + std::to_string(block_) + (pad_ ? ".strided" : "");
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
     HostTensor x(in_, {m_, k_ + pad_});
@@ -247,10 +246,10 @@ class RequantizeCase : public Case {
   bool stochastic_;
 };
 
-const QType kAllQTypes[] = {QType::convrot8,      QType::convrot_int2,   QType::convrot_int3,
-                            QType::convrot_int4,  QType::convrot_int5,   QType::convrot_int6,
-                            QType::convrot_int7,  QType::convrot_int8,   QType::convrot_bitnet,
-                            QType::convrot_comfy_w4a4, QType::convrot4, QType::convrot_fp8};
+const QType kAllQTypes[] = {QType::convrot8,           QType::convrot_int2, QType::convrot_int3,
+                            QType::convrot_int4,       QType::convrot_int5, QType::convrot_int6,
+                            QType::convrot_int7,       QType::convrot_int8, QType::convrot_bitnet,
+                            QType::convrot_comfy_w4a4, QType::convrot4,     QType::convrot_fp8};
 
 LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   // Rotation: every block size, odd row counts, a strided input, every in/out dtype pair.
@@ -298,36 +297,39 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
       cases.push_back(std::make_unique<ForwardCase>(q, 130, 144, 80, DType::f16, false));
     }
   }
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 129, 264, 1280, DType::bf16, true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot8, 129, 264, 1280, DType::bf16, true));
   // The fp8 GEMM over ten 128-deep k-blocks and a ragged M tile.
   cases.push_back(
       std::make_unique<ForwardCase>(QType::convrot_fp8, 300, 264, 1280, DType::bf16, true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 5, 264, 1280, DType::bf16, true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 5, 264, 1280, DType::bf16, true));
   // The streaming decode kernel (K % 128 == 0, group 128): M = 1 and 16, a K that leaves a step's
   // last pieces empty (640 = 5 groups), comfy int4, odd column tiles.
   for (int64_t m : {1, 16}) {
-    cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, m, 264, 1280, DType::bf16,
-                                                  m == 1));
-    cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, m, 40, 640, DType::f16,
-                                                  true));
-    cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, m, 72, 768,
-                                                  DType::bf16, true));
+    cases.push_back(
+        std::make_unique<ForwardCase>(QType::convrot_int4, m, 264, 1280, DType::bf16, m == 1));
+    cases.push_back(
+        std::make_unique<ForwardCase>(QType::convrot_int4, m, 40, 640, DType::f16, true));
+    cases.push_back(
+        std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, m, 72, 768, DType::bf16, true));
   }
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 7, 8, 2048, DType::bf16, true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 7, 8, 2048, DType::bf16, true));
   // More 4-bit table lookups (round 1 failed every 4-bit case here): a single group, f16, odd M.
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 2, 24, 128, DType::f16, true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 9, 16, 256, DType::f16,
-                                                false));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 9, 16, 256, DType::f16, false));
   // Enough column tiles that the resident grid gives CTAs several tiles (the cross-tile pipeline
   // and the double-buffered partials): 1 warp per CTA at K <= 256, 3 at K = 1280.
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 24000, 128, DType::bf16,
-                                                true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 3, 8000, 1280, DType::f16,
-                                                false));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 2, 24008, 256,
-                                                DType::bf16, true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 16, 28000, 256, DType::bf16,
-                                                true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 1, 24000, 128, DType::bf16, true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 3, 8000, 1280, DType::f16, false));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 2, 24008, 256, DType::bf16, true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot8, 16, 28000, 256, DType::bf16, true));
   // The same kernel on int8 weights (convrot8).
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 1, 264, 1280, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 16, 40, 640, DType::f16, false));
@@ -345,34 +347,33 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, m, 72, 768,
                                                   m == 2 ? DType::f16 : DType::bf16, true));
   }
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 264, 5120, DType::bf16,
-                                                true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 1, 264, 5120, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 8, 512, DType::f16, true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 20000, 512, DType::bf16,
-                                                true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 12, 20000, 512, DType::bf16,
-                                                false));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 2, 20008, 256, DType::bf16,
-                                                true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 1, 20000, 512, DType::bf16, true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 12, 20000, 512, DType::bf16, false));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 2, 20008, 256, DType::bf16, true));
 
   // The tiled decode kernel on the layer's decode layout (session 4; 4-bit, K % 128 == 0: every
   // 4-bit case above with M <= 16 takes it too): K % 512 != 0 (where the ring kernel does not
   // apply), a single partial 16-row tile (O 8), O % 16 == 8, items of one tile split over
   // several warps and warps spanning tiles (K 1152 and 1408: 9 and 11 items per tile), many
   // tiles per CTA (O 5000), M 1 / 3 / 8 / 9 / 16 (one and two n8 activation tiles).
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 1, 136, 384, DType::bf16,
-                                                true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 1, 136, 384, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 9, 8, 3328, DType::f16, true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 16, 5000, 1408, DType::bf16,
-                                                false));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 1, 5000, 768,
-                                                DType::bf16, true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 16, 40, 768,
-                                                DType::f16, true));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 3, 1032, 1280,
-                                                DType::bf16, false));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 8, 1032, 640, DType::f16,
-                                                true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 16, 5000, 1408, DType::bf16, false));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 1, 5000, 768, DType::bf16, true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 16, 40, 768, DType::f16, true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 3, 1032, 1280, DType::bf16, false));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 8, 1032, 640, DType::f16, true));
 #ifdef LOWBIT_WITH_CUDA
   // The tiled kernel's layer paths (DecodeTilesTuning) through the layer. `fused_reg`: the
   // default for M <= 2, one launch per layer, every CTA rotates x (the register rotation; K 8448
@@ -431,6 +432,21 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     add("fp8_cublaslt", lt, QType::convrot_fp8, 1, 264, 1280, DType::bf16, true);
     add("fp8_cublaslt", lt, QType::convrot_fp8, 16, 1000, 1280, DType::f16, true);
     add("fp8_ring", def, QType::convrot_fp8, 5, 264, 320, DType::bf16, true);
+    // Session 34: the ring's K split (a CTA with at most half as many tiles as warps splits each
+    // tile's slices over several warps, whose sums meet in shared memory): 5 tiles of 8 rows
+    // over 16 warps (3 parts, 8 slices split 2 / 3 / 3) in the dp4a form (M 1) and the mma form
+    // (M 6); 3 tiles of 16 rows over 8 warps (2 parts) at M 12 (int8) and M 16 (fp8); one tile
+    // per CTA at K 13824 (16 parts of 54 slices; fp8 sums added per item: the tensor cores'
+    // own chains were 1.4 % off there). Then the down projection 16 x 13824 -> 5120, where
+    // cuBLASLt offers no fp8 algorithm and 16 activation rows do not fit the ring: two ring
+    // launches of 8 rows.
+    add("ring_split", def, QType::convrot8, 1, 5000, 2048, DType::bf16, true);
+    add("ring_split", def, QType::convrot8, 6, 5000, 2048, DType::f16, false);
+    add("ring_split", def, QType::convrot8, 12, 5000, 2048, DType::bf16, true);
+    add("ring_split", r16, QType::convrot_fp8, 16, 5000, 2048, DType::bf16, true);
+    add("ring_split", def, QType::convrot_fp8, 8, 5000, 2048, DType::f16, true);
+    add("ring_split", def, QType::convrot_fp8, 8, 1000, 13824, DType::bf16, false);
+    add("ring_rows", def, QType::convrot_fp8, 16, 5120, 13824, DType::bf16, true);
     // Session 17: NVFP4 (convrot4) prefill on sm_90 through cuBLASLt's f16 GEMM (the default;
     // alpha = the tensor scale from the device, BIAS epilogue) and through the mma.sync kernel
     // (nvfp4_cublaslt off); on sm_100 both run the fp4 tensor cores.
@@ -455,10 +471,10 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
       bool bias;
     };
     const GemvShape gemv_shapes[] = {
-        {1, 272, 1280, DType::bf16, true},  {1, 4112, 5120, DType::bf16, true},
-        {3, 144, 320, DType::f16, false},   {8, 1008, 448, DType::bf16, true},
-        {9, 272, 64, DType::f16, true},     {16, 1008, 5120, DType::bf16, false},
-        {16, 144, 1024, DType::f16, true},  {2, 144, 96, DType::bf16, true},
+        {1, 272, 1280, DType::bf16, true}, {1, 4112, 5120, DType::bf16, true},
+        {3, 144, 320, DType::f16, false},  {8, 1008, 448, DType::bf16, true},
+        {9, 272, 64, DType::f16, true},    {16, 1008, 5120, DType::bf16, false},
+        {16, 144, 1024, DType::f16, true}, {2, 144, 96, DType::bf16, true},
         {2, 48, 16448, DType::bf16, true}};
     cl::DecodeTilesTuning lut;
     lut.nvfp4_gemv_cvt = false;
@@ -531,19 +547,19 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 257, 520, 272, DType::bf16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 333, 264, 1280, DType::f16, true));
   cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 401, 136, 64, DType::bf16, false));
-  cases.push_back(std::make_unique<ForwardCase>(QType::convrot_int4, 201, 392, 384, DType::bf16, true));
+  cases.push_back(
+      std::make_unique<ForwardCase>(QType::convrot_int4, 201, 392, 384, DType::bf16, true));
   // M >= 512: the 256 x 128 cluster 1 x 2 configuration (odd M: 3 and 4 row tiles, the last
   // partial; f16 out with bias, bf16 out without).
-  cases.push_back(
-      std::make_unique<ForwardCase>(QType::convrot8, 521, 136, 272, DType::f16, true));
+  cases.push_back(std::make_unique<ForwardCase>(QType::convrot8, 521, 136, 272, DType::f16, true));
   cases.push_back(
       std::make_unique<ForwardCase>(QType::convrot8, 777, 264, 128, DType::bf16, false));
 
   for (QType q : {QType::convrot8, QType::convrot_int3, QType::convrot_fp8, QType::convrot4}) {
     // backward_input: fp32 accumulation on both sides (cuBLASLt fp32 vs the CPU's loop).
     cases.push_back(std::make_unique<BackwardInputCase>(BackwardInputSpec{
-        std::string("linear.gpu.backward_input.") + qtype_name(q) + ".M17.O48.K192", q, 17, 48,
-        192, DType::bf16, DType::f32, 0.f, Tolerance::allclose(1e-4, 1e-4)}));
+        std::string("linear.gpu.backward_input.") + qtype_name(q) + ".M17.O48.K192", q, 17, 48, 192,
+        DType::bf16, DType::f32, 0.f, Tolerance::allclose(1e-4, 1e-4)}));
     // Rotated basis (unpack + scale) and original basis (plus the rotation, same butterfly
     // order): both bit-exact.
     cases.push_back(gpu_dequantize_case(q, 48, 192, true));
