@@ -452,30 +452,11 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     g.fp8_fast_accum = w.fp8_fast_accum;
     if (cublaslt_gemm(g, s, op)) return;
     // Session 34: where cuBLASLt offers no fp8 algorithm at M <= 16 (e.g. 16 x 13824 -> 5120;
-    // the mma.sync kernel ran it in 0.228 ms, 0.19x bf16), the ring GEMV: on all M rows where
-    // their activations fit its shared memory, else on blocks of 8 rows (the weight read once
-    // per block).
-    if (M <= 16) {
-      if (linear::decode_ring_applies(d)) {
-        linear::decode_ring(d, s);
-        return;
-      }
-      linear::DecodeParams blocks[2];
-      int nb = 0;
-      for (int64_t r0 = 0; r0 < M; r0 += 8) {
-        linear::DecodeParams& b = blocks[nb];
-        b = d;
-        b.M = std::min<int64_t>(8, M - r0);
-        b.a = d.a + r0 * d.lda;
-        b.ep.a_scale = d.ep.a_scale + r0;
-        b.out = static_cast<char*>(d.out) + r0 * d.ldo * (dtype_bits(d.out_dtype) / 8);
-        if (!linear::decode_ring_applies(b)) break;
-        ++nb;
-      }
-      if (nb * int64_t{8} >= M) {
-        for (int i = 0; i < nb; ++i) linear::decode_ring(blocks[i], s);
-        return;
-      }
+    // the mma.sync kernel ran it in 0.228 ms, 0.19x bf16), the ring GEMV (with activation
+    // windows where M rows of K codes do not fit its shared memory).
+    if (M <= 16 && linear::decode_ring_applies(d)) {
+      linear::decode_ring(d, s);
+      return;
     }
     linear::gemm(g, s);
     return;

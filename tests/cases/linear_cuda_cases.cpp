@@ -437,16 +437,23 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     // over 16 warps (3 parts, 8 slices split 2 / 3 / 3) in the dp4a form (M 1) and the mma form
     // (M 6); 3 tiles of 16 rows over 8 warps (2 parts) at M 12 (int8) and M 16 (fp8); one tile
     // per CTA at K 13824 (16 parts of 54 slices; fp8 sums added per item: the tensor cores'
-    // own chains were 1.4 % off there). Then the down projection 16 x 13824 -> 5120, where
-    // cuBLASLt offers no fp8 algorithm and 16 activation rows do not fit the ring: two ring
-    // launches of 8 rows.
+    // own chains were 1.4 % off there). Then fp8's activation windows, where M rows of K codes
+    // do not fit beside the ring (K 13824 at M 16 / 12; O 1000: one tile per CTA in 8 parts;
+    // O 5120: 3 tiles, 2 parts; the down projection 16 x 13824 -> 5120, where cuBLASLt offers
+    // no algorithm), and the integer formats there (`large_k`: the streaming kernel, the tiled
+    // kernel's and the ring's rows do not fit).
     add("ring_split", def, QType::convrot8, 1, 5000, 2048, DType::bf16, true);
     add("ring_split", def, QType::convrot8, 6, 5000, 2048, DType::f16, false);
     add("ring_split", def, QType::convrot8, 12, 5000, 2048, DType::bf16, true);
     add("ring_split", r16, QType::convrot_fp8, 16, 5000, 2048, DType::bf16, true);
     add("ring_split", def, QType::convrot_fp8, 8, 5000, 2048, DType::f16, true);
     add("ring_split", def, QType::convrot_fp8, 8, 1000, 13824, DType::bf16, false);
-    add("ring_rows", def, QType::convrot_fp8, 16, 5120, 13824, DType::bf16, true);
+    add("ring_windows", def, QType::convrot_fp8, 16, 5120, 13824, DType::bf16, true);
+    add("ring_windows", r16, QType::convrot_fp8, 12, 1000, 13824, DType::f16, false);
+    add("large_k", def, QType::convrot8, 16, 1000, 13824, DType::bf16, true);
+    add("large_k", def, QType::convrot8, 12, 5120, 14336, DType::f16, false);
+    add("large_k", def, QType::convrot_int4, 16, 1000, 13824, DType::bf16, true);
+    add("large_k", def, QType::convrot_comfy_w4a4, 16, 600, 14336, DType::bf16, false);
     // Session 17: NVFP4 (convrot4) prefill on sm_90 through cuBLASLt's f16 GEMM (the default;
     // alpha = the tensor scale from the device, BIAS epilogue) and through the mma.sync kernel
     // (nvfp4_cublaslt off); on sm_100 both run the fp4 tensor cores.
