@@ -10,8 +10,9 @@ flush before each timed call. Shapes are (B, H, N, D); tensors are (B, H, N, D) 
 """
 import argparse
 import json
-import statistics
 import sys
+
+import _torch_timing  # (bench/_torch_timing.py)
 
 SHAPES = [(1, 40, 32760, 128), (2, 24, 16384, 128), (1, 24, 4096, 64),
           (1, 24, 4608, 128),  # Flux (session 19: attention.prefill's row of it)
@@ -36,22 +37,8 @@ def main() -> int:
         return 2
 
     dev = torch.device("cuda")
-    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.float32, device=dev)  # > L2 (H200: 60 MB)
-
     def time_ms(fn):
-        for _ in range(args.warmup):
-            fn()
-        times = []
-        for _ in range(args.iters):
-            flush.zero_()
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
+        return _torch_timing.time_ms(fn, args.iters, args.warmup)
 
     backends = [("cuDNN", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
     rows = []

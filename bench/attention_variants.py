@@ -13,8 +13,9 @@ timings with an L2 flush before each timed call. Accuracy: lowbit's output again
 """
 import argparse
 import json
-import statistics
 import sys
+
+import _torch_timing  # (bench/_torch_timing.py)
 
 # (name, B, Nq, Nk, Hq, Hkv, D, causal, layout)
 CONFIGS = [
@@ -56,22 +57,9 @@ def main() -> int:
         print("attention_variants.py: no CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
-    flush = torch.empty(512 * 1024 * 1024 // 4, dtype=torch.float32, device=dev)
 
     def time_ms(fn):
-        for _ in range(args.warmup):
-            fn()
-        times = []
-        for _ in range(args.iters):
-            flush.zero_()
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
+        return _torch_timing.time_ms(fn, args.iters, args.warmup)
 
     rows = []
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")

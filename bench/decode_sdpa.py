@@ -19,31 +19,13 @@ the SDPA time of the same shape (the issue's goals: int4 >= 3x, fp8 >= 1.8x fast
 import argparse
 import json
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
 
+from _torch_timing import time_ms  # (bench/_torch_timing.py)
+
 SHAPES = [(64, 8192, 32, 8, 128), (1, 131072, 32, 8, 128), (16, 32768, 64, 8, 128)]
-
-
-def time_ms(fn, iters, warmup=5):
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        flush.zero_()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def copy_gbps(iters):
