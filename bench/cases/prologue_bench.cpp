@@ -9,6 +9,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench.h"
@@ -88,28 +89,50 @@ std::string bits_vs_default(const std::vector<float>& q_default,
   return std::to_string(dq) + " codes, " + std::to_string(ds) + " scales differ from default";
 }
 
+// prologue.qk: the shapes (and a fixed-cost probe); prologue.variants (session 34, CUDA
+// only, not run yet): shapes outside them, the same rows.
 class PrologueBench : public BenchCase {
  public:
-  std::string name() const override { return "prologue.qk"; }
+  PrologueBench() = default;
+  PrologueBench(std::string name, std::vector<Shape> cuda_shapes)
+      : name_(std::move(name)), variants_(std::move(cuda_shapes)) {}
+  std::string name() const override { return name_; }
 
   std::vector<Row> run(const Env& env) override {
     std::vector<Shape> shapes;
     // Session 10: Flux's heads at 64 tokens, where nearly all of a pass's time is fixed cost
     // (launches, the kernels' start and drain, the mean pass's final sums): with the two model
     // shapes it splits each row into fixed cost and per-byte time.
-    if (env.device == Device::cuda)
+    if (!variants_.empty())
+      shapes = env.device == Device::cuda && !env.quick ? variants_ : std::vector<Shape>{};
+    else if (env.device == Device::cuda)
       shapes = {{"[Wan 14B 720p]", 1, 32760, 40, 128},
                 {"[Flux]", 1, 4608, 24, 128},
                 {"[fixed cost: Flux heads, 64 tokens]", 1, 64, 24, 128}};
     else
       shapes = {{"[small, CPU]", 1, 1024, 8, 128}};
     std::vector<Row> rows;
-    for (const Shape& s : shapes)
-      if (env.shape_selected(shape_str(s))) run_shape(env, s, rows);
+    for (const Shape& s : shapes) {
+      if (!env.shape_selected(shape_str(s))) continue;
+      try {  // (a shape that throws gets a row saying so; the others still run)
+        run_shape(env, s, rows);
+      } catch (const std::exception& e) {
+        Row r;
+        r.family = "prologue";
+        r.op = "error";
+        r.shape = shape_str(s);
+        r.backend = device_name(env.device);
+        r.note = std::string("failed: ") + e.what();
+        rows.push_back(r);
+      }
+    }
     return rows;
   }
 
  private:
+  std::string name_ = "prologue.qk";
+  std::vector<Shape> variants_;  // (empty: the shapes)
+
   void run_shape(const Env& env, const Shape& s, std::vector<Row>& rows) {
     const int64_t B = s.B, N = s.N, H = s.H, D = s.D;
     Context ctx = env.ctx;
@@ -122,11 +145,12 @@ class PrologueBench : public BenchCase {
     Rope& rope = nr.rope;
     DeviceTensor mean = make_empty(env.device, DType::f32, {B, H, D});
     DeviceTensor q8 = make_empty(env.device, DType::i8, {B, N, H, D});
-    DeviceTensor y = make_empty(env.device, DType::bf16, {B, N, H, D});   // unfused: normed
-    DeviceTensor r = make_empty(env.device, DType::bf16, {B, N, H, D});   // unfused: rotated
+    DeviceTensor y = make_empty(env.device, DType::bf16, {B, N, H, D});  // unfused: normed
+    DeviceTensor r = make_empty(env.device, DType::bf16, {B, N, H, D});  // unfused: rotated
 
     const double x_bytes = static_cast<double>(B * N * H * D) * 2, q_bytes = x_bytes / 2;
-    const float q_sm_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)) * 1.4426950408889634);
+    const float q_sm_scale =
+        static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)) * 1.4426950408889634);
     for (int path = 0; path < 2; ++path) {  // 0: q, 1: k
       const bool is_k = path == 1;
       Prologue p;
@@ -159,18 +183,20 @@ class PrologueBench : public BenchCase {
         if (is_k) norm_rope_mean(r.view, pm, mean.view, ctx);
         norm_rope_quantize(r.view, pm, q8.view, sc.view, ctx);
       };
-      const double bytes = (is_k ? 2 : 1) * x_bytes + q_bytes + static_cast<double>(B * H * count) * 4;
+      const double bytes =
+          (is_k ? 2 : 1) * x_bytes + q_bytes + static_cast<double>(B * H * count) * 4;
       const double fused_ms = env.time_ms(fused);
       fused();
       synchronize(ctx);
-      const std::string acc_fused = accuracy_str(s, x, w_f, table, q8, sc, mean, p.sm_scale, is_k, p);
+      const std::string acc_fused =
+          accuracy_str(s, x, w_f, table, q8, sc, mean, p.sm_scale, is_k, p);
       // The bits of the default kernels' output, for the variants' "bits equal" column.
       const std::vector<float> q_default = to_host_f32(q8.view), s_default = to_host_f32(sc.view);
       // Variant runs (A/B rows): the same fused call with the CUDA tuning knobs set.
       struct Variant {
         std::string label;  // "vs ..." row text and baseline name
         double ms;
-        std::string bits;   // "bits = default" or how many codes / scales differ
+        std::string bits;  // "bits = default" or how many codes / scales differ
       };
       std::vector<Variant> variants;
       // A variant that throws (a launch failure) gets a row saying so; the others still run.
@@ -367,7 +393,8 @@ class PrologueBench : public BenchCase {
       const double unfused_ms = env.time_ms(unfused);
       unfused();
       synchronize(ctx);
-      const std::string acc_unfused = accuracy_str(s, x, w_f, table, q8, sc, mean, p.sm_scale, is_k, p);
+      const std::string acc_unfused =
+          accuracy_str(s, x, w_f, table, q8, sc, mean, p.sm_scale, is_k, p);
 
       Row row;
       row.family = "prologue";
@@ -450,12 +477,14 @@ class PrologueBench : public BenchCase {
 
   // Dequantized codes (q * scale / sm_scale, + mean for k) of the first tokens against the fp64
   // normed (unrounded), rotated rows.
-  static std::string accuracy_str(const Shape& s, const DeviceTensor& x, const std::vector<float>& w,
-                                  const std::vector<float>& table, const DeviceTensor& q8,
-                                  const DeviceTensor& sc, const DeviceTensor& mean, float sm_scale,
-                                  bool is_k, const Prologue& p) {
+  static std::string accuracy_str(const Shape& s, const DeviceTensor& x,
+                                  const std::vector<float>& w, const std::vector<float>& table,
+                                  const DeviceTensor& q8, const DeviceTensor& sc,
+                                  const DeviceTensor& mean, float sm_scale, bool is_k,
+                                  const Prologue& p) {
     const int64_t H = s.H, D = s.D, P = D / 2, N = s.N, rows = std::min<int64_t>(N, 512);
-    std::vector<float> xf = to_host_f32(x.view), qf = to_host_f32(q8.view), sf = to_host_f32(sc.view);
+    std::vector<float> xf = to_host_f32(x.view), qf = to_host_f32(q8.view),
+                       sf = to_host_f32(sc.view);
     std::vector<float> mf = is_k ? to_host_f32(mean.view) : std::vector<float>(H * D, 0.f);
     const int groups = scale_groups(p.layout);
     std::vector<double> ref;
@@ -477,7 +506,8 @@ class PrologueBench : public BenchCase {
           const double co = table[(n * P + pi) * 2], si = table[(n * P + pi) * 2 + 1];
           const double o = c < P ? co * yv[c] - si * yv[c + P] : si * yv[c - P] + co * yv[c];
           ref.push_back(o);
-          got.push_back(static_cast<float>(qf[(n * H + h) * D + c] * scale / sm_scale + mf[h * D + c]));
+          got.push_back(
+              static_cast<float>(qf[(n * H + h) * D + c] * scale / sm_scale + mf[h * D + c]));
         }
       }
     return accuracy(got, ref).str();
@@ -616,6 +646,14 @@ class PrologueKQuantBench : public BenchCase {
 
 LOWBIT_BENCH_CASES(prologue_bench_cases) {
   cases.push_back(std::make_unique<PrologueBench>());
+  cases.push_back(std::make_unique<PrologueBench>(
+      "prologue.variants",
+      std::vector<Shape>{{"[Flux, B 2 (CFG batch)]", 2, 4608, 24, 128},
+                         {"[Qwen-Image 1328x1328]", 1, 6889, 24, 128},
+                         {"[Wan cross-attention k: 512 text tokens]", 1, 512, 40, 128},
+                         {"[LLM prefill, GQA k: 8 heads]", 1, 8192, 8, 128},
+                         {"[D 64]", 1, 16384, 24, 64},
+                         {"[D 256]", 1, 4096, 24, 256}}));
   cases.push_back(std::make_unique<PrologueKQuantBench>());
 }
 
