@@ -96,8 +96,12 @@ struct LayerShape {
 class LayerBench : public BenchCase {
  public:
   LayerBench() = default;
-  LayerBench(std::string name, std::vector<LayerShape> cuda_shapes)
-      : name_(std::move(name)), variants_(std::move(cuda_shapes)), alts_(false) {}
+  // midm_rows: the session-35 A/B rows of the 16 < M paths (other_path's `midm` rows).
+  LayerBench(std::string name, std::vector<LayerShape> cuda_shapes, bool midm_rows = false)
+      : name_(std::move(name)),
+        variants_(std::move(cuda_shapes)),
+        alts_(false),
+        midm_rows_(midm_rows) {}
   std::string name() const override { return name_; }
   std::vector<Row> run(const Env& env) override {
     std::vector<Row> rows;
@@ -124,6 +128,7 @@ class LayerBench : public BenchCase {
                   QType::convrot_fp8, QType::convrot4};
       else
         qtypes = {QType::convrot8, QType::convrot_fp8, QType::convrot_int4, QType::convrot4};
+      if (!decode && midm_rows_) qtypes.push_back(QType::convrot_comfy_w4a4);
       const double base = env.bf16_gemm_ms(s.m, s.n, s.k, true);
       DeviceTensor x = make_tensor(env.device, DType::bf16, {s.m, s.k}, 21);
       DeviceTensor bias = make_tensor(env.device, DType::bf16, {s.n}, 22);
@@ -152,8 +157,9 @@ class LayerBench : public BenchCase {
           // far the default's output is from it; rows after the default's.
           std::vector<float> first;  // the default's output, read before the first other path
           auto other_path = [&](const std::string& what, const std::function<void()>& enter,
-                                const std::function<void()>& leave, int64_t acc_m) {
-            if (!alts_) return;
+                                const std::function<void()>& leave, int64_t acc_m,
+                                bool midm = false) {
+            if (!(alts_ || (midm && midm_rows_))) return;
             if (first.empty()) first = to_host_f32(out.view);
             struct Leave {
               const std::function<void()>& f;
@@ -221,6 +227,21 @@ class LayerBench : public BenchCase {
                          layer_tuning(d), default_tuning, 0);
             }
           }
+          if (!decode && env.device == Device::cuda) {
+            // Session 35: each 16 < M path of the 4-bit qtypes against the next one.
+            const cl::DecodeTilesTuning def;
+            cl::DecodeTilesTuning t;
+            std::string what;
+            if (q == QType::convrot4 && s.m <= def.nvfp4_row_block_max_m) {
+              t.nvfp4_row_block_max_m = 0;
+              what = "dequantize + cuBLASLt (nvfp4_row_block_max_m 0: the path before)";
+            } else if ((q == QType::convrot_int4 || q == QType::convrot_comfy_w4a4) &&
+                       s.m <= def.row_block_max_m) {
+              t.row_block_max_m = 0;
+              what = "unpacked weight + int8 GEMM (row_block_max_m 0: the path before)";
+            }
+            if (!what.empty()) other_path(what, layer_tuning(t), default_tuning, 0, true);
+          }
           if (q == QType::convrot4 && !decode && env.device == Device::cuda) {
             // Session 17: NVFP4 on sm_90 through cuBLASLt's 16-bit GEMM (the default) against
             // the mma.sync f16 kernel (the path before) on the same dequantized operands.
@@ -248,6 +269,7 @@ class LayerBench : public BenchCase {
  private:
   std::string name_ = "linear.layer";
   std::vector<LayerShape> variants_;
+  bool midm_rows_ = false;
   bool alts_ = true;  // the A/B rows (linear.layer only)
 };
 
@@ -540,6 +562,21 @@ LOWBIT_BENCH_CASES(linear_bench_cases) {
                               {1, 14336, 4096, "decode, Llama-3-8B down"},
                               {16, 14336, 4096, "decode, Llama-3-8B down"},
                               {4096, 13824, 5120, "prefill, down projection"}}));
+  // linear.layer.midm (session 35, CUDA only): the M between decode and prefill that batched
+  // decode and chunked prefill run (32 .. 2048 tokens), where neither the GEMV nor a prefill
+  // GEMM's large tiles are obviously right.
+  cases.push_back(std::make_unique<LayerBench>(
+      "linear.layer.midm",
+      std::vector<LayerShape>{{32, 5120, 13824, "batched decode"},
+                              {64, 5120, 13824, "batched decode"},
+                              {128, 5120, 13824, "batched decode"},
+                              {256, 5120, 13824, "chunked prefill"},
+                              {512, 5120, 13824, "chunked prefill"},
+                              {1024, 5120, 13824, "chunked prefill"},
+                              {2048, 5120, 13824, "chunked prefill"},
+                              {64, 4096, 14336, "batched decode, Llama-3-8B up"},
+                              {256, 14336, 4096, "chunked prefill, Llama-3-8B down"}},
+      true));
   cases.push_back(std::make_unique<RotateBench>());
 #ifdef LOWBIT_WITH_CUDA
   cases.push_back(std::make_unique<DecodeRingBench>());

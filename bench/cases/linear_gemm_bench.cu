@@ -60,7 +60,9 @@ class GemmBench : public BenchCase {
     std::vector<Shape> shapes = {{32768, 5120, 5120, "Wan"},
                                  {4096, 3072, 12288, "Flux MLP"},
                                  {16, 5120, 13824, "decode"},
-                                 {16, 13824, 5120, "decode, down projection"}};
+                                 {16, 13824, 5120, "decode, down projection"},
+                                 {64, 5120, 13824, "batched decode"},
+                                 {256, 14336, 4096, "chunked prefill, Llama-3-8B down"}};
     if (env.quick) shapes = {{1024, 1024, 1024, "quick"}};
     cudaStream_t s = cuda::stream_of(env.ctx);
     for (const Shape& sh : shapes) {
@@ -133,13 +135,16 @@ class GemmBench : public BenchCase {
       };
       fill(false);
       g.kind = cuda::linear::GemmKind::s8;
-      {
-        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS 128x256 cluster 2x1 (M < 512)");
+      // One row per CUTLASS configuration, each explicitly (gemm_cutlass_s8 picks one by shape).
+      using ScratchFn = size_t (*)(const cuda::linear::GemmParams&);
+      using RunFn = bool (*)(const cuda::linear::GemmParams&, void*, cudaStream_t);
+      auto cutlass_row = [&](const char* what, ScratchFn scratch_bytes, RunFn run) {
+        Row r = row(std::string("int8 GEMM + scale/bias epilogue, CUTLASS ") + what);
         if (cuda::linear::cutlass_s8_fits(g) && cuda::linear::cutlass_s8_available(s)) {
           void* scratch = nullptr;
-          cudaMalloc(&scratch, cuda::linear::cutlass_s8_wide_scratch_bytes(g) + 256);
+          cudaMalloc(&scratch, scratch_bytes(g) + 256);
           bool ok = true;
-          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_cutlass_s8_wide(g, scratch, s) && ok; });
+          r.ms = env.time_ms([&] { ok = run(g, scratch, s) && ok; });
           cudaStreamSynchronize(s);
           cudaFree(scratch);
           if (!ok) {
@@ -151,26 +156,13 @@ class GemmBench : public BenchCase {
         }
         compare(r);
         rows.push_back(r);
-      }
-      {
-        Row r = row("int8 GEMM + scale/bias epilogue, CUTLASS 256x128 cluster 1x2 (M >= 512)");
-        if (cuda::linear::cutlass_s8_fits(g) && cuda::linear::cutlass_s8_available(s)) {
-          void* scratch = nullptr;
-          cudaMalloc(&scratch, cuda::linear::cutlass_s8_alt_scratch_bytes(g) + 256);
-          bool ok = true;
-          r.ms = env.time_ms([&] { ok = cuda::linear::gemm_cutlass_s8_alt(g, scratch, s) && ok; });
-          cudaStreamSynchronize(s);
-          cudaFree(scratch);
-          if (!ok) {
-            r.ms = 0;
-            r.note = "CUTLASS refused the arguments";
-          }
-        } else {
-          r.note = "not available (built without CUTLASS headers, or not sm_90a)";
-        }
-        compare(r);
-        rows.push_back(r);
-      }
+      };
+      cutlass_row("128x256 cluster 2x1 (M < 512)", cuda::linear::cutlass_s8_wide_scratch_bytes,
+                  cuda::linear::gemm_cutlass_s8_wide);
+      cutlass_row("256x128 cluster 1x2 (M >= 512)", cuda::linear::cutlass_s8_alt_scratch_bytes,
+                  cuda::linear::gemm_cutlass_s8_alt);
+      cutlass_row("128x128 stream-K (fewer tiles than SMs, bf16)",
+                  cuda::linear::cutlass_s8_sk_scratch_bytes, cuda::linear::gemm_cutlass_s8_sk);
       {
         Row r = row("int8 GEMM + scale/bias epilogue, wgmma (hand-written)");
         if (cuda::linear::wgmma_s8_available(s)) {

@@ -72,11 +72,22 @@ bool gemm_cutlass_s8_wide(const GemmParams& p, void* scratch, cudaStream_t strea
   return launch<Bf16, F16>(p, scratch, stream);
 }
 
+// Stream-K (gemm_cutlass_s8_sk.cu) where the shape's own configuration has fewer output tiles
+// than the GPU has SMs (session 35: batched decode and chunked prefill shapes); bf16 output only.
+static bool use_stream_k(const GemmParams& p) {
+  if (p.out_dtype != DType::bf16) return false;
+  const int64_t tiles = p.M >= kTallMinM ? ((p.M + 255) / 256) * ((p.N + 127) / 128)
+                                         : ((p.M + 127) / 128) * ((p.N + 255) / 256);
+  return tiles < multiprocessor_count();
+}
+
 size_t cutlass_s8_scratch_bytes(const GemmParams& p) {
+  if (use_stream_k(p)) return cutlass_s8_sk_scratch_bytes(p);
   return p.M >= kTallMinM ? cutlass_s8_alt_scratch_bytes(p) : cutlass_s8_wide_scratch_bytes(p);
 }
 
 bool gemm_cutlass_s8(const GemmParams& p, void* scratch, cudaStream_t stream) {
+  if (use_stream_k(p)) return gemm_cutlass_s8_sk(p, scratch, stream);
   return p.M >= kTallMinM ? gemm_cutlass_s8_alt(p, scratch, stream)
                           : gemm_cutlass_s8_wide(p, scratch, stream);
 }

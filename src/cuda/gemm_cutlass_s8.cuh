@@ -48,7 +48,10 @@ struct ScaleScaleBiasRn<cutlass::Array<float, N>> {
 
 using namespace cute;
 
-template <class ElementOut, class TileShape_, class ClusterShape_>
+// Scheduler: void (CUTLASS's persistent data-parallel scheduler) or
+// cutlass::gemm::StreamKScheduler (output tiles split along K over the SMs when there are too few
+// of them; the partial int32 sums meet in the workspace, exact in any order).
+template <class ElementOut, class TileShape_, class ClusterShape_, class Scheduler = void>
 struct Config {
   using TileShape = TileShape_;
   using ClusterShape = ClusterShape_;
@@ -82,7 +85,8 @@ struct Config {
       KernelSchedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>,
-                                                      CollectiveMainloop, CollectiveEpilogue>;
+                                                      CollectiveMainloop, CollectiveEpilogue,
+                                                      Scheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 

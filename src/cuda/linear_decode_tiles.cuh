@@ -68,6 +68,16 @@ struct DecodeTilesTuning {
   // rotate kernel (PDL) + the GEMV for every M (the session-6 path). H200 run 19, stream of 8
   // layers 1 x 5120 -> 13824, per layer: int4 14.2 vs 15.1 us, comfy 13.0 vs 15.1.
   int fuse_max_m = kTilesFuseLimit;
+  // Session 35, batched decode and chunked prefill (16 < M) of 4-bit weights: up to these M the
+  // decode GEMVs once per 16 activation rows (int4 / comfy: the tiled GEMV; NVFP4: its GEMV);
+  // above them (or 0) the whole weight unpacked to int8 / dequantized to 16 bits for the prefill
+  // GEMM (the path before). H200 session 35, 5120 -> 13824, ms (x cuBLASLt bf16 + bias):
+  // int4 M 32 0.0386-0.0388 (1.01-1.04x; before 0.0996), M 64 0.0696-0.0699 (0.59x; 0.0909);
+  // comfy M 32 0.0305 (1.32x), M 64 0.0522-0.0525 (0.79x; the unpacked path 0.068 at M 128);
+  // NVFP4 M 32 0.0536-0.0538 (0.73-0.75x; before 0.1418-0.1422; the GEMV ~0.027 per 16 rows, the
+  // dequantized path ~0.144 up to M 128).
+  int row_block_max_m = 64;
+  int nvfp4_row_block_max_m = 64;
   // convrotfp8 (session 17): the largest M (at most 16) whose forward runs the ring GEMV on the
   // e4m3 codes (DecodeParams::e4m3) where it applies; above it, or 0, cuBLASLt's fp8 GEMM (the
   // layer's path before, and the fallback). H200, x 5120 -> 13824: M 1 30.2 vs cuBLASLt 31.6

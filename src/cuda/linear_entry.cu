@@ -200,6 +200,12 @@ constexpr bool kCutlassInt8Gemm = true;
 // Decode (M <= 16) of 4-bit weights on the layer's decode-tile layout (linear_decode_tiles.cu,
 // session 4) where it exists; false: the ring kernel on the packed codes (session 3).
 constexpr bool kUseDecodeTiles = true;
+// Session 35: 16 < M <= DecodeTilesTuning::row_block_max_m / nvfp4_row_block_max_m run the
+// decode GEMVs once per kRowBlock activation rows (each launch reads the packed weight again)
+// instead of unpacking the whole weight to int8 / 16 bits for the prefill GEMM (H200,
+// linear.layer.midm at 32 x 5120 -> 13824: convrotint4 0.0996 ms = 0.40x cuBLASLt bf16,
+// convrot4 0.1418 = 0.28x before).
+constexpr int64_t kRowBlock = 16;
 
 // int8 GEMM with the fused epilogue, the first available of: CUTLASS (sm_90a; 256 x 128 tiles
 // for M >= 512, else 128 x 256), wgmma (sm_90a), mma.sync. All give the same output bits.
@@ -312,10 +318,13 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     Scratch a16(static_cast<size_t>(M * K * 2), s, op);
     // Decode: the GEMV on the packed weight, the activation rows dequantized to f16 (exact) by the
     // rotate kernel itself (session 19: one kernel less than dequant_nvfp4_16 after it).
-    if (M <= std::min<int64_t>(16, linear::layer_tiles_tuning().nvfp4_gemv_max_m)) {
+    // M <= 16: one GEMV; 16 < M <= kNvfp4RowBlockMaxM: one GEMV per 16 rows (session 35).
+    const int64_t gemv_max_m = std::min<int64_t>(16, linear::layer_tiles_tuning().nvfp4_gemv_max_m);
+    if (M <= gemv_max_m ||
+        (gemv_max_m == 16 && M <= linear::layer_tiles_tuning().nvfp4_row_block_max_m)) {
       linear::Nvfp4DecodeParams d;
       d.x16 = a16.as<uint16_t>();
-      d.M = M;
+      d.M = std::min(M, kRowBlock);
       d.N = O;
       d.K = K;
       d.w_codes = static_cast<const uint8_t*>(w.codes.data);
@@ -341,11 +350,19 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
                                    a16.as<uint16_t>(), DType::f16, s);
         }
-        linear::decode_nvfp4(d, s, t.nvfp4_gemv_depth > 0 ? t.nvfp4_gemv_depth : (M <= 8 ? 4 : 1),
-                             t.nvfp4_gemv_slots, t.nvfp4_gemv_x_ahead, cvt,
-                             !cvt    ? 1
-                             : M > 8 ? t.nvfp4_gemv_tiles16
-                                     : t.nvfp4_gemv_tiles8);
+        const int64_t elem = dtype_bits(out.dtype) / 8;
+        for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
+          linear::Nvfp4DecodeParams b = d;
+          b.M = std::min(kRowBlock, M - r0);
+          b.x16 = d.x16 + r0 * K;
+          b.out = static_cast<char*>(out.data) + r0 * d.ldo * elem;
+          linear::decode_nvfp4(b, s,
+                               t.nvfp4_gemv_depth > 0 ? t.nvfp4_gemv_depth : (b.M <= 8 ? 4 : 1),
+                               t.nvfp4_gemv_slots, t.nvfp4_gemv_x_ahead, cvt,
+                               !cvt      ? 1
+                               : b.M > 8 ? t.nvfp4_gemv_tiles16
+                                         : t.nvfp4_gemv_tiles8);
+        }
         return;
       }
     }
@@ -406,6 +423,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // Decode on the tiles with the rotation inside the GEMV (DecodeTilesTuning::fuse_max_m): every
   // CTA rotates x (M <= kTilesFuseLimit: no scratch, one launch per layer).
   const bool tiles = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 && M <= 16;
+  // 16 < M <= kTilesRowBlockMaxM: the tiled GEMV once per 16 activation rows (session 35).
+  const bool tiles_blocks = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 &&
+                            M > 16 && M <= linear::layer_tiles_tuning().row_block_max_m;
   if (tiles && M <= std::min(linear::kTilesFuseLimit,
                              static_cast<int64_t>(linear::layer_tiles_tuning().fuse_max_m))) {
     const linear::DecodeParams d = with_x(decode_params(nullptr, nullptr));
@@ -423,7 +443,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // The rotate kernel goes out with PDL before the tiled GEMV (which triggers its dependents
   // early), so a stream of layers chains GEMV -> rotate -> GEMV with each kernel starting under
   // its predecessor's tail (it waits before touching memory).
-  launch_rotate_quantize(x, w.rot, fmt, a_codes, K, a_scale, s, tiles);
+  launch_rotate_quantize(x, w.rot, fmt, a_codes, K, a_scale, s, tiles || tiles_blocks);
   g.a_scale = a_scale;
   g.w_scale = static_cast<const float*>(w.scales.data);
   g.a = a_codes;
@@ -451,6 +471,12 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     g.b = w.codes.data;
     g.fp8_fast_accum = w.fp8_fast_accum;
     if (cublaslt_gemm(g, s, op)) return;
+    // Session 35: cuBLASLt offers no fast-accumulation algorithm at some shapes where it has the
+    // default one (256 x 14336 -> 4096: the mma.sync fallback took 0.255 ms, cuBLASLt 0.040).
+    if (g.fp8_fast_accum) {
+      g.fp8_fast_accum = false;
+      if (cublaslt_gemm(g, s, op)) return;
+    }
     // Session 34: where cuBLASLt offers no fp8 algorithm at M <= 16 (e.g. 16 x 13824 -> 5120;
     // the mma.sync kernel ran it in 0.228 ms, 0.19x bf16), the ring GEMV (with activation
     // windows where M rows of K codes do not fit its shared memory).
@@ -462,14 +488,34 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     return;
   }
 
-  if (M <= 16) {
-    linear::DecodeParams d = decode_params(a_codes, a_scale);
-    if (tiles && linear::layer_tiles_tuning().act_mcast > 0) {
+  // The activation copy by multicast in clusters where it applies (DecodeTilesTuning::act_mcast).
+  auto with_mcast = [&](linear::DecodeParams d) {
+    if (linear::layer_tiles_tuning().act_mcast > 0) {
       d.cluster = linear::layer_tiles_tuning().act_mcast;
       if (!linear::decode_tiles_applies(d)) d.cluster = 0;
     }
+    return d;
+  };
+  if (M <= 16) {
+    linear::DecodeParams d = decode_params(a_codes, a_scale);
+    if (tiles) d = with_mcast(d);
     linear::decode_gemv(d, s);
     return;
+  }
+  if (tiles_blocks) {
+    // Rows [r0, r0 + 16) of the codes, scales and output as one GEMV's M <= 16 rows.
+    const int64_t elem = dtype_bits(out.dtype) / 8;
+    auto block = [&](int64_t r0) {
+      linear::DecodeParams d = decode_params(a_codes + r0 * K, a_scale + r0);
+      d.M = std::min(kRowBlock, M - r0);
+      d.out = static_cast<char*>(out.data) + r0 * d.ldo * elem;
+      return with_mcast(d);
+    };
+    const int64_t last = (M - 1) / kRowBlock * kRowBlock;
+    if (linear::decode_tiles_applies(block(0)) && linear::decode_tiles_applies(block(last))) {
+      for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) linear::decode_tiles(block(r0), s);
+      return;
+    }
   }
   g.kind = linear::GemmKind::s8;
   if (ref.format == WeightFormat::int8) {

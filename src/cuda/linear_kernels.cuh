@@ -157,6 +157,10 @@ size_t cutlass_s8_wide_scratch_bytes(const GemmParams& p);
 bool gemm_cutlass_s8_wide(const GemmParams& p, void* scratch, cudaStream_t stream);
 size_t cutlass_s8_alt_scratch_bytes(const GemmParams& p);
 bool gemm_cutlass_s8_alt(const GemmParams& p, void* scratch, cudaStream_t stream);
+// 128 x 128, stream-K scheduler, bf16 output only (gemm_cutlass_s8_sk.cu): gemm_cutlass_s8 runs
+// it where the shape's own configuration has fewer output tiles than the GPU has SMs.
+size_t cutlass_s8_sk_scratch_bytes(const GemmParams& p);
+bool gemm_cutlass_s8_sk(const GemmParams& p, void* scratch, cudaStream_t stream);
 
 // The epilogue on one accumulator (the same function everywhere, so every path gives the same
 // bits: the prefill GEMM, the decode kernel, and the CPU's fp32 order).

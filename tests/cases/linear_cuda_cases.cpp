@@ -374,6 +374,29 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
       std::make_unique<ForwardCase>(QType::convrot_comfy_w4a4, 3, 1032, 1280, DType::bf16, false));
   cases.push_back(
       std::make_unique<ForwardCase>(QType::convrot_int4, 8, 1032, 640, DType::f16, true));
+  // Session 35, batched decode and chunked prefill: the 4-bit decode GEMVs once per 16 rows
+  // (int4 / comfy up to M 64, NVFP4 too; partial last blocks), the int8 GEMM's stream-K
+  // configuration (fewer output tiles than SMs: every convrot8 case here, 600 x 520 included),
+  // and int4 / comfy past the row blocks (the unpacked weight through the int8 GEMM).
+  {
+    struct Mid {
+      QType q;
+      int64_t m, o, k;
+      DType act;
+      bool bias;
+    };
+    for (const Mid& c : {Mid{QType::convrot_int4, 33, 1032, 1280, DType::bf16, true},
+                         Mid{QType::convrot_comfy_w4a4, 48, 4104, 768, DType::f16, false},
+                         Mid{QType::convrot_int4, 64, 520, 5120, DType::bf16, true},
+                         Mid{QType::convrot4, 40, 1040, 1280, DType::bf16, true},
+                         Mid{QType::convrot8, 64, 1032, 5120, DType::bf16, true},
+                         Mid{QType::convrot8, 200, 2056, 2048, DType::bf16, false},
+                         Mid{QType::convrot8, 600, 520, 2048, DType::bf16, true},
+                         Mid{QType::convrot_int4, 100, 1032, 2048, DType::bf16, true},
+                         Mid{QType::convrot_comfy_w4a4, 80, 1040, 1024, DType::bf16, true},
+                         Mid{QType::convrot_int4, 520, 1032, 512, DType::f16, false}})
+      cases.push_back(std::make_unique<ForwardCase>(c.q, c.m, c.o, c.k, c.act, c.bias));
+  }
 #ifdef LOWBIT_WITH_CUDA
   // The tiled kernel's layer paths (DecodeTilesTuning) through the layer. `fused_reg`: the
   // default for M <= 2, one launch per layer, every CTA rotates x (the register rotation; K 8448
