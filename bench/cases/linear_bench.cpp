@@ -239,6 +239,9 @@ class LayerBench : public BenchCase {
                        s.m <= def.row_block_max_m) {
               t.row_block_max_m = 0;
               what = "unpacked weight + int8 GEMM (row_block_max_m 0: the path before)";
+            } else if (q == QType::convrot_int4 || q == QType::convrot_comfy_w4a4) {
+              t.unpack_from_tiles = false;
+              what = "unpacked from the checkpoint's codes (unpack_from_tiles off: before)";
             }
             if (!what.empty()) other_path(what, layer_tuning(t), default_tuning, 0, true);
           }

@@ -41,6 +41,7 @@
 #include <type_traits>
 
 #include "lowbit/dtype.h"
+#include "src/core/check.h"
 #include "src/core/guarded.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/gemm_common.cuh"
@@ -179,6 +180,59 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
     dst[m] = static_cast<uint8_t>(v & 0xff);
   }
   if (bad) atomicOr(flag, 1);
+}
+
+// ---- the int8-grid weight from the layout (session 35) ----
+
+// One thread per (item, chunk h, lane): its 16 bytes of codes (rows gid / gid + 8, columns
+// 128 g + 64 h + 16 tid4 + 0..15) as int8-grid codes, one 16-byte store per row: int4 through
+// the fold table by prmt (X - Y, as the GEMV's mma operands), comfy u - 8; the values
+// unpack_weight_int8 gives (SPEC §3.3), at ~4 instructions per 4 weights instead of its fp32 fold
+// per weight. Rows past N (the last tile's padding) are not written.
+template <int KIND>
+__device__ __forceinline__ uint32_t tile_word_s8(uint32_t sel, uint32_t t0, uint32_t t1) {
+  if (KIND == kTilesInt4) {
+    // prmt: T[m] for c >= 0 (bit 3 clear), the replicated zero sign for c < 0; with sel ^ 0x8888
+    // the converse; -Y per byte as (0x80 - Y) ^ 0x80 (no borrow: Y <= 127).
+    const uint32_t x = prmt(t0, t1, sel);
+    const uint32_t y = prmt(t0, t1, sel ^ 0x8888u);
+    return x | ((0x80808080u - y) ^ 0x80808080u);
+  }
+  return ((sel & 0x0f0f0f0fu) + 0x78787878u) ^ 0x80808080u;  // (u + 120) ^ 0x80 = u - 8
+}
+
+template <int KIND>
+__global__ void unpack_tiles_int8_kernel(const uint8_t* tiles, int64_t N, int ipt, int64_t units,
+                                         int8_t* out) {
+  const int64_t T = (N + 15) / 16;
+  for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < units;
+       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t item = u >> 6;
+    const int h = static_cast<int>(u >> 5) & 1, lane = static_cast<int>(u) & 31;
+    const int gid = lane >> 2, tid4 = lane & 3;
+    const int64_t t = item / ipt, g = item - t * ipt;
+    const uint4 w = *reinterpret_cast<const uint4*>(tiles + item * kItemBytes + h * 512 + lane * 16);
+    uint4 tb = make_uint4(0u, 0u, 0u, 0u);
+    if (KIND == kTilesInt4)
+      tb = *reinterpret_cast<const uint4*>(tiles + T * ipt * kItemBytes + item * kTableBytes +
+                                           gid * 16);
+    const int64_t K = static_cast<int64_t>(ipt) * kItemCols;
+    const int64_t col = g * kItemCols + 64 * h + 16 * tid4;
+    const int64_t row = 16 * t + gid;
+    // Words 0 / 2: row gid, columns +0..3 / +4..7 (low 16 bits), +8..11 / +12..15 (high);
+    // words 1 / 3 the same for row gid + 8.
+    const int sh = KIND == kTilesInt4 ? 16 : 4;
+    if (row < N)
+      *reinterpret_cast<uint4*>(out + row * K + col) =
+          make_uint4(tile_word_s8<KIND>(w.x, tb.x, tb.y), tile_word_s8<KIND>(w.z, tb.x, tb.y),
+                     tile_word_s8<KIND>(w.x >> sh, tb.x, tb.y),
+                     tile_word_s8<KIND>(w.z >> sh, tb.x, tb.y));
+    if (row + 8 < N)
+      *reinterpret_cast<uint4*>(out + (row + 8) * K + col) =
+          make_uint4(tile_word_s8<KIND>(w.y, tb.z, tb.w), tile_word_s8<KIND>(w.w, tb.z, tb.w),
+                     tile_word_s8<KIND>(w.y >> sh, tb.z, tb.w),
+                     tile_word_s8<KIND>(w.w >> sh, tb.z, tb.w));
+  }
 }
 
 // ---- the GEMV ----
@@ -806,6 +860,27 @@ int decode_tiles_kind(const PackedWeightRef& w) {
 }
 
 bool decode_tiles_device() { return tiles_device().sm90; }
+
+void decode_tiles_unpack_int8(const PackedWeightRef& w, const uint8_t* tiles, int8_t* out,
+                              cudaStream_t stream) {
+  const int kind = decode_tiles_kind(w);
+  LOWBIT_CHECK(kind != kTilesNone && tiles, "decode_tiles_unpack_int8", "weight",
+               "expected a weight with a decode-tile layout (comfy int4, or packed 4-bit with "
+               "group 128), got none");
+  const int ipt = static_cast<int>(w.K / kItemCols);
+  const int64_t units = (w.N + 15) / 16 * ipt * 64;
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((units + threads - 1) / threads,
+                                           static_cast<int64_t>(multiprocessor_count()) * 16);
+  if (kind == kTilesInt4) {
+    unpack_tiles_int8_kernel<kTilesInt4><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        tiles, w.N, ipt, units, out);
+  } else {
+    unpack_tiles_int8_kernel<kTilesComfy><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+        tiles, w.N, ipt, units, out);
+  }
+  check_launch("decode_tiles_unpack_int8");
+}
 
 int64_t decode_tiles_bytes(const PackedWeightRef& w) {
   const int kind = decode_tiles_kind(w);

@@ -33,6 +33,10 @@ int64_t decode_tiles_bytes(const PackedWeightRef& w);
 // (a 4-bit code u = 15, i.e. c = 8; a group whose fold table is not odd or leaves [0, 127]):
 // then `out` must not be used.
 bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream);
+// The weight's int8-grid codes (N, K) row-major (unpack_weight_int8's values) from its layout
+// `tiles` (built by decode_tiles_build; session 35: the prefill path of the 4-bit qtypes).
+void decode_tiles_unpack_int8(const PackedWeightRef& w, const uint8_t* tiles, int8_t* out,
+                              cudaStream_t stream);
 
 // Largest M for which every CTA of the tiled kernel rotates + quantizes x itself (d.x set: one
 // launch for the layer, no rotate kernel).
@@ -78,6 +82,10 @@ struct DecodeTilesTuning {
   // dequantized path ~0.144 up to M 128).
   int row_block_max_m = 64;
   int nvfp4_row_block_max_m = 64;
+  // ... above row_block_max_m, int4 / comfy unpack the weight to int8 from the decode tiles
+  // (decode_tiles_unpack_int8: prmt on the fold table) rather than from the checkpoint's codes
+  // (unpack_weight_int8: an fp32 fold per weight); the same codes.
+  bool unpack_from_tiles = true;
   // convrotfp8 (session 17): the largest M (at most 16) whose forward runs the ring GEMV on the
   // e4m3 codes (DecodeParams::e4m3) where it applies; above it, or 0, cuBLASLt's fp8 GEMM (the
   // layer's path before, and the fallback). H200, x 5120 -> 13824: M 1 30.2 vs cuBLASLt 31.6

@@ -524,7 +524,12 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     return;
   }
   Scratch w8(static_cast<size_t>(O * K), s, op);
-  linear::unpack_weight_int8(ref, w8.as<int8_t>(), s);
+  if (kUseDecodeTiles && w.decode_tiles.data && linear::layer_tiles_tuning().unpack_from_tiles) {
+    linear::decode_tiles_unpack_int8(ref, static_cast<const uint8_t*>(w.decode_tiles.data),
+                                     w8.as<int8_t>(), s);
+  } else {
+    linear::unpack_weight_int8(ref, w8.as<int8_t>(), s);
+  }
   g.b = w8.as<void>();
   gemm_s8(g, s, op);
 }
