@@ -26,6 +26,10 @@ import torch.nn.functional as F
 from _torch_timing import time_ms  # (bench/_torch_timing.py)
 
 SHAPES = [(64, 8192, 32, 8, 128), (1, 131072, 32, 8, 128), (16, 32768, 64, 8, 128)]
+# --serving (session 35): the serving batches of short contexts of `lowbit bench --op
+# decode.attention.variants` (its "page 16" rows; SDPA on the contiguous fp16 cache).
+SERVING = [(256, 1024, 32, 8, 128), (128, 2048, 32, 8, 128), (512, 512, 32, 8, 128),
+           (64, 2048, 32, 32, 128)]
 
 
 def copy_gbps(iters):
@@ -67,12 +71,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--lowbit-json", help="rows written by `lowbit bench --op decode --json FILE`")
+    ap.add_argument("--serving", action="store_true",
+                    help="the serving shapes instead of the issue's (decode.attention.variants)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     cgbps = copy_gbps(args.iters)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}, copy {cgbps:.0f} GB/s")
     best = {}
-    for (B, L, Hq, Hkv, D) in SHAPES:
+    for (B, L, Hq, Hkv, D) in (SERVING if args.serving else SHAPES):
         res = sdpa_ms(B, L, Hq, Hkv, D, args.iters)
         kv_bytes = 2 * B * L * Hkv * D * 2
         name = f"(B={B}, L={L}, Hq={Hq}, Hkv={Hkv}, D={D})"
@@ -88,9 +94,12 @@ def main():
         rows = data["rows"] if isinstance(data, dict) and "rows" in data else data
         print("\nlowbit decode vs the fastest SDPA on the same fp16 cache shape")
         for r in rows:
-            if r.get("family") != "decode" or r.get("shape") not in best:
+            # The variants' shapes carry " Mq=N[ page P]" after the head layout: Mq 1 only.
+            shape, _, rest = r.get("shape", "").partition(" Mq=")
+            if r.get("family") != "decode" or shape not in best or (rest and rest[:2] != "1 "
+                                                                        and rest != "1"):
                 continue
-            sdpa = best[r["shape"]]
+            sdpa = best[shape]
             ms = float(r["ms"])
             print(f"{r['shape']:42s} {r['op']:40s} {ms:9.4f} ms  SDPA {sdpa:9.4f} ms  "
                   f"speedup {sdpa / ms:5.2f}x")

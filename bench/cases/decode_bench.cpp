@@ -353,7 +353,7 @@ class DecodeBench : public BenchCase {
 // Session 33: the configurations outside the shapes that users run — speculative /
 // multi-token decoding (Mq 2 and 4 query rows per sequence, causal) and head dims 64 and 256 — on
 // contiguous caches, against lowbit's fp16 path at the same configuration (bytes as above: the
-// cache read once whatever Mq is).
+// cache read once whatever Mq is); session 35: serving batches of short contexts, paged 16.
 class DecodeVariantsBench : public BenchCase {
  public:
   std::string name() const override { return "decode.attention.variants"; }
@@ -362,13 +362,18 @@ class DecodeVariantsBench : public BenchCase {
     struct Config {
       Shape s;
       int mq;
+      int page = 0;  // 0: contiguous, else paged (block tables)
     };
     std::vector<Config> configs;
     if (env.device == Device::cuda)
       configs = {{{64, 8192, 32, 8, 128}, 2}, {{64, 8192, 32, 8, 128}, 4},
                  {{1, 131072, 32, 8, 128}, 4}, {{64, 8192, 32, 8, 64}, 1},
                  {{64, 4096, 16, 8, 256}, 1}, {{64, 4096, 16, 4, 256}, 1},
-                 {{64, 8192, 64, 8, 128}, 2}};
+                 {{64, 8192, 64, 8, 128}, 2},
+                 // Session 35: serving batches of short contexts in pages of 16 (Llama-3-8B
+                 // heads; an MHA model with G 1), where a split's fixed cost weighs the most.
+                 {{256, 1024, 32, 8, 128}, 1, 16}, {{128, 2048, 32, 8, 128}, 1, 16},
+                 {{512, 512, 32, 8, 128}, 1, 16}, {{64, 2048, 32, 32, 128}, 1, 16}};
     else
       configs = {{{2, env.quick ? 256 : 1024, 8, 2, 128}, 2}};
     // (+ twice plan_decode's splits at more than 8 rows: plan_decode's grid before session 33)
@@ -380,7 +385,8 @@ class DecodeVariantsBench : public BenchCase {
     const double copy_gbps = env.copy_gbps();
     for (const Config& cf : configs) {
       const Shape& s = cf.s;
-      const std::string shape = s.str() + " Mq=" + std::to_string(cf.mq);
+      const std::string shape = s.str() + " Mq=" + std::to_string(cf.mq) +
+                                (cf.page ? " page " + std::to_string(cf.page) : "");
       if (!env.shape_selected(shape)) continue;
       const int64_t G = s.Hq / s.Hkv;
       DeviceTensor q = make_tensor(env.device, DType::f16, {s.B, cf.mq, s.Hkv, G, s.D}, 5);
@@ -391,12 +397,13 @@ class DecodeVariantsBench : public BenchCase {
         if (f.splits && cf.mq * G <= 8) continue;
         Row r;
         r.family = "decode";
-        r.op = std::string("decode_attention ") + f.name + " contiguous" +
+        r.op = std::string("decode_attention ") + f.name +
+               (cf.page ? " paged " + std::to_string(cf.page) : " contiguous") +
                (cf.mq > 1 ? ", causal" : "");
         r.shape = shape;
         r.backend = device_name(env.device);
         {
-          BenchCache bc = build_cache(env.device, s, f, 0, 77);
+          BenchCache bc = build_cache(env.device, s, f, cf.page, 77);
           r.ms = time_decode(env, bc, s, q, out, f, cf.mq);
         }
         r.bytes = problem_bytes(s, f) + 2.0 * s.B * (cf.mq - 1) * s.Hq * s.D * 2;

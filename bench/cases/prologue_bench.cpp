@@ -475,8 +475,8 @@ class PrologueBench : public BenchCase {
     return buf;
   }
 
-  // Dequantized codes (q * scale / sm_scale, + mean for k) of the first tokens against the fp64
-  // normed (unrounded), rotated rows.
+  // Dequantized codes (q * scale / sm_scale, + mean for k) of batch 0's first tokens against the
+  // fp64 normed (unrounded), rotated rows.
   static std::string accuracy_str(const Shape& s, const DeviceTensor& x,
                                   const std::vector<float>& w, const std::vector<float>& table,
                                   const DeviceTensor& q8, const DeviceTensor& sc,
@@ -499,7 +499,8 @@ class PrologueBench : public BenchCase {
         for (int64_t c = 0; c < D; ++c) yv[c] = xr[c] * inv * w[c];
         const int r = static_cast<int>(n % p.block);
         const int g = p.layout == ScaleLayout::thread_q ? r % 8 : (r % 8) / 2;
-        const int64_t count = static_cast<int64_t>(sf.size()) / H;
+        // (batch 0's rows: scales (B, H, count))
+        const int64_t count = static_cast<int64_t>(sf.size()) / (s.B * H);
         const double scale = sf[h * count + (n / p.block) * groups + g];
         for (int64_t c = 0; c < D; ++c) {
           const int64_t pi = c < P ? c : c - P;
