@@ -61,6 +61,7 @@ class GemmBench : public BenchCase {
                                  {4096, 3072, 12288, "Flux MLP"},
                                  {16, 5120, 13824, "decode"},
                                  {16, 13824, 5120, "decode, down projection"},
+                                 {32, 5120, 13824, "batched decode"},
                                  {64, 5120, 13824, "batched decode"},
                                  {256, 14336, 4096, "chunked prefill, Llama-3-8B down"}};
     if (env.quick) shapes = {{1024, 1024, 1024, "quick"}};
