@@ -23,7 +23,9 @@
 // Two tile configurations, bit-identical (int32 sums, the same epilogue): this file's 128 x 256
 // cluster 2 x 1 for M < kTallMinM, and gemm_cutlass_s8_alt.cu's 256 x 128 cluster 1 x 2 (A tile
 // multicast) for larger M: 1562 vs 1284 int8 TOPS at Wan 32768x5120->5120 on the H200, equal at
-// Flux 4096x3072->12288 (round 1, docs/linear-gpu.md). Availability is static (sm_90 and an sm_90a
+// Flux 4096x3072->12288 (round 1, docs/linear-gpu.md); and (session 35) gemm_cutlass_s8_sk.cu's
+// 128 x 128 stream-K for bf16 output wherever the chosen one has fewer tiles than the GPU has
+// SMs (use_stream_k). Availability is static (sm_90 and an sm_90a
 // image of the kernel): no run-time self-check, so no first call synchronizes the caller's stream
 // (the harness cases and the linear.gemm bench rows prove bit identity on the GPU).
 #ifndef NDEBUG  // before any header: see gemm_cutlass_s8.cuh

@@ -208,7 +208,8 @@ constexpr bool kUseDecodeTiles = true;
 constexpr int64_t kRowBlock = 16;
 
 // int8 GEMM with the fused epilogue, the first available of: CUTLASS (sm_90a; 256 x 128 tiles
-// for M >= 512, else 128 x 256), wgmma (sm_90a), mma.sync. All give the same output bits.
+// for M >= 512, else 128 x 256, stream-K 128 x 128 where those leave SMs idle), wgmma (sm_90a),
+// mma.sync. All give the same output bits.
 void gemm_s8(const linear::GemmParams& g, cudaStream_t s, const char* op) {
   if (kCutlassInt8Gemm && linear::cutlass_s8_fits(g) && linear::cutlass_s8_available(s)) {
     Scratch scratch(linear::cutlass_s8_scratch_bytes(g), s, op);
@@ -318,7 +319,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     Scratch a16(static_cast<size_t>(M * K * 2), s, op);
     // Decode: the GEMV on the packed weight, the activation rows dequantized to f16 (exact) by the
     // rotate kernel itself (session 19: one kernel less than dequant_nvfp4_16 after it).
-    // M <= 16: one GEMV; 16 < M <= kNvfp4RowBlockMaxM: one GEMV per 16 rows (session 35).
+    // M <= 16: one GEMV; 16 < M <= nvfp4_row_block_max_m: one GEMV per 16 rows (session 35).
     const int64_t gemv_max_m = std::min<int64_t>(16, linear::layer_tiles_tuning().nvfp4_gemv_max_m);
     if (M <= gemv_max_m ||
         (gemv_max_m == 16 && M <= linear::layer_tiles_tuning().nvfp4_row_block_max_m)) {
@@ -423,7 +424,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // Decode on the tiles with the rotation inside the GEMV (DecodeTilesTuning::fuse_max_m): every
   // CTA rotates x (M <= kTilesFuseLimit: no scratch, one launch per layer).
   const bool tiles = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 && M <= 16;
-  // 16 < M <= kTilesRowBlockMaxM: the tiled GEMV once per 16 activation rows (session 35).
+  // 16 < M <= row_block_max_m: the tiled GEMV once per 16 activation rows (session 35).
   const bool tiles_blocks = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 &&
                             M > 16 && M <= linear::layer_tiles_tuning().row_block_max_m;
   if (tiles && M <= std::min(linear::kTilesFuseLimit,

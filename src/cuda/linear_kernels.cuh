@@ -145,7 +145,8 @@ void gemm_wgmma_s8(const GemmParams& p, cudaStream_t stream);
 // image (a static check: nothing runs, the stream is not synchronized). cutlass_s8_fits(p): out
 // bf16/f16, K, lda, ldb multiples of 16, ldo and N multiples of 8, 16-byte aligned pointers, no
 // acc_out / tensor scale. gemm_cutlass_s8 (the 256 x 128 cluster 1 x 2 tile for M >= 512, else
-// 128 x 256 cluster 2 x 1) needs cutlass_s8_scratch_bytes(p) device bytes of scratch (256-byte
+// 128 x 256 cluster 2 x 1; 128 x 128 stream-K for bf16 output where those have fewer tiles than
+// the GPU has SMs) needs cutlass_s8_scratch_bytes(p) device bytes of scratch (256-byte
 // aligned) and returns false, having launched nothing, when CUTLASS refuses the arguments.
 bool cutlass_s8_available(cudaStream_t stream);
 bool cutlass_s8_fits(const GemmParams& p);
