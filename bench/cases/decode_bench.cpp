@@ -366,14 +366,19 @@ class DecodeVariantsBench : public BenchCase {
     };
     std::vector<Config> configs;
     if (env.device == Device::cuda)
-      configs = {{{64, 8192, 32, 8, 128}, 2}, {{64, 8192, 32, 8, 128}, 4},
-                 {{1, 131072, 32, 8, 128}, 4}, {{64, 8192, 32, 8, 64}, 1},
-                 {{64, 4096, 16, 8, 256}, 1}, {{64, 4096, 16, 4, 256}, 1},
+      configs = {{{64, 8192, 32, 8, 128}, 2},
+                 {{64, 8192, 32, 8, 128}, 4},
+                 {{1, 131072, 32, 8, 128}, 4},
+                 {{64, 8192, 32, 8, 64}, 1},
+                 {{64, 4096, 16, 8, 256}, 1},
+                 {{64, 4096, 16, 4, 256}, 1},
                  {{64, 8192, 64, 8, 128}, 2},
                  // Session 35: serving batches of short contexts in pages of 16 (Llama-3-8B
                  // heads; an MHA model with G 1), where a split's fixed cost weighs the most.
-                 {{256, 1024, 32, 8, 128}, 1, 16}, {{128, 2048, 32, 8, 128}, 1, 16},
-                 {{512, 512, 32, 8, 128}, 1, 16}, {{64, 2048, 32, 32, 128}, 1, 16}};
+                 {{256, 1024, 32, 8, 128}, 1, 16},
+                 {{128, 2048, 32, 8, 128}, 1, 16},
+                 {{512, 512, 32, 8, 128}, 1, 16},
+                 {{64, 2048, 32, 32, 128}, 1, 16}};
     else
       configs = {{{2, env.quick ? 256 : 1024, 8, 2, 128}, 2}};
     // (+ twice plan_decode's splits at more than 8 rows: plan_decode's grid before session 33)

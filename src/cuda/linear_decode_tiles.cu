@@ -211,7 +211,8 @@ __global__ void unpack_tiles_int8_kernel(const uint8_t* tiles, int64_t N, int ip
     const int h = static_cast<int>(u >> 5) & 1, lane = static_cast<int>(u) & 31;
     const int gid = lane >> 2, tid4 = lane & 3;
     const int64_t t = item / ipt, g = item - t * ipt;
-    const uint4 w = *reinterpret_cast<const uint4*>(tiles + item * kItemBytes + h * 512 + lane * 16);
+    const uint4 w =
+        *reinterpret_cast<const uint4*>(tiles + item * kItemBytes + h * 512 + lane * 16);
     uint4 tb = make_uint4(0u, 0u, 0u, 0u);
     if (KIND == kTilesInt4)
       tb = *reinterpret_cast<const uint4*>(tiles + T * ipt * kItemBytes + item * kTableBytes +
@@ -223,15 +224,13 @@ __global__ void unpack_tiles_int8_kernel(const uint8_t* tiles, int64_t N, int ip
     // words 1 / 3 the same for row gid + 8.
     const int sh = KIND == kTilesInt4 ? 16 : 4;
     if (row < N)
-      *reinterpret_cast<uint4*>(out + row * K + col) =
-          make_uint4(tile_word_s8<KIND>(w.x, tb.x, tb.y), tile_word_s8<KIND>(w.z, tb.x, tb.y),
-                     tile_word_s8<KIND>(w.x >> sh, tb.x, tb.y),
-                     tile_word_s8<KIND>(w.z >> sh, tb.x, tb.y));
+      *reinterpret_cast<uint4*>(out + row * K + col) = make_uint4(
+          tile_word_s8<KIND>(w.x, tb.x, tb.y), tile_word_s8<KIND>(w.z, tb.x, tb.y),
+          tile_word_s8<KIND>(w.x >> sh, tb.x, tb.y), tile_word_s8<KIND>(w.z >> sh, tb.x, tb.y));
     if (row + 8 < N)
-      *reinterpret_cast<uint4*>(out + (row + 8) * K + col) =
-          make_uint4(tile_word_s8<KIND>(w.y, tb.z, tb.w), tile_word_s8<KIND>(w.w, tb.z, tb.w),
-                     tile_word_s8<KIND>(w.y >> sh, tb.z, tb.w),
-                     tile_word_s8<KIND>(w.w >> sh, tb.z, tb.w));
+      *reinterpret_cast<uint4*>(out + (row + 8) * K + col) = make_uint4(
+          tile_word_s8<KIND>(w.y, tb.z, tb.w), tile_word_s8<KIND>(w.w, tb.z, tb.w),
+          tile_word_s8<KIND>(w.y >> sh, tb.z, tb.w), tile_word_s8<KIND>(w.w >> sh, tb.z, tb.w));
   }
 }
 
@@ -873,11 +872,11 @@ void decode_tiles_unpack_int8(const PackedWeightRef& w, const uint8_t* tiles, in
   const int64_t blocks = std::min<int64_t>((units + threads - 1) / threads,
                                            static_cast<int64_t>(multiprocessor_count()) * 16);
   if (kind == kTilesInt4) {
-    unpack_tiles_int8_kernel<kTilesInt4><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        tiles, w.N, ipt, units, out);
+    unpack_tiles_int8_kernel<kTilesInt4>
+        <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tiles, w.N, ipt, units, out);
   } else {
-    unpack_tiles_int8_kernel<kTilesComfy><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-        tiles, w.N, ipt, units, out);
+    unpack_tiles_int8_kernel<kTilesComfy>
+        <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(tiles, w.N, ipt, units, out);
   }
   check_launch("decode_tiles_unpack_int8");
 }
