@@ -65,9 +65,7 @@ bool cutlass_s8_available(cudaStream_t) {
 
 bool cutlass_s8_fits(const GemmParams& p) { return fits(p); }
 
-size_t cutlass_s8_wide_scratch_bytes(const GemmParams& p) {
-  return (static_cast<size_t>(p.N) * 4 + 255) / 256 * 256 + workspace_for<Bf16, F16>(p);
-}
+size_t cutlass_s8_wide_scratch_bytes(const GemmParams& p) { return scratch_for<Bf16, F16>(p); }
 
 bool gemm_cutlass_s8_wide(const GemmParams& p, void* scratch, cudaStream_t stream) {
   if (!fits(p)) return false;

@@ -177,6 +177,14 @@ size_t workspace_for(const GemmParams& p) {
   return workspace_bytes_of<CBf16>(p);
 }
 
+// launch's scratch: room for the N converted bias values (fp32, 256-byte aligned), then the
+// configuration's workspace.
+size_t bias_bytes(const GemmParams& p) { return (static_cast<size_t>(p.N) * 4 + 255) / 256 * 256; }
+template <class CBf16, class CF16>
+size_t scratch_for(const GemmParams& p) {
+  return bias_bytes(p) + workspace_for<CBf16, CF16>(p);
+}
+
 // Launches on `stream`; returns false (nothing launched) when CUTLASS refuses the arguments.
 // `scratch` holds at least N fp32 (the converted bias) + the workspace, 256-byte aligned.
 // CBf16 / CF16: the configs for bf16 and f16 output (CF16 = void: f16 not instantiated).
@@ -194,7 +202,7 @@ bool launch(const GemmParams& p, void* scratch, cudaStream_t stream) {
           p.bias, p.bias_dtype, p.N, b32);
       bias = b32;
     }
-    off = (static_cast<size_t>(p.N) * 4 + 255) / 256 * 256;
+    off = bias_bytes(p);
   }
   void* ws = base + off;
   if (p.out_dtype == DType::f16) {

@@ -28,8 +28,7 @@ using AltF16 = cutlass_s8::Config<cutlass::half_t, TallTile, TallCluster>;
 }  // namespace
 
 size_t cutlass_s8_alt_scratch_bytes(const GemmParams& p) {
-  return (static_cast<size_t>(p.N) * 4 + 255) / 256 * 256 +
-         cutlass_s8::workspace_for<AltBf16, AltF16>(p);
+  return cutlass_s8::scratch_for<AltBf16, AltF16>(p);
 }
 
 bool gemm_cutlass_s8_alt(const GemmParams& p, void* scratch, cudaStream_t stream) {

@@ -34,8 +34,7 @@ using SkBf16 =
 }  // namespace
 
 size_t cutlass_s8_sk_scratch_bytes(const GemmParams& p) {
-  return (static_cast<size_t>(p.N) * 4 + 255) / 256 * 256 +
-         cutlass_s8::workspace_for<SkBf16, void>(p);
+  return cutlass_s8::scratch_for<SkBf16, void>(p);
 }
 
 bool gemm_cutlass_s8_sk(const GemmParams& p, void* scratch, cudaStream_t stream) {

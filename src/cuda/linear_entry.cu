@@ -281,6 +281,10 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   g.out = out.data;
   g.out_dtype = out.dtype;
   g.ldo = out.stride[0];
+  // Output row r of the layer (the decode GEMVs' blocks of kRowBlock rows start there).
+  auto out_row = [&](int64_t r) {
+    return static_cast<char*>(out.data) + r * g.ldo * (dtype_bits(out.dtype) / 8);
+  };
 
   if (fmt == ActFormat::nvfp4) {
     Scratch a_codes(static_cast<size_t>(M * K / 2), s, op);
@@ -351,12 +355,11 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           linear::dequant_nvfp4_16(a_codes.as<uint8_t>(), a_bs.as<uint8_t>(), M, K,
                                    a16.as<uint16_t>(), DType::f16, s);
         }
-        const int64_t elem = dtype_bits(out.dtype) / 8;
         for (int64_t r0 = 0; r0 < M; r0 += kRowBlock) {
           linear::Nvfp4DecodeParams b = d;
           b.M = std::min(kRowBlock, M - r0);
           b.x16 = d.x16 + r0 * K;
-          b.out = static_cast<char*>(out.data) + r0 * d.ldo * elem;
+          b.out = out_row(r0);
           linear::decode_nvfp4(b, s,
                                t.nvfp4_gemv_depth > 0 ? t.nvfp4_gemv_depth : (b.M <= 8 ? 4 : 1),
                                t.nvfp4_gemv_slots, t.nvfp4_gemv_x_ahead, cvt,
@@ -505,11 +508,10 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
   if (tiles_blocks) {
     // Rows [r0, r0 + 16) of the codes, scales and output as one GEMV's M <= 16 rows.
-    const int64_t elem = dtype_bits(out.dtype) / 8;
     auto block = [&](int64_t r0) {
       linear::DecodeParams d = decode_params(a_codes + r0 * K, a_scale + r0);
       d.M = std::min(kRowBlock, M - r0);
-      d.out = static_cast<char*>(out.data) + r0 * d.ldo * elem;
+      d.out = out_row(r0);
       return with_mcast(d);
     };
     const int64_t last = (M - 1) / kRowBlock * kRowBlock;
