@@ -1586,9 +1586,13 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
                                    : lx + 8 * LANES * i;
         ptx::cp_async16(dst + i * THREADS * sizeof(uint4), src);
       }
-      const int tpos = PAIR ? pair_table_pos<ROPE>(lane) : lane;
-      if (TSMEM && lane < D / 4)
-        ptx::cp_async16(tab0 + (u & (SLOTS - 1)) * kTabBytes + 16 * tpos, lrow + 4 * lane);
+      // D / 4 quads of the row: one per lane (D <= 128), two at D 256
+#pragma unroll
+      for (int qd = lane; qd < (D / 4 > 32 ? D / 4 : 32); qd += 32) {
+        const int tpos = PAIR ? pair_table_pos<ROPE>(qd) : qd;
+        if (TSMEM && qd < D / 4)
+          ptx::cp_async16(tab0 + (u & (SLOTS - 1)) * kTabBytes + 16 * tpos, lrow + 4 * qd);
+      }
       if (TSMEM) lrow += t_step;
       lx += x_step;
     };
@@ -1699,8 +1703,11 @@ void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
       by_rope(std::integral_constant<int, 64>{}, bf);
     else if (a.dim == 128)
       by_rope(std::integral_constant<int, 128>{}, bf);
+    else if (a.dim == 256)
+      by_rope(std::integral_constant<int, 256>{}, bf);
     else
-      check::fail(op, "x", "head dim on cuda: expected 64 or 128, got " + std::to_string(a.dim));
+      check::fail(op, "x",
+                  "head dim on cuda: expected 64, 128 or 256, got " + std::to_string(a.dim));
   };
   if (a.x_dtype == DType::bf16)
     by_dim(std::true_type{});
@@ -1726,7 +1733,7 @@ bool tight_forms(const detail::PrologueCudaTuning& t) {
 // (…, pairs, 2) table, or none; D 64 / 128.
 bool v4_mean_supported(const PrologueArgs& a) {
   if (a.w_rows || a.tokens == 0) return false;
-  if (a.dim != 64 && a.dim != 128) return false;
+  if (a.dim != 64 && a.dim != 128 && a.dim != 256) return false;
   if (!a.rotate) return true;
   if (2 * a.pairs != a.dim) return false;
   return table_mode_of(a) == kTablePairsF32;
@@ -1819,7 +1826,7 @@ bool v3_supported(const PrologueArgs& a, bool quantize) {
   if (!quantize) return t.mean_round != 2 && v4_mean_supported(a);
   if (a.w_rows) return false;
   if (a.rotate && 2 * a.pairs != a.dim) return false;
-  if (a.dim != 64 && a.dim != 128) return false;
+  if (a.dim != 64 && a.dim != 128 && a.dim != 256) return false;
   if (a.tokens == 0) return false;  // rows past N read token 0's row (in bounds, never used)
   const int64_t lim = int64_t{1} << 30;  // head offsets in 32 bits inside the kernels
   for (int64_t st : {a.x_sh, quantize ? a.q_sh : 0, quantize ? a.s_sh : 0, quantize ? a.m_sh : 0})
@@ -1847,7 +1854,9 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
                                               : kV3DefaultSpec;
   // The specialized kernels' premises: redux, scale_eps >= 0 (quantize32_fq's); the q layout's:
   // THREAD_Q groups of kSpecQRows rows, no mean (round 3 and round 5 alike).
-  const bool spec_base = spec_on && L.redux && a.scale_eps >= 0.f;
+  // D 256 (branch s35-prologue-d256): the plain round-3 forms only (the specialized kernels'
+  // refill and team layouts are sized for D <= 128).
+  const bool spec_base = spec_on && L.redux && a.scale_eps >= 0.f && a.dim != 256;
   const bool spec_q = spec_base && L.group_rows == kSpecQRows && !a.mean;
   const bool pair_on = tuning.quant_pair > 0 ? tuning.quant_pair == detail::kPairOn
                                              : a.batch * a.tokens * a.heads >= kV3PairMinRows;
@@ -2003,7 +2012,12 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
     // The specialized kernels in their two code forms (the same signature): signed_codes picks.
-    if (pair)
+    if constexpr (D == 256) {
+      if (tight)
+        launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads>);
+      else
+        launch(v3_quantize_kernel_r96<D, BF16, ROPE, 0>);
+    } else if (pair)
       launch(signed_codes ? v5_quantize_pair_kernel<D, BF16, ROPE, true>
                           : v5_quantize_pair_kernel<D, BF16, ROPE, false>);
     else if (kpair && tuning.kpair_probe > 0) {
