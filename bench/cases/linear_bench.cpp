@@ -235,11 +235,24 @@ class LayerBench : public BenchCase {
             if (q == QType::convrot4 && s.m <= def.nvfp4_row_block_max_m) {
               t.nvfp4_row_block_max_m = 0;
               what = "dequantize + cuBLASLt (nvfp4_row_block_max_m 0: the path before)";
-            } else if ((q == QType::convrot_int4 || q == QType::convrot_comfy_w4a4) &&
-                       s.m <= def.row_block_max_m) {
+            } else if (q == QType::convrot_comfy_w4a4) {
+              // Session 36: CUTLASS's mixed-input GEMM on the int4 codes against the next path.
+              if (s.m <= def.comfy_row_block_max_m) {
+                t.comfy_row_block_max_m = 0;
+                what = "mixed-input GEMM on the int4 codes (comfy_row_block_max_m 0)";
+              } else if (s.m <= def.comfy_mixed_max_m) {
+                t.comfy_mixed_max_m = 0;
+                what = s.m <= def.row_block_max_m
+                           ? "tiled GEMV per 16 rows (comfy_mixed_max_m 0: the path before)"
+                           : "unpacked weight + int8 GEMM (comfy_mixed_max_m 0: the path before)";
+              } else {
+                t.comfy_mixed_max_m = 1 << 30;
+                what = "mixed-input GEMM on the int4 codes (comfy_mixed_max_m unbounded)";
+              }
+            } else if (q == QType::convrot_int4 && s.m <= def.row_block_max_m) {
               t.row_block_max_m = 0;
               what = "unpacked weight + int8 GEMM (row_block_max_m 0: the path before)";
-            } else if (q == QType::convrot_int4 || q == QType::convrot_comfy_w4a4) {
+            } else if (q == QType::convrot_int4) {
               t.unpack_from_tiles = false;
               what = "unpacked from the checkpoint's codes (unpack_from_tiles off: before)";
             }

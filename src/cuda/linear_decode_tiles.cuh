@@ -86,6 +86,16 @@ struct DecodeTilesTuning {
   // (decode_tiles_unpack_int8: prmt on the fold table) rather than from the checkpoint's codes
   // (unpack_weight_int8: an fp32 fold per weight); the same codes.
   bool unpack_from_tiles = true;
+  // comfy W4A4 with bf16 output (session 36): from comfy_row_block_max_m + 1 up to
+  // comfy_mixed_max_m rows, CUTLASS's mixed-input GEMM on the checkpoint's int4 codes
+  // (gemm_cutlass_s8s4: no unpacked weight) instead of the row blocks / the unpacked weight; 0:
+  // the paths before. H200 session 36, ms (x cuBLASLt bf16 + bias), 5120 -> 13824: M 32 row
+  // blocks 0.0308 (1.30x) / mixed 0.0369; M 64 0.0525 / 0.0375 (1.13x); M 128 unpacked 0.0660 /
+  // mixed 0.0381 (1.06x); 256 0.0792 / 0.0604; 512 0.1031 / 0.0975; 1024 0.1608 (1.21x) /
+  // 0.1779; 2048 0.2466 / 0.3240 (the mixed mainloop converts in the consumers: ~900 TOPS where
+  // the int8 GEMM runs ~1200).
+  int comfy_row_block_max_m = 32;
+  int comfy_mixed_max_m = 640;
   // convrotfp8 (session 17): the largest M (at most 16) whose forward runs the ring GEMV on the
   // e4m3 codes (DecodeParams::e4m3) where it applies; above it, or 0, cuBLASLt's fp8 GEMM (the
   // layer's path before, and the fallback). H200, x 5120 -> 13824: M 1 30.2 vs cuBLASLt 31.6

@@ -427,9 +427,33 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // Decode on the tiles with the rotation inside the GEMV (DecodeTilesTuning::fuse_max_m): every
   // CTA rotates x (M <= kTilesFuseLimit: no scratch, one launch per layer).
   const bool tiles = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 && M <= 16;
+  // comfy W4A4 (session 36): CUTLASS's mixed-input GEMM on the int4 codes between
+  // comfy_row_block_max_m and comfy_mixed_max_m rows (bf16 output, TMA-addressable shapes).
+  auto s4_params = [&](const int8_t* a_codes, const float* a_scale) {
+    linear::S4GemmParams q;
+    q.a = a_codes;
+    q.lda = K;
+    q.w_codes = ref.codes;
+    q.w_row_bytes = ref.row_bytes;
+    q.M = M;
+    q.N = O;
+    q.K = K;
+    q.a_scale = a_scale;
+    q.w_scale = static_cast<const float*>(w.scales.data);
+    q.bias = g.bias;
+    q.bias_dtype = g.bias_dtype;
+    q.out = g.out;
+    q.out_dtype = g.out_dtype;
+    q.ldo = g.ldo;
+    return q;
+  };
+  const linear::DecodeTilesTuning& tt = linear::layer_tiles_tuning();
+  const bool comfy_mixed = ref.format == WeightFormat::comfy_int4 &&
+                           M > tt.comfy_row_block_max_m && M <= tt.comfy_mixed_max_m &&
+                           linear::cutlass_s8s4_applies(s4_params(nullptr, nullptr));
   // 16 < M <= row_block_max_m: the tiled GEMV once per 16 activation rows (session 35).
   const bool tiles_blocks = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 &&
-                            M > 16 && M <= linear::layer_tiles_tuning().row_block_max_m;
+                            M > 16 && M <= tt.row_block_max_m && !comfy_mixed;
   if (tiles && M <= std::min(linear::kTilesFuseLimit,
                              static_cast<int64_t>(linear::layer_tiles_tuning().fuse_max_m))) {
     const linear::DecodeParams d = with_x(decode_params(nullptr, nullptr));
@@ -525,6 +549,13 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     g.b = w.codes.data;
     gemm_s8(g, s, op);
     return;
+  }
+  if (comfy_mixed) {
+    const linear::S4GemmParams q = s4_params(a_codes, a_scale);
+    if (const size_t bytes = linear::cutlass_s8s4_scratch_bytes(q)) {
+      Scratch ws(bytes, s, op);
+      if (linear::gemm_cutlass_s8s4(q, ws.as<void>(), s)) return;
+    }
   }
   Scratch w8(static_cast<size_t>(O * K), s, op);
   if (kUseDecodeTiles && w.decode_tiles.data && linear::layer_tiles_tuning().unpack_from_tiles) {

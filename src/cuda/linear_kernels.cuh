@@ -162,6 +162,30 @@ bool gemm_cutlass_s8_alt(const GemmParams& p, void* scratch, cudaStream_t stream
 // it where the shape's own configuration has fewer output tiles than the GPU has SMs.
 size_t cutlass_s8_sk_scratch_bytes(const GemmParams& p);
 bool gemm_cutlass_s8_sk(const GemmParams& p, void* scratch, cudaStream_t stream);
+// comfy W4A4 prefill without an unpacked weight (gemm_cutlass_s8s4.cu, session 36): int8
+// activation codes (M, K) x the checkpoint's int4 codes (N, K/2 bytes, two's complement, even
+// column in the low nibble) through CUTLASS's mixed-input mainloop, gemm_s8's epilogue (same
+// bits as unpack_weight_int8 + gemm_cutlass_s8), bf16 output only. Returns false, having
+// launched nothing, where it does not apply (shape, alignment, no sm_90a image); scratch:
+// cutlass_s8s4_scratch_bytes(p) device bytes (0: does not apply), 256-byte aligned.
+struct S4GemmParams {
+  const int8_t* a = nullptr;       // (M, K) activation codes, row stride lda bytes
+  int64_t lda = 0;
+  const uint8_t* w_codes = nullptr;  // (N, K/2) int4 codes, row stride w_row_bytes
+  int64_t w_row_bytes = 0;
+  int64_t M = 0, N = 0, K = 0;
+  const float* a_scale = nullptr;  // (M) or null = 1
+  const float* w_scale = nullptr;  // (N) or null = 1
+  const void* bias = nullptr;      // (N) bias_dtype, or null
+  DType bias_dtype = DType::bf16;
+  void* out = nullptr;             // (M, N) bf16, row stride ldo elements
+  DType out_dtype = DType::bf16;
+  int64_t ldo = 0;
+};
+// Whether gemm_cutlass_s8s4 takes p (a null `a`: codes still to be written, 16-byte aligned).
+bool cutlass_s8s4_applies(const S4GemmParams& p);
+size_t cutlass_s8s4_scratch_bytes(const S4GemmParams& p);
+bool gemm_cutlass_s8s4(const S4GemmParams& p, void* scratch, cudaStream_t stream);
 
 // The epilogue on one accumulator (the same function everywhere, so every path gives the same
 // bits: the prefill GEMM, the decode kernel, and the CPU's fp32 order).
