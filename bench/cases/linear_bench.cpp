@@ -249,6 +249,19 @@ class LayerBench : public BenchCase {
                 t.comfy_mixed_max_m = 1 << 30;
                 what = "mixed-input GEMM on the int4 codes (comfy_mixed_max_m unbounded)";
               }
+              if (s.m > def.row_block_max_m && s.m < def.comfy_mixed_wide_min_m) {
+                cl::DecodeTilesTuning n;
+                n.comfy_mixed_wide_min_m = 1;
+                other_path("mixed-input GEMM, 128 x 256 tile (comfy_mixed_wide_min_m 1)",
+                           layer_tuning(n), default_tuning, 0, true);
+              }
+              if (s.m >= def.comfy_mixed_wide_min_m && def.comfy_mixed_wide_min_m > 0) {
+                cl::DecodeTilesTuning n;
+                n.comfy_mixed_max_m = 1 << 30;
+                n.comfy_mixed_wide_min_m = 0;
+                other_path("mixed-input GEMM, 128 x 128 tile (comfy_mixed_wide_min_m 0)",
+                           layer_tuning(n), default_tuning, 0, true);
+              }
             } else if (q == QType::convrot_int4 && s.m <= def.row_block_max_m) {
               t.row_block_max_m = 0;
               what = "unpacked weight + int8 GEMM (row_block_max_m 0: the path before)";
@@ -591,7 +604,8 @@ LOWBIT_BENCH_CASES(linear_bench_cases) {
                               {1024, 5120, 13824, "chunked prefill"},
                               {2048, 5120, 13824, "chunked prefill"},
                               {64, 4096, 14336, "batched decode, Llama-3-8B up"},
-                              {256, 14336, 4096, "chunked prefill, Llama-3-8B down"}},
+                              {256, 14336, 4096, "chunked prefill, Llama-3-8B down"},
+                              {4096, 3072, 12288, "prefill, Flux MLP"}},
       true));
   cases.push_back(std::make_unique<RotateBench>());
 #ifdef LOWBIT_WITH_CUDA

@@ -15,8 +15,8 @@
 //
 // CTA tile 128 weight rows x 128 activation rows x 128 K, no cluster, cooperative (two consumer
 // warpgroups of 64 weight rows), CUTLASS's stream-K tile scheduler (at 64-512 rows of 5120 ->
-// 13824 there are 108-432 output tiles for 132 SMs). bf16 output only (one more CUTLASS
-// instantiation is minutes of CI's two cores).
+// 13824 there are 108-432 output tiles for 132 SMs); from S4GemmParams::wide_min_m rows 128 x 256
+// (each converted weight fragment feeds twice the activation rows). bf16 output only.
 #ifndef NDEBUG  // before any header: see gemm_cutlass_s8.cuh
 #define NDEBUG
 #endif
@@ -39,8 +39,9 @@ namespace {
 
 using namespace cute;
 
+template <class TileShape_>
 struct S4Config {
-  using TileShape = Shape<_128, _128, _128>;
+  using TileShape = TileShape_;
   using ClusterShape = Shape<_1, _1, _1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
@@ -81,8 +82,12 @@ struct S4Config {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-S4Config::Gemm::Arguments make_s4_args(const S4GemmParams& p, const float* bias) {
-  using Kernel = S4Config::Kernel;
+using S4Narrow = S4Config<Shape<_128, _128, _128>>;
+using S4Wide = S4Config<Shape<_128, _256, _128>>;
+
+template <class C>
+typename C::Gemm::Arguments make_s4_args(const S4GemmParams& p, const float* bias) {
+  using Kernel = typename C::Kernel;
   const int M = static_cast<int>(p.M), N = static_cast<int>(p.N), K = static_cast<int>(p.K);
   typename Kernel::StrideA sa{};
   get<0>(sa) = p.w_row_bytes * 2;  // int4 elements between weight rows
@@ -91,7 +96,7 @@ S4Config::Gemm::Arguments make_s4_args(const S4GemmParams& p, const float* bias)
   typename Kernel::StrideD sd{};
   get<1>(sd) = p.ldo;  // D = out^T column-major: out's rows are D's columns
   typename Kernel::StrideC sc = sd;
-  S4Config::Gemm::Arguments args{};
+  typename C::Gemm::Arguments args{};
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = make_shape(N, M, K, 1);
   args.mainloop.ptr_A = reinterpret_cast<const cutlass::int4b_t*>(p.w_codes);
@@ -126,7 +131,27 @@ bool s4_fits(const S4GemmParams& p) {
 }
 
 bool s4_image() {
-  return sm90a_image_loaded(reinterpret_cast<const void*>(cutlass::device_kernel<S4Config::Kernel>));
+  return sm90a_image_loaded(
+      reinterpret_cast<const void*>(cutlass::device_kernel<S4Narrow::Kernel>));
+}
+
+// The 128 x 256 tile (each converted weight fragment feeds 256 activation rows) from
+// wide_min_m rows where it still gives ~3/4 of the SMs a tile of their own (H200 session 36:
+// 256 x 5120 -> 13824, 108 wide tiles, 0.0450 ms vs 0.0596 with 128 x 128; 256 x 14336 -> 4096,
+// 32 wide tiles, 0.0586 vs 0.0556).
+bool s4_wide(const S4GemmParams& p) {
+  if (p.wide_min_m <= 0 || p.M < p.wide_min_m) return false;
+  const int64_t tiles = ((p.N + 127) / 128) * ((p.M + 255) / 256);
+  return 4 * tiles >= 3 * static_cast<int64_t>(multiprocessor_count());
+}
+
+template <class C>
+bool s4_run(const S4GemmParams& p, const float* bias, void* ws, cudaStream_t stream) {
+  typename C::Gemm gemm;
+  auto args = make_s4_args<C>(p, bias);
+  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
+  if (gemm.initialize(args, ws, stream) != cutlass::Status::kSuccess) return false;
+  return gemm.run(stream) == cutlass::Status::kSuccess;
 }
 
 size_t s4_bias_bytes(const S4GemmParams& p) {
@@ -139,7 +164,9 @@ bool cutlass_s8s4_applies(const S4GemmParams& p) { return s4_fits(p) && s4_image
 
 size_t cutlass_s8s4_scratch_bytes(const S4GemmParams& p) {
   if (!s4_fits(p)) return 0;
-  return s4_bias_bytes(p) + S4Config::Gemm::get_workspace_size(make_s4_args(p, nullptr));
+  return s4_bias_bytes(p) +
+         (s4_wide(p) ? S4Wide::Gemm::get_workspace_size(make_s4_args<S4Wide>(p, nullptr))
+                     : S4Narrow::Gemm::get_workspace_size(make_s4_args<S4Narrow>(p, nullptr)));
 }
 
 bool gemm_cutlass_s8s4(const S4GemmParams& p, void* scratch, cudaStream_t stream) {
@@ -157,11 +184,7 @@ bool gemm_cutlass_s8s4(const S4GemmParams& p, void* scratch, cudaStream_t stream
     }
   }
   void* ws = base + s4_bias_bytes(p);
-  S4Config::Gemm gemm;
-  auto args = make_s4_args(p, bias);
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
-  if (gemm.initialize(args, ws, stream) != cutlass::Status::kSuccess) return false;
-  return gemm.run(stream) == cutlass::Status::kSuccess;
+  return s4_wide(p) ? s4_run<S4Wide>(p, bias, ws, stream) : s4_run<S4Narrow>(p, bias, ws, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

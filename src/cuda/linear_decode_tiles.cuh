@@ -89,13 +89,18 @@ struct DecodeTilesTuning {
   // comfy W4A4 with bf16 output (session 36): from comfy_row_block_max_m + 1 up to
   // comfy_mixed_max_m rows, CUTLASS's mixed-input GEMM on the checkpoint's int4 codes
   // (gemm_cutlass_s8s4: no unpacked weight) instead of the row blocks / the unpacked weight; 0:
-  // the paths before. H200 session 36, ms (x cuBLASLt bf16 + bias), 5120 -> 13824: M 32 row
-  // blocks 0.0308 (1.30x) / mixed 0.0369; M 64 0.0525 / 0.0375 (1.13x); M 128 unpacked 0.0660 /
-  // mixed 0.0381 (1.06x); 256 0.0792 / 0.0604; 512 0.1031 / 0.0975; 1024 0.1608 (1.21x) /
-  // 0.1779; 2048 0.2466 / 0.3240 (the mixed mainloop converts in the consumers: ~900 TOPS where
-  // the int8 GEMM runs ~1200).
+  // the paths before. H200 session 36 calls 3-6, ms (x cuBLASLt bf16 + bias), 5120 -> 13824: M 32
+  // row blocks 0.0307 (1.30x) / mixed 0.0370; M 64 0.0527 / 0.0367 (1.15x); M 128 unpacked
+  // 0.0654 / mixed 0.0378 (1.07x); 256 0.0786 / 0.0597 (0.93x); 512 0.1024 / 0.0756 (1.31x, the
+  // 128 x 256 tile; 128 x 128: 0.0977); 1024 0.1596 / 0.1280 (1.51x); 2048 0.2453 / 0.2323
+  // (1.57x); Flux MLP 4096 x 3072 -> 12288 0.2511 (1.56x) / 0.2613 (the conversion in the
+  // consumers: the int8 GEMM on the unpacked weight computes faster at large M).
   int comfy_row_block_max_m = 32;
-  int comfy_mixed_max_m = 640;
+  int comfy_mixed_max_m = 3072;
+  // ... its 128 x 256 tile from this M where that tile still fills ~3/4 of the SMs (0: 128 x
+  // 128 always): 512 rows 0.0756 vs 0.0977 ms, 256 rows 0.0450 vs 0.0596, 128 rows 0.0481 vs
+  // 0.0378.
+  int comfy_mixed_wide_min_m = 256;
   // convrotfp8 (session 17): the largest M (at most 16) whose forward runs the ring GEMV on the
   // e4m3 codes (DecodeParams::e4m3) where it applies; above it, or 0, cuBLASLt's fp8 GEMM (the
   // layer's path before, and the fallback). H200, x 5120 -> 13824: M 1 30.2 vs cuBLASLt 31.6

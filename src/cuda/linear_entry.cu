@@ -445,6 +445,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     q.out = g.out;
     q.out_dtype = g.out_dtype;
     q.ldo = g.ldo;
+    q.wide_min_m = linear::layer_tiles_tuning().comfy_mixed_wide_min_m;
     return q;
   };
   const linear::DecodeTilesTuning& tt = linear::layer_tiles_tuning();

@@ -181,6 +181,7 @@ struct S4GemmParams {
   void* out = nullptr;             // (M, N) bf16, row stride ldo elements
   DType out_dtype = DType::bf16;
   int64_t ldo = 0;
+  int64_t wide_min_m = 0;  // the 128 x 256 tile from this M (0: never)
 };
 // Whether gemm_cutlass_s8s4 takes p (a null `a`: codes still to be written, 16-byte aligned).
 bool cutlass_s8s4_applies(const S4GemmParams& p);
