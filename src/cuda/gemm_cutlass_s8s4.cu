@@ -16,7 +16,7 @@
 // CTA tile 128 weight rows x 128 activation rows x 128 K, no cluster, cooperative (two consumer
 // warpgroups of 64 weight rows), CUTLASS's stream-K tile scheduler (at 64-512 rows of 5120 ->
 // 13824 there are 108-432 output tiles for 132 SMs); from S4GemmParams::wide_min_m rows 128 x 256
-// (each converted weight fragment feeds twice the activation rows). bf16 output only.
+// (each converted weight fragment feeds twice the activation rows). bf16 and f16 output.
 #ifndef NDEBUG  // before any header: see gemm_cutlass_s8.cuh
 #define NDEBUG
 #endif
@@ -39,14 +39,14 @@ namespace {
 
 using namespace cute;
 
-template <class TileShape_>
+template <class TileShape_, class ElementOut_>
 struct S4Config {
   using TileShape = TileShape_;
   using ClusterShape = Shape<_1, _1, _1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
-  using ElementOut = cutlass::bfloat16_t;
+  using ElementOut = ElementOut_;
 
   // D = out^T: rows are output channels (w_scale, bias), columns tokens (a_scale; one element at
   // a time: no vector load may reach past a_scale[M - 1] when M is odd).
@@ -82,8 +82,10 @@ struct S4Config {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-using S4Narrow = S4Config<Shape<_128, _128, _128>>;
-using S4Wide = S4Config<Shape<_128, _256, _128>>;
+template <class Out>
+using S4Narrow = S4Config<Shape<_128, _128, _128>, Out>;
+template <class Out>
+using S4Wide = S4Config<Shape<_128, _256, _128>, Out>;
 
 template <class C>
 typename C::Gemm::Arguments make_s4_args(const S4GemmParams& p, const float* bias) {
@@ -112,7 +114,7 @@ typename C::Gemm::Arguments make_s4_args(const S4GemmParams& p, const float* bia
   get<3>(t).null_default = -0.f;
   args.epilogue.ptr_C = nullptr;
   args.epilogue.dC = sc;
-  args.epilogue.ptr_D = static_cast<cutlass::bfloat16_t*>(p.out);
+  args.epilogue.ptr_D = static_cast<typename C::ElementOut*>(p.out);
   args.epilogue.dD = sd;
   return args;
 }
@@ -120,7 +122,7 @@ typename C::Gemm::Arguments make_s4_args(const S4GemmParams& p, const float* bia
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
 
 bool s4_fits(const S4GemmParams& p) {
-  if (p.out_dtype != DType::bf16) return false;
+  if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) return false;
   if (p.M <= 0 || p.N <= 0 || p.K <= 0) return false;
   if (p.M > INT32_MAX || p.N > INT32_MAX || 2 * p.K > INT32_MAX) return false;
   // TMA: 16-byte row strides and bases; D's contiguous dimension (N) in whole 16-byte vectors.
@@ -132,7 +134,7 @@ bool s4_fits(const S4GemmParams& p) {
 
 bool s4_image() {
   return sm90a_image_loaded(
-      reinterpret_cast<const void*>(cutlass::device_kernel<S4Narrow::Kernel>));
+      reinterpret_cast<const void*>(cutlass::device_kernel<S4Narrow<cutlass::bfloat16_t>::Kernel>));
 }
 
 // The 128 x 256 tile (each converted weight fragment feeds 256 activation rows) from
@@ -162,11 +164,21 @@ size_t s4_bias_bytes(const S4GemmParams& p) {
 
 bool cutlass_s8s4_applies(const S4GemmParams& p) { return s4_fits(p) && s4_image(); }
 
+// f(config type) with the configuration p runs: tile by s4_wide, output dtype by p.out_dtype.
+template <class F>
+auto with_s4_config(const S4GemmParams& p, F&& f) {
+  const bool f16 = p.out_dtype == DType::f16;
+  if (s4_wide(p))
+    return f16 ? f(S4Wide<cutlass::half_t>{}) : f(S4Wide<cutlass::bfloat16_t>{});
+  return f16 ? f(S4Narrow<cutlass::half_t>{}) : f(S4Narrow<cutlass::bfloat16_t>{});
+}
+
 size_t cutlass_s8s4_scratch_bytes(const S4GemmParams& p) {
   if (!s4_fits(p)) return 0;
-  return s4_bias_bytes(p) +
-         (s4_wide(p) ? S4Wide::Gemm::get_workspace_size(make_s4_args<S4Wide>(p, nullptr))
-                     : S4Narrow::Gemm::get_workspace_size(make_s4_args<S4Narrow>(p, nullptr)));
+  return s4_bias_bytes(p) + with_s4_config(p, [&](auto c) {
+           using C = decltype(c);
+           return static_cast<size_t>(C::Gemm::get_workspace_size(make_s4_args<C>(p, nullptr)));
+         });
 }
 
 bool gemm_cutlass_s8s4(const S4GemmParams& p, void* scratch, cudaStream_t stream) {
@@ -184,7 +196,7 @@ bool gemm_cutlass_s8s4(const S4GemmParams& p, void* scratch, cudaStream_t stream
     }
   }
   void* ws = base + s4_bias_bytes(p);
-  return s4_wide(p) ? s4_run<S4Wide>(p, bias, ws, stream) : s4_run<S4Narrow>(p, bias, ws, stream);
+  return with_s4_config(p, [&](auto c) { return s4_run<decltype(c)>(p, bias, ws, stream); });
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

@@ -86,7 +86,7 @@ struct DecodeTilesTuning {
   // (decode_tiles_unpack_int8: prmt on the fold table) rather than from the checkpoint's codes
   // (unpack_weight_int8: an fp32 fold per weight); the same codes.
   bool unpack_from_tiles = true;
-  // comfy W4A4 with bf16 output (session 36): from comfy_row_block_max_m + 1 up to
+  // comfy W4A4 with bf16 or f16 output (session 36): from comfy_row_block_max_m + 1 up to
   // comfy_mixed_max_m rows, CUTLASS's mixed-input GEMM on the checkpoint's int4 codes
   // (gemm_cutlass_s8s4: no unpacked weight) instead of the row blocks / the unpacked weight; 0:
   // the paths before. H200 session 36 calls 3-6, ms (x cuBLASLt bf16 + bias), 5120 -> 13824: M 32

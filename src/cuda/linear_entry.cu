@@ -428,7 +428,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // CTA rotates x (M <= kTilesFuseLimit: no scratch, one launch per layer).
   const bool tiles = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 && M <= 16;
   // comfy W4A4 (session 36): CUTLASS's mixed-input GEMM on the int4 codes between
-  // comfy_row_block_max_m and comfy_mixed_max_m rows (bf16 output, TMA-addressable shapes).
+  // comfy_row_block_max_m and comfy_mixed_max_m rows (16-bit output, TMA-addressable shapes).
   auto s4_params = [&](const int8_t* a_codes, const float* a_scale) {
     linear::S4GemmParams q;
     q.a = a_codes;

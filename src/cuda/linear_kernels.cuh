@@ -165,7 +165,7 @@ bool gemm_cutlass_s8_sk(const GemmParams& p, void* scratch, cudaStream_t stream)
 // comfy W4A4 prefill without an unpacked weight (gemm_cutlass_s8s4.cu, session 36): int8
 // activation codes (M, K) x the checkpoint's int4 codes (N, K/2 bytes, two's complement, even
 // column in the low nibble) through CUTLASS's mixed-input mainloop, gemm_s8's epilogue (same
-// bits as unpack_weight_int8 + gemm_cutlass_s8), bf16 output only. Returns false, having
+// bits as unpack_weight_int8 + gemm_cutlass_s8), bf16 or f16 output. Returns false, having
 // launched nothing, where it does not apply (shape, alignment, no sm_90a image); scratch:
 // cutlass_s8s4_scratch_bytes(p) device bytes (0: does not apply), 256-byte aligned.
 struct S4GemmParams {
@@ -178,7 +178,7 @@ struct S4GemmParams {
   const float* w_scale = nullptr;  // (N) or null = 1
   const void* bias = nullptr;      // (N) bias_dtype, or null
   DType bias_dtype = DType::bf16;
-  void* out = nullptr;             // (M, N) bf16, row stride ldo elements
+  void* out = nullptr;             // (M, N) out_dtype (bf16 or f16), row stride ldo elements
   DType out_dtype = DType::bf16;
   int64_t ldo = 0;
   int64_t wide_min_m = 0;  // the 128 x 256 tile from this M (0: never)

@@ -395,11 +395,11 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
                          Mid{QType::convrot_int4, 100, 1032, 2048, DType::bf16, true},
                          Mid{QType::convrot_comfy_w4a4, 80, 1040, 1024, DType::bf16, true},
                          Mid{QType::convrot_int4, 520, 1032, 512, DType::f16, false},
-                         // Session 36: comfy W4A4 at 32 < M <= 3072 with bf16 output takes
-                         // CUTLASS's mixed-input GEMM on the int4 codes (128 x 128 tile; 128 x 256
-                         // from 256 rows where it fills the SMs: M 600 x O 5000; odd M, N not a multiple of the tile, K 256
-                         // .. 5120, with and without bias); f16 output keeps the row blocks / the
-                         // unpacked weight, M 3100 the latter.
+                         // Session 36: comfy W4A4 at 32 < M <= 3072 takes CUTLASS's mixed-input
+                         // GEMM on the int4 codes (128 x 128 tile; 128 x 256 from 256 rows where
+                         // it fills the SMs: M 600 x O 5000), bf16 and f16 output; odd M, N not
+                         // a multiple of the tile, K 256 .. 5120, with and without bias; M 3100
+                         // keeps the unpacked weight.
                          Mid{QType::convrot_comfy_w4a4, 40, 2056, 1280, DType::bf16, false},
                          Mid{QType::convrot_comfy_w4a4, 65, 1032, 5120, DType::bf16, true},
                          Mid{QType::convrot_comfy_w4a4, 129, 4104, 768, DType::bf16, false},
@@ -407,7 +407,8 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
                          Mid{QType::convrot_comfy_w4a4, 1000, 264, 256, DType::bf16, true},
                          Mid{QType::convrot_comfy_w4a4, 3100, 136, 256, DType::bf16, false},
                          Mid{QType::convrot_comfy_w4a4, 600, 5000, 256, DType::bf16, true},
-                         Mid{QType::convrot_comfy_w4a4, 100, 1040, 1024, DType::f16, true}})
+                         Mid{QType::convrot_comfy_w4a4, 100, 1040, 1024, DType::f16, true},
+                         Mid{QType::convrot_comfy_w4a4, 700, 4104, 512, DType::f16, false}})
       cases.push_back(std::make_unique<ForwardCase>(c.q, c.m, c.o, c.k, c.act, c.bias));
   }
 #ifdef LOWBIT_WITH_CUDA
