@@ -65,8 +65,8 @@ struct S4Config {
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void,
-      cutlass::layout::ColumnMajor, kAlignOut, ElementOut, cutlass::layout::ColumnMajor,
-      kAlignOut, EpilogueSchedule, Evt>::CollectiveOp;
+      cutlass::layout::ColumnMajor, kAlignOut, ElementOut, cutlass::layout::ColumnMajor, kAlignOut,
+      EpilogueSchedule, Evt>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, cutlass::int4b_t,
@@ -168,8 +168,7 @@ bool cutlass_s8s4_applies(const S4GemmParams& p) { return s4_fits(p) && s4_image
 template <class F>
 auto with_s4_config(const S4GemmParams& p, F&& f) {
   const bool f16 = p.out_dtype == DType::f16;
-  if (s4_wide(p))
-    return f16 ? f(S4Wide<cutlass::half_t>{}) : f(S4Wide<cutlass::bfloat16_t>{});
+  if (s4_wide(p)) return f16 ? f(S4Wide<cutlass::half_t>{}) : f(S4Wide<cutlass::bfloat16_t>{});
   return f16 ? f(S4Narrow<cutlass::half_t>{}) : f(S4Narrow<cutlass::bfloat16_t>{});
 }
 

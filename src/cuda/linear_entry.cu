@@ -449,8 +449,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     return q;
   };
   const linear::DecodeTilesTuning& tt = linear::layer_tiles_tuning();
-  const bool comfy_mixed = ref.format == WeightFormat::comfy_int4 &&
-                           M > tt.comfy_row_block_max_m && M <= tt.comfy_mixed_max_m &&
+  const bool comfy_mixed = ref.format == WeightFormat::comfy_int4 && M > tt.comfy_row_block_max_m &&
+                           M <= tt.comfy_mixed_max_m &&
                            linear::cutlass_s8s4_applies(s4_params(nullptr, nullptr));
   // 16 < M <= row_block_max_m: the tiled GEMV once per 16 activation rows (session 35).
   const bool tiles_blocks = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 &&

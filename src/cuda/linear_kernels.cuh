@@ -169,7 +169,7 @@ bool gemm_cutlass_s8_sk(const GemmParams& p, void* scratch, cudaStream_t stream)
 // launched nothing, where it does not apply (shape, alignment, no sm_90a image); scratch:
 // cutlass_s8s4_scratch_bytes(p) device bytes (0: does not apply), 256-byte aligned.
 struct S4GemmParams {
-  const int8_t* a = nullptr;       // (M, K) activation codes, row stride lda bytes
+  const int8_t* a = nullptr;  // (M, K) activation codes, row stride lda bytes
   int64_t lda = 0;
   const uint8_t* w_codes = nullptr;  // (N, K/2) int4 codes, row stride w_row_bytes
   int64_t w_row_bytes = 0;
@@ -178,7 +178,7 @@ struct S4GemmParams {
   const float* w_scale = nullptr;  // (N) or null = 1
   const void* bias = nullptr;      // (N) bias_dtype, or null
   DType bias_dtype = DType::bf16;
-  void* out = nullptr;             // (M, N) out_dtype (bf16 or f16), row stride ldo elements
+  void* out = nullptr;  // (M, N) out_dtype (bf16 or f16), row stride ldo elements
   DType out_dtype = DType::bf16;
   int64_t ldo = 0;
   int64_t wide_min_m = 0;  // the 128 x 256 tile from this M (0: never)
