@@ -158,13 +158,19 @@ size_t workspace_bytes_of(const GemmParams& p) {
   return C::Gemm::get_workspace_size(make_args<C>(p, nullptr));
 }
 
+// Runs a CUTLASS GEMM configuration C on its arguments; false (nothing launched) where CUTLASS
+// refuses them.
 template <class C>
-bool run(const GemmParams& p, const float* bias, void* workspace, cudaStream_t stream) {
+bool run_args(const typename C::Gemm::Arguments& args, void* workspace, cudaStream_t stream) {
   typename C::Gemm gemm;
-  auto args = make_args<C>(p, bias);
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
   if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) return false;
   return gemm.run(stream) == cutlass::Status::kSuccess;
+}
+
+template <class C>
+bool run(const GemmParams& p, const float* bias, void* workspace, cudaStream_t stream) {
+  return run_args<C>(make_args<C>(p, bias), workspace, stream);
 }
 
 // Workspace of the largest request we make: the tile scheduler's needs do not depend on M, N, K
@@ -179,7 +185,19 @@ size_t workspace_for(const GemmParams& p) {
 
 // launch's scratch: room for the N converted bias values (fp32, 256-byte aligned), then the
 // configuration's workspace.
-size_t bias_bytes(const GemmParams& p) { return (static_cast<size_t>(p.N) * 4 + 255) / 256 * 256; }
+size_t bias_bytes(int64_t N) { return (static_cast<size_t>(N) * 4 + 255) / 256 * 256; }
+size_t bias_bytes(const GemmParams& p) { return bias_bytes(p.N); }
+
+// The bias as N fp32 values for the epilogue's broadcast: the caller's own where it is fp32 and
+// 16-byte aligned, else converted (exact) into `room` (bias_bytes(N)) on `stream`; null: none.
+const float* bias_f32(const void* bias, DType dtype, int64_t N, void* room, cudaStream_t stream) {
+  if (!bias) return nullptr;
+  if (dtype == DType::f32 && aligned16(bias)) return static_cast<const float*>(bias);
+  float* b32 = static_cast<float*>(room);
+  bias_to_f32_kernel<<<static_cast<unsigned>((N + 255) / 256), 256, 0, stream>>>(bias, dtype, N,
+                                                                                  b32);
+  return b32;
+}
 template <class CBf16, class CF16>
 size_t scratch_for(const GemmParams& p) {
   return bias_bytes(p) + workspace_for<CBf16, CF16>(p);
@@ -191,20 +209,8 @@ size_t scratch_for(const GemmParams& p) {
 template <class CBf16, class CF16>
 bool launch(const GemmParams& p, void* scratch, cudaStream_t stream) {
   char* base = static_cast<char*>(scratch);
-  const float* bias = nullptr;
-  size_t off = 0;
-  if (p.bias) {
-    if (p.bias_dtype == DType::f32 && aligned16(p.bias)) {
-      bias = static_cast<const float*>(p.bias);
-    } else {
-      float* b32 = reinterpret_cast<float*>(base);
-      bias_to_f32_kernel<<<static_cast<unsigned>((p.N + 255) / 256), 256, 0, stream>>>(
-          p.bias, p.bias_dtype, p.N, b32);
-      bias = b32;
-    }
-    off = bias_bytes(p);
-  }
-  void* ws = base + off;
+  const float* bias = bias_f32(p.bias, p.bias_dtype, p.N, base, stream);
+  void* ws = base + (p.bias ? bias_bytes(p) : 0);
   if (p.out_dtype == DType::f16) {
     if constexpr (std::is_void_v<CF16>) {
       return false;

@@ -119,7 +119,7 @@ typename C::Gemm::Arguments make_s4_args(const S4GemmParams& p, const float* bia
   return args;
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0; }
+using cutlass_s8::aligned16;
 
 bool s4_fits(const S4GemmParams& p) {
   if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) return false;
@@ -147,19 +147,6 @@ bool s4_wide(const S4GemmParams& p) {
   return 4 * tiles >= 3 * static_cast<int64_t>(multiprocessor_count());
 }
 
-template <class C>
-bool s4_run(const S4GemmParams& p, const float* bias, void* ws, cudaStream_t stream) {
-  typename C::Gemm gemm;
-  auto args = make_s4_args<C>(p, bias);
-  if (gemm.can_implement(args) != cutlass::Status::kSuccess) return false;
-  if (gemm.initialize(args, ws, stream) != cutlass::Status::kSuccess) return false;
-  return gemm.run(stream) == cutlass::Status::kSuccess;
-}
-
-size_t s4_bias_bytes(const S4GemmParams& p) {
-  return (static_cast<size_t>(p.N) * 4 + 255) / 256 * 256;
-}
-
 }  // namespace
 
 bool cutlass_s8s4_applies(const S4GemmParams& p) { return s4_fits(p) && s4_image(); }
@@ -174,7 +161,7 @@ auto with_s4_config(const S4GemmParams& p, F&& f) {
 
 size_t cutlass_s8s4_scratch_bytes(const S4GemmParams& p) {
   if (!s4_fits(p)) return 0;
-  return s4_bias_bytes(p) + with_s4_config(p, [&](auto c) {
+  return cutlass_s8::bias_bytes(p.N) + with_s4_config(p, [&](auto c) {
            using C = decltype(c);
            return static_cast<size_t>(C::Gemm::get_workspace_size(make_s4_args<C>(p, nullptr)));
          });
@@ -183,19 +170,12 @@ size_t cutlass_s8s4_scratch_bytes(const S4GemmParams& p) {
 bool gemm_cutlass_s8s4(const S4GemmParams& p, void* scratch, cudaStream_t stream) {
   if (!s4_fits(p) || !s4_image()) return false;
   char* base = static_cast<char*>(scratch);
-  const float* bias = nullptr;
-  if (p.bias) {
-    if (p.bias_dtype == DType::f32 && aligned16(p.bias)) {
-      bias = static_cast<const float*>(p.bias);
-    } else {
-      float* b32 = reinterpret_cast<float*>(base);
-      cutlass_s8::bias_to_f32_kernel<<<static_cast<unsigned>((p.N + 255) / 256), 256, 0, stream>>>(
-          p.bias, p.bias_dtype, p.N, b32);
-      bias = b32;
-    }
-  }
-  void* ws = base + s4_bias_bytes(p);
-  return with_s4_config(p, [&](auto c) { return s4_run<decltype(c)>(p, bias, ws, stream); });
+  const float* bias = cutlass_s8::bias_f32(p.bias, p.bias_dtype, p.N, base, stream);
+  void* ws = base + cutlass_s8::bias_bytes(p.N);
+  return with_s4_config(p, [&](auto c) {
+    using C = decltype(c);
+    return cutlass_s8::run_args<C>(make_s4_args<C>(p, bias), ws, stream);
+  });
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS
