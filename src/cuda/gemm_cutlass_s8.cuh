@@ -89,6 +89,88 @@ struct Config {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
+// The transposed GEMM (the weight as A): out^T (N, M) = W (N, K) · codes (M, K)^T, D column-major
+// = out row-major, the same epilogue with the broadcasts swapped (a_scale along D's columns,
+// w_scale and bias along its rows). ElementW: int8_t (gemm_cutlass_s8_t.cu) or cutlass::int4b_t
+// (CUTLASS's mixed-input mainloop, gemm_cutlass_s8s4.cu). Stream-K scheduler, no cluster.
+template <class ElementW_, class TileShape_, class ElementOut_>
+struct WeightAConfig {
+  using ElementW = ElementW_;
+  using TileShape = TileShape_;
+  using ClusterShape = Shape<_1, _1, _1>;
+  using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  using ElementOut = ElementOut_;
+
+  // D = out^T: rows are output channels (w_scale, bias), columns tokens (a_scale; one element at
+  // a time: no vector load may reach past a_scale[M - 1] when M is odd).
+  using AScale = cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, float, float,
+                                                             Stride<_0, _1, _0>, 1>;
+  using WScale = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float,
+                                                             Stride<_1, _0, _0>, 4>;
+  using Bias = cutlass::epilogue::fusion::Sm90ColBroadcast<0, TileShape, float, float,
+                                                           Stride<_1, _0, _0>, 4>;
+  using Evt = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<ScaleScaleBiasRn, ElementOut, float,
+                                             kRound>,
+      cutlass::epilogue::fusion::Sm90AccFetch, AScale, WScale, Bias>;
+
+  static constexpr int kAlignOut = 8;
+  static constexpr int kAlignW = 128 / cute::sizeof_bits_v<ElementW>;  // 16 bytes
+  static constexpr int64_t kWPerByte = 8 / cute::sizeof_bits_v<ElementW>;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void,
+      cutlass::layout::ColumnMajor, kAlignOut, ElementOut, cutlass::layout::ColumnMajor, kAlignOut,
+      EpilogueSchedule, Evt>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementW, cutlass::layout::RowMajor,
+      kAlignW, int8_t, cutlass::layout::ColumnMajor, 16, int32_t, TileShape,
+      ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                           CollectiveEpilogue, cutlass::gemm::StreamKScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+};
+
+template <class C>
+typename C::Gemm::Arguments make_weight_a_args(const WeightAGemmParams& p, const float* bias) {
+  using Kernel = typename C::Kernel;
+  const int M = static_cast<int>(p.M), N = static_cast<int>(p.N), K = static_cast<int>(p.K);
+  typename Kernel::StrideA sa{};
+  get<0>(sa) = p.w_row_bytes * C::kWPerByte;  // weight elements between weight rows
+  typename Kernel::StrideB sb{};
+  get<0>(sb) = p.lda;  // int8 elements between activation rows
+  typename Kernel::StrideD sd{};
+  get<1>(sd) = p.ldo;  // D = out^T column-major: out's rows are D's columns
+  typename Kernel::StrideC sc = sd;
+  typename C::Gemm::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+  args.problem_shape = make_shape(N, M, K, 1);
+  args.mainloop.ptr_A = reinterpret_cast<const typename C::ElementW*>(p.w_codes);
+  args.mainloop.dA = sa;
+  args.mainloop.ptr_B = static_cast<const int8_t*>(p.a);
+  args.mainloop.dB = sb;
+  auto& t = args.epilogue.thread;
+  get<1>(t).ptr_row = p.a_scale;
+  get<1>(t).null_default = 1.f;
+  get<2>(t).ptr_col = p.w_scale;
+  get<2>(t).null_default = 1.f;
+  get<3>(t).ptr_col = bias;
+  get<3>(t).null_default = -0.f;
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.dC = sc;
+  args.epilogue.ptr_D = static_cast<typename C::ElementOut*>(p.out);
+  args.epilogue.dD = sd;
+  return args;
+}
+
 __global__ void bias_to_f32_kernel(const void* in, DType dt, int64_t n, float* out) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
@@ -151,6 +233,19 @@ bool fits(const GemmParams& p) {
   if (p.K % 16 || p.lda % 16 || p.ldb % 16 || p.ldo % 8 || p.N % 8) return false;
   return aligned16(p.a) && aligned16(p.b) && aligned16(p.out) && aligned16(p.a_scale) &&
          aligned16(p.w_scale);
+}
+
+// Shapes and pointers the weight-as-A GEMM addresses (TMA: 16-byte row strides and bases; D's
+// contiguous dimension (N) in whole 16-byte vectors); w_per_byte: 2 for int4 codes, 1 for int8.
+// A null `a`: the codes are still to be written (16-byte aligned).
+bool weight_a_fits(const WeightAGemmParams& p, int64_t w_per_byte) {
+  if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) return false;
+  if (p.M <= 0 || p.N <= 0 || p.K <= 0) return false;
+  if (p.M > INT32_MAX || p.N > INT32_MAX || w_per_byte * p.K > INT32_MAX) return false;
+  if (p.K % (16 * w_per_byte) || p.w_row_bytes % 16 ||
+      p.w_row_bytes * w_per_byte < p.K || p.lda % 16 || p.ldo % 8 || p.N % 8)
+    return false;
+  return aligned16(p.a) && aligned16(p.w_codes) && aligned16(p.out) && aligned16(p.w_scale);
 }
 
 template <class C>

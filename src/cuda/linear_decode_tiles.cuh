@@ -101,6 +101,10 @@ struct DecodeTilesTuning {
   // 128 always): 512 rows 0.0756 vs 0.0977 ms, 256 rows 0.0450 vs 0.0596, 128 rows 0.0481 vs
   // 0.0378.
   int comfy_mixed_wide_min_m = 256;
+  // convrot8 (int8 weights) at 16 < M <= this: CUTLASS's int8 GEMM with the weight as A (128
+  // weight rows x 64 activation rows per tile: gemm_cutlass_s8_t), bf16 output; 0: the GEMM with
+  // the activations as A for every M > 16 (the path before).
+  int int8_weight_a_max_m = 64;
   // convrotfp8 (session 17): the largest M (at most 16) whose forward runs the ring GEMV on the
   // e4m3 codes (DecodeParams::e4m3) where it applies; above it, or 0, cuBLASLt's fp8 GEMM (the
   // layer's path before, and the fallback). H200, x 5120 -> 13824: M 1 30.2 vs cuBLASLt 31.6

@@ -429,8 +429,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   const bool tiles = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 && M <= 16;
   // comfy W4A4 (session 36): CUTLASS's mixed-input GEMM on the int4 codes between
   // comfy_row_block_max_m and comfy_mixed_max_m rows (16-bit output, TMA-addressable shapes).
+  // (and, convrot8 at few rows, the int8 GEMM with the weight as A: the same parameters)
   auto s4_params = [&](const int8_t* a_codes, const float* a_scale) {
-    linear::S4GemmParams q;
+    linear::WeightAGemmParams q;
     q.a = a_codes;
     q.lda = K;
     q.w_codes = ref.codes;
@@ -547,12 +548,20 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
   g.kind = linear::GemmKind::s8;
   if (ref.format == WeightFormat::int8) {
+    // Session 36: few activation rows take the GEMM with the weight as A (gemm_cutlass_s8_t).
+    if (M <= tt.int8_weight_a_max_m) {
+      const linear::WeightAGemmParams q = s4_params(a_codes, a_scale);
+      if (linear::cutlass_s8_t_applies(q)) {
+        Scratch ws(linear::cutlass_s8_t_scratch_bytes(q), s, op);
+        if (linear::gemm_cutlass_s8_t(q, ws.as<void>(), s)) return;
+      }
+    }
     g.b = w.codes.data;
     gemm_s8(g, s, op);
     return;
   }
   if (comfy_mixed) {
-    const linear::S4GemmParams q = s4_params(a_codes, a_scale);
+    const linear::WeightAGemmParams q = s4_params(a_codes, a_scale);
     if (const size_t bytes = linear::cutlass_s8s4_scratch_bytes(q)) {
       Scratch ws(bytes, s, op);
       if (linear::gemm_cutlass_s8s4(q, ws.as<void>(), s)) return;

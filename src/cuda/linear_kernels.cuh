@@ -168,10 +168,10 @@ bool gemm_cutlass_s8_sk(const GemmParams& p, void* scratch, cudaStream_t stream)
 // bits as unpack_weight_int8 + gemm_cutlass_s8), bf16 or f16 output. Returns false, having
 // launched nothing, where it does not apply (shape, alignment, no sm_90a image); scratch:
 // cutlass_s8s4_scratch_bytes(p) device bytes (0: does not apply), 256-byte aligned.
-struct S4GemmParams {
+struct WeightAGemmParams {
   const int8_t* a = nullptr;  // (M, K) activation codes, row stride lda bytes
   int64_t lda = 0;
-  const uint8_t* w_codes = nullptr;  // (N, K/2) int4 codes, row stride w_row_bytes
+  const uint8_t* w_codes = nullptr;  // (N, K/2) int4 / (N, K) int8 codes, row stride w_row_bytes
   int64_t w_row_bytes = 0;
   int64_t M = 0, N = 0, K = 0;
   const float* a_scale = nullptr;  // (M) or null = 1
@@ -183,10 +183,16 @@ struct S4GemmParams {
   int64_t ldo = 0;
   int64_t wide_min_m = 0;  // the 128 x 256 tile from this M (0: never)
 };
+// The int8 weight as A (gemm_cutlass_s8_t.cu, session 36; w_codes (N, K) int8, row stride
+// w_row_bytes): convrot8 at few activation rows, bf16 output only; same contract as
+// gemm_cutlass_s8s4.
+bool cutlass_s8_t_applies(const WeightAGemmParams& p);
+size_t cutlass_s8_t_scratch_bytes(const WeightAGemmParams& p);
+bool gemm_cutlass_s8_t(const WeightAGemmParams& p, void* scratch, cudaStream_t stream);
 // Whether gemm_cutlass_s8s4 takes p (a null `a`: codes still to be written, 16-byte aligned).
-bool cutlass_s8s4_applies(const S4GemmParams& p);
-size_t cutlass_s8s4_scratch_bytes(const S4GemmParams& p);
-bool gemm_cutlass_s8s4(const S4GemmParams& p, void* scratch, cudaStream_t stream);
+bool cutlass_s8s4_applies(const WeightAGemmParams& p);
+size_t cutlass_s8s4_scratch_bytes(const WeightAGemmParams& p);
+bool gemm_cutlass_s8s4(const WeightAGemmParams& p, void* scratch, cudaStream_t stream);
 
 // The epilogue on one accumulator (the same function everywhere, so every path gives the same
 // bits: the prefill GEMM, the decode kernel, and the CPU's fp32 order).

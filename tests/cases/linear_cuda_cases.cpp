@@ -408,7 +408,11 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
                          Mid{QType::convrot_comfy_w4a4, 3100, 136, 256, DType::bf16, false},
                          Mid{QType::convrot_comfy_w4a4, 600, 5000, 256, DType::bf16, true},
                          Mid{QType::convrot_comfy_w4a4, 100, 1040, 1024, DType::f16, true},
-                         Mid{QType::convrot_comfy_w4a4, 700, 4104, 512, DType::f16, false}})
+                         Mid{QType::convrot_comfy_w4a4, 700, 4104, 512, DType::f16, false},
+                         // Session 36: convrot8 at 16 < M <= 64 (bf16) with the weight as A.
+                         Mid{QType::convrot8, 17, 4104, 768, DType::bf16, true},
+                         Mid{QType::convrot8, 40, 520, 2048, DType::bf16, false},
+                         Mid{QType::convrot8, 33, 1032, 1024, DType::f16, true}})
       cases.push_back(std::make_unique<ForwardCase>(c.q, c.m, c.o, c.k, c.act, c.bias));
   }
 #ifdef LOWBIT_WITH_CUDA
