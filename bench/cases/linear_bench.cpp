@@ -238,6 +238,10 @@ class LayerBench : public BenchCase {
             } else if (q == QType::convrot8 && s.m <= def.int8_weight_a_max_m) {
               t.int8_weight_a_max_m = 0;
               what = "int8 GEMM, activations as A (int8_weight_a_max_m 0: the path before)";
+            } else if (q == QType::convrot8 && s.m <= 4 * def.int8_weight_a_max_m) {
+              t.int8_weight_a_max_m = 4 * def.int8_weight_a_max_m;
+              what = "int8 GEMM, weight as A (int8_weight_a_max_m " +
+                     std::to_string(t.int8_weight_a_max_m) + ")";
             } else if (q == QType::convrot_comfy_w4a4) {
               // Session 36: CUTLASS's mixed-input GEMM on the int4 codes against the next path.
               if (s.m <= def.comfy_row_block_max_m) {
