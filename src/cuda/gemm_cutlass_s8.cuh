@@ -293,6 +293,21 @@ const float* bias_f32(const void* bias, DType dtype, int64_t N, void* room, cuda
                                                                                   b32);
   return b32;
 }
+
+// The weight-as-A GEMM (WeightAConfig C): its scratch (room for the converted bias, then C's
+// workspace) and its launch; false (nothing but the bias conversion launched) where CUTLASS
+// refuses the arguments.
+template <class C>
+size_t weight_a_scratch_bytes(const WeightAGemmParams& p) {
+  return bias_bytes(p.N) +
+         static_cast<size_t>(C::Gemm::get_workspace_size(make_weight_a_args<C>(p, nullptr)));
+}
+template <class C>
+bool weight_a_launch(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
+  const float* bias = bias_f32(p.bias, p.bias_dtype, p.N, scratch, stream);
+  void* ws = static_cast<char*>(scratch) + bias_bytes(p.N);
+  return run_args<C>(make_weight_a_args<C>(p, bias), ws, stream);
+}
 template <class CBf16, class CF16>
 size_t scratch_for(const GemmParams& p) {
   return bias_bytes(p) + workspace_for<CBf16, CF16>(p);

@@ -40,17 +40,11 @@ bool cutlass_s8_t_applies(const WeightAGemmParams& p) {
 }
 
 size_t cutlass_s8_t_scratch_bytes(const WeightAGemmParams& p) {
-  if (!t_fits(p)) return 0;
-  return cutlass_s8::bias_bytes(p.N) +
-         TBf16::Gemm::get_workspace_size(cutlass_s8::make_weight_a_args<TBf16>(p, nullptr));
+  return t_fits(p) ? cutlass_s8::weight_a_scratch_bytes<TBf16>(p) : 0;
 }
 
 bool gemm_cutlass_s8_t(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
-  if (!cutlass_s8_t_applies(p)) return false;
-  char* base = static_cast<char*>(scratch);
-  const float* bias = cutlass_s8::bias_f32(p.bias, p.bias_dtype, p.N, base, stream);
-  void* ws = base + cutlass_s8::bias_bytes(p.N);
-  return cutlass_s8::run_args<TBf16>(cutlass_s8::make_weight_a_args<TBf16>(p, bias), ws, stream);
+  return cutlass_s8_t_applies(p) && cutlass_s8::weight_a_launch<TBf16>(p, scratch, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

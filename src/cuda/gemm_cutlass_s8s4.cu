@@ -75,21 +75,14 @@ auto with_s4_config(const WeightAGemmParams& p, F&& f) {
 
 size_t cutlass_s8s4_scratch_bytes(const WeightAGemmParams& p) {
   if (!s4_fits(p)) return 0;
-  return cutlass_s8::bias_bytes(p.N) + with_s4_config(p, [&](auto c) {
-           using C = decltype(c);
-           return static_cast<size_t>(C::Gemm::get_workspace_size(cutlass_s8::make_weight_a_args<C>(p, nullptr)));
-         });
+  return with_s4_config(
+      p, [&](auto c) { return cutlass_s8::weight_a_scratch_bytes<decltype(c)>(p); });
 }
 
 bool gemm_cutlass_s8s4(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
   if (!s4_fits(p) || !s4_image()) return false;
-  char* base = static_cast<char*>(scratch);
-  const float* bias = cutlass_s8::bias_f32(p.bias, p.bias_dtype, p.N, base, stream);
-  void* ws = base + cutlass_s8::bias_bytes(p.N);
-  return with_s4_config(p, [&](auto c) {
-    using C = decltype(c);
-    return cutlass_s8::run_args<C>(cutlass_s8::make_weight_a_args<C>(p, bias), ws, stream);
-  });
+  return with_s4_config(
+      p, [&](auto c) { return cutlass_s8::weight_a_launch<decltype(c)>(p, scratch, stream); });
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

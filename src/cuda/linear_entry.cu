@@ -427,10 +427,11 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // Decode on the tiles with the rotation inside the GEMV (DecodeTilesTuning::fuse_max_m): every
   // CTA rotates x (M <= kTilesFuseLimit: no scratch, one launch per layer).
   const bool tiles = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 && M <= 16;
-  // comfy W4A4 (session 36): CUTLASS's mixed-input GEMM on the int4 codes between
-  // comfy_row_block_max_m and comfy_mixed_max_m rows (16-bit output, TMA-addressable shapes).
-  // (and, convrot8 at few rows, the int8 GEMM with the weight as A: the same parameters)
-  auto s4_params = [&](const int8_t* a_codes, const float* a_scale) {
+  const linear::DecodeTilesTuning& tt = linear::layer_tiles_tuning();
+  // The GEMM with the weight as A (session 36): comfy W4A4's mixed-input GEMM on the int4 codes
+  // between comfy_row_block_max_m and comfy_mixed_max_m rows (16-bit output, TMA-addressable
+  // shapes), convrot8's int8 GEMM up to int8_weight_a_max_m rows.
+  auto weight_a_params = [&](const int8_t* a_codes, const float* a_scale) {
     linear::WeightAGemmParams q;
     q.a = a_codes;
     q.lda = K;
@@ -446,13 +447,12 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     q.out = g.out;
     q.out_dtype = g.out_dtype;
     q.ldo = g.ldo;
-    q.wide_min_m = linear::layer_tiles_tuning().comfy_mixed_wide_min_m;
+    q.wide_min_m = tt.comfy_mixed_wide_min_m;
     return q;
   };
-  const linear::DecodeTilesTuning& tt = linear::layer_tiles_tuning();
   const bool comfy_mixed = ref.format == WeightFormat::comfy_int4 && M > tt.comfy_row_block_max_m &&
                            M <= tt.comfy_mixed_max_m &&
-                           linear::cutlass_s8s4_applies(s4_params(nullptr, nullptr));
+                           linear::cutlass_s8s4_applies(weight_a_params(nullptr, nullptr));
   // 16 < M <= row_block_max_m: the tiled GEMV once per 16 activation rows (session 35).
   const bool tiles_blocks = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 &&
                             M > 16 && M <= tt.row_block_max_m && !comfy_mixed;
@@ -550,7 +550,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   if (ref.format == WeightFormat::int8) {
     // Session 36: few activation rows take the GEMM with the weight as A (gemm_cutlass_s8_t).
     if (M <= tt.int8_weight_a_max_m) {
-      const linear::WeightAGemmParams q = s4_params(a_codes, a_scale);
+      const linear::WeightAGemmParams q = weight_a_params(a_codes, a_scale);
       if (linear::cutlass_s8_t_applies(q)) {
         Scratch ws(linear::cutlass_s8_t_scratch_bytes(q), s, op);
         if (linear::gemm_cutlass_s8_t(q, ws.as<void>(), s)) return;
@@ -561,7 +561,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     return;
   }
   if (comfy_mixed) {
-    const linear::WeightAGemmParams q = s4_params(a_codes, a_scale);
+    const linear::WeightAGemmParams q = weight_a_params(a_codes, a_scale);
     if (const size_t bytes = linear::cutlass_s8s4_scratch_bytes(q)) {
       Scratch ws(bytes, s, op);
       if (linear::gemm_cutlass_s8s4(q, ws.as<void>(), s)) return;
