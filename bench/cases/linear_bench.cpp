@@ -269,12 +269,33 @@ class LayerBench : public BenchCase {
                 other_path("mixed-input GEMM, 128 x 128 tile (comfy_mixed_wide_min_m 0)",
                            layer_tuning(n), default_tuning, 0, true);
               }
-            } else if (q == QType::convrot_int4 && s.m <= def.row_block_max_m) {
-              t.row_block_max_m = 0;
-              what = "unpacked weight + int8 GEMM (row_block_max_m 0: the path before)";
             } else if (q == QType::convrot_int4) {
-              t.unpack_from_tiles = false;
-              what = "unpacked from the checkpoint's codes (unpack_from_tiles off: before)";
+              // Session 37: the mixed-input GEMM with the fold tables against the next path.
+              if (s.m <= def.int4_row_block_max_m) {
+                t.int4_row_block_max_m = 0;
+                what = "mixed-input GEMM, fold tables (int4_row_block_max_m 0)";
+              } else if (s.m <= def.int4_mixed_max_m) {
+                t.int4_mixed_max_m = 0;
+                what = s.m <= def.row_block_max_m
+                           ? "tiled GEMV per 16 rows (int4_mixed_max_m 0: the path before)"
+                           : "unpacked weight + int8 GEMM (int4_mixed_max_m 0: the path before)";
+              } else {
+                t.int4_mixed_max_m = 1 << 30;
+                what = "mixed-input GEMM, fold tables (int4_mixed_max_m unbounded)";
+              }
+              if (s.m > def.int4_row_block_max_m && s.m < def.int4_mixed_wide_min_m) {
+                cl::DecodeTilesTuning n;
+                n.int4_mixed_wide_min_m = 1;
+                other_path("mixed-input GEMM, fold tables, 128 x 256 tile (int4_mixed_wide_min_m 1)",
+                           layer_tuning(n), default_tuning, 0, true);
+              }
+              if (s.m >= def.int4_mixed_wide_min_m && def.int4_mixed_wide_min_m > 0) {
+                cl::DecodeTilesTuning n;
+                n.int4_mixed_max_m = 1 << 30;
+                n.int4_mixed_wide_min_m = 0;
+                other_path("mixed-input GEMM, fold tables, 128 x 128 tile (int4_mixed_wide_min_m 0)",
+                           layer_tuning(n), default_tuning, 0, true);
+              }
             }
             if (!what.empty()) other_path(what, layer_tuning(t), default_tuning, 0, true);
           }

@@ -93,9 +93,14 @@ struct Config {
 // = out row-major, the same epilogue with the broadcasts swapped (a_scale along D's columns,
 // w_scale and bias along its rows). ElementW: int8_t (gemm_cutlass_s8_t.cu) or cutlass::int4b_t
 // (CUTLASS's mixed-input mainloop, gemm_cutlass_s8s4.cu). Stream-K scheduler, no cluster.
-template <class ElementW_, class TileShape_, class ElementOut_>
+// ScaleW (non-void): the mixed-input mainloop's per-(weight row, K group) operand, loaded with
+// each stage (gemm_cutlass_s8s4_lut.cu: 8-byte lookup tables); MainloopFix::apply<Built>::type
+// replaces the built mainloop (its conversion specialized there), void: the builder's own.
+template <class ElementW_, class TileShape_, class ElementOut_, class ScaleW_ = void,
+          class MainloopFix = void>
 struct WeightAConfig {
   using ElementW = ElementW_;
+  using ScaleW = ScaleW_;
   using TileShape = TileShape_;
   using ClusterShape = Shape<_1, _1, _1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -125,13 +130,24 @@ struct WeightAConfig {
       cutlass::layout::ColumnMajor, kAlignOut, ElementOut, cutlass::layout::ColumnMajor, kAlignOut,
       EpilogueSchedule, Evt>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementW, cutlass::layout::RowMajor,
-      kAlignW, int8_t, cutlass::layout::ColumnMajor, 16, int32_t, TileShape,
-      ClusterShape,
+  using ElementWSpec =
+      std::conditional_t<std::is_void_v<ScaleW>, ElementW, cute::tuple<ElementW, ScaleW>>;
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementWSpec,
+      cutlass::layout::RowMajor, kAlignW, int8_t, cutlass::layout::ColumnMajor, 16, int32_t,
+      TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
+  template <class Fix, class = void>
+  struct Mainloop {
+    using type = BuiltMainloop;
+  };
+  template <class Fix>
+  struct Mainloop<Fix, std::enable_if_t<!std::is_void_v<Fix>>> {
+    using type = typename Fix::template apply<BuiltMainloop>::type;
+  };
+  using CollectiveMainloop = typename Mainloop<MainloopFix>::type;
 
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
@@ -157,6 +173,12 @@ typename C::Gemm::Arguments make_weight_a_args(const WeightAGemmParams& p, const
   args.mainloop.dA = sa;
   args.mainloop.ptr_B = static_cast<const int8_t*>(p.a);
   args.mainloop.dB = sb;
+  if constexpr (!std::is_void_v<typename C::ScaleW>) {
+    // (N, K / group) operands, weight rows contiguous, w_lut_ld elements between groups.
+    args.mainloop.ptr_S = static_cast<const typename C::ScaleW*>(p.w_lut);
+    get<1>(args.mainloop.dS) = p.w_lut_ld;
+    args.mainloop.group_size = static_cast<int>(p.w_lut_group);
+  }
   auto& t = args.epilogue.thread;
   get<1>(t).ptr_row = p.a_scale;
   get<1>(t).null_default = 1.f;

@@ -182,6 +182,23 @@ __global__ void build_tile_tables_kernel(PackedWeightRef w, int ipt, int64_t til
   if (bad) atomicOr(flag, 1);
 }
 
+// One thread per (group g, row n < ld): the GEMM's table at g · ld + n (gemm_cutlass_s8s4_lut.cu),
+// 8 bytes hi[i] = fold(i + 1), i = 0..6, hi[7] = 0; rows past N all zero. (The tiles' own table
+// kernel above flags a table the layout cannot carry; the whole layout is then unused.)
+__global__ void build_gemm_lut_kernel(PackedWeightRef w, int64_t ld, int64_t count, uint8_t* out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= count) return;
+  const int64_t g = idx / ld, row = idx - g * ld;
+  uint32_t t[2] = {0u, 0u};
+  if (row < w.N) {
+    for (int i = 0; i < 7; ++i) {
+      const int32_t v = w.ratios ? fold_code(i + 1, w.ratios[row * w.groups_per_row + g]) : i + 1;
+      t[i >> 2] |= (static_cast<uint32_t>(v) & 0xffu) << (8 * (i & 3));
+    }
+  }
+  reinterpret_cast<uint2*>(out)[idx] = make_uint2(t[0], t[1]);
+}
+
 // ---- the int8-grid weight from the layout (session 35) ----
 
 // One thread per (item, chunk h, lane): its 16 bytes of codes (rows gid / gid + 8, columns
@@ -881,11 +898,31 @@ void decode_tiles_unpack_int8(const PackedWeightRef& w, const uint8_t* tiles, in
   check_launch("decode_tiles_unpack_int8");
 }
 
+namespace {
+// The tiles proper (codes, then the int4 fold tables), before the GEMM's tables.
+int64_t tiles_proper_bytes(const PackedWeightRef& w, int kind) {
+  const int64_t items = (w.N + 15) / 16 * (w.K / kItemCols);
+  return items * (kind == kTilesInt4 ? kItemBytes + kTableBytes : kItemBytes);
+}
+int64_t gemm_lut_offset(const PackedWeightRef& w, int kind) {
+  return (tiles_proper_bytes(w, kind) + 255) / 256 * 256;
+}
+int64_t gemm_lut_ld(const PackedWeightRef& w) { return (w.N + 1) / 2 * 2; }
+}  // namespace
+
 int64_t decode_tiles_bytes(const PackedWeightRef& w) {
   const int kind = decode_tiles_kind(w);
   if (kind == kTilesNone) return 0;
-  const int64_t items = (w.N + 15) / 16 * (w.K / kItemCols);
-  return items * (kind == kTilesInt4 ? kItemBytes + kTableBytes : kItemBytes);
+  if (kind != kTilesInt4) return tiles_proper_bytes(w, kind);
+  return gemm_lut_offset(w, kind) + w.K / kItemCols * gemm_lut_ld(w) * 8;
+}
+
+const uint8_t* decode_tiles_gemm_lut(const PackedWeightRef& w, const uint8_t* tiles,
+                                     int64_t* ld) {
+  const int kind = decode_tiles_kind(w);
+  if (!tiles || kind != kTilesInt4) return nullptr;
+  *ld = gemm_lut_ld(w);
+  return tiles + gemm_lut_offset(w, kind);
 }
 
 bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t stream) {
@@ -904,6 +941,10 @@ bool decode_tiles_build(const PackedWeightRef& w, uint8_t* out, cudaStream_t str
     const int64_t n = tiles * 16 * ipt;
     build_tile_tables_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
         w, ipt, tiles, out + tiles * ipt * kItemBytes, flag.as<int>());
+    check_launch(op);
+    const int64_t ld = gemm_lut_ld(w), m = ipt * ld;
+    build_gemm_lut_kernel<<<static_cast<unsigned>((m + 255) / 256), 256, 0, stream>>>(
+        w, ld, m, out + gemm_lut_offset(w, kind));
     check_launch(op);
   }
   int bad = 0;

@@ -26,8 +26,12 @@ constexpr int kTilesInt4 = 1;   // packed 4-bit (group 128 or no ratios): sign-m
 int decode_tiles_kind(const PackedWeightRef& w);
 // Whether the current device runs the tiled kernel (sm_90 with an sm_90 kernel image).
 bool decode_tiles_device();
-// Device bytes of the layout (0 when decode_tiles_kind is kTilesNone).
+// Device bytes of the layout (0 when decode_tiles_kind is kTilesNone). Packed 4-bit layouts end
+// with the prefill GEMM's fold tables (decode_tiles_gemm_lut).
 int64_t decode_tiles_bytes(const PackedWeightRef& w);
+// The fold tables of the convrotint4 prefill GEMM inside a built layout (gemm_cutlass_s8s4_lut:
+// (K / 128, *ld) tables of 8 bytes, 256-byte aligned), null for other kinds.
+const uint8_t* decode_tiles_gemm_lut(const PackedWeightRef& w, const uint8_t* tiles, int64_t* ld);
 // Builds the layout of w into `out` (decode_tiles_bytes(w) device bytes, 16-byte aligned) and
 // synchronizes the stream. Returns false when the weight holds values the layout cannot carry
 // (a 4-bit code u = 15, i.e. c = 8; a group whose fold table is not odd or leaves [0, 127]):
@@ -101,6 +105,14 @@ struct DecodeTilesTuning {
   // 128 always): 512 rows 0.0756 vs 0.0977 ms, 256 rows 0.0450 vs 0.0596, 128 rows 0.0481 vs
   // 0.0378.
   int comfy_mixed_wide_min_m = 256;
+  // convrotint4 (packed 4-bit, group 128) with bf16 or f16 output (session 37): from
+  // int4_row_block_max_m + 1 up to int4_mixed_max_m rows, CUTLASS's mixed-input GEMM on the
+  // checkpoint's codes with the fold tables in the conversion (gemm_cutlass_s8s4_lut: no unpacked
+  // weight) instead of the row blocks / the weight unpacked from the tiles; 0: the paths before.
+  // Its 128 x 256 tile from int4_mixed_wide_min_m rows (as comfy's).
+  int int4_row_block_max_m = 32;
+  int int4_mixed_max_m = 3072;
+  int int4_mixed_wide_min_m = 256;
   // convrot8 (int8 weights) at 16 < M <= this: CUTLASS's int8 GEMM with the weight as A (128
   // weight rows x 64 activation rows per tile: gemm_cutlass_s8_t), bf16 output; 0: the GEMM with
   // the activations as A for every M > 16 (the path before).

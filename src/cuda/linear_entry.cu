@@ -453,9 +453,25 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   const bool comfy_mixed = ref.format == WeightFormat::comfy_int4 && M > tt.comfy_row_block_max_m &&
                            M <= tt.comfy_mixed_max_m &&
                            linear::cutlass_s8s4_applies(weight_a_params(nullptr, nullptr));
+  // convrotint4 (session 37): the same GEMM on the packed codes with the fold tables that end
+  // the weight's decode tiles.
+  auto int4_lut_params = [&](const int8_t* a_codes, const float* a_scale) {
+    linear::WeightAGemmParams q = weight_a_params(a_codes, a_scale);
+    q.wide_min_m = tt.int4_mixed_wide_min_m;
+    if (kUseDecodeTiles) {
+      q.w_lut = linear::decode_tiles_gemm_lut(
+          ref, static_cast<const uint8_t*>(w.decode_tiles.data), &q.w_lut_ld);
+    }
+    q.w_lut_group = 128;
+    return q;
+  };
+  const bool int4_mixed = ref.format == WeightFormat::packed && ref.bits == 4 &&
+                          w.decode_tiles.data && M > tt.int4_row_block_max_m &&
+                          M <= tt.int4_mixed_max_m &&
+                          linear::cutlass_s8s4_lut_applies(int4_lut_params(nullptr, nullptr));
   // 16 < M <= row_block_max_m: the tiled GEMV once per 16 activation rows (session 35).
   const bool tiles_blocks = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 &&
-                            M > 16 && M <= tt.row_block_max_m && !comfy_mixed;
+                            M > 16 && M <= tt.row_block_max_m && !comfy_mixed && !int4_mixed;
   if (tiles && M <= std::min(linear::kTilesFuseLimit,
                              static_cast<int64_t>(linear::layer_tiles_tuning().fuse_max_m))) {
     const linear::DecodeParams d = with_x(decode_params(nullptr, nullptr));
@@ -565,6 +581,13 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     if (const size_t bytes = linear::cutlass_s8s4_scratch_bytes(q)) {
       Scratch ws(bytes, s, op);
       if (linear::gemm_cutlass_s8s4(q, ws.as<void>(), s)) return;
+    }
+  }
+  if (int4_mixed) {
+    const linear::WeightAGemmParams q = int4_lut_params(a_codes, a_scale);
+    if (const size_t bytes = linear::cutlass_s8s4_lut_scratch_bytes(q)) {
+      Scratch ws(bytes, s, op);
+      if (linear::gemm_cutlass_s8s4_lut(q, ws.as<void>(), s)) return;
     }
   }
   Scratch w8(static_cast<size_t>(O * K), s, op);

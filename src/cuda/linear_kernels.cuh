@@ -182,6 +182,11 @@ struct WeightAGemmParams {
   DType out_dtype = DType::bf16;
   int64_t ldo = 0;
   int64_t wide_min_m = 0;  // the 128 x 256 tile from this M (0: never)
+  // convrotint4 (gemm_cutlass_s8s4_lut.cu): the fold tables (K / w_lut_group, N) of 8 bytes,
+  // w_lut_ld tables between groups (decode_tiles_gemm_lut); null for the other GEMMs.
+  const void* w_lut = nullptr;
+  int64_t w_lut_ld = 0;
+  int64_t w_lut_group = 0;
 };
 // The int8 weight as A (gemm_cutlass_s8_t.cu, session 36; w_codes (N, K) int8, row stride
 // w_row_bytes): convrot8 at few activation rows, bf16 output only; same contract as
@@ -193,6 +198,15 @@ bool gemm_cutlass_s8_t(const WeightAGemmParams& p, void* scratch, cudaStream_t s
 bool cutlass_s8s4_applies(const WeightAGemmParams& p);
 size_t cutlass_s8s4_scratch_bytes(const WeightAGemmParams& p);
 bool gemm_cutlass_s8s4(const WeightAGemmParams& p, void* scratch, cudaStream_t stream);
+// convrotint4 prefill without an unpacked weight (gemm_cutlass_s8s4_lut.cu, session 37): the
+// checkpoint's packed 4-bit codes (N, K/2, offset u = c + 7, even column in the low nibble)
+// through CUTLASS's mixed-input mainloop with each code converted to the row's int8 grid by its
+// (row, group) fold table (p.w_lut: decode_tiles_gemm_lut; group 128) in registers: the values
+// unpack_weight_int8 gives, so the same bits as the unpacked path. Same contract as
+// gemm_cutlass_s8s4.
+bool cutlass_s8s4_lut_applies(const WeightAGemmParams& p);
+size_t cutlass_s8s4_lut_scratch_bytes(const WeightAGemmParams& p);
+bool gemm_cutlass_s8s4_lut(const WeightAGemmParams& p, void* scratch, cudaStream_t stream);
 
 // The epilogue on one accumulator (the same function everywhere, so every path gives the same
 // bits: the prefill GEMM, the decode kernel, and the CPU's fp32 order).

@@ -1,0 +1,195 @@
+// convrotint4 prefill without an unpacked weight (session 37): CUTLASS's sm_90 mixed-input
+// mainloop on the checkpoint's packed 4-bit codes, each code turned into the row's int8-grid
+// value (SPEC §3.3: code8 = clamp(rint(c · ratio_g), ±127)) by its (row, group) fold table in
+// registers.
+//
+// The codes are stored offset, u = c + 7 in 0..14, eight to a little-endian 32-bit word with the
+// even column in the low nibble: CUTLASS's K-major `int4b_t` packing (the nibble values are only
+// table indices here). CUTLASS's lookup-table conversion (ConvertAndScale with an 8-byte array as
+// the scale type) picks each byte from two 8-entry tables by bit 3 of the nibble: `hi` for u >= 8
+// (c = u - 7 = 1..8) and `lo` for u < 8 (c = -7..0), indexed by its low three bits. Its own
+// tables are fp8 (the `lo` table derived from `hi` by flipping sign bits); this file specializes
+// CUTLASS's MixedInputUtils for the collective built with the FoldLut transform tag so that the
+// same lookups run on int8 tables: the stored table (one per weight row and K group of 128, from
+// decode_tiles_gemm_lut) is hi[i] = fold(i + 1), i = 0..6, hi[7] = 0; lo[u] = -fold(7 - u) =
+// -hi[6 - u] for u <= 6 and lo[7] = 0, derived once per K tile with one prmt and a bytewise
+// negation per register (the fold table is odd: fold(-m) = -fold(m), which decode_tiles_build
+// checks). The int8 wgmma then sums exactly the products of the unpacked path, so the epilogue
+// (gemm_cutlass_s8.cuh's, broadcasts swapped as in gemm_cutlass_s8s4.cu) gives the same bits.
+//
+// The GEMM is transposed as the comfy one (the weight is wgmma's register operand A): A = the
+// weight (N, K), B = the activation codes (M, K), D = out^T column-major. Tiles 128 x 128 and
+// 128 x 256 (from WeightAGemmParams::wide_min_m rows where it fills ~3/4 of the SMs), stream-K.
+#ifndef NDEBUG  // before any header: see gemm_cutlass_s8.cuh
+#define NDEBUG
+#endif
+#include <cstdint>
+
+#include "src/cuda/common.cuh"
+#include "src/cuda/linear_kernels.cuh"
+
+#if defined(LOWBIT_HAVE_CUTLASS)
+#include "src/cuda/gemm_cutlass_s8.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+namespace cutlass_s8 {
+// The transform tag that selects the int8 fold-table conversion below.
+struct FoldLut {};
+using FoldTable = cutlass::Array<int8_t, 8>;
+
+template <class C>
+struct WithFoldLut;
+template <class D, class T, class EA, class SA, class EB, class SB, class TM, class GA, class LA,
+          class CA, class TA, class GB, class LB, class CB, class TB>
+struct WithFoldLut<
+    cutlass::gemm::collective::CollectiveMma<D, T, EA, SA, EB, SB, TM, GA, LA, CA, TA, GB, LB, CB, TB>> {
+  using type = cutlass::gemm::collective::CollectiveMma<D, T, EA, SA, EB, SB, TM, GA, LA, CA,
+                                                        FoldLut, GB, LB, CB, TB>;
+};
+// WeightAConfig's MainloopFix: the builder's mainloop with the FoldLut tag as A's transform.
+struct UseFoldLut {
+  template <class C>
+  using apply = WithFoldLut<C>;
+};
+}  // namespace cutlass_s8
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit
+
+namespace cutlass::gemm::collective::detail {
+
+// Everything as CUTLASS's utilities for the same collective with the identity transform, except
+// the conversion of a K block of A (dequantize_A_kblock): int8 fold tables instead of fp8 scales.
+template <int Stages, class Cluster, class Schedule, class T, class EA, class SA, class EB,
+          class SB, class TM, class GA, class LA, class CA, class GB, class LB, class CB, class TB>
+struct MixedInputUtils<CollectiveMma<
+    MainloopSm90TmaGmmaRmemAWarpSpecializedMixedInput<Stages, Cluster, Schedule>, T, EA, SA, EB,
+    SB, TM, GA, LA, CA, lowbit::cuda::linear::cutlass_s8::FoldLut, GB, LB, CB, TB>>
+    : MixedInputUtils<CollectiveMma<
+          MainloopSm90TmaGmmaRmemAWarpSpecializedMixedInput<Stages, Cluster, Schedule>, T, EA, SA,
+          EB, SB, TM, GA, LA, CA, cute::identity, GB, LB, CB, TB>> {
+  using Base = MixedInputUtils<CollectiveMma<
+      MainloopSm90TmaGmmaRmemAWarpSpecializedMixedInput<Stages, Cluster, Schedule>, T, EA, SA, EB,
+      SB, TM, GA, LA, CA, cute::identity, GB, LB, CB, TB>>;
+
+  // lo = -(hi's bytes 6, 5, ..., 0) and a zero (hi[7] = 0; every hi byte in [0, 127], so the
+  // bytewise negation (0x80 - y) ^ 0x80 never borrows).
+  CUTLASS_DEVICE static void fold_lo_from_hi(uint32_t h0, uint32_t h1, uint32_t& l0, uint32_t& l1) {
+    uint32_t r0, r1;
+    asm("prmt.b32 %0, %1, %2, 0x3456;" : "=r"(r0) : "r"(h0), "r"(h1));
+    asm("prmt.b32 %0, %1, %2, 0x7012;" : "=r"(r1) : "r"(h0), "r"(h1));
+    l0 = (0x80808080u - r0) ^ 0x80808080u;
+    l1 = (0x80808080u - r1) ^ 0x80808080u;
+  }
+
+  template <class EngineIn, class EngineOut, class LayoutIn, class LayoutOut, class... Ts>
+  CUTLASS_DEVICE static void dequantize_A_kblock(cute::Tensor<EngineIn, LayoutIn> const& tCrA_load,
+                                                 cute::Tensor<EngineOut, LayoutOut>& tCrA_mma,
+                                                 cute::tuple<Ts...>& extra, int const k_block) {
+    using namespace cute;
+    static_assert(sizeof_bits_v<typename EngineIn::value_type> == 4, "4-bit codes expected");
+    static_assert(sizeof_bits_v<typename EngineOut::value_type> == 8, "int8 operand expected");
+    Tensor src = tCrA_load(_, _, k_block);
+    Tensor dst = tCrA_mma(_, _, k_block);
+    // Steps of up to eight codes (one 32-bit register of the first, contiguous mode).
+    constexpr int kStep = cute::min(decltype(size(src(_, 0)))::value, 8);
+    Tensor src_s = group_modes<1, -1>(zipped_divide(src, Int<kStep>{}));
+    Tensor dst_s = group_modes<1, -1>(zipped_divide(dst, Int<kStep>{}));
+    Tensor hi = get<1>(extra)(_, _, k_block);  // loaded from shared memory at k_block 0
+    auto&& lo_all = get<2>(extra);             // derived here, kept for the tile's K blocks
+    Tensor lo = lo_all(_, _, k_block);
+    Base::static_check_scale(hi);
+    Tensor hi_s = group_modes<1, -1>(zipped_divide(hi, Int<kStep>{}));
+    Tensor lo_s = group_modes<1, -1>(zipped_divide(lo, Int<kStep>{}));
+    if (k_block == 0) {
+      Tensor hi_d = filter(hi_s);
+      Tensor lo_d = filter(lo_s);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(hi_d.layout()); ++i) {
+        auto const& h = reinterpret_cast<cutlass::Array<uint32_t, 2> const&>(hi_d(i));
+        auto& l = reinterpret_cast<cutlass::Array<uint32_t, 2>&>(lo_d(i));
+        fold_lo_from_hi(h[0], h[1], l[0], l[1]);
+      }
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size<1>(dst_s); ++i) {
+      Base::lookup_table_convert(src_s(_, i), dst_s(_, i), hi_s(_, i), lo_s(_, i));
+    }
+  }
+};
+
+}  // namespace cutlass::gemm::collective::detail
+#endif  // LOWBIT_HAVE_CUTLASS
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+
+#if defined(LOWBIT_HAVE_CUTLASS)
+
+namespace {
+
+using namespace cute;
+
+template <class Out>
+using LutNarrow = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _128, _128>, Out,
+                                            cutlass_s8::FoldTable, cutlass_s8::UseFoldLut>;
+template <class Out>
+using LutWide = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _256, _128>, Out,
+                                          cutlass_s8::FoldTable, cutlass_s8::UseFoldLut>;
+
+// Tables: one K group per 128-column K tile, rows contiguous, 16-byte aligned groups.
+bool lut_fits(const WeightAGemmParams& p) {
+  return cutlass_s8::weight_a_fits(p, 2) && p.w_lut && p.w_lut_group == 128 && p.K % 128 == 0 &&
+         p.w_lut_ld >= p.N && p.w_lut_ld % 2 == 0 &&
+         (reinterpret_cast<uintptr_t>(p.w_lut) & 15u) == 0;
+}
+
+bool lut_image() {
+  return sm90a_image_loaded(
+      reinterpret_cast<const void*>(cutlass::device_kernel<LutNarrow<cutlass::bfloat16_t>::Kernel>));
+}
+
+// As gemm_cutlass_s8s4.cu's s4_wide.
+bool lut_wide(const WeightAGemmParams& p) {
+  if (p.wide_min_m <= 0 || p.M < p.wide_min_m) return false;
+  const int64_t tiles = ((p.N + 127) / 128) * ((p.M + 255) / 256);
+  return 4 * tiles >= 3 * static_cast<int64_t>(multiprocessor_count());
+}
+
+template <class F>
+auto with_lut_config(const WeightAGemmParams& p, F&& f) {
+  const bool f16 = p.out_dtype == DType::f16;
+  if (lut_wide(p)) return f16 ? f(LutWide<cutlass::half_t>{}) : f(LutWide<cutlass::bfloat16_t>{});
+  return f16 ? f(LutNarrow<cutlass::half_t>{}) : f(LutNarrow<cutlass::bfloat16_t>{});
+}
+
+}  // namespace
+
+bool cutlass_s8s4_lut_applies(const WeightAGemmParams& p) { return lut_fits(p) && lut_image(); }
+
+size_t cutlass_s8s4_lut_scratch_bytes(const WeightAGemmParams& p) {
+  if (!lut_fits(p)) return 0;
+  return with_lut_config(
+      p, [&](auto c) { return cutlass_s8::weight_a_scratch_bytes<decltype(c)>(p); });
+}
+
+bool gemm_cutlass_s8s4_lut(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
+  if (!lut_fits(p) || !lut_image()) return false;
+  return with_lut_config(
+      p, [&](auto c) { return cutlass_s8::weight_a_launch<decltype(c)>(p, scratch, stream); });
+}
+
+#else  // !LOWBIT_HAVE_CUTLASS
+
+bool cutlass_s8s4_lut_applies(const WeightAGemmParams&) { return false; }
+size_t cutlass_s8s4_lut_scratch_bytes(const WeightAGemmParams&) { return 0; }
+bool gemm_cutlass_s8s4_lut(const WeightAGemmParams&, void*, cudaStream_t) { return false; }
+
+#endif
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit
