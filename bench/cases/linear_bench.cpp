@@ -232,6 +232,17 @@ class LayerBench : public BenchCase {
             const cl::DecodeTilesTuning def;
             cl::DecodeTilesTuning t;
             std::string what;
+            // Session 37: the mixed-input GEMMs' 128 x 64 tile off where it runs by default, on
+            // for the next rows.
+            auto small_tile_row = [&] {
+              cl::DecodeTilesTuning n;
+              const bool on = s.m <= def.mixed_small_max_m;
+              n.mixed_small_max_m = on ? 0 : 2 * def.mixed_small_max_m;
+              other_path(on ? "mixed-input GEMM without the 128 x 64 tile (mixed_small_max_m 0)"
+                            : "mixed-input GEMM, 128 x 64 tile (mixed_small_max_m " +
+                                  std::to_string(n.mixed_small_max_m) + ")",
+                         layer_tuning(n), default_tuning, 0, true);
+            };
             if (q == QType::convrot4 && s.m <= def.nvfp4_row_block_max_m) {
               t.nvfp4_row_block_max_m = 0;
               what = "dequantize + cuBLASLt (nvfp4_row_block_max_m 0: the path before)";
@@ -256,6 +267,8 @@ class LayerBench : public BenchCase {
                 t.comfy_mixed_max_m = 1 << 30;
                 what = "mixed-input GEMM on the int4 codes (comfy_mixed_max_m unbounded)";
               }
+              if (s.m > def.comfy_row_block_max_m && s.m <= 2 * def.mixed_small_max_m)
+                small_tile_row();
               if (s.m > def.row_block_max_m && s.m < def.comfy_mixed_wide_min_m) {
                 cl::DecodeTilesTuning n;
                 n.comfy_mixed_wide_min_m = 1;
@@ -283,6 +296,8 @@ class LayerBench : public BenchCase {
                 t.int4_mixed_max_m = 1 << 30;
                 what = "mixed-input GEMM, fold tables (int4_mixed_max_m unbounded)";
               }
+              if (s.m > def.int4_row_block_max_m && s.m <= 2 * def.mixed_small_max_m)
+                small_tile_row();
               if (s.m > def.int4_row_block_max_m && s.m < def.int4_mixed_wide_min_m) {
                 cl::DecodeTilesTuning n;
                 n.int4_mixed_wide_min_m = 1;

@@ -43,6 +43,8 @@ template <class Out>
 using S4Narrow = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _128, _128>, Out>;
 template <class Out>
 using S4Wide = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _256, _128>, Out>;
+template <class Out>
+using S4Small = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _64, _128>, Out>;
 
 bool s4_fits(const WeightAGemmParams& p) { return cutlass_s8::weight_a_fits(p, 2); }
 
@@ -69,6 +71,8 @@ bool cutlass_s8s4_applies(const WeightAGemmParams& p) { return s4_fits(p) && s4_
 template <class F>
 auto with_s4_config(const WeightAGemmParams& p, F&& f) {
   const bool f16 = p.out_dtype == DType::f16;
+  if (p.M <= p.small_max_m)
+    return f16 ? f(S4Small<cutlass::half_t>{}) : f(S4Small<cutlass::bfloat16_t>{});
   if (s4_wide(p)) return f16 ? f(S4Wide<cutlass::half_t>{}) : f(S4Wide<cutlass::bfloat16_t>{});
   return f16 ? f(S4Narrow<cutlass::half_t>{}) : f(S4Narrow<cutlass::bfloat16_t>{});
 }

@@ -139,6 +139,9 @@ using LutNarrow = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _128, 
 template <class Out>
 using LutWide = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _256, _128>, Out,
                                           cutlass_s8::FoldTable, cutlass_s8::UseFoldLut>;
+template <class Out>
+using LutSmall = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _64, _128>, Out,
+                                           cutlass_s8::FoldTable, cutlass_s8::UseFoldLut>;
 
 // Tables: one K group per 128-column K tile, rows contiguous, 16-byte aligned groups.
 bool lut_fits(const WeightAGemmParams& p) {
@@ -162,6 +165,8 @@ bool lut_wide(const WeightAGemmParams& p) {
 template <class F>
 auto with_lut_config(const WeightAGemmParams& p, F&& f) {
   const bool f16 = p.out_dtype == DType::f16;
+  if (p.M <= p.small_max_m)
+    return f16 ? f(LutSmall<cutlass::half_t>{}) : f(LutSmall<cutlass::bfloat16_t>{});
   if (lut_wide(p)) return f16 ? f(LutWide<cutlass::half_t>{}) : f(LutWide<cutlass::bfloat16_t>{});
   return f16 ? f(LutNarrow<cutlass::half_t>{}) : f(LutNarrow<cutlass::bfloat16_t>{});
 }

@@ -109,10 +109,18 @@ struct DecodeTilesTuning {
   // int4_row_block_max_m + 1 up to int4_mixed_max_m rows, CUTLASS's mixed-input GEMM on the
   // checkpoint's codes with the fold tables in the conversion (gemm_cutlass_s8s4_lut: no unpacked
   // weight) instead of the row blocks / the weight unpacked from the tiles; 0: the paths before.
-  // Its 128 x 256 tile from int4_mixed_wide_min_m rows (as comfy's).
-  int int4_row_block_max_m = 32;
+  // Its 128 x 256 tile from int4_mixed_wide_min_m rows (as comfy's). H200 session 37, ms (x
+  // cuBLASLt bf16 + bias), 5120 -> 13824: M 32 row blocks 0.0387 / mixed (128 x 64 tile) 0.0341
+  // (1.15x); M 64 0.0696 / 0.0349 (1.20x); 128 unpacked 0.0665 / 0.0385 (1.05x); 256 0.0804 /
+  // 0.0492 (1.16x, 128 x 256); 512 0.1041 / 0.0830 (1.23x); 1024 0.1624 / 0.1386 (1.41x); 2048
+  // 0.2495 / 0.2507; Flux MLP 4096 rows 0.2541 unpacked / 0.2742 mixed.
+  int int4_row_block_max_m = 16;
   int int4_mixed_max_m = 3072;
   int int4_mixed_wide_min_m = 256;
+  // Both mixed-input GEMMs (comfy and int4), session 37: the 128 x 64 tile (64 activation rows)
+  // up to this M (0: never). H200, 64 x 5120 -> 13824: int4 0.0349 vs 0.0384 ms (128 x 128),
+  // comfy 0.0324 vs 0.0371; at 128 rows it loses (0.0536 vs 0.0385).
+  int mixed_small_max_m = 64;
   // convrot8 (int8 weights) at 16 < M <= this: CUTLASS's int8 GEMM with the weight as A (128
   // weight rows x 64 activation rows per tile: gemm_cutlass_s8_t), bf16 output; 0: the GEMM with
   // the activations as A for every M > 16 (the path before).

@@ -448,6 +448,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     q.out_dtype = g.out_dtype;
     q.ldo = g.ldo;
     q.wide_min_m = tt.comfy_mixed_wide_min_m;
+    q.small_max_m = tt.mixed_small_max_m;
     return q;
   };
   const bool comfy_mixed = ref.format == WeightFormat::comfy_int4 && M > tt.comfy_row_block_max_m &&

@@ -182,6 +182,7 @@ struct WeightAGemmParams {
   DType out_dtype = DType::bf16;
   int64_t ldo = 0;
   int64_t wide_min_m = 0;  // the 128 x 256 tile from this M (0: never)
+  int64_t small_max_m = 0;  // mixed-input GEMMs: the 128 x 64 tile up to this M (0: never)
   // convrotint4 (gemm_cutlass_s8s4_lut.cu): the fold tables (K / w_lut_group, N) of 8 bytes,
   // w_lut_ld tables between groups (decode_tiles_gemm_lut); null for the other GEMMs.
   const void* w_lut = nullptr;

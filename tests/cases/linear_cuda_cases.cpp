@@ -413,11 +413,15 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
                          Mid{QType::convrot8, 17, 4104, 768, DType::bf16, true},
                          Mid{QType::convrot8, 40, 520, 2048, DType::bf16, false},
                          Mid{QType::convrot8, 33, 1032, 1024, DType::f16, true},
-                         // Session 37: convrotint4 at 32 < M <= 3072 takes the mixed-input GEMM
+                         // Session 37: convrotint4 at 16 < M <= 3072 takes the mixed-input GEMM
                          // on its packed codes with the fold tables in the conversion (the
                          // cases above at M 33 / 64 / 100 / 520 too): K 256 .. 5120 (K 384: an
                          // odd number of 128-column groups), N not a multiple of the tile, the
                          // 128 x 256 tile (M 600 x O 5000), f16; M 3100 keeps the unpacked weight.
+                         // Up to M 64 both mixed-input GEMMs run the 128 x 64 tile (int4 M 33 /
+                         // 40 / 64, comfy M 40 / 48: bf16 and f16), above it 128 x 128 (M 65).
+                         Mid{QType::convrot_int4, 17, 1032, 768, DType::bf16, true},
+                         Mid{QType::convrot_int4, 31, 2056, 1280, DType::f16, false},
                          Mid{QType::convrot_int4, 40, 4104, 768, DType::f16, true},
                          Mid{QType::convrot_int4, 65, 1032, 5120, DType::bf16, true},
                          Mid{QType::convrot_int4, 129, 2056, 1024, DType::bf16, false},
