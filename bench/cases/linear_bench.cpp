@@ -243,9 +243,23 @@ class LayerBench : public BenchCase {
                                   std::to_string(n.mixed_small_max_m) + ")",
                          layer_tuning(n), default_tuning, 0, true);
             };
-            if (q == QType::convrot4 && s.m <= def.nvfp4_row_block_max_m) {
-              t.nvfp4_row_block_max_m = 0;
-              what = "dequantize + cuBLASLt (nvfp4_row_block_max_m 0: the path before)";
+            if (q == QType::convrot4) {
+              // Session 37: the mixed-input GEMM on the e2m1 codes against the paths before.
+              if (s.m <= def.nvfp4_row_block_max_m) {
+                t.nvfp4_row_block_max_m = 0;
+                what = "mixed-input GEMM on the e2m1 codes (nvfp4_row_block_max_m 0)";
+              } else {
+                t.nvfp4_mixed_max_m = 0;
+                what = "dequantize + cuBLASLt (nvfp4_mixed_max_m 0: the path before)";
+                if (s.m <= 2 * def.mixed_small_max_m) small_tile_row();
+                cl::DecodeTilesTuning n;
+                const bool wide = s.m >= def.nvfp4_mixed_wide_min_m;
+                n.nvfp4_mixed_wide_min_m = wide ? 0 : 1;
+                if (s.m > def.mixed_small_max_m)
+                  other_path(wide ? "mixed-input GEMM, 128 x 128 tile (nvfp4_mixed_wide_min_m 0)"
+                                  : "mixed-input GEMM, 128 x 256 tile (nvfp4_mixed_wide_min_m 1)",
+                             layer_tuning(n), default_tuning, 0, true);
+              }
             } else if (q == QType::convrot8 && s.m <= def.int8_weight_a_max_m) {
               t.int8_weight_a_max_m = 0;
               what = "int8 GEMM, activations as A (int8_weight_a_max_m 0: the path before)";

@@ -96,11 +96,15 @@ struct Config {
 // ScaleW (non-void): the mixed-input mainloop's per-(weight row, K group) operand, loaded with
 // each stage (gemm_cutlass_s8s4_lut.cu: 8-byte lookup tables); MainloopFix::apply<Built>::type
 // replaces the built mainloop (its conversion specialized there), void: the builder's own.
+// ElementAct / Acc: the activations' and the accumulators' types (int8 / int32; NVFP4's GEMM,
+// gemm_cutlass_nvfp4_mixed.cu: f16 / fp32).
 template <class ElementW_, class TileShape_, class ElementOut_, class ScaleW_ = void,
-          class MainloopFix = void>
+          class MainloopFix = void, class ElementAct_ = int8_t, class Acc_ = int32_t>
 struct WeightAConfig {
   using ElementW = ElementW_;
   using ScaleW = ScaleW_;
+  using ElementAct = ElementAct_;
+  using Acc = Acc_;
   using TileShape = TileShape_;
   using ClusterShape = Shape<_1, _1, _1>;
   using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
@@ -126,16 +130,17 @@ struct WeightAConfig {
   static constexpr int64_t kWPerByte = 8 / cute::sizeof_bits_v<ElementW>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void,
+      cutlass::epilogue::collective::EpilogueTileAuto, Acc, float, void,
       cutlass::layout::ColumnMajor, kAlignOut, ElementOut, cutlass::layout::ColumnMajor, kAlignOut,
       EpilogueSchedule, Evt>::CollectiveOp;
 
+  static constexpr int kAlignAct = 16 / static_cast<int>(sizeof(ElementAct));
   using ElementWSpec =
       std::conditional_t<std::is_void_v<ScaleW>, ElementW, cute::tuple<ElementW, ScaleW>>;
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementWSpec,
-      cutlass::layout::RowMajor, kAlignW, int8_t, cutlass::layout::ColumnMajor, 16, int32_t,
-      TileShape, ClusterShape,
+      cutlass::layout::RowMajor, kAlignW, ElementAct, cutlass::layout::ColumnMajor, kAlignAct,
+      Acc, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
@@ -162,7 +167,7 @@ typename C::Gemm::Arguments make_weight_a_args(const WeightAGemmParams& p, const
   typename Kernel::StrideA sa{};
   get<0>(sa) = p.w_row_bytes * C::kWPerByte;  // weight elements between weight rows
   typename Kernel::StrideB sb{};
-  get<0>(sb) = p.lda;  // int8 elements between activation rows
+  get<0>(sb) = p.lda;  // activation elements between activation rows
   typename Kernel::StrideD sd{};
   get<1>(sd) = p.ldo;  // D = out^T column-major: out's rows are D's columns
   typename Kernel::StrideC sc = sd;
@@ -171,7 +176,7 @@ typename C::Gemm::Arguments make_weight_a_args(const WeightAGemmParams& p, const
   args.problem_shape = make_shape(N, M, K, 1);
   args.mainloop.ptr_A = reinterpret_cast<const typename C::ElementW*>(p.w_codes);
   args.mainloop.dA = sa;
-  args.mainloop.ptr_B = static_cast<const int8_t*>(p.a);
+  args.mainloop.ptr_B = reinterpret_cast<const typename C::ElementAct*>(p.a);
   args.mainloop.dB = sb;
   if constexpr (!std::is_void_v<typename C::ScaleW>) {
     // (N, K / group) operands, weight rows contiguous, w_lut_ld elements between groups.

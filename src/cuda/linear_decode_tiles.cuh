@@ -85,7 +85,9 @@ struct DecodeTilesTuning {
   // NVFP4 M 32 0.0536-0.0538 (0.73-0.75x; before 0.1418-0.1422; the GEMV ~0.027 per 16 rows, the
   // dequantized path ~0.144 up to M 128).
   int row_block_max_m = 64;
-  int nvfp4_row_block_max_m = 64;
+  // Session 37: NVFP4's GEMV per 16 rows up to 32 only (M 32: 0.0537 vs the mixed-input GEMM
+  // 0.0532; M 64: 0.1018 vs 0.0533).
+  int nvfp4_row_block_max_m = 32;
   // ... above row_block_max_m, int4 / comfy unpack the weight to int8 from the decode tiles
   // (decode_tiles_unpack_int8: prmt on the fold table) rather than from the checkpoint's codes
   // (unpack_weight_int8: an fp32 fold per weight); the same codes.
@@ -117,7 +119,17 @@ struct DecodeTilesTuning {
   int int4_row_block_max_m = 16;
   int int4_mixed_max_m = 3072;
   int int4_mixed_wide_min_m = 256;
-  // Both mixed-input GEMMs (comfy and int4), session 37: the 128 x 64 tile (64 activation rows)
+  // convrot4 (NVFP4) with bf16 or f16 output (session 37): past the GEMVs (nvfp4_row_block_max_m)
+  // up to nvfp4_mixed_max_m rows, CUTLASS's mixed-input GEMM on the e2m1 codes with the block
+  // scales applied in registers (gemm_cutlass_nvfp4_mixed: no dequantized weight) instead of
+  // both operands dequantized + cuBLASLt; 0: the path before. Its 128 x 256 tile from
+  // nvfp4_mixed_wide_min_m rows. H200 session 37, ms (x cuBLASLt bf16 + bias), 5120 -> 13824:
+  // M 64 0.0533 (0.77x; the GEMV per 16 rows 0.1018), 128 0.0632 (0.66x; dequantized 0.1451),
+  // 256 0.0796 (0.72x, 128 x 256; 0.1603), 512 0.1485 (0.68x; 0.2047), 1024 0.2463 (0.79x;
+  // 0.3028), 2048 0.4744 (0.4818); Flux MLP 4096 x 3072 -> 12288 0.5120 vs dequantized 0.4770.
+  int nvfp4_mixed_max_m = 3072;
+  int nvfp4_mixed_wide_min_m = 256;
+  // The mixed-input GEMMs (comfy, int4, NVFP4), session 37: the 128 x 64 tile (64 activation rows)
   // up to this M (0: never). H200, 64 x 5120 -> 13824: int4 0.0349 vs 0.0384 ms (128 x 128),
   // comfy 0.0324 vs 0.0371; at 128 rows it loses (0.0536 vs 0.0385).
   int mixed_small_max_m = 64;

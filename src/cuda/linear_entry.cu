@@ -370,6 +370,33 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
         return;
       }
     }
+    // Session 37: past the GEMVs, the mixed-input GEMM on the packed codes (the weight's block
+    // scales dequantized in registers; gemm_cutlass_nvfp4_mixed) on the f16 activations.
+    const auto& tn = linear::layer_tiles_tuning();
+    if (w.decode_tiles.data && M <= tn.nvfp4_mixed_max_m) {
+      linear::WeightAGemmParams q;
+      q.a = reinterpret_cast<const int8_t*>(a16.as<uint16_t>());
+      q.lda = K;
+      q.w_codes = static_cast<const uint8_t*>(w.codes.data);
+      q.w_row_bytes = K / 2;
+      q.M = M;
+      q.N = O;
+      q.K = K;
+      q.bias = ep.bias;
+      q.bias_dtype = ep.bias_dtype;
+      q.out = out.data;
+      q.out_dtype = out.dtype;
+      q.ldo = out.stride[0];
+      q.wide_min_m = tn.nvfp4_mixed_wide_min_m;
+      q.small_max_m = tn.mixed_small_max_m;
+      linear::nvfp4_mixed_layout_parts(static_cast<const uint8_t*>(w.decode_tiles.data), O, K, &q);
+      if (linear::cutlass_nvfp4_mixed_applies(q)) {
+        launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s, false,
+                               a16.as<uint16_t>());
+        Scratch ws(linear::cutlass_nvfp4_mixed_scratch_bytes(q), s, op);
+        if (linear::gemm_cutlass_nvfp4_mixed(q, ws.as<void>(), s)) return;
+      }
+    }
     launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s);
     Scratch w16(static_cast<size_t>(O * K * 2), s, op);
     auto dequant = [&](DType t) {
@@ -605,10 +632,19 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
 int64_t decode_tiles_bytes(const PackedWeightView& w) {
   // No layout where the kernel cannot run (it would only cost memory), or where it is off.
   if (!kUseDecodeTiles || !linear::decode_tiles_device()) return 0;
+  // NVFP4 (session 37): the prefill GEMM's block-scale layout (its decode GEMV reads the
+  // checkpoint's own bytes); before, its e2m1 codes were taken for packed int4 ones.
+  if (w.qtype == QType::convrot4) return linear::nvfp4_mixed_layout_bytes(w.out_features, w.in_features);
   return linear::decode_tiles_bytes(weight_ref(w));
 }
 
 bool build_decode_tiles(const PackedWeightView& w, void* out, Context& ctx) {
+  if (w.qtype == QType::convrot4) {
+    return linear::nvfp4_mixed_layout_build(
+        static_cast<const uint8_t*>(w.block_scales.data),
+        static_cast<const float*>(w.tensor_scale.data), w.out_features, w.in_features,
+        static_cast<uint8_t*>(out), stream_of(ctx));
+  }
   return linear::decode_tiles_build(weight_ref(w), static_cast<uint8_t*>(out), stream_of(ctx));
 }
 

@@ -208,6 +208,21 @@ bool gemm_cutlass_s8s4(const WeightAGemmParams& p, void* scratch, cudaStream_t s
 bool cutlass_s8s4_lut_applies(const WeightAGemmParams& p);
 size_t cutlass_s8s4_lut_scratch_bytes(const WeightAGemmParams& p);
 bool gemm_cutlass_s8s4_lut(const WeightAGemmParams& p, void* scratch, cudaStream_t stream);
+// NVFP4 (convrot4) prefill on sm_90 without a dequantized weight (gemm_cutlass_nvfp4_mixed.cu,
+// session 37): p.a = the activations dequantized to f16 (M, K) (the rotate kernel's x16, pts 1;
+// lda in elements), p.w_codes = the (N, K/2) e2m1 codes, p.a_scale null; the weight's block scales
+// and its tensor scale come from its layout (nvfp4_mixed_layout_parts). f16 wgmma, fp32 sums, out
+// = acc · pts + bias in bf16 / f16. Same contract as gemm_cutlass_s8s4.
+// The layout (built once per weight, kept as the weight's decode_tiles): the block scales as
+// (K / 64, N) words of four, then N copies of pts; 0 bytes: K % 64 != 0 (or no CUTLASS).
+int64_t nvfp4_mixed_layout_bytes(int64_t N, int64_t K);
+bool nvfp4_mixed_layout_build(const uint8_t* block_scales, const float* pts, int64_t N, int64_t K,
+                              uint8_t* out, cudaStream_t stream);
+// Sets p's w_lut, w_lut_ld, w_lut_group and w_scale (= the pts row) from a built layout.
+void nvfp4_mixed_layout_parts(const uint8_t* layout, int64_t N, int64_t K, WeightAGemmParams* p);
+bool cutlass_nvfp4_mixed_applies(const WeightAGemmParams& p);
+size_t cutlass_nvfp4_mixed_scratch_bytes(const WeightAGemmParams& p);
+bool gemm_cutlass_nvfp4_mixed(const WeightAGemmParams& p, void* scratch, cudaStream_t stream);
 
 // The epilogue on one accumulator (the same function everywhere, so every path gives the same
 // bits: the prefill GEMM, the decode kernel, and the CPU's fp32 order).

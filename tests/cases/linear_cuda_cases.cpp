@@ -514,10 +514,14 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     // Session 17: NVFP4 (convrot4) prefill on sm_90 through cuBLASLt's f16 GEMM (the default;
     // alpha = the tensor scale from the device, BIAS epilogue) and through the mma.sync kernel
     // (nvfp4_cublaslt off); on sm_100 both run the fp4 tensor cores.
-    add("nvfp4_lt", def, QType::convrot4, 300, 272, 1280, DType::bf16, true);
-    add("nvfp4_lt", def, QType::convrot4, 33, 144, 512, DType::f16, false);
-    add("nvfp4_lt", def, QType::convrot4, 17, 1008, 256, DType::bf16, true);
-    cl::DecodeTilesTuning mma;
+    // Session 37: the mixed-input GEMM on the e2m1 codes is the default past the GEMVs, so
+    // these run with nvfp4_mixed_max_m 0; the mixed GEMM's own cases follow.
+    cl::DecodeTilesTuning dqlt;
+    dqlt.nvfp4_mixed_max_m = 0;
+    add("nvfp4_lt", dqlt, QType::convrot4, 300, 272, 1280, DType::bf16, true);
+    add("nvfp4_lt", dqlt, QType::convrot4, 33, 144, 512, DType::f16, false);
+    add("nvfp4_lt", dqlt, QType::convrot4, 17, 1008, 256, DType::bf16, true);
+    cl::DecodeTilesTuning mma = dqlt;
     mma.nvfp4_cublaslt = false;
     add("nvfp4_mma", mma, QType::convrot4, 300, 272, 1280, DType::bf16, true);
     add("nvfp4_mma", mma, QType::convrot4, 33, 144, 512, DType::f16, false);
@@ -579,6 +583,19 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
     xs.nvfp4_gemv_x_ahead = true;
     add("nvfp4_xahead", xs, QType::convrot4, 1, 272, 64, DType::bf16, true);
     add("nvfp4_xahead", xs, QType::convrot4, 9, 1008, 448, DType::f16, true);
+    // Session 37: the mixed-input GEMM (past the GEMV per 16 rows: M > 64; from M 17 with
+    // nvfp4_row_block_max_m 0): the 128 x 64 tile (M <= 64), 128 x 128, 128 x 256 (M 600 x O
+    // 5008), f16 and bf16 output, odd M, N not a multiple of the tile, K 64 .. 5120 (one K tile
+    // to many), with and without bias; K % 64 != 0 keeps the dequantized path (K 1040).
+    cl::DecodeTilesTuning mx;
+    mx.nvfp4_row_block_max_m = 0;
+    add("nvfp4_mixed", mx, QType::convrot4, 17, 1008, 256, DType::bf16, true);
+    add("nvfp4_mixed", mx, QType::convrot4, 40, 144, 5120, DType::f16, false);
+    add("nvfp4_mixed", def, QType::convrot4, 65, 2064, 1280, DType::bf16, true);
+    add("nvfp4_mixed", def, QType::convrot4, 129, 272, 64, DType::f16, true);
+    add("nvfp4_mixed", def, QType::convrot4, 333, 4112, 768, DType::bf16, false);
+    add("nvfp4_mixed", def, QType::convrot4, 600, 5008, 256, DType::bf16, true);
+    add("nvfp4_mixed", def, QType::convrot4, 100, 528, 1040, DType::bf16, true);
     cl::DecodeTilesTuning dq;
     dq.nvfp4_x16_rotate = false;
     add("nvfp4_x16kernel", dq, QType::convrot4, 3, 144, 320, DType::bf16, true);

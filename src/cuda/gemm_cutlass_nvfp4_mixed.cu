@@ -1,0 +1,260 @@
+// NVFP4 (convrot4) prefill on sm_90 without a dequantized weight (session 37): CUTLASS's sm_90
+// mixed-input mainloop on the checkpoint's e2m1 codes, each code dequantized with its e4m3 block
+// scale in registers (the issue's "on sm_90 dequantize in the kernel").
+//
+// sm_90 has no fp4 MMA. Every dequantized NVFP4 value e2m1 x e4m3 is exact in f16 (at most 6
+// significant bits, |v| in [2^-10, 2688]), so the GEMM runs f16 wgmma with fp32 accumulation on
+// (a) the activations dequantized to f16 by the rotate kernel (pts = 1) and (b) the weight codes
+// converted in the consumers' registers: the layer's sm_90 arithmetic before (both operands
+// dequantized to 16 bits by separate kernels, cuBLASLt), without writing and re-reading a 16-bit
+// copy of the weight per call. The tensor scale pts and the bias in the epilogue
+// (gemm_cutlass_s8.cuh's compute node: ((acc · 1) · pts) + bias, pts as a per-row vector).
+//
+// The conversion (MixedInputUtils specialized for the Nvfp4Lut transform tag, as
+// gemm_cutlass_s8s4_lut.cu does for int8 fold tables): CUTLASS's lookup-table mode loads, beside
+// each 64-column K tile of codes, one 32-bit "scale" per weight row: its four e4m3 block scales
+// (K blocks 16 wide; a (K / 64, N) copy made once per weight: nvfp4_mixed_layout_build). For the
+// K block b of the tile (one f16 wgmma k16 step), a code becomes the high byte of the f16 of
+// 256 x its e2m1 value (one 16-entry lookup: three prmt per four codes, two more spread them over
+// zero low bytes), the scale byte b becomes the f16 of scale x 2^-8 by a shift ((s & 0x7f) << 7:
+// e4m3's subnormals land on f16's), and one f16x2 multiply gives code x scale exactly.
+//
+// Transposed as the other weight-as-A GEMMs: A = the weight (N, K), B = the f16 activations
+// (M, K), D = out^T column-major. Tiles 128 x 64 (up to WeightAGemmParams::small_max_m rows),
+// 128 x 128, 128 x 256 (from wide_min_m rows where it fills ~3/4 of the SMs), K tile 64,
+// stream-K; bf16 and f16 output.
+#ifndef NDEBUG  // before any header: see gemm_cutlass_s8.cuh
+#define NDEBUG
+#endif
+#include <cstdint>
+
+#include "src/cuda/common.cuh"
+#include "src/cuda/linear_kernels.cuh"
+#include "src/cuda/linear_lut.h"
+
+#if defined(LOWBIT_HAVE_CUTLASS)
+#include "src/cuda/gemm_cutlass_s8.cuh"
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+namespace cutlass_s8 {
+struct Nvfp4Lut {};                               // the transform tag of the conversion below
+using Nvfp4Scales = cutlass::Array<uint8_t, 4>;  // a row's four block scales of one K tile
+
+template <class C>
+struct WithNvfp4Lut;
+template <class D, class T, class EA, class SA, class EB, class SB, class TM, class GA, class LA,
+          class CA, class TA, class GB, class LB, class CB, class TB>
+struct WithNvfp4Lut<
+    cutlass::gemm::collective::CollectiveMma<D, T, EA, SA, EB, SB, TM, GA, LA, CA, TA, GB, LB, CB, TB>> {
+  using type = cutlass::gemm::collective::CollectiveMma<D, T, EA, SA, EB, SB, TM, GA, LA, CA,
+                                                        Nvfp4Lut, GB, LB, CB, TB>;
+};
+struct UseNvfp4Lut {
+  template <class C>
+  using apply = WithNvfp4Lut<C>;
+};
+
+// 256 x the e2m1 value as f16, for the eight codes of `word` (nibble j = code j): h[0] = codes
+// 0, 1, h[1] = 2, 3, h[2] = 4, 5, h[3] = 6, 7 (each f16's low byte is zero; sign bit 0x80).
+__device__ __forceinline__ void e2m1x8_f16x2_x256(uint32_t word, uint32_t h[4]) {
+  const uint32_t lut[4] = {0x5e5c5800u, 0x66646260u, 0xdedcd880u, 0xe6e4e2e0u};
+  const uint32_t lo = lut4(word & 0xffffu, lut), hi = lut4(word >> 16, lut);
+  h[0] = lut_prmt(lo, 0u, 0x1404u);
+  h[1] = lut_prmt(lo, 0u, 0x3424u);
+  h[2] = lut_prmt(hi, 0u, 0x1404u);
+  h[3] = lut_prmt(hi, 0u, 0x3424u);
+}
+
+// The f16x2 pair (s, s) · 2^-8 of byte b of a row's four e4m3 block scales (positive).
+__device__ __forceinline__ uint32_t scale_f16x2(uint32_t scales, int b) {
+  const uint32_t t = ((scales >> (8 * b)) & 0x7fu) << 7;
+  return t | (t << 16);
+}
+
+__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+}  // namespace cutlass_s8
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit
+
+namespace cutlass::gemm::collective::detail {
+
+// CUTLASS's utilities for the identity-transform collective, with the conversion of a K block of
+// A replaced (e2m1 codes x e4m3 block scales -> f16).
+template <int Stages, class Cluster, class Schedule, class T, class EA, class SA, class EB,
+          class SB, class TM, class GA, class LA, class CA, class GB, class LB, class CB, class TB>
+struct MixedInputUtils<CollectiveMma<
+    MainloopSm90TmaGmmaRmemAWarpSpecializedMixedInput<Stages, Cluster, Schedule>, T, EA, SA, EB,
+    SB, TM, GA, LA, CA, lowbit::cuda::linear::cutlass_s8::Nvfp4Lut, GB, LB, CB, TB>>
+    : MixedInputUtils<CollectiveMma<
+          MainloopSm90TmaGmmaRmemAWarpSpecializedMixedInput<Stages, Cluster, Schedule>, T, EA, SA,
+          EB, SB, TM, GA, LA, CA, cute::identity, GB, LB, CB, TB>> {
+  template <class EngineIn, class EngineOut, class LayoutIn, class LayoutOut, class... Ts>
+  CUTLASS_DEVICE static void dequantize_A_kblock(cute::Tensor<EngineIn, LayoutIn> const& tCrA_load,
+                                                 cute::Tensor<EngineOut, LayoutOut>& tCrA_mma,
+                                                 cute::tuple<Ts...>& extra, int const k_block) {
+    using namespace cute;
+    namespace cs = lowbit::cuda::linear::cutlass_s8;
+    static_assert(sizeof_bits_v<typename EngineIn::value_type> == 4, "e2m1 codes expected");
+    static_assert(sizeof_bits_v<typename EngineOut::value_type> == 16, "f16 operand expected");
+    Tensor src = tCrA_load(_, _, k_block);
+    Tensor dst = tCrA_mma(_, _, k_block);
+    // Eight codes (one register) per step: values 2j and 2j + 1 of a step share a weight row
+    // (wgmma's A fragment: k pairs of one row), so one scale per f16x2 pair.
+    static_assert(decltype(size(src(_, 0)))::value % 8 == 0, "8 codes per register expected");
+    Tensor src_s = group_modes<1, -1>(zipped_divide(src, Int<8>{}));
+    Tensor dst_s = group_modes<1, -1>(zipped_divide(dst, Int<8>{}));
+    Tensor scales = get<1>(extra)(_, _, k_block);  // loaded from shared memory at k_block 0
+    Tensor scales_s = group_modes<1, -1>(zipped_divide(scales, Int<8>{}));
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size<1>(dst_s); ++i) {
+      const uint32_t word = cute::recast<uint32_t>(src_s(_, i))(0);
+      auto&& out = cute::recast<cutlass::Array<uint32_t, 4>>(dst_s(_, i))(0);
+      uint32_t h[4];
+      cs::e2m1x8_f16x2_x256(word, h);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t sc = reinterpret_cast<uint32_t const&>(scales_s(2 * j, i));
+        out[j] = cs::mul_f16x2(h[j], cs::scale_f16x2(sc, k_block));
+      }
+    }
+  }
+};
+
+}  // namespace cutlass::gemm::collective::detail
+#endif  // LOWBIT_HAVE_CUTLASS
+
+namespace lowbit {
+namespace cuda {
+namespace linear {
+
+namespace {
+constexpr int64_t kNvfp4KTile = 64;
+int64_t nvfp4_scales_ld(int64_t N) { return (N + 3) / 4 * 4; }  // 16-byte group rows
+int64_t nvfp4_pts_offset(int64_t N, int64_t K) {
+  return (K / kNvfp4KTile * nvfp4_scales_ld(N) * 4 + 255) / 256 * 256;
+}
+
+// One thread per (K tile g, row n < ld): the row's block scales 4g .. 4g + 3 as one word; rows
+// past N zero. Thread (0, n < N) also writes pts[n].
+__global__ void nvfp4_layout_kernel(const uint8_t* block_scales, const float* pts, int64_t N,
+                                    int64_t K, int64_t ld, int64_t count, uint32_t* scales,
+                                    float* pts_rows) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= count) return;
+  const int64_t g = idx / ld, n = idx - g * ld;
+  uint32_t w = 0;
+  if (n < N) {
+    const uint8_t* b = block_scales + n * (K / 16) + 4 * g;
+    w = b[0] | (static_cast<uint32_t>(b[1]) << 8) | (static_cast<uint32_t>(b[2]) << 16) |
+        (static_cast<uint32_t>(b[3]) << 24);
+    if (g == 0) pts_rows[n] = *pts;
+  }
+  scales[idx] = w;
+}
+}  // namespace
+
+#if defined(LOWBIT_HAVE_CUTLASS)
+
+namespace {
+
+using namespace cute;
+
+template <class Tile, class Out>
+using Nvfp4Config =
+    cutlass_s8::WeightAConfig<cutlass::uint4b_t, Tile, Out, cutlass_s8::Nvfp4Scales,
+                              cutlass_s8::UseNvfp4Lut, cutlass::half_t, float>;
+template <class Out>
+using Nvfp4Small = Nvfp4Config<Shape<_128, _64, _64>, Out>;
+template <class Out>
+using Nvfp4Narrow = Nvfp4Config<Shape<_128, _128, _64>, Out>;
+template <class Out>
+using Nvfp4Wide = Nvfp4Config<Shape<_128, _256, _64>, Out>;
+
+// f16 activations (lda elements, 16-byte rows), the (K / 64, ld) scale words, 64-column tiles.
+bool mixed_fits(const WeightAGemmParams& p) {
+  return cutlass_s8::weight_a_fits(p, 2) && p.w_lut && p.w_lut_group == kNvfp4KTile &&
+         p.K % kNvfp4KTile == 0 && p.w_lut_ld >= p.N && p.w_lut_ld % 4 == 0 &&
+         (reinterpret_cast<uintptr_t>(p.w_lut) & 15u) == 0 && p.w_scale;
+}
+
+bool mixed_image() {
+  return sm90a_image_loaded(reinterpret_cast<const void*>(
+      cutlass::device_kernel<Nvfp4Narrow<cutlass::bfloat16_t>::Kernel>));
+}
+
+bool mixed_wide(const WeightAGemmParams& p) {
+  if (p.wide_min_m <= 0 || p.M < p.wide_min_m) return false;
+  const int64_t tiles = ((p.N + 127) / 128) * ((p.M + 255) / 256);
+  return 4 * tiles >= 3 * static_cast<int64_t>(multiprocessor_count());
+}
+
+template <class F>
+auto with_mixed_config(const WeightAGemmParams& p, F&& f) {
+  const bool f16 = p.out_dtype == DType::f16;
+  if (p.M <= p.small_max_m)
+    return f16 ? f(Nvfp4Small<cutlass::half_t>{}) : f(Nvfp4Small<cutlass::bfloat16_t>{});
+  if (mixed_wide(p))
+    return f16 ? f(Nvfp4Wide<cutlass::half_t>{}) : f(Nvfp4Wide<cutlass::bfloat16_t>{});
+  return f16 ? f(Nvfp4Narrow<cutlass::half_t>{}) : f(Nvfp4Narrow<cutlass::bfloat16_t>{});
+}
+
+}  // namespace
+
+int64_t nvfp4_mixed_layout_bytes(int64_t N, int64_t K) {
+  if (N < 1 || K < kNvfp4KTile || K % kNvfp4KTile) return 0;
+  return nvfp4_pts_offset(N, K) + N * 4;
+}
+
+bool cutlass_nvfp4_mixed_applies(const WeightAGemmParams& p) {
+  return mixed_fits(p) && mixed_image();
+}
+
+size_t cutlass_nvfp4_mixed_scratch_bytes(const WeightAGemmParams& p) {
+  if (!mixed_fits(p)) return 0;
+  return with_mixed_config(
+      p, [&](auto c) { return cutlass_s8::weight_a_scratch_bytes<decltype(c)>(p); });
+}
+
+bool gemm_cutlass_nvfp4_mixed(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
+  if (!mixed_fits(p) || !mixed_image()) return false;
+  return with_mixed_config(
+      p, [&](auto c) { return cutlass_s8::weight_a_launch<decltype(c)>(p, scratch, stream); });
+}
+
+#else  // !LOWBIT_HAVE_CUTLASS
+
+int64_t nvfp4_mixed_layout_bytes(int64_t, int64_t) { return 0; }
+bool cutlass_nvfp4_mixed_applies(const WeightAGemmParams&) { return false; }
+size_t cutlass_nvfp4_mixed_scratch_bytes(const WeightAGemmParams&) { return 0; }
+bool gemm_cutlass_nvfp4_mixed(const WeightAGemmParams&, void*, cudaStream_t) { return false; }
+
+#endif
+
+bool nvfp4_mixed_layout_build(const uint8_t* block_scales, const float* pts, int64_t N, int64_t K,
+                              uint8_t* out, cudaStream_t stream) {
+  if (nvfp4_mixed_layout_bytes(N, K) == 0) return false;
+  const int64_t ld = nvfp4_scales_ld(N), count = K / kNvfp4KTile * ld;
+  nvfp4_layout_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, stream>>>(
+      block_scales, pts, N, K, ld, count, reinterpret_cast<uint32_t*>(out),
+      reinterpret_cast<float*>(out + nvfp4_pts_offset(N, K)));
+  check_launch("nvfp4_mixed_layout_build");
+  return true;
+}
+
+void nvfp4_mixed_layout_parts(const uint8_t* layout, int64_t N, int64_t K, WeightAGemmParams* p) {
+  p->w_lut = layout;
+  p->w_lut_ld = nvfp4_scales_ld(N);
+  p->w_lut_group = kNvfp4KTile;
+  p->w_scale = reinterpret_cast<const float*>(layout + nvfp4_pts_offset(N, K));
+}
+
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit
