@@ -126,8 +126,11 @@ struct DecodeTilesTuning {
   // nvfp4_mixed_wide_min_m rows. H200 session 37, ms (x cuBLASLt bf16 + bias), 5120 -> 13824:
   // M 64 0.0533 (0.77x; the GEMV per 16 rows 0.1018), 128 0.0632 (0.66x; dequantized 0.1451),
   // 256 0.0796 (0.72x, 128 x 256; 0.1603), 512 0.1485 (0.68x; 0.2047), 1024 0.2463 (0.79x;
-  // 0.3028), 2048 0.4744 (0.4818); Flux MLP 4096 x 3072 -> 12288 0.5120 vs dequantized 0.4770.
-  int nvfp4_mixed_max_m = 3072;
+  // 0.3028), 2048 0.4744-0.4771 (0.4749-0.4818); Flux MLP 4096 x 3072 -> 12288 0.5120 vs
+  // dequantized 0.4770. Lost (call 8, bf16): 256 weight rows per tile (256 rows 0.0965 vs
+  // 0.0797, 2048 rows 0.5897 vs 0.4771) and clusters of 2 multicasting the activation tile
+  // (0.0646 / 0.1140 / 0.6604 at 128 / 256 / 2048 rows: no gain).
+  int nvfp4_mixed_max_m = 2048;
   int nvfp4_mixed_wide_min_m = 256;
   // The mixed-input GEMMs (comfy, int4, NVFP4), session 37: the 128 x 64 tile (64 activation rows)
   // up to this M (0: never). H200, 64 x 5120 -> 13824: int4 0.0349 vs 0.0384 ms (128 x 128),
