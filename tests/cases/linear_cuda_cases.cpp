@@ -156,11 +156,36 @@ class ForwardCase : public Case {
     layer.forward(in[0], bias_ ? &in[2] : nullptr, out[0], ctx);
   }
 
- private:
+ protected:
   QType q_;
   int64_t m_, o_, k_;
   DType act_;
   bool bias_;
+};
+
+// Session 37: the layer re-quantized on its stored scales from a second weight, then forward:
+// the weight's device-side layouts (decode tiles, int4's GEMM fold tables, NVFP4's block-scale
+// words) must be rebuilt from the rewritten codes and scales.
+class RequantForwardCase : public ForwardCase {
+ public:
+  using ForwardCase::ForwardCase;
+  std::string name() const override {
+    const std::string n = ForwardCase::name();
+    return "linear.gpu.forward_requant" + n.substr(std::string("linear.gpu.forward").size());
+  }
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    std::vector<HostTensor> v = ForwardCase::make_inputs(rng);
+    HostTensor w2(DType::f32, {o_, k_});
+    w2.fill_normal(rng, 0.f, 1.f / std::sqrt(static_cast<float>(k_)));
+    v.push_back(std::move(w2));
+    return v;
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    QuantizedLinear layer = QuantizedLinear::quantize(in[1], q_, ctx);
+    layer.requantize(in[3], false, 0, ctx);
+    layer.forward(in[0], bias_ ? &in[2] : nullptr, out[0], ctx);
+  }
 };
 
 #ifdef LOWBIT_WITH_CUDA
@@ -430,6 +455,12 @@ LOWBIT_HARNESS_CASES(linear_cuda_cases) {
                          Mid{QType::convrot_int4, 1000, 264, 2048, DType::f16, false},
                          Mid{QType::convrot_int4, 3100, 136, 256, DType::bf16, true}})
       cases.push_back(std::make_unique<ForwardCase>(c.q, c.m, c.o, c.k, c.act, c.bias));
+  }
+  // Session 37: re-quantized layers through the paths that read device-side layouts (the
+  // mixed-input GEMMs at M 100, the tiled decode GEMV at M 8).
+  for (QType q : {QType::convrot_int4, QType::convrot_comfy_w4a4, QType::convrot4}) {
+    cases.push_back(std::make_unique<RequantForwardCase>(q, 100, 1040, 1280, DType::bf16, true));
+    cases.push_back(std::make_unique<RequantForwardCase>(q, 8, 528, 1024, DType::f16, false));
   }
 #ifdef LOWBIT_WITH_CUDA
   // The tiled kernel's layer paths (DecodeTilesTuning) through the layer. `fused_reg`: the
