@@ -10,7 +10,7 @@
 // copy of the weight per call. The tensor scale pts and the bias in the epilogue
 // (gemm_cutlass_s8.cuh's compute node: ((acc · 1) · pts) + bias, pts as a per-row vector).
 //
-// The conversion (MixedInputUtils specialized for the Nvfp4Lut transform tag, as
+// The conversion (Nvfp4Lut, through gemm_cutlass_mixed.cuh's ConvertA hook, as
 // gemm_cutlass_s8s4_lut.cu does for int8 fold tables): CUTLASS's lookup-table mode loads, beside
 // each 64-column K tile of codes, one 32-bit "scale" per weight row: its four e4m3 block scales
 // (K blocks 16 wide; a (K / 64, N) copy made once per weight: nvfp4_mixed_layout_build). For the
@@ -33,76 +33,46 @@
 #include "src/cuda/linear_lut.h"
 
 #if defined(LOWBIT_HAVE_CUTLASS)
-#include "src/cuda/gemm_cutlass_s8.cuh"
+#include "src/cuda/gemm_cutlass_mixed.cuh"
 
 namespace lowbit {
 namespace cuda {
 namespace linear {
 namespace cutlass_s8 {
-struct Nvfp4Lut {};                               // the transform tag of the conversion below
+namespace {
+
 using Nvfp4Scales = cutlass::Array<uint8_t, 4>;  // a row's four block scales of one K tile
 
-template <class C>
-struct WithNvfp4Lut;
-template <class D, class T, class EA, class SA, class EB, class SB, class TM, class GA, class LA,
-          class CA, class TA, class GB, class LB, class CB, class TB>
-struct WithNvfp4Lut<
-    cutlass::gemm::collective::CollectiveMma<D, T, EA, SA, EB, SB, TM, GA, LA, CA, TA, GB, LB, CB, TB>> {
-  using type = cutlass::gemm::collective::CollectiveMma<D, T, EA, SA, EB, SB, TM, GA, LA, CA,
-                                                        Nvfp4Lut, GB, LB, CB, TB>;
-};
-struct UseNvfp4Lut {
-  template <class C>
-  using apply = WithNvfp4Lut<C>;
-};
+// The conversion of a K block (gemm_cutlass_mixed.cuh's ConvertA hook): e2m1 codes x e4m3 block
+// scales -> f16.
+struct Nvfp4Lut {
+  // 256 x the e2m1 value as f16, for the eight codes of `word` (nibble j = code j): h[0] =
+  // codes 0, 1, h[1] = 2, 3, h[2] = 4, 5, h[3] = 6, 7 (each f16's low byte is zero; sign 0x80).
+  CUTLASS_DEVICE static void codes_f16x2_x256(uint32_t word, uint32_t h[4]) {
+    const uint32_t lut[4] = {0x5e5c5800u, 0x66646260u, 0xdedcd880u, 0xe6e4e2e0u};
+    const uint32_t lo = lut4(word & 0xffffu, lut), hi = lut4(word >> 16, lut);
+    h[0] = lut_prmt(lo, 0u, 0x1404u);
+    h[1] = lut_prmt(lo, 0u, 0x3424u);
+    h[2] = lut_prmt(hi, 0u, 0x1404u);
+    h[3] = lut_prmt(hi, 0u, 0x3424u);
+  }
+  // The f16x2 pair (s, s) · 2^-8 of byte b of a row's four e4m3 block scales (positive).
+  CUTLASS_DEVICE static uint32_t scale_f16x2(uint32_t scales, int b) {
+    const uint32_t t = ((scales >> (8 * b)) & 0x7fu) << 7;
+    return t | (t << 16);
+  }
+  CUTLASS_DEVICE static uint32_t mul_f16x2(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+  }
 
-// 256 x the e2m1 value as f16, for the eight codes of `word` (nibble j = code j): h[0] = codes
-// 0, 1, h[1] = 2, 3, h[2] = 4, 5, h[3] = 6, 7 (each f16's low byte is zero; sign bit 0x80).
-__device__ __forceinline__ void e2m1x8_f16x2_x256(uint32_t word, uint32_t h[4]) {
-  const uint32_t lut[4] = {0x5e5c5800u, 0x66646260u, 0xdedcd880u, 0xe6e4e2e0u};
-  const uint32_t lo = lut4(word & 0xffffu, lut), hi = lut4(word >> 16, lut);
-  h[0] = lut_prmt(lo, 0u, 0x1404u);
-  h[1] = lut_prmt(lo, 0u, 0x3424u);
-  h[2] = lut_prmt(hi, 0u, 0x1404u);
-  h[3] = lut_prmt(hi, 0u, 0x3424u);
-}
-
-// The f16x2 pair (s, s) · 2^-8 of byte b of a row's four e4m3 block scales (positive).
-__device__ __forceinline__ uint32_t scale_f16x2(uint32_t scales, int b) {
-  const uint32_t t = ((scales >> (8 * b)) & 0x7fu) << 7;
-  return t | (t << 16);
-}
-
-__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-}  // namespace cutlass_s8
-}  // namespace linear
-}  // namespace cuda
-}  // namespace lowbit
-
-namespace cutlass::gemm::collective::detail {
-
-// CUTLASS's utilities for the identity-transform collective, with the conversion of a K block of
-// A replaced (e2m1 codes x e4m3 block scales -> f16).
-template <int Stages, class Cluster, class Schedule, class T, class EA, class SA, class EB,
-          class SB, class TM, class GA, class LA, class CA, class GB, class LB, class CB, class TB>
-struct MixedInputUtils<CollectiveMma<
-    MainloopSm90TmaGmmaRmemAWarpSpecializedMixedInput<Stages, Cluster, Schedule>, T, EA, SA, EB,
-    SB, TM, GA, LA, CA, lowbit::cuda::linear::cutlass_s8::Nvfp4Lut, GB, LB, CB, TB>>
-    : MixedInputUtils<CollectiveMma<
-          MainloopSm90TmaGmmaRmemAWarpSpecializedMixedInput<Stages, Cluster, Schedule>, T, EA, SA,
-          EB, SB, TM, GA, LA, CA, cute::identity, GB, LB, CB, TB>> {
-  template <class EngineIn, class EngineOut, class LayoutIn, class LayoutOut, class... Ts>
-  CUTLASS_DEVICE static void dequantize_A_kblock(cute::Tensor<EngineIn, LayoutIn> const& tCrA_load,
-                                                 cute::Tensor<EngineOut, LayoutOut>& tCrA_mma,
-                                                 cute::tuple<Ts...>& extra, int const k_block) {
+  template <class Base, class TLoad, class TMma, class Extra>
+  CUTLASS_DEVICE static void convert(TLoad const& tCrA_load, TMma& tCrA_mma, Extra& extra,
+                                     int const k_block) {
     using namespace cute;
-    namespace cs = lowbit::cuda::linear::cutlass_s8;
-    static_assert(sizeof_bits_v<typename EngineIn::value_type> == 4, "e2m1 codes expected");
-    static_assert(sizeof_bits_v<typename EngineOut::value_type> == 16, "f16 operand expected");
+    static_assert(sizeof_bits_v<typename TLoad::value_type> == 4, "e2m1 codes expected");
+    static_assert(sizeof_bits_v<typename TMma::value_type> == 16, "f16 operand expected");
     Tensor src = tCrA_load(_, _, k_block);
     Tensor dst = tCrA_mma(_, _, k_block);
     // Eight codes (one register) per step: values 2j and 2j + 1 of a step share a weight row
@@ -117,17 +87,21 @@ struct MixedInputUtils<CollectiveMma<
       const uint32_t word = cute::recast<uint32_t>(src_s(_, i))(0);
       auto&& out = cute::recast<cutlass::Array<uint32_t, 4>>(dst_s(_, i))(0);
       uint32_t h[4];
-      cs::e2m1x8_f16x2_x256(word, h);
+      codes_f16x2_x256(word, h);
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < 4; ++j) {
         const uint32_t sc = reinterpret_cast<uint32_t const&>(scales_s(2 * j, i));
-        out[j] = cs::mul_f16x2(h[j], cs::scale_f16x2(sc, k_block));
+        out[j] = mul_f16x2(h[j], scale_f16x2(sc, k_block));
       }
     }
   }
 };
 
-}  // namespace cutlass::gemm::collective::detail
+}  // namespace
+}  // namespace cutlass_s8
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit
 #endif  // LOWBIT_HAVE_CUTLASS
 
 namespace lowbit {
@@ -167,9 +141,9 @@ namespace {
 using namespace cute;
 
 template <class Tile, class Out>
-using Nvfp4Config =
-    cutlass_s8::WeightAConfig<cutlass::uint4b_t, Tile, Out, cutlass_s8::Nvfp4Scales,
-                              cutlass_s8::UseNvfp4Lut, cutlass::half_t, float>;
+using Nvfp4Config = cutlass_s8::WeightAConfig<cutlass::uint4b_t, Tile, Out, cutlass_s8::Nvfp4Scales,
+                                              cutlass_s8::UseConvertA<cutlass_s8::Nvfp4Lut>,
+                                              cutlass::half_t, float>;
 template <class Out>
 using Nvfp4Small = Nvfp4Config<Shape<_128, _64, _64>, Out>;
 template <class Out>
@@ -189,22 +163,6 @@ bool mixed_image() {
       cutlass::device_kernel<Nvfp4Narrow<cutlass::bfloat16_t>::Kernel>));
 }
 
-bool mixed_wide(const WeightAGemmParams& p) {
-  if (p.wide_min_m <= 0 || p.M < p.wide_min_m) return false;
-  const int64_t tiles = ((p.N + 127) / 128) * ((p.M + 255) / 256);
-  return 4 * tiles >= 3 * static_cast<int64_t>(multiprocessor_count());
-}
-
-template <class F>
-auto with_mixed_config(const WeightAGemmParams& p, F&& f) {
-  const bool f16 = p.out_dtype == DType::f16;
-  if (p.M <= p.small_max_m)
-    return f16 ? f(Nvfp4Small<cutlass::half_t>{}) : f(Nvfp4Small<cutlass::bfloat16_t>{});
-  if (mixed_wide(p))
-    return f16 ? f(Nvfp4Wide<cutlass::half_t>{}) : f(Nvfp4Wide<cutlass::bfloat16_t>{});
-  return f16 ? f(Nvfp4Narrow<cutlass::half_t>{}) : f(Nvfp4Narrow<cutlass::bfloat16_t>{});
-}
-
 }  // namespace
 
 int64_t nvfp4_mixed_layout_bytes(int64_t N, int64_t K) {
@@ -218,14 +176,12 @@ bool cutlass_nvfp4_mixed_applies(const WeightAGemmParams& p) {
 
 size_t cutlass_nvfp4_mixed_scratch_bytes(const WeightAGemmParams& p) {
   if (!mixed_fits(p)) return 0;
-  return with_mixed_config(
-      p, [&](auto c) { return cutlass_s8::weight_a_scratch_bytes<decltype(c)>(p); });
+  return cutlass_s8::weight_a_tile_scratch_bytes<Nvfp4Small, Nvfp4Narrow, Nvfp4Wide>(p);
 }
 
 bool gemm_cutlass_nvfp4_mixed(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
   if (!mixed_fits(p) || !mixed_image()) return false;
-  return with_mixed_config(
-      p, [&](auto c) { return cutlass_s8::weight_a_launch<decltype(c)>(p, scratch, stream); });
+  return cutlass_s8::weight_a_tile_launch<Nvfp4Small, Nvfp4Narrow, Nvfp4Wide>(p, scratch, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

@@ -16,7 +16,8 @@
 // CTA tile 128 weight rows x 128 activation rows x 128 K, no cluster, cooperative (two consumer
 // warpgroups of 64 weight rows), CUTLASS's stream-K tile scheduler (at 64-512 rows of 5120 ->
 // 13824 there are 108-432 output tiles for 132 SMs); from WeightAGemmParams::wide_min_m rows 128 x 256
-// (each converted weight fragment feeds twice the activation rows). bf16 and f16 output.
+// (each converted weight fragment feeds twice the activation rows), up to small_max_m rows
+// 128 x 64 (session 37; gemm_cutlass_mixed.cuh). bf16 and f16 output.
 #ifndef NDEBUG  // before any header: see gemm_cutlass_s8.cuh
 #define NDEBUG
 #endif
@@ -26,7 +27,7 @@
 #include "src/cuda/linear_kernels.cuh"
 
 #if defined(LOWBIT_HAVE_CUTLASS)
-#include "src/cuda/gemm_cutlass_s8.cuh"
+#include "src/cuda/gemm_cutlass_mixed.cuh"
 #endif
 
 namespace lowbit {
@@ -53,40 +54,18 @@ bool s4_image() {
       reinterpret_cast<const void*>(cutlass::device_kernel<S4Narrow<cutlass::bfloat16_t>::Kernel>));
 }
 
-// The 128 x 256 tile (each converted weight fragment feeds 256 activation rows) from
-// wide_min_m rows where it still gives ~3/4 of the SMs a tile of their own (H200 session 36:
-// 256 x 5120 -> 13824, 108 wide tiles, 0.0450 ms vs 0.0596 with 128 x 128; 256 x 14336 -> 4096,
-// 32 wide tiles, 0.0586 vs 0.0556).
-bool s4_wide(const WeightAGemmParams& p) {
-  if (p.wide_min_m <= 0 || p.M < p.wide_min_m) return false;
-  const int64_t tiles = ((p.N + 127) / 128) * ((p.M + 255) / 256);
-  return 4 * tiles >= 3 * static_cast<int64_t>(multiprocessor_count());
-}
-
 }  // namespace
 
 bool cutlass_s8s4_applies(const WeightAGemmParams& p) { return s4_fits(p) && s4_image(); }
 
-// f(config type) with the configuration p runs: tile by s4_wide, output dtype by p.out_dtype.
-template <class F>
-auto with_s4_config(const WeightAGemmParams& p, F&& f) {
-  const bool f16 = p.out_dtype == DType::f16;
-  if (p.M <= p.small_max_m)
-    return f16 ? f(S4Small<cutlass::half_t>{}) : f(S4Small<cutlass::bfloat16_t>{});
-  if (s4_wide(p)) return f16 ? f(S4Wide<cutlass::half_t>{}) : f(S4Wide<cutlass::bfloat16_t>{});
-  return f16 ? f(S4Narrow<cutlass::half_t>{}) : f(S4Narrow<cutlass::bfloat16_t>{});
-}
-
 size_t cutlass_s8s4_scratch_bytes(const WeightAGemmParams& p) {
   if (!s4_fits(p)) return 0;
-  return with_s4_config(
-      p, [&](auto c) { return cutlass_s8::weight_a_scratch_bytes<decltype(c)>(p); });
+  return cutlass_s8::weight_a_tile_scratch_bytes<S4Small, S4Narrow, S4Wide>(p);
 }
 
 bool gemm_cutlass_s8s4(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
   if (!s4_fits(p) || !s4_image()) return false;
-  return with_s4_config(
-      p, [&](auto c) { return cutlass_s8::weight_a_launch<decltype(c)>(p, scratch, stream); });
+  return cutlass_s8::weight_a_tile_launch<S4Small, S4Narrow, S4Wide>(p, scratch, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

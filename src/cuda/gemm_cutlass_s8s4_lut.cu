@@ -8,9 +8,9 @@
 // table indices here). CUTLASS's lookup-table conversion (ConvertAndScale with an 8-byte array as
 // the scale type) picks each byte from two 8-entry tables by bit 3 of the nibble: `hi` for u >= 8
 // (c = u - 7 = 1..8) and `lo` for u < 8 (c = -7..0), indexed by its low three bits. Its own
-// tables are fp8 (the `lo` table derived from `hi` by flipping sign bits); this file specializes
-// CUTLASS's MixedInputUtils for the collective built with the FoldLut transform tag so that the
-// same lookups run on int8 tables: the stored table (one per weight row and K group of 128, from
+// tables are fp8 (the `lo` table derived from `hi` by flipping sign bits); this file replaces
+// the conversion through gemm_cutlass_mixed.cuh's ConvertA hook (FoldLut below) so that the same
+// lookups run on int8 tables: the stored table (one per weight row and K group of 128, from
 // decode_tiles_gemm_lut) is hi[i] = fold(i + 1), i = 0..6, hi[7] = 0; lo[u] = -fold(7 - u) =
 // -hi[6 - u] for u <= 6 and lo[7] = 0, derived once per K tile with one prmt and a bytewise
 // negation per register (the fold table is odd: fold(-m) = -fold(m), which decode_tiles_build
@@ -18,8 +18,9 @@
 // (gemm_cutlass_s8.cuh's, broadcasts swapped as in gemm_cutlass_s8s4.cu) gives the same bits.
 //
 // The GEMM is transposed as the comfy one (the weight is wgmma's register operand A): A = the
-// weight (N, K), B = the activation codes (M, K), D = out^T column-major. Tiles 128 x 128 and
-// 128 x 256 (from WeightAGemmParams::wide_min_m rows where it fills ~3/4 of the SMs), stream-K.
+// weight (N, K), B = the activation codes (M, K), D = out^T column-major. Tiles 128 x 64 (up to
+// WeightAGemmParams::small_max_m rows), 128 x 128 and 128 x 256 (from wide_min_m rows where it
+// fills ~3/4 of the SMs), stream-K (gemm_cutlass_mixed.cuh).
 #ifndef NDEBUG  // before any header: see gemm_cutlass_s8.cuh
 #define NDEBUG
 #endif
@@ -29,68 +30,33 @@
 #include "src/cuda/linear_kernels.cuh"
 
 #if defined(LOWBIT_HAVE_CUTLASS)
-#include "src/cuda/gemm_cutlass_s8.cuh"
+#include "src/cuda/gemm_cutlass_mixed.cuh"
 
 namespace lowbit {
 namespace cuda {
 namespace linear {
 namespace cutlass_s8 {
-// The transform tag that selects the int8 fold-table conversion below.
-struct FoldLut {};
+namespace {
+
 using FoldTable = cutlass::Array<int8_t, 8>;
 
-template <class C>
-struct WithFoldLut;
-template <class D, class T, class EA, class SA, class EB, class SB, class TM, class GA, class LA,
-          class CA, class TA, class GB, class LB, class CB, class TB>
-struct WithFoldLut<
-    cutlass::gemm::collective::CollectiveMma<D, T, EA, SA, EB, SB, TM, GA, LA, CA, TA, GB, LB, CB, TB>> {
-  using type = cutlass::gemm::collective::CollectiveMma<D, T, EA, SA, EB, SB, TM, GA, LA, CA,
-                                                        FoldLut, GB, LB, CB, TB>;
-};
-// WeightAConfig's MainloopFix: the builder's mainloop with the FoldLut tag as A's transform.
-struct UseFoldLut {
-  template <class C>
-  using apply = WithFoldLut<C>;
-};
-}  // namespace cutlass_s8
-}  // namespace linear
-}  // namespace cuda
-}  // namespace lowbit
-
-namespace cutlass::gemm::collective::detail {
-
-// Everything as CUTLASS's utilities for the same collective with the identity transform, except
-// the conversion of a K block of A (dequantize_A_kblock): int8 fold tables instead of fp8 scales.
-template <int Stages, class Cluster, class Schedule, class T, class EA, class SA, class EB,
-          class SB, class TM, class GA, class LA, class CA, class GB, class LB, class CB, class TB>
-struct MixedInputUtils<CollectiveMma<
-    MainloopSm90TmaGmmaRmemAWarpSpecializedMixedInput<Stages, Cluster, Schedule>, T, EA, SA, EB,
-    SB, TM, GA, LA, CA, lowbit::cuda::linear::cutlass_s8::FoldLut, GB, LB, CB, TB>>
-    : MixedInputUtils<CollectiveMma<
-          MainloopSm90TmaGmmaRmemAWarpSpecializedMixedInput<Stages, Cluster, Schedule>, T, EA, SA,
-          EB, SB, TM, GA, LA, CA, cute::identity, GB, LB, CB, TB>> {
-  using Base = MixedInputUtils<CollectiveMma<
-      MainloopSm90TmaGmmaRmemAWarpSpecializedMixedInput<Stages, Cluster, Schedule>, T, EA, SA, EB,
-      SB, TM, GA, LA, CA, cute::identity, GB, LB, CB, TB>>;
-
+// The conversion of a K block (gemm_cutlass_mixed.cuh's ConvertA hook): CUTLASS's own lookups on
+// int8 tables, `hi` loaded, `lo` derived from it at the K tile's first block.
+struct FoldLut {
   // lo = -(hi's bytes 6, 5, ..., 0) and a zero (hi[7] = 0; every hi byte in [0, 127], so the
   // bytewise negation (0x80 - y) ^ 0x80 never borrows).
-  CUTLASS_DEVICE static void fold_lo_from_hi(uint32_t h0, uint32_t h1, uint32_t& l0, uint32_t& l1) {
-    uint32_t r0, r1;
-    asm("prmt.b32 %0, %1, %2, 0x3456;" : "=r"(r0) : "r"(h0), "r"(h1));
-    asm("prmt.b32 %0, %1, %2, 0x7012;" : "=r"(r1) : "r"(h0), "r"(h1));
+  CUTLASS_DEVICE static void lo_from_hi(uint32_t h0, uint32_t h1, uint32_t& l0, uint32_t& l1) {
+    const uint32_t r0 = __byte_perm(h0, h1, 0x3456), r1 = __byte_perm(h0, h1, 0x7012);
     l0 = (0x80808080u - r0) ^ 0x80808080u;
     l1 = (0x80808080u - r1) ^ 0x80808080u;
   }
 
-  template <class EngineIn, class EngineOut, class LayoutIn, class LayoutOut, class... Ts>
-  CUTLASS_DEVICE static void dequantize_A_kblock(cute::Tensor<EngineIn, LayoutIn> const& tCrA_load,
-                                                 cute::Tensor<EngineOut, LayoutOut>& tCrA_mma,
-                                                 cute::tuple<Ts...>& extra, int const k_block) {
+  template <class Base, class TLoad, class TMma, class Extra>
+  CUTLASS_DEVICE static void convert(TLoad const& tCrA_load, TMma& tCrA_mma, Extra& extra,
+                                     int const k_block) {
     using namespace cute;
-    static_assert(sizeof_bits_v<typename EngineIn::value_type> == 4, "4-bit codes expected");
-    static_assert(sizeof_bits_v<typename EngineOut::value_type> == 8, "int8 operand expected");
+    static_assert(sizeof_bits_v<typename TLoad::value_type> == 4, "4-bit codes expected");
+    static_assert(sizeof_bits_v<typename TMma::value_type> == 8, "int8 operand expected");
     Tensor src = tCrA_load(_, _, k_block);
     Tensor dst = tCrA_mma(_, _, k_block);
     // Steps of up to eight codes (one 32-bit register of the first, contiguous mode).
@@ -110,7 +76,7 @@ struct MixedInputUtils<CollectiveMma<
       for (int i = 0; i < size(hi_d.layout()); ++i) {
         auto const& h = reinterpret_cast<cutlass::Array<uint32_t, 2> const&>(hi_d(i));
         auto& l = reinterpret_cast<cutlass::Array<uint32_t, 2>&>(lo_d(i));
-        fold_lo_from_hi(h[0], h[1], l[0], l[1]);
+        lo_from_hi(h[0], h[1], l[0], l[1]);
       }
     }
     CUTLASS_PRAGMA_UNROLL
@@ -120,7 +86,11 @@ struct MixedInputUtils<CollectiveMma<
   }
 };
 
-}  // namespace cutlass::gemm::collective::detail
+}  // namespace
+}  // namespace cutlass_s8
+}  // namespace linear
+}  // namespace cuda
+}  // namespace lowbit
 #endif  // LOWBIT_HAVE_CUTLASS
 
 namespace lowbit {
@@ -134,14 +104,17 @@ namespace {
 using namespace cute;
 
 template <class Out>
-using LutNarrow = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _128, _128>, Out,
-                                            cutlass_s8::FoldTable, cutlass_s8::UseFoldLut>;
+using LutNarrow =
+    cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _128, _128>, Out,
+                              cutlass_s8::FoldTable, cutlass_s8::UseConvertA<cutlass_s8::FoldLut>>;
 template <class Out>
-using LutWide = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _256, _128>, Out,
-                                          cutlass_s8::FoldTable, cutlass_s8::UseFoldLut>;
+using LutWide =
+    cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _256, _128>, Out,
+                              cutlass_s8::FoldTable, cutlass_s8::UseConvertA<cutlass_s8::FoldLut>>;
 template <class Out>
-using LutSmall = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _64, _128>, Out,
-                                           cutlass_s8::FoldTable, cutlass_s8::UseFoldLut>;
+using LutSmall =
+    cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _64, _128>, Out,
+                              cutlass_s8::FoldTable, cutlass_s8::UseConvertA<cutlass_s8::FoldLut>>;
 
 // Tables: one K group per 128-column K tile, rows contiguous, 16-byte aligned groups.
 bool lut_fits(const WeightAGemmParams& p) {
@@ -155,36 +128,18 @@ bool lut_image() {
       reinterpret_cast<const void*>(cutlass::device_kernel<LutNarrow<cutlass::bfloat16_t>::Kernel>));
 }
 
-// As gemm_cutlass_s8s4.cu's s4_wide.
-bool lut_wide(const WeightAGemmParams& p) {
-  if (p.wide_min_m <= 0 || p.M < p.wide_min_m) return false;
-  const int64_t tiles = ((p.N + 127) / 128) * ((p.M + 255) / 256);
-  return 4 * tiles >= 3 * static_cast<int64_t>(multiprocessor_count());
-}
-
-template <class F>
-auto with_lut_config(const WeightAGemmParams& p, F&& f) {
-  const bool f16 = p.out_dtype == DType::f16;
-  if (p.M <= p.small_max_m)
-    return f16 ? f(LutSmall<cutlass::half_t>{}) : f(LutSmall<cutlass::bfloat16_t>{});
-  if (lut_wide(p)) return f16 ? f(LutWide<cutlass::half_t>{}) : f(LutWide<cutlass::bfloat16_t>{});
-  return f16 ? f(LutNarrow<cutlass::half_t>{}) : f(LutNarrow<cutlass::bfloat16_t>{});
-}
-
 }  // namespace
 
 bool cutlass_s8s4_lut_applies(const WeightAGemmParams& p) { return lut_fits(p) && lut_image(); }
 
 size_t cutlass_s8s4_lut_scratch_bytes(const WeightAGemmParams& p) {
   if (!lut_fits(p)) return 0;
-  return with_lut_config(
-      p, [&](auto c) { return cutlass_s8::weight_a_scratch_bytes<decltype(c)>(p); });
+  return cutlass_s8::weight_a_tile_scratch_bytes<LutSmall, LutNarrow, LutWide>(p);
 }
 
 bool gemm_cutlass_s8s4_lut(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
   if (!lut_fits(p) || !lut_image()) return false;
-  return with_lut_config(
-      p, [&](auto c) { return cutlass_s8::weight_a_launch<decltype(c)>(p, scratch, stream); });
+  return cutlass_s8::weight_a_tile_launch<LutSmall, LutNarrow, LutWide>(p, scratch, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS
