@@ -281,6 +281,24 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   g.out = out.data;
   g.out_dtype = out.dtype;
   g.ldo = out.stride[0];
+  // The weight-as-A GEMMs' parameters (session 36-37): the activations a (M, K) with row
+  // stride K and the weight's codes, with g's shape, bias and output.
+  auto weight_a_base = [&](const void* a, const uint8_t* w_codes, int64_t w_row_bytes) {
+    linear::WeightAGemmParams q;
+    q.a = static_cast<const int8_t*>(a);
+    q.lda = K;
+    q.w_codes = w_codes;
+    q.w_row_bytes = w_row_bytes;
+    q.M = M;
+    q.N = O;
+    q.K = K;
+    q.bias = g.bias;
+    q.bias_dtype = g.bias_dtype;
+    q.out = g.out;
+    q.out_dtype = g.out_dtype;
+    q.ldo = g.ldo;
+    return q;
+  };
   // Output row r of the layer (the decode GEMVs' blocks of kRowBlock rows start there).
   auto out_row = [&](int64_t r) {
     return static_cast<char*>(out.data) + r * g.ldo * (dtype_bits(out.dtype) / 8);
@@ -374,19 +392,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     // scales dequantized in registers; gemm_cutlass_nvfp4_mixed) on the f16 activations.
     const auto& tn = linear::layer_tiles_tuning();
     if (w.decode_tiles.data && M <= tn.nvfp4_mixed_max_m) {
-      linear::WeightAGemmParams q;
-      q.a = reinterpret_cast<const int8_t*>(a16.as<uint16_t>());
-      q.lda = K;
-      q.w_codes = static_cast<const uint8_t*>(w.codes.data);
-      q.w_row_bytes = K / 2;
-      q.M = M;
-      q.N = O;
-      q.K = K;
-      q.bias = ep.bias;
-      q.bias_dtype = ep.bias_dtype;
-      q.out = out.data;
-      q.out_dtype = out.dtype;
-      q.ldo = out.stride[0];
+      linear::WeightAGemmParams q =
+          weight_a_base(a16.as<void>(), static_cast<const uint8_t*>(w.codes.data), K / 2);
       q.wide_min_m = tn.nvfp4_mixed_wide_min_m;
       q.small_max_m = tn.mixed_small_max_m;
       linear::nvfp4_mixed_layout_parts(static_cast<const uint8_t*>(w.decode_tiles.data), O, K, &q);
@@ -459,21 +466,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // between comfy_row_block_max_m and comfy_mixed_max_m rows (16-bit output, TMA-addressable
   // shapes), convrot8's int8 GEMM up to int8_weight_a_max_m rows.
   auto weight_a_params = [&](const int8_t* a_codes, const float* a_scale) {
-    linear::WeightAGemmParams q;
-    q.a = a_codes;
-    q.lda = K;
-    q.w_codes = ref.codes;
-    q.w_row_bytes = ref.row_bytes;
-    q.M = M;
-    q.N = O;
-    q.K = K;
+    linear::WeightAGemmParams q = weight_a_base(a_codes, ref.codes, ref.row_bytes);
     q.a_scale = a_scale;
     q.w_scale = static_cast<const float*>(w.scales.data);
-    q.bias = g.bias;
-    q.bias_dtype = g.bias_dtype;
-    q.out = g.out;
-    q.out_dtype = g.out_dtype;
-    q.ldo = g.ldo;
     q.wide_min_m = tt.comfy_mixed_wide_min_m;
     q.small_max_m = tt.mixed_small_max_m;
     return q;
