@@ -918,10 +918,11 @@ int64_t decode_tiles_bytes(const PackedWeightRef& w) {
 }
 
 const uint8_t* decode_tiles_gemm_lut(const PackedWeightRef& w, const uint8_t* tiles,
-                                     int64_t* ld) {
+                                     int64_t* ld, int64_t* group) {
   const int kind = decode_tiles_kind(w);
   if (!tiles || kind != kTilesInt4) return nullptr;
   *ld = gemm_lut_ld(w);
+  *group = kItemCols;
   return tiles + gemm_lut_offset(w, kind);
 }
 

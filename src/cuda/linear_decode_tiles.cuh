@@ -30,8 +30,9 @@ bool decode_tiles_device();
 // with the prefill GEMM's fold tables (decode_tiles_gemm_lut).
 int64_t decode_tiles_bytes(const PackedWeightRef& w);
 // The fold tables of the convrotint4 prefill GEMM inside a built layout (gemm_cutlass_s8s4_lut:
-// (K / 128, *ld) tables of 8 bytes, 256-byte aligned), null for other kinds.
-const uint8_t* decode_tiles_gemm_lut(const PackedWeightRef& w, const uint8_t* tiles, int64_t* ld);
+// (K / *group, *ld) tables of 8 bytes, 256-byte aligned; *group = 128), null for other kinds.
+const uint8_t* decode_tiles_gemm_lut(const PackedWeightRef& w, const uint8_t* tiles, int64_t* ld,
+                                     int64_t* group);
 // Builds the layout of w into `out` (decode_tiles_bytes(w) device bytes, 16-byte aligned) and
 // synchronizes the stream. Returns false when the weight holds values the layout cannot carry
 // (a 4-bit code u = 15, i.e. c = 8; a group whose fold table is not odd or leaves [0, 127]):

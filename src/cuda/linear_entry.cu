@@ -264,6 +264,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   if (M == 0) return;
   check_k_fits(op, K);
   const ActFormat fmt = act_format(w.qtype);
+  // The layer's path choices (the defaults, or a test's / bench row's setting).
+  const linear::DecodeTilesTuning& tt = linear::layer_tiles_tuning();
 
   linear::Epilogue ep{};
   ep.a_scale = nullptr;
@@ -342,9 +344,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     // Decode: the GEMV on the packed weight, the activation rows dequantized to f16 (exact) by the
     // rotate kernel itself (session 19: one kernel less than dequant_nvfp4_16 after it).
     // M <= 16: one GEMV; 16 < M <= nvfp4_row_block_max_m: one GEMV per 16 rows (session 35).
-    const int64_t gemv_max_m = std::min<int64_t>(16, linear::layer_tiles_tuning().nvfp4_gemv_max_m);
+    const int64_t gemv_max_m = std::min<int64_t>(16, tt.nvfp4_gemv_max_m);
     if (M <= gemv_max_m ||
-        (gemv_max_m == 16 && M <= linear::layer_tiles_tuning().nvfp4_row_block_max_m)) {
+        (gemv_max_m == 16 && M <= tt.nvfp4_row_block_max_m)) {
       linear::Nvfp4DecodeParams d;
       d.x16 = a16.as<uint16_t>();
       d.M = std::min(M, kRowBlock);
@@ -359,13 +361,12 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       d.out_dtype = out.dtype;
       d.ldo = out.stride[0];
       if (linear::decode_nvfp4_applies(d)) {
-        const auto& t = linear::layer_tiles_tuning();
         // The e4m3 conversion reads the activations permuted, which the register rotate kernel
         // writes (session 19; DecodeTilesTuning::nvfp4_gemv_cvt).
-        const bool cvt = t.nvfp4_gemv_cvt && t.nvfp4_x16_rotate && t.nvfp4_gemv_slots == 4 &&
-                         !t.nvfp4_gemv_x_ahead && linear::decode_nvfp4_ring_applies(d) &&
+        const bool cvt = tt.nvfp4_gemv_cvt && tt.nvfp4_x16_rotate && tt.nvfp4_gemv_slots == 4 &&
+                         !tt.nvfp4_gemv_x_ahead && linear::decode_nvfp4_ring_applies(d) &&
                          K <= linear::rotate_quantize_reg_max_k();
-        if (t.nvfp4_x16_rotate) {
+        if (tt.nvfp4_x16_rotate) {
           launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s,
                                  false, a16.as<uint16_t>(), cvt);
         } else {
@@ -379,23 +380,22 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           b.x16 = d.x16 + r0 * K;
           b.out = out_row(r0);
           linear::decode_nvfp4(b, s,
-                               t.nvfp4_gemv_depth > 0 ? t.nvfp4_gemv_depth : (b.M <= 8 ? 4 : 1),
-                               t.nvfp4_gemv_slots, t.nvfp4_gemv_x_ahead, cvt,
+                               tt.nvfp4_gemv_depth > 0 ? tt.nvfp4_gemv_depth : (b.M <= 8 ? 4 : 1),
+                               tt.nvfp4_gemv_slots, tt.nvfp4_gemv_x_ahead, cvt,
                                !cvt      ? 1
-                               : b.M > 8 ? t.nvfp4_gemv_tiles16
-                                         : t.nvfp4_gemv_tiles8);
+                               : b.M > 8 ? tt.nvfp4_gemv_tiles16
+                                         : tt.nvfp4_gemv_tiles8);
         }
         return;
       }
     }
     // Session 37: past the GEMVs, the mixed-input GEMM on the packed codes (the weight's block
     // scales dequantized in registers; gemm_cutlass_nvfp4_mixed) on the f16 activations.
-    const auto& tn = linear::layer_tiles_tuning();
-    if (w.decode_tiles.data && M <= tn.nvfp4_mixed_max_m) {
+    if (w.decode_tiles.data && M <= tt.nvfp4_mixed_max_m) {
       linear::WeightAGemmParams q =
           weight_a_base(a16.as<void>(), static_cast<const uint8_t*>(w.codes.data), K / 2);
-      q.wide_min_m = tn.nvfp4_mixed_wide_min_m;
-      q.small_max_m = tn.mixed_small_max_m;
+      q.wide_min_m = tt.nvfp4_mixed_wide_min_m;
+      q.small_max_m = tt.mixed_small_max_m;
       linear::nvfp4_mixed_layout_parts(static_cast<const uint8_t*>(w.decode_tiles.data), O, K, &q);
       if (linear::cutlass_nvfp4_mixed_applies(q)) {
         launch_rotate_quantize(x, w.rot, fmt, a_codes.as<void>(), K / 2, a_bs.as<void>(), s, false,
@@ -419,7 +419,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     g.lda = K;
     g.ldb = K;
     g.w_tensor_scale = static_cast<const float*>(w.tensor_scale.data);
-    const bool lt = linear::layer_tiles_tuning().nvfp4_cublaslt &&
+    const bool lt = tt.nvfp4_cublaslt &&
                     (out.dtype == DType::bf16 || out.dtype == DType::f16);
     dequant(lt ? out.dtype : DType::f16);
     if (lt) {
@@ -461,7 +461,6 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // Decode on the tiles with the rotation inside the GEMV (DecodeTilesTuning::fuse_max_m): every
   // CTA rotates x (M <= kTilesFuseLimit: no scratch, one launch per layer).
   const bool tiles = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 && M <= 16;
-  const linear::DecodeTilesTuning& tt = linear::layer_tiles_tuning();
   // The GEMM with the weight as A (session 36): comfy W4A4's mixed-input GEMM on the int4 codes
   // between comfy_row_block_max_m and comfy_mixed_max_m rows (16-bit output, TMA-addressable
   // shapes), convrot8's int8 GEMM up to int8_weight_a_max_m rows.
@@ -481,11 +480,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   auto int4_lut_params = [&](const int8_t* a_codes, const float* a_scale) {
     linear::WeightAGemmParams q = weight_a_params(a_codes, a_scale);
     q.wide_min_m = tt.int4_mixed_wide_min_m;
-    if (kUseDecodeTiles) {
-      q.w_lut = linear::decode_tiles_gemm_lut(
-          ref, static_cast<const uint8_t*>(w.decode_tiles.data), &q.w_lut_ld);
-    }
-    q.w_lut_group = 128;
+    q.w_lut = linear::decode_tiles_gemm_lut(
+        ref, static_cast<const uint8_t*>(w.decode_tiles.data), &q.w_lut_ld, &q.w_lut_group);
     return q;
   };
   const bool int4_mixed = ref.format == WeightFormat::packed && ref.bits == 4 &&
@@ -496,7 +492,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   const bool tiles_blocks = kUseDecodeTiles && w.decode_tiles.data && fmt != ActFormat::e4m3 &&
                             M > 16 && M <= tt.row_block_max_m && !comfy_mixed && !int4_mixed;
   if (tiles && M <= std::min(linear::kTilesFuseLimit,
-                             static_cast<int64_t>(linear::layer_tiles_tuning().fuse_max_m))) {
+                             static_cast<int64_t>(tt.fuse_max_m))) {
     const linear::DecodeParams d = with_x(decode_params(nullptr, nullptr));
     if (linear::decode_tiles_applies(d)) {
       linear::decode_tiles(d, s);
@@ -531,7 +527,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       d.tiles = nullptr;
       d.e4m3 = true;
     }
-    if (M <= std::min<int64_t>(16, linear::layer_tiles_tuning().fp8_ring_max_m) &&
+    if (M <= std::min<int64_t>(16, tt.fp8_ring_max_m) &&
         linear::decode_ring_applies(d)) {
       linear::decode_ring(d, s);  // (decode_gemv would check the same again)
       return;
@@ -559,8 +555,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
 
   // The activation copy by multicast in clusters where it applies (DecodeTilesTuning::act_mcast).
   auto with_mcast = [&](linear::DecodeParams d) {
-    if (linear::layer_tiles_tuning().act_mcast > 0) {
-      d.cluster = linear::layer_tiles_tuning().act_mcast;
+    if (tt.act_mcast > 0) {
+      d.cluster = tt.act_mcast;
       if (!linear::decode_tiles_applies(d)) d.cluster = 0;
     }
     return d;
@@ -614,7 +610,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     }
   }
   Scratch w8(static_cast<size_t>(O * K), s, op);
-  if (kUseDecodeTiles && w.decode_tiles.data && linear::layer_tiles_tuning().unpack_from_tiles) {
+  if (kUseDecodeTiles && w.decode_tiles.data && tt.unpack_from_tiles) {
     linear::decode_tiles_unpack_int8(ref, static_cast<const uint8_t*>(w.decode_tiles.data),
                                      w8.as<int8_t>(), s);
   } else {
