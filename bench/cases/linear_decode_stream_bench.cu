@@ -267,6 +267,11 @@ void ceiling_rows(const Env& env, double base, std::vector<Row>& rows) {
       r.baseline = "cuBLASLt bf16 + bias, same stream of layers";
       r.baseline_ms = base;
       r.note = "read-only: not the layer";
+      if (v == 1 && cuda::code_arch().ptx < 90) {  // bulk copies: sm_90 device code only
+        r.note = "skipped: the device code has no bulk copies (built for an older architecture)";
+        rows.push_back(r);
+        continue;
+      }
       try {
         r.ms = env.time_ms([&] {
                  if (v == 2) {

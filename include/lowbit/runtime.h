@@ -24,6 +24,11 @@ struct DeviceInfo {
   int64_t l2_bytes = 0;
   int64_t shared_bytes_per_block_optin = 0;
   int64_t global_bytes = 0;
+  // The device code lowbit runs on this device: the virtual architecture of the image the driver
+  // loaded (90 = sm_90; 89 where the build holds only compute_89 PTX for this GPU, JIT-compiled; 0
+  // where no image fits) and whether it is sm_90a code (wgmma kernels). Paths are chosen by it.
+  int code_arch = 0;
+  bool code_sm90a = false;
 };
 DeviceInfo cuda_device_info(int device_index = 0);
 

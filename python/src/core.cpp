@@ -351,6 +351,8 @@ void bind_core(nb::module_& m) {
         d["l2_bytes"] = info.l2_bytes;
         d["shared_bytes_per_block_optin"] = info.shared_bytes_per_block_optin;
         d["global_bytes"] = info.global_bytes;
+        d["code_arch"] = info.code_arch;  // the device code lowbit runs there (runtime.h)
+        d["code_sm90a"] = info.code_sm90a;
         return d;
       },
       nb::arg("index") = 0);

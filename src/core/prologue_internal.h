@@ -171,6 +171,10 @@ struct PrologueCudaTuning {
   // per 3 heads for the mean ring's refill, or one barrier of all 4 warps per head with the
   // refill behind it. The same bits. (Session 24's hybrid of the two lost and was deleted.)
   int kpair_sync = 0;
+  // Session 38: the legacy mean kernel (segmented weights, partial rotary, `legacy`) as one CTA
+  // per (batch, head) without clusters, the form that device code older than sm_90 runs, on any
+  // GPU (tests). The same bits.
+  bool mean_no_cluster = false;
 };
 constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
 constexpr int kSyncTeams = 1, kSyncCta = 2;

@@ -7,6 +7,9 @@
 
 #include "src/core/check.h"
 #include "src/core/cuda_check.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "src/cuda/code_arch.h"
+#endif
 
 namespace lowbit {
 
@@ -52,6 +55,13 @@ DeviceInfo cuda_device_info(int device_index) {
   d.l2_bytes = p.l2CacheSize;
   d.shared_bytes_per_block_optin = static_cast<int64_t>(p.sharedMemPerBlockOptin);
   d.global_bytes = static_cast<int64_t>(p.totalGlobalMem);
+  int current = 0;
+  check_cuda(cudaGetDevice(&current), "cuda_device_info", "current device");
+  check_cuda(cudaSetDevice(device_index), "cuda_device_info", "device_index");
+  const cuda::CodeArch code = cuda::code_arch();
+  check_cuda(cudaSetDevice(current), "cuda_device_info", "current device");
+  d.code_arch = code.ptx;
+  d.code_sm90a = code.sm90a;
   return d;
 }
 

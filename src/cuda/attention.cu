@@ -791,6 +791,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       throw Error("attention_int8", "options.pv",
                   "fp8 PV: expected an sm_89+ GPU, got sm_" + std::to_string(major) +
                       std::to_string(minor));
+    if (code_arch().ptx < 89)
+      throw Error("attention_int8", "options.pv",
+                  "fp8 PV: expected device code for sm_89+ (CMAKE_CUDA_ARCHITECTURES), got "
+                  "compute_" + std::to_string(code_arch().ptx));
   }
   AttnParams p{};
   p.q = q.data.ptr<const int8_t>();

@@ -134,6 +134,42 @@ void set_func_attribute(const void* kernel, cudaFuncAttribute attr, int value, c
   v = at_least ? std::max(v, value) : value;
 }
 
+namespace {
+// code_arch's probe: its static shared memory says which branch its image was compiled with.
+constexpr int kProbeWordsSm90a = 64;
+__global__ void code_arch_probe_kernel(uint32_t* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kWords = kProbeWordsSm90a;
+#else
+  constexpr int kWords = 1;
+#endif
+  __shared__ uint32_t s[kWords];
+  s[threadIdx.x % kWords] = threadIdx.x;
+  __syncthreads();
+  if (out) out[threadIdx.x] = s[(threadIdx.x + 1) % kWords];
+}
+}  // namespace
+
+CodeArch code_arch() {
+  static std::map<int, CodeArch> verdict;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return cached(verdict, dev, [&] {
+    CodeArch c;
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, code_arch_probe_kernel) == cudaSuccess) {
+      c.ptx = attr.ptxVersion;
+      c.sm90a = attr.ptxVersion == 90 && attr.binaryVersion == 90 &&
+                attr.sharedSizeBytes >= kProbeWordsSm90a * sizeof(uint32_t);
+    }
+    cudaGetLastError();  // no image for this device: the error stays here
+    return c;
+  });
+}
+
 bool sm90a_image_loaded(const void* kernel, int min_regs) {
   static std::map<std::pair<int, const void*>, bool> verdict;
   int dev = 0;
@@ -148,7 +184,8 @@ bool sm90a_image_loaded(const void* kernel, int min_regs) {
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
         major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
-        attr.binaryVersion == 90 && attr.numRegs >= min_regs;
+        attr.binaryVersion == 90 && attr.ptxVersion == 90 && attr.numRegs >= min_regs &&
+        code_arch().sm90a;
     cudaGetLastError();
     return ok;
   });

@@ -13,6 +13,7 @@
 #include "lowbit/tensor.h"
 #include "src/core/cuda_check.h"
 #include "src/core/scratch.h"
+#include "src/cuda/code_arch.h"
 
 namespace lowbit {
 namespace cuda {
@@ -47,10 +48,12 @@ void set_kernel_smem(K* kernel, int bytes, const char* op, const char* what = "s
   set_func_attribute(reinterpret_cast<const void*>(kernel),
                      cudaFuncAttributeMaxDynamicSharedMemorySize, bytes, op, what);
 }
+
 // Whether the current device runs `kernel` from its sm_90a image: an sm_90 GPU whose loaded image
-// of the kernel is binary version 90 with at least min_regs registers (a plain sm_90 image of a
-// wgmma kernel has an empty body and a handful of registers). Cached per (device, kernel); no
-// device work, so it is safe during CUDA graph capture. Any CUDA error reads as false.
+// of the kernel is binary and PTX version 90, from an sm_90a build (code_arch), with at least
+// min_regs registers (a plain sm_90 image of a wgmma kernel has an empty body and a handful of
+// registers). Cached per (device, kernel); no device work, so it is safe during CUDA graph
+// capture. Any CUDA error reads as false.
 bool sm90a_image_loaded(const void* kernel, int min_regs = 0);
 
 // cuTensorMapEncodeTiled from the driver through the runtime's entry-point query (no libcuda
@@ -67,12 +70,14 @@ bool encode_tiled_map(CUtensorMap* map, const void* base, int elem, int rank,
                       bool sw64);
 
 // Launch `kernel` with the programmatic-dependent-launch attribute when `pdl` (the kernel must
-// call griddep_wait before it reads anything the previous kernel writes); where the attribute is
+// call griddep_wait before it reads anything the previous kernel writes) and the device code has
+// griddepcontrol (code_arch().ptx >= 90: in older code griddep_wait is compiled out, and the
+// attribute would let the kernel read its predecessor's outputs early); where the attribute is
 // refused, an ordinary launch.
 template <typename... P, typename... A>
 void launch_maybe_pdl(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, A... args) {
-  if (pdl) {
+  if (pdl && code_arch().ptx >= 90) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;

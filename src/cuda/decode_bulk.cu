@@ -1646,7 +1646,9 @@ void launch_fd(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int 
 }
 
 // Heads per CTA and the stage geometry for a cache; hb 0 = the bulk kernel does not apply.
-// Compute capability major of the current device (cp.async.bulk and mbarrier tx counts: >= 9).
+// Compute capability major of the current device (cp.async.bulk and mbarrier tx counts: >= 9),
+// 0 where lowbit's device code for it lacks them (code_arch: an older build, or older PTX
+// JIT-compiled for this GPU).
 int device_major() {
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -1654,7 +1656,7 @@ int device_major() {
     cudaGetLastError();  // clear; the ring kernel runs instead
     return 0;
   }
-  return major;
+  return code_arch().ptx >= 90 ? major : 0;
 }
 
 // Whether DecodePlan::fold_scales changes the arithmetic for this cache.

@@ -401,7 +401,7 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p) {
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
         cudaFuncGetAttributes(&attr, gemv_nvfp4_kernel<1, 1>) == cudaSuccess &&
-        attr.binaryVersion >= 89 && major * 10 + minor >= 89;
+        attr.binaryVersion >= 89 && attr.ptxVersion >= 89 && major * 10 + minor >= 89;
     (void)cudaGetLastError();  // a missing image leaves its error behind
     it = runs.emplace(dev, ok).first;
   }

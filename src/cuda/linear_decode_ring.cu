@@ -524,10 +524,11 @@ DeviceInfo device_info() {
   check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
              "decode_ring", "shared memory");
   cudaFuncAttributes attr{};
-  // The image must hold sm_90 code (a PTX-only or older build traps in the kernel body).
+  // The image must hold sm_90 code (an older build, or older PTX JIT-compiled for this GPU,
+  // traps in the kernel body).
   const bool image =
       cudaFuncGetAttributes(&attr, gemv_ring_kernel<kRPacked4, 1, false>) == cudaSuccess &&
-      attr.binaryVersion >= 90;
+      attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
   (void)cudaGetLastError();
   info.sm90 = major == 9 && image;
   info.max_smem = optin - 1024;

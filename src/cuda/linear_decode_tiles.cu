@@ -713,7 +713,7 @@ TilesDevice tiles_device() {
   cudaFuncAttributes attr{};
   const bool image =
       cudaFuncGetAttributes(&attr, gemv_tiles_kernel<kTilesComfy, 1>) == cudaSuccess &&
-      attr.binaryVersion >= 90;
+      attr.binaryVersion >= 90 && attr.ptxVersion >= 90;  // not JIT-compiled older PTX
   (void)cudaGetLastError();
   info.sm90 = major == 9 && image;
   info.max_smem = optin - 2048;  // room for the static arrays

@@ -312,26 +312,25 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // ---- norm_rope_mean ---------------------------------------------------------------------------
 
-template <int D, bool BF16, bool PAIRED>
-__global__ void __cluster_dims__(kMeanCluster, 1, 1) __launch_bounds__(kThreads)
-    mean_kernel(const PrologueArgs a, int table_mode) {
-  constexpr int LANES = D / 16;
-  constexpr int RPS = kThreads / LANES;
-  constexpr int UNROLL = 4;
-  __shared__ RowShared<D> sh;
-  __shared__ float red[RPS][D];
-  __shared__ float cta_sum[D];
+// Rows per step of the mean kernels: kThreads threads, D / 16 lanes per row.
+template <int D>
+constexpr int mean_rps() {
+  return kThreads / (D / 16);
+}
 
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = static_cast<int>(cluster.block_rank());
+// CTA `rank`'s share of the (batch b, head h) column sums: steps rank, rank + kMeanCluster, ...
+// (RPS rows each), UNROLL of them loaded before use, each thread's rows added in step order, then
+// the RPS rows of `red` in row order into cta_sum[D]. sh.w must be loaded (and synchronized).
+template <int D, bool BF16, bool PAIRED>
+__device__ __forceinline__ void mean_rank_sums(const PrologueArgs& a, int table_mode,
+                                               const RowShared<D>& sh, float (&red)[mean_rps<D>()][D],
+                                               int rank, int64_t b, int64_t h, float* cta_sum) {
+  constexpr int LANES = D / 16;
+  constexpr int RPS = mean_rps<D>();
+  constexpr int UNROLL = 4;
   const int tid = threadIdx.x, lane_in_row = tid % LANES, row_in_step = tid / LANES;
   int ch0, ch1;
   lane_channels<D, PAIRED>(lane_in_row, ch0, ch1);
-  const int64_t h = blockIdx.y, b = blockIdx.z;
-  if (a.norm && !a.w_rows)
-    for (int c = tid; c < D; c += kThreads) sh.w[c] = load_any(a.w, c, a.w_dtype);
-  __syncthreads();
-
   float acc[16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) acc[j] = 0.f;
@@ -368,15 +367,62 @@ __global__ void __cluster_dims__(kMeanCluster, 1, 1) __launch_bounds__(kThreads)
     for (int r = 0; r < RPS; ++r) s = __fadd_rn(s, red[r][c]);
     cta_sum[c] = s;
   }
+}
+
+template <int D>
+__device__ __forceinline__ void mean_load_weights(const PrologueArgs& a, RowShared<D>& sh) {
+  if (a.norm && !a.w_rows)
+    for (int c = threadIdx.x; c < D; c += kThreads) sh.w[c] = load_any(a.w, c, a.w_dtype);
+  __syncthreads();
+}
+
+// A cluster of kMeanCluster CTAs per (batch, head) (launched with the cluster attribute; sm_90
+// code): rank r's sums, then rank 0 adds the ranks' sums in rank order through distributed shared
+// memory.
+template <int D, bool BF16, bool PAIRED>
+__global__ void __launch_bounds__(kThreads) mean_kernel(const PrologueArgs a, int table_mode) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ RowShared<D> sh;
+  __shared__ float red[mean_rps<D>()][D];
+  __shared__ float cta_sum[D];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  mean_load_weights<D>(a, sh);
+  mean_rank_sums<D, BF16, PAIRED>(a, table_mode, sh, red, rank, b, h, cta_sum);
   cluster.sync();
   if (rank == 0) {
-    for (int c = tid; c < D; c += kThreads) {
+    for (int c = threadIdx.x; c < D; c += kThreads) {
       float t = 0.f;
       for (int k = 0; k < kMeanCluster; ++k) t = __fadd_rn(t, cluster.map_shared_rank(cta_sum, k)[c]);
       a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(t, static_cast<float>(a.tokens));
     }
   }
   cluster.sync();  // keep every rank's shared memory alive until rank 0 has read it
+#else
+  __trap();  // launched only where the device code has clusters (legacy_norm_rope_mean)
+#endif
+}
+
+// The same sums without clusters (device code older than sm_90): one CTA per (batch, head) runs
+// the kMeanCluster ranks one after the other, then adds their sums in rank order: the same bits.
+template <int D, bool BF16, bool PAIRED>
+__global__ void __launch_bounds__(kThreads)
+    mean_kernel_serial(const PrologueArgs a, int table_mode) {
+  __shared__ RowShared<D> sh;
+  __shared__ float red[mean_rps<D>()][D];
+  __shared__ float sums[kMeanCluster][D];
+  const int64_t h = blockIdx.y, b = blockIdx.z;
+  mean_load_weights<D>(a, sh);
+  for (int rank = 0; rank < kMeanCluster; ++rank) {
+    mean_rank_sums<D, BF16, PAIRED>(a, table_mode, sh, red, rank, b, h, sums[rank]);
+    __syncthreads();  // red is reused by the next rank
+  }
+  for (int c = threadIdx.x; c < D; c += kThreads) {
+    float t = 0.f;
+    for (int k = 0; k < kMeanCluster; ++k) t = __fadd_rn(t, sums[k][c]);
+    a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(t, static_cast<float>(a.tokens));
+  }
 }
 
 // ---- rows store (the unfused steps of the bench: norm only, rope only) ------------------------
@@ -478,11 +524,33 @@ void legacy_norm_rope_quantize(const PrologueArgs& a, Context& ctx) {
 void legacy_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
   LOWBIT_CHECK(a.heads <= 65535 && a.batch <= 65535, "norm_rope_mean", "x",
                "cuda grid: expected at most 65535 heads and batch items");
-  dim3 grid(kMeanCluster, static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch));
   const int mode = table_mode_of(a);
+  // Clusters where the GPU and the device code have them, else one CTA per (batch, head).
+  const bool clusters =
+      device_attribute(cudaDevAttrComputeCapabilityMajor, "norm_rope_mean") >= 9 &&
+      code_arch().ptx >= 90 && !detail::prologue_cuda_tuning().mean_no_cluster;
+  const dim3 grid(clusters ? kMeanCluster : 1, static_cast<unsigned>(a.heads),
+                  static_cast<unsigned>(a.batch));
   dispatch_kernel(a, "norm_rope_mean", [&](auto d, auto bf, auto pr) {
-    mean_kernel<decltype(d)::value, decltype(bf)::value, decltype(pr)::value>
-        <<<grid, kThreads, 0, stream_of(ctx)>>>(a, mode);
+    constexpr int D = decltype(d)::value;
+    constexpr bool BF16 = decltype(bf)::value, PAIRED = decltype(pr)::value;
+    if (!clusters) {
+      mean_kernel_serial<D, BF16, PAIRED><<<grid, kThreads, 0, stream_of(ctx)>>>(a, mode);
+      return;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = stream_of(ctx);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kMeanCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&cfg, mean_kernel<D, BF16, PAIRED>, a, mode), "norm_rope_mean",
+               "cluster launch");
   });
   check_launch("norm_rope_mean");
 }

@@ -120,43 +120,50 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #endif
 }
 
-// mbarrier and bulk copies (sm_90); `bar` / `dst` are shared-memory addresses (smem_u32).
+// mbarrier and bulk copies (sm_90); `bar` / `dst` are shared-memory addresses (smem_u32). In
+// device code for older architectures (CMAKE_CUDA_ARCHITECTURES 80 / 89) they compile to a trap:
+// the host launches kernels that use them only where code_arch() (common.cuh) reports sm_90 code.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define LOWBIT_PTX_SM90(...) __trap()
+#else
+#define LOWBIT_PTX_SM90(...) __VA_ARGS__
+#endif
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+  LOWBIT_PTX_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory"));
 }
 __device__ __forceinline__ void mbar_fence_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  LOWBIT_PTX_SM90(asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"));
 }
 // One arrival that also raises the phase's transaction count by `bytes`.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
+  LOWBIT_PTX_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory"));
 }
 // Transaction bytes without an arrival (the thread arrives later with the others).
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
+  LOWBIT_PTX_SM90(asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory"));
 }
 // Plain arrival (no transaction bytes; release semantics, CTA scope, the default): e.g. a
 // consumer warp releasing a ring stage.
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+  LOWBIT_PTX_SM90(asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory"));
 }
 // Whether (acquire) the phase with this parity completed.
 __device__ __forceinline__ bool mbar_try(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
-  asm volatile(
+  LOWBIT_PTX_SM90(asm volatile(
       "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
       "selp.u32 %0, 1, 0, p;\n}\n"
       : "=r"(done)
       : "r"(bar), "r"(parity)
-      : "memory");
+      : "memory"));
   return done != 0;
 }
 // Blocks until the phase with this parity completed (acquire). A wait that never ends (a protocol
 // bug) traps after ~2^26 polls (seconds) instead of hanging the process: the launch then fails.
 __device__ __forceinline__ void mbar_wait_bounded(uint32_t bar, uint32_t parity) {
-  asm volatile(
+  LOWBIT_PTX_SM90(asm volatile(
       "{\n.reg .pred p;\n.reg .u32 n;\n"
       "mov.u32 n, 0;\n"
       "WAIT_%=:\n"
@@ -168,59 +175,59 @@ __device__ __forceinline__ void mbar_wait_bounded(uint32_t bar, uint32_t parity)
       "trap;\n"
       "DONE_%=:\n}\n" ::"r"(bar),
       "r"(parity)
-      : "memory");
+      : "memory"));
 }
 // bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared through the TMA unit,
 // completing as transaction bytes on `bar`.
 __device__ __forceinline__ void bulk_g2s(uint32_t dst, const void* src, uint32_t bytes,
                                          uint32_t bar) {
-  asm volatile(
+  LOWBIT_PTX_SM90(asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
           "r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
+      : "memory"));
 }
 // The box of a 4-D (3-D) tensor map (a CUtensorMap in param / const / global memory) at
 // coordinates c0.. (innermost first) into shared memory at dst (128-byte aligned), completing the
 // box's bytes (out-of-bound elements included, zero-filled) as transaction bytes on `bar`.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, uint32_t bar, int c0,
                                             int c1, int c2, int c3) {
-  asm volatile(
+  LOWBIT_PTX_SM90(asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
       "[%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-      : "memory");
+      : "memory"));
 }
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* map, uint32_t bar, int c0,
                                             int c1, int c2) {
-  asm volatile(
+  LOWBIT_PTX_SM90(asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
       "[%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
+      : "memory"));
 }
 // Clusters (sm_90): this CTA's rank in its cluster; the cluster barrier in two halves (every
 // thread of every CTA of the cluster arrives, then waits): release / acquire at cluster scope.
 __device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  uint32_t r = 0;
+  LOWBIT_PTX_SM90(asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r)));
   return r;
 }
 __device__ __forceinline__ void cluster_arrive_release() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  LOWBIT_PTX_SM90(asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"));
 }
 __device__ __forceinline__ void cluster_wait_acquire() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  LOWBIT_PTX_SM90(asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"));
 }
 // bulk_g2s delivered to every CTA of the cluster in `mask` (bit r: rank r), at the same
 // CTA-relative shared addresses `dst` and `bar` in each (sm_90a).
 __device__ __forceinline__ void bulk_g2s_multicast(uint32_t dst, const void* src, uint32_t bytes,
                                                    uint32_t bar, uint16_t mask) {
-  asm volatile(
+  LOWBIT_PTX_SM90(asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
       "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
       "l"(src), "r"(bytes), "r"(bar), "h"(mask)
-      : "memory");
+      : "memory"));
 }
 // 16 bytes global -> shared by cp.async (no zero fill).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {

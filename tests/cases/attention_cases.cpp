@@ -102,6 +102,13 @@ class Int8AttentionCase : public Case {
     has_tune_ = true;
   }
 
+  std::string unsupported(Device d) const override {
+    if (d != Device::cuda) return "";
+    if ((opt_.kernel == AttentionOptions::wgmma || opt_.kernel == AttentionOptions::wgmma_r3) &&
+        !cuda_code_sm90a())
+      return "forces the wgmma kernel: sm_90a device code only";
+    return opt_.pv == AttentionOptions::fp8 ? cuda_lacks_fp8() : "";
+  }
   std::string name() const override {
     std::string n = "attention.int8." +
                     std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." +
@@ -368,6 +375,12 @@ std::vector<OutputSpec> one_call_outputs(DType dt, std::vector<int64_t> out_shap
 class AttentionCallCase : public Case {
  public:
   AttentionCallCase(Shape s, AttentionOptions opt, DType dt) : s_(s), opt_(opt), dt_(dt) {}
+  std::string unsupported(Device d) const override {
+    if (d != Device::cuda) return "";
+    if (opt_.kernel == AttentionOptions::wgmma && !cuda_code_sm90a())
+      return "forces the wgmma kernel: sm_90a device code only";
+    return opt_.pv == AttentionOptions::fp8 ? cuda_lacks_fp8() : "";
+  }
   std::string name() const override {
     return "attention.call." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." +
            causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_) +
@@ -409,6 +422,13 @@ class AttentionCallCase : public Case {
 class AttentionVarlenCase : public Case {
  public:
   AttentionVarlenCase(AttentionOptions opt, int64_t d) : opt_(opt), d_(d) {}
+  std::string unsupported(Device d) const override {
+    if (d != Device::cuda) return "";
+    if ((opt_.kernel == AttentionOptions::wgmma || opt_.kernel == AttentionOptions::wgmma_r3) &&
+        !cuda_code_sm90a())
+      return "forces the wgmma kernel: sm_90a device code only";
+    return opt_.pv == AttentionOptions::fp8 ? cuda_lacks_fp8() : "";
+  }
   std::string name() const override {
     return "attention.varlen." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") +
            "." + causal_name(opt_.causal) + ".d" + std::to_string(d_);

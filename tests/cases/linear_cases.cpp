@@ -122,6 +122,7 @@ class ForwardCase : public Case {
   }
   std::string unsupported(Device d) const override {
     if (d == Device::cuda && dt_ == DType::f32) return "f32 activations are CPU-only";
+    if (d == Device::cuda && q_ == QType::convrot_fp8) return cuda_lacks_fp8();
     return "";
   }
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {

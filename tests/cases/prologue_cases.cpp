@@ -66,6 +66,7 @@ struct Cfg {
   int quant_codes = 0;    // CUDA: the specialized kernels' codes (detail::kCodes*)
   int quant_kpair = 0;    // CUDA: the round-5 k kernel, two tokens per lane (detail::kPair*)
   int kpair_sync = 0;     // CUDA: its group maximum's barriers (detail::kSync*)
+  bool mean_no_cluster = false;  // CUDA: the legacy mean kernel without clusters (pre-sm_90 code)
   std::string tag;
 };
 
@@ -220,11 +221,13 @@ class PrologueCase : public Case {
     struct Tuning {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
-    } tuning(detail::PrologueCudaTuning{
-        c_.legacy, c_.heads_per_cta, c_.mean_steps, c_.mean_round, c_.tile_order, c_.pdl,
-        c_.split_blocks, c_.max_reduce, c_.quant_pdl, c_.mean_ctas, c_.mean_smem, c_.quant_early,
-        c_.quant_tight, c_.quant_pair, c_.quant_occ6, c_.quant_codes, c_.quant_kpair,
-        /*kpair_probe=*/0, c_.kpair_sync});
+    } tuning(detail::PrologueCudaTuning{c_.legacy,         c_.heads_per_cta, c_.mean_steps,
+                                        c_.mean_round,     c_.tile_order,    c_.pdl,
+                                        c_.split_blocks,   c_.max_reduce,    c_.quant_pdl,
+                                        c_.mean_ctas,      c_.mean_smem,     c_.quant_early,
+                                        c_.quant_tight,    c_.quant_pair,    c_.quant_occ6,
+                                        c_.quant_codes,    c_.quant_kpair,
+                                        /*kpair_probe=*/0, c_.kpair_sync,    c_.mean_no_cluster});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -1016,6 +1019,18 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   add(leg);
   leg.mean_pass = false, leg.mean = true, leg.layout = ScaleLayout::thread_k, leg.block = 64;
   add(leg);
+  // Session 38: the legacy mean kernel without clusters (what device code older than sm_90 runs)
+  // at 1 token, fewer tokens than the ranks' steps, and several loops; a segmented weight and a
+  // partial rotary (inputs that reach it by default); D 64 / 128; bf16 / f16.
+  for (int64_t N : {1, 17, 1000, 4133}) {
+    Cfg nc;
+    nc.tag = "legacy.nocluster", nc.mean_pass = true, nc.N = N, nc.H = 3, nc.B = 2;
+    nc.legacy = true, nc.mean_no_cluster = true;
+    nc.norm = N == 17 ? Norm::segmented : Norm::per_head;
+    nc.pairs = N == 1000 ? 24 : 0, nc.D = N == 4133 ? 64 : 128;
+    nc.dtype = N == 1 ? DType::f16 : DType::bf16;
+    add(nc);
+  }
   Cfg small;
   small.tag = "block8";
   small.N = 127, small.layout = ScaleLayout::thread_k, small.block = 8, small.D = 64;

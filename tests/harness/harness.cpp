@@ -13,6 +13,23 @@
 namespace lowbit {
 namespace harness {
 
+namespace {
+const DeviceInfo& device0() {
+  static const DeviceInfo d = cuda_device_count() > 0 ? cuda_device_info(0) : DeviceInfo{};
+  return d;
+}
+}  // namespace
+
+int cuda_code_arch() { return device0().code_arch; }
+bool cuda_code_sm90a() { return device0().code_sm90a; }
+std::string cuda_lacks_fp8() {
+  const DeviceInfo& d = device0();
+  if (d.sm_major * 10 + d.sm_minor < 89) return "e4m3 tensor cores need an sm_89+ GPU";
+  if (d.code_arch < 89) return "e4m3 tensor cores need sm_89+ device code (this build's: compute_" +
+                               std::to_string(d.code_arch) + ")";
+  return "";
+}
+
 // ---- HostTensor -------------------------------------------------------------------------------
 
 HostTensor::HostTensor(DType dt, std::vector<int64_t> shape_) : dtype(dt), shape(std::move(shape_)) {

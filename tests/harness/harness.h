@@ -86,6 +86,14 @@ struct OutputSpec {
   int64_t accuracy_row_len = 0;
 };
 
+// The device code the CUDA backend runs on device 0 (lowbit::DeviceInfo::code_arch and
+// code_sm90a; 0 / false without a GPU): cases that need an architecture's kernels report
+// themselves unsupported where the build or the GPU lacks them. cuda_lacks_fp8(): why e4m3
+// tensor-core paths (fp8 P·V, e4m3 weights) cannot run ("" = they can).
+int cuda_code_arch();
+bool cuda_code_sm90a();
+std::string cuda_lacks_fp8();
+
 class Case {
  public:
   virtual ~Case() = default;
