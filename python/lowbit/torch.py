@@ -393,6 +393,18 @@ _SAGE_PV_ACCUM = {
     "fp32": "f16",       # 16-bit PV with fp32 accumulation (the fp16-PV kernels' "fp32")
 }
 
+_fp8_pv_runs: Dict[int, bool] = {}
+
+
+def _fp8_pv_runs_on(device: torch.device) -> bool:
+    """Whether lowbit's fp8 P.V runs on `device`: an sm_89+ GPU whose loaded lowbit device code is
+    sm_89+ (lowbit.cuda_device_info's "code_arch"; cached per device)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _fp8_pv_runs:
+        info = lowbit.cuda_device_info(index)
+        _fp8_pv_runs[index] = tuple(info["sm"]) >= (8, 9) and info["code_arch"] >= 89
+    return _fp8_pv_runs[index]
+
 
 def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
              is_causal: bool = False, sm_scale: Optional[float] = None,
@@ -407,8 +419,9 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
 
     Keyword arguments of SageAttention's kernel-specific entry points are honoured, never
     dropped: smooth_k (default True), smooth_v (fp8 PV only), pv_accum_dtype ("fp32+fp32" = fp8
-    PV with two-level fp32 accumulation, the default; "fp32" = 16-bit PV with fp32
-    accumulation), qk_quant_gran ("per_thread"), quantization_backend ("triton": lowbit's
+    PV with two-level fp32 accumulation, the default where the GPU and lowbit's build have fp8
+    tensor cores (sm_89+), as SageAttention's own dispatch; "fp32" = 16-bit PV with fp32
+    accumulation, the default elsewhere, e.g. on sm_80 / sm_86), qk_quant_gran ("per_thread"), quantization_backend ("triton": lowbit's
     quantizer is bit-exact with SageAttention's Triton one). A value lowbit cannot honour, or an
     unknown argument, raises NotImplementedError naming it. Head dims below 64, between 64 and
     128 and between 128 and 256 are zero-padded to 64 / 128 / 256 (SageAttention pads to 64 /
@@ -420,7 +433,9 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
                          f"{tensor_layout!r}")
     smooth_k = bool(kwargs.pop("smooth_k", True))
     smooth_v = bool(kwargs.pop("smooth_v", False))
-    accum = kwargs.pop("pv_accum_dtype", "fp32+fp32")
+    accum = kwargs.pop("pv_accum_dtype", None)
+    if accum is None:
+        accum = "fp32+fp32" if q.device.type != "cuda" or _fp8_pv_runs_on(q.device) else "fp32"
     if accum not in _SAGE_PV_ACCUM:
         raise NotImplementedError(
             f"lowbit.torch.sageattn: pv_accum_dtype={accum!r} is not supported (lowbit "

@@ -10,14 +10,15 @@
 // copy of the weight per call. The tensor scale pts and the bias in the epilogue
 // (gemm_cutlass_s8.cuh's compute node: ((acc · 1) · pts) + bias, pts as a per-row vector).
 //
-// The conversion (Nvfp4Lut, through gemm_cutlass_mixed.cuh's ConvertA hook, as
+// The conversion (Nvfp4Cvt, through gemm_cutlass_mixed.cuh's ConvertA hook, as
 // gemm_cutlass_s8s4_lut.cu does for int8 fold tables): CUTLASS's lookup-table mode loads, beside
 // each 64-column K tile of codes, one 32-bit "scale" per weight row: its four e4m3 block scales
 // (K blocks 16 wide; a (K / 64, N) copy made once per weight: nvfp4_mixed_layout_build). For the
-// K block b of the tile (one f16 wgmma k16 step), a code becomes the high byte of the f16 of
-// 256 x its e2m1 value (one 16-entry lookup: three prmt per four codes, two more spread them over
-// zero low bytes), the scale byte b becomes the f16 of scale x 2^-8 by a shift ((s & 0x7f) << 7:
-// e4m3's subnormals land on f16's), and one f16x2 multiply gives code x scale exactly.
+// K block b of the tile (one f16 wgmma k16 step), a code's bits placed on an e4m3 byte are its
+// value x 2^-6, one cvt makes an f16x2 of two of them, the scale byte b becomes the f16 of scale
+// x 64 (cvt, then 6 added to the exponent), and one f16x2 multiply gives code x scale exactly.
+// (Session 37's form looked the codes up as f16 high bytes of 256 x the value and shifted the
+// scale byte into f16 bits: the same products, ~28 instead of 15 instructions per 8 codes.)
 //
 // Transposed as the other weight-as-A GEMMs: A = the weight (N, K), B = the f16 activations
 // (M, K), D = out^T column-major. Tiles 128 x 64 (up to WeightAGemmParams::small_max_m rows),
@@ -44,22 +45,28 @@ namespace {
 using Nvfp4Scales = cutlass::Array<uint8_t, 4>;  // a row's four block scales of one K tile
 
 // The conversion of a K block (gemm_cutlass_mixed.cuh's ConvertA hook): e2m1 codes x e4m3 block
-// scales -> f16.
-struct Nvfp4Lut {
-  // 256 x the e2m1 value as f16, for the eight codes of `word` (nibble j = code j): h[0] =
-  // codes 0, 1, h[1] = 2, 3, h[2] = 4, 5, h[3] = 6, 7 (each f16's low byte is zero; sign 0x80).
-  CUTLASS_DEVICE static void codes_f16x2_x256(uint32_t word, uint32_t h[4]) {
-    const uint32_t lut[4] = {0x5e5c5800u, 0x66646260u, 0xdedcd880u, 0xe6e4e2e0u};
-    const uint32_t lo = lut4(word & 0xffffu, lut), hi = lut4(word >> 16, lut);
-    h[0] = lut_prmt(lo, 0u, 0x1404u);
-    h[1] = lut_prmt(lo, 0u, 0x3424u);
-    h[2] = lut_prmt(hi, 0u, 0x1404u);
-    h[3] = lut_prmt(hi, 0u, 0x3424u);
+// scales -> f16, through e4m3 (session 38; the GEMV's conversion, linear_lut.h's e2m1x8_e4m3): a
+// code's bits placed on an e4m3 byte are its value x 2^-6 exactly, one cvt turns a pair of such
+// bytes into an f16x2, and the block scale as f16 x 64 (cvt of the scale byte, then 6 added to
+// each half's exponent: exact, <= 448 x 64) restores the value in the same multiply, so every
+// product is code x scale exactly, the f16 the session-37 lookup form gave (15 instead of ~28
+// instructions per 8 codes).
+struct Nvfp4Cvt {
+  // f16x2 of a pair of e4m3 bytes (bits 0..15 of `two_bytes`).
+  CUTLASS_DEVICE static uint32_t e4m3x2_f16x2(uint32_t two_bytes) {
+    uint32_t h = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890  // (the kernel exists in sm_90a code only)
+    asm("{\n.reg .b16 l;\ncvt.u16.u32 l, %1;\ncvt.rn.f16x2.e4m3x2 %0, l;\n}\n"
+        : "=r"(h)
+        : "r"(two_bytes));
+#endif
+    return h;
   }
-  // The f16x2 pair (s, s) · 2^-8 of byte b of a row's four e4m3 block scales (positive).
-  CUTLASS_DEVICE static uint32_t scale_f16x2(uint32_t scales, int b) {
-    const uint32_t t = ((scales >> (8 * b)) & 0x7fu) << 7;
-    return t | (t << 16);
+  // The f16x2 pair (s, s) x 64 of byte b of a row's four e4m3 block scales (positive, so the
+  // f16 is normal: >= 2^-9; adding 6 to the exponent field multiplies by 64 exactly).
+  CUTLASS_DEVICE static uint32_t scale_f16x2_x64(uint32_t scales, int b) {
+    const uint32_t pair = __byte_perm(scales, 0u, static_cast<uint32_t>(b | (b << 4)));
+    return e4m3x2_f16x2(pair) + 0x18001800u;
   }
   CUTLASS_DEVICE static uint32_t mul_f16x2(uint32_t a, uint32_t b) {
     uint32_t r;
@@ -86,12 +93,16 @@ struct Nvfp4Lut {
     for (int i = 0; i < size<1>(dst_s); ++i) {
       const uint32_t word = cute::recast<uint32_t>(src_s(_, i))(0);
       auto&& out = cute::recast<cutlass::Array<uint32_t, 4>>(dst_s(_, i))(0);
-      uint32_t h[4];
-      codes_f16x2_x256(word, h);
+      uint32_t even, odd;  // e4m3 bytes of codes 0, 2, 4, 6 and 1, 3, 5, 7
+      e2m1x8_e4m3(word, &even, &odd);
+      const uint32_t lo = __byte_perm(even, odd, 0x5140u);  // codes 0, 1, 2, 3
+      const uint32_t hi = __byte_perm(even, odd, 0x7362u);  // codes 4, 5, 6, 7
+      const uint32_t h[4] = {e4m3x2_f16x2(lo), e4m3x2_f16x2(lo >> 16), e4m3x2_f16x2(hi),
+                             e4m3x2_f16x2(hi >> 16)};
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < 4; ++j) {
         const uint32_t sc = reinterpret_cast<uint32_t const&>(scales_s(2 * j, i));
-        out[j] = mul_f16x2(h[j], scale_f16x2(sc, k_block));
+        out[j] = mul_f16x2(h[j], scale_f16x2_x64(sc, k_block));
       }
     }
   }
@@ -142,7 +153,7 @@ using namespace cute;
 
 template <class Tile, class Out>
 using Nvfp4Config = cutlass_s8::WeightAConfig<cutlass::uint4b_t, Tile, Out, cutlass_s8::Nvfp4Scales,
-                                              cutlass_s8::UseConvertA<cutlass_s8::Nvfp4Lut>,
+                                              cutlass_s8::UseConvertA<cutlass_s8::Nvfp4Cvt>,
                                               cutlass::half_t, float>;
 template <class Out>
 using Nvfp4Small = Nvfp4Config<Shape<_128, _64, _64>, Out>;

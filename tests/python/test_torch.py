@@ -100,6 +100,21 @@ def test_sageattn_vs_sdpa(layout, causal):
 
 
 @needs("attention")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sageattn_default_pv_follows_the_device_code():
+    # SageAttention's own dispatch: fp8 P.V where the GPU (and here lowbit's build) has e4m3
+    # tensor cores, 16-bit P.V elsewhere; the default must be bit for bit the explicit choice.
+    info = lowbit.cuda_device_info(torch.cuda.current_device())
+    fp8 = tuple(info["sm"]) >= (8, 9) and info["code_arch"] >= 89
+    assert lt._fp8_pv_runs_on(torch.device("cuda")) == fp8
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 256, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+               for _ in range(3))
+    want = lt.sageattn(q, k, v, pv_accum_dtype="fp32+fp32" if fp8 else "fp32")
+    torch.testing.assert_close(lt.sageattn(q, k, v), want, rtol=0, atol=0)
+
+
+@needs("attention")
 @pytest.mark.parametrize("d", [40, 200])  # zero-padded to 64 / 256 (neither is a multiple of 16)
 def test_sageattn_lse_scale_and_head_dim_padding(d):
     b, h, nq, nkv = 1, 2, 24, 40
