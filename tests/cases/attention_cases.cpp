@@ -78,6 +78,16 @@ std::vector<double> exact_out(HostTensor& q, HostTensor& k, HostTensor& v,
 //            later key tiles rarely raise it (exercises the round-3 kernel's folded P·V halves).
 enum class Pattern { random, zero_q, const_v, early_max };
 
+// Why an attention case cannot run on `d` ("" = it can): a forced wgmma kernel needs sm_90a
+// device code, fp8 P·V e4m3 tensor cores (harness.h).
+std::string attention_unsupported(Device d, const AttentionOptions& opt) {
+  if (d != Device::cuda) return "";
+  if ((opt.kernel == AttentionOptions::wgmma || opt.kernel == AttentionOptions::wgmma_r3) &&
+      !cuda_code_sm90a())
+    return "forces the wgmma kernel: sm_90a device code only";
+  return opt.pv == AttentionOptions::fp8 ? cuda_lacks_fp8() : "";
+}
+
 class Int8AttentionCase : public Case {
  public:
   Int8AttentionCase(Shape s, AttentionOptions opt, DType out_dtype, ScaleLayout q_layout,
@@ -102,13 +112,7 @@ class Int8AttentionCase : public Case {
     has_tune_ = true;
   }
 
-  std::string unsupported(Device d) const override {
-    if (d != Device::cuda) return "";
-    if ((opt_.kernel == AttentionOptions::wgmma || opt_.kernel == AttentionOptions::wgmma_r3) &&
-        !cuda_code_sm90a())
-      return "forces the wgmma kernel: sm_90a device code only";
-    return opt_.pv == AttentionOptions::fp8 ? cuda_lacks_fp8() : "";
-  }
+  std::string unsupported(Device d) const override { return attention_unsupported(d, opt_); }
   std::string name() const override {
     std::string n = "attention.int8." +
                     std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." +
@@ -375,12 +379,7 @@ std::vector<OutputSpec> one_call_outputs(DType dt, std::vector<int64_t> out_shap
 class AttentionCallCase : public Case {
  public:
   AttentionCallCase(Shape s, AttentionOptions opt, DType dt) : s_(s), opt_(opt), dt_(dt) {}
-  std::string unsupported(Device d) const override {
-    if (d != Device::cuda) return "";
-    if (opt_.kernel == AttentionOptions::wgmma && !cuda_code_sm90a())
-      return "forces the wgmma kernel: sm_90a device code only";
-    return opt_.pv == AttentionOptions::fp8 ? cuda_lacks_fp8() : "";
-  }
+  std::string unsupported(Device d) const override { return attention_unsupported(d, opt_); }
   std::string name() const override {
     return "attention.call." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." +
            causal_name(opt_.causal) + "." + shape_name(s_) + "." + dtype_name(dt_) +
@@ -422,13 +421,7 @@ class AttentionCallCase : public Case {
 class AttentionVarlenCase : public Case {
  public:
   AttentionVarlenCase(AttentionOptions opt, int64_t d) : opt_(opt), d_(d) {}
-  std::string unsupported(Device d) const override {
-    if (d != Device::cuda) return "";
-    if ((opt_.kernel == AttentionOptions::wgmma || opt_.kernel == AttentionOptions::wgmma_r3) &&
-        !cuda_code_sm90a())
-      return "forces the wgmma kernel: sm_90a device code only";
-    return opt_.pv == AttentionOptions::fp8 ? cuda_lacks_fp8() : "";
-  }
+  std::string unsupported(Device d) const override { return attention_unsupported(d, opt_); }
   std::string name() const override {
     return "attention.varlen." + std::string(opt_.pv == AttentionOptions::fp8 ? "fp8" : "f16") +
            "." + causal_name(opt_.causal) + ".d" + std::to_string(d_);
