@@ -785,16 +785,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                     const AttentionOptions& options, Context& ctx) {
   const bool fp8 = options.pv == AttentionOptions::fp8;
   if (fp8) {
-    const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, "attention_int8");
-    const int minor = device_attribute(cudaDevAttrComputeCapabilityMinor, "attention_int8");
-    if (major * 10 + minor < 89)
+    const std::string missing = fp8_mma_missing();
+    if (!missing.empty())
       throw Error("attention_int8", "options.pv",
-                  "fp8 PV: expected an sm_89+ GPU, got sm_" + std::to_string(major) +
-                      std::to_string(minor));
-    if (code_arch().ptx < 89)
-      throw Error("attention_int8", "options.pv",
-                  "fp8 PV: expected device code for sm_89+ (CMAKE_CUDA_ARCHITECTURES), got "
-                  "compute_" + std::to_string(code_arch().ptx));
+                  "fp8 PV: expected an sm_89+ GPU and device code for it "
+                  "(CMAKE_CUDA_ARCHITECTURES), got " + missing);
   }
   AttnParams p{};
   p.q = q.data.ptr<const int8_t>();

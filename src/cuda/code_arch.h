@@ -2,6 +2,8 @@
 // src/core/runtime.cpp). Defined in common.cu.
 #pragma once
 
+#include <string>
+
 namespace lowbit {
 namespace cuda {
 
@@ -14,12 +16,19 @@ namespace cuda {
 // mbarrier transaction counts, clusters, griddepcontrol: 90; e4m3 conversions and fp8 mma: 89)
 // is chosen by this and not by the device's compute capability alone, which a build for an older
 // architecture does not reach (its guarded instructions are compiled out). Cached per device; no
-// device work, so it is safe during CUDA graph capture.
+// device work, so it is safe during CUDA graph capture; the calling thread keeps its last device's
+// answer, so a launch path may ask per launch.
 struct CodeArch {
   int ptx = 0;
   bool sm90a = false;
+  int sm = 0;  // the GPU's compute capability x 10 (90 on an H200), 0 on a CUDA error
 };
 CodeArch code_arch();
+
+// Why the current device cannot run e4m3 tensor-core code (mma.sync .e4m3, cvt e4m3x2): "" where it
+// can (an sm_89+ GPU running code_arch().ptx >= 89), else "sm_86 GPU running compute_86 code"
+// style words for an error message. Never throws; a CUDA error reads as "no GPU".
+std::string fp8_mma_missing();
 
 }  // namespace cuda
 }  // namespace lowbit

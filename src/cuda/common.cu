@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -157,8 +158,17 @@ CodeArch code_arch() {
     cudaGetLastError();
     return {};
   }
-  return cached(verdict, dev, [&] {
+  // The thread's last answer first: launch_maybe_pdl asks on every launch, and the shared map
+  // takes a mutex.
+  thread_local int last_dev = -1;
+  thread_local CodeArch last;
+  if (dev == last_dev) return last;
+  last = cached(verdict, dev, [&] {
     CodeArch c;
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess)
+      c.sm = major * 10 + minor;
     cudaFuncAttributes attr{};
     if (cudaFuncGetAttributes(&attr, code_arch_probe_kernel) == cudaSuccess) {
       c.ptx = attr.ptxVersion;
@@ -168,6 +178,16 @@ CodeArch code_arch() {
     cudaGetLastError();  // no image for this device: the error stays here
     return c;
   });
+  last_dev = dev;
+  return last;
+}
+
+std::string fp8_mma_missing() {
+  const CodeArch c = code_arch();
+  if (c.sm >= 89 && c.ptx >= 89) return "";
+  if (c.sm == 0) return "no GPU";
+  return "sm_" + std::to_string(c.sm) + " GPU running " +
+         (c.ptx ? "compute_" + std::to_string(c.ptx) : std::string("no")) + " code";
 }
 
 bool sm90a_image_loaded(const void* kernel, int min_regs) {
@@ -178,14 +198,11 @@ bool sm90a_image_loaded(const void* kernel, int min_regs) {
     return false;
   }
   return cached(verdict, {dev, kernel}, [&] {
-    int major = 0, minor = 0;
+    const CodeArch code = code_arch();
     cudaFuncAttributes attr{};
-    const bool ok =
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-        major == 9 && minor == 0 && cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
-        attr.binaryVersion == 90 && attr.ptxVersion == 90 && attr.numRegs >= min_regs &&
-        code_arch().sm90a;
+    const bool ok = code.sm == 90 && code.sm90a &&
+                    cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
+                    attr.binaryVersion == 90 && attr.ptxVersion == 90 && attr.numRegs >= min_regs;
     cudaGetLastError();
     return ok;
   });

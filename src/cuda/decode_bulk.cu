@@ -1650,13 +1650,8 @@ void launch_fd(const DecodeParams& p, const BulkArgs& a, const BulkMaps& m, int 
 // 0 where lowbit's device code for it lacks them (code_arch: an older build, or older PTX
 // JIT-compiled for this GPU).
 int device_major() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    cudaGetLastError();  // clear; the ring kernel runs instead
-    return 0;
-  }
-  return code_arch().ptx >= 90 ? major : 0;
+  const CodeArch c = code_arch();  // sm 0 on a CUDA error: the ring kernel runs instead
+  return c.ptx >= 90 ? c.sm / 10 : 0;
 }
 
 // Whether DecodePlan::fold_scales changes the arithmetic for this cache.

@@ -75,6 +75,24 @@ bool weight_a_tile_launch(const WeightAGemmParams& p, void* scratch, cudaStream_
       p, [&](auto c) { return weight_a_launch<decltype(c)>(p, scratch, stream); });
 }
 
+// A weight-as-A file's three entry points (`*_applies`, `*_scratch_bytes`, `gemm_*` of
+// linear_kernels.cuh) from its configurations and its Fits(p) predicate: it applies where Fits
+// and the device runs the Narrow bf16 kernel's sm_90a image (the three tiles share the build).
+template <template <class> class Small, template <class> class Narrow,
+          template <class> class Wide, bool (*Fits)(const WeightAGemmParams&)>
+struct WeightAEntry {
+  static bool applies(const WeightAGemmParams& p) {
+    return Fits(p) && sm90a_image_loaded(reinterpret_cast<const void*>(
+                          cutlass::device_kernel<typename Narrow<cutlass::bfloat16_t>::Kernel>));
+  }
+  static size_t scratch_bytes(const WeightAGemmParams& p) {
+    return Fits(p) ? weight_a_tile_scratch_bytes<Small, Narrow, Wide>(p) : 0;
+  }
+  static bool run(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
+    return applies(p) && weight_a_tile_launch<Small, Narrow, Wide>(p, scratch, stream);
+  }
+};
+
 }  // namespace
 }  // namespace cutlass_s8
 }  // namespace linear

@@ -169,10 +169,7 @@ bool mixed_fits(const WeightAGemmParams& p) {
          (reinterpret_cast<uintptr_t>(p.w_lut) & 15u) == 0 && p.w_scale;
 }
 
-bool mixed_image() {
-  return sm90a_image_loaded(reinterpret_cast<const void*>(
-      cutlass::device_kernel<Nvfp4Narrow<cutlass::bfloat16_t>::Kernel>));
-}
+using Mixed = cutlass_s8::WeightAEntry<Nvfp4Small, Nvfp4Narrow, Nvfp4Wide, mixed_fits>;
 
 }  // namespace
 
@@ -181,18 +178,12 @@ int64_t nvfp4_mixed_layout_bytes(int64_t N, int64_t K) {
   return nvfp4_pts_offset(N, K) + N * 4;
 }
 
-bool cutlass_nvfp4_mixed_applies(const WeightAGemmParams& p) {
-  return mixed_fits(p) && mixed_image();
-}
-
+bool cutlass_nvfp4_mixed_applies(const WeightAGemmParams& p) { return Mixed::applies(p); }
 size_t cutlass_nvfp4_mixed_scratch_bytes(const WeightAGemmParams& p) {
-  if (!mixed_fits(p)) return 0;
-  return cutlass_s8::weight_a_tile_scratch_bytes<Nvfp4Small, Nvfp4Narrow, Nvfp4Wide>(p);
+  return Mixed::scratch_bytes(p);
 }
-
 bool gemm_cutlass_nvfp4_mixed(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
-  if (!mixed_fits(p) || !mixed_image()) return false;
-  return cutlass_s8::weight_a_tile_launch<Nvfp4Small, Nvfp4Narrow, Nvfp4Wide>(p, scratch, stream);
+  return Mixed::run(p, scratch, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

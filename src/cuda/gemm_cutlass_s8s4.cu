@@ -48,24 +48,14 @@ template <class Out>
 using S4Small = cutlass_s8::WeightAConfig<cutlass::int4b_t, Shape<_128, _64, _128>, Out>;
 
 bool s4_fits(const WeightAGemmParams& p) { return cutlass_s8::weight_a_fits(p, 2); }
-
-bool s4_image() {
-  return sm90a_image_loaded(
-      reinterpret_cast<const void*>(cutlass::device_kernel<S4Narrow<cutlass::bfloat16_t>::Kernel>));
-}
+using S4 = cutlass_s8::WeightAEntry<S4Small, S4Narrow, S4Wide, s4_fits>;
 
 }  // namespace
 
-bool cutlass_s8s4_applies(const WeightAGemmParams& p) { return s4_fits(p) && s4_image(); }
-
-size_t cutlass_s8s4_scratch_bytes(const WeightAGemmParams& p) {
-  if (!s4_fits(p)) return 0;
-  return cutlass_s8::weight_a_tile_scratch_bytes<S4Small, S4Narrow, S4Wide>(p);
-}
-
+bool cutlass_s8s4_applies(const WeightAGemmParams& p) { return S4::applies(p); }
+size_t cutlass_s8s4_scratch_bytes(const WeightAGemmParams& p) { return S4::scratch_bytes(p); }
 bool gemm_cutlass_s8s4(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
-  if (!s4_fits(p) || !s4_image()) return false;
-  return cutlass_s8::weight_a_tile_launch<S4Small, S4Narrow, S4Wide>(p, scratch, stream);
+  return S4::run(p, scratch, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

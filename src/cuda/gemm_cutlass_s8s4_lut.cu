@@ -123,23 +123,14 @@ bool lut_fits(const WeightAGemmParams& p) {
          (reinterpret_cast<uintptr_t>(p.w_lut) & 15u) == 0;
 }
 
-bool lut_image() {
-  return sm90a_image_loaded(
-      reinterpret_cast<const void*>(cutlass::device_kernel<LutNarrow<cutlass::bfloat16_t>::Kernel>));
-}
+using Lut = cutlass_s8::WeightAEntry<LutSmall, LutNarrow, LutWide, lut_fits>;
 
 }  // namespace
 
-bool cutlass_s8s4_lut_applies(const WeightAGemmParams& p) { return lut_fits(p) && lut_image(); }
-
-size_t cutlass_s8s4_lut_scratch_bytes(const WeightAGemmParams& p) {
-  if (!lut_fits(p)) return 0;
-  return cutlass_s8::weight_a_tile_scratch_bytes<LutSmall, LutNarrow, LutWide>(p);
-}
-
+bool cutlass_s8s4_lut_applies(const WeightAGemmParams& p) { return Lut::applies(p); }
+size_t cutlass_s8s4_lut_scratch_bytes(const WeightAGemmParams& p) { return Lut::scratch_bytes(p); }
 bool gemm_cutlass_s8s4_lut(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
-  if (!lut_fits(p) || !lut_image()) return false;
-  return cutlass_s8::weight_a_tile_launch<LutSmall, LutNarrow, LutWide>(p, scratch, stream);
+  return Lut::run(p, scratch, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

@@ -185,13 +185,11 @@ void gemm(const GemmParams& p, cudaStream_t stream) {
     case GemmKind::e4m3: {
       // mma.sync on e4m3 needs an sm_89+ GPU and device code built for it (a build for sm_80
       // compiles the kernel's mma to a trap).
-      const int cc = 10 * device_attribute(cudaDevAttrComputeCapabilityMajor, "gemm") +
-                     device_attribute(cudaDevAttrComputeCapabilityMinor, "gemm");
-      if (cc < 89 || code_arch().ptx < 89)
+      const std::string missing = fp8_mma_missing();
+      if (!missing.empty())
         check::fail("gemm", "kind",
-                    "e4m3 operands: expected an sm_89+ GPU and device code for it, got sm_" +
-                        std::to_string(cc) + " running compute_" +
-                        std::to_string(code_arch().ptx) + " code");
+                    "e4m3 operands: expected an sm_89+ GPU and device code for it, got " +
+                        missing);
       launch<GemmKind::e4m3>(p, stream);
       break;
     }

@@ -18,8 +18,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "lowbit/dtype.h"
@@ -386,26 +384,8 @@ bool decode_nvfp4_applies(const Nvfp4DecodeParams& p) {
     return false;
   // 8-byte code loads (row stride K / 2, a multiple of 32), 16-byte activation loads.
   if (!aligned(p.w_codes, 8) || !aligned(p.x16, 16)) return false;
-  // The device runs the kernel: compute capability 8.9+ and an image of it for the device (per
-  // device, once).
-  static std::mutex mu;
-  static std::map<int, bool> runs;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = runs.find(dev);
-  if (it == runs.end()) {
-    int major = 0, minor = 0;
-    cudaFuncAttributes attr{};
-    const bool ok =
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-        cudaFuncGetAttributes(&attr, gemv_nvfp4_kernel<1, 1>) == cudaSuccess &&
-        attr.binaryVersion >= 89 && attr.ptxVersion >= 89 && major * 10 + minor >= 89;
-    (void)cudaGetLastError();  // a missing image leaves its error behind
-    it = runs.emplace(dev, ok).first;
-  }
-  return it->second;
+  // The device runs the kernel: e4m3 conversions (compute capability 8.9+ and device code for it).
+  return fp8_mma_missing().empty();
 }
 
 // The cp.async ring: 16-byte code copies, 4-byte scale copies (row stride K / 16, a multiple of

@@ -518,19 +518,13 @@ DeviceInfo device_info() {
   auto it = cache.find(dev);
   if (it != cache.end()) return it->second;
   DeviceInfo info;
-  int major = 0, optin = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "decode_ring",
-             "compute capability");
+  int optin = 0;
   check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
              "decode_ring", "shared memory");
-  cudaFuncAttributes attr{};
-  // The image must hold sm_90 code (an older build, or older PTX JIT-compiled for this GPU,
-  // traps in the kernel body).
-  const bool image =
-      cudaFuncGetAttributes(&attr, gemv_ring_kernel<kRPacked4, 1, false>) == cudaSuccess &&
-      attr.binaryVersion >= 90 && attr.ptxVersion >= 90;
-  (void)cudaGetLastError();
-  info.sm90 = major == 9 && image;
+  // sm_90 code on an sm_90 GPU (an older build, or older PTX JIT-compiled for this GPU, traps in
+  // the kernel body).
+  const CodeArch code = code_arch();
+  info.sm90 = code.sm / 10 == 9 && code.ptx >= 90;
   info.max_smem = optin - 1024;
   cache.emplace(dev, info);
   return info;

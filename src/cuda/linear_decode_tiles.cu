@@ -705,17 +705,13 @@ TilesDevice tiles_device() {
   auto it = cache.find(dev);
   if (it != cache.end()) return it->second;
   TilesDevice info;
-  int major = 0, optin = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-             "decode_tiles", "compute capability");
+  int optin = 0;
   check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
              "decode_tiles", "shared memory");
-  cudaFuncAttributes attr{};
-  const bool image =
-      cudaFuncGetAttributes(&attr, gemv_tiles_kernel<kTilesComfy, 1>) == cudaSuccess &&
-      attr.binaryVersion >= 90 && attr.ptxVersion >= 90;  // not JIT-compiled older PTX
-  (void)cudaGetLastError();
-  info.sm90 = major == 9 && image;
+  // sm_90 code on an sm_90 GPU (an older build, or older PTX JIT-compiled for this GPU, traps in
+  // the kernel body).
+  const CodeArch code = code_arch();
+  info.sm90 = code.sm / 10 == 9 && code.ptx >= 90;
   info.max_smem = optin - 2048;  // room for the static arrays
   cache.emplace(dev, info);
   return info;
