@@ -62,6 +62,16 @@ struct AttentionOptions {
   // but auto_kernel are an error where they do not apply (no sm_90a kernel). Same arithmetic in
   // every kernel (outputs agree within the harness tolerances).
   enum Kernel : uint8_t { auto_kernel, mma_sync, wgmma, wgmma_r3 } kernel = auto_kernel;
+  // attention() / attention_varlen(): q's and k's RMSNorm and RoPE (SPEC §1), fused into their
+  // quantization passes, as Flux, Wan or Qwen-Image apply them to q and k before attention: the
+  // call then computes softmax(rope(norm(q)) · rope(norm(k))ᵀ · sm_scale) V. Null: none. Only
+  // norm_weight, weight_rows, eps, rope and scale_eps are read (the call picks the scale
+  // layouts, folds sm_scale into q and takes k's mean itself: `mean` must be null and sm_scale
+  // 1). Tables and weight_rows follow q's / k's own tokens (cross-attention has two tables); in
+  // attention_varlen their token dim is the packed one (rows of every sequence, batch 1).
+  // attention_int8() ignores them (its inputs are quantized already).
+  const Prologue* q_prologue = nullptr;
+  const Prologue* k_prologue = nullptr;
 };
 
 // ---- building blocks ----------------------------------------------------------------------------
@@ -101,8 +111,9 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
 
 // ---- one call -----------------------------------------------------------------------------------
 
-// Quantizes q (sm_scale * log2(e) folded in, per-block 128-row scales on CPU / THREAD_Q on CUDA),
-// k (optionally minus its per-head mean), V (fp8 mode), then runs attention_int8.
+// Quantizes q (after options.q_prologue's norm and rope, sm_scale folded in, THREAD_Q 32-row
+// scales), k (after options.k_prologue's, optionally minus its per-head mean, THREAD_K 64-row
+// scales), V (fp8 mode), then runs attention_int8.
 //   q    (B, Nq, Hq, D) bf16/f16 (f32 on the CPU), strided, channels contiguous
 //   k, v (B, Nkv, Hkv, D), same dtype as q
 //   out  (B, Nq, Hq, D) same dtype as q (strided)

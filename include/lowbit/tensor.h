@@ -80,9 +80,11 @@ class Error : public std::runtime_error {
   Error(std::string op, std::string argument, std::string message);
   const char* op() const noexcept { return op_.c_str(); }
   const char* argument() const noexcept { return argument_.c_str(); }
+  // The part after "op: argument: " ("expected ..., got ...").
+  const char* message() const noexcept { return message_.c_str(); }
 
  private:
-  std::string op_, argument_;
+  std::string op_, argument_, message_;
 };
 
 }  // namespace lowbit

@@ -243,14 +243,29 @@ def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
 
 
+class _Prologue:
+    """q's or k's norm / rope tensors; kwargs() converts them for one lowbit call (a DLPack
+    capsule is consumed by the call that takes it)."""
+
+    def __init__(self, norm_weight: Optional[Tensor], weight_rows: Optional[Tensor], eps: float,
+                 rope: Optional[Tensor], interleaved: bool):
+        self.norm_weight, self.weight_rows, self.rope = norm_weight, weight_rows, rope
+        self.eps, self.interleaved = eps, interleaved
+
+    def kwargs(self) -> dict:
+        return dict(norm_weight=_opt(self.norm_weight), weight_rows=_opt(self.weight_rows),
+                    eps=self.eps, rope=_opt(self.rope), rope_interleaved=self.interleaved)
+
+
 def _attention_parts(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
-                     sm_scale: float, causal: str, pv: str, smooth_k: bool, smooth_v: bool):
+                     sm_scale: float, causal: str, pv: str, smooth_k: bool, smooth_v: bool,
+                     qpro: _Prologue, kpro: _Prologue):
     """attention() as its building blocks, every buffer from torch's allocator: the K mean
     (norm_rope_mean), INT8 q (THREAD_Q, 32-row blocks, sm_scale folded in) and k (THREAD_K,
     64-row blocks, mean subtracted) from the prologue, per-channel fp8 V, then attention_int8 --
     the sequence lowbit::attention runs on its own scratch. Nothing is allocated inside lowbit
     and nothing synchronises the host, so the op is asynchronous and CUDA-graph capturable.
-    q, k, v, out are (B, N, H, D) views."""
+    q, k, v, out are (B, N, H, D) views; qpro / kpro: q's and k's norm / rope arguments."""
     mp = _module("prologue", "lowbit.torch.attention")
     ma = _module("attention", "lowbit.torch.attention")
     dev = q.device
@@ -261,15 +276,15 @@ def _attention_parts(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional
     kmean = None
     if smooth_k and nkv > 0:
         kmean = torch.empty((b, hkv, d), **f32)
-        _run(mp.norm_rope_mean, dev, to_lowbit(k), to_lowbit(kmean))
+        _run(mp.norm_rope_mean, dev, to_lowbit(k), to_lowbit(kmean), **kpro.kwargs())
     q8 = torch.empty((b, nq, hq, d), dtype=torch.int8, device=dev)
     qs = torch.empty((b, hq, mp.prologue_scale_count(nq, "thread_q", 32)), **f32)
     _run(mp.norm_rope_quantize, dev, to_lowbit(q), to_lowbit(q8), to_lowbit(qs), sm_scale=sm,
-         layout="thread_q", block=32)
+         layout="thread_q", block=32, **qpro.kwargs())
     k8 = torch.empty((b, nkv, hkv, d), dtype=torch.int8, device=dev)
     ks = torch.empty((b, hkv, mp.prologue_scale_count(nkv, "thread_k", 64)), **f32)
     _run(mp.norm_rope_quantize, dev, to_lowbit(k), to_lowbit(k8), to_lowbit(ks),
-         mean=_opt(kmean), sm_scale=1.0, layout="thread_k", block=64)
+         mean=_opt(kmean), sm_scale=1.0, layout="thread_k", block=64, **kpro.kwargs())
     v_in, vs, vm = v, None, None
     if pv == "fp8":
         v_in = torch.empty((b, hkv, d, _round_up(nkv, 64)), dtype=torch.uint8, device=dev)
@@ -291,10 +306,15 @@ _WORKSPACE_BYTES = {}  # attention_workspace_bytes by (q shape, k shape, pv, smo
 
 @_op("attention")
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float, causal: str,
-                  pv: str, smooth_k: bool, smooth_v: bool, return_lse: bool, impl: str
-                  ) -> Tuple[Tensor, Tensor]:
+                  pv: str, smooth_k: bool, smooth_v: bool, return_lse: bool, impl: str,
+                  q_norm_weight: Optional[Tensor], k_norm_weight: Optional[Tensor],
+                  q_weight_rows: Optional[Tensor], k_weight_rows: Optional[Tensor],
+                  norm_eps: float, q_rope: Optional[Tensor], k_rope: Optional[Tensor],
+                  rope_interleaved: bool) -> Tuple[Tensor, Tensor]:
     m = _module("attention", "lowbit.torch.attention")
     q, k, v = (_inner_contiguous(t) for t in (q, k, v))
+    qpro = _Prologue(q_norm_weight, q_weight_rows, norm_eps, q_rope, rope_interleaved)
+    kpro = _Prologue(k_norm_weight, k_weight_rows, norm_eps, k_rope, rope_interleaved)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     qn = _as_nhd(q, layout)
     b, n, h = qn.shape[0], qn.shape[1], qn.shape[2]
@@ -302,7 +322,7 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
     kn, vn, on = _as_nhd(k, layout), _as_nhd(v, layout), _as_nhd(out, layout)
     if impl == "parts" and lowbit.has("prologue"):  # without the prologue: the one-call path
         _attention_parts(qn, kn, vn, on, lse if return_lse else None, sm_scale, causal, pv,
-                         smooth_k, smooth_v)
+                         smooth_k, smooth_v, qpro, kpro)
     elif impl in ("parts", "library"):
         opts = dict(sm_scale=sm_scale, causal=causal, pv=pv, smooth_k=smooth_k,
                     smooth_v=smooth_v)
@@ -315,7 +335,11 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
                                                                         to_lowbit(kn), **opts)))
             ws = _aligned_bytes(nbytes, q.device)
         _run(m.attention, q.device, to_lowbit(qn), to_lowbit(kn), to_lowbit(vn), to_lowbit(on),
-             lse=to_lowbit(lse) if return_lse else None, workspace=_opt(ws), **opts)
+             lse=to_lowbit(lse) if return_lse else None, workspace=_opt(ws), **opts,
+             q_norm_weight=_opt(q_norm_weight), k_norm_weight=_opt(k_norm_weight),
+             q_weight_rows=_opt(q_weight_rows), k_weight_rows=_opt(k_weight_rows),
+             norm_eps=norm_eps, q_rope=_opt(q_rope), k_rope=_opt(k_rope),
+             rope_interleaved=rope_interleaved)
     else:
         raise lowbit._error("lowbit.torch.attention", "impl",
                             f"expected 'parts' or 'library', got {impl!r}")
@@ -323,7 +347,9 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
 
 
 @_attention_op.register_fake
-def _(q, k, v, layout, sm_scale, causal, pv, smooth_k, smooth_v, return_lse, impl):
+def _(q, k, v, layout, sm_scale, causal, pv, smooth_k, smooth_v, return_lse, impl,
+      q_norm_weight, k_norm_weight, q_weight_rows, k_weight_rows, norm_eps, q_rope, k_rope,
+      rope_interleaved):
     qn = _as_nhd(q, layout)
     shape = (qn.shape[0], qn.shape[2], qn.shape[1]) if return_lse else (0,)
     return q.new_empty(q.shape), q.new_empty(shape, dtype=torch.float32)
@@ -331,7 +357,11 @@ def _(q, k, v, layout, sm_scale, causal, pv, smooth_k, smooth_v, return_lse, imp
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale: float = 0.0,
               causal: str = "none", pv: str = "fp8", smooth_k: bool = True,
-              smooth_v: bool = False, return_lse: bool = False, impl: str = "library"):
+              smooth_v: bool = False, return_lse: bool = False, impl: str = "library",
+              q_norm_weight: Optional[Tensor] = None, k_norm_weight: Optional[Tensor] = None,
+              q_weight_rows: Optional[Tensor] = None, k_weight_rows: Optional[Tensor] = None,
+              norm_eps: float = 1e-6, q_rope: Optional[Tensor] = None,
+              k_rope: Optional[Tensor] = None, rope_interleaved: bool = False):
     """lowbit's INT8 attention (SPEC section 2) with its own options.
 
     q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D) for layout "NHD", (B, H, N, D) for "HND"; bf16/fp16
@@ -340,18 +370,35 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale:
     (natural log). impl "library" (default): the one-call lowbit::attention on a workspace from
     torch's allocator (asynchronous, CUDA-graph capturable); "parts": the same sequence from the
     public building blocks (prologue quantizers, quantize_v_fp8, attention_int8).
+
+    q's and k's RMSNorm and RoPE (SPEC section 1), as Flux / Wan / Qwen-Image apply them before
+    attention, run inside the quantization passes: q_norm_weight / k_norm_weight (D) (or (R, D)
+    with q_weight_rows / k_weight_rows (N) int32 naming each token's row: MM-DiT joint
+    attention's text and image norms), norm_eps, q_rope / k_rope tables (1|B, N, 1, pairs, 2)
+    of (cos, sin) or (1|B, N, 1, pairs, 2, 2) of [[cos, -sin], [sin, cos]] (Flux's freqs_cis
+    layout), pairs <= D/2 (partial rotary), split-half pairing or rope_interleaved. The result
+    is softmax(rope(norm(q)) rope(norm(k))^T sm_scale) v, with no normed or rotated q / k ever
+    written to memory.
     """
     if layout not in ("HND", "NHD"):
         raise ValueError(f"lowbit.torch.attention: layout: expected 'HND' or 'NHD', got "
                          f"{layout!r}")
     out, lse = _call("attention", q, k, v, layout, float(sm_scale), causal, pv, bool(smooth_k),
-                     bool(smooth_v), bool(return_lse), impl)
+                     bool(smooth_v), bool(return_lse), impl, q_norm_weight, k_norm_weight,
+                     q_weight_rows, k_weight_rows, float(norm_eps), q_rope, k_rope,
+                     bool(rope_interleaved))
     return (out, lse) if return_lse else out
 
 
 def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k, *,
                      sm_scale: float = 0.0, causal: str = "none", pv: str = "fp8",
-                     smooth_k: bool = True, smooth_v: bool = False, return_lse: bool = False):
+                     smooth_k: bool = True, smooth_v: bool = False, return_lse: bool = False,
+                     q_norm_weight: Optional[Tensor] = None,
+                     k_norm_weight: Optional[Tensor] = None,
+                     q_weight_rows: Optional[Tensor] = None,
+                     k_weight_rows: Optional[Tensor] = None, norm_eps: float = 1e-6,
+                     q_rope: Optional[Tensor] = None, k_rope: Optional[Tensor] = None,
+                     rope_interleaved: bool = False):
     """:func:`attention` on a variable-length batch (as flash-attn's varlen entry points).
 
     q (Tq, Hq, D), k/v (Tk, Hkv, D) hold n sequences packed along the tokens; cu_seqlens_q /
@@ -359,7 +406,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
     tensor (a CUDA tensor is read back to the host: one synchronization). Each sequence is
     attended on its own, exactly as :func:`attention` on that sequence (causal aligned per
     sequence; no keys: zeros and LSE -inf). Returns out (Tq, Hq, D) and, with return_lse, lse
-    (Hq, Tq) fp32.
+    (Hq, Tq) fp32. The norm / rope arguments are :func:`attention`'s, over the packed tokens:
+    tables (1, T, 1, pairs, 2[, 2]), weight rows (T).
     """
     cq = [int(x) for x in (cu_seqlens_q.tolist() if isinstance(cu_seqlens_q, Tensor)
                            else cu_seqlens_q)]
@@ -379,9 +427,16 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
     for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
         if q1 == q0 or k1 == k0:  # no rows; or no keys: zeros and -inf, as attention() gives
             continue
+        rows = lambda t, a, b: None if t is None else t[a:b]  # noqa: E731
+        table = lambda t, a, b: None if t is None else t[:, a:b]  # noqa: E731
         o, l = attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], sm_scale=sm_scale,
                          causal=causal, pv=pv, smooth_k=smooth_k, smooth_v=smooth_v,
-                         return_lse=True)
+                         return_lse=True, q_norm_weight=q_norm_weight,
+                         k_norm_weight=k_norm_weight,
+                         q_weight_rows=rows(q_weight_rows, q0, q1),
+                         k_weight_rows=rows(k_weight_rows, k0, k1), norm_eps=norm_eps,
+                         q_rope=table(q_rope, q0, q1), k_rope=table(k_rope, k0, k1),
+                         rope_interleaved=rope_interleaved)
         out[q0:q1] = o[0]
         lse[:, q0:q1] = l[0]
     return (out, lse) if return_lse else out
@@ -466,7 +521,8 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
         q, k, v = (F.pad(t, (0, padded - head_dim)) for t in (q, k, v))
     out, lse = _call("attention", q, k, v, tensor_layout, float(sm_scale),
                      "top_left" if is_causal else "none", pv, smooth_k, smooth_v,
-                     bool(return_lse), "library")
+                     bool(return_lse), "library", None, None, None, None, 1e-6, None, None,
+                     False)
     if padded != head_dim:
         out = out[..., :head_dim]
     return (out, lse) if return_lse else out

@@ -70,7 +70,10 @@ void bind_attention(nb::module_& m) {
       "attention",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, float sm_scale,
          const std::string& causal, const std::string& pv, bool smooth_k, bool smooth_v,
-         const std::string& kernel, nb::handle workspace, uintptr_t stream, int threads) {
+         const std::string& kernel, nb::handle workspace, nb::handle q_norm_weight,
+         nb::handle k_norm_weight, nb::handle q_weight_rows, nb::handle k_weight_rows,
+         float norm_eps, nb::handle q_rope, nb::handle k_rope, bool rope_interleaved,
+         uintptr_t stream, int threads) {
         Args args("attention");
         TensorView qv = args.in(q, "q"), kv = args.in(k, "k"), vv = args.in(v, "v");
         TensorView ov = args.out(out, "out");
@@ -78,6 +81,13 @@ void bind_attention(nb::module_& m) {
         std::optional<TensorView> wv = args.out_opt(workspace, "workspace");
         AttentionOptions o =
             make_options("attention", sm_scale, causal, pv, smooth_k, smooth_v, kernel);
+        PrologueParts qp, kp;
+        fill_prologue(args, qp, q_norm_weight, q_weight_rows, norm_eps, q_rope, rope_interleaved,
+                      nb::none(), "q_");
+        fill_prologue(args, kp, k_norm_weight, k_weight_rows, norm_eps, k_rope, rope_interleaved,
+                      nb::none(), "k_");
+        if (any_prologue(qp)) o.q_prologue = &qp.p;
+        if (any_prologue(kp)) o.k_prologue = &kp.p;
         Context ctx = make_context(stream, threads);
         if (wv && !wv->is_contiguous()) {
           throw Error("attention", "workspace", "expected a contiguous array, got " +
@@ -94,26 +104,41 @@ void bind_attention(nb::module_& m) {
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::kw_only(),
       nb::arg("lse") = nb::none(), nb::arg("sm_scale") = 0.f, nb::arg("causal") = "none",
       nb::arg("pv") = "fp8", nb::arg("smooth_k") = true, nb::arg("smooth_v") = false,
-      nb::arg("kernel") = "auto", nb::arg("workspace") = nb::none(), nb::arg("stream") = 0,
-      nb::arg("threads") = 0,
+      nb::arg("kernel") = "auto", nb::arg("workspace") = nb::none(),
+      nb::arg("q_norm_weight") = nb::none(), nb::arg("k_norm_weight") = nb::none(),
+      nb::arg("q_weight_rows") = nb::none(), nb::arg("k_weight_rows") = nb::none(),
+      nb::arg("norm_eps") = 1e-6f, nb::arg("q_rope") = nb::none(), nb::arg("k_rope") = nb::none(),
+      nb::arg("rope_interleaved") = false, nb::arg("stream") = 0, nb::arg("threads") = 0,
       "INT8 attention (SPEC section 2). q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D), out like q, all "
       "strided views (pass an HND tensor permuted); lse (B, Hq, Nq) f32 or None. sm_scale 0 = "
       "1/sqrt(D); causal none/bottom_right/top_left; pv fp8/f16; kernel auto/mma_sync/wgmma/"
       "wgmma_r3 (CUDA only; the CPU ignores it). workspace: a contiguous array "
       "of >= attention_workspace_bytes bytes (256-byte aligned, q's device): no allocation and no "
-      "stream synchronization; None: lowbit allocates (and synchronizes on CUDA).");
+      "stream synchronization; None: lowbit allocates (and synchronizes on CUDA). "
+      "q_norm_weight / k_norm_weight ((D) or (R, D) with q_weight_rows / k_weight_rows (N) int32), "
+      "norm_eps, q_rope / k_rope tables ((1|B, N, 1, pairs, 2[, 2]), SPEC section 1) and "
+      "rope_interleaved: q's and k's RMSNorm and RoPE, fused into their quantization.");
   m.def(
       "attention_varlen",
       [](nb::handle q, nb::handle k, nb::handle v, std::vector<int64_t> cu_seqlens_q,
          std::vector<int64_t> cu_seqlens_k, nb::handle out, nb::handle lse, float sm_scale,
          const std::string& causal, const std::string& pv, bool smooth_k, bool smooth_v,
-         const std::string& kernel, uintptr_t stream, int threads) {
+         const std::string& kernel, nb::handle q_norm_weight, nb::handle k_norm_weight,
+         nb::handle q_weight_rows, nb::handle k_weight_rows, float norm_eps, nb::handle q_rope,
+         nb::handle k_rope, bool rope_interleaved, uintptr_t stream, int threads) {
         Args args("attention_varlen");
         TensorView qv = args.in(q, "q"), kv = args.in(k, "k"), vv = args.in(v, "v");
         TensorView ov = args.out(out, "out");
         std::optional<TensorView> lv = args.out_opt(lse, "lse");
         AttentionOptions o =
             make_options("attention_varlen", sm_scale, causal, pv, smooth_k, smooth_v, kernel);
+        PrologueParts qp, kp;
+        fill_prologue(args, qp, q_norm_weight, q_weight_rows, norm_eps, q_rope, rope_interleaved,
+                      nb::none(), "q_");
+        fill_prologue(args, kp, k_norm_weight, k_weight_rows, norm_eps, k_rope, rope_interleaved,
+                      nb::none(), "k_");
+        if (any_prologue(qp)) o.q_prologue = &qp.p;
+        if (any_prologue(kp)) o.k_prologue = &kp.p;
         Context ctx = make_context(stream, threads);
         nb::gil_scoped_release release;
         attention_varlen(qv, kv, vv, cu_seqlens_q, cu_seqlens_k, ov, lv ? &*lv : nullptr, o, ctx);
@@ -121,9 +146,13 @@ void bind_attention(nb::module_& m) {
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"),
       nb::arg("out"), nb::kw_only(), nb::arg("lse") = nb::none(), nb::arg("sm_scale") = 0.f,
       nb::arg("causal") = "none", nb::arg("pv") = "fp8", nb::arg("smooth_k") = true,
-      nb::arg("smooth_v") = false, nb::arg("kernel") = "auto", nb::arg("stream") = 0,
-      nb::arg("threads") = 0,
-      "attention() on a variable-length batch: q (Tq, Hq, D), k/v (Tk, Hkv, D) hold n sequences "
+      nb::arg("smooth_v") = false, nb::arg("kernel") = "auto",
+      nb::arg("q_norm_weight") = nb::none(), nb::arg("k_norm_weight") = nb::none(),
+      nb::arg("q_weight_rows") = nb::none(), nb::arg("k_weight_rows") = nb::none(),
+      nb::arg("norm_eps") = 1e-6f, nb::arg("q_rope") = nb::none(), nb::arg("k_rope") = nb::none(),
+      nb::arg("rope_interleaved") = false, nb::arg("stream") = 0, nb::arg("threads") = 0,
+      "attention() on a variable-length batch (its q_/k_ norm and rope arguments too, tables and "
+      "weight rows over the packed tokens): q (Tq, Hq, D), k/v (Tk, Hkv, D) hold n sequences "
       "packed along the tokens; cu_seqlens_q / cu_seqlens_k: n + 1 offsets each (0 first, "
       "nondecreasing, Tq / Tk last; a list or a host int array). Each sequence is attended on "
       "its own, as attention() would (causal aligned per sequence); out like q; lse (Hq, Tq) f32 "

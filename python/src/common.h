@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "lowbit/prologue.h"
 #include "lowbit/tensor.h"
 
 namespace lowbit {
@@ -48,6 +49,25 @@ class Args {
   std::vector<nb::ndarray<nb::ro>> keep_ro_;
   std::vector<nb::ndarray<>> keep_rw_;
 };
+
+// The optional parts of a Prologue from Python arguments, with the views they point to kept
+// here (not copyable: `p` points into the object). fill_prologue reads None as "off"; `prefix`
+// goes before the argument names in errors ("q_" for attention's q_norm_weight, ...).
+struct PrologueParts {
+  Prologue p;
+  TensorView norm_weight, weight_rows, mean;
+  Rope rope;
+  PrologueParts() = default;
+  PrologueParts(const PrologueParts&) = delete;
+  PrologueParts& operator=(const PrologueParts&) = delete;
+};
+void fill_prologue(Args& args, PrologueParts& pa, nb::handle norm_weight, nb::handle weight_rows,
+                   float eps, nb::handle rope, bool rope_interleaved, nb::handle mean,
+                   const char* prefix = "");
+// Whether any of a prologue's parts was given.
+inline bool any_prologue(const PrologueParts& pa) {
+  return pa.p.norm_weight || pa.p.rope || pa.p.weight_rows || pa.p.mean;
+}
 
 // A Python array over a TensorView's memory (no copy), kept valid by `owner`: a numpy array for
 // CPU views, a DLPack-capable nanobind array for CUDA views. Types numpy lacks come back as their

@@ -19,38 +19,37 @@ const std::pair<const char*, ScaleLayout> kLayouts[] = {
     {"warp_q", ScaleLayout::warp_q},
 };
 
-// The optional parts of a Prologue, with the views they point to kept alive here.
-struct PrologueArgs {
-  Prologue p;
-  TensorView norm_weight, weight_rows, mean;
-  Rope rope;
-};
+}  // namespace
 
-void fill_prologue(Args& args, PrologueArgs& pa, nb::handle norm_weight, nb::handle weight_rows,
-                   float eps, nb::handle rope, bool rope_interleaved, nb::handle mean) {
-  if (auto w = args.in_opt(norm_weight, "norm_weight")) {
+void fill_prologue(Args& args, PrologueParts& pa, nb::handle norm_weight, nb::handle weight_rows,
+                   float eps, nb::handle rope, bool rope_interleaved, nb::handle mean,
+                   const char* prefix) {
+  const std::string pre(prefix);
+  if (auto w = args.in_opt(norm_weight, (pre + "norm_weight").c_str())) {
     pa.norm_weight = *w;
     pa.p.norm_weight = &pa.norm_weight;
   }
-  if (auto r = args.in_opt(weight_rows, "weight_rows")) {
+  if (auto r = args.in_opt(weight_rows, (pre + "weight_rows").c_str())) {
     pa.weight_rows = *r;
     pa.p.weight_rows = &pa.weight_rows;
   }
   pa.p.eps = eps;
-  if (auto t = args.in_opt(rope, "rope")) {
+  if (auto t = args.in_opt(rope, (pre + "rope").c_str())) {
     pa.rope.table = *t;
     pa.rope.interleaved = rope_interleaved;
     pa.p.rope = &pa.rope;
   }
-  if (auto m = args.in_opt(mean, "mean")) {
+  if (auto m = args.in_opt(mean, (pre + "mean").c_str())) {
     pa.mean = *m;
     pa.p.mean = &pa.mean;
   }
 }
 
+namespace {
+
 // The quantize options shared by norm_rope_quantize and norm_rope_mean_quantize (`op` names the
 // call in a bad layout's error).
-void set_quantize(PrologueArgs& pa, const char* op, float sm_scale, float scale_eps,
+void set_quantize(PrologueParts& pa, const char* op, float sm_scale, float scale_eps,
                   const std::string& layout, int block) {
   pa.p.sm_scale = sm_scale;
   pa.p.scale_eps = scale_eps;
@@ -77,7 +76,7 @@ void bind_prologue(nb::module_& m) {
         Args args("norm_rope_mean");
         TensorView xv = args.in(x, "x");
         TensorView mv = args.out(mean_out, "mean_out");
-        PrologueArgs pa;
+        PrologueParts pa;
         fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved,
                       nb::none());
         Context ctx = make_context(stream, threads);
@@ -98,7 +97,7 @@ void bind_prologue(nb::module_& m) {
         TensorView xv = args.in(x, "x");
         TensorView qv = args.out(q_out, "q_out");
         TensorView sv = args.out(scale_out, "scale_out");
-        PrologueArgs pa;
+        PrologueParts pa;
         fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved, mean);
         set_quantize(pa, "norm_rope_quantize", sm_scale, scale_eps, layout, block);
         Context ctx = make_context(stream, threads);
@@ -124,7 +123,7 @@ void bind_prologue(nb::module_& m) {
         TensorView mv = args.out(mean_out, "mean_out");
         TensorView qv = args.out(q_out, "q_out");
         TensorView sv = args.out(scale_out, "scale_out");
-        PrologueArgs pa;
+        PrologueParts pa;
         fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved,
                       nb::none());
         set_quantize(pa, "norm_rope_mean_quantize", sm_scale, scale_eps, layout, block);

@@ -333,6 +333,24 @@ void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView 
 
 namespace detail {
 
+void check_prologue_inputs(const char* op, const std::string& arg, const TensorView& x,
+                           const Prologue& p) {
+  if (p.mean != nullptr)
+    throw Error(op, arg + ".mean",
+                "expected none (the call subtracts k's own mean: smooth_k), got one");
+  if (p.sm_scale != 1.f)
+    throw Error(
+        op, arg + ".sm_scale",
+        "expected 1 (the call folds options.sm_scale into q), got " + std::to_string(p.sm_scale));
+  if (!(p.scale_eps >= 0.f))
+    throw Error(op, arg + ".scale_eps", "expected >= 0, got " + std::to_string(p.scale_eps));
+  try {
+    resolve_inputs(op, x, p, false);
+  } catch (const Error& e) {
+    throw Error(op, arg + "." + e.argument(), e.message());
+  }
+}
+
 namespace {
 Guarded<PrologueCudaTuning> g_tuning;  // every knob of one set_prologue_cuda_tuning call
 }  // namespace

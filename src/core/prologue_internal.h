@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "lowbit/prologue.h"
 #include "lowbit/tensor.h"
@@ -49,6 +50,14 @@ struct PrologueArgs {
   float* mean_out = nullptr;
   int64_t mo_sb = 0, mo_sh = 0;
 };
+
+namespace detail {
+// The checks norm_rope_quantize makes of x and p's norm / rope parts, for a call that runs the
+// prologue inside another op (attention's options.q_prologue / k_prologue): errors name `op` and
+// `arg`.<the prologue's argument>; p.mean must be null and p.sm_scale 1 (the call owns them).
+void check_prologue_inputs(const char* op, const std::string& arg, const TensorView& x,
+                           const Prologue& p);
+}  // namespace detail
 
 // Tokens per partial sum of the mean pass (SPEC §1.3).
 constexpr int kMeanBlockRows = 64;

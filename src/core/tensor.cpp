@@ -90,7 +90,8 @@ TensorView make_view(void* data, DType dtype, std::initializer_list<int64_t> sha
 Error::Error(std::string op, std::string argument, std::string message)
     : std::runtime_error(op + ": " + argument + ": " + message),
       op_(std::move(op)),
-      argument_(std::move(argument)) {}
+      argument_(std::move(argument)),
+      message_(std::move(message)) {}
 
 const char* version_string() { return "0.1.0"; }
 

@@ -13,6 +13,7 @@
 #include "src/core/backends.h"
 #include "src/core/check.h"
 #include "src/core/guarded.h"
+#include "src/core/prologue_internal.h"
 #include "src/core/scratch.h"
 #include "src/core/stream_fork.h"
 #include "src/cpu/attention_backend.h"
@@ -325,6 +326,30 @@ struct Workspace {
 
 }  // namespace
 
+namespace {
+
+// options.q_prologue / k_prologue against q and k (k's only where it has tokens: nothing to
+// normalize otherwise).
+void check_qk_prologues(const char* op, const TensorView& q, const TensorView& k,
+                        const AttentionOptions& o) {
+  if (o.q_prologue && q.shape[1] > 0)
+    detail::check_prologue_inputs(op, "options.q_prologue", q, *o.q_prologue);
+  if (o.k_prologue && k.shape[1] > 0)
+    detail::check_prologue_inputs(op, "options.k_prologue", k, *o.k_prologue);
+}
+
+// The norm / rope parts of a caller's Prologue in the call's own (layout, block, sm_scale).
+void take_norm_rope(const Prologue* from, Prologue& to) {
+  if (!from) return;
+  to.norm_weight = from->norm_weight;
+  to.weight_rows = from->weight_rows;
+  to.eps = from->eps;
+  to.rope = from->rope;
+  to.scale_eps = from->scale_eps;
+}
+
+}  // namespace
+
 size_t attention_workspace_bytes(const TensorView& q, const TensorView& k,
                                  const AttentionOptions& options) {
   check::ndim("attention_workspace_bytes", "q", q, 4);
@@ -346,6 +371,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
   const int64_t Nkv = k.shape[1], Hkv = k.shape[2];
   if (B == 0 || Nq == 0 || Hq == 0) return;
+  check_qk_prologues(op, q, k, options);
   const float sm = resolve_sm_scale(options.sm_scale, D);
   const Device dev = q.device;
   const int di = q.device_index;
@@ -388,6 +414,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   detail::StreamFork fork(ctx, dev, fork_v ? 1 : 0, !detail::attention_cuda_tuning().serial_passes,
                           op);
   Prologue qp;
+  take_norm_rope(options.q_prologue, qp);
   qp.sm_scale = sm;
   qp.layout = qr.layout;
   qp.block = qr.block;
@@ -395,6 +422,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   if (fp8) quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, fork.side(0));
   if (Nkv > 0) {
     Prologue kp;
+    take_norm_rope(options.k_prologue, kp);
     kp.layout = kr.layout;
     kp.block = kr.block;
     if (smooth_k) {  // one call: on CUDA its quantize pass loads k before the mean is done
@@ -467,6 +495,33 @@ void check_offsets(const char* op, const char* arg, const std::vector<int64_t>& 
                                    std::to_string(cu.back())));
 }
 
+// A Prologue's per-token parts (rope table rows, weight_rows) for the packed rows [r0, r1) of a
+// variable-length batch; `p` points into this object (not copyable).
+struct PrologueRows {
+  Prologue p;
+  Rope rope;
+  TensorView rows;
+  PrologueRows(const Prologue* from, int64_t r0, int64_t r1) {
+    if (!from) return;
+    p = *from;
+    if (from->rope) {
+      rope = *from->rope;
+      rope.table.data = static_cast<char*>(rope.table.data) +
+                        r0 * rope.table.stride[1] * (dtype_bits(rope.table.dtype) / 8);
+      rope.table.shape[1] = r1 - r0;
+      p.rope = &rope;
+    }
+    if (from->weight_rows) {
+      rows = *from->weight_rows;
+      rows.data = static_cast<char*>(rows.data) + r0 * rows.stride[0] * 4;
+      rows.shape[0] = r1 - r0;
+      p.weight_rows = &rows;
+    }
+  }
+  PrologueRows(const PrologueRows&) = delete;
+  PrologueRows& operator=(const PrologueRows&) = delete;
+};
+
 }  // namespace
 
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -489,7 +544,9 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
     check::ndim(op, "lse_out", *lse_out, 2);
     check_shape(op, "lse_out", *lse_out, {q.shape[1], q.shape[0]});
   }
-  // Every sequence's arguments are checked before anything runs (nothing is written on error).
+  // Every sequence's arguments are checked before anything runs (nothing is written on error);
+  // the prologues' tables and weight_rows against the packed tokens, once.
+  check_qk_prologues(op, sequence_rows(q, 0, q.shape[0]), sequence_rows(k, 0, k.shape[0]), options);
   const size_t n = cu_seqlens_q.size() - 1;
   size_t bytes = 0;
   bool any = false;
@@ -518,8 +575,12 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
     if (q1 == q0) continue;
     TensorView lse;
     if (lse_out) lse = sequence_lse(*lse_out, q0, q1);
+    const PrologueRows qrows(options.q_prologue, q0, q1), krows(options.k_prologue, k0, k1);
+    AttentionOptions o = options;
+    if (o.q_prologue) o.q_prologue = &qrows.p;
+    if (o.k_prologue) o.k_prologue = &krows.p;
     attention(sequence_rows(q, q0, q1), sequence_rows(k, k0, k1), sequence_rows(v, k0, k1),
-              sequence_rows(out, q0, q1), lse_out ? &lse : nullptr, options, at, bytes, ctx);
+              sequence_rows(out, q0, q1), lse_out ? &lse : nullptr, o, at, bytes, ctx);
   }
 }
 

@@ -473,6 +473,138 @@ class AttentionVarlenCase : public Case {
   int64_t d_;
 };
 
+// attention() / attention_varlen() with q / k RMSNorm and RoPE (options.q_prologue / k_prologue):
+// per-head or segmented weights (weight_rows, MM-DiT joint attention), split-half and
+// interleaved pairing, (cos, sin) and 2 x 2 tables, partial rotary, separate q and k tables
+// (cross-attention); exact reference: SPEC §1's norm and rotation in fp64, then softmax(q kᵀ) V.
+struct NormRopeCfg {
+  Shape s;
+  AttentionOptions::PV pv = AttentionOptions::fp8;
+  AttentionOptions::Causal causal = AttentionOptions::none;
+  bool q_matrix = false, q_interleaved = false;  // q's table and pairing
+  bool k_rope = true;                            // k's table: (cos, sin), split-half
+  int64_t k_pairs = 0;                           // 0: D / 2
+  bool segmented = false;                        // (2, D) weights with weight_rows
+  bool varlen = false;                           // packed sequences (B = 1): cu_q_ / cu_k_
+};
+
+class AttentionNormRopeCase : public Case {
+ public:
+  explicit AttentionNormRopeCase(NormRopeCfg c) : c_(c) {
+    opt_.pv = c.pv;
+    opt_.causal = c.causal;
+    if (c_.varlen) c_.s.B = 1, c_.s.Nq = cu_q_.back(), c_.s.Nkv = cu_k_.back();
+  }
+  std::string unsupported(Device d) const override { return attention_unsupported(d, opt_); }
+  std::string name() const override {
+    return std::string(c_.varlen ? "attention.varlen.normrope." : "attention.call.normrope.") +
+           (c_.pv == AttentionOptions::fp8 ? "fp8" : "f16") + "." + causal_name(c_.causal) + "." +
+           shape_name(c_.s) + (c_.q_matrix ? ".qmatrix" : "") +
+           (c_.q_interleaved ? ".qinterleaved" : "") + (c_.k_rope ? "" : ".knorope") +
+           (c_.k_pairs ? ".kpairs" + std::to_string(c_.k_pairs) : "") +
+           (c_.segmented ? ".segmented" : "");
+  }
+  // q, k, v, q weight, k weight, q table, [k table], [q rows, k rows]
+  std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
+    const Shape& s = c_.s;
+    auto qkv_shape = [&](int64_t n, int64_t h) {
+      return c_.varlen ? std::vector<int64_t>{n, h, s.D} : std::vector<int64_t>{s.B, n, h, s.D};
+    };
+    std::vector<HostTensor> in;
+    in.emplace_back(DType::bf16, qkv_shape(s.Nq, s.Hq));
+    in.emplace_back(DType::bf16, qkv_shape(s.Nkv, s.Hkv));
+    in.emplace_back(DType::bf16, qkv_shape(s.Nkv, s.Hkv));
+    in[0].fill_normal(rng, 0.f, 2.f);  // the norm rescales rows
+    in[1].fill_normal(rng, 0.5f, 3.f);
+    in[2].fill_normal(rng);
+    const int64_t R = c_.segmented ? 2 : 1;
+    auto weight = [&](DType dt) {
+      HostTensor w(dt, c_.segmented ? std::vector<int64_t>{R, s.D} : std::vector<int64_t>{s.D});
+      w.fill_normal(rng, 1.f, 0.3f);
+      return w;
+    };
+    in.push_back(weight(DType::bf16));
+    in.push_back(weight(DType::f32));
+    const int64_t tb = c_.varlen ? 1 : s.B;
+    in.push_back(rope_table(tb, s.Nq, s.D / 2, c_.q_matrix, rng));
+    if (c_.k_rope)
+      in.push_back(rope_table(1, s.Nkv, c_.k_pairs ? c_.k_pairs : s.D / 2, false, rng));
+    if (c_.segmented) {
+      for (int64_t n : {s.Nq, s.Nkv}) {
+        HostTensor r(DType::i32, {n});
+        for (int64_t i = 0; i < n; ++i) r.set(i, static_cast<float>(i < n / 3 ? 1 : rng() % R));
+        in.push_back(std::move(r));
+      }
+    }
+    return in;
+  }
+  std::vector<OutputSpec> outputs() const override {
+    const Shape& s = c_.s;
+    if (c_.varlen) return one_call_outputs(DType::bf16, {s.Nq, s.Hq, s.D}, {s.Hq, s.Nq});
+    return one_call_outputs(DType::bf16, {s.B, s.Nq, s.Hq, s.D}, {s.B, s.Hq, s.Nq});
+  }
+  void run(const std::vector<TensorView>& in, const std::vector<TensorView>& out,
+           Context& ctx) const override {
+    const size_t rows_at = c_.k_rope ? 7 : 6;
+    Rope qr{in[5], c_.q_interleaved}, kr{c_.k_rope ? in[6] : TensorView{}, false};
+    TensorView qrows = c_.segmented ? in[rows_at] : TensorView{};
+    TensorView krows = c_.segmented ? in[rows_at + 1] : TensorView{};
+    Prologue qp, kp;
+    qp.norm_weight = &in[3];
+    kp.norm_weight = &in[4];
+    qp.rope = &qr;
+    if (c_.k_rope) kp.rope = &kr;
+    if (c_.segmented) qp.weight_rows = &qrows, kp.weight_rows = &krows;
+    AttentionOptions o = opt_;
+    o.q_prologue = &qp;
+    o.k_prologue = &kp;
+    TensorView lse = out[1];
+    if (c_.varlen)
+      attention_varlen(in[0], in[1], in[2], cu_q_, cu_k_, out[0], &lse, o, ctx);
+    else
+      attention(in[0], in[1], in[2], out[0], &lse, o, ctx);
+  }
+  std::vector<double> exact_output(size_t k, const std::vector<HostTensor>& in) const override {
+    if (k != 0) return {};
+    const Shape& s = c_.s;
+    auto as4 = [&](const HostTensor& t) {  // varlen's packed (T, H, D) as (1, T, H, D)
+      HostTensor r = t;
+      if (r.shape.size() == 3) r.shape.insert(r.shape.begin(), 1);
+      return r;
+    };
+    const size_t rows_at = c_.k_rope ? 7 : 6;
+    const HostTensor* qrows = c_.segmented ? &in[rows_at] : nullptr;
+    const HostTensor* krows = c_.segmented ? &in[rows_at + 1] : nullptr;
+    HostTensor q = norm_rope_f64(as4(in[0]), &in[3], qrows, 1e-6, &in[5], c_.q_interleaved);
+    HostTensor kk =
+        norm_rope_f64(as4(in[1]), &in[4], krows, 1e-6, c_.k_rope ? &in[6] : nullptr, false);
+    HostTensor v = as_f32(as4(in[2]));
+    if (!c_.varlen) return exact_out(q, kk, v, opt_, false);
+    std::vector<double> x(static_cast<size_t>(s.Nq * s.Hq * s.D), 0.0);
+    for (size_t i = 0; i + 1 < cu_q_.size(); ++i) {
+      const int64_t q0 = cu_q_[i], nq = cu_q_[i + 1] - q0;
+      const int64_t k0 = cu_k_[i], nk = cu_k_[i + 1] - k0;
+      if (nq == 0 || nk == 0) continue;
+      auto slice = [&](const HostTensor& t, int64_t r0, int64_t n, int64_t h) {
+        HostTensor f(DType::f32, {1, n, h, s.D});
+        for (int64_t e = 0; e < f.numel(); ++e) f.set(e, t.get(r0 * h * s.D + e));
+        return f;
+      };
+      HostTensor qi = slice(q, q0, nq, s.Hq), ki = slice(kk, k0, nk, s.Hkv),
+                 vi = slice(v, k0, nk, s.Hkv);
+      const std::vector<double> y = exact_out(qi, ki, vi, opt_, false);
+      std::copy(y.begin(), y.end(), x.begin() + q0 * s.Hq * s.D);
+    }
+    return x;
+  }
+
+ private:
+  NormRopeCfg c_;
+  AttentionOptions opt_;
+  const std::vector<int64_t> cu_q_ = {0, 1, 130, 130, 200, 457};
+  const std::vector<int64_t> cu_k_ = {0, 70, 200, 260, 260, 390};
+};
+
 AttentionOptions make_opt(AttentionOptions::PV pv, AttentionOptions::Causal c,
                           AttentionOptions::Kernel kernel = AttentionOptions::auto_kernel) {
   AttentionOptions o;
@@ -879,6 +1011,37 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     for (auto c : {O::none, O::bottom_right})
       for (int64_t d : {64, 128})
         cases.push_back(std::make_unique<AttentionVarlenCase>(make_opt(pv, c), d));
+  // One call with q / k RMSNorm + RoPE (options.q_prologue / k_prologue).
+  for (auto pv : {O::fp8, O::f16})
+    for (auto c : {O::none, O::bottom_right}) {
+      NormRopeCfg n;
+      n.s = Shape{2, 127, 127, 4, 2, 128};
+      n.pv = pv;
+      n.causal = c;
+      cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
+    }
+  {
+    NormRopeCfg n;  // cross-attention: q rotated by a 2 x 2 interleaved table, k normed only
+    n.s = Shape{1, 300, 77, 2, 2, 64};
+    n.q_matrix = n.q_interleaved = true;
+    n.k_rope = false;
+    cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
+    n = NormRopeCfg{};  // joint attention: segmented weights, k's partial rotary
+    n.s = Shape{1, 200, 200, 2, 2, 128};
+    n.segmented = true;
+    n.k_pairs = 32;
+    cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
+    n.pv = O::f16;
+    cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
+    for (int64_t d : {64, 128}) {  // packed sequences: tables and rows over the packed tokens
+      n = NormRopeCfg{};
+      n.s = Shape{1, 0, 0, 4, 2, d};
+      n.varlen = true;
+      n.segmented = d == 128;
+      n.causal = O::bottom_right;
+      cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
+    }
+  }
 
   // Head dim 256 (issue 4; `.d256` in the names). Here the mma.sync kernel by name (`.mma_sync`;
   // fp8 P·V runs on f16 tensor cores from a V tile the CTA widens to f16; auto's kernel at

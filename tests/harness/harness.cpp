@@ -30,6 +30,69 @@ std::string cuda_lacks_fp8() {
   return "";
 }
 
+HostTensor rope_table(int64_t B, int64_t N, int64_t pairs, bool matrix, std::mt19937_64& rng) {
+  std::vector<int64_t> shape = {B, N, 1, pairs, 2};
+  if (matrix) shape.push_back(2);
+  HostTensor t(DType::f32, shape);
+  const int64_t start = static_cast<int64_t>(rng() % 4096);
+  const int64_t per_pair = matrix ? 4 : 2;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t p = 0; p < pairs; ++p) {
+        const double a =
+            static_cast<double>(start + b + n) * std::pow(10000.0, -static_cast<double>(p) / pairs);
+        const float c = static_cast<float>(std::cos(a)), sn = static_cast<float>(std::sin(a));
+        const int64_t at = ((b * N + n) * pairs + p) * per_pair;
+        if (matrix) {  // [[cos, -sin], [sin, cos]]: the sine at dim 4's stride from the cosine
+          t.set(at + 0, c);
+          t.set(at + 1, -sn);
+          t.set(at + 2, sn);
+          t.set(at + 3, c);
+        } else {
+          t.set(at + 0, c);
+          t.set(at + 1, sn);
+        }
+      }
+  return t;
+}
+
+HostTensor norm_rope_f64(const HostTensor& x, const HostTensor* weight, const HostTensor* rows,
+                         double eps, const HostTensor* table, bool interleaved) {
+  const int64_t B = x.shape[0], N = x.shape[1], H = x.shape[2], D = x.shape[3];
+  HostTensor y(DType::f32, x.shape);
+  std::vector<double> r(static_cast<size_t>(D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t base = ((b * N + n) * H + h) * D;
+        double ss = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          r[d] = x.get(base + d);
+          ss += r[d] * r[d];
+        }
+        if (weight) {
+          const double inv = 1.0 / std::sqrt(ss / D + eps);
+          const int64_t row = rows ? static_cast<int64_t>(rows->get(n)) : 0;
+          for (int64_t d = 0; d < D; ++d) r[d] *= inv * weight->get(row * D + d);
+        }
+        if (table) {
+          const int64_t pairs = table->shape[3], tb = table->shape[0] == 1 ? 0 : b;
+          const int64_t per_pair = table->shape.size() == 6 ? 4 : 2;
+          const int64_t sin_at = table->shape.size() == 6 ? 2 : 1;  // dim 4's stride
+          for (int64_t p = 0; p < pairs; ++p) {
+            const int64_t at = ((tb * N + n) * pairs + p) * per_pair;
+            const double c = table->get(at), sn = table->get(at + sin_at);
+            const int64_t i = interleaved ? 2 * p : p, j = interleaved ? 2 * p + 1 : p + pairs;
+            const double a = r[i], o = r[j];
+            r[i] = c * a - sn * o;
+            r[j] = sn * a + c * o;
+          }
+        }
+        for (int64_t d = 0; d < D; ++d) y.set(base + d, static_cast<float>(r[d]));
+      }
+  return y;
+}
+
 // ---- HostTensor -------------------------------------------------------------------------------
 
 HostTensor::HostTensor(DType dt, std::vector<int64_t> shape_) : dtype(dt), shape(std::move(shape_)) {

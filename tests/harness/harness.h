@@ -94,6 +94,16 @@ int cuda_code_arch();
 bool cuda_code_sm90a();
 std::string cuda_lacks_fp8();
 
+// RoPE tables as models build them (SPEC §1): angle n * base^(-p / pairs) for token n and pair p,
+// (B, N, 1, pairs, 2) holding (cos, sin) or, `matrix`, (B, N, 1, pairs, 2, 2) holding
+// [[cos, -sin], [sin, cos]]; f32, a random start token per table.
+HostTensor rope_table(int64_t B, int64_t N, int64_t pairs, bool matrix, std::mt19937_64& rng);
+// SPEC §1's norm and rotation of x (B, N, H, D) in fp64 (no rounding of the norm output), as f32:
+// the exact reference of the rows an attention call with q / k prologues attends with. weight
+// (D) or (R, D) with rows (N) int32, or null; table (1|B, N, 1, pairs, 2[, 2]) or null.
+HostTensor norm_rope_f64(const HostTensor& x, const HostTensor* weight, const HostTensor* rows,
+                         double eps, const HostTensor* table, bool interleaved);
+
 class Case {
  public:
   virtual ~Case() = default;

@@ -158,7 +158,12 @@ def test_opcheck_attention():
     for impl in ("parts", "library"):
         torch.library.opcheck(torch.ops.lowbit.attention.default,
                               (q, k, v, "HND", 0.125, "top_left", "f16", True, False, True,
-                               impl))
+                               impl, None, None, None, None, 1e-6, None, None, False))
+    # with q / k norm weights and rope tables
+    w, pe = 1 + randn(64), _flux_pe(16, 64).transpose(1, 2).float()
+    torch.library.opcheck(torch.ops.lowbit.attention.default,
+                          (q, q, q, "HND", 0.125, "none", "fp8", True, False, False, "library",
+                           w, w, None, None, 1e-6, pe, pe, True))
 
 
 @needs("attention")
@@ -198,6 +203,74 @@ def test_attention_varlen_equals_each_sequence(causal):
         assert torch.equal(out[q0:q1], o[0]) and torch.equal(lse[:, q0:q1], l[0])
     with pytest.raises(ValueError, match="cu_seqlens_k"):
         lt.attention_varlen(q, k, v, cu_q, [0, 20, 31, 31, 69], causal=causal)
+
+
+def _flux_pe(n, d, start=3):
+    """Flux's rotary embedding layout: (1, 1, N, D/2, 2, 2) of [[cos, -sin], [sin, cos]]."""
+    pos = torch.arange(start, start + n, dtype=torch.float64)[:, None]
+    ang = pos * 10000.0 ** (-torch.arange(d // 2, dtype=torch.float64) / (d // 2))
+    c, s = ang.cos(), ang.sin()
+    return torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2)[None, None]
+
+
+def _flux_apply_rope(x, pe):
+    """Flux's apply_rope in fp64: pairs (2p, 2p + 1)."""
+    x_ = x.double().reshape(*x.shape[:-1], -1, 1, 2)
+    return (pe[..., 0] * x_[..., 0] + pe[..., 1] * x_[..., 1]).reshape(x.shape)
+
+
+def _rms_norm(x, w, eps=1e-6):
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+@needs("attention")
+@needs("prologue")
+@pytest.mark.parametrize("pv", ["fp8", "f16"])
+def test_attention_norm_rope_matches_rmsnorm_rope_sdpa(pv):
+    # A Flux attention block: q / k RMSNorm with learned weights and Flux's rotary table, passed
+    # as Flux stores it (pe.transpose(1, 2) is lowbit's (1, N, 1, pairs, 2, 2) view), against
+    # the fp64 chain RMSNorm -> RoPE -> softmax(q k^T / sqrt(D)) v.
+    b, h, n, d = 1, 3, 70, 64
+    q, k, v = (randn(b, h, n, d) * 2).bfloat16(), randn(b, h, n, d).bfloat16(), randn(b, h, n, d)
+    v = v.bfloat16()
+    wq, wk = 1 + 0.3 * randn(d), (1 + 0.3 * randn(d)).bfloat16()
+    pe = _flux_pe(n, d)
+    qr = _flux_apply_rope(_rms_norm(q, wq), pe)
+    kr = _flux_apply_rope(_rms_norm(k, wk), pe)
+    ref = torch.softmax(qr @ kr.transpose(-1, -2) / math.sqrt(d), -1) @ v.double()
+    kw = dict(layout="HND", pv=pv, q_norm_weight=wq, k_norm_weight=wk,
+              q_rope=pe.transpose(1, 2).float(), k_rope=pe.transpose(1, 2).float(),
+              rope_interleaved=True)
+    out = lt.attention(q, k, v, **kw)
+    cos, l1 = cos_l1(out, ref)
+    assert cos >= (0.999 if pv == "fp8" else 0.9998) and l1 <= (0.05 if pv == "fp8" else 0.02), \
+        (cos, l1)
+    # The building-block path takes the same arguments (the K mean's summation order may differ).
+    torch.testing.assert_close(lt.attention(q, k, v, impl="parts", **kw), out, atol=2e-3,
+                               rtol=0)
+    # Without them the call attends with the raw q / k: far from the reference.
+    cos_plain, _ = cos_l1(lt.attention(q, k, v, layout="HND", pv=pv), ref)
+    assert cos_plain < cos - 0.05
+    # A table over the wrong token count names lowbit's argument.
+    with pytest.raises(lowbit.Error, match="options.k_prologue.rope.table"):
+        lt.attention(q, k, v, **dict(kw, k_rope=pe[:, :, :-1].transpose(1, 2).float()))
+
+
+@needs("attention")
+@needs("prologue")
+def test_attention_varlen_norm_rope_takes_packed_tables():
+    cu = [0, 30, 31, 75]
+    q, k, v = (randn(75, 2, 64).bfloat16() for _ in range(3))
+    w = 1 + 0.3 * randn(64)
+    table = _flux_pe(75, 64).transpose(1, 2).float()  # (1, 75, 1, 32, 2, 2)
+    kw = dict(causal="bottom_right", q_norm_weight=w, k_norm_weight=w, q_rope=table,
+              k_rope=table, rope_interleaved=True)
+    out = lt.attention_varlen(q, k, v, cu, cu, **kw)
+    for a, z in zip(cu, cu[1:]):
+        o = lt.attention(q[None, a:z], k[None, a:z], v[None, a:z],
+                         **dict(kw, q_rope=table[:, a:z], k_rope=table[:, a:z]))
+        assert torch.equal(out[a:z], o[0])
 
 
 @needs("attention")

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "lowbit/dtype.h"
+#include "lowbit/prologue.h"
 #include "tests/harness/harness.h"
 
 namespace lowbit {
@@ -509,6 +510,256 @@ TEST(Attention, VarlenOffsetErrorsNameTheArgumentAndWriteNothing) {
   attention_varlen(q.view(), k.view(), v.view(), {0, 4, 10}, {0, 6, 12}, out.view(), nullptr, opt,
                    ctx);
   EXPECT_NE(out.bytes, before);
+}
+
+// ---- q / k RMSNorm + RoPE inside the one call (options.q_prologue / k_prologue) -------------
+
+// A cross-attention problem with q's and k's own norms and tables.
+struct NormRopeInputs {
+  HostTensor q, k, v, wq, wk, tq, tk;
+  Rope rq, rk;
+  Prologue pq, pk;
+  NormRopeInputs(int64_t B, int64_t Nq, int64_t Nkv, int64_t Hq, int64_t Hkv, int64_t D,
+                 std::mt19937_64& rng)
+      : q(DType::bf16, {B, Nq, Hq, D}),
+        k(DType::bf16, {B, Nkv, Hkv, D}),
+        v(DType::bf16, {B, Nkv, Hkv, D}),
+        wq(DType::bf16, {D}),
+        wk(DType::f32, {D}) {
+    q.fill_normal(rng, 0.f, 3.f);
+    k.fill_normal(rng, 0.5f, 2.f);
+    v.fill_normal(rng);
+    wq.fill_normal(rng, 1.f, 0.3f);
+    wk.fill_normal(rng, 1.f, 0.3f);
+    tq = harness::rope_table(B, Nq, D / 2, true, rng);    // 2 x 2, per batch item
+    tk = harness::rope_table(1, Nkv, D / 4, false, rng);  // partial rotary
+    rq = Rope{tq.view(), true};
+    rk = Rope{tk.view(), false};
+    pq.norm_weight = &wq_view;
+    pk.norm_weight = &wk_view;
+    wq_view = wq.view();
+    wk_view = wk.view();
+    pq.rope = &rq;
+    pk.rope = &rk;
+  }
+  NormRopeInputs(const NormRopeInputs&) = delete;
+  TensorView wq_view, wk_view;
+};
+
+TEST(Attention, OneCallNormRopeEqualsTheParts) {
+  // attention() with q / k prologues gives the bits of the building blocks run by hand: q through
+  // norm_rope_quantize (THREAD_Q 32, sm_scale folded), k through norm_rope_mean_quantize (THREAD_K
+  // 64), V to fp8, attention_int8 with the K mean's LSE correction.
+  auto rng = rng_for("Attention.OneCallNormRopeEqualsTheParts");
+  const int64_t B = 2, Nq = 37, Nkv = 53, Hq = 4, Hkv = 2, D = 64;
+  NormRopeInputs in(B, Nq, Nkv, Hq, Hkv, D, rng);
+  for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16})
+    for (auto causal : {AttentionOptions::none, AttentionOptions::bottom_right}) {
+      AttentionOptions opt;
+      opt.pv = pv;
+      opt.causal = causal;
+      opt.q_prologue = &in.pq;
+      opt.k_prologue = &in.pk;
+      Context ctx;
+      HostTensor out(DType::bf16, {B, Nq, Hq, D}), lse(DType::f32, {B, Hq, Nq});
+      TensorView lv = lse.view();
+      attention(in.q.view(), in.k.view(), in.v.view(), out.view(), &lv, opt, ctx);
+
+      HostTensor q8(DType::i8, {B, Nq, Hq, D}), k8(DType::i8, {B, Nkv, Hkv, D});
+      HostTensor qs(DType::f32, {B, Hq, prologue_scale_count(Nq, ScaleLayout::thread_q, 32)});
+      HostTensor ks(DType::f32, {B, Hkv, prologue_scale_count(Nkv, ScaleLayout::thread_k, 64)});
+      HostTensor km(DType::f32, {B, Hkv, D});
+      Prologue pq = in.pq, pk = in.pk;
+      pq.sm_scale = 1.f / std::sqrt(static_cast<float>(D));
+      pq.layout = ScaleLayout::thread_q;
+      pq.block = 32;
+      pk.layout = ScaleLayout::thread_k;
+      pk.block = 64;
+      norm_rope_quantize(in.q.view(), pq, q8.view(), qs.view(), ctx);
+      norm_rope_mean_quantize(in.k.view(), pk, km.view(), k8.view(), ks.view(), ctx);
+      const int64_t npad = (Nkv + 63) / 64 * 64;
+      HostTensor v8(DType::e4m3, {B, Hkv, D, npad}), vs(DType::f32, {B, Hkv, D});
+      const bool fp8 = pv == AttentionOptions::fp8;
+      if (fp8) quantize_v_fp8(in.v.view(), v8.view(), vs.view(), nullptr, ctx);
+      AttentionOptions inner;
+      inner.pv = pv;
+      inner.causal = causal;
+      inner.sm_scale = 1.f;
+      QuantizedRows qr{q8.view(), qs.view(), ScaleLayout::thread_q, 32};
+      QuantizedRows kr{k8.view(), ks.view(), ScaleLayout::thread_k, 64};
+      HostTensor ref(DType::bf16, {B, Nq, Hq, D}), ref_lse(DType::f32, {B, Hq, Nq});
+      TensorView rl = ref_lse.view(), vsv = vs.view(), kmv = km.view();
+      attention_int8(qr, kr, fp8 ? v8.view() : in.v.view(), fp8 ? &vsv : nullptr, nullptr, &kmv,
+                     ref.view(), &rl, inner, ctx);
+      EXPECT_TRUE(out.bytes == ref.bytes) << "pv " << pv << " causal " << causal;
+      EXPECT_TRUE(lse.bytes == ref_lse.bytes) << "pv " << pv << " causal " << causal;
+      // ... and not the bits of the call without them (the options are read).
+      AttentionOptions plain = opt;
+      plain.q_prologue = plain.k_prologue = nullptr;
+      HostTensor other(DType::bf16, {B, Nq, Hq, D});
+      attention(in.q.view(), in.k.view(), in.v.view(), other.view(), nullptr, plain, ctx);
+      EXPECT_TRUE(other.bytes != out.bytes);
+    }
+}
+
+TEST(Attention, OneCallNormRopeAccuracy) {
+  // Against softmax(rope(norm(q)) rope(norm(k))ᵀ / sqrt(D)) V with the norm and rotation in fp64.
+  auto rng = rng_for("Attention.OneCallNormRopeAccuracy");
+  const int64_t B = 1, Nq = 129, Nkv = 200, Hq = 2, Hkv = 1, D = 128;
+  NormRopeInputs in(B, Nq, Nkv, Hq, Hkv, D, rng);
+  const HostTensor qr = harness::norm_rope_f64(in.q, &in.wq, nullptr, 1e-6, &in.tq, true);
+  const HostTensor kr = harness::norm_rope_f64(in.k, &in.wk, nullptr, 1e-6, &in.tk, false);
+  for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
+    AttentionOptions opt;
+    opt.pv = pv;
+    opt.q_prologue = &in.pq;
+    opt.k_prologue = &in.pk;
+    Context ctx;
+    HostTensor out(DType::bf16, {B, Nq, Hq, D});
+    attention(in.q.view(), in.k.view(), in.v.view(), out.view(), nullptr, opt, ctx);
+    std::vector<double> ref(static_cast<size_t>(out.numel()));
+    HostTensor qv = qr, kv = kr;
+    attention_reference_f64(qv.view(), kv.view(), in.v.view(), opt, ref.data(), nullptr);
+    const Metrics m = metrics(out, ref);
+    // The norm output's bf16 rounding (SPEC §1) adds ~2^-9 relative error to q and k.
+    if (pv == AttentionOptions::fp8) {
+      EXPECT_GE(m.cos, kFp8Cos) << m.rel_l1;
+      EXPECT_LE(m.rel_l1, kFp8RelL1) << m.cos;
+    } else {
+      EXPECT_GE(m.cos, 0.9998) << m.rel_l1;
+      EXPECT_LE(m.rel_l1, 0.02) << m.cos;
+    }
+  }
+}
+
+TEST(Attention, OneCallPrologueErrorsNameTheArgumentAndWriteNothing) {
+  auto rng = rng_for("Attention.OneCallPrologueErrors");
+  const int64_t B = 1, Nq = 20, Nkv = 30, Hq = 2, Hkv = 2, D = 64;
+  NormRopeInputs in(B, Nq, Nkv, Hq, Hkv, D, rng);
+  HostTensor out(DType::bf16, {B, Nq, Hq, D});
+  for (int64_t i = 0; i < out.numel(); ++i) out.set(i, 7.f);
+  const std::vector<uint8_t> before = out.bytes;
+  Context ctx;
+  auto expect_error = [&](const char* arg, const Prologue& pq, const Prologue& pk) {
+    AttentionOptions opt;
+    opt.q_prologue = &pq;
+    opt.k_prologue = &pk;
+    try {
+      attention(in.q.view(), in.k.view(), in.v.view(), out.view(), nullptr, opt, ctx);
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.op(), "attention");
+      EXPECT_STREQ(e.argument(), arg) << e.what();
+    }
+    EXPECT_EQ(out.bytes, before) << arg;
+  };
+  // q's table given to k: its token dim is Nq, not Nkv.
+  Prologue pk = in.pk;
+  pk.rope = &in.rq;
+  expect_error("options.k_prologue.rope.table", in.pq, pk);
+  Prologue pq = in.pq;
+  TensorView w_short = in.wq.view();
+  w_short.shape[0] = D / 2;
+  pq.norm_weight = &w_short;
+  expect_error("options.q_prologue.norm_weight", pq, in.pk);
+  pq = in.pq;
+  TensorView km = in.wk.view();
+  pq.mean = &km;
+  expect_error("options.q_prologue.mean", pq, in.pk);
+  pq = in.pq;
+  pq.sm_scale = 0.5f;
+  expect_error("options.q_prologue.sm_scale", pq, in.pk);
+  pk = in.pk;
+  HostTensor rows(DType::i32, {Nkv});
+  TensorView rv = rows.view();
+  pk.weight_rows = &rv;  // with a (D) weight
+  expect_error("options.k_prologue.weight_rows", in.pq, pk);
+  // The valid call writes.
+  AttentionOptions opt;
+  opt.q_prologue = &in.pq;
+  opt.k_prologue = &in.pk;
+  attention(in.q.view(), in.k.view(), in.v.view(), out.view(), nullptr, opt, ctx);
+  EXPECT_NE(out.bytes, before);
+}
+
+TEST(Attention, VarlenNormRopeEqualsEachSequenceAlone) {
+  // Packed tables and segmented weight rows: each sequence's bits equal attention() on that
+  // sequence with its own rows of the table and of weight_rows.
+  const std::vector<int64_t> cu_q = {0, 17, 17, 50, 115};
+  const std::vector<int64_t> cu_k = {0, 33, 40, 40, 140};
+  const int64_t Hq = 4, Hkv = 2, D = 64, Tq = cu_q.back(), Tk = cu_k.back();
+  auto rng = rng_for("Attention.VarlenNormRopeEqualsEachSequenceAlone");
+  HostTensor q(DType::bf16, {Tq, Hq, D}), k(DType::bf16, {Tk, Hkv, D}),
+      v(DType::bf16, {Tk, Hkv, D});
+  q.fill_normal(rng, 0.f, 2.f);
+  k.fill_normal(rng, 0.5f, 2.f);
+  v.fill_normal(rng);
+  HostTensor w(DType::bf16, {2, D}), rows_q(DType::i32, {Tq}), rows_k(DType::i32, {Tk});
+  w.fill_normal(rng, 1.f, 0.3f);
+  for (int64_t i = 0; i < Tq; ++i) rows_q.set(i, static_cast<float>(i % 3 == 0));
+  for (int64_t i = 0; i < Tk; ++i) rows_k.set(i, static_cast<float>(i % 5 == 0));
+  HostTensor tq = harness::rope_table(1, Tq, D / 2, false, rng);
+  HostTensor tk = harness::rope_table(1, Tk, D / 2, false, rng);
+  TensorView wv = w.view(), rqv = rows_q.view(), rkv = rows_k.view();
+  Rope rq{tq.view(), false}, rk{tk.view(), true};
+  Prologue pq, pk;
+  pq.norm_weight = pk.norm_weight = &wv;
+  pq.weight_rows = &rqv;
+  pk.weight_rows = &rkv;
+  pq.rope = &rq;
+  pk.rope = &rk;
+  AttentionOptions opt;
+  opt.causal = AttentionOptions::bottom_right;
+  opt.q_prologue = &pq;
+  opt.k_prologue = &pk;
+  HostTensor out(DType::bf16, {Tq, Hq, D});
+  Context ctx;
+  attention_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), nullptr, opt, ctx);
+  for (size_t s = 0; s + 1 < cu_q.size(); ++s) {
+    const int64_t q0 = cu_q[s], q1 = cu_q[s + 1], k0 = cu_k[s], k1 = cu_k[s + 1];
+    if (q1 == q0) continue;
+    HostTensor qs = rows_of(q, q0, q1), ks = rows_of(k, k0, k1), vs = rows_of(v, k0, k1);
+    auto table_rows = [&](const HostTensor& t, int64_t r0, int64_t r1) {
+      HostTensor r(DType::f32, {1, r1 - r0, 1, D / 2, 2});
+      for (int64_t i = 0; i < r.numel(); ++i) r.set(i, t.get(r0 * D + i));
+      return r;
+    };
+    auto index_rows = [&](const HostTensor& t, int64_t r0, int64_t r1) {
+      HostTensor r(DType::i32, {r1 - r0});
+      for (int64_t i = 0; i < r1 - r0; ++i) r.set(i, t.get(r0 + i));
+      return r;
+    };
+    HostTensor tqs = table_rows(tq, q0, q1), tks = table_rows(tk, k0, k1);
+    HostTensor rqs = index_rows(rows_q, q0, q1), rks = index_rows(rows_k, k0, k1);
+    TensorView rqsv = rqs.view(), rksv = rks.view();
+    Rope rqs_r{tqs.view(), false}, rks_r{tks.view(), true};
+    Prologue sq = pq, sk = pk;
+    sq.rope = &rqs_r;
+    sk.rope = &rks_r;
+    sq.weight_rows = &rqsv;
+    sk.weight_rows = &rksv;
+    AttentionOptions o = opt;
+    o.q_prologue = &sq;
+    o.k_prologue = &sk;
+    HostTensor got(DType::bf16, {1, q1 - q0, Hq, D});
+    attention(qs.view(), ks.view(), vs.view(), got.view(), nullptr, o, ctx);
+    for (int64_t i = 0; i < got.numel(); ++i)
+      ASSERT_EQ(got.get(i), out.get(q0 * Hq * D + i)) << "sequence " << s << " element " << i;
+  }
+  // A table over the wrong token count names the argument.
+  HostTensor wrong = harness::rope_table(1, Tq + 1, D / 2, false, rng);
+  Rope rw{wrong.view(), false};
+  Prologue bad = pq;
+  bad.rope = &rw;
+  AttentionOptions ob = opt;
+  ob.q_prologue = &bad;
+  try {
+    attention_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), nullptr, ob, ctx);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.op(), "attention_varlen");
+    EXPECT_STREQ(e.argument(), "options.q_prologue.rope.table") << e.what();
+  }
 }
 
 }  // namespace
