@@ -507,6 +507,7 @@ class AttentionBench : public BenchCase {
                                    : std::to_string(differ) + " outputs differ from the default";
           rows.push_back(r);
         }
+        if (cuda && !is_causal && !f_.d256) norm_rope_rows(env, s, q, k, v, out, fp8, rows);
         if (!is_causal && !f_.d256) pieces_of_one_call(env, s, q, k, v, out, rows);
       }
     }
@@ -515,6 +516,73 @@ class AttentionBench : public BenchCase {
 
  private:
   Family f_;
+
+  // The one call with q / k RMSNorm + RoPE (options.q_prologue / k_prologue, session 39): a
+  // per-head weight and Flux's 2 x 2 rotary table (interleaved pairs), then segmented weights
+  // (joint attention: the first 512 tokens on their own weight row, one index read-back per
+  // call), against the same call without them.
+  static void norm_rope_rows(const Env& env, const Shape& s, const DeviceTensor& q,
+                             const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& out,
+                             const AttentionOptions& fp8, std::vector<Row>& rows) {
+    const int64_t N = s.N, D = s.D, pairs = D / 2;
+    Context ctx;
+    std::vector<float> table(static_cast<size_t>(N * pairs * 4));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t p = 0; p < pairs; ++p) {
+        const double a =
+            static_cast<double>(n) * std::pow(10000.0, -static_cast<double>(p) / pairs);
+        float* t = &table[static_cast<size_t>((n * pairs + p) * 4)];
+        t[0] = static_cast<float>(std::cos(a));
+        t[1] = -static_cast<float>(std::sin(a));
+        t[2] = static_cast<float>(std::sin(a));
+        t[3] = t[0];
+      }
+    std::vector<float> w(static_cast<size_t>(2 * D));
+    for (int64_t i = 0; i < 2 * D; ++i) w[static_cast<size_t>(i)] = 1.f + 0.01f * (i % 7);
+    std::vector<int32_t> seg(static_cast<size_t>(N));
+    for (int64_t n = 0; n < N; ++n) seg[static_cast<size_t>(n)] = n < 512 ? 1 : 0;
+    DeviceTensor tab = make_empty(env.device, DType::f32, {1, N, 1, pairs, 2, 2});
+    DeviceTensor wt = make_empty(env.device, DType::f32, {2, D});
+    DeviceTensor rw = make_empty(env.device, DType::i32, {N});
+    copy_to_device(tab.view.data, table.data(), table.size() * 4, ctx);
+    copy_to_device(wt.view.data, w.data(), w.size() * 4, ctx);
+    copy_to_device(rw.view.data, seg.data(), seg.size() * 4, ctx);
+    synchronize(ctx);
+    TensorView w1 = wt.view;  // row 0 as a (D) weight
+    w1.ndim = 1;
+    w1.shape[0] = D;
+    w1.stride[0] = 1;
+    const size_t wb = attention_workspace_bytes(q.view, k.view, fp8);
+    DeviceTensor ws = make_empty(env.device, DType::u8, {static_cast<int64_t>(wb) + 256});
+    void* wp = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.view.data) + 255) &
+                                       ~uintptr_t{255});
+    const double plain = env.time_ms(
+        [&] { attention(q.view, k.view, v.view, out.view, nullptr, fp8, wp, wb, ctx); });
+    Rope rope{tab.view, true};
+    for (bool segmented : {false, true}) {
+      Prologue p;
+      p.norm_weight = segmented ? &wt.view : &w1;
+      p.weight_rows = segmented ? &rw.view : nullptr;
+      p.rope = &rope;
+      AttentionOptions o = fp8;
+      o.q_prologue = o.k_prologue = &p;
+      Row r;
+      r.family = "attention";
+      r.backend = "cuda";
+      r.shape = shape_str(s);
+      r.op = std::string("attention() fp8 PV + q / k RMSNorm and RoPE (Flux table)") +
+             (segmented ? ", segmented norms (512 text rows, index read-back)" : "");
+      r.ms = env.time_ms(
+          [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
+      r.baseline = "attention() fp8 PV without norm / rope";
+      r.baseline_ms = plain;
+      r.bytes = static_cast<double>(s.B * N * s.H * D) * 2 * 4;
+      char note[96];
+      std::snprintf(note, sizeof note, "norm + rope add %.4f ms to the call", r.ms - plain);
+      r.note = note;
+      rows.push_back(r);
+    }
+  }
 
   // D = 256 on CUDA: auto (the head-dim-256 wgmma kernel on an sm_90 GPU with the sm_90a build)
   // for both P·V modes after the mma.sync baseline row of the same mask; accuracy: the output

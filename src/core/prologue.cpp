@@ -70,7 +70,10 @@ bool strides_multiple_of(const TensorView& t, int ndim_outer, int64_t m) {
 }
 
 // Validates x and the Prologue's optional parts; fills the input side of `a`.
-PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue& p, bool use_mean) {
+// rows_ctx: the stream on which weight_rows' index range is read back (the caller's: the indices
+// are ordered behind its work), or null where the caller has checked them already.
+PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue& p, bool use_mean,
+                            const Context* rows_ctx) {
   PrologueArgs a;
   check::ndim(op, "x", x, 4);
   check::not_null(op, "x", x);
@@ -127,22 +130,25 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
       check::dtype(op, "weight_rows", r, {DType::i32});
       check::not_null(op, "weight_rows", r);
       check::same_device(op, "weight_rows", r, "x", x);
-      // Index range: every row must name a row of the weight.
-      std::vector<int32_t> rows(static_cast<size_t>(N));
+      // Index range: every row must name a row of the weight (on CUDA read back on the caller's
+      // stream: one synchronization per call that checks them).
       const int64_t rs = r.stride[0];
-      if (r.device == Device::cuda) {
+      if (r.device == Device::cuda)
         LOWBIT_CHECK(rs == 1 || N == 1, op, "weight_rows",
                      "stride on cuda: expected 1, got " + std::to_string(rs));
-        Context c;
-        copy_to_host(rows.data(), r.data, rows.size() * sizeof(int32_t), c);
-      } else {
-        for (int64_t i = 0; i < N; ++i) rows[i] = static_cast<const int32_t*>(r.data)[i * rs];
+      if (rows_ctx) {
+        std::vector<int32_t> rows(static_cast<size_t>(N));
+        if (r.device == Device::cuda) {
+          copy_to_host(rows.data(), r.data, rows.size() * sizeof(int32_t), *rows_ctx);
+        } else {
+          for (int64_t i = 0; i < N; ++i) rows[i] = static_cast<const int32_t*>(r.data)[i * rs];
+        }
+        for (int64_t i = 0; i < N; ++i)
+          if (rows[i] < 0 || rows[i] >= w.shape[0])
+            check::fail(op, "weight_rows",
+                        "token " + std::to_string(i) + ": expected a row in [0, " +
+                            std::to_string(w.shape[0]) + "), got " + std::to_string(rows[i]));
       }
-      for (int64_t i = 0; i < N; ++i)
-        if (rows[i] < 0 || rows[i] >= w.shape[0])
-          check::fail(op, "weight_rows",
-                      "token " + std::to_string(i) + ": expected a row in [0, " +
-                          std::to_string(w.shape[0]) + "), got " + std::to_string(rows[i]));
       a.w_rows = static_cast<const int32_t*>(r.data);
       a.w_rows_s = rs;
     } else {
@@ -290,7 +296,7 @@ void check_disjoint(const char* op, const char* arg, const TensorView& t, const 
 
 void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out, Context& ctx) {
   const char* op = "norm_rope_mean";
-  PrologueArgs a = resolve_inputs(op, x, p, false);
+  PrologueArgs a = resolve_inputs(op, x, p, false, &ctx);
   resolve_mean_out(op, x, mean_out, a);
   if (x.device == Device::cuda)
     LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean(a, ctx));
@@ -298,11 +304,13 @@ void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out,
     cpu::norm_rope_mean(a, ctx);
 }
 
-void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out,
-                        TensorView scale_out, Context& ctx) {
+namespace {
+
+void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, TensorView scale_out,
+                    Context& ctx, bool rows_checked) {
   const char* op = "norm_rope_quantize";
   check_quantize_options(op, p);
-  PrologueArgs a = resolve_inputs(op, x, p, true);
+  PrologueArgs a = resolve_inputs(op, x, p, true, rows_checked ? nullptr : &ctx);
   resolve_quantize(op, x, p, q_out, scale_out, a);
   if (x.device == Device::cuda)
     LOWBIT_CUDA_CALL(op, cuda::norm_rope_quantize(a, ctx));
@@ -310,13 +318,13 @@ void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out
     cpu::norm_rope_quantize(a, ctx);
 }
 
-void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView mean_out,
-                             TensorView q_out, TensorView scale_out, Context& ctx) {
+void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean_out,
+                         TensorView q_out, TensorView scale_out, Context& ctx, bool rows_checked) {
   const char* op = "norm_rope_mean_quantize";
   check_quantize_options(op, p);
   LOWBIT_CHECK(p.mean == nullptr, op, "p.mean",
                "expected none (the mean is computed into mean_out), got one");
-  PrologueArgs a = resolve_inputs(op, x, p, false);
+  PrologueArgs a = resolve_inputs(op, x, p, false, rows_checked ? nullptr : &ctx);
   resolve_mean_out(op, x, mean_out, a);
   resolve_quantize(op, x, p, q_out, scale_out, a);
   check_disjoint(op, "mean_out", mean_out, "x", x);
@@ -331,10 +339,33 @@ void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView 
     cpu::norm_rope_mean_quantize(a, ctx);
 }
 
+}  // namespace
+
+void norm_rope_quantize(const TensorView& x, const Prologue& p, TensorView q_out,
+                        TensorView scale_out, Context& ctx) {
+  quantize_front(x, p, q_out, scale_out, ctx, false);
+}
+
+void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView mean_out,
+                             TensorView q_out, TensorView scale_out, Context& ctx) {
+  mean_quantize_front(x, p, mean_out, q_out, scale_out, ctx, false);
+}
+
 namespace detail {
 
+void norm_rope_quantize_rows_checked(const TensorView& x, const Prologue& p, TensorView q_out,
+                                     TensorView scale_out, Context& ctx) {
+  quantize_front(x, p, q_out, scale_out, ctx, true);
+}
+
+void norm_rope_mean_quantize_rows_checked(const TensorView& x, const Prologue& p,
+                                          TensorView mean_out, TensorView q_out,
+                                          TensorView scale_out, Context& ctx) {
+  mean_quantize_front(x, p, mean_out, q_out, scale_out, ctx, true);
+}
+
 void check_prologue_inputs(const char* op, const std::string& arg, const TensorView& x,
-                           const Prologue& p) {
+                           const Prologue& p, const Context* rows_ctx) {
   if (p.mean != nullptr)
     throw Error(op, arg + ".mean",
                 "expected none (the call subtracts k's own mean: smooth_k), got one");
@@ -345,7 +376,7 @@ void check_prologue_inputs(const char* op, const std::string& arg, const TensorV
   if (!(p.scale_eps >= 0.f))
     throw Error(op, arg + ".scale_eps", "expected >= 0, got " + std::to_string(p.scale_eps));
   try {
-    resolve_inputs(op, x, p, false);
+    resolve_inputs(op, x, p, false, rows_ctx);
   } catch (const Error& e) {
     throw Error(op, arg + "." + e.argument(), e.message());
   }
@@ -361,7 +392,7 @@ PrologueCudaTuning prologue_cuda_tuning() { return g_tuning.get(); }
 
 void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Context& ctx) {
   const char* op = "norm_rope_store";
-  PrologueArgs a = resolve_inputs(op, x, p, false);
+  PrologueArgs a = resolve_inputs(op, x, p, false, &ctx);
   check::not_null(op, "y", y);
   check::same_device(op, "y", y, "x", x);
   LOWBIT_CHECK(

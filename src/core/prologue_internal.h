@@ -55,8 +55,17 @@ namespace detail {
 // The checks norm_rope_quantize makes of x and p's norm / rope parts, for a call that runs the
 // prologue inside another op (attention's options.q_prologue / k_prologue): errors name `op` and
 // `arg`.<the prologue's argument>; p.mean must be null and p.sm_scale 1 (the call owns them).
+// weight_rows' index range is read back on rows_ctx's stream (a synchronization on CUDA), not at
+// all where rows_ctx is null (checked already).
 void check_prologue_inputs(const char* op, const std::string& arg, const TensorView& x,
-                           const Prologue& p);
+                           const Prologue& p, const Context* rows_ctx);
+// norm_rope_quantize / norm_rope_mean_quantize for a caller that has checked p.weight_rows'
+// index range (check_prologue_inputs): every other check as the public calls, no read-back.
+void norm_rope_quantize_rows_checked(const TensorView& x, const Prologue& p, TensorView q_out,
+                                     TensorView scale_out, Context& ctx);
+void norm_rope_mean_quantize_rows_checked(const TensorView& x, const Prologue& p,
+                                          TensorView mean_out, TensorView q_out,
+                                          TensorView scale_out, Context& ctx);
 }  // namespace detail
 
 // Tokens per partial sum of the mean pass (SPEC §1.3).

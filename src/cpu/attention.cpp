@@ -328,14 +328,29 @@ struct Workspace {
 
 namespace {
 
+// Whether k's weight_rows are q's (the same view) over at least as many weight rows: checked once.
+bool same_weight_rows(const Prologue& q, const Prologue& k) {
+  if (!q.weight_rows || !k.weight_rows || !q.norm_weight || !k.norm_weight) return false;
+  const TensorView &a = *q.weight_rows, &b = *k.weight_rows;
+  return a.data == b.data && a.device == b.device && a.device_index == b.device_index &&
+         a.ndim == 1 && b.ndim == 1 && a.shape[0] == b.shape[0] && a.stride[0] == b.stride[0] &&
+         a.dtype == b.dtype && k.norm_weight->ndim == 2 && q.norm_weight->ndim == 2 &&
+         k.norm_weight->shape[0] >= q.norm_weight->shape[0];
+}
+
 // options.q_prologue / k_prologue against q and k (k's only where it has tokens: nothing to
-// normalize otherwise).
+// normalize otherwise). weight_rows' index ranges are read back on rows_ctx's stream, once per
+// distinct view (joint attention's q and k share theirs), or not at all where rows_ctx is null.
 void check_qk_prologues(const char* op, const TensorView& q, const TensorView& k,
-                        const AttentionOptions& o) {
-  if (o.q_prologue && q.shape[1] > 0)
-    detail::check_prologue_inputs(op, "options.q_prologue", q, *o.q_prologue);
-  if (o.k_prologue && k.shape[1] > 0)
-    detail::check_prologue_inputs(op, "options.k_prologue", k, *o.k_prologue);
+                        const AttentionOptions& o, const Context* rows_ctx) {
+  const bool q_checked = o.q_prologue && q.shape[1] > 0;
+  if (q_checked)
+    detail::check_prologue_inputs(op, "options.q_prologue", q, *o.q_prologue, rows_ctx);
+  if (o.k_prologue && k.shape[1] > 0) {
+    const bool shared = q_checked && same_weight_rows(*o.q_prologue, *o.k_prologue);
+    detail::check_prologue_inputs(op, "options.k_prologue", k, *o.k_prologue,
+                                  shared ? nullptr : rows_ctx);
+  }
 }
 
 // The norm / rope parts of a caller's Prologue in the call's own (layout, block, sm_scale).
@@ -357,9 +372,13 @@ size_t attention_workspace_bytes(const TensorView& q, const TensorView& k,
   return Workspace(q, k, options).total;
 }
 
-void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
-               TensorView* lse_out, const AttentionOptions& options, void* workspace,
-               size_t workspace_bytes, Context& ctx) {
+namespace {
+
+// attention() on a workspace; rows_checked: the caller has read back the prologues' weight_rows
+// (attention_varlen, once for every sequence).
+void attention_on(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
+                  TensorView* lse_out, const AttentionOptions& options, void* workspace,
+                  size_t workspace_bytes, Context& ctx, bool rows_checked) {
   const char* op = "attention";
   validate_attention_call(q, k, v, out, lse_out);
   const Workspace ws(q, k, options);
@@ -371,7 +390,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   const int64_t B = q.shape[0], Nq = q.shape[1], Hq = q.shape[2], D = q.shape[3];
   const int64_t Nkv = k.shape[1], Hkv = k.shape[2];
   if (B == 0 || Nq == 0 || Hq == 0) return;
-  check_qk_prologues(op, q, k, options);
+  check_qk_prologues(op, q, k, options, rows_checked ? nullptr : &ctx);
   const float sm = resolve_sm_scale(options.sm_scale, D);
   const Device dev = q.device;
   const int di = q.device_index;
@@ -418,7 +437,8 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   qp.sm_scale = sm;
   qp.layout = qr.layout;
   qp.block = qr.block;
-  norm_rope_quantize(q, qp, qr.data, qr.scale, ctx);
+  // (weight_rows checked above: the prologue calls do not read them back again)
+  detail::norm_rope_quantize_rows_checked(q, qp, qr.data, qr.scale, ctx);
   if (fp8) quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, fork.side(0));
   if (Nkv > 0) {
     Prologue kp;
@@ -426,9 +446,9 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
     kp.layout = kr.layout;
     kp.block = kr.block;
     if (smooth_k) {  // one call: on CUDA its quantize pass loads k before the mean is done
-      norm_rope_mean_quantize(k, kp, kmean, kr.data, kr.scale, ctx);
+      detail::norm_rope_mean_quantize_rows_checked(k, kp, kmean, kr.data, kr.scale, ctx);
     } else {
-      norm_rope_quantize(k, kp, kr.data, kr.scale, ctx);
+      detail::norm_rope_quantize_rows_checked(k, kp, kr.data, kr.scale, ctx);
     }
   }
   fork.join();
@@ -436,6 +456,14 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
   inner.sm_scale = 1.f;
   attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr, smooth_v ? &vmean : nullptr,
                  smooth_k ? &kmean : nullptr, out, lse_out, inner, ctx);
+}
+
+}  // namespace
+
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
+               TensorView* lse_out, const AttentionOptions& options, void* workspace,
+               size_t workspace_bytes, Context& ctx) {
+  attention_on(q, k, v, out, lse_out, options, workspace, workspace_bytes, ctx, false);
 }
 
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
@@ -546,7 +574,8 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   }
   // Every sequence's arguments are checked before anything runs (nothing is written on error);
   // the prologues' tables and weight_rows against the packed tokens, once.
-  check_qk_prologues(op, sequence_rows(q, 0, q.shape[0]), sequence_rows(k, 0, k.shape[0]), options);
+  check_qk_prologues(op, sequence_rows(q, 0, q.shape[0]), sequence_rows(k, 0, k.shape[0]), options,
+                     &ctx);
   const size_t n = cu_seqlens_q.size() - 1;
   size_t bytes = 0;
   bool any = false;
@@ -579,8 +608,8 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
     AttentionOptions o = options;
     if (o.q_prologue) o.q_prologue = &qrows.p;
     if (o.k_prologue) o.k_prologue = &krows.p;
-    attention(sequence_rows(q, q0, q1), sequence_rows(k, k0, k1), sequence_rows(v, k0, k1),
-              sequence_rows(out, q0, q1), lse_out ? &lse : nullptr, o, at, bytes, ctx);
+    attention_on(sequence_rows(q, q0, q1), sequence_rows(k, k0, k1), sequence_rows(v, k0, k1),
+                 sequence_rows(out, q0, q1), lse_out ? &lse : nullptr, o, at, bytes, ctx, true);
   }
 }
 

@@ -674,6 +674,24 @@ TEST(Attention, OneCallPrologueErrorsNameTheArgumentAndWriteNothing) {
   TensorView rv = rows.view();
   pk.weight_rows = &rv;  // with a (D) weight
   expect_error("options.k_prologue.weight_rows", in.pq, pk);
+  // Segmented weights: an index past the weight's rows, in q's rows and in k's own.
+  HostTensor w2(DType::f32, {2, D});
+  w2.fill_normal(rng, 1.f, 0.3f);
+  TensorView w2v = w2.view();
+  HostTensor rq(DType::i32, {Nq}), rk(DType::i32, {Nkv});
+  for (int64_t i = 0; i < Nq; ++i) rq.set(i, static_cast<float>(i % 2));
+  for (int64_t i = 0; i < Nkv; ++i) rk.set(i, static_cast<float>(i % 2));
+  TensorView rqv = rq.view(), rkv = rk.view();
+  pq = in.pq;
+  pk = in.pk;
+  pq.norm_weight = pk.norm_weight = &w2v;
+  pq.weight_rows = &rqv;
+  pk.weight_rows = &rkv;
+  rq.set(Nq - 1, 2.f);
+  expect_error("options.q_prologue.weight_rows", pq, pk);
+  rq.set(Nq - 1, 1.f);
+  rk.set(3, -1.f);
+  expect_error("options.k_prologue.weight_rows", pq, pk);
   // The valid call writes.
   AttentionOptions opt;
   opt.q_prologue = &in.pq;
