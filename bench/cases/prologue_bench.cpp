@@ -358,6 +358,13 @@ class PrologueBench : public BenchCase {
                                   : "mean kernel round 4 (one row per lane)",
                        mr, fused);
           }
+        // Session 39: the first-generation kernels (what segmented weights, partial rotary and
+        // WARP_Q run on), forced: the price of the one-call attention's joint-attention norms.
+        {
+          detail::PrologueCudaTuning lg;
+          lg.legacy = true;
+          variant_of("first-generation kernels forced (the segmented-weight path)", lg, fused);
+        }
         // Runs 16-20 (no longer a row): the two-call k path (norm_rope_mean, then
         // norm_rope_quantize) 0.2768 / 0.0408 ms vs the fused call 0.2737 / 0.0408 (Wan / Flux).
         // Run 16: the fused call with the quantize loads after its PDL wait 0.2787 / 0.0420; one
