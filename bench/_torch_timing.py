@@ -22,3 +22,34 @@ def time_ms(fn, iters, warmup=5):
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def script_args(doc, iters=20, warmup=3):
+    """The torch scripts' options: --iters, --warmup, --json (the description: doc's first line)."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=iters)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--json", help="also write the rows as JSON to this file")
+    return ap.parse_args()
+
+
+def cuda_missing(script, lowbit=True):
+    """Why `script` cannot run here ('' when it can): torch with torch.nn.attention (and
+    lowbit.torch where `lowbit`) must import and a CUDA device must be present."""
+    try:
+        import torch
+        from torch.nn.attention import sdpa_kernel  # noqa: F401
+        if lowbit:
+            import lowbit.torch  # noqa: F401
+    except ImportError as e:
+        what = "torch and lowbit's Python module" if lowbit else "torch with torch.nn.attention"
+        return f"{script}: {what} are required ({e})"
+    if not torch.cuda.is_available():
+        return f"{script}: no CUDA device"
+    return ""
+
+
+def timer(args):
+    """time_ms(fn) with the script's --iters / --warmup."""
+    return lambda fn: time_ms(fn, args.iters, args.warmup)

@@ -15,7 +15,6 @@ rotation and SDPA's math backend in fp32), cos and relative L1, on N(0, 1) input
 
     PYTHONPATH=.gpu/py python3 bench/attention_norm_rope.py [--iters 20] [--json out.json]
 """
-import argparse
 import json
 import math
 import sys
@@ -33,27 +32,18 @@ CONFIGS = [
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--json", help="also write the rows as JSON to this file")
-    args = ap.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        import lowbit.torch as lt
-    except ImportError as e:
-        print(f"attention_norm_rope.py: torch and lowbit's Python module are required ({e})",
-              file=sys.stderr)
+    args = _torch_timing.script_args(__doc__, iters=20, warmup=3)
+    why = _torch_timing.cuda_missing("attention_norm_rope.py", lowbit=True)
+    if why:
+        print(why, file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("attention_norm_rope.py: no CUDA device", file=sys.stderr)
-        return 2
-    dev = torch.device("cuda")
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import lowbit.torch as lt
 
-    def time_ms(fn):
-        return _torch_timing.time_ms(fn, args.iters, args.warmup)
+    dev = torch.device("cuda")
+    time_ms = _torch_timing.timer(args)
 
     def tables(n, d, kind):
         pos = torch.arange(n, device=dev, dtype=torch.float64)[:, None]

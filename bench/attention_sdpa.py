@@ -8,7 +8,6 @@ flush before each timed call. Shapes are (B, H, N, D); tensors are (B, H, N, D) 
 
     python3 bench/attention_sdpa.py [--iters 30] [--warmup 5] [--json out.json]
 """
-import argparse
 import json
 import sys
 
@@ -20,25 +19,17 @@ SHAPES = [(1, 40, 32760, 128), (2, 24, 16384, 128), (1, 24, 4096, 64),
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--json", help="also write the rows as JSON to this file")
-    args = ap.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError as e:  # the script reports, the lead installs torch on the GPU machine
-        print(f"attention_sdpa.py: torch with torch.nn.attention is required ({e})", file=sys.stderr)
+    args = _torch_timing.script_args(__doc__, iters=30, warmup=5)
+    why = _torch_timing.cuda_missing("attention_sdpa.py", lowbit=False)
+    if why:
+        print(why, file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("attention_sdpa.py: no CUDA device", file=sys.stderr)
-        return 2
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dev = torch.device("cuda")
-    def time_ms(fn):
-        return _torch_timing.time_ms(fn, args.iters, args.warmup)
+    time_ms = _torch_timing.timer(args)
 
     backends = [("cuDNN", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
     rows = []

@@ -11,7 +11,6 @@ timings with an L2 flush before each timed call. Accuracy: lowbit's output again
 
     PYTHONPATH=.gpu/py python3 bench/attention_variants.py [--iters 20] [--json out.json]
 """
-import argparse
 import json
 import sys
 
@@ -39,27 +38,18 @@ def visible_pairs(nq, nk, causal):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--json", help="also write the rows as JSON to this file")
-    args = ap.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        import lowbit.torch as lt
-    except ImportError as e:
-        print(f"attention_variants.py: torch and lowbit's Python module are required ({e})",
-              file=sys.stderr)
+    args = _torch_timing.script_args(__doc__, iters=20, warmup=3)
+    why = _torch_timing.cuda_missing("attention_variants.py", lowbit=True)
+    if why:
+        print(why, file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("attention_variants.py: no CUDA device", file=sys.stderr)
-        return 2
-    dev = torch.device("cuda")
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import lowbit.torch as lt
 
-    def time_ms(fn):
-        return _torch_timing.time_ms(fn, args.iters, args.warmup)
+    dev = torch.device("cuda")
+    time_ms = _torch_timing.timer(args)
 
     rows = []
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")

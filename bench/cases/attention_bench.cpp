@@ -33,6 +33,7 @@
 #include "lowbit/attention.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
+#include "src/core/prologue_internal.h"  // detail::PrologueCudaTuning (the seg_fast row)
 #include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (the ring_cons = 3 row)
 
 namespace lowbit {
@@ -559,7 +560,11 @@ class AttentionBench : public BenchCase {
     const double plain = env.time_ms(
         [&] { attention(q.view, k.view, v.view, out.view, nullptr, fp8, wp, wb, ctx); });
     Rope rope{tab.view, true};
-    for (bool segmented : {false, true}) {
+    for (int mode : {0, 1, 2}) {  // per-head weight; segmented; segmented, seg_fast kernels
+      const bool segmented = mode > 0;
+      detail::PrologueCudaTuning pt;
+      pt.seg_fast = mode == 2;
+      detail::set_prologue_cuda_tuning(pt);
       Prologue p;
       p.norm_weight = segmented ? &wt.view : &w1;
       p.weight_rows = segmented ? &rw.view : nullptr;
@@ -571,9 +576,12 @@ class AttentionBench : public BenchCase {
       r.backend = "cuda";
       r.shape = shape_str(s);
       r.op = std::string("attention() fp8 PV + q / k RMSNorm and RoPE (Flux table)") +
-             (segmented ? ", segmented norms (512 text rows, index read-back)" : "");
+             (segmented ? ", segmented norms (512 text rows, index read-back)" : "") +
+             (mode == 2 ? ", fast kernels (seg_fast)" : "");
       r.ms = env.time_ms(
           [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
+      synchronize(ctx);
+      detail::set_prologue_cuda_tuning({});
       r.baseline = "attention() fp8 PV without norm / rope";
       r.baseline_ms = plain;
       r.bytes = static_cast<double>(s.B * N * s.H * D) * 2 * 4;

@@ -47,6 +47,22 @@ AttentionOptions make_options(const char* op, float sm_scale, const std::string&
   return o;
 }
 
+// q's and k's norm / rope arguments of attention() and attention_varlen(), kept alive here and
+// pointed at by o (those not given stay off).
+struct QkPrologues {
+  PrologueParts q, k;
+  void apply(Args& args, nb::handle q_norm_weight, nb::handle k_norm_weight,
+             nb::handle q_weight_rows, nb::handle k_weight_rows, float eps, nb::handle q_rope,
+             nb::handle k_rope, bool interleaved, AttentionOptions& o) {
+    fill_prologue(args, q, q_norm_weight, q_weight_rows, eps, q_rope, interleaved, nb::none(),
+                  "q_");
+    fill_prologue(args, k, k_norm_weight, k_weight_rows, eps, k_rope, interleaved, nb::none(),
+                  "k_");
+    if (any_prologue(q)) o.q_prologue = &q.p;
+    if (any_prologue(k)) o.k_prologue = &k.p;
+  }
+};
+
 }  // namespace
 
 void bind_attention(nb::module_& m) {
@@ -81,13 +97,9 @@ void bind_attention(nb::module_& m) {
         std::optional<TensorView> wv = args.out_opt(workspace, "workspace");
         AttentionOptions o =
             make_options("attention", sm_scale, causal, pv, smooth_k, smooth_v, kernel);
-        PrologueParts qp, kp;
-        fill_prologue(args, qp, q_norm_weight, q_weight_rows, norm_eps, q_rope, rope_interleaved,
-                      nb::none(), "q_");
-        fill_prologue(args, kp, k_norm_weight, k_weight_rows, norm_eps, k_rope, rope_interleaved,
-                      nb::none(), "k_");
-        if (any_prologue(qp)) o.q_prologue = &qp.p;
-        if (any_prologue(kp)) o.k_prologue = &kp.p;
+        QkPrologues qk;
+        qk.apply(args, q_norm_weight, k_norm_weight, q_weight_rows, k_weight_rows, norm_eps, q_rope,
+                 k_rope, rope_interleaved, o);
         Context ctx = make_context(stream, threads);
         if (wv && !wv->is_contiguous()) {
           throw Error("attention", "workspace", "expected a contiguous array, got " +
@@ -132,13 +144,9 @@ void bind_attention(nb::module_& m) {
         std::optional<TensorView> lv = args.out_opt(lse, "lse");
         AttentionOptions o =
             make_options("attention_varlen", sm_scale, causal, pv, smooth_k, smooth_v, kernel);
-        PrologueParts qp, kp;
-        fill_prologue(args, qp, q_norm_weight, q_weight_rows, norm_eps, q_rope, rope_interleaved,
-                      nb::none(), "q_");
-        fill_prologue(args, kp, k_norm_weight, k_weight_rows, norm_eps, k_rope, rope_interleaved,
-                      nb::none(), "k_");
-        if (any_prologue(qp)) o.q_prologue = &qp.p;
-        if (any_prologue(kp)) o.k_prologue = &kp.p;
+        QkPrologues qk;
+        qk.apply(args, q_norm_weight, k_norm_weight, q_weight_rows, k_weight_rows, norm_eps, q_rope,
+                 k_rope, rope_interleaved, o);
         Context ctx = make_context(stream, threads);
         nb::gil_scoped_release release;
         attention_varlen(qv, kv, vv, cu_seqlens_q, cu_seqlens_k, ov, lv ? &*lv : nullptr, o, ctx);

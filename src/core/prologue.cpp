@@ -124,6 +124,7 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
                    "expected (N) int32 row indices with a (R, D) norm_weight, got none");
       LOWBIT_CHECK(w.shape[0] >= 1, op, "norm_weight", "expected R >= 1, got " + w.describe());
       a.w_sr = w.stride[0];
+      a.w_count = w.shape[0];
       const TensorView& r = *p.weight_rows;
       check::ndim(op, "weight_rows", r, 1);
       check::dim(op, "weight_rows", r, 0, N);

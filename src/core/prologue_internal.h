@@ -23,6 +23,7 @@ struct PrologueArgs {
   const void* w = nullptr;
   DType w_dtype = DType::f32;
   int64_t w_sr = 0;
+  int64_t w_count = 1;  // R: the weight's rows
   const int32_t* w_rows = nullptr;
   int64_t w_rows_s = 1;
   float eps = 1e-6f;
@@ -193,6 +194,14 @@ struct PrologueCudaTuning {
   // per (batch, head) without clusters, the form that device code older than sm_90 runs, on any
   // GPU (tests). The same bits.
   bool mean_no_cluster = false;
+  // Session 39 (written and compiled; NOT yet run on a GPU: no device was lent after it was
+  // built): segmented norm weights (weight_rows, R <= kSegRows = 4, D 64 / 128) in the fast
+  // kernels instead of the first-generation ones: the round-5 q kernel (THREAD_Q groups of 4 rows,
+  // no mean, at every size), the round-5 k kernel (THREAD_K groups of 16 rows with the mean),
+  // the round-5 mean kernel ((cos, sin) f32 tables) and the round-2 one (other tables); kSegRows
+  // weight rows in shared memory, each token's row index read once. Off by default until the
+  // `prologue.*.seg.*` harness cases (which also run it forced, `.segfast`) pass on a GPU.
+  bool seg_fast = false;
 };
 constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
 constexpr int kSyncTeams = 1, kSyncCta = 2;

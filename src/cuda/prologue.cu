@@ -634,33 +634,37 @@ __device__ __forceinline__ void fast_row(bool norm, float eps, const float (&w)[
 // lane l (a row's lanes read consecutive 16-byte words). Thread tid < 4 * LANES loads quad
 // (tid / LANES, tid % LANES) with weight_quad and stores it with store_weight_quad; the caller
 // synchronizes before reading.
-template <int D, int ROPE>
+// SEG (segmented weights, seg_fast_ok): threads < kSegRows * D / 4 load the kSegRows rows' quads,
+// row after row (quad tid % (D / 4) of row tid / (D / 4)); a token reads its row's at an offset.
+template <int D, int ROPE, bool SEG = false>
 __device__ __forceinline__ float4 weight_quad(const PrologueArgs& a, int tid) {
-  constexpr int LANES = D / 16;
+  constexpr int LANES = D / 16, NQ = 4 * LANES;
   float q[4] = {1.f, 1.f, 1.f, 1.f};
-  if (tid < 4 * LANES && a.norm) {
-    const int k = tid / LANES, l = tid % LANES;
+  const int row = SEG ? tid / NQ : 0, t = SEG ? tid % NQ : tid;
+  if (tid < (SEG ? kSegRows : 1) * NQ && row < a.w_count && a.norm) {
+    const int k = t / LANES, l = t % LANES;
     int c0, c1;
     fast_lane_channels<D, ROPE>(l, c0, c1);
     const int c = (k < 2 ? c0 : c1) + 4 * (k & 1);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, c + i, a.w_dtype);
+    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, row * a.w_sr + c + i, a.w_dtype);
   }
   return make_float4(q[0], q[1], q[2], q[3]);
 }
 
-template <int D>
-__device__ __forceinline__ void store_weight_quad(int tid, float4 q, float4 (&w_sh)[4][D / 16]) {
-  constexpr int LANES = D / 16;
-  if (tid < 4 * LANES) w_sh[tid / LANES][tid % LANES] = q;
+template <int D, bool SEG = false>
+__device__ __forceinline__ void store_weight_quad(int tid, float4 q, float4* w_sh) {
+  if (tid < (SEG ? kSegRows : 1) * (D / 4)) w_sh[tid] = q;  // quad tid at flat index tid
 }
 
+// The lane's 16 weights from quads woff + k LANES + lane_in_row (woff: its row's, SEG).
 template <int D>
-__device__ __forceinline__ void read_weight_quads(const float4 (&w_sh)[4][D / 16], int lane_in_row,
+__device__ __forceinline__ void read_weight_quads(const float4* w_sh, int woff, int lane_in_row,
                                                   float (&w)[16]) {
+  constexpr int LANES = D / 16;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const float4 t = lds16(&w_sh[k][lane_in_row]);
+    const float4 t = lds16(w_sh + woff + k * LANES + lane_in_row);
     w[4 * k] = t.x, w[4 * k + 1] = t.y, w[4 * k + 2] = t.z, w[4 * k + 3] = t.w;
   }
 }
@@ -686,13 +690,16 @@ struct FastMeanLaunch {
   int64_t chunks;  // CTAs along the tokens = partials per (batch, head)
 };
 
-template <int D, bool BF16, int ROPE>
+// SEG (session 39): segmented weights, each row step's token picks its weight row.
+template <int D, bool BF16, int ROPE, bool SEG = false>
 __global__ void __launch_bounds__(kMeanWarps * 32, 4)
     fast_mean_kernel(const PrologueArgs a, const FastMeanLaunch L, float* partials) {
   constexpr int LANES = D / 16, RW = 32 / LANES, RPS = kMeanWarps * RW;
   constexpr int THREADS = kMeanWarps * 32;
+  static_assert(!SEG || kSegRows * D / 4 <= THREADS, "one weight quad per thread");
   extern __shared__ float4 mean_acc[];  // [head][quad k][THREADS]: this thread's channels
-  __shared__ float4 w_sh[4][LANES];      // norm weight quads (registers go to loads in flight)
+  // norm weight quads (registers go to loads in flight): [row][k][l] at row D / 4 + k LANES + l
+  __shared__ float4 w_sh[(SEG ? kSegRows : 1) * 4 * LANES];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = warp * RW + lane / LANES, lane_in_row = lane % LANES;
   int ch0, ch1;
@@ -705,7 +712,7 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
 
 #pragma unroll 1
   for (int k = 0; k < 4 * nh; ++k) mean_acc[k * THREADS + tid] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float4 wq = weight_quad<D, ROPE>(a, tid);  // stored after the first x loads (`start`)
+  const float4 wq = weight_quad<D, ROPE, SEG>(a, tid);  // stored after the first x loads
   float cs[8], sn[8], tc[8], ts[8];  // this row's rotary values, the next row's (in flight)
 #pragma unroll
   for (int i = 0; i < 8; ++i) cs[i] = tc[i] = 1.f, sn[i] = ts[i] = 0.f;
@@ -737,7 +744,8 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
       table_row(ps + 1);
     }
     float w[16], v[16];
-    read_weight_quads<D>(w_sh, lane_in_row, w);
+    const int64_t n = n_first + static_cast<int64_t>(ps) * RPS;
+    read_weight_quads<D>(w_sh, seg_quad_offset<D, SEG>(a, n, n < a.tokens), lane_in_row, w);
     fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
     if (n_first + static_cast<int64_t>(ps) * RPS < a.tokens) {
       float4* acc = mean_acc + ph * 4 * THREADS + tid;
@@ -754,7 +762,7 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
     if (++ph == nh) ph = 0, ++ps;
   };
   auto start = [&] {
-    store_weight_quad<D>(tid, wq, w_sh);
+    store_weight_quad<D, SEG>(tid, wq, w_sh);
     __syncthreads();
   };
   pipeline<kMeanPrefetch>(L.steps * nh, load, proc, start);
@@ -815,7 +823,7 @@ int rope_kind_of(const PrologueArgs& a) {
 // Options the round-2 mean kernel covers: per-head (or no) norm weight, full rotary (or none).
 bool fast_mean_supported(const PrologueArgs& a) {
   if (detail::prologue_cuda_tuning().legacy) return false;
-  if (a.w_rows) return false;
+  if (a.w_rows && !seg_fast_ok(a)) return false;
   return !a.rotate || 2 * a.pairs == a.dim;
 }
 
@@ -887,6 +895,8 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold)
   dispatch_fast(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value;
     auto kernel = fast_mean_kernel<D, decltype(bf)::value, decltype(rope)::value>;
+    if constexpr (D <= 128)
+      if (a.w_rows) kernel = fast_mean_kernel<D, decltype(bf)::value, decltype(rope)::value, true>;
     set_kernel_smem(kernel, smem, "norm_rope_mean", "shared memory");
     kernel<<<grid, kMeanWarps * 32, smem, stream>>>(a, L, part.as<float>());
     check_launch("norm_rope_mean");

@@ -342,6 +342,14 @@ inline int table_mode_of(const PrologueArgs& a) {
   return kTableScalar;
 }
 
+// SEG (segmented weights in the fast kernels): token n's weight row as a quad offset into a
+// kernel's kSegRows rows of D / 4 weight quads (0 without segments or for a token past N).
+template <int D, bool SEG>
+__device__ __forceinline__ int seg_quad_offset(const PrologueArgs& a, int64_t n, bool ok) {
+  if (!SEG || !ok) return 0;
+  return (D / 4) * __ldg(a.w_rows + n * a.w_rows_s);
+}
+
 }  // namespace
 
 // Where a mean pass keeps its partial sums (a stream-ordered Scratch, freed on the stream when
@@ -353,6 +361,15 @@ inline Scratch& hold_scratch(ScratchHold& hold, size_t bytes, cudaStream_t strea
                              const char* op) {
   hold = std::make_unique<Scratch>(bytes, stream, op);
   return *hold;
+}
+
+// Segmented norm weights (weight_rows) in the fast kernels (session 39): up to kSegRows weight
+// rows held in shared memory, each token's row read once, D 64 / 128.
+constexpr int kSegRows = 4;
+// (tuning `seg_fast`: off by default, see PrologueCudaTuning)
+inline bool seg_fast_ok(const PrologueArgs& a) {
+  return a.w_rows && a.norm && a.w_count >= 1 && a.w_count <= kSegRows &&
+         (a.dim == 64 || a.dim == 128) && detail::prologue_cuda_tuning().seg_fast;
 }
 
 // Round-3 kernels (src/cuda/prologue_v3.cu): whether they cover `a` (and the tuning knob allows

@@ -238,36 +238,41 @@ __device__ __forceinline__ void v3_table_row(const PrologueArgs& a, int mode, in
 // The norm weight as fp32 quads: w_sh[k][l] = channels 8 chunk(l, k / 2) + 4 (k & 1) + 0..3, the
 // weights of values 4k .. 4k + 3 of lane l. Thread tid < 8 * LANES loads quad (tid / LANES,
 // tid % LANES); its store and a barrier come later (the setup overlaps the first x loads).
-template <int D>
+// SEG (segmented weights, seg_fast_ok): thread tid < kSegRows * D / 4 loads quad tid % (D / 4) of
+// weight row tid / (D / 4) (rows past R: ones, never read); the rows follow each other in w_sh.
+template <int D, bool SEG = false>
 __device__ __forceinline__ float4 v3_weight_quad(const PrologueArgs& a, int tid) {
-  constexpr int LANES = D / 32;
+  constexpr int LANES = D / 32, NQ = 8 * LANES;
   float q[4] = {1.f, 1.f, 1.f, 1.f};
-  if (tid < 8 * LANES && a.norm) {
-    const int k = tid / LANES, l = tid % LANES;
+  const int row = SEG ? tid / NQ : 0, t = SEG ? tid % NQ : tid;
+  if (tid < (SEG ? kSegRows : 1) * NQ && row < a.w_count && a.norm) {
+    const int k = t / LANES, l = t % LANES;
     const int c = 8 * v3_chunk<D>(l, k / 2) + 4 * (k & 1);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, c + i, a.w_dtype);
+    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, row * a.w_sr + c + i, a.w_dtype);
   }
   return make_float4(q[0], q[1], q[2], q[3]);
 }
 
-template <int D>
-__device__ __forceinline__ void v3_store_weight_quad(int tid, float4 q, float4 (&w_sh)[8][D / 32]) {
-  constexpr int LANES = D / 32;
-  if (tid < 8 * LANES) w_sh[tid / LANES][tid % LANES] = q;
+// Quad tid at flat index tid of w_sh ([rows][8][D / 32]).
+template <int D, bool SEG = false>
+__device__ __forceinline__ void v3_store_weight_quad(int tid, float4 q, float4* w_sh) {
+  if (tid < (SEG ? kSegRows : 1) * (D / 4)) w_sh[tid] = q;
 }
 
 // The round-5 mean's weight quads: quad (k, l) = tid (k = tid / (D / 16), l = tid % (D / 16),
 // tid < D / 4) holds the weights of values 4k .. 4k + 3 of lane l's rows: channels
 // 8 l + 4 k + 0..3 (k < 2) and D / 2 + 8 l + 4 (k - 2) + 0..3.
-template <int D>
+template <int D, bool SEG = false>
 __device__ __forceinline__ float4 pair_weight_quad(const PrologueArgs& a, int tid) {
+  constexpr int NQ = D / 4;
   float q[4] = {1.f, 1.f, 1.f, 1.f};
-  if (tid < D / 4 && a.norm) {
-    const int k = tid / (D / 16), l = tid % (D / 16);
+  const int row = SEG ? tid / NQ : 0, t = SEG ? tid % NQ : tid;
+  if (tid < (SEG ? kSegRows : 1) * NQ && row < a.w_count && a.norm) {
+    const int k = t / (D / 16), l = t % (D / 16);
     const int c = (k < 2 ? 0 : D / 2 - 8) + 8 * l + 4 * k;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, c + i, a.w_dtype);
+    for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, row * a.w_sr + c + i, a.w_dtype);
   }
   return make_float4(q[0], q[1], q[2], q[3]);
 }
@@ -374,7 +379,9 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
 // shared-memory reads per value). The same operations per value as v3_row<..., UNIFORM>.
 // TQ_ROWS (session 23, the round-5 THREAD_K kernel: the lane's two rows are two tokens of one
 // head): the rows have their own rotary quads, tq(k, r); else tq(k) serves both.
-template <int D, bool BF16, int ROPE, bool LEAN, bool TQ_ROWS = false, typename WQ, typename TQ>
+// WQ_ROWS (segmented weights in the THREAD_K kernel: two tokens, two weight rows): wq(k, r).
+template <int D, bool BF16, int ROPE, bool LEAN, bool TQ_ROWS = false, bool WQ_ROWS = false,
+          typename WQ, typename TQ>
 __device__ __forceinline__ void v4_row_pair(bool norm, float eps, WQ&& wq, TQ&& tq,
                                             const uint4 (&raw)[4], float (&v)[32]) {
   constexpr int L2 = D / 16;
@@ -406,10 +413,12 @@ __device__ __forceinline__ void v4_row_pair(bool norm, float eps, WQ&& wq, TQ&& 
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const float4 w = wq(k);
-    const float wk[4] = {w.x, w.y, w.z, w.w};
+    float4 w;
+    if constexpr (!WQ_ROWS) w = wq(k);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      if constexpr (WQ_ROWS) w = wq(k, r);
+      const float wk[4] = {w.x, w.y, w.z, w.w};
       float* y = x + 16 * r + 4 * k;
 #pragma unroll
       for (int e = 0; e < 4; ++e) y[e] = __fmul_rn(__fmul_rn(y[e], inv[r]), wk[e]);
@@ -760,7 +769,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
   if (ROPE != kRopeNone && row.ok)
     v3_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + row.n * a.r_sn, lane_in_row, tcs, tsn);
   auto start = [&] {
-    v3_store_weight_quad<D>(tid, wq, w_sh);
+    v3_store_weight_quad<D>(tid, wq, &w_sh[0][0]);
     if (ROPE != kRopeNone) {
 #pragma unroll
       for (int k = 0; k < 8; ++k)
@@ -1093,11 +1102,11 @@ __device__ __forceinline__ void scaled_codes(const PrologueArgs& a, bool scaled,
 // The round-5 quantize kernels' loop invariants into shared memory, then the CTA barrier: the
 // weight quads (threads < D / 4: pair_weight_quad's) and this thread's QUADS rotary quads (quad
 // k = (cos, sin) of its pairs 2 k, 2 k + 1) at t_sh[k * THREADS + tid].
-template <int D, int ROPE, int QUADS, int THREADS>
+template <int D, int ROPE, int QUADS, int THREADS, int NW = D / 4>
 __device__ __forceinline__ void pair_store_invariants(int tid, float4 wq, float4* w_sh,
                                                       float4* t_sh, const float* tcs,
                                                       const float* tsn) {
-  if (tid < D / 4) w_sh[tid] = wq;
+  if (tid < NW) w_sh[tid] = wq;
   if (ROPE != kRopeNone) {
 #pragma unroll
     for (int k = 0; k < QUADS; ++k)
@@ -1117,7 +1126,9 @@ __device__ __forceinline__ void pair_store_invariants(int tid, float4 wq, float4
 // D = 128, a half-warp at D = 64: one redux each), the CTA tile kSpecQRows-row groups of one
 // block (4 warps). Per value the same operations as the round-3 kernel: the same bits.
 // SIGNED (session 16): the codes by quantize_fqs_n.
-template <int D, bool BF16, int ROPE, bool SIGNED>
+// SEG (session 39): segmented weights, the token's row (the lane's two rows are two heads of one
+// token: one weight row) at an offset into kSegRows rows of quads.
+template <int D, bool BF16, int ROPE, bool SIGNED, bool SEG = false>
 __global__ void __maxnreg__(kV3Async96Regs)
     v5_quantize_pair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
@@ -1129,14 +1140,16 @@ __global__ void __maxnreg__(kV3Async96Regs)
   // step's two heads), then (rope) [4][THREADS] float4: this thread's rotary quads.
   extern __shared__ float4 dyn_sh[];
   float4* t_sh = dyn_sh + SLOTS * 4 * THREADS;
-  __shared__ float4 w_sh[D / 4];  // pair_weight_quad's quads: [k][l] at k * LANES + l
+  constexpr int NW = (SEG ? kSegRows : 1) * (D / 4);
+  __shared__ float4 w_sh[NW];  // pair_weight_quad's quads: [row][k][l] at row D / 4 + k LANES + l
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   const int64_t b = blockIdx.z;
   int count;
   const QuantRow row =
       quant_cta_row(a, L, warp * RW + slot, kSpecQRows, lane_in_row == 0, count);
-  const float4 wq = pair_weight_quad<D>(a, tid);
+  const float4 wq = pair_weight_quad<D, SEG>(a, tid);
+  const int woff = seg_quad_offset<D, SEG>(a, row.n, row.ok);
   // The lane's rotary pairs: paired 8 l .. 8 l + 7, interleaved 4 l .. 4 l + 3 and D / 4 + 4 l ..;
   // quad k = (cos, sin) of its pairs 2k, 2k + 1.
   float tcs[8], tsn[8];
@@ -1175,7 +1188,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
     cp_async_commit();
   }
   if (L.early) griddep_wait();  // (forced early: after the first x loads, as the round-3 kernel)
-  pair_store_invariants<D, ROPE, 4, THREADS>(tid, wq, w_sh, t_sh, tcs, tsn);
+  pair_store_invariants<D, ROPE, 4, THREADS, NW>(tid, wq, w_sh, t_sh, tcs, tsn);
   int8_t* qcur = row.q + c0;
   float* scur = row.s;
   const uint32_t first = ring0, last = ring0 + (SLOTS - 1) * SB;
@@ -1190,7 +1203,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
     for (int i = 0; i < 4; ++i) r[i] = lds16u(rd + i * THREADS * sizeof(uint4));
     float x[32];
     v4_row_pair<D, BF16, ROPE, LEAN>(
-        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k * LANES + lane_in_row]); },
+        a.norm, a.eps, [&](int k) { return lds16(&w_sh[woff + k * LANES + lane_in_row]); },
         [&](int k) { return lds16(&t_sh[k * THREADS + tid]); }, r, x);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -1260,7 +1273,9 @@ __device__ __forceinline__ int kpair_mean_pos(int q) {
 // PROBE (bench only, detail::kpair_probe; wrong output): kProbeNoTeam / kProbeNoRefill /
 // kProbeNoMean drop the cross-warp maximum / the mean ring's barrier and refill / the mean
 // subtraction, to time what each costs.
-template <int D, bool BF16, int ROPE, bool SIGNED, int SYNC = detail::kSyncTeams, int PROBE = 0>
+// SEG (session 39): segmented weights, each of the lane's two tokens with its own weight row.
+template <int D, bool BF16, int ROPE, bool SIGNED, int SYNC = detail::kSyncTeams, int PROBE = 0,
+          bool SEG = false>
 __global__ void __maxnreg__(kV3Async96Regs)
     v5_quantize_kpair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
@@ -1282,7 +1297,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
   float4* mean_sh = t_sh + (ROPE != kRopeNone ? 8 * THREADS : 0);
   float(*red)[kV3MaxWarps] =
       reinterpret_cast<float(*)[kV3MaxWarps]>(mean_sh + mean_sh_rows(L) * QR);
-  __shared__ float4 w_sh[D / 4];  // pair_weight_quad's quads: [k][l] at k * LANES + l
+  constexpr int NW = (SEG ? kSegRows : 1) * (D / 4);
+  __shared__ float4 w_sh[NW];  // pair_weight_quad's quads: [row][k][l] at row D / 4 + k LANES + l
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int slot = lane / LANES, l = lane % LANES;
   const int64_t b = blockIdx.z;
@@ -1298,7 +1314,9 @@ __global__ void __maxnreg__(kV3Async96Regs)
   const bool ok0 = row.ok, ok1 = row.n + 1 < a.tokens;
   const int dx = ok1 ? static_cast<int>(a.x_sn) : 0;  // row 1's x from row 0's (host: fits)
   const int dq = static_cast<int>(a.q_sn);
-  const float4 wq = pair_weight_quad<D>(a, tid);
+  const float4 wq = pair_weight_quad<D, SEG>(a, tid);
+  const int woff0 = seg_quad_offset<D, SEG>(a, row.n, ok0);
+  const int woff1 = seg_quad_offset<D, SEG>(a, row.n + 1, ok1);
   float tcs[16], tsn[16];  // row r's pairs at 8 r + 0..7
 #pragma unroll
   for (int i = 0; i < 16; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
@@ -1347,7 +1365,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
       mean_sh[(e / QR) * QR + kpair_mean_pos<D>(e % QR)] =
           __ldg(reinterpret_cast<const float4*>(row.m + (e / QR) * m_sh) + e % QR);
   }
-  pair_store_invariants<D, ROPE, 8, THREADS>(tid, wq, w_sh, t_sh, tcs, tsn);
+  pair_store_invariants<D, ROPE, 8, THREADS, NW>(tid, wq, w_sh, t_sh, tcs, tsn);
   // The lane's mean quads k = 0, 1 of a row (channels 8 l + 4 k): positions mo[k], and + D / 8
   // for the second chunk (the same swizzle bit: D / 8 is a multiple of 16 at D = 128).
   const int sw = D == 128 ? (l >> 2) & 1 : 0;
@@ -1384,9 +1402,15 @@ __global__ void __maxnreg__(kV3Async96Regs)
 #pragma unroll
     for (int i = 0; i < 4; ++i) r[i] = lds16u(rd + i * T16);
     float v[32];
-    v4_row_pair<D, BF16, ROPE, LEAN, true>(
-        a.norm, a.eps, [&](int k) { return lds16(&w_sh[k * LANES + l]); },
-        [&](int k, int rw) { return lds16(&t_sh[(4 * rw + k) * THREADS + tid]); }, r, v);
+    if constexpr (SEG)
+      v4_row_pair<D, BF16, ROPE, LEAN, true, true>(
+          a.norm, a.eps,
+          [&](int k, int rw) { return lds16(&w_sh[(rw ? woff1 : woff0) + k * LANES + l]); },
+          [&](int k, int rw) { return lds16(&t_sh[(4 * rw + k) * THREADS + tid]); }, r, v);
+    else
+      v4_row_pair<D, BF16, ROPE, LEAN, true>(
+          a.norm, a.eps, [&](int k) { return lds16(&w_sh[k * LANES + l]); },
+          [&](int k, int rw) { return lds16(&t_sh[(4 * rw + k) * THREADS + tid]); }, r, v);
     // Minus the head's mean: value 16 r + 4 k + e is channel (k / 2) D / 2 + 8 l + 4 (k & 1) + e.
     const float4* mq = mean_sh + mrow * QR;
 #pragma unroll
@@ -1486,7 +1510,9 @@ struct V4MeanLaunch {
 // bound by the L1 / shared-memory pipe (89 % busy at 73 % of DRAM bandwidth); per warp and
 // token it read 8 weight + 8 rotary + 4 x quads per lane, round 5 4 + 4 + 4 (+ 4 shuffles):
 // the mean pass 3.7 % (Wan) / 7 % (Flux) faster in H200 run 46.
-template <int D, bool BF16, int ROPE, bool PAIR = false>
+// SEG (session 39): segmented weights, kSegRows rows of quads; a warp's token of step u (the
+// same for its lanes) picks its row.
+template <int D, bool BF16, int ROPE, bool PAIR = false, bool SEG = false>
 __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
                                              float* partials) {
   constexpr int AHEAD = kV4MeanAsyncAhead;
@@ -1496,7 +1522,8 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
   // round 4: [quad k][lane l] = the weights of values 4k .. 4k + 3 of lane l; round 5 the same
   // D / 4 quads as [k][l], k < 4 (values 4k .. 4k + 3 of each of its rows)
-  __shared__ float4 w_sh[8][D / 32];
+  __shared__ float4 w_sh[(SEG ? kSegRows : 1) * 8][D / 32];
+  static_assert(!SEG || kSegRows * D / 4 <= THREADS, "one weight quad per thread");
   extern __shared__ float4 v4_dyn[];
   // [warp][value j][lane], row stride 36 (see the end); in the dynamic shared memory (after the
   // ring's last use)
@@ -1515,7 +1542,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
 
   // (stored after the first x loads, `start`)
-  const float4 wq = PAIR ? pair_weight_quad<D>(a, tid) : v3_weight_quad<D>(a, tid);
+  const float4 wq = PAIR ? pair_weight_quad<D, SEG>(a, tid) : v3_weight_quad<D, SEG>(a, tid);
   // A (…, pairs, 2) fp32 table. Rotary quad k of the thread (pairs p_k, p_k + 1 in v3_row's
   // order) is one float4 at a compile-time offset from the thread's first pair: paired:
   // p_k = 8 chunk(k / 4) + 2 (k % 4), floats 16 lane_in_row + 16 LANES (k / 4) + 4 (k % 4);
@@ -1538,6 +1565,8 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   constexpr uint32_t kSlotBytes = 4 * THREADS * sizeof(uint4), kTabBytes = W * D * sizeof(float);
   auto proc = [&](int u, const uint4(&r)[4]) {
     float v[32];
+    // (u < count: a real token)
+    const int woff = seg_quad_offset<D, SEG>(a, t_first + static_cast<int64_t>(u) * W, true);
     auto as_float4 = [](uint4 t) {
       return make_float4(__uint_as_float(t.x), __uint_as_float(t.y), __uint_as_float(t.z),
                          __uint_as_float(t.w));
@@ -1549,9 +1578,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
                                           : (k < 2 ? 0 : D / 8 - 2) + 2 * lane_in_row + k;
         return as_float4(lds16u(ts32 + sizeof(float4) * pair_table_pos<ROPE>(q)));
       };
-      auto wqf = [&](int k) {
-        return lds16(&reinterpret_cast<float4(*)[LANES]>(&w_sh[0][0])[k][lane_in_row]);
-      };
+      auto wqf = [&](int k) { return lds16(&w_sh[0][0] + woff + k * LANES + lane_in_row); };
       v4_row_pair<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
     } else {
       const uint32_t ts32 = tab0 + sizeof(float) * ((u & (SLOTS - 1)) * W * D +
@@ -1561,14 +1588,14 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
                                             : 8 * LANES * (k / 2) + 4 * (k % 2);
         return as_float4(lds16u(ts32 + sizeof(float) * off));
       };
-      auto wqf = [&](int k) { return lds16(&w_sh[k][lane_in_row]); };
+      auto wqf = [&](int k) { return lds16(&w_sh[0][0] + woff + k * LANES + lane_in_row); };
       v3_row<D, BF16, ROPE, LEAN, true>(a.norm, a.eps, wqf, tq, r, v);
     }
 #pragma unroll
     for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
   };
   auto start = [&] {
-    v3_store_weight_quad<D>(tid, wq, w_sh);  // quad tid at flat index tid (either layout)
+    v3_store_weight_quad<D, SEG>(tid, wq, &w_sh[0][0]);  // quad tid at flat index tid
     __syncthreads();
   };
   {
@@ -1675,17 +1702,17 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 }
 
 // The round-4 mean kernel: 4 CTAs per SM at D = 128 (<= 128 registers), 3 at D = 64.
-template <int D, bool BF16, int ROPE, bool PAIR>
+template <int D, bool BF16, int ROPE, bool PAIR, bool SEG = false>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, PAIR>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, PAIR, SEG>(a, L, partials);
 }
 // The occupancy variant (tuning `mean_ctas` = 5; the default from kV4OccMinRows rows): one CTA
 // per SM more (5 at D = 128: <= 96 registers, 20 warps per SM; 4 at D = 64).
-template <int D, bool BF16, int ROPE, bool PAIR>
+template <int D, bool BF16, int ROPE, bool PAIR, bool SEG = false>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
     v4_mean_kernel_occ(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, PAIR>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, PAIR, SEG>(a, L, partials);
 }
 
 template <typename F>
@@ -1732,7 +1759,7 @@ bool tight_forms(const detail::PrologueCudaTuning& t) {
 // The round-4 mean kernel's coverage: per-head (or no) norm weight, full rotary with an fp32
 // (…, pairs, 2) table, or none; D 64 / 128.
 bool v4_mean_supported(const PrologueArgs& a) {
-  if (a.w_rows || a.tokens == 0) return false;
+  if ((a.w_rows && !seg_fast_ok(a)) || a.tokens == 0) return false;
   if (a.dim != 64 && a.dim != 128 && a.dim != 256) return false;
   if (!a.rotate) return true;
   if (2 * a.pairs != a.dim) return false;
@@ -1768,10 +1795,15 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
     // Round 5 (two rows per lane) or round 4: kV4DefaultPair unless `mean_round` forces one.
     const bool pair = tuning.mean_round > 0 ? tuning.mean_round == 5 : kV4DefaultPair;
-    const Kernel kernel = pair ? (occ ? v4_mean_kernel_occ<D, BF16, ROPE, true>
-                                     : v4_mean_kernel<D, BF16, ROPE, true>)
-                               : (occ ? v4_mean_kernel_occ<D, BF16, ROPE, false>
-                                      : v4_mean_kernel<D, BF16, ROPE, false>);
+    Kernel kernel =
+        pair ? (occ ? v4_mean_kernel_occ<D, BF16, ROPE, true> : v4_mean_kernel<D, BF16, ROPE, true>)
+             : (occ ? v4_mean_kernel_occ<D, BF16, ROPE, false>
+                    : v4_mean_kernel<D, BF16, ROPE, false>);
+    // Segmented weights (session 39): the round-5 form with kSegRows weight rows.
+    if constexpr (D <= 128)
+      if (a.w_rows)
+        kernel = occ ? v4_mean_kernel_occ<D, BF16, ROPE, true, true>
+                     : v4_mean_kernel<D, BF16, ROPE, true, true>;
     set_kernel_smem(kernel, smem, "norm_rope_mean", "shared memory");
     // Carve-out: what the resident CTAs need (17-42 KB each with the reserved 1 KB), the rest of
     // the SM's 256 KB stays L1 for the rotary table.
@@ -1818,13 +1850,35 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
 
 }  // namespace
 
+// Segmented weights in the quantize pass: the round-5 kernels only (their default forms), i.e.
+// the attention one call's layouts (THREAD_Q groups of kSpecQRows rows without a mean, THREAD_K
+// groups of kSpecKRows rows with one).
+bool seg_quantize_supported(const PrologueArgs& a, const detail::PrologueCudaTuning& t) {
+  if (!seg_fast_ok(a) || a.scale_eps < 0.f || a.groups <= 0) return false;
+  if (t.max_reduce > 0 || t.quant_tight > 0 || t.quant_codes > 0 || t.kpair_sync > 0 ||
+      t.kpair_probe > 0 || t.split_blocks > 0)
+    return false;  // (tuning knobs steer the kernels under A/B: the legacy path then)
+  const int group_rows = a.block / a.groups;
+  if (a.layout == ScaleLayout::thread_q && group_rows == kSpecQRows && !a.mean)
+    return t.quant_pair != detail::kPairOff;
+  if (a.layout == ScaleLayout::thread_k && group_rows == kSpecKRows && a.mean) {
+    const int mean_smem = t.mean_smem > 0 ? t.mean_smem : kV3DefaultMeanSmem;
+    const bool mean_vec =
+        reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 && a.m_sh % 4 == 0;
+    return t.quant_kpair != detail::kPairOff && kV3DefaultKPair &&
+           mean_smem != detail::kMeanSmemOff && mean_vec && a.x_sn <= INT32_MAX &&
+           a.q_sn <= INT32_MAX;
+  }
+  return false;
+}
+
 bool v3_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
   if (t.legacy) return false;
   // The mean pass: the round-4 kernel unless `mean_round` = 2 forces src/cuda/prologue.cu's.
   // (Round 3's mean kernel, slower than round 2's in GPU run 2, was deleted in session 8.)
   if (!quantize) return t.mean_round != 2 && v4_mean_supported(a);
-  if (a.w_rows) return false;
+  if (a.w_rows && !seg_quantize_supported(a, t)) return false;
   if (a.rotate && 2 * a.pairs != a.dim) return false;
   if (a.dim != 64 && a.dim != 128 && a.dim != 256) return false;
   if (a.tokens == 0) return false;  // rows past N read token 0's row (in bounds, never used)
@@ -1860,7 +1914,8 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const bool spec_q = spec_base && L.group_rows == kSpecQRows && !a.mean;
   const bool pair_on = tuning.quant_pair > 0 ? tuning.quant_pair == detail::kPairOn
                                              : a.batch * a.tokens * a.heads >= kV3PairMinRows;
-  const bool pair = pair_on && tight_forms(tuning) && spec_q;
+  // (segmented weights: round 5 at every size, the only q kernel with them)
+  const bool pair = (pair_on || a.w_rows) && tight_forms(tuning) && spec_q;
   const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
   L.mean_vec =
       a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 && a.m_sh % 4 == 0;
@@ -2017,6 +2072,18 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads>);
       else
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, 0>);
+    } else if (a.w_rows) {  // seg_quantize_supported: the default round-5 forms, D <= 128
+      if (pair) {
+        launch(v5_quantize_pair_kernel<D, BF16, ROPE, true, true>);
+      } else if (kpair && kpair_sync == detail::kSyncCta) {
+        if constexpr (D == 128)
+          launch(v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncCta, 0, true>);
+      } else if (kpair) {
+        launch(v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncTeams, 0, true>);
+      } else {
+        check::fail("norm_rope_quantize", "weight_rows",
+                    "internal: no round-5 kernel for segmented weights here");
+      }
     } else if (pair)
       launch(signed_codes ? v5_quantize_pair_kernel<D, BF16, ROPE, true>
                           : v5_quantize_pair_kernel<D, BF16, ROPE, false>);

@@ -67,6 +67,8 @@ struct Cfg {
   int quant_kpair = 0;    // CUDA: the round-5 k kernel, two tokens per lane (detail::kPair*)
   int kpair_sync = 0;     // CUDA: its group maximum's barriers (detail::kSync*)
   bool mean_no_cluster = false;  // CUDA: the legacy mean kernel without clusters (pre-sm_90 code)
+  int64_t seg_rows = 3;          // Norm::segmented: R, the weight's rows
+  bool seg_fast = false;         // CUDA: segmented weights in the fast kernels (session 39)
   std::string tag;
 };
 
@@ -97,7 +99,7 @@ class PrologueCase : public Case {
                                   : std::vector<int64_t>{c_.B, c_.N, c_.H, c_.D});
     x.fill_normal(rng, 0.3f, 2.f);
     in.push_back(std::move(x));
-    const int64_t R = 3;
+    const int64_t R = c_.seg_rows;
     HostTensor w(c_.w_dtype, c_.norm == Norm::segmented ? std::vector<int64_t>{R, c_.D}
                                                         : std::vector<int64_t>{c_.D});
     w.fill_uniform(rng, 0.25f, 2.f);
@@ -221,13 +223,13 @@ class PrologueCase : public Case {
     struct Tuning {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
-    } tuning(detail::PrologueCudaTuning{c_.legacy,         c_.heads_per_cta, c_.mean_steps,
-                                        c_.mean_round,     c_.tile_order,    c_.pdl,
-                                        c_.split_blocks,   c_.max_reduce,    c_.quant_pdl,
-                                        c_.mean_ctas,      c_.mean_smem,     c_.quant_early,
-                                        c_.quant_tight,    c_.quant_pair,    c_.quant_occ6,
-                                        c_.quant_codes,    c_.quant_kpair,
-                                        /*kpair_probe=*/0, c_.kpair_sync,    c_.mean_no_cluster});
+    } tuning(detail::PrologueCudaTuning{
+        c_.legacy,         c_.heads_per_cta, c_.mean_steps,      c_.mean_round,
+        c_.tile_order,     c_.pdl,           c_.split_blocks,    c_.max_reduce,
+        c_.quant_pdl,      c_.mean_ctas,     c_.mean_smem,       c_.quant_early,
+        c_.quant_tight,    c_.quant_pair,    c_.quant_occ6,      c_.quant_codes,
+        c_.quant_kpair,
+        /*kpair_probe=*/0, c_.kpair_sync,    c_.mean_no_cluster, c_.seg_fast});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -387,6 +389,47 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     w.B = 2, w.N = N, w.H = 2, w.norm = Norm::segmented, w.batch_table = true;
     w.layout = ScaleLayout::warp_q, w.block = 128, w.q_pad = true;
     add(w);
+  }
+  // Segmented weights (the attention one call's joint-attention norms), each case twice: the
+  // default kernels (today the first-generation ones) and `.segfast`, session 39's fast kernels
+  // forced (tuning `seg_fast`): the q path (THREAD_Q 32: the round-5 q kernel at every size), the
+  // mean pass with a (cos, sin) f32 table (round 5) and with Flux's 2 x 2 table (round 2), the
+  // fused k path (THREAD_K 64: the round-5 k kernel, its two tokens on their own rows); R = 1 .. 4
+  // rows held by the kernels, R = 5 the first-generation kernels either way.
+  auto add_seg = [&](Cfg c) {
+    add(c);
+    c.tag += ".segfast", c.seg_fast = true;
+    add(c);
+  };
+  for (int64_t N : {1, 17, 127, 1000, 4133}) {
+    for (int64_t D : {64, 128}) {
+      Cfg q;
+      q.tag = "seg.q";
+      q.N = N, q.D = D, q.H = 5, q.qkv = true, q.sm_scale = q_scale, q.norm = Norm::segmented;
+      q.seg_rows = 2 + (N + D) % 3;
+      add_seg(q);
+      Cfg m = q;
+      m.tag = "seg.mean2x2", m.mean_pass = true, m.qkv = false, m.dtype = DType::f16;
+      m.rope = RopeKind::interleaved, m.matrix_table = true, m.w_dtype = DType::f32;
+      add_seg(m);
+      m.tag = "seg.mean", m.rope = RopeKind::split, m.matrix_table = false, m.dtype = DType::bf16;
+      m.w_dtype = DType::bf16;
+      add_seg(m);
+      Cfg k = q;
+      k.tag = "seg.k", k.fused = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      k.sm_scale = 1.f, k.B = 2, k.batch_table = N == 17;
+      add_seg(k);
+    }
+  }
+  for (int64_t R : {1, 4, 5}) {
+    Cfg q;
+    q.tag = "seg.r" + std::to_string(R) + ".q";
+    q.N = 1000, q.H = 3, q.norm = Norm::segmented, q.seg_rows = R, q.sm_scale = q_scale;
+    add_seg(q);
+    Cfg k = q;
+    k.tag = "seg.r" + std::to_string(R) + ".k";
+    k.fused = true, k.layout = ScaleLayout::thread_k, k.block = 64, k.sm_scale = 1.f;
+    add_seg(k);
   }
   // Partial rotary: pairs a multiple of 8, and pairs that split a 16-byte chunk.
   for (int64_t pairs : {16, 20}) {
