@@ -69,6 +69,8 @@ struct AttentionOptions {
   // layouts, folds sm_scale into q and takes k's mean itself: `mean` must be null and sm_scale
   // 1). Tables and weight_rows follow q's / k's own tokens (cross-attention has two tables); in
   // attention_varlen their token dim is the packed one (rows of every sequence, batch 1).
+  // Segmented weights (weight_rows): their index range is read back once per call on ctx's
+  // stream (a synchronization; so such a call cannot be captured in a CUDA graph).
   // attention_int8() ignores them (its inputs are quantized already).
   const Prologue* q_prologue = nullptr;
   const Prologue* k_prologue = nullptr;

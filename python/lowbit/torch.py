@@ -378,7 +378,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale:
     of (cos, sin) or (1|B, N, 1, pairs, 2, 2) of [[cos, -sin], [sin, cos]] (Flux's freqs_cis
     layout), pairs <= D/2 (partial rotary), split-half pairing or rope_interleaved. The result
     is softmax(rope(norm(q)) rope(norm(k))^T sm_scale) v, with no normed or rotated q / k ever
-    written to memory.
+    written to memory. Weight rows are read back once per call to check their range (one
+    synchronization: such a call cannot be captured in a CUDA graph; the other options can).
     """
     if layout not in ("HND", "NHD"):
         raise ValueError(f"lowbit.torch.attention: layout: expected 'HND' or 'NHD', got "
