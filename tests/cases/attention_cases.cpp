@@ -1033,6 +1033,10 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
     n.pv = O::f16;
     cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
+    n = NormRopeCfg{};  // head dim 256 (the D = 256 kernels on both sides of the call)
+    n.s = Shape{1, 130, 130, 2, 1, 256};
+    n.causal = O::top_left;
+    cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
     for (int64_t d : {64, 128}) {  // packed sequences: tables and rows over the packed tokens
       n = NormRopeCfg{};
       n.s = Shape{1, 0, 0, 4, 2, d};
