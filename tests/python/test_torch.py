@@ -259,6 +259,43 @@ def test_attention_norm_rope_matches_rmsnorm_rope_sdpa(pv):
 
 @needs("attention")
 @needs("prologue")
+@pytest.mark.parametrize("style", ["complex", "rotate_half"])
+def test_attention_rope_tables_of_other_models(style):
+    # The two other common rotary forms, passed as docs/python.md shows: complex freqs_cis (N, D/2)
+    # multiplying (x_2p, x_2p+1) as one complex number (Wan, Qwen-Image, LLaMA-style), and
+    # cos / sin (N, D) with rotate_half (Hugging Face style: channel p pairs with p + D/2).
+    n, d = 50, 64
+    q, k, v = (randn(1, n, 2, d).bfloat16() for _ in range(3))
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * 1e-3 ** (torch.arange(d // 2) / (d // 2))
+    if style == "complex":
+        freqs = torch.polar(torch.ones_like(ang), ang)  # (N, D/2) complex128
+        table = torch.view_as_real(freqs.to(torch.complex64))[None, :, None]
+        interleaved = True
+
+        def rope(x):
+            xc = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2))
+            return torch.view_as_real(xc * freqs[None, :, None]).flatten(-2)
+    else:
+        cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)  # (N, D)
+        table = torch.stack([cos[:, :d // 2], sin[:, :d // 2]], -1).float()[None, :, None]
+        interleaved = False
+
+        def rope(x):
+            x = x.double()
+            half = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
+            return x * cos[None, :, None] + half * sin[None, :, None]
+    qr, kr = rope(q).transpose(1, 2), rope(k).transpose(1, 2)
+    ref = (torch.softmax(qr @ kr.transpose(-1, -2) / math.sqrt(d), -1)
+           @ v.double().transpose(1, 2)).transpose(1, 2)
+    out = lt.attention(q, k, v, q_rope=table, k_rope=table, rope_interleaved=interleaved)
+    cos_sim, l1 = cos_l1(out, ref)
+    assert cos_sim >= 0.999 and l1 <= 0.05, (cos_sim, l1)
+    cos_plain, _ = cos_l1(lt.attention(q, k, v), ref)
+    assert cos_plain < cos_sim - 0.01
+
+
+@needs("attention")
+@needs("prologue")
 def test_attention_varlen_norm_rope_takes_packed_tables():
     cu = [0, 30, 31, 75]
     q, k, v = (randn(75, 2, 64).bfloat16() for _ in range(3))
