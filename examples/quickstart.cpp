@@ -52,6 +52,22 @@ int main() {
   attention(make_view(q.data(), DType::f32, {B, N, H, D}), make_view(k.data(), DType::f32, {B, N, H, D}),
             make_view(v.data(), DType::f32, {B, N, H, D}), make_view(o.data(), DType::f32, {B, N, H, D}),
             nullptr, ao, ctx);
+  // ... as a DiT block: q / k RMSNorm and RoPE ((cos, sin) table, split halves) inside the call.
+  std::vector<float> table(N * (D / 2) * 2);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double a = static_cast<double>(n) * std::pow(10000.0, -2.0 * static_cast<double>(i) / D);
+      table[(n * (D / 2) + i) * 2] = static_cast<float>(std::cos(a));
+      table[(n * (D / 2) + i) * 2 + 1] = static_cast<float>(std::sin(a));
+    }
+  Rope rope{make_view(table.data(), DType::f32, {1, N, 1, D / 2, 2}), /*interleaved=*/false};
+  Prologue qk;  // the call reads its norm_weight, weight_rows, eps, rope and scale_eps
+  qk.norm_weight = &w;
+  qk.rope = &rope;
+  ao.q_prologue = ao.k_prologue = &qk;
+  attention(make_view(q.data(), DType::f32, {B, N, H, D}), make_view(k.data(), DType::f32, {B, N, H, D}),
+            make_view(v.data(), DType::f32, {B, N, H, D}), make_view(o.data(), DType::f32, {B, N, H, D}),
+            nullptr, ao, ctx);
 
   // linear: a ConvRot int8 layer (rotation, quantized weights, fused epilogue).
   const int64_t M = 5, K = 256, O = 64;
