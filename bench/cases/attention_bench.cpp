@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -35,6 +36,7 @@
 #include "lowbit/runtime.h"
 #include "src/core/prologue_internal.h"  // detail::PrologueCudaTuning (the seg_fast row)
 #include "src/cpu/attention_backend.h"  // detail::AttentionCudaTuning (the ring_cons = 3 row)
+#include "tests/harness/harness.h"      // harness::rope_table
 
 namespace lowbit {
 namespace bench {
@@ -527,17 +529,8 @@ class AttentionBench : public BenchCase {
                              const AttentionOptions& fp8, std::vector<Row>& rows) {
     const int64_t N = s.N, D = s.D, pairs = D / 2;
     Context ctx;
-    std::vector<float> table(static_cast<size_t>(N * pairs * 4));
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t p = 0; p < pairs; ++p) {
-        const double a =
-            static_cast<double>(n) * std::pow(10000.0, -static_cast<double>(p) / pairs);
-        float* t = &table[static_cast<size_t>((n * pairs + p) * 4)];
-        t[0] = static_cast<float>(std::cos(a));
-        t[1] = -static_cast<float>(std::sin(a));
-        t[2] = static_cast<float>(std::sin(a));
-        t[3] = t[0];
-      }
+    std::mt19937_64 rng(5);
+    const harness::HostTensor table = harness::rope_table(1, N, pairs, /*matrix=*/true, rng);
     std::vector<float> w(static_cast<size_t>(2 * D));
     for (int64_t i = 0; i < 2 * D; ++i) w[static_cast<size_t>(i)] = 1.f + 0.01f * (i % 7);
     std::vector<int32_t> seg(static_cast<size_t>(N));
@@ -545,7 +538,7 @@ class AttentionBench : public BenchCase {
     DeviceTensor tab = make_empty(env.device, DType::f32, {1, N, 1, pairs, 2, 2});
     DeviceTensor wt = make_empty(env.device, DType::f32, {2, D});
     DeviceTensor rw = make_empty(env.device, DType::i32, {N});
-    copy_to_device(tab.view.data, table.data(), table.size() * 4, ctx);
+    copy_to_device(tab.view.data, table.bytes.data(), table.bytes.size(), ctx);
     copy_to_device(wt.view.data, w.data(), w.size() * 4, ctx);
     copy_to_device(rw.view.data, seg.data(), seg.size() * 4, ctx);
     synchronize(ctx);

@@ -425,11 +425,15 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
                              f"{total}, got {cu}")
     out = torch.zeros_like(q)
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
+    def rows(t, a, b):  # a sequence's weight rows / table rows (None: not given)
+        return None if t is None else t[a:b]
+
+    def table(t, a, b):
+        return None if t is None else t[:, a:b]
+
     for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
         if q1 == q0 or k1 == k0:  # no rows; or no keys: zeros and -inf, as attention() gives
             continue
-        rows = lambda t, a, b: None if t is None else t[a:b]  # noqa: E731
-        table = lambda t, a, b: None if t is None else t[:, a:b]  # noqa: E731
         o, l = attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], sm_scale=sm_scale,
                          causal=causal, pv=pv, smooth_k=smooth_k, smooth_v=smooth_v,
                          return_lse=True, q_norm_weight=q_norm_weight,
@@ -456,10 +460,11 @@ def _fp8_pv_runs_on(device: torch.device) -> bool:
     """Whether lowbit's fp8 P.V runs on `device`: an sm_89+ GPU whose loaded lowbit device code is
     sm_89+ (lowbit.cuda_device_info's "code_arch"; cached per device)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _fp8_pv_runs:
+
+    def runs() -> bool:
         info = lowbit.cuda_device_info(index)
-        _fp8_pv_runs[index] = tuple(info["sm"]) >= (8, 9) and info["code_arch"] >= 89
-    return _fp8_pv_runs[index]
+        return tuple(info["sm"]) >= (8, 9) and info["code_arch"] >= 89
+    return _cached(_fp8_pv_runs, index, runs)
 
 
 def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
@@ -477,8 +482,9 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
     dropped: smooth_k (default True), smooth_v (fp8 PV only), pv_accum_dtype ("fp32+fp32" = fp8
     PV with two-level fp32 accumulation, the default where the GPU and lowbit's build have fp8
     tensor cores (sm_89+), as SageAttention's own dispatch; "fp32" = 16-bit PV with fp32
-    accumulation, the default elsewhere, e.g. on sm_80 / sm_86), qk_quant_gran ("per_thread"), quantization_backend ("triton": lowbit's
-    quantizer is bit-exact with SageAttention's Triton one). A value lowbit cannot honour, or an
+    accumulation, the default elsewhere, e.g. on sm_80 / sm_86), qk_quant_gran ("per_thread"),
+    quantization_backend ("triton": lowbit's quantizer is bit-exact with SageAttention's Triton
+    one). A value lowbit cannot honour, or an
     unknown argument, raises NotImplementedError naming it. Head dims below 64, between 64 and
     128 and between 128 and 256 are zero-padded to 64 / 128 / 256 (SageAttention pads to 64 /
     128); the output is sliced back (the zero channels change no score, and the default sm_scale

@@ -526,9 +526,9 @@ void legacy_norm_rope_mean(const PrologueArgs& a, Context& ctx) {
                "cuda grid: expected at most 65535 heads and batch items");
   const int mode = table_mode_of(a);
   // Clusters where the GPU and the device code have them, else one CTA per (batch, head).
+  const CodeArch code = code_arch();
   const bool clusters =
-      device_attribute(cudaDevAttrComputeCapabilityMajor, "norm_rope_mean") >= 9 &&
-      code_arch().ptx >= 90 && !detail::prologue_cuda_tuning().mean_no_cluster;
+      code.sm >= 90 && code.ptx >= 90 && !detail::prologue_cuda_tuning().mean_no_cluster;
   const dim3 grid(clusters ? kMeanCluster : 1, static_cast<unsigned>(a.heads),
                   static_cast<unsigned>(a.batch));
   dispatch_kernel(a, "norm_rope_mean", [&](auto d, auto bf, auto pr) {
