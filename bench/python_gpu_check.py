@@ -13,7 +13,8 @@ Sections (each reports pass/fail and never stops the others):
   stream     ops enqueued on a side stream (torch.cuda.current_stream) give the same result.
   compile    torch.compile(fullgraph=True) (inductor) of a block using sageattn + LowbitLinear:
              no graph break, same result as eager.
-  graphs     CUDA-graph capture of sageattn / LowbitLinear / decode_attention (torch.cuda.graph).
+  graphs     CUDA-graph capture of sageattn / LowbitLinear / decode_attention / attention with
+             segmented norms (check_weight_rows=False) (torch.cuda.graph).
 Exit status 0 when every check passed. `--device cpu --quick` is a dry run of the script itself on
 a machine without a GPU (stream and graphs skipped, torch.compile with the aot_eager backend).
 """
@@ -285,7 +286,13 @@ def graphs(args):
     k4 = lt.quantize_kv(kf, "int4", 4)
     seq_len = torch.full((2,), 1000, dtype=torch.int32, device=args.device)
     qd = torch.randn(2, 1, 2, 4, 128, device=args.device, dtype=torch.float16)
+    # joint attention's segmented q / k norms, weight rows unchecked (nothing read back)
+    w2 = 1 + 0.1 * torch.randn(2, 128, device=args.device)
+    rows = (torch.arange(512, device=args.device) >= 77).to(torch.int32)
+    joint = dict(layout="HND", q_norm_weight=w2, k_norm_weight=w2, q_weight_rows=rows,
+                 k_weight_rows=rows, check_weight_rows=False)
     for name, fn in (("sageattn", lambda: lt.sageattn(q, k, v)),
+                     ("attention, segmented norms", lambda: lt.attention(q, k, v, **joint)),
                      ("LowbitLinear", lambda: lin(x)),
                      ("decode_attention", lambda: lt.decode_attention(qd, k4, k4, seq_len))):
         try:

@@ -70,7 +70,8 @@ struct AttentionOptions {
   // 1). Tables and weight_rows follow q's / k's own tokens (cross-attention has two tables); in
   // attention_varlen their token dim is the packed one (rows of every sequence, batch 1).
   // Segmented weights (weight_rows): their index range is read back once per call on ctx's
-  // stream (a synchronization; so such a call cannot be captured in a CUDA graph).
+  // stream (a synchronization; so such a call cannot be captured in a CUDA graph) unless the
+  // Prologue's check_weight_rows is false (indices then clamped to the weight's rows).
   // attention_int8() ignores them (its inputs are quantized already).
   const Prologue* q_prologue = nullptr;
   const Prologue* k_prologue = nullptr;

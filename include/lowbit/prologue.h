@@ -41,6 +41,11 @@ struct Prologue {
   // (N) int32: the row of a (R, D) norm_weight each token uses (segmented weights); values in
   // [0, R).
   const TensorView* weight_rows = nullptr;
+  // Whether weight_rows' index range is checked: on CUDA read back on ctx's stream (one
+  // synchronization per call, so the call cannot be captured in a CUDA graph). false: not read,
+  // the caller vouches for the range; no synchronization, capturable; an index outside [0, R)
+  // then takes the nearest row (clamped), on both backends, and nothing reads out of bounds.
+  bool check_weight_rows = true;
   float eps = 1e-6f;
   const Rope* rope = nullptr;  // off when null
   // (B, H, D) f32, channels contiguous: subtracted after the rotation (the K smoothing mean, e.g.

@@ -248,13 +248,14 @@ class _Prologue:
     capsule is consumed by the call that takes it)."""
 
     def __init__(self, norm_weight: Optional[Tensor], weight_rows: Optional[Tensor], eps: float,
-                 rope: Optional[Tensor], interleaved: bool):
+                 rope: Optional[Tensor], interleaved: bool, check_rows: bool = True):
         self.norm_weight, self.weight_rows, self.rope = norm_weight, weight_rows, rope
-        self.eps, self.interleaved = eps, interleaved
+        self.eps, self.interleaved, self.check_rows = eps, interleaved, check_rows
 
     def kwargs(self) -> dict:
         return dict(norm_weight=_opt(self.norm_weight), weight_rows=_opt(self.weight_rows),
-                    eps=self.eps, rope=_opt(self.rope), rope_interleaved=self.interleaved)
+                    eps=self.eps, rope=_opt(self.rope), rope_interleaved=self.interleaved,
+                    check_weight_rows=self.check_rows)
 
 
 def _attention_parts(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
@@ -310,11 +311,13 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
                   q_norm_weight: Optional[Tensor], k_norm_weight: Optional[Tensor],
                   q_weight_rows: Optional[Tensor], k_weight_rows: Optional[Tensor],
                   norm_eps: float, q_rope: Optional[Tensor], k_rope: Optional[Tensor],
-                  rope_interleaved: bool) -> Tuple[Tensor, Tensor]:
+                  rope_interleaved: bool, check_weight_rows: bool) -> Tuple[Tensor, Tensor]:
     m = _module("attention", "lowbit.torch.attention")
     q, k, v = (_inner_contiguous(t) for t in (q, k, v))
-    qpro = _Prologue(q_norm_weight, q_weight_rows, norm_eps, q_rope, rope_interleaved)
-    kpro = _Prologue(k_norm_weight, k_weight_rows, norm_eps, k_rope, rope_interleaved)
+    qpro = _Prologue(q_norm_weight, q_weight_rows, norm_eps, q_rope, rope_interleaved,
+                     check_weight_rows)
+    kpro = _Prologue(k_norm_weight, k_weight_rows, norm_eps, k_rope, rope_interleaved,
+                     check_weight_rows)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     qn = _as_nhd(q, layout)
     b, n, h = qn.shape[0], qn.shape[1], qn.shape[2]
@@ -339,7 +342,7 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
              q_norm_weight=_opt(q_norm_weight), k_norm_weight=_opt(k_norm_weight),
              q_weight_rows=_opt(q_weight_rows), k_weight_rows=_opt(k_weight_rows),
              norm_eps=norm_eps, q_rope=_opt(q_rope), k_rope=_opt(k_rope),
-             rope_interleaved=rope_interleaved)
+             rope_interleaved=rope_interleaved, check_weight_rows=check_weight_rows)
     else:
         raise lowbit._error("lowbit.torch.attention", "impl",
                             f"expected 'parts' or 'library', got {impl!r}")
@@ -349,7 +352,7 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
 @_attention_op.register_fake
 def _(q, k, v, layout, sm_scale, causal, pv, smooth_k, smooth_v, return_lse, impl,
       q_norm_weight, k_norm_weight, q_weight_rows, k_weight_rows, norm_eps, q_rope, k_rope,
-      rope_interleaved):
+      rope_interleaved, check_weight_rows):
     qn = _as_nhd(q, layout)
     shape = (qn.shape[0], qn.shape[2], qn.shape[1]) if return_lse else (0,)
     return q.new_empty(q.shape), q.new_empty(shape, dtype=torch.float32)
@@ -361,7 +364,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale:
               q_norm_weight: Optional[Tensor] = None, k_norm_weight: Optional[Tensor] = None,
               q_weight_rows: Optional[Tensor] = None, k_weight_rows: Optional[Tensor] = None,
               norm_eps: float = 1e-6, q_rope: Optional[Tensor] = None,
-              k_rope: Optional[Tensor] = None, rope_interleaved: bool = False):
+              k_rope: Optional[Tensor] = None, rope_interleaved: bool = False,
+              check_weight_rows: bool = True):
     """lowbit's INT8 attention (SPEC section 2) with its own options.
 
     q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D) for layout "NHD", (B, H, N, D) for "HND"; bf16/fp16
@@ -379,7 +383,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale:
     layout), pairs <= D/2 (partial rotary), split-half pairing or rope_interleaved. The result
     is softmax(rope(norm(q)) rope(norm(k))^T sm_scale) v, with no normed or rotated q / k ever
     written to memory. Weight rows are read back once per call to check their range (one
-    synchronization: such a call cannot be captured in a CUDA graph; the other options can).
+    synchronization: such a call cannot be captured in a CUDA graph; the other options can)
+    unless check_weight_rows is False: then nothing is read back, the call is capturable, and
+    an index out of range takes the nearest row (clamped).
     """
     if layout not in ("HND", "NHD"):
         raise ValueError(f"lowbit.torch.attention: layout: expected 'HND' or 'NHD', got "
@@ -387,7 +393,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale:
     out, lse = _call("attention", q, k, v, layout, float(sm_scale), causal, pv, bool(smooth_k),
                      bool(smooth_v), bool(return_lse), impl, q_norm_weight, k_norm_weight,
                      q_weight_rows, k_weight_rows, float(norm_eps), q_rope, k_rope,
-                     bool(rope_interleaved))
+                     bool(rope_interleaved), bool(check_weight_rows))
     return (out, lse) if return_lse else out
 
 
@@ -399,7 +405,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
                      q_weight_rows: Optional[Tensor] = None,
                      k_weight_rows: Optional[Tensor] = None, norm_eps: float = 1e-6,
                      q_rope: Optional[Tensor] = None, k_rope: Optional[Tensor] = None,
-                     rope_interleaved: bool = False):
+                     rope_interleaved: bool = False, check_weight_rows: bool = True):
     """:func:`attention` on a variable-length batch (as flash-attn's varlen entry points).
 
     q (Tq, Hq, D), k/v (Tk, Hkv, D) hold n sequences packed along the tokens; cu_seqlens_q /
@@ -441,7 +447,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
                          q_weight_rows=rows(q_weight_rows, q0, q1),
                          k_weight_rows=rows(k_weight_rows, k0, k1), norm_eps=norm_eps,
                          q_rope=table(q_rope, q0, q1), k_rope=table(k_rope, k0, k1),
-                         rope_interleaved=rope_interleaved)
+                         rope_interleaved=rope_interleaved,
+                         check_weight_rows=check_weight_rows)
         out[q0:q1] = o[0]
         lse[:, q0:q1] = l[0]
     return (out, lse) if return_lse else out
@@ -529,7 +536,7 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
     out, lse = _call("attention", q, k, v, tensor_layout, float(sm_scale),
                      "top_left" if is_causal else "none", pv, smooth_k, smooth_v,
                      bool(return_lse), "library", None, None, None, None, 1e-6, None, None,
-                     False)
+                     False, True)
     if padded != head_dim:
         out = out[..., :head_dim]
     return (out, lse) if return_lse else out
@@ -541,7 +548,8 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
 def _norm_rope_quantize_op(x: Tensor, norm_weight: Optional[Tensor],
                            weight_rows: Optional[Tensor], eps: float, rope: Optional[Tensor],
                            rope_interleaved: bool, mean: Optional[Tensor], sm_scale: float,
-                           scale_eps: float, layout: str, block: int) -> Tuple[Tensor, Tensor]:
+                           scale_eps: float, layout: str, block: int,
+                           check_weight_rows: bool) -> Tuple[Tensor, Tensor]:
     m = _module("prologue", "lowbit.torch.norm_rope_quantize")
     x = _inner_contiguous(x)
     b, n, h, _ = x.shape
@@ -551,13 +559,13 @@ def _norm_rope_quantize_op(x: Tensor, norm_weight: Optional[Tensor],
     _run(m.norm_rope_quantize, x.device, to_lowbit(x), to_lowbit(q8), to_lowbit(scale),
          norm_weight=_opt(norm_weight), weight_rows=_opt(weight_rows), eps=eps, rope=_opt(rope),
          rope_interleaved=rope_interleaved, mean=_opt(mean), sm_scale=sm_scale,
-         scale_eps=scale_eps, layout=layout, block=block)
+         scale_eps=scale_eps, layout=layout, block=block, check_weight_rows=check_weight_rows)
     return q8, scale
 
 
 @_norm_rope_quantize_op.register_fake
 def _(x, norm_weight, weight_rows, eps, rope, rope_interleaved, mean, sm_scale, scale_eps,
-      layout, block):
+      layout, block, check_weight_rows):
     b, n, h, _ = x.shape
     count = _lowbit.prologue_scale_count(n, layout, block)
     return (x.new_empty(x.shape, dtype=torch.int8),
@@ -566,19 +574,20 @@ def _(x, norm_weight, weight_rows, eps, rope, rope_interleaved, mean, sm_scale, 
 
 @_op("norm_rope_mean")
 def _norm_rope_mean_op(x: Tensor, norm_weight: Optional[Tensor], weight_rows: Optional[Tensor],
-                       eps: float, rope: Optional[Tensor], rope_interleaved: bool) -> Tensor:
+                       eps: float, rope: Optional[Tensor], rope_interleaved: bool,
+                       check_weight_rows: bool) -> Tensor:
     m = _module("prologue", "lowbit.torch.norm_rope_mean")
     x = _inner_contiguous(x)
     b, _, h, d = x.shape
     mean = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
     _run(m.norm_rope_mean, x.device, to_lowbit(x), to_lowbit(mean),
          norm_weight=_opt(norm_weight), weight_rows=_opt(weight_rows), eps=eps, rope=_opt(rope),
-         rope_interleaved=rope_interleaved)
+         rope_interleaved=rope_interleaved, check_weight_rows=check_weight_rows)
     return mean
 
 
 @_norm_rope_mean_op.register_fake
-def _(x, norm_weight, weight_rows, eps, rope, rope_interleaved):
+def _(x, norm_weight, weight_rows, eps, rope, rope_interleaved, check_weight_rows):
     b, _, h, d = x.shape
     return x.new_empty((b, h, d), dtype=torch.float32)
 
@@ -587,20 +596,25 @@ def norm_rope_quantize(x: Tensor, *, norm_weight: Optional[Tensor] = None,
                        weight_rows: Optional[Tensor] = None, eps: float = 1e-6,
                        rope: Optional[Tensor] = None, rope_interleaved: bool = False,
                        mean: Optional[Tensor] = None, sm_scale: float = 1.0,
-                       scale_eps: float = 1e-7, layout: str = "per_block", block: int = 64):
+                       scale_eps: float = 1e-7, layout: str = "per_block", block: int = 64,
+                       check_weight_rows: bool = True):
     """INT8 codes (B, N, H, D) and fp32 scales (B, H, n_scales) of
-    (rope(norm(x)) - mean) * sm_scale for x (B, N, H, D) (SPEC section 1)."""
+    (rope(norm(x)) - mean) * sm_scale for x (B, N, H, D) (SPEC section 1). weight_rows (N)
+    int32 with a (R, D) norm_weight: segmented weights, their range read back (one
+    synchronization) unless check_weight_rows is False (then clamped to [0, R))."""
     return _call("norm_rope_quantize", x, norm_weight, weight_rows, float(eps), rope,
                  bool(rope_interleaved), mean, float(sm_scale), float(scale_eps), layout,
-                 int(block))
+                 int(block), bool(check_weight_rows))
 
 
 def norm_rope_mean(x: Tensor, *, norm_weight: Optional[Tensor] = None,
                    weight_rows: Optional[Tensor] = None, eps: float = 1e-6,
-                   rope: Optional[Tensor] = None, rope_interleaved: bool = False) -> Tensor:
-    """The (B, H, D) fp32 mean over tokens of rope(norm(x)), x (B, N, H, D)."""
+                   rope: Optional[Tensor] = None, rope_interleaved: bool = False,
+                   check_weight_rows: bool = True) -> Tensor:
+    """The (B, H, D) fp32 mean over tokens of rope(norm(x)), x (B, N, H, D) (norm_rope_quantize's
+    norm and rope arguments)."""
     return _call("norm_rope_mean", x, norm_weight, weight_rows, float(eps), rope,
-                 bool(rope_interleaved))
+                 bool(rope_interleaved), bool(check_weight_rows))
 
 
 # ---- quantized linear layers --------------------------------------------------------------------

@@ -61,9 +61,10 @@ struct PrologueParts {
   PrologueParts(const PrologueParts&) = delete;
   PrologueParts& operator=(const PrologueParts&) = delete;
 };
+// check_weight_rows: Prologue::check_weight_rows.
 void fill_prologue(Args& args, PrologueParts& pa, nb::handle norm_weight, nb::handle weight_rows,
                    float eps, nb::handle rope, bool rope_interleaved, nb::handle mean,
-                   const char* prefix = "");
+                   const char* prefix = "", bool check_weight_rows = true);
 // Whether any of a prologue's parts was given.
 inline bool any_prologue(const PrologueParts& pa) {
   return pa.p.norm_weight || pa.p.rope || pa.p.weight_rows || pa.p.mean;

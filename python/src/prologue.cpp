@@ -23,7 +23,7 @@ const std::pair<const char*, ScaleLayout> kLayouts[] = {
 
 void fill_prologue(Args& args, PrologueParts& pa, nb::handle norm_weight, nb::handle weight_rows,
                    float eps, nb::handle rope, bool rope_interleaved, nb::handle mean,
-                   const char* prefix) {
+                   const char* prefix, bool check_weight_rows) {
   const std::string pre(prefix);
   if (auto w = args.in_opt(norm_weight, (pre + "norm_weight").c_str())) {
     pa.norm_weight = *w;
@@ -33,6 +33,7 @@ void fill_prologue(Args& args, PrologueParts& pa, nb::handle norm_weight, nb::ha
     pa.weight_rows = *r;
     pa.p.weight_rows = &pa.weight_rows;
   }
+  pa.p.check_weight_rows = check_weight_rows;
   pa.p.eps = eps;
   if (auto t = args.in_opt(rope, (pre + "rope").c_str())) {
     pa.rope.table = *t;
@@ -72,33 +73,38 @@ void bind_prologue(nb::module_& m) {
   m.def(
       "norm_rope_mean",
       [](nb::handle x, nb::handle mean_out, nb::handle norm_weight, nb::handle weight_rows,
-         float eps, nb::handle rope, bool rope_interleaved, uintptr_t stream, int threads) {
+         float eps, nb::handle rope, bool rope_interleaved, bool check_weight_rows,
+         uintptr_t stream, int threads) {
         Args args("norm_rope_mean");
         TensorView xv = args.in(x, "x");
         TensorView mv = args.out(mean_out, "mean_out");
         PrologueParts pa;
         fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved,
-                      nb::none());
+                      nb::none(), "", check_weight_rows);
         Context ctx = make_context(stream, threads);
         nb::gil_scoped_release release;
         norm_rope_mean(xv, pa.p, mv, ctx);
       },
       nb::arg("x"), nb::arg("mean_out"), nb::kw_only(), nb::arg("norm_weight") = nb::none(),
       nb::arg("weight_rows") = nb::none(), nb::arg("eps") = 1e-6f, nb::arg("rope") = nb::none(),
-      nb::arg("rope_interleaved") = false, nb::arg("stream") = 0, nb::arg("threads") = 0,
-      "mean_out (B, H, D) f32 = mean over tokens of rope(norm(x)); x (B, N, H, D).");
+      nb::arg("rope_interleaved") = false, nb::arg("check_weight_rows") = true,
+      nb::arg("stream") = 0, nb::arg("threads") = 0,
+      "mean_out (B, H, D) f32 = mean over tokens of rope(norm(x)); x (B, N, H, D). "
+      "check_weight_rows False: weight_rows' range is not read back (no synchronization; an "
+      "index out of range takes the nearest row).");
   m.def(
       "norm_rope_quantize",
       [](nb::handle x, nb::handle q_out, nb::handle scale_out, nb::handle norm_weight,
          nb::handle weight_rows, float eps, nb::handle rope, bool rope_interleaved,
          nb::handle mean, float sm_scale, float scale_eps, const std::string& layout, int block,
-         uintptr_t stream, int threads) {
+         bool check_weight_rows, uintptr_t stream, int threads) {
         Args args("norm_rope_quantize");
         TensorView xv = args.in(x, "x");
         TensorView qv = args.out(q_out, "q_out");
         TensorView sv = args.out(scale_out, "scale_out");
         PrologueParts pa;
-        fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved, mean);
+        fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved, mean, "",
+                      check_weight_rows);
         set_quantize(pa, "norm_rope_quantize", sm_scale, scale_eps, layout, block);
         Context ctx = make_context(stream, threads);
         nb::gil_scoped_release release;
@@ -108,8 +114,8 @@ void bind_prologue(nb::module_& m) {
       nb::arg("norm_weight") = nb::none(), nb::arg("weight_rows") = nb::none(),
       nb::arg("eps") = 1e-6f, nb::arg("rope") = nb::none(), nb::arg("rope_interleaved") = false,
       nb::arg("mean") = nb::none(), nb::arg("sm_scale") = 1.f, nb::arg("scale_eps") = 1e-7f,
-      nb::arg("layout") = "per_block", nb::arg("block") = 64, nb::arg("stream") = 0,
-      nb::arg("threads") = 0,
+      nb::arg("layout") = "per_block", nb::arg("block") = 64,
+      nb::arg("check_weight_rows") = true, nb::arg("stream") = 0, nb::arg("threads") = 0,
       "INT8 codes q_out (B, N, H, D) and f32 scales scale_out (B, H, prologue_scale_count) of "
       "(rope(norm(x)) - mean) * sm_scale (SPEC section 1).");
   m.def(
@@ -117,7 +123,7 @@ void bind_prologue(nb::module_& m) {
       [](nb::handle x, nb::handle mean_out, nb::handle q_out, nb::handle scale_out,
          nb::handle norm_weight, nb::handle weight_rows, float eps, nb::handle rope,
          bool rope_interleaved, float sm_scale, float scale_eps, const std::string& layout,
-         int block, uintptr_t stream, int threads) {
+         int block, bool check_weight_rows, uintptr_t stream, int threads) {
         Args args("norm_rope_mean_quantize");
         TensorView xv = args.in(x, "x");
         TensorView mv = args.out(mean_out, "mean_out");
@@ -125,7 +131,7 @@ void bind_prologue(nb::module_& m) {
         TensorView sv = args.out(scale_out, "scale_out");
         PrologueParts pa;
         fill_prologue(args, pa, norm_weight, weight_rows, eps, rope, rope_interleaved,
-                      nb::none());
+                      nb::none(), "", check_weight_rows);
         set_quantize(pa, "norm_rope_mean_quantize", sm_scale, scale_eps, layout, block);
         Context ctx = make_context(stream, threads);
         nb::gil_scoped_release release;
@@ -135,7 +141,8 @@ void bind_prologue(nb::module_& m) {
       nb::arg("norm_weight") = nb::none(), nb::arg("weight_rows") = nb::none(),
       nb::arg("eps") = 1e-6f, nb::arg("rope") = nb::none(), nb::arg("rope_interleaved") = false,
       nb::arg("sm_scale") = 1.f, nb::arg("scale_eps") = 1e-7f, nb::arg("layout") = "thread_k",
-      nb::arg("block") = 64, nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("block") = 64, nb::arg("check_weight_rows") = true, nb::arg("stream") = 0,
+      nb::arg("threads") = 0,
       "The k path in one call: mean_out (B, H, D) f32 = norm_rope_mean(x), then q_out and "
       "scale_out as norm_rope_quantize(x, mean=mean_out) (the same bits as the two calls).");
 }

@@ -132,12 +132,13 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
       check::not_null(op, "weight_rows", r);
       check::same_device(op, "weight_rows", r, "x", x);
       // Index range: every row must name a row of the weight (on CUDA read back on the caller's
-      // stream: one synchronization per call that checks them).
+      // stream: one synchronization per call that checks them), unless the caller vouches for
+      // it (check_weight_rows false: the kernels clamp each index to [0, R)).
       const int64_t rs = r.stride[0];
       if (r.device == Device::cuda)
         LOWBIT_CHECK(rs == 1 || N == 1, op, "weight_rows",
                      "stride on cuda: expected 1, got " + std::to_string(rs));
-      if (rows_ctx) {
+      if (rows_ctx && p.check_weight_rows) {
         std::vector<int32_t> rows(static_cast<size_t>(N));
         if (r.device == Device::cuda) {
           copy_to_host(rows.data(), r.data, rows.size() * sizeof(int32_t), *rows_ctx);

@@ -347,7 +347,8 @@ void check_qk_prologues(const char* op, const TensorView& q, const TensorView& k
   if (q_checked)
     detail::check_prologue_inputs(op, "options.q_prologue", q, *o.q_prologue, rows_ctx);
   if (o.k_prologue && k.shape[1] > 0) {
-    const bool shared = q_checked && same_weight_rows(*o.q_prologue, *o.k_prologue);
+    const bool shared = q_checked && o.q_prologue->check_weight_rows &&
+                        same_weight_rows(*o.q_prologue, *o.k_prologue);
     detail::check_prologue_inputs(op, "options.k_prologue", k, *o.k_prologue,
                                   shared ? nullptr : rows_ctx);
   }
@@ -358,6 +359,7 @@ void take_norm_rope(const Prologue* from, Prologue& to) {
   if (!from) return;
   to.norm_weight = from->norm_weight;
   to.weight_rows = from->weight_rows;
+  to.check_weight_rows = from->check_weight_rows;
   to.eps = from->eps;
   to.rope = from->rope;
   to.scale_eps = from->scale_eps;

@@ -3,6 +3,7 @@
 // split the (batch, head, block) units (the fused k path: (batch, head), whose rows it computes
 // once for the mean and the codes). The row loops are compiled for x86-64-v3 too (cpu_clones.h:
 // std::fma as one instruction; the same bits).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -59,7 +60,9 @@ LOWBIT_CLONES_FMA void row_values(const PrologueArgs& a, int64_t b, int64_t n, i
   if (a.norm) {
     const float inv =
         rsqrt_rn(sum_of_squares(x, D, s.part.data()) / static_cast<float>(D) + a.eps);
-    const int64_t wr = a.w_rows ? static_cast<int64_t>(a.w_rows[n * a.w_rows_s]) : 0;
+    // (clamped to the weight's rows: an unchecked index out of range takes the nearest row)
+    const int64_t wr =
+        a.w_rows ? std::clamp<int64_t>(a.w_rows[n * a.w_rows_s], 0, a.w_count - 1) : 0;
     if (wr != s.w_row) {
       rows::load(a.w, wr * a.w_sr, a.w_dtype, D, s.w.data());
       s.w_row = wr;

@@ -77,7 +77,7 @@ __device__ __forceinline__ void row_values(const PrologueArgs& a, int table_mode
     static_assert((D & (D - 1)) == 0, "D must be a power of two");
     inv = norm_rsqrt(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), a.eps));
     if (a.w_rows) {
-      wo = ok ? static_cast<int64_t>(__ldg(a.w_rows + n * a.w_rows_s)) * a.w_sr : 0;
+      wo = ok ? static_cast<int64_t>(seg_row(a, n)) * a.w_sr : 0;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const int c = (j < 8 ? ch0 : ch1) + (j & 7);

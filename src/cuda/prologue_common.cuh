@@ -342,12 +342,18 @@ inline int table_mode_of(const PrologueArgs& a) {
   return kTableScalar;
 }
 
+// Token n's weight row (segmented weights), clamped to [0, R): an index the caller vouched for
+// (check_weight_rows false) but out of range takes the nearest row, never reads out of bounds.
+__device__ __forceinline__ int seg_row(const PrologueArgs& a, int64_t n) {
+  return min(max(__ldg(a.w_rows + n * a.w_rows_s), 0), static_cast<int>(a.w_count) - 1);
+}
+
 // SEG (segmented weights in the fast kernels): token n's weight row as a quad offset into a
 // kernel's kSegRows rows of D / 4 weight quads (0 without segments or for a token past N).
 template <int D, bool SEG>
 __device__ __forceinline__ int seg_quad_offset(const PrologueArgs& a, int64_t n, bool ok) {
   if (!SEG || !ok) return 0;
-  return (D / 4) * __ldg(a.w_rows + n * a.w_rows_s);
+  return (D / 4) * seg_row(a, n);
 }
 
 }  // namespace

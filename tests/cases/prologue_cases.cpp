@@ -69,6 +69,8 @@ struct Cfg {
   bool mean_no_cluster = false;  // CUDA: the legacy mean kernel without clusters (pre-sm_90 code)
   int64_t seg_rows = 3;          // Norm::segmented: R, the weight's rows
   bool seg_fast = false;         // CUDA: segmented weights in the fast kernels (session 39)
+  bool unchecked_rows = false;   // weight_rows not checked (check_weight_rows false), some out of
+                                 // range: every backend clamps them to [0, R)
   std::string tag;
 };
 
@@ -106,6 +108,9 @@ class PrologueCase : public Case {
     in.push_back(std::move(w));
     HostTensor rows(DType::i32, {c_.N});
     for (int64_t n = 0; n < c_.N; ++n) rows.as<int32_t>()[n] = static_cast<int32_t>((n * 7 / 5) % R);
+    if (c_.unchecked_rows)  // every third token out of range, below and above
+      for (int64_t n = 0; n < c_.N; n += 3)
+        rows.as<int32_t>()[n] = n % 2 ? static_cast<int32_t>(R + n % 5) : -1 - static_cast<int32_t>(n % 7);
     in.push_back(std::move(rows));
     const int64_t tb = c_.batch_table ? c_.B : 1;
     std::vector<int64_t> ts = {tb, c_.N, 1, c_.pairs, 2};
@@ -213,6 +218,7 @@ class PrologueCase : public Case {
     Prologue p;
     if (c_.norm != Norm::none) p.norm_weight = &in[1];
     if (c_.norm == Norm::segmented) p.weight_rows = &in[2];
+    p.check_weight_rows = !c_.unchecked_rows;
     if (c_.rope != RopeKind::none) p.rope = &rope;
     if (c_.mean) p.mean = &in[4];
     p.sm_scale = c_.sm_scale;
@@ -430,6 +436,25 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     k.tag = "seg.r" + std::to_string(R) + ".k";
     k.fused = true, k.layout = ScaleLayout::thread_k, k.block = 64, k.sm_scale = 1.f;
     add_seg(k);
+  }
+  // Unchecked weight rows (check_weight_rows false, the graph-capturable form) with indices out
+  // of range: clamped to [0, R) by every kernel (the CPU's clamp is the reference).
+  for (int64_t D : {64, 128}) {
+    Cfg q;
+    q.tag = "seg.unchecked.q";
+    q.N = 301, q.D = D, q.H = 3, q.norm = Norm::segmented, q.seg_rows = 3, q.unchecked_rows = true;
+    q.sm_scale = q_scale;
+    add_seg(q);
+    Cfg m = q;
+    m.tag = "seg.unchecked.mean", m.mean_pass = true, m.rope = RopeKind::split;
+    add_seg(m);
+    Cfg k = q;
+    k.tag = "seg.unchecked.k", k.fused = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+    k.sm_scale = 1.f, k.rope = RopeKind::interleaved;
+    add_seg(k);
+    Cfg st = q;
+    st.tag = "seg.unchecked", st.store = true;
+    add(st);
   }
   // Partial rotary: pairs a multiple of 8, and pairs that split a 16-byte chunk.
   for (int64_t pairs : {16, 20}) {

@@ -158,12 +158,12 @@ def test_opcheck_attention():
     for impl in ("parts", "library"):
         torch.library.opcheck(torch.ops.lowbit.attention.default,
                               (q, k, v, "HND", 0.125, "top_left", "f16", True, False, True,
-                               impl, None, None, None, None, 1e-6, None, None, False))
+                               impl, None, None, None, None, 1e-6, None, None, False, True))
     # with q / k norm weights and rope tables
     w, pe = 1 + randn(64), _flux_pe(16, 64).transpose(1, 2).float()
     torch.library.opcheck(torch.ops.lowbit.attention.default,
                           (q, q, q, "HND", 0.125, "none", "fp8", True, False, False, "library",
-                           w, w, None, None, 1e-6, pe, pe, True))
+                           w, w, None, None, 1e-6, pe, pe, True, True))
 
 
 @needs("attention")
@@ -311,6 +311,32 @@ def test_attention_varlen_norm_rope_takes_packed_tables():
 
 
 @needs("attention")
+@needs("prologue")
+def test_attention_unchecked_weight_rows_clamp():
+    # Joint attention's segmented norms: text tokens take row 0, image tokens row 1. With
+    # check_weight_rows=False nothing is read back (CUDA-graph capturable) and an index out of
+    # range takes the nearest row; checked, it is an error naming the argument.
+    n, d = 40, 64
+    q, k, v = (randn(1, n, 2, d).bfloat16() for _ in range(3))
+    w = 1 + 0.3 * randn(2, d)
+    rows = (torch.arange(n) >= 9).to(torch.int32)
+    bad = rows.clone()
+    bad[3], bad[30] = -4, 7
+    kw = dict(q_norm_weight=w, k_norm_weight=w)
+    want = lt.attention(q, k, v, q_weight_rows=rows.clamp(0, 1), k_weight_rows=bad.clamp(0, 1),
+                        **kw)
+    for impl in ("library", "parts"):
+        got = lt.attention(q, k, v, q_weight_rows=rows, k_weight_rows=bad, impl=impl,
+                           check_weight_rows=False, **kw)
+        torch.testing.assert_close(got, want, atol=2e-3 if impl == "parts" else 0, rtol=0)
+        with pytest.raises(lowbit.Error, match="weight_rows"):
+            lt.attention(q, k, v, q_weight_rows=rows, k_weight_rows=bad, impl=impl, **kw)
+    torch.library.opcheck(torch.ops.lowbit.attention.default,
+                          (q, k, v, "NHD", 0.0, "none", "fp8", True, False, False, "library",
+                           w, w, rows, bad, 1e-6, None, None, False, False))
+
+
+@needs("attention")
 def test_compile_fullgraph_attention():
     torch._dynamo.reset()
     q, k, v = randn(1, 2, 32, 64), randn(1, 2, 32, 64), randn(1, 2, 32, 64)
@@ -335,7 +361,7 @@ def test_prologue_ops_vs_numpy_path():
     mean = lt.norm_rope_mean(x, norm_weight=torch.ones(32))
     assert mean.shape == (1, 2, 32)
     torch.library.opcheck(torch.ops.lowbit.norm_rope_quantize.default,
-                          (x, None, None, 1e-6, None, False, None, 1.0, 1e-7, "per_block", 64))
+                          (x, None, None, 1e-6, None, False, None, 1.0, 1e-7, "per_block", 64, True))
 
 
 # ---- linear -------------------------------------------------------------------------------------

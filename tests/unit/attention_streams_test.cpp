@@ -282,6 +282,52 @@ TEST(AttentionStreams, QuantizeAfterAnEventWaitReadsTheNewInput) {
   cudaStreamDestroy(b);
 }
 
+// Joint attention's segmented q / k norms (two weight rows: text tokens, then image tokens)
+// with check_weight_rows false: no read-back, so the call captures in a CUDA graph, and its
+// replays give the bits of the eager call that checks the rows.
+TEST(AttentionStreams, UncheckedWeightRowsCaptureInAGraph) {
+  if (!built_with_cuda() || cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  cudaStream_t own = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
+  Context ctx;
+  ctx.cuda_stream = own;
+  Problem p(AttentionOptions::fp8);
+  Buffer w(Device::cuda, 2 * D * 2), rows(Device::cuda, N * 4);
+  {
+    std::mt19937_64 rng(5);
+    HostTensor wh(DType::bf16, {2, D});
+    wh.fill_uniform(rng, 0.25f, 2.f);
+    copy_to_device(w.data(), wh.bytes.data(), wh.bytes.size(), ctx);
+    std::vector<int32_t> rh(N);
+    for (int64_t n = 0; n < N; ++n) rh[n] = n < 77 ? 0 : 1;
+    copy_to_device(rows.data(), rh.data(), rh.size() * 4, ctx);
+  }
+  const TensorView wv = make_view(w.data(), DType::bf16, {2, D}, Device::cuda);
+  const TensorView rv = make_view(rows.data(), DType::i32, {N}, Device::cuda);
+  Prologue qk;
+  qk.norm_weight = &wv;
+  qk.weight_rows = &rv;
+  p.options.q_prologue = &qk;
+  p.options.k_prologue = &qk;
+  p.run(ctx);
+  const std::vector<uint8_t> want = p.output(ctx);
+  qk.check_weight_rows = false;
+  for (int form = 0; form < 2; ++form) {
+    SCOPED_TRACE(form == 0 ? "caller's workspace" : "own workspace");
+    auto call = [&] {
+      if (form == 0)
+        p.run(ctx);
+      else
+        attention(p.qv, p.kv, p.vv, p.ov, nullptr, p.options, ctx);
+    };
+    p.clear(ctx);
+    capture_and_replay(ctx, call, 2);
+    EXPECT_EQ(p.output(ctx), want) << "graph replays";
+  }
+  cudaStreamDestroy(own);
+}
+
 #else
 TEST(AttentionStreams, SideStreamsKeepTheBitsOfTheSerialOrder) {
   GTEST_SKIP() << "lowbit was built without its CUDA backend";

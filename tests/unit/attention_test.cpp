@@ -692,6 +692,21 @@ TEST(Attention, OneCallPrologueErrorsNameTheArgumentAndWriteNothing) {
   rq.set(Nq - 1, 1.f);
   rk.set(3, -1.f);
   expect_error("options.k_prologue.weight_rows", pq, pk);
+  // Unchecked (check_weight_rows false, the graph-capturable form): no error, each index out of
+  // range takes the nearest row, as the same rows clamped by hand and checked.
+  rq.set(Nq - 1, 2.f);
+  pq.check_weight_rows = pk.check_weight_rows = false;
+  AttentionOptions unchecked;
+  unchecked.q_prologue = &pq;
+  unchecked.k_prologue = &pk;
+  HostTensor clamped_out(DType::bf16, {B, Nq, Hq, D});
+  attention(in.q.view(), in.k.view(), in.v.view(), clamped_out.view(), nullptr, unchecked, ctx);
+  rq.set(Nq - 1, 1.f);
+  rk.set(3, 0.f);
+  pq.check_weight_rows = pk.check_weight_rows = true;
+  HostTensor by_hand(DType::bf16, {B, Nq, Hq, D});
+  attention(in.q.view(), in.k.view(), in.v.view(), by_hand.view(), nullptr, unchecked, ctx);
+  EXPECT_EQ(clamped_out.bytes, by_hand.bytes);
   // The valid call writes.
   AttentionOptions opt;
   opt.q_prologue = &in.pq;

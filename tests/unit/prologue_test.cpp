@@ -310,6 +310,45 @@ TEST(prologue, segmented_norm_weights) {
   for (int c = 0; c < D; ++c) EXPECT_EQ(m[c], 7.f / 3.f);  // (3 + 1 + 3) / 3
 }
 
+void expect_error_on(const char* arg, const char* text, const std::function<void()>& call);
+
+// check_weight_rows false: no range check (no read-back on CUDA), an index out of range takes
+// the nearest row: -5 -> row 0, 3 and 9 -> row 2 (weights 1, 2, 3 by row).
+TEST(prologue, unchecked_weight_rows_clamp_to_the_nearest_row) {
+  const int D = 16;
+  Act x(1, 4, 1, D, 1.f);
+  std::vector<float> w(3 * D);
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < D; ++c) w[r * D + c] = static_cast<float>(r + 1);
+  TensorView wv = make_view(w.data(), DType::f32, {3, D});
+  std::vector<int32_t> rows = {-5, 3, 9, 1};
+  TensorView rv = make_view(rows.data(), DType::i32, {4});
+  Prologue p;
+  p.norm_weight = &wv;
+  p.weight_rows = &rv;
+  p.eps = 0.f;
+  std::vector<float> m(D, -1.f);
+  TensorView mv = make_view(m.data(), DType::f32, {1, 1, D});
+  Context ctx;
+  expect_error_on("weight_rows", "token 0: expected a row in [0, 3), got -5",
+                  [&] { norm_rope_mean(x.view, p, mv, ctx); });
+  for (float v : m) ASSERT_EQ(v, -1.f);
+  p.check_weight_rows = false;
+  norm_rope_mean(x.view, p, mv, ctx);
+  for (int c = 0; c < D; ++c) EXPECT_EQ(m[c], 9.f / 4.f);  // (1 + 3 + 3 + 2) / 4
+  // The same codes as the same rows clamped by hand and checked (rows of varied values).
+  for (size_t i = 0; i < x.data.size(); ++i) x.data[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+  Quantized a(1, 4, 1, D, ScaleLayout::per_block, 8), b(1, 4, 1, D, ScaleLayout::per_block, 8);
+  norm_rope_quantize(x.view, p, a.qv, a.sv, ctx);
+  std::vector<int32_t> clamped = {0, 2, 2, 1};
+  TensorView cv = make_view(clamped.data(), DType::i32, {4});
+  p.weight_rows = &cv;
+  p.check_weight_rows = true;
+  norm_rope_quantize(x.view, p, b.qv, b.sv, ctx);
+  EXPECT_EQ(a.q, b.q);
+  EXPECT_EQ(a.scale, b.scale);
+}
+
 // cos = 0, sin = 1: a quarter turn. Split halves: out[p] = -y[p + P], out[p + P] = y[p].
 TEST(prologue, rope_quarter_turn_split_interleaved_matrix_partial) {
   const int D = 16;
