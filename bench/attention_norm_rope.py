@@ -8,8 +8,10 @@ attention without them).
 Configurations: Flux (1, 24 heads, 4608 tokens, D 128; Flux's rotary table (1, 1, N, 64, 2, 2),
 interleaved pairs, passed to lowbit as pe.transpose(1, 2)), the same at 16384 tokens (a larger
 image), Qwen-Image-like joint attention (segmented norms: the text tokens' and the image tokens'
-own weights, lowbit's weight rows), and a video DiT shape (1, 40 heads, 32760 tokens, split-half
-(cos, sin) table). Times: the median of CUDA-event timings with an L2 flush before each call
+own weights, lowbit's weight rows), a video DiT shape (1, 40 heads, 32760 tokens, split-half
+(cos, sin) table), and Wan 2.1 14B 720p's block (40 heads, 32760 tokens: q / k RMSNorm over all
+heads (RMSNorm(5120) before the head split; lowbit's norm_scope="token") and the complex rotary
+on pairs (2p, 2p + 1)). Times: the median of CUDA-event timings with an L2 flush before each call
 (bench/_torch_timing.py). Accuracy: each path's output against the fp32 chain (F.rms_norm, the
 rotation and SDPA's math backend in fp32), cos and relative L1, on N(0, 1) inputs.
 
@@ -21,13 +23,15 @@ import sys
 
 import _torch_timing  # (bench/_torch_timing.py)
 
-# (name, heads, tokens, D, table: "flux" (2 x 2, interleaved) or "split" ((cos, sin), halves),
-#  text tokens with their own norm weights (0: one weight))
+# (name, heads, tokens, D, table: "flux" (2 x 2, interleaved), "split" ((cos, sin), halves) or
+#  "complex" ((cos, sin), interleaved: Wan's freqs), text tokens with their own norm weights
+#  (0: one weight), norm scope: "head" (per-head RMSNorm) or "token" (over all heads: Wan))
 CONFIGS = [
-    ("Flux 1024^2 (24 heads, 4608 tokens)", 24, 4608, 128, "flux", 0),
-    ("Flux 2048^2 (24 heads, 16384 tokens)", 24, 16384, 128, "flux", 0),
-    ("joint text + image, segmented norms", 24, 4608, 128, "flux", 512),
-    ("video DiT (40 heads, 32760 tokens)", 40, 32760, 128, "split", 0),
+    ("Flux 1024^2 (24 heads, 4608 tokens)", 24, 4608, 128, "flux", 0, "head"),
+    ("Flux 2048^2 (24 heads, 16384 tokens)", 24, 16384, 128, "flux", 0, "head"),
+    ("joint text + image, segmented norms", 24, 4608, 128, "flux", 512, "head"),
+    ("video DiT (40 heads, 32760 tokens)", 40, 32760, 128, "split", 0, "head"),
+    ("Wan 14B 720p, norm over all heads", 40, 32760, 128, "complex", 0, "token"),
 ]
 
 
@@ -58,10 +62,18 @@ def main() -> int:
             x_ = x.float().reshape(*x.shape[:-1], -1, 1, 2)
             return (pe[..., 0] * x_[..., 0] + pe[..., 1] * x_[..., 1]).reshape(x.shape).type_as(x)
         c, s = pe[0, :, 0, :, 0], pe[0, :, 0, :, 1]  # (N, D/2)
+        if kind == "complex":  # Wan's rope_apply: (x_2p + i x_2p+1) * (cos + i sin)
+            x_ = x.float().reshape(*x.shape[:-1], -1, 2)
+            x0, x1 = x_[..., 0], x_[..., 1]
+            return torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1).flatten(-2).type_as(x)
         x1, x2 = x.float().chunk(2, -1)
         return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], -1).type_as(x)
 
-    def norm_torch(x, w, rows):  # per-head RMSNorm; rows: (N) indices into w (R, D) or None
+    def norm_torch(x, w, rows, scope="head"):  # rows: (N) indices into w (R, D) or None
+        if scope == "token":  # over all heads of a token (Wan's WanRMSNorm(dim)), w (H*D)
+            b, h, n, d = x.shape
+            y = F.rms_norm(x.transpose(1, 2).reshape(b, n, h * d), (h * d,), w, 1e-6)
+            return y.reshape(b, n, h, d).transpose(1, 2)
         if rows is None:
             return F.rms_norm(x, (x.shape[-1],), w, 1e-6)
         return F.rms_norm(x, (x.shape[-1],), None, 1e-6) * w[rows][None, None].to(x.dtype)
@@ -69,44 +81,45 @@ def main() -> int:
     rows_out = []
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
     print(f"{'configuration':40} {'path':44} {'ms':>8} {'x torch':>8}  accuracy vs fp32")
-    for (name, h, n, d, kind, text) in CONFIGS:
+    for (name, h, n, d, kind, text, scope) in CONFIGS:
         g = torch.Generator(device=dev).manual_seed(1234)
         q, k, v = (torch.randn(1, h, n, d, device=dev, dtype=torch.bfloat16, generator=g)
                    for _ in range(3))
         nw = 2 if text else 1
-        w_q = (1 + 0.3 * torch.randn(nw, d, device=dev, generator=g)).bfloat16()
-        w_k = (1 + 0.3 * torch.randn(nw, d, device=dev, generator=g)).bfloat16()
+        wd = h * d if scope == "token" else d
+        w_q = (1 + 0.3 * torch.randn(nw, wd, device=dev, generator=g)).bfloat16()
+        w_k = (1 + 0.3 * torch.randn(nw, wd, device=dev, generator=g)).bfloat16()
         rows = None
         if text:  # the first `text` tokens use row 1 (the text stream's norm), the rest row 0
             rows = (torch.arange(n, device=dev) < text).to(torch.int32)
         wq, wk = (w_q, w_k) if text else (w_q[0], w_k[0])
         pe = tables(n, d, kind)
         lt_table = pe.transpose(1, 2) if kind == "flux" else pe
-        inter = kind == "flux"
+        inter = kind in ("flux", "complex")
 
         def torch_chain():
-            qn = rope_torch(norm_torch(q, wq, rows), pe, kind)
-            kn = rope_torch(norm_torch(k, wk, rows), pe, kind)
+            qn = rope_torch(norm_torch(q, wq, rows, scope), pe, kind)
+            kn = rope_torch(norm_torch(k, wk, rows, scope), pe, kind)
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(qn, kn, v)
 
         def half_way():
-            qn = rope_torch(norm_torch(q, wq, rows), pe, kind)
-            kn = rope_torch(norm_torch(k, wk, rows), pe, kind)
+            qn = rope_torch(norm_torch(q, wq, rows, scope), pe, kind)
+            kn = rope_torch(norm_torch(k, wk, rows, scope), pe, kind)
             return lt.attention(qn, kn, v, layout="HND")
 
         def fused():
             return lt.attention(q, k, v, layout="HND", q_norm_weight=wq, k_norm_weight=wk,
                                 q_weight_rows=rows, k_weight_rows=rows, q_rope=lt_table,
-                                k_rope=lt_table, rope_interleaved=inter)
+                                k_rope=lt_table, rope_interleaved=inter, norm_scope=scope)
 
         def attention_only():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(q, k, v)
 
         # fp32 reference of the whole block
-        qf = rope_torch(norm_torch(q.float(), wq.float(), rows), pe, kind)
-        kf = rope_torch(norm_torch(k.float(), wk.float(), rows), pe, kind)
+        qf = rope_torch(norm_torch(q.float(), wq.float(), rows, scope), pe, kind)
+        kf = rope_torch(norm_torch(k.float(), wk.float(), rows, scope), pe, kind)
         ref = torch.empty(1, h, n, d, device=dev)
         with sdpa_kernel(SDPBackend.MATH):
             step = 4 if n <= 16384 else 1  # the math backend's n x n fp32 scores per head

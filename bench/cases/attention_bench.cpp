@@ -523,7 +523,8 @@ class AttentionBench : public BenchCase {
   // The one call with q / k RMSNorm + RoPE (options.q_prologue / k_prologue, session 39): a
   // per-head weight and Flux's 2 x 2 rotary table (interleaved pairs), then segmented weights
   // (joint attention: the first 512 tokens on their own weight row, one index read-back per
-  // call), against the same call without them.
+  // call; session 40: also without the read-back, check_weight_rows false), then Wan's norm over
+  // all heads (session 40: NormScope::token, an (H·D) weight), against the same call without them.
   static void norm_rope_rows(const Env& env, const Shape& s, const DeviceTensor& q,
                              const DeviceTensor& k, const DeviceTensor& v, DeviceTensor& out,
                              const AttentionOptions& fp8, std::vector<Row>& rows) {
@@ -538,6 +539,10 @@ class AttentionBench : public BenchCase {
     DeviceTensor tab = make_empty(env.device, DType::f32, {1, N, 1, pairs, 2, 2});
     DeviceTensor wt = make_empty(env.device, DType::f32, {2, D});
     DeviceTensor rw = make_empty(env.device, DType::i32, {N});
+    DeviceTensor wh = make_empty(env.device, DType::f32, {s.H * D});
+    std::vector<float> whost(static_cast<size_t>(s.H * D));
+    for (size_t i = 0; i < whost.size(); ++i) whost[i] = 1.f + 0.01f * static_cast<float>(i % 5);
+    copy_to_device(wh.view.data, whost.data(), whost.size() * 4, ctx);
     copy_to_device(tab.view.data, table.bytes.data(), table.bytes.size(), ctx);
     copy_to_device(wt.view.data, w.data(), w.size() * 4, ctx);
     copy_to_device(rw.view.data, seg.data(), seg.size() * 4, ctx);
@@ -553,14 +558,17 @@ class AttentionBench : public BenchCase {
     const double plain = env.time_ms(
         [&] { attention(q.view, k.view, v.view, out.view, nullptr, fp8, wp, wb, ctx); });
     Rope rope{tab.view, true};
-    for (int mode : {0, 1, 2}) {  // per-head weight; segmented; segmented, seg_fast kernels
-      const bool segmented = mode > 0;
+    // per-head weight; segmented; segmented, seg_fast kernels; segmented unchecked; token norm
+    for (int mode : {0, 1, 2, 3, 4}) {
+      const bool segmented = mode >= 1 && mode <= 3;
       detail::PrologueCudaTuning pt;
       pt.seg_fast = mode == 2;
       detail::set_prologue_cuda_tuning(pt);
       Prologue p;
-      p.norm_weight = segmented ? &wt.view : &w1;
+      p.norm_weight = segmented ? &wt.view : mode == 4 ? &wh.view : &w1;
       p.weight_rows = segmented ? &rw.view : nullptr;
+      p.check_weight_rows = mode != 3;
+      if (mode == 4) p.norm_scope = NormScope::token;
       p.rope = &rope;
       AttentionOptions o = fp8;
       o.q_prologue = o.k_prologue = &p;
@@ -569,8 +577,11 @@ class AttentionBench : public BenchCase {
       r.backend = "cuda";
       r.shape = shape_str(s);
       r.op = std::string("attention() fp8 PV + q / k RMSNorm and RoPE (Flux table)") +
-             (segmented ? ", segmented norms (512 text rows, index read-back)" : "") +
-             (mode == 2 ? ", fast kernels (seg_fast)" : "");
+             (mode == 3   ? ", segmented norms (512 text rows, unchecked: no read-back)"
+              : segmented ? ", segmented norms (512 text rows, index read-back)"
+                          : "") +
+             (mode == 2 ? ", fast kernels (seg_fast)" : "") +
+             (mode == 4 ? ", norm over all heads (Wan, norm_scope token)" : "");
       r.ms = env.time_ms(
           [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
       synchronize(ctx);

@@ -34,9 +34,19 @@ struct Rope {
   bool interleaved = false;  // pairs (2p, 2p + 1); false: split halves (p, p + pairs)
 };
 
+// What the RMSNorm's mean of squares spans.
+enum class NormScope : uint8_t {
+  head,   // each head's D channels (SPEC §1; Flux, SD3, Qwen-Image: per-head QK-norm)
+  token,  // all H·D channels of a token (Wan: RMSNorm(dim) of the q / k projection before the
+          // head split): inv = rsqrt(sum(x^2) / (H·D) + eps), the sum of squares in fp32 over the
+          // token's channels head by head (chunks of 8 in channel order, added as SPEC §1's
+          // pairwise tree over the H·D / 8 chunks); the weight is (H·D) or (H, D), head h reads
+          // row h. The rest (rounding of the norm output, rope, mean, codes) as for `head`.
+};
+
 struct Prologue {
   // Weighted RMSNorm, off when null: (D), or (R, D) together with weight_rows; f32, bf16 or f16,
-  // channels contiguous.
+  // channels contiguous. With norm_scope token: (H·D) or (H, D), no weight_rows.
   const TensorView* norm_weight = nullptr;
   // (N) int32: the row of a (R, D) norm_weight each token uses (segmented weights); values in
   // [0, R).
@@ -47,6 +57,7 @@ struct Prologue {
   // then takes the nearest row (clamped), on both backends, and nothing reads out of bounds.
   bool check_weight_rows = true;
   float eps = 1e-6f;
+  NormScope norm_scope = NormScope::head;
   const Rope* rope = nullptr;  // off when null
   // (B, H, D) f32, channels contiguous: subtracted after the rotation (the K smoothing mean, e.g.
   // from norm_rope_mean). Ignored by norm_rope_mean.

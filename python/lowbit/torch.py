@@ -248,14 +248,16 @@ class _Prologue:
     capsule is consumed by the call that takes it)."""
 
     def __init__(self, norm_weight: Optional[Tensor], weight_rows: Optional[Tensor], eps: float,
-                 rope: Optional[Tensor], interleaved: bool, check_rows: bool = True):
+                 rope: Optional[Tensor], interleaved: bool, check_rows: bool = True,
+                 scope: str = "head"):
         self.norm_weight, self.weight_rows, self.rope = norm_weight, weight_rows, rope
         self.eps, self.interleaved, self.check_rows = eps, interleaved, check_rows
+        self.scope = scope
 
     def kwargs(self) -> dict:
         return dict(norm_weight=_opt(self.norm_weight), weight_rows=_opt(self.weight_rows),
                     eps=self.eps, rope=_opt(self.rope), rope_interleaved=self.interleaved,
-                    check_weight_rows=self.check_rows)
+                    check_weight_rows=self.check_rows, norm_scope=self.scope)
 
 
 def _attention_parts(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
@@ -311,13 +313,14 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
                   q_norm_weight: Optional[Tensor], k_norm_weight: Optional[Tensor],
                   q_weight_rows: Optional[Tensor], k_weight_rows: Optional[Tensor],
                   norm_eps: float, q_rope: Optional[Tensor], k_rope: Optional[Tensor],
-                  rope_interleaved: bool, check_weight_rows: bool) -> Tuple[Tensor, Tensor]:
+                  rope_interleaved: bool, check_weight_rows: bool,
+                  norm_scope: str) -> Tuple[Tensor, Tensor]:
     m = _module("attention", "lowbit.torch.attention")
     q, k, v = (_inner_contiguous(t) for t in (q, k, v))
     qpro = _Prologue(q_norm_weight, q_weight_rows, norm_eps, q_rope, rope_interleaved,
-                     check_weight_rows)
+                     check_weight_rows, norm_scope)
     kpro = _Prologue(k_norm_weight, k_weight_rows, norm_eps, k_rope, rope_interleaved,
-                     check_weight_rows)
+                     check_weight_rows, norm_scope)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     qn = _as_nhd(q, layout)
     b, n, h = qn.shape[0], qn.shape[1], qn.shape[2]
@@ -342,7 +345,8 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
              q_norm_weight=_opt(q_norm_weight), k_norm_weight=_opt(k_norm_weight),
              q_weight_rows=_opt(q_weight_rows), k_weight_rows=_opt(k_weight_rows),
              norm_eps=norm_eps, q_rope=_opt(q_rope), k_rope=_opt(k_rope),
-             rope_interleaved=rope_interleaved, check_weight_rows=check_weight_rows)
+             rope_interleaved=rope_interleaved, check_weight_rows=check_weight_rows,
+             norm_scope=norm_scope)
     else:
         raise lowbit._error("lowbit.torch.attention", "impl",
                             f"expected 'parts' or 'library', got {impl!r}")
@@ -352,7 +356,7 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, layout: str, sm_scale: float,
 @_attention_op.register_fake
 def _(q, k, v, layout, sm_scale, causal, pv, smooth_k, smooth_v, return_lse, impl,
       q_norm_weight, k_norm_weight, q_weight_rows, k_weight_rows, norm_eps, q_rope, k_rope,
-      rope_interleaved, check_weight_rows):
+      rope_interleaved, check_weight_rows, norm_scope):
     qn = _as_nhd(q, layout)
     shape = (qn.shape[0], qn.shape[2], qn.shape[1]) if return_lse else (0,)
     return q.new_empty(q.shape), q.new_empty(shape, dtype=torch.float32)
@@ -365,7 +369,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale:
               q_weight_rows: Optional[Tensor] = None, k_weight_rows: Optional[Tensor] = None,
               norm_eps: float = 1e-6, q_rope: Optional[Tensor] = None,
               k_rope: Optional[Tensor] = None, rope_interleaved: bool = False,
-              check_weight_rows: bool = True):
+              check_weight_rows: bool = True, norm_scope: str = "head"):
     """lowbit's INT8 attention (SPEC section 2) with its own options.
 
     q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D) for layout "NHD", (B, H, N, D) for "HND"; bf16/fp16
@@ -385,7 +389,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale:
     written to memory. Weight rows are read back once per call to check their range (one
     synchronization: such a call cannot be captured in a CUDA graph; the other options can)
     unless check_weight_rows is False: then nothing is read back, the call is capturable, and
-    an index out of range takes the nearest row (clamped).
+    an index out of range takes the nearest row (clamped). norm_scope="token": each norm spans
+    all heads of a token (Wan's RMSNorm(dim) of the q / k projections before the head split),
+    q_norm_weight / k_norm_weight (H*D) or (H, D) -- q / k are the projections viewed as
+    (B, N, H, D).
     """
     if layout not in ("HND", "NHD"):
         raise ValueError(f"lowbit.torch.attention: layout: expected 'HND' or 'NHD', got "
@@ -393,7 +400,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "NHD", sm_scale:
     out, lse = _call("attention", q, k, v, layout, float(sm_scale), causal, pv, bool(smooth_k),
                      bool(smooth_v), bool(return_lse), impl, q_norm_weight, k_norm_weight,
                      q_weight_rows, k_weight_rows, float(norm_eps), q_rope, k_rope,
-                     bool(rope_interleaved), bool(check_weight_rows))
+                     bool(rope_interleaved), bool(check_weight_rows), str(norm_scope))
     return (out, lse) if return_lse else out
 
 
@@ -405,7 +412,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
                      q_weight_rows: Optional[Tensor] = None,
                      k_weight_rows: Optional[Tensor] = None, norm_eps: float = 1e-6,
                      q_rope: Optional[Tensor] = None, k_rope: Optional[Tensor] = None,
-                     rope_interleaved: bool = False, check_weight_rows: bool = True):
+                     rope_interleaved: bool = False, check_weight_rows: bool = True,
+                     norm_scope: str = "head"):
     """:func:`attention` on a variable-length batch (as flash-attn's varlen entry points).
 
     q (Tq, Hq, D), k/v (Tk, Hkv, D) hold n sequences packed along the tokens; cu_seqlens_q /
@@ -448,7 +456,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
                          k_weight_rows=rows(k_weight_rows, k0, k1), norm_eps=norm_eps,
                          q_rope=table(q_rope, q0, q1), k_rope=table(k_rope, k0, k1),
                          rope_interleaved=rope_interleaved,
-                         check_weight_rows=check_weight_rows)
+                         check_weight_rows=check_weight_rows, norm_scope=norm_scope)
         out[q0:q1] = o[0]
         lse[:, q0:q1] = l[0]
     return (out, lse) if return_lse else out
@@ -536,7 +544,7 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
     out, lse = _call("attention", q, k, v, tensor_layout, float(sm_scale),
                      "top_left" if is_causal else "none", pv, smooth_k, smooth_v,
                      bool(return_lse), "library", None, None, None, None, 1e-6, None, None,
-                     False, True)
+                     False, True, "head")
     if padded != head_dim:
         out = out[..., :head_dim]
     return (out, lse) if return_lse else out
@@ -548,8 +556,8 @@ def sageattn(q: Tensor, k: Tensor, v: Tensor, tensor_layout: str = "HND",
 def _norm_rope_quantize_op(x: Tensor, norm_weight: Optional[Tensor],
                            weight_rows: Optional[Tensor], eps: float, rope: Optional[Tensor],
                            rope_interleaved: bool, mean: Optional[Tensor], sm_scale: float,
-                           scale_eps: float, layout: str, block: int,
-                           check_weight_rows: bool) -> Tuple[Tensor, Tensor]:
+                           scale_eps: float, layout: str, block: int, check_weight_rows: bool,
+                           norm_scope: str) -> Tuple[Tensor, Tensor]:
     m = _module("prologue", "lowbit.torch.norm_rope_quantize")
     x = _inner_contiguous(x)
     b, n, h, _ = x.shape
@@ -559,13 +567,14 @@ def _norm_rope_quantize_op(x: Tensor, norm_weight: Optional[Tensor],
     _run(m.norm_rope_quantize, x.device, to_lowbit(x), to_lowbit(q8), to_lowbit(scale),
          norm_weight=_opt(norm_weight), weight_rows=_opt(weight_rows), eps=eps, rope=_opt(rope),
          rope_interleaved=rope_interleaved, mean=_opt(mean), sm_scale=sm_scale,
-         scale_eps=scale_eps, layout=layout, block=block, check_weight_rows=check_weight_rows)
+         scale_eps=scale_eps, layout=layout, block=block, check_weight_rows=check_weight_rows,
+         norm_scope=norm_scope)
     return q8, scale
 
 
 @_norm_rope_quantize_op.register_fake
 def _(x, norm_weight, weight_rows, eps, rope, rope_interleaved, mean, sm_scale, scale_eps,
-      layout, block, check_weight_rows):
+      layout, block, check_weight_rows, norm_scope):
     b, n, h, _ = x.shape
     count = _lowbit.prologue_scale_count(n, layout, block)
     return (x.new_empty(x.shape, dtype=torch.int8),
@@ -575,19 +584,20 @@ def _(x, norm_weight, weight_rows, eps, rope, rope_interleaved, mean, sm_scale, 
 @_op("norm_rope_mean")
 def _norm_rope_mean_op(x: Tensor, norm_weight: Optional[Tensor], weight_rows: Optional[Tensor],
                        eps: float, rope: Optional[Tensor], rope_interleaved: bool,
-                       check_weight_rows: bool) -> Tensor:
+                       check_weight_rows: bool, norm_scope: str) -> Tensor:
     m = _module("prologue", "lowbit.torch.norm_rope_mean")
     x = _inner_contiguous(x)
     b, _, h, d = x.shape
     mean = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
     _run(m.norm_rope_mean, x.device, to_lowbit(x), to_lowbit(mean),
          norm_weight=_opt(norm_weight), weight_rows=_opt(weight_rows), eps=eps, rope=_opt(rope),
-         rope_interleaved=rope_interleaved, check_weight_rows=check_weight_rows)
+         rope_interleaved=rope_interleaved, check_weight_rows=check_weight_rows,
+         norm_scope=norm_scope)
     return mean
 
 
 @_norm_rope_mean_op.register_fake
-def _(x, norm_weight, weight_rows, eps, rope, rope_interleaved, check_weight_rows):
+def _(x, norm_weight, weight_rows, eps, rope, rope_interleaved, check_weight_rows, norm_scope):
     b, _, h, d = x.shape
     return x.new_empty((b, h, d), dtype=torch.float32)
 
@@ -597,24 +607,25 @@ def norm_rope_quantize(x: Tensor, *, norm_weight: Optional[Tensor] = None,
                        rope: Optional[Tensor] = None, rope_interleaved: bool = False,
                        mean: Optional[Tensor] = None, sm_scale: float = 1.0,
                        scale_eps: float = 1e-7, layout: str = "per_block", block: int = 64,
-                       check_weight_rows: bool = True):
+                       check_weight_rows: bool = True, norm_scope: str = "head"):
     """INT8 codes (B, N, H, D) and fp32 scales (B, H, n_scales) of
     (rope(norm(x)) - mean) * sm_scale for x (B, N, H, D) (SPEC section 1). weight_rows (N)
     int32 with a (R, D) norm_weight: segmented weights, their range read back (one
-    synchronization) unless check_weight_rows is False (then clamped to [0, R))."""
+    synchronization) unless check_weight_rows is False (then clamped to [0, R)). norm_scope
+    "token": the norm over each token's H*D channels (Wan), norm_weight (H*D) or (H, D)."""
     return _call("norm_rope_quantize", x, norm_weight, weight_rows, float(eps), rope,
                  bool(rope_interleaved), mean, float(sm_scale), float(scale_eps), layout,
-                 int(block), bool(check_weight_rows))
+                 int(block), bool(check_weight_rows), str(norm_scope))
 
 
 def norm_rope_mean(x: Tensor, *, norm_weight: Optional[Tensor] = None,
                    weight_rows: Optional[Tensor] = None, eps: float = 1e-6,
                    rope: Optional[Tensor] = None, rope_interleaved: bool = False,
-                   check_weight_rows: bool = True) -> Tensor:
+                   check_weight_rows: bool = True, norm_scope: str = "head") -> Tensor:
     """The (B, H, D) fp32 mean over tokens of rope(norm(x)), x (B, N, H, D) (norm_rope_quantize's
     norm and rope arguments)."""
     return _call("norm_rope_mean", x, norm_weight, weight_rows, float(eps), rope,
-                 bool(rope_interleaved), bool(check_weight_rows))
+                 bool(rope_interleaved), bool(check_weight_rows), str(norm_scope))
 
 
 # ---- quantized linear layers --------------------------------------------------------------------

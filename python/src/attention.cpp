@@ -53,11 +53,12 @@ struct QkPrologues {
   PrologueParts q, k;
   void apply(Args& args, nb::handle q_norm_weight, nb::handle k_norm_weight,
              nb::handle q_weight_rows, nb::handle k_weight_rows, float eps, nb::handle q_rope,
-             nb::handle k_rope, bool interleaved, bool check_rows, AttentionOptions& o) {
+             nb::handle k_rope, bool interleaved, bool check_rows, const std::string& scope,
+             const char* op, AttentionOptions& o) {
     fill_prologue(args, q, q_norm_weight, q_weight_rows, eps, q_rope, interleaved, nb::none(),
-                  "q_", check_rows);
+                  "q_", check_rows, scope, op);
     fill_prologue(args, k, k_norm_weight, k_weight_rows, eps, k_rope, interleaved, nb::none(),
-                  "k_", check_rows);
+                  "k_", check_rows, scope, op);
     if (any_prologue(q)) o.q_prologue = &q.p;
     if (any_prologue(k)) o.k_prologue = &k.p;
   }
@@ -89,7 +90,7 @@ void bind_attention(nb::module_& m) {
          const std::string& kernel, nb::handle workspace, nb::handle q_norm_weight,
          nb::handle k_norm_weight, nb::handle q_weight_rows, nb::handle k_weight_rows,
          float norm_eps, nb::handle q_rope, nb::handle k_rope, bool rope_interleaved,
-         bool check_weight_rows, uintptr_t stream, int threads) {
+         bool check_weight_rows, const std::string& norm_scope, uintptr_t stream, int threads) {
         Args args("attention");
         TensorView qv = args.in(q, "q"), kv = args.in(k, "k"), vv = args.in(v, "v");
         TensorView ov = args.out(out, "out");
@@ -99,7 +100,7 @@ void bind_attention(nb::module_& m) {
             make_options("attention", sm_scale, causal, pv, smooth_k, smooth_v, kernel);
         QkPrologues qk;
         qk.apply(args, q_norm_weight, k_norm_weight, q_weight_rows, k_weight_rows, norm_eps, q_rope,
-                 k_rope, rope_interleaved, check_weight_rows, o);
+                 k_rope, rope_interleaved, check_weight_rows, norm_scope, "attention", o);
         Context ctx = make_context(stream, threads);
         if (wv && !wv->is_contiguous()) {
           throw Error("attention", "workspace", "expected a contiguous array, got " +
@@ -121,7 +122,7 @@ void bind_attention(nb::module_& m) {
       nb::arg("q_weight_rows") = nb::none(), nb::arg("k_weight_rows") = nb::none(),
       nb::arg("norm_eps") = 1e-6f, nb::arg("q_rope") = nb::none(), nb::arg("k_rope") = nb::none(),
       nb::arg("rope_interleaved") = false, nb::arg("check_weight_rows") = true,
-      nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("norm_scope") = "head", nb::arg("stream") = 0, nb::arg("threads") = 0,
       "INT8 attention (SPEC section 2). q (B, Nq, Hq, D), k/v (B, Nkv, Hkv, D), out like q, all "
       "strided views (pass an HND tensor permuted); lse (B, Hq, Nq) f32 or None. sm_scale 0 = "
       "1/sqrt(D); causal none/bottom_right/top_left; pv fp8/f16; kernel auto/mma_sync/wgmma/"
@@ -132,7 +133,9 @@ void bind_attention(nb::module_& m) {
       "norm_eps, q_rope / k_rope tables ((1|B, N, 1, pairs, 2[, 2]), SPEC section 1) and "
       "rope_interleaved: q's and k's RMSNorm and RoPE, fused into their quantization. "
       "check_weight_rows False: the weight rows' range is not read back (no synchronization, "
-      "capturable in a CUDA graph; an index out of range takes the nearest row).");
+      "capturable in a CUDA graph; an index out of range takes the nearest row). norm_scope "
+      "'token': each norm over the token's H*D channels (Wan's RMSNorm(dim) before the head "
+      "split), weights (H*D) or (H, D).");
   m.def(
       "attention_varlen",
       [](nb::handle q, nb::handle k, nb::handle v, std::vector<int64_t> cu_seqlens_q,
@@ -140,8 +143,8 @@ void bind_attention(nb::module_& m) {
          const std::string& causal, const std::string& pv, bool smooth_k, bool smooth_v,
          const std::string& kernel, nb::handle q_norm_weight, nb::handle k_norm_weight,
          nb::handle q_weight_rows, nb::handle k_weight_rows, float norm_eps, nb::handle q_rope,
-         nb::handle k_rope, bool rope_interleaved, bool check_weight_rows, uintptr_t stream,
-         int threads) {
+         nb::handle k_rope, bool rope_interleaved, bool check_weight_rows,
+         const std::string& norm_scope, uintptr_t stream, int threads) {
         Args args("attention_varlen");
         TensorView qv = args.in(q, "q"), kv = args.in(k, "k"), vv = args.in(v, "v");
         TensorView ov = args.out(out, "out");
@@ -150,7 +153,7 @@ void bind_attention(nb::module_& m) {
             make_options("attention_varlen", sm_scale, causal, pv, smooth_k, smooth_v, kernel);
         QkPrologues qk;
         qk.apply(args, q_norm_weight, k_norm_weight, q_weight_rows, k_weight_rows, norm_eps, q_rope,
-                 k_rope, rope_interleaved, check_weight_rows, o);
+                 k_rope, rope_interleaved, check_weight_rows, norm_scope, "attention_varlen", o);
         Context ctx = make_context(stream, threads);
         nb::gil_scoped_release release;
         attention_varlen(qv, kv, vv, cu_seqlens_q, cu_seqlens_k, ov, lv ? &*lv : nullptr, o, ctx);
@@ -163,7 +166,7 @@ void bind_attention(nb::module_& m) {
       nb::arg("q_weight_rows") = nb::none(), nb::arg("k_weight_rows") = nb::none(),
       nb::arg("norm_eps") = 1e-6f, nb::arg("q_rope") = nb::none(), nb::arg("k_rope") = nb::none(),
       nb::arg("rope_interleaved") = false, nb::arg("check_weight_rows") = true,
-      nb::arg("stream") = 0, nb::arg("threads") = 0,
+      nb::arg("norm_scope") = "head", nb::arg("stream") = 0, nb::arg("threads") = 0,
       "attention() on a variable-length batch (its q_/k_ norm and rope arguments too, tables and "
       "weight rows over the packed tokens): q (Tq, Hq, D), k/v (Tk, Hkv, D) hold n sequences "
       "packed along the tokens; cu_seqlens_q / cu_seqlens_k: n + 1 offsets each (0 first, "

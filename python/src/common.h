@@ -61,10 +61,12 @@ struct PrologueParts {
   PrologueParts(const PrologueParts&) = delete;
   PrologueParts& operator=(const PrologueParts&) = delete;
 };
-// check_weight_rows: Prologue::check_weight_rows.
+// check_weight_rows: Prologue::check_weight_rows; norm_scope "head" or "token"
+// (Prologue::norm_scope; `op` names the call in its error).
 void fill_prologue(Args& args, PrologueParts& pa, nb::handle norm_weight, nb::handle weight_rows,
                    float eps, nb::handle rope, bool rope_interleaved, nb::handle mean,
-                   const char* prefix = "", bool check_weight_rows = true);
+                   const char* prefix = "", bool check_weight_rows = true,
+                   const std::string& norm_scope = "head", const char* op = "");
 // Whether any of a prologue's parts was given.
 inline bool any_prologue(const PrologueParts& pa) {
   return pa.p.norm_weight || pa.p.rope || pa.p.weight_rows || pa.p.mean;

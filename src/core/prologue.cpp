@@ -10,6 +10,7 @@
 #include "src/core/check.h"
 #include "src/core/guarded.h"
 #include "src/core/prologue_internal.h"
+#include "src/core/scratch.h"
 
 namespace lowbit {
 
@@ -106,7 +107,35 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
   a.eps = p.eps;
 
   // Norm.
-  if (p.norm_weight) {
+  LOWBIT_CHECK(p.norm_scope == NormScope::head || p.norm_scope == NormScope::token, op,
+               "norm_scope",
+               "expected head or token, got " + std::to_string(static_cast<int>(p.norm_scope)));
+  if (p.norm_weight && p.norm_scope == NormScope::token) {
+    // Over all heads of a token: the weight (H·D) or (H, D), head h's row h.
+    const TensorView& w = *p.norm_weight;
+    check::not_null(op, "norm_weight", w);
+    check::same_device(op, "norm_weight", w, "x", x);
+    check::dtype(op, "norm_weight", w, {DType::f32, DType::bf16, DType::f16});
+    LOWBIT_CHECK(p.weight_rows == nullptr, op, "weight_rows",
+                 "expected none with norm_scope token (one weight over the token's H·D "
+                 "channels), got one");
+    const bool flat = w.ndim == 1 && w.shape[0] == H * D && w.stride[0] == 1;
+    const bool rows = w.ndim == 2 && w.shape[0] == H && w.shape[1] == D && w.stride[1] == 1;
+    LOWBIT_CHECK(flat || rows, op, "norm_weight",
+                 "with norm_scope token: expected (H·D) = (" + std::to_string(H * D) +
+                     ") contiguous or (H, D) = (" + std::to_string(H) + ", " +
+                     std::to_string(D) + ") with contiguous channels, got " + w.describe());
+    if (cuda)
+      LOWBIT_CHECK(H * D <= kTokenNormMaxChannels, op, "x",
+                   "with norm_scope token on cuda: expected H·D <= " +
+                       std::to_string(kTokenNormMaxChannels) + ", got " + std::to_string(H * D));
+    a.norm = true;
+    a.norm_heads = true;
+    a.w = w.data;
+    a.w_dtype = w.dtype;
+    a.w_sr = flat ? D : w.stride[0];
+    a.w_count = H;
+  } else if (p.norm_weight) {
     const TensorView& w = *p.norm_weight;
     check::not_null(op, "norm_weight", w);
     check::same_device(op, "norm_weight", w, "x", x);
@@ -296,14 +325,38 @@ void check_disjoint(const char* op, const char* arg, const TensorView& t, const 
 
 }  // namespace
 
+namespace {
+
+// NormScope::token: each token's inverse RMS over its H·D channels, into a (B, N) f32 buffer
+// (stream-ordered on CUDA: no synchronization) that `a` points at while `run` queues the passes.
+template <typename F>
+void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx, F&& run) {
+  if (!a.norm_heads || a.batch * a.tokens == 0) {
+    run();
+    return;
+  }
+  detail::StreamBuffer inv(device, sizeof(float) * static_cast<size_t>(a.batch * a.tokens), ctx,
+                           op);
+  a.token_inv = inv.as<float>();
+  if (device == Device::cuda)
+    LOWBIT_CUDA_CALL(op, cuda::token_norm_inv(a, inv.as<float>(), ctx));
+  else
+    cpu::token_norm_inv(a, inv.as<float>(), ctx);
+  run();
+}
+
+}  // namespace
+
 void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out, Context& ctx) {
   const char* op = "norm_rope_mean";
   PrologueArgs a = resolve_inputs(op, x, p, false, &ctx);
   resolve_mean_out(op, x, mean_out, a);
-  if (x.device == Device::cuda)
-    LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean(a, ctx));
-  else
-    cpu::norm_rope_mean(a, ctx);
+  with_token_inv(op, x.device, a, ctx, [&] {
+    if (x.device == Device::cuda)
+      LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean(a, ctx));
+    else
+      cpu::norm_rope_mean(a, ctx);
+  });
 }
 
 namespace {
@@ -314,10 +367,12 @@ void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, Te
   check_quantize_options(op, p);
   PrologueArgs a = resolve_inputs(op, x, p, true, rows_checked ? nullptr : &ctx);
   resolve_quantize(op, x, p, q_out, scale_out, a);
-  if (x.device == Device::cuda)
-    LOWBIT_CUDA_CALL(op, cuda::norm_rope_quantize(a, ctx));
-  else
-    cpu::norm_rope_quantize(a, ctx);
+  with_token_inv(op, x.device, a, ctx, [&] {
+    if (x.device == Device::cuda)
+      LOWBIT_CUDA_CALL(op, cuda::norm_rope_quantize(a, ctx));
+    else
+      cpu::norm_rope_quantize(a, ctx);
+  });
 }
 
 void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean_out,
@@ -335,10 +390,12 @@ void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean
   // The quantize pass subtracts the mean just computed.
   a.mean = a.mean_out;
   a.m_sb = a.mo_sb, a.m_sh = a.mo_sh;
-  if (x.device == Device::cuda)
-    LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean_quantize(a, ctx));
-  else
-    cpu::norm_rope_mean_quantize(a, ctx);
+  with_token_inv(op, x.device, a, ctx, [&] {
+    if (x.device == Device::cuda)
+      LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean_quantize(a, ctx));
+    else
+      cpu::norm_rope_mean_quantize(a, ctx);
+  });
 }
 
 }  // namespace
@@ -406,10 +463,14 @@ void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Conte
     check::aligned(op, "y", y.data, 16);
     LOWBIT_CHECK(strides_multiple_of(y, 3, 8), op, "y",
                  "strides on cuda: expected multiples of 8, got " + y.describe());
-    LOWBIT_CUDA_CALL(op, cuda::norm_rope_store(a, y.data, y.stride[0], y.stride[1], y.stride[2], ctx));
-  } else {
-    cpu::norm_rope_store(a, y.data, y.stride[0], y.stride[1], y.stride[2], ctx);
   }
+  with_token_inv(op, x.device, a, ctx, [&] {
+    if (x.device == Device::cuda)
+      LOWBIT_CUDA_CALL(op,
+                       cuda::norm_rope_store(a, y.data, y.stride[0], y.stride[1], y.stride[2], ctx));
+    else
+      cpu::norm_rope_store(a, y.data, y.stride[0], y.stride[1], y.stride[2], ctx);
+  });
 }
 
 void norm_rsqrt(const TensorView& s, TensorView out, Context& ctx) {

@@ -27,6 +27,11 @@ struct PrologueArgs {
   const int32_t* w_rows = nullptr;
   int64_t w_rows_s = 1;
   float eps = 1e-6f;
+  // NormScope::token: head h reads weight row h (w_sr apart); token_inv (B, N) f32 contiguous,
+  // the token's inverse RMS over its H·D channels (token_norm_inv), set by src/core/prologue.cpp
+  // before the passes run.
+  bool norm_heads = false;
+  const float* token_inv = nullptr;
   // RoPE: cos of (batch b, token n, pair p) at rope + b*r_sb + n*r_sn + p*r_sp, its sin r_sc
   // further. r_sb = 0 for a shared table.
   bool rotate = false;
@@ -69,6 +74,10 @@ void norm_rope_mean_quantize_rows_checked(const TensorView& x, const Prologue& p
                                           TensorView scale_out, Context& ctx);
 }  // namespace detail
 
+// NormScope::token on CUDA: the most channels (H·D) of a token (the token-norm kernel's shared
+// memory: 8 warps of H·D / 256 group sums within 48 KB).
+constexpr int64_t kTokenNormMaxChannels = 393216;
+
 // Tokens per partial sum of the mean pass (SPEC §1.3).
 constexpr int kMeanBlockRows = 64;
 
@@ -88,6 +97,8 @@ void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx);
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
                      Context& ctx);
 void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx);
+// out (B, N) f32: each token's inverse RMS over its H·D channels (NormScope::token).
+void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx);
 }  // namespace cpu
 namespace cuda {
 void norm_rope_mean(const PrologueArgs& a, Context& ctx);
@@ -96,6 +107,7 @@ void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx);
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
                      Context& ctx);
 void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx);
+void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx);
 }  // namespace cuda
 
 namespace detail {

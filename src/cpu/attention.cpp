@@ -361,6 +361,7 @@ void take_norm_rope(const Prologue* from, Prologue& to) {
   to.weight_rows = from->weight_rows;
   to.check_weight_rows = from->check_weight_rows;
   to.eps = from->eps;
+  to.norm_scope = from->norm_scope;
   to.rope = from->rope;
   to.scale_eps = from->scale_eps;
 }

@@ -58,11 +58,17 @@ LOWBIT_CLONES_FMA void row_values(const PrologueArgs& a, int64_t b, int64_t n, i
   float* y = s.y.data();
   rows::load(a.x, b * a.x_sb + n * a.x_sn + h * a.x_sh, a.x_dtype, D, x);
   if (a.norm) {
+    // (NormScope::token: the token's inverse over its H·D channels, computed before the pass)
     const float inv =
-        rsqrt_rn(sum_of_squares(x, D, s.part.data()) / static_cast<float>(D) + a.eps);
-    // (clamped to the weight's rows: an unchecked index out of range takes the nearest row)
+        a.token_inv
+            ? a.token_inv[b * a.tokens + n]
+            : rsqrt_rn(sum_of_squares(x, D, s.part.data()) / static_cast<float>(D) + a.eps);
+    // Weight row: the head's (token scope), the token's (segmented; clamped to the weight's rows:
+    // an unchecked index out of range takes the nearest row), else the only one.
     const int64_t wr =
-        a.w_rows ? std::clamp<int64_t>(a.w_rows[n * a.w_rows_s], 0, a.w_count - 1) : 0;
+        a.norm_heads ? h
+        : a.w_rows   ? std::clamp<int64_t>(a.w_rows[n * a.w_rows_s], 0, a.w_count - 1)
+                     : 0;
     if (wr != s.w_row) {
       rows::load(a.w, wr * a.w_sr, a.w_dtype, D, s.w.data());
       s.w_row = wr;
@@ -283,6 +289,19 @@ void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx) {
           const float* y = rows.data() + n * D;
           for (int64_t c = 0; c < D; ++c) v[c] = y[c] - mean[c];
         });
+    }
+  });
+}
+
+void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx) {
+  const int64_t D = a.dim, C = a.heads * D;
+  parallel_for(a.batch * a.tokens, 16, ctx, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(C)), part(static_cast<size_t>(C / kNormChunk + 1));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / a.tokens, n = t % a.tokens;
+      for (int64_t h = 0; h < a.heads; ++h)
+        rows::load(a.x, b * a.x_sb + n * a.x_sn + h * a.x_sh, a.x_dtype, D, row.data() + h * D);
+      out[t] = rsqrt_rn(sum_of_squares(row.data(), C, part.data()) / static_cast<float>(C) + a.eps);
     }
   });
 }

@@ -67,17 +67,22 @@ __device__ __forceinline__ void row_values(const PrologueArgs& a, int table_mode
   float inv = 1.f;
   int64_t wo = 0;
   if (a.norm) {
-    const float p0 = chunk_squares(x), p1 = chunk_squares(x + 8);
-    float total;
-    if (PAIRED)
-      total = __fadd_rn(lane_tree_sum<LANES>(p0), lane_tree_sum<LANES>(p1));
-    else
-      total = lane_tree_sum<LANES>(__fadd_rn(p0, p1));
-    // D is a power of two here, so total * (1/D) is the exact quotient total / D.
-    static_assert((D & (D - 1)) == 0, "D must be a power of two");
-    inv = norm_rsqrt(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), a.eps));
-    if (a.w_rows) {
-      wo = ok ? static_cast<int64_t>(seg_row(a, n)) * a.w_sr : 0;
+    if (a.token_inv) {  // NormScope::token: the token's inverse over H·D (token_inv_kernel)
+      inv = ok ? __ldg(a.token_inv + b * a.tokens + n) : 1.f;
+    } else {
+      const float p0 = chunk_squares(x), p1 = chunk_squares(x + 8);
+      float total;
+      if (PAIRED)
+        total = __fadd_rn(lane_tree_sum<LANES>(p0), lane_tree_sum<LANES>(p1));
+      else
+        total = lane_tree_sum<LANES>(__fadd_rn(p0, p1));
+      // D is a power of two here, so total * (1/D) is the exact quotient total / D.
+      static_assert((D & (D - 1)) == 0, "D must be a power of two");
+      inv = norm_rsqrt(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), a.eps));
+    }
+    if (a.w_rows || a.norm_heads) {  // the token's weight row (segmented) or the head's
+      wo = ok ? static_cast<int64_t>(a.norm_heads ? static_cast<int>(h) : seg_row(a, n)) * a.w_sr
+              : 0;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const int c = (j < 8 ? ch0 : ch1) + (j & 7);
@@ -127,7 +132,8 @@ __device__ __forceinline__ void row_values(const PrologueArgs& a, int table_mode
           const int partner = leading ? c + P : c - P, pair = leading ? c : c - P;
           float other = load_any(a.x, xo + partner, a.x_dtype);
           if (a.norm) {
-            const float w = a.w_rows ? load_any(a.w, wo + partner, a.w_dtype) : sh.w[partner];
+            const float w = (a.w_rows || a.norm_heads) ? load_any(a.w, wo + partner, a.w_dtype)
+                                                       : sh.w[partner];
             other = round_act<BF16>(__fmul_rn(__fmul_rn(other, inv), w));
           }
           const int64_t to = ro + static_cast<int64_t>(pair) * a.r_sp;
@@ -214,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t row0 = tile * L.tile_rows;  // token of the tile's row 0
   const int chunks = (L.tile_rows + CHUNK - 1) / CHUNK;
 
-  if (a.norm && !a.w_rows)
+  if (a.norm && !a.w_rows && !a.norm_heads)
     for (int c = tid; c < D; c += kThreads) sh.w[c] = load_any(a.w, c, a.w_dtype);
 
   float v[STEPS][16];
@@ -371,7 +377,7 @@ __device__ __forceinline__ void mean_rank_sums(const PrologueArgs& a, int table_
 
 template <int D>
 __device__ __forceinline__ void mean_load_weights(const PrologueArgs& a, RowShared<D>& sh) {
-  if (a.norm && !a.w_rows)
+  if (a.norm && !a.w_rows && !a.norm_heads)
     for (int c = threadIdx.x; c < D; c += kThreads) sh.w[c] = load_any(a.w, c, a.w_dtype);
   __syncthreads();
 }
@@ -437,7 +443,7 @@ __global__ void __launch_bounds__(kThreads) store_kernel(const PrologueArgs a, i
   const int tid = threadIdx.x, lane_in_row = tid % LANES, row_in_step = tid / LANES;
   int ch0, ch1;
   lane_channels<D, PAIRED>(lane_in_row, ch0, ch1);
-  if (a.norm && !a.w_rows)
+  if (a.norm && !a.w_rows && !a.norm_heads)
     for (int c = tid; c < D; c += kThreads) sh.w[c] = load_any(a.w, c, a.w_dtype);
   __syncthreads();
   const int64_t h = blockIdx.y, b = blockIdx.z;
@@ -822,7 +828,7 @@ int rope_kind_of(const PrologueArgs& a) {
 
 // Options the round-2 mean kernel covers: per-head (or no) norm weight, full rotary (or none).
 bool fast_mean_supported(const PrologueArgs& a) {
-  if (detail::prologue_cuda_tuning().legacy) return false;
+  if (detail::prologue_cuda_tuning().legacy || a.norm_heads) return false;
   if (a.w_rows && !seg_fast_ok(a)) return false;
   return !a.rotate || 2 * a.pairs == a.dim;
 }
@@ -975,6 +981,65 @@ __global__ void norm_rsqrt_kernel(const float* s, float* out, int64_t n) {
     out[i] = norm_rsqrt(s[i]);
 }
 }  // namespace
+
+namespace {
+
+// NormScope::token: one warp per token (b, n) sums the squares of its H·D channels in SPEC §1's
+// order over the H·D / 8 chunks: lane l holds chunks l, l + 32, ... (chunk k = channels 8k ..
+// 8k + 7 of head 8k / D), each group of 32 chunks added as the pairwise tree's first five levels
+// by xor shuffles (a missing chunk is +0: adding it changes nothing), the groups' sums in shared
+// memory then added as the tree's remaining levels, exactly as the CPU's sum_of_squares.
+constexpr int kTokenWarps = 8;
+
+template <bool BF16>
+__global__ void __launch_bounds__(kTokenWarps * 32)
+    token_inv_kernel(const PrologueArgs a, float* out) {
+  extern __shared__ float group_sums[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kTokenWarps + warp;
+  if (t >= a.batch * a.tokens) return;  // a whole warp (no CTA barrier below)
+  const int64_t b = t / a.tokens, n = t % a.tokens;
+  const int D = static_cast<int>(a.dim);
+  const int64_t chunks = a.heads * a.dim / 8;
+  const int groups = static_cast<int>((chunks + 31) / 32);
+  float* g = group_sums + warp * groups;
+  const uint16_t* x = static_cast<const uint16_t*>(a.x) + b * a.x_sb + n * a.x_sn;
+  for (int j = 0; j < groups; ++j) {
+    const int64_t k = 32 * static_cast<int64_t>(j) + lane;
+    float s = 0.f;
+    if (k < chunks) {
+      const int64_t c = 8 * k, h = c / D, d = c % D;
+      float v[8];
+      unpack<BF16>(__ldg(reinterpret_cast<const uint4*>(x + h * a.x_sh + d)), v);
+      s = chunk_squares(v);
+    }
+    s = lane_tree_sum<32>(s);
+    if (lane == 0) g[j] = s;
+  }
+  __syncwarp();
+  for (int step = 1; step < groups; step *= 2) {
+    for (int k = 2 * step * lane; k + step < groups; k += 64 * step) g[k] = __fadd_rn(g[k], g[k + step]);
+    __syncwarp();
+  }
+  if (lane == 0)
+    out[t] = norm_rsqrt(
+        __fadd_rn(__fdiv_rn(g[0], static_cast<float>(a.heads * a.dim)), a.eps));
+}
+
+}  // namespace
+
+void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx) {
+  const int64_t tokens = a.batch * a.tokens;
+  if (tokens == 0) return;
+  const int64_t groups = (a.heads * a.dim / 8 + 31) / 32;
+  const size_t smem = sizeof(float) * static_cast<size_t>(kTokenWarps * groups);  // <= 48 KB
+  const unsigned blocks = static_cast<unsigned>((tokens + kTokenWarps - 1) / kTokenWarps);
+  if (a.x_dtype == DType::bf16)
+    token_inv_kernel<true><<<blocks, kTokenWarps * 32, smem, stream_of(ctx)>>>(a, out);
+  else
+    token_inv_kernel<false><<<blocks, kTokenWarps * 32, smem, stream_of(ctx)>>>(a, out);
+  check_launch("token_norm_inv");
+}
 
 void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx) {
   if (n == 0) return;

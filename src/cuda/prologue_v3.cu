@@ -1874,7 +1874,7 @@ bool seg_quantize_supported(const PrologueArgs& a, const detail::PrologueCudaTun
 
 bool v3_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
-  if (t.legacy) return false;
+  if (t.legacy || a.norm_heads) return false;  // NormScope::token: the first-generation kernels
   // The mean pass: the round-4 kernel unless `mean_round` = 2 forces src/cuda/prologue.cu's.
   // (Round 3's mean kernel, slower than round 2's in GPU run 2, was deleted in session 8.)
   if (!quantize) return t.mean_round != 2 && v4_mean_supported(a);

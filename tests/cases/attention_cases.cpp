@@ -486,6 +486,7 @@ struct NormRopeCfg {
   int64_t k_pairs = 0;                           // 0: D / 2
   bool segmented = false;                        // (2, D) weights with weight_rows
   bool varlen = false;                           // packed sequences (B = 1): cu_q_ / cu_k_
+  bool token_norm = false;  // Wan: q / k norms over all heads (NormScope::token), (H·D) weights
 };
 
 class AttentionNormRopeCase : public Case {
@@ -502,7 +503,7 @@ class AttentionNormRopeCase : public Case {
            shape_name(c_.s) + (c_.q_matrix ? ".qmatrix" : "") +
            (c_.q_interleaved ? ".qinterleaved" : "") + (c_.k_rope ? "" : ".knorope") +
            (c_.k_pairs ? ".kpairs" + std::to_string(c_.k_pairs) : "") +
-           (c_.segmented ? ".segmented" : "");
+           (c_.segmented ? ".segmented" : "") + (c_.token_norm ? ".tokennorm" : "");
   }
   // q, k, v, q weight, k weight, q table, [k table], [q rows, k rows]
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
@@ -518,13 +519,15 @@ class AttentionNormRopeCase : public Case {
     in[1].fill_normal(rng, 0.5f, 3.f);
     in[2].fill_normal(rng);
     const int64_t R = c_.segmented ? 2 : 1;
-    auto weight = [&](DType dt) {
-      HostTensor w(dt, c_.segmented ? std::vector<int64_t>{R, s.D} : std::vector<int64_t>{s.D});
+    auto weight = [&](DType dt, int64_t heads) {
+      HostTensor w(dt, c_.segmented    ? std::vector<int64_t>{R, s.D}
+                       : c_.token_norm ? std::vector<int64_t>{heads * s.D}
+                                       : std::vector<int64_t>{s.D});
       w.fill_normal(rng, 1.f, 0.3f);
       return w;
     };
-    in.push_back(weight(DType::bf16));
-    in.push_back(weight(DType::f32));
+    in.push_back(weight(DType::bf16, s.Hq));
+    in.push_back(weight(DType::f32, s.Hkv));
     const int64_t tb = c_.varlen ? 1 : s.B;
     in.push_back(rope_table(tb, s.Nq, s.D / 2, c_.q_matrix, rng));
     if (c_.k_rope)
@@ -555,6 +558,7 @@ class AttentionNormRopeCase : public Case {
     qp.rope = &qr;
     if (c_.k_rope) kp.rope = &kr;
     if (c_.segmented) qp.weight_rows = &qrows, kp.weight_rows = &krows;
+    if (c_.token_norm) qp.norm_scope = kp.norm_scope = NormScope::token;
     AttentionOptions o = opt_;
     o.q_prologue = &qp;
     o.k_prologue = &kp;
@@ -575,9 +579,10 @@ class AttentionNormRopeCase : public Case {
     const size_t rows_at = c_.k_rope ? 7 : 6;
     const HostTensor* qrows = c_.segmented ? &in[rows_at] : nullptr;
     const HostTensor* krows = c_.segmented ? &in[rows_at + 1] : nullptr;
-    HostTensor q = norm_rope_f64(as4(in[0]), &in[3], qrows, 1e-6, &in[5], c_.q_interleaved);
-    HostTensor kk =
-        norm_rope_f64(as4(in[1]), &in[4], krows, 1e-6, c_.k_rope ? &in[6] : nullptr, false);
+    HostTensor q = norm_rope_f64(as4(in[0]), &in[3], qrows, 1e-6, &in[5], c_.q_interleaved,
+                                 c_.token_norm);
+    HostTensor kk = norm_rope_f64(as4(in[1]), &in[4], krows, 1e-6, c_.k_rope ? &in[6] : nullptr,
+                                  false, c_.token_norm);
     HostTensor v = as_f32(as4(in[2]));
     if (!c_.varlen) return exact_out(q, kk, v, opt_, false);
     std::vector<double> x(static_cast<size_t>(s.Nq * s.Hq * s.D), 0.0);
@@ -1036,6 +1041,24 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     n = NormRopeCfg{};  // head dim 256 (the D = 256 kernels on both sides of the call)
     n.s = Shape{1, 130, 130, 2, 1, 256};
     n.causal = O::top_left;
+    cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
+    // Wan's block: q / k norms over all heads (NormScope::token) + interleaved (complex) rope;
+    // GQA, fp8 and 16-bit P·V, D 128 and 64, and packed sequences.
+    for (auto pv : {O::fp8, O::f16}) {
+      n = NormRopeCfg{};
+      n.s = Shape{1, 257, 257, 5, 5, 128};
+      n.pv = pv;
+      n.token_norm = n.q_interleaved = true;
+      cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
+    }
+    n = NormRopeCfg{};
+    n.s = Shape{2, 65, 130, 4, 2, 64};
+    n.token_norm = true;
+    n.causal = O::bottom_right;
+    cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
+    n = NormRopeCfg{};
+    n.s = Shape{1, 0, 0, 3, 3, 128};
+    n.varlen = n.token_norm = true;
     cases.push_back(std::make_unique<AttentionNormRopeCase>(n));
     for (int64_t d : {64, 128}) {  // packed sequences: tables and rows over the packed tokens
       n = NormRopeCfg{};

@@ -26,7 +26,8 @@ namespace lowbit {
 namespace harness {
 namespace {
 
-enum class Norm { none, per_head, segmented };
+// token: NormScope::token (Wan: one RMSNorm over each token's H·D channels), weight (H·D)
+enum class Norm { none, per_head, segmented, token };
 enum class RopeKind { none, split, interleaved };
 
 struct Cfg {
@@ -103,6 +104,7 @@ class PrologueCase : public Case {
     in.push_back(std::move(x));
     const int64_t R = c_.seg_rows;
     HostTensor w(c_.w_dtype, c_.norm == Norm::segmented ? std::vector<int64_t>{R, c_.D}
+                             : c_.norm == Norm::token   ? std::vector<int64_t>{c_.H * c_.D}
                                                         : std::vector<int64_t>{c_.D});
     w.fill_uniform(rng, 0.25f, 2.f);
     in.push_back(std::move(w));
@@ -219,6 +221,7 @@ class PrologueCase : public Case {
     if (c_.norm != Norm::none) p.norm_weight = &in[1];
     if (c_.norm == Norm::segmented) p.weight_rows = &in[2];
     p.check_weight_rows = !c_.unchecked_rows;
+    if (c_.norm == Norm::token) p.norm_scope = NormScope::token;
     if (c_.rope != RopeKind::none) p.rope = &rope;
     if (c_.mean) p.mean = &in[4];
     p.sm_scale = c_.sm_scale;
@@ -455,6 +458,31 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     Cfg st = q;
     st.tag = "seg.unchecked", st.store = true;
     add(st);
+  }
+  // Norm over all heads of a token (NormScope::token, Wan): the token pre-pass then the first-
+  // generation kernels. H 1 .. 40 (one warp's 32 chunks and several groups of them, a partial
+  // last group), D 64 / 128 / 256, the q path (THREAD_Q 32, q inside a fused QKV row), the mean
+  // pass (interleaved rope, f16), the fused k path (THREAD_K 64, B 2, per-batch table), the
+  // store step.
+  for (int64_t N : {1, 17, 257}) {
+    for (int64_t D : {64, 128, 256}) {
+      const int64_t H = N == 1 ? 40 : N == 17 ? 1 : 5;
+      Cfg q;
+      q.tag = "tokennorm.q";
+      q.N = N, q.D = D, q.H = H, q.qkv = true, q.sm_scale = q_scale, q.norm = Norm::token;
+      add(q);
+      Cfg m = q;
+      m.tag = "tokennorm.mean", m.mean_pass = true, m.qkv = false, m.dtype = DType::f16;
+      m.rope = RopeKind::interleaved, m.w_dtype = DType::bf16;
+      add(m);
+      Cfg k = q;
+      k.tag = "tokennorm.k", k.fused = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+      k.sm_scale = 1.f, k.B = 2, k.batch_table = true, k.qkv = false;
+      add(k);
+      Cfg st = q;
+      st.tag = "tokennorm", st.store = true, st.qkv = false;
+      add(st);
+    }
   }
   // Partial rotary: pairs a multiple of 8, and pairs that split a 16-byte chunk.
   for (int64_t pairs : {16, 20}) {

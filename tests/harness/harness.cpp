@@ -57,12 +57,17 @@ HostTensor rope_table(int64_t B, int64_t N, int64_t pairs, bool matrix, std::mt1
 }
 
 HostTensor norm_rope_f64(const HostTensor& x, const HostTensor* weight, const HostTensor* rows,
-                         double eps, const HostTensor* table, bool interleaved) {
+                         double eps, const HostTensor* table, bool interleaved, bool token_scope) {
   const int64_t B = x.shape[0], N = x.shape[1], H = x.shape[2], D = x.shape[3];
   HostTensor y(DType::f32, x.shape);
   std::vector<double> r(static_cast<size_t>(D));
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t n = 0; n < N; ++n)
+    for (int64_t n = 0; n < N; ++n) {
+      double token_ss = 0;  // over the token's H·D channels (token_scope)
+      for (int64_t i = 0; i < H * D; ++i) {
+        const double v = x.get((b * N + n) * H * D + i);
+        token_ss += v * v;
+      }
       for (int64_t h = 0; h < H; ++h) {
         const int64_t base = ((b * N + n) * H + h) * D;
         double ss = 0;
@@ -71,8 +76,10 @@ HostTensor norm_rope_f64(const HostTensor& x, const HostTensor* weight, const Ho
           ss += r[d] * r[d];
         }
         if (weight) {
-          const double inv = 1.0 / std::sqrt(ss / D + eps);
-          const int64_t row = rows ? static_cast<int64_t>(rows->get(n)) : 0;
+          const double inv = token_scope ? 1.0 / std::sqrt(token_ss / (H * D) + eps)
+                                         : 1.0 / std::sqrt(ss / D + eps);
+          const int64_t row =
+              token_scope ? h : rows ? static_cast<int64_t>(rows->get(n)) : 0;
           for (int64_t d = 0; d < D; ++d) r[d] *= inv * weight->get(row * D + d);
         }
         if (table) {
@@ -90,6 +97,7 @@ HostTensor norm_rope_f64(const HostTensor& x, const HostTensor* weight, const Ho
         }
         for (int64_t d = 0; d < D; ++d) y.set(base + d, static_cast<float>(r[d]));
       }
+    }
   return y;
 }
 

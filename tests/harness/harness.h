@@ -101,8 +101,10 @@ HostTensor rope_table(int64_t B, int64_t N, int64_t pairs, bool matrix, std::mt1
 // SPEC §1's norm and rotation of x (B, N, H, D) in fp64 (no rounding of the norm output), as f32:
 // the exact reference of the rows an attention call with q / k prologues attends with. weight
 // (D) or (R, D) with rows (N) int32, or null; table (1|B, N, 1, pairs, 2[, 2]) or null.
+// token_scope (NormScope::token): the norm over each token's H·D channels, weight (H·D).
 HostTensor norm_rope_f64(const HostTensor& x, const HostTensor* weight, const HostTensor* rows,
-                         double eps, const HostTensor* table, bool interleaved);
+                         double eps, const HostTensor* table, bool interleaved,
+                         bool token_scope = false);
 
 class Case {
  public:

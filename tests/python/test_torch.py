@@ -158,12 +158,12 @@ def test_opcheck_attention():
     for impl in ("parts", "library"):
         torch.library.opcheck(torch.ops.lowbit.attention.default,
                               (q, k, v, "HND", 0.125, "top_left", "f16", True, False, True,
-                               impl, None, None, None, None, 1e-6, None, None, False, True))
+                               impl, None, None, None, None, 1e-6, None, None, False, True, "head"))
     # with q / k norm weights and rope tables
     w, pe = 1 + randn(64), _flux_pe(16, 64).transpose(1, 2).float()
     torch.library.opcheck(torch.ops.lowbit.attention.default,
                           (q, q, q, "HND", 0.125, "none", "fp8", True, False, False, "library",
-                           w, w, None, None, 1e-6, pe, pe, True, True))
+                           w, w, None, None, 1e-6, pe, pe, True, True, "head"))
 
 
 @needs("attention")
@@ -312,6 +312,52 @@ def test_attention_varlen_norm_rope_takes_packed_tables():
 
 @needs("attention")
 @needs("prologue")
+def test_attention_wan_block_norm_over_all_heads():
+    # Wan's self-attention: q / k = RMSNorm(dim) of the projections over all heads together
+    # (WanRMSNorm: x * rsqrt(mean(x^2) + eps) * w over H*D), then the complex rotary on pairs
+    # (2p, 2p + 1), then attention -- against that chain in fp64.
+    b, n, h, d = 1, 45, 3, 64
+    q, k = (randn(b, n, h * d) * 2).bfloat16(), (randn(b, n, h * d) + 0.5).bfloat16()
+    v = randn(b, n, h, d).bfloat16()
+    wq, wk = 1 + 0.3 * randn(h * d), 1 + 0.3 * randn(h * d)
+
+    def wan_rms_norm(x, w):
+        x = x.double()
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * 1e-2 ** (torch.arange(d // 2) / (d // 2))
+    freqs = torch.polar(torch.ones_like(ang), ang)
+
+    def rope(x):
+        xc = torch.view_as_complex(x.reshape(b, n, h, -1, 2))
+        return torch.view_as_real(xc * freqs[None, :, None]).flatten(3)
+    qr = rope(wan_rms_norm(q, wq)).transpose(1, 2)
+    kr = rope(wan_rms_norm(k, wk)).transpose(1, 2)
+    ref = (torch.softmax(qr @ kr.transpose(-1, -2) / math.sqrt(d), -1)
+           @ v.double().transpose(1, 2)).transpose(1, 2)
+    table = torch.view_as_real(freqs.to(torch.complex64))[None, :, None]
+    kw = dict(q_norm_weight=wq, k_norm_weight=wk.view(h, d), norm_scope="token", q_rope=table,
+              k_rope=table, rope_interleaved=True)
+    q4, k4 = q.view(b, n, h, d), k.view(b, n, h, d)
+    out = lt.attention(q4, k4, v, **kw)
+    cos, l1 = cos_l1(out, ref)
+    assert cos >= 0.999 and l1 <= 0.05, (cos, l1)
+    torch.testing.assert_close(lt.attention(q4, k4, v, impl="parts", **kw), out, atol=2e-3,
+                               rtol=0)
+    # The per-head norm with per-head weights is another function (here farther from Wan's).
+    per_head = lt.attention(q4, k4, v, q_norm_weight=wq[:d], k_norm_weight=wk[:d], q_rope=table,
+                            k_rope=table, rope_interleaved=True)
+    assert cos_l1(per_head, ref)[0] < cos
+    with pytest.raises(lowbit.Error, match="norm_weight"):  # a (D) weight with the token scope
+        lt.attention(q4, k4, v, **dict(kw, q_norm_weight=wq[:d]))
+    with pytest.raises(lowbit.Error, match="norm_scope"):
+        lt.attention(q4, k4, v, **dict(kw, norm_scope="tokens"))
+    torch.library.opcheck(torch.ops.lowbit.attention.default,
+                          (q4, k4, v, "NHD", 0.0, "none", "fp8", True, False, False, "library",
+                           wq, wk, None, None, 1e-6, table, table, True, True, "token"))
+
+
+@needs("attention")
+@needs("prologue")
 def test_attention_unchecked_weight_rows_clamp():
     # Joint attention's segmented norms: text tokens take row 0, image tokens row 1. With
     # check_weight_rows=False nothing is read back (CUDA-graph capturable) and an index out of
@@ -333,7 +379,7 @@ def test_attention_unchecked_weight_rows_clamp():
             lt.attention(q, k, v, q_weight_rows=rows, k_weight_rows=bad, impl=impl, **kw)
     torch.library.opcheck(torch.ops.lowbit.attention.default,
                           (q, k, v, "NHD", 0.0, "none", "fp8", True, False, False, "library",
-                           w, w, rows, bad, 1e-6, None, None, False, False))
+                           w, w, rows, bad, 1e-6, None, None, False, False, "head"))
 
 
 @needs("attention")
@@ -361,7 +407,8 @@ def test_prologue_ops_vs_numpy_path():
     mean = lt.norm_rope_mean(x, norm_weight=torch.ones(32))
     assert mean.shape == (1, 2, 32)
     torch.library.opcheck(torch.ops.lowbit.norm_rope_quantize.default,
-                          (x, None, None, 1e-6, None, False, None, 1.0, 1e-7, "per_block", 64, True))
+                          (x, None, None, 1e-6, None, False, None, 1.0, 1e-7, "per_block", 64, True,
+                           "head"))
 
 
 # ---- linear -------------------------------------------------------------------------------------

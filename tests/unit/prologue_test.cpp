@@ -13,6 +13,7 @@
 #include "lowbit/dtype.h"
 #include "lowbit/prologue.h"
 #include "src/core/prologue_internal.h"
+#include "tests/harness/harness.h"
 
 namespace lowbit {
 namespace {
@@ -349,7 +350,58 @@ TEST(prologue, unchecked_weight_rows_clamp_to_the_nearest_row) {
   EXPECT_EQ(a.scale, b.scale);
 }
 
-// cos = 0, sin = 1: a quarter turn. Split halves: out[p] = -y[p + P], out[p + P] = y[p].
+// NormScope::token (Wan): one RMS over the token's H·D channels. Head 0 all 1, head 1 all 7 (D 16):
+// sum of squares 16 + 784 = 800, / 32 = 25, inv = 0.2; per head the inverses would be 1 and 1/7.
+// The weight (H·D) or (H, D): head h reads row h.
+TEST(prologue, token_norm_over_all_heads_hand_vector) {
+  const int H = 2, D = 16;
+  Act x(1, 1, H, D);
+  for (int c = 0; c < D; ++c) x.at(0, 0, 0, c) = 1.f, x.at(0, 0, 1, c) = 7.f;
+  std::vector<float> w(H * D);
+  for (int c = 0; c < D; ++c) w[c] = 2.f, w[D + c] = 0.5f;
+  Prologue p;
+  p.eps = 0.f;
+  p.norm_scope = NormScope::token;
+  Context ctx;
+  for (bool flat : {true, false}) {
+    TensorView wv = flat ? make_view(w.data(), DType::f32, {H * D})
+                         : make_view(w.data(), DType::f32, {H, D});
+    p.norm_weight = &wv;
+    std::vector<float> m(H * D, -1.f);  // N = 1: the mean is the row itself
+    norm_rope_mean(x.view, p, make_view(m.data(), DType::f32, {1, H, D}), ctx);
+    for (int c = 0; c < D; ++c) {
+      EXPECT_EQ(m[c], 0.4f) << c;                // (1 * 0.2) * 2
+      EXPECT_EQ(m[D + c], (7.f * 0.2f) * 0.5f) << c;  // 0.7 (to float rounding)
+    }
+  }
+  // The per-head norm of the same row differs: head 0 -> 1 * 1 * 2.
+  TensorView w0 = make_view(w.data(), DType::f32, {D});
+  p.norm_weight = &w0;
+  p.norm_scope = NormScope::head;
+  std::vector<float> m(H * D);
+  norm_rope_mean(x.view, p, make_view(m.data(), DType::f32, {1, H, D}), ctx);
+  EXPECT_EQ(m[0], 2.f);
+}
+
+// NormScope::token against fp64 on random bf16 rows (H 5, D 48: 30 chunks of 8), through the
+// store step (the norm output in x's dtype): within one bf16 rounding of the fp64 value.
+TEST(prologue, token_norm_random_rows_vs_fp64) {
+  const int64_t B = 2, N = 7, H = 5, D = 48;
+  std::mt19937_64 rng(11);
+  harness::HostTensor x(DType::bf16, {B, N, H, D}), w(DType::f32, {H * D});
+  x.fill_normal(rng, 0.5f, 3.f);
+  w.fill_uniform(rng, 0.25f, 2.f);
+  TensorView wv = w.view();
+  Prologue p;
+  p.norm_weight = &wv;
+  p.norm_scope = NormScope::token;
+  harness::HostTensor y(DType::bf16, {B, N, H, D});
+  Context ctx;
+  detail::norm_rope_store(x.view(), p, y.view(), ctx);
+  const harness::HostTensor ref = harness::norm_rope_f64(x, &w, nullptr, 1e-6, nullptr, false, true);
+  for (int64_t i = 0; i < y.numel(); ++i)
+    ASSERT_NEAR(y.get(i), ref.get(i), std::ldexp(std::fabs(ref.get(i)), -7) + 1e-6) << i;
+}
 TEST(prologue, rope_quarter_turn_split_interleaved_matrix_partial) {
   const int D = 16;
   Act x(1, 1, 1, D);
@@ -793,6 +845,30 @@ TEST(prologue_errors, weight_rows_out_of_range) {
   f.expect_error("weight_rows", [&] { f.mean_pass(); });
   f.p.weight_rows = nullptr;  // (R, D) weights need rows
   f.expect_error("weight_rows", [&] { f.quantize(); });
+}
+
+TEST(prologue_errors, token_norm_arguments) {
+  ErrorFixture f;  // H 2, D 32
+  std::vector<float> w(2 * 32, 1.f);
+  TensorView per_head = make_view(w.data(), DType::f32, {32});
+  f.p.norm_scope = NormScope::token;
+  f.p.norm_weight = &per_head;  // (D): the token scope needs (H·D) or (H, D)
+  f.expect_error("norm_weight", [&] { f.quantize(); });
+  TensorView three = make_view(w.data(), DType::f32, {3, 16});
+  f.p.norm_weight = &three;
+  f.expect_error("norm_weight", [&] { f.mean_pass(); });
+  TensorView rows2 = make_view(w.data(), DType::f32, {2, 32});
+  std::vector<int32_t> rows(9, 0);
+  TensorView rv = make_view(rows.data(), DType::i32, {9});
+  f.p.norm_weight = &rows2;
+  f.p.weight_rows = &rv;  // segmented weights are per-head norms
+  f.expect_error("weight_rows", [&] { f.quantize(); });
+  f.p.weight_rows = nullptr;
+  f.p.norm_scope = static_cast<NormScope>(7);
+  f.expect_error("norm_scope", [&] { f.quantize(); });
+  f.p.norm_scope = NormScope::token;
+  f.quantize();  // (H, D) is valid
+  EXPECT_NE(f.out.q[0], -99);
 }
 
 TEST(prologue_errors, block_not_a_multiple_of_8) {
