@@ -95,6 +95,19 @@ void capture_and_replay(Context& ctx, const std::function<void()>& fn, int repla
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }
+// A caller's own non-blocking stream and a Context on it (destroyed with the object).
+struct OwnStream {
+  cudaStream_t stream = nullptr;
+  Context ctx;
+  OwnStream() {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    ctx.cuda_stream = stream;
+  }
+  ~OwnStream() { cudaStreamDestroy(stream); }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+};
+
 void run_captured(Problem& p, Context& ctx) {
   capture_and_replay(ctx, [&] { p.run(ctx); });
 }
@@ -164,10 +177,9 @@ void hold_stream(void* gate) {
 TEST(AttentionStreams, OwnWorkspaceDoesNotWaitForTheStream) {
   if (!built_with_cuda() || cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
-  cudaStream_t own = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
-  Context ctx;
-  ctx.cuda_stream = own;
+  OwnStream own_stream;
+  cudaStream_t own = own_stream.stream;
+  Context& ctx = own_stream.ctx;
   for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
     SCOPED_TRACE(pv == AttentionOptions::fp8 ? "fp8 P.V" : "16-bit P.V");
     Problem p(pv);
@@ -209,7 +221,6 @@ TEST(AttentionStreams, OwnWorkspaceDoesNotWaitForTheStream) {
       EXPECT_EQ(p.output(ctx), want) << "graph replays";
     }
   }
-  cudaStreamDestroy(own);
 }
 
 // The quantize kernel is launched with programmatic dependent launch (it waits for the kernel
@@ -288,10 +299,8 @@ TEST(AttentionStreams, QuantizeAfterAnEventWaitReadsTheNewInput) {
 TEST(AttentionStreams, UncheckedWeightRowsCaptureInAGraph) {
   if (!built_with_cuda() || cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
-  cudaStream_t own = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), cudaSuccess);
-  Context ctx;
-  ctx.cuda_stream = own;
+  OwnStream own_stream;
+  Context& ctx = own_stream.ctx;
   Problem p(AttentionOptions::fp8);
   Buffer w(Device::cuda, 2 * D * 2), rows(Device::cuda, N * 4);
   {
@@ -325,7 +334,6 @@ TEST(AttentionStreams, UncheckedWeightRowsCaptureInAGraph) {
     capture_and_replay(ctx, call, 2);
     EXPECT_EQ(p.output(ctx), want) << "graph replays";
   }
-  cudaStreamDestroy(own);
 }
 
 #else

@@ -291,13 +291,22 @@ TEST(prologue, norm_output_rounds_to_activation_dtype) {
   for (int c = 0; c < D; ++c) EXPECT_EQ(y[c], 0.33325195f);  // f16 0x3555 = 1365/4096
 }
 
+// Segmented norm weights (3, D): row r all r + 1.
+struct ThreeRowWeights {
+  std::vector<float> w;
+  TensorView view;
+  explicit ThreeRowWeights(int64_t D) : w(static_cast<size_t>(3 * D)) {
+    for (int64_t r = 0; r < 3; ++r)
+      for (int64_t c = 0; c < D; ++c) w[r * D + c] = static_cast<float>(r + 1);
+    view = make_view(w.data(), DType::f32, {3, D});
+  }
+};
+
 TEST(prologue, segmented_norm_weights) {
   const int D = 16;
   Act x(1, 3, 1, D, 1.f);
-  std::vector<float> w(3 * D);
-  for (int r = 0; r < 3; ++r)
-    for (int c = 0; c < D; ++c) w[r * D + c] = static_cast<float>(r + 1);
-  TensorView wv = make_view(w.data(), DType::f32, {3, D});
+  ThreeRowWeights weights(D);
+  TensorView& wv = weights.view;
   std::vector<int32_t> rows = {2, 0, 2};
   TensorView rv = make_view(rows.data(), DType::i32, {3});
   Prologue p;
@@ -318,10 +327,8 @@ void expect_error_on(const char* arg, const char* text, const std::function<void
 TEST(prologue, unchecked_weight_rows_clamp_to_the_nearest_row) {
   const int D = 16;
   Act x(1, 4, 1, D, 1.f);
-  std::vector<float> w(3 * D);
-  for (int r = 0; r < 3; ++r)
-    for (int c = 0; c < D; ++c) w[r * D + c] = static_cast<float>(r + 1);
-  TensorView wv = make_view(w.data(), DType::f32, {3, D});
+  ThreeRowWeights weights(D);
+  TensorView& wv = weights.view;
   std::vector<int32_t> rows = {-5, 3, 9, 1};
   TensorView rv = make_view(rows.data(), DType::i32, {4});
   Prologue p;
