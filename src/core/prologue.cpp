@@ -329,8 +329,15 @@ namespace {
 
 // NormScope::token: each token's inverse RMS over its H·D channels, into a (B, N) f32 buffer
 // (stream-ordered on CUDA: no synchronization) that `a` points at while `run` queues the passes.
+// On CUDA, where `stage` (the quantize and mean passes; not the store step, which is this stage
+// itself), the norm output y = round_to_act_dtype(x * inv * w) (SPEC §1's stored norm output) is
+// then written once into a (B, N, H, D) scratch by the store step, and the passes run on y with
+// the norm off: the bits of the fused arithmetic (the passes continue from the same rounded y),
+// on the fast kernels, which read a per-head norm only. The first-generation kernels read the
+// token's inverse themselves (no scratch) where the tuning forces them (`legacy`).
 template <typename F>
-void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx, F&& run) {
+void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx, bool stage,
+                    F&& run) {
   if (!a.norm_heads || a.batch * a.tokens == 0) {
     run();
     return;
@@ -338,10 +345,28 @@ void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx
   detail::StreamBuffer inv(device, sizeof(float) * static_cast<size_t>(a.batch * a.tokens), ctx,
                            op);
   a.token_inv = inv.as<float>();
-  if (device == Device::cuda)
-    LOWBIT_CUDA_CALL(op, cuda::token_norm_inv(a, inv.as<float>(), ctx));
-  else
+  if (device != Device::cuda) {
     cpu::token_norm_inv(a, inv.as<float>(), ctx);
+    run();
+    return;
+  }
+  LOWBIT_CUDA_CALL(op, cuda::token_norm_inv(a, inv.as<float>(), ctx));
+  if (!stage || detail::prologue_cuda_tuning().legacy) {
+    run();
+    return;
+  }
+  const int64_t row = a.heads * a.dim, elems = a.batch * a.tokens * row;
+  detail::StreamBuffer y(device, static_cast<size_t>(dtype_storage_bytes(a.x_dtype, elems)) + 256,
+                         ctx, op);
+  void* yp = y.aligned(256);
+  PrologueArgs norm_only = a;  // the store step: y = the norm output, no rotation, no mean
+  norm_only.rotate = false;
+  norm_only.mean = nullptr;
+  LOWBIT_CUDA_CALL(op, cuda::norm_rope_store(norm_only, yp, a.tokens * row, row, a.dim, ctx));
+  a.x = yp;
+  a.x_sb = a.tokens * row, a.x_sn = row, a.x_sh = a.dim;
+  a.norm = a.norm_heads = false;
+  a.token_inv = nullptr;
   run();
 }
 
@@ -351,7 +376,7 @@ void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out,
   const char* op = "norm_rope_mean";
   PrologueArgs a = resolve_inputs(op, x, p, false, &ctx);
   resolve_mean_out(op, x, mean_out, a);
-  with_token_inv(op, x.device, a, ctx, [&] {
+  with_token_inv(op, x.device, a, ctx, true, [&] {
     if (x.device == Device::cuda)
       LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean(a, ctx));
     else
@@ -367,7 +392,7 @@ void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, Te
   check_quantize_options(op, p);
   PrologueArgs a = resolve_inputs(op, x, p, true, rows_checked ? nullptr : &ctx);
   resolve_quantize(op, x, p, q_out, scale_out, a);
-  with_token_inv(op, x.device, a, ctx, [&] {
+  with_token_inv(op, x.device, a, ctx, true, [&] {
     if (x.device == Device::cuda)
       LOWBIT_CUDA_CALL(op, cuda::norm_rope_quantize(a, ctx));
     else
@@ -390,7 +415,7 @@ void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean
   // The quantize pass subtracts the mean just computed.
   a.mean = a.mean_out;
   a.m_sb = a.mo_sb, a.m_sh = a.mo_sh;
-  with_token_inv(op, x.device, a, ctx, [&] {
+  with_token_inv(op, x.device, a, ctx, true, [&] {
     if (x.device == Device::cuda)
       LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean_quantize(a, ctx));
     else
@@ -464,7 +489,7 @@ void norm_rope_store(const TensorView& x, const Prologue& p, TensorView y, Conte
     LOWBIT_CHECK(strides_multiple_of(y, 3, 8), op, "y",
                  "strides on cuda: expected multiples of 8, got " + y.describe());
   }
-  with_token_inv(op, x.device, a, ctx, [&] {
+  with_token_inv(op, x.device, a, ctx, false, [&] {
     if (x.device == Device::cuda)
       LOWBIT_CUDA_CALL(op,
                        cuda::norm_rope_store(a, y.data, y.stride[0], y.stride[1], y.stride[2], ctx));

@@ -459,29 +459,36 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     st.tag = "seg.unchecked", st.store = true;
     add(st);
   }
-  // Norm over all heads of a token (NormScope::token, Wan): the token pre-pass then the first-
-  // generation kernels. H 1 .. 40 (one warp's 32 chunks and several groups of them, a partial
-  // last group), D 64 / 128 / 256, the q path (THREAD_Q 32, q inside a fused QKV row), the mean
-  // pass (interleaved rope, f16), the fused k path (THREAD_K 64, B 2, per-batch table), the
-  // store step.
+  // Norm over all heads of a token (NormScope::token, Wan): the token pre-pass, then on CUDA the
+  // norm output staged by the store step and the default kernels on it, or (`.legacy`) the
+  // first-generation kernels reading the token's inverse. H 1 .. 40 (one warp's 32 chunks and
+  // several groups of them, a partial last group), D 64 / 128 / 256, the q path (THREAD_Q 32, q
+  // inside a fused QKV row), the mean pass (interleaved rope, f16), the fused k path (THREAD_K
+  // 64, B 2, per-batch table), the store step.
+  auto add_token = [&](Cfg c) {
+    add(c);
+    if (c.store) return;
+    c.tag += ".legacy", c.legacy = true;
+    add(c);
+  };
   for (int64_t N : {1, 17, 257}) {
     for (int64_t D : {64, 128, 256}) {
       const int64_t H = N == 1 ? 40 : N == 17 ? 1 : 5;
       Cfg q;
       q.tag = "tokennorm.q";
       q.N = N, q.D = D, q.H = H, q.qkv = true, q.sm_scale = q_scale, q.norm = Norm::token;
-      add(q);
+      add_token(q);
       Cfg m = q;
       m.tag = "tokennorm.mean", m.mean_pass = true, m.qkv = false, m.dtype = DType::f16;
       m.rope = RopeKind::interleaved, m.w_dtype = DType::bf16;
-      add(m);
+      add_token(m);
       Cfg k = q;
       k.tag = "tokennorm.k", k.fused = true, k.layout = ScaleLayout::thread_k, k.block = 64;
       k.sm_scale = 1.f, k.B = 2, k.batch_table = true, k.qkv = false;
-      add(k);
+      add_token(k);
       Cfg st = q;
       st.tag = "tokennorm", st.store = true, st.qkv = false;
-      add(st);
+      add_token(st);
     }
   }
   // Partial rotary: pairs a multiple of 8, and pairs that split a 16-byte chunk.

@@ -854,6 +854,40 @@ TEST(prologue_errors, weight_rows_out_of_range) {
   f.expect_error("weight_rows", [&] { f.quantize(); });
 }
 
+// The CUDA backend runs NormScope::token as the store step (the rounded norm output y) and then
+// the passes on y with the norm off: the same codes, scales and mean as the fused arithmetic,
+// shown here with the public calls on the CPU (k path: mean + quantize, interleaved rope).
+TEST(prologue, token_norm_equals_the_staged_norm_output) {
+  const int64_t B = 2, N = 70, H = 3, D = 64;
+  std::mt19937_64 rng(13);
+  harness::HostTensor x(DType::bf16, {B, N, H, D}), w(DType::bf16, {H, D});
+  x.fill_normal(rng, 0.3f, 2.f);
+  w.fill_uniform(rng, 0.25f, 2.f);
+  harness::HostTensor table = harness::rope_table(1, N, D / 2, false, rng);
+  TensorView wv = w.view();
+  Rope rope{table.view(), true};
+  Prologue fused = plain(ScaleLayout::thread_k, 64, 1e-7f);
+  fused.norm_weight = &wv;
+  fused.norm_scope = NormScope::token;
+  fused.rope = &rope;
+  const int64_t sc = prologue_scale_count(N, ScaleLayout::thread_k, 64);
+  harness::HostTensor q1(DType::i8, {B, N, H, D}), s1(DType::f32, {B, H, sc}),
+      m1(DType::f32, {B, H, D});
+  harness::HostTensor q2 = q1, s2 = s1, m2 = m1, y(DType::bf16, {B, N, H, D});
+  Context ctx;
+  norm_rope_mean_quantize(x.view(), fused, m1.view(), q1.view(), s1.view(), ctx);
+  Prologue norm_only;
+  norm_only.norm_weight = &wv;
+  norm_only.norm_scope = NormScope::token;
+  detail::norm_rope_store(x.view(), norm_only, y.view(), ctx);
+  Prologue rest = fused;
+  rest.norm_weight = nullptr;
+  norm_rope_mean_quantize(y.view(), rest, m2.view(), q2.view(), s2.view(), ctx);
+  EXPECT_EQ(q1.bytes, q2.bytes);
+  EXPECT_EQ(s1.bytes, s2.bytes);
+  EXPECT_EQ(m1.bytes, m2.bytes);
+}
+
 TEST(prologue_errors, token_norm_arguments) {
   ErrorFixture f;  // H 2, D 32
   std::vector<float> w(2 * 32, 1.f);
