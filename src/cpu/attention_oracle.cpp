@@ -1,10 +1,21 @@
-// CPU backend of the attention family: the oracle. Plain loops following SageAttention 2's
-// arithmetic step by step (SPEC §2), one (batch, head, query row) at a time, threaded over rows.
+// CPU backend of the attention family: the oracle. Loops following SageAttention 2's arithmetic
+// step by step (SPEC §2), each (batch, head, query row) on its own, threaded over row blocks.
+// Session 40: a key tile's q . k dots for one row at a time from the tile's K rows staged as
+// int16 pairs (AVX2 multiply-adds where the CPU has them: exact integers either way), P's e4m3
+// rounding by the rows' vector encoder and the code table, P·V as one loop over the tile's keys
+// (the same operations in the same order per element as the plain loops), and 2^x by rows::exp2
+// (within 2 ulp, vectorized; glibc's exp2f before: P's values may differ by an ulp or two, so an
+// e4m3 P may round a step apart, as the GPU's ex2.approx does).
 // Also the fp64 softmax(q k^T) v reference used for accuracy figures.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 #include "lowbit/attention.h"
 #include "lowbit/dtype.h"
@@ -22,7 +33,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2_448 = 8.807354922057604f;  // P is scaled into [0, 448] in fp8 mode
 constexpr int kKvTile = 64;                      // keys per online-softmax step
-constexpr int64_t kRowBlock = 32;                // query rows per task (times the group's heads)
+constexpr int64_t kRowBlock = 128;  // query rows per task (times the group's heads)
 
 inline int64_t off4(const TensorView& t, int64_t a, int64_t b, int64_t c, int64_t d) {
   return a * t.stride[0] + b * t.stride[1] + c * t.stride[2] + d * t.stride[3];
@@ -69,10 +80,98 @@ void load_row_f32(const TensorView& t, int64_t off, int64_t D, float* dst) {
     for (int64_t d = 0; d < D; ++d) dst[d] = load_f32(t.data, off + d * cs, t.dtype);
   }
 }
-// Exact int32 q . k (any summation order gives the same integer).
-LOWBIT_CLONES int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t D) {
-  int32_t sum = 0;
-  for (int64_t d = 0; d < D; ++d) sum += int32_t{a[d]} * int32_t{b[d]};
+// A key tile's K rows as int16 pairs: kt[(d / 2) * 2 kKvTile + 2 j + d % 2] = k[j][d] (D even;
+// keys past the tile's count stay 0). One row's dots against them: out[j] = q . k[j], exact
+// int32 (any summation order gives the same integer), all kKvTile keys.
+void stage_keys(const int8_t* kbuf, int64_t tn, int64_t D, int16_t* kt) {
+  std::fill(kt, kt + D * kKvTile, int16_t{0});
+  for (int64_t j = 0; j < tn; ++j)
+    for (int64_t d = 0; d < D; ++d) kt[(d / 2) * 2 * kKvTile + 2 * j + d % 2] = kbuf[j * D + d];
+}
+#ifdef LOWBIT_AVX2
+LOWBIT_AVX2 void tile_dots_avx2(const int8_t* q, const int16_t* kt, int64_t D, int32_t* out) {
+  static_assert(kKvTile == 64, "8 vectors of 8 keys");
+  __m256i acc[8];
+  for (int v = 0; v < 8; ++v) acc[v] = _mm256_setzero_si256();
+  for (int64_t p = 0; p < D / 2; ++p) {
+    // (q[2p], q[2p + 1]) in every 32-bit lane: madd pairs it with each key's (k[2p], k[2p + 1])
+    const uint32_t pair = static_cast<uint16_t>(int16_t{q[2 * p]}) |
+                          (static_cast<uint32_t>(static_cast<uint16_t>(int16_t{q[2 * p + 1]})) << 16);
+    const __m256i qq = _mm256_set1_epi32(static_cast<int32_t>(pair));
+    const int16_t* row = kt + p * 2 * kKvTile;
+    for (int v = 0; v < 8; ++v)
+      acc[v] = _mm256_add_epi32(
+          acc[v], _mm256_madd_epi16(
+                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * v)), qq));
+  }
+  for (int v = 0; v < 8; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 8 * v), acc[v]);
+}
+#endif
+void tile_dots(const int8_t* q, const int16_t* kt, int64_t D, int32_t* out) {
+#ifdef LOWBIT_AVX2
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return tile_dots_avx2(q, kt, D, out);
+#endif
+  for (int64_t j = 0; j < kKvTile; ++j) out[j] = 0;
+  for (int64_t d = 0; d < D; ++d) {
+    const int16_t* row = kt + (d / 2) * 2 * kKvTile + d % 2;
+    for (int64_t j = 0; j < kKvTile; ++j) out[j] += int32_t{q[d]} * int32_t{row[2 * j]};
+  }
+}
+// tile[d] = sum over keys j < n, in key order, of pr[j] * v[j][d] (tile zeroed first): per
+// element one rounded product and one rounded sum per key, as rows::add_scaled key after key.
+// (64 channels at a time held in registers across the keys; D is a multiple of 16.) EXACT:
+// every product pr[j] * v[j][d] is exact in fp32 (e4m3 or 16-bit P times e4m3 or 16-bit V: at
+// most 22 significant bits), so a fused multiply-add gives the same bits as the product and the
+// sum rounded one after the other; with an f32 V (CPU only) the two roundings are kept.
+template <bool EXACT, int W>
+inline void pv_block(float* tile, const float* pr, const float* vbuf, int64_t n, int64_t D,
+                     int64_t d0) {
+  float acc[W] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    const float p = pr[j];
+    const float* v = vbuf + j * D + d0;
+    for (int c = 0; c < W; ++c) acc[c] = EXACT ? std::fma(p, v[c], acc[c]) : acc[c] + p * v[c];
+  }
+  for (int c = 0; c < W; ++c) tile[d0 + c] = acc[c];
+}
+template <bool EXACT>
+inline void pv_blocks(float* tile, const float* pr, const float* vbuf, int64_t n, int64_t D) {
+  int64_t d0 = 0;  // (64 channels: 8 independent vector chains, enough to hide the FMA latency)
+  for (; d0 + 64 <= D; d0 += 64) pv_block<EXACT, 64>(tile, pr, vbuf, n, D, d0);
+  for (; d0 + 32 <= D; d0 += 32) pv_block<EXACT, 32>(tile, pr, vbuf, n, D, d0);
+  for (; d0 < D; d0 += 16) pv_block<EXACT, 16>(tile, pr, vbuf, n, D, d0);
+}
+LOWBIT_CLONES_FMA void pv_tile(float* tile, const float* pr, const float* vbuf, int64_t n,
+                               int64_t D, bool exact_products) {
+  if (exact_products)
+    pv_blocks<true>(tile, pr, vbuf, n, D);
+  else
+    pv_blocks<false>(tile, pr, vbuf, n, D);
+}
+// s[j] = dot[j] (q_scale k_scale[j]) scale_log2 for the row's n keys of a tile; returns their
+// maximum (-inf for none; a NaN score never wins, as std::max(m, s) key after key: the maximum
+// of the other scores does not depend on the order).
+LOWBIT_CLONES float tile_scores(const int32_t* dots, const float* ksv, float qs, float scale_log2,
+                                int64_t n, float* s) {
+  for (int64_t j = 0; j < n; ++j) s[j] = static_cast<float>(dots[j]) * (qs * ksv[j]) * scale_log2;
+  // 8 running maxima (element-wise selects, which vectorize), then theirs
+  const float ninf = -std::numeric_limits<float>::infinity();
+  float lane[8] = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; ++l) lane[l] = lane[l] < s[j + l] ? s[j + l] : lane[l];
+  float m = ninf;
+  for (; j < n; ++j) m = m < s[j] ? s[j] : m;
+  for (int l = 0; l < 8; ++l) m = m < lane[l] ? lane[l] : m;
+  return m;
+}
+// p[j] = 2^(s[j] - m_off) (rows::exp2); returns their sum, added in key order.
+LOWBIT_CLONES float tile_probs(const float* s, float m_off, int64_t n, float* p) {
+  for (int64_t j = 0; j < n; ++j) p[j] = s[j] - m_off;
+  rows::exp2(p, n, p);
+  float sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) sum += p[j];
   return sum;
 }
 // acc[d] = acc[d] * r + tile[d].
@@ -86,33 +185,43 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
                     Context& ctx) {
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], D = v.shape[3];
   const int64_t npad = v_fp8.shape[3];
+  // (Rows of V loaded whole (channels contiguous: the one-call path's V; any channel stride by
+  // load_row_f32); per element the operations of the plain per-element loops.)
   parallel_for(B * H, 1, ctx, [&](int64_t b0, int64_t b1) {
-    std::vector<float> mean(static_cast<size_t>(D)), amax(static_cast<size_t>(D));
+    std::vector<float> mean(static_cast<size_t>(D)), amax(static_cast<size_t>(D)),
+        scale(static_cast<size_t>(D)), x(static_cast<size_t>(D));
+    std::vector<uint8_t> row_codes(static_cast<size_t>(D));
     for (int64_t bh = b0; bh < b1; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       std::fill(mean.begin(), mean.end(), 0.f);
       std::fill(amax.begin(), amax.end(), 0.f);
       if (v_mean) {
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t d = 0; d < D; ++d) mean[d] += load_f32(v.data, off4(v, b, n, h, d), v.dtype);
+        for (int64_t n = 0; n < N; ++n) {
+          load_row_f32(v, off4(v, b, n, h, 0), D, x.data());
+          for (int64_t d = 0; d < D; ++d) mean[d] += x[d];
+        }
         for (int64_t d = 0; d < D; ++d) {
           mean[d] = N > 0 ? mean[d] / static_cast<float>(N) : 0.f;
           v_mean->ptr<float>()[off3(*v_mean, b, h, d)] = mean[d];
         }
       }
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t d = 0; d < D; ++d)
-          amax[d] = std::max(amax[d],
-                             std::fabs(load_f32(v.data, off4(v, b, n, h, d), v.dtype) - mean[d]));
+      for (int64_t n = 0; n < N; ++n) {
+        load_row_f32(v, off4(v, b, n, h, 0), D, x.data());
+        for (int64_t d = 0; d < D; ++d) amax[d] = std::max(amax[d], std::fabs(x[d] - mean[d]));
+      }
       uint8_t* codes = v_fp8.ptr<uint8_t>() + (b * H + h) * D * npad;
       for (int64_t d = 0; d < D; ++d) {
-        const float s = amax[d] / 448.f;
-        v_scale.ptr<float>()[off3(v_scale, b, h, d)] = s;
-        for (int64_t n = 0; n < npad; ++n) codes[d * npad + n] = 0;
-        for (int64_t n = 0; n < N; ++n) {
-          const float x = load_f32(v.data, off4(v, b, n, h, d), v.dtype) - mean[d];
-          codes[d * npad + fp8_v_position(n)] = s > 0.f ? dt::f32_to_e4m3(x / s) : 0;
-        }
+        scale[d] = amax[d] / 448.f;
+        v_scale.ptr<float>()[off3(v_scale, b, h, d)] = scale[d];
+        for (int64_t n = N; n < npad; ++n) codes[d * npad + fp8_v_position(n)] = 0;
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        load_row_f32(v, off4(v, b, n, h, 0), D, x.data());
+        // x / scale (code 0 for a zero scale: its channel is all mean), then the row encoder
+        for (int64_t d = 0; d < D; ++d) x[d] = scale[d] > 0.f ? (x[d] - mean[d]) / scale[d] : 0.f;
+        rows::f32_to_e4m3(x.data(), D, 1.f, row_codes.data());
+        const int64_t pos = fp8_v_position(n);
+        for (int64_t d = 0; d < D; ++d) codes[d * npad + pos] = row_codes[d];
       }
     }
   });
@@ -137,8 +246,13 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   const int64_t n_blocks = (Nq + kRowBlock - 1) / kRowBlock;
   parallel_for(B * Hkv * n_blocks, 1, ctx, [&](int64_t t_begin, int64_t t_end) {
     std::vector<int8_t> qbuf, kbuf(static_cast<size_t>(kKvTile * D));
+    std::vector<int16_t> kt(static_cast<size_t>(kKvTile * (D + 1)));
+    std::vector<int32_t> dots(kKvTile);
+    std::vector<uint8_t> codes(kKvTile);
     std::vector<float> ksv(kKvTile), vbuf(static_cast<size_t>(kKvTile * D));
-    std::vector<float> s(kKvTile), tile(static_cast<size_t>(D)), accs, ms, ls, qss;
+    std::vector<float> s(kKvTile), p(kKvTile), pr(kKvTile), tile(static_cast<size_t>(D)), accs,
+        ms, ls, qss;
+    const float* e4m3 = rows::e4m3_table();
     std::vector<int64_t> ends;
     for (int64_t task = t_begin; task < t_end; ++task) {
       const int64_t ib = task % n_blocks, hk = (task / n_blocks) % Hkv, b = task / (n_blocks * Hkv);
@@ -175,36 +289,32 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
           if (fp8) {
             const uint8_t* col = v.ptr<const uint8_t>() + (b * Hkv + hk) * D * npad;
             const int64_t pos = fp8_v_position(t0 + j);
-            for (int64_t d = 0; d < D; ++d) vbuf[j * D + d] = dt::e4m3_to_f32(col[d * npad + pos]);
+            for (int64_t d = 0; d < D; ++d) vbuf[j * D + d] = e4m3[col[d * npad + pos]];
           } else {
             load_row_f32(v, off4(v, b, t0 + j, hk, 0), D, vbuf.data() + j * D);
           }
         }
+        stage_keys(kbuf.data(), tn, D, kt.data());
         for (int64_t ri = 0; ri < R; ++ri) {
           const int64_t n = std::min<int64_t>(ends[ri] - t0, tn);  // this row's keys here
           if (n <= 0) continue;
           const int8_t* qrow = qbuf.data() + ri * D;
           const float qs = qss[ri];
-          float tile_max = -inf;
-          for (int64_t j = 0; j < n; ++j) {
-            const int32_t dot = dot_i8(qrow, kbuf.data() + j * D, D);
-            const float sv = static_cast<float>(dot) * (qs * ksv[j]) * scale_log2;
-            s[j] = sv;
-            tile_max = std::max(tile_max, sv);
-          }
+          tile_dots(qrow, kt.data(), D, dots.data());
+          const float tile_max = tile_scores(dots.data(), ksv.data(), qs, scale_log2, n, s.data());
           float& m = ms[ri];
           const float m_new = std::max(m, tile_max);
-          const float rescale = m == -inf ? 0.f : std::exp2(m - m_new);
+          const float rescale = m == -inf ? 0.f : rows::exp2(m - m_new);
           const float m_off = m_new - p_offset;
-          float tile_sum = 0.f;
-          std::fill(tile.begin(), tile.end(), 0.f);
-          for (int64_t j = 0; j < n; ++j) {
-            const float p = std::exp2(s[j] - m_off);
-            tile_sum += p;
-            // P through the format P·V runs in: e4m3 (fp8 mode) or V's 16-bit dtype
-            const float pr = fp8 ? dt::e4m3_to_f32(dt::f32_to_e4m3(p)) : round_to(v.dtype, p);
-            rows::add_scaled(tile.data(), pr, vbuf.data() + j * D, D);
+          const float tile_sum = tile_probs(s.data(), m_off, n, p.data());
+          // P through the format P·V runs in: e4m3 (fp8 mode) or V's 16-bit dtype
+          if (fp8) {
+            rows::f32_to_e4m3(p.data(), n, 1.f, codes.data());
+            for (int64_t j = 0; j < n; ++j) pr[j] = e4m3[codes[j]];
+          } else {
+            for (int64_t j = 0; j < n; ++j) pr[j] = round_to(v.dtype, p[j]);
           }
+          pv_tile(tile.data(), pr.data(), vbuf.data(), n, D, fp8 || v.dtype != DType::f32);
           // Two-level accumulation: the tile's P·V (fresh buffer) joins the rescaled accumulator.
           rescale_add(accs.data() + ri * D, rescale, tile.data(), D);
           ls[ri] = ls[ri] * rescale + tile_sum;

@@ -2,6 +2,7 @@
 #include "src/cpu/rows.h"
 
 #include <array>
+#include <cmath>
 #include <cstring>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -18,6 +19,31 @@ namespace rows {
 namespace {
 
 bool g_force_scalar = false;
+
+// rows::exp2's constants: ln(2)^n / n! for n = 1 .. 7, the clamp, 1.5 * 2^23 (adding and
+// subtracting it rounds |x| < 2^22 to the nearest integer, ties even).
+constexpr float kExp2C[7] = {0.6931471805599453f,    0.2402265069591007f,
+                             0.05550410866482158f,   0.009618129107628477f,
+                             0.0013333558146428443f, 0.00015403530393381606f,
+                             1.525273380405984e-05f};
+constexpr float kExp2Lo = -150.f, kExp2Hi = 128.f, kRoundInt = 12582912.f;
+
+float exp2_scalar(float x) {
+  if (x != x) return x;
+  const float c = x < kExp2Lo ? kExp2Lo : (x > kExp2Hi ? kExp2Hi : x);
+  const float r = (c + kRoundInt) - kRoundInt;
+  const float f = c - r;  // exact, |f| <= 1/2
+  float p = kExp2C[6];
+  for (int i = 5; i >= 0; --i) p = std::fma(p, f, kExp2C[i]);
+  p = std::fma(p, f, 1.f);
+  const int k = static_cast<int>(r), k1 = k >> 1, k2 = k - k1;  // both in [-75, 64]
+  float s1, s2;
+  const uint32_t b1 = static_cast<uint32_t>(k1 + 127) << 23, b2 = static_cast<uint32_t>(k2 + 127)
+                                                                   << 23;
+  std::memcpy(&s1, &b1, 4);
+  std::memcpy(&s2, &b2, 4);
+  return (p * s1) * s2;
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LOWBIT_HAVE_X86_PATHS 1
@@ -121,6 +147,35 @@ bool has_avx2_path() {
   static const bool has = __builtin_cpu_supports("avx2");
   return has && !g_force_scalar;
 }
+
+// rows::exp2, 8 at a time: exp2_scalar's operations lane by lane (the clamp by min / max, a NaN
+// lane restored at the end).
+__attribute__((target("avx2,fma"))) int64_t exp2_avx2(const float* x, int64_t n, float* out) {
+  const __m256 lo = _mm256_set1_ps(kExp2Lo), hi = _mm256_set1_ps(kExp2Hi);
+  const __m256 magic = _mm256_set1_ps(kRoundInt), one = _mm256_set1_ps(1.f);
+  const __m256i bias = _mm256_set1_epi32(127);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 c = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    const __m256 r = _mm256_sub_ps(_mm256_add_ps(c, magic), magic);
+    const __m256 f = _mm256_sub_ps(c, r);
+    __m256 p = _mm256_set1_ps(kExp2C[6]);
+    for (int j = 5; j >= 0; --j) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2C[j]));
+    p = _mm256_fmadd_ps(p, f, one);
+    const __m256i k = _mm256_cvttps_epi32(r);
+    const __m256i k1 = _mm256_srai_epi32(k, 1), k2 = _mm256_sub_epi32(k, k1);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+    const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    _mm256_storeu_ps(out + i, _mm256_blendv_ps(y, v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  }
+  return i;
+}
+bool has_avx2_fma_path() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has && !g_force_scalar;
+}
 #endif
 
 }  // namespace
@@ -156,6 +211,16 @@ void f32_to_e4m3(const float* src, int64_t n, float divisor, uint8_t* dst) {
 #endif
   for (; i < n; ++i) dst[i] = dt::f32_to_e4m3(src[i] / divisor);
 }
+
+void exp2(const float* x, int64_t n, float* out) {
+  int64_t i = 0;
+#ifdef LOWBIT_HAVE_X86_PATHS
+  if (has_avx2_fma_path()) i = exp2_avx2(x, n, out);
+#endif
+  for (; i < n; ++i) out[i] = exp2_scalar(x[i]);
+}
+
+float exp2(float x) { return exp2_scalar(x); }
 
 LOWBIT_CLONES void add_scaled(float* o, float p, const float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] += p * v[i];

@@ -23,6 +23,16 @@ void f32_to_e4m3(const float* src, int64_t n, float divisor, uint8_t* dst);
 // o[i] += p * v[i], i < n: one rounded product, one rounded sum per element (no contraction; a
 // vectorized clone where the CPU has AVX2, the same bits).
 void add_scaled(float* o, float p, const float* v, int64_t n);
+// out[i] = 2^x[i], i < n, within 2 ulp of the exact power (normal results; subnormal ones within
+// 2^-149): x clamped to [-150, 128], x = k + f with k the nearest integer (ties even), 2^f by the
+// degree-7 Taylor polynomial of e^(f ln 2) in Horner form with fused multiply-adds, times 2^k in
+// two exact power-of-two steps (the second rounds a subnormal once); integers give 2^k exactly,
+// NaN stays NaN, -inf gives 0, +inf (or x >= 128) gives inf. AVX2 + FMA where the CPU has them,
+// else the same operations in scalar code (std::fma): the same bits either way. (The attention
+// oracle's P = 2^(s - m); Highway 1.0's math library has no exp2, and exp(x ln 2) would add up to
+// ~7 ulp over P's range.)
+void exp2(const float* x, int64_t n, float* out);
+float exp2(float x);
 // The 256 values of e4m3 (dt::e4m3_to_f32 of every code), for per-element decodes.
 const float* e4m3_table();
 // A row of n elements of dtype dt at element offset off of base, as f32: load_f32's bits
