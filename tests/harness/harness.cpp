@@ -9,6 +9,7 @@
 
 #include "lowbit/dtype.h"
 #include "lowbit/runtime.h"
+#include "src/cpu/rows.h"
 
 namespace lowbit {
 namespace harness {
@@ -107,12 +108,6 @@ HostTensor::HostTensor(DType dt, std::vector<int64_t> shape_) : dtype(dt), shape
   bytes.assign(static_cast<size_t>(dtype_storage_bytes(dt, numel())), 0);
 }
 
-int64_t HostTensor::numel() const {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
-}
-
 TensorView HostTensor::view() {
   return make_view(bytes.data(), dtype, static_cast<int>(shape.size()), shape.data());
 }
@@ -156,14 +151,79 @@ void HostTensor::set(int64_t i, float v) {
   }
 }
 
+namespace {
+
+// xoshiro256** (Blackman and Vigna), its state from splitmix64 of one seed.
+class FastRng {
+ public:
+  explicit FastRng(uint64_t seed) {
+    for (uint64_t& w : s_) {
+      seed += 0x9e3779b97f4a7c15ull;
+      uint64_t z = seed;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      w = z ^ (z >> 31);
+    }
+  }
+  uint64_t next() {
+    const uint64_t r = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = rotl(s_[3], 45);
+    return r;
+  }
+  // Uniform in [0, 1) from 24 random bits (every value a multiple of 2^-24).
+  static float unit(uint32_t bits) { return static_cast<float>(bits >> 8) * 0x1p-24f; }
+
+ private:
+  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t s_[4];
+};
+
+// Stores n floats into t (in its dtype, rounded as HostTensor::set does): the float dtypes by the
+// CPU backend's row conversions (their bits are dtype.h's: tests/unit/dtype_test.cpp).
+void store_floats(HostTensor& t, const std::vector<float>& v) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  switch (t.dtype) {
+    case DType::f32:
+    case DType::bf16:
+    case DType::f16:
+    case DType::e4m3: cpu::rows::store(v.data(), n, t.dtype, t.bytes.data(), 0); return;
+    default:
+      for (int64_t i = 0; i < n; ++i) t.set(i, v[i]);
+  }
+}
+
+}  // namespace
+
 void HostTensor::fill_normal(std::mt19937_64& rng, float mean, float stddev) {
-  std::normal_distribution<float> d(mean, stddev);
-  for (int64_t i = 0; i < numel(); ++i) set(i, d(rng));
+  FastRng r(rng());
+  std::vector<float> v(static_cast<size_t>(numel()));
+  for (size_t i = 0; i < v.size();) {
+    // Marsaglia's polar method: a point of the unit disc gives two independent normals.
+    const uint64_t bits = r.next();
+    const float a = 2.f * FastRng::unit(static_cast<uint32_t>(bits)) - 1.f;
+    const float b = 2.f * FastRng::unit(static_cast<uint32_t>(bits >> 32)) - 1.f;
+    const float s = a * a + b * b;
+    if (s >= 1.f || s == 0.f) continue;
+    const float f = std::sqrt(-2.f * std::log(s) / s);
+    v[i++] = mean + stddev * (a * f);
+    if (i < v.size()) v[i++] = mean + stddev * (b * f);
+  }
+  store_floats(*this, v);
 }
 
 void HostTensor::fill_uniform(std::mt19937_64& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  for (int64_t i = 0; i < numel(); ++i) set(i, d(rng));
+  FastRng r(rng());
+  std::vector<float> v(static_cast<size_t>(numel()));
+  for (float& x : v) {
+    x = lo + (hi - lo) * FastRng::unit(static_cast<uint32_t>(r.next() >> 32));
+    if (x >= hi) x = lo;  // (rounding may reach hi; the range is [lo, hi))
+  }
+  store_floats(*this, v);
 }
 
 void HostTensor::fill_random_bytes(std::mt19937_64& rng) {
