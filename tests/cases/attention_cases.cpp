@@ -133,13 +133,14 @@ class Int8AttentionCase : public Case {
 
   // Inputs: q, q_scale, k, k_scale, v, k_mean.
   std::vector<HostTensor> make_inputs(std::mt19937_64& rng) const override {
-    std::normal_distribution<float> normal(0.f, 1.f);
     std::uniform_real_distribution<float> spread(0.8f, 1.2f);
     auto codes = [&](int64_t B, int64_t N, int64_t H) {
       HostTensor t(DType::i8, hnd_ ? std::vector<int64_t>{B, H, N, s_.D}
                                    : std::vector<int64_t>{B, N, H, s_.D});
+      const std::vector<float> normal = normal_floats(rng, t.numel());
       for (int64_t i = 0; i < t.numel(); ++i)
-        t.set(i, std::max(-127.f, std::min(127.f, std::nearbyint(normal(rng) * 32.f))));
+        t.as<int8_t>()[i] = static_cast<int8_t>(
+            std::max(-127.f, std::min(127.f, std::nearbyint(normal[i] * 32.f))));
       return t;
     };
     // Scales ~1/32, over sqrt(D / 128) beyond D = 128 (1/45 at D = 256): q·k over D channels

@@ -72,8 +72,7 @@ void build_cache(const CacheShape& cs, const std::vector<int32_t>& lens, std::mt
   }
   HostTensor seq(DType::i32, {cs.B});
   const int dp = packed_dim(cs.format, cs.D, cs.n_groups);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(cs.D);
+  std::vector<float> x;
   for (int b = 0; b < cs.B; ++b) {
     seq.as<int32_t>()[b] = lens[b];
     for (int j = 0; j < lens[b]; ++j) {
@@ -84,7 +83,7 @@ void build_cache(const CacheShape& cs, const std::vector<int32_t>& lens, std::mt
         for (int which = 0; which < 2; ++which) {
           HostTensor& t = which ? v : k;
           HostTensor& ss = which ? vss : kss;
-          for (float& e : x) e = nd(rng);
+          x = normal_floats(rng, cs.D);
           const int64_t off = (row * cs.H + h) * dp;
           switch (cs.format) {
             case KvFormat::f16:

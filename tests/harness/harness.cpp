@@ -199,9 +199,9 @@ void store_floats(HostTensor& t, const std::vector<float>& v) {
 
 }  // namespace
 
-void HostTensor::fill_normal(std::mt19937_64& rng, float mean, float stddev) {
+std::vector<float> normal_floats(std::mt19937_64& rng, int64_t n, float mean, float stddev) {
   FastRng r(rng());
-  std::vector<float> v(static_cast<size_t>(numel()));
+  std::vector<float> v(static_cast<size_t>(n));
   for (size_t i = 0; i < v.size();) {
     // Marsaglia's polar method: a point of the unit disc gives two independent normals.
     const uint64_t bits = r.next();
@@ -213,7 +213,11 @@ void HostTensor::fill_normal(std::mt19937_64& rng, float mean, float stddev) {
     v[i++] = mean + stddev * (a * f);
     if (i < v.size()) v[i++] = mean + stddev * (b * f);
   }
-  store_floats(*this, v);
+  return v;
+}
+
+void HostTensor::fill_normal(std::mt19937_64& rng, float mean, float stddev) {
+  store_floats(*this, normal_floats(rng, numel(), mean, stddev));
 }
 
 void HostTensor::fill_uniform(std::mt19937_64& rng, float lo, float hi) {
@@ -227,7 +231,11 @@ void HostTensor::fill_uniform(std::mt19937_64& rng, float lo, float hi) {
 }
 
 void HostTensor::fill_random_bytes(std::mt19937_64& rng) {
-  for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+  FastRng r(rng());
+  for (size_t i = 0; i < bytes.size(); i += 8) {
+    const uint64_t w = r.next();
+    std::memcpy(bytes.data() + i, &w, std::min<size_t>(8, bytes.size() - i));
+  }
 }
 
 // ---- registry -----------------------------------------------------------------------------------

@@ -22,6 +22,11 @@
 namespace lowbit {
 namespace harness {
 
+// n values of N(mean, stddev^2), as HostTensor::fill_normal draws them (one draw of rng seeds a
+// fast generator).
+std::vector<float> normal_floats(std::mt19937_64& rng, int64_t n, float mean = 0.f,
+                                 float stddev = 1.f);
+
 // An owning, contiguous host tensor.
 struct HostTensor {
   DType dtype = DType::f32;
