@@ -9,6 +9,7 @@
 
 #include "lowbit/dtype.h"
 #include "lowbit/runtime.h"
+#include "src/core/parallel.h"
 #include "src/cpu/rows.h"
 
 namespace lowbit {
@@ -200,19 +201,30 @@ void store_floats(HostTensor& t, const std::vector<float>& v) {
 }  // namespace
 
 std::vector<float> normal_floats(std::mt19937_64& rng, int64_t n, float mean, float stddev) {
-  FastRng r(rng());
+  // Blocks of kBlock values, block k from its own generator seeded by (seed, k): the same values
+  // whatever the thread count; the blocks on the host's threads.
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  const uint64_t seed = rng();
   std::vector<float> v(static_cast<size_t>(n));
-  for (size_t i = 0; i < v.size();) {
-    // Marsaglia's polar method: a point of the unit disc gives two independent normals.
-    const uint64_t bits = r.next();
-    const float a = 2.f * FastRng::unit(static_cast<uint32_t>(bits)) - 1.f;
-    const float b = 2.f * FastRng::unit(static_cast<uint32_t>(bits >> 32)) - 1.f;
-    const float s = a * a + b * b;
-    if (s >= 1.f || s == 0.f) continue;
-    const float f = std::sqrt(-2.f * std::log(s) / s);
-    v[i++] = mean + stddev * (a * f);
-    if (i < v.size()) v[i++] = mean + stddev * (b * f);
-  }
+  Context ctx;
+  cpu::parallel_for((n + kBlock - 1) / kBlock, 1, ctx, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      FastRng r(seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(k + 1)));
+      float* out = v.data() + k * kBlock;
+      const int64_t m = std::min(kBlock, n - k * kBlock);
+      for (int64_t i = 0; i < m;) {
+        // Marsaglia's polar method: a point of the unit disc gives two independent normals.
+        const uint64_t bits = r.next();
+        const float a = 2.f * FastRng::unit(static_cast<uint32_t>(bits)) - 1.f;
+        const float b = 2.f * FastRng::unit(static_cast<uint32_t>(bits >> 32)) - 1.f;
+        const float s = a * a + b * b;
+        if (s >= 1.f || s == 0.f) continue;
+        const float f = std::sqrt(-2.f * std::log(s) / s);
+        out[i++] = mean + stddev * (a * f);
+        if (i < m) out[i++] = mean + stddev * (b * f);
+      }
+    }
+  });
   return v;
 }
 
