@@ -72,6 +72,8 @@ struct AttentionOptions {
   // Segmented weights (weight_rows): their index range is read back once per call on ctx's
   // stream (a synchronization; so such a call cannot be captured in a CUDA graph) unless the
   // Prologue's check_weight_rows is false (indices then clamped to the weight's rows).
+  // norm_scope token (Wan: the norm over all heads of a token): on CUDA the call also takes
+  // stream-ordered scratch of q's (k's) size for the staged norm output (docs/prologue.md).
   // attention_int8() ignores them (its inputs are quantized already).
   const Prologue* q_prologue = nullptr;
   const Prologue* k_prologue = nullptr;
