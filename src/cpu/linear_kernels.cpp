@@ -624,11 +624,40 @@ void quantize_weight_row(const float* w_rot, int64_t o, const PackedWeightView& 
   store_codes(w, o, c);
 }
 
+namespace {
+#ifdef LOWBIT_HAVE_AVX2_PATH
+// fold_code of 8 codes at a time (round_clamp8 of code * ratio: fold_code's bits).
+LOWBIT_AVX2 int64_t fold_codes_avx2(int8_t* codes, int64_t n, float ratio) {
+  const __m256 r = _mm256_set1_ps(ratio), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i));
+    const __m256 y = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c8)), r);
+    const __m256i q32 = _mm256_cvtps_epi32(round_clamp8(y, hi, lo));
+    const __m128i q16 =
+        _mm_packs_epi32(_mm256_castsi256_si128(q32), _mm256_extracti128_si256(q32, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packs_epi16(q16, q16));
+  }
+  return i;
+}
+#endif
+}  // namespace
+
+void fold_codes(int8_t* codes, int64_t n, float ratio) {
+  int64_t i = 0;
+#ifdef LOWBIT_HAVE_AVX2_PATH
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  if (has_avx2 && !g_force_scalar) i = fold_codes_avx2(codes, n, ratio);
+#endif
+  for (; i < n; ++i) codes[i] = fold_code(codes[i], ratio);
+}
+
 void weight_row_gemm_codes(const PackedWeightView& w, int64_t o, int8_t* codes) {
   stored_codes(w, o, codes);
   if (!grouped(w.qtype)) return;
   const float* ratios = row_ptr<float>(w.ratios, o);
-  for (int64_t i = 0; i < w.in_features; ++i) codes[i] = fold_code(codes[i], ratios[i / w.group]);
+  for (int64_t g0 = 0; g0 < w.in_features; g0 += w.group)  // a group at a time, its one ratio
+    fold_codes(codes + g0, std::min<int64_t>(w.group, w.in_features - g0), ratios[g0 / w.group]);
 }
 
 void dequantize_weight_row(const PackedWeightView& w, int64_t o, float* out) {

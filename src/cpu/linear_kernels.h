@@ -78,6 +78,8 @@ float fold_group_scales(const float* gscales, int64_t n_groups, int qmax, float*
 inline int8_t fold_code(int code, float ratio) {
   return static_cast<int8_t>(round_clamp(static_cast<float>(code) * ratio, 127.f));
 }
+// codes[i] = fold_code(codes[i], ratio), i < n (AVX2 where the CPU has it: the same bits).
+void fold_codes(int8_t* codes, int64_t n, float ratio);
 // NVFP4 weight blocks of one row: MSE-optimal e4m3 block scales (SPEC §3.4) and the codes.
 //   w (K), scales_out (K/16) e4m3, packed_out (K/2) e2m1 pairs.
 void quantize_row_nvfp4_weight(const float* w, int64_t K, float pts, uint8_t* scales_out,

@@ -322,6 +322,27 @@ TEST(LinearRounding, MseGroupScaleHandVectors) {
   for (int i = 0; i < 16; ++i) EXPECT_EQ(c[i], 0);
 }
 
+// fold_codes (the GEMM's weight rows of grouped qtypes): every code at many ratios, the AVX2 path
+// and the scalar one against fold_code element by element (odd lengths: the scalar tail too).
+TEST(LinearRounding, FoldCodesMatchFoldCode) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float ratios[] = {1.f, 0.5f, 1.5f, 18.142857f, 0.f, -2.25f, 127.f, 1e-8f, 3e38f, inf, nan};
+  std::vector<int8_t> all;
+  for (int c = -128; c <= 127; ++c) all.push_back(static_cast<int8_t>(c));
+  all.push_back(5);  // 257: an odd length
+  for (bool scalar : {false, true}) {
+    force_scalar_kernels(scalar);
+    for (float r : ratios) {
+      std::vector<int8_t> got = all;
+      fold_codes(got.data(), static_cast<int64_t>(got.size()), r);
+      for (size_t i = 0; i < all.size(); ++i)
+        ASSERT_EQ(got[i], fold_code(all[i], r))
+            << "code " << int(all[i]) << " ratio " << r << (scalar ? " scalar" : " vector");
+    }
+  }
+  force_scalar_kernels(false);
+}
+
 TEST(LinearRounding, GroupFoldOntoRowGrid) {
   // s = {0.1, 0.4}, qmax 7: rscale = 0.4 * float(7/127); ratios = s / rscale.
   const float gs[2] = {0.1f, 0.4f};
