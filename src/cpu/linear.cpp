@@ -11,8 +11,13 @@
 #include "src/core/convert_elem.h"
 #include "src/core/linear_backend.h"
 #include "src/core/parallel.h"
+#include "src/cpu/cpu_clones.h"
 #include "src/cpu/linear_kernels.h"
 #include "src/cpu/rows.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 namespace lowbit {
 namespace cpu {
@@ -162,6 +167,55 @@ LOWBIT_CLONES int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t K) {
   return acc;
 }
 
+// out[i][j] = a_i . w_j for activation rows a_0, a_1 (a_1 may equal a_0) and the 4 weight rows
+// w + j * K: exact int32 (any summation order gives the same integers). AVX2: 16 codes at a time
+// widened to int16, pairs multiplied and added by vpmaddwd, each load serving 4 or 2 products.
+#ifdef LOWBIT_AVX2
+LOWBIT_AVX2 int64_t dots_2x4_avx2(const int8_t* a0, const int8_t* a1, const int8_t* w, int64_t K,
+                                  int32_t (&out)[2][4]) {
+  __m256i acc[2][4];
+  for (auto& r : acc)
+    for (auto& c : r) c = _mm256_setzero_si256();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256i x0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0 + k)));
+    const __m256i x1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a1 + k)));
+    for (int j = 0; j < 4; ++j) {
+      const __m256i y = _mm256_cvtepi8_epi16(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j * K + k)));
+      acc[0][j] = _mm256_add_epi32(acc[0][j], _mm256_madd_epi16(x0, y));
+      acc[1][j] = _mm256_add_epi32(acc[1][j], _mm256_madd_epi16(x1, y));
+    }
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc[i][j]),
+                                      _mm256_extracti128_si256(acc[i][j], 1));
+      const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+      out[i][j] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1)));
+    }
+  return k;
+}
+#endif
+void dots_2x4(const int8_t* a0, const int8_t* a1, const int8_t* w, int64_t K,
+              int32_t (&out)[2][4]) {
+  int64_t k = 0;
+#ifdef LOWBIT_AVX2
+  if (convrot::simd_kernels_on()) k = dots_2x4_avx2(a0, a1, w, K, out);
+#endif
+  if (k == 0) {
+    for (int j = 0; j < 4; ++j) {
+      out[0][j] = dot_i8(a0, w + j * K, K);
+      out[1][j] = a1 == a0 ? out[0][j] : dot_i8(a1, w + j * K, K);
+    }
+    return;
+  }
+  for (int j = 0; j < 4; ++j) {  // the tail past the last 16
+    out[0][j] += dot_i8(a0 + k, w + j * K + k, K - k);
+    out[1][j] += dot_i8(a1 + k, w + j * K + k, K - k);
+  }
+}
+
 // e4m3 value times 2^9 as an exact integer (|v| <= 229376); NaN codes read as 0.
 int32_t e4m3_int(uint8_t c) {
   int32_t e = (c >> 3) & 15, m = c & 7;
@@ -242,13 +296,25 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       std::max<int64_t>(1, 262144 / std::max<int64_t>(K * std::max<int64_t>(M, 1), 1));
   parallel_for(O, col_grain, ctx, [&](int64_t b, int64_t e) {
     if (int8_family(q) || q == QType::convrot_comfy_w4a4) {
-      std::vector<int8_t> wc(static_cast<size_t>(K));
-      for (int64_t o = b; o < e; ++o) {
-        weight_row_gemm_codes(w, o, wc.data());
-        for (int64_t m = 0; m < M; ++m) {
-          int32_t acc =
-              dot_i8(reinterpret_cast<const int8_t*>(a_codes.data()) + m * K, wc.data(), K);
-          epilogue_store(out, m, o, static_cast<float>(acc), a_scales[m], w_scales[o], bias);
+      // 4 weight rows at a time against 2 activation rows at a time (dots_2x4); a last partial
+      // group repeats its final row, a last single activation row pairs with itself.
+      std::vector<int8_t> wc(static_cast<size_t>(4 * K));
+      const int8_t* acodes = reinterpret_cast<const int8_t*>(a_codes.data());
+      for (int64_t o0 = b; o0 < e; o0 += 4) {
+        const int64_t no = std::min<int64_t>(4, e - o0);
+        for (int64_t j = 0; j < 4; ++j)
+          if (j < no)
+            weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
+          else
+            std::memcpy(wc.data() + j * K, wc.data() + (no - 1) * K, static_cast<size_t>(K));
+        for (int64_t m = 0; m < M; m += 2) {
+          const int64_t m1 = std::min(m + 1, M - 1);
+          int32_t acc[2][4];
+          dots_2x4(acodes + m * K, acodes + m1 * K, wc.data(), K, acc);
+          for (int64_t i = 0; i < (m1 > m ? 2 : 1); ++i)
+            for (int64_t j = 0; j < no; ++j)
+              epilogue_store(out, m + i, o0 + j, static_cast<float>(acc[i][j]), a_scales[m + i],
+                             w_scales[o0 + j], bias);
         }
       }
     } else if (q == QType::convrot_fp8) {

@@ -365,6 +365,8 @@ bool simd_kernels_available() {
   return false;
 #endif
 }
+bool simd_kernels_on() { return simd_kernels_available() && !g_force_scalar; }
+
 void force_scalar_kernels(bool on) {
   g_force_scalar = on;
   g_force_scalar_rotation = on;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -1165,6 +1166,47 @@ TEST(LinearSimd, RowConversionsMatchDtype) {
     EXPECT_EQ(a[i], f16[i]) << v[i];
     EXPECT_EQ(b[i], bf16[i]) << v[i];
   }
+}
+
+// The CPU forward's integer GEMM (4 weight rows x 2 activation rows per AVX2 block, partial
+// blocks and K not a multiple of 16 included) gives the scalar dots' bits, for the qtypes whose
+// products are int8 codes.
+TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
+  if (!cpu::convrot::simd_kernels_available()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  Context ctx;
+  int ran = 0;
+  for (QType q : {QType::convrot8, QType::convrot_int4, QType::convrot_int3,
+                  QType::convrot_comfy_w4a4, QType::convrot_bitnet}) {
+    for (auto [M, O, K] : {std::array<int64_t, 3>{1, 8, 256}, {2, 24, 512}, {3, 40, 768},
+                           {17, 8, 1280}, {5, 56, 2304}}) {
+      ctx.cpu_threads = static_cast<int>(M % 3) + 1;  // thread chunks of odd row counts
+      std::vector<float> w(static_cast<size_t>(O * K)), x(static_cast<size_t>(M * K)), bias(O);
+      for (auto& v : w) v = nd(rng) * 0.05f;
+      for (auto& v : x) v = nd(rng);
+      for (auto& v : bias) v = nd(rng);
+      QuantizedLinear lin;
+      try {
+        lin = QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+      } catch (const Error& e) {
+        ADD_FAILURE() << e.what();
+        continue;
+      }
+      TensorView bv = make_view(bias.data(), DType::f32, {O});
+      std::vector<float> y_vec(static_cast<size_t>(M * O)), y_sca(y_vec.size());
+      for (bool scalar : {false, true}) {
+        cpu::convrot::force_scalar_kernels(scalar);
+        lin.forward(make_view(x.data(), DType::f32, {M, K}), &bv,
+                    make_view((scalar ? y_sca : y_vec).data(), DType::f32, {M, O}), ctx);
+      }
+      cpu::convrot::force_scalar_kernels(false);
+      EXPECT_EQ(std::memcmp(y_vec.data(), y_sca.data(), y_vec.size() * 4), 0)
+          << qtype_name(q) << " M " << M << " O " << O << " K " << K;
+      ++ran;
+    }
+  }
+  EXPECT_EQ(ran, 25);
 }
 
 }  // namespace
