@@ -284,7 +284,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   std::vector<double> a_fp8(q == QType::convrot_fp8 ? static_cast<size_t>(M * K) : 0);
   std::vector<int8_t> a_fp4(nvfp4 ? static_cast<size_t>(M * K) : 0);
   std::vector<int32_t> a_fp4_scales(nvfp4 ? static_cast<size_t>(M * (K / 16)) : 0);
-  for (size_t i = 0; i < a_fp8.size(); ++i) a_fp8[i] = e4m3_int(a_codes[i]);
+  double e4m3_ints[256];  // e4m3_int of every code, as the float GEMM's operands
+  for (int c = 0; c < 256; ++c) e4m3_ints[c] = e4m3_int(static_cast<uint8_t>(c));
+  for (size_t i = 0; i < a_fp8.size(); ++i) a_fp8[i] = e4m3_ints[a_codes[i]];
   for (size_t i = 0; i < a_fp4.size(); ++i)
     a_fp4[i] = twice_e2m1(dt::get_nibble(a_codes.data(), i));
   for (size_t i = 0; i < a_fp4_scales.size(); ++i) a_fp4_scales[i] = e4m3_int(a_block_scales[i]);
@@ -321,7 +323,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       std::vector<double> wd(static_cast<size_t>(K));
       for (int64_t o = b; o < e; ++o) {
         const uint8_t* wr = static_cast<const uint8_t*>(w.codes.data) + o * K;
-        for (int64_t k = 0; k < K; ++k) wd[k] = e4m3_int(wr[k]);
+        for (int64_t k = 0; k < K; ++k) wd[k] = e4m3_ints[wr[k]];
         for (int64_t m = 0; m < M; ++m) {
           // Exact sum of the products in units of 2^-18, rounded once to fp32.
           float accf =
