@@ -499,7 +499,18 @@ void pack_bits(const int8_t* codes, int64_t K, int bits, uint8_t* out) {
   }
 }
 
+namespace {
+// unpack_bits at 4 bits: byte i holds codes 2i (low nibble) and 2i + 1 (loops that vectorize).
+LOWBIT_CLONES void unpack_nibbles(const uint8_t* in, int64_t K, int8_t* codes) {
+  for (int64_t i = 0; i < K / 2; ++i) {
+    codes[2 * i] = static_cast<int8_t>((in[i] & 15) - 7);
+    codes[2 * i + 1] = static_cast<int8_t>((in[i] >> 4) - 7);
+  }
+}
+}  // namespace
+
 void unpack_bits(const uint8_t* in, int64_t K, int bits, int8_t* codes) {
+  if (bits == 4) return unpack_nibbles(in, K, codes);
   const int qmax = (1 << (bits - 1)) - 1;
   const uint64_t mask = (1u << bits) - 1u;
   for (int64_t i = 0; i < K; i += 8) {
