@@ -242,6 +242,45 @@ LOWBIT_CLONES int64_t dot_chunk(const double* a, const double* b, int64_t K) {
   for (int l = 0; l < 8; ++l) s += lane[l];
   return static_cast<int64_t>(s);
 }
+// out[j] = sum a . w_j exactly for the 4 rows w + j * K (dot_exact's bits: the products of two
+// integers below 2^18 and their partial sums over a chunk of 2^17 are integers below 2^53, so
+// no product, fused multiply-add or sum rounds). AVX2 + FMA: 4 k at a time, a loaded once for the
+// 4 rows.
+#ifdef LOWBIT_AVX2
+__attribute__((target("avx2,fma"))) void dot4_chunk_avx2(const double* a, const double* w,
+                                                         int64_t K, int64_t n, int64_t (&out)[4]) {
+  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                    _mm256_setzero_pd()};
+  int64_t k = 0;
+  for (; k + 4 <= n; k += 4) {
+    const __m256d x = _mm256_loadu_pd(a + k);
+    for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_pd(x, _mm256_loadu_pd(w + j * K + k), acc[j]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(acc[j]), _mm256_extractf128_pd(acc[j], 1));
+    double s = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    for (int64_t t = k; t < n; ++t) s += a[t] * w[j * K + t];
+    out[j] += static_cast<int64_t>(s);
+  }
+}
+#endif
+// False where dot4_exact has no vector path or the scalar kernels are forced (then the GEMM takes
+// dot_exact row by row).
+bool dot4_available() {
+#ifdef LOWBIT_AVX2
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has && convrot::simd_kernels_on();
+#else
+  return false;
+#endif
+}
+void dot4_exact(const double* a, const double* w, int64_t K, int64_t (&out)[4]) {
+  for (int64_t& o : out) o = 0;
+#ifdef LOWBIT_AVX2
+  for (int64_t k = 0; k < K; k += 131072)
+    dot4_chunk_avx2(a + k, w + k, K, std::min<int64_t>(131072, K - k), out);
+#endif
+}
 int64_t dot_exact(const double* a, const double* b, int64_t K) {
   int64_t acc = 0;
   for (int64_t k = 0; k < K; k += 131072)
@@ -317,6 +356,26 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
             for (int64_t j = 0; j < no; ++j)
               epilogue_store(out, m + i, o0 + j, static_cast<float>(acc[i][j]), a_scales[m + i],
                              w_scales[o0 + j], bias);
+        }
+      }
+    } else if (q == QType::convrot_fp8 && dot4_available()) {
+      // 4 weight rows per pass over each activation row (a last partial group repeats its
+      // final row).
+      std::vector<double> wd(static_cast<size_t>(4 * K));
+      for (int64_t o0 = b; o0 < e; o0 += 4) {
+        const int64_t no = std::min<int64_t>(4, e - o0);
+        for (int64_t j = 0; j < 4; ++j) {
+          const uint8_t* wr =
+              static_cast<const uint8_t*>(w.codes.data) + (o0 + std::min(j, no - 1)) * K;
+          for (int64_t k = 0; k < K; ++k) wd[j * K + k] = e4m3_ints[wr[k]];
+        }
+        for (int64_t m = 0; m < M; ++m) {
+          int64_t acc[4];
+          dot4_exact(a_fp8.data() + m * K, wd.data(), K, acc);
+          for (int64_t j = 0; j < no; ++j) {
+            const float accf = std::ldexp(static_cast<float>(acc[j]), -18);
+            epilogue_store(out, m, o0 + j, accf, a_scales[m], w_scales[o0 + j], bias);
+          }
         }
       }
     } else if (q == QType::convrot_fp8) {

@@ -1170,7 +1170,7 @@ TEST(LinearSimd, RowConversionsMatchDtype) {
 
 // The CPU forward's integer GEMM (4 weight rows x 2 activation rows per AVX2 block, partial
 // blocks and K not a multiple of 16 included) gives the scalar dots' bits, for the qtypes whose
-// products are int8 codes.
+// products are int8 codes; the fp8 GEMM's 4-row exact dots (AVX2 + FMA) those of dot_exact.
 TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
   if (!cpu::convrot::simd_kernels_available()) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937_64 rng(7);
@@ -1178,7 +1178,7 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
   Context ctx;
   int ran = 0;
   for (QType q : {QType::convrot8, QType::convrot_int4, QType::convrot_int3,
-                  QType::convrot_comfy_w4a4, QType::convrot_bitnet}) {
+                  QType::convrot_comfy_w4a4, QType::convrot_bitnet, QType::convrot_fp8}) {
     for (auto [M, O, K] : {std::array<int64_t, 3>{1, 8, 256}, {2, 24, 512}, {3, 40, 768},
                            {17, 8, 1280}, {5, 56, 2304}}) {
       ctx.cpu_threads = static_cast<int>(M % 3) + 1;  // thread chunks of odd row counts
@@ -1206,7 +1206,7 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       ++ran;
     }
   }
-  EXPECT_EQ(ran, 25);
+  EXPECT_EQ(ran, 30);
 }
 
 }  // namespace
