@@ -110,12 +110,14 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
   LOWBIT_CHECK(p.norm_scope == NormScope::head || p.norm_scope == NormScope::token, op,
                "norm_scope",
                "expected head or token, got " + std::to_string(static_cast<int>(p.norm_scope)));
+  if (p.norm_weight) {
+    check::not_null(op, "norm_weight", *p.norm_weight);
+    check::same_device(op, "norm_weight", *p.norm_weight, "x", x);
+    check::dtype(op, "norm_weight", *p.norm_weight, {DType::f32, DType::bf16, DType::f16});
+  }
   if (p.norm_weight && p.norm_scope == NormScope::token) {
     // Over all heads of a token: the weight (H·D) or (H, D), head h's row h.
     const TensorView& w = *p.norm_weight;
-    check::not_null(op, "norm_weight", w);
-    check::same_device(op, "norm_weight", w, "x", x);
-    check::dtype(op, "norm_weight", w, {DType::f32, DType::bf16, DType::f16});
     LOWBIT_CHECK(p.weight_rows == nullptr, op, "weight_rows",
                  "expected none with norm_scope token (one weight over the token's H·D "
                  "channels), got one");
@@ -137,9 +139,6 @@ PrologueArgs resolve_inputs(const char* op, const TensorView& x, const Prologue&
     a.w_count = H;
   } else if (p.norm_weight) {
     const TensorView& w = *p.norm_weight;
-    check::not_null(op, "norm_weight", w);
-    check::same_device(op, "norm_weight", w, "x", x);
-    check::dtype(op, "norm_weight", w, {DType::f32, DType::bf16, DType::f16});
     LOWBIT_CHECK(w.ndim == 1 || w.ndim == 2, op, "norm_weight",
                  "rank: expected 1 (D) or 2 (R, D), got " + std::to_string(w.ndim) + " (" +
                      w.describe() + ")");

@@ -109,8 +109,7 @@ LOWBIT_AVX2 void tile_dots_avx2(const int8_t* q, const int16_t* kt, int64_t D, i
 #endif
 void tile_dots(const int8_t* q, const int16_t* kt, int64_t D, int32_t* out) {
 #ifdef LOWBIT_AVX2
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return tile_dots_avx2(q, kt, D, out);
+  if (rows::avx2_on()) return tile_dots_avx2(q, kt, D, out);
 #endif
   for (int64_t j = 0; j < kKvTile; ++j) out[j] = 0;
   for (int64_t d = 0; d < D; ++d) {

@@ -659,8 +659,7 @@ LOWBIT_AVX2 int64_t fold_codes_avx2(int8_t* codes, int64_t n, float ratio) {
 void fold_codes(int8_t* codes, int64_t n, float ratio) {
   int64_t i = 0;
 #ifdef LOWBIT_HAVE_AVX2_PATH
-  static const bool has_avx2 = __builtin_cpu_supports("avx2");
-  if (has_avx2 && !g_force_scalar) i = fold_codes_avx2(codes, n, ratio);
+  if (simd_kernels_on()) i = fold_codes_avx2(codes, n, ratio);
 #endif
   for (; i < n; ++i) codes[i] = fold_code(codes[i], ratio);
 }

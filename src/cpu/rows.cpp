@@ -275,6 +275,14 @@ void store(const float* src, int64_t n, DType dt, void* base, int64_t off) {
 
 void force_scalar(bool on) { g_force_scalar = on; }
 
+bool avx2_on() {
+#ifdef LOWBIT_HAVE_X86_PATHS
+  return has_avx2_path();
+#else
+  return false;
+#endif
+}
+
 }  // namespace rows
 }  // namespace cpu
 }  // namespace lowbit

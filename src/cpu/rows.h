@@ -44,6 +44,9 @@ void load(const void* base, int64_t off, DType dt, int64_t n, float* out);
 void store(const float* src, int64_t n, DType dt, void* base, int64_t off);
 // Tests: force the scalar loops (to compare the two).
 void force_scalar(bool on);
+// Whether the AVX2 row kernels run (the CPU has AVX2 and force_scalar is off); other CPU files'
+// AVX2 loops follow it so that force_scalar tests their scalar twins too.
+bool avx2_on();
 
 }  // namespace rows
 }  // namespace cpu

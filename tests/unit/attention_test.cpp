@@ -15,6 +15,7 @@
 
 #include "lowbit/dtype.h"
 #include "lowbit/prologue.h"
+#include "src/cpu/rows.h"
 #include "tests/harness/harness.h"
 
 namespace lowbit {
@@ -130,6 +131,38 @@ TEST(Attention, QuantizeVFp8ScalesCodesAndKeyOrder) {
 }
 
 // ---- one hand-computed row ---------------------------------------------------------------------
+
+// The CPU oracle's vector loops (the AVX2 q . k dots, rows::exp2, the e4m3 encoder) and their
+// scalar twins (rows::force_scalar) give the same output and LSE bits: both P·V modes, GQA,
+// causal, D 64 and 128, key counts that leave a partial tile.
+TEST(Attention, CpuScalarLoopsGiveTheVectorBits) {
+  if (!cpu::rows::avx2_on()) GTEST_SKIP() << "no AVX2 on this CPU: only the scalar loops run";
+  auto rng = rng_for("Attention.CpuScalarLoopsGiveTheVectorBits");
+  for (int64_t D : {64, 128})
+    for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
+      const int64_t B = 1, Nq = 70, Nkv = 130, Hq = 4, Hkv = 2;
+      HostTensor q(DType::bf16, {B, Nq, Hq, D}), k(DType::bf16, {B, Nkv, Hkv, D}),
+          v(DType::bf16, {B, Nkv, Hkv, D});
+      q.fill_normal(rng);
+      k.fill_normal(rng, 0.3f);
+      v.fill_normal(rng);
+      AttentionOptions opt;
+      opt.pv = pv;
+      opt.causal = AttentionOptions::bottom_right;
+      HostTensor out[2] = {HostTensor(DType::bf16, {B, Nq, Hq, D}),
+                           HostTensor(DType::bf16, {B, Nq, Hq, D})};
+      HostTensor lse[2] = {HostTensor(DType::f32, {B, Hq, Nq}), HostTensor(DType::f32, {B, Hq, Nq})};
+      for (int scalar = 0; scalar < 2; ++scalar) {
+        cpu::rows::force_scalar(scalar == 1);
+        Context ctx;
+        TensorView lv = lse[scalar].view();
+        attention(q.view(), k.view(), v.view(), out[scalar].view(), &lv, opt, ctx);
+      }
+      cpu::rows::force_scalar(false);
+      EXPECT_EQ(out[0].bytes, out[1].bytes) << "D " << D << " pv " << pv;
+      EXPECT_EQ(lse[0].bytes, lse[1].bytes) << "D " << D << " pv " << pv;
+    }
+}
 
 TEST(Attention, HandComputedRowFp8) {
   // One query, two keys with equal logits (k = 0): P = 448 * 2^0 for both, rounded to e4m3 448.
