@@ -242,43 +242,47 @@ LOWBIT_CLONES int64_t dot_chunk(const double* a, const double* b, int64_t K) {
   for (int l = 0; l < 8; ++l) s += lane[l];
   return static_cast<int64_t>(s);
 }
-// out[j] = sum a . w_j exactly for the 4 rows w + j * K (dot_exact's bits: the products of two
-// integers below 2^18 and their partial sums over a chunk of 2^17 are integers below 2^53, so
-// no product, fused multiply-add or sum rounds). AVX2 + FMA: 4 k at a time, a loaded once for the
-// 4 rows.
+// out[i][j] += a_i . w_j exactly over n <= 2^17 values, for activation rows a_0, a_1 (a_1 may
+// equal a_0) and the 4 weight rows w + j * ldw (dot_exact's bits: products of two integers below
+// 2^18 and their partial sums over at most 2^17 of them are integers below 2^53, so no product,
+// fused multiply-add or sum rounds and the lane order does not matter). AVX2 + FMA: 4 k at a
+// time, 8 accumulators, each load serving 2 or 4 products.
 #ifdef LOWBIT_AVX2
-__attribute__((target("avx2,fma"))) void dot4_chunk_avx2(const double* a, const double* w,
-                                                         int64_t K, int64_t n, int64_t (&out)[4]) {
-  __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
-                    _mm256_setzero_pd()};
+__attribute__((target("avx2,fma"))) void fp8_dots_2x4_avx2(const double* a0, const double* a1,
+                                                           const double* w, int64_t ldw, int64_t n,
+                                                           int64_t (&out)[2][4]) {
+  __m256d acc[2][4];
+  for (auto& r : acc)
+    for (auto& c : r) c = _mm256_setzero_pd();
   int64_t k = 0;
   for (; k + 4 <= n; k += 4) {
-    const __m256d x = _mm256_loadu_pd(a + k);
-    for (int j = 0; j < 4; ++j) acc[j] = _mm256_fmadd_pd(x, _mm256_loadu_pd(w + j * K + k), acc[j]);
+    const __m256d x0 = _mm256_loadu_pd(a0 + k), x1 = _mm256_loadu_pd(a1 + k);
+    for (int j = 0; j < 4; ++j) {
+      const __m256d y = _mm256_loadu_pd(w + j * ldw + k);
+      acc[0][j] = _mm256_fmadd_pd(x0, y, acc[0][j]);
+      acc[1][j] = _mm256_fmadd_pd(x1, y, acc[1][j]);
+    }
   }
-  for (int j = 0; j < 4; ++j) {
-    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(acc[j]), _mm256_extractf128_pd(acc[j], 1));
-    double s = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
-    for (int64_t t = k; t < n; ++t) s += a[t] * w[j * K + t];
-    out[j] += static_cast<int64_t>(s);
+  for (int i = 0; i < 2; ++i) {
+    const double* a = i ? a1 : a0;
+    for (int j = 0; j < 4; ++j) {
+      const __m128d h =
+          _mm_add_pd(_mm256_castpd256_pd128(acc[i][j]), _mm256_extractf128_pd(acc[i][j], 1));
+      double s = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+      for (int64_t t = k; t < n; ++t) s += a[t] * w[j * ldw + t];
+      out[i][j] += static_cast<int64_t>(s);
+    }
   }
 }
 #endif
-// False where dot4_exact has no vector path or the scalar kernels are forced (then the GEMM takes
-// dot_exact row by row).
-bool dot4_available() {
+// False where fp8_dots_2x4_avx2 is not built, the CPU lacks AVX2 + FMA or the scalar kernels are
+// forced (then the GEMM takes dot_exact row by row).
+bool fp8_blocked_available() {
 #ifdef LOWBIT_AVX2
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has && convrot::simd_kernels_on();
 #else
   return false;
-#endif
-}
-void dot4_exact(const double* a, const double* w, int64_t K, int64_t (&out)[4]) {
-  for (int64_t& o : out) o = 0;
-#ifdef LOWBIT_AVX2
-  for (int64_t k = 0; k < K; k += 131072)
-    dot4_chunk_avx2(a + k, w + k, K, std::min<int64_t>(131072, K - k), out);
 #endif
 }
 int64_t dot_exact(const double* a, const double* b, int64_t K) {
@@ -358,26 +362,43 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                              w_scales[o0 + j], bias);
         }
       }
-    } else if (q == QType::convrot_fp8 && dot4_available()) {
-      // 4 weight rows per pass over each activation row (a last partial group repeats its
-      // final row).
-      std::vector<double> wd(static_cast<size_t>(4 * K));
-      for (int64_t o0 = b; o0 < e; o0 += 4) {
-        const int64_t no = std::min<int64_t>(4, e - o0);
-        for (int64_t j = 0; j < 4; ++j) {
-          const uint8_t* wr =
-              static_cast<const uint8_t*>(w.codes.data) + (o0 + std::min(j, no - 1)) * K;
-          for (int64_t k = 0; k < K; ++k) wd[j * K + k] = e4m3_ints[wr[k]];
-        }
-        for (int64_t m = 0; m < M; ++m) {
-          int64_t acc[4];
-          dot4_exact(a_fp8.data() + m * K, wd.data(), K, acc);
-          for (int64_t j = 0; j < no; ++j) {
-            const float accf = std::ldexp(static_cast<float>(acc[j]), -18);
-            epilogue_store(out, m, o0 + j, accf, a_scales[m], w_scales[o0 + j], bias);
+    } else if (q == QType::convrot_fp8 && fp8_blocked_available()) {
+#ifdef LOWBIT_AVX2
+      // Blocks of kRows weight rows, decoded one K tile at a time (kRows x kTile doubles, 256 KB,
+      // stay in L2 while every activation row passes); inside, 2 activation rows x 4 weight rows
+      // per step (a last partial group repeats the block's final row, a last single activation
+      // row pairs with itself). Exact integer sums: the same bits as dot_exact.
+      constexpr int64_t kRows = 32, kTile = 1024;
+      std::vector<double> wd(static_cast<size_t>(kRows * kTile));
+      std::vector<int64_t> acc(static_cast<size_t>(M * kRows));
+      const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
+      for (int64_t o0 = b; o0 < e; o0 += kRows) {
+        const int64_t no = std::min<int64_t>(kRows, e - o0), groups = (no + 3) / 4;
+        std::fill(acc.begin(), acc.end(), int64_t{0});
+        for (int64_t k0 = 0; k0 < K; k0 += kTile) {
+          const int64_t kn = std::min<int64_t>(kTile, K - k0);
+          for (int64_t j = 0; j < groups * 4; ++j) {
+            const uint8_t* wr = wcodes + (o0 + std::min(j, no - 1)) * K + k0;
+            for (int64_t k = 0; k < kn; ++k) wd[j * kTile + k] = e4m3_ints[wr[k]];
+          }
+          for (int64_t m = 0; m < M; m += 2) {
+            const int64_t m1 = std::min(m + 1, M - 1);
+            for (int64_t g = 0; g < groups; ++g) {
+              int64_t part[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+              fp8_dots_2x4_avx2(a_fp8.data() + m * K + k0, a_fp8.data() + m1 * K + k0,
+                                wd.data() + g * 4 * kTile, kTile, kn, part);
+              for (int64_t i = 0; i < (m1 > m ? 2 : 1); ++i)
+                for (int64_t j = 0; j < 4; ++j) acc[(m + i) * kRows + g * 4 + j] += part[i][j];
+            }
           }
         }
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t j = 0; j < no; ++j) {
+            const float accf = std::ldexp(static_cast<float>(acc[m * kRows + j]), -18);
+            epilogue_store(out, m, o0 + j, accf, a_scales[m], w_scales[o0 + j], bias);
+          }
       }
+#endif
     } else if (q == QType::convrot_fp8) {
       std::vector<double> wd(static_cast<size_t>(K));
       for (int64_t o = b; o < e; ++o) {
