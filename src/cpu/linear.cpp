@@ -197,6 +197,55 @@ LOWBIT_AVX2 int64_t dots_2x4_avx2(const int8_t* a0, const int8_t* a1, const int8
   return k;
 }
 #endif
+// out[i][j] = a_i . w_j mod 2^32 for the R activation rows a[i] of biased codes (code + 128 as
+// uint8) and the 4 weight rows w + j * K: AVX-512 VNNI, 64 codes a row per step, vpdpbusd (uint8
+// x int8, 4 products added into each int32 lane, wrapping, never saturating). The caller
+// subtracts 128 . sum(w_j) in the same wrapping arithmetic: the true dot fits in int32
+// (|a . w| <= K . 127 . 128), so the wrapped result is exact. R = 0 gives the 4 row sums of w
+// (out[0][j], ones against the codes).
+#ifdef LOWBIT_AVX2
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline uint32_t sum_lanes(__m512i v) {
+  const __m256i h = _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, v, 0),
+                                     _mm512_maskz_extracti64x4_epi64(0xF, v, 1));
+  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(q));
+}
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void dots_vnni(const uint8_t* const* a,
+                                                                      const int8_t* w, int64_t K,
+                                                                      uint32_t (&out)[4][4]) {
+  constexpr int kRows = R == 0 ? 1 : R;
+  __m512i acc[kRows][4];
+  for (auto& r : acc)
+    for (auto& c : r) c = _mm512_setzero_si512();
+  for (int64_t k = 0; k < K; k += 64) {
+    const __mmask64 mask = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
+    __m512i x[kRows];
+    for (int i = 0; i < kRows; ++i)
+      x[i] = R == 0 ? _mm512_set1_epi8(1) : _mm512_maskz_loadu_epi8(mask, a[i] + k);
+    for (int j = 0; j < 4; ++j) {
+      const __m512i y = _mm512_maskz_loadu_epi8(mask, w + j * K + k);
+      for (int i = 0; i < kRows; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], x[i], y);
+    }
+  }
+  for (int i = 0; i < kRows; ++i)
+    for (int j = 0; j < 4; ++j) out[i][j] = sum_lanes(acc[i][j]);
+}
+#endif
+// Whether dots_vnni runs: the CPU has AVX-512 F / BW / VNNI, the vector kernels are on and
+// the tests have not asked for the AVX2 kernels (force_avx2_kernels).
+bool vnni_gemm_on() {
+#ifdef LOWBIT_AVX2
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return has && convrot::simd_kernels_on() && !convrot::avx2_kernels_forced();
+#else
+  return false;
+#endif
+}
+
 void dots_2x4(const int8_t* a0, const int8_t* a1, const int8_t* w, int64_t K,
               int32_t (&out)[2][4]) {
   int64_t k = 0;
@@ -336,11 +385,61 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   const float* w_scales = nvfp4 ? nullptr : static_cast<const float*>(w.scales.data);
   const float pts = nvfp4 ? *static_cast<const float*>(w.tensor_scale.data) : 1.f;
 
+  // The int8-code GEMM's activations biased to uint8 (code + 128) where AVX-512 VNNI runs it.
+  const bool vnni = (int8_family(q) || q == QType::convrot_comfy_w4a4) && vnni_gemm_on();
+  std::vector<uint8_t> a_biased(vnni ? a_codes.size() : 0);
+  for (size_t i = 0; i < a_biased.size(); ++i)
+    a_biased[i] = static_cast<uint8_t>(a_codes[i] ^ 0x80u);
+
   // 2. GEMM + epilogue, parallel over output columns (each thread unpacks its weight rows once).
   const int64_t col_grain =
       std::max<int64_t>(1, 262144 / std::max<int64_t>(K * std::max<int64_t>(M, 1), 1));
   parallel_for(O, col_grain, ctx, [&](int64_t b, int64_t e) {
-    if (int8_family(q) || q == QType::convrot_comfy_w4a4) {
+    if ((int8_family(q) || q == QType::convrot_comfy_w4a4) && vnni) {
+#ifdef LOWBIT_AVX2
+      // 4 weight rows at a time against up to 4 activation rows at a time (dots_vnni on the
+      // biased codes); a last partial group of weight rows repeats its final row.
+      std::vector<int8_t> wc(static_cast<size_t>(4 * K));
+      for (int64_t o0 = b; o0 < e; o0 += 4) {
+        const int64_t no = std::min<int64_t>(4, e - o0);
+        for (int64_t j = 0; j < 4; ++j)
+          if (j < no)
+            weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
+          else
+            std::memcpy(wc.data() + j * K, wc.data() + (no - 1) * K, static_cast<size_t>(K));
+        uint32_t sums[4][4], bias128[4];  // 128 . sum of each row's codes, wrapping
+        dots_vnni<0>(nullptr, wc.data(), K, sums);
+        for (int64_t j = 0; j < 4; ++j) bias128[j] = sums[0][j] * 128u;
+        for (int64_t m = 0; m < M; m += 4) {
+          const int64_t rows = std::min<int64_t>(4, M - m);
+          const uint8_t* const a4[4] = {a_biased.data() + m * K,
+                                        a_biased.data() + (m + std::min<int64_t>(1, rows - 1)) * K,
+                                        a_biased.data() + (m + std::min<int64_t>(2, rows - 1)) * K,
+                                        a_biased.data() + (m + rows - 1) * K};
+          uint32_t acc[4][4];
+          switch (rows) {
+            case 1:
+              dots_vnni<1>(a4, wc.data(), K, acc);
+              break;
+            case 2:
+              dots_vnni<2>(a4, wc.data(), K, acc);
+              break;
+            case 3:
+              dots_vnni<3>(a4, wc.data(), K, acc);
+              break;
+            default:
+              dots_vnni<4>(a4, wc.data(), K, acc);
+              break;
+          }
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < no; ++j)
+              epilogue_store(out, m + i, o0 + j,
+                             static_cast<float>(static_cast<int32_t>(acc[i][j] - bias128[j])),
+                             a_scales[m + i], w_scales[o0 + j], bias);
+        }
+      }
+#endif
+    } else if (int8_family(q) || q == QType::convrot_comfy_w4a4) {
       // 4 weight rows at a time against 2 activation rows at a time (dots_2x4); a last partial
       // group repeats its final row, a last single activation row pairs with itself.
       std::vector<int8_t> wc(static_cast<size_t>(4 * K));

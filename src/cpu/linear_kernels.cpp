@@ -367,6 +367,12 @@ bool simd_kernels_available() {
 }
 bool simd_kernels_on() { return simd_kernels_available() && !g_force_scalar; }
 
+namespace {
+bool g_force_avx2 = false;
+}
+void force_avx2_kernels(bool on) { g_force_avx2 = on; }
+bool avx2_kernels_forced() { return g_force_avx2; }
+
 void force_scalar_kernels(bool on) {
   g_force_scalar = on;
   g_force_scalar_rotation = on;

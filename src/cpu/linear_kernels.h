@@ -82,6 +82,10 @@ inline int8_t fold_code(int code, float ratio) {
 void fold_codes(int8_t* codes, int64_t n, float ratio);
 // Whether the AVX2 kernels run (the CPU has AVX2 and force_scalar_kernels is off).
 bool simd_kernels_on();
+// Tests: keep the int8-code GEMM on its AVX2 kernel where the CPU has AVX-512 VNNI (the same
+// bits), so both vector paths can be compared with the scalar loops on one machine.
+void force_avx2_kernels(bool on);
+bool avx2_kernels_forced();
 // NVFP4 weight blocks of one row: MSE-optimal e4m3 block scales (SPEC §3.4) and the codes.
 //   w (K), scales_out (K/16) e4m3, packed_out (K/2) e2m1 pairs.
 void quantize_row_nvfp4_weight(const float* w, int64_t K, float pts, uint8_t* scales_out,

@@ -1194,15 +1194,23 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
         continue;
       }
       TensorView bv = make_view(bias.data(), DType::f32, {O});
-      std::vector<float> y_vec(static_cast<size_t>(M * O)), y_sca(y_vec.size());
-      for (bool scalar : {false, true}) {
-        cpu::convrot::force_scalar_kernels(scalar);
+      // The widest vector kernels (AVX-512 VNNI for int8 codes where the CPU has it), AVX2
+      // alone, and the scalar loops.
+      std::vector<float> y_vec(static_cast<size_t>(M * O)), y_avx2(y_vec.size()),
+          y_sca(y_vec.size());
+      for (int mode = 0; mode < 3; ++mode) {
+        cpu::convrot::force_avx2_kernels(mode == 1);
+        cpu::convrot::force_scalar_kernels(mode == 2);
+        std::vector<float>& y = mode == 0 ? y_vec : mode == 1 ? y_avx2 : y_sca;
         lin.forward(make_view(x.data(), DType::f32, {M, K}), &bv,
-                    make_view((scalar ? y_sca : y_vec).data(), DType::f32, {M, O}), ctx);
+                    make_view(y.data(), DType::f32, {M, O}), ctx);
       }
+      cpu::convrot::force_avx2_kernels(false);
       cpu::convrot::force_scalar_kernels(false);
       EXPECT_EQ(std::memcmp(y_vec.data(), y_sca.data(), y_vec.size() * 4), 0)
           << qtype_name(q) << " M " << M << " O " << O << " K " << K;
+      EXPECT_EQ(std::memcmp(y_avx2.data(), y_sca.data(), y_vec.size() * 4), 0)
+          << qtype_name(q) << " M " << M << " O " << O << " K " << K << " (AVX2)";
       ++ran;
     }
   }
