@@ -15,12 +15,16 @@
 #include "src/cpu/cpu_clones.h"
 #include "src/cpu/rows.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
 namespace lowbit {
 namespace cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int64_t kDotKeys = 64;  // keys per transposed block of the score loop
+constexpr int64_t kDotKeys = 64;  // keys per block of the score loop
 
 // Element offset of (b, logical key j, head h) in a cache tensor of rank 4 (contiguous) or 3
 // (paged pool); for scale/shift tensors (one rank less, no D) the same with `t` of that rank.
@@ -39,22 +43,85 @@ struct KeyAddress {
   }
 };
 
-// dots[j] = sum_d q[d] * k[d][j] (k transposed: kt[d * n + j]) for j < n, each key's sum in
-// channel order from 0 (the same roundings as a dot taken key by key; the keys side by side).
-LOWBIT_CLONES void key_dots(const float* q, const float* kt, int64_t n, int D, float* dots) {
-  for (int64_t j = 0; j < n; ++j) dots[j] = 0.f;
-  for (int d = 0; d < D; ++d) {
-    const float qd = q[d];
-    const float* row = kt + d * n;
-    for (int64_t j = 0; j < n; ++j) dots[j] += qd * row[j];
+// q . k over D channels (a multiple of 8) in 8 lanes, lane l taking channels d = l (mod 8) by
+// fused multiply-adds in channel order, then the lanes added as ((0 + 4) + (2 + 6)) + ((1 + 5) +
+// (3 + 7)): the AVX2 + FMA form and the scalar loop give the same bits.
+#ifdef LOWBIT_AVX2
+__attribute__((target("avx2,fma"))) float dot8_avx2(const float* q, const float* k, int D) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int d = 0; d < D; d += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc);
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 t = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+#endif
+float dot8_scalar(const float* q, const float* k, int D) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int d = 0; d < D; d += 8)
+    for (int l = 0; l < 8; ++l) lane[l] = std::fma(q[d + l], k[d + l], lane[l]);
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+// dots[r * n + j] = q_r . k_j for the R rows of q (R x D) and the n rows of k (n x D), D a
+// multiple of 8.
+void key_dots(const float* q, int R, const float* k, int64_t n, int D, float* dots) {
+#ifdef LOWBIT_AVX2
+  static const bool fma = __builtin_cpu_supports("fma");
+  if (fma && rows::avx2_on()) {
+    for (int64_t j = 0; j < n; ++j)
+      for (int r = 0; r < R; ++r) dots[r * n + j] = dot8_avx2(q + r * D, k + j * D, D);
+    return;
   }
+#endif
+  for (int64_t j = 0; j < n; ++j)
+    for (int r = 0; r < R; ++r) dots[r * n + j] = dot8_scalar(q + r * D, k + j * D, D);
 }
 
 // out[d] = int4 value of code d (eight 4-bit codes per word, low nibble first), d0 <= d < d0 + n.
-LOWBIT_CLONES void int4_group(const uint32_t* words, int d0, int n, float scale, float shift,
-                              float* out) {
+// AVX2 where d0 and n are multiples of 8: a word's 8 codes by one variable shift, then the
+// product and the sum rounded one after the other, as kv::int4_value_at.
+#ifdef LOWBIT_AVX2
+LOWBIT_AVX2 void int4_group_avx2(const uint32_t* words, int d0, int n, float scale, float shift,
+                                 float* out) {
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i low4 = _mm256_set1_epi32(0xf);
+  const __m256 vs = _mm256_set1_ps(scale), vh = _mm256_set1_ps(shift);
+  for (int d = d0; d < d0 + n; d += 8) {
+    const __m256i codes = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int32_t>(words[d / 8])), shifts), low4);
+    _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(codes), vs), vh));
+  }
+}
+#endif
+void int4_group(const uint32_t* words, int d0, int n, float scale, float shift, float* out) {
+#ifdef LOWBIT_AVX2
+  if (rows::avx2_on() && d0 % 8 == 0 && n % 8 == 0)
+    return int4_group_avx2(words, d0, n, scale, shift, out);
+#endif
   for (int d = d0; d < d0 + n; ++d)
     out[d] = kv::int4_value_at((words[d / 8] >> (4 * (d % 8))) & 0xfu, scale, shift);
+}
+
+// out[d] = e4m3 value of byte d * scale + shift, d < D (kv::fp8_value_at's arithmetic: the
+// product and the sum rounded one after the other). AVX2: 8 table entries by one gather.
+#ifdef LOWBIT_AVX2
+LOWBIT_AVX2 void fp8_row_avx2(const uint8_t* bytes, int D, float scale, float shift, float* out) {
+  const float* e4m3 = rows::e4m3_table();
+  const __m256 vs = _mm256_set1_ps(scale), vh = _mm256_set1_ps(shift);
+  for (int d = 0; d < D; d += 8) {
+    const __m256i idx =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + d)));
+    const __m256 v = _mm256_i32gather_ps(e4m3, idx, 4);
+    _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_mul_ps(v, vs), vh));
+  }
+}
+#endif
+void fp8_row(const uint8_t* bytes, int D, float scale, float shift, float* out) {
+#ifdef LOWBIT_AVX2
+  if (rows::avx2_on() && D % 8 == 0) return fp8_row_avx2(bytes, D, scale, shift, out);
+#endif
+  const float* e4m3 = rows::e4m3_table();
+  for (int d = 0; d < D; ++d) out[d] = e4m3[bytes[d]] * scale + shift;
 }
 
 // Dequantizes one row of a head into out (D).
@@ -74,8 +141,11 @@ void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const
     case KvFormat::int4: {  // each group's scale and shift converted once
       const uint32_t* w = t.ptr<uint32_t>() + off;
       const int ng = c.n_groups, per = D / ng;
+      // the coefficient words as f16 halves: scale (low) then shift (high) of each group
+      float coef[16];
+      rows::f16_to_f32(reinterpret_cast<const uint16_t*>(w), 2 * ng, coef);
       for (int g = 0; g < ng; ++g)
-        int4_group(w + ng, g * per, per, kv::coef_scale(w[g]), kv::coef_shift(w[g]), out);
+        int4_group(w + ng, g * per, per, coef[2 * g], coef[2 * g + 1], out);
       break;
     }
     case KvFormat::fp8: {  // the row's scale and shift converted once
@@ -83,10 +153,9 @@ void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const
       const uint32_t s = ss.ptr<uint32_t>()[c.paged() ? a.row(b, j) * ss.stride[0] + h * ss.stride[1]
                                                       : b * ss.stride[0] + j * ss.stride[1] +
                                                             h * ss.stride[2]];
-      const float scale = kv::coef_scale(s), shift = kv::coef_shift(s);
-      const float* e4m3 = rows::e4m3_table();  // kv::fp8_value_at's arithmetic, table decode
-      for (int d = 0; d < D; ++d)
-        out[d] = e4m3[(w[d / 4] >> (8 * (d % 4))) & 0xffu] * scale + shift;
+      float coef[2];  // scale (low half), shift (high half)
+      rows::f16_to_f32(reinterpret_cast<const uint16_t*>(&s), 2, coef);
+      fp8_row(reinterpret_cast<const uint8_t*>(w), D, coef[0], coef[1], out);
       break;
     }
   }
@@ -164,75 +233,82 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   const KeyAddress addr{cache};
   const int32_t* seq_len = cache.seq_len.ptr<int32_t>();
 
-  // Pass 1: each (b, h, split) chunk -> (R, D) partial outputs and (R) LSEs.
+  // Pass 1: each (b, h, split) -> (R, D) partial outputs and (R) LSEs. The split's keys go by
+  // blocks of kDotKeys (dequantized K and V of a block stay in cache): every row's q . k for the
+  // block, then each row's running maximum, sum and output rescaled
+  // by exp(old max - new max) where the block raises the maximum (online softmax).
   parallel_for(B * H * S, 1, ctx, [&](int64_t begin, int64_t end) {
-    std::vector<float> kf, kt(static_cast<size_t>(kDotKeys) * D), vf,
-        qf(static_cast<size_t>(R) * D), dots, scores;
+    std::vector<float> kf(static_cast<size_t>(kDotKeys) * D), vf(kf.size()),
+        qf(static_cast<size_t>(R) * D), dots(static_cast<size_t>(R) * kDotKeys), scores(kDotKeys),
+        row_max(R), row_sum(R);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t s = task % S, h = (task / S) % H, b = task / (S * H);
       const int64_t len = seq_len[b * cache.seq_len.stride[0]];
       const int64_t lo = std::min<int64_t>(s * plan.split_size, len);
       const int64_t hi = s == S - 1 ? len : std::min<int64_t>(lo + plan.split_size, len);
-      const int64_t n = hi - lo;
-      kf.resize(n * D);
-      vf.resize(n * D);
-      scores.resize(n);
-      dots.resize(static_cast<size_t>(R) * n);
-      for (int64_t j = 0; j < n; ++j) {
-        load_row(cache, cache.k, cache.k_scale_shift, addr, b, lo + j, h, D, &kf[j * D]);
-        load_row(cache, cache.v, cache.v_scale_shift, addr, b, lo + j, h, D, &vf[j * D]);
-      }
       for (int r = 0; r < R; ++r) {
         const int m = r / G, g = r % G;
         const int64_t qoff = b * q.stride[0] + m * q.stride[1] + h * q.stride[2] + g * q.stride[3];
         for (int d = 0; d < D; ++d) qf[r * D + d] = load_f32(q.data, qoff + d, q.dtype);
       }
-      // Every row's q . k for blocks of kDotKeys keys (the block transposed once, in cache).
-      for (int64_t j0 = 0; j0 < n; j0 += kDotKeys) {
-        const int64_t nb = std::min<int64_t>(kDotKeys, n - j0);
-        for (int64_t j = 0; j < nb; ++j)
-          for (int d = 0; d < D; ++d) kt[d * nb + j] = kf[(j0 + j) * D + d];
-        for (int r = 0; r < R; ++r) key_dots(&qf[r * D], kt.data(), nb, D, &dots[r * n + j0]);
-      }
       float* o_base = part_o + (((b * H + h) * S + s) * R) * D;
       float* l_base = part_lse + ((b * H + h) * S + s) * R;
-      for (int m = 0; m < Mq; ++m) {
-        for (int g = 0; g < G; ++g) {
-          const int r = m * G + g;
+      std::fill(o_base, o_base + static_cast<int64_t>(R) * D, 0.f);
+      std::fill(row_max.begin(), row_max.end(), kNegInf);
+      std::fill(row_sum.begin(), row_sum.end(), 0.f);
+      for (int64_t j0 = lo; j0 < hi; j0 += kDotKeys) {
+        const int64_t nb = std::min<int64_t>(kDotKeys, hi - j0);
+        for (int64_t j = 0; j < nb; ++j) {
+          load_row(cache, cache.k, cache.k_scale_shift, addr, b, j0 + j, h, D, &kf[j * D]);
+          load_row(cache, cache.v, cache.v_scale_shift, addr, b, j0 + j, h, D, &vf[j * D]);
+        }
+        key_dots(qf.data(), R, kf.data(), nb, D, dots.data());
+        for (int m = 0; m < Mq; ++m) {
           // Keys visible to this query row: j < len, and j <= len - Mq + m when causal.
           const int64_t last = causal ? len - Mq + m : len - 1;
-          float mx = kNegInf;
-          for (int64_t j = 0; j < n; ++j) {
-            float sc = kNegInf;
-            if (lo + j <= last) {
-              const float dot = dots[r * n + j];
-              sc = dot * sm_scale;
-              if (bias) {
-                const int64_t boff = b * bias->stride[0] + h * bias->stride[1] +
-                                     g * bias->stride[2] + m * bias->stride[3] +
-                                     (lo + j) * bias->stride[4];
-                sc += load_f32(bias->data, boff, bias->dtype);
+          for (int g = 0; g < G; ++g) {
+            const int r = m * G + g;
+            float mx = kNegInf;
+            for (int64_t j = 0; j < nb; ++j) {
+              float sc = kNegInf;
+              if (j0 + j <= last) {
+                sc = dots[r * nb + j] * sm_scale;
+                if (bias) {
+                  const int64_t boff = b * bias->stride[0] + h * bias->stride[1] +
+                                       g * bias->stride[2] + m * bias->stride[3] +
+                                       (j0 + j) * bias->stride[4];
+                  sc += load_f32(bias->data, boff, bias->dtype);
+                }
               }
+              scores[j] = sc;
+              mx = std::max(mx, sc);
             }
-            scores[j] = sc;
-            mx = std::max(mx, sc);
+            if (mx == kNegInf) continue;  // no visible key in this block
+            float* o = o_base + static_cast<int64_t>(r) * D;
+            const float m_new = std::max(row_max[r], mx);
+            if (row_max[r] != kNegInf && m_new != row_max[r]) {
+              const float c = std::exp(row_max[r] - m_new);
+              for (int d = 0; d < D; ++d) o[d] *= c;
+              row_sum[r] *= c;
+            }
+            row_max[r] = m_new;
+            for (int64_t j = 0; j < nb; ++j) {
+              if (scores[j] == kNegInf) continue;
+              const float p = std::exp(scores[j] - m_new);
+              row_sum[r] += p;
+              rows::add_scaled(o, p, &vf[j * D], D);
+            }
           }
-          float* o = o_base + static_cast<int64_t>(r) * D;
-          std::fill(o, o + D, 0.f);
-          if (mx == kNegInf) {  // no visible key (or every score -inf): 0 and -inf
-            l_base[r] = kNegInf;
-            continue;
-          }
-          float sum = 0.f;
-          for (int64_t j = 0; j < n; ++j) {
-            if (scores[j] == kNegInf) continue;
-            const float p = std::exp(scores[j] - mx);
-            sum += p;
-            rows::add_scaled(o, p, &vf[j * D], D);
-          }
-          for (int d = 0; d < D; ++d) o[d] /= sum;
-          l_base[r] = mx + std::log(sum);
         }
+      }
+      for (int r = 0; r < R; ++r) {
+        float* o = o_base + static_cast<int64_t>(r) * D;
+        if (row_max[r] == kNegInf) {  // no visible key (or every score -inf): 0 and -inf
+          l_base[r] = kNegInf;
+          continue;
+        }
+        for (int d = 0; d < D; ++d) o[d] /= row_sum[r];
+        l_base[r] = row_max[r] + std::log(row_sum[r]);
       }
     }
   });
