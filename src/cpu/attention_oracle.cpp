@@ -148,6 +148,55 @@ LOWBIT_CLONES_FMA void pv_tile(float* tile, const float* pr, const float* vbuf, 
   else
     pv_blocks<false>(tile, pr, vbuf, n, D);
 }
+// pv_tile for two rows at once (tile0 over n0 keys of pr0, tile1 over n1 keys of pr1; each row's
+// element the same operations in the same order as pv_tile's): the keys both rows see load each
+// V value once for two products. 32 channels a block (8 vector chains).
+template <bool EXACT>
+__attribute__((always_inline)) inline void pv_pair_blocks(float* tile0, float* tile1,
+                                                          const float* pr0, const float* pr1,
+                                                          const float* vbuf, int64_t n0, int64_t n1,
+                                                          int64_t D) {
+  constexpr int W = 32;
+  const int64_t both = std::min(n0, n1);
+  for (int64_t d0 = 0; d0 < D; d0 += W) {
+    if (D - d0 < W) {  // (D a multiple of 16: one last block of 16)
+      pv_block<EXACT, 16>(tile0, pr0, vbuf, n0, D, d0);
+      pv_block<EXACT, 16>(tile1, pr1, vbuf, n1, D, d0);
+      continue;
+    }
+    float a0[W] = {}, a1[W] = {};
+    for (int64_t j = 0; j < both; ++j) {
+      const float p0 = pr0[j], p1 = pr1[j];
+      const float* v = vbuf + j * D + d0;
+      for (int c = 0; c < W; ++c) {
+        a0[c] = EXACT ? std::fma(p0, v[c], a0[c]) : a0[c] + p0 * v[c];
+        a1[c] = EXACT ? std::fma(p1, v[c], a1[c]) : a1[c] + p1 * v[c];
+      }
+    }
+    for (int64_t j = both; j < n0; ++j) {
+      const float p0 = pr0[j];
+      const float* v = vbuf + j * D + d0;
+      for (int c = 0; c < W; ++c) a0[c] = EXACT ? std::fma(p0, v[c], a0[c]) : a0[c] + p0 * v[c];
+    }
+    for (int64_t j = both; j < n1; ++j) {
+      const float p1 = pr1[j];
+      const float* v = vbuf + j * D + d0;
+      for (int c = 0; c < W; ++c) a1[c] = EXACT ? std::fma(p1, v[c], a1[c]) : a1[c] + p1 * v[c];
+    }
+    for (int c = 0; c < W; ++c) {
+      tile0[d0 + c] = a0[c];
+      tile1[d0 + c] = a1[c];
+    }
+  }
+}
+LOWBIT_CLONES_FMA void pv_tile_pair(float* tile0, float* tile1, const float* pr0, const float* pr1,
+                                    const float* vbuf, int64_t n0, int64_t n1, int64_t D,
+                                    bool exact_products) {
+  if (exact_products)
+    pv_pair_blocks<true>(tile0, tile1, pr0, pr1, vbuf, n0, n1, D);
+  else
+    pv_pair_blocks<false>(tile0, tile1, pr0, pr1, vbuf, n0, n1, D);
+}
 // s[j] = dot[j] (q_scale k_scale[j]) scale_log2 for the row's n keys of a tile; returns their
 // maximum (-inf for none; a NaN score never wins, as std::max(m, s) key after key: the maximum
 // of the other scores does not depend on the order).
@@ -249,8 +298,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     std::vector<int32_t> dots(kKvTile);
     std::vector<uint8_t> codes(kKvTile);
     std::vector<float> ksv(kKvTile), vbuf(static_cast<size_t>(kKvTile * D));
-    std::vector<float> s(kKvTile), p(kKvTile), pr(kKvTile), tile(static_cast<size_t>(D)), accs,
-        ms, ls, qss;
+    std::vector<float> s(kKvTile), p(kKvTile), pr(2 * kKvTile), tile(static_cast<size_t>(2 * D)),
+        accs, ms, ls, qss;
     const float* e4m3 = rows::e4m3_table();
     std::vector<int64_t> ends;
     for (int64_t task = t_begin; task < t_end; ++task) {
@@ -294,30 +343,50 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
           }
         }
         stage_keys(kbuf.data(), tn, D, kt.data());
-        for (int64_t ri = 0; ri < R; ++ri) {
-          const int64_t n = std::min<int64_t>(ends[ri] - t0, tn);  // this row's keys here
-          if (n <= 0) continue;
-          const int8_t* qrow = qbuf.data() + ri * D;
-          const float qs = qss[ri];
-          tile_dots(qrow, kt.data(), D, dots.data());
-          const float tile_max = tile_scores(dots.data(), ksv.data(), qs, scale_log2, n, s.data());
-          float& m = ms[ri];
-          const float m_new = std::max(m, tile_max);
-          const float rescale = m == -inf ? 0.f : rows::exp2(m - m_new);
-          const float m_off = m_new - p_offset;
-          const float tile_sum = tile_probs(s.data(), m_off, n, p.data());
-          // P through the format P·V runs in: e4m3 (fp8 mode) or V's 16-bit dtype
-          if (fp8) {
-            rows::f32_to_e4m3(p.data(), n, 1.f, codes.data());
-            for (int64_t j = 0; j < n; ++j) pr[j] = e4m3[codes[j]];
-          } else {
-            for (int64_t j = 0; j < n; ++j) pr[j] = round_to(v.dtype, p[j]);
+        // Rows two at a time: each row's scores and P alone, then the two P·V tiles together
+        // (pv_tile_pair: each V value loaded once for both rows; the same bits as pv_tile).
+        for (int64_t r0 = 0; r0 < R; r0 += 2) {
+          int64_t n[2] = {0, 0};
+          float rescale[2] = {0.f, 0.f}, tile_sum[2] = {0.f, 0.f}, m_new[2] = {0.f, 0.f};
+          for (int slot = 0; slot < 2 && r0 + slot < R; ++slot) {
+            const int64_t ri = r0 + slot;
+            n[slot] = std::max<int64_t>(0, std::min<int64_t>(ends[ri] - t0, tn));  // row's keys
+            if (n[slot] == 0) continue;
+            tile_dots(qbuf.data() + ri * D, kt.data(), D, dots.data());
+            const float tile_max =
+                tile_scores(dots.data(), ksv.data(), qss[ri], scale_log2, n[slot], s.data());
+            const float m = ms[ri];
+            m_new[slot] = std::max(m, tile_max);
+            rescale[slot] = m == -inf ? 0.f : rows::exp2(m - m_new[slot]);
+            const float m_off = m_new[slot] - p_offset;
+            tile_sum[slot] = tile_probs(s.data(), m_off, n[slot], p.data());
+            // P through the format P·V runs in: e4m3 (fp8 mode) or V's 16-bit dtype
+            float* prs = pr.data() + slot * kKvTile;
+            if (fp8) {
+              rows::f32_to_e4m3(p.data(), n[slot], 1.f, codes.data());
+              for (int64_t j = 0; j < n[slot]; ++j) prs[j] = e4m3[codes[j]];
+            } else {
+              for (int64_t j = 0; j < n[slot]; ++j) prs[j] = round_to(v.dtype, p[j]);
+            }
           }
-          pv_tile(tile.data(), pr.data(), vbuf.data(), n, D, fp8 || v.dtype != DType::f32);
-          // Two-level accumulation: the tile's P·V (fresh buffer) joins the rescaled accumulator.
-          rescale_add(accs.data() + ri * D, rescale, tile.data(), D);
-          ls[ri] = ls[ri] * rescale + tile_sum;
-          m = m_new;
+          const bool exact = fp8 || v.dtype != DType::f32;
+          if (n[0] > 0 && n[1] > 0)
+            pv_tile_pair(tile.data(), tile.data() + D, pr.data(), pr.data() + kKvTile, vbuf.data(),
+                         n[0], n[1], D, exact);
+          else
+            for (int slot = 0; slot < 2; ++slot)
+              if (n[slot] > 0)
+                pv_tile(tile.data() + slot * D, pr.data() + slot * kKvTile, vbuf.data(), n[slot], D,
+                        exact);
+          for (int slot = 0; slot < 2; ++slot) {
+            if (n[slot] == 0) continue;
+            const int64_t ri = r0 + slot;
+            // Two-level accumulation: the tile's P·V (fresh buffer) joins the rescaled
+            // accumulator.
+            rescale_add(accs.data() + ri * D, rescale[slot], tile.data() + slot * D, D);
+            ls[ri] = ls[ri] * rescale[slot] + tile_sum[slot];
+            ms[ri] = m_new[slot];
+          }
         }
       }
       for (int64_t ri = 0; ri < R; ++ri) {
