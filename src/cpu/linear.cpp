@@ -368,30 +368,29 @@ LOWBIT_CLONES int64_t dot_chunk(const double* a, const double* b, int64_t K) {
   for (int l = 0; l < 8; ++l) s += lane[l];
   return static_cast<int64_t>(s);
 }
-// out[i][j] += a_i . w_j exactly over n <= 2^17 values, for the 3 activation rows a[i] (rows may
-// repeat) and the 4 weight rows w + j * ldw (dot_exact's bits: products of two integers below
+// out[i][j] += a_i . w_j exactly over n <= 2^17 values, for the first R <= 3 activation rows a[i]
+// and the 4 weight rows w + j * ldw (dot_exact's bits: products of two integers below
 // 2^18 and their partial sums over at most 2^17 of them are integers below 2^53, so no product,
 // fused multiply-add or sum rounds and the lane order does not matter). AVX2 + FMA: 4 k at a
-// time, 12 accumulators, 7 loads per 12 fused multiply-adds.
+// time, up to 12 accumulators (R = 3: 7 loads per 12 fused multiply-adds).
 #ifdef LOWBIT_AVX2
-__attribute__((target("avx2,fma"))) void fp8_dots_3x4_avx2(const double* const (&a)[3],
-                                                           const double* w, int64_t ldw, int64_t n,
-                                                           int64_t (&out)[3][4]) {
-  __m256d acc[3][4];
+template <int R>
+__attribute__((target("avx2,fma"))) void fp8_dots_avx2(const double* const (&a)[3], const double* w,
+                                                       int64_t ldw, int64_t n,
+                                                       int64_t (&out)[3][4]) {
+  __m256d acc[R][4];
   for (auto& r : acc)
     for (auto& c : r) c = _mm256_setzero_pd();
   int64_t k = 0;
   for (; k + 4 <= n; k += 4) {
-    const __m256d x0 = _mm256_loadu_pd(a[0] + k), x1 = _mm256_loadu_pd(a[1] + k),
-                  x2 = _mm256_loadu_pd(a[2] + k);
+    __m256d x[R];
+    for (int i = 0; i < R; ++i) x[i] = _mm256_loadu_pd(a[i] + k);
     for (int j = 0; j < 4; ++j) {
       const __m256d y = _mm256_loadu_pd(w + j * ldw + k);
-      acc[0][j] = _mm256_fmadd_pd(x0, y, acc[0][j]);
-      acc[1][j] = _mm256_fmadd_pd(x1, y, acc[1][j]);
-      acc[2][j] = _mm256_fmadd_pd(x2, y, acc[2][j]);
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm256_fmadd_pd(x[i], y, acc[i][j]);
     }
   }
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < R; ++i)
     for (int j = 0; j < 4; ++j) {
       const __m128d h =
           _mm_add_pd(_mm256_castpd256_pd128(acc[i][j]), _mm256_extractf128_pd(acc[i][j], 1));
@@ -401,7 +400,7 @@ __attribute__((target("avx2,fma"))) void fp8_dots_3x4_avx2(const double* const (
     }
 }
 #endif
-// False where fp8_dots_3x4_avx2 is not built, the CPU lacks AVX2 + FMA or the scalar kernels are
+// False where fp8_dots_avx2 is not built, the CPU lacks AVX2 + FMA or the scalar kernels are
 // forced (then the GEMM takes dot_exact row by row).
 bool fp8_blocked_available() {
 #ifdef LOWBIT_AVX2
@@ -541,8 +540,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
 #ifdef LOWBIT_AVX2
       // Blocks of kRows weight rows, decoded one K tile at a time (kRows x kTile doubles, 256 KB,
       // stay in L2 while every activation row passes); inside, 3 activation rows x 4 weight rows
-      // per step (a last partial group repeats the block's final row, a last partial triple of
-      // activation rows its final row). Exact integer sums: the same bits as dot_exact.
+      // per step (a last partial group repeats the block's final row; a last 1 or 2 activation
+      // rows run alone). Exact integer sums: the same bits as dot_exact.
       constexpr int64_t kRows = 32, kTile = 1024;
       std::vector<double> wd(static_cast<size_t>(kRows * kTile));
       std::vector<int64_t> acc(static_cast<size_t>(M * kRows));
@@ -564,7 +563,12 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                 a_fp8.data() + (m + rows - 1) * K + k0};
             for (int64_t g = 0; g < groups; ++g) {
               int64_t part[3][4] = {};
-              fp8_dots_3x4_avx2(a3, wd.data() + g * 4 * kTile, kTile, kn, part);
+              if (rows == 3)
+                fp8_dots_avx2<3>(a3, wd.data() + g * 4 * kTile, kTile, kn, part);
+              else if (rows == 2)
+                fp8_dots_avx2<2>(a3, wd.data() + g * 4 * kTile, kTile, kn, part);
+              else
+                fp8_dots_avx2<1>(a3, wd.data() + g * 4 * kTile, kTile, kn, part);
               for (int64_t i = 0; i < rows; ++i)
                 for (int64_t j = 0; j < 4; ++j) acc[(m + i) * kRows + g * 4 + j] += part[i][j];
             }
