@@ -102,6 +102,21 @@ void int4_group(const uint32_t* words, int d0, int n, float scale, float shift, 
     out[d] = kv::int4_value_at((words[d / 8] >> (4 * (d % 8))) & 0xfu, scale, shift);
 }
 
+// out[i] = the f16 value h[i] as fp32, i < n (a row's few coefficient halves: F16C one at a
+// time where the CPU has it, a call into the vector row converter costs more than the values).
+#ifdef LOWBIT_AVX2
+__attribute__((target("f16c"))) void halves_f16c(const uint16_t* h, int n, float* out) {
+  for (int i = 0; i < n; ++i) out[i] = _cvtsh_ss(h[i]);
+}
+#endif
+void halves_to_f32(const uint16_t* h, int n, float* out) {
+#ifdef LOWBIT_AVX2
+  static const bool f16c = __builtin_cpu_supports("f16c");
+  if (f16c && rows::avx2_on()) return halves_f16c(h, n, out);
+#endif
+  for (int i = 0; i < n; ++i) out[i] = dt::f16_to_f32(h[i]);
+}
+
 // out[d] = e4m3 value of byte d * scale + shift, d < D (kv::fp8_value_at's arithmetic: the
 // product and the sum rounded one after the other). AVX2: 8 table entries by one gather.
 #ifdef LOWBIT_AVX2
@@ -124,6 +139,14 @@ void fp8_row(const uint8_t* bytes, int D, float scale, float shift, float* out) 
   for (int d = 0; d < D; ++d) out[d] = e4m3[bytes[d]] * scale + shift;
 }
 
+// Asks for the cache lines of one cache row (`bytes` from element offset `off` of t).
+constexpr int64_t kPrefetchKeys = 32;
+inline void prefetch_row(const TensorView& t, int64_t off, int64_t bytes) {
+  const char* p = static_cast<const char*>(t.data) + dtype_storage_bytes(t.dtype, off);
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i);
+  __builtin_prefetch(p + bytes - 1);
+}
+
 // Dequantizes one row of a head into out (D).
 void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const KeyAddress& a,
               int64_t b, int64_t j, int64_t h, int D, float* out) {
@@ -143,7 +166,7 @@ void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const
       const int ng = c.n_groups, per = D / ng;
       // the coefficient words as f16 halves: scale (low) then shift (high) of each group
       float coef[16];
-      rows::f16_to_f32(reinterpret_cast<const uint16_t*>(w), 2 * ng, coef);
+      halves_to_f32(reinterpret_cast<const uint16_t*>(w), 2 * ng, coef);
       for (int g = 0; g < ng; ++g)
         int4_group(w + ng, g * per, per, coef[2 * g], coef[2 * g + 1], out);
       break;
@@ -154,7 +177,7 @@ void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const
                                                       : b * ss.stride[0] + j * ss.stride[1] +
                                                             h * ss.stride[2]];
       float coef[2];  // scale (low half), shift (high half)
-      rows::f16_to_f32(reinterpret_cast<const uint16_t*>(&s), 2, coef);
+      halves_to_f32(reinterpret_cast<const uint16_t*>(&s), 2, coef);
       fp8_row(reinterpret_cast<const uint8_t*>(w), D, coef[0], coef[1], out);
       break;
     }
@@ -233,6 +256,7 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   const KeyAddress addr{cache};
   const int32_t* seq_len = cache.seq_len.ptr<int32_t>();
 
+  const int64_t row_bytes = dtype_storage_bytes(cache.k.dtype, cache.k.shape[cache.k.ndim - 1]);
   // Pass 1: each (b, h, split) -> (R, D) partial outputs and (R) LSEs. The split's keys go by
   // blocks of kDotKeys (dequantized K and V of a block stay in cache): every row's q . k for the
   // block, then each row's running maximum, sum and output rescaled
@@ -259,6 +283,12 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
       for (int64_t j0 = lo; j0 < hi; j0 += kDotKeys) {
         const int64_t nb = std::min<int64_t>(kDotKeys, hi - j0);
         for (int64_t j = 0; j < nb; ++j) {
+          // (the rows kPrefetchKeys ahead asked for now: a head's rows are strided by the other
+          // heads', which the hardware prefetcher follows poorly)
+          if (j0 + j + kPrefetchKeys < hi) {
+            prefetch_row(cache.k, addr.offset(cache.k, b, j0 + j + kPrefetchKeys, h), row_bytes);
+            prefetch_row(cache.v, addr.offset(cache.v, b, j0 + j + kPrefetchKeys, h), row_bytes);
+          }
           load_row(cache, cache.k, cache.k_scale_shift, addr, b, j0 + j, h, D, &kf[j * D]);
           load_row(cache, cache.v, cache.v_scale_shift, addr, b, j0 + j, h, D, &vf[j * D]);
         }
