@@ -417,6 +417,17 @@ int64_t dot_exact(const double* a, const double* b, int64_t K) {
   return acc;
 }
 
+// The GEMM codes of weight rows o0 .. o0 + no - 1 (no <= 4) into wc (4 x K); the rows past no
+// repeat the last one.
+void weight_group_codes(const PackedWeightView& w, int64_t o0, int64_t no, int8_t* wc) {
+  const int64_t K = w.in_features;
+  for (int64_t j = 0; j < 4; ++j)
+    if (j < no)
+      convrot::weight_row_gemm_codes(w, o0 + j, wc + j * K);
+    else
+      std::memcpy(wc + j * K, wc + (no - 1) * K, static_cast<size_t>(K));
+}
+
 float bias_at(const TensorView* bias, int64_t o) {
   return bias ? load_f32(bias->data, o * bias->stride[0], bias->dtype) : 0.f;
 }
@@ -477,11 +488,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       std::vector<int8_t> wc(static_cast<size_t>(4 * K));
       for (int64_t o0 = b; o0 < e; o0 += 4) {
         const int64_t no = std::min<int64_t>(4, e - o0);
-        for (int64_t j = 0; j < 4; ++j)
-          if (j < no)
-            weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
-          else
-            std::memcpy(wc.data() + j * K, wc.data() + (no - 1) * K, static_cast<size_t>(K));
+        weight_group_codes(w, o0, no, wc.data());
         uint32_t sums[4][4], bias128[4];  // 128 . sum of each row's codes, wrapping
         dots_vnni<0>(nullptr, wc.data(), K, sums);
         for (int64_t j = 0; j < 4; ++j) bias128[j] = sums[0][j] * 128u;
@@ -521,11 +528,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       const int8_t* acodes = reinterpret_cast<const int8_t*>(a_codes.data());
       for (int64_t o0 = b; o0 < e; o0 += 4) {
         const int64_t no = std::min<int64_t>(4, e - o0);
-        for (int64_t j = 0; j < 4; ++j)
-          if (j < no)
-            weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
-          else
-            std::memcpy(wc.data() + j * K, wc.data() + (no - 1) * K, static_cast<size_t>(K));
+        weight_group_codes(w, o0, no, wc.data());
         for (int64_t m = 0; m < M; m += 2) {
           const int64_t m1 = std::min(m + 1, M - 1);
           int32_t acc[2][4];
