@@ -670,7 +670,36 @@ void fold_codes(int8_t* codes, int64_t n, float ratio) {
   for (; i < n; ++i) codes[i] = fold_code(codes[i], ratio);
 }
 
+namespace {
+#ifdef LOWBIT_HAVE_AVX2_PATH
+// A 4-bit grouped row's GEMM codes in one step: each group's 16 folded values (fold_codes of
+// nibble - 7, as the two-step path folds them) looked up by pshufb, 32 codes per 16 bytes.
+LOWBIT_AVX2 void fold_nibble_row_avx2(const uint8_t* in, int64_t K, int64_t group,
+                                      const float* ratios, int8_t* codes) {
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (int64_t g0 = 0; g0 < K; g0 += group) {
+    alignas(16) int8_t table[16] = {-7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8};
+    fold_codes_avx2(table, 16, ratios[g0 / group]);
+    const __m128i t = _mm_load_si128(reinterpret_cast<const __m128i*>(table));
+    for (int64_t i = g0; i < g0 + group; i += 32) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i / 2));
+      const __m128i lo = _mm_shuffle_epi8(t, _mm_and_si128(b, low4));
+      const __m128i hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(b, 4), low4));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_unpacklo_epi8(lo, hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i + 16), _mm_unpackhi_epi8(lo, hi));
+    }
+  }
+}
+#endif
+}  // namespace
+
 void weight_row_gemm_codes(const PackedWeightView& w, int64_t o, int8_t* codes) {
+#ifdef LOWBIT_HAVE_AVX2_PATH
+  if (grouped(w.qtype) && w.bits == 4 && w.group % 32 == 0 && w.in_features % w.group == 0 &&
+      simd_kernels_on())
+    return fold_nibble_row_avx2(row_ptr<uint8_t>(w.codes, o), w.in_features, w.group,
+                                row_ptr<float>(w.ratios, o), codes);
+#endif
   stored_codes(w, o, codes);
   if (!grouped(w.qtype)) return;
   const float* ratios = row_ptr<float>(w.ratios, o);
