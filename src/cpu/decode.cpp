@@ -66,8 +66,7 @@ float dot8_scalar(const float* q, const float* k, int D) {
 // multiple of 8.
 void key_dots(const float* q, int R, const float* k, int64_t n, int D, float* dots) {
 #ifdef LOWBIT_AVX2
-  static const bool fma = __builtin_cpu_supports("fma");
-  if (fma && rows::avx2_on()) {
+  if (rows::avx2_fma_on()) {
     for (int64_t j = 0; j < n; ++j)
       for (int r = 0; r < R; ++r) dots[r * n + j] = dot8_avx2(q + r * D, k + j * D, D);
     return;

@@ -282,6 +282,13 @@ bool avx2_on() {
   return false;
 #endif
 }
+bool avx2_fma_on() {
+#ifdef LOWBIT_HAVE_X86_PATHS
+  return has_avx2_fma_path();
+#else
+  return false;
+#endif
+}
 
 }  // namespace rows
 }  // namespace cpu

@@ -47,6 +47,8 @@ void force_scalar(bool on);
 // Whether the AVX2 row kernels run (the CPU has AVX2 and force_scalar is off); other CPU files'
 // AVX2 loops follow it so that force_scalar tests their scalar twins too.
 bool avx2_on();
+// The same with FMA too (the AVX2 + FMA loops: exp2 here, the decode oracle's dots).
+bool avx2_fma_on();
 
 }  // namespace rows
 }  // namespace cpu
