@@ -13,10 +13,6 @@
 #include <limits>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#endif
-
 #include "lowbit/attention.h"
 #include "lowbit/dtype.h"
 #include "src/core/convert_elem.h"
@@ -24,6 +20,7 @@
 #include "src/cpu/attention_backend.h"
 #include "src/cpu/cpu_clones.h"
 #include "src/cpu/rows.h"
+#include "src/cpu/x86_intrinsics.h"
 
 namespace lowbit {
 namespace cpu {
@@ -33,7 +30,15 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2_448 = 8.807354922057604f;  // P is scaled into [0, 448] in fp8 mode
 constexpr int kKvTile = 64;                      // keys per online-softmax step
-constexpr int64_t kRowBlock = 128;  // query rows per task (times the group's heads)
+
+// Query rows per task (times the group's G heads): ~512 rows share each key tile's gathering
+// (K staged, V decoded; 128 -> 512 rows took 10 % off (1, 24, 1024, 128) on 2 cores), halved
+// while that leaves fewer than 4 tasks a thread.
+int64_t attention_row_block(int64_t groups, int64_t Nq, int64_t G, int threads) {
+  int64_t rb = std::max<int64_t>(16, 512 / G);
+  while (rb > 32 && groups * ((Nq + rb - 1) / rb) < 4 * int64_t{threads}) rb /= 2;
+  return rb;
+}
 
 inline int64_t off4(const TensorView& t, int64_t a, int64_t b, int64_t c, int64_t d) {
   return a * t.stride[0] + b * t.stride[1] + c * t.stride[2] + d * t.stride[3];
@@ -117,6 +122,108 @@ void tile_dots(const int8_t* q, const int16_t* kt, int64_t D, int32_t* out) {
     for (int64_t j = 0; j < kKvTile; ++j) out[j] += int32_t{q[d]} * int32_t{row[2 * j]};
   }
 }
+#ifdef LOWBIT_AVX512
+// The AVX-512 VNNI form of the dots (rows::avx512_on()): a key tile's K rows staged as groups of
+// four channels, kq[(d / 4) 4 kKvTile + 4 j + d % 4] = k[j][d] (keys past the tile's count 0), and
+// ksum[j] = 128 sum_d k[j][d]. The query rows come biased, qb[d] = q[d] + 128 (uint8), so that
+// vpdpbusd (uint8 x int8, four products into each int32 lane, wrapping) gives q . k + ksum[j]; the
+// true dot fits in int32 (|q . k| <= 128 . 128 . D), so the wrapped difference is exact: the
+// integers of tile_dots.
+void stage_keys_vnni(const int8_t* kbuf, int64_t tn, int64_t D, int8_t* kq, int32_t* ksum) {
+  std::fill(kq, kq + D * kKvTile, int8_t{0});
+  for (int64_t j = 0; j < kKvTile; ++j) {
+    int32_t sum = 0;
+    for (int64_t d = 0; j < tn && d < D; ++d) {
+      kq[(d / 4) * 4 * kKvTile + 4 * j + d % 4] = kbuf[j * D + d];
+      sum += kbuf[j * D + d];
+    }
+    ksum[j] = 128 * sum;
+  }
+}
+// out[r][j] = q_r . k[j] for R biased query rows (1 or 2), all kKvTile keys.
+template <int R>
+LOWBIT_AVX512 void tile_dots_vnni(const uint8_t* const (&qb)[2], const int8_t* kq,
+                                  const int32_t* ksum, int64_t D, int32_t* const (&out)[2]) {
+  static_assert(kKvTile == 64, "4 vectors of 16 keys");
+  __m512i acc[R][4];
+  for (auto& r : acc)
+    for (auto& a : r) a = _mm512_setzero_si512();
+  for (int64_t g = 0; g < D / 4; ++g) {
+    __m512i qq[R];
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, qb[r] + 4 * g, 4);
+      qq[r] = _mm512_set1_epi32(four);
+    }
+    const int8_t* row = kq + g * 4 * kKvTile;
+    for (int v = 0; v < 4; ++v) {
+      const __m512i kk = _mm512_loadu_si512(row + 64 * v);
+      for (int r = 0; r < R; ++r) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], qq[r], kk);
+    }
+  }
+  for (int v = 0; v < 4; ++v) {
+    const __m512i s = _mm512_loadu_si512(ksum + 16 * v);
+    for (int r = 0; r < R; ++r)
+      _mm512_storeu_si512(out[r] + 16 * v, _mm512_sub_epi32(acc[r][v], s));
+  }
+}
+// tile_scores in 512-bit vectors: the same products in the same order, the maximum as a tree of
+// max_ps (a NaN score never wins: max_ps returns its second operand, the lanes' maximum so
+// far, when either is NaN; the maximum of the others does not depend on the order).
+LOWBIT_AVX512 float tile_scores_avx512(const int32_t* dots, const float* ksv, float qs,
+                                       float scale_log2, int64_t n, float* s) {
+  const __m512 vq = _mm512_set1_ps(qs), vl = _mm512_set1_ps(scale_log2);
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k =
+        n - j >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 d = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(k, dots + j));
+    const __m512 x =
+        _mm512_mul_ps(_mm512_mul_ps(d, _mm512_mul_ps(vq, _mm512_maskz_loadu_ps(k, ksv + j))), vl);
+    _mm512_mask_storeu_ps(s + j, k, x);
+    m = _mm512_mask_max_ps(m, k, x, m);
+  }
+  return _mm512_reduce_max_ps(m);
+}
+// pv_tile / pv_tile_pair's exact form (fused multiply-adds, key after key per element: the same
+// bits) in 512-bit vectors: blocks of NV x 16 channels, one or two rows.
+template <int NV, int R>
+LOWBIT_AVX512 inline void pv_block_avx512(float* const (&tile)[2], const float* const (&pr)[2],
+                                          const float* vbuf, const int64_t (&n)[2], int64_t D,
+                                          int64_t d0) {
+  __m512 acc[R][NV];
+  for (auto& r : acc)
+    for (auto& a : r) a = _mm512_setzero_ps();
+  const int64_t both = R == 2 ? std::min(n[0], n[1]) : n[0];
+  for (int64_t j = 0; j < both; ++j) {
+    __m512 p[R];
+    for (int r = 0; r < R; ++r) p[r] = _mm512_set1_ps(pr[r][j]);
+    const float* v = vbuf + j * D + d0;
+    for (int c = 0; c < NV; ++c) {
+      const __m512 x = _mm512_loadu_ps(v + 16 * c);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(p[r], x, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)  // the keys only one row of the pair sees
+    for (int64_t j = both; j < n[r]; ++j) {
+      const __m512 p = _mm512_set1_ps(pr[r][j]);
+      const float* v = vbuf + j * D + d0;
+      for (int c = 0; c < NV; ++c)
+        acc[r][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * c), acc[r][c]);
+    }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(tile[r] + d0 + 16 * c, acc[r][c]);
+}
+template <int R>
+LOWBIT_AVX512 void pv_tile_avx512(float* const (&tile)[2], const float* const (&pr)[2],
+                                  const float* vbuf, const int64_t (&n)[2], int64_t D) {
+  int64_t d0 = 0;  // (2 x 8 or 8 vector chains at 128 channels: enough to hide the FMA latency)
+  for (; d0 + 128 <= D; d0 += 128) pv_block_avx512<8, R>(tile, pr, vbuf, n, D, d0);
+  for (; d0 + 64 <= D; d0 += 64) pv_block_avx512<4, R>(tile, pr, vbuf, n, D, d0);
+  for (; d0 + 32 <= D; d0 += 32) pv_block_avx512<2, R>(tile, pr, vbuf, n, D, d0);
+  for (; d0 < D; d0 += 16) pv_block_avx512<1, R>(tile, pr, vbuf, n, D, d0);
+}
+#endif
 // tile[d] = sum over keys j < n, in key order, of pr[j] * v[j][d] (tile zeroed first): per
 // element one rounded product and one rounded sum per key, as rows::add_scaled key after key.
 // (64 channels at a time held in registers across the keys; D is a multiple of 16.) EXACT:
@@ -288,14 +395,19 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   const float p_offset = fp8 ? kLog2_448 : 0.f;
   const float inf = std::numeric_limits<float>::infinity();
 
-  // One task: a block of kRowBlock query rows of every head of one KV head's group, so that
+  // One task: a block of row_block query rows of every head of one KV head's group, so that
   // each key tile's K rows, k scales and V values (fp8 codes decoded) are gathered once for
-  // G x kRowBlock rows; each row runs the same steps in the same order as a row on its own.
-  const int64_t n_blocks = (Nq + kRowBlock - 1) / kRowBlock;
+  // G x row_block rows; each row runs the same steps in the same order as a row on its own (the
+  // split changes no bits).
+  const int64_t row_block = attention_row_block(B * Hkv, Nq, G, thread_count(ctx));
+  const int64_t n_blocks = (Nq + row_block - 1) / row_block;
   parallel_for(B * Hkv * n_blocks, 1, ctx, [&](int64_t t_begin, int64_t t_end) {
     std::vector<int8_t> qbuf, kbuf(static_cast<size_t>(kKvTile * D));
     std::vector<int16_t> kt(static_cast<size_t>(kKvTile * (D + 1)));
-    std::vector<int32_t> dots(kKvTile);
+    std::vector<int32_t> dots(2 * kKvTile), ksum(kKvTile);
+    std::vector<int8_t> kq(static_cast<size_t>(kKvTile * D));
+    std::vector<uint8_t> qbu;  // the rows biased by 128 (the VNNI dots)
+    const bool wide = rows::avx512_on();
     std::vector<uint8_t> codes(kKvTile);
     std::vector<float> ksv(kKvTile), vbuf(static_cast<size_t>(kKvTile * D));
     std::vector<float> s(kKvTile), p(kKvTile), pr(2 * kKvTile), tile(static_cast<size_t>(2 * D)),
@@ -304,9 +416,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     std::vector<int64_t> ends;
     for (int64_t task = t_begin; task < t_end; ++task) {
       const int64_t ib = task % n_blocks, hk = (task / n_blocks) % Hkv, b = task / (n_blocks * Hkv);
-      const int64_t i0 = ib * kRowBlock, n_i = std::min<int64_t>(kRowBlock, Nq - i0);
+      const int64_t i0 = ib * row_block, n_i = std::min<int64_t>(row_block, Nq - i0);
       const int64_t R = G * n_i;  // row ri: head hk * G + ri / n_i, query i0 + ri % n_i
       qbuf.resize(static_cast<size_t>(R * D));
+      qbu.resize(static_cast<size_t>(R * D));
       accs.assign(static_cast<size_t>(R * D), 0.f);
       ms.assign(static_cast<size_t>(R), -inf);
       ls.assign(static_cast<size_t>(R), 0.f);
@@ -315,8 +428,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       int64_t max_end = 0;
       for (int64_t ri = 0; ri < R; ++ri) {
         const int64_t hq = hk * G + ri / n_i, i = i0 + ri % n_i;
-        for (int64_t d = 0; d < D; ++d)
+        for (int64_t d = 0; d < D; ++d) {
           qbuf[ri * D + d] = q.data.ptr<const int8_t>()[off4(q.data, b, i, hq, d)];
+          qbu[ri * D + d] = static_cast<uint8_t>(qbuf[ri * D + d] + 128);
+        }
         qss[ri] =
             q.scale.ptr<const float>()[off3(q.scale, b, hq, scale_index(q.layout, q.block, i))];
         ends[ri] = visible_end(options.causal, i, Nq, Nkv);
@@ -342,19 +457,49 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             load_row_f32(v, off4(v, b, t0 + j, hk, 0), D, vbuf.data() + j * D);
           }
         }
-        stage_keys(kbuf.data(), tn, D, kt.data());
+#ifdef LOWBIT_AVX512
+        if (wide)
+          stage_keys_vnni(kbuf.data(), tn, D, kq.data(), ksum.data());
+        else
+#endif
+          stage_keys(kbuf.data(), tn, D, kt.data());
         // Rows two at a time: each row's scores and P alone, then the two P·V tiles together
         // (pv_tile_pair: each V value loaded once for both rows; the same bits as pv_tile).
         for (int64_t r0 = 0; r0 < R; r0 += 2) {
           int64_t n[2] = {0, 0};
           float rescale[2] = {0.f, 0.f}, tile_sum[2] = {0.f, 0.f}, m_new[2] = {0.f, 0.f};
+          for (int slot = 0; slot < 2 && r0 + slot < R; ++slot)
+            n[slot] = std::max<int64_t>(0, std::min<int64_t>(ends[r0 + slot] - t0, tn));  // keys
+          int32_t* const dot_rows[2] = {dots.data(), dots.data() + kKvTile};
+#ifdef LOWBIT_AVX512
+          if (wide) {
+            if (n[0] > 0 && n[1] > 0) {
+              const uint8_t* const qrows[2] = {qbu.data() + r0 * D, qbu.data() + (r0 + 1) * D};
+              tile_dots_vnni<2>(qrows, kq.data(), ksum.data(), D, dot_rows);
+            } else if (n[0] > 0 || n[1] > 0) {
+              const int slot = n[0] > 0 ? 0 : 1;
+              const uint8_t* const qrow[2] = {qbu.data() + (r0 + slot) * D, nullptr};
+              int32_t* const out_row[2] = {dot_rows[slot], nullptr};
+              tile_dots_vnni<1>(qrow, kq.data(), ksum.data(), D, out_row);
+            }
+          } else
+#endif
+          {
+            for (int slot = 0; slot < 2; ++slot)
+              if (n[slot] > 0)
+                tile_dots(qbuf.data() + (r0 + slot) * D, kt.data(), D, dot_rows[slot]);
+          }
           for (int slot = 0; slot < 2 && r0 + slot < R; ++slot) {
             const int64_t ri = r0 + slot;
-            n[slot] = std::max<int64_t>(0, std::min<int64_t>(ends[ri] - t0, tn));  // row's keys
             if (n[slot] == 0) continue;
-            tile_dots(qbuf.data() + ri * D, kt.data(), D, dots.data());
             const float tile_max =
-                tile_scores(dots.data(), ksv.data(), qss[ri], scale_log2, n[slot], s.data());
+#ifdef LOWBIT_AVX512
+                wide
+                    ? tile_scores_avx512(dot_rows[slot], ksv.data(), qss[ri], scale_log2, n[slot],
+                                         s.data())
+                    :
+#endif
+                    tile_scores(dot_rows[slot], ksv.data(), qss[ri], scale_log2, n[slot], s.data());
             const float m = ms[ri];
             m_new[slot] = std::max(m, tile_max);
             rescale[slot] = m == -inf ? 0.f : rows::exp2(m - m_new[slot]);
@@ -363,14 +508,28 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             // P through the format P·V runs in: e4m3 (fp8 mode) or V's 16-bit dtype
             float* prs = pr.data() + slot * kKvTile;
             if (fp8) {
-              rows::f32_to_e4m3(p.data(), n[slot], 1.f, codes.data());
-              for (int64_t j = 0; j < n[slot]; ++j) prs[j] = e4m3[codes[j]];
+              rows::round_e4m3(p.data(), n[slot], prs);
             } else {
               for (int64_t j = 0; j < n[slot]; ++j) prs[j] = round_to(v.dtype, p[j]);
             }
           }
           const bool exact = fp8 || v.dtype != DType::f32;
-          if (n[0] > 0 && n[1] > 0)
+#ifdef LOWBIT_AVX512
+          if (wide && exact && (n[0] > 0 || n[1] > 0)) {
+            float* const tiles[2] = {tile.data(), tile.data() + D};
+            const float* const prs[2] = {pr.data(), pr.data() + kKvTile};
+            if (n[0] > 0 && n[1] > 0) {
+              pv_tile_avx512<2>(tiles, prs, vbuf.data(), n, D);
+            } else {
+              const int slot = n[0] > 0 ? 0 : 1;
+              float* const one_tile[2] = {tiles[slot], nullptr};
+              const float* const one_pr[2] = {prs[slot], nullptr};
+              const int64_t one_n[2] = {n[slot], 0};
+              pv_tile_avx512<1>(one_tile, one_pr, vbuf.data(), one_n, D);
+            }
+          } else
+#endif
+              if (n[0] > 0 && n[1] > 0)
             pv_tile_pair(tile.data(), tile.data() + D, pr.data(), pr.data() + kKvTile, vbuf.data(),
                          n[0], n[1], D, exact);
           else

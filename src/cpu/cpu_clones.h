@@ -19,4 +19,6 @@
 // Hand-written AVX2 intrinsics loops (rows.cpp, linear_kernels.cpp), called only where
 // __builtin_cpu_supports("avx2") holds.
 #define LOWBIT_AVX2 __attribute__((target("avx2")))
+// AVX-512 F / BW / VNNI intrinsics loops, called only where rows::avx512_on() holds.
+#define LOWBIT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
 #endif

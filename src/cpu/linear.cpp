@@ -14,10 +14,7 @@
 #include "src/cpu/cpu_clones.h"
 #include "src/cpu/linear_kernels.h"
 #include "src/cpu/rows.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#endif
+#include "src/cpu/x86_intrinsics.h"
 
 namespace lowbit {
 namespace cpu {

@@ -3,18 +3,17 @@
 // baseline one (picked at load time). Vectorization never changes the bits: every reduction
 // follows the fixed lane order of docs/linear.md and no FMA is formed (ISO C++ mode, and the
 // avx2 clone target does not include FMA).
+#include "src/cpu/linear_kernels.h"
+
 #include <algorithm>
 #include <cmath>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <cstring>
 #include <memory>
 
 #include "lowbit/dtype.h"
 #include "src/core/convert_elem.h"
-#include "src/cpu/linear_kernels.h"
 #include "src/cpu/rows.h"
+#include "src/cpu/x86_intrinsics.h"
 
 namespace lowbit {
 namespace cpu {

@@ -20,6 +20,9 @@ void f32_to_bf16(const float* src, int64_t n, uint16_t* dst);
 // sign), |z| <= 2^-10 (-0 too) -> 0x00 | sign. Divisor 1 is store_f32's e4m3 (x / 1 = x for every
 // float; a NaN stays a NaN). The quantizers' encoder (convrot::e4m3_codes) and rows::store's.
 void f32_to_e4m3(const float* src, int64_t n, float divisor, uint8_t* dst);
+// dst[i] = the value of e4m3 code f32_to_e4m3(src[i]) (divisor 1), i < n: x rounded to e4m3 and
+// back (NaN -> the NaN of code 0x7f). An AVX-512 loop where avx512_on(), the same bits.
+void round_e4m3(const float* src, int64_t n, float* dst);
 // o[i] += p * v[i], i < n: one rounded product, one rounded sum per element (no contraction; a
 // vectorized clone where the CPU has AVX2, the same bits).
 void add_scaled(float* o, float p, const float* v, int64_t n);
@@ -49,6 +52,11 @@ void force_scalar(bool on);
 bool avx2_on();
 // The same with FMA too (the AVX2 + FMA loops: exp2 here, the decode oracle's dots).
 bool avx2_fma_on();
+// Whether the AVX-512 (F, BW, VNNI) loops run: the CPU has them, force_scalar is off and
+// force_avx2 is off (the attention oracle's q . k dots and P·V).
+bool avx512_on();
+// Tests: keep the AVX-512 loops off (the AVX2 twins run), to compare the two.
+void force_avx2(bool on);
 
 }  // namespace rows
 }  // namespace cpu

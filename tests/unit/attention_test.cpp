@@ -132,13 +132,14 @@ TEST(Attention, QuantizeVFp8ScalesCodesAndKeyOrder) {
 
 // ---- one hand-computed row ---------------------------------------------------------------------
 
-// The CPU oracle's vector loops (the AVX2 q . k dots, rows::exp2, the e4m3 encoder) and their
-// scalar twins (rows::force_scalar) give the same output and LSE bits: both P·V modes, GQA,
-// causal, D 64 and 128, key counts that leave a partial tile.
+// The CPU oracle's vector loops (the AVX-512 VNNI or AVX2 q . k dots, the AVX-512 scores and
+// P·V, rows::exp2, the e4m3 rounding) and their AVX2 (rows::force_avx2) and scalar twins
+// (rows::force_scalar) give the same output and LSE bits: both P·V modes, GQA, causal, D 64, 80
+// and 128, key counts that leave a partial tile.
 TEST(Attention, CpuScalarLoopsGiveTheVectorBits) {
   if (!cpu::rows::avx2_on()) GTEST_SKIP() << "no AVX2 on this CPU: only the scalar loops run";
   auto rng = rng_for("Attention.CpuScalarLoopsGiveTheVectorBits");
-  for (int64_t D : {64, 128})
+  for (int64_t D : {64, 80, 128})
     for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
       const int64_t B = 1, Nq = 70, Nkv = 130, Hq = 4, Hkv = 2;
       HostTensor q(DType::bf16, {B, Nq, Hq, D}), k(DType::bf16, {B, Nkv, Hkv, D}),
@@ -149,18 +150,22 @@ TEST(Attention, CpuScalarLoopsGiveTheVectorBits) {
       AttentionOptions opt;
       opt.pv = pv;
       opt.causal = AttentionOptions::bottom_right;
-      HostTensor out[2] = {HostTensor(DType::bf16, {B, Nq, Hq, D}),
-                           HostTensor(DType::bf16, {B, Nq, Hq, D})};
-      HostTensor lse[2] = {HostTensor(DType::f32, {B, Hq, Nq}), HostTensor(DType::f32, {B, Hq, Nq})};
-      for (int scalar = 0; scalar < 2; ++scalar) {
-        cpu::rows::force_scalar(scalar == 1);
+      std::vector<HostTensor> out, lse;
+      for (int mode = 0; mode < 3; ++mode) {  // the widest vectors, AVX2, scalar
+        out.emplace_back(DType::bf16, std::vector<int64_t>{B, Nq, Hq, D});
+        lse.emplace_back(DType::f32, std::vector<int64_t>{B, Hq, Nq});
+        cpu::rows::force_avx2(mode == 1);
+        cpu::rows::force_scalar(mode == 2);
         Context ctx;
-        TensorView lv = lse[scalar].view();
-        attention(q.view(), k.view(), v.view(), out[scalar].view(), &lv, opt, ctx);
+        TensorView lv = lse.back().view();
+        attention(q.view(), k.view(), v.view(), out.back().view(), &lv, opt, ctx);
       }
+      cpu::rows::force_avx2(false);
       cpu::rows::force_scalar(false);
-      EXPECT_EQ(out[0].bytes, out[1].bytes) << "D " << D << " pv " << pv;
-      EXPECT_EQ(lse[0].bytes, lse[1].bytes) << "D " << D << " pv " << pv;
+      for (int mode = 1; mode < 3; ++mode) {
+        EXPECT_EQ(out[0].bytes, out[mode].bytes) << "D " << D << " pv " << pv << " mode " << mode;
+        EXPECT_EQ(lse[0].bytes, lse[mode].bytes) << "D " << D << " pv " << pv << " mode " << mode;
+      }
     }
 }
 

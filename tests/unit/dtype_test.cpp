@@ -369,8 +369,21 @@ TEST(Rows, E4m3EncoderMatchesStoreF32) {
   auto check_all = [&](const std::vector<float>& v, float divisor, const char* what) {
     const std::vector<uint8_t> want = reference(v, divisor);
     const int64_t n = static_cast<int64_t>(v.size());
-    for (int path = 0; path < 3; ++path) {  // AVX2 (where the CPU has it), scalar, rows::store
+    // the widest vectors (AVX-512 or AVX2, where the CPU has them), scalar, rows::store, AVX2
+    for (int path = 0; path < 4; ++path) {
       cpu::rows::force_scalar(path == 1);
+      cpu::rows::force_avx2(path == 3);
+      if (divisor == 1.f && path != 2) {  // round_e4m3: the values of the codes
+        std::vector<float> rounded(v.size(), -7.f);
+        cpu::rows::round_e4m3(v.data(), n, rounded.data());
+        for (size_t i = 0; i < v.size(); ++i)
+          if (f32_bits(rounded[i]) != f32_bits(cpu::rows::e4m3_table()[want[i]])) {
+            ADD_FAILURE() << what << ", round_e4m3 path " << path << ": 0x" << std::hex
+                          << f32_bits(v[i]) << " -> 0x" << f32_bits(rounded[i]) << ", want code 0x"
+                          << int(want[i]);
+            break;
+          }
+      }
       std::vector<uint8_t> got(v.size(), 0xcd);
       if (path == 2) {
         if (divisor != 1.f) continue;
@@ -383,13 +396,15 @@ TEST(Rows, E4m3EncoderMatchesStoreF32) {
           ADD_FAILURE() << what << ", divisor " << divisor << ", "
                         << (path == 0   ? "vector"
                             : path == 1 ? "scalar"
-                                        : "rows::store")
+                            : path == 2 ? "rows::store"
+                                        : "AVX2")
                         << ": 0x" << std::hex << f32_bits(v[i]) << " -> got 0x" << int(got[i])
                         << ", want 0x" << int(want[i]);
           break;
         }
     }
     cpu::rows::force_scalar(false);
+    cpu::rows::force_avx2(false);
   };
   // Hand-computed codes (the element rule itself too).
   for (size_t i = 0; i < n_hand; ++i)
@@ -424,11 +439,13 @@ TEST(Rows, E4m3EncoderMatchesStoreF32) {
     if (HasFailure()) return;
   }
   // Lengths at many offsets, between guard bytes: only [0, len) is written.
-  const int64_t lens[] = {0, 1, 7, 8, 9, 31, 1000};
+  const int64_t lens[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 1000};
   for (float divisor : {1.f, 3.f}) {
     const std::vector<uint8_t> want = reference(x, divisor);
-    for (bool scalar : {false, true}) {
+    for (int mode : {0, 1, 2}) {  // the widest vectors, scalar, AVX2
+      const bool scalar = mode == 1;
       cpu::rows::force_scalar(scalar);
+      cpu::rows::force_avx2(mode == 2);
       for (int64_t len : lens)
         for (int64_t start = 0; start + len <= static_cast<int64_t>(x.size()); start += len + 97)
           for (uint8_t poison : {uint8_t{0xcd}, uint8_t{0x00}})
@@ -444,12 +461,13 @@ TEST(Rows, E4m3EncoderMatchesStoreF32) {
                 const uint8_t expect = inside ? want[start + i - 32] : poison;
                 ASSERT_EQ(out[i], expect)
                     << "len " << len << " at " << start << ", byte " << i
-                    << (inside ? "" : " (a guard)") << ", divisor " << divisor
-                    << (scalar ? ", scalar" : ", vector") << (via_store ? ", rows::store" : "");
+                    << (inside ? "" : " (a guard)") << ", divisor " << divisor << ", mode " << mode
+                    << (via_store ? ", rows::store" : "");
               }
             }
     }
     cpu::rows::force_scalar(false);
+    cpu::rows::force_avx2(false);
   }
 }
 
@@ -472,15 +490,19 @@ TEST(Rows, Exp2WithinTwoUlpAndPathsAgree) {
                             -149.f, -150.f, -126.f, 8.807354922057604f, -0.f};
   x.insert(x.end(), std::begin(specials), std::end(specials));
   const int64_t n = static_cast<int64_t>(x.size());
-  std::vector<float> vec(x.size()), sca(x.size());
+  std::vector<float> vec(x.size()), avx2(x.size()), sca(x.size());
   cpu::rows::force_scalar(false);
-  cpu::rows::exp2(x.data(), n, vec.data());
+  cpu::rows::exp2(x.data(), n, vec.data());  // the widest vectors (AVX-512 where the CPU has it)
+  cpu::rows::force_avx2(true);
+  cpu::rows::exp2(x.data(), n, avx2.data());
+  cpu::rows::force_avx2(false);
   cpu::rows::force_scalar(true);
   cpu::rows::exp2(x.data(), n, sca.data());
   cpu::rows::force_scalar(false);
   double worst_ulp = 0;
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(f32_bits(vec[i]), f32_bits(sca[i])) << "x = " << x[i];
+    ASSERT_EQ(f32_bits(avx2[i]), f32_bits(sca[i])) << "x = " << x[i] << " (AVX2)";
     ASSERT_EQ(f32_bits(cpu::rows::exp2(x[i])), f32_bits(sca[i])) << "x = " << x[i];
     const float got = vec[i];
     if (std::isnan(x[i])) {
