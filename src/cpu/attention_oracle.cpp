@@ -321,13 +321,21 @@ LOWBIT_CLONES float tile_scores(const int32_t* dots, const float* ksv, float qs,
   for (int l = 0; l < 8; ++l) m = m < lane[l] ? lane[l] : m;
   return m;
 }
-// p[j] = 2^(s[j] - m_off) (rows::exp2); returns their sum, added in key order.
+// p[j] = 2^(s[j] - m_off) (rows::exp2); returns their sum in 16 lanes (lane l adds the keys
+// j = l mod 16 in key order), then the lanes as a tree (l += l + 8, l + 4, l + 2, l + 1): one
+// order whatever vectors the compiler picks, and no chain of 64 dependent additions (SPEC leaves
+// the row sum's order open; this one is 16 keys deep).
 LOWBIT_CLONES float tile_probs(const float* s, float m_off, int64_t n, float* p) {
   for (int64_t j = 0; j < n; ++j) p[j] = s[j] - m_off;
   rows::exp2(p, n, p);
-  float sum = 0.f;
-  for (int64_t j = 0; j < n; ++j) sum += p[j];
-  return sum;
+  float lane[16] = {};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int l = 0; l < 16; ++l) lane[l] += p[j + l];
+  for (int l = 0; j + l < n; ++l) lane[l] += p[j + l];
+  for (int h = 8; h >= 1; h /= 2)
+    for (int l = 0; l < h; ++l) lane[l] += lane[l + h];
+  return lane[0];
 }
 // acc[d] = acc[d] * r + tile[d].
 LOWBIT_CLONES void rescale_add(float* acc, float r, const float* tile, int64_t D) {
