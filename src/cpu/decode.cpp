@@ -73,6 +73,39 @@ void key_dots(const float* q, int R, const float* k, int64_t n, int D, float* do
     for (int r = 0; r < R; ++r) dots[r * n + j] = dot8_scalar(q + r * D, k + j * D, D);
 }
 
+// o[d] = o[d] + p[i] * v[key[i]][d] for i < n in order, d < D (vf rows of D): the product and
+// the sum rounded one after the other, key after key (rows::add_scaled's bits for each key), o
+// held in 512-bit registers across the keys instead of loaded and stored per key. D a multiple of
+// 16 (the plans' head dims are 64, 128 and 256).
+#ifdef LOWBIT_AVX512
+template <int NV>
+LOWBIT_AVX512 void pv_keys_block(float* o, const float* p, const int* key, int n, const float* vf,
+                                 int D, int d0) {
+  __m512 acc[NV];
+  for (int c = 0; c < NV; ++c) acc[c] = _mm512_loadu_ps(o + d0 + 16 * c);
+  for (int i = 0; i < n; ++i) {
+    const __m512 pp = _mm512_set1_ps(p[i]);
+    const float* v = vf + static_cast<int64_t>(key[i]) * D + d0;
+    for (int c = 0; c < NV; ++c)
+      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(pp, _mm512_loadu_ps(v + 16 * c)));
+  }
+  for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + d0 + 16 * c, acc[c]);
+}
+LOWBIT_AVX512 void pv_keys_avx512(float* o, const float* p, const int* key, int n, const float* vf,
+                                  int D) {
+  int d0 = 0;
+  for (; D - d0 >= 128; d0 += 128) pv_keys_block<8>(o, p, key, n, vf, D, d0);
+  for (; D - d0 >= 64; d0 += 64) pv_keys_block<4>(o, p, key, n, vf, D, d0);
+  for (; D - d0 >= 16; d0 += 16) pv_keys_block<1>(o, p, key, n, vf, D, d0);
+}
+#endif
+void pv_keys(float* o, const float* p, const int* key, int n, const float* vf, int D) {
+#ifdef LOWBIT_AVX512
+  if (rows::avx512_on() && D % 16 == 0) return pv_keys_avx512(o, p, key, n, vf, D);
+#endif
+  for (int i = 0; i < n; ++i) rows::add_scaled(o, p[i], vf + static_cast<int64_t>(key[i]) * D, D);
+}
+
 // out[d] = int4 value of code d (eight 4-bit codes per word, low nibble first), d0 <= d < d0 + n.
 // AVX2 where d0 and n are multiples of 8: a word's 8 codes by one variable shift, then the
 // product and the sum rounded one after the other, as kv::int4_value_at.
@@ -88,9 +121,27 @@ LOWBIT_AVX2 void int4_group_avx2(const uint32_t* words, int d0, int n, float sca
     _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(codes), vs), vh));
   }
 }
+// The same 16 codes at a time (two words, each by one variable shift): where d0 and n are
+// multiples of 16.
+LOWBIT_AVX512 void int4_group_avx512(const uint32_t* words, int d0, int n, float scale, float shift,
+                                     float* out) {
+  const __m512i shifts =
+      _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+  const __m512i low4 = _mm512_set1_epi32(0xf);
+  const __m512 vs = _mm512_set1_ps(scale), vh = _mm512_set1_ps(shift);
+  for (int d = d0; d < d0 + n; d += 16) {
+    const __m512i w =
+        _mm512_inserti64x4(_mm512_set1_epi32(static_cast<int32_t>(words[d / 8])),
+                           _mm256_set1_epi32(static_cast<int32_t>(words[d / 8 + 1])), 1);
+    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi32(w, shifts), low4);
+    _mm512_storeu_ps(out + d, _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(codes), vs), vh));
+  }
+}
 #endif
 void int4_group(const uint32_t* words, int d0, int n, float scale, float shift, float* out) {
 #ifdef LOWBIT_AVX2
+  if (rows::avx512_on() && d0 % 16 == 0 && n % 16 == 0)
+    return int4_group_avx512(words, d0, n, scale, shift, out);
   if (rows::avx2_on() && d0 % 8 == 0 && n % 8 == 0)
     return int4_group_avx2(words, d0, n, scale, shift, out);
 #endif
@@ -126,9 +177,34 @@ LOWBIT_AVX2 void fp8_row_avx2(const uint8_t* bytes, int D, float scale, float sh
     _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_mul_ps(v, vs), vh));
   }
 }
+// 16 bytes at a time without the table: the code's bits moved into an f16 (sign to bit 15, the
+// exponent and mantissa to bits 7-14: the f16 of the code's value times 2^-8, subnormals
+// included), widened and times 256 (exact); the NaN codes (0x7f, 0xff) as dt::e4m3_to_f32 gives
+// them. Where D is a multiple of 16.
+LOWBIT_AVX512 void fp8_row_avx512(const uint8_t* bytes, int D, float scale, float shift,
+                                  float* out) {
+  const __m512 vs = _mm512_set1_ps(scale), vh = _mm512_set1_ps(shift);
+  const __m256i low7 = _mm256_set1_epi16(0x7f), top = _mm256_set1_epi16(0x80);
+  for (int d = 0; d < D; d += 16) {
+    const __m256i b =
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + d)));
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, low7), 7),
+                                      _mm256_slli_epi16(_mm256_and_si256(b, top), 8));
+    __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.f));
+    const __m512i b32 = _mm512_cvtepu16_epi32(b);
+    const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(b32, _mm512_set1_epi32(0x7f)),
+                                                  _mm512_set1_epi32(0x7f));
+    const __m512i nan_bits =
+        _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b32, _mm512_set1_epi32(0x80)), 24),
+                        _mm512_set1_epi32(0x7fc00000));
+    v = _mm512_mask_blend_ps(nan, v, _mm512_castsi512_ps(nan_bits));
+    _mm512_storeu_ps(out + d, _mm512_add_ps(_mm512_mul_ps(v, vs), vh));
+  }
+}
 #endif
 void fp8_row(const uint8_t* bytes, int D, float scale, float shift, float* out) {
 #ifdef LOWBIT_AVX2
+  if (rows::avx512_on() && D % 16 == 0) return fp8_row_avx512(bytes, D, scale, shift, out);
   if (rows::avx2_on() && D % 8 == 0) return fp8_row_avx2(bytes, D, scale, shift, out);
 #endif
   const float* e4m3 = rows::e4m3_table();
@@ -260,7 +336,8 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
   parallel_for(B * H * S, 1, ctx, [&](int64_t begin, int64_t end) {
     std::vector<float> kf(static_cast<size_t>(kDotKeys) * D), vf(kf.size()),
         qf(static_cast<size_t>(R) * D), dots(static_cast<size_t>(R) * kDotKeys), scores(kDotKeys),
-        row_max(R), row_sum(R);
+        row_max(R), row_sum(R), probs(kDotKeys);
+    std::vector<int> keys(kDotKeys);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t s = task % S, h = (task / S) % H, b = task / (S * H);
       const int64_t len = seq_len[b * cache.seq_len.stride[0]];
@@ -318,12 +395,15 @@ void decode_attention(const TensorView& q, const KvCache& cache, const DecodePla
               row_sum[r] *= c;
             }
             row_max[r] = m_new;
+            int live = 0;  // the block's visible keys and their weights, then P·V over them
             for (int64_t j = 0; j < nb; ++j) {
               if (scores[j] == kNegInf) continue;
               const float p = std::exp(scores[j] - m_new);
               row_sum[r] += p;
-              rows::add_scaled(o, p, &vf[j * D], D);
+              probs[live] = p;
+              keys[live++] = static_cast<int>(j);
             }
+            pv_keys(o, probs.data(), keys.data(), live, vf.data(), D);
           }
         }
       }

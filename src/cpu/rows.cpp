@@ -190,6 +190,23 @@ LOWBIT_AVX512 inline __m512i e4m3_codes_avx512(__m512 z) {
   return _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(ax, _mm512_set1_epi32(0x7f800000)), c,
                                  _mm512_set1_epi32(0x7f));
 }
+// 16 f16 -> f32: load_f16_avx2's rule (NaN and inf lanes from the integer form).
+LOWBIT_AVX512 int64_t load_f16_avx512(const uint16_t* s, int64_t K, float* dst) {
+  const __m512i e_mask = _mm512_set1_epi32(0x7c00), m_mask = _mm512_set1_epi32(0x3ff);
+  const __m512i s_mask = _mm512_set1_epi32(0x8000), inf = _mm512_set1_epi32(0x7f800000);
+  int64_t i = 0;
+  for (; i + 16 <= K; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    const __m512i h32 = _mm512_cvtepu16_epi32(h);
+    const __m512i special =
+        _mm512_or_si512(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(h32, s_mask), 16), inf),
+                        _mm512_slli_epi32(_mm512_and_si512(h32, m_mask), 13));
+    const __mmask16 is_special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(h32, e_mask), e_mask);
+    _mm512_storeu_si512(dst + i, _mm512_mask_blend_epi32(
+                                     is_special, _mm512_castps_si512(_mm512_cvtph_ps(h)), special));
+  }
+  return i;
+}
 LOWBIT_AVX512 int64_t store_e4m3_avx512(const float* src, int64_t n, float divisor, uint8_t* d) {
   const __m512 vs = _mm512_set1_ps(divisor);
   int64_t i = 0;
@@ -242,7 +259,10 @@ bool has_avx2_fma_path() {
 void f16_to_f32(const uint16_t* src, int64_t n, float* dst) {
   int64_t i = 0;
 #ifdef LOWBIT_HAVE_X86_PATHS
-  if (has_f16c_path()) i = load_f16_avx2(src, n, dst);
+  if (avx512_on())
+    i = load_f16_avx512(src, n, dst);
+  else if (has_f16c_path())
+    i = load_f16_avx2(src, n, dst);
 #endif
   for (; i < n; ++i) dst[i] = dt::f16_to_f32(src[i]);
 }

@@ -1,6 +1,8 @@
 // Decode family (SPEC §4) on the CPU backend: hand-written words in xformers' int4 layout and the
 // fp8 layout, the quantizers' rounding, accuracy against fp64, split-K / paged invariance, the
 // causal rule, bias, empty and masked rows, merge + backward, and argument errors.
+#include "lowbit/decode.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "lowbit/decode.h"
 #include "lowbit/dtype.h"
+#include "src/cpu/rows.h"
 #include "tests/harness/harness.h"
 
 namespace lowbit {
@@ -471,6 +473,55 @@ TEST(DecodeAttention, CausalBiasEmptyAndMaskedRows) {
   EXPECT_EQ(r.lse.get(((1 * Mq + 1) * H) * G), -kInf);
   EXPECT_NE(r.lse.get(((1 * Mq + 2) * H) * G), -kInf);
   EXPECT_EQ(r.lse.get(((0 * Mq + 2) * H) * G + 1), -kInf);  // the bias-masked row
+}
+
+// The decode oracle's AVX-512 loops (row decoders, P·V in registers, f16 rows), their AVX2 twins
+// (rows::force_avx2) and the scalar loops (rows::force_scalar) give the same output and LSE bits:
+// every format, D 64, 128 and 256, GQA, Mq 2 causal, a bias, a partial block of keys, fp8 NaN
+// codes in V.
+TEST(DecodeAttention, VectorLoopsGiveTheScalarBits) {
+  const int B = 2, L = 150, H = 2, G = 3, Mq = 2;
+  struct Case {
+    KvFormat f;
+    int ng, D;
+  };
+  const Case cases[] = {
+      {KvFormat::f16, 1, 64},   {KvFormat::f16, 1, 256},  {KvFormat::bf16, 1, 128},
+      {KvFormat::int4, 1, 64},  {KvFormat::int4, 2, 256}, {KvFormat::int4, 4, 128},
+      {KvFormat::int4, 8, 128}, {KvFormat::fp8, 1, 64},   {KvFormat::fp8, 1, 256}};
+  uint64_t seed = 60;
+  for (const Case& cs : cases) {
+    const int D = cs.D;
+    HostTensor kx = normal({B, L, H, D}, ++seed), vx = normal({B, L, H, D}, ++seed);
+    HostTensor q = normal({B, Mq, H, G, D}, ++seed, DType::f16);
+    HostTensor bias = normal({B, H, G, Mq, L}, ++seed);
+    TestCache tc(cs.f, B, L, H, D, cs.ng);
+    tc.fill(kx, vx);
+    tc.set_len({150, 77});
+    if (cs.f == KvFormat::fp8) {  // NaN codes of either sign in two V rows of sequence 0
+      tc.v.bytes[(3 * H + 1) * D + 5] = 0x7f;
+      tc.v.bytes[(9 * H + 0) * D + 17] = 0xff;
+    }
+    RunOut r[3];
+    for (int mode = 0; mode < 3; ++mode) {  // the widest vectors, AVX2, scalar
+      cpu::rows::force_avx2(mode == 1);
+      cpu::rows::force_scalar(mode == 2);
+      r[mode] = run_decode(q, tc.c, true, D == 128 ? &bias : nullptr, 64);
+    }
+    cpu::rows::force_avx2(false);
+    cpu::rows::force_scalar(false);
+    for (int mode = 1; mode < 3; ++mode) {
+      EXPECT_EQ(r[0].out.bytes, r[mode].out.bytes)
+          << kv_format_name(cs.f) << " ng " << cs.ng << " D " << D << " mode " << mode;
+      EXPECT_EQ(r[0].lse.bytes, r[mode].lse.bytes)
+          << kv_format_name(cs.f) << " ng " << cs.ng << " D " << D << " mode " << mode;
+    }
+    if (cs.f == KvFormat::fp8) {  // the NaN codes reached the rows that see them
+      bool nan_out = false;
+      for (int64_t i = 0; i < r[0].out.numel(); ++i) nan_out |= std::isnan(r[0].out.get(i));
+      EXPECT_TRUE(nan_out);
+    }
+  }
 }
 
 TEST(DecodeAppend, IncrementalEqualsBulkAndPagedMatches) {

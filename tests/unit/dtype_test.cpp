@@ -274,8 +274,10 @@ TEST(Convert, RowPathMatchesElementRules) {
       if ((st == DType::i8 || dt_ == DType::i8) && st != DType::f32 && dt_ != DType::f32)
         continue;  // (i8 converts to and from f32 only)
       const int dw = width(dt_);
-      for (bool scalar : {false, true}) {
-        cpu::rows::force_scalar(scalar);  // the row kernels' scalar loops against F16C / AVX2
+      for (int mode : {0, 1, 2}) {  // the widest row kernels (AVX-512 / F16C), scalar, AVX2
+        const bool scalar = mode == 1;
+        cpu::rows::force_scalar(scalar);
+        cpu::rows::force_avx2(mode == 2);
         cpu::convrot::force_scalar_kernels(scalar);
         // flat
         std::vector<uint8_t> out(static_cast<size_t>(n) * dw, 0xcd);
@@ -284,8 +286,8 @@ TEST(Convert, RowPathMatchesElementRules) {
           uint8_t want[4];
           encode(dt_, decode(st, &src[i * sw]), want);
           ASSERT_EQ(std::memcmp(&out[i * dw], want, dw), 0)
-              << dtype_name(st) << " -> " << dtype_name(dt_) << " element " << i
-              << (scalar ? " (scalar rows)" : "");
+              << dtype_name(st) << " -> " << dtype_name(dt_) << " element " << i << " mode "
+              << mode;
         }
         // rows of a padded view into a dense (rows, cols) output
         TensorView sv = make_view(src.data(), st, {rows, pitch});
@@ -301,6 +303,7 @@ TEST(Convert, RowPathMatchesElementRules) {
           }
       }
       cpu::rows::force_scalar(false);
+      cpu::rows::force_avx2(false);
       cpu::convrot::force_scalar_kernels(false);
     }
   }
