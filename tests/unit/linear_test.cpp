@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "lowbit/dtype.h"
+#include "src/cpu/amx.h"
 #include "src/cpu/linear_kernels.h"
 #include "src/cpu/rows.h"
 #include "tests/unit/random_data.h"
@@ -1184,7 +1185,8 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
                                {2, 24, 512},
                                {3, 40, 768},
                                {17, 8, 1280},
-                               {5, 56, 2304}}) {
+                               {5, 56, 2304},
+                               {45, 72, 1024}}) {
       // (NVFP4 layers have out_features a multiple of 16.)
       const int64_t O = q == QType::convrot4 ? (O_any + 15) / 16 * 16 : O_any;
       ctx.cpu_threads = static_cast<int>(M % 3) + 1;  // thread chunks of odd row counts
@@ -1200,27 +1202,29 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
         continue;
       }
       TensorView bv = make_view(bias.data(), DType::f32, {O});
-      // The widest vector kernels (AVX-512 VNNI for int8 codes where the CPU has it), AVX2
-      // alone, and the scalar loops.
-      std::vector<float> y_vec(static_cast<size_t>(M * O)), y_avx2(y_vec.size()),
-          y_sca(y_vec.size());
-      for (int mode = 0; mode < 3; ++mode) {
+      // The widest kernels (AMX tiles from 10 rows and AVX-512 VNNI below for int8 codes where
+      // the CPU has them), AVX2 alone, the scalar loops, and the vector kernels without AMX.
+      std::vector<float> y[4];
+      for (int mode = 0; mode < 4; ++mode) {
         cpu::convrot::force_avx2_kernels(mode == 1);
         cpu::convrot::force_scalar_kernels(mode == 2);
-        std::vector<float>& y = mode == 0 ? y_vec : mode == 1 ? y_avx2 : y_sca;
+        cpu::amx::force_off(mode == 3);
+        y[mode].assign(static_cast<size_t>(M * O), -1.f);
         lin.forward(make_view(x.data(), DType::f32, {M, K}), &bv,
-                    make_view(y.data(), DType::f32, {M, O}), ctx);
+                    make_view(y[mode].data(), DType::f32, {M, O}), ctx);
       }
       cpu::convrot::force_avx2_kernels(false);
       cpu::convrot::force_scalar_kernels(false);
-      EXPECT_EQ(std::memcmp(y_vec.data(), y_sca.data(), y_vec.size() * 4), 0)
-          << qtype_name(q) << " M " << M << " O " << O << " K " << K;
-      EXPECT_EQ(std::memcmp(y_avx2.data(), y_sca.data(), y_vec.size() * 4), 0)
-          << qtype_name(q) << " M " << M << " O " << O << " K " << K << " (AVX2)";
+      cpu::amx::force_off(false);
+      const char* names[4] = {"widest", "AVX2", "scalar", "no AMX"};
+      for (int mode : {0, 1, 3})
+        EXPECT_EQ(std::memcmp(y[mode].data(), y[2].data(), y[2].size() * 4), 0)
+            << qtype_name(q) << " M " << M << " O " << O << " K " << K << " (" << names[mode]
+            << ")";
       ++ran;
     }
   }
-  EXPECT_EQ(ran, 35);
+  EXPECT_EQ(ran, 42);
 }
 
 }  // namespace
