@@ -11,12 +11,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "lowbit/attention.h"
 #include "lowbit/dtype.h"
 #include "src/core/convert_elem.h"
 #include "src/core/parallel.h"
+#include "src/cpu/amx.h"
 #include "src/cpu/attention_backend.h"
 #include "src/cpu/cpu_clones.h"
 #include "src/cpu/rows.h"
@@ -416,6 +418,16 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     std::vector<int8_t> kq(static_cast<size_t>(kKvTile * D));
     std::vector<uint8_t> qbu;  // the rows biased by 128 (the VNNI dots)
     const bool wide = rows::avx512_on();
+    // AMX tiles (amx.h): every row's dots with a key tile in 32 x 32 blocks up front (the rows
+    // zero-padded to 32 and D to 64; K packed 32 keys at a time).
+    const bool tiles = wide && amx::on();
+    const int64_t Dp = (D + 63) / 64 * 64;
+    std::unique_ptr<amx::TileScope> scope;
+    if (tiles) scope = std::make_unique<amx::TileScope>();
+    std::vector<int8_t> qtiles,
+        kpacked(tiles ? static_cast<size_t>(2 * amx::packed_b32_bytes(D)) : 0);
+    std::vector<int32_t> dots_all;
+    std::vector<int64_t> block_end;
     std::vector<uint8_t> codes(kKvTile);
     std::vector<float> ksv(kKvTile), vbuf(static_cast<size_t>(kKvTile * D));
     std::vector<float> s(kKvTile), p(kKvTile), pr(2 * kKvTile), tile(static_cast<size_t>(2 * D)),
@@ -434,6 +446,12 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       qss.resize(static_cast<size_t>(R));
       ends.resize(static_cast<size_t>(R));
       int64_t max_end = 0;
+      const int64_t Rp = (R + 31) / 32 * 32;
+      if (tiles) {
+        qtiles.assign(static_cast<size_t>(Rp * Dp), int8_t{0});
+        dots_all.resize(static_cast<size_t>(Rp * kKvTile));
+        block_end.assign(static_cast<size_t>(Rp / 32), 0);
+      }
       for (int64_t ri = 0; ri < R; ++ri) {
         const int64_t hq = hk * G + ri / n_i, i = i0 + ri % n_i;
         for (int64_t d = 0; d < D; ++d) {
@@ -444,6 +462,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             q.scale.ptr<const float>()[off3(q.scale, b, hq, scale_index(q.layout, q.block, i))];
         ends[ri] = visible_end(options.causal, i, Nq, Nkv);
         max_end = std::max(max_end, ends[ri]);
+        if (tiles) {
+          std::copy(qbuf.begin() + ri * D, qbuf.begin() + (ri + 1) * D, qtiles.begin() + ri * Dp);
+          block_end[ri / 32] = std::max(block_end[ri / 32], ends[ri]);
+        }
       }
       for (int64_t t0 = 0; t0 < max_end; t0 += kKvTile) {
         const int64_t tn = std::min<int64_t>(max_end, t0 + kKvTile) - t0;
@@ -465,11 +487,24 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             load_row_f32(v, off4(v, b, t0 + j, hk, 0), D, vbuf.data() + j * D);
           }
         }
+        if (tiles) {
+          const int64_t half = amx::packed_b32_bytes(D);
+          for (int h = 0; h < 2 && 32 * h < tn; ++h)
+            amx::pack_b32(kbuf.data() + 32 * h * D, D,
+                          static_cast<int>(std::min<int64_t>(32, tn - 32 * h)), D,
+                          kpacked.data() + h * half);
+          for (int64_t rb = 0; rb < Rp / 32; ++rb) {
+            if (block_end[rb] <= t0) continue;  // (no row of the block sees this tile)
+            for (int h = 0; h < 2 && 32 * h < tn; ++h)
+              amx::gemm_32x32(qtiles.data() + rb * 32 * Dp, Dp, kpacked.data() + h * half, Dp,
+                              dots_all.data() + rb * 32 * kKvTile + 32 * h, kKvTile);
+          }
+        }
 #ifdef LOWBIT_AVX512
-        if (wide)
+        else if (wide)
           stage_keys_vnni(kbuf.data(), tn, D, kq.data(), ksum.data());
-        else
 #endif
+        else
           stage_keys(kbuf.data(), tn, D, kt.data());
         // Rows two at a time: each row's scores and P alone, then the two P·V tiles together
         // (pv_tile_pair: each V value loaded once for both rows; the same bits as pv_tile).
@@ -478,24 +513,28 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
           float rescale[2] = {0.f, 0.f}, tile_sum[2] = {0.f, 0.f}, m_new[2] = {0.f, 0.f};
           for (int slot = 0; slot < 2 && r0 + slot < R; ++slot)
             n[slot] = std::max<int64_t>(0, std::min<int64_t>(ends[r0 + slot] - t0, tn));  // keys
-          int32_t* const dot_rows[2] = {dots.data(), dots.data() + kKvTile};
+          int32_t* const dot_rows[2] = {
+              tiles ? dots_all.data() + r0 * kKvTile : dots.data(),
+              tiles ? dots_all.data() + std::min(r0 + 1, R - 1) * kKvTile : dots.data() + kKvTile};
+          if (!tiles) {  // (the tiles computed every row's dots above)
 #ifdef LOWBIT_AVX512
-          if (wide) {
-            if (n[0] > 0 && n[1] > 0) {
-              const uint8_t* const qrows[2] = {qbu.data() + r0 * D, qbu.data() + (r0 + 1) * D};
-              tile_dots_vnni<2>(qrows, kq.data(), ksum.data(), D, dot_rows);
-            } else if (n[0] > 0 || n[1] > 0) {
-              const int slot = n[0] > 0 ? 0 : 1;
-              const uint8_t* const qrow[2] = {qbu.data() + (r0 + slot) * D, nullptr};
-              int32_t* const out_row[2] = {dot_rows[slot], nullptr};
-              tile_dots_vnni<1>(qrow, kq.data(), ksum.data(), D, out_row);
-            }
-          } else
+            if (wide) {
+              if (n[0] > 0 && n[1] > 0) {
+                const uint8_t* const qrows[2] = {qbu.data() + r0 * D, qbu.data() + (r0 + 1) * D};
+                tile_dots_vnni<2>(qrows, kq.data(), ksum.data(), D, dot_rows);
+              } else if (n[0] > 0 || n[1] > 0) {
+                const int slot = n[0] > 0 ? 0 : 1;
+                const uint8_t* const qrow[2] = {qbu.data() + (r0 + slot) * D, nullptr};
+                int32_t* const out_row[2] = {dot_rows[slot], nullptr};
+                tile_dots_vnni<1>(qrow, kq.data(), ksum.data(), D, out_row);
+              }
+            } else
 #endif
-          {
-            for (int slot = 0; slot < 2; ++slot)
-              if (n[slot] > 0)
-                tile_dots(qbuf.data() + (r0 + slot) * D, kt.data(), D, dot_rows[slot]);
+            {
+              for (int slot = 0; slot < 2; ++slot)
+                if (n[slot] > 0)
+                  tile_dots(qbuf.data() + (r0 + slot) * D, kt.data(), D, dot_rows[slot]);
+            }
           }
           for (int slot = 0; slot < 2 && r0 + slot < R; ++slot) {
             const int64_t ri = r0 + slot;

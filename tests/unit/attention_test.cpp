@@ -15,6 +15,7 @@
 
 #include "lowbit/dtype.h"
 #include "lowbit/prologue.h"
+#include "src/cpu/amx.h"
 #include "src/cpu/rows.h"
 #include "tests/harness/harness.h"
 
@@ -132,10 +133,10 @@ TEST(Attention, QuantizeVFp8ScalesCodesAndKeyOrder) {
 
 // ---- one hand-computed row ---------------------------------------------------------------------
 
-// The CPU oracle's vector loops (the AVX-512 VNNI or AVX2 q . k dots, the AVX-512 scores and
-// P·V, rows::exp2, the e4m3 rounding) and their AVX2 (rows::force_avx2) and scalar twins
-// (rows::force_scalar) give the same output and LSE bits: both P·V modes, GQA, causal, D 64, 80
-// and 128, key counts that leave a partial tile.
+// The CPU oracle's vector loops (the q . k dots on AMX tiles, AVX-512 VNNI or AVX2, the AVX-512
+// scores and P·V, rows::exp2, the e4m3 rounding) and their twins without AMX (amx::force_off),
+// AVX2 (rows::force_avx2) and scalar (rows::force_scalar) give the same output and LSE bits: both
+// P·V modes, GQA, causal, D 64, 80 and 128, key counts that leave a partial tile.
 TEST(Attention, CpuScalarLoopsGiveTheVectorBits) {
   if (!cpu::rows::avx2_on()) GTEST_SKIP() << "no AVX2 on this CPU: only the scalar loops run";
   auto rng = rng_for("Attention.CpuScalarLoopsGiveTheVectorBits");
@@ -151,18 +152,20 @@ TEST(Attention, CpuScalarLoopsGiveTheVectorBits) {
       opt.pv = pv;
       opt.causal = AttentionOptions::bottom_right;
       std::vector<HostTensor> out, lse;
-      for (int mode = 0; mode < 3; ++mode) {  // the widest vectors, AVX2, scalar
+      for (int mode = 0; mode < 4; ++mode) {  // the widest vectors, AVX2, scalar, no AMX
         out.emplace_back(DType::bf16, std::vector<int64_t>{B, Nq, Hq, D});
         lse.emplace_back(DType::f32, std::vector<int64_t>{B, Hq, Nq});
         cpu::rows::force_avx2(mode == 1);
         cpu::rows::force_scalar(mode == 2);
+        cpu::amx::force_off(mode == 3);
         Context ctx;
         TensorView lv = lse.back().view();
         attention(q.view(), k.view(), v.view(), out.back().view(), &lv, opt, ctx);
       }
       cpu::rows::force_avx2(false);
       cpu::rows::force_scalar(false);
-      for (int mode = 1; mode < 3; ++mode) {
+      cpu::amx::force_off(false);
+      for (int mode = 1; mode < 4; ++mode) {
         EXPECT_EQ(out[0].bytes, out[mode].bytes) << "D " << D << " pv " << pv << " mode " << mode;
         EXPECT_EQ(lse[0].bytes, lse[mode].bytes) << "D " << D << " pv " << pv << " mode " << mode;
       }
