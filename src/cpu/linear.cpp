@@ -236,6 +236,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void dots_vnni(const uint
 // tiles' 32-row blocks would be mostly padding; 3072 -> 3072 on 2 cores: VNNI 0.64 / AMX 0.73 ms
 // at 8 rows, 0.83 / 0.75 at 12).
 constexpr int64_t kAmxMinRows = 10;
+// The same for the fp8 GEMM (nine plane products; 3072 -> 3072 on 2 cores: the blocked doubles
+// 2.2 / 3.1 ms at 2 / 4 rows, the tiles ~2.7 from 4 rows).
+constexpr int64_t kAmxMinRowsFp8 = 4;
 // Whether the int8-code GEMM runs on AMX tiles: amx::on(), the vector kernels are on and the
 // tests have not asked for the AVX2 kernels.
 bool amx_gemm_on() {
@@ -409,6 +412,65 @@ __attribute__((target("avx2,fma"))) void fp8_dots_avx2(const double* const (&a)[
 #endif
 // False where fp8_dots_avx2 is not built, the CPU lacks AVX2 + FMA or the scalar kernels are
 // forced (then the GEMM takes dot_exact row by row).
+// The fp8 GEMM on AMX tiles: each e4m3 integer v = e4m3_int(code) (|v| < 2^18, units of 2^-9) as
+// three signed base-128 digits, v = d0 + 128 d1 + 16384 d2 (d0, d1 in [-64, 63] for v >= 0, a
+// negative v the negated digits of -v); then sum_k a_k w_k = sum_{i,j} 2^(7 (i + j)) (A_i . W_j)
+// over the digit planes, each plane product an int8 tile GEMM (|d_i d_j| <= 4096: exact in int32
+// for K < 2^19) and the nine added in int64: dot_exact's integer.
+struct E4m3Digits {
+  int8_t d[3][128];  // digits of e4m3_int of the magnitude codes 0 .. 127
+  E4m3Digits() {
+    for (int c = 0; c < 128; ++c) {
+      int32_t v = e4m3_int(static_cast<uint8_t>(c));
+      for (int i = 0; i < 3; ++i) {
+        const int32_t digit = ((v + 64) & 127) - 64;
+        d[i][c] = static_cast<int8_t>(digit);
+        v = (v - digit) / 128;
+      }
+    }
+  }
+};
+const E4m3Digits& e4m3_digits() {
+  static const E4m3Digits t;
+  return t;
+}
+// plane[i][k] = digit i of e4m3_int(codes[k]), k < n (three planes of n). AVX-512 VBMI: the
+// magnitude's 7 bits index a 128-entry byte table (two registers), the sign negates.
+#ifdef LOWBIT_AVX2
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) int64_t e4m3_digit_planes_vbmi(
+    const uint8_t* codes, int64_t n, int8_t* const (&plane)[3]) {
+  const E4m3Digits& t = e4m3_digits();
+  __m512i lo[3], hi[3];
+  for (int i = 0; i < 3; ++i) {
+    lo[i] = _mm512_loadu_si512(t.d[i]);
+    hi[i] = _mm512_loadu_si512(t.d[i] + 64);
+  }
+  int64_t k = 0;
+  for (; k + 64 <= n; k += 64) {
+    const __m512i c = _mm512_loadu_si512(codes + k);
+    const __mmask64 neg = _mm512_movepi8_mask(c);  // the sign bits
+    for (int i = 0; i < 3; ++i) {
+      const __m512i d = _mm512_permutex2var_epi8(lo[i], c, hi[i]);  // (index bit 7 ignored)
+      _mm512_storeu_si512(plane[i] + k, _mm512_mask_sub_epi8(d, neg, _mm512_setzero_si512(), d));
+    }
+  }
+  return k;
+}
+#endif
+void e4m3_digit_planes(const uint8_t* codes, int64_t n, int8_t* const (&plane)[3]) {
+  int64_t k = 0;
+#ifdef LOWBIT_AVX2
+  static const bool vbmi = __builtin_cpu_supports("avx512vbmi");
+  if (vbmi && convrot::simd_kernels_on()) k = e4m3_digit_planes_vbmi(codes, n, plane);
+#endif
+  const E4m3Digits& t = e4m3_digits();
+  for (; k < n; ++k)
+    for (int i = 0; i < 3; ++i) {
+      const int8_t d = t.d[i][codes[k] & 127];
+      plane[i][k] = (codes[k] & 128) ? static_cast<int8_t>(-d) : d;
+    }
+}
+
 bool fp8_blocked_available() {
 #ifdef LOWBIT_AVX2
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -489,6 +551,15 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     for (int64_t m = 0; m < M; ++m)
       std::memcpy(a_tiles.data() + m * Kp, a_codes.data() + m * K, static_cast<size_t>(K));
   const bool vnni = int8_codes && !tiles && vnni_gemm_on();
+  // The fp8 GEMM on AMX tiles: the activations' three digit planes (Mp x Kp each, zero-padded).
+  const bool fp8_tiles =
+      q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();
+  std::vector<int8_t> a_digits(fp8_tiles ? static_cast<size_t>(3 * Mp * Kp) : 0, int8_t{0});
+  for (int64_t m = 0; fp8_tiles && m < M; ++m) {
+    int8_t* const planes[3] = {a_digits.data() + m * Kp, a_digits.data() + (Mp + m) * Kp,
+                               a_digits.data() + (2 * Mp + m) * Kp};
+    e4m3_digit_planes(a_codes.data() + m * K, K, planes);
+  }
   std::vector<uint8_t> a_biased(vnni ? a_codes.size() : 0);
   for (size_t i = 0; i < a_biased.size(); ++i)
     a_biased[i] = static_cast<uint8_t>(a_codes[i] ^ 0x80u);
@@ -573,6 +644,39 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
             for (int64_t j = 0; j < no; ++j)
               epilogue_store(out, m + i, o0 + j, static_cast<float>(acc[i][j]), a_scales[m + i],
                              w_scales[o0 + j], bias);
+        }
+      }
+    } else if (fp8_tiles) {
+      // 32 weight rows at a time: their codes packed for the tiles, then the packed codes' digit
+      // planes (the digits are per value, so packing and taking digits commute; code 0, the
+      // padding, has digits 0), against every 32-row block of the activations' planes; the nine
+      // plane products added in int64.
+      amx::TileScope scope;
+      const int64_t pb = amx::packed_b32_bytes(K);
+      std::vector<int8_t> wpacked(static_cast<size_t>(pb)), packed(static_cast<size_t>(3 * pb));
+      int32_t dots[32 * 32];
+      int64_t acc[32 * 32];
+      const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
+      for (int64_t o0 = b; o0 < e; o0 += 32) {
+        const int64_t no = std::min<int64_t>(32, e - o0);
+        amx::pack_b32(reinterpret_cast<const int8_t*>(wcodes + o0 * K), K, static_cast<int>(no), K,
+                      wpacked.data());
+        int8_t* const planes[3] = {packed.data(), packed.data() + pb, packed.data() + 2 * pb};
+        e4m3_digit_planes(reinterpret_cast<const uint8_t*>(wpacked.data()), pb, planes);
+        for (int64_t m0 = 0; m0 < M; m0 += 32) {
+          std::fill(acc, acc + 32 * 32, int64_t{0});
+          for (int i = 0; i < 3; ++i)
+            for (int j = 0; j < 3; ++j) {
+              amx::gemm_32x32(a_digits.data() + (i * Mp + m0) * Kp, Kp, packed.data() + j * pb, Kp,
+                              dots, 32);
+              for (int t = 0; t < 32 * 32; ++t)
+                acc[t] += static_cast<int64_t>(dots[t]) * (int64_t{1} << (7 * (i + j)));
+            }
+          for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
+            for (int64_t j = 0; j < no; ++j) {
+              const float accf = std::ldexp(static_cast<float>(acc[i * 32 + j]), -18);
+              epilogue_store(out, m0 + i, o0 + j, accf, a_scales[m0 + i], w_scales[o0 + j], bias);
+            }
         }
       }
     } else if (q == QType::convrot_fp8 && fp8_blocked_available()) {
