@@ -239,6 +239,9 @@ constexpr int64_t kAmxMinRows = 10;
 // The same for the fp8 GEMM (nine plane products; 3072 -> 3072 on 2 cores: the blocked doubles
 // 2.2 / 3.1 ms at 2 / 4 rows, the tiles ~2.7 from 4 rows).
 constexpr int64_t kAmxMinRowsFp8 = 4;
+// And for NVFP4 (the weights' digit planes cost ~5 ms a call at 3072 x 3072 on 2 cores: the
+// per-row int64 dots 4.8 / 8.8 ms at 16 / 32 rows, the tiles 5.0 / 5.2).
+constexpr int64_t kAmxMinRowsFp4 = 24;
 // Whether the int8-code GEMM runs on AMX tiles: amx::on(), the vector kernels are on and the
 // tests have not asked for the AVX2 kernels.
 bool amx_gemm_on() {
@@ -471,6 +474,59 @@ void e4m3_digit_planes(const uint8_t* codes, int64_t n, int8_t* const (&plane)[3
     }
 }
 
+// The NVFP4 GEMM on AMX tiles the same way: each product of a twice-e2m1 value (|.| <= 12) and
+// its block's e4m3 integer scale (|.| < 2^18) is below 2^22 in magnitude, three signed base-256
+// digits (v = d0 + 256 d1 + 65536 d2, d0, d1 in [-128, 127]); |d_i d_j| <= 16384 keeps each
+// plane product exact in int32 for K < 2^17, and sum_k (a_k s_a)(w_k s_w) is nvfp4_dot's
+// integer. plane[i][k] = digit i of v[k] * scale[k / 16], k < n (n a multiple of 16).
+#ifdef LOWBIT_AVX2
+__attribute__((target("avx512f,avx512bw"))) void scaled_digit_planes_avx512(
+    const int8_t* v, const int32_t* scale, int64_t n, int8_t* const (&plane)[3]) {
+  const __m512i half = _mm512_set1_epi32(128), low8 = _mm512_set1_epi32(255);
+  for (int64_t k = 0; k < n; k += 16) {
+    __m512i x = _mm512_mullo_epi32(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + k))),
+        _mm512_set1_epi32(scale[k / 16]));
+    for (int i = 0; i < 3; ++i) {
+      const __m512i d = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(x, half), low8), half);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(plane[i] + k), _mm512_cvtepi32_epi8(d));
+      x = _mm512_srai_epi32(_mm512_sub_epi32(x, d), 8);  // (exact: x - d is a multiple of 256)
+    }
+  }
+}
+#endif
+void scaled_digit_planes(const int8_t* v, const int32_t* scale, int64_t n,
+                         int8_t* const (&plane)[3]) {
+#ifdef LOWBIT_AVX2
+  static const bool avx512 =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  if (avx512 && convrot::simd_kernels_on()) return scaled_digit_planes_avx512(v, scale, n, plane);
+#endif
+  for (int64_t k = 0; k < n; ++k) {
+    int32_t x = int32_t{v[k]} * scale[k / 16];
+    for (int i = 0; i < 3; ++i) {
+      const int32_t d = ((x + 128) & 255) - 128;
+      plane[i][k] = static_cast<int8_t>(d);
+      x = (x - d) / 256;
+    }
+  }
+}
+// acc[i * 32 + j] = sum over the three digit planes of A (rows m0 .. m0 + 31 of plane p at
+// a_planes + (p Mp + m0) Kp) and of the 32 packed weight rows (plane p at packed + p pb) of
+// 2^(bits (p + p')) (A_p . W_p'): the exact int64 dots.
+void plane_gemm_32x32(const int8_t* a_planes, int64_t Mp, int64_t Kp, int64_t m0,
+                      const int8_t* packed, int64_t pb, int bits, int64_t* acc) {
+  int32_t dots[32 * 32];
+  std::fill(acc, acc + 32 * 32, int64_t{0});
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) {
+      amx::gemm_32x32(a_planes + (i * Mp + m0) * Kp, Kp, packed + j * pb, Kp, dots, 32);
+      const int shift = bits * (i + j);
+      for (int t = 0; t < 32 * 32; ++t)
+        acc[t] += static_cast<int64_t>(dots[t]) * (int64_t{1} << shift);
+    }
+}
+
 bool fp8_blocked_available() {
 #ifdef LOWBIT_AVX2
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -551,10 +607,18 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
     for (int64_t m = 0; m < M; ++m)
       std::memcpy(a_tiles.data() + m * Kp, a_codes.data() + m * K, static_cast<size_t>(K));
   const bool vnni = int8_codes && !tiles && vnni_gemm_on();
-  // The fp8 GEMM on AMX tiles: the activations' three digit planes (Mp x Kp each, zero-padded).
+  // The fp8 and NVFP4 GEMMs on AMX tiles: the activations' three digit planes (Mp x Kp each,
+  // zero-padded).
   const bool fp8_tiles =
       q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();
-  std::vector<int8_t> a_digits(fp8_tiles ? static_cast<size_t>(3 * Mp * Kp) : 0, int8_t{0});
+  const bool fp4_tiles = nvfp4 && M >= kAmxMinRowsFp4 && K < (int64_t{1} << 17) && amx_gemm_on();
+  std::vector<int8_t> a_digits(fp8_tiles || fp4_tiles ? static_cast<size_t>(3 * Mp * Kp) : 0,
+                               int8_t{0});
+  for (int64_t m = 0; fp4_tiles && m < M; ++m) {
+    int8_t* const planes[3] = {a_digits.data() + m * Kp, a_digits.data() + (Mp + m) * Kp,
+                               a_digits.data() + (2 * Mp + m) * Kp};
+    scaled_digit_planes(a_fp4.data() + m * K, a_fp4_scales.data() + m * (K / 16), K, planes);
+  }
   for (int64_t m = 0; fp8_tiles && m < M; ++m) {
     int8_t* const planes[3] = {a_digits.data() + m * Kp, a_digits.data() + (Mp + m) * Kp,
                                a_digits.data() + (2 * Mp + m) * Kp};
@@ -654,7 +718,6 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       amx::TileScope scope;
       const int64_t pb = amx::packed_b32_bytes(K);
       std::vector<int8_t> wpacked(static_cast<size_t>(pb)), packed(static_cast<size_t>(3 * pb));
-      int32_t dots[32 * 32];
       int64_t acc[32 * 32];
       const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
       for (int64_t o0 = b; o0 < e; o0 += 32) {
@@ -664,14 +727,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
         int8_t* const planes[3] = {packed.data(), packed.data() + pb, packed.data() + 2 * pb};
         e4m3_digit_planes(reinterpret_cast<const uint8_t*>(wpacked.data()), pb, planes);
         for (int64_t m0 = 0; m0 < M; m0 += 32) {
-          std::fill(acc, acc + 32 * 32, int64_t{0});
-          for (int i = 0; i < 3; ++i)
-            for (int j = 0; j < 3; ++j) {
-              amx::gemm_32x32(a_digits.data() + (i * Mp + m0) * Kp, Kp, packed.data() + j * pb, Kp,
-                              dots, 32);
-              for (int t = 0; t < 32 * 32; ++t)
-                acc[t] += static_cast<int64_t>(dots[t]) * (int64_t{1} << (7 * (i + j)));
-            }
+          plane_gemm_32x32(a_digits.data(), Mp, Kp, m0, packed.data(), pb, 7, acc);
           for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
             for (int64_t j = 0; j < no; ++j) {
               const float accf = std::ldexp(static_cast<float>(acc[i * 32 + j]), -18);
@@ -734,6 +790,38 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           float accf =
               std::ldexp(static_cast<float>(dot_exact(a_fp8.data() + m * K, wd.data(), K)), -18);
           epilogue_store(out, m, o, accf, a_scales[m], w_scales[o], bias);
+        }
+      }
+    } else if (fp4_tiles) {
+      // 32 weight rows at a time: the twice-e2m1 values times their block scales as digit
+      // planes, packed for the tiles, against every 32-row block of the activations' planes.
+      amx::TileScope scope;
+      const int64_t nb = K / 16, pb = amx::packed_b32_bytes(K);
+      std::vector<int8_t> wv(static_cast<size_t>(K)), wdig(static_cast<size_t>(3 * 32 * K)),
+          packed(static_cast<size_t>(3 * pb));
+      std::vector<int32_t> wsi(static_cast<size_t>(nb));
+      int64_t acc[32 * 32];
+      for (int64_t o0 = b; o0 < e; o0 += 32) {
+        const int64_t no = std::min<int64_t>(32, e - o0);
+        for (int64_t j = 0; j < no; ++j) {
+          const int64_t o = o0 + j;
+          decode_twice_e2m1(static_cast<const uint8_t*>(w.codes.data) + o * (K / 2), K, wv.data());
+          const uint8_t* ws = static_cast<const uint8_t*>(w.block_scales.data) + o * nb;
+          for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = e4m3_int(ws[bl]);
+          int8_t* const planes[3] = {wdig.data() + j * K, wdig.data() + (32 + j) * K,
+                                     wdig.data() + (64 + j) * K};
+          scaled_digit_planes(wv.data(), wsi.data(), K, planes);
+        }
+        for (int p = 0; p < 3; ++p)
+          amx::pack_b32(wdig.data() + p * 32 * K, K, static_cast<int>(no), K,
+                        packed.data() + p * pb);
+        for (int64_t m0 = 0; m0 < M; m0 += 32) {
+          plane_gemm_32x32(a_digits.data(), Mp, Kp, m0, packed.data(), pb, 8, acc);
+          for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
+            for (int64_t j = 0; j < no; ++j) {
+              const float accf = std::ldexp(static_cast<float>(acc[i * 32 + j]), -20);
+              epilogue_store(out, m0 + i, o0 + j, accf, 1.f, pts, bias);
+            }
         }
       }
     } else {  // convrot4: block-scaled e2m1 x e2m1

@@ -1186,7 +1186,8 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
                                {3, 40, 768},
                                {17, 8, 1280},
                                {5, 56, 2304},
-                               {45, 72, 1024}}) {
+                               {45, 72, 1024},
+                               {27, 40, 512}}) {
       // (NVFP4 layers have out_features a multiple of 16.)
       const int64_t O = q == QType::convrot4 ? (O_any + 15) / 16 * 16 : O_any;
       ctx.cpu_threads = static_cast<int>(M % 3) + 1;  // thread chunks of odd row counts
@@ -1202,8 +1203,9 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
         continue;
       }
       TensorView bv = make_view(bias.data(), DType::f32, {O});
-      // The widest kernels (AMX tiles from 10 rows and AVX-512 VNNI below for int8 codes where
-      // the CPU has them), AVX2 alone, the scalar loops, and the vector kernels without AMX.
+      // The widest kernels (AMX tiles where the CPU has them: int8 codes from 10 rows, fp8 from
+      // 4, NVFP4 from 24; AVX-512 VNNI below for int8 codes), AVX2 alone, the scalar loops, and
+      // the vector kernels without AMX.
       std::vector<float> y[4];
       for (int mode = 0; mode < 4; ++mode) {
         cpu::convrot::force_avx2_kernels(mode == 1);
@@ -1224,7 +1226,7 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       ++ran;
     }
   }
-  EXPECT_EQ(ran, 42);
+  EXPECT_EQ(ran, 49);
 }
 
 }  // namespace
