@@ -236,9 +236,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void dots_vnni(const uint
 // tiles' 32-row blocks would be mostly padding; 3072 -> 3072 on 2 cores: VNNI 0.64 / AMX 0.73 ms
 // at 8 rows, 0.83 / 0.75 at 12).
 constexpr int64_t kAmxMinRows = 10;
-// The same for the fp8 GEMM (nine plane products; 3072 -> 3072 on 2 cores: the blocked doubles
-// 2.2 / 3.1 ms at 2 / 4 rows, the tiles ~2.7 from 4 rows).
-constexpr int64_t kAmxMinRowsFp8 = 4;
+// The same for the fp8 GEMM (nine plane products; below, the same digits on VNNI; 3072 -> 3072
+// on 2 cores: VNNI 1.7 / 2.2 / 2.9 ms at 4 / 6 / 8 rows, the tiles 3.2 / 2.2 / 2.2).
+constexpr int64_t kAmxMinRowsFp8 = 6;
 // And for NVFP4 (the weights' digit planes cost ~5 ms a call at 3072 x 3072 on 2 cores: the
 // per-row int64 dots 4.8 / 8.8 ms at 16 / 32 rows, the tiles 5.0 / 5.2).
 constexpr int64_t kAmxMinRowsFp4 = 24;
@@ -474,6 +474,62 @@ void e4m3_digit_planes(const uint8_t* codes, int64_t n, int8_t* const (&plane)[3
     }
 }
 
+// The fp8 GEMM of one or two activation rows on AVX-512 VNNI with the same digits: each weight
+// row's 64 codes a step become their three digit planes in registers (the table above), and
+// vpdpbusd multiplies them with the activations' digit planes biased to uint8 (d + 64, in
+// [1, 128]); 64 sum_k w_j[k] per plane is taken off after. Every lane sum stays below 2^31 for
+// K < 2^22 and the true plane dots below 2^31 for K < 2^19: exact. out[r][i * 3 + j] = the dot
+// of activation plane i of row r with weight plane j.
+#ifdef LOWBIT_AVX2
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni"))) void fp8_digit_dots_vnni(
+    const uint8_t* const (&a)[2][3], const uint8_t* wcodes, int64_t K, int64_t (&out)[2][9]) {
+  const E4m3Digits& t = e4m3_digits();
+  __m512i lo[3], hi[3], acc[R][9], wsum[3];
+  for (int j = 0; j < 3; ++j) {
+    lo[j] = _mm512_loadu_si512(t.d[j]);
+    hi[j] = _mm512_loadu_si512(t.d[j] + 64);
+    wsum[j] = _mm512_setzero_si512();
+  }
+  for (auto& r : acc)
+    for (auto& x : r) x = _mm512_setzero_si512();
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t k = 0; k < K; k += 64) {
+    const __mmask64 mask = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
+    const __m512i c = _mm512_maskz_loadu_epi8(mask, wcodes + k);  // (code 0: digits 0)
+    const __mmask64 neg = _mm512_movepi8_mask(c);
+    __m512i w[3];
+    for (int j = 0; j < 3; ++j) {
+      const __m512i d = _mm512_permutex2var_epi8(lo[j], c, hi[j]);
+      w[j] = _mm512_mask_sub_epi8(d, neg, _mm512_setzero_si512(), d);
+      wsum[j] = _mm512_dpbusd_epi32(wsum[j], ones, w[j]);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 3; ++i) {
+        const __m512i x = _mm512_maskz_loadu_epi8(mask, a[r][i] + k);  // (past K: 0)
+        for (int j = 0; j < 3; ++j)
+          acc[r][i * 3 + j] = _mm512_dpbusd_epi32(acc[r][i * 3 + j], x, w[j]);
+      }
+  }
+  int64_t ws[3];
+  for (int j = 0; j < 3; ++j) ws[j] = _mm512_reduce_add_epi32(wsum[j]);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j)
+        out[r][i * 3 + j] = int64_t{_mm512_reduce_add_epi32(acc[r][i * 3 + j])} - 64 * ws[j];
+}
+#endif
+bool fp8_vnni_on() {
+#ifdef LOWBIT_AVX2
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vbmi") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return has && convrot::simd_kernels_on() && !convrot::avx2_kernels_forced();
+#else
+  return false;
+#endif
+}
+
 // The NVFP4 GEMM on AMX tiles the same way: each product of a twice-e2m1 value (|.| <= 12) and
 // its block's e4m3 integer scale (|.| < 2^18) is below 2^22 in magnitude, three signed base-256
 // digits (v = d0 + 256 d1 + 65536 d2, d0, d1 in [-128, 127]); |d_i d_j| <= 16384 keeps each
@@ -619,6 +675,17 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                                a_digits.data() + (2 * Mp + m) * Kp};
     scaled_digit_planes(a_fp4.data() + m * K, a_fp4_scales.data() + m * (K / 16), K, planes);
   }
+  // Below kAmxMinRowsFp8 rows, VNNI on the same digits (one or two rows a pass), the
+  // activations' planes biased to uint8.
+  const bool fp8_vnni =
+      q == QType::convrot_fp8 && !fp8_tiles && K < (int64_t{1} << 19) && fp8_vnni_on();
+  std::vector<int8_t> a_vnni(fp8_vnni ? static_cast<size_t>(3 * M * K) : 0);
+  for (int64_t m = 0; fp8_vnni && m < M; ++m) {
+    int8_t* const planes[3] = {a_vnni.data() + m * K, a_vnni.data() + (M + m) * K,
+                               a_vnni.data() + (2 * M + m) * K};
+    e4m3_digit_planes(a_codes.data() + m * K, K, planes);
+  }
+  for (auto& d : a_vnni) d = static_cast<int8_t>(d + 64);  // (as uint8: d + 64 in [1, 128])
   for (int64_t m = 0; fp8_tiles && m < M; ++m) {
     int8_t* const planes[3] = {a_digits.data() + m * Kp, a_digits.data() + (Mp + m) * Kp,
                                a_digits.data() + (2 * Mp + m) * Kp};
@@ -710,6 +777,30 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                              w_scales[o0 + j], bias);
         }
       }
+    } else if (fp8_vnni) {
+#ifdef LOWBIT_AVX2
+      const uint8_t* ab = reinterpret_cast<const uint8_t*>(a_vnni.data());
+      const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
+      for (int64_t o = b; o < e; ++o)
+        for (int64_t m = 0; m < M; m += 2) {
+          const int64_t rows = std::min<int64_t>(2, M - m), m1 = m + rows - 1;
+          const uint8_t* const a[2][3] = {{ab + m * K, ab + (M + m) * K, ab + (2 * M + m) * K},
+                                          {ab + m1 * K, ab + (M + m1) * K, ab + (2 * M + m1) * K}};
+          int64_t dots[2][9];
+          if (rows == 2)
+            fp8_digit_dots_vnni<2>(a, wcodes + o * K, K, dots);
+          else
+            fp8_digit_dots_vnni<1>(a, wcodes + o * K, K, dots);
+          for (int64_t r = 0; r < rows; ++r) {
+            int64_t total = 0;
+            for (int i = 0; i < 3; ++i)
+              for (int j = 0; j < 3; ++j)
+                total += dots[r][i * 3 + j] * (int64_t{1} << (7 * (i + j)));
+            const float accf = std::ldexp(static_cast<float>(total), -18);
+            epilogue_store(out, m + r, o, accf, a_scales[m + r], w_scales[o], bias);
+          }
+        }
+#endif
     } else if (fp8_tiles) {
       // 32 weight rows at a time: their codes packed for the tiles, then the packed codes' digit
       // planes (the digits are per value, so packing and taking digits commute; code 0, the

@@ -1204,8 +1204,8 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       }
       TensorView bv = make_view(bias.data(), DType::f32, {O});
       // The widest kernels (AMX tiles where the CPU has them: int8 codes from 10 rows, fp8 from
-      // 4, NVFP4 from 24; AVX-512 VNNI below for int8 codes), AVX2 alone, the scalar loops, and
-      // the vector kernels without AMX.
+      // 6, NVFP4 from 24; AVX-512 VNNI below for int8 codes and fp8), AVX2 alone, the scalar
+      // loops, and the vector kernels without AMX.
       std::vector<float> y[4];
       for (int mode = 0; mode < 4; ++mode) {
         cpu::convrot::force_avx2_kernels(mode == 1);
