@@ -59,9 +59,76 @@ float dot8_scalar(const float* q, const float* k, int D) {
     for (int l = 0; l < 8; ++l) lane[l] = std::fma(q[d + l], k[d + l], lane[l]);
   return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
+// dot8's lanes for two keys at once in 512-bit registers (key j in lanes 0-7, key j + 1 in 8-15,
+// one register per row, up to 4 rows sharing each pair of K loads), then the same tree of adds
+// per half: lane l + lane l + 4, then (0 + 4) + (2 + 6) and (1 + 5) + (3 + 7), then their sum,
+// each add with the lower lane as its first operand as in dot8_scalar.
+#ifdef LOWBIT_AVX512
+template <int NR>
+LOWBIT_AVX512 void key_pair_dots(const float* q, int D, const float* k0, const float* k1,
+                                 float (&out)[4][2]) {
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+  for (int d = 0; d < D; d += 8) {
+    // (AVX-512 F forms of insertf32x8 / broadcast_f32x8: the 256-bit halves moved as doubles)
+    const __m512 kk = _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(k0 + d))),
+                           _mm256_castps_pd(_mm256_loadu_ps(k1 + d)), 1));
+    for (int r = 0; r < NR; ++r) {
+      const __m512 qq = _mm512_castpd_ps(
+          _mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q + r * D + d))));
+      acc[r] = _mm512_fmadd_ps(qq, kk, acc[r]);
+    }
+  }
+  const __m512i swap4 = _mm512_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  const __m512i swap2 = _mm512_setr_epi32(2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  const __m512i swap1 = _mm512_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  for (int r = 0; r < NR; ++r) {
+    const __m512 t = _mm512_add_ps(acc[r], _mm512_permutexvar_ps(swap4, acc[r]));
+    const __m512 u = _mm512_add_ps(t, _mm512_permutexvar_ps(swap2, t));
+    const __m512 v = _mm512_add_ps(u, _mm512_permutexvar_ps(swap1, u));
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, v);
+    out[r][0] = lanes[0];
+    out[r][1] = lanes[8];
+  }
+}
+LOWBIT_AVX512 void key_dots_avx512(const float* q, int R, const float* k, int64_t n, int D,
+                                   float* dots) {
+  for (int64_t j = 0; j < n; j += 2) {
+    const float* k0 = k + j * D;
+    const float* k1 = j + 1 < n ? k0 + D : k0;  // (a last odd key pairs with itself)
+    for (int r0 = 0; r0 < R; r0 += 4) {
+      float out[4][2];
+      const float* qr = q + static_cast<int64_t>(r0) * D;
+      switch (std::min(4, R - r0)) {
+        case 1:
+          key_pair_dots<1>(qr, D, k0, k1, out);
+          break;
+        case 2:
+          key_pair_dots<2>(qr, D, k0, k1, out);
+          break;
+        case 3:
+          key_pair_dots<3>(qr, D, k0, k1, out);
+          break;
+        default:
+          key_pair_dots<4>(qr, D, k0, k1, out);
+          break;
+      }
+      for (int r = 0; r < std::min(4, R - r0); ++r) {
+        dots[(r0 + r) * n + j] = out[r][0];
+        if (j + 1 < n) dots[(r0 + r) * n + j + 1] = out[r][1];
+      }
+    }
+  }
+}
+#endif
 // dots[r * n + j] = q_r . k_j for the R rows of q (R x D) and the n rows of k (n x D), D a
 // multiple of 8.
 void key_dots(const float* q, int R, const float* k, int64_t n, int D, float* dots) {
+#ifdef LOWBIT_AVX512
+  if (rows::avx512_on()) return key_dots_avx512(q, R, k, n, D, dots);
+#endif
 #ifdef LOWBIT_AVX2
   if (rows::avx2_fma_on()) {
     for (int64_t j = 0; j < n; ++j)
