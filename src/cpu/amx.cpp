@@ -19,7 +19,6 @@ namespace amx {
 namespace {
 
 bool g_force_off = false;
-double g_min_work = 134217728.0;  // 2^27
 
 #ifdef LOWBIT_HAVE_AMX
 // arch_prctl codes (asm/prctl.h) and the tile data state's XSAVE feature number.
@@ -56,8 +55,6 @@ bool on() {
 #endif
 }
 void force_off(bool off) { g_force_off = off; }
-double min_work() { return g_min_work; }
-void set_min_work(double macs) { g_min_work = macs; }
 
 #ifdef LOWBIT_HAVE_AMX
 // One chunk of 16 rows: the 16 x 16 transpose of their 4-byte groups (unpack 32 / 64 within the

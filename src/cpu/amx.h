@@ -22,13 +22,8 @@ namespace amx {
 bool on();
 // Tests: keep the AMX kernels off (the AVX-512 / AVX2 loops run), to compare the two.
 void force_off(bool off);
-// Multiply-adds from which an op runs on the tiles at all (default 2^27): each thread's first
-// tile instruction traps into the kernel once (it grows the thread's saved state), ~50-100 us
-// a call with lowbit's per-call threads (a 16 x 256 -> 256 layer: 0.14 ms with the tiles, 0.11
-// without; 16 x 3072 -> 3072: 1.2 / 1.5; attention (1, 64, 2, 64): 0.32 / 0.20). Tests set 0
-// so that small shapes take the tile paths.
-double min_work();
-void set_min_work(double macs);
+// (Each thread's first tile instruction traps into the kernel once, to grow the thread's saved
+// state: ~50-100 us; parallel_for's workers persist, so a process pays it once per thread.)
 
 // Bytes pack_b32 writes for K values a row: (K rounded up to 64) * 32.
 inline int64_t packed_b32_bytes(int64_t K) { return (K + 63) / 64 * 64 * 32; }

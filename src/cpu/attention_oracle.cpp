@@ -410,7 +410,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // G x row_block rows; each row runs the same steps in the same order as a row on its own (the
   // split changes no bits).
   const int64_t row_block = attention_row_block(B * Hkv, Nq, G, thread_count(ctx));
-  const double work = static_cast<double>(B) * Hq * Nq * Nkv * D;  // q . k multiply-adds
   const int64_t n_blocks = (Nq + row_block - 1) / row_block;
   parallel_for(B * Hkv * n_blocks, 1, ctx, [&](int64_t t_begin, int64_t t_end) {
     std::vector<int8_t> qbuf, kbuf(static_cast<size_t>(kKvTile * D));
@@ -421,7 +420,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     const bool wide = rows::avx512_on();
     // AMX tiles (amx.h): every row's dots with a key tile in 32 x 32 blocks up front (the rows
     // zero-padded to 32 and D to 64; K packed 32 keys at a time).
-    const bool tiles = wide && amx::on() && work >= amx::min_work();
+    const bool tiles = wide && amx::on();
     const int64_t Dp = (D + 63) / 64 * 64;
     std::unique_ptr<amx::TileScope> scope;
     if (tiles) scope = std::make_unique<amx::TileScope>();

@@ -242,11 +242,10 @@ constexpr int64_t kAmxMinRowsFp8 = 6;
 // And for NVFP4 (the weights' digit planes cost ~5 ms a call at 3072 x 3072 on 2 cores: the
 // per-row int64 dots 4.8 / 8.8 ms at 16 / 32 rows, the tiles 5.0 / 5.2).
 constexpr int64_t kAmxMinRowsFp4 = 24;
-// Whether the GEMM of this layer runs on AMX tiles: amx::on(), the vector kernels are on, the
-// tests have not asked for the AVX2 kernels, and the layer has amx::min_work() multiply-adds.
-bool amx_gemm_on(int64_t M, int64_t K, int64_t O) {
-  return static_cast<double>(M) * K * O >= amx::min_work() && amx::on() &&
-         convrot::simd_kernels_on() && !convrot::avx2_kernels_forced();
+// Whether the GEMMs run on AMX tiles: amx::on(), the vector kernels are on and the tests have not
+// asked for the AVX2 kernels.
+bool amx_gemm_on() {
+  return amx::on() && convrot::simd_kernels_on() && !convrot::avx2_kernels_forced();
 }
 // Whether dots_vnni runs: the CPU has AVX-512 F / BW / VNNI, the vector kernels are on and
 // the tests have not asked for the AVX2 kernels (force_avx2_kernels).
@@ -657,7 +656,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // blocks padded with zeros to a multiple of 64 values), else on AVX-512 VNNI with the
   // activations biased to uint8 (code + 128).
   const bool int8_codes = int8_family(q) || q == QType::convrot_comfy_w4a4;
-  const bool tiles = int8_codes && M >= kAmxMinRows && amx_gemm_on(M, K, O);
+  const bool tiles = int8_codes && M >= kAmxMinRows && amx_gemm_on();
   const int64_t Kp = (K + 63) / 64 * 64, Mp = (M + 31) / 32 * 32;
   std::vector<int8_t> a_tiles(tiles ? static_cast<size_t>(Mp * Kp) : 0, int8_t{0});
   if (tiles)
@@ -666,10 +665,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   const bool vnni = int8_codes && !tiles && vnni_gemm_on();
   // The fp8 and NVFP4 GEMMs on AMX tiles: the activations' three digit planes (Mp x Kp each,
   // zero-padded).
-  const bool fp8_tiles = q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) &&
-                         amx_gemm_on(M, K, O);
-  const bool fp4_tiles =
-      nvfp4 && M >= kAmxMinRowsFp4 && K < (int64_t{1} << 17) && amx_gemm_on(M, K, O);
+  const bool fp8_tiles =
+      q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();
+  const bool fp4_tiles = nvfp4 && M >= kAmxMinRowsFp4 && K < (int64_t{1} << 17) && amx_gemm_on();
   std::vector<int8_t> a_digits(fp8_tiles || fp4_tiles ? static_cast<size_t>(3 * Mp * Kp) : 0,
                                int8_t{0});
   for (int64_t m = 0; fp4_tiles && m < M; ++m) {

@@ -1207,8 +1207,6 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       // 6, NVFP4 from 24; AVX-512 VNNI below for int8 codes and fp8), AVX2 alone, the scalar
       // loops, and the vector kernels without AMX.
       std::vector<float> y[4];
-      const double min_work = cpu::amx::min_work();
-      cpu::amx::set_min_work(0);  // (the tile paths at these small shapes too)
       for (int mode = 0; mode < 4; ++mode) {
         cpu::convrot::force_avx2_kernels(mode == 1);
         cpu::convrot::force_scalar_kernels(mode == 2);
@@ -1220,7 +1218,6 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       cpu::convrot::force_avx2_kernels(false);
       cpu::convrot::force_scalar_kernels(false);
       cpu::amx::force_off(false);
-      cpu::amx::set_min_work(min_work);
       const char* names[4] = {"widest", "AVX2", "scalar", "no AMX"};
       for (int mode : {0, 1, 3})
         EXPECT_EQ(std::memcmp(y[mode].data(), y[2].data(), y[2].size() * 4), 0)
