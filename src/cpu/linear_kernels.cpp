@@ -676,10 +676,19 @@ namespace {
 LOWBIT_AVX2 void fold_nibble_row_avx2(const uint8_t* in, int64_t K, int64_t group,
                                       const float* ratios, int8_t* codes) {
   const __m128i low4 = _mm_set1_epi8(0x0F);
+  // The 16 codes - 7 as floats; each group's table is fold_codes_avx2's arithmetic on them, kept
+  // in registers (a table written to memory by two 8-byte stores and read back as one 16-byte
+  // load stalled store forwarding once a group: 68 % of a 1 x 3072 -> 3072 layer's time).
+  const __m256 codes_lo = _mm256_setr_ps(-7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f);
+  const __m256 codes_hi = _mm256_setr_ps(1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f);
+  const __m256 qmax = _mm256_set1_ps(127.f), qmin = _mm256_set1_ps(-127.f);
   for (int64_t g0 = 0; g0 < K; g0 += group) {
-    alignas(16) int8_t table[16] = {-7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8};
-    fold_codes_avx2(table, 16, ratios[g0 / group]);
-    const __m128i t = _mm_load_si128(reinterpret_cast<const __m128i*>(table));
+    const __m256 r = _mm256_set1_ps(ratios[g0 / group]);
+    const __m256i q_lo = _mm256_cvtps_epi32(round_clamp8(_mm256_mul_ps(codes_lo, r), qmax, qmin));
+    const __m256i q_hi = _mm256_cvtps_epi32(round_clamp8(_mm256_mul_ps(codes_hi, r), qmax, qmin));
+    const __m128i t = _mm_packs_epi16(
+        _mm_packs_epi32(_mm256_castsi256_si128(q_lo), _mm256_extracti128_si256(q_lo, 1)),
+        _mm_packs_epi32(_mm256_castsi256_si128(q_hi), _mm256_extracti128_si256(q_hi, 1)));
     for (int64_t i = g0; i < g0 + group; i += 32) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i / 2));
       const __m128i lo = _mm_shuffle_epi8(t, _mm_and_si128(b, low4));
