@@ -2,6 +2,7 @@
 // compared against, and a usable backend. Row kernels live in linear_kernels.cpp; this file
 // threads them over rows and runs the emulated GEMMs with the fp32 epilogue.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -284,6 +285,15 @@ int32_t e4m3_int(uint8_t c) {
   if (e == 15 && m == 7) return 0;
   int32_t mag = e == 0 ? m : (8 + m) << (e - 1);
   return (c & 0x80) ? -mag : mag;
+}
+// e4m3_int of every code (the NVFP4 block scales' per-block lookups).
+const int32_t* e4m3_int_table() {
+  static const std::array<int32_t, 256> table = [] {
+    std::array<int32_t, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = e4m3_int(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table.data();
 }
 
 int8_t twice_e2m1(uint8_t code) {
@@ -648,7 +658,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   for (int c = 0; c < 256; ++c) e4m3_ints[c] = e4m3_int(static_cast<uint8_t>(c));
   for (size_t i = 0; i < a_fp8.size(); ++i) a_fp8[i] = e4m3_ints[a_codes[i]];
   if (nvfp4) decode_twice_e2m1(a_codes.data(), M * K, a_fp4.data());
-  for (size_t i = 0; i < a_fp4_scales.size(); ++i) a_fp4_scales[i] = e4m3_int(a_block_scales[i]);
+  const int32_t* scale_ints = e4m3_int_table();
+  for (size_t i = 0; i < a_fp4_scales.size(); ++i) a_fp4_scales[i] = scale_ints[a_block_scales[i]];
   const float* w_scales = nvfp4 ? nullptr : static_cast<const float*>(w.scales.data);
   const float pts = nvfp4 ? *static_cast<const float*>(w.tensor_scale.data) : 1.f;
 
@@ -898,7 +909,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           const int64_t o = o0 + j;
           decode_twice_e2m1(static_cast<const uint8_t*>(w.codes.data) + o * (K / 2), K, wv.data());
           const uint8_t* ws = static_cast<const uint8_t*>(w.block_scales.data) + o * nb;
-          for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = e4m3_int(ws[bl]);
+          for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = scale_ints[ws[bl]];
           int8_t* const planes[3] = {wdig.data() + j * K, wdig.data() + (32 + j) * K,
                                      wdig.data() + (64 + j) * K};
           scaled_digit_planes(wv.data(), wsi.data(), K, planes);
@@ -923,7 +934,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
         const uint8_t* wp = static_cast<const uint8_t*>(w.codes.data) + o * (K / 2);
         const uint8_t* ws = static_cast<const uint8_t*>(w.block_scales.data) + o * nb;
         decode_twice_e2m1(wp, K, wv.data());
-        for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = e4m3_int(ws[bl]);
+        for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = scale_ints[ws[bl]];
         for (int64_t m = 0; m < M; ++m) {
           // units of 2^-20: (2·e2m1)·(2·e2m1)·(2^9·s_a)·(2^9·s_w)
           const int64_t acc = nvfp4_dot(a_fp4.data() + m * K, a_fp4_scales.data() + m * nb,
