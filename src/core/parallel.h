@@ -1,4 +1,5 @@
-// CPU threading: split [0, n) into chunks run on ctx.cpu_threads threads (0 = all cores).
+// CPU threading: split [0, n) into ctx.cpu_threads chunks (0 = one a hardware thread), run by the
+// calling thread and a pool of hardware threads - 1 workers kept for the process's life.
 #pragma once
 
 #include <cstdint>

@@ -428,7 +428,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
         kpacked(tiles ? static_cast<size_t>(2 * amx::packed_b32_bytes(D)) : 0);
     std::vector<int32_t> dots_all;
     std::vector<int64_t> block_end;
-    std::vector<uint8_t> codes(kKvTile);
     std::vector<float> ksv(kKvTile), vbuf(static_cast<size_t>(kKvTile * D));
     std::vector<float> s(kKvTile), p(kKvTile), pr(2 * kKvTile), tile(static_cast<size_t>(2 * D)),
         accs, ms, ls, qss;
@@ -439,7 +438,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       const int64_t i0 = ib * row_block, n_i = std::min<int64_t>(row_block, Nq - i0);
       const int64_t R = G * n_i;  // row ri: head hk * G + ri / n_i, query i0 + ri % n_i
       qbuf.resize(static_cast<size_t>(R * D));
-      qbu.resize(static_cast<size_t>(R * D));
+      if (wide && !tiles) qbu.resize(static_cast<size_t>(R * D));
       accs.assign(static_cast<size_t>(R * D), 0.f);
       ms.assign(static_cast<size_t>(R), -inf);
       ls.assign(static_cast<size_t>(R), 0.f);
@@ -454,10 +453,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       }
       for (int64_t ri = 0; ri < R; ++ri) {
         const int64_t hq = hk * G + ri / n_i, i = i0 + ri % n_i;
-        for (int64_t d = 0; d < D; ++d) {
+        for (int64_t d = 0; d < D; ++d)
           qbuf[ri * D + d] = q.data.ptr<const int8_t>()[off4(q.data, b, i, hq, d)];
-          qbu[ri * D + d] = static_cast<uint8_t>(qbuf[ri * D + d] + 128);
-        }
+        if (wide && !tiles)  // (the VNNI dots' rows, biased)
+          for (int64_t d = 0; d < D; ++d)
+            qbu[ri * D + d] = static_cast<uint8_t>(qbuf[ri * D + d] + 128);
         qss[ri] =
             q.scale.ptr<const float>()[off3(q.scale, b, hq, scale_index(q.layout, q.block, i))];
         ends[ri] = visible_end(options.causal, i, Nq, Nkv);
@@ -563,13 +563,13 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
           const bool exact = fp8 || v.dtype != DType::f32;
 #ifdef LOWBIT_AVX512
           if (wide && exact && (n[0] > 0 || n[1] > 0)) {
-            float* const tiles[2] = {tile.data(), tile.data() + D};
+            float* const tile_rows[2] = {tile.data(), tile.data() + D};
             const float* const prs[2] = {pr.data(), pr.data() + kKvTile};
             if (n[0] > 0 && n[1] > 0) {
-              pv_tile_avx512<2>(tiles, prs, vbuf.data(), n, D);
+              pv_tile_avx512<2>(tile_rows, prs, vbuf.data(), n, D);
             } else {
               const int slot = n[0] > 0 ? 0 : 1;
-              float* const one_tile[2] = {tiles[slot], nullptr};
+              float* const one_tile[2] = {tile_rows[slot], nullptr};
               const float* const one_pr[2] = {prs[slot], nullptr};
               const int64_t one_n[2] = {n[slot], 0};
               pv_tile_avx512<1>(one_tile, one_pr, vbuf.data(), one_n, D);

@@ -423,8 +423,6 @@ __attribute__((target("avx2,fma"))) void fp8_dots_avx2(const double* const (&a)[
     }
 }
 #endif
-// False where fp8_dots_avx2 is not built, the CPU lacks AVX2 + FMA or the scalar kernels are
-// forced (then the GEMM takes dot_exact row by row).
 // The fp8 GEMM on AMX tiles: each e4m3 integer v = e4m3_int(code) (|v| < 2^18, units of 2^-9) as
 // three signed base-128 digits, v = d0 + 128 d1 + 16384 d2 (d0, d1 in [-64, 63] for v >= 0, a
 // negative v the negated digits of -v); then sum_k a_k w_k = sum_{i,j} 2^(7 (i + j)) (A_i . W_j)
@@ -450,6 +448,14 @@ const E4m3Digits& e4m3_digits() {
 // plane[i][k] = digit i of e4m3_int(codes[k]), k < n (three planes of n). AVX-512 VBMI: the
 // magnitude's 7 bits index a 128-entry byte table (two registers), the sign negates.
 #ifdef LOWBIT_AVX2
+// Digit i of the 64 codes c, the digit table's plane i in lo (magnitudes 0-63) and hi (64-127):
+// the magnitude's 7 bits index the table (vpermt2b ignores index bit 7), the sign negates.
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) inline __m512i e4m3_digit(__m512i lo,
+                                                                                 __m512i hi,
+                                                                                 __m512i c) {
+  const __m512i d = _mm512_permutex2var_epi8(lo, c, hi);
+  return _mm512_mask_sub_epi8(d, _mm512_movepi8_mask(c), _mm512_setzero_si512(), d);
+}
 __attribute__((target("avx512f,avx512bw,avx512vbmi"))) int64_t e4m3_digit_planes_vbmi(
     const uint8_t* codes, int64_t n, int8_t* const (&plane)[3]) {
   const E4m3Digits& t = e4m3_digits();
@@ -461,11 +467,7 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) int64_t e4m3_digit_planes
   int64_t k = 0;
   for (; k + 64 <= n; k += 64) {
     const __m512i c = _mm512_loadu_si512(codes + k);
-    const __mmask64 neg = _mm512_movepi8_mask(c);  // the sign bits
-    for (int i = 0; i < 3; ++i) {
-      const __m512i d = _mm512_permutex2var_epi8(lo[i], c, hi[i]);  // (index bit 7 ignored)
-      _mm512_storeu_si512(plane[i] + k, _mm512_mask_sub_epi8(d, neg, _mm512_setzero_si512(), d));
-    }
+    for (int i = 0; i < 3; ++i) _mm512_storeu_si512(plane[i] + k, e4m3_digit(lo[i], hi[i], c));
   }
   return k;
 }
@@ -507,11 +509,9 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni"))) void fp8_digit
   for (int64_t k = 0; k < K; k += 64) {
     const __mmask64 mask = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
     const __m512i c = _mm512_maskz_loadu_epi8(mask, wcodes + k);  // (code 0: digits 0)
-    const __mmask64 neg = _mm512_movepi8_mask(c);
     __m512i w[3];
     for (int j = 0; j < 3; ++j) {
-      const __m512i d = _mm512_permutex2var_epi8(lo[j], c, hi[j]);
-      w[j] = _mm512_mask_sub_epi8(d, neg, _mm512_setzero_si512(), d);
+      w[j] = e4m3_digit(lo[j], hi[j], c);
       wsum[j] = _mm512_dpbusd_epi32(wsum[j], ones, w[j]);
     }
     for (int r = 0; r < R; ++r)
@@ -593,6 +593,8 @@ void plane_gemm_32x32(const int8_t* a_planes, int64_t Mp, int64_t Kp, int64_t m0
     }
 }
 
+// False where fp8_dots_avx2 is not built, the CPU lacks AVX2 + FMA or the scalar kernels are
+// forced (then the GEMM takes dot_exact row by row).
 bool fp8_blocked_available() {
 #ifdef LOWBIT_AVX2
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -649,25 +651,33 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
         nvfp4 ? static_cast<void*>(a_block_scales.data()) : static_cast<void*>(a_scales.data()),
         nvfp4 ? K / 16 : 1);
   });
-  // Decoded activations for the float GEMMs: e4m3 as exact integers (units of 2^-9), e2m1 as
-  // 2·value (integers in [-12, 12]) with the block scales as integers.
-  std::vector<double> a_fp8(q == QType::convrot_fp8 ? static_cast<size_t>(M * K) : 0);
+  // Which integer GEMM runs (int8 codes, fp8 and NVFP4 on AMX tiles from kAmxMinRows /
+  // kAmxMinRowsFp8 / kAmxMinRowsFp4 activation rows; fp8 below on VNNI digit planes).
+  const bool int8_codes = int8_family(q) || q == QType::convrot_comfy_w4a4;
+  const bool tiles = int8_codes && M >= kAmxMinRows && amx_gemm_on();
+  const bool fp8_tiles =
+      q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();
+  const bool fp4_tiles = nvfp4 && M >= kAmxMinRowsFp4 && K < (int64_t{1} << 17) && amx_gemm_on();
+  const bool fp8_vnni =
+      q == QType::convrot_fp8 && !fp8_tiles && K < (int64_t{1} << 19) && fp8_vnni_on();
+  // Decoded activations for the float GEMMs: e4m3 as exact integers (units of 2^-9; only for
+  // the GEMM of doubles), e2m1 as 2·value (integers in [-12, 12]) with the block scales as
+  // integers.
+  const bool fp8_doubles = q == QType::convrot_fp8 && !fp8_tiles && !fp8_vnni;
+  std::vector<double> a_fp8(fp8_doubles ? static_cast<size_t>(M * K) : 0);
   std::vector<int8_t> a_fp4(nvfp4 ? static_cast<size_t>(M * K) : 0);
   std::vector<int32_t> a_fp4_scales(nvfp4 ? static_cast<size_t>(M * (K / 16)) : 0);
-  double e4m3_ints[256];  // e4m3_int of every code, as the float GEMM's operands
-  for (int c = 0; c < 256; ++c) e4m3_ints[c] = e4m3_int(static_cast<uint8_t>(c));
+  const int32_t* scale_ints = e4m3_int_table();  // e4m3_int of every code
+  double e4m3_ints[256];                         // the same, as the float GEMM's operands
+  for (int c = 0; c < 256; ++c) e4m3_ints[c] = scale_ints[c];
   for (size_t i = 0; i < a_fp8.size(); ++i) a_fp8[i] = e4m3_ints[a_codes[i]];
   if (nvfp4) decode_twice_e2m1(a_codes.data(), M * K, a_fp4.data());
-  const int32_t* scale_ints = e4m3_int_table();
   for (size_t i = 0; i < a_fp4_scales.size(); ++i) a_fp4_scales[i] = scale_ints[a_block_scales[i]];
   const float* w_scales = nvfp4 ? nullptr : static_cast<const float*>(w.scales.data);
   const float pts = nvfp4 ? *static_cast<const float*>(w.tensor_scale.data) : 1.f;
 
-  // The int8-code GEMM on AMX tiles (from kAmxMinRows activation rows; the codes in 32-row
-  // blocks padded with zeros to a multiple of 64 values), else on AVX-512 VNNI with the
-  // activations biased to uint8 (code + 128).
-  const bool int8_codes = int8_family(q) || q == QType::convrot_comfy_w4a4;
-  const bool tiles = int8_codes && M >= kAmxMinRows && amx_gemm_on();
+  // The int8-code GEMM on AMX tiles (the codes in 32-row blocks padded with zeros to a multiple
+  // of 64 values), else on AVX-512 VNNI with the activations biased to uint8 (code + 128).
   const int64_t Kp = (K + 63) / 64 * 64, Mp = (M + 31) / 32 * 32;
   std::vector<int8_t> a_tiles(tiles ? static_cast<size_t>(Mp * Kp) : 0, int8_t{0});
   if (tiles)
@@ -676,9 +686,6 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   const bool vnni = int8_codes && !tiles && vnni_gemm_on();
   // The fp8 and NVFP4 GEMMs on AMX tiles: the activations' three digit planes (Mp x Kp each,
   // zero-padded).
-  const bool fp8_tiles =
-      q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();
-  const bool fp4_tiles = nvfp4 && M >= kAmxMinRowsFp4 && K < (int64_t{1} << 17) && amx_gemm_on();
   std::vector<int8_t> a_digits(fp8_tiles || fp4_tiles ? static_cast<size_t>(3 * Mp * Kp) : 0,
                                int8_t{0});
   for (int64_t m = 0; fp4_tiles && m < M; ++m) {
@@ -688,8 +695,6 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   }
   // Below kAmxMinRowsFp8 rows, VNNI on the same digits (one or two rows a pass), the
   // activations' planes biased to uint8.
-  const bool fp8_vnni =
-      q == QType::convrot_fp8 && !fp8_tiles && K < (int64_t{1} << 19) && fp8_vnni_on();
   std::vector<int8_t> a_vnni(fp8_vnni ? static_cast<size_t>(3 * M * K) : 0);
   for (int64_t m = 0; fp8_vnni && m < M; ++m) {
     int8_t* const planes[3] = {a_vnni.data() + m * K, a_vnni.data() + (M + m) * K,
