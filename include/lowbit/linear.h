@@ -96,10 +96,12 @@ struct PackedWeightView {
   TensorView block_scales;
   TensorView block_scales_swizzled;
   TensorView tensor_scale;
-  // CUDA only, backend-private, derived: the decode kernel's own device layout of `codes` (and of
-  // the fold tables of `ratios`), built by QuantizedLinear on a CUDA device for the 4-bit qtypes
-  // (convrot_int4 with group 128, comfy W4A4); absent (data == nullptr) otherwise. Whoever
-  // rewrites `codes` rebuilds it (QuantizedLinear::requantize does). Not part of a checkpoint.
+  // Backend-private, derived, built by QuantizedLinear: on a CUDA device the decode kernel's own
+  // layout of `codes` (and of the fold tables of `ratios`) for the 4-bit qtypes (convrot_int4
+  // with group 128, comfy W4A4); on the host, for convrot_int4 where the CPU runs the decode
+  // GEMV (AVX-512 VBMI), the fold tables of `ratios` (16 bytes a group); absent (data ==
+  // nullptr) otherwise. Whoever rewrites `codes` or `ratios` rebuilds it
+  // (QuantizedLinear::requantize does). Not part of a checkpoint.
   TensorView decode_tiles;
   // convrot_fp8 prefill on CUDA (cuBLASLt's e4m3 GEMM): fast accumulation, i.e. the tensor cores'
   // partial sums are not promoted to full fp32 every few k-steps. 1.15x faster on the H200 at

@@ -478,17 +478,24 @@ QuantizedLinear QuantizedLinear::from_packed(const PackedWeight& w, Device devic
     *part_view(l.view_, p.name) = view_of(b.data(), p, device, 0);
     l.storage_.push_back(std::move(b));
   }
-  if (device != Device::cpu) {
-    l.build_decode_tiles(ctx);
-    synchronize(ctx);  // the host bytes may go away after we return
-  }
+  l.build_decode_tiles(ctx);
+  if (device != Device::cpu) synchronize(ctx);  // the host bytes may go away after we return
   return l;
 }
 
 void QuantizedLinear::build_decode_tiles(Context& ctx) {
   view_.decode_tiles = TensorView{};
   decode_tiles_ = Buffer();
-  if (device_ == Device::cpu) return;
+  if (device_ == Device::cpu) {
+    const int64_t bytes = cpu::decode_tiles_bytes(view_);
+    if (bytes <= 0) return;
+    Buffer b(device_, static_cast<size_t>(bytes));
+    cpu::build_decode_tiles(view_, b.data(), ctx);
+    const int64_t shape[1] = {bytes};
+    view_.decode_tiles = make_view(b.data(), DType::u8, 1, shape, device_, 0);
+    decode_tiles_ = std::move(b);
+    return;
+  }
 #ifdef LOWBIT_WITH_CUDA
   const int64_t bytes = cuda::decode_tiles_bytes(view_);
   if (bytes <= 0) return;

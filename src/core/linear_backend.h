@@ -18,6 +18,10 @@ namespace cpu {
 // quantized on the host (SPEC §3.2-3.4).
 void quantize_weight(const TensorView& w, PackedWeight& out, Context& ctx);
 #include "src/core/linear_backend_api.inc"  // NOLINT(build/include)
+// The decode GEMV's derived tables of a host weight (PackedWeightView::decode_tiles on the CPU):
+// their bytes (0: none for this qtype or CPU), and building them from w's ratios into `out`.
+int64_t decode_tiles_bytes(const PackedWeightView& w);
+void build_decode_tiles(const PackedWeightView& w, void* out, Context& ctx);
 }  // namespace cpu
 
 namespace cuda {

@@ -120,10 +120,12 @@ int thread_count(const Context& ctx) {
 }
 
 void parallel_for(int64_t n, int64_t grain, const Context& ctx,
-                  const std::function<void(int64_t, int64_t)>& fn) {
+                  const std::function<void(int64_t, int64_t)>& fn, int chunks_per_thread) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  const int64_t chunks = std::min<int64_t>(thread_count(ctx), (n + grain - 1) / grain);
+  const int64_t wanted =
+      int64_t{thread_count(ctx)} * (ctx.cpu_threads > 0 ? 1 : std::max(chunks_per_thread, 1));
+  const int64_t chunks = std::min<int64_t>(wanted, (n + grain - 1) / grain);
   if (chunks <= 1) {
     fn(0, n);
     return;

@@ -14,6 +14,7 @@
 #include "src/core/parallel.h"
 #include "src/cpu/amx.h"
 #include "src/cpu/cpu_clones.h"
+#include "src/cpu/linear_gemv.h"
 #include "src/cpu/linear_kernels.h"
 #include "src/cpu/rows.h"
 #include "src/cpu/x86_intrinsics.h"
@@ -243,6 +244,15 @@ constexpr int64_t kAmxMinRowsFp8 = 6;
 // And for NVFP4 (the weights' digit planes cost ~5 ms a call at 3072 x 3072 on 2 cores: the
 // per-row int64 dots 4.8 / 8.8 ms at 16 / 32 rows, the tiles 5.0 / 5.2).
 constexpr int64_t kAmxMinRowsFp4 = 24;
+// Activation rows below which the decode GEMV runs instead of the tiles, for int8 codes and for
+// 4-bit codes (3072 x 3072 layers streamed from memory on 2 cores, GEMV vs tiles: int8 codes
+// 1.07-1.32 / 1.27-1.47 ms at 12 rows, 1.42-1.54 / 1.33-1.37 at 16; int4 1.03-1.12 / 1.22-1.32
+// at 16, 1.17-1.26 / 1.25-1.33 at 20, 1.55-1.63 / 1.36-1.39 at 24; comfy alike).
+constexpr int64_t kGemvMaxRows8 = 12, kGemvMaxRows4 = 18;
+// The decode GEMV's output rows go out in this many chunks per hardware thread, taken by whoever
+// is free (2 cores streaming 3072 x 3072 layers from memory, one row: 2 chunks 0.47 / 0.52 ms
+// for comfy / int4, 8 chunks 0.34 / 0.41, 16 0.31 / 0.39).
+constexpr int kGemvChunksPerThread = 8;
 // Whether the GEMMs run on AMX tiles: amx::on(), the vector kernels are on and the tests have not
 // asked for the AVX2 kernels.
 bool amx_gemm_on() {
@@ -635,6 +645,13 @@ void epilogue_store(const TensorView& out, int64_t m, int64_t o, float acc, floa
 
 }  // namespace
 
+int64_t decode_tiles_bytes(const PackedWeightView& w) { return gemv_tables_bytes(w); }
+void build_decode_tiles(const PackedWeightView& w, void* out, Context& ctx) {
+  parallel_for(w.out_features, grain_rows(w.in_features), ctx, [&](int64_t b, int64_t e) {
+    gemv_build_tables(w, b, e, static_cast<uint8_t*>(out));
+  });
+}
+
 void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                               const TensorView* bias, TensorView out, Context& ctx) {
   const int64_t M = x.shape[0], K = w.in_features, O = w.out_features;
@@ -654,7 +671,12 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // Which integer GEMM runs (int8 codes, fp8 and NVFP4 on AMX tiles from kAmxMinRows /
   // kAmxMinRowsFp8 / kAmxMinRowsFp4 activation rows; fp8 below on VNNI digit planes).
   const bool int8_codes = int8_family(q) || q == QType::convrot_comfy_w4a4;
-  const bool tiles = int8_codes && M >= kAmxMinRows && amx_gemm_on();
+  // The decode GEMV on the weights where they are stored (convrot8 below kGemvMaxRows8 rows, the
+  // 4-bit rows below kGemvMaxRows4; linear_gemv.h), else AMX tiles from kAmxMinRows, else VNNI
+  // on unpacked rows with the activations biased to uint8.
+  const bool gemv =
+      int8_codes && M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) && gemv_supported(w);
+  const bool tiles = int8_codes && !gemv && M >= kAmxMinRows && amx_gemm_on();
   const bool fp8_tiles =
       q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();
   const bool fp4_tiles = nvfp4 && M >= kAmxMinRowsFp4 && K < (int64_t{1} << 17) && amx_gemm_on();
@@ -683,7 +705,12 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   if (tiles)
     for (int64_t m = 0; m < M; ++m)
       std::memcpy(a_tiles.data() + m * Kp, a_codes.data() + m * K, static_cast<size_t>(K));
-  const bool vnni = int8_codes && !tiles && vnni_gemm_on();
+  std::vector<int8_t> a_gemv(gemv ? static_cast<size_t>(M * gemv_row_bytes(w)) : 0);
+  std::vector<int32_t> a_sums(gemv ? static_cast<size_t>(M) : 0);
+  if (gemv)
+    gemv_pack_activations(w, reinterpret_cast<const int8_t*>(a_codes.data()), M, a_gemv.data(),
+                          a_sums.data());
+  const bool vnni = int8_codes && !tiles && !gemv && vnni_gemm_on();
   // The fp8 and NVFP4 GEMMs on AMX tiles: the activations' three digit planes (Mp x Kp each,
   // zero-padded).
   std::vector<int8_t> a_digits(fp8_tiles || fp4_tiles ? static_cast<size_t>(3 * Mp * Kp) : 0,
@@ -714,242 +741,260 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // 2. GEMM + epilogue, parallel over output columns (each thread unpacks its weight rows once).
   const int64_t col_grain =
       std::max<int64_t>(1, 262144 / std::max<int64_t>(K * std::max<int64_t>(M, 1), 1));
-  parallel_for(O, col_grain, ctx, [&](int64_t b, int64_t e) {
-    if (tiles) {
-      // 32 weight rows at a time packed for the tiles, against every 32-row block of the
-      // activations (amx::gemm_32x32: exact int32 dots).
-      amx::TileScope scope;
-      std::vector<int8_t> wc(static_cast<size_t>(32 * K)),
-          packed(static_cast<size_t>(amx::packed_b32_bytes(K)));
-      int32_t dots[32 * 32];
-      for (int64_t o0 = b; o0 < e; o0 += 32) {
-        const int64_t no = std::min<int64_t>(32, e - o0);
-        for (int64_t j = 0; j < no; ++j)
-          convrot::weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
-        amx::pack_b32(wc.data(), K, static_cast<int>(no), K, packed.data());
-        for (int64_t m0 = 0; m0 < M; m0 += 32) {
-          amx::gemm_32x32(a_tiles.data() + m0 * Kp, Kp, packed.data(), Kp, dots, 32);
-          for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
+  parallel_for(
+      O, col_grain, ctx,
+      [&](int64_t b, int64_t e) {
+        if (tiles) {
+          // 32 weight rows at a time packed for the tiles, against every 32-row block of the
+          // activations (amx::gemm_32x32: exact int32 dots).
+          amx::TileScope scope;
+          std::vector<int8_t> wc(static_cast<size_t>(32 * K)),
+              packed(static_cast<size_t>(amx::packed_b32_bytes(K)));
+          int32_t dots[32 * 32];
+          for (int64_t o0 = b; o0 < e; o0 += 32) {
+            const int64_t no = std::min<int64_t>(32, e - o0);
             for (int64_t j = 0; j < no; ++j)
-              epilogue_store(out, m0 + i, o0 + j, static_cast<float>(dots[i * 32 + j]),
-                             a_scales[m0 + i], w_scales[o0 + j], bias);
-        }
-      }
-    } else if (int8_codes && vnni) {
-#ifdef LOWBIT_AVX2
-      // 4 weight rows at a time against up to 4 activation rows at a time (dots_vnni on the
-      // biased codes); a last partial group of weight rows repeats its final row.
-      std::vector<int8_t> wc(static_cast<size_t>(4 * K));
-      for (int64_t o0 = b; o0 < e; o0 += 4) {
-        const int64_t no = std::min<int64_t>(4, e - o0);
-        weight_group_codes(w, o0, no, wc.data());
-        uint32_t sums[4][4], bias128[4];  // 128 . sum of each row's codes, wrapping
-        dots_vnni<0>(nullptr, wc.data(), K, sums);
-        for (int64_t j = 0; j < 4; ++j) bias128[j] = sums[0][j] * 128u;
-        for (int64_t m = 0; m < M; m += 4) {
-          const int64_t rows = std::min<int64_t>(4, M - m);
-          const uint8_t* const a4[4] = {a_biased.data() + m * K,
-                                        a_biased.data() + (m + std::min<int64_t>(1, rows - 1)) * K,
-                                        a_biased.data() + (m + std::min<int64_t>(2, rows - 1)) * K,
-                                        a_biased.data() + (m + rows - 1) * K};
-          uint32_t acc[4][4];
-          switch (rows) {
-            case 1:
-              dots_vnni<1>(a4, wc.data(), K, acc);
-              break;
-            case 2:
-              dots_vnni<2>(a4, wc.data(), K, acc);
-              break;
-            case 3:
-              dots_vnni<3>(a4, wc.data(), K, acc);
-              break;
-            default:
-              dots_vnni<4>(a4, wc.data(), K, acc);
-              break;
-          }
-          for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < no; ++j)
-              epilogue_store(out, m + i, o0 + j,
-                             static_cast<float>(static_cast<int32_t>(acc[i][j] - bias128[j])),
-                             a_scales[m + i], w_scales[o0 + j], bias);
-        }
-      }
-#endif
-    } else if (int8_family(q) || q == QType::convrot_comfy_w4a4) {
-      // 4 weight rows at a time against 2 activation rows at a time (dots_2x4); a last partial
-      // group repeats its final row, a last single activation row pairs with itself.
-      std::vector<int8_t> wc(static_cast<size_t>(4 * K));
-      const int8_t* acodes = reinterpret_cast<const int8_t*>(a_codes.data());
-      for (int64_t o0 = b; o0 < e; o0 += 4) {
-        const int64_t no = std::min<int64_t>(4, e - o0);
-        weight_group_codes(w, o0, no, wc.data());
-        for (int64_t m = 0; m < M; m += 2) {
-          const int64_t m1 = std::min(m + 1, M - 1);
-          int32_t acc[2][4];
-          dots_2x4(acodes + m * K, acodes + m1 * K, wc.data(), K, acc);
-          for (int64_t i = 0; i < (m1 > m ? 2 : 1); ++i)
-            for (int64_t j = 0; j < no; ++j)
-              epilogue_store(out, m + i, o0 + j, static_cast<float>(acc[i][j]), a_scales[m + i],
-                             w_scales[o0 + j], bias);
-        }
-      }
-    } else if (fp8_vnni) {
-#ifdef LOWBIT_AVX2
-      const uint8_t* ab = reinterpret_cast<const uint8_t*>(a_vnni.data());
-      const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
-      for (int64_t o = b; o < e; ++o)
-        for (int64_t m = 0; m < M; m += 2) {
-          const int64_t rows = std::min<int64_t>(2, M - m), m1 = m + rows - 1;
-          const uint8_t* const a[2][3] = {{ab + m * K, ab + (M + m) * K, ab + (2 * M + m) * K},
-                                          {ab + m1 * K, ab + (M + m1) * K, ab + (2 * M + m1) * K}};
-          int64_t dots[2][9];
-          if (rows == 2)
-            fp8_digit_dots_vnni<2>(a, wcodes + o * K, K, dots);
-          else
-            fp8_digit_dots_vnni<1>(a, wcodes + o * K, K, dots);
-          for (int64_t r = 0; r < rows; ++r) {
-            int64_t total = 0;
-            for (int i = 0; i < 3; ++i)
-              for (int j = 0; j < 3; ++j)
-                total += dots[r][i * 3 + j] * (int64_t{1} << (7 * (i + j)));
-            const float accf = std::ldexp(static_cast<float>(total), -18);
-            epilogue_store(out, m + r, o, accf, a_scales[m + r], w_scales[o], bias);
-          }
-        }
-#endif
-    } else if (fp8_tiles) {
-      // 32 weight rows at a time: their codes packed for the tiles, then the packed codes' digit
-      // planes (the digits are per value, so packing and taking digits commute; code 0, the
-      // padding, has digits 0), against every 32-row block of the activations' planes; the nine
-      // plane products added in int64.
-      amx::TileScope scope;
-      const int64_t pb = amx::packed_b32_bytes(K);
-      std::vector<int8_t> wpacked(static_cast<size_t>(pb)), packed(static_cast<size_t>(3 * pb));
-      int64_t acc[32 * 32];
-      const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
-      for (int64_t o0 = b; o0 < e; o0 += 32) {
-        const int64_t no = std::min<int64_t>(32, e - o0);
-        amx::pack_b32(reinterpret_cast<const int8_t*>(wcodes + o0 * K), K, static_cast<int>(no), K,
-                      wpacked.data());
-        int8_t* const planes[3] = {packed.data(), packed.data() + pb, packed.data() + 2 * pb};
-        e4m3_digit_planes(reinterpret_cast<const uint8_t*>(wpacked.data()), pb, planes);
-        for (int64_t m0 = 0; m0 < M; m0 += 32) {
-          plane_gemm_32x32(a_digits.data(), Mp, Kp, m0, packed.data(), pb, 7, acc);
-          for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
-            for (int64_t j = 0; j < no; ++j) {
-              const float accf = std::ldexp(static_cast<float>(acc[i * 32 + j]), -18);
-              epilogue_store(out, m0 + i, o0 + j, accf, a_scales[m0 + i], w_scales[o0 + j], bias);
+              convrot::weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
+            amx::pack_b32(wc.data(), K, static_cast<int>(no), K, packed.data());
+            for (int64_t m0 = 0; m0 < M; m0 += 32) {
+              amx::gemm_32x32(a_tiles.data() + m0 * Kp, Kp, packed.data(), Kp, dots, 32);
+              for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
+                for (int64_t j = 0; j < no; ++j)
+                  epilogue_store(out, m0 + i, o0 + j, static_cast<float>(dots[i * 32 + j]),
+                                 a_scales[m0 + i], w_scales[o0 + j], bias);
             }
-        }
-      }
-    } else if (q == QType::convrot_fp8 && fp8_blocked_available()) {
-#ifdef LOWBIT_AVX2
-      // Blocks of kRows weight rows, decoded one K tile at a time (kRows x kTile doubles, 256 KB,
-      // stay in L2 while every activation row passes); inside, 3 activation rows x 4 weight rows
-      // per step (a last partial group repeats the block's final row; a last 1 or 2 activation
-      // rows run alone). Exact integer sums: the same bits as dot_exact.
-      constexpr int64_t kRows = 32, kTile = 1024;
-      std::vector<double> wd(static_cast<size_t>(kRows * kTile));
-      std::vector<int64_t> acc(static_cast<size_t>(M * kRows));
-      const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
-      for (int64_t o0 = b; o0 < e; o0 += kRows) {
-        const int64_t no = std::min<int64_t>(kRows, e - o0), groups = (no + 3) / 4;
-        std::fill(acc.begin(), acc.end(), int64_t{0});
-        for (int64_t k0 = 0; k0 < K; k0 += kTile) {
-          const int64_t kn = std::min<int64_t>(kTile, K - k0);
-          for (int64_t j = 0; j < groups * 4; ++j) {
-            const uint8_t* wr = wcodes + (o0 + std::min(j, no - 1)) * K + k0;
-            for (int64_t k = 0; k < kn; ++k) wd[j * kTile + k] = e4m3_ints[wr[k]];
           }
-          for (int64_t m = 0; m < M; m += 3) {
-            const int64_t rows = std::min<int64_t>(3, M - m);
-            const double* const a3[3] = {
-                a_fp8.data() + m * K + k0,
-                a_fp8.data() + (m + std::min<int64_t>(1, rows - 1)) * K + k0,
-                a_fp8.data() + (m + rows - 1) * K + k0};
-            for (int64_t g = 0; g < groups; ++g) {
-              int64_t part[3][4] = {};
-              if (rows == 3)
-                fp8_dots_avx2<3>(a3, wd.data() + g * 4 * kTile, kTile, kn, part);
-              else if (rows == 2)
-                fp8_dots_avx2<2>(a3, wd.data() + g * 4 * kTile, kTile, kn, part);
-              else
-                fp8_dots_avx2<1>(a3, wd.data() + g * 4 * kTile, kTile, kn, part);
+        } else if (gemv) {
+          // 64 weight rows at a time, their exact dots with every activation row.
+          std::vector<int32_t> dots(static_cast<size_t>(M * 64));
+          for (int64_t o0 = b; o0 < e; o0 += 64) {
+            const int64_t no = std::min<int64_t>(64, e - o0);
+            gemv_dots(w, a_gemv.data(), a_sums.data(), M, o0, o0 + no, dots.data());
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t j = 0; j < no; ++j)
+                epilogue_store(out, m, o0 + j, static_cast<float>(dots[m * no + j]), a_scales[m],
+                               w_scales[o0 + j], bias);
+          }
+        } else if (int8_codes && vnni) {
+#ifdef LOWBIT_AVX2
+          // 4 weight rows at a time against up to 4 activation rows at a time (dots_vnni on the
+          // biased codes); a last partial group of weight rows repeats its final row.
+          std::vector<int8_t> wc(static_cast<size_t>(4 * K));
+          for (int64_t o0 = b; o0 < e; o0 += 4) {
+            const int64_t no = std::min<int64_t>(4, e - o0);
+            weight_group_codes(w, o0, no, wc.data());
+            uint32_t sums[4][4], bias128[4];  // 128 . sum of each row's codes, wrapping
+            dots_vnni<0>(nullptr, wc.data(), K, sums);
+            for (int64_t j = 0; j < 4; ++j) bias128[j] = sums[0][j] * 128u;
+            for (int64_t m = 0; m < M; m += 4) {
+              const int64_t rows = std::min<int64_t>(4, M - m);
+              const uint8_t* const a4[4] = {
+                  a_biased.data() + m * K,
+                  a_biased.data() + (m + std::min<int64_t>(1, rows - 1)) * K,
+                  a_biased.data() + (m + std::min<int64_t>(2, rows - 1)) * K,
+                  a_biased.data() + (m + rows - 1) * K};
+              uint32_t acc[4][4];
+              switch (rows) {
+                case 1:
+                  dots_vnni<1>(a4, wc.data(), K, acc);
+                  break;
+                case 2:
+                  dots_vnni<2>(a4, wc.data(), K, acc);
+                  break;
+                case 3:
+                  dots_vnni<3>(a4, wc.data(), K, acc);
+                  break;
+                default:
+                  dots_vnni<4>(a4, wc.data(), K, acc);
+                  break;
+              }
               for (int64_t i = 0; i < rows; ++i)
-                for (int64_t j = 0; j < 4; ++j) acc[(m + i) * kRows + g * 4 + j] += part[i][j];
+                for (int64_t j = 0; j < no; ++j)
+                  epilogue_store(out, m + i, o0 + j,
+                                 static_cast<float>(static_cast<int32_t>(acc[i][j] - bias128[j])),
+                                 a_scales[m + i], w_scales[o0 + j], bias);
             }
           }
-        }
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t j = 0; j < no; ++j) {
-            const float accf = std::ldexp(static_cast<float>(acc[m * kRows + j]), -18);
-            epilogue_store(out, m, o0 + j, accf, a_scales[m], w_scales[o0 + j], bias);
-          }
-      }
 #endif
-    } else if (q == QType::convrot_fp8) {
-      std::vector<double> wd(static_cast<size_t>(K));
-      for (int64_t o = b; o < e; ++o) {
-        const uint8_t* wr = static_cast<const uint8_t*>(w.codes.data) + o * K;
-        for (int64_t k = 0; k < K; ++k) wd[k] = e4m3_ints[wr[k]];
-        for (int64_t m = 0; m < M; ++m) {
-          // Exact sum of the products in units of 2^-18, rounded once to fp32.
-          float accf =
-              std::ldexp(static_cast<float>(dot_exact(a_fp8.data() + m * K, wd.data(), K)), -18);
-          epilogue_store(out, m, o, accf, a_scales[m], w_scales[o], bias);
-        }
-      }
-    } else if (fp4_tiles) {
-      // 32 weight rows at a time: the twice-e2m1 values times their block scales as digit
-      // planes, packed for the tiles, against every 32-row block of the activations' planes.
-      amx::TileScope scope;
-      const int64_t nb = K / 16, pb = amx::packed_b32_bytes(K);
-      std::vector<int8_t> wv(static_cast<size_t>(K)), wdig(static_cast<size_t>(3 * 32 * K)),
-          packed(static_cast<size_t>(3 * pb));
-      std::vector<int32_t> wsi(static_cast<size_t>(nb));
-      int64_t acc[32 * 32];
-      for (int64_t o0 = b; o0 < e; o0 += 32) {
-        const int64_t no = std::min<int64_t>(32, e - o0);
-        for (int64_t j = 0; j < no; ++j) {
-          const int64_t o = o0 + j;
-          decode_twice_e2m1(static_cast<const uint8_t*>(w.codes.data) + o * (K / 2), K, wv.data());
-          const uint8_t* ws = static_cast<const uint8_t*>(w.block_scales.data) + o * nb;
-          for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = scale_ints[ws[bl]];
-          int8_t* const planes[3] = {wdig.data() + j * K, wdig.data() + (32 + j) * K,
-                                     wdig.data() + (64 + j) * K};
-          scaled_digit_planes(wv.data(), wsi.data(), K, planes);
-        }
-        for (int p = 0; p < 3; ++p)
-          amx::pack_b32(wdig.data() + p * 32 * K, K, static_cast<int>(no), K,
-                        packed.data() + p * pb);
-        for (int64_t m0 = 0; m0 < M; m0 += 32) {
-          plane_gemm_32x32(a_digits.data(), Mp, Kp, m0, packed.data(), pb, 8, acc);
-          for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
-            for (int64_t j = 0; j < no; ++j) {
-              const float accf = std::ldexp(static_cast<float>(acc[i * 32 + j]), -20);
-              epilogue_store(out, m0 + i, o0 + j, accf, 1.f, pts, bias);
+        } else if (int8_family(q) || q == QType::convrot_comfy_w4a4) {
+          // 4 weight rows at a time against 2 activation rows at a time (dots_2x4); a last partial
+          // group repeats its final row, a last single activation row pairs with itself.
+          std::vector<int8_t> wc(static_cast<size_t>(4 * K));
+          const int8_t* acodes = reinterpret_cast<const int8_t*>(a_codes.data());
+          for (int64_t o0 = b; o0 < e; o0 += 4) {
+            const int64_t no = std::min<int64_t>(4, e - o0);
+            weight_group_codes(w, o0, no, wc.data());
+            for (int64_t m = 0; m < M; m += 2) {
+              const int64_t m1 = std::min(m + 1, M - 1);
+              int32_t acc[2][4];
+              dots_2x4(acodes + m * K, acodes + m1 * K, wc.data(), K, acc);
+              for (int64_t i = 0; i < (m1 > m ? 2 : 1); ++i)
+                for (int64_t j = 0; j < no; ++j)
+                  epilogue_store(out, m + i, o0 + j, static_cast<float>(acc[i][j]), a_scales[m + i],
+                                 w_scales[o0 + j], bias);
             }
+          }
+        } else if (fp8_vnni) {
+#ifdef LOWBIT_AVX2
+          const uint8_t* ab = reinterpret_cast<const uint8_t*>(a_vnni.data());
+          const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
+          for (int64_t o = b; o < e; ++o)
+            for (int64_t m = 0; m < M; m += 2) {
+              const int64_t rows = std::min<int64_t>(2, M - m), m1 = m + rows - 1;
+              const uint8_t* const a[2][3] = {
+                  {ab + m * K, ab + (M + m) * K, ab + (2 * M + m) * K},
+                  {ab + m1 * K, ab + (M + m1) * K, ab + (2 * M + m1) * K}};
+              int64_t dots[2][9];
+              if (rows == 2)
+                fp8_digit_dots_vnni<2>(a, wcodes + o * K, K, dots);
+              else
+                fp8_digit_dots_vnni<1>(a, wcodes + o * K, K, dots);
+              for (int64_t r = 0; r < rows; ++r) {
+                int64_t total = 0;
+                for (int i = 0; i < 3; ++i)
+                  for (int j = 0; j < 3; ++j)
+                    total += dots[r][i * 3 + j] * (int64_t{1} << (7 * (i + j)));
+                const float accf = std::ldexp(static_cast<float>(total), -18);
+                epilogue_store(out, m + r, o, accf, a_scales[m + r], w_scales[o], bias);
+              }
+            }
+#endif
+        } else if (fp8_tiles) {
+          // 32 weight rows at a time: their codes packed for the tiles, then the packed codes'
+          // digit planes (the digits are per value, so packing and taking digits commute; code 0,
+          // the padding, has digits 0), against every 32-row block of the activations' planes; the
+          // nine plane products added in int64.
+          amx::TileScope scope;
+          const int64_t pb = amx::packed_b32_bytes(K);
+          std::vector<int8_t> wpacked(static_cast<size_t>(pb)), packed(static_cast<size_t>(3 * pb));
+          int64_t acc[32 * 32];
+          const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
+          for (int64_t o0 = b; o0 < e; o0 += 32) {
+            const int64_t no = std::min<int64_t>(32, e - o0);
+            amx::pack_b32(reinterpret_cast<const int8_t*>(wcodes + o0 * K), K, static_cast<int>(no),
+                          K, wpacked.data());
+            int8_t* const planes[3] = {packed.data(), packed.data() + pb, packed.data() + 2 * pb};
+            e4m3_digit_planes(reinterpret_cast<const uint8_t*>(wpacked.data()), pb, planes);
+            for (int64_t m0 = 0; m0 < M; m0 += 32) {
+              plane_gemm_32x32(a_digits.data(), Mp, Kp, m0, packed.data(), pb, 7, acc);
+              for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
+                for (int64_t j = 0; j < no; ++j) {
+                  const float accf = std::ldexp(static_cast<float>(acc[i * 32 + j]), -18);
+                  epilogue_store(out, m0 + i, o0 + j, accf, a_scales[m0 + i], w_scales[o0 + j],
+                                 bias);
+                }
+            }
+          }
+        } else if (q == QType::convrot_fp8 && fp8_blocked_available()) {
+#ifdef LOWBIT_AVX2
+          // Blocks of kRows weight rows, decoded one K tile at a time (kRows x kTile doubles, 256
+          // KB, stay in L2 while every activation row passes); inside, 3 activation rows x 4 weight
+          // rows per step (a last partial group repeats the block's final row; a last 1 or 2
+          // activation rows run alone). Exact integer sums: the same bits as dot_exact.
+          constexpr int64_t kRows = 32, kTile = 1024;
+          std::vector<double> wd(static_cast<size_t>(kRows * kTile));
+          std::vector<int64_t> acc(static_cast<size_t>(M * kRows));
+          const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
+          for (int64_t o0 = b; o0 < e; o0 += kRows) {
+            const int64_t no = std::min<int64_t>(kRows, e - o0), groups = (no + 3) / 4;
+            std::fill(acc.begin(), acc.end(), int64_t{0});
+            for (int64_t k0 = 0; k0 < K; k0 += kTile) {
+              const int64_t kn = std::min<int64_t>(kTile, K - k0);
+              for (int64_t j = 0; j < groups * 4; ++j) {
+                const uint8_t* wr = wcodes + (o0 + std::min(j, no - 1)) * K + k0;
+                for (int64_t k = 0; k < kn; ++k) wd[j * kTile + k] = e4m3_ints[wr[k]];
+              }
+              for (int64_t m = 0; m < M; m += 3) {
+                const int64_t rows = std::min<int64_t>(3, M - m);
+                const double* const a3[3] = {
+                    a_fp8.data() + m * K + k0,
+                    a_fp8.data() + (m + std::min<int64_t>(1, rows - 1)) * K + k0,
+                    a_fp8.data() + (m + rows - 1) * K + k0};
+                for (int64_t g = 0; g < groups; ++g) {
+                  int64_t part[3][4] = {};
+                  if (rows == 3)
+                    fp8_dots_avx2<3>(a3, wd.data() + g * 4 * kTile, kTile, kn, part);
+                  else if (rows == 2)
+                    fp8_dots_avx2<2>(a3, wd.data() + g * 4 * kTile, kTile, kn, part);
+                  else
+                    fp8_dots_avx2<1>(a3, wd.data() + g * 4 * kTile, kTile, kn, part);
+                  for (int64_t i = 0; i < rows; ++i)
+                    for (int64_t j = 0; j < 4; ++j) acc[(m + i) * kRows + g * 4 + j] += part[i][j];
+                }
+              }
+            }
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t j = 0; j < no; ++j) {
+                const float accf = std::ldexp(static_cast<float>(acc[m * kRows + j]), -18);
+                epilogue_store(out, m, o0 + j, accf, a_scales[m], w_scales[o0 + j], bias);
+              }
+          }
+#endif
+        } else if (q == QType::convrot_fp8) {
+          std::vector<double> wd(static_cast<size_t>(K));
+          for (int64_t o = b; o < e; ++o) {
+            const uint8_t* wr = static_cast<const uint8_t*>(w.codes.data) + o * K;
+            for (int64_t k = 0; k < K; ++k) wd[k] = e4m3_ints[wr[k]];
+            for (int64_t m = 0; m < M; ++m) {
+              // Exact sum of the products in units of 2^-18, rounded once to fp32.
+              float accf = std::ldexp(
+                  static_cast<float>(dot_exact(a_fp8.data() + m * K, wd.data(), K)), -18);
+              epilogue_store(out, m, o, accf, a_scales[m], w_scales[o], bias);
+            }
+          }
+        } else if (fp4_tiles) {
+          // 32 weight rows at a time: the twice-e2m1 values times their block scales as digit
+          // planes, packed for the tiles, against every 32-row block of the activations' planes.
+          amx::TileScope scope;
+          const int64_t nb = K / 16, pb = amx::packed_b32_bytes(K);
+          std::vector<int8_t> wv(static_cast<size_t>(K)), wdig(static_cast<size_t>(3 * 32 * K)),
+              packed(static_cast<size_t>(3 * pb));
+          std::vector<int32_t> wsi(static_cast<size_t>(nb));
+          int64_t acc[32 * 32];
+          for (int64_t o0 = b; o0 < e; o0 += 32) {
+            const int64_t no = std::min<int64_t>(32, e - o0);
+            for (int64_t j = 0; j < no; ++j) {
+              const int64_t o = o0 + j;
+              decode_twice_e2m1(static_cast<const uint8_t*>(w.codes.data) + o * (K / 2), K,
+                                wv.data());
+              const uint8_t* ws = static_cast<const uint8_t*>(w.block_scales.data) + o * nb;
+              for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = scale_ints[ws[bl]];
+              int8_t* const planes[3] = {wdig.data() + j * K, wdig.data() + (32 + j) * K,
+                                         wdig.data() + (64 + j) * K};
+              scaled_digit_planes(wv.data(), wsi.data(), K, planes);
+            }
+            for (int p = 0; p < 3; ++p)
+              amx::pack_b32(wdig.data() + p * 32 * K, K, static_cast<int>(no), K,
+                            packed.data() + p * pb);
+            for (int64_t m0 = 0; m0 < M; m0 += 32) {
+              plane_gemm_32x32(a_digits.data(), Mp, Kp, m0, packed.data(), pb, 8, acc);
+              for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
+                for (int64_t j = 0; j < no; ++j) {
+                  const float accf = std::ldexp(static_cast<float>(acc[i * 32 + j]), -20);
+                  epilogue_store(out, m0 + i, o0 + j, accf, 1.f, pts, bias);
+                }
+            }
+          }
+        } else {  // convrot4: block-scaled e2m1 x e2m1
+          const int64_t nb = K / 16;
+          std::vector<int8_t> wv(static_cast<size_t>(K));
+          std::vector<int32_t> wsi(static_cast<size_t>(nb));
+          for (int64_t o = b; o < e; ++o) {
+            const uint8_t* wp = static_cast<const uint8_t*>(w.codes.data) + o * (K / 2);
+            const uint8_t* ws = static_cast<const uint8_t*>(w.block_scales.data) + o * nb;
+            decode_twice_e2m1(wp, K, wv.data());
+            for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = scale_ints[ws[bl]];
+            for (int64_t m = 0; m < M; ++m) {
+              // units of 2^-20: (2·e2m1)·(2·e2m1)·(2^9·s_a)·(2^9·s_w)
+              const int64_t acc = nvfp4_dot(a_fp4.data() + m * K, a_fp4_scales.data() + m * nb,
+                                            wv.data(), wsi.data(), nb);
+              float accf = std::ldexp(static_cast<float>(acc), -20);
+              epilogue_store(out, m, o, accf, 1.f, pts, bias);
+            }
+          }
         }
-      }
-    } else {  // convrot4: block-scaled e2m1 x e2m1
-      const int64_t nb = K / 16;
-      std::vector<int8_t> wv(static_cast<size_t>(K));
-      std::vector<int32_t> wsi(static_cast<size_t>(nb));
-      for (int64_t o = b; o < e; ++o) {
-        const uint8_t* wp = static_cast<const uint8_t*>(w.codes.data) + o * (K / 2);
-        const uint8_t* ws = static_cast<const uint8_t*>(w.block_scales.data) + o * nb;
-        decode_twice_e2m1(wp, K, wv.data());
-        for (int64_t bl = 0; bl < nb; ++bl) wsi[bl] = scale_ints[ws[bl]];
-        for (int64_t m = 0; m < M; ++m) {
-          // units of 2^-20: (2·e2m1)·(2·e2m1)·(2^9·s_a)·(2^9·s_w)
-          const int64_t acc = nvfp4_dot(a_fp4.data() + m * K, a_fp4_scales.data() + m * nb,
-                                        wv.data(), wsi.data(), nb);
-          float accf = std::ldexp(static_cast<float>(acc), -20);
-          epilogue_store(out, m, o, accf, 1.f, pts, bias);
-        }
-      }
-    }
-  });
+      },
+      gemv ? kGemvChunksPerThread : 1);
 }
 
 // ---- backward, dequantize, requantize

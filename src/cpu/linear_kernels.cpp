@@ -671,11 +671,27 @@ void fold_codes(int8_t* codes, int64_t n, float ratio) {
 
 namespace {
 #ifdef LOWBIT_HAVE_AVX2_PATH
+// Codes [0, n) of a row of nibbles (even column in the low nibble; n a multiple of 32) looked up
+// in the 16-entry table t by pshufb, 32 codes per 16 bytes.
+LOWBIT_AVX2 inline void lookup_nibbles(const uint8_t* in, int64_t n, __m128i t, int8_t* codes) {
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (int64_t i = 0; i < n; i += 32) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i / 2));
+    const __m128i lo = _mm_shuffle_epi8(t, _mm_and_si128(b, low4));
+    const __m128i hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(b, 4), low4));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_unpacklo_epi8(lo, hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i + 16), _mm_unpackhi_epi8(lo, hi));
+  }
+}
+// A comfy W4A4 row's codes: the signed nibbles by one table.
+LOWBIT_AVX2 void comfy_row_avx2(const uint8_t* in, int64_t K, int8_t* codes) {
+  lookup_nibbles(in, K, _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1),
+                 codes);
+}
 // A 4-bit grouped row's GEMM codes in one step: each group's 16 folded values (fold_codes of
 // nibble - 7, as the two-step path folds them) looked up by pshufb, 32 codes per 16 bytes.
 LOWBIT_AVX2 void fold_nibble_row_avx2(const uint8_t* in, int64_t K, int64_t group,
                                       const float* ratios, int8_t* codes) {
-  const __m128i low4 = _mm_set1_epi8(0x0F);
   // The 16 codes - 7 as floats; each group's table is fold_codes_avx2's arithmetic on them, kept
   // in registers (a table written to memory by two 8-byte stores and read back as one 16-byte
   // load stalled store forwarding once a group: 68 % of a 1 x 3072 -> 3072 layer's time).
@@ -689,13 +705,7 @@ LOWBIT_AVX2 void fold_nibble_row_avx2(const uint8_t* in, int64_t K, int64_t grou
     const __m128i t = _mm_packs_epi16(
         _mm_packs_epi32(_mm256_castsi256_si128(q_lo), _mm256_extracti128_si256(q_lo, 1)),
         _mm_packs_epi32(_mm256_castsi256_si128(q_hi), _mm256_extracti128_si256(q_hi, 1)));
-    for (int64_t i = g0; i < g0 + group; i += 32) {
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i / 2));
-      const __m128i lo = _mm_shuffle_epi8(t, _mm_and_si128(b, low4));
-      const __m128i hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(b, 4), low4));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm_unpacklo_epi8(lo, hi));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i + 16), _mm_unpackhi_epi8(lo, hi));
-    }
+    lookup_nibbles(in + g0 / 2, group, t, codes + g0);
   }
 }
 #endif
@@ -707,6 +717,8 @@ void weight_row_gemm_codes(const PackedWeightView& w, int64_t o, int8_t* codes) 
       simd_kernels_on())
     return fold_nibble_row_avx2(row_ptr<uint8_t>(w.codes, o), w.in_features, w.group,
                                 row_ptr<float>(w.ratios, o), codes);
+  if (w.qtype == QType::convrot_comfy_w4a4 && w.in_features % 32 == 0 && simd_kernels_on())
+    return comfy_row_avx2(row_ptr<uint8_t>(w.codes, o), w.in_features, codes);
 #endif
   stored_codes(w, o, codes);
   if (!grouped(w.qtype)) return;

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "lowbit/dtype.h"
+#include "src/core/linear_backend.h"
 #include "src/cpu/amx.h"
+#include "src/cpu/linear_gemv.h"
 #include "src/cpu/linear_kernels.h"
 #include "src/cpu/rows.h"
 #include "tests/unit/random_data.h"
@@ -1169,9 +1171,10 @@ TEST(LinearSimd, RowConversionsMatchDtype) {
   }
 }
 
-// The CPU forward's integer GEMM (4 weight rows x 2 activation rows per AVX2 block, partial
-// blocks and K not a multiple of 16 included) gives the scalar dots' bits, for the qtypes whose
-// products are int8 codes; the fp8 GEMM's 4-row exact dots (AVX2 + FMA) those of dot_exact.
+// The CPU forward's integer GEMMs (the decode GEMV on AVX-512 VBMI, AMX tiles, AVX-512 VNNI,
+// AVX2 blocks; partial blocks, K not a multiple of 64, groups of 16 / 32 / 64 / 128 included)
+// give the scalar dots' bits, for the qtypes whose products are int8 codes; the fp8 and NVFP4
+// GEMMs those of their exact scalar dots.
 TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
   if (!cpu::convrot::simd_kernels_available()) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937_64 rng(7);
@@ -1187,9 +1190,14 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
                                {17, 8, 1280},
                                {5, 56, 2304},
                                {45, 72, 1024},
-                               {27, 40, 512}}) {
-      // (NVFP4 layers have out_features a multiple of 16.)
+                               {27, 40, 512},
+                               {9, 40, 320},       // groups of 64 (K % 128 = 64)
+                               {13, 24, 352},      // groups of 32, K % 64 = 32
+                               {4, 16, 336},       // groups of 16 (no GEMV for 4-bit rows)
+                               {17, 24, 1280}}) {  // the 4-bit GEMV's largest row counts
+      // (NVFP4 layers have out_features a multiple of 16; comfy W4A4 takes K % 256 == 0.)
       const int64_t O = q == QType::convrot4 ? (O_any + 15) / 16 * 16 : O_any;
+      if (!can_quantize(q, O, K, nullptr)) continue;
       ctx.cpu_threads = static_cast<int>(M % 3) + 1;  // thread chunks of odd row counts
       std::vector<float> w(static_cast<size_t>(O * K)), x(static_cast<size_t>(M * K)), bias(O);
       for (auto& v : w) v = nd(rng) * 0.05f;
@@ -1203,30 +1211,46 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
         continue;
       }
       TensorView bv = make_view(bias.data(), DType::f32, {O});
-      // The widest kernels (AMX tiles where the CPU has them: int8 codes from 10 rows, fp8 from
-      // 6, NVFP4 from 24; AVX-512 VNNI below for int8 codes and fp8), AVX2 alone, the scalar
-      // loops, and the vector kernels without AMX.
-      std::vector<float> y[4];
-      for (int mode = 0; mode < 4; ++mode) {
+      // The widest kernels (the decode GEMV where the CPU has AVX-512 VBMI: int8 codes below 12
+      // rows, 4-bit rows below 18; AMX tiles where the CPU has them: int8 codes from 10 rows,
+      // fp8 from 6, NVFP4 from 24; AVX-512 VNNI below for int8 codes and fp8), AVX2 alone, the
+      // scalar loops, the vector kernels without AMX, without the GEMV, and the GEMV on tables
+      // built per call (the weight view without QuantizedLinear's derived tables).
+      std::vector<float> y[6];
+      for (int mode = 0; mode < 6; ++mode) {
         cpu::convrot::force_avx2_kernels(mode == 1);
         cpu::convrot::force_scalar_kernels(mode == 2);
         cpu::amx::force_off(mode == 3);
+        cpu::convrot::force_gemv_off(mode == 4);
         y[mode].assign(static_cast<size_t>(M * O), -1.f);
-        lin.forward(make_view(x.data(), DType::f32, {M, K}), &bv,
-                    make_view(y[mode].data(), DType::f32, {M, O}), ctx);
+        TensorView xv = make_view(x.data(), DType::f32, {M, K});
+        TensorView yv = make_view(y[mode].data(), DType::f32, {M, O});
+        if (mode == 5) {
+          PackedWeightView v = lin.weights();
+          v.decode_tiles = TensorView{};
+          cpu::quantized_linear_forward(v, xv, &bv, yv, ctx);
+        } else {
+          lin.forward(xv, &bv, yv, ctx);
+        }
       }
       cpu::convrot::force_avx2_kernels(false);
       cpu::convrot::force_scalar_kernels(false);
       cpu::amx::force_off(false);
-      const char* names[4] = {"widest", "AVX2", "scalar", "no AMX"};
-      for (int mode : {0, 1, 3})
+      cpu::convrot::force_gemv_off(false);
+      // The derived tables exist exactly where the GEMV can take them.
+      EXPECT_EQ(lin.weights().decode_tiles.data != nullptr,
+                q == QType::convrot_int4 && K % 128 != 16 && K % 32 == 0 &&
+                    cpu::convrot::gemv_tables_bytes(lin.weights()) > 0)
+          << qtype_name(q) << " K " << K;
+      const char* names[6] = {"widest", "AVX2", "scalar", "no AMX", "no GEMV", "GEMV, own tables"};
+      for (int mode : {0, 1, 3, 4, 5})
         EXPECT_EQ(std::memcmp(y[mode].data(), y[2].data(), y[2].size() * 4), 0)
             << qtype_name(q) << " M " << M << " O " << O << " K " << K << " (" << names[mode]
             << ")";
       ++ran;
     }
   }
-  EXPECT_EQ(ran, 49);
+  EXPECT_EQ(ran, 74);  // 11 shapes x 7 qtypes, less comfy's 3 with K % 256 != 0
 }
 
 }  // namespace

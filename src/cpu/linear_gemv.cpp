@@ -1,0 +1,346 @@
+// The CPU decode GEMV of the int8-code qtypes (linear_gemv.h). The weight's GEMM codes + 128
+// (comfy: + 8) are the unsigned operand of vpdpbusd and the activation codes the signed one, so
+// every dot is the wrapping int32 sum of (code + 128) x activation less 128 x the activation
+// row's sum: the exact dot whenever it fits in int32, as in the other GEMMs.
+#include "src/cpu/linear_gemv.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "src/cpu/linear_kernels.h"
+#include "src/cpu/x86_intrinsics.h"
+
+namespace lowbit {
+namespace cpu {
+namespace convrot {
+
+namespace {
+
+std::atomic<bool> g_gemv_off{false};
+
+bool grouped_nibbles(const PackedWeightView& w) {
+  return w.qtype == QType::convrot_int4 && w.bits == 4 && w.group > 0 && w.group % 32 == 0 &&
+         w.in_features % w.group == 0 && w.ratios.data != nullptr;
+}
+bool nibble_rows(const PackedWeightView& w) {
+  return w.qtype == QType::convrot_comfy_w4a4 || grouped_nibbles(w);
+}
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+const uint8_t* code_row(const PackedWeightView& w, int64_t o) {
+  return static_cast<const uint8_t*>(w.codes.data) + o * w.codes.shape[w.codes.ndim - 1];
+}
+int64_t table_bytes_per_row(const PackedWeightView& w) { return w.in_features / w.group * 16; }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LOWBIT_GEMV_X86 1
+#define LOWBIT_VBMI __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi")))
+
+bool cpu_has_gemv() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni") &&
+                          __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+
+LOWBIT_VBMI inline __mmask64 tail_mask(int64_t n) {
+  return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
+}
+LOWBIT_VBMI inline uint32_t sum_lanes(__m512i v) {
+  return static_cast<uint32_t>(_mm512_reduce_add_epi32(v));
+}
+
+// One group's table: fold_code(v - 7, ratio) + 128 as uint8 for the stored nibble v, by
+// fold_codes' arithmetic (code x ratio in fp32, round half to even, NaN -> 0, clamp to ±127).
+LOWBIT_VBMI inline __m128i fold_table(float ratio) {
+  const __m512 v = _mm512_setr_ps(-7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f, 4.f,
+                                  5.f, 6.f, 7.f, 8.f);
+  const __m512 y = _mm512_mul_ps(v, _mm512_set1_ps(ratio));
+  __m512 r = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), r);
+  r = _mm512_max_ps(_mm512_min_ps(r, _mm512_set1_ps(127.f)), _mm512_set1_ps(-127.f));
+  return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_add_ps(r, _mm512_set1_ps(128.f))));
+}
+// The tables of weight row o (K / group of them, 16 bytes each) into tabs.
+LOWBIT_VBMI void row_tables(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
+  const int64_t groups = w.in_features / w.group;
+  const float* ratios = static_cast<const float*>(w.ratios.data) + o * w.ratios.shape[1];
+  for (int64_t gi = 0; gi < groups; ++gi)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(tabs + 16 * gi), fold_table(ratios[gi]));
+}
+
+// Weight rows are prefetched kPrefetchRows rows ahead into the last-level cache (one thread
+// streaming 3072 x 3072 layers from memory: 11.3-11.7 GB/s for int8 codes, 9.2-9.4 for comfy's
+// 4-bit codes; into L2 9-10 / 6-8, into L1 9-11 / 6-8, no prefetch 8 / 5-6).
+constexpr int64_t kPrefetchRows = 4;
+LOWBIT_VBMI inline void prefetch(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T2);
+}
+
+// Where a 4-bit block's four 16-entry tables (one per 32-code chunk) come from.
+// Weight rows per pass (4 measured the same as 2).
+constexpr int kJ = 2;
+
+enum TableMode {
+  kSigned,   // no table: comfy's signed nibbles, as nibble ^ 8 = code + 8
+  kGroup,    // group a multiple of 128: the block's group's table, broadcast
+  kGroup64,  // two groups per block: tables t, t, t + 1, t + 1
+  kGroup32,  // four groups per block: four consecutive tables
+};
+
+// out[i][j] = the wrapping int32 sum over K of (GEMM code of weight row j + gemv_bias) x
+// activation code of row i, for R activation rows x kJ weight rows of 4-bit codes. a[i]: 128
+// bytes per block (even columns, then odd columns), zero past K; w[j]: the packed row; tab[j]:
+// its tables (16 bytes a group; none for comfy). `ahead`: bytes from a weight row to the row to
+// prefetch.
+template <int R, TableMode kMode>
+LOWBIT_VBMI void nibble_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ],
+                             const uint8_t* const (&tab)[kJ], int64_t K, int64_t group,
+                             int64_t ahead, uint32_t (&out)[4][kJ]) {
+  // (Index loops, not range-for: references into acc kept GCC from holding it in registers.)
+  __m512i acc[R][kJ];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < kJ; ++j) acc[i][j] = _mm512_setzero_si512();
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  // Byte l of a block holds columns 2l and 2l + 1 of chunk l / 16: its table sits at 16 (l / 16).
+  const __m512i slot =
+      _mm512_set_epi64(0x3030303030303030, 0x3030303030303030, 0x2020202020202020,
+                       0x2020202020202020, 0x1010101010101010, 0x1010101010101010, 0, 0);
+  const __m512i eight = _mm512_set1_epi8(8);
+  const int64_t bytes = K / 2, group_bytes = group / 2;
+  for (int64_t k = 0; k < bytes; k += 64) {
+    const __mmask64 m = tail_mask(bytes - k);
+    __m512i lo_a[R], hi_a[R];
+    for (int i = 0; i < R; ++i) {
+      lo_a[i] = _mm512_loadu_si512(a[i] + 2 * k);
+      hi_a[i] = _mm512_loadu_si512(a[i] + 2 * k + 64);
+    }
+    for (int j = 0; j < kJ; ++j) {
+      const __m512i raw = _mm512_maskz_loadu_epi8(m, w[j] + k);
+      prefetch(w[j] + k + ahead);
+      __m512i lo, hi;
+      if (kMode == kSigned) {
+        // (raw & 15) ^ 8 and ((raw >> 4) & 15) ^ 8: ternary logic 0x6A = (A & B) ^ C.
+        lo = _mm512_ternarylogic_epi32(raw, low4, eight, 0x6A);
+        hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), low4, eight, 0x6A);
+      } else {
+        __m512i t;
+        if (kMode == kGroup) {
+          t = _mm512_broadcast_i32x4(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(tab[j] + 16 * (k / group_bytes))));
+        } else if (kMode == kGroup64) {
+          const __m512i two = _mm512_castsi256_si512(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab[j] + k / 2)));
+          t = _mm512_shuffle_i64x2(two, two, 0x50);  // 128-bit lanes 0, 0, 1, 1
+        } else {
+          t = _mm512_loadu_si512(tab[j] + k);
+        }
+        // (raw & 15) | slot and ((raw >> 4) & 15) | slot: ternary logic 0xEA = (A & B) | C.
+        const __m512i lo_i = _mm512_ternarylogic_epi32(raw, low4, slot, 0xEA);
+        const __m512i hi_i = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), low4, slot, 0xEA);
+        lo = _mm512_permutexvar_epi8(lo_i, t);
+        hi = _mm512_permutexvar_epi8(hi_i, t);
+      }
+      for (int i = 0; i < R; ++i) {
+        acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo, lo_a[i]);
+        acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], hi, hi_a[i]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < kJ; ++j) out[i][j] = sum_lanes(acc[i][j]);
+}
+
+// The same for two rows of int8 codes (convrot8); a[i]: the row, zero past K.
+template <int R>
+LOWBIT_VBMI void int8_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ], int64_t K,
+                           int64_t ahead, uint32_t (&out)[4][kJ]) {
+  __m512i acc[R][kJ];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < kJ; ++j) acc[i][j] = _mm512_setzero_si512();
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t k = 0; k < K; k += 64) {
+    const __mmask64 m = tail_mask(K - k);
+    __m512i x[R];
+    for (int i = 0; i < R; ++i) x[i] = _mm512_loadu_si512(a[i] + k);
+    for (int j = 0; j < kJ; ++j) {
+      const __m512i y = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, w[j] + k), bias);
+      prefetch(w[j] + k + ahead);
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], y, x[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < kJ; ++j) out[i][j] = sum_lanes(acc[i][j]);
+}
+
+LOWBIT_VBMI void pack_rows(const PackedWeightView& w, const int8_t* codes, int64_t M, int8_t* out,
+                           int32_t* sums) {
+  const int64_t K = w.in_features, stride = gemv_row_bytes(w);
+  const bool nibbles = nibble_rows(w);
+  alignas(64) uint8_t even_odd[128];
+  for (int i = 0; i < 64; ++i) even_odd[i] = static_cast<uint8_t>(2 * i);
+  for (int i = 0; i < 64; ++i) even_odd[64 + i] = static_cast<uint8_t>(2 * i + 1);
+  const __m512i even = _mm512_load_si512(even_odd), odd = _mm512_load_si512(even_odd + 64);
+  for (int64_t r = 0; r < M; ++r) {
+    const int8_t* src = codes + r * K;
+    int8_t* dst = out + r * stride;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += src[k];
+    sums[r] = sum;
+    for (int64_t k = 0; k < stride; k += nibbles ? 128 : 64) {
+      const __m512i x0 = _mm512_maskz_loadu_epi8(k < K ? tail_mask(K - k) : 0, src + k);
+      if (!nibbles) {
+        _mm512_storeu_si512(dst + k, x0);
+        continue;
+      }
+      const __m512i x1 =
+          _mm512_maskz_loadu_epi8(k + 64 < K ? tail_mask(K - k - 64) : 0, src + k + 64);
+      _mm512_storeu_si512(dst + k, _mm512_permutex2var_epi8(x0, even, x1));
+      _mm512_storeu_si512(dst + k + 64, _mm512_permutex2var_epi8(x0, odd, x1));
+    }
+  }
+}
+
+template <int R>
+LOWBIT_VBMI void dots_pass(const PackedWeightView& w, TableMode mode, const int8_t* const* a,
+                           const uint8_t* const (&wr)[kJ], const uint8_t* const (&tb)[kJ],
+                           int64_t ahead, uint32_t (&out)[4][kJ]) {
+  const int64_t K = w.in_features;
+  switch (mode) {
+    case kSigned:
+      return nibble_dots<R, kSigned>(a, wr, tb, K, 0, ahead, out);
+    case kGroup:
+      return nibble_dots<R, kGroup>(a, wr, tb, K, w.group, ahead, out);
+    case kGroup64:
+      return nibble_dots<R, kGroup64>(a, wr, tb, K, w.group, ahead, out);
+    case kGroup32:
+      return nibble_dots<R, kGroup32>(a, wr, tb, K, w.group, ahead, out);
+  }
+}
+
+// Rows [o0, o1) in pairs (a last odd row pairs with itself), activation rows 4 at a time.
+LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const int32_t* act_sums,
+                           int64_t M, int64_t o0, int64_t o1, int32_t* dots) {
+  const int64_t n = o1 - o0, stride = gemv_row_bytes(w);
+  const bool nibbles = nibble_rows(w), grouped = grouped_nibbles(w);
+  const TableMode mode = !grouped             ? kSigned
+                         : w.group % 128 == 0 ? kGroup
+                         : w.group == 64      ? kGroup64
+                                              : kGroup32;
+  const int64_t ahead = kPrefetchRows * w.codes.shape[w.codes.ndim - 1];
+  // The tables: QuantizedLinear's (gemv_build_tables into decode_tiles), else built a row at a
+  // time here.
+  const int64_t row_tab = grouped ? table_bytes_per_row(w) : 0;
+  const bool prebuilt = grouped && w.decode_tiles.data != nullptr &&
+                        w.decode_tiles.device == Device::cpu &&
+                        w.decode_tiles.numel() == gemv_tables_bytes(w);
+  std::vector<uint8_t> tabs(grouped && !prebuilt ? static_cast<size_t>(kJ * row_tab) : 0);
+  // What the weight operand adds to each code: 8 for comfy's nibble ^ 8, else 128.
+  const uint32_t bias = grouped || !nibbles ? 128u : 8u;
+  for (int64_t o = o0; o < o1; o += kJ) {
+    int64_t oo[kJ];
+    const uint8_t* wr[kJ];
+    const uint8_t* tb[kJ];
+    for (int j = 0; j < kJ; ++j) {
+      oo[j] = std::min<int64_t>(o + j, o1 - 1);
+      wr[j] = code_row(w, oo[j]);
+      tb[j] = nullptr;
+    }
+    for (int j = 0; grouped && j < kJ; ++j) {
+      if (prebuilt) {
+        tb[j] = static_cast<const uint8_t*>(w.decode_tiles.data) + oo[j] * row_tab;
+      } else {
+        row_tables(w, oo[j], tabs.data() + j * row_tab);
+        tb[j] = tabs.data() + j * row_tab;
+      }
+    }
+    for (int64_t m = 0; m < M; m += 4) {
+      const int64_t rows = std::min<int64_t>(4, M - m);
+      const int8_t* a[4];
+      for (int64_t i = 0; i < 4; ++i) a[i] = act + (m + std::min(i, rows - 1)) * stride;
+      uint32_t out[4][kJ];
+      switch (rows) {
+        case 1:
+          nibbles ? dots_pass<1>(w, mode, a, wr, tb, ahead, out)
+                  : int8_dots<1>(a, wr, w.in_features, ahead, out);
+          break;
+        case 2:
+          nibbles ? dots_pass<2>(w, mode, a, wr, tb, ahead, out)
+                  : int8_dots<2>(a, wr, w.in_features, ahead, out);
+          break;
+        case 3:
+          nibbles ? dots_pass<3>(w, mode, a, wr, tb, ahead, out)
+                  : int8_dots<3>(a, wr, w.in_features, ahead, out);
+          break;
+        default:
+          nibbles ? dots_pass<4>(w, mode, a, wr, tb, ahead, out)
+                  : int8_dots<4>(a, wr, w.in_features, ahead, out);
+          break;
+      }
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < std::min<int64_t>(kJ, o1 - o); ++j)
+          dots[(m + i) * n + (o - o0) + j] =
+              static_cast<int32_t>(out[i][j] - bias * static_cast<uint32_t>(act_sums[m + i]));
+    }
+  }
+}
+
+LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_t* out) {
+  for (int64_t o = o0; o < o1; ++o) row_tables(w, o, out + o * table_bytes_per_row(w));
+}
+#endif
+
+}  // namespace
+
+bool gemv_supported(const PackedWeightView& w) {
+#ifdef LOWBIT_GEMV_X86
+  return cpu_has_gemv() && simd_kernels_on() && !avx2_kernels_forced() && !g_gemv_off.load() &&
+         (w.qtype == QType::convrot8 || nibble_rows(w));
+#else
+  (void)w;
+  return false;
+#endif
+}
+void force_gemv_off(bool off) { g_gemv_off.store(off); }
+
+int64_t gemv_row_bytes(const PackedWeightView& w) {
+  return nibble_rows(w) ? round_up(w.in_features, 128) : round_up(w.in_features, 64);
+}
+
+void gemv_pack_activations(const PackedWeightView& w, const int8_t* codes, int64_t M, int8_t* out,
+                           int32_t* sums) {
+#ifdef LOWBIT_GEMV_X86
+  pack_rows(w, codes, M, out, sums);
+#else
+  (void)w, (void)codes, (void)M, (void)out, (void)sums;
+#endif
+}
+
+void gemv_dots(const PackedWeightView& w, const int8_t* act, const int32_t* act_sums, int64_t M,
+               int64_t o0, int64_t o1, int32_t* dots) {
+#ifdef LOWBIT_GEMV_X86
+  dots_rows(w, act, act_sums, M, o0, o1, dots);
+#else
+  (void)w, (void)act, (void)act_sums, (void)M, (void)o0, (void)o1, (void)dots;
+#endif
+}
+
+int64_t gemv_tables_bytes(const PackedWeightView& w) {
+#ifdef LOWBIT_GEMV_X86
+  if (cpu_has_gemv() && grouped_nibbles(w)) return w.out_features * table_bytes_per_row(w);
+#endif
+  return 0;
+}
+
+void gemv_build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_t* out) {
+#ifdef LOWBIT_GEMV_X86
+  if (gemv_tables_bytes(w) > 0) build_tables(w, o0, o1, out);
+#else
+  (void)w, (void)o0, (void)o1, (void)out;
+#endif
+}
+
+}  // namespace convrot
+}  // namespace cpu
+}  // namespace lowbit

@@ -1,0 +1,48 @@
+// The CPU decode GEMV of the int8-code qtypes (convrot8, 4-bit grouped rows, ComfyUI W4A4): a few
+// activation rows against weight rows read where they are stored, on AVX-512 VBMI + VNNI.
+// The 4-bit codes are turned into their int8 GEMM codes in registers (one vpermb on a 16-entry
+// table per 64 codes) instead of being unpacked into a buffer first, and the next weight rows are
+// prefetched, so a layer whose weights come from memory reads them at memory speed. The dots are
+// the exact int32 sums the other GEMMs give (the same bits).
+#pragma once
+
+#include <cstdint>
+
+#include "lowbit/linear.h"
+
+namespace lowbit {
+namespace cpu {
+namespace convrot {
+
+// Whether gemv_dots handles this weight on this CPU: AVX-512 F / BW / VNNI / VBMI, the vector
+// kernels on and not forced to AVX2, the GEMV not switched off; convrot8, the 4-bit grouped rows
+// with groups a multiple of 32 (convrot_int4), or comfy W4A4.
+bool gemv_supported(const PackedWeightView& w);
+// Tests: take the other int8-code GEMMs even where gemv_supported would hold.
+void force_gemv_off(bool off);
+
+// Bytes of one activation row in the GEMV's layout.
+int64_t gemv_row_bytes(const PackedWeightView& w);
+// M rows of int8 activation codes (row m at codes + m * K, natural order) into the GEMV's layout
+// at out (M x gemv_row_bytes), zero past K; for the 4-bit weights, each block of 128 codes as its
+// 64 even columns, then its 64 odd columns (the weight byte's low and high nibbles). sums[m]:
+// the sum of row m's codes.
+void gemv_pack_activations(const PackedWeightView& w, const int8_t* codes, int64_t M, int8_t* out,
+                           int32_t* sums);
+// dots[m * (o1 - o0) + (o - o0)] = the exact int32 dot of activation row m (M rows in act with
+// their sums, from gemv_pack_activations) with the GEMM codes of weight row o, o in [o0, o1).
+// A 4-bit grouped weight's tables come from w.decode_tiles when it holds them on the host
+// (gemv_build_tables), else they are built row by row here.
+void gemv_dots(const PackedWeightView& w, const int8_t* act, const int32_t* act_sums, int64_t M,
+               int64_t o0, int64_t o1, int32_t* dots);
+
+// The tables of a 4-bit grouped weight (convrot_int4): for each row and group, the 16 GEMM
+// codes + 128 of its nibbles (fold_code(v - 7, ratio) + 128), 16 bytes; rows of K / group * 16
+// bytes. Their bytes (0 where this CPU has no GEMV or the weight takes no tables), and building
+// rows [o0, o1) of them into out.
+int64_t gemv_tables_bytes(const PackedWeightView& w);
+void gemv_build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_t* out);
+
+}  // namespace convrot
+}  // namespace cpu
+}  // namespace lowbit
