@@ -246,8 +246,8 @@ constexpr int64_t kAmxMinRowsFp8 = 6;
 constexpr int64_t kAmxMinRowsFp4 = 24;
 // Activation rows below which the decode GEMV runs instead of the tiles, for int8 codes and for
 // 4-bit codes (3072 x 3072 layers streamed from memory on 2 cores, GEMV vs tiles: int8 codes
-// 1.07-1.32 / 1.27-1.47 ms at 12 rows, 1.42-1.54 / 1.33-1.37 at 16; int4 1.03-1.12 / 1.22-1.32
-// at 16, 1.17-1.26 / 1.25-1.33 at 20, 1.55-1.63 / 1.36-1.39 at 24; comfy alike).
+// 1.07-1.32 / 1.27-1.47 ms at 12 rows, 1.42-1.54 / 1.33-1.37 at 16; int4 0.73-0.80 / 0.98-1.02
+// at 12, 0.98-1.01 / 1.01-1.04 at 16 (comfy 0.91-0.92 / 1.02-1.06), 1.55-1.63 / 1.16 at 24).
 constexpr int64_t kGemvMaxRows8 = 12, kGemvMaxRows4 = 18;
 // The decode GEMV's output rows go out in this many chunks per hardware thread, taken by whoever
 // is free (2 cores streaming 3072 x 3072 layers from memory, one row: 2 chunks 0.47 / 0.52 ms
@@ -753,8 +753,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           int32_t dots[32 * 32];
           for (int64_t o0 = b; o0 < e; o0 += 32) {
             const int64_t no = std::min<int64_t>(32, e - o0);
-            for (int64_t j = 0; j < no; ++j)
-              convrot::weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
+            if (!gemv_unpack_rows(w, o0, no, wc.data()))
+              for (int64_t j = 0; j < no; ++j)
+                convrot::weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
             amx::pack_b32(wc.data(), K, static_cast<int>(no), K, packed.data());
             for (int64_t m0 = 0; m0 < M; m0 += 32) {
               amx::gemm_32x32(a_tiles.data() + m0 * Kp, Kp, packed.data(), Kp, dots, 32);

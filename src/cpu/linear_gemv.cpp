@@ -286,6 +286,92 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
   }
 }
 
+// Weight row o's GEMM codes (K of them, natural order) into codes: the GEMV's table lookups,
+// less 128, the even and odd columns interleaved back; tab: the row's tables (comfy: its
+// signed nibbles + 128).
+template <TableMode kMode>
+LOWBIT_VBMI void unpack_row(const uint8_t* row, const uint8_t* tab, int64_t K, int64_t group,
+                            int8_t* codes) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i slot =
+      _mm512_set_epi64(0x3030303030303030, 0x3030303030303030, 0x2020202020202020,
+                       0x2020202020202020, 0x1010101010101010, 0x1010101010101010, 0, 0);
+  alignas(64) uint8_t order[128];
+  for (int i = 0; i < 128; ++i) order[i] = static_cast<uint8_t>((i % 2) * 64 + i / 2);
+  const __m512i first = _mm512_load_si512(order), second = _mm512_load_si512(order + 64);
+  const __m512i one =
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tab)));
+  const int64_t bytes = K / 2, group_bytes = group / 2;
+  for (int64_t k = 0; k < bytes; k += 64) {
+    const __m512i raw = _mm512_maskz_loadu_epi8(tail_mask(bytes - k), row + k);
+    __m512i t;
+    if (kMode == kSigned) {
+      t = one;
+    } else if (kMode == kGroup) {
+      t = _mm512_broadcast_i32x4(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tab + 16 * (k / group_bytes))));
+    } else if (kMode == kGroup64) {
+      const __m512i two =
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab + k / 2)));
+      t = _mm512_shuffle_i64x2(two, two, 0x50);
+    } else {
+      t = _mm512_loadu_si512(tab + k);
+    }
+    const __m512i lo = _mm512_xor_si512(
+        _mm512_permutexvar_epi8(_mm512_ternarylogic_epi32(raw, low4, slot, 0xEA), t), bias);
+    const __m512i hi = _mm512_xor_si512(
+        _mm512_permutexvar_epi8(
+            _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), low4, slot, 0xEA), t),
+        bias);
+    _mm512_mask_storeu_epi8(codes + 2 * k, tail_mask(K - 2 * k),
+                            _mm512_permutex2var_epi8(lo, first, hi));
+    if (K - 2 * k > 64)
+      _mm512_mask_storeu_epi8(codes + 2 * k + 64, tail_mask(K - 2 * k - 64),
+                              _mm512_permutex2var_epi8(lo, second, hi));
+  }
+}
+
+LOWBIT_VBMI void unpack_rows(const PackedWeightView& w, int64_t o0, int64_t n, int8_t* codes) {
+  const int64_t K = w.in_features;
+  const bool grouped = grouped_nibbles(w);
+  const TableMode mode = !grouped             ? kSigned
+                         : w.group % 128 == 0 ? kGroup
+                         : w.group == 64      ? kGroup64
+                                              : kGroup32;
+  const int64_t row_tab = grouped ? table_bytes_per_row(w) : 0;
+  const bool prebuilt = grouped && w.decode_tiles.data != nullptr &&
+                        w.decode_tiles.device == Device::cpu &&
+                        w.decode_tiles.numel() == gemv_tables_bytes(w);
+  std::vector<uint8_t> tabs(grouped && !prebuilt ? static_cast<size_t>(row_tab) : 16);
+  if (!grouped)
+    for (int v = 0; v < 16; ++v)
+      tabs[v] = static_cast<uint8_t>(signed_nibble(static_cast<uint8_t>(v)) + 128);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t o = o0 + j;
+    const uint8_t* tab = tabs.data();
+    if (prebuilt) {
+      tab = static_cast<const uint8_t*>(w.decode_tiles.data) + o * row_tab;
+    } else if (grouped) {
+      row_tables(w, o, tabs.data());
+    }
+    int8_t* out = codes + j * K;
+    switch (mode) {
+      case kSigned:
+        unpack_row<kSigned>(code_row(w, o), tab, K, 0, out);
+        break;
+      case kGroup:
+        unpack_row<kGroup>(code_row(w, o), tab, K, w.group, out);
+        break;
+      case kGroup64:
+        unpack_row<kGroup64>(code_row(w, o), tab, K, w.group, out);
+        break;
+      case kGroup32:
+        unpack_row<kGroup32>(code_row(w, o), tab, K, w.group, out);
+        break;
+    }
+  }
+}
+
 LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_t* out) {
   for (int64_t o = o0; o < o1; ++o) row_tables(w, o, out + o * table_bytes_per_row(w));
 }
@@ -323,6 +409,17 @@ void gemv_dots(const PackedWeightView& w, const int8_t* act, const int32_t* act_
   dots_rows(w, act, act_sums, M, o0, o1, dots);
 #else
   (void)w, (void)act, (void)act_sums, (void)M, (void)o0, (void)o1, (void)dots;
+#endif
+}
+
+bool gemv_unpack_rows(const PackedWeightView& w, int64_t o0, int64_t n, int8_t* codes) {
+#ifdef LOWBIT_GEMV_X86
+  if (!gemv_supported(w) || !nibble_rows(w)) return false;
+  unpack_rows(w, o0, n, codes);
+  return true;
+#else
+  (void)w, (void)o0, (void)n, (void)codes;
+  return false;
 #endif
 }
 

@@ -36,6 +36,11 @@ void gemv_pack_activations(const PackedWeightView& w, const int8_t* codes, int64
 void gemv_dots(const PackedWeightView& w, const int8_t* act, const int32_t* act_sums, int64_t M,
                int64_t o0, int64_t o1, int32_t* dots);
 
+// The int8 GEMM codes of weight rows o0 .. o0 + n - 1 (n x K, natural order) by the GEMV's
+// lookups, for the GEMMs that take unpacked rows; false (nothing written) where gemv_supported
+// fails or the codes are not 4-bit.
+bool gemv_unpack_rows(const PackedWeightView& w, int64_t o0, int64_t n, int8_t* codes);
+
 // The tables of a 4-bit grouped weight (convrot_int4): for each row and group, the 16 GEMM
 // codes + 128 of its nibbles (fold_code(v - 7, ratio) + 128), 16 bytes; rows of K / group * 16
 // bytes. Their bytes (0 where this CPU has no GEMV or the weight takes no tables), and building
