@@ -695,6 +695,10 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   for (size_t i = 0; i < a_fp8.size(); ++i) a_fp8[i] = e4m3_ints[a_codes[i]];
   if (nvfp4) decode_twice_e2m1(a_codes.data(), M * K, a_fp4.data());
   for (size_t i = 0; i < a_fp4_scales.size(); ++i) a_fp4_scales[i] = scale_ints[a_block_scales[i]];
+  // NVFP4 below the tiles' rows: the decode GEMV on the packed weights (linear_gemv.h).
+  const bool fp4_gemv = nvfp4 && !fp4_tiles && gemv_fp4_supported(w);
+  Fp4Activations a_fp4_gemv;
+  if (fp4_gemv) gemv_fp4_pack_activations(a_fp4.data(), a_fp4_scales.data(), M, K, a_fp4_gemv);
   const float* w_scales = nvfp4 ? nullptr : static_cast<const float*>(w.scales.data);
   const float pts = nvfp4 ? *static_cast<const float*>(w.tensor_scale.data) : 1.f;
 
@@ -943,6 +947,18 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
               epilogue_store(out, m, o, accf, a_scales[m], w_scales[o], bias);
             }
           }
+        } else if (fp4_gemv) {
+          // 64 weight rows at a time, their exact int64 dots with every activation row.
+          std::vector<int64_t> dots(static_cast<size_t>(M * 64));
+          for (int64_t o0 = b; o0 < e; o0 += 64) {
+            const int64_t no = std::min<int64_t>(64, e - o0);
+            gemv_fp4_dots(w, scale_ints, a_fp4_gemv, M, o0, o0 + no, dots.data());
+            for (int64_t m = 0; m < M; ++m)
+              for (int64_t j = 0; j < no; ++j)
+                epilogue_store(out, m, o0 + j,
+                               std::ldexp(static_cast<float>(dots[m * no + j]), -20), 1.f, pts,
+                               bias);
+          }
         } else if (fp4_tiles) {
           // 32 weight rows at a time: the twice-e2m1 values times their block scales as digit
           // planes, packed for the tiles, against every 32-row block of the activations' planes.
@@ -995,7 +1011,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           }
         }
       },
-      gemv ? kGemvChunksPerThread : 1);
+      gemv || fp4_gemv ? kGemvChunksPerThread : 1);
 }
 
 // ---- backward, dequantize, requantize

@@ -35,10 +35,11 @@ int64_t table_bytes_per_row(const PackedWeightView& w) { return w.in_features / 
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LOWBIT_GEMV_X86 1
-#define LOWBIT_VBMI __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi")))
+#define LOWBIT_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")))
 
 bool cpu_has_gemv() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512vnni") &&
                           __builtin_cpu_supports("avx512vbmi");
   return has;
@@ -372,6 +373,52 @@ LOWBIT_VBMI void unpack_rows(const PackedWeightView& w, int64_t o0, int64_t n, i
   }
 }
 
+// ---- NVFP4 (convrot4) ----
+// Twice the e2m1 value of each code + 12 (uint8 in [0, 24]; the sign is bit 3).
+LOWBIT_VBMI inline __m512i twice_e2m1_plus12() {
+  return _mm512_broadcast_i32x4(
+      _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+}
+
+// out[i] (i < R) += the exact int64 NVFP4 dot of weight row `row` (codes, e4m3 block scales)
+// with activation row i: a[i] in the GEMV's 4-bit layout (twice-e2m1 integers), sa[i] its
+// block scale integers and c12[i] 12 x its block sums (nbp = a multiple of 8 entries each,
+// zero past the row's blocks).
+template <int R>
+LOWBIT_VBMI void fp4_dots(const uint8_t* codes, const uint8_t* scales, const int32_t* scale_ints,
+                          const int8_t* const* a, const int32_t* const* sa,
+                          const int32_t* const* c12, int64_t K, int64_t ahead, int64_t* out) {
+  __m512i acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_si512();
+  const __m512i low4 = _mm512_set1_epi8(0x0F), t = twice_e2m1_plus12();
+  const int64_t bytes = K / 2, nb = K / 16;
+  for (int64_t k = 0; k < bytes; k += 64) {
+    const __m512i raw = _mm512_maskz_loadu_epi8(tail_mask(bytes - k), codes + k);
+    prefetch(codes + k + ahead);
+    const __m512i lo = _mm512_permutexvar_epi8(_mm512_and_si512(raw, low4), t);
+    const __m512i hi =
+        _mm512_permutexvar_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low4), t);
+    // The 8 blocks' weight scale integers, as int64.
+    const int64_t b0 = k / 8;
+    const __mmask8 bm = static_cast<__mmask8>(nb - b0 >= 8 ? 0xFF : (1u << (nb - b0)) - 1);
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_maskz_loadu_epi8(bm, scales + b0));
+    const __m512i sw = _mm512_cvtepi32_epi64(
+        _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), bm, idx, scale_ints, 4));
+    for (int i = 0; i < R; ++i) {
+      __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(a[i] + 2 * k));
+      d = _mm512_dpbusd_epi32(d, hi, _mm512_loadu_si512(a[i] + 2 * k + 64));
+      // Block j of the step sits in lanes 2j, 2j + 1: their sum, less 12 x the block's sum.
+      const __m256i dots =
+          _mm256_sub_epi32(_mm512_cvtepi64_epi32(_mm512_add_epi32(d, _mm512_srli_epi64(d, 32))),
+                           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c12[i] + b0)));
+      const __m256i da = _mm256_mullo_epi32(
+          dots, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sa[i] + b0)));
+      acc[i] = _mm512_add_epi64(acc[i], _mm512_mul_epi32(_mm512_cvtepi32_epi64(da), sw));
+    }
+  }
+  for (int i = 0; i < R; ++i) out[i] = _mm512_reduce_add_epi64(acc[i]);
+}
+
 LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_t* out) {
   for (int64_t o = o0; o < o1; ++o) row_tables(w, o, out + o * table_bytes_per_row(w));
 }
@@ -420,6 +467,80 @@ bool gemv_unpack_rows(const PackedWeightView& w, int64_t o0, int64_t n, int8_t* 
 #else
   (void)w, (void)o0, (void)n, (void)codes;
   return false;
+#endif
+}
+
+bool gemv_fp4_supported(const PackedWeightView& w) {
+#ifdef LOWBIT_GEMV_X86
+  return w.qtype == QType::convrot4 && cpu_has_gemv() && simd_kernels_on() &&
+         !avx2_kernels_forced() && !g_gemv_off.load();
+#else
+  (void)w;
+  return false;
+#endif
+}
+
+void gemv_fp4_pack_activations(const int8_t* values, const int32_t* scale_ints, int64_t M,
+                               int64_t K, Fp4Activations& out) {
+  const int64_t nb = K / 16;
+  out.stride = round_up(K, 128);
+  out.blocks = round_up(nb, 8);
+  out.values.assign(static_cast<size_t>(M * out.stride), 0);
+  out.scales.assign(static_cast<size_t>(M * out.blocks), 0);
+  out.sums12.assign(static_cast<size_t>(M * out.blocks), 0);
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* v = values + m * K;
+    for (int64_t b = 0; b < nb; ++b) {
+      int32_t sum = 0;
+      for (int64_t k = 0; k < 16; ++k) sum += v[b * 16 + k];
+      out.sums12[m * out.blocks + b] = 12 * sum;
+      out.scales[m * out.blocks + b] = scale_ints[m * nb + b];
+    }
+    // a block of 128 values as its 64 even columns, then its 64 odd columns
+    for (int64_t k = 0; k < K; ++k)
+      out.values[m * out.stride + (k / 128) * 128 + (k % 2) * 64 + (k % 128) / 2] = v[k];
+  }
+}
+
+void gemv_fp4_dots(const PackedWeightView& w, const int32_t* scale_ints, const Fp4Activations& act,
+                   int64_t M, int64_t o0, int64_t o1, int64_t* dots) {
+#ifdef LOWBIT_GEMV_X86
+  const int64_t K = w.in_features, n = o1 - o0, nb = K / 16;
+  const int64_t ahead = kPrefetchRows * (K / 2);
+  for (int64_t o = o0; o < o1; ++o) {
+    const uint8_t* codes = static_cast<const uint8_t*>(w.codes.data) + o * (K / 2);
+    const uint8_t* scales = static_cast<const uint8_t*>(w.block_scales.data) + o * nb;
+    for (int64_t m = 0; m < M; m += 4) {
+      const int64_t rows = std::min<int64_t>(4, M - m);
+      const int8_t* a[4];
+      const int32_t* sa[4];
+      const int32_t* c12[4];
+      for (int64_t i = 0; i < 4; ++i) {
+        const int64_t r = m + std::min(i, rows - 1);
+        a[i] = act.values.data() + r * act.stride;
+        sa[i] = act.scales.data() + r * act.blocks;
+        c12[i] = act.sums12.data() + r * act.blocks;
+      }
+      int64_t out[4];
+      switch (rows) {
+        case 1:
+          fp4_dots<1>(codes, scales, scale_ints, a, sa, c12, K, ahead, out);
+          break;
+        case 2:
+          fp4_dots<2>(codes, scales, scale_ints, a, sa, c12, K, ahead, out);
+          break;
+        case 3:
+          fp4_dots<3>(codes, scales, scale_ints, a, sa, c12, K, ahead, out);
+          break;
+        default:
+          fp4_dots<4>(codes, scales, scale_ints, a, sa, c12, K, ahead, out);
+          break;
+      }
+      for (int64_t i = 0; i < rows; ++i) dots[(m + i) * n + (o - o0)] = out[i];
+    }
+  }
+#else
+  (void)w, (void)scale_ints, (void)act, (void)M, (void)o0, (void)o1, (void)dots;
 #endif
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "lowbit/linear.h"
 
@@ -40,6 +41,24 @@ void gemv_dots(const PackedWeightView& w, const int8_t* act, const int32_t* act_
 // lookups, for the GEMMs that take unpacked rows; false (nothing written) where gemv_supported
 // fails or the codes are not 4-bit.
 bool gemv_unpack_rows(const PackedWeightView& w, int64_t o0, int64_t n, int8_t* codes);
+
+// NVFP4 (convrot4): the exact int64 block-scaled dots (SPEC's units of 2^-20) of a few
+// activation rows with weight rows read where they are stored (nibbles to twice-e2m1 integers
+// by vpermb, 8 blocks a step, block dots by vpdpbusd, times the activation and weight scale
+// integers in int32 / int64). Whether it runs (as gemv_supported, for convrot4); the
+// activations in its layout (values: M rows of twice-e2m1 integers; scale_ints: M x K/16
+// e4m3 integers); dots[m * (o1 - o0) + (o - o0)].
+struct Fp4Activations {
+  int64_t stride = 0, blocks = 0;  // values per row (K rounded up to 128), scales per row
+  std::vector<int8_t> values;      // each block of 128 as its even, then its odd columns
+  std::vector<int32_t> scales;     // block scale integers (0 past the row's blocks)
+  std::vector<int32_t> sums12;     // 12 x each block's sum of values
+};
+bool gemv_fp4_supported(const PackedWeightView& w);
+void gemv_fp4_pack_activations(const int8_t* values, const int32_t* scale_ints, int64_t M,
+                               int64_t K, Fp4Activations& out);
+void gemv_fp4_dots(const PackedWeightView& w, const int32_t* scale_ints, const Fp4Activations& act,
+                   int64_t M, int64_t o0, int64_t o1, int64_t* dots);
 
 // The tables of a 4-bit grouped weight (convrot_int4): for each row and group, the 16 GEMM
 // codes + 128 of its nibbles (fold_code(v - 7, ratio) + 128), 16 bytes; rows of K / group * 16
