@@ -497,46 +497,47 @@ void e4m3_digit_planes(const uint8_t* codes, int64_t n, int8_t* const (&plane)[3
 }
 
 // The fp8 GEMM of one or two activation rows on AVX-512 VNNI with the same digits: each weight
-// row's 64 codes a step become their three digit planes in registers (the table above), and
-// vpdpbusd multiplies them with the activations' digit planes biased to uint8 (d + 64, in
-// [1, 128]); 64 sum_k w_j[k] per plane is taken off after. Every lane sum stays below 2^31 for
-// K < 2^22 and the true plane dots below 2^31 for K < 2^19: exact. out[r][i * 3 + j] = the dot
-// of activation plane i of row r with weight plane j.
+// row's 64 codes a step become their three digit planes + 64 in registers (uint8 in [0, 128]:
+// the table of digits + 64 above, 128 - it for negative codes), and vpdpbusd multiplies them
+// with the activations' signed digit planes; 64 x each activation plane's sum (asum) is taken
+// off after. Every lane sum stays below 2^31 for K < 2^22 and the true plane dots below 2^31
+// for K < 2^19: exact. out[r][i * 3 + j] = the dot of activation plane i of row r with weight
+// plane j. The weight rows 4 ahead are prefetched (the rows are contiguous).
 #ifdef LOWBIT_AVX2
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni"))) void fp8_digit_dots_vnni(
-    const uint8_t* const (&a)[2][3], const uint8_t* wcodes, int64_t K, int64_t (&out)[2][9]) {
+    const int8_t* const (&a)[2][3], const int64_t (&asum)[2][3], const uint8_t* wcodes, int64_t K,
+    int64_t (&out)[2][9]) {
   const E4m3Digits& t = e4m3_digits();
-  __m512i lo[3], hi[3], acc[R][9], wsum[3];
+  __m512i lo[3], hi[3], acc[R][9];
   for (int j = 0; j < 3; ++j) {
-    lo[j] = _mm512_loadu_si512(t.d[j]);
-    hi[j] = _mm512_loadu_si512(t.d[j] + 64);
-    wsum[j] = _mm512_setzero_si512();
+    lo[j] = _mm512_add_epi8(_mm512_loadu_si512(t.d[j]), _mm512_set1_epi8(64));
+    hi[j] = _mm512_add_epi8(_mm512_loadu_si512(t.d[j] + 64), _mm512_set1_epi8(64));
   }
-  for (auto& r : acc)
-    for (auto& x : r) x = _mm512_setzero_si512();
-  const __m512i ones = _mm512_set1_epi8(1);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < 9; ++i) acc[r][i] = _mm512_setzero_si512();
+  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(128));
   for (int64_t k = 0; k < K; k += 64) {
     const __mmask64 mask = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
     const __m512i c = _mm512_maskz_loadu_epi8(mask, wcodes + k);  // (code 0: digits 0)
+    _mm_prefetch(reinterpret_cast<const char*>(wcodes + k + 4 * K), _MM_HINT_T2);
+    const __mmask64 negative = _mm512_movepi8_mask(c);
     __m512i w[3];
     for (int j = 0; j < 3; ++j) {
-      w[j] = e4m3_digit(lo[j], hi[j], c);
-      wsum[j] = _mm512_dpbusd_epi32(wsum[j], ones, w[j]);
+      const __m512i d = _mm512_permutex2var_epi8(lo[j], c, hi[j]);
+      w[j] = _mm512_mask_sub_epi8(d, negative, c128, d);
     }
     for (int r = 0; r < R; ++r)
       for (int i = 0; i < 3; ++i) {
         const __m512i x = _mm512_maskz_loadu_epi8(mask, a[r][i] + k);  // (past K: 0)
         for (int j = 0; j < 3; ++j)
-          acc[r][i * 3 + j] = _mm512_dpbusd_epi32(acc[r][i * 3 + j], x, w[j]);
+          acc[r][i * 3 + j] = _mm512_dpbusd_epi32(acc[r][i * 3 + j], w[j], x);
       }
   }
-  int64_t ws[3];
-  for (int j = 0; j < 3; ++j) ws[j] = _mm512_reduce_add_epi32(wsum[j]);
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < 3; ++i)
       for (int j = 0; j < 3; ++j)
-        out[r][i * 3 + j] = int64_t{_mm512_reduce_add_epi32(acc[r][i * 3 + j])} - 64 * ws[j];
+        out[r][i * 3 + j] = int64_t{_mm512_reduce_add_epi32(acc[r][i * 3 + j])} - 64 * asum[r][i];
 }
 #endif
 bool fp8_vnni_on() {
@@ -732,7 +733,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                                a_vnni.data() + (2 * M + m) * K};
     e4m3_digit_planes(a_codes.data() + m * K, K, planes);
   }
-  for (auto& d : a_vnni) d = static_cast<int8_t>(d + 64);  // (as uint8: d + 64 in [1, 128])
+  std::vector<int64_t> a_vnni_sums(fp8_vnni ? static_cast<size_t>(3 * M) : 0);  // per plane, row
+  for (int64_t p = 0; p < static_cast<int64_t>(a_vnni_sums.size()); ++p)
+    for (int64_t k = 0; k < K; ++k) a_vnni_sums[p] += a_vnni[p * K + k];
   for (int64_t m = 0; fp8_tiles && m < M; ++m) {
     int8_t* const planes[3] = {a_digits.data() + m * Kp, a_digits.data() + (Mp + m) * Kp,
                                a_digits.data() + (2 * Mp + m) * Kp};
@@ -841,19 +844,22 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           }
         } else if (fp8_vnni) {
 #ifdef LOWBIT_AVX2
-          const uint8_t* ab = reinterpret_cast<const uint8_t*>(a_vnni.data());
+          const int8_t* ab = a_vnni.data();
+          const int64_t* as = a_vnni_sums.data();
           const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
           for (int64_t o = b; o < e; ++o)
             for (int64_t m = 0; m < M; m += 2) {
               const int64_t rows = std::min<int64_t>(2, M - m), m1 = m + rows - 1;
-              const uint8_t* const a[2][3] = {
+              const int8_t* const a[2][3] = {
                   {ab + m * K, ab + (M + m) * K, ab + (2 * M + m) * K},
                   {ab + m1 * K, ab + (M + m1) * K, ab + (2 * M + m1) * K}};
+              const int64_t asum[2][3] = {{as[m], as[M + m], as[2 * M + m]},
+                                          {as[m1], as[M + m1], as[2 * M + m1]}};
               int64_t dots[2][9];
               if (rows == 2)
-                fp8_digit_dots_vnni<2>(a, wcodes + o * K, K, dots);
+                fp8_digit_dots_vnni<2>(a, asum, wcodes + o * K, K, dots);
               else
-                fp8_digit_dots_vnni<1>(a, wcodes + o * K, K, dots);
+                fp8_digit_dots_vnni<1>(a, asum, wcodes + o * K, K, dots);
               for (int64_t r = 0; r < rows; ++r) {
                 int64_t total = 0;
                 for (int i = 0; i < 3; ++i)
@@ -1011,7 +1017,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           }
         }
       },
-      gemv || fp4_gemv ? kGemvChunksPerThread : 1);
+      gemv || fp4_gemv || fp8_vnni ? kGemvChunksPerThread : 1);
 }
 
 // ---- backward, dequantize, requantize
