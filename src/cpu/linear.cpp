@@ -239,8 +239,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void dots_vnni(const uint
 // at 8 rows, 0.83 / 0.75 at 12).
 constexpr int64_t kAmxMinRows = 10;
 // The same for the fp8 GEMM (nine plane products; below, the same digits on VNNI; 3072 -> 3072
-// on 2 cores: VNNI 1.7 / 2.2 / 2.9 ms at 4 / 6 / 8 rows, the tiles 3.2 / 2.2 / 2.2).
-constexpr int64_t kAmxMinRowsFp8 = 6;
+// streamed from memory on 2 cores, VNNI / tiles: 2.9 / 3.6 ms at 8 rows, 4.2 / 3.6 at 12).
+constexpr int64_t kAmxMinRowsFp8 = 10;
 // And for NVFP4 (the weights' digit planes cost ~5 ms a call at 3072 x 3072 on 2 cores: the
 // per-row int64 dots 4.8 / 8.8 ms at 16 / 32 rows, the tiles 5.0 / 5.2).
 constexpr int64_t kAmxMinRowsFp4 = 24;

@@ -1211,11 +1211,12 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
         continue;
       }
       TensorView bv = make_view(bias.data(), DType::f32, {O});
-      // The widest kernels (the decode GEMV where the CPU has AVX-512 VBMI: int8 codes below 12
-      // rows, 4-bit rows below 18; AMX tiles where the CPU has them: int8 codes from 10 rows,
-      // fp8 from 6, NVFP4 from 24; AVX-512 VNNI below for int8 codes and fp8), AVX2 alone, the
-      // scalar loops, the vector kernels without AMX, without the GEMV, and the GEMV on tables
-      // built per call (the weight view without QuantizedLinear's derived tables).
+      // The widest kernels (the decode GEMVs where the CPU has AVX-512 VBMI: convrot8 below 12
+      // rows, 4-bit rows below 18, NVFP4 below 24; AMX tiles where the CPU has them: the other
+      // int8 codes from 10 rows, fp8 from 10, NVFP4 from 24; AVX-512 VNNI below for int8 codes
+      // and fp8), AVX2 alone, the scalar loops, the vector kernels without AMX, without the
+      // GEMVs, and the GEMV on tables built per call (the weight view without QuantizedLinear's
+      // derived tables).
       std::vector<float> y[6];
       for (int mode = 0; mode < 6; ++mode) {
         cpu::convrot::force_avx2_kernels(mode == 1);
