@@ -1,9 +1,9 @@
-// The CPU decode GEMV of the int8-code qtypes (convrot8, 4-bit grouped rows, ComfyUI W4A4): a few
-// activation rows against weight rows read where they are stored, on AVX-512 VBMI + VNNI.
-// The 4-bit codes are turned into their int8 GEMM codes in registers (one vpermb on a 16-entry
-// table per 64 codes) instead of being unpacked into a buffer first, and the next weight rows are
-// prefetched, so a layer whose weights come from memory reads them at memory speed. The dots are
-// the exact int32 sums the other GEMMs give (the same bits).
+// The CPU decode GEMVs (convrot8, 4-bit grouped rows, ComfyUI W4A4, NVFP4): a few activation rows
+// against weight rows read where they are stored, on AVX-512 VBMI + VNNI (+ F / BW / VL). The
+// 4-bit codes become their GEMM operands in registers (one vpermb on 16-entry tables per 64
+// bytes, or none for comfy) instead of being unpacked into a buffer first, and the weight rows
+// ahead are prefetched, so a layer whose weights stream from memory is read near memory speed.
+// The dots are the exact integer sums the other GEMMs give (the same bits).
 #pragma once
 
 #include <cstdint>
@@ -15,11 +15,11 @@ namespace lowbit {
 namespace cpu {
 namespace convrot {
 
-// Whether gemv_dots handles this weight on this CPU: AVX-512 F / BW / VNNI / VBMI, the vector
-// kernels on and not forced to AVX2, the GEMV not switched off; convrot8, the 4-bit grouped rows
+// Whether gemv_dots handles this weight on this CPU: AVX-512 F / BW / VL / VNNI / VBMI, the
+// vector kernels on and not forced to AVX2, the GEMVs not switched off; convrot8, the 4-bit grouped rows
 // with groups a multiple of 32 (convrot_int4), or comfy W4A4.
 bool gemv_supported(const PackedWeightView& w);
-// Tests: take the other int8-code GEMMs even where gemv_supported would hold.
+// Tests: take the other GEMMs even where gemv_supported / gemv_fp4_supported would hold.
 void force_gemv_off(bool off);
 
 // Bytes of one activation row in the GEMV's layout.
