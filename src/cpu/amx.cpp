@@ -154,13 +154,30 @@ LOWBIT_AMX void gemm_32x32(const int8_t* a, int64_t lda, const int8_t* packed, i
   _tile_stored(2, c + 16 * ldc, stride);
   _tile_stored(3, c + 16 * ldc + 16, stride);
 }
+// The top half alone: tiles 0-1 of C, 4 of A, 6-7 of B.
+LOWBIT_AMX void gemm_16x32(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp,
+                           int32_t* c, int64_t ldc) {
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t k = 0; k < Kp; k += 64) {
+    const int8_t* b = packed + (k / 64) * 2048;
+    _tile_loadd(4, a + k, lda);
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + 1024, 64);
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+  }
+  _tile_stored(0, c, ldc * 4);
+  _tile_stored(1, c + 16, ldc * 4);
+}
 #else
-// (Without AMX on() is false and nothing calls these; the loop keeps gemm_32x32's meaning.)
+// (Without AMX on() is false and nothing calls these; the loops keep their meaning.)
 TileScope::TileScope() {}
 TileScope::~TileScope() {}
-void gemm_32x32(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp, int32_t* c,
-                int64_t ldc) {
-  for (int i = 0; i < 32; ++i)
+namespace {
+void gemm_rows(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp, int32_t* c,
+               int64_t ldc, int rows) {
+  for (int i = 0; i < rows; ++i)
     for (int j = 0; j < 32; ++j) {
       int32_t sum = 0;
       for (int64_t k = 0; k < Kp; ++k)
@@ -169,6 +186,15 @@ void gemm_32x32(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp, 
             packed[(k / 64) * 2048 + (j / 16) * 1024 + ((k % 64) / 4) * 64 + 4 * (j % 16) + k % 4];
       c[i * ldc + j] = sum;
     }
+}
+}  // namespace
+void gemm_16x32(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp, int32_t* c,
+                int64_t ldc) {
+  gemm_rows(a, lda, packed, Kp, c, ldc, 16);
+}
+void gemm_32x32(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp, int32_t* c,
+                int64_t ldc) {
+  gemm_rows(a, lda, packed, Kp, c, ldc, 32);
 }
 #endif
 

@@ -44,6 +44,10 @@ class TileScope {
 // zero past the true K), B packed by pack_b32 for the same Kp. Exact int32.
 void gemm_32x32(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp, int32_t* c,
                 int64_t ldc);
+// The same for i < 16 (rows 16-31 of c untouched): half the tile work where at most 16 activation
+// rows are left.
+void gemm_16x32(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp, int32_t* c,
+                int64_t ldc);
 
 }  // namespace amx
 }  // namespace cpu

@@ -241,9 +241,10 @@ constexpr int64_t kAmxMinRows = 10;
 // The same for the fp8 GEMM (nine plane products; below, the same digits on VNNI; 3072 -> 3072
 // streamed from memory on 2 cores, VNNI / tiles: 2.9 / 3.6 ms at 8 rows, 4.2 / 3.6 at 12).
 constexpr int64_t kAmxMinRowsFp8 = 10;
-// And for NVFP4 (the weights' digit planes cost ~5 ms a call at 3072 x 3072 on 2 cores: the
-// per-row int64 dots 4.8 / 8.8 ms at 16 / 32 rows, the tiles 5.0 / 5.2).
-constexpr int64_t kAmxMinRowsFp4 = 24;
+// And for NVFP4 (below, the NVFP4 GEMV; 3072 -> 3072 streamed from memory on 2 cores, GEMV /
+// tiles: 3.1 / 4.9 ms at 24 rows, 6.2 / 6.5 at 48, 7.8 / 7.6 at 64, 12.4 / 11.4 at 96; the
+// tiles pay the weights' digit planes on every call).
+constexpr int64_t kAmxMinRowsFp4 = 64;
 // Activation rows below which the decode GEMV runs instead of the tiles, for int8 codes and for
 // 4-bit codes (3072 x 3072 layers streamed from memory on 2 cores, GEMV vs tiles: int8 codes
 // 1.07-1.32 / 1.27-1.47 ms at 12 rows, 1.42-1.54 / 1.33-1.37 at 16; int4 0.73-0.80 / 0.98-1.02
@@ -591,15 +592,21 @@ void scaled_digit_planes(const int8_t* v, const int32_t* scale, int64_t n,
 // acc[i * 32 + j] = sum over the three digit planes of A (rows m0 .. m0 + 31 of plane p at
 // a_planes + (p Mp + m0) Kp) and of the 32 packed weight rows (plane p at packed + p pb) of
 // 2^(bits (p + p')) (A_p . W_p'): the exact int64 dots.
-void plane_gemm_32x32(const int8_t* a_planes, int64_t Mp, int64_t Kp, int64_t m0,
+// Only the first `rows` (<= 32) rows of acc are meaningful (16 or fewer: half the tile work).
+void plane_gemm_32x32(const int8_t* a_planes, int64_t Mp, int64_t Kp, int64_t m0, int64_t rows,
                       const int8_t* packed, int64_t pb, int bits, int64_t* acc) {
   int32_t dots[32 * 32];
-  std::fill(acc, acc + 32 * 32, int64_t{0});
+  const int64_t n = (rows <= 16 ? 16 : 32) * 32;
+  std::fill(acc, acc + n, int64_t{0});
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 3; ++j) {
-      amx::gemm_32x32(a_planes + (i * Mp + m0) * Kp, Kp, packed + j * pb, Kp, dots, 32);
+      const int8_t* a = a_planes + (i * Mp + m0) * Kp;
+      if (rows <= 16)
+        amx::gemm_16x32(a, Kp, packed + j * pb, Kp, dots, 32);
+      else
+        amx::gemm_32x32(a, Kp, packed + j * pb, Kp, dots, 32);
       const int shift = bits * (i + j);
-      for (int t = 0; t < 32 * 32; ++t)
+      for (int64_t t = 0; t < n; ++t)
         acc[t] += static_cast<int64_t>(dots[t]) * (int64_t{1} << shift);
     }
 }
@@ -765,7 +772,10 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                 convrot::weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
             amx::pack_b32(wc.data(), K, static_cast<int>(no), K, packed.data());
             for (int64_t m0 = 0; m0 < M; m0 += 32) {
-              amx::gemm_32x32(a_tiles.data() + m0 * Kp, Kp, packed.data(), Kp, dots, 32);
+              if (M - m0 <= 16)
+                amx::gemm_16x32(a_tiles.data() + m0 * Kp, Kp, packed.data(), Kp, dots, 32);
+              else
+                amx::gemm_32x32(a_tiles.data() + m0 * Kp, Kp, packed.data(), Kp, dots, 32);
               for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
                 for (int64_t j = 0; j < no; ++j)
                   epilogue_store(out, m0 + i, o0 + j, static_cast<float>(dots[i * 32 + j]),
@@ -887,7 +897,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
             int8_t* const planes[3] = {packed.data(), packed.data() + pb, packed.data() + 2 * pb};
             e4m3_digit_planes(reinterpret_cast<const uint8_t*>(wpacked.data()), pb, planes);
             for (int64_t m0 = 0; m0 < M; m0 += 32) {
-              plane_gemm_32x32(a_digits.data(), Mp, Kp, m0, packed.data(), pb, 7, acc);
+              plane_gemm_32x32(a_digits.data(), Mp, Kp, m0, M - m0, packed.data(), pb, 7, acc);
               for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
                 for (int64_t j = 0; j < no; ++j) {
                   const float accf = std::ldexp(static_cast<float>(acc[i * 32 + j]), -18);
@@ -990,7 +1000,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
               amx::pack_b32(wdig.data() + p * 32 * K, K, static_cast<int>(no), K,
                             packed.data() + p * pb);
             for (int64_t m0 = 0; m0 < M; m0 += 32) {
-              plane_gemm_32x32(a_digits.data(), Mp, Kp, m0, packed.data(), pb, 8, acc);
+              plane_gemm_32x32(a_digits.data(), Mp, Kp, m0, M - m0, packed.data(), pb, 8, acc);
               for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
                 for (int64_t j = 0; j < no; ++j) {
                   const float accf = std::ldexp(static_cast<float>(acc[i * 32 + j]), -20);

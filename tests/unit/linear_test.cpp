@@ -1191,10 +1191,11 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
                                {5, 56, 2304},
                                {45, 72, 1024},
                                {27, 40, 512},
-                               {9, 40, 320},       // groups of 64 (K % 128 = 64)
-                               {13, 24, 352},      // groups of 32, K % 64 = 32
-                               {4, 16, 336},       // groups of 16 (no GEMV for 4-bit rows)
-                               {17, 24, 1280}}) {  // the 4-bit GEMV's largest row counts
+                               {9, 40, 320},      // groups of 64 (K % 128 = 64)
+                               {13, 24, 352},     // groups of 32, K % 64 = 32
+                               {4, 16, 336},      // groups of 16 (no GEMV for 4-bit rows)
+                               {17, 24, 1280},    // the 4-bit GEMV's largest row counts
+                               {65, 16, 256}}) {  // NVFP4's tiles; a last block of one row
       // (NVFP4 layers have out_features a multiple of 16; comfy W4A4 takes K % 256 == 0.)
       const int64_t O = q == QType::convrot4 ? (O_any + 15) / 16 * 16 : O_any;
       if (!can_quantize(q, O, K, nullptr)) continue;
@@ -1212,8 +1213,8 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       }
       TensorView bv = make_view(bias.data(), DType::f32, {O});
       // The widest kernels (the decode GEMVs where the CPU has AVX-512 VBMI: convrot8 below 12
-      // rows, 4-bit rows below 18, NVFP4 below 24; AMX tiles where the CPU has them: the other
-      // int8 codes from 10 rows, fp8 from 10, NVFP4 from 24; AVX-512 VNNI below for int8 codes
+      // rows, 4-bit rows below 18, NVFP4 below 64; AMX tiles where the CPU has them: the other
+      // int8 codes from 10 rows, fp8 from 10, NVFP4 from 64; AVX-512 VNNI below for int8 codes
       // and fp8), AVX2 alone, the scalar loops, the vector kernels without AMX, without the
       // GEMVs, and the GEMV on tables built per call (the weight view without QuantizedLinear's
       // derived tables).
@@ -1251,7 +1252,7 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       ++ran;
     }
   }
-  EXPECT_EQ(ran, 74);  // 11 shapes x 7 qtypes, less comfy's 3 with K % 256 != 0
+  EXPECT_EQ(ran, 81);  // 12 shapes x 7 qtypes, less comfy's 3 with K % 256 != 0
 }
 
 }  // namespace
