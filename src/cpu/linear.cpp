@@ -460,12 +460,12 @@ const E4m3Digits& e4m3_digits() {
 // magnitude's 7 bits index a 128-entry byte table (two registers), the sign negates.
 #ifdef LOWBIT_AVX2
 // Digit i of the 64 codes c, the digit table's plane i in lo (magnitudes 0-63) and hi (64-127):
-// the magnitude's 7 bits index the table (vpermt2b ignores index bit 7), the sign negates.
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) inline __m512i e4m3_digit(__m512i lo,
-                                                                                 __m512i hi,
-                                                                                 __m512i c) {
+// the magnitude's 7 bits index the table (vpermt2b ignores index bit 7), the sign negates. With
+// the table's digits + b (and base = 2b), the result is the signed digit + b.
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) inline __m512i e4m3_digit(
+    __m512i lo, __m512i hi, __m512i c, __m512i base = _mm512_setzero_si512()) {
   const __m512i d = _mm512_permutex2var_epi8(lo, c, hi);
-  return _mm512_mask_sub_epi8(d, _mm512_movepi8_mask(c), _mm512_setzero_si512(), d);
+  return _mm512_mask_sub_epi8(d, _mm512_movepi8_mask(c), base, d);
 }
 __attribute__((target("avx512f,avx512bw,avx512vbmi"))) int64_t e4m3_digit_planes_vbmi(
     const uint8_t* codes, int64_t n, int8_t* const (&plane)[3]) {
@@ -522,12 +522,8 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni"))) void fp8_digit
     const __mmask64 mask = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
     const __m512i c = _mm512_maskz_loadu_epi8(mask, wcodes + k);  // (code 0: digits 0)
     _mm_prefetch(reinterpret_cast<const char*>(wcodes + k + 4 * K), _MM_HINT_T2);
-    const __mmask64 negative = _mm512_movepi8_mask(c);
     __m512i w[3];
-    for (int j = 0; j < 3; ++j) {
-      const __m512i d = _mm512_permutex2var_epi8(lo[j], c, hi[j]);
-      w[j] = _mm512_mask_sub_epi8(d, negative, c128, d);
-    }
+    for (int j = 0; j < 3; ++j) w[j] = e4m3_digit(lo[j], hi[j], c, c128);
     for (int r = 0; r < R; ++r)
       for (int i = 0; i < 3; ++i) {
         const __m512i x = _mm512_maskz_loadu_epi8(mask, a[r][i] + k);  // (past K: 0)
@@ -677,7 +673,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
         nvfp4 ? K / 16 : 1);
   });
   // Which integer GEMM runs (int8 codes, fp8 and NVFP4 on AMX tiles from kAmxMinRows /
-  // kAmxMinRowsFp8 / kAmxMinRowsFp4 activation rows; fp8 below on VNNI digit planes).
+  // kAmxMinRowsFp8 / kAmxMinRowsFp4 activation rows; fp8 below on VNNI digit planes, NVFP4 below
+  // on its GEMV).
   const bool int8_codes = int8_family(q) || q == QType::convrot_comfy_w4a4;
   // The decode GEMV on the weights where they are stored (convrot8 below kGemvMaxRows8 rows, the
   // 4-bit rows below kGemvMaxRows4; linear_gemv.h), else AMX tiles from kAmxMinRows, else VNNI
@@ -732,8 +729,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                                a_digits.data() + (2 * Mp + m) * Kp};
     scaled_digit_planes(a_fp4.data() + m * K, a_fp4_scales.data() + m * (K / 16), K, planes);
   }
-  // Below kAmxMinRowsFp8 rows, VNNI on the same digits (one or two rows a pass), the
-  // activations' planes biased to uint8.
+  // Below kAmxMinRowsFp8 rows, VNNI on the same digits (one or two rows a pass): the
+  // activations' signed planes and each plane's sum.
   std::vector<int8_t> a_vnni(fp8_vnni ? static_cast<size_t>(3 * M * K) : 0);
   for (int64_t m = 0; fp8_vnni && m < M; ++m) {
     int8_t* const planes[3] = {a_vnni.data() + m * K, a_vnni.data() + (M + m) * K,

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <vector>
 
 #include "src/cpu/linear_kernels.h"
@@ -44,6 +43,10 @@ bool cpu_has_gemv() {
                           __builtin_cpu_supports("avx512vbmi");
   return has;
 }
+// The CPU has the GEMVs' instructions, the vector kernels are on and no test switched them off.
+bool gemv_on() {
+  return cpu_has_gemv() && simd_kernels_on() && !avx2_kernels_forced() && !g_gemv_off.load();
+}
 
 LOWBIT_VBMI inline __mmask64 tail_mask(int64_t n) {
   return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
@@ -79,18 +82,58 @@ LOWBIT_VBMI inline void prefetch(const uint8_t* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T2);
 }
 
-// Where a 4-bit block's four 16-entry tables (one per 32-code chunk) come from.
 // Weight rows per pass (4 measured the same as 2).
 constexpr int kJ = 2;
 
+// Where a 4-bit block's four 16-entry tables (one per 32-code chunk) come from.
 enum TableMode {
-  kSigned,   // no table: comfy's signed nibbles, as nibble ^ 8 = code + 8
+  kSigned,   // comfy's signed nibbles (the GEMV: no table, nibble ^ 8 = code + 8)
   kGroup,    // group a multiple of 128: the block's group's table, broadcast
   kGroup64,  // two groups per block: tables t, t, t + 1, t + 1
   kGroup32,  // four groups per block: four consecutive tables
 };
+TableMode table_mode(const PackedWeightView& w) {
+  return !grouped_nibbles(w)  ? kSigned
+         : w.group % 128 == 0 ? kGroup
+         : w.group == 64      ? kGroup64
+                              : kGroup32;
+}
+// QuantizedLinear's tables of a 4-bit grouped weight (gemv_build_tables into decode_tiles), or
+// nullptr where the view has none (then they are built a row at a time).
+const uint8_t* prebuilt_tables(const PackedWeightView& w) {
+  const bool has = grouped_nibbles(w) && w.decode_tiles.data != nullptr &&
+                   w.decode_tiles.device == Device::cpu &&
+                   w.decode_tiles.numel() == gemv_tables_bytes(w);
+  return has ? static_cast<const uint8_t*>(w.decode_tiles.data) : nullptr;
+}
 
-// out[i][j] = the wrapping int32 sum over K of (GEMM code of weight row j + gemv_bias) x
+// The four tables of the block at byte k of a row (tab: the row's tables, 16 bytes a group).
+template <TableMode kMode>
+LOWBIT_VBMI inline __m512i block_tables(const uint8_t* tab, int64_t k, int64_t group_bytes) {
+  if (kMode == kGroup)
+    return _mm512_broadcast_i32x4(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(tab + 16 * (k / group_bytes))));
+  if (kMode == kGroup64) {
+    const __m512i two =
+        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab + k / 2)));
+    return _mm512_shuffle_i64x2(two, two, 0x50);  // 128-bit lanes 0, 0, 1, 1
+  }
+  return _mm512_loadu_si512(tab + k);  // kGroup32
+}
+// The table entries of a block's low and high nibbles: byte l of the block holds columns 2l and
+// 2l + 1 of chunk l / 16, whose table sits at 16 (l / 16) of t; (raw & 15) | slot and
+// ((raw >> 4) & 15) | slot are the vpermb indices (ternary logic 0xEA = (A & B) | C).
+LOWBIT_VBMI inline void lookup_halves(__m512i raw, __m512i t, __m512i& lo, __m512i& hi) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i slot =
+      _mm512_set_epi64(0x3030303030303030, 0x3030303030303030, 0x2020202020202020,
+                       0x2020202020202020, 0x1010101010101010, 0x1010101010101010, 0, 0);
+  lo = _mm512_permutexvar_epi8(_mm512_ternarylogic_epi32(raw, low4, slot, 0xEA), t);
+  hi = _mm512_permutexvar_epi8(
+      _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), low4, slot, 0xEA), t);
+}
+
+// out[i][j] = the wrapping int32 sum over K of (GEMM code of weight row j + 128; comfy: + 8) x
 // activation code of row i, for R activation rows x kJ weight rows of 4-bit codes. a[i]: 128
 // bytes per block (even columns, then odd columns), zero past K; w[j]: the packed row; tab[j]:
 // its tables (16 bytes a group; none for comfy). `ahead`: bytes from a weight row to the row to
@@ -103,12 +146,7 @@ LOWBIT_VBMI void nibble_dots(const int8_t* const* a, const uint8_t* const (&w)[k
   __m512i acc[R][kJ];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < kJ; ++j) acc[i][j] = _mm512_setzero_si512();
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  // Byte l of a block holds columns 2l and 2l + 1 of chunk l / 16: its table sits at 16 (l / 16).
-  const __m512i slot =
-      _mm512_set_epi64(0x3030303030303030, 0x3030303030303030, 0x2020202020202020,
-                       0x2020202020202020, 0x1010101010101010, 0x1010101010101010, 0, 0);
-  const __m512i eight = _mm512_set1_epi8(8);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   const int64_t bytes = K / 2, group_bytes = group / 2;
   for (int64_t k = 0; k < bytes; k += 64) {
     const __mmask64 m = tail_mask(bytes - k);
@@ -126,22 +164,7 @@ LOWBIT_VBMI void nibble_dots(const int8_t* const* a, const uint8_t* const (&w)[k
         lo = _mm512_ternarylogic_epi32(raw, low4, eight, 0x6A);
         hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), low4, eight, 0x6A);
       } else {
-        __m512i t;
-        if (kMode == kGroup) {
-          t = _mm512_broadcast_i32x4(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(tab[j] + 16 * (k / group_bytes))));
-        } else if (kMode == kGroup64) {
-          const __m512i two = _mm512_castsi256_si512(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab[j] + k / 2)));
-          t = _mm512_shuffle_i64x2(two, two, 0x50);  // 128-bit lanes 0, 0, 1, 1
-        } else {
-          t = _mm512_loadu_si512(tab[j] + k);
-        }
-        // (raw & 15) | slot and ((raw >> 4) & 15) | slot: ternary logic 0xEA = (A & B) | C.
-        const __m512i lo_i = _mm512_ternarylogic_epi32(raw, low4, slot, 0xEA);
-        const __m512i hi_i = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), low4, slot, 0xEA);
-        lo = _mm512_permutexvar_epi8(lo_i, t);
-        hi = _mm512_permutexvar_epi8(hi_i, t);
+        lookup_halves(raw, block_tables<kMode>(tab[j], k, group_bytes), lo, hi);
       }
       for (int i = 0; i < R; ++i) {
         acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo, lo_a[i]);
@@ -175,10 +198,10 @@ LOWBIT_VBMI void int8_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ]
     for (int j = 0; j < kJ; ++j) out[i][j] = sum_lanes(acc[i][j]);
 }
 
-LOWBIT_VBMI void pack_rows(const PackedWeightView& w, const int8_t* codes, int64_t M, int8_t* out,
-                           int32_t* sums) {
-  const int64_t K = w.in_features, stride = gemv_row_bytes(w);
-  const bool nibbles = nibble_rows(w);
+// M rows of K int8 values into rows of `stride` bytes (zero past K); for the 4-bit layouts
+// (`nibbles`), each block of 128 as its 64 even columns, then its 64 odd columns.
+LOWBIT_VBMI void pack_rows(const int8_t* codes, int64_t M, int64_t K, int64_t stride, bool nibbles,
+                           int8_t* out) {
   alignas(64) uint8_t even_odd[128];
   for (int i = 0; i < 64; ++i) even_odd[i] = static_cast<uint8_t>(2 * i);
   for (int i = 0; i < 64; ++i) even_odd[64 + i] = static_cast<uint8_t>(2 * i + 1);
@@ -186,9 +209,6 @@ LOWBIT_VBMI void pack_rows(const PackedWeightView& w, const int8_t* codes, int64
   for (int64_t r = 0; r < M; ++r) {
     const int8_t* src = codes + r * K;
     int8_t* dst = out + r * stride;
-    int32_t sum = 0;
-    for (int64_t k = 0; k < K; ++k) sum += src[k];
-    sums[r] = sum;
     for (int64_t k = 0; k < stride; k += nibbles ? 128 : 64) {
       const __m512i x0 = _mm512_maskz_loadu_epi8(k < K ? tail_mask(K - k) : 0, src + k);
       if (!nibbles) {
@@ -225,17 +245,10 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
                            int64_t M, int64_t o0, int64_t o1, int32_t* dots) {
   const int64_t n = o1 - o0, stride = gemv_row_bytes(w);
   const bool nibbles = nibble_rows(w), grouped = grouped_nibbles(w);
-  const TableMode mode = !grouped             ? kSigned
-                         : w.group % 128 == 0 ? kGroup
-                         : w.group == 64      ? kGroup64
-                                              : kGroup32;
+  const TableMode mode = table_mode(w);
   const int64_t ahead = kPrefetchRows * w.codes.shape[w.codes.ndim - 1];
-  // The tables: QuantizedLinear's (gemv_build_tables into decode_tiles), else built a row at a
-  // time here.
   const int64_t row_tab = grouped ? table_bytes_per_row(w) : 0;
-  const bool prebuilt = grouped && w.decode_tiles.data != nullptr &&
-                        w.decode_tiles.device == Device::cpu &&
-                        w.decode_tiles.numel() == gemv_tables_bytes(w);
+  const uint8_t* prebuilt = prebuilt_tables(w);
   std::vector<uint8_t> tabs(grouped && !prebuilt ? static_cast<size_t>(kJ * row_tab) : 0);
   // What the weight operand adds to each code: 8 for comfy's nibble ^ 8, else 128.
   const uint32_t bias = grouped || !nibbles ? 128u : 8u;
@@ -250,7 +263,7 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
     }
     for (int j = 0; grouped && j < kJ; ++j) {
       if (prebuilt) {
-        tb[j] = static_cast<const uint8_t*>(w.decode_tiles.data) + oo[j] * row_tab;
+        tb[j] = prebuilt + oo[j] * row_tab;
       } else {
         row_tables(w, oo[j], tabs.data() + j * row_tab);
         tb[j] = tabs.data() + j * row_tab;
@@ -293,10 +306,7 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
 template <TableMode kMode>
 LOWBIT_VBMI void unpack_row(const uint8_t* row, const uint8_t* tab, int64_t K, int64_t group,
                             int8_t* codes) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m512i slot =
-      _mm512_set_epi64(0x3030303030303030, 0x3030303030303030, 0x2020202020202020,
-                       0x2020202020202020, 0x1010101010101010, 0x1010101010101010, 0, 0);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   alignas(64) uint8_t order[128];
   for (int i = 0; i < 128; ++i) order[i] = static_cast<uint8_t>((i % 2) * 64 + i / 2);
   const __m512i first = _mm512_load_si512(order), second = _mm512_load_si512(order + 64);
@@ -305,25 +315,10 @@ LOWBIT_VBMI void unpack_row(const uint8_t* row, const uint8_t* tab, int64_t K, i
   const int64_t bytes = K / 2, group_bytes = group / 2;
   for (int64_t k = 0; k < bytes; k += 64) {
     const __m512i raw = _mm512_maskz_loadu_epi8(tail_mask(bytes - k), row + k);
-    __m512i t;
-    if (kMode == kSigned) {
-      t = one;
-    } else if (kMode == kGroup) {
-      t = _mm512_broadcast_i32x4(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tab + 16 * (k / group_bytes))));
-    } else if (kMode == kGroup64) {
-      const __m512i two =
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab + k / 2)));
-      t = _mm512_shuffle_i64x2(two, two, 0x50);
-    } else {
-      t = _mm512_loadu_si512(tab + k);
-    }
-    const __m512i lo = _mm512_xor_si512(
-        _mm512_permutexvar_epi8(_mm512_ternarylogic_epi32(raw, low4, slot, 0xEA), t), bias);
-    const __m512i hi = _mm512_xor_si512(
-        _mm512_permutexvar_epi8(
-            _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), low4, slot, 0xEA), t),
-        bias);
+    __m512i lo, hi;
+    lookup_halves(raw, kMode == kSigned ? one : block_tables<kMode>(tab, k, group_bytes), lo, hi);
+    lo = _mm512_xor_si512(lo, bias);
+    hi = _mm512_xor_si512(hi, bias);
     _mm512_mask_storeu_epi8(codes + 2 * k, tail_mask(K - 2 * k),
                             _mm512_permutex2var_epi8(lo, first, hi));
     if (K - 2 * k > 64)
@@ -335,14 +330,9 @@ LOWBIT_VBMI void unpack_row(const uint8_t* row, const uint8_t* tab, int64_t K, i
 LOWBIT_VBMI void unpack_rows(const PackedWeightView& w, int64_t o0, int64_t n, int8_t* codes) {
   const int64_t K = w.in_features;
   const bool grouped = grouped_nibbles(w);
-  const TableMode mode = !grouped             ? kSigned
-                         : w.group % 128 == 0 ? kGroup
-                         : w.group == 64      ? kGroup64
-                                              : kGroup32;
+  const TableMode mode = table_mode(w);
   const int64_t row_tab = grouped ? table_bytes_per_row(w) : 0;
-  const bool prebuilt = grouped && w.decode_tiles.data != nullptr &&
-                        w.decode_tiles.device == Device::cpu &&
-                        w.decode_tiles.numel() == gemv_tables_bytes(w);
+  const uint8_t* prebuilt = prebuilt_tables(w);
   std::vector<uint8_t> tabs(grouped && !prebuilt ? static_cast<size_t>(row_tab) : 16);
   if (!grouped)
     for (int v = 0; v < 16; ++v)
@@ -351,7 +341,7 @@ LOWBIT_VBMI void unpack_rows(const PackedWeightView& w, int64_t o0, int64_t n, i
     const int64_t o = o0 + j;
     const uint8_t* tab = tabs.data();
     if (prebuilt) {
-      tab = static_cast<const uint8_t*>(w.decode_tiles.data) + o * row_tab;
+      tab = prebuilt + o * row_tab;
     } else if (grouped) {
       row_tables(w, o, tabs.data());
     }
@@ -382,8 +372,8 @@ LOWBIT_VBMI inline __m512i twice_e2m1_plus12() {
 
 // out[i] (i < R) += the exact int64 NVFP4 dot of weight row `row` (codes, e4m3 block scales)
 // with activation row i: a[i] in the GEMV's 4-bit layout (twice-e2m1 integers), sa[i] its
-// block scale integers and c12[i] 12 x its block sums (nbp = a multiple of 8 entries each,
-// zero past the row's blocks).
+// block scale integers and c12[i] 12 x its block sums (Fp4Activations::blocks entries each, a
+// multiple of 8, zero past the row's blocks).
 template <int R>
 LOWBIT_VBMI void fp4_dots(const uint8_t* codes, const uint8_t* scales, const int32_t* scale_ints,
                           const int8_t* const* a, const int32_t* const* sa,
@@ -428,8 +418,7 @@ LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1,
 
 bool gemv_supported(const PackedWeightView& w) {
 #ifdef LOWBIT_GEMV_X86
-  return cpu_has_gemv() && simd_kernels_on() && !avx2_kernels_forced() && !g_gemv_off.load() &&
-         (w.qtype == QType::convrot8 || nibble_rows(w));
+  return gemv_on() && (w.qtype == QType::convrot8 || nibble_rows(w));
 #else
   (void)w;
   return false;
@@ -444,7 +433,13 @@ int64_t gemv_row_bytes(const PackedWeightView& w) {
 void gemv_pack_activations(const PackedWeightView& w, const int8_t* codes, int64_t M, int8_t* out,
                            int32_t* sums) {
 #ifdef LOWBIT_GEMV_X86
-  pack_rows(w, codes, M, out, sums);
+  const int64_t K = w.in_features;
+  for (int64_t r = 0; r < M; ++r) {
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) sum += codes[r * K + k];
+    sums[r] = sum;
+  }
+  pack_rows(codes, M, K, gemv_row_bytes(w), nibble_rows(w), out);
 #else
   (void)w, (void)codes, (void)M, (void)out, (void)sums;
 #endif
@@ -472,8 +467,7 @@ bool gemv_unpack_rows(const PackedWeightView& w, int64_t o0, int64_t n, int8_t* 
 
 bool gemv_fp4_supported(const PackedWeightView& w) {
 #ifdef LOWBIT_GEMV_X86
-  return w.qtype == QType::convrot4 && cpu_has_gemv() && simd_kernels_on() &&
-         !avx2_kernels_forced() && !g_gemv_off.load();
+  return w.qtype == QType::convrot4 && gemv_on();
 #else
   (void)w;
   return false;
@@ -485,7 +479,7 @@ void gemv_fp4_pack_activations(const int8_t* values, const int32_t* scale_ints, 
   const int64_t nb = K / 16;
   out.stride = round_up(K, 128);
   out.blocks = round_up(nb, 8);
-  out.values.assign(static_cast<size_t>(M * out.stride), 0);
+  out.values.resize(static_cast<size_t>(M * out.stride));  // (pack_rows writes every byte)
   out.scales.assign(static_cast<size_t>(M * out.blocks), 0);
   out.sums12.assign(static_cast<size_t>(M * out.blocks), 0);
   for (int64_t m = 0; m < M; ++m) {
@@ -496,10 +490,10 @@ void gemv_fp4_pack_activations(const int8_t* values, const int32_t* scale_ints, 
       out.sums12[m * out.blocks + b] = 12 * sum;
       out.scales[m * out.blocks + b] = scale_ints[m * nb + b];
     }
-    // a block of 128 values as its 64 even columns, then its 64 odd columns
-    for (int64_t k = 0; k < K; ++k)
-      out.values[m * out.stride + (k / 128) * 128 + (k % 2) * 64 + (k % 128) / 2] = v[k];
   }
+#ifdef LOWBIT_GEMV_X86
+  pack_rows(values, M, K, out.stride, true, out.values.data());
+#endif
 }
 
 void gemv_fp4_dots(const PackedWeightView& w, const int32_t* scale_ints, const Fp4Activations& act,
