@@ -154,7 +154,15 @@ class SafetensorsWriter {
   // the plan, or the one whose earlier chunks were written); a tensor's chunks must add up to
   // exactly its size. Throws lowbit::Error otherwise (and the output is abandoned).
   void write(const std::string& name, const void* bytes, size_t nbytes);
+  // close() + commit().
   void finish();
+  // The two halves of finish(), for outputs of several files that appear together (a sharded
+  // checkpoint: every shard is closed before the first is committed). close() checks that
+  // everything was written, flushes and closes the temporary file; commit() renames it onto
+  // `path`. A writer closed but not committed still removes its temporary file when abandoned
+  // or destroyed.
+  void close();
+  void commit();
   // Removes the temporary file now (the destructor does it too).
   void abandon();
 
@@ -170,8 +178,38 @@ class SafetensorsWriter {
   int fd_ = -1;
   size_t current_ = 0;    // index of the tensor being written
   uint64_t written_ = 0;  // bytes of it written so far
+  bool closed_ = false;   // close() succeeded (the temporary file is complete)
   bool finished_ = false;
 };
+
+// ---- sharded checkpoints --------------------------------------------------------------------
+// A checkpoint split over several safetensors files by an index, the convention of Hugging Face's
+// save_pretrained and diffusers ("model.safetensors.index.json",
+// "diffusion_pytorch_model.safetensors.index.json"): a JSON object {"metadata": {"total_size":
+// bytes, ...}, "weight_map": {tensor name: shard file name}} with the shards in the index's
+// directory.
+struct CheckpointFiles {
+  std::string index;               // the index file; empty for a single safetensors file
+  std::vector<std::string> files;  // the safetensors files: the shards (sorted by name) or one
+  std::map<std::string, std::string> weight_map;  // tensor name -> shard file name (index only)
+  std::string index_metadata;  // the index's "metadata" object as JSON text ("{}" if absent)
+};
+
+// True when `path` names an index (its name ends in ".index.json").
+bool is_checkpoint_index(const std::string& path);
+
+// Resolves a checkpoint path: a safetensors file (itself), an index (its shards: the index must
+// be a JSON object whose "weight_map" maps non-empty tensor names to plain file names ending in
+// ".safetensors" (no '/'), with an optional "metadata" object), or a directory holding exactly
+// one "*.safetensors.index.json" (that index) or, without one, exactly one "*.safetensors"
+// file. The shards are not opened here. Errors name the path and the entry.
+CheckpointFiles checkpoint_files(const std::string& path);
+
+// Opens the files of a checkpoint, in the order of `files.files`, and checks an index against
+// its shards: every tensor of the weight map is in the shard it names, every tensor of a shard
+// is in the weight map under that shard, and no name is in two files.
+std::vector<SafetensorsReader> open_checkpoint(const CheckpointFiles& files,
+                                               const ReaderOptions& options = {});
 
 // A quantized layer found in a file: the per-layer marker tensor `{prefix}lowbit_quant` (lowbit
 // format, docs/checkpoint-format.md) or `{prefix}comfy_quant` (ComfyUI), a 1-D U8 tensor holding
@@ -248,7 +286,9 @@ struct LayerReport {
 };
 
 struct QuantizeReport {
-  std::vector<LayerReport> layers;  // in file order
+  std::vector<LayerReport> layers;               // in file order (shard after shard)
+  std::vector<std::string> files_in, files_out;  // the safetensors files read / written
+  std::string index_out;                         // the index written (sharded output only)
   size_t tensors_in = 0, tensors_out = 0, tensors_copied = 0;
   uint64_t data_bytes_in = 0, data_bytes_out = 0;
   uint64_t file_bytes_in = 0, file_bytes_out = 0;
@@ -262,6 +302,15 @@ struct QuantizeReport {
 // order of the file are kept, and each tensor is copied byte for byte. One tensor is in memory at
 // a time (peak: the largest quantized tensor in fp32, twice, plus its packed form). `out` is
 // written through a temporary file and a rename; it may not be `in` itself.
+//
+// `in` is anything checkpoint_files() resolves: a file, an index or a directory. A sharded input
+// goes either into one file (`out` ends in ".safetensors": the shards' tensors in shard order, the
+// shards' "__metadata__" merged, the first shard's value kept on a clash) or, when `out` ends in
+// ".index.json", into as many shards of the same file names in `out`'s directory plus that index
+// (its weight map the written tensors, its metadata the input index's with "total_size" the
+// written data bytes); a layer's packed parts and marker go into its weight's shard. The shards
+// are written to temporary files and renamed only once all are complete, the index last; an
+// output shard may not be an input file. A sharded output needs a sharded input.
 QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, QType qtype,
                                    const QuantizeOptions& options, Context& ctx);
 

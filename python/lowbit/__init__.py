@@ -185,8 +185,9 @@ for _family, _names in {
                "make_packed_weight", "quantize_weight", "dequantize_weight", "QuantizedLinear"),
     "decode": ("KvCache", "DecodePlan", "kv_append", "plan_decode", "workspace_bytes",
                "decode_attention", "merge_attention", "merge_attention_backward"),
-    "checkpoint": ("SafetensorsReader", "find_layer_markers", "load_quantized_layer",
-                   "lowbit_marker", "quantize_checkpoint"),
+    "checkpoint": ("SafetensorsReader", "checkpoint_files", "open_checkpoint",
+                   "find_layer_markers", "load_quantized_layer", "lowbit_marker",
+                   "quantize_checkpoint"),
 }.items():
     for _n in _names:
         _FAMILY_OF[_n] = _family

@@ -22,6 +22,7 @@ Op families missing from the build raise NotImplementedError naming the C++ modu
 import itertools
 import json
 import math
+import os
 import warnings
 import weakref
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -1039,30 +1040,44 @@ def quantize_linear_(model: nn.Module, qtype: str, include=None, exclude=None, *
     return report
 
 
+def _reader_tensor(reader, name: str) -> Tensor:
+    """One tensor of a lowbit.SafetensorsReader as a CPU torch tensor (a copy)."""
+    arr, dtype = reader.get(name)
+    t = torch.from_numpy(arr.copy())
+    if dtype == "BF16":
+        t = t.view(torch.bfloat16)
+    elif dtype in ("F8_E4M3", "F8_E5M2"):
+        t = t.view(torch.float8_e4m3fn if dtype == "F8_E4M3" else torch.float8_e5m2)
+    return t
+
+
 def _read_safetensors(path: str) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
-    """All tensors of a safetensors file as CPU torch tensors (+ its metadata)."""
+    """All tensors of a checkpoint (a safetensors file, a sharded *.safetensors.index.json or a
+    directory holding one) as CPU torch tensors (+ the metadata of its files, merged)."""
     if lowbit.has("checkpoint"):
-        reader = _lowbit.SafetensorsReader(path)
-        tensors = {}
-        for name in reader.names():
-            arr, dtype = reader.get(name)
-            t = torch.from_numpy(arr.copy())
-            if dtype == "BF16":
-                t = t.view(torch.bfloat16)
-            elif dtype in ("F8_E4M3", "F8_E5M2"):
-                t = t.view(torch.float8_e4m3fn if dtype == "F8_E4M3" else torch.float8_e5m2)
-            tensors[name] = t
-        return tensors, dict(reader.metadata())
+        tensors, meta = {}, {}
+        for reader in _lowbit.open_checkpoint(str(path)):
+            for name in reader.names():
+                tensors[name] = _reader_tensor(reader, name)
+            meta = {**dict(reader.metadata()), **meta}
+        return tensors, meta
     try:
         from safetensors import safe_open
     except ImportError:
         raise NotImplementedError("lowbit.torch.load_quantized_: this build of lowbit has no "
                                   "checkpoint module and the safetensors package is missing")
-    tensors = {}
-    with safe_open(path, framework="pt") as f:
-        meta = f.metadata() or {}
-        for name in f.keys():
-            tensors[name] = f.get_tensor(name)
+    path = str(path)
+    files = [path]
+    if path.endswith(".index.json"):
+        with open(path) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        files = [os.path.join(os.path.dirname(path), s) for s in shards]
+    tensors, meta = {}, {}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            meta = {**(f.metadata() or {}), **meta}
+            for name in f.keys():
+                tensors[name] = f.get_tensor(name)
     return tensors, meta
 
 
@@ -1073,6 +1088,9 @@ def _marker_json(t: Tensor) -> dict:
 def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]], *,
                     include=None, exclude=None) -> Dict[str, str]:
     """Loads the quantized layers of a lowbit or ComfyUI checkpoint into the model, in place.
+
+    checkpoint: a safetensors file, a sharded checkpoint (its *.safetensors.index.json, or the
+    directory holding it), or a dict of tensors.
 
     For every marker tensor ``{prefix}lowbit_quant`` (lowbit format: the packed parts as
     ``{prefix}weight`` (codes), ``{prefix}weight_scale`` (row scales) and
@@ -1106,20 +1124,21 @@ def load_quantized_(model: nn.Module, checkpoint: Union[str, Dict[str, Tensor]],
                 and not exc(name))
 
     if not isinstance(checkpoint, dict) and lowbit.has("checkpoint"):
-        # The library reads and validates the layers itself (lowbit or ComfyUI format).
-        reader = _lowbit.SafetensorsReader(str(checkpoint))
-        for marker in _lowbit.find_layer_markers(reader):
-            prefix = marker["prefix"]
-            name = prefix[:-1] if prefix.endswith(".") else prefix
-            if not wanted(name):
-                continue
-            packed = _lowbit.load_quantized_layer(reader, marker)
-            bias = None
-            if prefix + "bias" in reader:
-                arr, dtype = reader.get(prefix + "bias")
-                bias = torch.from_numpy(arr.copy())
-                bias = bias.view(torch.bfloat16) if dtype == "BF16" else bias
-            install(name, packed, bias)
+        # The library reads and validates the layers itself (lowbit or ComfyUI format; a layer's
+        # parts sit in its marker's file, its bias may be in another shard).
+        readers = _lowbit.open_checkpoint(str(checkpoint))
+        for reader in readers:
+            for marker in _lowbit.find_layer_markers(reader):
+                prefix = marker["prefix"]
+                name = prefix[:-1] if prefix.endswith(".") else prefix
+                if not wanted(name):
+                    continue
+                packed = _lowbit.load_quantized_layer(reader, marker)
+                bias = None
+                for r in readers:
+                    if prefix + "bias" in r:
+                        bias = _reader_tensor(r, prefix + "bias")
+                install(name, packed, bias)
         return report
 
     tensors = checkpoint if isinstance(checkpoint, dict) else _read_safetensors(checkpoint)[0]

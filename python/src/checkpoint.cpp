@@ -119,6 +119,32 @@ void bind_checkpoint(nb::module_& m) {
            [](const SafetensorsReader& r, const std::string& n) { return r.find(n) != nullptr; })
       .def("__len__", [](const SafetensorsReader& r) { return r.tensors().size(); });
   m.def(
+      "checkpoint_files",
+      [](const std::string& path) {
+        CheckpointFiles f = checkpoint_files(path);
+        nb::dict d;
+        d["index"] = f.index;
+        d["files"] = f.files;
+        d["weight_map"] = f.weight_map;
+        d["index_metadata"] = f.index_metadata;
+        return d;
+      },
+      nb::arg("path"),
+      "The files of a checkpoint path (a .safetensors file, a sharded *.safetensors.index.json, "
+      "or a directory holding one of them): dict of index ('' for one file), files, weight_map "
+      "(tensor -> shard file name) and index_metadata (JSON text).");
+  m.def(
+      "open_checkpoint",
+      [](const std::string& path) {
+        nb::list out;
+        for (SafetensorsReader& r : open_checkpoint(checkpoint_files(path)))
+          out.append(nb::cast(std::move(r)));
+        return out;
+      },
+      nb::arg("path"),
+      "SafetensorsReaders of a checkpoint's files (one file, or the shards of an index, checked "
+      "against it: every tensor in the shard the weight_map names, none in two shards).");
+  m.def(
       "find_layer_markers",
       [](const SafetensorsReader& r) {
         nb::list out;
@@ -193,14 +219,19 @@ void bind_checkpoint(nb::module_& m) {
         d["tensors_copied"] = rep.tensors_copied;
         d["file_bytes_in"] = rep.file_bytes_in;
         d["file_bytes_out"] = rep.file_bytes_out;
+        d["files_in"] = rep.files_in;
+        d["files_out"] = rep.files_out;
+        d["index_out"] = rep.index_out;
         return d;
       },
       nb::arg("input"), nb::arg("output"), nb::arg("qtype"), nb::kw_only(),
       nb::arg("include") = std::vector<std::string>(),
       nb::arg("exclude") = std::vector<std::string>(), nb::arg("format") = "lowbit",
       nb::arg("compute_error") = true, nb::arg("progress") = nb::none(), nb::arg("threads") = 0,
-      "Streams a safetensors checkpoint, quantizing its 2-D *.weight tensors (globs include / "
-      "exclude) to `qtype` in lowbit or ComfyUI format; returns the per-layer report. "
+      "Streams a safetensors checkpoint (a file, a sharded index or a directory), quantizing its "
+      "2-D *.weight tensors (globs include / exclude) to `qtype` in lowbit or ComfyUI format, "
+      "into one file or, when `output` ends in .index.json, into shards of the input's file "
+      "names beside that index; returns the per-layer report. "
       "progress(index, count, name, bytes_done, bytes_total) is called as it goes.");
 }
 

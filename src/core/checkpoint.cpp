@@ -2,14 +2,21 @@
 // (SPEC §3.6). Also the loader of quantized layers. docs/checkpoint-format.md gives the formats.
 #include "lowbit/checkpoint.h"
 
+#include <dirent.h>
 #include <fnmatch.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -65,6 +72,7 @@ TensorSpec part_spec(const std::string& name, const TensorView& v, bool comfy) {
 
 struct Plan {
   enum Kind { copy, quantize } kind = copy;
+  size_t file = 0;  // which input file (reader)
   const TensorInfo* in = nullptr;
   std::string prefix;               // quantize: the layer prefix
   std::vector<TensorSpec> outputs;  // what this input becomes, in order
@@ -93,7 +101,171 @@ std::vector<float> to_f32(const SafetensorsReader& r, const TensorInfo& t, Conte
   return out;
 }
 
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string join_path(const std::string& dir, const std::string& name) {
+  return dir == "/" ? "/" + name : dir + "/" + name;
+}
+
+// A small text file (the sharded output's index) written beside its destination and renamed
+// onto it by commit(); removed when dropped uncommitted.
+class PendingText {
+ public:
+  PendingText(const std::string& path, const std::string& text) : path_(path) {
+    temp_ = join_path(parent_dir(path), "." + base_name(path) + ".tmp-" + std::to_string(getpid()));
+    std::ofstream f(temp_, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.close();
+    if (!f) {
+      std::remove(temp_.c_str());
+      check::fail(kOp, path.c_str(), "cannot write the temporary file " + temp_);
+    }
+  }
+  PendingText(const PendingText&) = delete;
+  PendingText& operator=(const PendingText&) = delete;
+  ~PendingText() {
+    if (!committed_) std::remove(temp_.c_str());
+  }
+  void commit() {
+    LOWBIT_CHECK(std::rename(temp_.c_str(), path_.c_str()) == 0, kOp, path_.c_str(),
+                 "cannot rename " + temp_ + " onto it: " + std::strerror(errno));
+    committed_ = true;
+  }
+
+ private:
+  std::string path_, temp_;
+  bool committed_ = false;
+};
+
 }  // namespace
+
+bool is_checkpoint_index(const std::string& path) { return ends_with(path, ".index.json"); }
+
+CheckpointFiles checkpoint_files(const std::string& path_in) {
+  const char* op = "checkpoint_files";
+  LOWBIT_CHECK(!path_in.empty(), op, "path", "expected a file, an index or a directory, got ''");
+  std::string path = path_in;
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    std::vector<std::string> indexes, files;
+    if (DIR* d = ::opendir(path.c_str())) {
+      while (const dirent* e = ::readdir(d)) {
+        const std::string n = e->d_name;
+        if (n.empty() || n[0] == '.') continue;  // hidden files: a writer's temporaries too
+        if (ends_with(n, ".safetensors.index.json")) indexes.push_back(n);
+        if (ends_with(n, ".safetensors")) files.push_back(n);
+      }
+      ::closedir(d);
+    } else {
+      check::fail(op, path.c_str(),
+                  std::string("cannot list the directory: ") + std::strerror(errno));
+    }
+    std::sort(indexes.begin(), indexes.end());
+    std::sort(files.begin(), files.end());
+    auto listing = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (const auto& n : v) out += (out.empty() ? "" : ", ") + n;
+      return out;
+    };
+    if (indexes.size() > 1)
+      check::fail(op, path.c_str(),
+                  "expected one *.safetensors.index.json in the directory, got " +
+                      std::to_string(indexes.size()) + " (" + listing(indexes) + ")");
+    if (indexes.size() == 1) {
+      path = join_path(path, indexes[0]);
+    } else {
+      LOWBIT_CHECK(files.size() == 1, op, path.c_str(),
+                   "expected a *.safetensors.index.json or exactly one *.safetensors file in the "
+                   "directory, got " +
+                       std::to_string(files.size()) + " .safetensors files" +
+                       (files.empty() ? std::string() : " (" + listing(files) + ")"));
+      path = join_path(path, files[0]);
+    }
+  }
+  CheckpointFiles out;
+  out.index_metadata = "{}";
+  if (!is_checkpoint_index(path)) {
+    out.files.push_back(path);
+    return out;
+  }
+  out.index = path;
+  std::ifstream f(path, std::ios::binary);
+  LOWBIT_CHECK(f.good(), op, path.c_str(),
+               std::string("cannot open the index: ") + std::strerror(errno));
+  std::stringstream text;
+  text << f.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  LOWBIT_CHECK(j.is_object(), op, path.c_str(), "expected a JSON object (a sharded index)");
+  auto wm = j.find("weight_map");
+  LOWBIT_CHECK(wm != j.end() && wm->is_object(), op, path.c_str(),
+               "expected a \"weight_map\" object of tensor name -> shard file");
+  LOWBIT_CHECK(!wm->empty(), op, path.c_str(), "the \"weight_map\" is empty");
+  auto meta = j.find("metadata");
+  if (meta != j.end()) {
+    LOWBIT_CHECK(meta->is_object(), op, path.c_str(), "\"metadata\" is not an object");
+    out.index_metadata = meta->dump();
+  }
+  std::set<std::string> shards;
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    const std::string& name = it.key();
+    LOWBIT_CHECK(!name.empty(), op, path.c_str(), "weight_map: an empty tensor name");
+    LOWBIT_CHECK(it->is_string(), op, path.c_str(),
+                 "weight_map['" + name + "']: expected a shard file name, got " + it->dump());
+    const std::string shard = it->get<std::string>();
+    LOWBIT_CHECK(
+        ends_with(shard, ".safetensors") && shard.find('/') == std::string::npos && shard[0] != '.',
+        op, path.c_str(),
+        "weight_map['" + name +
+            "']: expected a *.safetensors file name in the index's "
+            "directory, got '" +
+            shard + "'");
+    out.weight_map[name] = shard;
+    shards.insert(shard);
+  }
+  for (const auto& shard : shards) out.files.push_back(join_path(parent_dir(path), shard));
+  return out;
+}
+
+std::vector<SafetensorsReader> open_checkpoint(const CheckpointFiles& files,
+                                               const ReaderOptions& options) {
+  const char* op = "open_checkpoint";
+  std::vector<SafetensorsReader> readers;
+  readers.reserve(files.files.size());
+  for (const auto& f : files.files) readers.emplace_back(f, options);
+  if (files.index.empty()) return readers;
+  size_t listed = 0;
+  for (const SafetensorsReader& r : readers) {
+    const std::string shard = base_name(r.path());
+    for (const TensorInfo& t : r.tensors()) {
+      auto it = files.weight_map.find(t.name);
+      LOWBIT_CHECK(it != files.weight_map.end(), op, files.index.c_str(),
+                   "tensor '" + t.name + "' of shard " + shard + " is not in the weight_map");
+      LOWBIT_CHECK(
+          it->second == shard, op, files.index.c_str(),
+          "tensor '" + t.name + "' is in shard " + shard + ", the weight_map says " + it->second);
+      ++listed;
+    }
+  }
+  if (listed != files.weight_map.size()) {
+    for (const auto& kv : files.weight_map) {
+      const SafetensorsReader* r = nullptr;
+      for (const SafetensorsReader& x : readers)
+        if (base_name(x.path()) == kv.second) r = &x;
+      LOWBIT_CHECK(r && r->find(kv.first), op, files.index.c_str(),
+                   "tensor '" + kv.first + "' of the weight_map is not in shard " + kv.second);
+    }
+  }
+  return readers;
+}
 
 std::string lowbit_marker_json(const PackedWeight& pw, FileDType source) {
   nlohmann::ordered_json j;
@@ -179,121 +351,165 @@ PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMark
 QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, QType qtype,
                                    const QuantizeOptions& opt, Context& ctx) {
   LOWBIT_CHECK(!out.empty(), kOp, "out", "expected an output path, got an empty string");
-  LOWBIT_CHECK(!same_file(in, out) && in != out, kOp, "out",
-               "'" + out + "' is the input file; lowbit never overwrites its input");
   const bool comfy = opt.format == CheckpointFormat::comfy;
   LOWBIT_CHECK(
       !comfy || qtype == QType::convrot_comfy_w4a4, kOp, "format",
       std::string("--format comfy stores convrotcomfyw4a4 only, got qtype ") + qtype_name(qtype));
+  const CheckpointFiles src = checkpoint_files(in);
+  const bool sharded_out = is_checkpoint_index(out);
+  LOWBIT_CHECK(!sharded_out || !src.index.empty(), kOp, "out",
+               "'" + out + "' is an index (a sharded output) but the input '" + in +
+                   "' is one file; write one .safetensors file");
+  // Output files: one, or one per input shard (same file name, in the output index's directory).
+  std::vector<std::string> out_files;
+  if (sharded_out) {
+    for (const auto& f : src.files) out_files.push_back(join_path(parent_dir(out), base_name(f)));
+    LOWBIT_CHECK(!same_file(src.index, out) && src.index != out, kOp, "out",
+                 "'" + out + "' is the input index; lowbit never overwrites its input");
+  } else {
+    out_files.push_back(out);
+  }
+  for (const auto& o : out_files)
+    for (const auto& f : src.files)
+      LOWBIT_CHECK(!same_file(f, o) && f != o, kOp, "out",
+                   "'" + o + "' is " +
+                       (src.files.size() > 1 ? "an input shard" : "the input file") +
+                       "; lowbit never overwrites its input");
 
-  SafetensorsReader reader(in);
+  std::vector<SafetensorsReader> readers = open_checkpoint(src);
   QuantizeReport report;
-  report.tensors_in = reader.tensors().size();
-  report.file_bytes_in = reader.file_bytes();
+  report.files_in = src.files;
+  for (const SafetensorsReader& r : readers) {
+    report.tensors_in += r.tensors().size();
+    report.file_bytes_in += r.file_bytes();
+  }
 
   // Layers already quantized in the input keep every tensor as it is.
   std::set<std::string> quantized_prefixes;
-  for (const LayerMarker& m : find_layer_markers(reader)) quantized_prefixes.insert(m.prefix);
   std::unordered_set<std::string> input_names;
-  for (const TensorInfo& t : reader.tensors()) input_names.insert(t.name);
+  for (const SafetensorsReader& r : readers) {
+    for (const LayerMarker& m : find_layer_markers(r)) quantized_prefixes.insert(m.prefix);
+    for (const TensorInfo& t : r.tensors()) {
+      LOWBIT_CHECK(input_names.insert(t.name).second, kOp, r.path().c_str(),
+                   "tensor '" + t.name + "' is also in another input file");
+    }
+  }
 
   // ---- plan: what each input tensor becomes (shapes are known before any quantization) ----
   std::vector<Plan> plans;
-  for (const TensorInfo& t : reader.tensors()) {
-    Plan p;
-    p.in = &t;
-    report.data_bytes_in += t.nbytes();
-    if (!is_weight_name(t.name) || t.shape.size() != 2) {
-      p.outputs.push_back({t.name, t.dtype, t.shape});
-      plans.push_back(std::move(p));
-      continue;
-    }
-    LayerReport lr;
-    lr.name = t.name;
-    lr.shape = t.shape;
-    lr.source_dtype = file_dtype_name(t.dtype);
-    lr.bytes_before = t.nbytes();
-    const std::string prefix = t.name.substr(0, t.name.size() - 6);
-    const int64_t o = t.shape[0], k = t.shape[1];
-    std::string why;
-    const std::string* g = nullptr;
-    if (quantized_prefixes.count(prefix)) {
-      why = "already quantized (the file has a marker for it)";
-    } else if ((g = first_match(opt.filter.exclude, t.name))) {
-      why = "excluded by --exclude '" + *g + "'";
-    } else if (!opt.filter.include.empty() && !first_match(opt.filter.include, t.name)) {
-      why = "not matched by --include";
-    } else if (lower(t.name).find("embed") != std::string::npos) {
-      why = "embedding (name contains 'embed')";
-    } else if (t.dtype != FileDType::f32 && t.dtype != FileDType::bf16 &&
-               t.dtype != FileDType::f16) {
-      why = std::string("dtype ") + file_dtype_name(t.dtype) + " (quantizes F32/BF16/F16)";
-    } else if (!can_quantize(qtype, o, k, &why)) {
-      if (why.empty()) why = "can_quantize refused";
-    }
-    if (why.empty()) {
-      PackedWeight shape_of = make_packed_weight(qtype, o, k);
-      std::vector<TensorSpec> outs;
-      if (comfy) {
-        for (const auto& part : shape_of.tensors()) {
-          if (part.first == "codes")
-            outs.push_back(part_spec(prefix + "weight", part.second, true));
-          if (part.first == "scales")
-            outs.push_back(part_spec(prefix + "weight_scale", part.second, true));
-        }
-        outs.push_back({prefix + "comfy_quant",
-                        FileDType::u8,
-                        {static_cast<int64_t>(std::strlen(kComfyMarker))}});
-      } else {
-        for (const auto& part : shape_of.tensors())
-          outs.push_back(part_spec(part_name(prefix, part.first), part.second, false));
-        std::string mj = lowbit_marker_json(shape_of, t.dtype);
-        outs.push_back({prefix + "lowbit_quant", FileDType::u8, {static_cast<int64_t>(mj.size())}});
+  for (size_t fi = 0; fi < readers.size(); ++fi) {
+    for (const TensorInfo& t : readers[fi].tensors()) {
+      Plan p;
+      p.file = fi;
+      p.in = &t;
+      report.data_bytes_in += t.nbytes();
+      if (!is_weight_name(t.name) || t.shape.size() != 2) {
+        p.outputs.push_back({t.name, t.dtype, t.shape});
+        plans.push_back(std::move(p));
+        continue;
       }
-      for (const TensorSpec& s : outs) {
-        if (s.name != t.name && input_names.count(s.name))
-          why = "output tensor '" + s.name + "' already exists in the input";
+      LayerReport lr;
+      lr.name = t.name;
+      lr.shape = t.shape;
+      lr.source_dtype = file_dtype_name(t.dtype);
+      lr.bytes_before = t.nbytes();
+      const std::string prefix = t.name.substr(0, t.name.size() - 6);
+      const int64_t o = t.shape[0], k = t.shape[1];
+      std::string why;
+      const std::string* g = nullptr;
+      if (quantized_prefixes.count(prefix)) {
+        why = "already quantized (the file has a marker for it)";
+      } else if ((g = first_match(opt.filter.exclude, t.name))) {
+        why = "excluded by --exclude '" + *g + "'";
+      } else if (!opt.filter.include.empty() && !first_match(opt.filter.include, t.name)) {
+        why = "not matched by --include";
+      } else if (lower(t.name).find("embed") != std::string::npos) {
+        why = "embedding (name contains 'embed')";
+      } else if (t.dtype != FileDType::f32 && t.dtype != FileDType::bf16 &&
+                 t.dtype != FileDType::f16) {
+        why = std::string("dtype ") + file_dtype_name(t.dtype) + " (quantizes F32/BF16/F16)";
+      } else if (!can_quantize(qtype, o, k, &why)) {
+        if (why.empty()) why = "can_quantize refused";
       }
       if (why.empty()) {
-        p.kind = Plan::quantize;
-        p.prefix = prefix;
-        p.outputs = std::move(outs);
-        lr.quantized = true;
-        lr.qtype = qtype_name(qtype);
-        lr.rot = shape_of.rot();
-        for (const TensorSpec& s : p.outputs) lr.bytes_after += s.nbytes();
+        PackedWeight shape_of = make_packed_weight(qtype, o, k);
+        std::vector<TensorSpec> outs;
+        if (comfy) {
+          for (const auto& part : shape_of.tensors()) {
+            if (part.first == "codes")
+              outs.push_back(part_spec(prefix + "weight", part.second, true));
+            if (part.first == "scales")
+              outs.push_back(part_spec(prefix + "weight_scale", part.second, true));
+          }
+          outs.push_back({prefix + "comfy_quant",
+                          FileDType::u8,
+                          {static_cast<int64_t>(std::strlen(kComfyMarker))}});
+        } else {
+          for (const auto& part : shape_of.tensors())
+            outs.push_back(part_spec(part_name(prefix, part.first), part.second, false));
+          std::string mj = lowbit_marker_json(shape_of, t.dtype);
+          outs.push_back(
+              {prefix + "lowbit_quant", FileDType::u8, {static_cast<int64_t>(mj.size())}});
+        }
+        for (const TensorSpec& s : outs) {
+          if (s.name != t.name && input_names.count(s.name))
+            why = "output tensor '" + s.name + "' already exists in the input";
+        }
+        if (why.empty()) {
+          p.kind = Plan::quantize;
+          p.prefix = prefix;
+          p.outputs = std::move(outs);
+          lr.quantized = true;
+          lr.qtype = qtype_name(qtype);
+          lr.rot = shape_of.rot();
+          for (const TensorSpec& s : p.outputs) lr.bytes_after += s.nbytes();
+        }
       }
+      if (!why.empty()) {
+        lr.skip_reason = why;
+        lr.bytes_after = lr.bytes_before;
+        p.outputs.push_back({t.name, t.dtype, t.shape});
+      }
+      p.report = report.layers.size();
+      report.layers.push_back(std::move(lr));
+      plans.push_back(std::move(p));
     }
-    if (!why.empty()) {
-      lr.skip_reason = why;
-      lr.bytes_after = lr.bytes_before;
-      p.outputs.push_back({t.name, t.dtype, t.shape});
-    }
-    p.report = report.layers.size();
-    report.layers.push_back(std::move(lr));
-    plans.push_back(std::move(p));
   }
 
-  std::vector<TensorSpec> specs;
-  for (const Plan& p : plans)
-    for (const TensorSpec& s : p.outputs) specs.push_back(s);
-  std::map<std::string, std::string> metadata = reader.metadata();
-  if (!comfy) {
-    metadata["lowbit.format"] = "1";
-    metadata["lowbit.qtype"] = qtype_name(qtype);
+  // Each output file's tensors and metadata (one file: the shards' "__metadata__" merged, the
+  // first shard's value kept on a clash).
+  auto out_of = [&](size_t file) { return sharded_out ? file : size_t{0}; };
+  std::vector<std::vector<TensorSpec>> specs(out_files.size());
+  std::vector<std::map<std::string, std::string>> metadata(out_files.size());
+  std::vector<size_t> last_plan(out_files.size(), 0);
+  for (size_t i = 0; i < plans.size(); ++i) {
+    for (const TensorSpec& s : plans[i].outputs) specs[out_of(plans[i].file)].push_back(s);
+    last_plan[out_of(plans[i].file)] = i;
+  }
+  for (size_t fi = 0; fi < readers.size(); ++fi)
+    metadata[out_of(fi)].insert(readers[fi].metadata().begin(), readers[fi].metadata().end());
+  for (auto& m : metadata) {
+    if (comfy) continue;
+    m["lowbit.format"] = "1";
+    m["lowbit.qtype"] = qtype_name(qtype);
   }
 
-  // ---- stream ----
-  SafetensorsWriter writer(out, specs, metadata, opt.writer);
+  // ---- stream (each output file is written to a temporary file and renamed once all are) ----
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers(out_files.size());
   QuantizeProgress prog;
   prog.count = plans.size();
   prog.bytes_total = report.data_bytes_in;
   if (opt.progress) opt.progress(prog);
-  for (const Plan& p : plans) {
-    if (opt.cancel && opt.cancel->load()) {
-      writer.abandon();
-      check::fail(kOp, out.c_str(), "cancelled; no output written");
-    }
+  for (size_t pi = 0; pi < plans.size(); ++pi) {
+    const Plan& p = plans[pi];
+    if (opt.cancel && opt.cancel->load())
+      check::fail(kOp, out.c_str(), "cancelled; no output written");  // writers remove theirs
+    const size_t oi = out_of(p.file);
+    if (!writers[oi])
+      writers[oi] =
+          std::make_unique<SafetensorsWriter>(out_files[oi], specs[oi], metadata[oi], opt.writer);
+    SafetensorsWriter& writer = *writers[oi];
+    const SafetensorsReader& reader = readers[p.file];
     const TensorInfo& t = *p.in;
     if (p.kind == Plan::copy) {
       for (uint64_t off = 0; off < t.nbytes(); off += kCopyChunk) {
@@ -346,18 +562,43 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
       }
     }
     reader.release(t);
+    if (pi == last_plan[oi]) writer.close();
     prog.index += 1;
     prog.name = t.name;
     prog.bytes_done += t.nbytes();
     if (opt.progress) opt.progress(prog);
   }
-  writer.finish();
-  report.tensors_out = specs.size();
+  for (size_t oi = 0; oi < out_files.size(); ++oi) {  // an input shard without tensors
+    if (writers[oi]) continue;
+    writers[oi] =
+        std::make_unique<SafetensorsWriter>(out_files[oi], specs[oi], metadata[oi], opt.writer);
+    writers[oi]->close();
+  }
+  for (const auto& s : specs)
+    for (const TensorSpec& t : s) report.data_bytes_out += t.nbytes();
+  // The index of a sharded output: the input index's metadata with the new total size, and
+  // every written tensor's shard. Written before the shards are committed, renamed after them.
+  std::unique_ptr<PendingText> index;
+  if (sharded_out) {
+    nlohmann::ordered_json j;
+    j["metadata"] = nlohmann::ordered_json::parse(src.index_metadata);
+    j["metadata"]["total_size"] = report.data_bytes_out;
+    std::map<std::string, std::string> wm;
+    for (size_t oi = 0; oi < out_files.size(); ++oi)
+      for (const TensorSpec& t : specs[oi]) wm[t.name] = base_name(out_files[oi]);
+    j["weight_map"] = wm;
+    index = std::make_unique<PendingText>(out, j.dump(2) + "\n");
+  }
+  for (auto& w : writers) w->commit();
+  if (index) index->commit();
+
+  report.files_out = out_files;
+  if (sharded_out) report.index_out = out;
+  for (const auto& s : specs) report.tensors_out += s.size();
   for (const Plan& p : plans) report.tensors_copied += p.kind == Plan::copy;
-  for (const TensorSpec& s : specs) report.data_bytes_out += s.nbytes();
-  {
-    SafetensorsReader check_out(out);  // re-validates what was written (header only)
-    report.file_bytes_out = check_out.file_bytes();
+  for (const auto& f : out_files) {
+    SafetensorsReader check_out(f);  // re-validates what was written (header only)
+    report.file_bytes_out += check_out.file_bytes();
   }
   return report;
 }

@@ -515,6 +515,7 @@ void SafetensorsWriter::abandon() {
   if (!finished_ && !temp_path_.empty()) {
     ::unlink(temp_path_.c_str());
     temp_path_.clear();
+    closed_ = false;
   }
 }
 
@@ -544,6 +545,11 @@ void SafetensorsWriter::write(const std::string& name, const void* bytes, size_t
 }
 
 void SafetensorsWriter::finish() {
+  close();
+  commit();
+}
+
+void SafetensorsWriter::close() {
   if (fd_ < 0) fail("finish: the writer is finished or abandoned");
   while (current_ < specs_.size() && written_ == specs_[current_].nbytes()) {
     ++current_;
@@ -558,6 +564,11 @@ void SafetensorsWriter::finish() {
     fail("close failed: " + sys_error());
   }
   fd_ = -1;
+  closed_ = true;
+}
+
+void SafetensorsWriter::commit() {
+  if (!closed_ || finished_) fail("commit: the writer is not closed, or already committed");
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0)
     fail("cannot rename " + temp_path_ + " onto it: " + sys_error());
   finished_ = true;

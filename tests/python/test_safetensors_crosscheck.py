@@ -165,3 +165,72 @@ def test_safetensors_reads_lowbit_quantized_files(tmp_path):
     assert marker["rot"] == 256 and marker["bits"] == 8
     info = inspect(dst2)
     assert [(l["prefix"], l["qtype"]) for l in info["layers"]] == [("lin.", "convrot8")]
+
+
+def test_sharded_checkpoints_through_the_cli(tmp_path):
+    """Shards written by safetensors.numpy with a diffusers-style index: `lowbit inspect` lists
+    them; `lowbit quantize` into an index writes shards that safetensors.numpy reads back, each
+    tensor copied or quantized in its own shard and listed there by the new index; into one file
+    it writes what quantizing the merged file writes."""
+    rng = np.random.default_rng(11)
+    shards = {
+        "diffusion_pytorch_model-00001-of-00002.safetensors": {
+            "blocks.0.attn.to_q.weight": rng.standard_normal((32, 256)).astype(np.float32),
+            "blocks.0.attn.to_k.bias": rng.standard_normal((32,)).astype(np.float32)},
+        "diffusion_pytorch_model-00002-of-00002.safetensors": {
+            "blocks.0.attn.to_k.weight": rng.standard_normal((32, 256)).astype(np.float32),
+            "blocks.0.attn.to_q.bias": rng.standard_normal((32,)).astype(np.float32),
+            "scale_shift_table": rng.standard_normal((1, 6, 64)).astype(np.float32)},
+    }
+    src, out = tmp_path / "transformer", tmp_path / "q"
+    src.mkdir()
+    out.mkdir()
+    weight_map, merged = {}, {}
+    for name, tensors in shards.items():
+        safetensors_numpy.save_file(tensors, str(src / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in tensors})
+        merged.update(tensors)
+    index = {"metadata": {"total_size": sum(v.nbytes for v in merged.values())},
+             "weight_map": weight_map}
+    (src / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index))
+
+    info = inspect(src)
+    assert sorted(info["shards"]) == sorted(str(src / n) for n in shards)
+    assert {t["name"]: t["shard"] for t in info["tensors"]} == weight_map
+    assert info["totals"]["tensors"] == len(weight_map)
+
+    out_index = out / "diffusion_pytorch_model.safetensors.index.json"
+    p = run("quantize", str(src), "-o", str(out_index), "--qtype", "convrot8", "-q")
+    assert "2 layers quantized" in p.stdout and "2 shards" in p.stdout
+    new_index = json.loads(out_index.read_text())
+    seen = {}
+    for name in shards:
+        back = safetensors_numpy.load_file(str(out / name))
+        seen.update({k: name for k in back})
+        for k, v in back.items():
+            if k in shards[name] and not k.endswith(".weight"):
+                assert v.tobytes() == shards[name][k].tobytes(), k  # copied byte for byte
+    assert new_index["weight_map"] == seen
+    assert seen["blocks.0.attn.to_k.weight_scale"] == seen["blocks.0.attn.to_k.lowbit_quant"] \
+        == "diffusion_pytorch_model-00002-of-00002.safetensors"
+    sizes = sum(v.nbytes for name in shards
+                for v in safetensors_numpy.load_file(str(out / name)).values())
+    assert new_index["metadata"]["total_size"] == sizes
+    layers = inspect(out_index)["layers"]
+    assert sorted(l["prefix"] for l in layers) == ["blocks.0.attn.to_k.", "blocks.0.attn.to_q."]
+
+    one = tmp_path / "one.safetensors"
+    run("quantize", str(src / "diffusion_pytorch_model.safetensors.index.json"), "-o", str(one),
+        "--qtype", "convrot8", "-q")
+    ref_src, ref = tmp_path / "merged.safetensors", tmp_path / "ref.safetensors"
+    safetensors_numpy.save_file(merged, str(ref_src))
+    run("quantize", str(ref_src), "-o", str(ref), "--qtype", "convrot8", "-q")
+    a, b = safetensors_numpy.load_file(str(one)), safetensors_numpy.load_file(str(ref))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k
+    # Output shards onto the input's own: refused, the input untouched.
+    p = run("quantize", str(src), "-o", str(src / "x.safetensors.index.json"), "--qtype",
+            "convrot8", ok=False)
+    assert p.returncode != 0 and "is an input shard" in p.stderr
+    assert sorted(os.listdir(src)) == sorted([*shards, "diffusion_pytorch_model.safetensors.index.json"])

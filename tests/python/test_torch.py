@@ -819,3 +819,46 @@ def test_load_quantized_checkpoint_file(tmp_path, qtype, fmt):
     x = randn(3, 256)
     torch.testing.assert_close(model.proj(x), direct(x), rtol=0, atol=0)
     assert isinstance(model.head, nn.Linear)
+
+
+@needs_linear_cpu
+@needs("checkpoint")
+def test_load_quantized_sharded_checkpoint(tmp_path):
+    """A sharded checkpoint (diffusers' index and shards, a layer's bias in another shard than
+    its weight): quantize_checkpoint writes shards and an index; load_quantized_ reads them from
+    the index, from its directory and as a dict, each equal to quantizing the layers directly."""
+    from test_checkpoint import write_safetensors
+    lins = [nn.Linear(256, 16), nn.Linear(256, 32)]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "out").mkdir()
+    shards = {"a.safetensors": {"p0.weight": lins[0].weight, "p1.bias": lins[1].bias},
+              "b.safetensors": {"p0.bias": lins[0].bias, "p1.weight": lins[1].weight}}
+    weight_map = {}
+    for shard, tensors in shards.items():
+        write_safetensors(tmp_path / "in" / shard,
+                          {k: v.detach().numpy() for k, v in tensors.items()})
+        weight_map.update({k: shard for k in tensors})
+    index = tmp_path / "in" / "diffusion_pytorch_model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    out = tmp_path / "out" / "diffusion_pytorch_model.safetensors.index.json"
+    rep = lowbit.quantize_checkpoint(str(tmp_path / "in"), str(out), "convrotint4")
+    assert rep["index_out"] == str(out) and len(rep["files_out"]) == 2
+    files = lowbit.checkpoint_files(str(tmp_path / "out"))
+    assert files["index"] == str(out)
+    assert files["weight_map"]["p1.weight_scale"] == "b.safetensors"
+    assert files["weight_map"]["p1.bias"] == "a.safetensors"
+    assert sum(len(r) for r in lowbit.open_checkpoint(str(out))) == rep["tensors_out"]
+    x = randn(3, 256)
+    direct = [lt.LowbitLinear.from_linear(lin, "convrotint4") for lin in lins]
+    for source in (str(out), str(tmp_path / "out"), lt._read_safetensors(str(out))[0]):
+        model = nn.Module()
+        model.p0, model.p1 = nn.Linear(256, 16), nn.Linear(256, 32)
+        assert lt.load_quantized_(model, source) == {"p0": "convrotint4", "p1": "convrotint4"}
+        for mod, ref in zip((model.p0, model.p1), direct):
+            torch.testing.assert_close(mod(x), ref(x), rtol=0, atol=0)
+    bad = tmp_path / "in" / "bad.safetensors.index.json"
+    bad.write_text(json.dumps({"weight_map": {"p0.weight": "b.safetensors",
+                                              "p0.bias": "b.safetensors",
+                                              "p1.weight": "b.safetensors"}}))
+    with pytest.raises(lowbit.Error, match="'p0.weight' of the weight_map is not in shard b"):
+        lowbit.open_checkpoint(str(bad))

@@ -1,8 +1,6 @@
 // quantize_checkpoint: what is quantized / copied / skipped, exact output keys for both formats,
 // independent decoding of the stored codes (a dense Kronecker rotation built here), never
 // overwriting the input, cancellation, and the weight error on real MiniLM weights.
-#include "tests/unit/temp_files.h"
-#include "tests/unit/random_data.h"
 #include "lowbit/checkpoint.h"
 
 #include <dirent.h>
@@ -10,15 +8,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "lowbit/dtype.h"
+#include "tests/unit/random_data.h"
+#include "tests/unit/temp_files.h"
 
 namespace lowbit {
 namespace {
@@ -334,6 +339,238 @@ TEST(QuantizeCheckpoint, SkipsLayersAlreadyQuantized) {
   auto markers = find_layer_markers(r);
   ASSERT_EQ(markers.size(), 2u);
   EXPECT_EQ(markers[0].qtype == "convrotint4" ? markers[1].qtype : markers[0].qtype, "convrot8");
+}
+
+// ---- sharded checkpoints (a Hugging Face / diffusers index and its shards) ----
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+}
+
+// model_tensors() over three shards of `dir` with an index; a layer's weight and bias in
+// different shards (blocks.0.attn.qkv), each shard with its own metadata.
+std::string write_shards(const std::string& dir, const std::string& index_name,
+                         const std::string& extra_index_meta = "") {
+  auto src = model_tensors();
+  const std::vector<std::vector<size_t>> groups = {{0, 1}, {2, 3, 4}, {5, 6, 7}};
+  std::string wm;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string shard = "model-0000" + std::to_string(g + 1) + "-of-00003.safetensors";
+    std::vector<Src> part;
+    for (size_t i : groups[g]) {
+      part.push_back(src[i]);
+      wm += (wm.empty() ? "" : ",") + std::string("\"") + src[i].name + "\":\"" + shard + "\"";
+    }
+    write_file(dir + "/" + shard, part,
+               {{"format", "pt"}, {"origin", "shard" + std::to_string(g)}});
+  }
+  const std::string index = dir + "/" + index_name;
+  write_text(index, "{\"metadata\":{\"total_size\":1" + extra_index_meta + "},\"weight_map\":{" +
+                        wm + "}}");
+  return index;
+}
+
+// name -> (dtype, shape, bytes) of every tensor of the files.
+std::map<std::string, std::tuple<FileDType, std::vector<int64_t>, std::string>> contents(
+    const std::vector<std::string>& files) {
+  std::map<std::string, std::tuple<FileDType, std::vector<int64_t>, std::string>> out;
+  for (const auto& f : files) {
+    SafetensorsReader r(f);
+    for (const auto& t : r.tensors())
+      out[t.name] = {t.dtype, t.shape,
+                     std::string(reinterpret_cast<const char*>(r.data(t)), t.nbytes())};
+  }
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(QuantizeCheckpoint, ShardedInputIntoOneFileEqualsTheMergedFile) {
+  std::string dir = tmp_dir("shard1");
+  mkdir((dir + "/in").c_str(), 0755);
+  const std::string index = write_shards(dir + "/in", "model.safetensors.index.json");
+  write_file(dir + "/merged.safetensors", model_tensors());
+  // The directory resolves to its index; the shards sorted by name.
+  CheckpointFiles files = checkpoint_files(dir + "/in");
+  EXPECT_EQ(files.index, index);
+  ASSERT_EQ(files.files.size(), 3u);
+  EXPECT_EQ(files.files[0], dir + "/in/model-00001-of-00003.safetensors");
+  EXPECT_EQ(files.weight_map.at("blocks.0.attn.qkv.bias"), "model-00002-of-00003.safetensors");
+  EXPECT_EQ(open_checkpoint(files).size(), 3u);
+
+  QuantizeOptions opt;
+  opt.filter.exclude = {"head.*"};
+  std::vector<QuantizeProgress> seen;
+  opt.progress = [&](const QuantizeProgress& p) { seen.push_back(p); };
+  Context ctx;
+  const std::string one = dir + "/one.safetensors", ref = dir + "/ref.safetensors";
+  QuantizeReport rep = quantize_checkpoint(dir + "/in", one, QType::convrot8, opt, ctx);
+  ASSERT_EQ(seen.size(), model_tensors().size() + 1);
+  EXPECT_EQ(seen.back().bytes_done, seen.back().bytes_total);
+  opt.progress = nullptr;
+  QuantizeReport rr =
+      quantize_checkpoint(dir + "/merged.safetensors", ref, QType::convrot8, opt, ctx);
+  EXPECT_EQ(rep.files_in, files.files);
+  EXPECT_EQ(rep.files_out, std::vector<std::string>{one});
+  EXPECT_TRUE(rep.index_out.empty());
+  EXPECT_EQ(rep.quantized(), 2u);
+  EXPECT_EQ(rep.skipped(), rr.skipped());
+  EXPECT_EQ(rep.tensors_out, rr.tensors_out);
+  EXPECT_EQ(rep.data_bytes_out, rr.data_bytes_out);
+  // The same tensors, bytes and order as quantizing the merged file; the shards' metadata
+  // merged with the first shard's value kept.
+  EXPECT_EQ(contents({one}), contents({ref}));
+  SafetensorsReader a(one), b(ref);
+  ASSERT_EQ(a.tensors().size(), b.tensors().size());
+  for (size_t i = 0; i < a.tensors().size(); ++i)
+    EXPECT_EQ(a.tensors()[i].name, b.tensors()[i].name);
+  EXPECT_EQ(a.metadata().at("origin"), "shard0");
+  EXPECT_EQ(a.metadata().at("format"), "pt");
+  EXPECT_EQ(a.metadata().at("lowbit.qtype"), "convrot8");
+  EXPECT_EQ(list_dir(dir).size(), 4u);  // in/, merged, one, ref: no temporary file
+}
+
+TEST(QuantizeCheckpoint, ShardedInputIntoShardsWithAnIndex) {
+  std::string dir = tmp_dir("shard2");
+  mkdir((dir + "/in").c_str(), 0755);
+  mkdir((dir + "/out").c_str(), 0755);
+  const std::string index = write_shards(
+      dir + "/in", "diffusion_pytorch_model.safetensors.index.json", ",\"note\":\"kept\"");
+  Context ctx;
+  QuantizeOptions opt;
+  const std::string one = dir + "/one.safetensors";
+  quantize_checkpoint(index, one, QType::convrot_int4, opt, ctx);
+  const std::string out = dir + "/out/q.safetensors.index.json";
+  QuantizeReport rep = quantize_checkpoint(index, out, QType::convrot_int4, opt, ctx);
+  ASSERT_EQ(rep.files_out.size(), 3u);
+  EXPECT_EQ(rep.files_out[1], dir + "/out/model-00002-of-00003.safetensors");
+  EXPECT_EQ(rep.index_out, out);
+  auto ls = list_dir(dir + "/out");
+  std::sort(ls.begin(), ls.end());
+  EXPECT_EQ(ls, (std::vector<std::string>{
+                    "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                    "model-00003-of-00003.safetensors", "q.safetensors.index.json"}));
+  // Every tensor as in the one-file output, each in the shard of its input tensor (a layer's
+  // parts and marker with its weight), the index saying so, total_size the data bytes.
+  EXPECT_EQ(contents(rep.files_out), contents({one}));
+  CheckpointFiles files = checkpoint_files(out);
+  EXPECT_EQ(files.files, rep.files_out);
+  EXPECT_EQ(open_checkpoint(files).size(), 3u);  // the index agrees with the shards
+  EXPECT_EQ(files.weight_map.size(), rep.tensors_out);
+  EXPECT_EQ(files.weight_map.at("blocks.0.attn.qkv.weight_scale"),
+            "model-00001-of-00003.safetensors");
+  EXPECT_EQ(files.weight_map.at("blocks.0.attn.qkv.lowbit_quant"),
+            "model-00001-of-00003.safetensors");
+  EXPECT_EQ(files.weight_map.at("blocks.0.attn.qkv.bias"), "model-00002-of-00003.safetensors");
+  EXPECT_EQ(files.weight_map.at("blocks.0.mlp.fc1.weight_scale"),
+            "model-00002-of-00003.safetensors");
+  std::ifstream f(out);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["metadata"]["note"].get<std::string>(), "kept");
+  EXPECT_EQ(j["metadata"]["total_size"].get<uint64_t>(), rep.data_bytes_out);
+  uint64_t data = 0;
+  for (const auto& file : rep.files_out) {
+    SafetensorsReader r(file);
+    for (const auto& t : r.tensors()) data += t.nbytes();
+    EXPECT_EQ(r.metadata().at("lowbit.qtype"), "convrotint4");
+  }
+  EXPECT_EQ(data, rep.data_bytes_out);
+  // The layers load from their shard.
+  SafetensorsReader s1(rep.files_out[0]);
+  auto markers = find_layer_markers(s1);
+  ASSERT_EQ(markers.size(), 1u);
+  EXPECT_EQ(load_quantized_layer(s1, markers[0]).out_features(), 48);
+  // Quantizing the sharded output again (into one file) finds every shard's markers and keeps
+  // those layers as they are.
+  QuantizeReport again =
+      quantize_checkpoint(out, dir + "/again.safetensors", QType::convrot8, opt, ctx);
+  EXPECT_NE(find_layer(again, "blocks.0.attn.qkv.weight")->skip_reason.find("already quantized"),
+            std::string::npos);
+}
+
+TEST(QuantizeCheckpoint, ShardedErrorsNameTheEntryAndWriteNothing) {
+  std::string dir = tmp_dir("shard3");
+  const std::string in = dir + "/in", out = dir + "/out";
+  mkdir(in.c_str(), 0755);
+  mkdir(out.c_str(), 0755);
+  const std::string index = write_shards(in, "model.safetensors.index.json");
+  const std::string s1 = "model-00001-of-00003.safetensors";
+  Context ctx;
+  QuantizeOptions opt;
+  auto quantize_err = [&](const std::string& from, const std::string& to) {
+    return error_of([&] { quantize_checkpoint(from, to, QType::convrot8, opt, ctx); });
+  };
+  auto expect_has = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << msg << "\n  expected to contain: " << part;
+  };
+  // Broken indexes.
+  auto with_index = [&](const std::string& text) {
+    const std::string p = dir + "/bad.safetensors.index.json";
+    write_text(p, text);
+    return p;
+  };
+  expect_has(quantize_err(with_index("not json"), out + "/o.safetensors"), "JSON object");
+  expect_has(quantize_err(with_index("{\"metadata\":{}}"), out + "/o.safetensors"),
+             "\"weight_map\"");
+  expect_has(quantize_err(with_index("{\"weight_map\":{\"a\":\"../in/" + s1 + "\"}}"),
+                          out + "/o.safetensors"),
+             "got '../in/" + s1 + "'");
+  expect_has(quantize_err(with_index("{\"weight_map\":{\"a\":3}}"), out + "/o.safetensors"),
+             "weight_map['a']");
+  expect_has(quantize_err(with_index("{\"weight_map\":{\"a\":\"missing.safetensors\"}}"),
+                          out + "/o.safetensors"),
+             "missing.safetensors");
+  std::remove((dir + "/bad.safetensors.index.json").c_str());
+  // An index that disagrees with its shards.
+  std::ifstream fi(index);
+  const std::string good((std::istreambuf_iterator<char>(fi)), std::istreambuf_iterator<char>());
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string t = good;
+    const size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    t.replace(at, from.size(), to);
+    write_text(index, t);
+  };
+  edited("\"head.weight\"", "\"head.other\"");
+  expect_has(quantize_err(index, out + "/o.safetensors"), "'head.weight' of shard");
+  expect_has(quantize_err(index, out + "/o.safetensors"), "not in the weight_map");
+  edited("\"head.weight\":\"model-00003", "\"head.weight\":\"model-00002");
+  expect_has(quantize_err(index, out + "/o.safetensors"),
+             "'head.weight' is in shard model-00003-of-00003.safetensors, the weight_map says "
+             "model-00002-of-00003.safetensors");
+  write_text(index, good.substr(0, good.size() - 2) + ",\"ghost.weight\":\"" + s1 + "\"}}");
+  expect_has(quantize_err(index, out + "/o.safetensors"),
+             "'ghost.weight' of the weight_map is not in shard " + s1);
+  write_text(index, good);
+  // Directories: two indexes, or nothing to read.
+  write_text(in + "/other.safetensors.index.json", good);
+  expect_has(quantize_err(in, out + "/o.safetensors"),
+             "got 2 (model.safetensors.index.json, "
+             "other.safetensors.index.json)");
+  std::remove((in + "/other.safetensors.index.json").c_str());
+  expect_has(quantize_err(out, dir + "/o.safetensors"), "got 0 .safetensors files");
+  // Outputs: shards onto the input's own shards, an index from one file, the input index.
+  expect_has(quantize_err(index, in + "/again.safetensors.index.json"), "is an input shard");
+  expect_has(quantize_err(in + "/" + s1, out + "/x.safetensors.index.json"), "is one file");
+  expect_has(quantize_err(index, index), "the input index");
+  // Cancelled half-way through the shards: no shard and no index written.
+  std::atomic<bool> cancel{false};
+  opt.cancel = &cancel;
+  opt.progress = [&](const QuantizeProgress& p) {
+    if (p.index == 4) cancel.store(true);
+  };
+  expect_has(quantize_err(index, out + "/q.safetensors.index.json"), "cancelled");
+  EXPECT_TRUE(list_dir(out).empty());
+  auto ls = list_dir(in);
+  EXPECT_EQ(ls.size(), 4u);  // the three shards and the index, nothing added
 }
 
 // Real weights (tests/data/minilm_slice.safetensors, see its README): every qtype quantizes the

@@ -1,6 +1,6 @@
 // `lowbit quantize IN -o OUT --qtype Q [--include GLOB]... [--exclude GLOB]... [--format F]`:
-// quantizes the linear weights of a safetensors checkpoint, streaming, with a progress bar on a
-// terminal and a summary table (per layer, then per qtype).
+// quantizes the linear weights of a safetensors checkpoint (one file or shards with an index),
+// streaming, with a progress bar on a terminal and a summary table (per layer, then per qtype).
 #include <fmt/core.h>
 #include <signal.h>
 #include <unistd.h>
@@ -124,12 +124,18 @@ void run_quantize(const Args& a) {
                g.err_n ? fmt::format("{:.5f}", g.err_max) : "-");
   }
   for (const auto& kv : reasons) fmt::print("  skipped {:>4}: {}\n", kv.second, kv.first);
+  const size_t n_in = r.files_in.size(), n_out = r.files_out.size();
   fmt::print(
-      "{} layers quantized, {} skipped, {} other tensors copied; file {} -> {} ({:.3f}x) "
-      "in {:.1f}s\n-> {}\n",
-      r.quantized(), r.skipped(), r.tensors_copied - r.skipped(), mib(r.file_bytes_in),
+      "{} layers quantized, {} skipped, {} other tensors copied; {} {} -> {} ({:.3f}x) "
+      "in {:.1f}s\n",
+      r.quantized(), r.skipped(), r.tensors_copied - r.skipped(),
+      n_in > 1 ? fmt::format("{} shards", n_in) : std::string("file"), mib(r.file_bytes_in),
       mib(r.file_bytes_out),
-      r.file_bytes_in ? static_cast<double>(r.file_bytes_out) / r.file_bytes_in : 0.0, secs, a.out);
+      r.file_bytes_in ? static_cast<double>(r.file_bytes_out) / r.file_bytes_in : 0.0, secs);
+  if (!r.index_out.empty())
+    fmt::print("-> {} ({} shards beside it)\n", r.index_out, n_out);
+  else
+    fmt::print("-> {}\n", a.out);
 }
 
 }  // namespace
@@ -138,8 +144,14 @@ LOWBIT_CLI_COMMAND(setup_quantize) {
   static Args a;
   auto* sub = app.add_subcommand(
       "quantize", "Quantize the linear weights of a safetensors checkpoint (streaming)");
-  sub->add_option("input", a.in, "input .safetensors")->required();
-  sub->add_option("-o,--output", a.out, "output .safetensors (never the input)")->required();
+  sub->add_option("input", a.in,
+                  "input .safetensors, sharded index (*.safetensors.index.json), or a directory "
+                  "holding one of them")
+      ->required();
+  sub->add_option("-o,--output", a.out,
+                  "output .safetensors (one file, also from shards), or *.safetensors.index.json "
+                  "(shards of the input's file names beside it); never an input file")
+      ->required();
   sub->add_option("--qtype", a.qtype,
                   "convrot8, convrotint2..8, convrotbitnet, convrotcomfyw4a4, convrot4, "
                   "convrotfp8")
