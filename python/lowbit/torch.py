@@ -1005,10 +1005,11 @@ def quantize_linear_(model: nn.Module, qtype: str, include=None, exclude=None, *
 
     qtype: an ai-toolkit name ("convrot8", "convrotint4", "convrotcomfyw4a4", "convrotfp8", ...).
     include / exclude: globs on the qualified module name (or callables); by default every
-    nn.Linear is included. checkpoint: a lowbit or ComfyUI safetensors file whose quantized
-    layers are loaded as they are (see load_quantized_) before the remaining layers are
-    quantized from their weights. Layers that cannot be quantized (SPEC 3.2 shape rules) stay in
-    full precision and are reported once in a warning.
+    nn.Linear is included. checkpoint: a lowbit or ComfyUI checkpoint (a safetensors file, or a
+    sharded one's index or directory) whose quantized layers are loaded as they are (see
+    load_quantized_) before the remaining layers are quantized from their weights. Layers that
+    cannot be quantized (SPEC 3.2 shape rules) stay in full precision and are reported once in a
+    warning.
 
     Returns {module name: qtype, or "skipped: <reason>"}.
     """
