@@ -1,5 +1,6 @@
 // Checkpoints (SPEC §3.6): a memory-mapped safetensors reader, a streaming safetensors writer,
-// and the model quantizer behind `lowbit quantize`.
+// sharded checkpoints, the model quantizer behind `lowbit quantize` and its inverse behind
+// `lowbit dequantize`.
 //
 // safetensors layout: an 8-byte little-endian header length N, N bytes of JSON (an object of
 // tensor name -> {"dtype", "shape", "data_offsets": [begin, end]} plus an optional
@@ -313,5 +314,45 @@ struct QuantizeReport {
 // output shard may not be an input file. A sharded output needs a sharded input.
 QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, QType qtype,
                                    const QuantizeOptions& options, Context& ctx);
+
+// ---- back to full precision (`lowbit dequantize`) --------------------------------------------
+
+struct DequantizeOptions {
+  // Each layer in the dtype its lowbit marker records as its source (F32, BF16 or F16; ComfyUI
+  // layers record none and get `dtype`); false: every layer in `dtype`.
+  bool source_dtype = true;
+  FileDType dtype = FileDType::bf16;  // F32, BF16 or F16
+  ProgressFn progress;
+  const std::atomic<bool>* cancel = nullptr;
+  WriterOptions writer;
+};
+
+struct RestoredLayer {
+  std::string name;            // {prefix}weight
+  std::vector<int64_t> shape;  // (O, K)
+  std::string qtype;           // what it was
+  FileDType dtype = FileDType::bf16;
+  uint64_t bytes_before = 0;  // its parts and marker
+  uint64_t bytes_after = 0;   // the restored weight
+};
+
+struct DequantizeReport {
+  std::vector<RestoredLayer> layers;  // in file order
+  std::vector<std::string> files_in, files_out;
+  std::string index_out;
+  size_t tensors_in = 0, tensors_out = 0;
+  uint64_t file_bytes_in = 0, file_bytes_out = 0;
+};
+
+// The inverse of quantize_checkpoint for inspection and for other tools: every quantized layer
+// (lowbit or ComfyUI marker) becomes `{prefix}weight` = dequantize_weight(layer) in the original
+// basis (the rotation undone), converted to the layer's dtype with round-to-nearest-even, in the
+// place of its codes; its other parts and its marker are dropped, every other tensor is copied
+// byte for byte and the "lowbit.*" metadata removed. Inputs and outputs as quantize_checkpoint
+// (a file, an index or a directory; one file or shards with an index), with the same guarantees
+// (nothing written on an error or a cancel, never over an input file); each layer's parts are
+// validated by load_quantized_layer as it is restored.
+DequantizeReport dequantize_checkpoint(const std::string& in, const std::string& out,
+                                       const DequantizeOptions& options, Context& ctx);
 
 }  // namespace lowbit

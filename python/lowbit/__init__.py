@@ -187,7 +187,7 @@ for _family, _names in {
                "decode_attention", "merge_attention", "merge_attention_backward"),
     "checkpoint": ("SafetensorsReader", "checkpoint_files", "open_checkpoint",
                    "find_layer_markers", "load_quantized_layer", "lowbit_marker",
-                   "quantize_checkpoint"),
+                   "quantize_checkpoint", "dequantize_checkpoint"),
 }.items():
     for _n in _names:
         _FAMILY_OF[_n] = _family

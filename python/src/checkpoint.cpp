@@ -233,6 +233,57 @@ void bind_checkpoint(nb::module_& m) {
       "into one file or, when `output` ends in .index.json, into shards of the input's file "
       "names beside that index; returns the per-layer report. "
       "progress(index, count, name, bytes_done, bytes_total) is called as it goes.");
+  m.def(
+      "dequantize_checkpoint",
+      [](const std::string& in, const std::string& out, const std::string& dtype,
+         nb::object progress, int threads) {
+        DequantizeOptions o;
+        if (dtype != "source") {
+          o.source_dtype = false;
+          const std::pair<const char*, FileDType> kDtypes[] = {
+              {"f32", FileDType::f32}, {"bf16", FileDType::bf16}, {"f16", FileDType::f16}};
+          o.dtype = parse_enum("dequantize_checkpoint", "dtype", dtype, kDtypes);
+        }
+        if (!progress.is_none()) {
+          o.progress = [progress](const QuantizeProgress& p) {
+            nb::gil_scoped_acquire acquire;
+            progress(p.index, p.count, p.name, p.bytes_done, p.bytes_total);
+          };
+        }
+        Context ctx = make_context(0, threads);
+        DequantizeReport rep;
+        {
+          nb::gil_scoped_release release;
+          rep = dequantize_checkpoint(in, out, o, ctx);
+        }
+        nb::list layers;
+        for (const RestoredLayer& l : rep.layers) {
+          nb::dict d;
+          d["name"] = l.name;
+          d["shape"] = nb::tuple(nb::cast(l.shape));
+          d["qtype"] = l.qtype;
+          d["dtype"] = file_dtype_name(l.dtype);
+          d["bytes_before"] = l.bytes_before;
+          d["bytes_after"] = l.bytes_after;
+          layers.append(d);
+        }
+        nb::dict d;
+        d["layers"] = layers;
+        d["tensors_in"] = rep.tensors_in;
+        d["tensors_out"] = rep.tensors_out;
+        d["file_bytes_in"] = rep.file_bytes_in;
+        d["file_bytes_out"] = rep.file_bytes_out;
+        d["files_in"] = rep.files_in;
+        d["files_out"] = rep.files_out;
+        d["index_out"] = rep.index_out;
+        return d;
+      },
+      nb::arg("input"), nb::arg("output"), nb::kw_only(), nb::arg("dtype") = "source",
+      nb::arg("progress") = nb::none(), nb::arg("threads") = 0,
+      "The inverse of quantize_checkpoint: every quantized layer (lowbit or ComfyUI) becomes its "
+      "dequantized weight in the original basis, in `dtype` ('source': the dtype its marker "
+      "records; 'f32', 'bf16', 'f16'); other tensors are copied. Files, indexes and directories "
+      "as quantize_checkpoint.");
 }
 
 }  // namespace py

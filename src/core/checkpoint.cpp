@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -71,7 +72,7 @@ TensorSpec part_spec(const std::string& name, const TensorView& v, bool comfy) {
 }
 
 struct Plan {
-  enum Kind { copy, quantize } kind = copy;
+  enum Kind { copy, transform } kind = copy;  // transform: quantize / dequantize
   size_t file = 0;  // which input file (reader)
   const TensorInfo* in = nullptr;
   std::string prefix;               // quantize: the layer prefix
@@ -286,6 +287,34 @@ size_t QuantizeReport::quantized() const {
 }
 size_t QuantizeReport::skipped() const { return layers.size() - quantized(); }
 
+namespace {
+
+// (O, K) of a quantized layer: the lowbit marker's out_features / in_features, or a ComfyUI
+// layer's (O, K / 2) nibble-pair codes.
+std::pair<int64_t, int64_t> layer_shape(const char* op, const SafetensorsReader& file,
+                                        const LayerMarker& m) {
+  if (m.format == "comfy") {
+    const TensorInfo* w = file.find(m.prefix + "weight");
+    if (!w)
+      check::fail(op, file.path().c_str(),
+                  "layer '" + m.prefix + "': tensor '" + m.prefix + "weight' is missing");
+    LOWBIT_CHECK(w->shape.size() == 2, op, file.path().c_str(),
+                 "tensor '" + w->name + "': rank " + check::expected_got(2, w->shape.size()));
+    return {w->shape[0], w->shape[1] * 2};
+  }
+  nlohmann::json j = nlohmann::json::parse(m.json, nullptr, false);
+  auto get_int = [&](const char* key) -> int64_t {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer())
+      check::fail(op, file.path().c_str(),
+                  "layer '" + m.prefix + "': marker has no integer \"" + key + "\"");
+    return it->get<int64_t>();
+  };
+  return {get_int("out_features"), get_int("in_features")};
+}
+
+}  // namespace
+
 PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMarker& m) {
   const char* op = "load_quantized_layer";
   auto need = [&](const std::string& name) -> const TensorInfo& {
@@ -310,24 +339,13 @@ PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMark
   if (m.format == "comfy") {
     LOWBIT_CHECK(m.qtype == "convrotcomfyw4a4", op, file.path().c_str(),
                  "layer '" + m.prefix + "': comfy format '" + m.qtype + "' is not convrot_w4a4");
-    const TensorInfo& w = need(m.prefix + "weight");
-    const TensorInfo& s = need(m.prefix + "weight_scale");
-    LOWBIT_CHECK(w.shape.size() == 2, op, file.path().c_str(),
-                 "tensor '" + w.name + "': rank " + check::expected_got(2, w.shape.size()));
-    parts.emplace_back("codes", host_view(w, keep));
-    parts.emplace_back("scales", host_view(s, keep));
-    return PackedWeight(QType::convrot_comfy_w4a4, w.shape[0], w.shape[1] * 2, parts, m.rot, 0);
+    const auto [o, k] = layer_shape(op, file, m);
+    parts.emplace_back("codes", host_view(need(m.prefix + "weight"), keep));
+    parts.emplace_back("scales", host_view(need(m.prefix + "weight_scale"), keep));
+    return PackedWeight(QType::convrot_comfy_w4a4, o, k, parts, m.rot, 0);
   }
-  nlohmann::json j = nlohmann::json::parse(m.json, nullptr, false);
-  auto get_int = [&](const char* key) -> int64_t {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_number_integer())
-      check::fail(op, file.path().c_str(),
-                  "layer '" + m.prefix + "': marker has no integer \"" + key + "\"");
-    return it->get<int64_t>();
-  };
   QType q = parse_qtype(m.qtype);
-  int64_t o = get_int("out_features"), k = get_int("in_features");
+  const auto [o, k] = layer_shape(op, file, m);
   PackedWeight shape_of = make_packed_weight(q, o, k);
   for (const auto& p : shape_of.tensors()) {
     const TensorInfo& t = need(part_name(m.prefix, p.first));
@@ -348,34 +366,141 @@ PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMark
   return PackedWeight(q, o, k, parts, m.rot, m.group);
 }
 
+namespace {
+
+// Where a checkpoint transform writes (quantize_checkpoint, dequantize_checkpoint): one file, or
+// one shard per input shard (the same file name, in the output index's directory) and the index.
+struct Outputs {
+  std::vector<std::string> files;
+  bool sharded = false;
+  size_t of(size_t input_file) const { return sharded ? input_file : 0; }
+};
+
+Outputs plan_outputs(const char* op, const CheckpointFiles& src, const std::string& in,
+                     const std::string& out) {
+  LOWBIT_CHECK(!out.empty(), op, "out", "expected an output path, got an empty string");
+  Outputs o;
+  o.sharded = is_checkpoint_index(out);
+  LOWBIT_CHECK(!o.sharded || !src.index.empty(), op, "out",
+               "'" + out + "' is an index (a sharded output) but the input '" + in +
+                   "' is one file; write one .safetensors file");
+  if (o.sharded) {
+    for (const auto& f : src.files) o.files.push_back(join_path(parent_dir(out), base_name(f)));
+    LOWBIT_CHECK(!same_file(src.index, out) && src.index != out, op, "out",
+                 "'" + out + "' is the input index; lowbit never overwrites its input");
+  } else {
+    o.files.push_back(out);
+  }
+  for (const auto& f_out : o.files)
+    for (const auto& f : src.files)
+      LOWBIT_CHECK(!same_file(f, f_out) && f != f_out, op, "out",
+                   "'" + f_out + "' is " +
+                       (src.files.size() > 1 ? "an input shard" : "the input file") +
+                       "; lowbit never overwrites its input");
+  return o;
+}
+
+// Streams every plan's outputs into the output files: copies are copied in pieces, the other
+// plans are written by `produce`. Each output file is written to a temporary file, closed when
+// its last plan is done and renamed only once all are (the index of a sharded output is written
+// before the renames and renamed last), so a failure or a cancel leaves nothing. Returns the
+// written data bytes.
+uint64_t stream_plans(const char* op, const CheckpointFiles& src,
+                      const std::vector<SafetensorsReader>& readers, const Outputs& outs,
+                      const std::string& out, const std::vector<Plan>& plans,
+                      const std::function<void(std::map<std::string, std::string>&)>& metadata_fn,
+                      const ProgressFn& progress, const std::atomic<bool>* cancel,
+                      const WriterOptions& writer_options,
+                      const std::function<void(const Plan&, SafetensorsWriter&)>& produce) {
+  // Each output file's tensors and metadata (one file: the inputs' "__metadata__" merged, the
+  // first file's value kept on a clash).
+  std::vector<std::vector<TensorSpec>> specs(outs.files.size());
+  std::vector<std::map<std::string, std::string>> metadata(outs.files.size());
+  std::vector<size_t> last_plan(outs.files.size(), 0);
+  for (size_t i = 0; i < plans.size(); ++i) {
+    for (const TensorSpec& s : plans[i].outputs) specs[outs.of(plans[i].file)].push_back(s);
+    last_plan[outs.of(plans[i].file)] = i;
+  }
+  for (size_t fi = 0; fi < readers.size(); ++fi)
+    metadata[outs.of(fi)].insert(readers[fi].metadata().begin(), readers[fi].metadata().end());
+  for (auto& m : metadata) metadata_fn(m);
+
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers(outs.files.size());
+  auto writer_of = [&](size_t oi) -> SafetensorsWriter& {
+    if (!writers[oi])
+      writers[oi] = std::make_unique<SafetensorsWriter>(outs.files[oi], specs[oi], metadata[oi],
+                                                        writer_options);
+    return *writers[oi];
+  };
+  QuantizeProgress prog;
+  prog.count = plans.size();
+  for (const SafetensorsReader& r : readers)
+    for (const TensorInfo& t : r.tensors()) prog.bytes_total += t.nbytes();
+  if (progress) progress(prog);
+  for (size_t pi = 0; pi < plans.size(); ++pi) {
+    const Plan& p = plans[pi];
+    if (cancel && cancel->load())
+      check::fail(op, out.c_str(), "cancelled; no output written");  // writers remove theirs
+    const size_t oi = outs.of(p.file);
+    SafetensorsWriter& writer = writer_of(oi);
+    const SafetensorsReader& reader = readers[p.file];
+    const TensorInfo& t = *p.in;
+    if (p.kind == Plan::copy) {
+      for (uint64_t off = 0; off < t.nbytes(); off += kCopyChunk) {
+        const uint64_t n = std::min(kCopyChunk, t.nbytes() - off);
+        writer.write(t.name, reader.data(t) + off, n);
+        reader.release(t, off, n);
+      }
+    } else {
+      produce(p, writer);
+    }
+    reader.release(t);
+    if (pi == last_plan[oi]) writer.close();
+    prog.index += 1;
+    prog.name = t.name;
+    prog.bytes_done += t.nbytes();
+    if (progress) progress(prog);
+  }
+  for (size_t oi = 0; oi < outs.files.size(); ++oi)  // an output without tensors
+    if (!writers[oi]) writer_of(oi).close();
+  uint64_t data_out = 0;
+  for (const auto& sp : specs)
+    for (const TensorSpec& t : sp) data_out += t.nbytes();
+  // The index of a sharded output: the input index's metadata with the new total size, and
+  // every written tensor's shard.
+  std::unique_ptr<PendingText> index;
+  if (outs.sharded) {
+    nlohmann::ordered_json j;
+    j["metadata"] = nlohmann::ordered_json::parse(src.index_metadata);
+    j["metadata"]["total_size"] = data_out;
+    std::map<std::string, std::string> wm;
+    for (size_t oi = 0; oi < outs.files.size(); ++oi)
+      for (const TensorSpec& t : specs[oi]) wm[t.name] = base_name(outs.files[oi]);
+    j["weight_map"] = wm;
+    index = std::make_unique<PendingText>(out, j.dump(2) + "\n");
+  }
+  for (auto& w : writers) w->commit();
+  if (index) index->commit();
+  return data_out;
+}
+
+// Re-validates what was written (headers only); returns the files' bytes.
+uint64_t output_file_bytes(const Outputs& outs) {
+  uint64_t bytes = 0;
+  for (const auto& f : outs.files) bytes += SafetensorsReader(f).file_bytes();
+  return bytes;
+}
+
+}  // namespace
+
 QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, QType qtype,
                                    const QuantizeOptions& opt, Context& ctx) {
-  LOWBIT_CHECK(!out.empty(), kOp, "out", "expected an output path, got an empty string");
   const bool comfy = opt.format == CheckpointFormat::comfy;
   LOWBIT_CHECK(
       !comfy || qtype == QType::convrot_comfy_w4a4, kOp, "format",
       std::string("--format comfy stores convrotcomfyw4a4 only, got qtype ") + qtype_name(qtype));
   const CheckpointFiles src = checkpoint_files(in);
-  const bool sharded_out = is_checkpoint_index(out);
-  LOWBIT_CHECK(!sharded_out || !src.index.empty(), kOp, "out",
-               "'" + out + "' is an index (a sharded output) but the input '" + in +
-                   "' is one file; write one .safetensors file");
-  // Output files: one, or one per input shard (same file name, in the output index's directory).
-  std::vector<std::string> out_files;
-  if (sharded_out) {
-    for (const auto& f : src.files) out_files.push_back(join_path(parent_dir(out), base_name(f)));
-    LOWBIT_CHECK(!same_file(src.index, out) && src.index != out, kOp, "out",
-                 "'" + out + "' is the input index; lowbit never overwrites its input");
-  } else {
-    out_files.push_back(out);
-  }
-  for (const auto& o : out_files)
-    for (const auto& f : src.files)
-      LOWBIT_CHECK(!same_file(f, o) && f != o, kOp, "out",
-                   "'" + o + "' is " +
-                       (src.files.size() > 1 ? "an input shard" : "the input file") +
-                       "; lowbit never overwrites its input");
-
+  const Outputs outs = plan_outputs(kOp, src, in, out);
   std::vector<SafetensorsReader> readers = open_checkpoint(src);
   QuantizeReport report;
   report.files_in = src.files;
@@ -456,7 +581,7 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
             why = "output tensor '" + s.name + "' already exists in the input";
         }
         if (why.empty()) {
-          p.kind = Plan::quantize;
+          p.kind = Plan::transform;
           p.prefix = prefix;
           p.outputs = std::move(outs);
           lr.quantized = true;
@@ -476,130 +601,182 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
     }
   }
 
-  // Each output file's tensors and metadata (one file: the shards' "__metadata__" merged, the
-  // first shard's value kept on a clash).
-  auto out_of = [&](size_t file) { return sharded_out ? file : size_t{0}; };
-  std::vector<std::vector<TensorSpec>> specs(out_files.size());
-  std::vector<std::map<std::string, std::string>> metadata(out_files.size());
-  std::vector<size_t> last_plan(out_files.size(), 0);
-  for (size_t i = 0; i < plans.size(); ++i) {
-    for (const TensorSpec& s : plans[i].outputs) specs[out_of(plans[i].file)].push_back(s);
-    last_plan[out_of(plans[i].file)] = i;
-  }
-  for (size_t fi = 0; fi < readers.size(); ++fi)
-    metadata[out_of(fi)].insert(readers[fi].metadata().begin(), readers[fi].metadata().end());
-  for (auto& m : metadata) {
-    if (comfy) continue;
+  auto metadata = [&](std::map<std::string, std::string>& m) {
+    if (comfy) return;
     m["lowbit.format"] = "1";
     m["lowbit.qtype"] = qtype_name(qtype);
-  }
-
-  // ---- stream (each output file is written to a temporary file and renamed once all are) ----
-  std::vector<std::unique_ptr<SafetensorsWriter>> writers(out_files.size());
-  QuantizeProgress prog;
-  prog.count = plans.size();
-  prog.bytes_total = report.data_bytes_in;
-  if (opt.progress) opt.progress(prog);
-  for (size_t pi = 0; pi < plans.size(); ++pi) {
-    const Plan& p = plans[pi];
-    if (opt.cancel && opt.cancel->load())
-      check::fail(kOp, out.c_str(), "cancelled; no output written");  // writers remove theirs
-    const size_t oi = out_of(p.file);
-    if (!writers[oi])
-      writers[oi] =
-          std::make_unique<SafetensorsWriter>(out_files[oi], specs[oi], metadata[oi], opt.writer);
-    SafetensorsWriter& writer = *writers[oi];
+  };
+  auto produce = [&](const Plan& p, SafetensorsWriter& writer) {
     const SafetensorsReader& reader = readers[p.file];
     const TensorInfo& t = *p.in;
-    if (p.kind == Plan::copy) {
-      for (uint64_t off = 0; off < t.nbytes(); off += kCopyChunk) {
-        const uint64_t n = std::min(kCopyChunk, t.nbytes() - off);
-        writer.write(t.name, reader.data(t) + off, n);
-        reader.release(t, off, n);
-      }
-    } else {
-      std::vector<float> w = to_f32(reader, t, ctx);
-      reader.release(t);
-      const int64_t o = t.shape[0], k = t.shape[1];
-      TensorView wv = make_view(w.data(), DType::f32, {o, k});
-      PackedWeight pw = quantize_weight(wv, qtype, ctx);
-      LayerReport& lr = report.layers[p.report];
-      if (opt.compute_error) {
-        std::vector<float> d(w.size());
-        dequantize_weight(pw, make_view(d.data(), DType::f32, {o, k}), false, ctx);
-        double num = 0, den = 0;
-        for (size_t i = 0; i < w.size(); ++i) {
-          double e = static_cast<double>(w[i]) - static_cast<double>(d[i]);
-          num += e * e;
-          den += static_cast<double>(w[i]) * w[i];
-        }
-        lr.rel_error = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
-      }
-      std::vector<float>().swap(w);
-      auto parts = pw.tensors();
-      for (const TensorSpec& s : p.outputs) {
-        if (ends_with(s.name, "comfy_quant")) {
-          writer.write(s.name, kComfyMarker, std::strlen(kComfyMarker));
-          continue;
-        }
-        if (ends_with(s.name, "lowbit_quant")) {
-          std::string mj = lowbit_marker_json(pw, t.dtype);
-          LOWBIT_CHECK(mj.size() == s.nbytes(), kOp, s.name.c_str(), "marker size changed");
-          writer.write(s.name, mj.data(), mj.size());
-          continue;
-        }
-        const TensorView* v = nullptr;
-        for (const auto& part : parts)
-          if (part_name(p.prefix, part.first) == s.name) v = &part.second;
-        LOWBIT_CHECK(v != nullptr, kOp, s.name.c_str(), "packed part missing");
-        const uint64_t n = static_cast<uint64_t>(dtype_storage_bytes(v->dtype, v->numel()));
-        LOWBIT_CHECK(
-            n == s.nbytes(), kOp, s.name.c_str(),
-            "packed part: " +
-                check::expected_got(static_cast<int64_t>(s.nbytes()), static_cast<int64_t>(n)) +
-                " bytes");
-        writer.write(s.name, v->data, n);
-      }
-    }
+    std::vector<float> w = to_f32(reader, t, ctx);
     reader.release(t);
-    if (pi == last_plan[oi]) writer.close();
-    prog.index += 1;
-    prog.name = t.name;
-    prog.bytes_done += t.nbytes();
-    if (opt.progress) opt.progress(prog);
-  }
-  for (size_t oi = 0; oi < out_files.size(); ++oi) {  // an input shard without tensors
-    if (writers[oi]) continue;
-    writers[oi] =
-        std::make_unique<SafetensorsWriter>(out_files[oi], specs[oi], metadata[oi], opt.writer);
-    writers[oi]->close();
-  }
-  for (const auto& s : specs)
-    for (const TensorSpec& t : s) report.data_bytes_out += t.nbytes();
-  // The index of a sharded output: the input index's metadata with the new total size, and
-  // every written tensor's shard. Written before the shards are committed, renamed after them.
-  std::unique_ptr<PendingText> index;
-  if (sharded_out) {
-    nlohmann::ordered_json j;
-    j["metadata"] = nlohmann::ordered_json::parse(src.index_metadata);
-    j["metadata"]["total_size"] = report.data_bytes_out;
-    std::map<std::string, std::string> wm;
-    for (size_t oi = 0; oi < out_files.size(); ++oi)
-      for (const TensorSpec& t : specs[oi]) wm[t.name] = base_name(out_files[oi]);
-    j["weight_map"] = wm;
-    index = std::make_unique<PendingText>(out, j.dump(2) + "\n");
-  }
-  for (auto& w : writers) w->commit();
-  if (index) index->commit();
-
-  report.files_out = out_files;
-  if (sharded_out) report.index_out = out;
-  for (const auto& s : specs) report.tensors_out += s.size();
+    const int64_t o = t.shape[0], k = t.shape[1];
+    TensorView wv = make_view(w.data(), DType::f32, {o, k});
+    PackedWeight pw = quantize_weight(wv, qtype, ctx);
+    LayerReport& lr = report.layers[p.report];
+    if (opt.compute_error) {
+      std::vector<float> d(w.size());
+      dequantize_weight(pw, make_view(d.data(), DType::f32, {o, k}), false, ctx);
+      double num = 0, den = 0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        double e = static_cast<double>(w[i]) - static_cast<double>(d[i]);
+        num += e * e;
+        den += static_cast<double>(w[i]) * w[i];
+      }
+      lr.rel_error = den > 0 ? std::sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+    }
+    std::vector<float>().swap(w);
+    auto parts = pw.tensors();
+    for (const TensorSpec& s : p.outputs) {
+      if (ends_with(s.name, "comfy_quant")) {
+        writer.write(s.name, kComfyMarker, std::strlen(kComfyMarker));
+        continue;
+      }
+      if (ends_with(s.name, "lowbit_quant")) {
+        std::string mj = lowbit_marker_json(pw, t.dtype);
+        LOWBIT_CHECK(mj.size() == s.nbytes(), kOp, s.name.c_str(), "marker size changed");
+        writer.write(s.name, mj.data(), mj.size());
+        continue;
+      }
+      const TensorView* v = nullptr;
+      for (const auto& part : parts)
+        if (part_name(p.prefix, part.first) == s.name) v = &part.second;
+      LOWBIT_CHECK(v != nullptr, kOp, s.name.c_str(), "packed part missing");
+      const uint64_t n = static_cast<uint64_t>(dtype_storage_bytes(v->dtype, v->numel()));
+      LOWBIT_CHECK(
+          n == s.nbytes(), kOp, s.name.c_str(),
+          "packed part: " +
+              check::expected_got(static_cast<int64_t>(s.nbytes()), static_cast<int64_t>(n)) +
+              " bytes");
+      writer.write(s.name, v->data, n);
+    }
+  };
+  report.data_bytes_out = stream_plans(kOp, src, readers, outs, out, plans, metadata, opt.progress,
+                                       opt.cancel, opt.writer, produce);
+  report.files_out = outs.files;
+  if (outs.sharded) report.index_out = out;
+  for (const Plan& p : plans) report.tensors_out += p.outputs.size();
   for (const Plan& p : plans) report.tensors_copied += p.kind == Plan::copy;
-  for (const auto& f : out_files) {
-    SafetensorsReader check_out(f);  // re-validates what was written (header only)
-    report.file_bytes_out += check_out.file_bytes();
+  report.file_bytes_out = output_file_bytes(outs);
+  return report;
+}
+
+DequantizeReport dequantize_checkpoint(const std::string& in, const std::string& out,
+                                       const DequantizeOptions& opt, Context& ctx) {
+  const char* op = "dequantize_checkpoint";
+  LOWBIT_CHECK(
+      opt.dtype == FileDType::f32 || opt.dtype == FileDType::bf16 || opt.dtype == FileDType::f16,
+      op, "dtype", check::expected_got("F32, BF16 or F16", file_dtype_name(opt.dtype)));
+  const CheckpointFiles src = checkpoint_files(in);
+  const Outputs outs = plan_outputs(op, src, in, out);
+  std::vector<SafetensorsReader> readers = open_checkpoint(src);
+  DequantizeReport report;
+  report.files_in = src.files;
+  for (const SafetensorsReader& r : readers) {
+    report.tensors_in += r.tensors().size();
+    report.file_bytes_in += r.file_bytes();
   }
+  // Every quantized layer: its marker, and the tensors it is stored in (the parts named by its
+  // qtype, then the marker), all in the marker's file.
+  struct Layer {
+    LayerMarker marker;
+    size_t file = 0;
+    int64_t o = 0, k = 0;
+    FileDType dtype = FileDType::bf16;
+  };
+  std::map<std::string, Layer> layers;        // by prefix
+  std::map<std::string, std::string> member;  // tensor name -> its layer's prefix
+  for (size_t fi = 0; fi < readers.size(); ++fi) {
+    for (const LayerMarker& m : find_layer_markers(readers[fi])) {
+      // The shapes only (each layer's parts are loaded and validated when it is written).
+      const auto [o, k] = layer_shape(op, readers[fi], m);
+      const PackedWeight pw = make_packed_weight(parse_qtype(m.qtype), o, k);
+      Layer l{m, fi, o, k, opt.dtype};
+      if (opt.source_dtype) {
+        const nlohmann::json j = nlohmann::json::parse(m.json, nullptr, false);
+        FileDType d;
+        if (j.is_object() && j.contains("source_dtype") && j["source_dtype"].is_string() &&
+            parse_file_dtype(j["source_dtype"].get<std::string>(), &d) &&
+            (d == FileDType::f32 || d == FileDType::bf16 || d == FileDType::f16))
+          l.dtype = d;
+      }
+      std::vector<std::string> names;
+      for (const auto& part : pw.tensors())
+        names.push_back(m.format == "comfy" ? (part.first == "codes" ? m.prefix + "weight"
+                                                                     : m.prefix + "weight_scale")
+                                            : part_name(m.prefix, part.first));
+      names.push_back(m.prefix + (m.format == "comfy" ? "comfy_quant" : "lowbit_quant"));
+      for (const auto& n : names) {
+        if (!readers[fi].find(n))
+          check::fail(op, readers[fi].path().c_str(),
+                      "layer '" + m.prefix + "': tensor '" + n + "' is missing");
+        member[n] = m.prefix;
+      }
+      layers[m.prefix] = l;
+    }
+  }
+  std::vector<Plan> plans;
+  for (size_t fi = 0; fi < readers.size(); ++fi) {
+    for (const TensorInfo& t : readers[fi].tensors()) {
+      Plan p;
+      p.file = fi;
+      p.in = &t;
+      auto it = member.find(t.name);
+      if (it == member.end()) {
+        p.outputs.push_back({t.name, t.dtype, t.shape});  // copied
+      } else if (t.name == it->second + "weight") {
+        // The codes become the restored weight, in their place; the other parts and the marker
+        // become nothing.
+        const Layer& l = layers.at(it->second);
+        p.kind = Plan::transform;
+        p.prefix = it->second;
+        p.outputs.push_back({t.name, l.dtype, {l.o, l.k}});
+        RestoredLayer r;
+        r.name = t.name;
+        r.shape = {l.o, l.k};
+        r.qtype = l.marker.qtype;
+        r.dtype = l.dtype;
+        r.bytes_after = p.outputs.back().nbytes();
+        report.layers.push_back(r);
+      } else {
+        p.kind = Plan::transform;  // dropped: no outputs
+      }
+      plans.push_back(std::move(p));
+    }
+  }
+  for (RestoredLayer& r : report.layers) {
+    const Layer& l = layers.at(r.name.substr(0, r.name.size() - 6));
+    for (const auto& kv : member)
+      if (kv.second == l.marker.prefix) r.bytes_before += readers[l.file].at(kv.first).nbytes();
+  }
+  auto metadata = [](std::map<std::string, std::string>& m) {
+    m.erase("lowbit.format");
+    m.erase("lowbit.qtype");
+  };
+  auto produce = [&](const Plan& p, SafetensorsWriter& writer) {
+    if (p.outputs.empty()) return;
+    const Layer& l = layers.at(p.prefix);
+    const PackedWeight pw = load_quantized_layer(readers[l.file], l.marker);
+    std::vector<float> w(static_cast<size_t>(l.o * l.k));
+    TensorView wv = make_view(w.data(), DType::f32, {l.o, l.k});
+    dequantize_weight(pw, wv, false, ctx);
+    if (l.dtype == FileDType::f32) {
+      writer.write(p.outputs[0].name, w.data(), w.size() * 4);
+      return;
+    }
+    std::vector<uint16_t> h(w.size());
+    convert(wv,
+            make_view(h.data(), l.dtype == FileDType::bf16 ? DType::bf16 : DType::f16, {l.o, l.k}),
+            ctx);
+    writer.write(p.outputs[0].name, h.data(), h.size() * 2);
+  };
+  stream_plans(op, src, readers, outs, out, plans, metadata, opt.progress, opt.cancel, opt.writer,
+               produce);
+  report.files_out = outs.files;
+  if (outs.sharded) report.index_out = out;
+  for (const Plan& p : plans) report.tensors_out += p.outputs.size();
+  report.file_bytes_out = output_file_bytes(outs);
   return report;
 }
 

@@ -109,3 +109,34 @@ def test_lowbit_marker_and_part_dtypes_match_the_quantizers_file(tmp_path):
     assert packed.dtypes()["ratios"] == "f32"
     with pytest.raises(lowbit.Error, match="source_dtype"):
         lowbit.lowbit_marker(packed, "F33")
+
+
+@pytest.mark.skipif(bool(linear_cpu_backend_missing()), reason=linear_cpu_backend_missing())
+@pytest.mark.parametrize("qtype,fmt", [("convrot8", "lowbit"), ("convrotcomfyw4a4", "comfy")])
+def test_dequantize_checkpoint_restores_the_weights(tmp_path, qtype, fmt):
+    """dequantize_checkpoint: the restored weight is lowbit.dequantize_weight of the layer (the
+    original basis), in the dtype asked for; the other tensors are copied."""
+    w = RNG.standard_normal((16, 256)).astype(np.float32)
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, {"blk.proj.weight": w, "blk.proj.bias": np.ones(16, np.float32)})
+    mid, out = tmp_path / "q.safetensors", tmp_path / "d.safetensors"
+    lowbit.quantize_checkpoint(str(src), str(mid), qtype, format=fmt)
+    calls = []
+    rep = lowbit.dequantize_checkpoint(str(mid), str(out), dtype="f32",
+                                       progress=lambda *a: calls.append(a))
+    assert calls and calls[-1][0] == calls[-1][1]
+    assert [(l["name"], l["qtype"], l["dtype"]) for l in rep["layers"]] == \
+        [("blk.proj.weight", qtype, "F32")]
+    r = lowbit.SafetensorsReader(str(out))
+    assert sorted(r.names()) == ["blk.proj.bias", "blk.proj.weight"]
+    want = np.zeros((16, 256), np.float32)
+    lowbit.dequantize_weight(lowbit.quantize_weight(w, qtype), want)
+    np.testing.assert_array_equal(r.get("blk.proj.weight")[0], want)
+    assert np.linalg.norm(want - w) / np.linalg.norm(w) < (0.02 if qtype == "convrot8" else 0.2)
+    # The marker's source dtype (F32 here) is the default; a bad dtype names itself.
+    lowbit.dequantize_checkpoint(str(mid), str(tmp_path / "s.safetensors"))
+    assert lowbit.SafetensorsReader(str(tmp_path / "s.safetensors")).info("blk.proj.weight")[
+        "dtype"] == ("F32" if fmt == "lowbit" else "BF16")
+    with pytest.raises(lowbit.Error, match="dtype"):
+        lowbit.dequantize_checkpoint(str(mid), str(tmp_path / "x.safetensors"), dtype="i8")
+    assert not (tmp_path / "x.safetensors").exists()

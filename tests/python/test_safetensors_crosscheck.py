@@ -229,6 +229,24 @@ def test_sharded_checkpoints_through_the_cli(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].tobytes() == b[k].tobytes(), k
+    # Back to full precision, shard by shard: the original names in the original shards, the
+    # copies exact, the restored weights within convrot8's error of the originals.
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    p = run("dequantize", str(out_index), "-o", str(restored / "model.safetensors.index.json"),
+            "--dtype", "f32")
+    assert "2 layers restored" in p.stdout
+    assert json.loads((restored / "model.safetensors.index.json").read_text())["weight_map"] \
+        == weight_map
+    for name, tensors in shards.items():
+        back = safetensors_numpy.load_file(str(restored / name))
+        assert back.keys() == tensors.keys()
+        for k, v in tensors.items():
+            if k.endswith(".weight"):
+                assert back[k].dtype == np.float32 and back[k].shape == v.shape
+                assert np.linalg.norm(back[k] - v) / np.linalg.norm(v) < 0.02, k
+            else:
+                assert back[k].tobytes() == v.tobytes(), k
     # Output shards onto the input's own: refused, the input untouched.
     p = run("quantize", str(src), "-o", str(src / "x.safetensors.index.json"), "--qtype",
             "convrot8", ok=False)

@@ -573,6 +573,132 @@ TEST(QuantizeCheckpoint, ShardedErrorsNameTheEntryAndWriteNothing) {
   EXPECT_EQ(ls.size(), 4u);  // the three shards and the index, nothing added
 }
 
+// dequantize_checkpoint: each layer's restored weight is dequantize_weight of what
+// quantize_weight makes of the source weight, rounded to the dtype; everything else as it was.
+TEST(DequantizeCheckpoint, RestoresEveryQTypeAndCopiesTheRest) {
+  std::string dir = tmp_dir("deq");
+  const std::string in = dir + "/in.safetensors";
+  auto src = model_tensors();
+  write_file(in, src, {{"origin", "test"}});
+  Context ctx;
+  for (QType q : {QType::convrot8, QType::convrot_int4, QType::convrot4, QType::convrot_fp8,
+                  QType::convrot_comfy_w4a4}) {
+    SCOPED_TRACE(qtype_name(q));
+    QuantizeOptions qo;
+    if (q == QType::convrot_comfy_w4a4) qo.format = CheckpointFormat::comfy;
+    const std::string mid = dir + "/q.safetensors", out = dir + "/d.safetensors";
+    QuantizeReport qr = quantize_checkpoint(in, mid, q, qo, ctx);
+    ASSERT_GE(qr.quantized(), 1u);
+    for (bool source : {true, false}) {
+      DequantizeOptions o;
+      o.source_dtype = source;
+      o.dtype = FileDType::f32;
+      std::vector<QuantizeProgress> seen;
+      o.progress = [&](const QuantizeProgress& p) { seen.push_back(p); };
+      DequantizeReport r = dequantize_checkpoint(mid, out, o, ctx);
+      EXPECT_EQ(seen.size(), qr.tensors_out + 1);
+      EXPECT_EQ(r.layers.size(), qr.quantized());
+      SafetensorsReader back(out), orig(in), packed(mid);
+      // The input's tensors, names and order; no part or marker left; metadata without lowbit's.
+      ASSERT_EQ(back.tensors().size(), src.size());
+      for (size_t i = 0; i < src.size(); ++i) EXPECT_EQ(back.tensors()[i].name, src[i].name);
+      EXPECT_EQ(back.metadata().count("lowbit.qtype"), 0u);
+      EXPECT_EQ(back.metadata().at("origin"), "test");
+      EXPECT_TRUE(find_layer_markers(back).empty());
+      for (const Src& t : src) {
+        const LayerReport* lr = find_layer(qr, t.name);
+        const TensorInfo& b = back.at(t.name);
+        if (!lr || !lr->quantized) {  // copied byte for byte
+          EXPECT_EQ(std::string(reinterpret_cast<const char*>(back.data(b)), b.nbytes()),
+                    std::string(t.bytes.begin(), t.bytes.end()))
+              << t.name;
+          continue;
+        }
+        // Restored: the dtype (the source's: bf16 for fc1, f32 otherwise; comfy records none:
+        // o.dtype), the shape, and the bits of dequantize_weight(quantize_weight(W)).
+        const bool comfy = q == QType::convrot_comfy_w4a4;
+        const FileDType want = !source || comfy ? FileDType::f32 : t.dtype;
+        EXPECT_EQ(b.dtype, want) << t.name;
+        EXPECT_EQ(b.shape, t.shape) << t.name;
+        auto w = read_f32(orig, t.name);
+        const int64_t o = t.shape[0], k = t.shape[1];
+        PackedWeight pw = quantize_weight(make_view(w.data(), DType::f32, {o, k}), q, ctx);
+        std::vector<float> d(w.size());
+        dequantize_weight(pw, make_view(d.data(), DType::f32, {o, k}), false, ctx);
+        for (size_t i = 0; i < d.size(); ++i) {
+          float got;
+          if (b.dtype == FileDType::f32) {
+            std::memcpy(&got, back.data(b) + 4 * i, 4);
+            ASSERT_EQ(got, d[i]) << t.name << " [" << i << "]";
+          } else {
+            uint16_t h;
+            std::memcpy(&h, back.data(b) + 2 * i, 2);
+            ASSERT_EQ(h, dt::f32_to_bf16(d[i])) << t.name << " [" << i << "]";
+          }
+        }
+        // Its report row: the parts' bytes before, the weight's after.
+        for (const auto& rl : r.layers)
+          if (rl.name == t.name) {
+            EXPECT_EQ(rl.bytes_before, lr->bytes_after);
+            EXPECT_EQ(rl.bytes_after, b.nbytes());
+            EXPECT_EQ(rl.qtype, qtype_name(q));
+          }
+      }
+      std::remove(out.c_str());
+    }
+    std::remove(mid.c_str());
+  }
+  // Errors name the argument and write nothing.
+  DequantizeOptions bad;
+  bad.source_dtype = false;
+  bad.dtype = FileDType::i8;
+  EXPECT_NE(
+      error_of([&] { dequantize_checkpoint(in, dir + "/x.safetensors", bad, ctx); }).find("dtype"),
+      std::string::npos);
+  EXPECT_NE(error_of([&] { dequantize_checkpoint(in, in, {}, ctx); }).find("never overwrites"),
+            std::string::npos);
+  EXPECT_EQ(list_dir(dir), std::vector<std::string>{"in.safetensors"});
+}
+
+TEST(DequantizeCheckpoint, ShardsAndABrokenLayerLeaveNothing) {
+  std::string dir = tmp_dir("deq2");
+  for (const char* d : {"/in", "/q", "/d"}) mkdir((dir + d).c_str(), 0755);
+  const std::string index = write_shards(dir + "/in", "model.safetensors.index.json");
+  Context ctx;
+  quantize_checkpoint(index, dir + "/q/model.safetensors.index.json", QType::convrot_int4, {}, ctx);
+  DequantizeReport r =
+      dequantize_checkpoint(dir + "/q", dir + "/d/model.safetensors.index.json", {}, ctx);
+  EXPECT_EQ(r.files_out.size(), 3u);
+  // The same tensors in the same shards as the original checkpoint, the index agreeing.
+  CheckpointFiles before = checkpoint_files(index), after = checkpoint_files(dir + "/d");
+  EXPECT_EQ(after.weight_map, before.weight_map);
+  EXPECT_EQ(open_checkpoint(after).size(), 3u);
+  auto restored = contents(after.files), original = contents(before.files);
+  for (const auto& kv : original) {
+    const bool was_quantized = kv.first == "blocks.0.attn.qkv.weight" ||
+                               kv.first == "blocks.0.mlp.fc1.weight" || kv.first == "head.weight";
+    EXPECT_EQ(std::get<1>(restored.at(kv.first)), std::get<1>(kv.second)) << kv.first;
+    if (!was_quantized) EXPECT_EQ(restored.at(kv.first), kv.second) << kv.first;
+  }
+  // A layer whose scales are gone: an error naming it, nothing written.
+  const std::string one = dir + "/q1.safetensors";
+  quantize_checkpoint(index, one, QType::convrot8, {}, ctx);
+  std::vector<Src> kept;
+  {
+    SafetensorsReader r1(one);
+    for (const auto& t : r1.tensors()) {
+      if (t.name == "head.weight_scale") continue;
+      kept.push_back(
+          {t.name, t.dtype, t.shape, std::vector<uint8_t>(r1.data(t), r1.data(t) + t.nbytes())});
+    }
+  }
+  write_file(one, kept);
+  const std::string msg =
+      error_of([&] { dequantize_checkpoint(one, dir + "/d1.safetensors", {}, ctx); });
+  EXPECT_NE(msg.find("'head.weight_scale' is missing"), std::string::npos) << msg;
+  EXPECT_EQ(list_dir(dir).size(), 4u);  // in, q, d, q1.safetensors
+}
+
 // Real weights (tests/data/minilm_slice.safetensors, see its README): every qtype quantizes the
 // three linear slices; the weight error shrinks as bits grow, and convrot8 stays near 1 %.
 TEST(QuantizeCheckpoint, MiniLMWeightErrorPerQType) {

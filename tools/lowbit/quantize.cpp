@@ -1,6 +1,7 @@
 // `lowbit quantize IN -o OUT --qtype Q [--include GLOB]... [--exclude GLOB]... [--format F]`:
 // quantizes the linear weights of a safetensors checkpoint (one file or shards with an index),
 // streaming, with a progress bar on a terminal and a summary table (per layer, then per qtype).
+// `lowbit dequantize IN -o OUT [--dtype D]`: the quantized layers back to full-precision weights.
 #include <fmt/core.h>
 #include <signal.h>
 #include <unistd.h>
@@ -37,6 +38,45 @@ struct Args {
   int threads = 0;
 };
 
+// A progress bar on stderr when it is a terminal (and not --quiet).
+lowbit::ProgressFn progress_bar(bool quiet, std::chrono::steady_clock::time_point t0) {
+  if (quiet || !isatty(STDERR_FILENO)) return nullptr;
+  return [t0](const lowbit::QuantizeProgress& p) {
+    const int width = 30;
+    double frac = p.bytes_total ? static_cast<double>(p.bytes_done) / p.bytes_total : 1.0;
+    int fill = static_cast<int>(frac * width);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string name = p.name.size() > 40 ? "..." + p.name.substr(p.name.size() - 37) : p.name;
+    fmt::print(stderr, "\r[{}{}] {:3.0f}% {}/{} tensors {:.1f}s  {:<40}", std::string(fill, '#'),
+               std::string(width - fill, '.'), frac * 100, p.index, p.count, secs, name);
+    if (p.index == p.count) fmt::print(stderr, "\n");
+  };
+}
+
+// Runs f with SIGINT / SIGTERM setting g_cancel (the run then stops and leaves no output).
+template <typename F>
+auto with_interrupts(F&& f) {
+  struct sigaction sa = {};
+  sa.sa_handler = on_interrupt;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  struct Restore {
+    ~Restore() {
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+    }
+  } restore;
+  return f();
+}
+
+// Where the output went: one file, or the index and its shards.
+void print_destination(const std::string& out, const std::string& index_out, size_t shards) {
+  if (!index_out.empty())
+    fmt::print("-> {} ({} shards beside it)\n", index_out, shards);
+  else
+    fmt::print("-> {}\n", out);
+}
+
 void run_quantize(const Args& a) {
   lowbit::QType q = lowbit::parse_qtype(a.qtype);
   lowbit::QuantizeOptions opt;
@@ -51,29 +91,12 @@ void run_quantize(const Args& a) {
   }
   opt.compute_error = !a.no_error;
   opt.cancel = &g_cancel;
-  const bool tty = isatty(STDERR_FILENO) && !a.quiet;
   auto t0 = std::chrono::steady_clock::now();
-  if (tty) {
-    opt.progress = [t0](const lowbit::QuantizeProgress& p) {
-      const int width = 30;
-      double frac = p.bytes_total ? static_cast<double>(p.bytes_done) / p.bytes_total : 1.0;
-      int fill = static_cast<int>(frac * width);
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::string name = p.name.size() > 40 ? "..." + p.name.substr(p.name.size() - 37) : p.name;
-      fmt::print(stderr, "\r[{}{}] {:3.0f}% {}/{} tensors {:.1f}s  {:<40}", std::string(fill, '#'),
-                 std::string(width - fill, '.'), frac * 100, p.index, p.count, secs, name);
-      if (p.index == p.count) fmt::print(stderr, "\n");
-    };
-  }
-  struct sigaction sa = {};
-  sa.sa_handler = on_interrupt;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
+  opt.progress = progress_bar(a.quiet, t0);
   lowbit::Context ctx;
   ctx.cpu_threads = a.threads;
-  lowbit::QuantizeReport r = lowbit::quantize_checkpoint(a.in, a.out, q, opt, ctx);
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
+  lowbit::QuantizeReport r =
+      with_interrupts([&] { return lowbit::quantize_checkpoint(a.in, a.out, q, opt, ctx); });
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   if (!a.quiet && !r.layers.empty()) {
@@ -132,10 +155,7 @@ void run_quantize(const Args& a) {
       n_in > 1 ? fmt::format("{} shards", n_in) : std::string("file"), mib(r.file_bytes_in),
       mib(r.file_bytes_out),
       r.file_bytes_in ? static_cast<double>(r.file_bytes_out) / r.file_bytes_in : 0.0, secs);
-  if (!r.index_out.empty())
-    fmt::print("-> {} ({} shards beside it)\n", r.index_out, n_out);
-  else
-    fmt::print("-> {}\n", a.out);
+  print_destination(a.out, r.index_out, n_out);
 }
 
 }  // namespace
@@ -164,4 +184,72 @@ LOWBIT_CLI_COMMAND(setup_quantize) {
   sub->add_flag("--no-error", a.no_error, "skip the per-layer weight error (faster)");
   sub->add_flag("-q,--quiet", a.quiet, "no progress bar and no per-layer table");
   sub->callback([] { run_quantize(a); });
+}
+
+namespace {
+
+struct DequantizeArgs {
+  std::string in, out, dtype = "source";
+  bool quiet = false;
+  int threads = 0;
+};
+
+void run_dequantize(const DequantizeArgs& a) {
+  lowbit::DequantizeOptions opt;
+  if (a.dtype != "source") {
+    opt.source_dtype = false;
+    const std::string up = a.dtype == "f32"    ? "F32"
+                           : a.dtype == "bf16" ? "BF16"
+                           : a.dtype == "f16"  ? "F16"
+                                               : a.dtype;
+    if (!lowbit::parse_file_dtype(up, &opt.dtype) ||
+        (opt.dtype != lowbit::FileDType::f32 && opt.dtype != lowbit::FileDType::bf16 &&
+         opt.dtype != lowbit::FileDType::f16))
+      throw lowbit::Error("dequantize", "--dtype",
+                          "expected source, f32, bf16 or f16, got " + a.dtype);
+  }
+  opt.cancel = &g_cancel;
+  auto t0 = std::chrono::steady_clock::now();
+  opt.progress = progress_bar(a.quiet, t0);
+  lowbit::Context ctx;
+  ctx.cpu_threads = a.threads;
+  lowbit::DequantizeReport r =
+      with_interrupts([&] { return lowbit::dequantize_checkpoint(a.in, a.out, opt, ctx); });
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!a.quiet && !r.layers.empty()) {
+    size_t w = 5;
+    for (const auto& l : r.layers) w = std::max(w, l.name.size());
+    fmt::print("{:<{}}  {:<14} {:<18} {:<6} {:>12} {:>12}\n", "layer", w, "shape", "qtype", "dtype",
+               "before", "after");
+    for (const auto& l : r.layers)
+      fmt::print("{:<{}}  {:<14} {:<18} {:<6} {:>12} {:>12}\n", l.name, w, shape2(l.shape), l.qtype,
+                 lowbit::file_dtype_name(l.dtype), l.bytes_before, l.bytes_after);
+  }
+  fmt::print("{} layers restored, {} tensors written; {} -> {} in {:.1f}s\n", r.layers.size(),
+             r.tensors_out, mib(r.file_bytes_in), mib(r.file_bytes_out), secs);
+  print_destination(a.out, r.index_out, r.files_out.size());
+}
+
+}  // namespace
+
+LOWBIT_CLI_COMMAND(setup_dequantize) {
+  static DequantizeArgs a;
+  auto* sub = app.add_subcommand(
+      "dequantize",
+      "Restore the quantized layers of a checkpoint to full-precision weights (streaming)");
+  sub->add_option("input", a.in,
+                  "input .safetensors, sharded index (*.safetensors.index.json), or a directory "
+                  "holding one of them")
+      ->required();
+  sub->add_option("-o,--output", a.out,
+                  "output .safetensors (one file), or *.safetensors.index.json (shards of the "
+                  "input's file names beside it); never an input file")
+      ->required();
+  sub->add_option("--dtype", a.dtype,
+                  "source (each layer's original dtype from its marker; bf16 for ComfyUI layers), "
+                  "f32, bf16 or f16")
+      ->capture_default_str();
+  sub->add_option("--threads", a.threads, "CPU threads (0 = all)")->capture_default_str();
+  sub->add_flag("-q,--quiet", a.quiet, "no progress bar and no per-layer table");
+  sub->callback([] { run_dequantize(a); });
 }
