@@ -286,13 +286,18 @@ struct LayerReport {
   double rel_error = -1;      // ||W - deq(Q(W))||_F / ||W||_F in fp64; -1 when not computed
 };
 
-struct QuantizeReport {
-  std::vector<LayerReport> layers;               // in file order (shard after shard)
+// What a checkpoint transform (quantize_checkpoint, dequantize_checkpoint) read and wrote.
+struct CheckpointIO {
   std::vector<std::string> files_in, files_out;  // the safetensors files read / written
   std::string index_out;                         // the index written (sharded output only)
-  size_t tensors_in = 0, tensors_out = 0, tensors_copied = 0;
-  uint64_t data_bytes_in = 0, data_bytes_out = 0;
+  size_t tensors_in = 0, tensors_out = 0;
   uint64_t file_bytes_in = 0, file_bytes_out = 0;
+};
+
+struct QuantizeReport : CheckpointIO {
+  std::vector<LayerReport> layers;  // in file order (shard after shard)
+  size_t tensors_copied = 0;
+  uint64_t data_bytes_in = 0, data_bytes_out = 0;
   size_t quantized() const;
   size_t skipped() const;
 };
@@ -336,12 +341,8 @@ struct RestoredLayer {
   uint64_t bytes_after = 0;   // the restored weight
 };
 
-struct DequantizeReport {
+struct DequantizeReport : CheckpointIO {
   std::vector<RestoredLayer> layers;  // in file order
-  std::vector<std::string> files_in, files_out;
-  std::string index_out;
-  size_t tensors_in = 0, tensors_out = 0;
-  uint64_t file_bytes_in = 0, file_bytes_out = 0;
 };
 
 // The inverse of quantize_checkpoint for inspection and for other tools: every quantized layer

@@ -73,6 +73,28 @@ LayerMarker marker_of(nb::handle d) {
   return mk;
 }
 
+// The files and counts of a quantize / dequantize report.
+nb::dict io_dict(const CheckpointIO& io) {
+  nb::dict d;
+  d["tensors_in"] = io.tensors_in;
+  d["tensors_out"] = io.tensors_out;
+  d["file_bytes_in"] = io.file_bytes_in;
+  d["file_bytes_out"] = io.file_bytes_out;
+  d["files_in"] = io.files_in;
+  d["files_out"] = io.files_out;
+  d["index_out"] = io.index_out;
+  return d;
+}
+
+// Wraps a progress(index, count, name, bytes_done, bytes_total) Python callable (None: none).
+ProgressFn progress_of(nb::object progress) {
+  if (progress.is_none()) return nullptr;
+  return [progress](const QuantizeProgress& p) {
+    nb::gil_scoped_acquire acquire;
+    progress(p.index, p.count, p.name, p.bytes_done, p.bytes_total);
+  };
+}
+
 const std::pair<const char*, CheckpointFormat> kFormats[] = {
     {"lowbit", CheckpointFormat::lowbit},
     {"comfy", CheckpointFormat::comfy},
@@ -184,12 +206,7 @@ void bind_checkpoint(nb::module_& m) {
         o.filter.exclude = std::move(exclude);
         o.format = parse_enum("quantize_checkpoint", "format", format, kFormats);
         o.compute_error = compute_error;
-        if (!progress.is_none()) {
-          o.progress = [progress](const QuantizeProgress& p) {
-            nb::gil_scoped_acquire acquire;
-            progress(p.index, p.count, p.name, p.bytes_done, p.bytes_total);
-          };
-        }
+        o.progress = progress_of(progress);
         QType q = parse_qtype(qtype);
         Context ctx = make_context(0, threads);
         QuantizeReport rep;
@@ -212,16 +229,9 @@ void bind_checkpoint(nb::module_& m) {
           d["rel_error"] = l.rel_error;
           layers.append(d);
         }
-        nb::dict d;
+        nb::dict d = io_dict(rep);
         d["layers"] = layers;
-        d["tensors_in"] = rep.tensors_in;
-        d["tensors_out"] = rep.tensors_out;
         d["tensors_copied"] = rep.tensors_copied;
-        d["file_bytes_in"] = rep.file_bytes_in;
-        d["file_bytes_out"] = rep.file_bytes_out;
-        d["files_in"] = rep.files_in;
-        d["files_out"] = rep.files_out;
-        d["index_out"] = rep.index_out;
         return d;
       },
       nb::arg("input"), nb::arg("output"), nb::arg("qtype"), nb::kw_only(),
@@ -244,12 +254,7 @@ void bind_checkpoint(nb::module_& m) {
               {"f32", FileDType::f32}, {"bf16", FileDType::bf16}, {"f16", FileDType::f16}};
           o.dtype = parse_enum("dequantize_checkpoint", "dtype", dtype, kDtypes);
         }
-        if (!progress.is_none()) {
-          o.progress = [progress](const QuantizeProgress& p) {
-            nb::gil_scoped_acquire acquire;
-            progress(p.index, p.count, p.name, p.bytes_done, p.bytes_total);
-          };
-        }
+        o.progress = progress_of(progress);
         Context ctx = make_context(0, threads);
         DequantizeReport rep;
         {
@@ -267,15 +272,8 @@ void bind_checkpoint(nb::module_& m) {
           d["bytes_after"] = l.bytes_after;
           layers.append(d);
         }
-        nb::dict d;
+        nb::dict d = io_dict(rep);
         d["layers"] = layers;
-        d["tensors_in"] = rep.tensors_in;
-        d["tensors_out"] = rep.tensors_out;
-        d["file_bytes_in"] = rep.file_bytes_in;
-        d["file_bytes_out"] = rep.file_bytes_out;
-        d["files_in"] = rep.files_in;
-        d["files_out"] = rep.files_out;
-        d["index_out"] = rep.index_out;
         return d;
       },
       nb::arg("input"), nb::arg("output"), nb::kw_only(), nb::arg("dtype") = "source",

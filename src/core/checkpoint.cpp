@@ -484,11 +484,24 @@ uint64_t stream_plans(const char* op, const CheckpointFiles& src,
   return data_out;
 }
 
-// Re-validates what was written (headers only); returns the files' bytes.
-uint64_t output_file_bytes(const Outputs& outs) {
-  uint64_t bytes = 0;
-  for (const auto& f : outs.files) bytes += SafetensorsReader(f).file_bytes();
-  return bytes;
+// Opens the input files; their names, tensor count and bytes go into `io`.
+std::vector<SafetensorsReader> open_inputs(const CheckpointFiles& src, CheckpointIO& io) {
+  std::vector<SafetensorsReader> readers = open_checkpoint(src);
+  io.files_in = src.files;
+  for (const SafetensorsReader& r : readers) {
+    io.tensors_in += r.tensors().size();
+    io.file_bytes_in += r.file_bytes();
+  }
+  return readers;
+}
+
+// After stream_plans: the files written (their headers re-validated) and their bytes into `io`.
+void record_outputs(const Outputs& outs, const std::string& out, const std::vector<Plan>& plans,
+                    CheckpointIO& io) {
+  io.files_out = outs.files;
+  if (outs.sharded) io.index_out = out;
+  for (const Plan& p : plans) io.tensors_out += p.outputs.size();
+  for (const auto& f : outs.files) io.file_bytes_out += SafetensorsReader(f).file_bytes();
 }
 
 }  // namespace
@@ -501,13 +514,8 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
       std::string("--format comfy stores convrotcomfyw4a4 only, got qtype ") + qtype_name(qtype));
   const CheckpointFiles src = checkpoint_files(in);
   const Outputs outs = plan_outputs(kOp, src, in, out);
-  std::vector<SafetensorsReader> readers = open_checkpoint(src);
   QuantizeReport report;
-  report.files_in = src.files;
-  for (const SafetensorsReader& r : readers) {
-    report.tensors_in += r.tensors().size();
-    report.file_bytes_in += r.file_bytes();
-  }
+  std::vector<SafetensorsReader> readers = open_inputs(src, report);
 
   // Layers already quantized in the input keep every tensor as it is.
   std::set<std::string> quantized_prefixes;
@@ -654,11 +662,8 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
   };
   report.data_bytes_out = stream_plans(kOp, src, readers, outs, out, plans, metadata, opt.progress,
                                        opt.cancel, opt.writer, produce);
-  report.files_out = outs.files;
-  if (outs.sharded) report.index_out = out;
-  for (const Plan& p : plans) report.tensors_out += p.outputs.size();
+  record_outputs(outs, out, plans, report);
   for (const Plan& p : plans) report.tensors_copied += p.kind == Plan::copy;
-  report.file_bytes_out = output_file_bytes(outs);
   return report;
 }
 
@@ -670,13 +675,8 @@ DequantizeReport dequantize_checkpoint(const std::string& in, const std::string&
       op, "dtype", check::expected_got("F32, BF16 or F16", file_dtype_name(opt.dtype)));
   const CheckpointFiles src = checkpoint_files(in);
   const Outputs outs = plan_outputs(op, src, in, out);
-  std::vector<SafetensorsReader> readers = open_checkpoint(src);
   DequantizeReport report;
-  report.files_in = src.files;
-  for (const SafetensorsReader& r : readers) {
-    report.tensors_in += r.tensors().size();
-    report.file_bytes_in += r.file_bytes();
-  }
+  std::vector<SafetensorsReader> readers = open_inputs(src, report);
   // Every quantized layer: its marker, and the tensors it is stored in (the parts named by its
   // qtype, then the marker), all in the marker's file.
   struct Layer {
@@ -773,10 +773,7 @@ DequantizeReport dequantize_checkpoint(const std::string& in, const std::string&
   };
   stream_plans(op, src, readers, outs, out, plans, metadata, opt.progress, opt.cancel, opt.writer,
                produce);
-  report.files_out = outs.files;
-  if (outs.sharded) report.index_out = out;
-  for (const Plan& p : plans) report.tensors_out += p.outputs.size();
-  report.file_bytes_out = output_file_bytes(outs);
+  record_outputs(outs, out, plans, report);
   return report;
 }
 
