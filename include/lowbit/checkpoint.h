@@ -265,6 +265,9 @@ struct QuantizeOptions {
   QuantizeFilter filter;
   CheckpointFormat format = CheckpointFormat::lowbit;
   bool compute_error = true;  // ||W - deq(Q(W))|| / ||W|| per layer (costs one dequantization)
+  // Plan only: the report's decisions and sizes (no rel_error, no files_out), nothing written
+  // and no weight read (what --include / --exclude select on a large model, in a second).
+  bool dry_run = false;
   ProgressFn progress;        // called once before the first tensor and after each tensor
   // Checked before each tensor: when set, the run stops with a lowbit::Error and leaves no
   // output file (a CLI sets it from SIGINT).

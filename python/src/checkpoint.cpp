@@ -200,12 +200,14 @@ void bind_checkpoint(nb::module_& m) {
       "quantize_checkpoint",
       [](const std::string& in, const std::string& out, const std::string& qtype,
          std::vector<std::string> include, std::vector<std::string> exclude,
-         const std::string& format, bool compute_error, nb::object progress, int threads) {
+         const std::string& format, bool compute_error, nb::object progress, int threads,
+         bool dry_run) {
         QuantizeOptions o;
         o.filter.include = std::move(include);
         o.filter.exclude = std::move(exclude);
         o.format = parse_enum("quantize_checkpoint", "format", format, kFormats);
         o.compute_error = compute_error;
+        o.dry_run = dry_run;
         o.progress = progress_of(progress);
         QType q = parse_qtype(qtype);
         Context ctx = make_context(0, threads);
@@ -238,10 +240,12 @@ void bind_checkpoint(nb::module_& m) {
       nb::arg("include") = std::vector<std::string>(),
       nb::arg("exclude") = std::vector<std::string>(), nb::arg("format") = "lowbit",
       nb::arg("compute_error") = true, nb::arg("progress") = nb::none(), nb::arg("threads") = 0,
+      nb::arg("dry_run") = false,
       "Streams a safetensors checkpoint (a file, a sharded index or a directory), quantizing its "
       "2-D *.weight tensors (globs include / exclude) to `qtype` in lowbit or ComfyUI format, "
       "into one file or, when `output` ends in .index.json, into shards of the input's file "
-      "names beside that index; returns the per-layer report. "
+      "names beside that index; returns the per-layer report (dry_run: the plan only, nothing "
+      "written). "
       "progress(index, count, name, bytes_done, bytes_total) is called as it goes.");
   m.def(
       "dequantize_checkpoint",

@@ -609,6 +609,13 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
     }
   }
 
+  if (opt.dry_run) {
+    for (const Plan& p : plans) report.tensors_out += p.outputs.size();
+    for (const Plan& p : plans) report.tensors_copied += p.kind == Plan::copy;
+    for (const Plan& p : plans)
+      for (const TensorSpec& t : p.outputs) report.data_bytes_out += t.nbytes();
+    return report;
+  }
   auto metadata = [&](std::map<std::string, std::string>& m) {
     if (comfy) return;
     m["lowbit.format"] = "1";

@@ -67,9 +67,13 @@ def test_quantize_checkpoint_round_trip(tmp_path, qtype, fmt):
     write_safetensors(src, {"blk.proj.weight": w, "blk.proj.bias": np.ones(16, np.float32),
                             "blk.norm.weight": np.ones(7, np.float16)})
     out = tmp_path / "out.safetensors"
+    dry = lowbit.quantize_checkpoint(str(src), str(out), qtype, format=fmt, dry_run=True)
+    assert not out.exists() and dry["files_out"] == []
     calls = []
     report = lowbit.quantize_checkpoint(str(src), str(out), qtype, format=fmt,
                                         progress=lambda *a: calls.append(a))
+    assert [(l["quantized"], l["bytes_after"]) for l in dry["layers"]] == \
+        [(l["quantized"], l["bytes_after"]) for l in report["layers"]]
     assert calls and calls[-1][0] == calls[-1][1]
     layers = {l["name"]: l for l in report["layers"]}
     assert layers["blk.proj.weight"]["quantized"] and layers["blk.proj.weight"]["qtype"] == qtype

@@ -496,6 +496,32 @@ TEST(QuantizeCheckpoint, ShardedInputIntoShardsWithAnIndex) {
             std::string::npos);
 }
 
+TEST(QuantizeCheckpoint, DryRunPlansWithoutWriting) {
+  std::string dir = tmp_dir("dry");
+  mkdir((dir + "/in").c_str(), 0755);
+  const std::string index = write_shards(dir + "/in", "model.safetensors.index.json");
+  Context ctx;
+  QuantizeOptions opt;
+  opt.filter.exclude = {"head.*"};
+  const std::string out = dir + "/q.safetensors";
+  QuantizeReport real = quantize_checkpoint(index, out, QType::convrot_int4, opt, ctx);
+  std::remove(out.c_str());
+  opt.dry_run = true;
+  QuantizeReport dry = quantize_checkpoint(index, out, QType::convrot_int4, opt, ctx);
+  // The same decisions and sizes as the real run, no error figures, no file.
+  ASSERT_EQ(dry.layers.size(), real.layers.size());
+  for (size_t i = 0; i < dry.layers.size(); ++i) {
+    EXPECT_EQ(dry.layers[i].quantized, real.layers[i].quantized);
+    EXPECT_EQ(dry.layers[i].skip_reason, real.layers[i].skip_reason);
+    EXPECT_EQ(dry.layers[i].bytes_after, real.layers[i].bytes_after);
+    EXPECT_EQ(dry.layers[i].rel_error, -1.0);
+  }
+  EXPECT_EQ(dry.tensors_out, real.tensors_out);
+  EXPECT_EQ(dry.data_bytes_out, real.data_bytes_out);
+  EXPECT_TRUE(dry.files_out.empty());
+  EXPECT_EQ(list_dir(dir), std::vector<std::string>{"in"});
+}
+
 TEST(QuantizeCheckpoint, ShardedErrorsNameTheEntryAndWriteNothing) {
   std::string dir = tmp_dir("shard3");
   const std::string in = dir + "/in", out = dir + "/out";

@@ -34,7 +34,7 @@ std::string shape2(const std::vector<int64_t>& s) {
 struct Args {
   std::string in, out, qtype, format = "lowbit";
   std::vector<std::string> include, exclude;
-  bool no_error = false, quiet = false;
+  bool no_error = false, quiet = false, dry_run = false;
   int threads = 0;
 };
 
@@ -90,6 +90,7 @@ void run_quantize(const Args& a) {
     throw lowbit::Error("quantize", "--format", "expected lowbit or comfy, got " + a.format);
   }
   opt.compute_error = !a.no_error;
+  opt.dry_run = a.dry_run;
   opt.cancel = &g_cancel;
   auto t0 = std::chrono::steady_clock::now();
   opt.progress = progress_bar(a.quiet, t0);
@@ -148,6 +149,14 @@ void run_quantize(const Args& a) {
   }
   for (const auto& kv : reasons) fmt::print("  skipped {:>4}: {}\n", kv.second, kv.first);
   const size_t n_in = r.files_in.size(), n_out = r.files_out.size();
+  if (a.dry_run) {
+    fmt::print(
+        "dry run: {} layers would be quantized, {} skipped; tensor data {} -> {} ({:.3f}x); "
+        "nothing written\n",
+        r.quantized(), r.skipped(), mib(r.data_bytes_in), mib(r.data_bytes_out),
+        r.data_bytes_in ? static_cast<double>(r.data_bytes_out) / r.data_bytes_in : 0.0);
+    return;
+  }
   fmt::print(
       "{} layers quantized, {} skipped, {} other tensors copied; {} {} -> {} ({:.3f}x) "
       "in {:.1f}s\n",
@@ -182,6 +191,8 @@ LOWBIT_CLI_COMMAND(setup_quantize) {
       ->capture_default_str();
   sub->add_option("--threads", a.threads, "CPU threads (0 = all)")->capture_default_str();
   sub->add_flag("--no-error", a.no_error, "skip the per-layer weight error (faster)");
+  sub->add_flag("--dry-run", a.dry_run,
+                "print what would be quantized and the sizes; read no weight, write nothing");
   sub->add_flag("-q,--quiet", a.quiet, "no progress bar and no per-layer table");
   sub->callback([] { run_quantize(a); });
 }
