@@ -249,6 +249,11 @@ constexpr int64_t kAmxMinRowsFp4 = 64;
 // 4-bit codes (3072 x 3072 layers streamed from memory on 2 cores, GEMV vs tiles: int8 codes
 // 1.07-1.32 / 1.27-1.47 ms at 12 rows, 1.42-1.54 / 1.33-1.37 at 16; int4 0.73-0.80 / 0.98-1.02
 // at 12, 0.98-1.01 / 1.01-1.04 at 16 (comfy 0.91-0.92 / 1.02-1.06), 1.55-1.63 / 1.16 at 24).
+// Without AMX tiles the GEMV runs at every row count: it beats the VNNI loops on unpacked rows
+// everywhere (Zen 4, 2 threads, 24 layers 4096 -> 4096 streamed, GEMV / VNNI loops: convrot8
+// 1.39 / 2.56 ms at 16 rows, 2.58 / 4.59 at 32, 5.10 / 8.33 at 64, 22.5-23.4 / 33.6-35.0 at 256
+// (torch bf16 20.5-21.4), 86.7-86.9 / 122-129 at 1024 (torch 83-84); convrotint4 2.46 / 4.53 at
+// 32, 24.9 / 31.0 at 256; comfy 3.01 / 4.51 at 32, 22.6 / 33.2 at 256).
 constexpr int64_t kGemvMaxRows8 = 12, kGemvMaxRows4 = 18;
 // The decode GEMV's output rows go out in this many chunks per hardware thread, taken by whoever
 // is free (2 cores streaming 3072 x 3072 layers from memory, one row: 2 chunks 0.47 / 0.52 ms
@@ -677,10 +682,10 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // on its GEMV).
   const bool int8_codes = int8_family(q) || q == QType::convrot_comfy_w4a4;
   // The decode GEMV on the weights where they are stored (convrot8 below kGemvMaxRows8 rows, the
-  // 4-bit rows below kGemvMaxRows4; linear_gemv.h), else AMX tiles from kAmxMinRows, else VNNI
-  // on unpacked rows with the activations biased to uint8.
-  const bool gemv =
-      int8_codes && M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) && gemv_supported(w);
+  // 4-bit rows below kGemvMaxRows4, every row count without AMX; linear_gemv.h), else AMX tiles
+  // from kAmxMinRows, else VNNI on unpacked rows with the activations biased to uint8.
+  const bool gemv = int8_codes && gemv_supported(w) &&
+                    (M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx_gemm_on());
   const bool tiles = int8_codes && !gemv && M >= kAmxMinRows && amx_gemm_on();
   const bool fp8_tiles =
       q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();
