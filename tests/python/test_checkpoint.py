@@ -137,6 +137,11 @@ def test_dequantize_checkpoint_restores_the_weights(tmp_path, qtype, fmt):
     lowbit.dequantize_weight(lowbit.quantize_weight(w, qtype), want)
     np.testing.assert_array_equal(r.get("blk.proj.weight")[0], want)
     assert np.linalg.norm(want - w) / np.linalg.norm(w) < (0.02 if qtype == "convrot8" else 0.2)
+    # f16: dequantize_weight rounded to nearest even (numpy's float32 -> float16 rounding).
+    lowbit.dequantize_checkpoint(str(mid), str(tmp_path / "h.safetensors"), dtype="f16")
+    h, dt = lowbit.SafetensorsReader(str(tmp_path / "h.safetensors")).get("blk.proj.weight")
+    assert dt == "F16"
+    np.testing.assert_array_equal(h, want.astype(np.float16))
     # The marker's source dtype (F32 here) is the default; a bad dtype names itself.
     lowbit.dequantize_checkpoint(str(mid), str(tmp_path / "s.safetensors"))
     assert lowbit.SafetensorsReader(str(tmp_path / "s.safetensors")).info("blk.proj.weight")[
