@@ -48,6 +48,14 @@ void gemm_32x32(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp, 
 // rows are left.
 void gemm_16x32(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp, int32_t* c,
                 int64_t ldc);
+// gemm_16x32 when only the first `rows` <= 16 rows of A are meaningful, else gemm_32x32.
+inline void gemm_rows_x32(const int8_t* a, int64_t lda, const int8_t* packed, int64_t Kp,
+                          int32_t* c, int64_t ldc, int64_t rows) {
+  if (rows <= 16)
+    gemm_16x32(a, lda, packed, Kp, c, ldc);
+  else
+    gemm_32x32(a, lda, packed, Kp, c, ldc);
+}
 
 }  // namespace amx
 }  // namespace cpu

@@ -606,11 +606,7 @@ void plane_gemm_32x32(const int8_t* a_planes, int64_t Mp, int64_t Kp, int64_t m0
   std::fill(acc, acc + n, int64_t{0});
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 3; ++j) {
-      const int8_t* a = a_planes + (i * Mp + m0) * Kp;
-      if (rows <= 16)
-        amx::gemm_16x32(a, Kp, packed + j * pb, Kp, dots, 32);
-      else
-        amx::gemm_32x32(a, Kp, packed + j * pb, Kp, dots, 32);
+      amx::gemm_rows_x32(a_planes + (i * Mp + m0) * Kp, Kp, packed + j * pb, Kp, dots, 32, rows);
       const int shift = bits * (i + j);
       for (int64_t t = 0; t < n; ++t)
         acc[t] += static_cast<int64_t>(dots[t]) * (int64_t{1} << shift);
@@ -779,10 +775,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                 convrot::weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
             amx::pack_b32(wc.data(), K, static_cast<int>(no), K, packed.data());
             for (int64_t m0 = 0; m0 < M; m0 += 32) {
-              if (M - m0 <= 16)
-                amx::gemm_16x32(a_tiles.data() + m0 * Kp, Kp, packed.data(), Kp, dots, 32);
-              else
-                amx::gemm_32x32(a_tiles.data() + m0 * Kp, Kp, packed.data(), Kp, dots, 32);
+              amx::gemm_rows_x32(a_tiles.data() + m0 * Kp, Kp, packed.data(), Kp, dots, 32,
+                                 M - m0);
               for (int64_t i = 0; i < std::min<int64_t>(32, M - m0); ++i)
                 for (int64_t j = 0; j < no; ++j)
                   epilogue_store(out, m0 + i, o0 + j, static_cast<float>(dots[i * 32 + j]),
