@@ -691,6 +691,7 @@ DequantizeReport dequantize_checkpoint(const std::string& in, const std::string&
     size_t file = 0;
     int64_t o = 0, k = 0;
     FileDType dtype = FileDType::bf16;
+    uint64_t stored_bytes = 0;  // its parts and marker
   };
   std::map<std::string, Layer> layers;        // by prefix
   std::map<std::string, std::string> member;  // tensor name -> its layer's prefix
@@ -715,10 +716,12 @@ DequantizeReport dequantize_checkpoint(const std::string& in, const std::string&
                                             : part_name(m.prefix, part.first));
       names.push_back(m.prefix + (m.format == "comfy" ? "comfy_quant" : "lowbit_quant"));
       for (const auto& n : names) {
-        if (!readers[fi].find(n))
+        const TensorInfo* t = readers[fi].find(n);
+        if (!t)
           check::fail(op, readers[fi].path().c_str(),
                       "layer '" + m.prefix + "': tensor '" + n + "' is missing");
         member[n] = m.prefix;
+        l.stored_bytes += t->nbytes();
       }
       layers[m.prefix] = l;
     }
@@ -744,6 +747,7 @@ DequantizeReport dequantize_checkpoint(const std::string& in, const std::string&
         r.shape = {l.o, l.k};
         r.qtype = l.marker.qtype;
         r.dtype = l.dtype;
+        r.bytes_before = l.stored_bytes;
         r.bytes_after = p.outputs.back().nbytes();
         report.layers.push_back(r);
       } else {
@@ -751,11 +755,6 @@ DequantizeReport dequantize_checkpoint(const std::string& in, const std::string&
       }
       plans.push_back(std::move(p));
     }
-  }
-  for (RestoredLayer& r : report.layers) {
-    const Layer& l = layers.at(r.name.substr(0, r.name.size() - 6));
-    for (const auto& kv : member)
-      if (kv.second == l.marker.prefix) r.bytes_before += readers[l.file].at(kv.first).nbytes();
   }
   auto metadata = [](std::map<std::string, std::string>& m) {
     m.erase("lowbit.format");
