@@ -558,17 +558,20 @@ class AttentionBench : public BenchCase {
     const double plain = env.time_ms(
         [&] { attention(q.view, k.view, v.view, out.view, nullptr, fp8, wp, wb, ctx); });
     Rope rope{tab.view, true};
-    // per-head weight; segmented; segmented, seg_fast kernels; segmented unchecked; token norm
-    for (int mode : {0, 1, 2, 3, 4}) {
+    // per-head weight; segmented on the first-generation kernels (seg_fast off); segmented (the
+    // default: seg_fast); segmented unchecked; token norm (the default: one staging pass); token
+    // norm staged by two passes (session 40's)
+    for (int mode : {0, 1, 2, 3, 4, 5}) {
       const bool segmented = mode >= 1 && mode <= 3;
       detail::PrologueCudaTuning pt;
-      pt.seg_fast = mode == 2;
+      pt.seg_fast = mode != 1;
+      pt.token_two_pass = mode == 5;
       detail::set_prologue_cuda_tuning(pt);
       Prologue p;
-      p.norm_weight = segmented ? &wt.view : mode == 4 ? &wh.view : &w1;
+      p.norm_weight = segmented ? &wt.view : mode >= 4 ? &wh.view : &w1;
       p.weight_rows = segmented ? &rw.view : nullptr;
       p.check_weight_rows = mode != 3;
-      if (mode == 4) p.norm_scope = NormScope::token;
+      if (mode >= 4) p.norm_scope = NormScope::token;
       p.rope = &rope;
       AttentionOptions o = fp8;
       o.q_prologue = o.k_prologue = &p;
@@ -580,8 +583,9 @@ class AttentionBench : public BenchCase {
              (mode == 3   ? ", segmented norms (512 text rows, unchecked: no read-back)"
               : segmented ? ", segmented norms (512 text rows, index read-back)"
                           : "") +
-             (mode == 2 ? ", fast kernels (seg_fast)" : "") +
-             (mode == 4 ? ", norm over all heads (Wan, norm_scope token)" : "");
+             (mode == 1 ? ", first-generation kernels (seg_fast off)" : "") +
+             (mode >= 4 ? ", norm over all heads (Wan, norm_scope token)" : "") +
+             (mode == 5 ? ", staged by two passes (token_two_pass)" : "");
       r.ms = env.time_ms(
           [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
       synchronize(ctx);

@@ -459,6 +459,40 @@ class PrologueBench : public BenchCase {
                   fmt_pct(qk.baseline_ms / quant_ms) + " of copy bandwidth";
         rows.push_back(qk);
       }
+      // Session 45: Wan's norm over all H·D channels of a token (norm_scope token) on the same
+      // path: the norm output staged in one pass (default) or two (token_two_pass), then the
+      // passes on it; against this path with the per-head weight. Minimal bytes of the stage:
+      // one read of x and one write and read of y more than the per-head path.
+      if (env.device == Device::cuda) {
+        DeviceTensor wh = make_tensor(env.device, DType::bf16, {H * D}, 12, 1.f);
+        Prologue pt = is_k ? p : pq;
+        pt.norm_weight = &wh.view;
+        pt.norm_scope = NormScope::token;
+        for (int two = 0; two < 2; ++two) {
+          detail::PrologueCudaTuning tt;
+          tt.token_two_pass = two == 1;
+          detail::set_prologue_cuda_tuning(tt);
+          const double ms = env.time_ms([&] {
+            if (is_k)
+              norm_rope_mean_quantize(x.view, pt, mean.view, q8.view, sc.view, ctx);
+            else
+              norm_rope_quantize(x.view, pt, q8.view, sc.view, ctx);
+          });
+          detail::set_prologue_cuda_tuning({});
+          Row t = row;
+          t.op = std::string(is_k ? "k" : "q") +
+                 ": norm over all heads (norm_scope token), staged by " +
+                 (two ? "two passes (token_two_pass)" : "one pass");
+          t.ms = ms;
+          t.bytes = bytes + 3 * x_bytes;
+          t.baseline = "the per-head norm's path (the fused row)";
+          t.baseline_ms = fused_ms;
+          t.accuracy = "-";
+          t.note = "adds " + fmt_ms(ms - fused_ms) + " ms; its minimal bytes at " +
+                   fmt_pct(env.copy_ms(t.bytes / 2) / ms) + " of copy bandwidth";
+          rows.push_back(t);
+        }
+      }
       Row u = row;
       u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"
                   : "q: same, vs unfused lowbit steps (norm, rope, quantize)";

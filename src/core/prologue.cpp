@@ -341,16 +341,14 @@ void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx
     run();
     return;
   }
-  detail::StreamBuffer inv(device, sizeof(float) * static_cast<size_t>(a.batch * a.tokens), ctx,
-                           op);
-  a.token_inv = inv.as<float>();
-  if (device != Device::cuda) {
-    cpu::token_norm_inv(a, inv.as<float>(), ctx);
-    run();
-    return;
-  }
-  LOWBIT_CUDA_CALL(op, cuda::token_norm_inv(a, inv.as<float>(), ctx));
-  if (!stage || detail::prologue_cuda_tuning().legacy) {
+  const size_t inv_bytes = sizeof(float) * static_cast<size_t>(a.batch * a.tokens);
+  if (device != Device::cuda || !stage || detail::prologue_cuda_tuning().legacy) {
+    detail::StreamBuffer inv(device, inv_bytes, ctx, op);
+    a.token_inv = inv.as<float>();
+    if (device == Device::cuda)
+      LOWBIT_CUDA_CALL(op, cuda::token_norm_inv(a, inv.as<float>(), ctx));
+    else
+      cpu::token_norm_inv(a, inv.as<float>(), ctx);
     run();
     return;
   }
@@ -361,7 +359,15 @@ void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx
   PrologueArgs norm_only = a;  // the store step: y = the norm output, no rotation, no mean
   norm_only.rotate = false;
   norm_only.mean = nullptr;
-  LOWBIT_CUDA_CALL(op, cuda::norm_rope_store(norm_only, yp, a.tokens * row, row, a.dim, ctx));
+  bool fused = false;  // the token's inverse and y in one pass (H·D up to 24 groups of 256)
+  if (!detail::prologue_cuda_tuning().token_two_pass)
+    LOWBIT_CUDA_CALL(op, fused = cuda::token_norm_store(norm_only, yp, ctx));
+  if (!fused) {
+    detail::StreamBuffer inv(device, inv_bytes, ctx, op);
+    norm_only.token_inv = inv.as<float>();
+    LOWBIT_CUDA_CALL(op, cuda::token_norm_inv(norm_only, inv.as<float>(), ctx));
+    LOWBIT_CUDA_CALL(op, cuda::norm_rope_store(norm_only, yp, a.tokens * row, row, a.dim, ctx));
+  }
   a.x = yp;
   a.x_sb = a.tokens * row, a.x_sn = row, a.x_sh = a.dim;
   a.norm = a.norm_heads = false;

@@ -108,6 +108,12 @@ void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_s
                      Context& ctx);
 void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx);
 void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx);
+// NormScope::token's norm output y = round(x * inv * w) (the store step of a norm-only `a`),
+// contiguous (B, N, H, D) at y, in one pass that also takes each token's inverse (no
+// token_norm_inv first); false (nothing queued) where H·D needs more than kTokenStoreMaxGroups
+// groups of 256 channels.
+constexpr int64_t kTokenStoreMaxGroups = 24;
+bool token_norm_store(const PrologueArgs& a, void* y, Context& ctx);
 }  // namespace cuda
 
 namespace detail {
@@ -206,14 +212,19 @@ struct PrologueCudaTuning {
   // per (batch, head) without clusters, the form that device code older than sm_90 runs, on any
   // GPU (tests). The same bits.
   bool mean_no_cluster = false;
-  // Session 39 (written and compiled; NOT yet run on a GPU: no device was lent after it was
-  // built): segmented norm weights (weight_rows, R <= kSegRows = 4, D 64 / 128) in the fast
+  // Session 39: segmented norm weights (weight_rows, R <= kSegRows = 4, D 64 / 128) in the fast
   // kernels instead of the first-generation ones: the round-5 q kernel (THREAD_Q groups of 4 rows,
   // no mean, at every size), the round-5 k kernel (THREAD_K groups of 16 rows with the mean),
   // the round-5 mean kernel ((cos, sin) f32 tables) and the round-2 one (other tables); kSegRows
-  // weight rows in shared memory, each token's row index read once. Off by default until the
-  // `prologue.*.seg.*` harness cases (which also run it forced, `.segfast`) pass on a GPU.
-  bool seg_fast = false;
+  // weight rows in shared memory, each token's row index read once (the `prologue.*.seg.*`
+  // harness cases run it forced, `.segfast`, and off).
+  // Since session 45 (H100: every `.segfast` harness case passed; Wan's segmented-norm call
+  // 3.45 -> 1.74 ms of norm + rope, Flux's 0.325 -> 0.305): on by default; false forces the
+  // first-generation kernels for segmented weights.
+  bool seg_fast = true;
+  // Session 45: NormScope::token's staged norm output by the two passes of session 40 (the
+  // token's inverse, then the first-generation store kernel) instead of the one fused pass.
+  bool token_two_pass = false;
 };
 constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
 constexpr int kSyncTeams = 1, kSyncCta = 2;

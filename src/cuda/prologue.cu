@@ -1026,6 +1026,93 @@ __global__ void __launch_bounds__(kTokenWarps * 32)
         __fadd_rn(__fdiv_rn(g[0], static_cast<float>(a.heads * a.dim)), a.eps));
 }
 
+// The staged form of NormScope::token (session 45): token_inv_kernel's sum and the store step's
+// norm output in one pass. One warp per token keeps the token's chunks in registers (lane l:
+// chunks l + 32 j, j < MAXG groups), sums their squares exactly as token_inv_kernel does (each
+// group's xor-shuffle tree, every lane then holding the same group sums, whose remaining tree
+// levels run in registers in the same order), and writes y = round(round(x * inv) * w) (the store
+// kernel's arithmetic) contiguous (B, N, H, D): x is read once, where the two kernels read it
+// twice and the first-generation store read its weights one value at a time. The weights sit in
+// shared memory as f32; CTAs loop over tokens.
+template <bool BF16, int MAXG>
+__global__ void __launch_bounds__(kTokenWarps * 32)
+    token_norm_store_kernel(const PrologueArgs a, uint16_t* y) {
+  extern __shared__ float4 w_sh4[];  // the H·D weights, channel h * D + d
+  float* w_sh = reinterpret_cast<float*>(w_sh4);
+  const int D = static_cast<int>(a.dim);
+  const int64_t row = a.heads * a.dim, chunks = row / 8;
+  for (int64_t c = threadIdx.x; c < row; c += blockDim.x)
+    w_sh[c] = load_any(a.w, (c / D) * a.w_sr + c % D, a.w_dtype);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int groups = static_cast<int>((chunks + 31) / 32);
+  const int64_t total = a.batch * a.tokens;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kTokenWarps + warp; t < total;
+       t += static_cast<int64_t>(gridDim.x) * kTokenWarps) {
+    const int64_t b = t / a.tokens, n = t % a.tokens;
+    const uint16_t* x = static_cast<const uint16_t*>(a.x) + b * a.x_sb + n * a.x_sn;
+    uint4 r[MAXG];
+#pragma unroll
+    for (int j = 0; j < MAXG; ++j) {
+      const int64_t k = 32 * j + lane;
+      r[j] = make_uint4(0, 0, 0, 0);
+      if (j < groups && k < chunks) {
+        const int64_t c = 8 * k, h = c / D, d = c % D;
+        r[j] = load_stream16(x + h * a.x_sh + d);
+      }
+    }
+    float g[MAXG];
+#pragma unroll
+    for (int j = 0; j < MAXG; ++j) {
+      float s = 0.f;
+      if (32 * j + lane < chunks) {
+        float v[8];
+        unpack<BF16>(r[j], v);
+        s = chunk_squares(v);
+      }
+      g[j] = lane_tree_sum<32>(s);
+    }
+#pragma unroll
+    for (int step = 1; step < MAXG; step *= 2) {
+#pragma unroll
+      for (int k = 0; k + step < MAXG; k += 2 * step)
+        if (k + step < groups) g[k] = __fadd_rn(g[k], g[k + step]);
+    }
+    const float inv = norm_rsqrt(__fadd_rn(__fdiv_rn(g[0], static_cast<float>(row)), a.eps));
+    uint16_t* yo = y + t * row;
+#pragma unroll
+    for (int j = 0; j < MAXG; ++j) {
+      const int64_t k = 32 * j + lane;
+      if (j < groups && k < chunks) {
+        float v[8];
+        unpack<BF16>(r[j], v);
+        const float4 w0 = w_sh4[2 * k], w1 = w_sh4[2 * k + 1];
+        const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+        uint32_t o[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float lo = round_act<BF16>(__fmul_rn(__fmul_rn(v[2 * i], inv), w[2 * i]));
+          const float hi = round_act<BF16>(__fmul_rn(__fmul_rn(v[2 * i + 1], inv), w[2 * i + 1]));
+          o[i] = act_bits<BF16>(lo) | (act_bits<BF16>(hi) << 16);
+        }
+        *reinterpret_cast<uint4*>(yo + 8 * k) = make_uint4(o[0], o[1], o[2], o[3]);
+      }
+    }
+  }
+}
+
+template <bool BF16, int MAXG>
+void launch_token_norm_store(const PrologueArgs& a, uint16_t* y, Context& ctx) {
+  const auto kernel = token_norm_store_kernel<BF16, MAXG>;
+  const size_t smem = sizeof(float) * static_cast<size_t>(a.heads * a.dim);
+  const int per_sm = std::max(1, occupancy_per_sm(reinterpret_cast<const void*>(kernel),
+                                                  kTokenWarps * 32, smem, "token_norm_store"));
+  const int64_t tokens = a.batch * a.tokens;
+  const int64_t blocks = std::min<int64_t>((tokens + kTokenWarps - 1) / kTokenWarps,
+                                           int64_t{per_sm} * multiprocessor_count());
+  kernel<<<static_cast<unsigned>(blocks), kTokenWarps * 32, smem, stream_of(ctx)>>>(a, y);
+}
+
 }  // namespace
 
 void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx) {
@@ -1039,6 +1126,24 @@ void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx) {
   else
     token_inv_kernel<false><<<blocks, kTokenWarps * 32, smem, stream_of(ctx)>>>(a, out);
   check_launch("token_norm_inv");
+}
+
+bool token_norm_store(const PrologueArgs& a, void* y, Context& ctx) {
+  const int64_t groups = (a.heads * a.dim / 8 + 31) / 32;
+  if (a.batch * a.tokens == 0 || groups > kTokenStoreMaxGroups) return false;
+  uint16_t* out = static_cast<uint16_t*>(y);
+  const bool bf = a.x_dtype == DType::bf16;
+  if (groups <= 8)
+    bf ? launch_token_norm_store<true, 8>(a, out, ctx)
+       : launch_token_norm_store<false, 8>(a, out, ctx);
+  else if (groups <= 16)
+    bf ? launch_token_norm_store<true, 16>(a, out, ctx)
+       : launch_token_norm_store<false, 16>(a, out, ctx);
+  else
+    bf ? launch_token_norm_store<true, 24>(a, out, ctx)
+       : launch_token_norm_store<false, 24>(a, out, ctx);
+  check_launch("token_norm_store");
+  return true;
 }
 
 void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx) {

@@ -70,6 +70,7 @@ struct Cfg {
   bool mean_no_cluster = false;  // CUDA: the legacy mean kernel without clusters (pre-sm_90 code)
   int64_t seg_rows = 3;          // Norm::segmented: R, the weight's rows
   bool seg_fast = false;         // CUDA: segmented weights in the fast kernels (session 39)
+  bool token_two_pass = false;   // CUDA: NormScope::token staged by two passes (session 40's)
   bool unchecked_rows = false;   // weight_rows not checked (check_weight_rows false), some out of
                                  // range: every backend clamps them to [0, R)
   std::string tag;
@@ -232,13 +233,14 @@ class PrologueCase : public Case {
     struct Tuning {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
-    } tuning(detail::PrologueCudaTuning{
-        c_.legacy,         c_.heads_per_cta, c_.mean_steps,      c_.mean_round,
-        c_.tile_order,     c_.pdl,           c_.split_blocks,    c_.max_reduce,
-        c_.quant_pdl,      c_.mean_ctas,     c_.mean_smem,       c_.quant_early,
-        c_.quant_tight,    c_.quant_pair,    c_.quant_occ6,      c_.quant_codes,
-        c_.quant_kpair,
-        /*kpair_probe=*/0, c_.kpair_sync,    c_.mean_no_cluster, c_.seg_fast});
+    } tuning(detail::PrologueCudaTuning{c_.legacy,         c_.heads_per_cta, c_.mean_steps,
+                                        c_.mean_round,     c_.tile_order,    c_.pdl,
+                                        c_.split_blocks,   c_.max_reduce,    c_.quant_pdl,
+                                        c_.mean_ctas,      c_.mean_smem,     c_.quant_early,
+                                        c_.quant_tight,    c_.quant_pair,    c_.quant_occ6,
+                                        c_.quant_codes,    c_.quant_kpair,
+                                        /*kpair_probe=*/0, c_.kpair_sync,    c_.mean_no_cluster,
+                                        c_.seg_fast,       c_.token_two_pass});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -459,18 +461,35 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     st.tag = "seg.unchecked", st.store = true;
     add(st);
   }
-  // Norm over all heads of a token (NormScope::token, Wan): the token pre-pass, then on CUDA the
-  // norm output staged by the store step and the default kernels on it, or (`.legacy`) the
-  // first-generation kernels reading the token's inverse. H 1 .. 40 (one warp's 32 chunks and
-  // several groups of them, a partial last group), D 64 / 128 / 256, the q path (THREAD_Q 32, q
-  // inside a fused QKV row), the mean pass (interleaved rope, f16), the fused k path (THREAD_K
-  // 64, B 2, per-batch table), the store step.
+  // Norm over all heads of a token (NormScope::token, Wan): on CUDA the norm output staged by
+  // one pass (the token's inverse and y together; H·D up to 24 groups of 256 channels, else and
+  // `.twopass` the token pre-pass and the store kernel) and the default kernels on it, or
+  // (`.legacy`) the first-generation kernels reading the token's inverse. H 1 .. 40 (one warp's
+  // 32 chunks and several groups of them, a partial last group; H·D 10240 at D 256 takes the
+  // two passes), D 64 / 128 / 256, the q path (THREAD_Q 32, q inside a fused QKV row), the mean
+  // pass (interleaved rope, f16), the fused k path (THREAD_K 64, B 2, per-batch table), the
+  // store step.
   auto add_token = [&](Cfg c) {
     add(c);
     if (c.store) return;
+    Cfg two = c;
+    two.tag += ".twopass", two.token_two_pass = true;
+    add(two);
     c.tag += ".legacy", c.legacy = true;
     add(c);
   };
+  {
+    // Wan 14B's heads (H·D 5120: 20 groups) over more tokens than the one-pass kernel's grid
+    // holds warps (its CTAs loop), B 2, the q path and the fused k path.
+    Cfg q;
+    q.tag = "tokennorm.wan.q";
+    q.N = 2113, q.D = 128, q.H = 40, q.B = 2, q.sm_scale = q_scale, q.norm = Norm::token;
+    add(q);
+    Cfg k = q;
+    k.tag = "tokennorm.wan.k", k.fused = true, k.layout = ScaleLayout::thread_k, k.block = 64;
+    k.sm_scale = 1.f;
+    add(k);
+  }
   for (int64_t N : {1, 17, 257}) {
     for (int64_t D : {64, 128, 256}) {
       const int64_t H = N == 1 ? 40 : N == 17 ? 1 : 5;
