@@ -560,12 +560,14 @@ class AttentionBench : public BenchCase {
     Rope rope{tab.view, true};
     // per-head weight; segmented on the first-generation kernels (seg_fast off); segmented (the
     // default: seg_fast); segmented unchecked; token norm (the default: one staging pass); token
-    // norm staged by two passes (session 40's)
-    for (int mode : {0, 1, 2, 3, 4, 5}) {
+    // norm staged by two passes (session 40's); token norm with q's norm output staged in one
+    // pass too (token_fast off: session 45's first form)
+    for (int mode : {0, 1, 2, 3, 4, 5, 6}) {
       const bool segmented = mode >= 1 && mode <= 3;
       detail::PrologueCudaTuning pt;
       pt.seg_fast = mode != 1;
       pt.token_two_pass = mode == 5;
+      pt.token_fast = mode != 5 && mode != 6;
       detail::set_prologue_cuda_tuning(pt);
       Prologue p;
       p.norm_weight = segmented ? &wt.view : mode >= 4 ? &wh.view : &w1;
@@ -585,7 +587,8 @@ class AttentionBench : public BenchCase {
                           : "") +
              (mode == 1 ? ", first-generation kernels (seg_fast off)" : "") +
              (mode >= 4 ? ", norm over all heads (Wan, norm_scope token)" : "") +
-             (mode == 5 ? ", staged by two passes (token_two_pass)" : "");
+             (mode == 5 ? ", staged by two passes (token_two_pass)" : "") +
+             (mode == 6 ? ", q staged too (token_fast off)" : "");
       r.ms = env.time_ms(
           [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
       synchronize(ctx);

@@ -462,15 +462,19 @@ class PrologueBench : public BenchCase {
       // Session 45: Wan's norm over all H·D channels of a token (norm_scope token) on the same
       // path: the norm output staged in one pass (default) or two (token_two_pass), then the
       // passes on it; against this path with the per-head weight. Minimal bytes of the stage:
-      // one read of x and one write and read of y more than the per-head path.
+      // one read of x and one write and read of y more than the per-head path (token_fast: one
+      // read of x more).
       if (env.device == Device::cuda) {
         DeviceTensor wh = make_tensor(env.device, DType::bf16, {H * D}, 12, 1.f);
         Prologue pt = is_k ? p : pq;
         pt.norm_weight = &wh.view;
         pt.norm_scope = NormScope::token;
-        for (int two = 0; two < 2; ++two) {
+        // (q by default: the round-5 q kernel reading the token's inverse, `token_fast`; the
+        // third row stages q's y in one pass)
+        for (int two = 0; two < (is_k ? 2 : 3); ++two) {
           detail::PrologueCudaTuning tt;
           tt.token_two_pass = two == 1;
+          tt.token_fast = two == 0;
           detail::set_prologue_cuda_tuning(tt);
           const double ms = env.time_ms([&] {
             if (is_k)
@@ -480,11 +484,13 @@ class PrologueBench : public BenchCase {
           });
           detail::set_prologue_cuda_tuning({});
           Row t = row;
-          t.op = std::string(is_k ? "k" : "q") +
-                 ": norm over all heads (norm_scope token), staged by " +
-                 (two ? "two passes (token_two_pass)" : "one pass");
+          t.op = std::string(is_k ? "k" : "q") + ": norm over all heads (norm_scope token), " +
+                 (two == 2   ? "staged by one pass (token_fast off)"
+                  : two == 1 ? "staged by two passes (token_two_pass)"
+                  : is_k     ? "staged by one pass"
+                             : "the q kernel on the token's inverse (token_fast)");
           t.ms = ms;
-          t.bytes = bytes + 3 * x_bytes;
+          t.bytes = bytes + (two == 0 && !is_k ? 1 : 3) * x_bytes;
           t.baseline = "the per-head norm's path (the fused row)";
           t.baseline_ms = fused_ms;
           t.accuracy = "-";

@@ -334,14 +334,31 @@ namespace {
 // the norm off: the bits of the fused arithmetic (the passes continue from the same rounded y),
 // on the fast kernels, which read a per-head norm only. The first-generation kernels read the
 // token's inverse themselves (no scratch) where the tuning forces them (`legacy`).
+// q_pass (norm_rope_quantize): with the tuning's `token_fast`, where the round-5 q kernel takes
+// `a` (cuda::token_quantize_fast), the passes read each token's inverse and the weight rows as
+// f32 (token_norm_inv writes both) instead of a staged y.
 template <typename F>
 void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx, bool stage,
-                    F&& run) {
+                    F&& run, bool q_pass = false) {
   if (!a.norm_heads || a.batch * a.tokens == 0) {
     run();
     return;
   }
   const size_t inv_bytes = sizeof(float) * static_cast<size_t>(a.batch * a.tokens);
+  bool token_fast = false;
+  if (device == Device::cuda && q_pass && detail::prologue_cuda_tuning().token_fast)
+    LOWBIT_CUDA_CALL(op, token_fast = cuda::token_quantize_fast(a));
+  if (token_fast) {
+    detail::StreamBuffer inv(device, inv_bytes, ctx, op);
+    detail::StreamBuffer w(device, sizeof(float) * static_cast<size_t>(a.heads * a.dim) + 16, ctx,
+                           op);
+    a.token_inv = inv.as<float>();
+    a.token_w = static_cast<const float*>(w.aligned(16));
+    LOWBIT_CUDA_CALL(
+        op, cuda::token_norm_inv(a, inv.as<float>(), ctx, static_cast<float*>(w.aligned(16))));
+    run();
+    return;
+  }
   if (device != Device::cuda || !stage || detail::prologue_cuda_tuning().legacy) {
     detail::StreamBuffer inv(device, inv_bytes, ctx, op);
     a.token_inv = inv.as<float>();
@@ -397,12 +414,15 @@ void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, Te
   check_quantize_options(op, p);
   PrologueArgs a = resolve_inputs(op, x, p, true, rows_checked ? nullptr : &ctx);
   resolve_quantize(op, x, p, q_out, scale_out, a);
-  with_token_inv(op, x.device, a, ctx, true, [&] {
-    if (x.device == Device::cuda)
-      LOWBIT_CUDA_CALL(op, cuda::norm_rope_quantize(a, ctx));
-    else
-      cpu::norm_rope_quantize(a, ctx);
-  });
+  with_token_inv(
+      op, x.device, a, ctx, true,
+      [&] {
+        if (x.device == Device::cuda)
+          LOWBIT_CUDA_CALL(op, cuda::norm_rope_quantize(a, ctx));
+        else
+          cpu::norm_rope_quantize(a, ctx);
+      },
+      /*q_pass=*/true);
 }
 
 void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean_out,

@@ -32,6 +32,9 @@ struct PrologueArgs {
   // before the passes run.
   bool norm_heads = false;
   const float* token_inv = nullptr;
+  // CUDA, tuning `token_fast`: the weight as f32 (H·D, head h at h·D), for the round-5 q kernel
+  // reading each token's inverse instead of a staged norm output (token_norm_inv writes it).
+  const float* token_w = nullptr;
   // RoPE: cos of (batch b, token n, pair p) at rope + b*r_sb + n*r_sn + p*r_sp, its sin r_sc
   // further. r_sb = 0 for a shared table.
   bool rotate = false;
@@ -107,7 +110,12 @@ void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx);
 void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_sn, int64_t o_sh,
                      Context& ctx);
 void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx);
-void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx);
+// w_out (optional, H·D f32): the weight rows converted to f32 (PrologueArgs::token_w).
+void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx, float* w_out = nullptr);
+// Whether the q pass of `a` (NormScope::token) runs the round-5 q kernel reading the token's
+// inverse and token_w (tuning `token_fast` on, the kernel's layout; token_inv / token_w may be
+// null here: they are not read).
+bool token_quantize_fast(const PrologueArgs& a);
 // NormScope::token's norm output y = round(x * inv * w) (the store step of a norm-only `a`),
 // contiguous (B, N, H, D) at y, in one pass that also takes each token's inverse (no
 // token_norm_inv first); false (nothing queued) where H·D needs more than kTokenStoreMaxGroups
@@ -225,6 +233,12 @@ struct PrologueCudaTuning {
   // Session 45: NormScope::token's staged norm output by the two passes of session 40 (the
   // token's inverse, then the first-generation store kernel) instead of the one fused pass.
   bool token_two_pass = false;
+  // Session 45: NormScope::token's q pass (THREAD_Q groups of 4 rows, no mean: the round-5 q
+  // kernel's layout) reading each token's inverse and its heads' weight rows (f32) instead of a
+  // staged norm output; the token pre-pass first. H100: Wan q path 0.528 -> 0.305 ms (per-head
+  // norm 0.185), Flux 0.051 -> 0.035; every `.tokenfast` harness case passed, memcheck clean.
+  // false: the q pass stages y as the other passes do.
+  bool token_fast = true;
 };
 constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
 constexpr int kSyncTeams = 1, kSyncCta = 2;

@@ -993,8 +993,13 @@ constexpr int kTokenWarps = 8;
 
 template <bool BF16>
 __global__ void __launch_bounds__(kTokenWarps * 32)
-    token_inv_kernel(const PrologueArgs a, float* out) {
+    token_inv_kernel(const PrologueArgs a, float* out, float* w_out) {
   extern __shared__ float group_sums[];
+  if (w_out) {  // the weight rows as f32, head h at h * D (grid-stride over H·D)
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         i < a.heads * a.dim; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      w_out[i] = load_any(a.w, (i / a.dim) * a.w_sr + i % a.dim, a.w_dtype);
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kTokenWarps + warp;
   if (t >= a.batch * a.tokens) return;  // a whole warp (no CTA barrier below)
@@ -1115,16 +1120,16 @@ void launch_token_norm_store(const PrologueArgs& a, uint16_t* y, Context& ctx) {
 
 }  // namespace
 
-void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx) {
+void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx, float* w_out) {
   const int64_t tokens = a.batch * a.tokens;
   if (tokens == 0) return;
   const int64_t groups = (a.heads * a.dim / 8 + 31) / 32;
   const size_t smem = sizeof(float) * static_cast<size_t>(kTokenWarps * groups);  // <= 48 KB
   const unsigned blocks = static_cast<unsigned>((tokens + kTokenWarps - 1) / kTokenWarps);
   if (a.x_dtype == DType::bf16)
-    token_inv_kernel<true><<<blocks, kTokenWarps * 32, smem, stream_of(ctx)>>>(a, out);
+    token_inv_kernel<true><<<blocks, kTokenWarps * 32, smem, stream_of(ctx)>>>(a, out, w_out);
   else
-    token_inv_kernel<false><<<blocks, kTokenWarps * 32, smem, stream_of(ctx)>>>(a, out);
+    token_inv_kernel<false><<<blocks, kTokenWarps * 32, smem, stream_of(ctx)>>>(a, out, w_out);
   check_launch("token_norm_inv");
 }
 

@@ -380,36 +380,44 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
 // TQ_ROWS (session 23, the round-5 THREAD_K kernel: the lane's two rows are two tokens of one
 // head): the rows have their own rotary quads, tq(k, r); else tq(k) serves both.
 // WQ_ROWS (segmented weights in the THREAD_K kernel: two tokens, two weight rows): wq(k, r).
+// GIVEN (NormScope::token, tuning `token_fast`): both rows' inverse is `given` (the token's, over
+// its H·D channels: token_norm_inv), no sum of squares; the norm is on.
 template <int D, bool BF16, int ROPE, bool LEAN, bool TQ_ROWS = false, bool WQ_ROWS = false,
-          typename WQ, typename TQ>
+          bool GIVEN = false, typename WQ, typename TQ>
 __device__ __forceinline__ void v4_row_pair(bool norm, float eps, WQ&& wq, TQ&& tq,
-                                            const uint4 (&raw)[4], float (&v)[32]) {
+                                            const uint4 (&raw)[4], float (&v)[32],
+                                            float given = 1.f) {
   constexpr int L2 = D / 16;
   float* x = v;
 #pragma unroll
   for (int i = 0; i < 4; ++i) unpack<BF16>(raw[i], x + 8 * i);
-  // Session 31 (as v3_row's uniform form): the squares, their trees and both rows' rsqrt direct
-  // steps run whether or not there is a norm, and one rarely taken branch rewrites the two
-  // scalars (no norm: 1, the weights are 1 too; outside the direct range: __frsqrt_rn).
-  float p[4];  // p[2 r + i]: chunk i of row r
+  float inv[2];
+  if constexpr (GIVEN) {
+    inv[0] = inv[1] = given;
+  } else {
+    // Session 31 (as v3_row's uniform form): the squares, their trees and both rows' rsqrt
+    // direct steps run whether or not there is a norm, and one rarely taken branch rewrites the
+    // two scalars (no norm: 1, the weights are 1 too; outside the direct range: __frsqrt_rn).
+    float p[4];  // p[2 r + i]: chunk i of row r
 #pragma unroll
-  for (int i = 0; i < 4; ++i) p[i] = chunk_squares(x + 8 * i);
+    for (int i = 0; i < 4; ++i) p[i] = chunk_squares(x + 8 * i);
 #pragma unroll
-  for (int o = 1; o < L2; o <<= 1) {
+    for (int o = 1; o < L2; o <<= 1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
-  }
-  float ms[2], inv[2];
+      for (int i = 0; i < 4; ++i) p[i] = __fadd_rn(p[i], __shfl_xor_sync(0xffffffffu, p[i], o));
+    }
+    float ms[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    ms[r] = __fadd_rn(
-        __fmul_rn(__fadd_rn(p[2 * r], p[2 * r + 1]), 1.f / static_cast<float>(D)), eps);
-    inv[r] = rsqrt_direct(ms[r]);
-  }
-  if (!norm || !rsqrt_direct_ok(ms[0]) || !rsqrt_direct_ok(ms[1])) {
+    for (int r = 0; r < 2; ++r) {
+      ms[r] =
+          __fadd_rn(__fmul_rn(__fadd_rn(p[2 * r], p[2 * r + 1]), 1.f / static_cast<float>(D)), eps);
+      inv[r] = rsqrt_direct(ms[r]);
+    }
+    if (!norm || !rsqrt_direct_ok(ms[0]) || !rsqrt_direct_ok(ms[1])) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
-      inv[r] = !norm ? 1.f : rsqrt_direct_ok(ms[r]) ? inv[r] : __frsqrt_rn(ms[r]);
+      for (int r = 0; r < 2; ++r)
+        inv[r] = !norm ? 1.f : rsqrt_direct_ok(ms[r]) ? inv[r] : __frsqrt_rn(ms[r]);
+    }
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -666,10 +674,11 @@ __device__ __forceinline__ float redux_group_max(float m, int lanes, int lane) {
 // thread's row at position `pos` of the tile, with the pointers at the CTA's first head.
 __device__ __forceinline__ QuantRow quant_cta_row(const PrologueArgs& a, const V3QuantLaunch& L,
                                                   int pos, int group_rows, bool first_lane,
-                                                  int& count) {
+                                                  int& count, int64_t* first_head = nullptr) {
   if (!L.early) griddep_wait();
   int64_t tile, h0;
   quant_cta_work(L, a.heads, tile, h0, count);
+  if (first_head) *first_head = h0;
   if (L.reverse) tile = L.tiles - 1 - tile;
   return quant_row(a, blockIdx.z, tile * L.tile_rows + pos, group_rows, h0, first_lane);
 }
@@ -1128,7 +1137,11 @@ __device__ __forceinline__ void pair_store_invariants(int tid, float4 wq, float4
 // SIGNED (session 16): the codes by quantize_fqs_n.
 // SEG (session 39): segmented weights, the token's row (the lane's two rows are two heads of one
 // token: one weight row) at an offset into kSegRows rows of quads.
-template <int D, bool BF16, int ROPE, bool SIGNED, bool SEG = false>
+// TOKEN (session 45, tuning `token_fast`): NormScope::token; both rows take the token's inverse
+// (a.token_inv, read once) and their own head's weight quads from a.token_w (f32, L1-resident;
+// the same quads pair_weight_quad would stage): the norm output the staged path writes, in
+// registers.
+template <int D, bool BF16, int ROPE, bool SIGNED, bool SEG = false, bool TOKEN = false>
 __global__ void __maxnreg__(kV3Async96Regs)
     v5_quantize_pair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
@@ -1146,10 +1159,18 @@ __global__ void __maxnreg__(kV3Async96Regs)
   const int slot = lane / LANES, lane_in_row = lane % LANES;
   const int64_t b = blockIdx.z;
   int count;
+  int64_t h0 = 0;
   const QuantRow row =
-      quant_cta_row(a, L, warp * RW + slot, kSpecQRows, lane_in_row == 0, count);
+      quant_cta_row(a, L, warp * RW + slot, kSpecQRows, lane_in_row == 0, count, &h0);
   const float4 wq = pair_weight_quad<D, SEG>(a, tid);
   const int woff = seg_quad_offset<D, SEG>(a, row.n, row.ok);
+  // TOKEN: the token's inverse, and head h's weight quad k of this lane (pair_weight_quad's
+  // channels) from the f32 rows.
+  const float tinv = TOKEN && row.ok ? __ldg(a.token_inv + b * a.tokens + row.n) : 1.f;
+  const float* tw = TOKEN ? a.token_w + (8 * lane_in_row) : nullptr;
+  auto token_quad = [&](int64_t h, int k) {
+    return __ldg(reinterpret_cast<const float4*>(tw + h * D + (k < 2 ? 0 : D / 2 - 8) + 4 * k));
+  };
   // The lane's rotary pairs: paired 8 l .. 8 l + 7, interleaved 4 l .. 4 l + 3 and D / 4 + 4 l ..;
   // quad k = (cos, sin) of its pairs 2k, 2k + 1.
   float tcs[8], tsn[8];
@@ -1202,9 +1223,17 @@ __global__ void __maxnreg__(kV3Async96Regs)
 #pragma unroll
     for (int i = 0; i < 4; ++i) r[i] = lds16u(rd + i * THREADS * sizeof(uint4));
     float x[32];
-    v4_row_pair<D, BF16, ROPE, LEAN>(
-        a.norm, a.eps, [&](int k) { return lds16(&w_sh[woff + k * LANES + lane_in_row]); },
-        [&](int k) { return lds16(&t_sh[k * THREADS + tid]); }, r, x);
+    if constexpr (TOKEN) {
+      // heads 2 v, 2 v + 1 of the group (an odd count's last pair: the first twice)
+      const int64_t ha = h0 + 2 * v, hb = 2 * v + 1 < count ? ha + 1 : ha;
+      v4_row_pair<D, BF16, ROPE, LEAN, false, true, true>(
+          true, a.eps, [&](int k, int rw) { return token_quad(rw ? hb : ha, k); },
+          [&](int k) { return lds16(&t_sh[k * THREADS + tid]); }, r, x, tinv);
+    } else {
+      v4_row_pair<D, BF16, ROPE, LEAN>(
+          a.norm, a.eps, [&](int k) { return lds16(&w_sh[woff + k * LANES + lane_in_row]); },
+          [&](int k) { return lds16(&t_sh[k * THREADS + tid]); }, r, x);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (2 * v + h >= count) break;  // (CTA-uniform)
@@ -1872,9 +1901,24 @@ bool seg_quantize_supported(const PrologueArgs& a, const detail::PrologueCudaTun
   return false;
 }
 
+// NormScope::token in the q pass (tuning `token_fast`): the round-5 q kernel's default form only
+// (THREAD_Q groups of kSpecQRows rows, no mean, D 64 / 128, no knob steering the kernels).
+bool token_quantize_supported(const PrologueArgs& a, const detail::PrologueCudaTuning& t) {
+  if (!t.token_fast || !a.norm_heads || a.mean || a.scale_eps < 0.f || a.groups <= 0) return false;
+  if (a.dim != 64 && a.dim != 128) return false;
+  if (t.max_reduce > 0 || t.quant_tight > 0 || t.quant_codes > 0 || t.quant_pair > 0 ||
+      t.split_blocks > 0 || t.quant_occ6 > 0)
+    return false;
+  return a.block / a.groups == kSpecQRows;
+}
+
 bool v3_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
-  if (t.legacy || a.norm_heads) return false;  // NormScope::token: the first-generation kernels
+  if (t.legacy) return false;
+  // NormScope::token: the first-generation kernels, but for the token_fast q pass (its inverses
+  // and f32 weight rows given)
+  if (a.norm_heads && !(quantize && token_quantize_supported(a, t) && a.token_inv && a.token_w))
+    return false;
   // The mean pass: the round-4 kernel unless `mean_round` = 2 forces src/cuda/prologue.cu's.
   // (Round 3's mean kernel, slower than round 2's in GPU run 2, was deleted in session 8.)
   if (!quantize) return t.mean_round != 2 && v4_mean_supported(a);
@@ -1915,7 +1959,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   const bool pair_on = tuning.quant_pair > 0 ? tuning.quant_pair == detail::kPairOn
                                              : a.batch * a.tokens * a.heads >= kV3PairMinRows;
   // (segmented weights: round 5 at every size, the only q kernel with them)
-  const bool pair = (pair_on || a.w_rows) && tight_forms(tuning) && spec_q;
+  const bool pair = (pair_on || a.w_rows || a.norm_heads) && tight_forms(tuning) && spec_q;
   const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
   L.mean_vec =
       a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 && a.m_sh % 4 == 0;
@@ -2072,6 +2116,13 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads>);
       else
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, 0>);
+    } else if (a.norm_heads) {  // token_quantize_supported: the round-5 q kernel, D <= 128
+      if (pair) {
+        launch(v5_quantize_pair_kernel<D, BF16, ROPE, true, false, true>);
+      } else {
+        LOWBIT_CHECK(false, "norm_rope_quantize", "norm_scope",
+                     "internal: the token norm's q kernel was not chosen");
+      }
     } else if (a.w_rows) {  // seg_quantize_supported: the default round-5 forms, D <= 128
       if (pair) {
         launch(v5_quantize_pair_kernel<D, BF16, ROPE, true, true>);
@@ -2129,6 +2180,14 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
 
 void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   v4_norm_rope_mean(a, ctx, hold);
+}
+
+bool token_quantize_fast(const PrologueArgs& a) {
+  PrologueArgs t = a;  // (the pointers are not read: placeholders for v3_supported's test)
+  static const float placeholder[4] = {};
+  if (!t.token_inv) t.token_inv = placeholder;
+  if (!t.token_w) t.token_w = placeholder;
+  return v3_supported(t, true);
 }
 
 }  // namespace cuda

@@ -71,6 +71,7 @@ struct Cfg {
   int64_t seg_rows = 3;          // Norm::segmented: R, the weight's rows
   bool seg_fast = false;         // CUDA: segmented weights in the fast kernels (session 39)
   bool token_two_pass = false;   // CUDA: NormScope::token staged by two passes (session 40's)
+  bool token_fast = false;       // CUDA: NormScope::token's q pass on the token's inverse
   bool unchecked_rows = false;   // weight_rows not checked (check_weight_rows false), some out of
                                  // range: every backend clamps them to [0, R)
   std::string tag;
@@ -233,14 +234,14 @@ class PrologueCase : public Case {
     struct Tuning {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
-    } tuning(detail::PrologueCudaTuning{c_.legacy,         c_.heads_per_cta, c_.mean_steps,
-                                        c_.mean_round,     c_.tile_order,    c_.pdl,
-                                        c_.split_blocks,   c_.max_reduce,    c_.quant_pdl,
-                                        c_.mean_ctas,      c_.mean_smem,     c_.quant_early,
-                                        c_.quant_tight,    c_.quant_pair,    c_.quant_occ6,
+    } tuning(detail::PrologueCudaTuning{c_.legacy,         c_.heads_per_cta,  c_.mean_steps,
+                                        c_.mean_round,     c_.tile_order,     c_.pdl,
+                                        c_.split_blocks,   c_.max_reduce,     c_.quant_pdl,
+                                        c_.mean_ctas,      c_.mean_smem,      c_.quant_early,
+                                        c_.quant_tight,    c_.quant_pair,     c_.quant_occ6,
                                         c_.quant_codes,    c_.quant_kpair,
-                                        /*kpair_probe=*/0, c_.kpair_sync,    c_.mean_no_cluster,
-                                        c_.seg_fast,       c_.token_two_pass});
+                                        /*kpair_probe=*/0, c_.kpair_sync,     c_.mean_no_cluster,
+                                        c_.seg_fast,       c_.token_two_pass, c_.token_fast});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -475,6 +476,11 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     Cfg two = c;
     two.tag += ".twopass", two.token_two_pass = true;
     add(two);
+    if (!c.fused && !c.mean_pass) {  // the q pass: `.tokenfast` (session 45's knob forced)
+      Cfg fast = c;
+      fast.tag += ".tokenfast", fast.token_fast = true;
+      add(fast);
+    }
     c.tag += ".legacy", c.legacy = true;
     add(c);
   };
@@ -485,6 +491,9 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     q.tag = "tokennorm.wan.q";
     q.N = 2113, q.D = 128, q.H = 40, q.B = 2, q.sm_scale = q_scale, q.norm = Norm::token;
     add(q);
+    Cfg qf = q;
+    qf.tag += ".tokenfast", qf.token_fast = true;
+    add(qf);
     Cfg k = q;
     k.tag = "tokennorm.wan.k", k.fused = true, k.layout = ScaleLayout::thread_k, k.block = 64;
     k.sm_scale = 1.f;
