@@ -334,20 +334,24 @@ namespace {
 // the norm off: the bits of the fused arithmetic (the passes continue from the same rounded y),
 // on the fast kernels, which read a per-head norm only. The first-generation kernels read the
 // token's inverse themselves (no scratch) where the tuning forces them (`legacy`).
-// q_pass (norm_rope_quantize): with the tuning's `token_fast`, where the round-5 q kernel takes
-// `a` (cuda::token_quantize_fast), the passes read each token's inverse and the weight rows as
-// f32 (token_norm_inv writes both) instead of a staged y.
+// fast (kFastQ: norm_rope_quantize; kFastK: norm_rope_mean_quantize, with the tuning's
+// `token_fast_k` too): with the tuning's `token_fast`, where the round-5 kernels take `a`
+// (cuda::token_quantize_fast), the passes read each token's inverse and the weight rows as f32
+// (token_norm_inv writes both) instead of a staged y.
+constexpr int kFastNone = 0, kFastQ = 1, kFastK = 2;
 template <typename F>
 void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx, bool stage,
-                    F&& run, bool q_pass = false) {
+                    F&& run, int fast = kFastNone) {
   if (!a.norm_heads || a.batch * a.tokens == 0) {
     run();
     return;
   }
   const size_t inv_bytes = sizeof(float) * static_cast<size_t>(a.batch * a.tokens);
   bool token_fast = false;
-  if (device == Device::cuda && q_pass && detail::prologue_cuda_tuning().token_fast)
-    LOWBIT_CUDA_CALL(op, token_fast = cuda::token_quantize_fast(a));
+  const detail::PrologueCudaTuning tuning = detail::prologue_cuda_tuning();
+  if (device == Device::cuda && tuning.token_fast &&
+      (fast == kFastQ || (fast == kFastK && tuning.token_fast_k)))
+    LOWBIT_CUDA_CALL(op, token_fast = cuda::token_quantize_fast(a, fast == kFastK));
   if (token_fast) {
     detail::StreamBuffer inv(device, inv_bytes, ctx, op);
     detail::StreamBuffer w(device, sizeof(float) * static_cast<size_t>(a.heads * a.dim) + 16, ctx,
@@ -422,7 +426,7 @@ void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, Te
         else
           cpu::norm_rope_quantize(a, ctx);
       },
-      /*q_pass=*/true);
+      kFastQ);
 }
 
 void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean_out,
@@ -440,12 +444,15 @@ void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean
   // The quantize pass subtracts the mean just computed.
   a.mean = a.mean_out;
   a.m_sb = a.mo_sb, a.m_sh = a.mo_sh;
-  with_token_inv(op, x.device, a, ctx, true, [&] {
-    if (x.device == Device::cuda)
-      LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean_quantize(a, ctx));
-    else
-      cpu::norm_rope_mean_quantize(a, ctx);
-  });
+  with_token_inv(
+      op, x.device, a, ctx, true,
+      [&] {
+        if (x.device == Device::cuda)
+          LOWBIT_CUDA_CALL(op, cuda::norm_rope_mean_quantize(a, ctx));
+        else
+          cpu::norm_rope_mean_quantize(a, ctx);
+      },
+      kFastK);
 }
 
 }  // namespace

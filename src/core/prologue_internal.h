@@ -112,10 +112,11 @@ void norm_rope_store(const PrologueArgs& a, void* out, int64_t o_sb, int64_t o_s
 void norm_rsqrt(const float* s, float* out, int64_t n, Context& ctx);
 // w_out (optional, H·D f32): the weight rows converted to f32 (PrologueArgs::token_w).
 void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx, float* w_out = nullptr);
-// Whether the q pass of `a` (NormScope::token) runs the round-5 q kernel reading the token's
-// inverse and token_w (tuning `token_fast` on, the kernel's layout; token_inv / token_w may be
-// null here: they are not read).
-bool token_quantize_fast(const PrologueArgs& a);
+// Whether the quantize pass of `a` (NormScope::token) runs a round-5 kernel reading the tokens'
+// inverses and token_w (tuning `token_fast` on, the kernels' layouts; token_inv / token_w may be
+// null here: they are not read); with_mean: and norm_rope_mean_quantize's mean pass the round-5
+// mean kernel.
+bool token_quantize_fast(const PrologueArgs& a, bool with_mean);
 // NormScope::token's norm output y = round(x * inv * w) (the store step of a norm-only `a`),
 // contiguous (B, N, H, D) at y, in one pass that also takes each token's inverse (no
 // token_norm_inv first); false (nothing queued) where H·D needs more than kTokenStoreMaxGroups
@@ -237,8 +238,13 @@ struct PrologueCudaTuning {
   // kernel's layout) reading each token's inverse and its heads' weight rows (f32) instead of a
   // staged norm output; the token pre-pass first. H100: Wan q path 0.528 -> 0.305 ms (per-head
   // norm 0.185), Flux 0.051 -> 0.035; every `.tokenfast` harness case passed, memcheck clean.
-  // false: the q pass stages y as the other passes do.
+  // false: the passes stage y. The fused k path (norm_rope_mean_quantize: the round-5 mean and
+  // k kernels) the same way only with token_fast_k too (session 45's last call: every k
+  // `.tokenfast` harness case passed on the H100, memcheck clean, but it was not timed: off
+  // until the bench row "k: norm over all heads ..., the k path on the tokens' inverses" shows
+  // it faster than the staged k path).
   bool token_fast = true;
+  bool token_fast_k = false;
 };
 constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
 constexpr int kSyncTeams = 1, kSyncCta = 2;

@@ -380,20 +380,20 @@ __device__ __forceinline__ void v3_row(bool norm, float eps, WQ&& wq, TQ&& tq,
 // TQ_ROWS (session 23, the round-5 THREAD_K kernel: the lane's two rows are two tokens of one
 // head): the rows have their own rotary quads, tq(k, r); else tq(k) serves both.
 // WQ_ROWS (segmented weights in the THREAD_K kernel: two tokens, two weight rows): wq(k, r).
-// GIVEN (NormScope::token, tuning `token_fast`): both rows' inverse is `given` (the token's, over
-// its H·D channels: token_norm_inv), no sum of squares; the norm is on.
+// GIVEN (NormScope::token, tuning `token_fast`): row r's inverse is given_r (its token's, over
+// the token's H·D channels: token_norm_inv), no sum of squares; the norm is on.
 template <int D, bool BF16, int ROPE, bool LEAN, bool TQ_ROWS = false, bool WQ_ROWS = false,
           bool GIVEN = false, typename WQ, typename TQ>
 __device__ __forceinline__ void v4_row_pair(bool norm, float eps, WQ&& wq, TQ&& tq,
                                             const uint4 (&raw)[4], float (&v)[32],
-                                            float given = 1.f) {
+                                            float given0 = 1.f, float given1 = 1.f) {
   constexpr int L2 = D / 16;
   float* x = v;
 #pragma unroll
   for (int i = 0; i < 4; ++i) unpack<BF16>(raw[i], x + 8 * i);
   float inv[2];
   if constexpr (GIVEN) {
-    inv[0] = inv[1] = given;
+    inv[0] = given0, inv[1] = given1;
   } else {
     // Session 31 (as v3_row's uniform form): the squares, their trees and both rows' rsqrt
     // direct steps run whether or not there is a norm, and one rarely taken branch rewrites the
@@ -1228,7 +1228,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
       const int64_t ha = h0 + 2 * v, hb = 2 * v + 1 < count ? ha + 1 : ha;
       v4_row_pair<D, BF16, ROPE, LEAN, false, true, true>(
           true, a.eps, [&](int k, int rw) { return token_quad(rw ? hb : ha, k); },
-          [&](int k) { return lds16(&t_sh[k * THREADS + tid]); }, r, x, tinv);
+          [&](int k) { return lds16(&t_sh[k * THREADS + tid]); }, r, x, tinv, tinv);
     } else {
       v4_row_pair<D, BF16, ROPE, LEAN>(
           a.norm, a.eps, [&](int k) { return lds16(&w_sh[woff + k * LANES + lane_in_row]); },
@@ -1303,8 +1303,10 @@ __device__ __forceinline__ int kpair_mean_pos(int q) {
 // kProbeNoMean drop the cross-warp maximum / the mean ring's barrier and refill / the mean
 // subtraction, to time what each costs.
 // SEG (session 39): segmented weights, each of the lane's two tokens with its own weight row.
+// TOKEN (session 45, tuning `token_fast`): NormScope::token; each of the lane's two tokens with
+// its own inverse (a.token_inv, read once), the head's weight quads from a.token_w (f32).
 template <int D, bool BF16, int ROPE, bool SIGNED, int SYNC = detail::kSyncTeams, int PROBE = 0,
-          bool SEG = false>
+          bool SEG = false, bool TOKEN = false>
 __global__ void __maxnreg__(kV3Async96Regs)
     v5_quantize_kpair_kernel(const PrologueArgs a, const V3QuantLaunch L) {
   constexpr int THREADS = kTightThreads, AHEAD = kV3Async96Ahead, SLOTS = AHEAD + 1;
@@ -1346,6 +1348,9 @@ __global__ void __maxnreg__(kV3Async96Regs)
   const float4 wq = pair_weight_quad<D, SEG>(a, tid);
   const int woff0 = seg_quad_offset<D, SEG>(a, row.n, ok0);
   const int woff1 = seg_quad_offset<D, SEG>(a, row.n + 1, ok1);
+  const float tinv0 = TOKEN && ok0 ? __ldg(a.token_inv + b * a.tokens + row.n) : 1.f;
+  const float tinv1 = TOKEN && ok1 ? __ldg(a.token_inv + b * a.tokens + row.n + 1) : 1.f;
+  const float* tw = TOKEN ? a.token_w + h0 * D + 8 * l : nullptr;  // head h0, this lane
   float tcs[16], tsn[16];  // row r's pairs at 8 r + 0..7
 #pragma unroll
   for (int i = 0; i < 16; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
@@ -1431,7 +1436,16 @@ __global__ void __maxnreg__(kV3Async96Regs)
 #pragma unroll
     for (int i = 0; i < 4; ++i) r[i] = lds16u(rd + i * T16);
     float v[32];
-    if constexpr (SEG)
+    if constexpr (TOKEN)
+      v4_row_pair<D, BF16, ROPE, LEAN, true, false, true>(
+          true, a.eps,
+          [&](int k) {
+            return __ldg(
+                reinterpret_cast<const float4*>(tw + u * D + (k < 2 ? 0 : D / 2 - 8) + 4 * k));
+          },
+          [&](int k, int rw) { return lds16(&t_sh[(4 * rw + k) * THREADS + tid]); }, r, v, tinv0,
+          tinv1);
+    else if constexpr (SEG)
       v4_row_pair<D, BF16, ROPE, LEAN, true, true>(
           a.norm, a.eps,
           [&](int k, int rw) { return lds16(&w_sh[(rw ? woff1 : woff0) + k * LANES + l]); },
@@ -1541,9 +1555,13 @@ struct V4MeanLaunch {
 // the mean pass 3.7 % (Wan) / 7 % (Flux) faster in H200 run 46.
 // SEG (session 39): segmented weights, kSegRows rows of quads; a warp's token of step u (the
 // same for its lanes) picks its row.
-template <int D, bool BF16, int ROPE, bool PAIR = false, bool SEG = false>
+// TOKEN (session 45, PAIR only, tuning `token_fast`): NormScope::token; the CTA's RW heads' weight
+// quads from a.token_w (f32) in shared memory (row = head slot), each token's inverse from
+// a.token_inv (one step ahead).
+template <int D, bool BF16, int ROPE, bool PAIR = false, bool SEG = false, bool TOKEN = false>
 __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4MeanLaunch& L,
                                              float* partials) {
+  static_assert(!TOKEN || (PAIR && !SEG), "the token norm in the round-5 layout only");
   constexpr int AHEAD = kV4MeanAsyncAhead;
   constexpr bool LEAN = BF16, TSMEM = ROPE != kRopeNone;
   // LANES: lanes per row; RW: heads per warp (both layouts: 1024 / D)
@@ -1551,7 +1569,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   constexpr int SLOTS = AHEAD + 1, THREADS = W * 32;
   // round 4: [quad k][lane l] = the weights of values 4k .. 4k + 3 of lane l; round 5 the same
   // D / 4 quads as [k][l], k < 4 (values 4k .. 4k + 3 of each of its rows)
-  __shared__ float4 w_sh[(SEG ? kSegRows : 1) * 8][D / 32];
+  __shared__ float4 w_sh[(SEG ? kSegRows : TOKEN ? RW : 1) * 8][D / 32];
   static_assert(!SEG || kSegRows * D / 4 <= THREADS, "one weight quad per thread");
   extern __shared__ float4 v4_dyn[];
   // [warp][value j][lane], row stride 36 (see the end); in the dynamic shared memory (after the
@@ -1592,7 +1610,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
                                       warp * D);                       // table slot 0
   const uint32_t ring0 = ptx::smem_u32(v4_dyn) + tid * sizeof(uint4);  // x slot 0
   constexpr uint32_t kSlotBytes = 4 * THREADS * sizeof(uint4), kTabBytes = W * D * sizeof(float);
-  auto proc = [&](int u, const uint4(&r)[4]) {
+  auto proc = [&](int u, const uint4(&r)[4], float tinv) {
     float v[32];
     // (u < count: a real token)
     const int woff = seg_quad_offset<D, SEG>(a, t_first + static_cast<int64_t>(u) * W, true);
@@ -1607,8 +1625,16 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
                                           : (k < 2 ? 0 : D / 8 - 2) + 2 * lane_in_row + k;
         return as_float4(lds16u(ts32 + sizeof(float4) * pair_table_pos<ROPE>(q)));
       };
-      auto wqf = [&](int k) { return lds16(&w_sh[0][0] + woff + k * LANES + lane_in_row); };
-      v4_row_pair<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
+      if constexpr (TOKEN) {
+        // row r: head slot 2 slot + r's quads
+        auto wqr = [&](int k, int rw) {
+          return lds16(&w_sh[0][0] + (2 * slot + rw) * (D / 4) + k * LANES + lane_in_row);
+        };
+        v4_row_pair<D, BF16, ROPE, LEAN, false, true, true>(true, a.eps, wqr, tq, r, v, tinv, tinv);
+      } else {
+        auto wqf = [&](int k) { return lds16(&w_sh[0][0] + woff + k * LANES + lane_in_row); };
+        v4_row_pair<D, BF16, ROPE, LEAN>(a.norm, a.eps, wqf, tq, r, v);
+      }
     } else {
       const uint32_t ts32 = tab0 + sizeof(float) * ((u & (SLOTS - 1)) * W * D +
                                                     2 * kLanePairs * lane_in_row);
@@ -1624,7 +1650,18 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     for (int j = 0; j < 32; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
   };
   auto start = [&] {
-    v3_store_weight_quad<D, SEG>(tid, wq, &w_sh[0][0]);  // quad tid at flat index tid
+    if constexpr (TOKEN) {  // RW heads' D / 4 quads (pair_weight_quad's channels), heads past H
+                            // clamped as hx
+      for (int q = tid; q < RW * (D / 4); q += THREADS) {
+        const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + q / (D / 4);
+        const int t = q % (D / 4), k = t / (D / 16), l = t % (D / 16);
+        const int64_t hc = hh < a.heads ? hh : a.heads - 1;
+        (&w_sh[0][0])[q] = __ldg(reinterpret_cast<const float4*>(
+            a.token_w + hc * D + (k < 2 ? 0 : D / 2 - 8) + 8 * l + 4 * k));
+      }
+    } else {
+      v3_store_weight_quad<D, SEG>(tid, wq, &w_sh[0][0]);  // quad tid at flat index tid
+    }
     __syncthreads();
   };
   {
@@ -1658,8 +1695,11 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
       cp_async_commit();
     }
     start();
+    const float* tinv_p = TOKEN ? a.token_inv + b * a.tokens + t_first : nullptr;
+    float tinv = TOKEN && count > 0 ? __ldg(tinv_p) : 1.f;
 #pragma unroll 1
     for (int u = 0; u < count; ++u) {
+      const float tinv_next = TOKEN && u + 1 < count ? __ldg(tinv_p + (u + 1) * W) : 1.f;
       // TSMEM: the table slot refilled now was read by every lane of the warp one token ago.
       if (TSMEM) __syncwarp();
       if (u + AHEAD < count) issue(u + AHEAD);
@@ -1670,7 +1710,8 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
       uint4 r[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) r[i] = lds16u(src32 + i * THREADS * sizeof(uint4));
-      proc(u, r);
+      proc(u, r, tinv);
+      tinv = tinv_next;
     }
     cp_async_wait<0>();
     __syncthreads();  // every thread's ring reads are done before `red` overwrites the ring
@@ -1731,17 +1772,17 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
 }
 
 // The round-4 mean kernel: 4 CTAs per SM at D = 128 (<= 128 registers), 3 at D = 64.
-template <int D, bool BF16, int ROPE, bool PAIR, bool SEG = false>
+template <int D, bool BF16, int ROPE, bool PAIR, bool SEG = false, bool TOKEN = false>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 4 : 3)
     v4_mean_kernel(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, PAIR, SEG>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, PAIR, SEG, TOKEN>(a, L, partials);
 }
 // The occupancy variant (tuning `mean_ctas` = 5; the default from kV4OccMinRows rows): one CTA
 // per SM more (5 at D = 128: <= 96 registers, 20 warps per SM; 4 at D = 64).
-template <int D, bool BF16, int ROPE, bool PAIR, bool SEG = false>
+template <int D, bool BF16, int ROPE, bool PAIR, bool SEG = false, bool TOKEN = false>
 __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
     v4_mean_kernel_occ(const PrologueArgs a, const V4MeanLaunch L, float* partials) {
-  v4_mean_body<D, BF16, ROPE, PAIR, SEG>(a, L, partials);
+  v4_mean_body<D, BF16, ROPE, PAIR, SEG, TOKEN>(a, L, partials);
 }
 
 template <typename F>
@@ -1829,10 +1870,15 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
              : (occ ? v4_mean_kernel_occ<D, BF16, ROPE, false>
                     : v4_mean_kernel<D, BF16, ROPE, false>);
     // Segmented weights (session 39): the round-5 form with kSegRows weight rows.
-    if constexpr (D <= 128)
+    if constexpr (D <= 128) {
       if (a.w_rows)
         kernel = occ ? v4_mean_kernel_occ<D, BF16, ROPE, true, true>
                      : v4_mean_kernel<D, BF16, ROPE, true, true>;
+      // NormScope::token (token_mean_supported: the round-5 form)
+      if (a.norm_heads)
+        kernel = occ ? v4_mean_kernel_occ<D, BF16, ROPE, true, false, true>
+                     : v4_mean_kernel<D, BF16, ROPE, true, false, true>;
+    }
     set_kernel_smem(kernel, smem, "norm_rope_mean", "shared memory");
     // Carve-out: what the resident CTAs need (17-42 KB each with the reserved 1 KB), the rest of
     // the SM's 256 KB stays L1 for the rotary table.
@@ -1901,23 +1947,39 @@ bool seg_quantize_supported(const PrologueArgs& a, const detail::PrologueCudaTun
   return false;
 }
 
-// NormScope::token in the q pass (tuning `token_fast`): the round-5 q kernel's default form only
-// (THREAD_Q groups of kSpecQRows rows, no mean, D 64 / 128, no knob steering the kernels).
+// NormScope::token in the quantize pass (tuning `token_fast`): the round-5 kernels' default forms
+// only, D 64 / 128, no knob steering the kernels: the q kernel (THREAD_Q groups of kSpecQRows
+// rows, no mean) and the k kernel (THREAD_K groups of kSpecKRows rows, the mean rows in shared
+// memory: 16-byte aligned mean rows, token strides in 32 bits).
 bool token_quantize_supported(const PrologueArgs& a, const detail::PrologueCudaTuning& t) {
-  if (!t.token_fast || !a.norm_heads || a.mean || a.scale_eps < 0.f || a.groups <= 0) return false;
+  if (!t.token_fast || !a.norm_heads || a.scale_eps < 0.f || a.groups <= 0) return false;
   if (a.dim != 64 && a.dim != 128) return false;
   if (t.max_reduce > 0 || t.quant_tight > 0 || t.quant_codes > 0 || t.quant_pair > 0 ||
-      t.split_blocks > 0 || t.quant_occ6 > 0)
+      t.split_blocks > 0 || t.quant_occ6 > 0 || t.quant_kpair > 0 || t.kpair_sync > 0 ||
+      t.kpair_probe > 0 || t.mean_smem > 0)
     return false;
-  return a.block / a.groups == kSpecQRows;
+  const int64_t group_rows = a.block / a.groups;
+  if (!a.mean) return group_rows == kSpecQRows;
+  const bool mean_vec =
+      reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 && a.m_sh % 4 == 0;
+  return group_rows == kSpecKRows && a.layout == ScaleLayout::thread_k && mean_vec &&
+         a.x_sn <= INT32_MAX && a.q_sn <= INT32_MAX;
+}
+
+// NormScope::token in the mean pass (tuning `token_fast`): the round-5 mean kernel (PAIR).
+bool token_mean_supported(const PrologueArgs& a, const detail::PrologueCudaTuning& t) {
+  if (!t.token_fast || !a.norm_heads) return false;
+  if (a.dim != 64 && a.dim != 128) return false;
+  return t.mean_round <= 0 || t.mean_round == 5;
 }
 
 bool v3_supported(const PrologueArgs& a, bool quantize) {
   const detail::PrologueCudaTuning t = detail::prologue_cuda_tuning();
   if (t.legacy) return false;
-  // NormScope::token: the first-generation kernels, but for the token_fast q pass (its inverses
-  // and f32 weight rows given)
-  if (a.norm_heads && !(quantize && token_quantize_supported(a, t) && a.token_inv && a.token_w))
+  // NormScope::token: the first-generation kernels, but for the token_fast passes (the tokens'
+  // inverses and the f32 weight rows given)
+  if (a.norm_heads && !(a.token_inv && a.token_w &&
+                        (quantize ? token_quantize_supported(a, t) : token_mean_supported(a, t))))
     return false;
   // The mean pass: the round-4 kernel unless `mean_round` = 2 forces src/cuda/prologue.cu's.
   // (Round 3's mean kernel, slower than round 2's in GPU run 2, was deleted in session 8.)
@@ -2116,12 +2178,17 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, kTightThreads>);
       else
         launch(v3_quantize_kernel_r96<D, BF16, ROPE, 0>);
-    } else if (a.norm_heads) {  // token_quantize_supported: the round-5 q kernel, D <= 128
+    } else if (a.norm_heads) {  // token_quantize_supported: the round-5 kernels, D <= 128
       if (pair) {
         launch(v5_quantize_pair_kernel<D, BF16, ROPE, true, false, true>);
+      } else if (kpair && kpair_sync == detail::kSyncCta) {
+        if constexpr (D == 128)
+          launch(v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncCta, 0, false, true>);
+      } else if (kpair) {
+        launch(v5_quantize_kpair_kernel<D, BF16, ROPE, true, detail::kSyncTeams, 0, false, true>);
       } else {
         LOWBIT_CHECK(false, "norm_rope_quantize", "norm_scope",
-                     "internal: the token norm's q kernel was not chosen");
+                     "internal: no kernel for the token norm's quantize pass");
       }
     } else if (a.w_rows) {  // seg_quantize_supported: the default round-5 forms, D <= 128
       if (pair) {
@@ -2182,12 +2249,15 @@ void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
   v4_norm_rope_mean(a, ctx, hold);
 }
 
-bool token_quantize_fast(const PrologueArgs& a) {
+bool token_quantize_fast(const PrologueArgs& a, bool with_mean) {
   PrologueArgs t = a;  // (the pointers are not read: placeholders for v3_supported's test)
-  static const float placeholder[4] = {};
+  alignas(16) static const float placeholder[4] = {};
   if (!t.token_inv) t.token_inv = placeholder;
   if (!t.token_w) t.token_w = placeholder;
-  return v3_supported(t, true);
+  if (!with_mean) return v3_supported(t, true);
+  PrologueArgs m = t;  // the mean pass of norm_rope_mean_quantize: no mean subtracted
+  m.mean = nullptr;
+  return v3_supported(m, false) && v3_supported(t, true);
 }
 
 }  // namespace cuda

@@ -72,6 +72,7 @@ struct Cfg {
   bool seg_fast = false;         // CUDA: segmented weights in the fast kernels (session 39)
   bool token_two_pass = false;   // CUDA: NormScope::token staged by two passes (session 40's)
   bool token_fast = false;       // CUDA: NormScope::token's q pass on the token's inverse
+  bool token_fast_k = false;     // CUDA: and the fused k path's (with token_fast)
   bool unchecked_rows = false;   // weight_rows not checked (check_weight_rows false), some out of
                                  // range: every backend clamps them to [0, R)
   std::string tag;
@@ -234,14 +235,14 @@ class PrologueCase : public Case {
     struct Tuning {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
-    } tuning(detail::PrologueCudaTuning{c_.legacy,         c_.heads_per_cta,  c_.mean_steps,
-                                        c_.mean_round,     c_.tile_order,     c_.pdl,
-                                        c_.split_blocks,   c_.max_reduce,     c_.quant_pdl,
-                                        c_.mean_ctas,      c_.mean_smem,      c_.quant_early,
-                                        c_.quant_tight,    c_.quant_pair,     c_.quant_occ6,
-                                        c_.quant_codes,    c_.quant_kpair,
-                                        /*kpair_probe=*/0, c_.kpair_sync,     c_.mean_no_cluster,
-                                        c_.seg_fast,       c_.token_two_pass, c_.token_fast});
+    } tuning(detail::PrologueCudaTuning{
+        c_.legacy,         c_.heads_per_cta, c_.mean_steps,      c_.mean_round,
+        c_.tile_order,     c_.pdl,           c_.split_blocks,    c_.max_reduce,
+        c_.quant_pdl,      c_.mean_ctas,     c_.mean_smem,       c_.quant_early,
+        c_.quant_tight,    c_.quant_pair,    c_.quant_occ6,      c_.quant_codes,
+        c_.quant_kpair,
+        /*kpair_probe=*/0, c_.kpair_sync,    c_.mean_no_cluster, c_.seg_fast,
+        c_.token_two_pass, c_.token_fast,    c_.token_fast_k});
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -476,9 +477,9 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     Cfg two = c;
     two.tag += ".twopass", two.token_two_pass = true;
     add(two);
-    if (!c.fused && !c.mean_pass) {  // the q pass: `.tokenfast` (session 45's knob forced)
+    if (!c.mean_pass) {  // q and the fused k path: `.tokenfast` (session 45's knobs forced)
       Cfg fast = c;
-      fast.tag += ".tokenfast", fast.token_fast = true;
+      fast.tag += ".tokenfast", fast.token_fast = true, fast.token_fast_k = true;
       add(fast);
     }
     c.tag += ".legacy", c.legacy = true;
@@ -498,6 +499,9 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
     k.tag = "tokennorm.wan.k", k.fused = true, k.layout = ScaleLayout::thread_k, k.block = 64;
     k.sm_scale = 1.f;
     add(k);
+    Cfg kf = k;
+    kf.tag += ".tokenfast", kf.token_fast = true, kf.token_fast_k = true;
+    add(kf);
   }
   for (int64_t N : {1, 17, 257}) {
     for (int64_t D : {64, 128, 256}) {
