@@ -235,14 +235,7 @@ class PrologueCase : public Case {
     struct Tuning {
       explicit Tuning(const detail::PrologueCudaTuning& t) { detail::set_prologue_cuda_tuning(t); }
       ~Tuning() { detail::set_prologue_cuda_tuning({}); }
-    } tuning(detail::PrologueCudaTuning{
-        c_.legacy,         c_.heads_per_cta, c_.mean_steps,      c_.mean_round,
-        c_.tile_order,     c_.pdl,           c_.split_blocks,    c_.max_reduce,
-        c_.quant_pdl,      c_.mean_ctas,     c_.mean_smem,       c_.quant_early,
-        c_.quant_tight,    c_.quant_pair,    c_.quant_occ6,      c_.quant_codes,
-        c_.quant_kpair,
-        /*kpair_probe=*/0, c_.kpair_sync,    c_.mean_no_cluster, c_.seg_fast,
-        c_.token_two_pass, c_.token_fast,    c_.token_fast_k});
+    } tuning(cuda_tuning());
     if (c_.store) {
       detail::norm_rope_store(x, p, out[0], ctx);
       return;
@@ -262,6 +255,21 @@ class PrologueCase : public Case {
   }
 
  private:
+
+  // The case's CUDA knobs, field by field (kpair_probe stays 0: a probe's output is wrong).
+  detail::PrologueCudaTuning cuda_tuning() const {
+    detail::PrologueCudaTuning t;
+    t.legacy = c_.legacy, t.heads_per_cta = c_.heads_per_cta, t.mean_steps = c_.mean_steps;
+    t.mean_round = c_.mean_round, t.tile_order = c_.tile_order, t.pdl = c_.pdl;
+    t.split_blocks = c_.split_blocks, t.max_reduce = c_.max_reduce, t.quant_pdl = c_.quant_pdl;
+    t.mean_ctas = c_.mean_ctas, t.mean_smem = c_.mean_smem, t.quant_early = c_.quant_early;
+    t.quant_tight = c_.quant_tight, t.quant_pair = c_.quant_pair, t.quant_occ6 = c_.quant_occ6;
+    t.quant_codes = c_.quant_codes, t.quant_kpair = c_.quant_kpair, t.kpair_sync = c_.kpair_sync;
+    t.mean_no_cluster = c_.mean_no_cluster, t.seg_fast = c_.seg_fast;
+    t.token_two_pass = c_.token_two_pass, t.token_fast = c_.token_fast;
+    t.token_fast_k = c_.token_fast_k;
+    return t;
+  }
   Cfg c_;
 };
 
