@@ -991,6 +991,11 @@ namespace {
 // memory then added as the tree's remaining levels, exactly as the CPU's sum_of_squares.
 constexpr int kTokenWarps = 8;
 
+// NormScope::token: the weight of channel c (= h D + d) of a token's H·D, as f32.
+__device__ __forceinline__ float token_weight(const PrologueArgs& a, int64_t c) {
+  return load_any(a.w, (c / a.dim) * a.w_sr + c % a.dim, a.w_dtype);
+}
+
 template <bool BF16>
 __global__ void __launch_bounds__(kTokenWarps * 32)
     token_inv_kernel(const PrologueArgs a, float* out, float* w_out) {
@@ -998,7 +1003,7 @@ __global__ void __launch_bounds__(kTokenWarps * 32)
   if (w_out) {  // the weight rows as f32, head h at h * D (grid-stride over H·D)
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
          i < a.heads * a.dim; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-      w_out[i] = load_any(a.w, (i / a.dim) * a.w_sr + i % a.dim, a.w_dtype);
+      w_out[i] = token_weight(a, i);
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kTokenWarps + warp;
@@ -1046,8 +1051,7 @@ __global__ void __launch_bounds__(kTokenWarps * 32)
   float* w_sh = reinterpret_cast<float*>(w_sh4);
   const int D = static_cast<int>(a.dim);
   const int64_t row = a.heads * a.dim, chunks = row / 8;
-  for (int64_t c = threadIdx.x; c < row; c += blockDim.x)
-    w_sh[c] = load_any(a.w, (c / D) * a.w_sr + c % D, a.w_dtype);
+  for (int64_t c = threadIdx.x; c < row; c += blockDim.x) w_sh[c] = token_weight(a, c);
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int groups = static_cast<int>((chunks + 31) / 32);

@@ -260,17 +260,30 @@ __device__ __forceinline__ void v3_store_weight_quad(int tid, float4 q, float4* 
   if (tid < (SEG ? kSegRows : 1) * (D / 4)) w_sh[tid] = q;
 }
 
+// The first channel of the round-5 layout's weight quad k (k < 4) of lane l: 8 l + 4 k (k < 2),
+// D / 2 + 8 l + 4 (k - 2).
+template <int D>
+__device__ __forceinline__ int pair_quad_channel(int k, int l) {
+  return (k < 2 ? 0 : D / 2 - 8) + 8 * l + 4 * k;
+}
+
+// NormScope::token (tuning `token_fast`): head h's weight quad k of lane l in the round-5 layout,
+// from the f32 weight rows a.token_w (L1-resident; what pair_weight_quad would stage).
+template <int D>
+__device__ __forceinline__ float4 token_weight_quad(const PrologueArgs& a, int64_t h, int k,
+                                                    int l) {
+  return __ldg(reinterpret_cast<const float4*>(a.token_w + h * D + pair_quad_channel<D>(k, l)));
+}
+
 // The round-5 mean's weight quads: quad (k, l) = tid (k = tid / (D / 16), l = tid % (D / 16),
-// tid < D / 4) holds the weights of values 4k .. 4k + 3 of lane l's rows: channels
-// 8 l + 4 k + 0..3 (k < 2) and D / 2 + 8 l + 4 (k - 2) + 0..3.
+// tid < D / 4) holds the weights of values 4k .. 4k + 3 of lane l's rows (pair_quad_channel).
 template <int D, bool SEG = false>
 __device__ __forceinline__ float4 pair_weight_quad(const PrologueArgs& a, int tid) {
   constexpr int NQ = D / 4;
   float q[4] = {1.f, 1.f, 1.f, 1.f};
   const int row = SEG ? tid / NQ : 0, t = SEG ? tid % NQ : tid;
   if (tid < (SEG ? kSegRows : 1) * NQ && row < a.w_count && a.norm) {
-    const int k = t / (D / 16), l = t % (D / 16);
-    const int c = (k < 2 ? 0 : D / 2 - 8) + 8 * l + 4 * k;
+    const int c = pair_quad_channel<D>(t / (D / 16), t % (D / 16));
 #pragma unroll
     for (int i = 0; i < 4; ++i) q[i] = load_any(a.w, row * a.w_sr + c + i, a.w_dtype);
   }
@@ -1164,13 +1177,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
       quant_cta_row(a, L, warp * RW + slot, kSpecQRows, lane_in_row == 0, count, &h0);
   const float4 wq = pair_weight_quad<D, SEG>(a, tid);
   const int woff = seg_quad_offset<D, SEG>(a, row.n, row.ok);
-  // TOKEN: the token's inverse, and head h's weight quad k of this lane (pair_weight_quad's
-  // channels) from the f32 rows.
+  // TOKEN: the token's inverse (its heads' weight quads: token_weight_quad)
   const float tinv = TOKEN && row.ok ? __ldg(a.token_inv + b * a.tokens + row.n) : 1.f;
-  const float* tw = TOKEN ? a.token_w + (8 * lane_in_row) : nullptr;
-  auto token_quad = [&](int64_t h, int k) {
-    return __ldg(reinterpret_cast<const float4*>(tw + h * D + (k < 2 ? 0 : D / 2 - 8) + 4 * k));
-  };
   // The lane's rotary pairs: paired 8 l .. 8 l + 7, interleaved 4 l .. 4 l + 3 and D / 4 + 4 l ..;
   // quad k = (cos, sin) of its pairs 2k, 2k + 1.
   float tcs[8], tsn[8];
@@ -1227,7 +1235,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
       // heads 2 v, 2 v + 1 of the group (an odd count's last pair: the first twice)
       const int64_t ha = h0 + 2 * v, hb = 2 * v + 1 < count ? ha + 1 : ha;
       v4_row_pair<D, BF16, ROPE, LEAN, false, true, true>(
-          true, a.eps, [&](int k, int rw) { return token_quad(rw ? hb : ha, k); },
+          true, a.eps,
+          [&](int k, int rw) { return token_weight_quad<D>(a, rw ? hb : ha, k, lane_in_row); },
           [&](int k) { return lds16(&t_sh[k * THREADS + tid]); }, r, x, tinv, tinv);
     } else {
       v4_row_pair<D, BF16, ROPE, LEAN>(
@@ -1350,7 +1359,6 @@ __global__ void __maxnreg__(kV3Async96Regs)
   const int woff1 = seg_quad_offset<D, SEG>(a, row.n + 1, ok1);
   const float tinv0 = TOKEN && ok0 ? __ldg(a.token_inv + b * a.tokens + row.n) : 1.f;
   const float tinv1 = TOKEN && ok1 ? __ldg(a.token_inv + b * a.tokens + row.n + 1) : 1.f;
-  const float* tw = TOKEN ? a.token_w + h0 * D + 8 * l : nullptr;  // head h0, this lane
   float tcs[16], tsn[16];  // row r's pairs at 8 r + 0..7
 #pragma unroll
   for (int i = 0; i < 16; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
@@ -1439,10 +1447,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
     if constexpr (TOKEN)
       v4_row_pair<D, BF16, ROPE, LEAN, true, false, true>(
           true, a.eps,
-          [&](int k) {
-            return __ldg(
-                reinterpret_cast<const float4*>(tw + u * D + (k < 2 ? 0 : D / 2 - 8) + 4 * k));
-          },
+          [&](int k) { return token_weight_quad<D>(a, h0 + u, k, l); },
           [&](int k, int rw) { return lds16(&t_sh[(4 * rw + k) * THREADS + tid]); }, r, v, tinv0,
           tinv1);
     else if constexpr (SEG)
@@ -1654,10 +1659,9 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
                             // clamped as hx
       for (int q = tid; q < RW * (D / 4); q += THREADS) {
         const int64_t hh = static_cast<int64_t>(blockIdx.x) * RW + q / (D / 4);
-        const int t = q % (D / 4), k = t / (D / 16), l = t % (D / 16);
-        const int64_t hc = hh < a.heads ? hh : a.heads - 1;
-        (&w_sh[0][0])[q] = __ldg(reinterpret_cast<const float4*>(
-            a.token_w + hc * D + (k < 2 ? 0 : D / 2 - 8) + 8 * l + 4 * k));
+        const int t = q % (D / 4);
+        (&w_sh[0][0])[q] =
+            token_weight_quad<D>(a, hh < a.heads ? hh : a.heads - 1, t / (D / 16), t % (D / 16));
       }
     } else {
       v3_store_weight_quad<D, SEG>(tid, wq, &w_sh[0][0]);  // quad tid at flat index tid
@@ -1928,6 +1932,12 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
 // Segmented weights in the quantize pass: the round-5 kernels only (their default forms), i.e.
 // the attention one call's layouts (THREAD_Q groups of kSpecQRows rows without a mean, THREAD_K
 // groups of kSpecKRows rows with one).
+// The mean rows as float4 (the quantize kernels' shared-memory mean rows need it).
+bool mean_rows_vec(const PrologueArgs& a) {
+  return a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 &&
+         a.m_sh % 4 == 0;
+}
+
 bool seg_quantize_supported(const PrologueArgs& a, const detail::PrologueCudaTuning& t) {
   if (!seg_fast_ok(a) || a.scale_eps < 0.f || a.groups <= 0) return false;
   if (t.max_reduce > 0 || t.quant_tight > 0 || t.quant_codes > 0 || t.kpair_sync > 0 ||
@@ -1938,10 +1948,8 @@ bool seg_quantize_supported(const PrologueArgs& a, const detail::PrologueCudaTun
     return t.quant_pair != detail::kPairOff;
   if (a.layout == ScaleLayout::thread_k && group_rows == kSpecKRows && a.mean) {
     const int mean_smem = t.mean_smem > 0 ? t.mean_smem : kV3DefaultMeanSmem;
-    const bool mean_vec =
-        reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 && a.m_sh % 4 == 0;
     return t.quant_kpair != detail::kPairOff && kV3DefaultKPair &&
-           mean_smem != detail::kMeanSmemOff && mean_vec && a.x_sn <= INT32_MAX &&
+           mean_smem != detail::kMeanSmemOff && mean_rows_vec(a) && a.x_sn <= INT32_MAX &&
            a.q_sn <= INT32_MAX;
   }
   return false;
@@ -1960,9 +1968,7 @@ bool token_quantize_supported(const PrologueArgs& a, const detail::PrologueCudaT
     return false;
   const int64_t group_rows = a.block / a.groups;
   if (!a.mean) return group_rows == kSpecQRows;
-  const bool mean_vec =
-      reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 && a.m_sh % 4 == 0;
-  return group_rows == kSpecKRows && a.layout == ScaleLayout::thread_k && mean_vec &&
+  return group_rows == kSpecKRows && a.layout == ScaleLayout::thread_k && mean_rows_vec(a) &&
          a.x_sn <= INT32_MAX && a.q_sn <= INT32_MAX;
 }
 
@@ -2023,8 +2029,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
   // (segmented weights: round 5 at every size, the only q kernel with them)
   const bool pair = (pair_on || a.w_rows || a.norm_heads) && tight_forms(tuning) && spec_q;
   const int mean_smem = tuning.mean_smem > 0 ? tuning.mean_smem : kV3DefaultMeanSmem;
-  L.mean_vec =
-      a.mean && reinterpret_cast<uintptr_t>(a.mean) % 16 == 0 && a.m_sb % 4 == 0 && a.m_sh % 4 == 0;
+  L.mean_vec = mean_rows_vec(a);
   L.mean_smem = mean_smem != detail::kMeanSmemOff && L.mean_vec;
   // Session 23: the round-5 THREAD_K kernel (v5_quantize_kpair_kernel, two tokens per lane) for
   // the specialized k layout (THREAD_K groups of kSpecKRows rows, the mean rows in shared memory)
