@@ -559,16 +559,16 @@ class AttentionBench : public BenchCase {
         [&] { attention(q.view, k.view, v.view, out.view, nullptr, fp8, wp, wb, ctx); });
     Rope rope{tab.view, true};
     // per-head weight; segmented on the first-generation kernels (seg_fast off); segmented (the
-    // default: seg_fast); segmented unchecked; token norm (the default: one staging pass); token
-    // norm staged by two passes (session 40's); token norm with q's norm output staged in one
-    // pass too (token_fast off: session 45's first form)
+    // default: seg_fast); segmented unchecked; token norm (the default: q and k passes on the
+    // tokens' inverses); token norm staged by two passes (session 40's); q and k staged in one
+    // pass each (token_fast off: session 45's first form); k staged (token_fast_k off)
     for (int mode : {0, 1, 2, 3, 4, 5, 6, 7}) {
       const bool segmented = mode >= 1 && mode <= 3;
       detail::PrologueCudaTuning pt;
       pt.seg_fast = mode != 1;
       pt.token_two_pass = mode == 5;
       pt.token_fast = mode != 5 && mode != 6;
-      pt.token_fast_k = mode == 7;
+      pt.token_fast_k = mode != 7;
       detail::set_prologue_cuda_tuning(pt);
       Prologue p;
       p.norm_weight = segmented ? &wt.view : mode >= 4 ? &wh.view : &w1;
@@ -589,8 +589,8 @@ class AttentionBench : public BenchCase {
              (mode == 1 ? ", first-generation kernels (seg_fast off)" : "") +
              (mode >= 4 ? ", norm over all heads (Wan, norm_scope token)" : "") +
              (mode == 5 ? ", staged by two passes (token_two_pass)" : "") +
-             (mode == 6 ? ", q staged too (token_fast off)" : "") +
-             (mode == 7 ? ", k's path on the tokens' inverses too (token_fast_k)" : "");
+             (mode == 6 ? ", q and k staged (token_fast off)" : "") +
+             (mode == 7 ? ", k staged (token_fast_k off)" : "");
       r.ms = env.time_ms(
           [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
       synchronize(ctx);

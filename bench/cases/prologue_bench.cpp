@@ -469,15 +469,12 @@ class PrologueBench : public BenchCase {
         Prologue pt = is_k ? p : pq;
         pt.norm_weight = &wh.view;
         pt.norm_scope = NormScope::token;
-        // (q by default: the round-5 q kernel reading the token's inverse, `token_fast`; the
-        // third row stages q's y in one pass)
-        // (k: the third row forces the k path on the tokens' inverses, `token_fast_k`, off by
-        // default)
+        // (the default first: the round-5 kernels reading the tokens' inverses, `token_fast` /
+        // `token_fast_k`; the third row stages y in one pass)
         for (int two = 0; two < 3; ++two) {
           detail::PrologueCudaTuning tt;
           tt.token_two_pass = two == 1;
-          tt.token_fast = two == 0 || (is_k && two == 2);
-          tt.token_fast_k = is_k && two == 2;
+          tt.token_fast = tt.token_fast_k = two == 0;
           detail::set_prologue_cuda_tuning(tt);
           const double ms = env.time_ms([&] {
             if (is_k)
@@ -488,13 +485,13 @@ class PrologueBench : public BenchCase {
           detail::set_prologue_cuda_tuning({});
           Row t = row;
           t.op = std::string(is_k ? "k" : "q") + ": norm over all heads (norm_scope token), " +
-                 (two == 2   ? (is_k ? "the k path on the tokens' inverses (token_fast_k)"
+                 (two == 2   ? (is_k ? "staged by one pass (token_fast_k off)"
                                      : "staged by one pass (token_fast off)")
                   : two == 1 ? "staged by two passes (token_two_pass)"
-                  : is_k     ? "staged by one pass"
+                  : is_k     ? "the k path on the tokens' inverses (token_fast_k)"
                              : "the q kernel on the token's inverse (token_fast)");
           t.ms = ms;
-          const bool unstaged = is_k ? two == 2 : two == 0;
+          const bool unstaged = two == 0;
           t.bytes = bytes + (unstaged ? 1 : 3) * x_bytes;
           t.baseline = "the per-head norm's path (the fused row)";
           t.baseline_ms = fused_ms;

@@ -239,12 +239,11 @@ struct PrologueCudaTuning {
   // staged norm output; the token pre-pass first. H100: Wan q path 0.528 -> 0.305 ms (per-head
   // norm 0.185), Flux 0.051 -> 0.035; every `.tokenfast` harness case passed, memcheck clean.
   // false: the passes stage y. The fused k path (norm_rope_mean_quantize: the round-5 mean and
-  // k kernels) the same way only with token_fast_k too (session 45's last call: every k
-  // `.tokenfast` harness case passed on the H100, memcheck clean, but it was not timed: off
-  // until the bench row "k: norm over all heads ..., the k path on the tokens' inverses" shows
-  // it faster than the staged k path).
+  // k kernels) the same way with token_fast_k too (every k `.tokenfast` harness case passed on
+  // the H100, memcheck clean; session 46, H100: Wan k path 0.654 -> 0.442 ms, per-head norm
+  // 0.312): on by default since session 46; false stages k's y in one pass.
   bool token_fast = true;
-  bool token_fast_k = false;
+  bool token_fast_k = true;
 };
 constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
 constexpr int kSyncTeams = 1, kSyncCta = 2;
