@@ -14,6 +14,7 @@
 #include "src/core/parallel.h"
 #include "src/cpu/amx.h"
 #include "src/cpu/cpu_clones.h"
+#include "src/cpu/gemm_vnni.h"
 #include "src/cpu/linear_gemv.h"
 #include "src/cpu/linear_kernels.h"
 #include "src/cpu/rows.h"
@@ -255,6 +256,9 @@ constexpr int64_t kAmxMinRowsFp4 = 64;
 // (torch bf16 20.5-21.4), 86.7-86.9 / 122-129 at 1024 (torch 83-84); convrotint4 2.46 / 4.53 at
 // 32, 24.9 / 31.0 at 256; comfy 3.01 / 4.51 at 32, 22.6 / 33.2 at 256).
 constexpr int64_t kGemvMaxRows8 = 12, kGemvMaxRows4 = 18;
+// Without AMX tiles, activation rows from which the register-blocked VNNI GEMM (gemm_vnni.h)
+// runs instead of the GEMV, and its activation rows per block.
+constexpr int64_t kVnniBlockedMinRows = 16, kVnniRowBlock = 64;
 // The GEMV's activation rows per sweep of a block of 64 weight rows (with many rows the
 // activations would stream from the LLC for every pair of weight rows). Zen 4, 2 threads, 24
 // layers 4096 -> 4096, 512 rows, medians of 6 alternated runs: convrot8 42.1 ms with 32-row
@@ -268,6 +272,12 @@ constexpr int kGemvChunksPerThread = 8;
 // asked for the AVX2 kernels.
 bool amx_gemm_on() {
   return amx::on() && convrot::simd_kernels_on() && !convrot::avx2_kernels_forced();
+}
+// Whether the blocked VNNI GEMM can run: as vnni_gemm_on, K a multiple of 4 and below 2^17
+// (the exact dot within int32).
+bool vnni_blocked_on(int64_t K) {
+  return K % 4 == 0 && K < (int64_t{1} << 17) && vnni::available() && convrot::simd_kernels_on() &&
+         !convrot::avx2_kernels_forced();
 }
 // Whether dots_vnni runs: the CPU has AVX-512 F / BW / VNNI, the vector kernels are on and
 // the tests have not asked for the AVX2 kernels (force_avx2_kernels).
@@ -685,9 +695,14 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // The decode GEMV on the weights where they are stored (convrot8 below kGemvMaxRows8 rows, the
   // 4-bit rows below kGemvMaxRows4, every row count without AMX; linear_gemv.h), else AMX tiles
   // from kAmxMinRows, else VNNI on unpacked rows with the activations biased to uint8.
-  const bool gemv = int8_codes && gemv_supported(w) &&
-                    (M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx_gemm_on());
-  const bool tiles = int8_codes && !gemv && M >= kAmxMinRows && amx_gemm_on();
+  // Without AMX, from kVnniBlockedMinRows rows the register-blocked VNNI GEMM (gemm_vnni.h) on
+  // the unpacked rows instead of the GEMV.
+  const bool amx = amx_gemm_on();
+  const bool blocked =
+      int8_codes && vnni_blocked_on(K) && (vnni::forced() || (!amx && M >= kVnniBlockedMinRows));
+  const bool gemv = int8_codes && !blocked && gemv_supported(w) &&
+                    (M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx);
+  const bool tiles = int8_codes && !blocked && !gemv && M >= kAmxMinRows && amx;
   const bool fp8_tiles =
       q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();
   const bool fp4_tiles = nvfp4 && M >= kAmxMinRowsFp4 && K < (int64_t{1} << 17) && amx_gemm_on();
@@ -725,7 +740,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   if (gemv)
     gemv_pack_activations(w, reinterpret_cast<const int8_t*>(a_codes.data()), M, a_gemv.data(),
                           a_sums.data());
-  const bool vnni = int8_codes && !tiles && !gemv && vnni_gemm_on();
+  const bool vnni = int8_codes && !blocked && !tiles && !gemv && vnni_gemm_on();
   // The fp8 and NVFP4 GEMMs on AMX tiles: the activations' three digit planes (Mp x Kp each,
   // zero-padded).
   std::vector<int8_t> a_digits(fp8_tiles || fp4_tiles ? static_cast<size_t>(3 * Mp * Kp) : 0,
@@ -751,7 +766,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                                a_digits.data() + (2 * Mp + m) * Kp};
     e4m3_digit_planes(a_codes.data() + m * K, K, planes);
   }
-  std::vector<uint8_t> a_biased(vnni ? a_codes.size() : 0);
+  std::vector<uint8_t> a_biased(vnni || blocked ? a_codes.size() : 0);
   for (size_t i = 0; i < a_biased.size(); ++i)
     a_biased[i] = static_cast<uint8_t>(a_codes[i] ^ 0x80u);
 
@@ -761,7 +776,42 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   parallel_for(
       O, col_grain, ctx,
       [&](int64_t b, int64_t e) {
-        if (tiles) {
+        if (blocked) {
+          // Panels of vnni::kPanel weight rows, unpacked and packed once, against blocks of
+          // kVnniRowBlock activation rows (the dots of a block stay in L1 for the epilogue).
+          constexpr int64_t P = vnni::kPanel;
+          std::vector<int8_t> wc(static_cast<size_t>(P * K)),
+              panel(static_cast<size_t>(vnni::panel_bytes(K)));
+          std::vector<int32_t> dots(static_cast<size_t>(std::min(M, kVnniRowBlock) * P));
+          uint32_t sum128[P];
+          float wsc[P], bias_f[P], v[P];
+          for (int64_t o0 = b; o0 < e; o0 += P) {
+            const int64_t no = std::min<int64_t>(P, e - o0);
+            if (!gemv_unpack_rows(w, o0, no, wc.data()))
+              for (int64_t j = 0; j < no; ++j)
+                convrot::weight_row_gemm_codes(w, o0 + j, wc.data() + j * K);
+            vnni::pack_panel(wc.data(), static_cast<int>(no), K, panel.data(), sum128);
+            for (int64_t j = 0; j < no; ++j) {
+              wsc[j] = w_scales[o0 + j];
+              bias_f[j] = bias_at(bias, o0 + j);
+            }
+            for (int64_t m0 = 0; m0 < M; m0 += kVnniRowBlock) {
+              const int64_t mb = std::min(kVnniRowBlock, M - m0);
+              vnni::gemm_panel(a_biased.data() + m0 * K, K, mb, panel.data(), sum128, K,
+                               dots.data());
+              for (int64_t i = 0; i < mb; ++i) {
+                // epilogue_store's operations, a row of the panel at a time
+                const float as = a_scales[m0 + i];
+                const int32_t* d = dots.data() + i * P;
+                for (int64_t j = 0; j < no; ++j) v[j] = static_cast<float>(d[j]) * as;
+                for (int64_t j = 0; j < no; ++j) v[j] = v[j] * wsc[j];
+                if (bias)
+                  for (int64_t j = 0; j < no; ++j) v[j] = v[j] + bias_f[j];
+                rows::store(v, no, out.dtype, out.data, (m0 + i) * out.stride[0] + o0);
+              }
+            }
+          }
+        } else if (tiles) {
           // 32 weight rows at a time packed for the tiles, against every 32-row block of the
           // activations (amx::gemm_32x32: exact int32 dots).
           amx::TileScope scope;

@@ -16,6 +16,7 @@
 #include "lowbit/dtype.h"
 #include "src/core/linear_backend.h"
 #include "src/cpu/amx.h"
+#include "src/cpu/gemm_vnni.h"
 #include "src/cpu/linear_gemv.h"
 #include "src/cpu/linear_kernels.h"
 #include "src/cpu/rows.h"
@@ -1216,14 +1217,16 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       // rows, 4-bit rows below 18, NVFP4 below 64; AMX tiles where the CPU has them: the other
       // int8 codes from 10 rows, fp8 from 10, NVFP4 from 64; AVX-512 VNNI below for int8 codes
       // and fp8), AVX2 alone, the scalar loops, the vector kernels without AMX, without the
-      // GEMVs, and the GEMV on tables built per call (the weight view without QuantizedLinear's
-      // derived tables).
-      std::vector<float> y[6];
-      for (int mode = 0; mode < 6; ++mode) {
+      // GEMVs, the GEMV on tables built per call (the weight view without QuantizedLinear's
+      // derived tables), and the blocked VNNI GEMM at every row count (int8 codes, AVX-512 VNNI:
+      // without AMX it runs from 16 rows by default).
+      std::vector<float> y[7];
+      for (int mode = 0; mode < 7; ++mode) {
         cpu::convrot::force_avx2_kernels(mode == 1);
         cpu::convrot::force_scalar_kernels(mode == 2);
         cpu::amx::force_off(mode == 3);
         cpu::convrot::force_gemv_off(mode == 4);
+        cpu::vnni::force(mode == 6);
         y[mode].assign(static_cast<size_t>(M * O), -1.f);
         TensorView xv = make_view(x.data(), DType::f32, {M, K});
         TensorView yv = make_view(y[mode].data(), DType::f32, {M, O});
@@ -1239,13 +1242,15 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       cpu::convrot::force_scalar_kernels(false);
       cpu::amx::force_off(false);
       cpu::convrot::force_gemv_off(false);
+      cpu::vnni::force(false);
       // The derived tables exist exactly where the GEMV can take them.
       EXPECT_EQ(lin.weights().decode_tiles.data != nullptr,
                 q == QType::convrot_int4 && K % 128 != 16 && K % 32 == 0 &&
                     cpu::convrot::gemv_tables_bytes(lin.weights()) > 0)
           << qtype_name(q) << " K " << K;
-      const char* names[6] = {"widest", "AVX2", "scalar", "no AMX", "no GEMV", "GEMV, own tables"};
-      for (int mode : {0, 1, 3, 4, 5})
+      const char* names[7] = {"widest",           "AVX2",        "scalar", "no AMX", "no GEMV",
+                              "GEMV, own tables", "blocked VNNI"};
+      for (int mode : {0, 1, 3, 4, 5, 6})
         EXPECT_EQ(std::memcmp(y[mode].data(), y[2].data(), y[2].size() * 4), 0)
             << qtype_name(q) << " M " << M << " O " << O << " K " << K << " (" << names[mode]
             << ")";
@@ -1253,6 +1258,53 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
     }
   }
   EXPECT_EQ(ran, 81);  // 12 shapes x 7 qtypes, less comfy's 3 with K % 256 != 0
+}
+
+// The blocked VNNI GEMM's pieces on full-range codes: the panel layout and 128 x the row sums
+// against a hand-written transpose, and the dots against int64 sums, K up to the largest it
+// takes (2^17 - 4: |a . w| <= K 128^2 < 2^31), partial panels, every row remainder.
+TEST(LinearSimd, VnniBlockedGemmGivesExactDots) {
+  if (!cpu::vnni::available()) GTEST_SKIP() << "no AVX-512 VNNI on this CPU";
+  std::mt19937_64 rng(11);
+  for (auto [M, n, K] : {std::array<int64_t, 3>{1, 48, 4},
+                         {3, 17, 60},
+                         {9, 33, 1028},
+                         {6, 48, 3072},
+                         {5, 1, 64},
+                         {2, 16, 131068}}) {
+    std::vector<int8_t> w(static_cast<size_t>(cpu::vnni::kPanel * K));
+    std::vector<int8_t> a(static_cast<size_t>(M * K));
+    for (auto& v : w) v = static_cast<int8_t>(rng());
+    for (auto& v : a) v = static_cast<int8_t>(rng());
+    if (K == 131068) {  // the extreme dot: -128 x -128 everywhere in row 0 and column 0
+      std::fill(a.begin(), a.begin() + K, int8_t{-128});
+      std::fill(w.begin(), w.begin() + K, int8_t{-128});
+    }
+    std::vector<int8_t> panel(static_cast<size_t>(cpu::vnni::panel_bytes(K)), 99);
+    uint32_t sum128[cpu::vnni::kPanel];
+    cpu::vnni::pack_panel(w.data(), static_cast<int>(n), K, panel.data(), sum128);
+    for (int64_t j = 0; j < cpu::vnni::kPanel; ++j) {
+      int64_t sum = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const int8_t want = j < n ? w[j * K + k] : 0;
+        ASSERT_EQ(panel[((k / 4) * cpu::vnni::kPanel + j) * 4 + k % 4], want)
+            << "K " << K << " column " << j << " k " << k;
+        sum += want;
+      }
+      EXPECT_EQ(sum128[j], static_cast<uint32_t>(sum) * 128u) << "K " << K << " column " << j;
+    }
+    std::vector<uint8_t> biased(a.size());
+    for (size_t i = 0; i < a.size(); ++i) biased[i] = static_cast<uint8_t>(a[i] + 128);
+    std::vector<int32_t> dots(static_cast<size_t>(M * cpu::vnni::kPanel), -7);
+    cpu::vnni::gemm_panel(biased.data(), K, M, panel.data(), sum128, K, dots.data());
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < cpu::vnni::kPanel; ++j) {
+        int64_t want = 0;
+        for (int64_t k = 0; j < n && k < K; ++k) want += int64_t{a[i * K + k]} * w[j * K + k];
+        ASSERT_EQ(dots[i * cpu::vnni::kPanel + j], want)
+            << "K " << K << " row " << i << " col " << j;
+      }
+  }
 }
 
 }  // namespace
