@@ -514,11 +514,52 @@ LOWBIT_CLONES void unpack_nibbles(const uint8_t* in, int64_t K, int8_t* codes) {
 }
 }  // namespace
 
+#ifdef LOWBIT_HAVE_AVX2_PATH
+namespace {
+// unpack_bits (bits 2..7) on AVX-512 VBMI, 64 codes a step: 8 codes are one n-byte little-endian
+// word, so vpermb puts word g's n bytes into qword g and vpmultishiftqb takes code j's 8 bits
+// from bit j n of it (j n + 8 <= 64); masked to n bits, less qmax. Returns the codes done (a
+// multiple of 64).
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) int64_t unpack_bits_vbmi(const uint8_t* in,
+                                                                                int64_t K, int bits,
+                                                                                int8_t* codes) {
+  alignas(64) uint8_t idx[64], ctrl[64];
+  for (int g = 0; g < 8; ++g)
+    for (int j = 0; j < 8; ++j) {
+      idx[g * 8 + j] = static_cast<uint8_t>(g * bits + std::min(j, bits - 1));
+      ctrl[g * 8 + j] = static_cast<uint8_t>(j * bits);
+    }
+  const __m512i vidx = _mm512_load_si512(idx), vctrl = _mm512_load_si512(ctrl);
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1));
+  const __m512i qmax = _mm512_set1_epi8(static_cast<char>((1 << (bits - 1)) - 1));
+  const __mmask64 bytes = (__mmask64{1} << (8 * bits)) - 1;  // 8 words of `bits` bytes
+  int64_t i = 0;
+  for (; i + 64 <= K; i += 64) {
+    const __m512i words =
+        _mm512_permutexvar_epi8(vidx, _mm512_maskz_loadu_epi8(bytes, in + i / 8 * bits));
+    const __m512i v = _mm512_and_si512(_mm512_multishift_epi64_epi8(vctrl, words), mask);
+    _mm512_storeu_si512(codes + i, _mm512_sub_epi8(v, qmax));
+  }
+  return i;
+}
+bool has_vbmi() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+}  // namespace
+#endif
+
 void unpack_bits(const uint8_t* in, int64_t K, int bits, int8_t* codes) {
   if (bits == 4) return unpack_nibbles(in, K, codes);
   const int qmax = (1 << (bits - 1)) - 1;
   const uint64_t mask = (1u << bits) - 1u;
-  for (int64_t i = 0; i < K; i += 8) {
+  int64_t i0 = 0;
+#ifdef LOWBIT_HAVE_AVX2_PATH
+  if (bits >= 2 && bits <= 7 && has_vbmi() && simd_kernels_on())
+    i0 = unpack_bits_vbmi(in, K, bits, codes);
+#endif
+  for (int64_t i = i0; i < K; i += 8) {
     uint64_t word = 0;
     for (int b = 0; b < bits; ++b) word |= static_cast<uint64_t>(in[i / 8 * bits + b]) << (8 * b);
     for (int j = 0; j < 8; ++j)
@@ -535,10 +576,19 @@ void pack_ternary(const int8_t* codes, int64_t K, uint8_t* out) {
 }
 
 void unpack_ternary(const uint8_t* in, int64_t K, int8_t* codes) {
-  for (int64_t i = 0; i < K; i += 5) {
-    int v = in[i / 5];
-    for (int j = 0; j < 5 && i + j < K; ++j, v /= 3) codes[i + j] = static_cast<int8_t>(v % 3 - 1);
-  }
+  // Each byte's five codes from a table (the base-3 digits less 1; bytes above 242 decode as the
+  // loop below would, digit by digit).
+  struct Table {
+    int8_t c[256][5];
+    Table() {
+      for (int b = 0; b < 256; ++b)
+        for (int j = 0, v = b; j < 5; ++j, v /= 3) c[b][j] = static_cast<int8_t>(v % 3 - 1);
+    }
+  };
+  static const Table t;
+  int64_t i = 0;
+  for (; i + 5 <= K; i += 5) std::memcpy(codes + i, t.c[in[i / 5]], 5);
+  for (int j = 0; i + j < K; ++j) codes[i + j] = t.c[in[i / 5]][j];
 }
 
 void pack_nibbles(const uint8_t* nibbles, int64_t K, uint8_t* out) {
@@ -711,8 +761,76 @@ LOWBIT_AVX2 void fold_nibble_row_avx2(const uint8_t* in, int64_t K, int64_t grou
 #endif
 }  // namespace
 
+#ifdef LOWBIT_HAVE_AVX2_PATH
+namespace {
+// A bit-packed grouped row's GEMM codes in one step (bits 2..7, groups a multiple of 64): each
+// group's 2^bits folded values (fold_code(u - qmax, ratio) for every stored u, fold_codes_avx2's
+// arithmetic 16 lanes at a time) as a table of up to 128 bytes, looked up by vpermi2b on the raw
+// fields of unpack_bits_vbmi's shifts.
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void fold_bits_row_vbmi(
+    const uint8_t* in, int64_t K, int bits, int64_t group, const float* ratios, int8_t* codes) {
+  alignas(64) uint8_t idx[64], ctrl[64];
+  for (int g = 0; g < 8; ++g)
+    for (int j = 0; j < 8; ++j) {
+      idx[g * 8 + j] = static_cast<uint8_t>(g * bits + std::min(j, bits - 1));
+      ctrl[g * 8 + j] = static_cast<uint8_t>(j * bits);
+    }
+  const __m512i vidx = _mm512_load_si512(idx), vctrl = _mm512_load_si512(ctrl);
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1));
+  const __mmask64 bytes = (__mmask64{1} << (8 * bits)) - 1;
+  const int qmax = (1 << (bits - 1)) - 1, entries = 1 << bits;
+  const __m512 lane = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f,
+                                     12.f, 13.f, 14.f, 15.f);
+  const __m512 hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
+  for (int64_t g0 = 0; g0 < K; g0 += group) {
+    const __m512 r = _mm512_set1_ps(ratios[g0 / group]);
+    alignas(64) int8_t table[128] = {};
+    for (int v = 0; v < entries; v += 16) {
+      const __m512 c = _mm512_add_ps(lane, _mm512_set1_ps(static_cast<float>(v - qmax)));
+      const __m512 y = _mm512_mul_ps(c, r);
+      __m512 q = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), q);
+      q = _mm512_max_ps(_mm512_min_ps(q, hi), lo);
+      _mm_store_si128(reinterpret_cast<__m128i*>(table + v),
+                      _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
+    }
+    const __m512i t0 = _mm512_load_si512(table), t1 = _mm512_load_si512(table + 64);
+    for (int64_t i = g0; i < g0 + group; i += 64) {
+      const __m512i words =
+          _mm512_permutexvar_epi8(vidx, _mm512_maskz_loadu_epi8(bytes, in + i / 8 * bits));
+      const __m512i u = _mm512_and_si512(_mm512_multishift_epi64_epi8(vctrl, words), mask);
+      _mm512_storeu_si512(codes + i, _mm512_permutex2var_epi8(t0, u, t1));
+    }
+  }
+}
+// A ternary row's group fold after its unpack: each group's three folded values (fold_code of -1,
+// 0, 1) looked up by vpermb on code + 1, 64 codes a step (groups a multiple of 64).
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void fold_ternary_vbmi(int8_t* codes,
+                                                                              int64_t K,
+                                                                              int64_t group,
+                                                                              const float* ratios) {
+  const __m512i one = _mm512_set1_epi8(1);
+  for (int64_t g0 = 0; g0 < K; g0 += group) {
+    const float r = ratios[g0 / group];
+    const __m512i t = _mm512_maskz_set1_epi8(1, fold_code(-1, r)) |
+                      _mm512_maskz_set1_epi8(2, fold_code(0, r)) |
+                      _mm512_maskz_set1_epi8(4, fold_code(1, r));
+    for (int64_t i = g0; i < g0 + group; i += 64) {
+      const __m512i c = _mm512_add_epi8(_mm512_loadu_si512(codes + i), one);
+      _mm512_storeu_si512(codes + i, _mm512_permutexvar_epi8(c, t));
+    }
+  }
+}
+}  // namespace
+#endif
+
 void weight_row_gemm_codes(const PackedWeightView& w, int64_t o, int8_t* codes) {
 #ifdef LOWBIT_HAVE_AVX2_PATH
+  if (grouped(w.qtype) && w.qtype != QType::convrot_bitnet && w.bits >= 2 && w.bits <= 7 &&
+      w.bits != 4 && w.group % 64 == 0 && w.in_features % w.group == 0 && has_vbmi() &&
+      simd_kernels_on())
+    return fold_bits_row_vbmi(row_ptr<uint8_t>(w.codes, o), w.in_features, w.bits, w.group,
+                              row_ptr<float>(w.ratios, o), codes);
   if (grouped(w.qtype) && w.bits == 4 && w.group % 32 == 0 && w.in_features % w.group == 0 &&
       simd_kernels_on())
     return fold_nibble_row_avx2(row_ptr<uint8_t>(w.codes, o), w.in_features, w.group,
@@ -723,6 +841,11 @@ void weight_row_gemm_codes(const PackedWeightView& w, int64_t o, int8_t* codes) 
   stored_codes(w, o, codes);
   if (!grouped(w.qtype)) return;
   const float* ratios = row_ptr<float>(w.ratios, o);
+#ifdef LOWBIT_HAVE_AVX2_PATH
+  if (w.qtype == QType::convrot_bitnet && w.group % 64 == 0 && w.in_features % w.group == 0 &&
+      has_vbmi() && simd_kernels_on())
+    return fold_ternary_vbmi(codes, w.in_features, w.group, ratios);
+#endif
   for (int64_t g0 = 0; g0 < w.in_features; g0 += w.group)  // a group at a time, its one ratio
     fold_codes(codes + g0, std::min<int64_t>(w.group, w.in_features - g0), ratios[g0 / w.group]);
 }

@@ -205,21 +205,35 @@ TEST(LinearPacking, BitPackHandVectors) {
     int8_t back[8];
     unpack_bits(out.data(), 8, v.bits, back);
     for (int j = 0; j < 8; ++j) EXPECT_EQ(back[j], v.codes[j]);
+    // The same vector 9 times (72 codes: one 64-code step of the AVX-512 VBMI unpack, then the
+    // scalar tail): the bytes repeat, and every copy unpacks to the hand codes.
+    std::vector<uint8_t> rep;
+    for (int r = 0; r < 9; ++r) rep.insert(rep.end(), v.bytes.begin(), v.bytes.end());
+    int8_t back9[72];
+    unpack_bits(rep.data(), 72, v.bits, back9);
+    for (int j = 0; j < 72; ++j)
+      EXPECT_EQ(back9[j], v.codes[j % 8]) << "bits " << v.bits << " " << j;
   }
 }
 
 TEST(LinearPacking, BitPackRoundTripEveryWidth) {
   std::mt19937_64 rng(3);
-  for (int bits = 2; bits <= 8; ++bits) {
-    const int qmax = (1 << (bits - 1)) - 1;
-    std::uniform_int_distribution<int> d(-qmax, qmax);
-    std::vector<int8_t> c(64), back(64);
-    for (auto& x : c) x = static_cast<int8_t>(d(rng));
-    std::vector<uint8_t> p(64 / 8 * bits);
-    pack_bits(c.data(), 64, bits, p.data());
-    unpack_bits(p.data(), 64, bits, back.data());
-    EXPECT_EQ(c, back) << bits;
-  }
+  for (int bits = 2; bits <= 8; ++bits)
+    for (int64_t K : {64, 232, 1024}) {  // the vector unpack's steps and a scalar tail
+      const int qmax = (1 << (bits - 1)) - 1;
+      std::uniform_int_distribution<int> d(-qmax, qmax);
+      std::vector<int8_t> c(K), back(K);
+      for (auto& x : c) x = static_cast<int8_t>(d(rng));
+      std::vector<uint8_t> p(K / 8 * bits);
+      pack_bits(c.data(), K, bits, p.data());
+      for (bool scalar : {false, true}) {
+        force_scalar_kernels(scalar);
+        std::fill(back.begin(), back.end(), int8_t{99});
+        unpack_bits(p.data(), K, bits, back.data());
+        EXPECT_EQ(c, back) << bits << " bits, K " << K << (scalar ? " (scalar)" : "");
+      }
+      force_scalar_kernels(false);
+    }
 }
 
 TEST(LinearPacking, TernaryHandVectors) {
@@ -235,6 +249,19 @@ TEST(LinearPacking, TernaryHandVectors) {
   const int8_t all_one[5] = {1, 1, 1, 1, 1};
   pack_ternary(all_one, 5, out);
   EXPECT_EQ(out[0], 242);  // 3^5 - 1
+  // Every byte value 0..242 and a tail of 1..4 codes round-trip.
+  std::vector<int8_t> all(243 * 5 + 3);
+  for (int b = 0; b < 243; ++b)
+    for (int j = 0, v = b; j < 5; ++j, v /= 3) all[b * 5 + j] = static_cast<int8_t>(v % 3 - 1);
+  for (int64_t K : {int64_t{243 * 5}, int64_t{243 * 5 + 3}, int64_t{4}}) {
+    std::vector<uint8_t> packed((K + 4) / 5);
+    pack_ternary(all.data(), K, packed.data());
+    for (int64_t i = 0; i + 5 <= std::min<int64_t>(K, 243 * 5); i += 5)
+      ASSERT_EQ(packed[i / 5], i / 5) << i;
+    std::vector<int8_t> round(K);
+    unpack_ternary(packed.data(), K, round.data());
+    EXPECT_EQ(std::vector<int8_t>(all.begin(), all.begin() + K), round) << K;
+  }
 }
 
 TEST(LinearPacking, SwizzleIndexMatchesReshapeDescription) {
@@ -1182,9 +1209,9 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
   std::normal_distribution<float> nd(0.f, 1.f);
   Context ctx;
   int ran = 0;
-  for (QType q :
-       {QType::convrot8, QType::convrot_int4, QType::convrot_int3, QType::convrot_comfy_w4a4,
-        QType::convrot_bitnet, QType::convrot_fp8, QType::convrot4}) {
+  for (QType q : {QType::convrot8, QType::convrot_int4, QType::convrot_int3,
+                  QType::convrot_comfy_w4a4, QType::convrot_bitnet, QType::convrot_fp8,
+                  QType::convrot4, QType::convrot_int2, QType::convrot_int6}) {
     for (auto [M, O_any, K] : {std::array<int64_t, 3>{1, 8, 256},
                                {2, 24, 512},
                                {3, 40, 768},
@@ -1257,7 +1284,35 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       ++ran;
     }
   }
-  EXPECT_EQ(ran, 81);  // 12 shapes x 7 qtypes, less comfy's 3 with K % 256 != 0
+  EXPECT_EQ(ran, 105);  // 12 shapes x 9 qtypes, less comfy's 3 with K % 256 != 0
+}
+
+// A stored row's GEMM codes (weight_row_gemm_codes: the unpack and the group fold in one step on
+// AVX-512 VBMI for 2..6 bits, lookups for 4 bits and comfy) equal the scalar unpack + fold_code
+// for every n-bit width, ternary and comfy, groups of 16 to 128.
+TEST(LinearSimd, RowGemmCodesMatchScalar) {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  Context ctx;
+  for (QType q :
+       {QType::convrot_int2, QType::convrot_int3, QType::convrot_int4, QType::convrot_int5,
+        QType::convrot_int6, QType::convrot_int7, QType::convrot_bitnet, QType::convrot_comfy_w4a4})
+    for (int64_t K : {256, 320, 352, 1536}) {  // groups of 128, 64, 32 and 128
+      const int64_t O = 24;
+      if (!can_quantize(q, O, K, nullptr)) continue;
+      std::vector<float> w(static_cast<size_t>(O * K));
+      for (auto& v : w) v = nd(rng) * (1.f + 3.f * static_cast<float>(rng() % 4 == 0));
+      const QuantizedLinear lin =
+          QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+      std::vector<int8_t> fast(static_cast<size_t>(K)), slow(static_cast<size_t>(K));
+      for (int64_t o = 0; o < O; ++o) {
+        weight_row_gemm_codes(lin.weights(), o, fast.data());
+        force_scalar_kernels(true);
+        weight_row_gemm_codes(lin.weights(), o, slow.data());
+        force_scalar_kernels(false);
+        ASSERT_EQ(fast, slow) << qtype_name(q) << " K " << K << " row " << o;
+      }
+    }
 }
 
 // The blocked VNNI GEMM's pieces on full-range codes: the panel layout and 128 x the row sums
