@@ -578,8 +578,10 @@ void pack_ternary(const int8_t* codes, int64_t K, uint8_t* out) {
 void unpack_ternary(const uint8_t* in, int64_t K, int8_t* codes) {
   // Each byte's five codes from a table (the base-3 digits less 1; bytes above 242 decode as the
   // loop below would, digit by digit).
+  // (8-byte rows: one 8-byte store a byte where 8 codes fit, the next store overwriting the 3
+  // past the five)
   struct Table {
-    int8_t c[256][5];
+    int8_t c[256][8] = {};
     Table() {
       for (int b = 0; b < 256; ++b)
         for (int j = 0, v = b; j < 5; ++j, v /= 3) c[b][j] = static_cast<int8_t>(v % 3 - 1);
@@ -587,8 +589,9 @@ void unpack_ternary(const uint8_t* in, int64_t K, int8_t* codes) {
   };
   static const Table t;
   int64_t i = 0;
-  for (; i + 5 <= K; i += 5) std::memcpy(codes + i, t.c[in[i / 5]], 5);
-  for (int j = 0; i + j < K; ++j) codes[i + j] = t.c[in[i / 5]][j];
+  for (; i + 8 <= K; i += 5) std::memcpy(codes + i, t.c[in[i / 5]], 8);
+  for (; i < K; i += 5)
+    std::memcpy(codes + i, t.c[in[i / 5]], static_cast<size_t>(std::min<int64_t>(5, K - i)));
 }
 
 void pack_nibbles(const uint8_t* nibbles, int64_t K, uint8_t* out) {
@@ -763,12 +766,34 @@ LOWBIT_AVX2 void fold_nibble_row_avx2(const uint8_t* in, int64_t K, int64_t grou
 
 #ifdef LOWBIT_HAVE_AVX2_PATH
 namespace {
+#define LOWBIT_VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+// fold_code(v + i - qmax, ratio) for i < 16 as bytes, fold_codes_avx2's arithmetic 16 lanes wide.
+LOWBIT_VBMI_TARGET inline __m128i fold_piece(int v, int qmax, __m512 r) {
+  const __m512 lane = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f,
+                                     12.f, 13.f, 14.f, 15.f);
+  const __m512 c = _mm512_add_ps(lane, _mm512_set1_ps(static_cast<float>(v - qmax)));
+  const __m512 y = _mm512_mul_ps(c, r);
+  __m512 q = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), q);
+  q = _mm512_max_ps(_mm512_min_ps(q, _mm512_set1_ps(127.f)), _mm512_set1_ps(-127.f));
+  return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q));
+}
+// Table entries v .. v + 63 of fold_piece (those at or past `entries` left as they fall).
+LOWBIT_VBMI_TARGET inline __m512i fold_table64(int v, int entries, int qmax, __m512 r) {
+  __m512i t = _mm512_castsi128_si512(fold_piece(v, qmax, r));
+  if (entries > v + 16) t = _mm512_inserti32x4(t, fold_piece(v + 16, qmax, r), 1);
+  if (entries > v + 32) {
+    t = _mm512_inserti32x4(t, fold_piece(v + 32, qmax, r), 2);
+    t = _mm512_inserti32x4(t, fold_piece(v + 48, qmax, r), 3);
+  }
+  return t;
+}
 // A bit-packed grouped row's GEMM codes in one step (bits 2..7, groups a multiple of 64): each
 // group's 2^bits folded values (fold_code(u - qmax, ratio) for every stored u, fold_codes_avx2's
 // arithmetic 16 lanes at a time) as a table of up to 128 bytes, looked up by vpermi2b on the raw
 // fields of unpack_bits_vbmi's shifts.
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void fold_bits_row_vbmi(
-    const uint8_t* in, int64_t K, int bits, int64_t group, const float* ratios, int8_t* codes) {
+LOWBIT_VBMI_TARGET void fold_bits_row_vbmi(const uint8_t* in, int64_t K, int bits, int64_t group,
+                                           const float* ratios, int8_t* codes) {
   alignas(64) uint8_t idx[64], ctrl[64];
   for (int g = 0; g < 8; ++g)
     for (int j = 0; j < 8; ++j) {
@@ -779,22 +804,12 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void fold_bits_row_vbmi(
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1));
   const __mmask64 bytes = (__mmask64{1} << (8 * bits)) - 1;
   const int qmax = (1 << (bits - 1)) - 1, entries = 1 << bits;
-  const __m512 lane = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f,
-                                     12.f, 13.f, 14.f, 15.f);
-  const __m512 hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
   for (int64_t g0 = 0; g0 < K; g0 += group) {
     const __m512 r = _mm512_set1_ps(ratios[g0 / group]);
-    alignas(64) int8_t table[128] = {};
-    for (int v = 0; v < entries; v += 16) {
-      const __m512 c = _mm512_add_ps(lane, _mm512_set1_ps(static_cast<float>(v - qmax)));
-      const __m512 y = _mm512_mul_ps(c, r);
-      __m512 q = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), q);
-      q = _mm512_max_ps(_mm512_min_ps(q, hi), lo);
-      _mm_store_si128(reinterpret_cast<__m128i*>(table + v),
-                      _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q)));
-    }
-    const __m512i t0 = _mm512_load_si512(table), t1 = _mm512_load_si512(table + 64);
+    // (the table stays in registers: 16-byte stores read back as 64-byte loads would stall
+    // store forwarding once a group)
+    const __m512i t0 = fold_table64(0, entries, qmax, r);
+    const __m512i t1 = entries > 64 ? fold_table64(64, entries, qmax, r) : t0;
     for (int64_t i = g0; i < g0 + group; i += 64) {
       const __m512i words =
           _mm512_permutexvar_epi8(vidx, _mm512_maskz_loadu_epi8(bytes, in + i / 8 * bits));
@@ -805,10 +820,8 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi"))) void fold_bits_row_vbmi(
 }
 // A ternary row's group fold after its unpack: each group's three folded values (fold_code of -1,
 // 0, 1) looked up by vpermb on code + 1, 64 codes a step (groups a multiple of 64).
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) void fold_ternary_vbmi(int8_t* codes,
-                                                                              int64_t K,
-                                                                              int64_t group,
-                                                                              const float* ratios) {
+LOWBIT_VBMI_TARGET void fold_ternary_vbmi(int8_t* codes, int64_t K, int64_t group,
+                                          const float* ratios) {
   const __m512i one = _mm512_set1_epi8(1);
   for (int64_t g0 = 0; g0 < K; g0 += group) {
     const float r = ratios[g0 / group];
