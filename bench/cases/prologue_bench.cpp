@@ -500,6 +500,46 @@ class PrologueBench : public BenchCase {
                    fmt_pct(env.copy_ms(t.bytes / 2) / ms) + " of copy bandwidth";
           rows.push_back(t);
         }
+        // Session 46: the same rotation as Flux's 2 x 2 table ((1, N, 1, P, 2, 2): [[cos, -sin],
+        // [sin, cos]]; attention.prefill's norm rows use it): the per-head path, the token path
+        // (default) and the token path staged by one pass, against the per-head row on it.
+        const int64_t P = D / 2;
+        std::vector<float> mat(static_cast<size_t>(N * P * 4));
+        for (int64_t i = 0; i < N * P; ++i) {
+          const float c = table[i * 2], sn = table[i * 2 + 1];
+          mat[i * 4] = c, mat[i * 4 + 1] = -sn, mat[i * 4 + 2] = sn, mat[i * 4 + 3] = c;
+        }
+        DeviceTensor mt = make_empty(env.device, DType::f32, {1, N, 1, P, 2, 2});
+        upload(mt, mat.data(), mat.size() * 4);
+        Rope mrope = rope;
+        mrope.table = mt.view;
+        double head_ms = 0;
+        for (int form = 0; form < 3; ++form) {
+          Prologue pf = form == 0 ? (is_k ? p : pq) : pt;
+          pf.rope = &mrope;
+          detail::PrologueCudaTuning tt;
+          tt.token_fast = tt.token_fast_k = form != 2;
+          detail::set_prologue_cuda_tuning(tt);
+          const double ms = env.time_ms([&] {
+            if (is_k)
+              norm_rope_mean_quantize(x.view, pf, mean.view, q8.view, sc.view, ctx);
+            else
+              norm_rope_quantize(x.view, pf, q8.view, sc.view, ctx);
+          });
+          detail::set_prologue_cuda_tuning({});
+          if (form == 0) head_ms = ms;
+          Row t = row;
+          t.op = std::string(is_k ? "k" : "q") + ", Flux's 2 x 2 rope table: " +
+                 (form == 0   ? "per-head norm"
+                  : form == 1 ? "norm over all heads (default)"
+                              : "norm over all heads, staged by one pass");
+          t.ms = ms;
+          t.baseline = form == 0 ? "the (cos, sin) table's fused row" : "per-head norm, 2 x 2";
+          t.baseline_ms = form == 0 ? fused_ms : head_ms;
+          t.accuracy = "-";
+          t.note = "adds " + fmt_ms(ms - t.baseline_ms) + " ms";
+          rows.push_back(t);
+        }
       }
       Row u = row;
       u.op = is_k ? "k: same, vs unfused lowbit steps (norm, rope, mean, quantize)"

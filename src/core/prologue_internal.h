@@ -123,6 +123,14 @@ bool token_quantize_fast(const PrologueArgs& a, bool with_mean);
 // groups of 256 channels.
 constexpr int64_t kTokenStoreMaxGroups = 24;
 bool token_norm_store(const PrologueArgs& a, void* y, Context& ctx);
+// Whether the mean passes of `a` would take the round-4/5 mean kernels but for its RoPE table's
+// form (full rotary, D 64 / 128 / 256, a table other than (..., pairs, 2) fp32 aligned, e.g.
+// Flux's 2 x 2 matrices): then compact_rope_table gives them that form.
+bool rope_table_compactable(const PrologueArgs& a);
+// out: a's table's (cos, sin) as a contiguous fp32 (TB, N, pairs, 2) table (TB = 1 for a shared
+// table, else B), the same values; rope_table_bytes its size.
+int64_t rope_table_bytes(const PrologueArgs& a);
+void compact_rope_table(const PrologueArgs& a, float* out, Context& ctx);
 }  // namespace cuda
 
 namespace detail {

@@ -1137,6 +1137,37 @@ void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx, float* w_ou
   check_launch("token_norm_inv");
 }
 
+namespace {
+__global__ void compact_rope_kernel(PrologueArgs a, int64_t table_batches, float2* out) {
+  const int64_t total = table_batches * a.tokens * a.pairs;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t p = i % a.pairs, n = (i / a.pairs) % a.tokens, b = i / (a.pairs * a.tokens);
+    const int64_t o = b * a.r_sb + n * a.r_sn + p * a.r_sp;
+    out[i] = make_float2(load_any(a.rope, o, a.r_dtype), load_any(a.rope, o + a.r_sc, a.r_dtype));
+  }
+}
+int64_t table_batches(const PrologueArgs& a) { return a.r_sb == 0 ? 1 : a.batch; }
+}  // namespace
+
+bool rope_table_compactable(const PrologueArgs& a) {
+  if (!a.rotate || 2 * a.pairs != a.dim || a.pairs % 8 != 0 || a.tokens == 0) return false;
+  if (a.dim != 64 && a.dim != 128 && a.dim != 256) return false;
+  return table_mode_of(a) != kTablePairsF32;
+}
+
+int64_t rope_table_bytes(const PrologueArgs& a) {
+  return table_batches(a) * a.tokens * a.pairs * 2 * static_cast<int64_t>(sizeof(float));
+}
+
+void compact_rope_table(const PrologueArgs& a, float* out, Context& ctx) {
+  const int64_t total = table_batches(a) * a.tokens * a.pairs;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + 255) / 256, 4096));
+  compact_rope_kernel<<<blocks, 256, 0, stream_of(ctx)>>>(a, table_batches(a),
+                                                          reinterpret_cast<float2*>(out));
+  check_launch("compact_rope_table");
+}
+
 bool token_norm_store(const PrologueArgs& a, void* y, Context& ctx) {
   const int64_t groups = (a.heads * a.dim / 8 + 31) / 32;
   if (a.batch * a.tokens == 0 || groups > kTokenStoreMaxGroups) return false;
