@@ -469,6 +469,15 @@ class PrologueBench : public BenchCase {
         Prologue pt = is_k ? p : pq;
         pt.norm_weight = &wh.view;
         pt.norm_scope = NormScope::token;
+        // The path's call (k: the fused mean + quantize) on Prologue pp, timed.
+        const auto time_path = [&](const Prologue& pp) {
+          return env.time_ms([&] {
+            if (is_k)
+              norm_rope_mean_quantize(x.view, pp, mean.view, q8.view, sc.view, ctx);
+            else
+              norm_rope_quantize(x.view, pp, q8.view, sc.view, ctx);
+          });
+        };
         // (the default first: the round-5 kernels reading the tokens' inverses, `token_fast` /
         // `token_fast_k`; the third row stages y in one pass)
         for (int two = 0; two < 3; ++two) {
@@ -476,12 +485,7 @@ class PrologueBench : public BenchCase {
           tt.token_two_pass = two == 1;
           tt.token_fast = tt.token_fast_k = two == 0;
           detail::set_prologue_cuda_tuning(tt);
-          const double ms = env.time_ms([&] {
-            if (is_k)
-              norm_rope_mean_quantize(x.view, pt, mean.view, q8.view, sc.view, ctx);
-            else
-              norm_rope_quantize(x.view, pt, q8.view, sc.view, ctx);
-          });
+          const double ms = time_path(pt);
           detail::set_prologue_cuda_tuning({});
           Row t = row;
           t.op = std::string(is_k ? "k" : "q") + ": norm over all heads (norm_scope token), " +
@@ -520,12 +524,7 @@ class PrologueBench : public BenchCase {
           detail::PrologueCudaTuning tt;
           tt.token_fast = tt.token_fast_k = form != 2;
           detail::set_prologue_cuda_tuning(tt);
-          const double ms = env.time_ms([&] {
-            if (is_k)
-              norm_rope_mean_quantize(x.view, pf, mean.view, q8.view, sc.view, ctx);
-            else
-              norm_rope_quantize(x.view, pf, q8.view, sc.view, ctx);
-          });
+          const double ms = time_path(pf);
           detail::set_prologue_cuda_tuning({});
           if (form == 0) head_ms = ms;
           Row t = row;

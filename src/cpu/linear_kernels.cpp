@@ -516,30 +516,40 @@ LOWBIT_CLONES void unpack_nibbles(const uint8_t* in, int64_t K, int8_t* codes) {
 
 #ifdef LOWBIT_HAVE_AVX2_PATH
 namespace {
-// unpack_bits (bits 2..7) on AVX-512 VBMI, 64 codes a step: 8 codes are one n-byte little-endian
-// word, so vpermb puts word g's n bytes into qword g and vpmultishiftqb takes code j's 8 bits
-// from bit j n of it (j n + 8 <= 64); masked to n bits, less qmax. Returns the codes done (a
-// multiple of 64).
-__attribute__((target("avx512f,avx512bw,avx512vbmi"))) int64_t unpack_bits_vbmi(const uint8_t* in,
-                                                                                int64_t K, int bits,
-                                                                                int8_t* codes) {
+#define LOWBIT_VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi")))
+// An n-bit row (2 <= n <= 7) on AVX-512 VBMI, 64 codes a step: 8 codes are one n-byte
+// little-endian word, so vpermb puts word g's n bytes into qword g (idx) and vpmultishiftqb takes
+// code j's 8 bits from bit j n of it (ctrl; j n + 8 <= 64), masked to n bits; a step loads 8 n
+// bytes.
+struct BitFields {
+  __m512i idx, ctrl, mask;
+  __mmask64 bytes;
+  int bits;
+};
+LOWBIT_VBMI_TARGET inline BitFields bit_fields(int bits) {
   alignas(64) uint8_t idx[64], ctrl[64];
   for (int g = 0; g < 8; ++g)
     for (int j = 0; j < 8; ++j) {
       idx[g * 8 + j] = static_cast<uint8_t>(g * bits + std::min(j, bits - 1));
       ctrl[g * 8 + j] = static_cast<uint8_t>(j * bits);
     }
-  const __m512i vidx = _mm512_load_si512(idx), vctrl = _mm512_load_si512(ctrl);
-  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1));
+  return {_mm512_load_si512(idx), _mm512_load_si512(ctrl),
+          _mm512_set1_epi8(static_cast<char>((1 << bits) - 1)),
+          (__mmask64{1} << (8 * bits)) - 1, bits};
+}
+// The raw n-bit fields (0 .. 2^n - 1) of codes i .. i + 63 of the row at `in`.
+LOWBIT_VBMI_TARGET inline __m512i raw_fields(const BitFields& f, const uint8_t* in, int64_t i) {
+  const __m512i words =
+      _mm512_permutexvar_epi8(f.idx, _mm512_maskz_loadu_epi8(f.bytes, in + i / 8 * f.bits));
+  return _mm512_and_si512(_mm512_multishift_epi64_epi8(f.ctrl, words), f.mask);
+}
+// unpack_bits on the fields, less qmax. Returns the codes done (a multiple of 64).
+LOWBIT_VBMI_TARGET int64_t unpack_bits_vbmi(const uint8_t* in, int64_t K, int bits,
+                                            int8_t* codes) {
+  const BitFields f = bit_fields(bits);
   const __m512i qmax = _mm512_set1_epi8(static_cast<char>((1 << (bits - 1)) - 1));
-  const __mmask64 bytes = (__mmask64{1} << (8 * bits)) - 1;  // 8 words of `bits` bytes
   int64_t i = 0;
-  for (; i + 64 <= K; i += 64) {
-    const __m512i words =
-        _mm512_permutexvar_epi8(vidx, _mm512_maskz_loadu_epi8(bytes, in + i / 8 * bits));
-    const __m512i v = _mm512_and_si512(_mm512_multishift_epi64_epi8(vctrl, words), mask);
-    _mm512_storeu_si512(codes + i, _mm512_sub_epi8(v, qmax));
-  }
+  for (; i + 64 <= K; i += 64) _mm512_storeu_si512(codes + i, _mm512_sub_epi8(raw_fields(f, in, i), qmax));
   return i;
 }
 bool has_vbmi() {
@@ -766,7 +776,6 @@ LOWBIT_AVX2 void fold_nibble_row_avx2(const uint8_t* in, int64_t K, int64_t grou
 
 #ifdef LOWBIT_HAVE_AVX2_PATH
 namespace {
-#define LOWBIT_VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 // fold_code(v + i - qmax, ratio) for i < 16 as bytes, fold_codes_avx2's arithmetic 16 lanes wide.
 LOWBIT_VBMI_TARGET inline __m128i fold_piece(int v, int qmax, __m512 r) {
   const __m512 lane = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f,
@@ -794,15 +803,7 @@ LOWBIT_VBMI_TARGET inline __m512i fold_table64(int v, int entries, int qmax, __m
 // fields of unpack_bits_vbmi's shifts.
 LOWBIT_VBMI_TARGET void fold_bits_row_vbmi(const uint8_t* in, int64_t K, int bits, int64_t group,
                                            const float* ratios, int8_t* codes) {
-  alignas(64) uint8_t idx[64], ctrl[64];
-  for (int g = 0; g < 8; ++g)
-    for (int j = 0; j < 8; ++j) {
-      idx[g * 8 + j] = static_cast<uint8_t>(g * bits + std::min(j, bits - 1));
-      ctrl[g * 8 + j] = static_cast<uint8_t>(j * bits);
-    }
-  const __m512i vidx = _mm512_load_si512(idx), vctrl = _mm512_load_si512(ctrl);
-  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1));
-  const __mmask64 bytes = (__mmask64{1} << (8 * bits)) - 1;
+  const BitFields f = bit_fields(bits);
   const int qmax = (1 << (bits - 1)) - 1, entries = 1 << bits;
   for (int64_t g0 = 0; g0 < K; g0 += group) {
     const __m512 r = _mm512_set1_ps(ratios[g0 / group]);
@@ -810,12 +811,8 @@ LOWBIT_VBMI_TARGET void fold_bits_row_vbmi(const uint8_t* in, int64_t K, int bit
     // store forwarding once a group)
     const __m512i t0 = fold_table64(0, entries, qmax, r);
     const __m512i t1 = entries > 64 ? fold_table64(64, entries, qmax, r) : t0;
-    for (int64_t i = g0; i < g0 + group; i += 64) {
-      const __m512i words =
-          _mm512_permutexvar_epi8(vidx, _mm512_maskz_loadu_epi8(bytes, in + i / 8 * bits));
-      const __m512i u = _mm512_and_si512(_mm512_multishift_epi64_epi8(vctrl, words), mask);
-      _mm512_storeu_si512(codes + i, _mm512_permutex2var_epi8(t0, u, t1));
-    }
+    for (int64_t i = g0; i < g0 + group; i += 64)
+      _mm512_storeu_si512(codes + i, _mm512_permutex2var_epi8(t0, raw_fields(f, in, i), t1));
   }
 }
 // A ternary row's group fold after its unpack: each group's three folded values (fold_code of -1,
