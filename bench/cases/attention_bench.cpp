@@ -561,15 +561,20 @@ class AttentionBench : public BenchCase {
     // per-head weight; segmented on the first-generation kernels (seg_fast off); segmented (the
     // default: seg_fast); segmented unchecked; token norm (the default: q and k passes on the
     // tokens' inverses); token norm staged by two passes (session 40's); q and k staged in one
-    // pass each (token_fast off: session 45's first form); k staged (token_fast_k off)
-    for (int mode : {0, 1, 2, 3, 4, 5, 6, 7}) {
+    // pass each (token_fast off: session 45's first form); k staged (token_fast_k off); token norm
+    // (default / q and k staged) with the passes in sequence (serial_passes: no V quantization on
+    // a side stream beside them; session 46)
+    for (int mode : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}) {
       const bool segmented = mode >= 1 && mode <= 3;
       detail::PrologueCudaTuning pt;
       pt.seg_fast = mode != 1;
       pt.token_two_pass = mode == 5;
-      pt.token_fast = mode != 5 && mode != 6;
+      pt.token_fast = mode != 5 && mode != 6 && mode != 9;
       pt.token_fast_k = mode != 7;
       detail::set_prologue_cuda_tuning(pt);
+      detail::AttentionCudaTuning at;
+      at.serial_passes = mode >= 8;
+      detail::set_attention_cuda_tuning(at);
       Prologue p;
       p.norm_weight = segmented ? &wt.view : mode >= 4 ? &wh.view : &w1;
       p.weight_rows = segmented ? &rw.view : nullptr;
@@ -589,12 +594,14 @@ class AttentionBench : public BenchCase {
              (mode == 1 ? ", first-generation kernels (seg_fast off)" : "") +
              (mode >= 4 ? ", norm over all heads (Wan, norm_scope token)" : "") +
              (mode == 5 ? ", staged by two passes (token_two_pass)" : "") +
-             (mode == 6 ? ", q and k staged (token_fast off)" : "") +
-             (mode == 7 ? ", k staged (token_fast_k off)" : "");
+             (mode == 6 || mode == 9 ? ", q and k staged (token_fast off)" : "") +
+             (mode == 7 ? ", k staged (token_fast_k off)" : "") +
+             (mode >= 8 ? ", passes in sequence (serial_passes)" : "");
       r.ms = env.time_ms(
           [&] { attention(q.view, k.view, v.view, out.view, nullptr, o, wp, wb, ctx); });
       synchronize(ctx);
       detail::set_prologue_cuda_tuning({});
+      detail::set_attention_cuda_tuning({});
       r.baseline = "attention() fp8 PV without norm / rope";
       r.baseline_ms = plain;
       r.bytes = static_cast<double>(s.B * N * s.H * D) * 2 * 4;
