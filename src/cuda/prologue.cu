@@ -1151,7 +1151,8 @@ int64_t table_batches(const PrologueArgs& a) { return a.r_sb == 0 ? 1 : a.batch;
 }  // namespace
 
 bool rope_table_compactable(const PrologueArgs& a) {
-  if (!a.rotate || 2 * a.pairs != a.dim || a.pairs % 8 != 0 || a.tokens == 0) return false;
+  if (!a.rotate || 2 * a.pairs != a.dim || a.pairs % 8 != 0 || a.tokens == 0 || a.batch == 0)
+    return false;
   if (a.dim != 64 && a.dim != 128 && a.dim != 256) return false;
   return table_mode_of(a) != kTablePairsF32;
 }
