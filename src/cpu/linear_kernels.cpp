@@ -103,6 +103,43 @@ __attribute__((target("avx2"))) void rotate_block_avx2(const float* xb, float* y
     _mm256_storeu_ps(yb + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(tb.sign + j), g), scale));
   }
 }
+
+// The same butterflies on 16-lane registers (NREG = rot / 16 of them): stages 1, 2, 4, 8 inside a
+// register, the others between registers; the output permutation (each base-4 digit's two bits
+// swapped) is a fixed permutation of the 16 lanes (the digits in bits 0-3) applied to the
+// register whose index has its own digits swapped (bits 4-7): one vpermps a register, no gather.
+template <int NREG>
+__attribute__((target("avx512f"))) void rotate_block_avx512(const float* xb, float* yb,
+                                                            const RotTables& tb) {
+  __m512 v[NREG];
+  for (int r = 0; r < NREG; ++r) {
+    __m512 t = _mm512_mul_ps(_mm512_loadu_ps(xb + 16 * r), _mm512_loadu_ps(tb.sign + 16 * r));
+    t = _mm512_mask_blend_ps(0xAAAA, _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1)),
+                             _mm512_sub_ps(_mm512_permute_ps(t, 0xB1), t));  // h = 1
+    t = _mm512_mask_blend_ps(0xCCCC, _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E)),
+                             _mm512_sub_ps(_mm512_permute_ps(t, 0x4E), t));  // h = 2
+    __m512 sw = _mm512_shuffle_f32x4(t, t, 0xB1);                            // h = 4
+    t = _mm512_mask_blend_ps(0xF0F0, _mm512_add_ps(t, sw), _mm512_sub_ps(sw, t));
+    sw = _mm512_shuffle_f32x4(t, t, 0x4E);  // h = 8
+    v[r] = _mm512_mask_blend_ps(0xFF00, _mm512_add_ps(t, sw), _mm512_sub_ps(sw, t));
+  }
+  for (int h = 1; h < NREG; h *= 2)  // h = 16, 32, ... elements: whole registers
+    for (int i = 0; i < NREG; i += 2 * h)
+      for (int j = i; j < i + h; ++j) {
+        const __m512 a = v[j], c = v[j + h];
+        v[j] = _mm512_add_ps(a, c);
+        v[j + h] = _mm512_sub_ps(a, c);
+      }
+  alignas(64) int32_t lanes[16];
+  for (int l = 0; l < 16; ++l) lanes[l] = tb.perm[l] & 15;
+  const __m512i idx = _mm512_load_si512(lanes);
+  const __m512 scale = _mm512_set1_ps(tb.scale);
+  for (int r = 0; r < NREG; ++r) {
+    const __m512 g = _mm512_permutexvar_ps(idx, v[tb.perm[16 * r] >> 4]);
+    _mm512_storeu_ps(yb + 16 * r,
+                     _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(tb.sign + 16 * r), g), scale));
+  }
+}
 #endif
 
 bool g_force_scalar_rotation = false;
@@ -112,6 +149,18 @@ bool g_force_scalar_rotation = false;
 void rotate_row(const float* x, float* y, int64_t K, int rot) {
   const RotTables& tb = tables(rot);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has_avx512 = __builtin_cpu_supports("avx512f");
+  if (has_avx512 && !g_force_scalar_rotation && !avx2_kernels_forced()) {
+    for (int64_t b = 0; b < K; b += rot) {
+      if (rot == 16)
+        rotate_block_avx512<1>(x + b, y + b, tb);
+      else if (rot == 64)
+        rotate_block_avx512<4>(x + b, y + b, tb);
+      else
+        rotate_block_avx512<16>(x + b, y + b, tb);
+    }
+    return;
+  }
   static const bool has_avx2 = __builtin_cpu_supports("avx2");
   if (has_avx2 && !g_force_scalar_rotation) {
     for (int64_t b = 0; b < K; b += rot) rotate_block_avx2(x + b, y + b, rot, tb);

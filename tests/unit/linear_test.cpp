@@ -1034,15 +1034,20 @@ TEST(LinearSimd, VectorKernelsMatchScalar) {
     EXPECT_EQ(s1, s2);
     EXPECT_EQ(p1, p2);
   }
-  for (int rot : {16, 64, 256}) {
-    std::vector<float> x(rot * 4), y1(rot * 4), y2(rot * 4);
+  for (int rot : {16, 64, 256}) {  // scalar against the widest (AVX-512) and the AVX2 build
+    std::vector<float> x(rot * 4), y1(rot * 4), y2(rot * 4), y3(rot * 4);
     for (auto& v : x) v = n(rng) * 100.f;
     force_scalar_kernels(true);
     rotate_row(x.data(), y1.data(), rot * 4, rot);
     force_scalar_kernels(false);
     rotate_row(x.data(), y2.data(), rot * 4, rot);
-    for (int i = 0; i < rot * 4; ++i)
+    force_avx2_kernels(true);
+    rotate_row(x.data(), y3.data(), rot * 4, rot);
+    force_avx2_kernels(false);
+    for (int i = 0; i < rot * 4; ++i) {
       ASSERT_EQ(dt::f32_bits(y1[i]), dt::f32_bits(y2[i])) << rot << " " << i;
+      ASSERT_EQ(dt::f32_bits(y1[i]), dt::f32_bits(y3[i])) << rot << " " << i << " (AVX2)";
+    }
   }
 }
 
