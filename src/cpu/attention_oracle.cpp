@@ -159,7 +159,8 @@ LOWBIT_AVX512 void tile_dots_vnni(const uint8_t* const (&qb)[2], const int8_t* k
     }
     const int8_t* row = kq + g * 4 * kKvTile;
     for (int v = 0; v < 4; ++v) {
-      const __m512i kk = _mm512_loadu_si512(row + 64 * v);
+      __m512i kk = _mm512_loadu_si512(row + 64 * v);
+      if (R == 2) asm("" : "+v"(kk));  // one load for both rows
       for (int r = 0; r < R; ++r) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], qq[r], kk);
     }
   }
@@ -202,7 +203,8 @@ LOWBIT_AVX512 inline void pv_block_avx512(float* const (&tile)[2], const float* 
     for (int r = 0; r < R; ++r) p[r] = _mm512_set1_ps(pr[r][j]);
     const float* v = vbuf + j * D + d0;
     for (int c = 0; c < NV; ++c) {
-      const __m512 x = _mm512_loadu_ps(v + 16 * c);
+      __m512 x = _mm512_loadu_ps(v + 16 * c);
+      if (R == 2) asm("" : "+v"(x));  // one load for both rows (not a memory operand twice)
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(p[r], x, acc[r][c]);
     }
   }
