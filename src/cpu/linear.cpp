@@ -213,26 +213,41 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline uint32_t sum_lanes
   q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
   return static_cast<uint32_t>(_mm_cvtsi128_si32(q));
 }
+// (Named accumulators, not an array: GCC 12 stored an array of them to memory every step.)
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void dots_vnni(const uint8_t* const* a,
                                                                       const int8_t* w, int64_t K,
                                                                       uint32_t (&out)[4][4]) {
   constexpr int kRows = R == 0 ? 1 : R;
-  __m512i acc[kRows][4];
-  for (auto& r : acc)
-    for (auto& c : r) c = _mm512_setzero_si512();
+#define LOWBIT_DV_DECL(i)                                                     \
+  __m512i c##i##0 = _mm512_setzero_si512(), c##i##1 = c##i##0, c##i##2 = c##i##0, \
+          c##i##3 = c##i##0;
+  LOWBIT_DV_DECL(0) LOWBIT_DV_DECL(1) LOWBIT_DV_DECL(2) LOWBIT_DV_DECL(3)
+#undef LOWBIT_DV_DECL
   for (int64_t k = 0; k < K; k += 64) {
     const __mmask64 mask = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
-    __m512i x[kRows];
-    for (int i = 0; i < kRows; ++i)
-      x[i] = R == 0 ? _mm512_set1_epi8(1) : _mm512_maskz_loadu_epi8(mask, a[i] + k);
-    for (int j = 0; j < 4; ++j) {
-      const __m512i y = _mm512_maskz_loadu_epi8(mask, w + j * K + k);
-      for (int i = 0; i < kRows; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], x[i], y);
-    }
+    const __m512i y0 = _mm512_maskz_loadu_epi8(mask, w + k);
+    const __m512i y1 = _mm512_maskz_loadu_epi8(mask, w + K + k);
+    const __m512i y2 = _mm512_maskz_loadu_epi8(mask, w + 2 * K + k);
+    const __m512i y3 = _mm512_maskz_loadu_epi8(mask, w + 3 * K + k);
+#define LOWBIT_DV_ROW(i)                                                                   \
+  if constexpr (i < kRows) {                                                               \
+    const __m512i x = R == 0 ? _mm512_set1_epi8(1) : _mm512_maskz_loadu_epi8(mask, a[i] + k); \
+    c##i##0 = _mm512_dpbusd_epi32(c##i##0, x, y0);                                         \
+    c##i##1 = _mm512_dpbusd_epi32(c##i##1, x, y1);                                         \
+    c##i##2 = _mm512_dpbusd_epi32(c##i##2, x, y2);                                         \
+    c##i##3 = _mm512_dpbusd_epi32(c##i##3, x, y3);                                         \
   }
-  for (int i = 0; i < kRows; ++i)
-    for (int j = 0; j < 4; ++j) out[i][j] = sum_lanes(acc[i][j]);
+    LOWBIT_DV_ROW(0) LOWBIT_DV_ROW(1) LOWBIT_DV_ROW(2) LOWBIT_DV_ROW(3)
+#undef LOWBIT_DV_ROW
+  }
+#define LOWBIT_DV_OUT(i)                                                        \
+  if constexpr (i < kRows) {                                                    \
+    out[i][0] = sum_lanes(c##i##0), out[i][1] = sum_lanes(c##i##1);             \
+    out[i][2] = sum_lanes(c##i##2), out[i][3] = sum_lanes(c##i##3);             \
+  }
+  LOWBIT_DV_OUT(0) LOWBIT_DV_OUT(1) LOWBIT_DV_OUT(2) LOWBIT_DV_OUT(3)
+#undef LOWBIT_DV_OUT
 }
 #endif
 // Activation rows from which the int8-code GEMM runs on AMX tiles (below it the VNNI loops: the
