@@ -26,7 +26,9 @@ constexpr float kExp2C[7] = {0.6931471805599453f,    0.2402265069591007f,
                              1.525273380405984e-05f};
 constexpr float kExp2Lo = -150.f, kExp2Hi = 128.f, kRoundInt = 12582912.f;
 
-float exp2_scalar(float x) {
+// (x86-64-v3 clone: std::fma as one instruction; the baseline build calls libm's fmaf, seven
+// calls a value, which the CPU attention's per-tile rescale factors paid.)
+LOWBIT_CLONES_FMA float exp2_scalar(float x) {
   if (x != x) return x;
   const float c = x < kExp2Lo ? kExp2Lo : (x > kExp2Hi ? kExp2Hi : x);
   const float r = (c + kRoundInt) - kRoundInt;
