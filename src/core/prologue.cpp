@@ -411,7 +411,9 @@ void with_mean_table(const char* op, Device device, PrologueArgs& a, Context& ct
     run();
     return;
   }
-  detail::StreamBuffer t(device, static_cast<size_t>(cuda::rope_table_bytes(a)) + 16, ctx, op);
+  int64_t bytes = 0;  // (every cuda:: call through LOWBIT_CUDA_CALL: a CPU-only build has none)
+  LOWBIT_CUDA_CALL(op, bytes = cuda::rope_table_bytes(a));
+  detail::StreamBuffer t(device, static_cast<size_t>(bytes) + 16, ctx, op);
   float* table = static_cast<float*>(t.aligned(16));
   LOWBIT_CUDA_CALL(op, cuda::compact_rope_table(a, table, ctx));
   const bool shared = a.r_sb == 0;
