@@ -363,7 +363,7 @@ void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx
     run();
     return;
   }
-  if (device != Device::cuda || !stage || detail::prologue_cuda_tuning().legacy) {
+  if (device != Device::cuda || !stage || tuning.legacy) {
     detail::StreamBuffer inv(device, inv_bytes, ctx, op);
     a.token_inv = inv.as<float>();
     if (device == Device::cuda)
@@ -381,7 +381,7 @@ void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx
   norm_only.rotate = false;
   norm_only.mean = nullptr;
   bool fused = false;  // the token's inverse and y in one pass (H·D up to 24 groups of 256)
-  if (!detail::prologue_cuda_tuning().token_two_pass)
+  if (!tuning.token_two_pass)
     LOWBIT_CUDA_CALL(op, fused = cuda::token_norm_store(norm_only, yp, ctx));
   if (!fused) {
     detail::StreamBuffer inv(device, inv_bytes, ctx, op);
