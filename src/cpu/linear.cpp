@@ -292,22 +292,19 @@ constexpr int kGemvChunksPerThread = 8;
 bool amx_gemm_on() {
   return amx::on() && convrot::simd_kernels_on() && !convrot::avx2_kernels_forced();
 }
-// Whether the blocked VNNI GEMM can run: as vnni_gemm_on, K a multiple of 4 and below 2^17
-// (the exact dot within int32).
-bool vnni_blocked_on(int64_t K) {
-  return K % 4 == 0 && K < (int64_t{1} << 17) && vnni::available() && convrot::simd_kernels_on() &&
-         !convrot::avx2_kernels_forced();
-}
 // Whether dots_vnni runs: the CPU has AVX-512 F / BW / VNNI, the vector kernels are on and
 // the tests have not asked for the AVX2 kernels (force_avx2_kernels).
 bool vnni_gemm_on() {
 #ifdef LOWBIT_AVX2
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vnni");
-  return has && convrot::simd_kernels_on() && !convrot::avx2_kernels_forced();
+  return vnni::available() && convrot::simd_kernels_on() && !convrot::avx2_kernels_forced();
 #else
   return false;
 #endif
+}
+// Whether the blocked VNNI GEMM can run: as vnni_gemm_on, K a multiple of 4 and below 2^17
+// (the exact dot within int32).
+bool vnni_blocked_on(int64_t K) {
+  return K % 4 == 0 && K < (int64_t{1} << 17) && vnni_gemm_on();
 }
 
 void dots_2x4(const int8_t* a0, const int8_t* a1, const int8_t* w, int64_t K,
