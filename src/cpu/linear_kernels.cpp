@@ -27,6 +27,7 @@ struct RotTables {
   float sign[256];    // d[i] = (-1)^(number of base-4 digits equal to 3)
   int16_t perm[256];  // p(j): the two bits of every base-4 digit swapped
   float scale;        // 2^-k
+  alignas(64) int32_t lanes[16];  // perm[l] % 16, l < 16: the AVX-512 build's lane permutation
 };
 
 RotTables make_tables(int n) {
@@ -45,6 +46,7 @@ RotTables make_tables(int n) {
     t.perm[i] = static_cast<int16_t>(p);
   }
   t.scale = std::ldexp(1.f, -k);
+  for (int l = 0; l < 16 && l < n; ++l) t.lanes[l] = t.perm[l] & 15;
   return t;
 }
 
@@ -130,9 +132,7 @@ __attribute__((target("avx512f"))) void rotate_block_avx512(const float* xb, flo
         v[j] = _mm512_add_ps(a, c);
         v[j + h] = _mm512_sub_ps(a, c);
       }
-  alignas(64) int32_t lanes[16];
-  for (int l = 0; l < 16; ++l) lanes[l] = tb.perm[l] & 15;
-  const __m512i idx = _mm512_load_si512(lanes);
+  const __m512i idx = _mm512_load_si512(tb.lanes);
   const __m512 scale = _mm512_set1_ps(tb.scale);
   for (int r = 0; r < NREG; ++r) {
     const __m512 g = _mm512_permutexvar_ps(idx, v[tb.perm[16 * r] >> 4]);
