@@ -271,6 +271,13 @@ constexpr int64_t kAmxMinRowsFp4 = 64;
 // (torch bf16 20.5-21.4), 86.7-86.9 / 122-129 at 1024 (torch 83-84); convrotint4 2.46 / 4.53 at
 // 32, 24.9 / 31.0 at 256; comfy 3.01 / 4.51 at 32, 22.6 / 33.2 at 256).
 constexpr int64_t kGemvMaxRows8 = 12, kGemvMaxRows4 = 18;
+// The bit-packed 6- and 7-bit rows (their fold tables built per call, so passes of 4 activation
+// rows re-read and re-extract every field): the GEMV below 8 rows, with or without AMX (Zen 4,
+// 24 layers 4096 -> 4096 streamed, GEMV / VNNI loops on unpacked rows: int6 0.53 / 1.31 ms at 1
+// row, 1.21 / 1.53 at 5, 1.45 / 1.70 at 8, 1.95 / 1.88 at 12; int7 0.65 / 1.32 at 1, 1.72 / 1.71
+// at 8). 2, 3 and 5 bits follow kGemvMaxRows4 (int5 1.79 / 2.08 ms at 12 rows, int3 1.66 / 2.67
+// at 15).
+constexpr int64_t kGemvMaxRowsWideBits = 8;
 // Without AMX tiles, activation rows from which the register-blocked VNNI GEMM (gemm_vnni.h)
 // runs instead of the GEMV, and its activation rows per block.
 constexpr int64_t kVnniBlockedMinRows = 16, kVnniRowBlock = 64;
@@ -710,15 +717,19 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // on its GEMV).
   const bool int8_codes = int8_family(q) || q == QType::convrot_comfy_w4a4;
   // The decode GEMV on the weights where they are stored (convrot8 below kGemvMaxRows8 rows, the
-  // 4-bit rows below kGemvMaxRows4, every row count without AMX; linear_gemv.h), else AMX tiles
+  // 4-bit and the 2-, 3- and 5-bit rows below kGemvMaxRows4, every row count without AMX; 6 and
+  // 7 bits below kGemvMaxRowsWideBits; linear_gemv.h), else AMX tiles
   // from kAmxMinRows, else VNNI on unpacked rows with the activations biased to uint8.
   // Without AMX, from kVnniBlockedMinRows rows the register-blocked VNNI GEMM (gemm_vnni.h) on
   // the unpacked rows instead of the GEMV.
   const bool amx = amx_gemm_on();
   const bool blocked =
       int8_codes && vnni_blocked_on(K) && (vnni::forced() || (!amx && M >= kVnniBlockedMinRows));
-  const bool gemv = int8_codes && !blocked && gemv_supported(w) &&
-                    (M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx);
+  const bool wide_bits = q == QType::convrot_int6 || q == QType::convrot_int7;
+  const bool gemv =
+      int8_codes && !blocked && gemv_supported(w) &&
+      (wide_bits ? M < kGemvMaxRowsWideBits
+                 : M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx);
   const bool tiles = int8_codes && !blocked && !gemv && M >= kAmxMinRows && amx;
   const bool fp8_tiles =
       q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();

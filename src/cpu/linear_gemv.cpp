@@ -8,6 +8,7 @@
 #include <atomic>
 #include <vector>
 
+#include "src/cpu/bits_vbmi.h"
 #include "src/cpu/linear_kernels.h"
 #include "src/cpu/x86_intrinsics.h"
 
@@ -26,11 +27,24 @@ bool grouped_nibbles(const PackedWeightView& w) {
 bool nibble_rows(const PackedWeightView& w) {
   return w.qtype == QType::convrot_comfy_w4a4 || grouped_nibbles(w);
 }
+// Bit-packed 2..7-bit grouped rows (SPEC §3.3; 4 bits are nibbles), groups a multiple of 64.
+bool bit_rows(const PackedWeightView& w) {
+  return w.qtype >= QType::convrot_int2 && w.qtype <= QType::convrot_int7 && w.bits >= 2 &&
+         w.bits <= 7 && w.bits != 4 && w.group > 0 && w.group % 64 == 0 &&
+         w.in_features % w.group == 0 && w.ratios.data != nullptr;
+}
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 const uint8_t* code_row(const PackedWeightView& w, int64_t o) {
   return static_cast<const uint8_t*>(w.codes.data) + o * w.codes.shape[w.codes.ndim - 1];
 }
-int64_t table_bytes_per_row(const PackedWeightView& w) { return w.in_features / w.group * 16; }
+// Bit-packed rows of 2 or 3 bits keep prebuilt fold tables (2^n bytes a group, 1/8 and 1/6 of
+// the codes' bytes); 5..7 bits build them as they go (32..128 bytes a group would add 40-114 %
+// to the bytes a decode streams: 5 bits measured slower with them).
+bool bit_tables(const PackedWeightView& w) { return bit_rows(w) && w.bits <= 3; }
+// Bytes of a weight row's prebuilt tables: 16 a group for 4-bit rows, 2^n for bit_tables.
+int64_t table_bytes_per_row(const PackedWeightView& w) {
+  return w.in_features / w.group * (bit_tables(w) ? int64_t{1} << w.bits : 16);
+}
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LOWBIT_GEMV_X86 1
@@ -101,7 +115,7 @@ TableMode table_mode(const PackedWeightView& w) {
 // QuantizedLinear's tables of a 4-bit grouped weight (gemv_build_tables into decode_tiles), or
 // nullptr where the view has none (then they are built a row at a time).
 const uint8_t* prebuilt_tables(const PackedWeightView& w) {
-  const bool has = grouped_nibbles(w) && w.decode_tiles.data != nullptr &&
+  const bool has = (grouped_nibbles(w) || bit_tables(w)) && w.decode_tiles.data != nullptr &&
                    w.decode_tiles.device == Device::cpu &&
                    w.decode_tiles.numel() == gemv_tables_bytes(w);
   return has ? static_cast<const uint8_t*>(w.decode_tiles.data) : nullptr;
@@ -198,6 +212,90 @@ LOWBIT_VBMI void int8_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ]
     for (int j = 0; j < kJ; ++j) out[i][j] = sum_lanes(acc[i][j]);
 }
 
+// The same for bit-packed rows (bit_rows): each group's fold table + 128 built in registers for
+// both weight rows (bits::fold_tables), 64 codes a step by vpermb (vpermi2b for 7 bits) on their
+// raw fields; a[i] in natural order.
+// A fold table stored as its 2^n bytes, repeated over 64 bytes (t0; t1 the entries from 64).
+template <int kBits>
+LOWBIT_VBMI inline void load_table(const uint8_t* t, __m512i& t0, __m512i& t1) {
+  if (kBits == 2) t0 = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(t));
+  if (kBits == 3) t0 = _mm512_set1_epi64(*reinterpret_cast<const int64_t*>(t));
+  if (kBits == 5)
+    t0 = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));
+  if (kBits >= 6) t0 = _mm512_loadu_si512(t);
+  t1 = kBits == 7 ? _mm512_loadu_si512(t + 64) : t0;
+}
+template <int R, int kBits, bool kPrebuilt>
+LOWBIT_VBMI void bit_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ],
+                          const float* const (&ratios)[kJ], const uint8_t* const (&tab)[kJ],
+                          const bits::Fields& f, const bits::FoldIndex& x, int64_t K, int64_t group,
+                          int64_t ahead, uint32_t (&out)[4][kJ]) {
+  constexpr bool kWide = kBits == 7;
+  static_assert(kJ == 2 && R >= 1 && R <= 4, "bit_dots: two weight rows, 1..4 activation rows");
+  // Named accumulators and tables: GCC 12 kept arrays of them in memory here (a store every
+  // step).
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i c00 = zero, c01 = zero, c10 = zero, c11 = zero, c20 = zero, c21 = zero, c30 = zero,
+          c31 = zero;
+  constexpr int64_t kEntries = int64_t{1} << kBits;
+  for (int64_t g0 = 0, gi = 0; g0 < K; g0 += group, ++gi) {
+    __m512i ta0, ta1, tb0, tb1;
+    if (kPrebuilt) {
+      load_table<kBits>(tab[0] + gi * kEntries, ta0, ta1);
+      load_table<kBits>(tab[1] + gi * kEntries, tb0, tb1);
+    } else {
+      bits::fold_tables<kBits>(x, ratios[0][gi], 128, ta0, ta1);
+      bits::fold_tables<kBits>(x, ratios[1][gi], 128, tb0, tb1);
+    }
+    for (int64_t k = g0; k < g0 + group; k += 64) {
+      const __m512i v0 = _mm512_loadu_si512(a[0] + k);
+      const __m512i v1 = R > 1 ? _mm512_loadu_si512(a[1] + k) : zero;
+      const __m512i v2 = R > 2 ? _mm512_loadu_si512(a[2] + k) : zero;
+      const __m512i v3 = R > 3 ? _mm512_loadu_si512(a[3] + k) : zero;
+      // (the tables repeat every 2^n entries: the fields need no mask)
+      const __m512i ra = bits::raw_high(f, w[0], k), rb = bits::raw_high(f, w[1], k);
+      prefetch(w[0] + (k >> 3) * kBits + ahead);
+      prefetch(w[1] + (k >> 3) * kBits + ahead);
+      const __m512i ua =
+          kWide ? _mm512_permutex2var_epi8(ta0, ra, ta1) : _mm512_permutexvar_epi8(ra, ta0);
+      const __m512i ub =
+          kWide ? _mm512_permutex2var_epi8(tb0, rb, tb1) : _mm512_permutexvar_epi8(rb, tb0);
+      c00 = _mm512_dpbusd_epi32(c00, ua, v0);
+      c01 = _mm512_dpbusd_epi32(c01, ub, v0);
+      if (R > 1) {
+        c10 = _mm512_dpbusd_epi32(c10, ua, v1);
+        c11 = _mm512_dpbusd_epi32(c11, ub, v1);
+      }
+      if (R > 2) {
+        c20 = _mm512_dpbusd_epi32(c20, ua, v2);
+        c21 = _mm512_dpbusd_epi32(c21, ub, v2);
+      }
+      if (R > 3) {
+        c30 = _mm512_dpbusd_epi32(c30, ua, v3);
+        c31 = _mm512_dpbusd_epi32(c31, ub, v3);
+      }
+    }
+  }
+  const __m512i c[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < kJ; ++j) out[i][j] = sum_lanes(c[i][j]);
+}
+// A bit-packed row's fold tables (fold_tables + 128), each group's 2^n entries in turn: the
+// prebuilt tables of bit_tables, or a pass's scratch where more than one pass of activation
+// rows reads them.
+LOWBIT_VBMI void bit_row_tables(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
+  const bits::FoldIndex x = bits::fold_index(w.bits);
+  const int64_t groups = w.in_features / w.group, entries = int64_t{1} << w.bits;
+  const float* ratios = static_cast<const float*>(w.ratios.data) + o * w.ratios.shape[1];
+  const __mmask64 m = entries >= 64 ? ~__mmask64{0} : (__mmask64{1} << entries) - 1;
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    __m512i t0, t1;
+    bits::fold_tables(w.bits, x, ratios[gi], 128, t0, t1);
+    _mm512_mask_storeu_epi8(tabs + gi * entries, m, t0);
+    if (entries > 64) _mm512_storeu_si512(tabs + gi * entries + 64, t1);
+  }
+}
+
 // M rows of K int8 values into rows of `stride` bytes (zero past K); for the 4-bit layouts
 // (`nibbles`), each block of 128 as its 64 even columns, then its 64 odd columns.
 LOWBIT_VBMI void pack_rows(const int8_t* codes, int64_t M, int64_t K, int64_t stride, bool nibbles,
@@ -223,12 +321,52 @@ LOWBIT_VBMI void pack_rows(const int8_t* codes, int64_t M, int64_t K, int64_t st
   }
 }
 
+// The weight's row kind, for dots_pass.
+struct RowKind {
+  bool nibbles, bitrows;
+  TableMode mode;           // nibbles
+  bits::Fields f;           // bitrows
+  bits::FoldIndex x;        // bitrows
+  const float* ratios[kJ];  // bitrows: the pass's weight rows' group ratios
+};
+
 template <int R>
-LOWBIT_VBMI void dots_pass(const PackedWeightView& w, TableMode mode, const int8_t* const* a,
+LOWBIT_VBMI void dots_pass(const PackedWeightView& w, const RowKind& kind, const int8_t* const* a,
                            const uint8_t* const (&wr)[kJ], const uint8_t* const (&tb)[kJ],
                            int64_t ahead, uint32_t (&out)[4][kJ]) {
   const int64_t K = w.in_features;
-  switch (mode) {
+  if (kind.bitrows) {
+    const bool pre = tb[0] != nullptr;  // (tables in memory: prebuilt or the call's scratch)
+    switch (w.bits) {
+      case 2:
+        return pre ? bit_dots<R, 2, true>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group, ahead,
+                                          out)
+                   : bit_dots<R, 2, false>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group,
+                                           ahead, out);
+      case 3:
+        return pre ? bit_dots<R, 3, true>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group, ahead,
+                                          out)
+                   : bit_dots<R, 3, false>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group,
+                                           ahead, out);
+      case 5:
+        return pre ? bit_dots<R, 5, true>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group, ahead,
+                                          out)
+                   : bit_dots<R, 5, false>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group,
+                                           ahead, out);
+      case 6:
+        return pre ? bit_dots<R, 6, true>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group, ahead,
+                                          out)
+                   : bit_dots<R, 6, false>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group,
+                                           ahead, out);
+      default:
+        return pre ? bit_dots<R, 7, true>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group, ahead,
+                                          out)
+                   : bit_dots<R, 7, false>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group,
+                                           ahead, out);
+    }
+  }
+  if (!kind.nibbles) return int8_dots<R>(a, wr, K, ahead, out);
+  switch (kind.mode) {
     case kSigned:
       return nibble_dots<R, kSigned>(a, wr, tb, K, 0, ahead, out);
     case kGroup:
@@ -245,11 +383,24 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
                            int64_t M, int64_t o0, int64_t o1, int32_t* dots) {
   const int64_t n = o1 - o0, stride = gemv_row_bytes(w);
   const bool nibbles = nibble_rows(w), grouped = grouped_nibbles(w);
-  const TableMode mode = table_mode(w);
+  RowKind kind{};
+  kind.nibbles = nibbles;
+  kind.bitrows = bit_rows(w);
+  kind.mode = table_mode(w);
+  if (kind.bitrows) {
+    kind.f = bits::fields(w.bits);
+    kind.x = bits::fold_index(w.bits);
+  }
   const int64_t ahead = kPrefetchRows * w.codes.shape[w.codes.ndim - 1];
-  const int64_t row_tab = grouped ? table_bytes_per_row(w) : 0;
   const uint8_t* prebuilt = prebuilt_tables(w);
-  std::vector<uint8_t> tabs(grouped && !prebuilt ? static_cast<size_t>(kJ * row_tab) : 0);
+  // Bit-packed rows without prebuilt tables: built in registers for one pass of activation rows
+  // (up to 4), into scratch once a weight row for more.
+  const bool bit_scratch = kind.bitrows && !prebuilt && M > 4;
+  const int64_t row_tab = grouped || bit_tables(w) ? table_bytes_per_row(w)
+                          : bit_scratch ? w.in_features / w.group * (int64_t{1} << w.bits)
+                                        : 0;
+  std::vector<uint8_t> tabs(
+      (grouped || bit_scratch) && !prebuilt ? static_cast<size_t>(kJ * row_tab) : 0);
   // What the weight operand adds to each code: 8 for comfy's nibble ^ 8, else 128.
   const uint32_t bias = grouped || !nibbles ? 128u : 8u;
   for (int64_t o = o0; o < o1; o += kJ) {
@@ -260,13 +411,16 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
       oo[j] = std::min<int64_t>(o + j, o1 - 1);
       wr[j] = code_row(w, oo[j]);
       tb[j] = nullptr;
+      if (kind.bitrows)
+        kind.ratios[j] = static_cast<const float*>(w.ratios.data) + oo[j] * w.ratios.shape[1];
     }
-    for (int j = 0; grouped && j < kJ; ++j) {
+    for (int j = 0; (grouped || prebuilt || bit_scratch) && j < kJ; ++j) {
       if (prebuilt) {
         tb[j] = prebuilt + oo[j] * row_tab;
       } else {
-        row_tables(w, oo[j], tabs.data() + j * row_tab);
-        tb[j] = tabs.data() + j * row_tab;
+        uint8_t* t = tabs.data() + j * row_tab;
+        bit_scratch ? bit_row_tables(w, oo[j], t) : row_tables(w, oo[j], t);
+        tb[j] = t;
       }
     }
     for (int64_t m = 0; m < M; m += 4) {
@@ -276,20 +430,16 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
       uint32_t out[4][kJ];
       switch (rows) {
         case 1:
-          nibbles ? dots_pass<1>(w, mode, a, wr, tb, ahead, out)
-                  : int8_dots<1>(a, wr, w.in_features, ahead, out);
+          dots_pass<1>(w, kind, a, wr, tb, ahead, out);
           break;
         case 2:
-          nibbles ? dots_pass<2>(w, mode, a, wr, tb, ahead, out)
-                  : int8_dots<2>(a, wr, w.in_features, ahead, out);
+          dots_pass<2>(w, kind, a, wr, tb, ahead, out);
           break;
         case 3:
-          nibbles ? dots_pass<3>(w, mode, a, wr, tb, ahead, out)
-                  : int8_dots<3>(a, wr, w.in_features, ahead, out);
+          dots_pass<3>(w, kind, a, wr, tb, ahead, out);
           break;
         default:
-          nibbles ? dots_pass<4>(w, mode, a, wr, tb, ahead, out)
-                  : int8_dots<4>(a, wr, w.in_features, ahead, out);
+          dots_pass<4>(w, kind, a, wr, tb, ahead, out);
           break;
       }
       for (int64_t i = 0; i < rows; ++i)
@@ -410,7 +560,9 @@ LOWBIT_VBMI void fp4_dots(const uint8_t* codes, const uint8_t* scales, const int
 }
 
 LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_t* out) {
-  for (int64_t o = o0; o < o1; ++o) row_tables(w, o, out + o * table_bytes_per_row(w));
+  const int64_t row_tab = table_bytes_per_row(w);
+  for (int64_t o = o0; o < o1; ++o)
+    bit_tables(w) ? bit_row_tables(w, o, out + o * row_tab) : row_tables(w, o, out + o * row_tab);
 }
 #endif
 
@@ -418,7 +570,7 @@ LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1,
 
 bool gemv_supported(const PackedWeightView& w) {
 #ifdef LOWBIT_GEMV_X86
-  return gemv_on() && (w.qtype == QType::convrot8 || nibble_rows(w));
+  return gemv_on() && (w.qtype == QType::convrot8 || nibble_rows(w) || bit_rows(w));
 #else
   (void)w;
   return false;
@@ -540,7 +692,8 @@ void gemv_fp4_dots(const PackedWeightView& w, const int32_t* scale_ints, const F
 
 int64_t gemv_tables_bytes(const PackedWeightView& w) {
 #ifdef LOWBIT_GEMV_X86
-  if (cpu_has_gemv() && grouped_nibbles(w)) return w.out_features * table_bytes_per_row(w);
+  if (cpu_has_gemv() && (grouped_nibbles(w) || bit_tables(w)))
+    return w.out_features * table_bytes_per_row(w);
 #endif
   return 0;
 }

@@ -1,8 +1,10 @@
-// The CPU decode GEMVs (convrot8, 4-bit grouped rows, ComfyUI W4A4, NVFP4): a few activation rows
-// against weight rows read where they are stored, on AVX-512 VBMI + VNNI (+ F / BW / VL). The
-// 4-bit codes become their GEMM operands in registers (one vpermb on 16-entry tables per 64
-// bytes, or none for comfy) instead of being unpacked into a buffer first, and the weight rows
-// ahead are prefetched, so a layer whose weights stream from memory is read near memory speed.
+// The CPU decode GEMVs (convrot8, 4-bit grouped rows, bit-packed 2-, 3-, 5-, 6- and 7-bit grouped
+// rows, ComfyUI W4A4, NVFP4): a few activation rows against weight rows read where they are
+// stored, on AVX-512 VBMI + VNNI (+ F / BW / VL). The 4-bit codes become their GEMM operands in
+// registers (one vpermb on 16-entry tables per 64 bytes, or none for comfy), the bit-packed codes
+// by vpermb + vpmultishiftqb on their fields and one lookup in the group's fold table
+// (bits_vbmi.h), instead of being unpacked into a buffer first, and the weight rows ahead are
+// prefetched, so a layer whose weights stream from memory is read near memory speed.
 // The dots are the exact integer sums the other GEMMs give (the same bits).
 #pragma once
 
@@ -16,8 +18,9 @@ namespace cpu {
 namespace convrot {
 
 // Whether gemv_dots handles this weight on this CPU: AVX-512 F / BW / VL / VNNI / VBMI, the
-// vector kernels on and not forced to AVX2, the GEMVs not switched off; convrot8, the 4-bit grouped rows
-// with groups a multiple of 32 (convrot_int4), or comfy W4A4.
+// vector kernels on and not forced to AVX2, the GEMVs not switched off; convrot8, the 4-bit grouped
+// rows with groups a multiple of 32 (convrot_int4), the 2..7-bit rows with groups a multiple of 64,
+// or comfy W4A4.
 bool gemv_supported(const PackedWeightView& w);
 // Tests: take the other GEMMs even where gemv_supported / gemv_fp4_supported would hold.
 void force_gemv_off(bool off);
@@ -32,8 +35,8 @@ void gemv_pack_activations(const PackedWeightView& w, const int8_t* codes, int64
                            int32_t* sums);
 // dots[m * (o1 - o0) + (o - o0)] = the exact int32 dot of activation row m (M rows in act with
 // their sums, from gemv_pack_activations) with the GEMM codes of weight row o, o in [o0, o1).
-// A 4-bit grouped weight's tables come from w.decode_tiles when it holds them on the host
-// (gemv_build_tables), else they are built row by row here.
+// A 4-bit, 2-bit or 3-bit grouped weight's tables come from w.decode_tiles when it holds them
+// on the host (gemv_build_tables), else they are built row by row here (5..7 bits always).
 void gemv_dots(const PackedWeightView& w, const int8_t* act, const int32_t* act_sums, int64_t M,
                int64_t o0, int64_t o1, int32_t* dots);
 
@@ -62,8 +65,9 @@ void gemv_fp4_dots(const PackedWeightView& w, const int32_t* scale_ints, const F
 
 // The tables of a 4-bit grouped weight (convrot_int4): for each row and group, the 16 GEMM
 // codes + 128 of its nibbles (fold_code(v - 7, ratio) + 128), 16 bytes; rows of K / group * 16
-// bytes. Their bytes (0 where this CPU has no GEMV or the weight takes no tables), and building
-// rows [o0, o1) of them into out.
+// bytes. For 2- and 3-bit rows (groups a multiple of 64) the same with 2^n bytes a group
+// (fold_code(u - qmax, ratio) + 128 for each stored u). Their bytes (0 where this CPU has no GEMV
+// or the weight takes no tables), and building rows [o0, o1) of them into out.
 int64_t gemv_tables_bytes(const PackedWeightView& w);
 void gemv_build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_t* out);
 

@@ -12,6 +12,7 @@
 
 #include "lowbit/dtype.h"
 #include "src/core/convert_elem.h"
+#include "src/cpu/bits_vbmi.h"
 #include "src/cpu/rows.h"
 #include "src/cpu/x86_intrinsics.h"
 
@@ -565,40 +566,15 @@ LOWBIT_CLONES void unpack_nibbles(const uint8_t* in, int64_t K, int8_t* codes) {
 
 #ifdef LOWBIT_HAVE_AVX2_PATH
 namespace {
-#define LOWBIT_VBMI_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi")))
-// An n-bit row (2 <= n <= 7) on AVX-512 VBMI, 64 codes a step: 8 codes are one n-byte
-// little-endian word, so vpermb puts word g's n bytes into qword g (idx) and vpmultishiftqb takes
-// code j's 8 bits from bit j n of it (ctrl; j n + 8 <= 64), masked to n bits; a step loads 8 n
-// bytes.
-struct BitFields {
-  __m512i idx, ctrl, mask;
-  __mmask64 bytes;
-  int bits;
-};
-LOWBIT_VBMI_TARGET inline BitFields bit_fields(int bits) {
-  alignas(64) uint8_t idx[64], ctrl[64];
-  for (int g = 0; g < 8; ++g)
-    for (int j = 0; j < 8; ++j) {
-      idx[g * 8 + j] = static_cast<uint8_t>(g * bits + std::min(j, bits - 1));
-      ctrl[g * 8 + j] = static_cast<uint8_t>(j * bits);
-    }
-  return {_mm512_load_si512(idx), _mm512_load_si512(ctrl),
-          _mm512_set1_epi8(static_cast<char>((1 << bits) - 1)),
-          (__mmask64{1} << (8 * bits)) - 1, bits};
-}
-// The raw n-bit fields (0 .. 2^n - 1) of codes i .. i + 63 of the row at `in`.
-LOWBIT_VBMI_TARGET inline __m512i raw_fields(const BitFields& f, const uint8_t* in, int64_t i) {
-  const __m512i words =
-      _mm512_permutexvar_epi8(f.idx, _mm512_maskz_loadu_epi8(f.bytes, in + i / 8 * f.bits));
-  return _mm512_and_si512(_mm512_multishift_epi64_epi8(f.ctrl, words), f.mask);
-}
+#define LOWBIT_VBMI_TARGET LOWBIT_BITS_VBMI
 // unpack_bits on the fields, less qmax. Returns the codes done (a multiple of 64).
-LOWBIT_VBMI_TARGET int64_t unpack_bits_vbmi(const uint8_t* in, int64_t K, int bits,
+LOWBIT_VBMI_TARGET int64_t unpack_bits_vbmi(const uint8_t* in, int64_t K, int nbits,
                                             int8_t* codes) {
-  const BitFields f = bit_fields(bits);
-  const __m512i qmax = _mm512_set1_epi8(static_cast<char>((1 << (bits - 1)) - 1));
+  const bits::Fields f = bits::fields(nbits);
+  const __m512i qmax = _mm512_set1_epi8(static_cast<char>((1 << (nbits - 1)) - 1));
   int64_t i = 0;
-  for (; i + 64 <= K; i += 64) _mm512_storeu_si512(codes + i, _mm512_sub_epi8(raw_fields(f, in, i), qmax));
+  for (; i + 64 <= K; i += 64)
+    _mm512_storeu_si512(codes + i, _mm512_sub_epi8(bits::raw(f, in, i), qmax));
   return i;
 }
 bool has_vbmi() {
@@ -825,43 +801,18 @@ LOWBIT_AVX2 void fold_nibble_row_avx2(const uint8_t* in, int64_t K, int64_t grou
 
 #ifdef LOWBIT_HAVE_AVX2_PATH
 namespace {
-// fold_code(v + i - qmax, ratio) for i < 16 as bytes, fold_codes_avx2's arithmetic 16 lanes wide.
-LOWBIT_VBMI_TARGET inline __m128i fold_piece(int v, int qmax, __m512 r) {
-  const __m512 lane = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f,
-                                     12.f, 13.f, 14.f, 15.f);
-  const __m512 c = _mm512_add_ps(lane, _mm512_set1_ps(static_cast<float>(v - qmax)));
-  const __m512 y = _mm512_mul_ps(c, r);
-  __m512 q = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, y, _CMP_ORD_Q), q);
-  q = _mm512_max_ps(_mm512_min_ps(q, _mm512_set1_ps(127.f)), _mm512_set1_ps(-127.f));
-  return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(q));
-}
-// Table entries v .. v + 63 of fold_piece (those at or past `entries` left as they fall).
-LOWBIT_VBMI_TARGET inline __m512i fold_table64(int v, int entries, int qmax, __m512 r) {
-  __m512i t = _mm512_castsi128_si512(fold_piece(v, qmax, r));
-  if (entries > v + 16) t = _mm512_inserti32x4(t, fold_piece(v + 16, qmax, r), 1);
-  if (entries > v + 32) {
-    t = _mm512_inserti32x4(t, fold_piece(v + 32, qmax, r), 2);
-    t = _mm512_inserti32x4(t, fold_piece(v + 48, qmax, r), 3);
-  }
-  return t;
-}
 // A bit-packed grouped row's GEMM codes in one step (bits 2..7, groups a multiple of 64): each
-// group's 2^bits folded values (fold_code(u - qmax, ratio) for every stored u, fold_codes_avx2's
-// arithmetic 16 lanes at a time) as a table of up to 128 bytes, looked up by vpermi2b on the raw
-// fields of unpack_bits_vbmi's shifts.
-LOWBIT_VBMI_TARGET void fold_bits_row_vbmi(const uint8_t* in, int64_t K, int bits, int64_t group,
+// group's fold table (bits::fold_tables, in registers: 16-byte stores read back as 64-byte
+// loads would stall store forwarding once a group) looked up by vpermi2b on the raw fields.
+LOWBIT_VBMI_TARGET void fold_bits_row_vbmi(const uint8_t* in, int64_t K, int nbits, int64_t group,
                                            const float* ratios, int8_t* codes) {
-  const BitFields f = bit_fields(bits);
-  const int qmax = (1 << (bits - 1)) - 1, entries = 1 << bits;
+  const bits::Fields f = bits::fields(nbits);
+  const bits::FoldIndex x = bits::fold_index(nbits);
   for (int64_t g0 = 0; g0 < K; g0 += group) {
-    const __m512 r = _mm512_set1_ps(ratios[g0 / group]);
-    // (the table stays in registers: 16-byte stores read back as 64-byte loads would stall
-    // store forwarding once a group)
-    const __m512i t0 = fold_table64(0, entries, qmax, r);
-    const __m512i t1 = entries > 64 ? fold_table64(64, entries, qmax, r) : t0;
+    __m512i t0, t1;
+    bits::fold_tables(nbits, x, ratios[g0 / group], 0, t0, t1);
     for (int64_t i = g0; i < g0 + group; i += 64)
-      _mm512_storeu_si512(codes + i, _mm512_permutex2var_epi8(t0, raw_fields(f, in, i), t1));
+      _mm512_storeu_si512(codes + i, _mm512_permutex2var_epi8(t0, bits::raw(f, in, i), t1));
   }
 }
 // A ternary row's group fold after its unpack: each group's three folded values (fold_code of -1,

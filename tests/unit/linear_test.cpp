@@ -16,6 +16,7 @@
 #include "lowbit/dtype.h"
 #include "src/core/linear_backend.h"
 #include "src/cpu/amx.h"
+#include "src/cpu/bits_vbmi.h"
 #include "src/cpu/gemm_vnni.h"
 #include "src/cpu/linear_gemv.h"
 #include "src/cpu/linear_kernels.h"
@@ -1214,9 +1215,10 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
   std::normal_distribution<float> nd(0.f, 1.f);
   Context ctx;
   int ran = 0;
-  for (QType q : {QType::convrot8, QType::convrot_int4, QType::convrot_int3,
-                  QType::convrot_comfy_w4a4, QType::convrot_bitnet, QType::convrot_fp8,
-                  QType::convrot4, QType::convrot_int2, QType::convrot_int6}) {
+  for (QType q :
+       {QType::convrot8, QType::convrot_int4, QType::convrot_int3, QType::convrot_comfy_w4a4,
+        QType::convrot_bitnet, QType::convrot_fp8, QType::convrot4, QType::convrot_int2,
+        QType::convrot_int6, QType::convrot_int5, QType::convrot_int7}) {
     for (auto [M, O_any, K] : {std::array<int64_t, 3>{1, 8, 256},
                                {2, 24, 512},
                                {3, 40, 768},
@@ -1275,9 +1277,13 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       cpu::amx::force_off(false);
       cpu::convrot::force_gemv_off(false);
       cpu::vnni::force(false);
-      // The derived tables exist exactly where the GEMV can take them.
+      // The derived tables exist exactly where the GEMV can take them (4-bit rows with groups a
+      // multiple of 32, 2-, 3- and 5-bit rows with groups a multiple of 64).
+      const bool bit_tables =
+          (q == QType::convrot_int2 || q == QType::convrot_int3 || q == QType::convrot_int5) &&
+          K % 64 == 0;
       EXPECT_EQ(lin.weights().decode_tiles.data != nullptr,
-                q == QType::convrot_int4 && K % 128 != 16 && K % 32 == 0 &&
+                ((q == QType::convrot_int4 && K % 128 != 16 && K % 32 == 0) || bit_tables) &&
                     cpu::convrot::gemv_tables_bytes(lin.weights()) > 0)
           << qtype_name(q) << " K " << K;
       const char* names[7] = {"widest",           "AVX2",        "scalar", "no AMX", "no GEMV",
@@ -1289,7 +1295,7 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       ++ran;
     }
   }
-  EXPECT_EQ(ran, 105);  // 12 shapes x 9 qtypes, less comfy's 3 with K % 256 != 0
+  EXPECT_EQ(ran, 129);  // 12 shapes x 11 qtypes, less comfy's 3 with K % 256 != 0
 }
 
 // A stored row's GEMM codes (weight_row_gemm_codes: the unpack and the group fold in one step on
@@ -1318,6 +1324,54 @@ TEST(LinearSimd, RowGemmCodesMatchScalar) {
         ASSERT_EQ(fast, slow) << qtype_name(q) << " K " << K << " row " << o;
       }
     }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// bits::fold_tables' two tables as bytes (t: 128).
+LOWBIT_BITS_VBMI void fold_tables_bytes(int nbits, float ratio, uint8_t bias, uint8_t* t) {
+  __m512i t0, t1;
+  bits::fold_tables(nbits, bits::fold_index(nbits), ratio, bias, t0, t1);
+  _mm512_storeu_si512(t, t0);
+  _mm512_storeu_si512(t + 64, t1);
+}
+#endif
+
+// The vector fold tables (the bit-packed GEMV's and unpack's: only codes 0..qmax + 1 computed,
+// negated by symmetry, the clamp skipped where |ratio| 2^(n-1) <= 127) equal fold_code entry by
+// entry, repeated every 2^n entries below 64: ties (ratios k + 1/2 over a code), ratios that
+// clamp, negative, tiny, huge, infinite and NaN ratios, every width.
+TEST(LinearSimd, FoldTablesMatchFoldCode) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (!__builtin_cpu_supports("avx512vbmi") || !__builtin_cpu_supports("avx512bw"))
+    GTEST_SKIP() << "no AVX-512 VBMI on this CPU";
+  std::mt19937_64 rng(21);
+  std::uniform_real_distribution<float> ud(-3.f, 3.f);
+  std::vector<float> ratios = {0.f,      -0.f,     1.f,       -1.f,  0.5f,       1.5f,
+                               2.5f,     -2.5f,    0.25f,     0.75f, 127.f / 63, 127.f / 31,
+                               2.01587f, 4.1f,     -4.1f,     300.f, 1e-30f,     3e38f,
+                               -3e38f,   INFINITY, -INFINITY, NAN,   1.9843750f, 1.0079365f};
+  for (int c = 1; c <= 64; ++c)  // c r = k + 1/2 exactly for some k: a tie at code c
+    for (int k : {0, 1, 2, 5, 30, 62, 126}) ratios.push_back((static_cast<float>(k) + 0.5f) / c);
+  for (int i = 0; i < 200; ++i) ratios.push_back(ud(rng));
+  int checked = 0;
+  for (int nbits = 2; nbits <= 7; ++nbits) {
+    const int entries = 1 << nbits, qmax = entries / 2 - 1;
+    for (float r : ratios)
+      for (uint8_t bias : {uint8_t{0}, uint8_t{128}}) {
+        alignas(64) uint8_t t[128];
+        fold_tables_bytes(nbits, r, bias, t);
+        for (int u = 0; u < (nbits == 7 ? 128 : 64); ++u) {
+          const uint8_t want =
+              static_cast<uint8_t>(static_cast<uint8_t>(fold_code(u % entries - qmax, r)) + bias);
+          ASSERT_EQ(t[u], want) << "bits " << nbits << " ratio " << r << " entry " << u;
+          ++checked;
+        }
+      }
+  }
+  EXPECT_GT(checked, 100000);
+#else
+  GTEST_SKIP() << "x86-64 only";
+#endif
 }
 
 // The blocked VNNI GEMM's pieces on full-range codes: the panel layout and 128 x the row sums
