@@ -37,6 +37,15 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 const uint8_t* code_row(const PackedWeightView& w, int64_t o) {
   return static_cast<const uint8_t*>(w.codes.data) + o * w.codes.shape[w.codes.ndim - 1];
 }
+// Ternary rows (convrot_bitnet: base 3, 5 codes a byte, SPEC §3.3), groups a multiple of 64 (a
+// block's 320 codes meet at most 6 of them).
+bool ternary_rows(const PackedWeightView& w) {
+  return w.qtype == QType::convrot_bitnet && w.group > 0 && w.group % 64 == 0 &&
+         w.in_features % w.group == 0 && w.ratios.data != nullptr;
+}
+// A ternary row's bytes, and its 64-byte blocks (each 320 codes).
+int64_t ternary_bytes(const PackedWeightView& w) { return (w.in_features + 4) / 5; }
+int64_t ternary_blocks(const PackedWeightView& w) { return (ternary_bytes(w) + 63) / 64; }
 // Bit-packed rows of 2 or 3 bits keep prebuilt fold tables (2^n bytes a group, 1/8 and 1/6 of
 // the codes' bytes); 5..7 bits build them as they go (32..128 bytes a group would add 40-114 %
 // to the bytes a decode streams: 5 bits measured slower with them).
@@ -296,6 +305,150 @@ LOWBIT_VBMI void bit_row_tables(const PackedWeightView& w, int64_t o, uint8_t* t
   }
 }
 
+// ---- ternary rows ----
+// Digit j of every byte b (floor(b / 3^j) mod 3, which is unpack_ternary's digit for all 256
+// bytes) as 256-entry tables, four vectors a digit.
+struct TernaryDigits {
+  alignas(64) uint8_t t[5][256];
+  TernaryDigits() {
+    for (int j = 0, p = 1; j < 5; ++j, p *= 3)
+      for (int b = 0; b < 256; ++b) t[j][b] = static_cast<uint8_t>(b / p % 3);
+  }
+};
+const TernaryDigits& ternary_digits() {
+  static const TernaryDigits d;
+  return d;
+}
+// The lanes of a block's digit vector j (lane i: code 320 blk + 5 i + j) fall into at most six
+// groups of 64 or more codes, in order: the first group, then each later one with the mask of
+// its lanes onward.
+struct TernaryParts {
+  int32_t first = 0, n = 0;  // n later groups
+  int32_t group[5] = {};
+  __mmask64 from[5] = {};
+};
+std::vector<TernaryParts> ternary_parts(const PackedWeightView& w) {
+  const int64_t K = w.in_features, groups = K / w.group, blocks = ternary_blocks(w);
+  std::vector<TernaryParts> parts(static_cast<size_t>(5 * blocks));
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (int j = 0; j < 5; ++j) {
+      TernaryParts& p = parts[static_cast<size_t>(5 * blk + j)];
+      int64_t last = -1;
+      for (int64_t i = 0; i < 64; ++i) {
+        // (codes past K, which meet zero activations, take the last group's table)
+        const int64_t g = std::min((320 * blk + 5 * i + j) / w.group, groups - 1);
+        if (last < 0) {
+          p.first = static_cast<int32_t>(g);
+        } else if (g != last) {
+          p.group[p.n] = static_cast<int32_t>(g);
+          p.from[p.n] = ~__mmask64{0} << i;
+          ++p.n;
+        }
+        last = g;
+      }
+    }
+  return parts;
+}
+// The same, kept per thread for the last shape (a layer's GEMV asks for them per 64 weight rows).
+const std::vector<TernaryParts>& cached_ternary_parts(const PackedWeightView& w) {
+  thread_local struct {
+    int64_t K = -1, group = -1;
+    std::vector<TernaryParts> parts;
+  } cache;
+  if (cache.K != w.in_features || cache.group != w.group) {
+    cache.parts = ternary_parts(w);
+    cache.K = w.in_features;
+    cache.group = w.group;
+  }
+  return cache.parts;
+}
+// Each group's three GEMM codes + 128 of the codes -1, 0, 1, bytes 0..2 of a word: with f =
+// fold_code(1, ratio) (clamp(rint(ratio), -127, 127), NaN -> 0, 16 groups a step),
+// fold_code(-1, ratio) = -f (rounding and clamp are symmetric) and fold_code(0, ratio) = 0
+// (0 x ratio is 0 or NaN).
+LOWBIT_VBMI void ternary_words(const PackedWeightView& w, int64_t o, uint32_t* words) {
+  const int64_t groups = w.in_features / w.group;
+  const float* ratios = static_cast<const float*>(w.ratios.data) + o * w.ratios.shape[1];
+  const __m512i c128 = _mm512_set1_epi32(128), mid = _mm512_set1_epi32(128 << 8);
+  for (int64_t g = 0; g < groups; g += 16) {
+    const __mmask16 m =
+        groups - g >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (groups - g)) - 1);
+    const __m512 r = _mm512_maskz_loadu_ps(m, ratios + g);
+    __m512 q = _mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), q);
+    q = _mm512_max_ps(_mm512_min_ps(q, _mm512_set1_ps(127.f)), _mm512_set1_ps(-127.f));
+    const __m512i f = _mm512_cvtps_epi32(q);
+    const __m512i v = _mm512_add_epi32(_mm512_add_epi32(_mm512_sub_epi32(c128, f), mid),
+                                       _mm512_slli_epi32(_mm512_add_epi32(c128, f), 16));
+    _mm512_mask_storeu_epi32(words + g, m, v);
+  }
+}
+// out[i][j] for R activation rows x kJ ternary weight rows: per 64-byte block, the five digit
+// vectors by table (vpermi2b on the byte's low 7 bits, high half picked by its top bit), each
+// digit's GEMM code + 128 by vpermb on its group's three-entry table (merged over the parts),
+// vpdpbusd against the activations' digit-major layout (a[i]: per block, the codes 5 l + j of
+// the block's 320 at 64 j + l).
+template <int R>
+LOWBIT_VBMI void ternary_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ],
+                              const uint32_t* const (&words)[kJ], const TernaryParts* parts,
+                              int64_t bytes, int64_t ahead, uint32_t (&out)[4][kJ]) {
+  static_assert(kJ == 2 && R >= 1 && R <= 4, "ternary_dots: two weight rows, 1..4 activation rows");
+  const TernaryDigits& dt = ternary_digits();
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i c00 = zero, c01 = zero, c10 = zero, c11 = zero, c20 = zero, c21 = zero, c30 = zero,
+          c31 = zero;
+  for (int64_t blk = 0, k = 0; k < bytes; ++blk, k += 64) {
+    const __mmask64 m = tail_mask(bytes - k);
+    const __m512i ba = _mm512_maskz_loadu_epi8(m, w[0] + k);
+    const __m512i bb = _mm512_maskz_loadu_epi8(m, w[1] + k);
+    prefetch(w[0] + k + ahead);
+    prefetch(w[1] + k + ahead);
+    const __mmask64 ha = _mm512_movepi8_mask(ba), hb = _mm512_movepi8_mask(bb);
+    for (int j = 0; j < 5; ++j) {
+      const uint8_t* t = dt.t[j];
+      const __m512i t0 = _mm512_load_si512(t), t1 = _mm512_load_si512(t + 64),
+                    t2 = _mm512_load_si512(t + 128), t3 = _mm512_load_si512(t + 192);
+      const __m512i da = _mm512_mask_blend_epi8(ha, _mm512_permutex2var_epi8(t0, ba, t1),
+                                                _mm512_permutex2var_epi8(t2, ba, t3));
+      const __m512i db = _mm512_mask_blend_epi8(hb, _mm512_permutex2var_epi8(t0, bb, t1),
+                                                _mm512_permutex2var_epi8(t2, bb, t3));
+      const TernaryParts& p = parts[5 * blk + j];
+      __m512i ua =
+          _mm512_permutexvar_epi8(da, _mm512_set1_epi32(static_cast<int>(words[0][p.first])));
+      __m512i ub =
+          _mm512_permutexvar_epi8(db, _mm512_set1_epi32(static_cast<int>(words[1][p.first])));
+      for (int q = 0; q < p.n; ++q) {
+        ua = _mm512_mask_permutexvar_epi8(
+            ua, p.from[q], da, _mm512_set1_epi32(static_cast<int>(words[0][p.group[q]])));
+        ub = _mm512_mask_permutexvar_epi8(
+            ub, p.from[q], db, _mm512_set1_epi32(static_cast<int>(words[1][p.group[q]])));
+      }
+      const int64_t ak = 320 * blk + 64 * j;
+      const __m512i v0 = _mm512_loadu_si512(a[0] + ak);
+      c00 = _mm512_dpbusd_epi32(c00, ua, v0);
+      c01 = _mm512_dpbusd_epi32(c01, ub, v0);
+      if (R > 1) {
+        const __m512i v1 = _mm512_loadu_si512(a[1] + ak);
+        c10 = _mm512_dpbusd_epi32(c10, ua, v1);
+        c11 = _mm512_dpbusd_epi32(c11, ub, v1);
+      }
+      if (R > 2) {
+        const __m512i v2 = _mm512_loadu_si512(a[2] + ak);
+        c20 = _mm512_dpbusd_epi32(c20, ua, v2);
+        c21 = _mm512_dpbusd_epi32(c21, ub, v2);
+      }
+      if (R > 3) {
+        const __m512i v3 = _mm512_loadu_si512(a[3] + ak);
+        c30 = _mm512_dpbusd_epi32(c30, ua, v3);
+        c31 = _mm512_dpbusd_epi32(c31, ub, v3);
+      }
+    }
+  }
+  const __m512i c[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < kJ; ++j) out[i][j] = sum_lanes(c[i][j]);
+}
+
 // M rows of K int8 values into rows of `stride` bytes (zero past K); for the 4-bit layouts
 // (`nibbles`), each block of 128 as its 64 even columns, then its 64 odd columns.
 LOWBIT_VBMI void pack_rows(const int8_t* codes, int64_t M, int64_t K, int64_t stride, bool nibbles,
@@ -323,11 +476,14 @@ LOWBIT_VBMI void pack_rows(const int8_t* codes, int64_t M, int64_t K, int64_t st
 
 // The weight's row kind, for dots_pass.
 struct RowKind {
-  bool nibbles, bitrows;
+  bool nibbles, bitrows, ternary;
   TableMode mode;           // nibbles
   bits::Fields f;           // bitrows
   bits::FoldIndex x;        // bitrows
   const float* ratios[kJ];  // bitrows: the pass's weight rows' group ratios
+  const uint32_t* words[kJ];  // ternary: the pass's weight rows' group tables
+  const TernaryParts* parts;  // ternary
+  int64_t bytes;              // ternary: bytes a row
 };
 
 template <int R>
@@ -335,6 +491,7 @@ LOWBIT_VBMI void dots_pass(const PackedWeightView& w, const RowKind& kind, const
                            const uint8_t* const (&wr)[kJ], const uint8_t* const (&tb)[kJ],
                            int64_t ahead, uint32_t (&out)[4][kJ]) {
   const int64_t K = w.in_features;
+  if (kind.ternary) return ternary_dots<R>(a, wr, kind.words, kind.parts, kind.bytes, ahead, out);
   if (kind.bitrows) {
     const bool pre = tb[0] != nullptr;  // (tables in memory: prebuilt or the call's scratch)
     switch (w.bits) {
@@ -386,7 +543,15 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
   RowKind kind{};
   kind.nibbles = nibbles;
   kind.bitrows = bit_rows(w);
+  kind.ternary = ternary_rows(w);
   kind.mode = table_mode(w);
+  std::vector<uint32_t> words;
+  const int64_t groups = w.group > 0 ? w.in_features / w.group : 0;
+  if (kind.ternary) {
+    words.resize(static_cast<size_t>(kJ * groups));
+    kind.parts = cached_ternary_parts(w).data();
+    kind.bytes = ternary_bytes(w);
+  }
   if (kind.bitrows) {
     kind.f = bits::fields(w.bits);
     kind.x = bits::fold_index(w.bits);
@@ -413,6 +578,10 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
       tb[j] = nullptr;
       if (kind.bitrows)
         kind.ratios[j] = static_cast<const float*>(w.ratios.data) + oo[j] * w.ratios.shape[1];
+      if (kind.ternary) {
+        ternary_words(w, oo[j], words.data() + j * groups);
+        kind.words[j] = words.data() + j * groups;
+      }
     }
     for (int j = 0; (grouped || prebuilt || bit_scratch) && j < kJ; ++j) {
       if (prebuilt) {
@@ -570,7 +739,8 @@ LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1,
 
 bool gemv_supported(const PackedWeightView& w) {
 #ifdef LOWBIT_GEMV_X86
-  return gemv_on() && (w.qtype == QType::convrot8 || nibble_rows(w) || bit_rows(w));
+  return gemv_on() &&
+         (w.qtype == QType::convrot8 || nibble_rows(w) || bit_rows(w) || ternary_rows(w));
 #else
   (void)w;
   return false;
@@ -579,6 +749,7 @@ bool gemv_supported(const PackedWeightView& w) {
 void force_gemv_off(bool off) { g_gemv_off.store(off); }
 
 int64_t gemv_row_bytes(const PackedWeightView& w) {
+  if (ternary_rows(w)) return 320 * ternary_blocks(w);
   return nibble_rows(w) ? round_up(w.in_features, 128) : round_up(w.in_features, 64);
 }
 
@@ -590,6 +761,18 @@ void gemv_pack_activations(const PackedWeightView& w, const int8_t* codes, int64
     int32_t sum = 0;
     for (int64_t k = 0; k < K; ++k) sum += codes[r * K + k];
     sums[r] = sum;
+  }
+  if (ternary_rows(w)) {
+    // Digit-major blocks: code 320 b + 5 l + j at 320 b + 64 j + l (zero past K).
+    const int64_t stride = gemv_row_bytes(w);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t b = 0; b < stride / 320; ++b)
+        for (int64_t j = 0; j < 5; ++j)
+          for (int64_t l = 0; l < 64; ++l) {
+            const int64_t k = 320 * b + 5 * l + j;
+            out[r * stride + 320 * b + 64 * j + l] = k < K ? codes[r * K + k] : int8_t{0};
+          }
+    return;
   }
   pack_rows(codes, M, K, gemv_row_bytes(w), nibble_rows(w), out);
 #else

@@ -1354,6 +1354,12 @@ TEST(LinearSimd, FoldTablesMatchFoldCode) {
     for (int k : {0, 1, 2, 5, 30, 62, 126}) ratios.push_back((static_cast<float>(k) + 0.5f) / c);
   for (int i = 0; i < 200; ++i) ratios.push_back(ud(rng));
   int checked = 0;
+  // The ternary GEMV's three-entry tables rest on fold_code(0, r) = 0 and fold_code(-1, r) =
+  // -fold_code(1, r) for every ratio.
+  for (float r : ratios) {
+    EXPECT_EQ(fold_code(0, r), 0) << r;
+    EXPECT_EQ(fold_code(-1, r), -fold_code(1, r)) << r;
+  }
   for (int nbits = 2; nbits <= 7; ++nbits) {
     const int entries = 1 << nbits, qmax = entries / 2 - 1;
     for (float r : ratios)
