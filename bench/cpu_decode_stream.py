@@ -7,7 +7,7 @@ other as a model's decode step calls them, torch's bf16 nn.Linear against lowbit
 Each qtype quantizes the same `layers` bf16 layers of dim x dim; a pass calls every layer once on
 an M x dim bf16 input; the figure is the median over `--repeats` passes of the pass time / layers.
 GB/s counts the weight bytes the layer reads (bf16 2 bytes a weight; lowbit: the packed codes and
-scales, and convrotint4's fold tables). The stream's weights must exceed the last-level cache, else the numbers are
+scales, and the 2-, 3- and 4-bit rows' fold tables). The stream's weights must exceed the last-level cache, else the numbers are
 cache speeds (the default: 1.6 GB of bf16 weights, 0.4 GB of 4-bit codes).
 """
 import argparse
@@ -21,10 +21,10 @@ import lowbit.torch as lt
 
 
 def packed_bytes(layer, dim):
-    """The bytes one LowbitLinear reads per call: its packed parts (and, for convrotint4, the
-    CPU GEMV's fold tables, 16 bytes a group of 128)."""
-    extra = dim * (dim // 128) * 16 if layer.qtype == "convrotint4" else 0
-    return layer._layer.to_packed().storage_bytes + extra
+    """The bytes one LowbitLinear reads per call: its packed parts (and the CPU GEMV's prebuilt
+    fold tables: convrotint4 16 bytes a group of 128, convrotint2 / convrotint3 4 / 8)."""
+    table = {"convrotint4": 16, "convrotint3": 8, "convrotint2": 4}.get(layer.qtype, 0)
+    return layer._layer.to_packed().storage_bytes + dim * (dim // 128) * table
 
 
 def time_per_layer(layers, x, repeats):

@@ -7,7 +7,7 @@ JOBS="${JOBS:-$(nproc)}"
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
 # Debian packages lowbit builds against (header-only or shared): installed only when missing.
-DEBIAN_PACKAGES=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev libfmt-dev libhwy-dev
+DEBIAN_PACKAGES=(cmake ninja-build g++ libcli11-dev nlohmann-json3-dev libfmt-dev
                  libgtest-dev python3 python3-pip)
 # PyPI packages for the Python module and its tests.
 PYPI_PACKAGES=(nanobind numpy pytest safetensors scikit-build-core)

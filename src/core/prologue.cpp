@@ -377,7 +377,8 @@ void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx
   detail::StreamBuffer y(device, static_cast<size_t>(dtype_storage_bytes(a.x_dtype, elems)) + 256,
                          ctx, op);
   void* yp = y.aligned(256);
-  PrologueArgs norm_only = a;  // the store step: y = the norm output, no rotation, no mean
+  [[maybe_unused]] PrologueArgs norm_only =
+      a;  // the store step: y = the norm output, no rotation, no mean
   norm_only.rotate = false;
   norm_only.mean = nullptr;
   bool fused = false;  // the token's inverse and y in one pass (H·D up to 24 groups of 256)

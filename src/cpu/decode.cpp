@@ -305,7 +305,9 @@ void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const
       const int ng = c.n_groups, per = D / ng;
       // the coefficient words as f16 halves: scale (low) then shift (high) of each group
       float coef[16];
-      halves_to_f32(reinterpret_cast<const uint16_t*>(w), 2 * ng, coef);
+      uint16_t halves[16];  // (copied: a uint32_t read through a uint16_t pointer is not allowed)
+      std::memcpy(halves, w, sizeof(uint16_t) * 2 * static_cast<size_t>(ng));
+      halves_to_f32(halves, 2 * ng, coef);
       for (int g = 0; g < ng; ++g)
         int4_group(w + ng, g * per, per, coef[2 * g], coef[2 * g + 1], out);
       break;
@@ -316,7 +318,9 @@ void load_row(const KvCache& c, const TensorView& t, const TensorView& ss, const
                                                       : b * ss.stride[0] + j * ss.stride[1] +
                                                             h * ss.stride[2]];
       float coef[2];  // scale (low half), shift (high half)
-      halves_to_f32(reinterpret_cast<const uint16_t*>(&s), 2, coef);
+      uint16_t halves[2];
+      std::memcpy(halves, &s, sizeof(halves));
+      halves_to_f32(halves, 2, coef);
       fp8_row(reinterpret_cast<const uint8_t*>(w), D, coef[0], coef[1], out);
       break;
     }

@@ -34,7 +34,7 @@ bool bit_rows(const PackedWeightView& w) {
          w.in_features % w.group == 0 && w.ratios.data != nullptr;
 }
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-const uint8_t* code_row(const PackedWeightView& w, int64_t o) {
+[[maybe_unused]] const uint8_t* code_row(const PackedWeightView& w, int64_t o) {
   return static_cast<const uint8_t*>(w.codes.data) + o * w.codes.shape[w.codes.ndim - 1];
 }
 // Ternary rows (convrot_bitnet: base 3, 5 codes a byte, SPEC §3.3), groups a multiple of 64 (a
@@ -51,7 +51,7 @@ int64_t ternary_blocks(const PackedWeightView& w) { return (ternary_bytes(w) + 6
 // to the bytes a decode streams: 5 bits measured slower with them).
 bool bit_tables(const PackedWeightView& w) { return bit_rows(w) && w.bits <= 3; }
 // Bytes of a weight row's prebuilt tables: 16 a group for 4-bit rows, 2^n for bit_tables.
-int64_t table_bytes_per_row(const PackedWeightView& w) {
+[[maybe_unused]] int64_t table_bytes_per_row(const PackedWeightView& w) {
   return w.in_features / w.group * (bit_tables(w) ? int64_t{1} << w.bits : 16);
 }
 
