@@ -486,6 +486,18 @@ struct RowKind {
   int64_t bytes;              // ternary: bytes a row
 };
 
+// bit_dots with the tables in memory (prebuilt or the call's scratch: tb) or built in registers.
+template <int R, int kBits>
+LOWBIT_VBMI void bit_pass(const PackedWeightView& w, const RowKind& kind, const int8_t* const* a,
+                          const uint8_t* const (&wr)[kJ], const uint8_t* const (&tb)[kJ],
+                          int64_t ahead, uint32_t (&out)[4][kJ]) {
+  if (tb[0] != nullptr)
+    return bit_dots<R, kBits, true>(a, wr, kind.ratios, tb, kind.f, kind.x, w.in_features, w.group,
+                                    ahead, out);
+  bit_dots<R, kBits, false>(a, wr, kind.ratios, tb, kind.f, kind.x, w.in_features, w.group, ahead,
+                            out);
+}
+
 template <int R>
 LOWBIT_VBMI void dots_pass(const PackedWeightView& w, const RowKind& kind, const int8_t* const* a,
                            const uint8_t* const (&wr)[kJ], const uint8_t* const (&tb)[kJ],
@@ -493,33 +505,17 @@ LOWBIT_VBMI void dots_pass(const PackedWeightView& w, const RowKind& kind, const
   const int64_t K = w.in_features;
   if (kind.ternary) return ternary_dots<R>(a, wr, kind.words, kind.parts, kind.bytes, ahead, out);
   if (kind.bitrows) {
-    const bool pre = tb[0] != nullptr;  // (tables in memory: prebuilt or the call's scratch)
     switch (w.bits) {
       case 2:
-        return pre ? bit_dots<R, 2, true>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group, ahead,
-                                          out)
-                   : bit_dots<R, 2, false>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group,
-                                           ahead, out);
+        return bit_pass<R, 2>(w, kind, a, wr, tb, ahead, out);
       case 3:
-        return pre ? bit_dots<R, 3, true>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group, ahead,
-                                          out)
-                   : bit_dots<R, 3, false>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group,
-                                           ahead, out);
+        return bit_pass<R, 3>(w, kind, a, wr, tb, ahead, out);
       case 5:
-        return pre ? bit_dots<R, 5, true>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group, ahead,
-                                          out)
-                   : bit_dots<R, 5, false>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group,
-                                           ahead, out);
+        return bit_pass<R, 5>(w, kind, a, wr, tb, ahead, out);
       case 6:
-        return pre ? bit_dots<R, 6, true>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group, ahead,
-                                          out)
-                   : bit_dots<R, 6, false>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group,
-                                           ahead, out);
+        return bit_pass<R, 6>(w, kind, a, wr, tb, ahead, out);
       default:
-        return pre ? bit_dots<R, 7, true>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group, ahead,
-                                          out)
-                   : bit_dots<R, 7, false>(a, wr, kind.ratios, tb, kind.f, kind.x, K, w.group,
-                                           ahead, out);
+        return bit_pass<R, 7>(w, kind, a, wr, tb, ahead, out);
     }
   }
   if (!kind.nibbles) return int8_dots<R>(a, wr, K, ahead, out);
