@@ -234,6 +234,32 @@ LOWBIT_VBMI inline void load_table(const uint8_t* t, __m512i& t0, __m512i& t1) {
   if (kBits >= 6) t0 = _mm512_loadu_si512(t);
   t1 = kBits == 7 ? _mm512_loadu_si512(t + 64) : t0;
 }
+// c_i0 += the dots of weight operand ua, c_i1 of ub, with activation row i's 64 bytes at a[i] + k,
+// i < R (the GEMVs' named accumulators: GCC 12 kept arrays of them in memory, a store a step).
+template <int R>
+LOWBIT_VBMI inline __attribute__((always_inline)) void dot_step(
+    const int8_t* const* a, int64_t k, __m512i ua, __m512i ub, __m512i& c00, __m512i& c01,
+    __m512i& c10, __m512i& c11, __m512i& c20, __m512i& c21, __m512i& c30, __m512i& c31) {
+  const __m512i v0 = _mm512_loadu_si512(a[0] + k);
+  c00 = _mm512_dpbusd_epi32(c00, ua, v0);
+  c01 = _mm512_dpbusd_epi32(c01, ub, v0);
+  if (R > 1) {
+    const __m512i v1 = _mm512_loadu_si512(a[1] + k);
+    c10 = _mm512_dpbusd_epi32(c10, ua, v1);
+    c11 = _mm512_dpbusd_epi32(c11, ub, v1);
+  }
+  if (R > 2) {
+    const __m512i v2 = _mm512_loadu_si512(a[2] + k);
+    c20 = _mm512_dpbusd_epi32(c20, ua, v2);
+    c21 = _mm512_dpbusd_epi32(c21, ub, v2);
+  }
+  if (R > 3) {
+    const __m512i v3 = _mm512_loadu_si512(a[3] + k);
+    c30 = _mm512_dpbusd_epi32(c30, ua, v3);
+    c31 = _mm512_dpbusd_epi32(c31, ub, v3);
+  }
+}
+
 template <int R, int kBits, bool kPrebuilt>
 LOWBIT_VBMI void bit_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ],
                           const float* const (&ratios)[kJ], const uint8_t* const (&tab)[kJ],
@@ -257,10 +283,6 @@ LOWBIT_VBMI void bit_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ],
       bits::fold_tables<kBits>(x, ratios[1][gi], 128, tb0, tb1);
     }
     for (int64_t k = g0; k < g0 + group; k += 64) {
-      const __m512i v0 = _mm512_loadu_si512(a[0] + k);
-      const __m512i v1 = R > 1 ? _mm512_loadu_si512(a[1] + k) : zero;
-      const __m512i v2 = R > 2 ? _mm512_loadu_si512(a[2] + k) : zero;
-      const __m512i v3 = R > 3 ? _mm512_loadu_si512(a[3] + k) : zero;
       // (the tables repeat every 2^n entries: the fields need no mask)
       const __m512i ra = bits::raw_high(f, w[0], k), rb = bits::raw_high(f, w[1], k);
       prefetch(w[0] + (k >> 3) * kBits + ahead);
@@ -269,20 +291,7 @@ LOWBIT_VBMI void bit_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ],
           kWide ? _mm512_permutex2var_epi8(ta0, ra, ta1) : _mm512_permutexvar_epi8(ra, ta0);
       const __m512i ub =
           kWide ? _mm512_permutex2var_epi8(tb0, rb, tb1) : _mm512_permutexvar_epi8(rb, tb0);
-      c00 = _mm512_dpbusd_epi32(c00, ua, v0);
-      c01 = _mm512_dpbusd_epi32(c01, ub, v0);
-      if (R > 1) {
-        c10 = _mm512_dpbusd_epi32(c10, ua, v1);
-        c11 = _mm512_dpbusd_epi32(c11, ub, v1);
-      }
-      if (R > 2) {
-        c20 = _mm512_dpbusd_epi32(c20, ua, v2);
-        c21 = _mm512_dpbusd_epi32(c21, ub, v2);
-      }
-      if (R > 3) {
-        c30 = _mm512_dpbusd_epi32(c30, ua, v3);
-        c31 = _mm512_dpbusd_epi32(c31, ub, v3);
-      }
+      dot_step<R>(a, k, ua, ub, c00, c01, c10, c11, c20, c21, c30, c31);
     }
   }
   const __m512i c[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
@@ -423,25 +432,7 @@ LOWBIT_VBMI void ternary_dots(const int8_t* const* a, const uint8_t* const (&w)[
         ub = _mm512_mask_permutexvar_epi8(
             ub, p.from[q], db, _mm512_set1_epi32(static_cast<int>(words[1][p.group[q]])));
       }
-      const int64_t ak = 320 * blk + 64 * j;
-      const __m512i v0 = _mm512_loadu_si512(a[0] + ak);
-      c00 = _mm512_dpbusd_epi32(c00, ua, v0);
-      c01 = _mm512_dpbusd_epi32(c01, ub, v0);
-      if (R > 1) {
-        const __m512i v1 = _mm512_loadu_si512(a[1] + ak);
-        c10 = _mm512_dpbusd_epi32(c10, ua, v1);
-        c11 = _mm512_dpbusd_epi32(c11, ub, v1);
-      }
-      if (R > 2) {
-        const __m512i v2 = _mm512_loadu_si512(a[2] + ak);
-        c20 = _mm512_dpbusd_epi32(c20, ua, v2);
-        c21 = _mm512_dpbusd_epi32(c21, ub, v2);
-      }
-      if (R > 3) {
-        const __m512i v3 = _mm512_loadu_si512(a[3] + ak);
-        c30 = _mm512_dpbusd_epi32(c30, ua, v3);
-        c31 = _mm512_dpbusd_epi32(c31, ub, v3);
-      }
+      dot_step<R>(a, 320 * blk + 64 * j, ua, ub, c00, c01, c10, c11, c20, c21, c30, c31);
     }
   }
   const __m512i c[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
