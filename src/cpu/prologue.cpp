@@ -26,7 +26,7 @@ float rsqrt_rn(float s) { return static_cast<float>(1.0 / std::sqrt(static_cast<
 // Sum of squares in the order documented at kNormChunk. `part` is scratch of D / kNormChunk
 // floats.
 // (The chunks' chains advance side by side, each in its own order: independent fmas.)
-float sum_of_squares(const float* x, int64_t D, float* part) {
+LOWBIT_CLONES_FMA float sum_of_squares(const float* x, int64_t D, float* part) {
   const int64_t chunks = D / kNormChunk;
   for (int64_t k = 0; k < chunks; ++k) part[k] = x[k * kNormChunk] * x[k * kNormChunk];
   for (int j = 1; j < kNormChunk; ++j)
