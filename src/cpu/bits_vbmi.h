@@ -66,22 +66,21 @@ LOWBIT_BITS_VBMI inline Fields fields(int bits) {
           _mm512_set1_epi8(static_cast<char>((1 << bits) - 1)), (__mmask64{1} << (8 * bits)) - 1,
           bits};
 }
-// The raw n-bit fields (0 .. 2^n - 1) of codes i .. i + 63 (i a multiple of 8) of the row at in.
-LOWBIT_BITS_VBMI inline __attribute__((always_inline)) __m512i raw(const Fields& f,
-                                                                   const uint8_t* in, int64_t i) {
-  const __m512i words =
-      _mm512_permutexvar_epi8(f.idx, _mm512_maskz_loadu_epi8(f.bytes, in + (i >> 3) * f.bits));
-  return _mm512_and_si512(_mm512_multishift_epi64_epi8(f.ctrl, words), f.mask);
-}
-// The same fields with the next fields' low bits above them (bits n.. of each byte): the index
-// of a lookup that reads only the low 6 (vpermb) or 7 (vpermi2b) bits of each byte in a table
-// repeating every 2^n entries, as fold_tables builds them.
+// The n-bit fields of codes i .. i + 63 (i a multiple of 8) of the row at in, each with the next
+// fields' low bits above it (bits n.. of each byte): the index of a lookup that reads only the
+// low 6 (vpermb) or 7 (vpermi2b) bits of each byte in a table repeating every 2^n entries, as
+// fold_tables builds them.
 LOWBIT_BITS_VBMI inline __attribute__((always_inline)) __m512i raw_high(const Fields& f,
                                                                         const uint8_t* in,
                                                                         int64_t i) {
   const __m512i words =
       _mm512_permutexvar_epi8(f.idx, _mm512_maskz_loadu_epi8(f.bytes, in + (i >> 3) * f.bits));
   return _mm512_multishift_epi64_epi8(f.ctrl, words);
+}
+// The raw n-bit fields alone (0 .. 2^n - 1).
+LOWBIT_BITS_VBMI inline __attribute__((always_inline)) __m512i raw(const Fields& f,
+                                                                   const uint8_t* in, int64_t i) {
+  return _mm512_and_si512(raw_high(f, in, i), f.mask);
 }
 
 // A group's fold table: entry u (u < 2^n) = fold_code(u - qmax, ratio) + bias (mod 256), entries

@@ -37,6 +37,10 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 [[maybe_unused]] const uint8_t* code_row(const PackedWeightView& w, int64_t o) {
   return static_cast<const uint8_t*>(w.codes.data) + o * w.codes.shape[w.codes.ndim - 1];
 }
+// Weight row o's group ratios.
+[[maybe_unused]] const float* row_ratios(const PackedWeightView& w, int64_t o) {
+  return static_cast<const float*>(w.ratios.data) + o * w.ratios.shape[1];
+}
 // Ternary rows (convrot_bitnet: base 3, 5 codes a byte, SPEC §3.3), groups a multiple of 64 (a
 // block's 320 codes meet at most 6 of them).
 bool ternary_rows(const PackedWeightView& w) {
@@ -50,9 +54,9 @@ int64_t ternary_blocks(const PackedWeightView& w) { return (ternary_bytes(w) + 6
 // the codes' bytes); 5..7 bits build them as they go (32..128 bytes a group would add 40-114 %
 // to the bytes a decode streams: 5 bits measured slower with them).
 bool bit_tables(const PackedWeightView& w) { return bit_rows(w) && w.bits <= 3; }
-// Bytes of a weight row's prebuilt tables: 16 a group for 4-bit rows, 2^n for bit_tables.
+// Bytes of a weight row's tables: 16 a group for 4-bit rows, 2^n for bit-packed rows.
 [[maybe_unused]] int64_t table_bytes_per_row(const PackedWeightView& w) {
-  return w.in_features / w.group * (bit_tables(w) ? int64_t{1} << w.bits : 16);
+  return w.in_features / w.group * (bit_rows(w) ? int64_t{1} << w.bits : 16);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -92,7 +96,7 @@ LOWBIT_VBMI inline __m128i fold_table(float ratio) {
 // The tables of weight row o (K / group of them, 16 bytes each) into tabs.
 LOWBIT_VBMI void row_tables(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
   const int64_t groups = w.in_features / w.group;
-  const float* ratios = static_cast<const float*>(w.ratios.data) + o * w.ratios.shape[1];
+  const float* ratios = row_ratios(w, o);
   for (int64_t gi = 0; gi < groups; ++gi)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(tabs + 16 * gi), fold_table(ratios[gi]));
 }
@@ -221,9 +225,6 @@ LOWBIT_VBMI void int8_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ]
     for (int j = 0; j < kJ; ++j) out[i][j] = sum_lanes(acc[i][j]);
 }
 
-// The same for bit-packed rows (bit_rows): each group's fold table + 128 built in registers for
-// both weight rows (bits::fold_tables), 64 codes a step by vpermb (vpermi2b for 7 bits) on their
-// raw fields; a[i] in natural order.
 // A fold table stored as its 2^n bytes, repeated over 64 bytes (t0; t1 the entries from 64).
 template <int kBits>
 LOWBIT_VBMI inline void load_table(const uint8_t* t, __m512i& t0, __m512i& t1) {
@@ -260,6 +261,9 @@ LOWBIT_VBMI inline __attribute__((always_inline)) void dot_step(
   }
 }
 
+// The same as int8_dots for bit-packed rows (bit_rows): each group's fold table + 128 for both
+// weight rows, loaded (kPrebuilt: tab) or built in registers (bits::fold_tables), 64 codes a step
+// by vpermb (vpermi2b for 7 bits) on their raw fields; a[i] in natural order.
 template <int R, int kBits, bool kPrebuilt>
 LOWBIT_VBMI void bit_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ],
                           const float* const (&ratios)[kJ], const uint8_t* const (&tab)[kJ],
@@ -304,7 +308,7 @@ LOWBIT_VBMI void bit_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ],
 LOWBIT_VBMI void bit_row_tables(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
   const bits::FoldIndex x = bits::fold_index(w.bits);
   const int64_t groups = w.in_features / w.group, entries = int64_t{1} << w.bits;
-  const float* ratios = static_cast<const float*>(w.ratios.data) + o * w.ratios.shape[1];
+  const float* ratios = row_ratios(w, o);
   const __mmask64 m = entries >= 64 ? ~__mmask64{0} : (__mmask64{1} << entries) - 1;
   for (int64_t gi = 0; gi < groups; ++gi) {
     __m512i t0, t1;
@@ -377,7 +381,7 @@ const std::vector<TernaryParts>& cached_ternary_parts(const PackedWeightView& w)
 // (0 x ratio is 0 or NaN).
 LOWBIT_VBMI void ternary_words(const PackedWeightView& w, int64_t o, uint32_t* words) {
   const int64_t groups = w.in_features / w.group;
-  const float* ratios = static_cast<const float*>(w.ratios.data) + o * w.ratios.shape[1];
+  const float* ratios = row_ratios(w, o);
   const __m512i c128 = _mm512_set1_epi32(128), mid = _mm512_set1_epi32(128 << 8);
   for (int64_t g = 0; g < groups; g += 16) {
     const __mmask16 m =
@@ -548,9 +552,7 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
   // Bit-packed rows without prebuilt tables: built in registers for one pass of activation rows
   // (up to 4), into scratch once a weight row for more.
   const bool bit_scratch = kind.bitrows && !prebuilt && M > 4;
-  const int64_t row_tab = grouped || bit_tables(w) ? table_bytes_per_row(w)
-                          : bit_scratch ? w.in_features / w.group * (int64_t{1} << w.bits)
-                                        : 0;
+  const int64_t row_tab = grouped || bit_tables(w) || bit_scratch ? table_bytes_per_row(w) : 0;
   std::vector<uint8_t> tabs(
       (grouped || bit_scratch) && !prebuilt ? static_cast<size_t>(kJ * row_tab) : 0);
   // What the weight operand adds to each code: 8 for comfy's nibble ^ 8, else 128.
@@ -563,8 +565,7 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
       oo[j] = std::min<int64_t>(o + j, o1 - 1);
       wr[j] = code_row(w, oo[j]);
       tb[j] = nullptr;
-      if (kind.bitrows)
-        kind.ratios[j] = static_cast<const float*>(w.ratios.data) + oo[j] * w.ratios.shape[1];
+      if (kind.bitrows) kind.ratios[j] = row_ratios(w, oo[j]);
       if (kind.ternary) {
         ternary_words(w, oo[j], words.data() + j * groups);
         kind.words[j] = words.data() + j * groups;

@@ -566,10 +566,8 @@ LOWBIT_CLONES void unpack_nibbles(const uint8_t* in, int64_t K, int8_t* codes) {
 
 #ifdef LOWBIT_HAVE_AVX2_PATH
 namespace {
-#define LOWBIT_VBMI_TARGET LOWBIT_BITS_VBMI
 // unpack_bits on the fields, less qmax. Returns the codes done (a multiple of 64).
-LOWBIT_VBMI_TARGET int64_t unpack_bits_vbmi(const uint8_t* in, int64_t K, int nbits,
-                                            int8_t* codes) {
+LOWBIT_BITS_VBMI int64_t unpack_bits_vbmi(const uint8_t* in, int64_t K, int nbits, int8_t* codes) {
   const bits::Fields f = bits::fields(nbits);
   const __m512i qmax = _mm512_set1_epi8(static_cast<char>((1 << (nbits - 1)) - 1));
   int64_t i = 0;
@@ -804,8 +802,8 @@ namespace {
 // A bit-packed grouped row's GEMM codes in one step (bits 2..7, groups a multiple of 64): each
 // group's fold table (bits::fold_tables, in registers: 16-byte stores read back as 64-byte
 // loads would stall store forwarding once a group) looked up by vpermi2b on the raw fields.
-LOWBIT_VBMI_TARGET void fold_bits_row_vbmi(const uint8_t* in, int64_t K, int nbits, int64_t group,
-                                           const float* ratios, int8_t* codes) {
+LOWBIT_BITS_VBMI void fold_bits_row_vbmi(const uint8_t* in, int64_t K, int nbits, int64_t group,
+                                         const float* ratios, int8_t* codes) {
   const bits::Fields f = bits::fields(nbits);
   const bits::FoldIndex x = bits::fold_index(nbits);
   for (int64_t g0 = 0; g0 < K; g0 += group) {
@@ -817,8 +815,8 @@ LOWBIT_VBMI_TARGET void fold_bits_row_vbmi(const uint8_t* in, int64_t K, int nbi
 }
 // A ternary row's group fold after its unpack: each group's three folded values (fold_code of -1,
 // 0, 1) looked up by vpermb on code + 1, 64 codes a step (groups a multiple of 64).
-LOWBIT_VBMI_TARGET void fold_ternary_vbmi(int8_t* codes, int64_t K, int64_t group,
-                                          const float* ratios) {
+LOWBIT_BITS_VBMI void fold_ternary_vbmi(int8_t* codes, int64_t K, int64_t group,
+                                        const float* ratios) {
   const __m512i one = _mm512_set1_epi8(1);
   for (int64_t g0 = 0; g0 < K; g0 += group) {
     const float r = ratios[g0 / group];
