@@ -729,6 +729,107 @@ double host_ms(const Context& ctx, const std::function<void()>& fn) {
   return per_call[per_call.size() / 2];
 }
 
+// attention.short (session 48): short key sequences, where the fp8 kernel's per-CTA cost (start,
+// first tile, epilogue, ~4 us against ~1.4 us a key tile) weighs: Wan's cross-attention (32760
+// queries, 512 text keys), a short image sequence, 8192 queries over 256..4096 keys, and Flux's
+// self-attention. (B, H, Nq, Nkv, D), TOPS = 4 B H Nq Nkv D / time. Rows: the kernel with the
+// persistent form off (tuning persist 1, the baseline), auto (the persistent form where it
+// picks it), the persistent form forced, each with its bits against the baseline's; then
+// attention() from bf16 q, k, v (the same three tunings).
+class AttentionShortBench : public BenchCase {
+ public:
+  std::string name() const override { return "attention.short"; }
+  std::vector<Row> run(const Env& env) override {
+    std::vector<Row> rows;
+    if (env.device != Device::cuda) return rows;
+    struct S {
+      int64_t B, H, Nq, Nkv, D;
+    };
+    const std::vector<S> shapes =
+        env.quick ? std::vector<S>{{1, 8, 1024, 512, 128}}
+                  : std::vector<S>{{1, 40, 32760, 512, 128}, {2, 24, 1024, 1024, 128},
+                                   {1, 24, 8192, 256, 128},  {1, 24, 8192, 1024, 128},
+                                   {1, 24, 8192, 2048, 128}, {1, 24, 8192, 4096, 128},
+                                   {1, 24, 4608, 4608, 128}};
+    const Device dev = env.device;
+    Context ctx = env.ctx;
+    for (const S& s : shapes) {
+      const std::string shape = "(" + std::to_string(s.B) + ", " + std::to_string(s.H) + ", " +
+                                std::to_string(s.Nq) + ", " + std::to_string(s.Nkv) + ", " +
+                                std::to_string(s.D) + ") bf16";
+      if (!env.shape_selected(shape)) continue;
+      const int64_t B = s.B, H = s.H, Nq = s.Nq, Nkv = s.Nkv, D = s.D;
+      DeviceTensor q = make_tensor(dev, DType::bf16, {B, Nq, H, D}, 51);
+      DeviceTensor k = make_tensor(dev, DType::bf16, {B, Nkv, H, D}, 52);
+      DeviceTensor v = make_tensor(dev, DType::bf16, {B, Nkv, H, D}, 53);
+      DeviceTensor out = make_empty(dev, DType::bf16, {B, Nq, H, D});
+      // kernel operands: random codes with scale 1/74 (unit variance), per-block scales
+      DeviceTensor q8 = make_tensor(dev, DType::i8, {B, Nq, H, D}, 54);
+      DeviceTensor k8 = make_tensor(dev, DType::i8, {B, Nkv, H, D}, 55);
+      const int64_t nqs = scale_count(ScaleLayout::per_block, 128, Nq);
+      const int64_t nks = scale_count(ScaleLayout::per_block, 64, Nkv);
+      DeviceTensor qs = make_empty(dev, DType::f32, {B, H, nqs});
+      DeviceTensor ks = make_empty(dev, DType::f32, {B, H, nks});
+      {
+        const std::vector<float> a(static_cast<size_t>(B * H * std::max(nqs, nks)), 1.f / 74.f);
+        copy_to_device(qs.view.data, a.data(), static_cast<size_t>(B * H * nqs) * 4, ctx);
+        copy_to_device(ks.view.data, a.data(), static_cast<size_t>(B * H * nks) * 4, ctx);
+      }
+      DeviceTensor v8 = make_empty(dev, DType::e4m3, {B, H, D, (Nkv + 63) / 64 * 64});
+      DeviceTensor vs = make_empty(dev, DType::f32, {B, H, D});
+      quantize_v_fp8(v.view, v8.view, vs.view, nullptr, ctx);
+      const TensorView vsv = vs.view;
+      const QuantizedRows qr{q8.view, qs.view, ScaleLayout::per_block, 128};
+      const QuantizedRows kr{k8.view, ks.view, ScaleLayout::per_block, 64};
+      const AttentionOptions fp8;
+      const size_t wb = attention_workspace_bytes(q.view, k.view, fp8);
+      DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb)});
+      const double flops = 4.0 * B * H * static_cast<double>(Nq) * Nkv * D;
+      for (int call = 0; call < 2; ++call) {  // the kernel, then attention()
+        std::vector<float> base;
+        double base_ms = 0;
+        for (int persist : {1, 0, 2}) {
+          detail::AttentionCudaTuning t;
+          t.persist = persist;
+          detail::set_attention_cuda_tuning(t);
+          Row r;
+          r.family = "attention";
+          r.shape = shape;
+          r.backend = device_name(dev);
+          r.op = std::string(call == 0 ? "attention_int8 fp8 PV auto (kernel only)"
+                                       : "attention() fp8 PV, incl. quantization") +
+                 (persist == 1   ? ", persistent form off (tuning persist 1)"
+                  : persist == 2 ? ", persistent form forced (tuning persist 2)"
+                                 : "");
+          r.ms = env.time_ms([&] {
+            if (call == 0)
+              attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
+            else
+              attention(q.view, k.view, v.view, out.view, nullptr, fp8, ws.view.data, wb, ctx);
+          });
+          synchronize(ctx);
+          detail::set_attention_cuda_tuning({});
+          r.flops = flops;
+          r.baseline =
+              call == 0 ? "the kernel, persistent form off" : "attention(), persistent form off";
+          const std::vector<float> got = to_host_f32(out.view);
+          if (persist == 1) {
+            base = got;
+            base_ms = r.ms;
+          } else {
+            const size_t differ = bits_differ(got, base);
+            r.accuracy = differ == 0 ? "bits = persist off"
+                                     : std::to_string(differ) + " outputs differ from persist off";
+          }
+          r.baseline_ms = base_ms;
+          rows.push_back(r);
+        }
+      }
+    }
+    return rows;
+  }
+};
+
 class AttentionHostBench : public BenchCase {
  public:
   std::string name() const override { return "attention.host"; }
@@ -820,6 +921,7 @@ LOWBIT_BENCH_CASES(attention_bench_cases) {
              true}));
 #ifdef LOWBIT_WITH_CUDA
   cases.push_back(std::make_unique<AttentionHostBench>());
+  cases.push_back(std::make_unique<AttentionShortBench>());
 #endif
 }
 
