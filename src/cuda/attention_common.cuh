@@ -101,6 +101,16 @@ __device__ __forceinline__ int64_t scale_index_dev(int layout, int block, int64_
   return (row / block) * groups + group;
 }
 
+// The q scale of `row` of (batch b, head h), 0 past Nq, raised to the smallest normal float: the
+// wgmma kernels' logits are s * q, and a zero q scale (rows past Nq, an all-zero q row) would turn
+// masked keys (s = -inf) into NaN; every visible logit is then ~0, as the oracle's exact 0 (the
+// K-mean LSE term too).
+__device__ __forceinline__ float q_scale_floor(const AttnParams& p, int b, int h, int64_t row) {
+  const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
+  const float qs = row < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row) * p.qs_ss] : 0.f;
+  return fmaxf(qs, 1.17549435e-38f);
+}
+
 // One past the last key query `row` sees (clamped to [0, Nkv]).
 __device__ __forceinline__ int64_t visible_end(const AttnParams& p, int64_t row) {
   if (!p.causal) return p.Nkv;

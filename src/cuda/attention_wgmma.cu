@@ -1013,9 +1013,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     const uint32_t sq_tile = base + L::kQ + (local % kQBufs) * L::kQTile;  // the item's Q
     stamp(0);
     int64_t row0, row1;
-    // The logits are t * qs with t = float(acc) * kc; a zero q scale (rows past Nq, an all-zero q
-    // row) becomes the smallest normal float so that masked keys (t = -inf) stay -inf, not NaN;
-    // every visible logit is then ~0, as the oracle's exact 0 (the K-mean LSE term too).
+    // The logits are t * qs with t = float(acc) * kc (q_scale_floor: qs > 0).
     float qm0, qm1;
     int wg_end, end0, end1;
     {
@@ -1023,13 +1021,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       it_end = it0 + w.n_tiles;
       row0 = w.q0 + rl0;
       row1 = row0 + 8;
-      const float* qsg = p.q_scale + w.b * p.qs_sb + w.h * p.qs_sh;
-      const float qs0 =
-          row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
-      const float qs1 =
-          row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
-      qm0 = fmaxf(qs0, 1.17549435e-38f);
-      qm1 = fmaxf(qs1, 1.17549435e-38f);
+      qm0 = q_scale_floor(p, w.b, w.h, row0);
+      qm1 = q_scale_floor(p, w.b, w.h, row1);
       // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
       // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop);
       // each + it0 kBN (the tiles' keys are counted from the CTA's first tile).

@@ -295,18 +295,8 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
   int64_t row0 = q0 + rl0, row1 = row0 + 8;
-  // Logits are s * q (s = float(acc) x kc); a zero q scale (rows past Nq, an all-zero q row)
-  // becomes the smallest normal float so that masked keys (-inf) stay -inf (round 3's rule).
-  float qm0, qm1;
-  {
-    const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
-    const float qs0 =
-        row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
-    const float qs1 =
-        row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
-    qm0 = fmaxf(qs0, 1.17549435e-38f);
-    qm1 = fmaxf(qs1, 1.17549435e-38f);
-  }
+  // Logits are s * q (s = float(acc) x kc; q_scale_floor: q > 0).
+  const float qm0 = q_scale_floor(p, b, h, row0), qm1 = q_scale_floor(p, b, h, row1);
   // (the visible ends are recomputed on the stages that need a mask: registers are short)
   auto block_q0 = [&]() { return static_cast<int64_t>(cta_work(p).qb) * kRows; };
   constexpr float kPOffset = FP8 ? kLog2_448 : 0.f;

@@ -810,19 +810,25 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // than queries), GQA at B 2, THREAD_Q/K + HND + K-mean LSE (read from the Q rows before they
   // are overwritten), V mean, early maxima; f16 output and per-32-key k scales take the other
   // kernels.
+  // (auto's fp8 kernel under tuning t: THREAD_Q 32 / THREAD_K with kb, else per-block 128 / kb)
+  auto add_fp8_tuned = [&](const detail::AttentionCudaTuning& t, const std::string& tag, Shape s,
+                           O::Causal c, DType dt, bool thread, int kb, bool hnd, bool km,
+                           bool vmean, Pattern pat) {
+    AttentionOptions o = make_opt(O::fp8, c);
+    o.smooth_v = vmean;
+    auto k = std::make_unique<Int8AttentionCase>(
+        s, o, dt, thread ? ScaleLayout::thread_q : ScaleLayout::per_block, thread ? 32 : 128,
+        thread ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, hnd, km, pat, tag);
+    k->set_tuning(t);
+    cases.push_back(std::move(k));
+  };
   for (int e : {1, 2}) {
     detail::AttentionCudaTuning t;
     t.epilogue = e;
     const std::string tag = e == 1 ? "direct" : "staged";
     auto add = [&](Shape s, O::Causal c, DType dt, bool thread, int kb, bool hnd, bool km,
                    bool vmean, Pattern pat) {
-      AttentionOptions o = make_opt(O::fp8, c);
-      o.smooth_v = vmean;
-      auto k = std::make_unique<Int8AttentionCase>(
-          s, o, dt, thread ? ScaleLayout::thread_q : ScaleLayout::per_block, thread ? 32 : 128,
-          thread ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, hnd, km, pat, tag);
-      k->set_tuning(t);
-      cases.push_back(std::move(k));
+      add_fp8_tuned(t, tag, s, c, dt, thread, kb, hnd, km, vmean, pat);
     };
     for (auto c : {O::none, O::bottom_right, O::top_left}) {
       add(Shape{1, 1, 1, 1, 1, 128}, c, DType::bf16, false, 64, false, false, false,
@@ -860,16 +866,10 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     const std::string tag = ctas == 0 ? "persist_auto" : "persist";
     auto add = [&](Shape s, O::Causal c, DType dt, bool thread, bool hnd, bool km, bool vmean,
                    Pattern pat, int epi) {
-      AttentionOptions o = make_opt(O::fp8, c);
-      o.smooth_v = vmean;
-      auto k = std::make_unique<Int8AttentionCase>(
-          s, o, dt, thread ? ScaleLayout::thread_q : ScaleLayout::per_block, thread ? 32 : 128,
-          thread ? ScaleLayout::thread_k : ScaleLayout::per_block, 64, hnd, km, pat,
-          epi == 1 ? tag + ".direct" : tag);
       detail::AttentionCudaTuning te = t;
       te.epilogue = epi;
-      k->set_tuning(te);
-      cases.push_back(std::move(k));
+      add_fp8_tuned(te, epi == 1 ? tag + ".direct" : tag, s, c, dt, thread, 64, hnd, km, vmean,
+                    pat);
     };
     if (ctas == 0) {
       add(Shape{1, 2000, 200, 20, 4, 128}, O::none, DType::bf16, false, false, false, false,
