@@ -1,6 +1,7 @@
 // Bit-packed n-bit weight rows on AVX-512 VBMI (2 <= n <= 7, SPEC §3.3), shared by the unpack of
 // linear_kernels.cpp and the decode GEMV of linear_gemv.cpp: the raw fields of 64 codes a step,
-// and a group's fold table (every stored value's int8 GEMM code) built in registers.
+// and a group's fold table (every stored value's int8 GEMM code) built in registers; the digits
+// of ternary rows.
 #pragma once
 
 #include "src/cpu/x86_intrinsics.h"
@@ -174,6 +175,30 @@ LOWBIT_BITS_VBMI inline void fold_tables(int bits, const FoldIndex& x, float rat
     default:
       return fold_tables<7>(x, ratio, bias, t0, t1);
   }
+}
+
+// ---- ternary rows (base 3, five codes a byte, SPEC §3.3) ----
+// Digit j of every byte b (floor(b / 3^j) mod 3, which is unpack_ternary's digit for all 256
+// bytes) as 256-entry tables, four vectors a digit.
+struct TernaryDigits {
+  alignas(64) uint8_t t[5][256];
+  TernaryDigits() {
+    for (int j = 0, p = 1; j < 5; ++j, p *= 3)
+      for (int b = 0; b < 256; ++b) t[j][b] = static_cast<uint8_t>(b / p % 3);
+  }
+};
+inline const TernaryDigits& ternary_digits() {
+  static const TernaryDigits d;
+  return d;
+}
+// Digit j (0..2) of each byte of b, whose top bits are `high` (vpermi2b on the low 7 bits in
+// each half of the table, the half picked by the top bit).
+LOWBIT_BITS_VBMI inline __attribute__((always_inline)) __m512i ternary_digit(const uint8_t* t,
+                                                                             __m512i b,
+                                                                             __mmask64 high) {
+  return _mm512_mask_blend_epi8(
+      high, _mm512_permutex2var_epi8(_mm512_load_si512(t), b, _mm512_load_si512(t + 64)),
+      _mm512_permutex2var_epi8(_mm512_load_si512(t + 128), b, _mm512_load_si512(t + 192)));
 }
 
 }  // namespace bits

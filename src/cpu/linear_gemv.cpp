@@ -318,20 +318,7 @@ LOWBIT_VBMI void bit_row_tables(const PackedWeightView& w, int64_t o, uint8_t* t
   }
 }
 
-// ---- ternary rows ----
-// Digit j of every byte b (floor(b / 3^j) mod 3, which is unpack_ternary's digit for all 256
-// bytes) as 256-entry tables, four vectors a digit.
-struct TernaryDigits {
-  alignas(64) uint8_t t[5][256];
-  TernaryDigits() {
-    for (int j = 0, p = 1; j < 5; ++j, p *= 3)
-      for (int b = 0; b < 256; ++b) t[j][b] = static_cast<uint8_t>(b / p % 3);
-  }
-};
-const TernaryDigits& ternary_digits() {
-  static const TernaryDigits d;
-  return d;
-}
+// ---- ternary rows (digits: bits::ternary_digit) ----
 // The lanes of a block's digit vector j (lane i: code 320 blk + 5 i + j) fall into at most six
 // groups of 64 or more codes, in order: the first group, then each later one with the mask of
 // its lanes onward.
@@ -406,7 +393,7 @@ LOWBIT_VBMI void ternary_dots(const int8_t* const* a, const uint8_t* const (&w)[
                               const uint32_t* const (&words)[kJ], const TernaryParts* parts,
                               int64_t bytes, int64_t ahead, uint32_t (&out)[4][kJ]) {
   static_assert(kJ == 2 && R >= 1 && R <= 4, "ternary_dots: two weight rows, 1..4 activation rows");
-  const TernaryDigits& dt = ternary_digits();
+  const bits::TernaryDigits& dt = bits::ternary_digits();
   const __m512i zero = _mm512_setzero_si512();
   __m512i c00 = zero, c01 = zero, c10 = zero, c11 = zero, c20 = zero, c21 = zero, c30 = zero,
           c31 = zero;
@@ -418,13 +405,8 @@ LOWBIT_VBMI void ternary_dots(const int8_t* const* a, const uint8_t* const (&w)[
     prefetch(w[1] + k + ahead);
     const __mmask64 ha = _mm512_movepi8_mask(ba), hb = _mm512_movepi8_mask(bb);
     for (int j = 0; j < 5; ++j) {
-      const uint8_t* t = dt.t[j];
-      const __m512i t0 = _mm512_load_si512(t), t1 = _mm512_load_si512(t + 64),
-                    t2 = _mm512_load_si512(t + 128), t3 = _mm512_load_si512(t + 192);
-      const __m512i da = _mm512_mask_blend_epi8(ha, _mm512_permutex2var_epi8(t0, ba, t1),
-                                                _mm512_permutex2var_epi8(t2, ba, t3));
-      const __m512i db = _mm512_mask_blend_epi8(hb, _mm512_permutex2var_epi8(t0, bb, t1),
-                                                _mm512_permutex2var_epi8(t2, bb, t3));
+      const __m512i da = bits::ternary_digit(dt.t[j], ba, ha);
+      const __m512i db = bits::ternary_digit(dt.t[j], bb, hb);
       const TernaryParts& p = parts[5 * blk + j];
       __m512i ua =
           _mm512_permutexvar_epi8(da, _mm512_set1_epi32(static_cast<int>(words[0][p.first])));

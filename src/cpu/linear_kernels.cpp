@@ -813,19 +813,59 @@ LOWBIT_BITS_VBMI void fold_bits_row_vbmi(const uint8_t* in, int64_t K, int nbits
       _mm512_storeu_si512(codes + i, _mm512_permutex2var_epi8(t0, bits::raw(f, in, i), t1));
   }
 }
-// A ternary row's group fold after its unpack: each group's three folded values (fold_code of -1,
-// 0, 1) looked up by vpermb on code + 1, 64 codes a step (groups a multiple of 64).
-LOWBIT_BITS_VBMI void fold_ternary_vbmi(int8_t* codes, int64_t K, int64_t group,
-                                        const float* ratios) {
-  const __m512i one = _mm512_set1_epi8(1);
-  for (int64_t g0 = 0; g0 < K; g0 += group) {
-    const float r = ratios[g0 / group];
-    const __m512i t = _mm512_maskz_set1_epi8(1, fold_code(-1, r)) |
-                      _mm512_maskz_set1_epi8(2, fold_code(0, r)) |
-                      _mm512_maskz_set1_epi8(4, fold_code(1, r));
-    for (int64_t i = g0; i < g0 + group; i += 64) {
-      const __m512i c = _mm512_add_epi8(_mm512_loadu_si512(codes + i), one);
-      _mm512_storeu_si512(codes + i, _mm512_permutexvar_epi8(c, t));
+// Where code 64 k + i (k < 5, i < 64) of a ternary block's 320 (64 bytes) comes from: byte
+// b = (64 k + i) / 5, digit j = (64 k + i) % 5; as indices into the digit vectors' pairs (0, 1),
+// (2, 3) (+64: the second of the pair) and 4, and the lanes of pairs (2, 3) and 4.
+struct TernaryInterleave {
+  alignas(64) uint8_t idx01[5][64], idx23[5][64], idx4[5][64];
+  __mmask64 m23[5] = {}, m4[5] = {};
+  TernaryInterleave() {
+    for (int k = 0; k < 5; ++k)
+      for (int i = 0; i < 64; ++i) {
+        const int c = 64 * k + i, b = c / 5, j = c % 5;
+        idx01[k][i] = static_cast<uint8_t>(b + (j == 1 ? 64 : 0));
+        idx23[k][i] = static_cast<uint8_t>(b + (j == 3 ? 64 : 0));
+        idx4[k][i] = static_cast<uint8_t>(b);
+        if (j == 2 || j == 3) m23[k] |= __mmask64{1} << i;
+        if (j == 4) m4[k] |= __mmask64{1} << i;
+      }
+  }
+};
+// A ternary row's GEMM codes in one step (groups a multiple of 64): per 64-byte block, the five
+// digit vectors (bits::ternary_digit), interleaved into the block's five vectors of 64 codes by
+// three permutes and two blends each, then each vector's group table (fold_code of -1, 0, 1 at
+// digits 0, 1, 2) by vpermb.
+LOWBIT_BITS_VBMI void fold_ternary_row_vbmi(const uint8_t* in, int64_t K, int64_t group,
+                                            const float* ratios, int8_t* codes) {
+  static const TernaryInterleave il;
+  const bits::TernaryDigits& dt = bits::ternary_digits();
+  const int64_t bytes = (K + 4) / 5;
+  int64_t g_last = -1;
+  __m512i tab = _mm512_setzero_si512();
+  for (int64_t k0 = 0, c0 = 0; c0 < K; k0 += 64, c0 += 320) {
+    const __mmask64 m = bytes - k0 >= 64 ? ~__mmask64{0} : (__mmask64{1} << (bytes - k0)) - 1;
+    const __m512i b = _mm512_maskz_loadu_epi8(m, in + k0);
+    const __mmask64 high = _mm512_movepi8_mask(b);
+    const __m512i d0 = bits::ternary_digit(dt.t[0], b, high);
+    const __m512i d1 = bits::ternary_digit(dt.t[1], b, high);
+    const __m512i d2 = bits::ternary_digit(dt.t[2], b, high);
+    const __m512i d3 = bits::ternary_digit(dt.t[3], b, high);
+    const __m512i d4 = bits::ternary_digit(dt.t[4], b, high);
+    for (int k = 0; k < 5 && c0 + 64 * k < K; ++k) {
+      const int64_t g = (c0 + 64 * k) / group;
+      if (g != g_last) {
+        const float r = ratios[g];
+        tab = _mm512_maskz_set1_epi8(1, fold_code(-1, r)) |
+              _mm512_maskz_set1_epi8(2, fold_code(0, r)) |
+              _mm512_maskz_set1_epi8(4, fold_code(1, r));
+        g_last = g;
+      }
+      __m512i v = _mm512_permutex2var_epi8(d0, _mm512_load_si512(il.idx01[k]), d1);
+      v = _mm512_mask_blend_epi8(il.m23[k], v,
+                                 _mm512_permutex2var_epi8(d2, _mm512_load_si512(il.idx23[k]), d3));
+      v = _mm512_mask_blend_epi8(il.m4[k], v,
+                                 _mm512_permutexvar_epi8(_mm512_load_si512(il.idx4[k]), d4));
+      _mm512_storeu_si512(codes + c0 + 64 * k, _mm512_permutexvar_epi8(v, tab));
     }
   }
 }
@@ -845,15 +885,14 @@ void weight_row_gemm_codes(const PackedWeightView& w, int64_t o, int8_t* codes) 
                                 row_ptr<float>(w.ratios, o), codes);
   if (w.qtype == QType::convrot_comfy_w4a4 && w.in_features % 32 == 0 && simd_kernels_on())
     return comfy_row_avx2(row_ptr<uint8_t>(w.codes, o), w.in_features, codes);
+  if (w.qtype == QType::convrot_bitnet && w.group % 64 == 0 && w.in_features % w.group == 0 &&
+      has_vbmi() && simd_kernels_on())
+    return fold_ternary_row_vbmi(row_ptr<uint8_t>(w.codes, o), w.in_features, w.group,
+                                 row_ptr<float>(w.ratios, o), codes);
 #endif
   stored_codes(w, o, codes);
   if (!grouped(w.qtype)) return;
   const float* ratios = row_ptr<float>(w.ratios, o);
-#ifdef LOWBIT_HAVE_AVX2_PATH
-  if (w.qtype == QType::convrot_bitnet && w.group % 64 == 0 && w.in_features % w.group == 0 &&
-      has_vbmi() && simd_kernels_on())
-    return fold_ternary_vbmi(codes, w.in_features, w.group, ratios);
-#endif
   for (int64_t g0 = 0; g0 < w.in_features; g0 += w.group)  // a group at a time, its one ratio
     fold_codes(codes + g0, std::min<int64_t>(w.group, w.in_features - g0), ratios[g0 / w.group]);
 }

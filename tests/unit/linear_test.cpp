@@ -1299,8 +1299,9 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
 }
 
 // A stored row's GEMM codes (weight_row_gemm_codes: the unpack and the group fold in one step on
-// AVX-512 VBMI for 2..6 bits, lookups for 4 bits and comfy) equal the scalar unpack + fold_code
-// for every n-bit width, ternary and comfy, groups of 16 to 128.
+// AVX-512 VBMI for 2..7 bits and ternary, lookups for 4 bits and comfy) equal the scalar unpack +
+// fold_code for every n-bit width, ternary and comfy, groups of 16 to 128; ternary rows also with
+// every byte random (243..255 are no five-digit code: both paths take their base-3 digits).
 TEST(LinearSimd, RowGemmCodesMatchScalar) {
   std::mt19937_64 rng(5);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -1308,7 +1309,7 @@ TEST(LinearSimd, RowGemmCodesMatchScalar) {
   for (QType q :
        {QType::convrot_int2, QType::convrot_int3, QType::convrot_int4, QType::convrot_int5,
         QType::convrot_int6, QType::convrot_int7, QType::convrot_bitnet, QType::convrot_comfy_w4a4})
-    for (int64_t K : {256, 320, 352, 1536}) {  // groups of 128, 64, 32 and 128
+    for (int64_t K : {256, 320, 352, 1536, 3072}) {  // groups of 128, 64, 32, 128 and 128
       const int64_t O = 24;
       if (!can_quantize(q, O, K, nullptr)) continue;
       std::vector<float> w(static_cast<size_t>(O * K));
@@ -1322,6 +1323,17 @@ TEST(LinearSimd, RowGemmCodesMatchScalar) {
         weight_row_gemm_codes(lin.weights(), o, slow.data());
         force_scalar_kernels(false);
         ASSERT_EQ(fast, slow) << qtype_name(q) << " K " << K << " row " << o;
+      }
+      if (q != QType::convrot_bitnet) continue;
+      const PackedWeightView pw = lin.weights();
+      uint8_t* bytes = static_cast<uint8_t*>(pw.codes.data);
+      for (int64_t i = 0; i < pw.codes.numel(); ++i) bytes[i] = static_cast<uint8_t>(rng());
+      for (int64_t o = 0; o < O; ++o) {
+        weight_row_gemm_codes(pw, o, fast.data());
+        force_scalar_kernels(true);
+        weight_row_gemm_codes(pw, o, slow.data());
+        force_scalar_kernels(false);
+        ASSERT_EQ(fast, slow) << "random ternary bytes, K " << K << " row " << o;
       }
     }
 }
