@@ -45,12 +45,6 @@ struct AttentionCudaTuning {
   // each consumer warp's lane 0 after __syncwarp (the form before session 27), false by every
   // consumer thread (the default). The same bits.
   bool lane0_release = false;
-  // The same kernel's persistent form (session 48: one CTA per multiprocessor walking the work
-  // items, the next item's Q and first tiles loaded under this one's last tiles and epilogue;
-  // non-causal): 0 where auto picks it (short key sequences), 1 never, 2 wherever it applies.
-  // persist_ctas > 0: at most that many CTAs (the harness: many items per CTA). The same bits.
-  int persist = 0;
-  int persist_ctas = 0;
 };
 constexpr int kAttentionTraceWords = 16;
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

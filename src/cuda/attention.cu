@@ -857,8 +857,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   p.trace = tune.trace;
   p.staged_epilogue = tune.epilogue == 0 ? kAttnStagedEpilogue : tune.epilogue == 2;
   p.lane0_release = tune.lane0_release;
-  p.persist = tune.persist;
-  p.persist_ctas = tune.persist_ctas;
   static_assert(attn::kAttnTraceWords == detail::kAttentionTraceWords, "trace layout");
   // Kernel choice (AttentionOptions::kernel): wgmma runs round 1, wgmma_r3 round 3 (fp8 P·V; the
   // bench knobs of detail::AttentionCudaTuning pick its variants: no_turn round 3 + I2FP without

@@ -52,14 +52,9 @@ struct AttnParams {
   // Bench only (null otherwise): round 3's per-CTA stamps, kAttnTraceWords words per CTA at its
   // linear block index (attention_wgmma.cu: r3_trace).
   unsigned long long* trace = nullptr;
-  // The persistent round-3 kernel (kVar bit 12): its work items (query blocks x heads x batches).
-  int items = 0;
   // Host only (launch_r3): the round-3 kernel's output rows through shared memory (kVar bit 9)
   // where it applies.
   bool staged_epilogue = false;
-  // Host only (launch_r3): the persistent round-3 kernel 0 where auto picks it, 1 never, 2
-  // wherever it applies; persist_ctas > 0 caps its grid (the harness: many items per CTA).
-  int persist = 0, persist_ctas = 0;
   // Host only (launch_r3; the bench's A/B, session 27): round 3 at D = 128 with the staged
   // epilogue releasing ring stages by each consumer warp's lane 0 after __syncwarp (kVar bit 11).
   bool lane0_release = false;

@@ -31,8 +31,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -554,10 +552,6 @@ constexpr int kR3EarlyQkMaxD = 64;
 // wait_group / proxy fence before each publication. false: the cp.async producer. (D = 64 rows
 // use half of a 128-byte swizzled row, which no TMA box produces: always cp.async.)
 constexpr bool kR3Tma = true;
-// The persistent kernel (kVar bit 12) is auto's where every item has at most this many key tiles
-// (non-causal, more items than multiprocessors; attention.cu's tuning `persist` forces it on or
-// off).
-constexpr int kR3PersistMaxTiles = 0;  // (off until measured on a GPU)
 // (Three consumer warpgroups at D = 128, the P·V in two waited 64-channel halves with a
 // register diet to fit 160 registers (4 B spilled): same bits as auto but 0.92-0.97x of it at
 // the four D = 128 bench rows in H200 run 21 (2026-11-30), removed. D = 128 runs
@@ -571,22 +565,18 @@ struct R3Maps {
 
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
 // kR3Stages stages. 178.5 KB at D = 128.
-// kRows: query rows per CTA (64 per consumer warpgroup). kQBufs: Q tiles (the persistent kernel,
-// kVar bit 12: 2, the next work item's Q lands while this one's is read; 194.5 KB at D = 128).
-template <int D, int kRows = kBM, int kQBufs = 1>
+// kRows: query rows per CTA (64 per consumer warpgroup).
+template <int D, int kRows = kBM>
 struct R3Smem {
   using R = WgSmem<D, true>;
   static constexpr int kKTile = R::kKTile;
   static constexpr int kVTile = R::kVTile;
   static constexpr int kQ = 0;
-  static constexpr int kQTile = kRows * kRowBytes;
-  static constexpr int kK = kQBufs * kQTile;
+  static constexpr int kK = kRows * kRowBytes;
   static constexpr int kV = kK + kR3Stages * kKTile;
   static constexpr int kS = kV + kR3Stages * kVTile;
-  // full[kR3Stages], empty[kR3Stages], then (kQBufs > 1) q_empty[kQBufs] (8 B each)
-  static constexpr int kBar = kS + kR3Stages * kBN * 4;
-  static constexpr int kBytes =
-      kBar + 2 * kR3Stages * 8 + (kQBufs > 1 ? kQBufs * 8 : 0) + 1024;  // + alignment slack
+  static constexpr int kBar = kS + kR3Stages * kBN * 4;           // full[], empty[] (8 B each)
+  static constexpr int kBytes = kBar + 2 * kR3Stages * 8 + 1024;  // + alignment slack
 };
 
 // d (64 x 128 s32) = A (64 x 32 s8, shared) · B (128 x 32 s8, shared)^T, d written only.
@@ -743,14 +733,6 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // bit 5: no ping-pong turns between the two consumers (each issues its q k^T once the stage
   // has landed).
   constexpr bool kNoTurn = (kVar & 32) != 0;
-  // bit 12 (session 48): persistent CTAs (a 1-D grid of at most one CTA per multiprocessor, each
-  // walking work items blockIdx.x, + gridDim.x, ... of p.items = query blocks x heads x batches,
-  // query blocks fastest), the ring's stages and phases running on across items and Q in two
-  // buffers, so the producer loads the next item's Q and first K / V tiles while the consumers
-  // finish this one: the per-CTA start, first-tile wait and turnover (~4 us a CTA, session 26)
-  // are paid once per multiprocessor instead of once per item. For short key sequences
-  // (cross-attention's 512 text keys: 4 key tiles an item). Non-causal, no turns, TMA.
-  constexpr bool kPersist = (kVar & 4096) != 0;
   // bit 7: three consumer warpgroups (192 query rows per CTA; D = 64, round 3 without turns):
   // one more warp per scheduler to hide the softmax's latencies, K/V tiles shared by 192 rows.
   constexpr bool kC3 = (kVar & 128) != 0;
@@ -779,48 +761,19 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
                              (kC3 ? 128 : 168) * r3_threads(kVar),
                 "register split");
-  static_assert(!kPersist || (kNoTurn && kTma && !kC3 && !kStamps), "persistent: var 34, TMA");
-  constexpr int kQBufs = kPersist ? 2 : 1;
-  using L = R3Smem<D, kRows, kQBufs>;
+  using L = R3Smem<D, kRows>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-  // The work items this CTA runs: its own block (causal: long rows first), or (kPersist) items
-  // blockIdx.x, + gridDim.x, ... Item i is query block i % nqb of head (i / nqb) % Hq, batch
-  // i / (nqb Hq).
-  const int n_items = kPersist ? p.items : 1;
-  const int item0 = kPersist ? static_cast<int>(blockIdx.x) : 0;
-  const int item_step = kPersist ? static_cast<int>(gridDim.x) : 1;
-  struct Item {
-    int h, b, hk;
-    int64_t q0;   // first query row
-    int n_tiles;  // key tiles
-  };
-  auto item_at = [&](int item) {
-    Item w;
-    int qb;
-    if constexpr (kPersist) {
-      const int nqb = (p.Nq + kRows - 1) / kRows, hb = item / nqb;
-      qb = item - hb * nqb;
-      w.b = hb / p.Hq;
-      w.h = hb - w.b * p.Hq;
-    } else {
-      (void)item;
-      const CtaWork work = cta_work(p);
-      qb = work.qb;
-      w.h = work.h;
-      w.b = static_cast<int>(blockIdx.z);
-    }
-    w.hk = w.h / p.G;
-    w.q0 = static_cast<int64_t>(qb) * kRows;
-    const int64_t last_row = min(w.q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
-    w.n_tiles = static_cast<int>((visible_end(p, last_row) + kBN - 1) / kBN);
-    return w;
-  };
+  const CtaWork work = cta_work(p);  // causal: long rows first
+  const int qb = work.qb, h = work.h, b = blockIdx.z, hk = h / p.G;
+  const int64_t q0 = static_cast<int64_t>(qb) * kRows;
+  const int64_t last_row = min(q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
+  const int64_t kv_end = visible_end(p, last_row);
+  const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kR3Stages * 8;
-  const uint32_t q_empty0 = empty0 + kR3Stages * 8;            // (kPersist) Q buffer i free again
   float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kR3Stages][kBN] kc
 
   if (tid == 0) {
@@ -831,7 +784,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       tr[0] = sm;
       tr[1] = r3_gtimer();
       tr[2] = r3_clock();
-      tr[3] = static_cast<unsigned long long>(item_at(item0).n_tiles);
+      tr[3] = static_cast<unsigned long long>(n_tiles);
     }
 #pragma unroll
     for (int st = 0; st < kR3Stages; ++st) {
@@ -841,74 +794,58 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       // every consumer thread (kLane0Release: warp), once its wgmmas of the stage completed
       mbar_init(empty0 + st * 8, kEmptyCount);
     }
-    // every consumer thread, once its item's epilogue no longer reads the Q buffer
-#pragma unroll
-    for (int i = 0; i < (kQBufs > 1 ? kQBufs : 0); ++i) mbar_init(q_empty0 + i * 8, 128 * kCons);
     mbar_fence_init();
   }
   __syncthreads();
 
   constexpr uint32_t kTileBytes = 2 * kBN * D;  // K box (kBN x D) + V box (D x kBN)
-  // Lane 0 of the loading warp: item w's tile `tile`'s K and V boxes (and Q, into the Q buffer at
-  // sq, with tile 0) into stage st, completing on its full barrier `bar` (the transaction bytes
-  // only: lane 0 arrives with the other lanes once its kc are stored).
-  auto tma_tile = [&](const Item& w, uint32_t sq, int tile, int st, uint32_t bar) {
+  // Lane 0 of the loading warp: tile `tile`'s K and V boxes (and Q with tile 0) into stage st,
+  // completing on its full barrier `bar` (the transaction bytes only: lane 0 arrives with the
+  // other lanes once its kc are stored).
+  auto tma_tile = [&](int tile, int st, uint32_t bar) {
     mbar_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * D : 0u));
     if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
       // (three consumers: the map's box is 64 rows, one box per consumer)
       constexpr int kQBox = kC3 ? 64 : kBM;
 #pragma unroll
       for (int i = 0; i < kRows / kQBox; ++i) {
-        const int r = static_cast<int>(w.q0) + i * kQBox;
-        tma_load_4d(sq + i * kQBox * kQKRow, &maps.q, bar, 0, maps.q_rows_outer ? w.h : r,
-                    maps.q_rows_outer ? r : w.h, w.b);
+        const int r = static_cast<int>(q0) + i * kQBox;
+        tma_load_4d(base + L::kQ + i * kQBox * kQKRow, &maps.q, bar, 0, maps.q_rows_outer ? h : r,
+                    maps.q_rows_outer ? r : h, b);
       }
     }
     const int r = tile * kBN;
-    tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, maps.k_rows_outer ? w.hk : r,
-                maps.k_rows_outer ? r : w.hk, w.b);
-    tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, bar, tile * kBN, 0, w.b * p.Hkv + w.hk);
+    tma_load_4d(base + L::kK + st * L::kKTile, &maps.k, bar, 0, maps.k_rows_outer ? hk : r,
+                maps.k_rows_outer ? r : hk, b);
+    tma_load_3d(base + L::kV + st * L::kVTile, &maps.v, bar, tile * kBN, 0, b * p.Hkv + hk);
   };
   if (wg == 0 && kTma) {  // ---- producer, TMA: one warp; lane 0 issues, each lane 4 kc
     setmaxnreg_dec<kProdRegs>();
     if (warp != 0) return;  // the other producer warps have nothing to do
+    const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
     const ScaleIdx kidx(p.k_layout, p.k_block);
-    // it: the CTA's key tiles before this item (its tile j: ring stage (it + j) % kR3Stages,
-    // round (it + j) / kR3Stages)
-    for (int local = 0, it = 0; item0 + local * item_step < n_items; ++local) {
-      const Item w = item_at(item0 + local * item_step);
-      const float* ksg = p.k_scale + w.b * p.ks_sb + w.hk * p.ks_sh;
-      const int qbuf = local % kQBufs;
-      // (kPersist) the Q buffer's item before last has finished its epilogue
-      if (kQBufs > 1 && local >= kQBufs)
-        mbar_wait_bounded(q_empty0 + qbuf * 8, ((local / kQBufs) - 1) & 1);
-      for (int tile = 0; tile < w.n_tiles; ++tile) {
-        const int gt = it + tile, st = gt % kR3Stages;
-        float ks[kBN / 32];
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      const int st = tile % kR3Stages;
+      float ks[kBN / 32];
 #pragma unroll
-        for (int i = 0; i < kBN / 32; ++i) {
-          const int key = tile * kBN + lane + 32 * i;
-          ks[i] = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
-        }
-        if (gt >= kR3Stages) mbar_wait_bounded(empty0 + st * 8, ((gt / kR3Stages) - 1) & 1);
-        const uint32_t bar = full0 + st * 8;
-        // The tile's copies go out before this lane's kc are stored (which wait for the k-scale
-        // loads above). (Session 26; the order before, kc then the copies with lane 0's arrival,
-        // measured the same: the consumers' first q k^T still lands ~1.85 us after their start.)
-        if (lane == 0) tma_tile(w, base + L::kQ + qbuf * L::kQTile, tile, st, bar);
-#pragma unroll
-        for (int i = 0; i < kBN / 32; ++i) skc[st * kBN + lane + 32 * i] = ks[i] * p.scale_log2;
-        mbar_arrive(bar);  // this lane's kc are stored
+      for (int i = 0; i < kBN / 32; ++i) {
+        const int key = tile * kBN + lane + 32 * i;
+        ks[i] = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
       }
-      it += w.n_tiles;
+      if (tile >= kR3Stages) mbar_wait_bounded(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
+      const uint32_t bar = full0 + st * 8;
+      // The tile's copies go out before this lane's kc are stored (which wait for the k-scale
+      // loads above). (Session 26; the order before, kc then the copies with lane 0's arrival,
+      // measured the same: the consumers' first q k^T still lands ~1.85 us after their start.)
+      if (lane == 0) tma_tile(tile, st, bar);
+#pragma unroll
+      for (int i = 0; i < kBN / 32; ++i) skc[st * kBN + lane + 32 * i] = ks[i] * p.scale_log2;
+      mbar_arrive(bar);  // this lane's kc are stored
     }
     return;
   }
   if (wg == 0) {  // ---- producer: round 2's loads, kc = k_scale * scale_log2
     setmaxnreg_dec<kProdRegs>();
-    const Item w = item_at(item0);
-    const int b = w.b, h = w.h, hk = w.hk, n_tiles = w.n_tiles;
-    const int64_t q0 = w.q0;
     const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
     const uint8_t* vg =
@@ -1002,42 +939,24 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       if (k == 3) tr[12 + wg - 1] = r3_gtimer();
     }
   };
+  stamp(0);
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
-  // Key tiles are counted over the CTA's items: tile j of an item is the CTA's tile it0 + j (ring
-  // stage (it0 + j) % kR3Stages), and its keys' visible ends below are shifted by it0 kBN, so
-  // that no per-item offset stays live through the loop.
-  for (int local = 0, it0 = 0; item0 + local * item_step < n_items; ++local) {
-    const int item = item0 + local * item_step;
-    int it_end;  // one past the item's last tile
-    const uint32_t sq_tile = base + L::kQ + (local % kQBufs) * L::kQTile;  // the item's Q
-    stamp(0);
-    int64_t row0, row1;
-    // The logits are t * qs with t = float(acc) * kc (q_scale_floor: qs > 0).
-    float qm0, qm1;
-    int wg_end, end0, end1;
-    {
-      const Item w = item_at(item);
-      it_end = it0 + w.n_tiles;
-      row0 = w.q0 + rl0;
-      row1 = row0 + 8;
-      qm0 = q_scale_floor(p, w.b, w.h, row0);
-      qm1 = q_scale_floor(p, w.b, w.h, row1);
-      // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
-      // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop);
-      // each + it0 kBN (the tiles' keys are counted from the CTA's first tile).
-      const int shift = it0 * kBN;
-      wg_end = static_cast<int>(visible_end(p, w.q0 + cw * 64)) + shift;
-      end0 = static_cast<int>(visible_end(p, row0)) + shift;
-      end1 = static_cast<int>(visible_end(p, row1)) + shift;
-    }
+  int64_t row0 = q0 + rl0, row1 = row0 + 8;
+  // The logits are t * qs with t = float(acc) * kc (q_scale_floor: qs > 0).
+  const float qm0 = q_scale_floor(p, b, h, row0), qm1 = q_scale_floor(p, b, h, row1);
+  // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
+  // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop).
+  const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
+  const int end0 = static_cast<int>(visible_end(p, row0));
+  const int end1 = static_cast<int>(visible_end(p, row1));
 
-    float o[D / 2];
+  float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  const uint32_t sq = sq_tile + cw * 64 * kQKRow;
-  if (!kNoTurn && cw == 1 && it_end > it0) named_bar_arrive(1, 256);
+  const uint32_t sq = base + L::kQ + cw * 64 * kQKRow;
+  if (!kNoTurn && cw == 1 && n_tiles > 0) named_bar_arrive(1, 256);
 
   // Shared-memory descriptors by addition: desc(a + off) = desc(a) + off / 16 for 16-byte
   // multiples while a + off < 2^18 (the 14-bit address field; shared addresses are < 228 KB).
@@ -1062,8 +981,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     }
   };
   int32_t acc[64];
-  // Wait for the stage and the turn, issue the CTA's tile `tile`'s q k^T into acc, hand the turn
-  // over.
+  // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
   auto issue_qk = [&](int tile) {
     const int st = tile % kR3Stages;
     mbar_wait_bounded(full0 + st * 8, (tile / kR3Stages) & 1);
@@ -1075,12 +993,12 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     for (int kk = 1; kk < D / 32; ++kk)
       wgmma_s8_n128(acc, dq0 + 2 * kk, dk + 2 * kk, 1);
     wgmma_commit();
-    if (!kNoTurn && (cw == 0 || tile + 1 < it_end)) named_bar_arrive(2 - cw, 256);
+    if (!kNoTurn && (cw == 0 || tile + 1 < n_tiles)) named_bar_arrive(2 - cw, 256);
   };
 
   float c[D / 2];
-  if (it_end > it0) {
-    issue_qk(it0);
+  if (n_tiles > 0) {
+    issue_qk(0);
     wgmma_wait<0>();
     fence_regs(acc);
   }
@@ -1091,7 +1009,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     constexpr bool kMore = decltype(more_c)::value;
     constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD && !kC3;  // kC3: no registers for it
     const int st = tile % kR3Stages;
-    const int kv0 = tile * kBN;  // (shifted by it0 kBN as the ends)
+    const int kv0 = tile * kBN;
     const uint64_t dv = v_desc(st);
     // Logits in units of the per-half row scales qa, qb (logit = s * q): general layouts
     // s = float(acc) * kc (per key), q = the q scale; kKcHalf (kc constant over each of this
@@ -1214,35 +1132,24 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       fence_regs(acc);
     }
   };
-  for (int tile = it0; tile + 1 < it_end; ++tile) step(tile, std::true_type{});
-  if (it_end > it0) step(it_end - 1, std::false_type{});
+  for (int tile = 0; tile + 1 < n_tiles; ++tile) step(tile, std::true_type{});
+  if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
   stamp(2);
-  // The item and rows again (cheaper than keeping them live through the loop).
-  const Item w = item_at(item);
-  const int b = w.b, h = w.h, hk = w.hk, n_tiles = w.n_tiles;
-  const int64_t q0 = w.q0;
-  row0 = q0 + rl0;
+  // The rows again from the block index (cheaper than keeping them live through the loop).
+  row0 = static_cast<int64_t>(cta_work(p).qb) * kRows + rl0;
   row1 = row0 + 8;
   if constexpr (kStagedEpi) {  // this warpgroup's 64 rows in its Q rows (64 x 128 bytes: D / 2
                                // channels at a time); named barrier 6 + cw (5 with kC3 is the
                                // third consumer's fold vote)
     static_assert(D * 2 / 2 == kQKRow, "two halves of a row fill a Q row");
     epilogue<D, true, T16, kQKRow, 0, true, 2>(
-        p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + (sq_tile - base), n_tiles > 0, o, m0, m1,
-        l0, l1, sbase + (sq - base), q0 + 64 * cw, tid & 127, 6 + cw);
+        p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ, n_tiles > 0, o, m0, m1, l0, l1,
+        sbase + L::kQ + cw * 64 * kQKRow, q0 + 64 * cw, tid & 127, 6 + cw);
   } else {
-    epilogue<D, true, T16, kQKRow>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t,
-                                   sbase + (sq_tile - base), n_tiles > 0, o, m0, m1, l0, l1);
+    epilogue<D, true, T16, kQKRow>(p, b, h, hk, rl0, row0, row1, qm0, qm1, t, sbase + L::kQ,
+                                   n_tiles > 0, o, m0, m1, l0, l1);
   }
   stamp(3);
-  if constexpr (kQBufs > 1) {
-    // The Q buffer is free for the item after next (the staged epilogue wrote into it: ordered
-    // before the producer's TMA writes by the proxy fence).
-    fence_proxy_async();
-    mbar_arrive(q_empty0 + (local % kQBufs) * 8);
-  }
-  it0 = it_end;
-  }
 #endif
 }
 
@@ -1316,18 +1223,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     if (p.trace) extra |= 1024;
     if ((extra & 512) && p.lane0_release) extra |= 2048;  // (the bench's A/B)
   }
-  // Persistent CTAs (kVar bit 12; var 34 at D = 128 with either epilogue, non-causal): forced by
-  // p.persist = 2, else auto where the items are short (at most kR3PersistMaxTiles key tiles)
-  // and more than one wave.
-  // (The kernel counts a CTA's keys over its items in 32 bits.)
-  const int64_t items = static_cast<int64_t>(ceil_div(p.Nq, kBM)) * p.Hq * B;
-  const int sms = multiprocessor_count();
-  const int64_t ctas = std::min<int64_t>(items, p.persist_ctas > 0 ? p.persist_ctas : sms);
-  const int64_t tiles = (p.Nkv + kBN - 1) / kBN;
-  const bool persist =
-      D == 128 && var == 34 && (extra == 0 || extra == 512) && !p.causal && items > 0 &&
-      (items + ctas - 1) / ctas * (tiles + 1) * kBN <= INT32_MAX &&
-      (p.persist == 2 || (p.persist == 0 && tiles <= kR3PersistMaxTiles && items > sms));
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
     using K = void (*)(const AttnParams, const R3Maps);
@@ -1342,9 +1237,6 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if (var == 34 && extra == 1536) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1536>;
       if (var == 34 && extra == 2560) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 2560>;
       if (var == 34 && extra == 3584) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 3584>;
-      if (persist)
-        k = extra == 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 512 | 4096>
-                         : attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 4096>;
     }
     return k;
   };
@@ -1356,21 +1248,13 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA.
   const bool c3 = var == 162;
   const int rows = c3 ? 192 : kBM;
-  const int bytes = c3        ? R3Smem<D, 192>::kBytes
-                    : persist ? R3Smem<D, kBM, 2>::kBytes
-                              : R3Smem<D>::kBytes;
-  static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024 &&
-                    R3Smem<D, kBM, 2>::kBytes <= 227 * 1024,
+  const int bytes = c3 ? R3Smem<D, 192>::kBytes : R3Smem<D>::kBytes;
+  static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024,
                 "shared memory");
   set_kernel_smem(kernel, bytes, op, "shared memory");
-  AttnParams pp = p;
-  dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, rows)), static_cast<unsigned>(p.Hq),
-            static_cast<unsigned>(B));
-  if (persist) {  // one CTA per multiprocessor at most (p.persist_ctas: fewer)
-    pp.items = static_cast<int>(items);
-    grid = dim3(static_cast<unsigned>(ctas), 1, 1);
-  }
-  kernel<<<grid, c3 ? r3_threads(162) : kR3Threads, bytes, stream>>>(pp, maps);
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, rows)), static_cast<unsigned>(p.Hq),
+                  static_cast<unsigned>(B));
+  kernel<<<grid, c3 ? r3_threads(162) : kR3Threads, bytes, stream>>>(p, maps);
   check_launch(op);
 }
 

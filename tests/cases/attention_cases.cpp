@@ -810,25 +810,19 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   // than queries), GQA at B 2, THREAD_Q/K + HND + K-mean LSE (read from the Q rows before they
   // are overwritten), V mean, early maxima; f16 output and per-32-key k scales take the other
   // kernels.
-  // (auto's fp8 kernel under tuning t: THREAD_Q 32 / THREAD_K with kb, else per-block 128 / kb)
-  auto add_fp8_tuned = [&](const detail::AttentionCudaTuning& t, const std::string& tag, Shape s,
-                           O::Causal c, DType dt, bool thread, int kb, bool hnd, bool km,
-                           bool vmean, Pattern pat) {
-    AttentionOptions o = make_opt(O::fp8, c);
-    o.smooth_v = vmean;
-    auto k = std::make_unique<Int8AttentionCase>(
-        s, o, dt, thread ? ScaleLayout::thread_q : ScaleLayout::per_block, thread ? 32 : 128,
-        thread ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, hnd, km, pat, tag);
-    k->set_tuning(t);
-    cases.push_back(std::move(k));
-  };
   for (int e : {1, 2}) {
     detail::AttentionCudaTuning t;
     t.epilogue = e;
     const std::string tag = e == 1 ? "direct" : "staged";
     auto add = [&](Shape s, O::Causal c, DType dt, bool thread, int kb, bool hnd, bool km,
                    bool vmean, Pattern pat) {
-      add_fp8_tuned(t, tag, s, c, dt, thread, kb, hnd, km, vmean, pat);
+      AttentionOptions o = make_opt(O::fp8, c);
+      o.smooth_v = vmean;
+      auto k = std::make_unique<Int8AttentionCase>(
+          s, o, dt, thread ? ScaleLayout::thread_q : ScaleLayout::per_block, thread ? 32 : 128,
+          thread ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, hnd, km, pat, tag);
+      k->set_tuning(t);
+      cases.push_back(std::move(k));
     };
     for (auto c : {O::none, O::bottom_right, O::top_left}) {
       add(Shape{1, 1, 1, 1, 1, 128}, c, DType::bf16, false, 64, false, false, false,
@@ -850,49 +844,6 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         Pattern::random);
     add(Shape{1, 257, 390, 2, 1, 128}, O::none, DType::bf16, false, 32, false, false, false,
         Pattern::random);
-  }
-  // `.persist` (session 48): auto's fp8 kernel at D = 128 in its persistent form (tuning persist
-  // 2; at most 3 CTAs, so each walks many items: the ring's stages and phases and the two Q
-  // buffers wrap across items): one item, partial row blocks, fewer keys than one tile (1 tile an
-  // item), GQA at B 2, 4 / 8 key tiles an item with early maxima, THREAD_Q/K + HND + K-mean LSE
-  // (read from the item's Q buffer before the staged epilogue overwrites it), V mean, the direct
-  // epilogue (tuning epilogue 1), and the fallbacks (causal, f16 output: the other kernels).
-  // `.persist_auto`: the default tuning where auto picks it (more items than multiprocessors,
-  // at most 16 key tiles), and one grid of the device's multiprocessors.
-  for (int ctas : {3, 0}) {
-    detail::AttentionCudaTuning t;
-    t.persist = ctas == 0 ? 0 : 2;
-    t.persist_ctas = ctas;
-    const std::string tag = ctas == 0 ? "persist_auto" : "persist";
-    auto add = [&](Shape s, O::Causal c, DType dt, bool thread, bool hnd, bool km, bool vmean,
-                   Pattern pat, int epi) {
-      detail::AttentionCudaTuning te = t;
-      te.epilogue = epi;
-      add_fp8_tuned(te, epi == 1 ? tag + ".direct" : tag, s, c, dt, thread, 64, hnd, km, vmean,
-                    pat);
-    };
-    if (ctas == 0) {
-      add(Shape{1, 2000, 200, 20, 4, 128}, O::none, DType::bf16, false, false, false, false,
-          Pattern::random, 0);
-      add(Shape{2, 1100, 512, 8, 8, 128}, O::none, DType::bf16, false, true, true, false,
-          Pattern::random, 0);
-      continue;
-    }
-    for (const Shape& s : {Shape{1, 1, 1, 1, 1, 128}, Shape{2, 257, 390, 4, 2, 128},
-                           Shape{1, 1000, 77, 3, 1, 128}, Shape{1, 130, 512, 5, 1, 128}})
-      add(s, O::none, DType::bf16, false, false, false, false, Pattern::random, 0);
-    add(Shape{1, 300, 1000, 2, 1, 128}, O::none, DType::bf16, false, false, false, false,
-        Pattern::early_max, 0);
-    add(Shape{1, 257, 390, 3, 1, 128}, O::none, DType::bf16, true, true, true, false,
-        Pattern::random, 0);
-    add(Shape{1, 257, 390, 3, 1, 128}, O::none, DType::bf16, false, false, false, true,
-        Pattern::random, 0);
-    add(Shape{2, 257, 390, 4, 2, 128}, O::none, DType::bf16, true, false, true, false,
-        Pattern::random, 1);
-    add(Shape{1, 257, 390, 2, 1, 128}, O::bottom_right, DType::bf16, false, false, false, false,
-        Pattern::random, 0);
-    add(Shape{1, 257, 390, 2, 1, 128}, O::none, DType::f16, false, false, false, false,
-        Pattern::random, 0);
   }
   // `.r3c3`: round 3 + I2FP without turns on three consumer warpgroups fed by the TMA producer
   // warp (192 query rows per CTA; tuning knobs no_turn + cons3 on wgmma_r3; D = 64 bf16
