@@ -168,10 +168,12 @@ LOWBIT_CLONES int32_t dot_i8(const int8_t* a, const int8_t* b, int64_t K) {
   return acc;
 }
 
-// out[i][j] = a_i . w_j for activation rows a_0, a_1 (a_1 may equal a_0) and the 4 weight rows
-// w + j * K: exact int32 (any summation order gives the same integers). AVX2: 16 codes at a time
-// widened to int16, pairs multiplied and added by vpmaddwd, each load serving 4 or 2 products.
+// out[i][j] = a_i . w_j for activation rows a_0, a_1 (kTwo; else a_0 alone, out[1] = out[0])
+// and the 4 weight rows w + j * K: exact int32 (any summation order gives the same integers).
+// AVX2: 16 codes at a time widened to int16, pairs multiplied and added by vpmaddwd, each load
+// serving 4 or 2 products.
 #ifdef LOWBIT_AVX2
+template <bool kTwo>
 LOWBIT_AVX2 int64_t dots_2x4_avx2(const int8_t* a0, const int8_t* a1, const int8_t* w, int64_t K,
                                   int32_t (&out)[2][4]) {
   __m256i acc[2][4];
@@ -180,14 +182,17 @@ LOWBIT_AVX2 int64_t dots_2x4_avx2(const int8_t* a0, const int8_t* a1, const int8
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
     const __m256i x0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a0 + k)));
-    const __m256i x1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a1 + k)));
+    const __m256i x1 =
+        kTwo ? _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a1 + k))) : x0;
     for (int j = 0; j < 4; ++j) {
       const __m256i y = _mm256_cvtepi8_epi16(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j * K + k)));
       acc[0][j] = _mm256_add_epi32(acc[0][j], _mm256_madd_epi16(x0, y));
-      acc[1][j] = _mm256_add_epi32(acc[1][j], _mm256_madd_epi16(x1, y));
+      if (kTwo) acc[1][j] = _mm256_add_epi32(acc[1][j], _mm256_madd_epi16(x1, y));
     }
   }
+  if (!kTwo)
+    for (int j = 0; j < 4; ++j) acc[1][j] = acc[0][j];
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 4; ++j) {
       const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc[i][j]),
@@ -318,7 +323,8 @@ void dots_2x4(const int8_t* a0, const int8_t* a1, const int8_t* w, int64_t K,
               int32_t (&out)[2][4]) {
   int64_t k = 0;
 #ifdef LOWBIT_AVX2
-  if (convrot::simd_kernels_on()) k = dots_2x4_avx2(a0, a1, w, K, out);
+  if (convrot::simd_kernels_on())
+    k = a1 == a0 ? dots_2x4_avx2<false>(a0, a1, w, K, out) : dots_2x4_avx2<true>(a0, a1, w, K, out);
 #endif
   if (k == 0) {
     for (int j = 0; j < 4; ++j) {
@@ -664,15 +670,19 @@ int64_t dot_exact(const double* a, const double* b, int64_t K) {
   return acc;
 }
 
-// The GEMM codes of weight rows o0 .. o0 + no - 1 (no <= 4) into wc (4 x K); the rows past no
-// repeat the last one.
-void weight_group_codes(const PackedWeightView& w, int64_t o0, int64_t no, int8_t* wc) {
+// The GEMM codes of weight rows o0 .. o0 + no - 1 (no <= 4) as 4 rows of K: convrot8's stored
+// rows in place where there are 4, else unpacked into wc (4 x K), the rows past no repeating the
+// last one.
+const int8_t* weight_group_codes(const PackedWeightView& w, int64_t o0, int64_t no, int8_t* wc) {
   const int64_t K = w.in_features;
+  if (w.qtype == QType::convrot8 && no == 4)
+    return static_cast<const int8_t*>(w.codes.data) + o0 * K;
   for (int64_t j = 0; j < 4; ++j)
     if (j < no)
       convrot::weight_row_gemm_codes(w, o0 + j, wc + j * K);
     else
       std::memcpy(wc + j * K, wc + (no - 1) * K, static_cast<size_t>(K));
+  return wc;
 }
 
 float bias_at(const TensorView* bias, int64_t o) {
@@ -941,9 +951,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           std::vector<int8_t> wc(static_cast<size_t>(4 * K));
           for (int64_t o0 = b; o0 < e; o0 += 4) {
             const int64_t no = std::min<int64_t>(4, e - o0);
-            weight_group_codes(w, o0, no, wc.data());
+            const int8_t* rows4 = weight_group_codes(w, o0, no, wc.data());
             uint32_t sums[4][4], bias128[4];  // 128 . sum of each row's codes, wrapping
-            dots_vnni<0>(nullptr, wc.data(), K, sums);
+            dots_vnni<0>(nullptr, rows4, K, sums);
             for (int64_t j = 0; j < 4; ++j) bias128[j] = sums[0][j] * 128u;
             for (int64_t m = 0; m < M; m += 4) {
               const int64_t rows = std::min<int64_t>(4, M - m);
@@ -955,16 +965,16 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
               uint32_t acc[4][4];
               switch (rows) {
                 case 1:
-                  dots_vnni<1>(a4, wc.data(), K, acc);
+                  dots_vnni<1>(a4, rows4, K, acc);
                   break;
                 case 2:
-                  dots_vnni<2>(a4, wc.data(), K, acc);
+                  dots_vnni<2>(a4, rows4, K, acc);
                   break;
                 case 3:
-                  dots_vnni<3>(a4, wc.data(), K, acc);
+                  dots_vnni<3>(a4, rows4, K, acc);
                   break;
                 default:
-                  dots_vnni<4>(a4, wc.data(), K, acc);
+                  dots_vnni<4>(a4, rows4, K, acc);
                   break;
               }
               for (int64_t i = 0; i < rows; ++i)
@@ -982,11 +992,11 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
           const int8_t* acodes = reinterpret_cast<const int8_t*>(a_codes.data());
           for (int64_t o0 = b; o0 < e; o0 += 4) {
             const int64_t no = std::min<int64_t>(4, e - o0);
-            weight_group_codes(w, o0, no, wc.data());
+            const int8_t* rows4 = weight_group_codes(w, o0, no, wc.data());
             for (int64_t m = 0; m < M; m += 2) {
               const int64_t m1 = std::min(m + 1, M - 1);
               int32_t acc[2][4];
-              dots_2x4(acodes + m * K, acodes + m1 * K, wc.data(), K, acc);
+              dots_2x4(acodes + m * K, acodes + m1 * K, rows4, K, acc);
               for (int64_t i = 0; i < (m1 > m ? 2 : 1); ++i)
                 for (int64_t j = 0; j < no; ++j)
                   epilogue_store(out, m + i, o0 + j, static_cast<float>(acc[i][j]), a_scales[m + i],
