@@ -62,7 +62,7 @@ void force_off(bool off) { g_force_off = off; }
 // values past kn (< 64) are 0.
 __attribute__((target("avx512f,avx512bw"))) void pack_tile(const int8_t* w, int64_t ldw, int n,
                                                            int64_t kn, int8_t* dst) {
-  const __mmask64 mask = kn >= 64 ? ~__mmask64{0} : (__mmask64{1} << kn) - 1;
+  const __mmask64 mask = tail_mask(kn);
   __m512i r[16], t[16], u[16];
   for (int i = 0; i < 16; ++i)
     r[i] = i < n ? _mm512_maskz_loadu_epi8(mask, w + i * ldw) : _mm512_setzero_si512();

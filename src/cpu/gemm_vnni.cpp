@@ -89,7 +89,7 @@ LOWBIT_VNNI_TARGET void pack_panel_avx512(const int8_t* w, int n, int64_t K, int
   for (int j = 0; j < kPanel; ++j) {
     __m512i acc = _mm512_setzero_si512();
     for (int64_t k = 0; j < n && k < K; k += 64) {
-      const __mmask64 m = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
+      const __mmask64 m = tail_mask(K - k);
       acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi8(m, w + j * K + k));
     }
     sum128[j] = static_cast<uint32_t>(_mm512_reduce_add_epi32(acc)) * 128u;

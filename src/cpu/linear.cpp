@@ -230,7 +230,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void dots_vnni(const uint
   LOWBIT_DV_DECL(0) LOWBIT_DV_DECL(1) LOWBIT_DV_DECL(2) LOWBIT_DV_DECL(3)
 #undef LOWBIT_DV_DECL
   for (int64_t k = 0; k < K; k += 64) {
-    const __mmask64 mask = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
+    const __mmask64 mask = tail_mask(K - k);
     const __m512i y0 = _mm512_maskz_loadu_epi8(mask, w + k);
     const __m512i y1 = _mm512_maskz_loadu_epi8(mask, w + K + k);
     const __m512i y2 = _mm512_maskz_loadu_epi8(mask, w + 2 * K + k);
@@ -569,7 +569,7 @@ __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vnni"))) void fp8_digit
     for (int i = 0; i < 9; ++i) acc[r][i] = _mm512_setzero_si512();
   const __m512i c128 = _mm512_set1_epi8(static_cast<char>(128));
   for (int64_t k = 0; k < K; k += 64) {
-    const __mmask64 mask = K - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (K - k)) - 1;
+    const __mmask64 mask = tail_mask(K - k);
     const __m512i c = _mm512_maskz_loadu_epi8(mask, wcodes + k);  // (code 0: digits 0)
     _mm_prefetch(reinterpret_cast<const char*>(wcodes + k + 4 * K), _MM_HINT_T2);
     __m512i w[3];

@@ -75,9 +75,6 @@ bool gemv_on() {
   return cpu_has_gemv() && simd_kernels_on() && !avx2_kernels_forced() && !g_gemv_off.load();
 }
 
-LOWBIT_VBMI inline __mmask64 tail_mask(int64_t n) {
-  return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
-}
 LOWBIT_VBMI inline uint32_t sum_lanes(__m512i v) {
   return static_cast<uint32_t>(_mm512_reduce_add_epi32(v));
 }
@@ -309,7 +306,7 @@ LOWBIT_VBMI void bit_row_tables(const PackedWeightView& w, int64_t o, uint8_t* t
   const bits::FoldIndex x = bits::fold_index(w.bits);
   const int64_t groups = w.in_features / w.group, entries = int64_t{1} << w.bits;
   const float* ratios = row_ratios(w, o);
-  const __mmask64 m = entries >= 64 ? ~__mmask64{0} : (__mmask64{1} << entries) - 1;
+  const __mmask64 m = tail_mask(entries);
   for (int64_t gi = 0; gi < groups; ++gi) {
     __m512i t0, t1;
     bits::fold_tables(w.bits, x, ratios[gi], 128, t0, t1);

@@ -843,7 +843,7 @@ LOWBIT_BITS_VBMI void fold_ternary_row_vbmi(const uint8_t* in, int64_t K, int64_
   int64_t g_last = -1;
   __m512i tab = _mm512_setzero_si512();
   for (int64_t k0 = 0, c0 = 0; c0 < K; k0 += 64, c0 += 320) {
-    const __mmask64 m = bytes - k0 >= 64 ? ~__mmask64{0} : (__mmask64{1} << (bytes - k0)) - 1;
+    const __mmask64 m = tail_mask(bytes - k0);
     const __m512i b = _mm512_maskz_loadu_epi8(m, in + k0);
     const __mmask64 high = _mm512_movepi8_mask(b);
     const __m512i d0 = bits::ternary_digit(dt.t[0], b, high);

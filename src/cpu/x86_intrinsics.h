@@ -1,4 +1,5 @@
-// <immintrin.h> for the CPU backend's vector loops (x86-64 with GCC or Clang; elsewhere nothing).
+// <immintrin.h> for the CPU backend's vector loops (x86-64 with GCC or Clang; elsewhere nothing),
+// and the AVX-512 loops' tail mask.
 // GCC 12's AVX-512 intrinsics initialize their pass-through operand from _mm512_undefined_*(),
 // which -Wmaybe-uninitialized reports inside the header once inlined (GCC bug 105593, fixed in
 // GCC 13); the warnings' location is the header, so they are silenced around its inclusion.
@@ -14,4 +15,13 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+
+#include <cstdint>
+
+namespace lowbit {
+namespace cpu {
+// The byte mask of the first min(n, 64) lanes of a 64-byte vector (a row's tail, n >= 0).
+inline __mmask64 tail_mask(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
+}  // namespace cpu
+}  // namespace lowbit
 #endif
