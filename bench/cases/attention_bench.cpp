@@ -51,6 +51,36 @@ std::string shape_str(const Shape& s) {
          ", " + std::to_string(s.D) + ") bf16";
 }
 
+// Kernel-level q / k operands (B, Nq / Nkv, H, D): random INT8 codes (uniform bytes, std ~74,
+// seeds seed and seed + 1) with scale 1/74, so the dequantized q, k have unit variance;
+// per-block scales (q 128 rows, k 64 rows).
+struct KernelCodes {
+  DeviceTensor q8, k8, qs, ks;
+  QuantizedRows q() const { return {q8.view, qs.view, ScaleLayout::per_block, 128}; }
+  QuantizedRows k() const { return {k8.view, ks.view, ScaleLayout::per_block, 64}; }
+};
+KernelCodes kernel_codes(Device dev, int64_t B, int64_t Nq, int64_t Nkv, int64_t H, int64_t D,
+                         uint64_t seed) {
+  KernelCodes c;
+  c.q8 = make_tensor(dev, DType::i8, {B, Nq, H, D}, seed);
+  c.k8 = make_tensor(dev, DType::i8, {B, Nkv, H, D}, seed + 1);
+  const int64_t nqs = scale_count(ScaleLayout::per_block, 128, Nq);
+  const int64_t nks = scale_count(ScaleLayout::per_block, 64, Nkv);
+  c.qs = make_empty(dev, DType::f32, {B, H, nqs});
+  c.ks = make_empty(dev, DType::f32, {B, H, nks});
+  const std::vector<float> a(static_cast<size_t>(B * H * std::max(nqs, nks)), 1.f / 74.f);
+  if (dev == Device::cuda) {
+    Context ctx;
+    copy_to_device(c.qs.view.data, a.data(), static_cast<size_t>(B * H * nqs) * 4, ctx);
+    copy_to_device(c.ks.view.data, a.data(), static_cast<size_t>(B * H * nks) * 4, ctx);
+    synchronize(ctx);
+  } else {
+    std::copy(a.begin(), a.begin() + B * H * nqs, c.qs.view.ptr<float>());
+    std::copy(a.begin(), a.begin() + B * H * nks, c.ks.view.ptr<float>());
+  }
+  return c;
+}
+
 // fp64 reference rows and lowbit's rows on a sample: batch 0, heads {0, H-1}, 32 rows each.
 struct HostQkv {
   std::vector<float> q, k, v;
@@ -220,26 +250,7 @@ class AttentionBench : public BenchCase {
       DeviceTensor k = make_tensor(dev, DType::bf16, {B, N, H, D}, f_.seed + 1);
       DeviceTensor v = make_tensor(dev, DType::bf16, {B, N, H, D}, f_.seed + 2);
       DeviceTensor out = make_empty(dev, DType::bf16, {B, N, H, D});
-      // Kernel-level operands: random INT8 codes (uniform bytes, std ~74) with scale 1/74, so
-      // the dequantized q, k have unit variance; per-block scales (q 128 rows, k 64 rows).
-      DeviceTensor q8 = make_tensor(dev, DType::i8, {B, N, H, D}, f_.seed + 3);
-      DeviceTensor k8 = make_tensor(dev, DType::i8, {B, N, H, D}, f_.seed + 4);
-      const int64_t nqs = scale_count(ScaleLayout::per_block, 128, N);
-      const int64_t nks = scale_count(ScaleLayout::per_block, 64, N);
-      DeviceTensor qs = make_empty(dev, DType::f32, {B, H, nqs});
-      DeviceTensor ks = make_empty(dev, DType::f32, {B, H, nks});
-      {
-        std::vector<float> a(static_cast<size_t>(B * H * std::max(nqs, nks)), 1.f / 74.f);
-        Context c;
-        if (dev == Device::cuda) {
-          copy_to_device(qs.view.data, a.data(), static_cast<size_t>(B * H * nqs) * 4, c);
-          copy_to_device(ks.view.data, a.data(), static_cast<size_t>(B * H * nks) * 4, c);
-          synchronize(c);
-        } else {
-          std::copy(a.begin(), a.begin() + B * H * nqs, qs.view.ptr<float>());
-          std::copy(a.begin(), a.begin() + B * H * nks, ks.view.ptr<float>());
-        }
-      }
+      const KernelCodes codes = kernel_codes(dev, B, N, N, H, D, f_.seed + 3);
       const int64_t npad = (N + 63) / 64 * 64;
       DeviceTensor v8 = make_empty(dev, DType::e4m3, {B, H, D, npad});
       DeviceTensor vs = make_empty(dev, DType::f32, {B, H, D});
@@ -264,8 +275,7 @@ class AttentionBench : public BenchCase {
         }
         quantize_v_fp8(v.view, v8.view, vs.view, nullptr, ctx);  // the operands below: no mean
       }
-      QuantizedRows qr{q8.view, qs.view, ScaleLayout::per_block, 128};
-      QuantizedRows kr{k8.view, ks.view, ScaleLayout::per_block, 64};
+      const QuantizedRows qr = codes.q(), kr = codes.k();
       const HostQkv host{to_host_f32(q.view), to_host_f32(k.view), to_host_f32(v.view)};
 
       for (auto causal : {AttentionOptions::none, AttentionOptions::bottom_right}) {
@@ -408,7 +418,7 @@ class AttentionBench : public BenchCase {
             // the per-CTA cost into that part and the rest.
             DeviceTensor q0 = make_empty(dev, DType::i8, {B, N, H, D});
             device_memset(q0.view.data, 0, static_cast<size_t>(B * N * H * D), ctx);
-            const QuantizedRows q0r{q0.view, qs.view, ScaleLayout::per_block, 128};
+            const QuantizedRows q0r{q0.view, codes.qs.view, ScaleLayout::per_block, 128};
             Row z = kr8;
             z.op = pre + "attention_int8 fp8 PV auto, q codes all zero (no row maximum moves " +
                    "after the first tile; kernel only)" + tag;
@@ -763,24 +773,12 @@ class AttentionShortBench : public BenchCase {
       DeviceTensor k = make_tensor(dev, DType::bf16, {B, Nkv, H, D}, 52);
       DeviceTensor v = make_tensor(dev, DType::bf16, {B, Nkv, H, D}, 53);
       DeviceTensor out = make_empty(dev, DType::bf16, {B, Nq, H, D});
-      // kernel operands: random codes with scale 1/74 (unit variance), per-block scales
-      DeviceTensor q8 = make_tensor(dev, DType::i8, {B, Nq, H, D}, 54);
-      DeviceTensor k8 = make_tensor(dev, DType::i8, {B, Nkv, H, D}, 55);
-      const int64_t nqs = scale_count(ScaleLayout::per_block, 128, Nq);
-      const int64_t nks = scale_count(ScaleLayout::per_block, 64, Nkv);
-      DeviceTensor qs = make_empty(dev, DType::f32, {B, H, nqs});
-      DeviceTensor ks = make_empty(dev, DType::f32, {B, H, nks});
-      {
-        const std::vector<float> a(static_cast<size_t>(B * H * std::max(nqs, nks)), 1.f / 74.f);
-        copy_to_device(qs.view.data, a.data(), static_cast<size_t>(B * H * nqs) * 4, ctx);
-        copy_to_device(ks.view.data, a.data(), static_cast<size_t>(B * H * nks) * 4, ctx);
-      }
+      const KernelCodes codes = kernel_codes(dev, B, Nq, Nkv, H, D, 54);
       DeviceTensor v8 = make_empty(dev, DType::e4m3, {B, H, D, (Nkv + 63) / 64 * 64});
       DeviceTensor vs = make_empty(dev, DType::f32, {B, H, D});
       quantize_v_fp8(v.view, v8.view, vs.view, nullptr, ctx);
       const TensorView vsv = vs.view;
-      const QuantizedRows qr{q8.view, qs.view, ScaleLayout::per_block, 128};
-      const QuantizedRows kr{k8.view, ks.view, ScaleLayout::per_block, 64};
+      const QuantizedRows qr = codes.q(), kr = codes.k();
       const AttentionOptions fp8;
       const size_t wb = attention_workspace_bytes(q.view, k.view, fp8);
       DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb)});
