@@ -99,7 +99,7 @@ struct PackedWeightView {
   // Backend-private, derived, built by QuantizedLinear: on a CUDA device the decode kernel's own
   // layout of `codes` (and of the fold tables of `ratios`) for the 4-bit qtypes (convrot_int4
   // with group 128, comfy W4A4); on the host, for convrot_int4 where the CPU runs the decode
-  // GEMV (AVX-512 VBMI), the fold tables of `ratios` (16 bytes a group); absent (data ==
+  // GEMV (AVX-512 VBMI or AVX2), the fold tables of `ratios` (16 bytes a group); absent (data ==
   // nullptr) otherwise. Whoever rewrites `codes` or `ratios` rebuilds it
   // (QuantizedLinear::requantize does). Not part of a checkpoint.
   TensorView decode_tiles;

@@ -283,6 +283,8 @@ constexpr int64_t kGemvMaxRows8 = 12, kGemvMaxRows4 = 18;
 // at 8). 2, 3 and 5 bits follow kGemvMaxRows4 (int5 1.79 / 2.08 ms at 12 rows, int3 1.66 / 2.67
 // at 15).
 constexpr int64_t kGemvMaxRowsWideBits = 8;
+// The AVX2 GEMV (no VBMI) below this many rows; above, the AVX2 dots on unpacked rows.
+constexpr int64_t kGemvMaxRowsAvx2 = 32;
 // Without AMX tiles, activation rows from which the register-blocked VNNI GEMM (gemm_vnni.h)
 // runs instead of the GEMV, and its activation rows per block.
 constexpr int64_t kVnniBlockedMinRows = 16, kVnniRowBlock = 64;
@@ -738,8 +740,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   const bool wide_bits = q == QType::convrot_int6 || q == QType::convrot_int7;
   const bool gemv =
       int8_codes && !blocked && gemv_supported(w) &&
-      (wide_bits ? M < kGemvMaxRowsWideBits
-                 : M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx);
+      (gemv_avx2(w) ? M < kGemvMaxRowsAvx2
+       : wide_bits  ? M < kGemvMaxRowsWideBits
+                    : M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx);
   const bool tiles = int8_codes && !blocked && !gemv && M >= kAmxMinRows && amx;
   const bool fp8_tiles =
       q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "src/cpu/bits_vbmi.h"
@@ -700,14 +701,219 @@ LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1,
   for (int64_t o = o0; o < o1; ++o)
     bit_tables(w) ? bit_row_tables(w, o, out + o * row_tab) : row_tables(w, o, out + o * row_tab);
 }
+
+// ---- the AVX2 form (CPUs without AVX-512 VBMI: Zen 3, Skylake / Cascade Lake, client cores) ----
+// convrot8 and the 4-bit rows only. Products by vpmaddubsw on |weight code| (uint8) and the
+// activation code carrying the weight's sign (vpsignb): each pair sum |w| |a| + |w'| |a'| <=
+// 2 x 128 x 127 stays inside int16 (activation codes are in [-127, 127], SPEC §3.2; a weight code
+// of -128 reads as 128), vpmaddwd by ones widens it to int32: the exact dot, no bias to take off.
+// The activations: rows of round_up(K, 64) bytes, zero past K; for the 4-bit rows each block of
+// 64 as its 32 even columns, then its 32 odd ones (a 32-byte load of packed codes is one block:
+// its low nibbles are the even columns, 16 per 128-bit lane, each lane with its group's table).
+#define LOWBIT_GEMV_AVX2 __attribute__((target("avx2")))
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+bool avx2_rows(const PackedWeightView& w) { return w.qtype == QType::convrot8 || nibble_rows(w); }
+// The AVX2 form runs where the VBMI GEMV does not (no VBMI, or the tests forced the AVX2 kernels).
+bool avx2_gemv_on() { return !gemv_on() && simd_kernels_on() && !g_gemv_off.load(); }
+bool use_avx2(const PackedWeightView& w) { return avx2_gemv_on() && avx2_rows(w); }
+
+// 32 bytes at p, or the 16 at p (zero above) where only 16 are left (rows end on 16 bytes).
+LOWBIT_GEMV_AVX2 inline __m256i load_bytes(const uint8_t* p, int64_t left) {
+  return left >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                    : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+LOWBIT_GEMV_AVX2 inline int32_t sum_lanes8(__m256i v) {
+  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
+  return _mm_cvtsi128_si32(q);
+}
+// acc += the int32 pair sums of (signed weight codes s) x (activation codes a).
+LOWBIT_GEMV_AVX2 inline __m256i dot_signed(__m256i acc, __m256i s, __m256i u, __m256i a) {
+  const __m256i pairs = _mm256_maddubs_epi16(u, _mm256_sign_epi8(a, s));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+// The signed GEMM codes of a 4-bit block's 16-entry tables (per 128-bit lane) at byte k of a row.
+template <TableMode kMode>
+LOWBIT_GEMV_AVX2 inline __m256i block_tables_avx2(const uint8_t* tab, int64_t k, int64_t left,
+                                                  int64_t group) {
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  if (kMode == kSigned)  // comfy: the nibble's own signed value
+    return _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4,
+                            5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+  if (kMode == kGroup32)  // two groups a block: tables k / 16 and k / 16 + 1
+    return _mm256_xor_si256(load_bytes(tab + k, left), bias);
+  return _mm256_xor_si256(  // one group a block (group a multiple of 64)
+      _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(tab + 16 * (2 * k / group)))),
+      bias);
+}
+// out[i][j] = the exact dot of activation row i (R <= 2 of them, a[i]) with weight row j (kJ):
+// 4-bit rows (kMode) or int8 codes (kInt8).
+template <int R, bool kInt8, TableMode kMode>
+LOWBIT_GEMV_AVX2 void dots_avx2(const int8_t* const* a, const uint8_t* const (&w)[kJ],
+                                const uint8_t* const (&tab)[kJ], int64_t K, int64_t group,
+                                int64_t ahead, int32_t (&out)[2][kJ]) {
+  static_assert(R >= 1 && R <= 2 && kJ == 2, "dots_avx2: 1..2 activation rows, 2 weight rows");
+  const __m256i zero = _mm256_setzero_si256(), low4 = _mm256_set1_epi8(0x0F);
+  __m256i c00 = zero, c01 = zero, c10 = zero, c11 = zero;
+  const int64_t bytes = kInt8 ? K : K / 2;
+  for (int64_t k = 0; k < bytes; k += 32) {
+    const int64_t left = bytes - k;
+    for (int j = 0; j < kJ; ++j) {
+      const __m256i raw = load_bytes(w[j] + k, left);
+      _mm_prefetch(reinterpret_cast<const char*>(w[j] + k + ahead), _MM_HINT_T2);
+      __m256i& c0 = j == 0 ? c00 : c01;
+      __m256i& c1 = j == 0 ? c10 : c11;
+      if (kInt8) {
+        const __m256i u = _mm256_abs_epi8(raw);
+        c0 = dot_signed(c0, raw, u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[0] + k)));
+        if (R > 1)
+          c1 = dot_signed(c1, raw, u,
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[1] + k)));
+        continue;
+      }
+      const __m256i t = block_tables_avx2<kMode>(tab[j], k, left, group);
+      const __m256i slo = _mm256_shuffle_epi8(t, _mm256_and_si256(raw, low4));
+      const __m256i shi = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4));
+      const __m256i ulo = _mm256_abs_epi8(slo), uhi = _mm256_abs_epi8(shi);
+      for (int i = 0; i < R; ++i) {
+        const __m256i* ai = reinterpret_cast<const __m256i*>(a[i] + 2 * k);
+        __m256i& c = i == 0 ? c0 : c1;
+        c = dot_signed(c, slo, ulo, _mm256_loadu_si256(ai));
+        c = dot_signed(c, shi, uhi, _mm256_loadu_si256(ai + 1));
+      }
+    }
+  }
+  out[0][0] = sum_lanes8(c00);
+  out[0][1] = sum_lanes8(c01);
+  out[1][0] = sum_lanes8(c10);
+  out[1][1] = sum_lanes8(c11);
+}
+template <int R>
+LOWBIT_GEMV_AVX2 void dots_pass_avx2(const PackedWeightView& w, TableMode mode,
+                                     const int8_t* const* a, const uint8_t* const (&wr)[kJ],
+                                     const uint8_t* const (&tb)[kJ], int64_t ahead,
+                                     int32_t (&out)[2][kJ]) {
+  const int64_t K = w.in_features;
+  if (!nibble_rows(w)) return dots_avx2<R, true, kSigned>(a, wr, tb, K, 0, ahead, out);
+  switch (mode) {
+    case kSigned:
+      return dots_avx2<R, false, kSigned>(a, wr, tb, K, 0, ahead, out);
+    case kGroup32:
+      return dots_avx2<R, false, kGroup32>(a, wr, tb, K, w.group, ahead, out);
+    default:
+      return dots_avx2<R, false, kGroup>(a, wr, tb, K, w.group, ahead, out);
+  }
+}
+// One group's table (fold_table's bytes: fold_code(v - 7, ratio) + 128 for the nibble v) by
+// the same fp32 operations on 8 lanes.
+LOWBIT_GEMV_AVX2 void fold_table_avx2(float ratio, uint8_t* out) {
+  const __m256 r = _mm256_set1_ps(ratio);
+  __m256i q[2];
+  for (int h = 0; h < 2; ++h) {
+    const float base = h == 0 ? -7.f : 1.f;
+    const __m256 v =
+        _mm256_add_ps(_mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f), _mm256_set1_ps(base));
+    const __m256 y = _mm256_mul_ps(v, r);
+    __m256 c = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    c = _mm256_and_ps(c, _mm256_cmp_ps(y, y, _CMP_ORD_Q));  // NaN -> 0
+    c = _mm256_max_ps(_mm256_min_ps(c, _mm256_set1_ps(127.f)), _mm256_set1_ps(-127.f));
+    q[h] = _mm256_cvtps_epi32(_mm256_add_ps(c, _mm256_set1_ps(128.f)));
+  }
+  // int32 -> uint8 (values 1..255): packs interleave the lanes, the permute restores the order.
+  const __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_setzero_si256());
+  const __m256i o = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 3, 6, 7));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(o));
+}
+LOWBIT_GEMV_AVX2 void row_tables_avx2(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
+  const int64_t groups = w.in_features / w.group;
+  const float* ratios = row_ratios(w, o);
+  for (int64_t gi = 0; gi < groups; ++gi) fold_table_avx2(ratios[gi], tabs + 16 * gi);
+}
+// M activation rows into the AVX2 layout (row_bytes_avx2 bytes each).
+int64_t row_bytes_avx2(const PackedWeightView& w) { return round_up(w.in_features, 64); }
+LOWBIT_GEMV_AVX2 void pack_rows_avx2(const PackedWeightView& w, const int8_t* codes, int64_t M,
+                                     int8_t* out) {
+  const int64_t K = w.in_features, stride = row_bytes_avx2(w);
+  // Per 128-bit lane: its 8 even bytes, then its 8 odd ones.
+  const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
+                                         4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  alignas(32) int8_t block[64];
+  for (int64_t r = 0; r < M; ++r) {
+    int8_t* dst = out + r * stride;
+    for (int64_t k = 0; k < stride; k += 64) {
+      const int64_t n = std::min<int64_t>(64, std::max<int64_t>(K - k, 0));
+      std::memset(block, 0, sizeof(block));
+      std::memcpy(block, codes + r * K + k, static_cast<size_t>(n));
+      const __m256i x0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(block));
+      const __m256i x1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(block + 32));
+      if (!nibble_rows(w)) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), x0);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k + 32), x1);
+        continue;
+      }
+      // (64-bit quarters) x0 -> E0 O0 E1 O1 -> E0 E1 O0 O1, x1 likewise E2 E3 O2 O3
+      const __m256i y0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(x0, split), 0xD8);
+      const __m256i y1 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(x1, split), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
+                          _mm256_permute2x128_si256(y0, y1, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k + 32),
+                          _mm256_permute2x128_si256(y0, y1, 0x31));
+    }
+  }
+}
+// dots_rows' AVX2 form: weight rows in pairs, activation rows 2 at a time.
+LOWBIT_GEMV_AVX2 void dots_rows_avx2(const PackedWeightView& w, const int8_t* act, int64_t M,
+                                     int64_t o0, int64_t o1, int32_t* dots) {
+  const int64_t n = o1 - o0, stride = row_bytes_avx2(w);
+  const bool grouped = grouped_nibbles(w);
+  const TableMode mode = table_mode(w);
+  const int64_t ahead = kPrefetchRows * w.codes.shape[w.codes.ndim - 1];
+  const uint8_t* prebuilt = prebuilt_tables(w);
+  const int64_t row_tab = grouped ? table_bytes_per_row(w) : 0;
+  std::vector<uint8_t> tabs(grouped && !prebuilt ? static_cast<size_t>(kJ * row_tab) : 0);
+  for (int64_t o = o0; o < o1; o += kJ) {
+    const uint8_t* wr[kJ];
+    const uint8_t* tb[kJ];
+    for (int j = 0; j < kJ; ++j) {
+      const int64_t oo = std::min<int64_t>(o + j, o1 - 1);
+      wr[j] = code_row(w, oo);
+      tb[j] = nullptr;
+      if (grouped && prebuilt) {
+        tb[j] = prebuilt + oo * row_tab;
+      } else if (grouped) {
+        row_tables_avx2(w, oo, tabs.data() + j * row_tab);
+        tb[j] = tabs.data() + j * row_tab;
+      }
+    }
+    for (int64_t m = 0; m < M; m += 2) {
+      const int8_t* a[2] = {act + m * stride, act + std::min(m + 1, M - 1) * stride};
+      int32_t out[2][kJ];
+      if (M - m >= 2) {
+        dots_pass_avx2<2>(w, mode, a, wr, tb, ahead, out);
+      } else {
+        dots_pass_avx2<1>(w, mode, a, wr, tb, ahead, out);
+      }
+      for (int64_t i = 0; i < std::min<int64_t>(2, M - m); ++i)
+        for (int64_t j = 0; j < std::min<int64_t>(kJ, o1 - o); ++j)
+          dots[(m + i) * n + (o - o0) + j] = out[i][j];
+    }
+  }
+}
+#undef LOWBIT_GEMV_AVX2
 #endif
 
 }  // namespace
 
 bool gemv_supported(const PackedWeightView& w) {
 #ifdef LOWBIT_GEMV_X86
-  return gemv_on() &&
-         (w.qtype == QType::convrot8 || nibble_rows(w) || bit_rows(w) || ternary_rows(w));
+  return use_avx2(w) || (gemv_on() && (w.qtype == QType::convrot8 || nibble_rows(w) ||
+                                       bit_rows(w) || ternary_rows(w)));
 #else
   (void)w;
   return false;
@@ -715,7 +921,19 @@ bool gemv_supported(const PackedWeightView& w) {
 }
 void force_gemv_off(bool off) { g_gemv_off.store(off); }
 
+bool gemv_avx2(const PackedWeightView& w) {
+#ifdef LOWBIT_GEMV_X86
+  return use_avx2(w);
+#else
+  (void)w;
+  return false;
+#endif
+}
+
 int64_t gemv_row_bytes(const PackedWeightView& w) {
+#ifdef LOWBIT_GEMV_X86
+  if (use_avx2(w)) return row_bytes_avx2(w);
+#endif
   if (ternary_rows(w)) return 320 * ternary_blocks(w);
   return nibble_rows(w) ? round_up(w.in_features, 128) : round_up(w.in_features, 64);
 }
@@ -724,6 +942,10 @@ void gemv_pack_activations(const PackedWeightView& w, const int8_t* codes, int64
                            int32_t* sums) {
 #ifdef LOWBIT_GEMV_X86
   const int64_t K = w.in_features;
+  if (use_avx2(w)) {  // (exact dots without a bias: no sums)
+    for (int64_t r = 0; r < M; ++r) sums[r] = 0;
+    return pack_rows_avx2(w, codes, M, out);
+  }
   for (int64_t r = 0; r < M; ++r) {
     int32_t sum = 0;
     for (int64_t k = 0; k < K; ++k) sum += codes[r * K + k];
@@ -750,6 +972,7 @@ void gemv_pack_activations(const PackedWeightView& w, const int8_t* codes, int64
 void gemv_dots(const PackedWeightView& w, const int8_t* act, const int32_t* act_sums, int64_t M,
                int64_t o0, int64_t o1, int32_t* dots) {
 #ifdef LOWBIT_GEMV_X86
+  if (use_avx2(w)) return dots_rows_avx2(w, act, M, o0, o1, dots);
   dots_rows(w, act, act_sums, M, o0, o1, dots);
 #else
   (void)w, (void)act, (void)act_sums, (void)M, (void)o0, (void)o1, (void)dots;
@@ -758,7 +981,7 @@ void gemv_dots(const PackedWeightView& w, const int8_t* act, const int32_t* act_
 
 bool gemv_unpack_rows(const PackedWeightView& w, int64_t o0, int64_t n, int8_t* codes) {
 #ifdef LOWBIT_GEMV_X86
-  if (!gemv_supported(w) || !nibble_rows(w)) return false;
+  if (!gemv_on() || !nibble_rows(w)) return false;  // (the VBMI lookups)
   unpack_rows(w, o0, n, codes);
   return true;
 #else
@@ -842,7 +1065,8 @@ void gemv_fp4_dots(const PackedWeightView& w, const int32_t* scale_ints, const F
 
 int64_t gemv_tables_bytes(const PackedWeightView& w) {
 #ifdef LOWBIT_GEMV_X86
-  if (cpu_has_gemv() && (grouped_nibbles(w) || bit_tables(w)))
+  if ((cpu_has_gemv() && (grouped_nibbles(w) || bit_tables(w))) ||
+      (cpu_has_avx2() && grouped_nibbles(w)))
     return w.out_features * table_bytes_per_row(w);
 #endif
   return 0;
@@ -850,7 +1074,9 @@ int64_t gemv_tables_bytes(const PackedWeightView& w) {
 
 void gemv_build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_t* out) {
 #ifdef LOWBIT_GEMV_X86
-  if (gemv_tables_bytes(w) > 0) build_tables(w, o0, o1, out);
+  if (gemv_tables_bytes(w) == 0) return;
+  if (cpu_has_gemv()) return build_tables(w, o0, o1, out);
+  for (int64_t o = o0; o < o1; ++o) row_tables_avx2(w, o, out + o * table_bytes_per_row(w));
 #else
   (void)w, (void)o0, (void)o1, (void)out;
 #endif

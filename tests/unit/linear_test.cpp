@@ -1252,19 +1252,21 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       // int8 codes from 10 rows, fp8 from 10, NVFP4 from 64; AVX-512 VNNI below for int8 codes
       // and fp8), AVX2 alone, the scalar loops, the vector kernels without AMX, without the
       // GEMVs, the GEMV on tables built per call (the weight view without QuantizedLinear's
-      // derived tables), and the blocked VNNI GEMM at every row count (int8 codes, AVX-512 VNNI:
-      // without AMX it runs from 16 rows by default).
-      std::vector<float> y[7];
-      for (int mode = 0; mode < 7; ++mode) {
-        cpu::convrot::force_avx2_kernels(mode == 1);
+      // derived tables), the blocked VNNI GEMM at every row count (int8 codes, AVX-512 VNNI:
+      // without AMX it runs from 16 rows by default), and AVX2 alone (its GEMV for convrot8 and
+      // the 4-bit rows) on tables built per call, and without its GEMV.
+      constexpr int kModes = 9;
+      std::vector<float> y[kModes];
+      for (int mode = 0; mode < kModes; ++mode) {
+        cpu::convrot::force_avx2_kernels(mode == 1 || mode == 7 || mode == 8);
         cpu::convrot::force_scalar_kernels(mode == 2);
         cpu::amx::force_off(mode == 3);
-        cpu::convrot::force_gemv_off(mode == 4);
+        cpu::convrot::force_gemv_off(mode == 4 || mode == 8);
         cpu::vnni::force(mode == 6);
         y[mode].assign(static_cast<size_t>(M * O), -1.f);
         TensorView xv = make_view(x.data(), DType::f32, {M, K});
         TensorView yv = make_view(y[mode].data(), DType::f32, {M, O});
-        if (mode == 5) {
+        if (mode == 5 || mode == 7) {
           PackedWeightView v = lin.weights();
           v.decode_tiles = TensorView{};
           cpu::quantized_linear_forward(v, xv, &bv, yv, ctx);
@@ -1286,9 +1288,10 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
                 ((q == QType::convrot_int4 && K % 128 != 16 && K % 32 == 0) || bit_tables) &&
                     cpu::convrot::gemv_tables_bytes(lin.weights()) > 0)
           << qtype_name(q) << " K " << K;
-      const char* names[7] = {"widest",           "AVX2",        "scalar", "no AMX", "no GEMV",
-                              "GEMV, own tables", "blocked VNNI"};
-      for (int mode : {0, 1, 3, 4, 5, 6})
+      const char* names[kModes] = {
+          "widest",           "AVX2",         "scalar",           "no AMX",       "no GEMV",
+          "GEMV, own tables", "blocked VNNI", "AVX2, own tables", "AVX2, no GEMV"};
+      for (int mode : {0, 1, 3, 4, 5, 6, 7, 8})
         EXPECT_EQ(std::memcmp(y[mode].data(), y[2].data(), y[2].size() * 4), 0)
             << qtype_name(q) << " M " << M << " O " << O << " K " << K << " (" << names[mode]
             << ")";
@@ -1296,6 +1299,87 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
     }
   }
   EXPECT_EQ(ran, 129);  // 12 shapes x 11 qtypes, less comfy's 3 with K % 256 != 0
+}
+
+// The decode GEMV's dots (gemv_dots, its AVX2 form forced and the widest) are the exact integer
+// dots of the rows' GEMM codes with the activation codes, on codes no quantizer writes: every
+// nibble, convrot8 codes -128 and ±127 against activations ±127 (the AVX2 form's int16 pair sums
+// at their largest), group ratios that tie, clamp, are negative, infinite or NaN, with the fold
+// tables built per call; K ending on half a 32-byte step.
+TEST(LinearSimd, GemvDotsExactOnExtremeCodes) {
+  if (!simd_kernels_available()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937_64 rng(33);
+  Context ctx;
+  const float odd_ratios[] = {0.f,  -0.f,  1.f,     -1.f,      0.5f,       1.5f,
+                              2.5f, -2.5f, 300.f,   -300.f,    1e-30f,     INFINITY,
+                              NAN,  18.f,  15.875f, 127.f / 8, 1.0079365f, 0.75f};
+  int checked = 0;
+  for (auto [q, K] : {std::pair<QType, int64_t>{QType::convrot8, 336},
+                      {QType::convrot8, 1024},
+                      {QType::convrot_int4, 352},   // groups of 32, K % 64 = 32
+                      {QType::convrot_int4, 320},   // groups of 64
+                      {QType::convrot_int4, 1536},  // groups of 128
+                      {QType::convrot_comfy_w4a4, 512}}) {
+    const int64_t O = 16;
+    std::vector<float> w(static_cast<size_t>(O * K), 1.f);
+    QuantizedLinear lin =
+        QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
+    PackedWeightView pw = lin.weights();
+    pw.decode_tiles = TensorView{};  // tables built per call
+    uint8_t* bytes = static_cast<uint8_t*>(pw.codes.data);
+    for (int64_t i = 0; i < pw.codes.numel(); ++i) {
+      const uint64_t r = rng();
+      bytes[i] = static_cast<uint8_t>(r % 4 == 0 ? (r % 8 == 0 ? 0x80 : 0x81) : r >> 8);
+    }
+    if (pw.ratios.data != nullptr) {
+      float* ratios = static_cast<float*>(pw.ratios.data);
+      for (int64_t i = 0; i < pw.ratios.numel(); ++i)
+        ratios[i] = rng() % 3 == 0 ? std::uniform_real_distribution<float>(-9.f, 9.f)(rng)
+                                   : odd_ratios[rng() % std::size(odd_ratios)];
+    }
+    for (int64_t M : {1, 2, 3}) {
+      std::vector<int8_t> act(static_cast<size_t>(M * K));
+      for (auto& a : act) {
+        const uint64_t r = rng();
+        a = static_cast<int8_t>(r % 3 == 0 ? (r % 2 ? 127 : -127)
+                                           : static_cast<int>(r % 255) - 127);
+      }
+      // The exact dots of the scalar GEMM codes.
+      std::vector<int64_t> want(static_cast<size_t>(M * O));
+      std::vector<int8_t> codes(static_cast<size_t>(K));
+      force_scalar_kernels(true);
+      for (int64_t o = 0; o < O; ++o) {
+        weight_row_gemm_codes(pw, o, codes.data());
+        for (int64_t m = 0; m < M; ++m) {
+          int64_t d = 0;
+          for (int64_t k = 0; k < K; ++k) d += int64_t{codes[k]} * act[m * K + k];
+          want[m * O + o] = d;
+        }
+      }
+      force_scalar_kernels(false);
+      for (bool avx2 : {true, false}) {
+        force_avx2_kernels(avx2);
+        if (!gemv_supported(pw)) {  // (the widest form needs AVX-512 VBMI)
+          force_avx2_kernels(false);
+          continue;
+        }
+        EXPECT_EQ(gemv_avx2(pw), avx2) << qtype_name(q);
+        std::vector<int8_t> packed(static_cast<size_t>(M * gemv_row_bytes(pw)));
+        std::vector<int32_t> sums(static_cast<size_t>(M)), dots(static_cast<size_t>(M * O));
+        gemv_pack_activations(pw, act.data(), M, packed.data(), sums.data());
+        gemv_dots(pw, packed.data(), sums.data(), M, 1, O, dots.data());  // an odd row count
+        force_avx2_kernels(false);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t o = 1; o < O; ++o) {
+            ASSERT_EQ(dots[m * (O - 1) + o - 1], want[m * O + o])
+                << qtype_name(q) << " K " << K << " M " << M << " row " << m << " col " << o
+                << (avx2 ? " (AVX2)" : " (widest)");
+            ++checked;
+          }
+      }
+    }
+  }
+  EXPECT_GE(checked, 6 * 6 * 15);  // every (qtype, K), M 1..3, on the AVX2 form at least
 }
 
 // A stored row's GEMM codes (weight_row_gemm_codes: the unpack and the group fold in one step on
