@@ -283,8 +283,11 @@ constexpr int64_t kGemvMaxRows8 = 12, kGemvMaxRows4 = 18;
 // at 8). 2, 3 and 5 bits follow kGemvMaxRows4 (int5 1.79 / 2.08 ms at 12 rows, int3 1.66 / 2.67
 // at 15).
 constexpr int64_t kGemvMaxRowsWideBits = 8;
-// The AVX2 GEMV (no VBMI) below this many rows; above, the AVX2 dots on unpacked rows.
-constexpr int64_t kGemvMaxRowsAvx2 = 32;
+// The AVX2 GEMV (no VBMI) below this many rows; above, the AVX2 dots on unpacked rows (4096 ->
+// 4096 on 2 Zen 4 cores, AVX2 forced: convrot8 / int4 / comfy tie at 32 rows; ternary, whose
+// base-3 digits the GEMV takes again for every pair of activation rows, 0.61 vs 0.92 ms at one
+// row, 0.89 vs 1.04 at two, 1.46 vs 1.35 at four).
+constexpr int64_t kGemvMaxRowsAvx2 = 32, kGemvMaxRowsAvx2Ternary = 3;
 // Without AMX tiles, activation rows from which the register-blocked VNNI GEMM (gemm_vnni.h)
 // runs instead of the GEMV, and its activation rows per block.
 constexpr int64_t kVnniBlockedMinRows = 16, kVnniRowBlock = 64;
@@ -740,7 +743,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   const bool wide_bits = q == QType::convrot_int6 || q == QType::convrot_int7;
   const bool gemv =
       int8_codes && !blocked && gemv_supported(w) &&
-      (gemv_avx2(w) ? M < kGemvMaxRowsAvx2
+      (gemv_avx2(w) ? M < (q == QType::convrot_bitnet ? kGemvMaxRowsAvx2Ternary : kGemvMaxRowsAvx2)
        : wide_bits  ? M < kGemvMaxRowsWideBits
                     : M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx);
   const bool tiles = int8_codes && !blocked && !gemv && M >= kAmxMinRows && amx;

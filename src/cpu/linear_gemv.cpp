@@ -703,20 +703,23 @@ LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1,
 }
 
 // ---- the AVX2 form (CPUs without AVX-512 VBMI: Zen 3, Skylake / Cascade Lake, client cores) ----
-// convrot8 and the 4-bit rows only. Products by vpmaddubsw on |weight code| (uint8) and the
-// activation code carrying the weight's sign (vpsignb): each pair sum |w| |a| + |w'| |a'| <=
-// 2 x 128 x 127 stays inside int16 (activation codes are in [-127, 127], SPEC §3.2; a weight code
-// of -128 reads as 128), vpmaddwd by ones widens it to int32: the exact dot, no bias to take off.
-// The activations: rows of round_up(K, 64) bytes, zero past K; for the 4-bit rows each block of
-// 64 as its 32 even columns, then its 32 odd ones (a 32-byte load of packed codes is one block:
-// its low nibbles are the even columns, 16 per 128-bit lane, each lane with its group's table).
+// convrot8, the 4-bit rows and ternary rows (below). Products by vpmaddubsw on |weight code|
+// (uint8) and the activation code carrying the weight's sign (vpsignb): each pair sum |w| |a| +
+// |w'| |a'| <= 2 x 128 x 127 stays inside int16 (activation codes are in [-127, 127], SPEC §3.2; a
+// weight code of -128 reads as 128), vpmaddwd by ones widens it to int32: the exact dot, no bias to
+// take off. The activations: rows of round_up(K, 64) bytes, zero past K; for the 4-bit rows each
+// block of 64 as its 32 even columns, then its 32 odd ones (a 32-byte load of packed codes is one
+// block: its low nibbles are the even columns, 16 per 128-bit lane, each lane with its group's
+// table).
 #define LOWBIT_GEMV_AVX2 __attribute__((target("avx2")))
 
 bool cpu_has_avx2() {
   static const bool has = __builtin_cpu_supports("avx2");
   return has;
 }
-bool avx2_rows(const PackedWeightView& w) { return w.qtype == QType::convrot8 || nibble_rows(w); }
+bool avx2_rows(const PackedWeightView& w) {
+  return w.qtype == QType::convrot8 || nibble_rows(w) || ternary_rows(w);
+}
 // The AVX2 form runs where the VBMI GEMV does not (no VBMI, or the tests forced the AVX2 kernels).
 bool avx2_gemv_on() { return !gemv_on() && simd_kernels_on() && !g_gemv_off.load(); }
 bool use_avx2(const PackedWeightView& w) { return avx2_gemv_on() && avx2_rows(w); }
@@ -810,6 +813,140 @@ LOWBIT_GEMV_AVX2 void dots_pass_avx2(const PackedWeightView& w, TableMode mode,
       return dots_avx2<R, false, kGroup>(a, wr, tb, K, w.group, ahead, out);
   }
 }
+// ---- ternary rows on AVX2 ----
+// A 32-byte block of a ternary row holds 160 codes; its digit vector j (lane l: code
+// 160 b + 5 l + j) meets at most four groups (groups of 64 or more codes): g0 = the group of the
+// block's first code, and per lane the offset of its group from g0 (codes past K take the last
+// group), so one vpshufb on the four groups' fold codes f (f_g = fold_code(1, ratio_g), the
+// code -1 folds to -f, 0 to 0) gives each lane its f. Kept per thread for the last shape.
+struct TernaryLanes {
+  std::vector<int32_t> g0;     // per block
+  std::vector<uint8_t> index;  // per block and digit: 32 group offsets
+};
+const TernaryLanes& ternary_lanes(const PackedWeightView& w) {
+  thread_local struct {
+    int64_t K = -1, group = -1;
+    TernaryLanes lanes;
+  } cache;
+  if (cache.K != w.in_features || cache.group != w.group) {
+    const int64_t groups = w.in_features / w.group, blocks = (ternary_bytes(w) + 31) / 32;
+    TernaryLanes& t = cache.lanes;
+    t.g0.assign(static_cast<size_t>(blocks), 0);
+    t.index.assign(static_cast<size_t>(blocks * 5 * 32), 0);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t g0 = std::min(160 * b / w.group, groups - 1);
+      t.g0[static_cast<size_t>(b)] = static_cast<int32_t>(g0);
+      for (int64_t j = 0; j < 5; ++j)
+        for (int64_t l = 0; l < 32; ++l)
+          t.index[static_cast<size_t>((5 * b + j) * 32 + l)] =
+              static_cast<uint8_t>(std::min((160 * b + 5 * l + j) / w.group, groups - 1) - g0);
+    }
+    cache.K = w.in_features;
+    cache.group = w.group;
+  }
+  return cache.lanes;
+}
+// f_g = fold_code(1, ratio_g) of a row's groups as int8 (clamp(rint(ratio), ±127), NaN -> 0),
+// 8 at a time, into f (groups + 4 bytes: the last block's four-group read stays inside).
+LOWBIT_GEMV_AVX2 void ternary_fold_codes(const PackedWeightView& w, int64_t o, int8_t* f) {
+  const int64_t groups = w.in_features / w.group;
+  const float* ratios = row_ratios(w, o);
+  int64_t g = 0;
+  alignas(32) int32_t q[8];
+  for (; g < groups; g += 8) {
+    const int64_t n = std::min<int64_t>(8, groups - g);
+    __m256 r;
+    if (n == 8) {
+      r = _mm256_loadu_ps(ratios + g);
+    } else {
+      alignas(32) float tail[8] = {};
+      std::memcpy(tail, ratios + g, static_cast<size_t>(n) * sizeof(float));
+      r = _mm256_load_ps(tail);
+    }
+    __m256 c = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    c = _mm256_and_ps(c, _mm256_cmp_ps(r, r, _CMP_ORD_Q));  // NaN -> 0
+    c = _mm256_max_ps(_mm256_min_ps(c, _mm256_set1_ps(127.f)), _mm256_set1_ps(-127.f));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(q), _mm256_cvtps_epi32(c));
+    for (int64_t i = 0; i < n; ++i) f[g + i] = static_cast<int8_t>(q[i]);
+  }
+  std::memset(f + groups, 0, 4);
+}
+// The five digit vectors (0, 1, 2) of 32 base-3 bytes: each byte taken mod 243 (243..255 carry
+// the digits of byte - 243, as the other paths read them), widened to 16 bits, q_j = floor(v /
+// 3^j) by vpmulhuw on ceil(2^16 / 3^j) (exact for v < 243), digit j = q_j - 3 q_(j+1).
+LOWBIT_GEMV_AVX2 inline void ternary_digits_avx2(__m256i raw, __m256i (&d)[5]) {
+  const __m256i big =
+      _mm256_cmpeq_epi8(_mm256_subs_epu8(raw, _mm256_set1_epi8(static_cast<char>(242))),
+                        _mm256_setzero_si256());  // raw < 243
+  const __m256i v =
+      _mm256_blendv_epi8(_mm256_sub_epi8(raw, _mm256_set1_epi8(static_cast<char>(243))), raw, big);
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i q[2][5];
+  const __m256i half[2] = {_mm256_unpacklo_epi8(v, zero), _mm256_unpackhi_epi8(v, zero)};
+  const int16_t magic[4] = {21846, 7282, 2428, 810};  // ceil(2^16 / 3^j), j = 1..4
+  for (int h = 0; h < 2; ++h) {
+    q[h][0] = half[h];
+    for (int j = 1; j < 5; ++j)
+      q[h][j] = _mm256_mulhi_epu16(half[h], _mm256_set1_epi16(magic[j - 1]));
+  }
+  for (int j = 0; j < 5; ++j) {
+    __m256i t[2];
+    for (int h = 0; h < 2; ++h)
+      t[h] = j == 4
+                 ? q[h][4]
+                 : _mm256_sub_epi16(q[h][j], _mm256_mullo_epi16(q[h][j + 1], _mm256_set1_epi16(3)));
+    d[j] = _mm256_packus_epi16(t[0], t[1]);  // (the unpacks' lane order restored)
+  }
+}
+// out[i][j] for R <= 2 activation rows x kJ ternary weight rows; a[i] in the AVX2 ternary layout
+// (per 32-byte block, code 160 b + 5 l + j at 160 b + 32 j + l), f[j] the rows' fold codes.
+template <int R>
+LOWBIT_GEMV_AVX2 void ternary_dots_avx2(const int8_t* const* a, const uint8_t* const (&w)[kJ],
+                                        const int8_t* const (&f)[kJ], const TernaryLanes& lanes,
+                                        int64_t bytes, int64_t ahead, int32_t (&out)[2][kJ]) {
+  static_assert(R >= 1 && R <= 2 && kJ == 2, "ternary_dots_avx2: 1..2 activation rows");
+  const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi8(1);
+  __m256i c00 = zero, c01 = zero, c10 = zero, c11 = zero;
+  for (int64_t b = 0, k = 0; k < bytes; ++b, k += 32) {
+    const int32_t g0 = lanes.g0[static_cast<size_t>(b)];
+    const uint8_t* index = lanes.index.data() + 5 * 32 * b;
+    for (int j = 0; j < kJ; ++j) {
+      __m256i raw;
+      if (bytes - k >= 32) {
+        raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[j] + k));
+      } else {
+        alignas(32) uint8_t tail[32] = {};
+        std::memcpy(tail, w[j] + k, static_cast<size_t>(bytes - k));
+        raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+      }
+      _mm_prefetch(reinterpret_cast<const char*>(w[j] + k + ahead), _MM_HINT_T2);
+      __m256i d[5];
+      ternary_digits_avx2(raw, d);
+      int32_t four;
+      std::memcpy(&four, f[j] + g0, 4);
+      const __m256i t = _mm256_set1_epi32(four);
+      __m256i& c0 = j == 0 ? c00 : c01;
+      __m256i& c1 = j == 0 ? c10 : c11;
+      for (int q = 0; q < 5; ++q) {
+        const __m256i fl = _mm256_shuffle_epi8(
+            t, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(index + 32 * q)));
+        const __m256i code = _mm256_sign_epi8(fl, _mm256_sub_epi8(d[q], one));
+        const __m256i u = _mm256_abs_epi8(code);
+        c0 =
+            dot_signed(c0, code, u,
+                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[0] + 5 * k + 32 * q)));
+        if (R > 1)
+          c1 = dot_signed(
+              c1, code, u,
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[1] + 5 * k + 32 * q)));
+      }
+    }
+  }
+  out[0][0] = sum_lanes8(c00);
+  out[0][1] = sum_lanes8(c01);
+  out[1][0] = sum_lanes8(c10);
+  out[1][1] = sum_lanes8(c11);
+}
 // One group's table (fold_table's bytes: fold_code(v - 7, ratio) + 128 for the nibble v) by
 // the same fp32 operations on 8 lanes.
 LOWBIT_GEMV_AVX2 void fold_table_avx2(float ratio, uint8_t* out) {
@@ -836,13 +973,25 @@ LOWBIT_GEMV_AVX2 void row_tables_avx2(const PackedWeightView& w, int64_t o, uint
   for (int64_t gi = 0; gi < groups; ++gi) fold_table_avx2(ratios[gi], tabs + 16 * gi);
 }
 // M activation rows into the AVX2 layout (row_bytes_avx2 bytes each).
-int64_t row_bytes_avx2(const PackedWeightView& w) { return round_up(w.in_features, 64); }
+int64_t row_bytes_avx2(const PackedWeightView& w) {
+  return ternary_rows(w) ? 160 * ((ternary_bytes(w) + 31) / 32) : round_up(w.in_features, 64);
+}
 LOWBIT_GEMV_AVX2 void pack_rows_avx2(const PackedWeightView& w, const int8_t* codes, int64_t M,
                                      int8_t* out) {
   const int64_t K = w.in_features, stride = row_bytes_avx2(w);
   // Per 128-bit lane: its 8 even bytes, then its 8 odd ones.
   const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
                                          4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  if (ternary_rows(w)) {  // code 160 b + 5 l + j at 160 b + 32 j + l, zero past K
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t b = 0; b < stride / 160; ++b)
+        for (int64_t j = 0; j < 5; ++j)
+          for (int64_t l = 0; l < 32; ++l) {
+            const int64_t k = 160 * b + 5 * l + j;
+            out[r * stride + 160 * b + 32 * j + l] = k < K ? codes[r * K + k] : int8_t{0};
+          }
+    return;
+  }
   alignas(32) int8_t block[64];
   for (int64_t r = 0; r < M; ++r) {
     int8_t* dst = out + r * stride;
@@ -867,10 +1016,42 @@ LOWBIT_GEMV_AVX2 void pack_rows_avx2(const PackedWeightView& w, const int8_t* co
     }
   }
 }
+// dots_rows_avx2 for ternary rows.
+LOWBIT_GEMV_AVX2 void ternary_rows_avx2(const PackedWeightView& w, const int8_t* act, int64_t M,
+                                        int64_t o0, int64_t o1, int32_t* dots) {
+  const int64_t n = o1 - o0, stride = row_bytes_avx2(w), bytes = ternary_bytes(w);
+  const int64_t groups = w.in_features / w.group, ahead = kPrefetchRows * bytes;
+  const TernaryLanes& lanes = ternary_lanes(w);
+  std::vector<int8_t> fold(static_cast<size_t>(kJ * (groups + 4)));
+  for (int64_t o = o0; o < o1; o += kJ) {
+    const uint8_t* wr[kJ];
+    const int8_t* f[kJ];
+    for (int j = 0; j < kJ; ++j) {
+      const int64_t oo = std::min<int64_t>(o + j, o1 - 1);
+      wr[j] = code_row(w, oo);
+      int8_t* fj = fold.data() + j * (groups + 4);
+      ternary_fold_codes(w, oo, fj);
+      f[j] = fj;
+    }
+    for (int64_t m = 0; m < M; m += 2) {
+      const int8_t* a[2] = {act + m * stride, act + std::min(m + 1, M - 1) * stride};
+      int32_t out[2][kJ];
+      if (M - m >= 2) {
+        ternary_dots_avx2<2>(a, wr, f, lanes, bytes, ahead, out);
+      } else {
+        ternary_dots_avx2<1>(a, wr, f, lanes, bytes, ahead, out);
+      }
+      for (int64_t i = 0; i < std::min<int64_t>(2, M - m); ++i)
+        for (int64_t j = 0; j < std::min<int64_t>(kJ, o1 - o); ++j)
+          dots[(m + i) * n + (o - o0) + j] = out[i][j];
+    }
+  }
+}
 // dots_rows' AVX2 form: weight rows in pairs, activation rows 2 at a time.
 LOWBIT_GEMV_AVX2 void dots_rows_avx2(const PackedWeightView& w, const int8_t* act, int64_t M,
                                      int64_t o0, int64_t o1, int32_t* dots) {
   const int64_t n = o1 - o0, stride = row_bytes_avx2(w);
+  if (ternary_rows(w)) return ternary_rows_avx2(w, act, M, o0, o1, dots);
   const bool grouped = grouped_nibbles(w);
   const TableMode mode = table_mode(w);
   const int64_t ahead = kPrefetchRows * w.codes.shape[w.codes.ndim - 1];

@@ -22,9 +22,10 @@ namespace convrot {
 // rows with groups a multiple of 32 (convrot_int4), the 2..7-bit rows with groups a multiple of 64,
 // or comfy W4A4.
 bool gemv_supported(const PackedWeightView& w);
-// Where AVX-512 VBMI is missing (or the tests force the AVX2 kernels), convrot8 and the 4-bit
-// rows (groups a multiple of 32, or comfy) take an AVX2 form of the same GEMV (vpshufb tables,
-// vpmaddubsw on |code| with the sign moved onto the activation): gemv_avx2 says which runs.
+// Where AVX-512 VBMI is missing (or the tests force the AVX2 kernels), convrot8, the 4-bit rows
+// (groups a multiple of 32, or comfy) and ternary rows take an AVX2 form of the same GEMV
+// (vpshufb tables, vpmaddubsw on |code| with the sign moved onto the activation): gemv_avx2 says
+// which runs.
 bool gemv_avx2(const PackedWeightView& w);
 // Tests: take the other GEMMs even where gemv_supported / gemv_fp4_supported would hold.
 void force_gemv_off(bool off);
