@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "src/cpu/bits_vbmi.h"
@@ -1016,10 +1017,28 @@ LOWBIT_GEMV_AVX2 void pack_rows_avx2(const PackedWeightView& w, const int8_t* co
     }
   }
 }
+// The AVX2 GEMVs' activation rows two at a time (a last one alone) against the weight rows
+// [o, o + kJ) of [o0, o1): pass(std::integral_constant<int, R>, a, out) fills out[i][j], i < R.
+template <typename Pass>
+void activation_pairs(const int8_t* act, int64_t stride, int64_t M, int64_t o, int64_t o0,
+                      int64_t o1, int32_t* dots, Pass&& pass) {
+  for (int64_t m = 0; m < M; m += 2) {
+    const int8_t* a[2] = {act + m * stride, act + std::min(m + 1, M - 1) * stride};
+    int32_t out[2][kJ];
+    if (M - m >= 2) {
+      pass(std::integral_constant<int, 2>{}, a, out);
+    } else {
+      pass(std::integral_constant<int, 1>{}, a, out);
+    }
+    for (int64_t i = 0; i < std::min<int64_t>(2, M - m); ++i)
+      for (int64_t j = 0; j < std::min<int64_t>(kJ, o1 - o); ++j)
+        dots[(m + i) * (o1 - o0) + (o - o0) + j] = out[i][j];
+  }
+}
 // dots_rows_avx2 for ternary rows.
 LOWBIT_GEMV_AVX2 void ternary_rows_avx2(const PackedWeightView& w, const int8_t* act, int64_t M,
                                         int64_t o0, int64_t o1, int32_t* dots) {
-  const int64_t n = o1 - o0, stride = row_bytes_avx2(w), bytes = ternary_bytes(w);
+  const int64_t stride = row_bytes_avx2(w), bytes = ternary_bytes(w);
   const int64_t groups = w.in_features / w.group, ahead = kPrefetchRows * bytes;
   const TernaryLanes& lanes = ternary_lanes(w);
   std::vector<int8_t> fold(static_cast<size_t>(kJ * (groups + 4)));
@@ -1033,24 +1052,16 @@ LOWBIT_GEMV_AVX2 void ternary_rows_avx2(const PackedWeightView& w, const int8_t*
       ternary_fold_codes(w, oo, fj);
       f[j] = fj;
     }
-    for (int64_t m = 0; m < M; m += 2) {
-      const int8_t* a[2] = {act + m * stride, act + std::min(m + 1, M - 1) * stride};
-      int32_t out[2][kJ];
-      if (M - m >= 2) {
-        ternary_dots_avx2<2>(a, wr, f, lanes, bytes, ahead, out);
-      } else {
-        ternary_dots_avx2<1>(a, wr, f, lanes, bytes, ahead, out);
-      }
-      for (int64_t i = 0; i < std::min<int64_t>(2, M - m); ++i)
-        for (int64_t j = 0; j < std::min<int64_t>(kJ, o1 - o); ++j)
-          dots[(m + i) * n + (o - o0) + j] = out[i][j];
-    }
+    activation_pairs(act, stride, M, o, o0, o1, dots,
+                     [&](auto rows, const int8_t* const* a, int32_t(&out)[2][kJ]) {
+                       ternary_dots_avx2<decltype(rows)::value>(a, wr, f, lanes, bytes, ahead, out);
+                     });
   }
 }
 // dots_rows' AVX2 form: weight rows in pairs, activation rows 2 at a time.
 LOWBIT_GEMV_AVX2 void dots_rows_avx2(const PackedWeightView& w, const int8_t* act, int64_t M,
                                      int64_t o0, int64_t o1, int32_t* dots) {
-  const int64_t n = o1 - o0, stride = row_bytes_avx2(w);
+  const int64_t stride = row_bytes_avx2(w);
   if (ternary_rows(w)) return ternary_rows_avx2(w, act, M, o0, o1, dots);
   const bool grouped = grouped_nibbles(w);
   const TableMode mode = table_mode(w);
@@ -1072,18 +1083,10 @@ LOWBIT_GEMV_AVX2 void dots_rows_avx2(const PackedWeightView& w, const int8_t* ac
         tb[j] = tabs.data() + j * row_tab;
       }
     }
-    for (int64_t m = 0; m < M; m += 2) {
-      const int8_t* a[2] = {act + m * stride, act + std::min(m + 1, M - 1) * stride};
-      int32_t out[2][kJ];
-      if (M - m >= 2) {
-        dots_pass_avx2<2>(w, mode, a, wr, tb, ahead, out);
-      } else {
-        dots_pass_avx2<1>(w, mode, a, wr, tb, ahead, out);
-      }
-      for (int64_t i = 0; i < std::min<int64_t>(2, M - m); ++i)
-        for (int64_t j = 0; j < std::min<int64_t>(kJ, o1 - o); ++j)
-          dots[(m + i) * n + (o - o0) + j] = out[i][j];
-    }
+    activation_pairs(act, stride, M, o, o0, o1, dots,
+                     [&](auto rows, const int8_t* const* a, int32_t(&out)[2][kJ]) {
+                       dots_pass_avx2<decltype(rows)::value>(w, mode, a, wr, tb, ahead, out);
+                     });
   }
 }
 #undef LOWBIT_GEMV_AVX2
