@@ -49,6 +49,20 @@ bool ternary_rows(const PackedWeightView& w) {
   return w.qtype == QType::convrot_bitnet && w.group > 0 && w.group % 64 == 0 &&
          w.in_features % w.group == 0 && w.ratios.data != nullptr;
 }
+// The ternary GEMVs' activations: M rows of K codes into rows of `stride` bytes of digit-major
+// blocks of 5 x `lanes` codes, code 5 lanes b + 5 l + j at 5 lanes b + lanes j + l (zero past K):
+// lane l of digit vector j meets the code of byte l's digit j.
+void pack_digit_major(const int8_t* codes, int64_t M, int64_t K, int64_t stride, int64_t lanes,
+                      int8_t* out) {
+  const int64_t block = 5 * lanes;
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t b = 0; b < stride / block; ++b)
+      for (int64_t j = 0; j < 5; ++j)
+        for (int64_t l = 0; l < lanes; ++l) {
+          const int64_t k = block * b + 5 * l + j;
+          out[r * stride + block * b + lanes * j + l] = k < K ? codes[r * K + k] : int8_t{0};
+        }
+}
 // A ternary row's bytes, and its 64-byte blocks (each 320 codes).
 int64_t ternary_bytes(const PackedWeightView& w) { return (w.in_features + 4) / 5; }
 int64_t ternary_blocks(const PackedWeightView& w) { return (ternary_bytes(w) + 63) / 64; }
@@ -348,18 +362,20 @@ std::vector<TernaryParts> ternary_parts(const PackedWeightView& w) {
     }
   return parts;
 }
-// The same, kept per thread for the last shape (a layer's GEMV asks for them per 64 weight rows).
-const std::vector<TernaryParts>& cached_ternary_parts(const PackedWeightView& w) {
+// build(w), a function of the weight's (K, group) alone, kept per thread for the last shape (a
+// layer's GEMV asks for it per 64 weight rows).
+template <typename T>
+const T& last_shape(const PackedWeightView& w, T (*build)(const PackedWeightView&)) {
   thread_local struct {
     int64_t K = -1, group = -1;
-    std::vector<TernaryParts> parts;
+    T value;
   } cache;
   if (cache.K != w.in_features || cache.group != w.group) {
-    cache.parts = ternary_parts(w);
+    cache.value = build(w);
     cache.K = w.in_features;
     cache.group = w.group;
   }
-  return cache.parts;
+  return cache.value;
 }
 // Each group's three GEMM codes + 128 of the codes -1, 0, 1, bytes 0..2 of a word: with f =
 // fold_code(1, ratio) (clamp(rint(ratio), -127, 127), NaN -> 0, 16 groups a step),
@@ -521,7 +537,7 @@ LOWBIT_VBMI void dots_rows(const PackedWeightView& w, const int8_t* act, const i
   const int64_t groups = w.group > 0 ? w.in_features / w.group : 0;
   if (kind.ternary) {
     words.resize(static_cast<size_t>(kJ * groups));
-    kind.parts = cached_ternary_parts(w).data();
+    kind.parts = last_shape(w, ternary_parts).data();
     kind.bytes = ternary_bytes(w);
   }
   if (kind.bitrows) {
@@ -819,33 +835,25 @@ LOWBIT_GEMV_AVX2 void dots_pass_avx2(const PackedWeightView& w, TableMode mode,
 // 160 b + 5 l + j) meets at most four groups (groups of 64 or more codes): g0 = the group of the
 // block's first code, and per lane the offset of its group from g0 (codes past K take the last
 // group), so one vpshufb on the four groups' fold codes f (f_g = fold_code(1, ratio_g), the
-// code -1 folds to -f, 0 to 0) gives each lane its f. Kept per thread for the last shape.
+// code -1 folds to -f, 0 to 0) gives each lane its f (last_shape keeps them).
 struct TernaryLanes {
   std::vector<int32_t> g0;     // per block
   std::vector<uint8_t> index;  // per block and digit: 32 group offsets
 };
-const TernaryLanes& ternary_lanes(const PackedWeightView& w) {
-  thread_local struct {
-    int64_t K = -1, group = -1;
-    TernaryLanes lanes;
-  } cache;
-  if (cache.K != w.in_features || cache.group != w.group) {
-    const int64_t groups = w.in_features / w.group, blocks = (ternary_bytes(w) + 31) / 32;
-    TernaryLanes& t = cache.lanes;
-    t.g0.assign(static_cast<size_t>(blocks), 0);
-    t.index.assign(static_cast<size_t>(blocks * 5 * 32), 0);
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t g0 = std::min(160 * b / w.group, groups - 1);
-      t.g0[static_cast<size_t>(b)] = static_cast<int32_t>(g0);
-      for (int64_t j = 0; j < 5; ++j)
-        for (int64_t l = 0; l < 32; ++l)
-          t.index[static_cast<size_t>((5 * b + j) * 32 + l)] =
-              static_cast<uint8_t>(std::min((160 * b + 5 * l + j) / w.group, groups - 1) - g0);
-    }
-    cache.K = w.in_features;
-    cache.group = w.group;
+TernaryLanes ternary_lanes(const PackedWeightView& w) {
+  const int64_t groups = w.in_features / w.group, blocks = (ternary_bytes(w) + 31) / 32;
+  TernaryLanes t;
+  t.g0.assign(static_cast<size_t>(blocks), 0);
+  t.index.assign(static_cast<size_t>(blocks * 5 * 32), 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t g0 = std::min(160 * b / w.group, groups - 1);
+    t.g0[static_cast<size_t>(b)] = static_cast<int32_t>(g0);
+    for (int64_t j = 0; j < 5; ++j)
+      for (int64_t l = 0; l < 32; ++l)
+        t.index[static_cast<size_t>((5 * b + j) * 32 + l)] =
+            static_cast<uint8_t>(std::min((160 * b + 5 * l + j) / w.group, groups - 1) - g0);
   }
-  return cache.lanes;
+  return t;
 }
 // f_g = fold_code(1, ratio_g) of a row's groups as int8 (clamp(rint(ratio), ±127), NaN -> 0),
 // 8 at a time, into f (groups + 4 bytes: the last block's four-group read stays inside).
@@ -983,16 +991,7 @@ LOWBIT_GEMV_AVX2 void pack_rows_avx2(const PackedWeightView& w, const int8_t* co
   // Per 128-bit lane: its 8 even bytes, then its 8 odd ones.
   const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
                                          4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-  if (ternary_rows(w)) {  // code 160 b + 5 l + j at 160 b + 32 j + l, zero past K
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t b = 0; b < stride / 160; ++b)
-        for (int64_t j = 0; j < 5; ++j)
-          for (int64_t l = 0; l < 32; ++l) {
-            const int64_t k = 160 * b + 5 * l + j;
-            out[r * stride + 160 * b + 32 * j + l] = k < K ? codes[r * K + k] : int8_t{0};
-          }
-    return;
-  }
+  if (ternary_rows(w)) return pack_digit_major(codes, M, K, stride, 32, out);
   alignas(32) int8_t block[64];
   for (int64_t r = 0; r < M; ++r) {
     int8_t* dst = out + r * stride;
@@ -1040,7 +1039,7 @@ LOWBIT_GEMV_AVX2 void ternary_rows_avx2(const PackedWeightView& w, const int8_t*
                                         int64_t o0, int64_t o1, int32_t* dots) {
   const int64_t stride = row_bytes_avx2(w), bytes = ternary_bytes(w);
   const int64_t groups = w.in_features / w.group, ahead = kPrefetchRows * bytes;
-  const TernaryLanes& lanes = ternary_lanes(w);
+  const TernaryLanes& lanes = last_shape(w, ternary_lanes);
   std::vector<int8_t> fold(static_cast<size_t>(kJ * (groups + 4)));
   for (int64_t o = o0; o < o1; o += kJ) {
     const uint8_t* wr[kJ];
@@ -1135,18 +1134,7 @@ void gemv_pack_activations(const PackedWeightView& w, const int8_t* codes, int64
     for (int64_t k = 0; k < K; ++k) sum += codes[r * K + k];
     sums[r] = sum;
   }
-  if (ternary_rows(w)) {
-    // Digit-major blocks: code 320 b + 5 l + j at 320 b + 64 j + l (zero past K).
-    const int64_t stride = gemv_row_bytes(w);
-    for (int64_t r = 0; r < M; ++r)
-      for (int64_t b = 0; b < stride / 320; ++b)
-        for (int64_t j = 0; j < 5; ++j)
-          for (int64_t l = 0; l < 64; ++l) {
-            const int64_t k = 320 * b + 5 * l + j;
-            out[r * stride + 320 * b + 64 * j + l] = k < K ? codes[r * K + k] : int8_t{0};
-          }
-    return;
-  }
+  if (ternary_rows(w)) return pack_digit_major(codes, M, K, gemv_row_bytes(w), 64, out);
   pack_rows(codes, M, K, gemv_row_bytes(w), nibble_rows(w), out);
 #else
   (void)w, (void)codes, (void)M, (void)out, (void)sums;
