@@ -288,6 +288,10 @@ constexpr int64_t kGemvMaxRowsWideBits = 8;
 // base-3 digits the GEMV takes again for every pair of activation rows, 0.61 vs 0.92 ms at one
 // row, 0.89 vs 1.04 at two, 1.46 vs 1.35 at four).
 constexpr int64_t kGemvMaxRowsAvx2 = 32, kGemvMaxRowsAvx2Ternary = 3;
+// fp8 without VNNI: the AVX2 GEMV on the stored codes below this many rows, else the blocked GEMM
+// on decoded tiles (4096 -> 4096, 2 Zen 4 cores, AVX2 forced, ms: GEMV 1.9-2.0 / 2.7 / 4.2 / 8.0 /
+// 16.9 at 1 / 2 / 4 / 8 / 16 rows against 6.1 / 5.7 / 6.7 / 9.6 / 12.3).
+constexpr int64_t kFp8GemvMaxRows = 12;
 // Without AMX tiles, activation rows from which the register-blocked VNNI GEMM (gemm_vnni.h)
 // runs instead of the GEMV, and its activation rows per block.
 constexpr int64_t kVnniBlockedMinRows = 16, kVnniRowBlock = 64;
@@ -658,6 +662,56 @@ void plane_gemm_32x32(const int8_t* a_planes, int64_t Mp, int64_t Kp, int64_t m0
     }
 }
 
+// The fp8 decode GEMV without VNNI (AVX2 + F16C + FMA): weight row w (K e4m3 codes, K a multiple
+// of 16) read where it is stored against R activation rows a[i] (e4m3_int doubles, a_fp8's rows),
+// out[i] += the exact dot times 2^-17 (2^-17 x dot_exact's integers). An e4m3 code moved into an
+// fp16's bits ((c & 0x7f) << 7 | sign << 15) is its value times 2^-8, subnormals included (both
+// formats' subnormals are linear), so vcvtph2ps decodes 8 codes at once; the NaN codes read as 0
+// (e4m3_int). Every product a_int x value 2^-8 is a multiple of 2^-17 below 2^19 in magnitude:
+// the fp64 sums stay exact for K < 2^17 (the caller's bound), whatever their order.
+#ifdef LOWBIT_AVX2
+template <int R>
+__attribute__((target("avx2,fma,f16c"))) void fp8_gemv_avx2(const double* const (&a)[2],
+                                                            const uint8_t* w, int64_t K,
+                                                            double (&out)[2]) {
+  __m256d acc[R][4];  // (four chains a row: one FMA latency a step)
+  for (auto& r : acc)
+    for (auto& c : r) c = _mm256_setzero_pd();
+  const __m256i low7 = _mm256_set1_epi16(0x7f), sign = _mm256_set1_epi16(0x80);
+  for (int64_t k = 0; k < K; k += 16) {
+    const __m256i x =
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k)));
+    const __m256i mag = _mm256_and_si256(x, low7);
+    __m256i h =
+        _mm256_or_si256(_mm256_slli_epi16(mag, 7), _mm256_slli_epi16(_mm256_and_si256(x, sign), 8));
+    h = _mm256_andnot_si256(_mm256_cmpeq_epi16(mag, low7), h);  // NaN -> 0
+    const __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    const __m256 f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    const __m256d d[4] = {
+        _mm256_cvtps_pd(_mm256_castps256_ps128(f0)), _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1)),
+        _mm256_cvtps_pd(_mm256_castps256_ps128(f1)), _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1))};
+    for (int i = 0; i < R; ++i)
+      for (int q = 0; q < 4; ++q)
+        acc[i][q] = _mm256_fmadd_pd(_mm256_loadu_pd(a[i] + k + 4 * q), d[q], acc[i][q]);
+  }
+  for (int i = 0; i < R; ++i) {
+    const __m256d s4 =
+        _mm256_add_pd(_mm256_add_pd(acc[i][0], acc[i][1]), _mm256_add_pd(acc[i][2], acc[i][3]));
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    out[i] += _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+  }
+}
+#endif
+bool fp8_gemv_available() {
+#ifdef LOWBIT_AVX2
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return has && convrot::simd_kernels_on();
+#else
+  return false;
+#endif
+}
+
 // False where fp8_dots_avx2 is not built, the CPU lacks AVX2 + FMA or the scalar kernels are
 // forced (then the GEMM takes dot_exact row by row).
 bool fp8_blocked_available() {
@@ -761,6 +815,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // the GEMM of doubles), e2m1 as 2·value (integers in [-12, 12]) with the block scales as
   // integers.
   const bool fp8_doubles = q == QType::convrot_fp8 && !fp8_tiles && !fp8_vnni && !fp8_blocked;
+  // Without VNNI, below kFp8GemvMaxRows rows: the AVX2 GEMV on the stored codes (fp8_gemv_avx2).
+  const bool fp8_gemv =
+      fp8_doubles && M < kFp8GemvMaxRows && K < (int64_t{1} << 17) && fp8_gemv_available();
   std::vector<double> a_fp8(fp8_doubles ? static_cast<size_t>(M * K) : 0);
   std::vector<int8_t> a_fp4(nvfp4 ? static_cast<size_t>(M * K) : 0);
   std::vector<int32_t> a_fp4_scales(nvfp4 ? static_cast<size_t>(M * (K / 16)) : 0);
@@ -1058,6 +1115,28 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                 }
             }
           }
+        } else if (fp8_gemv) {
+#ifdef LOWBIT_AVX2
+          const uint8_t* wcodes = static_cast<const uint8_t*>(w.codes.data);
+          for (int64_t o = b; o < e; ++o)
+            for (int64_t m = 0; m < M; m += 2) {
+              const double* const a2[2] = {a_fp8.data() + m * K,
+                                           a_fp8.data() + std::min(m + 1, M - 1) * K};
+              double sum[2] = {0.0, 0.0};
+              if (M - m >= 2) {
+                fp8_gemv_avx2<2>(a2, wcodes + o * K, K, sum);
+              } else {
+                fp8_gemv_avx2<1>(a2, wcodes + o * K, K, sum);
+              }
+              // (each sum an exact multiple of 2^-17: times 2^17 the exact integer dot in units
+              // of 2^-18, after the activation's 2^9 and the weight's 2^-8)
+              for (int64_t i = 0; i < std::min<int64_t>(2, M - m); ++i) {
+                const auto total = static_cast<int64_t>(std::ldexp(sum[i], 17));
+                epilogue_store(out, m + i, o, std::ldexp(static_cast<float>(total), -18),
+                               a_scales[m + i], w_scales[o], bias);
+              }
+            }
+#endif
         } else if (q == QType::convrot_fp8 && fp8_blocked_available()) {
 #ifdef LOWBIT_AVX2
           // Blocks of kRows weight rows, decoded one K tile at a time (kRows x kTile doubles, 256
