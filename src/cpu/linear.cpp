@@ -286,8 +286,8 @@ constexpr int64_t kGemvMaxRowsWideBits = 8;
 // The AVX2 GEMV (no VBMI) below this many rows; above, the AVX2 dots on unpacked rows (4096 ->
 // 4096 on 2 Zen 4 cores, AVX2 forced: convrot8 / int4 / comfy tie at 32 rows; ternary, whose
 // base-3 digits the GEMV takes again for every pair of activation rows, 0.61 vs 0.92 ms at one
-// row, 0.89 vs 1.04 at two, 1.46 vs 1.35 at four).
-constexpr int64_t kGemvMaxRowsAvx2 = 32, kGemvMaxRowsAvx2Ternary = 3;
+// row, 0.89 vs 1.04 at two, 1.46 vs 1.35 at four; int2 ties at 16).
+constexpr int64_t kGemvMaxRowsAvx2 = 32, kGemvMaxRowsAvx2Ternary = 3, kGemvMaxRowsAvx2Int2 = 16;
 // fp8 without VNNI: the AVX2 GEMV on the stored codes below this many rows, else the blocked GEMM
 // on decoded tiles (4096 -> 4096, 2 Zen 4 cores, AVX2 forced, ms: GEMV 1.9-2.0 / 2.7 / 4.2 / 8.0 /
 // 16.9 at 1 / 2 / 4 / 8 / 16 rows against 6.1 / 5.7 / 6.7 / 9.6 / 12.3).
@@ -797,7 +797,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   const bool wide_bits = q == QType::convrot_int6 || q == QType::convrot_int7;
   const bool gemv =
       int8_codes && !blocked && gemv_supported(w) &&
-      (gemv_avx2(w) ? M < (q == QType::convrot_bitnet ? kGemvMaxRowsAvx2Ternary : kGemvMaxRowsAvx2)
+      (gemv_avx2(w) ? M < (q == QType::convrot_bitnet ? kGemvMaxRowsAvx2Ternary
+                           : q == QType::convrot_int2 ? kGemvMaxRowsAvx2Int2
+                                                      : kGemvMaxRowsAvx2)
        : wide_bits  ? M < kGemvMaxRowsWideBits
                     : M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx);
   const bool tiles = int8_codes && !blocked && !gemv && M >= kAmxMinRows && amx;

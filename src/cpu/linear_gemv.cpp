@@ -49,17 +49,18 @@ bool ternary_rows(const PackedWeightView& w) {
   return w.qtype == QType::convrot_bitnet && w.group > 0 && w.group % 64 == 0 &&
          w.in_features % w.group == 0 && w.ratios.data != nullptr;
 }
-// The ternary GEMVs' activations: M rows of K codes into rows of `stride` bytes of digit-major
-// blocks of 5 x `lanes` codes, code 5 lanes b + 5 l + j at 5 lanes b + lanes j + l (zero past K):
-// lane l of digit vector j meets the code of byte l's digit j.
+// The activations of the GEMVs whose bytes hold `digits` codes (ternary 5, 2-bit rows 4): M rows
+// of K codes into rows of `stride` bytes of digit-major blocks of digits x `lanes` codes, code
+// block b + digits l + j at block b + lanes j + l (zero past K): lane l of digit vector j meets
+// the code of byte l's digit j.
 void pack_digit_major(const int8_t* codes, int64_t M, int64_t K, int64_t stride, int64_t lanes,
-                      int8_t* out) {
-  const int64_t block = 5 * lanes;
+                      int64_t digits, int8_t* out) {
+  const int64_t block = digits * lanes;
   for (int64_t r = 0; r < M; ++r)
     for (int64_t b = 0; b < stride / block; ++b)
-      for (int64_t j = 0; j < 5; ++j)
+      for (int64_t j = 0; j < digits; ++j)
         for (int64_t l = 0; l < lanes; ++l) {
-          const int64_t k = block * b + 5 * l + j;
+          const int64_t k = block * b + digits * l + j;
           out[r * stride + block * b + lanes * j + l] = k < K ? codes[r * K + k] : int8_t{0};
         }
 }
@@ -720,7 +721,7 @@ LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1,
 }
 
 // ---- the AVX2 form (CPUs without AVX-512 VBMI: Zen 3, Skylake / Cascade Lake, client cores) ----
-// convrot8, the 4-bit rows and ternary rows (below). Products by vpmaddubsw on |weight code|
+// convrot8, the 4-bit, 2-bit and ternary rows (below). Products by vpmaddubsw on |weight code|
 // (uint8) and the activation code carrying the weight's sign (vpsignb): each pair sum |w| |a| +
 // |w'| |a'| <= 2 x 128 x 127 stays inside int16 (activation codes are in [-127, 127], SPEC §3.2; a
 // weight code of -128 reads as 128), vpmaddwd by ones widens it to int32: the exact dot, no bias to
@@ -735,7 +736,8 @@ bool cpu_has_avx2() {
   return has;
 }
 bool avx2_rows(const PackedWeightView& w) {
-  return w.qtype == QType::convrot8 || nibble_rows(w) || ternary_rows(w);
+  return w.qtype == QType::convrot8 || nibble_rows(w) || ternary_rows(w) ||
+         (bit_rows(w) && w.bits == 2);
 }
 // The AVX2 form runs where the VBMI GEMV does not (no VBMI, or the tests forced the AVX2 kernels).
 bool avx2_gemv_on() { return !gemv_on() && simd_kernels_on() && !g_gemv_off.load(); }
@@ -956,6 +958,77 @@ LOWBIT_GEMV_AVX2 void ternary_dots_avx2(const int8_t* const* a, const uint8_t* c
   out[1][0] = sum_lanes8(c10);
   out[1][1] = sum_lanes8(c11);
 }
+// ---- 2-bit rows on AVX2 ----
+// 32 stored bytes = 128 codes a step (byte l: codes 4 l .. 4 l + 3 at bits 2 j): digit vector j =
+// (bytes >> 2 j) & 3, each 128-bit lane (64 codes, one group: groups are multiples of 64) looked
+// up in its group's 4-entry table (fold_code(u - 1, ratio) + 128, bit_tables' layout); the
+// activations digit-major (code 128 b + 4 l + j at 128 b + 32 j + l).
+template <int R>
+LOWBIT_GEMV_AVX2 void bit2_dots_avx2(const int8_t* const* a, const uint8_t* const (&w)[kJ],
+                                     const uint8_t* const (&tab)[kJ], int64_t K, int64_t group,
+                                     int64_t ahead, int32_t (&out)[2][kJ]) {
+  static_assert(R >= 1 && R <= 2 && kJ == 2, "bit2_dots_avx2: 1..2 activation rows");
+  const __m256i zero = _mm256_setzero_si256(), three = _mm256_set1_epi8(3),
+                bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256i c00 = zero, c01 = zero, c10 = zero, c11 = zero;
+  const int64_t bytes = K / 4, last = K / group - 1;
+  for (int64_t k = 0; k < bytes; k += 32) {
+    const int64_t g0 = 4 * k / group, g1 = std::min((4 * k + 64) / group, last);
+    for (int j = 0; j < kJ; ++j) {
+      const __m256i raw = load_bytes(w[j] + k, bytes - k);
+      _mm_prefetch(reinterpret_cast<const char*>(w[j] + k + ahead), _MM_HINT_T2);
+      int32_t t0, t1;
+      std::memcpy(&t0, tab[j] + 4 * g0, 4);
+      std::memcpy(&t1, tab[j] + 4 * g1, 4);
+      const __m256i t = _mm256_xor_si256(_mm256_setr_epi32(t0, t0, t0, t0, t1, t1, t1, t1), bias);
+      __m256i& c0 = j == 0 ? c00 : c01;
+      __m256i& c1 = j == 0 ? c10 : c11;
+      for (int q = 0; q < 4; ++q) {
+        const __m256i code = _mm256_shuffle_epi8(
+            t, _mm256_and_si256(q == 0 ? raw : _mm256_srli_epi16(raw, 2 * q), three));
+        const __m256i u = _mm256_abs_epi8(code);
+        const __m256i* a0 = reinterpret_cast<const __m256i*>(a[0] + 4 * k + 32 * q);
+        c0 = dot_signed(c0, code, u, _mm256_loadu_si256(a0));
+        if (R > 1)
+          c1 = dot_signed(
+              c1, code, u,
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[1] + 4 * k + 32 * q)));
+      }
+    }
+  }
+  out[0][0] = sum_lanes8(c00);
+  out[0][1] = sum_lanes8(c01);
+  out[1][0] = sum_lanes8(c10);
+  out[1][1] = sum_lanes8(c11);
+}
+// A 2-bit row's tables (bit_tables' bytes: fold_code(u - 1, ratio) + 128 for u = 0..3, i.e.
+// 128 - f1, 128, 128 + f1, 128 + f2 with f1 = fold_code(1, ratio), f2 = fold_code(2, ratio)), 8
+// groups a step.
+LOWBIT_GEMV_AVX2 void bit2_row_tables_avx2(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
+  const int64_t groups = w.in_features / w.group;
+  const float* ratios = row_ratios(w, o);
+  alignas(32) int32_t f[2][8];
+  for (int64_t g = 0; g < groups; g += 8) {
+    const int64_t n = std::min<int64_t>(8, groups - g);
+    alignas(32) float r8[8] = {};
+    std::memcpy(r8, ratios + g, static_cast<size_t>(n) * sizeof(float));
+    const __m256 r = _mm256_load_ps(r8);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 y = _mm256_mul_ps(r, _mm256_set1_ps(h == 0 ? 1.f : 2.f));
+      __m256 c = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      c = _mm256_and_ps(c, _mm256_cmp_ps(y, y, _CMP_ORD_Q));  // NaN -> 0
+      c = _mm256_max_ps(_mm256_min_ps(c, _mm256_set1_ps(127.f)), _mm256_set1_ps(-127.f));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(f[h]), _mm256_cvtps_epi32(c));
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      uint8_t* t = tabs + 4 * (g + i);
+      t[0] = static_cast<uint8_t>(128 - f[0][i]);
+      t[1] = 128;
+      t[2] = static_cast<uint8_t>(128 + f[0][i]);
+      t[3] = static_cast<uint8_t>(128 + f[1][i]);
+    }
+  }
+}
 // One group's table (fold_table's bytes: fold_code(v - 7, ratio) + 128 for the nibble v) by
 // the same fp32 operations on 8 lanes.
 LOWBIT_GEMV_AVX2 void fold_table_avx2(float ratio, uint8_t* out) {
@@ -983,7 +1056,8 @@ LOWBIT_GEMV_AVX2 void row_tables_avx2(const PackedWeightView& w, int64_t o, uint
 }
 // M activation rows into the AVX2 layout (row_bytes_avx2 bytes each).
 int64_t row_bytes_avx2(const PackedWeightView& w) {
-  return ternary_rows(w) ? 160 * ((ternary_bytes(w) + 31) / 32) : round_up(w.in_features, 64);
+  if (ternary_rows(w)) return 160 * ((ternary_bytes(w) + 31) / 32);
+  return round_up(w.in_features, bit_rows(w) ? 128 : 64);
 }
 LOWBIT_GEMV_AVX2 void pack_rows_avx2(const PackedWeightView& w, const int8_t* codes, int64_t M,
                                      int8_t* out) {
@@ -991,7 +1065,8 @@ LOWBIT_GEMV_AVX2 void pack_rows_avx2(const PackedWeightView& w, const int8_t* co
   // Per 128-bit lane: its 8 even bytes, then its 8 odd ones.
   const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
                                          4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-  if (ternary_rows(w)) return pack_digit_major(codes, M, K, stride, 32, out);
+  if (ternary_rows(w)) return pack_digit_major(codes, M, K, stride, 32, 5, out);
+  if (bit_rows(w)) return pack_digit_major(codes, M, K, stride, 32, 4, out);  // (2 bits)
   alignas(32) int8_t block[64];
   for (int64_t r = 0; r < M; ++r) {
     int8_t* dst = out + r * stride;
@@ -1062,12 +1137,13 @@ LOWBIT_GEMV_AVX2 void dots_rows_avx2(const PackedWeightView& w, const int8_t* ac
                                      int64_t o0, int64_t o1, int32_t* dots) {
   const int64_t stride = row_bytes_avx2(w);
   if (ternary_rows(w)) return ternary_rows_avx2(w, act, M, o0, o1, dots);
-  const bool grouped = grouped_nibbles(w);
+  const bool grouped = grouped_nibbles(w), bits2 = bit_rows(w);  // (bit rows here: 2 bits)
   const TableMode mode = table_mode(w);
   const int64_t ahead = kPrefetchRows * w.codes.shape[w.codes.ndim - 1];
   const uint8_t* prebuilt = prebuilt_tables(w);
-  const int64_t row_tab = grouped ? table_bytes_per_row(w) : 0;
-  std::vector<uint8_t> tabs(grouped && !prebuilt ? static_cast<size_t>(kJ * row_tab) : 0);
+  const int64_t row_tab = grouped || bits2 ? table_bytes_per_row(w) : 0;
+  std::vector<uint8_t> tabs((grouped || bits2) && !prebuilt ? static_cast<size_t>(kJ * row_tab)
+                                                            : 0);
   for (int64_t o = o0; o < o1; o += kJ) {
     const uint8_t* wr[kJ];
     const uint8_t* tb[kJ];
@@ -1075,15 +1151,19 @@ LOWBIT_GEMV_AVX2 void dots_rows_avx2(const PackedWeightView& w, const int8_t* ac
       const int64_t oo = std::min<int64_t>(o + j, o1 - 1);
       wr[j] = code_row(w, oo);
       tb[j] = nullptr;
-      if (grouped && prebuilt) {
+      if ((grouped || bits2) && prebuilt) {
         tb[j] = prebuilt + oo * row_tab;
-      } else if (grouped) {
-        row_tables_avx2(w, oo, tabs.data() + j * row_tab);
-        tb[j] = tabs.data() + j * row_tab;
+      } else if (grouped || bits2) {
+        uint8_t* t = tabs.data() + j * row_tab;
+        bits2 ? bit2_row_tables_avx2(w, oo, t) : row_tables_avx2(w, oo, t);
+        tb[j] = t;
       }
     }
     activation_pairs(act, stride, M, o, o0, o1, dots,
                      [&](auto rows, const int8_t* const* a, int32_t(&out)[2][kJ]) {
+                       if (bits2)
+                         return bit2_dots_avx2<decltype(rows)::value>(a, wr, tb, w.in_features,
+                                                                      w.group, ahead, out);
                        dots_pass_avx2<decltype(rows)::value>(w, mode, a, wr, tb, ahead, out);
                      });
   }
@@ -1134,7 +1214,7 @@ void gemv_pack_activations(const PackedWeightView& w, const int8_t* codes, int64
     for (int64_t k = 0; k < K; ++k) sum += codes[r * K + k];
     sums[r] = sum;
   }
-  if (ternary_rows(w)) return pack_digit_major(codes, M, K, gemv_row_bytes(w), 64, out);
+  if (ternary_rows(w)) return pack_digit_major(codes, M, K, gemv_row_bytes(w), 64, 5, out);
   pack_rows(codes, M, K, gemv_row_bytes(w), nibble_rows(w), out);
 #else
   (void)w, (void)codes, (void)M, (void)out, (void)sums;
@@ -1238,7 +1318,7 @@ void gemv_fp4_dots(const PackedWeightView& w, const int32_t* scale_ints, const F
 int64_t gemv_tables_bytes(const PackedWeightView& w) {
 #ifdef LOWBIT_GEMV_X86
   if ((cpu_has_gemv() && (grouped_nibbles(w) || bit_tables(w))) ||
-      (cpu_has_avx2() && grouped_nibbles(w)))
+      (cpu_has_avx2() && (grouped_nibbles(w) || (bit_rows(w) && w.bits == 2))))
     return w.out_features * table_bytes_per_row(w);
 #endif
   return 0;
@@ -1248,7 +1328,9 @@ void gemv_build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_
 #ifdef LOWBIT_GEMV_X86
   if (gemv_tables_bytes(w) == 0) return;
   if (cpu_has_gemv()) return build_tables(w, o0, o1, out);
-  for (int64_t o = o0; o < o1; ++o) row_tables_avx2(w, o, out + o * table_bytes_per_row(w));
+  for (int64_t o = o0; o < o1; ++o)
+    bit_rows(w) ? bit2_row_tables_avx2(w, o, out + o * table_bytes_per_row(w))
+                : row_tables_avx2(w, o, out + o * table_bytes_per_row(w));
 #else
   (void)w, (void)o0, (void)o1, (void)out;
 #endif

@@ -1304,9 +1304,10 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
 // The decode GEMV's dots (gemv_dots, its AVX2 form forced and the widest) are the exact integer
 // dots of the rows' GEMM codes with the activation codes, on codes no quantizer writes: every
 // nibble, convrot8 codes -128 and ±127 against activations ±127 (the AVX2 form's int16 pair sums
-// at their largest), ternary bytes of every value (243..255 included), group ratios that tie,
-// clamp, are negative, infinite or NaN, with the fold tables built per call; K ending on half a
-// 32-byte step, ternary rows ending inside a block.
+// at their largest), ternary bytes of every value (243..255 included), 2-bit fields of every
+// value (3, the code 2, included), group ratios that tie, clamp, are negative, infinite or NaN,
+// with the fold tables built per call; K ending on half a 32-byte step, ternary rows ending
+// inside a block.
 TEST(LinearSimd, GemvDotsExactOnExtremeCodes) {
   if (!simd_kernels_available()) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937_64 rng(33);
@@ -1321,9 +1322,11 @@ TEST(LinearSimd, GemvDotsExactOnExtremeCodes) {
                       {QType::convrot_int4, 320},   // groups of 64
                       {QType::convrot_int4, 1536},  // groups of 128
                       {QType::convrot_comfy_w4a4, 512},
-                      {QType::convrot_bitnet, 960},      // groups of 64, whole 32-byte blocks
-                      {QType::convrot_bitnet, 1088},     // groups of 64, a last partial block
-                      {QType::convrot_bitnet, 1536}}) {  // groups of 128
+                      {QType::convrot_bitnet, 960},    // groups of 64, whole 32-byte blocks
+                      {QType::convrot_bitnet, 1088},   // groups of 64, a last partial block
+                      {QType::convrot_bitnet, 1536},   // groups of 128
+                      {QType::convrot_int2, 320},      // groups of 64, half a 32-byte step last
+                      {QType::convrot_int2, 1536}}) {  // groups of 128
     const int64_t O = 16;
     std::vector<float> w(static_cast<size_t>(O * K), 1.f);
     QuantizedLinear lin =
@@ -1383,7 +1386,7 @@ TEST(LinearSimd, GemvDotsExactOnExtremeCodes) {
       }
     }
   }
-  EXPECT_GE(checked, 9 * 6 * 15);  // every (qtype, K), M 1..3, on the AVX2 form at least
+  EXPECT_GE(checked, 11 * 6 * 15);  // every (qtype, K), M 1..3, on the AVX2 form at least
 }
 
 // The fp8 forward on every e4m3 weight code (NaN codes read as 0, subnormals, ±448), against
