@@ -286,8 +286,10 @@ constexpr int64_t kGemvMaxRowsWideBits = 8;
 // The AVX2 GEMV (no VBMI) below this many rows; above, the AVX2 dots on unpacked rows (4096 ->
 // 4096 on 2 Zen 4 cores, AVX2 forced: convrot8 / int4 / comfy tie at 32 rows; ternary, whose
 // base-3 digits the GEMV takes again for every pair of activation rows, 0.61 vs 0.92 ms at one
-// row, 0.89 vs 1.04 at two, 1.46 vs 1.35 at four; int2 ties at 16).
-constexpr int64_t kGemvMaxRowsAvx2 = 32, kGemvMaxRowsAvx2Ternary = 3, kGemvMaxRowsAvx2Int2 = 16;
+// row, 0.89 vs 1.04 at two, 1.46 vs 1.35 at four; int2 0.33 vs 0.95 at one row, 1.64 vs 2.23 at
+// eight, ties at 16; int3 0.62 vs 1.23 at one row, 1.90 vs 2.14 at five, 2.59 vs 2.25 at eight).
+constexpr int64_t kGemvMaxRowsAvx2 = 32, kGemvMaxRowsAvx2Ternary = 3, kGemvMaxRowsAvx2Int2 = 16,
+                  kGemvMaxRowsAvx2Int3 = 6;
 // fp8 without VNNI: the AVX2 GEMV on the stored codes below this many rows, else the blocked GEMM
 // on decoded tiles (4096 -> 4096, 2 Zen 4 cores, AVX2 forced, ms: GEMV 1.9-2.0 / 2.7 / 4.2 / 8.0 /
 // 16.9 at 1 / 2 / 4 / 8 / 16 rows against 6.1 / 5.7 / 6.7 / 9.6 / 12.3).
@@ -799,6 +801,7 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
       int8_codes && !blocked && gemv_supported(w) &&
       (gemv_avx2(w) ? M < (q == QType::convrot_bitnet ? kGemvMaxRowsAvx2Ternary
                            : q == QType::convrot_int2 ? kGemvMaxRowsAvx2Int2
+                           : q == QType::convrot_int3 ? kGemvMaxRowsAvx2Int3
                                                       : kGemvMaxRowsAvx2)
        : wide_bits  ? M < kGemvMaxRowsWideBits
                     : M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx);

@@ -721,11 +721,11 @@ LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1,
 }
 
 // ---- the AVX2 form (CPUs without AVX-512 VBMI: Zen 3, Skylake / Cascade Lake, client cores) ----
-// convrot8, the 4-bit, 2-bit and ternary rows (below). Products by vpmaddubsw on |weight code|
-// (uint8) and the activation code carrying the weight's sign (vpsignb): each pair sum |w| |a| +
-// |w'| |a'| <= 2 x 128 x 127 stays inside int16 (activation codes are in [-127, 127], SPEC §3.2; a
-// weight code of -128 reads as 128), vpmaddwd by ones widens it to int32: the exact dot, no bias to
-// take off. The activations: rows of round_up(K, 64) bytes, zero past K; for the 4-bit rows each
+// convrot8, the 4-bit, 2-bit, 3-bit and ternary rows (below). Products by vpmaddubsw on |weight
+// code| (uint8) and the activation code carrying the weight's sign (vpsignb): each pair sum |w| |a|
+// + |w'| |a'| <= 2 x 128 x 127 stays inside int16 (activation codes are in [-127, 127], SPEC §3.2;
+// a weight code of -128 reads as 128), vpmaddwd by ones widens it to int32: the exact dot, no bias
+// to take off. The activations: rows of round_up(K, 64) bytes, zero past K; for the 4-bit rows each
 // block of 64 as its 32 even columns, then its 32 odd ones (a 32-byte load of packed codes is one
 // block: its low nibbles are the even columns, 16 per 128-bit lane, each lane with its group's
 // table).
@@ -736,8 +736,7 @@ bool cpu_has_avx2() {
   return has;
 }
 bool avx2_rows(const PackedWeightView& w) {
-  return w.qtype == QType::convrot8 || nibble_rows(w) || ternary_rows(w) ||
-         (bit_rows(w) && w.bits == 2);
+  return w.qtype == QType::convrot8 || nibble_rows(w) || ternary_rows(w) || bit_tables(w);
 }
 // The AVX2 form runs where the VBMI GEMV does not (no VBMI, or the tests forced the AVX2 kernels).
 bool avx2_gemv_on() { return !gemv_on() && simd_kernels_on() && !g_gemv_off.load(); }
@@ -1001,33 +1000,77 @@ LOWBIT_GEMV_AVX2 void bit2_dots_avx2(const int8_t* const* a, const uint8_t* cons
   out[1][0] = sum_lanes8(c10);
   out[1][1] = sum_lanes8(c11);
 }
-// A 2-bit row's tables (bit_tables' bytes: fold_code(u - 1, ratio) + 128 for u = 0..3, i.e.
-// 128 - f1, 128, 128 + f1, 128 + f2 with f1 = fold_code(1, ratio), f2 = fold_code(2, ratio)), 8
-// groups a step.
-LOWBIT_GEMV_AVX2 void bit2_row_tables_avx2(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
-  const int64_t groups = w.in_features / w.group;
+// A 2- or 3-bit row's tables (bit_tables' bytes: fold_code(u - qmax, ratio) + 128 for the 2^n
+// stored values u), one group a step on 8 lanes by fold_codes' fp32 arithmetic.
+LOWBIT_GEMV_AVX2 void bit_row_tables_avx2(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
+  const int64_t groups = w.in_features / w.group, entries = int64_t{1} << w.bits;
   const float* ratios = row_ratios(w, o);
-  alignas(32) int32_t f[2][8];
-  for (int64_t g = 0; g < groups; g += 8) {
-    const int64_t n = std::min<int64_t>(8, groups - g);
-    alignas(32) float r8[8] = {};
-    std::memcpy(r8, ratios + g, static_cast<size_t>(n) * sizeof(float));
-    const __m256 r = _mm256_load_ps(r8);
-    for (int h = 0; h < 2; ++h) {
-      const __m256 y = _mm256_mul_ps(r, _mm256_set1_ps(h == 0 ? 1.f : 2.f));
-      __m256 c = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      c = _mm256_and_ps(c, _mm256_cmp_ps(y, y, _CMP_ORD_Q));  // NaN -> 0
-      c = _mm256_max_ps(_mm256_min_ps(c, _mm256_set1_ps(127.f)), _mm256_set1_ps(-127.f));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(f[h]), _mm256_cvtps_epi32(c));
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      uint8_t* t = tabs + 4 * (g + i);
-      t[0] = static_cast<uint8_t>(128 - f[0][i]);
-      t[1] = 128;
-      t[2] = static_cast<uint8_t>(128 + f[0][i]);
-      t[3] = static_cast<uint8_t>(128 + f[1][i]);
+  const __m256 c = _mm256_sub_ps(_mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f),
+                                 _mm256_set1_ps(static_cast<float>(entries / 2 - 1)));
+  alignas(32) int32_t q[8];
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m256 y = _mm256_mul_ps(c, _mm256_set1_ps(ratios[g]));
+    __m256 r = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_and_ps(r, _mm256_cmp_ps(y, y, _CMP_ORD_Q));  // NaN -> 0
+    r = _mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.f)), _mm256_set1_ps(-127.f));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(q),
+                       _mm256_cvtps_epi32(_mm256_add_ps(r, _mm256_set1_ps(128.f))));
+    for (int64_t u = 0; u < entries; ++u) tabs[g * entries + u] = static_cast<uint8_t>(q[u]);
+  }
+}
+// ---- 3-bit rows on AVX2 ----
+// 12 stored bytes = 32 codes a step (8 codes in 3 bytes, code j at bits 3 j): each code's two
+// bytes gathered into a 16-bit lane by vpshufb (codes 0..15 and 16..31 from one 16-byte load),
+// its field moved to the top by vpmullw with 2^(13 - (3 j mod 8)) and down by a shift of 13, the
+// halves packed (order 0-7, 16-23, 8-15, 24-31: the activations' per block of 32) and looked up
+// in the group's 8-entry table (groups are multiples of 64: one a step).
+template <int R>
+LOWBIT_GEMV_AVX2 void bit3_dots_avx2(const int8_t* const* a, const uint8_t* const (&w)[kJ],
+                                     const uint8_t* const (&tab)[kJ], int64_t K, int64_t group,
+                                     int64_t ahead, int32_t (&out)[2][kJ]) {
+  static_assert(R >= 1 && R <= 2 && kJ == 2, "bit3_dots_avx2: 1..2 activation rows");
+  const __m256i zero = _mm256_setzero_si256(), bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  // Code j's bytes (3 j / 8 and the next) in lane order; lane 1 three bytes on; B six bytes on.
+  const __m256i gather_a = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 1, 2, 1, 2, 1, 2, 2, 3, 2, 3,  //
+                                            3, 4, 3, 4, 3, 4, 4, 5, 4, 5, 4, 5, 5, 6, 5, 6);
+  const __m256i gather_b = _mm256_add_epi8(gather_a, _mm256_set1_epi8(6));
+  const __m256i lift = _mm256_setr_epi16(8192, 1024, 128, 4096, 512, 64, 2048, 256,  //
+                                         8192, 1024, 128, 4096, 512, 64, 2048, 256);
+  __m256i c00 = zero, c01 = zero, c10 = zero, c11 = zero;
+  const int64_t bytes = K / 8 * 3;
+  for (int64_t k = 0, b = 0; k < K; k += 32, b += 12) {
+    for (int j = 0; j < kJ; ++j) {
+      __m128i raw16;
+      if (bytes - b >= 16) {
+        raw16 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[j] + b));
+      } else {
+        alignas(16) uint8_t tail[16] = {};
+        std::memcpy(tail, w[j] + b, static_cast<size_t>(bytes - b));
+        raw16 = _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
+      }
+      _mm_prefetch(reinterpret_cast<const char*>(w[j] + b + ahead), _MM_HINT_T2);
+      const __m256i v = _mm256_broadcastsi128_si256(raw16);
+      const __m256i fa =
+          _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, gather_a), lift), 13);
+      const __m256i fb =
+          _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, gather_b), lift), 13);
+      int64_t t8;
+      std::memcpy(&t8, tab[j] + 8 * (k / group), 8);
+      const __m256i t = _mm256_xor_si256(_mm256_set1_epi64x(t8), bias);
+      const __m256i code = _mm256_shuffle_epi8(t, _mm256_packus_epi16(fa, fb));
+      const __m256i u = _mm256_abs_epi8(code);
+      __m256i& c0 = j == 0 ? c00 : c01;
+      __m256i& c1 = j == 0 ? c10 : c11;
+      c0 = dot_signed(c0, code, u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[0] + k)));
+      if (R > 1)
+        c1 =
+            dot_signed(c1, code, u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[1] + k)));
     }
   }
+  out[0][0] = sum_lanes8(c00);
+  out[0][1] = sum_lanes8(c01);
+  out[1][0] = sum_lanes8(c10);
+  out[1][1] = sum_lanes8(c11);
 }
 // One group's table (fold_table's bytes: fold_code(v - 7, ratio) + 128 for the nibble v) by
 // the same fp32 operations on 8 lanes.
@@ -1066,7 +1109,15 @@ LOWBIT_GEMV_AVX2 void pack_rows_avx2(const PackedWeightView& w, const int8_t* co
   const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
                                          4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   if (ternary_rows(w)) return pack_digit_major(codes, M, K, stride, 32, 5, out);
-  if (bit_rows(w)) return pack_digit_major(codes, M, K, stride, 32, 4, out);  // (2 bits)
+  if (bit_rows(w) && w.bits == 2) return pack_digit_major(codes, M, K, stride, 32, 4, out);
+  if (bit_rows(w)) {  // 3 bits: per block of 32, codes 0-7, 16-23, 8-15, 24-31
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t p = 0; p < stride; ++p) {
+        const int64_t q = p % 32, k = p - q + (q / 8 == 1 ? q + 8 : q / 8 == 2 ? q - 8 : q);
+        out[r * stride + p] = k < K ? codes[r * K + k] : int8_t{0};
+      }
+    return;
+  }
   alignas(32) int8_t block[64];
   for (int64_t r = 0; r < M; ++r) {
     int8_t* dst = out + r * stride;
@@ -1137,13 +1188,13 @@ LOWBIT_GEMV_AVX2 void dots_rows_avx2(const PackedWeightView& w, const int8_t* ac
                                      int64_t o0, int64_t o1, int32_t* dots) {
   const int64_t stride = row_bytes_avx2(w);
   if (ternary_rows(w)) return ternary_rows_avx2(w, act, M, o0, o1, dots);
-  const bool grouped = grouped_nibbles(w), bits2 = bit_rows(w);  // (bit rows here: 2 bits)
+  const bool grouped = grouped_nibbles(w), bitrows = bit_rows(w);  // (bit rows here: 2, 3 bits)
   const TableMode mode = table_mode(w);
   const int64_t ahead = kPrefetchRows * w.codes.shape[w.codes.ndim - 1];
   const uint8_t* prebuilt = prebuilt_tables(w);
-  const int64_t row_tab = grouped || bits2 ? table_bytes_per_row(w) : 0;
-  std::vector<uint8_t> tabs((grouped || bits2) && !prebuilt ? static_cast<size_t>(kJ * row_tab)
-                                                            : 0);
+  const int64_t row_tab = grouped || bitrows ? table_bytes_per_row(w) : 0;
+  std::vector<uint8_t> tabs((grouped || bitrows) && !prebuilt ? static_cast<size_t>(kJ * row_tab)
+                                                              : 0);
   for (int64_t o = o0; o < o1; o += kJ) {
     const uint8_t* wr[kJ];
     const uint8_t* tb[kJ];
@@ -1151,19 +1202,21 @@ LOWBIT_GEMV_AVX2 void dots_rows_avx2(const PackedWeightView& w, const int8_t* ac
       const int64_t oo = std::min<int64_t>(o + j, o1 - 1);
       wr[j] = code_row(w, oo);
       tb[j] = nullptr;
-      if ((grouped || bits2) && prebuilt) {
+      if ((grouped || bitrows) && prebuilt) {
         tb[j] = prebuilt + oo * row_tab;
-      } else if (grouped || bits2) {
+      } else if (grouped || bitrows) {
         uint8_t* t = tabs.data() + j * row_tab;
-        bits2 ? bit2_row_tables_avx2(w, oo, t) : row_tables_avx2(w, oo, t);
+        bitrows ? bit_row_tables_avx2(w, oo, t) : row_tables_avx2(w, oo, t);
         tb[j] = t;
       }
     }
     activation_pairs(act, stride, M, o, o0, o1, dots,
                      [&](auto rows, const int8_t* const* a, int32_t(&out)[2][kJ]) {
-                       if (bits2)
-                         return bit2_dots_avx2<decltype(rows)::value>(a, wr, tb, w.in_features,
-                                                                      w.group, ahead, out);
+                       constexpr int R = decltype(rows)::value;
+                       if (bitrows && w.bits == 2)
+                         return bit2_dots_avx2<R>(a, wr, tb, w.in_features, w.group, ahead, out);
+                       if (bitrows)
+                         return bit3_dots_avx2<R>(a, wr, tb, w.in_features, w.group, ahead, out);
                        dots_pass_avx2<decltype(rows)::value>(w, mode, a, wr, tb, ahead, out);
                      });
   }
@@ -1318,7 +1371,7 @@ void gemv_fp4_dots(const PackedWeightView& w, const int32_t* scale_ints, const F
 int64_t gemv_tables_bytes(const PackedWeightView& w) {
 #ifdef LOWBIT_GEMV_X86
   if ((cpu_has_gemv() && (grouped_nibbles(w) || bit_tables(w))) ||
-      (cpu_has_avx2() && (grouped_nibbles(w) || (bit_rows(w) && w.bits == 2))))
+      (cpu_has_avx2() && (grouped_nibbles(w) || bit_tables(w))))
     return w.out_features * table_bytes_per_row(w);
 #endif
   return 0;
@@ -1329,7 +1382,7 @@ void gemv_build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_
   if (gemv_tables_bytes(w) == 0) return;
   if (cpu_has_gemv()) return build_tables(w, o0, o1, out);
   for (int64_t o = o0; o < o1; ++o)
-    bit_rows(w) ? bit2_row_tables_avx2(w, o, out + o * table_bytes_per_row(w))
+    bit_rows(w) ? bit_row_tables_avx2(w, o, out + o * table_bytes_per_row(w))
                 : row_tables_avx2(w, o, out + o * table_bytes_per_row(w));
 #else
   (void)w, (void)o0, (void)o1, (void)out;

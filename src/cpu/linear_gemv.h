@@ -23,7 +23,8 @@ namespace convrot {
 // or comfy W4A4.
 bool gemv_supported(const PackedWeightView& w);
 // Where AVX-512 VBMI is missing (or the tests force the AVX2 kernels), convrot8, the 4-bit rows
-// (groups a multiple of 32, or comfy), the 2-bit rows and ternary rows (groups a multiple of 64)
+// (groups a multiple of 32, or comfy), the 2- and 3-bit rows and ternary rows (groups a multiple
+// of 64)
 // take an AVX2 form of the same GEMV
 // (vpshufb tables, vpmaddubsw on |code| with the sign moved onto the activation): gemv_avx2 says
 // which runs.

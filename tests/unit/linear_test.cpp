@@ -1304,9 +1304,9 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
 // The decode GEMV's dots (gemv_dots, its AVX2 form forced and the widest) are the exact integer
 // dots of the rows' GEMM codes with the activation codes, on codes no quantizer writes: every
 // nibble, convrot8 codes -128 and ±127 against activations ±127 (the AVX2 form's int16 pair sums
-// at their largest), ternary bytes of every value (243..255 included), 2-bit fields of every
-// value (3, the code 2, included), group ratios that tie, clamp, are negative, infinite or NaN,
-// with the fold tables built per call; K ending on half a 32-byte step, ternary rows ending
+// at their largest), ternary bytes of every value (243..255 included), 2- and 3-bit fields of
+// every value (the codes qmax + 1 included), group ratios that tie, clamp, are negative, infinite
+// or NaN, with the fold tables built per call; K ending on half a 32-byte step, ternary rows ending
 // inside a block.
 TEST(LinearSimd, GemvDotsExactOnExtremeCodes) {
   if (!simd_kernels_available()) GTEST_SKIP() << "no AVX2 on this CPU";
@@ -1326,7 +1326,9 @@ TEST(LinearSimd, GemvDotsExactOnExtremeCodes) {
                       {QType::convrot_bitnet, 1088},   // groups of 64, a last partial block
                       {QType::convrot_bitnet, 1536},   // groups of 128
                       {QType::convrot_int2, 320},      // groups of 64, half a 32-byte step last
-                      {QType::convrot_int2, 1536}}) {  // groups of 128
+                      {QType::convrot_int2, 1536},     // groups of 128
+                      {QType::convrot_int3, 320},      // groups of 64, the last step's bytes short
+                      {QType::convrot_int3, 1536}}) {  // groups of 128
     const int64_t O = 16;
     std::vector<float> w(static_cast<size_t>(O * K), 1.f);
     QuantizedLinear lin =
@@ -1386,7 +1388,7 @@ TEST(LinearSimd, GemvDotsExactOnExtremeCodes) {
       }
     }
   }
-  EXPECT_GE(checked, 11 * 6 * 15);  // every (qtype, K), M 1..3, on the AVX2 form at least
+  EXPECT_GE(checked, 13 * 6 * 15);  // every (qtype, K), M 1..3, on the AVX2 form at least
 }
 
 // The fp8 forward on every e4m3 weight code (NaN codes read as 0, subnormals, ±448), against
