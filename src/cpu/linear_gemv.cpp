@@ -753,6 +753,14 @@ LOWBIT_GEMV_AVX2 inline int32_t sum_lanes8(__m256i v) {
   q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
   return _mm_cvtsi128_si32(q);
 }
+// The AVX2 GEMVs' four accumulators (activation row i, weight row j: cij) summed into out.
+LOWBIT_GEMV_AVX2 inline void store_sums(__m256i c00, __m256i c01, __m256i c10, __m256i c11,
+                                        int32_t (&out)[2][kJ]) {
+  out[0][0] = sum_lanes8(c00);
+  out[0][1] = sum_lanes8(c01);
+  out[1][0] = sum_lanes8(c10);
+  out[1][1] = sum_lanes8(c11);
+}
 // acc += the int32 pair sums of (signed weight codes s) x (activation codes a).
 LOWBIT_GEMV_AVX2 inline __m256i dot_signed(__m256i acc, __m256i s, __m256i u, __m256i a) {
   const __m256i pairs = _mm256_maddubs_epi16(u, _mm256_sign_epi8(a, s));
@@ -810,10 +818,7 @@ LOWBIT_GEMV_AVX2 void dots_avx2(const int8_t* const* a, const uint8_t* const (&w
       }
     }
   }
-  out[0][0] = sum_lanes8(c00);
-  out[0][1] = sum_lanes8(c01);
-  out[1][0] = sum_lanes8(c10);
-  out[1][1] = sum_lanes8(c11);
+  store_sums(c00, c01, c10, c11, out);
 }
 template <int R>
 LOWBIT_GEMV_AVX2 void dots_pass_avx2(const PackedWeightView& w, TableMode mode,
@@ -952,10 +957,7 @@ LOWBIT_GEMV_AVX2 void ternary_dots_avx2(const int8_t* const* a, const uint8_t* c
       }
     }
   }
-  out[0][0] = sum_lanes8(c00);
-  out[0][1] = sum_lanes8(c01);
-  out[1][0] = sum_lanes8(c10);
-  out[1][1] = sum_lanes8(c11);
+  store_sums(c00, c01, c10, c11, out);
 }
 // ---- 2-bit rows on AVX2 ----
 // 32 stored bytes = 128 codes a step (byte l: codes 4 l .. 4 l + 3 at bits 2 j): digit vector j =
@@ -995,10 +997,7 @@ LOWBIT_GEMV_AVX2 void bit2_dots_avx2(const int8_t* const* a, const uint8_t* cons
       }
     }
   }
-  out[0][0] = sum_lanes8(c00);
-  out[0][1] = sum_lanes8(c01);
-  out[1][0] = sum_lanes8(c10);
-  out[1][1] = sum_lanes8(c11);
+  store_sums(c00, c01, c10, c11, out);
 }
 // A 2- or 3-bit row's tables (bit_tables' bytes: fold_code(u - qmax, ratio) + 128 for the 2^n
 // stored values u), one group a step on 8 lanes by fold_codes' fp32 arithmetic.
@@ -1067,10 +1066,7 @@ LOWBIT_GEMV_AVX2 void bit3_dots_avx2(const int8_t* const* a, const uint8_t* cons
             dot_signed(c1, code, u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[1] + k)));
     }
   }
-  out[0][0] = sum_lanes8(c00);
-  out[0][1] = sum_lanes8(c01);
-  out[1][0] = sum_lanes8(c10);
-  out[1][1] = sum_lanes8(c11);
+  store_sums(c00, c01, c10, c11, out);
 }
 // One group's table (fold_table's bytes: fold_code(v - 7, ratio) + 128 for the nibble v) by
 // the same fp32 operations on 8 lanes.
