@@ -728,7 +728,7 @@ LOWBIT_VBMI void build_tables(const PackedWeightView& w, int64_t o0, int64_t o1,
 // to take off. The activations: rows of round_up(K, 64) bytes, zero past K; for the 4-bit rows each
 // block of 64 as its 32 even columns, then its 32 odd ones (a 32-byte load of packed codes is one
 // block: its low nibbles are the even columns, 16 per 128-bit lane, each lane with its group's
-// table).
+// table); the 2-, 3-bit and ternary rows' own orders below.
 #define LOWBIT_GEMV_AVX2 __attribute__((target("avx2")))
 
 bool cpu_has_avx2() {
@@ -760,6 +760,12 @@ LOWBIT_GEMV_AVX2 inline void store_sums(__m256i c00, __m256i c01, __m256i c10, _
   out[0][1] = sum_lanes8(c01);
   out[1][0] = sum_lanes8(c10);
   out[1][1] = sum_lanes8(c11);
+}
+// fold_code's rounding of 8 products y = code x ratio: rint, NaN -> 0, clamp to ±127 (fp32).
+LOWBIT_GEMV_AVX2 inline __m256 fold8(__m256 y) {
+  __m256 r = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  r = _mm256_and_ps(r, _mm256_cmp_ps(y, y, _CMP_ORD_Q));
+  return _mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.f)), _mm256_set1_ps(-127.f));
 }
 // acc += the int32 pair sums of (signed weight codes s) x (activation codes a).
 LOWBIT_GEMV_AVX2 inline __m256i dot_signed(__m256i acc, __m256i s, __m256i u, __m256i a) {
@@ -878,10 +884,7 @@ LOWBIT_GEMV_AVX2 void ternary_fold_codes(const PackedWeightView& w, int64_t o, i
       std::memcpy(tail, ratios + g, static_cast<size_t>(n) * sizeof(float));
       r = _mm256_load_ps(tail);
     }
-    __m256 c = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    c = _mm256_and_ps(c, _mm256_cmp_ps(r, r, _CMP_ORD_Q));  // NaN -> 0
-    c = _mm256_max_ps(_mm256_min_ps(c, _mm256_set1_ps(127.f)), _mm256_set1_ps(-127.f));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(q), _mm256_cvtps_epi32(c));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(q), _mm256_cvtps_epi32(fold8(r)));
     for (int64_t i = 0; i < n; ++i) f[g + i] = static_cast<int8_t>(q[i]);
   }
   std::memset(f + groups, 0, 4);
@@ -1008,10 +1011,7 @@ LOWBIT_GEMV_AVX2 void bit_row_tables_avx2(const PackedWeightView& w, int64_t o, 
                                  _mm256_set1_ps(static_cast<float>(entries / 2 - 1)));
   alignas(32) int32_t q[8];
   for (int64_t g = 0; g < groups; ++g) {
-    const __m256 y = _mm256_mul_ps(c, _mm256_set1_ps(ratios[g]));
-    __m256 r = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    r = _mm256_and_ps(r, _mm256_cmp_ps(y, y, _CMP_ORD_Q));  // NaN -> 0
-    r = _mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.f)), _mm256_set1_ps(-127.f));
+    const __m256 r = fold8(_mm256_mul_ps(c, _mm256_set1_ps(ratios[g])));
     _mm256_store_si256(reinterpret_cast<__m256i*>(q),
                        _mm256_cvtps_epi32(_mm256_add_ps(r, _mm256_set1_ps(128.f))));
     for (int64_t u = 0; u < entries; ++u) tabs[g * entries + u] = static_cast<uint8_t>(q[u]);
@@ -1077,10 +1077,7 @@ LOWBIT_GEMV_AVX2 void fold_table_avx2(float ratio, uint8_t* out) {
     const float base = h == 0 ? -7.f : 1.f;
     const __m256 v =
         _mm256_add_ps(_mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f), _mm256_set1_ps(base));
-    const __m256 y = _mm256_mul_ps(v, r);
-    __m256 c = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    c = _mm256_and_ps(c, _mm256_cmp_ps(y, y, _CMP_ORD_Q));  // NaN -> 0
-    c = _mm256_max_ps(_mm256_min_ps(c, _mm256_set1_ps(127.f)), _mm256_set1_ps(-127.f));
+    const __m256 c = fold8(_mm256_mul_ps(v, r));
     q[h] = _mm256_cvtps_epi32(_mm256_add_ps(c, _mm256_set1_ps(128.f)));
   }
   // int32 -> uint8 (values 1..255): packs interleave the lanes, the permute restores the order.
