@@ -119,7 +119,7 @@ LOWBIT_VBMI void row_tables(const PackedWeightView& w, int64_t o, uint8_t* tabs)
 // streaming 3072 x 3072 layers from memory: 11.3-11.7 GB/s for int8 codes, 9.2-9.4 for comfy's
 // 4-bit codes; into L2 9-10 / 6-8, into L1 9-11 / 6-8, no prefetch 8 / 5-6).
 constexpr int64_t kPrefetchRows = 4;
-LOWBIT_VBMI inline void prefetch(const uint8_t* p) {
+inline void prefetch(const uint8_t* p) {  // (SSE: every x86-64 form calls it)
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T2);
 }
 
@@ -801,7 +801,7 @@ LOWBIT_GEMV_AVX2 void dots_avx2(const int8_t* const* a, const uint8_t* const (&w
     const int64_t left = bytes - k;
     for (int j = 0; j < kJ; ++j) {
       const __m256i raw = load_bytes(w[j] + k, left);
-      _mm_prefetch(reinterpret_cast<const char*>(w[j] + k + ahead), _MM_HINT_T2);
+      prefetch(w[j] + k + ahead);
       __m256i& c0 = j == 0 ? c00 : c01;
       __m256i& c1 = j == 0 ? c10 : c11;
       if (kInt8) {
@@ -937,7 +937,7 @@ LOWBIT_GEMV_AVX2 void ternary_dots_avx2(const int8_t* const* a, const uint8_t* c
         std::memcpy(tail, w[j] + k, static_cast<size_t>(bytes - k));
         raw = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
       }
-      _mm_prefetch(reinterpret_cast<const char*>(w[j] + k + ahead), _MM_HINT_T2);
+      prefetch(w[j] + k + ahead);
       __m256i d[5];
       ternary_digits_avx2(raw, d);
       int32_t four;
@@ -980,7 +980,7 @@ LOWBIT_GEMV_AVX2 void bit2_dots_avx2(const int8_t* const* a, const uint8_t* cons
     const int64_t g0 = 4 * k / group, g1 = std::min((4 * k + 64) / group, last);
     for (int j = 0; j < kJ; ++j) {
       const __m256i raw = load_bytes(w[j] + k, bytes - k);
-      _mm_prefetch(reinterpret_cast<const char*>(w[j] + k + ahead), _MM_HINT_T2);
+      prefetch(w[j] + k + ahead);
       int32_t t0, t1;
       std::memcpy(&t0, tab[j] + 4 * g0, 4);
       std::memcpy(&t1, tab[j] + 4 * g1, 4);
@@ -1002,20 +1002,25 @@ LOWBIT_GEMV_AVX2 void bit2_dots_avx2(const int8_t* const* a, const uint8_t* cons
   }
   store_sums(c00, c01, c10, c11, out);
 }
-// A 2- or 3-bit row's tables (bit_tables' bytes: fold_code(u - qmax, ratio) + 128 for the 2^n
-// stored values u), one group a step on 8 lanes by fold_codes' fp32 arithmetic.
-LOWBIT_GEMV_AVX2 void bit_row_tables_avx2(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
-  const int64_t groups = w.in_features / w.group, entries = int64_t{1} << w.bits;
+// A 4-, 3- or 2-bit row's tables (row_tables' and bit_tables' bytes: fold_code(u - (entries / 2 -
+// 1), ratio) + 128 for the 16, 8 or 4 stored values u of each group), 8 entries a step by
+// fold_codes' fp32 arithmetic.
+LOWBIT_GEMV_AVX2 void row_tables_avx2(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
+  const int64_t groups = w.in_features / w.group;
+  const int64_t entries = bit_rows(w) ? int64_t{1} << w.bits : 16;
   const float* ratios = row_ratios(w, o);
-  const __m256 c = _mm256_sub_ps(_mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f),
-                                 _mm256_set1_ps(static_cast<float>(entries / 2 - 1)));
+  const __m256 lane = _mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
   alignas(32) int32_t q[8];
-  for (int64_t g = 0; g < groups; ++g) {
-    const __m256 r = fold8(_mm256_mul_ps(c, _mm256_set1_ps(ratios[g])));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(q),
-                       _mm256_cvtps_epi32(_mm256_add_ps(r, _mm256_set1_ps(128.f))));
-    for (int64_t u = 0; u < entries; ++u) tabs[g * entries + u] = static_cast<uint8_t>(q[u]);
-  }
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t u0 = 0; u0 < entries; u0 += 8) {
+      const __m256 c =
+          _mm256_add_ps(lane, _mm256_set1_ps(static_cast<float>(u0 - (entries / 2 - 1))));
+      const __m256 r = fold8(_mm256_mul_ps(c, _mm256_set1_ps(ratios[g])));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q),
+                         _mm256_cvtps_epi32(_mm256_add_ps(r, _mm256_set1_ps(128.f))));
+      for (int64_t u = u0; u < std::min<int64_t>(entries, u0 + 8); ++u)
+        tabs[g * entries + u] = static_cast<uint8_t>(q[u - u0]);
+    }
 }
 // ---- 3-bit rows on AVX2 ----
 // 12 stored bytes = 32 codes a step (8 codes in 3 bytes, code j at bits 3 j): each code's two
@@ -1047,7 +1052,7 @@ LOWBIT_GEMV_AVX2 void bit3_dots_avx2(const int8_t* const* a, const uint8_t* cons
         std::memcpy(tail, w[j] + b, static_cast<size_t>(bytes - b));
         raw16 = _mm_load_si128(reinterpret_cast<const __m128i*>(tail));
       }
-      _mm_prefetch(reinterpret_cast<const char*>(w[j] + b + ahead), _MM_HINT_T2);
+      prefetch(w[j] + b + ahead);
       const __m256i v = _mm256_broadcastsi128_si256(raw16);
       const __m256i fa =
           _mm256_srli_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(v, gather_a), lift), 13);
@@ -1067,28 +1072,6 @@ LOWBIT_GEMV_AVX2 void bit3_dots_avx2(const int8_t* const* a, const uint8_t* cons
     }
   }
   store_sums(c00, c01, c10, c11, out);
-}
-// One group's table (fold_table's bytes: fold_code(v - 7, ratio) + 128 for the nibble v) by
-// the same fp32 operations on 8 lanes.
-LOWBIT_GEMV_AVX2 void fold_table_avx2(float ratio, uint8_t* out) {
-  const __m256 r = _mm256_set1_ps(ratio);
-  __m256i q[2];
-  for (int h = 0; h < 2; ++h) {
-    const float base = h == 0 ? -7.f : 1.f;
-    const __m256 v =
-        _mm256_add_ps(_mm256_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f), _mm256_set1_ps(base));
-    const __m256 c = fold8(_mm256_mul_ps(v, r));
-    q[h] = _mm256_cvtps_epi32(_mm256_add_ps(c, _mm256_set1_ps(128.f)));
-  }
-  // int32 -> uint8 (values 1..255): packs interleave the lanes, the permute restores the order.
-  const __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_setzero_si256());
-  const __m256i o = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 3, 6, 7));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(o));
-}
-LOWBIT_GEMV_AVX2 void row_tables_avx2(const PackedWeightView& w, int64_t o, uint8_t* tabs) {
-  const int64_t groups = w.in_features / w.group;
-  const float* ratios = row_ratios(w, o);
-  for (int64_t gi = 0; gi < groups; ++gi) fold_table_avx2(ratios[gi], tabs + 16 * gi);
 }
 // M activation rows into the AVX2 layout (row_bytes_avx2 bytes each).
 int64_t row_bytes_avx2(const PackedWeightView& w) {
@@ -1199,7 +1182,7 @@ LOWBIT_GEMV_AVX2 void dots_rows_avx2(const PackedWeightView& w, const int8_t* ac
         tb[j] = prebuilt + oo * row_tab;
       } else if (grouped || bitrows) {
         uint8_t* t = tabs.data() + j * row_tab;
-        bitrows ? bit_row_tables_avx2(w, oo, t) : row_tables_avx2(w, oo, t);
+        row_tables_avx2(w, oo, t);
         tb[j] = t;
       }
     }
@@ -1374,9 +1357,7 @@ void gemv_build_tables(const PackedWeightView& w, int64_t o0, int64_t o1, uint8_
 #ifdef LOWBIT_GEMV_X86
   if (gemv_tables_bytes(w) == 0) return;
   if (cpu_has_gemv()) return build_tables(w, o0, o1, out);
-  for (int64_t o = o0; o < o1; ++o)
-    bit_rows(w) ? bit_row_tables_avx2(w, o, out + o * table_bytes_per_row(w))
-                : row_tables_avx2(w, o, out + o * table_bytes_per_row(w));
+  for (int64_t o = o0; o < o1; ++o) row_tables_avx2(w, o, out + o * table_bytes_per_row(w));
 #else
   (void)w, (void)o0, (void)o1, (void)out;
 #endif
