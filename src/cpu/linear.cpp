@@ -462,6 +462,13 @@ LOWBIT_CLONES int64_t dot_chunk(const double* a, const double* b, int64_t K) {
   for (int l = 0; l < 8; ++l) s += lane[l];
   return static_cast<int64_t>(s);
 }
+#ifdef LOWBIT_AVX2
+// The sum of a vector's four doubles (exact here: the fp8 GEMMs' partial sums are exact).
+__attribute__((target("avx2,fma"))) inline double sum_lanes_pd(__m256d v) {
+  const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+}
+#endif
 // out[i][j] += a_i . w_j exactly over n <= 2^17 values, for the first R <= 3 activation rows a[i]
 // and the 4 weight rows w + j * ldw (dot_exact's bits: products of two integers below
 // 2^18 and their partial sums over at most 2^17 of them are integers below 2^53, so no product,
@@ -486,9 +493,7 @@ __attribute__((target("avx2,fma"))) void fp8_dots_avx2(const double* const (&a)[
   }
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < 4; ++j) {
-      const __m128d h =
-          _mm_add_pd(_mm256_castpd256_pd128(acc[i][j]), _mm256_extractf128_pd(acc[i][j], 1));
-      double s = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+      double s = sum_lanes_pd(acc[i][j]);
       for (int64_t t = k; t < n; ++t) s += a[i][t] * w[j * ldw + t];
       out[i][j] += static_cast<int64_t>(s);
     }
@@ -697,29 +702,26 @@ __attribute__((target("avx2,fma,f16c"))) void fp8_gemv_avx2(const double* const 
         acc[i][q] = _mm256_fmadd_pd(_mm256_loadu_pd(a[i] + k + 4 * q), d[q], acc[i][q]);
   }
   for (int i = 0; i < R; ++i) {
-    const __m256d s4 =
-        _mm256_add_pd(_mm256_add_pd(acc[i][0], acc[i][1]), _mm256_add_pd(acc[i][2], acc[i][3]));
-    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
-    out[i] += _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    out[i] += sum_lanes_pd(
+        _mm256_add_pd(_mm256_add_pd(acc[i][0], acc[i][1]), _mm256_add_pd(acc[i][2], acc[i][3])));
   }
 }
 #endif
-bool fp8_gemv_available() {
-#ifdef LOWBIT_AVX2
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
-  return has && convrot::simd_kernels_on();
-#else
-  return false;
-#endif
-}
-
 // False where fp8_dots_avx2 is not built, the CPU lacks AVX2 + FMA or the scalar kernels are
 // forced (then the GEMM takes dot_exact row by row).
 bool fp8_blocked_available() {
 #ifdef LOWBIT_AVX2
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has && convrot::simd_kernels_on();
+#else
+  return false;
+#endif
+}
+// fp8_blocked_available and F16C (fp8_gemv_avx2's decode).
+bool fp8_gemv_available() {
+#ifdef LOWBIT_AVX2
+  static const bool f16c = __builtin_cpu_supports("f16c");
+  return f16c && fp8_blocked_available();
 #else
   return false;
 #endif
