@@ -194,12 +194,7 @@ LOWBIT_AVX2 int64_t dots_2x4_avx2(const int8_t* a0, const int8_t* a1, const int8
   if (!kTwo)
     for (int j = 0; j < 4; ++j) acc[1][j] = acc[0][j];
   for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 4; ++j) {
-      const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc[i][j]),
-                                      _mm256_extracti128_si256(acc[i][j], 1));
-      const __m128i t = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-      out[i][j] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1)));
-    }
+    for (int j = 0; j < 4; ++j) out[i][j] = sum_lanes8(acc[i][j]);
   return k;
 }
 #endif
@@ -211,12 +206,8 @@ LOWBIT_AVX2 int64_t dots_2x4_avx2(const int8_t* a0, const int8_t* a1, const int8
 // (out[0][j], ones against the codes).
 #ifdef LOWBIT_AVX2
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline uint32_t sum_lanes(__m512i v) {
-  const __m256i h = _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, v, 0),
-                                     _mm512_maskz_extracti64x4_epi64(0xF, v, 1));
-  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
-  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
-  return static_cast<uint32_t>(_mm_cvtsi128_si32(q));
+  return static_cast<uint32_t>(sum_lanes8(_mm256_add_epi32(
+      _mm512_maskz_extracti64x4_epi64(0xF, v, 0), _mm512_maskz_extracti64x4_epi64(0xF, v, 1))));
 }
 // (Named accumulators, not an array: GCC 12 stored an array of them to memory every step.)
 template <int R>

@@ -747,12 +747,6 @@ LOWBIT_GEMV_AVX2 inline __m256i load_bytes(const uint8_t* p, int64_t left) {
   return left >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
                     : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-LOWBIT_GEMV_AVX2 inline int32_t sum_lanes8(__m256i v) {
-  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
-  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
-  return _mm_cvtsi128_si32(q);
-}
 // The AVX2 GEMVs' four accumulators (activation row i, weight row j: cij) summed into out.
 LOWBIT_GEMV_AVX2 inline void store_sums(__m256i c00, __m256i c01, __m256i c10, __m256i c11,
                                         int32_t (&out)[2][kJ]) {

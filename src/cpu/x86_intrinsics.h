@@ -22,6 +22,13 @@ namespace lowbit {
 namespace cpu {
 // The byte mask of the first min(n, 64) lanes of a 64-byte vector (a row's tail, n >= 0).
 inline __mmask64 tail_mask(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
+// The (wrapping) sum of a vector's eight int32 lanes, on AVX2.
+__attribute__((target("avx2"))) inline int32_t sum_lanes8(__m256i v) {
+  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
+  return _mm_cvtsi128_si32(q);
+}
 }  // namespace cpu
 }  // namespace lowbit
 #endif
