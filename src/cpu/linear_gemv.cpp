@@ -766,6 +766,15 @@ LOWBIT_GEMV_AVX2 inline __m256i dot_signed(__m256i acc, __m256i s, __m256i u, __
   const __m256i pairs = _mm256_maddubs_epi16(u, _mm256_sign_epi8(a, s));
   return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
+// c0 (and c1, R = 2) += the dots of signed weight codes s (|s|: u) with activation rows a[0]
+// (and a[1]) at byte `at`.
+template <int R>
+LOWBIT_GEMV_AVX2 inline void dot_rows(__m256i& c0, __m256i& c1, __m256i s, __m256i u,
+                                      const int8_t* const* a, int64_t at) {
+  c0 = dot_signed(c0, s, u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[0] + at)));
+  if (R > 1)
+    c1 = dot_signed(c1, s, u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[1] + at)));
+}
 // The signed GEMM codes of a 4-bit block's 16-entry tables (per 128-bit lane) at byte k of a row.
 template <TableMode kMode>
 LOWBIT_GEMV_AVX2 inline __m256i block_tables_avx2(const uint8_t* tab, int64_t k, int64_t left,
@@ -799,23 +808,14 @@ LOWBIT_GEMV_AVX2 void dots_avx2(const int8_t* const* a, const uint8_t* const (&w
       __m256i& c0 = j == 0 ? c00 : c01;
       __m256i& c1 = j == 0 ? c10 : c11;
       if (kInt8) {
-        const __m256i u = _mm256_abs_epi8(raw);
-        c0 = dot_signed(c0, raw, u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[0] + k)));
-        if (R > 1)
-          c1 = dot_signed(c1, raw, u,
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[1] + k)));
+        dot_rows<R>(c0, c1, raw, _mm256_abs_epi8(raw), a, k);
         continue;
       }
       const __m256i t = block_tables_avx2<kMode>(tab[j], k, left, group);
       const __m256i slo = _mm256_shuffle_epi8(t, _mm256_and_si256(raw, low4));
       const __m256i shi = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4));
-      const __m256i ulo = _mm256_abs_epi8(slo), uhi = _mm256_abs_epi8(shi);
-      for (int i = 0; i < R; ++i) {
-        const __m256i* ai = reinterpret_cast<const __m256i*>(a[i] + 2 * k);
-        __m256i& c = i == 0 ? c0 : c1;
-        c = dot_signed(c, slo, ulo, _mm256_loadu_si256(ai));
-        c = dot_signed(c, shi, uhi, _mm256_loadu_si256(ai + 1));
-      }
+      dot_rows<R>(c0, c1, slo, _mm256_abs_epi8(slo), a, 2 * k);
+      dot_rows<R>(c0, c1, shi, _mm256_abs_epi8(shi), a, 2 * k + 32);
     }
   }
   store_sums(c00, c01, c10, c11, out);
@@ -943,14 +943,7 @@ LOWBIT_GEMV_AVX2 void ternary_dots_avx2(const int8_t* const* a, const uint8_t* c
         const __m256i fl = _mm256_shuffle_epi8(
             t, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(index + 32 * q)));
         const __m256i code = _mm256_sign_epi8(fl, _mm256_sub_epi8(d[q], one));
-        const __m256i u = _mm256_abs_epi8(code);
-        c0 =
-            dot_signed(c0, code, u,
-                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[0] + 5 * k + 32 * q)));
-        if (R > 1)
-          c1 = dot_signed(
-              c1, code, u,
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[1] + 5 * k + 32 * q)));
+        dot_rows<R>(c0, c1, code, _mm256_abs_epi8(code), a, 5 * k + 32 * q);
       }
     }
   }
@@ -984,13 +977,7 @@ LOWBIT_GEMV_AVX2 void bit2_dots_avx2(const int8_t* const* a, const uint8_t* cons
       for (int q = 0; q < 4; ++q) {
         const __m256i code = _mm256_shuffle_epi8(
             t, _mm256_and_si256(q == 0 ? raw : _mm256_srli_epi16(raw, 2 * q), three));
-        const __m256i u = _mm256_abs_epi8(code);
-        const __m256i* a0 = reinterpret_cast<const __m256i*>(a[0] + 4 * k + 32 * q);
-        c0 = dot_signed(c0, code, u, _mm256_loadu_si256(a0));
-        if (R > 1)
-          c1 = dot_signed(
-              c1, code, u,
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[1] + 4 * k + 32 * q)));
+        dot_rows<R>(c0, c1, code, _mm256_abs_epi8(code), a, 4 * k + 32 * q);
       }
     }
   }
@@ -1056,13 +1043,7 @@ LOWBIT_GEMV_AVX2 void bit3_dots_avx2(const int8_t* const* a, const uint8_t* cons
       std::memcpy(&t8, tab[j] + 8 * (k / group), 8);
       const __m256i t = _mm256_xor_si256(_mm256_set1_epi64x(t8), bias);
       const __m256i code = _mm256_shuffle_epi8(t, _mm256_packus_epi16(fa, fb));
-      const __m256i u = _mm256_abs_epi8(code);
-      __m256i& c0 = j == 0 ? c00 : c01;
-      __m256i& c1 = j == 0 ? c10 : c11;
-      c0 = dot_signed(c0, code, u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[0] + k)));
-      if (R > 1)
-        c1 =
-            dot_signed(c1, code, u, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[1] + k)));
+      dot_rows<R>(j == 0 ? c00 : c01, j == 0 ? c10 : c11, code, _mm256_abs_epi8(code), a, k);
     }
   }
   store_sums(c00, c01, c10, c11, out);
@@ -1075,9 +1056,6 @@ int64_t row_bytes_avx2(const PackedWeightView& w) {
 LOWBIT_GEMV_AVX2 void pack_rows_avx2(const PackedWeightView& w, const int8_t* codes, int64_t M,
                                      int8_t* out) {
   const int64_t K = w.in_features, stride = row_bytes_avx2(w);
-  // Per 128-bit lane: its 8 even bytes, then its 8 odd ones.
-  const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
-                                         4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   if (ternary_rows(w)) return pack_digit_major(codes, M, K, stride, 32, 5, out);
   if (bit_rows(w) && w.bits == 2) return pack_digit_major(codes, M, K, stride, 32, 4, out);
   if (bit_rows(w)) {  // 3 bits: per block of 32, codes 0-7, 16-23, 8-15, 24-31
@@ -1088,6 +1066,9 @@ LOWBIT_GEMV_AVX2 void pack_rows_avx2(const PackedWeightView& w, const int8_t* co
       }
     return;
   }
+  // Per 128-bit lane: its 8 even bytes, then its 8 odd ones.
+  const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
+                                         4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   alignas(32) int8_t block[64];
   for (int64_t r = 0; r < M; ++r) {
     int8_t* dst = out + r * stride;
