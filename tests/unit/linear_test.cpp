@@ -1253,8 +1253,8 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       // and fp8), AVX2 alone, the scalar loops, the vector kernels without AMX, without the
       // GEMVs, the GEMV on tables built per call (the weight view without QuantizedLinear's
       // derived tables), the blocked VNNI GEMM at every row count (int8 codes, AVX-512 VNNI:
-      // without AMX it runs from 16 rows by default), and AVX2 alone (its GEMV for convrot8 and
-      // the 4-bit rows) on tables built per call, and without its GEMV.
+      // without AMX it runs from 16 rows by default), and AVX2 alone (its GEMVs: convrot8, the
+      // 4-, 3-, 2-bit and ternary rows, fp8) on tables built per call, and without its GEMV.
       constexpr int kModes = 9;
       std::vector<float> y[kModes];
       for (int mode = 0; mode < kModes; ++mode) {
