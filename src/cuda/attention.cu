@@ -31,8 +31,8 @@ namespace cuda {
 namespace {
 
 using attn::AttnParams;
-using attn::cta_work;
-using attn::CtaWork;
+using attn::cta_tiles;
+using attn::CtaTiles;
 using attn::fast_exp2;
 using attn::kLn2;
 using attn::kLog2_448;
@@ -172,18 +172,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
   uint8_t* sQ = smem;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
-  const CtaWork work = cta_work(p);  // causal: long rows first
-  const int qb = work.qb, h = work.h, b = blockIdx.z, hk = h / p.G;
-  const int64_t q0 = static_cast<int64_t>(qb) * kRowsPerCta;
+  const CtaTiles ct = cta_tiles<kRowsPerCta, kKvTile>(p);  // causal: long rows first
+  const int h = ct.h, b = ct.b, hk = ct.hk, n_tiles = ct.n_tiles;
+  const int64_t q0 = ct.q0;
 
   const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
   const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
   const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
-
-  // Keys this CTA needs: up to the visible end of its last row.
-  const int64_t last_row = min(q0 + kRowsPerCta, static_cast<int64_t>(p.Nq)) - 1;
-  const int64_t kv_end = visible_end(p, last_row);
-  const int n_tiles = static_cast<int>((kv_end + kKvTile - 1) / kKvTile);
 
   // Q tile.
   constexpr int kChunks = D / 16;

@@ -113,6 +113,23 @@ __device__ __forceinline__ int64_t visible_end(const AttnParams& p, int64_t row)
   return e < 0 ? 0 : (e > p.Nkv ? p.Nkv : e);
 }
 
+// What a CTA of kRows query rows works on: its head, batch item and kv head, its first query row,
+// and the key tiles of kTile keys up to the visible end of its last row (cta_work's order).
+struct CtaTiles {
+  int h, b, hk;
+  int64_t q0;
+  int n_tiles;
+};
+template <int kRows, int kTile>
+__device__ __forceinline__ CtaTiles cta_tiles(const AttnParams& p) {
+  const CtaWork work = cta_work(p);
+  const int64_t q0 = static_cast<int64_t>(work.qb) * kRows;
+  const int64_t last_row = min(q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
+  const int64_t kv_end = visible_end(p, last_row);
+  return {work.h, static_cast<int>(blockIdx.z), work.h / p.G, q0,
+          static_cast<int>((kv_end + kTile - 1) / kTile)};
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -371,9 +371,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
   uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
   const int g = lane / 4, t = lane % 4;
-  const CtaWork work = cta_work(p);  // causal: long rows first
-  const int qb = work.qb, h = work.h, b = blockIdx.z, hk = h / p.G;
-  const int64_t q0 = static_cast<int64_t>(qb) * kBM;
+  const CtaTiles ct = cta_tiles<kBM, kBN>(p);  // causal: long rows first
+  const int h = ct.h, b = ct.b, hk = ct.hk, n_tiles = ct.n_tiles;
+  const int64_t q0 = ct.q0;
 
   const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
   const int8_t* kg = p.k + b * p.k_sb + hk * p.k_sh;
@@ -381,11 +381,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
   const uint8_t* vg = static_cast<const uint8_t*>(p.v) +
                       (FP8 ? (static_cast<int64_t>(b) * p.Hkv + hk) * D * p.npad : 0);  // (D, npad)
   const T16* vg16 = static_cast<const T16*>(p.v) + (FP8 ? 0 : b * p.v_sb + hk * p.v_sh);
-
-  // Keys this CTA needs: up to the visible end of its last row.
-  const int64_t last_row = min(q0 + kBM, static_cast<int64_t>(p.Nq)) - 1;
-  const int64_t kv_end = visible_end(p, last_row);
-  const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
 
   // Q tile (rows past Nq zero-filled).
   constexpr int kChunks = D / 16;  // 16-byte chunks per q/k row
@@ -767,12 +762,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-  const CtaWork work = cta_work(p);  // causal: long rows first
-  const int qb = work.qb, h = work.h, b = blockIdx.z, hk = h / p.G;
-  const int64_t q0 = static_cast<int64_t>(qb) * kRows;
-  const int64_t last_row = min(q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
-  const int64_t kv_end = visible_end(p, last_row);
-  const int n_tiles = static_cast<int>((kv_end + kBN - 1) / kBN);
+  const CtaTiles ct = cta_tiles<kRows, kBN>(p);  // causal: long rows first
+  const int h = ct.h, b = ct.b, hk = ct.hk, n_tiles = ct.n_tiles;
+  const int64_t q0 = ct.q0;
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kR3Stages * 8;
   float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kR3Stages][kBN] kc
 

@@ -219,12 +219,9 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-  const CtaWork work = cta_work(p);  // causal: long rows first
-  const int qb = work.qb, h = work.h, b = blockIdx.z, hk = h / p.G;
-  const int64_t q0 = static_cast<int64_t>(qb) * kRows;
-  const int64_t last_row = min(q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
-  const int64_t kv_end = visible_end(p, last_row);
-  const int n_tiles = static_cast<int>((kv_end + kKeys - 1) / kKeys);
+  const CtaTiles ct = cta_tiles<kRows, kKeys>(p);  // causal: long rows first
+  const int h = ct.h, b = ct.b, hk = ct.hk, n_tiles = ct.n_tiles;
+  const int64_t q0 = ct.q0;
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
   float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kStages][kKeys] kc
 
