@@ -562,6 +562,23 @@ LOWBIT_CLONES void unpack_nibbles(const uint8_t* in, int64_t K, int8_t* codes) {
     codes[2 * i + 1] = static_cast<int8_t>((in[i] >> 4) - 7);
   }
 }
+// unpack_bits at 8 bits: byte i is code i + 127.
+LOWBIT_CLONES void unpack_bytes(const uint8_t* in, int64_t K, int8_t* codes) {
+  for (int64_t i = 0; i < K; ++i) codes[i] = static_cast<int8_t>(in[i] - 127);
+}
+// unpack_bits from code i0 on with the width known at compile time (each 8 codes one
+// little-endian word of kBits bytes).
+template <int kBits>
+void unpack_words(const uint8_t* in, int64_t i0, int64_t K, int8_t* codes) {
+  constexpr int qmax = (1 << (kBits - 1)) - 1;
+  constexpr uint64_t mask = (1u << kBits) - 1u;
+  for (int64_t i = i0; i < K; i += 8) {
+    uint64_t word = 0;
+    for (int b = 0; b < kBits; ++b) word |= static_cast<uint64_t>(in[i / 8 * kBits + b]) << (8 * b);
+    for (int j = 0; j < 8; ++j)
+      codes[i + j] = static_cast<int8_t>(static_cast<int>((word >> (j * kBits)) & mask) - qmax);
+  }
+}
 }  // namespace
 
 #ifdef LOWBIT_HAVE_AVX2_PATH
@@ -575,28 +592,149 @@ LOWBIT_BITS_VBMI int64_t unpack_bits_vbmi(const uint8_t* in, int64_t K, int nbit
     _mm512_storeu_si512(codes + i, _mm512_sub_epi8(bits::raw(f, in, i), qmax));
   return i;
 }
+// (false while the tests force the AVX2 kernels)
 bool has_vbmi() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vbmi");
-  return has;
+  return has && !g_force_avx2;
+}
+// The raw fields of bit-packed codes on AVX2 (2, 3, 5, 6, 7 bits), 32 codes a step: each 16
+// codes (2 nbits bytes, one 16-byte load per 128-bit lane) as 16-bit words holding the two bytes
+// of each field (vpshufb), the field moved to the word's top by vpmullw (x 2^(16 - nbits -
+// shift): the bits above it drop out), then down by a uniform vpsrlw; vpackuswb puts the 16
+// codes of each lane back in order.
+struct FieldsAvx2 {
+  __m256i idx[2], mul[2];
+  __m128i down;
+  int64_t step;  // bytes of 32 codes
+};
+LOWBIT_AVX2 FieldsAvx2 fields_avx2(int nbits) {
+  alignas(32) uint8_t idx[2][32];
+  alignas(32) uint16_t mul[2][16];
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 8; ++j) {  // word j of half h: code 8 h + j of the lane's 16
+      const int bit = (8 * h + j) * nbits, byte = bit / 8;
+      for (int lane = 0; lane < 2; ++lane) {
+        idx[h][16 * lane + 2 * j] = static_cast<uint8_t>(byte);
+        idx[h][16 * lane + 2 * j + 1] = static_cast<uint8_t>(byte + 1);
+        mul[h][8 * lane + j] = static_cast<uint16_t>(1u << (16 - nbits - bit % 8));
+      }
+    }
+  FieldsAvx2 f;
+  for (int h = 0; h < 2; ++h) {
+    f.idx[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx[h]));
+    f.mul[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(mul[h]));
+  }
+  f.down = _mm_cvtsi32_si128(16 - nbits);
+  f.step = 4 * nbits;
+  return f;
+}
+// Codes 32 i'.. 32 i' + 31 of a row whose step starts at p (reads p .. p + step / 2 + 16).
+LOWBIT_AVX2 inline __m256i raw_fields(const FieldsAvx2& f, const uint8_t* p) {
+  const __m256i b = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + f.step / 2)), 1);
+  const __m256i w0 =
+      _mm256_srl_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(b, f.idx[0]), f.mul[0]), f.down);
+  const __m256i w1 =
+      _mm256_srl_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(b, f.idx[1]), f.mul[1]), f.down);
+  return _mm256_packus_epi16(w0, w1);
+}
+// The bytes the 32-code step at byte `at` of a row of `bytes` reads: the row's own, or where its
+// loads would pass the row (the last steps), a zero-padded copy of its last bytes in `last`.
+inline const uint8_t* step_bytes(const uint8_t* in, int64_t at, int64_t bytes, const FieldsAvx2& f,
+                                 uint8_t (&last)[32]) {
+  if (at + f.step / 2 + 16 <= bytes) return in + at;
+  std::memset(last, 0, sizeof last);
+  std::memcpy(last, in + at, static_cast<size_t>(bytes - at));
+  return last;
+}
+// unpack_bits on AVX2. Returns the codes done (a multiple of 32).
+LOWBIT_AVX2 int64_t unpack_bits_avx2(const uint8_t* in, int64_t K, int nbits, int8_t* codes) {
+  const FieldsAvx2 f = fields_avx2(nbits);
+  const __m256i qmax = _mm256_set1_epi8(static_cast<char>((1 << (nbits - 1)) - 1));
+  const int64_t n = K / 32 * 32, bytes = K / 8 * nbits;
+  alignas(32) uint8_t last[32];
+  for (int64_t i = 0; i < n; i += 32)
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(codes + i),
+        _mm256_sub_epi8(raw_fields(f, step_bytes(in, i / 8 * nbits, bytes, f, last)), qmax));
+  return n;
+}
+// A bit-packed grouped row's GEMM codes on AVX2 (2, 3, 5, 6, 7 bits; groups a multiple of 32):
+// fold_code is odd in the code (rint and the clamp are symmetric, NaN -> 0 either way), so each
+// group's table holds fold_code(m, ratio) for m = 0 .. qmax (16-byte tables, 1 to 4 of them:
+// vpshufb on |code|, vpblendvb on its bits 4 and 5) and vpsignb gives the code's sign back. The
+// one field past the codes (2^nbits - 1: code qmax + 1, no valid weight's) folds as the scalar
+// path folds it: from 5 bits its |code| is past the tables, and a blend puts fold_code(qmax + 1)
+// there.
+LOWBIT_AVX2 void fold_bits_row_avx2(const uint8_t* in, int64_t K, int nbits, int64_t group,
+                                    const float* ratios, int8_t* codes) {
+  const FieldsAvx2 f = fields_avx2(nbits);
+  const int qmax = (1 << (nbits - 1)) - 1, tables = std::max(1, (qmax + 1) / 16);
+  const __m256i vq = _mm256_set1_epi8(static_cast<char>(qmax));
+  const __m256 hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+  const __m256 step8 = _mm256_set1_ps(8.f), m0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const int64_t bytes = K / 8 * nbits;
+  alignas(32) uint8_t last[32];
+  for (int64_t g0 = 0; g0 < K; g0 += group) {
+    __m256i t[4];
+    const float ratio = ratios[g0 / group];
+    const __m256 r = _mm256_set1_ps(ratio);
+    const __m256i past = _mm256_set1_epi8(static_cast<char>(fold_code(qmax + 1, ratio)));
+    __m256 m = m0;
+    for (int k = 0; k < tables; ++k) {  // entries 16 k .. 16 k + 15
+      __m128i half[2];
+      for (int h = 0; h < 2; ++h, m = _mm256_add_ps(m, step8)) {
+        const __m256i q = _mm256_cvtps_epi32(round_clamp8(_mm256_mul_ps(m, r), hi, lo));
+        half[h] = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+      }
+      t[k] = _mm256_broadcastsi128_si256(_mm_packs_epi16(half[0], half[1]));
+    }
+    for (int64_t i = g0; i < g0 + group; i += 32) {
+      const __m256i v =
+          _mm256_sub_epi8(raw_fields(f, step_bytes(in, i / 8 * nbits, bytes, f, last)), vq);
+      const __m256i a = _mm256_abs_epi8(v);
+      __m256i y = _mm256_shuffle_epi8(t[0], a);
+      if (tables >= 2) {
+        const __m256i b4 = _mm256_slli_epi16(a, 3);  // bit 4 of each byte to its bit 7
+        y = _mm256_blendv_epi8(y, _mm256_shuffle_epi8(t[1], a), b4);
+        if (tables == 4) {
+          const __m256i y23 =
+              _mm256_blendv_epi8(_mm256_shuffle_epi8(t[2], a), _mm256_shuffle_epi8(t[3], a), b4);
+          y = _mm256_blendv_epi8(y, y23, _mm256_slli_epi16(a, 2));  // by bit 5
+        }
+      }
+      y = _mm256_sign_epi8(y, v);
+      if (nbits >= 5) y = _mm256_blendv_epi8(y, past, _mm256_cmpgt_epi8(v, vq));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), y);
+    }
+  }
 }
 }  // namespace
 #endif
 
 void unpack_bits(const uint8_t* in, int64_t K, int bits, int8_t* codes) {
   if (bits == 4) return unpack_nibbles(in, K, codes);
-  const int qmax = (1 << (bits - 1)) - 1;
-  const uint64_t mask = (1u << bits) - 1u;
+  if (bits == 8) return unpack_bytes(in, K, codes);
   int64_t i0 = 0;
 #ifdef LOWBIT_HAVE_AVX2_PATH
   if (bits >= 2 && bits <= 7 && has_vbmi() && simd_kernels_on())
     i0 = unpack_bits_vbmi(in, K, bits, codes);
+  else if (simd_kernels_on())
+    i0 = unpack_bits_avx2(in, K, bits, codes);
 #endif
-  for (int64_t i = i0; i < K; i += 8) {
-    uint64_t word = 0;
-    for (int b = 0; b < bits; ++b) word |= static_cast<uint64_t>(in[i / 8 * bits + b]) << (8 * b);
-    for (int j = 0; j < 8; ++j)
-      codes[i + j] = static_cast<int8_t>(static_cast<int>((word >> (j * bits)) & mask) - qmax);
+  switch (bits) {
+    case 2:
+      return unpack_words<2>(in, i0, K, codes);
+    case 3:
+      return unpack_words<3>(in, i0, K, codes);
+    case 5:
+      return unpack_words<5>(in, i0, K, codes);
+    case 6:
+      return unpack_words<6>(in, i0, K, codes);
+    default:
+      return unpack_words<7>(in, i0, K, codes);
   }
 }
 
@@ -889,6 +1027,11 @@ void weight_row_gemm_codes(const PackedWeightView& w, int64_t o, int8_t* codes) 
       has_vbmi() && simd_kernels_on())
     return fold_ternary_row_vbmi(row_ptr<uint8_t>(w.codes, o), w.in_features, w.group,
                                  row_ptr<float>(w.ratios, o), codes);
+  if (grouped(w.qtype) && w.qtype != QType::convrot_bitnet && w.bits >= 2 && w.bits <= 7 &&
+      w.bits != 4 && w.group % 32 == 0 && w.in_features % w.group == 0 && simd_kernels_on()) {
+    return fold_bits_row_avx2(row_ptr<uint8_t>(w.codes, o), w.in_features, w.bits, w.group,
+                              row_ptr<float>(w.ratios, o), codes);
+  }
 #endif
   stored_codes(w, o, codes);
   if (!grouped(w.qtype)) return;

@@ -197,7 +197,10 @@ TEST(LinearPacking, BitPackHandVectors) {
       {2, {-1, 0, 1, 1, 0, -1, -1, 1}, {0xa4, 0x81}},
       {3, {3, -3, 0, 1, 2, -1, -2, 3}, {0xc6, 0x58, 0xc5}},
       {4, {-7, 7, 0, 1, -1, 3, -4, 5}, {0xe0, 0x87, 0xa6, 0xc3}},
+      {5, {15, -15, 0, 1, -1, 7, -8, 3}, {0x1e, 0x3c, 0xe8, 0xec, 0x91}},
+      {6, {31, -31, 0, 1, -1, 16, -17, 9}, {0x3e, 0xf0, 0x81, 0xde, 0xeb, 0xa0}},
       {7, {63, -63, 0, 1, -1, 31, -32, 5}, {0x7e, 0xc0, 0x0f, 0xe8, 0xf3, 0x7e, 0x88}},
+      {8, {127, -127, 0, 1, -1, 64, -64, 5}, {0xfe, 0x00, 0x7f, 0x80, 0x7e, 0xbf, 0x3f, 0x84}},
   };
   for (const V& v : vs) {
     std::vector<uint8_t> out(v.bits);
@@ -220,19 +223,25 @@ TEST(LinearPacking, BitPackHandVectors) {
 TEST(LinearPacking, BitPackRoundTripEveryWidth) {
   std::mt19937_64 rng(3);
   for (int bits = 2; bits <= 8; ++bits)
-    for (int64_t K : {64, 232, 1024}) {  // the vector unpack's steps and a scalar tail
+    // the vector unpacks' steps (VBMI 64 codes, AVX2 32 with its last loads inside the row)
+    // and scalar tails
+    for (int64_t K : {8, 32, 64, 232, 1024}) {
       const int qmax = (1 << (bits - 1)) - 1;
       std::uniform_int_distribution<int> d(-qmax, qmax);
       std::vector<int8_t> c(K), back(K);
       for (auto& x : c) x = static_cast<int8_t>(d(rng));
+      c[0] = static_cast<int8_t>(-qmax);
+      c[K - 1] = static_cast<int8_t>(qmax);
       std::vector<uint8_t> p(K / 8 * bits);
       pack_bits(c.data(), K, bits, p.data());
-      for (bool scalar : {false, true}) {
-        force_scalar_kernels(scalar);
+      for (const char* mode : {"simd", "avx2", "scalar"}) {  // AVX2: no VBMI
+        force_avx2_kernels(mode[0] == 'a');
+        force_scalar_kernels(mode[0] == 's');
         std::fill(back.begin(), back.end(), int8_t{99});
         unpack_bits(p.data(), K, bits, back.data());
-        EXPECT_EQ(c, back) << bits << " bits, K " << K << (scalar ? " (scalar)" : "");
+        EXPECT_EQ(c, back) << bits << " bits, K " << K << " (" << mode << ")";
       }
+      force_avx2_kernels(false);
       force_scalar_kernels(false);
     }
 }
@@ -1430,41 +1439,54 @@ TEST(LinearSimd, Fp8ForwardMatchesScalarOnEveryCode) {
 }
 
 // A stored row's GEMM codes (weight_row_gemm_codes: the unpack and the group fold in one step on
-// AVX-512 VBMI for 2..7 bits and ternary, lookups for 4 bits and comfy) equal the scalar unpack +
-// fold_code for every n-bit width, ternary and comfy, groups of 16 to 128; ternary rows also with
-// every byte random (243..255 are no five-digit code: both paths take their base-3 digits).
+// AVX-512 VBMI for 2..7 bits and ternary, on AVX2 for 2, 3, 5, 6 and 7 bits by |code| tables,
+// lookups for 4 bits and comfy) equal the scalar unpack + fold_code for every n-bit width,
+// ternary and comfy, groups of 16 to 128, on the widest kernels and on AVX2 alone. Then every
+// byte random (ternary: 243..255 are no five-digit code, both paths take their base-3 digits;
+// n-bit: the field 2^n - 1 is code qmax + 1) with ratios at the fold's edges (NaN, inf, ties,
+// signs, past the clamp).
 TEST(LinearSimd, RowGemmCodesMatchScalar) {
   std::mt19937_64 rng(5);
   std::normal_distribution<float> nd(0.f, 1.f);
+  const float odd_ratios[] = {0.f,       -0.f,  1.f,   -1.f,   0.5f,       1.5f,
+                              2.5f,      -2.5f, 300.f, -300.f, 1e-30f,     INFINITY,
+                              -INFINITY, NAN,   18.f,  0.75f,  4.2333333f, 1.0079365f};
   Context ctx;
-  for (QType q :
-       {QType::convrot_int2, QType::convrot_int3, QType::convrot_int4, QType::convrot_int5,
-        QType::convrot_int6, QType::convrot_int7, QType::convrot_bitnet, QType::convrot_comfy_w4a4})
+  for (QType q : {QType::convrot_int2, QType::convrot_int3, QType::convrot_int4,
+                  QType::convrot_int5, QType::convrot_int6, QType::convrot_int7,
+                  QType::convrot_int8, QType::convrot_bitnet, QType::convrot_comfy_w4a4})
     for (int64_t K : {256, 320, 352, 1536, 3072}) {  // groups of 128, 64, 32, 128 and 128
       const int64_t O = 24;
       if (!can_quantize(q, O, K, nullptr)) continue;
       std::vector<float> w(static_cast<size_t>(O * K));
       for (auto& v : w) v = nd(rng) * (1.f + 3.f * static_cast<float>(rng() % 4 == 0));
-      const QuantizedLinear lin =
+      QuantizedLinear lin =
           QuantizedLinear::quantize(make_view(w.data(), DType::f32, {O, K}), q, ctx);
-      std::vector<int8_t> fast(static_cast<size_t>(K)), slow(static_cast<size_t>(K));
-      for (int64_t o = 0; o < O; ++o) {
-        weight_row_gemm_codes(lin.weights(), o, fast.data());
-        force_scalar_kernels(true);
-        weight_row_gemm_codes(lin.weights(), o, slow.data());
-        force_scalar_kernels(false);
-        ASSERT_EQ(fast, slow) << qtype_name(q) << " K " << K << " row " << o;
-      }
-      if (q != QType::convrot_bitnet) continue;
       const PackedWeightView pw = lin.weights();
-      uint8_t* bytes = static_cast<uint8_t*>(pw.codes.data);
-      for (int64_t i = 0; i < pw.codes.numel(); ++i) bytes[i] = static_cast<uint8_t>(rng());
-      for (int64_t o = 0; o < O; ++o) {
-        weight_row_gemm_codes(pw, o, fast.data());
-        force_scalar_kernels(true);
-        weight_row_gemm_codes(pw, o, slow.data());
-        force_scalar_kernels(false);
-        ASSERT_EQ(fast, slow) << "random ternary bytes, K " << K << " row " << o;
+      std::vector<int8_t> fast(static_cast<size_t>(K)), slow(static_cast<size_t>(K));
+      for (int pass = 0; pass < 2; ++pass) {
+        if (pass == 1) {  // every byte random, edge ratios
+          if (q == QType::convrot_comfy_w4a4) break;
+          uint8_t* bytes = static_cast<uint8_t*>(pw.codes.data);
+          for (int64_t i = 0; i < pw.codes.numel(); ++i) bytes[i] = static_cast<uint8_t>(rng());
+          float* ratios = static_cast<float*>(pw.ratios.data);  // (none for convrotint8)
+          for (int64_t i = 0; ratios != nullptr && i < pw.ratios.numel(); ++i)
+            ratios[i] = rng() % 3 == 0 ? std::uniform_real_distribution<float>(-9.f, 9.f)(rng)
+                                       : odd_ratios[rng() % std::size(odd_ratios)];
+        }
+        for (int64_t o = 0; o < O; ++o) {
+          force_scalar_kernels(true);
+          weight_row_gemm_codes(pw, o, slow.data());
+          force_scalar_kernels(false);
+          for (bool avx2 : {false, true}) {
+            force_avx2_kernels(avx2);
+            std::fill(fast.begin(), fast.end(), int8_t{99});
+            weight_row_gemm_codes(pw, o, fast.data());
+            force_avx2_kernels(false);
+            ASSERT_EQ(fast, slow) << qtype_name(q) << " K " << K << " row " << o
+                                  << (pass ? " (random bytes)" : "") << (avx2 ? " (AVX2)" : "");
+          }
+        }
       }
     }
 }
