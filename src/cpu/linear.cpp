@@ -780,7 +780,8 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
   // kAmxMinRowsFp8 / kAmxMinRowsFp4 activation rows; fp8 below on VNNI digit planes, NVFP4 below
   // on its GEMV).
   const bool int8_codes = int8_family(q) || q == QType::convrot_comfy_w4a4;
-  // The decode GEMV on the weights where they are stored (convrot8 below kGemvMaxRows8 rows, the
+  // The decode GEMV on the weights where they are stored (convrot8 and convrotint8 below
+  // kGemvMaxRows8 rows, the
   // 4-bit and the 2-, 3- and 5-bit rows below kGemvMaxRows4, every row count without AMX; 6 and
   // 7 bits below kGemvMaxRowsWideBits; linear_gemv.h), else AMX tiles
   // from kAmxMinRows, else VNNI on unpacked rows with the activations biased to uint8.
@@ -797,7 +798,9 @@ void quantized_linear_forward(const PackedWeightView& w, const TensorView& x,
                            : q == QType::convrot_int3 ? kGemvMaxRowsAvx2Int3
                                                       : kGemvMaxRowsAvx2)
        : wide_bits  ? M < kGemvMaxRowsWideBits
-                    : M < (q == QType::convrot8 ? kGemvMaxRows8 : kGemvMaxRows4) || !amx);
+                    : M < (q == QType::convrot8 || q == QType::convrot_int8 ? kGemvMaxRows8
+                                                                            : kGemvMaxRows4) ||
+                         !amx);
   const bool tiles = int8_codes && !blocked && !gemv && M >= kAmxMinRows && amx;
   const bool fp8_tiles =
       q == QType::convrot_fp8 && M >= kAmxMinRowsFp8 && K < (int64_t{1} << 19) && amx_gemm_on();

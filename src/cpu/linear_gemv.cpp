@@ -35,6 +35,10 @@ bool bit_rows(const PackedWeightView& w) {
          w.bits <= 7 && w.bits != 4 && w.group > 0 && w.group % 64 == 0 &&
          w.in_features % w.group == 0 && w.ratios.data != nullptr;
 }
+// Rows of one byte a code: convrot8's int8 codes, or convrotint8's stored u = code + 127.
+bool byte_rows(const PackedWeightView& w) {
+  return w.qtype == QType::convrot8 || (w.qtype == QType::convrot_int8 && w.bits == 8);
+}
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 [[maybe_unused]] const uint8_t* code_row(const PackedWeightView& w, int64_t o) {
   return static_cast<const uint8_t*>(w.codes.data) + o * w.codes.shape[w.codes.ndim - 1];
@@ -217,8 +221,10 @@ LOWBIT_VBMI void nibble_dots(const int8_t* const* a, const uint8_t* const (&w)[k
     for (int j = 0; j < kJ; ++j) out[i][j] = sum_lanes(acc[i][j]);
 }
 
-// The same for two rows of int8 codes (convrot8); a[i]: the row, zero past K.
-template <int R>
+// The same for two byte rows (byte_rows), the unsigned operand code + 128: convrot8's code ^ 0x80,
+// or (kStored) convrotint8's stored code + 127, plus 1 (mod 256: the byte 255 reads as code -128,
+// as the scalar unpack reads it); a[i]: the row, zero past K.
+template <int R, bool kStored>
 LOWBIT_VBMI void int8_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ], int64_t K,
                            int64_t ahead, uint32_t (&out)[4][kJ]) {
   __m512i acc[R][kJ];
@@ -230,7 +236,8 @@ LOWBIT_VBMI void int8_dots(const int8_t* const* a, const uint8_t* const (&w)[kJ]
     __m512i x[R];
     for (int i = 0; i < R; ++i) x[i] = _mm512_loadu_si512(a[i] + k);
     for (int j = 0; j < kJ; ++j) {
-      const __m512i y = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, w[j] + k), bias);
+      __m512i y = _mm512_maskz_loadu_epi8(m, w[j] + k);
+      y = kStored ? _mm512_add_epi8(y, _mm512_set1_epi8(1)) : _mm512_xor_si512(y, bias);
       prefetch(w[j] + k + ahead);
       for (int i = 0; i < R; ++i) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], y, x[i]);
     }
@@ -511,7 +518,9 @@ LOWBIT_VBMI void dots_pass(const PackedWeightView& w, const RowKind& kind, const
         return bit_pass<R, 7>(w, kind, a, wr, tb, ahead, out);
     }
   }
-  if (!kind.nibbles) return int8_dots<R>(a, wr, K, ahead, out);
+  if (!kind.nibbles)
+    return w.qtype == QType::convrot8 ? int8_dots<R, false>(a, wr, K, ahead, out)
+                                      : int8_dots<R, true>(a, wr, K, ahead, out);
   switch (kind.mode) {
     case kSigned:
       return nibble_dots<R, kSigned>(a, wr, tb, K, 0, ahead, out);
@@ -736,7 +745,7 @@ bool cpu_has_avx2() {
   return has;
 }
 bool avx2_rows(const PackedWeightView& w) {
-  return w.qtype == QType::convrot8 || nibble_rows(w) || ternary_rows(w) || bit_tables(w);
+  return byte_rows(w) || nibble_rows(w) || ternary_rows(w) || bit_tables(w);
 }
 // The AVX2 form runs where the VBMI GEMV does not (no VBMI, or the tests forced the AVX2 kernels).
 bool avx2_gemv_on() { return !gemv_on() && simd_kernels_on() && !g_gemv_off.load(); }
@@ -791,8 +800,8 @@ LOWBIT_GEMV_AVX2 inline __m256i block_tables_avx2(const uint8_t* tab, int64_t k,
       bias);
 }
 // out[i][j] = the exact dot of activation row i (R <= 2 of them, a[i]) with weight row j (kJ):
-// 4-bit rows (kMode) or int8 codes (kInt8).
-template <int R, bool kInt8, TableMode kMode>
+// 4-bit rows (kMode) or byte rows (kInt8; less kOffset: convrotint8's 127).
+template <int R, bool kInt8, TableMode kMode, int kOffset = 0>
 LOWBIT_GEMV_AVX2 void dots_avx2(const int8_t* const* a, const uint8_t* const (&w)[kJ],
                                 const uint8_t* const (&tab)[kJ], int64_t K, int64_t group,
                                 int64_t ahead, int32_t (&out)[2][kJ]) {
@@ -807,8 +816,10 @@ LOWBIT_GEMV_AVX2 void dots_avx2(const int8_t* const* a, const uint8_t* const (&w
       prefetch(w[j] + k + ahead);
       __m256i& c0 = j == 0 ? c00 : c01;
       __m256i& c1 = j == 0 ? c10 : c11;
-      if (kInt8) {
-        dot_rows<R>(c0, c1, raw, _mm256_abs_epi8(raw), a, k);
+      if (kInt8) {  // (convrotint8's zero bytes past K: code -127 against activations 0)
+        const __m256i s =
+            kOffset ? _mm256_sub_epi8(raw, _mm256_set1_epi8(static_cast<char>(kOffset))) : raw;
+        dot_rows<R>(c0, c1, s, _mm256_abs_epi8(s), a, k);
         continue;
       }
       const __m256i t = block_tables_avx2<kMode>(tab[j], k, left, group);
@@ -826,6 +837,8 @@ LOWBIT_GEMV_AVX2 void dots_pass_avx2(const PackedWeightView& w, TableMode mode,
                                      const uint8_t* const (&tb)[kJ], int64_t ahead,
                                      int32_t (&out)[2][kJ]) {
   const int64_t K = w.in_features;
+  if (w.qtype == QType::convrot_int8)
+    return dots_avx2<R, true, kSigned, 127>(a, wr, tb, K, 0, ahead, out);
   if (!nibble_rows(w)) return dots_avx2<R, true, kSigned>(a, wr, tb, K, 0, ahead, out);
   switch (mode) {
     case kSigned:
@@ -1179,8 +1192,8 @@ LOWBIT_GEMV_AVX2 void dots_rows_avx2(const PackedWeightView& w, const int8_t* ac
 
 bool gemv_supported(const PackedWeightView& w) {
 #ifdef LOWBIT_GEMV_X86
-  return use_avx2(w) || (gemv_on() && (w.qtype == QType::convrot8 || nibble_rows(w) ||
-                                       bit_rows(w) || ternary_rows(w)));
+  return use_avx2(w) ||
+         (gemv_on() && (byte_rows(w) || nibble_rows(w) || bit_rows(w) || ternary_rows(w)));
 #else
   (void)w;
   return false;

@@ -1,9 +1,9 @@
-// The CPU decode GEMVs (convrot8, 4-bit grouped rows, bit-packed 2-, 3-, 5-, 6- and 7-bit grouped
-// rows, ComfyUI W4A4, NVFP4): a few activation rows against weight rows read where they are
-// stored, on AVX-512 VBMI + VNNI (+ F / BW / VL). The 4-bit codes become their GEMM operands in
-// registers (one vpermb on 16-entry tables per 64 bytes, or none for comfy), the bit-packed codes
-// by vpermb + vpmultishiftqb on their fields and one lookup in the group's fold table
-// (bits_vbmi.h), instead of being unpacked into a buffer first, and the weight rows ahead are
+// The CPU decode GEMVs (convrot8 and convrotint8, 4-bit grouped rows, bit-packed 2-, 3-, 5-, 6- and
+// 7-bit grouped rows, ComfyUI W4A4, NVFP4): a few activation rows against weight rows read where
+// they are stored, on AVX-512 VBMI + VNNI (+ F / BW / VL). The 4-bit codes become their GEMM
+// operands in registers (one vpermb on 16-entry tables per 64 bytes, or none for comfy), the
+// bit-packed codes by vpermb + vpmultishiftqb on their fields and one lookup in the group's fold
+// table (bits_vbmi.h), instead of being unpacked into a buffer first, and the weight rows ahead are
 // prefetched, so a layer whose weights stream from memory is read near memory speed.
 // The dots are the exact integer sums the other GEMMs give (the same bits).
 #pragma once
@@ -18,16 +18,14 @@ namespace cpu {
 namespace convrot {
 
 // Whether gemv_dots handles this weight on this CPU: AVX-512 F / BW / VL / VNNI / VBMI, the
-// vector kernels on and not forced to AVX2, the GEMVs not switched off; convrot8, the 4-bit grouped
-// rows with groups a multiple of 32 (convrot_int4), the 2..7-bit rows with groups a multiple of 64,
-// or comfy W4A4.
+// vector kernels on and not forced to AVX2, the GEMVs not switched off; convrot8 and convrotint8
+// (one byte a code), the 4-bit grouped rows with groups a multiple of 32 (convrot_int4), the
+// 2..7-bit rows with groups a multiple of 64, or comfy W4A4.
 bool gemv_supported(const PackedWeightView& w);
-// Where AVX-512 VBMI is missing (or the tests force the AVX2 kernels), convrot8, the 4-bit rows
-// (groups a multiple of 32, or comfy), the 2- and 3-bit rows and ternary rows (groups a multiple
-// of 64)
-// take an AVX2 form of the same GEMV
-// (vpshufb tables, vpmaddubsw on |code| with the sign moved onto the activation): gemv_avx2 says
-// which runs.
+// Where AVX-512 VBMI is missing (or the tests force the AVX2 kernels), convrot8 and convrotint8,
+// the 4-bit rows (groups a multiple of 32, or comfy), the 2- and 3-bit rows and ternary rows
+// (groups a multiple of 64) take an AVX2 form of the same GEMV (vpshufb tables, vpmaddubsw on
+// |code| with the sign moved onto the activation): gemv_avx2 says which runs.
 bool gemv_avx2(const PackedWeightView& w);
 // Tests: take the other GEMMs even where gemv_supported / gemv_fp4_supported would hold.
 void force_gemv_off(bool off);

@@ -1227,7 +1227,7 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
   for (QType q :
        {QType::convrot8, QType::convrot_int4, QType::convrot_int3, QType::convrot_comfy_w4a4,
         QType::convrot_bitnet, QType::convrot_fp8, QType::convrot4, QType::convrot_int2,
-        QType::convrot_int6, QType::convrot_int5, QType::convrot_int7}) {
+        QType::convrot_int6, QType::convrot_int5, QType::convrot_int7, QType::convrot_int8}) {
     for (auto [M, O_any, K] : {std::array<int64_t, 3>{1, 8, 256},
                                {2, 24, 512},
                                {3, 40, 768},
@@ -1307,16 +1307,16 @@ TEST(LinearSimd, BlockedGemmMatchesScalarDots) {
       ++ran;
     }
   }
-  EXPECT_EQ(ran, 129);  // 12 shapes x 11 qtypes, less comfy's 3 with K % 256 != 0
+  EXPECT_EQ(ran, 141);  // 12 shapes x 12 qtypes, less comfy's 3 with K % 256 != 0
 }
 
 // The decode GEMV's dots (gemv_dots, its AVX2 form forced and the widest) are the exact integer
 // dots of the rows' GEMM codes with the activation codes, on codes no quantizer writes: every
 // nibble, convrot8 codes -128 and ±127 against activations ±127 (the AVX2 form's int16 pair sums
-// at their largest), ternary bytes of every value (243..255 included), 2- and 3-bit fields of
-// every value (the codes qmax + 1 included), group ratios that tie, clamp, are negative, infinite
-// or NaN, with the fold tables built per call; K ending on half a 32-byte step, ternary rows ending
-// inside a block.
+// at their largest), convrotint8 bytes of every value (255: code -128), ternary bytes of every
+// value (243..255 included), 2- and 3-bit fields of every value (the codes qmax + 1 included),
+// group ratios that tie, clamp, are negative, infinite or NaN, with the fold tables built per call;
+// K ending on half a 32-byte step, ternary rows ending inside a block.
 TEST(LinearSimd, GemvDotsExactOnExtremeCodes) {
   if (!simd_kernels_available()) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937_64 rng(33);
@@ -1327,6 +1327,8 @@ TEST(LinearSimd, GemvDotsExactOnExtremeCodes) {
   int checked = 0;
   for (auto [q, K] : {std::pair<QType, int64_t>{QType::convrot8, 336},
                       {QType::convrot8, 1024},
+                      {QType::convrot_int8, 336},  // every byte: 255 reads as code -128
+                      {QType::convrot_int8, 1024},
                       {QType::convrot_int4, 352},   // groups of 32, K % 64 = 32
                       {QType::convrot_int4, 320},   // groups of 64
                       {QType::convrot_int4, 1536},  // groups of 128
@@ -1397,7 +1399,7 @@ TEST(LinearSimd, GemvDotsExactOnExtremeCodes) {
       }
     }
   }
-  EXPECT_GE(checked, 13 * 6 * 15);  // every (qtype, K), M 1..3, on the AVX2 form at least
+  EXPECT_GE(checked, 15 * 6 * 15);  // every (qtype, K), M 1..3, on the AVX2 form at least
 }
 
 // The fp8 forward on every e4m3 weight code (NaN codes read as 0, subnormals, ±448), against
