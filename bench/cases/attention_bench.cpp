@@ -808,6 +808,90 @@ class AttentionShortBench : public BenchCase {
   }
 };
 
+// attention.varlen (session 50): packed batches of sequences. Runs of equal lengths go as one
+// batched call each (attention_varlen's runs) against every sequence a call of its own (tuning
+// varlen_each, the form before), and against attention() on the same batch as a (B, N, H, D)
+// tensor where every length is equal. Sequences (queries = keys), H 24, D 128, fp8 P·V; TOPS =
+// 4 H D sum(N^2) / time.
+class AttentionVarlenBench : public BenchCase {
+ public:
+  std::string name() const override { return "attention.varlen"; }
+  std::vector<Row> run(const Env& env) override {
+    std::vector<Row> rows;
+    if (env.device != Device::cuda) return rows;
+    struct S {
+      std::string what;
+      std::vector<int64_t> lens;
+    };
+    std::vector<S> sets = {{"16 x 1024", std::vector<int64_t>(16, 1024)},
+                           {"4 x 4608 (Flux 1024^2, batch 4)", std::vector<int64_t>(4, 4608)},
+                           {"64 x 256", std::vector<int64_t>(64, 256)}};
+    S mixed{"4 x 4096 + 8 x 1024 + 16 x 256 (three runs)", {}};
+    for (auto [n, len] : {std::pair<int, int64_t>{4, 4096}, {8, 1024}, {16, 256}})
+      mixed.lens.insert(mixed.lens.end(), static_cast<size_t>(n), len);
+    sets.push_back(mixed);
+    if (env.quick) sets = {{"4 x 256", std::vector<int64_t>(4, 256)}};
+    const Device dev = env.device;
+    const int64_t H = 24, D = 128;
+    Context ctx = env.ctx;
+    for (const S& set : sets) {
+      const std::string shape = set.what + ", H 24, D 128, bf16";
+      if (!env.shape_selected(shape)) continue;
+      std::vector<int64_t> cu = {0};
+      double flops = 0;
+      for (int64_t n : set.lens) {
+        cu.push_back(cu.back() + n);
+        flops += 4.0 * H * D * static_cast<double>(n) * static_cast<double>(n);
+      }
+      const int64_t T = cu.back();
+      DeviceTensor q = make_tensor(dev, DType::bf16, {T, H, D}, 61);
+      DeviceTensor k = make_tensor(dev, DType::bf16, {T, H, D}, 62);
+      DeviceTensor v = make_tensor(dev, DType::bf16, {T, H, D}, 63);
+      DeviceTensor out = make_empty(dev, DType::bf16, {T, H, D});
+      const AttentionOptions fp8;
+      const detail::AttentionCudaTuning saved = detail::attention_cuda_tuning();
+      double each_ms = 0;
+      for (int form = 0; form < 3; ++form) {
+        const bool equal = std::all_of(set.lens.begin(), set.lens.end(),
+                                       [&](int64_t n) { return n == set.lens[0]; });
+        if (form == 2 && !equal) continue;
+        detail::AttentionCudaTuning t = saved;
+        t.varlen_each = form == 0;
+        detail::set_attention_cuda_tuning(t);
+        Row r;
+        r.family = "attention";
+        r.shape = shape;
+        r.backend = device_name(dev);
+        const int64_t B = static_cast<int64_t>(set.lens.size()), N = set.lens[0];
+        r.op = form == 0   ? "attention_varlen, every sequence a call (varlen_each)"
+               : form == 1 ? "attention_varlen, runs of equal lengths batched"
+                           : "attention() on the same batch as (B, N, H, D)";
+        r.ms = env.time_ms([&] {
+          if (form < 2)
+            attention_varlen(q.view, k.view, v.view, cu, cu, out.view, nullptr, fp8, ctx);
+          else
+            attention(with_shape(q.view, {B, N, H, D}), with_shape(k.view, {B, N, H, D}),
+                      with_shape(v.view, {B, N, H, D}), with_shape(out.view, {B, N, H, D}), nullptr,
+                      fp8, ctx);
+        });
+        detail::set_attention_cuda_tuning(saved);
+        if (form == 0) each_ms = r.ms;
+        r.flops = flops;
+        r.baseline = "every sequence a call";
+        r.baseline_ms = each_ms;
+        rows.push_back(r);
+      }
+    }
+    return rows;
+  }
+
+ private:
+  // The contiguous view t with another shape (the same elements).
+  static TensorView with_shape(TensorView t, const std::vector<int64_t>& shape) {
+    return make_view(t.data, t.dtype, static_cast<int>(shape.size()), shape.data(), t.device);
+  }
+};
+
 class AttentionHostBench : public BenchCase {
  public:
   std::string name() const override { return "attention.host"; }
@@ -900,6 +984,7 @@ LOWBIT_BENCH_CASES(attention_bench_cases) {
 #ifdef LOWBIT_WITH_CUDA
   cases.push_back(std::make_unique<AttentionHostBench>());
   cases.push_back(std::make_unique<AttentionShortBench>());
+  cases.push_back(std::make_unique<AttentionVarlenBench>());
 #endif
 }
 

@@ -3,6 +3,7 @@
 #include "lowbit/attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -482,11 +483,11 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
 namespace {
 
 // Rows [r0, r1) of a (T, H, D) view as a (1, r1 - r0, H, D) view.
-TensorView sequence_rows(const TensorView& t, int64_t r0, int64_t r1) {
+TensorView sequence_rows(const TensorView& t, int64_t r0, int64_t r1, int64_t items = 1) {
   TensorView v = t;
   v.ndim = 4;
   v.data = static_cast<char*>(t.data) + r0 * t.stride[0] * (dtype_bits(t.dtype) / 8);
-  v.shape[0] = 1;
+  v.shape[0] = items;
   v.stride[0] = (r1 - r0) * t.stride[0];
   for (int d = 0; d < 3; ++d) {
     v.shape[d + 1] = d == 0 ? r1 - r0 : t.shape[d];
@@ -495,15 +496,16 @@ TensorView sequence_rows(const TensorView& t, int64_t r0, int64_t r1) {
   return v;
 }
 
-// Columns [c0, c1) of an (H, T) view as a (1, H, c1 - c0) view.
-TensorView sequence_lse(const TensorView& t, int64_t c0, int64_t c1) {
+// Columns [c0, c1) of an (H, T) view as a (1, H, c1 - c0) view; items > 1: that many such
+// column ranges one after the other, as a (items, H, c1 - c0) view.
+TensorView sequence_lse(const TensorView& t, int64_t c0, int64_t c1, int64_t items = 1) {
   TensorView v = t;
   v.ndim = 3;
   v.data = static_cast<char*>(t.data) + c0 * t.stride[1] * 4;
-  v.shape[0] = 1;
+  v.shape[0] = items;
   v.shape[1] = t.shape[0];
   v.shape[2] = c1 - c0;
-  v.stride[0] = t.shape[0] * t.stride[0];
+  v.stride[0] = items > 1 ? (c1 - c0) * t.stride[1] : t.shape[0] * t.stride[0];
   v.stride[1] = t.stride[0];
   v.stride[2] = t.stride[1];
   return v;
@@ -527,12 +529,14 @@ void check_offsets(const char* op, const char* arg, const std::vector<int64_t>& 
 }
 
 // A Prologue's per-token parts (rope table rows, weight_rows) for the packed rows [r0, r1) of a
-// variable-length batch; `p` points into this object (not copyable).
+// variable-length batch (items > 1: that many runs of r1 - r0 rows one after the other, the
+// table as one of (items, r1 - r0) rows; no weight_rows then); `p` points into this object (not
+// copyable).
 struct PrologueRows {
   Prologue p;
   Rope rope;
   TensorView rows;
-  PrologueRows(const Prologue* from, int64_t r0, int64_t r1) {
+  PrologueRows(const Prologue* from, int64_t r0, int64_t r1, int64_t items = 1) {
     if (!from) return;
     p = *from;
     if (from->rope) {
@@ -540,6 +544,10 @@ struct PrologueRows {
       rope.table.data = static_cast<char*>(rope.table.data) +
                         r0 * rope.table.stride[1] * (dtype_bits(rope.table.dtype) / 8);
       rope.table.shape[1] = r1 - r0;
+      if (items > 1) {
+        rope.table.shape[0] = items;
+        rope.table.stride[0] = (r1 - r0) * rope.table.stride[1];
+      }
       p.rope = &rope;
     }
     if (from->weight_rows) {
@@ -579,40 +587,59 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   // the prologues' tables and weight_rows against the packed tokens, once.
   check_qk_prologues(op, sequence_rows(q, 0, q.shape[0]), sequence_rows(k, 0, k.shape[0]), options,
                      &ctx);
-  const size_t n = cu_seqlens_q.size() - 1;
-  size_t bytes = 0;
-  bool any = false;
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t q0 = cu_seqlens_q[i], q1 = cu_seqlens_q[i + 1];
-    const int64_t k0 = cu_seqlens_k[i], k1 = cu_seqlens_k[i + 1];
-    if (q1 == q0 && any) continue;
-    TensorView lse;
-    if (lse_out) lse = sequence_lse(*lse_out, q0, q1);
-    const TensorView qi = sequence_rows(q, q0, q1), ki = sequence_rows(k, k0, k1);
-    validate_attention_call(qi, ki, sequence_rows(v, k0, k1), sequence_rows(out, q0, q1),
-                            lse_out ? &lse : nullptr, op);
-    bytes = std::max(bytes, attention_workspace_bytes(qi, ki, options));
-    any = true;
+  // Runs of consecutive sequences with the same query and key lengths run as one attention()
+  // call on a batch of them (every batch item is computed on its own: the bits of each sequence
+  // alone, fewer launches); segmented weights (weight_rows, one index per packed token) keep
+  // every sequence a call of its own.
+  struct Run {
+    int64_t q0, k0, nq, nk, items;
+  };
+  const bool batch = !(options.q_prologue && options.q_prologue->weight_rows) &&
+                     !(options.k_prologue && options.k_prologue->weight_rows) &&
+                     !detail::attention_cuda_tuning().varlen_each;
+  std::vector<Run> runs;
+  for (size_t i = 0; i + 1 < cu_seqlens_q.size(); ++i) {
+    const int64_t q0 = cu_seqlens_q[i], nq = cu_seqlens_q[i + 1] - q0;
+    const int64_t k0 = cu_seqlens_k[i], nk = cu_seqlens_k[i + 1] - k0;
+    if (nq == 0) continue;
+    Run* r = runs.empty() ? nullptr : &runs.back();
+    if (batch && r && r->nq == nq && r->nk == nk && r->q0 + r->items * nq == q0 &&
+        r->k0 + r->items * nk == k0)
+      ++r->items;
+    else
+      runs.push_back({q0, k0, nq, nk, 1});
   }
-  if (!any) {  // no sequences: the shapes still have to agree
-    validate_attention_call(sequence_rows(q, 0, 0), sequence_rows(k, 0, 0), sequence_rows(v, 0, 0),
-                            sequence_rows(out, 0, 0), nullptr, op);
+  auto views = [&](const Run& r, TensorView* lse) {
+    if (lse_out) *lse = sequence_lse(*lse_out, r.q0, r.q0 + r.nq, r.items);
+    return std::array<TensorView, 4>{sequence_rows(q, r.q0, r.q0 + r.nq, r.items),
+                                     sequence_rows(k, r.k0, r.k0 + r.nk, r.items),
+                                     sequence_rows(v, r.k0, r.k0 + r.nk, r.items),
+                                     sequence_rows(out, r.q0, r.q0 + r.nq, r.items)};
+  };
+  if (runs.empty()) {  // no query rows: the shapes still have to agree
+    const int64_t k1 = cu_seqlens_k.size() > 1 ? cu_seqlens_k[1] : 0;
+    validate_attention_call(sequence_rows(q, 0, 0), sequence_rows(k, 0, k1),
+                            sequence_rows(v, 0, k1), sequence_rows(out, 0, 0), nullptr, op);
     return;
+  }
+  size_t bytes = 0;
+  for (const Run& r : runs) {
+    TensorView lse;
+    const auto t = views(r, &lse);
+    validate_attention_call(t[0], t[1], t[2], t[3], lse_out ? &lse : nullptr, op);
+    bytes = std::max(bytes, attention_workspace_bytes(t[0], t[1], options));
   }
   detail::StreamBuffer ws(q.device, bytes + 256, ctx, op);  // as attention()'s: stream-ordered
   void* at = ws.aligned(256);
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t q0 = cu_seqlens_q[i], q1 = cu_seqlens_q[i + 1];
-    const int64_t k0 = cu_seqlens_k[i], k1 = cu_seqlens_k[i + 1];
-    if (q1 == q0) continue;
+  for (const Run& r : runs) {
     TensorView lse;
-    if (lse_out) lse = sequence_lse(*lse_out, q0, q1);
-    const PrologueRows qrows(options.q_prologue, q0, q1), krows(options.k_prologue, k0, k1);
+    const auto t = views(r, &lse);
+    const PrologueRows qrows(options.q_prologue, r.q0, r.q0 + r.nq, r.items),
+        krows(options.k_prologue, r.k0, r.k0 + r.nk, r.items);
     AttentionOptions o = options;
     if (o.q_prologue) o.q_prologue = &qrows.p;
     if (o.k_prologue) o.k_prologue = &krows.p;
-    attention_on(sequence_rows(q, q0, q1), sequence_rows(k, k0, k1), sequence_rows(v, k0, k1),
-                 sequence_rows(out, q0, q1), lse_out ? &lse : nullptr, o, at, bytes, ctx, true);
+    attention_on(t[0], t[1], t[2], t[3], lse_out ? &lse : nullptr, o, at, bytes, ctx, true);
   }
 }
 

@@ -45,6 +45,9 @@ struct AttentionCudaTuning {
   // each consumer warp's lane 0 after __syncwarp (the form before session 27), false by every
   // consumer thread (the default). The same bits.
   bool lane0_release = false;
+  // attention_varlen: every sequence a call of its own (the form before session 50) instead of
+  // runs of equal lengths as batches. The same bits.
+  bool varlen_each = false;
 };
 constexpr int kAttentionTraceWords = 16;
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

@@ -336,6 +336,73 @@ TEST(AttentionStreams, UncheckedWeightRowsCaptureInAGraph) {
   }
 }
 
+// attention_varlen on CUDA runs runs of equal lengths as one batched call: every output and LSE
+// bit equals attention() on each sequence alone (a run of 3 sequences of 200 queries / keys, a
+// run of 2 with no keys, a lone sequence), and equals the call with every sequence on its own
+// (tuning varlen_each).
+TEST(AttentionCuda, VarlenRunsGiveEachSequenceBits) {
+  if (!built_with_cuda() || cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  Context ctx;
+  const std::vector<int64_t> cu_q = {0, 100, 300, 500, 700, 850, 1000};
+  const std::vector<int64_t> cu_k = {0, 150, 350, 550, 750, 750, 750};
+  const int64_t Tq = cu_q.back(), Tk = cu_k.back();
+  for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16})
+    for (auto causal : {AttentionOptions::none, AttentionOptions::bottom_right}) {
+      SCOPED_TRACE(std::string(pv == AttentionOptions::fp8 ? "fp8" : "f16") +
+                   (causal == AttentionOptions::none ? "" : " causal"));
+      Problem p(pv);  // its q, k, v as packed (T, H, D) tensors
+      p.options.causal = causal;
+      const TensorView q = make_view(p.q.data(), DType::bf16, {Tq, Hq, D}, Device::cuda);
+      const TensorView k = make_view(p.k.data(), DType::bf16, {Tk, Hkv, D}, Device::cuda);
+      const TensorView v = make_view(p.v.data(), DType::bf16, {Tk, Hkv, D}, Device::cuda);
+      const TensorView o = make_view(p.out.data(), DType::bf16, {Tq, Hq, D}, Device::cuda);
+      Buffer lse(Device::cuda, Hq * Tq * 4);
+      TensorView lv = make_view(lse.data(), DType::f32, {Hq, Tq}, Device::cuda);
+      auto host = [&](const Buffer& b) {
+        std::vector<uint8_t> h(b.bytes());
+        synchronize(ctx);
+        copy_to_host(h.data(), b.data(), h.size(), ctx);
+        return h;
+      };
+      std::vector<uint8_t> outs[2], lses[2];
+      for (int each = 0; each < 2; ++each) {
+        detail::AttentionCudaTuning t = detail::attention_cuda_tuning();
+        t.varlen_each = each == 1;
+        detail::set_attention_cuda_tuning(t);
+        p.clear(ctx);
+        attention_varlen(q, k, v, cu_q, cu_k, o, &lv, p.options, ctx);
+        t.varlen_each = false;
+        detail::set_attention_cuda_tuning(t);
+        outs[each] = host(p.out);
+        lses[each] = host(lse);
+      }
+      EXPECT_EQ(outs[0], outs[1]) << "runs vs every sequence a call";
+      EXPECT_EQ(lses[0], lses[1]) << "runs vs every sequence a call";
+      const size_t row = Hq * D * 2;
+      for (size_t s = 0; s + 1 < cu_q.size(); ++s) {
+        const int64_t q0 = cu_q[s], nq = cu_q[s + 1] - q0, k0 = cu_k[s], nk = cu_k[s + 1] - k0;
+        Buffer os(Device::cuda, nq * row), ls(Device::cuda, Hq * nq * 4);
+        const auto at = [](const Buffer& b, int64_t rows, size_t bytes) {
+          return static_cast<char*>(b.data()) + rows * bytes;
+        };
+        TensorView lsv = make_view(ls.data(), DType::f32, {1, Hq, nq}, Device::cuda);
+        attention(make_view(at(p.q, q0, row), DType::bf16, {1, nq, Hq, D}, Device::cuda),
+                  make_view(at(p.k, k0, Hkv * D * 2), DType::bf16, {1, nk, Hkv, D}, Device::cuda),
+                  make_view(at(p.v, k0, Hkv * D * 2), DType::bf16, {1, nk, Hkv, D}, Device::cuda),
+                  make_view(os.data(), DType::bf16, {1, nq, Hq, D}, Device::cuda), &lsv, p.options,
+                  ctx);
+        const std::vector<uint8_t> o1 = host(os), l1 = host(ls);
+        ASSERT_EQ(std::memcmp(o1.data(), outs[0].data() + q0 * row, o1.size()), 0)
+            << "sequence " << s;
+        for (int64_t h = 0; h < Hq; ++h)
+          ASSERT_EQ(std::memcmp(l1.data() + h * nq * 4, lses[0].data() + (h * Tq + q0) * 4, nq * 4),
+                    0)
+              << "sequence " << s << " head " << h;
+      }
+    }
+}
+
 #else
 TEST(AttentionStreams, SideStreamsKeepTheBitsOfTheSerialOrder) {
   GTEST_SKIP() << "lowbit was built without its CUDA backend";

@@ -473,8 +473,10 @@ HostTensor rows_of(const HostTensor& t, int64_t r0, int64_t r1) {
 TEST(Attention, VarlenEqualsEachSequenceAlone) {
   // Sequences with odd lengths, an empty query range and an empty key range; GQA; each causal
   // alignment and both PV modes. Every output and LSE bit equals attention() on that sequence.
-  const std::vector<int64_t> cu_q = {0, 17, 17, 50, 51, 115};
-  const std::vector<int64_t> cu_k = {0, 33, 40, 73, 73, 140};
+  // Sequences 4-6 (64 queries, 67 keys) and 7-8 (1 query, no keys) run as batches of equal
+  // lengths (attention_varlen's runs).
+  const std::vector<int64_t> cu_q = {0, 17, 17, 50, 51, 115, 179, 243, 244, 245};
+  const std::vector<int64_t> cu_k = {0, 33, 40, 73, 73, 140, 207, 274, 274, 274};
   const int64_t Hq = 4, Hkv = 2, D = 64, Tq = cu_q.back(), Tk = cu_k.back();
   auto rng = rng_for("Attention.VarlenEqualsEachSequenceAlone");
   HostTensor q(DType::bf16, {Tq, Hq, D}), k(DType::bf16, {Tk, Hkv, D}),
@@ -757,10 +759,12 @@ TEST(Attention, OneCallPrologueErrorsNameTheArgumentAndWriteNothing) {
 }
 
 TEST(Attention, VarlenNormRopeEqualsEachSequenceAlone) {
-  // Packed tables and segmented weight rows: each sequence's bits equal attention() on that
-  // sequence with its own rows of the table and of weight_rows.
-  const std::vector<int64_t> cu_q = {0, 17, 17, 50, 115};
-  const std::vector<int64_t> cu_k = {0, 33, 40, 40, 140};
+  // Packed tables, with and without segmented weight rows: each sequence's bits equal attention()
+  // on that sequence with its own rows of the table and of weight_rows. Sequences 3-5 (65
+  // queries, 100 keys) run as one batch where there are no weight rows (the table as one of
+  // (3, rows) rows).
+  const std::vector<int64_t> cu_q = {0, 17, 17, 50, 115, 180, 245};
+  const std::vector<int64_t> cu_k = {0, 33, 40, 40, 140, 240, 340};
   const int64_t Hq = 4, Hkv = 2, D = 64, Tq = cu_q.back(), Tk = cu_k.back();
   auto rng = rng_for("Attention.VarlenNormRopeEqualsEachSequenceAlone");
   HostTensor q(DType::bf16, {Tq, Hq, D}), k(DType::bf16, {Tk, Hkv, D}),
@@ -788,37 +792,46 @@ TEST(Attention, VarlenNormRopeEqualsEachSequenceAlone) {
   opt.k_prologue = &pk;
   HostTensor out(DType::bf16, {Tq, Hq, D});
   Context ctx;
-  attention_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), nullptr, opt, ctx);
-  for (size_t s = 0; s + 1 < cu_q.size(); ++s) {
-    const int64_t q0 = cu_q[s], q1 = cu_q[s + 1], k0 = cu_k[s], k1 = cu_k[s + 1];
-    if (q1 == q0) continue;
-    HostTensor qs = rows_of(q, q0, q1), ks = rows_of(k, k0, k1), vs = rows_of(v, k0, k1);
-    auto table_rows = [&](const HostTensor& t, int64_t r0, int64_t r1) {
-      HostTensor r(DType::f32, {1, r1 - r0, 1, D / 2, 2});
-      for (int64_t i = 0; i < r.numel(); ++i) r.set(i, t.get(r0 * D + i));
-      return r;
-    };
-    auto index_rows = [&](const HostTensor& t, int64_t r0, int64_t r1) {
-      HostTensor r(DType::i32, {r1 - r0});
-      for (int64_t i = 0; i < r1 - r0; ++i) r.set(i, t.get(r0 + i));
-      return r;
-    };
-    HostTensor tqs = table_rows(tq, q0, q1), tks = table_rows(tk, k0, k1);
-    HostTensor rqs = index_rows(rows_q, q0, q1), rks = index_rows(rows_k, k0, k1);
-    TensorView rqsv = rqs.view(), rksv = rks.view();
-    Rope rqs_r{tqs.view(), false}, rks_r{tks.view(), true};
-    Prologue sq = pq, sk = pk;
-    sq.rope = &rqs_r;
-    sk.rope = &rks_r;
-    sq.weight_rows = &rqsv;
-    sk.weight_rows = &rksv;
-    AttentionOptions o = opt;
-    o.q_prologue = &sq;
-    o.k_prologue = &sk;
-    HostTensor got(DType::bf16, {1, q1 - q0, Hq, D});
-    attention(qs.view(), ks.view(), vs.view(), got.view(), nullptr, o, ctx);
-    for (int64_t i = 0; i < got.numel(); ++i)
-      ASSERT_EQ(got.get(i), out.get(q0 * Hq * D + i)) << "sequence " << s << " element " << i;
+  HostTensor w1(DType::bf16, {D});  // (the first row of w)
+  for (int64_t i = 0; i < D; ++i) w1.set(i, w.get(i));
+  TensorView w1v = w1.view();
+  for (bool segmented : {true, false}) {
+    SCOPED_TRACE(segmented ? "segmented weights" : "one weight");
+    pq.weight_rows = segmented ? &rqv : nullptr;
+    pk.weight_rows = segmented ? &rkv : nullptr;
+    pq.norm_weight = pk.norm_weight = segmented ? &wv : &w1v;
+    attention_varlen(q.view(), k.view(), v.view(), cu_q, cu_k, out.view(), nullptr, opt, ctx);
+    for (size_t s = 0; s + 1 < cu_q.size(); ++s) {
+      const int64_t q0 = cu_q[s], q1 = cu_q[s + 1], k0 = cu_k[s], k1 = cu_k[s + 1];
+      if (q1 == q0) continue;
+      HostTensor qs = rows_of(q, q0, q1), ks = rows_of(k, k0, k1), vs = rows_of(v, k0, k1);
+      auto table_rows = [&](const HostTensor& t, int64_t r0, int64_t r1) {
+        HostTensor r(DType::f32, {1, r1 - r0, 1, D / 2, 2});
+        for (int64_t i = 0; i < r.numel(); ++i) r.set(i, t.get(r0 * D + i));
+        return r;
+      };
+      auto index_rows = [&](const HostTensor& t, int64_t r0, int64_t r1) {
+        HostTensor r(DType::i32, {r1 - r0});
+        for (int64_t i = 0; i < r1 - r0; ++i) r.set(i, t.get(r0 + i));
+        return r;
+      };
+      HostTensor tqs = table_rows(tq, q0, q1), tks = table_rows(tk, k0, k1);
+      HostTensor rqs = index_rows(rows_q, q0, q1), rks = index_rows(rows_k, k0, k1);
+      TensorView rqsv = rqs.view(), rksv = rks.view();
+      Rope rqs_r{tqs.view(), false}, rks_r{tks.view(), true};
+      Prologue sq = pq, sk = pk;
+      sq.rope = &rqs_r;
+      sk.rope = &rks_r;
+      sq.weight_rows = segmented ? &rqsv : nullptr;
+      sk.weight_rows = segmented ? &rksv : nullptr;
+      AttentionOptions o = opt;
+      o.q_prologue = &sq;
+      o.k_prologue = &sk;
+      HostTensor got(DType::bf16, {1, q1 - q0, Hq, D});
+      attention(qs.view(), ks.view(), vs.view(), got.view(), nullptr, o, ctx);
+      for (int64_t i = 0; i < got.numel(); ++i)
+        ASSERT_EQ(got.get(i), out.get(q0 * Hq * D + i)) << "sequence " << s << " element " << i;
+    }
   }
   // A table over the wrong token count names the argument.
   HostTensor wrong = harness::rope_table(1, Tq + 1, D / 2, false, rng);
