@@ -143,13 +143,14 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
 // rows [cu_seqlens_q[i], cu_seqlens_q[i+1]) and key rows [cu_seqlens_k[i], cu_seqlens_k[i+1]).
 // Each sequence is attended on its own (its own scales, K mean and V scales; causal aligned per
 // sequence), exactly as attention() on that sequence alone; an empty query range is skipped, an
-// empty key range gives 0 and LSE -inf.
+// empty key range gives 0 and LSE -inf. Consecutive sequences with equal query and key lengths
+// run as one batched attention() call (the same bits; not with segmented norm weight_rows).
 //   q      (Tq, Hq, D) bf16/f16 (f32 on the CPU), strided, channels contiguous
 //   k, v   (Tk, Hkv, D), same dtype as q
 //   cu_seqlens_q, cu_seqlens_k  host offsets, n + 1 each: 0 first, nondecreasing, Tq / Tk last
 //   out    (Tq, Hq, D) same dtype as q (strided)
 //   lse_out (Hq, Tq) f32 or null
-// Makes one workspace for the longest sequence, as attention() without one does (stream-ordered on
+// Makes one workspace for the largest call, as attention() without one does (stream-ordered on
 // CUDA: no synchronization).
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
                       const std::vector<int64_t>& cu_seqlens_q,
