@@ -421,7 +421,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
     cu_seqlens_k: n + 1 offsets each (0 first, nondecreasing, Tq / Tk last), a list or an int
     tensor (a CUDA tensor is read back to the host: one synchronization). Each sequence is
     attended on its own, exactly as :func:`attention` on that sequence (causal aligned per
-    sequence; no keys: zeros and LSE -inf). Returns out (Tq, Hq, D) and, with return_lse, lse
+    sequence; no keys: zeros and LSE -inf); consecutive sequences of equal lengths run as one
+    batched call (the same bits). Returns out (Tq, Hq, D) and, with return_lse, lse
     (Hq, Tq) fp32. The norm / rope arguments are :func:`attention`'s, over the packed tokens:
     tables (1, T, 1, pairs, 2[, 2]), weight rows (T).
     """
@@ -440,26 +441,42 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
                              f"{total}, got {cu}")
     out = torch.zeros_like(q)
     lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
-    def rows(t, a, b):  # a sequence's weight rows / table rows (None: not given)
+    # Runs of consecutive sequences with equal query and key lengths go as one call on a batch
+    # of them (as lowbit::attention_varlen does; every batch item gives its sequence's own bits);
+    # weight rows (one index per packed token) keep one call a sequence.
+    batch = q_weight_rows is None and k_weight_rows is None
+    runs = []  # [q0, k0, nq, nk, sequences]
+    for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
+        nq, nk = q1 - q0, k1 - k0
+        if nq == 0 or nk == 0:  # no rows; or no keys: zeros and -inf, as attention() gives
+            continue
+        r = runs[-1] if runs else None
+        if (batch and r is not None and r[2:4] == [nq, nk] and r[0] + r[4] * nq == q0
+                and r[1] + r[4] * nk == k0):
+            r[4] += 1
+        else:
+            runs.append([q0, k0, nq, nk, 1])
+
+    def rows(t, a, b):  # a sequence's weight rows (None: not given)
         return None if t is None else t[a:b]
 
-    def table(t, a, b):
-        return None if t is None else t[:, a:b]
+    def table(t, a, n, m):  # packed table rows a .. a + m n as m tables of n rows
+        return None if t is None else t[0, a:a + m * n].unflatten(0, (m, n))
 
-    for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
-        if q1 == q0 or k1 == k0:  # no rows; or no keys: zeros and -inf, as attention() gives
-            continue
-        o, l = attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], sm_scale=sm_scale,
+    for q0, k0, nq, nk, m in runs:
+        o, l = attention(q[q0:q0 + m * nq].unflatten(0, (m, nq)),
+                         k[k0:k0 + m * nk].unflatten(0, (m, nk)),
+                         v[k0:k0 + m * nk].unflatten(0, (m, nk)), sm_scale=sm_scale,
                          causal=causal, pv=pv, smooth_k=smooth_k, smooth_v=smooth_v,
                          return_lse=True, q_norm_weight=q_norm_weight,
                          k_norm_weight=k_norm_weight,
-                         q_weight_rows=rows(q_weight_rows, q0, q1),
-                         k_weight_rows=rows(k_weight_rows, k0, k1), norm_eps=norm_eps,
-                         q_rope=table(q_rope, q0, q1), k_rope=table(k_rope, k0, k1),
+                         q_weight_rows=rows(q_weight_rows, q0, q0 + nq),
+                         k_weight_rows=rows(k_weight_rows, k0, k0 + nk), norm_eps=norm_eps,
+                         q_rope=table(q_rope, q0, nq, m), k_rope=table(k_rope, k0, nk, m),
                          rope_interleaved=rope_interleaved,
                          check_weight_rows=check_weight_rows, norm_scope=norm_scope)
-        out[q0:q1] = o[0]
-        lse[:, q0:q1] = l[0]
+        out[q0:q0 + m * nq] = o.flatten(0, 1)
+        lse[:, q0:q0 + m * nq] = l.transpose(0, 1).flatten(1)
     return (out, lse) if return_lse else out
 
 

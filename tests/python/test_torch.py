@@ -189,8 +189,9 @@ def test_attention_parts_match_one_call(pv, smooth_v):
 @needs("prologue")
 @pytest.mark.parametrize("causal", ["none", "bottom_right"])
 def test_attention_varlen_equals_each_sequence(causal):
-    cu_q, cu_k = [0, 9, 9, 40, 41], torch.tensor([0, 20, 31, 31, 70])
-    q, k, v = randn(41, 4, 64), randn(70, 2, 64), randn(70, 2, 64)
+    # sequences 4-6 (12 queries, 15 keys) run as one batch of 3
+    cu_q, cu_k = [0, 9, 9, 40, 41, 53, 65, 77], torch.tensor([0, 20, 31, 31, 70, 85, 100, 115])
+    q, k, v = randn(77, 4, 64), randn(115, 2, 64), randn(115, 2, 64)
     out, lse = lt.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, pv="f16", return_lse=True)
     for q0, q1, k0, k1 in zip(cu_q, cu_q[1:], cu_k.tolist(), cu_k.tolist()[1:]):
         if q1 == q0:
@@ -202,7 +203,7 @@ def test_attention_varlen_equals_each_sequence(causal):
                             pv="f16", return_lse=True)
         assert torch.equal(out[q0:q1], o[0]) and torch.equal(lse[:, q0:q1], l[0])
     with pytest.raises(ValueError, match="cu_seqlens_k"):
-        lt.attention_varlen(q, k, v, cu_q, [0, 20, 31, 31, 69], causal=causal)
+        lt.attention_varlen(q, k, v, cu_q, [0, 20, 31, 31, 70, 85, 100, 114], causal=causal)
 
 
 def _flux_pe(n, d, start=3):
@@ -297,10 +298,10 @@ def test_attention_rope_tables_of_other_models(style):
 @needs("attention")
 @needs("prologue")
 def test_attention_varlen_norm_rope_takes_packed_tables():
-    cu = [0, 30, 31, 75]
-    q, k, v = (randn(75, 2, 64).bfloat16() for _ in range(3))
+    cu = [0, 30, 31, 75, 119]  # the last two (44 tokens each) run as one batch
+    q, k, v = (randn(119, 2, 64).bfloat16() for _ in range(3))
     w = 1 + 0.3 * randn(64)
-    table = _flux_pe(75, 64).transpose(1, 2).float()  # (1, 75, 1, 32, 2, 2)
+    table = _flux_pe(119, 64).transpose(1, 2).float()  # (1, 119, 1, 32, 2, 2)
     kw = dict(causal="bottom_right", q_norm_weight=w, k_norm_weight=w, q_rope=table,
               k_rope=table, rope_interleaved=True)
     out = lt.attention_varlen(q, k, v, cu, cu, **kw)
