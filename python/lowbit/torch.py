@@ -439,45 +439,46 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q, cu_seqlens_k
                 or any(b < a for a, b in zip(cu, cu[1:]))):
             raise ValueError(f"{name}: {arg}: expected {len(cq)} nondecreasing offsets from 0 to "
                              f"{total}, got {cu}")
-    out = torch.zeros_like(q)
-    lse = torch.full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32, device=q.device)
-    # Runs of consecutive sequences with equal query and key lengths go as one call on a batch
-    # of them (as lowbit::attention_varlen does; every batch item gives its sequence's own bits);
-    # weight rows (one index per packed token) keep one call a sequence.
-    batch = q_weight_rows is None and k_weight_rows is None
-    runs = []  # [q0, k0, nq, nk, sequences]
-    for q0, q1, k0, k1 in zip(cq, cq[1:], ck, ck[1:]):
-        nq, nk = q1 - q0, k1 - k0
-        if nq == 0 or nk == 0:  # no rows; or no keys: zeros and -inf, as attention() gives
-            continue
-        r = runs[-1] if runs else None
-        if (batch and r is not None and r[2:4] == [nq, nk] and r[0] + r[4] * nq == q0
-                and r[1] + r[4] * nk == k0):
-            r[4] += 1
-        else:
-            runs.append([q0, k0, nq, nk, 1])
-
-    def rows(t, a, b):  # a sequence's weight rows (None: not given)
-        return None if t is None else t[a:b]
-
-    def table(t, a, n, m):  # packed table rows a .. a + m n as m tables of n rows
-        return None if t is None else t[0, a:a + m * n].unflatten(0, (m, n))
-
-    for q0, k0, nq, nk, m in runs:
-        o, l = attention(q[q0:q0 + m * nq].unflatten(0, (m, nq)),
-                         k[k0:k0 + m * nk].unflatten(0, (m, nk)),
-                         v[k0:k0 + m * nk].unflatten(0, (m, nk)), sm_scale=sm_scale,
-                         causal=causal, pv=pv, smooth_k=smooth_k, smooth_v=smooth_v,
-                         return_lse=True, q_norm_weight=q_norm_weight,
-                         k_norm_weight=k_norm_weight,
-                         q_weight_rows=rows(q_weight_rows, q0, q0 + nq),
-                         k_weight_rows=rows(k_weight_rows, k0, k0 + nk), norm_eps=norm_eps,
-                         q_rope=table(q_rope, q0, nq, m), k_rope=table(k_rope, k0, nk, m),
-                         rope_interleaved=rope_interleaved,
-                         check_weight_rows=check_weight_rows, norm_scope=norm_scope)
-        out[q0:q0 + m * nq] = o.flatten(0, 1)
-        lse[:, q0:q0 + m * nq] = l.transpose(0, 1).flatten(1)
+    out, lse = _call("attention_varlen", q, k, v, cq, ck, float(sm_scale), causal, pv,
+                     bool(smooth_k), bool(smooth_v), bool(return_lse), q_norm_weight,
+                     k_norm_weight, q_weight_rows, k_weight_rows, float(norm_eps), q_rope, k_rope,
+                     bool(rope_interleaved), bool(check_weight_rows), str(norm_scope))
     return (out, lse) if return_lse else out
+
+
+@_op("attention_varlen")
+def _attention_varlen_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: List[int],
+                         cu_seqlens_k: List[int], sm_scale: float, causal: str, pv: str,
+                         smooth_k: bool, smooth_v: bool, return_lse: bool,
+                         q_norm_weight: Optional[Tensor], k_norm_weight: Optional[Tensor],
+                         q_weight_rows: Optional[Tensor], k_weight_rows: Optional[Tensor],
+                         norm_eps: float, q_rope: Optional[Tensor], k_rope: Optional[Tensor],
+                         rope_interleaved: bool, check_weight_rows: bool,
+                         norm_scope: str) -> Tuple[Tensor, Tensor]:
+    # lowbit::attention_varlen writes every row of out and of lse (a sequence without keys: zeros
+    # and -inf) and batches runs of consecutive sequences of equal lengths (the same bits).
+    m = _module("attention", "lowbit.torch.attention_varlen")
+    q, k, v = (_inner_contiguous(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32,
+                      device=q.device)
+    _run(m.attention_varlen, q.device, to_lowbit(q), to_lowbit(k), to_lowbit(v),
+         list(cu_seqlens_q), list(cu_seqlens_k), to_lowbit(out),
+         lse=to_lowbit(lse) if return_lse else None, sm_scale=sm_scale, causal=causal, pv=pv,
+         smooth_k=smooth_k, smooth_v=smooth_v, q_norm_weight=_opt(q_norm_weight),
+         k_norm_weight=_opt(k_norm_weight), q_weight_rows=_opt(q_weight_rows),
+         k_weight_rows=_opt(k_weight_rows), norm_eps=norm_eps, q_rope=_opt(q_rope),
+         k_rope=_opt(k_rope), rope_interleaved=rope_interleaved,
+         check_weight_rows=check_weight_rows, norm_scope=norm_scope)
+    return out, lse
+
+
+@_attention_varlen_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, sm_scale, causal, pv, smooth_k, smooth_v, return_lse,
+      q_norm_weight, k_norm_weight, q_weight_rows, k_weight_rows, norm_eps, q_rope, k_rope,
+      rope_interleaved, check_weight_rows, norm_scope):
+    shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
+    return q.new_empty(q.shape), q.new_empty(shape, dtype=torch.float32)
 
 
 # SageAttention's keyword arguments (beyond the named ones) and what lowbit makes of them.

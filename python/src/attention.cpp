@@ -172,7 +172,8 @@ void bind_attention(nb::module_& m) {
       "packed along the tokens; cu_seqlens_q / cu_seqlens_k: n + 1 offsets each (0 first, "
       "nondecreasing, Tq / Tk last; a list or a host int array). Each sequence is attended on "
       "its own, as attention() would (causal aligned per sequence); out like q; lse (Hq, Tq) f32 "
-      "or None. Allocates a workspace and synchronizes the stream on CUDA.");
+      "or None. Consecutive sequences of equal lengths run as one batched call (the same bits). "
+      "Allocates its workspace stream-ordered (no synchronization on CUDA).");
   m.def(
       "quantize_v_fp8",
       [](nb::handle v, nb::handle v_fp8, nb::handle v_scale, nb::handle v_mean,

@@ -395,6 +395,26 @@ def test_compile_fullgraph_attention():
     torch.testing.assert_close(compiled(q, k, v), fn(q, k, v))
 
 
+@needs("attention")
+def test_attention_varlen_op_opchecks_and_compiles():
+    # lowbit::attention_varlen is one custom op (the library call writes out and lse in place):
+    # its schema and fake implementation, and torch.compile(fullgraph=True) through the wrapper.
+    cu_q, cu_k = [0, 16, 32, 40], [0, 20, 40, 40]
+    q, k, v = randn(40, 2, 64), randn(40, 1, 64), randn(40, 1, 64)
+    torch.library.opcheck(torch.ops.lowbit.attention_varlen.default,
+                          (q, k, v, cu_q, cu_k, 0.125, "bottom_right", "f16", True, False, True,
+                           None, None, None, None, 1e-6, None, None, False, True, "head"))
+    torch._dynamo.reset()
+
+    def fn(q, k, v):
+        return lt.attention_varlen(q * 2, k, v, cu_q, cu_k, pv="f16", return_lse=True)
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    got, want = compiled(q, k, v), fn(q, k, v)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.all(want[0][32:] == 0) and torch.all(torch.isneginf(want[1][:, 32:]))
+
+
 @needs("prologue")
 def test_prologue_ops_vs_numpy_path():
     x = randn(1, 40, 2, 32)
