@@ -50,6 +50,23 @@ def cuda_missing(script, lowbit=True):
     return ""
 
 
+def unavailable(script, lowbit=True):
+    """cuda_missing's reason for `script`, printed to stderr; True when it cannot run here."""
+    import sys
+    why = cuda_missing(script, lowbit)
+    if why:
+        print(why, file=sys.stderr)
+    return bool(why)
+
+
+def write_json(args, rows):
+    """The rows as JSON to --json's file, where one was given."""
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def timer(args):
     """time_ms(fn) with the script's --iters / --warmup."""
     return lambda fn: time_ms(fn, args.iters, args.warmup)

@@ -17,7 +17,6 @@ rotation and SDPA's math backend in fp32), cos and relative L1, on N(0, 1) input
 
     PYTHONPATH=.gpu/py python3 bench/attention_norm_rope.py [--iters 20] [--json out.json]
 """
-import json
 import math
 import sys
 
@@ -37,9 +36,7 @@ CONFIGS = [
 
 def main() -> int:
     args = _torch_timing.script_args(__doc__, iters=20, warmup=3)
-    why = _torch_timing.cuda_missing("attention_norm_rope.py", lowbit=True)
-    if why:
-        print(why, file=sys.stderr)
+    if _torch_timing.unavailable("attention_norm_rope.py", lowbit=True):
         return 2
     import torch
     import torch.nn.functional as F
@@ -150,9 +147,7 @@ def main() -> int:
             del out
         del q, k, v, ref
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows_out, f, indent=1)
+    _torch_timing.write_json(args, rows_out)
     return 0
 
 

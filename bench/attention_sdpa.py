@@ -8,7 +8,6 @@ flush before each timed call. Shapes are (B, H, N, D); tensors are (B, H, N, D) 
 
     python3 bench/attention_sdpa.py [--iters 30] [--warmup 5] [--json out.json]
 """
-import json
 import sys
 
 import _torch_timing  # (bench/_torch_timing.py)
@@ -20,9 +19,7 @@ SHAPES = [(1, 40, 32760, 128), (2, 24, 16384, 128), (1, 24, 4096, 64),
 
 def main() -> int:
     args = _torch_timing.script_args(__doc__, iters=30, warmup=5)
-    why = _torch_timing.cuda_missing("attention_sdpa.py", lowbit=False)
-    if why:
-        print(why, file=sys.stderr)
+    if _torch_timing.unavailable("attention_sdpa.py", lowbit=False):
         return 2
     import torch
     import torch.nn.functional as F
@@ -54,9 +51,7 @@ def main() -> int:
                 print(f"{name:8} {str((b, h, n, d)):24} {str(causal):7} {ms:9.3f} {tflops:8.1f}")
         del q, k, v
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    _torch_timing.write_json(args, rows)
     return 0
 
 

@@ -11,7 +11,6 @@ timings with an L2 flush before each timed call. Accuracy: lowbit's output again
 
     PYTHONPATH=.gpu/py python3 bench/attention_variants.py [--iters 20] [--json out.json]
 """
-import json
 import sys
 
 import _torch_timing  # (bench/_torch_timing.py)
@@ -39,9 +38,7 @@ def visible_pairs(nq, nk, causal):
 
 def main() -> int:
     args = _torch_timing.script_args(__doc__, iters=20, warmup=3)
-    why = _torch_timing.cuda_missing("attention_variants.py", lowbit=True)
-    if why:
-        print(why, file=sys.stderr)
+    if _torch_timing.unavailable("attention_variants.py", lowbit=True):
         return 2
     import torch
     import torch.nn.functional as F
@@ -117,9 +114,7 @@ def main() -> int:
                          "accuracy": acc})
         del q, k, v, out, ref, o
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    _torch_timing.write_json(args, rows)
     return 0
 
 

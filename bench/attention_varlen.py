@@ -9,7 +9,6 @@ with an L2 flush before each timed call; TOPS = 4 H D sum(N^2) / time.
 
     python3 bench/attention_varlen.py [--iters 20] [--warmup 3] [--json out.json]
 """
-import json
 import sys
 
 import _torch_timing  # (bench/_torch_timing.py)
@@ -22,9 +21,7 @@ SETS = [("64 x 256", [256] * 64), ("16 x 1024", [1024] * 16),
 
 def main() -> int:
     args = _torch_timing.script_args(__doc__, iters=20, warmup=3)
-    why = _torch_timing.cuda_missing("attention_varlen.py")
-    if why:
-        print(why, file=sys.stderr)
+    if _torch_timing.unavailable("attention_varlen.py"):
         return 2
     import torch
     import torch.nn.functional as F
@@ -76,9 +73,7 @@ def main() -> int:
             print(f"{what:34} {name:44} {ms:9.4f} {tops:7.1f} {base / ms:5.2f}x")
         del q, k, v
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    _torch_timing.write_json(args, rows)
     return 0
 
 
