@@ -766,9 +766,7 @@ LOWBIT_GEMV_AVX2 inline void store_sums(__m256i c00, __m256i c01, __m256i c10, _
 }
 // fold_code's rounding of 8 products y = code x ratio: rint, NaN -> 0, clamp to ±127 (fp32).
 LOWBIT_GEMV_AVX2 inline __m256 fold8(__m256 y) {
-  __m256 r = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  r = _mm256_and_ps(r, _mm256_cmp_ps(y, y, _CMP_ORD_Q));
-  return _mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.f)), _mm256_set1_ps(-127.f));
+  return round_clamp8(y, _mm256_set1_ps(127.f), _mm256_set1_ps(-127.f));
 }
 // acc += the int32 pair sums of (signed weight codes s) x (activation codes a).
 LOWBIT_GEMV_AVX2 inline __m256i dot_signed(__m256i acc, __m256i s, __m256i u, __m256i a) {

@@ -248,13 +248,6 @@ float nvfp4_error_scalar(const float* w, float den) {
 #define LOWBIT_HAVE_AVX2_PATH 1
 
 LOWBIT_AVX2 inline __m256 abs8(__m256 x) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), x); }
-// round_clamp on 8 lanes: RNE, clamp to ±qmax, NaN -> +0.
-LOWBIT_AVX2 inline __m256 round_clamp8(__m256 x, __m256 qmax, __m256 nqmax) {
-  __m256 r = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  r = _mm256_and_ps(r, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
-  r = _mm256_min_ps(r, qmax);
-  return _mm256_max_ps(r, nqmax);
-}
 // The docs/linear.md tree over lanes a[0..7] (0-7) and b[0..7] (8-15).
 LOWBIT_AVX2 inline float tree16_8x2(__m256 a, __m256 b) {
   __m256 t = _mm256_add_ps(a, b);                                                 // h = 8

@@ -29,6 +29,13 @@ __attribute__((target("avx2"))) inline int32_t sum_lanes8(__m256i v) {
   q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
   return _mm_cvtsi128_si32(q);
 }
+// round_clamp on 8 lanes: round half to even, NaN -> +0, clamp to [nqmax, qmax] (fp32).
+__attribute__((target("avx2"))) inline __m256 round_clamp8(__m256 x, __m256 qmax, __m256 nqmax) {
+  __m256 r = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  r = _mm256_and_ps(r, _mm256_cmp_ps(x, x, _CMP_ORD_Q));
+  r = _mm256_min_ps(r, qmax);
+  return _mm256_max_ps(r, nqmax);
+}
 }  // namespace cpu
 }  // namespace lowbit
 #endif
