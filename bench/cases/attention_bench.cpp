@@ -830,7 +830,21 @@ class AttentionVarlenBench : public BenchCase {
     for (auto [n, len] : {std::pair<int, int64_t>{4, 4096}, {8, 1024}, {16, 256}})
       mixed.lens.insert(mixed.lens.end(), static_cast<size_t>(n), len);
     sets.push_back(mixed);
-    if (env.quick) sets = {{"4 x 256", std::vector<int64_t>(4, 256)}};
+    // Session 51: distinct lengths (LLM-style batches), which attention_varlen gathers into
+    // padded buckets: 64 sequences of 192..318 tokens, 16 of 960..1110, and 32 spread over
+    // 64..4000 (several buckets and sequences of their own).
+    S d64{"64 distinct lengths 192..318", {}}, d16{"16 distinct lengths 960..1110", {}},
+        spread{"32 distinct lengths 64..4000", {}};
+    for (int i = 0; i < 64; ++i) d64.lens.push_back(192 + 2 * i);
+    for (int i = 0; i < 16; ++i) d16.lens.push_back(960 + 10 * i);
+    for (int i = 0; i < 32; ++i)
+      spread.lens.push_back(static_cast<int64_t>(64.0 * std::pow(4000.0 / 64.0, i / 31.0)));
+    sets.push_back(d64);
+    sets.push_back(d16);
+    sets.push_back(spread);
+    if (env.quick)
+      sets = {{"4 x 256", std::vector<int64_t>(4, 256)},
+              {"4 distinct 250..256", {250, 252, 254, 256}}};
     const Device dev = env.device;
     const int64_t H = 24, D = 128;
     Context ctx = env.ctx;
@@ -864,7 +878,8 @@ class AttentionVarlenBench : public BenchCase {
         r.backend = device_name(dev);
         const int64_t B = static_cast<int64_t>(set.lens.size()), N = set.lens[0];
         r.op = form == 0   ? "attention_varlen, every sequence a call (varlen_each)"
-               : form == 1 ? "attention_varlen, runs of equal lengths batched"
+               : form == 1 ? (equal ? "attention_varlen, runs of equal lengths batched"
+                                    : "attention_varlen, distinct lengths in padded buckets")
                            : "attention() on the same batch as (B, N, H, D)";
         r.ms = env.time_ms([&] {
           if (form < 2)

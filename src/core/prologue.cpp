@@ -442,11 +442,14 @@ void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out,
 namespace {
 
 void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, TensorView scale_out,
-                    Context& ctx, bool rows_checked) {
+                    Context& ctx, bool rows_checked, const int32_t* item_tokens = nullptr) {
   const char* op = "norm_rope_quantize";
   check_quantize_options(op, p);
   PrologueArgs a = resolve_inputs(op, x, p, true, rows_checked ? nullptr : &ctx);
   resolve_quantize(op, x, p, q_out, scale_out, a);
+  LOWBIT_CHECK(!item_tokens || x.device == Device::cuda, op, "item_tokens",
+               "internal: padded varlen batches are a CUDA path");
+  a.item_tokens = item_tokens;
   with_token_inv(
       op, x.device, a, ctx, true,
       [&] {
@@ -459,7 +462,8 @@ void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, Te
 }
 
 void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean_out,
-                         TensorView q_out, TensorView scale_out, Context& ctx, bool rows_checked) {
+                         TensorView q_out, TensorView scale_out, Context& ctx, bool rows_checked,
+                         const int32_t* item_tokens = nullptr) {
   const char* op = "norm_rope_mean_quantize";
   check_quantize_options(op, p);
   LOWBIT_CHECK(p.mean == nullptr, op, "p.mean",
@@ -470,6 +474,9 @@ void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean
   check_disjoint(op, "mean_out", mean_out, "x", x);
   check_disjoint(op, "mean_out", mean_out, "q_out", q_out);
   check_disjoint(op, "mean_out", mean_out, "scale_out", scale_out);
+  LOWBIT_CHECK(!item_tokens || x.device == Device::cuda, op, "item_tokens",
+               "internal: padded varlen batches are a CUDA path");
+  a.item_tokens = item_tokens;
   // The quantize pass subtracts the mean just computed.
   a.mean = a.mean_out;
   a.m_sb = a.mo_sb, a.m_sh = a.mo_sh;
@@ -501,14 +508,16 @@ void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView 
 namespace detail {
 
 void norm_rope_quantize_rows_checked(const TensorView& x, const Prologue& p, TensorView q_out,
-                                     TensorView scale_out, Context& ctx) {
-  quantize_front(x, p, q_out, scale_out, ctx, true);
+                                     TensorView scale_out, Context& ctx,
+                                     const int32_t* item_tokens) {
+  quantize_front(x, p, q_out, scale_out, ctx, true, item_tokens);
 }
 
 void norm_rope_mean_quantize_rows_checked(const TensorView& x, const Prologue& p,
                                           TensorView mean_out, TensorView q_out,
-                                          TensorView scale_out, Context& ctx) {
-  mean_quantize_front(x, p, mean_out, q_out, scale_out, ctx, true);
+                                          TensorView scale_out, Context& ctx,
+                                          const int32_t* item_tokens) {
+  mean_quantize_front(x, p, mean_out, q_out, scale_out, ctx, true, item_tokens);
 }
 
 void check_prologue_inputs(const char* op, const std::string& arg, const TensorView& x,

@@ -58,6 +58,11 @@ struct PrologueArgs {
   // Mean output (B, H, D) f32.
   float* mean_out = nullptr;
   int64_t mo_sb = 0, mo_sh = 0;
+  // A padded varlen batch (CUDA, session 51: attention_varlen's buckets): batch item b holds
+  // item_tokens[b] (device int32) tokens of its `tokens` rows; the rest are zero padding. Its
+  // mean divides by item_tokens[b] (0 tokens: mean 0) and no padding row reaches a scale. Null:
+  // `tokens` for every item.
+  const int32_t* item_tokens = nullptr;
 };
 
 namespace detail {
@@ -70,11 +75,15 @@ void check_prologue_inputs(const char* op, const std::string& arg, const TensorV
                            const Prologue& p, const Context* rows_ctx);
 // norm_rope_quantize / norm_rope_mean_quantize for a caller that has checked p.weight_rows'
 // index range (check_prologue_inputs): every other check as the public calls, no read-back.
+// item_tokens (CUDA, device int32 per batch item, or null): a padded varlen batch
+// (PrologueArgs::item_tokens).
 void norm_rope_quantize_rows_checked(const TensorView& x, const Prologue& p, TensorView q_out,
-                                     TensorView scale_out, Context& ctx);
+                                     TensorView scale_out, Context& ctx,
+                                     const int32_t* item_tokens = nullptr);
 void norm_rope_mean_quantize_rows_checked(const TensorView& x, const Prologue& p,
                                           TensorView mean_out, TensorView q_out,
-                                          TensorView scale_out, Context& ctx);
+                                          TensorView scale_out, Context& ctx,
+                                          const int32_t* item_tokens = nullptr);
 }  // namespace detail
 
 // NormScope::token on CUDA: the most channels (H·D) of a token (the token-norm kernel's shared

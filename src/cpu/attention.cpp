@@ -156,10 +156,14 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   }
 }
 
-void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
-                    const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
-                    TensorView out, TensorView* lse_out, const AttentionOptions& options,
-                    Context& ctx) {
+namespace {
+
+// attention_int8 with a padded varlen batch's per-item lengths (CUDA; null: none).
+void attention_int8_items(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
+                          const TensorView* v_scale, const TensorView* v_mean,
+                          const TensorView* k_mean, TensorView out, TensorView* lse_out,
+                          const AttentionOptions& options, Context& ctx,
+                          const detail::VarlenItems* items) {
   const char* op = "attention_int8";
   check_quantized(op, "q", "q_scale", q);
   check_quantized(op, "k", "k_scale", k);
@@ -231,11 +235,20 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   if (B == 0 || Nq == 0 || Hq == 0) return;
   const float sm = resolve_sm_scale(options.sm_scale, D);
   if (!on_cuda) {
-    cpu::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm, options, ctx);
+    cpu::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm, options, ctx, items);
   } else {
-    LOWBIT_CUDA_CALL(
-        op, cuda::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm, options, ctx));
+    LOWBIT_CUDA_CALL(op, cuda::attention_int8(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm,
+                                              options, ctx, items));
   }
+}
+
+}  // namespace
+
+void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
+                    const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
+                    TensorView out, TensorView* lse_out, const AttentionOptions& options,
+                    Context& ctx) {
+  attention_int8_items(q, k, v, v_scale, v_mean, k_mean, out, lse_out, options, ctx, nullptr);
 }
 
 namespace {
@@ -380,9 +393,11 @@ namespace {
 
 // attention() on a workspace; rows_checked: the caller has read back the prologues' weight_rows
 // (attention_varlen, once for every sequence).
+// items: a padded varlen batch (CUDA; attention_varlen's buckets), or null.
 void attention_on(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
                   TensorView* lse_out, const AttentionOptions& options, void* workspace,
-                  size_t workspace_bytes, Context& ctx, bool rows_checked) {
+                  size_t workspace_bytes, Context& ctx, bool rows_checked,
+                  const detail::VarlenItems* items = nullptr) {
   const char* op = "attention";
   validate_attention_call(q, k, v, out, lse_out);
   const Workspace ws(q, k, options);
@@ -449,17 +464,20 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
     take_norm_rope(options.k_prologue, kp);
     kp.layout = kr.layout;
     kp.block = kr.block;
+    // (a padded varlen batch: k's mean divides by each item's keys, and its padding rows, zero,
+    // reach no scale; q's and V's zero padding rows change no scale as they are)
+    const int32_t* k_items = items ? items->kv_lens : nullptr;
     if (smooth_k) {  // one call: on CUDA its quantize pass loads k before the mean is done
-      detail::norm_rope_mean_quantize_rows_checked(k, kp, kmean, kr.data, kr.scale, ctx);
+      detail::norm_rope_mean_quantize_rows_checked(k, kp, kmean, kr.data, kr.scale, ctx, k_items);
     } else {
-      detail::norm_rope_quantize_rows_checked(k, kp, kr.data, kr.scale, ctx);
+      detail::norm_rope_quantize_rows_checked(k, kp, kr.data, kr.scale, ctx, k_items);
     }
   }
   fork.join();
   AttentionOptions inner = options;
   inner.sm_scale = 1.f;
-  attention_int8(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr, smooth_v ? &vmean : nullptr,
-                 smooth_k ? &kmean : nullptr, out, lse_out, inner, ctx);
+  attention_int8_items(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr, smooth_v ? &vmean : nullptr,
+                       smooth_k ? &kmean : nullptr, out, lse_out, inner, ctx, items);
 }
 
 }  // namespace
@@ -561,6 +579,201 @@ struct PrologueRows {
   PrologueRows& operator=(const PrologueRows&) = delete;
 };
 
+// ---- attention_varlen's padded buckets (CUDA; session 51) ----
+// Sequences of different lengths would each be a call of their own (~9 launches, ~35-40 us of
+// host time apiece at a few hundred tokens). A bucket gathers up to kVarlenMaxItems of them into
+// zero-padded (items, L, H, D) tensors, runs one attention() chain on them with per-item lengths
+// (detail::VarlenItems: the kernel masks each item's padding keys; k's mean divides by the
+// item's keys, whose zero padding rows reach no scale; q's and V's zero rows change no scale),
+// and scatters the outputs back. Every output equals the sequence's own call but for the K
+// mean's fp32 sum order (its chunks follow the padded length): within the mean's tolerance.
+struct Seq {
+  int64_t q0, k0, nq, nk;
+};
+
+[[maybe_unused]] int64_t esize(const TensorView& t) { return dtype_bits(t.dtype) / 8; }
+
+// Padded rows (and tokens) a bucket may hold per real one.
+constexpr double kVarlenPadWaste = 1.5;
+// The cost model that decides whether a sequence joins a bucket (H100, session 51,
+// `attention.varlen`; rows = q rows x q heads + 2 x key rows x kv heads): a call of its own costs
+// ~25 us plus ~0.4 ns a row (64 sequences of 256 tokens, H 24: 2.06 ms a call each, 0.47 ms as
+// one batch); a padded bucket ~0.8 ns a padded row (the gather of q, k, v and the scatter of the
+// output move each row twice more: 64 sequences of 192..318 tokens, 1.18 ms). So a sequence joins
+// where its padded rows cost less than its own call: short sequences (at H 24, up to ~600
+// tokens); 16 sequences of 960..1110 tokens measured 1.20 ms padded against 1.02 one call each.
+constexpr double kVarlenCallNs = 25000, kVarlenRowNs = 0.4, kVarlenPadRowNs = 0.8;
+
+// Whether the padded path covers this call: CUDA, rows of 32-bit words, no per-token weight
+// rows, no V mean (it would divide by the padded length), rotary tables with contiguous token
+// rows shared by all tokens (batch 1).
+bool varlen_padded_ok(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const AttentionOptions& o) {
+  if (q.device != Device::cuda || detail::attention_cuda_tuning().varlen_each ||
+      detail::attention_cuda_tuning().varlen_unpadded)
+    return false;
+  if (o.pv == AttentionOptions::fp8 && o.smooth_v) return false;
+  for (const TensorView* t : {&q, &k, &v, &out}) {
+    const int64_t e = dtype_bits(t->dtype) / 8;
+    if (reinterpret_cast<uintptr_t>(t->data) % 4 || (t->stride[0] * e) % 4 ||
+        (t->stride[1] * e) % 4 || (t->shape[2] * e) % 4 || t->stride[2] != 1)
+      return false;
+  }
+  for (const Prologue* p : {o.q_prologue, o.k_prologue}) {
+    if (!p) continue;
+    if (p->weight_rows) return false;
+    if (p->rope) {
+      const TensorView& t = p->rope->table;
+      if (t.shape[0] != 1 || reinterpret_cast<uintptr_t>(t.data) % 4) return false;
+      int64_t expect = 1;
+      for (int d = t.ndim - 1; d >= 2; --d) {
+        if (t.shape[d] != 1 && t.stride[d] != expect) return false;
+        expect *= t.shape[d];
+      }
+      if ((expect * (dtype_bits(t.dtype) / 8)) % 4 || (t.stride[1] * (dtype_bits(t.dtype) / 8)) % 4)
+        return false;
+    }
+  }
+  return true;
+}
+
+// Groups sequences (longest first) into buckets whose padded tokens stay within
+// kVarlenPadWaste of their real ones and whose every member costs less padded than as a call of
+// its own (the cost model above); buckets of one sequence are returned as such.
+std::vector<std::vector<Seq>> varlen_buckets(std::vector<Seq> seqs, int64_t hq, int64_t hkv) {
+  std::sort(seqs.begin(), seqs.end(),
+            [](const Seq& a, const Seq& b) { return std::max(a.nq, a.nk) > std::max(b.nq, b.nk); });
+  std::vector<std::vector<Seq>> buckets;
+  int64_t lq = 0, lk = 0, sq = 0, sk = 0;
+  for (const Seq& s : seqs) {
+    if (!buckets.empty()) {
+      const int64_t m = static_cast<int64_t>(buckets.back().size()) + 1;
+      const int64_t nlq = std::max(lq, s.nq), nlk = std::max(lk, s.nk);
+      const double own =
+          kVarlenCallNs + kVarlenRowNs * static_cast<double>(s.nq * hq + 2 * s.nk * hkv);
+      const double padded = kVarlenPadRowNs * static_cast<double>(nlq * hq + 2 * nlk * hkv);
+      if (m <= cuda::kVarlenMaxItems && m * nlq <= kVarlenPadWaste * (sq + s.nq) &&
+          m * nlk <= kVarlenPadWaste * (sk + s.nk) && padded <= own) {
+        buckets.back().push_back(s);
+        lq = nlq, lk = nlk, sq += s.nq, sk += s.nk;
+        continue;
+      }
+    }
+    buckets.push_back({s});
+    lq = s.nq, lk = s.nk, sq = s.nq, sk = s.nk;
+  }
+  return buckets;
+}
+
+// One bucket (>= 2 sequences) through the padded path.
+void varlen_padded(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
+                   TensorView* lse_out, const AttentionOptions& options,
+                   const std::vector<Seq>& bucket, Context& ctx) {
+  const char* op = "attention_varlen";
+  const int64_t m = static_cast<int64_t>(bucket.size());
+  const int64_t Hq = q.shape[1], Hkv = k.shape[1], D = q.shape[2];
+  int64_t lq = 0, lk = 0;
+  cuda::VarlenSpans qs, ks;
+  qs.items = ks.items = static_cast<int>(m);
+  for (int64_t i = 0; i < m; ++i) {
+    const Seq& s = bucket[static_cast<size_t>(i)];
+    lq = std::max(lq, s.nq), lk = std::max(lk, s.nk);
+    qs.start[i] = static_cast<int32_t>(s.q0), qs.len[i] = static_cast<int32_t>(s.nq);
+    ks.start[i] = static_cast<int32_t>(s.k0), ks.len[i] = static_cast<int32_t>(s.nk);
+  }
+  lk = std::max<int64_t>(lk, 1);  // (a bucket of sequences without keys: one padding key)
+  const Device dev = q.device;
+  const int di = q.device_index;
+  // The padded tensors, the per-item lengths and gathered rotary tables, then attention()'s own
+  // workspace, each 256-byte aligned.
+  size_t total = 0;
+  auto take = [&](int64_t bytes) {
+    const size_t at = total;
+    total += static_cast<size_t>(round_up(std::max<int64_t>(bytes, 1), 256));
+    return at;
+  };
+  const int64_t qe = dtype_bits(q.dtype) / 8, ke = dtype_bits(k.dtype) / 8,
+                ve = dtype_bits(v.dtype) / 8, oe = dtype_bits(out.dtype) / 8;
+  const size_t oq = take(m * lq * Hq * D * qe), ok = take(m * lk * Hkv * D * ke),
+               ov = take(m * lk * Hkv * D * ve), oo = take(m * lq * Hq * D * oe),
+               ol = take(lse_out ? m * Hq * lq * 4 : 0), on = take(2 * m * 4);
+  struct Table {
+    const Prologue* from = nullptr;
+    size_t at = 0;
+    int64_t row_bytes = 0;
+  } tq{options.q_prologue}, tk{options.k_prologue};
+  for (Table* t : {&tq, &tk}) {
+    if (!t->from || !t->from->rope) continue;
+    const TensorView& tab = t->from->rope->table;
+    t->row_bytes = dtype_bits(tab.dtype) / 8;
+    for (int d = 2; d < tab.ndim; ++d) t->row_bytes *= tab.shape[d];
+    t->at = take(m * (t == &tq ? lq : lk) * t->row_bytes);
+  }
+  TensorView qp = make_view(nullptr, q.dtype, {m, lq, Hq, D}, dev, di);
+  TensorView kp = make_view(nullptr, k.dtype, {m, lk, Hkv, D}, dev, di);
+  const size_t attn_bytes = attention_workspace_bytes(qp, kp, options);
+  const size_t oa = take(static_cast<int64_t>(attn_bytes));
+  detail::StreamBuffer ws(dev, total + 256, ctx, op);
+  uint8_t* base = static_cast<uint8_t*>(ws.aligned(256));
+  qp.data = base + oq, kp.data = base + ok;
+  const TensorView vp = make_view(base + ov, v.dtype, {m, lk, Hkv, D}, dev, di);
+  TensorView op_ = make_view(base + oo, out.dtype, {m, lq, Hq, D}, dev, di);
+  TensorView lp = make_view(base + ol, DType::f32, {m, Hq, lq}, dev, di);
+  int32_t* lens = reinterpret_cast<int32_t*>(base + on);
+  auto gather = [&](const TensorView& t, const cuda::VarlenSpans& sp, int64_t L, void* dst,
+                    bool with_lens) {
+    LOWBIT_CUDA_CALL(
+        op, cuda::varlen_gather(t.data, t.stride[0] * esize(t), t.stride[1] * esize(t), t.shape[1],
+                                t.shape[2] * esize(t) / 4, sp, L, dst, with_lens ? &qs : nullptr,
+                                with_lens ? &ks : nullptr, with_lens ? lens : nullptr, ctx));
+  };
+  gather(q, qs, lq, qp.data, true);
+  gather(k, ks, lk, kp.data, false);
+  gather(v, ks, lk, vp.data, false);
+  // The prologues with their rotary tables gathered to (m, L, 1, ...) (token rows of each item).
+  Prologue pq, pk;
+  Rope rq, rk;
+  AttentionOptions o = options;
+  for (Table* t : {&tq, &tk}) {
+    if (!t->from) continue;
+    const bool is_q = t == &tq;
+    Prologue& p = is_q ? pq : pk;
+    p = *t->from;
+    if (t->from->rope) {
+      Rope& r = is_q ? rq : rk;
+      r = *t->from->rope;
+      const TensorView& tab = t->from->rope->table;
+      const int64_t L = is_q ? lq : lk;
+      LOWBIT_CUDA_CALL(
+          op, cuda::varlen_gather(tab.data, tab.stride[1] * esize(tab), 0, 1, t->row_bytes / 4,
+                                  is_q ? qs : ks, L, base + t->at, nullptr, nullptr, nullptr, ctx));
+      TensorView g = tab;
+      g.data = base + t->at;
+      g.shape[0] = m, g.shape[1] = L;
+      int64_t st = 1;
+      for (int d = g.ndim - 1; d >= 0; --d) {
+        g.stride[d] = st;
+        st *= g.shape[d];
+      }
+      r.table = g;
+      p.rope = &r;
+    }
+    (is_q ? o.q_prologue : o.k_prologue) = &p;
+  }
+  detail::VarlenItems items;
+  items.q_lens = lens;
+  items.kv_lens = lens + m;
+  attention_on(qp, kp, vp, op_, lse_out ? &lp : nullptr, o, base + oa, attn_bytes, ctx, true,
+               &items);
+  LOWBIT_CUDA_CALL(
+      op, cuda::varlen_scatter(op_.data, lq, Hq, D * esize(out) / 4, qs, out.data,
+                               out.stride[0] * esize(out), out.stride[1] * esize(out), ctx));
+  if (lse_out)
+    LOWBIT_CUDA_CALL(op, cuda::varlen_scatter_lse(static_cast<const float*>(lp.data), lq, Hq, qs,
+                                                  static_cast<float*>(lse_out->data),
+                                                  lse_out->stride[0], lse_out->stride[1], ctx));
+}
+
 }  // namespace
 
 void attention_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -628,6 +841,27 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
     const auto t = views(r, &lse);
     validate_attention_call(t[0], t[1], t[2], t[3], lse_out ? &lse : nullptr, op);
     bytes = std::max(bytes, attention_workspace_bytes(t[0], t[1], options));
+  }
+  // Sequences of their own length (runs of one) into padded buckets (CUDA; see varlen_padded).
+  if (batch && varlen_padded_ok(q, k, v, out, options)) {
+    std::vector<Seq> single;
+    for (const Run& r : runs)
+      if (r.items == 1) single.push_back({r.q0, r.k0, r.nq, r.nk});
+    std::vector<std::vector<Seq>> buckets = single.size() > 1
+                                                ? varlen_buckets(single, q.shape[1], k.shape[1])
+                                                : std::vector<std::vector<Seq>>{};
+    std::vector<Run> rest;
+    for (const Run& r : runs) {
+      bool padded = false;
+      for (const auto& bk : buckets)
+        for (const Seq& s : bk)
+          padded = padded || (bk.size() > 1 && s.q0 == r.q0 && s.k0 == r.k0 && r.items == 1);
+      if (!padded) rest.push_back(r);
+    }
+    for (const auto& bk : buckets)
+      if (bk.size() > 1) varlen_padded(q, k, v, out, lse_out, options, bk, ctx);
+    runs.swap(rest);
+    if (runs.empty()) return;
   }
   detail::StreamBuffer ws(q.device, bytes + 256, ctx, op);  // as attention()'s: stream-ordered
   void* at = ws.aligned(256);

@@ -7,11 +7,45 @@
 #include "lowbit/attention.h"
 
 namespace lowbit {
+namespace detail {
+// A padded varlen batch (CUDA only; session 51, attention_varlen's buckets): item b of the
+// (B, N, H, D) operands holds q_lens[b] query rows and kv_lens[b] keys (device int32 arrays;
+// the other rows are zero padding). Its keys past kv_lens[b] are never visible, its query rows
+// past q_lens[b] are computed but not meant to be read, and with bottom-right causal masks its
+// shift is kv_lens[b] - q_lens[b].
+struct VarlenItems {
+  const int32_t* q_lens = nullptr;
+  const int32_t* kv_lens = nullptr;
+};
+}  // namespace detail
 namespace cpu {
 #include "src/cpu/attention_backend_api.inc"  // NOLINT(build/include)
 }  // namespace cpu
 namespace cuda {
 #include "src/cpu/attention_backend_api.inc"  // NOLINT(build/include)
+
+// attention_varlen's padded buckets (src/cuda/varlen.cu; session 51). A bucket of up to
+// kVarlenMaxItems sequences: item b's rows start at packed row start[b] and number len[b].
+constexpr int kVarlenMaxItems = 64;
+struct VarlenSpans {
+  int items = 0;
+  int32_t start[kVarlenMaxItems] = {};
+  int32_t len[kVarlenMaxItems] = {};
+};
+// dst (items, L, H, W) 32-bit words, contiguous = the rows of src (packed rows r, heads h at
+// src + r * row_stride + h * head_stride bytes, W words each, 4-byte aligned) of each item, zero
+// past its length. lens_out (device int32, 2 * items) or null: the q spans' lengths, then
+// kv_spans' (the kernels' per-item counts), written by the same launch.
+void varlen_gather(const void* src, int64_t row_stride, int64_t head_stride, int64_t H, int64_t W,
+                   const VarlenSpans& spans, int64_t L, void* dst, const VarlenSpans* q_spans,
+                   const VarlenSpans* kv_spans, int32_t* lens_out, Context& ctx);
+// The inverse for outputs: the first len[b] rows of item b of src (items, L, H, W words) to
+// dst's packed rows (strides in bytes as above).
+void varlen_scatter(const void* src, int64_t L, int64_t H, int64_t W, const VarlenSpans& spans,
+                    void* dst, int64_t row_stride, int64_t head_stride, Context& ctx);
+// LSE: src (items, H, L) f32 contiguous -> dst (H, T) f32 at dst[h * sh + (start[b] + n) * sn].
+void varlen_scatter_lse(const float* src, int64_t L, int64_t H, const VarlenSpans& spans,
+                        float* dst, int64_t sh, int64_t sn, Context& ctx);
 }  // namespace cuda
 namespace detail {
 // Bench-only A/B knobs of the CUDA attention kernels (not part of the public API; the default is
@@ -48,6 +82,10 @@ struct AttentionCudaTuning {
   // attention_varlen: every sequence a call of its own (the form before session 50) instead of
   // runs of equal lengths as batches. The same bits.
   bool varlen_each = false;
+  // attention_varlen on CUDA: sequences of distinct lengths each a call of their own (the form
+  // before session 51) instead of padded buckets of them (varlen_padded). Not the same bits: a
+  // bucket's K means add in the padded length's chunks.
+  bool varlen_unpadded = false;
 };
 constexpr int kAttentionTraceWords = 16;
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

@@ -16,6 +16,7 @@
 
 #include "lowbit/attention.h"
 #include "lowbit/dtype.h"
+#include "src/core/check.h"
 #include "src/core/convert_elem.h"
 #include "src/core/parallel.h"
 #include "src/cpu/amx.h"
@@ -397,7 +398,10 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
 void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
                     const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
                     TensorView out, TensorView* lse_out, float sm_scale,
-                    const AttentionOptions& options, Context& ctx) {
+                    const AttentionOptions& options, Context& ctx,
+                    const detail::VarlenItems* items) {
+  LOWBIT_CHECK(items == nullptr, "attention_int8", "items",
+               "internal: padded varlen batches are a CUDA path");
   const int64_t B = q.data.shape[0], Nq = q.data.shape[1], Hq = q.data.shape[2],
                 D = q.data.shape[3];
   const int64_t Nkv = k.data.shape[1], Hkv = k.data.shape[2], G = Hq / Hkv;

@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
     uint8_t* sK = smem + S::kKOff + buf * S::kKBytes;
     for (int c = tid; c < kKvTile * kChunks; c += kThreads) {
       const int r = c / kChunks, col = c % kChunks;
-      const bool ok = kv0 + r < p.Nkv;
+      const bool ok = kv0 + r < ct.nkv;
       cp_async16(sK + r * S::kQStride + col * 16, ok ? kg + (kv0 + r) * p.k_sn + col * 16 : p.k,
                  ok);
     }
@@ -209,14 +209,14 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
       constexpr int kVChunks = D / 8;
       for (int c = tid; c < kKvTile * kVChunks; c += kThreads) {
         const int r = c / kVChunks, col = c % kVChunks;
-        const bool ok = kv0 + r < p.Nkv;
+        const bool ok = kv0 + r < ct.nkv;
         cp_async16(sV + r * S::kVStride + col * 16,
                    ok ? static_cast<const void*>(vg + (kv0 + r) * p.v_sn + col * 8) : p.v, ok);
       }
     }
     if (tid < kKvTile) {  // k scales ride in the same cp.async group (keys past N: 0)
       const int64_t key = kv0 + tid;
-      const bool ok = key < p.Nkv;
+      const bool ok = key < ct.nkv;
       // D = 256: 32-bit index math (keys < 2^31), no 64-bit division subroutine in the loop
       // (its call would pin registers the output accumulator needs).
       const int64_t si = D > 128 ? scale_index32(p.k_layout, p.k_block, static_cast<int>(key))
@@ -235,8 +235,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
   const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
   const float qs0 = row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
   const float qs1 = row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
-  const int64_t end0 = row0 < p.Nq ? visible_end(p, row0) : 0;
-  const int64_t end1 = row1 < p.Nq ? visible_end(p, row1) : 0;
+  const int64_t end0 = row0 < p.Nq ? visible_end(p, ct, row0) : 0;
+  const int64_t end1 = row1 < p.Nq ? visible_end(p, ct, row1) : 0;
 
   // Q fragments (A of m16n8k32): rows g / g+8, bytes 4t.. and 16+4t.. of each 32-channel step.
   // D <= 128: all of them in registers for the whole kernel. D = 256: the output accumulator
@@ -777,7 +777,8 @@ constexpr bool kAttnStagedEpilogue = true;
 void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
                     const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
                     TensorView out, TensorView* lse_out, float sm_scale,
-                    const AttentionOptions& options, Context& ctx) {
+                    const AttentionOptions& options, Context& ctx,
+                    const detail::VarlenItems* items) {
   const bool fp8 = options.pv == AttentionOptions::fp8;
   if (fp8) {
     const std::string missing = fp8_mma_missing();
@@ -835,6 +836,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   p.G = p.Hq / p.Hkv;
   p.causal = options.causal != AttentionOptions::none;
   p.shift = options.causal == AttentionOptions::bottom_right ? int64_t{p.Nkv} - p.Nq : 0;
+  if (items) {
+    p.kv_lens = items->kv_lens, p.q_lens = items->q_lens;
+    p.shift_per_item = options.causal == AttentionOptions::bottom_right;
+  }
   p.sm_scale = sm_scale;
   p.scale_log2 = sm_scale * kLog2e;
   const int B = static_cast<int>(q.data.shape[0]);

@@ -47,6 +47,14 @@ struct AttnParams {
   int Nq, Nkv, Hq, Hkv, G;
   int causal;  // 0 none; else keys j < i + shift + 1 are visible
   int64_t shift;
+  // Padded varlen batches (session 51, attention_varlen's buckets): batch item b holds kv_lens[b]
+  // keys (the rest of its Nkv rows are padding, never visible) and q_lens[b] query rows (rows
+  // past it are computed, not used; a CTA wholly past it skips its key tiles); with
+  // shift_per_item, the causal shift of item b is kv_lens[b] - q_lens[b] (bottom-right). Null:
+  // Nkv / Nq for every item.
+  const int* kv_lens = nullptr;
+  const int* q_lens = nullptr;
+  bool shift_per_item = false;
   float scale_log2, sm_scale;
   int causal_heads = 1;  // causal: heads per group of cta_work's longest-first walk (>= 1)
   // Bench only (null otherwise): round 3's per-CTA stamps, kAttnTraceWords words per CTA at its
@@ -106,28 +114,43 @@ __device__ __forceinline__ float q_scale_floor(const AttnParams& p, int b, int h
   return fmaxf(qs, 1.17549435e-38f);
 }
 
-// One past the last key query `row` sees (clamped to [0, Nkv]).
-__device__ __forceinline__ int64_t visible_end(const AttnParams& p, int64_t row) {
-  if (!p.causal) return p.Nkv;
-  int64_t e = row + p.shift + 1;
-  return e < 0 ? 0 : (e > p.Nkv ? p.Nkv : e);
-}
-
 // What a CTA of kRows query rows works on: its head, batch item and kv head, its first query row,
-// and the key tiles of kTile keys up to the visible end of its last row (cta_work's order).
+// the key tiles of kTile keys up to the visible end of its last row (cta_work's order), and its
+// batch item's key count and causal shift (p.Nkv / p.shift unless the batch is a padded varlen
+// one: AttnParams::kv_lens).
 struct CtaTiles {
   int h, b, hk;
   int64_t q0;
   int n_tiles;
+  int nkv;
+  int64_t shift;
 };
+
+// One past the last key query `row` sees (clamped to [0, the item's keys]).
+__device__ __forceinline__ int64_t visible_end(const AttnParams& p, const CtaTiles& ct,
+                                               int64_t row) {
+  if (!p.causal) return ct.nkv;
+  int64_t e = row + ct.shift + 1;
+  return e < 0 ? 0 : (e > ct.nkv ? ct.nkv : e);
+}
+
 template <int kRows, int kTile>
 __device__ __forceinline__ CtaTiles cta_tiles(const AttnParams& p) {
   const CtaWork work = cta_work(p);
-  const int64_t q0 = static_cast<int64_t>(work.qb) * kRows;
-  const int64_t last_row = min(q0 + kRows, static_cast<int64_t>(p.Nq)) - 1;
-  const int64_t kv_end = visible_end(p, last_row);
-  return {work.h, static_cast<int>(blockIdx.z), work.h / p.G, q0,
-          static_cast<int>((kv_end + kTile - 1) / kTile)};
+  CtaTiles ct;
+  ct.h = work.h, ct.b = static_cast<int>(blockIdx.z), ct.hk = work.h / p.G;
+  ct.q0 = static_cast<int64_t>(work.qb) * kRows;
+  int nq = p.Nq;
+  ct.nkv = p.Nkv, ct.shift = p.shift;
+  if (p.kv_lens) {
+    ct.nkv = __ldg(p.kv_lens + ct.b);
+    nq = __ldg(p.q_lens + ct.b);
+    if (p.shift_per_item) ct.shift = static_cast<int64_t>(ct.nkv) - nq;
+  }
+  const int64_t last_row = min(ct.q0 + kRows, static_cast<int64_t>(nq)) - 1;
+  const int64_t kv_end = last_row < ct.q0 ? 0 : visible_end(p, ct, last_row);
+  ct.n_tiles = static_cast<int>((kv_end + kTile - 1) / kTile);
+  return ct;
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
     const uint32_t sk = base + L::kK + buf * L::kKTile;
     for (int c = tid; c < kBN * kChunks; c += kThreads) {
       const int r = c / kChunks, ch = c % kChunks;
-      const bool ok = kv0 + r < p.Nkv;  // keys past Nkv: zero (masked below)
+      const bool ok = kv0 + r < ct.nkv;  // keys past Nkv: zero (masked below)
       cp_async_16(sk + swz(r, ch), ok ? kg + (kv0 + r) * p.k_sn + ch * 16 : p.k, ok ? 16 : 0);
     }
     const uint32_t sv = base + L::kV + buf * L::kVTile;
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
 #pragma unroll 1  // unrolled, the hoisted per-chunk addresses cost ~16 registers (spills at D 128)
       for (int c = tid; c < kBN * kVChunks; c += kThreads) {
         const int r = c / kVChunks, ch = c % kVChunks;
-        const bool ok = kv0 + r < p.Nkv;  // keys past Nkv: zero
+        const bool ok = kv0 + r < ct.nkv;  // keys past Nkv: zero
         cp_async_16(sv + (ch / 8) * L::kVChunk + swz(r, ch % 8),
                     ok ? static_cast<const void*>(vg16 + (kv0 + r) * p.v_sn + ch * 8) : p.v,
                     ok ? 16 : 0);
@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
     }
     if (tid < kBN) {  // k scales (keys past Nkv: 0)
       const int64_t key = kv0 + tid;
-      const bool ok = key < p.Nkv;
+      const bool ok = key < ct.nkv;
       cp_async_4(base + L::kS + (buf * kBN + tid) * 4,
                  ok ? ksg + scale_index_dev(p.k_layout, p.k_block, key) * p.ks_ss : ksg,
                  ok ? 4 : 0);
@@ -435,9 +435,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
   const float* qsg = p.q_scale + b * p.qs_sb + h * p.qs_sh;
   const float qs0 = row0 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row0) * p.qs_ss] : 0.f;
   const float qs1 = row1 < p.Nq ? qsg[scale_index_dev(p.q_layout, p.q_block, row1) * p.qs_ss] : 0.f;
-  const int64_t end0 = visible_end(p, row0), end1 = visible_end(p, row1);
+  const int64_t end0 = visible_end(p, ct, row0), end1 = visible_end(p, ct, row1);
   // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask.
-  const int64_t wg_end = visible_end(p, q0 + wg * 64);
+  const int64_t wg_end = visible_end(p, ct, q0 + wg * 64);
 
   float o[D / 2];
 #pragma unroll
@@ -822,7 +822,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 #pragma unroll
       for (int i = 0; i < kBN / 32; ++i) {
         const int key = tile * kBN + lane + 32 * i;
-        ks[i] = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
+        ks[i] = key < ct.nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
       }
       if (tile >= kR3Stages) mbar_wait_bounded(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
       const uint32_t bar = full0 + st * 8;
@@ -873,14 +873,14 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       {
         const uint32_t sk = base + L::kK + st * L::kKTile + k_dst;
         const int8_t* src = kg + kv0 * p.k_sn + k_src;
-        if (kv0 + kBN <= p.Nkv) {
+        if (kv0 + kBN <= ct.nkv) {
 #pragma unroll
           for (int i = 0; i < kChunks; ++i)
             cp_async_16(sk + i * kRowStep * kRowBytes, src + i * kRowStep * p.k_sn, 16);
         } else {  // keys past Nkv: zero (masked by the consumers)
 #pragma unroll
           for (int i = 0; i < kChunks; ++i) {
-            const bool ok = kv0 + kr0 + i * kRowStep < p.Nkv;
+            const bool ok = kv0 + kr0 + i * kRowStep < ct.nkv;
             cp_async_16(sk + i * kRowStep * kRowBytes, ok ? src + i * kRowStep * p.k_sn : p.k,
                         ok ? 16 : 0);
           }
@@ -899,7 +899,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       // This tile's k scale (one key per producer thread; 0 past Nkv): loaded now, stored as kc
       // with the tile's publication one iteration later (the load's latency hides behind it).
       const int key = tile * kBN + tid;
-      const float ks = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
+      const float ks = key < ct.nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
       if (tile > 0) {  // the previous tile has landed: its kc, then publish it
         cp_async_wait<1>();
         fence_proxy_async();
@@ -939,9 +939,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   const float qm0 = q_scale_floor(p, b, h, row0), qm1 = q_scale_floor(p, b, h, row1);
   // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
   // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop).
-  const int wg_end = static_cast<int>(visible_end(p, q0 + cw * 64));
-  const int end0 = static_cast<int>(visible_end(p, row0));
-  const int end1 = static_cast<int>(visible_end(p, row1));
+  const int wg_end = static_cast<int>(visible_end(p, ct, q0 + cw * 64));
+  const int end0 = static_cast<int>(visible_end(p, ct, row0));
+  const int end1 = static_cast<int>(visible_end(p, ct, row1));
 
   float o[D / 2];
 #pragma unroll

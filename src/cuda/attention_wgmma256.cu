@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int key = tile * kKeys + lane + 32 * i;
-        ks[i] = key < p.Nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
+        ks[i] = key < ct.nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
       }
       if (tile >= kStages) mbar_wait_bounded(empty0 + st * 8, ((tile / kStages) - 1) & 1);
 #pragma unroll
@@ -370,10 +370,10 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
       }
     }
     const int64_t rq0 = block_q0();
-    if (kv0 + kKeys > visible_end(p, rq0 + cw * 64)) {  // the stage crosses a visible end of
+    if (kv0 + kKeys > visible_end(p, ct, rq0 + cw * 64)) {  // the stage crosses a visible end of
       // this warpgroup's rows: column 8 j + 2 t + e is masked when 8 j + e >= end - kv0 - 2 t
-      const int lim0 = static_cast<int>(visible_end(p, rq0 + rl0)) - kv0 - 2 * t;
-      const int lim1 = static_cast<int>(visible_end(p, rq0 + rl0 + 8)) - kv0 - 2 * t;
+      const int lim0 = static_cast<int>(visible_end(p, ct, rq0 + rl0)) - kv0 - 2 * t;
+      const int lim1 = static_cast<int>(visible_end(p, ct, rq0 + rl0 + 8)) - kv0 - 2 * t;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll

@@ -210,6 +210,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   int ch0, ch1;
   lane_channels<D, PAIRED>(lane_in_row, ch0, ch1);
   const int64_t b = blockIdx.z, tile = blockIdx.y;
+  const int64_t nb = tokens_of(a, b);  // (a padded varlen batch: the item's own tokens)
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
   const int64_t h1 = a.heads < h0 + L.head_group ? a.heads : h0 + L.head_group;
   const int blocks_in_tile = L.tile_rows / a.block;
@@ -239,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int r = chunk * CHUNK + s * RPS + row_in_step;
         const int64_t n = row0 + r;
         raw[s][0] = raw[s][1] = make_uint4(0, 0, 0, 0);
-        if (r < L.tile_rows && n < a.tokens) {
+        if (r < L.tile_rows && n < nb) {
           raw[s][0] = load_stream16(x + xbh + n * a.x_sn + ch0);
           raw[s][1] = load_stream16(x + xbh + n * a.x_sn + ch1);
         }
@@ -248,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int s = 0; s < STEPS; ++s) {
         const int r = chunk * CHUNK + s * RPS + row_in_step;
         const int64_t n = row0 + r;
-        const bool ok = r < L.tile_rows && n < a.tokens;
+        const bool ok = r < L.tile_rows && n < nb;
         row_values<D, BF16, PAIRED>(a, L.table_mode, sh, b, n, h, ok, ch0, ch1, raw[s][0],
                                     raw[s][1], v[s]);
         if (a.sm_scale != 1.f) {  // x * 1 is exact: skipping it changes no bit
@@ -295,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int s = 0; s < STEPS; ++s) {
         const int r = chunk * CHUNK + s * RPS + row_in_step;
         const int64_t n = row0 + r;
-        if (r >= L.tile_rows || n >= a.tokens) continue;
+        if (r >= L.tile_rows || n >= nb) continue;
         const float scale = scales[(r / a.block) * a.groups + group_of_row(a.layout, r % a.block)];
         uint32_t packed[4] = {0, 0, 0, 0};  // a zero scale (all-zero group): codes 0, no 0/0
         if (scale != 0.f) {
@@ -340,7 +341,8 @@ __device__ __forceinline__ void mean_rank_sums(const PrologueArgs& a, int table_
   float acc[16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) acc[j] = 0.f;
-  const int64_t steps = (a.tokens + RPS - 1) / RPS;
+  const int64_t nb = tokens_of(a, b);  // (a padded varlen batch: its padding rows are zero)
+  const int64_t steps = (nb + RPS - 1) / RPS;
   const int64_t xbh = b * a.x_sb + h * a.x_sh;
   const uint16_t* x = static_cast<const uint16_t*>(a.x);
   // Steps rank, rank + 8, ...; UNROLL of them loaded before use.
@@ -350,7 +352,7 @@ __device__ __forceinline__ void mean_rank_sums(const PrologueArgs& a, int table_
     for (int u = 0; u < UNROLL; ++u) {
       const int64_t n = (s0 + u * kMeanCluster) * RPS + row_in_step;
       raw[u][0] = raw[u][1] = make_uint4(0, 0, 0, 0);
-      if (n < a.tokens) {
+      if (n < nb) {
         raw[u][0] = load_stream16(x + xbh + n * a.x_sn + ch0);
         raw[u][1] = load_stream16(x + xbh + n * a.x_sn + ch1);
       }
@@ -359,7 +361,7 @@ __device__ __forceinline__ void mean_rank_sums(const PrologueArgs& a, int table_
     for (int u = 0; u < UNROLL; ++u) {
       const int64_t n = (s0 + u * kMeanCluster) * RPS + row_in_step;
       float v[16];
-      row_values<D, BF16, PAIRED>(a, table_mode, sh, b, n, h, n < a.tokens, ch0, ch1, raw[u][0],
+      row_values<D, BF16, PAIRED>(a, table_mode, sh, b, n, h, n < nb, ch0, ch1, raw[u][0],
                                   raw[u][1], v);
 #pragma unroll
       for (int j = 0; j < 16; ++j) acc[j] = __fadd_rn(acc[j], v[j]);
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(kThreads) mean_kernel(const PrologueArgs a, in
     for (int c = threadIdx.x; c < D; c += kThreads) {
       float t = 0.f;
       for (int k = 0; k < kMeanCluster; ++k) t = __fadd_rn(t, cluster.map_shared_rank(cta_sum, k)[c]);
-      a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(t, static_cast<float>(a.tokens));
+      a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = mean_of(a, b, t);
     }
   }
   cluster.sync();  // keep every rank's shared memory alive until rank 0 has read it
@@ -427,7 +429,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int c = threadIdx.x; c < D; c += kThreads) {
     float t = 0.f;
     for (int k = 0; k < kMeanCluster; ++k) t = __fadd_rn(t, sums[k][c]);
-    a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(t, static_cast<float>(a.tokens));
+    a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = mean_of(a, b, t);
   }
 }
 
@@ -817,7 +819,7 @@ __global__ void __launch_bounds__(1024)
   if (j == 0) {
     float s = sums[0][cl];
     for (int k = 1; k < 32; ++k) s = __fadd_rn(s, sums[k][cl]);
-    a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = __fdiv_rn(s, static_cast<float>(a.tokens));
+    a.mean_out[b * a.mo_sb + h * a.mo_sh + c] = mean_of(a, b, s);
   }
 }
 

@@ -271,6 +271,16 @@ struct QuantRow {
   const float* m;     // mean[b, h0, 0], or null
 };
 
+// The tokens of batch item b: a.tokens, or its own count in a padded varlen batch.
+__device__ __forceinline__ int64_t tokens_of(const PrologueArgs& a, int64_t b) {
+  return a.item_tokens ? static_cast<int64_t>(__ldg(a.item_tokens + b)) : a.tokens;
+}
+// sum / (the item's tokens), 0 for an item without tokens.
+__device__ __forceinline__ float mean_of(const PrologueArgs& a, int64_t b, float sum) {
+  const int64_t n = tokens_of(a, b);
+  return n > 0 ? __fdiv_rn(sum, static_cast<float>(n)) : 0.f;
+}
+
 __device__ __forceinline__ QuantRow quant_row(const PrologueArgs& a, int64_t b, int64_t P,
                                               int group_rows, int64_t h0, bool first_lane) {
   QuantRow r;
@@ -279,7 +289,7 @@ __device__ __forceinline__ QuantRow quant_row(const PrologueArgs& a, int64_t b, 
   r.g = rem / group_rows;
   const int gi = rem % group_rows;
   r.n = r.blk * a.block + group_row(a.layout, r.g, gi);
-  r.ok = r.n < a.tokens;
+  r.ok = r.n < tokens_of(a, b);
   r.writer = first_lane && gi == 0 && r.blk < a.n_blocks;
   const int64_t nn = r.ok ? r.n : 0;
   r.x = static_cast<const uint16_t*>(a.x) + b * a.x_sb + nn * a.x_sn + h0 * a.x_sh;

@@ -1351,7 +1351,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
   // token (group_row: 8 (i / 2) + 2 g + (i & 1)). Past N: row 0 reads token 0, row 1 row 0's row.
   const QuantRow row =
       quant_row(a, b, tile * L.tile_rows + warp * RW + 2 * slot, kSpecKRows, h0, l == 0);
-  const bool ok0 = row.ok, ok1 = row.n + 1 < a.tokens;
+  const bool ok0 = row.ok, ok1 = row.n + 1 < tokens_of(a, b);
   const int dx = ok1 ? static_cast<int>(a.x_sn) : 0;  // row 1's x from row 0's (host: fits)
   const int dq = static_cast<int>(a.q_sn);
   const float4 wq = pair_weight_quad<D, SEG>(a, tid);

@@ -10,8 +10,10 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -21,6 +23,7 @@
 
 #include "lowbit/attention.h"
 #include "lowbit/core.h"
+#include "lowbit/dtype.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
 #include "src/cpu/attention_backend.h"
@@ -401,6 +404,102 @@ TEST(AttentionCuda, VarlenRunsGiveEachSequenceBits) {
               << "sequence " << s << " head " << h;
       }
     }
+}
+
+// attention_varlen on CUDA gathers sequences of distinct lengths into padded buckets (session
+// 51): here a bucket of 5 (lengths 129..270) and two sequences of their own (37 and 1 queries).
+// Without the K mean every output and LSE bit equals each sequence's own call (the per-item key
+// counts mask the padding; zero padding rows change no q / k / V scale); with it the outputs
+// agree within the K mean's last bits (its fp32 sum order follows the padded length). fp8 and
+// 16-bit P·V, no mask and both causal alignments, a q / k RMSNorm + RoPE prologue (its rotary
+// table gathered per item) in one form.
+TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
+  if (!built_with_cuda() || cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  Context ctx;
+  const std::vector<int64_t> cu_q = {0, 37, 200, 329, 330, 600, 777, 1000};
+  const std::vector<int64_t> cu_k = {0, 45, 185, 314, 331, 581, 780, 1000};
+  const int64_t Tq = cu_q.back(), Tk = cu_k.back();
+  // RMSNorm weight (D) and a (1, T, 1, D / 2, 2) f32 rotary table over the packed tokens.
+  std::mt19937_64 rng(5);
+  HostTensor w(DType::f32, {D}), tab(DType::f32, {1, Tq, 1, D / 2, 2});
+  w.fill_normal(rng, 1.f, 0.1f);
+  tab.fill_normal(rng, 0.f, 0.7f);
+  Buffer wd(Device::cuda, w.bytes.size()), td(Device::cuda, tab.bytes.size());
+  copy_to_device(wd.data(), w.bytes.data(), w.bytes.size(), ctx);
+  copy_to_device(td.data(), tab.bytes.data(), tab.bytes.size(), ctx);
+  const TensorView wv = make_view(wd.data(), DType::f32, {D}, Device::cuda);
+  Rope rope;
+  rope.table = make_view(td.data(), DType::f32, {1, Tq, 1, D / 2, 2}, Device::cuda);
+  Prologue pro;
+  pro.norm_weight = &wv;
+  pro.rope = &rope;
+  auto host = [&](const Buffer& b) {
+    std::vector<uint8_t> h(b.bytes());
+    synchronize(ctx);
+    copy_to_host(h.data(), b.data(), h.size(), ctx);
+    return h;
+  };
+  for (int form = 0; form < 5; ++form) {
+    const auto pv = form == 1 ? AttentionOptions::f16 : AttentionOptions::fp8;
+    const auto causal = form == 2   ? AttentionOptions::bottom_right
+                        : form == 3 ? AttentionOptions::top_left
+                                    : AttentionOptions::none;
+    for (bool smooth_k : {false, true}) {
+      SCOPED_TRACE("form " + std::to_string(form) + (smooth_k ? " smooth_k" : ""));
+      Problem p(pv);
+      p.options.causal = causal;
+      p.options.smooth_k = smooth_k;
+      if (form == 4) p.options.q_prologue = p.options.k_prologue = &pro;
+      const TensorView q = make_view(p.q.data(), DType::bf16, {Tq, Hq, D}, Device::cuda);
+      const TensorView k = make_view(p.k.data(), DType::bf16, {Tk, Hkv, D}, Device::cuda);
+      const TensorView v = make_view(p.v.data(), DType::bf16, {Tk, Hkv, D}, Device::cuda);
+      const TensorView o = make_view(p.out.data(), DType::bf16, {Tq, Hq, D}, Device::cuda);
+      Buffer lse(Device::cuda, Hq * Tq * 4);
+      TensorView lv = make_view(lse.data(), DType::f32, {Hq, Tq}, Device::cuda);
+      std::vector<uint8_t> outs[2], lses[2];
+      for (int unpadded = 0; unpadded < 2; ++unpadded) {
+        detail::AttentionCudaTuning t = detail::attention_cuda_tuning();
+        t.varlen_unpadded = unpadded == 1;
+        detail::set_attention_cuda_tuning(t);
+        p.clear(ctx);
+        device_memset(lse.data(), 0x7f, lse.bytes(), ctx);
+        attention_varlen(q, k, v, cu_q, cu_k, o, &lv, p.options, ctx);
+        t.varlen_unpadded = false;
+        detail::set_attention_cuda_tuning(t);
+        outs[unpadded] = host(p.out);
+        lses[unpadded] = host(lse);
+      }
+      if (!smooth_k) {
+        EXPECT_EQ(outs[0], outs[1]) << "padded buckets vs every sequence a call";
+        EXPECT_EQ(lses[0], lses[1]) << "padded buckets vs every sequence a call";
+        continue;
+      }
+      // The K mean's last bits: a few codes one apart, outputs within bf16 noise.
+      size_t far = 0;
+      double worst = 0;
+      for (size_t i = 0; i < outs[0].size() / 2; ++i) {
+        uint16_t a, b;
+        std::memcpy(&a, outs[0].data() + 2 * i, 2);
+        std::memcpy(&b, outs[1].data() + 2 * i, 2);
+        const double x = dt::bf16_to_f32(a), y = dt::bf16_to_f32(b);
+        const double d = std::fabs(x - y);
+        worst = std::max(worst, d);
+        far += d > 2e-2 + 2e-2 * std::fabs(y);
+      }
+      EXPECT_EQ(far, 0u) << "worst |difference| " << worst;
+      for (size_t i = 0; i < lses[0].size() / 4; ++i) {
+        float a, b;
+        std::memcpy(&a, lses[0].data() + 4 * i, 4);
+        std::memcpy(&b, lses[1].data() + 4 * i, 4);
+        if (std::isinf(b)) {
+          EXPECT_EQ(a, b) << "lse " << i;
+        } else {
+          EXPECT_NEAR(a, b, 1e-3 + 1e-3 * std::fabs(b)) << "lse " << i;
+        }
+      }
+    }
+  }
 }
 
 #else
