@@ -865,12 +865,13 @@ class AttentionVarlenBench : public BenchCase {
       const AttentionOptions fp8;
       const detail::AttentionCudaTuning saved = detail::attention_cuda_tuning();
       double each_ms = 0;
-      for (int form = 0; form < 3; ++form) {
+      for (int form = 0; form < 4; ++form) {
         const bool equal = std::all_of(set.lens.begin(), set.lens.end(),
                                        [&](int64_t n) { return n == set.lens[0]; });
-        if (form == 2 && !equal) continue;
+        if ((form == 2 && !equal) || (form == 3 && equal)) continue;
         detail::AttentionCudaTuning t = saved;
         t.varlen_each = form == 0;
+        t.varlen_pad_all = form == 3;
         detail::set_attention_cuda_tuning(t);
         Row r;
         r.family = "attention";
@@ -880,9 +881,10 @@ class AttentionVarlenBench : public BenchCase {
         r.op = form == 0   ? "attention_varlen, every sequence a call (varlen_each)"
                : form == 1 ? (equal ? "attention_varlen, runs of equal lengths batched"
                                     : "attention_varlen, distinct lengths in padded buckets")
-                           : "attention() on the same batch as (B, N, H, D)";
+               : form == 2 ? "attention() on the same batch as (B, N, H, D)"
+                           : "attention_varlen, padded buckets without the cost model";
         r.ms = env.time_ms([&] {
-          if (form < 2)
+          if (form != 2)
             attention_varlen(q.view, k.view, v.view, cu, cu, out.view, nullptr, fp8, ctx);
           else
             attention(with_shape(q.view, {B, N, H, D}), with_shape(k.view, {B, N, H, D}),

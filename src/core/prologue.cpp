@@ -442,7 +442,8 @@ void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out,
 namespace {
 
 void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, TensorView scale_out,
-                    Context& ctx, bool rows_checked, const int32_t* item_tokens = nullptr) {
+                    Context& ctx, bool rows_checked, const int32_t* item_tokens = nullptr,
+                    const int32_t* item_rows = nullptr) {
   const char* op = "norm_rope_quantize";
   check_quantize_options(op, p);
   PrologueArgs a = resolve_inputs(op, x, p, true, rows_checked ? nullptr : &ctx);
@@ -450,6 +451,7 @@ void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, Te
   LOWBIT_CHECK(!item_tokens || x.device == Device::cuda, op, "item_tokens",
                "internal: padded varlen batches are a CUDA path");
   a.item_tokens = item_tokens;
+  a.item_rows = item_rows;
   with_token_inv(
       op, x.device, a, ctx, true,
       [&] {
@@ -463,7 +465,7 @@ void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, Te
 
 void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean_out,
                          TensorView q_out, TensorView scale_out, Context& ctx, bool rows_checked,
-                         const int32_t* item_tokens = nullptr) {
+                         const int32_t* item_tokens = nullptr, const int32_t* item_rows = nullptr) {
   const char* op = "norm_rope_mean_quantize";
   check_quantize_options(op, p);
   LOWBIT_CHECK(p.mean == nullptr, op, "p.mean",
@@ -477,6 +479,7 @@ void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean
   LOWBIT_CHECK(!item_tokens || x.device == Device::cuda, op, "item_tokens",
                "internal: padded varlen batches are a CUDA path");
   a.item_tokens = item_tokens;
+  a.item_rows = item_rows;
   // The quantize pass subtracts the mean just computed.
   a.mean = a.mean_out;
   a.m_sb = a.mo_sb, a.m_sh = a.mo_sh;
@@ -508,16 +511,16 @@ void norm_rope_mean_quantize(const TensorView& x, const Prologue& p, TensorView 
 namespace detail {
 
 void norm_rope_quantize_rows_checked(const TensorView& x, const Prologue& p, TensorView q_out,
-                                     TensorView scale_out, Context& ctx,
-                                     const int32_t* item_tokens) {
-  quantize_front(x, p, q_out, scale_out, ctx, true, item_tokens);
+                                     TensorView scale_out, Context& ctx, const int32_t* item_tokens,
+                                     const int32_t* item_rows) {
+  quantize_front(x, p, q_out, scale_out, ctx, true, item_tokens, item_rows);
 }
 
 void norm_rope_mean_quantize_rows_checked(const TensorView& x, const Prologue& p,
                                           TensorView mean_out, TensorView q_out,
                                           TensorView scale_out, Context& ctx,
-                                          const int32_t* item_tokens) {
-  mean_quantize_front(x, p, mean_out, q_out, scale_out, ctx, true, item_tokens);
+                                          const int32_t* item_tokens, const int32_t* item_rows) {
+  mean_quantize_front(x, p, mean_out, q_out, scale_out, ctx, true, item_tokens, item_rows);
 }
 
 void check_prologue_inputs(const char* op, const std::string& arg, const TensorView& x,

@@ -63,6 +63,9 @@ struct PrologueArgs {
   // mean divides by item_tokens[b] (0 tokens: mean 0) and no padding row reaches a scale. Null:
   // `tokens` for every item.
   const int32_t* item_tokens = nullptr;
+  // ... read in place (with item_tokens): item b's token 0 is row item_rows[b] of x and of the
+  // rotary table (x + item_rows[b] * x_sn, rope + item_rows[b] * r_sn; x_sb / r_sb unused).
+  const int32_t* item_rows = nullptr;
 };
 
 namespace detail {
@@ -79,11 +82,13 @@ void check_prologue_inputs(const char* op, const std::string& arg, const TensorV
 // (PrologueArgs::item_tokens).
 void norm_rope_quantize_rows_checked(const TensorView& x, const Prologue& p, TensorView q_out,
                                      TensorView scale_out, Context& ctx,
-                                     const int32_t* item_tokens = nullptr);
+                                     const int32_t* item_tokens = nullptr,
+                                     const int32_t* item_rows = nullptr);
 void norm_rope_mean_quantize_rows_checked(const TensorView& x, const Prologue& p,
                                           TensorView mean_out, TensorView q_out,
                                           TensorView scale_out, Context& ctx,
-                                          const int32_t* item_tokens = nullptr);
+                                          const int32_t* item_tokens = nullptr,
+                                          const int32_t* item_rows = nullptr);
 }  // namespace detail
 
 // NormScope::token on CUDA: the most channels (H·D) of a token (the token-norm kernel's shared

@@ -126,10 +126,10 @@ float resolve_sm_scale(float s, int64_t d) {
   return s != 0.f ? s : 1.f / std::sqrt(static_cast<float>(d));
 }
 
-}  // namespace
-
-void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
-                    Context& ctx) {
+// quantize_v_fp8 of a padded varlen batch read in place (CUDA; rows / lens per item, or null).
+void quantize_v_fp8_items(const TensorView& v, TensorView v_fp8, TensorView v_scale,
+                          TensorView* v_mean, Context& ctx, const int32_t* rows,
+                          const int32_t* lens) {
   const char* op = "quantize_v_fp8";
   check::not_null(op, "v", v);
   check::ndim(op, "v", v, 4);
@@ -150,10 +150,17 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   }
   if (v.numel() == 0 && v_fp8.numel() == 0 && v_scale.numel() == 0) return;
   if (v.device == Device::cpu) {
-    cpu::quantize_v_fp8(v, v_fp8, v_scale, v_mean, ctx);
+    cpu::quantize_v_fp8(v, v_fp8, v_scale, v_mean, ctx, rows, lens);
   } else {
-    LOWBIT_CUDA_CALL(op, cuda::quantize_v_fp8(v, v_fp8, v_scale, v_mean, ctx));
+    LOWBIT_CUDA_CALL(op, cuda::quantize_v_fp8(v, v_fp8, v_scale, v_mean, ctx, rows, lens));
   }
+}
+
+}  // namespace
+
+void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
+                    Context& ctx) {
+  quantize_v_fp8_items(v, v_fp8, v_scale, v_mean, ctx, nullptr, nullptr);
 }
 
 namespace {
@@ -457,8 +464,19 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
   qp.layout = qr.layout;
   qp.block = qr.block;
   // (weight_rows checked above: the prologue calls do not read them back again)
-  detail::norm_rope_quantize_rows_checked(q, qp, qr.data, qr.scale, ctx);
-  if (fp8) quantize_v_fp8(v, vfp8, vscale, smooth_v ? &vmean : nullptr, fork.side(0));
+  // (a padded varlen batch in place: each item's rows from its packed row, its own count. Its
+  // rows past the count get no codes, so they are zeroed first: the kernel then sees zero rows
+  // there, as a lone call's tile sees past its Nq (TMA's zero fill), and gives the same bits; rows
+  // of stale codes with a real group scale would steer the fp8 kernel's per-tile fold vote.)
+  if (items && items->q_rows)
+    device_memset(qr.data.data, 0, static_cast<size_t>(B * Nq * Hq * D), ctx);
+  detail::norm_rope_quantize_rows_checked(q, qp, qr.data, qr.scale, ctx,
+                                          items && items->q_rows ? items->q_lens : nullptr,
+                                          items ? items->q_rows : nullptr);
+  if (fp8)
+    quantize_v_fp8_items(v, vfp8, vscale, smooth_v ? &vmean : nullptr, fork.side(0),
+                         items ? items->v_rows : nullptr,
+                         items && items->v_rows ? items->kv_lens : nullptr);
   if (Nkv > 0) {
     Prologue kp;
     take_norm_rope(options.k_prologue, kp);
@@ -467,10 +485,12 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
     // (a padded varlen batch: k's mean divides by each item's keys, and its padding rows, zero,
     // reach no scale; q's and V's zero padding rows change no scale as they are)
     const int32_t* k_items = items ? items->kv_lens : nullptr;
+    const int32_t* k_rows = items ? items->k_rows : nullptr;
     if (smooth_k) {  // one call: on CUDA its quantize pass loads k before the mean is done
-      detail::norm_rope_mean_quantize_rows_checked(k, kp, kmean, kr.data, kr.scale, ctx, k_items);
+      detail::norm_rope_mean_quantize_rows_checked(k, kp, kmean, kr.data, kr.scale, ctx, k_items,
+                                                   k_rows);
     } else {
-      detail::norm_rope_quantize_rows_checked(k, kp, kr.data, kr.scale, ctx, k_items);
+      detail::norm_rope_quantize_rows_checked(k, kp, kr.data, kr.scale, ctx, k_items, k_rows);
     }
   }
   fork.join();
@@ -595,14 +615,13 @@ struct Seq {
 
 // Padded rows (and tokens) a bucket may hold per real one.
 constexpr double kVarlenPadWaste = 1.5;
-// The cost model that decides whether a sequence joins a bucket (H100, session 51,
-// `attention.varlen`; rows = q rows x q heads + 2 x key rows x kv heads): a call of its own costs
-// ~25 us plus ~0.4 ns a row (64 sequences of 256 tokens, H 24: 2.06 ms a call each, 0.47 ms as
-// one batch); a padded bucket ~0.8 ns a padded row (the gather of q, k, v and the scatter of the
-// output move each row twice more: 64 sequences of 192..318 tokens, 1.18 ms). So a sequence joins
-// where its padded rows cost less than its own call: short sequences (at H 24, up to ~600
-// tokens); 16 sequences of 960..1110 tokens measured 1.20 ms padded against 1.02 one call each.
-constexpr double kVarlenCallNs = 25000, kVarlenRowNs = 0.4, kVarlenPadRowNs = 0.8;
+// The cost model that decides whether a sequence joins a bucket (session 51, `attention.varlen`;
+// rows = q rows x q heads + 2 x key rows x kv heads): a call of its own costs ~25 us plus ~0.4 ns
+// a row (H200: 64 sequences of 256 tokens, H 24, 2.92 ms a call each, 0.41 ms as one batch); a
+// padded bucket ~0.45 ns a padded row (64 sequences of 192..318 tokens padded to 318: 0.55 ms).
+// So a sequence joins where its padding costs less than a call of its own: at H 24 up to ~800
+// padding tokens.
+constexpr double kVarlenCallNs = 25000, kVarlenRowNs = 0.4, kVarlenPadRowNs = 0.45;
 
 // Whether the padded path covers this call: CUDA, rows of 32-bit words, no per-token weight
 // rows, no V mean (it would divide by the padded length), rotary tables with contiguous token
@@ -619,18 +638,16 @@ bool varlen_padded_ok(const TensorView& q, const TensorView& k, const TensorView
         (t->stride[1] * e) % 4 || (t->shape[2] * e) % 4 || t->stride[2] != 1)
       return false;
   }
+  // The prologues: per-head norms (a token norm's pre-pass reads x by batch stride), rotary
+  // tables of f32 (cos, sin) pairs shared by the packed tokens (others are compacted per call
+  // into a (batch, N) copy, which item rows cannot index).
   for (const Prologue* p : {o.q_prologue, o.k_prologue}) {
     if (!p) continue;
-    if (p->weight_rows) return false;
+    if (p->weight_rows || p->norm_scope != NormScope::head) return false;
     if (p->rope) {
       const TensorView& t = p->rope->table;
-      if (t.shape[0] != 1 || reinterpret_cast<uintptr_t>(t.data) % 4) return false;
-      int64_t expect = 1;
-      for (int d = t.ndim - 1; d >= 2; --d) {
-        if (t.shape[d] != 1 && t.stride[d] != expect) return false;
-        expect *= t.shape[d];
-      }
-      if ((expect * (dtype_bits(t.dtype) / 8)) % 4 || (t.stride[1] * (dtype_bits(t.dtype) / 8)) % 4)
+      if (t.ndim != 5 || t.dtype != DType::f32 || t.shape[0] != 1 || t.shape[4] != 2 ||
+          t.stride[4] != 1 || t.stride[3] != 2)
         return false;
     }
   }
@@ -653,7 +670,8 @@ std::vector<std::vector<Seq>> varlen_buckets(std::vector<Seq> seqs, int64_t hq, 
           kVarlenCallNs + kVarlenRowNs * static_cast<double>(s.nq * hq + 2 * s.nk * hkv);
       const double padded = kVarlenPadRowNs * static_cast<double>(nlq * hq + 2 * nlk * hkv);
       if (m <= cuda::kVarlenMaxItems && m * nlq <= kVarlenPadWaste * (sq + s.nq) &&
-          m * nlk <= kVarlenPadWaste * (sk + s.nk) && padded <= own) {
+          m * nlk <= kVarlenPadWaste * (sk + s.nk) &&
+          (padded <= own || detail::attention_cuda_tuning().varlen_pad_all)) {
         buckets.back().push_back(s);
         lq = nlq, lk = nlk, sq += s.nq, sk += s.nk;
         continue;
@@ -665,13 +683,29 @@ std::vector<std::vector<Seq>> varlen_buckets(std::vector<Seq> seqs, int64_t hq, 
   return buckets;
 }
 
-// One bucket (>= 2 sequences) through the padded path.
+// (m, L, H, D) view of a packed (T, H, D) tensor for a padded bucket read in place: item b's
+// rows start at the packed row the kernels take from VarlenItems, so the batch stride is unused
+// (0); the shape only sizes the workspace and the grids.
+TensorView in_place(const TensorView& t, int64_t m, int64_t L) {
+  TensorView v = t;
+  v.ndim = 4;
+  v.shape[0] = m, v.stride[0] = 0;
+  v.shape[1] = L, v.stride[1] = t.stride[0];
+  v.shape[2] = t.shape[1], v.stride[2] = t.stride[1];
+  v.shape[3] = t.shape[2], v.stride[3] = t.stride[2];
+  return v;
+}
+
+// One bucket (>= 2 sequences) through the padded path, read and written in place: q, k and (fp8
+// P·V) v are read at each item's packed rows by the quantization passes, out and the LSE written
+// at them by the kernel; 16-bit P·V reads v as the kernel's operand, so v is gathered into a
+// zero-padded copy first.
 void varlen_padded(const TensorView& q, const TensorView& k, const TensorView& v, TensorView out,
                    TensorView* lse_out, const AttentionOptions& options,
                    const std::vector<Seq>& bucket, Context& ctx) {
   const char* op = "attention_varlen";
   const int64_t m = static_cast<int64_t>(bucket.size());
-  const int64_t Hq = q.shape[1], Hkv = k.shape[1], D = q.shape[2];
+  const int64_t Hkv = k.shape[1], D = q.shape[2];
   int64_t lq = 0, lk = 0;
   cuda::VarlenSpans qs, ks;
   qs.items = ks.items = static_cast<int>(m);
@@ -684,94 +718,65 @@ void varlen_padded(const TensorView& q, const TensorView& k, const TensorView& v
   lk = std::max<int64_t>(lk, 1);  // (a bucket of sequences without keys: one padding key)
   const Device dev = q.device;
   const int di = q.device_index;
-  // The padded tensors, the per-item lengths and gathered rotary tables, then attention()'s own
-  // workspace, each 256-byte aligned.
+  const bool gather_v = options.pv != AttentionOptions::fp8;
+  const TensorView qp = in_place(q, m, lq), kp = in_place(k, m, lk);
+  TensorView op_ = in_place(out, m, lq);
+  TensorView lp;
+  if (lse_out) {  // (Hq, T) -> (m, Hq, L): row n of item b at lse + (start + n) * stride[1]
+    lp = *lse_out;
+    lp.ndim = 3;
+    lp.shape[0] = m, lp.stride[0] = 0;
+    lp.shape[1] = lse_out->shape[0], lp.stride[1] = lse_out->stride[0];
+    lp.shape[2] = lq, lp.stride[2] = lse_out->stride[1];
+  }
+  // The per-item counts and packed rows (4 x m int32), a zero-padded v (16-bit P·V), then
+  // attention()'s own workspace, each 256-byte aligned.
   size_t total = 0;
   auto take = [&](int64_t bytes) {
     const size_t at = total;
     total += static_cast<size_t>(round_up(std::max<int64_t>(bytes, 1), 256));
     return at;
   };
-  const int64_t qe = dtype_bits(q.dtype) / 8, ke = dtype_bits(k.dtype) / 8,
-                ve = dtype_bits(v.dtype) / 8, oe = dtype_bits(out.dtype) / 8;
-  const size_t oq = take(m * lq * Hq * D * qe), ok = take(m * lk * Hkv * D * ke),
-               ov = take(m * lk * Hkv * D * ve), oo = take(m * lq * Hq * D * oe),
-               ol = take(lse_out ? m * Hq * lq * 4 : 0), on = take(2 * m * 4);
-  struct Table {
-    const Prologue* from = nullptr;
-    size_t at = 0;
-    int64_t row_bytes = 0;
-  } tq{options.q_prologue}, tk{options.k_prologue};
-  for (Table* t : {&tq, &tk}) {
-    if (!t->from || !t->from->rope) continue;
-    const TensorView& tab = t->from->rope->table;
-    t->row_bytes = dtype_bits(tab.dtype) / 8;
-    for (int d = 2; d < tab.ndim; ++d) t->row_bytes *= tab.shape[d];
-    t->at = take(m * (t == &tq ? lq : lk) * t->row_bytes);
-  }
-  TensorView qp = make_view(nullptr, q.dtype, {m, lq, Hq, D}, dev, di);
-  TensorView kp = make_view(nullptr, k.dtype, {m, lk, Hkv, D}, dev, di);
+  const size_t on = take(4 * m * 4);
+  const size_t ov = take(gather_v ? m * lk * Hkv * D * esize(v) : 0);
   const size_t attn_bytes = attention_workspace_bytes(qp, kp, options);
   const size_t oa = take(static_cast<int64_t>(attn_bytes));
   detail::StreamBuffer ws(dev, total + 256, ctx, op);
   uint8_t* base = static_cast<uint8_t*>(ws.aligned(256));
-  qp.data = base + oq, kp.data = base + ok;
-  const TensorView vp = make_view(base + ov, v.dtype, {m, lk, Hkv, D}, dev, di);
-  TensorView op_ = make_view(base + oo, out.dtype, {m, lq, Hq, D}, dev, di);
-  TensorView lp = make_view(base + ol, DType::f32, {m, Hq, lq}, dev, di);
-  int32_t* lens = reinterpret_cast<int32_t*>(base + on);
-  auto gather = [&](const TensorView& t, const cuda::VarlenSpans& sp, int64_t L, void* dst,
-                    bool with_lens) {
-    LOWBIT_CUDA_CALL(
-        op, cuda::varlen_gather(t.data, t.stride[0] * esize(t), t.stride[1] * esize(t), t.shape[1],
-                                t.shape[2] * esize(t) / 4, sp, L, dst, with_lens ? &qs : nullptr,
-                                with_lens ? &ks : nullptr, with_lens ? lens : nullptr, ctx));
-  };
-  gather(q, qs, lq, qp.data, true);
-  gather(k, ks, lk, kp.data, false);
-  gather(v, ks, lk, vp.data, false);
-  // The prologues with their rotary tables gathered to (m, L, 1, ...) (token rows of each item).
+  int32_t* items_dev = reinterpret_cast<int32_t*>(base + on);  // q lens, kv lens, q rows, kv rows
+  LOWBIT_CUDA_CALL(op, cuda::varlen_items(qs, ks, items_dev, ctx));
+  TensorView vp = in_place(v, m, lk);
+  if (gather_v) {
+    vp = make_view(base + ov, v.dtype, {m, lk, Hkv, D}, dev, di);
+    LOWBIT_CUDA_CALL(op, cuda::varlen_gather(v.data, v.stride[0] * esize(v), v.stride[1] * esize(v),
+                                             Hkv, D * esize(v) / 4, ks, lk, vp.data, ctx));
+  }
+  // The prologues' rotary tables as (1, L, ...) views of the packed ones (the kernels read item
+  // b's rows from its packed row).
   Prologue pq, pk;
   Rope rq, rk;
   AttentionOptions o = options;
-  for (Table* t : {&tq, &tk}) {
-    if (!t->from) continue;
-    const bool is_q = t == &tq;
-    Prologue& p = is_q ? pq : pk;
-    p = *t->from;
-    if (t->from->rope) {
-      Rope& r = is_q ? rq : rk;
-      r = *t->from->rope;
-      const TensorView& tab = t->from->rope->table;
-      const int64_t L = is_q ? lq : lk;
-      LOWBIT_CUDA_CALL(
-          op, cuda::varlen_gather(tab.data, tab.stride[1] * esize(tab), 0, 1, t->row_bytes / 4,
-                                  is_q ? qs : ks, L, base + t->at, nullptr, nullptr, nullptr, ctx));
-      TensorView g = tab;
-      g.data = base + t->at;
-      g.shape[0] = m, g.shape[1] = L;
-      int64_t st = 1;
-      for (int d = g.ndim - 1; d >= 0; --d) {
-        g.stride[d] = st;
-        st *= g.shape[d];
-      }
-      r.table = g;
+  for (int which = 0; which < 2; ++which) {
+    const Prologue* from = which == 0 ? options.q_prologue : options.k_prologue;
+    if (!from) continue;
+    Prologue& p = which == 0 ? pq : pk;
+    p = *from;
+    if (from->rope) {
+      Rope& r = which == 0 ? rq : rk;
+      r = *from->rope;
+      r.table.shape[1] = which == 0 ? lq : lk;
       p.rope = &r;
     }
-    (is_q ? o.q_prologue : o.k_prologue) = &p;
+    (which == 0 ? o.q_prologue : o.k_prologue) = &p;
   }
   detail::VarlenItems items;
-  items.q_lens = lens;
-  items.kv_lens = lens + m;
+  items.q_lens = items_dev;
+  items.kv_lens = items_dev + m;
+  items.q_rows = items_dev + 2 * m;
+  items.k_rows = items_dev + 3 * m;
+  items.v_rows = gather_v ? nullptr : items_dev + 3 * m;
   attention_on(qp, kp, vp, op_, lse_out ? &lp : nullptr, o, base + oa, attn_bytes, ctx, true,
                &items);
-  LOWBIT_CUDA_CALL(
-      op, cuda::varlen_scatter(op_.data, lq, Hq, D * esize(out) / 4, qs, out.data,
-                               out.stride[0] * esize(out), out.stride[1] * esize(out), ctx));
-  if (lse_out)
-    LOWBIT_CUDA_CALL(op, cuda::varlen_scatter_lse(static_cast<const float*>(lp.data), lq, Hq, qs,
-                                                  static_cast<float*>(lse_out->data),
-                                                  lse_out->stride[0], lse_out->stride[1], ctx));
 }
 
 }  // namespace

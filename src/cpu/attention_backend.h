@@ -16,6 +16,12 @@ namespace detail {
 struct VarlenItems {
   const int32_t* q_lens = nullptr;
   const int32_t* kv_lens = nullptr;
+  // Read and written in place: item b's rows start at packed row q_rows[b] of q, out and the
+  // LSE, at k_rows[b] of k and at v_rows[b] of v (their batch strides unused); null: item b of
+  // that tensor at b times its batch stride (a zero-padded copy).
+  const int32_t* q_rows = nullptr;
+  const int32_t* k_rows = nullptr;
+  const int32_t* v_rows = nullptr;
 };
 }  // namespace detail
 namespace cpu {
@@ -34,18 +40,12 @@ struct VarlenSpans {
 };
 // dst (items, L, H, W) 32-bit words, contiguous = the rows of src (packed rows r, heads h at
 // src + r * row_stride + h * head_stride bytes, W words each, 4-byte aligned) of each item, zero
-// past its length. lens_out (device int32, 2 * items) or null: the q spans' lengths, then
-// kv_spans' (the kernels' per-item counts), written by the same launch.
+// past its length (16-bit P·V's v in a padded bucket).
 void varlen_gather(const void* src, int64_t row_stride, int64_t head_stride, int64_t H, int64_t W,
-                   const VarlenSpans& spans, int64_t L, void* dst, const VarlenSpans* q_spans,
-                   const VarlenSpans* kv_spans, int32_t* lens_out, Context& ctx);
-// The inverse for outputs: the first len[b] rows of item b of src (items, L, H, W words) to
-// dst's packed rows (strides in bytes as above).
-void varlen_scatter(const void* src, int64_t L, int64_t H, int64_t W, const VarlenSpans& spans,
-                    void* dst, int64_t row_stride, int64_t head_stride, Context& ctx);
-// LSE: src (items, H, L) f32 contiguous -> dst (H, T) f32 at dst[h * sh + (start[b] + n) * sn].
-void varlen_scatter_lse(const float* src, int64_t L, int64_t H, const VarlenSpans& spans,
-                        float* dst, int64_t sh, int64_t sn, Context& ctx);
+                   const VarlenSpans& spans, int64_t L, void* dst, Context& ctx);
+// out (device int32, 4 x items): the q lengths, the kv lengths, the q starts, the kv starts
+// (detail::VarlenItems' arrays).
+void varlen_items(const VarlenSpans& q, const VarlenSpans& kv, int32_t* out, Context& ctx);
 }  // namespace cuda
 namespace detail {
 // Bench-only A/B knobs of the CUDA attention kernels (not part of the public API; the default is
@@ -86,6 +86,8 @@ struct AttentionCudaTuning {
   // before session 51) instead of padded buckets of them (varlen_padded). Not the same bits: a
   // bucket's K means add in the padded length's chunks.
   bool varlen_unpadded = false;
+  // Bench: padded buckets for every sequence they can hold, the cost model aside.
+  bool varlen_pad_all = false;
 };
 constexpr int kAttentionTraceWords = 16;
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

@@ -350,7 +350,9 @@ LOWBIT_CLONES void rescale_add(float* acc, float r, const float* tile, int64_t D
 }  // namespace
 
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
-                    Context& ctx) {
+                    Context& ctx, const int32_t* rows, const int32_t* lens) {
+  LOWBIT_CHECK(!rows && !lens, "quantize_v_fp8", "rows",
+               "internal: padded varlen batches are a CUDA path");
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], D = v.shape[3];
   const int64_t npad = v_fp8.shape[3];
   // (Rows of V loaded whole (channels contiguous: the one-call path's V; any channel stride by

@@ -594,16 +594,19 @@ constexpr int v_amax_tokens() {
 // atomicMax on the non-negative fp32 bits. RN(a / 448) is nondecreasing in a, so the maximum of
 // the chunks' RN(a_c / 448) is RN(max a / 448): the CPU's scale, in any order.
 template <typename T, int D>
-__global__ void __launch_bounds__(256) v_amax_kernel(const T* v, int64_t sb, int64_t sn,
-                                                     int64_t sh, int N, int H, bool vec,
-                                                     const float* mean, unsigned* scale_bits) {
+__global__ void __launch_bounds__(256)
+    v_amax_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, bool vec,
+                  const float* mean, unsigned* scale_bits, const int32_t* rows,
+                  const int32_t* lens) {
   constexpr int kGroups = D / 8, kRows = 256 / kGroups, kPasses = 8;
   static_assert(v_amax_tokens<D>() == kPasses * kRows, "scale pass chunk");
   __shared__ float red[8][D];
   const int bh = blockIdx.x, b = bh / H, h = bh % H, tid = threadIdx.x;
   const int cg = tid % kGroups, lane = tid % 32, warp = tid / 32;
   const int n0 = static_cast<int>(blockIdx.y) * v_amax_tokens<D>() + tid / kGroups;
-  const T* base = v + b * sb + h * sh + cg * 8;
+  // (a padded varlen batch read in place: item b's keys at packed row rows[b], lens[b] of them)
+  if (lens) N = __ldg(lens + b);
+  const T* base = v + (rows ? __ldg(rows + b) * sn : b * sb) + h * sh + cg * 8;
   uint4 u[kPasses];
 #pragma unroll
   for (int ps = 0; ps < kPasses; ++ps) {
@@ -658,16 +661,16 @@ __device__ __forceinline__ int v_key_pos(int key) {
 // (Session 20: the previous 256-thread kernel with byte transposes through shared memory and a
 // per-element division branch took 30.7 us at (1, 4608, 24, 128), 21 % of DRAM bandwidth.)
 template <typename T, int D>
-__global__ void __launch_bounds__(2 * D) v_quant_quad_kernel(const T* v, int64_t sb, int64_t sn,
-                                                             int64_t sh, int N, int H,
-                                                             int64_t npad, bool vec,
-                                                             const float* scale,
-                                                             const float* mean, uint8_t* out) {
+__global__ void __launch_bounds__(2 * D)
+    v_quant_quad_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int64_t npad,
+                        bool vec, const float* scale, const float* mean, uint8_t* out,
+                        const int32_t* rows, const int32_t* lens) {
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int kq = tid % 16, cg = tid / 16;
   const int64_t bh = static_cast<int64_t>(b) * H + h;
   const int key0 = tile * kKvTile + 32 * (kq / 8) + 16 * ((kq / 4) % 2) + 2 * (kq % 4);
-  const T* base = v + b * sb + h * sh + cg * 8;
+  if (lens) N = __ldg(lens + b);  // (as v_amax_kernel)
+  const T* base = v + (rows ? __ldg(rows + b) * sn : b * sb) + h * sh + cg * 8;
   uint4 u[4];
   uint32_t kmask = 0;  // 0xff in the bytes of keys < N
 #pragma unroll
@@ -717,17 +720,20 @@ __global__ void __launch_bounds__(2 * D) v_quant_quad_kernel(const T* v, int64_t
 // 32-key group.
 template <typename T, int D>
 __global__ void v_quant_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H,
-                               int64_t npad, const float* scale, const float* mean, uint8_t* out) {
+                               int64_t npad, const float* scale, const float* mean, uint8_t* out,
+                               const int32_t* rows, const int32_t* lens) {
   __shared__ uint8_t codes[D][kKvTile + 4];
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t bh = static_cast<int64_t>(b) * H + h;
+  if (lens) N = __ldg(lens + b);  // (as v_amax_kernel)
+  const int64_t row0 = rows ? __ldg(rows + b) * sn : b * sb;
   for (int i = threadIdx.x; i < kKvTile * D; i += blockDim.x) {
     const int key = i / D, d = i % D;
     const int64_t n = static_cast<int64_t>(tile) * kKvTile + key;
     uint8_t c = 0;
     if (n < N) {
       const float s = scale[bh * D + d];
-      const float x = to_f32(v[b * sb + n * sn + h * sh + d]) - (mean ? mean[bh * D + d] : 0.f);
+      const float x = to_f32(v[row0 + n * sn + h * sh + d]) - (mean ? mean[bh * D + d] : 0.f);
       c = s > 0.f ? dt::f32_to_e4m3(__fdiv_rn(x, s)) : 0;
     }
     codes[d][v_key_pos(key)] = c;
@@ -837,7 +843,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   p.causal = options.causal != AttentionOptions::none;
   p.shift = options.causal == AttentionOptions::bottom_right ? int64_t{p.Nkv} - p.Nq : 0;
   if (items) {
-    p.kv_lens = items->kv_lens, p.q_lens = items->q_lens;
+    p.kv_lens = items->kv_lens, p.q_lens = items->q_lens, p.q_rows = items->q_rows;
     p.shift_per_item = options.causal == AttentionOptions::bottom_right;
   }
   p.sm_scale = sm_scale;
@@ -944,8 +950,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
 }
 
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
-                    Context& ctx) {
+                    Context& ctx, const int32_t* rows, const int32_t* lens) {
   const char* op = "quantize_v_fp8";
+  LOWBIT_CHECK(!(rows || lens) || (rows && lens && !v_mean), op, "rows",
+               "internal: a padded varlen batch in place takes rows and lens, and no V mean");
   const int B = static_cast<int>(v.shape[0]), N = static_cast<int>(v.shape[1]);
   const int H = static_cast<int>(v.shape[2]), D = static_cast<int>(v.shape[3]);
   const int64_t npad = v_fp8.shape[3];
@@ -984,7 +992,8 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
           static_cast<unsigned>((N + v_amax_tokens<Dv>() - 1) / v_amax_tokens<Dv>());
       if (amax_chunks > 0) {
         v_amax_kernel<T, Dv><<<dim3(B * H, amax_chunks), 256, 0, stream>>>(
-            vp, v.stride[0], v.stride[1], v.stride[2], N, H, vec, mean, v_scale.ptr<unsigned>());
+            vp, v.stride[0], v.stride[1], v.stride[2], N, H, vec, mean, v_scale.ptr<unsigned>(),
+            rows, lens);
         check_launch(op);
       }
       if (npad == 0) return;
@@ -992,11 +1001,11 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
       if (reinterpret_cast<uintptr_t>(v_fp8.data) % 4 == 0) {
         v_quant_quad_kernel<T, Dv><<<grid, 2 * Dv, 0, stream>>>(
             vp, v.stride[0], v.stride[1], v.stride[2], N, H, npad, vec, v_scale.ptr<const float>(),
-            mean, v_fp8.ptr<uint8_t>());
+            mean, v_fp8.ptr<uint8_t>(), rows, lens);
       } else {
-        v_quant_kernel<T, Dv><<<grid, 256, 0, stream>>>(
-            vp, v.stride[0], v.stride[1], v.stride[2], N, H, npad, v_scale.ptr<const float>(),
-            mean, v_fp8.ptr<uint8_t>());
+        v_quant_kernel<T, Dv><<<grid, 256, 0, stream>>>(vp, v.stride[0], v.stride[1], v.stride[2],
+                                                        N, H, npad, v_scale.ptr<const float>(),
+                                                        mean, v_fp8.ptr<uint8_t>(), rows, lens);
       }
       check_launch(op);
     });

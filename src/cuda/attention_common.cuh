@@ -55,6 +55,10 @@ struct AttnParams {
   const int* kv_lens = nullptr;
   const int* q_lens = nullptr;
   bool shift_per_item = false;
+  // With q_lens: out / lse rows of item b start at packed row q_rows[b] (out + q_rows[b] * o_sn,
+  // lse + q_rows[b] * l_sn; o_sb / l_sb unused), and only its q_lens[b] rows are stored. Null:
+  // item b at b * o_sb / b * l_sb.
+  const int* q_rows = nullptr;
   float scale_log2, sm_scale;
   int causal_heads = 1;  // causal: heads per group of cta_work's longest-first walk (>= 1)
   // Bench only (null otherwise): round 3's per-CTA stamps, kAttnTraceWords words per CTA at its
@@ -125,6 +129,21 @@ struct CtaTiles {
   int nkv;
   int64_t shift;
 };
+
+// The output rows of batch item b: how many are stored, and the element offsets of its row 0 in
+// out and lse (a padded varlen batch: AttnParams::q_lens / q_rows).
+struct OutRows {
+  int64_t n, out, lse;
+};
+__device__ __forceinline__ OutRows out_rows(const AttnParams& p, int b) {
+  OutRows r{p.Nq, b * p.o_sb, b * p.l_sb};
+  if (p.q_lens) r.n = __ldg(p.q_lens + b);
+  if (p.q_rows) {
+    const int64_t row = __ldg(p.q_rows + b);
+    r.out = row * p.o_sn, r.lse = row * p.l_sn;
+  }
+  return r;
+}
 
 // One past the last key query `row` sees (clamped to [0, the item's keys]).
 __device__ __forceinline__ int64_t visible_end(const AttnParams& p, const CtaTiles& ct,
@@ -475,11 +494,12 @@ __device__ __forceinline__ void store_lse(const AttnParams& p, int b, int h, int
       quad_sum2(corr0, corr1);
     }
     if (t == 0) {
-      float* lg = p.lse + b * p.l_sb + h * p.l_sh;
-      if (row0 < p.Nq)
+      const OutRows rows = out_rows(p, b);
+      float* lg = p.lse + rows.lse + h * p.l_sh;
+      if (row0 < rows.n)
         lg[row0 * p.l_sn] =
             l0 > 0.f ? (m0 + log2f(l0) - p_offset) * kLn2 + corr0 * p.sm_scale : -INFINITY;
-      if (row1 < p.Nq)
+      if (row1 < rows.n)
         lg[row1 * p.l_sn] =
             l1 > 0.f ? (m1 + log2f(l1) - p_offset) * kLn2 + corr1 * p.sm_scale : -INFINITY;
     }
@@ -502,7 +522,8 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, in
   quad_sum2(l0, l1);
   const int64_t hv = static_cast<int64_t>(b) * p.Hkv + hk;
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
-  T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
+  const OutRows rows = out_rows(p, b);
+  T16* og = static_cast<T16*>(p.out) + rows.out + h * p.o_sh;
   // V's scales and means of a group of kGroup channel groups are loaded before that group's
   // stores: the compiler cannot move a load of p.v_scale above a store through og (they may
   // alias), so loading each next to its stores waited one L2 round trip per channel group, 16
@@ -529,12 +550,12 @@ __device__ __forceinline__ void store_rows(const AttnParams& p, int b, int h, in
     for (int j = 0; j < kGroup; ++j) {
       const int n = n0 + j, col = n * 8 + 2 * t;
       const float sc0 = sc[j][0], sc1 = sc[j][1], mv0 = mv[j][0], mv1 = mv[j][1];
-      if (row0 < p.Nq) {
+      if (row0 < rows.n) {
         const float a = l0 > 0.f ? o_at(n, 0) * inv0 * sc0 + mv0 : 0.f;
         const float c = l0 > 0.f ? o_at(n, 1) * inv0 * sc1 + mv1 : 0.f;
         *reinterpret_cast<uint32_t*>(og + row0 * p.o_sn + col) = pack_16x2<T16>(a, c);
       }
-      if (row1 < p.Nq) {
+      if (row1 < rows.n) {
         const float a = l1 > 0.f ? o_at(n, 2) * inv1 * sc0 + mv0 : 0.f;
         const float c = l1 > 0.f ? o_at(n, 3) * inv1 * sc1 + mv1 : 0.f;
         *reinterpret_cast<uint32_t*>(og + row1 * p.o_sn + col) = pack_16x2<T16>(a, c);
@@ -576,7 +597,8 @@ __device__ __forceinline__ void store_rows_staged(const AttnParams& p, int b, in
   uint8_t* s0 = stage + r0 * kRowBytes + 4 * t;
   uint8_t* s1 = s0 + 8 * kRowBytes;
   const int sw = r0 & 7;  // rows r0 and r0 + 8 share it
-  T16* og = static_cast<T16*>(p.out) + b * p.o_sb + h * p.o_sh;
+  const OutRows rows = out_rows(p, b);
+  T16* og = static_cast<T16*>(p.out) + rows.out + h * p.o_sh;
 #pragma unroll
   for (int part = 0; part < kParts; ++part) {
     named_bar_sync(bar_id, 128);  // the stage is free (its last reads are done)
@@ -598,7 +620,7 @@ __device__ __forceinline__ void store_rows_staged(const AttnParams& p, int b, in
       const uint4 v =
           *reinterpret_cast<const uint4*>(stage + r * kRowBytes + ((ch ^ (r & 7)) * 16));
       const int64_t row = wg_row0 + r;
-      if (row < p.Nq)
+      if (row < rows.n)
         *reinterpret_cast<uint4*>(og + row * p.o_sn + part * (D / kParts) + ch * 8) = v;
     }
   }

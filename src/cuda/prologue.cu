@@ -100,7 +100,7 @@ __device__ __forceinline__ void row_values(const PrologueArgs& a, int table_mode
 #pragma unroll
   for (int j = 0; j < 16; ++j) v[j] = x[j];
   if (a.rotate && ok) {
-    const int64_t ro = b * a.r_sb + n * a.r_sn;
+    const int64_t ro = r_item(a, b) + n * a.r_sn;
     if (PAIRED) {  // chunk 0 leads, chunk 1 trails; pairs ch0 .. ch0 + 7
       float cs[8], sn[8];
       load_table8(a, table_mode, ro, ch0, cs, sn);
@@ -122,7 +122,7 @@ __device__ __forceinline__ void row_values(const PrologueArgs& a, int table_mode
         }
       }
     } else if (ch0 < 2 * a.pairs) {  // split-half partial rotary: partners read from memory
-      const int64_t xo = b * a.x_sb + n * a.x_sn + h * a.x_sh;
+      const int64_t xo = x_item(a, b) + n * a.x_sn + h * a.x_sh;
       const int P = static_cast<int>(a.pairs);
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (a.mean)
       for (int c = tid; c < D; c += kThreads) sh.mean[c] = a.mean[b * a.m_sb + h * a.m_sh + c];
     __syncthreads();
-    const int64_t xbh = b * a.x_sb + h * a.x_sh;
+    const int64_t xbh = x_item(a, b) + h * a.x_sh;
     const uint16_t* x = static_cast<const uint16_t*>(a.x);
 
     auto compute_chunk = [&](int chunk) {
@@ -343,7 +343,7 @@ __device__ __forceinline__ void mean_rank_sums(const PrologueArgs& a, int table_
   for (int j = 0; j < 16; ++j) acc[j] = 0.f;
   const int64_t nb = tokens_of(a, b);  // (a padded varlen batch: its padding rows are zero)
   const int64_t steps = (nb + RPS - 1) / RPS;
-  const int64_t xbh = b * a.x_sb + h * a.x_sh;
+  const int64_t xbh = x_item(a, b) + h * a.x_sh;
   const uint16_t* x = static_cast<const uint16_t*>(a.x);
   // Steps rank, rank + 8, ...; UNROLL of them loaded before use.
   for (int64_t s0 = rank; s0 < steps; s0 += kMeanCluster * UNROLL) {
@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(kThreads) store_kernel(const PrologueArgs a, i
   const bool ok = n < a.tokens;
   const uint16_t* x = static_cast<const uint16_t*>(a.x);
   uint4 r0 = make_uint4(0, 0, 0, 0), r1 = r0;
-  const int64_t xo = b * a.x_sb + n * a.x_sn + h * a.x_sh;
+  const int64_t xo = x_item(a, b) + n * a.x_sn + h * a.x_sh;
   if (ok) {
     r0 = load_stream16(x + xo + ch0);
     r1 = load_stream16(x + xo + ch1);
@@ -716,6 +716,7 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * L.head_group;
   const int nh = static_cast<int>(a.heads - h0 < L.head_group ? a.heads - h0 : L.head_group);
   const int64_t n_first = chunk * L.steps * RPS + slot;  // this thread's row of step s: + s * RPS
+  const int64_t nb = tokens_of(a, b);  // (a padded varlen batch: the item's own tokens)
   griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
 
 #pragma unroll 1
@@ -726,17 +727,17 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
   for (int i = 0; i < 8; ++i) cs[i] = tc[i] = 1.f, sn[i] = ts[i] = 0.f;
   auto table_row = [&](int s) {
     const int64_t n = n_first + static_cast<int64_t>(s) * RPS;
-    if (ROPE != kRopeNone && s < L.steps && n < a.tokens)
-      load_table8(a, L.table_mode, b * a.r_sb + n * a.r_sn, 8 * lane_in_row, tc, ts);
+    if (ROPE != kRopeNone && s < L.steps && n < nb)
+      load_table8(a, L.table_mode, r_item(a, b) + n * a.r_sn, 8 * lane_in_row, tc, ts);
   };
   table_row(0);
 
-  const uint16_t* xb = static_cast<const uint16_t*>(a.x) + b * a.x_sb + h0 * a.x_sh;
+  const uint16_t* xb = static_cast<const uint16_t*>(a.x) + x_item(a, b) + h0 * a.x_sh;
   // (step, head) of the next unit to load / to process: units run in order, heads inner.
   int ls = 0, lh = 0, ps = 0, ph = 0;
   auto load = [&](int, uint4(&r)[2]) {
     const int64_t n = n_first + static_cast<int64_t>(ls) * RPS;
-    if (n < a.tokens) {
+    if (n < nb) {
       const uint16_t* px = xb + n * a.x_sn + lh * a.x_sh;
       r[0] = load_stream16(px + ch0);
       r[1] = load_stream16(px + ch1);
@@ -753,9 +754,9 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
     }
     float w[16], v[16];
     const int64_t n = n_first + static_cast<int64_t>(ps) * RPS;
-    read_weight_quads<D>(w_sh, seg_quad_offset<D, SEG>(a, n, n < a.tokens), lane_in_row, w);
+    read_weight_quads<D>(w_sh, seg_quad_offset<D, SEG>(a, n, n < nb), lane_in_row, w);
     fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
-    if (n_first + static_cast<int64_t>(ps) * RPS < a.tokens) {
+    if (n_first + static_cast<int64_t>(ps) * RPS < nb) {
       float4* acc = mean_acc + ph * 4 * THREADS + tid;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {

@@ -275,6 +275,14 @@ struct QuantRow {
 __device__ __forceinline__ int64_t tokens_of(const PrologueArgs& a, int64_t b) {
   return a.item_tokens ? static_cast<int64_t>(__ldg(a.item_tokens + b)) : a.tokens;
 }
+// The element offsets of batch item b's token 0 in x and in the rotary table (a padded varlen
+// batch read in place: its packed row item_rows[b]).
+__device__ __forceinline__ int64_t x_item(const PrologueArgs& a, int64_t b) {
+  return a.item_rows ? static_cast<int64_t>(__ldg(a.item_rows + b)) * a.x_sn : b * a.x_sb;
+}
+__device__ __forceinline__ int64_t r_item(const PrologueArgs& a, int64_t b) {
+  return a.item_rows ? static_cast<int64_t>(__ldg(a.item_rows + b)) * a.r_sn : b * a.r_sb;
+}
 // sum / (the item's tokens), 0 for an item without tokens.
 __device__ __forceinline__ float mean_of(const PrologueArgs& a, int64_t b, float sum) {
   const int64_t n = tokens_of(a, b);
@@ -292,7 +300,7 @@ __device__ __forceinline__ QuantRow quant_row(const PrologueArgs& a, int64_t b, 
   r.ok = r.n < tokens_of(a, b);
   r.writer = first_lane && gi == 0 && r.blk < a.n_blocks;
   const int64_t nn = r.ok ? r.n : 0;
-  r.x = static_cast<const uint16_t*>(a.x) + b * a.x_sb + nn * a.x_sn + h0 * a.x_sh;
+  r.x = static_cast<const uint16_t*>(a.x) + x_item(a, b) + nn * a.x_sn + h0 * a.x_sh;
   r.q = a.q + b * a.q_sb + nn * a.q_sn + h0 * a.q_sh;
   r.s = a.scale + b * a.s_sb + h0 * a.s_sh + r.blk * a.groups + r.g;
   r.m = a.mean ? a.mean + b * a.m_sb + h0 * a.m_sh : nullptr;

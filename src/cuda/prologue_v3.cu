@@ -789,7 +789,7 @@ __device__ __forceinline__ void v3_quantize_body(const PrologueArgs& a, const V3
 #pragma unroll
   for (int i = 0; i < 16; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
   if (ROPE != kRopeNone && row.ok)
-    v3_table_row<D, ROPE>(a, L.table_mode, b * a.r_sb + row.n * a.r_sn, lane_in_row, tcs, tsn);
+    v3_table_row<D, ROPE>(a, L.table_mode, r_item(a, b) + row.n * a.r_sn, lane_in_row, tcs, tsn);
   auto start = [&] {
     v3_store_weight_quad<D>(tid, wq, &w_sh[0][0]);
     if (ROPE != kRopeNone) {
@@ -1185,7 +1185,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
 #pragma unroll
   for (int i = 0; i < 8; ++i) tcs[i] = 1.f, tsn[i] = 0.f;
   if (ROPE != kRopeNone && row.ok) {
-    const int64_t off = b * a.r_sb + row.n * a.r_sn;
+    const int64_t off = r_item(a, b) + row.n * a.r_sn;
     const int p0 = ROPE == kRopePaired ? 8 * lane_in_row : 4 * lane_in_row;
     load_table4(a, L.table_mode, off, p0, tcs, tsn);
     load_table4(a, L.table_mode, off, ROPE == kRopePaired ? p0 + 4 : D / 4 + p0, tcs + 4, tsn + 4);
@@ -1368,7 +1368,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       if (!(r == 0 ? ok0 : ok1)) continue;
-      const int64_t off = b * a.r_sb + (row.n + r) * a.r_sn;
+      const int64_t off = r_item(a, b) + (row.n + r) * a.r_sn;
       load_table4(a, L.table_mode, off, p0, tcs + 8 * r, tsn + 8 * r);
       load_table4(a, L.table_mode, off, p1, tcs + 8 * r + 4, tsn + 8 * r + 4);
     }
@@ -1589,7 +1589,8 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   const int64_t x_pair = PAIR ? ((h + 1 < a.heads ? h + 1 : a.heads - 1) - hx) * a.x_sh : 0;
   const int64_t t_first = chunk * L.steps * W + warp;  // this warp's tokens: + k * W
   const int64_t t_stop = (chunk + 1) * L.steps * W;
-  const int64_t t_end = a.tokens < t_stop ? a.tokens : t_stop;
+  const int64_t nb = tokens_of(a, b);  // (a padded varlen batch: the item's own tokens)
+  const int64_t t_end = nb < t_stop ? nb : t_stop;
   const int count = t_first < t_end ? static_cast<int>((t_end - t_first + W - 1) / W) : 0;
   griddep_launch_dependents();  // mean_final may launch (it waits for this grid's end)
 
@@ -1604,7 +1605,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   const int64_t t_step = static_cast<int64_t>(W) * a.r_sn;
   const int64_t x_step = static_cast<int64_t>(W) * a.x_sn;
 
-  const uint16_t* lx = static_cast<const uint16_t*>(a.x) + b * a.x_sb + t_first * a.x_sn +
+  const uint16_t* lx = static_cast<const uint16_t*>(a.x) + x_item(a, b) + t_first * a.x_sn +
                        hx * a.x_sh + 8 * lane_in_row;  // the loading token's row
   float acc[32];
 #pragma unroll
@@ -1673,7 +1674,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
     // held); one commit group per token, empty past the end, so wait_group AHEAD means "token u
     // has landed". A slot is refilled only after its values were read and used.
     // The loading token's table row (TSMEM): lane i < D / 4 copies its floats 4i .. 4i + 3.
-    const float* lrow = static_cast<const float*>(a.rope) + b * a.r_sb + t_first * a.r_sn;
+    const float* lrow = static_cast<const float*>(a.rope) + r_item(a, b) + t_first * a.r_sn;
     auto issue = [&](int u) {
       const uint32_t dst = ring0 + (u & (SLOTS - 1)) * kSlotBytes;
 #pragma unroll

@@ -406,13 +406,14 @@ TEST(AttentionCuda, VarlenRunsGiveEachSequenceBits) {
     }
 }
 
-// attention_varlen on CUDA gathers sequences of distinct lengths into padded buckets (session
-// 51): here a bucket of 5 (lengths 129..270) and two sequences of their own (37 and 1 queries).
-// Without the K mean every output and LSE bit equals each sequence's own call (the per-item key
-// counts mask the padding; zero padding rows change no q / k / V scale); with it the outputs
-// agree within the K mean's last bits (its fp32 sum order follows the padded length). fp8 and
-// 16-bit P·V, no mask and both causal alignments, a q / k RMSNorm + RoPE prologue (its rotary
-// table gathered per item) in one form.
+// attention_varlen on CUDA runs sequences of distinct lengths as padded buckets (session 51),
+// each item read and written at its own packed rows: here a bucket of 5 (lengths 129..270) and
+// two sequences of their own (37 and 1 queries). Without the K mean every output and LSE bit
+// equals each sequence's own call (per-item counts keep other rows out of every scale and mask
+// the padding keys); with it the outputs agree within the K mean's last bits (its fp32 sum order
+// follows the padded length). fp8 and 16-bit P·V (v gathered into a zero-padded copy), no mask
+// and both causal alignments, a q / k RMSNorm + RoPE prologue (its table read at each item's
+// packed rows) in one form.
 TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
   if (!built_with_cuda() || cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
