@@ -339,6 +339,27 @@ TEST(AttentionStreams, UncheckedWeightRowsCaptureInAGraph) {
   }
 }
 
+// A device buffer's bytes, once the work queued on ctx is done.
+std::vector<uint8_t> to_host(const Buffer& b, Context& ctx) {
+  std::vector<uint8_t> h(b.bytes());
+  synchronize(ctx);
+  copy_to_host(h.data(), b.data(), h.size(), ctx);
+  return h;
+}
+
+// A Problem's q, k, v and out as packed (T, H, D) tensors of Tq / Tk rows, and an (Hq, Tq) LSE.
+struct Packed {
+  TensorView q, k, v, o, lv;
+  Buffer lse;
+  Packed(Problem& p, int64_t Tq, int64_t Tk) : lse(Device::cuda, Hq * Tq * 4) {
+    q = make_view(p.q.data(), DType::bf16, {Tq, Hq, D}, Device::cuda);
+    k = make_view(p.k.data(), DType::bf16, {Tk, Hkv, D}, Device::cuda);
+    v = make_view(p.v.data(), DType::bf16, {Tk, Hkv, D}, Device::cuda);
+    o = make_view(p.out.data(), DType::bf16, {Tq, Hq, D}, Device::cuda);
+    lv = make_view(lse.data(), DType::f32, {Hq, Tq}, Device::cuda);
+  }
+};
+
 // attention_varlen on CUDA runs runs of equal lengths as one batched call: every output and LSE
 // bit equals attention() on each sequence alone (a run of 3 sequences of 200 queries / keys, a
 // run of 2 with no keys, a lone sequence), and equals the call with every sequence on its own
@@ -354,20 +375,13 @@ TEST(AttentionCuda, VarlenRunsGiveEachSequenceBits) {
     for (auto causal : {AttentionOptions::none, AttentionOptions::bottom_right}) {
       SCOPED_TRACE(std::string(pv == AttentionOptions::fp8 ? "fp8" : "f16") +
                    (causal == AttentionOptions::none ? "" : " causal"));
-      Problem p(pv);  // its q, k, v as packed (T, H, D) tensors
+      Problem p(pv);
       p.options.causal = causal;
-      const TensorView q = make_view(p.q.data(), DType::bf16, {Tq, Hq, D}, Device::cuda);
-      const TensorView k = make_view(p.k.data(), DType::bf16, {Tk, Hkv, D}, Device::cuda);
-      const TensorView v = make_view(p.v.data(), DType::bf16, {Tk, Hkv, D}, Device::cuda);
-      const TensorView o = make_view(p.out.data(), DType::bf16, {Tq, Hq, D}, Device::cuda);
-      Buffer lse(Device::cuda, Hq * Tq * 4);
-      TensorView lv = make_view(lse.data(), DType::f32, {Hq, Tq}, Device::cuda);
-      auto host = [&](const Buffer& b) {
-        std::vector<uint8_t> h(b.bytes());
-        synchronize(ctx);
-        copy_to_host(h.data(), b.data(), h.size(), ctx);
-        return h;
-      };
+      Packed pk(p, Tq, Tk);
+      const TensorView &q = pk.q, &k = pk.k, &v = pk.v, &o = pk.o;
+      const Buffer& lse = pk.lse;
+      TensorView& lv = pk.lv;
+      auto host = [&](const Buffer& b) { return to_host(b, ctx); };
       std::vector<uint8_t> outs[2], lses[2];
       for (int each = 0; each < 2; ++each) {
         detail::AttentionCudaTuning t = detail::attention_cuda_tuning();
@@ -435,12 +449,7 @@ TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
   Prologue pro;
   pro.norm_weight = &wv;
   pro.rope = &rope;
-  auto host = [&](const Buffer& b) {
-    std::vector<uint8_t> h(b.bytes());
-    synchronize(ctx);
-    copy_to_host(h.data(), b.data(), h.size(), ctx);
-    return h;
-  };
+  auto host = [&](const Buffer& b) { return to_host(b, ctx); };
   for (int form = 0; form < 5; ++form) {
     const auto pv = form == 1 ? AttentionOptions::f16 : AttentionOptions::fp8;
     const auto causal = form == 2   ? AttentionOptions::bottom_right
@@ -452,12 +461,10 @@ TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
       p.options.causal = causal;
       p.options.smooth_k = smooth_k;
       if (form == 4) p.options.q_prologue = p.options.k_prologue = &pro;
-      const TensorView q = make_view(p.q.data(), DType::bf16, {Tq, Hq, D}, Device::cuda);
-      const TensorView k = make_view(p.k.data(), DType::bf16, {Tk, Hkv, D}, Device::cuda);
-      const TensorView v = make_view(p.v.data(), DType::bf16, {Tk, Hkv, D}, Device::cuda);
-      const TensorView o = make_view(p.out.data(), DType::bf16, {Tq, Hq, D}, Device::cuda);
-      Buffer lse(Device::cuda, Hq * Tq * 4);
-      TensorView lv = make_view(lse.data(), DType::f32, {Hq, Tq}, Device::cuda);
+      Packed pk(p, Tq, Tk);
+      const TensorView &q = pk.q, &k = pk.k, &v = pk.v, &o = pk.o;
+      const Buffer& lse = pk.lse;
+      TensorView& lv = pk.lv;
       std::vector<uint8_t> outs[2], lses[2];
       for (int unpadded = 0; unpadded < 2; ++unpadded) {
         detail::AttentionCudaTuning t = detail::attention_cuda_tuning();
