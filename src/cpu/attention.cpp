@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -632,6 +633,7 @@ bool varlen_padded_ok(const TensorView& q, const TensorView& k, const TensorView
       detail::attention_cuda_tuning().varlen_unpadded)
     return false;
   if (o.pv == AttentionOptions::fp8 && o.smooth_v) return false;
+  if (q.shape[0] > INT32_MAX || k.shape[0] > INT32_MAX) return false;  // (int32 packed rows)
   for (const TensorView* t : {&q, &k, &v, &out}) {
     const int64_t e = dtype_bits(t->dtype) / 8;
     if (reinterpret_cast<uintptr_t>(t->data) % 4 || (t->stride[0] * e) % 4 ||
