@@ -2,7 +2,8 @@
 """Times lowbit.torch.attention_varlen on packed batches of sequences against one
 lowbit.torch.attention call per sequence (its form before session 50) and, where every length is
 equal, against lowbit.torch.attention on the same (B, N, H, D) batch; torch's SDPA (cuDNN,
-bf16) on that batch for scale.
+bf16) on that batch, and SDPA on a nested jagged batch of the sequences (bf16; any lengths), for
+scale. Since session 51 sequences of distinct lengths run as padded buckets on CUDA.
 
 Sequences have queries = keys, H 24, D 128, bf16 N(0, 1), fp8 P.V; median of CUDA-event timings
 with an L2 flush before each timed call; TOPS = 4 H D sum(N^2) / time.
@@ -16,7 +17,9 @@ import _torch_timing  # (bench/_torch_timing.py)
 H, D = 24, 128
 SETS = [("64 x 256", [256] * 64), ("16 x 1024", [1024] * 16),
         ("4 x 4608 (Flux 1024^2, batch 4)", [4608] * 4),
-        ("4 x 4096 + 8 x 1024 + 16 x 256", [4096] * 4 + [1024] * 8 + [256] * 16)]
+        ("4 x 4096 + 8 x 1024 + 16 x 256", [4096] * 4 + [1024] * 8 + [256] * 16),
+        ("64 distinct lengths 192..318", [192 + 2 * i for i in range(64)]),
+        ("16 distinct lengths 960..1110", [960 + 10 * i for i in range(16)])]
 
 
 def main() -> int:
@@ -49,7 +52,14 @@ def main() -> int:
             return out
 
         forms = [("one attention() a sequence (before)", each),
-                 ("attention_varlen (runs batched)", lambda: lt.attention_varlen(q, k, v, cu, cu))]
+                 ("attention_varlen", lambda: lt.attention_varlen(q, k, v, cu, cu))]
+        offsets = torch.tensor(cu, device=dev, dtype=torch.int64)
+
+        def sdpa_jagged():  # torch's varlen: SDPA on (B, H, j, D) nested jagged views
+            qn, kn, vn = (torch.nested.nested_tensor_from_jagged(t, offsets).transpose(1, 2)
+                          for t in (q, k, v))
+            return F.scaled_dot_product_attention(qn, kn, vn)
+        forms.append(("torch SDPA on a nested jagged batch (bf16)", sdpa_jagged))
         if len(set(lens)) == 1:
             b, n = len(lens), lens[0]
             qb, kb, vb = (t.view(b, n, H, D) for t in (q, k, v))
@@ -64,7 +74,7 @@ def main() -> int:
         for name, fn in forms:
             try:
                 ms = time_ms(fn)
-            except RuntimeError as e:
+            except (RuntimeError, TypeError, ValueError) as e:  # (NotImplementedError too)
                 print(f"{what:34} {name:44} unavailable: {e}".splitlines()[0])
                 continue
             base = base or ms
