@@ -625,14 +625,12 @@ constexpr double kVarlenPadWaste = 1.5;
 constexpr double kVarlenCallNs = 25000, kVarlenRowNs = 0.4, kVarlenPadRowNs = 0.45;
 
 // Whether the padded path covers this call: CUDA, rows of 32-bit words, no per-token weight
-// rows, no V mean (it would divide by the padded length), rotary tables with contiguous token
-// rows shared by all tokens (batch 1).
+// rows, rotary tables with contiguous token rows shared by all tokens (batch 1).
 bool varlen_padded_ok(const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const AttentionOptions& o) {
   if (q.device != Device::cuda || detail::attention_cuda_tuning().varlen_each ||
       detail::attention_cuda_tuning().varlen_unpadded)
     return false;
-  if (o.pv == AttentionOptions::fp8 && o.smooth_v) return false;
   if (q.shape[0] > INT32_MAX || k.shape[0] > INT32_MAX) return false;  // (int32 packed rows)
   for (const TensorView* t : {&q, &k, &v, &out}) {
     const int64_t e = dtype_bits(t->dtype) / 8;

@@ -537,14 +537,17 @@ constexpr int kVChunk = 512;  // tokens per CTA of the mean pass
 // sums written to partial[(chunk * B*H + bh) * D + d] (fixed order: each thread in token order,
 // then the half-warp tree, then the token groups in order: deterministic).
 template <typename T, int D>
-__global__ void __launch_bounds__(256) v_sum_kernel(const T* v, int64_t sb, int64_t sn,
-                                                    int64_t sh, int N, int H, bool vec,
-                                                    float* partial) {
+__global__ void __launch_bounds__(256)
+    v_sum_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, bool vec,
+                 float* partial, const int32_t* rows, const int32_t* lens) {
   constexpr int kGroups = D / 8, kKeysPerPass = 256 / kGroups, kLanes = VLanes<D>::kLanes;
   __shared__ float red[256 / kLanes][8];
   const int bh = blockIdx.x, b = bh / H, h = bh % H, chunk = blockIdx.y, tid = threadIdx.x;
   const int cg = VLanes<D>::group(tid), kl = VLanes<D>::key(tid);
-  const T* base = v + b * sb + h * sh + cg * 8;
+  // (a padded varlen batch read in place: item b's keys at packed row rows[b], lens[b] of them;
+  // its chunks past them add zeros, which leave the sum's bits as the item's own call has them)
+  if (lens) N = __ldg(lens + b);
+  const T* base = v + (rows ? __ldg(rows + b) * sn : b * sb) + h * sh + cg * 8;
   float acc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.f;
@@ -572,10 +575,13 @@ __global__ void __launch_bounds__(256) v_sum_kernel(const T* v, int64_t sb, int6
   }
 }
 
-// mean[i] = (sum of the chunks' partial sums, in chunk order) / N, i over B*H*D.
-__global__ void v_mean_finish(const float* partial, int chunks, int64_t n, int N, float* mean) {
+// mean[i] = (sum of the chunks' partial sums, in chunk order) / N, i over B*H*D (lens: item b =
+// i / hd has N = lens[b]).
+__global__ void v_mean_finish(const float* partial, int chunks, int64_t n, int N, float* mean,
+                              const int32_t* lens, int64_t hd) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
+  if (lens) N = __ldg(lens + i / hd);
   float total = 0.f;
   for (int c = 0; c < chunks; ++c) total += partial[c * n + i];
   mean[i] = N > 0 ? total / static_cast<float>(N) : 0.f;
@@ -952,8 +958,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,
                     Context& ctx, const int32_t* rows, const int32_t* lens) {
   const char* op = "quantize_v_fp8";
-  LOWBIT_CHECK(!(rows || lens) || (rows && lens && !v_mean), op, "rows",
-               "internal: a padded varlen batch in place takes rows and lens, and no V mean");
+  LOWBIT_CHECK(!(rows || lens) || (rows && lens), op, "rows",
+               "internal: a padded varlen batch in place takes rows and lens");
   const int B = static_cast<int>(v.shape[0]), N = static_cast<int>(v.shape[1]);
   const int H = static_cast<int>(v.shape[2]), D = static_cast<int>(v.shape[3]);
   const int64_t npad = v_fp8.shape[3];
@@ -978,11 +984,11 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
             (reinterpret_cast<uintptr_t>(v_fp8.data) + 3) & ~uintptr_t{3});
         if (chunks > 0) {
           v_sum_kernel<T, Dv><<<dim3(B * H, chunks), 256, 0, stream>>>(
-              vp, v.stride[0], v.stride[1], v.stride[2], N, H, vec, partial);
+              vp, v.stride[0], v.stride[1], v.stride[2], N, H, vec, partial, rows, lens);
           check_launch(op);
         }
-        v_mean_finish<<<ceil_div(n, 256), 256, 0, stream>>>(partial, static_cast<int>(chunks), n,
-                                                           N, mean);
+        v_mean_finish<<<ceil_div(n, 256), 256, 0, stream>>>(
+            partial, static_cast<int>(chunks), n, N, mean, lens, static_cast<int64_t>(H) * D);
         check_launch(op);
       }
       // The scales: zero, then each chunk's RN(max |v - mean| / 448) merged by atomicMax.

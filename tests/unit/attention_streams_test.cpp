@@ -425,7 +425,8 @@ TEST(AttentionCuda, VarlenRunsGiveEachSequenceBits) {
 // two sequences of their own (37 and 1 queries). Without the K mean every output and LSE bit
 // equals each sequence's own call (per-item counts keep other rows out of every scale and mask
 // the padding keys); with it the outputs agree within the K mean's last bits (its fp32 sum order
-// follows the padded length). fp8 and 16-bit P·V (v gathered into a zero-padded copy), no mask
+// follows the padded length). fp8 (once with V's mean) and 16-bit P·V (v gathered into a
+// zero-padded copy), no mask
 // and both causal alignments, a q / k RMSNorm + RoPE prologue (its table read at each item's
 // packed rows) in one form.
 TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
@@ -460,6 +461,7 @@ TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
       Problem p(pv);
       p.options.causal = causal;
       p.options.smooth_k = smooth_k;
+      p.options.smooth_v = form == 0;  // (fp8: V's mean from each item's own keys)
       if (form == 4) p.options.q_prologue = p.options.k_prologue = &pro;
       Packed pk(p, Tq, Tk);
       const TensorView &q = pk.q, &k = pk.k, &v = pk.v, &o = pk.o;
