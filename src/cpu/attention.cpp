@@ -601,13 +601,13 @@ struct PrologueRows {
 };
 
 // ---- attention_varlen's padded buckets (CUDA; session 51) ----
-// Sequences of different lengths would each be a call of their own (~9 launches, ~35-40 us of
-// host time apiece at a few hundred tokens). A bucket gathers up to kVarlenMaxItems of them into
-// zero-padded (items, L, H, D) tensors, runs one attention() chain on them with per-item lengths
-// (detail::VarlenItems: the kernel masks each item's padding keys; k's mean divides by the
-// item's keys, whose zero padding rows reach no scale; q's and V's zero rows change no scale),
-// and scatters the outputs back. Every output equals the sequence's own call but for the K
-// mean's fp32 sum order (its chunks follow the padded length): within the mean's tolerance.
+// Sequences of different lengths would each be a call of their own (~9 launches, ~25 us of host
+// and launch time apiece at a few hundred tokens). A bucket of up to kVarlenMaxItems of them runs
+// as one attention() chain on an (items, L, H, D) batch padded to its longest member, each item
+// read and written at its own packed rows (detail::VarlenItems: the passes read only the item's
+// rows, so no other row reaches its scales or means; the kernel masks its padding keys and
+// stores only its rows). Every output equals the sequence's own call but for the K mean's fp32
+// sum order (its chunks follow the padded length): within the mean's tolerance.
 struct Seq {
   int64_t q0, k0, nq, nk;
 };
@@ -715,7 +715,6 @@ void varlen_padded(const TensorView& q, const TensorView& k, const TensorView& v
     qs.start[i] = static_cast<int32_t>(s.q0), qs.len[i] = static_cast<int32_t>(s.nq);
     ks.start[i] = static_cast<int32_t>(s.k0), ks.len[i] = static_cast<int32_t>(s.nk);
   }
-  lk = std::max<int64_t>(lk, 1);  // (a bucket of sequences without keys: one padding key)
   const Device dev = q.device;
   const int di = q.device_index;
   const bool gather_v = options.pv != AttentionOptions::fp8;
@@ -851,7 +850,7 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
   if (batch && varlen_padded_ok(q, k, v, out, options)) {
     std::vector<Seq> single;
     for (const Run& r : runs)
-      if (r.items == 1) single.push_back({r.q0, r.k0, r.nq, r.nk});
+      if (r.items == 1 && r.nk > 0) single.push_back({r.q0, r.k0, r.nq, r.nk});
     std::vector<std::vector<Seq>> buckets = single.size() > 1
                                                 ? varlen_buckets(single, q.shape[1], k.shape[1])
                                                 : std::vector<std::vector<Seq>>{};
