@@ -148,8 +148,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
 // CUDA, sequences of distinct lengths that are short enough to gain from it run as padded
 // buckets: one attention() chain over up to 64 of them, each read and written at its own packed
 // rows (the same bits as its own call but for the K mean's last bits, which add in the padded
-// length's chunks; not with segmented weight_rows, a token-scope norm or rotary tables other
-// than (1, Tq, 1, pairs, 2) f32).
+// length's chunks; not with segmented weight_rows or a token-scope norm).
 //   q      (Tq, Hq, D) bf16/f16 (f32 on the CPU), strided, channels contiguous
 //   k, v   (Tk, Hkv, D), same dtype as q
 //   cu_seqlens_q, cu_seqlens_k  host offsets, n + 1 each: 0 first, nondecreasing, Tq / Tk last

@@ -417,11 +417,13 @@ void with_mean_table(const char* op, Device device, PrologueArgs& a, Context& ct
   detail::StreamBuffer t(device, static_cast<size_t>(bytes) + 16, ctx, op);
   float* table = static_cast<float*>(t.aligned(16));
   LOWBIT_CUDA_CALL(op, cuda::compact_rope_table(a, table, ctx));
-  const bool shared = a.r_sb == 0;
+  // (a padded varlen batch read in place: one compacted table per item, read at b * r_sb)
+  const bool shared = a.r_sb == 0 && !a.item_rows;
   a.rope = table;
   a.r_dtype = DType::f32;
   a.r_sp = 2, a.r_sc = 1, a.r_sn = 2 * a.pairs;
   a.r_sb = shared ? 0 : a.tokens * 2 * a.pairs;
+  a.item_table = false;
   run();
 }
 

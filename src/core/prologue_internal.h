@@ -66,6 +66,10 @@ struct PrologueArgs {
   // ... read in place (with item_tokens): item b's token 0 is row item_rows[b] of x and of the
   // rotary table (x + item_rows[b] * x_sn, rope + item_rows[b] * r_sn; x_sb / r_sb unused).
   const int32_t* item_rows = nullptr;
+  // With item_rows: whether the rotary table is read at the item rows too (true), or is a
+  // per-item compacted copy read at b * r_sb (false: the mean pass's compaction of tables other
+  // than (…, pairs, 2) f32).
+  bool item_table = true;
 };
 
 namespace detail {

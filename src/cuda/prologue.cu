@@ -1141,16 +1141,22 @@ void token_norm_inv(const PrologueArgs& a, float* out, Context& ctx, float* w_ou
 }
 
 namespace {
+// (a padded varlen batch read in place: item b's rows from its packed row, (1, 0) past its
+// tokens, one table per item)
 __global__ void compact_rope_kernel(PrologueArgs a, int64_t table_batches, float2* out) {
   const int64_t total = table_batches * a.tokens * a.pairs;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t p = i % a.pairs, n = (i / a.pairs) % a.tokens, b = i / (a.pairs * a.tokens);
-    const int64_t o = b * a.r_sb + n * a.r_sn + p * a.r_sp;
+    if (a.item_rows && n >= tokens_of(a, b)) {
+      out[i] = make_float2(1.f, 0.f);
+      continue;
+    }
+    const int64_t o = r_item(a, b) + n * a.r_sn + p * a.r_sp;
     out[i] = make_float2(load_any(a.rope, o, a.r_dtype), load_any(a.rope, o + a.r_sc, a.r_dtype));
   }
 }
-int64_t table_batches(const PrologueArgs& a) { return a.r_sb == 0 ? 1 : a.batch; }
+int64_t table_batches(const PrologueArgs& a) { return a.r_sb == 0 && !a.item_rows ? 1 : a.batch; }
 }  // namespace
 
 bool rope_table_compactable(const PrologueArgs& a) {

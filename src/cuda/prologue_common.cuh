@@ -281,7 +281,8 @@ __device__ __forceinline__ int64_t x_item(const PrologueArgs& a, int64_t b) {
   return a.item_rows ? static_cast<int64_t>(__ldg(a.item_rows + b)) * a.x_sn : b * a.x_sb;
 }
 __device__ __forceinline__ int64_t r_item(const PrologueArgs& a, int64_t b) {
-  return a.item_rows ? static_cast<int64_t>(__ldg(a.item_rows + b)) * a.r_sn : b * a.r_sb;
+  return a.item_rows && a.item_table ? static_cast<int64_t>(__ldg(a.item_rows + b)) * a.r_sn
+                                     : b * a.r_sb;
 }
 // sum / (the item's tokens), 0 for an item without tokens.
 __device__ __forceinline__ float mean_of(const PrologueArgs& a, int64_t b, float sum) {

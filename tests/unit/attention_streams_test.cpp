@@ -428,7 +428,7 @@ TEST(AttentionCuda, VarlenRunsGiveEachSequenceBits) {
 // follows the padded length). fp8 (once with V's mean) and 16-bit P·V (v gathered into a
 // zero-padded copy), no mask
 // and both causal alignments, a q / k RMSNorm + RoPE prologue (its table read at each item's
-// packed rows) in one form.
+// packed rows; once in Flux's 2 x 2 form, compacted per item by the mean pass).
 TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
   if (!built_with_cuda() || cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
@@ -438,20 +438,27 @@ TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
   const int64_t Tq = cu_q.back(), Tk = cu_k.back();
   // RMSNorm weight (D) and a (1, T, 1, D / 2, 2) f32 rotary table over the packed tokens.
   std::mt19937_64 rng(5);
-  HostTensor w(DType::f32, {D}), tab(DType::f32, {1, Tq, 1, D / 2, 2});
+  // (and Flux's (1, T, 1, D / 2, 2, 2) matrix form, which the mean pass compacts per item)
+  HostTensor w(DType::f32, {D}), tab(DType::f32, {1, Tq, 1, D / 2, 2}),
+      mat(DType::f32, {1, Tq, 1, D / 2, 2, 2});
   w.fill_normal(rng, 1.f, 0.1f);
   tab.fill_normal(rng, 0.f, 0.7f);
-  Buffer wd(Device::cuda, w.bytes.size()), td(Device::cuda, tab.bytes.size());
+  mat.fill_normal(rng, 0.f, 0.7f);
+  Buffer wd(Device::cuda, w.bytes.size()), td(Device::cuda, tab.bytes.size()),
+      md(Device::cuda, mat.bytes.size());
   copy_to_device(wd.data(), w.bytes.data(), w.bytes.size(), ctx);
   copy_to_device(td.data(), tab.bytes.data(), tab.bytes.size(), ctx);
+  copy_to_device(md.data(), mat.bytes.data(), mat.bytes.size(), ctx);
   const TensorView wv = make_view(wd.data(), DType::f32, {D}, Device::cuda);
-  Rope rope;
+  Rope rope, rope_mat;
   rope.table = make_view(td.data(), DType::f32, {1, Tq, 1, D / 2, 2}, Device::cuda);
-  Prologue pro;
-  pro.norm_weight = &wv;
+  rope_mat.table = make_view(md.data(), DType::f32, {1, Tq, 1, D / 2, 2, 2}, Device::cuda);
+  Prologue pro, pro_mat;
+  pro.norm_weight = pro_mat.norm_weight = &wv;
   pro.rope = &rope;
+  pro_mat.rope = &rope_mat;
   auto host = [&](const Buffer& b) { return to_host(b, ctx); };
-  for (int form = 0; form < 5; ++form) {
+  for (int form = 0; form < 6; ++form) {
     const auto pv = form == 1 ? AttentionOptions::f16 : AttentionOptions::fp8;
     const auto causal = form == 2   ? AttentionOptions::bottom_right
                         : form == 3 ? AttentionOptions::top_left
@@ -463,6 +470,7 @@ TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
       p.options.smooth_k = smooth_k;
       p.options.smooth_v = form == 0;  // (fp8: V's mean from each item's own keys)
       if (form == 4) p.options.q_prologue = p.options.k_prologue = &pro;
+      if (form == 5) p.options.q_prologue = p.options.k_prologue = &pro_mat;
       Packed pk(p, Tq, Tk);
       const TensorView &q = pk.q, &k = pk.k, &v = pk.v, &o = pk.o;
       const Buffer& lse = pk.lse;
