@@ -443,6 +443,15 @@ void norm_rope_mean(const TensorView& x, const Prologue& p, TensorView mean_out,
 
 namespace {
 
+// A padded varlen batch's per-item tokens and packed rows into `a` (CUDA only; null: none).
+void take_items(const char* op, Device device, const int32_t* item_tokens, const int32_t* item_rows,
+                PrologueArgs& a) {
+  LOWBIT_CHECK(!item_tokens || device == Device::cuda, op, "item_tokens",
+               "internal: padded varlen batches are a CUDA path");
+  a.item_tokens = item_tokens;
+  a.item_rows = item_rows;
+}
+
 void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, TensorView scale_out,
                     Context& ctx, bool rows_checked, const int32_t* item_tokens = nullptr,
                     const int32_t* item_rows = nullptr) {
@@ -450,10 +459,7 @@ void quantize_front(const TensorView& x, const Prologue& p, TensorView q_out, Te
   check_quantize_options(op, p);
   PrologueArgs a = resolve_inputs(op, x, p, true, rows_checked ? nullptr : &ctx);
   resolve_quantize(op, x, p, q_out, scale_out, a);
-  LOWBIT_CHECK(!item_tokens || x.device == Device::cuda, op, "item_tokens",
-               "internal: padded varlen batches are a CUDA path");
-  a.item_tokens = item_tokens;
-  a.item_rows = item_rows;
+  take_items(op, x.device, item_tokens, item_rows, a);
   with_token_inv(
       op, x.device, a, ctx, true,
       [&] {
@@ -478,10 +484,7 @@ void mean_quantize_front(const TensorView& x, const Prologue& p, TensorView mean
   check_disjoint(op, "mean_out", mean_out, "x", x);
   check_disjoint(op, "mean_out", mean_out, "q_out", q_out);
   check_disjoint(op, "mean_out", mean_out, "scale_out", scale_out);
-  LOWBIT_CHECK(!item_tokens || x.device == Device::cuda, op, "item_tokens",
-               "internal: padded varlen batches are a CUDA path");
-  a.item_tokens = item_tokens;
-  a.item_rows = item_rows;
+  take_items(op, x.device, item_tokens, item_rows, a);
   // The quantize pass subtracts the mean just computed.
   a.mean = a.mean_out;
   a.m_sb = a.mo_sb, a.m_sh = a.mo_sh;

@@ -59,9 +59,9 @@ struct PrologueArgs {
   float* mean_out = nullptr;
   int64_t mo_sb = 0, mo_sh = 0;
   // A padded varlen batch (CUDA, session 51: attention_varlen's buckets): batch item b holds
-  // item_tokens[b] (device int32) tokens of its `tokens` rows; the rest are zero padding. Its
-  // mean divides by item_tokens[b] (0 tokens: mean 0) and no padding row reaches a scale. Null:
-  // `tokens` for every item.
+  // item_tokens[b] (device int32) tokens of its `tokens` rows; the rest are padding, never read.
+  // Its mean divides by item_tokens[b] (0 tokens: mean 0) and no padding row reaches a scale.
+  // Null: `tokens` for every item.
   const int32_t* item_tokens = nullptr;
   // ... read in place (with item_tokens): item b's token 0 is row item_rows[b] of x and of the
   // rotary table (x + item_rows[b] * x_sn, rope + item_rows[b] * r_sn; x_sb / r_sb unused).

@@ -483,8 +483,8 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
     take_norm_rope(options.k_prologue, kp);
     kp.layout = kr.layout;
     kp.block = kr.block;
-    // (a padded varlen batch: k's mean divides by each item's keys, and its padding rows, zero,
-    // reach no scale; q's and V's zero padding rows change no scale as they are)
+    // (a padded varlen batch: k's mean divides by each item's keys, and no row past them is read
+    // or reaches a scale; likewise for q and V)
     const int32_t* k_items = items ? items->kv_lens : nullptr;
     const int32_t* k_rows = items ? items->k_rows : nullptr;
     if (smooth_k) {  // one call: on CUDA its quantize pass loads k before the mean is done

@@ -10,9 +10,9 @@ namespace lowbit {
 namespace detail {
 // A padded varlen batch (CUDA only; session 51, attention_varlen's buckets): item b of the
 // (B, N, H, D) operands holds q_lens[b] query rows and kv_lens[b] keys (device int32 arrays;
-// the other rows are zero padding). Its keys past kv_lens[b] are never visible, its query rows
-// past q_lens[b] are computed but not meant to be read, and with bottom-right causal masks its
-// shift is kv_lens[b] - q_lens[b].
+// its other rows are padding). Its keys past kv_lens[b] are never visible, its query rows past
+// q_lens[b] are computed but not stored, and with bottom-right causal masks its shift is
+// kv_lens[b] - q_lens[b].
 struct VarlenItems {
   const int32_t* q_lens = nullptr;
   const int32_t* kv_lens = nullptr;

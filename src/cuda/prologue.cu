@@ -341,7 +341,7 @@ __device__ __forceinline__ void mean_rank_sums(const PrologueArgs& a, int table_
   float acc[16];
 #pragma unroll
   for (int j = 0; j < 16; ++j) acc[j] = 0.f;
-  const int64_t nb = tokens_of(a, b);  // (a padded varlen batch: its padding rows are zero)
+  const int64_t nb = tokens_of(a, b);  // (a padded varlen batch: the item's own tokens)
   const int64_t steps = (nb + RPS - 1) / RPS;
   const int64_t xbh = x_item(a, b) + h * a.x_sh;
   const uint16_t* x = static_cast<const uint16_t*>(a.x);
