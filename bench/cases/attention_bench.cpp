@@ -215,6 +215,51 @@ struct Pieces {
   Pieces& operator=(const Pieces&) = delete;
 };
 
+// attention() fp8 PV in its pieces (what the one-call row's "quantization adds" is made of):
+// the q prologue (THREAD_Q 32, sm_scale folded), the K mean + k prologue (THREAD_K 64), the V
+// fp8 quantization, and the kernel (auto) on those operands and scale layouts.
+void pieces_of_one_call(const Env& env, const Shape& s, const DeviceTensor& q,
+                        const DeviceTensor& k, const DeviceTensor& v, const DeviceTensor& out,
+                        std::vector<Row>& rows) {
+  const int64_t B = s.B, H = s.H, N = s.N, D = s.D;
+  const Device dev = env.device;
+  Context ctx = env.ctx;
+  Pieces P(dev, s);
+  auto row = [&](const std::string& what, double bytes, double flops, auto&& fn) {
+    Row r;
+    r.family = "attention";
+    r.op = "attention() piece: " + what;
+    r.shape = shape_str(s);
+    r.backend = device_name(dev);
+    r.bytes = bytes;
+    r.flops = flops;
+    r.ms = env.time_ms(fn);
+    rows.push_back(r);
+  };
+  const double x = static_cast<double>(B * N * H * D);
+  row("q prologue (THREAD_Q 32)", 3 * x, 0,
+      [&] { norm_rope_quantize(q.view, P.qp, P.qr.data, P.qr.scale, ctx); });
+  row("K mean", 2 * x, 0, [&] { norm_rope_mean(k.view, P.kp, P.kmv, ctx); });
+  row("k prologue (THREAD_K 64, minus the mean)", 3 * x, 0,
+      [&] { norm_rope_quantize(k.view, P.kp_mean, P.kr.data, P.kr.scale, ctx); });
+  // The k path as the one call runs it (norm_rope_mean_quantize: session 52's short k kernel
+  // where it applies), and the same with that kernel off (the mean pass + the quantize pass).
+  for (int two = 0; two < 2; ++two) {
+    detail::PrologueCudaTuning t;
+    if (two) t.short_k_tokens = 0;
+    detail::set_prologue_cuda_tuning(t);
+    row(two ? "k path, two passes (short_k off)" : "k path (norm_rope_mean_quantize)", 3 * x, 0,
+        [&] { norm_rope_mean_quantize(k.view, P.kp, P.kmv, P.kr.data, P.kr.scale, ctx); });
+    detail::set_prologue_cuda_tuning({});
+  }
+  row("V fp8 (2 reads of V)", 5 * x, 0,
+      [&] { quantize_v_fp8(v.view, P.v8.view, P.vsv, nullptr, ctx); });
+  TensorView o_view = out.view;
+  row("kernel, auto, THREAD_Q/THREAD_K scales + K mean", 5 * x, 4.0 * x * N, [&] {
+    attention_int8(P.qr, P.kr, P.v8.view, &P.vsv, nullptr, &P.kmv, o_view, nullptr, P.inner, ctx);
+  });
+}
+
 // A family of rows: its name, shapes, input seeds (q, k, v, q codes, k codes: seed .. seed + 4)
 // and the rows only one of them has.
 struct Family {
@@ -662,41 +707,6 @@ class AttentionBench : public BenchCase {
     }
     return {ms[0], ms[1]};
   }
-
-  // attention() fp8 PV in its pieces (what the one-call row's "quantization adds" is made of):
-  // the q prologue (THREAD_Q 32, sm_scale folded), the K mean + k prologue (THREAD_K 64), the V
-  // fp8 quantization, and the kernel (auto) on those operands and scale layouts.
-  static void pieces_of_one_call(const Env& env, const Shape& s, const DeviceTensor& q,
-                                 const DeviceTensor& k, const DeviceTensor& v,
-                                 const DeviceTensor& out, std::vector<Row>& rows) {
-    const int64_t B = s.B, H = s.H, N = s.N, D = s.D;
-    const Device dev = env.device;
-    Context ctx = env.ctx;
-    Pieces P(dev, s);
-    auto row = [&](const std::string& what, double bytes, double flops, auto&& fn) {
-      Row r;
-      r.family = "attention";
-      r.op = "attention() piece: " + what;
-      r.shape = shape_str(s);
-      r.backend = device_name(dev);
-      r.bytes = bytes;
-      r.flops = flops;
-      r.ms = env.time_ms(fn);
-      rows.push_back(r);
-    };
-    const double x = static_cast<double>(B * N * H * D);
-    row("q prologue (THREAD_Q 32)", 3 * x, 0,
-        [&] { norm_rope_quantize(q.view, P.qp, P.qr.data, P.qr.scale, ctx); });
-    row("K mean", 2 * x, 0, [&] { norm_rope_mean(k.view, P.kp, P.kmv, ctx); });
-    row("k prologue (THREAD_K 64, minus the mean)", 3 * x, 0,
-        [&] { norm_rope_quantize(k.view, P.kp_mean, P.kr.data, P.kr.scale, ctx); });
-    row("V fp8 (2 reads of V)", 5 * x, 0,
-        [&] { quantize_v_fp8(v.view, P.v8.view, P.vsv, nullptr, ctx); });
-    TensorView o_view = out.view;
-    row("kernel, auto, THREAD_Q/THREAD_K scales + K mean", 5 * x, 4.0 * x * N, [&] {
-      attention_int8(P.qr, P.kr, P.v8.view, &P.vsv, nullptr, &P.kmv, o_view, nullptr, P.inner, ctx);
-    });
-  }
 };
 
 #ifdef LOWBIT_WITH_CUDA
@@ -742,7 +752,8 @@ double host_ms(const Context& ctx, const std::function<void()>& fn) {
 // attention.short (session 48): short key sequences, where the fp8 kernel's cost per 128-row
 // query block outside its key tiles (start, first q k^T, epilogue: ~4 us against ~1.4 us a key
 // tile) weighs: Wan's cross-attention (32760 queries, 512 text keys), a short image sequence,
-// 8192 queries over 256..4096 keys, and Flux's self-attention. (B, H, Nq, Nkv, D), TOPS = 4 B H
+// 8192 queries over 256..4096 keys, Flux's self-attention, and (session 52) batches of 64 x 256
+// and 16 x 1024 tokens with the one call's pieces. (B, H, Nq, Nkv, D), TOPS = 4 B H
 // Nq Nkv D / time. Rows: the kernel (the baseline), then attention() from bf16 q, k, v against
 // it (what the quantization passes add). (Session 48's persistent form of the kernel, measured
 // with this family, lost: docs/attention.md "Session 48".)
@@ -756,11 +767,12 @@ class AttentionShortBench : public BenchCase {
       int64_t B, H, Nq, Nkv, D;
     };
     const std::vector<S> shapes =
-        env.quick ? std::vector<S>{{1, 8, 1024, 512, 128}}
-                  : std::vector<S>{{1, 40, 32760, 512, 128}, {2, 24, 1024, 1024, 128},
-                                   {1, 24, 8192, 256, 128},  {1, 24, 8192, 1024, 128},
-                                   {1, 24, 8192, 2048, 128}, {1, 24, 8192, 4096, 128},
-                                   {1, 24, 4608, 4608, 128}};
+        env.quick
+            ? std::vector<S>{{1, 8, 1024, 512, 128}}
+            : std::vector<S>{
+                  {1, 40, 32760, 512, 128}, {2, 24, 1024, 1024, 128}, {1, 24, 8192, 256, 128},
+                  {1, 24, 8192, 1024, 128}, {1, 24, 8192, 2048, 128}, {1, 24, 8192, 4096, 128},
+                  {1, 24, 4608, 4608, 128}, {64, 24, 256, 256, 128},  {16, 24, 1024, 1024, 128}};
     const Device dev = env.device;
     Context ctx = env.ctx;
     for (const S& s : shapes) {
@@ -784,25 +796,39 @@ class AttentionShortBench : public BenchCase {
       DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb)});
       const double flops = 4.0 * B * H * static_cast<double>(Nq) * Nkv * D;
       double kernel_ms = 0;
-      for (int call = 0; call < 2; ++call) {  // the kernel, then attention()
+      AttentionOptions mma = fp8;
+      mma.kernel = AttentionOptions::mma_sync;
+      // the kernel, attention(), then (session 52) the portable mma.sync kernel on the same codes
+      // and attention() with the short k path off (the k path's two passes)
+      for (int call = 0; call < 4; ++call) {
         Row r;
         r.family = "attention";
         r.shape = shape;
         r.backend = device_name(dev);
-        r.op = call == 0 ? "attention_int8 fp8 PV auto (kernel only)"
-                         : "attention() fp8 PV, incl. quantization";
+        r.op = call == 0   ? "attention_int8 fp8 PV auto (kernel only)"
+               : call == 1 ? "attention() fp8 PV, incl. quantization"
+               : call == 2 ? "attention_int8 fp8 PV mma.sync (kernel only)"
+                           : "attention() fp8 PV, short k path off (short_k_tokens 0)";
+        detail::PrologueCudaTuning t;
+        if (call == 3) t.short_k_tokens = 0;
+        detail::set_prologue_cuda_tuning(t);
         r.ms = env.time_ms([&] {
-          if (call == 0)
-            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8, ctx);
-          else
+          if (call == 1 || call == 3)
             attention(q.view, k.view, v.view, out.view, nullptr, fp8, ws.view.data, wb, ctx);
+          else
+            attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr,
+                           call == 0 ? fp8 : mma, ctx);
         });
+        detail::set_prologue_cuda_tuning({});
         if (call == 0) kernel_ms = r.ms;
         r.flops = flops;
         r.baseline = "the kernel alone";
         r.baseline_ms = kernel_ms;
         rows.push_back(r);
       }
+      // Session 52: batches of short sequences (queries = keys), where the passes weigh most:
+      // the one call in its pieces.
+      if (Nq == Nkv && B > 1) pieces_of_one_call(env, Shape{B, H, Nq, D}, q, k, v, out, rows);
     }
     return rows;
   }

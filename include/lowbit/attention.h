@@ -145,10 +145,10 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, Te
 // sequence), exactly as attention() on that sequence alone; an empty query range is skipped, an
 // empty key range gives 0 and LSE -inf. Consecutive sequences with equal query and key lengths
 // run as one batched attention() call (the same bits; not with segmented norm weight_rows). On
-// CUDA, sequences of distinct lengths that are short enough to gain from it run as padded
-// buckets: one attention() chain over up to 64 of them, each read and written at its own packed
-// rows (the same bits as its own call but for the K mean's last bits, which add in the padded
-// length's chunks; not with segmented weight_rows or a token-scope norm).
+// CUDA, sequences of distinct lengths that are short enough to gain from it (and, with segmented
+// weight_rows, any sequences) run as padded buckets: one attention() chain over up to 64 of
+// them, each read and written at its own packed rows (the same bits as its own call but for the
+// K mean's last bits, which add in the padded length's chunks).
 //   q      (Tq, Hq, D) bf16/f16 (f32 on the CPU), strided, channels contiguous
 //   k, v   (Tk, Hkv, D), same dtype as q
 //   cu_seqlens_q, cu_seqlens_k  host offsets, n + 1 each: 0 first, nondecreasing, Tq / Tk last

@@ -392,6 +392,7 @@ void with_token_inv(const char* op, Device device, PrologueArgs& a, Context& ctx
   }
   a.x = yp;
   a.x_sb = a.tokens * row, a.x_sn = row, a.x_sh = a.dim;
+  a.item_x = false;  // (a padded varlen batch: y holds each item at b * x_sb)
   a.norm = a.norm_heads = false;
   a.token_inv = nullptr;
   run();

@@ -64,12 +64,16 @@ struct PrologueArgs {
   // Null: `tokens` for every item.
   const int32_t* item_tokens = nullptr;
   // ... read in place (with item_tokens): item b's token 0 is row item_rows[b] of x and of the
-  // rotary table (x + item_rows[b] * x_sn, rope + item_rows[b] * r_sn; x_sb / r_sb unused).
+  // rotary table (x + item_rows[b] * x_sn, rope + item_rows[b] * r_sn; x_sb / r_sb unused), and
+  // its token n's segmented weight row is w_rows[item_rows[b] + n] (session 52).
   const int32_t* item_rows = nullptr;
   // With item_rows: whether the rotary table is read at the item rows too (true), or is a
   // per-item compacted copy read at b * r_sb (false: the mean pass's compaction of tables other
   // than (…, pairs, 2) f32).
   bool item_table = true;
+  // ... and whether x is read at the item rows (true), or is a (B, N, H, D) copy read at b * x_sb
+  // (false: a token-scope norm's staged output).
+  bool item_x = true;
 };
 
 namespace detail {
@@ -270,6 +274,15 @@ struct PrologueCudaTuning {
   // 0.312): on by default since session 46; false stages k's y in one pass.
   bool token_fast = true;
   bool token_fast_k = true;
+  // Session 52: the k path (norm_rope_mean_quantize) of short rows without norm or rope as ONE
+  // kernel, a CTA per (batch, head) holding the head's rows in shared memory: the mean, then the
+  // codes from the same rows (x read once from DRAM, one launch), up to `short_k_tokens` tokens
+  // (0: the two passes always). The codes and scales are the quantize pass's for the kernel's mean
+  // (its fp32 sum in its own order: within the mean's last bits of the two passes').
+  int short_k_tokens = 512;
+  // ... where batch x heads is at least this many (0: the GPU's multiprocessor count; fewer
+  // heads leave SMs idle, where the two passes split the tokens too).
+  int short_k_min_ctas = 0;
 };
 constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
 constexpr int kSyncTeams = 1, kSyncCta = 2;

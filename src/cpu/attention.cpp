@@ -610,6 +610,7 @@ struct PrologueRows {
 // sum order (its chunks follow the padded length): within the mean's tolerance.
 struct Seq {
   int64_t q0, k0, nq, nk;
+  size_t run;  // attention_varlen's index of the run (of one) it came from
 };
 
 [[maybe_unused]] int64_t esize(const TensorView& t) { return dtype_bits(t.dtype) / 8; }
@@ -624,8 +625,8 @@ constexpr double kVarlenPadWaste = 1.5;
 // padding tokens.
 constexpr double kVarlenCallNs = 25000, kVarlenRowNs = 0.4, kVarlenPadRowNs = 0.45;
 
-// Whether the padded path covers this call: CUDA, rows of 32-bit words, no per-token weight
-// rows, rotary tables with contiguous token rows shared by all tokens (batch 1).
+// Whether the padded path covers this call: CUDA, rows of 32-bit words, rotary tables shared by
+// all tokens (batch 1).
 bool varlen_padded_ok(const TensorView& q, const TensorView& k, const TensorView& v,
                       const TensorView& out, const AttentionOptions& o) {
   if (q.device != Device::cuda || detail::attention_cuda_tuning().varlen_each ||
@@ -638,12 +639,11 @@ bool varlen_padded_ok(const TensorView& q, const TensorView& k, const TensorView
         (t->stride[1] * e) % 4 || (t->shape[2] * e) % 4 || t->stride[2] != 1)
       return false;
   }
-  // The prologues: per-head norms (a token norm's pre-pass reads x by batch stride), rotary
-  // tables shared by the packed tokens (batch 1; any of SPEC §1's forms: the mean pass compacts
-  // the others into one table per item).
+  // The prologues: any norm (segmented weights' packed indices and a token norm's pre-pass read
+  // at each item's rows: session 52), rotary tables shared by the packed tokens (batch 1; any of
+  // SPEC §1's forms: the mean pass compacts the others into one table per item).
   for (const Prologue* p : {o.q_prologue, o.k_prologue}) {
     if (!p) continue;
-    if (p->weight_rows || p->norm_scope != NormScope::head) return false;
     if (p->rope && p->rope->table.shape[0] != 1) return false;
   }
   return true;
@@ -745,10 +745,12 @@ void varlen_padded(const TensorView& q, const TensorView& k, const TensorView& v
     LOWBIT_CUDA_CALL(op, cuda::varlen_gather(v.data, v.stride[0] * esize(v), v.stride[1] * esize(v),
                                              Hkv, D * esize(v) / 4, ks, lk, vp.data, ctx));
   }
-  // The prologues' rotary tables as (1, L, ...) views of the packed ones (the kernels read item
-  // b's rows from its packed row).
+  // The prologues' rotary tables as (1, L, ...) views and segmented weights' indices as (L)
+  // views of the packed ones (the kernels read item b's rows from its packed row; the indices
+  // were checked once for the whole batch).
   Prologue pq, pk;
   Rope rq, rk;
+  TensorView wq, wk;
   AttentionOptions o = options;
   for (int which = 0; which < 2; ++which) {
     const Prologue* from = which == 0 ? options.q_prologue : options.k_prologue;
@@ -760,6 +762,12 @@ void varlen_padded(const TensorView& q, const TensorView& k, const TensorView& v
       r = *from->rope;
       r.table.shape[1] = which == 0 ? lq : lk;
       p.rope = &r;
+    }
+    if (from->weight_rows) {
+      TensorView& w = which == 0 ? wq : wk;
+      w = *from->weight_rows;
+      w.shape[0] = which == 0 ? lq : lk;
+      p.weight_rows = &w;
     }
     (which == 0 ? o.q_prologue : o.k_prologue) = &p;
   }
@@ -801,8 +809,8 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
                      &ctx);
   // Runs of consecutive sequences with the same query and key lengths run as one attention()
   // call on a batch of them (every batch item is computed on its own: the bits of each sequence
-  // alone, fewer launches); segmented weights (weight_rows, one index per packed token) keep
-  // every sequence a call of its own.
+  // alone, fewer launches); with segmented weights (weight_rows, one index per packed token)
+  // every sequence is a run of its own, which the padded buckets below may still gather.
   struct Run {
     int64_t q0, k0, nq, nk, items;
   };
@@ -841,24 +849,26 @@ void attention_varlen(const TensorView& q, const TensorView& k, const TensorView
     validate_attention_call(t[0], t[1], t[2], t[3], lse_out ? &lse : nullptr, op);
     bytes = std::max(bytes, attention_workspace_bytes(t[0], t[1], options));
   }
-  // Sequences of their own length (runs of one) into padded buckets (CUDA; see varlen_padded).
-  if (batch && varlen_padded_ok(q, k, v, out, options)) {
+  // Sequences of their own length (runs of one) into padded buckets (CUDA; see varlen_padded;
+  // with segmented weights every sequence is a run of one).
+  if (varlen_padded_ok(q, k, v, out, options)) {
     std::vector<Seq> single;
-    for (const Run& r : runs)
-      if (r.items == 1 && r.nk > 0) single.push_back({r.q0, r.k0, r.nq, r.nk});
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Run& r = runs[i];
+      if (r.items == 1 && r.nk > 0) single.push_back({r.q0, r.k0, r.nq, r.nk, i});
+    }
     std::vector<std::vector<Seq>> buckets = single.size() > 1
                                                 ? varlen_buckets(single, q.shape[1], k.shape[1])
                                                 : std::vector<std::vector<Seq>>{};
-    std::vector<Run> rest;
-    for (const Run& r : runs) {
-      bool padded = false;
-      for (const auto& bk : buckets)
-        for (const Seq& s : bk)
-          padded = padded || (bk.size() > 1 && s.q0 == r.q0 && s.k0 == r.k0 && r.items == 1);
-      if (!padded) rest.push_back(r);
-    }
+    std::vector<char> in_bucket(runs.size(), 0);
     for (const auto& bk : buckets)
-      if (bk.size() > 1) varlen_padded(q, k, v, out, lse_out, options, bk, ctx);
+      if (bk.size() > 1) {
+        for (const Seq& s : bk) in_bucket[s.run] = 1;
+        varlen_padded(q, k, v, out, lse_out, options, bk, ctx);
+      }
+    std::vector<Run> rest;
+    for (size_t i = 0; i < runs.size(); ++i)
+      if (!in_bucket[i]) rest.push_back(runs[i]);
     runs.swap(rest);
     if (runs.empty()) return;
   }

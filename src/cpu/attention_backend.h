@@ -88,6 +88,12 @@ struct AttentionCudaTuning {
   bool varlen_unpadded = false;
   // Bench: padded buckets for every sequence they can hold, the cost model aside.
   bool varlen_pad_all = false;
+  // quantize_v_fp8 on CUDA (session 52): V without a mean of at most this many keys a head as ONE
+  // kernel, a CTA per (batch, head) holding its rows (the maximum, then the codes from the same
+  // rows: V read once, one launch; the same bits), where batch x heads is at least
+  // short_v_min_ctas (0: the GPU's multiprocessor count); 0 tokens: the passes always.
+  int short_v_tokens = 512;
+  int short_v_min_ctas = 0;
 };
 constexpr int kAttentionTraceWords = 16;
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

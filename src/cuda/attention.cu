@@ -533,6 +533,15 @@ __device__ __forceinline__ void load8(const T* p, bool vec, float (&x)[8]) {
 
 constexpr int kVChunk = 512;  // tokens per CTA of the mean pass
 
+// Item b of V for the passes below: the offset of its first row, and its key count in N (a padded
+// varlen batch read in place: item b's keys start at packed row rows[b] and number lens[b]; else
+// b x the batch stride, N keys).
+__device__ __forceinline__ int64_t v_item(int b, int64_t sb, int64_t sn, const int32_t* rows,
+                                          const int32_t* lens, int& N) {
+  if (lens) N = __ldg(lens + b);
+  return rows ? static_cast<int64_t>(__ldg(rows + b)) * sn : b * sb;
+}
+
 // One chunk of kVChunk tokens of one (batch, head) (grid x = B*H, y = chunk): per-channel partial
 // sums written to partial[(chunk * B*H + bh) * D + d] (fixed order: each thread in token order,
 // then the half-warp tree, then the token groups in order: deterministic).
@@ -544,10 +553,8 @@ __global__ void __launch_bounds__(256)
   __shared__ float red[256 / kLanes][8];
   const int bh = blockIdx.x, b = bh / H, h = bh % H, chunk = blockIdx.y, tid = threadIdx.x;
   const int cg = VLanes<D>::group(tid), kl = VLanes<D>::key(tid);
-  // (a padded varlen batch read in place: item b's keys at packed row rows[b], lens[b] of them;
-  // its chunks past them add zeros, which leave the sum's bits as the item's own call has them)
-  if (lens) N = __ldg(lens + b);
-  const T* base = v + (rows ? __ldg(rows + b) * sn : b * sb) + h * sh + cg * 8;
+  // (a varlen item's chunks past its keys add zeros: the sum's bits of the item's own call)
+  const T* base = v + v_item(b, sb, sn, rows, lens, N) + h * sh + cg * 8;
   float acc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.f;
@@ -610,9 +617,7 @@ __global__ void __launch_bounds__(256)
   const int bh = blockIdx.x, b = bh / H, h = bh % H, tid = threadIdx.x;
   const int cg = tid % kGroups, lane = tid % 32, warp = tid / 32;
   const int n0 = static_cast<int>(blockIdx.y) * v_amax_tokens<D>() + tid / kGroups;
-  // (a padded varlen batch read in place: item b's keys at packed row rows[b], lens[b] of them)
-  if (lens) N = __ldg(lens + b);
-  const T* base = v + (rows ? __ldg(rows + b) * sn : b * sb) + h * sh + cg * 8;
+  const T* base = v + v_item(b, sb, sn, rows, lens, N) + h * sh + cg * 8;
   uint4 u[kPasses];
 #pragma unroll
   for (int ps = 0; ps < kPasses; ++ps) {
@@ -666,36 +671,21 @@ __device__ __forceinline__ int v_key_pos(int key) {
 // as dt::f32_to_e4m3, NaN -> 0x7f whatever its sign; code 0 for padding keys and zero scales.
 // (Session 20: the previous 256-thread kernel with byte transposes through shared memory and a
 // per-element division branch took 30.7 us at (1, 4608, 24, 128), 21 % of DRAM bandwidth.)
-template <typename T, int D>
-__global__ void __launch_bounds__(2 * D)
-    v_quant_quad_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int64_t npad,
-                        bool vec, const float* scale, const float* mean, uint8_t* out,
-                        const int32_t* rows, const int32_t* lens) {
-  const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
-  const int kq = tid % 16, cg = tid / 16;
-  const int64_t bh = static_cast<int64_t>(b) * H + h;
-  const int key0 = tile * kKvTile + 32 * (kq / 8) + 16 * ((kq / 4) % 2) + 2 * (kq % 4);
-  if (lens) N = __ldg(lens + b);  // (as v_amax_kernel)
-  const T* base = v + (rows ? __ldg(rows + b) * sn : b * sb) + h * sh + cg * 8;
-  uint4 u[4];
-  uint32_t kmask = 0;  // 0xff in the bytes of keys < N
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int n = key0 + 8 * (i / 2) + i % 2;
-    const bool in = n < N;
-    u[i] = in ? load_raw8(base + static_cast<int64_t>(n) * sn, vec) : make_uint4(0, 0, 0, 0);
-    kmask |= in ? 0xffu << (8 * i) : 0u;
-  }
+// The codes of one quad thread (channel group cg, quad kq of a 64-key tile; keys 8 (i / 2) + i % 2
+// past its key0, i < 4, in u[i], kmask 0xff in the bytes of keys < N): channels 8 cg .. 8 cg + 7
+// with their scales sc[] and means mu[] (null: 0) into o + j npad as one 32-bit word each.
+template <typename T>
+__device__ __forceinline__ void v_quad_codes(const uint4 (&u)[4], uint32_t kmask, const float* sc_p,
+                                             const float* mu_p, uint8_t* o, int64_t npad) {
   float sc[8], mu[8], rc[8];
   bool fast = true;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    sc[j] = scale[bh * D + cg * 8 + j];
-    mu[j] = mean ? mean[bh * D + cg * 8 + j] : 0.f;
+    sc[j] = sc_p[j];
+    mu[j] = mu_p ? mu_p[j] : 0.f;
     rc[j] = __frcp_rn(sc[j]);
     fast = fast && div_rn_applies(sc[j]);
   }
-  uint8_t* o = out + (bh * D + cg * 8) * npad + static_cast<int64_t>(tile) * kKvTile + 4 * kq;
   auto codes = [&](auto fast_c) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -721,6 +711,117 @@ __global__ void __launch_bounds__(2 * D)
     codes(std::false_type{});
 }
 
+// The first key of quad kq's keys in a 64-key tile: 32 (kq / 8) + 16 ((kq / 4) % 2) + 2 (kq % 4).
+__device__ __forceinline__ int v_quad_key0(int kq) {
+  return 32 * (kq / 8) + 16 * ((kq / 4) % 2) + 2 * (kq % 4);
+}
+
+// The codes pass: one CTA per 64 keys of one (batch, head), 2 D threads. Thread (channel group
+// cg = tid / 16, quad kq = tid % 16) quantizes channels 8 cg .. 8 cg + 7 of the four keys that
+// fill output bytes 4 kq .. 4 kq + 3 of the tile (keys 32 (kq / 8) + 16 ((kq / 4) % 2) +
+// 2 (kq % 4) + {0, 1, 8, 9}: the layout's positions 16 h + 4 t + i), so a channel's four codes
+// are one 32-bit word and the 16 quads of a channel group store its 64 bytes coalesced: no
+// shared-memory transpose. code = e4m3(RN((x - mean) / scale)) as the CPU: the reciprocal and two
+// corrections (div_rn, bit-equal to IEEE division for these scales; a zero quotient's sign
+// restored) when all eight scales allow it, else IEEE division; the hardware conversion rounds
+// as dt::f32_to_e4m3, NaN -> 0x7f whatever its sign; code 0 for padding keys and zero scales.
+// (Session 20: the previous 256-thread kernel with byte transposes through shared memory and a
+// per-element division branch took 30.7 us at (1, 4608, 24, 128), 21 % of DRAM bandwidth.)
+template <typename T, int D>
+__global__ void __launch_bounds__(2 * D)
+    v_quant_quad_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int64_t npad,
+                        bool vec, const float* scale, const float* mean, uint8_t* out,
+                        const int32_t* rows, const int32_t* lens) {
+  const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
+  const int kq = tid % 16, cg = tid / 16;
+  const int64_t bh = static_cast<int64_t>(b) * H + h;
+  const int key0 = tile * kKvTile + v_quad_key0(kq);
+  const T* base = v + v_item(b, sb, sn, rows, lens, N) + h * sh + cg * 8;
+  uint4 u[4];
+  uint32_t kmask = 0;  // 0xff in the bytes of keys < N
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int n = key0 + 8 * (i / 2) + i % 2;
+    const bool in = n < N;
+    u[i] = in ? load_raw8(base + static_cast<int64_t>(n) * sn, vec) : make_uint4(0, 0, 0, 0);
+    kmask |= in ? 0xffu << (8 * i) : 0u;
+  }
+  v_quad_codes<T>(u, kmask, scale + bh * D + cg * 8, mean ? mean + bh * D + cg * 8 : nullptr,
+                  out + (bh * D + cg * 8) * npad + static_cast<int64_t>(tile) * kKvTile + 4 * kq,
+                  npad);
+}
+
+// Session 52: V of short rows in ONE kernel (no V mean): a CTA per (batch, head) streams the
+// head's keys into shared memory once (rows padded by 16 bytes: the codes' reads below meet the
+// minimum of 4 wavefronts a warp), each thread keeping the maximum |v| of its channels
+// (fmaxf: NaN ignored, as the scale pass), then thread c < D merges the slots' maxima (any order:
+// max is exact) into scale RN(max / 448) (the scale pass's bits), and the CTA makes the codes of
+// its 64-key tiles from the rows it holds, quad by quad as v_quant_quad_kernel (the same bits).
+// Replaces the memset, the scale pass and the codes pass (x read once from DRAM, one launch).
+constexpr int kVShortThreads = 256;
+template <typename T, int D>
+__global__ void __launch_bounds__(kVShortThreads)
+    v_short_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, int N, int H, int64_t npad,
+                   float* scale, uint8_t* out, const int32_t* rows, const int32_t* lens) {
+  constexpr int LANES = D / 8, SLOTS = kVShortThreads / LANES, RS = LANES + 1, U = 8;
+  extern __shared__ uint4 vrows[];  // key r, channels 8 l ..: vrows[r * RS + l]
+  __shared__ float red[SLOTS][D];
+  __shared__ float sc_sh[D];
+  const int tid = threadIdx.x, lane = tid % LANES, slot = tid / LANES;
+  const int64_t bh = blockIdx.x;
+  const int b = static_cast<int>(bh / H), h = static_cast<int>(bh % H);
+  const T* base = v + v_item(b, sb, sn, rows, lens, N) + h * sh + lane * 8;
+  float m[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) m[j] = 0.f;
+  for (int r0 = slot; r0 < N; r0 += U * SLOTS) {
+    uint4 u[U];
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      const int r = r0 + i * SLOTS;
+      u[i] = r < N ? load_raw8(base + static_cast<int64_t>(r) * sn, true) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      const int r = r0 + i * SLOTS;
+      if (r < N) {
+        vrows[r * RS + lane] = u[i];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) m[j] = fmaxf(m[j], fabsf(elem8<T>(u[i], j)));
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red[slot][lane * 8 + j] = m[j];
+  __syncthreads();
+  if (tid < D) {
+    float mm = red[0][tid];
+    for (int s = 1; s < SLOTS; ++s) mm = fmaxf(mm, red[s][tid]);
+    const float sc = mm / 448.f;
+    sc_sh[tid] = sc;
+    scale[bh * D + tid] = sc;
+  }
+  __syncthreads();
+  constexpr int TPT = 2 * D, PER = kVShortThreads / TPT;  // threads per tile, tiles per pass
+  const int t2 = tid % TPT, kq = t2 % 16, cg = t2 / 16;
+  const int tiles = static_cast<int>(npad / kKvTile);
+  for (int tile = tid / TPT; tile < tiles; tile += PER) {
+    const int key0 = tile * kKvTile + v_quad_key0(kq);
+    uint4 u[4];
+    uint32_t kmask = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = key0 + 8 * (i / 2) + i % 2;
+      const bool in = n < N;
+      u[i] = in ? vrows[n * RS + cg] : make_uint4(0, 0, 0, 0);
+      kmask |= in ? 0xffu << (8 * i) : 0u;
+    }
+    v_quad_codes<T>(u, kmask, sc_sh + cg * 8, nullptr,
+                    out + (bh * D + cg * 8) * npad + static_cast<int64_t>(tile) * kKvTile + 4 * kq,
+                    npad);
+  }
+}
+
 // The codes pass where v_fp8 is not 4-byte aligned: one block per 64 keys of one (batch, head),
 // codes transposed to (D, npad) through shared memory, keys in fragment order within each
 // 32-key group.
@@ -731,8 +832,7 @@ __global__ void v_quant_kernel(const T* v, int64_t sb, int64_t sn, int64_t sh, i
   __shared__ uint8_t codes[D][kKvTile + 4];
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int64_t bh = static_cast<int64_t>(b) * H + h;
-  if (lens) N = __ldg(lens + b);  // (as v_amax_kernel)
-  const int64_t row0 = rows ? __ldg(rows + b) * sn : b * sb;
+  const int64_t row0 = v_item(b, sb, sn, rows, lens, N);
   for (int i = threadIdx.x; i < kKvTile * D; i += blockDim.x) {
     const int key = i / D, d = i % D;
     const int64_t n = static_cast<int64_t>(tile) * kKvTile + key;
@@ -970,11 +1070,32 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   const bool vec = reinterpret_cast<uintptr_t>(v.data) % 16 == 0 && v.stride[0] % 8 == 0 &&
                    v.stride[1] % 8 == 0 && v.stride[2] % 8 == 0;
   const unsigned chunks = static_cast<unsigned>((N + kVChunk - 1) / kVChunk);
+  // Short rows without a mean (session 52): v_short_kernel, where its rows fit shared memory and
+  // there are enough heads to fill the GPU.
+  const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
+  const int64_t min_ctas =
+      tune.short_v_min_ctas > 0 ? tune.short_v_min_ctas : multiprocessor_count();
+  const size_t short_smem = static_cast<size_t>(N) * (D / 8 + 1) * 16;
+  const bool short_v = !mean && vec && D <= 128 && N >= 1 && N <= tune.short_v_tokens &&
+                       static_cast<int64_t>(B) * H >= min_ctas && short_smem <= 160 * 1024 &&
+                       reinterpret_cast<uintptr_t>(v_fp8.data) % 4 == 0;
   with_16bit(v.dtype, [&](auto t16) {
     using T = decltype(t16);
     const T* vp = v.ptr<const T>();
     dispatch_int<64, 128, 256>(D, op, "v (head dim)", [&](auto Dc) {
       constexpr int Dv = decltype(Dc)::value;
+      if constexpr (Dv <= 128) {
+        if (short_v) {
+          auto kernel = v_short_kernel<T, Dv>;
+          // (always: the static arrays count toward the 48 KB a launch gets without it)
+          set_kernel_smem(kernel, static_cast<int>(short_smem), op, "shared memory");
+          kernel<<<static_cast<unsigned>(static_cast<int64_t>(B) * H), kVShortThreads, short_smem,
+                   stream>>>(vp, v.stride[0], v.stride[1], v.stride[2], N, H, npad,
+                             v_scale.ptr<float>(), v_fp8.ptr<uint8_t>(), rows, lens);
+          check_launch(op);
+          return;
+        }
+      }
       if (mean) {
         // Channel means, deterministic two-stage: per-chunk partial sums into v_fp8's memory
         // (chunks * B*H*D floats <= B*H*D*npad bytes: 4 * ceil(N / 512) <= round_up(N, 64);

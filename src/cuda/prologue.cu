@@ -81,7 +81,7 @@ __device__ __forceinline__ void row_values(const PrologueArgs& a, int table_mode
       inv = norm_rsqrt(__fadd_rn(__fmul_rn(total, 1.f / static_cast<float>(D)), a.eps));
     }
     if (a.w_rows || a.norm_heads) {  // the token's weight row (segmented) or the head's
-      wo = ok ? static_cast<int64_t>(a.norm_heads ? static_cast<int>(h) : seg_row(a, n)) * a.w_sr
+      wo = ok ? static_cast<int64_t>(a.norm_heads ? static_cast<int>(h) : seg_row(a, b, n)) * a.w_sr
               : 0;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
@@ -450,7 +450,7 @@ __global__ void __launch_bounds__(kThreads) store_kernel(const PrologueArgs a, i
   __syncthreads();
   const int64_t h = blockIdx.y, b = blockIdx.z;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * RPS + row_in_step;
-  const bool ok = n < a.tokens;
+  const bool ok = n < tokens_of(a, b);  // (a padded varlen batch: the item's own tokens)
   const uint16_t* x = static_cast<const uint16_t*>(a.x);
   uint4 r0 = make_uint4(0, 0, 0, 0), r1 = r0;
   const int64_t xo = x_item(a, b) + n * a.x_sn + h * a.x_sh;
@@ -754,7 +754,7 @@ __global__ void __launch_bounds__(kMeanWarps * 32, 4)
     }
     float w[16], v[16];
     const int64_t n = n_first + static_cast<int64_t>(ps) * RPS;
-    read_weight_quads<D>(w_sh, seg_quad_offset<D, SEG>(a, n, n < nb), lane_in_row, w);
+    read_weight_quads<D>(w_sh, seg_quad_offset<D, SEG>(a, b, n, n < nb), lane_in_row, w);
     fast_row<D, BF16, ROPE>(a.norm, a.eps, w, cs, sn, r, v);
     if (n_first + static_cast<int64_t>(ps) * RPS < nb) {
       float4* acc = mean_acc + ph * 4 * THREADS + tid;
@@ -957,6 +957,10 @@ void norm_rope_mean(const PrologueArgs& a, Context& ctx) { mean_pass(a, ctx, nul
 // knowing that only the mean pass of the same x runs before it (it may read x before its PDL
 // wait: the round-3 kernel's `early` placement, the default here).
 void norm_rope_mean_quantize(const PrologueArgs& a, Context& ctx) {
+  if (short_k_supported(a)) {  // short rows without norm or rope: one kernel (session 52)
+    short_k_mean_quantize(a, ctx);
+    return;
+  }
   PrologueArgs m = a;
   m.mean = nullptr;  // the mean pass normalizes and rotates only
   ScratchHold hold;
@@ -1012,11 +1016,15 @@ __global__ void __launch_bounds__(kTokenWarps * 32)
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kTokenWarps + warp;
   if (t >= a.batch * a.tokens) return;  // a whole warp (no CTA barrier below)
   const int64_t b = t / a.tokens, n = t % a.tokens;
+  if (n >= tokens_of(a, b)) {  // a padded varlen batch's padding row: never read
+    if (lane == 0) out[t] = 1.f;
+    return;
+  }
   const int D = static_cast<int>(a.dim);
   const int64_t chunks = a.heads * a.dim / 8;
   const int groups = static_cast<int>((chunks + 31) / 32);
   float* g = group_sums + warp * groups;
-  const uint16_t* x = static_cast<const uint16_t*>(a.x) + b * a.x_sb + n * a.x_sn;
+  const uint16_t* x = static_cast<const uint16_t*>(a.x) + x_item(a, b) + n * a.x_sn;
   for (int j = 0; j < groups; ++j) {
     const int64_t k = 32 * static_cast<int64_t>(j) + lane;
     float s = 0.f;
@@ -1062,7 +1070,8 @@ __global__ void __launch_bounds__(kTokenWarps * 32)
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kTokenWarps + warp; t < total;
        t += static_cast<int64_t>(gridDim.x) * kTokenWarps) {
     const int64_t b = t / a.tokens, n = t % a.tokens;
-    const uint16_t* x = static_cast<const uint16_t*>(a.x) + b * a.x_sb + n * a.x_sn;
+    if (n >= tokens_of(a, b)) continue;  // a padded varlen batch's padding row: never read
+    const uint16_t* x = static_cast<const uint16_t*>(a.x) + x_item(a, b) + n * a.x_sn;
     uint4 r[MAXG];
 #pragma unroll
     for (int j = 0; j < MAXG; ++j) {

@@ -278,7 +278,8 @@ __device__ __forceinline__ int64_t tokens_of(const PrologueArgs& a, int64_t b) {
 // The element offsets of batch item b's token 0 in x and in the rotary table (a padded varlen
 // batch read in place: its packed row item_rows[b]).
 __device__ __forceinline__ int64_t x_item(const PrologueArgs& a, int64_t b) {
-  return a.item_rows ? static_cast<int64_t>(__ldg(a.item_rows + b)) * a.x_sn : b * a.x_sb;
+  return a.item_rows && a.item_x ? static_cast<int64_t>(__ldg(a.item_rows + b)) * a.x_sn
+                                 : b * a.x_sb;
 }
 __device__ __forceinline__ int64_t r_item(const PrologueArgs& a, int64_t b) {
   return a.item_rows && a.item_table ? static_cast<int64_t>(__ldg(a.item_rows + b)) * a.r_sn
@@ -361,18 +362,22 @@ inline int table_mode_of(const PrologueArgs& a) {
   return kTableScalar;
 }
 
-// Token n's weight row (segmented weights), clamped to [0, R): an index the caller vouched for
-// (check_weight_rows false) but out of range takes the nearest row, never reads out of bounds.
-__device__ __forceinline__ int seg_row(const PrologueArgs& a, int64_t n) {
-  return min(max(__ldg(a.w_rows + n * a.w_rows_s), 0), static_cast<int>(a.w_count) - 1);
+// Batch item b's token n's weight row (segmented weights), clamped to [0, R): an index the caller
+// vouched for (check_weight_rows false) but out of range takes the nearest row, never reads out
+// of bounds. The indices are shared by the batch items, or (a padded varlen batch read in place)
+// packed: item b's at item_rows[b] + n.
+__device__ __forceinline__ int seg_row(const PrologueArgs& a, int64_t b, int64_t n) {
+  const int64_t t = a.item_rows ? __ldg(a.item_rows + b) + n : n;
+  return min(max(__ldg(a.w_rows + t * a.w_rows_s), 0), static_cast<int>(a.w_count) - 1);
 }
 
-// SEG (segmented weights in the fast kernels): token n's weight row as a quad offset into a
-// kernel's kSegRows rows of D / 4 weight quads (0 without segments or for a token past N).
+// SEG (segmented weights in the fast kernels): item b's token n's weight row as a quad offset
+// into a kernel's kSegRows rows of D / 4 weight quads (0 without segments or for a token past N).
 template <int D, bool SEG>
-__device__ __forceinline__ int seg_quad_offset(const PrologueArgs& a, int64_t n, bool ok) {
+__device__ __forceinline__ int seg_quad_offset(const PrologueArgs& a, int64_t b, int64_t n,
+                                               bool ok) {
   if (!SEG || !ok) return 0;
-  return (D / 4) * seg_row(a, n);
+  return (D / 4) * seg_row(a, b, n);
 }
 
 }  // namespace
@@ -404,6 +409,11 @@ inline bool seg_fast_ok(const PrologueArgs& a) {
 bool v3_supported(const PrologueArgs& a, bool quantize);
 void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean = false);
 void v3_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold = nullptr);
+
+// The short k path (src/cuda/prologue_short.cu, session 52): whether it covers `a` (the fused
+// mean + quantize of norm_rope_mean_quantize), and its launch.
+bool short_k_supported(const PrologueArgs& a);
+void short_k_mean_quantize(const PrologueArgs& a, Context& ctx);
 
 // The mean pass's second stage (src/cuda/prologue.cu): mean_out[b, h, c] = (the `chunks` fp32
 // partials (B, H, chunks, D) of (b, h) added in a fixed order) / N.

@@ -1176,7 +1176,7 @@ __global__ void __maxnreg__(kV3Async96Regs)
   const QuantRow row =
       quant_cta_row(a, L, warp * RW + slot, kSpecQRows, lane_in_row == 0, count, &h0);
   const float4 wq = pair_weight_quad<D, SEG>(a, tid);
-  const int woff = seg_quad_offset<D, SEG>(a, row.n, row.ok);
+  const int woff = seg_quad_offset<D, SEG>(a, b, row.n, row.ok);
   // TOKEN: the token's inverse (its heads' weight quads: token_weight_quad)
   const float tinv = TOKEN && row.ok ? __ldg(a.token_inv + b * a.tokens + row.n) : 1.f;
   // The lane's rotary pairs: paired 8 l .. 8 l + 7, interleaved 4 l .. 4 l + 3 and D / 4 + 4 l ..;
@@ -1355,8 +1355,8 @@ __global__ void __maxnreg__(kV3Async96Regs)
   const int dx = ok1 ? static_cast<int>(a.x_sn) : 0;  // row 1's x from row 0's (host: fits)
   const int dq = static_cast<int>(a.q_sn);
   const float4 wq = pair_weight_quad<D, SEG>(a, tid);
-  const int woff0 = seg_quad_offset<D, SEG>(a, row.n, ok0);
-  const int woff1 = seg_quad_offset<D, SEG>(a, row.n + 1, ok1);
+  const int woff0 = seg_quad_offset<D, SEG>(a, b, row.n, ok0);
+  const int woff1 = seg_quad_offset<D, SEG>(a, b, row.n + 1, ok1);
   const float tinv0 = TOKEN && ok0 ? __ldg(a.token_inv + b * a.tokens + row.n) : 1.f;
   const float tinv1 = TOKEN && ok1 ? __ldg(a.token_inv + b * a.tokens + row.n + 1) : 1.f;
   float tcs[16], tsn[16];  // row r's pairs at 8 r + 0..7
@@ -1619,7 +1619,7 @@ __device__ __forceinline__ void v4_mean_body(const PrologueArgs& a, const V4Mean
   auto proc = [&](int u, const uint4(&r)[4], float tinv) {
     float v[32];
     // (u < count: a real token)
-    const int woff = seg_quad_offset<D, SEG>(a, t_first + static_cast<int64_t>(u) * W, true);
+    const int woff = seg_quad_offset<D, SEG>(a, b, t_first + static_cast<int64_t>(u) * W, true);
     auto as_float4 = [](uint4 t) {
       return make_float4(__uint_as_float(t.x), __uint_as_float(t.y), __uint_as_float(t.z),
                          __uint_as_float(t.w));

@@ -75,6 +75,7 @@ struct Cfg {
   bool token_fast_k = false;     // CUDA: and the fused k path's (with token_fast)
   bool unchecked_rows = false;   // weight_rows not checked (check_weight_rows false), some out of
                                  // range: every backend clamps them to [0, R)
+  int short_k = -1;  // CUDA: the short k path's token limit (detail::short_k_tokens; -1: default)
   std::string tag;
 };
 
@@ -268,6 +269,7 @@ class PrologueCase : public Case {
     t.mean_no_cluster = c_.mean_no_cluster, t.seg_fast = c_.seg_fast;
     t.token_two_pass = c_.token_two_pass, t.token_fast = c_.token_fast;
     t.token_fast_k = c_.token_fast_k;
+    if (c_.short_k >= 0) t.short_k_tokens = c_.short_k;
     return t;
   }
   Cfg c_;
@@ -922,6 +924,29 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
         o.tag = "kpathlegacy", o.norm = Norm::per_head, o.legacy = true;
         o.layout = ScaleLayout::thread_k, o.block = 64;
         add(o);
+      }
+    }
+  }
+  // Session 52: the short k path (one CTA per (batch, head) holding its rows: mean, then codes)
+  // where it applies: no norm or rope, 144 (batch, head) pairs (>= the H200's 132 SMs), tokens
+  // up to 512; THREAD_K 64 from a fused QKV buffer (bf16), THREAD_Q 32 with sm_scale into a padded
+  // q_out (f16), PER_BLOCK 128; and once at 512 tokens with the path off (the two passes).
+  for (int64_t N : {1, 17, 300, 512}) {
+    for (int64_t D : {64, 128}) {
+      Cfg k;
+      k.tag = "kshort", k.fused = true, k.norm = Norm::none, k.rope = RopeKind::none;
+      k.B = 6, k.N = N, k.H = 24, k.D = D, k.qkv = true;
+      k.layout = ScaleLayout::thread_k, k.block = 64;
+      add(k);
+      k.tag = "kshorttq", k.qkv = false, k.dtype = DType::f16, k.q_pad = true;
+      k.layout = ScaleLayout::thread_q, k.block = 32, k.sm_scale = 0.125f;
+      add(k);
+      k.tag = "kshortpb", k.dtype = DType::bf16, k.q_pad = false, k.sm_scale = 1.f;
+      k.layout = ScaleLayout::per_block, k.block = 128;
+      add(k);
+      if (N == 512 && D == 128) {
+        k.tag = "kshortoff", k.short_k = 0, k.layout = ScaleLayout::thread_k, k.block = 64;
+        add(k);
       }
     }
   }

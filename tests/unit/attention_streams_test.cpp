@@ -26,6 +26,7 @@
 #include "lowbit/dtype.h"
 #include "lowbit/prologue.h"
 #include "lowbit/runtime.h"
+#include "src/core/prologue_internal.h"
 #include "src/cpu/attention_backend.h"
 #include "tests/harness/harness.h"
 
@@ -457,8 +458,44 @@ TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
   pro.norm_weight = pro_mat.norm_weight = &wv;
   pro.rope = &rope;
   pro_mat.rope = &rope_mat;
+  // (session 52) segmented norm weights: 3 rows (R, D), each packed token naming one (q's and
+  // k's indices of their own, as Qwen-Image's text and image tokens), with the rotary table.
+  HostTensor ws(DType::f32, {3, D}), rq(DType::i32, {Tq}), rk(DType::i32, {Tk});
+  ws.fill_normal(rng, 1.f, 0.2f);
+  for (int64_t t = 0; t < Tq; ++t) rq.as<int32_t>()[t] = static_cast<int32_t>((t * 7 / 5) % 3);
+  for (int64_t t = 0; t < Tk; ++t) rk.as<int32_t>()[t] = static_cast<int32_t>((t / 11) % 3);
+  Buffer wsd(Device::cuda, ws.bytes.size()), rqd(Device::cuda, rq.bytes.size()),
+      rkd(Device::cuda, rk.bytes.size());
+  copy_to_device(wsd.data(), ws.bytes.data(), ws.bytes.size(), ctx);
+  copy_to_device(rqd.data(), rq.bytes.data(), rq.bytes.size(), ctx);
+  copy_to_device(rkd.data(), rk.bytes.data(), rk.bytes.size(), ctx);
+  const TensorView wsv = make_view(wsd.data(), DType::f32, {3, D}, Device::cuda),
+                   rqv = make_view(rqd.data(), DType::i32, {Tq}, Device::cuda),
+                   rkv = make_view(rkd.data(), DType::i32, {Tk}, Device::cuda);
+  Prologue seg_q, seg_k;
+  seg_q.norm_weight = seg_k.norm_weight = &wsv;
+  seg_q.weight_rows = &rqv;
+  seg_k.weight_rows = &rkv;
+  seg_q.rope = seg_k.rope = &rope;
+  // (session 52) Wan's norm over all heads of a token (NormScope::token, (H·D) weights) with
+  // interleaved (complex) rope: its pre-pass reads each item's rows too.
+  HostTensor wtq(DType::f32, {Hq * D}), wtk(DType::f32, {Hkv * D});
+  wtq.fill_normal(rng, 1.f, 0.2f);
+  wtk.fill_normal(rng, 1.f, 0.2f);
+  Buffer wtqd(Device::cuda, wtq.bytes.size()), wtkd(Device::cuda, wtk.bytes.size());
+  copy_to_device(wtqd.data(), wtq.bytes.data(), wtq.bytes.size(), ctx);
+  copy_to_device(wtkd.data(), wtk.bytes.data(), wtk.bytes.size(), ctx);
+  const TensorView wtqv = make_view(wtqd.data(), DType::f32, {Hq * D}, Device::cuda),
+                   wtkv = make_view(wtkd.data(), DType::f32, {Hkv * D}, Device::cuda);
+  Prologue tok_q, tok_k;
+  tok_q.norm_weight = &wtqv;
+  tok_k.norm_weight = &wtkv;
+  tok_q.norm_scope = tok_k.norm_scope = NormScope::token;
+  Rope rope_il = rope;
+  rope_il.interleaved = true;
+  tok_q.rope = tok_k.rope = &rope_il;
   auto host = [&](const Buffer& b) { return to_host(b, ctx); };
-  for (int form = 0; form < 6; ++form) {
+  for (int form = 0; form < 8; ++form) {
     const auto pv = form == 1 ? AttentionOptions::f16 : AttentionOptions::fp8;
     const auto causal = form == 2   ? AttentionOptions::bottom_right
                         : form == 3 ? AttentionOptions::top_left
@@ -471,6 +508,8 @@ TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
       p.options.smooth_v = form == 0;  // (fp8: V's mean from each item's own keys)
       if (form == 4) p.options.q_prologue = p.options.k_prologue = &pro;
       if (form == 5) p.options.q_prologue = p.options.k_prologue = &pro_mat;
+      if (form == 6) p.options.q_prologue = &seg_q, p.options.k_prologue = &seg_k;
+      if (form == 7) p.options.q_prologue = &tok_q, p.options.k_prologue = &tok_k;
       Packed pk(p, Tq, Tk);
       const TensorView &q = pk.q, &k = pk.k, &v = pk.v, &o = pk.o;
       const Buffer& lse = pk.lse;
@@ -518,6 +557,159 @@ TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
       }
     }
   }
+}
+
+// The short k path (session 52: norm_rope_mean_quantize without norm or rope as one kernel, a CTA
+// per (batch, head) holding its rows): its codes and scales are the quantize pass's bits for the
+// mean it made (norm_rope_quantize given that mean), for THREAD_K 64, THREAD_Q 32 with sm_scale
+// and PER_BLOCK 128, D 64 / 128, bf16 / f16, 300 and 17 tokens; its mean is the fp64 mean within
+// fp32 rounding and the two passes' (the path off) within their last bits. Then through
+// attention_varlen: with the path on for any head count, padded buckets give every sequence
+// the bits of its own call, the K mean included (the kernel adds an item's rows the same way
+// padded or not).
+TEST(AttentionCuda, ShortKPathCodesFollowItsMean) {
+  if (!built_with_cuda() || cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  Context ctx;
+  std::mt19937_64 rng(52);
+  struct Form {
+    ScaleLayout layout;
+    int block;
+    float sm_scale;
+    int64_t d, n;
+    DType dt;
+  };
+  const Form forms[] = {{ScaleLayout::thread_k, 64, 1.f, 128, 300, DType::bf16},
+                        {ScaleLayout::thread_q, 32, 0.125f, 64, 300, DType::f16},
+                        {ScaleLayout::per_block, 128, 1.f, 128, 17, DType::bf16},
+                        {ScaleLayout::thread_k, 64, 1.f, 64, 17, DType::f16}};
+  for (const Form& f : forms) {
+    SCOPED_TRACE(std::to_string(f.d) + " x " + std::to_string(f.n) + " block " +
+                 std::to_string(f.block));
+    const int64_t Bs = 8, Hs = 24, Ns = f.n, Ds = f.d;  // 192 (batch, head) pairs
+    HostTensor xh(f.dt, {Bs, Ns, Hs, Ds});
+    xh.fill_normal(rng, 0.3f, 2.f);
+    const int64_t ns = scale_count(f.layout, f.block, Ns);
+    Buffer x(Device::cuda, xh.bytes.size()), q1(Device::cuda, Bs * Ns * Hs * Ds),
+        q2(Device::cuda, Bs * Ns * Hs * Ds), s1(Device::cuda, Bs * Hs * ns * 4),
+        s2(Device::cuda, Bs * Hs * ns * 4), m1(Device::cuda, Bs * Hs * Ds * 4),
+        m0(Device::cuda, Bs * Hs * Ds * 4), q0(Device::cuda, Bs * Ns * Hs * Ds),
+        s0(Device::cuda, Bs * Hs * ns * 4);
+    copy_to_device(x.data(), xh.bytes.data(), xh.bytes.size(), ctx);
+    const TensorView xv = make_view(x.data(), f.dt, {Bs, Ns, Hs, Ds}, Device::cuda);
+    auto codes = [&](Buffer& b) {
+      return make_view(b.data(), DType::i8, {Bs, Ns, Hs, Ds}, Device::cuda);
+    };
+    auto scales = [&](Buffer& b) {
+      return make_view(b.data(), DType::f32, {Bs, Hs, ns}, Device::cuda);
+    };
+    auto means = [&](Buffer& b) {
+      return make_view(b.data(), DType::f32, {Bs, Hs, Ds}, Device::cuda);
+    };
+    Prologue p;
+    p.layout = f.layout;
+    p.block = f.block;
+    p.sm_scale = f.sm_scale;
+    norm_rope_mean_quantize(xv, p, means(m1), codes(q1), scales(s1), ctx);
+    const TensorView mv = means(m1);
+    Prologue pm = p;
+    pm.mean = &mv;
+    norm_rope_quantize(xv, pm, codes(q2), scales(s2), ctx);
+    detail::PrologueCudaTuning t;
+    t.short_k_tokens = 0;  // the two passes
+    detail::set_prologue_cuda_tuning(t);
+    norm_rope_mean_quantize(xv, p, means(m0), codes(q0), scales(s0), ctx);
+    detail::set_prologue_cuda_tuning({});
+    EXPECT_EQ(to_host(q1, ctx), to_host(q2, ctx)) << "codes";
+    EXPECT_EQ(to_host(s1, ctx), to_host(s2, ctx)) << "scales";
+    const std::vector<uint8_t> mb = to_host(m1, ctx), m0b = to_host(m0, ctx);
+    for (int64_t b = 0; b < Bs; ++b)
+      for (int64_t h = 0; h < Hs; ++h)
+        for (int64_t c = 0; c < Ds; ++c) {
+          double ref = 0;
+          for (int64_t n = 0; n < Ns; ++n) ref += xh.get(((b * Ns + n) * Hs + h) * Ds + c);
+          ref /= static_cast<double>(Ns);
+          float got, two;
+          std::memcpy(&got, mb.data() + 4 * ((b * Hs + h) * Ds + c), 4);
+          std::memcpy(&two, m0b.data() + 4 * ((b * Hs + h) * Ds + c), 4);
+          ASSERT_NEAR(got, ref, 1e-5 + 1e-5 * std::fabs(ref)) << b << " " << h << " " << c;
+          ASSERT_NEAR(got, two, 2e-6 + 2e-5 * std::fabs(two)) << b << " " << h << " " << c;
+        }
+  }
+  // attention_varlen's padded buckets through the short paths (any head count).
+  detail::PrologueCudaTuning t;
+  t.short_k_min_ctas = 1;
+  detail::set_prologue_cuda_tuning(t);
+  detail::AttentionCudaTuning vt;
+  vt.short_v_min_ctas = 1;
+  detail::set_attention_cuda_tuning(vt);
+  const std::vector<int64_t> cu_q = {0, 37, 200, 329, 330, 600, 777, 1000};
+  const std::vector<int64_t> cu_k = {0, 45, 185, 314, 331, 581, 780, 1000};
+  for (auto causal : {AttentionOptions::none, AttentionOptions::bottom_right}) {
+    Problem p(AttentionOptions::fp8);
+    p.options.causal = causal;
+    Packed pk(p, cu_q.back(), cu_k.back());
+    std::vector<uint8_t> outs[2], lses[2];
+    for (int unpadded = 0; unpadded < 2; ++unpadded) {
+      detail::AttentionCudaTuning at = detail::attention_cuda_tuning();
+      at.varlen_unpadded = unpadded == 1;
+      detail::set_attention_cuda_tuning(at);
+      p.clear(ctx);
+      device_memset(pk.lse.data(), 0x7f, pk.lse.bytes(), ctx);
+      attention_varlen(pk.q, pk.k, pk.v, cu_q, cu_k, pk.o, &pk.lv, p.options, ctx);
+      at.varlen_unpadded = false;
+      detail::set_attention_cuda_tuning(at);
+      outs[unpadded] = to_host(p.out, ctx);
+      lses[unpadded] = to_host(pk.lse, ctx);
+    }
+    EXPECT_EQ(outs[0], outs[1]) << "padded buckets vs every sequence a call";
+    EXPECT_EQ(lses[0], lses[1]) << "padded buckets vs every sequence a call";
+  }
+  detail::set_prologue_cuda_tuning({});
+  detail::set_attention_cuda_tuning({});
+}
+
+// V to fp8 of short rows in one kernel (session 52, v_short_kernel): the codes and scales of the
+// scale pass + codes pass (short_v_tokens 0), bit for bit: D 64 / 128, bf16 / f16, 1 .. 512 keys
+// (partial 64-key tiles), 192 (batch, head) pairs, a strided view (V of a fused QKV buffer),
+// channels with NaN and +-inf and an all-zero channel.
+TEST(AttentionCuda, ShortVKernelGivesThePassesBits) {
+  if (!built_with_cuda() || cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  Context ctx;
+  std::mt19937_64 rng(521);
+  for (int64_t d : {64, 128})
+    for (int64_t n : {1, 17, 100, 300, 512})
+      for (DType dt : {DType::bf16, DType::f16}) {
+        SCOPED_TRACE(std::to_string(d) + " x " + std::to_string(n));
+        const int64_t Bs = 8, Hs = 24, npad = (n + 63) / 64 * 64;
+        HostTensor vh(dt, {Bs, n, 3, Hs, d});  // V = slice 2 of each token's (3, H, D)
+        vh.fill_normal(rng, 0.1f, 1.5f);
+        vh.set(((0 * n + 0) * 3 + 2) * Hs * d + 5, std::nanf(""));
+        vh.set(((1 * n + n / 2) * 3 + 2) * Hs * d + Hs * d - 1, INFINITY);
+        for (int64_t t = 0; t < n; ++t) vh.set(((2 * n + t) * 3 + 2) * Hs * d + 7, 0.f);
+        Buffer vb(Device::cuda, vh.bytes.size());
+        copy_to_device(vb.data(), vh.bytes.data(), vh.bytes.size(), ctx);
+        TensorView v = make_view(static_cast<char*>(vb.data()) + 2 * Hs * d * 2, dt, {Bs, n, Hs, d},
+                                 Device::cuda);
+        v.stride[0] = n * 3 * Hs * d;
+        v.stride[1] = 3 * Hs * d;
+        std::vector<uint8_t> codes[2], scales[2];
+        for (int passes = 0; passes < 2; ++passes) {
+          detail::AttentionCudaTuning t;
+          if (passes) t.short_v_tokens = 0;
+          detail::set_attention_cuda_tuning(t);
+          Buffer c(Device::cuda, Bs * Hs * d * npad), sc(Device::cuda, Bs * Hs * d * 4);
+          device_memset(c.data(), 0x5a, c.bytes(), ctx);
+          quantize_v_fp8(v, make_view(c.data(), DType::e4m3, {Bs, Hs, d, npad}, Device::cuda),
+                         make_view(sc.data(), DType::f32, {Bs, Hs, d}, Device::cuda), nullptr, ctx);
+          codes[passes] = to_host(c, ctx);
+          scales[passes] = to_host(sc, ctx);
+        }
+        detail::set_attention_cuda_tuning({});
+        EXPECT_EQ(codes[0], codes[1]) << "codes";
+        EXPECT_EQ(scales[0], scales[1]) << "scales";
+      }
 }
 
 #else
