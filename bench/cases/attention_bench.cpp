@@ -800,7 +800,7 @@ class AttentionShortBench : public BenchCase {
       mma.kernel = AttentionOptions::mma_sync;
       // the kernel, attention(), then (session 52) the portable mma.sync kernel on the same codes
       // and attention() with the short k path off (the k path's two passes)
-      for (int call = 0; call < 4; ++call) {
+      for (int call = 0; call < 5; ++call) {
         Row r;
         r.family = "attention";
         r.shape = shape;
@@ -808,18 +808,23 @@ class AttentionShortBench : public BenchCase {
         r.op = call == 0   ? "attention_int8 fp8 PV auto (kernel only)"
                : call == 1 ? "attention() fp8 PV, incl. quantization"
                : call == 2 ? "attention_int8 fp8 PV mma.sync (kernel only)"
-                           : "attention() fp8 PV, short k path off (short_k_tokens 0)";
+               : call == 3 ? "attention() fp8 PV, short k path off (short_k_tokens 0)"
+                           : "attention() fp8 PV, q's prologue on the caller's stream (fork_q 1)";
         detail::PrologueCudaTuning t;
         if (call == 3) t.short_k_tokens = 0;
         detail::set_prologue_cuda_tuning(t);
+        detail::AttentionCudaTuning at;
+        if (call == 4) at.fork_q = 1;
+        detail::set_attention_cuda_tuning(at);
         r.ms = env.time_ms([&] {
-          if (call == 1 || call == 3)
+          if (call == 1 || call >= 3)
             attention(q.view, k.view, v.view, out.view, nullptr, fp8, ws.view.data, wb, ctx);
           else
             attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr,
                            call == 0 ? fp8 : mma, ctx);
         });
         detail::set_prologue_cuda_tuning({});
+        detail::set_attention_cuda_tuning({});
         if (call == 0) kernel_ms = r.ms;
         r.flops = flops;
         r.baseline = "the kernel alone";

@@ -456,9 +456,15 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
   // 0.2650); at (1, 40, 32760, 128) and (2, 24, 16384, 128) each pass already streams at memory
   // speed and the fork measured -0.5..+1.1 %, so the passes stay in sequence there.
   constexpr int64_t kForkMaxV = int64_t{1} << 25;  // V elements
+  constexpr bool kForkQ = true;
   const bool fork_v = fp8 && B * Nkv * Hkv * D <= kForkMaxV;
-  detail::StreamFork fork(ctx, dev, fork_v ? 1 : 0, !detail::attention_cuda_tuning().serial_passes,
-                          op);
+  // Session 52: q's prologue on a second side stream too (tuning fork_q: 1 off, 2 on; 0 the
+  // default below), so that q, k and V each stream beside the others.
+  const int fork_q_knob = detail::attention_cuda_tuning().fork_q;
+  const bool fork_q = fork_v && (fork_q_knob == 0 ? kForkQ : fork_q_knob == 2);
+  detail::StreamFork fork(ctx, dev, fork_v ? (fork_q ? 2 : 1) : 0,
+                          !detail::attention_cuda_tuning().serial_passes, op);
+  Context& q_ctx = fork_q ? fork.side(1) : ctx;
   Prologue qp;
   take_norm_rope(options.q_prologue, qp);
   qp.sm_scale = sm;
@@ -470,8 +476,8 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
   // there, as a lone call's tile sees past its Nq (TMA's zero fill), and gives the same bits; rows
   // of stale codes with a real group scale would steer the fp8 kernel's per-tile fold vote.)
   if (items && items->q_rows)
-    device_memset(qr.data.data, 0, static_cast<size_t>(B * Nq * Hq * D), ctx);
-  detail::norm_rope_quantize_rows_checked(q, qp, qr.data, qr.scale, ctx,
+    device_memset(qr.data.data, 0, static_cast<size_t>(B * Nq * Hq * D), q_ctx);
+  detail::norm_rope_quantize_rows_checked(q, qp, qr.data, qr.scale, q_ctx,
                                           items && items->q_rows ? items->q_lens : nullptr,
                                           items ? items->q_rows : nullptr);
   if (fp8)

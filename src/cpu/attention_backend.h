@@ -94,6 +94,9 @@ struct AttentionCudaTuning {
   // short_v_min_ctas (0: the GPU's multiprocessor count); 0 tokens: the passes always.
   int short_v_tokens = 512;
   int short_v_min_ctas = 0;
+  // attention() (session 52): q's prologue on a second side stream beside the k path and V's
+  // passes where V forks: 1 off, 2 on, 0 the default (kForkQ in src/cpu/attention.cpp).
+  int fork_q = 0;
 };
 constexpr int kAttentionTraceWords = 16;
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

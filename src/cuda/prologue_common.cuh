@@ -380,6 +380,137 @@ __device__ __forceinline__ int seg_quad_offset(const PrologueArgs& a, int64_t b,
   return (D / 4) * seg_row(a, b, n);
 }
 
+// ---- codes (moved from prologue_v3.cu in session 52: the short k kernel makes its codes
+// with them too) -------------------------------------------------------------------------
+
+// rcp.approx.ftz.f32: one MUFU.RCP. For b in [2^-126, 2^126] (normal b, normal 1/b) it is the
+// reciprocal div.full.f32 uses: div.full(a, b) = a * rcp(b) there (the premise of quantize32).
+__device__ __forceinline__ float rcp_approx(float b) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return r;
+}
+
+// Codes of N values with one scale (SPEC §1 rounding; see quantize16 in prologue.cu for the
+// reciprocal: div.full.f32 a / b is a * rcp(b) for b in [2^-126, 2^126]). out[k] = codes 4k..4k+3.
+template <int N, bool LEAN>
+__device__ __forceinline__ void quantize_n(const float* v, float scale, uint32_t* out) {
+  const float as = fabsf(scale);
+  int c[N];
+  if (as >= 0x1p-126f && as <= 0x1p126f) {
+    const float r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
+#pragma unroll
+    for (int j = 0; j < N; ++j) c[j] = round_code(__fmul_rn(v[j], r));
+  } else if (scale == 0.f) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) c[j] = 0;
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) c[j] = round_code(div_full(v[j], scale));
+  }
+#pragma unroll
+  for (int k = 0; k < N / 4; ++k)
+    out[k] = pack_s8x4(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
+}
+
+// prmt.b32 (default mode): byte n of the result is byte (s >> 4n) & 7 of {b, a} (a: bytes 0-3),
+// or with bit 3 of the nibble set, that byte's sign bit replicated (0x00 / 0xff).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+}
+
+// quantize32 without float-to-int conversions (session 11, the specialized tight kernel's):
+// the same codes by other instructions, for a scale in [2^-126, 2^126] and codes within
+// [-127, 127] (scale_eps >= 0: |v| r <= 127 (1 + a few ulp)); else quantize32.
+// q = fl(v r), t = fl(q + copysign(0.5, q)) = sign(q) fl(|q| + 0.5) (round to nearest is
+// symmetric), code = trunc(t) = sign(q) floor(a) with a = fl(fl(|v| r) + 0.5) (r > 0, so
+// |q| = fl(|v| r)). floor(a) is the low byte of fl_rm(a + 2^23) (a < 2^22: the sum lies in
+// [2^23, 2^24), whose ulp is 1; round-down is floor). The four magnitudes m of a word are packed
+// by prmt, the signs of v (0xff per negative value) by prmt's sign replication, and a negative
+// byte becomes (0x80 - m) ^ 0x80 = -m mod 256 (0x80 - m in [1, 0x80] for m <= 127: no borrow
+// between bytes; m = 0 gives 0). v = -0 and a NaN never reach this (a NaN or inf |v| makes the
+// scale non-finite: the caller's other paths).
+// The premise of the conversion-free codes below: a scale in [2^-126, 2^126] (normal, with a
+// normal reciprocal); then r = its reciprocal (the one div.full.f32 uses). False: the caller runs
+// quantize_n instead.
+template <bool LEAN>
+__device__ __forceinline__ bool fq_reciprocal(float scale, float& r) {
+  const float as = fabsf(scale);
+  if (!(as >= 0x1p-126f && as <= 0x1p126f)) return false;
+  r = LEAN ? rcp_approx(scale) : div_full(1.f, scale);
+  return true;
+}
+template <int N, bool LEAN>
+__device__ __forceinline__ void quantize_fq_n(const float* v, float scale, uint32_t* out) {
+  float r;
+  if (!fq_reciprocal<LEAN>(scale, r)) {
+    quantize_n<N, LEAN>(v, scale, out);
+    return;
+  }
+  constexpr uint32_t H = 0x80808080u;
+#pragma unroll
+  for (int k = 0; k < N / 4; ++k) {
+    uint32_t c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float a = __fadd_rn(__fmul_rn(fabsf(v[4 * k + i]), r), 0.5f);
+      c[i] = __float_as_uint(__fadd_rd(a, 0x1p23f));
+    }
+    const uint32_t w = prmt(prmt(c[0], c[1], 0x0040u), prmt(c[2], c[3], 0x0040u), 0x5410u);
+    const uint32_t s01 = prmt(__float_as_uint(v[4 * k]), __float_as_uint(v[4 * k + 1]), 0x00fbu);
+    const uint32_t s23 =
+        prmt(__float_as_uint(v[4 * k + 2]), __float_as_uint(v[4 * k + 3]), 0x00fbu);
+    const uint32_t sg = prmt(s01, s23, 0x5410u);
+    const uint32_t neg = (H - w) ^ H;
+    out[k] = (neg & sg) | (w & ~sg);
+  }
+}
+template <bool LEAN>
+__device__ __forceinline__ void quantize32_fq(const float (&v)[32], float scale,
+                                              uint32_t (&out)[8]) {
+  quantize_fq_n<32, LEAN>(v, scale, out);
+}
+
+// quantize_fq_n with the sign in the magic number (session 16): the same codes, the code byte
+// straight from one round-down add. a = fl(fl(|v| r) + 0.5) in [0.5, 127.5 (1 + a few ulp)] as
+// there, m = floor(a) <= 127; M = 2^23 + 256. v >= 0: fl_rd(a + M) = M + m (the sum lies in
+// [2^23, 2^24), ulp 1), low byte m. v < 0 (sign bit set, -0 included): fl_rd(a - M) = -(M - m)
+// (round-down of a negative sum rounds its magnitude up: M - a < M - m <= M - a + 1, and exact
+// for an integer a), magnitude in (2^23, 2^24), low byte (256 - m) mod 256 = the byte of -m (m = 0:
+// 256, byte 0). So the byte is the SPEC code trunc(fl(q + 0.5 sign q)) = sign(v) m, and the four
+// low bytes of a word are packed by prmt: per value fmul, fadd, the sign's lop3 and the add
+// (quantize_fq_n: fmul, two fadds, then 9 integer ops per 4 values for signs and negation;
+// SASS of the Flux q kernel: 154 instructions per 32 codes instead of 169).
+// sign_or: (s & 0x80000000) | k in one lop3 (the compiler splits the C expression into two).
+__device__ __forceinline__ uint32_t sign_or(uint32_t s, uint32_t k) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, 0x80000000, %2, 0xea;" : "=r"(d) : "r"(s), "r"(k));
+  return d;
+}
+template <int N, bool LEAN>
+__device__ __forceinline__ void quantize_fqs_n(const float* v, float scale, uint32_t* out) {
+  float r;
+  if (!fq_reciprocal<LEAN>(scale, r)) {
+    quantize_n<N, LEAN>(v, scale, out);
+    return;
+  }
+  constexpr uint32_t kMagic = 0x4b000100u;  // 2^23 + 256
+#pragma unroll
+  for (int k = 0; k < N / 4; ++k) {
+    uint32_t c[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float x = v[4 * k + i];
+      const float a = __fadd_rn(__fmul_rn(fabsf(x), r), 0.5f);
+      const float m = __uint_as_float(sign_or(__float_as_uint(x), kMagic));
+      c[i] = __float_as_uint(__fadd_rd(a, m));
+    }
+    out[k] = prmt(prmt(c[0], c[1], 0x0040u), prmt(c[2], c[3], 0x0040u), 0x5410u);
+  }
+}
+
 }  // namespace
 
 // Where a mean pass keeps its partial sums (a stream-ordered Scratch, freed on the stream when

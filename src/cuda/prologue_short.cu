@@ -14,7 +14,8 @@
 // (IEEE division, as mean_of): deterministic, not the two passes' order (their mean agrees within
 // its last bits). The codes follow SPEC §1 exactly as the quantize pass makes them from that mean:
 // v = x - mean (then x sm_scale when it is not 1), the group's scale div.full(max |v|, 127) +
-// scale_eps over the layout's rows (max with NaN propagated), quantize_code; zero scale: codes 0.
+// scale_eps over the layout's rows (max with NaN propagated), the codes by quantize_fqs_n (the
+// round-3/5 kernels' form: q = v x rcp(scale), exact for a normal scale); zero scale: codes 0.
 // A thread's rows are slot + S i (S = rows per step, a multiple of 8), so its scale group is the
 // same in every block for PER_BLOCK, THREAD_Q and THREAD_K: one maximum per slot per block,
 // exchanged through shared memory.
@@ -104,8 +105,9 @@ __global__ void __launch_bounds__(kShortThreads, 3) short_k_kernel(const Prologu
   // maximum from the rows in shared memory, then the codes from them again (no values held in
   // registers across the block's barrier: 3 CTAs an SM).
   const int g = short_group(a.layout, slot);
-  bool writer = lane == 0;  // the group's first slot stores its scale
-  for (int s = 0; s < slot; ++s) writer = writer && short_group(a.layout, s) != g;
+  uint32_t gslots = 0;  // the slots of the thread's scale group (SLOTS <= 32)
+  for (int s = 0; s < SLOTS; ++s) gslots |= short_group(a.layout, s) == g ? 1u << s : 0u;
+  const bool writer = lane == 0 && (gslots & ((1u << slot) - 1)) == 0;  // the group's first slot
   const int steps = a.block / SLOTS;
   const bool scaled = a.sm_scale != 1.f;
   // v = x - mean (x sm_scale), 0 for a row past N (never -mean)
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__(kShortThreads, 3) short_k_kernel(const Prologu
     float gm = 0.f;
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s)
-      if (short_group(a.layout, s) == g) gm = max_nan(gm, sm[s]);
+      if (gslots & (1u << s)) gm = max_nan(gm, sm[s]);
     const float scale = __fadd_rn(div_full(gm, 127.f), a.scale_eps);
     if (writer) a.scale[b * a.s_sb + h * a.s_sh + blk * a.groups + g] = scale;
     for (int i = 0; i < steps; ++i) {
@@ -144,14 +146,10 @@ __global__ void __launch_bounds__(kShortThreads, 3) short_k_kernel(const Prologu
       if (r >= N) break;
       float v[8];
       values(r, v);
-      uint32_t packed[2] = {0, 0};  // a zero scale (all-zero group): codes 0, no 0/0
-      if (scale != 0.f) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-          packed[k] =
-              pack_s8x4(quantize_code(v[4 * k], scale), quantize_code(v[4 * k + 1], scale),
-                        quantize_code(v[4 * k + 2], scale), quantize_code(v[4 * k + 3], scale));
-      }
+      // (the quantize pass's codes: one reciprocal per group, no conversion per value; a zero
+      // scale gives codes 0, a non-finite one div.full's)
+      uint32_t packed[2];
+      quantize_fqs_n<8, true>(v, scale, packed);
       int8_t* q = a.q + b * a.q_sb + r * a.q_sn + h * a.q_sh + lane * 8;
       *reinterpret_cast<uint2*>(q) = make_uint2(packed[0], packed[1]);
     }
