@@ -711,9 +711,21 @@ __device__ __forceinline__ void v_quad_codes(const uint4 (&u)[4], uint32_t kmask
     codes(std::false_type{});
 }
 
-// The first key of quad kq's keys in a 64-key tile: 32 (kq / 8) + 16 ((kq / 4) % 2) + 2 (kq % 4).
-__device__ __forceinline__ int v_quad_key0(int kq) {
-  return 32 * (kq / 8) + 16 * ((kq / 4) % 2) + 2 * (kq % 4);
+// Quad kq's four keys of the 64-key tile `tile` (keys key0 + 8 (i / 2) + i % 2, key0 = 64 tile +
+// 32 (kq / 8) + 16 ((kq / 4) % 2) + 2 (kq % 4)): u[i] = fetch(key) for keys < N, else 0, and kmask
+// 0xff in the bytes of keys < N.
+template <typename Fetch>
+__device__ __forceinline__ void v_quad_keys(int tile, int kq, int N, Fetch&& fetch, uint4 (&u)[4],
+                                            uint32_t& kmask) {
+  const int key0 = tile * kKvTile + 32 * (kq / 8) + 16 * ((kq / 4) % 2) + 2 * (kq % 4);
+  kmask = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int n = key0 + 8 * (i / 2) + i % 2;
+    const bool in = n < N;
+    u[i] = in ? fetch(n) : make_uint4(0, 0, 0, 0);
+    kmask |= in ? 0xffu << (8 * i) : 0u;
+  }
 }
 
 // The codes pass: one CTA per 64 keys of one (batch, head), 2 D threads. Thread (channel group
@@ -735,17 +747,12 @@ __global__ void __launch_bounds__(2 * D)
   const int tile = blockIdx.x, h = blockIdx.y, b = blockIdx.z, tid = threadIdx.x;
   const int kq = tid % 16, cg = tid / 16;
   const int64_t bh = static_cast<int64_t>(b) * H + h;
-  const int key0 = tile * kKvTile + v_quad_key0(kq);
   const T* base = v + v_item(b, sb, sn, rows, lens, N) + h * sh + cg * 8;
   uint4 u[4];
-  uint32_t kmask = 0;  // 0xff in the bytes of keys < N
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int n = key0 + 8 * (i / 2) + i % 2;
-    const bool in = n < N;
-    u[i] = in ? load_raw8(base + static_cast<int64_t>(n) * sn, vec) : make_uint4(0, 0, 0, 0);
-    kmask |= in ? 0xffu << (8 * i) : 0u;
-  }
+  uint32_t kmask;
+  v_quad_keys(
+      tile, kq, N, [&](int n) { return load_raw8(base + static_cast<int64_t>(n) * sn, vec); }, u,
+      kmask);
   v_quad_codes<T>(u, kmask, scale + bh * D + cg * 8, mean ? mean + bh * D + cg * 8 : nullptr,
                   out + (bh * D + cg * 8) * npad + static_cast<int64_t>(tile) * kKvTile + 4 * kq,
                   npad);
@@ -806,16 +813,10 @@ __global__ void __launch_bounds__(kVShortThreads)
   const int t2 = tid % TPT, kq = t2 % 16, cg = t2 / 16;
   const int tiles = static_cast<int>(npad / kKvTile);
   for (int tile = tid / TPT; tile < tiles; tile += PER) {
-    const int key0 = tile * kKvTile + v_quad_key0(kq);
     uint4 u[4];
-    uint32_t kmask = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int n = key0 + 8 * (i / 2) + i % 2;
-      const bool in = n < N;
-      u[i] = in ? vrows[n * RS + cg] : make_uint4(0, 0, 0, 0);
-      kmask |= in ? 0xffu << (8 * i) : 0u;
-    }
+    uint32_t kmask;
+    v_quad_keys(
+        tile, kq, N, [&](int n) { return vrows[n * RS + cg]; }, u, kmask);
     v_quad_codes<T>(u, kmask, sc_sh + cg * 8, nullptr,
                     out + (bh * D + cg * 8) * npad + static_cast<int64_t>(tile) * kKvTile + 4 * kq,
                     npad);

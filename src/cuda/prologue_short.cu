@@ -157,11 +157,17 @@ __global__ void __launch_bounds__(kShortThreads, 3) short_k_kernel(const Prologu
   }
 }
 
+// Rows per step at head dim d, and the kernel's dynamic shared memory: the tokens rounded up to
+// whole steps, d 16-bit values each.
+int short_slots(int64_t d) { return kShortThreads / static_cast<int>(d / 8); }
+size_t short_k_smem(const PrologueArgs& a) {
+  const int64_t slots = short_slots(a.dim);
+  return static_cast<size_t>((a.tokens + slots - 1) / slots * slots * a.dim * 2);
+}
+
 template <int D, bool BF16>
 void launch_short_k(const PrologueArgs& a, Context& ctx) {
-  constexpr int LANES = D / 8, SLOTS = kShortThreads / LANES;
-  const int64_t rows_cap = (a.tokens + SLOTS - 1) / SLOTS * SLOTS;
-  const size_t smem = static_cast<size_t>(rows_cap) * D * 2;
+  const size_t smem = short_k_smem(a);
   auto kernel = short_k_kernel<D, BF16>;
   // (always: the static arrays count toward the 48 KB a launch gets without it)
   set_kernel_smem(kernel, static_cast<int>(smem), "norm_rope_mean_quantize", "shared memory");
@@ -183,7 +189,7 @@ bool short_k_supported(const PrologueArgs& a) {
   if (a.layout != ScaleLayout::per_block && a.layout != ScaleLayout::thread_q &&
       a.layout != ScaleLayout::thread_k)
     return false;
-  const int slots = kShortThreads / static_cast<int>(a.dim / 8);
+  const int slots = short_slots(a.dim);
   if (a.block % slots != 0 || a.block > kShortMaxSteps * slots) return false;
   // 16-byte row chunks in, 8-byte code chunks out; one CTA per (batch, head), enough of them to
   // fill the GPU (fewer heads: the two passes split the tokens too).
@@ -192,8 +198,7 @@ bool short_k_supported(const PrologueArgs& a) {
   if (!a.mean_out || a.mean != a.mean_out) return false;
   const int64_t min_ctas = t.short_k_min_ctas > 0 ? t.short_k_min_ctas : multiprocessor_count();
   if (a.batch * a.heads < min_ctas || a.batch * a.heads > INT32_MAX) return false;
-  const int64_t smem = (a.tokens + slots - 1) / slots * slots * a.dim * 2;
-  return smem <= 160 * 1024;
+  return short_k_smem(a) <= 160 * 1024;
 }
 
 void short_k_mean_quantize(const PrologueArgs& a, Context& ctx) {

@@ -361,6 +361,25 @@ struct Packed {
   }
 };
 
+// attention_varlen's outputs and LSE with padded buckets (index 0) and with every sequence a call
+// of its own (index 1, tuning varlen_unpadded), on p's buffers (the LSE first filled with 0x7f).
+void varlen_padded_and_unpadded(Problem& p, Packed& pk, const std::vector<int64_t>& cu_q,
+                                const std::vector<int64_t>& cu_k, Context& ctx,
+                                std::vector<uint8_t> (&outs)[2], std::vector<uint8_t> (&lses)[2]) {
+  for (int unpadded = 0; unpadded < 2; ++unpadded) {
+    detail::AttentionCudaTuning t = detail::attention_cuda_tuning();
+    t.varlen_unpadded = unpadded == 1;
+    detail::set_attention_cuda_tuning(t);
+    p.clear(ctx);
+    device_memset(pk.lse.data(), 0x7f, pk.lse.bytes(), ctx);
+    attention_varlen(pk.q, pk.k, pk.v, cu_q, cu_k, pk.o, &pk.lv, p.options, ctx);
+    t.varlen_unpadded = false;
+    detail::set_attention_cuda_tuning(t);
+    outs[unpadded] = to_host(p.out, ctx);
+    lses[unpadded] = to_host(pk.lse, ctx);
+  }
+}
+
 // attention_varlen on CUDA runs runs of equal lengths as one batched call: every output and LSE
 // bit equals attention() on each sequence alone (a run of 3 sequences of 200 queries / keys, a
 // run of 2 with no keys, a lone sequence), and equals the call with every sequence on its own
@@ -494,7 +513,6 @@ TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
   Rope rope_il = rope;
   rope_il.interleaved = true;
   tok_q.rope = tok_k.rope = &rope_il;
-  auto host = [&](const Buffer& b) { return to_host(b, ctx); };
   for (int form = 0; form < 8; ++form) {
     const auto pv = form == 1 ? AttentionOptions::f16 : AttentionOptions::fp8;
     const auto causal = form == 2   ? AttentionOptions::bottom_right
@@ -511,22 +529,8 @@ TEST(AttentionCuda, VarlenPaddedBucketsGiveEachSequence) {
       if (form == 6) p.options.q_prologue = &seg_q, p.options.k_prologue = &seg_k;
       if (form == 7) p.options.q_prologue = &tok_q, p.options.k_prologue = &tok_k;
       Packed pk(p, Tq, Tk);
-      const TensorView &q = pk.q, &k = pk.k, &v = pk.v, &o = pk.o;
-      const Buffer& lse = pk.lse;
-      TensorView& lv = pk.lv;
       std::vector<uint8_t> outs[2], lses[2];
-      for (int unpadded = 0; unpadded < 2; ++unpadded) {
-        detail::AttentionCudaTuning t = detail::attention_cuda_tuning();
-        t.varlen_unpadded = unpadded == 1;
-        detail::set_attention_cuda_tuning(t);
-        p.clear(ctx);
-        device_memset(lse.data(), 0x7f, lse.bytes(), ctx);
-        attention_varlen(q, k, v, cu_q, cu_k, o, &lv, p.options, ctx);
-        t.varlen_unpadded = false;
-        detail::set_attention_cuda_tuning(t);
-        outs[unpadded] = host(p.out);
-        lses[unpadded] = host(lse);
-      }
+      varlen_padded_and_unpadded(p, pk, cu_q, cu_k, ctx, outs, lses);
       if (!smooth_k) {
         EXPECT_EQ(outs[0], outs[1]) << "padded buckets vs every sequence a call";
         EXPECT_EQ(lses[0], lses[1]) << "padded buckets vs every sequence a call";
@@ -650,18 +654,7 @@ TEST(AttentionCuda, ShortKPathCodesFollowItsMean) {
     p.options.causal = causal;
     Packed pk(p, cu_q.back(), cu_k.back());
     std::vector<uint8_t> outs[2], lses[2];
-    for (int unpadded = 0; unpadded < 2; ++unpadded) {
-      detail::AttentionCudaTuning at = detail::attention_cuda_tuning();
-      at.varlen_unpadded = unpadded == 1;
-      detail::set_attention_cuda_tuning(at);
-      p.clear(ctx);
-      device_memset(pk.lse.data(), 0x7f, pk.lse.bytes(), ctx);
-      attention_varlen(pk.q, pk.k, pk.v, cu_q, cu_k, pk.o, &pk.lv, p.options, ctx);
-      at.varlen_unpadded = false;
-      detail::set_attention_cuda_tuning(at);
-      outs[unpadded] = to_host(p.out, ctx);
-      lses[unpadded] = to_host(pk.lse, ctx);
-    }
+    varlen_padded_and_unpadded(p, pk, cu_q, cu_k, ctx, outs, lses);
     EXPECT_EQ(outs[0], outs[1]) << "padded buckets vs every sequence a call";
     EXPECT_EQ(lses[0], lses[1]) << "padded buckets vs every sequence a call";
   }
