@@ -166,15 +166,6 @@ __device__ __forceinline__ void lane_channels(int lane_in_row, int& ch0, int& ch
   }
 }
 
-__device__ __forceinline__ int group_of_row(ScaleLayout layout, int r) {
-  switch (layout) {
-    case ScaleLayout::thread_q: return r % 8;
-    case ScaleLayout::thread_k: return (r % 8) / 2;
-    case ScaleLayout::warp_q: return r / 32;
-    default: return 0;
-  }
-}
-
 // Rows of block-relative group g: how many there are (the i-th: group_row).
 __device__ __forceinline__ int group_rows(ScaleLayout layout, int block, int g) {
   switch (layout) {

@@ -1,5 +1,6 @@
 // Device helpers shared by the CUDA prologue kernels (src/cuda/prologue.cu: first-generation and
-// round-2 kernels; src/cuda/prologue_v3.cu: round-3 kernels). Internal to those two files.
+// round-2 kernels; src/cuda/prologue_v3.cu: round-3 kernels; src/cuda/prologue_short.cu: the
+// short k path). Internal to those files.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -126,14 +127,17 @@ __device__ __forceinline__ float lane_max(float s) {
 // Table access modes, decided on the host.
 enum TableMode : int { kTableScalar = 0, kTablePairsF32 = 1, kTableMatrixF32 = 2 };
 
-// cos / sin of 8 consecutive pairs starting at `pair` (a multiple of 4).
-__device__ __forceinline__ void load_table8(const PrologueArgs& a, int mode, int64_t row_off,
-                                            int pair, float (&cs)[8], float (&sn)[8]) {
+// cos / sin of NP (4 or 8) consecutive pairs starting at `pair` (a multiple of 4; the vector
+// modes read all NP, so the table must hold them).
+template <int NP>
+__device__ __forceinline__ void load_table_n(const PrologueArgs& a, int mode, int64_t row_off,
+                                             int pair, float (&cs)[NP], float (&sn)[NP]) {
+  static_assert(NP == 4 || NP == 8, "4 or 8 pairs");
   if (mode == kTablePairsF32) {
     const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
                                                       2 * static_cast<int64_t>(pair));
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < NP / 2; ++i) {
       const float4 t = __ldg(p + i);
       cs[2 * i] = t.x, sn[2 * i] = t.y, cs[2 * i + 1] = t.z, sn[2 * i + 1] = t.w;
     }
@@ -141,13 +145,13 @@ __device__ __forceinline__ void load_table8(const PrologueArgs& a, int mode, int
     const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
                                                       4 * static_cast<int64_t>(pair));
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < NP; ++i) {
       const float4 t = __ldg(p + i);
       cs[i] = t.x, sn[i] = t.z;
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < NP; ++i) {
       const int64_t o = row_off + static_cast<int64_t>(pair + i) * a.r_sp;
       const bool in = pair + i < a.pairs;
       cs[i] = in ? load_any(a.rope, o, a.r_dtype) : 1.f;
@@ -156,6 +160,10 @@ __device__ __forceinline__ void load_table8(const PrologueArgs& a, int mode, int
   }
 }
 
+__device__ __forceinline__ void load_table8(const PrologueArgs& a, int mode, int64_t row_off,
+                                            int pair, float (&cs)[8], float (&sn)[8]) {
+  load_table_n<8>(a, mode, row_off, pair, cs, sn);
+}
 
 enum RopeKind : int { kRopeNone = 0, kRopePaired = 1, kRopeInterleaved = 2 };
 
@@ -244,6 +252,19 @@ __device__ __forceinline__ float4 lds16(const float4* p) {
   return v;
 }
 
+// The scale group of block-relative row r (SPEC §1 layouts; the inverse of group_row).
+__device__ __forceinline__ int group_of_row(ScaleLayout layout, int r) {
+  switch (layout) {
+    case ScaleLayout::thread_q:
+      return r % 8;
+    case ScaleLayout::thread_k:
+      return (r % 8) / 2;
+    case ScaleLayout::warp_q:
+      return r / 32;
+    default:
+      return 0;
+  }
+}
 
 // Row i of block-relative scale group g (SPEC §1 layouts).
 __device__ __forceinline__ int group_row(ScaleLayout layout, int g, int i) {

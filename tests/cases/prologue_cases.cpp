@@ -76,6 +76,7 @@ struct Cfg {
   bool unchecked_rows = false;   // weight_rows not checked (check_weight_rows false), some out of
                                  // range: every backend clamps them to [0, R)
   int short_k = -1;  // CUDA: the short k path's token limit (detail::short_k_tokens; -1: default)
+  bool short_k_nr = false;  // CUDA: the short k path with norm / rope forced on (else default)
   std::string tag;
 };
 
@@ -270,6 +271,7 @@ class PrologueCase : public Case {
     t.token_two_pass = c_.token_two_pass, t.token_fast = c_.token_fast;
     t.token_fast_k = c_.token_fast_k;
     if (c_.short_k >= 0) t.short_k_tokens = c_.short_k;
+    if (c_.short_k_nr) t.short_k_norm_rope = true;
     return t;
   }
   Cfg c_;
@@ -946,6 +948,39 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       add(k);
       if (N == 512 && D == 128) {
         k.tag = "kshortoff", k.short_k = 0, k.layout = ScaleLayout::thread_k, k.block = 64;
+        add(k);
+      }
+    }
+  }
+  // Session 53: the short k path with norm and / or rope (its values made as the quantize pass
+  // makes them): per-head norm + split-half rope from a fused QKV buffer (THREAD_K 64, bf16),
+  // f16 with an f32 weight and interleaved pairs from a per-batch table into a padded q_out,
+  // segmented norm without rope (PER_BLOCK 64), the 2 x 2 matrix table without norm (THREAD_Q 32,
+  // sm_scale), partial split-half rotary (D / 4 pairs); and THREAD_K 128 at D 128 (past the
+  // path's held rows: the two passes).
+  for (int64_t N : {1, 17, 300, 512}) {
+    for (int64_t D : {64, 128}) {
+      Cfg k;
+      k.tag = "kshortnr", k.fused = true, k.norm = Norm::per_head, k.rope = RopeKind::split;
+      k.short_k_nr = true;
+      k.B = 6, k.N = N, k.H = 24, k.D = D, k.qkv = true;
+      k.layout = ScaleLayout::thread_k, k.block = 64;
+      add(k);
+      k.tag = "kshortnrint", k.qkv = false, k.dtype = DType::f16, k.w_dtype = DType::f32;
+      k.rope = RopeKind::interleaved, k.batch_table = true, k.q_pad = true;
+      add(k);
+      k.tag = "kshortnrseg", k.dtype = DType::bf16, k.w_dtype = DType::bf16, k.q_pad = false;
+      k.norm = Norm::segmented, k.rope = RopeKind::none, k.batch_table = false;
+      k.layout = ScaleLayout::per_block;
+      add(k);
+      k.tag = "kshortnrmat", k.norm = Norm::none, k.rope = RopeKind::split, k.matrix_table = true;
+      k.layout = ScaleLayout::thread_q, k.block = 32, k.sm_scale = 0.125f;
+      add(k);
+      k.tag = "kshortnrpart", k.norm = Norm::per_head, k.matrix_table = false, k.pairs = D / 4;
+      k.layout = ScaleLayout::thread_k, k.block = 64, k.sm_scale = 1.f;
+      add(k);
+      if (N == 300 && D == 128) {
+        k.tag = "kshortnrtk128", k.pairs = 0, k.block = 128;
         add(k);
       }
     }

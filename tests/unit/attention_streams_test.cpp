@@ -662,6 +662,111 @@ TEST(AttentionCuda, ShortKPathCodesFollowItsMean) {
   detail::set_attention_cuda_tuning({});
 }
 
+// Session 53: the short k path with RMSNorm and RoPE gives the codes and scales the quantize pass
+// makes for its mean (the rows' values made by the same arithmetic), and that mean is the two
+// passes' within its last bits; its own sum order shows that the short kernel ran.
+TEST(AttentionCuda, ShortKPathWithNormRopeFollowsItsMean) {
+  if (!built_with_cuda() || cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  Context ctx;
+  std::mt19937_64 rng(53);
+  struct Form {
+    bool norm, segmented, rope, interleaved, matrix;
+    int64_t pairs_div;  // pairs = D / pairs_div
+    ScaleLayout layout;
+    int block;
+    int64_t d, n;
+    DType dt;
+  };
+  const Form forms[] = {
+      {true, false, true, false, false, 2, ScaleLayout::thread_k, 64, 128, 300, DType::bf16},
+      {true, false, true, true, false, 2, ScaleLayout::thread_q, 32, 64, 211, DType::f16},
+      {true, true, false, false, false, 2, ScaleLayout::per_block, 64, 128, 77, DType::bf16},
+      {false, false, true, false, true, 4, ScaleLayout::thread_k, 64, 64, 512, DType::bf16}};
+  for (const Form& f : forms) {
+    SCOPED_TRACE(std::to_string(f.d) + " x " + std::to_string(f.n) + " norm " +
+                 std::to_string(f.norm) + " rope " + std::to_string(f.rope));
+    const int64_t Bs = 8, Hs = 24, Ns = f.n, Ds = f.d, P = Ds / f.pairs_div, R = 3;
+    HostTensor xh(f.dt, {Bs, Ns, Hs, Ds});
+    xh.fill_normal(rng, 0.3f, 2.f);
+    HostTensor wh(DType::f32, f.segmented ? std::vector<int64_t>{R, Ds} : std::vector<int64_t>{Ds});
+    wh.fill_normal(rng, 1.f, 0.2f);
+    std::vector<int32_t> rows(static_cast<size_t>(Ns));
+    for (int64_t n = 0; n < Ns; ++n) rows[n] = static_cast<int32_t>((n * 7) % R);
+    const int64_t tw = f.matrix ? 4 : 2;  // table values per pair
+    std::vector<float> table(static_cast<size_t>(Ns * P * tw));
+    for (int64_t n = 0; n < Ns; ++n)
+      for (int64_t p = 0; p < P; ++p) {
+        const double th = static_cast<double>(n) * std::pow(10000.0, -2.0 * p / Ds);
+        float* t = table.data() + (n * P + p) * tw;
+        const float c = static_cast<float>(std::cos(th)), s = static_cast<float>(std::sin(th));
+        if (f.matrix) {
+          t[0] = c, t[1] = -s, t[2] = s, t[3] = c;
+        } else {
+          t[0] = c, t[1] = s;
+        }
+      }
+    const int64_t ns = scale_count(f.layout, f.block, Ns);
+    Buffer x(Device::cuda, xh.bytes.size()), w(Device::cuda, wh.bytes.size()),
+        wr(Device::cuda, rows.size() * 4), tb(Device::cuda, table.size() * 4),
+        q1(Device::cuda, Bs * Ns * Hs * Ds), q2(Device::cuda, Bs * Ns * Hs * Ds),
+        q0(Device::cuda, Bs * Ns * Hs * Ds), s1(Device::cuda, Bs * Hs * ns * 4),
+        s2(Device::cuda, Bs * Hs * ns * 4), s0(Device::cuda, Bs * Hs * ns * 4),
+        m1(Device::cuda, Bs * Hs * Ds * 4), m0(Device::cuda, Bs * Hs * Ds * 4);
+    copy_to_device(x.data(), xh.bytes.data(), xh.bytes.size(), ctx);
+    copy_to_device(w.data(), wh.bytes.data(), wh.bytes.size(), ctx);
+    copy_to_device(wr.data(), rows.data(), rows.size() * 4, ctx);
+    copy_to_device(tb.data(), table.data(), table.size() * 4, ctx);
+    const TensorView xv = make_view(x.data(), f.dt, {Bs, Ns, Hs, Ds}, Device::cuda);
+    const TensorView wv = make_view(w.data(), DType::f32, static_cast<int>(wh.shape.size()),
+                                    wh.shape.data(), Device::cuda);
+    const TensorView rv = make_view(wr.data(), DType::i32, {Ns}, Device::cuda);
+    Rope rope;
+    const int64_t tshape[] = {1, Ns, 1, P, 2, 2};
+    rope.table = make_view(tb.data(), DType::f32, f.matrix ? 6 : 5, tshape, Device::cuda);
+    rope.interleaved = f.interleaved;
+    auto codes = [&](Buffer& b) {
+      return make_view(b.data(), DType::i8, {Bs, Ns, Hs, Ds}, Device::cuda);
+    };
+    auto scales = [&](Buffer& b) {
+      return make_view(b.data(), DType::f32, {Bs, Hs, ns}, Device::cuda);
+    };
+    auto means = [&](Buffer& b) {
+      return make_view(b.data(), DType::f32, {Bs, Hs, Ds}, Device::cuda);
+    };
+    Prologue p;
+    p.layout = f.layout;
+    p.block = f.block;
+    if (f.norm) p.norm_weight = &wv;
+    if (f.segmented) p.weight_rows = &rv;
+    if (f.rope) p.rope = &rope;
+    detail::PrologueCudaTuning on;
+    on.short_k_norm_rope = true;  // (whatever the default)
+    detail::set_prologue_cuda_tuning(on);
+    norm_rope_mean_quantize(xv, p, means(m1), codes(q1), scales(s1), ctx);
+    detail::set_prologue_cuda_tuning({});
+    const TensorView mv = means(m1);
+    Prologue pm = p;
+    pm.mean = &mv;
+    norm_rope_quantize(xv, pm, codes(q2), scales(s2), ctx);
+    detail::PrologueCudaTuning t;
+    t.short_k_norm_rope = false;  // the two passes
+    detail::set_prologue_cuda_tuning(t);
+    norm_rope_mean_quantize(xv, p, means(m0), codes(q0), scales(s0), ctx);
+    detail::set_prologue_cuda_tuning({});
+    EXPECT_EQ(to_host(q1, ctx), to_host(q2, ctx)) << "codes";
+    EXPECT_EQ(to_host(s1, ctx), to_host(s2, ctx)) << "scales";
+    const std::vector<uint8_t> mb = to_host(m1, ctx), m0b = to_host(m0, ctx);
+    EXPECT_NE(mb, m0b) << "the means' bits all equal: the two passes ran both times?";
+    for (size_t i = 0; i < mb.size(); i += 4) {
+      float got, two;
+      std::memcpy(&got, mb.data() + i, 4);
+      std::memcpy(&two, m0b.data() + i, 4);
+      ASSERT_NEAR(got, two, 2e-6 + 2e-5 * std::fabs(two)) << "mean element " << i / 4;
+    }
+  }
+}
+
 // V to fp8 of short rows in one kernel (session 52, v_short_kernel): the codes and scales of the
 // scale pass + codes pass (short_v_tokens 0), bit for bit: D 64 / 128, bf16 / f16, 1 .. 512 keys
 // (partial 64-key tiles), 192 (batch, head) pairs, a strided view (V of a fused QKV buffer),
