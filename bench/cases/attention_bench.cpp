@@ -252,31 +252,22 @@ void pieces_of_one_call(const Env& env, const Shape& s, const DeviceTensor& q,
         [&] { norm_rope_mean_quantize(k.view, P.kp, P.kmv, P.kr.data, P.kr.scale, ctx); });
     detail::set_prologue_cuda_tuning({});
   }
-  // Session 53: the k path with a per-head RMSNorm and split-half RoPE (a (1, N, 1, D / 2, 2)
-  // f32 table; Qwen3-style q / k norm), the short k kernel (now taking them) and the two passes.
+  // Session 53: the k path with a per-head RMSNorm (+ split-half RoPE from a (1, N, 1, D / 2, 2)
+  // f32 table; Qwen3-style q / k norm): the two passes (the short k kernel takes neither: a form
+  // with them lost, docs/prologue.md "Session 53").
   DeviceTensor w = make_tensor(dev, DType::bf16, {D}, 71);
   DeviceTensor tab = make_tensor(dev, DType::f32, {1, N, 1, D / 2, 2}, 72);
   Rope rope;
   rope.table = tab.view;
   const TensorView wv = w.view;
-  Prologue knr = P.kp;
-  knr.norm_weight = &wv;
-  knr.rope = &rope;
-  Prologue knorm = P.kp;  // the norm alone (no table to read)
+  Prologue knorm = P.kp;
   knorm.norm_weight = &wv;
-  for (int form = 0; form < 4; ++form) {
-    const bool two = form % 2 == 1, rope_on = form < 2;
-    detail::PrologueCudaTuning t;
-    t.short_k_norm_rope = !two;
-    detail::set_prologue_cuda_tuning(t);
-    row(std::string(rope_on ? "k path + norm + rope" : "k path + norm") +
-            (two ? ", two passes (short_k_norm_rope off)"
-                 : ", short k kernel (short_k_norm_rope on)"),
-        3 * x, 0, [&] {
-          norm_rope_mean_quantize(k.view, rope_on ? knr : knorm, P.kmv, P.kr.data, P.kr.scale, ctx);
-        });
-    detail::set_prologue_cuda_tuning({});
-  }
+  Prologue knr = knorm;
+  knr.rope = &rope;
+  row("k path + norm (two passes)", 3 * x, 0,
+      [&] { norm_rope_mean_quantize(k.view, knorm, P.kmv, P.kr.data, P.kr.scale, ctx); });
+  row("k path + norm + rope (two passes)", 3 * x, 0,
+      [&] { norm_rope_mean_quantize(k.view, knr, P.kmv, P.kr.data, P.kr.scale, ctx); });
   row("V fp8 (2 reads of V)", 5 * x, 0,
       [&] { quantize_v_fp8(v.view, P.v8.view, P.vsv, nullptr, ctx); });
   TensorView o_view = out.view;
@@ -835,7 +826,7 @@ class AttentionShortBench : public BenchCase {
       nr.rope = &rope;
       AttentionOptions fp8_nr = fp8;
       fp8_nr.q_prologue = fp8_nr.k_prologue = &nr;
-      const int calls = Nq == Nkv ? 7 : 5;
+      const int calls = Nq == Nkv ? 6 : 5;
       // the kernel, attention(), then (session 52) the portable mma.sync kernel on the same codes
       // and attention() with the short k path off (the k path's two passes)
       for (int call = 0; call < calls; ++call) {
@@ -848,19 +839,16 @@ class AttentionShortBench : public BenchCase {
                : call == 2 ? "attention_int8 fp8 PV mma.sync (kernel only)"
                : call == 3 ? "attention() fp8 PV, short k path off (short_k_tokens 0)"
                : call == 4 ? "attention() fp8 PV, q's prologue on the caller's stream (fork_q 1)"
-               : call == 5 ? "attention() fp8 PV, q / k norm + rope (short_k_norm_rope on)"
-                           : "attention() fp8 PV, q / k norm + rope, k's two passes "
-                             "(short_k_norm_rope off)";
+                           : "attention() fp8 PV, q / k norm + rope";
         detail::PrologueCudaTuning t;
         if (call == 3) t.short_k_tokens = 0;
-        if (call >= 5) t.short_k_norm_rope = call == 5;
         detail::set_prologue_cuda_tuning(t);
         detail::AttentionCudaTuning at;
         if (call == 4) at.fork_q = 1;
         detail::set_attention_cuda_tuning(at);
         r.ms = env.time_ms([&] {
           if (call == 1 || call >= 3)
-            attention(q.view, k.view, v.view, out.view, nullptr, call >= 5 ? fp8_nr : fp8,
+            attention(q.view, k.view, v.view, out.view, nullptr, call == 5 ? fp8_nr : fp8,
                       ws.view.data, wb, ctx);
           else
             attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr,

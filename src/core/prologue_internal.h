@@ -283,11 +283,6 @@ struct PrologueCudaTuning {
   // ... where batch x heads is at least this many (0: the GPU's multiprocessor count; fewer
   // heads leave SMs idle, where the two passes split the tokens too).
   int short_k_min_ctas = 0;
-  // Session 53: ... with RMSNorm and / or RoPE too (the norm over the head, a weight shared or
-  // segmented; split-half pairs a multiple of 8, interleaved a multiple of 4; any table form):
-  // the rows' values computed as the quantize pass computes them, so the same bits for the
-  // kernel's mean. false: such a k path runs the two passes.
-  bool short_k_norm_rope = true;
 };
 constexpr int kProbeNoTeam = 1, kProbeNoRefill = 2, kProbeNoMean = 3;
 constexpr int kSyncTeams = 1, kSyncCta = 2;

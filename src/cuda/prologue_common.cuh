@@ -127,17 +127,14 @@ __device__ __forceinline__ float lane_max(float s) {
 // Table access modes, decided on the host.
 enum TableMode : int { kTableScalar = 0, kTablePairsF32 = 1, kTableMatrixF32 = 2 };
 
-// cos / sin of NP (4 or 8) consecutive pairs starting at `pair` (a multiple of 4; the vector
-// modes read all NP, so the table must hold them).
-template <int NP>
-__device__ __forceinline__ void load_table_n(const PrologueArgs& a, int mode, int64_t row_off,
-                                             int pair, float (&cs)[NP], float (&sn)[NP]) {
-  static_assert(NP == 4 || NP == 8, "4 or 8 pairs");
+// cos / sin of 8 consecutive pairs starting at `pair` (a multiple of 4).
+__device__ __forceinline__ void load_table8(const PrologueArgs& a, int mode, int64_t row_off,
+                                            int pair, float (&cs)[8], float (&sn)[8]) {
   if (mode == kTablePairsF32) {
     const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
                                                       2 * static_cast<int64_t>(pair));
 #pragma unroll
-    for (int i = 0; i < NP / 2; ++i) {
+    for (int i = 0; i < 4; ++i) {
       const float4 t = __ldg(p + i);
       cs[2 * i] = t.x, sn[2 * i] = t.y, cs[2 * i + 1] = t.z, sn[2 * i + 1] = t.w;
     }
@@ -145,24 +142,19 @@ __device__ __forceinline__ void load_table_n(const PrologueArgs& a, int mode, in
     const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(a.rope) + row_off +
                                                       4 * static_cast<int64_t>(pair));
 #pragma unroll
-    for (int i = 0; i < NP; ++i) {
+    for (int i = 0; i < 8; ++i) {
       const float4 t = __ldg(p + i);
       cs[i] = t.x, sn[i] = t.z;
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < NP; ++i) {
+    for (int i = 0; i < 8; ++i) {
       const int64_t o = row_off + static_cast<int64_t>(pair + i) * a.r_sp;
       const bool in = pair + i < a.pairs;
       cs[i] = in ? load_any(a.rope, o, a.r_dtype) : 1.f;
       sn[i] = in ? load_any(a.rope, o + a.r_sc, a.r_dtype) : 0.f;
     }
   }
-}
-
-__device__ __forceinline__ void load_table8(const PrologueArgs& a, int mode, int64_t row_off,
-                                            int pair, float (&cs)[8], float (&sn)[8]) {
-  load_table_n<8>(a, mode, row_off, pair, cs, sn);
 }
 
 enum RopeKind : int { kRopeNone = 0, kRopePaired = 1, kRopeInterleaved = 2 };

@@ -76,7 +76,6 @@ struct Cfg {
   bool unchecked_rows = false;   // weight_rows not checked (check_weight_rows false), some out of
                                  // range: every backend clamps them to [0, R)
   int short_k = -1;  // CUDA: the short k path's token limit (detail::short_k_tokens; -1: default)
-  bool short_k_nr = false;  // CUDA: the short k path with norm / rope forced on (else default)
   std::string tag;
 };
 
@@ -271,7 +270,6 @@ class PrologueCase : public Case {
     t.token_two_pass = c_.token_two_pass, t.token_fast = c_.token_fast;
     t.token_fast_k = c_.token_fast_k;
     if (c_.short_k >= 0) t.short_k_tokens = c_.short_k;
-    if (c_.short_k_nr) t.short_k_norm_rope = true;
     return t;
   }
   Cfg c_;
@@ -952,17 +950,16 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
       }
     }
   }
-  // Session 53: the short k path with norm and / or rope (its values made as the quantize pass
-  // makes them): per-head norm + split-half rope from a fused QKV buffer (THREAD_K 64, bf16),
-  // f16 with an f32 weight and interleaved pairs from a per-batch table into a padded q_out,
-  // segmented norm without rope (PER_BLOCK 64), the 2 x 2 matrix table without norm (THREAD_Q 32,
-  // sm_scale), partial split-half rotary (D / 4 pairs); and THREAD_K 128 at D 128 (past the
-  // path's held rows: the two passes).
+  // Session 53: short rows (144 (batch, head) pairs, 1 .. 512 tokens) with norm and / or rope,
+  // which the short k path leaves to the two passes (docs/prologue.md "Session 53": a form of it
+  // with norm and rope lost): per-head norm + split-half rope from a fused QKV buffer (THREAD_K
+  // 64, bf16), f16 with an f32 weight and interleaved pairs from a per-batch table into a padded
+  // q_out, segmented norm without rope (PER_BLOCK 64), the 2 x 2 matrix table without norm
+  // (THREAD_Q 32, sm_scale), partial split-half rotary (D / 4 pairs), THREAD_K 128.
   for (int64_t N : {1, 17, 300, 512}) {
     for (int64_t D : {64, 128}) {
       Cfg k;
       k.tag = "kshortnr", k.fused = true, k.norm = Norm::per_head, k.rope = RopeKind::split;
-      k.short_k_nr = true;
       k.B = 6, k.N = N, k.H = 24, k.D = D, k.qkv = true;
       k.layout = ScaleLayout::thread_k, k.block = 64;
       add(k);
