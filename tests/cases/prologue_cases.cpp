@@ -931,6 +931,12 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
   // where it applies: no norm or rope, 144 (batch, head) pairs (>= the H200's 132 SMs), tokens
   // up to 512; THREAD_K 64 from a fused QKV buffer (bf16), THREAD_Q 32 with sm_scale into a padded
   // q_out (f16), PER_BLOCK 128; and once at 512 tokens with the path off (the two passes).
+  // Session 53 ("kshortnr"): the same short rows with norm and / or rope, which the short k path
+  // leaves to the two passes (docs/prologue.md "Session 53": a form of it with them lost):
+  // per-head norm + split-half rope from a fused QKV buffer (THREAD_K 64, bf16), f16 with an f32
+  // weight and interleaved pairs from a per-batch table into a padded q_out, segmented norm
+  // without rope (PER_BLOCK 64), the 2 x 2 matrix table without norm (THREAD_Q 32, sm_scale),
+  // partial split-half rotary (D / 4 pairs), THREAD_K 128.
   for (int64_t N : {1, 17, 300, 512}) {
     for (int64_t D : {64, 128}) {
       Cfg k;
@@ -948,37 +954,27 @@ LOWBIT_HARNESS_CASES(prologue_cases) {
         k.tag = "kshortoff", k.short_k = 0, k.layout = ScaleLayout::thread_k, k.block = 64;
         add(k);
       }
-    }
-  }
-  // Session 53: short rows (144 (batch, head) pairs, 1 .. 512 tokens) with norm and / or rope,
-  // which the short k path leaves to the two passes (docs/prologue.md "Session 53": a form of it
-  // with norm and rope lost): per-head norm + split-half rope from a fused QKV buffer (THREAD_K
-  // 64, bf16), f16 with an f32 weight and interleaved pairs from a per-batch table into a padded
-  // q_out, segmented norm without rope (PER_BLOCK 64), the 2 x 2 matrix table without norm
-  // (THREAD_Q 32, sm_scale), partial split-half rotary (D / 4 pairs), THREAD_K 128.
-  for (int64_t N : {1, 17, 300, 512}) {
-    for (int64_t D : {64, 128}) {
-      Cfg k;
-      k.tag = "kshortnr", k.fused = true, k.norm = Norm::per_head, k.rope = RopeKind::split;
-      k.B = 6, k.N = N, k.H = 24, k.D = D, k.qkv = true;
-      k.layout = ScaleLayout::thread_k, k.block = 64;
-      add(k);
-      k.tag = "kshortnrint", k.qkv = false, k.dtype = DType::f16, k.w_dtype = DType::f32;
-      k.rope = RopeKind::interleaved, k.batch_table = true, k.q_pad = true;
-      add(k);
-      k.tag = "kshortnrseg", k.dtype = DType::bf16, k.w_dtype = DType::bf16, k.q_pad = false;
-      k.norm = Norm::segmented, k.rope = RopeKind::none, k.batch_table = false;
-      k.layout = ScaleLayout::per_block;
-      add(k);
-      k.tag = "kshortnrmat", k.norm = Norm::none, k.rope = RopeKind::split, k.matrix_table = true;
-      k.layout = ScaleLayout::thread_q, k.block = 32, k.sm_scale = 0.125f;
-      add(k);
-      k.tag = "kshortnrpart", k.norm = Norm::per_head, k.matrix_table = false, k.pairs = D / 4;
-      k.layout = ScaleLayout::thread_k, k.block = 64, k.sm_scale = 1.f;
-      add(k);
+      Cfg n;
+      n.tag = "kshortnr", n.fused = true, n.norm = Norm::per_head, n.rope = RopeKind::split;
+      n.B = 6, n.N = N, n.H = 24, n.D = D, n.qkv = true;
+      n.layout = ScaleLayout::thread_k, n.block = 64;
+      add(n);
+      n.tag = "kshortnrint", n.qkv = false, n.dtype = DType::f16, n.w_dtype = DType::f32;
+      n.rope = RopeKind::interleaved, n.batch_table = true, n.q_pad = true;
+      add(n);
+      n.tag = "kshortnrseg", n.dtype = DType::bf16, n.w_dtype = DType::bf16, n.q_pad = false;
+      n.norm = Norm::segmented, n.rope = RopeKind::none, n.batch_table = false;
+      n.layout = ScaleLayout::per_block;
+      add(n);
+      n.tag = "kshortnrmat", n.norm = Norm::none, n.rope = RopeKind::split, n.matrix_table = true;
+      n.layout = ScaleLayout::thread_q, n.block = 32, n.sm_scale = 0.125f;
+      add(n);
+      n.tag = "kshortnrpart", n.norm = Norm::per_head, n.matrix_table = false, n.pairs = D / 4;
+      n.layout = ScaleLayout::thread_k, n.block = 64, n.sm_scale = 1.f;
+      add(n);
       if (N == 300 && D == 128) {
-        k.tag = "kshortnrtk128", k.pairs = 0, k.block = 128;
-        add(k);
+        n.tag = "kshortnrtk128", n.pairs = 0, n.block = 128;
+        add(n);
       }
     }
   }
