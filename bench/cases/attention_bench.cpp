@@ -184,6 +184,29 @@ std::string sampled_accuracy(const Shape& s, const std::vector<double>& ref,
 // sm_scale folded, THREAD_K 64), the K mean, V in fp8 with its scales, and the kernel's options
 // (sm_scale 1: folded into q). kp has no mean (norm_rope_mean_quantize computes it); kp_mean
 // subtracts km (norm_rope_quantize after norm_rope_mean).
+// Session 53: a per-head RMSNorm weight (bf16, D) and a split-half RoPE table ((1, N, 1, D / 2, 2)
+// f32), Qwen3-style q / k norm, for the rows that time the prologue with them. Holds the views a
+// Prologue points at: made in place, never copied.
+struct NormRope {
+  DeviceTensor w, tab;
+  TensorView wv;
+  Rope rope;
+  NormRope(Device dev, int64_t N, int64_t D, uint64_t seed)
+      : w(make_tensor(dev, DType::bf16, {D}, seed)),
+        tab(make_tensor(dev, DType::f32, {1, N, 1, D / 2, 2}, seed + 1)),
+        wv(w.view) {
+    rope.table = tab.view;
+  }
+  NormRope(const NormRope&) = delete;
+  NormRope& operator=(const NormRope&) = delete;
+  // p with the norm (and the rope when `with_rope`)
+  Prologue on(Prologue p, bool with_rope) const {
+    p.norm_weight = &wv;
+    if (with_rope) p.rope = &rope;
+    return p;
+  }
+};
+
 struct Pieces {
   DeviceTensor q8, k8, qs, ks, km, v8, vs;
   TensorView kmv, vsv;
@@ -252,18 +275,10 @@ void pieces_of_one_call(const Env& env, const Shape& s, const DeviceTensor& q,
         [&] { norm_rope_mean_quantize(k.view, P.kp, P.kmv, P.kr.data, P.kr.scale, ctx); });
     detail::set_prologue_cuda_tuning({});
   }
-  // Session 53: the k path with a per-head RMSNorm (+ split-half RoPE from a (1, N, 1, D / 2, 2)
-  // f32 table; Qwen3-style q / k norm): the two passes (the short k kernel takes neither: a form
-  // with them lost, docs/prologue.md "Session 53").
-  DeviceTensor w = make_tensor(dev, DType::bf16, {D}, 71);
-  DeviceTensor tab = make_tensor(dev, DType::f32, {1, N, 1, D / 2, 2}, 72);
-  Rope rope;
-  rope.table = tab.view;
-  const TensorView wv = w.view;
-  Prologue knorm = P.kp;
-  knorm.norm_weight = &wv;
-  Prologue knr = knorm;
-  knr.rope = &rope;
+  // Session 53: the k path with the norm (+ rope): the two passes (the short k kernel takes
+  // neither: a form with them lost, docs/prologue.md "Session 53").
+  const NormRope nr(dev, N, D, 71);
+  const Prologue knorm = nr.on(P.kp, false), knr = nr.on(P.kp, true);
   row("k path + norm (two passes)", 3 * x, 0,
       [&] { norm_rope_mean_quantize(k.view, knorm, P.kmv, P.kr.data, P.kr.scale, ctx); });
   row("k path + norm + rope (two passes)", 3 * x, 0,
@@ -814,16 +829,9 @@ class AttentionShortBench : public BenchCase {
       double kernel_ms = 0;
       AttentionOptions mma = fp8;
       mma.kernel = AttentionOptions::mma_sync;
-      // Session 53: q / k RMSNorm (per head, bf16 weights) + split-half RoPE (a (1, N, 1, D / 2, 2)
-      // f32 table) in the call, as Qwen3-style models run it; keys = queries only.
-      DeviceTensor nw = make_tensor(dev, DType::bf16, {D}, 55);
-      DeviceTensor tab = make_tensor(dev, DType::f32, {1, Nq, 1, D / 2, 2}, 56);
-      const TensorView nwv = nw.view;
-      Rope rope;
-      rope.table = tab.view;
-      Prologue nr;
-      nr.norm_weight = &nwv;
-      nr.rope = &rope;
+      // Session 53: q / k norm + rope (NormRope) in the call; keys = queries only (one table).
+      const NormRope norm_rope(dev, Nq, D, 55);
+      const Prologue nr = norm_rope.on(Prologue{}, true);
       AttentionOptions fp8_nr = fp8;
       fp8_nr.q_prologue = fp8_nr.k_prologue = &nr;
       const int calls = Nq == Nkv ? 6 : 5;
