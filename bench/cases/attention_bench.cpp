@@ -834,37 +834,47 @@ class AttentionShortBench : public BenchCase {
       const Prologue nr = norm_rope.on(Prologue{}, true);
       AttentionOptions fp8_nr = fp8;
       fp8_nr.q_prologue = fp8_nr.k_prologue = &nr;
-      const int calls = Nq == Nkv ? 6 : 5;
       // the kernel, attention(), then (session 52) the portable mma.sync kernel on the same codes
-      // and attention() with the short k path off (the k path's two passes)
-      for (int call = 0; call < calls; ++call) {
+      // and attention() with the short k path off (the k path's two passes); (session 54) the
+      // kernel with one / two consumer warpgroups per CTA forced (tuning cons1)
+      enum Call { kernel, call, mma_sync, k_two_passes, fork_q_off, with_norm_rope, cons1, cons2 };
+      std::vector<Call> calls = {kernel, call, mma_sync, k_two_passes, fork_q_off};
+      if (Nq == Nkv) calls.push_back(with_norm_rope);
+      if (D == 128) calls.insert(calls.begin() + 1, {cons1, cons2});
+      for (const Call c : calls) {
         Row r;
         r.family = "attention";
         r.shape = shape;
         r.backend = device_name(dev);
-        r.op = call == 0   ? "attention_int8 fp8 PV auto (kernel only)"
-               : call == 1 ? "attention() fp8 PV, incl. quantization"
-               : call == 2 ? "attention_int8 fp8 PV mma.sync (kernel only)"
-               : call == 3 ? "attention() fp8 PV, short k path off (short_k_tokens 0)"
-               : call == 4 ? "attention() fp8 PV, q's prologue on the caller's stream (fork_q 1)"
-                           : "attention() fp8 PV, q / k norm + rope";
+        r.op = c == kernel     ? "attention_int8 fp8 PV auto (kernel only)"
+               : c == cons1    ? "attention_int8 fp8 PV, 1 consumer / CTA, 2 CTAs / SM (cons1 1)"
+               : c == cons2    ? "attention_int8 fp8 PV, 2 consumers / CTA (cons1 2)"
+               : c == call     ? "attention() fp8 PV, incl. quantization"
+               : c == mma_sync ? "attention_int8 fp8 PV mma.sync (kernel only)"
+               : c == k_two_passes ? "attention() fp8 PV, short k path off (short_k_tokens 0)"
+               : c == fork_q_off
+                   ? "attention() fp8 PV, q's prologue on the caller's stream (fork_q 1)"
+                   : "attention() fp8 PV, q / k norm + rope";
         detail::PrologueCudaTuning t;
-        if (call == 3) t.short_k_tokens = 0;
+        if (c == k_two_passes) t.short_k_tokens = 0;
         detail::set_prologue_cuda_tuning(t);
         detail::AttentionCudaTuning at;
-        if (call == 4) at.fork_q = 1;
+        if (c == fork_q_off) at.fork_q = 1;
+        if (c == cons1 || c == cons2) at.cons1 = c == cons1 ? 1 : 2;
         detail::set_attention_cuda_tuning(at);
+        const bool one_call =
+            c == call || c == k_two_passes || c == fork_q_off || c == with_norm_rope;
         r.ms = env.time_ms([&] {
-          if (call == 1 || call >= 3)
-            attention(q.view, k.view, v.view, out.view, nullptr, call == 5 ? fp8_nr : fp8,
+          if (one_call)
+            attention(q.view, k.view, v.view, out.view, nullptr, c == with_norm_rope ? fp8_nr : fp8,
                       ws.view.data, wb, ctx);
           else
             attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr,
-                           call == 0 ? fp8 : mma, ctx);
+                           c == mma_sync ? mma : fp8, ctx);
         });
         detail::set_prologue_cuda_tuning({});
         detail::set_attention_cuda_tuning({});
-        if (call == 0) kernel_ms = r.ms;
+        if (c == kernel) kernel_ms = r.ms;
         r.flops = flops;
         r.baseline = "the kernel alone";
         r.baseline_ms = kernel_ms;

@@ -57,6 +57,10 @@ struct AttentionCudaTuning {
   // with no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64 fed by the
   // TMA producer (auto's kernel at D = 64)
   bool cons3 = false;
+  // fp8 P·V at D = 128 (auto, and wgmma_r3 with no_turn): 1 one consumer warpgroup per CTA (64
+  // query rows) and two CTAs per multiprocessor (session 54), 2 two consumers per CTA, 0 the
+  // default (kC1MaxKeys in attention.cu). The same bits.
+  int cons1 = 0;
   // 16-bit P·V on the TMA-ring kernel (auto / wgmma_r3) at D = 64: 3 forces three consumer
   // warpgroups (192 rows per CTA, the default until session 14), 4 four (256 rows, 112 registers
   // each; the default since H200 run 48), 0 the default

@@ -884,6 +884,15 @@ constexpr bool kAutoPv16Ring = true;
 // 1.3-1.5); kernel ms direct / staged: Flux (1, 24, 4608, 128) 0.3961 / 0.3878, causal 0.2223 /
 // 0.2124; the issue's long shapes within the calls' noise (+-0.5 %). The same bits.
 constexpr bool kAttnStagedEpilogue = true;
+// auto's fp8 P·V kernel at D = 128 on one consumer warpgroup per CTA and two CTAs per
+// multiprocessor (round3_i2fp_no_turn_c1, session 54) where the keys are at most this many (0:
+// never). The same bits. H100, session 54 (`attention.short`, kernel ms, two consumers -> one):
+// (64, 24, 256, 256) 0.1887 -> 0.1616 (1.17x), (1, 24, 8192, 256) 0.0906 -> 0.0792, Wan's
+// cross-attention (1, 40, 32760, 512) 0.7529 -> 0.6877 (1.09x), (16, 24, 1024, 1024) 0.3693 ->
+// 0.3555, 8192 x 1024 0.1900 -> 0.1799, 8192 x 2048 0.3199 -> 0.3179; past it the doubled K / V
+// reads (each tile feeds 64 rows, not 128) lose: 8192 x 4096 0.5759 -> 0.5946, Flux (1, 24,
+// 4608, 4608) 0.3769 -> 0.3912 (0.96x).
+constexpr int64_t kC1MaxKeys = 2048;
 
 }  // namespace
 
@@ -977,6 +986,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // kernel of attention_wgmma256.cu), at D = 256 both the head-dim-256 kernel; auto_kernel below.
   const bool wgmma_choice =
       options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3;
+  // fp8 P·V at D = 128: one consumer warpgroup per CTA, two CTAs per multiprocessor (tuning
+  // cons1; by default where every item has at most kC1MaxKeys keys).
+  const bool one_consumer =
+      tune.cons1 == 1 || (tune.cons1 == 0 && kC1MaxKeys > 0 && p.Nkv <= kC1MaxKeys);
   if (wgmma_choice && D == 256) {
     // D = 256 (session 11): both wgmma choices run the head-dim-256 wgmma kernel
     // (attention_wgmma256.cu; fp8 and 16-bit P·V); tensors no TMA descriptor can address (e.g.
@@ -1002,6 +1015,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     const attn::WgmmaKernel which =
         options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
         : tune.no_turn && tune.cons3              ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
+        : tune.no_turn && one_consumer            ? attn::WgmmaKernel::round3_i2fp_no_turn_c1
         : tune.no_turn                            ? attn::WgmmaKernel::round3_i2fp_no_turn
                                                   : attn::WgmmaKernel::round3;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
@@ -1029,9 +1043,10 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     if (!fp8 && kAutoPv16Ring &&
         attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx), tune.ring_cons))
       return;
-    const attn::WgmmaKernel which = !fp8      ? attn::WgmmaKernel::round1
-                                    : D == 64 ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
-                                              : attn::WgmmaKernel::round3_i2fp_no_turn;
+    const attn::WgmmaKernel which = !fp8           ? attn::WgmmaKernel::round1
+                                    : D == 64      ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
+                                    : one_consumer ? attn::WgmmaKernel::round3_i2fp_no_turn_c1
+                                                   : attn::WgmmaKernel::round3_i2fp_no_turn;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;
   }

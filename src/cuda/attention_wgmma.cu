@@ -537,6 +537,9 @@ constexpr bool kR3I2fp = false;
 // slack before they need tile i - 1 (round 2's 3 stages left one: its consumers' full-barrier
 // wait retried 0.8 times per tile on average, 10 % of all stall samples in run 1's ncu).
 constexpr int kR3Stages = 5;
+// Ring depth of the one-consumer form (kVar bit 12): two of its CTAs share a multiprocessor's
+// 228 KB (106.5 KB each at D = 128).
+constexpr int kR3C1Stages = 3;
 // Head dims up to this issue the next tile's q k^T as soon as this tile's accumulator has been
 // converted, so it runs under the whole softmax (the logits then need their own 64 registers:
 // affordable at D = 64, where O and the P·V buffer are 32 each; at D = 128 it would spill).
@@ -560,18 +563,18 @@ struct R3Maps {
 
 // Shared memory of the round-3 kernel: round 2's layout (Q, then per stage K, V, kc) with
 // kR3Stages stages. 178.5 KB at D = 128.
-// kRows: query rows per CTA (64 per consumer warpgroup).
-template <int D, int kRows = kBM>
+// kRows: query rows per CTA (64 per consumer warpgroup); kStages: the ring's depth.
+template <int D, int kRows = kBM, int kStages = kR3Stages>
 struct R3Smem {
   using R = WgSmem<D, true>;
   static constexpr int kKTile = R::kKTile;
   static constexpr int kVTile = R::kVTile;
   static constexpr int kQ = 0;
   static constexpr int kK = kRows * kRowBytes;
-  static constexpr int kV = kK + kR3Stages * kKTile;
-  static constexpr int kS = kV + kR3Stages * kVTile;
-  static constexpr int kBar = kS + kR3Stages * kBN * 4;           // full[], empty[] (8 B each)
-  static constexpr int kBytes = kBar + 2 * kR3Stages * 8 + 1024;  // + alignment slack
+  static constexpr int kV = kK + kStages * kKTile;
+  static constexpr int kS = kV + kStages * kVTile;
+  static constexpr int kBar = kS + kStages * kBN * 4;           // full[], empty[] (8 B each)
+  static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
 };
 
 // d (64 x 128 s32) = A (64 x 32 s8, shared) · B (128 x 32 s8, shared)^T, d written only.
@@ -688,8 +691,12 @@ __device__ __forceinline__ float logit_i2f(int32_t x) {
     return exact_i2f(x);
 }
 
-// Threads of a round-3 kernel CTA: a producer warpgroup and two consumers (three with kVar bit 7).
-constexpr int r3_threads(int var) { return (var & 128) != 0 ? 512 : kR3Threads; }
+// Threads of a round-3 kernel CTA: a producer warpgroup and two consumers (three with kVar bit 7,
+// one with bit 12), and the CTAs the launch bounds ask per multiprocessor (two with bit 12).
+constexpr int r3_threads(int var) {
+  return (var & 128) != 0 ? 512 : (var & 4096) != 0 ? 256 : kR3Threads;
+}
+constexpr int r3_min_ctas(int var) { return (var & 4096) != 0 ? 2 : 1; }
 
 // Bench-only stamps of a round-3 CTA (AttnParams::trace, kAttnTraceWords words per CTA at its
 // linear block index): word 0 the SM id, 1 %globaltimer (ns) and 2 %clock64 at the CTA's start,
@@ -711,7 +718,7 @@ __device__ __forceinline__ unsigned long long* r3_trace(const AttnParams& p) {
 }
 
 template <int D, typename T16, bool kKcHalf, bool kTma, int kVar = 0>
-__global__ void __launch_bounds__(r3_threads(kVar), 1)
+__global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
     attention_wgmma_r3_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // kVar: bit 1 I2FP for the logits' int32 -> float. (Bits 0, 2, 3, 4, 6: rounds 4 and 5 and
@@ -735,7 +742,15 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // swizzle). (The cp.async producer at 40 / 152: 0.98x of the TMA one in runs 16 and 17; D =
   // 128: 0.92-0.97x in run 21; removed.)
   static_assert(!kC3 || (kNoTurn && kTma && D == 64), "3 consumers: D = 64, no turns, TMA");
-  constexpr int kCons = kC3 ? 3 : 2;  // consumer warpgroups
+  // bit 12 (session 54): one consumer warpgroup (64 query rows per CTA, a 3-stage ring) and two
+  // CTAs per multiprocessor, so that one CTA's pipeline fill (Q and the first q k^T) and drain
+  // (the last P·V, the epilogue) run beside the other's tiles: items of few key tiles pay these
+  // once per 128-row CTA with the tensor cores idle (docs/attention.md "Session 48").
+  constexpr bool kC1 = (kVar & 4096) != 0;
+  static_assert(!kC1 || (kNoTurn && kTma && D == 128 && !kC3),
+                "1 consumer: D = 128, no turns, TMA");
+  constexpr int kStages = kC1 ? kR3C1Stages : kR3Stages;
+  constexpr int kCons = kC3 ? 3 : kC1 ? 1 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   constexpr uint32_t kEmptyCount = kLane0Release ? 4 * kCons : 128 * kCons;  // (bit 11)
   // (bit 8, round 3 at D = 128 at setmaxnreg 24 / 240: 0.99-1.01x in runs 12 and 13, removed)
@@ -751,12 +766,13 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   // tile maximum first): 0.99-1.00x and 0.98-0.99x of auto in run 19, removed)
   // Register split (setmaxnreg): 40 / 232; three consumers 24 / 160 (the launch's 128 x 512
   // registers).
-  constexpr int kProdRegs = kC3 ? 24 : 40;
+  // (kC1: the launch's 128 x 256 registers at two CTAs per multiprocessor: 24 / 232)
+  constexpr int kProdRegs = kC3 || kC1 ? 24 : 40;
   constexpr int kConsRegs = kC3 ? 160 : 232;
-  static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <=
-                             (kC3 ? 128 : 168) * r3_threads(kVar),
-                "register split");
-  using L = R3Smem<D, kRows>;
+  static_assert(
+      128 * kProdRegs + 128 * kCons * kConsRegs <= (kC3 || kC1 ? 128 : 168) * r3_threads(kVar),
+      "register split");
+  using L = R3Smem<D, kRows, kStages>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -765,8 +781,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   const CtaTiles ct = cta_tiles<kRows, kBN>(p);  // causal: long rows first
   const int h = ct.h, b = ct.b, hk = ct.hk, n_tiles = ct.n_tiles;
   const int64_t q0 = ct.q0;
-  const uint32_t full0 = base + L::kBar, empty0 = full0 + kR3Stages * 8;
-  float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kR3Stages][kBN] kc
+  const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
+  float* const skc = reinterpret_cast<float*>(sbase + L::kS);  // [kStages][kBN] kc
 
   if (tid == 0) {
     if (kStamps) {
@@ -779,7 +795,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       tr[3] = static_cast<unsigned long long>(n_tiles);
     }
 #pragma unroll
-    for (int st = 0; st < kR3Stages; ++st) {
+    for (int st = 0; st < kStages; ++st) {
       // every producer thread once its copies landed (TMA: the producer warp's lanes, one of
       // them with the stage's transaction bytes)
       mbar_init(full0 + st * 8, kTma ? 32 : 128);
@@ -798,7 +814,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     mbar_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * D : 0u));
     if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
       // (three consumers: the map's box is 64 rows, one box per consumer)
-      constexpr int kQBox = kC3 ? 64 : kBM;
+      constexpr int kQBox = kC3 || kC1 ? 64 : kBM;
 #pragma unroll
       for (int i = 0; i < kRows / kQBox; ++i) {
         const int r = static_cast<int>(q0) + i * kQBox;
@@ -817,14 +833,14 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
     const ScaleIdx kidx(p.k_layout, p.k_block);
     for (int tile = 0; tile < n_tiles; ++tile) {
-      const int st = tile % kR3Stages;
+      const int st = tile % kStages;
       float ks[kBN / 32];
 #pragma unroll
       for (int i = 0; i < kBN / 32; ++i) {
         const int key = tile * kBN + lane + 32 * i;
         ks[i] = key < ct.nkv ? ksg[static_cast<int64_t>(kidx(key)) * p.ks_ss] : 0.f;
       }
-      if (tile >= kR3Stages) mbar_wait_bounded(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
+      if (tile >= kStages) mbar_wait_bounded(empty0 + st * 8, ((tile / kStages) - 1) & 1);
       const uint32_t bar = full0 + st * 8;
       // The tile's copies go out before this lane's kc are stored (which wait for the k-scale
       // loads above). (Session 26; the order before, kc then the copies with lane 0's arrival,
@@ -853,8 +869,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     const ScaleIdx kidx(p.k_layout, p.k_block);
     float ks_prev = 0.f;
     for (int tile = 0; tile < n_tiles; ++tile) {
-      const int st = tile % kR3Stages;
-      if (tile >= kR3Stages) mbar_wait_bounded(empty0 + st * 8, ((tile / kR3Stages) - 1) & 1);
+      const int st = tile % kStages;
+      if (tile >= kStages) mbar_wait_bounded(empty0 + st * 8, ((tile / kStages) - 1) & 1);
       if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
         const int8_t* qg = p.q + b * p.q_sb + h * p.q_sh;
         for (int c = tid; c < kRows * kChunks; c += 128) {
@@ -903,7 +919,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
       if (tile > 0) {  // the previous tile has landed: its kc, then publish it
         cp_async_wait<1>();
         fence_proxy_async();
-        const int sp = (tile - 1) % kR3Stages;
+        const int sp = (tile - 1) % kStages;
         skc[sp * kBN + tid] = ks_prev * p.scale_log2;
         mbar_arrive(full0 + sp * 8);
       }
@@ -912,7 +928,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
     if (n_tiles > 0) {
       cp_async_wait<0>();
       fence_proxy_async();
-      const int sp = (n_tiles - 1) % kR3Stages;
+      const int sp = (n_tiles - 1) % kStages;
       skc[sp * kBN + tid] = ks_prev * p.scale_log2;
       mbar_arrive(full0 + sp * 8);
     }
@@ -975,8 +991,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   int32_t acc[64];
   // Wait for the stage and the turn, issue tile `tile`'s q k^T into acc, hand the turn over.
   auto issue_qk = [&](int tile) {
-    const int st = tile % kR3Stages;
-    mbar_wait_bounded(full0 + st * 8, (tile / kR3Stages) & 1);
+    const int st = tile % kStages;
+    mbar_wait_bounded(full0 + st * 8, (tile / kStages) & 1);
     const uint64_t dk = k_desc(st);
     if constexpr (!kNoTurn) named_bar_sync(1 + cw, 256);
     wgmma_fence();
@@ -1000,7 +1016,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
   auto step = [&](int tile, auto more_c) {
     constexpr bool kMore = decltype(more_c)::value;
     constexpr bool kEarly = kMore && D <= kR3EarlyQkMaxD && !kC3;  // kC3: no registers for it
-    const int st = tile % kR3Stages;
+    const int st = tile % kStages;
     const int kv0 = tile * kBN;
     const uint64_t dv = v_desc(st);
     // Logits in units of the per-half row scales qa, qb (logit = s * q): general layouts
@@ -1145,9 +1161,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), 1)
 #endif
 }
 
-// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups
-// (see the kernel's kVar); each falls back to the next simpler one (same bits) where its
-// instantiation or producer does not apply.
+// var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups,
+// 4130 (34 | bit 12) on one consumer warpgroup, two CTAs per multiprocessor (see the kernel's
+// kVar); each falls back to the next simpler one (same bits) where its instantiation or producer
+// does not apply.
 template <int D, typename T16>
 void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma round 3)";
@@ -1167,6 +1184,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // map cannot be made) the two-consumer var 34 or round 3 (same bits).
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
   const bool tma64 = D == 64 && kBf16 && kc_half && var == 162;
+  // var 4130 (D = 128, bf16 output, per-half kc, TMA): Q in boxes of 64 rows (one CTA's)
+  const bool c1 = var == 4130 && D == 128 && kBf16 && kc_half;
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
@@ -1194,7 +1213,7 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     // (three consumers, var 162: Q in boxes of 64 rows, one per consumer; the fallbacks below
     // keep var 162 exactly for bf16 output with per-half kc once TMA is on)
     tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
-                 tma64 ? 64u : static_cast<uint32_t>(kBM)) &&
+                 tma64 || c1 ? 64u : static_cast<uint32_t>(kBM)) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
           encode_tiled_map(&maps.v, p.v, 1, 3, vd, vs, vbox, false);
   }
@@ -1204,16 +1223,17 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
   if (var == 162 && !(tma && D == 64)) var = 34;
+  if (var == 4130 && !(c1 && tma)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   // Var 34 at D = 128 (TMA): bit 9 the staged epilogue (p.staged_epilogue; 16-byte aligned
   // output rows), bit 10 the bench's per-CTA stamps (p.trace).
   int extra = 0;
-  if (D == 128 && var == 34) {
+  if (D == 128 && (var == 34 || var == 4130)) {
     const bool aligned = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.o_sn % 8 == 0 &&
                          p.o_sh % 8 == 0 && p.o_sb % 8 == 0;
     if (p.staged_epilogue && aligned) extra |= 512;
     if (p.trace) extra |= 1024;
-    if ((extra & 512) && p.lane0_release) extra |= 2048;  // (the bench's A/B)
+    if ((extra & 512) && p.lane0_release && var == 34) extra |= 2048;  // (the bench's A/B)
   }
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
@@ -1229,6 +1249,13 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if (var == 34 && extra == 1536) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1536>;
       if (var == 34 && extra == 2560) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 2560>;
       if (var == 34 && extra == 3584) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 3584>;
+      if (var == 4130) {
+        k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 512>
+                        : attention_wgmma_r3_kernel<D, T16, true, kT, 4130>;
+        if (extra & 1024)
+          k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 1536>
+                          : attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 1024>;
+      }
     }
     return k;
   };
@@ -1237,16 +1264,23 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   if constexpr (D == 64 && kBf16) {  // three consumers, the TMA producer (var 162)
     if (var == 162) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
   }
-  // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA.
+  // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA; one (var
+  // 4130): 64 rows, two CTAs per multiprocessor (all of its shared memory carved out for them).
   const bool c3 = var == 162;
-  const int rows = c3 ? 192 : kBM;
-  const int bytes = c3 ? R3Smem<D, 192>::kBytes : R3Smem<D>::kBytes;
-  static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024,
+  const int rows = c3 ? 192 : var == 4130 ? 64 : kBM;
+  using C1 = R3Smem<128, 64, kR3C1Stages>;  // (D = 128 only)
+  const int bytes = c3 ? R3Smem<D, 192>::kBytes : var == 4130 ? C1::kBytes : R3Smem<D>::kBytes;
+  static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024 &&
+                    2 * (C1::kBytes + 1024) <= 228 * 1024,
                 "shared memory");
   set_kernel_smem(kernel, bytes, op, "shared memory");
+  if (var == 4130)
+    set_func_attribute(reinterpret_cast<const void*>(kernel),
+                       cudaFuncAttributePreferredSharedMemoryCarveout,
+                       cudaSharedmemCarveoutMaxShared, op, "shared memory carveout");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, rows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
-  kernel<<<grid, c3 ? r3_threads(162) : kR3Threads, bytes, stream>>>(p, maps);
+  kernel<<<grid, r3_threads(var | extra), bytes, stream>>>(p, maps);
   check_launch(op);
 }
 
@@ -1268,6 +1302,7 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
     if (which != WgmmaKernel::round1 && F) {  // (16-bit P·V: round 1 for every choice)
       const int var = which == WgmmaKernel::round3_i2fp_no_turn      ? 34
                       : which == WgmmaKernel::round3_i2fp_no_turn_c3 ? 162
+                      : which == WgmmaKernel::round3_i2fp_no_turn_c1 ? 4130
                                                                      : 0;
       if (out_dtype == DType::bf16)
         launch_r3<Dv, __nv_bfloat16>(p, B, var, stream);

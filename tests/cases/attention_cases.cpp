@@ -856,8 +856,9 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     detail::AttentionCudaTuning c3;
     c3.no_turn = true;
     c3.cons3 = true;
+    c3.cons1 = 2;  // (D = 128: the two-consumer kernel, auto's past kC1MaxKeys keys)
     const detail::AttentionCudaTuning* tune = &c3;
-    const char* tag = "r3c3";
+    const char* tag = "r3c3";  // (tune and tag change for the `.r3c1` cases below)
     auto add = [&](Shape s, O o, DType dt, ScaleLayout ql, int qb, ScaleLayout kl, int kb,
                    bool hnd, bool km, Pattern pat) {
       auto c = std::make_unique<Int8AttentionCase>(s, o, dt, ql, qb, kl, kb, hnd, km, pat, tag);
@@ -931,7 +932,25 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false, Pattern::random);
     };
     add_d128();
-
+    // `.r3c1` (session 54): the same D = 128 set on one consumer warpgroup per CTA (64 query
+    // rows, two CTAs per multiprocessor; tuning no_turn + cons1 1): odd row counts over 1-7
+    // blocks of 64, the 3-stage ring wrapping (1000, 3000 keys), the fallback (k scales per 32
+    // keys: the two-consumer round 3); then auto with cons1 1 and the direct epilogue.
+    detail::AttentionCudaTuning c1;
+    c1.no_turn = true;
+    c1.cons1 = 1;
+    tune = &c1;
+    tag = "r3c1";
+    add_d128();
+    for (auto c : {O::none, O::bottom_right})
+      add(Shape{3, 200, 256, 4, 2, 128}, make_opt(O::fp8, c, O::auto_kernel), DType::bf16,
+          ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, Pattern::random);
+    detail::AttentionCudaTuning c1_direct = c1;
+    c1_direct.epilogue = 1;
+    tune = &c1_direct;
+    add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::bottom_right, O::auto_kernel),
+        DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
+        Pattern::random);
   }
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_r3})
