@@ -803,7 +803,8 @@ class AttentionShortBench : public BenchCase {
             : std::vector<S>{
                   {1, 40, 32760, 512, 128}, {2, 24, 1024, 1024, 128}, {1, 24, 8192, 256, 128},
                   {1, 24, 8192, 1024, 128}, {1, 24, 8192, 2048, 128}, {1, 24, 8192, 4096, 128},
-                  {1, 24, 4608, 4608, 128}, {64, 24, 256, 256, 128},  {16, 24, 1024, 1024, 128}};
+                  {1, 24, 4608, 4608, 128}, {64, 24, 256, 256, 128},  {16, 24, 1024, 1024, 128},
+                  {64, 24, 256, 256, 64},   {2, 24, 1024, 1024, 64},  {1, 24, 4096, 4096, 64}};
     const Device dev = env.device;
     Context ctx = env.ctx;
     for (const S& s : shapes) {
@@ -829,6 +830,8 @@ class AttentionShortBench : public BenchCase {
       double kernel_ms = 0;
       AttentionOptions mma = fp8;
       mma.kernel = AttentionOptions::mma_sync;
+      AttentionOptions f16 = fp8;
+      f16.pv = AttentionOptions::f16;
       // Session 53: q / k norm + rope (NormRope) in the call; keys = queries only (one table).
       const NormRope norm_rope(dev, Nq, D, 55);
       const Prologue nr = norm_rope.on(Prologue{}, true);
@@ -836,38 +839,59 @@ class AttentionShortBench : public BenchCase {
       fp8_nr.q_prologue = fp8_nr.k_prologue = &nr;
       // the kernel, attention(), then (session 52) the portable mma.sync kernel on the same codes
       // and attention() with the short k path off (the k path's two passes); (session 54) the
-      // kernel with one / two consumer warpgroups per CTA forced (tuning cons1)
-      enum Call { kernel, call, mma_sync, k_two_passes, fork_q_off, with_norm_rope, cons1, cons2 };
-      std::vector<Call> calls = {kernel, call, mma_sync, k_two_passes, fork_q_off};
+      // kernel with one consumer warpgroup per CTA (two CTAs an SM) or the kernel of two (D 128)
+      // / three (D 64) forced (tuning cons1), and the 16-bit P·V kernel (auto, and the same two)
+      enum Call {
+        kernel,
+        cons1,
+        cons2,
+        call,
+        mma_sync,
+        k_two_passes,
+        fork_q_off,
+        with_norm_rope,
+        pv16,
+        pv16_cons1,
+        pv16_cons2
+      };
+      std::vector<Call> calls = {kernel, cons1, cons2, call, mma_sync, k_two_passes, fork_q_off};
       if (Nq == Nkv) calls.push_back(with_norm_rope);
-      if (D == 128) calls.insert(calls.begin() + 1, {cons1, cons2});
+      if (D == 128) calls.insert(calls.end(), {pv16, pv16_cons1, pv16_cons2});
       for (const Call c : calls) {
         Row r;
         r.family = "attention";
         r.shape = shape;
         r.backend = device_name(dev);
-        r.op = c == kernel     ? "attention_int8 fp8 PV auto (kernel only)"
-               : c == cons1    ? "attention_int8 fp8 PV, 1 consumer / CTA, 2 CTAs / SM (cons1 1)"
-               : c == cons2    ? "attention_int8 fp8 PV, 2 consumers / CTA (cons1 2)"
-               : c == call     ? "attention() fp8 PV, incl. quantization"
-               : c == mma_sync ? "attention_int8 fp8 PV mma.sync (kernel only)"
-               : c == k_two_passes ? "attention() fp8 PV, short k path off (short_k_tokens 0)"
-               : c == fork_q_off
-                   ? "attention() fp8 PV, q's prologue on the caller's stream (fork_q 1)"
-                   : "attention() fp8 PV, q / k norm + rope";
+        static const char* const kOps[] = {
+            "attention_int8 fp8 PV auto (kernel only)",
+            "attention_int8 fp8 PV, 1 consumer / CTA, 2 CTAs / SM (cons1 1)",
+            "attention_int8 fp8 PV, 2 (D 128) / 3 (D 64) consumers / CTA (cons1 2)",
+            "attention() fp8 PV, incl. quantization",
+            "attention_int8 fp8 PV mma.sync (kernel only)",
+            "attention() fp8 PV, short k path off (short_k_tokens 0)",
+            "attention() fp8 PV, q's prologue on the caller's stream (fork_q 1)",
+            "attention() fp8 PV, q / k norm + rope",
+            "attention_int8 16-bit PV auto (kernel only)",
+            "attention_int8 16-bit PV, 1 consumer / CTA, 2 CTAs / SM (cons1 1)",
+            "attention_int8 16-bit PV, 3 consumers / CTA (cons1 2)"};
+        r.op = kOps[c];
         detail::PrologueCudaTuning t;
         if (c == k_two_passes) t.short_k_tokens = 0;
         detail::set_prologue_cuda_tuning(t);
         detail::AttentionCudaTuning at;
         if (c == fork_q_off) at.fork_q = 1;
-        if (c == cons1 || c == cons2) at.cons1 = c == cons1 ? 1 : 2;
+        if (c == cons1 || c == pv16_cons1) at.cons1 = 1;
+        if (c == cons2 || c == pv16_cons2) at.cons1 = 2;
         detail::set_attention_cuda_tuning(at);
         const bool one_call =
             c == call || c == k_two_passes || c == fork_q_off || c == with_norm_rope;
+        const bool b16 = c == pv16 || c == pv16_cons1 || c == pv16_cons2;
         r.ms = env.time_ms([&] {
           if (one_call)
             attention(q.view, k.view, v.view, out.view, nullptr, c == with_norm_rope ? fp8_nr : fp8,
                       ws.view.data, wb, ctx);
+          else if (b16)
+            attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16, ctx);
           else
             attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr,
                            c == mma_sync ? mma : fp8, ctx);

@@ -57,13 +57,15 @@ struct AttentionCudaTuning {
   // with no_turn on wgmma_r3: three consumer warpgroups (192 rows per CTA) at D = 64 fed by the
   // TMA producer (auto's kernel at D = 64)
   bool cons3 = false;
-  // fp8 P·V at D = 128 (auto, and wgmma_r3 with no_turn): 1 one consumer warpgroup per CTA (64
-  // query rows) and two CTAs per multiprocessor (session 54), 2 two consumers per CTA, 0 the
-  // default (kC1MaxKeys in attention.cu). The same bits.
+  // fp8 P·V at D = 128 and 64 (auto, and wgmma_r3 with no_turn): 1 one consumer warpgroup per CTA
+  // (64 query rows) and two CTAs per multiprocessor (session 54; also the 16-bit P·V ring kernel
+  // at D = 128 unless ring_cons says otherwise), 2 the kernels of two / three consumers per CTA,
+  // 0 the default (kC1MaxKeys, kC1MaxKeysD64, kRingC1MaxKeys in attention.cu). The same bits.
   int cons1 = 0;
   // 16-bit P·V on the TMA-ring kernel (auto / wgmma_r3) at D = 64: 3 forces three consumer
   // warpgroups (192 rows per CTA, the default until session 14), 4 four (256 rows, 112 registers
-  // each; the default since H200 run 48), 0 the default
+  // each; the default since H200 run 48), 0 the default; at D = 128, 1 one consumer per CTA and
+  // two CTAs per multiprocessor (session 54), 3 three consumers (kRingC1MaxKeys in attention.cu)
   int ring_cons = 0;
   // attention(): the q prologue, the k path and V's passes one after another on the caller's
   // stream (before session 21) instead of on side streams beside each other

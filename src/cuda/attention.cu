@@ -893,6 +893,11 @@ constexpr bool kAttnStagedEpilogue = true;
 // reads (each tile feeds 64 rows, not 128) lose: 8192 x 4096 0.5759 -> 0.5946, Flux (1, 24,
 // 4608, 4608) 0.3769 -> 0.3912 (0.96x).
 constexpr int64_t kC1MaxKeys = 2048;
+// The same form at D = 64 (round 3's three-consumer kernel otherwise) and for 16-bit P·V at
+// D = 128 (the TMA-ring kernel's one-consumer instance, attention_wgmma256.cu): where the keys
+// are at most this many (0: never). The same bits.
+constexpr int64_t kC1MaxKeysD64 = 0;
+constexpr int64_t kRingC1MaxKeys = 0;
 
 }  // namespace
 
@@ -986,10 +991,16 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // kernel of attention_wgmma256.cu), at D = 256 both the head-dim-256 kernel; auto_kernel below.
   const bool wgmma_choice =
       options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3;
-  // fp8 P·V at D = 128: one consumer warpgroup per CTA, two CTAs per multiprocessor (tuning
-  // cons1; by default where every item has at most kC1MaxKeys keys).
-  const bool one_consumer =
-      tune.cons1 == 1 || (tune.cons1 == 0 && kC1MaxKeys > 0 && p.Nkv <= kC1MaxKeys);
+  // One consumer warpgroup per CTA, two CTAs per multiprocessor (tuning cons1; by default where
+  // every item has at most kC1MaxKeys / kC1MaxKeysD64 keys): the fp8 P·V kernel at D = 128 / 64,
+  // and (kRingC1MaxKeys) the 16-bit P·V ring kernel at D = 128 (ring_cons 1).
+  auto c1_by_keys = [&](int64_t max_keys) {
+    return tune.cons1 == 1 || (tune.cons1 == 0 && max_keys > 0 && p.Nkv <= max_keys);
+  };
+  const bool one_consumer = c1_by_keys(D == 64 ? kC1MaxKeysD64 : kC1MaxKeys);
+  const int ring_cons = tune.ring_cons != 0                      ? tune.ring_cons
+                        : D == 128 && c1_by_keys(kRingC1MaxKeys) ? 1
+                                                                 : 0;
   if (wgmma_choice && D == 256) {
     // D = 256 (session 11): both wgmma choices run the head-dim-256 wgmma kernel
     // (attention_wgmma256.cu; fp8 and 16-bit P·V); tensors no TMA descriptor can address (e.g.
@@ -1010,7 +1021,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // 16-bit P·V with wgmma_r3: the TMA-ring kernel (session 13; round 1 where no TMA
     // descriptor addresses the tensors).
     if (!fp8 && options.kernel == AttentionOptions::wgmma_r3 &&
-        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx), tune.ring_cons))
+        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx), ring_cons))
       return;
     const attn::WgmmaKernel which =
         options.kernel == AttentionOptions::wgmma ? attn::WgmmaKernel::round1
@@ -1041,11 +1052,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed. Session 9's D = 128 knobs tile_step,
     // pv_split and poly_exp: 0.92-0.97x in runs 24 and 25, removed.)
     if (!fp8 && kAutoPv16Ring &&
-        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx), tune.ring_cons))
+        attn::launch_attention_wgmma_pv16(p, B, D, out.dtype, stream_of(ctx), ring_cons))
       return;
     const attn::WgmmaKernel which = !fp8           ? attn::WgmmaKernel::round1
-                                    : D == 64      ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
                                     : one_consumer ? attn::WgmmaKernel::round3_i2fp_no_turn_c1
+                                    : D == 64      ? attn::WgmmaKernel::round3_i2fp_no_turn_c3
                                                    : attn::WgmmaKernel::round3_i2fp_no_turn;
     attn::launch_attention_wgmma(p, B, D, fp8, out.dtype, which, stream_of(ctx));
     return;

@@ -713,7 +713,8 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
 // sm_90 GPU with the sm_90a build (kAutoPv16Ring in attention.cu), `kernel = wgmma_r3` by name.
 // Returns false without launching when no TMA descriptor addresses the tensors, or D is not 64 /
 // 128. Needs wgmma_attention_available(). cons: the consumer warpgroups at D = 64, 3 or 4 (0: the
-// default, 4; the tuning knob ring_cons).
+// default, 4; the tuning knob ring_cons); at D = 128 1 runs one consumer per CTA and two CTAs per
+// multiprocessor (session 54), else three.
 bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
                                  cudaStream_t stream, int cons = 0);
 

@@ -538,7 +538,7 @@ constexpr bool kR3I2fp = false;
 // wait retried 0.8 times per tile on average, 10 % of all stall samples in run 1's ncu).
 constexpr int kR3Stages = 5;
 // Ring depth of the one-consumer form (kVar bit 12): two of its CTAs share a multiprocessor's
-// 228 KB (106.5 KB each at D = 128).
+// 228 KB (106.5 KB each at D = 128, 82.5 KB at D = 64).
 constexpr int kR3C1Stages = 3;
 // Head dims up to this issue the next tile's q k^T as soon as this tile's accumulator has been
 // converted, so it runs under the whole softmax (the logits then need their own 64 registers:
@@ -747,8 +747,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   // (the last P·V, the epilogue) run beside the other's tiles: items of few key tiles pay these
   // once per 128-row CTA with the tensor cores idle (docs/attention.md "Session 48").
   constexpr bool kC1 = (kVar & 4096) != 0;
-  static_assert(!kC1 || (kNoTurn && kTma && D == 128 && !kC3),
-                "1 consumer: D = 128, no turns, TMA");
+  static_assert(!kC1 || (kNoTurn && kTma && !kC3), "1 consumer: no turns, TMA");
   constexpr int kStages = kC1 ? kR3C1Stages : kR3Stages;
   constexpr int kCons = kC3 ? 3 : kC1 ? 1 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
@@ -1183,9 +1182,9 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // in the 64-byte swizzle (the consumers' descriptors follow), V as at D = 128; else (or if a
   // map cannot be made) the two-consumer var 34 or round 3 (same bits).
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
-  const bool tma64 = D == 64 && kBf16 && kc_half && var == 162;
-  // var 4130 (D = 128, bf16 output, per-half kc, TMA): Q in boxes of 64 rows (one CTA's)
-  const bool c1 = var == 4130 && D == 128 && kBf16 && kc_half;
+  // var 4130 (bf16 output, per-half kc, TMA): Q in boxes of 64 rows (one CTA's)
+  const bool c1 = var == 4130 && kBf16 && kc_half;
+  const bool tma64 = D == 64 && kBf16 && kc_half && (var == 162 || c1);
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
@@ -1261,14 +1260,15 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   };
   auto kernel = tma ? pick(std::integral_constant<bool, D == 128 && kR3Tma>{})
                     : pick(std::false_type{});
-  if constexpr (D == 64 && kBf16) {  // three consumers, the TMA producer (var 162)
+  if constexpr (D == 64 && kBf16) {  // three consumers / one, the TMA producer (var 162 / 4130)
     if (var == 162) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
+    if (var == 4130) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 4130>;
   }
   // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA; one (var
   // 4130): 64 rows, two CTAs per multiprocessor (all of its shared memory carved out for them).
   const bool c3 = var == 162;
   const int rows = c3 ? 192 : var == 4130 ? 64 : kBM;
-  using C1 = R3Smem<128, 64, kR3C1Stages>;  // (D = 128 only)
+  using C1 = R3Smem<D, 64, kR3C1Stages>;
   const int bytes = c3 ? R3Smem<D, 192>::kBytes : var == 4130 ? C1::kBytes : R3Smem<D>::kBytes;
   static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024 &&
                     2 * (C1::kBytes + 1024) <= 228 * 1024,

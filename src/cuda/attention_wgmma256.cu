@@ -80,26 +80,32 @@ constexpr int kProdRegs = 24;   // setmaxnreg of the producer warpgroup
 // (360.4), causal 0.1856 against 0.2026: the default at D = 64 since (launch_attention_wgmma_pv16;
 // the tuning knob ring_cons = 3 forces three). (At 120 registers the launch's 640 x 96 could not
 // cover the consumers' setmaxnreg: the bench's first call hung.)
+// C = 1 (session 54, 16-bit P·V at D = 128 on short items): one consumer warpgroup of 64 rows
+// and two CTAs per multiprocessor (each with half of its shared memory), so that one CTA's
+// pipeline fill and drain run beside the other's stages (attention_wgmma.cu's kVar bit 12).
+constexpr int kSmemMax = 227 * 1024;
 template <int D, int C = (D == 64 ? 4 : D < 256 ? 3 : 2)>
 struct Shape256 {
   static constexpr int kCons = C;
   static constexpr int kRows = 64 * kCons;            // query rows per CTA
   static constexpr int kThreads = 128 * (kCons + 1);  // the producer warpgroup and the consumers
+  static constexpr int kMinCtas = kCons == 1 ? 2 : 1;  // CTAs per multiprocessor (launch bounds)
   // 128 x 24 + (128 kCons) x kConsRegs <= the launch's registers (setmaxnreg moves registers
   // between the CTA's warps: 4 consumers launch at 96 per thread, 640 x 96 = 61440)
-  static constexpr int kConsRegs = kCons == 4 ? 112 : kCons == 3 ? 160 : 240;
-  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;  // 96 / 128 / 168 for 4 / 3 / 2
+  static constexpr int kConsRegs = kCons == 4 ? 112 : kCons == 3 ? 160 : kCons == 2 ? 240 : 232;
+  // 96 / 128 / 168 / 128 for 4 / 3 / 2 / 1
+  static constexpr int kLaunchRegs = 65536 / (kThreads * kMinCtas) / 8 * 8;
   static_assert(128 * kProdRegs + 128 * kCons * kConsRegs <= kThreads * kLaunchRegs,
                 "register split");
+  // shared memory a CTA may take (228 KB a multiprocessor, 1 KB of it reserved per CTA)
+  static constexpr int kSmemBudget = kMinCtas == 1 ? kSmemMax : 228 * 1024 / kMinCtas - 1024;
 };
-
-constexpr int kSmemMax = 227 * 1024;
 
 // Shared memory (bytes from a 1024-aligned base) at head dim D: Q (D / kRowB chunks of 128 rows
 // x kRowB bytes), then per stage K (D / kRowB chunks of 64 rows x kRowB bytes) and V, kc per
 // stage, the full / empty barriers. kRowB: bytes per int8 row of a chunk, 128 (128-byte swizzle)
 // or, at D = 64, 64 (64-byte swizzle).
-template <int D, bool FP8, int kRows = 128>
+template <int D, bool FP8, int kRows = 128, int kBudget = kSmemMax>
 struct Smem256 {
   static_assert(D == 256 || (!FP8 && (D == 64 || D == 128)), "head dim / P·V mode");
   static constexpr int kRowB = D < 128 ? D : 128;
@@ -116,7 +122,7 @@ struct Smem256 {
   static constexpr int kPerStage = kKStage + kVStage + kKeys * 4 + 16;
   // D = 256: fp8 5 stages, 16-bit 4 (what fits); D = 64 / 128 (16-bit): as many as fit, at
   // most 8.
-  static constexpr int kFit = (kSmemMax - kK - 1024) / kPerStage;
+  static constexpr int kFit = (kBudget - kK - 1024) / kPerStage;
   static constexpr int kStages = D == 256 ? (FP8 ? 5 : 4) : (kFit < 8 ? kFit : 8);
   static constexpr int kV = kK + kStages * kKStage;
   static constexpr int kS = kV + kStages * kVStage;
@@ -207,12 +213,12 @@ struct Maps256 {
 };
 
 template <int D, bool FP8, typename T16, bool kKcHalf, int kC>
-__global__ void __launch_bounds__(Shape256<D, kC>::kThreads, 1)
+__global__ void __launch_bounds__(Shape256<D, kC>::kThreads, Shape256<D, kC>::kMinCtas)
     attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Shape256<D, kC>;
   constexpr int kRows = S::kRows;
-  using L = Smem256<D, FP8, kRows>;
+  using L = Smem256<D, FP8, kRows, S::kSmemBudget>;
   constexpr int kStages = L::kStages;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -568,7 +574,8 @@ template <int D, bool FP8, typename T16, int kC = Shape256<D>::kCons>
 bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
   using S = Shape256<D, kC>;
   constexpr int kRows = S::kRows;
-  using L = Smem256<D, FP8, kRows>;
+  using L = Smem256<D, FP8, kRows, S::kSmemBudget>;
+  static_assert(L::kBytes <= S::kSmemBudget, "shared memory");
   const char* op = D == 256 ? "attention_int8 (wgmma, head dim 256)"
                             : "attention_int8 (wgmma TMA ring, 16-bit P·V)";
   constexpr bool kSw64 = L::kRowB == 64;
@@ -597,6 +604,10 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
                            : attention_wgmma256_kernel<D, FP8, T16, false, kC>;
   constexpr int bytes = L::kBytes;
   set_kernel_smem(kernel, bytes, op, "shared memory");
+  if (S::kMinCtas > 1)
+    set_func_attribute(reinterpret_cast<const void*>(kernel),
+                       cudaFuncAttributePreferredSharedMemoryCarveout,
+                       cudaSharedmemCarveoutMaxShared, op, "shared memory carveout");
   const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, kRows)), static_cast<unsigned>(p.Hq),
                   static_cast<unsigned>(B));
   kernel<<<grid, S::kThreads, bytes, stream>>>(p, maps);
@@ -618,6 +629,9 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
 bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
                                  cudaStream_t stream, int cons) {
   using BF = __nv_bfloat16;
+  if (D == 128 && cons == 1)  // one consumer, two CTAs per multiprocessor (session 54)
+    return out_dtype == DType::bf16 ? launch256<128, false, BF, 1>(p, B, stream)
+                                    : launch256<128, false, __half, 1>(p, B, stream);
   if (D == 128)
     return out_dtype == DType::bf16 ? launch256<128, false, BF>(p, B, stream)
                                     : launch256<128, false, __half>(p, B, stream);

@@ -746,22 +746,29 @@ LOWBIT_HARNESS_CASES(attention_cases) {
   }
   // 16-bit P·V, more shapes by name: at D 64 / 128 the TMA-ring kernel (`ring`: three consumer
   // warpgroups, 192-row CTAs, the P·V in flight under the next softmax), at D = 256 the
-  // head-dim-256 kernel (`pv16late`: two consumers, the P·V in flight too): 1-3 row blocks with partial ones, fewer / more keys than rows, GQA, the ring
-  // wrapping (1100, 3000 keys), 3 causal modes, early maxima with per-stage and per-key kc (k
-  // scales per 64 / 32 keys), THREAD_Q/K + K-mean LSE + HND.
-  // `ring3` (session 14): the D = 64 set again on three consumer warpgroups (192-row CTAs; tuning
-  // knob ring_cons = 3; `ring` at D = 64 runs the default four).
-  detail::AttentionCudaTuning cons3;
+  // head-dim-256 kernel (`pv16late`: two consumers, the P·V in flight too): 1-3 row blocks with
+  // partial ones, fewer / more keys than rows, GQA, the ring wrapping (1100, 3000 keys), 3 causal
+  // modes, early maxima with per-stage and per-key kc (k scales per 64 / 32 keys), THREAD_Q/K +
+  // K-mean LSE + HND. `ring3` (session 14): the D = 64 set again on three consumer warpgroups
+  // (192-row CTAs; tuning knob ring_cons = 3; `ring` at D = 64 runs the default four). `ring1`
+  // (session 54): the D = 128 set on one consumer warpgroup per CTA, two CTAs per multiprocessor
+  // (tuning cons1 = 1; `ring` at D = 128 keeps three consumers, cons1 = 2).
+  detail::AttentionCudaTuning cons3, ring1, ring_three;
   cons3.ring_cons = 3;
+  ring1.cons1 = 1;
+  ring_three.cons1 = 2;
   struct RingSet {
     int64_t d;
-    bool three;  // ring_cons = 3
+    int cons;  // 3: ring_cons = 3; 1: cons1 = 1; 0: the default (D = 128: cons1 = 2)
   };
-  for (const RingSet& rs : {RingSet{64, false}, RingSet{128, false}, RingSet{256, false},
-                            RingSet{64, true}}) {
+  for (const RingSet& rs :
+       {RingSet{64, 0}, RingSet{128, 0}, RingSet{256, 0}, RingSet{64, 3}, RingSet{128, 1}}) {
     const int64_t d = rs.d;
-    const bool three = rs.three;
-    const std::string tag = three ? "ring3" : d == 256 ? "pv16late" : "ring";
+    const bool three = rs.cons == 3;
+    const std::string tag = three          ? "ring3"
+                            : rs.cons == 1 ? "ring1"
+                            : d == 256     ? "pv16late"
+                                           : "ring";
     auto add = [&](Shape s, O::Causal c, int kb, Pattern pat, bool thread_layouts) {
       auto k = std::make_unique<Int8AttentionCase>(
           s, make_opt(O::f16, c, O::wgmma_r3), DType::bf16,
@@ -770,6 +777,8 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           thread_layouts ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, thread_layouts,
           thread_layouts, pat, kb == 32 ? tag + ".kblock32" : tag);
       if (three) k->set_tuning(cons3);
+      if (rs.cons == 1) k->set_tuning(ring1);
+      if (rs.cons == 0 && d == 128) k->set_tuning(ring_three);
       cases.push_back(std::move(k));
     };
     for (const Shape& s :
@@ -932,16 +941,17 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           ScaleLayout::per_block, 128, ScaleLayout::per_block, 32, false, false, Pattern::random);
     };
     add_d128();
-    // `.r3c1` (session 54): the same D = 128 set on one consumer warpgroup per CTA (64 query
-    // rows, two CTAs per multiprocessor; tuning no_turn + cons1 1): odd row counts over 1-7
-    // blocks of 64, the 3-stage ring wrapping (1000, 3000 keys), the fallback (k scales per 32
-    // keys: the two-consumer round 3); then auto with cons1 1 and the direct epilogue.
+    // `.r3c1` (session 54): the same D = 128 and D = 64 sets on one consumer warpgroup per CTA
+    // (64 query rows, two CTAs per multiprocessor; tuning no_turn + cons1 1): odd row counts over
+    // 1-7 blocks of 64, the 3-stage ring wrapping (1000 / 1100, 3000 keys), the fallbacks (k
+    // scales per 32 keys, f16 output: round 3); then auto with cons1 1 and the direct epilogue.
     detail::AttentionCudaTuning c1;
     c1.no_turn = true;
     c1.cons1 = 1;
     tune = &c1;
     tag = "r3c1";
     add_d128();
+    add_d64();  // (D = 64: the same consumer with the next q k^T under the softmax)
     for (auto c : {O::none, O::bottom_right})
       add(Shape{3, 200, 256, 4, 2, 128}, make_opt(O::fp8, c, O::auto_kernel), DType::bf16,
           ScaleLayout::per_block, 128, ScaleLayout::per_block, 64, false, false, Pattern::random);
