@@ -896,8 +896,15 @@ constexpr int64_t kC1MaxKeys = 2048;
 // The same form at D = 64 (round 3's three-consumer kernel otherwise) and for 16-bit P·V at
 // D = 128 (the TMA-ring kernel's one-consumer instance, attention_wgmma256.cu): where the keys
 // are at most this many (0: never). The same bits.
-constexpr int64_t kC1MaxKeysD64 = 0;
-constexpr int64_t kRingC1MaxKeys = 0;
+// H100, session 54 (`attention.short`, kernel ms): fp8 P·V at D = 64, three consumers -> one:
+// (64, 24, 256, 256) 0.1874 -> 0.1521 (1.23x), (2, 24, 1024, 1024) 0.0564 -> 0.0483 (1.17x),
+// (1, 24, 4096, 4096) 0.2207 -> 0.2751 (0.80x); 16-bit P·V at D = 128, three consumers (192-row
+// CTAs) -> one: (64, 24, 256, 256) 0.2389 -> 0.1871 (1.28x: 256 rows no longer fill two 192-row
+// blocks), (1, 24, 8192, 256) 0.1110 -> 0.1083, (1, 40, 32760, 512) 0.8809 -> 0.8702, (2, 24,
+// 1024, 1024) 0.0773 -> 0.0651 (fewer waves), but (16, 24, 1024, 1024) 0.4540 -> 0.4514 against
+// the default's 0.4411 and (1, 24, 8192, 1024) 0.2232 -> 0.2385, longer ones 0.85-0.9x.
+constexpr int64_t kC1MaxKeysD64 = 1024;
+constexpr int64_t kRingC1MaxKeys = 512;
 
 }  // namespace
 
