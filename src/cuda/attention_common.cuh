@@ -693,8 +693,9 @@ enum class WgmmaKernel {
   // D = 128) round3_i2fp_no_turn / round 3; bench knob cons3. auto at D = 64 since H200 run 16
   round3_i2fp_no_turn_c3,
   // round3_i2fp_no_turn with one consumer warpgroup (64 query rows per CTA, a 3-stage ring) and
-  // two CTAs per multiprocessor at D = 128 (TMA producer, setmaxnreg 24 / 232); same bits; bf16
-  // output with per-half k scales, else round3_i2fp_no_turn / round 3; tuning knob cons1
+  // two CTAs per multiprocessor at D = 128 and 64 (TMA producer, setmaxnreg 24 / 232); same
+  // bits; bf16 output with per-half k scales, else round3_i2fp_no_turn / round 3; auto up to
+  // kC1MaxKeys / kC1MaxKeysD64 keys (attention.cu), tuning knob cons1
   round3_i2fp_no_turn_c1
 };
 // Launches a wgmma kernel. B batches; D 64 or 128; fp8 or 16-bit P·V; out bf16 or f16 (the
