@@ -784,8 +784,10 @@ double host_ms(const Context& ctx, const std::function<void()>& fn) {
 // query block outside its key tiles (start, first q k^T, epilogue: ~4 us against ~1.4 us a key
 // tile) weighs: Wan's cross-attention (32760 queries, 512 text keys), a short image sequence,
 // 8192 queries over 256..4096 keys, Flux's self-attention, and (session 52) batches of 64 x 256
-// and 16 x 1024 tokens with the one call's pieces. (B, H, Nq, Nkv, D), TOPS = 4 B H
-// Nq Nkv D / time. Rows: the kernel (the baseline), then attention() from bf16 q, k, v against
+// and 16 x 1024 tokens with the one call's pieces; (session 54) D = 64 at 64 x 256, 2 x 1024 and
+// the (1, 24, 4096, 64), the kernels with one consumer per CTA (two CTAs an SM) or the
+// older form forced, and at D = 128 the 16-bit P·V kernel likewise. (B, H, Nq, Nkv, D), TOPS = 4
+// B H Nq Nkv D / time. Rows: the kernel (the baseline), then attention() from bf16 q, k, v against
 // it (what the quantization passes add). (Session 48's persistent form of the kernel, measured
 // with this family, lost: docs/attention.md "Session 48".)
 class AttentionShortBench : public BenchCase {
