@@ -1107,8 +1107,7 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   // Short rows without a mean (session 52): v_short_kernel, where its rows fit shared memory and
   // there are enough heads to fill the GPU.
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  const int64_t min_ctas =
-      tune.short_v_min_ctas > 0 ? tune.short_v_min_ctas : multiprocessor_count();
+  const int64_t min_ctas = knob_or_sms(tune.short_v_min_ctas);
   const size_t short_smem = static_cast<size_t>(N) * (D / 8 + 1) * 16;
   const bool short_v = !mean && vec && D <= 128 && N >= 1 && N <= tune.short_v_tokens &&
                        static_cast<int64_t>(B) * H >= min_ctas && short_smem <= 160 * 1024 &&

@@ -26,6 +26,8 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 
 // Multiprocessor count of the current device (queried, never hard-coded; cached per device).
 int multiprocessor_count();
+// A tuning knob whose 0 (or less) means "the GPU's multiprocessor count".
+inline int knob_or_sms(int knob) { return knob > 0 ? knob : multiprocessor_count(); }
 
 // Host-side queries and settings that are constant per device (and kernel), cached so that an
 // eager call pays them once (session 21: torch.profiler counted ~24 of them per attention() call

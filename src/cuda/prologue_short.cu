@@ -187,7 +187,7 @@ bool short_k_supported(const PrologueArgs& a) {
   if (!aligned16(a.x) || (a.x_sn * 2) % 16 || (a.x_sh * 2) % 16 || (a.x_sb * 2) % 16) return false;
   if (reinterpret_cast<uintptr_t>(a.q) % 8 || a.q_sn % 8 || a.q_sh % 8 || a.q_sb % 8) return false;
   if (!a.mean_out || a.mean != a.mean_out) return false;
-  const int64_t min_ctas = t.short_k_min_ctas > 0 ? t.short_k_min_ctas : multiprocessor_count();
+  const int64_t min_ctas = knob_or_sms(t.short_k_min_ctas);
   if (a.batch * a.heads < min_ctas || a.batch * a.heads > INT32_MAX) return false;
   return short_k_smem(a) <= 160 * 1024;
 }
