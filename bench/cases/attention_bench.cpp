@@ -454,24 +454,27 @@ class AttentionBench : public BenchCase {
           kr8.bytes = static_cast<double>(B * N * H * D) * (1 + 1 + 1 + 2);
           rows.push_back(kr8);
           fp8_kernel_ms = kr8.ms;
-          if (cuda && D == 128) {
+          if (cuda && (D == 128 || D == 64)) {
             // A/B against the default, the same bits: session 26's output rows by 4-byte stores
             // from the registers (tuning epilogue 1; the default stages them through the
             // consumers' Q rows in shared memory); session 27's ring stages released by each
             // consumer warp's lane 0 after __syncwarp (tuning lane0_release; the default: every
-            // consumer thread arrives).
+            // consumer thread arrives); session 54's one consumer warpgroup per 64-row CTA, two
+            // CTAs per multiprocessor (tuning cons1 1; auto's only up to 2048 / 1024 keys).
             synchronize(ctx);
             const std::vector<float> base = to_host_f32(out.view);
-            for (int va = 0; va < 2; ++va) {
+            for (int va = D == 128 ? 0 : 2; va < 3; ++va) {
               detail::AttentionCudaTuning t;
               if (va == 0) t.epilogue = 1;
               if (va == 1) t.lane0_release = true;
+              if (va == 2) t.cons1 = 1;
               detail::set_attention_cuda_tuning(t);
               Row r = kr8;
               r.op = pre + "attention_int8 fp8 PV auto, " +
-                     (va == 0 ? "output rows by 4-byte stores from registers (tuning epilogue 1"
-                              : "stages released by lane 0 after __syncwarp (tuning "
-                                "lane0_release") +
+                     (va == 0   ? "output rows by 4-byte stores from registers (tuning epilogue 1"
+                      : va == 1 ? "stages released by lane 0 after __syncwarp (tuning "
+                                  "lane0_release"
+                                : "1 consumer / 64-row CTA, 2 CTAs / SM (tuning cons1 1") +
                      "; kernel only)" + tag;
               r.ms = env.time_ms([&] {
                 attention_int8(qr, kr, v8.view, &vsv, nullptr, nullptr, out.view, nullptr, fp8,
