@@ -124,9 +124,7 @@ class Int8AttentionCase : public Case {
     if (pattern_ == Pattern::zero_q) n += ".zero_q";
     if (pattern_ == Pattern::const_v) n += ".const_v";
     if (pattern_ == Pattern::early_max) n += ".early_max";
-    // (k scales per block of other than 64 keys, where the tag does not say so already)
-    if (kl_ == ScaleLayout::per_block && kb_ != 64 && tag_.find("kblock") == std::string::npos)
-      n += ".kblock" + std::to_string(kb_);
+    if (kb_ != 64) n += ".kblock" + std::to_string(kb_);  // (k scales per block of kb_ keys)
     if (opt_.kernel == AttentionOptions::mma_sync) n += ".mma_sync";
     if (opt_.kernel == AttentionOptions::wgmma) n += ".wgmma";
     if (opt_.kernel == AttentionOptions::wgmma_r3) n += ".wgmma_r3";
@@ -681,12 +679,12 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         cases.push_back(std::make_unique<Int8AttentionCase>(
             s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
             ScaleLayout::per_block, kb, false, false, Pattern::early_max,
-            kb == 32 ? "auto.kblock32" : "auto"));
+            "auto"));
   for (const Shape& s : {Shape{1, 257, 390, 2, 1, 128}, Shape{1, 333, 129, 2, 1, 64}})
     for (auto c : {O::none, O::bottom_right, O::top_left})
       cases.push_back(std::make_unique<Int8AttentionCase>(
           s, make_opt(O::fp8, c), DType::bf16, ScaleLayout::per_block, 128,
-          ScaleLayout::per_block, 32, false, false, Pattern::random, "auto.kblock32"));
+          ScaleLayout::per_block, 32, false, false, Pattern::random, "auto"));
   // `.wgmma_r3`: round 3 itself (ping-pong turns, exact_i2f logits; auto's kernels are its
   // I2FP-without-turns twins) on the `.auto` set: every shape of the wgmma set and the
   // ring-wrapping ones x 3 causal modes, the diagnostics, folded halves (early maxima) and k
@@ -710,13 +708,12 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         for (int kb : {32, 64})
           cases.push_back(std::make_unique<Int8AttentionCase>(
               s, make_opt(O::fp8, c, r4), DType::bf16, ScaleLayout::per_block, 128,
-              ScaleLayout::per_block, kb, false, false, Pattern::early_max,
-              kb == 32 ? "kblock32" : ""));
+              ScaleLayout::per_block, kb, false, false, Pattern::early_max));
     for (const Shape& s : {Shape{1, 257, 390, 2, 1, 128}, Shape{1, 333, 129, 2, 1, 64}})
       for (auto c : {O::none, O::bottom_right, O::top_left})
         cases.push_back(std::make_unique<Int8AttentionCase>(
             s, make_opt(O::fp8, c, r4), DType::bf16, ScaleLayout::per_block, 128,
-            ScaleLayout::per_block, 32, false, false, Pattern::random, "kblock32"));
+            ScaleLayout::per_block, 32, false, false, Pattern::random));
     // Longer rows (3000 keys: 24 tiles, the ring wraps 4 times; maxima settle, most tiles fold),
     // both head dims, causal bottom-right with 390 rows.
     for (const Shape& s : {Shape{1, 130, 3000, 1, 1, 128}, Shape{1, 390, 3000, 2, 1, 64}})
@@ -741,7 +738,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           cases.push_back(std::make_unique<Int8AttentionCase>(
               s, make_opt(O::f16, c, r4), kb == 32 ? DType::f16 : DType::bf16,
               ScaleLayout::per_block, 128, ScaleLayout::per_block, kb, false, false,
-              Pattern::early_max, kb == 32 ? "kblock32" : ""));
+              Pattern::early_max));
   }
   // 16-bit P·V, more shapes by name: at D 64 / 128 the TMA-ring kernel (`ring`: three consumer
   // warpgroups, 192-row CTAs, the P·V in flight under the next softmax), at D = 256 the
@@ -774,7 +771,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
           thread_layouts ? ScaleLayout::thread_q : ScaleLayout::per_block,
           thread_layouts ? 32 : 128,
           thread_layouts ? ScaleLayout::thread_k : ScaleLayout::per_block, kb, thread_layouts,
-          thread_layouts, pat, kb == 32 ? tag + ".kblock32" : tag);
+          thread_layouts, pat, tag);
       if (three) k->set_tuning(cons3);
       if (rs.cons == 1) k->set_tuning(ring1);
       if (rs.cons == 0 && d == 128) k->set_tuning(ring_three);
@@ -1184,7 +1181,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
             cases.push_back(std::make_unique<Int8AttentionCase>(
                 Shape{1, 130, 1100, 2, 1, 256}, make_opt(pv, c, O::wgmma), DType::bf16,
                 ScaleLayout::per_block, 128, ScaleLayout::per_block, kb, false, false,
-                Pattern::early_max, kb == 32 ? "kblock32" : ""));
+                Pattern::early_max));
           for (auto pat : {Pattern::zero_q, Pattern::const_v})
             cases.push_back(std::make_unique<Int8AttentionCase>(
                 Shape{1, 257, 390, 2, 1, 256}, make_opt(pv, c, O::wgmma), DType::bf16,
