@@ -892,6 +892,9 @@ constexpr bool kAttnStagedEpilogue = true;
 // 0.3555, 8192 x 1024 0.1900 -> 0.1799, 8192 x 2048 0.3199 -> 0.3179; past it the doubled K / V
 // reads (each tile feeds 64 rows, not 128) lose: 8192 x 4096 0.5759 -> 0.5946, Flux (1, 24,
 // 4608, 4608) 0.3769 -> 0.3912 (0.96x).
+// (Session 56: a persistent form with each (batch, kv head)'s key tiles resident in shared memory
+// and two consumers on their own query blocks ran 0.83-0.90x of this one at 256-512 keys:
+// docs/attention.md "Session 56", branch s56-res.)
 constexpr int64_t kC1MaxKeys = 2048;
 // The same form at D = 64 (round 3's three-consumer kernel otherwise) and for 16-bit P·V at
 // D = 128 (the TMA-ring kernel's one-consumer instance, attention_wgmma256.cu): where the keys
