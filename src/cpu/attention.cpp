@@ -440,7 +440,10 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
   const bool smooth_v = fp8 && options.smooth_v;
 
   // The prologue (SPEC §1) quantizes q with sm_scale folded in, and k minus its mean; the kernel
-  // then scales the logits by 1 (the LSE correction included).
+  // then scales the logits by 1 (the LSE correction included). (Session 57: q quantized inside
+  // the one-consumer kernel instead, same bits, lost at Wan's cross-attention, 0.91x: each CTA
+  // then waits for its bf16 q from DRAM before its first q k^T; branch s57-fusedq,
+  // docs/attention.md "Session 57".)
   // The three quantizations write disjoint parts of the workspace: on CUDA V's passes run on a
   // side stream beside the q prologue and the k path (at Flux's (1, 24, 4608, 128) each pass
   // alone leaves much of the memory bandwidth unused); the kernel below waits for both. The bits
