@@ -46,8 +46,13 @@ int64_t qtype_group(QType q, int64_t in_features);
 // rot = min(256, largest power of 4 dividing K) (1 when K == 0). Layers with rot < 16 are not
 // quantized. comfy W4A4 requires K % 256 == 0, so its rot is 256 too.
 int rotation_block(int64_t in_features);
+// The largest layer lowbit takes: each of O and K at most kMaxLayerDim, O x K at most
+// kMaxLayerWeights (a bound on shapes read from files, far past any model's layer).
+constexpr int64_t kMaxLayerDim = (int64_t{1} << 31) - 1;
+constexpr int64_t kMaxLayerWeights = int64_t{1} << 40;
 // SPEC §3.2 rules: K % 16 == 0, O % 8 == 0 (convrot4: both % 16), rot >= 16; comfy W4A4:
-// K % 256 == 0. When false and why_not is given, *why_not says which rule failed.
+// K % 256 == 0; and the size bound above. When false and why_not is given, *why_not says which
+// rule failed.
 bool can_quantize(QType q, int64_t out_features, int64_t in_features, std::string* why_not);
 
 // ---- rotation (SPEC §3.1) -----------------------------------------------------------------------
@@ -149,6 +154,11 @@ class PackedWeight {
 // An empty (zero-filled) packed weight of the right sizes for (q, O, K); throws when
 // can_quantize says no.
 PackedWeight make_packed_weight(QType q, int64_t out_features, int64_t in_features);
+// The parts such a weight stores, as PackedWeight::tensors() names them, with their dtypes and
+// shapes and no data (data == nullptr): nothing is allocated, so a shape read from a file can be
+// checked against the file's tensors first. Throws when can_quantize says no.
+std::vector<std::pair<std::string, TensorView>> packed_weight_parts(QType q, int64_t out_features,
+                                                                    int64_t in_features);
 
 // Rotates w by rotation_block(K), then quantizes and packs it (SPEC §3.2-3.4). Host only.
 //   w: (O, K) f32/bf16/f16 on the CPU, innermost contiguous, row stride free

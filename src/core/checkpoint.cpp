@@ -346,8 +346,7 @@ PackedWeight load_quantized_layer(const SafetensorsReader& file, const LayerMark
   }
   QType q = parse_qtype(m.qtype);
   const auto [o, k] = layer_shape(op, file, m);
-  PackedWeight shape_of = make_packed_weight(q, o, k);
-  for (const auto& p : shape_of.tensors()) {
+  for (const auto& p : packed_weight_parts(q, o, k)) {
     const TensorInfo& t = need(part_name(m.prefix, p.first));
     parts.emplace_back(p.first, host_view(t, keep));
     // Stored packed parts are U8 bytes; hand them back in the part's own dtype and shape.
@@ -699,7 +698,7 @@ DequantizeReport dequantize_checkpoint(const std::string& in, const std::string&
     for (const LayerMarker& m : find_layer_markers(readers[fi])) {
       // The shapes only (each layer's parts are loaded and validated when it is written).
       const auto [o, k] = layer_shape(op, readers[fi], m);
-      const PackedWeight pw = make_packed_weight(parse_qtype(m.qtype), o, k);
+      const auto parts = packed_weight_parts(parse_qtype(m.qtype), o, k);
       Layer l{m, fi, o, k, opt.dtype};
       if (opt.source_dtype) {
         const nlohmann::json j = nlohmann::json::parse(m.json, nullptr, false);
@@ -710,7 +709,7 @@ DequantizeReport dequantize_checkpoint(const std::string& in, const std::string&
           l.dtype = d;
       }
       std::vector<std::string> names;
-      for (const auto& part : pw.tensors())
+      for (const auto& part : parts)
         names.push_back(m.format == "comfy" ? (part.first == "codes" ? m.prefix + "weight"
                                                                      : m.prefix + "weight_scale")
                                             : part_name(m.prefix, part.first));

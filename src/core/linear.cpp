@@ -83,6 +83,11 @@ bool can_quantize(QType q, int64_t out_features, int64_t in_features, std::strin
   const std::string shape = " (out_features " + std::to_string(out_features) + ", in_features " +
                             std::to_string(in_features) + ")";
   if (out_features <= 0 || in_features <= 0) return no("empty layer" + shape);
+  // Far past any model's layer; keeps O x K and every part's byte count well inside int64, so a
+  // shape read from an untrusted file can neither overflow a size nor ask for absurd memory.
+  if (out_features > kMaxLayerDim || in_features > kMaxLayerDim ||
+      out_features > kMaxLayerWeights / in_features)
+    return no("layer too large: at most 2^31 - 1 features each way and 2^40 weights" + shape);
   if (in_features % 16 != 0) return no("in_features must be a multiple of 16" + shape);
   if (q == QType::convrot4) {
     if (out_features % 16 != 0) return no("NVFP4 needs out_features a multiple of 16" + shape);
@@ -213,6 +218,15 @@ void check_packed_view(const char* op, const PackedWeightView& w) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, TensorView>> packed_weight_parts(QType q, int64_t out_features,
+                                                                    int64_t in_features) {
+  check_quantizable("packed_weight_parts", q, out_features, in_features);
+  std::vector<std::pair<std::string, TensorView>> out;
+  for (const Part& p : packed_parts(q, out_features, in_features))
+    out.emplace_back(p.name, view_of(nullptr, p, Device::cpu, 0));
+  return out;
+}
 
 PackedWeight make_packed_weight(QType q, int64_t out_features, int64_t in_features) {
   check_quantizable("make_packed_weight", q, out_features, in_features);

@@ -225,7 +225,7 @@ __attribute__((target("f16c"))) void halves_f16c(const uint16_t* h, int n, float
 #endif
 void halves_to_f32(const uint16_t* h, int n, float* out) {
 #ifdef LOWBIT_AVX2
-  static const bool f16c = __builtin_cpu_supports("f16c");
+  static const bool f16c = has_f16c();
   if (f16c && rows::avx2_on()) return halves_f16c(h, n, out);
 #endif
   for (int i = 0; i < n; ++i) out[i] = dt::f16_to_f32(h[i]);

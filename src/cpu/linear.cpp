@@ -711,7 +711,7 @@ bool fp8_blocked_available() {
 // fp8_blocked_available and F16C (fp8_gemv_avx2's decode).
 bool fp8_gemv_available() {
 #ifdef LOWBIT_AVX2
-  static const bool f16c = __builtin_cpu_supports("f16c");
+  static const bool f16c = has_f16c();
   return f16c && fp8_blocked_available();
 #else
   return false;

@@ -103,7 +103,7 @@ LOWBIT_AVX2_F16C int64_t store_bf16_avx2(const float* src, int64_t K, uint16_t* 
   return i;
 }
 bool has_f16c_path() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool has = __builtin_cpu_supports("avx2") && has_f16c();
   return has && !g_force_scalar;
 }
 

@@ -16,10 +16,18 @@
 #pragma GCC diagnostic pop
 #endif
 
+#include <cpuid.h>
+
 #include <cstdint>
 
 namespace lowbit {
 namespace cpu {
+// F16C (CPUID leaf 1, ECX bit 29) read directly: Clang before 16 rejects "f16c" in
+// __builtin_cpu_supports. Callers pair it with an AVX2 check, which covers the OS's AVX state.
+inline bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
 // The byte mask of the first min(n, 64) lanes of a 64-byte vector (a row's tail, n >= 0).
 inline __mmask64 tail_mask(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
 // The (wrapping) sum of a vector's eight int32 lanes, on AVX2.

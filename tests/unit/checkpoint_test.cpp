@@ -725,6 +725,66 @@ TEST(DequantizeCheckpoint, ShardsAndABrokenLayerLeaveNothing) {
   EXPECT_EQ(list_dir(dir).size(), 4u);  // in, q, d, q1.safetensors
 }
 
+// A marker is untrusted text: a layer shape it claims must be checked against the tensors the
+// file holds before anything is sized by it. Each claim below once reached an allocation of the
+// claimed size (256 GiB and more: std::bad_alloc or the OOM killer, not an Error) or, multiplied,
+// wrapped around int64; now each is an Error naming the part's element count or the size rule.
+TEST(LoadQuantizedLayer, MarkerShapesBeyondTheFileAreErrors) {
+  std::string dir = tmp_dir("marker");
+  const std::string in = dir + "/in.safetensors", q = dir + "/q.safetensors";
+  write_file(in, {f32_tensor("l.weight", {16, 256}, 11)});
+  Context ctx;
+  quantize_checkpoint(in, q, QType::convrot8, {}, ctx);
+  std::vector<Src> parts;
+  nlohmann::json marker;
+  {
+    SafetensorsReader r(q);
+    for (const auto& t : r.tensors()) {
+      std::vector<uint8_t> b(r.data(t), r.data(t) + t.nbytes());
+      if (t.name == "l.lowbit_quant")
+        marker = nlohmann::json::parse(std::string(b.begin(), b.end()));
+      else
+        parts.push_back({t.name, t.dtype, t.shape, b});
+    }
+    // The untouched file loads (the baseline of the cases below).
+    const auto markers = find_layer_markers(r);
+    ASSERT_EQ(markers.size(), 1u);
+    EXPECT_EQ(load_quantized_layer(r, markers[0]).out_features(), 16);
+  }
+  struct Claim {
+    int64_t o, k;
+    const char* says;
+  };
+  const Claim claims[] = {
+      {int64_t{1} << 22, int64_t{1} << 16, "codes: element count"},  // passes can_quantize
+      {int64_t{1} << 30, int64_t{1} << 16, "layer too large"},
+      {int64_t{1} << 60, int64_t{1} << 20, "layer too large"},  // O x K wraps int64
+      {16, (int64_t{1} << 31) + 256, "layer too large"},
+  };
+  for (const Claim& c : claims) {
+    nlohmann::json m = marker;
+    m["out_features"] = c.o;
+    m["in_features"] = c.k;
+    m["group"] = c.k;  // convrot8's group is K
+    const std::string text = m.dump();
+    std::vector<Src> file = parts;
+    file.push_back({"l.lowbit_quant",
+                    FileDType::u8,
+                    {static_cast<int64_t>(text.size())},
+                    std::vector<uint8_t>(text.begin(), text.end())});
+    const std::string bad = dir + "/bad.safetensors";
+    write_file(bad, file);
+    SafetensorsReader r(bad);
+    const auto markers = find_layer_markers(r);
+    ASSERT_EQ(markers.size(), 1u);
+    std::string msg = error_of([&] { load_quantized_layer(r, markers[0]); });
+    EXPECT_NE(msg.find(c.says), std::string::npos) << c.o << " x " << c.k << ": " << msg;
+    msg = error_of([&] { dequantize_checkpoint(bad, dir + "/d.safetensors", {}, ctx); });
+    EXPECT_NE(msg, "(no error)") << c.o << " x " << c.k;
+  }
+  EXPECT_EQ(list_dir(dir).size(), 3u);  // in, q, bad: no dequantized output
+}
+
 // Real weights (tests/data/minilm_slice.safetensors, see its README): every qtype quantizes the
 // three linear slices; the weight error shrinks as bits grow, and convrot8 stays near 1 %.
 TEST(QuantizeCheckpoint, MiniLMWeightErrorPerQType) {
