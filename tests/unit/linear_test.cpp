@@ -184,6 +184,29 @@ TEST(LinearQType, CanQuantizeRules) {
   EXPECT_FALSE(can_quantize(QType::convrot_comfy_w4a4, 8, 64, &why));
   EXPECT_TRUE(can_quantize(QType::convrot_comfy_w4a4, 8, 512, &why));
   EXPECT_FALSE(can_quantize(QType::convrot8, 0, 64, nullptr));
+  // The size bound (shapes read from files): 2^40 weights pass, one more row of 8 does not; each
+  // side at most 2^31 - 1; products that would wrap int64 are refused, not computed.
+  EXPECT_TRUE(can_quantize(QType::convrot8, int64_t{1} << 24, int64_t{1} << 16, &why)) << why;
+  EXPECT_FALSE(can_quantize(QType::convrot8, (int64_t{1} << 24) + 8, int64_t{1} << 16, &why));
+  EXPECT_NE(why.find("layer too large"), std::string::npos) << why;
+  EXPECT_FALSE(can_quantize(QType::convrot8, 8, (int64_t{1} << 31) + 256, &why));
+  EXPECT_FALSE(can_quantize(QType::convrot8, int64_t{1} << 62, int64_t{1} << 20, &why));
+  EXPECT_NE(why.find("layer too large"), std::string::npos) << why;
+  // packed_weight_parts names the parts of tensors() with their shapes, allocating nothing.
+  const auto parts = packed_weight_parts(QType::convrot_int4, int64_t{1} << 24, int64_t{1} << 16);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[0].first, "codes");
+  EXPECT_EQ(parts[0].second.data, nullptr);
+  EXPECT_EQ(parts[0].second.numel(), (int64_t{1} << 24) * (int64_t{1} << 15));
+  const auto small = make_packed_weight(QType::convrot_int4, 16, 256).tensors();
+  const auto small_parts = packed_weight_parts(QType::convrot_int4, 16, 256);
+  ASSERT_EQ(small.size(), small_parts.size());
+  for (size_t i = 0; i < small.size(); ++i) {
+    EXPECT_EQ(small[i].first, small_parts[i].first);
+    EXPECT_EQ(small[i].second.dtype, small_parts[i].second.dtype);
+    EXPECT_EQ(small[i].second.describe(), small_parts[i].second.describe());
+  }
+  EXPECT_THROW(packed_weight_parts(QType::convrot8, 12, 64), Error);
 }
 
 // ---- packing rules (hand-computed bytes)
