@@ -49,7 +49,7 @@ class StreamBuffer {
 #endif
   void* data_ = nullptr;
   Device device_ = Device::cpu;
-  void* stream_ = nullptr;
+  [[maybe_unused]] void* stream_ = nullptr;  // used by the CUDA build only
 };
 
 }  // namespace detail
