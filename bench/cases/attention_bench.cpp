@@ -857,13 +857,15 @@ class AttentionShortBench : public BenchCase {
         fork_q_off,
         q_pass,
         q_blocks_outer,
+        q_prefetch,
         with_norm_rope,
         pv16,
         pv16_cons1,
         pv16_cons2
       };
-      std::vector<Call> calls = {kernel,   cons1,        cons1_heads_inner, cons2,  call,
-                                 mma_sync, k_two_passes, fork_q_off,        q_pass, q_blocks_outer};
+      std::vector<Call> calls = {kernel, cons1,          cons1_heads_inner, cons2,
+                                 call,   mma_sync,       k_two_passes,      fork_q_off,
+                                 q_pass, q_blocks_outer, q_prefetch};
       if (Nq == Nkv) calls.push_back(with_norm_rope);
       if (D == 128) calls.insert(calls.end(), {pv16, pv16_cons1, pv16_cons2});
       for (const Call c : calls) {
@@ -882,6 +884,7 @@ class AttentionShortBench : public BenchCase {
             "attention() fp8 PV, q's prologue on the caller's stream (fork_q 1)",
             "attention() fp8 PV, q by its own pass, not in the kernel (fused_q 1)",
             "attention() fp8 PV, q in the kernel, grid's query blocks fastest (fused_q 3)",
+            "attention() fp8 PV, q in the kernel, the next CTAs' q into L2 (fused_q 4)",
             "attention() fp8 PV, q / k norm + rope",
             "attention_int8 16-bit PV auto (kernel only)",
             "attention_int8 16-bit PV, 1 consumer / CTA, 2 CTAs / SM (cons1 1)",
@@ -894,12 +897,13 @@ class AttentionShortBench : public BenchCase {
         if (c == fork_q_off) at.fork_q = 1;
         if (c == q_pass) at.fused_q = 1;
         if (c == q_blocks_outer) at.fused_q = 3;
+        if (c == q_prefetch) at.fused_q = 4;
         if (c == cons1 || c == pv16_cons1 || c == cons1_heads_inner) at.cons1 = 1;
         if (c == cons1_heads_inner) at.heads_inner = true;
         if (c == cons2 || c == pv16_cons2) at.cons1 = 2;
         detail::set_attention_cuda_tuning(at);
         const bool one_call = c == call || c == k_two_passes || c == fork_q_off || c == q_pass ||
-                              c == q_blocks_outer || c == with_norm_rope;
+                              c == q_blocks_outer || c == q_prefetch || c == with_norm_rope;
         const bool b16 = c == pv16 || c == pv16_cons1 || c == pv16_cons2;
         r.ms = env.time_ms([&] {
           if (one_call)

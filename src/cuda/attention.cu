@@ -1147,6 +1147,7 @@ bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps
   p.q16_sm_scale = q_sm_scale;
   p.q16_eps = q_scale_eps;
   p.heads_inner = detail::attention_cuda_tuning().fused_q != 3;
+  if (detail::attention_cuda_tuning().fused_q == 4) p.q16_ahead = 2 * multiprocessor_count();
   return attn::launch_attention_wgmma_q16(p, static_cast<int>(q.shape[0]), stream_of(ctx));
 }
 
