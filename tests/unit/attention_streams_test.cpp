@@ -734,6 +734,7 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
       {1, 100, 512, 4, 1, C::bottom_right, true, true, 0.3f, 1e-7f, false, 0, true},
       {2, 1000, 512, 6, 3, C::none, false, false, 0.f, 0.f, false, 0, true},
       {2, 1000, 512, 6, 3, C::none, true, true, 0.f, 1e-7f, false, 3, true},
+      {2, 1000, 512, 6, 3, C::none, true, false, 0.f, 1e-7f, true, 4, true},
       {1, 333, 2048, 2, 2, C::top_left, true, false, 0.f, 1e-7f, true, 0, true},
       {1, 130, 300, 2, 2, C::bottom_right, true, true, 0.f, 1e-7f, true, 0, true},
       {1, 200, 128, 2, 2, C::none, true, false, -0.5f, 1e-7f, false, 0, true},
