@@ -849,17 +849,23 @@ class AttentionShortBench : public BenchCase {
       enum Call {
         kernel,
         cons1,
+        cons1_heads_inner,
         cons2,
         call,
         mma_sync,
         k_two_passes,
         fork_q_off,
+        q_pass,
+        q_blocks_outer,
+        q_prefetch,
         with_norm_rope,
         pv16,
         pv16_cons1,
         pv16_cons2
       };
-      std::vector<Call> calls = {kernel, cons1, cons2, call, mma_sync, k_two_passes, fork_q_off};
+      std::vector<Call> calls = {kernel, cons1,          cons1_heads_inner, cons2,
+                                 call,   mma_sync,       k_two_passes,      fork_q_off,
+                                 q_pass, q_blocks_outer, q_prefetch};
       if (Nq == Nkv) calls.push_back(with_norm_rope);
       if (D == 128) calls.insert(calls.end(), {pv16, pv16_cons1, pv16_cons2});
       for (const Call c : calls) {
@@ -870,11 +876,15 @@ class AttentionShortBench : public BenchCase {
         static const char* const kOps[] = {
             "attention_int8 fp8 PV auto (kernel only)",
             "attention_int8 fp8 PV, 1 consumer / CTA, 2 CTAs / SM (cons1 1)",
+            "attention_int8 fp8 PV, 1 consumer / CTA, heads fastest in the grid (heads_inner)",
             "attention_int8 fp8 PV, 2 (D 128) / 3 (D 64) consumers / CTA (cons1 2)",
             "attention() fp8 PV, incl. quantization",
             "attention_int8 fp8 PV mma.sync (kernel only)",
             "attention() fp8 PV, short k path off (short_k_tokens 0)",
             "attention() fp8 PV, q's prologue on the caller's stream (fork_q 1)",
+            "attention() fp8 PV, q by its own pass, not in the kernel (fused_q 1)",
+            "attention() fp8 PV, q in the kernel, grid's query blocks fastest (fused_q 3)",
+            "attention() fp8 PV, q in the kernel, the next CTAs' q into L2 (fused_q 4)",
             "attention() fp8 PV, q / k norm + rope",
             "attention_int8 16-bit PV auto (kernel only)",
             "attention_int8 16-bit PV, 1 consumer / CTA, 2 CTAs / SM (cons1 1)",
@@ -885,11 +895,15 @@ class AttentionShortBench : public BenchCase {
         detail::set_prologue_cuda_tuning(t);
         detail::AttentionCudaTuning at;
         if (c == fork_q_off) at.fork_q = 1;
-        if (c == cons1 || c == pv16_cons1) at.cons1 = 1;
+        if (c == q_pass) at.fused_q = 1;
+        if (c == q_blocks_outer) at.fused_q = 3;
+        if (c == q_prefetch) at.fused_q = 4;
+        if (c == cons1 || c == pv16_cons1 || c == cons1_heads_inner) at.cons1 = 1;
+        if (c == cons1_heads_inner) at.heads_inner = true;
         if (c == cons2 || c == pv16_cons2) at.cons1 = 2;
         detail::set_attention_cuda_tuning(at);
-        const bool one_call =
-            c == call || c == k_two_passes || c == fork_q_off || c == with_norm_rope;
+        const bool one_call = c == call || c == k_two_passes || c == fork_q_off || c == q_pass ||
+                              c == q_blocks_outer || c == q_prefetch || c == with_norm_rope;
         const bool b16 = c == pv16 || c == pv16_cons1 || c == pv16_cons2;
         r.ms = env.time_ms([&] {
           if (one_call)

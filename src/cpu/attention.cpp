@@ -464,25 +464,38 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
   // Session 52: q's prologue on a second side stream too (tuning fork_q: 1 off, 2 on; 0 the
   // default below), so that q, k and V each stream beside the others.
   const int fork_q_knob = detail::attention_cuda_tuning().fork_q;
-  const bool fork_q = fork_v && (fork_q_knob == 0 ? kForkQ : fork_q_knob == 2);
-  detail::StreamFork fork(ctx, dev, fork_v ? (fork_q ? 2 : 1) : 0,
-                          !detail::attention_cuda_tuning().serial_passes, op);
-  Context& q_ctx = fork_q ? fork.side(1) : ctx;
   Prologue qp;
   take_norm_rope(options.q_prologue, qp);
   qp.sm_scale = sm;
   qp.layout = qr.layout;
   qp.block = qr.block;
-  // (weight_rows checked above: the prologue calls do not read them back again)
-  // (a padded varlen batch in place: each item's rows from its packed row, its own count. Its
-  // rows past the count get no codes, so they are zeroed first: the kernel then sees zero rows
-  // there, as a lone call's tile sees past its Nq (TMA's zero fill), and gives the same bits; rows
-  // of stale codes with a real group scale would steer the fp8 kernel's per-tile fold vote.)
-  if (items && items->q_rows)
-    device_memset(qr.data.data, 0, static_cast<size_t>(B * Nq * Hq * D), q_ctx);
-  detail::norm_rope_quantize_rows_checked(q, qp, qr.data, qr.scale, q_ctx,
-                                          items && items->q_rows ? items->q_lens : nullptr,
-                                          items ? items->q_rows : nullptr);
+  // Session 57: on CUDA, where the keys are few (the fp8 kernel on one consumer warpgroup), q
+  // without norm or rope is quantized inside the attention kernel (the q pass's codes and scales,
+  // never written to memory): at Wan's cross-attention the pass moved more bytes than the kernel.
+  // Where that kernel turns out not to apply after all (no TMA descriptor), the pass runs below.
+  bool q_in_kernel = false;
+#ifdef LOWBIT_WITH_CUDA
+  q_in_kernel = dev == Device::cuda && !items && !qp.norm_weight && !qp.rope &&
+                cuda::attention_q16_applies(q, k, out, options);
+#endif
+  const bool fork_q = fork_v && !q_in_kernel && (fork_q_knob == 0 ? kForkQ : fork_q_knob == 2);
+  detail::StreamFork fork(ctx, dev, fork_v ? (fork_q ? 2 : 1) : 0,
+                          !detail::attention_cuda_tuning().serial_passes, op);
+  Context& q_ctx = fork_q ? fork.side(1) : ctx;
+  auto q_pass = [&](Context& c) {
+    // (weight_rows checked above: the prologue calls do not read them back again)
+    // (a padded varlen batch in place: each item's rows from its packed row, its own count. Its
+    // rows past the count get no codes, so they are zeroed first: the kernel then sees zero
+    // rows there, as a lone call's tile sees past its Nq (TMA's zero fill), and gives the same
+    // bits; rows of stale codes with a real group scale would steer the fp8 kernel's per-tile
+    // fold vote.)
+    if (items && items->q_rows)
+      device_memset(qr.data.data, 0, static_cast<size_t>(B * Nq * Hq * D), c);
+    detail::norm_rope_quantize_rows_checked(q, qp, qr.data, qr.scale, c,
+                                            items && items->q_rows ? items->q_lens : nullptr,
+                                            items ? items->q_rows : nullptr);
+  };
+  if (!q_in_kernel) q_pass(q_ctx);
   if (fp8)
     quantize_v_fp8_items(v, vfp8, vscale, smooth_v ? &vmean : nullptr, fork.side(0),
                          items ? items->v_rows : nullptr,
@@ -506,6 +519,14 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
   fork.join();
   AttentionOptions inner = options;
   inner.sm_scale = 1.f;
+#ifdef LOWBIT_WITH_CUDA
+  if (q_in_kernel &&
+      cuda::attention_int8_q16(q, qp.sm_scale, qp.scale_eps, kr, vfp8, vscale,
+                               smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr, out,
+                               lse_out, inner, ctx))
+    return;
+#endif
+  if (q_in_kernel) q_pass(ctx);
   attention_int8_items(qr, kr, fp8 ? vfp8 : v, fp8 ? &vscale : nullptr, smooth_v ? &vmean : nullptr,
                        smooth_k ? &kmean : nullptr, out, lse_out, inner, ctx, items);
 }

@@ -30,6 +30,19 @@ namespace cpu {
 namespace cuda {
 #include "src/cpu/attention_backend_api.inc"  // NOLINT(build/include)
 
+// attention()'s q quantized inside the attention kernel (src/cuda/attention.cu; session 57):
+// whether the call takes that form (bf16 q and out, fp8 P·V, auto kernel, D = 128, the keys
+// within the one-consumer kernel's range, q 16-byte aligned with strides of multiples of 8,
+// an sm_90a GPU; tuning fused_q), and the kernel itself on the raw q with the pass's sm_scale
+// and scale_eps (k, V, their scales and means from the call's passes; options with sm_scale 1).
+// attention_int8_q16 returns false, launching nothing, where the kernel does not apply after all.
+bool attention_q16_applies(const TensorView& q, const TensorView& k, const TensorView& out,
+                           const AttentionOptions& options);
+bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps,
+                        const QuantizedRows& k, const TensorView& v, const TensorView& v_scale,
+                        const TensorView* v_mean, const TensorView* k_mean, TensorView out,
+                        TensorView* lse_out, const AttentionOptions& options, Context& ctx);
+
 // attention_varlen's padded buckets (src/cuda/varlen.cu; session 51). A bucket of up to
 // kVarlenMaxItems sequences: item b's rows start at packed row start[b] and number len[b].
 constexpr int kVarlenMaxItems = 64;
@@ -103,6 +116,14 @@ struct AttentionCudaTuning {
   // attention() (session 52): q's prologue on a second side stream beside the k path and V's
   // passes where V forks: 1 off, 2 on, 0 the default (kForkQ in src/cpu/attention.cpp).
   int fork_q = 0;
+  // attention()'s q quantized inside the fp8 one-consumer kernel (session 57): 0 the default
+  // (where the kernel runs by the key count), 1 off (q's own pass), 2 on (also past it: the
+  // one-consumer kernel at any key count), 3 on by the key count with the grid's query blocks
+  // fastest (the heads fastest otherwise)
+  int fused_q = 0;
+  // the fp8 one-consumer kernel on codes (session 57's A/B): its non-causal grid with the heads
+  // fastest
+  bool heads_inner = false;
 };
 constexpr int kAttentionTraceWords = 16;
 void set_attention_cuda_tuning(const AttentionCudaTuning& t);

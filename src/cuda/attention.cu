@@ -911,19 +911,15 @@ constexpr int64_t kRingC1MaxKeys = 512;
 
 }  // namespace
 
-void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
-                    const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
-                    TensorView out, TensorView* lse_out, float sm_scale,
-                    const AttentionOptions& options, Context& ctx,
-                    const detail::VarlenItems* items) {
+namespace {
+
+// The kernels' parameters of attention_int8 (attention_int8_q16: q's codes and scales unread).
+AttnParams attn_params(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
+                       const TensorView* v_scale, const TensorView* v_mean,
+                       const TensorView* k_mean, const TensorView& out, const TensorView* lse_out,
+                       float sm_scale, const AttentionOptions& options,
+                       const detail::VarlenItems* items) {
   const bool fp8 = options.pv == AttentionOptions::fp8;
-  if (fp8) {
-    const std::string missing = fp8_mma_missing();
-    if (!missing.empty())
-      throw Error("attention_int8", "options.pv",
-                  "fp8 PV: expected an sm_89+ GPU and device code for it "
-                  "(CMAKE_CUDA_ARCHITECTURES), got " + missing);
-  }
   AttnParams p{};
   p.q = q.data.ptr<const int8_t>();
   p.q_sb = q.data.stride[0];
@@ -979,7 +975,6 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   }
   p.sm_scale = sm_scale;
   p.scale_log2 = sm_scale * kLog2e;
-  const int B = static_cast<int>(q.data.shape[0]);
   const int D = static_cast<int>(q.data.shape[3]);
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   {
@@ -994,7 +989,32 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   p.trace = tune.trace;
   p.staged_epilogue = tune.epilogue == 0 ? kAttnStagedEpilogue : tune.epilogue == 2;
   p.lane0_release = tune.lane0_release;
+  p.heads_inner = tune.heads_inner;
   static_assert(attn::kAttnTraceWords == detail::kAttentionTraceWords, "trace layout");
+  return p;
+}
+
+}  // namespace
+
+void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const TensorView& v,
+                    const TensorView* v_scale, const TensorView* v_mean, const TensorView* k_mean,
+                    TensorView out, TensorView* lse_out, float sm_scale,
+                    const AttentionOptions& options, Context& ctx,
+                    const detail::VarlenItems* items) {
+  const bool fp8 = options.pv == AttentionOptions::fp8;
+  if (fp8) {
+    const std::string missing = fp8_mma_missing();
+    if (!missing.empty())
+      throw Error("attention_int8", "options.pv",
+                  "fp8 PV: expected an sm_89+ GPU and device code for it "
+                  "(CMAKE_CUDA_ARCHITECTURES), got " +
+                      missing);
+  }
+  AttnParams p =
+      attn_params(q, k, v, v_scale, v_mean, k_mean, out, lse_out, sm_scale, options, items);
+  const int B = static_cast<int>(q.data.shape[0]);
+  const int D = static_cast<int>(q.data.shape[3]);
+  const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   // Kernel choice (AttentionOptions::kernel): wgmma runs round 1, wgmma_r3 round 3 (fp8 P·V; the
   // bench knobs of detail::AttentionCudaTuning pick its variants: no_turn round 3 + I2FP without
   // turns, cons3 (with no_turn) three consumer warpgroups at D = 64; 16-bit P·V runs the TMA-ring
@@ -1090,6 +1110,45 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                               launch_attention<D, false, T16>(p, B, ctx);
                           });
                         });
+}
+
+bool attention_q16_applies(const TensorView& q, const TensorView& k, const TensorView& out,
+                           const AttentionOptions& options) {
+  const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
+  if (tune.fused_q == 1) return false;
+  // The keys of auto's one-consumer kernel (attention_int8's c1_by_keys at D = 128), or any
+  // (fused_q 2: that kernel forced)
+  const bool keys =
+      tune.fused_q == 2 || tune.cons1 == 1 || (tune.cons1 == 0 && k.shape[1] <= kC1MaxKeys);
+  const bool aligned = reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && q.stride[0] % 8 == 0 &&
+                       q.stride[1] % 8 == 0 && q.stride[2] % 8 == 0;
+  return keys && aligned && q.dtype == DType::bf16 && out.dtype == DType::bf16 &&
+         options.pv == AttentionOptions::fp8 && options.kernel == AttentionOptions::auto_kernel &&
+         q.shape[3] == 128 && q.shape[1] <= INT32_MAX && attn::wgmma_attention_available() &&
+         fp8_mma_missing().empty();
+}
+
+bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps,
+                        const QuantizedRows& k, const TensorView& v, const TensorView& v_scale,
+                        const TensorView* v_mean, const TensorView* k_mean, TensorView out,
+                        TensorView* lse_out, const AttentionOptions& options, Context& ctx) {
+  QuantizedRows qq;  // q's codes and scales: the kernel's own (SPEC §1 THREAD_Q, 32-row blocks)
+  qq.data = q;
+  qq.layout = ScaleLayout::thread_q;
+  qq.block = 32;
+  const float sm =
+      options.sm_scale == 0.f ? 1.f / std::sqrt(static_cast<float>(q.shape[3])) : options.sm_scale;
+  AttnParams p =
+      attn_params(qq, k, v, &v_scale, v_mean, k_mean, out, lse_out, sm, options, nullptr);
+  p.q16 = q.data;
+  p.q16_sb = q.stride[0];
+  p.q16_sn = q.stride[1];
+  p.q16_sh = q.stride[2];
+  p.q16_sm_scale = q_sm_scale;
+  p.q16_eps = q_scale_eps;
+  p.heads_inner = detail::attention_cuda_tuning().fused_q != 3;
+  if (detail::attention_cuda_tuning().fused_q == 4) p.q16_ahead = 2 * multiprocessor_count();
+  return attn::launch_attention_wgmma_q16(p, static_cast<int>(q.shape[0]), stream_of(ctx));
 }
 
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,

@@ -70,6 +70,20 @@ struct AttnParams {
   // Host only (launch_r3; the bench's A/B, session 27): round 3 at D = 128 with the staged
   // epilogue releasing ring stages by each consumer warp's lane 0 after __syncwarp (kVar bit 11).
   bool lane0_release = false;
+  // attention()'s q quantized inside the fp8 one-consumer kernel (session 57; kVar bit 13 of
+  // the round-3 kernel): q16 (B, Nq, Hq, D) bf16 at element strides q16_s*, no norm or rope,
+  // SPEC §1's THREAD_Q groups of 32-row blocks with sm_scale q16_sm_scale and scale_eps q16_eps,
+  // the prologue pass's arithmetic value for value (the same codes and scales). p.q and
+  // p.q_scale are not read then. Null: the codes and scales come from p.q / p.q_scale.
+  const void* q16 = nullptr;
+  int64_t q16_sb = 0, q16_sn = 0, q16_sh = 0;
+  float q16_sm_scale = 1.f, q16_eps = 0.f;
+  // (> 0, non-causal) the CTA this many linear block indices ahead gets its q rows prefetched
+  // into L2 by producer warp 1 at this CTA's start (session 57's A/B, tuning fused_q 4)
+  int q16_ahead = 0;
+  // Host only (launch_r3): the one-consumer kernel's non-causal grid with the heads fastest
+  // (kVar bit 14) where it applies.
+  bool heads_inner = false;
 };
 constexpr int kAttnTraceWords = 16;
 
@@ -82,7 +96,11 @@ constexpr int kAttnTraceWords = 16;
 struct CtaWork {
   int qb, h;
 };
+// kHeadsInner (non-causal): a grid (Hq, query blocks, B), heads fastest, so that the CTAs
+// running together read whole query rows of all heads (round 3's kVar bit 14).
+template <bool kHeadsInner = false>
 __device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
+  if (kHeadsInner && !p.causal) return {static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.x)};
   const int nqb = static_cast<int>(gridDim.x);
   if (!p.causal) return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
   const int lin = static_cast<int>(blockIdx.x) + nqb * static_cast<int>(blockIdx.y);
@@ -153,9 +171,9 @@ __device__ __forceinline__ int64_t visible_end(const AttnParams& p, const CtaTil
   return e < 0 ? 0 : (e > ct.nkv ? ct.nkv : e);
 }
 
-template <int kRows, int kTile>
+template <int kRows, int kTile, bool kHeadsInner = false>
 __device__ __forceinline__ CtaTiles cta_tiles(const AttnParams& p) {
-  const CtaWork work = cta_work(p);
+  const CtaWork work = cta_work<kHeadsInner>(p);
   CtaTiles ct;
   ct.h = work.h, ct.b = static_cast<int>(blockIdx.z), ct.hk = work.h / p.G;
   ct.q0 = static_cast<int64_t>(work.qb) * kRows;
@@ -702,6 +720,12 @@ enum class WgmmaKernel {
 // 16-bit V has out's dtype).
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,
                             WgmmaKernel which, cudaStream_t stream);
+
+// The fp8 P·V kernel at D = 128 on one consumer warpgroup (round3_i2fp_no_turn_c1) quantizing
+// bf16 q itself (p.q16, session 57), bf16 output. False, launching nothing, where it does not
+// apply (k scales not constant per 64-key half, a TMA descriptor that cannot be made); the
+// caller then quantizes q and launches the kernel on the codes. Needs wgmma_attention_available().
+bool launch_attention_wgmma_q16(const AttnParams& p, int B, cudaStream_t stream);
 
 // The sm_90a head-dim-256 kernel (attention_wgmma256.cu; fp8 or 16-bit P·V, out bf16 or f16):
 // a TMA producer warp feeding a ring of 64-key stages, two consumer warpgroups of 64 rows.

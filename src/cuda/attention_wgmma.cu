@@ -36,6 +36,7 @@
 
 #include "src/cuda/attention_common.cuh"
 #include "src/cuda/common.cuh"
+#include "src/cuda/prologue_common.cuh"  // SPEC §1's codes (kVar bit 13: q quantized in the kernel)
 #include "src/cuda/ptx.cuh"
 
 namespace lowbit {
@@ -573,8 +574,9 @@ struct R3Smem {
   static constexpr int kK = kRows * kRowBytes;
   static constexpr int kV = kK + kStages * kKTile;
   static constexpr int kS = kV + kStages * kVTile;
-  static constexpr int kBar = kS + kStages * kBN * 4;           // full[], empty[] (8 B each)
-  static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
+  static constexpr int kBar = kS + kStages * kBN * 4;  // full[], empty[] (8 B each)
+  static constexpr int kQs = kBar + 2 * kStages * 8;   // kVar bit 13: 16 q group scales
+  static constexpr int kBytes = kQs + 16 * 4 + 1024;   // + alignment slack
 };
 
 // d (64 x 128 s32) = A (64 x 32 s8, shared) · B (128 x 32 s8, shared)^T, d written only.
@@ -717,6 +719,63 @@ __device__ __forceinline__ unsigned long long* r3_trace(const AttnParams& p) {
   return p.trace + static_cast<size_t>(cta) * kAttnTraceWords;
 }
 
+// kVar bit 13 (session 57): the CTA's 64 query rows q0 .. q0 + 63 of bf16 q (p.q16) quantized
+// into its Q rows by the consumer warpgroup, as attention()'s q pass would (SPEC §1, THREAD_Q
+// groups of 32-row blocks: group r % 8 holds rows r, r + 8, r + 16, r + 24; no norm or rope):
+// the maximum of |x| over the group, times |sm_scale|, div.full by 127 plus scale_eps, then the
+// codes of x * sm_scale (quantize_fqs_n: the prologue kernels' codes). Thread i (< 128): group
+// i / 8 (block i / 64), row (i % 8) / 2 of the group's four, the 8-channel chunks 2 k + i % 2
+// (so that a lane pair reads 32 contiguous bytes, one sector, per load). Rows past Nq
+// give codes 0 (TMA's zero fill) and no part of a maximum. The codes go to the 128-byte swizzled
+// Q rows; the scales through qs (16 floats) to the threads whose accumulator rows they scale
+// (warp w's rows w 16 + lane / 4 and + 8: group lane / 4 of block w / 2), after named barrier
+// `bar` over the warpgroup, which also publishes the codes to the wgmmas (async proxy).
+template <int D>
+__device__ __forceinline__ float quantize_q16_rows(const AttnParams& p, int b, int h, int64_t q0,
+                                                   uint32_t sq, float* qs, int i, int bar) {
+  static_assert(D == 128, "one 128-byte Q row per query row");
+  constexpr int kVals = D / 2;  // channels per thread
+  const int grp = i / 8, j = i % 8, odd = j % 2;
+  const int r = (grp / 8) * 32 + grp % 8 + 8 * (j / 2);
+  const int64_t row = q0 + r;
+  float v[kVals];  // v[8 k + e]: channel 8 (2 k + odd) + e
+  if (row < p.Nq) {
+    const uint4* src =
+        reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q16) + b * p.q16_sb +
+                                       row * p.q16_sn + h * p.q16_sh) +
+        odd;
+    uint4 x[kVals / 8];
+#pragma unroll
+    for (int k = 0; k < kVals / 8; ++k) x[k] = load_stream16(src + 2 * k);
+#pragma unroll
+    for (int k = 0; k < kVals / 8; ++k) unpack<true>(x[k], v + 8 * k);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVals; ++k) v[k] = 0.f;
+  }
+  float m = fabsf(v[0]);
+#pragma unroll
+  for (int k = 1; k < kVals; ++k) m = max_nan(m, fabsf(v[k]));
+#pragma unroll
+  for (int x = 1; x < 8; x *= 2) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, x));
+  m = __fmul_rn(m, fabsf(p.q16_sm_scale));
+  const float scale = __fadd_rn(div_full(m, 127.f), p.q16_eps);
+#pragma unroll
+  for (int k = 0; k < kVals; ++k) v[k] = __fmul_rn(v[k], p.q16_sm_scale);
+  uint32_t codes[kVals / 4];
+  quantize_fqs_n<kVals, false>(v, scale, codes);
+#pragma unroll
+  for (int k = 0; k < kVals / 8; ++k)  // channels 16 k + 8 odd .. + 7: half of code chunk k
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(sq + swz(r, k) + 8 * odd),
+                 "r"(codes[2 * k]), "r"(codes[2 * k + 1])
+                 : "memory");
+  if (j == 0) qs[grp] = scale;
+  fence_proxy_async();  // the codes, for the wgmmas
+  named_bar_sync(bar, 128);
+  const int w = i / 32, lane = i % 32;
+  return qs[(w / 2) * 8 + lane / 4];
+}
+
 template <int D, typename T16, bool kKcHalf, bool kTma, int kVar = 0>
 __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
     attention_wgmma_r3_kernel(const AttnParams p, const __grid_constant__ R3Maps maps) {
@@ -748,6 +807,13 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   // once per 128-row CTA with the tensor cores idle (docs/attention.md "Session 48").
   constexpr bool kC1 = (kVar & 4096) != 0;
   static_assert(!kC1 || (kNoTurn && kTma && !kC3), "1 consumer: no turns, TMA");
+  // bit 13 (session 57, with bit 12 at D = 128): q quantized by the consumer from bf16 rows
+  // (quantize_q16_rows; p.q16), not loaded as codes with the first tile.
+  constexpr bool kQ16 = (kVar & 8192) != 0;
+  static_assert(!kQ16 || (kC1 && D == 128), "q in the kernel: one consumer, D = 128");
+  // bit 14 (with bit 12): non-causal grids with the heads fastest (cta_work's kHeadsInner)
+  constexpr bool kHeadsInner = (kVar & 16384) != 0;
+  static_assert(!kHeadsInner || kC1, "heads inner: one consumer");
   constexpr int kStages = kC1 ? kR3C1Stages : kR3Stages;
   constexpr int kCons = kC3 ? 3 : kC1 ? 1 : 2;  // consumer warpgroups
   constexpr int kRows = 64 * kCons;   // query rows per CTA
@@ -777,7 +843,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   const uint32_t base = (raw + 1023u) & ~1023u;
   uint8_t* const sbase = smem_raw + (base - raw);  // generic pointer to `base`
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
-  const CtaTiles ct = cta_tiles<kRows, kBN>(p);  // causal: long rows first
+  const CtaTiles ct = cta_tiles<kRows, kBN, kHeadsInner>(p);  // causal: long rows first
   const int h = ct.h, b = ct.b, hk = ct.hk, n_tiles = ct.n_tiles;
   const int64_t q0 = ct.q0;
   const uint32_t full0 = base + L::kBar, empty0 = full0 + kStages * 8;
@@ -810,8 +876,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   // completing on its full barrier `bar` (the transaction bytes only: lane 0 arrives with the
   // other lanes once its kc are stored).
   auto tma_tile = [&](int tile, int st, uint32_t bar) {
-    mbar_expect_tx(bar, kTileBytes + (tile == 0 ? kRows * D : 0u));
-    if (tile == 0) {  // Q (rows past Nq zero-filled) travels with tile 0
+    mbar_expect_tx(bar, kTileBytes + (tile == 0 && !kQ16 ? kRows * D : 0u));
+    if (tile == 0 && !kQ16) {  // Q (rows past Nq zero-filled) travels with tile 0
       // (three consumers: the map's box is 64 rows, one box per consumer)
       constexpr int kQBox = kC3 || kC1 ? 64 : kBM;
 #pragma unroll
@@ -828,6 +894,28 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   };
   if (wg == 0 && kTma) {  // ---- producer, TMA: one warp; lane 0 issues, each lane 4 kc
     setmaxnreg_dec<kProdRegs>();
+    if constexpr (kQ16) {
+      // (p.q16_ahead: the q rows of the CTA q16_ahead blocks later, into L2: 256-byte bulk
+      // prefetches, two rows per lane of warp 1)
+      if (warp == 1 && p.q16_ahead > 0 && !p.causal) {
+        const unsigned X = gridDim.x, Y = gridDim.y;
+        const unsigned lin = blockIdx.x + X * (blockIdx.y + Y * blockIdx.z) + p.q16_ahead;
+        const unsigned x = lin % X, y = (lin / X) % Y, z = lin / (X * Y);
+        const unsigned qb = kHeadsInner ? y : x, hh = kHeadsInner ? x : y;
+        if (z < gridDim.z) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int64_t row = static_cast<int64_t>(qb) * 64 + lane + 32 * i;
+            if (row < p.Nq) {
+              const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.q16) + z * p.q16_sb +
+                                         row * p.q16_sn + hh * p.q16_sh;
+              asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(2 * D)
+                           : "memory");
+            }
+          }
+        }
+      }
+    }
     if (warp != 0) return;  // the other producer warps have nothing to do
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
     const ScaleIdx kidx(p.k_layout, p.k_block);
@@ -951,7 +1039,16 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
   int64_t row0 = q0 + rl0, row1 = row0 + 8;
   // The logits are t * qs with t = float(acc) * kc (q_scale_floor: qs > 0).
-  const float qm0 = q_scale_floor(p, b, h, row0), qm1 = q_scale_floor(p, b, h, row1);
+  float qm0, qm1;
+  if constexpr (kQ16) {  // (named barrier 9: ids 3 + cw and 6 + cw are the vote's and epilogue's)
+    const float s = quantize_q16_rows<D>(p, b, h, q0, base + L::kQ,
+                                         reinterpret_cast<float*>(sbase + L::kQs), tid & 127, 9);
+    qm0 = fmaxf(row0 < p.Nq ? s : 0.f, 1.17549435e-38f);
+    qm1 = fmaxf(row1 < p.Nq ? s : 0.f, 1.17549435e-38f);
+  } else {
+    qm0 = q_scale_floor(p, b, h, row0);
+    qm1 = q_scale_floor(p, b, h, row1);
+  }
   // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
   // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop).
   const int wg_end = static_cast<int>(visible_end(p, ct, q0 + cw * 64));
@@ -1143,7 +1240,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   if (n_tiles > 0) step(n_tiles - 1, std::false_type{});
   stamp(2);
   // The rows again from the block index (cheaper than keeping them live through the loop).
-  row0 = static_cast<int64_t>(cta_work(p).qb) * kRows + rl0;
+  row0 = static_cast<int64_t>(cta_work<kHeadsInner>(p).qb) * kRows + rl0;
   row1 = row0 + 8;
   if constexpr (kStagedEpi) {  // this warpgroup's 64 rows in its Q rows (64 x 128 bytes: D / 2
                                // channels at a time); named barrier 6 + cw (5 with kC3 is the
@@ -1163,9 +1260,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
 // var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups,
 // 4130 (34 | bit 12) on one consumer warpgroup, two CTAs per multiprocessor (see the kernel's
 // kVar); each falls back to the next simpler one (same bits) where its instantiation or producer
-// does not apply.
+// does not apply. 12322 (4130 | bit 13, p.q16 set): 4130 quantizing q itself; it has no fallback:
+// false, launching nothing, where it does not apply (else true).
 template <int D, typename T16>
-void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
+bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma round 3)";
   // kc is constant over each 64-key half of a thread's columns (8 j + 2 t + e) when the k scale
   // is per block of a multiple of 64 keys, or SPEC §1's THREAD_K with such blocks (group
@@ -1183,7 +1281,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // map cannot be made) the two-consumer var 34 or round 3 (same bits).
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
   // var 4130 (bf16 output, per-half kc, TMA): Q in boxes of 64 rows (one CTA's)
-  const bool c1 = var == 4130 && kBf16 && kc_half;
+  const bool q16 = var == 12322;
+  const bool c1 = (var == 4130 || q16) && kBf16 && kc_half;
   const bool tma64 = D == 64 && kBf16 && kc_half && (var == 162 || c1);
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
@@ -1211,8 +1310,8 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
     // (three consumers, var 162: Q in boxes of 64 rows, one per consumer; the fallbacks below
     // keep var 162 exactly for bf16 output with per-half kc once TMA is on)
-    tma = qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
-                 tma64 || c1 ? 64u : static_cast<uint32_t>(kBM)) &&
+    tma = (q16 || qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
+                         tma64 || c1 ? 64u : static_cast<uint32_t>(kBM))) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
           encode_tiled_map(&maps.v, p.v, 1, 3, vd, vs, vbox, false);
   }
@@ -1221,17 +1320,22 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
+  if (q16 && !(c1 && tma && D == 128 && p.q16)) return false;
+  // (kVar bit 14: the one-consumer kernel's non-causal grid with the heads fastest;
+  // AttnParams::heads_inner)
+  const bool heads_inner =
+      (q16 || var == 4130) && p.heads_inner && !p.causal && ceil_div(p.Nq, 64) <= 65535;
   if (var == 162 && !(tma && D == 64)) var = 34;
   if (var == 4130 && !(c1 && tma)) var = 34;
   if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
   // Var 34 at D = 128 (TMA): bit 9 the staged epilogue (p.staged_epilogue; 16-byte aligned
   // output rows), bit 10 the bench's per-CTA stamps (p.trace).
   int extra = 0;
-  if (D == 128 && (var == 34 || var == 4130)) {
+  if (D == 128 && (var == 34 || var == 4130 || q16)) {
     const bool aligned = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.o_sn % 8 == 0 &&
                          p.o_sh % 8 == 0 && p.o_sb % 8 == 0;
     if (p.staged_epilogue && aligned) extra |= 512;
-    if (p.trace) extra |= 1024;
+    if (p.trace && !q16) extra |= 1024;
     if ((extra & 512) && p.lane0_release && var == 34) extra |= 2048;  // (the bench's A/B)
   }
   auto pick = [&](auto tma_c) {
@@ -1248,7 +1352,16 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if (var == 34 && extra == 1536) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1536>;
       if (var == 34 && extra == 2560) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 2560>;
       if (var == 34 && extra == 3584) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 3584>;
-      if (var == 4130) {
+      if (var == 12322 && !heads_inner)
+        k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 12322 | 512>
+                        : attention_wgmma_r3_kernel<D, T16, true, kT, 12322>;
+      if (var == 12322 && heads_inner)
+        k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 28706 | 512>
+                        : attention_wgmma_r3_kernel<D, T16, true, kT, 28706>;
+      if (var == 4130 && heads_inner)
+        k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 20514 | 512>
+                        : attention_wgmma_r3_kernel<D, T16, true, kT, 20514>;
+      if (var == 4130 && !heads_inner) {
         k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 512>
                         : attention_wgmma_r3_kernel<D, T16, true, kT, 4130>;
         if (extra & 1024)
@@ -1262,26 +1375,31 @@ void launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                     : pick(std::false_type{});
   if constexpr (D == 64 && kBf16) {  // three consumers / one, the TMA producer (var 162 / 4130)
     if (var == 162) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
-    if (var == 4130) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 4130>;
+    if (var == 4130)
+      kernel = heads_inner ? attention_wgmma_r3_kernel<D, T16, true, true, 20514>
+                           : attention_wgmma_r3_kernel<D, T16, true, true, 4130>;
   }
   // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA; one (var
   // 4130): 64 rows, two CTAs per multiprocessor (all of its shared memory carved out for them).
   const bool c3 = var == 162;
-  const int rows = c3 ? 192 : var == 4130 ? 64 : kBM;
+  const bool one = var == 4130 || q16;
+  const int rows = c3 ? 192 : one ? 64 : kBM;
   using C1 = R3Smem<D, 64, kR3C1Stages>;
-  const int bytes = c3 ? R3Smem<D, 192>::kBytes : var == 4130 ? C1::kBytes : R3Smem<D>::kBytes;
+  const int bytes = c3 ? R3Smem<D, 192>::kBytes : one ? C1::kBytes : R3Smem<D>::kBytes;
   static_assert(R3Smem<D>::kBytes <= 227 * 1024 && R3Smem<D, 192>::kBytes <= 227 * 1024 &&
                     2 * (C1::kBytes + 1024) <= 228 * 1024,
                 "shared memory");
   set_kernel_smem(kernel, bytes, op, "shared memory");
-  if (var == 4130)
+  if (one)
     set_func_attribute(reinterpret_cast<const void*>(kernel),
                        cudaFuncAttributePreferredSharedMemoryCarveout,
                        cudaSharedmemCarveoutMaxShared, op, "shared memory carveout");
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.Nq, rows)), static_cast<unsigned>(p.Hq),
-                  static_cast<unsigned>(B));
+  const unsigned nqb = static_cast<unsigned>(ceil_div(p.Nq, rows));
+  const dim3 grid = heads_inner ? dim3(static_cast<unsigned>(p.Hq), nqb, static_cast<unsigned>(B))
+                                : dim3(nqb, static_cast<unsigned>(p.Hq), static_cast<unsigned>(B));
   kernel<<<grid, r3_threads(var | extra), bytes, stream>>>(p, maps);
   check_launch(op);
+  return true;
 }
 
 }  // namespace
@@ -1292,6 +1410,10 @@ bool wgmma_attention_available() {
   // handful (common.cuh's check, cached per device).
   return sm90a_image_loaded(
       reinterpret_cast<const void*>(attention_wgmma_kernel<128, true, __nv_bfloat16>), 128);
+}
+
+bool launch_attention_wgmma_q16(const AttnParams& p, int B, cudaStream_t stream) {
+  return launch_r3<128, __nv_bfloat16>(p, B, 12322, stream);
 }
 
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,

@@ -705,6 +705,113 @@ TEST(AttentionCuda, ShortVKernelGivesThePassesBits) {
       }
 }
 
+// attention() with q quantized inside the fp8 kernel (session 57: bf16, D 128, up to 2048 keys;
+// tuning fused_q) gives every output and LSE bit of the call with q's own pass (fused_q 1), and
+// leaves the workspace's q codes untouched (so the form really ran): 1 .. 1000 queries (partial
+// 64-row CTAs and 32-row scale blocks), 1 .. 2048 keys, GQA, both causal alignments, the K and
+// V means on and off, sm_scale default / 0.3 / -0.5, scale_eps 0 with an all-zero q row (codes 0
+// by the zero-scale rule), a huge row, q a strided view of a fused QKV buffer, (fused_q 2) 4096
+// keys, and 2100 keys by default (past the one-consumer kernel: q's pass runs). Also the kernel on
+// q's codes with the grid's heads fastest (tuning heads_inner) against the default order.
+TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
+  if (!built_with_cuda() || cuda_device_count() == 0)
+    GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
+  Context ctx;
+  std::mt19937_64 rng(57);
+  struct Form {
+    int64_t b, nq, nkv, hq, hkv;
+    AttentionOptions::Causal causal;
+    bool smooth_k, smooth_v;
+    float sm_scale, scale_eps;
+    bool fused_qkv;
+    int force;   // tuning fused_q for the fused run (0 default, 2 forced, 3 query blocks fastest)
+    bool fuses;  // whether the q codes stay unwritten
+  };
+  using C = AttentionOptions;
+  const Form forms[] = {
+      {1, 1, 1, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, true},
+      {2, 17, 77, 4, 2, C::none, true, false, 0.f, 1e-7f, false, 0, true},
+      {1, 100, 512, 4, 1, C::bottom_right, true, true, 0.3f, 1e-7f, false, 0, true},
+      {2, 1000, 512, 6, 3, C::none, false, false, 0.f, 0.f, false, 0, true},
+      {2, 1000, 512, 6, 3, C::none, true, true, 0.f, 1e-7f, false, 3, true},
+      {2, 1000, 512, 6, 3, C::none, true, false, 0.f, 1e-7f, true, 4, true},
+      {1, 333, 2048, 2, 2, C::top_left, true, false, 0.f, 1e-7f, true, 0, true},
+      {1, 130, 300, 2, 2, C::bottom_right, true, true, 0.f, 1e-7f, true, 0, true},
+      {1, 200, 128, 2, 2, C::none, true, false, -0.5f, 1e-7f, false, 0, true},
+      {1, 64, 2100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, false},
+      {1, 257, 4096, 2, 1, C::none, true, false, 0.f, 1e-7f, false, 2, true},
+  };
+  for (const Form& f : forms) {
+    SCOPED_TRACE("B " + std::to_string(f.b) + " Nq " + std::to_string(f.nq) + " Nkv " +
+                 std::to_string(f.nkv) + " Hq " + std::to_string(f.hq) + " Hkv " +
+                 std::to_string(f.hkv) + " causal " + std::to_string(f.causal) + " sm " +
+                 std::to_string(f.sm_scale) + (f.fused_qkv ? " qkv" : ""));
+    constexpr int64_t Dq = 128;
+    // q: (B, Nq, Hq, D) alone or slice 0 of each token's (3, Hq, D)
+    const int64_t parts = f.fused_qkv ? 3 : 1;
+    HostTensor qh(DType::bf16, {f.b, f.nq, parts, f.hq, Dq});
+    qh.fill_normal(rng, 0.2f, 1.f);
+    const int64_t row = parts * f.hq * Dq;
+    for (int64_t c = 0; c < Dq; ++c) {
+      qh.set((0 * f.nq + f.nq / 2) * row + c, 0.f);  // an all-zero row of head 0
+      if (f.nq > 3) qh.set((0 * f.nq + 3) * row + (f.hq - 1) * Dq + c, 3e4f * (c % 2 ? 1 : -1));
+    }
+    HostTensor kh(DType::bf16, {f.b, f.nkv, f.hkv, Dq}), vh(DType::bf16, {f.b, f.nkv, f.hkv, Dq});
+    kh.fill_normal(rng, 0.3f, 1.f);
+    vh.fill_normal(rng, 0.1f, 1.f);
+    Buffer qb(Device::cuda, qh.bytes.size()), kb(Device::cuda, kh.bytes.size()),
+        vb(Device::cuda, vh.bytes.size()), ob(Device::cuda, f.b * f.nq * f.hq * Dq * 2),
+        lb(Device::cuda, f.b * f.hq * f.nq * 4);
+    copy_to_device(qb.data(), qh.bytes.data(), qh.bytes.size(), ctx);
+    copy_to_device(kb.data(), kh.bytes.data(), kh.bytes.size(), ctx);
+    copy_to_device(vb.data(), vh.bytes.data(), vh.bytes.size(), ctx);
+    TensorView q = make_view(qb.data(), DType::bf16, {f.b, f.nq, f.hq, Dq}, Device::cuda);
+    q.stride[0] = f.nq * row;
+    q.stride[1] = row;
+    const TensorView k = make_view(kb.data(), DType::bf16, {f.b, f.nkv, f.hkv, Dq}, Device::cuda);
+    const TensorView v = make_view(vb.data(), DType::bf16, {f.b, f.nkv, f.hkv, Dq}, Device::cuda);
+    const TensorView o = make_view(ob.data(), DType::bf16, {f.b, f.nq, f.hq, Dq}, Device::cuda);
+    TensorView lse = make_view(lb.data(), DType::f32, {f.b, f.hq, f.nq}, Device::cuda);
+    AttentionOptions opt;
+    opt.causal = f.causal;
+    opt.smooth_k = f.smooth_k;
+    opt.smooth_v = f.smooth_v;
+    opt.sm_scale = f.sm_scale;
+    Prologue qp;
+    qp.scale_eps = f.scale_eps;
+    opt.q_prologue = &qp;
+    const size_t wb = attention_workspace_bytes(q, k, opt);
+    Buffer ws(Device::cuda, wb);
+    const size_t q_codes = static_cast<size_t>(f.b * f.nq * f.hq * Dq);  // the workspace's first
+    std::vector<uint8_t> outs[3], lses[3], codes[3];
+    for (int pass = 0; pass < 3; ++pass) {  // q in the kernel, q's pass, q's pass + heads_inner
+      detail::AttentionCudaTuning t;
+      t.fused_q = pass >= 1 ? 1 : f.force;
+      t.heads_inner = pass == 2;
+      detail::set_attention_cuda_tuning(t);
+      device_memset(ws.data(), 0x5a, wb, ctx);
+      device_memset(ob.data(), 0, ob.bytes(), ctx);
+      device_memset(lb.data(), 0x7f, lb.bytes(), ctx);
+      attention(q, k, v, o, &lse, opt, ws.data(), wb, ctx);
+      detail::set_attention_cuda_tuning({});
+      outs[pass] = to_host(ob, ctx);
+      lses[pass] = to_host(lb, ctx);
+      codes[pass] = to_host(ws, ctx);
+      codes[pass].resize(q_codes);
+    }
+    bool nonzero = false;
+    for (uint8_t x : outs[1]) nonzero |= x != 0;
+    EXPECT_TRUE(nonzero);
+    EXPECT_EQ(outs[0], outs[1]) << "outputs: q in the kernel vs its pass";
+    EXPECT_EQ(lses[0], lses[1]) << "LSE: q in the kernel vs its pass";
+    EXPECT_EQ(outs[2], outs[1]) << "outputs: the codes' kernel with the heads fastest";
+    EXPECT_EQ(lses[2], lses[1]) << "LSE: the codes' kernel with the heads fastest";
+    const std::vector<uint8_t> untouched(q_codes, 0x5a);
+    EXPECT_EQ(codes[0] == untouched, f.fuses) << "the q codes in the workspace";
+    EXPECT_NE(codes[1], untouched) << "q's pass wrote no codes";
+  }
+}
+
 #else
 TEST(AttentionStreams, SideStreamsKeepTheBitsOfTheSerialOrder) {
   GTEST_SKIP() << "lowbit was built without its CUDA backend";
