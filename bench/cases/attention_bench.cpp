@@ -884,7 +884,7 @@ class AttentionShortBench : public BenchCase {
             "attention() fp8 PV, q's prologue on the caller's stream (fork_q 1)",
             "attention() fp8 PV, q by its own pass, not in the kernel (fused_q 1)",
             "attention() fp8 PV, q in the kernel, grid's query blocks fastest (fused_q 3)",
-            "attention() fp8 PV, q in the kernel, the next CTAs' q into L2 (fused_q 4)",
+            "attention() fp8 PV, q in the kernel, no L2 prefetch of q (fused_q 4)",
             "attention() fp8 PV, q / k norm + rope",
             "attention_int8 16-bit PV auto (kernel only)",
             "attention_int8 16-bit PV, 1 consumer / CTA, 2 CTAs / SM (cons1 1)",

@@ -79,7 +79,7 @@ struct AttnParams {
   int64_t q16_sb = 0, q16_sn = 0, q16_sh = 0;
   float q16_sm_scale = 1.f, q16_eps = 0.f;
   // (> 0, non-causal) the CTA this many linear block indices ahead gets its q rows prefetched
-  // into L2 by producer warp 1 at this CTA's start (session 57's A/B, tuning fused_q 4)
+  // into L2 by producer warp 1 at this CTA's start (session 58's default; tuning fused_q)
   int q16_ahead = 0;
   // Host only (launch_r3): the one-consumer kernel's non-causal grid with the heads fastest
   // (kVar bit 14) where it applies.
