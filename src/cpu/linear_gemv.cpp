@@ -152,18 +152,22 @@ const uint8_t* prebuilt_tables(const PackedWeightView& w) {
   return has ? static_cast<const uint8_t*>(w.decode_tiles.data) : nullptr;
 }
 
-// The four tables of the block at byte k of a row (tab: the row's tables, 16 bytes a group).
+// The four tables of the block at byte k of a row (tab: the row's tables, 16 bytes a group;
+// left: the row's bytes from k on). A row's last block may hold fewer groups than a full one
+// (group 64: K an odd multiple of 64; group 32: K not a multiple of 128): only its own groups'
+// tables are read (masked loads), never the next row's or past the buffer's end.
 template <TableMode kMode>
-LOWBIT_VBMI inline __m512i block_tables(const uint8_t* tab, int64_t k, int64_t group_bytes) {
+LOWBIT_VBMI inline __m512i block_tables(const uint8_t* tab, int64_t k, int64_t group_bytes,
+                                        int64_t left) {
   if (kMode == kGroup)
     return _mm512_broadcast_i32x4(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(tab + 16 * (k / group_bytes))));
-  if (kMode == kGroup64) {
-    const __m512i two =
-        _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(tab + k / 2)));
+  if (kMode == kGroup64) {  // 16 table bytes per 32 code bytes
+    const __mmask32 m = left >= 64 ? ~__mmask32{0} : (__mmask32{1} << (left / 2)) - 1;
+    const __m512i two = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(m, tab + k / 2));
     return _mm512_shuffle_i64x2(two, two, 0x50);  // 128-bit lanes 0, 0, 1, 1
   }
-  return _mm512_loadu_si512(tab + k);  // kGroup32
+  return _mm512_maskz_loadu_epi8(tail_mask(left), tab + k);  // kGroup32: a table byte a code byte
 }
 // The table entries of a block's low and high nibbles: byte l of the block holds columns 2l and
 // 2l + 1 of chunk l / 16, whose table sits at 16 (l / 16) of t; (raw & 15) | slot and
@@ -209,7 +213,7 @@ LOWBIT_VBMI void nibble_dots(const int8_t* const* a, const uint8_t* const (&w)[k
         lo = _mm512_ternarylogic_epi32(raw, low4, eight, 0x6A);
         hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(raw, 4), low4, eight, 0x6A);
       } else {
-        lookup_halves(raw, block_tables<kMode>(tab[j], k, group_bytes), lo, hi);
+        lookup_halves(raw, block_tables<kMode>(tab[j], k, group_bytes, bytes - k), lo, hi);
       }
       for (int i = 0; i < R; ++i) {
         acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], lo, lo_a[i]);
@@ -630,7 +634,8 @@ LOWBIT_VBMI void unpack_row(const uint8_t* row, const uint8_t* tab, int64_t K, i
   for (int64_t k = 0; k < bytes; k += 64) {
     const __m512i raw = _mm512_maskz_loadu_epi8(tail_mask(bytes - k), row + k);
     __m512i lo, hi;
-    lookup_halves(raw, kMode == kSigned ? one : block_tables<kMode>(tab, k, group_bytes), lo, hi);
+    lookup_halves(raw, kMode == kSigned ? one : block_tables<kMode>(tab, k, group_bytes, bytes - k),
+                  lo, hi);
     lo = _mm512_xor_si512(lo, bias);
     hi = _mm512_xor_si512(hi, bias);
     _mm512_mask_storeu_epi8(codes + 2 * k, tail_mask(K - 2 * k),
