@@ -201,9 +201,10 @@ bool is_checkpoint_index(const std::string& path);
 
 // Resolves a checkpoint path: a safetensors file (itself), an index (its shards: the index must
 // be a JSON object whose "weight_map" maps non-empty tensor names to plain file names ending in
-// ".safetensors" (no '/'), with an optional "metadata" object), or a directory holding exactly
-// one "*.safetensors.index.json" (that index) or, without one, exactly one "*.safetensors"
-// file. The shards are not opened here. Errors name the path and the entry.
+// ".safetensors" (no '/', no NUL, not starting with '.'), with an optional "metadata" object),
+// or a directory holding exactly one "*.safetensors.index.json" (that index) or, without one,
+// exactly one "*.safetensors" file. The shards are not opened here. Errors name the path and the
+// entry.
 CheckpointFiles checkpoint_files(const std::string& path);
 
 // Opens the files of a checkpoint, in the order of `files.files`, and checks an index against

@@ -39,6 +39,21 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// s with control characters (NUL included) as \xNN, for error messages.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+      continue;
+    }
+    const char* hex = "0123456789abcdef";
+    out += {'\\', 'x', hex[u >> 4], hex[u & 15]};
+  }
+  return out;
+}
+
 bool is_weight_name(const std::string& n) { return n == "weight" || ends_with(n, ".weight"); }
 
 std::string lower(std::string s) {
@@ -222,13 +237,13 @@ CheckpointFiles checkpoint_files(const std::string& path_in) {
     LOWBIT_CHECK(it->is_string(), op, path.c_str(),
                  "weight_map['" + name + "']: expected a shard file name, got " + it->dump());
     const std::string shard = it->get<std::string>();
-    LOWBIT_CHECK(
-        ends_with(shard, ".safetensors") && shard.find('/') == std::string::npos && shard[0] != '.',
-        op, path.c_str(),
-        "weight_map['" + name +
-            "']: expected a *.safetensors file name in the index's "
-            "directory, got '" +
-            shard + "'");
+    LOWBIT_CHECK(ends_with(shard, ".safetensors") && shard.find('/') == std::string::npos &&
+                     shard.find('\0') == std::string::npos && shard[0] != '.',
+                 op, path.c_str(),
+                 "weight_map['" + name +
+                     "']: expected a *.safetensors file name in the index's "
+                     "directory, got '" +
+                     printable(shard) + "'");
     out.weight_map[name] = shard;
     shards.insert(shard);
   }

@@ -554,6 +554,17 @@ TEST(QuantizeCheckpoint, ShardedErrorsNameTheEntryAndWriteNothing) {
   expect_has(quantize_err(with_index("{\"weight_map\":{\"a\":\"missing.safetensors\"}}"),
                           out + "/o.safetensors"),
              "missing.safetensors");
+  // A NUL in a shard name would open the file named by what precedes it ("plain", a valid
+  // safetensors file without the extension): refused, the NUL shown.
+  {
+    std::ifstream src(in + "/" + s1, std::ios::binary);
+    std::ofstream dst(dir + "/plain", std::ios::binary);
+    dst << src.rdbuf();
+  }
+  expect_has(quantize_err(with_index("{\"weight_map\":{\"a\":\"plain\\u0000.safetensors\"}}"),
+                          out + "/o.safetensors"),
+             "got 'plain\\x00.safetensors'");
+  std::remove((dir + "/plain").c_str());
   std::remove((dir + "/bad.safetensors.index.json").c_str());
   // An index that disagrees with its shards.
   std::ifstream fi(index);
