@@ -801,21 +801,24 @@ class AttentionShortBench : public BenchCase {
     if (env.device != Device::cuda) return rows;
     struct S {
       int64_t B, H, Nq, Nkv, D;
+      bool causal = false;  // (session 59) bottom-right causal: LLM prefills of short prompts
     };
     const std::vector<S> shapes =
-        env.quick
-            ? std::vector<S>{{1, 8, 1024, 512, 128}}
-            : std::vector<S>{
-                  {1, 40, 32760, 512, 128}, {2, 24, 1024, 1024, 128}, {1, 24, 8192, 256, 128},
-                  {1, 24, 8192, 1024, 128}, {1, 24, 8192, 2048, 128}, {1, 24, 8192, 4096, 128},
-                  {1, 24, 4608, 4608, 128}, {64, 24, 256, 256, 128},  {16, 24, 1024, 1024, 128},
-                  {64, 24, 256, 256, 64},   {2, 24, 1024, 1024, 64},  {1, 24, 4096, 4096, 64}};
+        env.quick ? std::vector<S>{{1, 8, 1024, 512, 128}}
+                  : std::vector<S>{{1, 40, 32760, 512, 128},        {2, 24, 1024, 1024, 128},
+                                   {1, 24, 8192, 256, 128},         {1, 24, 8192, 1024, 128},
+                                   {1, 24, 8192, 2048, 128},        {1, 24, 8192, 4096, 128},
+                                   {1, 24, 4608, 4608, 128},        {64, 24, 256, 256, 128},
+                                   {16, 24, 1024, 1024, 128},       {64, 24, 256, 256, 64},
+                                   {2, 24, 1024, 1024, 64},         {1, 24, 4096, 4096, 64},
+                                   {16, 32, 1024, 1024, 128, true}, {4, 32, 2048, 2048, 128, true},
+                                   {64, 32, 256, 256, 128, true}};
     const Device dev = env.device;
     Context ctx = env.ctx;
     for (const S& s : shapes) {
       const std::string shape = "(" + std::to_string(s.B) + ", " + std::to_string(s.H) + ", " +
                                 std::to_string(s.Nq) + ", " + std::to_string(s.Nkv) + ", " +
-                                std::to_string(s.D) + ") bf16";
+                                std::to_string(s.D) + ") bf16" + (s.causal ? " causal" : "");
       if (!env.shape_selected(shape)) continue;
       const int64_t B = s.B, H = s.H, Nq = s.Nq, Nkv = s.Nkv, D = s.D;
       DeviceTensor q = make_tensor(dev, DType::bf16, {B, Nq, H, D}, 51);
@@ -828,7 +831,8 @@ class AttentionShortBench : public BenchCase {
       quantize_v_fp8(v.view, v8.view, vs.view, nullptr, ctx);
       const TensorView vsv = vs.view;
       const QuantizedRows qr = codes.q(), kr = codes.k();
-      const AttentionOptions fp8;
+      AttentionOptions fp8;
+      if (s.causal) fp8.causal = AttentionOptions::bottom_right;
       const size_t wb = attention_workspace_bytes(q.view, k.view, fp8);
       DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb)});
       const double flops = 4.0 * B * H * static_cast<double>(Nq) * Nkv * D;
@@ -866,8 +870,11 @@ class AttentionShortBench : public BenchCase {
       std::vector<Call> calls = {kernel, cons1,          cons1_heads_inner, cons2,
                                  call,   mma_sync,       k_two_passes,      fork_q_off,
                                  q_pass, q_blocks_outer, q_prefetch};
-      if (Nq == Nkv) calls.push_back(with_norm_rope);
-      if (D == 128) calls.insert(calls.end(), {pv16, pv16_cons1, pv16_cons2});
+      if (Nq == Nkv && !s.causal) calls.push_back(with_norm_rope);
+      if (D == 128 && !s.causal) calls.insert(calls.end(), {pv16, pv16_cons1, pv16_cons2});
+      // causal: the kernel's forms, the call (q in the kernel, prefetched), q's own pass, and q in
+      // the kernel without the prefetch
+      if (s.causal) calls = {kernel, cons1, cons2, call, q_pass, q_prefetch};
       for (const Call c : calls) {
         Row r;
         r.family = "attention";
@@ -925,7 +932,8 @@ class AttentionShortBench : public BenchCase {
       }
       // Session 52: batches of short sequences (queries = keys), where the passes weigh most:
       // the one call in its pieces.
-      if (Nq == Nkv && B > 1) pieces_of_one_call(env, Shape{B, H, Nq, D}, q, k, v, out, rows);
+      if (Nq == Nkv && B > 1 && !s.causal)
+        pieces_of_one_call(env, Shape{B, H, Nq, D}, q, k, v, out, rows);
     }
     return rows;
   }

@@ -116,12 +116,12 @@ struct AttentionCudaTuning {
   // attention() (session 52): q's prologue on a second side stream beside the k path and V's
   // passes where V forks: 1 off, 2 on, 0 the default (kForkQ in src/cpu/attention.cpp).
   int fork_q = 0;
-  // attention()'s q quantized inside the fp8 one-consumer kernel (sessions 57-58): 0 the default
-  // (non-causal calls whose keys the one-consumer kernel takes: the heads fastest in the grid,
-  // the q rows of the CTA two waves ahead prefetched into L2), 1 off (q's own pass), 2 on at any
-  // key count and mask (that kernel forced), 3 on by the key count with the grid's query blocks
-  // fastest and no prefetch, 4 on by the key count with the heads fastest and no prefetch
-  // (session 57's form)
+  // attention()'s q quantized inside the fp8 one-consumer kernel (sessions 57-59): 0 the default
+  // (calls whose keys the one-consumer kernel takes: non-causal grids with the heads fastest;
+  // the q rows of the CTA two waves ahead prefetched into L2, along the longest-first walk for
+  // causal calls since session 59), 1 off (q's own pass), 2 on at any key count (that kernel
+  // forced), 3 on by the key count with the grid's query blocks fastest and no prefetch, 4 on
+  // by the key count with the heads fastest and no prefetch (session 57's form)
   int fused_q = 0;
   // the fp8 one-consumer kernel on codes (session 57's A/B): its non-causal grid with the heads
   // fastest

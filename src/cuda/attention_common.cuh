@@ -78,8 +78,9 @@ struct AttnParams {
   const void* q16 = nullptr;
   int64_t q16_sb = 0, q16_sn = 0, q16_sh = 0;
   float q16_sm_scale = 1.f, q16_eps = 0.f;
-  // (> 0, non-causal) the CTA this many linear block indices ahead gets its q rows prefetched
-  // into L2 by producer warp 1 at this CTA's start (session 58's default; tuning fused_q)
+  // (> 0) the CTA this many linear block indices ahead gets its q rows prefetched into L2 by
+  // producer warp 1 at this CTA's start (session 58's default; session 59: causal grids too,
+  // the CTA's work read through cta_work_at; tuning fused_q)
   int q16_ahead = 0;
   // Host only (launch_r3): the one-consumer kernel's non-causal grid with the heads fastest
   // (kVar bit 14) where it applies.
@@ -98,15 +99,21 @@ struct CtaWork {
 };
 // kHeadsInner (non-causal): a grid (Hq, query blocks, B), heads fastest, so that the CTAs
 // running together read whole query rows of all heads (round 3's kVar bit 14).
+// cta_work_at: the same for the CTA at (x, y) of this grid (attention()'s q prefetch reads the
+// work of a CTA further on).
 template <bool kHeadsInner = false>
-__device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
-  if (kHeadsInner && !p.causal) return {static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.x)};
+__device__ __forceinline__ CtaWork cta_work_at(const AttnParams& p, int x, int y) {
+  if (kHeadsInner && !p.causal) return {y, x};
+  if (!p.causal) return {x, y};
   const int nqb = static_cast<int>(gridDim.x);
-  if (!p.causal) return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
-  const int lin = static_cast<int>(blockIdx.x) + nqb * static_cast<int>(blockIdx.y);
+  const int lin = x + nqb * y;
   const int hg = p.causal_heads, g = lin / (nqb * hg), r = lin - g * nqb * hg;
   const int hcount = min(hg, p.Hq - g * hg);  // the last group may be short
   return {nqb - 1 - r / hcount, g * hg + r % hcount};
+}
+template <bool kHeadsInner = false>
+__device__ __forceinline__ CtaWork cta_work(const AttnParams& p) {
+  return cta_work_at<kHeadsInner>(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y));
 }
 
 // SPEC §1 scale index of `row` (layout: 0 per_block, 1 thread_q, 2 thread_k, 3 warp_q).

@@ -897,18 +897,19 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
     if constexpr (kQ16) {
       // (p.q16_ahead: the q rows of the CTA q16_ahead blocks later, into L2: 256-byte bulk
       // prefetches, two rows per lane of warp 1)
-      if (warp == 1 && p.q16_ahead > 0 && !p.causal) {
+      if (warp == 1 && p.q16_ahead > 0) {
         const unsigned X = gridDim.x, Y = gridDim.y;
         const unsigned lin = blockIdx.x + X * (blockIdx.y + Y * blockIdx.z) + p.q16_ahead;
         const unsigned x = lin % X, y = (lin / X) % Y, z = lin / (X * Y);
-        const unsigned qb = kHeadsInner ? y : x, hh = kHeadsInner ? x : y;
         if (z < gridDim.z) {
+          // (causal: that CTA's place in the longest-first walk)
+          const CtaWork w = cta_work_at<kHeadsInner>(p, static_cast<int>(x), static_cast<int>(y));
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            const int64_t row = static_cast<int64_t>(qb) * 64 + lane + 32 * i;
+            const int64_t row = static_cast<int64_t>(w.qb) * 64 + lane + 32 * i;
             if (row < p.Nq) {
               const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.q16) + z * p.q16_sb +
-                                         row * p.q16_sn + hh * p.q16_sh;
+                                         row * p.q16_sn + w.h * p.q16_sh;
               asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(2 * D)
                            : "memory");
             }

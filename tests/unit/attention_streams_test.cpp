@@ -706,14 +706,15 @@ TEST(AttentionCuda, ShortVKernelGivesThePassesBits) {
 }
 
 // attention() with q quantized inside the fp8 kernel (session 57: bf16, D 128, up to 2048 keys;
-// session 58: by default non-causal only, with the next CTAs' q prefetched into L2; tuning
-// fused_q) gives every output and LSE bit of the call with q's own pass (fused_q 1), and
-// leaves the workspace's q codes untouched (so the form really ran): 1 .. 1000 queries (partial
-// 64-row CTAs and 32-row scale blocks), 1 .. 2048 keys, GQA, both causal alignments, the K and
-// V means on and off, sm_scale default / 0.3 / -0.5, scale_eps 0 with an all-zero q row (codes 0
-// by the zero-scale rule), a huge row, q a strided view of a fused QKV buffer, (fused_q 2) 4096
-// keys, and 2100 keys by default (past the one-consumer kernel: q's pass runs). Also the kernel on
-// q's codes with the grid's heads fastest (tuning heads_inner) against the default order.
+// session 58: by default, with the next CTAs' q prefetched into L2; session 59: causal calls
+// too, the prefetch along their walk; tuning fused_q) gives every output and LSE bit of the call
+// with q's own pass (fused_q 1), and leaves the workspace's q codes untouched (so the form really
+// ran): 1 .. 1000 queries (partial 64-row CTAs and 32-row scale blocks), 1 .. 2048 keys, GQA, both
+// causal alignments, the K and V means on and off, sm_scale default / 0.3 / -0.5, scale_eps 0 with
+// an all-zero q row (codes 0 by the zero-scale rule), a huge row, q a strided view of a fused QKV
+// buffer, (fused_q 2) 4096 keys, and 2100 keys by default (past the one-consumer kernel: q's pass
+// runs). Also the kernel on q's codes with the grid's heads fastest (tuning heads_inner) against
+// the default order.
 TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
   if (!built_with_cuda() || cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
@@ -725,8 +726,8 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
     bool smooth_k, smooth_v;
     float sm_scale, scale_eps;
     bool fused_qkv;
-    int force;   // tuning fused_q for the fused run (0 default: with the L2 prefetch, non-causal;
-                 // 2 forced, 3 query blocks fastest, 4 no prefetch: these also causal)
+    int force;   // tuning fused_q for the fused run (0 default: with the L2 prefetch; 2 forced,
+                 // 3 query blocks fastest, 4 no prefetch)
     bool fuses;  // whether the q codes stay unwritten
   };
   using C = AttentionOptions;
@@ -734,7 +735,7 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
       {1, 1, 1, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, true},
       {2, 17, 77, 4, 2, C::none, true, false, 0.f, 1e-7f, false, 0, true},
       {1, 100, 512, 4, 1, C::bottom_right, true, true, 0.3f, 1e-7f, false, 4, true},
-      {1, 100, 512, 4, 1, C::bottom_right, true, true, 0.3f, 1e-7f, false, 0, false},
+      {1, 100, 512, 4, 1, C::bottom_right, true, true, 0.3f, 1e-7f, false, 0, true},
       {2, 1000, 512, 6, 3, C::none, false, false, 0.f, 0.f, false, 0, true},
       {2, 1000, 512, 6, 3, C::none, true, true, 0.f, 1e-7f, false, 3, true},
       {2, 1000, 512, 6, 3, C::none, true, false, 0.f, 1e-7f, true, 4, true},
@@ -744,6 +745,10 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
       {1, 200, 128, 2, 2, C::none, true, false, -0.5f, 1e-7f, false, 0, true},
       {1, 64, 2100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, false},
       {1, 257, 4096, 2, 1, C::none, true, false, 0.f, 1e-7f, false, 2, true},
+      // (session 59: causal by default, the prefetch following the longest-first walk; several
+      // head groups and batch items)
+      {2, 700, 700, 8, 4, C::bottom_right, true, true, 0.f, 1e-7f, false, 0, true},
+      {1, 1000, 1500, 6, 6, C::top_left, true, false, 0.f, 1e-7f, true, 0, true},
   };
   for (const Form& f : forms) {
     SCOPED_TRACE("B " + std::to_string(f.b) + " Nq " + std::to_string(f.nq) + " Nkv " +
