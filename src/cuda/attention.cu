@@ -1118,15 +1118,16 @@ bool attention_q16_applies(const TensorView& q, const TensorView& k, const Tenso
   if (tune.fused_q == 1) return false;
   // (Causal calls too since session 59: the prefetch follows the longest-first walk; H100,
   // (16, 32, 1024, 1024) causal 0.6810 -> 0.6473 ms.)
-  // The keys of auto's one-consumer kernel (attention_int8's c1_by_keys at D = 128), or any
+  // The keys of auto's one-consumer kernel (attention_int8's c1_by_keys: D = 128 / 64), or any
   // (fused_q 2: that kernel forced)
-  const bool keys =
-      tune.fused_q == 2 || tune.cons1 == 1 || (tune.cons1 == 0 && k.shape[1] <= kC1MaxKeys);
+  const int64_t D = q.shape[3];
+  const bool keys = tune.fused_q == 2 || tune.cons1 == 1 ||
+                    (tune.cons1 == 0 && k.shape[1] <= (D == 64 ? kC1MaxKeysD64 : kC1MaxKeys));
   const bool aligned = reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && q.stride[0] % 8 == 0 &&
                        q.stride[1] % 8 == 0 && q.stride[2] % 8 == 0;
   return keys && aligned && q.dtype == DType::bf16 && out.dtype == DType::bf16 &&
          options.pv == AttentionOptions::fp8 && options.kernel == AttentionOptions::auto_kernel &&
-         q.shape[3] == 128 && q.shape[1] <= INT32_MAX && attn::wgmma_attention_available() &&
+         (D == 128 || D == 64) && q.shape[1] <= INT32_MAX && attn::wgmma_attention_available() &&
          fp8_mma_missing().empty();
 }
 
@@ -1153,7 +1154,8 @@ bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps
   const int form = detail::attention_cuda_tuning().fused_q;
   p.heads_inner = form != 3;
   if (form != 3 && form != 4) p.q16_ahead = 2 * multiprocessor_count();
-  return attn::launch_attention_wgmma_q16(p, static_cast<int>(q.shape[0]), stream_of(ctx));
+  return attn::launch_attention_wgmma_q16(p, static_cast<int>(q.shape[0]),
+                                          static_cast<int>(q.shape[3]), stream_of(ctx));
 }
 
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,

@@ -727,13 +727,15 @@ __device__ __forceinline__ unsigned long long* r3_trace(const AttnParams& p) {
 // i / 8 (block i / 64), row (i % 8) / 2 of the group's four, the 8-channel chunks 2 k + i % 2
 // (so that a lane pair reads 32 contiguous bytes, one sector, per load). Rows past Nq
 // give codes 0 (TMA's zero fill) and no part of a maximum. The codes go to the 128-byte swizzled
-// Q rows; the scales through qs (16 floats) to the threads whose accumulator rows they scale
+// Q rows (D = 64, session 59: the 64-byte rows of the 64-byte swizzle, as TMA's SWIZZLE_64B box
+// lays them: 16-byte chunk c of row r at chunk c ^ ((r / 2) % 4)); the scales through qs (16
+// floats) to the threads whose accumulator rows they scale
 // (warp w's rows w 16 + lane / 4 and + 8: group lane / 4 of block w / 2), after named barrier
 // `bar` over the warpgroup, which also publishes the codes to the wgmmas (async proxy).
 template <int D>
 __device__ __forceinline__ float quantize_q16_rows(const AttnParams& p, int b, int h, int64_t q0,
                                                    uint32_t sq, float* qs, int i, int bar) {
-  static_assert(D == 128, "one 128-byte Q row per query row");
+  static_assert(D == 128 || D == 64, "Q rows of 128 (128-byte swizzle) or 64 bytes (64-byte)");
   constexpr int kVals = D / 2;  // channels per thread
   const int grp = i / 8, j = i % 8, odd = j % 2;
   const int r = (grp / 8) * 32 + grp % 8 + 8 * (j / 2);
@@ -766,7 +768,8 @@ __device__ __forceinline__ float quantize_q16_rows(const AttnParams& p, int b, i
   quantize_fqs_n<kVals, false>(v, scale, codes);
 #pragma unroll
   for (int k = 0; k < kVals / 8; ++k)  // channels 16 k + 8 odd .. + 7: half of code chunk k
-    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(sq + swz(r, k) + 8 * odd),
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(
+                     sq + (D == 128 ? swz(r, k) : r * 64 + ((k ^ ((r >> 1) & 3)) << 4)) + 8 * odd),
                  "r"(codes[2 * k]), "r"(codes[2 * k + 1])
                  : "memory");
   if (j == 0) qs[grp] = scale;
@@ -810,7 +813,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   // bit 13 (session 57, with bit 12 at D = 128): q quantized by the consumer from bf16 rows
   // (quantize_q16_rows; p.q16), not loaded as codes with the first tile.
   constexpr bool kQ16 = (kVar & 8192) != 0;
-  static_assert(!kQ16 || (kC1 && D == 128), "q in the kernel: one consumer, D = 128");
+  static_assert(!kQ16 || (kC1 && (D == 128 || D == 64)), "q in the kernel: one consumer");
   // bit 14 (with bit 12): non-causal grids with the heads fastest (cta_work's kHeadsInner)
   constexpr bool kHeadsInner = (kVar & 16384) != 0;
   static_assert(!kHeadsInner || kC1, "heads inner: one consumer");
@@ -1321,7 +1324,7 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
-  if (q16 && !(c1 && tma && D == 128 && p.q16)) return false;
+  if (q16 && !(c1 && tma && p.q16)) return false;
   // (kVar bit 14: the one-consumer kernel's non-causal grid with the heads fastest;
   // AttnParams::heads_inner)
   const bool heads_inner =
@@ -1379,6 +1382,9 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     if (var == 4130)
       kernel = heads_inner ? attention_wgmma_r3_kernel<D, T16, true, true, 20514>
                            : attention_wgmma_r3_kernel<D, T16, true, true, 4130>;
+    if (var == 12322)  // (session 59: q quantized in the kernel at D = 64 too)
+      kernel = heads_inner ? attention_wgmma_r3_kernel<D, T16, true, true, 28706>
+                           : attention_wgmma_r3_kernel<D, T16, true, true, 12322>;
   }
   // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA; one (var
   // 4130): 64 rows, two CTAs per multiprocessor (all of its shared memory carved out for them).
@@ -1413,8 +1419,9 @@ bool wgmma_attention_available() {
       reinterpret_cast<const void*>(attention_wgmma_kernel<128, true, __nv_bfloat16>), 128);
 }
 
-bool launch_attention_wgmma_q16(const AttnParams& p, int B, cudaStream_t stream) {
-  return launch_r3<128, __nv_bfloat16>(p, B, 12322, stream);
+bool launch_attention_wgmma_q16(const AttnParams& p, int B, int D, cudaStream_t stream) {
+  return D == 64 ? launch_r3<64, __nv_bfloat16>(p, B, 12322, stream)
+                 : launch_r3<128, __nv_bfloat16>(p, B, 12322, stream);
 }
 
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,

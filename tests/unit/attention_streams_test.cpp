@@ -729,6 +729,7 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
     int force;   // tuning fused_q for the fused run (0 default: with the L2 prefetch; 2 forced,
                  // 3 query blocks fastest, 4 no prefetch)
     bool fuses;  // whether the q codes stay unwritten
+    int64_t d = 128;
   };
   using C = AttentionOptions;
   const Form forms[] = {
@@ -749,13 +750,22 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
       // head groups and batch items)
       {2, 700, 700, 8, 4, C::bottom_right, true, true, 0.f, 1e-7f, false, 0, true},
       {1, 1000, 1500, 6, 6, C::top_left, true, false, 0.f, 1e-7f, true, 0, true},
+      // (D 64 since session 59: up to 1024 keys by default, the 64-byte swizzled Q rows)
+      {1, 1, 1, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, true, 64},
+      {2, 1000, 77, 6, 3, C::none, true, true, 0.f, 1e-7f, true, 0, true, 64},
+      {3, 333, 1024, 4, 4, C::none, false, false, 0.3f, 0.f, false, 0, true, 64},
+      {2, 700, 700, 8, 4, C::bottom_right, true, true, 0.f, 1e-7f, false, 0, true, 64},
+      {1, 130, 300, 2, 2, C::top_left, true, false, -0.5f, 1e-7f, true, 4, true, 64},
+      {1, 257, 2048, 2, 1, C::none, true, false, 0.f, 1e-7f, false, 2, true, 64},
+      {1, 64, 1100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, false, 64},
   };
   for (const Form& f : forms) {
     SCOPED_TRACE("B " + std::to_string(f.b) + " Nq " + std::to_string(f.nq) + " Nkv " +
                  std::to_string(f.nkv) + " Hq " + std::to_string(f.hq) + " Hkv " +
                  std::to_string(f.hkv) + " causal " + std::to_string(f.causal) + " sm " +
-                 std::to_string(f.sm_scale) + (f.fused_qkv ? " qkv" : ""));
-    constexpr int64_t Dq = 128;
+                 std::to_string(f.sm_scale) + " D " + std::to_string(f.d) +
+                 (f.fused_qkv ? " qkv" : ""));
+    const int64_t Dq = f.d;
     // q: (B, Nq, Hq, D) alone or slice 0 of each token's (3, Hq, D)
     const int64_t parts = f.fused_qkv ? 3 : 1;
     HostTensor qh(DType::bf16, {f.b, f.nq, parts, f.hq, Dq});
