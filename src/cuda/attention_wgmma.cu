@@ -78,6 +78,11 @@ struct WgSmem {
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
 }
+// The same in 64-byte rows under the 64-byte swizzle (TMA's SWIZZLE_64B boxes of D = 64 Q and K
+// rows): 16-byte chunk c (0..3) of row r at chunk c ^ ((r / 2) % 4).
+__device__ __forceinline__ uint32_t swz64(int row, int chunk) {
+  return static_cast<uint32_t>(row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4));
+}
 
 // Shared-memory descriptors (ptx::wgmma_desc). ptx::smem_desc: K-major, 128-byte swizzle, 8-row
 // atoms 1024 bytes apart (gemm_wgmma.cu's descriptor).
@@ -727,9 +732,8 @@ __device__ __forceinline__ unsigned long long* r3_trace(const AttnParams& p) {
 // i / 8 (block i / 64), row (i % 8) / 2 of the group's four, the 8-channel chunks 2 k + i % 2
 // (so that a lane pair reads 32 contiguous bytes, one sector, per load). Rows past Nq
 // give codes 0 (TMA's zero fill) and no part of a maximum. The codes go to the 128-byte swizzled
-// Q rows (D = 64, session 59: the 64-byte rows of the 64-byte swizzle, as TMA's SWIZZLE_64B box
-// lays them: 16-byte chunk c of row r at chunk c ^ ((r / 2) % 4)); the scales through qs (16
-// floats) to the threads whose accumulator rows they scale
+// Q rows (D = 64, session 59: the 64-byte rows of the 64-byte swizzle, swz64); the scales
+// through qs (16 floats) to the threads whose accumulator rows they scale
 // (warp w's rows w 16 + lane / 4 and + 8: group lane / 4 of block w / 2), after named barrier
 // `bar` over the warpgroup, which also publishes the codes to the wgmmas (async proxy).
 template <int D>
@@ -769,7 +773,7 @@ __device__ __forceinline__ float quantize_q16_rows(const AttnParams& p, int b, i
 #pragma unroll
   for (int k = 0; k < kVals / 8; ++k)  // channels 16 k + 8 odd .. + 7: half of code chunk k
     asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(
-                     sq + (D == 128 ? swz(r, k) : r * 64 + ((k ^ ((r >> 1) & 3)) << 4)) + 8 * odd),
+                     sq + (D == 128 ? swz(r, k) : swz64(r, k)) + 8 * odd),
                  "r"(codes[2 * k]), "r"(codes[2 * k + 1])
                  : "memory");
   if (j == 0) qs[grp] = scale;
@@ -810,7 +814,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   // once per 128-row CTA with the tensor cores idle (docs/attention.md "Session 48").
   constexpr bool kC1 = (kVar & 4096) != 0;
   static_assert(!kC1 || (kNoTurn && kTma && !kC3), "1 consumer: no turns, TMA");
-  // bit 13 (session 57, with bit 12 at D = 128): q quantized by the consumer from bf16 rows
+  // bit 13 (session 57, with bit 12 at D = 128; D = 64 too since session 59): q quantized by the
+  // consumer from bf16 rows
   // (quantize_q16_rows; p.q16), not loaded as codes with the first tile.
   constexpr bool kQ16 = (kVar & 8192) != 0;
   static_assert(!kQ16 || (kC1 && (D == 128 || D == 64)), "q in the kernel: one consumer");
@@ -898,8 +903,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   if (wg == 0 && kTma) {  // ---- producer, TMA: one warp; lane 0 issues, each lane 4 kc
     setmaxnreg_dec<kProdRegs>();
     if constexpr (kQ16) {
-      // (p.q16_ahead: the q rows of the CTA q16_ahead blocks later, into L2: 256-byte bulk
-      // prefetches, two rows per lane of warp 1)
+      // (p.q16_ahead: the q rows of the CTA q16_ahead blocks later, into L2: bulk prefetches of
+      // a row's 2 D bytes, two rows per lane of warp 1)
       if (warp == 1 && p.q16_ahead > 0) {
         const unsigned X = gridDim.x, Y = gridDim.y;
         const unsigned lin = blockIdx.x + X * (blockIdx.y + Y * blockIdx.z) + p.q16_ahead;
