@@ -472,8 +472,9 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
   // Session 57: on CUDA, where the keys are few (the fp8 kernel on one consumer warpgroup), q
   // without norm or rope is quantized inside the attention kernel (the q pass's codes and scales,
   // never written to memory): at Wan's cross-attention the pass moved more bytes than the kernel.
-  // Session 58: by default without a causal mask only, where each CTA's producer prefetches the
-  // q rows of the CTA two waves ahead into L2 (without that prefetch the form lost: 0.91x).
+  // Session 58: each CTA's producer prefetches the q rows of the CTA two waves ahead into L2
+  // (without that prefetch the form lost: 0.91x). Session 59: causal calls (the prefetch along
+  // their longest-first walk) and D 64 too.
   // Where that kernel turns out not to apply after all (no TMA descriptor), the pass runs below.
   bool q_in_kernel = false;
 #ifdef LOWBIT_WITH_CUDA

@@ -908,6 +908,9 @@ constexpr int64_t kC1MaxKeys = 2048;
 // the default's 0.4411 and (1, 24, 8192, 1024) 0.2232 -> 0.2385, longer ones 0.85-0.9x.
 constexpr int64_t kC1MaxKeysD64 = 1024;
 constexpr int64_t kRingC1MaxKeys = 512;
+// The fp8 P·V one-consumer kernel's key bound at head dim D (attention_int8's auto choice, which
+// attention()'s q-in-kernel form follows).
+constexpr int64_t c1_max_keys(int64_t D) { return D == 64 ? kC1MaxKeysD64 : kC1MaxKeys; }
 
 }  // namespace
 
@@ -1027,7 +1030,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   auto c1_by_keys = [&](int64_t max_keys) {
     return tune.cons1 == 1 || (tune.cons1 == 0 && max_keys > 0 && p.Nkv <= max_keys);
   };
-  const bool one_consumer = c1_by_keys(D == 64 ? kC1MaxKeysD64 : kC1MaxKeys);
+  const bool one_consumer = c1_by_keys(c1_max_keys(D));
   const int ring_cons = tune.ring_cons != 0                      ? tune.ring_cons
                         : D == 128 && c1_by_keys(kRingC1MaxKeys) ? 1
                                                                  : 0;
@@ -1121,8 +1124,8 @@ bool attention_q16_applies(const TensorView& q, const TensorView& k, const Tenso
   // The keys of auto's one-consumer kernel (attention_int8's c1_by_keys: D = 128 / 64), or any
   // (fused_q 2: that kernel forced)
   const int64_t D = q.shape[3];
-  const bool keys = tune.fused_q == 2 || tune.cons1 == 1 ||
-                    (tune.cons1 == 0 && k.shape[1] <= (D == 64 ? kC1MaxKeysD64 : kC1MaxKeys));
+  const bool keys =
+      tune.fused_q == 2 || tune.cons1 == 1 || (tune.cons1 == 0 && k.shape[1] <= c1_max_keys(D));
   const bool aligned = reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && q.stride[0] % 8 == 0 &&
                        q.stride[1] % 8 == 0 && q.stride[2] % 8 == 0;
   return keys && aligned && q.dtype == DType::bf16 && out.dtype == DType::bf16 &&
