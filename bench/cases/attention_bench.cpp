@@ -802,6 +802,7 @@ class AttentionShortBench : public BenchCase {
     struct S {
       int64_t B, H, Nq, Nkv, D;
       bool causal = false;  // (session 59) bottom-right causal: LLM prefills of short prompts
+      DType dt = DType::bf16;  // (session 60) q, k, v and the output in f16 too (SDXL, fp16 LLMs)
     };
     const std::vector<S> shapes =
         env.quick ? std::vector<S>{{1, 8, 1024, 512, 128}}
@@ -823,19 +824,28 @@ class AttentionShortBench : public BenchCase {
                                    // (session 59) SDXL's cross-attention at 1024^2, batch 2
                                    // (CFG): 77 text keys, D 64, 10 / 20 heads
                                    {2, 10, 4096, 77, 64},
-                                   {2, 20, 1024, 77, 64}};
+                                   {2, 20, 1024, 77, 64},
+                                   // (session 60) the same kernels and calls on f16 tensors
+                                   {2, 10, 4096, 77, 64, false, DType::f16},
+                                   {64, 24, 256, 256, 64, false, DType::f16},
+                                   {1, 24, 4096, 4096, 64, false, DType::f16},
+                                   {64, 24, 256, 256, 128, false, DType::f16},
+                                   {1, 24, 8192, 1024, 128, false, DType::f16},
+                                   {1, 24, 4608, 4608, 128, false, DType::f16},
+                                   {16, 32, 1024, 1024, 128, true, DType::f16}};
     const Device dev = env.device;
     Context ctx = env.ctx;
     for (const S& s : shapes) {
       const std::string shape = "(" + std::to_string(s.B) + ", " + std::to_string(s.H) + ", " +
                                 std::to_string(s.Nq) + ", " + std::to_string(s.Nkv) + ", " +
-                                std::to_string(s.D) + ") bf16" + (s.causal ? " causal" : "");
+                                std::to_string(s.D) + ") " + dtype_name(s.dt) +
+                                (s.causal ? " causal" : "");
       if (!env.shape_selected(shape)) continue;
       const int64_t B = s.B, H = s.H, Nq = s.Nq, Nkv = s.Nkv, D = s.D;
-      DeviceTensor q = make_tensor(dev, DType::bf16, {B, Nq, H, D}, 51);
-      DeviceTensor k = make_tensor(dev, DType::bf16, {B, Nkv, H, D}, 52);
-      DeviceTensor v = make_tensor(dev, DType::bf16, {B, Nkv, H, D}, 53);
-      DeviceTensor out = make_empty(dev, DType::bf16, {B, Nq, H, D});
+      DeviceTensor q = make_tensor(dev, s.dt, {B, Nq, H, D}, 51);
+      DeviceTensor k = make_tensor(dev, s.dt, {B, Nkv, H, D}, 52);
+      DeviceTensor v = make_tensor(dev, s.dt, {B, Nkv, H, D}, 53);
+      DeviceTensor out = make_empty(dev, s.dt, {B, Nq, H, D});
       const KernelCodes codes = kernel_codes(dev, B, Nq, Nkv, H, D, 54);
       DeviceTensor v8 = make_empty(dev, DType::e4m3, {B, H, D, (Nkv + 63) / 64 * 64});
       DeviceTensor vs = make_empty(dev, DType::f32, {B, H, D});
@@ -881,7 +891,7 @@ class AttentionShortBench : public BenchCase {
       std::vector<Call> calls = {kernel, cons1,          cons1_heads_inner, cons2,
                                  call,   mma_sync,       k_two_passes,      fork_q_off,
                                  q_pass, q_blocks_outer, q_prefetch};
-      if (Nq == Nkv && !s.causal) calls.push_back(with_norm_rope);
+      if (Nq == Nkv && !s.causal && s.dt == DType::bf16) calls.push_back(with_norm_rope);
       if (D == 128 && !s.causal) calls.insert(calls.end(), {pv16, pv16_cons1, pv16_cons2});
       // causal: the kernel's forms, the call (q in the kernel, prefetched), q's own pass, and q in
       // the kernel without the prefetch
@@ -943,7 +953,7 @@ class AttentionShortBench : public BenchCase {
       }
       // Session 52: batches of short sequences (queries = keys), where the passes weigh most:
       // the one call in its pieces.
-      if (Nq == Nkv && B > 1 && !s.causal)
+      if (Nq == Nkv && B > 1 && !s.causal && s.dt == DType::bf16)
         pieces_of_one_call(env, Shape{B, H, Nq, D}, q, k, v, out, rows);
     }
     return rows;

@@ -1128,10 +1128,11 @@ bool attention_q16_applies(const TensorView& q, const TensorView& k, const Tenso
       tune.fused_q == 2 || tune.cons1 == 1 || (tune.cons1 == 0 && k.shape[1] <= c1_max_keys(D));
   const bool aligned = reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && q.stride[0] % 8 == 0 &&
                        q.stride[1] % 8 == 0 && q.stride[2] % 8 == 0;
-  return keys && aligned && q.dtype == DType::bf16 && out.dtype == DType::bf16 &&
-         options.pv == AttentionOptions::fp8 && options.kernel == AttentionOptions::auto_kernel &&
-         (D == 128 || D == 64) && q.shape[1] <= INT32_MAX && attn::wgmma_attention_available() &&
-         fp8_mma_missing().empty();
+  // (f16 q and output too since session 60: the same kernels as bf16.)
+  return keys && aligned && (q.dtype == DType::bf16 || q.dtype == DType::f16) &&
+         out.dtype == q.dtype && options.pv == AttentionOptions::fp8 &&
+         options.kernel == AttentionOptions::auto_kernel && (D == 128 || D == 64) &&
+         q.shape[1] <= INT32_MAX && attn::wgmma_attention_available() && fp8_mma_missing().empty();
 }
 
 bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps,
@@ -1158,7 +1159,7 @@ bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps
   p.heads_inner = form != 3;
   if (form != 3 && form != 4) p.q16_ahead = 2 * multiprocessor_count();
   return attn::launch_attention_wgmma_q16(p, static_cast<int>(q.shape[0]),
-                                          static_cast<int>(q.shape[3]), stream_of(ctx));
+                                          static_cast<int>(q.shape[3]), q.dtype, stream_of(ctx));
 }
 
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,

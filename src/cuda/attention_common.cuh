@@ -71,10 +71,11 @@ struct AttnParams {
   // epilogue releasing ring stages by each consumer warp's lane 0 after __syncwarp (kVar bit 11).
   bool lane0_release = false;
   // attention()'s q quantized inside the fp8 one-consumer kernel (session 57; kVar bit 13 of
-  // the round-3 kernel): q16 (B, Nq, Hq, D) bf16 at element strides q16_s*, no norm or rope,
-  // SPEC §1's THREAD_Q groups of 32-row blocks with sm_scale q16_sm_scale and scale_eps q16_eps,
-  // the prologue pass's arithmetic value for value (the same codes and scales). p.q and
-  // p.q_scale are not read then. Null: the codes and scales come from p.q / p.q_scale.
+  // the round-3 kernel): q16 (B, Nq, Hq, D) of the output's type (bf16 or f16) at element strides
+  // q16_s*, no norm or rope, SPEC §1's THREAD_Q groups of 32-row blocks with sm_scale q16_sm_scale
+  // and scale_eps q16_eps, the prologue pass's arithmetic value for value (the same codes and
+  // scales). p.q and p.q_scale are not read then. Null: the codes and scales come from p.q /
+  // p.q_scale.
   const void* q16 = nullptr;
   int64_t q16_sb = 0, q16_sn = 0, q16_sh = 0;
   float q16_sm_scale = 1.f, q16_eps = 0.f;
@@ -729,11 +730,13 @@ void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType o
                             WgmmaKernel which, cudaStream_t stream);
 
 // The fp8 P·V kernel at D = 128 or (session 59) 64 on one consumer warpgroup
-// (round3_i2fp_no_turn_c1) quantizing bf16 q itself (p.q16, session 57), bf16 output. False,
+// (round3_i2fp_no_turn_c1) quantizing 16-bit q itself (p.q16, session 57), q and the output
+// both of `dtype` (bf16, or since session 60 f16). False,
 // launching nothing, where it does not apply (k scales not constant per 64-key half, a TMA
 // descriptor that cannot be made); the caller then quantizes q and launches the kernel on the
 // codes. Needs wgmma_attention_available().
-bool launch_attention_wgmma_q16(const AttnParams& p, int B, int D, cudaStream_t stream);
+bool launch_attention_wgmma_q16(const AttnParams& p, int B, int D, DType dtype,
+                                cudaStream_t stream);
 
 // The sm_90a head-dim-256 kernel (attention_wgmma256.cu; fp8 or 16-bit P·V, out bf16 or f16):
 // a TMA producer warp feeding a ring of 64-key stages, two consumer warpgroups of 64 rows.

@@ -724,7 +724,8 @@ __device__ __forceinline__ unsigned long long* r3_trace(const AttnParams& p) {
   return p.trace + static_cast<size_t>(cta) * kAttnTraceWords;
 }
 
-// kVar bit 13 (session 57): the CTA's 64 query rows q0 .. q0 + 63 of bf16 q (p.q16) quantized
+// kVar bit 13 (session 57): the CTA's 64 query rows q0 .. q0 + 63 of 16-bit q (p.q16: bf16, or
+// f16 since session 60; T16, the output's type) quantized
 // into its Q rows by the consumer warpgroup, as attention()'s q pass would (SPEC §1, THREAD_Q
 // groups of 32-row blocks: group r % 8 holds rows r, r + 8, r + 16, r + 24; no norm or rope):
 // the maximum of |x| over the group, times |sm_scale|, div.full by 127 plus scale_eps, then the
@@ -736,7 +737,7 @@ __device__ __forceinline__ unsigned long long* r3_trace(const AttnParams& p) {
 // through qs (16 floats) to the threads whose accumulator rows they scale
 // (warp w's rows w 16 + lane / 4 and + 8: group lane / 4 of block w / 2), after named barrier
 // `bar` over the warpgroup, which also publishes the codes to the wgmmas (async proxy).
-template <int D>
+template <int D, typename T16>
 __device__ __forceinline__ float quantize_q16_rows(const AttnParams& p, int b, int h, int64_t q0,
                                                    uint32_t sq, float* qs, int i, int bar) {
   static_assert(D == 128 || D == 64, "Q rows of 128 (128-byte swizzle) or 64 bytes (64-byte)");
@@ -747,14 +748,15 @@ __device__ __forceinline__ float quantize_q16_rows(const AttnParams& p, int b, i
   float v[kVals];  // v[8 k + e]: channel 8 (2 k + odd) + e
   if (row < p.Nq) {
     const uint4* src =
-        reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(p.q16) + b * p.q16_sb +
+        reinterpret_cast<const uint4*>(static_cast<const T16*>(p.q16) + b * p.q16_sb +
                                        row * p.q16_sn + h * p.q16_sh) +
         odd;
     uint4 x[kVals / 8];
 #pragma unroll
     for (int k = 0; k < kVals / 8; ++k) x[k] = load_stream16(src + 2 * k);
 #pragma unroll
-    for (int k = 0; k < kVals / 8; ++k) unpack<true>(x[k], v + 8 * k);
+    for (int k = 0; k < kVals / 8; ++k)
+      unpack<std::is_same<T16, __nv_bfloat16>::value>(x[k], v + 8 * k);
   } else {
 #pragma unroll
     for (int k = 0; k < kVals; ++k) v[k] = 0.f;
@@ -815,8 +817,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   constexpr bool kC1 = (kVar & 4096) != 0;
   static_assert(!kC1 || (kNoTurn && kTma && !kC3), "1 consumer: no turns, TMA");
   // bit 13 (session 57, with bit 12 at D = 128; D = 64 too since session 59): q quantized by the
-  // consumer from bf16 rows
-  // (quantize_q16_rows; p.q16), not loaded as codes with the first tile.
+  // consumer from 16-bit rows of the output's type (quantize_q16_rows; p.q16), not loaded as
+  // codes with the first tile.
   constexpr bool kQ16 = (kVar & 8192) != 0;
   static_assert(!kQ16 || (kC1 && (D == 128 || D == 64)), "q in the kernel: one consumer");
   // bit 14 (with bit 12): non-causal grids with the heads fastest (cta_work's kHeadsInner)
@@ -916,8 +918,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
           for (int i = 0; i < 2; ++i) {
             const int64_t row = static_cast<int64_t>(w.qb) * 64 + lane + 32 * i;
             if (row < p.Nq) {
-              const __nv_bfloat16* src = static_cast<const __nv_bfloat16*>(p.q16) + z * p.q16_sb +
-                                         row * p.q16_sn + w.h * p.q16_sh;
+              const T16* src =
+                  static_cast<const T16*>(p.q16) + z * p.q16_sb + row * p.q16_sn + w.h * p.q16_sh;
               asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(2 * D)
                            : "memory");
             }
@@ -1050,8 +1052,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   // The logits are t * qs with t = float(acc) * kc (q_scale_floor: qs > 0).
   float qm0, qm1;
   if constexpr (kQ16) {  // (named barrier 9: ids 3 + cw and 6 + cw are the vote's and epilogue's)
-    const float s = quantize_q16_rows<D>(p, b, h, q0, base + L::kQ,
-                                         reinterpret_cast<float*>(sbase + L::kQs), tid & 127, 9);
+    const float s = quantize_q16_rows<D, T16>(
+        p, b, h, q0, base + L::kQ, reinterpret_cast<float*>(sbase + L::kQs), tid & 127, 9);
     qm0 = fmaxf(row0 < p.Nq ? s : 0.f, 1.17549435e-38f);
     qm1 = fmaxf(row1 < p.Nq ? s : 0.f, 1.17549435e-38f);
   } else {
@@ -1288,11 +1290,13 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // D = 64 (three consumers, var 162; bf16 output, per-half kc): Q and K boxes of 64-byte rows
   // in the 64-byte swizzle (the consumers' descriptors follow), V as at D = 128; else (or if a
   // map cannot be made) the two-consumer var 34 or round 3 (same bits).
+  // (Variants 34, 162, 4130 and 12322 ran for bf16 output only until session 60; f16 output
+  // took plain round 3. Now both 16-bit types; the bench-only variants stay bf16.)
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
-  // var 4130 (bf16 output, per-half kc, TMA): Q in boxes of 64 rows (one CTA's)
+  // var 4130 (per-half kc, TMA): Q in boxes of 64 rows (one CTA's)
   const bool q16 = var == 12322;
-  const bool c1 = (var == 4130 || q16) && kBf16 && kc_half;
-  const bool tma64 = D == 64 && kBf16 && kc_half && (var == 162 || c1);
+  const bool c1 = (var == 4130 || q16) && kc_half;
+  const bool tma64 = D == 64 && kc_half && (var == 162 || c1);
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
@@ -1336,7 +1340,7 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       (q16 || var == 4130) && p.heads_inner && !p.causal && ceil_div(p.Nq, 64) <= 65535;
   if (var == 162 && !(tma && D == 64)) var = 34;
   if (var == 4130 && !(c1 && tma)) var = 34;
-  if (var == 34 && !(kBf16 && kc_half && (D == 64 || tma))) var = 0;
+  if (var == 34 && !(kc_half && (D == 64 || tma))) var = 0;
   // Var 34 at D = 128 (TMA): bit 9 the staged epilogue (p.staged_epilogue; 16-byte aligned
   // output rows), bit 10 the bench's per-CTA stamps (p.trace).
   int extra = 0;
@@ -1344,23 +1348,28 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     const bool aligned = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && p.o_sn % 8 == 0 &&
                          p.o_sh % 8 == 0 && p.o_sb % 8 == 0;
     if (p.staged_epilogue && aligned) extra |= 512;
-    if (p.trace && !q16) extra |= 1024;
-    if ((extra & 512) && p.lane0_release && var == 34) extra |= 2048;  // (the bench's A/B)
+    if (p.trace && !q16 && kBf16) extra |= 1024;
+    if ((extra & 512) && p.lane0_release && var == 34 && kBf16) extra |= 2048;  // (the bench's)
   }
   auto pick = [&](auto tma_c) {
     constexpr bool kT = decltype(tma_c)::value;
     using K = void (*)(const AttnParams, const R3Maps);
     K k = kc_half ? attention_wgmma_r3_kernel<D, T16, true, kT, 0>
                   : attention_wgmma_r3_kernel<D, T16, false, kT, 0>;
-    if constexpr (kBf16 && (D == 64 || kT)) {
+    if constexpr (D == 64 || kT) {
       if (var == 34) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34>;
     }
-    if constexpr (kBf16 && D == 128 && kT) {
-      if (var == 34 && extra == 512) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 512>;
+    if constexpr (kBf16 && D == 128 && kT) {  // (the bench's per-CTA stamps and lane-0 release)
       if (var == 34 && extra == 1024) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1024>;
       if (var == 34 && extra == 1536) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1536>;
       if (var == 34 && extra == 2560) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 2560>;
       if (var == 34 && extra == 3584) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 3584>;
+      if (var == 4130 && !heads_inner && (extra & 1024))
+        k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 1536>
+                        : attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 1024>;
+    }
+    if constexpr (D == 128 && kT) {
+      if (var == 34 && extra == 512) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 512>;
       if (var == 12322 && !heads_inner)
         k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 12322 | 512>
                         : attention_wgmma_r3_kernel<D, T16, true, kT, 12322>;
@@ -1370,19 +1379,15 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if (var == 4130 && heads_inner)
         k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 20514 | 512>
                         : attention_wgmma_r3_kernel<D, T16, true, kT, 20514>;
-      if (var == 4130 && !heads_inner) {
+      if (var == 4130 && !heads_inner && !(extra & 1024))
         k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 512>
                         : attention_wgmma_r3_kernel<D, T16, true, kT, 4130>;
-        if (extra & 1024)
-          k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 1536>
-                          : attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 1024>;
-      }
     }
     return k;
   };
   auto kernel = tma ? pick(std::integral_constant<bool, D == 128 && kR3Tma>{})
                     : pick(std::false_type{});
-  if constexpr (D == 64 && kBf16) {  // three consumers / one, the TMA producer (var 162 / 4130)
+  if constexpr (D == 64) {  // three consumers / one, the TMA producer (var 162 / 4130)
     if (var == 162) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
     if (var == 4130)
       kernel = heads_inner ? attention_wgmma_r3_kernel<D, T16, true, true, 20514>
@@ -1424,7 +1429,11 @@ bool wgmma_attention_available() {
       reinterpret_cast<const void*>(attention_wgmma_kernel<128, true, __nv_bfloat16>), 128);
 }
 
-bool launch_attention_wgmma_q16(const AttnParams& p, int B, int D, cudaStream_t stream) {
+bool launch_attention_wgmma_q16(const AttnParams& p, int B, int D, DType dtype,
+                                cudaStream_t stream) {
+  if (dtype == DType::f16)
+    return D == 64 ? launch_r3<64, __half>(p, B, 12322, stream)
+                   : launch_r3<128, __half>(p, B, 12322, stream);
   return D == 64 ? launch_r3<64, __nv_bfloat16>(p, B, 12322, stream)
                  : launch_r3<128, __nv_bfloat16>(p, B, 12322, stream);
 }

@@ -958,6 +958,27 @@ LOWBIT_HARNESS_CASES(attention_cases) {
         DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
         Pattern::random);
   }
+  // `.f16out` (session 60): auto's fp8 P·V kernels with f16 output, which ran plain round 3
+  // until then and now take the bf16 kernels (one consumer per CTA up to 2048 / 1024 keys at D
+  // 128 / 64, past them two consumers at D 128 and three at D 64): 1-6 row blocks with partial
+  // ones, GQA, fewer keys than rows, the rings wrapping, 3 causal modes, THREAD_Q/K + HND + K-mean
+  // LSE, V mean.
+  for (int64_t d : {64, 128}) {
+    auto add = [&](Shape s, O o, bool thread) {
+      cases.push_back(std::make_unique<Int8AttentionCase>(
+          s, o, DType::f16, thread ? ScaleLayout::thread_q : ScaleLayout::per_block,
+          thread ? 32 : 128, thread ? ScaleLayout::thread_k : ScaleLayout::per_block, 64, thread,
+          thread, Pattern::random, "f16out"));
+    };
+    for (const Shape& s :
+         {Shape{1, 1, 1, 1, 1, d}, Shape{2, 127, 127, 4, 2, d}, Shape{1, 200, 77, 2, 2, d},
+          Shape{1, 65, 300, 3, 1, d}, Shape{1, 300, 1100, 2, 2, d}, Shape{1, 130, 2100, 2, 1, d}})
+      for (auto c : {O::none, O::bottom_right, O::top_left}) add(s, make_opt(O::fp8, c), false);
+    add(Shape{1, 257, 390, 2, 2, d}, make_opt(O::fp8, O::bottom_right), true);
+    O vm = make_opt(O::fp8, O::top_left);
+    vm.smooth_v = true;
+    add(Shape{1, 250, 250, 2, 2, d}, vm, false);
+  }
   // Diagnostics (see Pattern), on every kernel: 390 keys = 3 full tiles + a partial one.
   for (auto kernel : {O::mma_sync, O::wgmma, O::wgmma_r3})
     for (auto pv : {O::fp8, O::f16})
@@ -1037,6 +1058,15 @@ LOWBIT_HARNESS_CASES(attention_cases) {
                                                           make_opt(pv, c), DType::bf16));
       cases.push_back(std::make_unique<AttentionCallCase>(Shape{2, 33, 90, 2, 2, 64},
                                                           make_opt(pv, c), DType::f16));
+    }
+  // (session 60) f16 q, k, v into fp8 P·V: q quantized in the kernel (D 128 up to 2048 keys, D 64
+  // up to 1024), past that q's own pass.
+  for (auto c : {O::none, O::bottom_right, O::top_left})
+    for (const Shape& s : {Shape{1, 150, 150, 2, 1, 128}, Shape{2, 70, 2100, 2, 1, 128},
+                           Shape{3, 200, 77, 4, 2, 64}, Shape{1, 130, 1100, 2, 2, 64}}) {
+      O o = make_opt(O::fp8, c);
+      o.smooth_v = s.Nkv == 77;
+      cases.push_back(std::make_unique<AttentionCallCase>(s, o, DType::f16));
     }
   for (auto pv : {O::fp8, O::f16})
     for (auto c : {O::none, O::bottom_right})

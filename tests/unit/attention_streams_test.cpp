@@ -714,7 +714,7 @@ TEST(AttentionCuda, ShortVKernelGivesThePassesBits) {
 // an all-zero q row (codes 0 by the zero-scale rule), a huge row, q a strided view of a fused QKV
 // buffer, (fused_q 2) 4096 keys, and 2100 keys by default (past the one-consumer kernel: q's pass
 // runs). Also the kernel on q's codes with the grid's heads fastest (tuning heads_inner) against
-// the default order.
+// the default order, and (session 60) plain round 3 against auto's kernel; f16 forms as well.
 TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
   if (!built_with_cuda() || cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
@@ -730,6 +730,7 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
                  // 3 query blocks fastest, 4 no prefetch)
     bool fuses;  // whether the q codes stay unwritten
     int64_t d = 128;
+    DType dt = DType::bf16;  // q, k, v and the output (f16 since session 60)
   };
   using C = AttentionOptions;
   const Form forms[] = {
@@ -758,24 +759,32 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
       {1, 130, 300, 2, 2, C::top_left, true, false, -0.5f, 1e-7f, true, 4, true, 64},
       {1, 257, 2048, 2, 1, C::none, true, false, 0.f, 1e-7f, false, 2, true, 64},
       {1, 64, 1100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, false, 64},
+      // (f16 since session 60: the same kernels as bf16, q read as f16)
+      {2, 17, 77, 4, 2, C::none, true, false, 0.f, 1e-7f, false, 0, true, 128, DType::f16},
+      {2, 700, 700, 8, 4, C::bottom_right, true, true, 0.f, 1e-7f, false, 0, true, 128, DType::f16},
+      {1, 200, 128, 2, 2, C::none, true, false, -0.5f, 1e-7f, true, 4, true, 128, DType::f16},
+      {1, 64, 2100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, false, 128, DType::f16},
+      {2, 1000, 77, 6, 3, C::none, true, true, 0.f, 1e-7f, true, 0, true, 64, DType::f16},
+      {1, 257, 2048, 2, 1, C::top_left, true, false, 0.3f, 0.f, false, 2, true, 64, DType::f16},
+      {1, 64, 4000, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, false, 64, DType::f16},
   };
   for (const Form& f : forms) {
     SCOPED_TRACE("B " + std::to_string(f.b) + " Nq " + std::to_string(f.nq) + " Nkv " +
                  std::to_string(f.nkv) + " Hq " + std::to_string(f.hq) + " Hkv " +
                  std::to_string(f.hkv) + " causal " + std::to_string(f.causal) + " sm " +
-                 std::to_string(f.sm_scale) + " D " + std::to_string(f.d) +
+                 std::to_string(f.sm_scale) + " D " + std::to_string(f.d) + " " + dtype_name(f.dt) +
                  (f.fused_qkv ? " qkv" : ""));
     const int64_t Dq = f.d;
     // q: (B, Nq, Hq, D) alone or slice 0 of each token's (3, Hq, D)
     const int64_t parts = f.fused_qkv ? 3 : 1;
-    HostTensor qh(DType::bf16, {f.b, f.nq, parts, f.hq, Dq});
+    HostTensor qh(f.dt, {f.b, f.nq, parts, f.hq, Dq});
     qh.fill_normal(rng, 0.2f, 1.f);
     const int64_t row = parts * f.hq * Dq;
     for (int64_t c = 0; c < Dq; ++c) {
       qh.set((0 * f.nq + f.nq / 2) * row + c, 0.f);  // an all-zero row of head 0
       if (f.nq > 3) qh.set((0 * f.nq + 3) * row + (f.hq - 1) * Dq + c, 3e4f * (c % 2 ? 1 : -1));
     }
-    HostTensor kh(DType::bf16, {f.b, f.nkv, f.hkv, Dq}), vh(DType::bf16, {f.b, f.nkv, f.hkv, Dq});
+    HostTensor kh(f.dt, {f.b, f.nkv, f.hkv, Dq}), vh(f.dt, {f.b, f.nkv, f.hkv, Dq});
     kh.fill_normal(rng, 0.3f, 1.f);
     vh.fill_normal(rng, 0.1f, 1.f);
     Buffer qb(Device::cuda, qh.bytes.size()), kb(Device::cuda, kh.bytes.size()),
@@ -784,12 +793,12 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
     copy_to_device(qb.data(), qh.bytes.data(), qh.bytes.size(), ctx);
     copy_to_device(kb.data(), kh.bytes.data(), kh.bytes.size(), ctx);
     copy_to_device(vb.data(), vh.bytes.data(), vh.bytes.size(), ctx);
-    TensorView q = make_view(qb.data(), DType::bf16, {f.b, f.nq, f.hq, Dq}, Device::cuda);
+    TensorView q = make_view(qb.data(), f.dt, {f.b, f.nq, f.hq, Dq}, Device::cuda);
     q.stride[0] = f.nq * row;
     q.stride[1] = row;
-    const TensorView k = make_view(kb.data(), DType::bf16, {f.b, f.nkv, f.hkv, Dq}, Device::cuda);
-    const TensorView v = make_view(vb.data(), DType::bf16, {f.b, f.nkv, f.hkv, Dq}, Device::cuda);
-    const TensorView o = make_view(ob.data(), DType::bf16, {f.b, f.nq, f.hq, Dq}, Device::cuda);
+    const TensorView k = make_view(kb.data(), f.dt, {f.b, f.nkv, f.hkv, Dq}, Device::cuda);
+    const TensorView v = make_view(vb.data(), f.dt, {f.b, f.nkv, f.hkv, Dq}, Device::cuda);
+    const TensorView o = make_view(ob.data(), f.dt, {f.b, f.nq, f.hq, Dq}, Device::cuda);
     TensorView lse = make_view(lb.data(), DType::f32, {f.b, f.hq, f.nq}, Device::cuda);
     AttentionOptions opt;
     opt.causal = f.causal;
@@ -802,8 +811,10 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
     const size_t wb = attention_workspace_bytes(q, k, opt);
     Buffer ws(Device::cuda, wb);
     const size_t q_codes = static_cast<size_t>(f.b * f.nq * f.hq * Dq);  // the workspace's first
-    std::vector<uint8_t> outs[3], lses[3], codes[3];
-    for (int pass = 0; pass < 3; ++pass) {  // q in the kernel, q's pass, q's pass + heads_inner
+    std::vector<uint8_t> outs[4], lses[4], codes[4];
+    // q in the kernel, q's pass, q's pass + heads_inner, (session 60) q's pass + plain round 3
+    // (wgmma_r3 without no_turn: what f16 output ran before)
+    for (int pass = 0; pass < 4; ++pass) {
       detail::AttentionCudaTuning t;
       t.fused_q = pass >= 1 ? 1 : f.force;
       t.heads_inner = pass == 2;
@@ -811,7 +822,9 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
       device_memset(ws.data(), 0x5a, wb, ctx);
       device_memset(ob.data(), 0, ob.bytes(), ctx);
       device_memset(lb.data(), 0x7f, lb.bytes(), ctx);
-      attention(q, k, v, o, &lse, opt, ws.data(), wb, ctx);
+      AttentionOptions o_pass = opt;
+      if (pass == 3) o_pass.kernel = AttentionOptions::wgmma_r3;
+      attention(q, k, v, o, &lse, o_pass, ws.data(), wb, ctx);
       detail::set_attention_cuda_tuning({});
       outs[pass] = to_host(ob, ctx);
       lses[pass] = to_host(lb, ctx);
@@ -825,6 +838,8 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
     EXPECT_EQ(lses[0], lses[1]) << "LSE: q in the kernel vs its pass";
     EXPECT_EQ(outs[2], outs[1]) << "outputs: the codes' kernel with the heads fastest";
     EXPECT_EQ(lses[2], lses[1]) << "LSE: the codes' kernel with the heads fastest";
+    EXPECT_EQ(outs[3], outs[1]) << "outputs: plain round 3 vs auto's kernel";
+    EXPECT_EQ(lses[3], lses[1]) << "LSE: plain round 3 vs auto's kernel";
     const std::vector<uint8_t> untouched(q_codes, 0x5a);
     EXPECT_EQ(codes[0] == untouched, f.fuses) << "the q codes in the workspace";
     EXPECT_NE(codes[1], untouched) << "q's pass wrote no codes";
