@@ -31,8 +31,8 @@ namespace cuda {
 #include "src/cpu/attention_backend_api.inc"  // NOLINT(build/include)
 
 // attention()'s q quantized inside the attention kernel (src/cuda/attention.cu; session 57):
-// whether the call takes that form (bf16 q and out, fp8 P·V, auto kernel, D = 128 or (session
-// 59) 64, the keys
+// whether the call takes that form (bf16 or (session 60) f16 q and out of one type, fp8 P·V, auto
+// kernel, D = 128 or (session 59) 64, the keys
 // within the one-consumer kernel's range, q 16-byte aligned with strides of multiples of 8,
 // an sm_90a GPU; tuning fused_q), and the kernel itself on the raw q with the pass's sm_scale
 // and scale_eps (k, V, their scales and means from the call's passes; options with sm_scale 1).

@@ -715,12 +715,13 @@ enum class WgmmaKernel {
   round3_i2fp_no_turn,
   // round3_i2fp_no_turn with three consumer warpgroups (192 query rows per CTA) at D = 64, fed
   // by a TMA producer warp (setmaxnreg 24; Q and K in 64-byte rows, 64-byte swizzle) with the
-  // consumers at 160 registers; same bits; bf16 output with per-half k scales, else (and at
+  // consumers at 160 registers; same bits; per-half k scales (any 16-bit output since session
+  // 60; bf16 only before), else (and at
   // D = 128) round3_i2fp_no_turn / round 3; bench knob cons3. auto at D = 64 since H200 run 16
   round3_i2fp_no_turn_c3,
   // round3_i2fp_no_turn with one consumer warpgroup (64 query rows per CTA, a 3-stage ring) and
   // two CTAs per multiprocessor at D = 128 and 64 (TMA producer, setmaxnreg 24 / 232); same
-  // bits; bf16 output with per-half k scales, else round3_i2fp_no_turn / round 3; auto up to
+  // bits; per-half k scales (bf16 or f16 output), else round3_i2fp_no_turn / round 3; auto up to
   // kC1MaxKeys / kC1MaxKeysD64 keys (attention.cu), tuning knob cons1
   round3_i2fp_no_turn_c1
 };

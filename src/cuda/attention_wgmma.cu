@@ -1287,7 +1287,7 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // the cp.async producer if a map cannot be made.
   // For now only the per-half-kc launches take TMA, so that the harness exercises both
   // producers at D = 128 (the `.kblock32` cases run the cp.async one).
-  // D = 64 (three consumers, var 162; bf16 output, per-half kc): Q and K boxes of 64-byte rows
+  // D = 64 (three consumers, var 162; per-half kc): Q and K boxes of 64-byte rows
   // in the 64-byte swizzle (the consumers' descriptors follow), V as at D = 128; else (or if a
   // map cannot be made) the two-consumer var 34 or round 3 (same bits).
   // (Variants 34, 162, 4130 and 12322 ran for bf16 output only until session 60; f16 output
@@ -1322,7 +1322,7 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     const uint64_t vs[2] = {static_cast<uint64_t>(p.npad), static_cast<uint64_t>(p.npad) * D};
     const uint32_t vbox[3] = {kBN, static_cast<uint32_t>(D), 1};
     // (three consumers, var 162: Q in boxes of 64 rows, one per consumer; the fallbacks below
-    // keep var 162 exactly for bf16 output with per-half kc once TMA is on)
+    // keep var 162 exactly for per-half kc once TMA is on)
     tma = (q16 || qk_map(&maps.q, p.q, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, &maps_q_rows_outer,
                          tma64 || c1 ? 64u : static_cast<uint32_t>(kBM))) &&
           qk_map(&maps.k, p.k, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, &maps_k_rows_outer, kBM) &&
@@ -1331,7 +1331,7 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   maps.q_rows_outer = maps_q_rows_outer;
   maps.k_rows_outer = maps_k_rows_outer;
   // var 162 (three consumers): D = 64 with its maps, else 34;
-  // var 34 (round 3 + I2FP without turns): bf16 output, per-half kc, and at D = 128 the TMA
+  // var 34 (round 3 + I2FP without turns): per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
   if (q16 && !(c1 && tma && p.q16)) return false;
   // (kVar bit 14: the one-consumer kernel's non-causal grid with the heads fastest;
