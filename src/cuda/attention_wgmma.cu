@@ -1334,13 +1334,16 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 34 (round 3 + I2FP without turns): per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
   if (q16 && !(c1 && tma && p.q16)) return false;
-  // (kVar bit 14: the one-consumer kernel's non-causal grid with the heads fastest;
-  // AttnParams::heads_inner)
-  const bool heads_inner =
-      (q16 || var == 4130) && p.heads_inner && !p.causal && ceil_div(p.Nq, 64) <= 65535;
   if (var == 162 && !(tma && D == 64)) var = 34;
   if (var == 4130 && !(c1 && tma)) var = 34;
   if (var == 34 && !(kc_half && (D == 64 || tma))) var = 0;
+  // (kVar bit 14: the one-consumer kernel's non-causal grid with the heads fastest;
+  // AttnParams::heads_inner. Taken after the fallbacks above: until session 60 a one-consumer
+  // launch that fell back (f16 output then, or k scales per 32 keys) kept the swapped grid with
+  // a kernel that does not read it: the bench's heads_inner rows only, which read wrong rows and
+  // on the f16 shapes hit an illegal address.)
+  const bool heads_inner =
+      (q16 || var == 4130) && p.heads_inner && !p.causal && ceil_div(p.Nq, 64) <= 65535;
   // Var 34 at D = 128 (TMA): bit 9 the staged epilogue (p.staged_epilogue; 16-byte aligned
   // output rows), bit 10 the bench's per-CTA stamps (p.trace).
   int extra = 0;

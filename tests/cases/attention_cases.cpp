@@ -957,6 +957,18 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     add(Shape{1, 257, 390, 2, 1, 128}, make_opt(O::fp8, O::bottom_right, O::auto_kernel),
         DType::bf16, ScaleLayout::thread_q, 32, ScaleLayout::thread_k, 64, true, true,
         Pattern::random);
+    // `.r3c1hi` (session 60): the grid with the heads fastest (tuning heads_inner), on the
+    // one-consumer kernel and where it falls back (k scales per 32 keys: round 3, whose grid
+    // keeps the query blocks fastest; until then it kept the swapped grid and read wrong rows)
+    detail::AttentionCudaTuning c1_hi = c1;
+    c1_hi.heads_inner = true;
+    tune = &c1_hi;
+    tag = "r3c1hi";
+    for (int64_t d : {64, 128})
+      for (int kb : {32, 64})
+        add(Shape{2, 257, 390, 3, 1, d}, make_opt(O::fp8, O::none, O::auto_kernel),
+            kb == 32 ? DType::f16 : DType::bf16, ScaleLayout::per_block, 128,
+            ScaleLayout::per_block, kb, false, false, Pattern::random);
   }
   // `.f16out` (session 60): auto's fp8 P·V kernels with f16 output, which ran plain round 3
   // until then and now take the bf16 kernels (one consumer per CTA up to 2048 / 1024 keys at D
