@@ -28,8 +28,9 @@ namespace lowbit {
 namespace bench {
 namespace {
 
-std::string shape_str(int64_t m, int64_t k, int64_t n) {
-  return std::to_string(m) + "x" + std::to_string(k) + "->" + std::to_string(n) + " bf16";
+std::string shape_str(int64_t m, int64_t k, int64_t n, DType dt = DType::bf16) {
+  return std::to_string(m) + "x" + std::to_string(k) + "->" + std::to_string(n) + " " +
+         dtype_name(dt);
 }
 
 // A packed weight of (q, O, K) with random codes and benign scales (timing only).
@@ -91,6 +92,7 @@ std::string copy_share(const Row& r) {
 struct LayerShape {
   int64_t m, k, n;
   const char* tag;
+  DType dt = DType::bf16;  // x, bias and the output (session 60: f16 rows)
 };
 
 class LayerBench : public BenchCase {
@@ -120,7 +122,7 @@ class LayerBench : public BenchCase {
       shapes = {{16, 256, 256, "cpu tiny"}};
     }
     for (const Shape& s : shapes) {
-      if (!env.shape_selected(shape_str(s.m, s.k, s.n))) continue;
+      if (!env.shape_selected(shape_str(s.m, s.k, s.n, s.dt))) continue;
       const bool decode = s.m <= 16;
       std::vector<QType> qtypes;
       if (decode)
@@ -130,16 +132,16 @@ class LayerBench : public BenchCase {
         qtypes = {QType::convrot8, QType::convrot_fp8, QType::convrot_int4, QType::convrot4};
       if (!decode && midm_rows_) qtypes.push_back(QType::convrot_comfy_w4a4);
       const double base = env.bf16_gemm_ms(s.m, s.n, s.k, true);
-      DeviceTensor x = make_tensor(env.device, DType::bf16, {s.m, s.k}, 21);
-      DeviceTensor bias = make_tensor(env.device, DType::bf16, {s.n}, 22);
-      DeviceTensor out = make_empty(env.device, DType::bf16, {s.m, s.n});
+      DeviceTensor x = make_tensor(env.device, s.dt, {s.m, s.k}, 21);
+      DeviceTensor bias = make_tensor(env.device, s.dt, {s.n}, 22);
+      DeviceTensor out = make_empty(env.device, s.dt, {s.m, s.n});
       for (QType q : qtypes) {
         if (q == QType::convrot_comfy_w4a4 && s.k % 256) continue;
         Context ctx = env.ctx;
         Row r;
         r.family = "linear";
         r.op = std::string("QuantizedLinear::forward ") + qtype_name(q) + " (" + s.tag + ")";
-        r.shape = shape_str(s.m, s.k, s.n);
+        r.shape = shape_str(s.m, s.k, s.n, s.dt);
         r.backend = device_name(env.device);
         r.baseline = "cuBLASLt bf16 GEMM + bias";
         r.baseline_ms = base;
@@ -664,6 +666,16 @@ LOWBIT_BENCH_CASES(linear_bench_cases) {
                               {256, 14336, 4096, "chunked prefill, Llama-3-8B down"},
                               {4096, 3072, 12288, "prefill, Flux MLP"}},
       true));
+  // linear.layer.f16 (session 60, CUDA only): f16 activations and output where the int8 GEMM's
+  // stream-K and weight-as-A configurations ran for bf16 output only until then (the same shapes
+  // in bf16: linear.layer.midm).
+  cases.push_back(std::make_unique<LayerBench>(
+      "linear.layer.f16",
+      std::vector<LayerShape>{{32, 5120, 13824, "batched decode", DType::f16},
+                              {64, 5120, 13824, "batched decode", DType::f16},
+                              {256, 5120, 13824, "chunked prefill", DType::f16},
+                              {512, 5120, 13824, "chunked prefill", DType::f16},
+                              {4096, 3072, 12288, "prefill, Flux MLP", DType::f16}}));
   cases.push_back(std::make_unique<RotateBench>());
 #ifdef LOWBIT_WITH_CUDA
   cases.push_back(std::make_unique<DecodeRingBench>());

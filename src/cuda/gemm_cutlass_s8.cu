@@ -24,7 +24,7 @@
 // cluster 2 x 1 for M < kTallMinM, and gemm_cutlass_s8_alt.cu's 256 x 128 cluster 1 x 2 (A tile
 // multicast) for larger M: 1562 vs 1284 int8 TOPS at Wan 32768x5120->5120 on the H200, equal at
 // Flux 4096x3072->12288 (round 1, docs/linear-gpu.md); and (session 35) gemm_cutlass_s8_sk.cu's
-// 128 x 128 stream-K for bf16 output wherever the chosen one has fewer tiles than the GPU has
+// 128 x 128 stream-K for bf16 / f16 output wherever the chosen one has fewer tiles than the GPU has
 // SMs (use_stream_k). Availability is static (sm_90 and an sm_90a
 // image of the kernel): no run-time self-check, so no first call synchronizes the caller's stream
 // (the harness cases and the linear.gemm bench rows prove bit identity on the GPU).
@@ -73,9 +73,10 @@ bool gemm_cutlass_s8_wide(const GemmParams& p, void* scratch, cudaStream_t strea
 }
 
 // Stream-K (gemm_cutlass_s8_sk.cu) where the shape's own configuration has fewer output tiles
-// than the GPU has SMs (session 35: batched decode and chunked prefill shapes); bf16 output only.
+// than the GPU has SMs (session 35: batched decode and chunked prefill shapes); bf16 output, and
+// f16 since session 60.
 static bool use_stream_k(const GemmParams& p) {
-  if (p.out_dtype != DType::bf16) return false;
+  if (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16) return false;
   const int64_t tiles = p.M >= kTallMinM ? ((p.M + 255) / 256) * ((p.N + 127) / 128)
                                          : ((p.M + 127) / 128) * ((p.N + 255) / 256);
   return tiles < multiprocessor_count();

@@ -31,15 +31,19 @@ using SkTile = cute::Shape<cute::_128, cute::_128, cute::_128>;
 using SkCluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
 using SkBf16 =
     cutlass_s8::Config<cutlass::bfloat16_t, SkTile, SkCluster, cutlass::gemm::StreamKScheduler>;
+// (f16 output since session 60)
+using SkF16 =
+    cutlass_s8::Config<cutlass::half_t, SkTile, SkCluster, cutlass::gemm::StreamKScheduler>;
 }  // namespace
 
 size_t cutlass_s8_sk_scratch_bytes(const GemmParams& p) {
-  return cutlass_s8::scratch_for<SkBf16, void>(p);
+  return cutlass_s8::scratch_for<SkBf16, SkF16>(p);
 }
 
 bool gemm_cutlass_s8_sk(const GemmParams& p, void* scratch, cudaStream_t stream) {
-  if (!cutlass_s8::fits(p) || p.out_dtype != DType::bf16) return false;
-  return cutlass_s8::launch<SkBf16, void>(p, scratch, stream);
+  if (!cutlass_s8::fits(p) || (p.out_dtype != DType::bf16 && p.out_dtype != DType::f16))
+    return false;
+  return cutlass_s8::launch<SkBf16, SkF16>(p, scratch, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS

@@ -5,7 +5,7 @@
 // 36): DRAM 46 % of peak, the consumers 53 % of their samples waiting for a stage. Here the weight
 // is A (128 rows of the tile) and the activation codes B (64 columns), gemm_cutlass_s8.cuh's
 // WeightAConfig: 24 KB per stage, more of them in flight; the same int32 sums and epilogue, the
-// same output bits. bf16 output only.
+// same output bits. bf16 output, and f16 since session 60.
 #ifndef NDEBUG  // before any header: see gemm_cutlass_s8.cuh
 #define NDEBUG
 #endif
@@ -25,12 +25,13 @@ namespace linear {
 #if defined(LOWBIT_HAVE_CUTLASS)
 
 namespace {
-using TBf16 =
-    cutlass_s8::WeightAConfig<int8_t, cute::Shape<cute::_128, cute::_64, cute::_128>,
-                              cutlass::bfloat16_t>;
+using TTile = cute::Shape<cute::_128, cute::_64, cute::_128>;
+using TBf16 = cutlass_s8::WeightAConfig<int8_t, TTile, cutlass::bfloat16_t>;
+using TF16 = cutlass_s8::WeightAConfig<int8_t, TTile, cutlass::half_t>;
 
 bool t_fits(const WeightAGemmParams& p) {
-  return p.out_dtype == DType::bf16 && cutlass_s8::weight_a_fits(p, 1);
+  return (p.out_dtype == DType::bf16 || p.out_dtype == DType::f16) &&
+         cutlass_s8::weight_a_fits(p, 1);
 }
 }  // namespace
 
@@ -40,11 +41,15 @@ bool cutlass_s8_t_applies(const WeightAGemmParams& p) {
 }
 
 size_t cutlass_s8_t_scratch_bytes(const WeightAGemmParams& p) {
-  return t_fits(p) ? cutlass_s8::weight_a_scratch_bytes<TBf16>(p) : 0;
+  if (!t_fits(p)) return 0;
+  return p.out_dtype == DType::f16 ? cutlass_s8::weight_a_scratch_bytes<TF16>(p)
+                                   : cutlass_s8::weight_a_scratch_bytes<TBf16>(p);
 }
 
 bool gemm_cutlass_s8_t(const WeightAGemmParams& p, void* scratch, cudaStream_t stream) {
-  return cutlass_s8_t_applies(p) && cutlass_s8::weight_a_launch<TBf16>(p, scratch, stream);
+  if (!cutlass_s8_t_applies(p)) return false;
+  return p.out_dtype == DType::f16 ? cutlass_s8::weight_a_launch<TF16>(p, scratch, stream)
+                                   : cutlass_s8::weight_a_launch<TBf16>(p, scratch, stream);
 }
 
 #else  // !LOWBIT_HAVE_CUTLASS
