@@ -1081,6 +1081,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // (Q / K in 64-byte rows, 64-byte swizzle; consumers at 160 registers), same bits: 0.2339
     // vs 0.2376 ms (440.8 vs 433.8 TOPS), causal 0.1697 vs 0.1726 ms; every `.r3c3t` case
     // passed. (It runs for per-half k scales, bf16 output and since session 60 f16; the rest as
+    // before.)
     // (Session 8's knobs sum_pv, the row sums on the tensor cores, and quick_max, the quick row
     // maxima: 0.99-1.00x and 0.98-0.99x in run 19, removed. Session 9's D = 128 knobs tile_step,
     // pv_split and poly_exp: 0.92-0.97x in runs 24 and 25, removed.)

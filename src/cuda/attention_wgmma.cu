@@ -1362,15 +1362,6 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     if constexpr (D == 64 || kT) {
       if (var == 34) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34>;
     }
-    if constexpr (kBf16 && D == 128 && kT) {  // (the bench's per-CTA stamps and lane-0 release)
-      if (var == 34 && extra == 1024) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1024>;
-      if (var == 34 && extra == 1536) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1536>;
-      if (var == 34 && extra == 2560) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 2560>;
-      if (var == 34 && extra == 3584) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 3584>;
-      if (var == 4130 && !heads_inner && (extra & 1024))
-        k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 1536>
-                        : attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 1024>;
-    }
     if constexpr (D == 128 && kT) {
       if (var == 34 && extra == 512) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 512>;
       if (var == 12322 && !heads_inner)
@@ -1382,9 +1373,18 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
       if (var == 4130 && heads_inner)
         k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 20514 | 512>
                         : attention_wgmma_r3_kernel<D, T16, true, kT, 20514>;
-      if (var == 4130 && !heads_inner && !(extra & 1024))
+      if (var == 4130 && !heads_inner)
         k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 512>
                         : attention_wgmma_r3_kernel<D, T16, true, kT, 4130>;
+    }
+    if constexpr (kBf16 && D == 128 && kT) {  // (the bench's per-CTA stamps and lane-0 release)
+      if (var == 34 && extra == 1024) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1024>;
+      if (var == 34 && extra == 1536) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 1536>;
+      if (var == 34 && extra == 2560) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 2560>;
+      if (var == 34 && extra == 3584) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 3584>;
+      if (var == 4130 && !heads_inner && (extra & 1024))
+        k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 1536>
+                        : attention_wgmma_r3_kernel<D, T16, true, kT, 4130 | 1024>;
     }
     return k;
   };
