@@ -572,9 +572,11 @@ class AttentionBench : public BenchCase {
           rows.push_back(r);
         }
         if (cuda) {
-          // A/B (session 21): V's passes in sequence with the q prologue and the k path on the
-          // caller's stream, as before V moved to a side stream (small V only: larger V runs in
-          // sequence either way); the bits of the whole output must not change.
+          // A/B against the default call, whose output bits must not change: (session 21) V's
+          // passes in sequence with the q prologue and the k path on the caller's stream, as
+          // before V moved to a side stream (small V only: larger V runs in sequence either way);
+          // (session 61) q by its own pass rather than quantized in the long-key kernels, and
+          // those kernels without the L2 prefetch of the next wave's q.
           const size_t wb = attention_workspace_bytes(q.view, k.view, fp8);
           DeviceTensor ws = make_empty(dev, DType::u8, {static_cast<int64_t>(wb)});  // cudaMalloc'd
           auto call = [&] {
@@ -583,21 +585,31 @@ class AttentionBench : public BenchCase {
           call();
           synchronize(ctx);
           const std::vector<float> forked = to_host_f32(out.view);
-          detail::AttentionCudaTuning t;
-          t.serial_passes = true;
-          detail::set_attention_cuda_tuning(t);
-          Row r = b16;
-          r.baseline_ms = base_ms;
-          r.op = pre + "attention() fp8 PV, incl. quantization, passes in sequence (serial_passes)" +
-                 tag;
-          r.ms = env.time_ms(call);
-          synchronize(ctx);
-          detail::set_attention_cuda_tuning({});
-          r.bytes = static_cast<double>(B * N * H * D) * 2 * 4;
-          const size_t differ = bits_differ(to_host_f32(out.view), forked);
-          r.accuracy = differ == 0 ? "bits = default"
-                                   : std::to_string(differ) + " outputs differ from the default";
-          rows.push_back(r);
+          for (int form = 0; form < 3; ++form) {
+            if (form > 0 && f_.d256) break;  // (q in the kernel: D 64 / 128)
+            detail::AttentionCudaTuning t;
+            t.serial_passes = form == 0;
+            t.fused_q = form == 1 ? 1 : form == 2 ? 6 : 0;
+            detail::set_attention_cuda_tuning(t);
+            Row r = b16;
+            r.baseline_ms = base_ms;
+            r.op = pre +
+                   (form == 0   ? "attention() fp8 PV, incl. quantization, passes in sequence "
+                                  "(serial_passes)"
+                    : form == 1 ? "attention() fp8 PV, q by its own pass, not in the kernel "
+                                  "(fused_q 1)"
+                                : "attention() fp8 PV, q in the kernel without the L2 prefetch "
+                                  "(fused_q 6)") +
+                   tag;
+            r.ms = env.time_ms(call);
+            synchronize(ctx);
+            detail::set_attention_cuda_tuning({});
+            r.bytes = static_cast<double>(B * N * H * D) * 2 * 4;
+            const size_t differ = bits_differ(to_host_f32(out.view), forked);
+            r.accuracy = differ == 0 ? "bits = default"
+                                     : std::to_string(differ) + " outputs differ from the default";
+            rows.push_back(r);
+          }
         }
         if (cuda && !is_causal && !f_.d256) norm_rope_rows(env, s, q, k, v, out, fp8, rows);
         if (!is_causal && !f_.d256) pieces_of_one_call(env, s, q, k, v, out, rows);

@@ -474,7 +474,8 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
   // never written to memory): at Wan's cross-attention the pass moved more bytes than the kernel.
   // Session 58: each CTA's producer prefetches the q rows of the CTA two waves ahead into L2
   // (without that prefetch the form lost: 0.91x). Session 59: causal calls (the prefetch along
-  // their longest-first walk) and D 64 too.
+  // their longest-first walk) and D 64 too. Session 61: longer keys too, on the long-key kernels
+  // (two consumers at D 128, three at D 64; the CTA a wave ahead prefetched).
   // Where that kernel turns out not to apply after all (no TMA descriptor), the pass runs below.
   bool q_in_kernel = false;
 #ifdef LOWBIT_WITH_CUDA

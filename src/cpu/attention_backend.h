@@ -32,8 +32,8 @@ namespace cuda {
 
 // attention()'s q quantized inside the attention kernel (src/cuda/attention.cu; session 57):
 // whether the call takes that form (bf16 or (session 60) f16 q and out of one type, fp8 P·V, auto
-// kernel, D = 128 or (session 59) 64, the keys
-// within the one-consumer kernel's range, q 16-byte aligned with strides of multiples of 8,
+// kernel, D = 128 or (session 59) 64, any key count since session 61 (the one-consumer kernel's
+// range, and the long-key kernels past it), q 16-byte aligned with strides of multiples of 8,
 // an sm_90a GPU; tuning fused_q), and the kernel itself on the raw q with the pass's sm_scale
 // and scale_eps (k, V, their scales and means from the call's passes; options with sm_scale 1).
 // attention_int8_q16 returns false, launching nothing, where the kernel does not apply after all.
@@ -117,12 +117,14 @@ struct AttentionCudaTuning {
   // attention() (session 52): q's prologue on a second side stream beside the k path and V's
   // passes where V forks: 1 off, 2 on, 0 the default (kForkQ in src/cpu/attention.cpp).
   int fork_q = 0;
-  // attention()'s q quantized inside the fp8 one-consumer kernel (sessions 57-59): 0 the default
-  // (calls whose keys the one-consumer kernel takes: non-causal grids with the heads fastest;
-  // the q rows of the CTA two waves ahead prefetched into L2, along the longest-first walk for
-  // causal calls since session 59), 1 off (q's own pass), 2 on at any key count (that kernel
-  // forced), 3 on by the key count with the grid's query blocks fastest and no prefetch, 4 on
-  // by the key count with the heads fastest and no prefetch (session 57's form)
+  // attention()'s q quantized inside the fp8 kernel (sessions 57-61): 0 the default (calls whose
+  // keys the one-consumer kernel takes: non-causal grids with the heads fastest; the q rows of
+  // the CTA a wave ahead prefetched into L2, along the longest-first walk for causal calls since
+  // session 59; session 61: longer keys on the long-key kernels the same way), 1 off (q's own
+  // pass), 2 on at any key count (the one-consumer kernel forced), 3 on for the one-consumer
+  // kernel's keys with the grid's query blocks fastest and no prefetch, 4 the same with the
+  // heads fastest (session 57's form), 5 on for the one-consumer kernel's keys only (sessions
+  // 58-60's default), 6 the default without the prefetch at longer keys
   int fused_q = 0;
   // the fp8 one-consumer kernel on codes (session 57's A/B): its non-causal grid with the heads
   // fastest

@@ -1116,17 +1116,23 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                         });
 }
 
+namespace {
+// Whether attention()'s q-in-kernel form runs on the one-consumer kernel: the keys of auto's
+// choice (attention_int8's c1_by_keys at D = 128 / 64), or any (fused_q 2: that kernel forced).
+bool q16_one_consumer(const detail::AttentionCudaTuning& tune, int64_t nkv, int64_t D) {
+  return tune.fused_q == 2 || tune.cons1 == 1 || (tune.cons1 == 0 && nkv <= c1_max_keys(D));
+}
+}  // namespace
+
 bool attention_q16_applies(const TensorView& q, const TensorView& k, const TensorView& out,
                            const AttentionOptions& options) {
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
   if (tune.fused_q == 1) return false;
   // (Causal calls too since session 59: the prefetch follows the longest-first walk; H100,
-  // (16, 32, 1024, 1024) causal 0.6810 -> 0.6473 ms.)
-  // The keys of auto's one-consumer kernel (attention_int8's c1_by_keys: D = 128 / 64), or any
-  // (fused_q 2: that kernel forced)
+  // (16, 32, 1024, 1024) causal 0.6810 -> 0.6473 ms. Session 61: longer keys too, on the
+  // long-key kernels, but for fused_q 3 / 4 / 5.)
   const int64_t D = q.shape[3];
-  const bool keys =
-      tune.fused_q == 2 || tune.cons1 == 1 || (tune.cons1 == 0 && k.shape[1] <= c1_max_keys(D));
+  const bool keys = q16_one_consumer(tune, k.shape[1], D) || tune.fused_q == 0 || tune.fused_q == 6;
   const bool aligned = reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && q.stride[0] % 8 == 0 &&
                        q.stride[1] % 8 == 0 && q.stride[2] % 8 == 0;
   // (f16 q and output too since session 60: the same kernels as bf16.)
@@ -1154,13 +1160,17 @@ bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps
   p.q16_sh = q.stride[2];
   p.q16_sm_scale = q_sm_scale;
   p.q16_eps = q_scale_eps;
-  // The heads fastest in the grid (non-causal) but for fused_q 3; the q rows of the CTA two waves
-  // ahead prefetched into L2 but for fused_q 3 and 4 (session 57's forms, A/B only).
-  const int form = detail::attention_cuda_tuning().fused_q;
+  const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
+  const bool one = q16_one_consumer(tune, k.data.shape[1], q.shape[3]);
+  // The heads fastest in the grid (non-causal, one consumer) but for fused_q 3; the q rows of the
+  // CTA one wave ahead prefetched into L2 (one consumer: 2 CTAs per multiprocessor) but for
+  // fused_q 3, 4 and (the long-key kernels) 6 (A/B only).
+  const int form = tune.fused_q;
   p.heads_inner = form != 3;
-  if (form != 3 && form != 4) p.q16_ahead = 2 * multiprocessor_count();
-  return attn::launch_attention_wgmma_q16(p, static_cast<int>(q.shape[0]),
-                                          static_cast<int>(q.shape[3]), q.dtype, stream_of(ctx));
+  if (form != 3 && form != 4 && !(form == 6 && !one))
+    p.q16_ahead = (one ? 2 : 1) * multiprocessor_count();
+  return attn::launch_attention_wgmma_q16(
+      p, static_cast<int>(q.shape[0]), static_cast<int>(q.shape[3]), q.dtype, one, stream_of(ctx));
 }
 
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,

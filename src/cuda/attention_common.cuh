@@ -730,13 +730,14 @@ enum class WgmmaKernel {
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,
                             WgmmaKernel which, cudaStream_t stream);
 
-// The fp8 P·V kernel at D = 128 or (session 59) 64 on one consumer warpgroup
-// (round3_i2fp_no_turn_c1) quantizing 16-bit q itself (p.q16, session 57), q and the output
-// both of `dtype` (bf16, or since session 60 f16). False,
-// launching nothing, where it does not apply (k scales not constant per 64-key half, a TMA
-// descriptor that cannot be made); the caller then quantizes q and launches the kernel on the
-// codes. Needs wgmma_attention_available().
-bool launch_attention_wgmma_q16(const AttnParams& p, int B, int D, DType dtype,
+// The fp8 P·V kernel at D = 128 or (session 59) 64 quantizing 16-bit q itself (p.q16, session
+// 57), q and the output both of `dtype` (bf16, or since session 60 f16): on one consumer
+// warpgroup (round3_i2fp_no_turn_c1) where `one_consumer`, else (session 61) the long-key
+// kernels auto runs on the codes (round3_i2fp_no_turn at D = 128, its three-consumer form at
+// D = 64). False, launching nothing, where it does not apply (k scales not constant per 64-key
+// half, a TMA descriptor that cannot be made); the caller then quantizes q and launches the
+// kernel on the codes. Needs wgmma_attention_available().
+bool launch_attention_wgmma_q16(const AttnParams& p, int B, int D, DType dtype, bool one_consumer,
                                 cudaStream_t stream);
 
 // The sm_90a head-dim-256 kernel (attention_wgmma256.cu; fp8 or 16-bit P·V, out bf16 or f16):

@@ -580,8 +580,8 @@ struct R3Smem {
   static constexpr int kV = kK + kStages * kKTile;
   static constexpr int kS = kV + kStages * kVTile;
   static constexpr int kBar = kS + kStages * kBN * 4;  // full[], empty[] (8 B each)
-  static constexpr int kQs = kBar + 2 * kStages * 8;   // kVar bit 13: 16 q group scales
-  static constexpr int kBytes = kQs + 16 * 4 + 1024;   // + alignment slack
+  static constexpr int kQs = kBar + 2 * kStages * 8;   // kVar bit 13: q group scales, 16 per 64
+  static constexpr int kBytes = kQs + kRows + 1024;    // rows (kRows / 4 floats); + alignment slack
 };
 
 // d (64 x 128 s32) = A (64 x 32 s8, shared) · B (128 x 32 s8, shared)^T, d written only.
@@ -724,7 +724,7 @@ __device__ __forceinline__ unsigned long long* r3_trace(const AttnParams& p) {
   return p.trace + static_cast<size_t>(cta) * kAttnTraceWords;
 }
 
-// kVar bit 13 (session 57): the CTA's 64 query rows q0 .. q0 + 63 of 16-bit q (p.q16: bf16, or
+// kVar bit 13 (session 57): a consumer's 64 query rows q0 .. q0 + 63 of 16-bit q (p.q16: bf16, or
 // f16 since session 60; T16, the output's type) quantized
 // into its Q rows by the consumer warpgroup, as attention()'s q pass would (SPEC §1, THREAD_Q
 // groups of 32-row blocks: group r % 8 holds rows r, r + 8, r + 16, r + 24; no norm or rope):
@@ -819,13 +819,16 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   // bit 13 (session 57, with bit 12 at D = 128; D = 64 too since session 59): q quantized by the
   // consumer from 16-bit rows of the output's type (quantize_q16_rows; p.q16), not loaded as
   // codes with the first tile.
+  // Session 61: the long-key kernels too, two consumers at D = 128 (var 34 | bit 13) and three
+  // at D = 64 (162 | bit 13): each consumer quantizes its own 64 rows (barrier 9 + cw).
   constexpr bool kQ16 = (kVar & 8192) != 0;
-  static_assert(!kQ16 || (kC1 && (D == 128 || D == 64)), "q in the kernel: one consumer");
   // bit 14 (with bit 12): non-causal grids with the heads fastest (cta_work's kHeadsInner)
   constexpr bool kHeadsInner = (kVar & 16384) != 0;
   static_assert(!kHeadsInner || kC1, "heads inner: one consumer");
   constexpr int kStages = kC1 ? kR3C1Stages : kR3Stages;
   constexpr int kCons = kC3 ? 3 : kC1 ? 1 : 2;  // consumer warpgroups
+  static_assert(!kQ16 || (kNoTurn && kTma && (D == 128 || (D == 64 && kCons != 2))),
+                "q in the kernel: TMA, no turns; D 128, or D 64 on one or three consumers");
   constexpr int kRows = 64 * kCons;   // query rows per CTA
   constexpr uint32_t kEmptyCount = kLane0Release ? 4 * kCons : 128 * kCons;  // (bit 11)
   // (bit 8, round 3 at D = 128 at setmaxnreg 24 / 240: 0.99-1.01x in runs 12 and 13, removed)
@@ -906,7 +909,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
     setmaxnreg_dec<kProdRegs>();
     if constexpr (kQ16) {
       // (p.q16_ahead: the q rows of the CTA q16_ahead blocks later, into L2: bulk prefetches of
-      // a row's 2 D bytes, two rows per lane of warp 1)
+      // a row's 2 D bytes, kRows / 32 rows per lane of warp 1)
       if (warp == 1 && p.q16_ahead > 0) {
         const unsigned X = gridDim.x, Y = gridDim.y;
         const unsigned lin = blockIdx.x + X * (blockIdx.y + Y * blockIdx.z) + p.q16_ahead;
@@ -915,8 +918,8 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
           // (causal: that CTA's place in the longest-first walk)
           const CtaWork w = cta_work_at<kHeadsInner>(p, static_cast<int>(x), static_cast<int>(y));
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int64_t row = static_cast<int64_t>(w.qb) * 64 + lane + 32 * i;
+          for (int i = 0; i < kRows / 32; ++i) {
+            const int64_t row = static_cast<int64_t>(w.qb) * kRows + lane + 32 * i;
             if (row < p.Nq) {
               const T16* src =
                   static_cast<const T16*>(p.q16) + z * p.q16_sb + row * p.q16_sn + w.h * p.q16_sh;
@@ -1051,9 +1054,11 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   int64_t row0 = q0 + rl0, row1 = row0 + 8;
   // The logits are t * qs with t = float(acc) * kc (q_scale_floor: qs > 0).
   float qm0, qm1;
-  if constexpr (kQ16) {  // (named barrier 9: ids 3 + cw and 6 + cw are the vote's and epilogue's)
+  if constexpr (kQ16) {  // (named barriers 9 + cw: ids 3 + cw and 6 + cw are the vote's and
+                         // epilogue's; consumer cw's 64 rows, its 16 group scales)
     const float s = quantize_q16_rows<D, T16>(
-        p, b, h, q0, base + L::kQ, reinterpret_cast<float*>(sbase + L::kQs), tid & 127, 9);
+        p, b, h, q0 + 64 * cw, base + L::kQ + cw * 64 * kQKRow,
+        reinterpret_cast<float*>(sbase + L::kQs) + 16 * cw, tid & 127, 9 + cw);
     qm0 = fmaxf(row0 < p.Nq ? s : 0.f, 1.17549435e-38f);
     qm1 = fmaxf(row1 < p.Nq ? s : 0.f, 1.17549435e-38f);
   } else {
@@ -1271,8 +1276,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
 // var: 0 round 3, 34 round 3 + I2FP without turns, 162 the same on three consumer warpgroups,
 // 4130 (34 | bit 12) on one consumer warpgroup, two CTAs per multiprocessor (see the kernel's
 // kVar); each falls back to the next simpler one (same bits) where its instantiation or producer
-// does not apply. 12322 (4130 | bit 13, p.q16 set): 4130 quantizing q itself; it has no fallback:
-// false, launching nothing, where it does not apply (else true).
+// does not apply. 12322 (4130 | bit 13, p.q16 set): 4130 quantizing q itself; since session 61
+// 8226 (34 | bit 13, D = 128) and 8354 (162 | bit 13, D = 64) the same on the long-key kernels.
+// These have no fallback: false, launching nothing, where they do not apply (else true).
 template <int D, typename T16>
 bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   const char* op = "attention_int8 (wgmma round 3)";
@@ -1294,9 +1300,9 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // took plain round 3. Now both 16-bit types; the bench-only variants stay bf16.)
   constexpr bool kBf16 = std::is_same<T16, __nv_bfloat16>::value;
   // var 4130 (per-half kc, TMA): Q in boxes of 64 rows (one CTA's)
-  const bool q16 = var == 12322;
-  const bool c1 = (var == 4130 || q16) && kc_half;
-  const bool tma64 = D == 64 && kc_half && (var == 162 || c1);
+  const bool q16 = (var & 8192) != 0;
+  const bool c1 = (var == 4130 || var == 12322) && kc_half;
+  const bool tma64 = D == 64 && kc_half && (var == 162 || var == 8354 || c1);
   R3Maps maps{};
   bool tma = false, maps_q_rows_outer = false, maps_k_rows_outer = false;
   if ((D == 128 && kR3Tma && kc_half) || tma64) {
@@ -1333,7 +1339,11 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // var 162 (three consumers): D = 64 with its maps, else 34;
   // var 34 (round 3 + I2FP without turns): per-half kc, and at D = 128 the TMA
   // producer, else var 0 (round 3: every layout and output type, either producer). Same bits.
-  if (q16 && !(c1 && tma && p.q16)) return false;
+  if (q16 && !(tma && p.q16 &&
+               (var == 12322  ? c1
+                : var == 8226 ? D == 128
+                              : var == 8354 && D == 64)))
+    return false;
   if (var == 162 && !(tma && D == 64)) var = 34;
   if (var == 4130 && !(c1 && tma)) var = 34;
   if (var == 34 && !(kc_half && (D == 64 || tma))) var = 0;
@@ -1343,7 +1353,7 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   // a kernel that does not read it: the bench's heads_inner rows only, which read wrong rows and
   // on the f16 shapes hit an illegal address.)
   const bool heads_inner =
-      (q16 || var == 4130) && p.heads_inner && !p.causal && ceil_div(p.Nq, 64) <= 65535;
+      (var == 12322 || var == 4130) && p.heads_inner && !p.causal && ceil_div(p.Nq, 64) <= 65535;
   // Var 34 at D = 128 (TMA): bit 9 the staged epilogue (p.staged_epilogue; 16-byte aligned
   // output rows), bit 10 the bench's per-CTA stamps (p.trace).
   int extra = 0;
@@ -1364,6 +1374,9 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
     }
     if constexpr (D == 128 && kT) {
       if (var == 34 && extra == 512) k = attention_wgmma_r3_kernel<D, T16, true, kT, 34 | 512>;
+      if (var == 8226)  // (session 61: q quantized in the two-consumer kernel)
+        k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 8226 | 512>
+                        : attention_wgmma_r3_kernel<D, T16, true, kT, 8226>;
       if (var == 12322 && !heads_inner)
         k = extra & 512 ? attention_wgmma_r3_kernel<D, T16, true, kT, 12322 | 512>
                         : attention_wgmma_r3_kernel<D, T16, true, kT, 12322>;
@@ -1392,6 +1405,7 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
                     : pick(std::false_type{});
   if constexpr (D == 64) {  // three consumers / one, the TMA producer (var 162 / 4130)
     if (var == 162) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 162>;
+    if (var == 8354) kernel = attention_wgmma_r3_kernel<D, T16, true, true, 8354>;  // (session 61)
     if (var == 4130)
       kernel = heads_inner ? attention_wgmma_r3_kernel<D, T16, true, true, 20514>
                            : attention_wgmma_r3_kernel<D, T16, true, true, 4130>;
@@ -1401,8 +1415,8 @@ bool launch_r3(const AttnParams& p, int B, int var, cudaStream_t stream) {
   }
   // Three consumer warpgroups (var 162 after the fallbacks above): 192 rows per CTA; one (var
   // 4130): 64 rows, two CTAs per multiprocessor (all of its shared memory carved out for them).
-  const bool c3 = var == 162;
-  const bool one = var == 4130 || q16;
+  const bool c3 = var == 162 || var == 8354;
+  const bool one = var == 4130 || var == 12322;
   const int rows = c3 ? 192 : one ? 64 : kBM;
   using C1 = R3Smem<D, 64, kR3C1Stages>;
   const int bytes = c3 ? R3Smem<D, 192>::kBytes : one ? C1::kBytes : R3Smem<D>::kBytes;
@@ -1432,13 +1446,14 @@ bool wgmma_attention_available() {
       reinterpret_cast<const void*>(attention_wgmma_kernel<128, true, __nv_bfloat16>), 128);
 }
 
-bool launch_attention_wgmma_q16(const AttnParams& p, int B, int D, DType dtype,
+bool launch_attention_wgmma_q16(const AttnParams& p, int B, int D, DType dtype, bool one_consumer,
                                 cudaStream_t stream) {
+  const int var = one_consumer ? 12322 : D == 64 ? 8354 : 8226;
   if (dtype == DType::f16)
-    return D == 64 ? launch_r3<64, __half>(p, B, 12322, stream)
-                   : launch_r3<128, __half>(p, B, 12322, stream);
-  return D == 64 ? launch_r3<64, __nv_bfloat16>(p, B, 12322, stream)
-                 : launch_r3<128, __nv_bfloat16>(p, B, 12322, stream);
+    return D == 64 ? launch_r3<64, __half>(p, B, var, stream)
+                   : launch_r3<128, __half>(p, B, var, stream);
+  return D == 64 ? launch_r3<64, __nv_bfloat16>(p, B, var, stream)
+                 : launch_r3<128, __nv_bfloat16>(p, B, var, stream);
 }
 
 void launch_attention_wgmma(const AttnParams& p, int B, int D, bool fp8, DType out_dtype,

@@ -712,9 +712,13 @@ TEST(AttentionCuda, ShortVKernelGivesThePassesBits) {
 // ran): 1 .. 1000 queries (partial 64-row CTAs and 32-row scale blocks), 1 .. 2048 keys, GQA, both
 // causal alignments, the K and V means on and off, sm_scale default / 0.3 / -0.5, scale_eps 0 with
 // an all-zero q row (codes 0 by the zero-scale rule), a huge row, q a strided view of a fused QKV
-// buffer, (fused_q 2) 4096 keys, and 2100 keys by default (past the one-consumer kernel: q's pass
-// runs). Also the kernel on q's codes with the grid's heads fastest (tuning heads_inner) against
-// the default order, and (session 60) plain round 3 against auto's kernel; f16 forms as well.
+// buffer, (fused_q 2) 4096 keys, and 2100 keys with fused_q 5 (sessions 58-60's default: past the
+// one-consumer kernel q's pass runs). Session 61: past that kernel's keys by default, the
+// long-key kernels quantizing q (two consumers at D 128, three at D 64; fused_q 6 without the
+// prefetch): causal and not, several waves of CTAs, partial 128- / 192-row CTAs, GQA, a fused
+// QKV view. Also the kernel on q's codes with the grid's heads fastest (tuning heads_inner)
+// against the default order, and (session 60) plain round 3 against auto's kernel; f16 forms as
+// well.
 TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
   if (!built_with_cuda() || cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
@@ -727,7 +731,8 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
     float sm_scale, scale_eps;
     bool fused_qkv;
     int force;   // tuning fused_q for the fused run (0 default: with the L2 prefetch; 2 forced,
-                 // 3 query blocks fastest, 4 no prefetch)
+                 // 3 query blocks fastest, 4 no prefetch, 5 one-consumer keys only, 6 no
+                 // prefetch on the long-key kernels)
     bool fuses;  // whether the q codes stay unwritten
     int64_t d = 128;
     DType dt = DType::bf16;  // q, k, v and the output (f16 since session 60)
@@ -745,8 +750,15 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
       {1, 130, 300, 2, 2, C::bottom_right, true, true, 0.f, 1e-7f, true, 4, true},
       {3, 700, 1000, 4, 4, C::none, true, true, 0.f, 1e-7f, true, 0, true},
       {1, 200, 128, 2, 2, C::none, true, false, -0.5f, 1e-7f, false, 0, true},
-      {1, 64, 2100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, false},
+      {1, 64, 2100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 5, false},
       {1, 257, 4096, 2, 1, C::none, true, false, 0.f, 1e-7f, false, 2, true},
+      // (session 61: the long-key kernels; 2100 keys = 17 tiles, the last partial)
+      {1, 64, 2100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, true},
+      {2, 1000, 2100, 6, 3, C::none, true, true, 0.f, 1e-7f, true, 0, true},
+      {1, 777, 3000, 4, 1, C::bottom_right, true, false, 0.3f, 1e-7f, false, 0, true},
+      {2, 2500, 2500, 8, 8, C::top_left, true, true, 0.f, 0.f, false, 0, true},
+      {1, 4100, 2049, 40, 40, C::none, false, false, -0.5f, 1e-7f, false, 0, true},
+      {1, 300, 2200, 2, 2, C::none, true, false, 0.f, 1e-7f, true, 6, true},
       // (session 59: causal by default, the prefetch following the longest-first walk; several
       // head groups and batch items)
       {2, 700, 700, 8, 4, C::bottom_right, true, true, 0.f, 1e-7f, false, 0, true},
@@ -758,15 +770,23 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
       {2, 700, 700, 8, 4, C::bottom_right, true, true, 0.f, 1e-7f, false, 0, true, 64},
       {1, 130, 300, 2, 2, C::top_left, true, false, -0.5f, 1e-7f, true, 4, true, 64},
       {1, 257, 2048, 2, 1, C::none, true, false, 0.f, 1e-7f, false, 2, true, 64},
-      {1, 64, 1100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, false, 64},
+      {1, 64, 1100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 5, false, 64},
+      {1, 64, 1100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, true, 64},
+      {2, 1000, 1500, 6, 3, C::none, true, true, 0.f, 1e-7f, true, 0, true, 64},
+      {1, 2000, 2000, 8, 2, C::bottom_right, true, false, 0.3f, 1e-7f, false, 0, true, 64},
+      {1, 4100, 1025, 24, 24, C::none, false, false, 0.f, 0.f, false, 0, true, 64},
+      {1, 333, 3000, 2, 2, C::top_left, true, true, 0.f, 1e-7f, true, 6, true, 64},
       // (f16 since session 60: the same kernels as bf16, q read as f16)
       {2, 17, 77, 4, 2, C::none, true, false, 0.f, 1e-7f, false, 0, true, 128, DType::f16},
       {2, 700, 700, 8, 4, C::bottom_right, true, true, 0.f, 1e-7f, false, 0, true, 128, DType::f16},
       {1, 200, 128, 2, 2, C::none, true, false, -0.5f, 1e-7f, true, 4, true, 128, DType::f16},
-      {1, 64, 2100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, false, 128, DType::f16},
+      {1, 64, 2100, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 5, false, 128, DType::f16},
+      {2, 1000, 2100, 6, 3, C::bottom_right, true, true, 0.f, 1e-7f, true, 0, true, 128,
+       DType::f16},
       {2, 1000, 77, 6, 3, C::none, true, true, 0.f, 1e-7f, true, 0, true, 64, DType::f16},
       {1, 257, 2048, 2, 1, C::top_left, true, false, 0.3f, 0.f, false, 2, true, 64, DType::f16},
-      {1, 64, 4000, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, false, 64, DType::f16},
+      {1, 64, 4000, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 5, false, 64, DType::f16},
+      {1, 700, 4000, 4, 2, C::none, true, true, 0.f, 1e-7f, false, 0, true, 64, DType::f16},
   };
   for (const Form& f : forms) {
     SCOPED_TRACE("B " + std::to_string(f.b) + " Nq " + std::to_string(f.nq) + " Nkv " +
