@@ -898,7 +898,9 @@ class AttentionShortBench : public BenchCase {
         with_norm_rope,
         pv16,
         pv16_cons1,
-        pv16_cons2
+        pv16_cons2,
+        pv16_call,
+        pv16_q_pass
       };
       std::vector<Call> calls = {kernel, cons1,          cons1_heads_inner, cons2,
                                  call,   mma_sync,       k_two_passes,      fork_q_off,
@@ -908,6 +910,8 @@ class AttentionShortBench : public BenchCase {
       // causal: the kernel's forms, the call (q in the kernel, prefetched), q's own pass, and q in
       // the kernel without the prefetch
       if (s.causal) calls = {kernel, cons1, cons2, call, q_pass, q_prefetch};
+      // (session 61) the 16-bit P·V call: q quantized in its ring kernel, or by its own pass
+      calls.insert(calls.end(), {pv16_call, pv16_q_pass});
       for (const Call c : calls) {
         Row r;
         r.family = "attention";
@@ -928,14 +932,16 @@ class AttentionShortBench : public BenchCase {
             "attention() fp8 PV, q / k norm + rope",
             "attention_int8 16-bit PV auto (kernel only)",
             "attention_int8 16-bit PV, 1 consumer / CTA, 2 CTAs / SM (cons1 1)",
-            "attention_int8 16-bit PV, 3 consumers / CTA (cons1 2)"};
+            "attention_int8 16-bit PV, 3 consumers / CTA (cons1 2)",
+            "attention() 16-bit PV, incl. quantization",
+            "attention() 16-bit PV, q by its own pass, not in the kernel (fused_q 1)"};
         r.op = kOps[c];
         detail::PrologueCudaTuning t;
         if (c == k_two_passes) t.short_k_tokens = 0;
         detail::set_prologue_cuda_tuning(t);
         detail::AttentionCudaTuning at;
         if (c == fork_q_off) at.fork_q = 1;
-        if (c == q_pass) at.fused_q = 1;
+        if (c == q_pass || c == pv16_q_pass) at.fused_q = 1;
         if (c == q_blocks_outer) at.fused_q = 3;
         if (c == q_prefetch) at.fused_q = 4;
         if (c == cons1 || c == pv16_cons1 || c == cons1_heads_inner) at.cons1 = 1;
@@ -943,11 +949,15 @@ class AttentionShortBench : public BenchCase {
         if (c == cons2 || c == pv16_cons2) at.cons1 = 2;
         detail::set_attention_cuda_tuning(at);
         const bool one_call = c == call || c == k_two_passes || c == fork_q_off || c == q_pass ||
-                              c == q_blocks_outer || c == q_prefetch || c == with_norm_rope;
+                              c == q_blocks_outer || c == q_prefetch || c == with_norm_rope ||
+                              c == pv16_call || c == pv16_q_pass;
         const bool b16 = c == pv16 || c == pv16_cons1 || c == pv16_cons2;
         r.ms = env.time_ms([&] {
           if (one_call)
-            attention(q.view, k.view, v.view, out.view, nullptr, c == with_norm_rope ? fp8_nr : fp8,
+            attention(q.view, k.view, v.view, out.view, nullptr,
+                      c == with_norm_rope                  ? fp8_nr
+                      : c == pv16_call || c == pv16_q_pass ? f16
+                                                           : fp8,
                       ws.view.data, wb, ctx);
           else if (b16)
             attention_int8(qr, kr, v.view, nullptr, nullptr, nullptr, out.view, nullptr, f16, ctx);

@@ -475,7 +475,8 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
   // Session 58: each CTA's producer prefetches the q rows of the CTA two waves ahead into L2
   // (without that prefetch the form lost: 0.91x). Session 59: causal calls (the prefetch along
   // their longest-first walk) and D 64 too. Session 61: longer keys too, on the long-key kernels
-  // (two consumers at D 128, three at D 64; the CTA a wave ahead prefetched).
+  // (two consumers at D 128, three at D 64; the CTA a wave ahead prefetched), and the 16-bit
+  // P·V mode's TMA-ring kernel likewise.
   // Where that kernel turns out not to apply after all (no TMA descriptor), the pass runs below.
   bool q_in_kernel = false;
 #ifdef LOWBIT_WITH_CUDA
@@ -525,9 +526,9 @@ void attention_on(const TensorView& q, const TensorView& k, const TensorView& v,
   inner.sm_scale = 1.f;
 #ifdef LOWBIT_WITH_CUDA
   if (q_in_kernel &&
-      cuda::attention_int8_q16(q, qp.sm_scale, qp.scale_eps, kr, vfp8, vscale,
-                               smooth_v ? &vmean : nullptr, smooth_k ? &kmean : nullptr, out,
-                               lse_out, inner, ctx))
+      cuda::attention_int8_q16(q, qp.sm_scale, qp.scale_eps, kr, fp8 ? vfp8 : v,
+                               fp8 ? &vscale : nullptr, smooth_v ? &vmean : nullptr,
+                               smooth_k ? &kmean : nullptr, out, lse_out, inner, ctx))
     return;
 #endif
   if (q_in_kernel) q_pass(ctx);

@@ -33,14 +33,15 @@ namespace cuda {
 // attention()'s q quantized inside the attention kernel (src/cuda/attention.cu; session 57):
 // whether the call takes that form (bf16 or (session 60) f16 q and out of one type, fp8 P·V, auto
 // kernel, D = 128 or (session 59) 64, any key count since session 61 (the one-consumer kernel's
-// range, and the long-key kernels past it), q 16-byte aligned with strides of multiples of 8,
+// range, and the long-key kernels past it) and 16-bit P·V too (session 61: its TMA-ring kernel;
+// v then the 16-bit V and v_scale null), q 16-byte aligned with strides of multiples of 8,
 // an sm_90a GPU; tuning fused_q), and the kernel itself on the raw q with the pass's sm_scale
 // and scale_eps (k, V, their scales and means from the call's passes; options with sm_scale 1).
 // attention_int8_q16 returns false, launching nothing, where the kernel does not apply after all.
 bool attention_q16_applies(const TensorView& q, const TensorView& k, const TensorView& out,
                            const AttentionOptions& options);
 bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps,
-                        const QuantizedRows& k, const TensorView& v, const TensorView& v_scale,
+                        const QuantizedRows& k, const TensorView& v, const TensorView* v_scale,
                         const TensorView* v_mean, const TensorView* k_mean, TensorView out,
                         TensorView* lse_out, const AttentionOptions& options, Context& ctx);
 
@@ -124,7 +125,8 @@ struct AttentionCudaTuning {
   // pass), 2 on at any key count (the one-consumer kernel forced), 3 on for the one-consumer
   // kernel's keys with the grid's query blocks fastest and no prefetch, 4 the same with the
   // heads fastest (session 57's form), 5 on for the one-consumer kernel's keys only (sessions
-  // 58-60's default), 6 the default without the prefetch at longer keys
+  // 58-60's default), 6 the default without the prefetch at longer keys. 16-bit P·V (session
+  // 61, its TMA-ring kernel): q in the kernel under 0 (with the prefetch) and 6 (without) only
   int fused_q = 0;
   // the fp8 one-consumer kernel on codes (session 57's A/B): its non-causal grid with the heads
   // fastest

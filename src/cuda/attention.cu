@@ -1132,18 +1132,22 @@ bool attention_q16_applies(const TensorView& q, const TensorView& k, const Tenso
   // (16, 32, 1024, 1024) causal 0.6810 -> 0.6473 ms. Session 61: longer keys too, on the
   // long-key kernels, but for fused_q 3 / 4 / 5.)
   const int64_t D = q.shape[3];
-  const bool keys = q16_one_consumer(tune, k.shape[1], D) || tune.fused_q == 0 || tune.fused_q == 6;
+  // (16-bit P·V since session 61: auto's TMA-ring kernel quantizes q, under fused_q 0 and 6.)
+  const bool fp8 = options.pv == AttentionOptions::fp8;
+  const bool keys =
+      fp8 ? q16_one_consumer(tune, k.shape[1], D) || tune.fused_q == 0 || tune.fused_q == 6
+          : kAutoPv16Ring && (tune.fused_q == 0 || tune.fused_q == 6);
   const bool aligned = reinterpret_cast<uintptr_t>(q.data) % 16 == 0 && q.stride[0] % 8 == 0 &&
                        q.stride[1] % 8 == 0 && q.stride[2] % 8 == 0;
   // (f16 q and output too since session 60: the same kernels as bf16.)
   return keys && aligned && (q.dtype == DType::bf16 || q.dtype == DType::f16) &&
-         out.dtype == q.dtype && options.pv == AttentionOptions::fp8 &&
-         options.kernel == AttentionOptions::auto_kernel && (D == 128 || D == 64) &&
-         q.shape[1] <= INT32_MAX && attn::wgmma_attention_available() && fp8_mma_missing().empty();
+         out.dtype == q.dtype && options.kernel == AttentionOptions::auto_kernel &&
+         (D == 128 || D == 64) && q.shape[1] <= INT32_MAX && attn::wgmma_attention_available() &&
+         (!fp8 || fp8_mma_missing().empty());
 }
 
 bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps,
-                        const QuantizedRows& k, const TensorView& v, const TensorView& v_scale,
+                        const QuantizedRows& k, const TensorView& v, const TensorView* v_scale,
                         const TensorView* v_mean, const TensorView* k_mean, TensorView out,
                         TensorView* lse_out, const AttentionOptions& options, Context& ctx) {
   QuantizedRows qq;  // q's codes and scales: the kernel's own (SPEC §1 THREAD_Q, 32-row blocks)
@@ -1152,8 +1156,7 @@ bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps
   qq.block = 32;
   const float sm =
       options.sm_scale == 0.f ? 1.f / std::sqrt(static_cast<float>(q.shape[3])) : options.sm_scale;
-  AttnParams p =
-      attn_params(qq, k, v, &v_scale, v_mean, k_mean, out, lse_out, sm, options, nullptr);
+  AttnParams p = attn_params(qq, k, v, v_scale, v_mean, k_mean, out, lse_out, sm, options, nullptr);
   p.q16 = q.data;
   p.q16_sb = q.stride[0];
   p.q16_sn = q.stride[1];
@@ -1161,7 +1164,20 @@ bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps
   p.q16_sm_scale = q_sm_scale;
   p.q16_eps = q_scale_eps;
   const detail::AttentionCudaTuning tune = detail::attention_cuda_tuning();
-  const bool one = q16_one_consumer(tune, k.data.shape[1], q.shape[3]);
+  const int64_t D = q.shape[3], nkv = k.data.shape[1];
+  const int B = static_cast<int>(q.shape[0]);
+  if (options.pv != AttentionOptions::fp8) {
+    // (session 61) 16-bit P·V: auto's TMA-ring kernel (attention_int8's ring_cons rule), the CTA
+    // one wave ahead prefetched (one consumer: 2 CTAs per multiprocessor) but for fused_q 6.
+    const int cons = tune.ring_cons != 0 ? tune.ring_cons
+                     : D == 128 && (tune.cons1 == 1 || (tune.cons1 == 0 && nkv <= kRingC1MaxKeys))
+                         ? 1
+                         : 0;
+    if (tune.fused_q != 6) p.q16_ahead = (cons == 1 ? 2 : 1) * multiprocessor_count();
+    return attn::launch_attention_wgmma_pv16(p, B, static_cast<int>(D), out.dtype, stream_of(ctx),
+                                             cons, true);
+  }
+  const bool one = q16_one_consumer(tune, nkv, D);
   // The heads fastest in the grid (non-causal, one consumer) but for fused_q 3; the q rows of the
   // CTA one wave ahead prefetched into L2 (one consumer: 2 CTAs per multiprocessor) but for
   // fused_q 3, 4 and (the long-key kernels) 6 (A/B only).
@@ -1169,8 +1185,7 @@ bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps
   p.heads_inner = form != 3;
   if (form != 3 && form != 4 && !(form == 6 && !one))
     p.q16_ahead = (one ? 2 : 1) * multiprocessor_count();
-  return attn::launch_attention_wgmma_q16(
-      p, static_cast<int>(q.shape[0]), static_cast<int>(q.shape[3]), q.dtype, one, stream_of(ctx));
+  return attn::launch_attention_wgmma_q16(p, B, static_cast<int>(D), q.dtype, one, stream_of(ctx));
 }
 
 void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, TensorView* v_mean,

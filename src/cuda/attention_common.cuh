@@ -752,9 +752,11 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
 // Returns false without launching when no TMA descriptor addresses the tensors, or D is not 64 /
 // 128. Needs wgmma_attention_available(). cons: the consumer warpgroups at D = 64, 3 or 4 (0: the
 // default, 4; the tuning knob ring_cons); at D = 128 1 runs one consumer per CTA and two CTAs per
-// multiprocessor (session 54), else three.
+// multiprocessor (session 54), else three. q16 (session 61): the kernel quantizing 16-bit q
+// itself (p.q16 of out_dtype; the q-in-kernel form of attention()), false without launching where
+// the k scales are not constant per 64-key half or at D = 64 on three consumers.
 bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
-                                 cudaStream_t stream, int cons = 0);
+                                 cudaStream_t stream, int cons = 0, bool q16 = false);
 
 }  // namespace attn
 }  // namespace cuda

@@ -30,16 +30,17 @@
 //    kernel with D / 128 chunks (D = 64: int8 rows of 64 bytes in the 64-byte swizzle), up to 8
 //    ring stages and three consumer warpgroups (192-row CTAs, 160 registers; D = 64 since
 //    session 14: four, 256-row CTAs at 112 registers) (Shape256).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda.h>  // CUtensorMap (the encoder comes from the runtime's driver entry point)
 #include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
 
 #include "src/cuda/attention_common.cuh"
+#include "src/cuda/attention_q16.cuh"  // kQ16: q quantized in the kernel (session 61)
 #include "src/cuda/common.cuh"
 #include "src/cuda/ptx.cuh"
 
@@ -122,12 +123,13 @@ struct Smem256 {
   static constexpr int kPerStage = kKStage + kVStage + kKeys * 4 + 16;
   // D = 256: fp8 5 stages, 16-bit 4 (what fits); D = 64 / 128 (16-bit): as many as fit, at
   // most 8.
-  static constexpr int kFit = (kBudget - kK - 1024) / kPerStage;
+  static constexpr int kFit = (kBudget - kK - kRows - 1024) / kPerStage;
   static constexpr int kStages = D == 256 ? (FP8 ? 5 : 4) : (kFit < 8 ? kFit : 8);
   static constexpr int kV = kK + kStages * kKStage;
   static constexpr int kS = kV + kStages * kVStage;
   static constexpr int kBar = kS + kStages * kKeys * 4;
-  static constexpr int kBytes = kBar + 2 * kStages * 8 + 1024;  // + alignment slack
+  static constexpr int kQs = kBar + 2 * kStages * 8;  // kQ16: q group scales, 16 per 64 rows
+  static constexpr int kBytes = kQs + kRows + 1024;   // + alignment slack
   static constexpr uint32_t kStageTx = kKStage + kVStage;       // TMA bytes per stage
 };
 static_assert(Smem256<256, true>::kBytes <= kSmemMax && Smem256<256, false>::kBytes <= kSmemMax &&
@@ -212,10 +214,15 @@ struct Maps256 {
   int q_rows_outer, k_rows_outer, v_rows_outer;  // map dims (D, H, N, B) rather than (D, N, H, B)
 };
 
-template <int D, bool FP8, typename T16, bool kKcHalf, int kC>
+// kQ16 (session 61, 16-bit P·V at D 64 / 128): q quantized by each consumer warpgroup from 16-bit
+// rows of the output's type (p.q16; quantize_q16_rows), not loaded as codes with stage 0; producer
+// warp 1 prefetches the q rows of the CTA p.q16_ahead blocks later into L2.
+template <int D, bool FP8, typename T16, bool kKcHalf, int kC, bool kQ16 = false>
 __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, Shape256<D, kC>::kMinCtas)
     attention_wgmma256_kernel(const AttnParams p, const __grid_constant__ Maps256 maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!kQ16 || (!FP8 && (D == 64 || D == 128)),
+                "q in the kernel: 16-bit P·V, D 64 / 128");
   using S = Shape256<D, kC>;
   constexpr int kRows = S::kRows;
   using L = Smem256<D, FP8, kRows, S::kSmemBudget>;
@@ -246,6 +253,9 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, Shape256<D, kC>::kM
 
   if (wg == 0) {  // ---- producer: one warp; lane 0 issues the TMA boxes, each lane 2 kc
     setmaxnreg_dec<kProdRegs>();
+    if constexpr (kQ16) {
+      if (warp == 1) prefetch_q16_rows<D, kRows, false, T16>(p, lane);
+    }
     if (warp != 0) return;
     const float* ksg = p.k_scale + b * p.ks_sb + hk * p.ks_sh;
     const ScaleIdx kidx(p.k_layout, p.k_block);
@@ -262,8 +272,8 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, Shape256<D, kC>::kM
       for (int i = 0; i < 2; ++i) skc[st * kKeys + lane + 32 * i] = ks[i] * p.scale_log2;
       const uint32_t bar = full0 + st * 8;
       if (lane == 0) {
-        mbar_arrive_expect_tx(bar, L::kStageTx + (tile == 0 ? L::kK : 0u));
-        if (tile == 0) {  // Q (rows past Nq zero-filled), boxes of kRowB channels
+        mbar_arrive_expect_tx(bar, L::kStageTx + (tile == 0 && !kQ16 ? L::kK : 0u));
+        if (tile == 0 && !kQ16) {  // Q (rows past Nq zero-filled), boxes of kRowB channels
           const int r = static_cast<int>(q0);
 #pragma unroll
           for (int c = 0; c < L::kChunks; ++c)
@@ -298,8 +308,19 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, Shape256<D, kC>::kM
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
   int64_t row0 = q0 + rl0, row1 = row0 + 8;
-  // Logits are s * q (s = float(acc) x kc; q_scale_floor: q > 0).
-  const float qm0 = q_scale_floor(p, b, h, row0), qm1 = q_scale_floor(p, b, h, row1);
+  // Logits are s * q (s = float(acc) x kc; q_scale_floor: q > 0). kQ16: the scales of the
+  // consumer's own quantization (named barrier 9 + cw; the kernel's others are below 9).
+  float qm0, qm1;
+  if constexpr (kQ16) {
+    const float s = quantize_q16_rows<D, T16>(
+        p, b, h, q0 + 64 * cw, base + L::kQ + cw * 64 * L::kRowB,
+        reinterpret_cast<float*>(sbase + L::kQs) + 16 * cw, tid & 127, 9 + cw);
+    qm0 = fmaxf(row0 < p.Nq ? s : 0.f, 1.17549435e-38f);
+    qm1 = fmaxf(row1 < p.Nq ? s : 0.f, 1.17549435e-38f);
+  } else {
+    qm0 = q_scale_floor(p, b, h, row0);
+    qm1 = q_scale_floor(p, b, h, row1);
+  }
   // (the visible ends are recomputed on the stages that need a mask: registers are short)
   auto block_q0 = [&]() { return static_cast<int64_t>(cta_work(p).qb) * kRows; };
   constexpr float kPOffset = FP8 ? kLog2_448 : 0.f;
@@ -570,7 +591,9 @@ bool rows_map(CUtensorMap* map, const void* ptr, int elem, int D, int64_t n, int
   return encode_tiled_map(map, ptr, elem, 4, dims, strides, box, sw64);
 }
 
-template <int D, bool FP8, typename T16, int kC = Shape256<D>::kCons>
+// kQ16: the kernel quantizing q itself (p.q16; no Q map), where the k scales are constant per
+// 64-key half (else false, launching nothing).
+template <int D, bool FP8, typename T16, int kC = Shape256<D>::kCons, bool kQ16 = false>
 bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
   using S = Shape256<D, kC>;
   constexpr int kRows = S::kRows;
@@ -580,8 +603,8 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
                             : "attention_int8 (wgmma TMA ring, 16-bit P·V)";
   constexpr bool kSw64 = L::kRowB == 64;
   Maps256 maps{};
-  bool ok = rows_map(&maps.q, p.q, 1, D, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, B, L::kRowB, kRows,
-                     kSw64, &maps.q_rows_outer) &&
+  bool ok = (kQ16 || rows_map(&maps.q, p.q, 1, D, p.Nq, p.Hq, p.q_sn, p.q_sh, p.q_sb, B, L::kRowB,
+                              kRows, kSw64, &maps.q_rows_outer)) &&
             rows_map(&maps.k, p.k, 1, D, p.Nkv, p.Hkv, p.k_sn, p.k_sh, p.k_sb, B, L::kRowB, kKeys,
                      kSw64, &maps.k_rows_outer);
   if (FP8) {  // (npad, D, B * Hkv) e4m3, contiguous; boxes of 64 key bytes x 256 channels
@@ -600,8 +623,14 @@ bool launch256(const AttnParams& p, int B, cudaStream_t stream) {
   const bool kc_half = (p.k_layout == 0 || p.k_layout == 2) && p.k_block % 64 == 0 &&
                        p.scale_log2 > 0.f;
   using K = void (*)(const AttnParams, const Maps256);
-  const K kernel = kc_half ? attention_wgmma256_kernel<D, FP8, T16, true, kC>
-                           : attention_wgmma256_kernel<D, FP8, T16, false, kC>;
+  K kernel = nullptr;
+  if constexpr (kQ16) {
+    if (!kc_half || !p.q16) return false;
+    kernel = attention_wgmma256_kernel<D, FP8, T16, true, kC, true>;
+  } else {
+    kernel = kc_half ? attention_wgmma256_kernel<D, FP8, T16, true, kC>
+                     : attention_wgmma256_kernel<D, FP8, T16, false, kC>;
+  }
   constexpr int bytes = L::kBytes;
   set_kernel_smem(kernel, bytes, op, "shared memory");
   if (S::kMinCtas > 1)
@@ -627,8 +656,21 @@ bool launch_attention_wgmma256(const AttnParams& p, int B, bool fp8, DType out_d
 }
 
 bool launch_attention_wgmma_pv16(const AttnParams& p, int B, int D, DType out_dtype,
-                                 cudaStream_t stream, int cons) {
+                                 cudaStream_t stream, int cons, bool q16) {
   using BF = __nv_bfloat16;
+  if (q16) {  // (session 61: the forms auto runs; not D = 64 on three consumers, a tuning knob)
+    const bool bf = out_dtype == DType::bf16;
+    if (D == 128 && cons == 1)
+      return bf ? launch256<128, false, BF, 1, true>(p, B, stream)
+                : launch256<128, false, __half, 1, true>(p, B, stream);
+    if (D == 128)
+      return bf ? launch256<128, false, BF, 3, true>(p, B, stream)
+                : launch256<128, false, __half, 3, true>(p, B, stream);
+    if (D == 64 && cons != 3)
+      return bf ? launch256<64, false, BF, 4, true>(p, B, stream)
+                : launch256<64, false, __half, 4, true>(p, B, stream);
+    return false;
+  }
   if (D == 128 && cons == 1)  // one consumer, two CTAs per multiprocessor (session 54)
     return out_dtype == DType::bf16 ? launch256<128, false, BF, 1>(p, B, stream)
                                     : launch256<128, false, __half, 1>(p, B, stream);

@@ -1073,7 +1073,7 @@ LOWBIT_HARNESS_CASES(attention_cases) {
     }
   // (session 60) f16 q, k, v into fp8 P·V: q quantized in the kernel (D 128 up to 2048 keys, D 64
   // up to 1024, on one consumer warpgroup; since session 61 past those on the long-key kernels:
-  // two consumers at D 128, three at D 64), bf16 at those key counts too.
+  // two consumers at D 128, three at D 64), bf16 at those key counts too, both P·V modes.
   for (auto c : {O::none, O::bottom_right, O::top_left}) {
     for (const Shape& s : {Shape{1, 150, 150, 2, 1, 128}, Shape{2, 70, 2100, 2, 1, 128},
                            Shape{3, 200, 77, 4, 2, 64}, Shape{1, 130, 1100, 2, 2, 64}}) {
@@ -1081,11 +1081,12 @@ LOWBIT_HARNESS_CASES(attention_cases) {
       o.smooth_v = s.Nkv == 77;
       cases.push_back(std::make_unique<AttentionCallCase>(s, o, DType::f16));
     }
-    for (const Shape& s : {Shape{2, 300, 2500, 4, 2, 128}, Shape{1, 400, 1500, 2, 1, 64}}) {
-      O o = make_opt(O::fp8, c);
-      o.smooth_v = c == O::top_left;
-      cases.push_back(std::make_unique<AttentionCallCase>(s, o, DType::bf16));
-    }
+    for (const Shape& s : {Shape{2, 300, 2500, 4, 2, 128}, Shape{1, 400, 1500, 2, 1, 64}})
+      for (auto pv : {O::fp8, O::f16}) {  // (16-bit P·V: its TMA-ring kernel quantizing q)
+        O o = make_opt(pv, c);
+        o.smooth_v = c == O::top_left && pv == O::fp8;
+        cases.push_back(std::make_unique<AttentionCallCase>(s, o, DType::bf16));
+      }
   }
   for (auto pv : {O::fp8, O::f16})
     for (auto c : {O::none, O::bottom_right})

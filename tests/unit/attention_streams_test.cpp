@@ -716,9 +716,10 @@ TEST(AttentionCuda, ShortVKernelGivesThePassesBits) {
 // one-consumer kernel q's pass runs). Session 61: past that kernel's keys by default, the
 // long-key kernels quantizing q (two consumers at D 128, three at D 64; fused_q 6 without the
 // prefetch): causal and not, several waves of CTAs, partial 128- / 192-row CTAs, GQA, a fused
-// QKV view. Also the kernel on q's codes with the grid's heads fastest (tuning heads_inner)
-// against the default order, and (session 60) plain round 3 against auto's kernel; f16 forms as
-// well.
+// QKV view; and 16-bit P·V (its TMA-ring kernel, one consumer up to 512 keys at D 128, three
+// past them, four at D 64). Also the kernel on q's codes with the grid's heads fastest (tuning
+// heads_inner) against the default order, and (session 60) plain round 3 against auto's kernel
+// (16-bit P·V: wgmma_r3 is auto's ring kernel); f16 forms as well.
 TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
   if (!built_with_cuda() || cuda_device_count() == 0)
     GTEST_SKIP() << "no CUDA device: " << cuda_unavailable_reason();
@@ -736,6 +737,7 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
     bool fuses;  // whether the q codes stay unwritten
     int64_t d = 128;
     DType dt = DType::bf16;  // q, k, v and the output (f16 since session 60)
+    AttentionOptions::PV pv = AttentionOptions::fp8;  // (16-bit P·V since session 61)
   };
   using C = AttentionOptions;
   const Form forms[] = {
@@ -787,13 +789,35 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
       {1, 257, 2048, 2, 1, C::top_left, true, false, 0.3f, 0.f, false, 2, true, 64, DType::f16},
       {1, 64, 4000, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 5, false, 64, DType::f16},
       {1, 700, 4000, 4, 2, C::none, true, true, 0.f, 1e-7f, false, 0, true, 64, DType::f16},
+      // (session 61: 16-bit P·V, its TMA-ring kernel quantizing q: one consumer up to 512 keys
+      // at D 128, three past them, four at D 64; a negative sm_scale goes into q's scales, so
+      // the kernel's kc stay per 64-key half; fused_q 5 keeps q's pass)
+      {1, 1, 1, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 0, true, 128, DType::bf16, C::f16},
+      {2, 1000, 512, 6, 3, C::none, true, false, 0.f, 1e-7f, true, 0, true, 128, DType::bf16,
+       C::f16},
+      {2, 700, 700, 8, 4, C::bottom_right, true, false, 0.3f, 1e-7f, false, 0, true, 128,
+       DType::bf16, C::f16},
+      {1, 300, 2500, 4, 1, C::top_left, false, false, 0.f, 0.f, true, 6, true, 128, DType::bf16,
+       C::f16},
+      {1, 4100, 1030, 40, 40, C::none, true, false, 0.f, 1e-7f, false, 0, true, 128, DType::bf16,
+       C::f16},
+      {1, 200, 128, 2, 2, C::none, true, false, -0.5f, 1e-7f, false, 0, true, 128, DType::bf16,
+       C::f16},
+      {1, 64, 600, 2, 2, C::none, true, false, 0.f, 1e-7f, false, 5, false, 128, DType::bf16,
+       C::f16},
+      {2, 1000, 77, 6, 3, C::none, true, false, 0.f, 1e-7f, true, 0, true, 128, DType::f16, C::f16},
+      {2, 1000, 77, 6, 3, C::none, true, false, 0.f, 1e-7f, true, 0, true, 64, DType::bf16, C::f16},
+      {1, 2000, 2000, 8, 2, C::bottom_right, true, false, 0.f, 1e-7f, false, 0, true, 64,
+       DType::f16, C::f16},
+      {1, 333, 1024, 4, 4, C::top_left, false, false, 0.3f, 0.f, true, 6, true, 64, DType::bf16,
+       C::f16},
   };
   for (const Form& f : forms) {
     SCOPED_TRACE("B " + std::to_string(f.b) + " Nq " + std::to_string(f.nq) + " Nkv " +
                  std::to_string(f.nkv) + " Hq " + std::to_string(f.hq) + " Hkv " +
                  std::to_string(f.hkv) + " causal " + std::to_string(f.causal) + " sm " +
                  std::to_string(f.sm_scale) + " D " + std::to_string(f.d) + " " + dtype_name(f.dt) +
-                 (f.fused_qkv ? " qkv" : ""));
+                 (f.fused_qkv ? " qkv" : "") + (f.pv == C::f16 ? " 16-bit PV" : ""));
     const int64_t Dq = f.d;
     // q: (B, Nq, Hq, D) alone or slice 0 of each token's (3, Hq, D)
     const int64_t parts = f.fused_qkv ? 3 : 1;
@@ -821,6 +845,7 @@ TEST(AttentionCuda, QInTheKernelGivesThePassBits) {
     const TensorView o = make_view(ob.data(), f.dt, {f.b, f.nq, f.hq, Dq}, Device::cuda);
     TensorView lse = make_view(lb.data(), DType::f32, {f.b, f.hq, f.nq}, Device::cuda);
     AttentionOptions opt;
+    opt.pv = f.pv;
     opt.causal = f.causal;
     opt.smooth_k = f.smooth_k;
     opt.smooth_v = f.smooth_v;
