@@ -88,6 +88,25 @@ __device__ __forceinline__ float quantize_q16_rows(const AttnParams& p, int b, i
   return qs[(w / 2) * 8 + lane / 4];
 }
 
+// A consumer warpgroup's row scales qm0 / qm1 (its thread's rows row0 and row1 = row0 + 8; the
+// logits are t * qm, floored at FLT_MIN): kQ16, its own quantization of its 64 rows q0 + 64 cw
+// .. into its Q rows at sq (group scales at qs + 16 cw, named barrier 9 + cw: the kernels' other
+// ids are below 9); else the scales of q's pass (q_scale_floor).
+template <int D, typename T16, bool kQ16>
+__device__ __forceinline__ void consumer_q_scales(const AttnParams& p, int b, int h, int64_t q0,
+                                                  int cw, int64_t row0, int64_t row1, uint32_t sq,
+                                                  float* qs, int tid, float& qm0, float& qm1) {
+  if constexpr (kQ16) {
+    const float s =
+        quantize_q16_rows<D, T16>(p, b, h, q0 + 64 * cw, sq, qs + 16 * cw, tid & 127, 9 + cw);
+    qm0 = fmaxf(row0 < p.Nq ? s : 0.f, 1.17549435e-38f);
+    qm1 = fmaxf(row1 < p.Nq ? s : 0.f, 1.17549435e-38f);
+  } else {
+    qm0 = q_scale_floor(p, b, h, row0);
+    qm1 = q_scale_floor(p, b, h, row1);
+  }
+}
+
 // Producer warp 1 at its CTA's start (p.q16_ahead > 0): the q rows of the CTA q16_ahead linear
 // block indices later (about a wave ahead), into L2 by bulk prefetches of a row's 2 D bytes,
 // kRows / 32 rows per lane; causal grids read that CTA's place in the longest-first walk

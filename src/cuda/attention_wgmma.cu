@@ -967,17 +967,9 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
   int64_t row0 = q0 + rl0, row1 = row0 + 8;
   // The logits are t * qs with t = float(acc) * kc (q_scale_floor: qs > 0).
   float qm0, qm1;
-  if constexpr (kQ16) {  // (named barriers 9 + cw: ids 3 + cw and 6 + cw are the vote's and
-                         // epilogue's; consumer cw's 64 rows, its 16 group scales)
-    const float s = quantize_q16_rows<D, T16>(
-        p, b, h, q0 + 64 * cw, base + L::kQ + cw * 64 * kQKRow,
-        reinterpret_cast<float*>(sbase + L::kQs) + 16 * cw, tid & 127, 9 + cw);
-    qm0 = fmaxf(row0 < p.Nq ? s : 0.f, 1.17549435e-38f);
-    qm1 = fmaxf(row1 < p.Nq ? s : 0.f, 1.17549435e-38f);
-  } else {
-    qm0 = q_scale_floor(p, b, h, row0);
-    qm1 = q_scale_floor(p, b, h, row1);
-  }
+  // (kQ16: named barriers 9 + cw; ids 3 + cw and 6 + cw are the vote's and epilogue's)
+  consumer_q_scales<D, T16, kQ16>(p, b, h, q0, cw, row0, row1, base + L::kQ + cw * 64 * kQKRow,
+                                  reinterpret_cast<float*>(sbase + L::kQs), tid, qm0, qm1);
   // Smallest visible end of this warpgroup's rows: tiles ending at or before it need no mask;
   // this thread's rows' ends (32-bit: the rows themselves are not kept through the loop).
   const int wg_end = static_cast<int>(visible_end(p, ct, q0 + cw * 64));

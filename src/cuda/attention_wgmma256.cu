@@ -308,19 +308,11 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, Shape256<D, kC>::kM
   const int g = lane / 4, t = lane % 4;
   const int rl0 = cw * 64 + (warp % 4) * 16 + g;
   int64_t row0 = q0 + rl0, row1 = row0 + 8;
-  // Logits are s * q (s = float(acc) x kc; q_scale_floor: q > 0). kQ16: the scales of the
-  // consumer's own quantization (named barrier 9 + cw; the kernel's others are below 9).
+  // Logits are s * q (s = float(acc) x kc; q > 0). kQ16: the scales of the consumer's own
+  // quantization of its rows.
   float qm0, qm1;
-  if constexpr (kQ16) {
-    const float s = quantize_q16_rows<D, T16>(
-        p, b, h, q0 + 64 * cw, base + L::kQ + cw * 64 * L::kRowB,
-        reinterpret_cast<float*>(sbase + L::kQs) + 16 * cw, tid & 127, 9 + cw);
-    qm0 = fmaxf(row0 < p.Nq ? s : 0.f, 1.17549435e-38f);
-    qm1 = fmaxf(row1 < p.Nq ? s : 0.f, 1.17549435e-38f);
-  } else {
-    qm0 = q_scale_floor(p, b, h, row0);
-    qm1 = q_scale_floor(p, b, h, row1);
-  }
+  consumer_q_scales<D, T16, kQ16>(p, b, h, q0, cw, row0, row1, base + L::kQ + cw * 64 * L::kRowB,
+                                  reinterpret_cast<float*>(sbase + L::kQs), tid, qm0, qm1);
   // (the visible ends are recomputed on the stages that need a mask: registers are short)
   auto block_q0 = [&]() { return static_cast<int64_t>(cta_work(p).qb) * kRows; };
   constexpr float kPOffset = FP8 ? kLog2_448 : 0.f;
