@@ -911,6 +911,18 @@ constexpr int64_t kRingC1MaxKeys = 512;
 // The fp8 P·V one-consumer kernel's key bound at head dim D (attention_int8's auto choice, which
 // attention()'s q-in-kernel form follows).
 constexpr int64_t c1_max_keys(int64_t D) { return D == 64 ? kC1MaxKeysD64 : kC1MaxKeys; }
+// One consumer warpgroup per CTA, two CTAs per multiprocessor (tuning cons1; by default where
+// every item has at most max_keys keys, 0: never): attention_int8's auto choice and the one
+// attention()'s q-in-kernel form follows.
+bool c1_by_keys(const detail::AttentionCudaTuning& tune, int64_t nkv, int64_t max_keys) {
+  return tune.cons1 == 1 || (tune.cons1 == 0 && max_keys > 0 && nkv <= max_keys);
+}
+// The 16-bit P·V ring kernel's consumers (launch_attention_wgmma_pv16's cons; tuning ring_cons):
+// one at D = 128 up to kRingC1MaxKeys keys, else the kernel's default.
+int ring_cons_of(const detail::AttentionCudaTuning& tune, int64_t nkv, int64_t D) {
+  if (tune.ring_cons != 0) return tune.ring_cons;
+  return D == 128 && c1_by_keys(tune, nkv, kRingC1MaxKeys) ? 1 : 0;
+}
 
 }  // namespace
 
@@ -1024,16 +1036,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
   // kernel of attention_wgmma256.cu), at D = 256 both the head-dim-256 kernel; auto_kernel below.
   const bool wgmma_choice =
       options.kernel == AttentionOptions::wgmma || options.kernel == AttentionOptions::wgmma_r3;
-  // One consumer warpgroup per CTA, two CTAs per multiprocessor (tuning cons1; by default where
-  // every item has at most kC1MaxKeys / kC1MaxKeysD64 keys): the fp8 P·V kernel at D = 128 / 64,
-  // and (kRingC1MaxKeys) the 16-bit P·V ring kernel at D = 128 (ring_cons 1).
-  auto c1_by_keys = [&](int64_t max_keys) {
-    return tune.cons1 == 1 || (tune.cons1 == 0 && max_keys > 0 && p.Nkv <= max_keys);
-  };
-  const bool one_consumer = c1_by_keys(c1_max_keys(D));
-  const int ring_cons = tune.ring_cons != 0                      ? tune.ring_cons
-                        : D == 128 && c1_by_keys(kRingC1MaxKeys) ? 1
-                                                                 : 0;
+  // One consumer warpgroup per CTA, two CTAs per multiprocessor (kC1MaxKeys / kC1MaxKeysD64
+  // keys): the fp8 P·V kernel at D = 128 / 64, and (kRingC1MaxKeys) the 16-bit P·V ring kernel
+  // at D = 128 (ring_cons 1).
+  const bool one_consumer = c1_by_keys(tune, p.Nkv, c1_max_keys(D));
+  const int ring_cons = ring_cons_of(tune, p.Nkv, D);
   if (wgmma_choice && D == 256) {
     // D = 256 (session 11): both wgmma choices run the head-dim-256 wgmma kernel
     // (attention_wgmma256.cu; fp8 and 16-bit P·V); tensors no TMA descriptor can address (e.g.
@@ -1118,9 +1125,9 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
 
 namespace {
 // Whether attention()'s q-in-kernel form runs on the one-consumer kernel: the keys of auto's
-// choice (attention_int8's c1_by_keys at D = 128 / 64), or any (fused_q 2: that kernel forced).
+// choice (c1_by_keys at D = 128 / 64), or any (fused_q 2: that kernel forced).
 bool q16_one_consumer(const detail::AttentionCudaTuning& tune, int64_t nkv, int64_t D) {
-  return tune.fused_q == 2 || tune.cons1 == 1 || (tune.cons1 == 0 && nkv <= c1_max_keys(D));
+  return tune.fused_q == 2 || c1_by_keys(tune, nkv, c1_max_keys(D));
 }
 }  // namespace
 
@@ -1167,12 +1174,9 @@ bool attention_int8_q16(const TensorView& q, float q_sm_scale, float q_scale_eps
   const int64_t D = q.shape[3], nkv = k.data.shape[1];
   const int B = static_cast<int>(q.shape[0]);
   if (options.pv != AttentionOptions::fp8) {
-    // (session 61) 16-bit P·V: auto's TMA-ring kernel (attention_int8's ring_cons rule), the CTA
-    // one wave ahead prefetched (one consumer: 2 CTAs per multiprocessor) but for fused_q 6.
-    const int cons = tune.ring_cons != 0 ? tune.ring_cons
-                     : D == 128 && (tune.cons1 == 1 || (tune.cons1 == 0 && nkv <= kRingC1MaxKeys))
-                         ? 1
-                         : 0;
+    // (session 61) 16-bit P·V: auto's TMA-ring kernel (attention_int8's consumers), the CTA one
+    // wave ahead prefetched (one consumer: 2 CTAs per multiprocessor) but for fused_q 6.
+    const int cons = ring_cons_of(tune, nkv, D);
     if (tune.fused_q != 6) p.q16_ahead = (cons == 1 ? 2 : 1) * multiprocessor_count();
     return attn::launch_attention_wgmma_pv16(p, B, static_cast<int>(D), out.dtype, stream_of(ctx),
                                              cons, true);
