@@ -19,12 +19,17 @@ namespace lowbit {
 namespace cuda {
 namespace attn {
 
+// Byte offset of 16-byte chunk `chunk` of row `row` in 128-byte rows under the 128-byte swizzle
+// (chunk ^ row % 8): TMA's boxes and the cp.async loads of attention_wgmma.cu lay tiles this way.
+__device__ __forceinline__ uint32_t swz128(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
 // Byte offset of 16-byte chunk `chunk` of int8 Q row `row` as TMA's boxes lay them: D = 128,
-// 128-byte rows in the 128-byte swizzle (chunk ^ row % 8); D = 64, 64-byte rows in the 64-byte
-// swizzle (chunk c of row r at c ^ ((r / 2) % 4)).
+// swz128; D = 64, 64-byte rows in the 64-byte swizzle (chunk c of row r at c ^ ((r / 2) % 4)).
 template <int D>
 __device__ __forceinline__ uint32_t q16_swz(int row, int chunk) {
-  if constexpr (D == 128) return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+  if constexpr (D == 128) return swz128(row, chunk);
   return static_cast<uint32_t>(row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4));
 }
 

@@ -75,9 +75,7 @@ struct WgSmem {
   static constexpr int kBytes = kS + 2 * kBN * 4 + 1024;  // + alignment slack
 };
 
-__device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
-}
+static_assert(kRowBytes == 128, "swz128 (attention_q16.cuh) lays 128-byte rows");
 // Shared-memory descriptors (ptx::wgmma_desc). ptx::smem_desc: K-major, 128-byte swizzle, 8-row
 // atoms 1024 bytes apart (gemm_wgmma.cu's descriptor).
 using ptx::smem_desc;
@@ -387,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
   for (int c = tid; c < kBM * kChunks; c += kThreads) {
     const int r = c / kChunks, ch = c % kChunks;
     const bool ok = q0 + r < p.Nq;
-    cp_async_16(base + L::kQ + swz(r, ch), ok ? qg + (q0 + r) * p.q_sn + ch * 16 : p.q,
+    cp_async_16(base + L::kQ + swz128(r, ch), ok ? qg + (q0 + r) * p.q_sn + ch * 16 : p.q,
                 ok ? 16 : 0);
   }
   auto load_tile = [&](int tile, int buf) {
@@ -396,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
     for (int c = tid; c < kBN * kChunks; c += kThreads) {
       const int r = c / kChunks, ch = c % kChunks;
       const bool ok = kv0 + r < ct.nkv;  // keys past Nkv: zero (masked below)
-      cp_async_16(sk + swz(r, ch), ok ? kg + (kv0 + r) * p.k_sn + ch * 16 : p.k, ok ? 16 : 0);
+      cp_async_16(sk + swz128(r, ch), ok ? kg + (kv0 + r) * p.k_sn + ch * 16 : p.k, ok ? 16 : 0);
     }
     const uint32_t sv = base + L::kV + buf * L::kVTile;
     if constexpr (FP8) {
@@ -404,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
         const int d = c / (kBN / 16), ch = c % (kBN / 16);
         const int64_t pos = kv0 + ch * 16;
         const bool ok = pos < p.npad;  // npad is a multiple of 64: chunks all in or all out
-        cp_async_16(sv + swz(d, ch), ok ? vg + d * p.npad + pos : vg, ok ? 16 : 0);
+        cp_async_16(sv + swz128(d, ch), ok ? vg + d * p.npad + pos : vg, ok ? 16 : 0);
       }
     } else {  // key row r, 16-byte chunk ch (8 channels) -> column chunk ch / 8, row r
       constexpr int kVChunks = D / 8;
@@ -412,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_wgmma_kernel(const Attn
       for (int c = tid; c < kBN * kVChunks; c += kThreads) {
         const int r = c / kVChunks, ch = c % kVChunks;
         const bool ok = kv0 + r < ct.nkv;  // keys past Nkv: zero
-        cp_async_16(sv + (ch / 8) * L::kVChunk + swz(r, ch % 8),
+        cp_async_16(sv + (ch / 8) * L::kVChunk + swz128(r, ch % 8),
                     ok ? static_cast<const void*>(vg16 + (kv0 + r) * p.v_sn + ch * 8) : p.v,
                     ok ? 16 : 0);
       }
@@ -875,10 +873,10 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
     constexpr int kChunks = D / 16;  // 16-byte chunks per q/k row
     constexpr int kRowStep = 128 / kChunks;  // K rows between one thread's copies (16 or 32)
     const int kr0 = tid / kChunks, k_ch = tid % kChunks;
-    const uint32_t k_dst = swz(kr0, k_ch);
+    const uint32_t k_dst = swz128(kr0, k_ch);
     const int64_t k_src = kr0 * p.k_sn + k_ch * 16;
     const int v_d0 = tid / 8, v_ch = tid % 8;  // V: 8 chunks of 16 key positions per channel
-    const uint32_t v_dst = swz(v_d0, v_ch);
+    const uint32_t v_dst = swz128(v_d0, v_ch);
     const int64_t v_src = v_d0 * p.npad + v_ch * 16;
     const ScaleIdx kidx(p.k_layout, p.k_block);
     float ks_prev = 0.f;
@@ -890,7 +888,7 @@ __global__ void __launch_bounds__(r3_threads(kVar), r3_min_ctas(kVar))
         for (int c = tid; c < kRows * kChunks; c += 128) {
           const int r = c / kChunks, ch = c % kChunks;
           const bool ok = q0 + r < p.Nq;
-          cp_async_16(base + L::kQ + swz(r, ch), ok ? qg + (q0 + r) * p.q_sn + ch * 16 : p.q,
+          cp_async_16(base + L::kQ + swz128(r, ch), ok ? qg + (q0 + r) * p.q_sn + ch * 16 : p.q,
                       ok ? 16 : 0);
         }
       }
