@@ -815,42 +815,11 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-int rope_kind_of(const PrologueArgs& a) {
-  if (!a.rotate) return kRopeNone;
-  return a.interleaved ? kRopeInterleaved : kRopePaired;
-}
-
 // Options the round-2 mean kernel covers: per-head (or no) norm weight, full rotary (or none).
 bool fast_mean_supported(const PrologueArgs& a) {
   if (detail::prologue_cuda_tuning().legacy || a.norm_heads) return false;
   if (a.w_rows && !seg_fast_ok(a)) return false;
   return !a.rotate || 2 * a.pairs == a.dim;
-}
-
-template <typename F>
-void dispatch_fast(const PrologueArgs& a, const char* op, F&& f) {
-  auto by_rope = [&](auto d, auto bf) {
-    switch (rope_kind_of(a)) {
-      case kRopePaired: f(d, bf, std::integral_constant<int, kRopePaired>{}); break;
-      case kRopeInterleaved: f(d, bf, std::integral_constant<int, kRopeInterleaved>{}); break;
-      default: f(d, bf, std::integral_constant<int, kRopeNone>{}); break;
-    }
-  };
-  auto by_dim = [&](auto bf) {
-    if (a.dim == 64)
-      by_rope(std::integral_constant<int, 64>{}, bf);
-    else if (a.dim == 128)
-      by_rope(std::integral_constant<int, 128>{}, bf);
-    else if (a.dim == 256)
-      by_rope(std::integral_constant<int, 256>{}, bf);
-    else
-      check::fail(op, "x",
-                  "head dim on cuda: expected 64, 128 or 256, got " + std::to_string(a.dim));
-  };
-  if (a.x_dtype == DType::bf16)
-    by_dim(std::true_type{});
-  else
-    by_dim(std::false_type{});
 }
 
 void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
@@ -892,7 +861,7 @@ void fast_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold)
   dim3 grid(static_cast<unsigned>(head_groups), static_cast<unsigned>(L.chunks),
             static_cast<unsigned>(a.batch));
   const int smem = L.head_group * 4 * kMeanWarps * 32 * static_cast<int>(sizeof(float4));
-  dispatch_fast(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
+  dispatch_prologue(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value;
     auto kernel = fast_mean_kernel<D, decltype(bf)::value, decltype(rope)::value>;
     if constexpr (D <= 128)

@@ -10,8 +10,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <type_traits>
 #include <utility>
 
+#include "src/core/check.h"
 #include "src/core/prologue_internal.h"
 #include "src/cuda/common.cuh"
 #include "src/cuda/ptx.cuh"
@@ -158,6 +161,46 @@ __device__ __forceinline__ void load_table8(const PrologueArgs& a, int mode, int
 }
 
 enum RopeKind : int { kRopeNone = 0, kRopePaired = 1, kRopeInterleaved = 2 };
+
+inline int rope_kind_of(const PrologueArgs& a) {
+  if (!a.rotate) return kRopeNone;
+  return a.interleaved ? kRopeInterleaved : kRopePaired;
+}
+
+// Calls f(D, BF16, ROPE) with compile-time constants (std::integral_constant<int, D>,
+// std::true_type for bf16 x, std::integral_constant<int, RopeKind>) for the prologue kernels'
+// head dims on CUDA (64, 128, 256); any other head dim fails for `op`.
+template <typename F>
+void dispatch_prologue(const PrologueArgs& a, const char* op, F&& f) {
+  auto by_rope = [&](auto d, auto bf) {
+    switch (rope_kind_of(a)) {
+      case kRopePaired:
+        f(d, bf, std::integral_constant<int, kRopePaired>{});
+        break;
+      case kRopeInterleaved:
+        f(d, bf, std::integral_constant<int, kRopeInterleaved>{});
+        break;
+      default:
+        f(d, bf, std::integral_constant<int, kRopeNone>{});
+        break;
+    }
+  };
+  auto by_dim = [&](auto bf) {
+    if (a.dim == 64)
+      by_rope(std::integral_constant<int, 64>{}, bf);
+    else if (a.dim == 128)
+      by_rope(std::integral_constant<int, 128>{}, bf);
+    else if (a.dim == 256)
+      by_rope(std::integral_constant<int, 256>{}, bf);
+    else
+      check::fail(op, "x",
+                  "head dim on cuda: expected 64, 128 or 256, got " + std::to_string(a.dim));
+  };
+  if (a.x_dtype == DType::bf16)
+    by_dim(std::true_type{});
+  else
+    by_dim(std::false_type{});
+}
 
 // Two values rounded to the activation dtype and read back (one packed conversion).
 template <bool BF16>

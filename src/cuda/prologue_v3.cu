@@ -1663,33 +1663,6 @@ __global__ void __launch_bounds__(kV4MeanWarps * 32, D == 128 ? 5 : 4)
   v4_mean_body<D, BF16, ROPE, PAIR, SEG, TOKEN>(a, L, partials);
 }
 
-template <typename F>
-void v3_dispatch(const PrologueArgs& a, const char* op, F&& f) {
-  auto by_rope = [&](auto d, auto bf) {
-    if (!a.rotate)
-      f(d, bf, std::integral_constant<int, kRopeNone>{});
-    else if (a.interleaved)
-      f(d, bf, std::integral_constant<int, kRopeInterleaved>{});
-    else
-      f(d, bf, std::integral_constant<int, kRopePaired>{});
-  };
-  auto by_dim = [&](auto bf) {
-    if (a.dim == 64)
-      by_rope(std::integral_constant<int, 64>{}, bf);
-    else if (a.dim == 128)
-      by_rope(std::integral_constant<int, 128>{}, bf);
-    else if (a.dim == 256)
-      by_rope(std::integral_constant<int, 256>{}, bf);
-    else
-      check::fail(op, "x",
-                  "head dim on cuda: expected 64, 128 or 256, got " + std::to_string(a.dim));
-  };
-  if (a.x_dtype == DType::bf16)
-    by_dim(std::true_type{});
-  else
-    by_dim(std::false_type{});
-}
-
 // Resident CTAs of `kernel` on the device (registers, shared memory, threads).
 template <typename K>
 int64_t resident_ctas(K kernel, int threads, int smem, const char* op) {
@@ -1737,7 +1710,7 @@ void v4_norm_rope_mean(const PrologueArgs& a, Context& ctx, ScratchHold* hold) {
       std::max<size_t>(sizeof(float) * kV4MeanWarps * 32 * 36,
                        sizeof(uint4) * (ahead + 1) * 4 * kV4MeanWarps * 32 +
                            (tsmem ? sizeof(float) * (ahead + 1) * kV4MeanWarps * a.dim : 0)));
-  v3_dispatch(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
+  dispatch_prologue(a, "norm_rope_mean", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
     using Kernel = void (*)(const PrologueArgs, const V4MeanLaunch, float*);
@@ -2048,7 +2021,7 @@ void v3_norm_rope_quantize(const PrologueArgs& a, Context& ctx, bool behind_mean
     const int smem_all = smem + (L.mean_smem ? mean_sh_rows(L) * mean_row_bytes : 0);
     launch_maybe_pdl(pdl, kernel, grid, dim3(threads), smem_all, stream_of(ctx), a, L);
   };
-  v3_dispatch(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
+  dispatch_prologue(a, "norm_rope_quantize", [&](auto d, auto bf, auto rope) {
     constexpr int D = decltype(d)::value, ROPE = decltype(rope)::value;
     constexpr bool BF16 = decltype(bf)::value;
     // The specialized kernels in their two code forms (the same signature): signed_codes picks.
