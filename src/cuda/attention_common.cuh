@@ -204,6 +204,35 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Scores of the mma fragments' column blocks j = J0 .. J0 + 7 (s[4 j + e]; row g: e = 0, 1, row
+// g + 8: e = 2, 3): s <- exp2(s qs - off) with each row's qs / off, and the two rows' sums of
+// these 16 values each, added as a pairwise tree (the kernels' fixed order).
+template <int J0, int N>
+__device__ __forceinline__ void exp2_rows8(float (&s)[N], float qs0, float qs1, float off0,
+                                           float off1, float& sum0, float& sum1) {
+  static_assert(4 * (J0 + 8) <= N, "column blocks J0 .. J0 + 7 lie in s");
+  float a0[8], a1[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int j = J0 + i;
+    s[4 * j + 0] = fast_exp2(fmaf(s[4 * j + 0], qs0, -off0));
+    s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], qs0, -off0));
+    s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], qs1, -off1));
+    s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], qs1, -off1));
+    a0[i] = s[4 * j + 0] + s[4 * j + 1];
+    a1[i] = s[4 * j + 2] + s[4 * j + 3];
+  }
+#pragma unroll
+  for (int w = 4; w >= 1; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; ++i) {
+      a0[i] += a0[i + w];
+      a1[i] += a1[i + w];
+    }
+  sum0 = a0[0];
+  sum1 = a1[0];
+}
+
 // Four e4m3 codes (round to nearest even, saturating) of x0..x3, x0 in the low byte.
 __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890

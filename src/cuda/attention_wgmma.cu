@@ -640,26 +640,7 @@ __device__ __forceinline__ void r3_exp_half(float (&s)[64], float qs0, float qs1
                                             float off1, float& sum0, float& sum1,
                                             uint32_t (&pa)[2][4]) {
   constexpr int j0 = 8 * kHalf;
-  float a0[8], a1[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int j = j0 + i;
-    s[4 * j + 0] = fast_exp2(fmaf(s[4 * j + 0], qs0, -off0));
-    s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], qs0, -off0));
-    s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], qs1, -off1));
-    s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], qs1, -off1));
-    a0[i] = s[4 * j + 0] + s[4 * j + 1];
-    a1[i] = s[4 * j + 2] + s[4 * j + 3];
-  }
-#pragma unroll
-  for (int w = 4; w >= 1; w /= 2)
-#pragma unroll
-    for (int i = 0; i < w; ++i) {
-      a0[i] += a0[i + w];
-      a1[i] += a1[i + w];
-    }
-  sum0 = a0[0];
-  sum1 = a1[0];
+  exp2_rows8<j0>(s, qs0, qs1, off0, off1, sum0, sum1);
 #pragma unroll
   for (int kh = 0; kh < 2; ++kh) {
     const int j = j0 + 4 * kh;

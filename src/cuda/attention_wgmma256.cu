@@ -440,27 +440,7 @@ __global__ void __launch_bounds__(Shape256<D, kC>::kThreads, Shape256<D, kC>::kM
     const float off0 = mn0 == -INFINITY ? 0.f : mn0 - kPOffset;
     const float off1 = mn1 == -INFINITY ? 0.f : mn1 - kPOffset;
     float sum0, sum1;
-    {
-      float a0[8], a1[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        s[4 * j + 0] = fast_exp2(fmaf(s[4 * j + 0], q0s, -off0));
-        s[4 * j + 1] = fast_exp2(fmaf(s[4 * j + 1], q0s, -off0));
-        s[4 * j + 2] = fast_exp2(fmaf(s[4 * j + 2], q1s, -off1));
-        s[4 * j + 3] = fast_exp2(fmaf(s[4 * j + 3], q1s, -off1));
-        a0[j] = s[4 * j + 0] + s[4 * j + 1];
-        a1[j] = s[4 * j + 2] + s[4 * j + 3];
-      }
-#pragma unroll
-      for (int w = 4; w >= 1; w /= 2)
-#pragma unroll
-        for (int i = 0; i < w; ++i) {
-          a0[i] += a0[i + w];
-          a1[i] += a1[i + w];
-        }
-      sum0 = a0[0];
-      sum1 = a1[0];
-    }
+    exp2_rows8<0>(s, q0s, q1s, off0, off1, sum0, sum1);
     l0 = l0 * r0 + sum0;
     l1 = l1 * r1 + sum1;
     // The row sums before any P·V issue: scheduled after it, they kept the 32 P values live next
