@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "lowbit/attention.h"
@@ -71,6 +72,11 @@ inline int64_t fp8_v_position(int64_t key) {
   const int64_t i = (w / 8) * 2 + (w % 2), t = (w % 8) / 2;
   return base + 16 * h + 4 * t + i;
 }
+
+// The key a tile's P·V takes at step j of n (every P·V loop, every SIMD level, the same order):
+// keys in pairs (2 m, 2 m + 1), the odd key first, as AVX512_BF16's vdpbf16ps adds a pair (a
+// last key without its pair alone): steps 0, 1, 2, 3, 4 of n = 5 take keys 1, 0, 3, 2, 4.
+inline int64_t pv_key(int64_t j, int64_t n) { return (j ^ 1) < n ? j ^ 1 : j; }
 
 // D values of a row of t (channel stride t.stride[3]) from element offset `off`, as f32.
 void load_row_f32(const TensorView& t, int64_t off, int64_t D, float* dst) {
@@ -198,21 +204,24 @@ LOWBIT_AVX512 inline void pv_block_avx512(float* const (&tile)[2], const float* 
   __m512 acc[R][NV];
   for (auto& r : acc)
     for (auto& a : r) a = _mm512_setzero_ps();
-  const int64_t both = R == 2 ? std::min(n[0], n[1]) : n[0];
+  // (steps both rows take in the same order: whole pairs of keys both see)
+  const int64_t both = R == 2 ? std::min(n[0], n[1]) & ~int64_t{1} : n[0];
   for (int64_t j = 0; j < both; ++j) {
+    const int64_t key = pv_key(j, both);
     __m512 p[R];
-    for (int r = 0; r < R; ++r) p[r] = _mm512_set1_ps(pr[r][j]);
-    const float* v = vbuf + j * D + d0;
+    for (int r = 0; r < R; ++r) p[r] = _mm512_set1_ps(pr[r][key]);
+    const float* v = vbuf + key * D + d0;
     for (int c = 0; c < NV; ++c) {
       __m512 x = _mm512_loadu_ps(v + 16 * c);
       if (R == 2) asm("" : "+v"(x));  // one load for both rows (not a memory operand twice)
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(p[r], x, acc[r][c]);
     }
   }
-  for (int r = 0; r < R; ++r)  // the keys only one row of the pair sees
+  for (int r = 0; r < R; ++r)  // the keys only one row of the pair takes
     for (int64_t j = both; j < n[r]; ++j) {
-      const __m512 p = _mm512_set1_ps(pr[r][j]);
-      const float* v = vbuf + j * D + d0;
+      const int64_t key = pv_key(j, n[r]);
+      const __m512 p = _mm512_set1_ps(pr[r][key]);
+      const float* v = vbuf + key * D + d0;
       for (int c = 0; c < NV; ++c)
         acc[r][c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16 * c), acc[r][c]);
     }
@@ -228,9 +237,84 @@ LOWBIT_AVX512 void pv_tile_avx512(float* const (&tile)[2], const float* const (&
   for (; d0 + 32 <= D; d0 += 32) pv_block_avx512<2, R>(tile, pr, vbuf, n, D, d0);
   for (; d0 < D; d0 += 16) pv_block_avx512<1, R>(tile, pr, vbuf, n, D, d0);
 }
+// The fp8 mode's P·V on AVX512_BF16 (vdpbf16ps; the same bits as pv_block_avx512: P and V are
+// e4m3 values, exact in bf16, every product exact in fp32, no denormal anywhere): V staged as
+// bf16 key pairs (vb[(m D + d) 2 + e] = v[2 m + e][d]), each row's P pair (keys 2 m, 2 m + 1) one
+// 32-bit broadcast; a row's last key without its pair by one fused multiply-add.
+inline uint32_t p_pair_bits(const float* pr, int64_t m) {
+  uint32_t lo, hi;
+  std::memcpy(&lo, pr + 2 * m, 4);
+  std::memcpy(&hi, pr + 2 * m + 1, 4);
+  return (lo >> 16) | (hi & 0xffff0000u);  // (e4m3 values: the low 16 bits are 0)
+}
+template <int NV, int R>
+LOWBIT_AVX512_BF16 inline void pv_block_bf16(float* const (&tile)[2], const float* const (&pr)[2],
+                                             const uint16_t* vb, const int64_t (&n)[2], int64_t D,
+                                             int64_t d0) {
+  __m512 acc[R][NV];
+  for (auto& r : acc)
+    for (auto& a : r) a = _mm512_setzero_ps();
+  const int64_t both = (R == 2 ? std::min(n[0], n[1]) : n[0]) / 2;  // whole pairs
+  for (int64_t m = 0; m < both; ++m) {
+    __m512i p[R];
+    for (int r = 0; r < R; ++r) p[r] = _mm512_set1_epi32(static_cast<int>(p_pair_bits(pr[r], m)));
+    const uint16_t* v = vb + (m * D + d0) * 2;
+    for (int c = 0; c < NV; ++c) {
+      __m512i x = _mm512_loadu_si512(v + 32 * c);
+      if (R == 2) asm("" : "+v"(x));  // one load for both rows
+      for (int r = 0; r < R; ++r)
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)p[r], (__m512bh)x);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int64_t m = both; m < n[r] / 2; ++m) {
+      const __m512i p = _mm512_set1_epi32(static_cast<int>(p_pair_bits(pr[r], m)));
+      const uint16_t* v = vb + (m * D + d0) * 2;
+      for (int c = 0; c < NV; ++c)
+        acc[r][c] =
+            _mm512_dpbf16_ps(acc[r][c], (__m512bh)p, (__m512bh)_mm512_loadu_si512(v + 32 * c));
+    }
+    if (n[r] & 1) {  // the last key alone: its bf16 (the low half) widened to f32
+      const int64_t m = n[r] / 2;
+      const __m512 p = _mm512_set1_ps(pr[r][2 * m]);
+      const uint16_t* v = vb + (m * D + d0) * 2;
+      for (int c = 0; c < NV; ++c) {
+        const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(v + 32 * c), 16));
+        acc[r][c] = _mm512_fmadd_ps(p, x, acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(tile[r] + d0 + 16 * c, acc[r][c]);
+}
+template <int R>
+LOWBIT_AVX512_BF16 void pv_tile_bf16(float* const (&tile)[2], const float* const (&pr)[2],
+                                     const uint16_t* vb, const int64_t (&n)[2], int64_t D) {
+  int64_t d0 = 0;
+  for (; d0 + 128 <= D; d0 += 128) pv_block_bf16<8, R>(tile, pr, vb, n, D, d0);
+  for (; d0 + 64 <= D; d0 += 64) pv_block_bf16<4, R>(tile, pr, vb, n, D, d0);
+  for (; d0 + 32 <= D; d0 += 32) pv_block_bf16<2, R>(tile, pr, vb, n, D, d0);
+  for (; d0 < D; d0 += 16) pv_block_bf16<1, R>(tile, pr, vb, n, D, d0);
+}
+// A row pair's P·V tiles (tile, tile + D; P at pr, pr + kKvTile; n keys each) by a two-row
+// kernel: run(R, tiles, P rows, key counts) with R = 2, or R = 1 for the one row with keys.
+template <typename F>
+void pv_rows(float* tile, const float* pr, const int64_t (&n)[2], int64_t D, F&& run) {
+  float* const tiles[2] = {tile, tile + D};
+  const float* const prs[2] = {pr, pr + kKvTile};
+  if (n[0] > 0 && n[1] > 0) {
+    run(std::integral_constant<int, 2>{}, tiles, prs, n);
+    return;
+  }
+  const int slot = n[0] > 0 ? 0 : 1;
+  float* const one_tile[2] = {tiles[slot], nullptr};
+  const float* const one_pr[2] = {prs[slot], nullptr};
+  const int64_t one_n[2] = {n[slot], 0};
+  run(std::integral_constant<int, 1>{}, one_tile, one_pr, one_n);
+}
 #endif
-// tile[d] = sum over keys j < n, in key order, of pr[j] * v[j][d] (tile zeroed first): per
-// element one rounded product and one rounded sum per key, as rows::add_scaled key after key.
+// tile[d] = sum over keys j < n, in pv_key's order, of pr[j] * v[j][d] (tile zeroed first): per
+// element one rounded product and one rounded sum per key.
 // (64 channels at a time held in registers across the keys; D is a multiple of 16.) EXACT:
 // every product pr[j] * v[j][d] is exact in fp32 (e4m3 or 16-bit P times e4m3 or 16-bit V: at
 // most 22 significant bits), so a fused multiply-add gives the same bits as the product and the
@@ -240,8 +324,9 @@ inline void pv_block(float* tile, const float* pr, const float* vbuf, int64_t n,
                      int64_t d0) {
   float acc[W] = {};
   for (int64_t j = 0; j < n; ++j) {
-    const float p = pr[j];
-    const float* v = vbuf + j * D + d0;
+    const int64_t key = pv_key(j, n);
+    const float p = pr[key];
+    const float* v = vbuf + key * D + d0;
     for (int c = 0; c < W; ++c) acc[c] = EXACT ? std::fma(p, v[c], acc[c]) : acc[c] + p * v[c];
   }
   for (int c = 0; c < W; ++c) tile[d0 + c] = acc[c];
@@ -269,7 +354,7 @@ __attribute__((always_inline)) inline void pv_pair_blocks(float* tile0, float* t
                                                           const float* vbuf, int64_t n0, int64_t n1,
                                                           int64_t D) {
   constexpr int W = 32;
-  const int64_t both = std::min(n0, n1);
+  const int64_t both = std::min(n0, n1) & ~int64_t{1};  // whole key pairs both rows take
   for (int64_t d0 = 0; d0 < D; d0 += W) {
     if (D - d0 < W) {  // (D a multiple of 16: one last block of 16)
       pv_block<EXACT, 16>(tile0, pr0, vbuf, n0, D, d0);
@@ -278,21 +363,24 @@ __attribute__((always_inline)) inline void pv_pair_blocks(float* tile0, float* t
     }
     float a0[W] = {}, a1[W] = {};
     for (int64_t j = 0; j < both; ++j) {
-      const float p0 = pr0[j], p1 = pr1[j];
-      const float* v = vbuf + j * D + d0;
+      const int64_t key = pv_key(j, both);
+      const float p0 = pr0[key], p1 = pr1[key];
+      const float* v = vbuf + key * D + d0;
       for (int c = 0; c < W; ++c) {
         a0[c] = EXACT ? std::fma(p0, v[c], a0[c]) : a0[c] + p0 * v[c];
         a1[c] = EXACT ? std::fma(p1, v[c], a1[c]) : a1[c] + p1 * v[c];
       }
     }
     for (int64_t j = both; j < n0; ++j) {
-      const float p0 = pr0[j];
-      const float* v = vbuf + j * D + d0;
+      const int64_t key = pv_key(j, n0);
+      const float p0 = pr0[key];
+      const float* v = vbuf + key * D + d0;
       for (int c = 0; c < W; ++c) a0[c] = EXACT ? std::fma(p0, v[c], a0[c]) : a0[c] + p0 * v[c];
     }
     for (int64_t j = both; j < n1; ++j) {
-      const float p1 = pr1[j];
-      const float* v = vbuf + j * D + d0;
+      const int64_t key = pv_key(j, n1);
+      const float p1 = pr1[key];
+      const float* v = vbuf + key * D + d0;
       for (int c = 0; c < W; ++c) a1[c] = EXACT ? std::fma(p1, v[c], a1[c]) : a1[c] + p1 * v[c];
     }
     for (int c = 0; c < W; ++c) {
@@ -440,6 +528,15 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     std::vector<float> s(kKvTile), p(kKvTile), pr(2 * kKvTile), tile(static_cast<size_t>(2 * D)),
         accs, ms, ls, qss;
     const float* e4m3 = rows::e4m3_table();
+    // fp8 mode on AVX512_BF16: V staged as bf16 key pairs for pv_tile_bf16 (the e4m3 values'
+    // bf16 bits, exact), instead of f32 rows.
+    const bool dp16 = fp8 && rows::avx512_bf16_on();
+    std::vector<uint16_t> vb16(dp16 ? static_cast<size_t>(kKvTile * D) : 0), e4m3_bf16(256);
+    for (int c = 0; dp16 && c < 256; ++c) {
+      uint32_t bits;
+      std::memcpy(&bits, e4m3 + c, 4);
+      e4m3_bf16[c] = static_cast<uint16_t>(bits >> 16);
+    }
     std::vector<int64_t> ends;
     for (int64_t task = t_begin; task < t_end; ++task) {
       const int64_t ib = task % n_blocks, hk = (task / n_blocks) % Hkv, b = task / (n_blocks * Hkv);
@@ -490,7 +587,12 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
           if (fp8) {
             const uint8_t* col = v.ptr<const uint8_t>() + (b * Hkv + hk) * D * npad;
             const int64_t pos = fp8_v_position(t0 + j);
-            for (int64_t d = 0; d < D; ++d) vbuf[j * D + d] = e4m3[col[d * npad + pos]];
+            if (dp16) {
+              uint16_t* dst = vb16.data() + (j / 2) * 2 * D + (j & 1);
+              for (int64_t d = 0; d < D; ++d) dst[2 * d] = e4m3_bf16[col[d * npad + pos]];
+            } else {
+              for (int64_t d = 0; d < D; ++d) vbuf[j * D + d] = e4m3[col[d * npad + pos]];
+            }
           } else {
             load_row_f32(v, off4(v, b, t0 + j, hk, 0), D, vbuf.data() + j * D);
           }
@@ -570,18 +672,14 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
           }
           const bool exact = fp8 || v.dtype != DType::f32;
 #ifdef LOWBIT_AVX512
-          if (wide && exact && (n[0] > 0 || n[1] > 0)) {
-            float* const tile_rows[2] = {tile.data(), tile.data() + D};
-            const float* const prs[2] = {pr.data(), pr.data() + kKvTile};
-            if (n[0] > 0 && n[1] > 0) {
-              pv_tile_avx512<2>(tile_rows, prs, vbuf.data(), n, D);
-            } else {
-              const int slot = n[0] > 0 ? 0 : 1;
-              float* const one_tile[2] = {tile_rows[slot], nullptr};
-              const float* const one_pr[2] = {prs[slot], nullptr};
-              const int64_t one_n[2] = {n[slot], 0};
-              pv_tile_avx512<1>(one_tile, one_pr, vbuf.data(), one_n, D);
-            }
+          if (dp16 && (n[0] > 0 || n[1] > 0)) {
+            pv_rows(tile.data(), pr.data(), n, D, [&](auto r, auto& tr, auto& prs, auto& nr) {
+              pv_tile_bf16<decltype(r)::value>(tr, prs, vb16.data(), nr, D);
+            });
+          } else if (wide && exact && (n[0] > 0 || n[1] > 0)) {
+            pv_rows(tile.data(), pr.data(), n, D, [&](auto r, auto& tr, auto& prs, auto& nr) {
+              pv_tile_avx512<decltype(r)::value>(tr, prs, vbuf.data(), nr, D);
+            });
           } else
 #endif
               if (n[0] > 0 && n[1] > 0)

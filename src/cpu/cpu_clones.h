@@ -21,4 +21,6 @@
 #define LOWBIT_AVX2 __attribute__((target("avx2")))
 // AVX-512 F / BW / VNNI intrinsics loops, called only where rows::avx512_on() holds.
 #define LOWBIT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vnni,fma")))
+// The same with AVX512_BF16, called only where rows::avx512_bf16_on() holds.
+#define LOWBIT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vnni,avx512bf16,fma")))
 #endif

@@ -17,6 +17,7 @@ namespace {
 
 bool g_force_scalar = false;
 bool g_force_avx2 = false;
+bool g_force_no_bf16 = false;
 
 // rows::exp2's constants: ln(2)^n / n! for n = 1 .. 7, the clamp, 1.5 * 2^23 (adding and
 // subtracting it rounds |x| < 2^22 to the nearest integer, ties even).
@@ -371,6 +372,7 @@ void store(const float* src, int64_t n, DType dt, void* base, int64_t off) {
 
 void force_scalar(bool on) { g_force_scalar = on; }
 void force_avx2(bool on) { g_force_avx2 = on; }
+void force_no_bf16(bool on) { g_force_no_bf16 = on; }
 
 bool avx2_on() {
 #ifdef LOWBIT_HAVE_X86_PATHS
@@ -391,6 +393,14 @@ bool avx512_on() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vnni");
   return has && !g_force_scalar && !g_force_avx2;
+#else
+  return false;
+#endif
+}
+bool avx512_bf16_on() {
+#ifdef LOWBIT_HAVE_X86_PATHS
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has && avx512_on() && !g_force_no_bf16;
 #else
   return false;
 #endif

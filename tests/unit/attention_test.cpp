@@ -134,42 +134,54 @@ TEST(Attention, QuantizeVFp8ScalesCodesAndKeyOrder) {
 // ---- one hand-computed row ---------------------------------------------------------------------
 
 // The CPU oracle's vector loops (the q . k dots on AMX tiles, AVX-512 VNNI or AVX2, the AVX-512
-// scores and P·V, rows::exp2, the e4m3 rounding) and their twins without AMX (amx::force_off),
-// AVX2 (rows::force_avx2) and scalar (rows::force_scalar) give the same output and LSE bits: both
+// scores and P·V, the fp8 P·V on AVX512_BF16, rows::exp2, the e4m3 rounding) and their twins
+// without AMX (amx::force_off), AVX2 (rows::force_avx2), scalar (rows::force_scalar) and without
+// AVX512_BF16 (rows::force_no_bf16) give the same output and LSE bits: both
 // P·V modes, GQA, causal, D 64, 80 and 128, key counts that leave a partial tile.
 TEST(Attention, CpuScalarLoopsGiveTheVectorBits) {
   if (!cpu::rows::avx2_on()) GTEST_SKIP() << "no AVX2 on this CPU: only the scalar loops run";
   auto rng = rng_for("Attention.CpuScalarLoopsGiveTheVectorBits");
-  for (int64_t D : {64, 80, 128})
-    for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
-      const int64_t B = 1, Nq = 70, Nkv = 130, Hq = 4, Hkv = 2;
-      HostTensor q(DType::bf16, {B, Nq, Hq, D}), k(DType::bf16, {B, Nkv, Hkv, D}),
-          v(DType::bf16, {B, Nkv, Hkv, D});
-      q.fill_normal(rng);
-      k.fill_normal(rng, 0.3f);
-      v.fill_normal(rng);
-      AttentionOptions opt;
-      opt.pv = pv;
-      opt.causal = AttentionOptions::bottom_right;
-      std::vector<HostTensor> out, lse;
-      for (int mode = 0; mode < 4; ++mode) {  // the widest vectors, AVX2, scalar, no AMX
-        out.emplace_back(DType::bf16, std::vector<int64_t>{B, Nq, Hq, D});
-        lse.emplace_back(DType::f32, std::vector<int64_t>{B, Hq, Nq});
-        cpu::rows::force_avx2(mode == 1);
-        cpu::rows::force_scalar(mode == 2);
-        cpu::amx::force_off(mode == 3);
-        Context ctx;
-        TensorView lv = lse.back().view();
-        attention(q.view(), k.view(), v.view(), out.back().view(), &lv, opt, ctx);
+  // f32 (CPU only): P spread over many binades (k scaled up) and V over 2^-8 .. 2^8, so that
+  // the P·V sums round at most steps and any other order of the keys shows in the f32 output.
+  for (DType dt : {DType::bf16, DType::f32})
+    for (int64_t D : {64, 80, 128})
+      for (auto pv : {AttentionOptions::fp8, AttentionOptions::f16}) {
+        const bool wide_range = dt == DType::f32;
+        const int64_t B = 1, Nq = 70, Nkv = 130, Hq = 4, Hkv = 2;
+        HostTensor q(dt, {B, Nq, Hq, D}), k(dt, {B, Nkv, Hkv, D}), v(dt, {B, Nkv, Hkv, D});
+        q.fill_normal(rng);
+        k.fill_normal(rng, wide_range ? 1.5f : 0.3f);
+        v.fill_normal(rng);
+        if (wide_range) {
+          std::uniform_int_distribution<int> e(-8, 8);
+          for (int64_t i = 0; i < v.numel(); ++i) v.set(i, std::ldexp(v.get(i), e(rng)));
+        }
+        AttentionOptions opt;
+        opt.pv = pv;
+        opt.causal = AttentionOptions::bottom_right;
+        std::vector<HostTensor> out, lse;
+        for (int mode = 0; mode < 5; ++mode) {  // the widest vectors, AVX2, scalar, no AMX, no BF16
+          out.emplace_back(dt, std::vector<int64_t>{B, Nq, Hq, D});
+          lse.emplace_back(DType::f32, std::vector<int64_t>{B, Hq, Nq});
+          cpu::rows::force_avx2(mode == 1);
+          cpu::rows::force_scalar(mode == 2);
+          cpu::amx::force_off(mode == 3);
+          cpu::rows::force_no_bf16(mode == 4);
+          Context ctx;
+          TensorView lv = lse.back().view();
+          attention(q.view(), k.view(), v.view(), out.back().view(), &lv, opt, ctx);
+        }
+        cpu::rows::force_avx2(false);
+        cpu::rows::force_scalar(false);
+        cpu::amx::force_off(false);
+        cpu::rows::force_no_bf16(false);
+        for (int mode = 1; mode < 5; ++mode) {
+          EXPECT_EQ(out[0].bytes, out[mode].bytes)
+              << dtype_name(dt) << " D " << D << " pv " << static_cast<int>(pv) << " mode " << mode;
+          EXPECT_EQ(lse[0].bytes, lse[mode].bytes)
+              << dtype_name(dt) << " D " << D << " pv " << static_cast<int>(pv) << " mode " << mode;
+        }
       }
-      cpu::rows::force_avx2(false);
-      cpu::rows::force_scalar(false);
-      cpu::amx::force_off(false);
-      for (int mode = 1; mode < 4; ++mode) {
-        EXPECT_EQ(out[0].bytes, out[mode].bytes) << "D " << D << " pv " << pv << " mode " << mode;
-        EXPECT_EQ(lse[0].bytes, lse[mode].bytes) << "D " << D << " pv " << pv << " mode " << mode;
-      }
-    }
 }
 
 TEST(Attention, HandComputedRowFp8) {
