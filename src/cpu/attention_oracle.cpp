@@ -558,8 +558,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       }
       for (int64_t ri = 0; ri < R; ++ri) {
         const int64_t hq = hk * G + ri / n_i, i = i0 + ri % n_i;
-        for (int64_t d = 0; d < D; ++d)
-          qbuf[ri * D + d] = q.data.ptr<const int8_t>()[off4(q.data, b, i, hq, d)];
+        const int8_t* qrow = q.data.ptr<const int8_t>() + off4(q.data, b, i, hq, 0);
+        if (q.data.stride[3] == 1)
+          std::copy(qrow, qrow + D, qbuf.begin() + ri * D);
+        else
+          for (int64_t d = 0; d < D; ++d) qbuf[ri * D + d] = qrow[d * q.data.stride[3]];
         if (wide && !tiles)  // (the VNNI dots' rows, biased)
           for (int64_t d = 0; d < D; ++d)
             qbu[ri * D + d] = static_cast<uint8_t>(qbuf[ri * D + d] + 128);
@@ -704,18 +707,25 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       for (int64_t ri = 0; ri < R; ++ri) {
         const int64_t hq = hk * G + ri / n_i, i = i0 + ri % n_i;
         const float l = ls[ri], m = ms[ri], qs = qss[ri];
-        const float* acc = accs.data() + ri * D;
+        float* acc = accs.data() + ri * D;  // (becomes the output row, then stored)
+        const float* vs = fp8 ? v_scale->ptr<const float>() + off3(*v_scale, b, hk, 0) : nullptr;
+        const float* vm =
+            fp8 && v_mean ? v_mean->ptr<const float>() + off3(*v_mean, b, hk, 0) : nullptr;
+        const int64_t vss = fp8 ? v_scale->stride[2] : 0, vms = vm ? v_mean->stride[2] : 0;
         for (int64_t d = 0; d < D; ++d) {
           float o = 0.f;
           if (l > 0.f) {
             o = acc[d] / l;
-            if (fp8) {
-              o *= v_scale->ptr<const float>()[off3(*v_scale, b, hk, d)];
-              if (v_mean) o += v_mean->ptr<const float>()[off3(*v_mean, b, hk, d)];
-            }
+            if (vs) o *= vs[d * vss];
+            if (vm) o += vm[d * vms];
           }
-          store_f32(out.data, off4(out, b, i, hq, d), out.dtype, o);
+          acc[d] = o;
         }
+        if (out.stride[3] == 1)
+          rows::store(acc, D, out.dtype, out.data, off4(out, b, i, hq, 0));
+        else
+          for (int64_t d = 0; d < D; ++d)
+            store_f32(out.data, off4(out, b, i, hq, d), out.dtype, acc[d]);
         if (lse_out) {
           float lse = -inf;
           if (l > 0.f) {
