@@ -662,7 +662,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                     tile_scores(dot_rows[slot], ksv.data(), qss[ri], scale_log2, n[slot], s.data());
             const float m = ms[ri];
             m_new[slot] = std::max(m, tile_max);
-            rescale[slot] = m == -inf ? 0.f : rows::exp2(m - m_new[slot]);
+            // (rows::exp2 is exact at integers (Rows.Exp2WithinTwoUlpAndPathsAgree): a maximum that
+            // did not move skips the call for its 1)
+            rescale[slot] = m == -inf                      ? 0.f
+                            : m == m_new[slot] && m != inf ? 1.f
+                                                           : rows::exp2(m - m_new[slot]);
             const float m_off = m_new[slot] - p_offset;
             tile_sum[slot] = tile_probs(s.data(), m_off, n[slot], p.data());
             // P through the format P·V runs in: e4m3 (fp8 mode) or V's 16-bit dtype
