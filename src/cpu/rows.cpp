@@ -219,13 +219,33 @@ LOWBIT_AVX512 int64_t store_e4m3_avx512(const float* src, int64_t n, float divis
   }
   return i;
 }
-// round_e4m3, 16 at a time: the codes as above, their values gathered from the table.
-LOWBIT_AVX512 int64_t round_e4m3_avx512(const float* src, int64_t n, const float* table,
-                                        float* dst) {
+// round_e4m3, 16 at a time: the values of e4m3_codes_avx512's codes (the table's entries)
+// formed in place, no gather: normals |x| >= 2^-6 keep 3 mantissa bits of the same
+// round-to-nearest-even sum, subnormals are the rounded multiple of 2^-9, |x| >= 448 (inf too)
+// saturates to 448, all with x's sign; NaN gives code 0x7f's positive quiet NaN.
+LOWBIT_AVX512 int64_t round_e4m3_avx512(const float* src, int64_t n, const float*, float* dst) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+  const __m512i half = _mm512_set1_epi32(0x7ffff), keep = _mm512_set1_epi32(~0xfffff);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512i c = e4m3_codes_avx512(_mm512_loadu_ps(src + i));
-    _mm512_storeu_ps(dst + i, _mm512_i32gather_ps(c, table, 4));
+    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+    const __m512i ax = _mm512_and_si512(u, abs_mask), sign = _mm512_andnot_si512(abs_mask, u);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(ax, 20), one);
+    const __m512i normal =
+        _mm512_and_si512(_mm512_add_epi32(ax, _mm512_add_epi32(half, lsb)), keep);
+    const __m512 sub = _mm512_mul_ps(
+        _mm512_roundscale_ps(_mm512_mul_ps(_mm512_castsi512_ps(ax), _mm512_set1_ps(512.f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+        _mm512_set1_ps(1.f / 512.f));
+    __m512i m =
+        _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(ax, _mm512_set1_epi32(0x3c800000 - 1)),
+                                _mm512_castps_si512(sub), normal);
+    m = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(ax, _mm512_set1_epi32(0x43e00000 - 1)), m,
+                                _mm512_set1_epi32(0x43e00000));
+    m = _mm512_or_si512(m, sign);
+    m = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(ax, _mm512_set1_epi32(0x7f800000)), m,
+                                _mm512_set1_epi32(0x7fc00000));
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(m));
   }
   return i;
 }
