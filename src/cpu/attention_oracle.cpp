@@ -58,13 +58,6 @@ inline int64_t visible_end(AttentionOptions::Causal causal, int64_t i, int64_t n
   return std::max<int64_t>(0, std::min<int64_t>(nkv, i + shift + 1));
 }
 
-// Rounds p to the 16-bit dtype of V (identity for f32).
-inline float round_to(DType dt, float p) {
-  if (dt == DType::bf16) return dt::bf16_to_f32(dt::f32_to_bf16(p));
-  if (dt == DType::f16) return dt::f16_to_f32(dt::f32_to_f16(p));
-  return p;
-}
-
 // Position of key `key` inside its 32-key group of the fp8 V layout (attention.h).
 inline int64_t fp8_v_position(int64_t key) {
   const int64_t base = key & ~int64_t{31}, r = key & 31;
@@ -237,17 +230,32 @@ LOWBIT_AVX512 void pv_tile_avx512(float* const (&tile)[2], const float* const (&
   for (; d0 + 32 <= D; d0 += 32) pv_block_avx512<2, R>(tile, pr, vbuf, n, D, d0);
   for (; d0 < D; d0 += 16) pv_block_avx512<1, R>(tile, pr, vbuf, n, D, d0);
 }
-// The fp8 mode's P·V on AVX512_BF16 (vdpbf16ps; the same bits as pv_block_avx512: P and V are
-// e4m3 values, exact in bf16, every product exact in fp32, no denormal anywhere): V staged as
-// bf16 key pairs (vb[(m D + d) 2 + e] = v[2 m + e][d]), each row's P pair (keys 2 m, 2 m + 1) one
-// 32-bit broadcast; a row's last key without its pair by one fused multiply-add.
+// P·V on AVX512_BF16 where P and V are exact in bf16 (the fp8 mode's e4m3 values, or bf16 V
+// with P rounded to bf16): vdpbf16ps, the same bits as pv_block_avx512's fused multiply-adds
+// when no input, product or sum is denormal (the caller's guard). V staged as bf16 key pairs
+// (vb[(m D + d) 2 + e] = v[2 m + e][d]), each row's P pair (keys 2 m, 2 m + 1) one 32-bit
+// broadcast; a row's last key without its pair by one fused multiply-add.
 inline uint32_t p_pair_bits(const float* pr, int64_t m) {
   uint32_t lo, hi;
   std::memcpy(&lo, pr + 2 * m, 4);
   std::memcpy(&hi, pr + 2 * m + 1, 4);
   return (lo >> 16) | (hi & 0xffff0000u);  // (e4m3 values: the low 16 bits are 0)
 }
-template <int NV, int R>
+// DP false: the same steps as single fused multiply-adds of the widened values (the pair's odd
+// key first), for tiles where a value could be denormal (vdpbf16ps would read it as 0).
+template <bool DP>
+LOWBIT_AVX512_BF16 inline __m512 pv_pair_step(__m512 acc, const float* pr, int64_t m, __m512i x) {
+  if constexpr (DP) {
+    const __m512i p = _mm512_set1_epi32(static_cast<int>(p_pair_bits(pr, m)));
+    return _mm512_dpbf16_ps(acc, (__m512bh)p, (__m512bh)x);
+  } else {
+    const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(~0xffff)));
+    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(pr[2 * m + 1]), odd, acc);
+    return _mm512_fmadd_ps(_mm512_set1_ps(pr[2 * m]), even, acc);
+  }
+}
+template <bool DP, int NV, int R>
 LOWBIT_AVX512_BF16 inline void pv_block_bf16(float* const (&tile)[2], const float* const (&pr)[2],
                                              const uint16_t* vb, const int64_t (&n)[2], int64_t D,
                                              int64_t d0) {
@@ -256,23 +264,18 @@ LOWBIT_AVX512_BF16 inline void pv_block_bf16(float* const (&tile)[2], const floa
     for (auto& a : r) a = _mm512_setzero_ps();
   const int64_t both = (R == 2 ? std::min(n[0], n[1]) : n[0]) / 2;  // whole pairs
   for (int64_t m = 0; m < both; ++m) {
-    __m512i p[R];
-    for (int r = 0; r < R; ++r) p[r] = _mm512_set1_epi32(static_cast<int>(p_pair_bits(pr[r], m)));
     const uint16_t* v = vb + (m * D + d0) * 2;
     for (int c = 0; c < NV; ++c) {
       __m512i x = _mm512_loadu_si512(v + 32 * c);
       if (R == 2) asm("" : "+v"(x));  // one load for both rows
-      for (int r = 0; r < R; ++r)
-        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)p[r], (__m512bh)x);
+      for (int r = 0; r < R; ++r) acc[r][c] = pv_pair_step<DP>(acc[r][c], pr[r], m, x);
     }
   }
   for (int r = 0; r < R; ++r) {
     for (int64_t m = both; m < n[r] / 2; ++m) {
-      const __m512i p = _mm512_set1_epi32(static_cast<int>(p_pair_bits(pr[r], m)));
       const uint16_t* v = vb + (m * D + d0) * 2;
       for (int c = 0; c < NV; ++c)
-        acc[r][c] =
-            _mm512_dpbf16_ps(acc[r][c], (__m512bh)p, (__m512bh)_mm512_loadu_si512(v + 32 * c));
+        acc[r][c] = pv_pair_step<DP>(acc[r][c], pr[r], m, _mm512_loadu_si512(v + 32 * c));
     }
     if (n[r] & 1) {  // the last key alone: its bf16 (the low half) widened to f32
       const int64_t m = n[r] / 2;
@@ -287,14 +290,14 @@ LOWBIT_AVX512_BF16 inline void pv_block_bf16(float* const (&tile)[2], const floa
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(tile[r] + d0 + 16 * c, acc[r][c]);
 }
-template <int R>
+template <bool DP, int R>
 LOWBIT_AVX512_BF16 void pv_tile_bf16(float* const (&tile)[2], const float* const (&pr)[2],
                                      const uint16_t* vb, const int64_t (&n)[2], int64_t D) {
   int64_t d0 = 0;
-  for (; d0 + 128 <= D; d0 += 128) pv_block_bf16<8, R>(tile, pr, vb, n, D, d0);
-  for (; d0 + 64 <= D; d0 += 64) pv_block_bf16<4, R>(tile, pr, vb, n, D, d0);
-  for (; d0 + 32 <= D; d0 += 32) pv_block_bf16<2, R>(tile, pr, vb, n, D, d0);
-  for (; d0 < D; d0 += 16) pv_block_bf16<1, R>(tile, pr, vb, n, D, d0);
+  for (; d0 + 128 <= D; d0 += 128) pv_block_bf16<DP, 8, R>(tile, pr, vb, n, D, d0);
+  for (; d0 + 64 <= D; d0 += 64) pv_block_bf16<DP, 4, R>(tile, pr, vb, n, D, d0);
+  for (; d0 + 32 <= D; d0 += 32) pv_block_bf16<DP, 2, R>(tile, pr, vb, n, D, d0);
+  for (; d0 < D; d0 += 16) pv_block_bf16<DP, 1, R>(tile, pr, vb, n, D, d0);
 }
 // A row pair's P·V tiles (tile, tile + D; P at pr, pr + kKvTile; n keys each) by a two-row
 // kernel: run(R, tiles, P rows, key counts) with R = 2, or R = 1 for the one row with keys.
@@ -528,9 +531,9 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     std::vector<float> s(kKvTile), p(kKvTile), pr(2 * kKvTile), tile(static_cast<size_t>(2 * D)),
         accs, ms, ls, qss;
     const float* e4m3 = rows::e4m3_table();
-    // fp8 mode on AVX512_BF16: V staged as bf16 key pairs for pv_tile_bf16 (the e4m3 values'
-    // bf16 bits, exact), instead of f32 rows.
-    const bool dp16 = fp8 && rows::avx512_bf16_on();
+    // AVX512_BF16 with fp8 or bf16 V: V staged as bf16 key pairs for pv_tile_bf16 (the e4m3
+    // values' bf16 bits, exact, or V's own bits), instead of f32 rows.
+    const bool dp16 = rows::avx512_bf16_on() && (fp8 || v.dtype == DType::bf16);
     std::vector<uint16_t> vb16(dp16 ? static_cast<size_t>(kKvTile * D) : 0), e4m3_bf16(256);
     for (int c = 0; dp16 && c < 256; ++c) {
       uint32_t bits;
@@ -538,6 +541,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       e4m3_bf16[c] = static_cast<uint16_t>(bits >> 16);
     }
     std::vector<int64_t> ends;
+    std::vector<uint16_t> p16(kKvTile);  // (a row's P in V's 16-bit dtype)
     for (int64_t task = t_begin; task < t_end; ++task) {
       const int64_t ib = task % n_blocks, hk = (task / n_blocks) % Hkv, b = task / (n_blocks * Hkv);
       const int64_t i0 = ib * row_block, n_i = std::min<int64_t>(row_block, Nq - i0);
@@ -596,8 +600,23 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             } else {
               for (int64_t d = 0; d < D; ++d) vbuf[j * D + d] = e4m3[col[d * npad + pos]];
             }
+          } else if (dp16) {
+            const uint16_t* src = v.ptr<const uint16_t>() + off4(v, b, t0 + j, hk, 0);
+            uint16_t* dst = vb16.data() + (j / 2) * 2 * D + (j & 1);
+            for (int64_t d = 0; d < D; ++d) dst[2 * d] = src[d * v.stride[3]];
           } else {
             load_row_f32(v, off4(v, b, t0 + j, hk, 0), D, vbuf.data() + j * D);
+          }
+        }
+        // vdpbf16ps reads denormal values as 0 and flushes denormal results: it runs where V's
+        // nonzero values are finite with |v| >= 2^-55 and (below) each row's nonzero P >= 2^-55,
+        // so that every product and partial sum is a multiple of 2^-124 (0 or normal).
+        bool v_dp = dp16;
+        for (int64_t j = 0; v_dp && j < tn; ++j) {
+          const uint16_t* row = vb16.data() + (j / 2) * 2 * D + (j & 1);
+          for (int64_t d = 0; d < D; ++d) {
+            const int e = (row[2 * d] >> 7) & 0xff;
+            v_dp &= (row[2 * d] & 0x7fff) == 0 || (e >= 127 - 55 && e != 0xff);
           }
         }
         if (tiles) {
@@ -624,6 +643,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
         for (int64_t r0 = 0; r0 < R; r0 += 2) {
           int64_t n[2] = {0, 0};
           float rescale[2] = {0.f, 0.f}, tile_sum[2] = {0.f, 0.f}, m_new[2] = {0.f, 0.f};
+          bool p_tiny = false;  // (a P of either row in (0, 2^-55): no vdpbf16ps)
           for (int slot = 0; slot < 2 && r0 + slot < R; ++slot)
             n[slot] = std::max<int64_t>(0, std::min<int64_t>(ends[r0 + slot] - t0, tn));  // keys
           int32_t* const dot_rows[2] = {
@@ -672,16 +692,28 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             // P through the format P·V runs in: e4m3 (fp8 mode) or V's 16-bit dtype
             float* prs = pr.data() + slot * kKvTile;
             if (fp8) {
-              rows::round_e4m3(p.data(), n[slot], prs);
+              rows::round_e4m3(p.data(), n[slot], prs);  // (0 or >= 2^-9)
             } else {
-              for (int64_t j = 0; j < n[slot]; ++j) prs[j] = round_to(v.dtype, p[j]);
+              if (v.dtype == DType::f32) {
+                std::copy(p.begin(), p.begin() + n[slot], prs);
+              } else {  // (store_f32 then load_f32: P rounded to V's dtype)
+                rows::store(p.data(), n[slot], v.dtype, p16.data(), 0);
+                rows::load(p16.data(), 0, v.dtype, n[slot], prs);
+              }
+              bool tiny = false;
+              for (int64_t j = 0; j < n[slot]; ++j) tiny |= prs[j] != 0.f && prs[j] < 0x1p-55f;
+              p_tiny |= tiny;
             }
           }
           const bool exact = fp8 || v.dtype != DType::f32;
 #ifdef LOWBIT_AVX512
           if (dp16 && (n[0] > 0 || n[1] > 0)) {
+            const bool dp = v_dp && !p_tiny;
             pv_rows(tile.data(), pr.data(), n, D, [&](auto r, auto& tr, auto& prs, auto& nr) {
-              pv_tile_bf16<decltype(r)::value>(tr, prs, vb16.data(), nr, D);
+              if (dp)
+                pv_tile_bf16<true, decltype(r)::value>(tr, prs, vb16.data(), nr, D);
+              else
+                pv_tile_bf16<false, decltype(r)::value>(tr, prs, vb16.data(), nr, D);
             });
           } else if (wide && exact && (n[0] > 0 || n[1] > 0)) {
             pv_rows(tile.data(), pr.data(), n, D, [&](auto r, auto& tr, auto& prs, auto& nr) {

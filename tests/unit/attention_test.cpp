@@ -215,6 +215,53 @@ TEST(Attention, HandComputedRowFp8) {
   EXPECT_NEAR(lse.get(0), std::log(2.0), 1e-5);  // two logits of 0
 }
 
+// 16-bit P·V with bf16 V on AVX512_BF16 (vdpbf16ps reads denormals as 0 and flushes denormal
+// results) keeps the fused multiply-adds' bits where a value is tiny. Case 0: channel 0 of V is
+// the bf16 denormal 2^-130 at every key. Case 1 (no tiny V): channel 0 is 2^-50 at key 1 only,
+// whose P is ~2^-80, so that P v = 2^-130. Either output is a nonzero bf16 denormal, the same
+// bits with and without AVX512_BF16 and on the scalar loops.
+TEST(Attention, CpuBf16DotsKeepDenormalProducts) {
+  const int64_t D = 16, Nkv = 3;
+  HostTensor q(DType::i8, {1, 1, 1, D}), k(DType::i8, {1, Nkv, 1, D});
+  HostTensor qs(DType::f32, {1, 1, 1}), ks(DType::f32, {1, 1, 1});
+  for (int64_t i = 0; i < q.numel(); ++i) q.set(i, i == 0 ? 1.f : 0.f);
+  for (int64_t i = 0; i < k.numel(); ++i) k.set(i, 0.f);
+  k.set(1 * D, -127.f);  // key 1 (in a key pair): q . k = -127, the others 0
+  qs.set(0, 1.f);
+  ks.set(0, 1.f);
+  QuantizedRows qr{q.view(), qs.view(), ScaleLayout::per_block, 64};
+  QuantizedRows kr{k.view(), ks.view(), ScaleLayout::per_block, 64};
+  AttentionOptions opt;
+  opt.pv = AttentionOptions::f16;
+  // scores in base 2: -127 sm_scale log2(e) = -80 for key 1
+  opt.sm_scale = static_cast<float>(80.0 / (127.0 * 1.4426950408889634));
+  for (int tiny_v = 1; tiny_v >= 0; --tiny_v) {
+    HostTensor v(DType::bf16, {1, Nkv, 1, D});
+    for (int64_t i = 0; i < v.numel(); ++i) v.set(i, i % D == 0 ? 0.f : 1.f + 0.25f * (i % 3));
+    if (tiny_v)
+      for (int64_t j = 0; j < Nkv; ++j) v.set(j * D, std::ldexp(1.f, -130));
+    else
+      v.set(1 * D, std::ldexp(1.f, -50));
+    std::vector<HostTensor> out;
+    for (int mode = 0; mode < 3; ++mode) {  // the widest vectors, no AVX512_BF16, scalar
+      cpu::rows::force_no_bf16(mode == 1);
+      cpu::rows::force_scalar(mode == 2);
+      out.emplace_back(DType::bf16, std::vector<int64_t>{1, 1, 1, D});
+      Context ctx;
+      attention_int8(qr, kr, v.view(), nullptr, nullptr, nullptr, out.back().view(), nullptr, opt,
+                     ctx);
+    }
+    cpu::rows::force_no_bf16(false);
+    cpu::rows::force_scalar(false);
+    if (tiny_v)
+      EXPECT_EQ(out[0].get(0), std::ldexp(1.f, -130));  // (2 * 2^-130 + ~0) / 2
+    else
+      EXPECT_EQ(out[0].get(0), std::ldexp(1.f, -131));  // 2^-130 / 2: P v of key 1 kept
+    for (int mode = 1; mode < 3; ++mode)
+      EXPECT_EQ(out[0].bytes, out[mode].bytes) << "tiny v " << tiny_v << " mode " << mode;
+  }
+}
+
 // ---- accuracy against fp64 ----------------------------------------------------------------------
 
 void expect_accuracy(const Problem& p, const char* seed_name, double min_cos, double max_l1) {
