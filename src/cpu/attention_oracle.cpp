@@ -239,7 +239,7 @@ inline uint32_t p_pair_bits(const float* pr, int64_t m) {
   uint32_t lo, hi;
   std::memcpy(&lo, pr + 2 * m, 4);
   std::memcpy(&hi, pr + 2 * m + 1, 4);
-  return (lo >> 16) | (hi & 0xffff0000u);  // (e4m3 values: the low 16 bits are 0)
+  return (lo >> 16) | (hi & 0xffff0000u);  // (P exact in bf16: the low 16 bits are 0)
 }
 // DP false: the same steps as single fused multiply-adds of the widened values (the pair's odd
 // key first), for tiles where a value could be denormal (vdpbf16ps would read it as 0).
