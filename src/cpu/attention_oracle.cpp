@@ -131,16 +131,17 @@ void tile_dots(const int8_t* q, const int16_t* kt, int64_t D, int32_t* out) {
 // vpdpbusd (uint8 x int8, four products into each int32 lane, wrapping) gives q . k + ksum[j]; the
 // true dot fits in int32 (|q . k| <= 128 . 128 . D), so the wrapped difference is exact: the
 // integers of tile_dots.
+// (D is a multiple of 16: a key's four channels 4 g .. 4 g + 3 move as one 32-bit word.)
 void stage_keys_vnni(const int8_t* kbuf, int64_t tn, int64_t D, int8_t* kq, int32_t* ksum) {
-  std::fill(kq, kq + D * kKvTile, int8_t{0});
-  for (int64_t j = 0; j < kKvTile; ++j) {
+  if (tn < kKvTile) std::fill(kq, kq + D * kKvTile, int8_t{0});
+  for (int64_t j = 0; j < tn; ++j) {
     int32_t sum = 0;
-    for (int64_t d = 0; j < tn && d < D; ++d) {
-      kq[(d / 4) * 4 * kKvTile + 4 * j + d % 4] = kbuf[j * D + d];
-      sum += kbuf[j * D + d];
-    }
+    for (int64_t d = 0; d < D; ++d) sum += kbuf[j * D + d];
     ksum[j] = 128 * sum;
+    for (int64_t g = 0; g < D / 4; ++g)
+      std::memcpy(kq + (g * kKvTile + j) * 4, kbuf + j * D + 4 * g, 4);
   }
+  for (int64_t j = tn; j < kKvTile; ++j) ksum[j] = 0;
 }
 // out[r][j] = q_r . k[j] for R biased query rows (1 or 2), all kKvTile keys.
 template <int R>
