@@ -536,6 +536,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // values' bf16 bits, exact, or V's own bits), instead of f32 rows.
     const bool dp16 = rows::avx512_bf16_on() && (fp8 || v.dtype == DType::bf16);
     std::vector<uint16_t> vb16(dp16 ? static_cast<size_t>(kKvTile * D) : 0), e4m3_bf16(256);
+    // key j's D values in vb16: every other uint16 from here (its pair's half j % 2)
+    auto pair_slot = [&](int64_t j) { return vb16.data() + (j / 2) * 2 * D + (j & 1); };
     for (int c = 0; dp16 && c < 256; ++c) {
       uint32_t bits;
       std::memcpy(&bits, e4m3 + c, 4);
@@ -596,14 +598,14 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             const uint8_t* col = v.ptr<const uint8_t>() + (b * Hkv + hk) * D * npad;
             const int64_t pos = fp8_v_position(t0 + j);
             if (dp16) {
-              uint16_t* dst = vb16.data() + (j / 2) * 2 * D + (j & 1);
+              uint16_t* dst = pair_slot(j);
               for (int64_t d = 0; d < D; ++d) dst[2 * d] = e4m3_bf16[col[d * npad + pos]];
             } else {
               for (int64_t d = 0; d < D; ++d) vbuf[j * D + d] = e4m3[col[d * npad + pos]];
             }
           } else if (dp16) {
             const uint16_t* src = v.ptr<const uint16_t>() + off4(v, b, t0 + j, hk, 0);
-            uint16_t* dst = vb16.data() + (j / 2) * 2 * D + (j & 1);
+            uint16_t* dst = pair_slot(j);
             for (int64_t d = 0; d < D; ++d) dst[2 * d] = src[d * v.stride[3]];
           } else {
             load_row_f32(v, off4(v, b, t0 + j, hk, 0), D, vbuf.data() + j * D);
@@ -614,7 +616,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
         // so that every product and partial sum is a multiple of 2^-124 (0 or normal).
         bool v_dp = dp16;
         for (int64_t j = 0; v_dp && j < tn; ++j) {
-          const uint16_t* row = vb16.data() + (j / 2) * 2 * D + (j & 1);
+          const uint16_t* row = pair_slot(j);
           for (int64_t d = 0; d < D; ++d) {
             const int e = (row[2 * d] >> 7) & 0xff;
             v_dp &= (row[2 * d] & 0x7fff) == 0 || (e >= 127 - 55 && e != 0xff);

@@ -223,7 +223,7 @@ LOWBIT_AVX512 int64_t store_e4m3_avx512(const float* src, int64_t n, float divis
 // formed in place, no gather: normals |x| >= 2^-6 keep 3 mantissa bits of the same
 // round-to-nearest-even sum, subnormals are the rounded multiple of 2^-9, |x| >= 448 (inf too)
 // saturates to 448, all with x's sign; NaN gives code 0x7f's positive quiet NaN.
-LOWBIT_AVX512 int64_t round_e4m3_avx512(const float* src, int64_t n, const float*, float* dst) {
+LOWBIT_AVX512 int64_t round_e4m3_avx512(const float* src, int64_t n, float* dst) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
   const __m512i half = _mm512_set1_epi32(0x7ffff), keep = _mm512_set1_epi32(~0xfffff);
   int64_t i = 0;
@@ -321,7 +321,7 @@ void round_e4m3(const float* src, int64_t n, float* dst) {
   const float* table = e4m3_table();
   int64_t i = 0;
 #ifdef LOWBIT_HAVE_X86_PATHS
-  if (avx512_on()) i = round_e4m3_avx512(src, n, table, dst);
+  if (avx512_on()) i = round_e4m3_avx512(src, n, dst);
 #endif
   for (; i < n; ++i) dst[i] = table[dt::f32_to_e4m3(src[i])];
 }

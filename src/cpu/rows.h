@@ -60,7 +60,7 @@ void force_avx2(bool on);
 // Whether the AVX-512 BF16 loops run: avx512_on() and the CPU has AVX512_BF16 (vdpbf16ps: per
 // 32-bit lane acc = fma(a_odd, b_odd, acc), then fma(a_even, b_even, that), round to nearest
 // even, bf16 denormals read as 0 and denormal results flushed), and force_no_bf16 is off (the
-// attention oracle's fp8 P·V, where no value is denormal).
+// attention oracle's P·V: fp8 mode, and 16-bit mode with bf16 V where no value is denormal).
 bool avx512_bf16_on();
 // Tests: keep the AVX-512 BF16 loops off (the AVX-512 F loops run), to compare the two.
 void force_no_bf16(bool on);
