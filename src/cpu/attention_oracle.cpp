@@ -124,6 +124,12 @@ void tile_dots(const int8_t* q, const int16_t* kt, int64_t D, int32_t* out) {
     for (int64_t j = 0; j < kKvTile; ++j) out[j] += int32_t{q[d]} * int32_t{row[2 * j]};
   }
 }
+// Whether a staged bf16 V value keeps pv_tile_bf16 from its vdpbf16ps form: nonzero and
+// denormal or below 2^-55 in magnitude, or inf / NaN.
+inline bool dp_unsafe(uint16_t x) {
+  const unsigned e = (x >> 7) & 0xffu;
+  return (x & 0x7fffu) != 0 && (e < 127u - 55u || e == 0xffu);
+}
 #ifdef LOWBIT_AVX512
 // The AVX-512 VNNI form of the dots (rows::avx512_on()): a key tile's K rows staged as groups of
 // four channels, kq[(d / 4) 4 kKvTile + 4 j + d % 4] = k[j][d] (keys past the tile's count 0), and
@@ -584,6 +590,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
       }
       for (int64_t t0 = 0; t0 < max_end; t0 += kKvTile) {
         const int64_t tn = std::min<int64_t>(max_end, t0 + kKvTile) - t0;
+        // vdpbf16ps reads denormal values as 0 and flushes denormal results: it runs where V's
+        // nonzero values are finite with |v| >= 2^-55 (dp_unsafe, checked as V is staged) and
+        // (below) each row's nonzero P >= 2^-55, so that every product and partial sum is a
+        // multiple of 2^-124 (0 or normal).
+        bool v_unsafe = false;
         for (int64_t j = 0; j < tn; ++j) {
           const int8_t* krow = k.data.ptr<const int8_t>() + off4(k.data, b, t0 + j, hk, 0);
           if (k.data.stride[3] == 1) {
@@ -599,29 +610,27 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             const int64_t pos = fp8_v_position(t0 + j);
             if (dp16) {
               uint16_t* dst = pair_slot(j);
-              for (int64_t d = 0; d < D; ++d) dst[2 * d] = e4m3_bf16[col[d * npad + pos]];
+              for (int64_t d = 0; d < D; ++d) {
+                const uint16_t x = e4m3_bf16[col[d * npad + pos]];
+                dst[2 * d] = x;
+                v_unsafe |= dp_unsafe(x);
+              }
             } else {
               for (int64_t d = 0; d < D; ++d) vbuf[j * D + d] = e4m3[col[d * npad + pos]];
             }
           } else if (dp16) {
             const uint16_t* src = v.ptr<const uint16_t>() + off4(v, b, t0 + j, hk, 0);
             uint16_t* dst = pair_slot(j);
-            for (int64_t d = 0; d < D; ++d) dst[2 * d] = src[d * v.stride[3]];
+            for (int64_t d = 0; d < D; ++d) {
+              const uint16_t x = src[d * v.stride[3]];
+              dst[2 * d] = x;
+              v_unsafe |= dp_unsafe(x);
+            }
           } else {
             load_row_f32(v, off4(v, b, t0 + j, hk, 0), D, vbuf.data() + j * D);
           }
         }
-        // vdpbf16ps reads denormal values as 0 and flushes denormal results: it runs where V's
-        // nonzero values are finite with |v| >= 2^-55 and (below) each row's nonzero P >= 2^-55,
-        // so that every product and partial sum is a multiple of 2^-124 (0 or normal).
-        bool v_dp = dp16;
-        for (int64_t j = 0; v_dp && j < tn; ++j) {
-          const uint16_t* row = pair_slot(j);
-          for (int64_t d = 0; d < D; ++d) {
-            const int e = (row[2 * d] >> 7) & 0xff;
-            v_dp &= (row[2 * d] & 0x7fff) == 0 || (e >= 127 - 55 && e != 0xff);
-          }
-        }
+        const bool v_dp = dp16 && !v_unsafe;
         if (tiles) {
           const int64_t half = amx::packed_b32_bytes(D);
           for (int h = 0; h < 2 && 32 * h < tn; ++h)
