@@ -124,12 +124,49 @@ void tile_dots(const int8_t* q, const int16_t* kt, int64_t D, int32_t* out) {
     for (int64_t j = 0; j < kKvTile; ++j) out[j] += int32_t{q[d]} * int32_t{row[2 * j]};
   }
 }
+// Whether any of p[0, n) is nonzero with |p| < 2^-55 (a P that keeps pv_tile_bf16 from its
+// vdpbf16ps form).
+LOWBIT_CLONES bool any_tiny(const float* p, int64_t n) {
+  int tiny = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const float a = std::fabs(p[j]);
+    tiny |= static_cast<int>(a != 0.f) & static_cast<int>(a < 0x1p-55f);
+  }
+  return tiny != 0;
+}
 // Whether a staged bf16 V value keeps pv_tile_bf16 from its vdpbf16ps form: nonzero and
 // denormal or below 2^-55 in magnitude, or inf / NaN.
 inline bool dp_unsafe(uint16_t x) {
   const unsigned e = (x >> 7) & 0xffu;
   return (x & 0x7fffu) != 0 && (e < 127u - 55u || e == 0xffu);
 }
+#ifdef LOWBIT_AVX512
+// The bf16 V rows of keys j, j + 1 (j even) as their key pair of the staged tile (vb16 layout,
+// pv_tile_bf16), 16 channels a step (D a multiple of 16); `second` null: j is the tile's last key
+// (its pair's other half 0). Returns whether any value is dp_unsafe.
+LOWBIT_AVX512 bool stage_v_pair_avx512(const uint16_t* first, const uint16_t* second, int64_t D,
+                                       uint16_t* dst) {
+  alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                       21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                       11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(kInterleave), low15 = _mm512_set1_epi16(0x7fff);
+  __mmask32 bad = 0;
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + d));
+    const __m256i b = second ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(second + d))
+                             : _mm256_setzero_si256();
+    const __m512i x =
+        _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
+    _mm512_storeu_si512(dst + 2 * d, x);
+    // dp_unsafe: 0 < |x| < 2^-55 (|x|'s bits below 72 << 7), or inf / NaN (exponent 0xff)
+    const __m512i ax = _mm512_and_si512(x, low15);
+    bad |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(ax, _mm512_set1_epi16(1)),
+                                   _mm512_set1_epi16(0x23ff)) |
+           _mm512_cmpge_epu16_mask(ax, _mm512_set1_epi16(0x7f80));
+  }
+  return bad != 0;
+}
+#endif
 #ifdef LOWBIT_AVX512
 // The AVX-512 VNNI form of the dots (rows::avx512_on()): a key tile's K rows staged as groups of
 // four channels, kq[(d / 4) 4 kKvTile + 4 j + d % 4] = k[j][d] (keys past the tile's count 0), and
@@ -542,6 +579,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
     // values' bf16 bits, exact, or V's own bits), instead of f32 rows.
     const bool dp16 = rows::avx512_bf16_on() && (fp8 || v.dtype == DType::bf16);
     std::vector<uint16_t> vb16(dp16 ? static_cast<size_t>(kKvTile * D) : 0), e4m3_bf16(256);
+    // bf16 V with channels adjacent: staged two keys at a time (stage_v_pair_avx512)
+    const bool v_pairs = dp16 && !fp8 && v.stride[3] == 1;
     // key j's D values in vb16: every other uint16 from here (its pair's half j % 2)
     auto pair_slot = [&](int64_t j) { return vb16.data() + (j / 2) * 2 * D + (j & 1); };
     for (int c = 0; dp16 && c < 256; ++c) {
@@ -618,6 +657,8 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             } else {
               for (int64_t d = 0; d < D; ++d) vbuf[j * D + d] = e4m3[col[d * npad + pos]];
             }
+          } else if (v_pairs) {
+            // (below, two keys at a time)
           } else if (dp16) {
             const uint16_t* src = v.ptr<const uint16_t>() + off4(v, b, t0 + j, hk, 0);
             uint16_t* dst = pair_slot(j);
@@ -630,6 +671,13 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             load_row_f32(v, off4(v, b, t0 + j, hk, 0), D, vbuf.data() + j * D);
           }
         }
+#ifdef LOWBIT_AVX512
+        for (int64_t j = 0; v_pairs && j < tn; j += 2) {
+          const uint16_t* first = v.ptr<const uint16_t>() + off4(v, b, t0 + j, hk, 0);
+          v_unsafe |= stage_v_pair_avx512(first, j + 1 < tn ? first + v.stride[1] : nullptr, D,
+                                          pair_slot(j));
+        }
+#endif
         const bool v_dp = dp16 && !v_unsafe;
         if (tiles) {
           const int64_t half = amx::packed_b32_bytes(D);
@@ -708,13 +756,13 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
             } else {
               if (v.dtype == DType::f32) {
                 std::copy(p.begin(), p.begin() + n[slot], prs);
+              } else if (v.dtype == DType::bf16) {
+                rows::round_bf16(p.data(), n[slot], prs);  // (store_f32's bits, then loaded)
               } else {  // (store_f32 then load_f32: P rounded to V's dtype)
                 rows::store(p.data(), n[slot], v.dtype, p16.data(), 0);
                 rows::load(p16.data(), 0, v.dtype, n[slot], prs);
               }
-              bool tiny = false;
-              for (int64_t j = 0; j < n[slot]; ++j) tiny |= prs[j] != 0.f && prs[j] < 0x1p-55f;
-              p_tiny |= tiny;
+              if (dp16) p_tiny |= any_tiny(prs, n[slot]);
             }
           }
           const bool exact = fp8 || v.dtype != DType::f32;

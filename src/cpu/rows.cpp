@@ -249,6 +249,23 @@ LOWBIT_AVX512 int64_t round_e4m3_avx512(const float* src, int64_t n, float* dst)
   }
   return i;
 }
+// round_bf16, 16 at a time: dt::f32_to_bf16's sum (round to nearest even on the bits) with the
+// low half cleared, NaN -> 0x7fff's value.
+LOWBIT_AVX512 int64_t round_bf16_avx512(const float* src, int64_t n, float* dst) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+  const __m512i half = _mm512_set1_epi32(0x7fff), keep = _mm512_set1_epi32(~0xffff);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(half, lsb)), keep);
+    r = _mm512_mask_blend_epi32(
+        _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), _mm512_set1_epi32(0x7f800000)), r,
+        _mm512_set1_epi32(0x7fff0000));
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(r));
+  }
+  return i;
+}
 LOWBIT_AVX512 int64_t exp2_avx512(const float* x, int64_t n, float* out) {
   const __m512 lo = _mm512_set1_ps(kExp2Lo), hi = _mm512_set1_ps(kExp2Hi);
   const __m512 magic = _mm512_set1_ps(kRoundInt), one = _mm512_set1_ps(1.f);
@@ -324,6 +341,14 @@ void round_e4m3(const float* src, int64_t n, float* dst) {
   if (avx512_on()) i = round_e4m3_avx512(src, n, dst);
 #endif
   for (; i < n; ++i) dst[i] = table[dt::f32_to_e4m3(src[i])];
+}
+
+void round_bf16(const float* src, int64_t n, float* dst) {
+  int64_t i = 0;
+#ifdef LOWBIT_HAVE_X86_PATHS
+  if (avx512_on()) i = round_bf16_avx512(src, n, dst);
+#endif
+  for (; i < n; ++i) dst[i] = dt::bf16_to_f32(dt::f32_to_bf16(src[i]));
 }
 
 void exp2(const float* x, int64_t n, float* out) {

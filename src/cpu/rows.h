@@ -23,6 +23,9 @@ void f32_to_e4m3(const float* src, int64_t n, float divisor, uint8_t* dst);
 // dst[i] = the value of e4m3 code f32_to_e4m3(src[i]) (divisor 1), i < n: x rounded to e4m3 and
 // back (NaN -> the NaN of code 0x7f). An AVX-512 loop where avx512_on(), the same bits.
 void round_e4m3(const float* src, int64_t n, float* dst);
+// dst[i] = x rounded to bf16 and back (dt::f32_to_bf16: NaN -> 0x7fff's NaN), i < n; in place
+// allowed. An AVX-512 loop where avx512_on(), the same bits.
+void round_bf16(const float* src, int64_t n, float* dst);
 // o[i] += p * v[i], i < n: one rounded product, one rounded sum per element (no contraction; a
 // vectorized clone where the CPU has AVX2, the same bits).
 void add_scaled(float* o, float p, const float* v, int64_t n);

@@ -480,6 +480,55 @@ TEST(Rows, E4m3EncoderMatchesStoreF32) {
 // results and 2^-149 for subnormal ones, over every 97th float of [-160, 130] and every float of
 // [-1, 1) near 0 and the integers; integers exact; NaN, +-inf and the clamp; the AVX2 + FMA path
 // and the scalar one give the same bits; the one-value form the scalar path's.
+// rows::round_bf16 (the CPU attention's P in a bf16 V's dtype): hand-computed values, then every
+// 257th of the 2^32 patterns and +-4 ulp around every tie of the 2^16 bf16 values, the vector loop
+// (AVX-512 where the CPU has it) and the scalar one against dt::f32_to_bf16 and back, lengths that
+// leave a tail.
+TEST(Rows, RoundBf16MatchesTheElementRule) {
+  const std::pair<uint32_t, uint32_t> hand[] = {
+      {0x3f800000u, 0x3f800000u}, {0x3f808000u, 0x3f800000u},  // 1; 1 + 2^-8: a tie, to even 1
+      {0x3f818000u, 0x3f820000u},                              // a tie with odd lsb: up
+      {0x3f808001u, 0x3f810000u}, {0x3f807fffu, 0x3f800000u},  // just above / below the tie
+      {0xbf808000u, 0xbf800000u}, {0xbf818000u, 0xbf820000u},  // the same, negative
+      {0x7f7fffffu, 0x7f800000u}, {0xff7fffffu, 0xff800000u},  // the largest floats round to inf
+      {0x00008000u, 0x00000000u}, {0x00018000u, 0x00020000u},  // subnormal ties
+      {0x80000000u, 0x80000000u}, {0x00000000u, 0x00000000u},  // +-0
+      {0x7f800000u, 0x7f800000u}, {0xff800000u, 0xff800000u},  // +-inf
+      {0x7fc00000u, 0x7fff0000u}, {0xffffffffu, 0x7fff0000u},  // NaNs -> 0x7fff's NaN
+      {0x7f800001u, 0x7fff0000u}, {0x7f808000u, 0x7fff0000u},
+  };
+  std::vector<float> x;
+  for (const auto& h : hand) {
+    ASSERT_EQ(f32_bits(bf16_to_f32(f32_to_bf16(bits_f32(h.first)))), h.second)
+        << std::hex << h.first;  // (the element rule itself)
+    x.push_back(bits_f32(h.first));
+  }
+  const size_t n_hand = x.size();
+  for (uint64_t b = 0; b <= 0xffffffffu; b += 257) x.push_back(bits_f32(static_cast<uint32_t>(b)));
+  for (uint32_t h = 0; h <= 0xffffu; ++h)
+    for (int d = -4; d <= 4; ++d) x.push_back(bits_f32((h << 16) + 0x8000u + d));
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (bool scalar : {false, true}) {
+    cpu::rows::force_scalar(scalar);
+    for (int64_t len : {n, static_cast<int64_t>(n_hand), int64_t{37}, int64_t{15}}) {
+      std::vector<float> got(static_cast<size_t>(len), -7.f);
+      cpu::rows::round_bf16(x.data(), len, got.data());
+      for (int64_t i = 0; i < len; ++i) {
+        const uint32_t want = static_cast<size_t>(i) < n_hand
+                                  ? hand[i].second
+                                  : f32_bits(bf16_to_f32(f32_to_bf16(x[static_cast<size_t>(i)])));
+        if (f32_bits(got[static_cast<size_t>(i)]) != want) {
+          ADD_FAILURE() << (scalar ? "scalar" : "vector") << " length " << len << ": 0x" << std::hex
+                        << f32_bits(x[static_cast<size_t>(i)]) << " -> 0x"
+                        << f32_bits(got[static_cast<size_t>(i)]) << ", want 0x" << want;
+          break;
+        }
+      }
+    }
+  }
+  cpu::rows::force_scalar(false);
+}
+
 TEST(Rows, Exp2WithinTwoUlpAndPathsAgree) {
   std::vector<float> x;
   for (uint32_t b = f32_bits(-160.f); b > f32_bits(-0.f); b -= 97) x.push_back(bits_f32(b));
