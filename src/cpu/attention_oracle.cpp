@@ -144,12 +144,19 @@ inline bool dp_unsafe(uint16_t x) {
 // The bf16 V rows of keys j, j + 1 (j even) as their key pair of the staged tile (vb16 layout,
 // pv_tile_bf16), 16 channels a step (D a multiple of 16); `second` null: j is the tile's last key
 // (its pair's other half 0). Returns whether any value is dp_unsafe.
+// dp_unsafe of 32 bf16 lanes: 0 < |x| < 2^-55 (|x|'s bits below 72 << 7), or inf / NaN.
+LOWBIT_AVX512 inline __mmask32 dp_unsafe_lanes(__m512i x) {
+  const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi16(0x7fff));
+  return _mm512_cmplt_epu16_mask(_mm512_sub_epi16(ax, _mm512_set1_epi16(1)),
+                                 _mm512_set1_epi16(0x23ff)) |
+         _mm512_cmpge_epu16_mask(ax, _mm512_set1_epi16(0x7f80));
+}
 LOWBIT_AVX512 bool stage_v_pair_avx512(const uint16_t* first, const uint16_t* second, int64_t D,
                                        uint16_t* dst) {
   alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
                                                        21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                        11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i idx = _mm512_load_si512(kInterleave), low15 = _mm512_set1_epi16(0x7fff);
+  const __m512i idx = _mm512_load_si512(kInterleave);
   __mmask32 bad = 0;
   for (int64_t d = 0; d < D; d += 16) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(first + d));
@@ -158,11 +165,75 @@ LOWBIT_AVX512 bool stage_v_pair_avx512(const uint16_t* first, const uint16_t* se
     const __m512i x =
         _mm512_permutexvar_epi16(idx, _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1));
     _mm512_storeu_si512(dst + 2 * d, x);
-    // dp_unsafe: 0 < |x| < 2^-55 (|x|'s bits below 72 << 7), or inf / NaN (exponent 0xff)
-    const __m512i ax = _mm512_and_si512(x, low15);
-    bad |= _mm512_cmplt_epu16_mask(_mm512_sub_epi16(ax, _mm512_set1_epi16(1)),
-                                   _mm512_set1_epi16(0x23ff)) |
-           _mm512_cmpge_epu16_mask(ax, _mm512_set1_epi16(0x7f80));
+    bad |= dp_unsafe_lanes(x);
+  }
+  return bad != 0;
+}
+// The bf16 bits of 32 e4m3 codes (a code in each 16-bit lane) from the 256 values of tab
+// (codes 64 r .. 64 r + 63 in tab[2 r], tab[2 r + 1]).
+LOWBIT_AVX512 inline __m512i e4m3_bf16_lanes(__m512i c, const __m512i (&tab)[8]) {
+  const __m512i q0 = _mm512_permutex2var_epi16(tab[0], c, tab[1]);  // (index bits 0-5)
+  const __m512i q1 = _mm512_permutex2var_epi16(tab[2], c, tab[3]);
+  const __m512i q2 = _mm512_permutex2var_epi16(tab[4], c, tab[5]);
+  const __m512i q3 = _mm512_permutex2var_epi16(tab[6], c, tab[7]);
+  const __mmask32 b6 = _mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40));
+  const __mmask32 b7 = _mm512_test_epi16_mask(c, _mm512_set1_epi16(0x80));
+  return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, q0, q1),
+                                 _mm512_mask_blend_epi16(b6, q2, q3));
+}
+// w[c] (16 rows of 16 32-bit words) transposed in place: w[k] lane c = the old w[c] lane k.
+LOWBIT_AVX512 inline void transpose16_epi32(__m512i (&w)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {  // (per 128-bit lane: rows 2 i, 2 i + 1 interleaved)
+    t[2 * i] = _mm512_unpacklo_epi32(w[2 * i], w[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(w[2 * i], w[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // w[4 i + k]'s lane L: rows 4 i .. 4 i + 3 at column 4 L + k
+    w[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    w[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    w[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    w[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // column 4 L + k: lane L of w[k], w[4 + k], w[8 + k], w[12 + k]
+    const __m512i x0 = _mm512_shuffle_i32x4(w[k], w[4 + k], 0x44);
+    const __m512i x1 = _mm512_shuffle_i32x4(w[k], w[4 + k], 0xee);
+    const __m512i y0 = _mm512_shuffle_i32x4(w[8 + k], w[12 + k], 0x44);
+    const __m512i y1 = _mm512_shuffle_i32x4(w[8 + k], w[12 + k], 0xee);
+    t[k] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    t[4 + k] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+    t[8 + k] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    t[12 + k] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) w[i] = t[i];
+}
+// The fp8 V codes of a key tile (from a key that is a multiple of 64; channel d's codes at
+// col + d npad, in the layout's order) as bf16 key pairs (vb16, pv_tile_bf16's layout), 32 keys
+// x 16 channels a step. In the layout the keys 2 m, 2 m + 1 of a 32-key group are adjacent
+// bytes (fp8_v_position), pair p of each 8 at 16-bit word 2 (p % 4) + p / 4: so a channel's codes
+// widen to the pairs' 32-bit words, and a 16 x 16 transpose of 16 channels gives 16 pairs'
+// rows. Returns whether a value of the tile's first tn keys is dp_unsafe (a NaN code).
+LOWBIT_AVX512 bool stage_v_fp8_avx512(const uint8_t* col, int64_t npad, int64_t D, int64_t tn,
+                                      const uint16_t* e4m3_bf16, uint16_t* vb16) {
+  __m512i tab[8];
+  for (int r = 0; r < 8; ++r) tab[r] = _mm512_loadu_si512(e4m3_bf16 + 32 * r);
+  __mmask32 bad = 0;
+  for (int64_t g = 0; g < 2 && 32 * g < tn; ++g) {
+    __mmask32 keys = 0;  // (the lanes of the group's keys below tn)
+    for (int64_t r = 0; r < 32 && 32 * g + r < tn; ++r) keys |= 1u << fp8_v_position(r);
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512i w[16];
+      for (int c = 0; c < 16; ++c) {
+        const __m256i codes =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + (d0 + c) * npad + 32 * g));
+        w[c] = e4m3_bf16_lanes(_mm512_cvtepu8_epi16(codes), tab);
+        bad |= dp_unsafe_lanes(w[c]) & keys;
+      }
+      transpose16_epi32(w);  // w[q]: the 16 channels of pair word q
+      for (int q = 0; q < 16; ++q) {
+        const int64_t pair = 16 * g + 8 * (q / 8) + 4 * (q % 2) + (q % 8) / 2;
+        _mm512_storeu_si512(vb16 + (pair * D + d0) * 2, w[q]);
+      }
+    }
   }
   return bad != 0;
 }
@@ -644,19 +715,12 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
           ksv[j] =
               k.scale
                   .ptr<const float>()[off3(k.scale, b, hk, scale_index(k.layout, k.block, t0 + j))];
-          if (fp8) {
+          if (fp8 && dp16) {
+            // (below, the whole tile at once)
+          } else if (fp8) {
             const uint8_t* col = v.ptr<const uint8_t>() + (b * Hkv + hk) * D * npad;
             const int64_t pos = fp8_v_position(t0 + j);
-            if (dp16) {
-              uint16_t* dst = pair_slot(j);
-              for (int64_t d = 0; d < D; ++d) {
-                const uint16_t x = e4m3_bf16[col[d * npad + pos]];
-                dst[2 * d] = x;
-                v_unsafe |= dp_unsafe(x);
-              }
-            } else {
-              for (int64_t d = 0; d < D; ++d) vbuf[j * D + d] = e4m3[col[d * npad + pos]];
-            }
+            for (int64_t d = 0; d < D; ++d) vbuf[j * D + d] = e4m3[col[d * npad + pos]];
           } else if (v_pairs) {
             // (below, two keys at a time)
           } else if (dp16) {
@@ -672,6 +736,9 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
           }
         }
 #ifdef LOWBIT_AVX512
+        if (fp8 && dp16)
+          v_unsafe = stage_v_fp8_avx512(v.ptr<const uint8_t>() + (b * Hkv + hk) * D * npad + t0,
+                                        npad, D, tn, e4m3_bf16.data(), vb16.data());
         for (int64_t j = 0; v_pairs && j < tn; j += 2) {
           const uint16_t* first = v.ptr<const uint16_t>() + off4(v, b, t0 + j, hk, 0);
           v_unsafe |= stage_v_pair_avx512(first, j + 1 < tn ? first + v.stride[1] : nullptr, D,

@@ -215,6 +215,57 @@ TEST(Attention, HandComputedRowFp8) {
   EXPECT_NEAR(lse.get(0), std::log(2.0), 1e-5);  // two logits of 0
 }
 
+// The fp8 V layout's padding (keys Nkv .. round_up(Nkv, 64) - 1) is never read into the output:
+// a caller's V whose padding codes are NaN (0x7f, 0xff) or 448 gives the bits of the quantizer's
+// zero padding, with the vector loops (the AVX512_BF16 staging of a whole key tile too) and
+// without AVX512_BF16.
+TEST(Attention, Fp8VPaddingIsNeverRead) {
+  auto rng = rng_for("Attention.Fp8VPaddingIsNeverRead");
+  for (int64_t Nkv : {1, 37, 64 + 33}) {
+    const int64_t D = 64, Nq = 5, npad = (Nkv + 63) / 64 * 64;
+    HostTensor q(DType::i8, {1, Nq, 1, D}), k(DType::i8, {1, Nkv, 1, D});
+    HostTensor qs(DType::f32, {1, 1, 1}), ks(DType::f32, {1, 1, npad / 64});
+    std::uniform_int_distribution<int> code(-127, 127);
+    for (int64_t i = 0; i < q.numel(); ++i) q.set(i, static_cast<float>(code(rng)));
+    for (int64_t i = 0; i < k.numel(); ++i) k.set(i, static_cast<float>(code(rng)));
+    qs.set(0, 1.f / 512);
+    for (int64_t i = 0; i < ks.numel(); ++i) ks.set(i, 1.f / 512);
+    HostTensor v(DType::f32, {1, Nkv, 1, D});
+    v.fill_normal(rng);
+    HostTensor v8(DType::e4m3, {1, 1, D, npad}), vs(DType::f32, {1, 1, D});
+    Context ctx;
+    quantize_v_fp8(v.view(), v8.view(), vs.view(), nullptr, ctx);
+    QuantizedRows qr{q.view(), qs.view(), ScaleLayout::per_block, 64};
+    QuantizedRows kr{k.view(), ks.view(), ScaleLayout::per_block, 64};
+    TensorView vsv = vs.view();
+    AttentionOptions opt;
+    HostTensor want(DType::f32, {1, Nq, 1, D});
+    attention_int8(qr, kr, v8.view(), &vsv, nullptr, nullptr, want.view(), nullptr, opt, ctx);
+    for (int64_t i = 0; i < want.numel(); ++i) ASSERT_TRUE(std::isfinite(want.get(i))) << i;
+    // every position of the layout that holds no key below Nkv: the padding
+    std::vector<bool> real(static_cast<size_t>(npad), false);
+    for (int64_t n = 0; n < Nkv; ++n) {
+      const int64_t r = n % 32, w = r % 16;
+      real[static_cast<size_t>(n - r + 16 * (r / 16) + 4 * ((w % 8) / 2) + (w / 8) * 2 + w % 2)] =
+          true;
+    }
+    for (uint8_t pad : {uint8_t{0x7f}, uint8_t{0xff}, uint8_t{0x7e}})
+      for (bool no_bf16 : {false, true}) {
+        HostTensor v8p = v8;
+        uint8_t* c = v8p.as<uint8_t>();
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t pos = 0; pos < npad; ++pos)
+            if (!real[static_cast<size_t>(pos)]) c[d * npad + pos] = pad;
+        cpu::rows::force_no_bf16(no_bf16);
+        HostTensor got(DType::f32, {1, Nq, 1, D});
+        attention_int8(qr, kr, v8p.view(), &vsv, nullptr, nullptr, got.view(), nullptr, opt, ctx);
+        cpu::rows::force_no_bf16(false);
+        EXPECT_EQ(got.bytes, want.bytes) << "Nkv " << Nkv << " padding 0x" << std::hex << int(pad)
+                                         << (no_bf16 ? " without AVX512_BF16" : "");
+      }
+  }
+}
+
 // 16-bit P·V with bf16 V on AVX512_BF16 (vdpbf16ps reads denormals as 0 and flushes denormal
 // results) keeps the fused multiply-adds' bits where a value is tiny. Case 0: channel 0 of V is
 // the bf16 denormal 2^-130 at every key. Case 1 (no tiny V): channel 0 is 2^-50 at key 1 only,
