@@ -23,6 +23,7 @@
 #include "src/cpu/amx.h"
 #include "src/cpu/attention_backend.h"
 #include "src/cpu/cpu_clones.h"
+#include "src/cpu/exp2_kernel.h"
 #include "src/cpu/rows.h"
 #include "src/cpu/x86_intrinsics.h"
 
@@ -302,6 +303,27 @@ LOWBIT_AVX512 float tile_scores_avx512(const int32_t* dots, const float* ksv, fl
     m = _mm512_mask_max_ps(m, k, x, m);
   }
   return _mm512_reduce_max_ps(m);
+}
+// tile_probs in 512-bit vectors, one pass: P = 2^(s - m_off) by rows::exp2's arithmetic
+// (exp2_kernel::exp2_16), the row sum's 16 lanes as one register (lane l adds the keys
+// j = l mod 16 in key order; a tail's lanes masked), then the same tree (l += l + 8, + 4, + 2, +
+// 1).
+LOWBIT_AVX512 float tile_probs_avx512(const float* s, float m_off, int64_t n, float* p) {
+  const __m512 mo = _mm512_set1_ps(m_off);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 k =
+        n - j >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 x = exp2_kernel::exp2_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mo));
+    _mm512_mask_storeu_ps(p + j, k, x);
+    acc = _mm512_mask_add_ps(acc, k, acc, x);
+  }
+  const __m256 h8 =
+      _mm256_add_ps(_mm512_castps512_ps256(acc),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
 }
 // pv_tile / pv_tile_pair's exact form (fused multiply-adds, key after key per element: the same
 // bits) in 512-bit vectors: blocks of NV x 16 channels, one or two rows.
@@ -815,7 +837,11 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
                             : m == m_new[slot] && m != inf ? 1.f
                                                            : rows::exp2(m - m_new[slot]);
             const float m_off = m_new[slot] - p_offset;
-            tile_sum[slot] = tile_probs(s.data(), m_off, n[slot], p.data());
+            tile_sum[slot] =
+#ifdef LOWBIT_AVX512
+                wide ? tile_probs_avx512(s.data(), m_off, n[slot], p.data()) :
+#endif
+                     tile_probs(s.data(), m_off, n[slot], p.data());
             // P through the format P·V runs in: e4m3 (fp8 mode) or V's 16-bit dtype
             float* prs = pr.data() + slot * kKvTile;
             if (fp8) {

@@ -8,6 +8,7 @@
 #include "lowbit/dtype.h"
 #include "src/core/convert_elem.h"
 #include "src/cpu/cpu_clones.h"
+#include "src/cpu/exp2_kernel.h"
 #include "src/cpu/x86_intrinsics.h"
 
 namespace lowbit {
@@ -19,13 +20,10 @@ bool g_force_scalar = false;
 bool g_force_avx2 = false;
 bool g_force_no_bf16 = false;
 
-// rows::exp2's constants: ln(2)^n / n! for n = 1 .. 7, the clamp, 1.5 * 2^23 (adding and
-// subtracting it rounds |x| < 2^22 to the nearest integer, ties even).
-constexpr float kExp2C[7] = {0.6931471805599453f,    0.2402265069591007f,
-                             0.05550410866482158f,   0.009618129107628477f,
-                             0.0013333558146428443f, 0.00015403530393381606f,
-                             1.525273380405984e-05f};
-constexpr float kExp2Lo = -150.f, kExp2Hi = 128.f, kRoundInt = 12582912.f;
+// rows::exp2's constants (exp2_kernel.h)
+constexpr const float (&kExp2C)[7] = exp2_kernel::kC;
+constexpr float kExp2Lo = exp2_kernel::kLo, kExp2Hi = exp2_kernel::kHi,
+                kRoundInt = exp2_kernel::kRoundInt;
 
 // (x86-64-v3 clone: std::fma as one instruction; the baseline build calls libm's fmaf, seven
 // calls a value, which the CPU attention's per-tile rescale factors paid.)
@@ -267,25 +265,9 @@ LOWBIT_AVX512 int64_t round_bf16_avx512(const float* src, int64_t n, float* dst)
   return i;
 }
 LOWBIT_AVX512 int64_t exp2_avx512(const float* x, int64_t n, float* out) {
-  const __m512 lo = _mm512_set1_ps(kExp2Lo), hi = _mm512_set1_ps(kExp2Hi);
-  const __m512 magic = _mm512_set1_ps(kRoundInt), one = _mm512_set1_ps(1.f);
-  const __m512i bias = _mm512_set1_epi32(127);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    const __m512 c = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
-    const __m512 r = _mm512_sub_ps(_mm512_add_ps(c, magic), magic);
-    const __m512 f = _mm512_sub_ps(c, r);
-    __m512 p = _mm512_set1_ps(kExp2C[6]);
-    for (int j = 5; j >= 0; --j) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2C[j]));
-    p = _mm512_fmadd_ps(p, f, one);
-    const __m512i k = _mm512_cvttps_epi32(r);
-    const __m512i k1 = _mm512_srai_epi32(k, 1), k2 = _mm512_sub_epi32(k, k1);
-    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, bias), 23));
-    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, bias), 23));
-    const __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
-    _mm512_storeu_ps(out + i, _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), y, v));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, exp2_kernel::exp2_16(_mm512_loadu_ps(x + i)));
   return i;
 }
 bool has_avx2_fma_path() {
