@@ -570,6 +570,31 @@ LOWBIT_CLONES float tile_probs(const float* s, float m_off, int64_t n, float* p)
     for (int l = 0; l < h; ++l) lane[l] += lane[l + h];
   return lane[0];
 }
+// An output row from its accumulator: o = acc / l, times the V scale (fp8 mode), plus the V
+// mean (V mean smoothing), each a rounded step (no contraction); 0 for l <= 0 (no key seen).
+LOWBIT_CLONES void finish_row(float* acc, int64_t D, float l, const float* vs, int64_t vss,
+                              const float* vm, int64_t vms) {
+  if (!(l > 0.f)) {
+    for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
+  } else if ((!vs || vss == 1) && (!vm || vms == 1)) {  // (the loops that vectorize)
+    for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] / l;
+    if (vs)
+      for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] * vs[d];
+    if (vm)
+      for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] + vm[d];
+  } else {
+    for (int64_t d = 0; d < D; ++d) {
+      float o = acc[d] / l;
+      if (vs) o *= vs[d * vss];
+      if (vm) o += vm[d * vms];
+      acc[d] = o;
+    }
+  }
+}
+// out[d] = q[d] + 128 as uint8 (the VNNI dots' biased rows): q's bits with the top one flipped.
+LOWBIT_CLONES void bias_row(const int8_t* q, int64_t D, uint8_t* out) {
+  for (int64_t d = 0; d < D; ++d) out[d] = static_cast<uint8_t>(static_cast<uint8_t>(q[d]) ^ 0x80u);
+}
 // acc[d] = acc[d] * r + tile[d].
 LOWBIT_CLONES void rescale_add(float* acc, float r, const float* tile, int64_t D) {
   for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] * r + tile[d];
@@ -709,8 +734,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
         else
           for (int64_t d = 0; d < D; ++d) qbuf[ri * D + d] = qrow[d * q.data.stride[3]];
         if (wide && !tiles)  // (the VNNI dots' rows, biased)
-          for (int64_t d = 0; d < D; ++d)
-            qbu[ri * D + d] = static_cast<uint8_t>(qbuf[ri * D + d] + 128);
+          bias_row(qbuf.data() + ri * D, D, qbu.data() + ri * D);
         qss[ri] =
             q.scale.ptr<const float>()[off3(q.scale, b, hq, scale_index(q.layout, q.block, i))];
         ends[ri] = visible_end(options.causal, i, Nq, Nkv);
@@ -901,15 +925,7 @@ void attention_int8(const QuantizedRows& q, const QuantizedRows& k, const Tensor
         const float* vm =
             fp8 && v_mean ? v_mean->ptr<const float>() + off3(*v_mean, b, hk, 0) : nullptr;
         const int64_t vss = fp8 ? v_scale->stride[2] : 0, vms = vm ? v_mean->stride[2] : 0;
-        for (int64_t d = 0; d < D; ++d) {
-          float o = 0.f;
-          if (l > 0.f) {
-            o = acc[d] / l;
-            if (vs) o *= vs[d * vss];
-            if (vm) o += vm[d * vms];
-          }
-          acc[d] = o;
-        }
+        finish_row(acc, D, l, vs, vss, vm, vms);
         if (out.stride[3] == 1)
           rows::store(acc, D, out.dtype, out.data, off4(out, b, i, hq, 0));
         else
