@@ -595,6 +595,14 @@ LOWBIT_CLONES void finish_row(float* acc, int64_t D, float l, const float* vs, i
 LOWBIT_CLONES void bias_row(const int8_t* q, int64_t D, uint8_t* out) {
   for (int64_t d = 0; d < D; ++d) out[d] = static_cast<uint8_t>(static_cast<uint8_t>(q[d]) ^ 0x80u);
 }
+// x[d] = (x[d] - mean[d]) / scale[d], 0 where the scale is 0 (the channel is all mean): V's
+// values before the e4m3 encoder (quantize_v_fp8).
+LOWBIT_CLONES void center_and_scale(float* x, const float* mean, const float* scale, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) {
+    const float q = (x[d] - mean[d]) / scale[d];  // (masked below where the scale is 0)
+    x[d] = scale[d] > 0.f ? q : 0.f;
+  }
+}
 // acc[d] = acc[d] * r + tile[d].
 LOWBIT_CLONES void rescale_add(float* acc, float r, const float* tile, int64_t D) {
   for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] * r + tile[d];
@@ -613,7 +621,9 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
   parallel_for(B * H, 1, ctx, [&](int64_t b0, int64_t b1) {
     std::vector<float> mean(static_cast<size_t>(D)), amax(static_cast<size_t>(D)),
         scale(static_cast<size_t>(D)), x(static_cast<size_t>(D));
-    std::vector<uint8_t> row_codes(static_cast<size_t>(D));
+    std::vector<uint8_t> group_codes(static_cast<size_t>(32 * D));
+    int64_t group_pos[32];  // (key r of a group -> its position)
+    for (int64_t r = 0; r < 32; ++r) group_pos[r] = fp8_v_position(r);
     for (int64_t bh = b0; bh < b1; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       std::fill(mean.begin(), mean.end(), 0.f);
@@ -636,15 +646,24 @@ void quantize_v_fp8(const TensorView& v, TensorView v_fp8, TensorView v_scale, T
       for (int64_t d = 0; d < D; ++d) {
         scale[d] = amax[d] / 448.f;
         v_scale.ptr<float>()[off3(v_scale, b, h, d)] = scale[d];
-        for (int64_t n = N; n < npad; ++n) codes[d * npad + fp8_v_position(n)] = 0;
       }
-      for (int64_t n = 0; n < N; ++n) {
-        load_row_f32(v, off4(v, b, n, h, 0), D, x.data());
-        // x / scale (code 0 for a zero scale: its channel is all mean), then the row encoder
-        for (int64_t d = 0; d < D; ++d) x[d] = scale[d] > 0.f ? (x[d] - mean[d]) / scale[d] : 0.f;
-        rows::f32_to_e4m3(x.data(), D, 1.f, row_codes.data());
-        const int64_t pos = fp8_v_position(n);
-        for (int64_t d = 0; d < D; ++d) codes[d * npad + pos] = row_codes[d];
+      // A 32-key group at a time: its keys' codes as rows (padding keys 0), then each channel's
+      // 32 bytes in the layout's order (one cache line written whole, not a byte per key).
+      for (int64_t n0 = 0; n0 < npad; n0 += 32) {
+        for (int64_t r = 0; r < 32; ++r) {
+          uint8_t* row = group_codes.data() + r * D;
+          if (n0 + r >= N) {
+            std::fill(row, row + D, uint8_t{0});
+            continue;
+          }
+          load_row_f32(v, off4(v, b, n0 + r, h, 0), D, x.data());
+          center_and_scale(x.data(), mean.data(), scale.data(), D);
+          rows::f32_to_e4m3(x.data(), D, 1.f, row);
+        }
+        for (int64_t d = 0; d < D; ++d) {
+          uint8_t* dst = codes + d * npad + n0;
+          for (int64_t r = 0; r < 32; ++r) dst[group_pos[r]] = group_codes[r * D + d];
+        }
       }
     }
   });
