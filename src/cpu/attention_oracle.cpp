@@ -182,31 +182,6 @@ LOWBIT_AVX512 inline __m512i e4m3_bf16_lanes(__m512i c, const __m512i (&tab)[8])
   return _mm512_mask_blend_epi16(b7, _mm512_mask_blend_epi16(b6, q0, q1),
                                  _mm512_mask_blend_epi16(b6, q2, q3));
 }
-// w[c] (16 rows of 16 32-bit words) transposed in place: w[k] lane c = the old w[c] lane k.
-LOWBIT_AVX512 inline void transpose16_epi32(__m512i (&w)[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {  // (per 128-bit lane: rows 2 i, 2 i + 1 interleaved)
-    t[2 * i] = _mm512_unpacklo_epi32(w[2 * i], w[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(w[2 * i], w[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // w[4 i + k]'s lane L: rows 4 i .. 4 i + 3 at column 4 L + k
-    w[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    w[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    w[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    w[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int k = 0; k < 4; ++k) {  // column 4 L + k: lane L of w[k], w[4 + k], w[8 + k], w[12 + k]
-    const __m512i x0 = _mm512_shuffle_i32x4(w[k], w[4 + k], 0x44);
-    const __m512i x1 = _mm512_shuffle_i32x4(w[k], w[4 + k], 0xee);
-    const __m512i y0 = _mm512_shuffle_i32x4(w[8 + k], w[12 + k], 0x44);
-    const __m512i y1 = _mm512_shuffle_i32x4(w[8 + k], w[12 + k], 0xee);
-    t[k] = _mm512_shuffle_i32x4(x0, y0, 0x88);
-    t[4 + k] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
-    t[8 + k] = _mm512_shuffle_i32x4(x1, y1, 0x88);
-    t[12 + k] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
-  }
-  for (int i = 0; i < 16; ++i) w[i] = t[i];
-}
 // The fp8 V codes of a key tile (from a key that is a multiple of 64; channel d's codes at
 // col + d npad, in the layout's order) as bf16 key pairs (vb16, pv_tile_bf16's layout), 32 keys
 // x 16 channels a step. In the layout the keys 2 m, 2 m + 1 of a 32-key group are adjacent
@@ -222,17 +197,17 @@ LOWBIT_AVX512 bool stage_v_fp8_avx512(const uint8_t* col, int64_t npad, int64_t 
     __mmask32 keys = 0;  // (the lanes of the group's keys below tn)
     for (int64_t r = 0; r < 32 && 32 * g + r < tn; ++r) keys |= 1u << fp8_v_position(r);
     for (int64_t d0 = 0; d0 < D; d0 += 16) {
-      __m512i w[16];
+      __m512i w[16], pairs[16];
       for (int c = 0; c < 16; ++c) {
         const __m256i codes =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + (d0 + c) * npad + 32 * g));
         w[c] = e4m3_bf16_lanes(_mm512_cvtepu8_epi16(codes), tab);
         bad |= dp_unsafe_lanes(w[c]) & keys;
       }
-      transpose16_epi32(w);  // w[q]: the 16 channels of pair word q
+      transpose16_epi32(w, pairs);  // pairs[q]: the 16 channels of pair word q
       for (int q = 0; q < 16; ++q) {
         const int64_t pair = 16 * g + 8 * (q / 8) + 4 * (q % 2) + (q % 8) / 2;
-        _mm512_storeu_si512(vb16 + (pair * D + d0) * 2, w[q]);
+        _mm512_storeu_si512(vb16 + (pair * D + d0) * 2, pairs[q]);
       }
     }
   }

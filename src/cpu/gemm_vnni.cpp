@@ -37,35 +37,6 @@ int64_t panel_bytes(int64_t K) { return K / 4 * kPanel * 4; }
 #ifdef LOWBIT_VNNI_GEMM
 namespace {
 
-// out[c] = column c of the 16 x 16 dwords r[0..15] (r[i][c] -> out[c][i]): dword pairs, qword
-// pairs, then a 4 x 4 transpose of the 128-bit lanes.
-LOWBIT_VNNI_TARGET inline void transpose16(const __m512i (&r)[16], __m512i (&out)[16]) {
-  __m512i t[16], u[16];
-#pragma GCC unroll 8
-  for (int a = 0; a < 8; ++a) {
-    t[2 * a] = _mm512_unpacklo_epi32(r[2 * a], r[2 * a + 1]);
-    t[2 * a + 1] = _mm512_unpackhi_epi32(r[2 * a], r[2 * a + 1]);
-  }
-#pragma GCC unroll 4
-  for (int a = 0; a < 4; ++a) {  // u[4a + c] lane L: rows 4a .. 4a + 3 of column 4L + c
-    u[4 * a] = _mm512_unpacklo_epi64(t[4 * a], t[4 * a + 2]);
-    u[4 * a + 1] = _mm512_unpackhi_epi64(t[4 * a], t[4 * a + 2]);
-    u[4 * a + 2] = _mm512_unpacklo_epi64(t[4 * a + 1], t[4 * a + 3]);
-    u[4 * a + 3] = _mm512_unpackhi_epi64(t[4 * a + 1], t[4 * a + 3]);
-  }
-#pragma GCC unroll 4
-  for (int c = 0; c < 4; ++c) {
-    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
-    const __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
-    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
-    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
-    out[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
-    out[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
-    out[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
-    out[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
-  }
-}
-
 // pack_panel on AVX-512: 16 rows x 16 k-quads at a time, transposed in registers (rows past n
 // and quads past K / 4 loaded as zeros); the row sums by vpdpbusd against ones.
 LOWBIT_VNNI_TARGET void pack_panel_avx512(const int8_t* w, int n, int64_t K, int8_t* panel,
@@ -80,7 +51,7 @@ LOWBIT_VNNI_TARGET void pack_panel_avx512(const int8_t* w, int n, int64_t K, int
       for (int i = 0; i < 16; ++i)
         r[i] = j0 + i < n ? _mm512_maskz_loadu_epi32(qm, w + (j0 + i) * K + q0 * 4)
                           : _mm512_setzero_si512();
-      transpose16(r, c);
+      transpose16_epi32(r, c);
       int8_t* out = panel + (q0 * kPanel + j0) * 4;
       for (int64_t t = 0; t < nq; ++t) _mm512_storeu_si512(out + t * kPanel * 4, c[t]);
     }

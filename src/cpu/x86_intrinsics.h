@@ -44,6 +44,36 @@ __attribute__((target("avx2"))) inline __m256 round_clamp8(__m256 x, __m256 qmax
   r = _mm256_min_ps(r, qmax);
   return _mm256_max_ps(r, nqmax);
 }
+// out[c] = column c of the 16 x 16 dwords r[0..15] (r[i][c] -> out[c][i]): dword pairs, qword
+// pairs, then a 4 x 4 transpose of the 128-bit lanes (AVX-512 F; the VNNI GEMM's packing, the
+// CPU attention's fp8 V staging).
+__attribute__((target("avx512f"))) inline void transpose16_epi32(const __m512i (&r)[16],
+                                                                 __m512i (&out)[16]) {
+  __m512i t[16], u[16];
+#pragma GCC unroll 8
+  for (int a = 0; a < 8; ++a) {
+    t[2 * a] = _mm512_unpacklo_epi32(r[2 * a], r[2 * a + 1]);
+    t[2 * a + 1] = _mm512_unpackhi_epi32(r[2 * a], r[2 * a + 1]);
+  }
+#pragma GCC unroll 4
+  for (int a = 0; a < 4; ++a) {  // u[4a + c] lane L: rows 4a .. 4a + 3 of column 4L + c
+    u[4 * a] = _mm512_unpacklo_epi64(t[4 * a], t[4 * a + 2]);
+    u[4 * a + 1] = _mm512_unpackhi_epi64(t[4 * a], t[4 * a + 2]);
+    u[4 * a + 2] = _mm512_unpacklo_epi64(t[4 * a + 1], t[4 * a + 3]);
+    u[4 * a + 3] = _mm512_unpackhi_epi64(t[4 * a + 1], t[4 * a + 3]);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    out[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    out[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    out[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    out[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+  }
+}
 }  // namespace cpu
 }  // namespace lowbit
 #endif
