@@ -297,6 +297,11 @@ void f32_to_f16(const float* src, int64_t n, uint16_t* dst) {
   for (; i < n; ++i) dst[i] = dt::f32_to_f16(src[i]);
 }
 
+// (a clone per SIMD level: the loop vectorizes as a widening shift)
+LOWBIT_CLONES void bf16_to_f32(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = dt::bf16_to_f32(src[i]);
+}
+
 void f32_to_bf16(const float* src, int64_t n, uint16_t* dst) {
   int64_t i = 0;
 #ifdef LOWBIT_HAVE_X86_PATHS
@@ -365,11 +370,8 @@ void load(const void* base, int64_t off, DType dt, int64_t n, float* out) {
       std::memcpy(out, static_cast<const float*>(base) + off, static_cast<size_t>(n) * 4);
       return;
     case DType::f16: return f16_to_f32(static_cast<const uint16_t*>(base) + off, n, out);
-    case DType::bf16: {
-      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
-      for (int64_t i = 0; i < n; ++i) out[i] = dt::bf16_to_f32(p[i]);
-      return;
-    }
+    case DType::bf16:
+      return bf16_to_f32(static_cast<const uint16_t*>(base) + off, n, out);
     case DType::e4m3: {
       const float* table = e4m3_table();
       const uint8_t* p = static_cast<const uint8_t*>(base) + off;

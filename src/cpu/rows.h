@@ -15,6 +15,7 @@ namespace rows {
 void f16_to_f32(const uint16_t* src, int64_t n, float* dst);
 void f32_to_f16(const float* src, int64_t n, uint16_t* dst);
 void f32_to_bf16(const float* src, int64_t n, uint16_t* dst);
+void bf16_to_f32(const uint16_t* src, int64_t n, float* dst);
 // dst[i] = dt::f32_to_e4m3(src[i] / divisor), i < n: one rounded fp32 division, then round to
 // nearest even, saturating (|z| >= 448 and +-inf -> +-448, 0x7e | sign), any NaN -> 0x7f (no
 // sign), |z| <= 2^-10 (-0 too) -> 0x00 | sign. Divisor 1 is store_f32's e4m3 (x / 1 = x for every
