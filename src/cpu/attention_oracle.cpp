@@ -142,9 +142,6 @@ inline bool dp_unsafe(uint16_t x) {
   return (x & 0x7fffu) != 0 && (e < 127u - 55u || e == 0xffu);
 }
 #ifdef LOWBIT_AVX512
-// The bf16 V rows of keys j, j + 1 (j even) as their key pair of the staged tile (vb16 layout,
-// pv_tile_bf16), 16 channels a step (D a multiple of 16); `second` null: j is the tile's last key
-// (its pair's other half 0). Returns whether any value is dp_unsafe.
 // dp_unsafe of 32 bf16 lanes: 0 < |x| < 2^-55 (|x|'s bits below 72 << 7), or inf / NaN.
 LOWBIT_AVX512 inline __mmask32 dp_unsafe_lanes(__m512i x) {
   const __m512i ax = _mm512_and_si512(x, _mm512_set1_epi16(0x7fff));
@@ -152,6 +149,9 @@ LOWBIT_AVX512 inline __mmask32 dp_unsafe_lanes(__m512i x) {
                                  _mm512_set1_epi16(0x23ff)) |
          _mm512_cmpge_epu16_mask(ax, _mm512_set1_epi16(0x7f80));
 }
+// The bf16 V rows of keys j, j + 1 (j even) as their key pair of the staged tile (vb16 layout,
+// pv_tile_bf16), 16 channels a step (D a multiple of 16); `second` null: j is the tile's last key
+// (its pair's other half 0). Returns whether any value is dp_unsafe.
 LOWBIT_AVX512 bool stage_v_pair_avx512(const uint16_t* first, const uint16_t* second, int64_t D,
                                        uint16_t* dst) {
   alignas(64) static const uint16_t kInterleave[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
