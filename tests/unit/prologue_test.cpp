@@ -476,6 +476,44 @@ TEST(prologue, rope_per_batch_table_and_general_angle) {
   }
 }
 
+// A rope table read through strides (cos and sin of a pair 4 floats apart, sin 2 after cos) gives
+// the bits of the same values in the contiguous (..., pairs, 2) table, which the CPU reads by a
+// loop with the strides fixed (the mean of 37 random rows after norm and rope, both pairings).
+TEST(prologue, strided_rope_table_gives_the_contiguous_bits) {
+  const int64_t B = 2, N = 37, H = 3, D = 64, P = D / 2;
+  std::mt19937_64 rng(20261207);
+  std::normal_distribution<float> nd;
+  std::uniform_real_distribution<float> angle(-3.2f, 3.2f);
+  Act x(B, N, H, D);
+  for (float& e : x.data) e = nd(rng);
+  std::vector<float> tight(static_cast<size_t>(B * N * P * 2)), wide(tight.size() * 2, 9.f);
+  for (size_t i = 0; i < tight.size() / 2; ++i) {
+    const float a = angle(rng);
+    tight[2 * i] = wide[4 * i] = std::cos(a);
+    tight[2 * i + 1] = wide[4 * i + 2] = std::sin(a);
+  }
+  std::vector<float> w(static_cast<size_t>(D));
+  for (float& e : w) e = 1.f + 0.25f * nd(rng);
+  TensorView wv = make_view(w.data(), DType::f32, {D});
+  for (bool interleaved : {false, true}) {
+    Rope r_tight, r_wide;
+    r_tight.table = make_view(tight.data(), DType::f32, {B, N, 1, P, 2});
+    r_wide.table = make_view(wide.data(), DType::f32, {B, N, 1, P, 2});
+    const int64_t wide_stride[5] = {N * P * 4, P * 4, P * 4, 4, 2};
+    std::copy(wide_stride, wide_stride + 5, r_wide.table.stride);
+    r_tight.interleaved = r_wide.interleaved = interleaved;
+    Prologue p;
+    p.norm_weight = &wv;
+    p.rope = &r_tight;
+    const std::vector<float> want = single_row(x.view, p);
+    p.rope = &r_wide;
+    const std::vector<float> got = single_row(x.view, p);
+    ASSERT_EQ(want.size(), got.size());
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0)
+        << (interleaved ? "interleaved" : "split halves");
+  }
+}
+
 TEST(prologue, mean_over_blocks_of_64) {
   const int D = 16, N = 130;
   Act x(1, N, 2, D);
