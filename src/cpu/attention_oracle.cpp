@@ -269,8 +269,7 @@ LOWBIT_AVX512 float tile_scores_avx512(const int32_t* dots, const float* ksv, fl
   const __m512 vq = _mm512_set1_ps(qs), vl = _mm512_set1_ps(scale_log2);
   __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 k =
-        n - j >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __mmask16 k = tail_mask16(n - j);
     const __m512 d = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(k, dots + j));
     const __m512 x =
         _mm512_mul_ps(_mm512_mul_ps(d, _mm512_mul_ps(vq, _mm512_maskz_loadu_ps(k, ksv + j))), vl);
@@ -287,8 +286,7 @@ LOWBIT_AVX512 float tile_probs_avx512(const float* s, float m_off, int64_t n, fl
   const __m512 mo = _mm512_set1_ps(m_off);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 k =
-        n - j >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __mmask16 k = tail_mask16(n - j);
     const __m512 x = exp2_kernel::exp2_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mo));
     _mm512_mask_storeu_ps(p + j, k, x);
     acc = _mm512_mask_add_ps(acc, k, acc, x);

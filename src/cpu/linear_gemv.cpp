@@ -398,8 +398,7 @@ LOWBIT_VBMI void ternary_words(const PackedWeightView& w, int64_t o, uint32_t* w
   const float* ratios = row_ratios(w, o);
   const __m512i c128 = _mm512_set1_epi32(128), mid = _mm512_set1_epi32(128 << 8);
   for (int64_t g = 0; g < groups; g += 16) {
-    const __mmask16 m =
-        groups - g >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (groups - g)) - 1);
+    const __mmask16 m = tail_mask16(groups - g);
     const __m512 r = _mm512_maskz_loadu_ps(m, ratios + g);
     __m512 q = _mm512_roundscale_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     q = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), q);

@@ -30,6 +30,10 @@ inline bool has_f16c() {
 }
 // The byte mask of the first min(n, 64) lanes of a 64-byte vector (a row's tail, n >= 0).
 inline __mmask64 tail_mask(int64_t n) { return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1; }
+// The same for the first min(n, 16) lanes of a 16-lane vector (floats or dwords).
+inline __mmask16 tail_mask16(int64_t n) {
+  return n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << n) - 1);
+}
 // The (wrapping) sum of a vector's eight int32 lanes, on AVX2.
 __attribute__((target("avx2"))) inline int32_t sum_lanes8(__m256i v) {
   __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
